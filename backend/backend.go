@@ -1,0 +1,131 @@
+// Package backend defines the narrow interface that model families are
+// written against, and the batch layout handed to it each step.
+//
+// Data flow of one step:
+//
+//	engine (scheduling data) ─► Batch (tokens, positions, sequence spans)
+//	  ─► models.Model.Forward(batch) calls Backend ops on opaque Tensors
+//	  ─► logits [rows, vocab] copied back with ToHost.
+//
+// A Backend owns its tensors' memory and the KV cache of every sequence it
+// has seen; the model never looks inside a Tensor. The CPU backend
+// (backend/cpu) is the reference; the CUDA backend implements the same ops
+// with kernels from kernels/.
+package backend
+
+import (
+	"github.com/mkserve/mkserve/attention"
+	"github.com/mkserve/mkserve/moe"
+	"github.com/mkserve/mkserve/tensor"
+)
+
+// Tensor is an opaque, backend-owned 2-D (or 1-D) array of float32-compatible
+// values. Activations are row-major [rows, cols].
+type Tensor interface {
+	Shape() []int
+}
+
+// SeqSpan is one sequence's run of consecutive rows in a Batch.
+type SeqSpan struct {
+	ID     uint64 // KV-cache key; stable across steps
+	Offset int    // first row of this sequence in the batch
+	Len    int    // number of rows (new tokens) of this sequence
+	Past   int    // tokens of this sequence already in the KV cache
+}
+
+// Batch is the input of one forward step: the new tokens of several
+// sequences laid end to end.
+type Batch struct {
+	Tokens    []int32   // [T] token ids
+	Positions []int32   // [T] position of each token in its sequence
+	Seqs      []SeqSpan // spans covering [0, T) in order
+	// LogitRows lists the rows whose logits are wanted, in output order.
+	// Nil means every row.
+	LogitRows []int
+}
+
+// Validate checks that spans tile the batch and positions follow Past.
+func (b *Batch) Validate() error { return validateBatch(b) }
+
+// AttnParams describes one attention layer.
+type AttnParams struct {
+	Layer      int     // layer index (KV-cache slot)
+	NumHeads   int     // query heads
+	NumKVHeads int     // key/value heads (GQA: NumHeads % NumKVHeads == 0)
+	HeadDim    int     // q/k head dimension
+	VHeadDim   int     // v head dimension (MLA: differs from HeadDim)
+	Scale      float32 // softmax scale applied to q·k
+	Window     int     // sliding window in tokens (0: full causal attention)
+	Sinks      Tensor  // [NumHeads] per-head sink logits (gpt-oss), or nil
+}
+
+// MLP is a gated feed-forward block: down(act(gate(x)) * up(x)).
+type MLP struct {
+	GateUp Tensor // [2*I, H]: rows [0,I) gate, rows [I,2I) up
+	Down   Tensor // [H, I]
+}
+
+// MoELayer is a sparse expert layer with its router. Expert weights are
+// stacked over experts so that a backend can run them as a grouped GEMM.
+type MoELayer struct {
+	Router     moe.RouterConfig
+	Gate       Tensor // [E, H] router weight
+	GateBias   Tensor // [E] router bias (gpt-oss) or nil
+	ScoreBias  Tensor // [E] e_score_correction_bias (DeepSeek-V3) or nil; used for selection only
+	GateUp     Tensor // [E, 2*I, H] (flattened [E*2*I, H]): per expert, gate rows then up rows
+	GateUpBias Tensor // [E, 2*I] or nil
+	Down       Tensor // [E, H, I] (flattened [E*H, I])
+	DownBias   Tensor // [E, H] or nil
+	Act        moe.Activation
+	// Shared experts, always applied, added to the routed output.
+	Shared     *MLP   // or nil
+	SharedGate Tensor // [1, H]: out += sigmoid(x·g) * shared(x) (Qwen2-MoE); nil: ungated
+}
+
+// Backend is the set of operations model families are written against.
+// Every op returns a new tensor; inputs are never modified.
+type Backend interface {
+	// Name is "cpu", "cuda", ...
+	Name() string
+	// Weight converts a host tensor (F32/F16/BF16) once into the backend's
+	// compute form. Tensors of more than 2 dims are flattened to
+	// [shape[0]*...*shape[n-2], shape[n-1]].
+	Weight(h *tensor.Host) (Tensor, error)
+	// ToHost copies a tensor back as float32, row-major.
+	ToHost(x Tensor) []float32
+
+	// Embed gathers rows of table [V, H] → [len(ids), H].
+	Embed(table Tensor, ids []int32) Tensor
+	// Linear is x·wᵀ (+ bias): x [T, K], w [N, K], bias [N] or nil → [T, N].
+	Linear(x, w, bias Tensor) Tensor
+	// RMSNorm normalises each group of len(w) columns of x [T, G*len(w)] and scales by w.
+	RMSNorm(x, w Tensor, eps float32) Tensor
+	// Add is a + b, same shapes.
+	Add(a, b Tensor) Tensor
+	// Clamp limits every element to [-limit, limit].
+	Clamp(x Tensor, limit float32) Tensor
+	// SwiGLU is silu(gate)*up on x [T, 2*I] laid out as [gate | up] → [T, I].
+	SwiGLU(x Tensor) Tensor
+	// SplitCols splits x [T, heads*Σsizes] by head: part i is [T, heads*sizes[i]]
+	// taking, from every head's block, the columns of the i-th size.
+	SplitCols(x Tensor, heads int, sizes ...int) []Tensor
+	// ConcatCols is the inverse of SplitCols: parts[i] is [T, h_i*sizes[i]]
+	// where h_i is heads or 1 (a single head broadcast to every head).
+	ConcatCols(heads int, parts []Tensor, sizes []int) Tensor
+	// RoPE rotates the first rope.Dim columns of every head of x [T, heads*headDim]
+	// at the batch's positions.
+	RoPE(x Tensor, heads, headDim int, rope *attention.RoPE, pos []int32) Tensor
+	// Attention appends k, v to the layer's KV cache for every sequence of the
+	// batch and attends causally: q [T, H*D], k [T, KVH*D], v [T, KVH*Dv] → [T, H*Dv].
+	Attention(q, k, v Tensor, b *Batch, p *AttnParams) Tensor
+	// MLP runs a dense gated MLP with SwiGLU.
+	MLP(x Tensor, m *MLP) Tensor
+	// MoE routes every row of x [T, H] to its experts and returns the combined
+	// output [T, H], shared experts included.
+	MoE(x Tensor, l *MoELayer) Tensor
+	// Rows selects rows of x (for logits of the last token of each sequence).
+	Rows(x Tensor, rows []int) Tensor
+
+	// FreeSequence drops a sequence's KV cache.
+	FreeSequence(id uint64)
+}
