@@ -1,0 +1,195 @@
+package attention
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Params describes one attention computation.
+type Params struct {
+	NumHeads, NumKVHeads, HeadDim, VHeadDim int
+	Scale                                   float32 // multiplies q·k before the softmax
+	// Window is the sliding window: the query at position i sees keys j with
+	// i-Window < j <= i; 0 means full causal attention.
+	Window int
+	// Sinks are per-head sink logits [NumHeads] joined to the softmax
+	// denominator and then dropped (gpt-oss), or nil. They are not scaled.
+	Sinks []float32
+}
+
+// Validate reports the first field of p that Causal cannot use.
+func (p *Params) Validate() error {
+	switch {
+	case p == nil:
+		return errors.New("attention params: nil")
+	case p.NumHeads <= 0 || p.NumKVHeads <= 0:
+		return fmt.Errorf("attention params: NumHeads %d and NumKVHeads %d must be positive", p.NumHeads, p.NumKVHeads)
+	case p.NumHeads%p.NumKVHeads != 0:
+		return fmt.Errorf("attention params: NumHeads %d is not a multiple of NumKVHeads %d", p.NumHeads, p.NumKVHeads)
+	case p.HeadDim <= 0 || p.VHeadDim <= 0:
+		return fmt.Errorf("attention params: HeadDim %d and VHeadDim %d must be positive", p.HeadDim, p.VHeadDim)
+	case !(p.Scale > 0) || math.IsInf(float64(p.Scale), 0):
+		return fmt.Errorf("attention params: Scale %v must be positive and finite", p.Scale)
+	case p.Window < 0:
+		return fmt.Errorf("attention params: Window %d must not be negative", p.Window)
+	case p.Sinks != nil && len(p.Sinks) != p.NumHeads:
+		return fmt.Errorf("attention params: %d sinks for %d heads", len(p.Sinks), p.NumHeads)
+	}
+	return nil
+}
+
+// Causal writes out [Tq, NumHeads*VHeadDim] for queries q [Tq, NumHeads*HeadDim]
+// at positions past..past+Tq-1 of a sequence whose keys k [past+Tq, NumKVHeads*HeadDim]
+// and values v [past+Tq, NumKVHeads*VHeadDim] are all given. GQA: query head h
+// uses kv head h/(NumHeads/NumKVHeads).
+//
+// Per (query row, head): scores s_j = Scale·(q·k_j) over the visible keys,
+// p = softmax([s..., sink]) with the max subtracted, the sink column dropped,
+// out = Σ p_j v_j; everything is float32. Work is spread over all cores by
+// (query row, kv head, slice of its query heads). A row's result does not
+// depend on how the sequence is split into calls: decoding token by token
+// gives bit-for-bit the rows of one prefill call.
+//
+// Causal panics if p is invalid (see Params.Validate), if Tq or past is
+// negative, or if a slice length is not exactly what the shapes say: these
+// are programming errors; configs are checked with Params.Validate at load.
+func Causal(out, q, k, v []float32, Tq, past int, p *Params) {
+	if err := p.Validate(); err != nil {
+		panic("attention.Causal: " + err.Error())
+	}
+	if Tq < 0 || past < 0 {
+		panic(fmt.Sprintf("attention.Causal: Tq %d and past %d must not be negative", Tq, past))
+	}
+	H, KV, D, Dv := p.NumHeads, p.NumKVHeads, p.HeadDim, p.VHeadDim
+	n := past + Tq
+	for _, c := range []struct {
+		name      string
+		got, want int
+	}{
+		{"out", len(out), Tq * H * Dv},
+		{"q", len(q), Tq * H * D},
+		{"k", len(k), n * KV * D},
+		{"v", len(v), n * KV * Dv},
+	} {
+		if c.got != c.want {
+			panic(fmt.Sprintf("attention.Causal: len(%s) = %d, want %d (Tq=%d past=%d heads=%d/%d dims=%d/%d)",
+				c.name, c.got, c.want, Tq, past, H, KV, D, Dv))
+		}
+	}
+	if Tq == 0 {
+		return
+	}
+	group := H / KV
+	// Split each GQA group into slices so that decode (Tq=1) still has
+	// enough tasks for all cores; the per-head arithmetic is the same
+	// whatever the split.
+	split := 1
+	for split < group && Tq*KV*split < 4*numWorkers() {
+		split *= 2
+	}
+	split = min(split, group)
+	per := (group + split - 1) / split // heads per task
+	split = (group + per - 1) / per
+	tasks := Tq * KV * split
+	work := n // keys a row sees, at most
+	if p.Window > 0 {
+		work = min(n, p.Window)
+	}
+	grain := max(1, (1<<16)/max(1, work*per*(D+Dv)))
+	parallelFor(tasks, grain, func() func(lo, hi int) {
+		scores := make([]float32, per*work) // [heads of a task, visible keys]
+		return func(lo, hi int) {
+			for task := lo; task < hi; task++ {
+				t := task / (KV * split)
+				kh := task / split % KV
+				h0 := kh*group + task%split*per
+				h1 := min(h0+per, (kh+1)*group)
+				attendRow(out, q, k, v, t, past, kh, h0, h1, p, scores)
+			}
+		}
+	})
+}
+
+// attendRow computes query row t for heads h0..h1-1, all of kv head kh.
+func attendRow(out, q, k, v []float32, t, past, kh, h0, h1 int, p *Params, scores []float32) {
+	H, KV, D, Dv := p.NumHeads, p.NumKVHeads, p.HeadDim, p.VHeadDim
+	i := past + t
+	lo := 0
+	if p.Window > 0 {
+		lo = max(0, i-p.Window+1)
+	}
+	m := i + 1 - lo // visible keys
+	nh := h1 - h0
+	sc := scores[:nh*m]
+	// Scores, one key row at a time for all heads of the slice.
+	for j := lo; j <= i; j++ {
+		kr := k[(j*KV+kh)*D:][:D]
+		for hh := range nh {
+			qr := q[(t*H+h0+hh)*D:][:D]
+			sc[hh*m+j-lo] = dot(qr, kr) * p.Scale
+		}
+	}
+	// Softmax per head, the sink joining the denominator.
+	for hh := range nh {
+		s := sc[hh*m : (hh+1)*m]
+		mx := float32(math.Inf(-1))
+		for _, x := range s {
+			mx = max(mx, x)
+		}
+		var sink float32
+		if p.Sinks != nil {
+			sink = p.Sinks[h0+hh]
+			mx = max(mx, sink)
+		}
+		var sum float32
+		for j, x := range s {
+			e := exp32(x - mx)
+			s[j] = e
+			sum += e
+		}
+		if p.Sinks != nil {
+			sum += exp32(sink - mx)
+		}
+		inv := 1 / sum
+		for j := range s {
+			s[j] *= inv
+		}
+		clear(out[(t*H+h0+hh)*Dv:][:Dv])
+	}
+	// Weighted sum of values.
+	for j := lo; j <= i; j++ {
+		vr := v[(j*KV+kh)*Dv:][:Dv]
+		for hh := range nh {
+			axpy(out[(t*H+h0+hh)*Dv:][:Dv], sc[hh*m+j-lo], vr)
+		}
+	}
+}
+
+// dot is Σ a[i]·b[i] with four float32 accumulators.
+func dot(a, b []float32) float32 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(a); i += 4 {
+		s0 += a[i] * b[i]
+		s1 += a[i+1] * b[i+1]
+		s2 += a[i+2] * b[i+2]
+		s3 += a[i+3] * b[i+3]
+	}
+	for ; i < len(a); i++ {
+		s0 += a[i] * b[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// axpy is y += a·x.
+func axpy(y []float32, a float32, x []float32) {
+	x = x[:len(y)]
+	for i := range y {
+		y[i] += a * x[i]
+	}
+}
+
+// exp32 is e^x rounded to float32.
+func exp32(x float32) float32 { return float32(math.Exp(float64(x))) }
