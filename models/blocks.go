@@ -1,0 +1,322 @@
+package models
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/mkserve/mkserve/attention"
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/moe"
+	"github.com/mkserve/mkserve/tensor"
+)
+
+// ───────────────────────────── decoder ─────────────────────────────
+
+// block is one residual branch of a decoder layer.
+type block interface {
+	forward(x backend.Tensor, b *backend.Batch) backend.Tensor // [T, H] → [T, H]
+}
+
+// layer is a pre-norm decoder layer: x += attn(norm(x)); x += ffn(norm(x)).
+type layer struct {
+	inNorm   backend.Tensor // [H]
+	postNorm backend.Tensor // [H]
+	attn     block
+	ffn      block
+}
+
+// decoder is the transformer stack every supported family shares.
+type decoder struct {
+	cfg    *Config
+	be     backend.Backend
+	eps    float32
+	embed  backend.Tensor // [V, H]
+	norm   backend.Tensor // [H]
+	lmHead backend.Tensor // [V, H]
+	layers []layer
+}
+
+func (d *decoder) Config() *Config { return d.cfg }
+
+// Forward implements Model.
+func (d *decoder) Forward(b *backend.Batch) (backend.Tensor, error) {
+	if err := b.Validate(); err != nil {
+		return nil, err
+	}
+	for i, id := range b.Tokens {
+		if id < 0 || int(id) >= d.cfg.VocabSize {
+			return nil, fmt.Errorf("token %d at row %d is outside the vocabulary [0, %d)", id, i, d.cfg.VocabSize)
+		}
+	}
+	be := d.be
+	x := be.Embed(d.embed, b.Tokens) // [T, H]
+	for _, l := range d.layers {
+		x = be.Add(x, l.attn.forward(be.RMSNorm(x, l.inNorm, d.eps), b))
+		x = be.Add(x, l.ffn.forward(be.RMSNorm(x, l.postNorm, d.eps), b))
+	}
+	if b.LogitRows != nil {
+		x = be.Rows(x, b.LogitRows) // [rows, H]
+	}
+	return be.Linear(be.RMSNorm(x, d.norm, d.eps), d.lmHead, nil), nil // [rows, V]
+}
+
+// layerBlocks builds the attention and feed-forward branch of layer i.
+type layerBlocks func(i int) (attn, ffn block, err error)
+
+// loadDecoder binds the parts every family names the same way
+// (model.embed_tokens, model.layers.N.{input,post_attention}_layernorm,
+// model.norm, lm_head) and asks the family for each layer's branches.
+func loadDecoder(cfg *Config, w *Weights, be backend.Backend, blocks layerBlocks) (*decoder, error) {
+	H, V := cfg.HiddenSize, cfg.VocabSize
+	d := &decoder{cfg: cfg, be: be, eps: float32(cfg.RMSNormEps)}
+	var err error
+	if d.embed, err = w.Get("model.embed_tokens.weight", V, H); err != nil {
+		return nil, err
+	}
+	if d.norm, err = w.Get("model.norm.weight", H); err != nil {
+		return nil, err
+	}
+	switch {
+	case w.Has("lm_head.weight"):
+		d.lmHead, err = w.Get("lm_head.weight", V, H)
+	case cfg.TieWordEmbeddings:
+		d.lmHead = d.embed
+	default:
+		err = fmt.Errorf("checkpoint has no tensor %q and tie_word_embeddings is false", "lm_head.weight")
+	}
+	if err != nil {
+		return nil, err
+	}
+	for i := 0; i < cfg.NumLayers; i++ {
+		p := fmt.Sprintf("model.layers.%d.", i)
+		var l layer
+		if l.inNorm, err = w.Get(p+"input_layernorm.weight", H); err != nil {
+			return nil, err
+		}
+		if l.postNorm, err = w.Get(p+"post_attention_layernorm.weight", H); err != nil {
+			return nil, err
+		}
+		if l.attn, l.ffn, err = blocks(i); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", i, err)
+		}
+		d.layers = append(d.layers, l)
+	}
+	return d, nil
+}
+
+// ropeFor is the config's rotary embedding over dim dimensions of a head.
+func ropeFor(cfg *Config, dim int, style attention.RoPEStyle) *attention.RoPE {
+	return &attention.RoPE{Dim: dim, Theta: cfg.RopeTheta, Style: style, Scaling: cfg.RopeScaling}
+}
+
+// windowFor is layer i's sliding window (0: full attention).
+func windowFor(cfg *Config, i int) int {
+	if cfg.SlidingWindow <= 0 {
+		return 0
+	}
+	if len(cfg.LayerTypes) > 0 && cfg.LayerTypes[i] != "sliding_attention" {
+		return 0
+	}
+	return cfg.SlidingWindow
+}
+
+// ───────────────────────── grouped-query attention ─────────────────────────
+
+type qkNorm int
+
+const (
+	noQKNorm  qkNorm = iota
+	perHeadQK        // RMSNorm over each head's head_dim (Qwen3)
+	wholeQK          // RMSNorm over the whole projection (OLMoE)
+)
+
+// gqaOptions are the per-family differences of multi-head attention.
+type gqaOptions struct {
+	qkvBias bool   // q/k/v projections have biases (Qwen2-MoE, gpt-oss)
+	oBias   bool   // o_proj has a bias (gpt-oss)
+	norm    qkNorm // q/k normalisation
+	clip    float32
+	sinks   bool // per-head attention sinks (gpt-oss)
+}
+
+type gqaAttention struct {
+	be             backend.Backend
+	wq, wk, wv, wo backend.Tensor // [H*D, hidden], [KVH*D, hidden] ×2, [hidden, H*D]
+	bq, bk, bv, bo backend.Tensor // biases or nil
+	qNorm, kNorm   backend.Tensor // [D] or [H*D] / [KVH*D], or nil
+	eps, clip      float32
+	rope           *attention.RoPE
+	p              backend.AttnParams
+}
+
+func loadGQA(cfg *Config, w *Weights, be backend.Backend, i int, o gqaOptions) (*gqaAttention, error) {
+	p := fmt.Sprintf("model.layers.%d.self_attn.", i)
+	H, KVH, D, hid := cfg.NumHeads, cfg.NumKVHeads, cfg.HeadDim, cfg.HiddenSize
+	a := &gqaAttention{be: be, eps: float32(cfg.RMSNormEps), clip: o.clip,
+		rope: ropeFor(cfg, int(float64(D)*cfg.PartialRotary), attention.NeoX)}
+	a.p = backend.AttnParams{Layer: i, NumHeads: H, NumKVHeads: KVH, HeadDim: D, VHeadDim: D,
+		Scale: float32(1 / math.Sqrt(float64(D))), Window: windowFor(cfg, i)}
+	type bind struct {
+		dst   *backend.Tensor
+		name  string
+		shape []int
+		use   bool
+	}
+	norms := map[qkNorm][2][]int{perHeadQK: {{D}, {D}}, wholeQK: {{H * D}, {KVH * D}}}
+	binds := []bind{
+		{&a.wq, "q_proj.weight", []int{H * D, hid}, true},
+		{&a.wk, "k_proj.weight", []int{KVH * D, hid}, true},
+		{&a.wv, "v_proj.weight", []int{KVH * D, hid}, true},
+		{&a.wo, "o_proj.weight", []int{hid, H * D}, true},
+		{&a.bq, "q_proj.bias", []int{H * D}, o.qkvBias},
+		{&a.bk, "k_proj.bias", []int{KVH * D}, o.qkvBias},
+		{&a.bv, "v_proj.bias", []int{KVH * D}, o.qkvBias},
+		{&a.bo, "o_proj.bias", []int{hid}, o.oBias},
+		{&a.qNorm, "q_norm.weight", norms[o.norm][0], o.norm != noQKNorm},
+		{&a.kNorm, "k_norm.weight", norms[o.norm][1], o.norm != noQKNorm},
+		{&a.p.Sinks, "sinks", []int{H}, o.sinks},
+	}
+	for _, b := range binds {
+		if !b.use {
+			continue
+		}
+		t, err := w.Get(p+b.name, b.shape...)
+		if err != nil {
+			return nil, err
+		}
+		*b.dst = t
+	}
+	return a, nil
+}
+
+func (a *gqaAttention) forward(h backend.Tensor, b *backend.Batch) backend.Tensor {
+	be, p := a.be, &a.p
+	q := be.Linear(h, a.wq, a.bq) // [T, H*D]
+	k := be.Linear(h, a.wk, a.bk) // [T, KVH*D]
+	v := be.Linear(h, a.wv, a.bv) // [T, KVH*D]
+	if a.qNorm != nil {
+		q = be.RMSNorm(q, a.qNorm, a.eps)
+		k = be.RMSNorm(k, a.kNorm, a.eps)
+	}
+	if a.clip > 0 {
+		q, k, v = be.Clamp(q, a.clip), be.Clamp(k, a.clip), be.Clamp(v, a.clip)
+	}
+	q = be.RoPE(q, p.NumHeads, p.HeadDim, a.rope, b.Positions)
+	k = be.RoPE(k, p.NumKVHeads, p.HeadDim, a.rope, b.Positions)
+	o := be.Attention(q, k, v, b, p) // [T, H*D]
+	return be.Linear(o, a.wo, a.bo)
+}
+
+// ───────────────────────────── feed-forward ─────────────────────────────
+
+type denseFFN struct {
+	be  backend.Backend
+	mlp backend.MLP
+}
+
+func (f *denseFFN) forward(x backend.Tensor, _ *backend.Batch) backend.Tensor {
+	return f.be.MLP(x, &f.mlp)
+}
+
+type moeFFN struct {
+	be backend.Backend
+	l  backend.MoELayer
+}
+
+func (f *moeFFN) forward(x backend.Tensor, _ *backend.Batch) backend.Tensor {
+	return f.be.MoE(x, &f.l)
+}
+
+// loadMLP binds prefix.{gate,up,down}_proj.weight as one gated MLP of
+// intermediate size I.
+func loadMLP(w *Weights, prefix string, hidden, I int) (*backend.MLP, error) {
+	gate, err := w.host(prefix+"gate_proj.weight", I, hidden)
+	if err != nil {
+		return nil, err
+	}
+	up, err := w.host(prefix+"up_proj.weight", I, hidden)
+	if err != nil {
+		return nil, err
+	}
+	m := &backend.MLP{}
+	if m.GateUp, err = w.stack(prefix+"gate_up_proj", []*tensor.Host{gate, up}); err != nil {
+		return nil, err
+	}
+	if m.Down, err = w.Get(prefix+"down_proj.weight", hidden, I); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// expertNames are the per-expert tensor names used by HF checkpoints:
+// {gate, up, down} as *_proj (Qwen, OLMoE, DeepSeek) or w1/w3/w2 (Mixtral).
+var expertNames = [][3]string{
+	{"gate_proj.weight", "up_proj.weight", "down_proj.weight"},
+	{"w1.weight", "w3.weight", "w2.weight"},
+}
+
+// loadExperts binds the routed experts under prefix ("….mlp.") into l,
+// accepting per-expert tensors (experts.N.gate_proj.weight / w1.weight …) or
+// the fused 3-D layout transformers 5 uses (experts.gate_up_proj [E, 2I, H],
+// experts.down_proj [E, H, I]).
+func loadExperts(w *Weights, prefix string, E, hidden, I int, l *backend.MoELayer) error {
+	var err error
+	if w.Has(prefix + "experts.gate_up_proj") {
+		if l.GateUp, err = w.Get(prefix+"experts.gate_up_proj", E, 2*I, hidden); err != nil {
+			return err
+		}
+		l.Down, err = w.Get(prefix+"experts.down_proj", E, hidden, I)
+		return err
+	}
+	style := -1
+	for s, n := range expertNames {
+		if w.Has(fmt.Sprintf("%sexperts.0.%s", prefix, n[0])) {
+			style = s
+		}
+	}
+	if style < 0 {
+		return fmt.Errorf("checkpoint has no expert weights under %q (looked for experts.gate_up_proj, experts.0.gate_proj.weight, experts.0.w1.weight)", prefix)
+	}
+	n := expertNames[style]
+	var gateUp, down []*tensor.Host
+	for e := 0; e < E; e++ {
+		ep := fmt.Sprintf("%sexperts.%d.", prefix, e)
+		g, err := w.host(ep+n[0], I, hidden)
+		if err != nil {
+			return err
+		}
+		u, err := w.host(ep+n[1], I, hidden)
+		if err != nil {
+			return err
+		}
+		d, err := w.host(ep+n[2], hidden, I)
+		if err != nil {
+			return err
+		}
+		gateUp = append(gateUp, g, u)
+		down = append(down, d)
+	}
+	if l.GateUp, err = w.stack(prefix+"experts.gate_up_proj", gateUp); err != nil {
+		return err
+	}
+	l.Down, err = w.stack(prefix+"experts.down_proj", down)
+	return err
+}
+
+// routerOf is the softmax router the Mixtral-like families share.
+func routerOf(cfg *Config, normTopK bool) moe.RouterConfig {
+	return moe.RouterConfig{NumExperts: cfg.NumExperts, TopK: cfg.NumExpertsPerTok, Scoring: moe.Softmax, NormTopK: normTopK}
+}
+
+// qwenSparse reports whether layer i is an MoE layer under Qwen's rules
+// (mlp_only_layers, decoder_sparse_step); OLMoE and Mixtral use them too
+// with their defaults (every layer sparse).
+func qwenSparse(cfg *Config, i int) bool {
+	for _, d := range cfg.MLPOnlyLayers {
+		if d == i {
+			return false
+		}
+	}
+	step := max(cfg.DecoderSparseStep, 1)
+	return cfg.NumExperts > 0 && (i+1)%step == 0
+}

@@ -1,0 +1,129 @@
+package models
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/models/safetensors"
+)
+
+// GenerationConfig is generation_config.json: the checkpoint's decoding defaults.
+type GenerationConfig struct {
+	EOSTokenIDs []int   // eos_token_id (int or list)
+	BOSTokenID  int     // bos_token_id (-1 if unset)
+	Temperature float64 // 0 if unset
+	TopP        float64
+	TopK        int
+	DoSample    bool
+}
+
+// LoadGenerationConfig reads dir/generation_config.json; a missing file is
+// not an error (nil, nil).
+func LoadGenerationConfig(dir string) (*GenerationConfig, error) {
+	path := filepath.Join(dir, "generation_config.json")
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var raw map[string]any
+	if err := json.Unmarshal(data, &raw); err != nil || raw == nil {
+		return nil, fmt.Errorf("%s: not a JSON object", path)
+	}
+	r := reader{raw: raw}
+	g := &GenerationConfig{
+		EOSTokenIDs: r.ints("eos_token_id"),
+		Temperature: r.float("temperature", 0),
+		TopP:        r.float("top_p", 0),
+		TopK:        r.int("top_k", 0),
+		DoSample:    r.bool("do_sample", false),
+	}
+	g.BOSTokenID = -1
+	if b := r.ints("bos_token_id"); len(b) > 0 {
+		g.BOSTokenID = b[0]
+	}
+	if r.err != nil {
+		return nil, fmt.Errorf("%s: %w", path, r.err)
+	}
+	return g, nil
+}
+
+// LoadOptions tune Load.
+type LoadOptions struct {
+	// Progress writes a progress bar here while weights upload; nil picks
+	// stderr when it is a terminal and nothing otherwise.
+	Progress io.Writer
+}
+
+// Loaded is a model with its checkpoint metadata.
+type Loaded struct {
+	Model      Model
+	Config     *Config
+	Generation *GenerationConfig // nil when the checkpoint has none
+	Dir        string
+	ckpt       *safetensors.Checkpoint
+}
+
+// Close releases the checkpoint's memory mappings. The backend keeps its
+// own copy of the weights, so the model stays usable.
+func (l *Loaded) Close() error { return l.ckpt.Close() }
+
+// Load reads a Hugging Face checkpoint directory (config.json,
+// *.safetensors, generation_config.json) and binds it to be.
+func Load(dir string, be backend.Backend, opts LoadOptions) (*Loaded, error) {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("model directory: %w", err)
+	}
+	if !st.IsDir() {
+		return nil, fmt.Errorf("model directory %s: not a directory", dir)
+	}
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := families[cfg.Architecture]; !ok {
+		return nil, fmt.Errorf("%s: architecture %q is not supported (supported: %v)", filepath.Join(dir, "config.json"), cfg.Architecture, Architectures())
+	}
+	gen, err := LoadGenerationConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := ck.CheckFloat(); err != nil {
+		ck.Close()
+		return nil, err
+	}
+	w := NewWeights(ck, be)
+	out := opts.Progress
+	if out == nil && term.IsTerminal(int(os.Stderr.Fd())) {
+		out = os.Stderr
+	}
+	if out != nil {
+		bar := progressbar.NewOptions64(ck.TotalBytes(),
+			progressbar.OptionSetWriter(out), progressbar.OptionShowBytes(true),
+			progressbar.OptionSetDescription("loading "+filepath.Base(dir)),
+			progressbar.OptionClearOnFinish(), progressbar.OptionThrottle(100_000_000))
+		w.progress = func(_ string, n int64) { _ = bar.Add64(n) }
+		defer bar.Finish()
+	}
+	m, err := Build(cfg, w, be)
+	if err != nil {
+		ck.Close()
+		return nil, err
+	}
+	return &Loaded{Model: m, Config: cfg, Generation: gen, Dir: dir, ckpt: ck}, nil
+}

@@ -1,0 +1,156 @@
+package models
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/tensor"
+)
+
+// TensorSource is where named checkpoint tensors come from
+// (*safetensors.Checkpoint, or a map in tests).
+type TensorSource interface {
+	Names() []string
+	Tensor(name string) (*tensor.Host, error)
+	FileOf(name string) string
+}
+
+// Weights binds checkpoint tensors to backend tensors by name, checking
+// shapes and remembering which tensors were used so that leftovers can be
+// reported.
+type Weights struct {
+	src      TensorSource
+	be       backend.Backend
+	used     map[string]bool
+	progress func(name string, bytes int64) // called after each upload, or nil
+}
+
+// NewWeights binds src to be.
+func NewWeights(src TensorSource, be backend.Backend) *Weights {
+	return &Weights{src: src, be: be, used: map[string]bool{}}
+}
+
+// Has reports whether the checkpoint holds name.
+func (w *Weights) Has(name string) bool {
+	_, err := w.src.Tensor(name)
+	return err == nil
+}
+
+// host fetches a tensor and checks its shape (nil want: any shape).
+func (w *Weights) host(name string, want ...int) (*tensor.Host, error) {
+	h, err := w.src.Tensor(name)
+	if err != nil {
+		return nil, err
+	}
+	if want != nil && !slices.Equal(h.Shape, want) {
+		return nil, fmt.Errorf("%s: tensor %q has shape %v, the config implies %v", w.src.FileOf(name), name, h.Shape, want)
+	}
+	if !h.DType.Float() {
+		return nil, fmt.Errorf("%s: tensor %q has dtype %s; only F32, F16 and BF16 are supported", w.src.FileOf(name), name, h.DType)
+	}
+	w.used[name] = true
+	return h, nil
+}
+
+// upload hands a host tensor to the backend.
+func (w *Weights) upload(h *tensor.Host) (backend.Tensor, error) {
+	t, err := w.be.Weight(h)
+	if err != nil {
+		return nil, fmt.Errorf("tensor %q: %w", h.Name, err)
+	}
+	if w.progress != nil {
+		w.progress(h.Name, int64(len(h.Data)))
+	}
+	return t, nil
+}
+
+// Get loads a required tensor of the given shape.
+func (w *Weights) Get(name string, shape ...int) (backend.Tensor, error) {
+	h, err := w.host(name, shape...)
+	if err != nil {
+		return nil, err
+	}
+	return w.upload(h)
+}
+
+// Optional loads a tensor if the checkpoint has it (nil, nil otherwise).
+func (w *Weights) Optional(name string, shape ...int) (backend.Tensor, error) {
+	if !w.Has(name) {
+		return nil, nil
+	}
+	return w.Get(name, shape...)
+}
+
+// First loads the first of several alternative names that exists.
+func (w *Weights) First(names []string, shape ...int) (backend.Tensor, error) {
+	for _, n := range names {
+		if w.Has(n) {
+			return w.Get(n, shape...)
+		}
+	}
+	return nil, fmt.Errorf("checkpoint has no tensor %q", strings.Join(names, `" or "`))
+}
+
+// stack concatenates host tensors along their first dimension into one
+// upload named name; same-dtype inputs are joined byte-wise, mixed ones are
+// widened to F32.
+func (w *Weights) stack(name string, parts []*tensor.Host) (backend.Tensor, error) {
+	same := true
+	rows := 0
+	for _, p := range parts {
+		if !slices.Equal(p.Shape[1:], parts[0].Shape[1:]) {
+			return nil, fmt.Errorf("tensor %q: cannot stack shape %v with %q's %v", p.Name, p.Shape, parts[0].Name, parts[0].Shape)
+		}
+		same = same && p.DType == parts[0].DType
+		rows += p.Shape[0]
+	}
+	shape := append([]int{rows}, parts[0].Shape[1:]...)
+	if same {
+		var data []byte
+		for _, p := range parts {
+			data = append(data, p.Data...)
+		}
+		return w.upload(&tensor.Host{Name: name, DType: parts[0].DType, Shape: shape, Data: data})
+	}
+	var all []float32
+	for _, p := range parts {
+		v, err := p.Float32()
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, v...)
+	}
+	return w.upload(tensor.FromFloat32(name, shape, all))
+}
+
+// Unused lists the checkpoint's tensors that no Get touched, except those
+// that transformers keeps as buffers or that are known to be redundant.
+func (w *Weights) Unused() []string {
+	var out []string
+	for _, n := range w.src.Names() {
+		if w.used[n] || strings.HasSuffix(n, "rotary_emb.inv_freq") {
+			continue
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// CheckAllUsed fails naming the first few tensors the model did not use.
+func (w *Weights) CheckAllUsed() error {
+	u := w.Unused()
+	if len(u) == 0 {
+		return nil
+	}
+	shown := u
+	if len(shown) > 5 {
+		shown = shown[:5]
+	}
+	var desc []string
+	for _, n := range shown {
+		desc = append(desc, fmt.Sprintf("%q (%s)", n, w.src.FileOf(n)))
+	}
+	return fmt.Errorf("checkpoint has %d tensor(s) this architecture does not use: %s", len(u), strings.Join(desc, ", "))
+}
