@@ -1,0 +1,29 @@
+// Command mkserve is the MoE inference server and its tools.
+//
+//	mkserve logits   --model DIR --ids 3,17,42 [--ep R]
+//	mkserve generate --model DIR --prompt TEXT --max-tokens N [--ep R]
+//	mkserve tokenize --tokenizer FILE | --model DIR   (text on stdin)
+package main
+
+import (
+	"io"
+	"os"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// command is one subcommand: it returns an error for the one-line message.
+type command struct {
+	name, summary string
+	run           func(args []string, stdin io.Reader, stdout io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"logits", "print float32 logits of every position as JSON", cmdLogits},
+		{"generate", "greedy-decode a prompt and print the text", cmdGenerate},
+		{"tokenize", "print the token ids of stdin as JSON", cmdTokenize},
+	}
+}
