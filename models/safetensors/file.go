@@ -134,6 +134,9 @@ func parse(path string, buf []byte) (*File, error) {
 		return nil, fileError(path, "", "header is not a JSON object")
 	}
 	var dup *dupKeyError
+	if errors.As(err, &dup) && dup.key == metadataKey {
+		return nil, fileError(path, "", "%s appears twice in the header", metadataKey)
+	}
 	if errors.As(err, &dup) {
 		return nil, fileError(path, dup.key, "name appears twice in the header")
 	}

@@ -26,8 +26,14 @@ func newRNG(t testing.TB) *rand.Rand {
 // and bytes as random bits.
 func randTensor(rng *rand.Rand, name string, dt tensor.DType, shape []int) *tensor.Host {
 	n := tensor.NumElements(shape)
+	b := make([]byte, n*DTypeBits(dt)/8)
+	if DTypeBits(dt) < 8 { // sub-byte: any bits will do
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		return &tensor.Host{Name: name, DType: dt, Shape: shape, Data: b}
+	}
 	size := DTypeBits(dt) / 8
-	b := make([]byte, n*size)
 	for i := 0; i < n; i++ {
 		switch dt {
 		case tensor.F32:
