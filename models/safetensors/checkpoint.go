@@ -401,7 +401,7 @@ func (r *unsupportedReport) err(where string) error {
 		if n == 1 {
 			parts[i] = fmt.Sprintf("%s: tensor %q in %s", k, ex[0], ex[1])
 		} else {
-			parts[i] = fmt.Sprintf("%s: %d tensors, e.g. %q in %s", k, n, ex[0], ex[1])
+			parts[i] = fmt.Sprintf("%s: %d tensors, e.g. tensor %q in %s", k, n, ex[0], ex[1])
 		}
 	}
 	return fmt.Errorf("safetensors: %s: %w: %s; only F32, F16 and BF16 weights can be computed with", where, ErrUnsupported, strings.Join(parts, "; "))
