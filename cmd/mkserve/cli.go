@@ -10,6 +10,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
@@ -254,6 +255,9 @@ func cmdTokenize(args []string, stdin io.Reader, stdout io.Writer) error {
 	text, err := io.ReadAll(stdin)
 	if err != nil {
 		return fmt.Errorf("reading stdin: %w", err)
+	}
+	if !utf8.Valid(text) {
+		return fmt.Errorf("stdin is not valid UTF-8")
 	}
 	ids, err := tok.Encode(string(text), false)
 	if err != nil {
