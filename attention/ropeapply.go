@@ -8,8 +8,12 @@ import (
 )
 
 // maxCachedPos bounds the cos/sin tables: positions from maxCachedPos on are
-// computed per call instead of cached (a table row costs Dim·4 bytes).
-var maxCachedPos = 1 << 17
+// computed per call instead of cached. Tables are built in blocks of
+// ropeBlock positions on first use, so memory follows the positions seen.
+var maxCachedPos = 1 << 20
+
+// ropeBlock is the number of positions per cached table block.
+const ropeBlock = 256
 
 // Apply rotates, in place, the first r.Dim dimensions of every head of
 // x [rows, heads*headDim], row i at position pos[i] (pos has rows entries).
@@ -43,7 +47,6 @@ func (r *RoPE) Apply(x []float32, rows, heads, headDim int, pos []int32) {
 		return
 	}
 	t := tableFor(r)
-	rs := t.rows(min(int(maxPos)+1, maxCachedPos))
 	half := r.Dim / 2
 	width := heads * headDim
 	grain := max(1, (1<<14)/(heads*half)) // rows per task: ~16k rotations
@@ -53,8 +56,9 @@ func (r *RoPE) Apply(x []float32, rows, heads, headDim int, pos []int32) {
 			for i := lo; i < hi; i++ {
 				p := int(pos[i])
 				var c, s []float32
-				if p < rs.n {
-					c, s = rs.cos[p*half:(p+1)*half], rs.sin[p*half:(p+1)*half]
+				if p < len(t.blocks)*ropeBlock {
+					b, off := t.block(p/ropeBlock), p%ropeBlock*half
+					c, s = b.cos[off:off+half], b.sin[off:off+half]
 				} else {
 					if cs == nil {
 						cs, sn = make([]float32, half), make([]float32, half)
@@ -101,19 +105,18 @@ type ropeKey struct {
 	truncate bool
 }
 
-// ropeTable holds cos/sin rows [n, Dim/2] for positions 0..n-1, grown on
-// demand. Readers take an immutable snapshot; growth publishes a new one.
+// ropeTable holds cos/sin for the positions below maxCachedPos (as fixed
+// when the table was made), in blocks computed on first use and published
+// atomically; a block never changes once published.
 type ropeTable struct {
-	inv  []float32 // [Dim/2]
-	attn float32
-	mu   sync.Mutex // serialises growth
-	snap atomic.Pointer[ropeRows]
+	inv    []float32 // [Dim/2]
+	attn   float32
+	blocks []atomic.Pointer[ropeRows]
 }
 
-// ropeRows is one immutable snapshot of a table.
+// ropeRows is one block of a table.
 type ropeRows struct {
-	n        int
-	cos, sin []float32 // [n, Dim/2], already multiplied by the attention factor
+	cos, sin []float32 // [ropeBlock, Dim/2], already multiplied by the attention factor
 }
 
 var ropeTables sync.Map // ropeKey → *ropeTable
@@ -132,36 +135,33 @@ func tableFor(r *RoPE) *ropeTable {
 		return t.(*ropeTable)
 	}
 	inv, attn := r.Freqs()
-	t := &ropeTable{inv: make([]float32, len(inv)), attn: float32(attn)}
+	t := &ropeTable{
+		inv:    make([]float32, len(inv)),
+		attn:   float32(attn),
+		blocks: make([]atomic.Pointer[ropeRows], maxCachedPos/ropeBlock),
+	}
 	for i, f := range inv {
 		t.inv[i] = float32(f)
 	}
-	t.snap.Store(&ropeRows{})
 	got, _ := ropeTables.LoadOrStore(k, t)
 	return got.(*ropeTable)
 }
 
-// rows returns a snapshot covering at least positions 0..n-1.
-func (t *ropeTable) rows(n int) *ropeRows {
-	if rs := t.snap.Load(); rs.n >= n {
+// block returns block b (positions b·ropeBlock …), computing it if needed.
+// Concurrent first uses may both compute it; one result wins.
+func (t *ropeTable) block(b int) *ropeRows {
+	if rs := t.blocks[b].Load(); rs != nil {
 		return rs
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	old := t.snap.Load()
-	if old.n >= n {
-		return old
-	}
-	size := min(max(n, 2*old.n, 256), max(n, maxCachedPos))
 	half := len(t.inv)
-	rs := &ropeRows{n: size, cos: make([]float32, size*half), sin: make([]float32, size*half)}
-	copy(rs.cos, old.cos)
-	copy(rs.sin, old.sin)
-	for p := old.n; p < size; p++ {
-		t.fill(rs.cos[p*half:(p+1)*half], rs.sin[p*half:(p+1)*half], p)
+	rs := &ropeRows{cos: make([]float32, ropeBlock*half), sin: make([]float32, ropeBlock*half)}
+	for i := range ropeBlock {
+		t.fill(rs.cos[i*half:(i+1)*half], rs.sin[i*half:(i+1)*half], b*ropeBlock+i)
 	}
-	t.snap.Store(rs)
-	return rs
+	if t.blocks[b].CompareAndSwap(nil, rs) {
+		return rs
+	}
+	return t.blocks[b].Load()
 }
 
 // fill writes cos and sin [Dim/2] for position p.
