@@ -100,8 +100,8 @@ func (ex *Experts) Forward(out, x []float32, T, K int, ids []int32, w []float32)
 		return
 	}
 	s := ex.set()
-	// Bound the slot buffer y [rows, H] to about 64 MiB by taking tokens in chunks.
-	chunk := max(1, (1<<24)/(H*K))
+	// Bound the slot buffer y [rows, H] by taking tokens in chunks.
+	chunk := max(1, slotBudget/(H*K))
 	y := getBuf(min(T, chunk) * K * H)
 	defer putBuf(y)
 	rows := make([][]float32, min(T, chunk)*K)
@@ -163,6 +163,11 @@ func (s *expertSet) add(ex *Experts, e int) {
 
 // sub is block e of size n of a, capped so it cannot reach the next block.
 func sub(a []float32, e, n int) []float32 { return a[e*n : e*n+n : e*n+n] }
+
+// slotBudget is the most float32 values Forward keeps in its per-slot
+// result buffer (64 MiB); larger batches are taken in token chunks. A
+// variable so tests can make chunks small.
+var slotBudget = 1 << 24
 
 // mTile caps the rows of one GEMM call so the per-worker buffers stay small.
 const mTile = 512

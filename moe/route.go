@@ -71,7 +71,7 @@ type routeScratch struct {
 	choice []float32 // [E]
 	group  []float32 // [G]
 	gsel   []int32   // [TopKGroups]
-	sel    []int32   // [K]
+	exp    []float64 // [E]
 }
 
 func grow[T any](s []T, n int) []T {
@@ -97,7 +97,7 @@ func routeToken(cfg *RouterConfig, row, bias []float32, ids []int32, w []float32
 	case !cfg.SoftmaxTopK:
 		s.scores = grow(s.scores, E)
 		scores = s.scores
-		softmax(scores, row)
+		softmax(scores, row, &s.exp)
 	}
 
 	// 2–3. choice scores: bias, then group mask.
@@ -143,7 +143,7 @@ func routeToken(cfg *RouterConfig, row, bias []float32, ids []int32, w []float32
 		w[k] = scores[e]
 	}
 	if cfg.SoftmaxTopK {
-		softmax(w, w)
+		softmax(w, w, &s.exp)
 	}
 	if cfg.NormTopK {
 		var sum float32
@@ -173,8 +173,8 @@ func routeToken(cfg *RouterConfig, row, bias []float32, ids []int32, w []float32
 }
 
 // softmax writes softmax(x) into dst (which may alias x), computed in
-// float64 and rounded once.
-func softmax(dst, x []float32) {
+// float64 and rounded once; tmp is scratch, grown as needed.
+func softmax(dst, x []float32, tmp *[]float64) {
 	m := math.Inf(-1)
 	for _, v := range x {
 		if f := float64(v); f > m || f != f {
@@ -184,12 +184,15 @@ func softmax(dst, x []float32) {
 			}
 		}
 	}
+	*tmp = grow(*tmp, len(x))
+	ex := *tmp
 	var sum float64
-	for _, v := range x {
-		sum += math.Exp(float64(v) - m)
-	}
 	for i, v := range x {
-		dst[i] = float32(math.Exp(float64(v)-m) / sum)
+		ex[i] = math.Exp(float64(v) - m)
+		sum += ex[i]
+	}
+	for i, e := range ex {
+		dst[i] = float32(e / sum)
 	}
 }
 

@@ -58,7 +58,7 @@ func (w *localWorld) abort(err error) {
 func (w *localWorld) aborted() error {
 	select {
 	case <-w.done:
-		return fmt.Errorf("%w: %v", ErrAborted, w.err)
+		return fmt.Errorf("%w: %w", ErrAborted, w.err)
 	default:
 		return nil
 	}

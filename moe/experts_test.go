@@ -1,0 +1,155 @@
+package moe
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+func TestExpertsForwardAgainstNaive(t *testing.T) {
+	acts := []Activation{
+		{Kind: SwiGLU},
+		// A small limit so the clamps really bite on these activations.
+		{Kind: ClampedSwiGLU, Alpha: 1.702, Limit: 0.7},
+	}
+	shapes := []struct{ T, K, E, H, I int }{
+		{1, 1, 4, 16, 8},   // one token, one expert
+		{1, 8, 64, 24, 12}, // decode: many experts, one row each (concurrent experts)
+		{5, 2, 8, 32, 16},
+		{64, 4, 8, 20, 10},  // several rows per expert (sequential experts)
+		{600, 1, 2, 8, 4},   // more than mTile rows for one expert
+		{3, 2, 64, 16, 8},   // most experts get nothing
+		{33, 3, 3, 17, 5},   // odd sizes
+		{200, 8, 16, 16, 6}, // K = 8
+	}
+	for _, act := range acts {
+		for _, bias := range []bool{false, true} {
+			for _, sh := range shapes {
+				name := fmt.Sprintf("act%d/bias=%v/T%d_K%d_E%d_H%d_I%d", act.Kind, bias, sh.T, sh.K, sh.E, sh.H, sh.I)
+				t.Run(name, func(t *testing.T) {
+					r := newRand(t)
+					ex := randExperts(r, sh.E, sh.H, sh.I, act, bias)
+					x := randn(r, sh.T*sh.H, 1)
+					ids, w := randRouting(r, sh.T, sh.K, sh.E)
+					want := naiveExperts(ex, x, sh.T, sh.K, ids, w)
+					out := randn(r, sh.T*sh.H, 5) // garbage: Forward overwrites
+					ex.Forward(out, x, sh.T, sh.K, ids, w)
+					if e := relL2(out, want); e > 1e-5 {
+						t.Fatalf("relative L2 error %.3g > 1e-5", e)
+					}
+				})
+			}
+		}
+	}
+}
+
+// The clamp must be active in the ClampedSwiGLU test above; check that the
+// chosen scales do push gate and up past the limit.
+func TestClampedSwiGLUClamps(t *testing.T) {
+	act := Activation{Kind: ClampedSwiGLU, Alpha: 1.702, Limit: 0.7}
+	gate := []float32{-3, -0.5, 0.3, 0.7, 2.5}
+	up := []float32{-2, 0.1, 0.9, -0.7, 5}
+	dst := make([]float32, len(gate))
+	activate(act, dst, gate, up)
+	// (clamp(up)+1) · min(g, L)·σ(α·min(g, L)), by hand.
+	want := []float64{
+		(-0.7 + 1) * -3 * sigm(1.702*-3),
+		(0.1 + 1) * -0.5 * sigm(1.702*-0.5),
+		(0.7 + 1) * 0.3 * sigm(1.702*0.3),
+		(-0.7 + 1) * 0.7 * sigm(1.702*0.7),
+		(0.7 + 1) * 0.7 * sigm(1.702*0.7),
+	}
+	for i := range dst {
+		if d := float64(dst[i]) - want[i]; d > 1e-6 || d < -1e-6 {
+			t.Fatalf("activate[%d] = %g, want %g", i, dst[i], want[i])
+		}
+	}
+}
+
+func sigm(x float64) float64 { return 1 / (1 + math.Exp(-x)) }
+
+// Forward in token chunks (a small slot budget) must give the same result.
+func TestExpertsForwardChunks(t *testing.T) {
+	r := newRand(t)
+	const T, K, E, H, I = 50, 3, 8, 16, 8
+	ex := randExperts(r, E, H, I, Activation{Kind: SwiGLU}, true)
+	x := randn(r, T*H, 1)
+	ids, w := randRouting(r, T, K, E)
+	want := naiveExperts(ex, x, T, K, ids, w)
+	old := slotBudget
+	slotBudget = 7 * K * H // 7 tokens per chunk
+	defer func() { slotBudget = old }()
+	out := make([]float32, T*H)
+	ex.Forward(out, x, T, K, ids, w)
+	if e := relL2(out, want); e > 1e-5 {
+		t.Fatalf("relative L2 error %.3g > 1e-5", e)
+	}
+}
+
+func TestExpertsValidate(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	cases := []struct {
+		name string
+		mod  func(*Experts)
+		want string
+	}{
+		{"sizes", func(ex *Experts) { ex.I = 0 }, "E, H, I"},
+		{"gate_up", func(ex *Experts) { ex.GateUp = ex.GateUp[1:] }, "GateUp has"},
+		{"gate_up_bias", func(ex *Experts) { ex.GateUpBias = ex.GateUpBias[1:] }, "GateUpBias"},
+		{"down", func(ex *Experts) { ex.Down = ex.Down[1:] }, "Down has"},
+		{"down_bias", func(ex *Experts) { ex.DownBias = ex.DownBias[1:] }, "DownBias"},
+		{"activation", func(ex *Experts) { ex.Act = Activation{Kind: ClampedSwiGLU} }, "Limit"},
+		{"activation kind", func(ex *Experts) { ex.Act = Activation{Kind: 9} }, "kind"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ex := randExperts(r, 4, 8, 4, Activation{Kind: SwiGLU}, true)
+			if err := ex.Validate(); err != nil {
+				t.Fatalf("good experts: %v", err)
+			}
+			tc.mod(ex)
+			if err := ex.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate() = %v, want error naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestExpertsForwardPanicsOnBadIDs(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	ex := randExperts(r, 4, 8, 4, Activation{Kind: SwiGLU}, false)
+	x := randn(r, 2*8, 1)
+	defer func() {
+		p := recover()
+		if p == nil || !strings.Contains(fmt.Sprint(p), "ids[3]") {
+			t.Fatalf("panic %v, want one naming ids[3]", p)
+		}
+	}()
+	ex.Forward(make([]float32, 16), x, 2, 2, []int32{0, 1, 2, 4}, []float32{1, 1, 1, 1})
+}
+
+// qwen3Like is a scaled-down Qwen3-30B-A3B layer (H 2048→512, I 768→192,
+// 128→64 experts, top-8).
+func qwen3Like(r *rand.Rand) *Experts {
+	return randExperts(r, 64, 512, 192, Activation{Kind: SwiGLU}, false)
+}
+
+func BenchmarkExpertsForward(b *testing.B) {
+	r := rand.New(rand.NewPCG(7, 8))
+	ex := qwen3Like(r)
+	const K = 8
+	for _, T := range []int{1, 16, 256} {
+		b.Run(fmt.Sprintf("E64_H512_I192_K8_T%d", T), func(b *testing.B) {
+			x := randn(r, T*ex.H, 1)
+			ids, w := randRouting(r, T, K, ex.E)
+			out := make([]float32, T*ex.H)
+			for b.Loop() {
+				ex.Forward(out, x, T, K, ids, w)
+			}
+			flops := float64(T*K) * 2 * 3 * float64(ex.H*ex.I)
+			b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}
