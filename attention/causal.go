@@ -172,10 +172,11 @@ func dot(a, b []float32) float32 {
 	var s0, s1, s2, s3 float32
 	i := 0
 	for ; i+4 <= len(a); i += 4 {
-		s0 += a[i] * b[i]
-		s1 += a[i+1] * b[i+1]
-		s2 += a[i+2] * b[i+2]
-		s3 += a[i+3] * b[i+3]
+		a4, b4 := a[i:i+4:i+4], b[i:i+4:i+4]
+		s0 += a4[0] * b4[0]
+		s1 += a4[1] * b4[1]
+		s2 += a4[2] * b4[2]
+		s3 += a4[3] * b4[3]
 	}
 	for ; i < len(a); i++ {
 		s0 += a[i] * b[i]
@@ -186,7 +187,15 @@ func dot(a, b []float32) float32 {
 // axpy is y += a·x.
 func axpy(y []float32, a float32, x []float32) {
 	x = x[:len(y)]
-	for i := range y {
+	i := 0
+	for ; i+4 <= len(y); i += 4 {
+		y4, x4 := y[i:i+4:i+4], x[i:i+4:i+4]
+		y4[0] += a * x4[0]
+		y4[1] += a * x4[1]
+		y4[2] += a * x4[2]
+		y4[3] += a * x4[3]
+	}
+	for ; i < len(y); i++ {
 		y[i] += a * x[i]
 	}
 }
