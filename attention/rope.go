@@ -19,8 +19,12 @@ const (
 // RoPEScaling is the rope_scaling / rope_parameters block of a config.
 // Zero values mean "unset" and take Hugging Face's defaults.
 type RoPEScaling struct {
-	Type            string  // "" or "default", "linear", "llama3", "yarn"
-	Factor          float64 // context extension factor (linear, llama3, yarn; > 0)
+	Type string // "" or "default", "linear", "llama3", "yarn"
+	// Factor is the context extension factor (linear, llama3, yarn; > 0).
+	// Where a yarn config leaves it out, transformers uses
+	// max_position_embeddings / original_max_position_embeddings; the config
+	// loader must fill it in the same way.
+	Factor          float64
 	OriginalMaxPos  int     // original_max_position_embeddings (llama3, yarn)
 	BetaFast        float64 // yarn (default 32)
 	BetaSlow        float64 // yarn (default 1)
