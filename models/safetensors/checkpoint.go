@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/mkserve/mkserve/tensor"
 )
@@ -150,40 +151,50 @@ func readIndex(path string) (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: %w", err)
 	}
-	members, err := decodeObject(raw)
-	if err != nil {
+	if !utf8.Valid(raw) {
+		return nil, fmt.Errorf("safetensors: %s: not valid UTF-8", path)
+	}
+	var weightMap map[string]string
+	sc := &scanner{b: raw}
+	err = sc.object(func(key string) error {
+		if key != "weight_map" {
+			return sc.skip(1)
+		}
+		if weightMap != nil {
+			return errors.New(`"weight_map" appears twice`)
+		}
+		var err error
+		if weightMap, err = sc.stringMap(); err != nil {
+			return &tensorError{"", err} // marks an error inside weight_map
+		}
+		return nil
+	})
+	if err == nil {
+		err = sc.end()
+	}
+	var te *tensorError
+	var dup *dupKeyError
+	switch {
+	case err == nil:
+	case errors.As(err, &te) && errors.As(te.err, &dup):
+		return nil, fmt.Errorf("safetensors: %s: weight_map lists tensor %q twice", path, dup.key)
+	case errors.As(err, &te):
+		return nil, fmt.Errorf("safetensors: %s: weight_map: %v", path, te.err)
+	default:
 		return nil, fmt.Errorf("safetensors: %s: %v", path, err)
 	}
-	var wm []byte
-	for _, m := range members {
-		if m.key == "weight_map" {
-			wm = m.val
-		}
-	}
-	if wm == nil {
+	if weightMap == nil {
 		return nil, fmt.Errorf("safetensors: %s: no \"weight_map\"", path)
 	}
-	entries, err := decodeObject(wm)
-	var dup *dupKeyError
-	if errors.As(err, &dup) {
-		return nil, fmt.Errorf("safetensors: %s: weight_map lists tensor %q twice", path, dup.key)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("safetensors: %s: weight_map: %v", path, err)
-	}
-	if len(entries) == 0 {
+	if len(weightMap) == 0 {
 		return nil, fmt.Errorf("safetensors: %s: weight_map is empty", path)
 	}
-	out := make(map[string]string, len(entries))
-	for _, e := range entries {
-		file, err := decodeString(e.val)
-		if err != nil {
-			return nil, fmt.Errorf("safetensors: %s: weight_map: tensor %q: file name %v", path, e.key, err)
-		}
+	out := make(map[string]string, len(weightMap))
+	for name, file := range weightMap {
 		if !filepath.IsLocal(filepath.FromSlash(file)) {
-			return nil, fmt.Errorf("safetensors: %s: weight_map: tensor %q: shard name %q is not a file inside the model directory", path, e.key, file)
+			return nil, fmt.Errorf("safetensors: %s: weight_map: tensor %q: shard name %q is not a file inside the model directory", path, name, file)
 		}
-		out[e.key] = filepath.ToSlash(filepath.Clean(filepath.FromSlash(file)))
+		out[name] = filepath.ToSlash(filepath.Clean(filepath.FromSlash(file)))
 	}
 	return out, nil
 }

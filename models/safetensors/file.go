@@ -14,6 +14,7 @@
 package safetensors
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/mkserve/mkserve/tensor"
@@ -129,46 +131,59 @@ func parse(path string, buf []byte) (*File, error) {
 	if !utf8.Valid(header) {
 		return nil, fileError(path, "", "header is not valid UTF-8")
 	}
-	members, err := decodeObject(header)
-	if errors.Is(err, errNotObject) {
-		return nil, fileError(path, "", "header is not a JSON object")
-	}
-	var dup *dupKeyError
-	if errors.As(err, &dup) && dup.key == metadataKey {
-		return nil, fileError(path, "", "%s appears twice in the header", metadataKey)
-	}
-	if errors.As(err, &dup) {
-		return nil, fileError(path, dup.key, "name appears twice in the header")
-	}
-	if err != nil {
-		return nil, fileError(path, "", "header: %v", err)
-	}
 	f := &File{
 		Path:    path,
 		buf:     buf,
 		data:    buf[8+n:],
-		entries: make(map[string]entry, len(members)),
-		names:   make([]string, 0, len(members)),
+		entries: make(map[string]entry),
 	}
 	dataLen := uint64(len(f.data))
-	for _, m := range members {
-		if m.key == metadataKey {
-			if isNull(m.val) {
-				continue
+	sawMetadata := false
+	sc := &scanner{b: header}
+	err := sc.object(func(key string) error {
+		if key == metadataKey {
+			if sawMetadata {
+				return &dupKeyError{key}
 			}
-			md, err := decodeStringMap(m.val)
+			sawMetadata = true
+			if sc.null() {
+				return nil
+			}
+			md, err := sc.stringMap()
 			if err != nil {
-				return nil, fileError(path, "", "%s is not a map of strings to strings: %v", metadataKey, err)
+				return fmt.Errorf("%s is not a map of strings to strings: %v", metadataKey, err)
 			}
 			f.Metadata = md
-			continue
+			return nil
 		}
-		e, err := parseEntry(m.val, dataLen)
+		if _, dup := f.entries[key]; dup {
+			return &dupKeyError{key}
+		}
+		e, err := sc.entry(dataLen)
 		if err != nil {
-			return nil, fileError(path, m.key, "%v", err)
+			return &tensorError{key, err}
 		}
-		f.entries[m.key] = e
-		f.names = append(f.names, m.key)
+		f.entries[key] = e
+		f.names = append(f.names, key)
+		return nil
+	})
+	if err == nil {
+		err = sc.end()
+	}
+	var dup *dupKeyError
+	var te *tensorError
+	switch {
+	case err == nil:
+	case errors.Is(err, errNotObject):
+		return nil, fileError(path, "", "header is not a JSON object")
+	case errors.As(err, &dup) && dup.key == metadataKey:
+		return nil, fileError(path, "", "%s appears twice in the header", metadataKey)
+	case errors.As(err, &dup):
+		return nil, fileError(path, dup.key, "name appears twice in the header")
+	case errors.As(err, &te):
+		return nil, fileError(path, te.name, "%v", te.err)
+	default:
+		return nil, fileError(path, "", "header: %v", err)
 	}
 	if err := checkCoverage(f.entries, f.names, dataLen); err != nil {
 		return nil, fileError(path, "", "%v", err)
@@ -177,46 +192,76 @@ func parse(path string, buf []byte) (*File, error) {
 	return f, nil
 }
 
-// parseEntry decodes and checks one tensor's header entry against a data
-// section of dataLen bytes.
-func parseEntry(raw []byte, dataLen uint64) (entry, error) {
-	ms, err := decodeObject(raw)
+// tensorError is an error in the header entry of one tensor.
+type tensorError struct {
+	name string
+	err  error
+}
+
+func (e *tensorError) Error() string { return fmt.Sprintf("tensor %q: %v", e.name, e.err) }
+
+// entry reads and checks one tensor's header entry against a data section
+// of dataLen bytes.
+func (s *scanner) entry(dataLen uint64) (entry, error) {
+	var ds string
+	var dims, offs []int64
+	var have [3]bool
+	start := s.i
+	err := s.object(func(key string) error {
+		var err error
+		field := -1
+		switch key {
+		case "dtype":
+			field = 0
+		case "shape":
+			field = 1
+		case "data_offsets":
+			field = 2
+		default: // unknown fields are ignored, as by the reference
+			return s.skip(1)
+		}
+		if have[field] {
+			return &dupKeyError{key}
+		}
+		have[field] = true
+		switch field {
+		case 0:
+			if ds, err = s.stringValue(); err != nil {
+				err = fmt.Errorf("dtype: %w", err)
+			}
+		case 1:
+			if dims, err = s.ints(); err != nil {
+				err = fmt.Errorf("shape: %w", err)
+			}
+		case 2:
+			if offs, err = s.ints(); err != nil {
+				err = fmt.Errorf("data_offsets: %w", err)
+			}
+		}
+		return err
+	})
 	if errors.Is(err, errNotObject) {
-		return entry{}, fmt.Errorf("header entry %s is not an object", brief(raw))
+		return entry{}, fmt.Errorf("header entry %s is not an object", quoted(s.b[start:s.i]))
 	}
 	if err != nil {
 		return entry{}, err
 	}
-	var rawDType, rawShape, rawOffsets []byte
-	for _, m := range ms { // unknown fields are ignored, as by the reference
-		switch m.key {
-		case "dtype":
-			rawDType = m.val
-		case "shape":
-			rawShape = m.val
-		case "data_offsets":
-			rawOffsets = m.val
-		}
-	}
 	switch {
-	case rawDType == nil:
+	case !have[0]:
 		return entry{}, errors.New(`missing "dtype"`)
-	case rawShape == nil:
+	case !have[1]:
 		return entry{}, errors.New(`missing "shape"`)
-	case rawOffsets == nil:
+	case !have[2]:
 		return entry{}, errors.New(`missing "data_offsets"`)
 	}
-	ds, err := decodeString(rawDType)
-	if err != nil {
-		return entry{}, fmt.Errorf("dtype: %v", err)
-	}
+	return checkEntry(ds, dims, offs, dataLen)
+}
+
+// checkEntry validates a decoded header entry.
+func checkEntry(ds string, dims, offs []int64, dataLen uint64) (entry, error) {
 	dt := tensor.DType(ds)
 	if _, ok := dtypeBits[dt]; !ok {
 		return entry{}, fmt.Errorf("unknown dtype %q", ds)
-	}
-	dims, err := decodeInts(rawShape)
-	if err != nil {
-		return entry{}, fmt.Errorf("shape: %v", err)
 	}
 	shape := make([]int, len(dims))
 	for i, d := range dims {
@@ -227,10 +272,6 @@ func parseEntry(raw []byte, dataLen uint64) (entry, error) {
 			return entry{}, fmt.Errorf("shape %v: dimension %d too large", dims, d)
 		}
 		shape[i] = int(d)
-	}
-	offs, err := decodeInts(rawOffsets)
-	if err != nil {
-		return entry{}, fmt.Errorf("data_offsets: %v", err)
 	}
 	if len(offs) != 2 {
 		return entry{}, fmt.Errorf("data_offsets %v: want two integers [begin, end]", offs)
@@ -277,23 +318,27 @@ func byteSize(shape []int, dt tensor.DType) (uint64, error) {
 // offset order each begins where the previous ended, and the last ends at
 // the end of the section (the reference implementation's rule).
 func checkCoverage(entries map[string]entry, names []string, dataLen uint64) error {
-	order := slices.Clone(names)
-	slices.SortFunc(order, func(a, b string) int {
-		ea, eb := entries[a], entries[b]
-		if ea.begin != eb.begin {
-			return ea.begin - eb.begin
+	type span struct {
+		name       string
+		begin, end int
+	}
+	order := make([]span, len(names))
+	for i, name := range names {
+		e := entries[name]
+		order[i] = span{name, e.begin, e.end}
+	}
+	slices.SortFunc(order, func(a, b span) int {
+		if c := cmp.Compare(a.begin, b.begin); c != 0 {
+			return c
 		}
-		if ea.end != eb.end {
-			return ea.end - eb.end
+		if c := cmp.Compare(a.end, b.end); c != 0 {
+			return c
 		}
-		if a < b {
-			return -1
-		}
-		return 1
+		return strings.Compare(a.name, b.name)
 	})
 	pos, prev := 0, ""
-	for _, name := range order {
-		e := entries[name]
+	for _, e := range order {
+		name := e.name
 		switch {
 		case e.begin < pos:
 			return fmt.Errorf("tensor %q at [%d, %d] overlaps tensor %q ending at %d", name, e.begin, e.end, prev, pos)

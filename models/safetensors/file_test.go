@@ -221,7 +221,7 @@ func TestMalformed(t *testing.T) {
 		{"header past end", hdrLen(100, []byte(`{}`)), "", []string{"header length 100", "past the end of the 10-byte file"}},
 		{"header huge", hdrLen(1<<40, []byte(`{}`)), "", []string{"header length 1099511627776", "exceeds the 100000000-byte limit"}},
 		{"header max uint64", hdrLen(math.MaxUint64, []byte(`{}`)), "", []string{"exceeds"}},
-		{"not json", rawFile(`{"w":{"dtype":`, nil), "", []string{"header", "not valid JSON"}},
+		{"not json", rawFile(`{"w":{"dtype":`, nil), "w", []string{"not valid JSON", "unexpected end"}},
 		{"not json garbage", rawFile(`hello`, nil), "", []string{"not valid JSON"}},
 		{"not object array", rawFile(`[1,2]`, nil), "", []string{"header is not a JSON object"}},
 		{"not object string", rawFile(`"w"`, nil), "", []string{"header is not a JSON object"}},
