@@ -154,8 +154,18 @@ func ParseConfig(data []byte) (*Config, error) {
 	c.EOSTokenID = r.ints("eos_token_id")
 
 	c.RopeTheta, c.RopeScaling = r.rope()
-	if c.RopeScaling.Type == "yarn" && c.RopeScaling.OriginalMaxPos == 0 {
-		c.RopeScaling.OriginalMaxPos = c.MaxPositions // transformers' fallback
+	if s := &c.RopeScaling; s.Type == "yarn" {
+		// transformers' fallbacks: the original length defaults to
+		// max_position_embeddings, and a missing factor is the ratio of the two.
+		if s.OriginalMaxPos == 0 {
+			s.OriginalMaxPos = c.MaxPositions
+		}
+		if s.Factor == 0 && s.OriginalMaxPos > 0 {
+			s.Factor = float64(c.MaxPositions) / float64(s.OriginalMaxPos)
+		}
+	}
+	if c.RopeScaling.Factor == 0 {
+		c.RopeScaling.Factor = 1
 	}
 	if r.err != nil {
 		return nil, r.err
@@ -366,7 +376,7 @@ func (r *reader) rope() (float64, attention.RoPEScaling) {
 	theta = sub.float("rope_theta", theta)
 	s := attention.RoPEScaling{
 		Type:            sub.str("rope_type", sub.str("type", "default")),
-		Factor:          sub.float("factor", 1),
+		Factor:          sub.float("factor", 0),
 		OriginalMaxPos:  sub.int("original_max_position_embeddings", 0),
 		BetaFast:        sub.float("beta_fast", 32),
 		BetaSlow:        sub.float("beta_slow", 1),
