@@ -19,6 +19,17 @@ library encodes and decodes a list of hard strings:
                Fuse + Strip, TemplateProcessing "<s> $A".
   metaspace    Metaspace(prepend_scheme="first", split=True) pre-tokenizer,
                byte_fallback, decoder ByteFallback + Metaspace.
+  deepseek3    DeepSeek-V3 style: a Sequence of three Splits (digit groups,
+               CJK runs, a letters/punctuation regex) plus a Split on trailing
+               blanks before a line end ($), ByteLevel, non-ASCII special
+               tokens (<｜begin▁of▁sentence｜>), Sequence[ByteLevel,
+               TemplateProcessing] post-processor.
+  misc         NFKC + Lowercase + Replace(regex) + Strip normalizers,
+               WhitespaceSplit + Punctuation + Digits + Split(String,
+               merged_with_previous), BPE with continuing_subword_prefix,
+               end_of_word_suffix and [UNK], BPEDecoder, BertProcessing.
+  misc2        BertNormalizer, BertPreTokenizer + Digits, BPE with "##"
+               prefix, WordPiece decoder, RobertaProcessing.
   gpt2         the real GPT-2 tokenizer.json (given with --gpt2); only
                expected.json is written for it.
 
@@ -136,6 +147,13 @@ HARD_STRINGS = [
     "'s 's 'S 'll 'LL 'd '",
     "x" + " " * 7 + "y" + "\n" * 3 + " z",
     "１２３ ＡＢＣ ①②③ ⅣⅤ",
+    " abracadabra abracadabra supercalifragilistic",
+    "a        b         c" + " " * 8 + "d",
+    "The nation's people",
+    "trailing blanks  \nand tabs\t\t\nend  ",
+    "<｜begin▁of▁sentence｜>Hi<｜end▁of▁sentence｜>",
+    "Hello-world well-known [MASK] hello world [CLS]",
+    "ＡＢＣ Ⅻ ﬁ İstanbul ΣΑΣ",
 ]
 
 POOL = (
@@ -322,6 +340,64 @@ def build_metaspace():
     return tok, cfg
 
 
+DEEPSEEK_LETTERS = (
+    r"[!-/:-@\[-`{-~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def build_deepseek3():
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"[ \t]+$"), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(r"\p{N}{1,3}"), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(r"[一-龥぀-ゟ゠-ヿ]+"), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(DEEPSEEK_LETTERS), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    train(tok, 1100, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.add_special_tokens([added_token(s, True, normalized=False) for s in
+                            ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"]])
+    tok.add_tokens([added_token("<think>", False, normalized=False), added_token("</think>", False, normalized=False)])
+    bos = tok.token_to_id("<｜begin▁of▁sentence｜>")
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<｜begin▁of▁sentence｜> $A", pair="<｜begin▁of▁sentence｜> $A $B:1",
+                                      special_tokens=[("<｜begin▁of▁sentence｜>", bos)]),
+    ])
+    cfg = {"bos_token": {"content": "<｜begin▁of▁sentence｜>", "__type": "AddedToken"},
+           "eos_token": {"content": "<｜end▁of▁sentence｜>", "__type": "AddedToken"},
+           "add_bos_token": True, "add_eos_token": False, "model_max_length": 131072}
+    return tok, cfg
+
+
+def build_misc():
+    tok = Tokenizer(models.BPE(unk_token="[UNK]", continuing_subword_prefix="##", end_of_word_suffix="</w>"))
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase(),
+                                           normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation("contiguous"),
+        pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.Split("-", "merged_with_previous"),
+    ])
+    tok.decoder = decoders.BPEDecoder(suffix="</w>")
+    train(tok, 600, special_tokens=["[UNK]", "[CLS]", "[SEP]", "[MASK]"], limit_alphabet=80,
+          continuing_subword_prefix="##", end_of_word_suffix="</w>")
+    tok.add_tokens([added_token("hello world", False, normalized=True)])
+    tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")), ("[CLS]", tok.token_to_id("[CLS]")))
+    return tok, {"unk_token": "[UNK]", "cls_token": "[CLS]"}
+
+
+def build_misc2():
+    tok = Tokenizer(models.BPE(unk_token="[UNK]", continuing_subword_prefix="##"))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.BertPreTokenizer(), pre_tokenizers.Digits(individual_digits=False)])
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    train(tok, 600, special_tokens=["[UNK]", "<s>", "</s>"], limit_alphabet=100, continuing_subword_prefix="##")
+    tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")))
+    return tok, None
+
+
 def record(name, tok, strings, seed):
     rng = random.Random(seed)
     vocab_full = tok.get_vocab(with_added_tokens=True)
@@ -378,7 +454,7 @@ def record(name, tok, strings, seed):
         added.append({"id": i, "content": t.content, "special": t.special, "lstrip": t.lstrip,
                       "rstrip": t.rstrip, "single_word": t.single_word, "normalized": t.normalized})
     probe_tokens = [t for t, _ in sorted(vocab_full.items(), key=lambda kv: kv[1])][:: max(1, len(vocab_full) // 50)]
-    probe_tokens += ["<|im_end|>", "<s>", "not-a-token-xyz", "Ġthe", "the", "<0x41>"]
+    probe_tokens += ["<|im_end|>", "<s>", "not-a-token-xyz", "Ġthe", "the", "<0x41>", "Ġabracadabra", "[UNK]"]
     return {
         "name": name,
         "tokenizers_version": tokenizers.__version__,
@@ -416,7 +492,8 @@ def main():
     ap.add_argument("--gpt2", default="")
     args = ap.parse_args()
     print("tokenizers", tokenizers.__version__, "python", sys.version.split()[0])
-    builders = [("qwen2", build_qwen2), ("llama3", build_llama3), ("bytefallback", build_bytefallback), ("metaspace", build_metaspace)]
+    builders = [("qwen2", build_qwen2), ("llama3", build_llama3), ("bytefallback", build_bytefallback),
+                ("metaspace", build_metaspace), ("deepseek3", build_deepseek3), ("misc", build_misc), ("misc2", build_misc2)]
     failed = 0
     for i, (name, fn) in enumerate(builders):
         try:

@@ -56,7 +56,7 @@ type hfCase struct {
 
 func hfCases(t testing.TB) []hfCase {
 	var cs []hfCase
-	for _, n := range []string{"qwen2", "llama3", "bytefallback", "metaspace"} {
+	for _, n := range []string{"qwen2", "llama3", "bytefallback", "metaspace", "deepseek3", "misc", "misc2"} {
 		d := filepath.Join("testdata", n)
 		cs = append(cs, hfCase{n, filepath.Join(d, "tokenizer.json"), d, filepath.Join(d, "expected.json")})
 	}
@@ -127,6 +127,21 @@ func TestMatchesHF(t *testing.T) {
 					fails++
 					if fails <= 10 {
 						t.Errorf("case %d %q: "+format, append([]any{i, tc.Text}, args...)...)
+					}
+				}
+				if tc.Normalized != nil && tok.norm != nil {
+					if got, err := tok.norm.normalize(tc.Text); err != nil || got != *tc.Normalized {
+						fail("normalize = %q, %v; want %q", got, err, *tc.Normalized)
+					}
+				}
+				if tc.PreTokenized != nil && tok.pre != nil {
+					ps, err := tok.pre.split(piece{text: tc.Text})
+					got := make([]string, len(ps))
+					for i, p := range ps {
+						got[i] = p.text
+					}
+					if err != nil || !slices.Equal(got, tc.PreTokenized) {
+						fail("pre-tokenize = %q, %v; want %q", got, err, tc.PreTokenized)
 					}
 				}
 				ids, err := tok.Encode(tc.Text, false)

@@ -166,20 +166,17 @@ func (b bertNorm) normalize(s string) (string, error) {
 	return out, nil
 }
 
-func isWhitespaceBert(r rune) bool {
-	switch r {
-	case '\t', '\n', '\r', ' ':
-		return true
-	}
-	return unicode.Is(unicode.Zs, r)
-}
+func isWhitespaceBert(r rune) bool { return unicode.IsSpace(r) }
 
+// isControlBert is HF's is_control: any "other" (C*) character except
+// \t, \n, \r; unassigned code points count as other.
 func isControlBert(r rune) bool {
 	switch r {
 	case '\t', '\n', '\r':
 		return false
 	}
-	return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Co, unicode.Cs)
+	return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Co, unicode.Cs) ||
+		!unicode.In(r, unicode.L, unicode.M, unicode.N, unicode.P, unicode.S, unicode.Z)
 }
 
 func isChineseChar(r rune) bool {

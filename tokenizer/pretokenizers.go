@@ -175,6 +175,9 @@ type byteLevelPre struct {
 }
 
 func (b byteLevelPre) split(p piece) ([]piece, error) {
+	if p.text == "" {
+		return nil, nil
+	}
 	if b.addPrefixSpace && !strings.HasPrefix(p.text, " ") {
 		p.text = " " + p.text
 	}
@@ -223,6 +226,9 @@ type metaspacePre struct {
 }
 
 func (m metaspacePre) split(p piece) ([]piece, error) {
+	if p.text == "" {
+		return nil, nil
+	}
 	rep := string(m.replacement)
 	s := strings.ReplaceAll(p.text, " ", rep)
 	if !strings.HasPrefix(s, rep) {
