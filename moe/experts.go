@@ -84,9 +84,9 @@ func (ex *Experts) set() *expertSet {
 // ids and w [T, K]; out [T, H] is overwritten, not accumulated.
 //
 // Tokens are grouped by expert; each expert runs two GEMMs (linalg.MatMulT)
-// on its gathered rows, and the weighted results are summed per token in slot
-// order k = 0..K-1, so the result does not depend on scheduling. When many
-// experts each get few rows (decode), experts run concurrently.
+// on its gathered rows (in tiles of at most 512 rows), experts running
+// concurrently; the weighted results are summed per token in slot order
+// k = 0..K-1, so the result does not depend on scheduling.
 //
 // Forward panics when ex fails Validate, a slice is shorter than its shape or
 // an id is out of range (ids come from Route, so that is a programming error).
@@ -172,9 +172,11 @@ var slotBudget = 1 << 24
 // mTile caps the rows of one GEMM call so the per-worker buffers stay small.
 const mTile = 512
 
-// smallRun is the mean rows per active expert under which experts run
-// concurrently rather than one after another with parallel GEMMs.
-const smallRun = 32
+// serialExperts runs experts one after another (each GEMM still parallel)
+// instead of concurrently. Measured on 16 cores with the first MatMulT,
+// concurrent experts won at every shape tried (decode 3.5–5x, prefill
+// 1.5–2.6x), so it is off; a variable so benchmarks can compare.
+var serialExperts = false
 
 // run computes y[i] = w[i]·expert_{eid[i]}(rows[i]) for n rows: rows[i] [H],
 // eid local ids, y [n, H] (overwritten).
@@ -207,14 +209,10 @@ func (s *expertSet) run(y []float32, rows [][]float32, eid []int32, w []float32)
 			items = append(items, item{int32(e), lo, min(lo+mTile, off[e+1])})
 		}
 	}
-	active := 0
-	for e := range E {
-		if off[e+1] > off[e] {
-			active++
-		}
-	}
+	// Tiles run concurrently; each GEMM is parallel as well, so a few big
+	// tiles still fill the cores.
 	workers := 1
-	if p := runtime.GOMAXPROCS(0); p > 1 && active > 1 && n < smallRun*active {
+	if p := runtime.GOMAXPROCS(0); p > 1 && len(items) > 1 && !serialExperts {
 		workers = min(p, len(items))
 		// Largest tiles first so one big tile does not finish last.
 		for i := 1; i < len(items); i++ {

@@ -138,10 +138,28 @@ func qwen3Like(r *rand.Rand) *Experts {
 
 func BenchmarkExpertsForward(b *testing.B) {
 	r := rand.New(rand.NewPCG(7, 8))
-	ex := qwen3Like(r)
-	const K = 8
-	for _, T := range []int{1, 16, 256} {
-		b.Run(fmt.Sprintf("E64_H512_I192_K8_T%d", T), func(b *testing.B) {
+	qwen := qwen3Like(r)
+	// Mixtral-like: few large experts, top-2 (H, I scaled down 8x).
+	mixtral := randExperts(r, 8, 512, 1792, Activation{Kind: SwiGLU}, false)
+	cases := []struct {
+		name  string
+		ex    *Experts
+		T, K  int
+		sched string
+	}{
+		{"qwen3", qwen, 1, 8, "concurrent"}, {"qwen3", qwen, 1, 8, "serial"},
+		{"qwen3", qwen, 16, 8, "concurrent"}, {"qwen3", qwen, 16, 8, "serial"},
+		{"qwen3", qwen, 256, 8, "concurrent"}, {"qwen3", qwen, 256, 8, "serial"},
+		{"mixtral", mixtral, 1, 2, "concurrent"},
+		{"mixtral", mixtral, 512, 2, "concurrent"}, {"mixtral", mixtral, 512, 2, "serial"},
+	}
+	for _, tc := range cases {
+		ex, T, K := tc.ex, tc.T, tc.K
+		b.Run(fmt.Sprintf("%s_E%d_H%d_I%d_K%d_T%d_%s", tc.name, ex.E, ex.H, ex.I, K, T, tc.sched), func(b *testing.B) {
+			if tc.sched == "serial" { // experts one after another, parallel GEMMs
+				serialExperts = true
+				defer func() { serialExperts = false }()
+			}
 			x := randn(r, T*ex.H, 1)
 			ids, w := randRouting(r, T, K, ex.E)
 			out := make([]float32, T*ex.H)

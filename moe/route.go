@@ -199,15 +199,17 @@ func softmax(dst, x []float32, tmp *[]float64) {
 // ranksBefore reports whether value a at index ia ranks before b at ib in a
 // top-k: larger first, NaN above every number, ties to the lower index.
 func ranksBefore(a float32, ia int, b float32, ib int) bool {
-	an, bn := a != a, b != b
-	if an || bn {
-		if an && bn {
-			return ia < ib
-		}
-		return an
+	switch {
+	case a > b:
+		return true
+	case a < b:
+		return false
+	case a == b:
+		return ia < ib
 	}
-	if a != b {
-		return a > b
+	// At least one NaN.
+	if an, bn := a != a, b != b; an != bn {
+		return an
 	}
 	return ia < ib
 }

@@ -351,3 +351,54 @@ func BenchmarkRoute(b *testing.B) {
 		})
 	}
 }
+
+// FuzzRoute feeds arbitrary logits (NaN and ±Inf included) and small configs:
+// Route must not panic on a valid config, and must return K distinct
+// in-range experts per token.
+func FuzzRoute(f *testing.F) {
+	f.Add([]byte{0, 0, 128, 63, 0, 0, 192, 127, 0, 0, 128, 255, 1, 2, 3, 4}, uint8(4), uint8(2), uint8(0), uint8(0))
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32}, uint8(8), uint8(3), uint8(2), uint8(4))
+	f.Fuzz(func(t *testing.T, raw []byte, e, k, style, groups uint8) {
+		E := int(e%16) + 1
+		cfg := RouterConfig{NumExperts: E, TopK: int(k)%E + 1}
+		switch style % 4 {
+		case 1:
+			cfg.NormTopK = true
+		case 2:
+			cfg.SoftmaxTopK = true
+		case 3:
+			cfg.Scoring, cfg.NormTopK, cfg.ScalingFactor = Sigmoid, true, 2.5
+			if g := int(groups%4) + 1; E%g == 0 && E/g >= 2 {
+				cfg.NumGroups, cfg.TopKGroups = g, int(groups/4)%g+1
+			}
+		}
+		if cfg.Validate() != nil {
+			return
+		}
+		T := len(raw) / (4 * E)
+		logits := make([]float32, T*E)
+		for i := range logits {
+			logits[i] = math.Float32frombits(uint32(raw[4*i]) | uint32(raw[4*i+1])<<8 | uint32(raw[4*i+2])<<16 | uint32(raw[4*i+3])<<24)
+		}
+		var bias []float32
+		if cfg.Scoring == Sigmoid {
+			bias = make([]float32, E)
+			for i := range bias {
+				bias[i] = float32(i%3) - 1
+			}
+		}
+		ids, w := Route(&cfg, logits, bias, T)
+		if len(ids) != T*cfg.TopK || len(w) != T*cfg.TopK {
+			t.Fatalf("got %d ids, %d weights for T=%d K=%d", len(ids), len(w), T, cfg.TopK)
+		}
+		for tok := range T {
+			seen := map[int32]bool{}
+			for _, id := range ids[tok*cfg.TopK : (tok+1)*cfg.TopK] {
+				if id < 0 || int(id) >= E || seen[id] {
+					t.Fatalf("token %d: ids %v", tok, ids[tok*cfg.TopK:(tok+1)*cfg.TopK])
+				}
+				seen[id] = true
+			}
+		}
+	})
+}
