@@ -225,10 +225,16 @@ func (c *Checkpoint) indexFiles(weightMap map[string]string) error {
 			}
 		}
 	}
-	for name, file := range weightMap {
+	var unfound []string
+	for name := range weightMap {
 		if _, ok := c.where[name]; !ok {
-			return fmt.Errorf("safetensors: %s: the index lists tensor %q in shard %s, which does not contain it", c.Index, name, filepath.Join(c.Dir, filepath.FromSlash(file)))
+			unfound = append(unfound, name)
 		}
+	}
+	if len(unfound) > 0 {
+		sort.Strings(unfound)
+		name := unfound[0]
+		return fmt.Errorf("safetensors: %s: the index lists tensor %q in shard %s, which does not contain it (%d such tensors)", c.Index, name, filepath.Join(c.Dir, filepath.FromSlash(weightMap[name])), len(unfound))
 	}
 	c.names = make([]string, 0, len(c.where))
 	for name := range c.where {
@@ -248,7 +254,7 @@ func (c *Checkpoint) relName(f *File) string {
 	return filepath.ToSlash(rel)
 }
 
-// Names lists all tensor names, sorted.
+// Names lists all tensor names, sorted (none once closed).
 func (c *Checkpoint) Names() []string { return slices.Clone(c.names) }
 
 // Files lists the paths of the open .safetensors files, sorted.
@@ -322,7 +328,7 @@ func (c *Checkpoint) Close() error {
 	for _, f := range c.files {
 		errs = append(errs, f.Close())
 	}
-	c.files, c.where = nil, nil
+	c.files, c.where, c.names = nil, nil, nil
 	return errors.Join(errs...)
 }
 

@@ -156,6 +156,9 @@ func TestShardedDir(t *testing.T) {
 	if _, err := c.Tensor(want[0]); err == nil {
 		t.Fatal("Tensor after Close succeeded")
 	}
+	if len(c.Names()) != 0 || c.CheckFloat() != nil || c.TotalBytes() != 0 {
+		t.Fatal("a closed checkpoint still lists tensors")
+	}
 }
 
 // TestShardedMalformed breaks a good sharded directory in one way each.

@@ -44,8 +44,9 @@ type entry struct {
 }
 
 // File is one memory-mapped .safetensors file. Tensors returned by Tensor
-// alias the mapping and must not be used after Close. Tensor, Names and Info
-// are safe for concurrent use; Close must not race with them.
+// alias the mapping and must not be used after Close; nor may the file be
+// truncated while mapped (reading a vanished page kills the process). Tensor,
+// Names and Info are safe for concurrent use; Close must not race with them.
 type File struct {
 	// Path is the file name given to Open.
 	Path string
@@ -357,7 +358,7 @@ func checkCoverage(entries map[string]entry, names []string, dataLen uint64) err
 	return nil
 }
 
-// Names lists the tensor names, sorted.
+// Names lists the tensor names, sorted (none once closed).
 func (f *File) Names() []string { return slices.Clone(f.names) }
 
 // Len is the number of tensors.
@@ -380,7 +381,8 @@ func (f *File) Info(name string) (dtype tensor.DType, shape []int, ok bool) {
 }
 
 // Tensor returns the named tensor as a view into the file: Data aliases the
-// mapping (read-only; writing to it faults) and is valid until Close. Shape
+// mapping (read-only: writing to a mapped page faults) and is valid until
+// Close. Shape
 // is a fresh copy. ok is false for an unknown name or a closed file.
 func (f *File) Tensor(name string) (*tensor.Host, bool) {
 	e, ok := f.entries[name]
@@ -399,7 +401,7 @@ func (f *File) Tensor(name string) (*tensor.Host, bool) {
 // used afterwards. Closing twice is a no-op.
 func (f *File) Close() error {
 	buf, mapped := f.buf, f.mapped
-	f.buf, f.data, f.entries, f.mapped = nil, nil, nil, false
+	f.buf, f.data, f.entries, f.names, f.mapped = nil, nil, nil, nil, false
 	if mapped && buf != nil {
 		if err := unmap(buf); err != nil {
 			return fmt.Errorf("safetensors: %s: munmap: %w", f.Path, err)

@@ -357,6 +357,9 @@ func TestCloseAndConcurrentReads(t *testing.T) {
 	if _, ok := f.Tensor("t0"); ok {
 		t.Fatal("Tensor after Close returned a view")
 	}
+	if len(f.Names()) != 0 || f.CheckFloat() != nil {
+		t.Fatal("a closed file still lists tensors")
+	}
 }
 
 func TestWriteErrors(t *testing.T) {
