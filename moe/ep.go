@@ -34,7 +34,8 @@ import (
 // serialised by a mutex: one Forward at a time per EP.
 type EP struct {
 	// Timeout bounds one Forward (a rank that never arrives becomes an error);
-	// zero means no bound beyond the caller's context. NewEP sets 30 s.
+	// zero means no bound beyond the caller's context. NewEP sets 30 s; set
+	// it before the first Forward.
 	Timeout time.Duration
 
 	mu     sync.Mutex
@@ -101,8 +102,9 @@ func NewEP(table *Table, ex *Experts) (*EP, error) {
 // Ranks is the world size R.
 func (p *EP) Ranks() int { return len(p.ranks) }
 
-// Load returns the tokens routed to each expert so far (one per token-slot),
-// [E], cumulative over Forward calls.
+// Load returns the tokens routed to each expert so far (one per token-slot,
+// counted at dispatch, so a call that then fails still counts), [E],
+// cumulative over Forward calls.
 func (p *EP) Load() []uint64 { return p.load.Snapshot() }
 
 // RankLoad returns the rows each rank has computed so far, [R].
