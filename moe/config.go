@@ -22,7 +22,7 @@ const (
 //     (Sigmoid), or the raw logits (SoftmaxTopK);
 //  2. choice scores c = s + scoreBias (when a bias is given; selection only);
 //  3. group limiting (NumGroups > 0): groups outside the best TopKGroups get
-//     c = 0 — zero, not -inf, exactly as DeepSeek-V3's masked_fill(…, 0.0);
+//     c = −inf, as transformers 5.17, vLLM and DeepSeek's own code mask it;
 //  4. top-k on c;
 //  5. weights w = s at the chosen experts; softmax over them (SoftmaxTopK);
 //     divided by their sum (NormTopK; + 1e-20 under Sigmoid scoring);

@@ -130,7 +130,12 @@ func routeToken(cfg *RouterConfig, row, bias []float32, ids []int32, w []float32
 				}
 			}
 			if !keep {
-				clear(choice[g*gs : g*gs+gs])
+				// transformers 5.17, vLLM and DeepSeek's reference code mask
+				// dropped groups with -inf (older transformers used 0.0,
+				// which let a masked expert beat a negative biased score).
+				for e := range choice[g*gs : g*gs+gs] {
+					choice[g*gs+e] = float32(math.Inf(-1))
+				}
 			}
 		}
 	}

@@ -99,7 +99,7 @@ func naiveDeepSeekV3(logits, bias []float32, K, nGroup, topkGroup int, norm bool
 	}
 	for e := range choice {
 		if !keep[e/gs] {
-			choice[e] = 0 // masked_fill(~score_mask, 0.0)
+			choice[e] = float32(math.Inf(-1)) // masked_fill(~score_mask, -inf) as transformers 5.17
 		}
 	}
 	order := argsortDesc(choice)[:K]
@@ -165,10 +165,10 @@ func TestRouteAgainstNaive(t *testing.T) {
 			func(x, b []float32) ([]int32, []float32) { return naiveDeepSeekV3(x, b, 8, 8, 4, true, 2.5) }},
 		{"deepseek_v3_nonorm", RouterConfig{NumExperts: 64, TopK: 6, Scoring: Sigmoid, NumGroups: 8, TopKGroups: 3, ScalingFactor: 16}, true, 2,
 			func(x, b []float32) ([]int32, []float32) { return naiveDeepSeekV3(x, b, 6, 8, 3, false, 16) }},
-		// K larger than the eligible experts, and negative choice scores:
-		// HF's zero mask lets masked experts (choice 0) win over negative ones.
-		{"deepseek_v3_zero_mask", RouterConfig{NumExperts: 16, TopK: 6, Scoring: Sigmoid, NumGroups: 8, TopKGroups: 2, NormTopK: true, ScalingFactor: 1}, true, 2,
-			func(x, b []float32) ([]int32, []float32) { return naiveDeepSeekV3(x, b, 6, 8, 2, true, 1) }},
+		// K equal to the eligible experts, with strongly negative choice
+		// scores: a masked group (−inf) must never win over them.
+		{"deepseek_v3_negative_scores", RouterConfig{NumExperts: 16, TopK: 4, Scoring: Sigmoid, NumGroups: 8, TopKGroups: 2, NormTopK: true, ScalingFactor: 1}, true, 2,
+			func(x, b []float32) ([]int32, []float32) { return naiveDeepSeekV3(x, b, 4, 8, 2, true, 1) }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
