@@ -129,6 +129,8 @@ func TestReferenceLayout(t *testing.T) {
 		{"padded", []*tensor.Host{tensor.FromFloat32("attn0", []int{1, 1, 2, 3}, []float32{0, 1, 2, 3, 4, 5})}, nil,
 			rawFile(`{"attn0":{"dtype":"F32","shape":[1,1,2,3],"data_offsets":[0,24]}}       `, le(0, 1, 2, 3, 4, 5))},
 		{"empty", nil, nil, rawFile(`{}      `, nil)},
+		{"unescaped html", []*tensor.Host{{Name: "a<b>&c\"é", DType: tensor.U8, Shape: []int{}, Data: []byte{5}}}, nil,
+			rawFile(`{"a<b>&c\"é":{"dtype":"U8","shape":[],"data_offsets":[0,1]}}   `, []byte{5})},
 		{"metadata only", nil, map[string]string{"framework": "pt"}, rawFile(`{"__metadata__":{"framework":"pt"}}     `, nil)},
 		{"order", []*tensor.Host{
 			{Name: "b", DType: tensor.U8, Shape: []int{1}, Data: []byte{7}},

@@ -145,9 +145,12 @@ func encodeHeader(tensors []*tensor.Host, metadata map[string]string) ([]byte, [
 	return h.Bytes(), order, nil
 }
 
-// writeJSONString appends s as a JSON string. Invalid UTF-8 is replaced by
-// U+FFFD (encoding/json's behaviour), so the header is always valid UTF-8.
+// writeJSONString appends s as a JSON string, without encoding/json's
+// escaping of <, > and & (the reference writer leaves them as they are).
+// Invalid UTF-8 is replaced by U+FFFD, so the header is always valid UTF-8.
 func writeJSONString(b *bytes.Buffer, s string) {
-	q, _ := json.Marshal(s) // marshalling a string cannot fail
-	b.Write(q)
+	enc := json.NewEncoder(b)
+	enc.SetEscapeHTML(false)
+	enc.Encode(s)           // encoding a string cannot fail
+	b.Truncate(b.Len() - 1) // Encode's newline
 }
