@@ -101,32 +101,3 @@ func invalidPrefixLen(b []byte) int {
 	}
 	return n
 }
-
-// validUTF8Prefix returns the length of the longest prefix of b that ends on
-// a UTF-8 boundary and could still be extended into valid text: it cuts off
-// an incomplete (but so far valid) trailing sequence.
-func validUTF8Prefix(b []byte) int {
-	// Look back at most 3 bytes for a lead byte.
-	for k := 1; k <= 3 && k <= len(b); k++ {
-		c := b[len(b)-k]
-		if c < 0x80 {
-			return len(b)
-		}
-		if c >= 0xC0 {
-			var want int
-			switch {
-			case c >= 0xF0:
-				want = 4
-			case c >= 0xE0:
-				want = 3
-			default:
-				want = 2
-			}
-			if k < want && utf8.FullRune(b[len(b)-k:]) == false {
-				return len(b) - k
-			}
-			return len(b)
-		}
-	}
-	return len(b)
-}
