@@ -1,0 +1,98 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// SamplingParams are a request's decoding settings, already validated by
+// the server adapters (Validate checks them again).
+type SamplingParams struct {
+	N                 int      // choices per prompt (≥ 1); they share the prompt's KV blocks
+	MaxTokens         int      // new tokens per choice at most (≥ 1)
+	Temperature       float32  // 0: greedy
+	TopP              float32  // (0, 1]; 1: off
+	TopK              int      // 0: off
+	MinP              float32  // [0, 1]; 0: off
+	Seed              *uint64  // same seed + same request ⇒ same output
+	PresencePenalty   float32  // [-2, 2]
+	FrequencyPenalty  float32  // [-2, 2]
+	RepetitionPenalty float32  // > 0; 1: off
+	Stop              []string // stop strings: never part of the returned text
+	StopTokenIDs      []int32  // extra stop tokens (kept out of the text too)
+	IgnoreEOS         bool     // keep going past the model's end-of-sequence tokens
+	Logprobs          bool     // return the chosen token's log-probability
+	TopLogprobs       int      // and this many alternatives (0–20)
+}
+
+// Request is one generation request as the engine sees it.
+type Request struct {
+	ID       string // unique; used in logs and metrics
+	Prompt   []int32
+	Sampling SamplingParams
+	Priority int // lower runs first among waiting requests; FCFS within a priority
+	// Arrival is when the server received the request (zero: now).
+	Arrival time.Time
+}
+
+// TokenLogprob is a token with its log-probability.
+type TokenLogprob struct {
+	ID      int32
+	Text    string
+	Logprob float32
+}
+
+// Logprob is the log-probability record of one generated token.
+type Logprob struct {
+	TokenLogprob
+	Top []TokenLogprob // the TopLogprobs most likely tokens, most likely first
+}
+
+// Usage counts a request's tokens.
+type Usage struct {
+	PromptTokens     int
+	CompletionTokens int // summed over all choices
+	CachedTokens     int // prompt tokens served from the prefix cache
+}
+
+// Finish reasons, as OpenAI names them.
+const (
+	FinishStop   = "stop"   // a stop string, stop token or EOS
+	FinishLength = "length" // MaxTokens reached or the context is full
+	FinishAbort  = "abort"  // cancelled by the client, a deadline or shutdown
+	FinishError  = "error"  // the engine failed the step
+)
+
+// Event is a piece of output of one choice. Text is the newly completed,
+// stop-string-safe text since the previous event of that choice.
+type Event struct {
+	Index        int // choice index in [0, N)
+	TokenIDs     []int32
+	Text         string
+	Logprobs     []Logprob // one per token in TokenIDs, when requested
+	FinishReason string    // non-empty on the choice's last event
+	// Usage is set on the request's very last event (after every choice finished).
+	Usage *Usage
+	Err   error // set with FinishError
+}
+
+// Errors Generate returns before accepting a request.
+var (
+	ErrQueueFull = errors.New("engine: too many waiting requests")
+	ErrDraining  = errors.New("engine: shutting down, not accepting requests")
+	ErrTooLong   = errors.New("engine: prompt plus max_tokens exceeds the model's context")
+)
+
+// Generator is what the server adapters need from the engine.
+type Generator interface {
+	// Generate queues req and returns a channel that receives its events and
+	// is closed after the last one. Cancelling ctx aborts the request and
+	// frees its KV blocks at once. Errors: ErrQueueFull, ErrDraining,
+	// ErrTooLong, or a validation error naming the bad parameter.
+	Generate(ctx context.Context, req *Request) (<-chan Event, error)
+	// ModelName is the served model's name (for /v1/models and metrics).
+	ModelName() string
+	// MaxContext is the longest prompt + completion the engine accepts.
+	MaxContext() int
+}
