@@ -1,0 +1,66 @@
+package engine
+
+import "fmt"
+
+// Config sizes the engine. Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	MaxNumSeqs          int   // running sequences per step at most (max_num_seqs)
+	MaxNumBatchedTokens int   // tokens per step at most (max_num_batched_tokens)
+	BlockSize           int   // tokens per KV-cache block
+	KVCacheBytes        int64 // memory for the KV cache; sets the number of blocks
+	MaxQueue            int   // waiting requests at most; beyond it Generate returns ErrQueueFull
+	MaxModelLen         int   // prompt + completion tokens at most (0: the model's max_position_embeddings)
+	PrefixCaching       bool  // share full prompt blocks among requests with the same prefix
+}
+
+// DefaultConfig is what `mkserve serve` uses without flags on a CPU.
+func DefaultConfig() Config {
+	return Config{
+		MaxNumSeqs:          256,
+		MaxNumBatchedTokens: 2048,
+		BlockSize:           16,
+		KVCacheBytes:        1 << 30,
+		MaxQueue:            1024,
+		PrefixCaching:       true,
+	}
+}
+
+// withDefaults fills zero fields from DefaultConfig.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.MaxNumSeqs == 0 {
+		c.MaxNumSeqs = d.MaxNumSeqs
+	}
+	if c.MaxNumBatchedTokens == 0 {
+		c.MaxNumBatchedTokens = d.MaxNumBatchedTokens
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = d.BlockSize
+	}
+	if c.KVCacheBytes == 0 {
+		c.KVCacheBytes = d.KVCacheBytes
+	}
+	if c.MaxQueue == 0 {
+		c.MaxQueue = d.MaxQueue
+	}
+	return c
+}
+
+// Validate names the first field out of range.
+func (c Config) Validate() error {
+	switch {
+	case c.MaxNumSeqs < 0:
+		return fmt.Errorf("max_num_seqs must be positive, got %d", c.MaxNumSeqs)
+	case c.MaxNumBatchedTokens < 0:
+		return fmt.Errorf("max_num_batched_tokens must be positive, got %d", c.MaxNumBatchedTokens)
+	case c.BlockSize < 0 || c.BlockSize > 1024:
+		return fmt.Errorf("block_size must be in [1, 1024], got %d", c.BlockSize)
+	case c.KVCacheBytes < 0:
+		return fmt.Errorf("kv_cache_bytes must be positive, got %d", c.KVCacheBytes)
+	case c.MaxQueue < 0:
+		return fmt.Errorf("max_queue must be positive, got %d", c.MaxQueue)
+	case c.MaxModelLen < 0:
+		return fmt.Errorf("max_model_len must not be negative, got %d", c.MaxModelLen)
+	}
+	return nil
+}
