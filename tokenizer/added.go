@@ -38,7 +38,8 @@ type segment struct {
 
 // matchTrie is a byte trie of token contents for leftmost-longest search.
 type matchTrie struct {
-	next  []map[byte]int32 // node -> byte -> child
+	root  [256]int32       // children of the root (0 = none); every text byte looks here
+	next  []map[byte]int32 // node -> byte -> child, below the root
 	token []*addedToken    // node -> token ending here (nil if none)
 }
 
@@ -46,15 +47,28 @@ func newMatchTrie() *matchTrie {
 	return &matchTrie{next: []map[byte]int32{{}}, token: []*addedToken{nil}}
 }
 
+func (t *matchTrie) child(n int32, b byte) (int32, bool) {
+	if n == 0 {
+		c := t.root[b]
+		return c, c != 0
+	}
+	c, ok := t.next[n][b]
+	return c, ok
+}
+
 func (t *matchTrie) insert(s string, tok *addedToken) {
 	n := int32(0)
 	for i := 0; i < len(s); i++ {
-		c, ok := t.next[n][s[i]]
+		c, ok := t.child(n, s[i])
 		if !ok {
 			c = int32(len(t.next))
 			t.next = append(t.next, map[byte]int32{})
 			t.token = append(t.token, nil)
-			t.next[n][s[i]] = c
+			if n == 0 {
+				t.root[s[i]] = c
+			} else {
+				t.next[n][s[i]] = c
+			}
 		}
 		n = c
 	}
@@ -69,7 +83,7 @@ func (t *matchTrie) longestAt(s string, i int) (*addedToken, int) {
 	bestLen := 0
 	n := int32(0)
 	for j := i; j < len(s); j++ {
-		c, ok := t.next[n][s[j]]
+		c, ok := t.child(n, s[j])
 		if !ok {
 			break
 		}

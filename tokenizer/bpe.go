@@ -9,8 +9,13 @@ import (
 	sugar "github.com/sugarme/tokenizer"
 )
 
-// bpeCacheCap bounds the word cache of a BPE model (as HF's default).
-const bpeCacheCap = 10000
+// bpeCacheCap bounds the word cache of a BPE model (as HF's default), and
+// bpeCacheMaxWord keeps long words (whole texts, without a pre-tokenizer)
+// out of it.
+const (
+	bpeCacheCap     = 10000
+	bpeCacheMaxWord = 256
+)
 
 // bpeModel is a byte-pair-encoding model with the semantics of HF
 // tokenizers' BPE (merges applied by rank then leftmost position, unknown
@@ -136,11 +141,13 @@ func (m *bpeModel) tokenize(w string) ([]int32, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	if len(m.cache) < bpeCacheCap {
-		m.cache[w] = ids
+	if len(w) <= bpeCacheMaxWord {
+		m.mu.Lock()
+		if len(m.cache) < bpeCacheCap {
+			m.cache[w] = ids
+		}
+		m.mu.Unlock()
 	}
-	m.mu.Unlock()
 	return ids, nil
 }
 

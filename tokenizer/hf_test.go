@@ -208,3 +208,21 @@ func streamDecode(t testing.TB, tok *Tokenizer, ids []int32, skip bool) string {
 	sb.WriteString(d.Flush())
 	return sb.String()
 }
+
+// TestSugarmePipelineMatches runs every HF case through the sugarme
+// PreTokenizedString pipeline (our stages behind sugarme's interfaces) and
+// checks it gives the same ids as Encode and HF.
+func TestSugarmePipelineMatches(t *testing.T) {
+	for _, c := range hfCases(t) {
+		t.Run(c.name, func(t *testing.T) {
+			tok := loadCase(t, c)
+			e := loadExpected(t, c.expected)
+			for i, tc := range e.Cases {
+				ids, err := tok.encodeWith(tc.Text, tok.encodePieceSugarme)
+				if err != nil || !slices.Equal(ids, tc.IDs) {
+					t.Errorf("case %d %q: sugarme pipeline = %v, %v; want %v", i, tc.Text, ids, err, tc.IDs)
+				}
+			}
+		})
+	}
+}

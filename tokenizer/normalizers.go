@@ -271,7 +271,8 @@ func runeLenAt(s string, i int) int {
 // regexp2 (backtracking, lookaround, Unicode classes), which HF's Split
 // patterns need and Go's RE2-based regexp cannot run.
 type regexPattern struct {
-	re *regexp2.Regexp
+	re   *regexp2.Regexp
+	fast fastMatcher // hand-written equivalent of re, if any
 }
 
 func compileRegex(src string) (*regexPattern, error) {
@@ -280,39 +281,52 @@ func compileRegex(src string) (*regexPattern, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &regexPattern{re: re}, nil
+	return &regexPattern{re: re, fast: fastMatchers[src]}, nil
 }
 
 func (p *regexPattern) findMatches(s string) ([]match, error) {
 	if s == "" {
 		return []match{{0, 0, false}}, nil
 	}
-	runes := []rune(s)
-	// byte offset of each rune index (and of the end).
-	offs := make([]int, len(runes)+1)
-	b := 0
-	for i, r := range runes {
-		offs[i] = b
-		if r == 0xFFFD {
-			b += runeLenAt(s, b)
-		} else {
-			b += len(string(r))
-		}
-	}
-	offs[len(runes)] = b
 	var out []match
 	prev := 0
-	m, err := p.re.FindRunesMatch(runes)
-	for ; m != nil && err == nil; m, err = p.re.FindNextMatch(m) {
-		st, en := offs[m.Index], offs[m.Index+m.Length]
+	add := func(st, en int) {
 		if st > prev {
 			out = append(out, match{prev, st, false})
 		}
 		out = append(out, match{st, en, true})
 		prev = en
 	}
-	if err != nil {
-		return nil, err
+	if p.fast != nil {
+		out = make([]match, 0, len(s)/3+2)
+		for i := 0; i < len(s); {
+			if e := p.fast(s, i); e > i { // these patterns never match empty
+				add(i, e)
+				i = e
+				continue
+			}
+			_, n := runeAt(s, i)
+			i += n
+		}
+	} else {
+		runes := []rune(s)
+		// byte offset of each rune index (and of the end); an invalid byte
+		// is one rune (U+FFFD) of length 1.
+		offs := make([]int, len(runes)+1)
+		b := 0
+		for i := range runes {
+			offs[i] = b
+			_, n := runeAt(s, b)
+			b += n
+		}
+		offs[len(runes)] = b
+		m, err := p.re.FindRunesMatch(runes)
+		for ; m != nil && err == nil; m, err = p.re.FindNextMatch(m) {
+			add(offs[m.Index], offs[m.Index+m.Length])
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	if prev < len(s) {
 		out = append(out, match{prev, len(s), false})

@@ -389,3 +389,31 @@ func FuzzEncodeDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestFastSplitMatchesRegexp2 checks the hand-written matchers against
+// regexp2 running the same patterns, on random text over the character
+// classes the patterns distinguish.
+func TestFastSplitMatchesRegexp2(t *testing.T) {
+	pool := []rune("aZé你ßǅ1٣Ⅻ½ \t\n\r\u00a0\u2028\u3000'sStTrReEvVmMlLdD.,!?-_(\"\x00\x1f\u0301🏽👍")
+	r := rand.New(rand.NewPCG(3, 4))
+	for src := range fastMatchers {
+		fast, err := compileRegex(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slow := &regexPattern{re: fast.re}
+		for n := 0; n < 3000; n++ {
+			k := r.IntN(40)
+			rs := make([]rune, k)
+			for i := range rs {
+				rs[i] = pool[r.IntN(len(pool))]
+			}
+			s := string(rs)
+			a, err1 := fast.findMatches(s)
+			b, err2 := slow.findMatches(s)
+			if err1 != nil || err2 != nil || !slices.Equal(a, b) {
+				t.Fatalf("pattern %q on %q:\nfast %v\nregexp2 %v", src, s, a, b)
+			}
+		}
+	}
+}
