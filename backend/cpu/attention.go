@@ -1,0 +1,157 @@
+package cpu
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/mkserve/mkserve/attention"
+	"github.com/mkserve/mkserve/backend"
+)
+
+// seqCache is one sequence's KV cache, one entry per layer index.
+type seqCache struct {
+	layers []*layerCache
+}
+
+// layerCache holds a layer's keys [tokens, KVH*D] and values [tokens, KVH*Dv].
+type layerCache struct {
+	k, v   []float32
+	kw, vw int // row widths the cache was started with
+}
+
+// layer returns the cache of layer l, growing the table as needed.
+func (s *seqCache) layer(l int) *layerCache {
+	if l >= len(s.layers) {
+		s.layers = append(s.layers, make([]*layerCache, l+1-len(s.layers))...)
+	}
+	if s.layers[l] == nil {
+		s.layers[l] = &layerCache{}
+	}
+	return s.layers[l]
+}
+
+// tokens is the number of cached positions.
+func (c *layerCache) tokens() int {
+	if c.kw == 0 {
+		return 0
+	}
+	return len(c.k) / c.kw
+}
+
+// Attention appends k, v to the layer's KV cache for every sequence of the
+// batch and attends causally with attention.Causal: q [T, H*D],
+// k [T, KVH*D], v [T, KVH*Dv] → [T, H*Dv].
+//
+// For each span the cache of (span ID, p.Layer) must hold at least Past
+// tokens; positions from Past on are replaced by the span's rows (so a
+// sequence can be rolled back by resubmitting from an earlier Past). A cache
+// holding fewer than Past tokens, rows of another width than the layer's
+// first call, a duplicated ID, an invalid batch or bad shapes panic.
+// Sequences run concurrently.
+func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backend.AttnParams) backend.Tensor {
+	if b == nil || p == nil {
+		panicf("Attention", "nil batch or params")
+	}
+	if err := b.Validate(); err != nil {
+		panicf("Attention", "%v", err)
+	}
+	H, KV, D, Dv := p.NumHeads, p.NumKVHeads, p.HeadDim, p.VHeadDim
+	if H <= 0 || KV <= 0 || D <= 0 || Dv <= 0 || p.Layer < 0 {
+		panicf("Attention", "layer %d heads %d/%d dims %d/%d", p.Layer, H, KV, D, Dv)
+	}
+	T := len(b.Tokens)
+	qt, qr := matrix("Attention", "q", q, H*D)
+	kt, kr := matrix("Attention", "k", k, KV*D)
+	vt, vr := matrix("Attention", "v", v, KV*Dv)
+	if qr != T || kr != T || vr != T {
+		panicf("Attention", "q %v, k %v, v %v for a batch of %d tokens", qt.shape, kt.shape, vt.shape, T)
+	}
+	params := &attention.Params{
+		NumHeads: H, NumKVHeads: KV, HeadDim: D, VHeadDim: Dv,
+		Scale: p.Scale, Window: p.Window, Sinks: vector("Attention", "Sinks", p.Sinks, H),
+	}
+	if err := params.Validate(); err != nil {
+		panicf("Attention", "%v", err)
+	}
+
+	// Append the new rows under the lock; then each sequence owns its slices.
+	caches := make([]*layerCache, len(b.Seqs))
+	kw, vw := KV*D, KV*Dv
+	be.kvMu.Lock()
+	seen := make(map[uint64]bool, len(b.Seqs))
+	for i, s := range b.Seqs {
+		if seen[s.ID] {
+			be.kvMu.Unlock()
+			panicf("Attention", "sequence %d appears twice in the batch", s.ID)
+		}
+		seen[s.ID] = true
+		sc := be.kv[s.ID]
+		if sc == nil {
+			sc = &seqCache{}
+			be.kv[s.ID] = sc
+		}
+		c := sc.layer(p.Layer)
+		if c.kw == 0 {
+			c.kw, c.vw = kw, vw
+		}
+		if c.kw != kw || c.vw != vw || c.tokens() < s.Past {
+			cached, ckw, cvw := c.tokens(), c.kw, c.vw
+			be.kvMu.Unlock()
+			panicf("Attention", "sequence %d layer %d: cache holds %d tokens of widths %d/%d, span wants past %d of widths %d/%d",
+				s.ID, p.Layer, cached, ckw, cvw, s.Past, kw, vw)
+		}
+		c.k = append(c.k[:s.Past*kw], kt.data[s.Offset*kw:(s.Offset+s.Len)*kw]...)
+		c.v = append(c.v[:s.Past*vw], vt.data[s.Offset*vw:(s.Offset+s.Len)*vw]...)
+		caches[i] = c
+	}
+	be.kvMu.Unlock()
+
+	out := newTensor(T, H*Dv)
+	run := func(i int) {
+		s, c := b.Seqs[i], caches[i]
+		attention.Causal(out.data[s.Offset*H*Dv:(s.Offset+s.Len)*H*Dv],
+			qt.data[s.Offset*H*D:(s.Offset+s.Len)*H*D],
+			c.k, c.v, s.Len, s.Past, params)
+	}
+	// attention.Causal spreads one sequence over all cores; several short
+	// sequences (decode) also run side by side.
+	workers := min(len(b.Seqs), runtime.GOMAXPROCS(0))
+	if workers <= 1 {
+		for i := range b.Seqs {
+			run(i)
+		}
+		return out
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(b.Seqs); i = int(next.Add(1) - 1) {
+				run(i)
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// FreeSequence drops every layer's KV cache of sequence id.
+func (be *Backend) FreeSequence(id uint64) {
+	be.kvMu.Lock()
+	delete(be.kv, id)
+	be.kvMu.Unlock()
+}
+
+// cachedTokens is the number of tokens cached for (id, layer); for tests.
+func (be *Backend) cachedTokens(id uint64, layer int) int {
+	be.kvMu.Lock()
+	defer be.kvMu.Unlock()
+	sc := be.kv[id]
+	if sc == nil || layer >= len(sc.layers) || sc.layers[layer] == nil {
+		return 0
+	}
+	return sc.layers[layer].tokens()
+}

@@ -1,0 +1,380 @@
+// Package cpu is the reference implementation of backend.Backend: float32
+// tensors in host memory, GEMMs through linalg.MatMulT, attention through
+// attention.Causal over a per-sequence KV cache, experts through moe.Experts
+// (or moe.EP with emulated expert-parallel ranks).
+//
+// Errors: Weight returns an error for tensors it cannot convert. The ops have
+// no error result; they panic, with a message naming the op and the shapes,
+// only on programming errors of the caller: a tensor of another backend, shapes
+// that do not fit together, out-of-range token ids or rows, a batch that does
+// not match the KV cache. Models check their configs and the engine its
+// batches before calling, so a panic here is a bug upstream.
+//
+// A Backend is safe for concurrent use by several goroutines as long as they
+// do not run Attention on the same sequence at the same time.
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+
+	"github.com/mkserve/mkserve/attention"
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/linalg"
+	"github.com/mkserve/mkserve/moe"
+	"github.com/mkserve/mkserve/tensor"
+)
+
+// Options configures a Backend.
+type Options struct {
+	// EPRanks is the number of expert-parallel ranks emulated in process for
+	// MoE layers (moe.EP); 0 or 1 runs the experts directly.
+	EPRanks int
+}
+
+// Backend is the CPU backend. The zero value is not usable; call New.
+type Backend struct {
+	opts Options
+
+	kvMu sync.Mutex
+	kv   map[uint64]*seqCache // sequence ID → its layers' KV caches
+
+	epMu sync.Mutex
+	eps  map[*backend.MoELayer]*moe.EP // one EP world per MoE layer
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New returns a CPU backend.
+func New(opts Options) *Backend {
+	return &Backend{opts: opts, kv: map[uint64]*seqCache{}, eps: map[*backend.MoELayer]*moe.EP{}}
+}
+
+// Name is "cpu".
+func (be *Backend) Name() string { return "cpu" }
+
+// weightChunk is the number of elements converted per goroutine in Weight.
+const weightChunk = 1 << 20
+
+// Weight converts h (F32, F16 or BF16) to a float32 tensor; more than 2 dims
+// are flattened to [shape[0]*...*shape[n-2], shape[n-1]], a scalar becomes [1].
+func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
+	if h == nil {
+		return nil, fmt.Errorf("cpu: weight: nil host tensor")
+	}
+	if !h.DType.Float() {
+		return nil, fmt.Errorf("cpu: weight %q: dtype %s cannot be converted to float32", h.Name, h.DType)
+	}
+	for _, d := range h.Shape {
+		if d < 0 {
+			return nil, fmt.Errorf("cpu: weight %q: negative dimension in shape %v", h.Name, h.Shape)
+		}
+	}
+	shape := []int{1}
+	switch n := len(h.Shape); {
+	case n == 1 || n == 2:
+		shape = slices.Clone(h.Shape)
+	case n > 2:
+		shape = []int{prod(h.Shape[:n-1]), h.Shape[n-1]}
+	}
+	n := h.Len()
+	if len(h.Data) != n*h.DType.Size() {
+		return nil, fmt.Errorf("cpu: weight %q: %d bytes for shape %v of %s", h.Name, len(h.Data), h.Shape, h.DType)
+	}
+	data := make([]float32, n)
+	// Convert in chunks on all cores: each chunk is a 1-D view of h.
+	chunks := (n + weightChunk - 1) / weightChunk
+	errs := make([]error, chunks)
+	parallelRows(chunks, weightChunk, func(lo, hi int) {
+		for c := lo; c < hi; c++ {
+			e0, e1 := c*weightChunk, min((c+1)*weightChunk, n)
+			sz := h.DType.Size()
+			part := &tensor.Host{Name: h.Name, DType: h.DType, Shape: []int{e1 - e0}, Data: h.Data[e0*sz : e1*sz]}
+			errs[c] = part.Float32Into(data[e0:e1])
+		}
+	})
+	for _, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("cpu: weight: %w", err)
+		}
+	}
+	return &Tensor{shape: shape, data: data}, nil
+}
+
+// ToHost returns a copy of x's values, row-major.
+func (be *Backend) ToHost(x backend.Tensor) []float32 {
+	return slices.Clone(tensorOf("ToHost", "x", x).data)
+}
+
+// Embed gathers rows of table [V, H] → [len(ids), H]. An id outside [0, V)
+// panics.
+func (be *Backend) Embed(table backend.Tensor, ids []int32) backend.Tensor {
+	t, V := matrix("Embed", "table", table, -1)
+	_, H := t.dims()
+	out := newTensor(len(ids), H)
+	for i, id := range ids {
+		if id < 0 || int(id) >= V {
+			panicf("Embed", "ids[%d] = %d outside table %v", i, id, t.shape)
+		}
+		copy(out.data[i*H:(i+1)*H], t.data[int(id)*H:])
+	}
+	return out
+}
+
+// Linear is x·wᵀ (+ bias): x [T, K], w [N, K], bias [N] or nil → [T, N].
+func (be *Backend) Linear(x, w, bias backend.Tensor) backend.Tensor {
+	wt, N := matrix("Linear", "w", w, -1)
+	_, K := wt.dims()
+	xt, T := matrix("Linear", "x", x, K)
+	b := vector("Linear", "bias", bias, N)
+	return linear(xt.data, wt.data, b, T, N, K)
+}
+
+// linear is x [T, K] · w [N, K]ᵀ + b [N] (b may be nil) → [T, N].
+func linear(x, w, b []float32, T, N, K int) *Tensor {
+	out := newTensor(T, N)
+	linalg.MatMulT(out.data, x, w, T, N, K)
+	if b != nil {
+		parallelRows(T, N, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				row := out.data[t*N : (t+1)*N]
+				for n, v := range b {
+					row[n] += v
+				}
+			}
+		})
+	}
+	return out
+}
+
+// RMSNorm normalises each group of len(w) columns of x [T, G*len(w)]:
+// y = x / sqrt(mean(x²) + eps) * w, in float32 as transformers computes it
+// (the sum of squares is accumulated in float64, standing in for torch's
+// blocked float32 reduction).
+func (be *Backend) RMSNorm(x, w backend.Tensor, eps float32) backend.Tensor {
+	wt := tensorOf("RMSNorm", "w", w)
+	if r, _ := wt.dims(); r != 1 || len(wt.data) == 0 {
+		panicf("RMSNorm", "w has shape %v, want [n] with n > 0", wt.shape)
+	}
+	n := len(wt.data)
+	xt, T := matrix("RMSNorm", "x", x, -1)
+	_, C := xt.dims()
+	if C%n != 0 {
+		panicf("RMSNorm", "x has shape %v, not a multiple of len(w) = %d columns", xt.shape, n)
+	}
+	out := newTensor(T, C)
+	parallelRows(T, C, func(lo, hi int) {
+		for g := lo * C / n; g < hi*C/n; g++ {
+			src, dst := xt.data[g*n:(g+1)*n], out.data[g*n:(g+1)*n]
+			var ss float64
+			for _, v := range src {
+				ss += float64(v * v)
+			}
+			r := float32(1 / math.Sqrt(float64(float32(ss/float64(n))+eps)))
+			for i, v := range src {
+				dst[i] = wt.data[i] * (v * r)
+			}
+		}
+	})
+	return out
+}
+
+// Add is a + b, same shapes.
+func (be *Backend) Add(a, b backend.Tensor) backend.Tensor {
+	at, bt := tensorOf("Add", "a", a), tensorOf("Add", "b", b)
+	if !slices.Equal(at.shape, bt.shape) {
+		panicf("Add", "shapes %v and %v differ", at.shape, bt.shape)
+	}
+	out := &Tensor{shape: slices.Clone(at.shape), data: make([]float32, len(at.data))}
+	parallelRows(len(out.data), 1, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			out.data[i] = at.data[i] + bt.data[i]
+		}
+	})
+	return out
+}
+
+// Clamp limits every element to [-limit, limit]; NaN stays NaN.
+func (be *Backend) Clamp(x backend.Tensor, limit float32) backend.Tensor {
+	xt := tensorOf("Clamp", "x", x)
+	out := &Tensor{shape: slices.Clone(xt.shape), data: make([]float32, len(xt.data))}
+	parallelRows(len(out.data), 1, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			v := xt.data[i]
+			if v > limit {
+				v = limit
+			} else if v < -limit {
+				v = -limit
+			}
+			out.data[i] = v
+		}
+	})
+	return out
+}
+
+// SwiGLU is silu(gate)*up on x [T, 2*I] laid out as [gate | up] → [T, I].
+func (be *Backend) SwiGLU(x backend.Tensor) backend.Tensor {
+	xt, T := matrix("SwiGLU", "x", x, -1)
+	_, C := xt.dims()
+	if C%2 != 0 {
+		panicf("SwiGLU", "x has shape %v, want an even number of columns", xt.shape)
+	}
+	return swiglu(xt.data, T, C/2)
+}
+
+// swiglu is silu(x[:, :I]) * x[:, I:] for x [T, 2I].
+func swiglu(x []float32, T, I int) *Tensor {
+	out := newTensor(T, I)
+	parallelRows(T, 2*I, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			gate, up := x[t*2*I:t*2*I+I], x[t*2*I+I:(t+1)*2*I]
+			dst := out.data[t*I : (t+1)*I]
+			for i, g := range gate {
+				dst[i] = float32(float64(g)/(1+math.Exp(-float64(g)))) * up[i]
+			}
+		}
+	})
+	return out
+}
+
+// SplitCols splits x [T, heads*Σsizes] by head: part i is [T, heads*sizes[i]]
+// taking, from every head's block, the columns of the i-th size.
+func (be *Backend) SplitCols(x backend.Tensor, heads int, sizes ...int) []backend.Tensor {
+	sum := 0
+	for _, s := range sizes {
+		if s < 0 {
+			panicf("SplitCols", "negative size in %v", sizes)
+		}
+		sum += s
+	}
+	if heads <= 0 {
+		panicf("SplitCols", "heads = %d, want > 0", heads)
+	}
+	xt, T := matrix("SplitCols", "x", x, heads*sum)
+	parts := make([]*Tensor, len(sizes))
+	for i, s := range sizes {
+		parts[i] = newTensor(T, heads*s)
+	}
+	parallelRows(T, heads*sum, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			src := xt.data[t*heads*sum:]
+			for h := 0; h < heads; h++ {
+				off := h * sum
+				for i, s := range sizes {
+					copy(parts[i].data[(t*heads+h)*s:(t*heads+h+1)*s], src[off:off+s])
+					off += s
+				}
+			}
+		}
+	})
+	out := make([]backend.Tensor, len(parts))
+	for i, p := range parts {
+		out[i] = p
+	}
+	return out
+}
+
+// ConcatCols is the inverse of SplitCols: parts[i] is [T, h_i*sizes[i]]
+// where h_i is heads or 1 (a single head broadcast to every head).
+func (be *Backend) ConcatCols(heads int, parts []backend.Tensor, sizes []int) backend.Tensor {
+	if len(parts) != len(sizes) || len(parts) == 0 {
+		panicf("ConcatCols", "%d parts for %d sizes", len(parts), len(sizes))
+	}
+	if heads <= 0 {
+		panicf("ConcatCols", "heads = %d, want > 0", heads)
+	}
+	pts := make([]*Tensor, len(parts))
+	bcast := make([]bool, len(parts)) // part i holds one head for all
+	sum, T := 0, -1
+	for i, p := range parts {
+		t, r := matrix("ConcatCols", fmt.Sprintf("parts[%d]", i), p, -1)
+		_, c := t.dims()
+		switch {
+		case sizes[i] < 0:
+			panicf("ConcatCols", "negative size in %v", sizes)
+		case c == heads*sizes[i]:
+		case c == sizes[i]:
+			bcast[i] = true
+		default:
+			panicf("ConcatCols", "parts[%d] has shape %v, want %d or %d columns (heads %d, size %d)",
+				i, t.shape, heads*sizes[i], sizes[i], heads, sizes[i])
+		}
+		if T >= 0 && r != T {
+			panicf("ConcatCols", "parts[%d] has %d rows, parts[0] %d", i, r, T)
+		}
+		T = r
+		pts[i] = t
+		sum += sizes[i]
+	}
+	out := newTensor(T, heads*sum)
+	parallelRows(T, heads*sum, func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			dst := out.data[t*heads*sum:]
+			for h := 0; h < heads; h++ {
+				off := h * sum
+				for i, s := range sizes {
+					ph, pc := h, heads*s
+					if bcast[i] {
+						ph, pc = 0, s
+					}
+					copy(dst[off:off+s], pts[i].data[t*pc+ph*s:])
+					off += s
+				}
+			}
+		}
+	})
+	return out
+}
+
+// RoPE rotates the first rope.Dim columns of every head of x [T, heads*headDim]
+// at positions pos [T] (attention.RoPE.Apply on a copy).
+func (be *Backend) RoPE(x backend.Tensor, heads, headDim int, rope *attention.RoPE, pos []int32) backend.Tensor {
+	if heads <= 0 || headDim <= 0 || rope == nil {
+		panicf("RoPE", "heads %d, headDim %d, rope %v", heads, headDim, rope)
+	}
+	xt, T := matrix("RoPE", "x", x, heads*headDim)
+	if len(pos) != T {
+		panicf("RoPE", "%d positions for x %v", len(pos), xt.shape)
+	}
+	out := &Tensor{shape: []int{T, heads * headDim}, data: slices.Clone(xt.data)}
+	rope.Apply(out.data, T, heads, headDim, pos)
+	return out
+}
+
+// MLP runs a dense gated MLP: Linear(x, GateUp) → SwiGLU → Linear(·, Down).
+func (be *Backend) MLP(x backend.Tensor, m *backend.MLP) backend.Tensor {
+	if m == nil {
+		panicf("MLP", "nil MLP")
+	}
+	gu, I2 := matrix("MLP", "GateUp", m.GateUp, -1)
+	_, H := gu.dims()
+	down, DH := matrix("MLP", "Down", m.Down, I2/2)
+	if I2%2 != 0 || DH != H {
+		panicf("MLP", "GateUp %v and Down %v do not form [2I, H] and [H, I]", gu.shape, down.shape)
+	}
+	xt, T := matrix("MLP", "x", x, H)
+	return mlp(xt.data, gu.data, down.data, T, H, I2/2)
+}
+
+// mlp is down(silu(gate(x)) * up(x)) for x [T, H], gateUp [2I, H], down [H, I].
+func mlp(x, gateUp, down []float32, T, H, I int) *Tensor {
+	h := linear(x, gateUp, nil, T, 2*I, H)
+	a := swiglu(h.data, T, I)
+	return linear(a.data, down, nil, T, H, I)
+}
+
+// Rows selects rows of x [T, C] → [len(rows), C].
+func (be *Backend) Rows(x backend.Tensor, rows []int) backend.Tensor {
+	xt, T := matrix("Rows", "x", x, -1)
+	_, C := xt.dims()
+	out := newTensor(len(rows), C)
+	for i, r := range rows {
+		if r < 0 || r >= T {
+			panicf("Rows", "rows[%d] = %d outside x %v", i, r, xt.shape)
+		}
+		copy(out.data[i*C:(i+1)*C], xt.data[r*C:])
+	}
+	return out
+}

@@ -1,0 +1,122 @@
+package cpu
+
+import (
+	"math"
+
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/moe"
+)
+
+// MoE routes every row of x [T, H] to its experts and returns the combined
+// output [T, H], shared experts included:
+//
+//	logits = x·Gateᵀ + GateBias                       [T, E]
+//	ids, w = moe.Route(Router, logits, ScoreBias)     [T, K] each
+//	out    = Σ_k w[t,k]·expert_{ids[t,k]}(x[t])       moe.Experts or moe.EP
+//	out   += sigmoid(x·SharedGateᵀ)·MLP(x, Shared)    when Shared != nil
+//
+// E and I come from the shapes: Gate is [E, H], GateUp [E*2I, H], Down
+// [E*H, I]. With Options.EPRanks > 1 the experts run on that many emulated
+// ranks (one moe.EP per layer, built on first use); an EP failure panics,
+// as the interface has no error result.
+func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
+	if l == nil {
+		panicf("MoE", "nil layer")
+	}
+	gate, E := matrix("MoE", "Gate", l.Gate, -1)
+	_, H := gate.dims()
+	xt, T := matrix("MoE", "x", x, H)
+	if E != l.Router.NumExperts {
+		panicf("MoE", "Gate %v has %d experts, Router.NumExperts = %d", gate.shape, E, l.Router.NumExperts)
+	}
+	ex := be.experts(l, E, H)
+
+	logits := linear(xt.data, gate.data, vector("MoE", "GateBias", l.GateBias, E), T, E, H)
+	ids, w := moe.Route(&l.Router, logits.data, vector("MoE", "ScoreBias", l.ScoreBias, E), T)
+	K := l.Router.TopK
+	out := newTensor(T, H)
+	if be.opts.EPRanks > 1 {
+		if err := be.ep(l, ex).Forward(out.data, xt.data, T, K, ids, w); err != nil {
+			panicf("MoE", "expert parallel forward: %v", err)
+		}
+	} else {
+		ex.Forward(out.data, xt.data, T, K, ids, w)
+	}
+
+	if l.Shared != nil {
+		sh := be.MLP(xt, l.Shared).(*Tensor)
+		var sg []float32
+		if l.SharedGate != nil {
+			g := tensorOf("MoE", "SharedGate", l.SharedGate)
+			if len(g.data) != H {
+				panicf("MoE", "SharedGate has shape %v, want [1, %d]", g.shape, H)
+			}
+			sg = linear(xt.data, g.data, nil, T, 1, H).data
+		}
+		parallelRows(T, H, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				s := float32(1)
+				if sg != nil {
+					s = float32(1 / (1 + math.Exp(-float64(sg[t]))))
+				}
+				dst, src := out.data[t*H:(t+1)*H], sh.data[t*H:(t+1)*H]
+				for i, v := range src {
+					dst[i] += s * v
+				}
+			}
+		})
+	}
+	return out
+}
+
+// experts views l's stacked expert weights as moe.Experts (no copy).
+func (be *Backend) experts(l *backend.MoELayer, E, H int) *moe.Experts {
+	gu, rows := matrix("MoE", "GateUp", l.GateUp, H)
+	if rows%(2*E) != 0 || rows == 0 {
+		panicf("MoE", "GateUp %v is not [E*2I, H] for E = %d", gu.shape, E)
+	}
+	I := rows / (2 * E)
+	down, drows := matrix("MoE", "Down", l.Down, I)
+	if drows != E*H {
+		panicf("MoE", "Down %v is not [E*H, I] = [%d, %d]", down.shape, E*H, I)
+	}
+	ex := &moe.Experts{
+		E: E, H: H, I: I,
+		GateUp:     gu.data,
+		GateUpBias: flat("MoE", "GateUpBias", l.GateUpBias, E*2*I),
+		Down:       down.data,
+		DownBias:   flat("MoE", "DownBias", l.DownBias, E*H),
+		Act:        l.Act,
+	}
+	if err := ex.Validate(); err != nil {
+		panicf("MoE", "%v", err)
+	}
+	return ex
+}
+
+// flat unwraps an optional tensor of n values in any 1-D or 2-D shape.
+func flat(op, name string, x backend.Tensor, n int) []float32 {
+	t := optional(op, name, x)
+	if t == nil {
+		return nil
+	}
+	if len(t.data) != n {
+		panicf(op, "%s has shape %v, want %d values", name, t.shape, n)
+	}
+	return t.data
+}
+
+// ep returns the layer's expert-parallel world, building it on first use.
+func (be *Backend) ep(l *backend.MoELayer, ex *moe.Experts) *moe.EP {
+	be.epMu.Lock()
+	defer be.epMu.Unlock()
+	if p := be.eps[l]; p != nil {
+		return p
+	}
+	p, err := moe.NewEP(moe.NewTable(ex.E, be.opts.EPRanks), ex)
+	if err != nil {
+		panicf("MoE", "expert parallel world of %d ranks: %v", be.opts.EPRanks, err)
+	}
+	be.eps[l] = p
+	return p
+}

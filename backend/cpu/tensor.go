@@ -1,0 +1,126 @@
+package cpu
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+
+	"github.com/mkserve/mkserve/backend"
+)
+
+// Tensor is the CPU backend's tensor: float32 values, row-major, 1-D or 2-D.
+// A 1-D tensor [n] counts as one row of n columns wherever an op wants rows.
+type Tensor struct {
+	shape []int
+	data  []float32
+}
+
+// FromFloat32 wraps v as a tensor of the given shape (no copy: v must not be
+// changed while the tensor is in use). It panics if the shape is not 1-D or
+// 2-D or does not hold len(v) values.
+func FromFloat32(shape []int, v []float32) *Tensor {
+	if len(shape) < 1 || len(shape) > 2 || prod(shape) != len(v) || slices.ContainsFunc(shape, func(d int) bool { return d < 0 }) {
+		panic(fmt.Sprintf("cpu.FromFloat32: shape %v for %d values", shape, len(v)))
+	}
+	return &Tensor{shape: slices.Clone(shape), data: v}
+}
+
+// newTensor allocates a zeroed [rows, cols] tensor.
+func newTensor(rows, cols int) *Tensor {
+	return &Tensor{shape: []int{rows, cols}, data: make([]float32, rows*cols)}
+}
+
+// Shape returns a copy of the tensor's dimensions.
+func (t *Tensor) Shape() []int { return slices.Clone(t.shape) }
+
+// Data returns the tensor's values, row-major; they alias the tensor and
+// must not be modified.
+func (t *Tensor) Data() []float32 { return t.data }
+
+// dims is (rows, cols), a 1-D tensor being one row.
+func (t *Tensor) dims() (rows, cols int) {
+	if len(t.shape) == 1 {
+		return 1, t.shape[0]
+	}
+	return t.shape[0], t.shape[1]
+}
+
+func prod(s []int) int {
+	n := 1
+	for _, d := range s {
+		n *= d
+	}
+	return n
+}
+
+// panicf reports a programming error of the caller: an op given shapes it
+// cannot use. The message names the op.
+func panicf(op, format string, args ...any) {
+	panic(fmt.Sprintf("cpu.%s: %s", op, fmt.Sprintf(format, args...)))
+}
+
+// tensorOf unwraps a backend tensor that must be non-nil and this backend's.
+func tensorOf(op, name string, x backend.Tensor) *Tensor {
+	t, ok := x.(*Tensor)
+	if !ok || t == nil {
+		panicf(op, "%s is %T, want a non-nil *cpu.Tensor", name, x)
+	}
+	return t
+}
+
+// optional unwraps a tensor that may be nil.
+func optional(op, name string, x backend.Tensor) *Tensor {
+	if x == nil {
+		return nil
+	}
+	if t, ok := x.(*Tensor); ok && t == nil {
+		return nil
+	}
+	return tensorOf(op, name, x)
+}
+
+// matrix unwraps x and checks that it has cols columns (any cols when cols < 0).
+func matrix(op, name string, x backend.Tensor, cols int) (t *Tensor, rows int) {
+	t = tensorOf(op, name, x)
+	r, c := t.dims()
+	if cols >= 0 && c != cols {
+		panicf(op, "%s has shape %v, want %d columns", name, t.shape, cols)
+	}
+	return t, r
+}
+
+// vector unwraps an optional 1-D (or [1, n]) tensor of n values; nil stays nil.
+func vector(op, name string, x backend.Tensor, n int) []float32 {
+	t := optional(op, name, x)
+	if t == nil {
+		return nil
+	}
+	if r, c := t.dims(); r != 1 || c != n {
+		panicf(op, "%s has shape %v, want [%d]", name, t.shape, n)
+	}
+	return t.data
+}
+
+// parallelMin is the number of values below which an elementwise op runs on
+// one goroutine.
+const parallelMin = 1 << 15
+
+// parallelRows runs f over [0, rows) in contiguous chunks on all cores when
+// rows*cost (values touched) is large enough to be worth it.
+func parallelRows(rows, cost int, f func(lo, hi int)) {
+	w := runtime.GOMAXPROCS(0)
+	if rows*cost < parallelMin || w <= 1 || rows <= 1 {
+		f(0, rows)
+		return
+	}
+	w = min(w, rows)
+	chunk := (rows + w - 1) / w
+	var wg sync.WaitGroup
+	for lo := chunk; lo < rows; lo += chunk {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(lo, min(lo+chunk, rows)) }()
+	}
+	f(0, min(chunk, rows))
+	wg.Wait()
+}
