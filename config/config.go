@@ -1,0 +1,244 @@
+// Package config holds the settings of `mkserve serve`: where they come
+// from (defaults, a YAML file, MKSERVE_* environment variables, command-line
+// flags, in that order of precedence, later ones winning), what they mean
+// and which values are valid.
+//
+// Every setting has one name, its YAML key, from which the other spellings
+// follow:
+//
+//	YAML      http_addr            engine: {max_num_seqs: 64}
+//	env       MKSERVE_HTTP_ADDR    MKSERVE_MAX_NUM_SEQS
+//	flag      --http-addr          --max-num-seqs
+//
+// The keys of the engine block drop their "engine." prefix in flag and
+// environment names. Parse does the whole layering for a command line;
+// Load, ApplyEnv and BindFlags are its steps.
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mkserve/mkserve/engine"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// Config is everything `mkserve serve` needs to start.
+type Config struct {
+	Model           string        // Hugging Face checkpoint directory (model)
+	Backend         string        // compute backend: "cpu" or "cuda" (backend)
+	HTTPAddr        string        // OpenAI-compatible HTTP listen address (http_addr)
+	GRPCAddr        string        // gRPC listen address; "" disables gRPC (grpc_addr)
+	APIKey          string        // bearer token clients must send; "" allows all (api_key)
+	CORSOrigins     []string      // origins allowed by CORS; "*" allows any (cors_origins)
+	LogFormat       string        // "json" or "console" (log_format)
+	LogLevel        string        // "debug", "info", "warn" or "error" (log_level)
+	LogPrompts      bool          // log prompt text with each request (log_prompts)
+	MaxBodyBytes    int64         // largest accepted HTTP request body (max_body_bytes)
+	DrainTimeout    time.Duration // how long shutdown waits for running requests (drain_timeout)
+	ServedModelName string        // model name clients use; "" is the model directory's base name (served_model_name)
+	EP              int           // expert-parallel ranks (ep)
+	Engine          Engine        // the engine block
+}
+
+// Engine is the YAML engine block; it maps one to one onto engine.Config.
+type Engine struct {
+	MaxNumSeqs          int   // engine.max_num_seqs
+	MaxNumBatchedTokens int   // engine.max_num_batched_tokens
+	BlockSize           int   // engine.block_size
+	KVCacheBytes        int64 // engine.kv_cache_bytes; "1GiB" style accepted
+	MaxQueue            int   // engine.max_queue
+	MaxModelLen         int   // engine.max_model_len; 0: the model's max_position_embeddings
+	PrefixCaching       bool  // engine.prefix_caching
+}
+
+// Defaults of the settings engine.DefaultConfig does not cover.
+const (
+	DefaultHTTPAddr     = "127.0.0.1:8000"
+	DefaultGRPCAddr     = "127.0.0.1:50051"
+	DefaultMaxBodyBytes = 8 << 20
+	DefaultDrainTimeout = 30 * time.Second
+)
+
+// Default returns the settings used where nothing else sets a value. Its
+// Model is empty, so it does not validate until a model is given.
+func Default() *Config {
+	e := engine.DefaultConfig()
+	return &Config{
+		Backend:      "cpu",
+		HTTPAddr:     DefaultHTTPAddr,
+		GRPCAddr:     DefaultGRPCAddr,
+		LogFormat:    "json",
+		LogLevel:     "info",
+		MaxBodyBytes: DefaultMaxBodyBytes,
+		DrainTimeout: DefaultDrainTimeout,
+		EP:           1,
+		Engine: Engine{
+			MaxNumSeqs:          e.MaxNumSeqs,
+			MaxNumBatchedTokens: e.MaxNumBatchedTokens,
+			BlockSize:           e.BlockSize,
+			KVCacheBytes:        e.KVCacheBytes,
+			MaxQueue:            e.MaxQueue,
+			MaxModelLen:         e.MaxModelLen,
+			PrefixCaching:       e.PrefixCaching,
+		},
+	}
+}
+
+// EngineConfig returns the engine block as engine.Config.
+func (c *Config) EngineConfig() engine.Config {
+	e := c.Engine
+	return engine.Config{
+		MaxNumSeqs:          e.MaxNumSeqs,
+		MaxNumBatchedTokens: e.MaxNumBatchedTokens,
+		BlockSize:           e.BlockSize,
+		KVCacheBytes:        e.KVCacheBytes,
+		MaxQueue:            e.MaxQueue,
+		MaxModelLen:         e.MaxModelLen,
+		PrefixCaching:       e.PrefixCaching,
+	}
+}
+
+// ModelName is the name clients use for the model: ServedModelName, or the
+// base name of the model directory when that is empty.
+func (c *Config) ModelName() string {
+	if c.ServedModelName != "" {
+		return c.ServedModelName
+	}
+	if c.Model == "" {
+		return ""
+	}
+	return filepath.Base(filepath.Clean(c.Model))
+}
+
+// Validate checks every setting and names the first bad one by its YAML key.
+func (c *Config) Validate() error {
+	bad := func(key, format string, args ...any) error {
+		return fmt.Errorf("config: %s: %s", key, fmt.Sprintf(format, args...))
+	}
+	if strings.TrimSpace(c.Model) == "" {
+		return bad("model", "required (a Hugging Face checkpoint directory)")
+	}
+	switch c.Backend {
+	case "cpu", "cuda":
+	default:
+		return bad("backend", "must be cpu or cuda, got %q", c.Backend)
+	}
+	if err := checkAddr(c.HTTPAddr); err != nil {
+		return bad("http_addr", "%v", err)
+	}
+	if c.GRPCAddr != "" {
+		if err := checkAddr(c.GRPCAddr); err != nil {
+			return bad("grpc_addr", "%v", err)
+		}
+	}
+	if strings.ContainsAny(c.APIKey, " \t\r\n") {
+		return bad("api_key", "must not contain whitespace")
+	}
+	for i, o := range c.CORSOrigins {
+		if err := checkOrigin(o); err != nil {
+			return bad(fmt.Sprintf("cors_origins[%d]", i), "%v", err)
+		}
+	}
+	switch c.LogFormat {
+	case "json", "console":
+	default:
+		return bad("log_format", "must be json or console, got %q", c.LogFormat)
+	}
+	if _, err := zapcore.ParseLevel(c.LogLevel); err != nil || c.LogLevel == "" {
+		return bad("log_level", "must be debug, info, warn or error, got %q", c.LogLevel)
+	}
+	if c.MaxBodyBytes < 1 {
+		return bad("max_body_bytes", "must be positive, got %d", c.MaxBodyBytes)
+	}
+	if c.DrainTimeout < 0 {
+		return bad("drain_timeout", "must not be negative, got %v", c.DrainTimeout)
+	}
+	for _, r := range c.ServedModelName {
+		if r < 0x20 || r == 0x7f {
+			return bad("served_model_name", "must not contain control characters")
+		}
+	}
+	if c.EP < 1 {
+		return bad("ep", "must be at least 1, got %d", c.EP)
+	}
+	e := c.Engine
+	switch {
+	case e.MaxNumSeqs < 1:
+		return bad("engine.max_num_seqs", "must be at least 1, got %d", e.MaxNumSeqs)
+	case e.MaxNumBatchedTokens < 1:
+		return bad("engine.max_num_batched_tokens", "must be at least 1, got %d", e.MaxNumBatchedTokens)
+	case e.MaxNumBatchedTokens < e.MaxNumSeqs:
+		return bad("engine.max_num_batched_tokens", "(%d) must be at least engine.max_num_seqs (%d)", e.MaxNumBatchedTokens, e.MaxNumSeqs)
+	case e.BlockSize < 1 || e.BlockSize > 1024:
+		return bad("engine.block_size", "must be in [1, 1024], got %d", e.BlockSize)
+	case e.KVCacheBytes < 1:
+		return bad("engine.kv_cache_bytes", "must be positive, got %d", e.KVCacheBytes)
+	case e.MaxQueue < 1:
+		return bad("engine.max_queue", "must be at least 1, got %d", e.MaxQueue)
+	case e.MaxModelLen < 0:
+		return bad("engine.max_model_len", "must not be negative, got %d", e.MaxModelLen)
+	}
+	if err := c.EngineConfig().Validate(); err != nil {
+		return fmt.Errorf("config: engine: %w", err)
+	}
+	return nil
+}
+
+// checkAddr accepts host:port with a numeric port (the host may be empty).
+func checkAddr(a string) error {
+	if a == "" {
+		return fmt.Errorf("required (host:port)")
+	}
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port", a)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 0 || p > 65535 {
+		return fmt.Errorf("%q: port must be a number in [0, 65535]", a)
+	}
+	return nil
+}
+
+// checkOrigin accepts "*" or scheme://host[:port] with nothing after it.
+func checkOrigin(o string) error {
+	if o == "*" {
+		return nil
+	}
+	u, err := url.Parse(o)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" ||
+		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return fmt.Errorf("%q is not an origin (http[s]://host[:port], or *)", o)
+	}
+	return nil
+}
+
+// NewLogger builds the zap logger LogFormat and LogLevel describe, writing
+// to stderr.
+func (c *Config) NewLogger() (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(c.LogLevel)
+	if err != nil {
+		return nil, fmt.Errorf("config: log_level: %w", err)
+	}
+	var zc zap.Config
+	switch c.LogFormat {
+	case "json":
+		zc = zap.NewProductionConfig()
+	case "console":
+		zc = zap.NewDevelopmentConfig()
+	default:
+		return nil, fmt.Errorf("config: log_format: must be json or console, got %q", c.LogFormat)
+	}
+	zc.Level = zap.NewAtomicLevelAt(lvl)
+	zc.Sampling = nil
+	zc.OutputPaths = []string{"stderr"}
+	zc.ErrorOutputPaths = []string{"stderr"}
+	return zc.Build()
+}
