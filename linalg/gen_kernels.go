@@ -32,10 +32,10 @@ var tiles = [][4]int{
 	{1, 4, 2, 2},
 }
 
-var (
-	aReg = []string{"R8", "R9", "R10", "R11"}
-	bReg = []string{"R12", "R13", "R14", "BX"}
-)
+// regPool holds the general registers for row pointers: a kernel takes its
+// mr rows of a, then its nr rows of b, then its c pointer from the front.
+// AX, CX and DX are the scratch, length and index registers.
+var regPool = []string{"R8", "R9", "R10", "R11", "R12", "R13", "R14", "BX", "SI", "DI"}
 
 func main() {
 	var w strings.Builder
@@ -43,6 +43,9 @@ func main() {
 	fmt.Fprintf(&w, "//go:build amd64 && !purego\n\n#include \"textflag.h\"\n")
 	for _, t := range tiles {
 		gen(&w, t[0], t[1], t[2], t[3])
+	}
+	for nr := 1; nr <= 6; nr++ {
+		genPanel(&w, nr)
 	}
 	os.Stdout.WriteString(w.String())
 }
@@ -59,6 +62,10 @@ func gen(w *strings.Builder, mr, nr, u, ua int) {
 		panic(fmt.Sprintf("tile %dx%d needs %d ymm registers", mr, nr, nacc+bregs+1))
 	}
 	tmp := 15
+	if mr+nr+1 > len(regPool) {
+		panic(fmt.Sprintf("tile %dx%d needs %d general registers", mr, nr, mr+nr+1))
+	}
+	aReg, bReg, cReg := regPool[:mr], regPool[mr:mr+nr], regPool[mr+nr]
 	name := fmt.Sprintf("dot%dx%d", mr, nr)
 	fmt.Fprintf(w, "\n// func %s(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)\n", name)
 	fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-64\n", name)
@@ -73,7 +80,7 @@ func gen(w *strings.Builder, mr, nr, u, ua int) {
 	// One pass of the tile loop per group of nr rows of b; b and c advance
 	// in their argument slots.
 	fmt.Fprintf(w, "tile%s:\n", name)
-	p("MOVQ b+16(FP), R12")
+	p("MOVQ b+16(FP), %s", bReg[0])
 	p("MOVQ ldb+24(FP), AX")
 	p("SHLQ $2, AX")
 	for j := 1; j < nr; j++ {
@@ -85,20 +92,20 @@ func gen(w *strings.Builder, mr, nr, u, ua int) {
 	p("XORQ DX, DX")
 	if u > 1 {
 		// Peel single steps until the rest is a multiple of u steps.
-		p("MOVQ CX, SI")
-		p("ANDQ $%d, SI", 32*u-1)
+		p("MOVQ CX, AX")
+		p("ANDQ $%d, AX", 32*u-1)
 		p("JZ loop%s", name)
 		fmt.Fprintf(w, "peel%s:\n", name)
-		step(p, mr, nr, 0, 0, acc, tmp, nacc)
+		step(p, aReg, bReg, 0, 0, acc, tmp, nacc)
 		p("ADDQ $32, DX")
-		p("CMPQ DX, SI")
+		p("CMPQ DX, AX")
 		p("JLT peel%s", name)
 		p("CMPQ DX, CX")
 		p("JGE reduce%s", name)
 	}
 	fmt.Fprintf(w, "loop%s:\n", name)
 	for r := 0; r < u; r++ {
-		step(p, mr, nr, r, 32*r, acc, tmp, nacc)
+		step(p, aReg, bReg, r, 32*r, acc, tmp, nacc)
 	}
 	p("ADDQ $%d, DX", 32*u)
 	p("CMPQ DX, CX")
@@ -112,7 +119,7 @@ func gen(w *strings.Builder, mr, nr, u, ua int) {
 			}
 		}
 	}
-	p("MOVQ c+40(FP), DI")
+	p("MOVQ c+40(FP), %s", cReg)
 	p("MOVQ ldc+48(FP), AX")
 	p("SHLQ $2, AX")
 	for i := 0; i < mr; i++ {
@@ -129,25 +136,25 @@ func gen(w *strings.Builder, mr, nr, u, ua int) {
 		p("VADDPS X14, X13, X13")
 		switch nr {
 		case 1:
-			p("VADDSS (DI), X13, X13")
-			p("VMOVSS X13, (DI)")
+			p("VADDSS (%s), X13, X13", cReg)
+			p("VMOVSS X13, (%s)", cReg)
 		case 2:
-			p("VMOVSD (DI), X14")
+			p("VMOVSD (%s), X14", cReg)
 			p("VADDPS X14, X13, X13")
-			p("VMOVSD X13, (DI)")
+			p("VMOVSD X13, (%s)", cReg)
 		case 3:
-			p("VMOVSD (DI), X14")
+			p("VMOVSD (%s), X14", cReg)
 			p("VADDPS X14, X13, X14")
-			p("VMOVSD X14, (DI)")
+			p("VMOVSD X14, (%s)", cReg)
 			p("VMOVHLPS X13, X13, X13")
-			p("VADDSS 8(DI), X13, X13")
-			p("VMOVSS X13, 8(DI)")
+			p("VADDSS 8(%s), X13, X13", cReg)
+			p("VMOVSS X13, 8(%s)", cReg)
 		case 4:
-			p("VADDPS (DI), X13, X13")
-			p("VMOVUPS X13, (DI)")
+			p("VADDPS (%s), X13, X13", cReg)
+			p("VMOVUPS X13, (%s)", cReg)
 		}
 		if i+1 < mr {
-			p("ADDQ AX, DI")
+			p("ADDQ AX, %s", cReg)
 		}
 	}
 	p("ADDQ $%d, c+40(FP)", 4*nr)
@@ -161,7 +168,8 @@ func gen(w *strings.Builder, mr, nr, u, ua int) {
 }
 
 // step emits one 8-wide k step of copy r at byte offset off from DX.
-func step(p func(string, ...any), mr, nr, r, off int, acc func(r, i, j int) int, tmp, nacc int) {
+func step(p func(string, ...any), aReg, bReg []string, r, off int, acc func(r, i, j int) int, tmp, nacc int) {
+	mr, nr := len(aReg), len(bReg)
 	mem := func(base string) string {
 		if off == 0 {
 			return fmt.Sprintf("(%s)(DX*1)", base)
@@ -184,4 +192,75 @@ func step(p func(string, ...any), mr, nr, r, off int, acc func(r, i, j int) int,
 			p("VFMADD231PS Y%d, Y%d, Y%d", nacc+j, tmp, acc(r, i, j))
 		}
 	}
+}
+
+// genPanel emits panel16xNR, the broadcast kernel for 16 rows of a packed as
+// a panel p [n][16] (p[k*16+i] = a[i][k]) against nt tiles of nr rows of b:
+//
+//	c[i*ldc+j] += Σ_{k<n} p[k*16+i] * b[j*ldb+k]   for i < 16, j < nr·nt
+//
+// n is a positive multiple of 4. Each b value is broadcast and multiplied
+// with two 8-lane vectors of the panel, so the accumulators hold columns of
+// the result; they go through the stack frame to be added to c transposed.
+func genPanel(w *strings.Builder, nr int) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
+	bReg := []string{"R9", "R10", "R11", "R12", "R13", "R14"}[:nr]
+	name := fmt.Sprintf("panel16x%d", nr)
+	fmt.Fprintf(w, "\n// func %s(p *float32, b *float32, ldb int, n int, c *float32, ldc int, nt int)\n", name)
+	fmt.Fprintf(w, "TEXT ·%s(SB), $%d-56\n", name, 64*nr)
+	p("MOVQ n+24(FP), CX")
+	p("SHLQ $2, CX")
+	fmt.Fprintf(w, "tile%s:\n", name)
+	p("MOVQ p+0(FP), SI")
+	p("MOVQ b+8(FP), %s", bReg[0])
+	p("MOVQ ldb+16(FP), AX")
+	p("SHLQ $2, AX")
+	for j := 1; j < nr; j++ {
+		p("LEAQ (%s)(AX*1), %s", bReg[j-1], bReg[j])
+	}
+	for r := 0; r < 2*nr; r++ {
+		p("VXORPS Y%d, Y%d, Y%d", r, r, r)
+	}
+	p("XORQ DX, DX")
+	fmt.Fprintf(w, "loop%s:\n", name)
+	for u := 0; u < 4; u++ {
+		p("VMOVUPS %d(SI), Y12", 64*u)
+		p("VMOVUPS %d(SI), Y13", 64*u+32)
+		for j := 0; j < nr; j++ {
+			bc := 14 + j%2
+			p("VBROADCASTSS %d(%s)(DX*1), Y%d", 4*u, bReg[j], bc)
+			p("VFMADD231PS Y12, Y%d, Y%d", bc, 2*j)
+			p("VFMADD231PS Y13, Y%d, Y%d", bc, 2*j+1)
+		}
+	}
+	p("ADDQ $256, SI")
+	p("ADDQ $16, DX")
+	p("CMPQ DX, CX")
+	p("JLT loop%s", name)
+	// Spill: frame[j*16+i] = c[i][j].
+	for j := 0; j < nr; j++ {
+		p("VMOVUPS Y%d, %d(SP)", 2*j, 64*j)
+		p("VMOVUPS Y%d, %d(SP)", 2*j+1, 64*j+32)
+	}
+	p("MOVQ c+32(FP), DI")
+	p("MOVQ ldc+40(FP), AX")
+	p("SHLQ $2, AX")
+	for i := 0; i < 16; i++ {
+		for j := 0; j < nr; j++ {
+			p("VMOVSS %d(SP), X%d", 64*j+4*i, j)
+			p("VADDSS %d(DI), X%d, X%d", 4*j, j, j)
+			p("VMOVSS X%d, %d(DI)", j, 4*j)
+		}
+		if i < 15 {
+			p("ADDQ AX, DI")
+		}
+	}
+	p("ADDQ $%d, c+32(FP)", 4*nr)
+	p("MOVQ ldb+16(FP), AX")
+	p("IMULQ $%d, AX", 4*nr)
+	p("ADDQ AX, b+8(FP)")
+	p("DECQ nt+48(FP)")
+	p("JNZ tile%s", name)
+	p("VZEROUPPER")
+	p("RET")
 }

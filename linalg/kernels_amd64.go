@@ -11,54 +11,77 @@ import "golang.org/x/sys/cpu"
 // N·nt rows of b over their first n elements.
 
 //go:noescape
-func dot4x3(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
-
-//go:noescape
-func dot4x2(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
-
-//go:noescape
-func dot4x1(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
-
-//go:noescape
-func dot3x3(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
-
-//go:noescape
-func dot3x2(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
-
-//go:noescape
-func dot3x1(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
-
-//go:noescape
-func dot2x3(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
-
-//go:noescape
-func dot2x2(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
-
-//go:noescape
-func dot2x1(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
-
-//go:noescape
-func dot1x3(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+func dot1x1(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
 
 //go:noescape
 func dot1x2(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
 
 //go:noescape
-func dot1x1(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+func dot1x3(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot2x1(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot2x2(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot2x3(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot3x1(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot3x2(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot3x3(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot4x1(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot4x2(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot4x3(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
 
 //go:noescape
 func dot1x4(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
 
+// panel16xN are the broadcast kernels of the packed path; see genPanel in
+// gen_kernels.go for the contract.
+
+//go:noescape
+func panel16x1(p *float32, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func panel16x2(p *float32, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func panel16x3(p *float32, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func panel16x4(p *float32, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func panel16x5(p *float32, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func panel16x6(p *float32, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+
 // hasAVX2 reports whether the assembly kernels can run on this CPU.
 var hasAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 
-// avx2Kernels is the tile table of the assembly path, indexed [mr-1][nr-1].
-var avx2Kernels = tileKernels{
-	{dot1x1, dot1x2, dot1x3},
-	{dot2x1, dot2x2, dot2x3},
-	{dot3x1, dot3x2, dot3x3},
-	{dot4x1, dot4x2, dot4x3},
+// avx2Kernels is the kernel set of the assembly path.
+var avx2Kernels = &tileKernels{
+	mr: 4, nr: 3,
+	k: [][]kernel{
+		{dot1x1, dot1x2, dot1x3},
+		{dot2x1, dot2x2, dot2x3},
+		{dot3x1, dot3x2, dot3x3},
+		{dot4x1, dot4x2, dot4x3},
+	},
+	gemv: dot1x4, gemvN: 4,
+	panel: []panelKernel{panel16x1, panel16x2, panel16x3, panel16x4, panel16x5, panel16x6},
 }
-
-// avx2GEMV is the M=1 kernel: one row of a against four rows of b.
-var avx2GEMV kernel = dot1x4

@@ -5,6 +5,5 @@ package linalg
 // No assembly kernels on this platform: MatMulT runs the pure-Go path.
 var (
 	hasAVX2     = false
-	avx2Kernels tileKernels
-	avx2GEMV    kernel
+	avx2Kernels *tileKernels
 )

@@ -4,7 +4,18 @@
 //
 // MatMulT runs AVX2/FMA assembly micro-kernels (kernels_amd64.s, generated
 // by gen_kernels.go) when the CPU has them, and portable Go kernels
-// otherwise; both share one blocking and threading driver.
+// otherwise; both share one blocking and threading driver. Two kernel
+// families cover the shapes of inference:
+//
+//   - dot-product tiles (4 rows of a × 3 rows of b, 8-lane accumulators
+//     reduced at the end) read a and b in place; they serve small M (decode,
+//     few-token experts) and M = 1 (GEMV, memory-bound, split over N);
+//   - for M ≥ 16, a is packed into k-major panels of 16 rows and a
+//     broadcast kernel (16 rows × 6 rows of b, no horizontal reductions)
+//     runs over long k blocks: the prefill path.
+//
+// Work is split over all cores by columns of the output (rows of b), or by
+// rows when the output is narrow.
 package linalg
 
 import (
@@ -20,23 +31,40 @@ import (
 // are fixed per kernel; n is a positive multiple of 8 and nt ≥ 1.
 type kernel func(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
 
-// tileKernels holds one kernel per tile shape, indexed [mr-1][nr-1]; the
-// full tile is tileM×tileN and the others cover the edges.
-type tileKernels [tileM][tileN]kernel
+// tileKernels is a kernel set: the full mr×nr tile and its edges, and the
+// M = 1 kernel.
+type tileKernels struct {
+	mr, nr int        // full tile: rows of a, rows of b
+	k      [][]kernel // [i-1][j-1] is the i×j kernel, i ≤ mr, j ≤ nr
+	gemv   kernel     // 1×gemvN kernel for M = 1
+	gemvN  int
+	// panel[j-1] is the broadcast kernel for a packed panel of panelM rows
+	// of a against j rows of b (j ≤ len(panel)); nil: no packed path.
+	panel []panelKernel
+}
 
-const (
-	tileM = 4 // rows of a per micro-tile
-	tileN = 3 // rows of b per micro-tile
-	gemvN = 4 // rows of b per GEMV kernel call (M = 1)
-)
+// panelKernel adds to c (row stride ldc), for i < panelM and j < nr·nt,
+// Σ_{k<n} p[k*panelM+i]·b[j*ldb+k]: p is a panel of panelM rows of a packed
+// k-major, b holds nt tiles of nr rows (nr fixed per kernel) and n is a
+// positive multiple of 4.
+type panelKernel func(p *float32, b *float32, ldb int, n int, c *float32, ldc int, nt int)
 
-// Blocking parameters, in elements: a block of kc columns of a tile's rows
-// of a stays in L1 while nc rows of b (kc columns each) stream from L2.
+// panelM is the number of rows of a in a packed panel.
+const panelM = 16
+
+// Blocking parameters, in elements. Dot path: kc columns of a tile's rows of
+// a stay in L1 while nc rows of b (kc columns each) stream from L2. Packed
+// path: a panel of panelM rows × kcP columns stays in L1 while ncP rows of b
+// stay in L2 across all panels.
 var (
-	blockK = 1024
-	blockN = 48
+	blockK  = 1024
+	blockN  = 48
+	blockKP = 4096
+	blockNP = 24
+	// panelMinM is the smallest M that takes the packed path.
+	panelMinM = 16
 	// parallelMin is the smallest M·N·K worth splitting over goroutines.
-	parallelMin = 1 << 16
+	parallelMin = 1 << 18
 )
 
 // useAsm selects the assembly kernels; tests switch it off to check the Go path.
@@ -55,23 +83,30 @@ func MatMulT(dst, a, b []float32, M, N, K int) {
 	if K == 0 {
 		return
 	}
-	ks, gemv := &goKernels, kernel(goGEMV)
+	ks := goKernels
 	if useAsm {
-		ks, gemv = &avx2Kernels, avx2GEMV
+		ks = avx2Kernels
 	}
-	g := gemm{dst: dst, a: a, b: b, M: M, N: N, K: K, ks: ks, gemv: gemv}
+	g := gemm{dst: dst, a: a, b: b, M: M, N: N, K: K, ks: ks}
 	w := runtime.GOMAXPROCS(0)
 	if M*N*K < parallelMin {
 		w = 1
 	}
+	mAlign := ks.mr
+	if ks.panel != nil && M >= panelMinM && K >= 8 {
+		g.mf = M / panelM * panelM
+		g.pack(w)
+		defer putBuf(g.packed)
+		mAlign = panelM
+	}
 	switch {
 	case w <= 1:
 		g.run(0, M, 0, N)
-	case N >= 24*w || M < 2*tileM*w:
+	case N >= 24*w || M < 2*mAlign*w:
 		// Split the output columns; chunks are whole micro-tiles.
 		parallelFor(N, 12, w, func(n0, n1 int) { g.run(0, M, n0, n1) })
 	default:
-		parallelFor(M, tileM, w, func(m0, m1 int) { g.run(m0, m1, 0, N) })
+		parallelFor(M, mAlign, w, func(m0, m1 int) { g.run(m0, m1, 0, N) })
 	}
 }
 
@@ -80,15 +115,83 @@ type gemm struct {
 	dst, a, b []float32
 	M, N, K   int
 	ks        *tileKernels
-	gemv      kernel
+	// Packed path: rows [0, mf) of a as panels, k-block by k-block: the
+	// block at column k0 (width kk) starts at packed[k0*mf], panel i of it
+	// at packed[k0*mf+i*panelM*kk], element (row r, column k) at k*panelM+r.
+	mf     int
+	packed []float32
 }
 
-// run computes the block dst[m0:m1, n0:n1].
+// pack fills g.packed from a, on up to w goroutines.
+func (g *gemm) pack(w int) {
+	K, K8, mf := g.K, g.K&^7, g.mf
+	g.packed = getBuf(mf * K8)
+	panels := mf / panelM
+	if mf*K8 < parallelMin {
+		w = 1
+	}
+	parallelFor(panels, 1, w, func(p0, p1 int) {
+		for k0 := 0; k0 < K8; k0 += blockKP {
+			kk := min(blockKP, K8-k0)
+			for pi := p0; pi < p1; pi++ {
+				dst := g.packed[k0*mf+pi*panelM*kk : k0*mf+(pi+1)*panelM*kk]
+				for r := 0; r < panelM; r++ {
+					src := g.a[(pi*panelM+r)*K+k0 : (pi*panelM+r)*K+k0+kk]
+					for k, v := range src {
+						dst[k*panelM+r] = v
+					}
+				}
+			}
+		}
+	})
+}
+
+// run computes the block dst[m0:m1, n0:n1]; m0 is a multiple of panelM when
+// the packed path is in use.
 func (g *gemm) run(m0, m1, n0, n1 int) {
+	if p1 := min(m1, g.mf); m0 < p1 {
+		g.runPanels(m0, p1, n0, n1)
+	}
+	g.runDot(max(m0, g.mf), m1, n0, n1)
+	g.tailK(m0, m1, n0, n1)
+}
+
+// runPanels computes rows [m0, m1) (whole panels) of dst[:, n0:n1] over
+// the first K&^7 columns with the packed kernels.
+func (g *gemm) runPanels(m0, m1, n0, n1 int) {
+	N, K, K8, mf := g.N, g.K, g.K&^7, g.mf
+	nr := len(g.ks.panel)
+	for k0 := 0; k0 < K8; k0 += blockKP {
+		kk := min(blockKP, K8-k0)
+		for nb := n0; nb < n1; nb += blockNP {
+			ne := min(nb+blockNP, n1)
+			for m := m0; m < m1; m += panelM {
+				p := &g.packed[k0*mf+m*kk]
+				cp := g.dst[m*N:]
+				n := nb
+				if nt := (ne - nb) / nr; nt > 0 {
+					g.ks.panel[nr-1](p, &g.b[n*K+k0], K, kk, &cp[n], N, nt)
+					n += nt * nr
+				}
+				if n < ne {
+					g.ks.panel[ne-n-1](p, &g.b[n*K+k0], K, kk, &cp[n], N, 1)
+				}
+			}
+		}
+	}
+}
+
+// runDot computes dst[m0:m1, n0:n1] over the first K&^7 columns with the
+// dot-product kernels.
+func (g *gemm) runDot(m0, m1, n0, n1 int) {
+	if m0 >= m1 {
+		return
+	}
 	N, K := g.N, g.K
-	K8 := K &^ 7 // the kernels take multiples of 8; the rest is summed below
+	K8 := K &^ 7 // the kernels take multiples of 8; the rest is summed by tailK
 	kc := blockK
-	if m1-m0 <= tileM {
+	mr, nr := g.ks.mr, g.ks.nr
+	if m1-m0 <= mr {
 		kc = K8 // b is read once: no reuse to block for
 	}
 	for k0 := 0; k0 < K8; k0 += kc {
@@ -99,15 +202,14 @@ func (g *gemm) run(m0, m1, n0, n1 int) {
 		}
 		for nb := n0; nb < n1; nb += blockN {
 			ne := min(nb+blockN, n1)
-			for m := m0; m < m1; m += tileM {
-				mr := min(tileM, m1-m)
+			for m := m0; m < m1; m += mr {
+				row := g.ks.k[min(mr, m1-m)-1]
 				ap := &g.a[m*K+k0]
 				cp := g.dst[m*N:]
-				row := g.ks[mr-1]
 				n := nb
-				if nt := (ne - nb) / tileN; nt > 0 {
-					row[tileN-1](ap, K, &g.b[n*K+k0], K, kk, &cp[n], N, nt)
-					n += nt * tileN
+				if nt := (ne - nb) / nr; nt > 0 {
+					row[nr-1](ap, K, &g.b[n*K+k0], K, kk, &cp[n], N, nt)
+					n += nt * nr
 				}
 				if n < ne {
 					row[ne-n-1](ap, K, &g.b[n*K+k0], K, kk, &cp[n], N, 1)
@@ -115,6 +217,11 @@ func (g *gemm) run(m0, m1, n0, n1 int) {
 			}
 		}
 	}
+}
+
+// tailK adds the columns past K&^7 to dst[m0:m1, n0:n1].
+func (g *gemm) tailK(m0, m1, n0, n1 int) {
+	N, K, K8 := g.N, g.K, g.K&^7
 	if K8 < K {
 		for m := m0; m < m1; m++ {
 			ar := g.a[m*K+K8 : m*K+K]
@@ -135,15 +242,29 @@ func (g *gemm) gemvRow(m, n0, n1, k0, kk int) {
 	K, N := g.K, g.N
 	ap := &g.a[m*K+k0]
 	n := n0
-	if nt := (n1 - n0) / gemvN; nt > 0 {
-		g.gemv(ap, K, &g.b[n*K+k0], K, kk, &g.dst[m*N+n], N, nt)
-		n += nt * gemvN
+	if nt := (n1 - n0) / g.ks.gemvN; nt > 0 {
+		g.ks.gemv(ap, K, &g.b[n*K+k0], K, kk, &g.dst[m*N+n], N, nt)
+		n += nt * g.ks.gemvN
 	}
-	for ; n < n1; n += tileN {
-		nr := min(tileN, n1-n)
-		g.ks[0][nr-1](ap, K, &g.b[n*K+k0], K, kk, &g.dst[m*N+n], N, 1)
+	for ; n < n1; n += g.ks.nr {
+		nr := min(g.ks.nr, n1-n)
+		g.ks.k[0][nr-1](ap, K, &g.b[n*K+k0], K, kk, &g.dst[m*N+n], N, 1)
 	}
 }
+
+// bufPool recycles packing buffers (*[]float32) between calls.
+var bufPool sync.Pool
+
+// getBuf returns a slice of n float32s with unspecified contents.
+func getBuf(n int) []float32 {
+	if p, ok := bufPool.Get().(*[]float32); ok && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]float32, n)
+}
+
+// putBuf hands b back to the pool.
+func putBuf(b []float32) { bufPool.Put(&b) }
 
 // Dot is Σ a[i]*b[i] over len(a) elements.
 func Dot(a, b []float32) float32 {
@@ -183,23 +304,24 @@ func parallelFor(n, align, w int, f func(lo, hi int)) {
 
 // Portable kernels.
 
-// goKernels is the tile table of the pure-Go path.
-var goKernels = func() (t tileKernels) {
-	for i := range t {
-		for j := range t[i] {
+// goKernels is the kernel set of the pure-Go path: 4×3 tiles.
+var goKernels = func() *tileKernels {
+	t := &tileKernels{mr: 4, nr: 3, gemvN: 4}
+	t.k = make([][]kernel, t.mr)
+	for i := range t.k {
+		t.k[i] = make([]kernel, t.nr)
+		for j := range t.k[i] {
 			mr, nr := i+1, j+1
-			t[i][j] = func(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int) {
+			t.k[i][j] = func(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int) {
 				goDot(mr, nr*nt, a, lda, b, ldb, n, c, ldc)
 			}
 		}
 	}
+	t.gemv = func(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int) {
+		goDot(1, t.gemvN*nt, a, lda, b, ldb, n, c, ldc)
+	}
 	return t
 }()
-
-// goGEMV is the pure-Go M=1 kernel.
-func goGEMV(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int) {
-	goDot(1, gemvN*nt, a, lda, b, ldb, n, c, ldc)
-}
 
 // rowAt is the n-element row starting i rows of stride ld after p.
 func rowAt(p *float32, i, ld, n int) []float32 {

@@ -111,6 +111,23 @@ func TestMatMulTBlocked(t *testing.T) {
 	}
 }
 
+// TestMatMulTSmallBlocks shrinks the blocking so that moderate shapes cross
+// many k and n block edges on both paths.
+func TestMatMulTSmallBlocks(t *testing.T) {
+	defer func(k, n, kp, np int) { blockK, blockN, blockKP, blockNP = k, n, kp, np }(blockK, blockN, blockKP, blockNP)
+	blockK, blockN, blockKP, blockNP = 40, 9, 24, 12
+	for _, p := range paths() {
+		t.Run(p.name, func(t *testing.T) {
+			withPath(t, p.asm, func() {
+				r := rand.New(rand.NewPCG(5, 6))
+				for _, s := range []struct{ M, N, K int }{{1, 50, 100}, {7, 31, 90}, {16, 29, 101}, {35, 40, 120}, {64, 13, 64}} {
+					checkMatMulT(t, s.M, s.N, s.K, r)
+				}
+			})
+		})
+	}
+}
+
 func TestMatMulTEmpty(t *testing.T) {
 	dst := []float32{1, 2, 3, 4}
 	MatMulT(dst, nil, nil, 2, 2, 0)
