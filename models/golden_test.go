@@ -123,7 +123,9 @@ func TestGoldenLogits(t *testing.T) {
 						t.Fatalf("NaN logit at %d", i)
 					}
 				}
-				if e := relL2(got, g.logits); e > 1e-4 {
+				e := relL2(got, g.logits)
+				t.Logf("relative L2 error %.3g", e)
+				if e > 1e-4 {
 					t.Errorf("relative L2 error %.3g > 1e-4", e)
 				}
 				V := l.Config.VocabSize
