@@ -1,0 +1,156 @@
+// Package defaultmodel holds tests of the default checkpoint in this folder:
+// the small Qwen3-MoE model trained on the King James Bible by
+// scripts/train_default.py, which `make run` serves.
+package defaultmodel
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/mkserve/mkserve/backend/cpu"
+	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/models"
+	"github.com/mkserve/mkserve/tokenizer"
+)
+
+const dir = "."
+
+// maxBytes is the budget for everything the checkpoint commits.
+const maxBytes = 30 << 20
+
+func TestCheckpointFiles(t *testing.T) {
+	var total int64
+	for _, f := range []string{"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} {
+		st, err := os.Stat(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatalf("checkpoint file missing: %v", err)
+		}
+		total += st.Size()
+	}
+	if total > maxBytes {
+		t.Errorf("checkpoint is %d bytes, over the %d-byte budget", total, maxBytes)
+	}
+}
+
+func TestConfig(t *testing.T) {
+	c, err := models.LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		name      string
+		got, want any
+	}{
+		{"model_type", c.ModelType, "qwen3_moe"},
+		{"architecture", c.Architecture, "Qwen3MoeForCausalLM"},
+		{"vocab_size", c.VocabSize, 4096},
+		{"num_local_experts", c.NumExperts, 8},
+		{"num_experts_per_tok", c.NumExpertsPerTok, 2},
+		{"tie_word_embeddings", c.TieWordEmbeddings, true},
+	}
+	for _, w := range want {
+		if w.got != w.want {
+			t.Errorf("%s = %v, want %v", w.name, w.got, w.want)
+		}
+	}
+	g, err := models.LoadGenerationConfig(dir)
+	if err != nil || g == nil {
+		t.Fatalf("generation_config.json: %v (nil: %v)", err, g == nil)
+	}
+	if len(g.EOSTokenIDs) != 2 || g.EOSTokenIDs[0] != 2 || g.EOSTokenIDs[1] != 0 {
+		t.Errorf("generation eos_token_id = %v, want [2 0] (<|im_end|>, <|endoftext|>)", g.EOSTokenIDs)
+	}
+	if !g.DoSample || g.Temperature != 0.8 || g.TopP != 0.95 {
+		t.Errorf("generation defaults = do_sample %v temperature %v top_p %v, want true 0.8 0.95", g.DoSample, g.Temperature, g.TopP)
+	}
+}
+
+func TestTokenizer(t *testing.T) {
+	tok, err := tokenizer.LoadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := tok.Config()
+	if cfg.EOSToken != "<|im_end|>" || !strings.Contains(cfg.ChatTemplate, "<|im_start|>") {
+		t.Errorf("tokenizer_config: eos %q, chat template %q", cfg.EOSToken, cfg.ChatTemplate)
+	}
+	for i, s := range []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"} {
+		ids, err := tok.Encode(s, false)
+		if err != nil || len(ids) != 1 || ids[0] != int32(i) {
+			t.Errorf("Encode(%q) = %v, %v; want [%d]", s, ids, err, i)
+		}
+	}
+	const text = "And God said, Let there be light: and there was light.\n"
+	ids, err := tok.Encode(text, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := tok.Decode(ids, false)
+	if err != nil || back != text {
+		t.Errorf("round trip = %q, %v; want %q", back, err, text)
+	}
+}
+
+// TestGreedyMatchesTransformers decodes greedily on the CPU backend and checks
+// the text against what transformers produced from the same checkpoint on the
+// GPU (testdata/hf_greedy.json). HF ran in bf16, this backend in float32, so
+// only the first tokens are compared: far along, a near-tie can flip.
+func TestGreedyMatchesTransformers(t *testing.T) {
+	const newTokens = 24
+	data, err := os.ReadFile(filepath.Join(dir, "testdata", "hf_greedy.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct {
+		Greedy []struct{ Prompt, Continuation string }
+	}
+	if err := json.Unmarshal(data, &ref); err != nil || len(ref.Greedy) == 0 {
+		t.Fatalf("testdata/hf_greedy.json: %v (%d cases)", err, len(ref.Greedy))
+	}
+	be := cpu.New(cpu.Options{})
+	l, err := models.Load(dir, be, models.LoadOptions{Progress: nil})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	tok, err := tokenizer.LoadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range ref.Greedy {
+		t.Run(firstWords(c.Prompt), func(t *testing.T) {
+			ids, err := tok.Encode(c.Prompt, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := engine.Greedy(context.Background(), l.Model, be, ids, engine.GreedyOptions{
+				MaxTokens: newTokens, StopIDs: []int32{2, 0},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(out) != newTokens {
+				t.Fatalf("got %d new tokens, want %d (stopped early?)", len(out), newTokens)
+			}
+			text, err := tok.Decode(out, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(c.Continuation, text) {
+				t.Errorf("greedy text differs from transformers\n got: %q\nwant prefix of: %q", text, c.Continuation)
+			}
+		})
+	}
+}
+
+func firstWords(s string) string {
+	f := strings.Fields(strings.NewReplacer("<|", " ", "|>", " ").Replace(s))
+	if len(f) > 4 {
+		f = f[:4]
+	}
+	return strings.Join(f, "_")
+}
