@@ -31,6 +31,11 @@ type SeqSpan struct {
 	Offset int    // first row of this sequence in the batch
 	Len    int    // number of rows (new tokens) of this sequence
 	Past   int    // tokens of this sequence already in the KV cache
+	// Blocks is the paged KV cache's block table: the ids of the blocks that
+	// hold positions [0, Past+Len) in order (block i holds positions
+	// [i*blockSize, (i+1)*blockSize)). Nil uses the backend's unpaged
+	// per-sequence cache keyed by ID instead.
+	Blocks []int32
 }
 
 // Batch is the input of one forward step: the new tokens of several
@@ -126,6 +131,12 @@ type Backend interface {
 	// Rows selects rows of x (for logits of the last token of each sequence).
 	Rows(x Tensor, rows []int) Tensor
 
-	// FreeSequence drops a sequence's KV cache.
+	// FreeSequence drops a sequence's unpaged KV cache.
 	FreeSequence(id uint64)
+	// InitKV allocates the paged KV cache: numBlocks blocks of blockSize
+	// tokens for every attention layer. Calling it again discards the old pool.
+	InitKV(blockSize, numBlocks int) error
+	// CopyBlocks copies the contents of block src[i] to dst[i] in every layer
+	// (copy-on-write when sequences that shared a block diverge).
+	CopyBlocks(src, dst []int32)
 }

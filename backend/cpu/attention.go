@@ -43,6 +43,11 @@ func (c *layerCache) tokens() int {
 // batch and attends causally with attention.Causal: q [T, H*D],
 // k [T, KVH*D], v [T, KVH*Dv] → [T, H*Dv].
 //
+// Spans with a block table use the paged pool of InitKV: the new rows are
+// written to their blocks and the history is gathered from the blocks (a
+// copy; the CUDA backend reads blocks in place). Spans without one use the
+// unpaged per-sequence cache described next.
+//
 // For each span the cache of (span ID, p.Layer) must hold at least Past
 // tokens; positions from Past on are replaced by the span's rows (so a
 // sequence can be rolled back by resubmitting from an earlier Past). A cache
@@ -76,7 +81,8 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	}
 
 	// Append the new rows under the lock; then each sequence owns its slices.
-	caches := make([]*layerCache, len(b.Seqs))
+	// Paged spans write into the pool and attend over a gathered copy.
+	hist := make([][2][]float32, len(b.Seqs))
 	kw, vw := KV*D, KV*Dv
 	be.kvMu.Lock()
 	seen := make(map[uint64]bool, len(b.Seqs))
@@ -86,6 +92,17 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			panicf("Attention", "sequence %d appears twice in the batch", s.ID)
 		}
 		seen[s.ID] = true
+		if s.Blocks != nil {
+			if be.paged == nil {
+				be.kvMu.Unlock()
+				panicf("Attention", "span %d has a block table but no paged KV cache exists (call InitKV)", i)
+			}
+			pl := be.paged.layer(p.Layer, kw, vw)
+			k, v := be.paged.writeAndGather(pl, s,
+				kt.data[s.Offset*kw:(s.Offset+s.Len)*kw], vt.data[s.Offset*vw:(s.Offset+s.Len)*vw])
+			hist[i] = [2][]float32{k, v}
+			continue
+		}
 		sc := be.kv[s.ID]
 		if sc == nil {
 			sc = &seqCache{}
@@ -103,16 +120,16 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		}
 		c.k = append(c.k[:s.Past*kw], kt.data[s.Offset*kw:(s.Offset+s.Len)*kw]...)
 		c.v = append(c.v[:s.Past*vw], vt.data[s.Offset*vw:(s.Offset+s.Len)*vw]...)
-		caches[i] = c
+		hist[i] = [2][]float32{c.k, c.v}
 	}
 	be.kvMu.Unlock()
 
 	out := newTensor(T, H*Dv)
 	run := func(i int) {
-		s, c := b.Seqs[i], caches[i]
+		s := b.Seqs[i]
 		attention.Causal(out.data[s.Offset*H*Dv:(s.Offset+s.Len)*H*Dv],
 			qt.data[s.Offset*H*D:(s.Offset+s.Len)*H*D],
-			c.k, c.v, s.Len, s.Past, params)
+			hist[i][0], hist[i][1], s.Len, s.Past, params)
 	}
 	// attention.Causal spreads one sequence over all cores; several short
 	// sequences (decode) also run side by side.

@@ -38,8 +38,9 @@ type Options struct {
 type Backend struct {
 	opts Options
 
-	kvMu sync.Mutex
-	kv   map[uint64]*seqCache // sequence ID → its layers' KV caches
+	kvMu  sync.Mutex
+	kv    map[uint64]*seqCache // sequence ID → its layers' KV caches (unpaged spans)
+	paged *pagedKV             // the paged pool (spans with a block table), after InitKV
 
 	epMu sync.Mutex
 	eps  map[*backend.MoELayer]*moe.EP // one EP world per MoE layer

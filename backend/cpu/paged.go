@@ -1,0 +1,108 @@
+package cpu
+
+import (
+	"fmt"
+
+	"github.com/mkserve/mkserve/backend"
+)
+
+// pagedKV is the paged KV cache: per layer a pool of blocks, each
+// [blockSize, width] for keys and for values, allocated on the layer's first
+// use (when its widths are known).
+type pagedKV struct {
+	blockSize, numBlocks int
+	layers               []*pagedLayer
+}
+
+type pagedLayer struct {
+	kw, vw int
+	k, v   []float32 // [numBlocks*blockSize, kw], [numBlocks*blockSize, vw]
+}
+
+// InitKV allocates a pool of numBlocks blocks of blockSize tokens per layer.
+func (be *Backend) InitKV(blockSize, numBlocks int) error {
+	if blockSize <= 0 || numBlocks <= 0 {
+		return fmt.Errorf("cpu: InitKV: block size %d and block count %d must be positive", blockSize, numBlocks)
+	}
+	be.kvMu.Lock()
+	be.paged = &pagedKV{blockSize: blockSize, numBlocks: numBlocks}
+	be.kvMu.Unlock()
+	return nil
+}
+
+// layer returns layer l's pool, allocating it with widths kw, vw.
+func (p *pagedKV) layer(l, kw, vw int) *pagedLayer {
+	if l >= len(p.layers) {
+		p.layers = append(p.layers, make([]*pagedLayer, l+1-len(p.layers))...)
+	}
+	pl := p.layers[l]
+	if pl == nil {
+		rows := p.blockSize * p.numBlocks
+		pl = &pagedLayer{kw: kw, vw: vw, k: make([]float32, rows*kw), v: make([]float32, rows*vw)}
+		p.layers[l] = pl
+	}
+	if pl.kw != kw || pl.vw != vw {
+		panicf("Attention", "layer %d: paged cache widths %d/%d, span wants %d/%d", l, pl.kw, pl.vw, kw, vw)
+	}
+	return pl
+}
+
+// row is the pool row holding position pos of a sequence with block table blocks.
+func (p *pagedKV) row(blocks []int32, pos int) int {
+	b := pos / p.blockSize
+	if b >= len(blocks) {
+		panicf("Attention", "position %d needs block %d, the block table has %d", pos, b, len(blocks))
+	}
+	id := int(blocks[b])
+	if id < 0 || id >= p.numBlocks {
+		panicf("Attention", "block id %d outside the pool of %d", id, p.numBlocks)
+	}
+	return id*p.blockSize + pos%p.blockSize
+}
+
+// writeAndGather stores span s's new rows (kNew [Len, kw], vNew [Len, vw])
+// in the pool and returns the sequence's whole history [Past+Len, kw/vw].
+func (p *pagedKV) writeAndGather(pl *pagedLayer, s backend.SeqSpan, kNew, vNew []float32) (k, v []float32) {
+	kw, vw := pl.kw, pl.vw
+	for j := 0; j < s.Len; j++ {
+		r := p.row(s.Blocks, s.Past+j)
+		copy(pl.k[r*kw:(r+1)*kw], kNew[j*kw:(j+1)*kw])
+		copy(pl.v[r*vw:(r+1)*vw], vNew[j*vw:(j+1)*vw])
+	}
+	n := s.Past + s.Len
+	k, v = make([]float32, n*kw), make([]float32, n*vw)
+	for pos := 0; pos < n; pos += p.blockSize {
+		r := p.row(s.Blocks, pos)
+		m := min(p.blockSize, n-pos)
+		copy(k[pos*kw:(pos+m)*kw], pl.k[r*kw:(r+m)*kw])
+		copy(v[pos*vw:(pos+m)*vw], pl.v[r*vw:(r+m)*vw])
+	}
+	return k, v
+}
+
+// CopyBlocks copies blocks src[i] → dst[i] in every allocated layer.
+func (be *Backend) CopyBlocks(src, dst []int32) {
+	if len(src) != len(dst) {
+		panicf("CopyBlocks", "%d sources, %d destinations", len(src), len(dst))
+	}
+	be.kvMu.Lock()
+	defer be.kvMu.Unlock()
+	p := be.paged
+	if p == nil {
+		panicf("CopyBlocks", "no paged KV cache (call InitKV)")
+	}
+	bs := p.blockSize
+	for i := range src {
+		s, d := int(src[i]), int(dst[i])
+		if s < 0 || s >= p.numBlocks || d < 0 || d >= p.numBlocks {
+			panicf("CopyBlocks", "block %d → %d outside the pool of %d", s, d, p.numBlocks)
+		}
+		for _, pl := range p.layers {
+			if pl == nil {
+				continue
+			}
+			copy(pl.k[d*bs*pl.kw:(d+1)*bs*pl.kw], pl.k[s*bs*pl.kw:(s+1)*bs*pl.kw])
+			copy(pl.v[d*bs*pl.vw:(d+1)*bs*pl.vw], pl.v[s*bs*pl.vw:(s+1)*bs*pl.vw])
+		}
+	}
+}
