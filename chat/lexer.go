@@ -25,6 +25,13 @@ import (
 // floats, lists, dicts), and the filters tojson and map use ours
 // (Python json.dumps; map with a filter name).
 
+// maxNesting bounds bracket nesting in a tag and maxMacroDepth macro
+// recursion, so that hostile templates fail instead of exhausting the stack.
+const (
+	maxNesting    = 256
+	maxMacroDepth = 256
+)
+
 // textVar names the variable that holds literal text number i.
 func textVar(i int) string { return fmt.Sprintf("__mkserve_t%d", i) }
 
@@ -322,6 +329,9 @@ func (l *lexer) tag(s string, i int, kind byte) (int, error) {
 			p = e
 			continue
 		case c == '(' || c == '[' || c == '{':
+			if len(stack) >= maxNesting {
+				return 0, l.errorf(p, "brackets nested deeper than %d", maxNesting)
+			}
 			stack = append(stack, map[byte]byte{'(': ')', '[': ']', '{': '}'}[c])
 		case c == ')' || c == ']' || c == '}':
 			if len(stack) == 0 || stack[len(stack)-1] != c {
@@ -467,13 +477,18 @@ func (l *lexer) statement(body string, pos int) error {
 	switch word {
 	case "for", "macro", "call", "filter":
 		f := frame{kind: word}
-		if word == "for" {
+		switch word {
+		case "for":
 			f.before = len(l.chunks)
 			l.write("")
 			l.write(tag)
 			f.after = len(l.chunks)
 			l.write("")
-		} else {
+		case "macro":
+			// Count macro depth so that runaway recursion is an error, not
+			// a Go stack overflow.
+			l.write(tag + "{{ __mkserve_enter() }}")
+		default:
 			l.write(tag)
 		}
 		l.frames = append(l.frames, f)
@@ -495,6 +510,9 @@ func (l *lexer) statement(body string, pos int) error {
 			}
 			l.chunks[f.before] = snap.String()
 			l.chunks[f.after] = reset.String()
+		}
+		if word == "endmacro" {
+			l.write("{{ __mkserve_leave() }}")
 		}
 		l.write(tag)
 		return nil

@@ -162,6 +162,17 @@ func (t *Template) Render(msgs []Message, opts Options) (out string, err error) 
 		}
 		return jinja.NewString(pyStr(args[0])), nil
 	})
+	depth := 0
+	data["__mkserve_enter"] = jinja.NewCallable("macro", func([]jinja.Value, map[string]jinja.Value) (jinja.Value, error) {
+		if depth++; depth > maxMacroDepth {
+			return jinja.Undefined(), fmt.Errorf("macros nested deeper than %d (runaway recursion?)", maxMacroDepth)
+		}
+		return jinja.NewString(""), nil
+	})
+	data["__mkserve_leave"] = jinja.NewCallable("macro", func([]jinja.Value, map[string]jinja.Value) (jinja.Value, error) {
+		depth--
+		return jinja.NewString(""), nil
+	})
 	data["__mkserve_tojson"] = jinja.NewCallable("tojson", filterToJSON)
 	data["__mkserve_map"] = jinja.NewCallable("map", filterMap)
 

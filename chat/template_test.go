@@ -238,3 +238,24 @@ func FuzzRender(f *testing.F) {
 		_, _ = tmpl.Render(msgs, opts)
 	})
 }
+
+func TestRunawayRecursion(t *testing.T) {
+	tmpl, err := Compile("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tmpl.Render(nil, Options{}); err == nil || !strings.Contains(err.Error(), "nested deeper") {
+		t.Errorf("err = %v", err)
+	}
+	// Bounded recursion is fine.
+	tmpl, err = Compile("{% macro f(n) %}{% if n < 50 %}{{ f(n + 1) }}{% else %}{{ n }}{% endif %}{% endmacro %}{{ f(0) }}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := tmpl.Render(nil, Options{}); err != nil || out != "50" {
+		t.Errorf("Render = %q, %v", out, err)
+	}
+	if _, err := Compile("{{ " + strings.Repeat("(", 5000) + "1" + strings.Repeat(")", 5000) + " }}"); err == nil {
+		t.Error("deep nesting compiled")
+	}
+}
