@@ -8,8 +8,18 @@
 // str() when printing (None, floats, lists, dicts), transformers' tojson
 // (Python json.dumps with ensure_ascii=False, indent, separators,
 // sort_keys), map with a filter name, raise_exception as an error, and
-// strftime_now at a chosen time. Template errors come back as errors; a
-// panic inside the library is recovered into an error too.
+// strftime_now at a chosen time, and Jinja2's per-iteration scope of
+// {% set %} in loop bodies. Template errors come back as errors; a panic
+// inside the library is recovered into an error too, and runaway macro
+// recursion is stopped.
+//
+// Known differences from Jinja2 that remain (each has a "gap/" case in
+// testdata/cases.json that fails once it is fixed): ** gives a float; //
+// truncates negative quotients toward zero; str.split ignores maxsplit; ~
+// prints None as "" and 2.0 as "2"; tuples (dictsort pairs) print as
+// lists; -x | f applies the filter before the minus; round rounds halves
+// away from zero; an attribute of an undefined value is undefined instead
+// of an error. Integers beyond 64 bits in tool schemas are rejected.
 package chat
 
 import (

@@ -3,7 +3,10 @@ package tokenizer
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 )
 
 // Config holds the settings of a tokenizer_config.json that serving needs.
@@ -114,4 +117,47 @@ func parseConfig(where string, data []byte) (*Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// ChatTemplateFor picks the template transformers would: the one named
+// "tool_use" when tools are given and it exists, else the default.
+func (c *Config) ChatTemplateFor(withTools bool) string {
+	if withTools {
+		if t, ok := c.ChatTemplates["tool_use"]; ok {
+			return t
+		}
+	}
+	return c.ChatTemplate
+}
+
+// readTemplateFiles loads dir/chat_template.jinja, or else the
+// "chat_template" field of dir/chat_template.json.
+func (c *Config) readTemplateFiles(dir string) error {
+	p := filepath.Join(dir, "chat_template.jinja")
+	data, err := os.ReadFile(p)
+	switch {
+	case err == nil:
+		c.ChatTemplate = string(data)
+		c.ChatTemplates["default"] = c.ChatTemplate
+		return nil
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("tokenizer: %w", err)
+	}
+	p = filepath.Join(dir, "chat_template.json")
+	data, err = os.ReadFile(p)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("tokenizer: %w", err)
+	}
+	var v struct {
+		ChatTemplate *string `json:"chat_template"`
+	}
+	if err := json.Unmarshal(data, &v); err != nil || v.ChatTemplate == nil {
+		return fmt.Errorf("tokenizer: %s: chat_template: want {\"chat_template\": string}", p)
+	}
+	c.ChatTemplate = *v.ChatTemplate
+	c.ChatTemplates["default"] = c.ChatTemplate
+	return nil
 }

@@ -66,7 +66,9 @@ func Load(path string) (*Tokenizer, error) {
 }
 
 // LoadDir reads dir/tokenizer.json and, if present, dir/tokenizer_config.json
-// (special tokens, chat templates) and dir/chat_template.jinja.
+// (special tokens, chat templates); without a chat template there, it reads
+// dir/chat_template.jinja or dir/chat_template.json as newer repositories
+// ship them.
 func LoadDir(dir string) (*Tokenizer, error) {
 	t, err := Load(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
@@ -83,13 +85,8 @@ func LoadDir(dir string) (*Tokenizer, error) {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
 	if t.cfg.ChatTemplate == "" {
-		tmpl, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja"))
-		switch {
-		case err == nil:
-			t.cfg.ChatTemplate = string(tmpl)
-			t.cfg.ChatTemplates["default"] = string(tmpl)
-		case !errors.Is(err, os.ErrNotExist):
-			return nil, fmt.Errorf("tokenizer: %w", err)
+		if err := t.cfg.readTemplateFiles(dir); err != nil {
+			return nil, err
 		}
 	}
 	return t, nil

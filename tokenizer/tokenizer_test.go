@@ -178,6 +178,24 @@ func TestParseConfig(t *testing.T) {
 	}
 }
 
+func TestChatTemplateFor(t *testing.T) {
+	tok, err := LoadDir(filepath.Join("testdata", "llama3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := tok.Config()
+	if got := c.ChatTemplateFor(true); got != c.ChatTemplates["tool_use"] || !strings.Contains(got, "TOOLS") {
+		t.Errorf("with tools: %q", got)
+	}
+	if got := c.ChatTemplateFor(false); got != c.ChatTemplate || strings.Contains(got, "TOOLS") {
+		t.Errorf("without tools: %q", got)
+	}
+	tok, _ = LoadDir(filepath.Join("testdata", "qwen2"))
+	if tok.Config().ChatTemplateFor(true) != tok.Config().ChatTemplate {
+		t.Error("qwen2 has no tool_use template: want the default")
+	}
+}
+
 func TestLoadDirConfig(t *testing.T) {
 	cases := []struct {
 		dir               string
@@ -221,6 +239,15 @@ func TestLoadDirConfig(t *testing.T) {
 	}
 	if tok.Config().ChatTemplate != "{{ messages }}" {
 		t.Errorf("ChatTemplate = %q", tok.Config().ChatTemplate)
+	}
+	os.Remove(filepath.Join(dir, "chat_template.jinja"))
+	os.WriteFile(filepath.Join(dir, "chat_template.json"), []byte(`{"chat_template": "J"}`), 0o644)
+	if tok, err = LoadDir(dir); err != nil || tok.Config().ChatTemplate != "J" {
+		t.Errorf("chat_template.json: %v", err)
+	}
+	os.WriteFile(filepath.Join(dir, "chat_template.json"), []byte(`{"template": "J"}`), 0o644)
+	if _, err = LoadDir(dir); err == nil || !strings.Contains(err.Error(), "chat_template.json") {
+		t.Errorf("bad chat_template.json: err = %v", err)
 	}
 	os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(`{"eos_token": 7}`), 0o644)
 	if _, err := LoadDir(dir); err == nil || !strings.Contains(err.Error(), "tokenizer_config.json") {
