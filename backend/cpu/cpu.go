@@ -23,7 +23,6 @@ import (
 	"github.com/mkserve/mkserve/attention"
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/linalg"
-	"github.com/mkserve/mkserve/moe"
 	"github.com/mkserve/mkserve/tensor"
 )
 
@@ -43,14 +42,14 @@ type Backend struct {
 	paged *pagedKV             // the paged pool (spans with a block table), after InitKV
 
 	epMu sync.Mutex
-	eps  map[*backend.MoELayer]*moe.EP // one EP world per MoE layer
+	eps  map[*backend.MoELayer]*epWorld // one EP world per MoE layer, kept for the backend's life
 }
 
 var _ backend.Backend = (*Backend)(nil)
 
 // New returns a CPU backend.
 func New(opts Options) *Backend {
-	return &Backend{opts: opts, kv: map[uint64]*seqCache{}, eps: map[*backend.MoELayer]*moe.EP{}}
+	return &Backend{opts: opts, kv: map[uint64]*seqCache{}, eps: map[*backend.MoELayer]*epWorld{}}
 }
 
 // Name is "cpu".

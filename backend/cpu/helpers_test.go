@@ -64,6 +64,19 @@ func checkClose(t testing.TB, name string, got []float32, want []float64, tol fl
 	}
 }
 
+// checkScaled fails when some |got-want| > tol·scale.
+func checkScaled(t testing.TB, name string, got []float32, want, scale []float64, tol float64) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", name, len(got), len(want))
+	}
+	for i := range got {
+		if d := math.Abs(float64(got[i]) - want[i]); !(d <= tol*scale[i]) {
+			t.Fatalf("%s: [%d] = %g, want %g (diff %g, scale %g)", name, i, got[i], want[i], d, scale[i])
+		}
+	}
+}
+
 // maxRelDiff is max|a-b| / max|b|.
 func maxRelDiff(a, b []float32) float64 {
 	var d, m float64
@@ -94,9 +107,11 @@ func refLinear(x, w, b []float32, T, N, K int) []float64 {
 
 func silu(g float64) float64 { return g / (1 + math.Exp(-g)) }
 
-// refMLP is down(silu(gate(x))·up(x)) in float64 for x [T, H].
-func refMLP(x, gateUp, down []float32, T, H, I int) []float64 {
-	out := make([]float64, T*H)
+// refMLP is down(silu(gate(x))·up(x)) in float64 for x [T, H], with the
+// scale Σ_i |a_i·down_hi| of every output, against which float32 rounding
+// in the last GEMM is measured.
+func refMLP(x, gateUp, down []float32, T, H, I int) (out, scale []float64) {
+	out, scale = make([]float64, T*H), make([]float64, T*H)
 	a := make([]float64, I)
 	for t := 0; t < T; t++ {
 		xr := x[t*H : (t+1)*H]
@@ -109,14 +124,15 @@ func refMLP(x, gateUp, down []float32, T, H, I int) []float64 {
 			a[i] = silu(g) * u
 		}
 		for h := 0; h < H; h++ {
-			s := 0.0
+			s, abs := 0.0, 0.0
 			for i := 0; i < I; i++ {
 				s += a[i] * float64(down[h*I+i])
+				abs += math.Abs(a[i] * float64(down[h*I+i]))
 			}
-			out[t*H+h] = s
+			out[t*H+h], scale[t*H+h] = s, abs
 		}
 	}
-	return out
+	return out, scale
 }
 
 // mustPanic fails unless f panics with a message containing want.

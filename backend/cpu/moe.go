@@ -106,17 +106,36 @@ func flat(op, name string, x backend.Tensor, n int) []float32 {
 	return t.data
 }
 
-// ep returns the layer's expert-parallel world, building it on first use.
+// epWorld is a layer's cached expert-parallel world and the weights it was
+// built on.
+type epWorld struct {
+	ep      *moe.EP
+	weights [4]*float32 // first elements of GateUp, GateUpBias, Down, DownBias
+}
+
+// weightKey identifies the weight slices of ex.
+func weightKey(ex *moe.Experts) (k [4]*float32) {
+	for i, s := range [][]float32{ex.GateUp, ex.GateUpBias, ex.Down, ex.DownBias} {
+		if len(s) > 0 {
+			k[i] = &s[0]
+		}
+	}
+	return k
+}
+
+// ep returns the layer's expert-parallel world, building it on first use
+// (and again if the layer's weight tensors were replaced).
 func (be *Backend) ep(l *backend.MoELayer, ex *moe.Experts) *moe.EP {
 	be.epMu.Lock()
 	defer be.epMu.Unlock()
-	if p := be.eps[l]; p != nil {
-		return p
+	key := weightKey(ex)
+	if w := be.eps[l]; w != nil && w.weights == key {
+		return w.ep
 	}
 	p, err := moe.NewEP(moe.NewTable(ex.E, be.opts.EPRanks), ex)
 	if err != nil {
 		panicf("MoE", "expert parallel world of %d ranks: %v", be.opts.EPRanks, err)
 	}
-	be.eps[l] = p
+	be.eps[l] = &epWorld{ep: p, weights: key}
 	return p
 }

@@ -147,7 +147,7 @@ func (c *moeCase) ref(x *Tensor, l *backend.MoELayer) []float64 {
 		}
 	}
 	if l.Shared != nil {
-		sh := refMLP(x.Data(), l.Shared.GateUp.(*Tensor).Data(), l.Shared.Down.(*Tensor).Data(), T, H, I)
+		sh, _ := refMLP(x.Data(), l.Shared.GateUp.(*Tensor).Data(), l.Shared.Down.(*Tensor).Data(), T, H, I)
 		for t := 0; t < T; t++ {
 			g := 1.0
 			if l.SharedGate != nil {
@@ -190,6 +190,14 @@ func TestMoEExpertParallel(t *testing.T) {
 			}
 			if n := len(four.eps); n != 1 {
 				t.Fatalf("%d EP worlds cached for one layer, want 1", n)
+			}
+			// New expert weights in the same layer must not reuse the old world.
+			old := four.eps[l].ep
+			l.Down = FromFloat32([]int{c.E * c.H, c.I}, randVec(r, c.E*c.H*c.I, 0.5))
+			x := randT(r, c.T, c.H)
+			a, b := data(t, one.MoE(x, l)), data(t, four.MoE(x, l))
+			if d := maxRelDiff(b, a); !(d <= 1e-5) || four.eps[l].ep == old {
+				t.Fatalf("after replacing Down: EP differs by %g relative (world rebuilt: %v)", d, four.eps[l].ep != old)
 			}
 		})
 	}
