@@ -38,6 +38,18 @@ type decoder struct {
 
 func (d *decoder) Config() *Config { return d.cfg }
 
+// KVFloatsPerToken implements Model.
+func (d *decoder) KVFloatsPerToken() int {
+	n := 0
+	for _, l := range d.layers {
+		if a, ok := l.attn.(interface{ params() *backend.AttnParams }); ok {
+			p := a.params()
+			n += p.NumKVHeads * (p.HeadDim + p.VHeadDim)
+		}
+	}
+	return n
+}
+
 // Forward implements Model.
 func (d *decoder) Forward(b *backend.Batch) (backend.Tensor, error) {
 	if err := b.Validate(); err != nil {
@@ -188,6 +200,8 @@ func loadGQA(cfg *Config, w *Weights, be backend.Backend, i int, o gqaOptions) (
 	}
 	return a, nil
 }
+
+func (a *gqaAttention) params() *backend.AttnParams { return &a.p }
 
 func (a *gqaAttention) forward(h backend.Tensor, b *backend.Batch) backend.Tensor {
 	be, p := a.be, &a.p

@@ -112,6 +112,8 @@ func loadMLA(cfg *Config, w *Weights, be backend.Backend, i int) (*mlaAttention,
 	return a, err
 }
 
+func (a *mlaAttention) params() *backend.AttnParams { return &a.p }
+
 func (a *mlaAttention) forward(h backend.Tensor, b *backend.Batch) backend.Tensor {
 	be, H := a.be, a.p.NumHeads
 	var q backend.Tensor // [T, H*(nope+rope)]

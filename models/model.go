@@ -20,6 +20,9 @@ type Model interface {
 	// Forward runs one step and returns logits [rows, vocab] for the batch's
 	// LogitRows (every row when nil). KV caches live in the backend.
 	Forward(b *backend.Batch) (backend.Tensor, error)
+	// KVFloatsPerToken is the number of cached key and value elements one
+	// token occupies across all layers (for sizing the KV cache).
+	KVFloatsPerToken() int
 }
 
 // Builder binds a family's weights for cfg.

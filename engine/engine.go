@@ -1,0 +1,267 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/metrics"
+	"github.com/mkserve/mkserve/models"
+)
+
+// Options wire an Engine to its surroundings.
+type Options struct {
+	Name    string           // served model name
+	EOS     []int32          // end-of-sequence tokens (generation_config / config)
+	Metrics *metrics.Metrics // nil: none
+	Logger  *zap.Logger      // nil: none
+}
+
+// Engine runs continuous batching over one model: requests join and leave
+// the running batch at every step, each step spends a token budget on
+// decode tokens first and prompt chunks after (chunked prefill falls out of
+// the budget), KV lives in a paged cache with prefix sharing, and blocks
+// that run out are reclaimed by preempting the newest sequence (it is
+// recomputed later; users never see an error).
+//
+// One goroutine (the step loop) owns the model, the backend and all
+// scheduling state; Generate only queues work and wakes it.
+type Engine struct {
+	model  models.Model
+	be     backend.Backend
+	tok    Detokenizer
+	cfg    Config
+	opts   Options
+	vocab  int
+	blocks *blockManager
+	log    *zap.Logger
+
+	mu       sync.Mutex
+	incoming []*request
+	draining bool
+	queued   atomic.Int64 // requests not yet scheduled (incoming + waiting), for MaxQueue
+	abortAll atomic.Bool  // Shutdown's deadline passed: abort everything
+	wake     chan struct{}
+	done     chan struct{}
+
+	// Owned by the step loop.
+	waiting []*sequence
+	running []*sequence
+	seqNum  uint64
+	stats   atomic.Pointer[Stats]
+}
+
+// Stats is a snapshot of the engine's state after its latest step.
+type Stats struct {
+	Running, Waiting       int
+	BlocksUsed, BlocksFree int
+	PrefixQueries          int // prompt tokens looked up in the prefix cache
+	PrefixHits             int // of which were found
+	Steps                  int64
+	Preemptions            int64
+}
+
+// New sizes the paged KV cache from cfg.KVCacheBytes, initialises it on be,
+// and starts the step loop. Close it with Shutdown.
+func New(m models.Model, be backend.Backend, tok Detokenizer, cfg Config, o Options) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	mc := m.Config()
+	if cfg.MaxModelLen == 0 {
+		cfg.MaxModelLen = mc.MaxPositions
+		if cfg.MaxModelLen <= 0 {
+			cfg.MaxModelLen = 4096
+		}
+	}
+	perToken := int64(m.KVFloatsPerToken()) * 4
+	numBlocks := int(cfg.KVCacheBytes / (perToken * int64(cfg.BlockSize)))
+	if numBlocks < 2 {
+		return nil, fmt.Errorf("kv_cache_bytes %d holds %d blocks of %d tokens (%d bytes a token); need at least 2", cfg.KVCacheBytes, numBlocks, cfg.BlockSize, perToken)
+	}
+	if cap := numBlocks * cfg.BlockSize; cfg.MaxModelLen > cap {
+		cfg.MaxModelLen = cap
+	}
+	if err := be.InitKV(cfg.BlockSize, numBlocks); err != nil {
+		return nil, err
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	e := &Engine{
+		model: m, be: be, tok: tok, cfg: cfg, opts: o, vocab: mc.VocabSize,
+		blocks: newBlockManager(numBlocks, cfg.BlockSize), log: o.Logger,
+		wake: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+	e.stats.Store(&Stats{BlocksFree: numBlocks})
+	go e.loop()
+	return e, nil
+}
+
+// ModelName implements Generator.
+func (e *Engine) ModelName() string { return e.opts.Name }
+
+// MaxContext implements Generator.
+func (e *Engine) MaxContext() int { return e.cfg.MaxModelLen }
+
+// Config is the engine's effective configuration (defaults filled in).
+func (e *Engine) Config() Config { return e.cfg }
+
+// Stats returns the state after the latest step.
+func (e *Engine) Stats() Stats { return *e.stats.Load() }
+
+// request is one Generate call: one or more sequences (choices) sharing a
+// prompt and an output stream.
+type request struct {
+	r        *Request
+	out      *outbox
+	aborted  atomic.Bool
+	seqs     []*sequence // choice 0 first; the others after the prompt is prefilled
+	finished int
+	usage    Usage
+	arrival  time.Time
+	started  time.Time // first scheduled
+	firstTok time.Time
+	failure  error
+}
+
+// sequence is one choice being generated.
+type sequence struct {
+	id       uint64
+	req      *request
+	index    int
+	tokens   []int32 // prompt, then output
+	prompt   int
+	computed int // tokens whose KV is in the cache
+	blocks   []int32
+	hashes   []uint64 // hash chain of the full blocks committed so far
+	sampler  *sampler
+	text     *textOut
+	order    uint64 // admission order (FCFS within a priority)
+	lastTok  time.Time
+	done     bool
+}
+
+// Generate implements Generator.
+func (e *Engine) Generate(ctx context.Context, r *Request) (<-chan Event, error) {
+	if r == nil {
+		return nil, fmt.Errorf("nil request")
+	}
+	p := r.Sampling
+	p.Defaults()
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	if len(r.Prompt) == 0 {
+		return nil, fmt.Errorf("prompt must contain at least one token")
+	}
+	for i, t := range r.Prompt {
+		if t < 0 || int(t) >= e.vocab {
+			return nil, fmt.Errorf("prompt token %d at position %d is outside the vocabulary [0, %d)", t, i, e.vocab)
+		}
+	}
+	if len(r.Prompt)+p.MaxTokens > e.cfg.MaxModelLen {
+		return nil, fmt.Errorf("%w: %d prompt tokens + max_tokens %d > %d", ErrTooLong, len(r.Prompt), p.MaxTokens, e.cfg.MaxModelLen)
+	}
+	req := &request{r: r, arrival: r.Arrival}
+	if req.arrival.IsZero() {
+		req.arrival = time.Now()
+	}
+	rc := *r
+	rc.Sampling = p
+	req.r = &rc
+	req.usage.PromptTokens = len(r.Prompt)
+
+	e.mu.Lock()
+	if e.draining {
+		e.mu.Unlock()
+		return nil, ErrDraining
+	}
+	if int(e.queued.Load()) >= e.cfg.MaxQueue {
+		e.mu.Unlock()
+		return nil, ErrQueueFull
+	}
+	e.queued.Add(1)
+	ch := make(chan Event, 16)
+	req.out = newOutbox(ch)
+	e.incoming = append(e.incoming, req)
+	e.mu.Unlock()
+	go req.out.pump(ctx, func() { req.aborted.Store(true); e.poke() })
+	e.poke()
+	return ch, nil
+}
+
+func (e *Engine) poke() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Shutdown stops accepting requests, lets running and queued ones finish
+// until ctx ends, aborts the rest, and stops the step loop.
+func (e *Engine) Shutdown(ctx context.Context) error {
+	e.mu.Lock()
+	e.draining = true
+	e.mu.Unlock()
+	e.poke()
+	select {
+	case <-e.done:
+		return nil
+	case <-ctx.Done():
+	}
+	e.mu.Lock()
+	for _, r := range e.incoming {
+		r.aborted.Store(true)
+	}
+	e.mu.Unlock()
+	// Abort whatever the loop holds; it exits once empty.
+	e.abortAll.Store(true)
+	e.poke()
+	<-e.done
+	return ctx.Err()
+}
+
+// ───────────────────────────── step loop ─────────────────────────────
+
+func (e *Engine) loop() {
+	defer close(e.done)
+	for {
+		e.mu.Lock()
+		in := e.incoming
+		e.incoming = nil
+		draining := e.draining
+		e.mu.Unlock()
+		for _, r := range in {
+			e.admitRequest(r)
+		}
+		if e.abortAll.Load() {
+			for _, s := range slices.Concat(e.running, e.waiting) {
+				s.req.aborted.Store(true)
+			}
+		}
+		e.reapAborted()
+		if len(e.running) == 0 && len(e.waiting) == 0 {
+			e.publish()
+			if draining {
+				e.mu.Lock()
+				empty := len(e.incoming) == 0
+				e.mu.Unlock()
+				if empty {
+					return
+				}
+				continue
+			}
+			<-e.wake
+			continue
+		}
+		e.step()
+	}
+}

@@ -1,0 +1,264 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+)
+
+// Validate checks sampling parameters, naming the first bad one with its
+// OpenAI parameter name.
+func (p *SamplingParams) Validate() error {
+	switch {
+	case p.N < 1 || p.N > 128:
+		return fmt.Errorf("n must be in [1, 128], got %d", p.N)
+	case p.MaxTokens < 1:
+		return fmt.Errorf("max_tokens must be at least 1, got %d", p.MaxTokens)
+	case !(p.Temperature >= 0 && p.Temperature <= 2):
+		return fmt.Errorf("temperature must be in [0, 2], got %v", p.Temperature)
+	case !(p.TopP > 0 && p.TopP <= 1):
+		return fmt.Errorf("top_p must be in (0, 1], got %v", p.TopP)
+	case p.TopK < 0:
+		return fmt.Errorf("top_k must not be negative, got %d", p.TopK)
+	case !(p.MinP >= 0 && p.MinP <= 1):
+		return fmt.Errorf("min_p must be in [0, 1], got %v", p.MinP)
+	case !(p.PresencePenalty >= -2 && p.PresencePenalty <= 2):
+		return fmt.Errorf("presence_penalty must be in [-2, 2], got %v", p.PresencePenalty)
+	case !(p.FrequencyPenalty >= -2 && p.FrequencyPenalty <= 2):
+		return fmt.Errorf("frequency_penalty must be in [-2, 2], got %v", p.FrequencyPenalty)
+	case !(p.RepetitionPenalty > 0 && p.RepetitionPenalty <= 10):
+		return fmt.Errorf("repetition_penalty must be in (0, 10], got %v", p.RepetitionPenalty)
+	case p.TopLogprobs < 0 || p.TopLogprobs > 20:
+		return fmt.Errorf("top_logprobs must be in [0, 20], got %d", p.TopLogprobs)
+	}
+	for i, s := range p.Stop {
+		if s == "" {
+			return fmt.Errorf("stop[%d] must not be empty", i)
+		}
+	}
+	return nil
+}
+
+// Defaults fills the neutral values of unset fields (zero TopP and
+// RepetitionPenalty mean "off", N and MaxTokens 1 and 16 as OpenAI's).
+func (p *SamplingParams) Defaults() {
+	if p.N == 0 {
+		p.N = 1
+	}
+	if p.MaxTokens == 0 {
+		p.MaxTokens = 16
+	}
+	if p.TopP == 0 {
+		p.TopP = 1
+	}
+	if p.RepetitionPenalty == 0 {
+		p.RepetitionPenalty = 1
+	}
+}
+
+// sampler picks one sequence's next tokens. Its random stream depends only
+// on the seed and the choice index, so a seeded request repeats itself.
+type sampler struct {
+	p      *SamplingParams
+	rng    *rand.Rand
+	counts map[int32]int  // output token → occurrences (presence/frequency)
+	seen   map[int32]bool // prompt and output tokens (repetition penalty)
+	// scratch
+	work  []float32
+	order []int32
+}
+
+func newSampler(p *SamplingParams, index int, prompt []int32) *sampler {
+	var seed uint64
+	if p.Seed != nil {
+		seed = *p.Seed
+	} else {
+		seed = rand.Uint64()
+	}
+	s := &sampler{p: p, rng: rand.New(rand.NewPCG(seed, uint64(index)*0x9e3779b97f4a7c15+1)), counts: map[int32]int{}}
+	if p.RepetitionPenalty != 1 {
+		s.seen = map[int32]bool{}
+		for _, t := range prompt {
+			s.seen[t] = true
+		}
+	}
+	return s
+}
+
+// fork copies the sampler for another choice of the same request.
+func (s *sampler) fork(index int, prompt []int32) *sampler {
+	return newSampler(s.p, index, prompt)
+}
+
+// observe records an emitted token for the penalties.
+func (s *sampler) observe(t int32) {
+	s.counts[t]++
+	if s.seen != nil {
+		s.seen[t] = true
+	}
+}
+
+// sample picks the next token from logits [V] (not modified) and, when asked,
+// returns its log-probability record (from the raw model distribution).
+func (s *sampler) sample(logits []float32, decode func(int32) string) (int32, *Logprob) {
+	p := s.p
+	w := append(s.work[:0], logits...)
+	s.work = w
+	// Penalties.
+	if s.seen != nil {
+		for t := range s.seen {
+			if w[t] > 0 {
+				w[t] /= p.RepetitionPenalty
+			} else {
+				w[t] *= p.RepetitionPenalty
+			}
+		}
+	}
+	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+		for t, c := range s.counts {
+			w[t] -= p.FrequencyPenalty*float32(c) + p.PresencePenalty
+		}
+	}
+	var tok int32
+	if p.Temperature == 0 {
+		tok = int32(Argmax(w))
+	} else {
+		tok = s.draw(w)
+	}
+	var lp *Logprob
+	if p.Logprobs {
+		lp = logprobOf(logits, tok, p.TopLogprobs, decode)
+	}
+	return tok, lp
+}
+
+// draw samples from softmax(w/T) restricted by top-k, top-p and min-p.
+func (s *sampler) draw(w []float32) int32 {
+	p := s.p
+	inv := 1 / p.Temperature
+	maxv := float32(math.Inf(-1))
+	for _, x := range w {
+		if x > maxv {
+			maxv = x
+		}
+	}
+	if p.TopK == 0 && p.TopP >= 1 && p.MinP == 0 {
+		return s.drawAll(w, maxv, inv)
+	}
+	// Candidates sorted by logit, descending (ties by id), cut by top-k.
+	order := s.order[:0]
+	for i, x := range w {
+		if !math.IsNaN(float64(x)) && !math.IsInf(float64(x), -1) {
+			order = append(order, int32(i))
+		}
+	}
+	s.order = order
+	if len(order) == 0 {
+		return int32(Argmax(w))
+	}
+	sort.Slice(order, func(a, b int) bool {
+		wa, wb := w[order[a]], w[order[b]]
+		return wa > wb || (wa == wb && order[a] < order[b])
+	})
+	if p.TopK > 0 && p.TopK < len(order) {
+		order = order[:p.TopK]
+	}
+	probs := make([]float64, len(order))
+	var sum float64
+	for i, t := range order {
+		probs[i] = math.Exp(float64((w[t] - maxv) * inv))
+		sum += probs[i]
+	}
+	for i := range probs {
+		probs[i] /= sum
+	}
+	// min-p: drop tokens below min_p × the top probability.
+	n := len(order)
+	if p.MinP > 0 {
+		floor := float64(p.MinP) * probs[0]
+		for n > 1 && probs[n-1] < floor {
+			n--
+		}
+	}
+	// top-p: the smallest prefix whose mass reaches top_p.
+	if p.TopP < 1 {
+		var c float64
+		for i := 0; i < n; i++ {
+			c += probs[i]
+			if c >= float64(p.TopP) {
+				n = i + 1
+				break
+			}
+		}
+	}
+	var mass float64
+	for i := 0; i < n; i++ {
+		mass += probs[i]
+	}
+	u := s.rng.Float64() * mass
+	for i := 0; i < n; i++ {
+		u -= probs[i]
+		if u < 0 {
+			return order[i]
+		}
+	}
+	return order[n-1]
+}
+
+// drawAll samples from the whole softmax(w/T) without sorting.
+func (s *sampler) drawAll(w []float32, maxv, inv float32) int32 {
+	var sum float64
+	for _, x := range w {
+		if !math.IsNaN(float64(x)) {
+			sum += math.Exp(float64((x - maxv) * inv))
+		}
+	}
+	u := s.rng.Float64() * sum
+	last := int32(Argmax(w))
+	for i, x := range w {
+		if math.IsNaN(float64(x)) {
+			continue
+		}
+		u -= math.Exp(float64((x - maxv) * inv))
+		if u < 0 {
+			return int32(i)
+		}
+	}
+	return last
+}
+
+// logprobOf is tok's log-softmax under logits, with the top alternatives.
+func logprobOf(logits []float32, tok int32, top int, decode func(int32) string) *Logprob {
+	maxv := math.Inf(-1)
+	for _, x := range logits {
+		maxv = math.Max(maxv, float64(x))
+	}
+	var sum float64
+	for _, x := range logits {
+		sum += math.Exp(float64(x) - maxv)
+	}
+	lse := maxv + math.Log(sum)
+	lp := func(t int32) float32 { return float32(float64(logits[t]) - lse) }
+	out := &Logprob{TokenLogprob: TokenLogprob{ID: tok, Text: decode(tok), Logprob: lp(tok)}}
+	if top > 0 {
+		idx := make([]int32, len(logits))
+		for i := range idx {
+			idx[i] = int32(i)
+		}
+		slices.SortFunc(idx, func(a, b int32) int {
+			switch {
+			case logits[a] > logits[b]:
+				return -1
+			case logits[a] < logits[b]:
+				return 1
+			}
+			return int(a - b)
+		})
+		for _, t := range idx[:min(top, len(idx))] {
+			out.Top = append(out.Top, TokenLogprob{ID: t, Text: decode(t), Logprob: lp(t)})
+		}
+	}
+	return out
+}

@@ -1,0 +1,416 @@
+package engine
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/mkserve/mkserve/backend"
+)
+
+// admitRequest turns a new request into its first sequence (choice 0; the
+// other choices fork from it once the prompt is prefilled).
+func (e *Engine) admitRequest(r *request) {
+	s := e.newSequence(r, 0, slices.Clone(r.r.Prompt))
+	r.seqs = []*sequence{s}
+	e.waiting = append(e.waiting, s)
+}
+
+func (e *Engine) newSequence(r *request, index int, tokens []int32) *sequence {
+	e.seqNum++
+	return &sequence{
+		id: NewSeqID(), req: r, index: index, tokens: tokens, prompt: len(r.r.Prompt),
+		sampler: newSampler(&r.r.Sampling, index, r.r.Prompt),
+		text:    newTextOut(e.tok, r.r.Sampling.Stop), order: e.seqNum,
+	}
+}
+
+// reapAborted finishes every sequence of aborted requests and frees its blocks.
+func (e *Engine) reapAborted() {
+	keep := func(list []*sequence, wasWaiting bool) []*sequence {
+		out := list[:0]
+		for _, s := range list {
+			if s.req.aborted.Load() {
+				if wasWaiting && s.req.started.IsZero() && s.index == 0 {
+					e.queued.Add(-1)
+				}
+				e.finish(s, FinishAbort, nil)
+				continue
+			}
+			out = append(out, s)
+		}
+		return out
+	}
+	e.running = keep(e.running, false)
+	e.waiting = keep(e.waiting, true)
+}
+
+// entry is one sequence's share of a step.
+type entry struct {
+	s      *sequence
+	n      int  // tokens fed this step
+	sample bool // the step ends at the sequence's newest token: sample after it
+}
+
+// ensureBlocks gives s blocks for its first upto tokens.
+func (e *Engine) ensureBlocks(s *sequence, upto int) bool {
+	need := (upto + e.cfg.BlockSize - 1) / e.cfg.BlockSize
+	for len(s.blocks) < need {
+		b, ok := e.blocks.alloc()
+		if !ok {
+			return false
+		}
+		s.blocks = append(s.blocks, b)
+	}
+	return true
+}
+
+// preempt returns s to the front of the waiting queue and frees its blocks;
+// it will be recomputed from scratch (prompt and output so far).
+func (e *Engine) preempt(s *sequence) {
+	e.blocks.releaseAll(s.blocks)
+	s.blocks, s.hashes, s.computed = nil, nil, 0
+	e.waiting = append([]*sequence{s}, e.waiting...)
+	e.opts.Metrics.Preemption()
+	st := e.Stats()
+	st.Preemptions++
+	e.stats.Store(&st)
+}
+
+// schedule picks this step's work within the token and sequence budgets.
+func (e *Engine) schedule() []entry {
+	budget := e.cfg.MaxNumBatchedTokens
+	var plan []entry
+	preempted := false
+	// Running sequences first, oldest first.
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		s := e.running[i]
+		n := min(len(s.tokens)-s.computed, budget)
+		for !e.ensureBlocks(s, s.computed+n) {
+			// Take blocks from the newest running sequence.
+			last := e.running[len(e.running)-1]
+			e.running = e.running[:len(e.running)-1]
+			e.preempt(last)
+			preempted = true
+			if last == s {
+				n = 0
+				break
+			}
+		}
+		if n == 0 {
+			break
+		}
+		plan = append(plan, entry{s: s, n: n, sample: s.computed+n == len(s.tokens)})
+		budget -= n
+	}
+	if preempted {
+		return plan
+	}
+	// Then waiting ones by priority, FCFS within a priority.
+	sort.SliceStable(e.waiting, func(a, b int) bool {
+		pa, pb := e.waiting[a].req.r.Priority, e.waiting[b].req.r.Priority
+		return pa < pb || (pa == pb && e.waiting[a].order < e.waiting[b].order)
+	})
+	for len(e.waiting) > 0 && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs {
+		s := e.waiting[0]
+		if s.computed == 0 && e.cfg.PrefixCaching && len(s.blocks) == 0 {
+			// Keep at least one token to compute so the step yields logits.
+			blocks, hashes := e.blocks.lookup(s.tokens, len(s.tokens)-1)
+			s.blocks, s.hashes, s.computed = blocks, hashes, len(blocks)*e.cfg.BlockSize
+			if s.index == 0 && s.req.started.IsZero() {
+				s.req.usage.CachedTokens = s.computed
+			}
+		}
+		n := min(len(s.tokens)-s.computed, budget)
+		if !e.ensureBlocks(s, s.computed+n) {
+			// Not enough memory now: undo and wait for running sequences to finish.
+			e.blocks.releaseAll(s.blocks)
+			s.blocks, s.hashes, s.computed = nil, nil, 0
+			break
+		}
+		e.waiting = e.waiting[1:]
+		e.running = append(e.running, s)
+		if s.req.started.IsZero() {
+			s.req.started = time.Now()
+			e.queued.Add(-1)
+		}
+		plan = append(plan, entry{s: s, n: n, sample: s.computed+n == len(s.tokens)})
+		budget -= n
+	}
+	return plan
+}
+
+// step schedules, runs one forward pass and samples.
+func (e *Engine) step() {
+	plan := e.schedule()
+	if len(plan) == 0 {
+		// Nothing fits (e.g. every block is held by waiting forks): should
+		// not happen with at least one running sequence; wait for a wake-up.
+		e.publish()
+		<-e.wake
+		return
+	}
+	b := &backend.Batch{}
+	for _, en := range plan {
+		s := en.s
+		b.Seqs = append(b.Seqs, backend.SeqSpan{ID: s.id, Offset: len(b.Tokens), Len: en.n, Past: s.computed, Blocks: s.blocks})
+		for j := 0; j < en.n; j++ {
+			b.Tokens = append(b.Tokens, s.tokens[s.computed+j])
+			b.Positions = append(b.Positions, int32(s.computed+j))
+		}
+		if en.sample {
+			b.LogitRows = append(b.LogitRows, len(b.Tokens)-1)
+		}
+	}
+	logits, err := e.forward(b)
+	if err != nil {
+		e.log.Error("forward step failed", zap.Error(err), zap.Int("tokens", len(b.Tokens)))
+		for _, en := range plan {
+			e.finish(en.s, FinishError, err)
+		}
+		e.dropFinished()
+		e.publish()
+		return
+	}
+	V := e.vocab
+	row := 0
+	now := time.Now()
+	generated := 0
+	for _, en := range plan {
+		s := en.s
+		s.computed += en.n
+		e.commitBlocks(s)
+		if !en.sample || s.done {
+			continue
+		}
+		lg := logits[row*V : (row+1)*V]
+		row++
+		if s.index == 0 && s.computed == s.prompt && len(s.req.seqs) == 1 && s.req.r.Sampling.N > 1 {
+			e.fork(s, lg, now)
+		}
+		e.emit(s, lg, now)
+		generated++
+	}
+	e.opts.Metrics.GenerationTokens(generated)
+	e.dropFinished()
+	e.publish()
+}
+
+// forward runs the model, turning a panic in a backend op into an error so
+// that one bad step fails its requests instead of the server.
+func (e *Engine) forward(b *backend.Batch) (out []float32, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("engine: step panicked: %v", r)
+		}
+	}()
+	if len(b.LogitRows) == 0 {
+		b.LogitRows = []int{len(b.Tokens) - 1} // the model always returns some rows
+	}
+	t, err := e.model.Forward(b)
+	if err != nil {
+		return nil, err
+	}
+	return e.be.ToHost(t), nil
+}
+
+// commitBlocks publishes s's newly completed blocks to the prefix cache.
+func (e *Engine) commitBlocks(s *sequence) {
+	if !e.cfg.PrefixCaching {
+		return
+	}
+	bs := e.cfg.BlockSize
+	for full := s.computed / bs; len(s.hashes) < full; {
+		i := len(s.hashes)
+		parent := uint64(0)
+		if i > 0 {
+			parent = s.hashes[i-1]
+		}
+		chunk := s.tokens[i*bs : (i+1)*bs]
+		h := e.blocks.hashBlock(parent, chunk)
+		e.blocks.commit(s.blocks[i], parent, h, chunk)
+		s.hashes = append(s.hashes, h)
+	}
+}
+
+// fork starts choices 1..N-1 of s's request from s's prefilled prompt:
+// full blocks are shared, the partial last block is copied.
+func (e *Engine) fork(s *sequence, logits []float32, now time.Time) {
+	r := s.req
+	bs := e.cfg.BlockSize
+	full := s.computed / bs
+	for i := 1; i < r.r.Sampling.N; i++ {
+		c := e.newSequence(r, i, slices.Clone(s.tokens))
+		c.computed = s.computed
+		c.hashes = slices.Clone(s.hashes)
+		for _, b := range s.blocks[:full] {
+			e.blocks.share(b)
+			c.blocks = append(c.blocks, b)
+		}
+		if full < len(s.blocks) {
+			nb, ok := e.blocks.alloc()
+			if !ok {
+				// No block for the copy: recompute this choice later.
+				e.blocks.releaseAll(c.blocks)
+				c.blocks, c.hashes, c.computed = nil, nil, 0
+				r.seqs = append(r.seqs, c)
+				e.waiting = append(e.waiting, c)
+				continue
+			}
+			e.be.CopyBlocks([]int32{s.blocks[full]}, []int32{nb})
+			c.blocks = append(c.blocks, nb)
+		}
+		r.seqs = append(r.seqs, c)
+		e.running = append(e.running, c)
+		e.emit(c, logits, now)
+	}
+}
+
+// emit samples s's next token from logits and streams it.
+func (e *Engine) emit(s *sequence, logits []float32, now time.Time) {
+	p := &s.req.r.Sampling
+	tok, lp := s.sampler.sample(logits, e.tokenText)
+	s.sampler.observe(tok)
+	s.tokens = append(s.tokens, tok)
+	r := s.req
+	r.usage.CompletionTokens++
+	if r.firstTok.IsZero() {
+		r.firstTok = now
+	} else if !s.lastTok.IsZero() {
+		e.opts.Metrics.InterTokenLatency(now.Sub(s.lastTok))
+	}
+	s.lastTok = now
+	ev := Event{Index: s.index, TokenIDs: []int32{tok}}
+	if lp != nil {
+		ev.Logprobs = []Logprob{*lp}
+	}
+	out := len(s.tokens) - s.prompt
+	reason := ""
+	isStop := (!p.IgnoreEOS && slices.Contains(e.opts.EOS, tok)) || slices.Contains(p.StopTokenIDs, tok)
+	if isStop {
+		reason = FinishStop
+	} else {
+		text, hit, err := s.text.add(tok)
+		if err != nil {
+			e.finish(s, FinishError, err)
+			return
+		}
+		ev.Text = text
+		if hit {
+			reason = FinishStop
+		}
+	}
+	if reason == "" && (out >= p.MaxTokens || len(s.tokens) >= e.cfg.MaxModelLen) {
+		reason = FinishLength
+	}
+	if reason == "" {
+		r.out.push(ev)
+		return
+	}
+	if reason != FinishStop || isStop {
+		ev.Text += s.text.flush()
+	}
+	e.finishWith(s, reason, nil, ev)
+}
+
+// tokenText is one token's text (for logprobs).
+func (e *Engine) tokenText(t int32) string {
+	s, err := e.tok.Decode([]int32{t}, false)
+	if err != nil {
+		return ""
+	}
+	return s
+}
+
+// finish ends s with reason, emitting a final event.
+func (e *Engine) finish(s *sequence, reason string, err error) {
+	ev := Event{Index: s.index}
+	if reason != FinishAbort && reason != FinishError {
+		ev.Text = s.text.flush()
+	}
+	e.finishWith(s, reason, err, ev)
+}
+
+// finishWith ends s with ev as its last event; the request's last sequence
+// also carries the usage and closes the stream.
+func (e *Engine) finishWith(s *sequence, reason string, err error, ev Event) {
+	if s.done {
+		return
+	}
+	s.done = true
+	e.blocks.releaseAll(s.blocks)
+	s.blocks = nil
+	r := s.req
+	ev.FinishReason = reason
+	if err != nil {
+		ev.Err = err
+		r.failure = err
+	}
+	r.finished++
+	// Choices not yet forked (still only choice 0) count as finished with it
+	// when the request ends before its prompt was prefilled.
+	if len(r.seqs) == 1 && r.r.Sampling.N > 1 && (reason == FinishAbort || reason == FinishError) {
+		r.finished = r.r.Sampling.N
+	}
+	if r.finished < r.r.Sampling.N {
+		r.out.push(ev)
+		return
+	}
+	u := r.usage
+	ev.Usage = &u
+	r.out.push(ev)
+	r.out.close()
+	now := time.Now()
+	queue := time.Duration(0)
+	if !r.started.IsZero() {
+		queue = r.started.Sub(r.arrival)
+	}
+	ttft := time.Duration(0)
+	if !r.firstTok.IsZero() {
+		ttft = r.firstTok.Sub(r.arrival)
+	}
+	m := e.opts.Metrics
+	m.PromptTokens(u.PromptTokens)
+	m.RequestFinished(reason, queue, ttft, now.Sub(r.arrival))
+	for _, c := range r.seqs {
+		if !c.done { // an aborted request's other choices
+			c.done = true
+			e.blocks.releaseAll(c.blocks)
+			c.blocks = nil
+		}
+	}
+}
+
+// dropFinished removes finished sequences from the running list.
+func (e *Engine) dropFinished() {
+	e.running = slices.DeleteFunc(e.running, func(s *sequence) bool { return s.done })
+	e.waiting = slices.DeleteFunc(e.waiting, func(s *sequence) bool { return s.done })
+}
+
+// publish updates Stats and the gauges.
+func (e *Engine) publish() {
+	old := e.Stats()
+	st := Stats{
+		Running: len(e.running), Waiting: len(e.waiting) + int(e.queuedIncoming()),
+		BlocksFree: e.blocks.available(), BlocksUsed: e.blocks.numBlocks() - e.blocks.available(),
+		PrefixQueries: e.blocks.queries, PrefixHits: e.blocks.hits,
+		Steps: old.Steps + 1, Preemptions: old.Preemptions,
+	}
+	e.stats.Store(&st)
+	m := e.opts.Metrics
+	m.SetRunning(st.Running)
+	m.SetWaiting(st.Waiting)
+	m.SetKVCacheUsage(e.blocks.usage())
+	if dq, dh := st.PrefixQueries-old.PrefixQueries, st.PrefixHits-old.PrefixHits; dq > 0 {
+		m.PrefixCache(dq, dh)
+	}
+}
+
+func (e *Engine) queuedIncoming() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.incoming)
+}
