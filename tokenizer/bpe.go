@@ -17,6 +17,10 @@ const (
 	bpeCacheMaxWord = 256
 )
 
+// maxTokenID bounds token ids (the id table is dense; real vocabularies
+// stay far below this).
+const maxTokenID = 1 << 25
+
 // bpeModel is a byte-pair-encoding model with the semantics of HF
 // tokenizers' BPE (merges applied by rank then leftmost position, unknown
 // characters to byte-fallback tokens or a (fused) unk token, ignore_merges,
@@ -71,6 +75,9 @@ func newBPE(where string, vocab map[string]int32, merges [][2]string, unk string
 		if id > maxID {
 			maxID = id
 		}
+	}
+	if maxID >= maxTokenID {
+		return nil, fmt.Errorf("%s: model.vocab: id %d is beyond the supported %d", where, maxID, maxTokenID-1)
 	}
 	m.vocabR = make([]string, maxID+1)
 	m.hasID = make([]bool, maxID+1)

@@ -121,7 +121,7 @@ func (t *Tokenizer) addTokens(where string, list []addedJSON) error {
 			tok.id = id
 		} else {
 			n := int64(t.model.GetVocabSize()) + int64(fresh)
-			if n > 1<<31-2 {
+			if n >= maxTokenID {
 				return fmt.Errorf("tokenizer: %s: added_tokens[%d]: id out of range", where, i)
 			}
 			tok.id = int32(n)

@@ -70,6 +70,7 @@ func TestLoadErrors(t *testing.T) {
 		{"bad merge string", "llama3", func(m map[string]any) { obj(m, "model")["merges"].([]any)[0] = "a b c" }, []string{"model.merges[0]"}},
 		{"negative id", "llama3", func(m map[string]any) { obj(obj(m, "model"), "vocab")["Ġthe"] = -5 }, []string{"model.vocab", "Ġthe"}},
 		{"id too large", "llama3", func(m map[string]any) { obj(obj(m, "model"), "vocab")["Ġthe"] = 1 << 40 }, []string{"model.vocab", "out of range"}},
+		{"sparse id", "llama3", func(m map[string]any) { obj(obj(m, "model"), "vocab")["Ġthe"] = 1 << 30 }, []string{"model.vocab", "beyond"}},
 		{"duplicate id", "llama3", func(m map[string]any) { obj(obj(m, "model"), "vocab")["zzz"] = 5 }, []string{"model.vocab", "id 5"}},
 		{"template special missing", "llama3", func(m map[string]any) {
 			obj(m, "post_processor")["special_tokens"] = map[string]any{}
@@ -390,27 +391,30 @@ func roundTrip(name, s string) (string, bool) {
 func FuzzEncodeDecode(f *testing.F) {
 	e := loadExpected(f, filepath.Join("testdata", "llama3", "expected.json"))
 	for _, c := range e.Cases {
-		f.Add(c.Text)
+		if len(c.Text) <= 64 { // the long ones are covered by TestMatchesHF
+			f.Add(c.Text)
+		}
 	}
 	f.Add("\xff\xfe invalid \xc3")
 	f.Fuzz(func(t *testing.T, s string) {
 		for name, tok := range fuzzTokenizers(t) {
-			for _, special := range []bool{false, true} {
-				ids, err := tok.Encode(s, special)
+			if _, err := tok.Encode(s, true); err != nil {
+				t.Fatalf("%s: Encode(%q, true): %v", name, s, err)
+			}
+			ids, err := tok.Encode(s, false)
+			if err != nil {
+				t.Fatalf("%s: Encode(%q): %v", name, s, err)
+			}
+			for _, skip := range []bool{false, true} {
+				out, err := tok.Decode(ids, skip)
 				if err != nil {
-					t.Fatalf("%s: Encode(%q): %v", name, s, err)
+					t.Fatalf("%s: Decode(%v): %v", name, ids, err)
 				}
-				for _, skip := range []bool{false, true} {
-					out, err := tok.Decode(ids, skip)
-					if err != nil {
-						t.Fatalf("%s: Decode(%v): %v", name, ids, err)
-					}
-					if st := streamDecode(t, tok, ids, skip); st != out {
-						t.Fatalf("%s: stream %q != Decode %q for %q", name, st, out, s)
-					}
-					if want, ok := roundTrip(name, s); ok && !special && !skip && utf8.ValidString(s) && out != want {
-						t.Fatalf("%s: decode(encode(%q)) = %q", name, s, out)
-					}
+				if st := streamDecode(t, tok, ids, skip); st != out {
+					t.Fatalf("%s: stream %q != Decode %q for %q", name, st, out, s)
+				}
+				if want, ok := roundTrip(name, s); ok && !skip && utf8.ValidString(s) && out != want {
+					t.Fatalf("%s: decode(encode(%q)) = %q", name, s, out)
 				}
 			}
 		}
@@ -429,7 +433,7 @@ func TestFastSplitMatchesRegexp2(t *testing.T) {
 			t.Fatal(err)
 		}
 		slow := &regexPattern{re: fast.re}
-		for n := 0; n < 3000; n++ {
+		for n := 0; n < 1500; n++ {
 			k := r.IntN(40)
 			rs := make([]rune, k)
 			for i := range rs {
