@@ -356,6 +356,9 @@ func fuzzTokenizers(t testing.TB) map[string]*Tokenizer {
 	fuzzOnce.Do(func() {
 		fuzzToks = map[string]*Tokenizer{}
 		for _, c := range hfCases(t) {
+			if c.missing != "" {
+				continue
+			}
 			tok, err := Load(c.tokPath)
 			if err != nil {
 				t.Fatal(err)
