@@ -1,0 +1,161 @@
+package grpcapi
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/mkserve/mkserve/engine"
+	pb "github.com/mkserve/mkserve/proto/mkserve/v1"
+)
+
+// reqSeq makes engine request ids unique even when clients reuse theirs.
+var reqSeq atomic.Uint64
+
+// prepared is a validated request ready for the engine.
+type prepared struct {
+	clientID string // what the response reports: the client's id or a made one
+	req      *engine.Request
+}
+
+// prepare validates req, tokenizes its prompt and applies defaults;
+// sampling is used when req has none (a batch's shared settings). Errors
+// are *FieldError or wrap engine.ErrTooLong.
+func (s *Server) prepare(req *pb.GenerateRequest, sampling *pb.SamplingParams, arrival time.Time) (*prepared, error) {
+	if req == nil {
+		return nil, fieldErr("request", "missing")
+	}
+	if err := CheckRequestID(req.GetRequestId()); err != nil {
+		return nil, err
+	}
+	prompt, err := s.prompt(req)
+	if err != nil {
+		return nil, err
+	}
+	if req.Sampling != nil {
+		sampling = req.Sampling
+	}
+	sp, err := s.sampling(sampling, len(prompt))
+	if err != nil {
+		return nil, at("sampling", err)
+	}
+	seq := reqSeq.Add(1)
+	id := req.GetRequestId()
+	engineID := fmt.Sprintf("%s-%d", id, seq)
+	if id == "" {
+		id = fmt.Sprintf("grpc-%016x", rand.Uint64())
+		engineID = fmt.Sprintf("%s-%d", id, seq)
+	}
+	return &prepared{clientID: id, req: &engine.Request{
+		ID:       engineID,
+		Prompt:   prompt,
+		Sampling: sp,
+		Priority: int(req.GetPriority()),
+		Arrival:  arrival,
+	}}, nil
+}
+
+// prompt returns req's prompt token ids.
+func (s *Server) prompt(req *pb.GenerateRequest) ([]int32, error) {
+	switch p := req.Prompt.(type) {
+	case *pb.GenerateRequest_Text:
+		if p.Text == "" {
+			return nil, fieldErr("text", "empty prompt")
+		}
+		if s.tok == nil {
+			return nil, fieldErr("text", "this server has no tokenizer; send token_ids")
+		}
+		ids, err := s.tok.Encode(p.Text, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
+		if err != nil {
+			return nil, fieldErr("text", "tokenizing: %v", err)
+		}
+		if len(ids) == 0 {
+			return nil, fieldErr("text", "the prompt has no tokens")
+		}
+		return ids, nil
+	case *pb.GenerateRequest_TokenIds:
+		ids := p.TokenIds.GetIds()
+		if len(ids) == 0 {
+			return nil, fieldErr("token_ids.ids", "empty prompt")
+		}
+		if err := CheckTokenIDs("token_ids.ids", ids, s.vocab()); err != nil {
+			return nil, err
+		}
+		return append([]int32(nil), ids...), nil
+	default:
+		return nil, fieldErr("prompt", "missing: set text or token_ids")
+	}
+}
+
+func (s *Server) vocab() int {
+	if s.tok == nil {
+		return 0
+	}
+	return s.tok.VocabSize()
+}
+
+// sampling turns p (nil: all defaults) into engine settings for a prompt
+// of promptLen tokens and validates them.
+func (s *Server) sampling(p *pb.SamplingParams, promptLen int) (engine.SamplingParams, error) {
+	if p == nil {
+		p = &pb.SamplingParams{}
+	}
+	sp := engine.SamplingParams{
+		N:                 int(opt(p.N, 1)),
+		Temperature:       opt(p.Temperature, 1),
+		TopP:              opt(p.TopP, 1),
+		TopK:              int(opt(p.TopK, 0)),
+		MinP:              opt(p.MinP, 0),
+		PresencePenalty:   opt(p.PresencePenalty, 0),
+		FrequencyPenalty:  opt(p.FrequencyPenalty, 0),
+		RepetitionPenalty: opt(p.RepetitionPenalty, 1),
+		Stop:              append([]string(nil), p.Stop...),
+		StopTokenIDs:      append([]int32(nil), p.StopTokenIds...),
+		IgnoreEOS:         p.IgnoreEos,
+		Logprobs:          p.Logprobs,
+		TopLogprobs:       int(opt(p.TopLogprobs, 0)),
+	}
+	if sp.TopK == -1 { // vLLM's "off"
+		sp.TopK = 0
+	}
+	if p.Seed != nil {
+		seed := *p.Seed
+		sp.Seed = &seed
+	}
+	maxCtx := s.gen.MaxContext()
+	if p.MaxTokens != nil {
+		sp.MaxTokens = int(*p.MaxTokens)
+	} else {
+		left := maxCtx - promptLen
+		if maxCtx <= 0 { // unknown context
+			left = fallbackMaxTokens
+		}
+		if s.opts.DefaultMaxTokens > 0 {
+			left = min(left, s.opts.DefaultMaxTokens)
+		}
+		if left < 1 {
+			return sp, fmt.Errorf("%w: the prompt's %d tokens fill the %d-token context", engine.ErrTooLong, promptLen, maxCtx)
+		}
+		sp.MaxTokens = left
+	}
+	if err := ValidateSampling(&sp, s.vocab()); err != nil {
+		return sp, err
+	}
+	if maxCtx > 0 && promptLen+sp.MaxTokens > maxCtx {
+		return sp, fmt.Errorf("%w: %d prompt tokens + max_tokens %d > %d", engine.ErrTooLong, promptLen, sp.MaxTokens, maxCtx)
+	}
+	return sp, nil
+}
+
+// fallbackMaxTokens is max_tokens when neither the request, the server
+// options nor the engine's context bound it (OpenAI's completions default).
+const fallbackMaxTokens = 16
+
+// opt is *v, or def when v is nil.
+func opt[T any](v *T, def T) T {
+	if v == nil {
+		return def
+	}
+	return *v
+}
