@@ -22,8 +22,11 @@ import (
 //
 // The same pass rewrites a few constructs to our own implementations:
 // every {{ expr }} prints through __mkserve_str (Python's str(): None,
-// floats, lists, dicts), and the filters tojson and map use ours
-// (Python json.dumps; map with a filter name).
+// floats, lists, dicts); the filters tojson and map use ours (Python
+// json.dumps; map with a filter name); number literals with exponents or
+// "_" separators are spelled out (the library parses neither); loop bodies
+// restore the outer value of the names they assign at every iteration (see
+// frame); and macro bodies count their depth.
 
 // maxNesting bounds bracket nesting in a tag and maxMacroDepth macro
 // recursion, so that hostile templates fail instead of exhausting the stack.
@@ -436,10 +439,8 @@ func numberLiteral(s string, p int) (string, int) {
 		return k
 	}
 	e := digits(p)
-	isFloat := false
 	if e+1 < len(s) && s[e] == '.' && s[e+1] >= '0' && s[e+1] <= '9' {
 		e = digits(e + 1)
-		isFloat = true
 	}
 	hasExp := false
 	if e < len(s) && (s[e] == 'e' || s[e] == 'E') {
@@ -449,7 +450,7 @@ func numberLiteral(s string, p int) (string, int) {
 		}
 		if k < len(s) && s[k] >= '0' && s[k] <= '9' {
 			e = digits(k)
-			isFloat, hasExp = true, true
+			hasExp = true
 		}
 	}
 	lit := strings.ReplaceAll(s[p:e], "_", "")
@@ -461,7 +462,6 @@ func numberLiteral(s string, p int) (string, int) {
 			}
 		}
 	}
-	_ = isFloat
 	return lit, e
 }
 
