@@ -84,10 +84,10 @@ func FuzzValidate(f *testing.F) {
 		}
 		if !in(sp.Temperature, 0, 2, false) || !in(sp.TopP, 0, 1, true) || !in(sp.MinP, 0, 1, false) ||
 			!in(sp.PresencePenalty, -2, 2, false) || !in(sp.FrequencyPenalty, -2, 2, false) ||
-			!in(sp.RepetitionPenalty, 0, 2, true) {
+			!in(sp.RepetitionPenalty, 0, 1e6, true) {
 			bad("a float out of range")
 		}
-		if len(sp.Stop) > 16 {
+		if len(sp.Stop) > 4 {
 			bad("too many stop strings")
 		}
 		for _, s := range sp.Stop {

@@ -14,6 +14,7 @@ package grpcapi
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -235,6 +236,7 @@ func (s *Server) collect(ctx context.Context, p *prepared) (*pb.GenerateResponse
 	for i := range choices {
 		choices[i] = &pb.Choice{Index: int32(i)}
 	}
+	texts := make([]strings.Builder, nChoices) // += would be quadratic in long outputs
 	resp := &pb.GenerateResponse{RequestId: p.clientID, Choices: choices}
 	var failed error
 	for ev := range events {
@@ -243,7 +245,7 @@ func (s *Server) collect(ctx context.Context, p *prepared) (*pb.GenerateResponse
 		}
 		c := choices[ev.Index]
 		c.TokenIds = append(c.TokenIds, ev.TokenIDs...)
-		c.Text += ev.Text
+		texts[ev.Index].WriteString(ev.Text)
 		c.Logprobs = append(c.Logprobs, logprobs(ev.Logprobs)...)
 		if ev.FinishReason != "" {
 			c.FinishReason = ev.FinishReason
@@ -261,7 +263,8 @@ func (s *Server) collect(ctx context.Context, p *prepared) (*pb.GenerateResponse
 	if failed != nil {
 		return nil, failed
 	}
-	for _, c := range choices {
+	for i, c := range choices {
+		c.Text = texts[i].String()
 		if c.FinishReason == "" {
 			return nil, fmt.Errorf("engine: request %s ended before choice %d finished", p.req.ID, c.Index)
 		}

@@ -12,7 +12,7 @@ import (
 const (
 	MaxN            = 128  // choices per request
 	MaxTopLogprobs  = 20   // alternatives per token
-	MaxStop         = 16   // stop strings per request
+	MaxStop         = 4    // stop strings per request (OpenAI's)
 	MaxStopLen      = 256  // bytes per stop string
 	MaxStopTokenIDs = 64   // extra stop token ids per request
 	MaxRequestIDLen = 256  // bytes
@@ -100,10 +100,13 @@ func CheckPenalty(field string, v float32) error {
 	return nil
 }
 
-// CheckRepetitionPenalty checks 0 < v ≤ 2 (1: off).
+// MaxRepetitionPenalty bounds repetition_penalty (only to keep it finite).
+const MaxRepetitionPenalty = 1e6
+
+// CheckRepetitionPenalty checks 0 < v ≤ MaxRepetitionPenalty (1: off).
 func CheckRepetitionPenalty(v float32) error {
-	if !(v > 0 && v <= 2) {
-		return fieldErr("repetition_penalty", "%v is not in (0, 2]", v)
+	if !(v > 0 && v <= MaxRepetitionPenalty) {
+		return fieldErr("repetition_penalty", "%v is not in (0, %g]", v, float64(MaxRepetitionPenalty))
 	}
 	return nil
 }
