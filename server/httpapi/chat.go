@@ -1,0 +1,203 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/mkserve/mkserve/chat"
+	"github.com/mkserve/mkserve/engine"
+)
+
+// chatCompletions serves POST /v1/chat/completions: the messages are
+// rendered with the chat template (add_generation_prompt true unless the
+// request says otherwise), encoded without added special tokens (the
+// template writes them, as vLLM does) and sent as one engine request.
+func (s *Server) chatCompletions(c *gin.Context) {
+	k := s.newCall(c, "chat", "chatcmpl-")
+	defer k.done()
+	if e := s.admit(); e != nil {
+		k.fail(c, e)
+		return
+	}
+	body, e := s.readBody(c)
+	if e != nil {
+		k.fail(c, e)
+		return
+	}
+	var req chatRequest
+	if e := decodeBody(body, &req); e != nil {
+		k.fail(c, e)
+		return
+	}
+	k.model, k.stream = req.Model, req.streaming()
+	if e := s.checkModel(req.Model); e != nil {
+		k.fail(c, e)
+		return
+	}
+	if e := req.check(); e != nil {
+		k.fail(c, e)
+		return
+	}
+	sp, e := req.params(s.tok.VocabSize())
+	if e != nil {
+		k.fail(c, e)
+		return
+	}
+	k.n = sp.N
+	if req.Logprobs != nil && *req.Logprobs {
+		sp.Logprobs = true
+		if req.TopLogprobs != nil {
+			sp.TopLogprobs = *req.TopLogprobs
+		}
+	}
+	text, e := s.render(&req)
+	if e != nil {
+		k.fail(c, e)
+		return
+	}
+	if s.opts.LogPrompts {
+		k.prompts = []string{text}
+	}
+	ids, err := s.tok.Encode(text, false)
+	if err != nil {
+		k.fail(c, invalid("messages", "the rendered conversation cannot be tokenized: %v", err))
+		return
+	}
+	if len(ids) == 0 {
+		k.fail(c, invalid("messages", "the rendered conversation is empty"))
+		return
+	}
+	maxTok, maxParam := req.maxTokens()
+	if sp.MaxTokens, e = s.fitContext(len(ids), maxTok, 0, "messages", maxParam); e != nil {
+		k.fail(c, e)
+		return
+	}
+	tooLongParam := "messages"
+	if maxParam != "" {
+		tooLongParam = maxParam
+	}
+	r := &engine.Request{ID: k.id, Prompt: ids, Sampling: sp, Arrival: k.start}
+	if req.Priority != nil {
+		r.Priority = *req.Priority
+	}
+
+	ctx, cancel := context.WithCancel(c.Request.Context())
+	defer cancel()
+	chans, err := s.submit(ctx, cancel, []*engine.Request{r})
+	if err != nil {
+		ae := generateError(err, tooLongParam)
+		if ae == errInternal {
+			k.cause = err
+		}
+		k.fail(c, ae)
+		return
+	}
+	created := k.start.Unix()
+	model := s.gen.ModelName()
+	lens := []int{len(ids)}
+
+	if req.streaming() {
+		out := startSSE(c)
+		var usageNull **usageJSON
+		if req.includeUsage() {
+			usageNull = new(*usageJSON)
+		}
+		chunk := func(ch chatChunkChoice) chatChunk {
+			return chatChunk{ID: k.id, Object: "chat.completion.chunk", Created: created, Model: model,
+				Choices: []chatChunkChoice{ch}, Usage: usageNull}
+		}
+		// Every choice's first chunk carries the role, sent before any token.
+		empty := ""
+		for i := range sp.N {
+			if err := out.send(chunk(chatChunkChoice{Index: i, Delta: chatDelta{Role: "assistant", Content: &empty}})); err != nil {
+				cancel()
+				k.finishGeneration(c, err)
+				return
+			}
+		}
+		usage, err := k.run(ctx, cancel, chans, sp.N, lens, func(i int, ev *engine.Event) error {
+			if ev.Text == "" && len(ev.Logprobs) == 0 && ev.FinishReason == "" {
+				return nil
+			}
+			ch := chatChunkChoice{Index: i, Delta: chatDelta{Content: &ev.Text}}
+			if sp.Logprobs && len(ev.Logprobs) > 0 {
+				ch.Logprobs = &chatLogprobs{}
+				ch.Logprobs.add(ev.Logprobs)
+			}
+			if ev.FinishReason != "" {
+				ch.FinishReason = &ev.FinishReason
+				if ev.Text == "" {
+					ch.Delta.Content = nil // the closing chunk: an empty delta, as OpenAI sends
+				}
+			}
+			return out.send(chunk(ch))
+		})
+		k.endStream(c, out, err, func() any {
+			u := toUsage(usage)
+			return chatChunk{ID: k.id, Object: "chat.completion.chunk", Created: created, Model: model,
+				Choices: []chatChunkChoice{}, Usage: &u}
+		}, req.includeUsage())
+		return
+	}
+
+	texts := make([]strings.Builder, sp.N)
+	var lps []*chatLogprobs
+	if sp.Logprobs {
+		lps = make([]*chatLogprobs, sp.N)
+		for i := range lps {
+			lps[i] = &chatLogprobs{Content: []chatTokenLogprob{}}
+		}
+	}
+	usage, err := k.run(ctx, cancel, chans, sp.N, lens, func(i int, ev *engine.Event) error {
+		texts[i].WriteString(ev.Text)
+		if lps != nil {
+			lps[i].add(ev.Logprobs)
+		}
+		return nil
+	})
+	if err != nil {
+		k.finishGeneration(c, err)
+		return
+	}
+	resp := chatResponse{ID: k.id, Object: "chat.completion", Created: created, Model: model,
+		Choices: make([]chatChoice, sp.N), Usage: toUsage(usage)}
+	for i := range resp.Choices {
+		resp.Choices[i] = chatChoice{Index: i, Message: chatMessageJS{Role: "assistant", Content: texts[i].String()},
+			FinishReason: k.finishes[i]}
+		if lps != nil {
+			resp.Choices[i].Logprobs = lps[i]
+		}
+	}
+	writeJSON(c, http.StatusOK, resp)
+}
+
+// render applies the chat template to the request's messages.
+func (s *Server) render(req *chatRequest) (string, *apiError) {
+	if s.tmpl == nil {
+		return "", invalid("messages", "this model has no chat template; use /v1/completions")
+	}
+	msgs := make([]chat.Message, len(req.Messages))
+	for i := range req.Messages {
+		var e *apiError
+		if msgs[i], e = toChat(i, &req.Messages[i]); e != nil {
+			return "", e
+		}
+	}
+	opts := chat.Options{AddGenerationPrompt: req.AddGenerationPrompt == nil || *req.AddGenerationPrompt, Kwargs: req.ChatTemplateKwargs}
+	if cfg := s.tok.Config(); cfg != nil {
+		opts.BOSToken, opts.EOSToken = cfg.BOSToken, cfg.EOSToken
+	}
+	text, err := s.tmpl.Render(msgs, opts)
+	if err != nil {
+		var raised *chat.RaiseError
+		if errors.As(err, &raised) {
+			return "", invalid("messages", "the chat template refused the messages: %s", raised.Message)
+		}
+		return "", invalid("messages", "the chat template failed on these messages: %v", err)
+	}
+	return text, nil
+}

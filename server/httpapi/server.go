@@ -1,0 +1,302 @@
+// Package httpapi serves the OpenAI-compatible HTTP API of mkserve on top
+// of an engine.Generator:
+//
+//	POST /v1/completions       text or token prompts (one engine request each)
+//	POST /v1/chat/completions  messages rendered with the checkpoint's chat template
+//	GET  /v1/models            the served model (and /v1/models/{model})
+//	GET  /health               200 when ready, 503 while loading or draining
+//	GET  /metrics              Options.Metrics (404 when nil)
+//
+// Responses and errors have OpenAI's shapes; streams are server-sent events
+// ending in "data: [DONE]". Request bodies are validated before anything
+// reaches the engine: every bad parameter is a 400 naming it. Fields the
+// server does not know are ignored, as OpenAI's and vLLM's servers do, so
+// clients that send newer optional fields keep working; known fields that
+// would change the output but are not implemented (echo=true, suffix,
+// best_of≠n, logit_bias, tools, response_format other than text) are
+// rejected instead of silently ignored.
+package httpapi
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"go.uber.org/zap"
+
+	"github.com/mkserve/mkserve/chat"
+	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/tokenizer"
+)
+
+func init() {
+	// Release mode: no route dump or debug warnings on stdout.
+	gin.SetMode(gin.ReleaseMode)
+}
+
+// DefaultMaxBodyBytes bounds request bodies when Options.MaxBodyBytes is 0.
+const DefaultMaxBodyBytes = 8 << 20
+
+// Options configure a Server.
+type Options struct {
+	// APIKey, when set, is the bearer token every /v1 request must carry
+	// ("Authorization: Bearer <key>"); /health and /metrics stay open.
+	APIKey string
+	// CORSOrigins lists the browser origins allowed to call the API ("*":
+	// any); empty disables CORS headers.
+	CORSOrigins []string
+	// MaxBodyBytes bounds a request body (0: DefaultMaxBodyBytes); larger
+	// bodies get 413.
+	MaxBodyBytes int64
+	// Logger receives one line per finished request (nil: no logs).
+	Logger *zap.Logger
+	// LogPrompts adds the prompt text to each request's log line.
+	LogPrompts bool
+	// Metrics is served at /metrics; nil: 404.
+	Metrics http.Handler
+}
+
+// Server is the HTTP API. Its methods are safe for concurrent use.
+type Server struct {
+	gen     engine.Generator
+	tok     *tokenizer.Tokenizer
+	tmpl    *chat.Template
+	opts    Options
+	log     *zap.Logger
+	created int64 // for /v1/models
+	handler http.Handler
+
+	ready    atomic.Bool
+	draining atomic.Bool
+}
+
+// New builds a Server that sends requests to gen. tok encodes text
+// prompts and rendered chat prompts; tmpl is the checkpoint's chat
+// template (nil: chat completions answer 400). The server starts not
+// ready: call SetReady(true) once it may take requests.
+func New(gen engine.Generator, tok *tokenizer.Tokenizer, tmpl *chat.Template, opts Options) *Server {
+	s := &Server{gen: gen, tok: tok, tmpl: tmpl, opts: opts, log: opts.Logger, created: time.Now().Unix()}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
+	if s.opts.MaxBodyBytes <= 0 {
+		s.opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	s.handler = s.routes()
+	return s
+}
+
+// Handler is the http.Handler serving every endpoint.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// SetReady marks the server ready (or not) to take generation requests;
+// /health follows it.
+func (s *Server) SetReady(ready bool) { s.ready.Store(ready) }
+
+// SetDraining makes the server refuse new generation requests with 503
+// (and /health answer 503) while running ones finish.
+func (s *Server) SetDraining(draining bool) { s.draining.Store(draining) }
+
+func (s *Server) routes() http.Handler {
+	r := gin.New()
+	r.HandleMethodNotAllowed = true
+	r.Use(s.recovery, s.cors)
+	r.NoRoute(func(c *gin.Context) { writeError(c, errNotFound) })
+	r.NoMethod(func(c *gin.Context) { writeError(c, errMethod) })
+	r.GET("/health", s.health)
+	r.GET("/metrics", s.metrics)
+	v1 := r.Group("/v1", s.auth)
+	v1.GET("/models", s.models)
+	v1.GET("/models/*model", s.model)
+	v1.POST("/completions", s.completions)
+	v1.POST("/chat/completions", s.chatCompletions)
+	return r
+}
+
+// ---- middleware ----
+
+// recovery turns a panic into a 500 in OpenAI's shape (when nothing was
+// written yet) and a log line with the stack.
+func (s *Server) recovery(c *gin.Context) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error("panic serving request", zap.String("path", c.Request.URL.Path),
+				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+			if !c.Writer.Written() {
+				writeError(c, errInternal)
+			}
+			c.Abort()
+		}
+	}()
+	c.Next()
+}
+
+// cors answers preflight requests and marks responses to allowed origins.
+func (s *Server) cors(c *gin.Context) {
+	origin := c.GetHeader("Origin")
+	if len(s.opts.CORSOrigins) == 0 || origin == "" {
+		c.Next()
+		return
+	}
+	any := slices.Contains(s.opts.CORSOrigins, "*")
+	allowed := any || slices.Contains(s.opts.CORSOrigins, origin)
+	preflight := c.Request.Method == http.MethodOptions && c.GetHeader("Access-Control-Request-Method") != ""
+	h := c.Writer.Header()
+	h.Add("Vary", "Origin")
+	if !allowed {
+		if preflight {
+			writeError(c, &apiError{Status: http.StatusForbidden, Type: typeInvalid, Code: "cors_origin",
+				Message: fmt.Sprintf("origin %q is not allowed", origin)})
+			c.Abort()
+			return
+		}
+		c.Next()
+		return
+	}
+	if any {
+		h.Set("Access-Control-Allow-Origin", "*")
+	} else {
+		h.Set("Access-Control-Allow-Origin", origin)
+	}
+	h.Set("Access-Control-Expose-Headers", "X-Request-Id")
+	if preflight {
+		h.Set("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
+		if req := c.GetHeader("Access-Control-Request-Headers"); req != "" {
+			h.Set("Access-Control-Allow-Headers", req)
+		} else {
+			h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type")
+		}
+		h.Set("Access-Control-Max-Age", "600")
+		c.AbortWithStatus(http.StatusNoContent)
+		return
+	}
+	c.Next()
+}
+
+// auth checks the bearer token when Options.APIKey is set.
+func (s *Server) auth(c *gin.Context) {
+	if s.opts.APIKey == "" {
+		c.Next()
+		return
+	}
+	h := c.GetHeader("Authorization")
+	scheme, key, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") ||
+		subtle.ConstantTimeCompare([]byte(strings.TrimSpace(key)), []byte(s.opts.APIKey)) != 1 {
+		c.Header("WWW-Authenticate", "Bearer")
+		writeError(c, errUnauthorized)
+		c.Abort()
+		return
+	}
+	c.Next()
+}
+
+// ---- small endpoints ----
+
+func (s *Server) health(c *gin.Context) {
+	switch {
+	case s.draining.Load():
+		writeJSON(c, http.StatusServiceUnavailable, map[string]string{"status": "draining"})
+	case !s.ready.Load():
+		writeJSON(c, http.StatusServiceUnavailable, map[string]string{"status": "loading"})
+	default:
+		writeJSON(c, http.StatusOK, map[string]string{"status": "ok"})
+	}
+}
+
+func (s *Server) metrics(c *gin.Context) {
+	if s.opts.Metrics == nil {
+		writeError(c, errNotFound)
+		return
+	}
+	s.opts.Metrics.ServeHTTP(c.Writer, c.Request)
+}
+
+func (s *Server) modelJSON() modelJSON {
+	return modelJSON{ID: s.gen.ModelName(), Object: "model", Created: s.created, OwnedBy: "mkserve", MaxModelLen: s.gen.MaxContext()}
+}
+
+func (s *Server) models(c *gin.Context) {
+	writeJSON(c, http.StatusOK, modelList{Object: "list", Data: []modelJSON{s.modelJSON()}})
+}
+
+func (s *Server) model(c *gin.Context) {
+	name := strings.TrimPrefix(c.Param("model"), "/")
+	if name != s.gen.ModelName() {
+		writeError(c, unknownModel(name, s.gen.ModelName()))
+		return
+	}
+	writeJSON(c, http.StatusOK, s.modelJSON())
+}
+
+// ---- helpers ----
+
+// admit refuses generation while loading or draining.
+func (s *Server) admit() *apiError {
+	switch {
+	case s.draining.Load():
+		return errDraining
+	case !s.ready.Load():
+		return errNotReady
+	}
+	return nil
+}
+
+// readBody reads the request body, at most Options.MaxBodyBytes of it.
+func (s *Server) readBody(c *gin.Context) ([]byte, *apiError) {
+	limit := s.opts.MaxBodyBytes
+	if c.Request.ContentLength > limit {
+		return nil, tooLarge(limit)
+	}
+	data, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, tooLarge(limit)
+		}
+		return nil, invalid("", "reading the request body: %v", err)
+	}
+	return data, nil
+}
+
+// checkModel accepts the served model's name, or no name.
+func (s *Server) checkModel(name string) *apiError {
+	if name != "" && name != s.gen.ModelName() {
+		return unknownModel(name, s.gen.ModelName())
+	}
+	return nil
+}
+
+func writeJSON(c *gin.Context, status int, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		status, buf = http.StatusInternalServerError, bytes.Buffer{}
+		_ = json.NewEncoder(&buf).Encode(errInternal.body())
+	}
+	c.Header("Content-Type", "application/json")
+	c.Status(status)
+	_, _ = c.Writer.Write(buf.Bytes())
+}
+
+func writeError(c *gin.Context, e *apiError) { writeJSON(c, e.Status, e.body()) }
+
+// newID returns prefix followed by 32 random hex digits.
+func newID(prefix string) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
