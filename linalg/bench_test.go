@@ -44,12 +44,18 @@ func benchGEMM(b *testing.B, f func(dst, a, w []float32, M, N, K int)) {
 			for b.Loop() {
 				f(dst, a, w, s.M, s.N, s.K)
 			}
-			flop := 2 * float64(s.M) * float64(s.N) * float64(s.K) * float64(b.N)
-			b.ReportMetric(flop/b.Elapsed().Seconds()/1e9, "GFLOP/s")
-			if c := cpuTime() - c0; c > time.Millisecond {
-				b.ReportMetric(flop/c.Seconds()/1e9, "GFLOP/cpu-s")
-			}
+			reportFlops(b, 2*float64(s.M)*float64(s.N)*float64(s.K), c0)
 		})
+	}
+}
+
+// reportFlops reports GFLOP/s of wall time for flop per iteration and, when
+// the platform can tell, GFLOP per CPU-second used since c0.
+func reportFlops(b *testing.B, flop float64, c0 time.Duration) {
+	flop *= float64(b.N)
+	b.ReportMetric(flop/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+	if c := cpuTime() - c0; c > time.Millisecond {
+		b.ReportMetric(flop/c.Seconds()/1e9, "GFLOP/cpu-s")
 	}
 }
 
@@ -80,8 +86,26 @@ func BenchmarkKernel(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 2))
 	ks := avx2Kernels
 	a, w, c := randSlice(r, ks.mr*n), randSlice(r, ks.nr*n), make([]float32, ks.mr*ks.nr)
+	c0 := cpuTime()
 	for b.Loop() {
 		ks.k[ks.mr-1][ks.nr-1](&a[0], n, &w[0], n, n, &c[0], ks.nr, 1)
 	}
-	b.ReportMetric(2*float64(ks.mr*ks.nr*n*b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+	reportFlops(b, 2*float64(ks.mr*ks.nr*n), c0)
+}
+
+// BenchmarkPanelKernel times the 16×6 packed-panel kernel alone: the panel
+// (16×512) and six rows of b in L1, the ceiling of one core on the packed path.
+func BenchmarkPanelKernel(b *testing.B) {
+	if !hasAVX2 {
+		b.Skip("no AVX2/FMA")
+	}
+	const n = 512
+	r := rand.New(rand.NewPCG(1, 2))
+	nr := len(avx2Kernels.panel)
+	p, w, c := randSlice(r, panelM*n), randSlice(r, nr*n), make([]float32, panelM*nr)
+	c0 := cpuTime()
+	for b.Loop() {
+		avx2Kernels.panel[nr-1](&p[0], &w[0], n, n, &c[0], nr, 1)
+	}
+	reportFlops(b, 2*float64(panelM*nr*n), c0)
 }
