@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"sort"
 )
 
@@ -68,6 +67,7 @@ type sampler struct {
 	// scratch
 	work  []float32
 	order []int32
+	probs []float64
 }
 
 func newSampler(p *SamplingParams, index int, prompt []int32) *sampler {
@@ -134,7 +134,11 @@ func (s *sampler) sample(logits []float32, decode func(int32) string) (int32, *L
 	return tok, lp
 }
 
-// draw samples from softmax(w/T) restricted by top-k, top-p and min-p.
+// draw samples from softmax(w/T) restricted, in this order, by top-k, min-p
+// (relative to the most likely token) and top-p (over the top-k
+// distribution). It never sorts the whole vocabulary: only the tokens above a
+// probability threshold that is lowered until it provably contains the
+// kept set.
 func (s *sampler) draw(w []float32) int32 {
 	p := s.p
 	inv := 1 / p.Temperature
@@ -144,49 +148,68 @@ func (s *sampler) draw(w []float32) int32 {
 			maxv = x
 		}
 	}
+	if math.IsInf(float64(maxv), -1) || math.IsNaN(float64(maxv)) {
+		return int32(Argmax(w))
+	}
 	if p.TopK == 0 && p.TopP >= 1 && p.MinP == 0 {
 		return s.drawAll(w, maxv, inv)
 	}
-	// Candidates sorted by logit, descending (ties by id), cut by top-k.
+	// A logit more than 40 nats under the best contributes < 5e-18 of the
+	// mass: skip its exp.
+	// Unnormalised probabilities: the most likely token has 1.
+	probs := s.probs[:0]
+	var total float64
+	for _, x := range w {
+		q := 0.0
+		if z := float64((x - maxv) * inv); z > -40 {
+			q = fastExp(z)
+		}
+		probs = append(probs, q)
+		total += q
+	}
+	s.probs = probs
 	order := s.order[:0]
-	for i, x := range w {
-		if !math.IsNaN(float64(x)) && !math.IsInf(float64(x), -1) {
-			order = append(order, int32(i))
+	for tau := 1.0 / 64; ; tau /= 64 {
+		order = order[:0]
+		var mass float64
+		for i, q := range probs {
+			if q >= tau && q > 0 {
+				order = append(order, int32(i))
+				mass += q
+			}
+		}
+		enoughK := p.TopK > 0 && len(order) >= p.TopK
+		enoughP := p.TopK == 0 && mass >= float64(p.TopP)*total
+		enoughMin := p.TopK == 0 && p.TopP >= 1 && tau <= float64(p.MinP)
+		if enoughK || enoughP || enoughMin || tau < 1e-300 || len(order) == len(probs) {
+			break
 		}
 	}
 	s.order = order
-	if len(order) == 0 {
-		return int32(Argmax(w))
-	}
 	sort.Slice(order, func(a, b int) bool {
-		wa, wb := w[order[a]], w[order[b]]
-		return wa > wb || (wa == wb && order[a] < order[b])
+		qa, qb := probs[order[a]], probs[order[b]]
+		return qa > qb || (qa == qb && order[a] < order[b])
 	})
+	norm := total
 	if p.TopK > 0 && p.TopK < len(order) {
 		order = order[:p.TopK]
 	}
-	probs := make([]float64, len(order))
-	var sum float64
-	for i, t := range order {
-		probs[i] = math.Exp(float64((w[t] - maxv) * inv))
-		sum += probs[i]
+	if p.TopK > 0 {
+		norm = 0
+		for _, t := range order {
+			norm += probs[t]
+		}
 	}
-	for i := range probs {
-		probs[i] /= sum
-	}
-	// min-p: drop tokens below min_p × the top probability.
 	n := len(order)
 	if p.MinP > 0 {
-		floor := float64(p.MinP) * probs[0]
-		for n > 1 && probs[n-1] < floor {
+		for n > 1 && probs[order[n-1]] < float64(p.MinP) {
 			n--
 		}
 	}
-	// top-p: the smallest prefix whose mass reaches top_p.
 	if p.TopP < 1 {
 		var c float64
 		for i := 0; i < n; i++ {
-			c += probs[i]
+			c += probs[order[i]] / norm
 			if c >= float64(p.TopP) {
 				n = i + 1
 				break
@@ -194,14 +217,14 @@ func (s *sampler) draw(w []float32) int32 {
 		}
 	}
 	var mass float64
-	for i := 0; i < n; i++ {
-		mass += probs[i]
+	for _, t := range order[:n] {
+		mass += probs[t]
 	}
 	u := s.rng.Float64() * mass
-	for i := 0; i < n; i++ {
-		u -= probs[i]
+	for _, t := range order[:n] {
+		u -= probs[t]
 		if u < 0 {
-			return order[i]
+			return t
 		}
 	}
 	return order[n-1]
@@ -209,24 +232,25 @@ func (s *sampler) draw(w []float32) int32 {
 
 // drawAll samples from the whole softmax(w/T) without sorting.
 func (s *sampler) drawAll(w []float32, maxv, inv float32) int32 {
+	probs := s.probs[:0]
 	var sum float64
 	for _, x := range w {
-		if !math.IsNaN(float64(x)) {
-			sum += math.Exp(float64((x - maxv) * inv))
+		q := 0.0
+		if z := float64((x - maxv) * inv); z > -40 {
+			q = fastExp(z)
 		}
+		probs = append(probs, q)
+		sum += q
 	}
+	s.probs = probs
 	u := s.rng.Float64() * sum
-	last := int32(Argmax(w))
-	for i, x := range w {
-		if math.IsNaN(float64(x)) {
-			continue
-		}
-		u -= math.Exp(float64((x - maxv) * inv))
-		if u < 0 {
+	for i, q := range probs {
+		u -= q
+		if u < 0 && q > 0 {
 			return int32(i)
 		}
 	}
-	return last
+	return int32(Argmax(w))
 }
 
 // logprobOf is tok's log-softmax under logits, with the top alternatives.
@@ -243,20 +267,28 @@ func logprobOf(logits []float32, tok int32, top int, decode func(int32) string) 
 	lp := func(t int32) float32 { return float32(float64(logits[t]) - lse) }
 	out := &Logprob{TokenLogprob: TokenLogprob{ID: tok, Text: decode(tok), Logprob: lp(tok)}}
 	if top > 0 {
-		idx := make([]int32, len(logits))
-		for i := range idx {
-			idx[i] = int32(i)
+		// Keep the best `top` ids in a small sorted slice (logit desc, id asc).
+		best := make([]int32, 0, top+1)
+		better := func(a, b int32) bool {
+			return logits[a] > logits[b] || (logits[a] == logits[b] && a < b)
 		}
-		slices.SortFunc(idx, func(a, b int32) int {
-			switch {
-			case logits[a] > logits[b]:
-				return -1
-			case logits[a] < logits[b]:
-				return 1
+		for i := range logits {
+			t := int32(i)
+			if math.IsNaN(float64(logits[t])) || (len(best) == top && !better(t, best[top-1])) {
+				continue
 			}
-			return int(a - b)
-		})
-		for _, t := range idx[:min(top, len(idx))] {
+			j := len(best)
+			best = append(best, t)
+			for j > 0 && better(t, best[j-1]) {
+				best[j] = best[j-1]
+				j--
+			}
+			best[j] = t
+			if len(best) > top {
+				best = best[:top]
+			}
+		}
+		for _, t := range best {
 			out.Top = append(out.Top, TokenLogprob{ID: t, Text: decode(t), Logprob: lp(t)})
 		}
 	}

@@ -2,8 +2,11 @@ package engine
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -176,22 +179,26 @@ func (e *Engine) step() {
 		return
 	}
 	V := e.vocab
-	row := 0
 	now := time.Now()
-	generated := 0
+	// Sample every sequence's next token in parallel (each sampler is
+	// independent), then deliver them in order.
+	var picks []pick
 	for _, en := range plan {
-		s := en.s
-		s.computed += en.n
-		e.commitBlocks(s)
-		if !en.sample || s.done {
-			continue
+		en.s.computed += en.n
+		e.commitBlocks(en.s)
+		if en.sample && !en.s.done {
+			row := len(picks)
+			picks = append(picks, pick{s: en.s, logits: logits[row*V : (row+1)*V]})
 		}
-		lg := logits[row*V : (row+1)*V]
-		row++
+	}
+	parallelPicks(picks)
+	generated := 0
+	for _, pk := range picks {
+		s := pk.s
 		if s.index == 0 && s.computed == s.prompt && len(s.req.seqs) == 1 && s.req.r.Sampling.N > 1 {
-			e.fork(s, lg, now)
+			e.fork(s, pk.logits, now)
 		}
-		e.emit(s, lg, now)
+		e.deliver(s, pk.tok, pk.lp, now)
 		generated++
 	}
 	e.opts.Metrics.GenerationTokens(generated)
@@ -269,10 +276,48 @@ func (e *Engine) fork(s *sequence, logits []float32, now time.Time) {
 	}
 }
 
+// pick is one sequence's sampling work in a step.
+type pick struct {
+	s      *sequence
+	logits []float32 // [V]
+	tok    int32
+	lp     *Logprob
+}
+
+// parallelPicks samples every pick, spread over the cores.
+func parallelPicks(picks []pick) {
+	workers := min(len(picks), runtime.GOMAXPROCS(0))
+	if workers <= 1 {
+		for i := range picks {
+			pk := &picks[i]
+			pk.tok, pk.lp = pk.s.sampler.sample(pk.logits, pk.s.text.tokenText)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(picks); i = int(next.Add(1) - 1) {
+				pk := &picks[i]
+				pk.tok, pk.lp = pk.s.sampler.sample(pk.logits, pk.s.text.tokenText)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
 // emit samples s's next token from logits and streams it.
 func (e *Engine) emit(s *sequence, logits []float32, now time.Time) {
+	tok, lp := s.sampler.sample(logits, s.text.tokenText)
+	e.deliver(s, tok, lp, now)
+}
+
+// deliver appends a sampled token to s and streams it.
+func (e *Engine) deliver(s *sequence, tok int32, lp *Logprob, now time.Time) {
 	p := &s.req.r.Sampling
-	tok, lp := s.sampler.sample(logits, e.tokenText)
 	s.sampler.observe(tok)
 	s.tokens = append(s.tokens, tok)
 	r := s.req
@@ -314,15 +359,6 @@ func (e *Engine) emit(s *sequence, logits []float32, now time.Time) {
 		ev.Text += s.text.flush()
 	}
 	e.finishWith(s, reason, nil, ev)
-}
-
-// tokenText is one token's text (for logprobs).
-func (e *Engine) tokenText(t int32) string {
-	s, err := e.tok.Decode([]int32{t}, false)
-	if err != nil {
-		return ""
-	}
-	return s
 }
 
 // finish ends s with reason, emitting a final event.

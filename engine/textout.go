@@ -53,6 +53,15 @@ func (o *textOut) add(id int32) (string, bool, error) {
 	return o.release(false)
 }
 
+// tokenText is one token's own text (for logprobs).
+func (o *textOut) tokenText(t int32) string {
+	s, err := o.tok.Decode([]int32{t}, false)
+	if err != nil {
+		return ""
+	}
+	return s
+}
+
 // flush returns whatever text is still held back (at the end of output).
 func (o *textOut) flush() string {
 	s, _, _ := o.release(true)
