@@ -3,11 +3,7 @@ GO      ?= go
 BIN     := bin/mkserve
 export CGO_ENABLED := 0
 
-# The model `make run` uses until the trained default model lands.
-RUN_MODEL  ?= models/testdata/golden/qwen3_moe
-RUN_PROMPT ?= Once upon a time
-
-.PHONY: all build test vet run bench fuzz golden clean
+.PHONY: all build test vet run bench fuzz proto clean
 
 all: build
 
@@ -21,17 +17,25 @@ vet:
 test: vet
 	$(GO) test -race -timeout 30m ./...
 
+# Serve the bundled default model: HTTP on 127.0.0.1:8000, gRPC on 127.0.0.1:50051.
 run: build
-	./$(BIN) generate --model $(RUN_MODEL) --prompt "$(RUN_PROMPT)" --max-tokens 24
+	./$(BIN) serve --log-format console
+
+# Regenerate proto/mkserve/v1 (needs protoc: apt-get install -y protobuf-compiler).
+proto:
+	bash proto/gen.sh
 
 # CPU benchmarks recorded in docs/PERF.md.
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./linalg ./backend/cpu ./models
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./linalg ./backend/cpu ./engine
 
 # A short run of every native fuzz target.
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzOpen -fuzztime 30s ./models/safetensors
 	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime 30s ./models
+	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime 30s ./server/grpcapi
+	$(GO) test -run '^$$' -fuzz FuzzCompletionRequest -fuzztime 30s ./server/httpapi
+	$(GO) test -run '^$$' -fuzz FuzzChatRequest -fuzztime 30s ./server/httpapi
 
 clean:
 	rm -rf bin .dev

@@ -60,17 +60,21 @@ type Engine struct {
 
 // Defaults of the settings engine.DefaultConfig does not cover.
 const (
+	// DefaultModel is the small trained checkpoint committed to the
+	// repository, relative to its root (where `make run` starts the server).
+	DefaultModel        = "models/default"
 	DefaultHTTPAddr     = "127.0.0.1:8000"
 	DefaultGRPCAddr     = "127.0.0.1:50051"
 	DefaultMaxBodyBytes = 8 << 20
 	DefaultDrainTimeout = 30 * time.Second
 )
 
-// Default returns the settings used where nothing else sets a value. Its
-// Model is empty, so it does not validate until a model is given.
+// Default returns the settings used where nothing else sets a value: the
+// bundled default model on the CPU.
 func Default() *Config {
 	e := engine.DefaultConfig()
 	return &Config{
+		Model:        DefaultModel,
 		Backend:      "cpu",
 		HTTPAddr:     DefaultHTTPAddr,
 		GRPCAddr:     DefaultGRPCAddr,

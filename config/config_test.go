@@ -299,8 +299,11 @@ func TestValidate(t *testing.T) {
 	if _, err := Parse(newFS(), []string{"--model", "m", "--backend", "tpu"}, env(nil)); err == nil || !strings.Contains(err.Error(), "backend") {
 		t.Errorf("bad backend: %v", err)
 	}
-	if _, err := Parse(newFS(), nil, env(nil)); err == nil || !strings.Contains(err.Error(), "model") {
-		t.Errorf("no model: %v", err)
+	if c, err := Parse(newFS(), nil, env(nil)); err != nil || c.Model != DefaultModel {
+		t.Errorf("no flags: model %v, %v; want the default model", c, err)
+	}
+	if _, err := Parse(newFS(), []string{"--model", ""}, env(nil)); err == nil || !strings.Contains(err.Error(), "model") {
+		t.Errorf("empty model: %v", err)
 	}
 }
 
@@ -372,6 +375,8 @@ func TestPresets(t *testing.T) {
 
 func TestModelName(t *testing.T) {
 	c := Default()
+	eq(t, c.ModelName(), "default")
+	c.Model = ""
 	eq(t, c.ModelName(), "")
 	c.Model = "/models/Qwen3-30B-A3B/"
 	eq(t, c.ModelName(), "Qwen3-30B-A3B")

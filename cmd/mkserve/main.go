@@ -1,5 +1,6 @@
 // Command mkserve is the MoE inference server and its tools.
 //
+//	mkserve serve    [--config FILE] [--model DIR] [--http-addr A] [--grpc-addr A] ...
 //	mkserve logits   --model DIR --ids 3,17,42 [--ep R]
 //	mkserve generate --model DIR --prompt TEXT --max-tokens N [--ep R]
 //	mkserve tokenize --tokenizer FILE | --model DIR   (text on stdin)
@@ -22,8 +23,10 @@ type command struct {
 
 func commands() []command {
 	return []command{
+		{"serve", "serve the OpenAI-compatible HTTP API, gRPC and /metrics", cmdServe},
 		{"logits", "print float32 logits of every position as JSON", cmdLogits},
 		{"generate", "greedy-decode a prompt and print the text", cmdGenerate},
 		{"tokenize", "print the token ids of stdin as JSON", cmdTokenize},
+		{"bench", "benchmarks: serve (load test of a running server)", cmdBench},
 	}
 }

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/signal"
+	"strconv"
+	"time"
+
+	"github.com/mkserve/mkserve/loadgen"
+)
+
+// cmdBench dispatches `mkserve bench <what>`.
+func cmdBench(args []string, stdin io.Reader, stdout io.Writer) error {
+	benches := map[string]func([]string, io.Writer) error{
+		"serve": benchServe,
+	}
+	if len(args) == 0 {
+		return fmt.Errorf("usage: mkserve bench serve [flags]")
+	}
+	f, ok := benches[args[0]]
+	if !ok {
+		return fmt.Errorf("unknown benchmark %q (available: serve)", args[0])
+	}
+	return f(args[1:], stdout)
+}
+
+// benchServe is a serving load test in the manner of vLLM's
+// benchmark_serving: a table on stdout, or JSON with --json.
+func benchServe(args []string, stdout io.Writer) error {
+	fs := newFlags("bench serve")
+	o := loadgen.Options{}
+	fs.StringVar(&o.BaseURL, "base-url", "http://127.0.0.1:8000", "server root URL")
+	fs.StringVar(&o.Model, "model", "", "model name sent with each request")
+	fs.StringVar(&o.APIKey, "api-key", os.Getenv("OPENAI_API_KEY"), "bearer token (default $OPENAI_API_KEY)")
+	fs.StringVar(&o.Endpoint, "endpoint", "completions", "completions or chat")
+	fs.IntVar(&o.NumPrompts, "num-prompts", 200, "requests to send")
+	rate := fs.String("request-rate", "inf", "mean requests per second (Poisson arrivals); inf sends all at once")
+	fs.IntVar(&o.MaxConcurrency, "max-concurrency", 0, "requests in flight at most (0: no cap)")
+	in := fs.String("random-input-len", "128", "prompt length: N, LO:HI, uniform:LO:HI or normal:MEAN:STD")
+	out := fs.String("random-output-len", "64", "output length, same forms")
+	fs.Int64Var(&o.Seed, "seed", 0, "random seed")
+	fs.DurationVar(&o.Timeout, "timeout", 0, "per-request timeout (0: none)")
+	asJSON := fs.Bool("json", false, "print the result as JSON instead of a table")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	switch o.Endpoint {
+	case "completions", "/v1/completions":
+		o.Endpoint = loadgen.EndpointCompletions
+	case "chat", "/v1/chat/completions":
+		o.Endpoint = loadgen.EndpointChat
+	default:
+		return fmt.Errorf("--endpoint must be completions or chat, got %q", o.Endpoint)
+	}
+	r, err := strconv.ParseFloat(*rate, 64)
+	if err != nil || r < 0 || math.IsNaN(r) {
+		return fmt.Errorf("--request-rate must be a non-negative number or inf, got %q", *rate)
+	}
+	o.RequestRate = r
+	if o.PromptLen, err = loadgen.ParseDist(*in); err != nil {
+		return fmt.Errorf("--random-input-len: %w", err)
+	}
+	if o.OutputLen, err = loadgen.ParseDist(*out); err != nil {
+		return fmt.Errorf("--random-output-len: %w", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), serveSignals...)
+	defer stop()
+	start := time.Now()
+	res, err := loadgen.Run(ctx, o)
+	if err != nil && res == nil {
+		return err
+	}
+	if *asJSON {
+		b, jerr := res.JSON()
+		if jerr != nil {
+			return jerr
+		}
+		_, werr := fmt.Fprintf(stdout, "%s\n", b)
+		if werr != nil {
+			return werr
+		}
+	} else if terr := res.Table(stdout); terr != nil {
+		return terr
+	}
+	if err != nil {
+		return fmt.Errorf("stopped after %s: %w", time.Since(start).Round(time.Millisecond), err)
+	}
+	return nil
+}

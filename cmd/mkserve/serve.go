@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/backend/cpu"
+	"github.com/mkserve/mkserve/chat"
+	"github.com/mkserve/mkserve/config"
+	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/metrics"
+	"github.com/mkserve/mkserve/models"
+	"github.com/mkserve/mkserve/server/grpcapi"
+	"github.com/mkserve/mkserve/server/httpapi"
+	"github.com/mkserve/mkserve/tokenizer"
+)
+
+// lateGenerator lets the servers start (and answer /health with 503) while
+// the model loads; it forwards to the engine once set.
+type lateGenerator struct {
+	name   string
+	engine atomic.Pointer[engine.Engine]
+}
+
+func (g *lateGenerator) Generate(ctx context.Context, r *engine.Request) (<-chan engine.Event, error) {
+	e := g.engine.Load()
+	if e == nil {
+		return nil, engine.ErrDraining
+	}
+	return e.Generate(ctx, r)
+}
+
+func (g *lateGenerator) ModelName() string { return g.name }
+
+func (g *lateGenerator) MaxContext() int {
+	if e := g.engine.Load(); e != nil {
+		return e.MaxContext()
+	}
+	return 0
+}
+
+// serveSignals are the signals that start a graceful shutdown.
+var serveSignals = []os.Signal{syscall.SIGTERM, syscall.SIGINT}
+
+func cmdServe(args []string, _ io.Reader, _ io.Writer) error {
+	ctx, stop := signal.NotifyContext(context.Background(), serveSignals...)
+	defer stop()
+	return serve(ctx, args, os.LookupEnv, nil)
+}
+
+// serve runs the server until ctx ends, then drains and returns nil. ready,
+// when not nil, receives the bound HTTP and gRPC addresses once the model
+// is loaded and requests are accepted (for tests).
+func serve(ctx context.Context, args []string, lookup func(string) (string, bool), ready func(httpAddr, grpcAddr string)) error {
+	fs := newFlags("serve")
+	cfg, err := config.Parse(fs, args, lookup)
+	if err != nil {
+		return err
+	}
+	log, err := cfg.NewLogger()
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+
+	// Tokenizer and chat template first: they are small, and the servers need them.
+	tok, err := tokenizer.LoadDir(cfg.Model)
+	if err != nil {
+		return err
+	}
+	var tmpl *chat.Template
+	if src := tok.Config().ChatTemplate; src != "" {
+		if tmpl, err = chat.Compile(src); err != nil {
+			return fmt.Errorf("%s: chat template: %w", cfg.Model, err)
+		}
+	}
+	reg := metrics.NewRegistry()
+	met := metrics.New(reg, cfg.ModelName())
+	gen := &lateGenerator{name: cfg.ModelName()}
+
+	// Servers up before the model: /health answers 503 until ready.
+	hs := httpapi.New(gen, tok, tmpl, httpapi.Options{
+		APIKey: cfg.APIKey, CORSOrigins: cfg.CORSOrigins, MaxBodyBytes: cfg.MaxBodyBytes,
+		Logger: log, LogPrompts: cfg.LogPrompts, Metrics: metrics.Handler(reg),
+	})
+	hl, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("http_addr %s: %w", cfg.HTTPAddr, err)
+	}
+	httpSrv := &http.Server{Handler: hs.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	httpErr := make(chan error, 1)
+	go func() { httpErr <- httpSrv.Serve(hl) }()
+
+	var gs *grpc.Server
+	var gapi *grpcapi.Server
+	grpcAddr := ""
+	if cfg.GRPCAddr != "" {
+		gapi = grpcapi.New(gen, tok, grpcapi.Options{Logger: log, Registerer: reg})
+		gs = grpc.NewServer(gapi.ServerOptions()...)
+		gapi.Register(gs)
+		gl, err := net.Listen("tcp", cfg.GRPCAddr)
+		if err != nil {
+			httpSrv.Close()
+			return fmt.Errorf("grpc_addr %s: %w", cfg.GRPCAddr, err)
+		}
+		grpcAddr = gl.Addr().String()
+		go func() { _ = gs.Serve(gl) }()
+	}
+	log.Info("listening", zap.String("http", hl.Addr().String()), zap.String("grpc", grpcAddr), zap.String("model", cfg.Model))
+
+	// The model.
+	start := time.Now()
+	var be backend.Backend
+	switch cfg.Backend {
+	case "cpu":
+		be = cpu.New(cpu.Options{EPRanks: cfg.EP})
+	default:
+		httpSrv.Close()
+		if gs != nil {
+			gs.Stop()
+		}
+		return fmt.Errorf("backend %q is not available in this build (available: cpu)", cfg.Backend)
+	}
+	loaded, err := models.Load(cfg.Model, be, models.LoadOptions{})
+	if err != nil {
+		httpSrv.Close()
+		if gs != nil {
+			gs.Stop()
+		}
+		return err
+	}
+	defer loaded.Close()
+	eng, err := engine.New(loaded.Model, be, tok, cfg.EngineConfig(), engine.Options{
+		Name: cfg.ModelName(), EOS: stopIDs(loaded), Metrics: met, Logger: log,
+	})
+	if err != nil {
+		httpSrv.Close()
+		if gs != nil {
+			gs.Stop()
+		}
+		return err
+	}
+	gen.engine.Store(eng)
+	hs.SetReady(true)
+	if gapi != nil {
+		gapi.SetServing(true)
+	}
+	ec := eng.Config()
+	log.Info("ready", zap.Duration("load_time", time.Since(start)), zap.String("architecture", loaded.Config.Architecture),
+		zap.Int("max_model_len", ec.MaxModelLen), zap.Int("kv_blocks", eng.Stats().BlocksFree), zap.Int("block_size", ec.BlockSize))
+	if ready != nil {
+		ready(hl.Addr().String(), grpcAddr)
+	}
+
+	select {
+	case <-ctx.Done():
+	case err := <-httpErr:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http server: %w", err)
+		}
+	}
+
+	// Drain: refuse new work, let running requests finish within the timeout.
+	log.Info("draining", zap.Duration("timeout", cfg.DrainTimeout))
+	hs.SetDraining(true)
+	if gapi != nil {
+		gapi.SetServing(false)
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout)
+	defer cancel()
+	if err := eng.Shutdown(dctx); err != nil {
+		log.Warn("drain timed out; remaining requests aborted", zap.Error(err))
+	}
+	_ = httpSrv.Shutdown(dctx)
+	if gs != nil {
+		stopped := make(chan struct{})
+		go func() { gs.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-dctx.Done():
+			gs.Stop()
+		}
+	}
+	log.Info("stopped")
+	return nil
+}
