@@ -52,10 +52,11 @@ type panelKernel func(p *float32, b *float32, ldb int, n int, c *float32, ldc in
 // panelM is the number of rows of a in a packed panel.
 const panelM = 16
 
-// Blocking parameters, in elements. Dot path: kc columns of a tile's rows of
-// a stay in L1 while nc rows of b (kc columns each) stream from L2. Packed
-// path: a panel of panelM rows × kcP columns stays in L1 while ncP rows of b
-// stay in L2 across all panels.
+// Blocking parameters, in elements, tuned on a Zen 3 core (32 KB L1d, 512 KB
+// L2). Dot path: kc columns of a tile's rows of a stay in L1 while nc rows of
+// b (kc columns each) stream from L2. Packed path: a panel of panelM rows ×
+// kcP columns (at most 256 KB) stays in L2 while the tiles of ncP rows of b
+// pass over it; long k blocks keep the transposed stores of results rare.
 var (
 	blockK  = 1024
 	blockN  = 48
