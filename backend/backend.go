@@ -73,6 +73,7 @@ type MLP struct {
 // MoELayer is a sparse expert layer with its router. Expert weights are
 // stacked over experts so that a backend can run them as a grouped GEMM.
 type MoELayer struct {
+	Layer      int // decoder layer index (for expert-load statistics)
 	Router     moe.RouterConfig
 	Gate       Tensor // [E, H] router weight
 	GateBias   Tensor // [E] router bias (gpt-oss) or nil
@@ -85,6 +86,14 @@ type MoELayer struct {
 	// Shared experts, always applied, added to the routed output.
 	Shared     *MLP   // or nil
 	SharedGate Tensor // [1, H]: out += sigmoid(x·g) * shared(x) (Qwen2-MoE); nil: ungated
+}
+
+// ExpertCounter is implemented by backends that count how many tokens each
+// expert of each MoE layer received.
+type ExpertCounter interface {
+	// TakeExpertLoad returns the counts since the previous call, per layer
+	// index: tokens routed to each expert.
+	TakeExpertLoad() map[int][]int64
 }
 
 // Backend is the set of operations model families are written against.

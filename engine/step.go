@@ -202,6 +202,11 @@ func (e *Engine) step() {
 		generated++
 	}
 	e.opts.Metrics.GenerationTokens(generated)
+	if c, ok := e.be.(backend.ExpertCounter); ok && e.opts.Metrics != nil {
+		for layer, counts := range c.TakeExpertLoad() {
+			e.opts.Metrics.ExpertLoad(layer, counts)
+		}
+	}
 	e.dropFinished()
 	e.publish()
 }

@@ -111,6 +111,9 @@ func loadDecoder(cfg *Config, w *Weights, be backend.Backend, blocks layerBlocks
 		if l.attn, l.ffn, err = blocks(i); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", i, err)
 		}
+		if f, ok := l.ffn.(*moeFFN); ok {
+			f.l.Layer = i
+		}
 		d.layers = append(d.layers, l)
 	}
 	return d, nil

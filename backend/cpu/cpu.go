@@ -41,11 +41,17 @@ type Backend struct {
 	kv    map[uint64]*seqCache // sequence ID → its layers' KV caches (unpaged spans)
 	paged *pagedKV             // the paged pool (spans with a block table), after InitKV
 
+	loadMu sync.Mutex
+	load   map[int][]int64 // layer → tokens per expert since the last TakeExpertLoad
+
 	epMu sync.Mutex
 	eps  map[*backend.MoELayer]*epWorld // one EP world per MoE layer, kept for the backend's life
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend       = (*Backend)(nil)
+	_ backend.ExpertCounter = (*Backend)(nil)
+)
 
 // New returns a CPU backend.
 func New(opts Options) *Backend {

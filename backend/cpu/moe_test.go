@@ -222,3 +222,30 @@ func TestMoEShapePanics(t *testing.T) {
 		mustPanic(t, "cpu.MoE: "+p.want, func() { be.MoE(x, &bad) })
 	}
 }
+
+// TestExpertLoad: the counters see every routed (token, slot) once, per
+// layer, and are reset by TakeExpertLoad.
+func TestExpertLoad(t *testing.T) {
+	r := newRand(t)
+	c := moeCases[0]
+	be := New(Options{})
+	x, l := c.build(r)
+	l.Layer = 3
+	be.MoE(x, l)
+	l2 := *l
+	l2.Layer = 5
+	be.MoE(randT(r, 4, c.H), &l2)
+	got := be.TakeExpertLoad()
+	for layer, want := range map[int]int64{3: int64(c.T * c.router.TopK), 5: int64(4 * c.router.TopK)} {
+		var sum int64
+		for _, n := range got[layer] {
+			sum += n
+		}
+		if sum != want || len(got[layer]) != c.E {
+			t.Errorf("layer %d: %d routed over %d experts, want %d over %d", layer, sum, len(got[layer]), want, c.E)
+		}
+	}
+	if again := be.TakeExpertLoad(); len(again) != 0 {
+		t.Errorf("counters not reset: %v", again)
+	}
+}

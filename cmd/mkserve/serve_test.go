@@ -128,7 +128,7 @@ func TestServeEndToEnd(t *testing.T) {
 	}
 	text, _ := io.ReadAll(mresp.Body)
 	mresp.Body.Close()
-	for _, want := range []string{`mkserve:generation_tokens_total{model_name="default"}`, "mkserve:time_to_first_token_seconds_bucket", "go_goroutines"} {
+	for _, want := range []string{`mkserve:generation_tokens_total{model_name="default"}`, "mkserve:time_to_first_token_seconds_bucket", "go_goroutines", "mkserve:moe_expert_tokens_total", "mkserve:moe_load_imbalance"} {
 		if !strings.Contains(string(text), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
