@@ -4,9 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,5 +154,138 @@ func TestServeBadConfig(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("serve %v = %v, want an error naming %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// metricValue reads one unlabelled-by-anything-but-model series from /metrics.
+func metricValue(t *testing.T, c *http.Client, h, name string) float64 {
+	t.Helper()
+	resp, err := c.Get("http://" + h + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+"{") {
+			var v float64
+			if _, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v); err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("/metrics has no %s", name)
+	return 0
+}
+
+// streamChat posts a streaming completion and reads it to the end; it
+// returns the HTTP status and the number of data chunks.
+func streamCompletion(c *http.Client, h string, maxTokens int) (int, int, error) {
+	body := fmt.Sprintf(`{"model":"default","prompt":"And God said","max_tokens":%d,"stream":true,"ignore_eos":true}`, maxTokens)
+	resp, err := c.Post("http://"+h+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	n := 0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "data: {") {
+			n++
+		}
+	}
+	return resp.StatusCode, n, sc.Err()
+}
+
+// TestServeUnderLoad: 200 concurrent streaming requests on the default model
+// all complete; afterwards no KV block is in use and, once the server has
+// stopped, no goroutine is left over. A client that disconnects mid-stream
+// frees its blocks.
+func TestServeUnderLoad(t *testing.T) {
+	before := runtime.NumGoroutine()
+	tr := &http.Transport{MaxIdleConnsPerHost: 256}
+	c := &http.Client{Transport: tr}
+	h, _, stop := startServe(t, "--model", "../../models/default", "--max-num-seqs", "64")
+	var wg sync.WaitGroup
+	var ok atomic.Int32
+	for i := 0; i < 200; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			status, chunks, err := streamCompletion(c, h, 8)
+			if err == nil && status == 200 && chunks >= 8 {
+				ok.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if ok.Load() != 200 {
+		t.Errorf("%d of 200 concurrent streams completed", ok.Load())
+	}
+	// Disconnect mid-stream.
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+h+"/v1/completions",
+		strings.NewReader(`{"model":"default","prompt":"And God said","max_tokens":900,"stream":true,"ignore_eos":true}`))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	for i := 0; i < 6; i++ { // a few chunks in
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if u := metricValue(t, c, h, "mkserve:kv_cache_usage_perc"); u == 0 {
+		t.Errorf("a running stream holds no KV blocks")
+	}
+	cancel()
+	resp.Body.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for metricValue(t, c, h, "mkserve:kv_cache_usage_perc") != 0 || metricValue(t, c, h, "mkserve:num_requests_running") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("blocks still in use 10s after the client went away")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stop()
+	tr.CloseIdleConnections()
+	deadline = time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before {
+		t.Errorf("%d goroutines before the server, %d after it stopped", before, n)
+	}
+}
+
+// TestServeQueueFull: with room for one waiting request, a burst gets 429s
+// while the accepted requests are still served in full.
+func TestServeQueueFull(t *testing.T) {
+	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	h, _, stop := startServe(t, "--model", "../../models/default", "--max-queue", "1", "--max-num-seqs", "1")
+	defer stop()
+	var wg sync.WaitGroup
+	var served, rejected, other atomic.Int32
+	for i := 0; i < 40; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			status, chunks, err := streamCompletion(c, h, 24)
+			switch {
+			case err == nil && status == 200 && chunks >= 24:
+				served.Add(1)
+			case status == 429:
+				rejected.Add(1)
+			default:
+				other.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if rejected.Load() == 0 || served.Load() == 0 || other.Load() != 0 {
+		t.Errorf("served %d, rejected %d, other %d", served.Load(), rejected.Load(), other.Load())
 	}
 }
