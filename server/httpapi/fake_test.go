@@ -3,7 +3,6 @@ package httpapi
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,6 +21,7 @@ var (
 	testTok  *tokenizer.Tokenizer
 	testTmpl *chat.Template
 	safeIDs  []int32 // token ids whose text is printable ASCII
+	safeText = map[int32]string{}
 	tokErr   error
 )
 
@@ -44,6 +44,7 @@ func loadTok(t testing.TB) (*tokenizer.Tokenizer, *chat.Template) {
 				continue
 			}
 			safeIDs = append(safeIDs, id)
+			safeText[id] = s
 		}
 		if len(safeIDs) < 50 {
 			tokErr = fmt.Errorf("only %d printable tokens in %s", len(safeIDs), dir)
@@ -58,23 +59,38 @@ func loadTok(t testing.TB) (*tokenizer.Tokenizer, *chat.Template) {
 // gpt2Path is the shared GPT-2 tokenizer, relative to this package.
 var gpt2Path = filepath.Join("..", "..", "..", "shared", "tokenizers", "gpt2", "tokenizer.json")
 
+// tokText is the text of a printable token.
 func tokText(id int32) string {
-	s, err := testTok.Decode([]int32{id}, false)
-	if err != nil {
-		panic(err)
+	s, ok := safeText[id]
+	if !ok {
+		panic(fmt.Sprintf("token %d is not a printable test token", id))
 	}
 	return s
 }
 
 // tokenAt is the fake model: the k-th token of choice i after prompt, a
 // hash of all three (so a prompt, index or length mix-up changes the text).
-func tokenAt(prompt []int32, choice, k int) int32 {
-	h := fnv.New64a()
+func tokenAt(prompt []int32, choice, k int) int32 { return tokenAtHash(promptHash(prompt), choice, k) }
+
+// promptHash is FNV-1a over the prompt's ids.
+func promptHash(prompt []int32) uint64 {
+	h := uint64(14695981039346656037)
 	for _, id := range prompt {
-		fmt.Fprintf(h, "%d,", id)
+		for b := range 4 {
+			h ^= uint64(byte(uint32(id) >> (8 * b)))
+			h *= 1099511628211
+		}
 	}
-	fmt.Fprintf(h, "|%d|%d", choice, k)
-	return safeIDs[h.Sum64()%uint64(len(safeIDs))]
+	return h
+}
+
+func tokenAtHash(ph uint64, choice, k int) int32 {
+	// splitmix64 finalizer over the prompt hash, choice and position.
+	x := ph ^ uint64(choice)*0x9e3779b97f4a7c15 ^ uint64(k)*0xbf58476d1ce4e5b9
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	x ^= x >> 31
+	return safeIDs[x%uint64(len(safeIDs))]
 }
 
 // fakeLogprob is the fake's log-probability of token k of choice i, and of
@@ -86,6 +102,8 @@ func fakeLogprob(choice, k, j int) float32 {
 func fakeTop(prompt []int32, choice, k, j int) int32 {
 	return tokenAt(prompt, choice+1000*(j+1), k)
 }
+
+func fakeTopHash(ph uint64, choice, k, j int) int32 { return tokenAtHash(ph, choice+1000*(j+1), k) }
 
 // earliestStop is the start of the first stop string in text (-1: none).
 func earliestStop(text string, stops []string) int {
@@ -130,6 +148,8 @@ type fakeGen struct {
 	hold      bool  // after the first event, wait for ctx to end
 	failAt    int   // > 0: choice 0 fails with FinishError at this token
 	panics    bool
+	vocab     int            // ids the engine accepts (0: the test tokenizer's)
+	noRecord  bool           // keep no copies of requests (fuzzing)
 	cancelled chan string    // IDs whose ctx ended before their last event
 	running   sync.WaitGroup // event goroutines
 }
@@ -158,12 +178,27 @@ func (f *fakeGen) Generate(ctx context.Context, req *engine.Request) (<-chan eng
 	if sp.N < 1 || sp.MaxTokens < 1 || len(req.Prompt) == 0 || req.ID == "" {
 		return nil, fmt.Errorf("fake: invalid request %q n=%d max=%d prompt=%d", req.ID, sp.N, sp.MaxTokens, len(req.Prompt))
 	}
+	// What the real engine would refuse, the server must have refused.
+	if err := sp.Validate(); err != nil {
+		return nil, fmt.Errorf("fake: the engine refuses %+v: %w", sp, err)
+	}
+	vocab := f.vocab
+	if vocab == 0 {
+		vocab = testTok.VocabSize()
+	}
+	for _, id := range append(append([]int32(nil), req.Prompt...), sp.StopTokenIDs...) {
+		if id < 0 || int(id) >= vocab {
+			return nil, fmt.Errorf("fake: token id %d outside the vocabulary", id)
+		}
+	}
 	if len(req.Prompt)+sp.MaxTokens > f.maxCtx {
 		return nil, engine.ErrTooLong
 	}
-	f.mu.Lock()
-	f.reqs = append(f.reqs, *req)
-	f.mu.Unlock()
+	if !f.noRecord {
+		f.mu.Lock()
+		f.reqs = append(f.reqs, *req)
+		f.mu.Unlock()
+	}
 	events := f.script(req)
 	ch := make(chan engine.Event) // unbuffered: the server must keep reading
 	f.running.Add(1)
@@ -218,19 +253,20 @@ func (f *fakeGen) script(req *engine.Request) []engine.Event {
 	}
 	var events []engine.Event
 	generated := 0
+	ph := promptHash(req.Prompt)
 	for k := range sp.MaxTokens {
 		for i := range sp.N {
 			s := &st[i]
 			if s.done {
 				continue
 			}
-			id := tokenAt(req.Prompt, i, k)
+			id := tokenAtHash(ph, i, k)
 			generated++
 			ev := engine.Event{Index: i, TokenIDs: []int32{id}}
 			if sp.Logprobs {
 				lp := engine.Logprob{TokenLogprob: engine.TokenLogprob{ID: id, Text: tokText(id), Logprob: fakeLogprob(i, k, 0)}}
 				for j := range sp.TopLogprobs {
-					alt := fakeTop(req.Prompt, i, k, j)
+					alt := fakeTopHash(ph, i, k, j)
 					lp.Top = append(lp.Top, engine.TokenLogprob{ID: alt, Text: tokText(alt), Logprob: fakeLogprob(i, k, j+1)})
 				}
 				ev.Logprobs = []engine.Logprob{lp}

@@ -123,7 +123,9 @@ func decodeBody(data []byte, v any) *apiError {
 			if te.Field == "" {
 				return invalid("", "the request body must be a JSON object, not %s", jsonKind(te.Value))
 			}
-			return invalid(te.Field, "%s: expected %s, got %s", te.Field, goKind(te.Type), jsonKind(te.Value))
+			// Fields of the embedded parameter struct are reported under its name.
+			field := strings.TrimPrefix(te.Field, "sampling.")
+			return invalid(field, "%s: expected %s, got %s", field, goKind(te.Type), jsonKind(te.Value))
 		case errors.Is(err, io.ErrUnexpectedEOF):
 			return invalid("", "the request body is truncated JSON")
 		}
@@ -142,6 +144,8 @@ func jsonKind(v string) string {
 		return "an " + v
 	case v == "bool":
 		return "a boolean"
+	case v == "number":
+		return "a number"
 	case strings.HasPrefix(v, "number"):
 		return v
 	}

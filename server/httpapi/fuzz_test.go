@@ -1,0 +1,116 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// fuzzServer is one server over a fake with a short context, so fuzzed
+// requests stay cheap.
+func fuzzServer(f *testing.F) (http.Handler, *fakeGen) {
+	tok, tmpl := loadTok(f)
+	fake := newFake(48)
+	fake.noRecord = true
+	s := New(fake, tok, tmpl, Options{MaxBodyBytes: 1 << 16})
+	s.SetReady(true)
+	return s.Handler(), fake
+}
+
+// checkResponse asserts what every response to any body must satisfy:
+// no 5xx; an error is a 4xx in OpenAI's shape; a success is a well-formed
+// JSON body or SSE stream whose choices are numbered and finished.
+func checkResponse(t *testing.T, rec *httptest.ResponseRecorder, object string) {
+	t.Helper()
+	body := rec.Body.Bytes()
+	if rec.Code != http.StatusOK {
+		if rec.Code < 400 || rec.Code >= 500 {
+			t.Fatalf("status %d: %s", rec.Code, body)
+		}
+		checkError(t, body)
+		return
+	}
+	if strings.HasPrefix(rec.Header().Get("Content-Type"), "text/event-stream") {
+		for _, ev := range readSSE(t, bytes.NewReader(body)) {
+			if bytes.HasPrefix(ev, []byte(`{"error"`)) {
+				t.Fatalf("error event in a stream: %s", ev)
+			}
+			var ch struct{ Object string }
+			if err := json.Unmarshal(ev, &ch); err != nil || ch.Object != object+".chunk" && ch.Object != object {
+				t.Fatalf("chunk %s", ev)
+			}
+		}
+		return
+	}
+	var resp struct {
+		Object  string
+		Choices []struct {
+			Index        int
+			FinishReason string `json:"finish_reason"`
+		}
+		Usage struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+			TotalTokens      int `json:"total_tokens"`
+		}
+	}
+	if err := json.Unmarshal(body, &resp); err != nil || resp.Object != object || len(resp.Choices) == 0 {
+		t.Fatalf("response %s (%v)", body, err)
+	}
+	for i, c := range resp.Choices {
+		if c.Index != i || c.FinishReason == "" {
+			t.Fatalf("choice %d: %+v", i, c)
+		}
+	}
+	u := resp.Usage
+	if u.PromptTokens < 1 || u.CompletionTokens < len(resp.Choices) || u.TotalTokens != u.PromptTokens+u.CompletionTokens {
+		t.Fatalf("usage %+v", u)
+	}
+}
+
+func fuzzPost(h http.Handler, path string, body []byte) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+func FuzzCompletionRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt":"hello","max_tokens":3}`,
+		`{"model":"fake-moe","prompt":["a","b"],"n":2,"max_tokens":4,"stop":["x"],"logprobs":2}`,
+		`{"prompt":[1,2,3],"stream":true,"stream_options":{"include_usage":true},"max_tokens":2}`,
+		`{"prompt":[[5,6],[7]],"temperature":0.5,"top_p":0.9,"top_k":3,"min_p":0.1,"seed":-5}`,
+		`{"prompt":"x","presence_penalty":1,"frequency_penalty":-1,"repetition_penalty":1.2,"stop_token_ids":[4],"ignore_eos":true}`,
+		`{"prompt":"x","echo":true}`, `{"prompt":"x","max_tokens":1e9}`, `{"prompt":null}`, `[]`, `{`, ``,
+		`{"prompt":"x","max_completion_tokens":5,"best_of":1,"suffix":null,"user":"u","priority":-3}`,
+		`{"prompt":"` + strings.Repeat("word ", 60) + `"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	h, _ := fuzzServer(f)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		checkResponse(t, fuzzPost(h, "/v1/completions", body), "text_completion")
+	})
+}
+
+func FuzzChatRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"messages":[{"role":"user","content":"hi"}],"max_tokens":3}`,
+		`{"model":"fake-moe","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"}]}],"n":2,"max_completion_tokens":4,"logprobs":true,"top_logprobs":3}`,
+		`{"messages":[{"role":"user","content":"x"}],"stream":true,"stream_options":{"include_usage":true},"max_tokens":2,"stop":"a"}`,
+		`{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","content":"r","tool_call_id":"1"}],"max_tokens":2}`,
+		`{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"enable_thinking":false,"n":[1,{"a":null}]},"add_generation_prompt":false,"max_tokens":2}`,
+		`{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}`, `{"messages":[]}`, `{"messages":[{}]}`,
+		`{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"text"},"tool_choice":"none","seed":1}`,
+	} {
+		f.Add([]byte(s))
+	}
+	h, _ := fuzzServer(f)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		checkResponse(t, fuzzPost(h, "/v1/chat/completions", body), "chat.completion")
+	})
+}
