@@ -1,0 +1,78 @@
+// common.cuh — internal helpers shared by the libmkernel translation units:
+// the per-thread error text, call-checking macros and the library state.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+#include <thread>
+
+#include "mkernel.h"
+
+namespace mk {
+
+// fail records a printf-style message as the calling thread's last error
+// and returns code.
+int fail(int code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// State is the library's one device context; it belongs to the thread that
+// ran mk_init.
+struct State {
+  bool ready = false;
+  int device = -1;
+  std::thread::id owner;
+};
+State& state();
+
+// gemm_init creates the cuBLASLt/cuBLAS handles and workspace (gemm.cu).
+int gemm_init();
+
+// check_thread returns MK_OK when mk_init ran on the calling thread.
+int check_thread(const char* fn);
+
+inline cudaStream_t as_stream(uint64_t s) { return reinterpret_cast<cudaStream_t>(s); }
+inline cudaEvent_t as_event(uint64_t e) { return reinterpret_cast<cudaEvent_t>(e); }
+template <typename T>
+inline T* dev(uint64_t p) { return reinterpret_cast<T*>(p); }
+
+// float_from_bits reinterprets an IEEE-754 bit pattern.
+inline float float_from_bits(uint32_t b) {
+  float f;
+  static_assert(sizeof f == sizeof b, "float is 32 bits");
+  __builtin_memcpy(&f, &b, sizeof f);
+  return f;
+}
+
+}  // namespace mk
+
+// MK_CUDA returns MK_ERR_CUDA from the enclosing function when call fails,
+// naming the call, the error and the place.
+#define MK_CUDA(call)                                                                    \
+  do {                                                                                   \
+    cudaError_t mk_e_ = (call);                                                          \
+    if (mk_e_ != cudaSuccess)                                                            \
+      return mk::fail(MK_ERR_CUDA, "%s: %s (%s) at %s:%d", #call, cudaGetErrorString(mk_e_), \
+                      cudaGetErrorName(mk_e_), __FILE__, __LINE__);                      \
+  } while (0)
+
+// MK_LAUNCHED checks for a launch error after a <<<>>> launch of kernel `name`.
+#define MK_LAUNCHED(name)                                                                \
+  do {                                                                                   \
+    cudaError_t mk_e_ = cudaGetLastError();                                              \
+    if (mk_e_ != cudaSuccess)                                                            \
+      return mk::fail(MK_ERR_CUDA, "launch of %s: %s (%s) at %s:%d", name,               \
+                      cudaGetErrorString(mk_e_), cudaGetErrorName(mk_e_), __FILE__, __LINE__); \
+  } while (0)
+
+// MK_THREAD returns early unless mk_init ran on this thread.
+#define MK_THREAD(fn)                         \
+  do {                                        \
+    int mk_rc_ = mk::check_thread(fn);        \
+    if (mk_rc_ != MK_OK) return mk_rc_;       \
+  } while (0)
+
+// MK_ARG returns MK_ERR_ARG with a message when cond is false.
+#define MK_ARG(cond, ...)                                        \
+  do {                                                           \
+    if (!(cond)) return mk::fail(MK_ERR_ARG, __VA_ARGS__);       \
+  } while (0)

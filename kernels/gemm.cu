@@ -1,0 +1,181 @@
+// gemm.cu — C [M,N] = A [M,K] · B [N,K]ᵀ through cuBLASLt.
+//
+// Row-major C = A·Bᵀ is column-major Cᵀ [N,M] = B·Aᵀ. Row-major B [N,K] read
+// column-major is a K×N matrix with ld K, so op(B) = T gives N×K; row-major
+// A [M,K] read column-major is K×M with ld K and op(A) = N. cuBLAS is then
+// asked for the "TN" product m=N, n=M, k=K with its first operand B and its
+// second A, writing column-major N×M with ld N, which is row-major C [M,N].
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "common.cuh"
+
+namespace {
+
+const char* lt_status(cublasStatus_t s) { return cublasGetStatusName(s); }
+
+#define MK_BLAS(call)                                                                   \
+  do {                                                                                  \
+    cublasStatus_t mk_s_ = (call);                                                      \
+    if (mk_s_ != CUBLAS_STATUS_SUCCESS)                                                 \
+      return mk::fail(MK_ERR_CUBLAS, "%s: %s (%d) at %s:%d", #call, lt_status(mk_s_),   \
+                      (int)mk_s_, __FILE__, __LINE__);                                  \
+  } while (0)
+
+constexpr size_t kWorkspaceBytes = 64ull << 20;
+
+// Plan is one shape's cuBLASLt descriptors and chosen algorithm; fallback
+// marks shapes for which cuBLASLt offered none.
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo;
+  bool fallback = false;
+};
+
+// Key: m, n, k, C dtype, and the pointer alignments the algorithm was chosen for.
+using Key = std::tuple<int64_t, int64_t, int64_t, int32_t, uint32_t, uint32_t, uint32_t>;
+
+struct Gemm {
+  cublasLtHandle_t lt = nullptr;
+  cublasHandle_t blas = nullptr;
+  void* ws = nullptr;
+  std::mutex mu;
+  std::map<Key, Plan> plans;
+  uint64_t lt_calls = 0, fallback_calls = 0;
+};
+
+Gemm& gemm() {
+  static Gemm g;
+  return g;
+}
+
+// align_of is the largest power of two (≤ 256) dividing p.
+uint32_t align_of(uint64_t p) {
+  uint32_t a = 256;
+  while (a > 1 && (p % a) != 0) a >>= 1;
+  return a;
+}
+
+int make_plan(const Key& key, Plan* plan) {
+  Gemm& g = gemm();
+  auto [m, n, k, c_dtype, al_a, al_b, al_c] = key;
+  cudaDataType_t ct = c_dtype == MK_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
+  MK_BLAS(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  MK_BLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  MK_BLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  // cuBLAS's first operand is our B (K×N column-major, ld K), its second our A.
+  MK_BLAS(cublasLtMatrixLayoutCreate(&plan->la, CUDA_R_16BF, k, n, k));
+  MK_BLAS(cublasLtMatrixLayoutCreate(&plan->lb, CUDA_R_16BF, k, m, k));
+  MK_BLAS(cublasLtMatrixLayoutCreate(&plan->lc, ct, n, m, n));
+  cublasLtMatmulPreference_t pref = nullptr;
+  MK_BLAS(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws = kWorkspaceBytes;
+  // Operand roles are cuBLAS's: its A is our B.
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                              &al_b, sizeof al_b);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                              &al_a, sizeof al_a);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                              &al_c, sizeof al_c);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                              &al_c, sizeof al_c);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    cublasLtMatmulPreferenceDestroy(pref);
+    return mk::fail(MK_ERR_CUBLAS, "cublasLtMatmulPreferenceSetAttribute: %s", lt_status(st));
+  }
+  cublasLtMatmulHeuristicResult_t res;
+  memset(&res, 0, sizeof res);
+  int found = 0;
+  st = cublasLtMatmulAlgoGetHeuristic(g.lt, plan->op, plan->la, plan->lb, plan->lc, plan->lc,
+                                      pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
+    plan->fallback = true;
+    return MK_OK;
+  }
+  MK_BLAS(st);
+  plan->algo = res.algo;
+  return MK_OK;
+}
+
+}  // namespace
+
+namespace mk {
+
+int gemm_init() {
+  Gemm& g = gemm();
+  if (g.lt == nullptr) MK_BLAS(cublasLtCreate(&g.lt));
+  if (g.blas == nullptr) MK_BLAS(cublasCreate(&g.blas));
+  if (g.ws == nullptr) MK_CUDA(cudaMalloc(&g.ws, kWorkspaceBytes));
+  MK_BLAS(cublasSetWorkspace(g.blas, g.ws, kWorkspaceBytes));
+  return MK_OK;
+}
+
+}  // namespace mk
+
+extern "C" {
+
+int32_t mk_gemm_bf16(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int32_t c_dtype,
+                     int64_t m, int64_t n, int64_t k) {
+  MK_THREAD("mk_gemm_bf16");
+  MK_ARG(m > 0 && n > 0 && k > 0, "mk_gemm_bf16: bad shape M=%lld N=%lld K=%lld", (long long)m,
+         (long long)n, (long long)k);
+  MK_ARG(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX,
+         "mk_gemm_bf16: shape M=%lld N=%lld K=%lld exceeds int32", (long long)m, (long long)n,
+         (long long)k);
+  MK_ARG(c_dtype == MK_DTYPE_BF16 || c_dtype == MK_DTYPE_F32, "mk_gemm_bf16: bad C dtype %d",
+         c_dtype);
+  MK_ARG(a != 0 && b != 0 && c != 0, "mk_gemm_bf16: NULL operand");
+  Gemm& g = gemm();
+  std::lock_guard<std::mutex> lock(g.mu);
+  Key key{m, n, k, c_dtype, align_of(a), align_of(b), align_of(c)};
+  auto it = g.plans.find(key);
+  if (it == g.plans.end()) {
+    Plan p;
+    int rc = make_plan(key, &p);
+    if (rc != MK_OK) return rc;
+    it = g.plans.emplace(key, p).first;
+  }
+  const Plan& p = it->second;
+  const float alpha = 1.0f, beta = 0.0f;
+  cudaStream_t s = mk::as_stream(stream);
+  if (!p.fallback) {
+    MK_BLAS(cublasLtMatmul(g.lt, p.op, &alpha, mk::dev<void>(b), p.la, mk::dev<void>(a), p.lb,
+                           &beta, mk::dev<void>(c), p.lc, mk::dev<void>(c), p.lc, &p.algo, g.ws,
+                           kWorkspaceBytes, s));
+    g.lt_calls++;
+    return MK_OK;
+  }
+  cudaDataType_t ct = c_dtype == MK_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
+  MK_BLAS(cublasSetStream(g.blas, s));
+  MK_BLAS(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha,
+                       mk::dev<void>(b), CUDA_R_16BF, (int)k, mk::dev<void>(a), CUDA_R_16BF,
+                       (int)k, &beta, mk::dev<void>(c), ct, (int)n, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT));
+  g.fallback_calls++;
+  return MK_OK;
+}
+
+int32_t mk_gemm_stats(uint64_t* lt_calls, uint64_t* fallback_calls) {
+  MK_ARG(lt_calls != nullptr && fallback_calls != nullptr, "mk_gemm_stats: NULL argument");
+  Gemm& g = gemm();
+  std::lock_guard<std::mutex> lock(g.mu);
+  *lt_calls = g.lt_calls;
+  *fallback_calls = g.fallback_calls;
+  return MK_OK;
+}
+
+}  // extern "C"

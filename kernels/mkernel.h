@@ -1,0 +1,180 @@
+/*
+ * mkernel.h — the C ABI of libmkernel.so, the CUDA side of mkserve.
+ *
+ * Go loads this library with purego (no cgo), so the ABI follows the rules in
+ * shared/DESIGN.md "The GPU boundary":
+ *   - arguments and results are integers and pointers only; a float argument
+ *     travels as its IEEE-754 bit pattern in a uint32_t (named *_bits);
+ *   - structs travel by pointer, and their layouts are checked from Go
+ *     against mk_abi_layout;
+ *   - no callbacks;
+ *   - every function returns an mk_status (0 = MK_OK); on failure the text of
+ *     the failing call is in mk_last_error(), which is per OS thread;
+ *   - device memory, streams and events are opaque uint64_t handles
+ *     (a device address, a cudaStream_t, a cudaEvent_t); stream 0 is CUDA's
+ *     legacy default stream;
+ *   - libmkernel owns the CUDA context: mk_init makes it current on the calling
+ *     thread, and every later call must come from that same thread.
+ *
+ * Tensors are row-major. "bf16" is bfloat16 storage; arithmetic is float32.
+ * Ops are asynchronous on the given stream unless their name says otherwise.
+ */
+#ifndef MKERNEL_H
+#define MKERNEL_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* MK_API marks the exported symbols (the library builds with hidden visibility). */
+#if defined(__GNUC__)
+#define MK_API __attribute__((visibility("default")))
+#else
+#define MK_API
+#endif
+
+/* MK_ABI_VERSION changes whenever a signature, struct or meaning changes. */
+#define MK_ABI_VERSION 1
+
+/* Status codes. */
+enum {
+  MK_OK = 0,
+  MK_ERR_ARG = 1,       /* a bad argument (shape, pointer, flag) */
+  MK_ERR_CUDA = 2,      /* a CUDA runtime call failed */
+  MK_ERR_CUBLAS = 3,    /* a cuBLAS / cuBLASLt call failed */
+  MK_ERR_NO_DEVICE = 4, /* no NVIDIA driver or no CUDA device */
+  MK_ERR_NOT_INIT = 5   /* mk_init has not run (on this thread) */
+};
+
+/* Element types for flags. */
+enum { MK_DTYPE_BF16 = 0, MK_DTYPE_F32 = 1 };
+
+/* RoPE pairings. */
+enum {
+  MK_ROPE_NEOX = 0,       /* dimension i with i + rot_dim/2 */
+  MK_ROPE_INTERLEAVED = 1 /* dimension 2i with 2i + 1 */
+};
+
+/* mk_device_info_t describes the device mk_init opened. */
+typedef struct mk_device_info {
+  char name[256];                /* offset 0 */
+  int32_t device;                /* 256: ordinal */
+  int32_t sm_count;              /* 260: multiprocessors */
+  int32_t cc_major;              /* 264: compute capability */
+  int32_t cc_minor;              /* 268 */
+  uint64_t total_mem;            /* 272: bytes */
+  uint64_t free_mem;             /* 280: bytes free when asked */
+  uint64_t l2_bytes;             /* 288 */
+  uint64_t smem_per_block_optin; /* 296: bytes of shared memory a block can opt into */
+  int32_t driver_version;        /* 304: e.g. 13000 */
+  int32_t runtime_version;       /* 308 */
+} mk_device_info_t;              /* size 312 */
+
+/* Struct ids and field ids for mk_abi_layout. */
+enum { MK_STRUCT_DEVICE_INFO = 0 };
+enum {
+  MK_FIELD_SIZE = -1, /* the struct's sizeof */
+  MK_DI_NAME = 0,
+  MK_DI_DEVICE,
+  MK_DI_SM_COUNT,
+  MK_DI_CC_MAJOR,
+  MK_DI_CC_MINOR,
+  MK_DI_TOTAL_MEM,
+  MK_DI_FREE_MEM,
+  MK_DI_L2_BYTES,
+  MK_DI_SMEM_OPTIN,
+  MK_DI_DRIVER_VERSION,
+  MK_DI_RUNTIME_VERSION
+};
+
+/* ---- library, errors, device ---- */
+
+MK_API int32_t mk_abi_version(void);
+/* The last error text of the calling thread ("" when none). */
+MK_API const char* mk_last_error(void);
+/* The offset of a field (or with MK_FIELD_SIZE the size) of a struct, -1 if unknown. */
+MK_API int64_t mk_abi_layout(int32_t struct_id, int32_t field_id);
+/* The number of CUDA devices; MK_ERR_NO_DEVICE when there is no driver or device. */
+MK_API int32_t mk_device_count(int32_t* count);
+/* Opens device `device` on the calling thread: context, cuBLASLt handle, workspace. */
+MK_API int32_t mk_init(int32_t device);
+MK_API int32_t mk_device_info(mk_device_info_t* info);
+MK_API int32_t mk_device_sync(void);
+
+/* ---- memory ---- */
+
+MK_API int32_t mk_malloc(uint64_t bytes, uint64_t* dptr);
+MK_API int32_t mk_free(uint64_t dptr);
+/* Synchronous copies: ordered after all earlier work (streams are blocking streams). */
+MK_API int32_t mk_memcpy_h2d(uint64_t dst, const void* src, uint64_t bytes);
+MK_API int32_t mk_memcpy_d2h(void* dst, uint64_t src, uint64_t bytes);
+MK_API int32_t mk_memcpy_d2d(uint64_t dst, uint64_t src, uint64_t bytes);
+/* Asynchronous copies on a stream; host memory must be pinned (mk_host_alloc_pinned). */
+MK_API int32_t mk_memcpy_h2d_async(uint64_t dst, const void* src, uint64_t bytes, uint64_t stream);
+MK_API int32_t mk_memcpy_d2h_async(void* dst, uint64_t src, uint64_t bytes, uint64_t stream);
+MK_API int32_t mk_memcpy_d2d_async(uint64_t dst, uint64_t src, uint64_t bytes, uint64_t stream);
+MK_API int32_t mk_host_alloc_pinned(uint64_t bytes, void** hptr);
+MK_API int32_t mk_host_free_pinned(void* hptr);
+
+/* ---- streams and events ---- */
+
+MK_API int32_t mk_stream_create(uint64_t* stream);
+MK_API int32_t mk_stream_destroy(uint64_t stream);
+MK_API int32_t mk_stream_sync(uint64_t stream);
+MK_API int32_t mk_event_create(uint64_t* event);
+MK_API int32_t mk_event_destroy(uint64_t event);
+MK_API int32_t mk_event_record(uint64_t event, uint64_t stream);
+MK_API int32_t mk_event_sync(uint64_t event);
+/* Milliseconds between two recorded, completed events, as float32 bits. */
+MK_API int32_t mk_event_elapsed(uint64_t start, uint64_t end, uint32_t* ms_bits);
+
+/* ---- ops ---- */
+
+/* C [M,N] = A [M,K] · B [N,K]ᵀ (the Hugging Face Linear layout), bf16 operands,
+ * fp32 accumulation, C bf16 or f32 by c_dtype. cuBLASLt, falling back to
+ * cublasGemmEx where cuBLASLt offers no algorithm. */
+MK_API int32_t mk_gemm_bf16(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int32_t c_dtype,
+                     int64_t m, int64_t n, int64_t k);
+/* How many GEMMs ran through cuBLASLt and through the cublasGemmEx fallback. */
+MK_API int32_t mk_gemm_stats(uint64_t* lt_calls, uint64_t* fallback_calls);
+
+/* out [rows, cols] = x / rms(x over each group of `group` columns) * w [group].
+ * cols must be a multiple of group; out may equal x. */
+MK_API int32_t mk_rmsnorm_bf16(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, int64_t rows,
+                        int64_t cols, int64_t group, uint32_t eps_bits);
+/* resid [rows, cols] += x (rounded to bf16), then out = rmsnorm(resid) * w [cols]. */
+MK_API int32_t mk_add_rmsnorm_bf16(uint64_t stream, uint64_t resid, uint64_t x, uint64_t w,
+                            uint64_t out, int64_t rows, int64_t cols, uint32_t eps_bits);
+
+/* out [n, hidden] = table [vocab, hidden] rows ids [n] (int32). An id outside
+ * [0, vocab) gives a row of NaN. */
+MK_API int32_t mk_embedding_bf16(uint64_t stream, uint64_t out, uint64_t table, uint64_t ids,
+                          int64_t n, int64_t hidden, int64_t vocab);
+
+/* out [T, I] = silu(gate) * up, in [T, 2I] laid out [gate | up]. */
+MK_API int32_t mk_swiglu_bf16(uint64_t stream, uint64_t out, uint64_t in, int64_t t, int64_t i);
+/* gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit),
+ * out = (u + 1) * g * sigmoid(alpha * g). interleaved = 0: in is [gate | up];
+ * interleaved = 1: gate and up alternate (gate at even columns), as in the
+ * gpt-oss checkpoints. */
+MK_API int32_t mk_swiglu_oss_bf16(uint64_t stream, uint64_t out, uint64_t in, int64_t t, int64_t i,
+                           uint32_t alpha_bits, uint32_t limit_bits, int32_t interleaved);
+
+/* Rotates, in place, the first rot_dim dims of every head of x [T, heads*head_dim],
+ * row r at position pos[r] (int32): angle = float(pos) * inv_freq[j] (device,
+ * float32 [rot_dim/2]), cos and sin scaled by attn_factor. */
+MK_API int32_t mk_rope_bf16(uint64_t stream, uint64_t x, uint64_t pos, int64_t t, int64_t heads,
+                     int64_t head_dim, int64_t rot_dim, int32_t style, uint64_t inv_freq,
+                     uint32_t attn_factor_bits);
+
+/* Element-wise conversions of n values (round to nearest even). */
+MK_API int32_t mk_convert_f32_to_bf16(uint64_t stream, uint64_t dst, uint64_t src, int64_t n);
+MK_API int32_t mk_convert_bf16_to_f32(uint64_t stream, uint64_t dst, uint64_t src, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MKERNEL_H */

@@ -1,0 +1,274 @@
+// runtime.cu — errors, device selection, memory, streams and events.
+#include <cstdarg>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+
+#include "common.cuh"
+
+namespace mk {
+
+namespace {
+thread_local char t_err[2048];
+}
+
+int fail(int code, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t_err, sizeof t_err, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+State& state() {
+  static State s;
+  return s;
+}
+
+int check_thread(const char* fn) {
+  State& s = state();
+  if (!s.ready) return fail(MK_ERR_NOT_INIT, "%s: mk_init has not run", fn);
+  if (s.owner != std::this_thread::get_id())
+    return fail(MK_ERR_NOT_INIT,
+                "%s: called from a thread other than the one that ran mk_init "
+                "(one OS thread owns the GPU)",
+                fn);
+  return MK_OK;
+}
+
+}  // namespace mk
+
+extern "C" {
+
+int32_t mk_abi_version(void) { return MK_ABI_VERSION; }
+
+const char* mk_last_error(void) { return mk::t_err; }
+
+int64_t mk_abi_layout(int32_t struct_id, int32_t field_id) {
+  if (struct_id != MK_STRUCT_DEVICE_INFO) return -1;
+  switch (field_id) {
+    case MK_FIELD_SIZE: return sizeof(mk_device_info_t);
+    case MK_DI_NAME: return offsetof(mk_device_info_t, name);
+    case MK_DI_DEVICE: return offsetof(mk_device_info_t, device);
+    case MK_DI_SM_COUNT: return offsetof(mk_device_info_t, sm_count);
+    case MK_DI_CC_MAJOR: return offsetof(mk_device_info_t, cc_major);
+    case MK_DI_CC_MINOR: return offsetof(mk_device_info_t, cc_minor);
+    case MK_DI_TOTAL_MEM: return offsetof(mk_device_info_t, total_mem);
+    case MK_DI_FREE_MEM: return offsetof(mk_device_info_t, free_mem);
+    case MK_DI_L2_BYTES: return offsetof(mk_device_info_t, l2_bytes);
+    case MK_DI_SMEM_OPTIN: return offsetof(mk_device_info_t, smem_per_block_optin);
+    case MK_DI_DRIVER_VERSION: return offsetof(mk_device_info_t, driver_version);
+    case MK_DI_RUNTIME_VERSION: return offsetof(mk_device_info_t, runtime_version);
+  }
+  return -1;
+}
+
+int32_t mk_device_count(int32_t* count) {
+  MK_ARG(count != nullptr, "mk_device_count: count is NULL");
+  *count = 0;
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return mk::fail(MK_ERR_NO_DEVICE, "cudaGetDeviceCount: %s (%s): no usable NVIDIA driver or CUDA device",
+                    cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  if (n == 0) return mk::fail(MK_ERR_NO_DEVICE, "cudaGetDeviceCount: no CUDA device");
+  *count = n;
+  return MK_OK;
+}
+
+int32_t mk_init(int32_t device) {
+  mk::State& s = mk::state();
+  if (s.ready) {
+    if (s.owner != std::this_thread::get_id())
+      return mk::fail(MK_ERR_ARG, "mk_init: already initialised on another thread");
+    if (s.device != device)
+      return mk::fail(MK_ERR_ARG, "mk_init: already initialised on device %d, asked for %d",
+                      s.device, device);
+    return MK_OK;
+  }
+  int32_t n = 0;
+  int32_t rc = mk_device_count(&n);
+  if (rc != MK_OK) return rc;
+  MK_ARG(device >= 0 && device < n, "mk_init: device %d out of range (%d devices)", device, n);
+  MK_CUDA(cudaSetDevice(device));
+  MK_CUDA(cudaFree(nullptr));  // creates the primary context now, not at the first op
+  s.device = device;
+  s.owner = std::this_thread::get_id();
+  s.ready = true;
+  rc = mk::gemm_init();
+  if (rc != MK_OK) s.ready = false;
+  return rc;
+}
+
+int32_t mk_device_info(mk_device_info_t* info) {
+  MK_THREAD("mk_device_info");
+  MK_ARG(info != nullptr, "mk_device_info: info is NULL");
+  memset(info, 0, sizeof *info);
+  int d = mk::state().device;
+  cudaDeviceProp p;
+  MK_CUDA(cudaGetDeviceProperties(&p, d));
+  snprintf(info->name, sizeof info->name, "%s", p.name);
+  info->device = d;
+  info->sm_count = p.multiProcessorCount;
+  info->cc_major = p.major;
+  info->cc_minor = p.minor;
+  size_t free_b = 0, total_b = 0;
+  MK_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  info->total_mem = total_b;
+  info->free_mem = free_b;
+  info->l2_bytes = (uint64_t)p.l2CacheSize;
+  info->smem_per_block_optin = (uint64_t)p.sharedMemPerBlockOptin;
+  int v = 0;
+  MK_CUDA(cudaDriverGetVersion(&v));
+  info->driver_version = v;
+  MK_CUDA(cudaRuntimeGetVersion(&v));
+  info->runtime_version = v;
+  return MK_OK;
+}
+
+int32_t mk_device_sync(void) {
+  MK_THREAD("mk_device_sync");
+  MK_CUDA(cudaDeviceSynchronize());
+  return MK_OK;
+}
+
+int32_t mk_malloc(uint64_t bytes, uint64_t* dptr) {
+  MK_THREAD("mk_malloc");
+  MK_ARG(dptr != nullptr, "mk_malloc: dptr is NULL");
+  *dptr = 0;
+  MK_ARG(bytes > 0, "mk_malloc: zero bytes");
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // an out-of-memory is not sticky; clear it
+    return mk::fail(MK_ERR_CUDA, "cudaMalloc(%llu bytes): %s (%s)", (unsigned long long)bytes,
+                    cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  *dptr = reinterpret_cast<uint64_t>(p);
+  return MK_OK;
+}
+
+int32_t mk_free(uint64_t dptr) {
+  MK_THREAD("mk_free");
+  MK_CUDA(cudaFree(mk::dev<void>(dptr)));
+  return MK_OK;
+}
+
+int32_t mk_memcpy_h2d(uint64_t dst, const void* src, uint64_t bytes) {
+  MK_THREAD("mk_memcpy_h2d");
+  MK_CUDA(cudaMemcpy(mk::dev<void>(dst), src, bytes, cudaMemcpyHostToDevice));
+  return MK_OK;
+}
+
+int32_t mk_memcpy_d2h(void* dst, uint64_t src, uint64_t bytes) {
+  MK_THREAD("mk_memcpy_d2h");
+  MK_CUDA(cudaMemcpy(dst, mk::dev<void>(src), bytes, cudaMemcpyDeviceToHost));
+  return MK_OK;
+}
+
+int32_t mk_memcpy_d2d(uint64_t dst, uint64_t src, uint64_t bytes) {
+  MK_THREAD("mk_memcpy_d2d");
+  MK_CUDA(cudaMemcpy(mk::dev<void>(dst), mk::dev<void>(src), bytes, cudaMemcpyDeviceToDevice));
+  return MK_OK;
+}
+
+int32_t mk_memcpy_h2d_async(uint64_t dst, const void* src, uint64_t bytes, uint64_t stream) {
+  MK_THREAD("mk_memcpy_h2d_async");
+  MK_CUDA(cudaMemcpyAsync(mk::dev<void>(dst), src, bytes, cudaMemcpyHostToDevice,
+                          mk::as_stream(stream)));
+  return MK_OK;
+}
+
+int32_t mk_memcpy_d2h_async(void* dst, uint64_t src, uint64_t bytes, uint64_t stream) {
+  MK_THREAD("mk_memcpy_d2h_async");
+  MK_CUDA(cudaMemcpyAsync(dst, mk::dev<void>(src), bytes, cudaMemcpyDeviceToHost,
+                          mk::as_stream(stream)));
+  return MK_OK;
+}
+
+int32_t mk_memcpy_d2d_async(uint64_t dst, uint64_t src, uint64_t bytes, uint64_t stream) {
+  MK_THREAD("mk_memcpy_d2d_async");
+  MK_CUDA(cudaMemcpyAsync(mk::dev<void>(dst), mk::dev<void>(src), bytes,
+                          cudaMemcpyDeviceToDevice, mk::as_stream(stream)));
+  return MK_OK;
+}
+
+int32_t mk_host_alloc_pinned(uint64_t bytes, void** hptr) {
+  MK_THREAD("mk_host_alloc_pinned");
+  MK_ARG(hptr != nullptr, "mk_host_alloc_pinned: hptr is NULL");
+  *hptr = nullptr;
+  MK_ARG(bytes > 0, "mk_host_alloc_pinned: zero bytes");
+  MK_CUDA(cudaHostAlloc(hptr, bytes, cudaHostAllocDefault));
+  return MK_OK;
+}
+
+int32_t mk_host_free_pinned(void* hptr) {
+  MK_THREAD("mk_host_free_pinned");
+  MK_CUDA(cudaFreeHost(hptr));
+  return MK_OK;
+}
+
+int32_t mk_stream_create(uint64_t* stream) {
+  MK_THREAD("mk_stream_create");
+  MK_ARG(stream != nullptr, "mk_stream_create: stream is NULL");
+  cudaStream_t s = nullptr;
+  MK_CUDA(cudaStreamCreate(&s));  // blocking: ordered with the synchronous copies
+  *stream = reinterpret_cast<uint64_t>(s);
+  return MK_OK;
+}
+
+int32_t mk_stream_destroy(uint64_t stream) {
+  MK_THREAD("mk_stream_destroy");
+  MK_ARG(stream != 0, "mk_stream_destroy: the default stream cannot be destroyed");
+  MK_CUDA(cudaStreamDestroy(mk::as_stream(stream)));
+  return MK_OK;
+}
+
+int32_t mk_stream_sync(uint64_t stream) {
+  MK_THREAD("mk_stream_sync");
+  MK_CUDA(cudaStreamSynchronize(mk::as_stream(stream)));
+  return MK_OK;
+}
+
+int32_t mk_event_create(uint64_t* event) {
+  MK_THREAD("mk_event_create");
+  MK_ARG(event != nullptr, "mk_event_create: event is NULL");
+  cudaEvent_t e = nullptr;
+  MK_CUDA(cudaEventCreate(&e));
+  *event = reinterpret_cast<uint64_t>(e);
+  return MK_OK;
+}
+
+int32_t mk_event_destroy(uint64_t event) {
+  MK_THREAD("mk_event_destroy");
+  MK_ARG(event != 0, "mk_event_destroy: NULL event");
+  MK_CUDA(cudaEventDestroy(mk::as_event(event)));
+  return MK_OK;
+}
+
+int32_t mk_event_record(uint64_t event, uint64_t stream) {
+  MK_THREAD("mk_event_record");
+  MK_ARG(event != 0, "mk_event_record: NULL event");
+  MK_CUDA(cudaEventRecord(mk::as_event(event), mk::as_stream(stream)));
+  return MK_OK;
+}
+
+int32_t mk_event_sync(uint64_t event) {
+  MK_THREAD("mk_event_sync");
+  MK_ARG(event != 0, "mk_event_sync: NULL event");
+  MK_CUDA(cudaEventSynchronize(mk::as_event(event)));
+  return MK_OK;
+}
+
+int32_t mk_event_elapsed(uint64_t start, uint64_t end, uint32_t* ms_bits) {
+  MK_THREAD("mk_event_elapsed");
+  MK_ARG(start != 0 && end != 0 && ms_bits != nullptr, "mk_event_elapsed: NULL argument");
+  float ms = 0;
+  MK_CUDA(cudaEventElapsedTime(&ms, mk::as_event(start), mk::as_event(end)));
+  memcpy(ms_bits, &ms, sizeof ms);
+  return MK_OK;
+}
+
+}  // extern "C"
