@@ -126,7 +126,7 @@ func TestRealEngine(t *testing.T) {
 		comp, err := client.Completions.New(ctx, openai.CompletionNewParams{Model: "default",
 			Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
 			MaxTokens: openai.Int(maxTok), Temperature: openai.Float(0),
-			Stop:      openai.CompletionNewParamsStopUnion{OfString: openai.String(stop)}})
+			Stop: openai.CompletionNewParamsStopUnion{OfString: openai.String(stop)}})
 		if err != nil {
 			t.Fatal(err)
 		}
