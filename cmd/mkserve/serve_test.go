@@ -180,23 +180,41 @@ func metricValue(t *testing.T, c *http.Client, h, name string) float64 {
 	return 0
 }
 
-// streamChat posts a streaming completion and reads it to the end; it
-// returns the HTTP status and the number of data chunks.
+// streamCompletion posts a streaming completion and reads it to the end; it
+// returns the HTTP status and the completion tokens the final usage chunk
+// reports (-1 when the stream did not end with a usage chunk and [DONE]).
 func streamCompletion(c *http.Client, h string, maxTokens int) (int, int, error) {
-	body := fmt.Sprintf(`{"model":"default","prompt":"And God said","max_tokens":%d,"stream":true,"ignore_eos":true}`, maxTokens)
+	body := fmt.Sprintf(`{"model":"default","prompt":"And God said","max_tokens":%d,"stream":true,"ignore_eos":true,"stream_options":{"include_usage":true}}`, maxTokens)
 	resp, err := c.Post("http://"+h+"/v1/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		return 0, 0, err
 	}
 	defer resp.Body.Close()
-	n := 0
+	tokens, done := -1, false
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if strings.HasPrefix(sc.Text(), "data: {") {
-			n++
+		line := sc.Text()
+		if line == "data: [DONE]" {
+			done = true
+		}
+		if rest, ok := strings.CutPrefix(line, "data: {"); ok {
+			var v struct {
+				Usage *struct {
+					CompletionTokens int `json:"completion_tokens"`
+				} `json:"usage"`
+			}
+			if err := json.Unmarshal([]byte("{"+rest), &v); err != nil {
+				return resp.StatusCode, -1, err
+			}
+			if v.Usage != nil {
+				tokens = v.Usage.CompletionTokens
+			}
 		}
 	}
-	return resp.StatusCode, n, sc.Err()
+	if !done {
+		tokens = -1
+	}
+	return resp.StatusCode, tokens, sc.Err()
 }
 
 // TestServeUnderLoad: 200 concurrent streaming requests on the default model
@@ -214,8 +232,8 @@ func TestServeUnderLoad(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			status, chunks, err := streamCompletion(c, h, 8)
-			if err == nil && status == 200 && chunks >= 8 {
+			status, tokens, err := streamCompletion(c, h, 8)
+			if err == nil && status == 200 && tokens == 8 {
 				ok.Add(1)
 			}
 		}()
@@ -273,14 +291,15 @@ func TestServeQueueFull(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			status, chunks, err := streamCompletion(c, h, 24)
+			status, tokens, err := streamCompletion(c, h, 24)
 			switch {
-			case err == nil && status == 200 && chunks >= 24:
+			case err == nil && status == 200 && tokens == 24:
 				served.Add(1)
 			case status == 429:
 				rejected.Add(1)
 			default:
 				other.Add(1)
+				t.Logf("unexpected: status %d, %d tokens, err %v", status, tokens, err)
 			}
 		}()
 	}
