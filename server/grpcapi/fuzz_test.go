@@ -84,7 +84,7 @@ func FuzzValidate(f *testing.F) {
 		}
 		if !in(sp.Temperature, 0, 2, false) || !in(sp.TopP, 0, 1, true) || !in(sp.MinP, 0, 1, false) ||
 			!in(sp.PresencePenalty, -2, 2, false) || !in(sp.FrequencyPenalty, -2, 2, false) ||
-			!in(sp.RepetitionPenalty, 0, 1e6, true) {
+			!in(sp.RepetitionPenalty, 0, MaxRepetitionPenalty, true) {
 			bad("a float out of range")
 		}
 		if len(sp.Stop) > 4 {

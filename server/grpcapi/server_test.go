@@ -920,7 +920,7 @@ func TestChecks(t *testing.T) {
 		{CheckTopK(0), ""}, {CheckTopK(-1), "top_k"},
 		{CheckMinP(0), ""}, {CheckMinP(1), ""}, {CheckMinP(-0.01), "min_p"},
 		{CheckPenalty("presence_penalty", -2), ""}, {CheckPenalty("frequency_penalty", float32(inf())), "frequency_penalty"},
-		{CheckRepetitionPenalty(2), ""}, {CheckRepetitionPenalty(1e6), ""}, {CheckRepetitionPenalty(2e6), "repetition_penalty"}, {CheckRepetitionPenalty(1e-6), ""}, {CheckRepetitionPenalty(0), "repetition_penalty"},
+		{CheckRepetitionPenalty(2), ""}, {CheckRepetitionPenalty(10), ""}, {CheckRepetitionPenalty(10.5), "repetition_penalty"}, {CheckRepetitionPenalty(1e-6), ""}, {CheckRepetitionPenalty(0), "repetition_penalty"},
 		{CheckTopLogprobs(20, true), ""}, {CheckTopLogprobs(0, false), ""}, {CheckTopLogprobs(1, false), "top_logprobs"},
 		{CheckStop(make([]string, MaxStop+1)), "stop"}, {CheckStop([]string{"\xff"}), "stop[0]"},
 		{CheckStop([]string{strings.Repeat("x", MaxStopLen+1)}), "stop[0]"}, {CheckStop([]string{"ok", "</s>"}), ""},

@@ -100,8 +100,8 @@ func CheckPenalty(field string, v float32) error {
 	return nil
 }
 
-// MaxRepetitionPenalty bounds repetition_penalty (only to keep it finite).
-const MaxRepetitionPenalty = 1e6
+// MaxRepetitionPenalty bounds repetition_penalty, as the engine and the HTTP API do.
+const MaxRepetitionPenalty = 10
 
 // CheckRepetitionPenalty checks 0 < v ≤ MaxRepetitionPenalty (1: off).
 func CheckRepetitionPenalty(v float32) error {
