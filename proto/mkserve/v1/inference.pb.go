@@ -82,7 +82,7 @@ type SamplingParams struct {
 	Seed              *uint64                `protobuf:"varint,7,opt,name=seed,proto3,oneof" json:"seed,omitempty"`                                                      // same seed + same request ⇒ same output; default random
 	PresencePenalty   *float32               `protobuf:"fixed32,8,opt,name=presence_penalty,json=presencePenalty,proto3,oneof" json:"presence_penalty,omitempty"`        // [-2, 2]; default 0
 	FrequencyPenalty  *float32               `protobuf:"fixed32,9,opt,name=frequency_penalty,json=frequencyPenalty,proto3,oneof" json:"frequency_penalty,omitempty"`     // [-2, 2]; default 0
-	RepetitionPenalty *float32               `protobuf:"fixed32,10,opt,name=repetition_penalty,json=repetitionPenalty,proto3,oneof" json:"repetition_penalty,omitempty"` // (0, 1e6]; default 1 (off)
+	RepetitionPenalty *float32               `protobuf:"fixed32,10,opt,name=repetition_penalty,json=repetitionPenalty,proto3,oneof" json:"repetition_penalty,omitempty"` // (0, 10]; default 1 (off)
 	Stop              []string               `protobuf:"bytes,11,rep,name=stop,proto3" json:"stop,omitempty"`                                                            // at most 4 stop strings, never part of the returned text
 	StopTokenIds      []int32                `protobuf:"varint,12,rep,packed,name=stop_token_ids,json=stopTokenIds,proto3" json:"stop_token_ids,omitempty"`              // extra stop tokens, at most 64
 	IgnoreEos         bool                   `protobuf:"varint,13,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`                                // keep going past end-of-sequence tokens
