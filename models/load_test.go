@@ -190,3 +190,18 @@ func TestLoadErrorsNameTheProblem(t *testing.T) {
 		})
 	}
 }
+
+// TestLoadProgress: with a progress writer the loader reports the bytes it
+// uploads.
+func TestLoadProgress(t *testing.T) {
+	cfg, ts := tinyMixtral(rand.New(rand.NewPCG(5, 6)), true)
+	var buf strings.Builder
+	l, err := models.Load(writeCheckpoint(t, cfg, ts), cpu.New(cpu.Options{}), models.LoadOptions{Progress: &buf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if !strings.Contains(buf.String(), "loading") {
+		t.Errorf("no progress bar written: %q", buf.String())
+	}
+}
