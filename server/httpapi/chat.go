@@ -19,27 +19,8 @@ import (
 func (s *Server) chatCompletions(c *gin.Context) {
 	k := s.newCall(c, "chat", "chatcmpl-")
 	defer k.done()
-	if e := s.admit(); e != nil {
-		k.fail(c, e)
-		return
-	}
-	body, e := s.readBody(c)
-	if e != nil {
-		k.fail(c, e)
-		return
-	}
-	var req chatRequest
-	if e := decodeBody(body, &req); e != nil {
-		k.fail(c, e)
-		return
-	}
-	k.model, k.stream = req.Model, req.streaming()
-	if e := s.checkModel(req.Model); e != nil {
-		k.fail(c, e)
-		return
-	}
-	if e := req.check(); e != nil {
-		k.fail(c, e)
+	req, ok := begin[chatRequest](s, c, k)
+	if !ok {
 		return
 	}
 	sp, e := req.params(s.tok.VocabSize())
@@ -54,7 +35,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 			sp.TopLogprobs = *req.TopLogprobs
 		}
 	}
-	text, e := s.render(&req)
+	text, e := s.render(req)
 	if e != nil {
 		k.fail(c, e)
 		return

@@ -15,27 +15,8 @@ import (
 func (s *Server) completions(c *gin.Context) {
 	k := s.newCall(c, "completions", "cmpl-")
 	defer k.done()
-	if e := s.admit(); e != nil {
-		k.fail(c, e)
-		return
-	}
-	body, e := s.readBody(c)
-	if e != nil {
-		k.fail(c, e)
-		return
-	}
-	var req completionRequest
-	if e := decodeBody(body, &req); e != nil {
-		k.fail(c, e)
-		return
-	}
-	k.model, k.stream = req.Model, req.streaming()
-	if e := s.checkModel(req.Model); e != nil {
-		k.fail(c, e)
-		return
-	}
-	if e := req.check(); e != nil {
-		k.fail(c, e)
+	req, ok := begin[completionRequest](s, c, k)
+	if !ok {
 		return
 	}
 	vocab := s.tok.VocabSize()

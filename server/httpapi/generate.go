@@ -44,6 +44,46 @@ func (s *Server) newCall(c *gin.Context, endpoint, idPrefix string) *call {
 }
 
 // fail answers with e, unless the response has started (a stream).
+// apiRequest is what both generation endpoints decode: a body embedding
+// sampling, with its own checks.
+type apiRequest interface {
+	check() *apiError
+	common() *sampling
+}
+
+// begin admits, reads, decodes and checks a generation request of type R,
+// failing the call (and returning false) at the first problem.
+func begin[T any, R interface {
+	*T
+	apiRequest
+}](s *Server, c *gin.Context, k *call) (R, bool) {
+	if e := s.admit(); e != nil {
+		k.fail(c, e)
+		return nil, false
+	}
+	body, e := s.readBody(c)
+	if e != nil {
+		k.fail(c, e)
+		return nil, false
+	}
+	req := R(new(T))
+	if e := decodeBody(body, req); e != nil {
+		k.fail(c, e)
+		return nil, false
+	}
+	sp := req.common()
+	k.model, k.stream = sp.Model, sp.streaming()
+	if e := s.checkModel(sp.Model); e != nil {
+		k.fail(c, e)
+		return nil, false
+	}
+	if e := req.check(); e != nil {
+		k.fail(c, e)
+		return nil, false
+	}
+	return req, true
+}
+
 func (k *call) fail(c *gin.Context, e *apiError) {
 	k.status, k.errMsg = e.Status, e.Message
 	if !c.Writer.Written() {

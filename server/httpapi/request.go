@@ -407,6 +407,9 @@ func (p *sampling) maxTokens() (int, string) {
 
 func (p *sampling) streaming() bool { return p.Stream != nil && *p.Stream }
 
+func (r *completionRequest) common() *sampling { return &r.sampling }
+func (r *chatRequest) common() *sampling       { return &r.sampling }
+
 func (p *sampling) includeUsage() bool {
 	return p.StreamOptions != nil && p.StreamOptions.IncludeUsage != nil && *p.StreamOptions.IncludeUsage
 }
