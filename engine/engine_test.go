@@ -406,3 +406,35 @@ func TestShutdownDrains(t *testing.T) {
 		t.Errorf("Generate after shutdown = %v, want ErrDraining", err)
 	}
 }
+
+// TestSeedUnderConcurrency: a seeded request gives the same tokens alone and
+// while other requests share its batches.
+func TestSeedUnderConcurrency(t *testing.T) {
+	f := load(t)
+	e := newEngine(t, f, engine.Config{BlockSize: 8, PrefixCaching: true})
+	prompt := randPrompt(rand.New(rand.NewPCG(8, 8)), 12)
+	seed := uint64(7)
+	p := engine.SamplingParams{MaxTokens: 16, Temperature: 1, TopP: 0.9, Seed: &seed, IgnoreEOS: true}
+	alone := collect(t, mustGen(t, e, prompt, p)).tokens[0]
+	rng := rand.New(rand.NewPCG(9, 9))
+	var wg sync.WaitGroup
+	results := make([][]int32, 6)
+	for i := range 12 {
+		other := randPrompt(rng, 1+rng.IntN(30))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if i%2 == 0 {
+				results[i/2] = collect(t, mustGen(t, e, prompt, p)).tokens[0]
+				return
+			}
+			collect(t, mustGen(t, e, other, engine.SamplingParams{MaxTokens: 1 + i, Temperature: 0.5, IgnoreEOS: true}))
+		}()
+	}
+	wg.Wait()
+	for i, r := range results {
+		if !slices.Equal(r, alone) {
+			t.Errorf("copy %d under concurrency: %v, alone: %v", i, r, alone)
+		}
+	}
+}
