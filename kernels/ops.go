@@ -1,0 +1,279 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+)
+
+// DType is the element type of an op's output where it has a choice.
+type DType int32
+
+// Output element types (MK_DTYPE_*).
+const (
+	BF16 DType = 0
+	F32  DType = 1
+)
+
+func (t DType) size() int64 {
+	if t == F32 {
+		return 4
+	}
+	return 2
+}
+
+// RoPEStyle says which dimensions a rotation pairs (MK_ROPE_*).
+type RoPEStyle int32
+
+const (
+	// RoPENeoX pairs dimension i with i+rotDim/2.
+	RoPENeoX RoPEStyle = 0
+	// RoPEInterleaved pairs dimension 2i with 2i+1.
+	RoPEInterleaved RoPEStyle = 1
+)
+
+// dims checks that every named dimension is in [1, MaxInt32].
+func dims(op string, kv ...any) error {
+	for i := 0; i+1 < len(kv); i += 2 {
+		v := kv[i+1].(int)
+		if v <= 0 || v > math.MaxInt32 {
+			return fmt.Errorf("kernels: %s: %s=%d must be in [1, 2^31)", op, kv[i], v)
+		}
+	}
+	return nil
+}
+
+// need checks that buffer `name` of op holds elems elements of size bytes.
+func need(op, name string, b *Buffer, elems, size int64) error {
+	if b == nil || b.ptr == 0 {
+		return fmt.Errorf("kernels: %s: %s is a nil or freed buffer", op, name)
+	}
+	if elems > b.bytes/size {
+		return fmt.Errorf("kernels: %s: %s holds %d bytes, %d elements of %d bytes needed", op, name, b.bytes, elems, size)
+	}
+	return nil
+}
+
+// Gemm computes c [m,n] = a [m,k] · b [n,k]ᵀ on stream s: bf16 operands,
+// float32 accumulation, c of type ct (BF16 or F32).
+func (d *Device) Gemm(s *Stream, c *Buffer, ct DType, a, b *Buffer, m, n, k int) error {
+	const op = "Gemm"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if err := dims(op, "M", m, "N", n, "K", k); err != nil {
+		return err
+	}
+	if ct != BF16 && ct != F32 {
+		return fmt.Errorf("kernels: Gemm: output type %d is neither BF16 nor F32", ct)
+	}
+	M, N, K := int64(m), int64(n), int64(k)
+	if err := need(op, "A", a, M*K, 2); err != nil {
+		return err
+	}
+	if err := need(op, "B", b, N*K, 2); err != nil {
+		return err
+	}
+	if err := need(op, "C", c, M*N, ct.size()); err != nil {
+		return err
+	}
+	return d.lib.check("mk_gemm_bf16", d.lib.gemm(s.handle(), a.ptr, b.ptr, c.ptr, int32(ct), M, N, K))
+}
+
+// RMSNorm writes out [rows, cols] = x / rms(x over each group of `group`
+// columns) * w [group]; cols must be a multiple of group, and out may be x.
+func (d *Device) RMSNorm(s *Stream, out, x, w *Buffer, rows, cols, group int, eps float32) error {
+	const op = "RMSNorm"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if err := dims(op, "rows", rows, "cols", cols, "group", group); err != nil {
+		return err
+	}
+	if cols%group != 0 {
+		return fmt.Errorf("kernels: RMSNorm: cols=%d is not a multiple of group=%d", cols, group)
+	}
+	if !(eps >= 0) || math.IsInf(float64(eps), 0) {
+		return fmt.Errorf("kernels: RMSNorm: eps=%g must be finite and non-negative", eps)
+	}
+	n := int64(rows) * int64(cols)
+	if err := need(op, "x", x, n, 2); err != nil {
+		return err
+	}
+	if err := need(op, "out", out, n, 2); err != nil {
+		return err
+	}
+	if err := need(op, "w", w, int64(group), 2); err != nil {
+		return err
+	}
+	return d.lib.check("mk_rmsnorm_bf16", d.lib.rmsnorm(s.handle(), out.ptr, x.ptr, w.ptr,
+		int64(rows), int64(cols), int64(group), math.Float32bits(eps)))
+}
+
+// AddRMSNorm adds x into resid [rows, cols] (rounded to bf16), then writes
+// out = rmsnorm(resid) * w [cols].
+func (d *Device) AddRMSNorm(s *Stream, resid, x, w, out *Buffer, rows, cols int, eps float32) error {
+	const op = "AddRMSNorm"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if err := dims(op, "rows", rows, "cols", cols); err != nil {
+		return err
+	}
+	if !(eps >= 0) || math.IsInf(float64(eps), 0) {
+		return fmt.Errorf("kernels: AddRMSNorm: eps=%g must be finite and non-negative", eps)
+	}
+	n := int64(rows) * int64(cols)
+	for _, b := range []struct {
+		name string
+		b    *Buffer
+		n    int64
+	}{{"resid", resid, n}, {"x", x, n}, {"out", out, n}, {"w", w, int64(cols)}} {
+		if err := need(op, b.name, b.b, b.n, 2); err != nil {
+			return err
+		}
+	}
+	return d.lib.check("mk_add_rmsnorm_bf16", d.lib.addRMSNorm(s.handle(), resid.ptr, x.ptr, w.ptr, out.ptr,
+		int64(rows), int64(cols), math.Float32bits(eps)))
+}
+
+// Embedding writes out [n, hidden] = rows ids [n] (int32) of table
+// [vocab, hidden]. An id outside [0, vocab) gives a row of NaN.
+func (d *Device) Embedding(s *Stream, out, table, ids *Buffer, n, hidden, vocab int) error {
+	const op = "Embedding"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if err := dims(op, "n", n, "hidden", hidden, "vocab", vocab); err != nil {
+		return err
+	}
+	if err := need(op, "out", out, int64(n)*int64(hidden), 2); err != nil {
+		return err
+	}
+	if err := need(op, "table", table, int64(vocab)*int64(hidden), 2); err != nil {
+		return err
+	}
+	if err := need(op, "ids", ids, int64(n), 4); err != nil {
+		return err
+	}
+	return d.lib.check("mk_embedding_bf16", d.lib.embedding(s.handle(), out.ptr, table.ptr, ids.ptr,
+		int64(n), int64(hidden), int64(vocab)))
+}
+
+// SwiGLU writes out [t, inter] = silu(gate) * up from in [t, 2*inter] laid
+// out as [gate | up].
+func (d *Device) SwiGLU(s *Stream, out, in *Buffer, t, inter int) error {
+	const op = "SwiGLU"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if err := dims(op, "T", t, "I", inter); err != nil {
+		return err
+	}
+	if err := need(op, "in", in, 2*int64(t)*int64(inter), 2); err != nil {
+		return err
+	}
+	if err := need(op, "out", out, int64(t)*int64(inter), 2); err != nil {
+		return err
+	}
+	return d.lib.check("mk_swiglu_bf16", d.lib.swiglu(s.handle(), out.ptr, in.ptr, int64(t), int64(inter)))
+}
+
+// SwiGLUClamped is gpt-oss's activation: g = min(gate, limit),
+// u = clamp(up, -limit, limit), out = (u+1) * g * sigmoid(alpha*g).
+// interleaved: gate and up alternate in in's columns (gate first), as in the
+// gpt-oss checkpoints; otherwise in is [gate | up].
+func (d *Device) SwiGLUClamped(s *Stream, out, in *Buffer, t, inter int, alpha, limit float32, interleaved bool) error {
+	const op = "SwiGLUClamped"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if err := dims(op, "T", t, "I", inter); err != nil {
+		return err
+	}
+	if math.IsNaN(float64(alpha)) || math.IsInf(float64(alpha), 0) || !(limit > 0) {
+		return fmt.Errorf("kernels: SwiGLUClamped: alpha=%g must be finite and limit=%g positive", alpha, limit)
+	}
+	if err := need(op, "in", in, 2*int64(t)*int64(inter), 2); err != nil {
+		return err
+	}
+	if err := need(op, "out", out, int64(t)*int64(inter), 2); err != nil {
+		return err
+	}
+	il := int32(0)
+	if interleaved {
+		il = 1
+	}
+	return d.lib.check("mk_swiglu_oss_bf16", d.lib.swigluOSS(s.handle(), out.ptr, in.ptr, int64(t), int64(inter),
+		math.Float32bits(alpha), math.Float32bits(limit), il))
+}
+
+// RoPE rotates, in place, the first rotDim dims of every head of
+// x [t, heads*headDim], row r at position pos[r] (int32 [t]): the angle is
+// float32(pos)·invFreq[j] (float32 [rotDim/2] on the device) and cos/sin
+// are scaled by attnFactor.
+func (d *Device) RoPE(s *Stream, x, pos *Buffer, t, heads, headDim, rotDim int, style RoPEStyle,
+	invFreq *Buffer, attnFactor float32) error {
+	const op = "RoPE"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if err := dims(op, "T", t, "heads", heads, "headDim", headDim, "rotDim", rotDim); err != nil {
+		return err
+	}
+	if rotDim%2 != 0 || rotDim > headDim {
+		return fmt.Errorf("kernels: RoPE: rotDim=%d must be even and at most headDim=%d", rotDim, headDim)
+	}
+	if style != RoPENeoX && style != RoPEInterleaved {
+		return fmt.Errorf("kernels: RoPE: unknown style %d", style)
+	}
+	if math.IsNaN(float64(attnFactor)) || math.IsInf(float64(attnFactor), 0) {
+		return fmt.Errorf("kernels: RoPE: attnFactor=%g is not finite", attnFactor)
+	}
+	if err := need(op, "x", x, int64(t)*int64(heads)*int64(headDim), 2); err != nil {
+		return err
+	}
+	if err := need(op, "pos", pos, int64(t), 4); err != nil {
+		return err
+	}
+	if err := need(op, "invFreq", invFreq, int64(rotDim/2), 4); err != nil {
+		return err
+	}
+	return d.lib.check("mk_rope_bf16", d.lib.rope(s.handle(), x.ptr, pos.ptr, int64(t), int64(heads),
+		int64(headDim), int64(rotDim), int32(style), invFreq.ptr, math.Float32bits(attnFactor)))
+}
+
+// ConvertF32ToBF16 rounds n float32 values of src to bf16 in dst (nearest even).
+func (d *Device) ConvertF32ToBF16(s *Stream, dst, src *Buffer, n int) error {
+	const op = "ConvertF32ToBF16"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if n <= 0 {
+		return fmt.Errorf("kernels: %s: n=%d", op, n)
+	}
+	if err := need(op, "src", src, int64(n), 4); err != nil {
+		return err
+	}
+	if err := need(op, "dst", dst, int64(n), 2); err != nil {
+		return err
+	}
+	return d.lib.check("mk_convert_f32_to_bf16", d.lib.f32ToBF16(s.handle(), dst.ptr, src.ptr, int64(n)))
+}
+
+// ConvertBF16ToF32 widens n bf16 values of src to float32 in dst.
+func (d *Device) ConvertBF16ToF32(s *Stream, dst, src *Buffer, n int) error {
+	const op = "ConvertBF16ToF32"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if n <= 0 {
+		return fmt.Errorf("kernels: %s: n=%d", op, n)
+	}
+	if err := need(op, "src", src, int64(n), 2); err != nil {
+		return err
+	}
+	if err := need(op, "dst", dst, int64(n), 4); err != nil {
+		return err
+	}
+	return d.lib.check("mk_convert_bf16_to_f32", d.lib.bf16ToF32(s.handle(), dst.ptr, src.ptr, int64(n)))
+}
