@@ -275,9 +275,13 @@ func TestCancelFreesBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-ch // first token
-	if e.Stats().BlocksUsed == 0 {
-		t.Fatal("a running sequence holds no blocks")
+	<-ch // first token; the step's stats are published right after it
+	deadline := time.Now().Add(5 * time.Second)
+	for e.Stats().BlocksUsed == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a running sequence holds no blocks")
+		}
+		time.Sleep(time.Millisecond)
 	}
 	cancel()
 	for range ch {
