@@ -149,15 +149,21 @@ int32_t mk_gemm_bf16(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int32_
     if (rc != MK_OK) return rc;
     it = g.plans.emplace(key, p).first;
   }
-  const Plan& p = it->second;
+  Plan& p = it->second;
   const float alpha = 1.0f, beta = 0.0f;
   cudaStream_t s = mk::as_stream(stream);
   if (!p.fallback) {
-    MK_BLAS(cublasLtMatmul(g.lt, p.op, &alpha, mk::dev<void>(b), p.la, mk::dev<void>(a), p.lb,
-                           &beta, mk::dev<void>(c), p.lc, mk::dev<void>(c), p.lc, &p.algo, g.ws,
-                           kWorkspaceBytes, s));
-    g.lt_calls++;
-    return MK_OK;
+    cublasStatus_t st = cublasLtMatmul(g.lt, p.op, &alpha, mk::dev<void>(b), p.la,
+                                       mk::dev<void>(a), p.lb, &beta, mk::dev<void>(c), p.lc,
+                                       mk::dev<void>(c), p.lc, &p.algo, g.ws, kWorkspaceBytes, s);
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      g.lt_calls++;
+      return MK_OK;
+    }
+    // An algorithm the heuristic offered but that refuses this problem:
+    // remember the shape for the fallback. Any other status is an error.
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) MK_BLAS(st);
+    p.fallback = true;
   }
   cudaDataType_t ct = c_dtype == MK_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
   MK_BLAS(cublasSetStream(g.blas, s));

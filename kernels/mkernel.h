@@ -134,7 +134,8 @@ MK_API int32_t mk_event_elapsed(uint64_t start, uint64_t end, uint32_t* ms_bits)
 
 /* C [M,N] = A [M,K] · B [N,K]ᵀ (the Hugging Face Linear layout), bf16 operands,
  * fp32 accumulation, C bf16 or f32 by c_dtype. cuBLASLt, falling back to
- * cublasGemmEx where cuBLASLt offers no algorithm. */
+ * cublasGemmEx where cuBLASLt offers no algorithm. One 64 MiB workspace serves
+ * every GEMM, so GEMMs on different streams must not overlap in time. */
 MK_API int32_t mk_gemm_bf16(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int32_t c_dtype,
                      int64_t m, int64_t n, int64_t k);
 /* How many GEMMs ran through cuBLASLt and through the cublasGemmEx fallback. */
