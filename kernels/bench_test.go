@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/mkserve/mkserve/tensor"
 )
@@ -40,7 +41,9 @@ func randomBF16(n int) []uint16 {
 }
 
 // timeLaunches records events around b.N calls of launch(i) on stream s after
-// warm warm-up calls, and returns the mean milliseconds per call.
+// warm warm-up calls, and returns the mean device milliseconds per call. It
+// also reports "issue-us/op", the host time to issue one call: when that
+// approaches the device time, the loop measures launch overhead, not the GPU.
 func timeLaunches(b *testing.B, d *Device, s *Stream, warm int, launch func(i int) error) (float64, error) {
 	for i := range warm {
 		if err := launch(i); err != nil {
@@ -64,11 +67,13 @@ func timeLaunches(b *testing.B, d *Device, s *Stream, warm int, launch func(i in
 	if err := e0.Record(s); err != nil {
 		return 0, err
 	}
+	t0 := time.Now()
 	for i := 0; i < b.N; i++ {
 		if err := launch(i); err != nil {
 			return 0, err
 		}
 	}
+	b.ReportMetric(float64(time.Since(t0).Nanoseconds())/1e3/float64(b.N), "issue-us/op")
 	if err := e1.Record(s); err != nil {
 		return 0, err
 	}
