@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/mkserve
 export CGO_ENABLED := 0
 
-.PHONY: all build test vet run bench fuzz proto clean
+.PHONY: all build test vet run bench fuzz proto kernels clean
 
 all: build
 
@@ -21,6 +21,10 @@ test: vet
 # Serve the bundled default model: HTTP on 127.0.0.1:8000, gRPC on 127.0.0.1:50051.
 run: build
 	./$(BIN) serve --log-format console
+
+# Build kernels/libmkernel.so (needs nvcc; see kernels/README.md and scripts/device.sh).
+kernels:
+	$(MAKE) -C kernels
 
 # Regenerate proto/mkserve/v1 (needs protoc: apt-get install -y protobuf-compiler).
 proto:
