@@ -57,6 +57,41 @@ func (p *SamplingParams) Defaults() {
 	}
 }
 
+// SamplingDefaults are a model's preferred sampling settings
+// (generation_config.json). Like vLLM, the servers use them for the
+// parameters a request leaves unset; nil fields fall back to OpenAI's
+// defaults.
+type SamplingDefaults struct {
+	Temperature       *float32
+	TopP              *float32
+	TopK              *int
+	MinP              *float32
+	RepetitionPenalty *float32
+}
+
+// Base is what a request that sets nothing samples with: temperature 1,
+// top_p 1, no top-k, min-p or repetition penalty, each replaced by the
+// model's default where it has one. N and MaxTokens are left zero.
+func (d *SamplingDefaults) Base() SamplingParams {
+	p := SamplingParams{Temperature: 1, TopP: 1, RepetitionPenalty: 1}
+	if d == nil {
+		return p
+	}
+	set := func(dst *float32, v *float32) {
+		if v != nil {
+			*dst = *v
+		}
+	}
+	set(&p.Temperature, d.Temperature)
+	set(&p.TopP, d.TopP)
+	set(&p.MinP, d.MinP)
+	set(&p.RepetitionPenalty, d.RepetitionPenalty)
+	if d.TopK != nil && *d.TopK > 0 {
+		p.TopK = *d.TopK
+	}
+	return p
+}
+
 // sampler picks one sequence's next tokens. Its random stream depends only
 // on the seed and the choice index, so a seeded request repeats itself.
 type sampler struct {

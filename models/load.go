@@ -15,14 +15,17 @@ import (
 	"github.com/mkserve/mkserve/models/safetensors"
 )
 
-// GenerationConfig is generation_config.json: the checkpoint's decoding defaults.
+// GenerationConfig is generation_config.json: the checkpoint's decoding
+// defaults. Sampling fields are nil when the file does not set them.
 type GenerationConfig struct {
-	EOSTokenIDs []int   // eos_token_id (int or list)
-	BOSTokenID  int     // bos_token_id (-1 if unset)
-	Temperature float64 // 0 if unset
-	TopP        float64
-	TopK        int
-	DoSample    bool
+	EOSTokenIDs       []int // eos_token_id (int or list)
+	BOSTokenID        int   // bos_token_id (-1 if unset)
+	DoSample          bool
+	Temperature       *float64
+	TopP              *float64
+	TopK              *int
+	MinP              *float64
+	RepetitionPenalty *float64
 }
 
 // LoadGenerationConfig reads dir/generation_config.json; a missing file is
@@ -43,14 +46,24 @@ func LoadGenerationConfig(dir string) (*GenerationConfig, error) {
 	r := reader{raw: raw}
 	g := &GenerationConfig{
 		EOSTokenIDs: r.ints("eos_token_id"),
-		Temperature: r.float("temperature", 0),
-		TopP:        r.float("top_p", 0),
-		TopK:        r.int("top_k", 0),
 		DoSample:    r.bool("do_sample", false),
+		BOSTokenID:  -1,
 	}
-	g.BOSTokenID = -1
 	if b := r.ints("bos_token_id"); len(b) > 0 {
 		g.BOSTokenID = b[0]
+	}
+	optFloat := func(key string) *float64 {
+		if _, ok := r.get(key); !ok {
+			return nil
+		}
+		v := r.float(key, 0)
+		return &v
+	}
+	g.Temperature, g.TopP = optFloat("temperature"), optFloat("top_p")
+	g.MinP, g.RepetitionPenalty = optFloat("min_p"), optFloat("repetition_penalty")
+	if _, ok := r.get("top_k"); ok {
+		k := r.int("top_k", 0)
+		g.TopK = &k
 	}
 	if r.err != nil {
 		return nil, fmt.Errorf("%s: %w", path, r.err)

@@ -87,6 +87,11 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 			return fmt.Errorf("%s: chat template: %w", cfg.Model, err)
 		}
 	}
+	gc, err := models.LoadGenerationConfig(cfg.Model)
+	if err != nil {
+		return err
+	}
+	defaults := samplingDefaults(gc)
 	reg := metrics.NewRegistry()
 	met := metrics.New(reg, cfg.ModelName())
 	gen := &lateGenerator{name: cfg.ModelName()}
@@ -94,7 +99,7 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	// Servers up before the model: /health answers 503 until ready.
 	hs := httpapi.New(gen, tok, tmpl, httpapi.Options{
 		APIKey: cfg.APIKey, CORSOrigins: cfg.CORSOrigins, MaxBodyBytes: cfg.MaxBodyBytes,
-		Logger: log, LogPrompts: cfg.LogPrompts, Metrics: metrics.Handler(reg),
+		Logger: log, LogPrompts: cfg.LogPrompts, Metrics: metrics.Handler(reg), Defaults: defaults,
 	})
 	hl, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
@@ -108,7 +113,7 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	var gapi *grpcapi.Server
 	grpcAddr := ""
 	if cfg.GRPCAddr != "" {
-		gapi = grpcapi.New(gen, tok, grpcapi.Options{Logger: log, Registerer: reg})
+		gapi = grpcapi.New(gen, tok, grpcapi.Options{Logger: log, Registerer: reg, Defaults: defaults})
 		gs = grpc.NewServer(gapi.ServerOptions()...)
 		gapi.Register(gs)
 		gl, err := net.Listen("tcp", cfg.GRPCAddr)
@@ -196,4 +201,23 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// samplingDefaults turns generation_config.json's sampling settings into the
+// servers' defaults for unset request parameters (nil: none).
+func samplingDefaults(g *models.GenerationConfig) *engine.SamplingDefaults {
+	if g == nil {
+		return nil
+	}
+	f32 := func(v *float64) *float32 {
+		if v == nil {
+			return nil
+		}
+		x := float32(*v)
+		return &x
+	}
+	return &engine.SamplingDefaults{
+		Temperature: f32(g.Temperature), TopP: f32(g.TopP), MinP: f32(g.MinP),
+		RepetitionPenalty: f32(g.RepetitionPenalty), TopK: g.TopK,
+	}
 }

@@ -64,7 +64,7 @@ func TestConfig(t *testing.T) {
 	if len(g.EOSTokenIDs) != 2 || g.EOSTokenIDs[0] != 2 || g.EOSTokenIDs[1] != 0 {
 		t.Errorf("generation eos_token_id = %v, want [2 0] (<|im_end|>, <|endoftext|>)", g.EOSTokenIDs)
 	}
-	if !g.DoSample || g.Temperature != 0.8 || g.TopP != 0.95 {
+	if !g.DoSample || g.Temperature == nil || *g.Temperature != 0.8 || g.TopP == nil || *g.TopP != 0.95 {
 		t.Errorf("generation defaults = do_sample %v temperature %v top_p %v, want true 0.8 0.95", g.DoSample, g.Temperature, g.TopP)
 	}
 }

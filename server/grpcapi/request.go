@@ -101,15 +101,16 @@ func (s *Server) sampling(p *pb.SamplingParams, promptLen int) (engine.SamplingP
 	if p == nil {
 		p = &pb.SamplingParams{}
 	}
+	base := s.opts.Defaults.Base()
 	sp := engine.SamplingParams{
 		N:                 int(opt(p.N, 1)),
-		Temperature:       opt(p.Temperature, 1),
-		TopP:              opt(p.TopP, 1),
-		TopK:              int(opt(p.TopK, 0)),
-		MinP:              opt(p.MinP, 0),
+		Temperature:       opt(p.Temperature, base.Temperature),
+		TopP:              opt(p.TopP, base.TopP),
+		TopK:              int(opt(p.TopK, int32(base.TopK))),
+		MinP:              opt(p.MinP, base.MinP),
 		PresencePenalty:   opt(p.PresencePenalty, 0),
 		FrequencyPenalty:  opt(p.FrequencyPenalty, 0),
-		RepetitionPenalty: opt(p.RepetitionPenalty, 1),
+		RepetitionPenalty: opt(p.RepetitionPenalty, base.RepetitionPenalty),
 		Stop:              append([]string(nil), p.Stop...),
 		StopTokenIDs:      append([]int32(nil), p.StopTokenIds...),
 		IgnoreEOS:         p.IgnoreEos,

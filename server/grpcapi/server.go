@@ -37,6 +37,9 @@ type Options struct {
 	// Registerer gets the per-method RPC count and latency collectors
 	// (nil: not recorded). Several Servers may share one.
 	Registerer prometheus.Registerer
+	// Defaults are the model's sampling defaults (generation_config.json),
+	// used for parameters a request leaves unset; nil: OpenAI's.
+	Defaults *engine.SamplingDefaults
 	// DefaultMaxTokens is max_tokens when a request leaves it unset,
 	// capped by what the context has left (0: what the context has left).
 	DefaultMaxTokens int

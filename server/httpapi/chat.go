@@ -23,7 +23,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 	if !ok {
 		return
 	}
-	sp, e := req.params(s.tok.VocabSize())
+	sp, e := req.params(s.tok.VocabSize(), s.opts.Defaults.Base())
 	if e != nil {
 		k.fail(c, e)
 		return

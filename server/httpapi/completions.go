@@ -20,7 +20,7 @@ func (s *Server) completions(c *gin.Context) {
 		return
 	}
 	vocab := s.tok.VocabSize()
-	sp, e := req.params(vocab)
+	sp, e := req.params(vocab, s.opts.Defaults.Base())
 	if e != nil {
 		k.fail(c, e)
 		return

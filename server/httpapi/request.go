@@ -300,8 +300,10 @@ func parseStop(raw json.RawMessage) ([]string, *apiError) {
 
 // params turns the shared parameters into engine.SamplingParams (all but
 // MaxTokens and the logprob fields, which depend on the endpoint).
-func (p *sampling) params(vocab int) (engine.SamplingParams, *apiError) {
-	sp := engine.SamplingParams{N: 1, Temperature: 1, TopP: 1, RepetitionPenalty: 1}
+// base holds the values of unset parameters (the model's defaults).
+func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.SamplingParams, *apiError) {
+	sp := base
+	sp.N = 1
 	inRange := func(name string, v *float64, lo, hi float64, loOpen bool, dst *float32) *apiError {
 		if v == nil {
 			return nil
@@ -348,6 +350,7 @@ func (p *sampling) params(vocab int) (engine.SamplingParams, *apiError) {
 	if p.TopK != nil {
 		switch k := *p.TopK; {
 		case k == -1 || k == 0:
+			sp.TopK = 0 // off, whatever the model's default
 		case k > 0:
 			sp.TopK = k
 		default:

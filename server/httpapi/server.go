@@ -64,6 +64,10 @@ type Options struct {
 	Logger *zap.Logger
 	// LogPrompts adds the prompt text to each request's log line.
 	LogPrompts bool
+	// Defaults are the model's sampling defaults (generation_config.json),
+	// used for parameters a request leaves unset, as vLLM does; nil:
+	// OpenAI's defaults.
+	Defaults *engine.SamplingDefaults
 	// Metrics is served at /metrics; nil: 404.
 	Metrics http.Handler
 }
