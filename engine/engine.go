@@ -86,8 +86,8 @@ func New(m models.Model, be backend.Backend, tok Detokenizer, cfg Config, o Opti
 	if numBlocks < 2 {
 		return nil, fmt.Errorf("kv_cache_bytes %d holds %d blocks of %d tokens (%d bytes a token); need at least 2", cfg.KVCacheBytes, numBlocks, cfg.BlockSize, perToken)
 	}
-	if cap := numBlocks * cfg.BlockSize; cfg.MaxModelLen > cap {
-		cfg.MaxModelLen = cap
+	if tokens := numBlocks * cfg.BlockSize; cfg.MaxModelLen > tokens {
+		cfg.MaxModelLen = tokens // one sequence can never outgrow the pool
 	}
 	if err := be.InitKV(cfg.BlockSize, numBlocks); err != nil {
 		return nil, err
