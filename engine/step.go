@@ -150,6 +150,11 @@ func (e *Engine) schedule() []entry {
 func (e *Engine) step() {
 	plan := e.schedule()
 	if len(plan) == 0 {
+		// Everything running was preempted this round: admit again from
+		// the waiting queue (which now holds them, their blocks freed).
+		plan = e.schedule()
+	}
+	if len(plan) == 0 {
 		// Nothing fits (e.g. every block is held by waiting forks): should
 		// not happen with at least one running sequence; wait for a wake-up.
 		e.publish()
