@@ -13,7 +13,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/mkserve/mkserve/backend"
-	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/engine"
 	"github.com/mkserve/mkserve/models"
 	"github.com/mkserve/mkserve/tokenizer"
@@ -72,7 +71,7 @@ type modelFlags struct {
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.dir, "model", "", "Hugging Face checkpoint directory")
-	fs.StringVar(&m.backend, "backend", "cpu", "compute backend: cpu")
+	fs.StringVar(&m.backend, "backend", "cpu", "compute backend: cpu or cuda")
 	fs.IntVar(&m.ep, "ep", 1, "expert-parallel ranks (emulated in process on the CPU)")
 }
 
@@ -83,12 +82,9 @@ func (m *modelFlags) load() (*models.Loaded, backend.Backend, error) {
 	if m.ep < 1 {
 		return nil, nil, fmt.Errorf("--ep must be at least 1, got %d", m.ep)
 	}
-	var be backend.Backend
-	switch m.backend {
-	case "cpu":
-		be = cpu.New(cpu.Options{EPRanks: m.ep})
-	default:
-		return nil, nil, fmt.Errorf("--backend %q is not available (available: cpu)", m.backend)
+	be, err := newBackend(m.backend, m.ep)
+	if err != nil {
+		return nil, nil, err
 	}
 	l, err := models.Load(m.dir, be, models.LoadOptions{})
 	if err != nil {

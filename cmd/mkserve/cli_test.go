@@ -67,6 +67,7 @@ func TestCommandErrorsAreOneLine(t *testing.T) {
 		{[]string{"logits", "--model", goldenQwen3}, "--ids"},
 		{[]string{"logits", "--ids", "1"}, "--model"},
 		{[]string{"logits", "--model", goldenQwen3, "--ids", "1", "--backend", "tpu"}, "tpu"},
+		{[]string{"logits", "--model", goldenQwen3, "--ids", "1", "--backend", "cuda"}, "backend cuda"},
 		{[]string{"logits", "--model", goldenQwen3, "--ids", "1", "--ep", "0"}, "--ep"},
 		{[]string{"generate", "--model", empty, "--prompt", "hi"}, "config.json"},
 		{[]string{"generate", "--model", goldenQwen3}, "--prompt"},

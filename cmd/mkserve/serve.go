@@ -16,8 +16,6 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
-	"github.com/mkserve/mkserve/backend"
-	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/chat"
 	"github.com/mkserve/mkserve/config"
 	"github.com/mkserve/mkserve/engine"
@@ -128,16 +126,13 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 
 	// The model.
 	start := time.Now()
-	var be backend.Backend
-	switch cfg.Backend {
-	case "cpu":
-		be = cpu.New(cpu.Options{EPRanks: cfg.EP})
-	default:
+	be, err := newBackend(cfg.Backend, cfg.EP)
+	if err != nil {
 		httpSrv.Close()
 		if gs != nil {
 			gs.Stop()
 		}
-		return fmt.Errorf("backend %q is not available in this build (available: cpu)", cfg.Backend)
+		return err
 	}
 	loaded, err := models.Load(cfg.Model, be, models.LoadOptions{})
 	if err != nil {
