@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
+
+	"github.com/mkserve/mkserve/internal/par"
 )
 
 // Params describes one attention computation.
@@ -85,7 +88,7 @@ func Causal(out, q, k, v []float32, Tq, past int, p *Params) {
 	// enough tasks for all cores; the per-head arithmetic is the same
 	// whatever the split.
 	split := 1
-	for split < group && Tq*KV*split < 4*numWorkers() {
+	for split < group && Tq*KV*split < 4*runtime.GOMAXPROCS(0) {
 		split *= 2
 	}
 	split = min(split, group)
@@ -97,7 +100,7 @@ func Causal(out, q, k, v []float32, Tq, past int, p *Params) {
 		work = min(n, p.Window)
 	}
 	grain := max(1, (1<<16)/max(1, work*per*(D+Dv)))
-	parallelFor(tasks, grain, func() func(lo, hi int) {
+	par.For(tasks, grain, func() func(lo, hi int) {
 		scores := make([]float32, per*work) // [heads of a task, visible keys]
 		return func(lo, hi int) {
 			for task := lo; task < hi; task++ {

@@ -5,6 +5,8 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+
+	"github.com/mkserve/mkserve/internal/par"
 )
 
 // maxCachedPos bounds the cos/sin tables: positions from maxCachedPos on are
@@ -50,7 +52,7 @@ func (r *RoPE) Apply(x []float32, rows, heads, headDim int, pos []int32) {
 	half := r.Dim / 2
 	width := heads * headDim
 	grain := max(1, (1<<14)/(heads*half)) // rows per task: ~16k rotations
-	parallelFor(rows, grain, func() func(lo, hi int) {
+	par.For(rows, grain, func() func(lo, hi int) {
 		var cs, sn []float32 // scratch for uncached positions
 		return func(lo, hi int) {
 			for i := lo; i < hi; i++ {

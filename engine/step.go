@@ -2,16 +2,14 @@ package engine
 
 import (
 	"fmt"
-	"runtime"
 	"slices"
 	"sort"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/internal/par"
 )
 
 // admitRequest turns a new request into its first sequence (choice 0; the
@@ -296,27 +294,10 @@ type pick struct {
 
 // parallelPicks samples every pick, spread over the cores.
 func parallelPicks(picks []pick) {
-	workers := min(len(picks), runtime.GOMAXPROCS(0))
-	if workers <= 1 {
-		for i := range picks {
-			pk := &picks[i]
-			pk.tok, pk.lp = pk.s.sampler.sample(pk.logits, pk.s.text.tokenText)
-		}
-		return
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1) - 1); i < len(picks); i = int(next.Add(1) - 1) {
-				pk := &picks[i]
-				pk.tok, pk.lp = pk.s.sampler.sample(pk.logits, pk.s.text.tokenText)
-			}
-		}()
-	}
-	wg.Wait()
+	par.Each(len(picks), func(i int) {
+		pk := &picks[i]
+		pk.tok, pk.lp = pk.s.sampler.sample(pk.logits, pk.s.text.tokenText)
+	})
 }
 
 // emit samples s's next token from logits and streams it.

@@ -1,12 +1,9 @@
 package cpu
 
 import (
-	"runtime"
-	"sync"
-	"sync/atomic"
-
 	"github.com/mkserve/mkserve/attention"
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/internal/par"
 )
 
 // seqCache is one sequence's KV cache, one entry per layer index.
@@ -133,25 +130,7 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	}
 	// attention.Causal spreads one sequence over all cores; several short
 	// sequences (decode) also run side by side.
-	workers := min(len(b.Seqs), runtime.GOMAXPROCS(0))
-	if workers <= 1 {
-		for i := range b.Seqs {
-			run(i)
-		}
-		return out
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1) - 1); i < len(b.Seqs); i = int(next.Add(1) - 1) {
-				run(i)
-			}
-		}()
-	}
-	wg.Wait()
+	par.Each(len(b.Seqs), run)
 	return out
 }
 

@@ -1,0 +1,55 @@
+// Package par runs loops on all cores with dynamic scheduling, for the CPU
+// code paths (attention rows, sequences of a batch, samplers).
+package par
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// For runs [0, n) in tasks of grain items handed out dynamically to up to
+// GOMAXPROCS goroutines, so uneven tasks balance. newWorker is called once
+// per goroutine and returns the task body, so each worker can own scratch
+// buffers. With one worker (or one task) everything runs on the caller's
+// goroutine.
+func For(n, grain int, newWorker func() func(lo, hi int)) {
+	if n <= 0 {
+		return
+	}
+	grain = max(grain, 1)
+	tasks := (n + grain - 1) / grain
+	w := min(runtime.GOMAXPROCS(0), tasks)
+	if w <= 1 {
+		newWorker()(0, n)
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range w {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := newWorker()
+			for {
+				lo := int(next.Add(int64(grain))) - grain
+				if lo >= n {
+					return
+				}
+				body(lo, min(lo+grain, n))
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// Each calls f(i) for every i in [0, n), one index per task.
+func Each(n int, f func(i int)) {
+	For(n, 1, func() func(lo, hi int) {
+		return func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				f(i)
+			}
+		}
+	})
+}
