@@ -265,6 +265,16 @@ func loadMLP(w *Weights, prefix string, hidden, I int) (*backend.MLP, error) {
 	return m, nil
 }
 
+// loadDense binds a dense SwiGLU MLP of the config's intermediate_size
+// under prefix (Qwen's mlp_only layers, DeepSeek's first dense layers).
+func loadDense(cfg *Config, w *Weights, be backend.Backend, prefix string) (block, error) {
+	m, err := loadMLP(w, prefix, cfg.HiddenSize, cfg.IntermediateSize)
+	if err != nil {
+		return nil, err
+	}
+	return &denseFFN{be: be, mlp: *m}, nil
+}
+
 // expertNames are the per-expert tensor names used by HF checkpoints:
 // {gate, up, down} as *_proj (Qwen, OLMoE, DeepSeek) or w1/w3/w2 (Mixtral).
 var expertNames = [][3]string{

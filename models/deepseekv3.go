@@ -43,11 +43,8 @@ func buildDeepSeekV3(cfg *Config, w *Weights, be backend.Backend) (Model, error)
 		}
 		prefix := fmt.Sprintf("model.layers.%d.mlp.", i)
 		if i < cfg.FirstKDense {
-			m, err := loadMLP(w, prefix, cfg.HiddenSize, cfg.IntermediateSize)
-			if err != nil {
-				return nil, nil, err
-			}
-			return attn, &denseFFN{be: be, mlp: *m}, nil
+			ffn, err := loadDense(cfg, w, be, prefix)
+			return attn, ffn, err
 		}
 		f := &moeFFN{be: be}
 		f.l.Router = moe.RouterConfig{

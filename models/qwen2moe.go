@@ -22,11 +22,8 @@ func buildQwen2MoE(cfg *Config, w *Weights, be backend.Backend) (Model, error) {
 		}
 		prefix := fmt.Sprintf("model.layers.%d.mlp.", i)
 		if !qwenSparse(cfg, i) {
-			m, err := loadMLP(w, prefix, cfg.HiddenSize, cfg.IntermediateSize)
-			if err != nil {
-				return nil, nil, err
-			}
-			return attn, &denseFFN{be: be, mlp: *m}, nil
+			ffn, err := loadDense(cfg, w, be, prefix)
+			return attn, ffn, err
 		}
 		f, err := loadSoftmaxMoE(cfg, w, be, prefix, cfg.NormTopKProb)
 		if err != nil {

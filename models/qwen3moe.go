@@ -18,11 +18,8 @@ func buildQwen3MoE(cfg *Config, w *Weights, be backend.Backend) (Model, error) {
 		}
 		prefix := fmt.Sprintf("model.layers.%d.mlp.", i)
 		if !qwenSparse(cfg, i) {
-			m, err := loadMLP(w, prefix, cfg.HiddenSize, cfg.IntermediateSize)
-			if err != nil {
-				return nil, nil, err
-			}
-			return attn, &denseFFN{be: be, mlp: *m}, nil
+			ffn, err := loadDense(cfg, w, be, prefix)
+			return attn, ffn, err
 		}
 		f, err := loadSoftmaxMoE(cfg, w, be, prefix, cfg.NormTopKProb)
 		return attn, f, err
