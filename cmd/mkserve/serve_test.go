@@ -308,3 +308,31 @@ func TestServeQueueFull(t *testing.T) {
 		t.Errorf("served %d, rejected %d, other %d", served.Load(), rejected.Load(), other.Load())
 	}
 }
+
+// TestBenchServeCommand: `mkserve bench serve` against a running server
+// prints its JSON result; bad flags are one-line errors.
+func TestBenchServeCommand(t *testing.T) {
+	h, _, stop := startServe(t, "--model", "../../models/default")
+	defer stop()
+	code, out, errOut := runCLI([]string{"bench", "serve", "--base-url", "http://" + h, "--num-prompts", "6",
+		"--max-concurrency", "3", "--random-input-len", "8", "--random-output-len", "4", "--json"}, "")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var res struct {
+		Completed, Failed int
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || res.Completed != 6 || res.Failed != 0 {
+		t.Fatalf("result %q: %+v %v", out, res, err)
+	}
+	for _, args := range [][]string{
+		{"bench", "serve", "--endpoint", "embeddings"},
+		{"bench", "serve", "--request-rate", "fast"},
+		{"bench", "serve", "--random-input-len", "x"},
+		{"bench", "nothing"},
+	} {
+		if code, _, errOut := runCLI(args, ""); code == 0 || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("%v: exit %d, stderr %q", args, code, errOut)
+		}
+	}
+}
