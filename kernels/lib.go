@@ -156,6 +156,20 @@ type lib struct {
 	rope       func(s, x, pos uint64, t, heads, headDim, rotDim int64, style int32, invFreq uint64, attn uint32) int32
 	f32ToBF16  func(s, dst, src uint64, n int64) int32
 	bf16ToF32  func(s, dst, src uint64, n int64) int32
+
+	// float32-activation ops (f32ops.cu)
+	rmsnormF32    func(s, out, x, w uint64, rows, cols, group int64, eps uint32) int32
+	addF32        func(s, out, a, b uint64, n int64) int32
+	clampF32      func(s, out, x uint64, n int64, limit uint32) int32
+	biasAddF32    func(s, x, bias uint64, rows, cols int64) int32
+	swigluF32     func(s, out, in uint64, t, i int64, kind int32, alpha, limit uint32) int32
+	ropeF32       func(s, x, pos uint64, t, heads, headDim, rotDim int64, style int32, invFreq uint64, attn uint32) int32
+	copyColsF32   func(s, dst uint64, dld, doff, dhs int64, src uint64, sld, soff, shs, rows, heads, width int64) int32
+	gatherRowsF32 func(s, dst, src uint64, srcDType int32, idx uint64, n, cols, srcRows int64) int32
+	scatterAddF32 func(s, out, src, idx, w uint64, n, cols int64) int32
+	gatedAddF32   func(s, out, x, gate uint64, rows, cols int64) int32
+	kvWriteF32    func(s, pk, pv, k, v, slots uint64, n, kw, vw int64) int32
+	attentionF32  func(s, out, q, pk, pv, rows, pos, table, blocks uint64, n int64, heads, kvHeads, headDim, vHeadDim, blockSize int32, scale uint32, window int32, sinks uint64) int32
 }
 
 // symbols pairs each C symbol with the field it binds.
@@ -202,6 +216,18 @@ func (l *lib) symbols() []struct {
 		{"mk_rope_bf16", &l.rope},
 		{"mk_convert_f32_to_bf16", &l.f32ToBF16},
 		{"mk_convert_bf16_to_f32", &l.bf16ToF32},
+		{"mk_rmsnorm_f32", &l.rmsnormF32},
+		{"mk_add_f32", &l.addF32},
+		{"mk_clamp_f32", &l.clampF32},
+		{"mk_bias_add_f32", &l.biasAddF32},
+		{"mk_swiglu_f32", &l.swigluF32},
+		{"mk_rope_f32", &l.ropeF32},
+		{"mk_copy_cols_f32", &l.copyColsF32},
+		{"mk_gather_rows_f32", &l.gatherRowsF32},
+		{"mk_scatter_add_rows_f32", &l.scatterAddF32},
+		{"mk_gated_add_f32", &l.gatedAddF32},
+		{"mk_kv_write_f32", &l.kvWriteF32},
+		{"mk_attention_f32", &l.attentionF32},
 	}
 }
 

@@ -174,6 +174,59 @@ MK_API int32_t mk_rope_bf16(uint64_t stream, uint64_t x, uint64_t pos, int64_t t
 MK_API int32_t mk_convert_f32_to_bf16(uint64_t stream, uint64_t dst, uint64_t src, int64_t n);
 MK_API int32_t mk_convert_bf16_to_f32(uint64_t stream, uint64_t dst, uint64_t src, int64_t n);
 
+
+/* ---- float32-activation ops (f32ops.cu; the CUDA model backend) ----
+ * All tensors float32 unless said; weights w/bias are float32 too. */
+
+/* out [rows, cols] = x / rms(each group of `group` columns) * w [group]; the
+ * sum of squares is accumulated in float64. */
+MK_API int32_t mk_rmsnorm_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, int64_t rows,
+                              int64_t cols, int64_t group, uint32_t eps_bits);
+/* out [n] = a + b. */
+MK_API int32_t mk_add_f32(uint64_t stream, uint64_t out, uint64_t a, uint64_t b, int64_t n);
+/* out [n] = clamp(x, -limit, limit) (NaN stays NaN). */
+MK_API int32_t mk_clamp_f32(uint64_t stream, uint64_t out, uint64_t x, int64_t n, uint32_t limit_bits);
+/* x [rows, cols] += bias [cols], in place. */
+MK_API int32_t mk_bias_add_f32(uint64_t stream, uint64_t x, uint64_t bias, int64_t rows, int64_t cols);
+/* out [t, i] from in [t, 2i] = [gate | up]: kind 0 silu(gate)*up; kind 1 the
+ * gpt-oss clamped form (see mk_swiglu_oss_bf16). */
+MK_API int32_t mk_swiglu_f32(uint64_t stream, uint64_t out, uint64_t in, int64_t t, int64_t i,
+                             int32_t kind, uint32_t alpha_bits, uint32_t limit_bits);
+/* In place RoPE of x [t, heads*head_dim] (see mk_rope_bf16): angle =
+ * float32(inv_freq[j] * float32(pos)), cos/sin in float64 rounded, times attn. */
+MK_API int32_t mk_rope_f32(uint64_t stream, uint64_t x, uint64_t pos, int64_t t, int64_t heads,
+                           int64_t head_dim, int64_t rot_dim, int32_t style, uint64_t inv_freq,
+                           uint32_t attn_bits);
+/* dst[r*dld + h*dhs + doff + c] = src[r*sld + h*shs + soff + c] for r < rows,
+ * h < heads, c < width (shs = 0 broadcasts one source head). */
+MK_API int32_t mk_copy_cols_f32(uint64_t stream, uint64_t dst, int64_t dld, int64_t doff, int64_t dhs,
+                                uint64_t src, int64_t sld, int64_t soff, int64_t shs, int64_t rows,
+                                int64_t heads, int64_t width);
+/* dst [n, cols] f32 = rows idx [n] (int32) of src [src_rows, cols] (f32 or bf16
+ * by src_dtype); an index outside [0, src_rows) gives a row of NaN. */
+MK_API int32_t mk_gather_rows_f32(uint64_t stream, uint64_t dst, uint64_t src, int32_t src_dtype,
+                                  uint64_t idx, int64_t n, int64_t cols, int64_t src_rows);
+/* out[idx[i], :] += w[i] * src[i, :] for i < n (atomic adds). */
+MK_API int32_t mk_scatter_add_rows_f32(uint64_t stream, uint64_t out, uint64_t src, uint64_t idx,
+                                       uint64_t w, int64_t n, int64_t cols);
+/* out [rows, cols] += sigmoid(gate[r]) * x (gate [rows], or 0 for a factor of 1). */
+MK_API int32_t mk_gated_add_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t gate, int64_t rows,
+                                int64_t cols);
+/* pool_k[slots[i], :kw] = k[i]; pool_v[slots[i], :vw] = v[i] for i < n. */
+MK_API int32_t mk_kv_write_f32(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint64_t k,
+                               uint64_t v, uint64_t slots, int64_t n, int64_t kw, int64_t vw);
+/* Paged causal attention for n query rows: row b is q/out row rows[b] at
+ * position pos[b]; its keys/values j in [max(0, pos-window+1), pos] (window 0:
+ * from 0) are at pool row blocks[table[b] + j/block_size]*block_size +
+ * j%block_size of pool_k [*, kv_heads*head_dim] / pool_v [*, kv_heads*v_head_dim].
+ * q [*, heads*head_dim], out [*, heads*v_head_dim]; GQA; sinks [heads] join the
+ * softmax denominator when non-zero. float32 throughout, online softmax. */
+MK_API int32_t mk_attention_f32(uint64_t stream, uint64_t out, uint64_t q, uint64_t pool_k,
+                                uint64_t pool_v, uint64_t rows, uint64_t pos, uint64_t table,
+                                uint64_t blocks, int64_t n, int32_t heads, int32_t kv_heads,
+                                int32_t head_dim, int32_t v_head_dim, int32_t block_size,
+                                uint32_t scale_bits, int32_t window, uint64_t sinks);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,396 @@
+// f32ops.cu — the float32-activation ops of the CUDA model backend
+// (backend/cuda): RMSNorm with a float32 weight, element-wise add/clamp/bias,
+// SwiGLU (plain and gpt-oss clamped), RoPE, column copies by head, row
+// gather/scatter-add, the sigmoid-gated add of shared experts, the paged KV
+// write and a paged causal attention.
+//
+// First versions: exact (float32 throughout, float64 where the CPU reference
+// uses it), not fast. One thread per element or one block per row.
+#include <cmath>
+
+#include "common.cuh"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kT = 256;
+
+unsigned grid_n(int64_t n) {
+  int64_t b = (n + kT - 1) / kT;
+  if (b < 1) b = 1;
+  if (b > (1 << 20)) b = 1 << 20;
+  return (unsigned)b;
+}
+
+#define GRID_STRIDE(i, n) \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// One block (256 threads) per group: sum of float32 squares accumulated in
+// float64, as the CPU reference does.
+__global__ void rmsnorm_f32(float* out, const float* x, const float* w, int64_t group, float eps) {
+  __shared__ double part[32];
+  const int64_t g = blockIdx.x;
+  const float* xs = x + g * group;
+  float* os = out + g * group;
+  double ss = 0;
+  for (int64_t j = threadIdx.x; j < group; j += blockDim.x) {
+    float v = xs[j];
+    ss += (double)__fmul_rn(v, v);
+  }
+  ss = warp_sum_d(ss);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    double v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0;
+    v = warp_sum_d(v);
+    if (threadIdx.x == 0) part[0] = v;
+  }
+  __syncthreads();
+  const float mean = (float)(part[0] / (double)group);
+  const float r = (float)(1.0 / sqrt((double)(mean + eps)));
+  for (int64_t j = threadIdx.x; j < group; j += blockDim.x) os[j] = __fmul_rn(w[j], __fmul_rn(xs[j], r));
+}
+
+__global__ void add_f32(float* out, const float* a, const float* b, int64_t n) {
+  GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void clamp_f32(float* out, const float* x, int64_t n, float lim) {
+  GRID_STRIDE(i, n) {
+    float v = x[i];
+    if (v > lim) v = lim;
+    else if (v < -lim) v = -lim;
+    out[i] = v;
+  }
+}
+
+__global__ void bias_add_f32(float* x, const float* b, int64_t rows, int64_t cols) {
+  GRID_STRIDE(i, rows * cols) x[i] += b[i % cols];
+}
+
+// kind 0: silu(g)*u; kind 1: gpt-oss clamped.
+__global__ void swiglu_f32(float* out, const float* in, int64_t t, int64_t inter, int kind,
+                           float alpha, float lim) {
+  GRID_STRIDE(idx, t * inter) {
+    const int64_t r = idx / inter, i = idx - r * inter;
+    const float* row = in + r * 2 * inter;
+    float g = row[i], u = row[inter + i];
+    if (kind == 0) {
+      out[idx] = __fmul_rn((float)((double)g / (1.0 + exp(-(double)g))), u);
+    } else {
+      if (g > lim) g = lim;
+      if (u > lim) u = lim;
+      else if (u < -lim) u = -lim;
+      const float glu = (float)((double)g / (1.0 + exp(-(double)alpha * (double)g)));
+      out[idx] = __fmul_rn(u + 1.0f, glu);
+    }
+  }
+}
+
+// In place; one thread per (row, head, pair).
+__global__ void rope_f32(float* x, const int32_t* pos, int64_t t, int64_t heads, int64_t head_dim,
+                         int64_t half, int style, const float* inv, float attn) {
+  GRID_STRIDE(idx, t * heads * half) {
+    const int64_t i = idx % half, rh = idx / half, h = rh % heads, r = rh / heads;
+    const float a = __fmul_rn(inv[i], (float)pos[r]);
+    const float c = __fmul_rn((float)cos((double)a), attn);
+    const float s = __fmul_rn((float)sin((double)a), attn);
+    float* v = x + r * heads * head_dim + h * head_dim;
+    float* p1 = style == MK_ROPE_NEOX ? v + i : v + 2 * i;
+    float* p2 = style == MK_ROPE_NEOX ? v + half + i : v + 2 * i + 1;
+    const float x1 = *p1, x2 = *p2;
+    *p1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    *p2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+  }
+}
+
+__global__ void copy_cols_f32(float* dst, int64_t dld, int64_t doff, int64_t dhs, const float* src,
+                              int64_t sld, int64_t soff, int64_t shs, int64_t rows, int64_t heads,
+                              int64_t width) {
+  GRID_STRIDE(idx, rows * heads * width) {
+    const int64_t c = idx % width, rh = idx / width, h = rh % heads, r = rh / heads;
+    dst[r * dld + h * dhs + doff + c] = src[r * sld + h * shs + soff + c];
+  }
+}
+
+// An index outside [0, src_rows) gives a row of NaN.
+template <typename T>
+__global__ void gather_rows(float* dst, const T* src, const int32_t* idx, int64_t n, int64_t cols,
+                            int64_t src_rows) {
+  GRID_STRIDE(k, n * cols) {
+    const int64_t i = k / cols, c = k - i * cols;
+    const int32_t r = idx[i];
+    if (r < 0 || (int64_t)r >= src_rows) {
+      dst[k] = nanf("");
+    } else if constexpr (sizeof(T) == 2) {
+      dst[k] = __bfloat162float(src[(int64_t)r * cols + c]);
+    } else {
+      dst[k] = src[(int64_t)r * cols + c];
+    }
+  }
+}
+
+__global__ void scatter_add_rows(float* out, const float* src, const int32_t* idx, const float* w,
+                                 int64_t n, int64_t cols) {
+  GRID_STRIDE(k, n * cols) {
+    const int64_t i = k / cols, c = k - i * cols;
+    atomicAdd(out + (int64_t)idx[i] * cols + c, __fmul_rn(w[i], src[k]));
+  }
+}
+
+__global__ void gated_add(float* out, const float* x, const float* gate, int64_t rows, int64_t cols) {
+  GRID_STRIDE(k, rows * cols) {
+    const int64_t r = k / cols;
+    float s = 1.0f;
+    if (gate) s = (float)(1.0 / (1.0 + exp(-(double)gate[r])));
+    out[k] += __fmul_rn(s, x[k]);
+  }
+}
+
+__global__ void kv_write(float* pk, float* pv, const float* k, const float* v, const int32_t* slots,
+                         int64_t n, int64_t kw, int64_t vw) {
+  const int64_t w = kw + vw;
+  GRID_STRIDE(q, n * w) {
+    const int64_t i = q / w, c = q - i * w;
+    const int64_t s = slots[i];
+    if (c < kw) pk[s * kw + c] = k[i * kw + c];
+    else pv[s * vw + c - kw] = v[i * vw + c - kw];
+  }
+}
+
+constexpr int kAT = 128;  // attention threads per block = keys per tile
+
+// One block per (listed query row, head). rows[b]: the q/out row;
+// pos[b]: its position (it sees keys max(0, pos-window+1)..pos);
+// table[b]: the offset of its sequence's block table in blocks[].
+__global__ void attention_f32(float* out, const float* q, const float* pk, const float* pv,
+                              const int32_t* rows, const int32_t* pos, const int32_t* table,
+                              const int32_t* blocks, int H, int KV, int D, int Dv, int bs,
+                              float scale, int window, const float* sinks) {
+  extern __shared__ float sm[];
+  float* qs = sm;           // [D]
+  float* acc = qs + D;      // [Dv]
+  float* p = acc + Dv;      // [kAT]
+  __shared__ float red[kAT / 32];
+  const int b = blockIdx.x, h = blockIdx.y, kh = h / (H / KV);
+  const int64_t row = rows[b];
+  const int i = pos[b];
+  const int32_t* tab = blocks + table[b];
+  const int lo = window > 0 ? max(0, i - window + 1) : 0;
+  for (int c = threadIdx.x; c < D; c += blockDim.x) qs[c] = q[(row * H + h) * D + c];
+  for (int c = threadIdx.x; c < Dv; c += blockDim.x) acc[c] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  __syncthreads();
+  for (int j0 = lo; j0 <= i; j0 += kAT) {
+    const int j = j0 + threadIdx.x;
+    float s = -INFINITY;
+    if (j <= i) {
+      const int64_t slot = (int64_t)tab[j / bs] * bs + j % bs;
+      const float* kr = pk + (slot * KV + kh) * D;
+      float d = 0.0f;
+      for (int c = 0; c < D; c++) d = fmaf(qs[c], kr[c], d);
+      s = d * scale;
+    }
+    // tile max
+    float v = s;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    float tm = red[0];
+    for (int w = 1; w < kAT / 32; w++) tm = fmaxf(tm, red[w]);
+    __syncthreads();
+    const float mn = fmaxf(m, tm);
+    const float e = j <= i ? expf(s - mn) : 0.0f;
+    p[threadIdx.x] = e;
+    float se = e;
+    for (int o = 16; o > 0; o >>= 1) se += __shfl_xor_sync(0xffffffffu, se, o);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = se;
+    __syncthreads();
+    float ts = 0.0f;
+    for (int w = 0; w < kAT / 32; w++) ts += red[w];
+    const float corr = expf(m - mn);  // m = -inf at first: 0
+    l = l * corr + ts;
+    m = mn;
+    const int nk = min(kAT, i - j0 + 1);
+    for (int c = threadIdx.x; c < Dv; c += blockDim.x) {
+      float a = acc[c] * corr;
+      for (int jj = 0; jj < nk; jj++) {
+        const int jk = j0 + jj;
+        const int64_t slot = (int64_t)tab[jk / bs] * bs + jk % bs;
+        a = fmaf(p[jj], pv[(slot * KV + kh) * Dv + c], a);
+      }
+      acc[c] = a;
+    }
+    __syncthreads();
+  }
+  if (sinks) {
+    const float sk = sinks[h];
+    const float mn = fmaxf(m, sk);
+    const float corr = expf(m - mn);
+    l = l * corr + expf(sk - mn);
+    for (int c = threadIdx.x; c < Dv; c += blockDim.x) acc[c] *= corr;
+  }
+  const float inv = 1.0f / l;
+  for (int c = threadIdx.x; c < Dv; c += blockDim.x) out[(row * H + h) * Dv + c] = acc[c] * inv;
+}
+
+}  // namespace
+
+#define F32_ARG(fn, cond) MK_ARG(cond, "%s: bad argument (%s)", fn, #cond)
+
+extern "C" {
+
+int32_t mk_rmsnorm_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, int64_t rows,
+                       int64_t cols, int64_t group, uint32_t eps_bits) {
+  const char* fn = "mk_rmsnorm_f32";
+  MK_THREAD(fn);
+  F32_ARG(fn, rows > 0 && cols > 0 && group > 0 && cols % group == 0 && out && x && w);
+  const int64_t segs = rows * (cols / group);
+  F32_ARG(fn, segs <= INT32_MAX);
+  rmsnorm_f32<<<(unsigned)segs, kT, 0, mk::as_stream(stream)>>>(
+      mk::dev<float>(out), mk::dev<float>(x), mk::dev<float>(w), group, mk::float_from_bits(eps_bits));
+  MK_LAUNCHED("rmsnorm_f32");
+  return MK_OK;
+}
+
+int32_t mk_add_f32(uint64_t stream, uint64_t out, uint64_t a, uint64_t b, int64_t n) {
+  MK_THREAD("mk_add_f32");
+  F32_ARG("mk_add_f32", n > 0 && out && a && b);
+  add_f32<<<grid_n(n), kT, 0, mk::as_stream(stream)>>>(mk::dev<float>(out), mk::dev<float>(a),
+                                                      mk::dev<float>(b), n);
+  MK_LAUNCHED("add_f32");
+  return MK_OK;
+}
+
+int32_t mk_clamp_f32(uint64_t stream, uint64_t out, uint64_t x, int64_t n, uint32_t limit_bits) {
+  MK_THREAD("mk_clamp_f32");
+  F32_ARG("mk_clamp_f32", n > 0 && out && x);
+  clamp_f32<<<grid_n(n), kT, 0, mk::as_stream(stream)>>>(mk::dev<float>(out), mk::dev<float>(x), n,
+                                                        mk::float_from_bits(limit_bits));
+  MK_LAUNCHED("clamp_f32");
+  return MK_OK;
+}
+
+int32_t mk_bias_add_f32(uint64_t stream, uint64_t x, uint64_t bias, int64_t rows, int64_t cols) {
+  MK_THREAD("mk_bias_add_f32");
+  F32_ARG("mk_bias_add_f32", rows > 0 && cols > 0 && x && bias);
+  bias_add_f32<<<grid_n(rows * cols), kT, 0, mk::as_stream(stream)>>>(mk::dev<float>(x),
+                                                                     mk::dev<float>(bias), rows, cols);
+  MK_LAUNCHED("bias_add_f32");
+  return MK_OK;
+}
+
+int32_t mk_swiglu_f32(uint64_t stream, uint64_t out, uint64_t in, int64_t t, int64_t i,
+                      int32_t kind, uint32_t alpha_bits, uint32_t limit_bits) {
+  MK_THREAD("mk_swiglu_f32");
+  F32_ARG("mk_swiglu_f32", t > 0 && i > 0 && out && in && (kind == 0 || kind == 1));
+  swiglu_f32<<<grid_n(t * i), kT, 0, mk::as_stream(stream)>>>(
+      mk::dev<float>(out), mk::dev<float>(in), t, i, kind, mk::float_from_bits(alpha_bits),
+      mk::float_from_bits(limit_bits));
+  MK_LAUNCHED("swiglu_f32");
+  return MK_OK;
+}
+
+int32_t mk_rope_f32(uint64_t stream, uint64_t x, uint64_t pos, int64_t t, int64_t heads,
+                    int64_t head_dim, int64_t rot_dim, int32_t style, uint64_t inv_freq,
+                    uint32_t attn_bits) {
+  MK_THREAD("mk_rope_f32");
+  F32_ARG("mk_rope_f32", t > 0 && heads > 0 && rot_dim > 0 && rot_dim % 2 == 0 &&
+                             rot_dim <= head_dim && x && pos && inv_freq &&
+                             (style == MK_ROPE_NEOX || style == MK_ROPE_INTERLEAVED));
+  const int64_t half = rot_dim / 2;
+  rope_f32<<<grid_n(t * heads * half), kT, 0, mk::as_stream(stream)>>>(
+      mk::dev<float>(x), mk::dev<int32_t>(pos), t, heads, head_dim, half, style,
+      mk::dev<float>(inv_freq), mk::float_from_bits(attn_bits));
+  MK_LAUNCHED("rope_f32");
+  return MK_OK;
+}
+
+int32_t mk_copy_cols_f32(uint64_t stream, uint64_t dst, int64_t dld, int64_t doff, int64_t dhs,
+                         uint64_t src, int64_t sld, int64_t soff, int64_t shs, int64_t rows,
+                         int64_t heads, int64_t width) {
+  MK_THREAD("mk_copy_cols_f32");
+  F32_ARG("mk_copy_cols_f32", rows > 0 && heads > 0 && width > 0 && dst && src);
+  copy_cols_f32<<<grid_n(rows * heads * width), kT, 0, mk::as_stream(stream)>>>(
+      mk::dev<float>(dst), dld, doff, dhs, mk::dev<float>(src), sld, soff, shs, rows, heads, width);
+  MK_LAUNCHED("copy_cols_f32");
+  return MK_OK;
+}
+
+int32_t mk_gather_rows_f32(uint64_t stream, uint64_t dst, uint64_t src, int32_t src_dtype,
+                           uint64_t idx, int64_t n, int64_t cols, int64_t src_rows) {
+  MK_THREAD("mk_gather_rows_f32");
+  F32_ARG("mk_gather_rows_f32", n > 0 && cols > 0 && src_rows > 0 && dst && src && idx &&
+                                    (src_dtype == MK_DTYPE_F32 || src_dtype == MK_DTYPE_BF16));
+  cudaStream_t s = mk::as_stream(stream);
+  if (src_dtype == MK_DTYPE_F32)
+    gather_rows<float><<<grid_n(n * cols), kT, 0, s>>>(mk::dev<float>(dst), mk::dev<float>(src),
+                                                       mk::dev<int32_t>(idx), n, cols, src_rows);
+  else
+    gather_rows<bf16><<<grid_n(n * cols), kT, 0, s>>>(mk::dev<float>(dst), mk::dev<bf16>(src),
+                                                      mk::dev<int32_t>(idx), n, cols, src_rows);
+  MK_LAUNCHED("gather_rows");
+  return MK_OK;
+}
+
+int32_t mk_scatter_add_rows_f32(uint64_t stream, uint64_t out, uint64_t src, uint64_t idx,
+                                uint64_t w, int64_t n, int64_t cols) {
+  MK_THREAD("mk_scatter_add_rows_f32");
+  F32_ARG("mk_scatter_add_rows_f32", n > 0 && cols > 0 && out && src && idx && w);
+  scatter_add_rows<<<grid_n(n * cols), kT, 0, mk::as_stream(stream)>>>(
+      mk::dev<float>(out), mk::dev<float>(src), mk::dev<int32_t>(idx), mk::dev<float>(w), n, cols);
+  MK_LAUNCHED("scatter_add_rows");
+  return MK_OK;
+}
+
+int32_t mk_gated_add_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t gate, int64_t rows,
+                         int64_t cols) {
+  MK_THREAD("mk_gated_add_f32");
+  F32_ARG("mk_gated_add_f32", rows > 0 && cols > 0 && out && x);
+  gated_add<<<grid_n(rows * cols), kT, 0, mk::as_stream(stream)>>>(
+      mk::dev<float>(out), mk::dev<float>(x), gate ? mk::dev<float>(gate) : nullptr, rows, cols);
+  MK_LAUNCHED("gated_add");
+  return MK_OK;
+}
+
+int32_t mk_kv_write_f32(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint64_t k, uint64_t v,
+                        uint64_t slots, int64_t n, int64_t kw, int64_t vw) {
+  MK_THREAD("mk_kv_write_f32");
+  F32_ARG("mk_kv_write_f32", n > 0 && kw > 0 && vw > 0 && pool_k && pool_v && k && v && slots);
+  kv_write<<<grid_n(n * (kw + vw)), kT, 0, mk::as_stream(stream)>>>(
+      mk::dev<float>(pool_k), mk::dev<float>(pool_v), mk::dev<float>(k), mk::dev<float>(v),
+      mk::dev<int32_t>(slots), n, kw, vw);
+  MK_LAUNCHED("kv_write");
+  return MK_OK;
+}
+
+int32_t mk_attention_f32(uint64_t stream, uint64_t out, uint64_t q, uint64_t pool_k,
+                         uint64_t pool_v, uint64_t rows, uint64_t pos, uint64_t table,
+                         uint64_t blocks, int64_t n, int32_t heads, int32_t kv_heads,
+                         int32_t head_dim, int32_t v_head_dim, int32_t block_size,
+                         uint32_t scale_bits, int32_t window, uint64_t sinks) {
+  const char* fn = "mk_attention_f32";
+  MK_THREAD(fn);
+  F32_ARG(fn, n > 0 && n <= INT32_MAX && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 &&
+                  head_dim > 0 && v_head_dim > 0 && block_size > 0 && window >= 0 && heads <= 65535);
+  F32_ARG(fn, out && q && pool_k && pool_v && rows && pos && table && blocks);
+  const size_t smem = sizeof(float) * ((size_t)head_dim + v_head_dim + kAT);
+  F32_ARG(fn, smem <= 48 * 1024);
+  dim3 grid((unsigned)n, (unsigned)heads);
+  attention_f32<<<grid, kAT, smem, mk::as_stream(stream)>>>(
+      mk::dev<float>(out), mk::dev<float>(q), mk::dev<float>(pool_k), mk::dev<float>(pool_v),
+      mk::dev<int32_t>(rows), mk::dev<int32_t>(pos), mk::dev<int32_t>(table),
+      mk::dev<int32_t>(blocks), heads, kv_heads, head_dim, v_head_dim, block_size,
+      mk::float_from_bits(scale_bits), window, sinks ? mk::dev<float>(sinks) : nullptr);
+  MK_LAUNCHED("attention_f32");
+  return MK_OK;
+}
+
+}  // extern "C"
