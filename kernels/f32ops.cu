@@ -160,6 +160,7 @@ __global__ void kv_write(float* pk, float* pv, const float* k, const float* v, c
   GRID_STRIDE(q, n * w) {
     const int64_t i = q / w, c = q - i * w;
     const int64_t s = slots[i];
+    if (s < 0) continue;  // a row of another pool
     if (c < kw) pk[s * kw + c] = k[i * kw + c];
     else pv[s * vw + c - kw] = v[i * vw + c - kw];
   }

@@ -212,7 +212,7 @@ MK_API int32_t mk_scatter_add_rows_f32(uint64_t stream, uint64_t out, uint64_t s
 /* out [rows, cols] += sigmoid(gate[r]) * x (gate [rows], or 0 for a factor of 1). */
 MK_API int32_t mk_gated_add_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t gate, int64_t rows,
                                 int64_t cols);
-/* pool_k[slots[i], :kw] = k[i]; pool_v[slots[i], :vw] = v[i] for i < n. */
+/* pool_k[slots[i], :kw] = k[i]; pool_v[slots[i], :vw] = v[i] for i < n; rows with slots[i] < 0 are skipped. */
 MK_API int32_t mk_kv_write_f32(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint64_t k,
                                uint64_t v, uint64_t slots, int64_t n, int64_t kw, int64_t vw);
 /* Paged causal attention for n query rows: row b is q/out row rows[b] at

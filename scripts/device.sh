@@ -10,7 +10,11 @@
 #      -o .dev/kernels.test ./kernels) with MKSERVE_REQUIRE_GPU=1, so a missing
 #      library or GPU fails instead of skipping;
 #   3. runs its benchmarks (GEMM TFLOP/s, copy and op GB/s);
-#   4. prints a summary table last.
+#   4. runs the CUDA model backend's test binary .dev/cuda.test when carried
+#      (CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' -o .dev/cuda.test
+#      ./backend/cuda) from backend/cuda, so testdata paths resolve (cuda.log);
+#   5. prints a summary table last.
+# MK_QUICK=1 skips the PyTorch baseline and the benchmarks.
 # Logs go to $OUT (the device tool's result folder), else .dev/out.
 # Environment: OUT, MK_BUILD_DIR (default .dev), MK_TEST_BIN (default
 # .dev/kernels.test), MK_BENCHTIME (default 200x), MK_COUNT (default 3).
@@ -40,7 +44,7 @@ FLAGS=(-O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fPIC,-Wa
 
 build() {
 	local f pids=() rc=0
-	for f in runtime gemm ops; do
+	for f in runtime gemm ops f32ops; do
 		local extra=()
 		[ "$f" = ops ] && extra=(-Xptxas -v) # registers, spills and shared memory of the op kernels
 		"$NVCC" "${FLAGS[@]}" "${extra[@]}" -c -o "$BUILD/mk_$f.o" "kernels/$f.cu" &
@@ -49,16 +53,18 @@ build() {
 	for f in "${pids[@]}"; do wait "$f" || rc=1; done
 	[ "$rc" = 0 ] || return 1
 	"$NVCC" "${FLAGS[@]}" -shared -o "$BUILD/libmkernel.so" "$BUILD"/mk_runtime.o "$BUILD"/mk_gemm.o \
-		"$BUILD"/mk_ops.o -lcublasLt -lcublas -Xlinker -rpath,"$CUDA_LIB"
+		"$BUILD"/mk_ops.o "$BUILD"/mk_f32ops.o -lcublasLt -lcublas -Xlinker -rpath,"$CUDA_LIB"
 }
 
 echo "== build libmkernel.so ($("$NVCC" --version | tail -1)) in the background; PyTorch baseline meanwhile"
 SECONDS=0
 (build) >"$OUT/build.log" 2>&1 &
 bpid=$!
-PYTHONUNBUFFERED=1 timeout 100 python3 kernels/bench_torch.py >"$OUT/torch.log" 2>&1 || {
-	echo "device.sh: PyTorch baseline failed (rc $?):"; tail -5 "$OUT/torch.log"
-}
+if [ "${MK_QUICK:-0}" != 1 ]; then
+	PYTHONUNBUFFERED=1 timeout 100 python3 kernels/bench_torch.py >"$OUT/torch.log" 2>&1 || {
+		echo "device.sh: PyTorch baseline failed (rc $?):"; tail -5 "$OUT/torch.log"
+	}
+fi
 wait "$bpid"
 brc=$?
 echo "== build rc $brc after ${SECONDS}s"
@@ -78,6 +84,15 @@ else
 		timeout 90 "$TEST_BIN" -test.v -test.count=1 -test.timeout=85s >"$OUT/test.log" 2>&1 || status=1
 		grep -E -- "--- FAIL|^(FAIL|PASS|ok)|panic|Error|error" "$OUT/test.log" | grep -v "relative L2 error" | head -40
 		echo "== tests took ${SECONDS}s"
+		CUDA_BIN=${MK_CUDA_TEST_BIN:-$PWD/.dev/cuda.test}
+		if [ -x "$CUDA_BIN" ]; then
+			echo "== CUDA backend tests"
+			SECONDS=0
+			(cd backend/cuda && timeout 150 "$CUDA_BIN" -test.v -test.count=1 -test.timeout=145s) >"$OUT/cuda.log" 2>&1 || status=1
+			grep -E -- "--- FAIL|^(FAIL|PASS|ok)|panic|GOLDEN|GREEDY|ENGINE|relative L2 [0-9.e-]+ >" "$OUT/cuda.log" | head -60
+			echo "== CUDA backend tests took ${SECONDS}s"
+		fi
+		[ "${MK_QUICK:-0}" = 1 ] && { echo "device.sh: status $status (quick; logs in $OUT)"; exit "$status"; }
 		echo "== benchmarks"
 		SECONDS=0
 		timeout 130 "$TEST_BIN" -test.run '^$' -test.bench . -test.benchtime "${MK_BENCHTIME:-200x}" \

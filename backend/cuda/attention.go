@@ -1,0 +1,353 @@
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/mkserve/mkserve/attention"
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/kernels"
+)
+
+// kvLayer is one layer's pool: keys [blocks*bs, kw] and values
+// [blocks*bs, vw] in float32.
+type kvLayer struct {
+	kw, vw int
+	blocks int
+	k, v   *kernels.Buffer
+}
+
+// pagedKV is the pool of InitKV: numBlocks blocks of blockSize tokens per
+// layer, each layer allocated at its first Attention call.
+type pagedKV struct {
+	blockSize, numBlocks int
+	layers               []*kvLayer
+}
+
+// privateBlock is the block size of the unpaged (per-sequence) cache.
+const privateBlock = 16
+
+// privateKV backs spans without a block table: each sequence gets private
+// blocks from a growing per-layer pool, and counts its cached tokens per
+// layer (so it can be rolled back by resubmitting from an earlier Past).
+type privateKV struct {
+	layers []*kvLayer // capacity grows on demand, the same block ids in every layer
+	free   []int32
+	next   int32
+	seqs   map[uint64]*privSeq
+}
+
+type privSeq struct {
+	blocks []int32
+	tokens []int // per layer
+}
+
+func newPrivateKV() *privateKV { return &privateKV{seqs: map[uint64]*privSeq{}} }
+
+// layerAt returns layers[l] of a pool, allocating it with blocks blocks of
+// bs tokens and widths kw, vw; it panics on a width mismatch.
+func layerAt(d *kernels.Device, layers *[]*kvLayer, l, blocks, bs, kw, vw int) *kvLayer {
+	if l >= len(*layers) {
+		*layers = append(*layers, make([]*kvLayer, l+1-len(*layers))...)
+	}
+	pl := (*layers)[l]
+	if pl == nil {
+		pl = &kvLayer{kw: kw, vw: vw}
+		grow(d, pl, blocks, bs)
+		(*layers)[l] = pl
+	}
+	if pl.kw != kw || pl.vw != vw {
+		panic(fmt.Sprintf("layer %d: KV cache widths %d/%d, span wants %d/%d", l, pl.kw, pl.vw, kw, vw))
+	}
+	return pl
+}
+
+// grow reallocates pl for blocks blocks (≥ its current count), keeping its contents.
+func grow(d *kernels.Device, pl *kvLayer, blocks, bs int) {
+	if blocks <= pl.blocks {
+		return
+	}
+	k, err := d.Malloc(int64(blocks) * int64(bs) * int64(pl.kw) * 4)
+	must("KV cache", err)
+	v, err := d.Malloc(int64(blocks) * int64(bs) * int64(pl.vw) * 4)
+	if err != nil {
+		k.Free()
+		must("KV cache", err)
+	}
+	if pl.blocks > 0 {
+		must("KV cache", d.Copy(k, pl.k, int64(pl.blocks)*int64(bs)*int64(pl.kw)*4))
+		must("KV cache", d.Copy(v, pl.v, int64(pl.blocks)*int64(bs)*int64(pl.vw)*4))
+		must("KV cache", pl.k.Free())
+		must("KV cache", pl.v.Free())
+	}
+	pl.k, pl.v, pl.blocks = k, v, blocks
+}
+
+// attnGroup is the part of a batch that reads one pool.
+type attnGroup struct {
+	slots  []int32 // [T] pool row of each batch row's new k/v, -1: other group
+	rows   []int32 // batch rows attending
+	pos    []int32 // their positions
+	table  []int32 // offsets of their block tables in blocks
+	blocks []int32 // block tables, concatenated
+	any    bool
+}
+
+func newGroup(T int) *attnGroup {
+	g := &attnGroup{slots: make([]int32, T)}
+	for i := range g.slots {
+		g.slots[i] = -1
+	}
+	return g
+}
+
+// add appends span s with block table blocks of bs-token blocks.
+func (g *attnGroup) add(s backend.SeqSpan, blocks []int32, bs int) {
+	g.any = true
+	off := int32(len(g.blocks))
+	g.blocks = append(g.blocks, blocks...)
+	for j := 0; j < s.Len; j++ {
+		p := s.Past + j
+		g.slots[s.Offset+j] = blocks[p/bs]*int32(bs) + int32(p%bs)
+		g.rows = append(g.rows, int32(s.Offset+j))
+		g.pos = append(g.pos, int32(p))
+		g.table = append(g.table, off)
+	}
+}
+
+// Attention appends k, v to the layer's KV cache for every sequence of the
+// batch and attends causally: q [T, H*D], k [T, KVH*D], v [T, KVH*Dv] →
+// [T, H*Dv], with the semantics of the CPU backend (attention.Causal):
+// GQA, sliding window (keys i-W < j ≤ i), sinks joining the softmax
+// denominator, VHeadDim ≠ HeadDim.
+//
+// Spans with a block table write and read the InitKV pool in place. Spans
+// without one use the private per-sequence cache: it must hold at least
+// Past tokens of (ID, layer), and positions from Past on are replaced. A
+// cache holding fewer than Past tokens, other widths than the layer's first
+// call, a duplicated ID, a block table too short or with ids outside the
+// pool, an invalid batch or bad shapes panic.
+func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backend.AttnParams) backend.Tensor {
+	if b == nil || p == nil {
+		panicf("Attention", "nil batch or params")
+	}
+	if err := b.Validate(); err != nil {
+		panicf("Attention", "%v", err)
+	}
+	H, KV, D, Dv := p.NumHeads, p.NumKVHeads, p.HeadDim, p.VHeadDim
+	if H <= 0 || KV <= 0 || D <= 0 || Dv <= 0 || p.Layer < 0 {
+		panicf("Attention", "layer %d heads %d/%d dims %d/%d", p.Layer, H, KV, D, Dv)
+	}
+	T := len(b.Tokens)
+	qt, qr := matrix("Attention", "q", q, H*D)
+	kt, kr := matrix("Attention", "k", k, KV*D)
+	vt, vr := matrix("Attention", "v", v, KV*Dv)
+	if qr != T || kr != T || vr != T {
+		panicf("Attention", "q %v, k %v, v %v for a batch of %d tokens", qt.shape, kt.shape, vt.shape, T)
+	}
+	sinks := vector("Attention", "Sinks", p.Sinks, H)
+	params := &attention.Params{NumHeads: H, NumKVHeads: KV, HeadDim: D, VHeadDim: Dv, Scale: p.Scale, Window: p.Window}
+	if err := params.Validate(); err != nil {
+		panicf("Attention", "%v", err)
+	}
+	kw, vw := KV*D, KV*Dv
+
+	be.kvMu.Lock()
+	defer be.kvMu.Unlock()
+	paged, priv := newGroup(T), newGroup(T)
+	seen := make(map[uint64]bool, len(b.Seqs))
+	type privUse struct {
+		seq *privSeq
+		end int
+	}
+	var privs []privUse
+	for i, s := range b.Seqs {
+		if seen[s.ID] {
+			panicf("Attention", "sequence %d appears twice in the batch", s.ID)
+		}
+		seen[s.ID] = true
+		n := s.Past + s.Len
+		if s.Blocks != nil {
+			pk := be.paged
+			if pk == nil {
+				panicf("Attention", "span %d has a block table but no paged KV cache exists (call InitKV)", i)
+			}
+			if need := (n + pk.blockSize - 1) / pk.blockSize; len(s.Blocks) < need {
+				panicf("Attention", "position %d needs block %d, the block table has %d", n-1, need-1, len(s.Blocks))
+			}
+			for _, id := range s.Blocks[:(n+pk.blockSize-1)/pk.blockSize] {
+				if id < 0 || int(id) >= pk.numBlocks {
+					panicf("Attention", "block id %d outside the pool of %d", id, pk.numBlocks)
+				}
+			}
+			paged.add(s, s.Blocks, pk.blockSize)
+			continue
+		}
+		pv := be.priv
+		sq := pv.seqs[s.ID]
+		if sq == nil {
+			sq = &privSeq{}
+			pv.seqs[s.ID] = sq
+		}
+		if p.Layer >= len(sq.tokens) {
+			sq.tokens = append(sq.tokens, make([]int, p.Layer+1-len(sq.tokens))...)
+		}
+		if l := p.Layer; l < len(pv.layers) && pv.layers[l] != nil && (pv.layers[l].kw != kw || pv.layers[l].vw != vw) {
+			panicf("Attention", "layer %d: cache widths %d/%d, span wants %d/%d", l, pv.layers[l].kw, pv.layers[l].vw, kw, vw)
+		}
+		if sq.tokens[p.Layer] < s.Past {
+			panicf("Attention", "sequence %d layer %d: cache holds %d tokens, span wants past %d",
+				s.ID, p.Layer, sq.tokens[p.Layer], s.Past)
+		}
+		for len(sq.blocks)*privateBlock < n {
+			var id int32
+			if l := len(pv.free); l > 0 {
+				id, pv.free = pv.free[l-1], pv.free[:l-1]
+			} else {
+				id = pv.next
+				pv.next++
+			}
+			sq.blocks = append(sq.blocks, id)
+		}
+		privs = append(privs, privUse{sq, n})
+		priv.add(s, sq.blocks, privateBlock)
+	}
+
+	var out *Tensor
+	be.do("Attention", func(d *kernels.Device) error {
+		out = be.newF32(d, T, H*Dv)
+		if T == 0 {
+			return nil
+		}
+		a := kernels.AttnArgs{Heads: H, KVHeads: KV, HeadDim: D, VHeadDim: Dv, Scale: p.Scale, Window: p.Window}
+		var sk *kernels.Buffer
+		if sinks != nil {
+			sk = be.f32(d, sinks)
+		}
+		qb, kb, vb := be.f32(d, qt), be.f32(d, kt), be.f32(d, vt)
+		for gi, g := range []*attnGroup{paged, priv} {
+			if !g.any {
+				continue
+			}
+			var pl *kvLayer
+			if gi == 0 {
+				pl = layerAt(d, &be.paged.layers, p.Layer, be.paged.numBlocks, be.paged.blockSize, kw, vw)
+				a.BlockSize = be.paged.blockSize
+			} else {
+				need := 0
+				for _, id := range g.blocks {
+					need = max(need, int(id)+1)
+				}
+				pl = layerAt(d, &be.priv.layers, p.Layer, max(need, 64), privateBlock, kw, vw)
+				if need > pl.blocks {
+					grow(d, pl, max(need, 2*pl.blocks), privateBlock)
+				}
+				a.BlockSize = privateBlock
+			}
+			bufs := []*kernels.Buffer{upload(be, d, g.slots), upload(be, d, g.rows), upload(be, d, g.pos),
+				upload(be, d, g.table), upload(be, d, g.blocks)}
+			if err := d.KVWriteF32(nil, pl.k, pl.v, kb, vb, bufs[0], T, kw, vw); err != nil {
+				return err
+			}
+			if err := d.AttentionF32(nil, out.st.f32, qb, pl.k, pl.v, bufs[1], bufs[2], bufs[3], bufs[4], sk,
+				len(g.rows), a); err != nil {
+				return err
+			}
+			for _, x := range bufs {
+				be.alloc.put(x)
+			}
+		}
+		return nil
+	}, qt, kt, vt, sinks)
+	for _, u := range privs {
+		u.seq.tokens[p.Layer] = u.end
+	}
+	return out
+}
+
+// FreeSequence drops sequence id's unpaged KV cache (its private blocks).
+func (be *Backend) FreeSequence(id uint64) {
+	be.kvMu.Lock()
+	defer be.kvMu.Unlock()
+	if sq := be.priv.seqs[id]; sq != nil {
+		be.priv.free = append(be.priv.free, sq.blocks...)
+		delete(be.priv.seqs, id)
+	}
+}
+
+// InitKV allocates the paged KV cache: numBlocks blocks of blockSize tokens
+// per attention layer, each layer's pool allocated at its first Attention
+// call. Calling it again frees the old pool.
+func (be *Backend) InitKV(blockSize, numBlocks int) error {
+	if blockSize <= 0 || numBlocks <= 0 {
+		return fmt.Errorf("cuda: InitKV: block size %d and block count %d must be positive", blockSize, numBlocks)
+	}
+	be.kvMu.Lock()
+	defer be.kvMu.Unlock()
+	if old := be.paged; old != nil {
+		err := be.g.Do(func(d *kernels.Device) error {
+			for _, pl := range old.layers {
+				if pl != nil {
+					if err := pl.k.Free(); err != nil {
+						return err
+					}
+					if err := pl.v.Free(); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("cuda: InitKV: freeing the old pool: %w", err)
+		}
+	}
+	be.paged = &pagedKV{blockSize: blockSize, numBlocks: numBlocks}
+	return nil
+}
+
+// CopyBlocks copies blocks src[i] → dst[i] in every allocated layer of the
+// paged pool.
+func (be *Backend) CopyBlocks(src, dst []int32) {
+	if len(src) != len(dst) {
+		panicf("CopyBlocks", "%d sources, %d destinations", len(src), len(dst))
+	}
+	be.kvMu.Lock()
+	defer be.kvMu.Unlock()
+	pk := be.paged
+	if pk == nil {
+		panicf("CopyBlocks", "no paged KV cache (call InitKV)")
+	}
+	for i := range src {
+		if s, d := src[i], dst[i]; s < 0 || int(s) >= pk.numBlocks || d < 0 || int(d) >= pk.numBlocks {
+			panicf("CopyBlocks", "block %d → %d outside the pool of %d", s, d, pk.numBlocks)
+		}
+	}
+	bs := int64(pk.blockSize)
+	be.do("CopyBlocks", func(d *kernels.Device) error {
+		for _, pl := range pk.layers {
+			if pl == nil {
+				continue
+			}
+			for i := range src {
+				for _, m := range []struct {
+					buf *kernels.Buffer
+					w   int64
+				}{{pl.k, int64(pl.kw)}, {pl.v, int64(pl.vw)}} {
+					n := bs * m.w * 4
+					sv, err := m.buf.View(int64(src[i])*n, n)
+					if err != nil {
+						return err
+					}
+					dv, err := m.buf.View(int64(dst[i])*n, n)
+					if err != nil {
+						return err
+					}
+					if err := d.CopyAsync(nil, dv, sv, n); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return nil
+	})
+}

@@ -1,0 +1,780 @@
+// Package cuda implements backend.Backend on an NVIDIA GPU through the
+// kernels of libmkernel (package kernels, loaded with purego: no cgo).
+//
+// Design (a first, exact version; speed is later work):
+//   - Weights are uploaded once in their precision: BF16 tensors as bf16,
+//     F32/F16 tensors as float32. An op that needs the other form (a GEMM
+//     wants bf16, a norm or bias wants float32) converts once on the device
+//     and keeps the copy with the tensor.
+//   - Activations are float32 on the device, so the residual stream keeps
+//     float32 precision. Linear converts its input to bf16 and runs the
+//     cuBLASLt bf16 GEMM with float32 output, then adds the bias.
+//   - Attention keeps a paged float32 KV pool per layer (InitKV) and reads it
+//     in place through the block tables; spans without a block table use a
+//     private pool of 16-token blocks per sequence that grows on demand.
+//   - MoE routes on the host with moe.Route (the CPU backend's router), then
+//     gathers each expert's rows, runs two GEMMs per expert on slices of the
+//     stacked expert weights and scatter-adds the weighted results.
+//
+// Errors: New and Weight return errors (New's wrap kernels.ErrUnavailable
+// when there is no GPU or libmkernel.so). The ops have no error result; like
+// the CPU backend they panic, naming the op, on programming errors of the
+// caller (foreign tensors, shapes that do not fit, out-of-range ids or rows,
+// a batch that does not match the KV cache), and also when the device fails
+// (out of memory, a CUDA error), which they cannot report otherwise.
+//
+// Every device call runs on the GPU's owning goroutine (kernels.GPU.Do), so
+// a Backend is safe for concurrent use; the work is serialized.
+//
+// Verification status: see kernels/README.md ("CUDA model backend").
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/mkserve/mkserve/attention"
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/kernels"
+	"github.com/mkserve/mkserve/tensor"
+)
+
+// Options configures a Backend.
+type Options struct {
+	// Device is the CUDA device ordinal (0 for the first GPU).
+	Device int
+	// EPRanks > 1 (expert parallelism) is not supported yet: New fails.
+	EPRanks int
+}
+
+// Backend is the CUDA backend. The zero value is not usable; call New.
+type Backend struct {
+	g     *kernels.GPU
+	alloc *allocator
+
+	ropeMu sync.Mutex
+	ropes  map[attention.RoPE]*ropeFreqs
+
+	kvMu  sync.Mutex
+	paged *pagedKV   // after InitKV
+	priv  *privateKV // unpaged spans
+
+	loadMu sync.Mutex
+	load   map[int][]int64
+}
+
+var (
+	_ backend.Backend       = (*Backend)(nil)
+	_ backend.ExpertCounter = (*Backend)(nil)
+)
+
+// The process opens each GPU once (libmkernel keeps its context on the
+// owning thread); every Backend on that device shares it.
+var (
+	gpuMu sync.Mutex
+	gpus  = map[int]*kernels.GPU{}
+)
+
+func openGPU(ordinal int) (*kernels.GPU, error) {
+	gpuMu.Lock()
+	defer gpuMu.Unlock()
+	if g := gpus[ordinal]; g != nil {
+		return g, nil
+	}
+	g, err := kernels.Open(ordinal)
+	if err != nil {
+		return nil, err
+	}
+	gpus[ordinal] = g
+	return g, nil
+}
+
+// New opens the GPU (once per process and device) and returns a backend on
+// it. Errors meaning the machine cannot run CUDA wrap kernels.ErrUnavailable.
+func New(opts Options) (*Backend, error) {
+	if opts.EPRanks > 1 {
+		return nil, fmt.Errorf("cuda: expert parallelism (EPRanks = %d) is not supported by the CUDA backend yet", opts.EPRanks)
+	}
+	g, err := openGPU(opts.Device)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: %w", err)
+	}
+	return &Backend{g: g, alloc: &allocator{pool: map[int64][]*kernels.Buffer{}},
+		ropes: map[attention.RoPE]*ropeFreqs{}, priv: newPrivateKV()}, nil
+}
+
+// Name is "cuda".
+func (be *Backend) Name() string { return "cuda" }
+
+// Info describes the GPU.
+func (be *Backend) Info() kernels.DeviceInfo { return be.g.Info() }
+
+// ---- tensors ----
+
+// Tensor is the CUDA backend's tensor: 1-D or 2-D, row-major, in device
+// memory as float32 and/or bf16 (see the package doc). Tensors are
+// immutable once made; their memory returns to the backend's pool when the
+// Go value is collected.
+type Tensor struct {
+	shape []int
+	st    *store
+}
+
+// store is a tensor's device memory; views are made on demand.
+type store struct {
+	n    int             // elements
+	f32  *kernels.Buffer // [n] float32, or nil
+	bf16 *kernels.Buffer // [n] bf16, or nil
+}
+
+// Shape returns a copy of the tensor's dimensions.
+func (t *Tensor) Shape() []int { return slices.Clone(t.shape) }
+
+func (t *Tensor) dims() (rows, cols int) {
+	if len(t.shape) == 1 {
+		return 1, t.shape[0]
+	}
+	return t.shape[0], t.shape[1]
+}
+
+func prod(s []int) int {
+	n := 1
+	for _, d := range s {
+		n *= d
+	}
+	return n
+}
+
+// wrap makes a tensor of st and arranges for its memory to be pooled again.
+func (be *Backend) wrap(shape []int, st *store) *Tensor {
+	t := &Tensor{shape: shape, st: st}
+	a := be.alloc
+	runtime.AddCleanup(t, func(s *store) { a.put(s.f32); a.put(s.bf16) }, st)
+	return t
+}
+
+// newF32 allocates a [rows, cols] float32 tensor (contents undefined).
+func (be *Backend) newF32(d *kernels.Device, rows, cols int) *Tensor {
+	b := be.alloc.get(d, int64(rows)*int64(cols)*4)
+	return be.wrap([]int{rows, cols}, &store{n: rows * cols, f32: b})
+}
+
+// f32 returns t's float32 memory, converting from bf16 once.
+func (be *Backend) f32(d *kernels.Device, t *Tensor) *kernels.Buffer {
+	if t.st.f32 == nil {
+		b := be.alloc.get(d, int64(t.st.n)*4)
+		if t.st.n > 0 {
+			must("convert", d.ConvertBF16ToF32(nil, b, t.st.bf16, t.st.n))
+		}
+		t.st.f32 = b
+	}
+	return t.st.f32
+}
+
+// bf16 returns t's bf16 memory, rounding from float32 once.
+func (be *Backend) bf16(d *kernels.Device, t *Tensor) *kernels.Buffer {
+	if t.st.bf16 == nil {
+		b := be.alloc.get(d, int64(t.st.n)*2)
+		if t.st.n > 0 {
+			must("convert", d.ConvertF32ToBF16(nil, b, t.st.f32, t.st.n))
+		}
+		t.st.bf16 = b
+	}
+	return t.st.bf16
+}
+
+// toBF16 rounds n float32 values of src into a fresh pooled buffer.
+func (be *Backend) toBF16(d *kernels.Device, src *kernels.Buffer, n int) *kernels.Buffer {
+	b := be.alloc.get(d, int64(n)*2)
+	must("convert", d.ConvertF32ToBF16(nil, b, src, n))
+	return b
+}
+
+// upload copies host values into a fresh pooled buffer (freed with put).
+func upload[T kernels.Elem](be *Backend, d *kernels.Device, v []T) *kernels.Buffer {
+	var z T
+	b := be.alloc.get(d, int64(len(v))*int64(sizeOf(z)))
+	must("upload", kernels.Upload(d, b, v))
+	return b
+}
+
+func sizeOf[T kernels.Elem](T) int {
+	var z T
+	switch any(z).(type) {
+	case uint8, int8:
+		return 1
+	case uint16, int16:
+		return 2
+	case uint64, int64, float64:
+		return 8
+	}
+	return 4
+}
+
+// do runs f on the GPU goroutine; a device error panics naming op. keep
+// lists tensors whose memory f uses, kept alive until f has run.
+func (be *Backend) do(op string, f func(d *kernels.Device) error, keep ...any) {
+	err := be.g.Do(f)
+	runtime.KeepAlive(keep)
+	if err != nil {
+		panicf(op, "%v", err)
+	}
+}
+
+// panicf reports a programming error of the caller (or a device failure).
+func panicf(op, format string, args ...any) {
+	panic(fmt.Sprintf("cuda.%s: %s", op, fmt.Sprintf(format, args...)))
+}
+
+// must panics (inside GPU.Do: Do turns it into an error) on a device error.
+func must(what string, err error) {
+	if err != nil {
+		panic(fmt.Sprintf("%s: %v", what, err))
+	}
+}
+
+func tensorOf(op, name string, x backend.Tensor) *Tensor {
+	t, ok := x.(*Tensor)
+	if !ok || t == nil {
+		panicf(op, "%s is %T, want a non-nil *cuda.Tensor", name, x)
+	}
+	return t
+}
+
+func optional(op, name string, x backend.Tensor) *Tensor {
+	if x == nil {
+		return nil
+	}
+	if t, ok := x.(*Tensor); ok && t == nil {
+		return nil
+	}
+	return tensorOf(op, name, x)
+}
+
+func matrix(op, name string, x backend.Tensor, cols int) (t *Tensor, rows int) {
+	t = tensorOf(op, name, x)
+	r, c := t.dims()
+	if cols >= 0 && c != cols {
+		panicf(op, "%s has shape %v, want %d columns", name, t.shape, cols)
+	}
+	return t, r
+}
+
+// vector unwraps an optional [n] (or [1, n]) tensor; nil stays nil.
+func vector(op, name string, x backend.Tensor, n int) *Tensor {
+	t := optional(op, name, x)
+	if t == nil {
+		return nil
+	}
+	if r, c := t.dims(); r != 1 || c != n {
+		panicf(op, "%s has shape %v, want [%d]", name, t.shape, n)
+	}
+	return t
+}
+
+// flat unwraps an optional tensor of n values in any shape.
+func flat(op, name string, x backend.Tensor, n int) *Tensor {
+	t := optional(op, name, x)
+	if t != nil && t.st.n != n {
+		panicf(op, "%s has shape %v, want %d values", name, t.shape, n)
+	}
+	return t
+}
+
+// ---- device memory pool ----
+
+// allocator pools device buffers by size class (powers of two from 256
+// bytes up to poolMax); larger buffers are freed when released. Released
+// buffers may be reused by later work at once: all work runs in order on
+// the default stream.
+type allocator struct {
+	mu      sync.Mutex
+	pool    map[int64][]*kernels.Buffer
+	pending []*kernels.Buffer // large buffers to free on the GPU goroutine
+}
+
+const poolMax = 64 << 20
+
+func class(bytes int64) int64 {
+	if bytes > poolMax {
+		return bytes
+	}
+	c := int64(256)
+	for c < bytes {
+		c <<= 1
+	}
+	return c
+}
+
+// put returns b to the pool (any goroutine; nil is ignored).
+func (a *allocator) put(b *kernels.Buffer) {
+	if b == nil {
+		return
+	}
+	a.mu.Lock()
+	if b.Bytes() > poolMax {
+		a.pending = append(a.pending, b)
+	} else {
+		a.pool[b.Bytes()] = append(a.pool[b.Bytes()], b)
+	}
+	a.mu.Unlock()
+}
+
+// get returns a buffer of at least bytes (≥ 1) bytes; on the GPU goroutine.
+// When the device is full it collects garbage (releasing dead tensors),
+// frees the pool and tries once more; failing that it panics.
+func (a *allocator) get(d *kernels.Device, bytes int64) *kernels.Buffer {
+	c := class(max(bytes, 1))
+	a.freePending(false)
+	a.mu.Lock()
+	if l := a.pool[c]; len(l) > 0 {
+		b := l[len(l)-1]
+		a.pool[c] = l[:len(l)-1]
+		a.mu.Unlock()
+		return b
+	}
+	a.mu.Unlock()
+	b, err := d.Malloc(c)
+	if err != nil {
+		runtime.GC()
+		time.Sleep(20 * time.Millisecond) // let the cleanups return buffers
+		a.freePending(true)
+		b, err = d.Malloc(c)
+	}
+	if err != nil {
+		panic(fmt.Sprintf("device memory: %v", err))
+	}
+	return b
+}
+
+// freePending frees the released large buffers, and with all the pool too.
+func (a *allocator) freePending(all bool) {
+	a.mu.Lock()
+	fr := a.pending
+	a.pending = nil
+	if all {
+		for c, l := range a.pool {
+			fr = append(fr, l...)
+			delete(a.pool, c)
+		}
+	}
+	a.mu.Unlock()
+	var errs []error
+	for _, b := range fr {
+		errs = append(errs, b.Free())
+	}
+	if err := errors.Join(errs...); err != nil {
+		panic(fmt.Sprintf("freeing device memory: %v", err))
+	}
+}
+
+// ---- weights and host copies ----
+
+// Weight uploads h (F32, F16 or BF16): BF16 as bf16, the others as float32.
+// More than 2 dims are flattened to [shape[0]*...*shape[n-2], shape[n-1]],
+// a scalar becomes [1].
+func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
+	if h == nil {
+		return nil, fmt.Errorf("cuda: weight: nil host tensor")
+	}
+	if !h.DType.Float() {
+		return nil, fmt.Errorf("cuda: weight %q: dtype %s cannot be converted to float32", h.Name, h.DType)
+	}
+	for _, d := range h.Shape {
+		if d < 0 {
+			return nil, fmt.Errorf("cuda: weight %q: negative dimension in shape %v", h.Name, h.Shape)
+		}
+	}
+	shape := []int{1}
+	switch n := len(h.Shape); {
+	case n == 1 || n == 2:
+		shape = slices.Clone(h.Shape)
+	case n > 2:
+		shape = []int{prod(h.Shape[:n-1]), h.Shape[n-1]}
+	}
+	n := h.Len()
+	if len(h.Data) != n*h.DType.Size() {
+		return nil, fmt.Errorf("cuda: weight %q: %d bytes for shape %v of %s", h.Name, len(h.Data), h.Shape, h.DType)
+	}
+	var f32 []float32
+	if h.DType != tensor.BF16 {
+		var err error
+		if f32, err = h.Float32(); err != nil {
+			return nil, fmt.Errorf("cuda: weight %q: %w", h.Name, err)
+		}
+	}
+	st := &store{n: n}
+	err := be.g.Do(func(d *kernels.Device) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("%v", r)
+			}
+		}()
+		if f32 != nil {
+			st.f32 = be.alloc.get(d, int64(n)*4)
+			return kernels.Upload(d, st.f32, f32)
+		}
+		st.bf16 = be.alloc.get(d, int64(n)*2)
+		return kernels.Upload(d, st.bf16, h.Data)
+	})
+	if err != nil {
+		be.alloc.put(st.f32)
+		be.alloc.put(st.bf16)
+		return nil, fmt.Errorf("cuda: weight %q: %w", h.Name, err)
+	}
+	return be.wrap(shape, st), nil
+}
+
+// FromFloat32 uploads v as a float32 tensor of the given shape (1-D or 2-D);
+// for tests and callers that build activations on the host. It panics if
+// the shape does not hold len(v) values.
+func (be *Backend) FromFloat32(shape []int, v []float32) *Tensor {
+	if len(shape) < 1 || len(shape) > 2 || prod(shape) != len(v) || slices.ContainsFunc(shape, func(d int) bool { return d < 0 }) {
+		panicf("FromFloat32", "shape %v for %d values", shape, len(v))
+	}
+	var t *Tensor
+	be.do("FromFloat32", func(d *kernels.Device) error {
+		b := be.alloc.get(d, int64(len(v))*4)
+		t = be.wrap(slices.Clone(shape), &store{n: len(v), f32: b})
+		return kernels.Upload(d, b, v)
+	})
+	return t
+}
+
+// ToHost copies x back as float32, row-major.
+func (be *Backend) ToHost(x backend.Tensor) []float32 {
+	t := tensorOf("ToHost", "x", x)
+	out := make([]float32, t.st.n)
+	if len(out) == 0 {
+		return out
+	}
+	be.do("ToHost", func(d *kernels.Device) error {
+		return kernels.Download(d, out, be.f32(d, t))
+	}, t)
+	return out
+}
+
+// ---- ops ----
+
+// Embed gathers rows of table [V, H] → [len(ids), H]. An id outside [0, V)
+// panics.
+func (be *Backend) Embed(table backend.Tensor, ids []int32) backend.Tensor {
+	t, V := matrix("Embed", "table", table, -1)
+	_, H := t.dims()
+	for i, id := range ids {
+		if id < 0 || int(id) >= V {
+			panicf("Embed", "ids[%d] = %d outside table %v", i, id, t.shape)
+		}
+	}
+	return be.gather("Embed", t, V, H, ids)
+}
+
+// gather is rows idx of t [rows, cols] as a float32 tensor.
+func (be *Backend) gather(op string, t *Tensor, rows, cols int, idx []int32) *Tensor {
+	var out *Tensor
+	be.do(op, func(d *kernels.Device) error {
+		out = be.newF32(d, len(idx), cols)
+		if len(idx) == 0 || cols == 0 {
+			return nil
+		}
+		ib := upload(be, d, idx)
+		defer be.alloc.put(ib)
+		src, dt := t.st.f32, kernels.F32
+		if src == nil {
+			src, dt = t.st.bf16, kernels.BF16
+		}
+		return d.GatherRowsF32(nil, out.st.f32, src, dt, ib, len(idx), cols, rows)
+	}, t)
+	return out
+}
+
+// Linear is x·wᵀ (+ bias): x [T, K], w [N, K], bias [N] or nil → [T, N],
+// through a bf16 GEMM with float32 output.
+func (be *Backend) Linear(x, w, bias backend.Tensor) backend.Tensor {
+	wt, N := matrix("Linear", "w", w, -1)
+	_, K := wt.dims()
+	xt, T := matrix("Linear", "x", x, K)
+	b := vector("Linear", "bias", bias, N)
+	var out *Tensor
+	be.do("Linear", func(d *kernels.Device) error {
+		out = be.linear(d, be.f32(d, xt), be.bf16(d, wt), b, T, N, K)
+		return nil
+	}, xt, wt, b)
+	return out
+}
+
+// linear is x [T, K] (float32) · w [N, K]ᵀ (bf16) + b → [T, N]; on the GPU goroutine.
+func (be *Backend) linear(d *kernels.Device, x, w *kernels.Buffer, b *Tensor, T, N, K int) *Tensor {
+	out := be.newF32(d, T, N)
+	if T == 0 || N == 0 {
+		return out
+	}
+	if K == 0 {
+		must("zero", kernels.Upload(d, out.st.f32, make([]float32, T*N)))
+	} else {
+		xb := be.toBF16(d, x, T*K)
+		must("Gemm", d.Gemm(nil, out.st.f32, kernels.F32, xb, w, T, N, K))
+		be.alloc.put(xb)
+	}
+	if b != nil {
+		must("bias", d.BiasAddF32(nil, out.st.f32, be.f32(d, b), T, N))
+	}
+	return out
+}
+
+// RMSNorm normalises each group of len(w) columns of x [T, G*len(w)] and scales by w.
+func (be *Backend) RMSNorm(x, w backend.Tensor, eps float32) backend.Tensor {
+	wt := tensorOf("RMSNorm", "w", w)
+	if r, _ := wt.dims(); r != 1 || wt.st.n == 0 {
+		panicf("RMSNorm", "w has shape %v, want [n] with n > 0", wt.shape)
+	}
+	n := wt.st.n
+	xt, T := matrix("RMSNorm", "x", x, -1)
+	_, C := xt.dims()
+	if C%n != 0 {
+		panicf("RMSNorm", "x has shape %v, not a multiple of len(w) = %d columns", xt.shape, n)
+	}
+	var out *Tensor
+	be.do("RMSNorm", func(d *kernels.Device) error {
+		out = be.newF32(d, T, C)
+		if T*C == 0 {
+			return nil
+		}
+		return d.RMSNormF32(nil, out.st.f32, be.f32(d, xt), be.f32(d, wt), T, C, n, eps)
+	}, xt, wt)
+	return out
+}
+
+// elementwise runs f over a fresh tensor of x's shape.
+func (be *Backend) elementwise(op string, x *Tensor, f func(d *kernels.Device, out *kernels.Buffer) error, keep ...any) *Tensor {
+	var out *Tensor
+	be.do(op, func(d *kernels.Device) error {
+		b := be.alloc.get(d, int64(x.st.n)*4)
+		out = be.wrap(slices.Clone(x.shape), &store{n: x.st.n, f32: b})
+		if x.st.n == 0 {
+			return nil
+		}
+		return f(d, b)
+	}, keep...)
+	return out
+}
+
+// Add is a + b, same shapes.
+func (be *Backend) Add(a, b backend.Tensor) backend.Tensor {
+	at, bt := tensorOf("Add", "a", a), tensorOf("Add", "b", b)
+	if !slices.Equal(at.shape, bt.shape) {
+		panicf("Add", "shapes %v and %v differ", at.shape, bt.shape)
+	}
+	return be.elementwise("Add", at, func(d *kernels.Device, out *kernels.Buffer) error {
+		return d.AddF32(nil, out, be.f32(d, at), be.f32(d, bt), at.st.n)
+	}, at, bt)
+}
+
+// Clamp limits every element to [-limit, limit]; NaN stays NaN.
+func (be *Backend) Clamp(x backend.Tensor, limit float32) backend.Tensor {
+	xt := tensorOf("Clamp", "x", x)
+	return be.elementwise("Clamp", xt, func(d *kernels.Device, out *kernels.Buffer) error {
+		return d.ClampF32(nil, out, be.f32(d, xt), xt.st.n, limit)
+	}, xt)
+}
+
+// SwiGLU is silu(gate)*up on x [T, 2*I] laid out as [gate | up] → [T, I].
+func (be *Backend) SwiGLU(x backend.Tensor) backend.Tensor {
+	xt, T := matrix("SwiGLU", "x", x, -1)
+	_, C := xt.dims()
+	if C%2 != 0 {
+		panicf("SwiGLU", "x has shape %v, want an even number of columns", xt.shape)
+	}
+	var out *Tensor
+	be.do("SwiGLU", func(d *kernels.Device) error {
+		out = be.newF32(d, T, C/2)
+		if T*C == 0 {
+			return nil
+		}
+		return d.SwiGLUF32(nil, out.st.f32, be.f32(d, xt), T, C/2, false, 0, 0)
+	}, xt)
+	return out
+}
+
+// SplitCols splits x [T, heads*Σsizes] by head: part i is [T, heads*sizes[i]]
+// taking, from every head's block, the columns of the i-th size.
+func (be *Backend) SplitCols(x backend.Tensor, heads int, sizes ...int) []backend.Tensor {
+	sum := 0
+	for _, s := range sizes {
+		if s < 0 {
+			panicf("SplitCols", "negative size in %v", sizes)
+		}
+		sum += s
+	}
+	if heads <= 0 {
+		panicf("SplitCols", "heads = %d, want > 0", heads)
+	}
+	xt, T := matrix("SplitCols", "x", x, heads*sum)
+	out := make([]backend.Tensor, len(sizes))
+	be.do("SplitCols", func(d *kernels.Device) error {
+		off := 0
+		for i, s := range sizes {
+			p := be.newF32(d, T, heads*s)
+			out[i] = p
+			if T > 0 && s > 0 {
+				if err := d.CopyColsF32(nil, p.st.f32, be.f32(d, xt), kernels.ColCopy{
+					DstLd: heads * s, DstHead: s, SrcLd: heads * sum, SrcOff: off, SrcHead: sum,
+					Rows: T, Heads: heads, Width: s}); err != nil {
+					return err
+				}
+			}
+			off += s
+		}
+		return nil
+	}, xt)
+	return out
+}
+
+// ConcatCols is the inverse of SplitCols: parts[i] is [T, h_i*sizes[i]]
+// where h_i is heads or 1 (a single head broadcast to every head).
+func (be *Backend) ConcatCols(heads int, parts []backend.Tensor, sizes []int) backend.Tensor {
+	if len(parts) != len(sizes) || len(parts) == 0 {
+		panicf("ConcatCols", "%d parts for %d sizes", len(parts), len(sizes))
+	}
+	if heads <= 0 {
+		panicf("ConcatCols", "heads = %d, want > 0", heads)
+	}
+	pts := make([]*Tensor, len(parts))
+	bcast := make([]bool, len(parts))
+	sum, T := 0, -1
+	for i, p := range parts {
+		t, r := matrix("ConcatCols", fmt.Sprintf("parts[%d]", i), p, -1)
+		_, c := t.dims()
+		switch {
+		case sizes[i] < 0:
+			panicf("ConcatCols", "negative size in %v", sizes)
+		case c == heads*sizes[i]:
+		case c == sizes[i]:
+			bcast[i] = true
+		default:
+			panicf("ConcatCols", "parts[%d] has shape %v, want %d or %d columns (heads %d, size %d)",
+				i, t.shape, heads*sizes[i], sizes[i], heads, sizes[i])
+		}
+		if T >= 0 && r != T {
+			panicf("ConcatCols", "parts[%d] has %d rows, parts[0] %d", i, r, T)
+		}
+		T = r
+		pts[i] = t
+		sum += sizes[i]
+	}
+	var out *Tensor
+	be.do("ConcatCols", func(d *kernels.Device) error {
+		out = be.newF32(d, T, heads*sum)
+		off := 0
+		for i, s := range sizes {
+			if T > 0 && s > 0 {
+				c := kernels.ColCopy{DstLd: heads * sum, DstOff: off, DstHead: sum,
+					SrcLd: heads * s, SrcHead: s, Rows: T, Heads: heads, Width: s}
+				if bcast[i] {
+					c.SrcLd, c.SrcHead = s, 0
+				}
+				if err := d.CopyColsF32(nil, out.st.f32, be.f32(d, pts[i]), c); err != nil {
+					return err
+				}
+			}
+			off += s
+		}
+		return nil
+	}, pts)
+	return out
+}
+
+// ropeFreqs is one RoPE's inverse frequencies on the device.
+type ropeFreqs struct {
+	inv  *kernels.Buffer // [Dim/2] float32
+	attn float32
+}
+
+// freqs returns (uploading once) the device inverse frequencies of r.
+func (be *Backend) freqs(d *kernels.Device, r *attention.RoPE) *ropeFreqs {
+	be.ropeMu.Lock()
+	defer be.ropeMu.Unlock()
+	if f := be.ropes[*r]; f != nil {
+		return f
+	}
+	inv, attn := r.Freqs()
+	v := make([]float32, len(inv))
+	for i, x := range inv {
+		v[i] = float32(x)
+	}
+	b, err := d.Malloc(int64(max(1, len(v))) * 4)
+	must("rope frequencies", err)
+	must("rope frequencies", kernels.Upload(d, b, v))
+	f := &ropeFreqs{inv: b, attn: float32(attn)}
+	be.ropes[*r] = f
+	return f
+}
+
+// RoPE rotates the first rope.Dim columns of every head of x [T, heads*headDim]
+// at positions pos [T], as attention.RoPE.Apply does.
+func (be *Backend) RoPE(x backend.Tensor, heads, headDim int, rope *attention.RoPE, pos []int32) backend.Tensor {
+	if heads <= 0 || headDim <= 0 || rope == nil {
+		panicf("RoPE", "heads %d, headDim %d, rope %v", heads, headDim, rope)
+	}
+	if err := rope.Validate(); err != nil || rope.Dim > headDim {
+		panicf("RoPE", "rope %+v for head dim %d: %v", *rope, headDim, err)
+	}
+	xt, T := matrix("RoPE", "x", x, heads*headDim)
+	if len(pos) != T {
+		panicf("RoPE", "%d positions for x %v", len(pos), xt.shape)
+	}
+	for _, p := range pos {
+		if p < 0 {
+			panicf("RoPE", "negative position %d", p)
+		}
+	}
+	style := kernels.RoPENeoX
+	if rope.Style == attention.Interleaved {
+		style = kernels.RoPEInterleaved
+	}
+	return be.elementwise("RoPE", xt, func(d *kernels.Device, out *kernels.Buffer) error {
+		if err := d.Copy(out, be.f32(d, xt), int64(xt.st.n)*4); err != nil {
+			return err
+		}
+		if rope.Dim == 0 {
+			return nil
+		}
+		f := be.freqs(d, rope)
+		pb := upload(be, d, pos)
+		defer be.alloc.put(pb)
+		return d.RoPEF32(nil, out, pb, T, heads, headDim, rope.Dim, style, f.inv, f.attn)
+	}, xt)
+}
+
+// MLP runs a dense gated MLP: Linear(x, GateUp) → SwiGLU → Linear(·, Down).
+func (be *Backend) MLP(x backend.Tensor, m *backend.MLP) backend.Tensor {
+	if m == nil {
+		panicf("MLP", "nil MLP")
+	}
+	gu, I2 := matrix("MLP", "GateUp", m.GateUp, -1)
+	_, H := gu.dims()
+	down, DH := matrix("MLP", "Down", m.Down, I2/2)
+	if I2%2 != 0 || DH != H {
+		panicf("MLP", "GateUp %v and Down %v do not form [2I, H] and [H, I]", gu.shape, down.shape)
+	}
+	xt, _ := matrix("MLP", "x", x, H)
+	return be.Linear(be.SwiGLU(be.Linear(xt, gu, nil)), down, nil)
+}
+
+// Rows selects rows of x [T, C] → [len(rows), C].
+func (be *Backend) Rows(x backend.Tensor, rows []int) backend.Tensor {
+	xt, T := matrix("Rows", "x", x, -1)
+	_, C := xt.dims()
+	idx := make([]int32, len(rows))
+	for i, r := range rows {
+		if r < 0 || r >= T {
+			panicf("Rows", "rows[%d] = %d outside x %v", i, r, xt.shape)
+		}
+		idx[i] = int32(r)
+	}
+	return be.gather("Rows", xt, T, C, idx)
+}

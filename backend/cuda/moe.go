@@ -1,0 +1,190 @@
+package cuda
+
+import (
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/kernels"
+	"github.com/mkserve/mkserve/moe"
+)
+
+// MoE routes every row of x [T, H] to its experts and returns the combined
+// output [T, H], shared experts included, as the CPU backend does:
+//
+//	logits = x·Gateᵀ + GateBias                       [T, E] (GPU, copied to the host)
+//	ids, w = moe.Route(Router, logits, ScoreBias)     [T, K] each (host)
+//	out    = Σ_k w[t,k]·expert_{ids[t,k]}(x[t])       per expert: gather rows, GEMM, act, GEMM, scatter-add
+//	out   += sigmoid(x·SharedGateᵀ)·MLP(x, Shared)    when Shared != nil
+//
+// E and I come from the shapes: Gate is [E, H], GateUp [E*2I, H], Down [E*H, I].
+func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
+	if l == nil {
+		panicf("MoE", "nil layer")
+	}
+	gate, E := matrix("MoE", "Gate", l.Gate, -1)
+	_, H := gate.dims()
+	xt, T := matrix("MoE", "x", x, H)
+	if E != l.Router.NumExperts {
+		panicf("MoE", "Gate %v has %d experts, Router.NumExperts = %d", gate.shape, E, l.Router.NumExperts)
+	}
+	if err := l.Router.Validate(); err != nil {
+		panicf("MoE", "%v", err)
+	}
+	if err := l.Act.Validate(); err != nil {
+		panicf("MoE", "%v", err)
+	}
+	gu, rows := matrix("MoE", "GateUp", l.GateUp, H)
+	if rows%(2*E) != 0 || rows == 0 {
+		panicf("MoE", "GateUp %v is not [E*2I, H] for E = %d", gu.shape, E)
+	}
+	I := rows / (2 * E)
+	down, drows := matrix("MoE", "Down", l.Down, I)
+	if drows != E*H {
+		panicf("MoE", "Down %v is not [E*H, I] = [%d, %d]", down.shape, E*H, I)
+	}
+	gub := flat("MoE", "GateUpBias", l.GateUpBias, E*2*I)
+	db := flat("MoE", "DownBias", l.DownBias, E*H)
+	gateBias := vector("MoE", "GateBias", l.GateBias, E)
+	var scoreBias []float32
+	if sb := vector("MoE", "ScoreBias", l.ScoreBias, E); sb != nil {
+		scoreBias = be.ToHost(sb)
+	}
+	var sg *Tensor
+	if l.SharedGate != nil {
+		sg = tensorOf("MoE", "SharedGate", l.SharedGate)
+		if sg.st.n != H {
+			panicf("MoE", "SharedGate has shape %v, want [1, %d]", sg.shape, H)
+		}
+	}
+	K := l.Router.TopK
+
+	logits := be.ToHost(be.Linear(xt, gate, gateBias))
+	ids, w := moe.Route(&l.Router, logits, scoreBias, T)
+	be.countExperts(l.Layer, E, ids)
+
+	// Assignments sorted by expert: tok[a] is the token row, wt[a] its weight.
+	count := make([]int, E+1)
+	for _, e := range ids {
+		count[e+1]++
+	}
+	for e := 1; e <= E; e++ {
+		count[e] += count[e-1]
+	}
+	N := len(ids)
+	tok, wt := make([]int32, N), make([]float32, N)
+	next := append([]int(nil), count[:E]...)
+	for a, e := range ids {
+		i := next[e]
+		next[e]++
+		tok[i], wt[i] = int32(a/K), w[a]
+	}
+
+	var out *Tensor
+	be.do("MoE", func(d *kernels.Device) error {
+		out = be.newF32(d, T, H)
+		if T == 0 || H == 0 {
+			return nil
+		}
+		must("zero", kernels.Upload(d, out.st.f32, make([]float32, T*H)))
+		if N == 0 || I == 0 {
+			return nil
+		}
+		a := be.alloc
+		tb, wb := upload(be, d, tok), upload(be, d, wt)
+		xg := a.get(d, int64(N*H)*4)
+		must("gather", d.GatherRowsF32(nil, xg, be.f32(d, xt), kernels.F32, tb, N, H, T))
+		xgb := be.toBF16(d, xg, N*H)
+		h := a.get(d, int64(N*2*I)*4)
+		guw, dw := be.bf16(d, gu), be.bf16(d, down)
+		var gubb, dbb *kernels.Buffer
+		if gub != nil {
+			gubb = be.f32(d, gub)
+		}
+		if db != nil {
+			dbb = be.f32(d, db)
+		}
+		view := func(b *kernels.Buffer, off, n int64) *kernels.Buffer {
+			v, err := b.View(off, n)
+			must("view", err)
+			return v
+		}
+		for e := range E {
+			r0, n := count[e], count[e+1]-count[e]
+			if n == 0 {
+				continue
+			}
+			hv := view(h, int64(r0*2*I)*4, int64(n*2*I)*4)
+			must("Gemm", d.Gemm(nil, hv, kernels.F32, view(xgb, int64(r0*H)*2, int64(n*H)*2),
+				view(guw, int64(e*2*I*H)*2, int64(2*I*H)*2), n, 2*I, H))
+			if gubb != nil {
+				must("bias", d.BiasAddF32(nil, hv, view(gubb, int64(e*2*I)*4, int64(2*I)*4), n, 2*I))
+			}
+		}
+		act := a.get(d, int64(N*I)*4)
+		clamped := l.Act.Kind == moe.ClampedSwiGLU
+		must("activation", d.SwiGLUF32(nil, act, h, N, I, clamped, l.Act.Alpha, l.Act.Limit))
+		actb := be.toBF16(d, act, N*I)
+		y := a.get(d, int64(N*H)*4)
+		for e := range E {
+			r0, n := count[e], count[e+1]-count[e]
+			if n == 0 {
+				continue
+			}
+			yv := view(y, int64(r0*H)*4, int64(n*H)*4)
+			must("Gemm", d.Gemm(nil, yv, kernels.F32, view(actb, int64(r0*I)*2, int64(n*I)*2),
+				view(dw, int64(e*H*I)*2, int64(H*I)*2), n, H, I))
+			if dbb != nil {
+				must("bias", d.BiasAddF32(nil, yv, view(dbb, int64(e*H)*4, int64(H)*4), n, H))
+			}
+		}
+		must("scatter", d.ScatterAddRowsF32(nil, out.st.f32, y, tb, wb, N, H, T))
+		for _, b := range []*kernels.Buffer{tb, wb, xg, xgb, h, act, actb, y} {
+			a.put(b)
+		}
+		return nil
+	}, xt, gu, down, gub, db)
+
+	if l.Shared != nil {
+		sh := be.MLP(xt, l.Shared).(*Tensor)
+		var g *Tensor
+		if sg != nil {
+			g = be.Linear(xt, sg, nil).(*Tensor)
+		}
+		be.do("MoE", func(d *kernels.Device) error {
+			if T == 0 || H == 0 {
+				return nil
+			}
+			var gb *kernels.Buffer
+			if g != nil {
+				gb = g.st.f32
+			}
+			return d.GatedAddF32(nil, out.st.f32, sh.st.f32, gb, T, H)
+		}, sh, g, out)
+	}
+	return out
+}
+
+// countExperts adds a step's routing to the per-layer expert counters.
+func (be *Backend) countExperts(layer, E int, ids []int32) {
+	be.loadMu.Lock()
+	defer be.loadMu.Unlock()
+	if be.load == nil {
+		be.load = map[int][]int64{}
+	}
+	c := be.load[layer]
+	if len(c) != E {
+		c = make([]int64, E)
+		be.load[layer] = c
+	}
+	for _, e := range ids {
+		c[e]++
+	}
+}
+
+// TakeExpertLoad implements backend.ExpertCounter: tokens per expert per
+// MoE layer since the previous call.
+func (be *Backend) TakeExpertLoad() map[int][]int64 {
+	be.loadMu.Lock()
+	defer be.loadMu.Unlock()
+	out := be.load
+	be.load = nil
+	return out
+}

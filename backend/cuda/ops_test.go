@@ -1,0 +1,209 @@
+package cuda
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/mkserve/mkserve/attention"
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/backend/cpu"
+	"github.com/mkserve/mkserve/moe"
+	"github.com/mkserve/mkserve/tensor"
+)
+
+// opCase runs the same ops on a backend with data from g; its outputs are
+// compared between the CPU reference and the CUDA backend.
+type opCase struct {
+	name string
+	run  func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor
+}
+
+func attnBatch(seqs []backend.SeqSpan) *backend.Batch {
+	b := &backend.Batch{}
+	for _, s := range seqs {
+		s.Offset = len(b.Tokens)
+		for j := 0; j < s.Len; j++ {
+			b.Tokens = append(b.Tokens, 1)
+			b.Positions = append(b.Positions, int32(s.Past+j))
+		}
+		b.Seqs = append(b.Seqs, s)
+	}
+	return b
+}
+
+// attnSteps runs chunked prefill then decode for two paged sequences with
+// scattered block tables and one unpaged one (rolled back once).
+func attnSteps(t testing.TB, be backend.Backend, g *gen, p *backend.AttnParams, withSinks bool) []backend.Tensor {
+	if err := be.InitKV(4, 40); err != nil {
+		t.Fatal(err)
+	}
+	if withSinks {
+		p.Sinks = W(t, be, g.f32(2, p.NumHeads))
+	}
+	A := []int32{17, 3, 29, 8, 0, 35, 12, 21}
+	B := []int32{5, 38, 2, 14, 27, 9, 30, 1}
+	const U = 1 << 40 // unpaged id
+	steps := [][]backend.SeqSpan{
+		{{ID: 1, Len: 7, Past: 0, Blocks: A[:2]}, {ID: 2, Len: 3, Past: 0, Blocks: B[:1]}, {ID: U, Len: 6}},
+		{{ID: 1, Len: 5, Past: 7, Blocks: A[:3]}, {ID: 2, Len: 9, Past: 3, Blocks: B[:3]}, {ID: U, Len: 4, Past: 3}}, // U rolled back to 3
+		{{ID: 1, Len: 1, Past: 12, Blocks: A[:4]}, {ID: 2, Len: 1, Past: 12, Blocks: B[:4]}, {ID: U, Len: 1, Past: 7}},
+		{{ID: 2, Len: 1, Past: 13, Blocks: B[:4]}, {ID: 1, Len: 1, Past: 13, Blocks: A[:4]}, {ID: U, Len: 1, Past: 8}},
+	}
+	var out []backend.Tensor
+	H, KV, D, Dv := p.NumHeads, p.NumKVHeads, p.HeadDim, p.VHeadDim
+	for _, s := range steps {
+		b := attnBatch(s)
+		T := len(b.Tokens)
+		q := W(t, be, g.f32(1, T, H*D))
+		k := W(t, be, g.f32(1, T, KV*D))
+		v := W(t, be, g.f32(1, T, KV*Dv))
+		out = append(out, be.Attention(q, k, v, b, p))
+	}
+	// Copy-on-write: sequence 3 continues from a copy of 1's blocks.
+	C := []int32{33, 34, 36, 37}
+	be.CopyBlocks(A[:4], C)
+	b := attnBatch([]backend.SeqSpan{{ID: 3, Len: 2, Past: 14, Blocks: C}})
+	out = append(out, be.Attention(W(t, be, g.f32(1, 2, H*D)), W(t, be, g.f32(1, 2, KV*D)), W(t, be, g.f32(1, 2, KV*Dv)), b, p))
+	be.FreeSequence(U)
+	b = attnBatch([]backend.SeqSpan{{ID: U, Len: 3}})
+	out = append(out, be.Attention(W(t, be, g.f32(1, 3, H*D)), W(t, be, g.f32(1, 3, KV*D)), W(t, be, g.f32(1, 3, KV*Dv)), b, p))
+	return out
+}
+
+func moeLayer(t testing.TB, be backend.Backend, g *gen, E, H, I int, r moe.RouterConfig, act moe.Activation, biases, shared bool) *backend.MoELayer {
+	l := &backend.MoELayer{Layer: 3, Router: r, Act: act,
+		Gate:   W(t, be, g.bf16(1, E, H)),
+		GateUp: W(t, be, g.bf16(0.5, E, 2*I, H)),
+		Down:   W(t, be, g.bf16(0.5, E, H, I)),
+	}
+	if biases {
+		l.GateBias = W(t, be, g.f32(0.3, E))
+		l.GateUpBias = W(t, be, g.f32(0.3, E, 2*I))
+		l.DownBias = W(t, be, g.f32(0.3, E, H))
+		if r.Scoring == moe.Sigmoid {
+			l.ScoreBias = W(t, be, g.f32(0.1, E))
+		}
+	}
+	if shared {
+		l.Shared = &backend.MLP{GateUp: W(t, be, g.bf16(0.5, 2*I+2, H)), Down: W(t, be, g.bf16(0.5, H, I+1))}
+		l.SharedGate = W(t, be, g.f32(0.5, 1, H))
+	}
+	return l
+}
+
+var opCases = []opCase{
+	{"embed_bf16", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		return []backend.Tensor{be.Embed(W(t, be, g.bf16(1, 37, 24)), []int32{3, 36, 0, 3, 17})}
+	}},
+	{"embed_f32", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		return []backend.Tensor{be.Embed(W(t, be, g.f32(1, 11, 7)), []int32{10, 2})}
+	}},
+	{"linear_bias", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		x, w, b := W(t, be, g.f32(1, 5, 33)), W(t, be, g.bf16(1, 19, 33)), W(t, be, g.f32(1, 19))
+		return []backend.Tensor{be.Linear(x, w, b), be.Linear(x, W(t, be, g.f32(1, 3, 33)), nil)}
+	}},
+	{"rmsnorm_grouped", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		x := W(t, be, g.f32(3, 7, 36))
+		return []backend.Tensor{be.RMSNorm(x, W(t, be, g.f32(1, 12)), 1e-6), be.RMSNorm(x, W(t, be, g.bf16(1, 36)), 1e-5)}
+	}},
+	{"add_clamp_swiglu", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		a, b := W(t, be, g.f32(4, 6, 26)), W(t, be, g.f32(4, 6, 26))
+		return []backend.Tensor{be.Add(a, b), be.Clamp(a, 1.5), be.SwiGLU(a)}
+	}},
+	{"split_concat", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		x := W(t, be, g.f32(1, 5, 3*10))
+		p := be.SplitCols(x, 3, 4, 6)
+		one := W(t, be, g.f32(1, 5, 2))
+		return append(p, be.ConcatCols(3, []backend.Tensor{p[1], one, p[0]}, []int{6, 2, 4}))
+	}},
+	{"rope", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		x := W(t, be, g.f32(1, 6, 3*10))
+		pos := []int32{0, 1, 77, 4095, 5000, 123456}
+		yarn := &attention.RoPE{Dim: 8, Theta: 50000, Style: attention.Interleaved,
+			Scaling: attention.RoPEScaling{Type: "yarn", Factor: 4, OriginalMaxPos: 4096, MScale: 1, MScaleAllDim: 0.5}}
+		return []backend.Tensor{
+			be.RoPE(x, 3, 10, &attention.RoPE{Dim: 10, Theta: 10000}, pos),
+			be.RoPE(x, 3, 10, &attention.RoPE{Dim: 6, Theta: 1e6}, pos),
+			be.RoPE(x, 3, 10, yarn, pos),
+		}
+	}},
+	{"mlp_rows", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		x := W(t, be, g.f32(1, 9, 16))
+		y := be.MLP(x, &backend.MLP{GateUp: W(t, be, g.bf16(0.5, 2*11, 16)), Down: W(t, be, g.bf16(0.5, 16, 11))})
+		return []backend.Tensor{y, be.Rows(y, []int{8, 0, 4})}
+	}},
+	{"attention_gqa", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		return attnSteps(t, be, g, &backend.AttnParams{Layer: 0, NumHeads: 6, NumKVHeads: 2, HeadDim: 16, VHeadDim: 16, Scale: 0.25}, false)
+	}},
+	{"attention_window_sinks_dv", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		return attnSteps(t, be, g, &backend.AttnParams{Layer: 2, NumHeads: 4, NumKVHeads: 4, HeadDim: 24, VHeadDim: 8, Scale: 0.2, Window: 5}, true)
+	}},
+	{"moe_softmax_shared", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		l := moeLayer(t, be, g, 8, 16, 12, moe.RouterConfig{NumExperts: 8, TopK: 2, Scoring: moe.Softmax, NormTopK: true},
+			moe.Activation{Kind: moe.SwiGLU}, false, true)
+		return []backend.Tensor{be.MoE(W(t, be, g.f32(1, 13, 16)), l)}
+	}},
+	{"moe_sigmoid_bias_clamped", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		l := moeLayer(t, be, g, 10, 12, 8, moe.RouterConfig{NumExperts: 10, TopK: 4, Scoring: moe.Sigmoid, NormTopK: true, ScalingFactor: 2.5, NumGroups: 5, TopKGroups: 2},
+			moe.Activation{Kind: moe.ClampedSwiGLU, Alpha: 1.702, Limit: 0.6}, true, false)
+		return []backend.Tensor{be.MoE(W(t, be, g.f32(2, 21, 12)), l)}
+	}},
+	{"moe_softmax_topk_biases", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		l := moeLayer(t, be, g, 4, 20, 6, moe.RouterConfig{NumExperts: 4, TopK: 2, Scoring: moe.Softmax, SoftmaxTopK: true},
+			moe.Activation{Kind: moe.ClampedSwiGLU, Alpha: 1.702, Limit: 7}, true, true)
+		return []backend.Tensor{be.MoE(W(t, be, g.f32(1, 1, 20)), l), be.MoE(W(t, be, g.f32(1, 40, 20)), l)}
+	}},
+}
+
+// TestOpsMatchCPU runs every op on the CPU reference and on the GPU with the
+// same fresh random data and compares: relative L2 ≤ 1e-2, NaN never passes.
+func TestOpsMatchCPU(t *testing.T) {
+	gb := gpuBackend(t)
+	for i, c := range opCases {
+		t.Run(c.name, func(t *testing.T) {
+			seed := uint64(i*7919) + 0x1234
+			t.Logf("seed %#x", seed)
+			cb := cpu.New(cpu.Options{})
+			want := c.run(t, cb, newGen(seed))
+			got := c.run(t, gb, newGen(seed))
+			if len(got) != len(want) {
+				t.Fatalf("%d outputs, want %d", len(got), len(want))
+			}
+			worst := 0.0
+			for j := range want {
+				if fmt.Sprint(got[j].Shape()) != fmt.Sprint(want[j].Shape()) {
+					t.Fatalf("output %d: shape %v, want %v", j, got[j].Shape(), want[j].Shape())
+				}
+				e := relL2(gb.ToHost(got[j]), cb.ToHost(want[j]))
+				worst = max(worst, e)
+				if !(e <= 1e-2) {
+					t.Errorf("output %d %v: relative L2 %.3g > 1e-2", j, want[j].Shape(), e)
+				}
+			}
+			t.Logf("worst relative L2 %.3g over %d outputs", worst, len(want))
+			if c.name[:3] == "moe" {
+				if gl, cl := gb.TakeExpertLoad(), cb.TakeExpertLoad(); fmt.Sprint(gl) != fmt.Sprint(cl) {
+					t.Errorf("expert load %v, CPU %v", gl, cl)
+				}
+			}
+		})
+	}
+}
+
+// TestWeightErrors: bad host tensors give errors, not panics.
+func TestWeightErrors(t *testing.T) {
+	be := gpuBackend(t)
+	for _, h := range []*tensor.Host{nil, {Name: "i", DType: tensor.I32, Shape: []int{2}, Data: make([]byte, 8)},
+		{Name: "short", DType: tensor.F32, Shape: []int{3}, Data: make([]byte, 8)}} {
+		if _, err := be.Weight(h); err == nil {
+			t.Errorf("Weight(%v) gave no error", h)
+		}
+	}
+}
+
+// TestNewEPUnsupported: expert parallelism is refused clearly.
+func TestNewEPUnsupported(t *testing.T) {
+	if _, err := New(Options{EPRanks: 2}); err == nil {
+		t.Fatal("New with EPRanks 2 gave no error")
+	}
+}
