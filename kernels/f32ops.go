@@ -283,7 +283,7 @@ func (d *Device) AttentionF32(s *Stream, out, q, poolK, poolV, rows, pos, table,
 	N := int64(n)
 	if err := needAll(op, 4, "q", q, int64(a.Heads*a.HeadDim), "out", out, int64(a.Heads*a.VHeadDim),
 		"poolK", poolK, int64(a.KVHeads*a.HeadDim), "poolV", poolV, int64(a.KVHeads*a.VHeadDim),
-		"rows", rows, N, "pos", pos, N, "table", table, N, "blocks", blocks, 1); err != nil {
+		"rows", rows, N, "pos", pos, N, "table", table, N, "blocks", blocks, int64(1)); err != nil {
 		return err
 	}
 	var sk uint64

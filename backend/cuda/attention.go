@@ -30,7 +30,7 @@ const privateBlock = 16
 // blocks from a growing per-layer pool, and counts its cached tokens per
 // layer (so it can be rolled back by resubmitting from an earlier Past).
 type privateKV struct {
-	layers []*kvLayer // capacity grows on demand, the same block ids in every layer
+	layers map[[3]int]*kvLayer // by (layer, kw, vw): capacity grows on demand, the same block ids in every layer
 	free   []int32
 	next   int32
 	seqs   map[uint64]*privSeq
@@ -41,7 +41,9 @@ type privSeq struct {
 	tokens []int // per layer
 }
 
-func newPrivateKV() *privateKV { return &privateKV{seqs: map[uint64]*privSeq{}} }
+func newPrivateKV() *privateKV {
+	return &privateKV{seqs: map[uint64]*privSeq{}, layers: map[[3]int]*kvLayer{}}
+}
 
 // layerAt returns layers[l] of a pool, allocating it with blocks blocks of
 // bs tokens and widths kw, vw; it panics on a width mismatch.
@@ -191,9 +193,6 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		if p.Layer >= len(sq.tokens) {
 			sq.tokens = append(sq.tokens, make([]int, p.Layer+1-len(sq.tokens))...)
 		}
-		if l := p.Layer; l < len(pv.layers) && pv.layers[l] != nil && (pv.layers[l].kw != kw || pv.layers[l].vw != vw) {
-			panicf("Attention", "layer %d: cache widths %d/%d, span wants %d/%d", l, pv.layers[l].kw, pv.layers[l].vw, kw, vw)
-		}
 		if sq.tokens[p.Layer] < s.Past {
 			panicf("Attention", "sequence %d layer %d: cache holds %d tokens, span wants past %d",
 				s.ID, p.Layer, sq.tokens[p.Layer], s.Past)
@@ -237,9 +236,14 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 				for _, id := range g.blocks {
 					need = max(need, int(id)+1)
 				}
-				pl = layerAt(d, &be.priv.layers, p.Layer, max(need, 64), privateBlock, kw, vw)
+				key := [3]int{p.Layer, kw, vw}
+				pl = be.priv.layers[key]
+				if pl == nil {
+					pl = &kvLayer{kw: kw, vw: vw}
+					be.priv.layers[key] = pl
+				}
 				if need > pl.blocks {
-					grow(d, pl, max(need, 2*pl.blocks), privateBlock)
+					grow(d, pl, max(need, 2*pl.blocks, 64), privateBlock)
 				}
 				a.BlockSize = privateBlock
 			}

@@ -26,7 +26,9 @@
 // Every device call runs on the GPU's owning goroutine (kernels.GPU.Do), so
 // a Backend is safe for concurrent use; the work is serialized.
 //
-// Verification status: see kernels/README.md ("CUDA model backend").
+// Verification status: see kernels/README.md ("CUDA model backend"): ran on
+// an H200; op tests, engine test and greedy generation pass; golden logits
+// exceed the 2e-2 bound for qwen2_moe (0.074), olmoe and gpt_oss (~0.024).
 package cuda
 
 import (

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/engine"
 	"github.com/mkserve/mkserve/models"
 	"github.com/mkserve/mkserve/models/safetensors"
@@ -74,11 +75,20 @@ func loadModel(t testing.TB, family string, be backend.Backend) *models.Loaded {
 // float32 logits (relative L2 ≤ 2e-2, argmax equal at ≥ 95% of positions)
 // and its greedy generation (mismatches are reported with the position).
 func TestGolden(t *testing.T) {
-	be := gpuBackend(t)
+	gpuBackend(t)
 	for _, fam := range goldenFamilies {
 		t.Run(fam, func(t *testing.T) {
+			be, err := New(Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
 			g := readGolden(t, fam)
 			l := loadModel(t, fam, be)
+			cb := cpu.New(cpu.Options{})
+			ref, err := engine.Logits(loadModel(t, fam, cb).Model, cb, g.ids)
+			if err != nil {
+				t.Fatal(err)
+			}
 			rows, err := engine.Logits(l.Model, be, g.ids)
 			if err != nil {
 				t.Fatal(err)
@@ -88,6 +98,11 @@ func TestGolden(t *testing.T) {
 				got = append(got, r...)
 			}
 			e := relL2(got, g.logits)
+			var cpuFlat []float32
+			for _, r := range ref {
+				cpuFlat = append(cpuFlat, r...)
+			}
+			t.Logf("GOLDEN %s: logits relative L2 to the CPU backend %.3g", fam, relL2(got, cpuFlat))
 			V := l.Config.VocabSize
 			same, n := 0, len(got)/V
 			for i := 0; i < n; i++ {
