@@ -129,7 +129,9 @@ func (m *blockManager) hashBlock(parent uint64, tokens []int32) uint64 {
 
 // lookup finds the cached blocks that hold a prefix of tokens, taking a
 // reference on each; it returns the blocks and their hash chain. At most
-// limit tokens are matched.
+// limit tokens are matched. The caller records the lookup with countLookup
+// once the sequence is admitted (a lookup undone for lack of memory and
+// retried later must not count twice).
 func (m *blockManager) lookup(tokens []int32, limit int) (blocks []int32, hashes []uint64) {
 	bs := m.blockSize
 	parent := uint64(0)
@@ -153,9 +155,14 @@ func (m *blockManager) lookup(tokens []int32, limit int) (blocks []int32, hashes
 		hashes = append(hashes, h)
 		parent = h
 	}
-	m.queries += limit - limit%bs
-	m.hits += len(blocks) * bs
 	return blocks, hashes
+}
+
+// countLookup records an admitted sequence's prefix-cache lookup: limit
+// tokens asked for (whole blocks), hit of them found.
+func (m *blockManager) countLookup(limit, hit int) {
+	m.queries += limit - limit%m.blockSize
+	m.hits += hit
 }
 
 // commit records a held, full, computed block under its hash so later

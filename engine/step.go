@@ -117,13 +117,12 @@ func (e *Engine) schedule() []entry {
 	})
 	for len(e.waiting) > 0 && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs {
 		s := e.waiting[0]
+		looked := false
 		if s.computed == 0 && e.cfg.PrefixCaching && len(s.blocks) == 0 {
 			// Keep at least one token to compute so the step yields logits.
 			blocks, hashes := e.blocks.lookup(s.tokens, len(s.tokens)-1)
 			s.blocks, s.hashes, s.computed = blocks, hashes, len(blocks)*e.cfg.BlockSize
-			if s.index == 0 && s.req.started.IsZero() {
-				s.req.usage.CachedTokens = s.computed
-			}
+			looked = true
 		}
 		n := min(len(s.tokens)-s.computed, budget)
 		if !e.ensureBlocks(s, s.computed+n) {
@@ -134,6 +133,12 @@ func (e *Engine) schedule() []entry {
 		}
 		e.waiting = e.waiting[1:]
 		e.running = append(e.running, s)
+		if looked {
+			e.blocks.countLookup(len(s.tokens)-1, s.computed)
+			if s.index == 0 && s.req.started.IsZero() {
+				s.req.usage.CachedTokens = s.computed
+			}
+		}
 		if s.req.started.IsZero() {
 			s.req.started = time.Now()
 			e.queued.Add(-1)
