@@ -58,6 +58,16 @@ __global__ void rmsnorm_f32(float* out, const float* x, const float* w, int64_t 
   for (int64_t j = threadIdx.x; j < group; j += blockDim.x) os[j] = __fmul_rn(w[j], __fmul_rn(xs[j], r));
 }
 
+// hi = bf16(x), lo = bf16(x - hi); x - hi is exact in float32.
+__global__ void split_bf16(bf16* hi, bf16* lo, const float* x, int64_t n) {
+  GRID_STRIDE(i, n) {
+    const float v = x[i];
+    const bf16 h = __float2bfloat16_rn(v);
+    hi[i] = h;
+    lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+  }
+}
+
 __global__ void add_f32(float* out, const float* a, const float* b, int64_t n) {
   GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
@@ -258,6 +268,15 @@ int32_t mk_rmsnorm_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, in
   rmsnorm_f32<<<(unsigned)segs, kT, 0, mk::as_stream(stream)>>>(
       mk::dev<float>(out), mk::dev<float>(x), mk::dev<float>(w), group, mk::float_from_bits(eps_bits));
   MK_LAUNCHED("rmsnorm_f32");
+  return MK_OK;
+}
+
+int32_t mk_split_bf16(uint64_t stream, uint64_t hi, uint64_t lo, uint64_t x, int64_t n) {
+  MK_THREAD("mk_split_bf16");
+  F32_ARG("mk_split_bf16", n > 0 && hi && lo && x);
+  split_bf16<<<grid_n(n), kT, 0, mk::as_stream(stream)>>>(mk::dev<bf16>(hi), mk::dev<bf16>(lo),
+                                                         mk::dev<float>(x), n);
+  MK_LAUNCHED("split_bf16");
   return MK_OK;
 }
 

@@ -43,6 +43,27 @@ func needAll(op string, size int64, kv ...any) error {
 	return nil
 }
 
+// SplitBF16 splits n float32 values of x into hi = bf16(x) and lo =
+// bf16(x − hi) (nearest even), so that hi + lo keeps about 16 bits of x's
+// mantissa: a·bᵀ ≈ Gemm(hi, b) then GemmAdd(lo, b).
+func (d *Device) SplitBF16(s *Stream, hi, lo, x *Buffer, n int) error {
+	const op = "SplitBF16"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if err := positive(op, "n", n); err != nil {
+		return err
+	}
+	N := int64(n)
+	if err := needAll(op, 2, "hi", hi, N, "lo", lo, N); err != nil {
+		return err
+	}
+	if err := need(op, "x", x, N, 4); err != nil {
+		return err
+	}
+	return d.lib.check("mk_split_bf16", d.lib.splitBF16(s.handle(), hi.ptr, lo.ptr, x.ptr, N))
+}
+
 // AddF32 writes out [n] = a + b.
 func (d *Device) AddF32(s *Stream, out, a, b *Buffer, n int) error {
 	const op = "AddF32"

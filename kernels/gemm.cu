@@ -1,4 +1,6 @@
-// gemm.cu — C [M,N] = A [M,K] · B [N,K]ᵀ through cuBLASLt.
+// gemm.cu — C [M,N] (+)= A [M,K] · B [N,K]ᵀ through cuBLASLt: bf16 operands
+// (mk_gemm_bf16) or float32 operands in full FP32 (mk_gemm_f32: compute type
+// CUBLAS_COMPUTE_32F, never the TF32 fast path), float32 accumulation.
 //
 // Row-major C = A·Bᵀ is column-major Cᵀ [N,M] = B·Aᵀ. Row-major B [N,K] read
 // column-major is a K×N matrix with ld K, so op(B) = T gives N×K; row-major
@@ -38,8 +40,9 @@ struct Plan {
   bool fallback = false;
 };
 
-// Key: m, n, k, C dtype, and the pointer alignments the algorithm was chosen for.
-using Key = std::tuple<int64_t, int64_t, int64_t, int32_t, uint32_t, uint32_t, uint32_t>;
+// Key: m, n, k, A/B dtype, C dtype, and the pointer alignments the algorithm
+// was chosen for. beta (accumulate) does not change the plan.
+using Key = std::tuple<int64_t, int64_t, int64_t, int32_t, int32_t, uint32_t, uint32_t, uint32_t>;
 
 struct Gemm {
   cublasLtHandle_t lt = nullptr;
@@ -64,15 +67,16 @@ uint32_t align_of(uint64_t p) {
 
 int make_plan(const Key& key, Plan* plan) {
   Gemm& g = gemm();
-  auto [m, n, k, c_dtype, al_a, al_b, al_c] = key;
+  auto [m, n, k, ab_dtype, c_dtype, al_a, al_b, al_c] = key;
   cudaDataType_t ct = c_dtype == MK_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
+  cudaDataType_t abt = ab_dtype == MK_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
   MK_BLAS(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   MK_BLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   MK_BLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   // cuBLAS's first operand is our B (K×N column-major, ld K), its second our A.
-  MK_BLAS(cublasLtMatrixLayoutCreate(&plan->la, CUDA_R_16BF, k, n, k));
-  MK_BLAS(cublasLtMatrixLayoutCreate(&plan->lb, CUDA_R_16BF, k, m, k));
+  MK_BLAS(cublasLtMatrixLayoutCreate(&plan->la, abt, k, n, k));
+  MK_BLAS(cublasLtMatrixLayoutCreate(&plan->lb, abt, k, m, k));
   MK_BLAS(cublasLtMatrixLayoutCreate(&plan->lc, ct, n, m, n));
   cublasLtMatmulPreference_t pref = nullptr;
   MK_BLAS(cublasLtMatmulPreferenceCreate(&pref));
@@ -126,22 +130,25 @@ int gemm_init() {
 
 }  // namespace mk
 
-extern "C" {
+namespace {
 
-int32_t mk_gemm_bf16(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int32_t c_dtype,
-                     int64_t m, int64_t n, int64_t k) {
-  MK_THREAD("mk_gemm_bf16");
-  MK_ARG(m > 0 && n > 0 && k > 0, "mk_gemm_bf16: bad shape M=%lld N=%lld K=%lld", (long long)m,
+// run_gemm is mk_gemm_bf16 / mk_gemm_f32: C (+)= A·Bᵀ with operands of
+// ab_dtype, C of c_dtype; beta = 1 when accumulate.
+int run_gemm(const char* fn, uint64_t stream, uint64_t a, uint64_t b, uint64_t c,
+             int32_t ab_dtype, int32_t c_dtype, int64_t m, int64_t n, int64_t k,
+             int32_t accumulate) {
+  MK_THREAD(fn);
+  MK_ARG(m > 0 && n > 0 && k > 0, "%s: bad shape M=%lld N=%lld K=%lld", fn, (long long)m,
          (long long)n, (long long)k);
   MK_ARG(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX,
-         "mk_gemm_bf16: shape M=%lld N=%lld K=%lld exceeds int32", (long long)m, (long long)n,
+         "%s: shape M=%lld N=%lld K=%lld exceeds int32", fn, (long long)m, (long long)n,
          (long long)k);
-  MK_ARG(c_dtype == MK_DTYPE_BF16 || c_dtype == MK_DTYPE_F32, "mk_gemm_bf16: bad C dtype %d",
-         c_dtype);
-  MK_ARG(a != 0 && b != 0 && c != 0, "mk_gemm_bf16: NULL operand");
+  MK_ARG(c_dtype == MK_DTYPE_BF16 || c_dtype == MK_DTYPE_F32, "%s: bad C dtype %d", fn, c_dtype);
+  MK_ARG(accumulate == 0 || accumulate == 1, "%s: accumulate=%d, want 0 or 1", fn, accumulate);
+  MK_ARG(a != 0 && b != 0 && c != 0, "%s: NULL operand", fn);
   Gemm& g = gemm();
   std::lock_guard<std::mutex> lock(g.mu);
-  Key key{m, n, k, c_dtype, align_of(a), align_of(b), align_of(c)};
+  Key key{m, n, k, ab_dtype, c_dtype, align_of(a), align_of(b), align_of(c)};
   auto it = g.plans.find(key);
   if (it == g.plans.end()) {
     Plan p;
@@ -150,7 +157,7 @@ int32_t mk_gemm_bf16(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int32_
     it = g.plans.emplace(key, p).first;
   }
   Plan& p = it->second;
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   cudaStream_t s = mk::as_stream(stream);
   if (!p.fallback) {
     cublasStatus_t st = cublasLtMatmul(g.lt, p.op, &alpha, mk::dev<void>(b), p.la,
@@ -166,13 +173,29 @@ int32_t mk_gemm_bf16(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int32_
     p.fallback = true;
   }
   cudaDataType_t ct = c_dtype == MK_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
+  cudaDataType_t abt = ab_dtype == MK_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
   MK_BLAS(cublasSetStream(g.blas, s));
+  // The handle keeps cuBLAS's default math mode, so CUBLAS_COMPUTE_32F is
+  // full FP32 for float32 operands (no TF32).
   MK_BLAS(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha,
-                       mk::dev<void>(b), CUDA_R_16BF, (int)k, mk::dev<void>(a), CUDA_R_16BF,
-                       (int)k, &beta, mk::dev<void>(c), ct, (int)n, CUBLAS_COMPUTE_32F,
-                       CUBLAS_GEMM_DEFAULT));
+                       mk::dev<void>(b), abt, (int)k, mk::dev<void>(a), abt, (int)k, &beta,
+                       mk::dev<void>(c), ct, (int)n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   g.fallback_calls++;
   return MK_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t mk_gemm_bf16(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int32_t c_dtype,
+                     int64_t m, int64_t n, int64_t k, int32_t accumulate) {
+  return run_gemm("mk_gemm_bf16", stream, a, b, c, MK_DTYPE_BF16, c_dtype, m, n, k, accumulate);
+}
+
+int32_t mk_gemm_f32(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int64_t m, int64_t n,
+                    int64_t k, int32_t accumulate) {
+  return run_gemm("mk_gemm_f32", stream, a, b, c, MK_DTYPE_F32, MK_DTYPE_F32, m, n, k, accumulate);
 }
 
 int32_t mk_gemm_stats(uint64_t* lt_calls, uint64_t* fallback_calls) {

@@ -12,7 +12,7 @@ import (
 )
 
 // abiVersion is the MK_ABI_VERSION this package was written against.
-const abiVersion = 1
+const abiVersion = 2
 
 // LibraryEnv names the environment variable holding libmkernel.so's path.
 const LibraryEnv = "MKSERVE_KERNEL_LIB"
@@ -146,7 +146,8 @@ type lib struct {
 	eventSync     func(e uint64) int32
 	eventElapsed  func(start, end uint64, msBits *uint32) int32
 
-	gemm       func(s, a, b, c uint64, cDType int32, m, n, k int64) int32
+	gemm       func(s, a, b, c uint64, cDType int32, m, n, k int64, acc int32) int32
+	gemmF32    func(s, a, b, c uint64, m, n, k int64, acc int32) int32
 	gemmStats  func(lt, fallback *uint64) int32
 	rmsnorm    func(s, out, x, w uint64, rows, cols, group int64, eps uint32) int32
 	addRMSNorm func(s, resid, x, w, out uint64, rows, cols int64, eps uint32) int32
@@ -159,6 +160,7 @@ type lib struct {
 
 	// float32-activation ops (f32ops.cu)
 	rmsnormF32    func(s, out, x, w uint64, rows, cols, group int64, eps uint32) int32
+	splitBF16     func(s, hi, lo, x uint64, n int64) int32
 	addF32        func(s, out, a, b uint64, n int64) int32
 	clampF32      func(s, out, x uint64, n int64, limit uint32) int32
 	biasAddF32    func(s, x, bias uint64, rows, cols int64) int32
@@ -207,6 +209,7 @@ func (l *lib) symbols() []struct {
 		{"mk_event_sync", &l.eventSync},
 		{"mk_event_elapsed", &l.eventElapsed},
 		{"mk_gemm_bf16", &l.gemm},
+		{"mk_gemm_f32", &l.gemmF32},
 		{"mk_gemm_stats", &l.gemmStats},
 		{"mk_rmsnorm_bf16", &l.rmsnorm},
 		{"mk_add_rmsnorm_bf16", &l.addRMSNorm},
@@ -217,6 +220,7 @@ func (l *lib) symbols() []struct {
 		{"mk_convert_f32_to_bf16", &l.f32ToBF16},
 		{"mk_convert_bf16_to_f32", &l.bf16ToF32},
 		{"mk_rmsnorm_f32", &l.rmsnormF32},
+		{"mk_split_bf16", &l.splitBF16},
 		{"mk_add_f32", &l.addF32},
 		{"mk_clamp_f32", &l.clampF32},
 		{"mk_bias_add_f32", &l.biasAddF32},

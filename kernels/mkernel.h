@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 /* MK_ABI_VERSION changes whenever a signature, struct or meaning changes. */
-#define MK_ABI_VERSION 1
+#define MK_ABI_VERSION 2
 
 /* Status codes. */
 enum {
@@ -133,11 +133,17 @@ MK_API int32_t mk_event_elapsed(uint64_t start, uint64_t end, uint32_t* ms_bits)
 /* ---- ops ---- */
 
 /* C [M,N] = A [M,K] · B [N,K]ᵀ (the Hugging Face Linear layout), bf16 operands,
- * fp32 accumulation, C bf16 or f32 by c_dtype. cuBLASLt, falling back to
- * cublasGemmEx where cuBLASLt offers no algorithm. One 64 MiB workspace serves
- * every GEMM, so GEMMs on different streams must not overlap in time. */
+ * fp32 accumulation, C bf16 or f32 by c_dtype; accumulate = 1 adds to C
+ * instead (C += A·Bᵀ, beta = 1), accumulate = 0 overwrites it. cuBLASLt,
+ * falling back to cublasGemmEx where cuBLASLt offers no algorithm. One 64 MiB
+ * workspace serves every GEMM, so GEMMs on different streams must not overlap
+ * in time. */
 MK_API int32_t mk_gemm_bf16(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int32_t c_dtype,
-                     int64_t m, int64_t n, int64_t k);
+                     int64_t m, int64_t n, int64_t k, int32_t accumulate);
+/* The same with float32 A, B and C in full FP32 (CUBLAS_COMPUTE_32F; never
+ * TF32): C [M,N] (+)= A [M,K] · B [N,K]ᵀ. */
+MK_API int32_t mk_gemm_f32(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int64_t m, int64_t n,
+                           int64_t k, int32_t accumulate);
 /* How many GEMMs ran through cuBLASLt and through the cublasGemmEx fallback. */
 MK_API int32_t mk_gemm_stats(uint64_t* lt_calls, uint64_t* fallback_calls);
 
@@ -182,6 +188,10 @@ MK_API int32_t mk_convert_bf16_to_f32(uint64_t stream, uint64_t dst, uint64_t sr
  * sum of squares is accumulated in float64. */
 MK_API int32_t mk_rmsnorm_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, int64_t rows,
                               int64_t cols, int64_t group, uint32_t eps_bits);
+/* Splits n float32 values x into two bf16 halves: hi = bf16(x), lo =
+ * bf16(x - hi) (round to nearest even), so hi + lo carries about 16 bits of
+ * x's mantissa; A·Bᵀ = hi·Bᵀ + lo·Bᵀ with two bf16 GEMMs. */
+MK_API int32_t mk_split_bf16(uint64_t stream, uint64_t hi, uint64_t lo, uint64_t x, int64_t n);
 /* out [n] = a + b. */
 MK_API int32_t mk_add_f32(uint64_t stream, uint64_t out, uint64_t a, uint64_t b, int64_t n);
 /* out [n] = clamp(x, -limit, limit) (NaN stays NaN). */

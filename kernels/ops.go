@@ -56,7 +56,23 @@ func need(op, name string, b *Buffer, elems, size int64) error {
 // Gemm computes c [m,n] = a [m,k] · b [n,k]ᵀ on stream s: bf16 operands,
 // float32 accumulation, c of type ct (BF16 or F32).
 func (d *Device) Gemm(s *Stream, c *Buffer, ct DType, a, b *Buffer, m, n, k int) error {
-	const op = "Gemm"
+	return d.gemm("Gemm", s, c, ct, BF16, a, b, m, n, k, false)
+}
+
+// GemmAdd is Gemm accumulating into c: c [m,n] += a [m,k] · b [n,k]ᵀ (bf16
+// operands, float32 accumulation, c of type ct).
+func (d *Device) GemmAdd(s *Stream, c *Buffer, ct DType, a, b *Buffer, m, n, k int) error {
+	return d.gemm("GemmAdd", s, c, ct, BF16, a, b, m, n, k, true)
+}
+
+// GemmF32 computes c [m,n] = a [m,k] · b [n,k]ᵀ with float32 a, b and c in
+// full FP32 (cuBLAS compute type 32F, never TF32).
+func (d *Device) GemmF32(s *Stream, c, a, b *Buffer, m, n, k int) error {
+	return d.gemm("GemmF32", s, c, F32, F32, a, b, m, n, k, false)
+}
+
+// gemm checks and runs one GEMM: operands of type abt, c of type ct.
+func (d *Device) gemm(op string, s *Stream, c *Buffer, ct, abt DType, a, b *Buffer, m, n, k int, acc bool) error {
 	if err := d.ready(op); err != nil {
 		return err
 	}
@@ -64,19 +80,26 @@ func (d *Device) Gemm(s *Stream, c *Buffer, ct DType, a, b *Buffer, m, n, k int)
 		return err
 	}
 	if ct != BF16 && ct != F32 {
-		return fmt.Errorf("kernels: Gemm: output type %d is neither BF16 nor F32", ct)
+		return fmt.Errorf("kernels: %s: output type %d is neither BF16 nor F32", op, ct)
 	}
 	M, N, K := int64(m), int64(n), int64(k)
-	if err := need(op, "A", a, M*K, 2); err != nil {
+	if err := need(op, "A", a, M*K, abt.size()); err != nil {
 		return err
 	}
-	if err := need(op, "B", b, N*K, 2); err != nil {
+	if err := need(op, "B", b, N*K, abt.size()); err != nil {
 		return err
 	}
 	if err := need(op, "C", c, M*N, ct.size()); err != nil {
 		return err
 	}
-	return d.lib.check("mk_gemm_bf16", d.lib.gemm(s.handle(), a.ptr, b.ptr, c.ptr, int32(ct), M, N, K))
+	accumulate := int32(0)
+	if acc {
+		accumulate = 1
+	}
+	if abt == F32 {
+		return d.lib.check("mk_gemm_f32", d.lib.gemmF32(s.handle(), a.ptr, b.ptr, c.ptr, M, N, K, accumulate))
+	}
+	return d.lib.check("mk_gemm_bf16", d.lib.gemm(s.handle(), a.ptr, b.ptr, c.ptr, int32(ct), M, N, K, accumulate))
 }
 
 // RMSNorm writes out [rows, cols] = x / rms(x over each group of `group`

@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/mkserve/mkserve/tensor"
@@ -81,6 +82,116 @@ func TestGemm(t *testing.T) {
 		t.Logf("GEMMs so far: %d through cuBLASLt, %d through the cublasGemmEx fallback (err %v)", lt, fb, err)
 		return nil
 	})
+}
+
+// randF32 draws n normal float32 values times scale (not bf16-exact).
+func randF32(r *rand.Rand, n int, scale float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(r.NormFloat64() * scale)
+	}
+	return v
+}
+
+// refGemm is c0 + a [m,k] · b [n,k]ᵀ in float64 (c0 nil for zero).
+func refGemm(a, b, c0 []float32, m, n, k int) []float64 {
+	want := make([]float64, m*n)
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			var s float64
+			if c0 != nil {
+				s = float64(c0[i*n+j])
+			}
+			for p := 0; p < k; p++ {
+				s += float64(a[i*k+p]) * float64(b[j*k+p])
+			}
+			want[i*n+j] = s
+		}
+	}
+	return want
+}
+
+// TestGemmF32: full-FP32 GEMM against a float64 reference on inputs that are
+// not bf16- or TF32-exact; 1e-5 fails a TF32 path (~3e-4 on such inputs).
+func TestGemmF32(t *testing.T) {
+	g := testGPU(t)
+	cases := []struct {
+		m, n, k int
+		offA    int64 // bytes A starts into its allocation
+	}{
+		{1, 7, 3, 0}, {37, 45, 67, 0}, {16, 1000, 333, 0}, {128, 256, 512, 0}, {1, 4096, 4096, 0}, {33, 65, 17, 4},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("M%d_N%d_K%d_off%d", c.m, c.n, c.k, c.offA), func(t *testing.T) {
+			r := newRNG(t)
+			a, b := randF32(r, c.m*c.k, 1), randF32(r, c.n*c.k, 1)
+			want := refGemm(a, b, nil, c.m, c.n, c.k)
+			var got []float32
+			onGPU(t, g, func(ar *arena) {
+				abuf := ar.alloc(int64(4*len(a)) + c.offA)
+				if ar.err != nil {
+					return
+				}
+				av, err := abuf.View(c.offA, int64(4*len(a)))
+				ar.check(err)
+				if err != nil {
+					return
+				}
+				ar.check(Upload(ar.d, av, a))
+				bbuf, cbuf := put(ar, b), put(ar, fill32(c.m*c.n, float32(math.NaN())))
+				if ar.err != nil {
+					return
+				}
+				ar.check(ar.d.GemmF32(nil, cbuf, av, bbuf, c.m, c.n, c.k))
+				got = get[float32](ar, cbuf, c.m*c.n)
+			})
+			checkClose(t, "C", got, want, 1e-5)
+		})
+	}
+}
+
+// TestGemmSplit: SplitBF16 gives exactly bf16(x) and bf16(x − hi); GemmAdd
+// accumulates into C; Gemm(hi) + GemmAdd(lo) reproduces a float32 x times a
+// bf16 weight to 1e-4, where hi alone is ~2e-3 off.
+func TestGemmSplit(t *testing.T) {
+	g := testGPU(t)
+	for _, c := range []struct{ m, n, k int }{{1, 7, 3}, {37, 45, 67}, {5, 96, 200}, {64, 512, 1024}, {1, 4096, 4096}} {
+		t.Run(fmt.Sprintf("M%d_N%d_K%d", c.m, c.n, c.k), func(t *testing.T) {
+			r := newRNG(t)
+			x := randF32(r, c.m*c.k, 1)
+			wBits, w := randBF16(r, c.n*c.k, 1)
+			c0 := randF32(r, c.m*c.n, 10)
+			var hi, lo []uint16
+			var split, hiOnly, acc []float32
+			onGPU(t, g, func(ar *arena) {
+				xb, wb := put(ar, x), put(ar, wBits)
+				hb, lb := ar.alloc(int64(2*len(x))), ar.alloc(int64(2*len(x)))
+				cs, ch := put(ar, fill32(c.m*c.n, float32(math.NaN()))), put(ar, fill32(c.m*c.n, float32(math.NaN())))
+				ca := put(ar, c0)
+				if ar.err != nil {
+					return
+				}
+				ar.check(ar.d.SplitBF16(nil, hb, lb, xb, len(x)))
+				ar.check(ar.d.Gemm(nil, cs, F32, hb, wb, c.m, c.n, c.k))
+				ar.check(ar.d.GemmAdd(nil, cs, F32, lb, wb, c.m, c.n, c.k))
+				ar.check(ar.d.Gemm(nil, ch, F32, hb, wb, c.m, c.n, c.k))
+				ar.check(ar.d.GemmAdd(nil, ca, F32, hb, wb, c.m, c.n, c.k))
+				hi, lo = get[uint16](ar, hb, len(x)), get[uint16](ar, lb, len(x))
+				split, hiOnly, acc = get[float32](ar, cs, c.m*c.n), get[float32](ar, ch, c.m*c.n), get[float32](ar, ca, c.m*c.n)
+			})
+			for i, v := range x {
+				wh := tensor.F32ToBF16(v)
+				wl := tensor.F32ToBF16(v - tensor.BF16ToF32(wh))
+				if hi[i] != wh || lo[i] != wl {
+					t.Fatalf("x[%d] = %v: hi, lo = %#04x, %#04x, want %#04x, %#04x", i, v, hi[i], lo[i], wh, wl)
+				}
+			}
+			want := refGemm(x, w, nil, c.m, c.n, c.k)
+			checkClose(t, "hi·wᵀ + lo·wᵀ", split, want, 1e-4)
+			checkClose(t, "hi·wᵀ alone (logged for comparison)", hiOnly, want, 2e-2)
+			checkClose(t, "c0 + hi·wᵀ (GemmAdd)", acc, refGemm(bf16ToF32s(hi), w, c0, c.m, c.n, c.k), 1e-4)
+		})
+	}
 }
 
 func (t DType) String() string {
