@@ -8,11 +8,13 @@
 #   2. runs the carried Go test binary .dev/kernels.test (built here, on the
 #      CPU machine: CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w'
 #      -o .dev/kernels.test ./kernels) with MKSERVE_REQUIRE_GPU=1, so a missing
-#      library or GPU fails instead of skipping;
+#      library or GPU fails instead of skipping; every top-level test runs
+#      in its own process (run_each), so a panic ends only that test;
 #   3. runs its benchmarks (GEMM TFLOP/s, copy and op GB/s);
 #   4. runs the CUDA model backend's test binary .dev/cuda.test when carried
 #      (CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' -o .dev/cuda.test
-#      ./backend/cuda) from backend/cuda, so testdata paths resolve (cuda.log);
+#      ./backend/cuda) from backend/cuda, so testdata paths resolve (cuda.log),
+#      also one process per top-level test and per TestGolden family;
 #   5. prints a summary table last.
 # MK_QUICK=1 skips the PyTorch baseline and the benchmarks.
 # Logs go to $OUT (the device tool's result folder), else .dev/out.
@@ -56,6 +58,35 @@ build() {
 		"$BUILD"/mk_ops.o "$BUILD"/mk_f32ops.o -lcublasLt -lcublas -Xlinker -rpath,"$CUDA_LIB"
 }
 
+# GOLDEN_FAMILIES: TestGolden's subtests, each run in its own process.
+GOLDEN_FAMILIES=${MK_GOLDEN_FAMILIES:-mixtral qwen2_moe qwen3_moe olmoe deepseek_v3 gpt_oss}
+
+# run_each BIN LOG DIR SECONDS runs every top-level test of the Go test binary
+# BIN (TestGolden once per family) as its own process from DIR, with a
+# timeout of SECONDS each, appending to LOG, so that a panic or hang ends
+# only its own test. Returns 1 when any run fails.
+run_each() {
+	local bin=$1 log=$2 dir=$3 tmo=$4 rc=0 name pat src
+	: >"$log"
+	for name in $(cd "$dir" && "$bin" -test.list '^Test'); do
+		local pats=("^$name\$")
+		if [ "$name" = TestGolden ]; then
+			pats=()
+			for f in $GOLDEN_FAMILIES; do pats+=("^TestGolden\$/^$f\$"); done
+		fi
+		for pat in "${pats[@]}"; do
+			(cd "$dir" && timeout "$tmo" "$bin" -test.v -test.count=1 -test.run "$pat" \
+				-test.timeout="$((tmo - 5))s") >>"$log" 2>&1
+			src=$?
+			if [ "$src" != 0 ]; then
+				rc=1
+				echo "device.sh: $(basename "$bin") -test.run '$pat' exited with rc $src" | tee -a "$log"
+			fi
+		done
+	done
+	return "$rc"
+}
+
 echo "== build libmkernel.so ($("$NVCC" --version | tail -1)) in the background; PyTorch baseline meanwhile"
 SECONDS=0
 (build) >"$OUT/build.log" 2>&1 &
@@ -79,17 +110,17 @@ else
 		echo "device.sh: no test binary at $TEST_BIN (build it on the CPU machine and carry it)"
 		status=1
 	else
-		echo "== tests"
+		echo "== tests (each top-level test in its own process)"
 		SECONDS=0
-		timeout 90 "$TEST_BIN" -test.v -test.count=1 -test.timeout=85s >"$OUT/test.log" 2>&1 || status=1
+		run_each "$TEST_BIN" "$OUT/test.log" . 60 || status=1
 		grep -E -- "--- FAIL|^(FAIL|PASS|ok)|panic|Error|error" "$OUT/test.log" | grep -v "relative L2 error" | head -40
 		echo "== tests took ${SECONDS}s"
 		CUDA_BIN=${MK_CUDA_TEST_BIN:-$PWD/.dev/cuda.test}
 		if [ -x "$CUDA_BIN" ]; then
-			echo "== CUDA backend tests"
+			echo "== CUDA backend tests (each top-level test, and each TestGolden family, in its own process)"
 			SECONDS=0
-			(cd backend/cuda && timeout 150 "$CUDA_BIN" -test.v -test.count=1 -test.timeout=145s) >"$OUT/cuda.log" 2>&1 || status=1
-			grep -E -- "--- FAIL|^(FAIL|PASS|ok)|panic|GOLDEN|GREEDY|ENGINE|relative L2 [0-9.e-]+ >" "$OUT/cuda.log" | head -60
+			run_each "$CUDA_BIN" "$OUT/cuda.log" backend/cuda 90 || status=1
+			grep -E -- "--- FAIL|^(FAIL|PASS|ok)|panic|OPS|GOLDEN|GREEDY|ENGINE|relative L2 [0-9.e-]+ >" "$OUT/cuda.log" | head -120
 			echo "== CUDA backend tests took ${SECONDS}s"
 		fi
 		[ "${MK_QUICK:-0}" = 1 ] && { echo "device.sh: status $status (quick; logs in $OUT)"; exit "$status"; }

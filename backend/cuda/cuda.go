@@ -3,12 +3,19 @@
 //
 // Design (a first, exact version; speed is later work):
 //   - Weights are uploaded once in their precision: BF16 tensors as bf16,
-//     F32/F16 tensors as float32. An op that needs the other form (a GEMM
-//     wants bf16, a norm or bias wants float32) converts once on the device
-//     and keeps the copy with the tensor.
+//     F32/F16 tensors as float32. A norm or bias that needs float32 widens a
+//     bf16 weight once on the device and keeps the copy with the tensor.
 //   - Activations are float32 on the device, so the residual stream keeps
-//     float32 precision. Linear converts its input to bf16 and runs the
-//     cuBLASLt bf16 GEMM with float32 output, then adds the bias.
+//     float32 precision.
+//   - GEMMs (Linear, MLP, MoE experts and router) follow the weight: a weight
+//     with float32 memory (F32/F16 checkpoints) runs a full-FP32 cuBLAS GEMM
+//     on the float32 activations (no TF32, no rounding anywhere); a bf16
+//     weight runs bf16 GEMMs with float32 accumulation and output. With
+//     Options.SplitActivations (the default) the activation x is split into
+//     hi = bf16(x) and lo = bf16(x − hi) and C = hi·Wᵀ + lo·Wᵀ (two GEMMs, the
+//     second accumulating into C), which keeps ~16 bits of x's mantissa; with
+//     it off, x is rounded to bf16 once (half the GEMM work, ~3 significant
+//     digits).
 //   - Attention keeps a paged float32 KV pool per layer (InitKV) and reads it
 //     in place through the block tables; spans without a block table use a
 //     private pool of 16-token blocks per sequence that grows on demand.
@@ -26,9 +33,7 @@
 // Every device call runs on the GPU's owning goroutine (kernels.GPU.Do), so
 // a Backend is safe for concurrent use; the work is serialized.
 //
-// Verification status: see kernels/README.md ("CUDA model backend"): ran on
-// an H200; op tests, engine test and greedy generation pass; golden logits
-// exceed the 2e-2 bound for qwen2_moe (0.074), olmoe and gpt_oss (~0.024).
+// Verification status: see kernels/README.md ("CUDA model backend").
 package cuda
 
 import (
@@ -51,12 +56,20 @@ type Options struct {
 	Device int
 	// EPRanks > 1 (expert parallelism) is not supported yet: New fails.
 	EPRanks int
+	// SplitActivations (nil means true) runs every GEMM against a bf16
+	// weight as two bf16 GEMMs on the hi and lo bf16 halves of the float32
+	// activations, so activations keep ~16 bits of mantissa instead of 8.
+	// Cost: twice the GEMM work and weight reads for bf16 weights, plus a
+	// split pass. false is the fast mode: one GEMM on bf16-rounded
+	// activations. GEMMs against float32 weights are full FP32 either way.
+	SplitActivations *bool
 }
 
 // Backend is the CUDA backend. The zero value is not usable; call New.
 type Backend struct {
 	g     *kernels.GPU
 	alloc *allocator
+	split bool // Options.SplitActivations
 
 	ropeMu sync.Mutex
 	ropes  map[attention.RoPE]*ropeFreqs
@@ -105,7 +118,8 @@ func New(opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cuda: %w", err)
 	}
-	return &Backend{g: g, alloc: &allocator{pool: map[int64][]*kernels.Buffer{}},
+	split := opts.SplitActivations == nil || *opts.SplitActivations
+	return &Backend{g: g, alloc: &allocator{pool: map[int64][]*kernels.Buffer{}}, split: split,
 		ropes: map[attention.RoPE]*ropeFreqs{}, priv: newPrivateKV()}, nil
 }
 
@@ -177,23 +191,77 @@ func (be *Backend) f32(d *kernels.Device, t *Tensor) *kernels.Buffer {
 	return t.st.f32
 }
 
-// bf16 returns t's bf16 memory, rounding from float32 once.
-func (be *Backend) bf16(d *kernels.Device, t *Tensor) *kernels.Buffer {
-	if t.st.bf16 == nil {
-		b := be.alloc.get(d, int64(t.st.n)*2)
-		if t.st.n > 0 {
-			must("convert", d.ConvertF32ToBF16(nil, b, t.st.f32, t.st.n))
-		}
-		t.st.bf16 = b
+// ---- GEMMs ----
+
+// weightMem is a GEMM weight's memory and whether it is float32 (then the
+// GEMM is full FP32) or bf16.
+func weightMem(t *Tensor) (b *kernels.Buffer, isF32 bool) {
+	if t.st.f32 != nil {
+		return t.st.f32, true
 	}
-	return t.st.bf16
+	return t.st.bf16, false
 }
 
-// toBF16 rounds n float32 values of src into a fresh pooled buffer.
-func (be *Backend) toBF16(d *kernels.Device, src *kernels.Buffer, n int) *kernels.Buffer {
-	b := be.alloc.get(d, int64(n)*2)
-	must("convert", d.ConvertF32ToBF16(nil, b, src, n))
-	return b
+// gemmIn is a float32 activation [rows, K] prepared for GEMMs against one
+// kind of weight: f32 for a float32 weight; hi (and lo when splitting) for a
+// bf16 weight.
+type gemmIn struct {
+	f32, hi, lo *kernels.Buffer
+	owned       bool // hi and lo return to the pool in release
+}
+
+// prepare readies x [n values] for GEMMs against float32 (wF32) or bf16 weights.
+func (be *Backend) prepare(d *kernels.Device, x *kernels.Buffer, n int, wF32 bool) gemmIn {
+	if wF32 {
+		return gemmIn{f32: x}
+	}
+	in := gemmIn{hi: be.alloc.get(d, int64(n)*2), owned: true}
+	if be.split {
+		in.lo = be.alloc.get(d, int64(n)*2)
+		must("split", d.SplitBF16(nil, in.hi, in.lo, x, n))
+	} else {
+		must("convert", d.ConvertF32ToBF16(nil, in.hi, x, n))
+	}
+	return in
+}
+
+// rows is the view of rows [r0, r0+n) of an input with K columns.
+func (in gemmIn) rows(r0, n, K int) gemmIn {
+	v := func(b *kernels.Buffer, size int64) *kernels.Buffer {
+		if b == nil {
+			return nil
+		}
+		return view(b, int64(r0*K)*size, int64(n*K)*size)
+	}
+	return gemmIn{f32: v(in.f32, 4), hi: v(in.hi, 2), lo: v(in.lo, 2)}
+}
+
+// release returns the bf16 halves to the pool.
+func (be *Backend) release(in gemmIn) {
+	if in.owned {
+		be.alloc.put(in.hi)
+		be.alloc.put(in.lo)
+	}
+}
+
+// gemm writes c [T, N] (float32) = in [T, K] · w [N, K]ᵀ; w is float32 when
+// in was prepared for a float32 weight, else bf16.
+func gemm(d *kernels.Device, c *kernels.Buffer, in gemmIn, w *kernels.Buffer, T, N, K int) {
+	if in.f32 != nil {
+		must("GemmF32", d.GemmF32(nil, c, in.f32, w, T, N, K))
+		return
+	}
+	must("Gemm", d.Gemm(nil, c, kernels.F32, in.hi, w, T, N, K))
+	if in.lo != nil {
+		must("GemmAdd", d.GemmAdd(nil, c, kernels.F32, in.lo, w, T, N, K))
+	}
+}
+
+// view is bytes [off, off+n) of b (must succeed).
+func view(b *kernels.Buffer, off, n int64) *kernels.Buffer {
+	v, err := b.View(off, n)
+	must("view", err)
+	return v
 }
 
 // upload copies host values into a fresh pooled buffer (freed with put).
@@ -495,7 +563,7 @@ func (be *Backend) gather(op string, t *Tensor, rows, cols int, idx []int32) *Te
 }
 
 // Linear is x·wᵀ (+ bias): x [T, K], w [N, K], bias [N] or nil → [T, N],
-// through a bf16 GEMM with float32 output.
+// through a float32 or (split) bf16 GEMM by w's storage (see the package doc).
 func (be *Backend) Linear(x, w, bias backend.Tensor) backend.Tensor {
 	wt, N := matrix("Linear", "w", w, -1)
 	_, K := wt.dims()
@@ -503,14 +571,14 @@ func (be *Backend) Linear(x, w, bias backend.Tensor) backend.Tensor {
 	b := vector("Linear", "bias", bias, N)
 	var out *Tensor
 	be.do("Linear", func(d *kernels.Device) error {
-		out = be.linear(d, be.f32(d, xt), be.bf16(d, wt), b, T, N, K)
+		out = be.linear(d, be.f32(d, xt), wt, b, T, N, K)
 		return nil
 	}, xt, wt, b)
 	return out
 }
 
-// linear is x [T, K] (float32) · w [N, K]ᵀ (bf16) + b → [T, N]; on the GPU goroutine.
-func (be *Backend) linear(d *kernels.Device, x, w *kernels.Buffer, b *Tensor, T, N, K int) *Tensor {
+// linear is x [T, K] (float32) · w [N, K]ᵀ + b → [T, N]; on the GPU goroutine.
+func (be *Backend) linear(d *kernels.Device, x *kernels.Buffer, w *Tensor, b *Tensor, T, N, K int) *Tensor {
 	out := be.newF32(d, T, N)
 	if T == 0 || N == 0 {
 		return out
@@ -518,9 +586,10 @@ func (be *Backend) linear(d *kernels.Device, x, w *kernels.Buffer, b *Tensor, T,
 	if K == 0 {
 		must("zero", kernels.Upload(d, out.st.f32, make([]float32, T*N)))
 	} else {
-		xb := be.toBF16(d, x, T*K)
-		must("Gemm", d.Gemm(nil, out.st.f32, kernels.F32, xb, w, T, N, K))
-		be.alloc.put(xb)
+		wb, wF32 := weightMem(w)
+		in := be.prepare(d, x, T*K, wF32)
+		gemm(d, out.st.f32, in, wb, T, N, K)
+		be.release(in)
 	}
 	if b != nil {
 		must("bias", d.BiasAddF32(nil, out.st.f32, be.f32(d, b), T, N))

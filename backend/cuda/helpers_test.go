@@ -39,11 +39,17 @@ func gpuBackend(t testing.TB) *Backend {
 }
 
 // gen makes host tensors from a seeded stream, so that two backends built
-// with the same seed get the same data. Float values are rounded to bf16 so
-// that the GPU's bf16 GEMM inputs equal the CPU's float32 ones.
-type gen struct{ r *rand.Rand }
+// with the same seed get the same data. BF16 tensors are bf16 by nature;
+// with round, F32 tensors are rounded to bf16 too, so that the fast mode's
+// bf16-rounded GEMM inputs equal the CPU's float32 ones.
+type gen struct {
+	r     *rand.Rand
+	round bool
+}
 
-func newGen(seed uint64) *gen { return &gen{rand.New(rand.NewPCG(seed, 0x5eed))} }
+func newGen(seed uint64, round bool) *gen {
+	return &gen{rand.New(rand.NewPCG(seed, 0x5eed)), round}
+}
 
 func bf16Round(v float32) float32 {
 	b := math.Float32bits(v)
@@ -51,22 +57,25 @@ func bf16Round(v float32) float32 {
 	return math.Float32frombits(b &^ 0xffff)
 }
 
-func (g *gen) vals(n int, s float32) []float32 {
+func (g *gen) vals(n int, s float32, round bool) []float32 {
 	v := make([]float32, n)
 	for i := range v {
-		v[i] = bf16Round((g.r.Float32()*2 - 1) * s)
+		v[i] = (g.r.Float32()*2 - 1) * s
+		if round {
+			v[i] = bf16Round(v[i])
+		}
 	}
 	return v
 }
 
-// f32 is an F32 host tensor of random values in [-s, s).
+// f32 is an F32 host tensor of random values in [-s, s) (bf16-exact with g.round).
 func (g *gen) f32(s float32, shape ...int) *tensor.Host {
-	return tensor.FromFloat32("t", shape, g.vals(tensor.NumElements(shape), s))
+	return tensor.FromFloat32("t", shape, g.vals(tensor.NumElements(shape), s, g.round))
 }
 
 // bf16 is a BF16 host tensor of random values in [-s, s).
 func (g *gen) bf16(s float32, shape ...int) *tensor.Host {
-	v := g.vals(tensor.NumElements(shape), s)
+	v := g.vals(tensor.NumElements(shape), s, true)
 	data := make([]byte, 2*len(v))
 	for i, x := range v {
 		binary.LittleEndian.PutUint16(data[2*i:], uint16(math.Float32bits(x)>>16))

@@ -91,9 +91,10 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 		tb, wb := upload(be, d, tok), upload(be, d, wt)
 		xg := a.get(d, int64(N*H)*4)
 		must("gather", d.GatherRowsF32(nil, xg, be.f32(d, xt), kernels.F32, tb, N, H, T))
-		xgb := be.toBF16(d, xg, N*H)
+		guw, guF32 := weightMem(gu)
+		dw, dF32 := weightMem(down)
+		xin := be.prepare(d, xg, N*H, guF32)
 		h := a.get(d, int64(N*2*I)*4)
-		guw, dw := be.bf16(d, gu), be.bf16(d, down)
 		var gubb, dbb *kernels.Buffer
 		if gub != nil {
 			gubb = be.f32(d, gub)
@@ -101,27 +102,29 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 		if db != nil {
 			dbb = be.f32(d, db)
 		}
-		view := func(b *kernels.Buffer, off, n int64) *kernels.Buffer {
-			v, err := b.View(off, n)
-			must("view", err)
-			return v
+		wsize := func(isF32 bool) int64 {
+			if isF32 {
+				return 4
+			}
+			return 2
 		}
+		gs, ds := wsize(guF32), wsize(dF32)
 		for e := range E {
 			r0, n := count[e], count[e+1]-count[e]
 			if n == 0 {
 				continue
 			}
 			hv := view(h, int64(r0*2*I)*4, int64(n*2*I)*4)
-			must("Gemm", d.Gemm(nil, hv, kernels.F32, view(xgb, int64(r0*H)*2, int64(n*H)*2),
-				view(guw, int64(e*2*I*H)*2, int64(2*I*H)*2), n, 2*I, H))
+			gemm(d, hv, xin.rows(r0, n, H), view(guw, int64(e*2*I*H)*gs, int64(2*I*H)*gs), n, 2*I, H)
 			if gubb != nil {
 				must("bias", d.BiasAddF32(nil, hv, view(gubb, int64(e*2*I)*4, int64(2*I)*4), n, 2*I))
 			}
 		}
+		be.release(xin)
 		act := a.get(d, int64(N*I)*4)
 		clamped := l.Act.Kind == moe.ClampedSwiGLU
 		must("activation", d.SwiGLUF32(nil, act, h, N, I, clamped, l.Act.Alpha, l.Act.Limit))
-		actb := be.toBF16(d, act, N*I)
+		ain := be.prepare(d, act, N*I, dF32)
 		y := a.get(d, int64(N*H)*4)
 		for e := range E {
 			r0, n := count[e], count[e+1]-count[e]
@@ -129,14 +132,14 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 				continue
 			}
 			yv := view(y, int64(r0*H)*4, int64(n*H)*4)
-			must("Gemm", d.Gemm(nil, yv, kernels.F32, view(actb, int64(r0*I)*2, int64(n*I)*2),
-				view(dw, int64(e*H*I)*2, int64(H*I)*2), n, H, I))
+			gemm(d, yv, ain.rows(r0, n, I), view(dw, int64(e*H*I)*ds, int64(H*I)*ds), n, H, I)
 			if dbb != nil {
 				must("bias", d.BiasAddF32(nil, yv, view(dbb, int64(e*H)*4, int64(H)*4), n, H))
 			}
 		}
+		be.release(ain)
 		must("scatter", d.ScatterAddRowsF32(nil, out.st.f32, y, tb, wb, N, H, T))
-		for _, b := range []*kernels.Buffer{tb, wb, xg, xgb, h, act, actb, y} {
+		for _, b := range []*kernels.Buffer{tb, wb, xg, h, act, y} {
 			a.put(b)
 		}
 		return nil
