@@ -33,7 +33,12 @@
 // Every device call runs on the GPU's owning goroutine (kernels.GPU.Do), so
 // a Backend is safe for concurrent use; the work is serialized.
 //
-// Verification status: see kernels/README.md ("CUDA model backend").
+// Verification status (H200, see kernels/README.md "CUDA model backend"):
+// op tests, engine test, greedy generation and TestGolden pass for all six
+// families; logits relative L2 to transformers' float32 in the default split
+// mode: mixtral 1.5e-5, qwen2_moe 1.1e-6, qwen3_moe 9.8e-6, olmoe 7.8e-7,
+// deepseek_v3 1.3e-5, gpt_oss 2.8e-5 (bound 2e-2), argmax equal at 40/40
+// positions each. Speed is not measured.
 package cuda
 
 import (

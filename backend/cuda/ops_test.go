@@ -174,10 +174,11 @@ var opCases = []opCase{
 // same fresh random data and compares, in both GEMM modes:
 //   - split (the default): float32 inputs are not bf16-exact, bf16-weight
 //     GEMMs run on hi + lo halves, float32-weight GEMMs in FP32: relative
-//     L2 ≤ 2e-4;
+//     L2 ≤ 5e-5 (worst seen on the H200: 4.3e-6);
 //   - fast (SplitActivations false): float32 inputs are bf16-exact (so the
 //     router sees the CPU's inputs), intermediate activations are rounded
-//     to bf16 before bf16-weight GEMMs: relative L2 ≤ 1e-2.
+//     to bf16 before bf16-weight GEMMs: relative L2 ≤ 1e-2 (worst seen:
+//     1.6e-3).
 //
 // NaN never passes.
 func TestOpsMatchCPU(t *testing.T) {
@@ -192,7 +193,7 @@ func TestOpsMatchCPU(t *testing.T) {
 		be    *Backend
 		round bool
 		tol   float64
-	}{{"split", split, false, 2e-4}, {"fast", fast, true, 1e-2}} {
+	}{{"split", split, false, 5e-5}, {"fast", fast, true, 1e-2}} {
 		for i, c := range opCases {
 			t.Run(mode.name+"/"+c.name, func(t *testing.T) {
 				gb := mode.be
