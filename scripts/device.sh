@@ -17,6 +17,10 @@
 #      also one process per top-level test and per TestGolden family;
 #   5. prints a summary table last.
 # MK_QUICK=1 skips the PyTorch baseline and the benchmarks.
+# MK_CUDA_BENCH=1 only builds the library, then runs the CUDA backend's
+# benchmarks (.dev/cuda.test -test.bench ., from backend/cuda; cuda_bench.log)
+# and their transformers baseline (scripts/bench_hf_default.py; hf.log),
+# one after the other so neither disturbs the other's timings; no tests.
 # Logs go to $OUT (the device tool's result folder), else .dev/out.
 # Environment: OUT, MK_BUILD_DIR (default .dev), MK_TEST_BIN (default
 # .dev/kernels.test), MK_BENCHTIME (default 200x), MK_COUNT (default 3).
@@ -91,7 +95,7 @@ echo "== build libmkernel.so ($("$NVCC" --version | tail -1)) in the background;
 SECONDS=0
 (build) >"$OUT/build.log" 2>&1 &
 bpid=$!
-if [ "${MK_QUICK:-0}" != 1 ]; then
+if [ "${MK_QUICK:-0}" != 1 ] && [ "${MK_CUDA_BENCH:-0}" != 1 ]; then
 	PYTHONUNBUFFERED=1 timeout 100 python3 kernels/bench_torch.py >"$OUT/torch.log" 2>&1 || {
 		echo "device.sh: PyTorch baseline failed (rc $?):"; tail -5 "$OUT/torch.log"
 	}
@@ -106,6 +110,21 @@ if [ "$brc" != 0 ]; then
 else
 	grep -E "warning" "$OUT/build.log" | head -10
 	export MKSERVE_KERNEL_LIB=$BUILD/libmkernel.so MKSERVE_REQUIRE_GPU=1
+	if [ "${MK_CUDA_BENCH:-0}" = 1 ]; then
+		CUDA_BIN=${MK_CUDA_TEST_BIN:-$PWD/.dev/cuda.test}
+		echo "== CUDA backend benchmarks (benchtime ${MK_BENCHTIME:-20x})"
+		SECONDS=0
+		(cd backend/cuda && timeout 100 "$CUDA_BIN" -test.run '^$' -test.bench . \
+			-test.benchtime "${MK_BENCHTIME:-20x}" -test.timeout=95s) >"$OUT/cuda_bench.log" 2>&1 || status=1
+		grep -E "^Benchmark|FAIL|panic" "$OUT/cuda_bench.log"
+		echo "== CUDA backend benchmarks took ${SECONDS}s; transformers baseline"
+		SECONDS=0
+		PYTHONUNBUFFERED=1 timeout 100 python3 scripts/bench_hf_default.py >"$OUT/hf.log" 2>&1 || status=1
+		grep -E "^hf " "$OUT/hf.log"
+		echo "== baseline took ${SECONDS}s"
+		echo "device.sh: status $status (cuda bench; logs in $OUT)"
+		exit "$status"
+	fi
 	if [ ! -x "$TEST_BIN" ]; then
 		echo "device.sh: no test binary at $TEST_BIN (build it on the CPU machine and carry it)"
 		status=1
