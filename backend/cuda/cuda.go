@@ -38,7 +38,7 @@
 // families; logits relative L2 to transformers' float32 in the default split
 // mode: mixtral 1.5e-5, qwen2_moe 1.1e-6, qwen3_moe 9.8e-6, olmoe 7.8e-7,
 // deepseek_v3 1.3e-5, gpt_oss 2.8e-5 (bound 2e-2), argmax equal at 40/40
-// positions each. Speed is not measured.
+// positions each. Speed (untuned, host-bound: every op is its own launch from Go) is in docs/PERF.md, "CUDA backend (untuned)".
 package cuda
 
 import (
