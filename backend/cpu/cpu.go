@@ -67,28 +67,11 @@ const weightChunk = 1 << 20
 // Weight converts h (F32, F16 or BF16) to a float32 tensor; more than 2 dims
 // are flattened to [shape[0]*...*shape[n-2], shape[n-1]], a scalar becomes [1].
 func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
-	if h == nil {
-		return nil, fmt.Errorf("cpu: weight: nil host tensor")
-	}
-	if !h.DType.Float() {
-		return nil, fmt.Errorf("cpu: weight %q: dtype %s cannot be converted to float32", h.Name, h.DType)
-	}
-	for _, d := range h.Shape {
-		if d < 0 {
-			return nil, fmt.Errorf("cpu: weight %q: negative dimension in shape %v", h.Name, h.Shape)
-		}
-	}
-	shape := []int{1}
-	switch n := len(h.Shape); {
-	case n == 1 || n == 2:
-		shape = slices.Clone(h.Shape)
-	case n > 2:
-		shape = []int{prod(h.Shape[:n-1]), h.Shape[n-1]}
+	shape, err := backend.WeightShape(h)
+	if err != nil {
+		return nil, fmt.Errorf("cpu: %w", err)
 	}
 	n := h.Len()
-	if len(h.Data) != n*h.DType.Size() {
-		return nil, fmt.Errorf("cpu: weight %q: %d bytes for shape %v of %s", h.Name, len(h.Data), h.Shape, h.DType)
-	}
 	data := make([]float32, n)
 	// Convert in chunks on all cores: each chunk is a 1-D view of h.
 	chunks := (n + weightChunk - 1) / weightChunk

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/tensor"
 )
 
 // Tensor is the CPU backend's tensor: float32 values, row-major, 1-D or 2-D.
@@ -20,7 +21,7 @@ type Tensor struct {
 // changed while the tensor is in use). It panics if the shape is not 1-D or
 // 2-D or does not hold len(v) values.
 func FromFloat32(shape []int, v []float32) *Tensor {
-	if len(shape) < 1 || len(shape) > 2 || prod(shape) != len(v) || slices.ContainsFunc(shape, func(d int) bool { return d < 0 }) {
+	if len(shape) < 1 || len(shape) > 2 || tensor.NumElements(shape) != len(v) || slices.ContainsFunc(shape, func(d int) bool { return d < 0 }) {
 		panic(fmt.Sprintf("cpu.FromFloat32: shape %v for %d values", shape, len(v)))
 	}
 	return &Tensor{shape: slices.Clone(shape), data: v}
@@ -44,14 +45,6 @@ func (t *Tensor) dims() (rows, cols int) {
 		return 1, t.shape[0]
 	}
 	return t.shape[0], t.shape[1]
-}
-
-func prod(s []int) int {
-	n := 1
-	for _, d := range s {
-		n *= d
-	}
-	return n
 }
 
 // panicf reports a programming error of the caller: an op given shapes it

@@ -162,14 +162,6 @@ func (t *Tensor) dims() (rows, cols int) {
 	return t.shape[0], t.shape[1]
 }
 
-func prod(s []int) int {
-	n := 1
-	for _, d := range s {
-		n *= d
-	}
-	return n
-}
-
 // wrap makes a tensor of st and arranges for its memory to be pooled again.
 func (be *Backend) wrap(shape []int, st *store) *Tensor {
 	t := &Tensor{shape: shape, st: st}
@@ -453,37 +445,19 @@ func (a *allocator) freePending(all bool) {
 // More than 2 dims are flattened to [shape[0]*...*shape[n-2], shape[n-1]],
 // a scalar becomes [1].
 func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
-	if h == nil {
-		return nil, fmt.Errorf("cuda: weight: nil host tensor")
-	}
-	if !h.DType.Float() {
-		return nil, fmt.Errorf("cuda: weight %q: dtype %s cannot be converted to float32", h.Name, h.DType)
-	}
-	for _, d := range h.Shape {
-		if d < 0 {
-			return nil, fmt.Errorf("cuda: weight %q: negative dimension in shape %v", h.Name, h.Shape)
-		}
-	}
-	shape := []int{1}
-	switch n := len(h.Shape); {
-	case n == 1 || n == 2:
-		shape = slices.Clone(h.Shape)
-	case n > 2:
-		shape = []int{prod(h.Shape[:n-1]), h.Shape[n-1]}
+	shape, err := backend.WeightShape(h)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: %w", err)
 	}
 	n := h.Len()
-	if len(h.Data) != n*h.DType.Size() {
-		return nil, fmt.Errorf("cuda: weight %q: %d bytes for shape %v of %s", h.Name, len(h.Data), h.Shape, h.DType)
-	}
 	var f32 []float32
 	if h.DType != tensor.BF16 {
-		var err error
 		if f32, err = h.Float32(); err != nil {
 			return nil, fmt.Errorf("cuda: weight %q: %w", h.Name, err)
 		}
 	}
 	st := &store{n: n}
-	err := be.g.Do(func(d *kernels.Device) (err error) {
+	err = be.g.Do(func(d *kernels.Device) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
 				err = fmt.Errorf("%v", r)
@@ -508,7 +482,7 @@ func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
 // for tests and callers that build activations on the host. It panics if
 // the shape does not hold len(v) values.
 func (be *Backend) FromFloat32(shape []int, v []float32) *Tensor {
-	if len(shape) < 1 || len(shape) > 2 || prod(shape) != len(v) || slices.ContainsFunc(shape, func(d int) bool { return d < 0 }) {
+	if len(shape) < 1 || len(shape) > 2 || tensor.NumElements(shape) != len(v) || slices.ContainsFunc(shape, func(d int) bool { return d < 0 }) {
 		panicf("FromFloat32", "shape %v for %d values", shape, len(v))
 	}
 	var t *Tensor
