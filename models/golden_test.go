@@ -11,55 +11,22 @@ import (
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/internal/golden"
 	"github.com/mkserve/mkserve/models"
-	"github.com/mkserve/mkserve/models/safetensors"
 )
 
-// goldenFamilies are the tiny checkpoints scripts/gen_golden.py made with
+// goldenDir holds the tiny checkpoints scripts/gen_golden.py made with
 // transformers, one per supported family.
-var goldenFamilies = []string{"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss"}
-
 const goldenDir = "testdata/golden"
 
-// golden holds transformers' reference outputs for one family.
-type golden struct {
-	ids       []int32
-	logits    []float32 // [S, V]
-	genPrompt []int32
-	genOutput []int32 // prompt followed by the greedy continuation
-}
-
-func readGolden(t *testing.T, family string) *golden {
+// readGolden loads a family's transformers reference outputs.
+func readGolden(t testing.TB, family string) *golden.Data {
 	t.Helper()
-	f, err := safetensors.Open(filepath.Join(goldenDir, family, "golden.safetensors"))
-	if err != nil {
-		t.Fatalf("golden data for %s: %v (regenerate with scripts/gen_golden.py)", family, err)
-	}
-	defer f.Close()
-	ints := func(name string) []int32 {
-		h, ok := f.Tensor(name)
-		if !ok {
-			t.Fatalf("%s: golden.safetensors has no %q", family, name)
-		}
-		out := make([]int32, h.Len())
-		for i := range out {
-			v := int64(0)
-			for b := 7; b >= 0; b-- {
-				v = v<<8 | int64(h.Data[8*i+b])
-			}
-			out[i] = int32(v)
-		}
-		return out
-	}
-	h, ok := f.Tensor("logits")
-	if !ok {
-		t.Fatalf("%s: golden.safetensors has no logits", family)
-	}
-	logits, err := h.Float32()
+	g, err := golden.Read(goldenDir, family)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &golden{ids: ints("ids"), logits: logits, genPrompt: ints("gen_prompt"), genOutput: ints("gen_output")}
+	return g
 }
 
 func loadGolden(t *testing.T, family string, ep int) (*models.Loaded, backend.Backend) {
@@ -104,32 +71,32 @@ func argmaxRows(flat []float32, v int) []int {
 // logits to relative L2 ≤ 1e-4 with the same argmax at every position, with
 // and without emulated expert parallelism.
 func TestGoldenLogits(t *testing.T) {
-	for _, fam := range goldenFamilies {
+	for _, fam := range golden.Families {
 		for _, ep := range []int{1, 4} {
 			t.Run(fam+"/ep"+string(rune('0'+ep)), func(t *testing.T) {
 				t.Parallel()
 				g := readGolden(t, fam)
 				l, be := loadGolden(t, fam, ep)
-				rows, err := engine.Logits(l.Model, be, g.ids)
+				rows, err := engine.Logits(l.Model, be, g.IDs)
 				if err != nil {
 					t.Fatal(err)
 				}
 				got := flatten(rows)
-				if len(got) != len(g.logits) {
-					t.Fatalf("%d logits, want %d", len(got), len(g.logits))
+				if len(got) != len(g.Logits) {
+					t.Fatalf("%d logits, want %d", len(got), len(g.Logits))
 				}
 				for i, x := range got {
 					if math.IsNaN(float64(x)) {
 						t.Fatalf("NaN logit at %d", i)
 					}
 				}
-				e := relL2(got, g.logits)
+				e := relL2(got, g.Logits)
 				t.Logf("relative L2 error %.3g", e)
 				if e > 1e-4 {
 					t.Errorf("relative L2 error %.3g > 1e-4", e)
 				}
 				V := l.Config.VocabSize
-				if a, b := argmaxRows(got, V), argmaxRows(g.logits, V); !slices.Equal(a, b) {
+				if a, b := argmaxRows(got, V), argmaxRows(g.Logits, V); !slices.Equal(a, b) {
 					t.Errorf("argmax differs:\n got %v\nwant %v", a, b)
 				}
 			})
@@ -140,14 +107,14 @@ func TestGoldenLogits(t *testing.T) {
 // TestGoldenGreedy: KV-cached greedy decoding, with the prompt prefilled in
 // one step or in chunks, reproduces transformers' generate().
 func TestGoldenGreedy(t *testing.T) {
-	for _, fam := range goldenFamilies {
+	for _, fam := range golden.Families {
 		t.Run(fam, func(t *testing.T) {
 			t.Parallel()
 			g := readGolden(t, fam)
 			l, be := loadGolden(t, fam, 1)
-			want := g.genOutput[len(g.genPrompt):]
+			want := g.GenOutput[len(g.GenPrompt):]
 			for _, chunk := range []int{0, 5} {
-				gen, err := engine.Greedy(context.Background(), l.Model, be, g.genPrompt,
+				gen, err := engine.Greedy(context.Background(), l.Model, be, g.GenPrompt,
 					engine.GreedyOptions{MaxTokens: len(want), ChunkSize: chunk})
 				if err != nil {
 					t.Fatal(err)

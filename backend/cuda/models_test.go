@@ -13,52 +13,22 @@ import (
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/internal/golden"
 	"github.com/mkserve/mkserve/models"
-	"github.com/mkserve/mkserve/models/safetensors"
 )
 
 // goldenDir holds the tiny checkpoints and transformers' float32 outputs
 // (scripts/gen_golden.py).
 const goldenDir = "../../models/testdata/golden"
 
-var goldenFamilies = []string{"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss"}
-
-type golden struct {
-	ids, genPrompt, genOutput []int32
-	logits                    []float32
-}
-
-func readGolden(t testing.TB, family string) *golden {
+// readGolden loads a family's transformers reference outputs.
+func readGolden(t testing.TB, family string) *golden.Data {
 	t.Helper()
-	f, err := safetensors.Open(filepath.Join(goldenDir, family, "golden.safetensors"))
-	if err != nil {
-		t.Fatalf("golden data for %s: %v", family, err)
-	}
-	defer f.Close()
-	ints := func(name string) []int32 {
-		h, ok := f.Tensor(name)
-		if !ok {
-			t.Fatalf("%s: golden.safetensors has no %q", family, name)
-		}
-		out := make([]int32, h.Len())
-		for i := range out {
-			v := int64(0)
-			for b := 7; b >= 0; b-- {
-				v = v<<8 | int64(h.Data[8*i+b])
-			}
-			out[i] = int32(v)
-		}
-		return out
-	}
-	h, ok := f.Tensor("logits")
-	if !ok {
-		t.Fatalf("%s: no logits", family)
-	}
-	lg, err := h.Float32()
+	g, err := golden.Read(goldenDir, family)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &golden{ids: ints("ids"), logits: lg, genPrompt: ints("gen_prompt"), genOutput: ints("gen_output")}
+	return g
 }
 
 func loadModel(t testing.TB, family string, be backend.Backend) *models.Loaded {
@@ -76,7 +46,7 @@ func loadModel(t testing.TB, family string, be backend.Backend) *models.Loaded {
 // and its greedy generation (mismatches are reported with the position).
 func TestGolden(t *testing.T) {
 	gpuBackend(t)
-	for _, fam := range goldenFamilies {
+	for _, fam := range golden.Families {
 		t.Run(fam, func(t *testing.T) {
 			be, err := New(Options{})
 			if err != nil {
@@ -85,11 +55,11 @@ func TestGolden(t *testing.T) {
 			g := readGolden(t, fam)
 			l := loadModel(t, fam, be)
 			cb := cpu.New(cpu.Options{})
-			ref, err := engine.Logits(loadModel(t, fam, cb).Model, cb, g.ids)
+			ref, err := engine.Logits(loadModel(t, fam, cb).Model, cb, g.IDs)
 			if err != nil {
 				t.Fatal(err)
 			}
-			rows, err := engine.Logits(l.Model, be, g.ids)
+			rows, err := engine.Logits(l.Model, be, g.IDs)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -97,7 +67,7 @@ func TestGolden(t *testing.T) {
 			for _, r := range rows {
 				got = append(got, r...)
 			}
-			e := relL2(got, g.logits)
+			e := relL2(got, g.Logits)
 			var cpuFlat []float32
 			for _, r := range ref {
 				cpuFlat = append(cpuFlat, r...)
@@ -106,7 +76,7 @@ func TestGolden(t *testing.T) {
 			V := l.Config.VocabSize
 			same, n := 0, len(got)/V
 			for i := 0; i < n; i++ {
-				if engine.Argmax(got[i*V:(i+1)*V]) == engine.Argmax(g.logits[i*V:(i+1)*V]) {
+				if engine.Argmax(got[i*V:(i+1)*V]) == engine.Argmax(g.Logits[i*V:(i+1)*V]) {
 					same++
 				}
 			}
@@ -118,9 +88,9 @@ func TestGolden(t *testing.T) {
 			if frac < 0.95 {
 				t.Errorf("argmax equal at %.1f%% < 95%% of positions", 100*frac)
 			}
-			want := g.genOutput[len(g.genPrompt):]
+			want := g.GenOutput[len(g.GenPrompt):]
 			for _, chunk := range []int{0, 5} {
-				gen, err := engine.Greedy(context.Background(), l.Model, be, g.genPrompt,
+				gen, err := engine.Greedy(context.Background(), l.Model, be, g.GenPrompt,
 					engine.GreedyOptions{MaxTokens: len(want), ChunkSize: chunk})
 				if err != nil {
 					t.Fatal(err)
