@@ -174,15 +174,24 @@ type lib struct {
 	attentionF32  func(s, out, q, pk, pv, rows, pos, table, blocks uint64, n int64, heads, kvHeads, headDim, vHeadDim, blockSize int32, scale uint32, window int32, sinks uint64) int32
 }
 
-// symbols pairs each C symbol with the field it binds.
-func (l *lib) symbols() []struct {
+// symbol pairs a C symbol with the Go function variable it binds.
+type symbol struct {
 	name string
 	fn   any
-} {
-	return []struct {
-		name string
-		fn   any
-	}{
+}
+
+// extraSymbols holds the symbols of the op families that live in their own
+// files (flash.go, decode.go, ...): each registers its bindings from init
+// with registerSymbols, into package-level function variables, bound once
+// when the library loads.
+var extraSymbols []symbol
+
+// registerSymbols adds symbols to bind when libmkernel loads. Call it from init.
+func registerSymbols(s ...symbol) { extraSymbols = append(extraSymbols, s...) }
+
+// symbols pairs each C symbol with the field it binds, then the registered ones.
+func (l *lib) symbols() []symbol {
+	return append([]symbol{
 		{"mk_abi_version", &l.abiVersion},
 		{"mk_last_error", &l.lastError},
 		{"mk_abi_layout", &l.abiLayout},
@@ -232,7 +241,7 @@ func (l *lib) symbols() []struct {
 		{"mk_gated_add_f32", &l.gatedAddF32},
 		{"mk_kv_write_f32", &l.kvWriteF32},
 		{"mk_attention_f32", &l.attentionF32},
-	}
+	}, extraSymbols...)
 }
 
 // LibraryPath returns where libmkernel.so is: $MKSERVE_KERNEL_LIB when set

@@ -241,4 +241,9 @@ MK_API int32_t mk_attention_f32(uint64_t stream, uint64_t out, uint64_t q, uint6
 }
 #endif
 
+/* The op families in their own headers (each includes this one). */
+#include "mk_flash.h"  /* flash attention for prefill */
+#include "mk_decode.h" /* paged decode attention, bf16 KV cache */
+#include "mk_moe.h"    /* MoE routing, grouped expert GEMM */
+
 #endif /* MKERNEL_H */

@@ -50,7 +50,10 @@ FLAGS=(-O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fPIC,-Wa
 
 build() {
 	local f pids=() rc=0
-	for f in runtime gemm ops f32ops; do
+	local srcs=(kernels/*.cu) objs=()
+	for f in "${srcs[@]}"; do
+		f=$(basename "$f" .cu)
+		objs+=("$BUILD/mk_$f.o")
 		local extra=()
 		[ "$f" = ops ] && extra=(-Xptxas -v) # registers, spills and shared memory of the op kernels
 		"$NVCC" "${FLAGS[@]}" "${extra[@]}" -c -o "$BUILD/mk_$f.o" "kernels/$f.cu" &
@@ -58,8 +61,8 @@ build() {
 	done
 	for f in "${pids[@]}"; do wait "$f" || rc=1; done
 	[ "$rc" = 0 ] || return 1
-	"$NVCC" "${FLAGS[@]}" -shared -o "$BUILD/libmkernel.so" "$BUILD"/mk_runtime.o "$BUILD"/mk_gemm.o \
-		"$BUILD"/mk_ops.o "$BUILD"/mk_f32ops.o -lcublasLt -lcublas -Xlinker -rpath,"$CUDA_LIB"
+	"$NVCC" "${FLAGS[@]}" -shared -o "$BUILD/libmkernel.so" "${objs[@]}" \
+		-lcublasLt -lcublas -Xlinker -rpath,"$CUDA_LIB"
 }
 
 # GOLDEN_FAMILIES: TestGolden's subtests, each run in its own process.

@@ -7,23 +7,38 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/mkserve/mkserve/loadgen"
 )
 
+// benches are the `mkserve bench` subcommands by name; files that add one
+// register it from init.
+var benches = map[string]func([]string, io.Writer) error{
+	"serve": benchServe,
+}
+
+// benchNames lists the registered benchmarks, sorted.
+func benchNames() string {
+	names := make([]string, 0, len(benches))
+	for n := range benches {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
+
 // cmdBench dispatches `mkserve bench <what>`.
 func cmdBench(args []string, stdin io.Reader, stdout io.Writer) error {
-	benches := map[string]func([]string, io.Writer) error{
-		"serve": benchServe,
-	}
 	if len(args) == 0 {
-		return fmt.Errorf("usage: mkserve bench serve [flags]")
+		return fmt.Errorf("usage: mkserve bench <%s> [flags]", strings.ReplaceAll(benchNames(), ", ", "|"))
 	}
 	f, ok := benches[args[0]]
 	if !ok {
-		return fmt.Errorf("unknown benchmark %q (available: serve)", args[0])
+		return fmt.Errorf("unknown benchmark %q (available: %s)", args[0], benchNames())
 	}
 	return f(args[1:], stdout)
 }
