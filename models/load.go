@@ -89,7 +89,12 @@ type Loaded struct {
 
 // Close releases the checkpoint's memory mappings. The backend keeps its
 // own copy of the weights, so the model stays usable.
-func (l *Loaded) Close() error { return l.ckpt.Close() }
+func (l *Loaded) Close() error {
+	if l.ckpt == nil { // LoadRandom
+		return nil
+	}
+	return l.ckpt.Close()
+}
 
 // Load reads a Hugging Face checkpoint directory (config.json,
 // *.safetensors, generation_config.json) and binds it to be.
@@ -139,4 +144,23 @@ func Load(dir string, be backend.Backend, opts LoadOptions) (*Loaded, error) {
 		return nil, err
 	}
 	return &Loaded{Model: m, Config: cfg, Generation: gen, Dir: dir, ckpt: ck}, nil
+}
+
+// CheckpointShapes returns the shape of every tensor of the checkpoint in
+// dir, by name, without reading the data.
+func CheckpointShapes(dir string) (map[string][]int, error) {
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer ck.Close()
+	out := map[string][]int{}
+	for _, n := range ck.Names() {
+		h, err := ck.Tensor(n)
+		if err != nil {
+			return nil, err
+		}
+		out[n] = h.Shape
+	}
+	return out, nil
 }

@@ -32,15 +32,32 @@ func NewWeights(src TensorSource, be backend.Backend) *Weights {
 	return &Weights{src: src, be: be, used: map[string]bool{}}
 }
 
+// shapedSource is a TensorSource that makes tensors on demand in the shape
+// the config implies (RandomSource) and answers Has without making one.
+type shapedSource interface {
+	TensorSource
+	Has(name string) bool
+	TensorOfShape(name string, shape []int) (*tensor.Host, error)
+}
+
 // Has reports whether the checkpoint holds name.
 func (w *Weights) Has(name string) bool {
+	if s, ok := w.src.(shapedSource); ok {
+		return s.Has(name)
+	}
 	_, err := w.src.Tensor(name)
 	return err == nil
 }
 
 // host fetches a tensor and checks its shape (nil want: any shape).
 func (w *Weights) host(name string, want ...int) (*tensor.Host, error) {
-	h, err := w.src.Tensor(name)
+	var h *tensor.Host
+	var err error
+	if s, ok := w.src.(shapedSource); ok && want != nil {
+		h, err = s.TensorOfShape(name, want)
+	} else {
+		h, err = w.src.Tensor(name)
+	}
 	if err != nil {
 		return nil, err
 	}

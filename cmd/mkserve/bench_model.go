@@ -1,0 +1,338 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/backend/cpu"
+	"github.com/mkserve/mkserve/backend/cuda"
+	"github.com/mkserve/mkserve/models"
+)
+
+func init() { benches["model"] = benchModel }
+
+// modelResult is one line of `mkserve bench model`.
+type modelResult struct {
+	Kind      string  `json:"kind"` // "prefill" or "decode"
+	Batch     int     `json:"batch"`
+	Context   int     `json:"context"` // decode: tokens already cached per sequence
+	Tokens    int     `json:"tokens"`  // tokens per step
+	MS        float64 `json:"ms"`      // median step time
+	TokensPS  float64 `json:"tokens_per_s"`
+	WeightGB  float64 `json:"weight_gb"`            // weight bytes one step touches (routing counted), GB
+	FloorMS   float64 `json:"floor_ms,omitempty"`   // WeightGB ÷ measured bandwidth
+	OverFloor float64 `json:"over_floor,omitempty"` // MS ÷ FloorMS
+}
+
+// benchModel times a model's prefill and decode steps at its real shapes:
+// a checkpoint (--model) or a config with random bf16 weights (--config).
+func benchModel(args []string, stdout io.Writer) error {
+	fs := newFlags("bench model")
+	modelDir := fs.String("model", "", "checkpoint directory (config.json + safetensors)")
+	cfgDir := fs.String("config", "", "directory holding only a config.json: random bf16 weights in its shapes (see configs/shapes)")
+	backendName := fs.String("backend", "cuda", "cpu or cuda")
+	split := fs.Bool("split", false, "cuda: split activations into hi/lo bf16 halves for bf16 weights (2 GEMMs; the exact mode)")
+	batches := fs.String("batch", "1,32,256", "decode batch sizes, comma-separated")
+	context := fs.Int("context", 1024, "decode: tokens already in each sequence's KV cache")
+	prefill := fs.Int("prefill", 8192, "prefill prompt length (0: no prefill run)")
+	steps := fs.Int("steps", 10, "timed decode steps (and prefill runs: steps/5, at least 2)")
+	blockSize := fs.Int("block-size", 16, "KV cache block size")
+	seed := fs.Uint64("seed", 1, "random weight seed")
+	bw := fs.Float64("hbm-gbps", 0, "bandwidth for the floor, GB/s (0: measure a device copy on cuda)")
+	asJSON := fs.Bool("json", false, "print one JSON array instead of a table")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if (*modelDir == "") == (*cfgDir == "") {
+		return fmt.Errorf("give exactly one of --model DIR and --config DIR")
+	}
+	bs, err := parsePositiveInts("batch", *batches)
+	if err != nil {
+		return err
+	}
+	if *context < 1 || *steps < 1 || *blockSize < 1 || *prefill < 0 {
+		return fmt.Errorf("--context, --steps and --block-size must be positive, --prefill non-negative")
+	}
+
+	var be backend.Backend
+	switch *backendName {
+	case "cpu":
+		be = cpu.New(cpu.Options{})
+	case "cuda":
+		c, err := cuda.New(cuda.Options{SplitActivations: split})
+		if err != nil {
+			return fmt.Errorf("backend cuda cannot start: %w", err)
+		}
+		be = c
+		if *bw == 0 {
+			if *bw, err = c.CopyBandwidth(1 << 30); err != nil {
+				return err
+			}
+		}
+	default:
+		return fmt.Errorf("backend %q is not available (available: cpu, cuda)", *backendName)
+	}
+
+	// Load, remembering every weight's shape for the byte counts.
+	var l *models.Loaded
+	var shapes map[string][]int
+	t0 := time.Now()
+	if *cfgDir != "" {
+		cfg, err := models.LoadConfig(*cfgDir)
+		if err != nil {
+			return err
+		}
+		src := &models.RandomSource{Config: cfg, Seed: *seed}
+		m, err := models.Build(cfg, models.NewWeights(src, be), be)
+		if err != nil {
+			return err
+		}
+		l, shapes = &models.Loaded{Model: m, Config: cfg, Dir: *cfgDir}, src.Shapes()
+	} else {
+		if l, err = models.Load(*modelDir, be, models.LoadOptions{Progress: io.Discard}); err != nil {
+			return err
+		}
+		defer l.Close()
+		if shapes, err = models.CheckpointShapes(*modelDir); err != nil {
+			return err
+		}
+	}
+	wb := classifyWeights(shapes)
+	loadTime := time.Since(t0)
+	cfg := l.Config
+
+	maxB := slices.Max(bs)
+	perSeq := (*context + *steps + 4 + *blockSize - 1) / *blockSize
+	blocks := max(maxB*perSeq, (*prefill+*blockSize-1) / *blockSize + 1)
+	if err := be.InitKV(*blockSize, blocks); err != nil {
+		return err
+	}
+	ctr, _ := be.(backend.ExpertCounter)
+	var out []modelResult
+
+	ids := func(n, off int) []int32 {
+		v := make([]int32, n)
+		for i := range v {
+			v[i] = int32((i*7919 + off*104729 + 13) % cfg.VocabSize)
+		}
+		return v
+	}
+	forward := func(b *backend.Batch) error {
+		logits, err := l.Model.Forward(b)
+		if err != nil {
+			return err
+		}
+		if v := be.ToHost(logits); len(v) == 0 {
+			return fmt.Errorf("forward returned no logits")
+		}
+		return nil
+	}
+	seqBlocks := func(seq, n int) []int32 {
+		v := make([]int32, n)
+		for i := range v {
+			v[i] = int32(seq*perSeq + i)
+		}
+		return v
+	}
+
+	if *prefill > 0 {
+		nb := (*prefill + *blockSize - 1) / *blockSize
+		tbl := make([]int32, nb)
+		for i := range tbl {
+			tbl[i] = int32(i)
+		}
+		b := backend.SingleSequence(1, ids(*prefill, 0), 0, false)
+		b.Seqs[0].Blocks = tbl
+		runs := max(2, *steps/5)
+		var ms []float64
+		for r := 0; r <= runs; r++ { // run 0 warms up
+			t := time.Now()
+			if err := forward(b); err != nil {
+				return err
+			}
+			if r > 0 {
+				ms = append(ms, float64(time.Since(t).Microseconds())/1e3)
+			}
+		}
+		if ctr != nil {
+			ctr.TakeExpertLoad()
+		}
+		med := median(ms)
+		out = append(out, modelResult{Kind: "prefill", Batch: 1, Tokens: *prefill, MS: med,
+			TokensPS: float64(*prefill) / med * 1e3, WeightGB: float64(wb.total()) / 1e9})
+	}
+
+	// Decode: sequence 0's context is prefilled once, then copied into every
+	// other sequence's own blocks, so each reads its own KV bytes.
+	ctxBlocks := (*context + *blockSize - 1) / *blockSize
+	b0 := backend.SingleSequence(0, ids(*context, 1), 0, false)
+	b0.Seqs[0].Blocks = seqBlocks(0, perSeq)
+	if err := forward(b0); err != nil {
+		return err
+	}
+	var src, dst []int32
+	for s := 1; s < maxB; s++ {
+		src = append(src, seqBlocks(0, ctxBlocks)...)
+		dst = append(dst, seqBlocks(s, ctxBlocks)...)
+	}
+	if len(src) > 0 {
+		be.CopyBlocks(src, dst)
+	}
+	for _, B := range bs {
+		var ms, gb []float64
+		for step := 0; step < *steps+2; step++ { // two warm-up steps
+			pos := *context + step
+			b := &backend.Batch{}
+			for s := 0; s < B; s++ {
+				b.Tokens = append(b.Tokens, int32((s*31+step*17+3)%cfg.VocabSize))
+				b.Positions = append(b.Positions, int32(pos))
+				b.Seqs = append(b.Seqs, backend.SeqSpan{ID: uint64(s), Offset: s, Len: 1, Past: pos, Blocks: seqBlocks(s, perSeq)})
+			}
+			if ctr != nil {
+				ctr.TakeExpertLoad()
+			}
+			t := time.Now()
+			if err := forward(b); err != nil {
+				return err
+			}
+			if step >= 2 {
+				ms = append(ms, float64(time.Since(t).Microseconds())/1e3)
+				var load map[int][]int64
+				if ctr != nil {
+					load = ctr.TakeExpertLoad()
+				}
+				gb = append(gb, float64(wb.touched(load, B))/1e9)
+			}
+		}
+		r := modelResult{Kind: "decode", Batch: B, Context: *context, Tokens: B, MS: median(ms), WeightGB: median(gb)}
+		r.TokensPS = float64(B) / r.MS * 1e3
+		if *bw > 0 {
+			r.FloorMS = r.WeightGB / *bw * 1e3
+			r.OverFloor = r.MS / r.FloorMS
+		}
+		out = append(out, r)
+	}
+
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		return enc.Encode(out)
+	}
+	name := *cfgDir + " (random bf16 weights)"
+	if *modelDir != "" {
+		name = *modelDir
+	}
+	fmt.Fprintf(stdout, "model %s on %s: %.1f GB of weights, loaded in %.1f s; bandwidth for the floor %.0f GB/s\n",
+		name, be.Name(), float64(wb.total())/1e9, loadTime.Seconds(), *bw)
+	fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor")
+	for _, r := range out {
+		fmt.Fprintf(stdout, "%-8s %6d %8d %8d %10.2f %12.1f %10.3f %10.3f %8.2f\n", r.Kind, r.Batch, r.Context, r.Tokens, r.MS, r.TokensPS, r.WeightGB, r.FloorMS, r.OverFloor)
+	}
+	return nil
+}
+
+// weightBytes splits a model's weights into what every step reads and the
+// routed experts, which a step reads only where tokens went.
+type weightBytes struct {
+	dense    int64         // attention, norms, routers, shared experts, LM head: read every step
+	embed    int64         // the embedding table's row size (one row per token is read)
+	perLayer map[int]int64 // layer → bytes of one routed expert (gate_up + down + biases)
+	experts  map[int]int   // layer → routed experts
+}
+
+func (w weightBytes) total() int64 {
+	t := w.dense
+	for l, e := range w.perLayer {
+		t += e * int64(w.experts[l])
+	}
+	return t
+}
+
+// touched is the bytes one decode step of B tokens reads: dense weights,
+// B embedding rows, and the experts that received tokens (load, from the
+// backend's expert counters; all experts when it is unknown).
+func (w weightBytes) touched(load map[int][]int64, B int) int64 {
+	t := w.dense + int64(B)*w.embed
+	for layer, per := range w.perLayer {
+		cnt, ok := load[layer]
+		if !ok {
+			t += per * int64(w.experts[layer])
+			continue
+		}
+		for _, c := range cnt {
+			if c > 0 {
+				t += per
+			}
+		}
+	}
+	return t
+}
+
+// classifyWeights sorts bf16 weights by name: "….layers.N.….experts.…"
+// tensors are routed experts (stacked [E, …]), "embed_tokens" the table.
+func classifyWeights(shapes map[string][]int) weightBytes {
+	w := weightBytes{perLayer: map[int]int64{}, experts: map[int]int{}}
+	for name, shape := range shapes {
+		n := int64(2)
+		for _, d := range shape {
+			n *= int64(d)
+		}
+		switch {
+		case strings.Contains(name, "embed_tokens"):
+			w.embed = n / int64(shape[0])
+		case strings.Contains(name, ".experts.") && !strings.Contains(name, "shared"):
+			layer := layerOf(name) // fused [E, …] tensors
+			w.perLayer[layer] += n / int64(shape[0])
+			w.experts[layer] = shape[0]
+		default:
+			w.dense += n
+		}
+	}
+	return w
+}
+
+// layerOf returns N of "model.layers.N.…" (-1 if absent).
+func layerOf(name string) int {
+	const key = "layers."
+	i := strings.Index(name, key)
+	if i < 0 {
+		return -1
+	}
+	rest := name[i+len(key):]
+	if j := strings.IndexByte(rest, '.'); j >= 0 {
+		rest = rest[:j]
+	}
+	n, err := strconv.Atoi(rest)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// parsePositiveInts parses a comma-separated list of positive integers.
+func parsePositiveInts(flag, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("--%s: %q is not a positive integer", flag, f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// median of a non-empty slice (which it sorts).
+func median(v []float64) float64 {
+	slices.Sort(v)
+	n := len(v)
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
+}

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// TestBenchModel runs `bench model` on the CPU with random weights in the
+// golden Mixtral's shapes and checks the JSON rows and their arithmetic.
+func TestBenchModel(t *testing.T) {
+	code, out, errOut := runCLI([]string{"bench", "model", "--config", "../../models/testdata/golden/mixtral",
+		"--backend", "cpu", "--batch", "1,3", "--context", "20", "--prefill", "33", "--steps", "3",
+		"--hbm-gbps", "10", "--json"}, "")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rows []modelResult
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("output is not a JSON array: %v\n%s", err, out)
+	}
+	if len(rows) != 3 || rows[0].Kind != "prefill" || rows[1].Kind != "decode" || rows[2].Batch != 3 {
+		t.Fatalf("rows: %+v", rows)
+	}
+	for _, r := range rows {
+		if r.MS <= 0 || r.TokensPS <= 0 || r.WeightGB <= 0 {
+			t.Errorf("%+v: a non-positive measurement", r)
+		}
+		if got := float64(r.Tokens) / r.MS * 1e3; (got-r.TokensPS)/got > 1e-9 {
+			t.Errorf("%+v: tokens_per_s %v, tokens/ms gives %v", r, r.TokensPS, got)
+		}
+	}
+	d := rows[1]
+	if d.FloorMS <= 0 || (d.OverFloor-d.MS/d.FloorMS) > 1e-9 || (d.FloorMS-d.WeightGB/10*1e3) > 1e-9 {
+		t.Errorf("decode floor arithmetic: %+v", d)
+	}
+	// Batch 1 touches top-2 of 8 experts per layer, so fewer bytes than
+	// prefill, which counts every weight.
+	if d.WeightGB >= rows[0].WeightGB {
+		t.Errorf("batch-1 decode touches %v GB, all weights are %v GB", d.WeightGB, rows[0].WeightGB)
+	}
+}
+
+func TestBenchModelErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "model"}, "exactly one of"},
+		{[]string{"bench", "model", "--config", "x", "--model", "y"}, "exactly one of"},
+		{[]string{"bench", "model", "--config", "../../models/testdata/golden/mixtral", "--batch", "1,0", "--backend", "cpu"}, "positive integer"},
+		{[]string{"bench", "model", "--config", "../../models/testdata/golden/mixtral", "--backend", "tpu"}, "not available"},
+		{[]string{"bench", "model", "--config", t.TempDir(), "--backend", "cpu"}, "config.json"},
+		{[]string{"bench", "nope"}, "unknown benchmark"},
+	} {
+		code, _, errOut := runCLI(tc.args, "")
+		if code == 0 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("%v: exit %d, stderr %q; want one line containing %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}
