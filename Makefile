@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/mkserve
 export CGO_ENABLED := 0
 
-.PHONY: all build test vet run bench fuzz proto kernels clean
+.PHONY: all build test vet run bench fuzz proto kernels device-bins clean
 
 all: build
 
@@ -25,6 +25,21 @@ run: build
 # Build kernels/libmkernel.so (needs nvcc; see kernels/README.md and scripts/device.sh).
 kernels:
 	$(MAKE) -C kernels
+
+# The GPU machine has no Go: build here what scripts/device.sh runs there
+# (mkserve and the GPU test binaries, CGO_ENABLED=0), packed into one
+# archive to carry (.dev/device.tar.xz; the device tool's carry limit is
+# 64 MiB with the tree). Then, through the device tool:
+#   run  carry: [".dev/device.tar.xz"]  command: bash scripts/device.sh
+DEVBIN := .dev/device
+device-bins:
+	@mkdir -p $(DEVBIN)
+	$(GO) build -trimpath -ldflags='-s -w' -o $(DEVBIN)/mkserve ./cmd/mkserve
+	$(GO) test -c -trimpath -ldflags='-s -w' -o $(DEVBIN)/kernels.test ./kernels
+	$(GO) test -c -trimpath -ldflags='-s -w' -o $(DEVBIN)/cuda.test ./backend/cuda
+	$(GO) test -c -trimpath -ldflags='-s -w' -o $(DEVBIN)/mkserve.test ./cmd/mkserve
+	XZ_OPT='-T0 -6' tar -C $(DEVBIN) -cJf .dev/device.tar.xz mkserve kernels.test cuda.test mkserve.test
+	@ls -l .dev/device.tar.xz
 
 # Regenerate proto/mkserve/v1 (needs protoc: apt-get install -y protobuf-compiler).
 proto:

@@ -88,6 +88,50 @@ type MoELayer struct {
 	SharedGate Tensor // [1, H]: out += sigmoid(x·g) * shared(x) (Qwen2-MoE); nil: ungated
 }
 
+// SampleRow is one row's sampling request for a device Sampler, with the
+// semantics of the engine's host sampler (engine/sampler.go): penalties
+// first (repetition over Seen, then presence and frequency over Output
+// with its Counts), then greedy at Temperature 0, else softmax(w / T)
+// restricted by top-k, then min-p (relative to the most likely token), then
+// top-p (over the top-k distribution), and the token where the cumulative
+// kept mass first exceeds U · (kept mass), in descending probability order
+// (ties: lower id first).
+type SampleRow struct {
+	Temperature       float32 // 0: greedy (argmax of the penalised logits; lowest id on ties)
+	TopK              int     // 0: off
+	TopP              float32 // (0, 1]; 1: off
+	MinP              float32 // [0, 1]; 0: off
+	RepetitionPenalty float32 // 1: off; a positive logit is divided by it, a negative one multiplied
+	PresencePenalty   float32
+	FrequencyPenalty  float32
+	Seen              []int32 // distinct prompt and output tokens (repetition penalty)
+	Output            []int32 // distinct output tokens (presence and frequency penalties) …
+	Counts            []int32 // … and how often each occurred
+	// U is the uniform draw in [0, 1) that picks the token; the engine
+	// draws it from the request's seeded generator on the host, so a seed
+	// means the same on every backend.
+	U float64
+	// TopLogprobs > 0 returns that many alternatives (at most 20); the
+	// chosen token's log-probability is always returned. Log-probabilities
+	// are log-softmax of the raw logits (before penalties and temperature).
+	TopLogprobs int
+}
+
+// SampleResult is the token a Sampler picked for one row.
+type SampleResult struct {
+	Token   int32
+	Logprob float32   // log-softmax of the raw logits at Token
+	TopIDs  []int32   // the TopLogprobs most likely tokens, most likely first
+	TopLogp []float32 // their log-probabilities
+}
+
+// Sampler is implemented by backends that sample on the device, so that
+// only a few bytes per row come back instead of the logits.
+type Sampler interface {
+	// Sample picks one token per row of logits [B, V], len(rows) == B.
+	Sample(logits Tensor, rows []SampleRow) []SampleResult
+}
+
 // ExpertCounter is implemented by backends that count how many tokens each
 // expert of each MoE layer received.
 type ExpertCounter interface {

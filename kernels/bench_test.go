@@ -1,8 +1,10 @@
 package kernels
 
 import (
+	_ "embed"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -85,17 +87,25 @@ func timeLaunches(b *testing.B, d *Device, s *Stream, warm int, launch func(i in
 	return float64(ms) / float64(b.N), err
 }
 
-// gemmShapes are projection shapes of a 4096-hidden model (decode to prefill)
-// and its 14336-wide MLP.
-var gemmShapes = []struct{ m, n, k int }{
-	{1, 4096, 4096},
-	{16, 4096, 4096},
-	{128, 4096, 4096},
-	{2048, 4096, 4096},
-	{2048, 14336, 4096},
-	{2048, 4096, 14336},
-	{8192, 8192, 8192},
-}
+// gemmShapesText lists the GEMM shapes (the models' projections); the
+// PyTorch baseline reads the same file.
+//
+//go:embed gemm_shapes.txt
+var gemmShapesText string
+
+// gemmShapes are the shapes of gemm_shapes.txt.
+var gemmShapes = func() (out []struct{ m, n, k int }) {
+	for _, line := range strings.Split(gemmShapesText, "\n") {
+		var m, n, k int
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		if c, _ := fmt.Sscan(line, &m, &n, &k); c == 3 {
+			out = append(out, struct{ m, n, k int }{m, n, k})
+		}
+	}
+	return out
+}()
 
 func BenchmarkGemmBF16(b *testing.B) {
 	g := testGPU(b)

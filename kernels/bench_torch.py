@@ -8,10 +8,14 @@ without it); also a 1 GiB device-to-device copy. Prints one line per
 measurement: `torch gemm M N K <TFLOP/s> <us>`, `torch gemmgraph M N K
 <TFLOP/s> <us>` and `torch copy <GB/s> <us>`.
 """
+import os
+
 import torch
 
-SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (128, 4096, 4096), (2048, 4096, 4096),
-          (2048, 14336, 4096), (2048, 4096, 14336), (8192, 8192, 8192)]
+# The shapes of kernels/gemm_shapes.txt (also read by kernels/bench_test.go).
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_shapes.txt")) as f:
+    SHAPES = [tuple(int(x) for x in line.split()[:3]) for line in f
+              if line.strip() and not line.startswith("#")]
 ROT = 512 << 20
 ITERS, BATCHES = 200, 3
 

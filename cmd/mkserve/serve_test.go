@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -22,10 +23,19 @@ import (
 	pb "github.com/mkserve/mkserve/proto/mkserve/v1"
 )
 
+// testBackendEnv names the environment variable that picks the backend of
+// the serving tests: unset runs them on the CPU backend; "cuda" runs the
+// same tests on the GPU (scripts/device.sh does, with MKSERVE_KERNEL_LIB).
+const testBackendEnv = "MKSERVE_TEST_BACKEND"
+
 // startServe runs `mkserve serve` in process on loopback ports and returns
 // its addresses and a stop function that waits for a clean exit.
 func startServe(t *testing.T, args ...string) (httpAddr, grpcAddr string, stop func()) {
 	t.Helper()
+	if b := os.Getenv(testBackendEnv); b != "" {
+		t.Logf("serving on backend %s (%s)", b, testBackendEnv)
+		args = append([]string{"--backend", b}, args...)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan [2]string, 1)
 	errc := make(chan error, 1)
