@@ -56,6 +56,7 @@ type Engine struct {
 	MaxQueue            int   // engine.max_queue
 	MaxModelLen         int   // engine.max_model_len; 0: the model's max_position_embeddings
 	PrefixCaching       bool  // engine.prefix_caching
+	HostSampling        bool  // engine.host_sampling
 }
 
 // Defaults of the settings engine.DefaultConfig does not cover.
@@ -91,6 +92,7 @@ func Default() *Config {
 			MaxQueue:            e.MaxQueue,
 			MaxModelLen:         e.MaxModelLen,
 			PrefixCaching:       e.PrefixCaching,
+			HostSampling:        e.HostSampling,
 		},
 	}
 }
@@ -106,6 +108,7 @@ func (c *Config) EngineConfig() engine.Config {
 		MaxQueue:            e.MaxQueue,
 		MaxModelLen:         e.MaxModelLen,
 		PrefixCaching:       e.PrefixCaching,
+		HostSampling:        e.HostSampling,
 	}
 }
 

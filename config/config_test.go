@@ -191,11 +191,12 @@ func TestEngineConfigMapping(t *testing.T) {
 	c.Engine = Engine{
 		MaxNumSeqs: 1 + rng.IntN(100), MaxNumBatchedTokens: 200 + rng.IntN(100), BlockSize: 1 + rng.IntN(64),
 		KVCacheBytes: 1 + rng.Int64N(1<<40), MaxQueue: 1 + rng.IntN(100), MaxModelLen: rng.IntN(1 << 20), PrefixCaching: rng.IntN(2) == 0,
+		HostSampling: rng.IntN(2) == 0,
 	}
 	e := c.EngineConfig()
 	want := engine.Config{MaxNumSeqs: c.Engine.MaxNumSeqs, MaxNumBatchedTokens: c.Engine.MaxNumBatchedTokens,
 		BlockSize: c.Engine.BlockSize, KVCacheBytes: c.Engine.KVCacheBytes, MaxQueue: c.Engine.MaxQueue,
-		MaxModelLen: c.Engine.MaxModelLen, PrefixCaching: c.Engine.PrefixCaching}
+		MaxModelLen: c.Engine.MaxModelLen, PrefixCaching: c.Engine.PrefixCaching, HostSampling: c.Engine.HostSampling}
 	if e != want {
 		t.Errorf("got %+v want %+v", e, want)
 	}

@@ -67,6 +67,7 @@ func (c *Config) fields() []field {
 		{"engine.max_queue", "waiting requests at most before 429", (*intValue)(&e.MaxQueue)},
 		{"engine.max_model_len", "prompt + completion tokens at most (0: the model's limit)", (*intValue)(&e.MaxModelLen)},
 		{"engine.prefix_caching", "share KV blocks among prompts with a common prefix", (*boolValue)(&e.PrefixCaching)},
+		{"engine.host_sampling", "sample on the host even when the backend can sample on the device", (*boolValue)(&e.HostSampling)},
 	}
 }
 

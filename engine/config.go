@@ -11,6 +11,9 @@ type Config struct {
 	MaxQueue            int   // waiting requests at most; beyond it Generate returns ErrQueueFull
 	MaxModelLen         int   // prompt + completion tokens at most (0: the model's max_position_embeddings)
 	PrefixCaching       bool  // share full prompt blocks among requests with the same prefix
+	// HostSampling copies the logits to the host and samples there even
+	// when the backend can sample on the device (backend.Sampler).
+	HostSampling bool
 }
 
 // DefaultConfig is what `mkserve serve` uses without flags on a CPU.

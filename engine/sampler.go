@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
+
+	"github.com/mkserve/mkserve/backend"
 )
 
 // Validate checks sampling parameters, naming the first bad one with its
@@ -167,6 +170,52 @@ func (s *sampler) sample(logits []float32, decode func(int32) string) (int32, *L
 		lp = logprobOf(logits, tok, p.TopLogprobs, decode)
 	}
 	return tok, lp
+}
+
+// row is the device-sampler request equivalent to sample's work, taking
+// the uniform draw from the generator when sample would (temperature > 0).
+func (s *sampler) row() backend.SampleRow {
+	p := s.p
+	r := backend.SampleRow{Temperature: p.Temperature, TopK: p.TopK, TopP: p.TopP, MinP: p.MinP,
+		RepetitionPenalty: p.RepetitionPenalty, PresencePenalty: p.PresencePenalty,
+		FrequencyPenalty: p.FrequencyPenalty}
+	if s.seen != nil {
+		r.Seen = make([]int32, 0, len(s.seen))
+		for t := range s.seen {
+			r.Seen = append(r.Seen, t)
+		}
+		slices.Sort(r.Seen)
+	}
+	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+		r.Output = make([]int32, 0, len(s.counts))
+		for t := range s.counts {
+			r.Output = append(r.Output, t)
+		}
+		slices.Sort(r.Output)
+		r.Counts = make([]int32, len(r.Output))
+		for i, t := range r.Output {
+			r.Counts[i] = int32(s.counts[t])
+		}
+	}
+	if p.Temperature != 0 {
+		r.U = s.rng.Float64()
+	}
+	if p.Logprobs {
+		r.TopLogprobs = p.TopLogprobs
+	}
+	return r
+}
+
+// result turns a device sampler's pick into sample's results.
+func (s *sampler) result(r backend.SampleResult, decode func(int32) string) (int32, *Logprob) {
+	if !s.p.Logprobs {
+		return r.Token, nil
+	}
+	lp := &Logprob{TokenLogprob: TokenLogprob{ID: r.Token, Text: decode(r.Token), Logprob: r.Logprob}}
+	for i, id := range r.TopIDs {
+		lp.Top = append(lp.Top, TokenLogprob{ID: id, Text: decode(id), Logprob: r.TopLogp[i]})
+	}
+	return r.Token, lp
 }
 
 // draw samples from softmax(w/T) restricted, in this order, by top-k, min-p

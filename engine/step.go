@@ -176,7 +176,19 @@ func (e *Engine) step() {
 			b.LogitRows = append(b.LogitRows, len(b.Tokens)-1)
 		}
 	}
-	logits, err := e.forward(b)
+	// Sample on the device when the backend can and no choice forks this
+	// step (a fork emits its siblings from the same host logits).
+	devSampler, _ := e.be.(backend.Sampler)
+	for _, en := range plan {
+		s := en.s
+		if en.sample && s.index == 0 && s.computed+en.n == s.prompt && len(s.req.seqs) == 1 && s.req.r.Sampling.N > 1 {
+			devSampler = nil
+		}
+	}
+	if e.cfg.HostSampling {
+		devSampler = nil
+	}
+	logits, logitsT, err := e.forward(b, devSampler == nil)
 	if err != nil {
 		e.log.Error("forward step failed", zap.Error(err), zap.Int("tokens", len(b.Tokens)))
 		for _, en := range plan {
@@ -196,10 +208,26 @@ func (e *Engine) step() {
 		e.commitBlocks(en.s)
 		if en.sample && !en.s.done {
 			row := len(picks)
-			picks = append(picks, pick{s: en.s, logits: logits[row*V : (row+1)*V]})
+			pk := pick{s: en.s}
+			if logits != nil {
+				pk.logits = logits[row*V : (row+1)*V]
+			}
+			picks = append(picks, pk)
 		}
 	}
-	parallelPicks(picks)
+	if devSampler != nil {
+		if err := devicePicks(devSampler, logitsT, picks); err != nil {
+			e.log.Error("device sampling failed", zap.Error(err))
+			for _, en := range plan {
+				e.finish(en.s, FinishError, err)
+			}
+			e.dropFinished()
+			e.publish()
+			return
+		}
+	} else {
+		parallelPicks(picks)
+	}
 	generated := 0
 	for _, pk := range picks {
 		s := pk.s
@@ -220,8 +248,9 @@ func (e *Engine) step() {
 }
 
 // forward runs the model, turning a panic in a backend op into an error so
-// that one bad step fails its requests instead of the server.
-func (e *Engine) forward(b *backend.Batch) (out []float32, err error) {
+// that one bad step fails its requests instead of the server. It returns
+// the logits tensor, and its copy on the host when toHost.
+func (e *Engine) forward(b *backend.Batch, toHost bool) (out []float32, t backend.Tensor, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("engine: step panicked: %v", r)
@@ -230,11 +259,14 @@ func (e *Engine) forward(b *backend.Batch) (out []float32, err error) {
 	if len(b.LogitRows) == 0 {
 		b.LogitRows = []int{len(b.Tokens) - 1} // the model always returns some rows
 	}
-	t, err := e.model.Forward(b)
+	t, err = e.model.Forward(b)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return e.be.ToHost(t), nil
+	if toHost {
+		out = e.be.ToHost(t)
+	}
+	return out, t, nil
 }
 
 // commitBlocks publishes s's newly completed blocks to the prefix cache.
@@ -303,6 +335,33 @@ func parallelPicks(picks []pick) {
 		pk := &picks[i]
 		pk.tok, pk.lp = pk.s.sampler.sample(pk.logits, pk.s.text.tokenText)
 	})
+}
+
+// devicePicks samples every pick on the device: one SampleRow per pick, in
+// logits row order, with the uniform draw taken from each sequence's own
+// generator exactly when the host sampler would take it.
+func devicePicks(ds backend.Sampler, logits backend.Tensor, picks []pick) (err error) {
+	if len(picks) == 0 {
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("engine: device sampling panicked: %v", r)
+		}
+	}()
+	rows := make([]backend.SampleRow, len(picks))
+	for i := range picks {
+		rows[i] = picks[i].s.sampler.row()
+	}
+	res := ds.Sample(logits, rows)
+	if len(res) != len(picks) {
+		return fmt.Errorf("engine: device sampler returned %d results for %d rows", len(res), len(picks))
+	}
+	for i := range picks {
+		pk := &picks[i]
+		pk.tok, pk.lp = pk.s.sampler.result(res[i], pk.s.text.tokenText)
+	}
+	return nil
 }
 
 // emit samples s's next token from logits and streams it.
