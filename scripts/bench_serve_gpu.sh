@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# scripts/bench_serve_gpu.sh MKSERVE — `mkserve bench serve` against
+# `mkserve serve --backend cuda` on the default model, with the settings of
+# the CPU run in docs/PERF.md (64 prompts at concurrency 16, 32 at 1;
+# 64 random input words, 64 output tokens). Run by scripts/device.sh.
+set -uo pipefail
+MK=${1:-.dev/mkserve}
+"$MK" serve --backend cuda --http-addr 127.0.0.1:8199 --grpc-addr 127.0.0.1:50199 --log-level warn &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+healthy() { python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:8199/health", timeout=2)' 2>/dev/null; }
+for _ in $(seq 1 120); do
+	healthy && break
+	kill -0 $pid 2>/dev/null || { echo "bench_serve_gpu: the server exited"; exit 1; }
+	sleep 0.5
+done
+healthy || { echo "bench_serve_gpu: not ready after 60 s"; exit 1; }
+rc=0
+echo "SERVE concurrency 16"
+"$MK" bench serve --base-url http://127.0.0.1:8199 --num-prompts 64 --max-concurrency 16 \
+	--random-input-len 64 --random-output-len 64 --seed 1 --json || rc=1
+echo "SERVE concurrency 1"
+"$MK" bench serve --base-url http://127.0.0.1:8199 --num-prompts 32 --max-concurrency 1 \
+	--random-input-len 64 --random-output-len 64 --seed 2 --json || rc=1
+exit $rc
