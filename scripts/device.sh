@@ -17,6 +17,7 @@
 #          torch.matmul, attention vs torch SDPA, MoE vs a torch loop,
 #          whole models at real shapes (random weights) against the floor,
 #          `mkserve bench serve` against `mkserve serve --backend cuda`;
+#   serve  only the serving tests and the logits contract;
 #   all    test, then bench (longer than one device call allows for most
 #          machines: prefer two calls).
 # Every test binary runs each top-level test in its own process (run_each), so
@@ -145,7 +146,7 @@ fi
 grep -E "warning" "$LOGS/build.log" | head -10
 export MKSERVE_KERNEL_LIB=$ROOT/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
 
-if [ "$MODE" != bench ]; then
+if [ "$MODE" != bench ] && [ "$MODE" != serve ]; then
 	echo "== kernel tests"
 	SECONDS=0
 	run_each .dev/kernels.test "$LOGS/test.log" . 120 || status=1
@@ -157,7 +158,7 @@ if [ "$MODE" != bench ]; then
 	grep -E -- "--- FAIL|panic|GOLDEN|relative L2 [0-9.e-]+ >" "$LOGS/cuda.log" | head -60
 	echo "   took ${SECONDS}s"
 fi
-if [ "$MODE" = test ] || [ "$MODE" = all ]; then
+if [ "$MODE" = test ] || [ "$MODE" = all ] || [ "$MODE" = serve ]; then
 	echo "== serving tests on the GPU (MKSERVE_TEST_BACKEND=cuda)"
 	SECONDS=0
 	MKSERVE_TEST_BACKEND=cuda run_each "$ROOT/.dev/mkserve.test" "$LOGS/serve.log" cmd/mkserve 240 '^Test(Serve|BenchServe)' || status=1
