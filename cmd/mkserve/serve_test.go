@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/mkserve/mkserve/backend/cuda"
 	"github.com/mkserve/mkserve/loadgen"
 	pb "github.com/mkserve/mkserve/proto/mkserve/v1"
 )
@@ -232,6 +233,13 @@ func streamCompletion(c *http.Client, h string, maxTokens int) (int, int, error)
 // stopped, no goroutine is left over. A client that disconnects mid-stream
 // frees its blocks.
 func TestServeUnderLoad(t *testing.T) {
+	if os.Getenv(testBackendEnv) == "cuda" {
+		// The GPU's owning goroutine lives as long as the process: start
+		// it before counting.
+		if _, err := cuda.New(cuda.Options{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	before := runtime.NumGoroutine()
 	tr := &http.Transport{MaxIdleConnsPerHost: 256}
 	c := &http.Client{Transport: tr}
