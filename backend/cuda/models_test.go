@@ -43,77 +43,88 @@ func loadModel(t testing.TB, family string, be backend.Backend) *models.Loaded {
 
 // TestGolden: every family loaded on the GPU reproduces transformers'
 // float32 logits (relative L2 ≤ 2e-2, argmax equal at ≥ 95% of positions)
-// and its greedy generation (mismatches are reported with the position).
+// and its greedy generation (mismatches are reported with the position), in
+// both GEMM modes of bf16 weights (Options.SplitActivations).
 func TestGolden(t *testing.T) {
 	gpuBackend(t)
 	for _, fam := range golden.Families {
 		t.Run(fam, func(t *testing.T) {
-			be, err := New(Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			g := readGolden(t, fam)
-			l := loadModel(t, fam, be)
-			cb := cpu.New(cpu.Options{})
-			ref, err := engine.Logits(loadModel(t, fam, cb).Model, cb, g.IDs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rows, err := engine.Logits(l.Model, be, g.IDs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got []float32
-			for _, r := range rows {
-				got = append(got, r...)
-			}
-			e := relL2(got, g.Logits)
-			var cpuFlat []float32
-			for _, r := range ref {
-				cpuFlat = append(cpuFlat, r...)
-			}
-			t.Logf("GOLDEN %s: logits relative L2 to the CPU backend %.3g", fam, relL2(got, cpuFlat))
-			V := l.Config.VocabSize
-			same, n := 0, len(got)/V
-			for i := 0; i < n; i++ {
-				if engine.Argmax(got[i*V:(i+1)*V]) == engine.Argmax(g.Logits[i*V:(i+1)*V]) {
-					same++
-				}
-			}
-			frac := float64(same) / float64(max(n, 1))
-			t.Logf("GOLDEN %s: logits relative L2 %.3g, argmax equal at %d/%d positions (%.1f%%)", fam, e, same, n, 100*frac)
-			if !(e <= 2e-2) || math.IsNaN(e) {
-				t.Errorf("relative L2 %.3g > 2e-2", e)
-			}
-			if frac < 0.95 {
-				t.Errorf("argmax equal at %.1f%% < 95%% of positions", 100*frac)
-			}
-			want := g.GenOutput[len(g.GenPrompt):]
-			for _, chunk := range []int{0, 5} {
-				gen, err := engine.Greedy(context.Background(), l.Model, be, g.GenPrompt,
-					engine.GreedyOptions{MaxTokens: len(want), ChunkSize: chunk})
-				if err != nil {
-					t.Fatal(err)
-				}
-				first := -1
-				for i := range want {
-					if i >= len(gen) || gen[i] != want[i] {
-						first = i
-						break
-					}
-				}
-				if first < 0 {
-					t.Logf("GREEDY %s chunk %d: all %d tokens match transformers", fam, chunk, len(want))
-				} else {
-					// Divergence after a near-tie is possible with bf16 GEMMs: report it.
-					t.Logf("GREEDY %s chunk %d: first %d of %d tokens match transformers (got %v, want %v)",
-						fam, chunk, first, len(want), gen, want)
-					if first < len(want)/2 {
-						t.Errorf("greedy generation diverges at token %d of %d", first, len(want))
-					}
-				}
+			for _, mode := range []struct {
+				name  string
+				split bool
+			}{{"split", true}, {"fast", false}} {
+				t.Run(mode.name, func(t *testing.T) { goldenFamily(t, fam, mode.name, mode.split) })
 			}
 		})
+	}
+}
+
+// goldenFamily is TestGolden for one family in one GEMM mode.
+func goldenFamily(t *testing.T, fam, mode string, split bool) {
+	be, err := New(Options{SplitActivations: &split})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := readGolden(t, fam)
+	l := loadModel(t, fam, be)
+	cb := cpu.New(cpu.Options{})
+	ref, err := engine.Logits(loadModel(t, fam, cb).Model, cb, g.IDs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := engine.Logits(l.Model, be, g.IDs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []float32
+	for _, r := range rows {
+		got = append(got, r...)
+	}
+	e := relL2(got, g.Logits)
+	var cpuFlat []float32
+	for _, r := range ref {
+		cpuFlat = append(cpuFlat, r...)
+	}
+	t.Logf("GOLDEN %s %s: logits relative L2 to the CPU backend %.3g", fam, mode, relL2(got, cpuFlat))
+	V := l.Config.VocabSize
+	same, n := 0, len(got)/V
+	for i := 0; i < n; i++ {
+		if engine.Argmax(got[i*V:(i+1)*V]) == engine.Argmax(g.Logits[i*V:(i+1)*V]) {
+			same++
+		}
+	}
+	frac := float64(same) / float64(max(n, 1))
+	t.Logf("GOLDEN %s %s: logits relative L2 %.3g, argmax equal at %d/%d positions (%.1f%%)", fam, mode, e, same, n, 100*frac)
+	if !(e <= 2e-2) || math.IsNaN(e) {
+		t.Errorf("relative L2 %.3g > 2e-2", e)
+	}
+	if frac < 0.95 {
+		t.Errorf("argmax equal at %.1f%% < 95%% of positions", 100*frac)
+	}
+	want := g.GenOutput[len(g.GenPrompt):]
+	for _, chunk := range []int{0, 5} {
+		gen, err := engine.Greedy(context.Background(), l.Model, be, g.GenPrompt,
+			engine.GreedyOptions{MaxTokens: len(want), ChunkSize: chunk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := -1
+		for i := range want {
+			if i >= len(gen) || gen[i] != want[i] {
+				first = i
+				break
+			}
+		}
+		if first < 0 {
+			t.Logf("GREEDY %s %s chunk %d: all %d tokens match transformers", fam, mode, chunk, len(want))
+		} else {
+			// Divergence after a near-tie is possible with bf16 GEMMs: report it.
+			t.Logf("GREEDY %s %s chunk %d: first %d of %d tokens match transformers (got %v, want %v)",
+				fam, mode, chunk, first, len(want), gen, want)
+			if first < len(want)/2 {
+				t.Errorf("greedy generation diverges at token %d of %d", first, len(want))
+			}
+		}
 	}
 }
 
