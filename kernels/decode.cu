@@ -1,0 +1,570 @@
+// decode.cu — the bf16 paged KV cache and paged decode attention
+// (flash-decoding): mk_kv_write_bf16, mk_paged_attn_bf16 and the size of its
+// split-KV workspace, mk_paged_attn_workspace.
+//
+// Attention: one CTA of 128 threads per (query row, kv head, key split)
+// computes all query heads of the GQA group that reads that kv head (up to 8
+// per CTA; larger groups take several head chunks), so each K/V byte is read
+// once per group and row. K/V tiles of 64 keys come through the block table
+// with 16-byte cp.async loads into padded shared memory, double-buffered (the
+// next tile loads while this one is computed). Scores, the online softmax
+// (base 2, scale·log2 e folded into q) and the P·V accumulation are float32
+// on the CUDA cores. A row's keys are cut into `splits` ranges across CTAs
+// when the grid would not fill the GPU (batch 1, long context); each range
+// leaves its un-normalised output and (max, sum) in a workspace and a second
+// kernel merges them by log-sum-exp, adding the sinks.
+#include <algorithm>
+#include <cmath>
+
+#include "common.cuh"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kNT = 128;          // threads per CTA
+constexpr int kTK = 64;           // keys per tile
+constexpr int kKS = kNT / kTK;    // threads per key in the QK step (each a part of D)
+constexpr int kGMax = 8;          // query heads per CTA at most
+constexpr int kMaxSplits = 128;   // key ranges per row at most
+constexpr int kMinChunk = 2 * kTK;  // keys per range at least
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+struct AttnArgs {
+  float* out;
+  const float* q;
+  const bf16* pk;
+  const bf16* pv;
+  const int32_t* rows;
+  const int32_t* pos;
+  const int32_t* table;
+  const int32_t* blocks;
+  const float* sinks;
+  float* wo;   // [n, H, splits, Dv] partial outputs (splits > 1)
+  float* wml;  // [n, H, splits, 2] their (max, sum)
+  int H, KV, D, Dv, bs, bs_shift, window, G, hchunks, splits, chunk;
+  int lg_tpr;  // log2 of the threads that load one K/V row
+  float scale2;  // scale * log2(e)
+};
+
+// Shared memory of one CTA, in bytes, laid out as
+// Ks [2][kTK][D+8] bf16 | Vs [2][kTK][Dv+8] bf16 | qs [GM][D] f32 |
+// sp [kKS][kTK][GM] f32 | pb [kTK][GM] f32 | corr [GM] | mfin [GM] | lfin [GM].
+__host__ __device__ inline size_t smem_kv(int D, int Dv) {
+  return (size_t)2 * kTK * ((D + 8) + (Dv + 8)) * sizeof(bf16);
+}
+__host__ __device__ inline size_t smem_bytes(int D, int Dv, int GM) {
+  return smem_kv(D, Dv) + sizeof(float) * ((size_t)GM * D + (size_t)kKS * kTK * GM + (size_t)kTK * GM + 3 * GM);
+}
+
+template <int GM>
+__global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int D = a.D, Dv = a.Dv, KV = a.KV;
+  const int ldk = D + 8, ldv = Dv + 8;
+  bf16* Ks = reinterpret_cast<bf16*>(smem);
+  bf16* Vs = Ks + 2 * kTK * ldk;
+  float* qs = reinterpret_cast<float*>(smem + smem_kv(D, Dv));
+  float* sp = qs + GM * D;
+  float* pb = sp + kKS * kTK * GM;
+  float* corr = pb + kTK * GM;
+  float* mfin = corr + GM;
+  float* lfin = mfin + GM;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int b = blockIdx.x, split = blockIdx.y;
+  const int kh = blockIdx.z / a.hchunks, hc = blockIdx.z - kh * a.hchunks;
+  const int h0 = kh * a.G + hc * GM;
+  const int gc = min(GM, a.G - hc * GM);
+  const int64_t row = a.rows[b];
+  const int i = a.pos[b];
+  const int lo = a.window > 0 ? max(0, i - a.window + 1) : 0;
+  const int kbeg = lo + split * a.chunk;
+  const int kend = split == a.splits - 1 ? i + 1 : min(i + 1, lo + (split + 1) * a.chunk);
+  const int32_t* tab = a.blocks + a.table[b];
+
+  if (kbeg >= kend) {  // an empty range (only with splits > 1)
+    for (int x = tid; x < gc * Dv; x += kNT) {
+      const int g = x / Dv, c = x - g * Dv;
+      a.wo[(((int64_t)b * a.H + h0 + g) * a.splits + split) * Dv + c] = 0.0f;
+    }
+    if (tid < gc) {
+      float* ml = a.wml + (((int64_t)b * a.H + h0 + tid) * a.splits + split) * 2;
+      ml[0] = -INFINITY;
+      ml[1] = 0.0f;
+    }
+    return;
+  }
+
+  const int cprk = D >> 3, cprv = Dv >> 3;  // 16-byte chunks per K / V row
+  const int tpr = 1 << a.lg_tpr, rstep = kNT >> a.lg_tpr;
+  const int sub = tid & (tpr - 1);
+  const int64_t ldpk = (int64_t)KV * D, ldpv = (int64_t)KV * Dv;
+  const bf16* pk = a.pk + (int64_t)kh * D;
+  const bf16* pv = a.pv + (int64_t)kh * Dv;
+
+  // load issues tile t (keys kbeg + t*kTK ...) into stage st.
+  auto load = [&](int t, int st) {
+    const int j0 = kbeg + t * kTK;
+    const int nk = min(kTK, kend - j0);
+    bf16* kd = Ks + st * kTK * ldk;
+    bf16* vd = Vs + st * kTK * ldv;
+    for (int r = tid >> a.lg_tpr; r < nk; r += rstep) {
+      const int j = j0 + r;
+      int blk, off;
+      if (a.bs_shift >= 0) {
+        blk = j >> a.bs_shift;
+        off = j & (a.bs - 1);
+      } else {
+        blk = j / a.bs;
+        off = j - blk * a.bs;
+      }
+      const int64_t prow = (int64_t)tab[blk] * a.bs + off;
+      const bf16* ks = pk + prow * ldpk;
+      const bf16* vs = pv + prow * ldpv;
+      for (int c = sub; c < cprk; c += tpr) cp_async16(kd + r * ldk + c * 8, ks + c * 8);
+      for (int c = sub; c < cprv; c += tpr) cp_async16(vd + r * ldv + c * 8, vs + c * 8);
+    }
+    cp_commit();
+  };
+
+  const int ntiles = (kend - kbeg + kTK - 1) / kTK;
+  load(0, 0);
+
+  for (int x = tid; x < GM * D; x += kNT) {
+    const int g = x / D, c = x - g * D;
+    qs[x] = g < gc ? a.q[(row * a.H + h0 + g) * D + c] * a.scale2 : 0.0f;
+  }
+
+  // The softmax state of heads warp and warp+4 (kNT/32 = 4 warps), lane-uniform.
+  float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
+  // P·V: thread (kg, cp) owns columns 2cp, 2cp+1 of every head, keys kg mod kgn.
+  const int P = Dv >> 1;
+  const int kgn = max(1, kNT / P);
+  const int cp = tid % P, kg = tid / P;
+  const bool pvt = kg < kgn && cp < P && tid < kgn * P;
+  float acc[GM][2];
+#pragma unroll
+  for (int g = 0; g < GM; g++) acc[g][0] = acc[g][1] = 0.0f;
+
+  for (int t = 0; t < ntiles; t++) {
+    const int st = t & 1;
+    const int nk = min(kTK, kend - (kbeg + t * kTK));
+    cp_wait_all();
+    __syncthreads();  // tile t is in; stage st^1 is free (P·V of t-1 done)
+    if (t + 1 < ntiles) load(t + 1, st ^ 1);
+
+    // S = q·k for key j (thread's part kp of D), all heads.
+    {
+      const int j = tid % kTK, kp = tid / kTK;
+      if (j < nk) {
+        float s[GM];
+#pragma unroll
+        for (int g = 0; g < GM; g++) s[g] = 0.0f;
+        const bf16* kr = Ks + (st * kTK + j) * ldk;
+        for (int c = kp; c < cprk; c += kKS) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(kr + c * 8);
+          const float k0 = bf_lo(raw.x), k1 = bf_hi(raw.x), k2 = bf_lo(raw.y), k3 = bf_hi(raw.y);
+          const float k4 = bf_lo(raw.z), k5 = bf_hi(raw.z), k6 = bf_lo(raw.w), k7 = bf_hi(raw.w);
+#pragma unroll
+          for (int g = 0; g < GM; g++) {
+            if (g < gc) {
+              const float4 qa = *reinterpret_cast<const float4*>(qs + g * D + c * 8);
+              const float4 qb = *reinterpret_cast<const float4*>(qs + g * D + c * 8 + 4);
+              float v = s[g];
+              v = fmaf(qa.x, k0, v);
+              v = fmaf(qa.y, k1, v);
+              v = fmaf(qa.z, k2, v);
+              v = fmaf(qa.w, k3, v);
+              v = fmaf(qb.x, k4, v);
+              v = fmaf(qb.y, k5, v);
+              v = fmaf(qb.z, k6, v);
+              v = fmaf(qb.w, k7, v);
+              s[g] = v;
+            }
+          }
+        }
+        float* so = sp + (kp * kTK + j) * GM;
+#pragma unroll
+        for (int g = 0; g < GM; g++) so[g] = s[g];
+      }
+    }
+    __syncthreads();
+
+    // Online softmax, one warp per head (kTK = 64 = 2 keys per lane).
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      const int g = warp + 4 * u;
+      if (g < gc) {
+        float s0 = -INFINITY, s1 = -INFINITY;
+        if (lane < nk) {
+          s0 = 0.0f;
+#pragma unroll
+          for (int kp = 0; kp < kKS; kp++) s0 += sp[(kp * kTK + lane) * GM + g];
+        }
+        if (lane + 32 < nk) {
+          s1 = 0.0f;
+#pragma unroll
+          for (int kp = 0; kp < kKS; kp++) s1 += sp[(kp * kTK + lane + 32) * GM + g];
+        }
+        const float mn = fmaxf(mrun[u], warp_max(fmaxf(s0, s1)));
+        const float cr = exp2f(mrun[u] - mn);  // 0 on the first tile
+        const float p0 = exp2f(s0 - mn), p1 = exp2f(s1 - mn);
+        pb[lane * GM + g] = p0;
+        pb[(lane + 32) * GM + g] = p1;
+        lrun[u] = lrun[u] * cr + warp_sum(p0 + p1);
+        mrun[u] = mn;
+        if (lane == 0) corr[g] = cr;
+      }
+    }
+    __syncthreads();
+
+    // acc = acc·corr + P·V.
+    if (pvt) {
+#pragma unroll
+      for (int g = 0; g < GM; g++) {
+        if (g < gc) {
+          const float cr = corr[g];
+          acc[g][0] *= cr;
+          acc[g][1] *= cr;
+        }
+      }
+      const bf16* vb = Vs + st * kTK * ldv + 2 * cp;
+      for (int jj = kg; jj < nk; jj += kgn) {
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(vb + jj * ldv);
+        const float v0 = bf_lo(w), v1 = bf_hi(w);
+        float p[GM];
+        if constexpr (GM >= 4) {
+#pragma unroll
+          for (int g = 0; g < GM; g += 4) {
+            const float4 f = *reinterpret_cast<const float4*>(pb + jj * GM + g);
+            p[g] = f.x;
+            p[g + 1] = f.y;
+            p[g + 2] = f.z;
+            p[g + 3] = f.w;
+          }
+        } else {
+#pragma unroll
+          for (int g = 0; g < GM; g++) p[g] = pb[jj * GM + g];
+        }
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+          if (g < gc) {
+            acc[g][0] = fmaf(p[g], v0, acc[g][0]);
+            acc[g][1] = fmaf(p[g], v1, acc[g][1]);
+          }
+        }
+      }
+    }
+  }
+
+  // Final (max, sum) per head, and the key groups' partial sums merged.
+#pragma unroll
+  for (int u = 0; u < 2; u++) {
+    const int g = warp + 4 * u;
+    if (g < gc && lane == 0) {
+      mfin[g] = mrun[u];
+      lfin[g] = lrun[u];
+    }
+  }
+  __syncthreads();  // all P·V reads of the tiles are done: their memory is free
+  float* red = reinterpret_cast<float*>(smem);  // [kgn][GM][Dv]
+  if (kgn > 1) {
+    if (pvt) {
+#pragma unroll
+      for (int g = 0; g < GM; g++) {
+        if (g < gc) {
+          red[(kg * GM + g) * Dv + 2 * cp] = acc[g][0];
+          red[(kg * GM + g) * Dv + 2 * cp + 1] = acc[g][1];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (kgn > 1) {
+    for (int x = tid; x < gc * Dv; x += kNT) {
+      const int g = x / Dv, c = x - g * Dv, h = h0 + g;
+      float o = 0.0f;
+      for (int k = 0; k < kgn; k++) o += red[(k * GM + g) * Dv + c];
+      if (a.splits == 1) {
+        float m = mfin[g], l = lfin[g];
+        if (a.sinks) {
+          const float sk = a.sinks[h] * kLog2e;
+          const float mn = fmaxf(m, sk);
+          const float cr = exp2f(m - mn);
+          l = l * cr + exp2f(sk - mn);
+          o *= cr;
+        }
+        a.out[(row * a.H + h) * Dv + c] = o / l;
+      } else {
+        a.wo[(((int64_t)b * a.H + h) * a.splits + split) * Dv + c] = o;
+      }
+    }
+  }
+  if (kgn == 1 && pvt) {
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+      if (g < gc) {
+        const int h = h0 + g;
+        float o0 = acc[g][0], o1 = acc[g][1];
+        if (a.splits == 1) {
+          float m = mfin[g], l = lfin[g];
+          if (a.sinks) {
+            const float sk = a.sinks[h] * kLog2e;
+            const float mn = fmaxf(m, sk);
+            const float cr = exp2f(m - mn);
+            l = l * cr + exp2f(sk - mn);
+            o0 *= cr;
+            o1 *= cr;
+          }
+          float* o = a.out + (row * a.H + h) * Dv + 2 * cp;
+          o[0] = o0 / l;
+          o[1] = o1 / l;
+        } else {
+          float* o = a.wo + (((int64_t)b * a.H + h) * a.splits + split) * Dv + 2 * cp;
+          o[0] = o0;
+          o[1] = o1;
+        }
+      }
+    }
+  }
+  if (a.splits > 1 && tid < gc) {
+    float* ml = a.wml + (((int64_t)b * a.H + h0 + tid) * a.splits + split) * 2;
+    ml[0] = mfin[tid];
+    ml[1] = lfin[tid];
+  }
+}
+
+// merge: one CTA per (row, head) combines the splits' partial outputs by
+// log-sum-exp, with the sink in the denominator.
+__global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
+  __shared__ float w[kMaxSplits];
+  __shared__ float inv;
+  const int b = blockIdx.x, h = blockIdx.y, S = a.splits, Dv = a.Dv;
+  const int64_t row = a.rows[b];
+  const float* ml = a.wml + ((int64_t)b * a.H + h) * S * 2;
+  if (threadIdx.x < 32) {
+    float m = -INFINITY;
+    for (int s = threadIdx.x; s < S; s += 32) m = fmaxf(m, ml[2 * s]);
+    m = warp_max(m);
+    float sk = -INFINITY;
+    if (a.sinks) {
+      sk = a.sinks[h] * kLog2e;
+      m = fmaxf(m, sk);
+    }
+    float l = 0.0f;
+    for (int s = threadIdx.x; s < S; s += 32) {
+      const float ms = ml[2 * s];
+      const float ws = ms == -INFINITY ? 0.0f : exp2f(ms - m);
+      w[s] = ws;
+      l += ws * ml[2 * s + 1];
+    }
+    l = warp_sum(l);
+    if (a.sinks) l += exp2f(sk - m);
+    if (threadIdx.x == 0) inv = 1.0f / l;
+  }
+  __syncthreads();
+  const float* o = a.wo + ((int64_t)b * a.H + h) * S * Dv;
+  for (int c = threadIdx.x; c < Dv; c += kNT) {
+    float v = 0.0f;
+    for (int s = 0; s < S; s++) v = fmaf(w[s], o[(int64_t)s * Dv + c], v);
+    a.out[(row * a.H + h) * Dv + c] = v * inv;
+  }
+}
+
+__global__ void kv_write_bf16(bf16* pk, bf16* pv, const float* k, const float* v, const int32_t* slots,
+                              int64_t n, int64_t kw, int64_t vw) {
+  const int64_t w = kw + vw;
+  for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < n * w;
+       x += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t i = x / w, c = x - i * w;
+    const int64_t s = slots[i];
+    if (s < 0) continue;  // a row of another pool
+    if (c < kw) pk[s * kw + c] = __float2bfloat16_rn(k[i * kw + c]);
+    else pv[s * vw + c - kw] = __float2bfloat16_rn(v[i * vw + c - kw]);
+  }
+}
+
+int sm_count() {
+  static int sms = 0;
+  if (sms == 0) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0)
+      sms = v;
+    else
+      return 132;
+  }
+  return sms;
+}
+
+// Plan is the launch shape of one attention call.
+struct Plan {
+  int GM, hchunks, splits, chunk;
+};
+
+Plan plan(int64_t n, int heads, int kv_heads, int max_keys) {
+  Plan p{};
+  const int G = heads / kv_heads;
+  p.GM = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGMax;
+  p.hchunks = (G + p.GM - 1) / p.GM;
+  p.splits = 1;
+  p.chunk = max_keys > 0 ? max_keys : 1;
+  if (max_keys <= 0) return p;
+  const int64_t base = n * kv_heads * p.hchunks;
+  const int64_t target = 4 * (int64_t)sm_count();  // CTAs to fill the GPU about 3-4 deep
+  int64_t s = (target + base - 1) / base;
+  s = std::min<int64_t>(s, (max_keys + kMinChunk - 1) / kMinChunk);
+  s = std::min<int64_t>(s, kMaxSplits);
+  if (s <= 1) return p;
+  int chunk = (int)((max_keys + s - 1) / s);
+  chunk = (chunk + kTK - 1) / kTK * kTK;
+  p.chunk = chunk;
+  p.splits = (max_keys + chunk - 1) / chunk;
+  if (p.splits <= 1) p.chunk = max_keys;
+  return p;
+}
+
+uint64_t work_bytes(int64_t n, int heads, int v_head_dim, int splits) {
+  return splits <= 1 ? 0 : (uint64_t)n * heads * splits * ((uint64_t)v_head_dim + 2) * sizeof(float);
+}
+
+template <int GM>
+int launch(const AttnArgs& a, int64_t n, cudaStream_t st) {
+  static size_t opted = 48 * 1024;
+  const size_t smem = smem_bytes(a.D, a.Dv, GM);
+  if (smem > opted) {
+    MK_CUDA(cudaFuncSetAttribute(paged_attn<GM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    opted = smem;
+  }
+  dim3 grid((unsigned)n, (unsigned)a.splits, (unsigned)(a.KV * a.hchunks));
+  paged_attn<GM><<<grid, kNT, smem, st>>>(a);
+  MK_LAUNCHED("paged_attn");
+  return MK_OK;
+}
+
+}  // namespace
+
+#define DEC_ARG(fn, cond) MK_ARG(cond, "%s: bad argument (%s)", fn, #cond)
+
+extern "C" {
+
+int32_t mk_kv_write_bf16(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint64_t k, uint64_t v,
+                         uint64_t slots, int64_t n, int64_t kw, int64_t vw) {
+  const char* fn = "mk_kv_write_bf16";
+  MK_THREAD(fn);
+  DEC_ARG(fn, n > 0 && kw > 0 && vw > 0 && pool_k && pool_v && k && v && slots);
+  int64_t blocks = (n * (kw + vw) + 255) / 256;
+  if (blocks > (1 << 20)) blocks = 1 << 20;
+  kv_write_bf16<<<(unsigned)blocks, 256, 0, mk::as_stream(stream)>>>(
+      mk::dev<bf16>(pool_k), mk::dev<bf16>(pool_v), mk::dev<float>(k), mk::dev<float>(v),
+      mk::dev<int32_t>(slots), n, kw, vw);
+  MK_LAUNCHED("kv_write_bf16");
+  return MK_OK;
+}
+
+int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_heads, int32_t v_head_dim,
+                                int32_t max_keys, uint64_t* bytes) {
+  const char* fn = "mk_paged_attn_workspace";
+  MK_THREAD(fn);
+  DEC_ARG(fn, bytes && n > 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && v_head_dim > 0);
+  const Plan p = plan(n, heads, kv_heads, max_keys);
+  *bytes = work_bytes(n, heads, v_head_dim, p.splits);
+  return MK_OK;
+}
+
+int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t q, uint64_t pool_k, uint64_t pool_v,
+                           uint64_t rows, uint64_t pos, uint64_t table, uint64_t blocks, int64_t n,
+                           int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
+                           int32_t block_size, uint32_t scale_bits, int32_t window, uint64_t sinks,
+                           int32_t max_keys, uint64_t work, uint64_t work_size) {
+  const char* fn = "mk_paged_attn_bf16";
+  MK_THREAD(fn);
+  DEC_ARG(fn, n > 0 && n <= INT32_MAX && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 &&
+                  block_size > 0 && window >= 0);
+  MK_ARG(head_dim > 0 && head_dim <= 256 && head_dim % 8 == 0 && v_head_dim > 0 && v_head_dim <= 256 &&
+             v_head_dim % 8 == 0,
+         "%s: head_dim %d and v_head_dim %d must be multiples of 8 in [8, 256]", fn, head_dim, v_head_dim);
+  DEC_ARG(fn, out && q && pool_k && pool_v && rows && pos && table && blocks);
+  MK_ARG((pool_k | pool_v) % 16 == 0, "%s: pool_k and pool_v must be 16-byte aligned", fn);
+  Plan p = plan(n, heads, kv_heads, max_keys);
+  MK_ARG(kv_heads * p.hchunks <= 65535, "%s: kv_heads %d too many", fn, kv_heads);
+  if (p.splits > 1) {
+    const uint64_t per = work_bytes(n, heads, v_head_dim, 2) / 2;
+    uint64_t s = work ? work_size / per : 0;
+    if (s < (uint64_t)p.splits) {  // a smaller workspace: fewer, longer ranges
+      if (s < 2) {
+        p.splits = 1;
+        p.chunk = max_keys;
+      } else {
+        p.chunk = ((max_keys + (int)s - 1) / (int)s + kTK - 1) / kTK * kTK;
+        p.splits = (max_keys + p.chunk - 1) / p.chunk;
+      }
+    }
+  }
+  AttnArgs a{};
+  a.out = mk::dev<float>(out);
+  a.q = mk::dev<float>(q);
+  a.pk = mk::dev<bf16>(pool_k);
+  a.pv = mk::dev<bf16>(pool_v);
+  a.rows = mk::dev<int32_t>(rows);
+  a.pos = mk::dev<int32_t>(pos);
+  a.table = mk::dev<int32_t>(table);
+  a.blocks = mk::dev<int32_t>(blocks);
+  a.sinks = sinks ? mk::dev<float>(sinks) : nullptr;
+  a.H = heads;
+  a.KV = kv_heads;
+  a.D = head_dim;
+  a.Dv = v_head_dim;
+  a.bs = block_size;
+  a.bs_shift = (block_size & (block_size - 1)) == 0 ? __builtin_ctz((unsigned)block_size) : -1;
+  a.window = window;
+  a.G = heads / kv_heads;
+  a.hchunks = p.hchunks;
+  a.splits = p.splits;
+  a.chunk = p.chunk;
+  const int cpr = std::max(head_dim, v_head_dim) / 8;
+  int lg = 0;
+  while ((1 << lg) < cpr && lg < 4) lg++;
+  a.lg_tpr = lg;
+  a.scale2 = mk::float_from_bits(scale_bits) * kLog2e;
+  if (p.splits > 1) {
+    a.wo = mk::dev<float>(work);
+    a.wml = a.wo + (uint64_t)n * heads * p.splits * v_head_dim;
+  }
+  const cudaStream_t st = mk::as_stream(stream);
+  int rc;
+  switch (p.GM) {
+    case 1: rc = launch<1>(a, n, st); break;
+    case 2: rc = launch<2>(a, n, st); break;
+    case 4: rc = launch<4>(a, n, st); break;
+    default: rc = launch<8>(a, n, st); break;
+  }
+  if (rc != MK_OK || p.splits == 1) return rc;
+  paged_attn_merge<<<dim3((unsigned)n, (unsigned)heads), kNT, 0, st>>>(a);
+  MK_LAUNCHED("paged_attn_merge");
+  return MK_OK;
+}
+
+}  // extern "C"
