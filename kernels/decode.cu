@@ -25,6 +25,7 @@ using bf16 = __nv_bfloat16;
 constexpr int kNT = 128;          // threads per CTA
 constexpr int kTK = 64;           // keys per tile
 constexpr int kKS = kNT / kTK;    // threads per key in the QK step (each a part of D)
+constexpr int kRows = kTK / (kNT / 16);  // tile rows one thread loads at most (≥ 8 rows per pass)
 constexpr int kGMax = 8;          // query heads per CTA at most
 constexpr int kMaxSplits = 128;   // key ranges per row at most
 constexpr int kMinChunk = 2 * kTK;  // keys per range at least
@@ -93,8 +94,15 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
   float* lfin = mfin + GM;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int b = blockIdx.x, split = blockIdx.y;
-  const int kh = blockIdx.z / a.hchunks, hc = blockIdx.z - kh * a.hchunks;
+  // One linear grid, kv head (and head chunk) fastest: the CTAs of one row
+  // and key range run together and read neighbouring bytes of the same rows.
+  const int nkh = a.KV * a.hchunks;
+  const int64_t lin = blockIdx.x;
+  const int khc = (int)(lin % nkh);
+  const int64_t rest = lin / nkh;
+  const int split = (int)(rest % a.splits);
+  const int b = (int)(rest / a.splits);
+  const int kh = khc / a.hchunks, hc = khc - kh * a.hchunks;
   const int h0 = kh * a.G + hc * GM;
   const int gc = min(GM, a.G - hc * GM);
   const int64_t row = a.rows[b];
@@ -124,33 +132,53 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
   const bf16* pk = a.pk + (int64_t)kh * D;
   const bf16* pv = a.pv + (int64_t)kh * Dv;
 
-  // load issues tile t (keys kbeg + t*kTK ...) into stage st.
-  auto load = [&](int t, int st) {
+  // A thread loads rows r0 + k*rstep (k < kRows) of a tile. fetch reads the
+  // pool rows of tile t's keys from the block table into prow (a tile ahead,
+  // so the table's latency hides behind a tile of work); issue starts the
+  // 16-byte copies of those rows into stage st.
+  const int r0 = tid >> a.lg_tpr;
+  int prow[kRows];
+  auto fetch = [&](int t) {
     const int j0 = kbeg + t * kTK;
     const int nk = min(kTK, kend - j0);
+#pragma unroll
+    for (int k = 0; k < kRows; k++) {
+      const int r = r0 + k * rstep;
+      if (r < nk) {
+        const int j = j0 + r;
+        int blk, off;
+        if (a.bs_shift >= 0) {
+          blk = j >> a.bs_shift;
+          off = j & (a.bs - 1);
+        } else {
+          blk = j / a.bs;
+          off = j - blk * a.bs;
+        }
+        prow[k] = tab[blk] * a.bs + off;
+      }
+    }
+  };
+  auto issue = [&](int t, int st) {
+    const int nk = min(kTK, kend - (kbeg + t * kTK));
     bf16* kd = Ks + st * kTK * ldk;
     bf16* vd = Vs + st * kTK * ldv;
-    for (int r = tid >> a.lg_tpr; r < nk; r += rstep) {
-      const int j = j0 + r;
-      int blk, off;
-      if (a.bs_shift >= 0) {
-        blk = j >> a.bs_shift;
-        off = j & (a.bs - 1);
-      } else {
-        blk = j / a.bs;
-        off = j - blk * a.bs;
+#pragma unroll
+    for (int k = 0; k < kRows; k++) {
+      const int r = r0 + k * rstep;
+      if (r < nk) {
+        const bf16* ks = pk + (int64_t)prow[k] * ldpk;
+        const bf16* vs = pv + (int64_t)prow[k] * ldpv;
+        for (int c = sub; c < cprk; c += tpr) cp_async16(kd + r * ldk + c * 8, ks + c * 8);
+        for (int c = sub; c < cprv; c += tpr) cp_async16(vd + r * ldv + c * 8, vs + c * 8);
       }
-      const int64_t prow = (int64_t)tab[blk] * a.bs + off;
-      const bf16* ks = pk + prow * ldpk;
-      const bf16* vs = pv + prow * ldpv;
-      for (int c = sub; c < cprk; c += tpr) cp_async16(kd + r * ldk + c * 8, ks + c * 8);
-      for (int c = sub; c < cprv; c += tpr) cp_async16(vd + r * ldv + c * 8, vs + c * 8);
     }
     cp_commit();
   };
 
   const int ntiles = (kend - kbeg + kTK - 1) / kTK;
-  load(0, 0);
+  fetch(0);
+  issue(0, 0);
+  if (ntiles > 1) fetch(1);
 
   for (int x = tid; x < GM * D; x += kNT) {
     const int g = x / D, c = x - g * D;
@@ -173,7 +201,10 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
     const int nk = min(kTK, kend - (kbeg + t * kTK));
     cp_wait_all();
     __syncthreads();  // tile t is in; stage st^1 is free (P·V of t-1 done)
-    if (t + 1 < ntiles) load(t + 1, st ^ 1);
+    if (t + 1 < ntiles) {
+      issue(t + 1, st ^ 1);
+      if (t + 2 < ntiles) fetch(t + 2);
+    }
 
     // S = q·k for key j (thread's part kp of D), all heads.
     {
@@ -183,6 +214,7 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
 #pragma unroll
         for (int g = 0; g < GM; g++) s[g] = 0.0f;
         const bf16* kr = Ks + (st * kTK + j) * ldk;
+#pragma unroll 2
         for (int c = kp; c < cprk; c += kKS) {
           const uint4 raw = *reinterpret_cast<const uint4*>(kr + c * 8);
           const float k0 = bf_lo(raw.x), k1 = bf_hi(raw.x), k2 = bf_lo(raw.y), k3 = bf_hi(raw.y);
@@ -251,6 +283,7 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
         }
       }
       const bf16* vb = Vs + st * kTK * ldv + 2 * cp;
+#pragma unroll 4
       for (int jj = kg; jj < nk; jj += kgn) {
         const uint32_t w = *reinterpret_cast<const uint32_t*>(vb + jj * ldv);
         const float v0 = bf_lo(w), v1 = bf_hi(w);
@@ -424,7 +457,39 @@ struct Plan {
   int GM, hchunks, splits, chunk;
 };
 
-Plan plan(int64_t n, int heads, int kv_heads, int max_keys) {
+// ensure_smem lets paged_attn<GM> use smem bytes of dynamic shared memory.
+template <int GM>
+cudaError_t ensure_smem(size_t smem) {
+  static size_t opted = 48 * 1024;
+  if (smem <= opted) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(paged_attn<GM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e == cudaSuccess) opted = smem;
+  return e;
+}
+
+// occupancy is how many CTAs of paged_attn<GM> fit on one SM.
+template <int GM>
+int occupancy(size_t smem) {
+  static size_t last = 0;
+  static int occ = 0;
+  if (smem != last) {
+    int v = 0;
+    if (ensure_smem<GM>(smem) != cudaSuccess) cudaGetLastError();
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, paged_attn<GM>, kNT, smem) != cudaSuccess || v < 1) {
+      cudaGetLastError();
+      v = 1;
+    }
+    last = smem;
+    occ = v;
+  }
+  return occ;
+}
+
+// plan picks the head chunking and the key split: among splits s (ranges of
+// at least kMinChunk keys, whole tiles), the one that fills the GPU's CTA
+// slots best over whole waves, discounted by the per-range overhead (about
+// one tile of work).
+Plan plan(int64_t n, int heads, int kv_heads, int head_dim, int v_head_dim, int max_keys) {
   Plan p{};
   const int G = heads / kv_heads;
   p.GM = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGMax;
@@ -432,17 +497,36 @@ Plan plan(int64_t n, int heads, int kv_heads, int max_keys) {
   p.splits = 1;
   p.chunk = max_keys > 0 ? max_keys : 1;
   if (max_keys <= 0) return p;
+  const size_t smem = smem_bytes(head_dim, v_head_dim, p.GM);
+  int occ;
+  switch (p.GM) {
+    case 1: occ = occupancy<1>(smem); break;
+    case 2: occ = occupancy<2>(smem); break;
+    case 4: occ = occupancy<4>(smem); break;
+    default: occ = occupancy<kGMax>(smem); break;
+  }
+  const int64_t slots = (int64_t)occ * sm_count();
   const int64_t base = n * kv_heads * p.hchunks;
-  const int64_t target = 4 * (int64_t)sm_count();  // CTAs to fill the GPU about 3-4 deep
-  int64_t s = (target + base - 1) / base;
-  s = std::min<int64_t>(s, (max_keys + kMinChunk - 1) / kMinChunk);
-  s = std::min<int64_t>(s, kMaxSplits);
-  if (s <= 1) return p;
-  int chunk = (int)((max_keys + s - 1) / s);
-  chunk = (chunk + kTK - 1) / kTK * kTK;
-  p.chunk = chunk;
-  p.splits = (max_keys + chunk - 1) / chunk;
-  if (p.splits <= 1) p.chunk = max_keys;
+  const int smax = (int)std::min<int64_t>(kMaxSplits, (max_keys + kMinChunk - 1) / kMinChunk);
+  double best = -1;
+  for (int s = 1; s <= std::max(1, smax); s++) {
+    const int chunk = ((max_keys + s - 1) / s + kTK - 1) / kTK * kTK;
+    const int real = (max_keys + chunk - 1) / chunk;
+    if (real != s) continue;  // the same as a smaller s after rounding
+    const int64_t ctas = base * s;
+    const int64_t waves = (ctas + slots - 1) / slots;
+    const double tiles = (double)chunk / kTK;
+    const double score = (double)ctas / (double)(waves * slots) * tiles / (tiles + 1.0);
+    if (score > best * 1.02) {  // a longer split must win by more than noise
+      best = score;
+      p.splits = s;
+      p.chunk = chunk;
+    }
+  }
+  if (p.splits <= 1) {
+    p.splits = 1;
+    p.chunk = max_keys;
+  }
   return p;
 }
 
@@ -452,14 +536,11 @@ uint64_t work_bytes(int64_t n, int heads, int v_head_dim, int splits) {
 
 template <int GM>
 int launch(const AttnArgs& a, int64_t n, cudaStream_t st) {
-  static size_t opted = 48 * 1024;
   const size_t smem = smem_bytes(a.D, a.Dv, GM);
-  if (smem > opted) {
-    MK_CUDA(cudaFuncSetAttribute(paged_attn<GM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    opted = smem;
-  }
-  dim3 grid((unsigned)n, (unsigned)a.splits, (unsigned)(a.KV * a.hchunks));
-  paged_attn<GM><<<grid, kNT, smem, st>>>(a);
+  MK_CUDA(ensure_smem<GM>(smem));
+  const int64_t grid = n * a.splits * a.KV * a.hchunks;
+  MK_ARG(grid <= INT32_MAX, "paged_attn: %lld thread blocks", (long long)grid);
+  paged_attn<GM><<<(unsigned)grid, kNT, smem, st>>>(a);
   MK_LAUNCHED("paged_attn");
   return MK_OK;
 }
@@ -484,12 +565,13 @@ int32_t mk_kv_write_bf16(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint
   return MK_OK;
 }
 
-int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_heads, int32_t v_head_dim,
-                                int32_t max_keys, uint64_t* bytes) {
+int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_heads, int32_t head_dim,
+                                int32_t v_head_dim, int32_t max_keys, uint64_t* bytes) {
   const char* fn = "mk_paged_attn_workspace";
   MK_THREAD(fn);
-  DEC_ARG(fn, bytes && n > 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && v_head_dim > 0);
-  const Plan p = plan(n, heads, kv_heads, max_keys);
+  DEC_ARG(fn, bytes && n > 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0 &&
+                  head_dim <= 256 && v_head_dim > 0 && v_head_dim <= 256);
+  const Plan p = plan(n, heads, kv_heads, head_dim, v_head_dim, max_keys);
   *bytes = work_bytes(n, heads, v_head_dim, p.splits);
   return MK_OK;
 }
@@ -508,7 +590,7 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t q, uint64_t p
          "%s: head_dim %d and v_head_dim %d must be multiples of 8 in [8, 256]", fn, head_dim, v_head_dim);
   DEC_ARG(fn, out && q && pool_k && pool_v && rows && pos && table && blocks);
   MK_ARG((pool_k | pool_v) % 16 == 0, "%s: pool_k and pool_v must be 16-byte aligned", fn);
-  Plan p = plan(n, heads, kv_heads, max_keys);
+  Plan p = plan(n, heads, kv_heads, head_dim, v_head_dim, max_keys);
   MK_ARG(kv_heads * p.hchunks <= 65535, "%s: kv_heads %d too many", fn, kv_heads);
   if (p.splits > 1) {
     const uint64_t per = work_bytes(n, heads, v_head_dim, 2) / 2;

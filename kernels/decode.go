@@ -12,7 +12,7 @@ import (
 
 var (
 	kvWriteBF16        func(stream, poolK, poolV, k, v, slots uint64, n, kw, vw int64) int32
-	pagedAttnWorkspace func(n int64, heads, kvHeads, vHeadDim, maxKeys int32, bytes *uint64) int32
+	pagedAttnWorkspace func(n int64, heads, kvHeads, headDim, vHeadDim, maxKeys int32, bytes *uint64) int32
 	pagedAttnBF16      func(stream, out, q, poolK, poolV, rows, pos, table, blocks uint64, n int64,
 		heads, kvHeads, headDim, vHeadDim, blockSize int32, scaleBits uint32, window int32, sinks uint64,
 		maxKeys int32, work, workSize uint64) int32
@@ -77,7 +77,7 @@ func (d *Device) PagedAttnWorkspace(n, maxKeys int, a AttnArgs) (int64, error) {
 	}
 	var bytes uint64
 	err := d.lib.check("mk_paged_attn_workspace", pagedAttnWorkspace(int64(n), int32(a.Heads), int32(a.KVHeads),
-		int32(a.VHeadDim), int32(min(maxKeys, math.MaxInt32)), &bytes))
+		int32(a.HeadDim), int32(a.VHeadDim), int32(min(maxKeys, math.MaxInt32)), &bytes))
 	return int64(bytes), err
 }
 

@@ -21,9 +21,10 @@ MK_API int32_t mk_kv_write_bf16(uint64_t stream, uint64_t pool_k, uint64_t pool_
 
 /* The workspace (bytes) mk_paged_attn_bf16 needs to split every row's keys
  * across CTAs for these shapes, when max_keys is the most keys any row
- * attends (0 when no split pays off). Depends on the device's SM count. */
-MK_API int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_heads, int32_t v_head_dim,
-                                       int32_t max_keys, uint64_t* bytes);
+ * attends (0 when no split pays off). Depends on the device (SM count,
+ * occupancy). */
+MK_API int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_heads, int32_t head_dim,
+                                       int32_t v_head_dim, int32_t max_keys, uint64_t* bytes);
 
 /* Paged causal attention over the bf16 pool, the semantics of
  * mk_attention_f32: row b is q/out row rows[b] at position pos[b] and sees
