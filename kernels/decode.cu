@@ -15,6 +15,7 @@
 // kernel merges them by log-sum-exp, adding the sinks.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "common.cuh"
 
@@ -66,6 +67,7 @@ struct AttnArgs {
   float* wml;  // [n, H, splits, 2] their (max, sum)
   int H, KV, D, Dv, bs, bs_shift, window, G, hchunks, splits, chunk;
   int lg_tpr;  // log2 of the threads that load one K/V row
+  int cluster;  // CTAs per cluster (1: none)
   float scale2;  // scale * log2(e)
 };
 
@@ -201,6 +203,11 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
     const int nk = min(kTK, kend - (kbeg + t * kTK));
     cp_wait_all();
     __syncthreads();  // tile t is in; stage st^1 is free (P·V of t-1 done)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // In a cluster (the kv heads of one row and range), the CTAs issue each
+    // tile's loads together, so the DRAM sees whole pool rows at once.
+    if (a.cluster > 1) asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
     if (t + 1 < ntiles) {
       issue(t + 1, st ^ 1);
       if (t + 2 < ntiles) fetch(t + 2);
@@ -540,8 +547,24 @@ int launch(const AttnArgs& a, int64_t n, cudaStream_t st) {
   MK_CUDA(ensure_smem<GM>(smem));
   const int64_t grid = n * a.splits * a.KV * a.hchunks;
   MK_ARG(grid <= INT32_MAX, "paged_attn: %lld thread blocks", (long long)grid);
-  paged_attn<GM><<<(unsigned)grid, kNT, smem, st>>>(a);
-  MK_LAUNCHED("paged_attn");
+  if (a.cluster <= 1) {
+    paged_attn<GM><<<(unsigned)grid, kNT, smem, st>>>(a);
+    MK_LAUNCHED("paged_attn");
+    return MK_OK;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3((unsigned)grid);
+  cfg.blockDim = dim3(kNT);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = (unsigned)a.cluster;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  MK_CUDA(cudaLaunchKernelEx(&cfg, paged_attn<GM>, a));
   return MK_OK;
 }
 
@@ -631,6 +654,19 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t q, uint64_t p
   while ((1 << lg) < cpr && lg < 4) lg++;
   a.lg_tpr = lg;
   a.scale2 = mk::float_from_bits(scale_bits) * kLog2e;
+  a.cluster = 1;
+  static const bool use_cluster = [] {
+    const char* e = getenv("MK_DECODE_CLUSTER");
+    return e && e[0] == '1';
+  }();
+  if (use_cluster) {
+    const int nkh = kv_heads * p.hchunks;
+    for (int c = 8; c > 1; c--)
+      if (nkh % c == 0) {
+        a.cluster = c;
+        break;
+      }
+  }
   if (p.splits > 1) {
     a.wo = mk::dev<float>(work);
     a.wml = a.wo + (uint64_t)n * heads * p.splits * v_head_dim;

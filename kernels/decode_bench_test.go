@@ -3,6 +3,8 @@ package kernels
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"testing"
 )
 
@@ -17,8 +19,11 @@ import (
 func BenchmarkPagedAttn(b *testing.B) {
 	g := testGPU(b)
 	const H, KV, D, bs = 32, 8, 128, 16
-	const maxTokens = 256 * 32768
-	const poolBlocks = maxTokens / bs
+	maxTokens := 256 * 32768
+	if v, err := strconv.Atoi(os.Getenv("MK_DECODE_POOL_TOKENS")); err == nil && v > 0 {
+		maxTokens = v // a smaller pool (profiling); larger cases skip
+	}
+	poolBlocks := maxTokens / bs
 	kw := KV * D
 	a := AttnArgs{Heads: H, KVHeads: KV, HeadDim: D, VHeadDim: D, BlockSize: bs, Scale: 0.088}
 	var pk, pv *Buffer
@@ -26,7 +31,7 @@ func BenchmarkPagedAttn(b *testing.B) {
 	err := g.Do(func(d *Device) error {
 		pool.d = d
 		rowBytes := int64(bs) * int64(kw) * 2 // one block of K (or V)
-		pk, pv = pool.alloc(poolBlocks*rowBytes), pool.alloc(poolBlocks*rowBytes)
+		pk, pv = pool.alloc(int64(poolBlocks)*rowBytes), pool.alloc(int64(poolBlocks)*rowBytes)
 		// Fill the pools with random bf16 by device copies of one 64 MiB chunk.
 		const chunk = 64 << 20
 		src := put(pool, randomBF16(chunk/2))
@@ -49,15 +54,29 @@ func BenchmarkPagedAttn(b *testing.B) {
 		b.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(3, 4))
+	run := func(name string, batch, ctx int, a AttnArgs) {
+		b.Run(name, func(b *testing.B) {
+			if batch*ctx > maxTokens {
+				b.Skipf("%d tokens, the pool holds %d", batch*ctx, maxTokens)
+			}
+			err := g.Do(func(d *Device) error { return benchPaged(b, d, r, pk, pv, batch, ctx, poolBlocks, a) })
+			if err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
 	for _, batch := range []int{1, 32, 256} {
 		for _, ctx := range []int{1024, 4096, 16384, 32768} {
-			b.Run(fmt.Sprintf("B=%d_ctx=%d", batch, ctx), func(b *testing.B) {
-				err := g.Do(func(d *Device) error { return benchPaged(b, d, r, pk, pv, batch, ctx, poolBlocks, a) })
-				if err != nil {
-					b.Fatal(err)
-				}
-			})
+			run(fmt.Sprintf("B=%d_ctx=%d", batch, ctx), batch, ctx, a)
 		}
+	}
+	// The same bytes per query head group (G = 8) with 8 kv heads (a K row
+	// of 2 KiB, one kv head's slice 256 B) and with 1 (rows of 256 B, a
+	// block's slice contiguous): how much the pool layout costs.
+	for _, v := range []struct{ h, kv int }{{64, 8}, {8, 1}} {
+		a2 := a
+		a2.Heads, a2.KVHeads = v.h, v.kv
+		run(fmt.Sprintf("B=32_ctx=32768_H=%d_KV=%d", v.h, v.kv), 32, 32768, a2)
 	}
 }
 
