@@ -15,7 +15,6 @@
 // kernel merges them by log-sum-exp, adding the sinks.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "common.cuh"
 
@@ -67,7 +66,6 @@ struct AttnArgs {
   float* wml;  // [n, H, splits, 2] their (max, sum)
   int H, KV, D, Dv, bs, bs_shift, window, G, hchunks, splits, chunk;
   int lg_tpr;  // log2 of the threads that load one K/V row
-  int cluster;  // CTAs per cluster (1: none)
   float scale2;  // scale * log2(e)
 };
 
@@ -203,11 +201,6 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
     const int nk = min(kTK, kend - (kbeg + t * kTK));
     cp_wait_all();
     __syncthreads();  // tile t is in; stage st^1 is free (P·V of t-1 done)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // In a cluster (the kv heads of one row and range), the CTAs issue each
-    // tile's loads together, so the DRAM sees whole pool rows at once.
-    if (a.cluster > 1) asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
     if (t + 1 < ntiles) {
       issue(t + 1, st ^ 1);
       if (t + 2 < ntiles) fetch(t + 2);
@@ -396,6 +389,335 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
   }
 }
 
+// ---- tensor-core variant ----
+//
+// The same CTA (row, kv head, key range; 4 warps, 64-key tiles through the
+// same double-buffered cp.async pipeline) with the products on the tensor
+// cores (mma.sync m16n8k16, bf16 in, float32 accumulate): the up to 16
+// query heads of a group are the 16 rows of A. Each warp owns 16 keys of a
+// tile: S = Q·Kᵀ (K fragments by ldmatrix), its own online softmax (running
+// max and sum per head) and O += P·V (V fragments by ldmatrix.trans, P taken
+// from S's accumulator registers); the 4 warps' states merge at the end.
+// q and P are float32 split into hi = bf16(x) and lo = bf16(x − hi), two
+// MMAs each, so they keep ~16 bits of mantissa: only K and V are rounded
+// (to the bf16 of the cache). One barrier per tile.
+
+constexpr int kGMma = 16;  // query heads per CTA (the MMA's M)
+
+__device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+
+// split2 splits the pair (x0, x1) into bf16x2 hi and lo words (x0 in the low half).
+__device__ __forceinline__ void split2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  hi = bf2_bits(h);
+  lo = bf2_bits(__floats2bfloat162_rn(x0 - hf.x, x1 - hf.y));
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+// Shared memory of the MMA kernel: Ks, Vs as paged_attn | qf [ceil(D/16)][32][8] u32
+// (q's A fragments, hi then lo) | mls [4][16][2] f32 | fin [16][2] f32.
+__host__ __device__ inline size_t smem_bytes_mma(int D, int Dv) {
+  return smem_kv(D, Dv) + (size_t)((D + 15) / 16) * 32 * 8 * 4 + 4 * 16 * 2 * 4 + 16 * 2 * 4;
+}
+
+template <int NV>  // NV: n-tiles of 8 output columns the accumulators hold (≥ Dv/8)
+__global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int D = a.D, Dv = a.Dv, KV = a.KV;
+  const int ldk = D + 8, ldv = Dv + 8;
+  const int ksteps = (D + 15) >> 4, nvt = Dv >> 3;
+  bf16* Ks = reinterpret_cast<bf16*>(smem);
+  bf16* Vs = Ks + 2 * kTK * ldk;
+  uint32_t* qf = reinterpret_cast<uint32_t*>(smem + smem_kv(D, Dv));
+  float* mls = reinterpret_cast<float*>(qf + ksteps * 32 * 8);
+  float* fin = mls + 4 * 16 * 2;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nkh = KV * a.hchunks;
+  const int64_t lin = blockIdx.x;
+  const int khc = (int)(lin % nkh);
+  const int64_t rest = lin / nkh;
+  const int split = (int)(rest % a.splits);
+  const int b = (int)(rest / a.splits);
+  const int kh = khc / a.hchunks, hc = khc - kh * a.hchunks;
+  const int h0 = kh * a.G + hc * kGMma;
+  const int gc = min(kGMma, a.G - hc * kGMma);
+  const int64_t row = a.rows[b];
+  const int i = a.pos[b];
+  const int lo = a.window > 0 ? max(0, i - a.window + 1) : 0;
+  const int kbeg = lo + split * a.chunk;
+  const int kend = split == a.splits - 1 ? i + 1 : min(i + 1, lo + (split + 1) * a.chunk);
+  const int32_t* tab = a.blocks + a.table[b];
+
+  if (kbeg >= kend) {  // an empty range (only with splits > 1)
+    for (int x = tid; x < gc * Dv; x += kNT) {
+      const int g = x / Dv, c = x - g * Dv;
+      a.wo[(((int64_t)b * a.H + h0 + g) * a.splits + split) * Dv + c] = 0.0f;
+    }
+    if (tid < gc) {
+      float* ml = a.wml + (((int64_t)b * a.H + h0 + tid) * a.splits + split) * 2;
+      ml[0] = -INFINITY;
+      ml[1] = 0.0f;
+    }
+    return;
+  }
+
+  const int cprk = D >> 3, cprv = Dv >> 3;
+  const int tpr = 1 << a.lg_tpr, rstep = kNT >> a.lg_tpr;
+  const int sub = tid & (tpr - 1);
+  const int64_t ldpk = (int64_t)KV * D, ldpv = (int64_t)KV * Dv;
+  const bf16* pk = a.pk + (int64_t)kh * D;
+  const bf16* pv = a.pv + (int64_t)kh * Dv;
+  const int r0 = tid >> a.lg_tpr;
+  int prow[kRows];
+  auto fetch = [&](int t) {
+    const int j0 = kbeg + t * kTK;
+    const int nk = min(kTK, kend - j0);
+#pragma unroll
+    for (int k = 0; k < kRows; k++) {
+      const int r = r0 + k * rstep;
+      if (r < nk) {
+        const int j = j0 + r;
+        int blk, off;
+        if (a.bs_shift >= 0) {
+          blk = j >> a.bs_shift;
+          off = j & (a.bs - 1);
+        } else {
+          blk = j / a.bs;
+          off = j - blk * a.bs;
+        }
+        prow[k] = tab[blk] * a.bs + off;
+      }
+    }
+  };
+  auto issue = [&](int t, int st) {
+    const int nk = min(kTK, kend - (kbeg + t * kTK));
+    bf16* kd = Ks + st * kTK * ldk;
+    bf16* vd = Vs + st * kTK * ldv;
+#pragma unroll
+    for (int k = 0; k < kRows; k++) {
+      const int r = r0 + k * rstep;
+      if (r < nk) {
+        const bf16* ks = pk + (int64_t)prow[k] * ldpk;
+        const bf16* vs = pv + (int64_t)prow[k] * ldpv;
+        for (int c = sub; c < cprk; c += tpr) cp_async16(kd + r * ldk + c * 8, ks + c * 8);
+        for (int c = sub; c < cprv; c += tpr) cp_async16(vd + r * ldv + c * 8, vs + c * 8);
+      }
+    }
+    cp_commit();
+    // Rows past the keys: V must be finite there (P is 0, but 0·NaN is not).
+    for (int x = tid; x < (kTK - nk) * cprv; x += kNT) {
+      const int r = nk + x / cprv, c = x - (x / cprv) * cprv;
+      *reinterpret_cast<uint4*>(vd + r * ldv + c * 8) = make_uint4(0, 0, 0, 0);
+    }
+  };
+
+  // K's padding columns D..D+7 meet q's zero columns when D % 16 == 8.
+  if (D & 8)
+    for (int x = tid; x < 2 * kTK; x += kNT) *reinterpret_cast<uint4*>(Ks + x * ldk + D) = make_uint4(0, 0, 0, 0);
+
+  const int ntiles = (kend - kbeg + kTK - 1) / kTK;
+  fetch(0);
+  issue(0, 0);
+  if (ntiles > 1) fetch(1);
+
+  // q's A fragments: lane l holds rows l/4 and l/4+8, columns 2(l%4)+{0,1} and +8.
+  for (int x = tid; x < ksteps * 32; x += kNT) {
+    const int ks = x >> 5, l = x & 31, gr = l >> 2, k0 = ks * 16 + (l & 3) * 2;
+    auto qv = [&](int g, int k) -> float {
+      return g < gc && k < D ? a.q[(row * a.H + h0 + g) * D + k] * a.scale2 : 0.0f;
+    };
+    uint32_t h[4], w[4];
+    split2(qv(gr, k0), qv(gr, k0 + 1), h[0], w[0]);
+    split2(qv(gr + 8, k0), qv(gr + 8, k0 + 1), h[1], w[1]);
+    split2(qv(gr, k0 + 8), qv(gr, k0 + 9), h[2], w[2]);
+    split2(qv(gr + 8, k0 + 8), qv(gr + 8, k0 + 9), h[3], w[3]);
+    uint4* dst = reinterpret_cast<uint4*>(qf + x * 8);
+    dst[0] = make_uint4(h[0], h[1], h[2], h[3]);
+    dst[1] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane/4, lane/4 + 8
+  float o[NV][4];
+#pragma unroll
+  for (int nt = 0; nt < NV; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  const int kb = warp * 16;  // this warp's keys in a tile
+
+  for (int t = 0; t < ntiles; t++) {
+    const int st = t & 1;
+    const int nk = min(kTK, kend - (kbeg + t * kTK));
+    cp_wait_all();
+    __syncthreads();  // tile t is in; stage st^1 is free (every warp is past tile t-1)
+    if (t + 1 < ntiles) {
+      issue(t + 1, st ^ 1);
+      if (t + 2 < ntiles) fetch(t + 2);
+    }
+    if (kb >= nk) continue;  // no keys for this warp in the last tile
+    const bf16* kt = Ks + st * kTK * ldk;
+    const bf16* vt = Vs + st * kTK * ldv;
+
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    {
+      const bf16* kp = kt + (kb + (lane & 7) + ((lane >> 4) << 3)) * ldk + ((lane >> 3) & 1) * 8;
+      for (int ks = 0; ks < ksteps; ks++) {
+        const uint4 qh = *reinterpret_cast<const uint4*>(qf + (ks * 32 + lane) * 8);
+        const uint4 ql = *reinterpret_cast<const uint4*>(qf + (ks * 32 + lane) * 8 + 4);
+        uint32_t kr[4];
+        ldsm_x4(kr, kp + ks * 16);
+        mma16816(s[0], qh.x, qh.y, qh.z, qh.w, kr[0], kr[1]);
+        mma16816(s[0], ql.x, ql.y, ql.z, ql.w, kr[0], kr[1]);
+        mma16816(s[1], qh.x, qh.y, qh.z, qh.w, kr[2], kr[3]);
+        mma16816(s[1], ql.x, ql.y, ql.z, ql.w, kr[2], kr[3]);
+      }
+    }
+    // Online softmax of rows lane/4 (elements 0, 1) and lane/4 + 8 (2, 3).
+    const int kc = kb + (lane & 3) * 2;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          float& v = s[nt][hr * 2 + e];
+          if (kc + nt * 8 + e >= nk) v = -INFINITY;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = fmaxf(m[hr], mx);
+      const float mu = mn == -INFINITY ? 0.0f : mn;
+      const float cr = exp2f(m[hr] - mu);
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          float& v = s[nt][hr * 2 + e];
+          v = exp2f(v - mu);
+          sum += v;
+        }
+      l[hr] = l[hr] * cr + sum;
+      m[hr] = mn;
+#pragma unroll
+      for (int nt = 0; nt < NV; nt++) {
+        o[nt][hr * 2] *= cr;
+        o[nt][hr * 2 + 1] *= cr;
+      }
+    }
+    // P (16 heads × this warp's 16 keys) as A fragments, hi and lo.
+    uint32_t ph[4], pl[4];
+    split2(s[0][0], s[0][1], ph[0], pl[0]);
+    split2(s[0][2], s[0][3], ph[1], pl[1]);
+    split2(s[1][0], s[1][1], ph[2], pl[2]);
+    split2(s[1][2], s[1][3], ph[3], pl[3]);
+    const bf16* vp = vt + (kb + (lane & 7) + ((lane >> 3) & 1) * 8) * ldv + (lane >> 4) * 8;
+#pragma unroll
+    for (int nt = 0; nt < NV; nt += 2) {
+      if (nt < nvt) {
+        uint32_t vr[4];
+        ldsm_x4_t(vr, vp + nt * 8);
+        mma16816(o[nt], ph[0], ph[1], ph[2], ph[3], vr[0], vr[1]);
+        mma16816(o[nt], pl[0], pl[1], pl[2], pl[3], vr[0], vr[1]);
+        mma16816(o[nt + 1], ph[0], ph[1], ph[2], ph[3], vr[2], vr[3]);
+        mma16816(o[nt + 1], pl[0], pl[1], pl[2], pl[3], vr[2], vr[3]);
+      }
+    }
+  }
+
+  // Merge the 4 warps: each row's max M over warps, sums and outputs rescaled to it.
+  const int gr = lane >> 2;
+#pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
+    l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
+    if ((lane & 3) == 0) {
+      mls[(warp * 16 + gr + hr * 8) * 2] = m[hr];
+      mls[(warp * 16 + gr + hr * 8) * 2 + 1] = l[hr];
+    }
+  }
+  __syncthreads();  // the tiles' memory is free from here on
+  if (tid < kGMma) {
+    float M = -INFINITY;
+    for (int w = 0; w < 4; w++) M = fmaxf(M, mls[(w * 16 + tid) * 2]);
+    float L = 0.0f;
+    for (int w = 0; w < 4; w++) {
+      const float mw = mls[(w * 16 + tid) * 2];
+      if (mw != -INFINITY) L += mls[(w * 16 + tid) * 2 + 1] * exp2f(mw - M);
+    }
+    fin[tid * 2] = M;
+    fin[tid * 2 + 1] = L;
+  }
+  float* red = reinterpret_cast<float*>(smem);  // [4][16][Dv]
+#pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    const int g = gr + hr * 8;
+    if (g < gc) {
+      float M = -INFINITY;
+      for (int w = 0; w < 4; w++) M = fmaxf(M, mls[(w * 16 + g) * 2]);
+      const float f = m[hr] == -INFINITY ? 0.0f : exp2f(m[hr] - M);
+#pragma unroll
+      for (int nt = 0; nt < NV; nt++) {
+        if (nt < nvt) {
+          const int c = nt * 8 + (lane & 3) * 2;
+          red[(warp * 16 + g) * Dv + c] = o[nt][hr * 2] * f;
+          red[(warp * 16 + g) * Dv + c + 1] = o[nt][hr * 2 + 1] * f;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  for (int x = tid; x < gc * Dv; x += kNT) {
+    const int g = x / Dv, c = x - g * Dv, h = h0 + g;
+    float ov = 0.0f;
+    for (int w = 0; w < 4; w++) ov += red[(w * 16 + g) * Dv + c];
+    const float M = fin[g * 2];
+    if (a.splits == 1) {
+      float L = fin[g * 2 + 1];
+      if (a.sinks) {
+        const float sk = a.sinks[h] * kLog2e;
+        const float mn = fmaxf(M, sk);
+        const float cr = exp2f(M - mn);
+        L = L * cr + exp2f(sk - mn);
+        ov *= cr;
+      }
+      a.out[(row * a.H + h) * Dv + c] = ov / L;
+    } else {
+      a.wo[(((int64_t)b * a.H + h) * a.splits + split) * Dv + c] = ov;
+    }
+  }
+  if (a.splits > 1 && tid < gc) {
+    float* ml = a.wml + (((int64_t)b * a.H + h0 + tid) * a.splits + split) * 2;
+    ml[0] = fin[tid * 2];
+    ml[1] = fin[tid * 2 + 1];
+  }
+}
+
 // merge: one CTA per (row, head) combines the splits' partial outputs by
 // log-sum-exp, with the sink in the denominator.
 __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
@@ -459,60 +781,93 @@ int sm_count() {
   return sms;
 }
 
+// Variant selects the kernel: 0 auto (tensor cores when v_head_dim ≤ 128,
+// else CUDA cores), 1 CUDA cores, 2 tensor cores (v_head_dim ≤ 128).
+int g_variant = 0;
+
+bool use_mma(int v_head_dim) { return g_variant == 2 || (g_variant == 0 && v_head_dim <= 128); }
+
 // Plan is the launch shape of one attention call.
 struct Plan {
-  int GM, hchunks, splits, chunk;
+  bool mma;
+  int GM, NV, hchunks, splits, chunk;
 };
 
-// ensure_smem lets paged_attn<GM> use smem bytes of dynamic shared memory.
-template <int GM>
-cudaError_t ensure_smem(size_t smem) {
-  static size_t opted = 48 * 1024;
-  if (smem <= opted) return cudaSuccess;
-  const cudaError_t e = cudaFuncSetAttribute(paged_attn<GM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e == cudaSuccess) opted = smem;
+// KernelInfo caches a kernel's shared-memory opt-in and occupancy.
+struct KernelInfo {
+  size_t opted = 48 * 1024;
+  size_t last = 0;
+  int occ = 0;
+};
+
+template <typename Fn>
+cudaError_t opt_in(Fn fn, KernelInfo& ki, size_t smem) {
+  if (smem <= ki.opted) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e == cudaSuccess) ki.opted = smem;
   return e;
 }
 
-// occupancy is how many CTAs of paged_attn<GM> fit on one SM.
-template <int GM>
-int occupancy(size_t smem) {
-  static size_t last = 0;
-  static int occ = 0;
-  if (smem != last) {
+// occupancy_of is how many CTAs of fn with smem bytes fit on one SM.
+template <typename Fn>
+int occupancy_of(Fn fn, KernelInfo& ki, size_t smem) {
+  if (smem != ki.last) {
     int v = 0;
-    if (ensure_smem<GM>(smem) != cudaSuccess) cudaGetLastError();
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, paged_attn<GM>, kNT, smem) != cudaSuccess || v < 1) {
+    if (opt_in(fn, ki, smem) != cudaSuccess) cudaGetLastError();
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, fn, kNT, smem) != cudaSuccess || v < 1) {
       cudaGetLastError();
       v = 1;
     }
-    last = smem;
-    occ = v;
+    ki.last = smem;
+    ki.occ = v;
   }
-  return occ;
+  return ki.occ;
 }
 
-// plan picks the head chunking and the key split: among splits s (ranges of
-// at least kMinChunk keys, whole tiles), the one that fills the GPU's CTA
-// slots best over whole waves, discounted by the per-range overhead (about
-// one tile of work).
+template <int GM>
+KernelInfo& info_simt() {
+  static KernelInfo k;
+  return k;
+}
+template <int NV>
+KernelInfo& info_mma() {
+  static KernelInfo k;
+  return k;
+}
+
+int occupancy(const Plan& p, size_t smem) {
+  if (p.mma) {
+    switch (p.NV) {
+      case 4: return occupancy_of(paged_attn_mma<4>, info_mma<4>(), smem);
+      case 8: return occupancy_of(paged_attn_mma<8>, info_mma<8>(), smem);
+      default: return occupancy_of(paged_attn_mma<16>, info_mma<16>(), smem);
+    }
+  }
+  switch (p.GM) {
+    case 1: return occupancy_of(paged_attn<1>, info_simt<1>(), smem);
+    case 2: return occupancy_of(paged_attn<2>, info_simt<2>(), smem);
+    case 4: return occupancy_of(paged_attn<4>, info_simt<4>(), smem);
+    default: return occupancy_of(paged_attn<kGMax>, info_simt<kGMax>(), smem);
+  }
+}
+
+size_t plan_smem(const Plan& p, int D, int Dv) { return p.mma ? smem_bytes_mma(D, Dv) : smem_bytes(D, Dv, p.GM); }
+
+// plan picks the kernel, the head chunking and the key split: among splits s
+// (ranges of at least kMinChunk keys, whole tiles), the one that fills the
+// GPU's CTA slots best over whole waves, discounted by the per-range
+// overhead (about one tile of work).
 Plan plan(int64_t n, int heads, int kv_heads, int head_dim, int v_head_dim, int max_keys) {
   Plan p{};
   const int G = heads / kv_heads;
-  p.GM = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGMax;
+  p.mma = use_mma(v_head_dim);
+  p.GM = p.mma ? kGMma : G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGMax;
+  p.NV = v_head_dim <= 32 ? 4 : v_head_dim <= 64 ? 8 : 16;
   p.hchunks = (G + p.GM - 1) / p.GM;
   p.splits = 1;
   p.chunk = max_keys > 0 ? max_keys : 1;
   if (max_keys <= 0) return p;
-  const size_t smem = smem_bytes(head_dim, v_head_dim, p.GM);
-  int occ;
-  switch (p.GM) {
-    case 1: occ = occupancy<1>(smem); break;
-    case 2: occ = occupancy<2>(smem); break;
-    case 4: occ = occupancy<4>(smem); break;
-    default: occ = occupancy<kGMax>(smem); break;
-  }
-  const int64_t slots = (int64_t)occ * sm_count();
+  const int64_t slots = (int64_t)occupancy(p, plan_smem(p, head_dim, v_head_dim)) * sm_count();
   const int64_t base = n * kv_heads * p.hchunks;
   const int smax = (int)std::min<int64_t>(kMaxSplits, (max_keys + kMinChunk - 1) / kMinChunk);
   double best = -1;
@@ -541,31 +896,31 @@ uint64_t work_bytes(int64_t n, int heads, int v_head_dim, int splits) {
   return splits <= 1 ? 0 : (uint64_t)n * heads * splits * ((uint64_t)v_head_dim + 2) * sizeof(float);
 }
 
-template <int GM>
-int launch(const AttnArgs& a, int64_t n, cudaStream_t st) {
-  const size_t smem = smem_bytes(a.D, a.Dv, GM);
-  MK_CUDA(ensure_smem<GM>(smem));
+template <typename Fn>
+int launch_fn(Fn fn, KernelInfo& ki, const AttnArgs& a, size_t smem, int64_t n, cudaStream_t st) {
+  MK_CUDA(opt_in(fn, ki, smem));
   const int64_t grid = n * a.splits * a.KV * a.hchunks;
   MK_ARG(grid <= INT32_MAX, "paged_attn: %lld thread blocks", (long long)grid);
-  if (a.cluster <= 1) {
-    paged_attn<GM><<<(unsigned)grid, kNT, smem, st>>>(a);
-    MK_LAUNCHED("paged_attn");
-    return MK_OK;
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3((unsigned)grid);
-  cfg.blockDim = dim3(kNT);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = (unsigned)a.cluster;
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
-  MK_CUDA(cudaLaunchKernelEx(&cfg, paged_attn<GM>, a));
+  fn<<<(unsigned)grid, kNT, smem, st>>>(a);
+  MK_LAUNCHED("paged_attn");
   return MK_OK;
+}
+
+int launch(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st) {
+  const size_t smem = plan_smem(p, a.D, a.Dv);
+  if (p.mma) {
+    switch (p.NV) {
+      case 4: return launch_fn(paged_attn_mma<4>, info_mma<4>(), a, smem, n, st);
+      case 8: return launch_fn(paged_attn_mma<8>, info_mma<8>(), a, smem, n, st);
+      default: return launch_fn(paged_attn_mma<16>, info_mma<16>(), a, smem, n, st);
+    }
+  }
+  switch (p.GM) {
+    case 1: return launch_fn(paged_attn<1>, info_simt<1>(), a, smem, n, st);
+    case 2: return launch_fn(paged_attn<2>, info_simt<2>(), a, smem, n, st);
+    case 4: return launch_fn(paged_attn<4>, info_simt<4>(), a, smem, n, st);
+    default: return launch_fn(paged_attn<kGMax>, info_simt<kGMax>(), a, smem, n, st);
+  }
 }
 
 }  // namespace
@@ -585,6 +940,14 @@ int32_t mk_kv_write_bf16(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint
       mk::dev<bf16>(pool_k), mk::dev<bf16>(pool_v), mk::dev<float>(k), mk::dev<float>(v),
       mk::dev<int32_t>(slots), n, kw, vw);
   MK_LAUNCHED("kv_write_bf16");
+  return MK_OK;
+}
+
+int32_t mk_paged_attn_variant(int32_t variant) {
+  const char* fn = "mk_paged_attn_variant";
+  MK_THREAD(fn);
+  MK_ARG(variant >= 0 && variant <= 2, "%s: variant %d is not 0, 1 or 2", fn, variant);
+  g_variant = variant;
   return MK_OK;
 }
 
@@ -614,7 +977,8 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t q, uint64_t p
   DEC_ARG(fn, out && q && pool_k && pool_v && rows && pos && table && blocks);
   MK_ARG((pool_k | pool_v) % 16 == 0, "%s: pool_k and pool_v must be 16-byte aligned", fn);
   Plan p = plan(n, heads, kv_heads, head_dim, v_head_dim, max_keys);
-  MK_ARG(kv_heads * p.hchunks <= 65535, "%s: kv_heads %d too many", fn, kv_heads);
+  MK_ARG(!(g_variant == 2 && v_head_dim > 128), "%s: the tensor-core kernel needs v_head_dim <= 128, not %d",
+         fn, v_head_dim);
   if (p.splits > 1) {
     const uint64_t per = work_bytes(n, heads, v_head_dim, 2) / 2;
     uint64_t s = work ? work_size / per : 0;
@@ -654,31 +1018,12 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t q, uint64_t p
   while ((1 << lg) < cpr && lg < 4) lg++;
   a.lg_tpr = lg;
   a.scale2 = mk::float_from_bits(scale_bits) * kLog2e;
-  a.cluster = 1;
-  static const bool use_cluster = [] {
-    const char* e = getenv("MK_DECODE_CLUSTER");
-    return e && e[0] == '1';
-  }();
-  if (use_cluster) {
-    const int nkh = kv_heads * p.hchunks;
-    for (int c = 8; c > 1; c--)
-      if (nkh % c == 0) {
-        a.cluster = c;
-        break;
-      }
-  }
   if (p.splits > 1) {
     a.wo = mk::dev<float>(work);
     a.wml = a.wo + (uint64_t)n * heads * p.splits * v_head_dim;
   }
   const cudaStream_t st = mk::as_stream(stream);
-  int rc;
-  switch (p.GM) {
-    case 1: rc = launch<1>(a, n, st); break;
-    case 2: rc = launch<2>(a, n, st); break;
-    case 4: rc = launch<4>(a, n, st); break;
-    default: rc = launch<8>(a, n, st); break;
-  }
+  const int rc = launch(p, a, n, st);
   if (rc != MK_OK || p.splits == 1) return rc;
   paged_attn_merge<<<dim3((unsigned)n, (unsigned)heads), kNT, 0, st>>>(a);
   MK_LAUNCHED("paged_attn_merge");

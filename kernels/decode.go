@@ -12,6 +12,7 @@ import (
 
 var (
 	kvWriteBF16        func(stream, poolK, poolV, k, v, slots uint64, n, kw, vw int64) int32
+	pagedAttnVariant   func(variant int32) int32
 	pagedAttnWorkspace func(n int64, heads, kvHeads, headDim, vHeadDim, maxKeys int32, bytes *uint64) int32
 	pagedAttnBF16      func(stream, out, q, poolK, poolV, rows, pos, table, blocks uint64, n int64,
 		heads, kvHeads, headDim, vHeadDim, blockSize int32, scaleBits uint32, window int32, sinks uint64,
@@ -21,6 +22,7 @@ var (
 func init() {
 	registerSymbols(
 		symbol{"mk_kv_write_bf16", &kvWriteBF16},
+		symbol{"mk_paged_attn_variant", &pagedAttnVariant},
 		symbol{"mk_paged_attn_workspace", &pagedAttnWorkspace},
 		symbol{"mk_paged_attn_bf16", &pagedAttnBF16},
 	)
@@ -47,6 +49,30 @@ func (d *Device) KVWriteBF16(s *Stream, poolK, poolV, k, v, slots *Buffer, n, kw
 	}
 	return d.lib.check("mk_kv_write_bf16", kvWriteBF16(s.handle(), poolK.ptr, poolV.ptr, k.ptr, v.ptr, slots.ptr,
 		N, int64(kw), int64(vw)))
+}
+
+// PagedVariant selects PagedAttnBF16's kernel.
+type PagedVariant int32
+
+// The kernels of PagedAttnBF16.
+const (
+	// PagedAuto (the default) runs PagedMMA when VHeadDim ≤ 128, else PagedSIMT.
+	PagedAuto PagedVariant = 0
+	// PagedSIMT computes on the CUDA cores in float32.
+	PagedSIMT PagedVariant = 1
+	// PagedMMA computes on the tensor cores (bf16 MMA, float32 accumulation)
+	// with q and the softmax weights split into bf16 hi + lo halves, so only
+	// K and V are bf16-rounded; VHeadDim ≤ 128.
+	PagedMMA PagedVariant = 2
+)
+
+// SetPagedVariant selects the kernel of later PagedAttnBF16 and
+// PagedAttnWorkspace calls (for tests and comparisons).
+func (d *Device) SetPagedVariant(v PagedVariant) error {
+	if err := d.ready("SetPagedVariant"); err != nil {
+		return err
+	}
+	return d.lib.check("mk_paged_attn_variant", pagedAttnVariant(int32(v)))
 }
 
 // checkPaged validates the shapes of a paged attention call.

@@ -9,7 +9,8 @@ import (
 )
 
 // BenchmarkPagedAttn times paged decode attention (one query row per
-// sequence) at batch 1/32/256 × context 1k-32k: 32 query heads, 8 kv heads,
+// sequence), both kernels (mma: tensor cores, simt: CUDA cores), at batch
+// 1/32/256 × context 1k-32k: 32 query heads, 8 kv heads,
 // head dim 128, 16-token blocks with random ids from one pool that holds
 // the largest case (256 × 32k tokens: 34 GB of bf16 K/V). GB/s counts the
 // K/V bytes the kernel must read once (batch·ctx·kvHeads·(D+Dv)·2), the
@@ -54,20 +55,31 @@ func BenchmarkPagedAttn(b *testing.B) {
 		b.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(3, 4))
-	run := func(name string, batch, ctx int, a AttnArgs) {
+	run := func(name string, batch, ctx int, a AttnArgs, v PagedVariant) {
 		b.Run(name, func(b *testing.B) {
 			if batch*ctx > maxTokens {
 				b.Skipf("%d tokens, the pool holds %d", batch*ctx, maxTokens)
 			}
-			err := g.Do(func(d *Device) error { return benchPaged(b, d, r, pk, pv, batch, ctx, poolBlocks, a) })
+			err := g.Do(func(d *Device) error {
+				if err := d.SetPagedVariant(v); err != nil {
+					return err
+				}
+				defer d.SetPagedVariant(PagedAuto)
+				return benchPaged(b, d, r, pk, pv, batch, ctx, poolBlocks, a)
+			})
 			if err != nil {
 				b.Fatal(err)
 			}
 		})
 	}
-	for _, batch := range []int{1, 32, 256} {
-		for _, ctx := range []int{1024, 4096, 16384, 32768} {
-			run(fmt.Sprintf("B=%d_ctx=%d", batch, ctx), batch, ctx, a)
+	for _, v := range []struct {
+		name string
+		v    PagedVariant
+	}{{"mma", PagedMMA}, {"simt", PagedSIMT}} {
+		for _, batch := range []int{1, 32, 256} {
+			for _, ctx := range []int{1024, 4096, 16384, 32768} {
+				run(fmt.Sprintf("%s/B=%d_ctx=%d", v.name, batch, ctx), batch, ctx, a, v.v)
+			}
 		}
 	}
 	// The same bytes per query head group (G = 8) with 8 kv heads (a K row
@@ -76,7 +88,7 @@ func BenchmarkPagedAttn(b *testing.B) {
 	for _, v := range []struct{ h, kv int }{{64, 8}, {8, 1}} {
 		a2 := a
 		a2.Heads, a2.KVHeads = v.h, v.kv
-		run(fmt.Sprintf("B=32_ctx=32768_H=%d_KV=%d", v.h, v.kv), 32, 32768, a2)
+		run(fmt.Sprintf("mma/B=32_ctx=32768_H=%d_KV=%d", v.h, v.kv), 32, 32768, a2, PagedMMA)
 	}
 }
 

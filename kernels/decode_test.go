@@ -29,6 +29,7 @@ var pagedCases = []pagedCase{
 	{name: "d32_g4_bs7", h: 8, kv: 2, d: 32, dv: 32, bs: 7, seqs: []pagedSeq{{17, 1}, {1000, 1}, {1, 1}}},
 	{name: "d64_g8_window_sinks", h: 8, kv: 1, d: 64, dv: 64, bs: 16, window: 100, sinks: true,
 		seqs: []pagedSeq{{1000, 2}, {60, 1}}},
+	{name: "d32_g32_headchunks", h: 32, kv: 1, d: 32, dv: 32, bs: 16, sinks: true, seqs: []pagedSeq{{300, 1}, {17, 2}}},
 	{name: "d64_g16_sinks", h: 32, kv: 2, d: 64, dv: 64, bs: 16, sinks: true, seqs: []pagedSeq{{1000, 1}, {17, 2}}},
 	{name: "d128_g4_ctx8192", h: 32, kv: 8, d: 128, dv: 128, bs: 16, seqs: []pagedSeq{{8192, 1}}},
 	{name: "d128_g4_mixed", h: 32, kv: 8, d: 128, dv: 128, bs: 16,
@@ -45,14 +46,25 @@ var pagedCases = []pagedCase{
 	{name: "prefill_rows_d64_g1", h: 4, kv: 4, d: 64, dv: 64, bs: 7, seqs: []pagedSeq{{200, 200}, {40, 10}}},
 }
 
+// TestPagedAttnBF16 runs every case on both kernels (the tensor-core one
+// only where VHeadDim ≤ 128) against a float64 reference on the bf16 K/V.
 func TestPagedAttnBF16(t *testing.T) {
 	g := testGPU(t)
-	for _, c := range pagedCases {
-		t.Run(c.name, func(t *testing.T) { testPaged(t, g, c) })
+	defer g.Do(func(d *Device) error { return d.SetPagedVariant(PagedAuto) })
+	for _, v := range []struct {
+		name string
+		v    PagedVariant
+	}{{"simt", PagedSIMT}, {"mma", PagedMMA}} {
+		for _, c := range pagedCases {
+			if v.v == PagedMMA && c.dv > 128 {
+				continue
+			}
+			t.Run(v.name+"/"+c.name, func(t *testing.T) { testPaged(t, g, c, v.v) })
+		}
 	}
 }
 
-func testPaged(t *testing.T, g *GPU, c pagedCase) {
+func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant) {
 	r := newRNG(t)
 	kw, vw := c.kv*c.d, c.kv*c.dv
 	// Block tables of shuffled block ids, with spare blocks in the pool.
@@ -123,6 +135,7 @@ func testPaged(t *testing.T, g *GPU, c pagedCase) {
 		case "short":
 			hint = max(1, maxKeys/4)
 		}
+		ar.check(ar.d.SetPagedVariant(variant))
 		if c.work != "none" && ar.err == nil {
 			ws, err := ar.d.PagedAttnWorkspace(n, hint, a)
 			ar.check(err)
@@ -280,6 +293,15 @@ func TestPagedAttnArgs(t *testing.T) {
 		if err := ar.d.PagedAttnBF16(nil, buf, buf, buf, buf, buf, buf, buf, buf, nil, nil, 1<<20, 1,
 			AttnArgs{Heads: 4, KVHeads: 4, HeadDim: 16, VHeadDim: 16, BlockSize: 16}); err == nil {
 			t.Errorf("1M rows in a 1 MiB buffer: no error")
+		}
+		ar.check(ar.d.SetPagedVariant(PagedMMA))
+		if err := ar.d.PagedAttnBF16(nil, buf, buf, buf, buf, buf, buf, buf, buf, nil, nil, 1, 1,
+			AttnArgs{Heads: 4, KVHeads: 4, HeadDim: 16, VHeadDim: 256, BlockSize: 16}); err == nil {
+			t.Errorf("tensor-core kernel with VHeadDim 256: no error")
+		}
+		ar.check(ar.d.SetPagedVariant(PagedAuto))
+		if err := ar.d.SetPagedVariant(3); err == nil {
+			t.Errorf("variant 3: no error")
 		}
 	})
 }

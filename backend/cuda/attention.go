@@ -219,6 +219,9 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 
 	var out *Tensor
 	be.do("Attention", func(d *kernels.Device) error {
+		if err := pagedVariant(d); err != nil {
+			return err
+		}
 		out = be.newF32(d, T, H*Dv)
 		if T == 0 {
 			return nil

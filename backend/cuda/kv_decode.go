@@ -1,7 +1,11 @@
 package cuda
 
 import (
+	"fmt"
+	"os"
 	"slices"
+	"strconv"
+	"sync"
 
 	"github.com/mkserve/mkserve/kernels"
 )
@@ -52,4 +56,29 @@ func (mc *metaCache) get(be *Backend, d *kernels.Device, g *attnGroup, T int) at
 func (mc *metaCache) release(be *Backend) {
 	be.alloc.put(mc.buf)
 	*mc = metaCache{}
+}
+
+// VariantEnv names the environment variable that, when set, selects the
+// paged attention kernel of every CUDA backend in the process (0 auto, 1
+// CUDA cores, 2 tensor cores: kernels.PagedVariant), for comparisons.
+const VariantEnv = "MKSERVE_PAGED_VARIANT"
+
+var variantOnce sync.Once
+
+// pagedVariant applies VariantEnv once per process (on the GPU goroutine).
+func pagedVariant(d *kernels.Device) error {
+	var err error
+	variantOnce.Do(func() {
+		s := os.Getenv(VariantEnv)
+		if s == "" {
+			return
+		}
+		v, e := strconv.Atoi(s)
+		if e != nil {
+			err = fmt.Errorf("cuda: %s=%q: %v", VariantEnv, s, e)
+			return
+		}
+		err = d.SetPagedVariant(kernels.PagedVariant(v))
+	})
+	return err
 }
