@@ -13,6 +13,11 @@
 // when the grid would not fill the GPU (batch 1, long context); each range
 // leaves its un-normalised output and (max, sum) in a workspace and a second
 // kernel merges them by log-sum-exp, adding the sinks.
+//
+// Two kernels share that frame (mk_paged_attn_variant): paged_attn computes
+// on the CUDA cores (float32 FMAs; chosen for groups of up to 4 heads), and
+// paged_attn_mma on the tensor cores (mma.sync; groups of more than 4 heads,
+// v_head_dim ≤ 128). Measured numbers and what limits them: kernels/README.md.
 #include <algorithm>
 #include <cmath>
 
@@ -781,11 +786,17 @@ int sm_count() {
   return sms;
 }
 
-// Variant selects the kernel: 0 auto (tensor cores when v_head_dim ≤ 128,
-// else CUDA cores), 1 CUDA cores, 2 tensor cores (v_head_dim ≤ 128).
+// Variant selects the kernel: 0 auto, 1 CUDA cores, 2 tensor cores
+// (v_head_dim ≤ 128). Auto takes the tensor cores for groups of more than 4
+// query heads per kv head (v_head_dim ≤ 128), the CUDA cores otherwise: on
+// the H200 (B=32, 32k context, D=128) the CUDA-core kernel read 2476 GB/s
+// at G=4 but 1217 at G=8 (issue-bound), the tensor-core one 2008 and 2024
+// (it runs 2 CTAs per SM to the other's 3, so fewer loads in flight).
 int g_variant = 0;
 
-bool use_mma(int v_head_dim) { return g_variant == 2 || (g_variant == 0 && v_head_dim <= 128); }
+bool use_mma(int v_head_dim, int group) {
+  return g_variant == 2 || (g_variant == 0 && v_head_dim <= 128 && group > 4);
+}
 
 // Plan is the launch shape of one attention call.
 struct Plan {
@@ -860,7 +871,7 @@ size_t plan_smem(const Plan& p, int D, int Dv) { return p.mma ? smem_bytes_mma(D
 Plan plan(int64_t n, int heads, int kv_heads, int head_dim, int v_head_dim, int max_keys) {
   Plan p{};
   const int G = heads / kv_heads;
-  p.mma = use_mma(v_head_dim);
+  p.mma = use_mma(v_head_dim, G);
   p.GM = p.mma ? kGMma : G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGMax;
   p.NV = v_head_dim <= 32 ? 4 : v_head_dim <= 64 ? 8 : 16;
   p.hchunks = (G + p.GM - 1) / p.GM;

@@ -56,7 +56,8 @@ type PagedVariant int32
 
 // The kernels of PagedAttnBF16.
 const (
-	// PagedAuto (the default) runs PagedMMA when VHeadDim ≤ 128, else PagedSIMT.
+	// PagedAuto (the default) runs PagedMMA when Heads/KVHeads > 4 and
+	// VHeadDim ≤ 128, else PagedSIMT (the faster one for small groups).
 	PagedAuto PagedVariant = 0
 	// PagedSIMT computes on the CUDA cores in float32.
 	PagedSIMT PagedVariant = 1
