@@ -128,6 +128,10 @@ func (g *attnGroup) add(s backend.SeqSpan, blocks []int32, bs int) {
 // GQA, sliding window (keys i-W < j ≤ i), sinks joining the softmax
 // denominator, VHeadDim ≠ HeadDim.
 //
+// The cache holds keys and values in bf16 (k and v are rounded once, when
+// written); every row, prefill or decode, runs kernels.PagedAttnBF16 with
+// float32 q and arithmetic. Head dims must be multiples of 8 up to 256.
+//
 // Spans with a block table write and read the InitKV pool in place. Spans
 // without one use the private per-sequence cache: it must hold at least
 // Past tokens of (ID, layer), and positions from Past on are replaced. A
