@@ -7,6 +7,50 @@
 extern "C" {
 #endif
 
+/* The bf16 paged KV cache: pool_k [pool_rows, kw] and pool_v [pool_rows, vw]
+ * bf16, row-major; a sequence's token j lives at pool row
+ * blocks[table + j/block_size]*block_size + j%block_size, and kv head h's
+ * slice of a row is columns h*head_dim .. (h+1)*head_dim-1 (kw = kv_heads*head_dim,
+ * vw = kv_heads*v_head_dim). */
+
+/* pool_k[slots[i], :kw] = bf16(k[i]); pool_v[slots[i], :vw] = bf16(v[i]) for
+ * i < n (k [n, kw], v [n, vw] float32, slots [n] int32, round to nearest
+ * even); rows with slots[i] < 0 are skipped. */
+MK_API int32_t mk_kv_write_bf16(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint64_t k,
+                                uint64_t v, uint64_t slots, int64_t n, int64_t kw, int64_t vw);
+
+/* Selects mk_paged_attn_bf16's kernel (for tests and comparisons): 0 auto
+ * (the default: tensor cores when heads/kv_heads > 4 and v_head_dim <= 128,
+ * else CUDA cores),
+ * 1 CUDA cores (float32 FMAs), 2 tensor cores (mma.sync with q and P split
+ * into bf16 hi + lo; v_head_dim <= 128). */
+MK_API int32_t mk_paged_attn_variant(int32_t variant);
+
+/* The workspace (bytes) mk_paged_attn_bf16 needs to split every row's keys
+ * across CTAs for these shapes, when max_keys is the most keys any row
+ * attends (0 when no split pays off). Depends on the device (SM count,
+ * occupancy). */
+MK_API int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_heads, int32_t head_dim,
+                                       int32_t v_head_dim, int32_t max_keys, uint64_t* bytes);
+
+/* Paged causal attention over the bf16 pool, the semantics of
+ * mk_attention_f32: row b is q/out row rows[b] at position pos[b] and sees
+ * keys j in [max(0, pos-window+1), pos] (window 0: from 0) through the block
+ * table at blocks + table[b]. q [*, heads*head_dim] and out
+ * [*, heads*v_head_dim] float32; GQA (heads % kv_heads == 0); sinks [heads]
+ * float32 (0 for none) join the softmax denominator; head_dim and v_head_dim
+ * multiples of 8 in [8, 256]; pools 16-byte aligned. Float32 arithmetic.
+ * max_keys: the most keys any row attends (a hint for splitting rows across
+ * CTAs: a wrong value costs speed, not correctness; 0: never split). work:
+ * workspace of work_size bytes (mk_paged_attn_workspace; a smaller one, or 0,
+ * means fewer splits). */
+MK_API int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t q, uint64_t pool_k,
+                                  uint64_t pool_v, uint64_t rows, uint64_t pos, uint64_t table,
+                                  uint64_t blocks, int64_t n, int32_t heads, int32_t kv_heads,
+                                  int32_t head_dim, int32_t v_head_dim, int32_t block_size,
+                                  uint32_t scale_bits, int32_t window, uint64_t sinks, int32_t max_keys,
+                                  uint64_t work, uint64_t work_size);
+
 #ifdef __cplusplus
 }
 #endif

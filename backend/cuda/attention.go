@@ -9,7 +9,8 @@ import (
 )
 
 // kvLayer is one layer's pool: keys [blocks*bs, kw] and values
-// [blocks*bs, vw] in float32.
+// [blocks*bs, vw] in bf16 (kv head h at columns h*headDim..), the layout
+// kernels.PagedAttnBF16 and the prefill kernels read through block tables.
 type kvLayer struct {
 	kw, vw int
 	blocks int
@@ -21,7 +22,11 @@ type kvLayer struct {
 type pagedKV struct {
 	blockSize, numBlocks int
 	layers               []*kvLayer
+	meta                 metaCache
 }
+
+// kvElem is the bytes of one cached key or value element (bf16).
+const kvElem = 2
 
 // privateBlock is the block size of the unpaged (per-sequence) cache.
 const privateBlock = 16
@@ -34,6 +39,7 @@ type privateKV struct {
 	free   []int32
 	next   int32
 	seqs   map[uint64]*privSeq
+	meta   metaCache
 }
 
 type privSeq struct {
@@ -68,16 +74,16 @@ func grow(d *kernels.Device, pl *kvLayer, blocks, bs int) {
 	if blocks <= pl.blocks {
 		return
 	}
-	k, err := d.Malloc(int64(blocks) * int64(bs) * int64(pl.kw) * 4)
+	k, err := d.Malloc(int64(blocks) * int64(bs) * int64(pl.kw) * kvElem)
 	must("KV cache", err)
-	v, err := d.Malloc(int64(blocks) * int64(bs) * int64(pl.vw) * 4)
+	v, err := d.Malloc(int64(blocks) * int64(bs) * int64(pl.vw) * kvElem)
 	if err != nil {
 		k.Free()
 		must("KV cache", err)
 	}
 	if pl.blocks > 0 {
-		must("KV cache", d.Copy(k, pl.k, int64(pl.blocks)*int64(bs)*int64(pl.kw)*4))
-		must("KV cache", d.Copy(v, pl.v, int64(pl.blocks)*int64(bs)*int64(pl.vw)*4))
+		must("KV cache", d.Copy(k, pl.k, int64(pl.blocks)*int64(bs)*int64(pl.kw)*kvElem))
+		must("KV cache", d.Copy(v, pl.v, int64(pl.blocks)*int64(bs)*int64(pl.vw)*kvElem))
 		must("KV cache", pl.k.Free())
 		must("KV cache", pl.v.Free())
 	}
@@ -121,6 +127,10 @@ func (g *attnGroup) add(s backend.SeqSpan, blocks []int32, bs int) {
 // [T, H*Dv], with the semantics of the CPU backend (attention.Causal):
 // GQA, sliding window (keys i-W < j ≤ i), sinks joining the softmax
 // denominator, VHeadDim ≠ HeadDim.
+//
+// The cache holds keys and values in bf16 (k and v are rounded once, when
+// written); every row, prefill or decode, runs kernels.PagedAttnBF16 with
+// float32 q and arithmetic. Head dims must be multiples of 8 up to 256.
 //
 // Spans with a block table write and read the InitKV pool in place. Spans
 // without one use the private per-sequence cache: it must hold at least
@@ -213,6 +223,9 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 
 	var out *Tensor
 	be.do("Attention", func(d *kernels.Device) error {
+		if err := pagedVariant(d); err != nil {
+			return err
+		}
 		out = be.newF32(d, T, H*Dv)
 		if T == 0 {
 			return nil
@@ -224,7 +237,7 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		}
 		qb, kb, vb := be.f32(d, qt), be.f32(d, kt), be.f32(d, vt)
 		for gi, g := range []*attnGroup{paged, priv} {
-			if !g.any {
+			if !g.any || len(g.rows) == 0 {
 				continue
 			}
 			var pl *kvLayer
@@ -247,17 +260,37 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 				}
 				a.BlockSize = privateBlock
 			}
-			bufs := []*kernels.Buffer{upload(be, d, g.slots), upload(be, d, g.rows), upload(be, d, g.pos),
-				upload(be, d, g.table), upload(be, d, g.blocks)}
-			if err := d.KVWriteF32(nil, pl.k, pl.v, kb, vb, bufs[0], T, kw, vw); err != nil {
+			var mc *metaCache
+			if gi == 0 {
+				mc = &be.paged.meta
+			} else {
+				mc = &be.priv.meta
+			}
+			m := mc.get(be, d, g, T)
+			if err := d.KVWriteBF16(nil, pl.k, pl.v, kb, vb, m.slots, T, kw, vw); err != nil {
 				return err
 			}
-			if err := d.AttentionF32(nil, out.st.f32, qb, pl.k, pl.v, bufs[1], bufs[2], bufs[3], bufs[4], sk,
-				len(g.rows), a); err != nil {
+			maxKeys := 0
+			for _, ps := range g.pos {
+				n := int(ps) + 1
+				if p.Window > 0 {
+					n = min(n, p.Window)
+				}
+				maxKeys = max(maxKeys, n)
+			}
+			ws, err := d.PagedAttnWorkspace(len(g.rows), maxKeys, a)
+			if err != nil {
 				return err
 			}
-			for _, x := range bufs {
-				be.alloc.put(x)
+			var work *kernels.Buffer
+			if ws > 0 {
+				work = be.alloc.get(d, ws)
+			}
+			err = d.PagedAttnBF16(nil, out.st.f32, qb, pl.k, pl.v, m.rows, m.pos, m.table, m.blocks, sk, work,
+				len(g.rows), maxKeys, a)
+			be.alloc.put(work)
+			if err != nil {
+				return err
 			}
 		}
 		return nil
@@ -288,6 +321,7 @@ func (be *Backend) InitKV(blockSize, numBlocks int) error {
 	be.kvMu.Lock()
 	defer be.kvMu.Unlock()
 	if old := be.paged; old != nil {
+		old.meta.release(be)
 		err := be.g.Do(func(d *kernels.Device) error {
 			for _, pl := range old.layers {
 				if pl != nil {
@@ -337,7 +371,7 @@ func (be *Backend) CopyBlocks(src, dst []int32) {
 					buf *kernels.Buffer
 					w   int64
 				}{{pl.k, int64(pl.kw)}, {pl.v, int64(pl.vw)}} {
-					n := bs * m.w * 4
+					n := bs * m.w * kvElem
 					sv, err := m.buf.View(int64(src[i])*n, n)
 					if err != nil {
 						return err

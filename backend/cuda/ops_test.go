@@ -32,7 +32,8 @@ func attnBatch(seqs []backend.SeqSpan) *backend.Batch {
 }
 
 // attnSteps runs chunked prefill then decode for two paged sequences with
-// scattered block tables and one unpaged one (rolled back once).
+// scattered block tables and one unpaged one (rolled back once). Keys and
+// values are bf16-exact (g.kv): the CUDA cache stores them in bf16.
 func attnSteps(t testing.TB, be backend.Backend, g *gen, p *backend.AttnParams, withSinks bool) []backend.Tensor {
 	if err := be.InitKV(4, 40); err != nil {
 		t.Fatal(err)
@@ -55,18 +56,18 @@ func attnSteps(t testing.TB, be backend.Backend, g *gen, p *backend.AttnParams, 
 		b := attnBatch(s)
 		T := len(b.Tokens)
 		q := W(t, be, g.f32(1, T, H*D))
-		k := W(t, be, g.f32(1, T, KV*D))
-		v := W(t, be, g.f32(1, T, KV*Dv))
+		k := W(t, be, g.kv(1, T, KV*D))
+		v := W(t, be, g.kv(1, T, KV*Dv))
 		out = append(out, be.Attention(q, k, v, b, p))
 	}
 	// Copy-on-write: sequence 3 continues from a copy of 1's blocks.
 	C := []int32{33, 34, 36, 37}
 	be.CopyBlocks(A[:4], C)
 	b := attnBatch([]backend.SeqSpan{{ID: 3, Len: 2, Past: 14, Blocks: C}})
-	out = append(out, be.Attention(W(t, be, g.f32(1, 2, H*D)), W(t, be, g.f32(1, 2, KV*D)), W(t, be, g.f32(1, 2, KV*Dv)), b, p))
+	out = append(out, be.Attention(W(t, be, g.f32(1, 2, H*D)), W(t, be, g.kv(1, 2, KV*D)), W(t, be, g.kv(1, 2, KV*Dv)), b, p))
 	be.FreeSequence(U)
 	b = attnBatch([]backend.SeqSpan{{ID: U, Len: 3}})
-	out = append(out, be.Attention(W(t, be, g.f32(1, 3, H*D)), W(t, be, g.f32(1, 3, KV*D)), W(t, be, g.f32(1, 3, KV*Dv)), b, p))
+	out = append(out, be.Attention(W(t, be, g.f32(1, 3, H*D)), W(t, be, g.kv(1, 3, KV*D)), W(t, be, g.kv(1, 3, KV*Dv)), b, p))
 	return out
 }
 

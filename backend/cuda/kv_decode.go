@@ -1,0 +1,84 @@
+package cuda
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/mkserve/mkserve/kernels"
+)
+
+// metaCache keeps one pool's attention metadata on the device: the slots,
+// rows, positions, table offsets and block tables of the last call, packed
+// into one int32 buffer [slots T | rows n | pos n | table n | blocks nb].
+// Every layer of a step sends the same batch, so the arrays (rebuilt on the
+// host per layer, which is cheap) compare equal after the first layer and
+// the upload — one synchronous host-to-device copy — happens once per step
+// and pool instead of five times per layer. Comparing contents, not batch
+// identity, keeps it correct when a caller reuses or mutates a Batch.
+type metaCache struct {
+	host    []int32
+	buf     *kernels.Buffer
+	t, n    int
+	uploads int // uploads so far (tests)
+}
+
+// attnMeta are views of a metaCache's buffer.
+type attnMeta struct{ slots, rows, pos, table, blocks *kernels.Buffer }
+
+// get returns g's metadata on the device, uploading it unless it equals the
+// cached arrays. T is the batch's token count (len(g.slots)).
+func (mc *metaCache) get(be *Backend, d *kernels.Device, g *attnGroup, T int) attnMeta {
+	n := len(g.rows)
+	if mc.buf == nil || mc.t != T || mc.n != n || len(mc.host) != T+3*n+len(g.blocks) ||
+		!slices.Equal(mc.host[:T], g.slots) || !slices.Equal(mc.host[T:T+n], g.rows) ||
+		!slices.Equal(mc.host[T+n:T+2*n], g.pos) || !slices.Equal(mc.host[T+2*n:T+3*n], g.table) ||
+		!slices.Equal(mc.host[T+3*n:], g.blocks) {
+		mc.host = append(append(append(append(append(mc.host[:0], g.slots...), g.rows...), g.pos...), g.table...), g.blocks...)
+		be.alloc.put(mc.buf) // later work may reuse it: all work is ordered on one stream
+		mc.buf = upload(be, d, mc.host)
+		mc.t, mc.n = T, n
+		mc.uploads++
+	}
+	seg := func(off, len int) *kernels.Buffer { return view(mc.buf, int64(off)*4, int64(max(len, 1))*4) }
+	return attnMeta{
+		slots:  seg(0, T),
+		rows:   seg(T, n),
+		pos:    seg(T+n, n),
+		table:  seg(T+2*n, n),
+		blocks: seg(T+3*n, len(g.blocks)),
+	}
+}
+
+// release returns the cached buffer to the allocator.
+func (mc *metaCache) release(be *Backend) {
+	be.alloc.put(mc.buf)
+	*mc = metaCache{}
+}
+
+// VariantEnv names the environment variable that, when set, selects the
+// paged attention kernel of every CUDA backend in the process (0 auto, 1
+// CUDA cores, 2 tensor cores: kernels.PagedVariant), for comparisons.
+const VariantEnv = "MKSERVE_PAGED_VARIANT"
+
+var variantOnce sync.Once
+
+// pagedVariant applies VariantEnv once per process (on the GPU goroutine).
+func pagedVariant(d *kernels.Device) error {
+	var err error
+	variantOnce.Do(func() {
+		s := os.Getenv(VariantEnv)
+		if s == "" {
+			return
+		}
+		v, e := strconv.Atoi(s)
+		if e != nil {
+			err = fmt.Errorf("cuda: %s=%q: %v", VariantEnv, s, e)
+			return
+		}
+		err = d.SetPagedVariant(kernels.PagedVariant(v))
+	})
+	return err
+}

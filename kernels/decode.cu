@@ -1,0 +1,1044 @@
+// decode.cu — the bf16 paged KV cache and paged decode attention
+// (flash-decoding): mk_kv_write_bf16, mk_paged_attn_bf16 and the size of its
+// split-KV workspace, mk_paged_attn_workspace.
+//
+// Attention: one CTA of 128 threads per (query row, kv head, key split)
+// computes all query heads of the GQA group that reads that kv head (up to 8
+// per CTA; larger groups take several head chunks), so each K/V byte is read
+// once per group and row. K/V tiles of 64 keys come through the block table
+// with 16-byte cp.async loads into padded shared memory, double-buffered (the
+// next tile loads while this one is computed). Scores, the online softmax
+// (base 2, scale·log2 e folded into q) and the P·V accumulation are float32
+// on the CUDA cores. A row's keys are cut into `splits` ranges across CTAs
+// when the grid would not fill the GPU (batch 1, long context); each range
+// leaves its un-normalised output and (max, sum) in a workspace and a second
+// kernel merges them by log-sum-exp, adding the sinks.
+//
+// Two kernels share that frame (mk_paged_attn_variant): paged_attn computes
+// on the CUDA cores (float32 FMAs; chosen for groups of up to 4 heads), and
+// paged_attn_mma on the tensor cores (mma.sync; groups of more than 4 heads,
+// v_head_dim ≤ 128). Measured numbers and what limits them: kernels/README.md.
+#include <algorithm>
+#include <cmath>
+
+#include "common.cuh"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kNT = 128;          // threads per CTA
+constexpr int kTK = 64;           // keys per tile
+constexpr int kKS = kNT / kTK;    // threads per key in the QK step (each a part of D)
+constexpr int kRows = kTK / (kNT / 16);  // tile rows one thread loads at most (≥ 8 rows per pass)
+constexpr int kGMax = 8;          // query heads per CTA at most
+constexpr int kMaxSplits = 128;   // key ranges per row at most
+constexpr int kMinChunk = 2 * kTK;  // keys per range at least
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+struct AttnArgs {
+  float* out;
+  const float* q;
+  const bf16* pk;
+  const bf16* pv;
+  const int32_t* rows;
+  const int32_t* pos;
+  const int32_t* table;
+  const int32_t* blocks;
+  const float* sinks;
+  float* wo;   // [n, H, splits, Dv] partial outputs (splits > 1)
+  float* wml;  // [n, H, splits, 2] their (max, sum)
+  int H, KV, D, Dv, bs, bs_shift, window, G, hchunks, splits, chunk;
+  int lg_tpr;  // log2 of the threads that load one K/V row
+  float scale2;  // scale * log2(e)
+};
+
+// Shared memory of one CTA, in bytes, laid out as
+// Ks [2][kTK][D+8] bf16 | Vs [2][kTK][Dv+8] bf16 | qs [GM][D] f32 |
+// sp [kKS][kTK][GM] f32 | pb [kTK][GM] f32 | corr [GM] | mfin [GM] | lfin [GM].
+__host__ __device__ inline size_t smem_kv(int D, int Dv) {
+  return (size_t)2 * kTK * ((D + 8) + (Dv + 8)) * sizeof(bf16);
+}
+__host__ __device__ inline size_t smem_bytes(int D, int Dv, int GM) {
+  return smem_kv(D, Dv) + sizeof(float) * ((size_t)GM * D + (size_t)kKS * kTK * GM + (size_t)kTK * GM + 3 * GM);
+}
+
+template <int GM>
+__global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int D = a.D, Dv = a.Dv, KV = a.KV;
+  const int ldk = D + 8, ldv = Dv + 8;
+  bf16* Ks = reinterpret_cast<bf16*>(smem);
+  bf16* Vs = Ks + 2 * kTK * ldk;
+  float* qs = reinterpret_cast<float*>(smem + smem_kv(D, Dv));
+  float* sp = qs + GM * D;
+  float* pb = sp + kKS * kTK * GM;
+  float* corr = pb + kTK * GM;
+  float* mfin = corr + GM;
+  float* lfin = mfin + GM;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // One linear grid, kv head (and head chunk) fastest: the CTAs of one row
+  // and key range run together and read neighbouring bytes of the same rows.
+  const int nkh = a.KV * a.hchunks;
+  const int64_t lin = blockIdx.x;
+  const int khc = (int)(lin % nkh);
+  const int64_t rest = lin / nkh;
+  const int split = (int)(rest % a.splits);
+  const int b = (int)(rest / a.splits);
+  const int kh = khc / a.hchunks, hc = khc - kh * a.hchunks;
+  const int h0 = kh * a.G + hc * GM;
+  const int gc = min(GM, a.G - hc * GM);
+  const int64_t row = a.rows[b];
+  const int i = a.pos[b];
+  const int lo = a.window > 0 ? max(0, i - a.window + 1) : 0;
+  const int kbeg = lo + split * a.chunk;
+  const int kend = split == a.splits - 1 ? i + 1 : min(i + 1, lo + (split + 1) * a.chunk);
+  const int32_t* tab = a.blocks + a.table[b];
+
+  if (kbeg >= kend) {  // an empty range (only with splits > 1)
+    for (int x = tid; x < gc * Dv; x += kNT) {
+      const int g = x / Dv, c = x - g * Dv;
+      a.wo[(((int64_t)b * a.H + h0 + g) * a.splits + split) * Dv + c] = 0.0f;
+    }
+    if (tid < gc) {
+      float* ml = a.wml + (((int64_t)b * a.H + h0 + tid) * a.splits + split) * 2;
+      ml[0] = -INFINITY;
+      ml[1] = 0.0f;
+    }
+    return;
+  }
+
+  const int cprk = D >> 3, cprv = Dv >> 3;  // 16-byte chunks per K / V row
+  const int tpr = 1 << a.lg_tpr, rstep = kNT >> a.lg_tpr;
+  const int sub = tid & (tpr - 1);
+  const int64_t ldpk = (int64_t)KV * D, ldpv = (int64_t)KV * Dv;
+  const bf16* pk = a.pk + (int64_t)kh * D;
+  const bf16* pv = a.pv + (int64_t)kh * Dv;
+
+  // A thread loads rows r0 + k*rstep (k < kRows) of a tile. fetch reads the
+  // pool rows of tile t's keys from the block table into prow (a tile ahead,
+  // so the table's latency hides behind a tile of work); issue starts the
+  // 16-byte copies of those rows into stage st.
+  const int r0 = tid >> a.lg_tpr;
+  int prow[kRows];
+  auto fetch = [&](int t) {
+    const int j0 = kbeg + t * kTK;
+    const int nk = min(kTK, kend - j0);
+#pragma unroll
+    for (int k = 0; k < kRows; k++) {
+      const int r = r0 + k * rstep;
+      if (r < nk) {
+        const int j = j0 + r;
+        int blk, off;
+        if (a.bs_shift >= 0) {
+          blk = j >> a.bs_shift;
+          off = j & (a.bs - 1);
+        } else {
+          blk = j / a.bs;
+          off = j - blk * a.bs;
+        }
+        prow[k] = tab[blk] * a.bs + off;
+      }
+    }
+  };
+  auto issue = [&](int t, int st) {
+    const int nk = min(kTK, kend - (kbeg + t * kTK));
+    bf16* kd = Ks + st * kTK * ldk;
+    bf16* vd = Vs + st * kTK * ldv;
+#pragma unroll
+    for (int k = 0; k < kRows; k++) {
+      const int r = r0 + k * rstep;
+      if (r < nk) {
+        const bf16* ks = pk + (int64_t)prow[k] * ldpk;
+        const bf16* vs = pv + (int64_t)prow[k] * ldpv;
+        for (int c = sub; c < cprk; c += tpr) cp_async16(kd + r * ldk + c * 8, ks + c * 8);
+        for (int c = sub; c < cprv; c += tpr) cp_async16(vd + r * ldv + c * 8, vs + c * 8);
+      }
+    }
+    cp_commit();
+  };
+
+  const int ntiles = (kend - kbeg + kTK - 1) / kTK;
+  fetch(0);
+  issue(0, 0);
+  if (ntiles > 1) fetch(1);
+
+  for (int x = tid; x < GM * D; x += kNT) {
+    const int g = x / D, c = x - g * D;
+    qs[x] = g < gc ? a.q[(row * a.H + h0 + g) * D + c] * a.scale2 : 0.0f;
+  }
+
+  // The softmax state of heads warp and warp+4 (kNT/32 = 4 warps), lane-uniform.
+  float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
+  // P·V: thread (kg, cp) owns columns 2cp, 2cp+1 of every head, keys kg mod kgn.
+  const int P = Dv >> 1;
+  const int kgn = max(1, kNT / P);
+  const int cp = tid % P, kg = tid / P;
+  const bool pvt = kg < kgn && cp < P && tid < kgn * P;
+  float acc[GM][2];
+#pragma unroll
+  for (int g = 0; g < GM; g++) acc[g][0] = acc[g][1] = 0.0f;
+
+  for (int t = 0; t < ntiles; t++) {
+    const int st = t & 1;
+    const int nk = min(kTK, kend - (kbeg + t * kTK));
+    cp_wait_all();
+    __syncthreads();  // tile t is in; stage st^1 is free (P·V of t-1 done)
+    if (t + 1 < ntiles) {
+      issue(t + 1, st ^ 1);
+      if (t + 2 < ntiles) fetch(t + 2);
+    }
+
+    // S = q·k for key j (thread's part kp of D), all heads.
+    {
+      const int j = tid % kTK, kp = tid / kTK;
+      if (j < nk) {
+        float s[GM];
+#pragma unroll
+        for (int g = 0; g < GM; g++) s[g] = 0.0f;
+        const bf16* kr = Ks + (st * kTK + j) * ldk;
+#pragma unroll 2
+        for (int c = kp; c < cprk; c += kKS) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(kr + c * 8);
+          const float k0 = bf_lo(raw.x), k1 = bf_hi(raw.x), k2 = bf_lo(raw.y), k3 = bf_hi(raw.y);
+          const float k4 = bf_lo(raw.z), k5 = bf_hi(raw.z), k6 = bf_lo(raw.w), k7 = bf_hi(raw.w);
+#pragma unroll
+          for (int g = 0; g < GM; g++) {
+            if (g < gc) {
+              const float4 qa = *reinterpret_cast<const float4*>(qs + g * D + c * 8);
+              const float4 qb = *reinterpret_cast<const float4*>(qs + g * D + c * 8 + 4);
+              float v = s[g];
+              v = fmaf(qa.x, k0, v);
+              v = fmaf(qa.y, k1, v);
+              v = fmaf(qa.z, k2, v);
+              v = fmaf(qa.w, k3, v);
+              v = fmaf(qb.x, k4, v);
+              v = fmaf(qb.y, k5, v);
+              v = fmaf(qb.z, k6, v);
+              v = fmaf(qb.w, k7, v);
+              s[g] = v;
+            }
+          }
+        }
+        float* so = sp + (kp * kTK + j) * GM;
+#pragma unroll
+        for (int g = 0; g < GM; g++) so[g] = s[g];
+      }
+    }
+    __syncthreads();
+
+    // Online softmax, one warp per head (kTK = 64 = 2 keys per lane).
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      const int g = warp + 4 * u;
+      if (g < gc) {
+        float s0 = -INFINITY, s1 = -INFINITY;
+        if (lane < nk) {
+          s0 = 0.0f;
+#pragma unroll
+          for (int kp = 0; kp < kKS; kp++) s0 += sp[(kp * kTK + lane) * GM + g];
+        }
+        if (lane + 32 < nk) {
+          s1 = 0.0f;
+#pragma unroll
+          for (int kp = 0; kp < kKS; kp++) s1 += sp[(kp * kTK + lane + 32) * GM + g];
+        }
+        const float mn = fmaxf(mrun[u], warp_max(fmaxf(s0, s1)));
+        const float cr = exp2f(mrun[u] - mn);  // 0 on the first tile
+        const float p0 = exp2f(s0 - mn), p1 = exp2f(s1 - mn);
+        pb[lane * GM + g] = p0;
+        pb[(lane + 32) * GM + g] = p1;
+        lrun[u] = lrun[u] * cr + warp_sum(p0 + p1);
+        mrun[u] = mn;
+        if (lane == 0) corr[g] = cr;
+      }
+    }
+    __syncthreads();
+
+    // acc = acc·corr + P·V.
+    if (pvt) {
+#pragma unroll
+      for (int g = 0; g < GM; g++) {
+        if (g < gc) {
+          const float cr = corr[g];
+          acc[g][0] *= cr;
+          acc[g][1] *= cr;
+        }
+      }
+      const bf16* vb = Vs + st * kTK * ldv + 2 * cp;
+#pragma unroll 4
+      for (int jj = kg; jj < nk; jj += kgn) {
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(vb + jj * ldv);
+        const float v0 = bf_lo(w), v1 = bf_hi(w);
+        float p[GM];
+        if constexpr (GM >= 4) {
+#pragma unroll
+          for (int g = 0; g < GM; g += 4) {
+            const float4 f = *reinterpret_cast<const float4*>(pb + jj * GM + g);
+            p[g] = f.x;
+            p[g + 1] = f.y;
+            p[g + 2] = f.z;
+            p[g + 3] = f.w;
+          }
+        } else {
+#pragma unroll
+          for (int g = 0; g < GM; g++) p[g] = pb[jj * GM + g];
+        }
+#pragma unroll
+        for (int g = 0; g < GM; g++) {
+          if (g < gc) {
+            acc[g][0] = fmaf(p[g], v0, acc[g][0]);
+            acc[g][1] = fmaf(p[g], v1, acc[g][1]);
+          }
+        }
+      }
+    }
+  }
+
+  // Final (max, sum) per head, and the key groups' partial sums merged.
+#pragma unroll
+  for (int u = 0; u < 2; u++) {
+    const int g = warp + 4 * u;
+    if (g < gc && lane == 0) {
+      mfin[g] = mrun[u];
+      lfin[g] = lrun[u];
+    }
+  }
+  __syncthreads();  // all P·V reads of the tiles are done: their memory is free
+  float* red = reinterpret_cast<float*>(smem);  // [kgn][GM][Dv]
+  if (kgn > 1) {
+    if (pvt) {
+#pragma unroll
+      for (int g = 0; g < GM; g++) {
+        if (g < gc) {
+          red[(kg * GM + g) * Dv + 2 * cp] = acc[g][0];
+          red[(kg * GM + g) * Dv + 2 * cp + 1] = acc[g][1];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (kgn > 1) {
+    for (int x = tid; x < gc * Dv; x += kNT) {
+      const int g = x / Dv, c = x - g * Dv, h = h0 + g;
+      float o = 0.0f;
+      for (int k = 0; k < kgn; k++) o += red[(k * GM + g) * Dv + c];
+      if (a.splits == 1) {
+        float m = mfin[g], l = lfin[g];
+        if (a.sinks) {
+          const float sk = a.sinks[h] * kLog2e;
+          const float mn = fmaxf(m, sk);
+          const float cr = exp2f(m - mn);
+          l = l * cr + exp2f(sk - mn);
+          o *= cr;
+        }
+        a.out[(row * a.H + h) * Dv + c] = o / l;
+      } else {
+        a.wo[(((int64_t)b * a.H + h) * a.splits + split) * Dv + c] = o;
+      }
+    }
+  }
+  if (kgn == 1 && pvt) {
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+      if (g < gc) {
+        const int h = h0 + g;
+        float o0 = acc[g][0], o1 = acc[g][1];
+        if (a.splits == 1) {
+          float m = mfin[g], l = lfin[g];
+          if (a.sinks) {
+            const float sk = a.sinks[h] * kLog2e;
+            const float mn = fmaxf(m, sk);
+            const float cr = exp2f(m - mn);
+            l = l * cr + exp2f(sk - mn);
+            o0 *= cr;
+            o1 *= cr;
+          }
+          float* o = a.out + (row * a.H + h) * Dv + 2 * cp;
+          o[0] = o0 / l;
+          o[1] = o1 / l;
+        } else {
+          float* o = a.wo + (((int64_t)b * a.H + h) * a.splits + split) * Dv + 2 * cp;
+          o[0] = o0;
+          o[1] = o1;
+        }
+      }
+    }
+  }
+  if (a.splits > 1 && tid < gc) {
+    float* ml = a.wml + (((int64_t)b * a.H + h0 + tid) * a.splits + split) * 2;
+    ml[0] = mfin[tid];
+    ml[1] = lfin[tid];
+  }
+}
+
+// ---- tensor-core variant ----
+//
+// The same CTA (row, kv head, key range; 4 warps, 64-key tiles through the
+// same double-buffered cp.async pipeline) with the products on the tensor
+// cores (mma.sync m16n8k16, bf16 in, float32 accumulate): the up to 16
+// query heads of a group are the 16 rows of A. Each warp owns 16 keys of a
+// tile: S = Q·Kᵀ (K fragments by ldmatrix), its own online softmax (running
+// max and sum per head) and O += P·V (V fragments by ldmatrix.trans, P taken
+// from S's accumulator registers); the 4 warps' states merge at the end.
+// q and P are float32 split into hi = bf16(x) and lo = bf16(x − hi), two
+// MMAs each, so they keep ~16 bits of mantissa: only K and V are rounded
+// (to the bf16 of the cache). One barrier per tile.
+
+constexpr int kGMma = 16;  // query heads per CTA (the MMA's M)
+
+__device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+
+// split2 splits the pair (x0, x1) into bf16x2 hi and lo words (x0 in the low half).
+__device__ __forceinline__ void split2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  hi = bf2_bits(h);
+  lo = bf2_bits(__floats2bfloat162_rn(x0 - hf.x, x1 - hf.y));
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+// Shared memory of the MMA kernel: Ks, Vs as paged_attn | qf [ceil(D/16)][32][8] u32
+// (q's A fragments, hi then lo) | mls [4][16][2] f32 | fin [16][2] f32.
+__host__ __device__ inline size_t smem_bytes_mma(int D, int Dv) {
+  return smem_kv(D, Dv) + (size_t)((D + 15) / 16) * 32 * 8 * 4 + 4 * 16 * 2 * 4 + 16 * 2 * 4;
+}
+
+template <int NV>  // NV: n-tiles of 8 output columns the accumulators hold (≥ Dv/8)
+__global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int D = a.D, Dv = a.Dv, KV = a.KV;
+  const int ldk = D + 8, ldv = Dv + 8;
+  const int ksteps = (D + 15) >> 4, nvt = Dv >> 3;
+  bf16* Ks = reinterpret_cast<bf16*>(smem);
+  bf16* Vs = Ks + 2 * kTK * ldk;
+  uint32_t* qf = reinterpret_cast<uint32_t*>(smem + smem_kv(D, Dv));
+  float* mls = reinterpret_cast<float*>(qf + ksteps * 32 * 8);
+  float* fin = mls + 4 * 16 * 2;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nkh = KV * a.hchunks;
+  const int64_t lin = blockIdx.x;
+  const int khc = (int)(lin % nkh);
+  const int64_t rest = lin / nkh;
+  const int split = (int)(rest % a.splits);
+  const int b = (int)(rest / a.splits);
+  const int kh = khc / a.hchunks, hc = khc - kh * a.hchunks;
+  const int h0 = kh * a.G + hc * kGMma;
+  const int gc = min(kGMma, a.G - hc * kGMma);
+  const int64_t row = a.rows[b];
+  const int i = a.pos[b];
+  const int lo = a.window > 0 ? max(0, i - a.window + 1) : 0;
+  const int kbeg = lo + split * a.chunk;
+  const int kend = split == a.splits - 1 ? i + 1 : min(i + 1, lo + (split + 1) * a.chunk);
+  const int32_t* tab = a.blocks + a.table[b];
+
+  if (kbeg >= kend) {  // an empty range (only with splits > 1)
+    for (int x = tid; x < gc * Dv; x += kNT) {
+      const int g = x / Dv, c = x - g * Dv;
+      a.wo[(((int64_t)b * a.H + h0 + g) * a.splits + split) * Dv + c] = 0.0f;
+    }
+    if (tid < gc) {
+      float* ml = a.wml + (((int64_t)b * a.H + h0 + tid) * a.splits + split) * 2;
+      ml[0] = -INFINITY;
+      ml[1] = 0.0f;
+    }
+    return;
+  }
+
+  const int cprk = D >> 3, cprv = Dv >> 3;
+  const int tpr = 1 << a.lg_tpr, rstep = kNT >> a.lg_tpr;
+  const int sub = tid & (tpr - 1);
+  const int64_t ldpk = (int64_t)KV * D, ldpv = (int64_t)KV * Dv;
+  const bf16* pk = a.pk + (int64_t)kh * D;
+  const bf16* pv = a.pv + (int64_t)kh * Dv;
+  const int r0 = tid >> a.lg_tpr;
+  int prow[kRows];
+  auto fetch = [&](int t) {
+    const int j0 = kbeg + t * kTK;
+    const int nk = min(kTK, kend - j0);
+#pragma unroll
+    for (int k = 0; k < kRows; k++) {
+      const int r = r0 + k * rstep;
+      if (r < nk) {
+        const int j = j0 + r;
+        int blk, off;
+        if (a.bs_shift >= 0) {
+          blk = j >> a.bs_shift;
+          off = j & (a.bs - 1);
+        } else {
+          blk = j / a.bs;
+          off = j - blk * a.bs;
+        }
+        prow[k] = tab[blk] * a.bs + off;
+      }
+    }
+  };
+  auto issue = [&](int t, int st) {
+    const int nk = min(kTK, kend - (kbeg + t * kTK));
+    bf16* kd = Ks + st * kTK * ldk;
+    bf16* vd = Vs + st * kTK * ldv;
+#pragma unroll
+    for (int k = 0; k < kRows; k++) {
+      const int r = r0 + k * rstep;
+      if (r < nk) {
+        const bf16* ks = pk + (int64_t)prow[k] * ldpk;
+        const bf16* vs = pv + (int64_t)prow[k] * ldpv;
+        for (int c = sub; c < cprk; c += tpr) cp_async16(kd + r * ldk + c * 8, ks + c * 8);
+        for (int c = sub; c < cprv; c += tpr) cp_async16(vd + r * ldv + c * 8, vs + c * 8);
+      }
+    }
+    cp_commit();
+    // Rows past the keys: V must be finite there (P is 0, but 0·NaN is not).
+    for (int x = tid; x < (kTK - nk) * cprv; x += kNT) {
+      const int r = nk + x / cprv, c = x - (x / cprv) * cprv;
+      *reinterpret_cast<uint4*>(vd + r * ldv + c * 8) = make_uint4(0, 0, 0, 0);
+    }
+  };
+
+  // K's padding columns D..D+7 meet q's zero columns when D % 16 == 8.
+  if (D & 8)
+    for (int x = tid; x < 2 * kTK; x += kNT) *reinterpret_cast<uint4*>(Ks + x * ldk + D) = make_uint4(0, 0, 0, 0);
+
+  const int ntiles = (kend - kbeg + kTK - 1) / kTK;
+  fetch(0);
+  issue(0, 0);
+  if (ntiles > 1) fetch(1);
+
+  // q's A fragments: lane l holds rows l/4 and l/4+8, columns 2(l%4)+{0,1} and +8.
+  for (int x = tid; x < ksteps * 32; x += kNT) {
+    const int ks = x >> 5, l = x & 31, gr = l >> 2, k0 = ks * 16 + (l & 3) * 2;
+    auto qv = [&](int g, int k) -> float {
+      return g < gc && k < D ? a.q[(row * a.H + h0 + g) * D + k] * a.scale2 : 0.0f;
+    };
+    uint32_t h[4], w[4];
+    split2(qv(gr, k0), qv(gr, k0 + 1), h[0], w[0]);
+    split2(qv(gr + 8, k0), qv(gr + 8, k0 + 1), h[1], w[1]);
+    split2(qv(gr, k0 + 8), qv(gr, k0 + 9), h[2], w[2]);
+    split2(qv(gr + 8, k0 + 8), qv(gr + 8, k0 + 9), h[3], w[3]);
+    uint4* dst = reinterpret_cast<uint4*>(qf + x * 8);
+    dst[0] = make_uint4(h[0], h[1], h[2], h[3]);
+    dst[1] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows lane/4, lane/4 + 8
+  float o[NV][4];
+#pragma unroll
+  for (int nt = 0; nt < NV; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  const int kb = warp * 16;  // this warp's keys in a tile
+
+  for (int t = 0; t < ntiles; t++) {
+    const int st = t & 1;
+    const int nk = min(kTK, kend - (kbeg + t * kTK));
+    cp_wait_all();
+    __syncthreads();  // tile t is in; stage st^1 is free (every warp is past tile t-1)
+    if (t + 1 < ntiles) {
+      issue(t + 1, st ^ 1);
+      if (t + 2 < ntiles) fetch(t + 2);
+    }
+    if (kb >= nk) continue;  // no keys for this warp in the last tile
+    const bf16* kt = Ks + st * kTK * ldk;
+    const bf16* vt = Vs + st * kTK * ldv;
+
+    float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    {
+      const bf16* kp = kt + (kb + (lane & 7) + ((lane >> 4) << 3)) * ldk + ((lane >> 3) & 1) * 8;
+      for (int ks = 0; ks < ksteps; ks++) {
+        const uint4 qh = *reinterpret_cast<const uint4*>(qf + (ks * 32 + lane) * 8);
+        const uint4 ql = *reinterpret_cast<const uint4*>(qf + (ks * 32 + lane) * 8 + 4);
+        uint32_t kr[4];
+        ldsm_x4(kr, kp + ks * 16);
+        mma16816(s[0], qh.x, qh.y, qh.z, qh.w, kr[0], kr[1]);
+        mma16816(s[0], ql.x, ql.y, ql.z, ql.w, kr[0], kr[1]);
+        mma16816(s[1], qh.x, qh.y, qh.z, qh.w, kr[2], kr[3]);
+        mma16816(s[1], ql.x, ql.y, ql.z, ql.w, kr[2], kr[3]);
+      }
+    }
+    // Online softmax of rows lane/4 (elements 0, 1) and lane/4 + 8 (2, 3).
+    const int kc = kb + (lane & 3) * 2;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          float& v = s[nt][hr * 2 + e];
+          if (kc + nt * 8 + e >= nk) v = -INFINITY;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = fmaxf(m[hr], mx);
+      const float mu = mn == -INFINITY ? 0.0f : mn;
+      const float cr = exp2f(m[hr] - mu);
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          float& v = s[nt][hr * 2 + e];
+          v = exp2f(v - mu);
+          sum += v;
+        }
+      l[hr] = l[hr] * cr + sum;
+      m[hr] = mn;
+#pragma unroll
+      for (int nt = 0; nt < NV; nt++) {
+        o[nt][hr * 2] *= cr;
+        o[nt][hr * 2 + 1] *= cr;
+      }
+    }
+    // P (16 heads × this warp's 16 keys) as A fragments, hi and lo.
+    uint32_t ph[4], pl[4];
+    split2(s[0][0], s[0][1], ph[0], pl[0]);
+    split2(s[0][2], s[0][3], ph[1], pl[1]);
+    split2(s[1][0], s[1][1], ph[2], pl[2]);
+    split2(s[1][2], s[1][3], ph[3], pl[3]);
+    const bf16* vp = vt + (kb + (lane & 7) + ((lane >> 3) & 1) * 8) * ldv + (lane >> 4) * 8;
+#pragma unroll
+    for (int nt = 0; nt < NV; nt += 2) {
+      if (nt < nvt) {
+        uint32_t vr[4];
+        ldsm_x4_t(vr, vp + nt * 8);
+        mma16816(o[nt], ph[0], ph[1], ph[2], ph[3], vr[0], vr[1]);
+        mma16816(o[nt], pl[0], pl[1], pl[2], pl[3], vr[0], vr[1]);
+        mma16816(o[nt + 1], ph[0], ph[1], ph[2], ph[3], vr[2], vr[3]);
+        mma16816(o[nt + 1], pl[0], pl[1], pl[2], pl[3], vr[2], vr[3]);
+      }
+    }
+  }
+
+  // Merge the 4 warps: each row's max M over warps, sums and outputs rescaled to it.
+  const int gr = lane >> 2;
+#pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
+    l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
+    if ((lane & 3) == 0) {
+      mls[(warp * 16 + gr + hr * 8) * 2] = m[hr];
+      mls[(warp * 16 + gr + hr * 8) * 2 + 1] = l[hr];
+    }
+  }
+  __syncthreads();  // the tiles' memory is free from here on
+  if (tid < kGMma) {
+    float M = -INFINITY;
+    for (int w = 0; w < 4; w++) M = fmaxf(M, mls[(w * 16 + tid) * 2]);
+    float L = 0.0f;
+    for (int w = 0; w < 4; w++) {
+      const float mw = mls[(w * 16 + tid) * 2];
+      if (mw != -INFINITY) L += mls[(w * 16 + tid) * 2 + 1] * exp2f(mw - M);
+    }
+    fin[tid * 2] = M;
+    fin[tid * 2 + 1] = L;
+  }
+  float* red = reinterpret_cast<float*>(smem);  // [4][16][Dv]
+#pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    const int g = gr + hr * 8;
+    if (g < gc) {
+      float M = -INFINITY;
+      for (int w = 0; w < 4; w++) M = fmaxf(M, mls[(w * 16 + g) * 2]);
+      const float f = m[hr] == -INFINITY ? 0.0f : exp2f(m[hr] - M);
+#pragma unroll
+      for (int nt = 0; nt < NV; nt++) {
+        if (nt < nvt) {
+          const int c = nt * 8 + (lane & 3) * 2;
+          red[(warp * 16 + g) * Dv + c] = o[nt][hr * 2] * f;
+          red[(warp * 16 + g) * Dv + c + 1] = o[nt][hr * 2 + 1] * f;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  for (int x = tid; x < gc * Dv; x += kNT) {
+    const int g = x / Dv, c = x - g * Dv, h = h0 + g;
+    float ov = 0.0f;
+    for (int w = 0; w < 4; w++) ov += red[(w * 16 + g) * Dv + c];
+    const float M = fin[g * 2];
+    if (a.splits == 1) {
+      float L = fin[g * 2 + 1];
+      if (a.sinks) {
+        const float sk = a.sinks[h] * kLog2e;
+        const float mn = fmaxf(M, sk);
+        const float cr = exp2f(M - mn);
+        L = L * cr + exp2f(sk - mn);
+        ov *= cr;
+      }
+      a.out[(row * a.H + h) * Dv + c] = ov / L;
+    } else {
+      a.wo[(((int64_t)b * a.H + h) * a.splits + split) * Dv + c] = ov;
+    }
+  }
+  if (a.splits > 1 && tid < gc) {
+    float* ml = a.wml + (((int64_t)b * a.H + h0 + tid) * a.splits + split) * 2;
+    ml[0] = fin[tid * 2];
+    ml[1] = fin[tid * 2 + 1];
+  }
+}
+
+// merge: one CTA per (row, head) combines the splits' partial outputs by
+// log-sum-exp, with the sink in the denominator.
+__global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
+  __shared__ float w[kMaxSplits];
+  __shared__ float inv;
+  const int b = blockIdx.x, h = blockIdx.y, S = a.splits, Dv = a.Dv;
+  const int64_t row = a.rows[b];
+  const float* ml = a.wml + ((int64_t)b * a.H + h) * S * 2;
+  if (threadIdx.x < 32) {
+    float m = -INFINITY;
+    for (int s = threadIdx.x; s < S; s += 32) m = fmaxf(m, ml[2 * s]);
+    m = warp_max(m);
+    float sk = -INFINITY;
+    if (a.sinks) {
+      sk = a.sinks[h] * kLog2e;
+      m = fmaxf(m, sk);
+    }
+    float l = 0.0f;
+    for (int s = threadIdx.x; s < S; s += 32) {
+      const float ms = ml[2 * s];
+      const float ws = ms == -INFINITY ? 0.0f : exp2f(ms - m);
+      w[s] = ws;
+      l += ws * ml[2 * s + 1];
+    }
+    l = warp_sum(l);
+    if (a.sinks) l += exp2f(sk - m);
+    if (threadIdx.x == 0) inv = 1.0f / l;
+  }
+  __syncthreads();
+  const float* o = a.wo + ((int64_t)b * a.H + h) * S * Dv;
+  for (int c = threadIdx.x; c < Dv; c += kNT) {
+    float v = 0.0f;
+    for (int s = 0; s < S; s++) v = fmaf(w[s], o[(int64_t)s * Dv + c], v);
+    a.out[(row * a.H + h) * Dv + c] = v * inv;
+  }
+}
+
+__global__ void kv_write_bf16(bf16* pk, bf16* pv, const float* k, const float* v, const int32_t* slots,
+                              int64_t n, int64_t kw, int64_t vw) {
+  const int64_t w = kw + vw;
+  for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < n * w;
+       x += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t i = x / w, c = x - i * w;
+    const int64_t s = slots[i];
+    if (s < 0) continue;  // a row of another pool
+    if (c < kw) pk[s * kw + c] = __float2bfloat16_rn(k[i * kw + c]);
+    else pv[s * vw + c - kw] = __float2bfloat16_rn(v[i * vw + c - kw]);
+  }
+}
+
+int sm_count() {
+  static int sms = 0;
+  if (sms == 0) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0)
+      sms = v;
+    else
+      return 132;
+  }
+  return sms;
+}
+
+// Variant selects the kernel: 0 auto, 1 CUDA cores, 2 tensor cores
+// (v_head_dim ≤ 128). Auto takes the tensor cores for groups of more than 4
+// query heads per kv head (v_head_dim ≤ 128), the CUDA cores otherwise: on
+// the H200 (B=32, 32k context, D=128) the CUDA-core kernel read 2476 GB/s
+// at G=4 but 1217 at G=8 (issue-bound), the tensor-core one 2008 and 2024
+// (it runs 2 CTAs per SM to the other's 3, so fewer loads in flight).
+int g_variant = 0;
+
+bool use_mma(int v_head_dim, int group) {
+  return g_variant == 2 || (g_variant == 0 && v_head_dim <= 128 && group > 4);
+}
+
+// Plan is the launch shape of one attention call.
+struct Plan {
+  bool mma;
+  int GM, NV, hchunks, splits, chunk;
+};
+
+// KernelInfo caches a kernel's shared-memory opt-in and occupancy.
+struct KernelInfo {
+  size_t opted = 48 * 1024;
+  size_t last = 0;
+  int occ = 0;
+};
+
+template <typename Fn>
+cudaError_t opt_in(Fn fn, KernelInfo& ki, size_t smem) {
+  if (smem <= ki.opted) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e == cudaSuccess) ki.opted = smem;
+  return e;
+}
+
+// occupancy_of is how many CTAs of fn with smem bytes fit on one SM.
+template <typename Fn>
+int occupancy_of(Fn fn, KernelInfo& ki, size_t smem) {
+  if (smem != ki.last) {
+    int v = 0;
+    if (opt_in(fn, ki, smem) != cudaSuccess) cudaGetLastError();
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, fn, kNT, smem) != cudaSuccess || v < 1) {
+      cudaGetLastError();
+      v = 1;
+    }
+    ki.last = smem;
+    ki.occ = v;
+  }
+  return ki.occ;
+}
+
+template <int GM>
+KernelInfo& info_simt() {
+  static KernelInfo k;
+  return k;
+}
+template <int NV>
+KernelInfo& info_mma() {
+  static KernelInfo k;
+  return k;
+}
+
+int occupancy(const Plan& p, size_t smem) {
+  if (p.mma) {
+    switch (p.NV) {
+      case 4: return occupancy_of(paged_attn_mma<4>, info_mma<4>(), smem);
+      case 8: return occupancy_of(paged_attn_mma<8>, info_mma<8>(), smem);
+      default: return occupancy_of(paged_attn_mma<16>, info_mma<16>(), smem);
+    }
+  }
+  switch (p.GM) {
+    case 1: return occupancy_of(paged_attn<1>, info_simt<1>(), smem);
+    case 2: return occupancy_of(paged_attn<2>, info_simt<2>(), smem);
+    case 4: return occupancy_of(paged_attn<4>, info_simt<4>(), smem);
+    default: return occupancy_of(paged_attn<kGMax>, info_simt<kGMax>(), smem);
+  }
+}
+
+size_t plan_smem(const Plan& p, int D, int Dv) { return p.mma ? smem_bytes_mma(D, Dv) : smem_bytes(D, Dv, p.GM); }
+
+// plan picks the kernel, the head chunking and the key split: among splits s
+// (ranges of at least kMinChunk keys, whole tiles), the one that fills the
+// GPU's CTA slots best over whole waves, discounted by the per-range
+// overhead (about one tile of work).
+Plan plan(int64_t n, int heads, int kv_heads, int head_dim, int v_head_dim, int max_keys) {
+  Plan p{};
+  const int G = heads / kv_heads;
+  p.mma = use_mma(v_head_dim, G);
+  p.GM = p.mma ? kGMma : G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGMax;
+  p.NV = v_head_dim <= 32 ? 4 : v_head_dim <= 64 ? 8 : 16;
+  p.hchunks = (G + p.GM - 1) / p.GM;
+  p.splits = 1;
+  p.chunk = max_keys > 0 ? max_keys : 1;
+  if (max_keys <= 0) return p;
+  const int64_t slots = (int64_t)occupancy(p, plan_smem(p, head_dim, v_head_dim)) * sm_count();
+  const int64_t base = n * kv_heads * p.hchunks;
+  const int smax = (int)std::min<int64_t>(kMaxSplits, (max_keys + kMinChunk - 1) / kMinChunk);
+  double best = -1;
+  for (int s = 1; s <= std::max(1, smax); s++) {
+    const int chunk = ((max_keys + s - 1) / s + kTK - 1) / kTK * kTK;
+    const int real = (max_keys + chunk - 1) / chunk;
+    if (real != s) continue;  // the same as a smaller s after rounding
+    const int64_t ctas = base * s;
+    const int64_t waves = (ctas + slots - 1) / slots;
+    const double tiles = (double)chunk / kTK;
+    const double score = (double)ctas / (double)(waves * slots) * tiles / (tiles + 1.0);
+    if (score > best * 1.02) {  // a longer split must win by more than noise
+      best = score;
+      p.splits = s;
+      p.chunk = chunk;
+    }
+  }
+  if (p.splits <= 1) {
+    p.splits = 1;
+    p.chunk = max_keys;
+  }
+  return p;
+}
+
+uint64_t work_bytes(int64_t n, int heads, int v_head_dim, int splits) {
+  return splits <= 1 ? 0 : (uint64_t)n * heads * splits * ((uint64_t)v_head_dim + 2) * sizeof(float);
+}
+
+template <typename Fn>
+int launch_fn(Fn fn, KernelInfo& ki, const AttnArgs& a, size_t smem, int64_t n, cudaStream_t st) {
+  MK_CUDA(opt_in(fn, ki, smem));
+  const int64_t grid = n * a.splits * a.KV * a.hchunks;
+  MK_ARG(grid <= INT32_MAX, "paged_attn: %lld thread blocks", (long long)grid);
+  fn<<<(unsigned)grid, kNT, smem, st>>>(a);
+  MK_LAUNCHED("paged_attn");
+  return MK_OK;
+}
+
+int launch(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st) {
+  const size_t smem = plan_smem(p, a.D, a.Dv);
+  if (p.mma) {
+    switch (p.NV) {
+      case 4: return launch_fn(paged_attn_mma<4>, info_mma<4>(), a, smem, n, st);
+      case 8: return launch_fn(paged_attn_mma<8>, info_mma<8>(), a, smem, n, st);
+      default: return launch_fn(paged_attn_mma<16>, info_mma<16>(), a, smem, n, st);
+    }
+  }
+  switch (p.GM) {
+    case 1: return launch_fn(paged_attn<1>, info_simt<1>(), a, smem, n, st);
+    case 2: return launch_fn(paged_attn<2>, info_simt<2>(), a, smem, n, st);
+    case 4: return launch_fn(paged_attn<4>, info_simt<4>(), a, smem, n, st);
+    default: return launch_fn(paged_attn<kGMax>, info_simt<kGMax>(), a, smem, n, st);
+  }
+}
+
+}  // namespace
+
+#define DEC_ARG(fn, cond) MK_ARG(cond, "%s: bad argument (%s)", fn, #cond)
+
+extern "C" {
+
+int32_t mk_kv_write_bf16(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint64_t k, uint64_t v,
+                         uint64_t slots, int64_t n, int64_t kw, int64_t vw) {
+  const char* fn = "mk_kv_write_bf16";
+  MK_THREAD(fn);
+  DEC_ARG(fn, n > 0 && kw > 0 && vw > 0 && pool_k && pool_v && k && v && slots);
+  int64_t blocks = (n * (kw + vw) + 255) / 256;
+  if (blocks > (1 << 20)) blocks = 1 << 20;
+  kv_write_bf16<<<(unsigned)blocks, 256, 0, mk::as_stream(stream)>>>(
+      mk::dev<bf16>(pool_k), mk::dev<bf16>(pool_v), mk::dev<float>(k), mk::dev<float>(v),
+      mk::dev<int32_t>(slots), n, kw, vw);
+  MK_LAUNCHED("kv_write_bf16");
+  return MK_OK;
+}
+
+int32_t mk_paged_attn_variant(int32_t variant) {
+  const char* fn = "mk_paged_attn_variant";
+  MK_THREAD(fn);
+  MK_ARG(variant >= 0 && variant <= 2, "%s: variant %d is not 0, 1 or 2", fn, variant);
+  g_variant = variant;
+  return MK_OK;
+}
+
+int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_heads, int32_t head_dim,
+                                int32_t v_head_dim, int32_t max_keys, uint64_t* bytes) {
+  const char* fn = "mk_paged_attn_workspace";
+  MK_THREAD(fn);
+  DEC_ARG(fn, bytes && n > 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0 &&
+                  head_dim <= 256 && v_head_dim > 0 && v_head_dim <= 256);
+  const Plan p = plan(n, heads, kv_heads, head_dim, v_head_dim, max_keys);
+  *bytes = work_bytes(n, heads, v_head_dim, p.splits);
+  return MK_OK;
+}
+
+int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t q, uint64_t pool_k, uint64_t pool_v,
+                           uint64_t rows, uint64_t pos, uint64_t table, uint64_t blocks, int64_t n,
+                           int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
+                           int32_t block_size, uint32_t scale_bits, int32_t window, uint64_t sinks,
+                           int32_t max_keys, uint64_t work, uint64_t work_size) {
+  const char* fn = "mk_paged_attn_bf16";
+  MK_THREAD(fn);
+  DEC_ARG(fn, n > 0 && n <= INT32_MAX && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 &&
+                  block_size > 0 && window >= 0);
+  MK_ARG(head_dim > 0 && head_dim <= 256 && head_dim % 8 == 0 && v_head_dim > 0 && v_head_dim <= 256 &&
+             v_head_dim % 8 == 0,
+         "%s: head_dim %d and v_head_dim %d must be multiples of 8 in [8, 256]", fn, head_dim, v_head_dim);
+  DEC_ARG(fn, out && q && pool_k && pool_v && rows && pos && table && blocks);
+  MK_ARG((pool_k | pool_v) % 16 == 0, "%s: pool_k and pool_v must be 16-byte aligned", fn);
+  Plan p = plan(n, heads, kv_heads, head_dim, v_head_dim, max_keys);
+  MK_ARG(!(g_variant == 2 && v_head_dim > 128), "%s: the tensor-core kernel needs v_head_dim <= 128, not %d",
+         fn, v_head_dim);
+  if (p.splits > 1) {
+    const uint64_t per = work_bytes(n, heads, v_head_dim, 2) / 2;
+    uint64_t s = work ? work_size / per : 0;
+    if (s < (uint64_t)p.splits) {  // a smaller workspace: fewer, longer ranges
+      if (s < 2) {
+        p.splits = 1;
+        p.chunk = max_keys;
+      } else {
+        p.chunk = ((max_keys + (int)s - 1) / (int)s + kTK - 1) / kTK * kTK;
+        p.splits = (max_keys + p.chunk - 1) / p.chunk;
+      }
+    }
+  }
+  AttnArgs a{};
+  a.out = mk::dev<float>(out);
+  a.q = mk::dev<float>(q);
+  a.pk = mk::dev<bf16>(pool_k);
+  a.pv = mk::dev<bf16>(pool_v);
+  a.rows = mk::dev<int32_t>(rows);
+  a.pos = mk::dev<int32_t>(pos);
+  a.table = mk::dev<int32_t>(table);
+  a.blocks = mk::dev<int32_t>(blocks);
+  a.sinks = sinks ? mk::dev<float>(sinks) : nullptr;
+  a.H = heads;
+  a.KV = kv_heads;
+  a.D = head_dim;
+  a.Dv = v_head_dim;
+  a.bs = block_size;
+  a.bs_shift = (block_size & (block_size - 1)) == 0 ? __builtin_ctz((unsigned)block_size) : -1;
+  a.window = window;
+  a.G = heads / kv_heads;
+  a.hchunks = p.hchunks;
+  a.splits = p.splits;
+  a.chunk = p.chunk;
+  const int cpr = std::max(head_dim, v_head_dim) / 8;
+  int lg = 0;
+  while ((1 << lg) < cpr && lg < 4) lg++;
+  a.lg_tpr = lg;
+  a.scale2 = mk::float_from_bits(scale_bits) * kLog2e;
+  if (p.splits > 1) {
+    a.wo = mk::dev<float>(work);
+    a.wml = a.wo + (uint64_t)n * heads * p.splits * v_head_dim;
+  }
+  const cudaStream_t st = mk::as_stream(stream);
+  const int rc = launch(p, a, n, st);
+  if (rc != MK_OK || p.splits == 1) return rc;
+  paged_attn_merge<<<dim3((unsigned)n, (unsigned)heads), kNT, 0, st>>>(a);
+  MK_LAUNCHED("paged_attn_merge");
+  return MK_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,149 @@
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"testing"
+)
+
+// BenchmarkPagedAttn times paged decode attention (one query row per
+// sequence), both kernels (mma: tensor cores, simt: CUDA cores), at batch
+// 1/32/256 × context 1k-32k: 32 query heads, 8 kv heads,
+// head dim 128, 16-token blocks with random ids from one pool that holds
+// the largest case (256 × 32k tokens: 34 GB of bf16 K/V). GB/s counts the
+// K/V bytes the kernel must read once (batch·ctx·kvHeads·(D+Dv)·2), the
+// read-only figure to set against BenchmarkCopyD2D's read+write rate. Small
+// cases rotate through enough block tables (disjoint blocks) that ≥ 256 MiB
+// of K/V is touched between repeats, so the 60 MB L2 does not hold them.
+func BenchmarkPagedAttn(b *testing.B) {
+	g := testGPU(b)
+	const H, KV, D, bs = 32, 8, 128, 16
+	maxTokens := 256 * 32768
+	if v, err := strconv.Atoi(os.Getenv("MK_DECODE_POOL_TOKENS")); err == nil && v > 0 {
+		maxTokens = v // a smaller pool (profiling); larger cases skip
+	}
+	poolBlocks := maxTokens / bs
+	kw := KV * D
+	a := AttnArgs{Heads: H, KVHeads: KV, HeadDim: D, VHeadDim: D, BlockSize: bs, Scale: 0.088}
+	var pk, pv *Buffer
+	pool := &arena{}
+	err := g.Do(func(d *Device) error {
+		pool.d = d
+		rowBytes := int64(bs) * int64(kw) * 2 // one block of K (or V)
+		pk, pv = pool.alloc(int64(poolBlocks)*rowBytes), pool.alloc(int64(poolBlocks)*rowBytes)
+		// Fill the pools with random bf16 by device copies of one 64 MiB chunk.
+		const chunk = 64 << 20
+		src := put(pool, randomBF16(chunk/2))
+		for _, p := range []*Buffer{pk, pv} {
+			for off := int64(0); pool.err == nil && off < p.bytes; off += chunk {
+				dst, err := p.View(off, min(chunk, p.bytes-off))
+				pool.check(err)
+				if pool.err == nil {
+					pool.check(d.CopyAsync(nil, dst, src, dst.bytes))
+				}
+			}
+		}
+		if pool.err == nil {
+			pool.check(d.Sync())
+		}
+		return pool.err
+	})
+	defer g.Do(func(d *Device) error { pool.d = d; return pool.free() })
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	run := func(name string, batch, ctx int, a AttnArgs, v PagedVariant) {
+		b.Run(name, func(b *testing.B) {
+			if batch*ctx > maxTokens {
+				b.Skipf("%d tokens, the pool holds %d", batch*ctx, maxTokens)
+			}
+			err := g.Do(func(d *Device) error {
+				if err := d.SetPagedVariant(v); err != nil {
+					return err
+				}
+				defer d.SetPagedVariant(PagedAuto)
+				return benchPaged(b, d, r, pk, pv, batch, ctx, poolBlocks, a)
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+	for _, v := range []struct {
+		name string
+		v    PagedVariant
+	}{{"mma", PagedMMA}, {"simt", PagedSIMT}} {
+		for _, batch := range []int{1, 32, 256} {
+			for _, ctx := range []int{1024, 4096, 16384, 32768} {
+				run(fmt.Sprintf("%s/B=%d_ctx=%d", v.name, batch, ctx), batch, ctx, a, v.v)
+			}
+		}
+	}
+	// The same bytes per query head group (G = 8) with 8 kv heads (a K row
+	// of 2 KiB, one kv head's slice 256 B) and with 1 (rows of 256 B, a
+	// block's slice contiguous): how much the pool layout costs.
+	for _, v := range []struct{ h, kv int }{{64, 8}, {8, 1}} {
+		a2 := a
+		a2.Heads, a2.KVHeads = v.h, v.kv
+		run(fmt.Sprintf("mma/B=32_ctx=32768_H=%d_KV=%d", v.h, v.kv), 32, 32768, a2, PagedMMA)
+	}
+}
+
+func benchPaged(b *testing.B, d *Device, r *rand.Rand, pk, pv *Buffer, batch, ctx, poolBlocks int, a AttnArgs) error {
+	ar := &arena{d: d}
+	defer ar.free()
+	nb := ctx / a.BlockSize
+	kvBytes := int64(batch) * int64(ctx) * int64(a.KVHeads) * int64(a.HeadDim+a.VHeadDim) * 2
+	rot := int(min(64, max(1, (256<<20)/kvBytes)))
+	if rot*batch*nb > poolBlocks {
+		rot = max(1, poolBlocks/(batch*nb))
+	}
+	perm := r.Perm(poolBlocks)
+	type set struct{ rows, pos, table, blocks *Buffer }
+	sets := make([]set, rot)
+	q := make([]float32, batch*a.Heads*a.HeadDim)
+	for i := range q {
+		q[i] = float32(r.NormFloat64())
+	}
+	rows, pos, table := make([]int32, batch), make([]int32, batch), make([]int32, batch)
+	for i := range batch {
+		rows[i], pos[i], table[i] = int32(i), int32(ctx-1), int32(i*nb)
+	}
+	rb, pb, tb := put(ar, rows), put(ar, pos), put(ar, table)
+	for s := range sets {
+		ids := make([]int32, batch*nb)
+		for i := range ids {
+			ids[i] = int32(perm[(s*batch*nb+i)%poolBlocks])
+		}
+		sets[s] = set{rb, pb, tb, put(ar, ids)}
+	}
+	qb, out := put(ar, q), ar.alloc(int64(batch*a.Heads*a.VHeadDim)*4)
+	if ar.err != nil {
+		return ar.err
+	}
+	ws, err := d.PagedAttnWorkspace(batch, ctx, a)
+	if err != nil {
+		return err
+	}
+	var wb *Buffer
+	if ws > 0 {
+		wb = ar.alloc(ws)
+	}
+	if ar.err != nil {
+		return ar.err
+	}
+	ms, err := timeLaunches(b, d, nil, 3, func(i int) error {
+		st := sets[i%rot]
+		return d.PagedAttnBF16(nil, out, qb, pk, pv, st.rows, st.pos, st.table, st.blocks, nil, wb, batch, ctx, a)
+	})
+	if err != nil {
+		return err
+	}
+	b.ReportMetric(ms*1e3, "us/op")
+	b.ReportMetric(float64(kvBytes)/(ms*1e-3)/1e9, "GB/s")
+	b.ReportMetric(float64(ws), "work-bytes")
+	return ar.free()
+}
