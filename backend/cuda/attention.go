@@ -13,6 +13,7 @@ import (
 // kernels.PagedAttnBF16 and the prefill kernels read through block tables.
 type kvLayer struct {
 	kw, vw int
+	elem   int // bytes per element: 2 (bf16) or 4 (float32)
 	blocks int
 	k, v   *kernels.Buffer
 }
@@ -25,8 +26,9 @@ type pagedKV struct {
 	meta                 metaCache
 }
 
-// kvElem is the bytes of one cached key or value element (bf16).
-const kvElem = 2
+// kvElem is the bytes of one cached key or value element: 2 (bf16), or 4
+// (float32) with Options.KVCacheF32.
+func (be *Backend) kvElem() int { return map[bool]int{false: 2, true: 4}[be.kvF32] }
 
 // privateBlock is the block size of the unpaged (per-sequence) cache.
 const privateBlock = 16
@@ -53,13 +55,13 @@ func newPrivateKV() *privateKV {
 
 // layerAt returns layers[l] of a pool, allocating it with blocks blocks of
 // bs tokens and widths kw, vw; it panics on a width mismatch.
-func layerAt(d *kernels.Device, layers *[]*kvLayer, l, blocks, bs, kw, vw int) *kvLayer {
+func layerAt(d *kernels.Device, layers *[]*kvLayer, l, blocks, bs, kw, vw, elem int) *kvLayer {
 	if l >= len(*layers) {
 		*layers = append(*layers, make([]*kvLayer, l+1-len(*layers))...)
 	}
 	pl := (*layers)[l]
 	if pl == nil {
-		pl = &kvLayer{kw: kw, vw: vw}
+		pl = &kvLayer{kw: kw, vw: vw, elem: elem}
 		grow(d, pl, blocks, bs)
 		(*layers)[l] = pl
 	}
@@ -74,6 +76,7 @@ func grow(d *kernels.Device, pl *kvLayer, blocks, bs int) {
 	if blocks <= pl.blocks {
 		return
 	}
+	kvElem := int64(pl.elem)
 	k, err := d.Malloc(int64(blocks) * int64(bs) * int64(pl.kw) * kvElem)
 	must("KV cache", err)
 	v, err := d.Malloc(int64(blocks) * int64(bs) * int64(pl.vw) * kvElem)
@@ -242,7 +245,7 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			}
 			var pl *kvLayer
 			if gi == 0 {
-				pl = layerAt(d, &be.paged.layers, p.Layer, be.paged.numBlocks, be.paged.blockSize, kw, vw)
+				pl = layerAt(d, &be.paged.layers, p.Layer, be.paged.numBlocks, be.paged.blockSize, kw, vw, be.kvElem())
 				a.BlockSize = be.paged.blockSize
 			} else {
 				need := 0
@@ -252,7 +255,7 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 				key := [3]int{p.Layer, kw, vw}
 				pl = be.priv.layers[key]
 				if pl == nil {
-					pl = &kvLayer{kw: kw, vw: vw}
+					pl = &kvLayer{kw: kw, vw: vw, elem: be.kvElem()}
 					be.priv.layers[key] = pl
 				}
 				if need > pl.blocks {
@@ -267,6 +270,16 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 				mc = &be.priv.meta
 			}
 			m := mc.get(be, d, g, T)
+			if pl.elem == 4 { // the float32 cache: the exact path
+				if err := d.KVWriteF32(nil, pl.k, pl.v, kb, vb, m.slots, T, kw, vw); err != nil {
+					return err
+				}
+				if err := d.AttentionF32(nil, out.st.f32, qb, pl.k, pl.v, m.rows, m.pos, m.table, m.blocks, sk,
+					len(g.rows), a); err != nil {
+					return err
+				}
+				continue
+			}
 			if err := d.KVWriteBF16(nil, pl.k, pl.v, kb, vb, m.slots, T, kw, vw); err != nil {
 				return err
 			}
@@ -371,7 +384,7 @@ func (be *Backend) CopyBlocks(src, dst []int32) {
 					buf *kernels.Buffer
 					w   int64
 				}{{pl.k, int64(pl.kw)}, {pl.v, int64(pl.vw)}} {
-					n := bs * m.w * kvElem
+					n := bs * m.w * int64(pl.elem)
 					sv, err := m.buf.View(int64(src[i])*n, n)
 					if err != nil {
 						return err

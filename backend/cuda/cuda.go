@@ -16,8 +16,11 @@
 //     second accumulating into C), which keeps ~16 bits of x's mantissa; with
 //     it off, x is rounded to bf16 once (half the GEMM work, ~3 significant
 //     digits).
-//   - Attention keeps a paged float32 KV pool per layer (InitKV) and reads it
-//     in place through the block tables; spans without a block table use a
+//   - Attention keeps a paged KV pool per layer (InitKV), bf16 or float32
+//     (Options.KVCacheF32), read in place through the block tables: the
+//     bf16 pool by the paged attention kernels of decode.cu (split-KV for
+//     long contexts, tensor cores for large GQA groups), the float32 pool
+//     by the exact float32 kernel. Spans without a block table use a
 //     private pool of 16-token blocks per sequence that grows on demand.
 //   - MoE routes on the host with moe.Route (the CPU backend's router), then
 //     gathers each expert's rows, runs two GEMMs per expert on slices of the
@@ -68,6 +71,13 @@ type Options struct {
 	// split pass. false is the fast mode: one GEMM on bf16-rounded
 	// activations. GEMMs against float32 weights are full FP32 either way.
 	SplitActivations *bool
+	// KVCacheF32 (nil means the same as SplitActivations) keeps the KV
+	// cache in float32 and attends with the exact float32 kernel; false
+	// keeps it in bf16 (half the memory and bytes per decode step, keys and
+	// values rounded once) and attends with the paged bf16 kernels. The two
+	// together make the precision profiles: exact (split, float32 KV; the
+	// default) and fast (bf16 activations into GEMMs, bf16 KV).
+	KVCacheF32 *bool
 }
 
 // Backend is the CUDA backend. The zero value is not usable; call New.
@@ -75,6 +85,7 @@ type Backend struct {
 	g     *kernels.GPU
 	alloc *allocator
 	split bool // Options.SplitActivations
+	kvF32 bool // Options.KVCacheF32
 
 	ropeMu sync.Mutex
 	ropes  map[attention.RoPE]*ropeFreqs
@@ -124,7 +135,11 @@ func New(opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("cuda: %w", err)
 	}
 	split := opts.SplitActivations == nil || *opts.SplitActivations
-	return &Backend{g: g, alloc: &allocator{pool: map[int64][]*kernels.Buffer{}}, split: split,
+	kvF32 := split
+	if opts.KVCacheF32 != nil {
+		kvF32 = *opts.KVCacheF32
+	}
+	return &Backend{g: g, alloc: &allocator{pool: map[int64][]*kernels.Buffer{}}, split: split, kvF32: kvF32,
 		ropes: map[attention.RoPE]*ropeFreqs{}, priv: newPrivateKV()}, nil
 }
 
