@@ -245,5 +245,6 @@ MK_API int32_t mk_attention_f32(uint64_t stream, uint64_t out, uint64_t q, uint6
 #include "mk_flash.h"  /* flash attention for prefill */
 #include "mk_decode.h" /* paged decode attention, bf16 KV cache */
 #include "mk_moe.h"    /* MoE routing, grouped expert GEMM */
+#include "mk_sample.h" /* sampling on the device */
 
 #endif /* MKERNEL_H */

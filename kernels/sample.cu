@@ -1,0 +1,820 @@
+// sample.cu — sampling on the device: one 1024-thread block per row of
+// float32 logits [rows, vocab], with the semantics of the engine's host
+// sampler (engine/sampler.go; contract in mk_sample.h).
+//
+// Per row (passes are reads of the row; the logits are never written):
+//   0. penalties: the penalised values of the few listed tokens go to a
+//      scratch row, a bitmap in shared memory marks them;
+//   1. one pass: raw max and sum of exp (log-softmax for the log-probs), the
+//      penalised max and its first index (greedy);
+//   2. one pass (temperature > 0): z = (w - max) / T in float32 exactly as the
+//      host does, q = exp(z) in float64 for z > -40, the total, and a
+//      histogram over 2048 linear bins of z (counts and masses);
+//   3. fast path: the bins give a threshold whose prefix (in descending z)
+//      provably holds the kept set; if it has at most 4096 tokens they are
+//      collected into shared memory, sorted (bitonic; key desc, id asc) and
+//      top-k / min-p / top-p / the draw run on the sorted list with float64
+//      scans;
+//      slow path (large kept sets, e.g. top-p 0.95 over a flat
+//      distribution): radix selection over the 32-bit order key of z
+//      (11 + 11 + 10 bits, one pass each, plus one pass to break ties by id)
+//      finds each cut (top-k, top-p, the draw) without sorting anything;
+//   4. top log-probs: the same radix selection over the raw logits finds the
+//      N-th most likely, one pass collects the N, one thread sorts them.
+// Without top-k, top-p and min-p the host draws over the whole vocabulary in
+// id order (drawAll); so does the device: block scans over tiles in id order.
+#include <cmath>
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int NT = 1024;   // threads per row
+constexpr int NW = NT / 32;
+constexpr int NB = 2048;   // histogram bins
+constexpr int CAP = 4096;  // candidates sorted in shared memory (4 per thread)
+constexpr float ZBIN = 51.2f;  // linear bins of z over (-40, 0]: NB / 40
+constexpr int MAXV = 1 << 20;
+constexpr unsigned FULL = 0xffffffffu;
+
+// Dynamic shared memory: fixed part, then the penalty bitmap.
+constexpr size_t SM_CNT = 0;                            // uint32 [NB]
+constexpr size_t SM_FMASS = SM_CNT + NB * 4;            // float  [NB]
+constexpr size_t SM_DMASS = SM_FMASS + NB * 4;          // double [NB]
+constexpr size_t SM_CAND = SM_DMASS + NB * 8;           // uint64 [CAP]
+constexpr size_t SM_BITS = SM_CAND + (size_t)CAP * 8;   // uint32 [(V+31)/32]
+
+// fkey maps a float to a uint32 with the same order (larger key = larger float).
+__device__ __forceinline__ uint32_t fkey(float f) {
+  uint32_t b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float kfloat(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// Block-wide reductions; every thread gets the result. red holds NW values.
+template <typename T, typename Op>
+__device__ T block_all(T v, Op op, T* red) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(FULL, v, o));
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  T r = red[0];
+  for (int i = 1; i < NW; i++) r = op(r, red[i]);
+  return r;
+}
+
+struct Sum {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct Min {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a < b ? a : b; }
+};
+struct Or {
+  __device__ int operator()(int a, int b) const { return a | b; }
+};
+
+// block_excl_scan returns the sum of v over the threads before this one and
+// the block total in *total.
+__device__ double block_excl_scan(double v, double* red, double* total) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  double x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    double y = __shfl_up_sync(FULL, x, o);
+    if (lane >= o) x += y;
+  }
+  double ex = __shfl_up_sync(FULL, x, 1);
+  if (lane == 0) ex = 0;
+  __syncthreads();
+  if (lane == 31) red[w] = x;
+  __syncthreads();
+  double base = 0, tot = 0;
+  for (int i = 0; i < NW; i++) {
+    if (i < w) base += red[i];
+    tot += red[i];
+  }
+  *total = tot;
+  return base + ex;
+}
+
+// The row as the sampler sees it: raw logits, penalised overrides.
+struct RowCtx {
+  const float* x;
+  const float* pv;        // penalised values at the marked positions
+  const uint32_t* bits;   // marks (shared memory)
+  bool pen;
+  float maxw, inv;
+};
+
+__device__ __forceinline__ float wval(const RowCtx& r, int i) {
+  float v = r.x[i];
+  if (r.pen && ((r.bits[i >> 5] >> (i & 31)) & 1u)) v = r.pv[i];
+  return v;
+}
+
+// zval is float32((w - max) * inv) as the host computes it (no FMA), -0 as +0.
+__device__ __forceinline__ float zval(const RowCtx& r, float w) {
+  float z = __fmul_rn(__fsub_rn(w, r.maxw), r.inv);
+  return z == 0.f ? 0.f : z;
+}
+
+// Keys for selection: ZKeys orders the tokens the draw can pick (z > -40)
+// by z and weighs them by q = exp(z); RawKeys orders the non-NaN raw logits.
+struct ZKeys {
+  RowCtx r;
+  static constexpr bool weighted = true;
+  __device__ bool get(int i, uint32_t& k) const {
+    float z = zval(r, wval(r, i));
+    if (!(z > -40.f)) return false;
+    k = fkey(z);
+    return true;
+  }
+  __device__ double weight(uint32_t k) const { return exp((double)kfloat(k)); }
+};
+struct RawKeys {
+  const float* x;
+  static constexpr bool weighted = false;
+  __device__ bool get(int i, uint32_t& k) const {
+    float v = x[i];
+    if (v != v) return false;
+    if (v == 0.f) v = 0.f;
+    k = fkey(v);
+    return true;
+  }
+  __device__ double weight(uint32_t) const { return 1.0; }
+};
+
+// Shared scalars of one block.
+struct Shared {
+  double red_d[NW];
+  float red_f[NW];
+  int red_i[NW];
+  long long red_l[NW];
+  int wcnt[NW];
+  // selection results
+  int sel_found, sel_bin, sel_id;
+  long long sel_cb;
+  double sel_mb;
+  int ncand;
+  int flag;
+  uint64_t top[32];
+  int ntop;
+};
+
+// Sel is a position in the order (key desc, id asc): the element, the
+// number of elements up to and including it, and their mass.
+struct Sel {
+  bool found;
+  uint32_t key;
+  int id;
+  long long count;
+  double mass;
+};
+
+__device__ __forceinline__ bool crosses(double x, double target, bool strict) {
+  return strict ? x > target : x >= target;
+}
+
+// find_crossing (warp 0): bins hold counts cnt and masses dm over nb bins;
+// scanning from the highest bin down with cb / mb already before them, find
+// the first bin where the count (or mass) crosses target. Results in sh.
+__device__ void find_crossing(const uint32_t* cnt, const double* dm, int nb, long long cb, double mb,
+                              double target, bool by_mass, bool strict, Shared& sh) {
+  const int lane = threadIdx.x & 31;
+  const int per = nb / 32;
+  const int top = nb - 1 - lane * per;  // this lane's bins: top, top-1, ..., top-per+1
+  long long c = 0;
+  double m = 0;
+  for (int k = 0; k < per; k++) {
+    c += cnt[top - k];
+    m += dm[top - k];
+  }
+  // exclusive scan over lanes
+  long long cx = c;
+  double mx = m;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    long long yc = __shfl_up_sync(FULL, cx, o);
+    double ym = __shfl_up_sync(FULL, mx, o);
+    if (lane >= o) {
+      cx += yc;
+      mx += ym;
+    }
+  }
+  long long cbefore = cb + cx - c;
+  double mbefore = mb + mx - m;
+  bool cr = by_mass ? crosses(mbefore + m, target, strict) : crosses((double)(cbefore + c), target, strict);
+  unsigned bal = __ballot_sync(FULL, cr);
+  if (bal == 0) {
+    if (lane == 0) sh.sel_found = 0;
+    return;
+  }
+  if (lane == __ffs(bal) - 1) {
+    for (int k = 0; k < per; k++) {
+      int b = top - k;
+      long long c2 = cbefore + cnt[b];
+      double m2 = mbefore + dm[b];
+      if ((by_mass ? crosses(m2, target, strict) : crosses((double)c2, target, strict)) || k == per - 1) {
+        sh.sel_found = 1;
+        sh.sel_bin = b;
+        sh.sel_cb = cbefore;
+        sh.sel_mb = mbefore;
+        break;
+      }
+      cbefore = c2;
+      mbefore = m2;
+    }
+  }
+}
+
+// select_desc finds the first position in the order (key desc, id asc) of
+// the elements kf accepts where the running count (by_mass false) or mass
+// (true) crosses target (>= target, or > with strict). Radix selection:
+// three histogram passes (11, 11, 10 bits of the key), then one pass to
+// find the id among elements with equal keys. Every thread gets the result.
+template <class K>
+__device__ Sel select_desc(const K& kf, int V, double target, bool by_mass, bool strict, uint32_t* cnt,
+                           double* dm, Shared& sh) {
+  const int tid = threadIdx.x;
+  const int shifts[3] = {21, 10, 0};
+  const int widths[3] = {11, 11, 10};
+  uint32_t prefix = 0;
+  long long cb = 0;
+  double mb = 0;
+  int bin = 0;
+  Sel res{false, 0, -1, 0, 0};
+  for (int l = 0; l < 3; l++) {
+    const int sft = shifts[l], nb = 1 << widths[l];
+    const int hs = sft + widths[l];
+    for (int b = tid; b < NB; b += NT) {
+      cnt[b] = 0;
+      dm[b] = 0;
+    }
+    __syncthreads();
+    for (int i0 = 0; i0 < V; i0 += NT) {
+      const int i = i0 + tid;
+      uint32_t k = 0;
+      bool ok = i < V && kf.get(i, k) && (l == 0 || (k >> hs) == (prefix >> hs));
+      int b = ok ? (int)((k >> sft) & (uint32_t)(nb - 1)) : -1;
+      // aggregate equal bins across the warp for the counts
+      const unsigned peers = __match_any_sync(FULL, b);
+      const bool leader = ok && (threadIdx.x & 31) == __ffs(peers) - 1;
+      if (K::weighted) {
+        // the group's mass, summed by every lane over its peers (equal bins
+        // are common: one contended double atomic per group, not per lane)
+        const double q = ok ? kf.weight(k) : 0.0;
+        double gs = 0;
+        for (int src = 0; src < 32; src++) {
+          const double y = __shfl_sync(FULL, q, src);
+          if ((peers >> src) & 1u) gs += y;
+        }
+        if (leader) atomicAdd(&dm[b], gs);
+      }
+      if (leader) atomicAdd(&cnt[b], (uint32_t)__popc(peers));
+    }
+    __syncthreads();
+    if (tid < 32) find_crossing(cnt, dm, nb, cb, mb, target, by_mass, strict, sh);
+    __syncthreads();
+    if (!sh.sel_found) return res;
+    bin = sh.sel_bin;
+    cb = sh.sel_cb;
+    mb = sh.sel_mb;
+    prefix |= (uint32_t)bin << sft;
+    __syncthreads();
+  }
+  // All elements of the last bin have key == prefix and the same weight.
+  const long long g = cnt[bin];
+  const double w = kf.weight(prefix);
+  long long j;
+  if (by_mass) {
+    double j0 = (target - mb) / w;
+    j = strict ? (long long)floor(j0) + 1 : (long long)ceil(j0);
+  } else {
+    j = (long long)ceil(target - (double)cb);
+    if (strict && (double)(cb + j) <= target) j++;
+  }
+  if (j < 1) j = 1;
+  if (j > g) j = g;
+  // The j-th smallest id with key == prefix: tiles in id order.
+  __syncthreads();
+  if (tid == 0) sh.sel_id = -1;
+  __syncthreads();
+  const int lane = tid & 31, wp = tid >> 5;
+  long long base = 0;
+  for (int t0 = 0; t0 < V; t0 += NT) {
+    const int i = t0 + tid;
+    uint32_t k;
+    const bool f = i < V && kf.get(i, k) && k == prefix;
+    const unsigned bal = __ballot_sync(FULL, f);
+    if (lane == 0) sh.wcnt[wp] = __popc(bal);
+    __syncthreads();
+    int wb = 0, tot = 0;
+    for (int q = 0; q < NW; q++) {
+      if (q < wp) wb += sh.wcnt[q];
+      tot += sh.wcnt[q];
+    }
+    if (f && base + wb + __popc(bal & ((1u << lane) - 1)) + 1 == j) sh.sel_id = i;
+    base += tot;
+    __syncthreads();
+    if (base >= j) break;
+  }
+  res.found = true;
+  res.key = prefix;
+  res.id = sh.sel_id;
+  res.count = cb + j;
+  res.mass = mb + (double)j * w;
+  return res;
+}
+
+// block_first returns the smallest e with cond, or big.
+__device__ int block_first(bool cond, int e, int big, Shared& sh) {
+  return block_all<int>(cond ? e : big, Min{}, sh.red_i);
+}
+
+__global__ void __launch_bounds__(NT, 1)
+    sample_rows(const float* __restrict__ logits, int64_t V64, const int32_t* __restrict__ meta, int64_t meta_words,
+                float* scratch, int32_t* __restrict__ out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ Shared sh;
+  uint32_t* cnt = reinterpret_cast<uint32_t*>(smem + SM_CNT);
+  float* fmass = reinterpret_cast<float*>(smem + SM_FMASS);
+  double* dm = reinterpret_cast<double*>(smem + SM_DMASS);
+  uint64_t* cand = reinterpret_cast<uint64_t*>(smem + SM_CAND);
+  uint32_t* bits = reinterpret_cast<uint32_t*>(smem + SM_BITS);
+
+  const int V = (int)V64;
+  const int row = blockIdx.x;
+  const int tid = threadIdx.x;
+  const float* x = logits + (int64_t)row * V;
+  float* pv = scratch ? scratch + (int64_t)row * V : nullptr;
+  const int32_t* m = meta + (int64_t)row * MK_SAMPLE_META_WORDS;
+  int32_t* o = out + (int64_t)row * MK_SAMPLE_RESULT_WORDS;
+
+  const float T = __int_as_float(m[0]);
+  const int topk = m[1];
+  const float topp = __int_as_float(m[2]);
+  const float minp = __int_as_float(m[3]);
+  const float rep = __int_as_float(m[4]);
+  const float pres = __int_as_float(m[5]);
+  const float freq = __int_as_float(m[6]);
+  const int nseen = m[7], seen_off = m[8], nout = m[9], out_off = m[10];
+  const int ntop = m[11];
+  const double U = __hiloint2double(m[13], m[12]);
+
+  // Defaults of the result (overwritten below).
+  for (int k = tid; k < MK_SAMPLE_MAX_TOP; k += NT) {
+    o[3 + k] = -1;
+    o[3 + MK_SAMPLE_MAX_TOP + k] = __float_as_int(__int_as_float(0x7fc00000));
+  }
+  const bool bad_meta = nseen < 0 || nout < 0 || ntop < 0 || ntop > MK_SAMPLE_MAX_TOP ||
+                        (nseen > 0 && (seen_off < 0 || (int64_t)seen_off + nseen > meta_words)) ||
+                        (nout > 0 && (out_off < 0 || (int64_t)out_off + 2 * (int64_t)nout > meta_words));
+  if (bad_meta) {
+    if (tid == 0) {
+      o[0] = -1;
+      o[1] = 0;
+      o[2] = 0;
+    }
+    return;
+  }
+
+  // ---- 0. penalties ----
+  const bool use_rep = rep != 1.f && nseen > 0;
+  const bool use_out = (pres != 0.f || freq != 0.f) && nout > 0;
+  const bool pen = (use_rep || use_out) && pv != nullptr;
+  if (pen) {
+    const int nwords = (V + 31) / 32;
+    for (int k = tid; k < nwords; k += NT) bits[k] = 0;
+    __syncthreads();
+    if (use_rep) {
+      for (int k = tid; k < nseen; k += NT) {
+        const int t = meta[seen_off + k];
+        if (t < 0 || t >= V) continue;
+        const float v = x[t];
+        pv[t] = v > 0.f ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
+        atomicOr(&bits[t >> 5], 1u << (t & 31));
+      }
+    }
+    __syncthreads();
+    if (use_out) {
+      for (int k = tid; k < nout; k += NT) {
+        const int t = meta[out_off + k];
+        if (t < 0 || t >= V) continue;
+        const int c = meta[out_off + nout + k];
+        float v = x[t];
+        if (use_rep && ((bits[t >> 5] >> (t & 31)) & 1u)) v = v > 0.f ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
+        pv[t] = __fsub_rn(v, __fadd_rn(__fmul_rn(freq, (float)c), pres));
+      }
+      __syncthreads();
+      for (int k = tid; k < nout; k += NT) {
+        const int t = meta[out_off + k];
+        if (t >= 0 && t < V) atomicOr(&bits[t >> 5], 1u << (t & 31));
+      }
+    }
+    __syncthreads();
+  }
+  RowCtx rc{x, pv, bits, pen, 0.f, 1.f};
+
+  // ---- 1. raw log-sum-exp, penalised argmax ----
+  float rmax = -INFINITY, rsum = 0.f;
+  int rnan = 0, nraw = 0;
+  float wmax = -INFINITY;
+  int widx = -1;
+  for (int i = tid; i < V; i += NT) {
+    const float v = x[i];
+    if (v != v) {
+      rnan = 1;
+    } else {
+      nraw++;
+      if (v > rmax) {
+        rsum = rsum * expf(rmax - v) + 1.f;
+        rmax = v;
+      } else if (v != -INFINITY) {
+        rsum += expf(v - rmax);
+      }
+    }
+    const float w = pen ? wval(rc, i) : v;
+    if (w == w && (widx < 0 || w > wmax)) {
+      wmax = w;
+      widx = i;
+    }
+  }
+  const float gmax_raw = block_all<float>(rmax, Max{}, sh.red_f);
+  const double part = (rmax == -INFINITY || gmax_raw == -INFINITY) ? 0.0 : (double)rsum * exp((double)rmax - (double)gmax_raw);
+  const double rs = block_all<double>(part, Sum{}, sh.red_d);
+  const int anynan = block_all<int>(rnan, Or{}, sh.red_i);
+  const int nraw_all = block_all<int>(nraw, Sum{}, sh.red_i);
+  const bool lse_ok = !anynan && isfinite(gmax_raw);
+  const double lse = lse_ok ? (double)gmax_raw + log(rs) : (double)NAN;
+  const int anyw = block_all<int>(widx >= 0 ? 1 : 0, Or{}, sh.red_i);
+  const float gmax_w = block_all<float>(widx >= 0 ? wmax : -INFINITY, Max{}, sh.red_f);
+  const int greedy0 = block_all<int>((widx >= 0 && wmax == gmax_w) ? widx : 0x7fffffff, Min{}, sh.red_i);
+  const int greedy = anyw ? greedy0 : 0;
+
+  int token = greedy;
+  bool bad = false;
+  if (T > 0.f && anyw && gmax_w != -INFINITY) {
+    rc.maxw = gmax_w;
+    rc.inv = __fdiv_rn(1.f, T);
+    const bool restricted = topk > 0 || topp < 1.f || minp > 0.f;
+    // ---- 2. total, histogram ----
+    if (restricted) {
+      for (int b = tid; b < NB; b += NT) {
+        cnt[b] = 0;
+        fmass[b] = 0.f;
+      }
+      __syncthreads();
+    }
+    double tot = 0;
+    int nval = 0, nmin = 0;
+    for (int i = tid; i < V; i += NT) {
+      const float z = zval(rc, wval(rc, i));
+      if (z > -40.f) {
+        const double q = exp((double)z);
+        tot += q;
+        nval++;
+        if (minp > 0.f && q >= (double)minp) nmin++;
+        if (restricted) {
+          const int b = min(NB - 1, (int)(-z * ZBIN));
+          atomicAdd(&cnt[b], 1u);
+          atomicAdd(&fmass[b], (float)q);
+        }
+      }
+    }
+    const double total = block_all<double>(tot, Sum{}, sh.red_d);
+    const int nvalid = block_all<int>(nval, Sum{}, sh.red_i);
+    const int nminp = block_all<int>(nmin, Sum{}, sh.red_i);
+    if (nvalid == 0) {
+      token = greedy;  // (the host would fail here: nothing to draw from)
+    } else if (!restricted) {
+      // drawAll: the first token in id order where the running sum exceeds U*total.
+      const double u = U * total;
+      double carry = 0;
+      if (tid == 0) sh.sel_id = -1;
+      __syncthreads();
+      for (int t0 = 0; t0 < V; t0 += 4 * NT) {
+        double q4[4];
+        double s = 0;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int i = t0 + 4 * tid + e;
+          q4[e] = 0;
+          if (i < V) {
+            const float z = zval(rc, wval(rc, i));
+            if (z > -40.f) q4[e] = exp((double)z);
+          }
+          s += q4[e];
+        }
+        double tile;
+        const double before = carry + block_excl_scan(s, sh.red_d, &tile);
+        if (s > 0 && !(before > u) && before + s > u) {
+          double run = before;
+          int pick = -1;
+          for (int e = 0; e < 4; e++) {
+            run += q4[e];
+            if (q4[e] > 0) {
+              pick = t0 + 4 * tid + e;  // the last positive one if rounding never crosses
+              if (run > u) break;
+            }
+          }
+          sh.sel_id = pick;
+        }
+        carry += tile;
+        __syncthreads();
+        if (sh.sel_id >= 0) break;
+      }
+      token = sh.sel_id >= 0 ? sh.sel_id : greedy;
+    } else {
+      // ---- 3. the cut bin ----
+      if (tid < 32) {
+        const int lane = tid;
+        const int per = NB / 32;
+        long long c = 0;
+        double ms = 0;
+        for (int k = 0; k < per; k++) {
+          c += cnt[lane * per + k];
+          ms += fmass[lane * per + k];
+        }
+        long long cx = c;
+        double mx = ms;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+          long long yc = __shfl_up_sync(FULL, cx, off);
+          double ym = __shfl_up_sync(FULL, mx, off);
+          if (lane >= off) {
+            cx += yc;
+            mx += ym;
+          }
+        }
+        // smallest bin whose cumulative count reaches kc / mass reaches mt
+        int bk = NB - 1, bp = NB - 1;
+        const long long kc = topk;
+        const double mt = (double)topp * total * (1 + 1e-4);
+        unsigned balk = __ballot_sync(FULL, topk > 0 && cx >= kc);
+        unsigned balp = __ballot_sync(FULL, topp < 1.f && mx >= mt);
+        if (balk && lane == __ffs(balk) - 1) {
+          long long r = cx - c;
+          for (int k = 0; k < per; k++) {
+            r += cnt[lane * per + k];
+            if (r >= kc) {
+              bk = lane * per + k;
+              break;
+            }
+          }
+        }
+        if (balp && lane == __ffs(balp) - 1) {
+          double r = mx - ms;
+          for (int k = 0; k < per; k++) {
+            r += fmass[lane * per + k];
+            if (r >= mt) {
+              bp = lane * per + k;
+              break;
+            }
+          }
+        }
+        bk = __reduce_min_sync(FULL, (unsigned)bk);
+        bp = __reduce_min_sync(FULL, (unsigned)bp);
+        int bc;
+        if (topk > 0) {
+          bc = bk;
+        } else {
+          bc = NB - 1;
+          if (topp < 1.f) bc = min(bc, bp);
+          if (minp > 0.f) bc = min(bc, (int)((-log((double)minp) + 1e-4) * ZBIN) + 1);
+          bc = min(bc, NB - 1);
+        }
+        // candidates: bins 0..bc
+        long long nc = 0;
+        for (int k = 0; k < per; k++)
+          if (lane * per + k <= bc) nc += cnt[lane * per + k];
+        nc = __reduce_add_sync(FULL, (unsigned)nc);
+        if (lane == 0) {
+          sh.sel_bin = bc;
+          sh.ncand = (int)nc;
+        }
+      }
+      __syncthreads();
+      const int bc = sh.sel_bin;
+      const int nc = sh.ncand;
+      const int nk = topk > 0 ? min(topk, nvalid) : nvalid;
+      bool fast = nc <= CAP;
+      if (fast) {
+        // collect
+        __syncthreads();
+        if (tid == 0) sh.ncand = 0;
+        __syncthreads();
+        for (int i0 = 0; i0 < V; i0 += NT) {
+          const int i = i0 + tid;
+          const float z = i < V ? zval(rc, wval(rc, i)) : -INFINITY;
+          const bool take = z > -40.f && min(NB - 1, (int)(-z * ZBIN)) <= bc;
+          const unsigned bal = __ballot_sync(FULL, take);
+          if (take) {
+            const int lane = tid & 31;
+            const int leader = __ffs(bal) - 1;
+            int pos = 0;
+            if (lane == leader) pos = atomicAdd(&sh.ncand, __popc(bal));
+            pos = __shfl_sync(bal, pos, leader) + __popc(bal & ((1u << lane) - 1));
+            if (pos < CAP) cand[pos] = ((uint64_t)fkey(z) << 32) | (uint64_t)(~(uint32_t)i);
+          }
+        }
+        __syncthreads();
+        int P = 2;
+        while (P < nc) P <<= 1;
+        for (int k = nc + tid; k < P; k += NT) cand[k] = 0;
+        __syncthreads();
+        // bitonic sort, descending
+        for (int k = 2; k <= P; k <<= 1) {
+          for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = tid; i < P; i += NT) {
+              const int ixj = i ^ j;
+              if (ixj > i) {
+                const uint64_t a = cand[i], b = cand[ixj];
+                const bool desc = (i & k) == 0;
+                if (desc ? a < b : a > b) {
+                  cand[i] = b;
+                  cand[ixj] = a;
+                }
+              }
+            }
+            __syncthreads();
+          }
+        }
+        // thread tid holds sorted positions 4*tid .. 4*tid+3
+        double q4[4];
+        for (int e = 0; e < 4; e++) {
+          const int p = 4 * tid + e;
+          q4[e] = p < nc ? exp((double)kfloat((uint32_t)(cand[p] >> 32))) : 0.0;
+        }
+        int n = min(nk, nc);
+        bool inside = topk > 0 || nc == nvalid;
+        double norm = total;
+        if (topk > 0) {
+          double s = 0;
+          for (int e = 0; e < 4; e++)
+            if (4 * tid + e < n) s += q4[e];
+          norm = block_all<double>(s, Sum{}, sh.red_d);
+        }
+        if (minp > 0.f) {
+          int c = 0;
+          for (int e = 0; e < 4; e++)
+            if (4 * tid + e < n && q4[e] >= (double)minp) c++;
+          const int cm = block_all<int>(c, Sum{}, sh.red_i);
+          if (cm < n) {
+            n = max(1, cm);
+            inside = true;
+          }
+        }
+        if (topp < 1.f) {
+          double s = 0;
+          for (int e = 0; e < 4; e++)
+            if (4 * tid + e < n) s += q4[e] / norm;
+          double tile;
+          double run = block_excl_scan(s, sh.red_d, &tile);
+          int first = 0x7fffffff;
+          for (int e = 0; e < 4; e++) {
+            const int p = 4 * tid + e;
+            if (p < n) {
+              run += q4[e] / norm;
+              if (run >= (double)topp && first == 0x7fffffff) first = p;
+            }
+          }
+          const int f = block_first(first != 0x7fffffff, first, 0x7fffffff, sh);
+          if (f != 0x7fffffff) {
+            n = f + 1;
+            inside = true;
+          }
+        }
+        if (!inside) {
+          fast = false;
+        } else {
+          double s = 0;
+          for (int e = 0; e < 4; e++)
+            if (4 * tid + e < n) s += q4[e];
+          double mass;
+          double run = block_excl_scan(s, sh.red_d, &mass);
+          const double u = U * mass;
+          int first = 0x7fffffff;
+          for (int e = 0; e < 4; e++) {
+            const int p = 4 * tid + e;
+            if (p < n) {
+              run += q4[e];
+              if (run > u && first == 0x7fffffff) first = p;
+            }
+          }
+          int f = block_first(first != 0x7fffffff, first, 0x7fffffff, sh);
+          if (f == 0x7fffffff) f = n - 1;
+          token = (int)(~(uint32_t)(cand[f] & 0xffffffffu));
+        }
+        __syncthreads();
+      }
+      if (!fast) {
+        // ---- slow path: radix selection, no sort ----
+        const ZKeys zk{rc};
+        double norm = total;
+        if (topk > 0) {
+          const Sel s = select_desc(zk, V, (double)nk, false, false, cnt, dm, sh);
+          if (s.found) norm = s.mass;
+        }
+        long long n = nk;
+        if (minp > 0.f) n = min(n, (long long)max(1, nminp));
+        if (topp < 1.f) {
+          const Sel s = select_desc(zk, V, (double)topp * norm, true, false, cnt, dm, sh);
+          if (s.found && s.count < n) n = s.count;
+        }
+        const Sel last = select_desc(zk, V, (double)n, false, false, cnt, dm, sh);
+        const double mass = last.mass;
+        const Sel d = select_desc(zk, V, U * mass, true, true, cnt, dm, sh);
+        if (d.found && d.count <= n) {
+          token = d.id;
+        } else {
+          token = last.id;
+        }
+        if (token < 0) bad = true;
+      }
+    }
+  }
+
+  // ---- 4. log-probs ----
+  const int N = min(ntop, nraw_all);
+  if (N > 0) {
+    const RawKeys rk{x};
+    const Sel s = select_desc(rk, V, (double)N, false, false, cnt, dm, sh);
+    if (tid == 0) sh.ntop = 0;
+    __syncthreads();
+    if (s.found && s.id >= 0) {
+      for (int i = tid; i < V; i += NT) {
+        uint32_t k;
+        if (rk.get(i, k) && (k > s.key || (k == s.key && i <= s.id))) {
+          const int p = atomicAdd(&sh.ntop, 1);
+          if (p < 32) sh.top[p] = ((uint64_t)k << 32) | (uint64_t)(~(uint32_t)i);
+        }
+      }
+    }
+    __syncthreads();
+    if (tid == 0) {
+      const int c = min(sh.ntop, N);
+      if (sh.ntop != N) bad = true;
+      for (int a = 1; a < c; a++) {
+        const uint64_t v = sh.top[a];
+        int b = a - 1;
+        while (b >= 0 && sh.top[b] < v) {
+          sh.top[b + 1] = sh.top[b];
+          b--;
+        }
+        sh.top[b + 1] = v;
+      }
+      for (int a = 0; a < c; a++) {
+        const int id = (int)(~(uint32_t)(sh.top[a] & 0xffffffffu));
+        o[3 + a] = id;
+        o[3 + MK_SAMPLE_MAX_TOP + a] = __float_as_int((float)((double)x[id] - lse));
+      }
+      o[2] = c;
+    }
+  } else if (tid == 0) {
+    o[2] = 0;
+  }
+  if (tid == 0) {
+    if (bad || token < 0 || token >= V) {
+      o[0] = -2;
+      o[1] = 0;
+    } else {
+      o[0] = token;
+      o[1] = __float_as_int((float)((double)x[token] - lse));
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" MK_API int32_t mk_sample_f32(uint64_t stream, uint64_t out, uint64_t logits, uint64_t meta,
+                                        int64_t meta_words, uint64_t scratch, int64_t rows, int64_t vocab) {
+  MK_THREAD("mk_sample_f32");
+  MK_ARG(out != 0 && logits != 0 && meta != 0, "mk_sample_f32: null pointer (out %llu, logits %llu, meta %llu)",
+         (unsigned long long)out, (unsigned long long)logits, (unsigned long long)meta);
+  MK_ARG(rows >= 1 && rows <= 0x7fffffff, "mk_sample_f32: rows = %lld, want [1, 2^31)", (long long)rows);
+  MK_ARG(vocab >= 1 && vocab <= MAXV, "mk_sample_f32: vocab = %lld, want [1, %d]", (long long)vocab, MAXV);
+  MK_ARG(meta_words >= rows * MK_SAMPLE_META_WORDS && meta_words <= 0x7fffffff,
+         "mk_sample_f32: meta holds %lld words, %lld rows need at least %lld (and < 2^31)", (long long)meta_words,
+         (long long)rows, (long long)rows * MK_SAMPLE_META_WORDS);
+  const size_t smem = SM_BITS + (size_t)((vocab + 31) / 32) * 4;
+  static size_t opted = 0;
+  if (smem > opted) {
+    MK_CUDA(cudaFuncSetAttribute(sample_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    opted = smem;
+  }
+  sample_rows<<<(unsigned)rows, NT, smem, mk::as_stream(stream)>>>(
+      mk::dev<const float>(logits), vocab, mk::dev<const int32_t>(meta), meta_words, mk::dev<float>(scratch),
+      mk::dev<int32_t>(out));
+  MK_LAUNCHED("sample_rows");
+  return MK_OK;
+}

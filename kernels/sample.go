@@ -1,0 +1,396 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// Sampling on the device (sample.cu, mk_sample.h), with the semantics of
+// the engine's host sampler (engine/sampler.go), and SampleHost, the same
+// semantics on the host as the reference.
+
+// Sizes of the sampling ABI (mk_sample.h).
+const (
+	SampleMetaWords   = 16 // int32 words of one row's header in the packed metadata
+	SampleResultWords = 44 // int32 words of one row's result
+	SampleMaxTop      = 20 // most alternatives (top log-probs) per row
+	SampleMaxVocab    = 1 << 20
+)
+
+var sampleF32 func(s, out, logits, meta uint64, metaWords int64, scratch uint64, rows, vocab int64) int32
+
+func init() { registerSymbols(symbol{"mk_sample_f32", &sampleF32}) }
+
+// SampleRow is one row's sampling request; its fields are those of
+// backend.SampleRow (a value of one converts to the other), whose doc is
+// the contract.
+type SampleRow struct {
+	Temperature       float32
+	TopK              int
+	TopP              float32
+	MinP              float32
+	RepetitionPenalty float32
+	PresencePenalty   float32
+	FrequencyPenalty  float32
+	Seen              []int32
+	Output            []int32
+	Counts            []int32
+	U                 float64
+	TopLogprobs       int
+}
+
+// SampleOut is one row's result; its fields are those of
+// backend.SampleResult.
+type SampleOut struct {
+	Token   int32
+	Logprob float32
+	TopIDs  []int32
+	TopLogp []float32
+}
+
+// penalised reports whether a penalty changes any logit of r.
+func (r *SampleRow) penalised() bool {
+	return (r.RepetitionPenalty != 1 && len(r.Seen) > 0) ||
+		((r.PresencePenalty != 0 || r.FrequencyPenalty != 0) && len(r.Output) > 0)
+}
+
+// check validates r for a vocabulary of vocab tokens.
+func (r *SampleRow) check(vocab int) error {
+	switch {
+	case !(r.Temperature >= 0) || math.IsInf(float64(r.Temperature), 1):
+		return fmt.Errorf("temperature %v, want finite >= 0", r.Temperature)
+	case r.TopK < 0 || r.TopK > math.MaxInt32:
+		return fmt.Errorf("top-k %d, want >= 0", r.TopK)
+	case !(r.TopP > 0):
+		return fmt.Errorf("top-p %v, want in (0, 1]", r.TopP)
+	case !(r.MinP >= 0 && r.MinP <= 1):
+		return fmt.Errorf("min-p %v, want in [0, 1]", r.MinP)
+	case !(r.RepetitionPenalty > 0) || math.IsInf(float64(r.RepetitionPenalty), 1):
+		return fmt.Errorf("repetition penalty %v, want finite > 0", r.RepetitionPenalty)
+	case math.IsNaN(float64(r.PresencePenalty)) || math.IsNaN(float64(r.FrequencyPenalty)):
+		return fmt.Errorf("presence/frequency penalty %v/%v", r.PresencePenalty, r.FrequencyPenalty)
+	case len(r.Counts) != len(r.Output):
+		return fmt.Errorf("%d counts for %d output tokens", len(r.Counts), len(r.Output))
+	case !(r.U >= 0 && r.U < 1):
+		return fmt.Errorf("U = %v, want in [0, 1)", r.U)
+	case r.TopLogprobs < 0 || r.TopLogprobs > SampleMaxTop:
+		return fmt.Errorf("top logprobs %d, want in [0, %d]", r.TopLogprobs, SampleMaxTop)
+	}
+	for _, l := range [][]int32{r.Seen, r.Output} {
+		for _, t := range l {
+			if t < 0 || int(t) >= vocab {
+				return fmt.Errorf("token id %d outside the vocabulary [0, %d)", t, vocab)
+			}
+		}
+	}
+	return nil
+}
+
+// PackSample checks rows for a vocabulary of vocab tokens and packs them
+// into the metadata words mk_sample_f32 reads (headers, then the token
+// lists). pen reports whether any row has a penalty in effect (then the
+// call needs a scratch buffer of rows*vocab floats).
+func PackSample(rows []SampleRow, vocab int) (meta []int32, pen bool, err error) {
+	if len(rows) == 0 || vocab < 1 || vocab > SampleMaxVocab {
+		return nil, false, fmt.Errorf("kernels: PackSample: %d rows of vocabulary %d (want >= 1 rows, vocabulary in [1, %d])",
+			len(rows), vocab, SampleMaxVocab)
+	}
+	words := len(rows) * SampleMetaWords
+	for i := range rows {
+		r := &rows[i]
+		if err := r.check(vocab); err != nil {
+			return nil, false, fmt.Errorf("kernels: PackSample: row %d: %w", i, err)
+		}
+		words += len(r.Seen) + 2*len(r.Output)
+	}
+	if words > math.MaxInt32 {
+		return nil, false, fmt.Errorf("kernels: PackSample: %d metadata words, more than 2^31", words)
+	}
+	meta = make([]int32, len(rows)*SampleMetaWords, words)
+	f := func(v float32) int32 { return int32(math.Float32bits(v)) }
+	for i := range rows {
+		r := &rows[i]
+		h := meta[i*SampleMetaWords : (i+1)*SampleMetaWords]
+		ub := math.Float64bits(r.U)
+		h[0], h[1], h[2], h[3] = f(r.Temperature), int32(r.TopK), f(r.TopP), f(r.MinP)
+		h[4], h[5], h[6] = f(r.RepetitionPenalty), f(r.PresencePenalty), f(r.FrequencyPenalty)
+		h[7], h[8] = int32(len(r.Seen)), int32(len(meta))
+		meta = append(meta, r.Seen...)
+		h[9], h[10] = int32(len(r.Output)), int32(len(meta))
+		meta = append(meta, r.Output...)
+		meta = append(meta, r.Counts...)
+		h[11], h[12], h[13] = int32(r.TopLogprobs), int32(uint32(ub)), int32(uint32(ub>>32))
+		pen = pen || r.penalised()
+	}
+	return meta, pen, nil
+}
+
+// SampleF32 samples one token per row of logits [rows, vocab] (float32,
+// not modified) on stream s: meta holds metaWords words from PackSample,
+// out gets rows*SampleResultWords int32 words (UnpackSample reads them),
+// scratch is nil or rows*vocab floats (required when a row has penalties).
+func (d *Device) SampleF32(s *Stream, out, logits, meta *Buffer, metaWords int, scratch *Buffer, rows, vocab int) error {
+	const op = "SampleF32"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if err := positive(op, "rows", rows, "vocab", vocab, "metaWords", metaWords); err != nil {
+		return err
+	}
+	if vocab > SampleMaxVocab || metaWords < rows*SampleMetaWords {
+		return fmt.Errorf("kernels: %s: vocab %d (at most %d), %d metadata words for %d rows", op, vocab, SampleMaxVocab, metaWords, rows)
+	}
+	n := int64(rows) * int64(vocab)
+	if err := needAll(op, 4, "out", out, int64(rows)*SampleResultWords, "logits", logits, n, "meta", meta, int64(metaWords)); err != nil {
+		return err
+	}
+	var sp uint64
+	if scratch != nil {
+		if err := need(op, "scratch", scratch, n, 4); err != nil {
+			return err
+		}
+		sp = scratch.ptr
+	}
+	return d.lib.check("mk_sample_f32", sampleF32(s.handle(), out.ptr, logits.ptr, meta.ptr, int64(metaWords), sp,
+		int64(rows), int64(vocab)))
+}
+
+// UnpackSample reads rows results from the words SampleF32 wrote.
+func UnpackSample(words []int32, rows int) ([]SampleOut, error) {
+	if len(words) < rows*SampleResultWords {
+		return nil, fmt.Errorf("kernels: UnpackSample: %d words for %d rows", len(words), rows)
+	}
+	out := make([]SampleOut, rows)
+	for i := range out {
+		w := words[i*SampleResultWords : (i+1)*SampleResultWords]
+		if w[0] < 0 {
+			return nil, fmt.Errorf("kernels: SampleF32 row %d: the device reported %s (code %d)", i,
+				map[bool]string{true: "bad metadata", false: "an internal inconsistency"}[w[0] == -1], w[0])
+		}
+		n := int(w[2])
+		if n < 0 || n > SampleMaxTop {
+			return nil, fmt.Errorf("kernels: SampleF32 row %d: %d alternatives", i, n)
+		}
+		o := SampleOut{Token: w[0], Logprob: math.Float32frombits(uint32(w[1]))}
+		if n > 0 {
+			o.TopIDs = make([]int32, n)
+			o.TopLogp = make([]float32, n)
+			for k := 0; k < n; k++ {
+				o.TopIDs[k] = w[3+k]
+				o.TopLogp[k] = math.Float32frombits(uint32(w[3+SampleMaxTop+k]))
+			}
+		}
+		out[i] = o
+	}
+	return out, nil
+}
+
+// SampleHost samples one row of logits [V] on the host: engine/sampler.go's
+// sample, draw, drawAll and logprobOf followed literally (math.Exp where the
+// engine uses its fastExp, ~2e-10 apart), with U given. margin is the
+// smallest relative distance of any threshold decision it took (the draw's
+// running mass to U·mass, top-p's cumulative to top-p, min-p's probability
+// to min-p): results of another implementation may differ where margin is
+// at the rounding level. Where the engine would index out of range (no
+// token left to draw from, e.g. a +Inf logit), SampleHost returns the argmax.
+func SampleHost(logits []float32, r *SampleRow) (out SampleOut, margin float64) {
+	margin = math.Inf(1)
+	w := append([]float32(nil), logits...)
+	if r.RepetitionPenalty != 1 {
+		for _, t := range r.Seen {
+			if w[t] > 0 {
+				w[t] /= r.RepetitionPenalty
+			} else {
+				w[t] *= r.RepetitionPenalty
+			}
+		}
+	}
+	if r.PresencePenalty != 0 || r.FrequencyPenalty != 0 {
+		for i, t := range r.Output {
+			pen := r.FrequencyPenalty*float32(r.Counts[i]) + r.PresencePenalty
+			w[t] -= pen
+		}
+	}
+	var tok int32
+	if r.Temperature == 0 {
+		tok = int32(hostArgmax(w))
+	} else {
+		tok = hostDraw(w, r, &margin)
+	}
+	out = hostLogprobs(logits, tok, r.TopLogprobs)
+	return out, margin
+}
+
+// hostArgmax is engine.Argmax: the first largest value, NaN never wins.
+func hostArgmax(v []float32) int {
+	best := -1
+	for i, x := range v {
+		if x != x {
+			continue
+		}
+		if best < 0 || x > v[best] {
+			best = i
+		}
+	}
+	return max(best, 0)
+}
+
+func relDist(a, b, scale float64) float64 {
+	if scale == 0 {
+		return math.Abs(a - b)
+	}
+	return math.Abs(a-b) / math.Abs(scale)
+}
+
+// hostDraw is the engine's draw (and drawAll).
+func hostDraw(w []float32, r *SampleRow, margin *float64) int32 {
+	inv := 1 / r.Temperature
+	maxv := float32(math.Inf(-1))
+	for _, x := range w {
+		if x > maxv {
+			maxv = x
+		}
+	}
+	if math.IsInf(float64(maxv), -1) || math.IsNaN(float64(maxv)) {
+		return int32(hostArgmax(w))
+	}
+	probs := make([]float64, len(w))
+	var total float64
+	for i, x := range w {
+		q := 0.0
+		if z := float64((x - maxv) * inv); z > -40 {
+			q = math.Exp(z)
+		}
+		probs[i] = q
+		total += q
+	}
+	if r.TopK == 0 && r.TopP >= 1 && r.MinP == 0 {
+		u := r.U * total
+		before := 0.0
+		for i, q := range probs {
+			u -= q
+			if u < 0 && q > 0 {
+				*margin = min(*margin, relDist(before+q, r.U*total, total), relDist(before, r.U*total, total))
+				return int32(i)
+			}
+			before += q
+		}
+		return int32(hostArgmax(w))
+	}
+	var order []int32
+	for tau := 1.0 / 64; ; tau /= 64 {
+		order = order[:0]
+		var mass float64
+		for i, q := range probs {
+			if q >= tau && q > 0 {
+				order = append(order, int32(i))
+				mass += q
+			}
+		}
+		enoughK := r.TopK > 0 && len(order) >= r.TopK
+		enoughP := r.TopK == 0 && mass >= float64(r.TopP)*total
+		enoughMin := r.TopK == 0 && r.TopP >= 1 && tau <= float64(r.MinP)
+		if enoughK || enoughP || enoughMin || tau < 1e-300 || len(order) == len(probs) {
+			break
+		}
+	}
+	sort.Slice(order, func(a, b int) bool {
+		qa, qb := probs[order[a]], probs[order[b]]
+		return qa > qb || (qa == qb && order[a] < order[b])
+	})
+	norm := total
+	if r.TopK > 0 && r.TopK < len(order) {
+		order = order[:r.TopK]
+	}
+	if r.TopK > 0 {
+		norm = 0
+		for _, t := range order {
+			norm += probs[t]
+		}
+	}
+	n := len(order)
+	if r.MinP > 0 {
+		for n > 1 && probs[order[n-1]] < float64(r.MinP) {
+			n--
+		}
+		if n < len(order) {
+			*margin = min(*margin, relDist(probs[order[n]], float64(r.MinP), float64(r.MinP)))
+		}
+		*margin = min(*margin, relDist(probs[order[n-1]], float64(r.MinP), float64(r.MinP)))
+	}
+	if r.TopP < 1 {
+		var c float64
+		for i := 0; i < n; i++ {
+			prev := c
+			c += probs[order[i]] / norm
+			if c >= float64(r.TopP) {
+				*margin = min(*margin, relDist(c, float64(r.TopP), 1), relDist(prev, float64(r.TopP), 1))
+				n = i + 1
+				break
+			}
+		}
+	}
+	if n == 0 {
+		return int32(hostArgmax(w)) // the engine would index order[-1] here
+	}
+	var mass float64
+	for _, t := range order[:n] {
+		mass += probs[t]
+	}
+	u := r.U * mass
+	before := 0.0
+	for _, t := range order[:n] {
+		u -= probs[t]
+		if u < 0 {
+			*margin = min(*margin, relDist(before+probs[t], r.U*mass, mass), relDist(before, r.U*mass, mass))
+			return t
+		}
+		before += probs[t]
+	}
+	*margin = min(*margin, relDist(before, r.U*mass, mass))
+	return order[n-1]
+}
+
+// hostLogprobs is the engine's logprobOf: log-softmax of the raw logits at
+// tok and the top alternatives (logit desc, id asc; NaN skipped).
+func hostLogprobs(logits []float32, tok int32, top int) SampleOut {
+	maxv := math.Inf(-1)
+	for _, x := range logits {
+		maxv = math.Max(maxv, float64(x))
+	}
+	var sum float64
+	for _, x := range logits {
+		sum += math.Exp(float64(x) - maxv)
+	}
+	lse := maxv + math.Log(sum)
+	lp := func(t int32) float32 { return float32(float64(logits[t]) - lse) }
+	out := SampleOut{Token: tok, Logprob: lp(tok)}
+	if top > 0 {
+		best := make([]int32, 0, top+1)
+		better := func(a, b int32) bool {
+			return logits[a] > logits[b] || (logits[a] == logits[b] && a < b)
+		}
+		for i := range logits {
+			t := int32(i)
+			if math.IsNaN(float64(logits[t])) || (len(best) == top && !better(t, best[top-1])) {
+				continue
+			}
+			j := len(best)
+			best = append(best, t)
+			for j > 0 && better(t, best[j-1]) {
+				best[j] = best[j-1]
+				j--
+			}
+			best[j] = t
+			if len(best) > top {
+				best = best[:top]
+			}
+		}
+		for _, t := range best {
+			out.TopIDs = append(out.TopIDs, t)
+			out.TopLogp = append(out.TopLogp, lp(t))
+		}
+	}
+	return out
+}

@@ -1,0 +1,394 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"testing"
+)
+
+// sampleLogits draws one row of V logits of the given kind: "normal"
+// (normal × 3), "ties" (normal × 3 rounded to halves: many equal values),
+// "dominant" (one token 30 above the rest), "neginf" (a third of the
+// entries −Inf), "flat" (all equal: every cut is a tie broken by id),
+// "nan" (a few NaN entries), "narrow" (normal × 0.01: the kept sets of
+// top-p are large).
+func sampleLogits(r *rand.Rand, V int, kind string) []float32 {
+	v := make([]float32, V)
+	for i := range v {
+		v[i] = float32(r.NormFloat64() * 3)
+	}
+	switch kind {
+	case "ties":
+		for i := range v {
+			v[i] = float32(math.Round(float64(v[i])*2) / 2)
+		}
+	case "dominant":
+		v[r.IntN(V)] += 30
+	case "neginf":
+		for i := range v {
+			if r.IntN(3) == 0 {
+				v[i] = float32(math.Inf(-1))
+			}
+		}
+		v[r.IntN(V)] = 1 // at least one finite
+	case "flat":
+		c := float32(r.NormFloat64())
+		for i := range v {
+			v[i] = c
+		}
+	case "nan":
+		for k := 0; k < 1+V/1000; k++ {
+			v[r.IntN(V)] = float32(math.NaN())
+		}
+	case "narrow":
+		for i := range v {
+			v[i] *= 0.01 / 3
+		}
+	}
+	return v
+}
+
+var sampleKinds = []string{"normal", "ties", "dominant", "neginf", "flat", "nan", "narrow"}
+
+// distinctIDs draws n distinct ids in [0, V).
+func distinctIDs(r *rand.Rand, n, V int) []int32 {
+	n = min(n, V)
+	seen := map[int32]bool{}
+	out := make([]int32, 0, n)
+	for len(out) < n {
+		t := int32(r.IntN(V))
+		if !seen[t] {
+			seen[t] = true
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// randSampleRow draws random sampling parameters, penalties included.
+func randSampleRow(r *rand.Rand, V int) SampleRow {
+	pick := func(v ...float32) float32 { return v[r.IntN(len(v))] }
+	row := SampleRow{
+		Temperature:       pick(0, 0.3, 0.8, 1, 1.5),
+		TopK:              []int{0, 0, 1, 5, 50, 1000, 5000}[r.IntN(7)],
+		TopP:              pick(1, 1, 0.9, 0.5, 0.95, 0.999),
+		MinP:              pick(0, 0, 0, 0.05, 0.2),
+		RepetitionPenalty: 1,
+		U:                 r.Float64(),
+		TopLogprobs:       []int{0, 0, 1, 5, 20}[r.IntN(5)],
+	}
+	if r.IntN(3) == 0 {
+		row.RepetitionPenalty = pick(1.1, 1.3, 0.8)
+		row.Seen = distinctIDs(r, 1+r.IntN(300), V)
+	}
+	if r.IntN(3) == 0 {
+		row.PresencePenalty = pick(0, 0.5, -0.5, 1.5)
+		row.FrequencyPenalty = pick(0, 0.2, -0.3, 1)
+		row.Output = distinctIDs(r, 1+r.IntN(100), V)
+		row.Counts = make([]int32, len(row.Output))
+		for i := range row.Counts {
+			row.Counts[i] = int32(1 + r.IntN(5))
+		}
+	}
+	return row
+}
+
+// sampleCheck compares one device result with the host reference; a token
+// that differs only where the reference's margin is under 1e-6 counts as a
+// boundary case (returned true), anything else fails.
+func sampleCheck(tb testing.TB, name string, V int, row *SampleRow, got, want SampleOut, margin float64) (boundary bool) {
+	tb.Helper()
+	if got.Token < 0 || int(got.Token) >= V {
+		tb.Errorf("%s: token %d outside [0, %d)", name, got.Token, V)
+		return false
+	}
+	if got.Token != want.Token {
+		if margin < 1e-6 {
+			tb.Logf("%s: boundary case: token %d, reference %d, reference margin %.3g (params %+v)", name, got.Token, want.Token, margin, paramsOf(row))
+			return true
+		}
+		tb.Errorf("%s: token %d, want %d (reference margin %.3g; params %+v)", name, got.Token, want.Token, margin, paramsOf(row))
+		return false
+	}
+	closeLP := func(a, b float32) bool {
+		if math.IsNaN(float64(b)) {
+			return math.IsNaN(float64(a))
+		}
+		if math.IsInf(float64(b), 0) {
+			return a == b
+		}
+		return math.Abs(float64(a)-float64(b)) <= 1e-4
+	}
+	if !closeLP(got.Logprob, want.Logprob) {
+		tb.Errorf("%s: logprob %v, want %v", name, got.Logprob, want.Logprob)
+	}
+	if len(got.TopIDs) != len(want.TopIDs) || len(got.TopLogp) != len(want.TopIDs) {
+		tb.Errorf("%s: %d/%d alternatives, want %d", name, len(got.TopIDs), len(got.TopLogp), len(want.TopIDs))
+		return false
+	}
+	for k := range want.TopIDs {
+		if got.TopIDs[k] != want.TopIDs[k] || !closeLP(got.TopLogp[k], want.TopLogp[k]) {
+			tb.Errorf("%s: alternative %d is %d (%v), want %d (%v)", name, k, got.TopIDs[k], got.TopLogp[k], want.TopIDs[k], want.TopLogp[k])
+			return false
+		}
+	}
+	return false
+}
+
+// paramsOf is row without its token lists, for messages.
+func paramsOf(r *SampleRow) string {
+	return fmt.Sprintf("T=%v topk=%d topp=%v minp=%v rep=%v pres=%v freq=%v seen=%d out=%d U=%.6f top=%d",
+		r.Temperature, r.TopK, r.TopP, r.MinP, r.RepetitionPenalty, r.PresencePenalty, r.FrequencyPenalty,
+		len(r.Seen), len(r.Output), r.U, r.TopLogprobs)
+}
+
+// runSample runs SampleF32 on logits [B, V] with the output poisoned.
+func runSample(tb testing.TB, g *GPU, logits []float32, rows []SampleRow, V int) []SampleOut {
+	tb.Helper()
+	B := len(rows)
+	meta, pen, err := PackSample(rows, V)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var words []int32
+	onGPU(tb, g, func(a *arena) {
+		lb := put(a, logits)
+		mb := put(a, meta)
+		poison := make([]int32, B*SampleResultWords)
+		for i := range poison {
+			poison[i] = int32(0x7fc00000) // NaN bits, also a huge token id
+		}
+		ob := put(a, poison)
+		var sb *Buffer
+		if pen {
+			sb = put(a, fill32(B*V, float32(math.NaN())))
+		}
+		if a.err != nil {
+			return
+		}
+		a.check(a.d.SampleF32(nil, ob, lb, mb, len(meta), sb, B, V))
+		words = get[int32](a, ob, B*SampleResultWords)
+	})
+	out, err := UnpackSample(words, B)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return out
+}
+
+// TestSampleMatchesHost: random logits of every kind, random parameters,
+// B up to 64, V from 7 to 151936, against SampleHost (the engine's sampler
+// followed literally).
+func TestSampleMatchesHost(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	cases := []struct{ B, V, reps int }{
+		{1, 7, 40}, {5, 7, 20}, {3, 100, 20}, {64, 1000, 3}, {17, 4099, 4}, {64, 32000, 2}, {8, 151936, 2}, {2, 129280, 1},
+	}
+	var rowsRun, boundary int
+	for _, c := range cases {
+		for rep := 0; rep < c.reps; rep++ {
+			name := fmt.Sprintf("B%d_V%d_%d", c.B, c.V, rep)
+			logits := make([]float32, 0, c.B*c.V)
+			rows := make([]SampleRow, c.B)
+			kinds := make([]string, c.B)
+			for b := range rows {
+				kinds[b] = sampleKinds[r.IntN(len(sampleKinds))]
+				logits = append(logits, sampleLogits(r, c.V, kinds[b])...)
+				rows[b] = randSampleRow(r, c.V)
+			}
+			host := append([]float32(nil), logits...)
+			got := runSample(t, g, logits, rows, c.V)
+			for b := range rows {
+				want, margin := SampleHost(host[b*c.V:(b+1)*c.V], &rows[b])
+				if sampleCheck(t, fmt.Sprintf("%s row %d (%s)", name, b, kinds[b]), c.V, &rows[b], got[b], want, margin) {
+					boundary++
+				}
+				rowsRun++
+			}
+		}
+	}
+	t.Logf("%d rows, %d boundary cases", rowsRun, boundary)
+	if boundary*100 > rowsRun {
+		t.Errorf("%d boundary cases in %d rows: not rare", boundary, rowsRun)
+	}
+}
+
+// TestSampleTable: hand-picked cases whose answers are known, including
+// the slow path (kept sets over 4096 tokens) and every tie rule.
+func TestSampleTable(t *testing.T) {
+	r := newRNG(t)
+	const V = 20000
+	flat := make([]float32, V)
+	for i := range flat {
+		flat[i] = 0.25
+	}
+	cases := []struct {
+		name   string
+		logits []float32
+		row    SampleRow
+		want   int32 // -1: only compare with SampleHost
+	}{
+		{"greedy ties lowest id", flat, SampleRow{TopP: 1, RepetitionPenalty: 1}, 0},
+		{"flat top-p 0.95 slow path", flat, SampleRow{Temperature: 1, TopP: 0.95, RepetitionPenalty: 1, U: 0.50001}, 9500},
+		{"flat top-k 5000 slow path", flat, SampleRow{Temperature: 1, TopK: 5000, TopP: 1, RepetitionPenalty: 1, U: 0.9999}, 4999},
+		{"flat top-k 3 draw", flat, SampleRow{Temperature: 0.7, TopK: 3, TopP: 1, RepetitionPenalty: 1, U: 0.5}, 1},
+		{"flat min-p all kept", flat, SampleRow{Temperature: 1, TopP: 1, MinP: 0.5, RepetitionPenalty: 1, U: 0.25001}, 5000},
+		{"flat drawAll", flat, SampleRow{Temperature: 1, TopP: 1, RepetitionPenalty: 1, U: 0.75001}, 15000},
+		{"flat top logprobs", flat, SampleRow{TopP: 1, RepetitionPenalty: 1, TopLogprobs: 20}, 0},
+		{"repetition penalty moves argmax", flat, SampleRow{TopP: 1, RepetitionPenalty: 2, Seen: []int32{0, 1, 2}}, 3},
+		{"presence penalty moves argmax", flat, SampleRow{TopP: 1, RepetitionPenalty: 1, PresencePenalty: 1, Output: []int32{0}, Counts: []int32{1}}, 1},
+		{"negative penalty raises a token", flat, SampleRow{TopP: 1, RepetitionPenalty: 1, FrequencyPenalty: -0.1, Output: []int32{777, 5}, Counts: []int32{1, 3}}, 5},
+		{"narrow top-p 0.95", sampleLogits(r, V, "narrow"), SampleRow{Temperature: 1, TopP: 0.95, RepetitionPenalty: 1, U: r.Float64(), TopLogprobs: 5}, -1},
+		{"narrow top-p + min-p", sampleLogits(r, V, "narrow"), SampleRow{Temperature: 1, TopP: 0.9, MinP: 0.99, RepetitionPenalty: 1, U: r.Float64()}, -1},
+		{"narrow top-k 4097 top-p", sampleLogits(r, V, "narrow"), SampleRow{Temperature: 1, TopK: 4097, TopP: 0.7, RepetitionPenalty: 1, U: r.Float64()}, -1},
+	}
+	rows := make([]SampleRow, len(cases))
+	var logits []float32
+	for i, c := range cases {
+		rows[i] = c.row
+		logits = append(logits, c.logits...)
+	}
+	wants := make([]SampleOut, len(cases))
+	margins := make([]float64, len(cases))
+	for i, c := range cases {
+		wants[i], margins[i] = SampleHost(c.logits, &rows[i])
+		if c.want >= 0 && wants[i].Token != c.want {
+			t.Errorf("%s: the host reference gives %d, want %d", c.name, wants[i].Token, c.want)
+		}
+	}
+	if len(wants[6].TopIDs) != 20 || wants[6].TopIDs[19] != 19 {
+		t.Errorf("flat top logprobs: the host reference gives %v, want 0..19", wants[6].TopIDs)
+	}
+	g := testGPU(t) // the host checks above run everywhere
+	got := runSample(t, g, logits, rows, V)
+	for i, c := range cases {
+		sampleCheck(t, c.name, V, &rows[i], got[i], wants[i], margins[i])
+	}
+}
+
+// TestSampleBadArgs: bad metadata and buffers are errors.
+func TestSampleBadArgs(t *testing.T) {
+	if _, _, err := PackSample([]SampleRow{{TopP: 1, RepetitionPenalty: 1, TopLogprobs: 21}}, 10); err == nil {
+		t.Error("TopLogprobs 21 accepted")
+	}
+	if _, _, err := PackSample([]SampleRow{{TopP: 1, RepetitionPenalty: 1, Seen: []int32{10}}}, 10); err == nil {
+		t.Error("a token id outside the vocabulary accepted")
+	}
+	if _, _, err := PackSample([]SampleRow{{TopP: 1, RepetitionPenalty: 1, U: 1}}, 10); err == nil {
+		t.Error("U = 1 accepted")
+	}
+	if _, _, err := PackSample([]SampleRow{{TopP: 1, RepetitionPenalty: 1, Output: []int32{1}}}, 10); err == nil {
+		t.Error("output without counts accepted")
+	}
+	g := testGPU(t)
+	err := g.Do(func(d *Device) error {
+		a := &arena{d: d}
+		defer a.free()
+		lb, ob, mb := a.alloc(4*10), a.alloc(4*SampleResultWords), a.alloc(4*SampleMetaWords)
+		if a.err != nil {
+			return a.err
+		}
+		if err := d.SampleF32(nil, ob, lb, mb, SampleMetaWords, nil, 2, 10); err == nil {
+			return fmt.Errorf("2 rows in buffers for 1 accepted")
+		}
+		if err := d.SampleF32(nil, ob, lb, mb, SampleMetaWords, nil, 1, 0); err == nil {
+			return fmt.Errorf("vocab 0 accepted")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// BenchmarkSampleKernel times SampleF32 alone with CUDA events (median of 5
+// batches of 20 launches), on Zipf-like rows (the token of rank r has logit
+// −1.5·ln(r+1), ranks scattered per row), typical settings (temperature
+// 0.8, top-p 0.9, top-k 50) and greedy.
+func BenchmarkSampleKernel(b *testing.B) {
+	g := testGPU(b)
+	for _, V := range []int{32000, 151936} {
+		for _, B := range []int{1, 32, 256} {
+			logits := make([]float32, B*V)
+			for r := 0; r < B; r++ {
+				mul := 7919 + 2*r
+				for i := 0; i < V; i++ {
+					logits[r*V+i] = float32(-1.5 * math.Log(float64((i*mul+r)%V+1)))
+				}
+			}
+			for _, typical := range []bool{true, false} {
+				name := fmt.Sprintf("V=%d/B=%d/greedy", V, B)
+				rows := make([]SampleRow, B)
+				for i := range rows {
+					rows[i] = SampleRow{TopP: 1, RepetitionPenalty: 1, U: float64(i) / float64(B)}
+					if typical {
+						rows[i].Temperature, rows[i].TopP, rows[i].TopK = 0.8, 0.9, 50
+					}
+				}
+				if typical {
+					name = fmt.Sprintf("V=%d/B=%d/typical", V, B)
+				}
+				b.Run(name, func(b *testing.B) {
+					meta, _, err := PackSample(rows, V)
+					if err != nil {
+						b.Fatal(err)
+					}
+					var med float64
+					err = g.Do(func(d *Device) error {
+						a := &arena{d: d}
+						defer a.free()
+						lb, mb, ob := put(a, logits), put(a, meta), a.alloc(int64(B*SampleResultWords*4))
+						e0, err := d.NewEvent()
+						if err != nil {
+							return err
+						}
+						defer e0.Destroy()
+						e1, err := d.NewEvent()
+						if err != nil {
+							return err
+						}
+						defer e1.Destroy()
+						if a.err != nil {
+							return a.err
+						}
+						var ms []float64
+						for k := 0; k < 6; k++ {
+							if err := e0.Record(nil); err != nil {
+								return err
+							}
+							for i := 0; i < 20; i++ {
+								if err := d.SampleF32(nil, ob, lb, mb, len(meta), nil, B, V); err != nil {
+									return err
+								}
+							}
+							if err := e1.Record(nil); err != nil {
+								return err
+							}
+							if err := e1.Sync(); err != nil {
+								return err
+							}
+							t, err := Elapsed(e0, e1)
+							if err != nil {
+								return err
+							}
+							if k > 0 { // the first batch warms up
+								ms = append(ms, float64(t)*1000/20)
+							}
+						}
+						sort.Float64s(ms)
+						med = ms[len(ms)/2]
+						return nil
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.ReportMetric(med, "µs/call")
+					b.ReportMetric(0, "ns/op")
+				})
+			}
+		}
+	}
+}
