@@ -33,6 +33,7 @@ import (
 type Config struct {
 	Model           string        // Hugging Face checkpoint directory (model)
 	Backend         string        // compute backend: "cpu" or "cuda" (backend)
+	Precision       string        // cuda: "exact" or "fast" (precision)
 	HTTPAddr        string        // OpenAI-compatible HTTP listen address (http_addr)
 	GRPCAddr        string        // gRPC listen address; "" disables gRPC (grpc_addr)
 	APIKey          string        // bearer token clients must send; "" allows all (api_key)
@@ -77,6 +78,7 @@ func Default() *Config {
 	return &Config{
 		Model:        DefaultModel,
 		Backend:      "cpu",
+		Precision:    "exact",
 		HTTPAddr:     DefaultHTTPAddr,
 		GRPCAddr:     DefaultGRPCAddr,
 		LogFormat:    "json",
@@ -136,6 +138,11 @@ func (c *Config) Validate() error {
 	case "cpu", "cuda":
 	default:
 		return bad("backend", "must be cpu or cuda, got %q", c.Backend)
+	}
+	switch c.Precision {
+	case "exact", "fast":
+	default:
+		return bad("precision", "must be exact or fast, got %q", c.Precision)
 	}
 	if err := checkAddr(c.HTTPAddr); err != nil {
 		return bad("http_addr", "%v", err)

@@ -165,7 +165,7 @@ func TestEveryFieldHasFlagAndEnv(t *testing.T) {
 	fs := newFS()
 	Default().BindFlags(fs)
 	for _, name := range []string{"http-addr", "grpc-addr", "max-num-seqs", "model", "api-key", "backend", "ep",
-		"kv-cache-bytes", "max-model-len", "prefix-caching", "served-model-name", "cors-origins", "log-prompts"} {
+		"kv-cache-bytes", "max-model-len", "prefix-caching", "served-model-name", "cors-origins", "log-prompts", "precision"} {
 		if fs.Lookup(name) == nil {
 			t.Errorf("no flag --%s", name)
 		}

@@ -9,14 +9,23 @@ import (
 )
 
 // newBackend makes the compute backend a command asked for. "cuda" opens
-// the first GPU through libmkernel.so; without a GPU or the library the
+// the first GPU through libmkernel.so in the given precision profile
+// ("exact" or "fast", see cuda.Options); without a GPU or the library the
 // error says what is missing (it wraps kernels.ErrUnavailable).
-func newBackend(name string, epRanks int) (backend.Backend, error) {
+func newBackend(name string, epRanks int, precision string) (backend.Backend, error) {
 	switch name {
 	case "cpu":
 		return cpu.New(cpu.Options{EPRanks: epRanks}), nil
 	case "cuda":
-		be, err := cuda.New(cuda.Options{EPRanks: epRanks})
+		var split bool
+		switch precision {
+		case "exact", "":
+			split = true
+		case "fast":
+		default:
+			return nil, fmt.Errorf("precision %q is not known (exact or fast)", precision)
+		}
+		be, err := cuda.New(cuda.Options{EPRanks: epRanks, SplitActivations: &split})
 		if err != nil {
 			return nil, fmt.Errorf("backend cuda cannot start: %w", err)
 		}

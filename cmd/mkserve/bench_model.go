@@ -37,7 +37,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	modelDir := fs.String("model", "", "checkpoint directory (config.json + safetensors)")
 	cfgDir := fs.String("config", "", "directory holding only a config.json: random bf16 weights in its shapes (see configs/shapes)")
 	backendName := fs.String("backend", "cuda", "cpu or cuda")
-	split := fs.Bool("split", false, "cuda: split activations into hi/lo bf16 halves for bf16 weights (2 GEMMs; the exact mode)")
+	precision := fs.String("precision", "fast", "cuda: exact or fast (see mkserve serve --help)")
 	batches := fs.String("batch", "1,32,256", "decode batch sizes, comma-separated")
 	context := fs.Int("context", 1024, "decode: tokens already in each sequence's KV cache")
 	prefill := fs.Int("prefill", 8192, "prefill prompt length (0: no prefill run)")
@@ -65,10 +65,11 @@ func benchModel(args []string, stdout io.Writer) error {
 	case "cpu":
 		be = cpu.New(cpu.Options{})
 	case "cuda":
-		c, err := cuda.New(cuda.Options{SplitActivations: split})
+		b, err := newBackend("cuda", 1, *precision)
 		if err != nil {
-			return fmt.Errorf("backend cuda cannot start: %w", err)
+			return err
 		}
+		c := b.(*cuda.Backend)
 		be = c
 		if *bw == 0 {
 			if *bw, err = c.CopyBandwidth(1 << 30); err != nil {

@@ -64,14 +64,16 @@ func newFlags(name string) *flag.FlagSet {
 
 // modelFlags are shared by the commands that run a model.
 type modelFlags struct {
-	dir     string
-	backend string
-	ep      int
+	dir       string
+	backend   string
+	precision string
+	ep        int
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.dir, "model", "", "Hugging Face checkpoint directory")
 	fs.StringVar(&m.backend, "backend", "cpu", "compute backend: cpu or cuda")
+	fs.StringVar(&m.precision, "precision", "exact", "cuda: exact or fast (see mkserve serve --help)")
 	fs.IntVar(&m.ep, "ep", 1, "expert-parallel ranks (emulated in process on the CPU)")
 }
 
@@ -82,7 +84,7 @@ func (m *modelFlags) load() (*models.Loaded, backend.Backend, error) {
 	if m.ep < 1 {
 		return nil, nil, fmt.Errorf("--ep must be at least 1, got %d", m.ep)
 	}
-	be, err := newBackend(m.backend, m.ep)
+	be, err := newBackend(m.backend, m.ep, m.precision)
 	if err != nil {
 		return nil, nil, err
 	}

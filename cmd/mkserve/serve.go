@@ -126,7 +126,7 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 
 	// The model.
 	start := time.Now()
-	be, err := newBackend(cfg.Backend, cfg.EP)
+	be, err := newBackend(cfg.Backend, cfg.EP, cfg.Precision)
 	if err != nil {
 		httpSrv.Close()
 		if gs != nil {
