@@ -158,6 +158,7 @@ func TestServeBadConfig(t *testing.T) {
 	}{
 		{[]string{"--model", t.TempDir()}, "tokenizer"},
 		{[]string{"--model", "../../models/default", "--max-num-seqs", "-3"}, "max_num_seqs"},
+		{[]string{"--model", "../../models/default", "--precision", "sloppy"}, "precision"},
 		{[]string{"--model", "../../models/default", "--backend", "tpu"}, "backend"},
 		{[]string{"--config", "/nonexistent.yaml"}, "nonexistent"},
 	} {
