@@ -28,7 +28,12 @@ using bf16 = __nv_bfloat16;
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kBN = 64;      // keys per tile
-constexpr int kStages = 2;   // K/V tiles in flight
+constexpr int kStages = 2;   // K/V shared-memory stages: one computed, one loading
+// The running row max is raised only when a tile's max exceeds it by more
+// than kRescaleSlack (log2 units), so most tiles skip rescaling O; P then
+// stays below 2^kRescaleSlack, and O/l is the same for any consistent max.
+constexpr float kRescaleSlack = 8.f;
+constexpr bool kUnrollK = true;  // unroll the whole QK^T k loop (else by 64 columns)
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct Params {
@@ -202,11 +207,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
     load_row<C::WQ>(sk + stage * C::KE, lrow, ks, p.hd, lsub, KTPR, vec, p.k);
     load_row<C::WV>(sv + stage * C::VE, lrow, vs, p.vhd, lsub, KTPR, vec, p.v);
   };
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < ntiles) load_kv(n_lo + s, s);
-    cp_async_commit();
-  }
+  load_kv(n_lo, 0);
+  cp_async_commit();
 
   float o[MT][NO][4];
   float m[MT][2], l[MT][2];
@@ -243,13 +245,12 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
   }
 
   for (int it = 0; it < ntiles; ++it) {
-    {
-      const int nx = it + kStages - 1;
-      if (nx < ntiles) load_kv(n_lo + nx, nx % kStages);
-      cp_async_commit();
-    }
-    cp_async_wait<kStages - 1>();
+    // Tile it has landed and every warp is done with tile it-1, whose stage
+    // now takes tile it+1 (in flight while tile it is computed).
+    cp_async_wait<0>();
     __syncthreads();
+    if (it + 1 < ntiles) load_kv(n_lo + it + 1, (it + 1) % kStages);
+    cp_async_commit();
     const int n = n_lo + it;
     const uint32_t koff = 2 * (it % kStages) * C::KE, voff = 2 * (it % kStages) * C::VE;
 
@@ -259,22 +260,29 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
     for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
       for (int ni = 0; ni < NT; ++ni) s[mi][ni][0] = s[mi][ni][1] = s[mi][ni][2] = s[mi][ni][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    auto qk_step = [&](int kk, uint32_t kh_off) {
       uint32_t a[MT][4];
 #pragma unroll
-      for (int mi = 0; mi < MT; ++mi) {
-        ldsm_x4(a[mi], qaddr[kk % 4] + 128 * (kk / 4) + 2 * mi * 16 * D);
-      }
+      for (int mi = 0; mi < MT; ++mi) ldsm_x4(a[mi], qaddr[kk % 4] + kh_off + 2 * mi * 16 * D);
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         uint32_t bb[4];
-        ldsm_x4(bb, kaddr[kk % 4] + koff + 128 * (kk / 4) + 2 * np * 16 * D);
+        ldsm_x4(bb, kaddr[kk % 4] + koff + kh_off + 2 * np * 16 * D);
 #pragma unroll
         for (int mi = 0; mi < MT; ++mi) {
           mma16816(s[mi][2 * np], a[mi], bb[0], bb[1]);
           mma16816(s[mi][2 * np + 1], a[mi], bb[2], bb[3]);
         }
+      }
+    };
+    if constexpr (kUnrollK || D % 64 != 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) qk_step(kk, 128 * (kk / 4));
+    } else {
+#pragma unroll 1
+      for (int kh = 0; kh < D / 64; ++kh) {
+#pragma unroll
+        for (int kl = 0; kl < 4; ++kl) qk_step(kl, 128 * kh);
       }
     }
 
@@ -297,21 +305,43 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
           }
     }
 
-    // Online softmax (log2 domain).
+    // Online softmax (log2 domain), the max raised lazily (kRescaleSlack).
+    float mx[MT][2];
+    bool raise = false;
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float v = -INFINITY;
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni) v = fmaxf(v, fmaxf(s[mi][ni][2 * hh], s[mi][ni][2 * hh + 1]));
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+        mx[mi][hh] = v * sl2;
+        raise = raise || mx[mi][hh] > m[mi][hh] + kRescaleSlack;  // -inf + slack: any finite max raises
+      }
+    if (__any_sync(0xffffffffu, raise)) {
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float mnew = fmaxf(m[mi][hh], mx[mi][hh]);
+          const float corr = mnew == -INFINITY ? 1.f : ex2(m[mi][hh] - mnew);
+          m[mi][hh] = mnew;
+          l[mi][hh] *= corr;
+#pragma unroll
+          for (int nt = 0; nt < NO; ++nt) {
+            o[mi][nt][2 * hh] *= corr;
+            o[mi][nt][2 * hh + 1] *= corr;
+          }
+        }
+    }
     uint32_t pa[MT][kBN / 16][4];
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni) mx = fmaxf(mx, fmaxf(s[mi][ni][2 * hh], s[mi][ni][2 * hh + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mnew = fmaxf(m[mi][hh], mx * sl2);
-        const float base = mnew == -INFINITY ? 0.f : mnew;
-        const float corr = ex2(m[mi][hh] - base);
-        m[mi][hh] = mnew;
+        const float base = m[mi][hh] == -INFINITY ? 0.f : m[mi][hh];
         float sum = 0.f;
 #pragma unroll
         for (int ni = 0; ni < NT; ++ni) {
@@ -321,12 +351,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
           s[mi][ni][2 * hh + 1] = p1;
           sum += p0 + p1;
         }
-        l[mi][hh] = l[mi][hh] * corr + sum;
-#pragma unroll
-        for (int nt = 0; nt < NO; ++nt) {
-          o[mi][nt][2 * hh] *= corr;
-          o[mi][nt][2 * hh + 1] *= corr;
-        }
+        l[mi][hh] += sum;
       }
 #pragma unroll
       for (int kj = 0; kj < kBN / 16; ++kj) {
@@ -351,7 +376,6 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
         }
       }
     }
-    __syncthreads();  // the stage just read is refilled next iteration
   }
   cp_async_wait<0>();
 
