@@ -48,6 +48,7 @@ struct Params {
   const float* sinks;
   int64_t q_stride, k_stride, v_stride, o_stride;  // elements per row
   int block_size, heads, group, hd, vhd, window, causal, out_f32, vec, ovec;
+  int hpb, rph_log2;  // query heads per block (one GQA group's), log2 of rows per head
   float scale_log2;
 };
 
@@ -160,17 +161,21 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
   bf16* sk = sq + C::QE;              // kStages K tiles
   bf16* sv = sk + kStages * C::KE;    // kStages V tiles
 
-  const int h = blockIdx.x, b = blockIdx.y;
+  // The block's BM rows are hpb query heads of one kv head × rph positions:
+  // row r is head h0 + r/rph at query row i0 + r%rph, so one K/V tile
+  // feeds hpb heads (less L2 traffic under GQA).
+  const int rph = 1 << p.rph_log2;
+  const int h0 = blockIdx.x * p.hpb, b = blockIdx.y;
   const int tile = gridDim.z - 1 - blockIdx.z;  // heaviest (last) tiles first
   const int qs = p.q_start[b];
   const int L = p.q_start[b + 1] - qs;
-  const int i0 = tile * BM;
+  const int i0 = tile * rph;
   if (i0 >= L) return;
   const int P = p.past[b];
   const int nk = P + L;
-  const int kvh = h / p.group;
+  const int kvh = h0 / p.group;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int iend = min(i0 + BM, L);  // rows i0..iend-1 are real
+  const int iend = min(i0 + rph, L);  // query rows i0..iend-1 are real
 
   const int kmax = p.causal ? P + iend - 1 : nk - 1;
   const int kmin = (p.causal && p.window > 0) ? max(0, P + i0 - p.window + 1) : 0;
@@ -183,7 +188,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
   {
     constexpr int TPR = kThreads / BM;
     const int row = tid / TPR, sub = tid % TPR;
-    const bf16* src = i0 + row < L ? p.q + (int64_t)(qs + i0 + row) * p.q_stride + (int64_t)h * p.hd : nullptr;
+    const int qi = i0 + (row & (rph - 1)), qh = h0 + (row >> p.rph_log2);
+    const bf16* src = qi < L ? p.q + (int64_t)(qs + qi) * p.q_stride + (int64_t)qh * p.hd : nullptr;
     load_row<C::WQ>(sq, row, src, p.hd, sub, TPR, vec, p.q);
     cp_async_commit();
   }
@@ -297,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
         for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int pos = P + i0 + wrow + mi * 16 + g + (e >= 2 ? 8 : 0);
+            const int pos = P + i0 + ((wrow + mi * 16) & (rph - 1)) + g + (e >= 2 ? 8 : 0);
             const int j = j0 + ni * 8 + 2 * t4 + (e & 1);
             bool ok = j < nk;
             if (p.causal) ok = ok && j <= pos && (p.window <= 0 || j > pos - p.window);
@@ -380,7 +386,6 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
   cp_async_wait<0>();
 
   // Normalise (sinks join the denominator) and store.
-  const float sink2 = p.sinks != nullptr ? p.sinks[h] * kLog2e : -INFINITY;
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi) {
 #pragma unroll
@@ -388,14 +393,16 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
       float ll = l[mi][hh];
       ll += __shfl_xor_sync(0xffffffffu, ll, 1);
       ll += __shfl_xor_sync(0xffffffffu, ll, 2);
+      const int row = wrow + mi * 16 + g + hh * 8;
+      const int h = h0 + (row >> p.rph_log2), i = i0 + (row & (rph - 1));
       float f = 1.f;
       if (p.sinks != nullptr) {
+        const float sink2 = p.sinks[h] * kLog2e;
         const float mm = fmaxf(m[mi][hh], sink2);
         f = ex2(m[mi][hh] - mm);
         ll = ll * f + ex2(sink2 - mm);
       }
       const float inv = ll > 0.f ? f / ll : 0.f;
-      const int i = i0 + wrow + mi * 16 + g + hh * 8;
       if (i >= L) continue;
       const int64_t base = (int64_t)(qs + i) * p.o_stride + (int64_t)h * p.vhd;
 #pragma unroll
@@ -433,11 +440,14 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
     MK_CUDA(cudaFuncSetAttribute(flash_fwd<D, DV, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::smem));
     attr_set = true;
   }
-  const int tiles = (max_q_len + C::BM - 1) / C::BM;
+  const int rph = C::BM / p.hpb;
+  const int tiles = (max_q_len + rph - 1) / rph;
   MK_ARG(tiles <= 65535, "mk_flash_attn_bf16: max_q_len=%d needs %d query tiles of %d rows, more than 65535",
-         max_q_len, tiles, C::BM);
-  dim3 grid(p.heads, batch, tiles);
-  flash_fwd<D, DV, MT><<<grid, kThreads, C::smem, st>>>(p);
+         max_q_len, tiles, rph);
+  Params q = p;
+  q.rph_log2 = __builtin_ctz(rph);
+  dim3 grid(p.heads / p.hpb, batch, tiles);
+  flash_fwd<D, DV, MT><<<grid, kThreads, C::smem, st>>>(q);
   MK_LAUNCHED("flash_fwd");
   return MK_OK;
 }
@@ -505,6 +515,7 @@ extern "C" MK_API int32_t mk_flash_attn_bf16(uint64_t stream, uint64_t out, int3
   p.block_size = block_size;
   p.heads = heads;
   p.group = heads / kv_heads;
+  p.hpb = p.group % 4 == 0 ? 4 : p.group % 2 == 0 ? 2 : 1;
   p.hd = head_dim;
   p.vhd = v_head_dim;
   p.window = window;
@@ -519,7 +530,7 @@ extern "C" MK_API int32_t mk_flash_attn_bf16(uint64_t stream, uint64_t out, int3
   if (d == 192 && dv <= 128) dv = 128;
   else if (d != dv) d = dv = d > dv ? d : dv;
   // 128-row tiles unless that leaves fewer than two blocks per multiprocessor.
-  const int64_t blocks128 = (int64_t)heads * batch * ((max_q_len + 127) / 128);
+  const int64_t blocks128 = (int64_t)(heads / p.hpb) * batch * ((max_q_len + 128 / p.hpb - 1) / (128 / p.hpb));
   const bool big = blocks128 >= 2 * sm_count();
   switch (d * 1000 + dv) {
     case 32032: return big ? launch<32, 32, 2>(p, batch, max_q_len, st) : launch<32, 32, 1>(p, batch, max_q_len, st);
