@@ -1,19 +1,24 @@
 // flash.cu — FlashAttention-2 style prefill attention on bf16 tensor cores
 // (mk_flash_attn_bf16, see mk_flash.h).
 //
-// One thread block (4 warps) owns BM = 64*MT query rows of one sequence and
-// one query head; it walks the key/value tiles (BN = 64 keys) that the
-// causal/window mask leaves, loading them with cp.async into a 2-stage
-// shared-memory ring (XOR-swizzled 16-byte chunks, so that ldmatrix reads
-// are free of bank conflicts), and per tile
+// One thread block (4 warps) owns BM = 64*MT query rows of one sequence:
+// rph consecutive query positions of hpb query heads that share a kv head
+// (hpb = 4, 2 or 1 by the GQA ratio, rph = BM/hpb), so each K/V tile it
+// loads serves hpb heads. It walks the key/value tiles (BN = 64 keys) that
+// the causal/window mask leaves, loading them with cp.async into a 2-stage
+// shared-memory ring (tile it+1 lands while tile it is computed; one barrier
+// per tile; XOR-swizzled 16-byte chunks, so that ldmatrix reads are free of
+// bank conflicts), and per tile
 //   S = Q·Kᵀ   mma.sync m16n8k16 bf16 → f32, Q and K through ldmatrix;
-//   online softmax in registers: exp2 of S·(scale·log2 e) − running max;
+//   online softmax in registers: exp2 of S·(scale·log2 e) − running max,
+//              the max raised lazily so most tiles skip rescaling O;
 //   O += P·V   P re-packed from the S accumulators as the A operand, V
 //              through ldmatrix.trans.
 // Each warp owns 16*MT rows; with MT = 2 every K/V fragment read from shared
 // memory feeds two MMAs. Only tiles that cross the diagonal, the window's
 // start or the end of the keys apply a mask; tiles wholly outside are never
-// loaded. Blocks are issued heaviest (last) query tile first.
+// loaded. Blocks are issued heaviest (last) query tile first. 128-row
+// tiles (MT = 2) when they fill two blocks per multiprocessor, else 64.
 //
 // Head dims are padded to 32, 64, 128, 192 or 256 in shared memory with
 // zeros (zero Q/K columns add nothing to S, zero V columns are not stored).
@@ -33,7 +38,6 @@ constexpr int kStages = 2;   // K/V shared-memory stages: one computed, one load
 // than kRescaleSlack (log2 units), so most tiles skip rescaling O; P then
 // stays below 2^kRescaleSlack, and O/l is the same for any consistent max.
 constexpr float kRescaleSlack = 8.f;
-constexpr bool kUnrollK = true;  // unroll the whole QK^T k loop (else by 64 columns)
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct Params {
@@ -281,16 +285,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
         }
       }
     };
-    if constexpr (kUnrollK || D % 64 != 0) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) qk_step(kk, 128 * (kk / 4));
-    } else {
-#pragma unroll 1
-      for (int kh = 0; kh < D / 64; ++kh) {
-#pragma unroll
-        for (int kl = 0; kl < 4; ++kl) qk_step(kl, 128 * kh);
-      }
-    }
+    for (int kk = 0; kk < D / 16; ++kk) qk_step(kk, 128 * (kk / 4));
 
     // Mask where the tile crosses the diagonal, the window start or the keys' end.
     const int j0 = n * kBN;
