@@ -1,0 +1,541 @@
+// flash.cu — FlashAttention-2 style prefill attention on bf16 tensor cores
+// (mk_flash_attn_bf16, see mk_flash.h).
+//
+// One thread block (4 warps) owns BM = 64*MT query rows of one sequence:
+// rph consecutive query positions of hpb query heads that share a kv head
+// (hpb = 4, 2 or 1 by the GQA ratio, rph = BM/hpb), so each K/V tile it
+// loads serves hpb heads. It walks the key/value tiles (BN = 64 keys) that
+// the causal/window mask leaves, loading them with cp.async into a 2-stage
+// shared-memory ring (tile it+1 lands while tile it is computed; one barrier
+// per tile; XOR-swizzled 16-byte chunks, so that ldmatrix reads are free of
+// bank conflicts), and per tile
+//   S = Q·Kᵀ   mma.sync m16n8k16 bf16 → f32, Q and K through ldmatrix;
+//   online softmax in registers: exp2 of S·(scale·log2 e) − running max,
+//              the max raised lazily so most tiles skip rescaling O;
+//   O += P·V   P re-packed from the S accumulators as the A operand, V
+//              through ldmatrix.trans.
+// Each warp owns 16*MT rows; with MT = 2 every K/V fragment read from shared
+// memory feeds two MMAs. Only tiles that cross the diagonal, the window's
+// start or the end of the keys apply a mask; tiles wholly outside are never
+// loaded. Blocks are issued heaviest (last) query tile first. 128-row
+// tiles (MT = 2) when they fill two blocks per multiprocessor, else 64.
+//
+// Head dims are padded to 32, 64, 128, 192 or 256 in shared memory with
+// zeros (zero Q/K columns add nothing to S, zero V columns are not stored).
+#include <cmath>
+
+#include "common.cuh"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kBN = 64;      // keys per tile
+constexpr int kStages = 2;   // K/V shared-memory stages: one computed, one loading
+// The running row max is raised only when a tile's max exceeds it by more
+// than kRescaleSlack (log2 units), so most tiles skip rescaling O; P then
+// stays below 2^kRescaleSlack, and O/l is the same for any consistent max.
+constexpr float kRescaleSlack = 8.f;
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Params {
+  void* out;
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  const int* q_start;
+  const int* past;
+  const int* table;
+  const int* blocks;
+  const float* sinks;
+  int64_t q_stride, k_stride, v_stride, o_stride;  // elements per row
+  int block_size, heads, group, hd, vhd, window, causal, out_f32, vec, ovec;
+  int hpb, rph_log2;  // query heads per block (one GQA group's), log2 of rows per head
+  float scale_log2;
+};
+
+// ---- PTX wrappers ----
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// cp_async16 copies 16 bytes, or zero-fills them when bytes is 0.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// mma16816: c += a·b, a 16x16 row-major bf16, b 16x8 column-major bf16.
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// swz is the swizzled 16-byte chunk of (row, chunk) in a tile whose rows hold
+// W chunks: the 8 rows one ldmatrix reads land in 8 different bank groups.
+template <int W>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  if constexpr (W >= 8)
+    return chunk ^ (row & 7);
+  else
+    return chunk ^ ((row >> 1) & 3);
+}
+
+// load_chunk_scalar fills one 8-element chunk element by element (head dims
+// that are not multiples of 8, or misaligned pointers); kept out of line so
+// the fast path's registers do not pay for it.
+__device__ __noinline__ void load_chunk_scalar(bf16* dst, const bf16* src, int col, int ncols) {
+  uint32_t w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int c0 = col + 2 * e;
+    const unsigned short lo = (src != nullptr && c0 < ncols) ? __bfloat16_as_ushort(src[c0]) : (unsigned short)0;
+    const unsigned short hi =
+        (src != nullptr && c0 + 1 < ncols) ? __bfloat16_as_ushort(src[c0 + 1]) : (unsigned short)0;
+    w[e] = (uint32_t)lo | ((uint32_t)hi << 16);
+  }
+  *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// load_row fills chunks sub, sub+step, ... of smem row `row` (W chunks of 8
+// bf16) from src (ncols real columns; src == nullptr: zeros). vec: 16-byte
+// cp.async (ncols a multiple of 8, src 16-byte aligned); else element loads.
+template <int W>
+__device__ __forceinline__ void load_row(bf16* tile, int row, const bf16* src, int ncols, int sub, int step,
+                                         bool vec, const void* dummy) {
+  bf16* dst = tile + row * (W * 8);
+  if (vec) {
+#pragma unroll
+    for (int c = sub; c < W; c += step) {
+      const bool ok = src != nullptr && c * 8 < ncols;
+      cp_async16(dst + swz<W>(row, c) * 8, ok ? static_cast<const void*>(src + c * 8) : dummy, ok ? 16 : 0);
+    }
+  } else {
+    for (int c = sub; c < W; c += step) load_chunk_scalar(dst + swz<W>(row, c) * 8, src, c * 8, ncols);
+  }
+}
+
+template <int D, int DV, int MT>
+struct Cfg {
+  static constexpr int BM = 16 * MT * kWarps;
+  static constexpr int WQ = D / 8, WV = DV / 8;
+  static constexpr int QE = BM * D, KE = kBN * D, VE = kBN * DV;  // elements
+  static constexpr size_t smem = (size_t)(QE + kStages * (KE + VE)) * sizeof(bf16);
+};
+
+template <int D, int DV, int MT>
+__global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
+  using C = Cfg<D, DV, MT>;
+  constexpr int BM = C::BM, NT = kBN / 8, NO = DV / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sq = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sk = sq + C::QE;              // kStages K tiles
+  bf16* sv = sk + kStages * C::KE;    // kStages V tiles
+
+  // The block's BM rows are hpb query heads of one kv head × rph positions:
+  // row r is head h0 + r/rph at query row i0 + r%rph, so one K/V tile
+  // feeds hpb heads (less L2 traffic under GQA).
+  const int rph = 1 << p.rph_log2;
+  const int h0 = blockIdx.x * p.hpb, b = blockIdx.y;
+  const int tile = gridDim.z - 1 - blockIdx.z;  // heaviest (last) tiles first
+  const int qs = p.q_start[b];
+  const int L = p.q_start[b + 1] - qs;
+  const int i0 = tile * rph;
+  if (i0 >= L) return;
+  const int P = p.past[b];
+  const int nk = P + L;
+  const int kvh = h0 / p.group;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int iend = min(i0 + rph, L);  // query rows i0..iend-1 are real
+
+  const int kmax = p.causal ? P + iend - 1 : nk - 1;
+  const int kmin = (p.causal && p.window > 0) ? max(0, P + i0 - p.window + 1) : 0;
+  const int n_lo = kmin / kBN, n_hi = kmax / kBN;
+  const int ntiles = n_hi - n_lo + 1;
+  const bool vec = p.vec != 0;
+  const int tb = p.table[b];
+
+  // Q rows: BM rows over kThreads threads.
+  {
+    constexpr int TPR = kThreads / BM;
+    const int row = tid / TPR, sub = tid % TPR;
+    const int qi = i0 + (row & (rph - 1)), qh = h0 + (row >> p.rph_log2);
+    const bf16* src = qi < L ? p.q + (int64_t)(qs + qi) * p.q_stride + (int64_t)qh * p.hd : nullptr;
+    load_row<C::WQ>(sq, row, src, p.hd, sub, TPR, vec, p.q);
+    cp_async_commit();
+  }
+
+  // K/V rows: 2 threads per key row, one block-table lookup each.
+  constexpr int KTPR = kThreads / kBN;
+  const int lrow = tid / KTPR, lsub = tid % KTPR;
+  auto load_kv = [&](int n, int stage) {
+    const int j = n * kBN + lrow;
+    const bf16* ks = nullptr;
+    const bf16* vs = nullptr;
+    if (j < nk) {
+      int64_t r;
+      if (p.block_size > 0)
+        r = (int64_t)p.blocks[tb + j / p.block_size] * p.block_size + j % p.block_size;
+      else
+        r = (int64_t)tb + j;
+      ks = p.k + r * p.k_stride + (int64_t)kvh * p.hd;
+      vs = p.v + r * p.v_stride + (int64_t)kvh * p.vhd;
+    }
+    load_row<C::WQ>(sk + stage * C::KE, lrow, ks, p.hd, lsub, KTPR, vec, p.k);
+    load_row<C::WV>(sv + stage * C::VE, lrow, vs, p.vhd, lsub, KTPR, vec, p.v);
+  };
+  load_kv(n_lo, 0);
+  cp_async_commit();
+
+  float o[MT][NO][4];
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+    for (int nt = 0; nt < NO; ++nt) o[mi][nt][0] = o[mi][nt][1] = o[mi][nt][2] = o[mi][nt][3] = 0.f;
+    m[mi][0] = m[mi][1] = -INFINITY;
+    l[mi][0] = l[mi][1] = 0.f;
+  }
+  const float sl2 = p.scale_log2;
+  const int g = lane / 4, t4 = lane % 4;
+  const int wrow = warp * 16 * MT;  // the warp's first row in the tile
+
+  // ldmatrix addresses. Every fragment row group starts at a multiple of 8,
+  // so a lane's swizzle key (row & 7) is fixed, and chunk 2k+c of it sits at
+  // 8*(k/4) + ((2*(k%4)+c) ^ key): four base addresses per operand, the rest
+  // immediate offsets.
+  constexpr int KQ = C::WQ / 2 < 4 ? C::WQ / 2 : 4;
+  constexpr int KVn = C::WV / 2 < 4 ? C::WV / 2 : 4;
+  uint32_t qaddr[KQ], kaddr[KQ], vaddr[KVn];
+  {
+    const int qr = wrow + (lane & 15);
+    const int kr = (lane & 7) + ((lane >> 4) << 3);
+    const int vr = (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+    for (int kl = 0; kl < KQ; ++kl) {
+      qaddr[kl] = smem_addr(sq) + 2 * (qr * D + swz<C::WQ>(qr, 2 * kl + (lane >> 4)) * 8);
+      kaddr[kl] = smem_addr(sk) + 2 * (kr * D + swz<C::WQ>(kr, 2 * kl + ((lane >> 3) & 1)) * 8);
+    }
+#pragma unroll
+    for (int kl = 0; kl < KVn; ++kl)
+      vaddr[kl] = smem_addr(sv) + 2 * (vr * DV + swz<C::WV>(vr, 2 * kl + (lane >> 4)) * 8);
+  }
+
+  for (int it = 0; it < ntiles; ++it) {
+    // Tile it has landed and every warp is done with tile it-1, whose stage
+    // now takes tile it+1 (in flight while tile it is computed).
+    cp_async_wait<0>();
+    __syncthreads();
+    if (it + 1 < ntiles) load_kv(n_lo + it + 1, (it + 1) % kStages);
+    cp_async_commit();
+    const int n = n_lo + it;
+    const uint32_t koff = 2 * (it % kStages) * C::KE, voff = 2 * (it % kStages) * C::VE;
+
+    // S = Q·Kᵀ
+    float s[MT][NT][4];
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni) s[mi][ni][0] = s[mi][ni][1] = s[mi][ni][2] = s[mi][ni][3] = 0.f;
+    auto qk_step = [&](int kk, uint32_t kh_off) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) ldsm_x4(a[mi], qaddr[kk % 4] + kh_off + 2 * mi * 16 * D);
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t bb[4];
+        ldsm_x4(bb, kaddr[kk % 4] + koff + kh_off + 2 * np * 16 * D);
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+          mma16816(s[mi][2 * np], a[mi], bb[0], bb[1]);
+          mma16816(s[mi][2 * np + 1], a[mi], bb[2], bb[3]);
+        }
+      }
+    };
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) qk_step(kk, 128 * (kk / 4));
+
+    // Mask where the tile crosses the diagonal, the window start or the keys' end.
+    const int j0 = n * kBN;
+    const bool need = (j0 + kBN > nk) ||
+                      (p.causal && (j0 + kBN - 1 > P + i0 || (p.window > 0 && j0 < P + iend - p.window)));
+    if (need) {
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int pos = P + i0 + ((wrow + mi * 16) & (rph - 1)) + g + (e >= 2 ? 8 : 0);
+            const int j = j0 + ni * 8 + 2 * t4 + (e & 1);
+            bool ok = j < nk;
+            if (p.causal) ok = ok && j <= pos && (p.window <= 0 || j > pos - p.window);
+            if (!ok) s[mi][ni][e] = -INFINITY;
+          }
+    }
+
+    // Online softmax (log2 domain), the max raised lazily (kRescaleSlack).
+    float mx[MT][2];
+    bool raise = false;
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float v = -INFINITY;
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni) v = fmaxf(v, fmaxf(s[mi][ni][2 * hh], s[mi][ni][2 * hh + 1]));
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+        mx[mi][hh] = v * sl2;
+        raise = raise || mx[mi][hh] > m[mi][hh] + kRescaleSlack;  // -inf + slack: any finite max raises
+      }
+    if (__any_sync(0xffffffffu, raise)) {
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float mnew = fmaxf(m[mi][hh], mx[mi][hh]);
+          const float corr = mnew == -INFINITY ? 1.f : ex2(m[mi][hh] - mnew);
+          m[mi][hh] = mnew;
+          l[mi][hh] *= corr;
+#pragma unroll
+          for (int nt = 0; nt < NO; ++nt) {
+            o[mi][nt][2 * hh] *= corr;
+            o[mi][nt][2 * hh + 1] *= corr;
+          }
+        }
+    }
+    uint32_t pa[MT][kBN / 16][4];
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float base = m[mi][hh] == -INFINITY ? 0.f : m[mi][hh];
+        float sum = 0.f;
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni) {
+          const float p0 = ex2(fmaf(s[mi][ni][2 * hh], sl2, -base));
+          const float p1 = ex2(fmaf(s[mi][ni][2 * hh + 1], sl2, -base));
+          s[mi][ni][2 * hh] = p0;
+          s[mi][ni][2 * hh + 1] = p1;
+          sum += p0 + p1;
+        }
+        l[mi][hh] += sum;
+      }
+#pragma unroll
+      for (int kj = 0; kj < kBN / 16; ++kj) {
+        pa[mi][kj][0] = pack_bf16(s[mi][2 * kj][0], s[mi][2 * kj][1]);
+        pa[mi][kj][1] = pack_bf16(s[mi][2 * kj][2], s[mi][2 * kj][3]);
+        pa[mi][kj][2] = pack_bf16(s[mi][2 * kj + 1][0], s[mi][2 * kj + 1][1]);
+        pa[mi][kj][3] = pack_bf16(s[mi][2 * kj + 1][2], s[mi][2 * kj + 1][3]);
+      }
+    }
+
+    // O += P·V
+#pragma unroll
+    for (int kj = 0; kj < kBN / 16; ++kj) {
+#pragma unroll
+      for (int dp = 0; dp < DV / 16; ++dp) {
+        uint32_t bb[4];
+        ldsm_x4_t(bb, vaddr[dp % 4] + voff + 128 * (dp / 4) + 2 * kj * 16 * DV);
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+          mma16816(o[mi][2 * dp], pa[mi][kj], bb[0], bb[1]);
+          mma16816(o[mi][2 * dp + 1], pa[mi][kj], bb[2], bb[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Normalise (sinks join the denominator) and store.
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float ll = l[mi][hh];
+      ll += __shfl_xor_sync(0xffffffffu, ll, 1);
+      ll += __shfl_xor_sync(0xffffffffu, ll, 2);
+      const int row = wrow + mi * 16 + g + hh * 8;
+      const int h = h0 + (row >> p.rph_log2), i = i0 + (row & (rph - 1));
+      float f = 1.f;
+      if (p.sinks != nullptr) {
+        const float sink2 = p.sinks[h] * kLog2e;
+        const float mm = fmaxf(m[mi][hh], sink2);
+        f = ex2(m[mi][hh] - mm);
+        ll = ll * f + ex2(sink2 - mm);
+      }
+      const float inv = ll > 0.f ? f / ll : 0.f;
+      if (i >= L) continue;
+      const int64_t base = (int64_t)(qs + i) * p.o_stride + (int64_t)h * p.vhd;
+#pragma unroll
+      for (int nt = 0; nt < NO; ++nt) {
+        const int col = nt * 8 + 2 * t4;
+        if (col >= p.vhd) continue;
+        const float v0 = o[mi][nt][2 * hh] * inv, v1 = o[mi][nt][2 * hh + 1] * inv;
+        if (p.out_f32) {
+          float* dst = static_cast<float*>(p.out) + base + col;
+          if (p.ovec)
+            *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+          else {
+            dst[0] = v0;
+            if (col + 1 < p.vhd) dst[1] = v1;
+          }
+        } else {
+          bf16* dst = static_cast<bf16*>(p.out) + base + col;
+          if (p.ovec)
+            *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(v0, v1);
+          else {
+            dst[0] = __float2bfloat16_rn(v0);
+            if (col + 1 < p.vhd) dst[1] = __float2bfloat16_rn(v1);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <int D, int DV, int MT>
+int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
+  using C = Cfg<D, DV, MT>;
+  static bool attr_set = false;  // the library runs on its one owning thread
+  if (!attr_set) {
+    MK_CUDA(cudaFuncSetAttribute(flash_fwd<D, DV, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::smem));
+    attr_set = true;
+  }
+  const int rph = C::BM / p.hpb;
+  const int tiles = (max_q_len + rph - 1) / rph;
+  MK_ARG(tiles <= 65535, "mk_flash_attn_bf16: max_q_len=%d needs %d query tiles of %d rows, more than 65535",
+         max_q_len, tiles, rph);
+  Params q = p;
+  q.rph_log2 = __builtin_ctz(rph);
+  dim3 grid(p.heads / p.hpb, batch, tiles);
+  flash_fwd<D, DV, MT><<<grid, kThreads, C::smem, st>>>(q);
+  MK_LAUNCHED("flash_fwd");
+  return MK_OK;
+}
+
+int pad_dim(int d) {
+  if (d <= 32) return 32;
+  if (d <= 64) return 64;
+  if (d <= 128) return 128;
+  if (d <= 192) return 192;
+  return 256;
+}
+
+int sm_count() {
+  static int n = 0;
+  if (n == 0) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+      n = 132;
+  }
+  return n;
+}
+
+}  // namespace
+
+extern "C" MK_API int32_t mk_flash_attn_bf16(uint64_t stream, uint64_t out, int32_t out_dtype, uint64_t q,
+                                             uint64_t pool_k, uint64_t pool_v, uint64_t q_start, uint64_t past,
+                                             uint64_t table, uint64_t blocks, int32_t block_size, int32_t batch,
+                                             int32_t max_q_len, int32_t heads, int32_t kv_heads, int32_t head_dim,
+                                             int32_t v_head_dim, uint32_t scale_bits, int32_t window,
+                                             uint64_t sinks, int32_t causal) {
+  MK_THREAD("mk_flash_attn_bf16");
+  const float scale = mk::float_from_bits(scale_bits);
+  MK_ARG(out && q && pool_k && pool_v && q_start && past && table,
+         "mk_flash_attn_bf16: out, q, pool_k, pool_v, q_start, past and table must be non-null");
+  MK_ARG(out_dtype == MK_DTYPE_BF16 || out_dtype == MK_DTYPE_F32, "mk_flash_attn_bf16: out_dtype %d is not bf16 or f32",
+         out_dtype);
+  MK_ARG(batch >= 1 && batch <= 65535, "mk_flash_attn_bf16: batch=%d must be in [1, 65535]", batch);
+  MK_ARG(max_q_len >= 1, "mk_flash_attn_bf16: max_q_len=%d must be >= 1", max_q_len);
+  MK_ARG(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0,
+         "mk_flash_attn_bf16: heads=%d must be a positive multiple of kv_heads=%d", heads, kv_heads);
+  MK_ARG(heads <= 65535, "mk_flash_attn_bf16: heads=%d > 65535", heads);
+  MK_ARG(head_dim >= 1 && head_dim <= 256 && v_head_dim >= 1 && v_head_dim <= 256,
+         "mk_flash_attn_bf16: head_dim=%d and v_head_dim=%d must be in [1, 256]", head_dim, v_head_dim);
+  MK_ARG(block_size >= 0, "mk_flash_attn_bf16: block_size=%d must be >= 0 (0: contiguous)", block_size);
+  MK_ARG(block_size == 0 || blocks != 0, "mk_flash_attn_bf16: paged (block_size=%d) needs a blocks table", block_size);
+  MK_ARG(std::isfinite(scale) && scale > 0, "mk_flash_attn_bf16: scale %g must be finite and > 0", (double)scale);
+  MK_ARG(window >= 0, "mk_flash_attn_bf16: window=%d must be >= 0", window);
+  MK_ARG(causal == 0 || causal == 1, "mk_flash_attn_bf16: causal=%d must be 0 or 1", causal);
+  MK_ARG(causal == 1 || window == 0, "mk_flash_attn_bf16: a window (%d) needs causal=1", window);
+
+  Params p{};
+  p.out = reinterpret_cast<void*>(out);
+  p.q = mk::dev<const bf16>(q);
+  p.k = mk::dev<const bf16>(pool_k);
+  p.v = mk::dev<const bf16>(pool_v);
+  p.q_start = mk::dev<const int>(q_start);
+  p.past = mk::dev<const int>(past);
+  p.table = mk::dev<const int>(table);
+  p.blocks = mk::dev<const int>(blocks);
+  p.sinks = mk::dev<const float>(sinks);
+  p.q_stride = (int64_t)heads * head_dim;
+  p.k_stride = (int64_t)kv_heads * head_dim;
+  p.v_stride = (int64_t)kv_heads * v_head_dim;
+  p.o_stride = (int64_t)heads * v_head_dim;
+  p.block_size = block_size;
+  p.heads = heads;
+  p.group = heads / kv_heads;
+  p.hpb = p.group % 4 == 0 ? 4 : p.group % 2 == 0 ? 2 : 1;
+  p.hd = head_dim;
+  p.vhd = v_head_dim;
+  p.window = window;
+  p.causal = causal;
+  p.out_f32 = out_dtype == MK_DTYPE_F32;
+  p.vec = head_dim % 8 == 0 && v_head_dim % 8 == 0 && q % 16 == 0 && pool_k % 16 == 0 && pool_v % 16 == 0;
+  p.ovec = v_head_dim % 2 == 0 && out % (p.out_f32 ? 8 : 4) == 0;
+  p.scale_log2 = scale * 1.4426950408889634f;
+
+  cudaStream_t st = mk::as_stream(stream);
+  int d = pad_dim(head_dim), dv = pad_dim(v_head_dim);
+  if (d == 192 && dv <= 128) dv = 128;
+  else if (d != dv) d = dv = d > dv ? d : dv;
+  // 128-row tiles unless that leaves fewer than two blocks per multiprocessor.
+  const int64_t blocks128 = (int64_t)(heads / p.hpb) * batch * ((max_q_len + 128 / p.hpb - 1) / (128 / p.hpb));
+  const bool big = blocks128 >= 2 * sm_count();
+  switch (d * 1000 + dv) {
+    case 32032: return big ? launch<32, 32, 2>(p, batch, max_q_len, st) : launch<32, 32, 1>(p, batch, max_q_len, st);
+    case 64064: return big ? launch<64, 64, 2>(p, batch, max_q_len, st) : launch<64, 64, 1>(p, batch, max_q_len, st);
+    case 128128:
+      return big ? launch<128, 128, 2>(p, batch, max_q_len, st) : launch<128, 128, 1>(p, batch, max_q_len, st);
+    case 192128: return launch<192, 128, 1>(p, batch, max_q_len, st);
+    case 192192: return launch<192, 192, 1>(p, batch, max_q_len, st);
+    case 256256: return launch<256, 256, 1>(p, batch, max_q_len, st);
+  }
+  return mk::fail(MK_ERR_ARG, "mk_flash_attn_bf16: no kernel for head dims %d/%d", head_dim, v_head_dim);
+}
