@@ -101,6 +101,14 @@ type attnGroup struct {
 	table  []int32 // offsets of their block tables in blocks
 	blocks []int32 // block tables, concatenated
 	any    bool
+
+	// Per span, for the prefill kernel (kernels.FlashAttention):
+	seqStart []int32 // first q row
+	seqPast  []int32 // cached tokens before it
+	seqTable []int32 // offset of its block table in blocks
+	maxLen   int     // longest span
+	lastLen  int     // rows of the last span added
+	gaps     bool    // the spans' rows are not one consecutive run
 }
 
 func newGroup(T int) *attnGroup {
@@ -116,6 +124,14 @@ func (g *attnGroup) add(s backend.SeqSpan, blocks []int32, bs int) {
 	g.any = true
 	off := int32(len(g.blocks))
 	g.blocks = append(g.blocks, blocks...)
+	if n := len(g.seqStart); n > 0 && int(g.seqStart[n-1])+g.lastLen != s.Offset {
+		g.gaps = true
+	}
+	g.seqStart = append(g.seqStart, int32(s.Offset))
+	g.seqPast = append(g.seqPast, int32(s.Past))
+	g.seqTable = append(g.seqTable, off)
+	g.maxLen = max(g.maxLen, s.Len)
+	g.lastLen = s.Len
 	for j := 0; j < s.Len; j++ {
 		p := s.Past + j
 		g.slots[s.Offset+j] = blocks[p/bs]*int32(bs) + int32(p%bs)
@@ -239,6 +255,8 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			sk = be.f32(d, sinks)
 		}
 		qb, kb, vb := be.f32(d, qt), be.f32(d, kt), be.f32(d, vt)
+		var qbf *kernels.Buffer // q in bf16, for the prefill kernel
+		defer func() { be.alloc.put(qbf) }()
 		for gi, g := range []*attnGroup{paged, priv} {
 			if !g.any || len(g.rows) == 0 {
 				continue
@@ -282,6 +300,25 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			}
 			if err := d.KVWriteBF16(nil, pl.k, pl.v, kb, vb, m.slots, T, kw, vw); err != nil {
 				return err
+			}
+			if g.maxLen > 1 && !g.gaps && flashFits(D, Dv) {
+				// A prefill step: every span of the group through the
+				// tensor-core prefill kernel (decode spans as 1-row sequences).
+				if qbf == nil {
+					qbf = be.alloc.get(d, int64(T*H*D)*2)
+					if err := d.ConvertF32ToBF16(nil, qbf, qb, T*H*D); err != nil {
+						return err
+					}
+				}
+				fm := mc.flash(be, d, g)
+				err := d.FlashAttention(nil, out.st.f32, qbf, pl.k, pl.v, fm.start, fm.past, fm.table, m.blocks, sk,
+					kernels.FlashArgs{Batch: len(g.seqStart), MaxQLen: g.maxLen, Tokens: T, Heads: H, KVHeads: KV,
+						HeadDim: D, VHeadDim: Dv, BlockSize: a.BlockSize, PoolRows: pl.blocks * a.BlockSize,
+						NumBlocks: len(g.blocks), Scale: p.Scale, Window: p.Window, Causal: true, Out: kernels.F32})
+				if err != nil {
+					return err
+				}
+				continue
 			}
 			maxKeys := 0
 			for _, ps := range g.pos {

@@ -23,7 +23,37 @@ type metaCache struct {
 	buf     *kernels.Buffer
 	t, n    int
 	uploads int // uploads so far (tests)
+
+	// The per-span arrays of the prefill kernel, cached the same way:
+	// [start B+1 | past B | table B].
+	fhost []int32
+	fbuf  *kernels.Buffer
 }
+
+// flashMeta are views of the prefill kernel's per-span arrays.
+type flashMeta struct{ start, past, table *kernels.Buffer }
+
+// flash returns g's per-span arrays on the device (qStart gets the end of
+// the last span appended), uploading them unless they equal the cached ones.
+func (mc *metaCache) flash(be *Backend, d *kernels.Device, g *attnGroup) flashMeta {
+	B := len(g.seqStart)
+	end := g.seqStart[B-1] + int32(g.lastLen)
+	want := append(append(append(append(make([]int32, 0, 3*B+1), g.seqStart...), end), g.seqPast...), g.seqTable...)
+	if mc.fbuf == nil || !slices.Equal(mc.fhost, want) {
+		mc.fhost = want
+		be.alloc.put(mc.fbuf)
+		mc.fbuf = upload(be, d, want)
+		mc.uploads++
+	}
+	return flashMeta{
+		start: view(mc.fbuf, 0, int64(B+1)*4),
+		past:  view(mc.fbuf, int64(B+1)*4, int64(B)*4),
+		table: view(mc.fbuf, int64(2*B+1)*4, int64(B)*4),
+	}
+}
+
+// flashFits reports whether the prefill kernel takes these head dims.
+func flashFits(d, dv int) bool { return d <= kernels.FlashMaxHeadDim && dv <= kernels.FlashMaxHeadDim }
 
 // attnMeta are views of a metaCache's buffer.
 type attnMeta struct{ slots, rows, pos, table, blocks *kernels.Buffer }
@@ -52,9 +82,10 @@ func (mc *metaCache) get(be *Backend, d *kernels.Device, g *attnGroup, T int) at
 	}
 }
 
-// release returns the cached buffer to the allocator.
+// release returns the cached buffers to the allocator.
 func (mc *metaCache) release(be *Backend) {
 	be.alloc.put(mc.buf)
+	be.alloc.put(mc.fbuf)
 	*mc = metaCache{}
 }
 
