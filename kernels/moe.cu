@@ -17,6 +17,7 @@
 // 16-row tiles and many small CTAs; prefill-sized ones use 128×128 tiles.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "common.cuh"
 
@@ -289,6 +290,8 @@ struct GemmArgs {
   int topk;
   int act;
   float alpha, limit;
+  int mt, nt;   // row tiles (upper bound) and column tiles of the grid
+  int group_m;  // rasterisation: blocks of group_m row tiles × all column tiles run together
 };
 
 // GATEUP: GEMM1 (A rows gathered from x by token, B tile = BN/2 gate rows then
@@ -304,7 +307,14 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   constexpr int A_PER = (A_CH + THREADS - 1) / THREADS, B_PER = B_CH / THREADS;
   static_assert(B_CH % THREADS == 0, "B chunks split evenly");
 
-  const int tile = blockIdx.x;
+  // 1-D grid in groups of group_m row tiles: CTAs that run together share
+  // their A rows (across column tiles) and weight tiles (across row tiles) in L2.
+  const int pid = blockIdx.x;
+  const int span = p.group_m * p.nt;
+  const int first_m = (pid / span) * p.group_m;
+  const int gsize = min(p.mt - first_m, p.group_m);
+  const int tile = first_m + (pid % span) % gsize;
+  const int ntile = (pid % span) / gsize;
   if (tile >= *p.num_tiles) return;
   extern __shared__ __align__(128) unsigned char gemm_sm[];
   bf16* sA = reinterpret_cast<bf16*>(gemm_sm);
@@ -342,11 +352,11 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     int64_t wrow;
     bool ok;
     if (GATEUP) {
-      const int64_t j = (int64_t)blockIdx.y * (BN / 2) + (r % (BN / 2));
+      const int64_t j = (int64_t)ntile * (BN / 2) + (r % (BN / 2));
       ok = j < N;
       wrow = (int64_t)e * 2 * N + (r < BN / 2 ? 0 : N) + j;
     } else {
-      const int64_t n = (int64_t)blockIdx.y * BN + r;
+      const int64_t n = (int64_t)ntile * BN + r;
       ok = n < N;
       wrow = (int64_t)e * N + n;
     }
@@ -440,7 +450,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
         const float* gb = p.bias ? p.bias + (int64_t)e * 2 * N : nullptr;
 #pragma unroll
         for (int nf = 0; nf < NF / 2; nf++) {
-          const int64_t j = (int64_t)blockIdx.y * (BN / 2) + wn * (WN / 2) + nf * 8 + (lane % 4) * 2;
+          const int64_t j = (int64_t)ntile * (BN / 2) + wn * (WN / 2) + nf * 8 + (lane % 4) * 2;
           if (j >= N) continue;
           float r2[2];
 #pragma unroll
@@ -467,7 +477,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
         const float* db = p.bias ? p.bias + (int64_t)e * N : nullptr;
 #pragma unroll
         for (int nf = 0; nf < NF; nf++) {
-          const int64_t n = (int64_t)blockIdx.y * BN + wn * WN + nf * 8 + (lane % 4) * 2;
+          const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
           if (n >= N) continue;
           float2 v = make_float2(acc[mf][nf][2 * h], acc[mf][nf][2 * h + 1]);
           if (db) {
@@ -527,8 +537,10 @@ __global__ void moe_fill_kernel(bf16* dst, int64_t n, uint64_t seed, float scale
 struct Cfg {
   int bm, bn, threads, stages;
 };
-// 0: decode (16-row tiles), 1: 64-row, 2: prefill (128×128).
-constexpr Cfg kCfg[3] = {{16, 64, 128, 6}, {64, 128, 128, 4}, {128, 128, 256, 4}};
+// 0: decode (16-row tiles), 1: 64-row, 2: prefill (128×128), 3: prefill (128×256).
+constexpr Cfg kCfg[4] = {{16, 64, 128, 6}, {64, 128, 128, 4}, {128, 128, 256, 4}, {128, 256, 256, 4}};
+
+bool wide_tiles();
 
 int pick_cfg(int64_t T, int K, int E) {
   const int64_t n = T * K;
@@ -536,7 +548,7 @@ int pick_cfg(int64_t T, int K, int E) {
   const double avg = (double)n / (double)(active > 0 ? active : 1);
   if (T <= 16 || avg <= 24) return 0;
   if (avg <= 96) return 1;
-  return 2;
+  return wide_tiles() ? 3 : 2;
 }
 
 // Workspace layout.
@@ -574,6 +586,27 @@ Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   return L;
 }
 
+// group_m is the rasterisation group (row tiles); MK_MOE_GROUP_M overrides
+// the default 8 (1: row tiles fastest, no grouping) for measurements.
+int group_m() {
+  static int g = [] {
+    const char* v = getenv("MK_MOE_GROUP_M");
+    const int n = v ? atoi(v) : 0;
+    return n > 0 ? n : 8;
+  }();
+  return g;
+}
+
+// wide_tiles: the prefill regime uses 128×256 CTA tiles (64×64 per warp);
+// MK_MOE_WIDE=0 selects 128×128 (64×32 per warp) for measurements.
+bool wide_tiles() {
+  static bool w = [] {
+    const char* v = getenv("MK_MOE_WIDE");
+    return !(v && v[0] == '0');
+  }();
+  return w;
+}
+
 template <int BM, int BN, int WM, int WN, int ST, bool GU>
 int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
   auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
@@ -583,9 +616,12 @@ int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s
     MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     attr = true;
   }
-  MK_ARG(ntiles <= 65535, "mk_moe_experts: %lld column tiles, at most 65535", (long long)ntiles);
-  dim3 grid((unsigned)tiles, (unsigned)ntiles);
-  kern<<<grid, (BM / WM) * (BN / WN) * 32, sm, s>>>(a);
+  MK_ARG(tiles * ntiles < (1ll << 31), "mk_moe_experts: %lld × %lld tiles", (long long)tiles, (long long)ntiles);
+  GemmArgs g = a;
+  g.mt = (int)tiles;
+  g.nt = (int)ntiles;
+  g.group_m = group_m();
+  kern<<<(unsigned)(tiles * ntiles), (BM / WM) * (BN / WN) * 32, sm, s>>>(g);
   MK_LAUNCHED(GU ? "moe_gemm (gate/up)" : "moe_gemm (down)");
   return MK_OK;
 }
@@ -598,7 +634,8 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s) {
   switch (cfg) {
     case 0: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s);
     case 1: return launch_gemm<64, 128, 32, 64, 4, GU>(a, tiles, nt, s);
-    default: return launch_gemm<128, 128, 64, 32, 4, GU>(a, tiles, nt, s);
+    case 2: return launch_gemm<128, 128, 64, 32, 4, GU>(a, tiles, nt, s);
+    default: return launch_gemm<128, 256, 64, 64, 4, GU>(a, tiles, nt, s);
   }
 }
 

@@ -38,6 +38,7 @@ type moeBenchRow struct {
 	Tokens         int      `json:"tokens"`
 	MS             float64  `json:"ms"`                    // median over iterations, CUDA events, whole layer
 	SeparateMS     *float64 `json:"separate_ms,omitempty"` // the separate pipeline, once a fused one is ms
+	ExpertsMS      float64  `json:"experts_ms"`            // median of align + GEMM1 + GEMM2 + combine alone (no router GEMM, routing, shared)
 	TFLOPS         float64  `json:"tflops"`                // 2·3·tokens·topk·hidden·intermediate / ms
 	WeightGBps     float64  `json:"weight_gbps"`           // bytes of touched experts' weights / ms
 	ExpertsTouched float64  `json:"experts_touched"`       // mean over iterations
@@ -139,9 +140,9 @@ func benchMoE(args []string, stdout io.Writer) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "tokens\tms\tmin ms\tTFLOP/s\tweight GB/s\texperts\trel err\troute diff\tpath\t\n")
+	fmt.Fprintf(tw, "tokens\tms\tmin ms\texperts ms\tTFLOP/s\tweight GB/s\texperts\trel err\troute diff\tpath\t\n")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%d\t%.4f\t%.4f\t%.1f\t%.0f\t%.1f\t%.2g\t%d\t%s\t\n", r.Tokens, r.MS, r.MinMS, r.TFLOPS,
+		fmt.Fprintf(tw, "%d\t%.4f\t%.4f\t%.4f\t%.1f\t%.0f\t%.1f\t%.2g\t%d\t%s\t\n", r.Tokens, r.MS, r.MinMS, r.ExpertsMS, r.TFLOPS,
 			r.WeightGBps, r.ExpertsTouched, r.RelErr, r.RouteMismatch, r.Path)
 	}
 	if err := tw.Flush(); err != nil {
@@ -234,20 +235,17 @@ func runMoEBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error) {
 			return nil, err
 		}
 	}
-	start, err := d.NewEvent()
-	if err != nil {
-		return nil, err
+	var ev [4]*kernels.Event // start, routed, experts done, end
+	for i := range ev {
+		if ev[i], err = d.NewEvent(); err != nil {
+			return nil, err
+		}
+		defer ev[i].Destroy()
 	}
-	defer start.Destroy()
-	end, err := d.NewEvent()
-	if err != nil {
-		return nil, err
-	}
-	defer end.Destroy()
 
 	var rows []moeBenchRow
 	for _, T := range o.tokens {
-		r, err := benchMoETokens(d, o, w, ex, cfg, sbias, T, start, end)
+		r, err := benchMoETokens(d, o, w, ex, cfg, sbias, T, ev)
 		if err != nil {
 			return nil, fmt.Errorf("tokens %d: %w", T, err)
 		}
@@ -257,7 +255,7 @@ func runMoEBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error) {
 }
 
 func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *kernels.MoEExperts, cfg moe.RouterConfig,
-	sbias []float32, T int, start, end *kernels.Event) (moeBenchRow, error) {
+	sbias []float32, T int, ev [4]*kernels.Event) (moeBenchRow, error) {
 	E, K, H, I := o.experts, o.topk, o.hidden, o.inter
 	SI := o.shared * I
 	row := moeBenchRow{Tokens: T, Path: "grouped", Iters: o.iters}
@@ -307,7 +305,13 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 		if err := d.MoERoute(nil, ids, wts, logits, w.scoreBias, T, moeRouterKernels(cfg)); err != nil {
 			return err
 		}
+		if err := ev[1].Record(nil); err != nil {
+			return err
+		}
 		if err := d.MoEExpertsRun(nil, out, x, ids, wts, T, K, ex, nil, ws); err != nil {
+			return err
+		}
+		if err := ev[2].Record(nil); err != nil {
 			return err
 		}
 		if SI > 0 {
@@ -324,7 +328,7 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 		return nil
 	}
 	hostIDs := make([]int32, T*K)
-	var times []float64
+	var times, etimes []float64
 	touched := 0.0
 	for it := -2; it < o.iters; it++ {
 		// Fresh tokens every iteration, so the touched experts change and
@@ -332,19 +336,23 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 		if err := d.FillRandomBF16(nil, x, int64(T*H), o.seed*1000003+uint64(T)*31+uint64(it+2), 1); err != nil {
 			return row, err
 		}
-		if err := start.Record(nil); err != nil {
+		if err := ev[0].Record(nil); err != nil {
 			return row, err
 		}
 		if err := layer(); err != nil {
 			return row, err
 		}
-		if err := end.Record(nil); err != nil {
+		if err := ev[3].Record(nil); err != nil {
 			return row, err
 		}
-		if err := end.Sync(); err != nil {
+		if err := ev[3].Sync(); err != nil {
 			return row, err
 		}
-		ms, err := kernels.Elapsed(start, end)
+		ms, err := kernels.Elapsed(ev[0], ev[3])
+		if err != nil {
+			return row, err
+		}
+		ems, err := kernels.Elapsed(ev[1], ev[2])
 		if err != nil {
 			return row, err
 		}
@@ -352,6 +360,7 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 			continue
 		}
 		times = append(times, float64(ms))
+		etimes = append(etimes, float64(ems))
 		if err := kernels.Download(d, hostIDs, ids); err != nil {
 			return row, err
 		}
@@ -366,7 +375,9 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 		touched += float64(n)
 	}
 	sort.Float64s(times)
+	sort.Float64s(etimes)
 	row.MS = times[len(times)/2]
+	row.ExpertsMS = etimes[len(etimes)/2]
 	row.MinMS = times[0]
 	row.ExpertsTouched = touched / float64(o.iters)
 	sec := row.MS / 1e3
