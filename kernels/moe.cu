@@ -20,10 +20,12 @@
 #include <cstdlib>
 
 #include "common.cuh"
+#include "moe_gemm.cuh"
 
 namespace {
 
 using bf16 = __nv_bfloat16;
+using mkmoe::GemmArgs;
 
 // ---------------------------------------------------------------- routing
 
@@ -277,22 +279,6 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-struct GemmArgs {
-  const bf16* A;               // GEMM1: x [T, Kd]; GEMM2: act [rows, Kd]
-  const bf16* W;               // GEMM1: GateUp [E*2N, Kd]; GEMM2: Down [E*N, Kd]
-  const float* bias;           // GEMM1: [E, 2N]; GEMM2: [E, N]; or null
-  const int32_t* sorted;       // [rows]: assignment of each row, -1 for padding
-  const int32_t* tile_expert;  // [tiles]
-  const int32_t* num_tiles;    // [1]
-  void* out;                   // GEMM1: act bf16 [rows, N]; GEMM2: y f32 [rows, N]
-  int64_t Kd;                  // reduction length (H or I), multiple of 8
-  int64_t N;                   // GEMM1: I (gate columns); GEMM2: H
-  int topk;
-  int act;
-  float alpha, limit;
-  int mt, nt;   // row tiles (upper bound) and column tiles of the grid
-  int group_m;  // rasterisation: blocks of group_m row tiles × all column tiles run together
-};
 
 // GATEUP: GEMM1 (A rows gathered from x by token, B tile = BN/2 gate rows then
 // the BN/2 matching up rows, activation in the epilogue, bf16 out); else
@@ -607,6 +593,16 @@ bool wide_tiles() {
   return w;
 }
 
+// use_wgmma: the prefill regime runs the sm_90a wgmma kernel when linked in;
+// MK_MOE_WGMMA=0 keeps mma.sync (measurements).
+bool use_wgmma() {
+  static bool w = [] {
+    const char* v = getenv("MK_MOE_WGMMA");
+    return !(v && v[0] == '0');
+  }();
+  return w;
+}
+
 template <int BM, int BN, int WM, int WN, int ST, bool GU>
 int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
   auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
@@ -631,6 +627,14 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s) {
   const int bn = kCfg[cfg].bn;
   const int64_t cols = GU ? bn / 2 : bn;
   const int64_t nt = (a.N + cols - 1) / cols;
+  if (cfg == 3 && use_wgmma() && mkmoe::wgmma_gemm != nullptr) {
+    GemmArgs g = a;
+    g.mt = (int)tiles;
+    g.nt = (int)nt;
+    g.group_m = group_m();
+    const int rc = mkmoe::wgmma_gemm(g, GU, tiles, nt, s);
+    if (rc != -1) return rc;  // -1: not available here, use mma.sync
+  }
   switch (cfg) {
     case 0: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s);
     case 1: return launch_gemm<64, 128, 32, 64, 4, GU>(a, tiles, nt, s);
