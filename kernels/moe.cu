@@ -528,12 +528,23 @@ constexpr Cfg kCfg[4] = {{16, 64, 128, 6}, {64, 128, 128, 4}, {128, 128, 256, 4}
 
 bool wide_tiles();
 
+// big_avg: expected rows per active expert above which the 128-row tiles
+// (wgmma on sm_90a) run; MK_MOE_BIG_AVG overrides the default 48.
+double big_avg() {
+  static double b = [] {
+    const char* v = getenv("MK_MOE_BIG_AVG");
+    const double x = v ? atof(v) : 0;
+    return x > 0 ? x : 48.0;
+  }();
+  return b;
+}
+
 int pick_cfg(int64_t T, int K, int E) {
   const int64_t n = T * K;
   const int64_t active = n < E ? n : E;
   const double avg = (double)n / (double)(active > 0 ? active : 1);
   if (T <= 16 || avg <= 24) return 0;
-  if (avg <= 96) return 1;
+  if (avg <= big_avg()) return 1;
   return wide_tiles() ? 3 : 2;
 }
 

@@ -76,6 +76,11 @@ __device__ __forceinline__ void wgmma_wait0() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
 }
+__device__ __forceinline__ void wgmma_wait1() {
+#ifdef MK_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+#endif
+}
 __device__ __forceinline__ void fence_proxy_async() {
 #ifdef MK_WGMMA
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -162,13 +167,13 @@ __global__ void __launch_bounds__(THREADS) moe_wgmma_kernel(const GemmArgs p) {
     asm volatile("cp.async.commit_group;\n" ::);
   }
   const uint32_t sA0 = (uint32_t)__cvta_generic_to_shared(sA), sB0 = (uint32_t)__cvta_generic_to_shared(sB);
+  // Stage kt: wait for its tile, issue its wgmmas, then (while they run)
+  // wait for stage kt-1's wgmmas, barrier, and prefetch tile kt+ST-1 into
+  // the stage they read. One wgmma group stays in flight across the barrier.
   for (int kt = 0; kt < KT; kt++) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2));
     fence_proxy_async();
     __syncthreads();
-    const int nk = kt + ST - 1;
-    if (nk < KT) load(nk % ST, nk);
-    asm volatile("cp.async.commit_group;\n" ::);
     const int st = kt % ST;
     const uint32_t a = sA0 + st * (uint32_t)kStageA + wg * 64 * 128;
     const uint32_t b = sB0 + st * (uint32_t)kStageB;
@@ -179,8 +184,13 @@ __global__ void __launch_bounds__(THREADS) moe_wgmma_kernel(const GemmArgs p) {
       wgmma_n128(acc1, desc(a + kk * 32), desc(b + 128 * 128 + kk * 32));
     }
     wgmma_commit();
-    wgmma_wait0();
+    wgmma_wait1();
+    __syncthreads();  // every warpgroup's stage kt-1 wgmmas are done
+    const int nk = kt + ST - 1;
+    if (nk < KT) load(nk % ST, nk);
+    asm volatile("cp.async.commit_group;\n" ::);
   }
+  wgmma_wait0();
   asm volatile("cp.async.wait_group 0;\n" ::);
 
   // Epilogue: d[4i + q] is row 16*warp + lane/4 + 8*(q/2), column 8i + 2*(lane%4) + q%2.
