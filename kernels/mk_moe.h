@@ -7,6 +7,58 @@
 extern "C" {
 #endif
 
+/* Router flags (mk_moe_route's flags argument, OR-ed). */
+enum {
+  MK_MOE_SIGMOID = 1,      /* sigmoid scores (else softmax over all experts) */
+  MK_MOE_SOFTMAX_TOPK = 2, /* top-k on raw logits, softmax over the k (needs softmax scoring) */
+  MK_MOE_NORM_TOPK = 4     /* renormalise the k weights to sum 1 (+1e-20 under sigmoid) */
+};
+
+/* Expert activations. */
+enum {
+  MK_MOE_SWIGLU = 0,        /* silu(gate) * up */
+  MK_MOE_SWIGLU_CLAMPED = 1 /* gpt-oss: see mk_swiglu_oss_bf16 */
+};
+
+/* Routes T tokens with exactly moe.Route's semantics (moe/route.go):
+ * logits [T, E] f32 → ids [T, K] int32 and weights [T, K] f32, each token's
+ * k outputs by descending weight, ties to the lower expert. score_bias [E]
+ * f32 or 0 (selection only); num_groups > 0 enables group-limited routing
+ * (top topk_groups groups by the sum of their two best biased scores, the
+ * others masked to -inf); scaling_bits: routed scaling factor (0 or 1: none).
+ * Softmax and sigmoid are computed in float64 and rounded once, as in Go.
+ * E <= 2048, 1 <= K <= E. */
+MK_API int32_t mk_moe_route(uint64_t stream, uint64_t ids, uint64_t weights, uint64_t logits,
+                            uint64_t score_bias, int64_t t, int32_t e, int32_t k, int32_t flags,
+                            int32_t num_groups, int32_t topk_groups, uint32_t scaling_bits);
+
+/* Bytes of workspace mk_moe_experts needs for these sizes, and the row tile
+ * (rows per expert are padded to it) it will use. */
+MK_API int32_t mk_moe_workspace(int64_t t, int32_t k, int32_t e, int64_t h, int64_t i,
+                                uint64_t* bytes, int32_t* tile_m);
+
+/* The routed experts of one MoE layer on the GPU, with no host synchronisation:
+ *   align:   ids [T, K] → per-expert row lists padded to the row tile; counts
+ *            [E] int64 (or 0) += tokens per expert;
+ *   GEMM1:   h = x[token] · GateUp[e]ᵀ (+ gate_up_bias[e]) for every (token, e)
+ *            row, x [T, H] bf16, GateUp [E*2I, H] bf16 (per expert gate rows
+ *            then up rows), one grouped tensor-core launch; the activation
+ *            (act_kind) in its epilogue → act [rows, I] bf16;
+ *   GEMM2:   y = act · Down[e]ᵀ (+ down_bias[e]) → [rows, H] f32, Down [E*H, I] bf16;
+ *   combine: out [T, H] f32 = Σ_k weights[t,k] · y[row of (t,k)], in k order.
+ * Biases are f32 [E, 2I] / [E, H] or 0. H and I must be multiples of 8.
+ * ws: mk_moe_workspace bytes of device memory. out is fully written. */
+MK_API int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids,
+                              uint64_t weights, int64_t t, int32_t k, int32_t e, int64_t h,
+                              int64_t i, uint64_t gate_up, uint64_t gate_up_bias, uint64_t down,
+                              uint64_t down_bias, int32_t act_kind, uint32_t alpha_bits,
+                              uint32_t limit_bits, uint64_t counts, uint64_t ws, uint64_t ws_bytes);
+
+/* Fills n bf16 values with a deterministic pseudo-random normal-ish
+ * distribution (sum of uniforms) times scale, from seed (benchmarks). */
+MK_API int32_t mk_moe_fill_bf16(uint64_t stream, uint64_t dst, int64_t n, uint64_t seed,
+                                uint32_t scale_bits);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,10 +9,21 @@ import (
 // MoE routes every row of x [T, H] to its experts and returns the combined
 // output [T, H], shared experts included, as the CPU backend does:
 //
-//	logits = x·Gateᵀ + GateBias                       [T, E] (GPU, copied to the host)
-//	ids, w = moe.Route(Router, logits, ScoreBias)     [T, K] each (host)
-//	out    = Σ_k w[t,k]·expert_{ids[t,k]}(x[t])       per expert: gather rows, GEMM, act, GEMM, scatter-add
+//	logits = x·Gateᵀ + GateBias                       [T, E] (GPU)
+//	ids, w = moe.Route(Router, logits, ScoreBias)     [T, K] each
+//	out    = Σ_k w[t,k]·expert_{ids[t,k]}(x[t])
 //	out   += sigmoid(x·SharedGateᵀ)·MLP(x, Shared)    when Shared != nil
+//
+// Two paths for the routed experts:
+//   - grouped (bf16 expert weights, split mode off, H and I multiples of 8):
+//     routing on the GPU (kernels.MoERoute, moe.Route's exact semantics),
+//     then align, one grouped tensor-core GEMM per projection with the
+//     activation fused, and a combine by token (kernels.MoEExpertsRun); no
+//     host synchronisation, expert counters stay on the device until
+//     TakeExpertLoad. x is rounded to bf16 once, the activation once.
+//   - host (moeHost: float32 weights, split mode, other shapes): logits copied
+//     to the host, moe.Route, per expert a gather, two (split) GEMMs and a
+//     scatter-add.
 //
 // E and I come from the shapes: Gate is [E, H], GateUp [E*2I, H], Down [E*H, I].
 func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
@@ -43,10 +54,6 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 	gub := flat("MoE", "GateUpBias", l.GateUpBias, E*2*I)
 	db := flat("MoE", "DownBias", l.DownBias, E*H)
 	gateBias := vector("MoE", "GateBias", l.GateBias, E)
-	var scoreBias []float32
-	if sb := vector("MoE", "ScoreBias", l.ScoreBias, E); sb != nil {
-		scoreBias = be.ToHost(sb)
-	}
 	var sg *Tensor
 	if l.SharedGate != nil {
 		sg = tensorOf("MoE", "SharedGate", l.SharedGate)
@@ -54,6 +61,42 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 			panicf("MoE", "SharedGate has shape %v, want [1, %d]", sg.shape, H)
 		}
 	}
+	var out *Tensor
+	if be.grouped(gu, down, H, I, E) {
+		out = be.moeGrouped(xt, l, gate, gateBias, vector("MoE", "ScoreBias", l.ScoreBias, E), gu, gub, down, db, T, H, E, I)
+	} else {
+		var scoreBias []float32
+		if sb := vector("MoE", "ScoreBias", l.ScoreBias, E); sb != nil {
+			scoreBias = be.ToHost(sb)
+		}
+		out = be.moeHost(xt, l, gate, gateBias, scoreBias, gu, gub, down, db, T, H, E, I)
+	}
+
+	if l.Shared != nil {
+		sh := be.MLP(xt, l.Shared).(*Tensor)
+		var g *Tensor
+		if sg != nil {
+			g = be.Linear(xt, sg, nil).(*Tensor)
+		}
+		be.do("MoE", func(d *kernels.Device) error {
+			if T == 0 || H == 0 {
+				return nil
+			}
+			var gb *kernels.Buffer
+			if g != nil {
+				gb = g.st.f32
+			}
+			return d.GatedAddF32(nil, out.st.f32, sh.st.f32, gb, T, H)
+		}, sh, g, out)
+	}
+	return out
+}
+
+// moeHost is the routed experts with routing on the host (moe.Route) and two
+// GEMMs per expert: the exact path, used for float32 expert weights and in
+// split mode (hi/lo bf16 halves), and for shapes the grouped kernels refuse.
+func (be *Backend) moeHost(xt *Tensor, l *backend.MoELayer, gate, gateBias *Tensor, scoreBias []float32,
+	gu, gub, down, db *Tensor, T, H, E, I int) *Tensor {
 	K := l.Router.TopK
 
 	logits := be.ToHost(be.Linear(xt, gate, gateBias))
@@ -144,24 +187,6 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 		}
 		return nil
 	}, xt, gu, down, gub, db)
-
-	if l.Shared != nil {
-		sh := be.MLP(xt, l.Shared).(*Tensor)
-		var g *Tensor
-		if sg != nil {
-			g = be.Linear(xt, sg, nil).(*Tensor)
-		}
-		be.do("MoE", func(d *kernels.Device) error {
-			if T == 0 || H == 0 {
-				return nil
-			}
-			var gb *kernels.Buffer
-			if g != nil {
-				gb = g.st.f32
-			}
-			return d.GatedAddF32(nil, out.st.f32, sh.st.f32, gb, T, H)
-		}, sh, g, out)
-	}
 	return out
 }
 
@@ -183,11 +208,25 @@ func (be *Backend) countExperts(layer, E int, ids []int32) {
 }
 
 // TakeExpertLoad implements backend.ExpertCounter: tokens per expert per
-// MoE layer since the previous call.
+// MoE layer since the previous call, from both paths (the grouped path's
+// device counters are read and zeroed here, not per layer).
 func (be *Backend) TakeExpertLoad() map[int][]int64 {
+	dev := be.takeDeviceLoad()
 	be.loadMu.Lock()
-	defer be.loadMu.Unlock()
 	out := be.load
 	be.load = nil
+	be.loadMu.Unlock()
+	for layer, c := range dev {
+		if out == nil {
+			out = map[int][]int64{}
+		}
+		if h := out[layer]; len(h) == len(c) {
+			for e := range c {
+				h[e] += c[e]
+			}
+		} else {
+			out[layer] = c
+		}
+	}
 	return out
 }

@@ -1,0 +1,125 @@
+package cuda
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/backend/cpu"
+	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/internal/golden"
+	"github.com/mkserve/mkserve/moe"
+)
+
+// TestMoEGroupedMatchesCPU runs MoE layers whose shapes take the grouped
+// path (bf16 expert weights, fast mode, H and I multiples of 8) against the
+// CPU backend on bf16-exact random inputs: relative L2 ≤ 1e-2, expert
+// loads equal (read from the device counters), and checks the path taken.
+func TestMoEGroupedMatchesCPU(t *testing.T) {
+	gpuBackend(t)
+	off := false
+	gb, err := New(Options{SplitActivations: &off})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name    string
+		E, H, I int
+		T       []int
+		r       moe.RouterConfig
+		act     moe.Activation
+		biases  bool
+		shared  bool
+	}{
+		{"softmax_shared", 8, 32, 24, []int{1, 13, 70}, moe.RouterConfig{NumExperts: 8, TopK: 2, Scoring: moe.Softmax, NormTopK: true},
+			moe.Activation{Kind: moe.SwiGLU}, false, true},
+		{"deepseek_groups_bias", 32, 48, 16, []int{3, 40}, moe.RouterConfig{NumExperts: 32, TopK: 4, Scoring: moe.Sigmoid, NormTopK: true, ScalingFactor: 2.5, NumGroups: 4, TopKGroups: 2},
+			moe.Activation{Kind: moe.SwiGLU}, true, true},
+		{"softmax_topk_clamped_biases", 4, 40, 8, []int{1, 40}, moe.RouterConfig{NumExperts: 4, TopK: 2, Scoring: moe.Softmax, SoftmaxTopK: true},
+			moe.Activation{Kind: moe.ClampedSwiGLU, Alpha: 1.702, Limit: 7}, true, false},
+		{"many_tokens", 16, 64, 32, []int{600}, moe.RouterConfig{NumExperts: 16, TopK: 4, Scoring: moe.Softmax, NormTopK: true},
+			moe.Activation{Kind: moe.SwiGLU}, false, false},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			seed := uint64(i*104729) + 0x77
+			t.Logf("seed %#x", seed)
+			run := func(be backend.Backend) []backend.Tensor {
+				g := newGen(seed, true)
+				l := moeLayer(t, be, g, c.E, c.H, c.I, c.r, c.act, c.biases, c.shared)
+				var out []backend.Tensor
+				for _, T := range c.T {
+					out = append(out, be.MoE(W(t, be, g.f32(1, T, c.H)), l))
+				}
+				return out
+			}
+			cb := cpu.New(cpu.Options{})
+			want, got := run(cb), run(gb)
+			worst := 0.0
+			for j := range want {
+				e := relL2(gb.ToHost(got[j]), cb.ToHost(want[j]))
+				worst = max(worst, e)
+				if !(e <= 1e-2) {
+					t.Errorf("T=%d: relative L2 %.3g > 1e-2", c.T[j], e)
+				}
+			}
+			if gl, cl := gb.TakeExpertLoad(), cb.TakeExpertLoad(); fmt.Sprint(gl) != fmt.Sprint(cl) {
+				t.Errorf("expert load %v, CPU %v", gl, cl)
+			}
+			if gl := gb.TakeExpertLoad(); len(gl) != 0 {
+				t.Errorf("expert load after a take: %v, want none", gl)
+			}
+			t.Logf("MOE grouped %s: worst relative L2 %.3g over %d calls", c.name, worst, len(want))
+		})
+	}
+	// The path: these layers' weights are bf16 and split mode is off.
+	g := newGen(1, true)
+	l := moeLayer(t, gb, g, 8, 32, 24, cases[0].r, cases[0].act, false, false)
+	if !gb.grouped(l.GateUp.(*Tensor), l.Down.(*Tensor), 32, 24, 8) {
+		t.Fatal("a bf16 layer in fast mode does not take the grouped path")
+	}
+	split := gpuBackend(t)
+	if split.grouped(l.GateUp.(*Tensor), l.Down.(*Tensor), 32, 24, 8) {
+		t.Fatal("split mode takes the grouped path")
+	}
+}
+
+// TestGoldenGrouped is TestGolden in fast mode (SplitActivations off), where
+// the BF16 families' MoE layers take the grouped path: logits relative L2 to
+// transformers' float32 ≤ 2e-2, argmax equal at ≥ 95% of positions.
+func TestGoldenGrouped(t *testing.T) {
+	gpuBackend(t)
+	for _, fam := range golden.Families {
+		t.Run(fam, func(t *testing.T) {
+			off := false
+			be, err := New(Options{SplitActivations: &off})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := readGolden(t, fam)
+			l := loadModel(t, fam, be)
+			before := moeGroupedCalls.Load()
+			rows, err := engine.Logits(l.Model, be, g.IDs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			grouped := moeGroupedCalls.Load() - before
+			var got []float32
+			for _, r := range rows {
+				got = append(got, r...)
+			}
+			e := relL2(got, g.Logits)
+			V := l.Config.VocabSize
+			same, n := 0, len(got)/V
+			for i := 0; i < n; i++ {
+				if engine.Argmax(got[i*V:(i+1)*V]) == engine.Argmax(g.Logits[i*V:(i+1)*V]) {
+					same++
+				}
+			}
+			t.Logf("GOLDEN-FAST %s: relative L2 %.3g, argmax %d/%d, grouped MoE calls %d", fam, e, same, n, grouped)
+			if !(e <= 2e-2) || same*100 < 95*n {
+				t.Errorf("%s fast mode: relative L2 %.3g (≤ 2e-2), argmax %d/%d (≥ 95%%)", fam, e, same, n)
+			}
+		})
+	}
+}

@@ -1,0 +1,557 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+
+	"github.com/mkserve/mkserve/kernels"
+	"github.com/mkserve/mkserve/moe"
+	"github.com/mkserve/mkserve/tensor"
+)
+
+func init() { benches["moe"] = benchMoE }
+
+// moeBenchOpts are the flags of `mkserve bench moe`.
+type moeBenchOpts struct {
+	hidden, inter, experts, topk int
+	routing                      string // softmax or grouped
+	tokens                       []int
+	ranks, shared                int
+	iters, checkRows             int
+	seed                         uint64
+	json                         bool
+}
+
+// moeBenchRow is one token count's result. ms is the timed pipeline (today
+// the separate one: router GEMM → routing → grouped experts → combine); a
+// fused kernel will take ms and move this pipeline's time to SeparateMS.
+type moeBenchRow struct {
+	Tokens         int      `json:"tokens"`
+	MS             float64  `json:"ms"`                    // median over iterations, CUDA events, whole layer
+	SeparateMS     *float64 `json:"separate_ms,omitempty"` // the separate pipeline, once a fused one is ms
+	ExpertsMS      float64  `json:"experts_ms"`            // median of align + GEMM1 + GEMM2 + combine alone (no router GEMM, routing, shared)
+	TFLOPS         float64  `json:"tflops"`                // 2·3·tokens·topk·hidden·intermediate / ms
+	WeightGBps     float64  `json:"weight_gbps"`           // bytes of touched experts' weights / ms
+	ExpertsTouched float64  `json:"experts_touched"`       // mean over iterations
+	RelErr         float64  `json:"rel_err"`               // vs the reference below, on sampled rows
+	Reference      string   `json:"reference"`
+	RouteMismatch  int      `json:"route_mismatch"` // sampled tokens whose ids differ from moe.Route on the GPU's logits
+	Path           string   `json:"path"`
+	MinMS          float64  `json:"min_ms"`
+	Iters          int      `json:"iters"`
+}
+
+func parseTokens(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("--tokens: %q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// parseMoEBench reads the flags; it needs no GPU.
+func parseMoEBench(args []string) (*moeBenchOpts, error) {
+	fs := newFlags("bench moe")
+	o := &moeBenchOpts{}
+	fs.IntVar(&o.hidden, "hidden", 7168, "hidden size H")
+	fs.IntVar(&o.inter, "intermediate", 2048, "expert intermediate size I")
+	fs.IntVar(&o.experts, "experts", 256, "routed experts E")
+	fs.IntVar(&o.topk, "topk", 8, "experts per token K")
+	fs.StringVar(&o.routing, "routing", "grouped", "softmax (softmax over experts, renormalised top-k) or grouped (DeepSeek-V3: sigmoid, score bias, 8 groups, top-4 groups, scaling 2.5)")
+	tok := fs.String("tokens", "1,16,64,256,1024,4096,16384", "token counts, comma-separated")
+	fs.IntVar(&o.ranks, "ranks", 1, "expert-parallel ranks (only 1 for now)")
+	fs.IntVar(&o.shared, "shared-experts", 0, "shared experts (one dense MLP of N*intermediate), timed with the layer")
+	fs.IntVar(&o.iters, "iters", 10, "timed iterations per token count (the median is reported)")
+	fs.IntVar(&o.checkRows, "check-rows", 2, "tokens per count checked against the CPU reference")
+	seed := fs.Uint64("seed", 1, "random seed")
+	fs.BoolVar(&o.json, "json", false, "print one JSON array instead of a table")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	o.seed = *seed
+	var err error
+	if o.tokens, err = parseTokens(*tok); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.ranks != 1:
+		return nil, fmt.Errorf("--ranks %d: only 1 rank is supported until expert parallelism lands", o.ranks)
+	case o.routing != "softmax" && o.routing != "grouped":
+		return nil, fmt.Errorf("--routing must be softmax or grouped, got %q", o.routing)
+	case o.hidden <= 0 || o.hidden%8 != 0 || o.inter <= 0 || o.inter%8 != 0:
+		return nil, fmt.Errorf("--hidden %d and --intermediate %d must be positive multiples of 8", o.hidden, o.inter)
+	case o.experts <= 0 || o.experts > 2048 || o.topk <= 0 || o.topk > o.experts:
+		return nil, fmt.Errorf("--experts %d, --topk %d: want 1 ≤ topk ≤ experts ≤ 2048", o.experts, o.topk)
+	case o.routing == "grouped" && (o.experts%8 != 0 || o.experts/8 < 2 || o.topk > o.experts/2):
+		return nil, fmt.Errorf("--routing grouped needs experts divisible by 8 groups and topk ≤ experts/2 (4 of 8 groups)")
+	case o.shared < 0 || o.iters <= 0 || o.checkRows < 0:
+		return nil, fmt.Errorf("--shared-experts, --iters, --check-rows must be non-negative (iters positive)")
+	}
+	return o, nil
+}
+
+func (o *moeBenchOpts) router() moe.RouterConfig {
+	if o.routing == "grouped" {
+		return moe.RouterConfig{NumExperts: o.experts, TopK: o.topk, Scoring: moe.Sigmoid, NormTopK: true,
+			NumGroups: 8, TopKGroups: 4, ScalingFactor: 2.5}
+	}
+	return moe.RouterConfig{NumExperts: o.experts, TopK: o.topk, Scoring: moe.Softmax, NormTopK: true}
+}
+
+// benchMoE times one MoE layer on the GPU per token count.
+func benchMoE(args []string, stdout io.Writer) error {
+	o, err := parseMoEBench(args)
+	if err != nil {
+		return err
+	}
+	g, err := kernels.Open(0)
+	if err != nil {
+		return fmt.Errorf("bench moe needs a GPU: %w", err)
+	}
+	defer g.Close()
+	var rows []moeBenchRow
+	err = g.Do(func(d *kernels.Device) error {
+		var err error
+		rows, err = runMoEBench(d, o)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if o.json {
+		b, err := json.Marshal(rows)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(stdout, "%s\n", b)
+		return err
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "tokens\tms\tmin ms\texperts ms\tTFLOP/s\tweight GB/s\texperts\trel err\troute diff\tpath\t\n")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%d\t%.4f\t%.4f\t%.4f\t%.1f\t%.0f\t%.1f\t%.2g\t%d\t%s\t\n", r.Tokens, r.MS, r.MinMS, r.ExpertsMS, r.TFLOPS,
+			r.WeightGBps, r.ExpertsTouched, r.RelErr, r.RouteMismatch, r.Path)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(rows) > 0 {
+		_, err = fmt.Fprintf(stdout, "H=%d I=%d E=%d K=%d routing=%s shared=%d; ms: median of %d, whole layer (router GEMM + routing + experts + combine); rel err: %s\n",
+			o.hidden, o.inter, o.experts, o.topk, o.routing, o.shared, o.iters, rows[0].Reference)
+	}
+	return err
+}
+
+// moeBenchBufs are the layer's device buffers.
+type moeBenchBufs struct {
+	gate, gateUp, down, shGU, shDown *kernels.Buffer // bf16 weights
+	scoreBias                        *kernels.Buffer // f32 [E] or nil
+	all                              []*kernels.Buffer
+}
+
+func (b *moeBenchBufs) alloc(d *kernels.Device, bytes int64) (*kernels.Buffer, error) {
+	buf, err := d.Malloc(bytes)
+	if err == nil {
+		b.all = append(b.all, buf)
+	}
+	return buf, err
+}
+
+func (b *moeBenchBufs) free() {
+	for _, x := range b.all {
+		_ = x.Free()
+	}
+	b.all = nil
+}
+
+func runMoEBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error) {
+	E, H, I := o.experts, o.hidden, o.inter
+	ex := &kernels.MoEExperts{E: E, H: H, I: I}
+	w := &moeBenchBufs{}
+	defer w.free()
+	var err error
+	fill := func(b *kernels.Buffer, n int64, seed uint64, scale float64) error {
+		return d.FillRandomBF16(nil, b, n, seed, float32(scale))
+	}
+	if w.gate, err = w.alloc(d, int64(E*H)*2); err != nil {
+		return nil, err
+	}
+	if ex.GateUp, err = w.alloc(d, int64(E)*int64(2*I)*int64(H)*2); err != nil {
+		return nil, fmt.Errorf("expert weights (%d GB): %w", int64(E)*3*int64(I)*int64(H)*2>>30, err)
+	}
+	if ex.Down, err = w.alloc(d, int64(E)*int64(H)*int64(I)*2); err != nil {
+		return nil, err
+	}
+	for _, f := range []struct {
+		b     *kernels.Buffer
+		n     int64
+		scale float64
+	}{{w.gate, int64(E * H), 1 / math.Sqrt(float64(H))}, {ex.GateUp, int64(E) * int64(2*I) * int64(H), 1 / math.Sqrt(float64(H))},
+		{ex.Down, int64(E) * int64(H) * int64(I), 1 / math.Sqrt(float64(I))}} {
+		if err := fill(f.b, f.n, o.seed+uint64(len(w.all))*7919, f.scale); err != nil {
+			return nil, err
+		}
+	}
+	SI := o.shared * I
+	if SI > 0 {
+		if w.shGU, err = w.alloc(d, int64(2*SI*H)*2); err != nil {
+			return nil, err
+		}
+		if w.shDown, err = w.alloc(d, int64(H*SI)*2); err != nil {
+			return nil, err
+		}
+		if err := fill(w.shGU, int64(2*SI*H), o.seed+11, 1/math.Sqrt(float64(H))); err != nil {
+			return nil, err
+		}
+		if err := fill(w.shDown, int64(H*SI), o.seed+12, 1/math.Sqrt(float64(SI))); err != nil {
+			return nil, err
+		}
+	}
+	cfg := o.router()
+	rng := rand.New(rand.NewPCG(o.seed, 99))
+	var sbias []float32
+	if cfg.Scoring == moe.Sigmoid {
+		sbias = make([]float32, E)
+		for i := range sbias {
+			sbias[i] = float32(rng.NormFloat64() * 0.1)
+		}
+		if w.scoreBias, err = w.alloc(d, int64(E)*4); err != nil {
+			return nil, err
+		}
+		if err := kernels.Upload(d, w.scoreBias, sbias); err != nil {
+			return nil, err
+		}
+	}
+	var ev [4]*kernels.Event // start, routed, experts done, end
+	for i := range ev {
+		if ev[i], err = d.NewEvent(); err != nil {
+			return nil, err
+		}
+		defer ev[i].Destroy()
+	}
+
+	var rows []moeBenchRow
+	for _, T := range o.tokens {
+		r, err := benchMoETokens(d, o, w, ex, cfg, sbias, T, ev)
+		if err != nil {
+			return nil, fmt.Errorf("tokens %d: %w", T, err)
+		}
+		rows = append(rows, r)
+	}
+	return rows, nil
+}
+
+func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *kernels.MoEExperts, cfg moe.RouterConfig,
+	sbias []float32, T int, ev [4]*kernels.Event) (moeBenchRow, error) {
+	E, K, H, I := o.experts, o.topk, o.hidden, o.inter
+	SI := o.shared * I
+	row := moeBenchRow{Tokens: T, Path: "grouped", Iters: o.iters}
+	b := &moeBenchBufs{}
+	defer b.free()
+	x, err := b.alloc(d, int64(T*H)*2)
+	if err != nil {
+		return row, err
+	}
+	logits, err := b.alloc(d, int64(T*E)*4)
+	if err != nil {
+		return row, err
+	}
+	ids, err := b.alloc(d, int64(T*K)*4)
+	if err != nil {
+		return row, err
+	}
+	wts, err := b.alloc(d, int64(T*K)*4)
+	if err != nil {
+		return row, err
+	}
+	out, err := b.alloc(d, int64(T*H)*4)
+	if err != nil {
+		return row, err
+	}
+	wsBytes, _, err := d.MoEWorkspace(T, K, ex)
+	if err != nil {
+		return row, err
+	}
+	ws, err := b.alloc(d, wsBytes)
+	if err != nil {
+		return row, fmt.Errorf("workspace of %d MB: %w", wsBytes>>20, err)
+	}
+	var sh, sa *kernels.Buffer
+	if SI > 0 {
+		if sh, err = b.alloc(d, int64(T*2*SI)*2); err != nil {
+			return row, err
+		}
+		if sa, err = b.alloc(d, int64(T*SI)*2); err != nil {
+			return row, err
+		}
+	}
+	layer := func() error {
+		if err := d.Gemm(nil, logits, kernels.F32, x, w.gate, T, E, H); err != nil {
+			return err
+		}
+		if err := d.MoERoute(nil, ids, wts, logits, w.scoreBias, T, moeRouterKernels(cfg)); err != nil {
+			return err
+		}
+		if err := ev[1].Record(nil); err != nil {
+			return err
+		}
+		if err := d.MoEExpertsRun(nil, out, x, ids, wts, T, K, ex, nil, ws); err != nil {
+			return err
+		}
+		if err := ev[2].Record(nil); err != nil {
+			return err
+		}
+		if SI > 0 {
+			if err := d.Gemm(nil, sh, kernels.BF16, x, w.shGU, T, 2*SI, H); err != nil {
+				return err
+			}
+			if err := d.SwiGLU(nil, sa, sh, T, SI); err != nil {
+				return err
+			}
+			if err := d.GemmAdd(nil, out, kernels.F32, sa, w.shDown, T, H, SI); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	hostIDs := make([]int32, T*K)
+	var times, etimes []float64
+	touched := 0.0
+	for it := -2; it < o.iters; it++ {
+		// Fresh tokens every iteration, so the touched experts change and
+		// the 60 MB L2 does not keep the previous iteration's weights.
+		if err := d.FillRandomBF16(nil, x, int64(T*H), o.seed*1000003+uint64(T)*31+uint64(it+2), 1); err != nil {
+			return row, err
+		}
+		if err := ev[0].Record(nil); err != nil {
+			return row, err
+		}
+		if err := layer(); err != nil {
+			return row, err
+		}
+		if err := ev[3].Record(nil); err != nil {
+			return row, err
+		}
+		if err := ev[3].Sync(); err != nil {
+			return row, err
+		}
+		ms, err := kernels.Elapsed(ev[0], ev[3])
+		if err != nil {
+			return row, err
+		}
+		ems, err := kernels.Elapsed(ev[1], ev[2])
+		if err != nil {
+			return row, err
+		}
+		if it < 0 {
+			continue
+		}
+		times = append(times, float64(ms))
+		etimes = append(etimes, float64(ems))
+		if err := kernels.Download(d, hostIDs, ids); err != nil {
+			return row, err
+		}
+		seen := make([]bool, E)
+		n := 0
+		for _, e := range hostIDs {
+			if e >= 0 && int(e) < E && !seen[e] {
+				seen[e] = true
+				n++
+			}
+		}
+		touched += float64(n)
+	}
+	sort.Float64s(times)
+	sort.Float64s(etimes)
+	row.MS = times[len(times)/2]
+	row.ExpertsMS = etimes[len(etimes)/2]
+	row.MinMS = times[0]
+	row.ExpertsTouched = touched / float64(o.iters)
+	sec := row.MS / 1e3
+	row.TFLOPS = 2 * 3 * float64(T) * float64(K) * float64(H) * float64(I) / sec / 1e12
+	wbytes := row.ExpertsTouched*3*float64(H)*float64(I)*2 + float64(2*3*SI*H)
+	row.WeightGBps = wbytes / sec / 1e9
+
+	// Reference on sampled tokens of the last iteration.
+	row.Reference = fmt.Sprintf("CPU float64 on %d sampled tokens (bf16 x and weights, activation rounded to bf16), routing vs moe.Route on the GPU's logits", min(o.checkRows, T))
+	if o.checkRows > 0 {
+		e, mism, err := moeBenchCheck(d, o, w, ex, cfg, sbias, T, x, logits, ids, wts, out)
+		if err != nil {
+			return row, err
+		}
+		row.RelErr, row.RouteMismatch = e, mism
+	}
+	return row, nil
+}
+
+func moeRouterKernels(c moe.RouterConfig) kernels.MoERouter {
+	return kernels.MoERouter{Experts: c.NumExperts, TopK: c.TopK, Sigmoid: c.Scoring == moe.Sigmoid,
+		SoftmaxTopK: c.SoftmaxTopK, NormTopK: c.NormTopK, Groups: c.NumGroups, TopKGroups: c.TopKGroups,
+		Scaling: c.ScalingFactor}
+}
+
+// downloadRow copies n elements at element offset off of b (element size size).
+func downloadRow[T kernels.Elem](d *kernels.Device, b *kernels.Buffer, off, n, size int64) ([]T, error) {
+	v, err := b.View(off*size, n*size)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, n)
+	return out, kernels.Download(d, out, v)
+}
+
+func bf16s(b []uint16) []float32 {
+	f := make([]float32, len(b))
+	for i, v := range b {
+		f[i] = tensor.BF16ToF32(v)
+	}
+	return f
+}
+
+// mlpRef is act(x·GUᵀ) (rounded to bf16) · Downᵀ in float64, gu [2n, h], dn [h, n].
+func mlpRef(x, gu, dn []float32, h, n int) []float64 {
+	a := make([]float64, n)
+	par := runtime.GOMAXPROCS(0)
+	var wg sync.WaitGroup
+	for p := range par {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := p; j < n; j += par {
+				var gs, us float64
+				gr, ur := gu[j*h:j*h+h], gu[(n+j)*h:(n+j)*h+h]
+				for c := range h {
+					gs += float64(x[c]) * float64(gr[c])
+					us += float64(x[c]) * float64(ur[c])
+				}
+				gv, uv := float32(gs), float32(us)
+				v := float64(gv) / (1 + math.Exp(-float64(gv))) * float64(uv)
+				a[j] = float64(tensor.BF16ToF32(tensor.F32ToBF16(float32(v))))
+			}
+		}()
+	}
+	wg.Wait()
+	y := make([]float64, h)
+	for p := range par {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := p; c < h; c += par {
+				r := dn[c*n : c*n+n]
+				s := 0.0
+				for j := range n {
+					s += a[j] * float64(r[j])
+				}
+				y[c] = s
+			}
+		}()
+	}
+	wg.Wait()
+	return y
+}
+
+// moeBenchCheck compares sampled output rows with a CPU reference and the
+// GPU's routing of those tokens with moe.Route on the GPU's logits.
+func moeBenchCheck(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *kernels.MoEExperts, cfg moe.RouterConfig,
+	sbias []float32, T int, x, logits, ids, wts, out *kernels.Buffer) (float64, int, error) {
+	E, K, H, I := o.experts, o.topk, o.hidden, o.inter
+	SI := o.shared * I
+	if err := d.Sync(); err != nil {
+		return 0, 0, err
+	}
+	samples := []int{0}
+	for i := 1; i < min(o.checkRows, T); i++ {
+		samples = append(samples, (T-1)*i/(min(o.checkRows, T)-1))
+	}
+	var shGU, shDn []float32
+	if SI > 0 {
+		a, err := downloadRow[uint16](d, w.shGU, 0, int64(2*SI*H), 2)
+		if err != nil {
+			return 0, 0, err
+		}
+		b, err := downloadRow[uint16](d, w.shDown, 0, int64(H*SI), 2)
+		if err != nil {
+			return 0, 0, err
+		}
+		shGU, shDn = bf16s(a), bf16s(b)
+	}
+	var num, den float64
+	mism := 0
+	for _, t := range samples {
+		xb, err := downloadRow[uint16](d, x, int64(t*H), int64(H), 2)
+		if err != nil {
+			return 0, 0, err
+		}
+		xr := bf16s(xb)
+		lg, err := downloadRow[float32](d, logits, int64(t*E), int64(E), 4)
+		if err != nil {
+			return 0, 0, err
+		}
+		id, err := downloadRow[int32](d, ids, int64(t*K), int64(K), 4)
+		if err != nil {
+			return 0, 0, err
+		}
+		wt, err := downloadRow[float32](d, wts, int64(t*K), int64(K), 4)
+		if err != nil {
+			return 0, 0, err
+		}
+		got, err := downloadRow[float32](d, out, int64(t*H), int64(H), 4)
+		if err != nil {
+			return 0, 0, err
+		}
+		wantIDs, _ := moe.Route(&cfg, lg, sbias, 1)
+		for k := range K {
+			if wantIDs[k] != id[k] {
+				mism++
+				break
+			}
+		}
+		want := make([]float64, H)
+		for k := range K {
+			e := int64(id[k])
+			if e < 0 || e >= int64(E) {
+				return 0, 0, fmt.Errorf("token %d: expert id %d out of range", t, e)
+			}
+			gu, err := downloadRow[uint16](d, ex.GateUp, e*int64(2*I*H), int64(2*I*H), 2)
+			if err != nil {
+				return 0, 0, err
+			}
+			dn, err := downloadRow[uint16](d, ex.Down, e*int64(H*I), int64(H*I), 2)
+			if err != nil {
+				return 0, 0, err
+			}
+			y := mlpRef(xr, bf16s(gu), bf16s(dn), H, I)
+			for c := range H {
+				want[c] += float64(wt[k]) * y[c]
+			}
+		}
+		if SI > 0 {
+			y := mlpRef(xr, shGU, shDn, H, SI)
+			for c := range H {
+				want[c] += y[c]
+			}
+		}
+		for c := range H {
+			g := float64(got[c])
+			if math.IsNaN(g) || math.IsInf(g, 0) {
+				return math.Inf(1), mism, nil
+			}
+			num += (g - want[c]) * (g - want[c])
+			den += want[c] * want[c]
+		}
+	}
+	return math.Sqrt(num / math.Max(den, 1e-300)), mism, nil
+}

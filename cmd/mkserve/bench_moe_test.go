@@ -1,0 +1,60 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/mkserve/mkserve/kernels"
+)
+
+// TestBenchMoEFlags: bad flags are one-line errors before any GPU work.
+func TestBenchMoEFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--ranks", "2"}, "only 1 rank"},
+		{[]string{"--routing", "topk"}, "--routing"},
+		{[]string{"--tokens", "1,x"}, "--tokens"},
+		{[]string{"--tokens", "0"}, "--tokens"},
+		{[]string{"--hidden", "100"}, "multiples of 8"},
+		{[]string{"--experts", "8", "--topk", "9"}, "topk"},
+		{[]string{"--experts", "12", "--topk", "2"}, "grouped"},
+	} {
+		_, err := parseMoEBench(c.args)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want one containing %q", c.args, err, c.want)
+		}
+	}
+	o, err := parseMoEBench([]string{"--routing", "softmax", "--experts", "8", "--topk", "2", "--tokens", "1,16", "--json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := o.router(); r.NumExperts != 8 || r.TopK != 2 || len(o.tokens) != 2 || !o.json {
+		t.Errorf("parsed %+v, router %+v", o, r)
+	}
+	if r := (&moeBenchOpts{experts: 256, topk: 8, routing: "grouped"}).router(); r.Validate() != nil || r.NumGroups != 8 || r.TopKGroups != 4 {
+		t.Errorf("grouped router %+v: %v", r, r.Validate())
+	}
+}
+
+// TestBenchMoENoGPU: without libmkernel.so the benchmark fails with one
+// line and a non-zero exit, no panic. Skipped where a library is present.
+func TestBenchMoENoGPU(t *testing.T) {
+	if _, err := kernels.LibraryPath(); err == nil {
+		t.Skip("a libmkernel.so is present; this checks the machine without one")
+	}
+	var out, errb bytes.Buffer
+	rc := run([]string{"bench", "moe", "--tokens", "1", "--json"}, strings.NewReader(""), &out, &errb)
+	if rc == 0 {
+		t.Fatalf("exit 0 without a GPU; stdout %q", out.String())
+	}
+	msg := errb.String()
+	if strings.Count(strings.TrimSpace(msg), "\n") != 0 || !strings.Contains(msg, "GPU") {
+		t.Errorf("stderr %q, want one line naming the GPU", msg)
+	}
+	if out.Len() != 0 {
+		t.Errorf("stdout %q, want nothing", out.String())
+	}
+}

@@ -1,0 +1,790 @@
+// moe.cu — an MoE layer's routed experts on the GPU without host round trips:
+//
+//   mk_moe_route    router logits → top-k ids and weights (moe.Route's semantics)
+//   mk_moe_experts  align (per-expert padded row lists, expert counters) →
+//                   GEMM1 (grouped over experts, x rows gathered in the loader,
+//                   SwiGLU in the epilogue) → GEMM2 (grouped) → combine
+//
+// The grouped GEMM is our own: mma.sync m16n8k16 bf16 → f32 on tensor cores,
+// operands staged through a multi-stage cp.async pipeline into XOR-swizzled
+// shared memory and read with ldmatrix. Each CTA owns one row tile of one
+// expert (tile_expert[blockIdx.x], from the align kernel) and one column tile;
+// row tiles past the actual count exit at once, so the grid is sized from T,
+// K and E alone and needs nothing from the host.
+//
+// Three tile shapes (rows per CTA 16, 64, 128) are picked from the expected
+// rows per active expert: decode-sized batches stream expert weights with
+// 16-row tiles and many small CTAs; prefill-sized ones use 128×128 tiles.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+
+#include "common.cuh"
+#include "moe_gemm.cuh"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+using mkmoe::GemmArgs;
+
+// ---------------------------------------------------------------- routing
+
+// ranks_before: a at ia before b at ib in a top-k (moe/route.go ranksBefore):
+// larger first, NaN above every number, ties to the lower index.
+__device__ __forceinline__ bool ranks_before(float a, int ia, float b, int ib) {
+  if (a > b) return true;
+  if (a < b) return false;
+  if (a == b) return ia < ib;
+  const bool an = a != a, bn = b != b;
+  if (an != bn) return an;
+  return ia < ib;
+}
+
+// Per-warp shared memory of the router: scores, choice, group scores [E]
+// floats, selected ids and weights [K], taken and keep flags [E] bytes.
+__host__ __device__ inline size_t route_warp_bytes(int E, int K) {
+  size_t b = (size_t)3 * E * 4 + (size_t)2 * K * 4 + (size_t)2 * E;
+  return (b + 15) / 16 * 16;
+}
+
+constexpr int kRouteWarps = 4;
+
+// One warp per token.
+__global__ void moe_route_kernel(int32_t* ids, float* wts, const float* logits, const float* bias,
+                                 int64_t T, int E, int K, int flags, int G, int TG, float scale) {
+  extern __shared__ __align__(16) unsigned char route_sm[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = (int64_t)blockIdx.x * kRouteWarps + warp;
+  if (t >= T) return;  // warp-uniform; no block-wide barrier below
+  unsigned char* base = route_sm + warp * route_warp_bytes(E, K);
+  float* scores = reinterpret_cast<float*>(base);
+  float* choice_buf = scores + E;
+  float* gsc = choice_buf + E;
+  int* sel = reinterpret_cast<int*>(gsc + E);
+  float* selw = reinterpret_cast<float*>(sel + K);
+  unsigned char* taken = reinterpret_cast<unsigned char*>(selw + K);
+  unsigned char* keep = taken + E;
+  const float* row = logits + t * E;
+  const bool sig = flags & MK_MOE_SIGMOID, stk = flags & MK_MOE_SOFTMAX_TOPK,
+             norm = flags & MK_MOE_NORM_TOPK;
+  const unsigned full = 0xffffffffu;
+
+  // 1. scores (float64, rounded once, as moe.Route).
+  if (sig) {
+    for (int e = lane; e < E; e += 32) scores[e] = (float)(1.0 / (1.0 + exp(-(double)row[e])));
+  } else if (stk) {
+    for (int e = lane; e < E; e += 32) scores[e] = row[e];
+  } else {
+    double m = -INFINITY;
+    bool nan = false;
+    for (int e = lane; e < E; e += 32) {
+      const float v = row[e];
+      if (v != v) nan = true;
+      else m = fmax(m, (double)v);
+    }
+    nan = __any_sync(full, nan);
+    for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(full, m, o));
+    double s = 0;
+    for (int e = lane; e < E; e += 32) s += exp((double)row[e] - m);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(full, s, o);
+    for (int e = lane; e < E; e += 32)
+      scores[e] = nan ? __int_as_float(0x7fc00000) : (float)(exp((double)row[e] - m) / s);
+  }
+  __syncwarp();
+
+  // 2–3. choice scores: bias, group mask.
+  float* choice = scores;
+  if (bias != nullptr || G > 0) {
+    choice = choice_buf;
+    for (int e = lane; e < E; e += 32) choice[e] = bias ? __fadd_rn(scores[e], bias[e]) : scores[e];
+    __syncwarp();
+  }
+  if (G > 0) {
+    const int gs = E / G;
+    for (int g = lane; g < G; g += 32) {
+      const float* c = choice + g * gs;
+      int b0 = -1, b1 = -1;  // the two best, in ranks_before order
+      for (int i = 0; i < gs; i++) {
+        if (b0 < 0 || ranks_before(c[i], i, c[b0], b0)) {
+          b1 = b0;
+          b0 = i;
+        } else if (b1 < 0 || ranks_before(c[i], i, c[b1], b1)) {
+          b1 = i;
+        }
+      }
+      gsc[g] = __fadd_rn(c[b0], c[b1]);
+      keep[g] = 0;
+    }
+    __syncwarp();
+    if (lane == 0) {
+      for (int j = 0; j < TG; j++) {
+        int best = -1;
+        for (int g = 0; g < G; g++)
+          if (!keep[g] && (best < 0 || ranks_before(gsc[g], g, gsc[best], best))) best = g;
+        keep[best] = 1;
+      }
+    }
+    __syncwarp();
+    for (int e = lane; e < E; e += 32)
+      if (!keep[e / gs]) choice[e] = -INFINITY;
+    __syncwarp();
+  }
+
+  // 4. top-k on the choice scores: K rounds of a warp arg-best.
+  for (int e = lane; e < E; e += 32) taken[e] = 0;
+  __syncwarp();
+  for (int j = 0; j < K; j++) {
+    float bv = 0;
+    int bi = -1;
+    for (int e = lane; e < E; e += 32) {
+      if (taken[e]) continue;
+      const float v = choice[e];
+      if (bi < 0 || ranks_before(v, e, bv, bi)) {
+        bv = v;
+        bi = e;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(full, bv, o);
+      const int oi = __shfl_xor_sync(full, bi, o);
+      if (oi >= 0 && (bi < 0 || ranks_before(ov, oi, bv, bi))) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      sel[j] = bi;
+      taken[bi] = 1;
+    }
+    __syncwarp();
+  }
+
+  // 5. weights from the un-biased scores; output order.
+  if (lane == 0) {
+    for (int j = 0; j < K; j++) selw[j] = scores[sel[j]];
+    if (stk) {  // softmax over the k, as moe.softmax
+      double m = -INFINITY;
+      for (int j = 0; j < K; j++) {
+        const double f = selw[j];
+        if (f > m || f != f) {
+          m = f;
+          if (f != f) break;
+        }
+      }
+      double sum = 0;
+      for (int j = 0; j < K; j++) sum += exp((double)selw[j] - m);
+      for (int j = 0; j < K; j++) selw[j] = (float)(exp((double)selw[j] - m) / sum);
+    }
+    if (norm) {
+      float sum = 0;
+      for (int j = 0; j < K; j++) sum = __fadd_rn(sum, selw[j]);
+      if (sig) sum = __fadd_rn(sum, 1e-20f);
+      for (int j = 0; j < K; j++) selw[j] = __fdiv_rn(selw[j], sum);
+    }
+    if (scale != 0.0f && scale != 1.0f)
+      for (int j = 0; j < K; j++) selw[j] = __fmul_rn(selw[j], scale);
+    for (int i = 1; i < K; i++)
+      for (int j = i; j > 0 && ranks_before(selw[j], sel[j], selw[j - 1], sel[j - 1]); j--) {
+        const float tw = selw[j];
+        selw[j] = selw[j - 1];
+        selw[j - 1] = tw;
+        const int ti = sel[j];
+        sel[j] = sel[j - 1];
+        sel[j - 1] = ti;
+      }
+    for (int j = 0; j < K; j++) {
+      ids[t * K + j] = sel[j];
+      wts[t * K + j] = selw[j];
+    }
+  }
+}
+
+// ---------------------------------------------------------------- align
+
+// One block: counts per expert, offsets padded to BM, the expert of every
+// row tile, the padded row list (assignment a = t*K + k, or -1) and each
+// assignment's row; counts_total += counts.
+__global__ void moe_align_kernel(const int32_t* ids, int64_t n, int E, int BM, int32_t* off_g,
+                                 int32_t* num_tiles, int32_t* tile_expert, int32_t* sorted,
+                                 int32_t* slot_of, unsigned long long* counts_total) {
+  extern __shared__ int align_sm[];
+  int* cnt = align_sm;
+  int* off = cnt + E;
+  int* cur = off + E + 1;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = cur[e] = 0;
+  __syncthreads();
+  for (int64_t a = threadIdx.x; a < n; a += blockDim.x) {
+    const int e = ids[a];
+    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int o = 0;
+    for (int e = 0; e < E; e++) {
+      off[e] = o;
+      o += (cnt[e] + BM - 1) / BM * BM;
+    }
+    off[E] = o;
+    *num_tiles = o / BM;
+    off_g[E] = o;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    off_g[e] = off[e];
+    if (counts_total) counts_total[e] += (unsigned long long)cnt[e];
+    for (int tl = off[e] / BM; tl < off[e + 1] / BM; tl++) tile_expert[tl] = e;
+    for (int p = off[e] + cnt[e]; p < off[e + 1]; p++) sorted[p] = -1;
+  }
+  for (int64_t a = threadIdx.x; a < n; a += blockDim.x) {
+    const int e = ids[a];
+    if (e >= 0 && e < E) {
+      const int p = off[e] + atomicAdd(&cur[e], 1);
+      sorted[p] = (int32_t)a;
+      slot_of[a] = p;
+    } else {
+      slot_of[a] = -1;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- grouped GEMM
+
+constexpr int BK = 64;  // 128-byte rows of 8 16-byte chunks, XOR-swizzled by row
+
+__device__ __forceinline__ int swz(int row, int ch) { return row * BK + ((ch ^ (row & 7)) << 3); }
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  const int n = valid ? 16 : 0;  // 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+
+// GATEUP: GEMM1 (A rows gathered from x by token, B tile = BN/2 gate rows then
+// the BN/2 matching up rows, activation in the epilogue, bf16 out); else
+// GEMM2 (A rows contiguous, f32 out).
+template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
+    moe_gemm_kernel(const GemmArgs p) {
+  constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
+  constexpr int MF = WM / 16, NF = WN / 8;
+  static_assert(NF % 2 == 0, "n fragments come in pairs");
+  constexpr int A_CH = BM * 8, B_CH = BN * 8;  // 16-byte chunks per stage
+  constexpr int A_PER = (A_CH + THREADS - 1) / THREADS, B_PER = B_CH / THREADS;
+  static_assert(B_CH % THREADS == 0, "B chunks split evenly");
+
+  // 1-D grid in groups of group_m row tiles: CTAs that run together share
+  // their A rows (across column tiles) and weight tiles (across row tiles) in L2.
+  const int pid = blockIdx.x;
+  const int span = p.group_m * p.nt;
+  const int first_m = (pid / span) * p.group_m;
+  const int gsize = min(p.mt - first_m, p.group_m);
+  const int tile = first_m + (pid % span) % gsize;
+  const int ntile = (pid % span) / gsize;
+  if (tile >= *p.num_tiles) return;
+  extern __shared__ __align__(128) unsigned char gemm_sm[];
+  bf16* sA = reinterpret_cast<bf16*>(gemm_sm);
+  bf16* sB = sA + STAGES * BM * BK;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+  const int e = p.tile_expert[tile];
+  const int64_t m0 = (int64_t)tile * BM;
+  const int64_t Kd = p.Kd, N = p.N;
+
+  // Source rows of this thread's chunks (null: zero-fill).
+  const bf16* a_src[A_PER];
+  int a_dst[A_PER], a_ch[A_PER];
+#pragma unroll
+  for (int i = 0; i < A_PER; i++) {
+    const int c = tid + i * THREADS;
+    const int r = c / 8;
+    a_ch[i] = c % 8;
+    a_dst[i] = c < A_CH ? swz(r, a_ch[i]) : -1;
+    a_src[i] = nullptr;
+    if (c < A_CH) {
+      const int32_t asg = p.sorted[m0 + r];
+      if (asg >= 0) a_src[i] = GATEUP ? p.A + (int64_t)(asg / p.topk) * Kd : p.A + (m0 + r) * Kd;
+    }
+  }
+  const bf16* b_src[B_PER];
+  int b_dst[B_PER], b_ch[B_PER];
+#pragma unroll
+  for (int i = 0; i < B_PER; i++) {
+    const int c = tid + i * THREADS;
+    const int r = c / 8;
+    b_ch[i] = c % 8;
+    b_dst[i] = swz(r, b_ch[i]);
+    int64_t wrow;
+    bool ok;
+    if (GATEUP) {
+      const int64_t j = (int64_t)ntile * (BN / 2) + (r % (BN / 2));
+      ok = j < N;
+      wrow = (int64_t)e * 2 * N + (r < BN / 2 ? 0 : N) + j;
+    } else {
+      const int64_t n = (int64_t)ntile * BN + r;
+      ok = n < N;
+      wrow = (int64_t)e * N + n;
+    }
+    b_src[i] = ok ? p.W + wrow * Kd : nullptr;
+  }
+
+  const int KT = (int)((Kd + BK - 1) / BK);
+  auto load = [&](int stage, int kt) {
+    const int64_t k0 = (int64_t)kt * BK;
+    bf16* a = sA + stage * BM * BK;
+    bf16* b = sB + stage * BN * BK;
+#pragma unroll
+    for (int i = 0; i < A_PER; i++) {
+      if (a_dst[i] < 0) continue;
+      const int64_t k = k0 + a_ch[i] * 8;
+      const bool v = a_src[i] != nullptr && k < Kd;
+      cp_async16(a + a_dst[i], v ? a_src[i] + k : p.A, v);
+    }
+#pragma unroll
+    for (int i = 0; i < B_PER; i++) {
+      const int64_t k = k0 + b_ch[i] * 8;
+      const bool v = b_src[i] != nullptr && k < Kd;
+      cp_async16(b + b_dst[i], v ? b_src[i] + k : p.W, v);
+    }
+  };
+
+  float acc[MF][NF][4];
+#pragma unroll
+  for (int i = 0; i < MF; i++)
+#pragma unroll
+    for (int j = 0; j < NF; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+
+  // Shared-memory rows of this warp's n fragments.
+  auto brow = [&](int nf) -> int {
+    if (GATEUP) return nf < NF / 2 ? wn * (WN / 2) + nf * 8 : BN / 2 + wn * (WN / 2) + (nf - NF / 2) * 8;
+    return wn * WN + nf * 8;
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < KT) load(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; kt++) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    const int nk = kt + STAGES - 1;
+    if (nk < KT) load(nk % STAGES, nk);
+    cp_async_commit();
+    const bf16* a = sA + (kt % STAGES) * BM * BK;
+    const bf16* b = sB + (kt % STAGES) * BN * BK;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+      uint32_t af[MF][4];
+#pragma unroll
+      for (int mf = 0; mf < MF; mf++) {
+        const int r = wm * WM + mf * 16 + (lane % 16);
+        ldmatrix_x4(af[mf], a + swz(r, kk * 2 + lane / 16));
+      }
+      uint32_t bfr[NF][2];
+#pragma unroll
+      for (int pr = 0; pr < NF / 2; pr++) {
+        const int mat = lane / 8;
+        const int r = brow(2 * pr + mat / 2) + (lane % 8);
+        uint32_t q[4];
+        ldmatrix_x4(q, b + swz(r, kk * 2 + (mat & 1)));
+        bfr[2 * pr][0] = q[0];
+        bfr[2 * pr][1] = q[1];
+        bfr[2 * pr + 1][0] = q[2];
+        bfr[2 * pr + 1][1] = q[3];
+      }
+#pragma unroll
+      for (int mf = 0; mf < MF; mf++)
+#pragma unroll
+        for (int nf = 0; nf < NF; nf++) mma_bf16(acc[mf][nf], af[mf], bfr[nf][0], bfr[nf][1]);
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue.
+#pragma unroll
+  for (int mf = 0; mf < MF; mf++) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int64_t slot = m0 + wm * WM + mf * 16 + lane / 4 + 8 * h;
+      if (p.sorted[slot] < 0) continue;
+      if (GATEUP) {
+        bf16* out = reinterpret_cast<bf16*>(p.out) + slot * N;
+        const float* gb = p.bias ? p.bias + (int64_t)e * 2 * N : nullptr;
+#pragma unroll
+        for (int nf = 0; nf < NF / 2; nf++) {
+          const int64_t j = (int64_t)ntile * (BN / 2) + wn * (WN / 2) + nf * 8 + (lane % 4) * 2;
+          if (j >= N) continue;
+          float r2[2];
+#pragma unroll
+          for (int q = 0; q < 2; q++) {
+            float g = acc[mf][nf][2 * h + q], u = acc[mf][nf + NF / 2][2 * h + q];
+            if (gb) {
+              g += gb[j + q];
+              u += gb[N + j + q];
+            }
+            if (p.act == MK_MOE_SWIGLU) {
+              r2[q] = g / (1.0f + __expf(-g)) * u;
+            } else {
+              const float lim = p.limit;
+              if (g > lim) g = lim;
+              if (u > lim) u = lim;
+              else if (u < -lim) u = -lim;
+              r2[q] = (u + 1.0f) * (g / (1.0f + __expf(-p.alpha * g)));
+            }
+          }
+          *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
+        }
+      } else {
+        float* out = reinterpret_cast<float*>(p.out) + slot * N;
+        const float* db = p.bias ? p.bias + (int64_t)e * N : nullptr;
+#pragma unroll
+        for (int nf = 0; nf < NF; nf++) {
+          const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
+          if (n >= N) continue;
+          float2 v = make_float2(acc[mf][nf][2 * h], acc[mf][nf][2 * h + 1]);
+          if (db) {
+            v.x += db[n];
+            v.y += db[n + 1];
+          }
+          *reinterpret_cast<float2*>(out + n) = v;
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- combine
+
+// out [T, H] = Σ_k w[t,k] · y[slot_of[t*K+k]], k in order; one block per token.
+__global__ void moe_combine_kernel(float* out, const float* y, const int32_t* slot_of, const float* w,
+                                   int K, int64_t H) {
+  const int64_t t = blockIdx.x;
+  const int64_t H4 = H / 4;
+  for (int64_t c = threadIdx.x; c < H4; c += blockDim.x) {
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < K; k++) {
+      const int32_t slot = slot_of[t * K + k];
+      if (slot < 0) continue;
+      const float wk = w[t * K + k];
+      const float4 v = reinterpret_cast<const float4*>(y + (int64_t)slot * H)[c];
+      s.x = fmaf(wk, v.x, s.x);
+      s.y = fmaf(wk, v.y, s.y);
+      s.z = fmaf(wk, v.z, s.z);
+      s.w = fmaf(wk, v.w, s.w);
+    }
+    reinterpret_cast<float4*>(out + t * H)[c] = s;
+  }
+}
+
+// ---------------------------------------------------------------- random fill
+
+__device__ __forceinline__ uint64_t splitmix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void moe_fill_kernel(bf16* dst, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const uint64_t r = splitmix(seed ^ (uint64_t)i * 0xd1b54a32d192ed03ull);
+    float s = 0;
+    for (int q = 0; q < 4; q++) s += (float)((r >> (16 * q)) & 0xffff) * (1.0f / 65536.0f);
+    dst[i] = __float2bfloat16_rn((s - 2.0f) * 1.7320508f * scale);
+  }
+}
+
+// ---------------------------------------------------------------- configurations
+
+struct Cfg {
+  int bm, bn, threads, stages;
+};
+// 0: decode (16-row tiles), 1: 64-row, 2: prefill (128×128), 3: prefill (128×256).
+constexpr Cfg kCfg[4] = {{16, 64, 128, 6}, {64, 128, 128, 4}, {128, 128, 256, 4}, {128, 256, 256, 4}};
+
+bool wide_tiles();
+
+// big_avg: expected rows per active expert above which the 128-row tiles
+// (wgmma on sm_90a) run; MK_MOE_BIG_AVG overrides the default 48.
+double big_avg() {
+  static double b = [] {
+    const char* v = getenv("MK_MOE_BIG_AVG");
+    const double x = v ? atof(v) : 0;
+    return x > 0 ? x : 48.0;
+  }();
+  return b;
+}
+
+int pick_cfg(int64_t T, int K, int E) {
+  const int64_t n = T * K;
+  const int64_t active = n < E ? n : E;
+  const double avg = (double)n / (double)(active > 0 ? active : 1);
+  if (T <= 16 || avg <= 24) return 0;
+  if (avg <= big_avg()) return 1;
+  return wide_tiles() ? 3 : 2;
+}
+
+// Workspace layout.
+struct Layout {
+  int cfg;
+  int64_t rows, tiles;
+  size_t off, num, tile_expert, sorted, slot_of, act, y, total;
+};
+
+size_t up256(size_t x) { return (x + 255) / 256 * 256; }
+
+Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
+  Layout L;
+  L.cfg = pick_cfg(T, K, E);
+  const int64_t bm = kCfg[L.cfg].bm, n = T * K;
+  const int64_t active = n < E ? n : E;
+  L.rows = (n + active * (bm - 1) + bm - 1) / bm * bm;
+  L.tiles = L.rows / bm;
+  size_t o = 0;
+  L.off = o;
+  o = up256(o + (size_t)(E + 1) * 4);
+  L.num = o;
+  o = up256(o + 4);
+  L.tile_expert = o;
+  o = up256(o + (size_t)L.tiles * 4);
+  L.sorted = o;
+  o = up256(o + (size_t)L.rows * 4);
+  L.slot_of = o;
+  o = up256(o + (size_t)n * 4);
+  L.act = o;
+  o = up256(o + (size_t)L.rows * I * 2);
+  L.y = o;
+  o = up256(o + (size_t)L.rows * H * 4);
+  L.total = o;
+  return L;
+}
+
+// group_m is the rasterisation group (row tiles); MK_MOE_GROUP_M overrides
+// the default 8 (1: row tiles fastest, no grouping) for measurements.
+int group_m() {
+  static int g = [] {
+    const char* v = getenv("MK_MOE_GROUP_M");
+    const int n = v ? atoi(v) : 0;
+    return n > 0 ? n : 8;
+  }();
+  return g;
+}
+
+// wide_tiles: the prefill regime uses 128×256 CTA tiles (64×64 per warp);
+// MK_MOE_WIDE=0 selects 128×128 (64×32 per warp) for measurements.
+bool wide_tiles() {
+  static bool w = [] {
+    const char* v = getenv("MK_MOE_WIDE");
+    return !(v && v[0] == '0');
+  }();
+  return w;
+}
+
+// use_wgmma: the prefill regime runs the sm_90a wgmma kernel when linked in;
+// MK_MOE_WGMMA=0 keeps mma.sync (measurements).
+bool use_wgmma() {
+  static bool w = [] {
+    const char* v = getenv("MK_MOE_WGMMA");
+    return !(v && v[0] == '0');
+  }();
+  return w;
+}
+
+template <int BM, int BN, int WM, int WN, int ST, bool GU>
+int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
+  auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
+  const size_t sm = (size_t)ST * (BM + BN) * BK * 2;
+  static bool attr = false;  // per instantiation; the library runs on one thread
+  if (!attr) {
+    MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attr = true;
+  }
+  MK_ARG(tiles * ntiles < (1ll << 31), "mk_moe_experts: %lld × %lld tiles", (long long)tiles, (long long)ntiles);
+  GemmArgs g = a;
+  g.mt = (int)tiles;
+  g.nt = (int)ntiles;
+  g.group_m = group_m();
+  kern<<<(unsigned)(tiles * ntiles), (BM / WM) * (BN / WN) * 32, sm, s>>>(g);
+  MK_LAUNCHED(GU ? "moe_gemm (gate/up)" : "moe_gemm (down)");
+  return MK_OK;
+}
+
+template <bool GU>
+int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s) {
+  const int bn = kCfg[cfg].bn;
+  const int64_t cols = GU ? bn / 2 : bn;
+  const int64_t nt = (a.N + cols - 1) / cols;
+  if (cfg == 3 && use_wgmma() && mkmoe::wgmma_gemm != nullptr) {
+    GemmArgs g = a;
+    g.mt = (int)tiles;
+    g.nt = (int)nt;
+    g.group_m = group_m();
+    const int rc = mkmoe::wgmma_gemm(g, GU, tiles, nt, s);
+    if (rc != -1) return rc;  // -1: not available here, use mma.sync
+  }
+  switch (cfg) {
+    case 0: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s);
+    case 1: return launch_gemm<64, 128, 32, 64, 4, GU>(a, tiles, nt, s);
+    case 2: return launch_gemm<128, 128, 64, 32, 4, GU>(a, tiles, nt, s);
+    default: return launch_gemm<128, 256, 64, 64, 4, GU>(a, tiles, nt, s);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t mk_moe_route(uint64_t stream, uint64_t ids, uint64_t weights, uint64_t logits,
+                     uint64_t score_bias, int64_t t, int32_t e, int32_t k, int32_t flags,
+                     int32_t num_groups, int32_t topk_groups, uint32_t scaling_bits) {
+  MK_THREAD("mk_moe_route");
+  MK_ARG(t > 0 && e > 0 && e <= 2048 && k > 0 && k <= e,
+         "mk_moe_route: T=%lld E=%d K=%d (want T >= 1, 1 <= E <= 2048, 1 <= K <= E)", (long long)t, e, k);
+  MK_ARG(ids && weights && logits, "mk_moe_route: null ids, weights or logits");
+  MK_ARG((flags & ~7) == 0, "mk_moe_route: unknown flags %#x", flags);
+  MK_ARG(!((flags & MK_MOE_SOFTMAX_TOPK) && (flags & MK_MOE_SIGMOID)),
+         "mk_moe_route: SoftmaxTopK needs softmax scoring");
+  if (num_groups > 0) {
+    MK_ARG(e % num_groups == 0 && e / num_groups >= 2 && topk_groups >= 1 && topk_groups <= num_groups,
+           "mk_moe_route: %d groups, top %d groups, for %d experts", num_groups, topk_groups, e);
+  } else {
+    MK_ARG(num_groups == 0 && topk_groups == 0, "mk_moe_route: num_groups=%d topk_groups=%d", num_groups,
+           topk_groups);
+  }
+  const float scale = mk::float_from_bits(scaling_bits);
+  MK_ARG(std::isfinite(scale), "mk_moe_route: scaling factor %g", scale);
+  const size_t sm = kRouteWarps * route_warp_bytes(e, k);
+  static size_t attr = 48 << 10;
+  if (sm > attr) {
+    MK_CUDA(cudaFuncSetAttribute(moe_route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attr = sm;
+  }
+  const int64_t blocks = (t + kRouteWarps - 1) / kRouteWarps;
+  MK_ARG(blocks < (1ll << 31), "mk_moe_route: T=%lld too large", (long long)t);
+  moe_route_kernel<<<(unsigned)blocks, kRouteWarps * 32, sm, mk::as_stream(stream)>>>(
+      mk::dev<int32_t>(ids), mk::dev<float>(weights), mk::dev<const float>(logits),
+      score_bias ? mk::dev<const float>(score_bias) : nullptr, t, e, k, flags, num_groups, topk_groups, scale);
+  MK_LAUNCHED("moe_route");
+  return MK_OK;
+}
+
+int32_t mk_moe_workspace(int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t* bytes,
+                         int32_t* tile_m) {
+  MK_ARG(t > 0 && k > 0 && e > 0 && k <= e && h > 0 && i > 0,
+         "mk_moe_workspace: T=%lld K=%d E=%d H=%lld I=%lld", (long long)t, k, e, (long long)h, (long long)i);
+  MK_ARG(bytes && tile_m, "mk_moe_workspace: null result pointer");
+  const Layout L = layout(t, k, e, h, i);
+  *bytes = L.total;
+  *tile_m = kCfg[L.cfg].bm;
+  return MK_OK;
+}
+
+int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, uint64_t weights,
+                       int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t gate_up,
+                       uint64_t gate_up_bias, uint64_t down, uint64_t down_bias, int32_t act_kind,
+                       uint32_t alpha_bits, uint32_t limit_bits, uint64_t counts, uint64_t ws,
+                       uint64_t ws_bytes) {
+  MK_THREAD("mk_moe_experts");
+  MK_ARG(t > 0 && k > 0 && e > 0 && k <= e && h > 0 && i > 0,
+         "mk_moe_experts: T=%lld K=%d E=%d H=%lld I=%lld", (long long)t, k, e, (long long)h, (long long)i);
+  MK_ARG(h % 8 == 0 && i % 8 == 0, "mk_moe_experts: H=%lld and I=%lld must be multiples of 8", (long long)h,
+         (long long)i);
+  MK_ARG(e <= 12000, "mk_moe_experts: E=%d, at most 12000", e);
+  MK_ARG(out && x && ids && weights && gate_up && down && ws, "mk_moe_experts: null pointer argument");
+  MK_ARG(act_kind == MK_MOE_SWIGLU || act_kind == MK_MOE_SWIGLU_CLAMPED, "mk_moe_experts: act_kind %d",
+         act_kind);
+  const Layout L = layout(t, k, e, h, i);
+  MK_ARG(ws_bytes >= L.total, "mk_moe_experts: workspace of %llu bytes, %llu needed",
+         (unsigned long long)ws_bytes, (unsigned long long)L.total);
+  MK_ARG(L.tiles < (1ll << 31), "mk_moe_experts: too many rows");
+  cudaStream_t s = mk::as_stream(stream);
+  unsigned char* w = mk::dev<unsigned char>(ws);
+  int32_t* off = reinterpret_cast<int32_t*>(w + L.off);
+  int32_t* num = reinterpret_cast<int32_t*>(w + L.num);
+  int32_t* tile_expert = reinterpret_cast<int32_t*>(w + L.tile_expert);
+  int32_t* sorted = reinterpret_cast<int32_t*>(w + L.sorted);
+  int32_t* slot_of = reinterpret_cast<int32_t*>(w + L.slot_of);
+  bf16* act = reinterpret_cast<bf16*>(w + L.act);
+  float* y = reinterpret_cast<float*>(w + L.y);
+  const int bm = kCfg[L.cfg].bm;
+
+  const size_t asm_bytes = (size_t)(3 * e + 1) * 4;
+  static size_t align_attr = 48 << 10;
+  if (asm_bytes > align_attr) {
+    MK_CUDA(cudaFuncSetAttribute(moe_align_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asm_bytes));
+    align_attr = asm_bytes;
+  }
+  moe_align_kernel<<<1, 1024, asm_bytes, s>>>(mk::dev<const int32_t>(ids), t * k, e, bm, off, num, tile_expert,
+                                              sorted, slot_of, mk::dev<unsigned long long>(counts));
+  MK_LAUNCHED("moe_align");
+
+  GemmArgs g1{};
+  g1.A = mk::dev<const bf16>(x);
+  g1.W = mk::dev<const bf16>(gate_up);
+  g1.bias = gate_up_bias ? mk::dev<const float>(gate_up_bias) : nullptr;
+  g1.sorted = sorted;
+  g1.tile_expert = tile_expert;
+  g1.num_tiles = num;
+  g1.out = act;
+  g1.Kd = h;
+  g1.N = i;
+  g1.topk = k;
+  g1.act = act_kind;
+  g1.alpha = mk::float_from_bits(alpha_bits);
+  g1.limit = mk::float_from_bits(limit_bits);
+  int rc = run_gemm<true>(L.cfg, g1, L.tiles, s);
+  if (rc != MK_OK) return rc;
+
+  GemmArgs g2 = g1;
+  g2.A = act;
+  g2.W = mk::dev<const bf16>(down);
+  g2.bias = down_bias ? mk::dev<const float>(down_bias) : nullptr;
+  g2.out = y;
+  g2.Kd = i;
+  g2.N = h;
+  rc = run_gemm<false>(L.cfg, g2, L.tiles, s);
+  if (rc != MK_OK) return rc;
+
+  MK_ARG(t < (1ll << 31), "mk_moe_experts: T=%lld too large", (long long)t);
+  moe_combine_kernel<<<(unsigned)t, 256, 0, s>>>(mk::dev<float>(out), y, slot_of, mk::dev<const float>(weights), k,
+                                                 h);
+  MK_LAUNCHED("moe_combine");
+  return MK_OK;
+}
+
+int32_t mk_moe_fill_bf16(uint64_t stream, uint64_t dst, int64_t n, uint64_t seed, uint32_t scale_bits) {
+  MK_THREAD("mk_moe_fill_bf16");
+  MK_ARG(n > 0 && dst, "mk_moe_fill_bf16: n=%lld dst=%#llx", (long long)n, (unsigned long long)dst);
+  int64_t blocks = (n + 255) / 256;
+  if (blocks > 65536) blocks = 65536;
+  moe_fill_kernel<<<(unsigned)blocks, 256, 0, mk::as_stream(stream)>>>(mk::dev<bf16>(dst), n, seed,
+                                                                       mk::float_from_bits(scale_bits));
+  MK_LAUNCHED("moe_fill");
+  return MK_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,189 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+)
+
+// MoE routing and the grouped expert GEMMs (moe.cu, mk_moe.h): one MoE
+// layer's routed experts run on the GPU with no host synchronisation.
+
+var (
+	moeRoute     func(s, ids, weights, logits, scoreBias uint64, t int64, e, k, flags, groups, topkGroups int32, scaling uint32) int32
+	moeWorkspace func(t int64, k, e int32, h, i int64, bytes *uint64, tileM *int32) int32
+	moeExperts   func(s, out, x, ids, weights uint64, t int64, k, e int32, h, i int64, gateUp, gateUpBias, down, downBias uint64, act int32, alpha, limit uint32, counts, ws, wsBytes uint64) int32
+	moeFill      func(s, dst uint64, n int64, seed uint64, scale uint32) int32
+)
+
+func init() {
+	registerSymbols(
+		symbol{"mk_moe_route", &moeRoute},
+		symbol{"mk_moe_workspace", &moeWorkspace},
+		symbol{"mk_moe_experts", &moeExperts},
+		symbol{"mk_moe_fill_bf16", &moeFill},
+	)
+}
+
+// Router flags of mk_moe_route.
+const (
+	moeSigmoid     = 1
+	moeSoftmaxTopK = 2
+	moeNormTopK    = 4
+)
+
+// MoERouter is the routing of one MoE layer, field for field
+// moe.RouterConfig (see moe.Route for the exact formula).
+type MoERouter struct {
+	Experts, TopK int
+	Sigmoid       bool // sigmoid scores; else softmax over all experts
+	SoftmaxTopK   bool // top-k on the raw logits, softmax over the k
+	NormTopK      bool // renormalise the k weights
+	Groups        int  // group-limited routing: number of groups (0: off)
+	TopKGroups    int  // groups kept
+	Scaling       float32
+}
+
+// MoERoute routes T tokens on the GPU exactly as moe.Route does: logits
+// [T, E] f32, scoreBias [E] f32 or nil (selection only) → ids [T, K] int32
+// and weights [T, K] f32, each token's k by descending weight, ties to the
+// lower expert. E ≤ 2048.
+func (d *Device) MoERoute(s *Stream, ids, weights, logits, scoreBias *Buffer, T int, r MoERouter) error {
+	const op = "MoERoute"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if err := dims(op, "T", T, "experts", r.Experts, "topk", r.TopK); err != nil {
+		return err
+	}
+	if r.Experts > 2048 || r.TopK > r.Experts {
+		return fmt.Errorf("kernels: %s: %d experts, top-%d (want E ≤ 2048, K ≤ E)", op, r.Experts, r.TopK)
+	}
+	n := int64(T) * int64(r.TopK)
+	if err := needAll(op, 4, "ids", ids, n, "weights", weights, n, "logits", logits, int64(T)*int64(r.Experts)); err != nil {
+		return err
+	}
+	var sb uint64
+	if scoreBias != nil {
+		if err := need(op, "scoreBias", scoreBias, int64(r.Experts), 4); err != nil {
+			return err
+		}
+		sb = scoreBias.ptr
+	}
+	flags := int32(0)
+	if r.Sigmoid {
+		flags |= moeSigmoid
+	}
+	if r.SoftmaxTopK {
+		flags |= moeSoftmaxTopK
+	}
+	if r.NormTopK {
+		flags |= moeNormTopK
+	}
+	return d.lib.check("mk_moe_route", moeRoute(s.handle(), ids.ptr, weights.ptr, logits.ptr, sb, int64(T),
+		int32(r.Experts), int32(r.TopK), flags, int32(r.Groups), int32(r.TopKGroups), math.Float32bits(r.Scaling)))
+}
+
+// MoEExperts is one layer's stacked expert weights (backend.MoELayer's layout).
+type MoEExperts struct {
+	E, H, I    int
+	GateUp     *Buffer // [E*2I, H] bf16: per expert gate rows then up rows
+	GateUpBias *Buffer // [E, 2I] f32 or nil
+	Down       *Buffer // [E*H, I] bf16
+	DownBias   *Buffer // [E, H] f32 or nil
+	// Clamped selects gpt-oss's clamped SwiGLU with Alpha and Limit; else silu(gate)*up.
+	Clamped      bool
+	Alpha, Limit float32
+}
+
+// MoEWorkspace is the device scratch MoEExpertsRun needs for T tokens of
+// top-K over ex, and the row tile it pads each expert's rows to.
+func (d *Device) MoEWorkspace(T, K int, ex *MoEExperts) (bytes int64, tileM int, err error) {
+	const op = "MoEWorkspace"
+	if err := d.ready(op); err != nil {
+		return 0, 0, err
+	}
+	if err := dims(op, "T", T, "K", K, "E", ex.E, "H", ex.H, "I", ex.I); err != nil {
+		return 0, 0, err
+	}
+	var b uint64
+	var tm int32
+	if err := d.lib.check("mk_moe_workspace", moeWorkspace(int64(T), int32(K), int32(ex.E), int64(ex.H), int64(ex.I), &b, &tm)); err != nil {
+		return 0, 0, err
+	}
+	return int64(b), int(tm), nil
+}
+
+// MoEExpertsRun runs the routed experts of one layer: out [T, H] f32 =
+// Σ_k weights[t,k] · expert_{ids[t,k]}(x[t]) with x [T, H] bf16, ids [T, K]
+// int32, weights [T, K] f32; bf16 operands, float32 accumulation, the
+// activation rounded to bf16 between the two GEMMs. counts ([E] int64, or
+// nil) accumulates the tokens each expert received. ws holds at least
+// MoEWorkspace bytes. H and I must be multiples of 8. Asynchronous on s.
+func (d *Device) MoEExpertsRun(s *Stream, out, x, ids, weights *Buffer, T, K int, ex *MoEExperts, counts, ws *Buffer) error {
+	const op = "MoEExpertsRun"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if ex == nil {
+		return fmt.Errorf("kernels: %s: nil experts", op)
+	}
+	if err := dims(op, "T", T, "K", K, "E", ex.E, "H", ex.H, "I", ex.I); err != nil {
+		return err
+	}
+	if ex.H%8 != 0 || ex.I%8 != 0 || K > ex.E {
+		return fmt.Errorf("kernels: %s: H=%d and I=%d must be multiples of 8, K=%d ≤ E=%d", op, ex.H, ex.I, K, ex.E)
+	}
+	E, H, I := int64(ex.E), int64(ex.H), int64(ex.I)
+	n := int64(T) * int64(K)
+	if err := needAll(op, 4, "out", out, int64(T)*H, "ids", ids, n, "weights", weights, n); err != nil {
+		return err
+	}
+	if err := needAll(op, 2, "x", x, int64(T)*H, "GateUp", ex.GateUp, E*2*I*H, "Down", ex.Down, E*H*I); err != nil {
+		return err
+	}
+	opt := func(name string, b *Buffer, elems, size int64) (uint64, error) {
+		if b == nil {
+			return 0, nil
+		}
+		return b.ptr, need(op, name, b, elems, size)
+	}
+	gub, err := opt("GateUpBias", ex.GateUpBias, E*2*I, 4)
+	if err != nil {
+		return err
+	}
+	db, err := opt("DownBias", ex.DownBias, E*H, 4)
+	if err != nil {
+		return err
+	}
+	cnt, err := opt("counts", counts, E, 8)
+	if err != nil {
+		return err
+	}
+	if ws == nil || ws.ptr == 0 {
+		return fmt.Errorf("kernels: %s: nil or freed workspace", op)
+	}
+	act := int32(0)
+	if ex.Clamped {
+		act = 1
+	}
+	return d.lib.check("mk_moe_experts", moeExperts(s.handle(), out.ptr, x.ptr, ids.ptr, weights.ptr, int64(T),
+		int32(K), int32(E), H, I, ex.GateUp.ptr, gub, ex.Down.ptr, db, act, math.Float32bits(ex.Alpha),
+		math.Float32bits(ex.Limit), cnt, ws.ptr, uint64(ws.bytes)))
+}
+
+// FillRandomBF16 fills the first n bf16 values of b with deterministic
+// pseudo-random values of mean 0 and standard deviation scale (for
+// benchmarks whose weights are too large to draw on the host).
+func (d *Device) FillRandomBF16(s *Stream, b *Buffer, n int64, seed uint64, scale float32) error {
+	const op = "FillRandomBF16"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if n <= 0 {
+		return fmt.Errorf("kernels: %s: n=%d", op, n)
+	}
+	if err := need(op, "b", b, n, 2); err != nil {
+		return err
+	}
+	return d.lib.check("mk_moe_fill_bf16", moeFill(s.handle(), b.ptr, n, seed, math.Float32bits(scale)))
+}

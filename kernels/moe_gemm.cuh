@@ -1,0 +1,37 @@
+// moe_gemm.cuh — internal to libmkernel: the arguments of the grouped expert
+// GEMMs shared by moe.cu (mma.sync) and moe_wgmma.cu (sm_90a wgmma).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+namespace mkmoe {
+
+using bf16 = __nv_bfloat16;
+
+struct GemmArgs {
+  const bf16* A;               // GEMM1: x [T, Kd]; GEMM2: act [rows, Kd]
+  const bf16* W;               // GEMM1: GateUp [E*2N, Kd]; GEMM2: Down [E*N, Kd]
+  const float* bias;           // GEMM1: [E, 2N]; GEMM2: [E, N]; or null
+  const int32_t* sorted;       // [rows]: assignment of each row, -1 for padding
+  const int32_t* tile_expert;  // [tiles]
+  const int32_t* num_tiles;    // [1]
+  void* out;                   // GEMM1: act bf16 [rows, N]; GEMM2: y f32 [rows, N]
+  int64_t Kd;                  // reduction length (H or I), multiple of 8
+  int64_t N;                   // GEMM1: I (gate columns); GEMM2: H
+  int topk;
+  int act;
+  float alpha, limit;
+  int mt, nt;   // row tiles (upper bound) and column tiles of the grid
+  int group_m;  // rasterisation: blocks of group_m row tiles × all column tiles run together
+};
+
+// wgmma_gemm launches the sm_90a wgmma grouped GEMM (128×256 CTA tiles) when
+// moe_wgmma.cu is linked in (a weak symbol otherwise null); it returns
+// MK_OK, or an mk status when the launch fails, or -1 when the kernel is
+// not available for this device (then the mma.sync kernel runs).
+int wgmma_gemm(const GemmArgs& a, bool gateup, int64_t tiles, int64_t ntiles, cudaStream_t s)
+    __attribute__((weak));
+
+}  // namespace mkmoe

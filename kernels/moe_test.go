@@ -1,0 +1,342 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/mkserve/mkserve/moe"
+	"github.com/mkserve/mkserve/tensor"
+)
+
+// moeRouter converts a moe.RouterConfig to the kernels' form.
+func moeRouter(c moe.RouterConfig) MoERouter {
+	return MoERouter{Experts: c.NumExperts, TopK: c.TopK, Sigmoid: c.Scoring == moe.Sigmoid,
+		SoftmaxTopK: c.SoftmaxTopK, NormTopK: c.NormTopK, Groups: c.NumGroups, TopKGroups: c.TopKGroups,
+		Scaling: c.ScalingFactor}
+}
+
+// deepSeekV3Router is DeepSeek-V3's routing: 256 experts in 8 groups, top-4
+// groups, top-8 experts, sigmoid scores renormalised and scaled by 2.5.
+var deepSeekV3Router = moe.RouterConfig{NumExperts: 256, TopK: 8, Scoring: moe.Sigmoid, NormTopK: true,
+	NumGroups: 8, TopKGroups: 4, ScalingFactor: 2.5}
+
+func f32Fill(n int, v float32) []float32 {
+	s := make([]float32, n)
+	for i := range s {
+		s[i] = v
+	}
+	return s
+}
+
+// runRoute routes logits [T, E] on the GPU.
+func runRoute(t *testing.T, g *GPU, cfg moe.RouterConfig, logits, bias []float32, T int) ([]int32, []float32) {
+	t.Helper()
+	K := cfg.TopK
+	var ids []int32
+	var w []float32
+	onGPU(t, g, func(a *arena) {
+		ib := put(a, make([]int32, T*K))
+		wb := put(a, f32Fill(T*K, float32(math.NaN())))
+		a.check(Upload(a.d, ib, func() []int32 {
+			s := make([]int32, T*K)
+			for i := range s {
+				s[i] = -7
+			}
+			return s
+		}()))
+		lb := put(a, logits)
+		var bb *Buffer
+		if bias != nil {
+			bb = put(a, bias)
+		}
+		if a.err == nil {
+			a.check(a.d.MoERoute(nil, ib, wb, lb, bb, T, moeRouter(cfg)))
+		}
+		ids, w = get[int32](a, ib, T*K), get[float32](a, wb, T*K)
+	})
+	return ids, w
+}
+
+// TestMoERoute: device routing equals moe.Route on fresh random logits:
+// ids exactly, weights to 1e-6 (relative to max(1, |w|)).
+func TestMoERoute(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	cases := []struct {
+		name string
+		cfg  moe.RouterConfig
+		bias bool
+		T    int
+	}{
+		{"softmax_norm", moe.RouterConfig{NumExperts: 64, TopK: 8, Scoring: moe.Softmax, NormTopK: true}, false, 300},
+		{"softmax_nonorm", moe.RouterConfig{NumExperts: 128, TopK: 8, Scoring: moe.Softmax}, false, 77},
+		{"softmax_topk", moe.RouterConfig{NumExperts: 32, TopK: 4, Scoring: moe.Softmax, SoftmaxTopK: true}, false, 129},
+		{"softmax_topk_norm", moe.RouterConfig{NumExperts: 8, TopK: 2, Scoring: moe.Softmax, SoftmaxTopK: true, NormTopK: true}, false, 50},
+		{"deepseek_v3", deepSeekV3Router, true, 257},
+		{"sigmoid_groups_nonorm", moe.RouterConfig{NumExperts: 64, TopK: 6, Scoring: moe.Sigmoid, NumGroups: 8, TopKGroups: 3}, true, 100},
+		{"sigmoid_plain", moe.RouterConfig{NumExperts: 16, TopK: 1, Scoring: moe.Sigmoid, NormTopK: true}, false, 33},
+		{"topk_all", moe.RouterConfig{NumExperts: 40, TopK: 40, Scoring: moe.Softmax, NormTopK: true, ScalingFactor: 1.5}, false, 9},
+		{"mixtral", moe.RouterConfig{NumExperts: 8, TopK: 2, Scoring: moe.Softmax, NormTopK: true}, false, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			E, K, T := c.cfg.NumExperts, c.cfg.TopK, c.T
+			logits := randF32(r, T*E, 2)
+			var bias []float32
+			if c.bias {
+				bias = randF32(r, E, 0.5)
+			}
+			ids, w := runRoute(t, g, c.cfg, logits, bias, T)
+			wantIDs, wantW := moe.Route(&c.cfg, logits, bias, T)
+			bad := 0
+			worst := 0.0
+			for i := range wantIDs {
+				if ids[i] != wantIDs[i] {
+					if bad < 5 {
+						t.Errorf("token %d slot %d: expert %d, moe.Route %d", i/K, i%K, ids[i], wantIDs[i])
+					}
+					bad++
+					continue
+				}
+				d := math.Abs(float64(w[i]) - float64(wantW[i]))
+				if w[i] != w[i] || !(d <= 1e-6*math.Max(1, math.Abs(float64(wantW[i])))) {
+					if bad < 5 {
+						t.Errorf("token %d slot %d: weight %v, moe.Route %v", i/K, i%K, w[i], wantW[i])
+					}
+					bad++
+				}
+				worst = max(worst, d)
+			}
+			if bad > 0 {
+				t.Fatalf("%d of %d routing outputs differ", bad, len(wantIDs))
+			}
+			t.Logf("T=%d E=%d K=%d: ids equal, worst weight difference %.3g", T, E, K, worst)
+		})
+	}
+}
+
+// moeCase is one whole-MoE test: routing on random logits, then the experts.
+type moeCase struct {
+	name    string
+	cfg     moe.RouterConfig
+	T, H, I int
+	clamped bool
+	biases  bool
+	hot     int // ≥ 0: add 30 to this expert's logits (every token picks it)
+	cold    int // > 0: subtract 30 from the logits of experts ≥ cold (they get no tokens)
+}
+
+// moeRef is the float64 reference of the routed experts: bf16 x and
+// weights, the activation rounded to bf16 as the GPU's GEMM2 input.
+func moeRef(x, gu, gub, dn, db []float32, ids []int32, w []float32, T, K, H, I int, act moe.Activation) []float64 {
+	out := make([]float64, T*H)
+	h := make([]float64, 2*I)
+	a := make([]float64, I)
+	for t := range T {
+		xr := x[t*H : t*H+H]
+		for k := range K {
+			e := int(ids[t*K+k])
+			for j := range 2 * I {
+				row := gu[(e*2*I+j)*H:]
+				s := 0.0
+				for c := range H {
+					s += float64(xr[c]) * float64(row[c])
+				}
+				if gub != nil {
+					s += float64(gub[e*2*I+j])
+				}
+				h[j] = s
+			}
+			for j := range I {
+				gv, uv := float32(h[j]), float32(h[I+j])
+				var v float64
+				if act.Kind == moe.SwiGLU {
+					v = float64(gv) / (1 + math.Exp(-float64(gv))) * float64(uv)
+				} else {
+					gv = min(gv, act.Limit)
+					uv = max(min(uv, act.Limit), -act.Limit)
+					v = (float64(uv) + 1) * float64(gv) / (1 + math.Exp(-float64(act.Alpha)*float64(gv)))
+				}
+				a[j] = float64(tensor.BF16ToF32(tensor.F32ToBF16(float32(v))))
+			}
+			for c := range H {
+				row := dn[(e*H+c)*I:]
+				s := 0.0
+				for j := range I {
+					s += a[j] * float64(row[j])
+				}
+				if db != nil {
+					s += float64(db[e*H+c])
+				}
+				out[t*H+c] += float64(w[t*K+k]) * s
+			}
+		}
+	}
+	return out
+}
+
+// TestMoEExperts runs the whole MoE (route → align → grouped GEMM1 with the
+// activation → grouped GEMM2 → combine) on fresh random inputs against
+// moe.Route plus a float64 CPU loop: relative L2 ≤ 1e-2, output, workspace
+// and weights poisoned with NaN, expert counters checked exactly.
+func TestMoEExperts(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	sm := func(E, K int) moe.RouterConfig {
+		return moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
+	}
+	oss := moe.Activation{Kind: moe.ClampedSwiGLU, Alpha: 1.702, Limit: 0.7}
+	cases := []moeCase{
+		{name: "E8_K2_T1", cfg: sm(8, 2), T: 1, H: 64, I: 48, hot: -1},
+		{name: "E8_K1_T7", cfg: sm(8, 1), T: 7, H: 128, I: 64, hot: -1},
+		{name: "E8_K2_T130_hot", cfg: sm(8, 2), T: 130, H: 64, I: 40, hot: 3},
+		{name: "E8_K2_T1024_tile128", cfg: sm(8, 2), T: 1024, H: 136, I: 96, hot: -1, biases: true},
+		{name: "E8_K2_T1024_hot_clamped", cfg: sm(8, 2), T: 1024, H: 64, I: 72, hot: 5, clamped: true},
+		{name: "E64_K4_T130_groups_clamped_bias", cfg: moe.RouterConfig{NumExperts: 64, TopK: 4, Scoring: moe.Sigmoid, NormTopK: true, NumGroups: 8, TopKGroups: 4, ScalingFactor: 2.5},
+			T: 130, H: 72, I: 56, clamped: true, biases: true, hot: -1},
+		{name: "E64_K2_T7_cold", cfg: sm(64, 2), T: 7, H: 64, I: 32, cold: 32, hot: -1},
+		{name: "E64_K4_T300_cold", cfg: sm(64, 4), T: 300, H: 64, I: 32, cold: 8, hot: -1},
+		{name: "E128_K8_T130", cfg: sm(128, 8), T: 130, H: 128, I: 64, hot: -1},
+		{name: "E128_K8_T1_softmaxtopk", cfg: moe.RouterConfig{NumExperts: 128, TopK: 8, Scoring: moe.Softmax, SoftmaxTopK: true}, T: 1, H: 96, I: 64, hot: -1, biases: true},
+		{name: "E256_K8_T1_deepseek", cfg: deepSeekV3Router, T: 1, H: 128, I: 64, hot: -1, biases: true},
+		{name: "E256_K8_T130_deepseek", cfg: deepSeekV3Router, T: 130, H: 64, I: 48, hot: -1},
+		{name: "E256_K8_T7_deepseek_clamped", cfg: deepSeekV3Router, T: 7, H: 64, I: 32, hot: -1, clamped: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			act := moe.Activation{Kind: moe.SwiGLU}
+			if c.clamped {
+				act = oss
+			}
+			runMoECase(t, g, r, c, act)
+		})
+	}
+}
+
+func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activation) {
+	E, K, T, H, I := c.cfg.NumExperts, c.cfg.TopK, c.T, c.H, c.I
+	logits := randF32(r, T*E, 1)
+	for tk := range T {
+		for e := range E {
+			if e == c.hot {
+				logits[tk*E+e] += 30
+			}
+			if c.cold > 0 && e >= c.cold {
+				logits[tk*E+e] -= 30
+			}
+		}
+	}
+	var sbias []float32
+	if c.cfg.Scoring == moe.Sigmoid {
+		sbias = randF32(r, E, 0.3)
+	}
+	xb, x := randBF16(r, T*H, 1)
+	gub16, gu := randBF16(r, E*2*I*H, 1/math.Sqrt(float64(H)))
+	db16, dn := randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))
+	var gub, db []float32
+	if c.biases {
+		gub, db = randF32(r, E*2*I, 0.3), randF32(r, E*H, 0.3)
+	}
+	ex := &MoEExperts{E: E, H: H, I: I, Clamped: c.clamped, Alpha: act.Alpha, Limit: act.Limit}
+	countsIn := make([]int64, E)
+	for e := range countsIn {
+		countsIn[e] = int64(e * 3)
+	}
+	var out []float32
+	var ids []int32
+	var w []float32
+	var counts []int64
+	onGPU(t, g, func(a *arena) {
+		lb, xbuf := put(a, logits), put(a, xb)
+		ex.GateUp, ex.Down = put(a, gub16), put(a, db16)
+		if c.biases {
+			ex.GateUpBias, ex.DownBias = put(a, gub), put(a, db)
+		}
+		var sb *Buffer
+		if sbias != nil {
+			sb = put(a, sbias)
+		}
+		ib, wb := put(a, make([]int32, T*K)), put(a, f32Fill(T*K, float32(math.NaN())))
+		ob := put(a, f32Fill(T*H, float32(math.NaN())))
+		cb := put(a, countsIn)
+		if a.err != nil {
+			return
+		}
+		wsBytes, tileM, err := a.d.MoEWorkspace(T, K, ex)
+		a.check(err)
+		if a.err != nil {
+			return
+		}
+		t.Logf("workspace %d bytes, row tile %d", wsBytes, tileM)
+		ws := put(a, bf16Fill(int(wsBytes/2), 0xffff)) // NaN everywhere, -1 as int32
+		if a.err != nil {
+			return
+		}
+		a.check(a.d.MoERoute(nil, ib, wb, lb, sb, T, moeRouter(c.cfg)))
+		a.check(a.d.MoEExpertsRun(nil, ob, xbuf, ib, wb, T, K, ex, cb, ws))
+		out = get[float32](a, ob, T*H)
+		ids, w = get[int32](a, ib, T*K), get[float32](a, wb, T*K)
+		counts = get[int64](a, cb, E)
+	})
+	wantIDs, _ := moe.Route(&c.cfg, logits, sbias, T)
+	for i := range wantIDs {
+		if ids[i] != wantIDs[i] {
+			t.Fatalf("routing: token %d slot %d expert %d, moe.Route %d", i/K, i%K, ids[i], wantIDs[i])
+		}
+	}
+	hist := make([]int64, E)
+	for _, e := range ids {
+		hist[e]++
+	}
+	for e := range E {
+		if counts[e] != countsIn[e]+hist[e] {
+			t.Fatalf("expert %d counter %d, want %d + %d", e, counts[e], countsIn[e], hist[e])
+		}
+	}
+	if c.hot >= 0 && hist[c.hot] != int64(T) {
+		t.Fatalf("hot expert %d got %d of %d tokens", c.hot, hist[c.hot], T)
+	}
+	if c.cold > 0 {
+		for e := c.cold; e < E; e++ {
+			if hist[e] != 0 {
+				t.Fatalf("cold expert %d got %d tokens", e, hist[e])
+			}
+		}
+	}
+	want := moeRef(x, gu, gub, dn, db, ids, w, T, K, H, I, act)
+	checkClose(t, fmt.Sprintf("MoE T=%d E=%d K=%d H=%d I=%d", T, E, K, H, I), out, want, 1e-2)
+}
+
+// TestMoEArgs: bad arguments are errors, not crashes.
+func TestMoEArgs(t *testing.T) {
+	g := testGPU(t)
+	onGPU(t, g, func(a *arena) {
+		b := a.alloc(1 << 16)
+		if a.err != nil {
+			return
+		}
+		if err := a.d.MoERoute(nil, b, b, b, nil, 4, MoERouter{Experts: 8, TopK: 9}); err == nil {
+			t.Error("MoERoute with K > E gave no error")
+		}
+		if err := a.d.MoERoute(nil, b, b, b, nil, 4, MoERouter{Experts: 8, TopK: 2, Sigmoid: true, SoftmaxTopK: true}); err == nil {
+			t.Error("MoERoute with sigmoid + SoftmaxTopK gave no error")
+		}
+		if err := a.d.MoERoute(nil, b, b, b, nil, 4, MoERouter{Experts: 8, TopK: 2, Groups: 3, TopKGroups: 1}); err == nil {
+			t.Error("MoERoute with 8 experts in 3 groups gave no error")
+		}
+		ex := &MoEExperts{E: 2, H: 12, I: 8, GateUp: b, Down: b}
+		if err := a.d.MoEExpertsRun(nil, b, b, b, b, 2, 1, ex, nil, b); err == nil {
+			t.Error("MoEExpertsRun with H = 12 gave no error")
+		}
+		ex.H = 16
+		small, err := b.View(0, 256)
+		a.check(err)
+		if err := a.d.MoEExpertsRun(nil, b, b, b, b, 2, 1, ex, nil, small); err == nil {
+			t.Error("MoEExpertsRun with a too small workspace gave no error")
+		} else {
+			t.Logf("small workspace: %v", err)
+		}
+	})
+}
