@@ -22,14 +22,6 @@ func moeRouter(c moe.RouterConfig) MoERouter {
 var deepSeekV3Router = moe.RouterConfig{NumExperts: 256, TopK: 8, Scoring: moe.Sigmoid, NormTopK: true,
 	NumGroups: 8, TopKGroups: 4, ScalingFactor: 2.5}
 
-func f32Fill(n int, v float32) []float32 {
-	s := make([]float32, n)
-	for i := range s {
-		s[i] = v
-	}
-	return s
-}
-
 // runRoute routes logits [T, E] on the GPU.
 func runRoute(t *testing.T, g *GPU, cfg moe.RouterConfig, logits, bias []float32, T int) ([]int32, []float32) {
 	t.Helper()

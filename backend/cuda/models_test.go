@@ -42,9 +42,17 @@ func loadModel(t testing.TB, family string, be backend.Backend) *models.Loaded {
 }
 
 // TestGolden: every family loaded on the GPU reproduces transformers'
-// float32 logits (relative L2 ≤ 2e-2, argmax equal at ≥ 95% of positions)
-// and its greedy generation (mismatches are reported with the position), in
-// both GEMM modes of bf16 weights (Options.SplitActivations).
+// float32 logits and its greedy generation (mismatches are reported with the
+// position), in both precision profiles:
+//   - exact (the default: float32 activations split into two bf16 GEMMs,
+//     float32 KV cache): relative L2 ≤ 2e-2, argmax equal at ≥ 95% of
+//     positions (the CUDA-backend issue's bound);
+//   - fast (bf16 activations into the GEMMs and the grouped expert kernels,
+//     bf16 KV cache with the paged and flash kernels, as vLLM serves bf16
+//     checkpoints): relative L2 ≤ 5e-2, argmax ≥ 90%. The tiny random
+//     golden models amplify bf16 rounding (rounding only K and V to bf16
+//     moves qwen3_moe's logits by 2.9e-2), so this profile gets its own,
+//     stated bound; its BF16 families must run the grouped MoE path.
 func TestGolden(t *testing.T) {
 	gpuBackend(t)
 	for _, fam := range golden.Families {
@@ -59,7 +67,11 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-// goldenFamily is TestGolden for one family in one GEMM mode.
+// bf16Golden are the golden families whose experts load as bf16 (the others
+// are F32 checkpoints, or gpt-oss's experts, widened to float32 at load).
+var bf16Golden = map[string]bool{"mixtral": true, "qwen3_moe": true, "deepseek_v3": true}
+
+// goldenFamily is TestGolden for one family in one precision profile.
 func goldenFamily(t *testing.T, fam, mode string, split bool) {
 	be, err := New(Options{SplitActivations: &split})
 	if err != nil {
@@ -72,9 +84,15 @@ func goldenFamily(t *testing.T, fam, mode string, split bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	before := moeGroupedCalls.Load()
 	rows, err := engine.Logits(l.Model, be, g.IDs)
 	if err != nil {
 		t.Fatal(err)
+	}
+	grouped := moeGroupedCalls.Load() - before
+	t.Logf("GOLDEN %s %s: grouped MoE calls %d", fam, mode, grouped)
+	if !split && grouped == 0 && bf16Golden[fam] {
+		t.Errorf("fast mode on a BF16 checkpoint did not take the grouped MoE path")
 	}
 	var got []float32
 	for _, r := range rows {
@@ -95,11 +113,15 @@ func goldenFamily(t *testing.T, fam, mode string, split bool) {
 	}
 	frac := float64(same) / float64(max(n, 1))
 	t.Logf("GOLDEN %s %s: logits relative L2 %.3g, argmax equal at %d/%d positions (%.1f%%)", fam, mode, e, same, n, 100*frac)
-	if !(e <= 2e-2) || math.IsNaN(e) {
-		t.Errorf("relative L2 %.3g > 2e-2", e)
+	maxErr, minFrac := 2e-2, 0.95
+	if !split {
+		maxErr, minFrac = 5e-2, 0.90
 	}
-	if frac < 0.95 {
-		t.Errorf("argmax equal at %.1f%% < 95%% of positions", 100*frac)
+	if !(e <= maxErr) || math.IsNaN(e) {
+		t.Errorf("relative L2 %.3g > %g", e, maxErr)
+	}
+	if frac < minFrac {
+		t.Errorf("argmax equal at %.1f%% < %.0f%% of positions", 100*frac, 100*minFrac)
 	}
 	want := g.GenOutput[len(g.GenPrompt):]
 	for _, chunk := range []int{0, 5} {
