@@ -17,7 +17,8 @@ with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_shapes.
     SHAPES = [tuple(int(x) for x in line.split()[:3]) for line in f
               if line.strip() and not line.startswith("#")]
 ROT = 512 << 20
-ITERS, BATCHES = 200, 3
+ITERS = int(os.environ.get("MK_TORCH_ITERS", "200"))
+BATCHES = int(os.environ.get("MK_TORCH_BATCHES", "3"))
 
 
 def timed(fn, iters):

@@ -23,8 +23,9 @@
 # Every test binary runs each top-level test in its own process (run_each), so
 # a crash ends only that test. A summary table is printed last; all logs come
 # back as $OUT/logs.tgz (the device tool returns at most 8 files).
-# Environment: OUT (default .dev/out), MK_MODE (default test), MK_BENCHTIME
-# (kernel benchmarks, default 100x), MK_COUNT (default 3), MK_SKIP (space-
+# Environment: OUT (default .dev/out), MK_MODE (default test), MK_BENCHTIME_N
+# (GEMM calls per timed batch, ours and torch's, default 100), MK_COUNT
+# (batches, default 3), MK_SKIP (space-
 # separated bench parts to skip: gemm attention decode moe backend model
 # servebench).
 set -uo pipefail
@@ -130,7 +131,7 @@ bpid=$!
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
 	case "$SKIP" in *" gemm "*) ;; *)
 		echo "== torch GEMM baseline meanwhile"
-		PYTHONUNBUFFERED=1 timeout 200 python3 kernels/bench_torch.py >"$LOGS/torch.log" 2>&1 || {
+		MK_TORCH_ITERS=${MK_BENCHTIME_N:-100} MK_TORCH_BATCHES=${MK_COUNT:-3} PYTHONUNBUFFERED=1 timeout 200 python3 kernels/bench_torch.py >"$LOGS/torch.log" 2>&1 || {
 			echo "device.sh: PyTorch baseline failed (rc $?):"; tail -5 "$LOGS/torch.log"; status=1; }
 	esac
 fi
@@ -187,7 +188,7 @@ fi
 
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
 	step gemm 300 .dev/kernels.test -test.run '^$' -test.bench 'GemmBF16|CopyD2D|Ops' \
-		-test.benchtime "${MK_BENCHTIME:-100x}" -test.count "${MK_COUNT:-3}" -test.timeout=290s
+		-test.benchtime "${MK_BENCHTIME_N:-100}x" -test.count "${MK_COUNT:-3}" -test.timeout=290s
 	if [ -f scripts/bench_attention.sh ]; then step attention 200 bash scripts/bench_attention.sh "$MK"; fi
 	if [ -f scripts/bench_decode.sh ]; then step decode 200 bash scripts/bench_decode.sh; fi
 	if [ -f scripts/bench_moe.sh ]; then step moe 300 bash scripts/bench_moe.sh "$MK"; fi

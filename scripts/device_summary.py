@@ -116,8 +116,8 @@ for name in ("attention.log", "decode.log", "moe.log", "model.log"):
         for r in rows:
             if isinstance(r, dict):
                 print("  " + " ".join(f"{k}={(f'{x:.4g}' if isinstance(x, float) else x)}" for k, x in r.items()))
-    for line in re.findall(r"^(?:torch|TORCH|baseline|BASELINE|SUMMARY).*", t, re.M)[:40]:
-        print("  " + line)
+    for line in re.findall(r"^(?:torch|TORCH|baseline|BASELINE|SUMMARY|MOE|Benchmark(?:PagedAttn|CopyD2D)).*", t, re.M)[:80]:
+        print("  " + " ".join(line.split()))
 
 t = read("servebench.log")
 if "SERVE concurrency" in t:
