@@ -224,11 +224,16 @@ type gemmIn struct {
 
 // prepare readies x [n values] for GEMMs against float32 (wF32) or bf16 weights.
 func (be *Backend) prepare(d *kernels.Device, x *kernels.Buffer, n int, wF32 bool) gemmIn {
+	return be.prepareMode(d, x, n, wF32, be.split)
+}
+
+// prepareMode is prepare with the activation split chosen by the caller.
+func (be *Backend) prepareMode(d *kernels.Device, x *kernels.Buffer, n int, wF32, split bool) gemmIn {
 	if wF32 {
 		return gemmIn{f32: x}
 	}
 	in := gemmIn{hi: be.alloc.get(d, int64(n)*2), owned: true}
-	if be.split {
+	if split {
 		in.lo = be.alloc.get(d, int64(n)*2)
 		must("split", d.SplitBF16(nil, in.hi, in.lo, x, n))
 	} else {
@@ -571,8 +576,29 @@ func (be *Backend) Linear(x, w, bias backend.Tensor) backend.Tensor {
 	return out
 }
 
+// routerLinear is Linear with split activations whatever the profile: the
+// MoE router's logits decide discrete expert choices, and bf16-rounded
+// activations flip near-ties (a router GEMM is E×H, so the second GEMM
+// costs little).
+func (be *Backend) routerLinear(x, w, bias *Tensor) *Tensor {
+	_, N := matrix("MoE", "Gate", w, -1)
+	_, K := w.dims()
+	_, T := matrix("MoE", "x", x, K)
+	var out *Tensor
+	be.do("MoE router", func(d *kernels.Device) error {
+		out = be.linearMode(d, be.f32(d, x), w, bias, T, N, K, true)
+		return nil
+	}, x, w, bias)
+	return out
+}
+
 // linear is x [T, K] (float32) · w [N, K]ᵀ + b → [T, N]; on the GPU goroutine.
 func (be *Backend) linear(d *kernels.Device, x *kernels.Buffer, w *Tensor, b *Tensor, T, N, K int) *Tensor {
+	return be.linearMode(d, x, w, b, T, N, K, be.split)
+}
+
+// linearMode is linear with the activation split chosen by the caller.
+func (be *Backend) linearMode(d *kernels.Device, x *kernels.Buffer, w *Tensor, b *Tensor, T, N, K int, split bool) *Tensor {
 	out := be.newF32(d, T, N)
 	if T == 0 || N == 0 {
 		return out
@@ -581,7 +607,7 @@ func (be *Backend) linear(d *kernels.Device, x *kernels.Buffer, w *Tensor, b *Te
 		must("zero", kernels.Upload(d, out.st.f32, make([]float32, T*N)))
 	} else {
 		wb, wF32 := weightMem(w)
-		in := be.prepare(d, x, T*K, wF32)
+		in := be.prepareMode(d, x, T*K, wF32, split)
 		gemm(d, out.st.f32, in, wb, T, N, K)
 		be.release(in)
 	}

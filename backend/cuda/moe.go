@@ -99,7 +99,7 @@ func (be *Backend) moeHost(xt *Tensor, l *backend.MoELayer, gate, gateBias *Tens
 	gu, gub, down, db *Tensor, T, H, E, I int) *Tensor {
 	K := l.Router.TopK
 
-	logits := be.ToHost(be.Linear(xt, gate, gateBias))
+	logits := be.ToHost(be.routerLinear(xt, gate, gateBias))
 	ids, w := moe.Route(&l.Router, logits, scoreBias, T)
 	be.countExperts(l.Layer, E, ids)
 

@@ -133,7 +133,7 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 	K := l.Router.TopK
 	var logits *Tensor
 	if T > 0 {
-		logits = be.Linear(xt, gate, gateBias).(*Tensor)
+		logits = be.routerLinear(xt, gate, gateBias)
 	}
 	c := be.counter(l.Layer, E)
 	moeGroupedCalls.Add(1)
