@@ -301,7 +301,7 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			if err := d.KVWriteBF16(nil, pl.k, pl.v, kb, vb, m.slots, T, kw, vw); err != nil {
 				return err
 			}
-			if g.maxLen > 1 && !g.gaps && flashFits(D, Dv) {
+			if g.maxLen > 1 && !g.gaps && flashFits(D, Dv) && flashOn() {
 				// A prefill step: every span of the group through the
 				// tensor-core prefill kernel (decode spans as 1-row sequences).
 				if qbf == nil {

@@ -52,6 +52,14 @@ func (mc *metaCache) flash(be *Backend, d *kernels.Device, g *attnGroup) flashMe
 	}
 }
 
+// FlashEnv names the environment variable that, set to 0, keeps prefill
+// rows on the paged decode kernels instead of the flash prefill kernel, for
+// comparisons.
+const FlashEnv = "MKSERVE_FLASH"
+
+// flashOn reports whether prefill steps use the flash kernel (FlashEnv).
+var flashOn = sync.OnceValue(func() bool { return os.Getenv(FlashEnv) != "0" })
+
 // flashFits reports whether the prefill kernel takes these head dims.
 func flashFits(d, dv int) bool { return d <= kernels.FlashMaxHeadDim && dv <= kernels.FlashMaxHeadDim }
 
