@@ -52,16 +52,18 @@ func loadModel(t testing.TB, family string, be backend.Backend) *models.Loaded {
 //     checkpoints): relative L2 ≤ 5e-2, argmax ≥ 90%. The tiny random
 //     golden models amplify bf16 rounding (rounding only K and V to bf16
 //     moves qwen3_moe's logits by 2.9e-2), so this profile gets its own,
-//     stated bound; its BF16 families must run the grouped MoE path.
+//     stated bound; its BF16 families must run the grouped MoE path;
+//   - fast-f32kv: the fast profile with a float32 KV cache, same bounds
+//     (it separates the KV cache's share of the fast profile's error).
 func TestGolden(t *testing.T) {
 	gpuBackend(t)
 	for _, fam := range golden.Families {
 		t.Run(fam, func(t *testing.T) {
 			for _, mode := range []struct {
-				name  string
-				split bool
-			}{{"split", true}, {"fast", false}} {
-				t.Run(mode.name, func(t *testing.T) { goldenFamily(t, fam, mode.name, mode.split) })
+				name        string
+				split, kv32 bool
+			}{{"split", true, true}, {"fast", false, false}, {"fast-f32kv", false, true}} {
+				t.Run(mode.name, func(t *testing.T) { goldenFamily(t, fam, mode.name, mode.split, mode.kv32) })
 			}
 		})
 	}
@@ -72,8 +74,8 @@ func TestGolden(t *testing.T) {
 var bf16Golden = map[string]bool{"mixtral": true, "qwen3_moe": true, "deepseek_v3": true}
 
 // goldenFamily is TestGolden for one family in one precision profile.
-func goldenFamily(t *testing.T, fam, mode string, split bool) {
-	be, err := New(Options{SplitActivations: &split})
+func goldenFamily(t *testing.T, fam, mode string, split, kv32 bool) {
+	be, err := New(Options{SplitActivations: &split, KVCacheF32: &kv32})
 	if err != nil {
 		t.Fatal(err)
 	}
