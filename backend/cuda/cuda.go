@@ -87,8 +87,9 @@ type Backend struct {
 	split bool // Options.SplitActivations
 	kvF32 bool // Options.KVCacheF32
 
-	ropeMu sync.Mutex
-	ropes  map[attention.RoPE]*ropeFreqs
+	ropeMu   sync.Mutex
+	ropes    map[attention.RoPE]*ropeFreqs
+	posCache i32Cache // RoPE positions: every layer (q and k) of a step sends the same
 
 	kvMu  sync.Mutex
 	paged *pagedKV   // after InitKV
@@ -835,8 +836,7 @@ func (be *Backend) RoPE(x backend.Tensor, heads, headDim int, rope *attention.Ro
 			return nil
 		}
 		f := be.freqs(d, rope)
-		pb := upload(be, d, pos)
-		defer be.alloc.put(pb)
+		pb := be.posCache.get(be, d, pos)
 		return d.RoPEF32(nil, out, pb, T, heads, headDim, rope.Dim, style, f.inv, f.attn)
 	}, xt)
 }

@@ -63,6 +63,28 @@ var flashOn = sync.OnceValue(func() bool { return os.Getenv(FlashEnv) != "0" })
 // flashFits reports whether the prefill kernel takes these head dims.
 func flashFits(d, dv int) bool { return d <= kernels.FlashMaxHeadDim && dv <= kernels.FlashMaxHeadDim }
 
+// i32Cache keeps one int32 array on the device and uploads a new one only
+// when its contents change. A synchronous upload from pageable memory
+// waits for all queued GPU work, so an upload per layer would stop the
+// host from running ahead of the GPU; arrays every layer of a step sends
+// (RoPE positions) go up once per step. Used on the GPU goroutine only.
+type i32Cache struct {
+	host    []int32
+	buf     *kernels.Buffer
+	uploads int // uploads so far (tests)
+}
+
+// get returns v on the device (valid until the next get with other contents).
+func (c *i32Cache) get(be *Backend, d *kernels.Device, v []int32) *kernels.Buffer {
+	if c.buf == nil || !slices.Equal(c.host, v) {
+		c.host = append(c.host[:0], v...)
+		be.alloc.put(c.buf) // later work may reuse it: all work is ordered on one stream
+		c.buf = upload(be, d, v)
+		c.uploads++
+	}
+	return c.buf
+}
+
 // attnMeta are views of a metaCache's buffer.
 type attnMeta struct{ slots, rows, pos, table, blocks *kernels.Buffer }
 

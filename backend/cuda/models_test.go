@@ -50,9 +50,12 @@ func loadModel(t testing.TB, family string, be backend.Backend) *models.Loaded {
 //   - fast (bf16 activations into the GEMMs and the grouped expert kernels,
 //     bf16 KV cache with the paged and flash kernels, as vLLM serves bf16
 //     checkpoints): relative L2 ≤ 5e-2, argmax ≥ 90%. The tiny random
-//     golden models amplify bf16 rounding (rounding only K and V to bf16
-//     moves qwen3_moe's logits by 2.9e-2), so this profile gets its own,
-//     stated bound; its BF16 families must run the grouped MoE path;
+//     golden models amplify bf16 rounding, so this profile gets its own,
+//     stated bound; its BF16 families must run the grouped MoE path. When
+//     rounding flips a near-tie of the router (expert loads differ from the
+//     CPU backend's), tokens run other experts and only argmax ≥ 90% and a
+//     sanity bound of 0.25 apply; the exact profile must route exactly as
+//     float32 does;
 //   - fast-f32kv: the fast profile with a float32 KV cache, same bounds
 //     (it separates the KV cache's share of the fast profile's error).
 func TestGolden(t *testing.T) {
@@ -82,15 +85,36 @@ func goldenFamily(t *testing.T, fam, mode string, split, kv32 bool) {
 	g := readGolden(t, fam)
 	l := loadModel(t, fam, be)
 	cb := cpu.New(cpu.Options{})
-	ref, err := engine.Logits(loadModel(t, fam, cb).Model, cb, g.IDs)
+	cl := loadModel(t, fam, cb)
+	cb.TakeExpertLoad()
+	ref, err := engine.Logits(cl.Model, cb, g.IDs)
 	if err != nil {
 		t.Fatal(err)
 	}
+	refLoad := cb.TakeExpertLoad()
+	be.TakeExpertLoad()
 	before := moeGroupedCalls.Load()
 	rows, err := engine.Logits(l.Model, be, g.IDs)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Routing choices that differ from the float32 CPU backend's: a
+	// near-tie among router scores flips with any rounding upstream, and
+	// then a token runs other experts, which no logit bound survives.
+	gpuLoad := be.TakeExpertLoad()
+	var moved int64
+	for layer, want := range refLoad {
+		gl := gpuLoad[layer]
+		if len(gl) != len(want) {
+			t.Fatalf("layer %d: %d expert counters on the GPU, %d on the CPU", layer, len(gl), len(want))
+		}
+		for e := range want {
+			d := gl[e] - want[e]
+			moved += max(d, -d)
+		}
+	}
+	moved /= 2 // each moved choice leaves one expert and joins another
+	t.Logf("GOLDEN %s %s: %d token-expert choices differ from the CPU backend's", fam, mode, moved)
 	grouped := moeGroupedCalls.Load() - before
 	t.Logf("GOLDEN %s %s: grouped MoE calls %d", fam, mode, grouped)
 	if !split && grouped == 0 && bf16Golden[fam] {
@@ -116,7 +140,14 @@ func goldenFamily(t *testing.T, fam, mode string, split, kv32 bool) {
 	frac := float64(same) / float64(max(n, 1))
 	t.Logf("GOLDEN %s %s: logits relative L2 %.3g, argmax equal at %d/%d positions (%.1f%%)", fam, mode, e, same, n, 100*frac)
 	maxErr, minFrac := 2e-2, 0.95
-	if !split {
+	switch {
+	case split && moved != 0:
+		t.Errorf("the exact profile routed %d token-expert choices differently from float32", moved)
+	case !split && moved != 0:
+		// Rerouted tokens: only the argmax and a sanity bound apply.
+		maxErr, minFrac = 0.25, 0.90
+		t.Logf("GOLDEN %s %s: routing differs, logit bound relaxed to %g", fam, mode, maxErr)
+	case !split:
 		maxErr, minFrac = 5e-2, 0.90
 	}
 	if !(e <= maxErr) || math.IsNaN(e) {
