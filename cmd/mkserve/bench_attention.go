@@ -8,8 +8,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strconv"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/mkserve/mkserve/kernels"
@@ -72,13 +70,16 @@ func parseAttnBench(args []string) (*attnBenchOpts, error) {
 	if o.vHeadDim == 0 {
 		o.vHeadDim = o.headDim
 	}
-	for _, f := range strings.Split(*seq, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 || n > 1<<24 {
-			return nil, fmt.Errorf("bench attention: --seq: %q is not a length in [1, 2^24]", f)
-		}
-		o.seqs = append(o.seqs, n)
+	seqs, err := parsePositiveInts("seq", *seq)
+	if err != nil {
+		return nil, fmt.Errorf("bench attention: %w", err)
 	}
+	for _, n := range seqs {
+		if n > 1<<24 {
+			return nil, fmt.Errorf("bench attention: --seq: %d is not a length in [1, 2^24]", n)
+		}
+	}
+	o.seqs = seqs
 	switch {
 	case o.batch < 1 || o.batch > 65535:
 		return nil, fmt.Errorf("bench attention: --batch %d must be in [1, 65535]", o.batch)

@@ -8,8 +8,6 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"text/tabwriter"
 
@@ -50,18 +48,6 @@ type moeBenchRow struct {
 	Iters          int      `json:"iters"`
 }
 
-func parseTokens(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("--tokens: %q is not a positive integer", f)
-		}
-		out = append(out, n)
-	}
-	return out, nil
-}
-
 // parseMoEBench reads the flags; it needs no GPU.
 func parseMoEBench(args []string) (*moeBenchOpts, error) {
 	fs := newFlags("bench moe")
@@ -83,7 +69,7 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 	}
 	o.seed = *seed
 	var err error
-	if o.tokens, err = parseTokens(*tok); err != nil {
+	if o.tokens, err = parsePositiveInts("tokens", *tok); err != nil {
 		return nil, err
 	}
 	switch {
