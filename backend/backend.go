@@ -36,6 +36,12 @@ type SeqSpan struct {
 	// [i*blockSize, (i+1)*blockSize)). Nil uses the backend's unpaged
 	// per-sequence cache keyed by ID instead.
 	Blocks []int32
+	// ContextParallel > 1 asks for this span's rows to be attended the way R
+	// context-parallel ranks do it (ring attention: zigzag split of the
+	// rows, key/value slices passed around the ring, partial results merged
+	// by log-sum-exp); the result equals plain attention up to rounding. 0
+	// or 1: plain attention.
+	ContextParallel int
 }
 
 // Batch is the input of one forward step: the new tokens of several

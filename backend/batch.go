@@ -20,6 +20,9 @@ func validateBatch(b *Batch) error {
 				return fmt.Errorf("batch: span %d row %d has position %d, want %d", i, j, b.Positions[s.Offset+j], s.Past+j)
 			}
 		}
+		if s.ContextParallel < 0 {
+			return fmt.Errorf("batch: span %d has context-parallel ranks %d", i, s.ContextParallel)
+		}
 		for _, blk := range s.Blocks {
 			if blk < 0 {
 				return fmt.Errorf("batch: span %d has negative block id %d", i, blk)

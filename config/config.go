@@ -58,6 +58,8 @@ type Engine struct {
 	MaxModelLen         int   // engine.max_model_len; 0: the model's max_position_embeddings
 	PrefixCaching       bool  // engine.prefix_caching
 	HostSampling        bool  // engine.host_sampling
+	ContextParallel     int   // engine.context_parallel (ranks; 1: off)
+	ContextParallelMin  int   // engine.context_parallel_min (prompt tokens)
 }
 
 // Defaults of the settings engine.DefaultConfig does not cover.
@@ -95,6 +97,8 @@ func Default() *Config {
 			MaxModelLen:         e.MaxModelLen,
 			PrefixCaching:       e.PrefixCaching,
 			HostSampling:        e.HostSampling,
+			ContextParallel:     1,
+			ContextParallelMin:  engine.DefaultContextParallelMin,
 		},
 	}
 }
@@ -111,6 +115,8 @@ func (c *Config) EngineConfig() engine.Config {
 		MaxModelLen:         e.MaxModelLen,
 		PrefixCaching:       e.PrefixCaching,
 		HostSampling:        e.HostSampling,
+		ContextParallel:     e.ContextParallel,
+		ContextParallelMin:  e.ContextParallelMin,
 	}
 }
 
@@ -138,6 +144,10 @@ func (c *Config) Validate() error {
 	case "cpu", "cuda":
 	default:
 		return bad("backend", "must be cpu or cuda, got %q", c.Backend)
+	}
+	if c.Engine.ContextParallel > 1 && c.Backend != "cpu" {
+		return bad("engine.context_parallel", "%d ranks need the ring-attention kernel, which the %s backend does not have yet (the cpu backend emulates the ranks)",
+			c.Engine.ContextParallel, c.Backend)
 	}
 	switch c.Precision {
 	case "exact", "fast":

@@ -165,7 +165,7 @@ func TestEveryFieldHasFlagAndEnv(t *testing.T) {
 	fs := newFS()
 	Default().BindFlags(fs)
 	for _, name := range []string{"http-addr", "grpc-addr", "max-num-seqs", "model", "api-key", "backend", "ep",
-		"kv-cache-bytes", "max-model-len", "prefix-caching", "served-model-name", "cors-origins", "log-prompts", "precision"} {
+		"kv-cache-bytes", "max-model-len", "prefix-caching", "served-model-name", "cors-origins", "log-prompts", "precision", "context-parallel"} {
 		if fs.Lookup(name) == nil {
 			t.Errorf("no flag --%s", name)
 		}
@@ -191,12 +191,13 @@ func TestEngineConfigMapping(t *testing.T) {
 	c.Engine = Engine{
 		MaxNumSeqs: 1 + rng.IntN(100), MaxNumBatchedTokens: 200 + rng.IntN(100), BlockSize: 1 + rng.IntN(64),
 		KVCacheBytes: 1 + rng.Int64N(1<<40), MaxQueue: 1 + rng.IntN(100), MaxModelLen: rng.IntN(1 << 20), PrefixCaching: rng.IntN(2) == 0,
-		HostSampling: rng.IntN(2) == 0,
+		HostSampling: rng.IntN(2) == 0, ContextParallel: 1 + rng.IntN(8), ContextParallelMin: rng.IntN(100000),
 	}
 	e := c.EngineConfig()
 	want := engine.Config{MaxNumSeqs: c.Engine.MaxNumSeqs, MaxNumBatchedTokens: c.Engine.MaxNumBatchedTokens,
 		BlockSize: c.Engine.BlockSize, KVCacheBytes: c.Engine.KVCacheBytes, MaxQueue: c.Engine.MaxQueue,
-		MaxModelLen: c.Engine.MaxModelLen, PrefixCaching: c.Engine.PrefixCaching, HostSampling: c.Engine.HostSampling}
+		MaxModelLen: c.Engine.MaxModelLen, PrefixCaching: c.Engine.PrefixCaching, HostSampling: c.Engine.HostSampling,
+		ContextParallel: c.Engine.ContextParallel, ContextParallelMin: c.Engine.ContextParallelMin}
 	if e != want {
 		t.Errorf("got %+v want %+v", e, want)
 	}

@@ -69,6 +69,8 @@ func (c *Config) fields() []field {
 		{"engine.max_model_len", "prompt + completion tokens at most (0: the model's limit)", (*intValue)(&e.MaxModelLen)},
 		{"engine.prefix_caching", "share KV blocks among prompts with a common prefix", (*boolValue)(&e.PrefixCaching)},
 		{"engine.host_sampling", "sample on the host even when the backend can sample on the device", (*boolValue)(&e.HostSampling)},
+		{"engine.context_parallel", "context-parallel ranks for long prompts (ring attention; 1: off)", (*intValue)(&e.ContextParallel)},
+		{"engine.context_parallel_min", "prompt tokens from which context parallelism applies", (*intValue)(&e.ContextParallelMin)},
 	}
 }
 

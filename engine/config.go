@@ -14,6 +14,12 @@ type Config struct {
 	// HostSampling copies the logits to the host and samples there even
 	// when the backend can sample on the device (backend.Sampler).
 	HostSampling bool
+	// ContextParallel > 1 prefills long prompts with ring attention over
+	// that many context-parallel ranks (backend.SeqSpan.ContextParallel):
+	// every prefill chunk of at least 2·ContextParallel tokens of a prompt
+	// of at least ContextParallelMin tokens. 0 or 1: off.
+	ContextParallel    int
+	ContextParallelMin int // prompt tokens from which context parallelism applies (0: 4096)
 }
 
 // DefaultConfig is what `mkserve serve` uses without flags on a CPU.
@@ -25,6 +31,8 @@ func DefaultConfig() Config {
 		KVCacheBytes:        1 << 30,
 		MaxQueue:            1024,
 		PrefixCaching:       true,
+		ContextParallel:     1,
+		ContextParallelMin:  DefaultContextParallelMin,
 	}
 }
 
@@ -46,8 +54,15 @@ func (c Config) withDefaults() Config {
 	if c.MaxQueue == 0 {
 		c.MaxQueue = d.MaxQueue
 	}
+	if c.ContextParallelMin == 0 {
+		c.ContextParallelMin = DefaultContextParallelMin
+	}
 	return c
 }
+
+// DefaultContextParallelMin is the prompt length from which context
+// parallelism applies when ContextParallelMin is 0.
+const DefaultContextParallelMin = 4096
 
 // Validate names the first field out of range.
 func (c Config) Validate() error {
@@ -64,6 +79,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max_queue must be positive, got %d", c.MaxQueue)
 	case c.MaxModelLen < 0:
 		return fmt.Errorf("max_model_len must not be negative, got %d", c.MaxModelLen)
+	case c.ContextParallel < 0 || c.ContextParallel > 64:
+		return fmt.Errorf("context_parallel must be in [1, 64], got %d", c.ContextParallel)
+	case c.ContextParallelMin < 0:
+		return fmt.Errorf("context_parallel_min must not be negative, got %d", c.ContextParallelMin)
 	}
 	return nil
 }

@@ -51,10 +51,11 @@ type Engine struct {
 	done     chan struct{}
 
 	// Owned by the step loop.
-	waiting []*sequence
-	running []*sequence
-	seqNum  uint64
-	stats   atomic.Pointer[Stats]
+	waiting  []*sequence
+	running  []*sequence
+	seqNum   uint64
+	cpTokens int64 // prompt tokens prefilled with context parallelism
+	stats    atomic.Pointer[Stats]
 }
 
 // Stats is a snapshot of the engine's state after its latest step.
@@ -65,6 +66,7 @@ type Stats struct {
 	PrefixHits             int // of which were found
 	Steps                  int64
 	Preemptions            int64
+	ContextParallelTokens  int64 // prompt tokens prefilled with ring attention (Config.ContextParallel)
 }
 
 // New sizes the paged KV cache from cfg.KVCacheBytes, initialises it on be,

@@ -167,7 +167,12 @@ func (e *Engine) step() {
 	b := &backend.Batch{}
 	for _, en := range plan {
 		s := en.s
-		b.Seqs = append(b.Seqs, backend.SeqSpan{ID: s.id, Offset: len(b.Tokens), Len: en.n, Past: s.computed, Blocks: s.blocks})
+		span := backend.SeqSpan{ID: s.id, Offset: len(b.Tokens), Len: en.n, Past: s.computed, Blocks: s.blocks}
+		if cp := e.cfg.ContextParallel; cp > 1 && s.computed < s.prompt && s.prompt >= e.cfg.ContextParallelMin && en.n >= 2*cp {
+			span.ContextParallel = cp
+			e.cpTokens += int64(en.n)
+		}
+		b.Seqs = append(b.Seqs, span)
 		for j := 0; j < en.n; j++ {
 			b.Tokens = append(b.Tokens, s.tokens[s.computed+j])
 			b.Positions = append(b.Positions, int32(s.computed+j))
@@ -488,7 +493,7 @@ func (e *Engine) publish() {
 		Running: len(e.running), Waiting: len(e.waiting) + int(e.queuedIncoming()),
 		BlocksFree: e.blocks.available(), BlocksUsed: e.blocks.numBlocks() - e.blocks.available(),
 		PrefixQueries: e.blocks.queries, PrefixHits: e.blocks.hits,
-		Steps: old.Steps + 1, Preemptions: old.Preemptions,
+		Steps: old.Steps + 1, Preemptions: old.Preemptions, ContextParallelTokens: e.cpTokens,
 	}
 	e.stats.Store(&st)
 	m := e.opts.Metrics

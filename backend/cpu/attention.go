@@ -124,9 +124,13 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	out := newTensor(T, H*Dv)
 	run := func(i int) {
 		s := b.Seqs[i]
-		attention.Causal(out.data[s.Offset*H*Dv:(s.Offset+s.Len)*H*Dv],
-			qt.data[s.Offset*H*D:(s.Offset+s.Len)*H*D],
-			hist[i][0], hist[i][1], s.Len, s.Past, params)
+		o, qs := out.data[s.Offset*H*Dv:(s.Offset+s.Len)*H*Dv], qt.data[s.Offset*H*D:(s.Offset+s.Len)*H*D]
+		if s.ContextParallel > 1 {
+			// R emulated ranks: the ring schedule of the GPU kernel.
+			attention.RingCausal(o, qs, hist[i][0], hist[i][1], s.Len, s.Past, s.ContextParallel, params, true)
+			return
+		}
+		attention.Causal(o, qs, hist[i][0], hist[i][1], s.Len, s.Past, params)
 	}
 	// attention.Causal spreads one sequence over all cores; several short
 	// sequences (decode) also run side by side.

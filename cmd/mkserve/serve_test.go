@@ -159,6 +159,8 @@ func TestServeBadConfig(t *testing.T) {
 		{[]string{"--model", t.TempDir()}, "tokenizer"},
 		{[]string{"--model", "../../models/default", "--max-num-seqs", "-3"}, "max_num_seqs"},
 		{[]string{"--model", "../../models/default", "--precision", "sloppy"}, "precision"},
+		{[]string{"--model", "../../models/default", "--backend", "cuda", "--context-parallel", "4"}, "context_parallel"},
+		{[]string{"--model", "../../models/default", "--context-parallel", "-2"}, "context_parallel"},
 		{[]string{"--model", "../../models/default", "--backend", "tpu"}, "backend"},
 		{[]string{"--config", "/nonexistent.yaml"}, "nonexistent"},
 	} {
