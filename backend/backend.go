@@ -138,6 +138,17 @@ type Sampler interface {
 	Sample(logits Tensor, rows []SampleRow) []SampleResult
 }
 
+// ExpertPlacer is implemented by backends with expert parallelism whose
+// placement (which rank holds which expert, hot experts replicated) can
+// change between steps.
+type ExpertPlacer interface {
+	// ExpertRanks is the number of expert-parallel ranks (1: none).
+	ExpertRanks() int
+	// PlaceExperts installs p for the MoE layer with index layer from the
+	// next step on; p must place that layer's experts on ExpertRanks ranks.
+	PlaceExperts(layer int, p *moe.Placement) error
+}
+
 // ExpertCounter is implemented by backends that count how many tokens each
 // expert of each MoE layer received.
 type ExpertCounter interface {

@@ -60,6 +60,8 @@ type Engine struct {
 	HostSampling        bool  // engine.host_sampling
 	ContextParallel     int   // engine.context_parallel (ranks; 1: off)
 	ContextParallelMin  int   // engine.context_parallel_min (prompt tokens)
+	RebalanceEvery      int   // engine.rebalance_every (steps; 0: off)
+	RebalanceSpare      int   // engine.rebalance_spare (extra expert slots per rank)
 }
 
 // Defaults of the settings engine.DefaultConfig does not cover.
@@ -117,6 +119,8 @@ func (c *Config) EngineConfig() engine.Config {
 		HostSampling:        e.HostSampling,
 		ContextParallel:     e.ContextParallel,
 		ContextParallelMin:  e.ContextParallelMin,
+		RebalanceEvery:      e.RebalanceEvery,
+		RebalanceSpare:      e.RebalanceSpare,
 	}
 }
 
@@ -144,6 +148,9 @@ func (c *Config) Validate() error {
 	case "cpu", "cuda":
 	default:
 		return bad("backend", "must be cpu or cuda, got %q", c.Backend)
+	}
+	if c.Engine.RebalanceEvery > 0 && c.EP < 2 {
+		return bad("engine.rebalance_every", "rebalancing experts needs expert parallelism (ep ≥ 2), ep is %d", c.EP)
 	}
 	if c.Engine.ContextParallel > 1 && c.Backend != "cpu" {
 		return bad("engine.context_parallel", "%d ranks need the ring-attention kernel, which the %s backend does not have yet (the cpu backend emulates the ranks)",

@@ -165,7 +165,7 @@ func TestEveryFieldHasFlagAndEnv(t *testing.T) {
 	fs := newFS()
 	Default().BindFlags(fs)
 	for _, name := range []string{"http-addr", "grpc-addr", "max-num-seqs", "model", "api-key", "backend", "ep",
-		"kv-cache-bytes", "max-model-len", "prefix-caching", "served-model-name", "cors-origins", "log-prompts", "precision", "context-parallel"} {
+		"kv-cache-bytes", "max-model-len", "prefix-caching", "served-model-name", "cors-origins", "log-prompts", "precision", "context-parallel", "rebalance-every"} {
 		if fs.Lookup(name) == nil {
 			t.Errorf("no flag --%s", name)
 		}
@@ -192,12 +192,14 @@ func TestEngineConfigMapping(t *testing.T) {
 		MaxNumSeqs: 1 + rng.IntN(100), MaxNumBatchedTokens: 200 + rng.IntN(100), BlockSize: 1 + rng.IntN(64),
 		KVCacheBytes: 1 + rng.Int64N(1<<40), MaxQueue: 1 + rng.IntN(100), MaxModelLen: rng.IntN(1 << 20), PrefixCaching: rng.IntN(2) == 0,
 		HostSampling: rng.IntN(2) == 0, ContextParallel: 1 + rng.IntN(8), ContextParallelMin: rng.IntN(100000),
+		RebalanceEvery: rng.IntN(100), RebalanceSpare: rng.IntN(4),
 	}
 	e := c.EngineConfig()
 	want := engine.Config{MaxNumSeqs: c.Engine.MaxNumSeqs, MaxNumBatchedTokens: c.Engine.MaxNumBatchedTokens,
 		BlockSize: c.Engine.BlockSize, KVCacheBytes: c.Engine.KVCacheBytes, MaxQueue: c.Engine.MaxQueue,
 		MaxModelLen: c.Engine.MaxModelLen, PrefixCaching: c.Engine.PrefixCaching, HostSampling: c.Engine.HostSampling,
-		ContextParallel: c.Engine.ContextParallel, ContextParallelMin: c.Engine.ContextParallelMin}
+		ContextParallel: c.Engine.ContextParallel, ContextParallelMin: c.Engine.ContextParallelMin,
+		RebalanceEvery: c.Engine.RebalanceEvery, RebalanceSpare: c.Engine.RebalanceSpare}
 	if e != want {
 		t.Errorf("got %+v want %+v", e, want)
 	}

@@ -71,6 +71,8 @@ func (c *Config) fields() []field {
 		{"engine.host_sampling", "sample on the host even when the backend can sample on the device", (*boolValue)(&e.HostSampling)},
 		{"engine.context_parallel", "context-parallel ranks for long prompts (ring attention; 1: off)", (*intValue)(&e.ContextParallel)},
 		{"engine.context_parallel_min", "prompt tokens from which context parallelism applies", (*intValue)(&e.ContextParallelMin)},
+		{"engine.rebalance_every", "re-place experts on the expert-parallel ranks every N steps from their loads (0: off)", (*intValue)(&e.RebalanceEvery)},
+		{"engine.rebalance_spare", "extra expert slots per rank for replicas of hot experts (0: 1)", (*intValue)(&e.RebalanceSpare)},
 	}
 }
 

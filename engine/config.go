@@ -20,6 +20,15 @@ type Config struct {
 	// of at least ContextParallelMin tokens. 0 or 1: off.
 	ContextParallel    int
 	ContextParallelMin int // prompt tokens from which context parallelism applies (0: 4096)
+	// RebalanceEvery > 0 re-places every MoE layer's experts on the
+	// expert-parallel ranks every that many steps, from the expert loads the
+	// backend counted (EPLB-style: hot experts get replicas, ranks get equal
+	// work; moe.Rebalance); it needs a backend with expert parallelism
+	// (backend.ExpertPlacer). 0: off.
+	RebalanceEvery int
+	// RebalanceSpare is the extra expert slots per rank that replicas of hot
+	// experts may use (with RebalanceEvery; 0: 1).
+	RebalanceSpare int
 }
 
 // DefaultConfig is what `mkserve serve` uses without flags on a CPU.
@@ -83,6 +92,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("context_parallel must be in [1, 64], got %d", c.ContextParallel)
 	case c.ContextParallelMin < 0:
 		return fmt.Errorf("context_parallel_min must not be negative, got %d", c.ContextParallelMin)
+	case c.RebalanceEvery < 0:
+		return fmt.Errorf("rebalance_every must not be negative, got %d", c.RebalanceEvery)
+	case c.RebalanceSpare < 0:
+		return fmt.Errorf("rebalance_spare must not be negative, got %d", c.RebalanceSpare)
 	}
 	return nil
 }

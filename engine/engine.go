@@ -54,7 +54,8 @@ type Engine struct {
 	waiting  []*sequence
 	running  []*sequence
 	seqNum   uint64
-	cpTokens int64 // prompt tokens prefilled with context parallelism
+	cpTokens int64       // prompt tokens prefilled with context parallelism
+	rebal    *rebalancer // nil: expert rebalancing off
 	stats    atomic.Pointer[Stats]
 }
 
@@ -67,6 +68,7 @@ type Stats struct {
 	Steps                  int64
 	Preemptions            int64
 	ContextParallelTokens  int64 // prompt tokens prefilled with ring attention (Config.ContextParallel)
+	ExpertPlacements       int64 // per-layer expert placements installed by the rebalancer (Config.RebalanceEvery)
 }
 
 // New sizes the paged KV cache from cfg.KVCacheBytes, initialises it on be,
@@ -97,7 +99,11 @@ func New(m models.Model, be backend.Backend, tok Detokenizer, cfg Config, o Opti
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	e := &Engine{
+	rb, err := newRebalancer(cfg, be, o.Logger, o.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{rebal: rb,
 		model: m, be: be, tok: tok, cfg: cfg, opts: o, vocab: mc.VocabSize,
 		blocks: newBlockManager(numBlocks, cfg.BlockSize), log: o.Logger,
 		wake: make(chan struct{}, 1), done: make(chan struct{}),

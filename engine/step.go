@@ -243,9 +243,12 @@ func (e *Engine) step() {
 		generated++
 	}
 	e.opts.Metrics.GenerationTokens(generated)
-	if c, ok := e.be.(backend.ExpertCounter); ok && e.opts.Metrics != nil {
+	if c, ok := e.be.(backend.ExpertCounter); ok && (e.opts.Metrics != nil || e.rebal != nil) {
 		for layer, counts := range c.TakeExpertLoad() {
 			e.opts.Metrics.ExpertLoad(layer, counts)
+			if e.rebal != nil {
+				e.rebal.observe(layer, counts)
+			}
 		}
 	}
 	e.dropFinished()
@@ -494,6 +497,9 @@ func (e *Engine) publish() {
 		BlocksFree: e.blocks.available(), BlocksUsed: e.blocks.numBlocks() - e.blocks.available(),
 		PrefixQueries: e.blocks.queries, PrefixHits: e.blocks.hits,
 		Steps: old.Steps + 1, Preemptions: old.Preemptions, ContextParallelTokens: e.cpTokens,
+	}
+	if e.rebal != nil {
+		st.ExpertPlacements = e.rebal.moves
 	}
 	e.stats.Store(&st)
 	m := e.opts.Metrics

@@ -42,6 +42,7 @@ type Metrics struct {
 	prefixQueries, prefixHits prometheus.Counter
 	promptTokens, genTokens   prometheus.Counter
 	preemptions               prometheus.Counter
+	placements                prometheus.Counter
 	success                   *prometheus.CounterVec // {finished_reason}
 	ttft, itl, e2e, queue     prometheus.Histogram
 	expertTokens              *prometheus.CounterVec // {layer, expert}
@@ -81,6 +82,7 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		promptTokens:  counter("prompt_tokens_total", "Number of prefill tokens processed."),
 		genTokens:     counter("generation_tokens_total", "Number of generation tokens processed."),
 		preemptions:   counter("num_preemptions_total", "Cumulative number of preemptions from the engine."),
+		placements:    counter("moe_expert_placements_total", "Expert placements of MoE layers installed by the rebalancer (engine.rebalance_every)."),
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: prefix + "request_success_total", Help: "Count of finished requests by finish reason.", ConstLabels: labels,
 		}, []string{"finished_reason"}),
@@ -100,7 +102,7 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		m.success.WithLabelValues(r)
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.prefixQueries, m.prefixHits,
-		m.promptTokens, m.genTokens, m.preemptions, m.success,
+		m.promptTokens, m.genTokens, m.preemptions, m.placements, m.success,
 		m.ttft, m.itl, m.e2e, m.queue, m.expertTokens, m.imbalance)
 	return m
 }
@@ -205,6 +207,14 @@ func (m *Metrics) Preemption() {
 		return
 	}
 	m.preemptions.Inc()
+}
+
+// ExpertPlacement counts one expert placement installed by the rebalancer.
+func (m *Metrics) ExpertPlacement() {
+	if m == nil {
+		return
+	}
+	m.placements.Inc()
 }
 
 // ExpertLoad adds one step's tokens per expert [experts] of a MoE layer to

@@ -27,6 +27,7 @@ var names = []string{
 	"mkserve:generation_tokens_total",
 	"mkserve:request_success_total",
 	"mkserve:num_preemptions_total",
+	"mkserve:moe_expert_placements_total",
 	"mkserve:time_to_first_token_seconds",
 	"mkserve:inter_token_latency_seconds",
 	"mkserve:e2e_request_latency_seconds",
@@ -52,6 +53,7 @@ func exercise(m *Metrics, r *rand.Rand) {
 	m.RequestFinished("stop", time.Millisecond, 20*time.Millisecond, time.Second)
 	m.InterTokenLatency(30 * time.Millisecond)
 	m.Preemption()
+	m.ExpertPlacement()
 	m.ExpertLoad(r.IntN(3), []int64{int64(r.IntN(5)), int64(1 + r.IntN(5)), 3})
 }
 
@@ -326,10 +328,10 @@ func TestSeriesCounts(t *testing.T) {
 	if got := testutil.ToFloat64(m.success.WithLabelValues("unknown")); got != 1 {
 		t.Errorf("empty reason counted %v times as unknown, want 1", got)
 	}
-	// 12 single-series families, no expert series yet, and the success
+	// 13 single-series families, no expert series yet, and the success
 	// series of the four reasons plus "unknown".
-	if got, err := testutil.GatherAndCount(reg); err != nil || got != 12+len(finishReasons)+1 {
-		t.Errorf("%d series (%v), want %d", got, err, 12+len(finishReasons)+1)
+	if got, err := testutil.GatherAndCount(reg); err != nil || got != 13+len(finishReasons)+1 {
+		t.Errorf("%d series (%v), want %d", got, err, 13+len(finishReasons)+1)
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/mkserve/mkserve/attention"
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/linalg"
+	"github.com/mkserve/mkserve/moe"
 	"github.com/mkserve/mkserve/tensor"
 )
 
@@ -46,11 +47,14 @@ type Backend struct {
 
 	epMu sync.Mutex
 	eps  map[*backend.MoELayer]*epWorld // one EP world per MoE layer, kept for the backend's life
+	// placements are PlaceExperts' per-layer placements (by layer index).
+	placements map[int]*moe.Placement
 }
 
 var (
 	_ backend.Backend       = (*Backend)(nil)
 	_ backend.ExpertCounter = (*Backend)(nil)
+	_ backend.ExpertPlacer  = (*Backend)(nil)
 )
 
 // New returns a CPU backend.

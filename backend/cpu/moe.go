@@ -1,6 +1,8 @@
 package cpu
 
 import (
+	"fmt"
+
 	"math"
 
 	"github.com/mkserve/mkserve/backend"
@@ -110,8 +112,9 @@ func flat(op, name string, x backend.Tensor, n int) []float32 {
 // epWorld is a layer's cached expert-parallel world and the weights it was
 // built on.
 type epWorld struct {
-	ep      *moe.EP
-	weights [4]*float32 // first elements of GateUp, GateUpBias, Down, DownBias
+	ep        *moe.EP
+	weights   [4]*float32    // first elements of GateUp, GateUpBias, Down, DownBias
+	placement *moe.Placement // nil: the contiguous table
 }
 
 // weightKey identifies the weight slices of ex.
@@ -125,20 +128,55 @@ func weightKey(ex *moe.Experts) (k [4]*float32) {
 }
 
 // ep returns the layer's expert-parallel world, building it on first use
-// (and again if the layer's weight tensors were replaced).
+// (and again if the layer's weight tensors or its placement changed): the
+// contiguous table, or the placement PlaceExperts installed.
 func (be *Backend) ep(l *backend.MoELayer, ex *moe.Experts) *moe.EP {
 	be.epMu.Lock()
 	defer be.epMu.Unlock()
 	key := weightKey(ex)
-	if w := be.eps[l]; w != nil && w.weights == key {
+	pl := be.placements[l.Layer]
+	if w := be.eps[l]; w != nil && w.weights == key && w.placement == pl {
 		return w.ep
 	}
-	p, err := moe.NewEP(moe.NewTable(ex.E, be.opts.EPRanks), ex)
+	table := moe.NewTable(ex.E, be.opts.EPRanks)
+	if pl != nil {
+		if pl.Experts != ex.E {
+			panicf("MoE", "layer %d: placement of %d experts for a layer of %d", l.Layer, pl.Experts, ex.E)
+		}
+		table = pl.Table()
+	}
+	p, err := moe.NewEP(table, ex)
 	if err != nil {
 		panicf("MoE", "expert parallel world of %d ranks: %v", be.opts.EPRanks, err)
 	}
-	be.eps[l] = &epWorld{ep: p, weights: key}
+	be.eps[l] = &epWorld{ep: p, weights: key, placement: pl}
 	return p
+}
+
+// ExpertRanks implements backend.ExpertPlacer: Options.EPRanks (1 without
+// expert parallelism).
+func (be *Backend) ExpertRanks() int { return max(1, be.opts.EPRanks) }
+
+// PlaceExperts implements backend.ExpertPlacer. On the emulated ranks a new
+// placement costs nothing to move to (every rank's weights are views of the
+// same memory): the layer's world is rebuilt on its next step.
+func (be *Backend) PlaceExperts(layer int, p *moe.Placement) error {
+	if be.opts.EPRanks <= 1 {
+		return fmt.Errorf("cpu: PlaceExperts: no expert parallelism (EPRanks %d)", be.opts.EPRanks)
+	}
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("cpu: PlaceExperts layer %d: %w", layer, err)
+	}
+	if p.Ranks() != be.opts.EPRanks {
+		return fmt.Errorf("cpu: PlaceExperts layer %d: placement on %d ranks, the backend has %d", layer, p.Ranks(), be.opts.EPRanks)
+	}
+	be.epMu.Lock()
+	defer be.epMu.Unlock()
+	if be.placements == nil {
+		be.placements = map[int]*moe.Placement{}
+	}
+	be.placements[layer] = p
+	return nil
 }
 
 // countExperts adds a step's routing to the per-layer expert counters.

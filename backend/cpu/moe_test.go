@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/mkserve/mkserve/backend"
@@ -247,5 +248,62 @@ func TestExpertLoad(t *testing.T) {
 	}
 	if again := be.TakeExpertLoad(); len(again) != 0 {
 		t.Errorf("counters not reset: %v", again)
+	}
+}
+
+// TestPlaceExperts: a placement installed with PlaceExperts takes effect at
+// the layer's next step: with every token routed to expert 0 (a large gate
+// bias), the contiguous table puts all rows on rank 0, and a placement that
+// replicates expert 0 on every rank spreads them; the output stays equal to
+// one rank's. Bad placements are errors.
+func TestPlaceExperts(t *testing.T) {
+	c := moeCase{T: 64, E: 8, H: 16, I: 12, router: moe.RouterConfig{NumExperts: 8, TopK: 1, Scoring: moe.Softmax}}
+	r := newRand(t)
+	_, l := c.build(r)
+	bias := make([]float32, c.E)
+	bias[0] = 100
+	l.GateBias = FromFloat32([]int{c.E}, bias)
+	one, four := New(Options{EPRanks: 1}), New(Options{EPRanks: 4})
+	x := randT(r, c.T, c.H)
+	want := data(t, one.MoE(x, l))
+	if d := maxRelDiff(data(t, four.MoE(x, l)), want); !(d <= 1e-5) {
+		t.Fatalf("contiguous: EP differs by %g relative", d)
+	}
+	if rl := four.eps[l].ep.RankLoad(); rl[0] != uint64(c.T) || rl[1]+rl[2]+rl[3] != 0 {
+		t.Fatalf("contiguous table: rows per rank %v, want all %d on rank 0", rl, c.T)
+	}
+	load := make([]int64, c.E)
+	load[0] = 1000
+	p, err := moe.Rebalance(load, 4, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reps := p.Replicas(); reps[0] != 4 {
+		t.Fatalf("rebalance gave expert 0 %d replicas, want 4", reps[0])
+	}
+	if err := four.PlaceExperts(0, p); err != nil {
+		t.Fatal(err)
+	}
+	if d := maxRelDiff(data(t, four.MoE(x, l)), want); !(d <= 1e-5) {
+		t.Fatalf("replicated: EP differs by %g relative", d)
+	}
+	for rank, n := range four.eps[l].ep.RankLoad() {
+		if n == 0 {
+			t.Errorf("replicated expert 0: rank %d computed no rows", rank)
+		}
+	}
+	bad, _ := moe.Rebalance(load, 2, 4)
+	for _, tc := range []struct {
+		be   *Backend
+		p    *moe.Placement
+		want string
+	}{
+		{one, p, "no expert parallelism"},
+		{four, bad, "2 ranks"},
+		{four, &moe.Placement{Experts: 8, SlotsPerRank: 1, Slots: [][]int{{0}, {1}, {2}, {3}}}, "placement"},
+	} {
+		if err := tc.be.PlaceExperts(0, tc.p); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("PlaceExperts: %v, want an error containing %q", err, tc.want)
+		}
 	}
 }

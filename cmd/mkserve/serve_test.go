@@ -161,6 +161,7 @@ func TestServeBadConfig(t *testing.T) {
 		{[]string{"--model", "../../models/default", "--precision", "sloppy"}, "precision"},
 		{[]string{"--model", "../../models/default", "--backend", "cuda", "--context-parallel", "4"}, "context_parallel"},
 		{[]string{"--model", "../../models/default", "--context-parallel", "-2"}, "context_parallel"},
+		{[]string{"--model", "../../models/default", "--rebalance-every", "8"}, "rebalance_every"},
 		{[]string{"--model", "../../models/default", "--backend", "tpu"}, "backend"},
 		{[]string{"--config", "/nonexistent.yaml"}, "nonexistent"},
 	} {
