@@ -138,6 +138,22 @@ type Sampler interface {
 	Sample(logits Tensor, rows []SampleRow) []SampleResult
 }
 
+// KVWidth is one attention layer's cached elements per token: K for the
+// keys (kv heads × head dim) and V for the values.
+type KVWidth struct{ Layer, K, V int }
+
+// KVAllocator is implemented by backends that allocate the whole paged KV
+// cache when it is sized (so that a budget that does not fit fails at
+// start, not in the middle of serving), instead of layer by layer at first
+// use.
+type KVAllocator interface {
+	// KVElemBytes is the bytes of one cached key or value element.
+	KVElemBytes() int
+	// AllocKV allocates InitKV's pool for every layer of widths now. On an
+	// error (out of memory) no layer of the pool stays allocated.
+	AllocKV(widths []KVWidth) error
+}
+
 // ExpertPlacer is implemented by backends with expert parallelism whose
 // placement (which rank holds which expert, hot experts replicated) can
 // change between steps.

@@ -18,8 +18,9 @@ type fakeModel struct {
 	logits []float32 // [V]
 }
 
-func (m *fakeModel) Config() *models.Config { return m.cfg }
-func (m *fakeModel) KVFloatsPerToken() int  { return 64 }
+func (m *fakeModel) Config() *models.Config      { return m.cfg }
+func (m *fakeModel) KVFloatsPerToken() int       { return 64 }
+func (m *fakeModel) KVWidths() []backend.KVWidth { return []backend.KVWidth{{K: 32, V: 32}} }
 func (m *fakeModel) Forward(b *backend.Batch) (backend.Tensor, error) {
 	rows := len(b.LogitRows)
 	out := make(fakeTensor, 0, rows*len(m.logits))

@@ -85,7 +85,12 @@ func New(m models.Model, be backend.Backend, tok Detokenizer, cfg Config, o Opti
 			cfg.MaxModelLen = 4096
 		}
 	}
-	perToken := int64(m.KVFloatsPerToken()) * 4
+	elem := int64(4) // float32, unless the backend says otherwise
+	alloc, _ := be.(backend.KVAllocator)
+	if alloc != nil {
+		elem = int64(alloc.KVElemBytes())
+	}
+	perToken := int64(m.KVFloatsPerToken()) * elem
 	numBlocks := int(cfg.KVCacheBytes / (perToken * int64(cfg.BlockSize)))
 	if numBlocks < 2 {
 		return nil, fmt.Errorf("kv_cache_bytes %d holds %d blocks of %d tokens (%d bytes a token); need at least 2", cfg.KVCacheBytes, numBlocks, cfg.BlockSize, perToken)
@@ -95,6 +100,11 @@ func New(m models.Model, be backend.Backend, tok Detokenizer, cfg Config, o Opti
 	}
 	if err := be.InitKV(cfg.BlockSize, numBlocks); err != nil {
 		return nil, err
+	}
+	if alloc != nil {
+		if err := alloc.AllocKV(m.KVWidths()); err != nil {
+			return nil, fmt.Errorf("kv_cache_bytes %d (%d blocks of %d tokens): %w", cfg.KVCacheBytes, numBlocks, cfg.BlockSize, err)
+		}
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()

@@ -41,13 +41,22 @@ func (d *decoder) Config() *Config { return d.cfg }
 // KVFloatsPerToken implements Model.
 func (d *decoder) KVFloatsPerToken() int {
 	n := 0
+	for _, w := range d.KVWidths() {
+		n += w.K + w.V
+	}
+	return n
+}
+
+// KVWidths implements Model.
+func (d *decoder) KVWidths() []backend.KVWidth {
+	var out []backend.KVWidth
 	for _, l := range d.layers {
 		if a, ok := l.attn.(interface{ params() *backend.AttnParams }); ok {
 			p := a.params()
-			n += p.NumKVHeads * (p.HeadDim + p.VHeadDim)
+			out = append(out, backend.KVWidth{Layer: p.Layer, K: p.NumKVHeads * p.HeadDim, V: p.NumKVHeads * p.VHeadDim})
 		}
 	}
-	return n
+	return out
 }
 
 // Forward implements Model.

@@ -23,6 +23,8 @@ type Model interface {
 	// KVFloatsPerToken is the number of cached key and value elements one
 	// token occupies across all layers (for sizing the KV cache).
 	KVFloatsPerToken() int
+	// KVWidths lists the attention layers' cached key and value widths.
+	KVWidths() []backend.KVWidth
 }
 
 // Builder binds a family's weights for cfg.

@@ -393,6 +393,50 @@ func (be *Backend) InitKV(blockSize, numBlocks int) error {
 	return nil
 }
 
+// KVElemBytes implements backend.KVAllocator: 4 with the float32 cache
+// (Options.KVCacheF32), else 2.
+func (be *Backend) KVElemBytes() int { return be.kvElem() }
+
+// AllocKV implements backend.KVAllocator: every layer's pool of InitKV's
+// blocks, allocated now in device memory. On an error the layers allocated
+// by this call are freed again.
+func (be *Backend) AllocKV(widths []backend.KVWidth) error {
+	be.kvMu.Lock()
+	defer be.kvMu.Unlock()
+	pk := be.paged
+	if pk == nil {
+		return fmt.Errorf("cuda: AllocKV before InitKV")
+	}
+	var made []int
+	err := be.g.Do(func(d *kernels.Device) error {
+		for _, w := range widths {
+			if w.Layer < 0 || w.K <= 0 || w.V <= 0 {
+				return fmt.Errorf("cuda: AllocKV: layer %d widths %d/%d", w.Layer, w.K, w.V)
+			}
+			if w.Layer < len(pk.layers) && pk.layers[w.Layer] != nil {
+				continue
+			}
+			layerAt(d, &pk.layers, w.Layer, pk.numBlocks, pk.blockSize, w.K, w.V, be.kvElem())
+			made = append(made, w.Layer)
+		}
+		return nil
+	})
+	if err != nil {
+		be.g.Do(func(d *kernels.Device) error {
+			for _, l := range made {
+				if pl := pk.layers[l]; pl != nil {
+					pl.k.Free()
+					pl.v.Free()
+					pk.layers[l] = nil
+				}
+			}
+			return nil
+		})
+		return fmt.Errorf("cuda: allocating the KV cache (%d blocks of %d tokens per layer): %w", pk.numBlocks, pk.blockSize, err)
+	}
+	return nil
+}
+
 // CopyBlocks copies blocks src[i] → dst[i] in every allocated layer of the
 // paged pool.
 func (be *Backend) CopyBlocks(src, dst []int32) {

@@ -109,6 +109,7 @@ type Backend struct {
 var (
 	_ backend.Backend       = (*Backend)(nil)
 	_ backend.ExpertCounter = (*Backend)(nil)
+	_ backend.KVAllocator   = (*Backend)(nil)
 )
 
 // The process opens each GPU once (libmkernel keeps its context on the

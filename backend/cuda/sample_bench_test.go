@@ -191,8 +191,9 @@ type sharedModel struct {
 	V      int
 }
 
-func (m *sharedModel) Config() *models.Config { return m.cfg }
-func (m *sharedModel) KVFloatsPerToken() int  { return 8 }
+func (m *sharedModel) Config() *models.Config      { return m.cfg }
+func (m *sharedModel) KVFloatsPerToken() int       { return 8 }
+func (m *sharedModel) KVWidths() []backend.KVWidth { return []backend.KVWidth{{K: 4, V: 4}} }
 func (m *sharedModel) Forward(b *backend.Batch) (backend.Tensor, error) {
 	n := len(b.LogitRows)
 	if n*m.V > len(m.logits) {

@@ -166,8 +166,9 @@ type fixedModel struct {
 	logits []float32
 }
 
-func (m *fixedModel) Config() *models.Config { return m.cfg }
-func (m *fixedModel) KVFloatsPerToken() int  { return 8 }
+func (m *fixedModel) Config() *models.Config      { return m.cfg }
+func (m *fixedModel) KVFloatsPerToken() int       { return 8 }
+func (m *fixedModel) KVWidths() []backend.KVWidth { return []backend.KVWidth{{K: 4, V: 4}} }
 func (m *fixedModel) Forward(b *backend.Batch) (backend.Tensor, error) {
 	out := make(hostTensor, 0, len(b.LogitRows)*len(m.logits))
 	for range b.LogitRows {
