@@ -85,16 +85,7 @@ func NewEP(table *Table, ex *Experts) (*EP, error) {
 		rankRows: make([]atomic.Uint64, R),
 	}
 	for r := range R {
-		rk := &p.ranks[r]
-		rk.set = &expertSet{H: ex.H, I: ex.I, act: ex.Act}
-		rk.local = make([]int32, ex.E)
-		for e := range rk.local {
-			rk.local[e] = -1
-		}
-		for _, e := range t.Local(r) {
-			rk.local[e] = int32(len(rk.set.gateUp))
-			rk.set.add(ex, e)
-		}
+		p.ranks[r] = newEPRank(t, ex, r)
 	}
 	return p, nil
 }
@@ -203,8 +194,29 @@ func srcRange(T, R, r int) (lo, hi int) {
 
 // rankForward is one rank's part of a Forward.
 func (p *EP) rankForward(ctx context.Context, r int, out, x []float32, T, K int, ids []int32, w []float32) error {
-	R, H := len(p.ranks), p.ex.H
-	comm := p.comms[r]
+	return epRankForward(ctx, p.table, p.ex.H, &p.ranks[r], p.comms[r], &p.rankRows[r], out, x, T, K, ids, w)
+}
+
+// newEPRank holds rank r's experts of ex as table places them.
+func newEPRank(t *Table, ex *Experts, r int) epRank {
+	rk := epRank{set: &expertSet{H: ex.H, I: ex.I, act: ex.Act}, local: make([]int32, ex.E)}
+	for e := range rk.local {
+		rk.local[e] = -1
+	}
+	for _, e := range t.Local(r) {
+		rk.local[e] = int32(len(rk.set.gateUp))
+		rk.set.add(ex, e)
+	}
+	return rk
+}
+
+// epRankForward is rank comm.Rank()'s part of an expert-parallel forward:
+// it dispatches its share of the tokens (srcRange) to their experts' ranks,
+// runs the rows that arrive for its own experts (rk), and combines its
+// tokens' results into out[t0*H : t1*H]. rows counts the rows it computed.
+func epRankForward(ctx context.Context, table *Table, H int, rk *epRank, comm transport.Comm, rows *atomic.Uint64,
+	out, x []float32, T, K int, ids []int32, w []float32) error {
+	R, r := comm.Size(), comm.Rank()
 	stride := epHeader + H
 	t0, t1 := srcRange(T, R, r)
 
@@ -213,7 +225,7 @@ func (p *EP) rankForward(ctx context.Context, r int, out, x []float32, T, K int,
 	count := make([]int, R)
 	for i := range dst {
 		t := t0 + i/K
-		d := p.table.Pick(t, int(ids[t*K+i%K]))
+		d := table.Pick(t, int(ids[t*K+i%K]))
 		if d < 0 {
 			return fmt.Errorf("rank %d: no owner for expert %d", r, ids[t*K+i%K])
 		}
@@ -242,7 +254,6 @@ func (p *EP) rankForward(ctx context.Context, r int, out, x []float32, T, K int,
 	}
 
 	// Experts: run what arrived, grouped by my local expert.
-	rk := &p.ranks[r]
 	n := 0
 	for s, buf := range recv {
 		if len(buf)%stride != 0 {
@@ -250,7 +261,7 @@ func (p *EP) rankForward(ctx context.Context, r int, out, x []float32, T, K int,
 		}
 		n += len(buf) / stride
 	}
-	rows := make([][]float32, n)
+	in := make([][]float32, n)
 	eid := make([]int32, n)
 	wt := make([]float32, n)
 	from := make([]int, R+1) // rows from source s are [from[s], from[s+1])
@@ -269,15 +280,15 @@ func (p *EP) rankForward(ctx context.Context, r int, out, x []float32, T, K int,
 			}
 			eid[i] = rk.local[e]
 			wt[i] = buf[o+3]
-			rows[i] = buf[o+epHeader : o+stride : o+stride]
+			in[i] = buf[o+epHeader : o+stride : o+stride]
 			i++
 		}
 		from[s+1] = i
 	}
-	p.rankRows[r].Add(uint64(n))
+	rows.Add(uint64(n))
 	y := getBuf(n * H)
 	defer putBuf(y)
-	rk.set.run(y, rows, eid, wt)
+	rk.set.run(y, in, eid, wt)
 
 	// Combine: results go home in the order they came.
 	back := make([][]float32, R)
@@ -299,5 +310,81 @@ func (p *EP) rankForward(ctx context.Context, r int, out, x []float32, T, K int,
 		}
 	}
 	sumSlots(out[t0*H:t1*H], slots, t1-t0, K, H)
+	return nil
+}
+
+// EPRank is one rank of an expert-parallel world whose ranks are separate
+// processes joined by a transport.Comm (transport.JoinGRPC between
+// processes; one process per GPU): it holds only its own experts. Every
+// rank calls Forward with the same batch; each dispatches its share of the
+// tokens, serves the rows routed to its experts, combines its tokens'
+// results, and the ranks then gather all rows, so each returns the whole
+// out. Not safe for concurrent use.
+type EPRank struct {
+	table *Table
+	ex    *Experts // shapes only: the weights used are rk's
+	rk    epRank
+	comm  transport.Comm
+	rows  atomic.Uint64
+}
+
+// NewEPRank keeps the experts of ex that table places on comm.Rank() (a
+// snapshot of table is taken).
+func NewEPRank(table *Table, ex *Experts, comm transport.Comm) (*EPRank, error) {
+	if err := table.Validate(); err != nil {
+		return nil, err
+	}
+	if err := ex.Validate(); err != nil {
+		return nil, err
+	}
+	if table.NumExperts() != ex.E || table.Ranks() != comm.Size() {
+		return nil, fmt.Errorf("moe: ep rank: table of %d experts on %d ranks, layer of %d experts, world of %d ranks",
+			table.NumExperts(), table.Ranks(), ex.E, comm.Size())
+	}
+	t := table.clone()
+	return &EPRank{table: t, ex: ex, rk: newEPRank(t, ex, comm.Rank()), comm: comm}, nil
+}
+
+// Rows is the number of expert rows this rank has computed.
+func (p *EPRank) Rows() uint64 { return p.rows.Load() }
+
+// Forward computes out [T, H] = Σ_k w[t,k]·expert_{ids[t,k]}(x[t]) for the
+// batch every rank passes alike (x [T, H], ids and w [T, K]). A failed
+// exchange aborts the world (transport.ErrAborted from then on).
+func (p *EPRank) Forward(ctx context.Context, out, x []float32, T, K int, ids []int32, w []float32) error {
+	if err := p.ex.checkCall(out, x, T, K, ids, w); err != nil {
+		return fmt.Errorf("moe: ep rank: %w", err)
+	}
+	H, R, r := p.ex.H, p.comm.Size(), p.comm.Rank()
+	clear(out[:T*H])
+	if T == 0 || K == 0 {
+		return nil
+	}
+	if err := epRankForward(ctx, p.table, H, &p.rk, p.comm, &p.rows, out, x, T, K, ids, w); err != nil {
+		return fmt.Errorf("moe: ep rank: %w", err)
+	}
+	// Gather: every rank's token rows to every rank.
+	t0, t1 := srcRange(T, R, r)
+	mine := out[t0*H : t1*H]
+	send := make([][]float32, R)
+	for d := range R {
+		if d != r {
+			send[d] = mine
+		}
+	}
+	recv, err := p.comm.AllToAllV(ctx, send)
+	if err != nil {
+		return fmt.Errorf("moe: ep rank %d: gather: %w", r, err)
+	}
+	for s := range R {
+		if s == r {
+			continue
+		}
+		lo, hi := srcRange(T, R, s)
+		if len(recv[s]) != (hi-lo)*H {
+			return fmt.Errorf("moe: ep rank %d: gather from rank %d has %d values, want %d", r, s, len(recv[s]), (hi-lo)*H)
+		}
+		copy(out[lo*H:hi*H], recv[s])
+	}
 	return nil
 }

@@ -1,4 +1,5 @@
 // Package transport moves tensors between ranks. Backends: in-process
-// (emulated ranks on one machine) today; CUDA IPC, the RDMA proxy and NCCL
-// plug in behind the same interface.
+// (NewLocalWorld: emulated ranks on one machine) and gRPC between processes
+// (JoinGRPC: ranks bootstrapped through a coordinator, payloads over TCP);
+// CUDA IPC, the RDMA proxy and NCCL plug in behind the same interface.
 package transport
