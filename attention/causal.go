@@ -6,6 +6,7 @@ import (
 	"math"
 	"runtime"
 
+	"github.com/mkserve/mkserve/internal/fastmath"
 	"github.com/mkserve/mkserve/internal/par"
 )
 
@@ -204,4 +205,4 @@ func axpy(y []float32, a float32, x []float32) {
 }
 
 // exp32 is e^x rounded to float32.
-func exp32(x float32) float32 { return float32(math.Exp(float64(x))) }
+func exp32(x float32) float32 { return fastmath.Exp32(x) }

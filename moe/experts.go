@@ -2,11 +2,11 @@ package moe
 
 import (
 	"fmt"
-	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
 
+	"github.com/mkserve/mkserve/internal/fastmath"
 	"github.com/mkserve/mkserve/linalg"
 )
 
@@ -295,10 +295,10 @@ func activate(act Activation, dst, gate, up []float32) {
 	switch act.Kind {
 	case SwiGLU:
 		for i, g := range gate {
-			dst[i] = float32(float64(g)/(1+math.Exp(-float64(g)))) * up[i]
+			dst[i] = g / (1 + fastmath.Exp32(-g)) * up[i]
 		}
 	case ClampedSwiGLU:
-		lim, alpha := act.Limit, float64(act.Alpha)
+		lim, alpha := act.Limit, act.Alpha
 		for i, g := range gate {
 			if g > lim {
 				g = lim
@@ -309,7 +309,7 @@ func activate(act Activation, dst, gate, up []float32) {
 			} else if u < -lim {
 				u = -lim
 			}
-			glu := float32(float64(g) / (1 + math.Exp(-alpha*float64(g))))
+			glu := g / (1 + fastmath.Exp32(-alpha*g))
 			dst[i] = (u + 1) * glu
 		}
 	default:

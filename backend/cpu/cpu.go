@@ -22,6 +22,7 @@ import (
 
 	"github.com/mkserve/mkserve/attention"
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/internal/fastmath"
 	"github.com/mkserve/mkserve/linalg"
 	"github.com/mkserve/mkserve/moe"
 	"github.com/mkserve/mkserve/tensor"
@@ -225,7 +226,7 @@ func swiglu(x []float32, T, I int) *Tensor {
 			gate, up := x[t*2*I:t*2*I+I], x[t*2*I+I:(t+1)*2*I]
 			dst := out.data[t*I : (t+1)*I]
 			for i, g := range gate {
-				dst[i] = float32(float64(g)/(1+math.Exp(-float64(g)))) * up[i]
+				dst[i] = g / (1 + fastmath.Exp32(-g)) * up[i]
 			}
 		}
 	})
