@@ -103,7 +103,8 @@ type Backend struct {
 	priv  *privateKV // unpaged spans
 
 	loadMu sync.Mutex
-	load   map[int][]int64
+	load   map[int][]int64 // host-routed MoE layers' expert counts
+	moe    moeDevState     // device-routed MoE layers' expert counters
 }
 
 var (

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -12,72 +13,71 @@ import (
 // The grouped MoE path: routing, expert GEMMs and combine on the GPU with
 // no host synchronisation (kernels.MoERoute, kernels.MoEExpertsRun).
 
-// moeDevState is a Backend's device-side MoE state: per layer, the expert
-// counters the grouped path accumulates into. Kept beside the Backend (not
-// in it) so that this file owns it.
+// moeDevState is a Backend's device-side MoE state: the tokens-per-expert
+// counters the grouped path accumulates into, every layer's in one device
+// buffer, so that reading them (TakeExpertLoad, every engine step) costs one
+// download and one zeroing upload, not two per layer.
 type moeDevState struct {
-	mu       sync.Mutex
-	counters map[int]*moeCounter
+	mu     sync.Mutex
+	layers map[int]*moeCounter // by layer index
+	used   int                 // int64 counters assigned
+	buf    *kernels.Buffer     // [capacity] int64 on the device
+	cap    int
 }
 
-// moeCounter is one layer's tokens-per-expert counters on the device.
-type moeCounter struct {
-	E   int
-	buf *kernels.Buffer // [E] int64; allocated and zeroed on the GPU goroutine
-}
+// moeCounter is one layer's slice of the counters: [off, off+E).
+type moeCounter struct{ E, off int }
 
 // moeGroupedCalls counts MoE calls that took the grouped path (for tests).
 var moeGroupedCalls atomic.Int64
 
-var (
-	moeStatesMu sync.Mutex
-	moeStates   = map[*Backend]*moeDevState{}
-)
-
-func (be *Backend) moeDev() *moeDevState {
-	moeStatesMu.Lock()
-	defer moeStatesMu.Unlock()
-	s := moeStates[be]
-	if s == nil {
-		s = &moeDevState{counters: map[int]*moeCounter{}}
-		moeStates[be] = s
-	}
-	return s
-}
-
-// counter returns layer's counter record for E experts (a layer whose
-// expert count changed starts a new one).
+// counter returns layer's counters for E experts (a layer whose expert
+// count changed gets a new slice).
 func (be *Backend) counter(layer, E int) *moeCounter {
-	s := be.moeDev()
+	s := &be.moe
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := s.counters[layer]
+	if s.layers == nil {
+		s.layers = map[int]*moeCounter{}
+	}
+	c := s.layers[layer]
 	if c == nil || c.E != E {
-		c = &moeCounter{E: E}
-		s.counters[layer] = c
+		c = &moeCounter{E: E, off: s.used}
+		s.used += E
+		s.layers[layer] = c
 	}
 	return c
 }
 
-// buffer returns the counters' device memory, allocating zeroed memory on
-// first use; on the GPU goroutine.
-func (c *moeCounter) buffer(d *kernels.Device) *kernels.Buffer {
-	if c.buf == nil {
-		b, err := d.Malloc(int64(c.E) * 8)
+// counterBuffer returns c's counters in device memory, growing the shared
+// buffer (zeroed, old counts kept) when c lies beyond it; on the GPU
+// goroutine.
+func (be *Backend) counterBuffer(d *kernels.Device, c *moeCounter) *kernels.Buffer {
+	s := &be.moe
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.used > s.cap {
+		n := max(s.used, 2*s.cap, 1024)
+		b, err := d.Malloc(int64(n) * 8)
 		must("expert counters", err)
-		must("expert counters", kernels.Upload(d, b, make([]int64, c.E)))
-		c.buf = b
+		must("expert counters", kernels.Upload(d, b, make([]int64, n)))
+		if s.buf != nil {
+			// Ordered after the kernels that added to the old buffer.
+			must("expert counters", d.Copy(b, s.buf, int64(s.cap)*8))
+			must("expert counters", s.buf.Free())
+		}
+		s.buf, s.cap = b, n
 	}
-	return c.buf
+	return view(s.buf, int64(c.off)*8, int64(c.E)*8)
 }
 
 // takeDeviceLoad reads and zeroes every layer's device counters; layers
 // with no tokens since the last call are left out.
 func (be *Backend) takeDeviceLoad() map[int][]int64 {
-	s := be.moeDev()
+	s := &be.moe
 	s.mu.Lock()
-	layers := make(map[int]*moeCounter, len(s.counters))
-	for l, c := range s.counters {
+	layers := make(map[int]*moeCounter, len(s.layers))
+	for l, c := range s.layers {
 		layers[l] = c
 	}
 	s.mu.Unlock()
@@ -86,27 +86,34 @@ func (be *Backend) takeDeviceLoad() map[int][]int64 {
 	}
 	out := map[int][]int64{}
 	be.do("TakeExpertLoad", func(d *kernels.Device) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.buf == nil {
+			return nil
+		}
+		all := make([]int64, s.cap)
+		if err := kernels.Download(d, all, s.buf); err != nil {
+			return err
+		}
+		nonzero := false
 		for l, c := range layers {
-			if c.buf == nil {
-				continue
+			if c.off+c.E > s.cap {
+				continue // assigned, not run yet
 			}
-			v := make([]int64, c.E)
-			if err := kernels.Download(d, v, c.buf); err != nil {
-				return err
-			}
+			v := all[c.off : c.off+c.E]
 			var sum int64
 			for _, n := range v {
 				sum += n
 			}
-			if sum == 0 {
-				continue
+			if sum != 0 {
+				out[l] = slices.Clone(v)
+				nonzero = true
 			}
-			if err := kernels.Upload(d, c.buf, make([]int64, c.E)); err != nil {
-				return err
-			}
-			out[l] = v
 		}
-		return nil
+		if !nonzero {
+			return nil
+		}
+		return kernels.Upload(d, s.buf, make([]int64, s.cap))
 	})
 	return out
 }
@@ -167,7 +174,7 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 		must("workspace", err)
 		ws := a.get(d, wsBytes)
 		defer a.put(ws)
-		must("experts", d.MoEExpertsRun(nil, out.st.f32, xb, ids, w, T, K, ex, c.buffer(d), ws))
+		must("experts", d.MoEExpertsRun(nil, out.st.f32, xb, ids, w, T, K, ex, be.counterBuffer(d, c), ws))
 		return nil
 	}, xt, logits, gu, down, gub, db, scoreBias)
 	return out
