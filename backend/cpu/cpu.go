@@ -26,6 +26,7 @@ import (
 	"github.com/mkserve/mkserve/linalg"
 	"github.com/mkserve/mkserve/moe"
 	"github.com/mkserve/mkserve/tensor"
+	"github.com/mkserve/mkserve/transport"
 )
 
 // Options configures a Backend.
@@ -33,6 +34,12 @@ type Options struct {
 	// EPRanks is the number of expert-parallel ranks emulated in process for
 	// MoE layers (moe.EP); 0 or 1 runs the experts directly.
 	EPRanks int
+	// EPComm, when set, makes this backend one rank of an expert-parallel
+	// world of separate processes (transport.JoinGRPC): every MoE layer
+	// keeps only the experts its rank owns (moe.EPRank) and exchanges
+	// token rows with the other ranks, which must run the same steps. It
+	// excludes EPRanks.
+	EPComm transport.Comm
 }
 
 // Backend is the CPU backend. The zero value is not usable; call New.
@@ -50,6 +57,8 @@ type Backend struct {
 	eps  map[*backend.MoELayer]*epWorld // one EP world per MoE layer, kept for the backend's life
 	// placements are PlaceExperts' per-layer placements (by layer index).
 	placements map[int]*moe.Placement
+	// epRanks are the layers' ranks of the process world (Options.EPComm).
+	epRanks map[*backend.MoELayer]*epRankWorld
 }
 
 var (

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"context"
 	"fmt"
 
 	"math"
@@ -38,11 +39,16 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 	K := l.Router.TopK
 	be.countExperts(l.Layer, E, ids)
 	out := newTensor(T, H)
-	if be.opts.EPRanks > 1 {
+	switch {
+	case be.opts.EPComm != nil:
+		if err := be.epRank(l, ex).Forward(context.Background(), out.data, xt.data, T, K, ids, w); err != nil {
+			panicf("MoE", "expert parallel forward (rank %d of %d): %v", be.opts.EPComm.Rank(), be.opts.EPComm.Size(), err)
+		}
+	case be.opts.EPRanks > 1:
 		if err := be.ep(l, ex).Forward(out.data, xt.data, T, K, ids, w); err != nil {
 			panicf("MoE", "expert parallel forward: %v", err)
 		}
-	} else {
+	default:
 		ex.Forward(out.data, xt.data, T, K, ids, w)
 	}
 
@@ -153,6 +159,34 @@ func (be *Backend) ep(l *backend.MoELayer, ex *moe.Experts) *moe.EP {
 	return p
 }
 
+// epRankWorld is a layer's rank of the process world and the weights it
+// was built on.
+type epRankWorld struct {
+	ep      *moe.EPRank
+	weights [4]*float32
+}
+
+// epRank returns the layer's rank of the process world (Options.EPComm),
+// building it on first use: the contiguous table over the world's ranks.
+func (be *Backend) epRank(l *backend.MoELayer, ex *moe.Experts) *moe.EPRank {
+	be.epMu.Lock()
+	defer be.epMu.Unlock()
+	key := weightKey(ex)
+	if w := be.epRanks[l]; w != nil && w.weights == key {
+		return w.ep
+	}
+	c := be.opts.EPComm
+	p, err := moe.NewEPRank(moe.NewTable(ex.E, c.Size()), ex, c)
+	if err != nil {
+		panicf("MoE", "expert parallel rank %d of %d: %v", c.Rank(), c.Size(), err)
+	}
+	if be.epRanks == nil {
+		be.epRanks = map[*backend.MoELayer]*epRankWorld{}
+	}
+	be.epRanks[l] = &epRankWorld{ep: p, weights: key}
+	return p
+}
+
 // ExpertRanks implements backend.ExpertPlacer: Options.EPRanks (1 without
 // expert parallelism).
 func (be *Backend) ExpertRanks() int { return max(1, be.opts.EPRanks) }
@@ -162,7 +196,7 @@ func (be *Backend) ExpertRanks() int { return max(1, be.opts.EPRanks) }
 // same memory): the layer's world is rebuilt on its next step.
 func (be *Backend) PlaceExperts(layer int, p *moe.Placement) error {
 	if be.opts.EPRanks <= 1 {
-		return fmt.Errorf("cpu: PlaceExperts: no expert parallelism (EPRanks %d)", be.opts.EPRanks)
+		return fmt.Errorf("cpu: PlaceExperts: no in-process expert parallelism (EPRanks %d; placements across processes are not supported)", be.opts.EPRanks)
 	}
 	if err := p.Validate(); err != nil {
 		return fmt.Errorf("cpu: PlaceExperts layer %d: %w", layer, err)

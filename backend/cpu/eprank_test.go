@@ -1,0 +1,85 @@
+package cpu
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mkserve/mkserve/transport"
+)
+
+// processWorld joins R ranks over gRPC on loopback, as R processes would.
+func processWorld(t *testing.T, R int) []*transport.GRPCComm {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	coord := l.Addr().String()
+	l.Close()
+	comms := make([]*transport.GRPCComm, R)
+	errs := make([]error, R)
+	var wg sync.WaitGroup
+	for r := range R {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			comms[r], errs[r] = transport.JoinGRPC(context.Background(),
+				transport.GRPCConfig{Rank: r, Size: R, Coordinator: coord, JoinTimeout: 20 * time.Second})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, c := range comms {
+			c.Close()
+		}
+	})
+	return comms
+}
+
+// TestMoEAcrossProcesses: R backends, each one rank of a process world
+// (Options.EPComm) holding only its experts, compute every MoE case's
+// output as one backend does, over several calls.
+func TestMoEAcrossProcesses(t *testing.T) {
+	for _, c := range moeCases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRand(t)
+			_, l := c.build(r)
+			const R = 3
+			comms := processWorld(t, R)
+			ranks := make([]*Backend, R)
+			for i := range R {
+				ranks[i] = New(Options{EPComm: comms[i]})
+			}
+			one := New(Options{})
+			for call := 0; call < 2; call++ {
+				x := randT(r, c.T+call, c.H)
+				want := data(t, one.MoE(x, l))
+				got := make([][]float32, R)
+				var wg sync.WaitGroup
+				for i := range R {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						got[i] = data(t, ranks[i].MoE(x, l))
+					}()
+				}
+				wg.Wait()
+				for i := range R {
+					if d := maxRelDiff(got[i], want); !(d <= 1e-5) {
+						t.Fatalf("call %d rank %d: differs from one backend by %g relative", call, i, d)
+					}
+				}
+			}
+			if n := len(ranks[0].epRanks); n != 1 {
+				t.Errorf("%d process-world ranks cached for one layer, want 1", n)
+			}
+		})
+	}
+}
