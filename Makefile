@@ -57,6 +57,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzCompletionRequest -fuzztime 30s ./server/httpapi
 	$(GO) test -run '^$$' -fuzz FuzzChatRequest -fuzztime 30s ./server/httpapi
 	$(GO) test -run '^$$' -fuzz FuzzDecodePut -fuzztime 30s ./transport
+	$(GO) test -run '^$$' -fuzz FuzzDecodeBatch -fuzztime 30s ./dist
 
 clean:
 	rm -rf bin .dev

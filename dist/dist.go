@@ -1,0 +1,347 @@
+// Package dist runs one model over a world of processes: rank 0 (the
+// leader) serves requests with the engine, and every other rank (a worker)
+// mirrors the leader's model and KV-cache calls step by step on its own
+// backend, so that the collective parts of a step (expert-parallel MoE
+// exchanges over a transport.Comm) find every rank in the same place.
+//
+// The leader broadcasts each call before running it itself: InitKV,
+// CopyBlocks and FreeSequence on the backend, and Forward on the model.
+// Workers run the same call on their replica (attention and dense layers
+// are replicated; each rank's MoE layers hold only its experts) and discard
+// the logits. A worker that fails stops; the leader's next exchange with it
+// fails, and the engine fails that step's requests instead of hanging.
+package dist
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/models"
+	"github.com/mkserve/mkserve/transport"
+)
+
+// Message kinds.
+const (
+	msgStop byte = iota + 1
+	msgInitKV
+	msgForward
+	msgCopyBlocks
+	msgFreeSequence
+)
+
+// Timeout bounds one broadcast: a worker that does not take part within it
+// fails the call.
+var Timeout = 60 * time.Second
+
+// Leader is rank 0's side: it wraps the model and the backend the engine
+// uses so that every call is broadcast to the workers first.
+type Leader struct {
+	comm transport.Comm
+	mu   sync.Mutex
+}
+
+// NewLeader returns rank 0's leader over comm (which must be rank 0).
+func NewLeader(comm transport.Comm) (*Leader, error) {
+	if comm.Rank() != 0 {
+		return nil, fmt.Errorf("dist: the leader is rank 0, this is rank %d", comm.Rank())
+	}
+	return &Leader{comm: comm}, nil
+}
+
+// broadcast sends msg to every worker (an exchange every rank takes part in).
+func (l *Leader) broadcast(msg []byte) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	send := make([][]float32, l.comm.Size())
+	p := pack(msg)
+	for r := 1; r < len(send); r++ {
+		send[r] = p
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	_, err := l.comm.AllToAllV(ctx, send)
+	if err != nil {
+		return fmt.Errorf("dist: broadcasting to %d workers: %w", l.comm.Size()-1, err)
+	}
+	return nil
+}
+
+// Stop tells the workers to return from Work.
+func (l *Leader) Stop() error { return l.broadcast([]byte{msgStop}) }
+
+// Model wraps m: Forward is broadcast, then run.
+func (l *Leader) Model(m models.Model) models.Model { return &leaderModel{Model: m, l: l} }
+
+type leaderModel struct {
+	models.Model
+	l *Leader
+}
+
+func (m *leaderModel) Forward(b *backend.Batch) (backend.Tensor, error) {
+	if err := m.l.broadcast(encodeBatch(b)); err != nil {
+		return nil, err
+	}
+	return m.Model.Forward(b)
+}
+
+// Backend wraps be: InitKV, CopyBlocks and FreeSequence are broadcast, then
+// run; the expert counters (backend.ExpertCounter) are the leader's own.
+func (l *Leader) Backend(be backend.Backend) backend.Backend { return &leaderBackend{Backend: be, l: l} }
+
+type leaderBackend struct {
+	backend.Backend
+	l *Leader
+}
+
+var _ backend.ExpertCounter = (*leaderBackend)(nil)
+
+func (b *leaderBackend) InitKV(blockSize, numBlocks int) error {
+	msg := binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64([]byte{msgInitKV}, uint64(blockSize)), uint64(numBlocks))
+	if err := b.l.broadcast(msg); err != nil {
+		return err
+	}
+	return b.Backend.InitKV(blockSize, numBlocks)
+}
+
+func (b *leaderBackend) CopyBlocks(src, dst []int32) {
+	msg := appendInts(appendInts([]byte{msgCopyBlocks}, src), dst)
+	if err := b.l.broadcast(msg); err != nil {
+		panic(err.Error()) // the engine turns an op panic into a failed step
+	}
+	b.Backend.CopyBlocks(src, dst)
+}
+
+func (b *leaderBackend) FreeSequence(id uint64) {
+	if err := b.l.broadcast(binary.LittleEndian.AppendUint64([]byte{msgFreeSequence}, id)); err != nil {
+		panic(err.Error())
+	}
+	b.Backend.FreeSequence(id)
+}
+
+// TakeExpertLoad returns the leader's own backend's counts (nil when it
+// counts none). Every rank routes the same tokens, so they are the world's.
+func (b *leaderBackend) TakeExpertLoad() map[int][]int64 {
+	if c, ok := b.Backend.(backend.ExpertCounter); ok {
+		return c.TakeExpertLoad()
+	}
+	return nil
+}
+
+// Work runs a worker rank until the leader stops it (nil) or the world
+// fails (the error): it receives each call the leader broadcasts and runs
+// it on m and be.
+func Work(ctx context.Context, comm transport.Comm, m models.Model, be backend.Backend) error {
+	if comm.Rank() == 0 {
+		return errors.New("dist: rank 0 is the leader, not a worker")
+	}
+	empty := make([][]float32, comm.Size())
+	for {
+		recv, err := comm.AllToAllV(ctx, empty)
+		if err != nil {
+			return fmt.Errorf("dist: rank %d waiting for the leader: %w", comm.Rank(), err)
+		}
+		msg := unpack(recv[0])
+		if len(msg) == 0 {
+			return fmt.Errorf("dist: rank %d: empty message from the leader", comm.Rank())
+		}
+		if err := run(msg, m, be); err != nil {
+			return fmt.Errorf("dist: rank %d: %w", comm.Rank(), err)
+		}
+		if msg[0] == msgStop {
+			return nil
+		}
+	}
+}
+
+// run executes one message, turning a backend panic into an error.
+func run(msg []byte, m models.Model, be backend.Backend) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("call %d panicked: %v", msg[0], r)
+		}
+	}()
+	body := msg[1:]
+	switch msg[0] {
+	case msgStop:
+		return nil
+	case msgInitKV:
+		if len(body) != 16 {
+			return fmt.Errorf("InitKV message of %d bytes", len(msg))
+		}
+		return be.InitKV(int(binary.LittleEndian.Uint64(body)), int(binary.LittleEndian.Uint64(body[8:])))
+	case msgForward:
+		b, err := decodeBatch(body)
+		if err != nil {
+			return err
+		}
+		_, err = m.Forward(b)
+		return err
+	case msgCopyBlocks:
+		src, rest, err := readInts(body)
+		if err != nil {
+			return err
+		}
+		dst, rest, err := readInts(rest)
+		if err != nil || len(rest) != 0 {
+			return fmt.Errorf("CopyBlocks message: %v (%d bytes left)", err, len(rest))
+		}
+		be.CopyBlocks(src, dst)
+		return nil
+	case msgFreeSequence:
+		if len(body) != 8 {
+			return fmt.Errorf("FreeSequence message of %d bytes", len(msg))
+		}
+		be.FreeSequence(binary.LittleEndian.Uint64(body))
+		return nil
+	}
+	return fmt.Errorf("unknown message kind %d", msg[0])
+}
+
+// encodeBatch is [msgForward] then the batch: tokens, positions, logit rows
+// (length −1 for nil), spans (id, offset, len, past, context-parallel
+// ranks, block table).
+func encodeBatch(b *backend.Batch) []byte {
+	out := appendInts([]byte{msgForward}, b.Tokens)
+	out = appendInts(out, b.Positions)
+	if b.LogitRows == nil {
+		out = binary.LittleEndian.AppendUint32(out, math.MaxUint32)
+	} else {
+		rows := make([]int32, len(b.LogitRows))
+		for i, r := range b.LogitRows {
+			rows[i] = int32(r)
+		}
+		out = appendInts(out, rows)
+	}
+	out = binary.LittleEndian.AppendUint32(out, uint32(len(b.Seqs)))
+	for _, s := range b.Seqs {
+		out = binary.LittleEndian.AppendUint64(out, s.ID)
+		out = appendInts(out, []int32{int32(s.Offset), int32(s.Len), int32(s.Past), int32(s.ContextParallel)})
+		if s.Blocks == nil {
+			out = binary.LittleEndian.AppendUint32(out, math.MaxUint32)
+		} else {
+			out = appendInts(out, s.Blocks)
+		}
+	}
+	return out
+}
+
+func decodeBatch(p []byte) (*backend.Batch, error) {
+	b := &backend.Batch{}
+	var err error
+	if b.Tokens, p, err = readInts(p); err != nil {
+		return nil, fmt.Errorf("batch tokens: %w", err)
+	}
+	if b.Positions, p, err = readInts(p); err != nil {
+		return nil, fmt.Errorf("batch positions: %w", err)
+	}
+	var rows []int32
+	if rows, p, err = readIntsOrNil(p); err != nil {
+		return nil, fmt.Errorf("batch logit rows: %w", err)
+	}
+	if rows != nil {
+		b.LogitRows = make([]int, len(rows))
+		for i, r := range rows {
+			b.LogitRows[i] = int(r)
+		}
+	}
+	if len(p) < 4 {
+		return nil, errors.New("batch: no span count")
+	}
+	n := int(binary.LittleEndian.Uint32(p))
+	p = p[4:]
+	if n > len(p)/8 {
+		return nil, fmt.Errorf("batch: %d spans in %d bytes", n, len(p))
+	}
+	for range n {
+		if len(p) < 8 {
+			return nil, errors.New("batch: truncated span")
+		}
+		s := backend.SeqSpan{ID: binary.LittleEndian.Uint64(p)}
+		var f []int32
+		if f, p, err = readInts(p[8:]); err != nil || len(f) != 4 {
+			return nil, fmt.Errorf("batch span fields: %v (%d)", err, len(f))
+		}
+		s.Offset, s.Len, s.Past, s.ContextParallel = int(f[0]), int(f[1]), int(f[2]), int(f[3])
+		if s.Blocks, p, err = readIntsOrNil(p); err != nil {
+			return nil, fmt.Errorf("batch block table: %w", err)
+		}
+		b.Seqs = append(b.Seqs, s)
+	}
+	if len(p) != 0 {
+		return nil, fmt.Errorf("batch: %d bytes left over", len(p))
+	}
+	return b, b.Validate()
+}
+
+// appendInts appends a length and the values, little-endian.
+func appendInts(out []byte, v []int32) []byte {
+	out = binary.LittleEndian.AppendUint32(out, uint32(len(v)))
+	for _, x := range v {
+		out = binary.LittleEndian.AppendUint32(out, uint32(x))
+	}
+	return out
+}
+
+// readInts reads what appendInts wrote.
+func readInts(p []byte) ([]int32, []byte, error) {
+	v, rest, err := readIntsOrNil(p)
+	if err == nil && v == nil {
+		return nil, nil, errors.New("missing list")
+	}
+	return v, rest, err
+}
+
+// readIntsOrNil is readInts where a length of MaxUint32 means nil.
+func readIntsOrNil(p []byte) ([]int32, []byte, error) {
+	if len(p) < 4 {
+		return nil, nil, errors.New("truncated length")
+	}
+	n := binary.LittleEndian.Uint32(p)
+	p = p[4:]
+	if n == math.MaxUint32 {
+		return nil, p, nil
+	}
+	if uint64(n)*4 > uint64(len(p)) {
+		return nil, nil, fmt.Errorf("list of %d in %d bytes", n, len(p))
+	}
+	v := make([]int32, n)
+	for i := range v {
+		v[i] = int32(binary.LittleEndian.Uint32(p[4*i:]))
+	}
+	return v, p[4*n:], nil
+}
+
+// pack carries bytes in float32 words (the Comm's payload): the length,
+// then the bytes four to a word.
+func pack(b []byte) []float32 {
+	out := make([]float32, 1+(len(b)+3)/4)
+	out[0] = math.Float32frombits(uint32(len(b)))
+	for i := 0; i < len(b); i += 4 {
+		var w [4]byte
+		copy(w[:], b[i:])
+		out[1+i/4] = math.Float32frombits(binary.LittleEndian.Uint32(w[:]))
+	}
+	return out
+}
+
+// unpack reverses pack (nil for a malformed payload).
+func unpack(p []float32) []byte {
+	if len(p) == 0 {
+		return nil
+	}
+	n := int(math.Float32bits(p[0]))
+	if n > 4*(len(p)-1) {
+		return nil
+	}
+	out := make([]byte, 4*(len(p)-1))
+	for i, w := range p[1:] {
+		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(w))
+	}
+	return out[:n]
+}

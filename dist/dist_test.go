@@ -1,0 +1,256 @@
+package dist
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"reflect"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/backend/cpu"
+	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/models"
+	"github.com/mkserve/mkserve/tokenizer"
+	"github.com/mkserve/mkserve/transport"
+)
+
+func TestBatchRoundTrip(t *testing.T) {
+	r := rand.New(rand.NewPCG(rand.Uint64(), 1))
+	for range 200 {
+		b := &backend.Batch{}
+		for s := range 1 + r.IntN(5) {
+			n := 1 + r.IntN(6)
+			past := r.IntN(40)
+			span := backend.SeqSpan{ID: r.Uint64(), Offset: len(b.Tokens), Len: n, Past: past, ContextParallel: r.IntN(3)}
+			if r.IntN(3) > 0 {
+				for range (past+n)/4 + 1 {
+					span.Blocks = append(span.Blocks, int32(r.IntN(1000)))
+				}
+			}
+			if s == 0 && r.IntN(4) == 0 {
+				span.Blocks = []int32{} // empty, not nil
+			}
+			for j := range n {
+				b.Tokens = append(b.Tokens, int32(r.IntN(50000)))
+				b.Positions = append(b.Positions, int32(past+j))
+			}
+			b.Seqs = append(b.Seqs, span)
+		}
+		if r.IntN(2) == 0 {
+			b.LogitRows = []int{len(b.Tokens) - 1}
+		}
+		msg := encodeBatch(b)
+		if msg[0] != msgForward {
+			t.Fatalf("kind %d", msg[0])
+		}
+		got, err := decodeBatch(unpack(pack(msg))[1:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, b) {
+			t.Fatalf("round trip:\n got %+v\nwant %+v", got, b)
+		}
+	}
+}
+
+// FuzzDecodeBatch: any bytes decode to a valid batch or an error; no panic.
+func FuzzDecodeBatch(f *testing.F) {
+	f.Add(encodeBatch(&backend.Batch{Tokens: []int32{1, 2}, Positions: []int32{0, 1},
+		Seqs: []backend.SeqSpan{{ID: 3, Len: 2, Blocks: []int32{0}}}})[1:])
+	f.Add([]byte{0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, p []byte) {
+		b, err := decodeBatch(p)
+		if err == nil && b.Validate() != nil {
+			t.Fatalf("decoded an invalid batch: %v", b.Validate())
+		}
+		unpack(pack(p))
+	})
+}
+
+// world joins R ranks over gRPC on loopback, as R processes would.
+func world(t *testing.T, R int) []*transport.GRPCComm {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	coord := l.Addr().String()
+	l.Close()
+	comms := make([]*transport.GRPCComm, R)
+	errs := make([]error, R)
+	var wg sync.WaitGroup
+	for r := range R {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			comms[r], errs[r] = transport.JoinGRPC(context.Background(),
+				transport.GRPCConfig{Rank: r, Size: R, Coordinator: coord, JoinTimeout: 20 * time.Second})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, c := range comms {
+			c.Close()
+		}
+	})
+	return comms
+}
+
+const testModel = "../models/testdata/golden/qwen3_moe"
+
+// rankSetup is one process's replica: its backend (one rank of the
+// expert-parallel world) and model.
+func rankSetup(t *testing.T, comm transport.Comm) (*cpu.Backend, models.Model) {
+	be := cpu.New(cpu.Options{EPComm: comm})
+	l, err := models.Load(testModel, be, models.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return be, l.Model
+}
+
+type result struct {
+	tokens map[int][]int32
+	err    error
+}
+
+func generate(e *engine.Engine, prompt []int32, p engine.SamplingParams) result {
+	ch, err := e.Generate(context.Background(), &engine.Request{Prompt: prompt, Sampling: p})
+	if err != nil {
+		return result{err: err}
+	}
+	res := result{tokens: map[int][]int32{}}
+	for ev := range ch {
+		if ev.Err != nil {
+			res.err = ev.Err
+		}
+		res.tokens[ev.Index] = append(res.tokens[ev.Index], ev.TokenIDs...)
+	}
+	return res
+}
+
+// TestWorldServesLikeOneProcess: an engine on rank 0 of a 3-process world
+// (each rank holding a third of every MoE layer's experts, the workers
+// mirroring every step) gives the single-process engine's greedy and
+// seeded outputs, n > 1 forks (CopyBlocks) included; Stop ends the workers.
+func TestWorldServesLikeOneProcess(t *testing.T) {
+	tok, err := tokenizer.LoadDir(testModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := engine.Config{BlockSize: 4, MaxNumBatchedTokens: 16}
+	seed := uint64(5)
+	reqs := []struct {
+		prompt []int32
+		p      engine.SamplingParams
+	}{
+		{[]int32{5, 9, 13, 17, 21, 25, 29, 33, 37}, engine.SamplingParams{N: 1, MaxTokens: 8, IgnoreEOS: true, TopP: 1, RepetitionPenalty: 1}},
+		{[]int32{3, 4, 5}, engine.SamplingParams{N: 2, MaxTokens: 6, Temperature: 1, Seed: &seed, IgnoreEOS: true, TopP: 1, RepetitionPenalty: 1}},
+	}
+	// One process.
+	be := cpu.New(cpu.Options{})
+	l, err := models.Load(testModel, be, models.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(l.Model, be, tok, cfg, engine.Options{Name: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []result
+	for _, rq := range reqs {
+		want = append(want, generate(e, rq.prompt, rq.p))
+	}
+	e.Shutdown(context.Background())
+
+	// Three processes.
+	const R = 3
+	comms := world(t, R)
+	workErr := make([]error, R)
+	var wg sync.WaitGroup
+	for r := 1; r < R; r++ {
+		wbe, wm := rankSetup(t, comms[r])
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			workErr[r] = Work(context.Background(), comms[r], wm, wbe)
+		}()
+	}
+	lbe, lm := rankSetup(t, comms[0])
+	leader, err := NewLeader(comms[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	de, err := engine.New(leader.Model(lm), leader.Backend(lbe), tok, cfg, engine.Options{Name: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, rq := range reqs {
+		got := generate(de, rq.prompt, rq.p)
+		if got.err != nil {
+			t.Fatalf("request %d: %v", i, got.err)
+		}
+		for c := range rq.p.N {
+			if !slices.Equal(got.tokens[c], want[i].tokens[c]) || len(got.tokens[c]) != rq.p.MaxTokens {
+				t.Errorf("request %d choice %d: world %v, one process %v", i, c, got.tokens[c], want[i].tokens[c])
+			}
+		}
+	}
+	de.Shutdown(context.Background())
+	if err := leader.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for r := 1; r < R; r++ {
+		if workErr[r] != nil {
+			t.Errorf("worker %d: %v", r, workErr[r])
+		}
+	}
+}
+
+// TestWorkerFailure: when a worker goes away, the leader's next request
+// fails with an error instead of hanging, and the engine keeps answering.
+func TestWorkerFailure(t *testing.T) {
+	tok, err := tokenizer.LoadDir(testModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	comms := world(t, 2)
+	wbe, wm := rankSetup(t, comms[1])
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Work(ctx, comms[1], wm, wbe) }()
+	lbe, lm := rankSetup(t, comms[0])
+	leader, _ := NewLeader(comms[0])
+	e, err := engine.New(leader.Model(lm), leader.Backend(lbe), tok, engine.Config{BlockSize: 4}, engine.Options{Name: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Shutdown(context.Background())
+	p := engine.SamplingParams{N: 1, MaxTokens: 3, IgnoreEOS: true, TopP: 1, RepetitionPenalty: 1}
+	if r := generate(e, []int32{1, 2, 3}, p); r.err != nil {
+		t.Fatalf("before the failure: %v", r.err)
+	}
+	cancel()
+	comms[1].Close()
+	if err := <-done; err == nil {
+		t.Error("the stopped worker returned no error")
+	}
+	start := time.Now()
+	r := generate(e, []int32{1, 2, 3}, p)
+	if r.err == nil {
+		t.Errorf("a request after the worker went away succeeded: %v", r.tokens)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("the failing request took %v", d)
+	}
+	t.Logf("request error: %v", r.err)
+}
