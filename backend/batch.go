@@ -15,6 +15,12 @@ func validateBatch(b *Batch) error {
 		if s.Offset != next || s.Len <= 0 {
 			return fmt.Errorf("batch: span %d (offset %d, len %d) does not continue at row %d", i, s.Offset, s.Len, next)
 		}
+		if s.Len > T-s.Offset {
+			return fmt.Errorf("batch: span %d (offset %d, len %d) runs past the %d rows", i, s.Offset, s.Len, T)
+		}
+		if s.Past < 0 {
+			return fmt.Errorf("batch: span %d has past %d", i, s.Past)
+		}
 		for j := 0; j < s.Len; j++ {
 			if int(b.Positions[s.Offset+j]) != s.Past+j {
 				return fmt.Errorf("batch: span %d row %d has position %d, want %d", i, j, b.Positions[s.Offset+j], s.Past+j)
