@@ -298,7 +298,7 @@ func TestPlaceExperts(t *testing.T) {
 		p    *moe.Placement
 		want string
 	}{
-		{one, p, "no expert parallelism"},
+		{one, p, "no in-process expert parallelism"},
 		{four, bad, "2 ranks"},
 		{four, &moe.Placement{Experts: 8, SlotsPerRank: 1, Slots: [][]int{{0}, {1}, {2}, {3}}}, "placement"},
 	} {
