@@ -45,6 +45,8 @@ type Config struct {
 	DrainTimeout    time.Duration // how long shutdown waits for running requests (drain_timeout)
 	ServedModelName string        // model name clients use; "" is the model directory's base name (served_model_name)
 	EP              int           // expert-parallel ranks (ep)
+	WorldSize       int           // processes serving one model (world_size); rank 0 serves, `mkserve worker` runs the others
+	Coordinator     string        // rank 0's host:port for the world's bootstrap (coordinator)
 	Engine          Engine        // the engine block
 }
 
@@ -90,6 +92,7 @@ func Default() *Config {
 		MaxBodyBytes: DefaultMaxBodyBytes,
 		DrainTimeout: DefaultDrainTimeout,
 		EP:           1,
+		WorldSize:    1,
 		Engine: Engine{
 			MaxNumSeqs:          e.MaxNumSeqs,
 			MaxNumBatchedTokens: e.MaxNumBatchedTokens,
@@ -194,6 +197,22 @@ func (c *Config) Validate() error {
 	for _, r := range c.ServedModelName {
 		if r < 0x20 || r == 0x7f {
 			return bad("served_model_name", "must not contain control characters")
+		}
+	}
+	if c.WorldSize < 1 || c.WorldSize > 1024 {
+		return bad("world_size", "must be in [1, 1024], got %d", c.WorldSize)
+	}
+	if c.WorldSize > 1 {
+		switch {
+		case c.Coordinator == "":
+			return bad("coordinator", "required with world_size %d (the host:port the workers join)", c.WorldSize)
+		case c.Backend != "cpu":
+			return bad("world_size", "a world of processes runs on the cpu backend for now (the cuda backend needs CUDA IPC handles between processes)")
+		case c.EP > 1:
+			return bad("world_size", "experts are already split over the world's %d processes; ep must be 1", c.WorldSize)
+		}
+		if err := checkAddr(c.Coordinator); err != nil {
+			return bad("coordinator", "%v", err)
 		}
 	}
 	if c.EP < 1 {

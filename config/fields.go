@@ -61,6 +61,8 @@ func (c *Config) fields() []field {
 		{"drain_timeout", "how long shutdown waits for running requests (e.g. 30s)", (*durationValue)(&c.DrainTimeout)},
 		{"served_model_name", "model name clients use (empty: the model directory's name)", (*stringValue)(&c.ServedModelName)},
 		{"ep", "expert-parallel ranks", (*intValue)(&c.EP)},
+		{"world_size", "processes serving the model: this one (rank 0) and world_size−1 `mkserve worker`s, experts split among them", (*intValue)(&c.WorldSize)},
+		{"coordinator", "host:port rank 0 listens on for the world's bootstrap (with world_size > 1)", (*stringValue)(&c.Coordinator)},
 		{"engine.max_num_seqs", "running sequences per step at most", (*intValue)(&e.MaxNumSeqs)},
 		{"engine.max_num_batched_tokens", "tokens per step at most", (*intValue)(&e.MaxNumBatchedTokens)},
 		{"engine.block_size", "tokens per KV-cache block", (*intValue)(&e.BlockSize)},

@@ -36,14 +36,19 @@ const (
 )
 
 // Timeout bounds one broadcast: a worker that does not take part within it
-// fails the call.
-var Timeout = 60 * time.Second
+// fails the call. The first broadcast (the engine's InitKV, while workers
+// may still be loading the checkpoint) gets FirstTimeout instead.
+var (
+	Timeout      = 60 * time.Second
+	FirstTimeout = 10 * time.Minute
+)
 
 // Leader is rank 0's side: it wraps the model and the backend the engine
 // uses so that every call is broadcast to the workers first.
 type Leader struct {
 	comm transport.Comm
 	mu   sync.Mutex
+	sent int // broadcasts so far
 }
 
 // NewLeader returns rank 0's leader over comm (which must be rank 0).
@@ -63,7 +68,12 @@ func (l *Leader) broadcast(msg []byte) error {
 	for r := 1; r < len(send); r++ {
 		send[r] = p
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	tmo := Timeout
+	if l.sent == 0 {
+		tmo = FirstTimeout
+	}
+	l.sent++
+	ctx, cancel := context.WithTimeout(context.Background(), tmo)
 	defer cancel()
 	_, err := l.comm.AllToAllV(ctx, send)
 	if err != nil {

@@ -25,6 +25,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"serve", "serve the OpenAI-compatible HTTP API, gRPC and /metrics", cmdServe},
+		{"worker", "run a worker rank of a world of processes serving one model (serve --world-size)", cmdWorker},
 		{"logits", "print float32 logits of every position as JSON", cmdLogits},
 		{"generate", "greedy-decode a prompt and print the text", cmdGenerate},
 		{"tokenize", "print the token ids of stdin as JSON", cmdTokenize},

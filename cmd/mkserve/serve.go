@@ -16,14 +16,18 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/chat"
 	"github.com/mkserve/mkserve/config"
+	"github.com/mkserve/mkserve/dist"
 	"github.com/mkserve/mkserve/engine"
 	"github.com/mkserve/mkserve/metrics"
 	"github.com/mkserve/mkserve/models"
 	"github.com/mkserve/mkserve/server/grpcapi"
 	"github.com/mkserve/mkserve/server/httpapi"
 	"github.com/mkserve/mkserve/tokenizer"
+	"github.com/mkserve/mkserve/transport"
 )
 
 // lateGenerator lets the servers start (and answer /health with 503) while
@@ -124,34 +128,51 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	}
 	log.Info("listening", zap.String("http", hl.Addr().String()), zap.String("grpc", grpcAddr), zap.String("model", cfg.Model))
 
-	// The model.
+	// The model, on this process alone or as rank 0 of a world of processes.
 	start := time.Now()
-	be, err := newBackend(cfg.Backend, cfg.EP, cfg.Precision)
-	if err != nil {
+	fail := func(err error) error {
 		httpSrv.Close()
 		if gs != nil {
 			gs.Stop()
 		}
 		return err
+	}
+	var be backend.Backend
+	var leader *dist.Leader
+	if cfg.WorldSize > 1 {
+		log.Info("waiting for the world", zap.Int("world_size", cfg.WorldSize), zap.String("coordinator", cfg.Coordinator))
+		comm, err := transport.JoinGRPC(ctx, transport.GRPCConfig{Rank: 0, Size: cfg.WorldSize, Coordinator: cfg.Coordinator,
+			JoinTimeout: worldJoinTimeout})
+		if err != nil {
+			return fail(err)
+		}
+		defer comm.Close()
+		be = cpu.New(cpu.Options{EPComm: comm})
+		if leader, err = dist.NewLeader(comm); err != nil {
+			return fail(err)
+		}
+	} else if be, err = newBackend(cfg.Backend, cfg.EP, cfg.Precision); err != nil {
+		return fail(err)
 	}
 	loaded, err := models.Load(cfg.Model, be, models.LoadOptions{})
 	if err != nil {
-		httpSrv.Close()
-		if gs != nil {
-			gs.Stop()
-		}
-		return err
+		return fail(err)
 	}
 	defer loaded.Close()
-	eng, err := engine.New(loaded.Model, be, tok, cfg.EngineConfig(), engine.Options{
+	model := loaded.Model
+	if leader != nil {
+		model, be = leader.Model(model), leader.Backend(be)
+		defer func() {
+			if err := leader.Stop(); err != nil {
+				log.Warn("stopping the workers", zap.Error(err))
+			}
+		}()
+	}
+	eng, err := engine.New(model, be, tok, cfg.EngineConfig(), engine.Options{
 		Name: cfg.ModelName(), EOS: stopIDs(loaded), Metrics: met, Logger: log,
 	})
 	if err != nil {
-		httpSrv.Close()
-		if gs != nil {
-			gs.Stop()
-		}
-		return err
+		return fail(err)
 	}
 	gen.engine.Store(eng)
 	hs.SetReady(true)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"runtime"
@@ -162,6 +163,10 @@ func TestServeBadConfig(t *testing.T) {
 		{[]string{"--model", "../../models/default", "--backend", "cuda", "--context-parallel", "4"}, "context_parallel"},
 		{[]string{"--model", "../../models/default", "--context-parallel", "-2"}, "context_parallel"},
 		{[]string{"--model", "../../models/default", "--rebalance-every", "8"}, "rebalance_every"},
+		{[]string{"--model", "../../models/default", "--world-size", "2"}, "coordinator"},
+		{[]string{"--model", "../../models/default", "--world-size", "2", "--coordinator", "127.0.0.1:1", "--backend", "cuda"}, "world_size"},
+		{[]string{"--model", "../../models/default", "--world-size", "2", "--coordinator", "127.0.0.1:1", "--ep", "2"}, "ep must be 1"},
+		{[]string{"--model", "../../models/default", "--world-size", "0"}, "world_size"},
 		{[]string{"--model", "../../models/default", "--backend", "tpu"}, "backend"},
 		{[]string{"--config", "/nonexistent.yaml"}, "nonexistent"},
 	} {
@@ -355,6 +360,91 @@ func TestBenchServeCommand(t *testing.T) {
 	} {
 		if code, _, errOut := runCLI(args, ""); code == 0 || strings.Count(errOut, "\n") != 1 {
 			t.Errorf("%v: exit %d, stderr %q", args, code, errOut)
+		}
+	}
+}
+
+// TestServeWorld: `mkserve serve --world-size 2` with one `mkserve worker`
+// serves completions (the experts split over the two processes) with the
+// greedy tokens of a single process, and stopping the server stops the
+// worker cleanly.
+func TestServeWorld(t *testing.T) {
+	if os.Getenv(testBackendEnv) != "" {
+		t.Skipf("a world of processes runs on the cpu backend (%s=%s)", testBackendEnv, os.Getenv(testBackendEnv))
+	}
+	const model = "../../models/testdata/golden/qwen3_moe"
+	coord := freeLoopback(t)
+	wctx, wcancel := context.WithCancel(context.Background())
+	defer wcancel()
+	workerDone := make(chan error, 1)
+	var wout strings.Builder
+	go func() {
+		workerDone <- runWorker(wctx, []string{"--model", model, "--world-size", "2", "--rank", "1", "--coordinator", coord}, &wout)
+	}()
+	body := `{"model":"qwen3_moe","prompt":"a b c d","max_tokens":6,"temperature":0,"ignore_eos":true}`
+	complete := func(h string) string {
+		resp, err := http.Post("http://"+h+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, b)
+		}
+		var r struct {
+			Choices []struct{ Text string }
+		}
+		if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {
+			t.Fatalf("response %s: %v", b, err)
+		}
+		return r.Choices[0].Text
+	}
+	h, _, stop := startServe(t, "--model", model, "--world-size", "2", "--coordinator", coord)
+	got := complete(h)
+	stop()
+	select {
+	case err := <-workerDone:
+		if err != nil {
+			t.Fatalf("worker: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker did not stop with the server")
+	}
+	if !strings.Contains(wout.String(), "stopped by rank 0") {
+		t.Errorf("worker output %q", wout.String())
+	}
+	h1, _, stop1 := startServe(t, "--model", model)
+	defer stop1()
+	if want := complete(h1); got != want || got == "" {
+		t.Errorf("world of 2 completed %q, one process %q", got, want)
+	}
+}
+
+// freeLoopback returns a loopback host:port that was free a moment ago.
+func freeLoopback(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func TestWorkerFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"worker"}, "--model"},
+		{[]string{"worker", "--model", "m", "--world-size", "2", "--rank", "0", "--coordinator", "127.0.0.1:1"}, "rank 1"},
+		{[]string{"worker", "--model", "m", "--world-size", "2", "--rank", "1"}, "--coordinator"},
+		{[]string{"worker", "--model", "m", "--world-size", "2", "--rank", "1", "--coordinator", "x", "--backend", "cuda"}, "cpu backend"},
+	} {
+		code, _, errOut := runCLI(tc.args, "")
+		if code == 0 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("%v: exit %d, stderr %q; want one line containing %q", tc.args, code, errOut, tc.want)
 		}
 	}
 }
