@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"runtime"
 	"strings"
 	"sync"
@@ -446,5 +447,67 @@ func TestWorkerFlags(t *testing.T) {
 		if code == 0 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
 			t.Errorf("%v: exit %d, stderr %q; want one line containing %q", tc.args, code, errOut, tc.want)
 		}
+	}
+}
+
+// workerProcessEnv, when set, makes TestHelperWorkerProcess run `mkserve
+// worker` with the arguments in it (one per line): the test binary re-run
+// as a separate OS process.
+const workerProcessEnv = "MKSERVE_TEST_WORKER_ARGS"
+
+func TestHelperWorkerProcess(t *testing.T) {
+	args := os.Getenv(workerProcessEnv)
+	if args == "" {
+		t.Skip("helper for TestServeWorldProcesses: runs only as its child process")
+	}
+	if err := runWorker(context.Background(), strings.Split(args, "\n"), os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(3)
+	}
+}
+
+// TestServeWorldProcesses: the same world as TestServeWorld, with the
+// worker a separate OS process (this test binary re-run), so nothing is
+// shared but the gRPC connections.
+func TestServeWorldProcesses(t *testing.T) {
+	if os.Getenv(testBackendEnv) != "" {
+		t.Skipf("a world of processes runs on the cpu backend (%s=%s)", testBackendEnv, os.Getenv(testBackendEnv))
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Skipf("no path to re-run the test binary: %v", err)
+	}
+	const model = "../../models/testdata/golden/qwen3_moe"
+	coord := freeLoopback(t)
+	cmd := exec.Command(exe, "-test.run", "^TestHelperWorkerProcess$", "-test.v")
+	cmd.Env = append(os.Environ(), workerProcessEnv+"="+strings.Join([]string{"--model", model, "--world-size", "2",
+		"--rank", "1", "--coordinator", coord}, "\n"))
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h, _, stop := startServe(t, "--model", model, "--world-size", "2", "--coordinator", coord)
+	resp, err := http.Post("http://"+h+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"qwen3_moe","prompt":"a b c","max_tokens":4,"temperature":0,"ignore_eos":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"completion_tokens":4`) {
+		t.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	stop()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil || !strings.Contains(out.String(), "stopped by rank 0") {
+			t.Errorf("worker process: %v\n%s", err, out.String())
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("the worker process did not stop with the server\n%s", out.String())
 	}
 }
