@@ -102,7 +102,9 @@ func (m *leaderModel) Forward(b *backend.Batch) (backend.Tensor, error) {
 
 // Backend wraps be: InitKV, CopyBlocks and FreeSequence are broadcast, then
 // run; the expert counters (backend.ExpertCounter) are the leader's own.
-func (l *Leader) Backend(be backend.Backend) backend.Backend { return &leaderBackend{Backend: be, l: l} }
+func (l *Leader) Backend(be backend.Backend) backend.Backend {
+	return &leaderBackend{Backend: be, l: l}
+}
 
 type leaderBackend struct {
 	backend.Backend

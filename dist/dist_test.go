@@ -2,9 +2,7 @@ package dist
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
-	"net"
 	"reflect"
 	"slices"
 	"sync"
@@ -72,28 +70,12 @@ func FuzzDecodeBatch(f *testing.F) {
 	})
 }
 
-// world joins R ranks over gRPC on loopback, as R processes would.
+// world joins R ranks over gRPC on loopback, as R processes would, closing
+// them at the end of the test.
 func world(t *testing.T, R int) []*transport.GRPCComm {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	comms, err := transport.JoinLoopback(context.Background(), R)
 	if err != nil {
-		t.Fatal(err)
-	}
-	coord := l.Addr().String()
-	l.Close()
-	comms := make([]*transport.GRPCComm, R)
-	errs := make([]error, R)
-	var wg sync.WaitGroup
-	for r := range R {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			comms[r], errs[r] = transport.JoinGRPC(context.Background(),
-				transport.GRPCConfig{Rank: r, Size: R, Coordinator: coord, JoinTimeout: 20 * time.Second})
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

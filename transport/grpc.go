@@ -394,3 +394,36 @@ func rawHandler(f func(*GRPCComm, context.Context, []byte) ([]byte, error)) grpc
 		return &resp, nil
 	}
 }
+
+// JoinLoopback joins a world of R ranks on 127.0.0.1 from this process,
+// each rank's JoinGRPC on its own goroutine, exactly as R processes on one
+// machine would join: for tests and tools. On an error the ranks that
+// joined are closed.
+func JoinLoopback(ctx context.Context, R int) ([]*GRPCComm, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("transport: loopback world: %w", err)
+	}
+	coord := l.Addr().String()
+	l.Close()
+	comms := make([]*GRPCComm, R)
+	errs := make([]error, R)
+	var wg sync.WaitGroup
+	for r := range R {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			comms[r], errs[r] = JoinGRPC(ctx, GRPCConfig{Rank: r, Size: R, Coordinator: coord, JoinTimeout: 20 * time.Second})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range comms {
+			if c != nil {
+				c.Close()
+			}
+		}
+		return nil, err
+	}
+	return comms, nil
+}

@@ -23,26 +23,12 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// joinAll joins R ranks of one world, each from its own goroutine as
-// separate processes would, and returns their comms (closed at cleanup).
+// joinAll joins R ranks of one world (JoinLoopback), closed at cleanup.
 func joinAll(t *testing.T, R int) []*GRPCComm {
 	t.Helper()
-	coord := freeAddr(t)
-	comms := make([]*GRPCComm, R)
-	errs := make([]error, R)
-	var wg sync.WaitGroup
-	for rank := R - 1; rank >= 0; rank-- { // the coordinator last: joiners wait for it
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			comms[rank], errs[rank] = JoinGRPC(context.Background(), GRPCConfig{Rank: rank, Size: R, Coordinator: coord, JoinTimeout: 20 * time.Second})
-		}()
-	}
-	wg.Wait()
-	for rank, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", rank, err)
-		}
+	comms, err := JoinLoopback(context.Background(), R)
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		for _, c := range comms {
