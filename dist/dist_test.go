@@ -72,7 +72,7 @@ func FuzzDecodeBatch(f *testing.F) {
 
 // world joins R ranks over gRPC on loopback, as R processes would, closing
 // them at the end of the test.
-func world(t *testing.T, R int) []*transport.GRPCComm {
+func world(t testing.TB, R int) []*transport.GRPCComm {
 	t.Helper()
 	comms, err := transport.JoinLoopback(context.Background(), R)
 	if err != nil {

@@ -316,10 +316,13 @@ func epRankForward(ctx context.Context, table *Table, H int, rk *epRank, comm tr
 // EPRank is one rank of an expert-parallel world whose ranks are separate
 // processes joined by a transport.Comm (transport.JoinGRPC between
 // processes; one process per GPU): it holds only its own experts. Every
-// rank calls Forward with the same batch; each dispatches its share of the
-// tokens, serves the rows routed to its experts, combines its tokens'
-// results, and the ranks then gather all rows, so each returns the whole
-// out. Not safe for concurrent use.
+// rank calls Forward with the same batch (replicated activations), so no
+// token needs dispatching: each rank computes the weighted outputs of the
+// (token, slot) pairs whose expert the table places on it (Table.Pick: one
+// owner per pair, replicas included), and one exchange of the partial sums
+// gives every rank the same total, summed in rank order so that all ranks
+// hold bit-identical results. One exchange per layer (the in-process EP
+// needs two plus a gather). Not safe for concurrent use.
 type EPRank struct {
 	table *Table
 	ex    *Experts // shapes only: the weights used are rk's
@@ -360,31 +363,59 @@ func (p *EPRank) Forward(ctx context.Context, out, x []float32, T, K int, ids []
 	if T == 0 || K == 0 {
 		return nil
 	}
-	if err := epRankForward(ctx, p.table, H, &p.rk, p.comm, &p.rows, out, x, T, K, ids, w); err != nil {
-		return fmt.Errorf("moe: ep rank: %w", err)
+	// My (token, slot) pairs, in order.
+	var rows [][]float32
+	var eid []int32
+	var wt []float32
+	var tok []int32
+	for i, e := range ids[:T*K] {
+		t := i / K
+		d := p.table.Pick(t, int(e))
+		if d < 0 {
+			return fmt.Errorf("moe: ep rank %d: no owner for expert %d", r, e)
+		}
+		if d != r {
+			continue
+		}
+		if p.rk.local[e] < 0 {
+			return fmt.Errorf("moe: ep rank %d: picked for expert %d, which it does not hold", r, e)
+		}
+		rows = append(rows, x[t*H:t*H+H:t*H+H])
+		eid = append(eid, p.rk.local[e])
+		wt = append(wt, w[i])
+		tok = append(tok, int32(t))
 	}
-	// Gather: every rank's token rows to every rank.
-	t0, t1 := srcRange(T, R, r)
-	mine := out[t0*H : t1*H]
+	p.rows.Add(uint64(len(rows)))
+	partial := make([]float32, T*H)
+	if n := len(rows); n > 0 {
+		y := getBuf(n * H)
+		p.rk.set.run(y, rows, eid, wt)
+		for j, t := range tok { // slot order within each token, as Experts.Forward sums
+			dst := partial[int(t)*H : int(t)*H+H]
+			for c, v := range y[j*H : j*H+H] {
+				dst[c] += v
+			}
+		}
+		putBuf(y)
+	}
 	send := make([][]float32, R)
 	for d := range R {
 		if d != r {
-			send[d] = mine
+			send[d] = partial
 		}
 	}
 	recv, err := p.comm.AllToAllV(ctx, send)
 	if err != nil {
-		return fmt.Errorf("moe: ep rank %d: gather: %w", r, err)
+		return fmt.Errorf("moe: ep rank %d: exchange: %w", r, err)
 	}
-	for s := range R {
-		if s == r {
-			continue
+	recv[r] = partial
+	for s := range R { // rank order: every rank adds the same numbers in the same order
+		if len(recv[s]) != T*H {
+			return fmt.Errorf("moe: ep rank %d: rank %d sent %d values, want %d", r, s, len(recv[s]), T*H)
 		}
-		lo, hi := srcRange(T, R, s)
-		if len(recv[s]) != (hi-lo)*H {
-			return fmt.Errorf("moe: ep rank %d: gather from rank %d has %d values, want %d", r, s, len(recv[s]), (hi-lo)*H)
+		for i, v := range recv[s] {
+			out[i] += v
 		}
-		copy(out[lo*H:hi*H], recv[s])
 	}
 	return nil
 }
