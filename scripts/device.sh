@@ -198,8 +198,8 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
 	step backend 200 bash -c "(cd backend/cuda && $ROOT/.dev/cuda.test -test.run '^\$' -test.bench . \
 		-test.benchtime 20x -test.timeout=120s) && PYTHONUNBUFFERED=1 python3 scripts/bench_hf_default.py"
 	step model 560 bash -c "
-		$MK bench model --config configs/shapes/qwen3-30b-a3b --batch 1,32,256 --context 1024 --prefill 8192 --json
-		$MK bench model --config configs/shapes/mixtral-8x7b --batch 1,32,256 --context 512 --prefill 8192 --json"
+		$MK bench model --config configs/shapes/qwen3-30b-a3b --batch 1,32,256 --context 1024 --prefill 8192 --profile-ops --json
+		$MK bench model --config configs/shapes/mixtral-8x7b --batch 1,32,256 --context 512 --prefill 8192 --profile-ops --json"
 	step servebench 300 bash scripts/bench_serve_gpu.sh "$MK"
 fi
 

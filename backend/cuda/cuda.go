@@ -105,6 +105,7 @@ type Backend struct {
 	loadMu sync.Mutex
 	load   map[int][]int64 // host-routed MoE layers' expert counts
 	moe    moeDevState     // device-routed MoE layers' expert counters
+	prof   opProfile       // ProfileOps
 }
 
 var (
@@ -315,7 +316,15 @@ func sizeOf[T kernels.Elem](T) int {
 // do runs f on the GPU goroutine; a device error panics naming op. keep
 // lists tensors whose memory f uses, kept alive until f has run.
 func (be *Backend) do(op string, f func(d *kernels.Device) error, keep ...any) {
+	var t0 time.Time
+	prof := be.prof.enabled()
+	if prof {
+		t0 = time.Now()
+	}
 	err := be.g.Do(f)
+	if prof {
+		be.prof.record(op, time.Since(t0))
+	}
 	runtime.KeepAlive(keep)
 	if err != nil {
 		panicf(op, "%v", err)

@@ -28,6 +28,16 @@ type modelResult struct {
 	WeightGB  float64 `json:"weight_gb"`            // weight bytes one step touches (routing counted), GB
 	FloorMS   float64 `json:"floor_ms,omitempty"`   // WeightGB ÷ measured bandwidth
 	OverFloor float64 `json:"over_floor,omitempty"` // MS ÷ FloorMS
+	// Ops is the host-side time per backend op over the timed steps, per
+	// step, costliest first (cuda with --profile-ops).
+	Ops []opTime `json:"ops,omitempty"`
+}
+
+// opTime is one op's share of a step's host time.
+type opTime struct {
+	Op    string  `json:"op"`
+	Calls float64 `json:"calls_per_step"`
+	US    float64 `json:"us_per_step"`
 }
 
 // benchModel times a model's prefill and decode steps at its real shapes:
@@ -46,6 +56,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	seed := fs.Uint64("seed", 1, "random weight seed")
 	bw := fs.Float64("hbm-gbps", 0, "bandwidth for the floor, GB/s (0: measure a device copy on cuda)")
 	asJSON := fs.Bool("json", false, "print one JSON array instead of a table")
+	profile := fs.Bool("profile-ops", false, "cuda: time every backend op on the host during the decode steps (adds a clock read per op)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -185,7 +196,11 @@ func benchModel(args []string, stdout io.Writer) error {
 	if len(src) > 0 {
 		be.CopyBlocks(src, dst)
 	}
+	cb, _ := be.(*cuda.Backend)
 	for _, B := range bs {
+		if *profile && cb != nil {
+			cb.ProfileOps(false)
+		}
 		var ms, gb []float64
 		for step := 0; step < *steps+2; step++ { // two warm-up steps
 			pos := *context + step
@@ -197,6 +212,9 @@ func benchModel(args []string, stdout io.Writer) error {
 			}
 			if ctr != nil {
 				ctr.TakeExpertLoad()
+			}
+			if step == 2 && *profile && cb != nil {
+				cb.ProfileOps(true)
 			}
 			t := time.Now()
 			if err := forward(b); err != nil {
@@ -212,6 +230,16 @@ func benchModel(args []string, stdout io.Writer) error {
 			}
 		}
 		r := modelResult{Kind: "decode", Batch: B, Context: *context, Tokens: B, MS: median(ms), WeightGB: median(gb)}
+		if *profile && cb != nil {
+			for i, o := range cb.OpProfile() {
+				if i == 12 {
+					break
+				}
+				r.Ops = append(r.Ops, opTime{Op: o.Op, Calls: float64(o.Calls) / float64(*steps),
+					US: float64(o.Total.Microseconds()) / float64(*steps)})
+			}
+			cb.ProfileOps(false)
+		}
 		r.TokensPS = float64(B) / r.MS * 1e3
 		if *bw > 0 {
 			r.FloorMS = r.WeightGB / *bw * 1e3
@@ -233,6 +261,9 @@ func benchModel(args []string, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor")
 	for _, r := range out {
 		fmt.Fprintf(stdout, "%-8s %6d %8d %8d %10.2f %12.1f %10.3f %10.3f %8.2f\n", r.Kind, r.Batch, r.Context, r.Tokens, r.MS, r.TokensPS, r.WeightGB, r.FloorMS, r.OverFloor)
+		for _, o := range r.Ops {
+			fmt.Fprintf(stdout, "    %-22s %8.1f calls %10.1f us per step\n", o.Op, o.Calls, o.US)
+		}
 	}
 	return nil
 }
