@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cstdint>
+#include <atomic>
 #include <thread>
 
 #include "mkernel.h"
@@ -21,6 +22,9 @@ struct State {
   bool ready = false;
   int device = -1;
   std::thread::id owner;
+  // any_thread (mk_set_any_thread) accepts calls from other threads too,
+  // binding the device to each on its first call; the caller serialises.
+  std::atomic<bool> any_thread{false};
 };
 State& state();
 

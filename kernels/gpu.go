@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -36,6 +37,11 @@ type GPU struct {
 	done      chan struct{}
 	closeOnce sync.Once
 	dev       *Device
+
+	// Direct mode (SetDirect): Do runs f on the calling goroutine, its OS
+	// thread locked for the call, one call at a time under mu.
+	direct atomic.Bool
+	mu     sync.Mutex
 }
 
 // Open loads libmkernel.so and initialises device ordinal on a new owning
@@ -107,6 +113,9 @@ func (g *GPU) Info() DeviceInfo { return g.info }
 // Do (that would wait on itself) and must not keep d after it returns.
 // A panic in f comes back as an error.
 func (g *GPU) Do(f func(d *Device) error) error {
+	if g.direct.Load() {
+		return g.doDirect(f)
+	}
 	res := make(chan error, 1)
 	job := func() {
 		d := g.dev
@@ -125,6 +134,51 @@ func (g *GPU) Do(f func(d *Device) error) error {
 		return ErrClosed
 	}
 	return <-res
+}
+
+// SetDirect switches Do to direct mode (on) or back: f then runs on the
+// caller's goroutine, with its OS thread locked for the call and one call
+// at a time, instead of being handed to the owning goroutine. A hand-off to
+// a locked thread wakes that thread through the OS twice per call (tens of
+// microseconds in a VM), which dominates a step of many small ops; direct
+// mode has none. The library then accepts calls from any thread
+// (mk_set_any_thread), making the device current on each. Experimental:
+// off unless asked for.
+func (g *GPU) SetDirect(on bool) error {
+	var v int32
+	if on {
+		v = 1
+	}
+	if !on {
+		g.direct.Store(false)
+	}
+	err := g.Do(func(d *Device) error { return d.lib.check("mk_set_any_thread", d.lib.anyThread(v)) })
+	if err == nil && on {
+		g.direct.Store(true)
+	}
+	return err
+}
+
+// doDirect is Do in direct mode.
+func (g *GPU) doDirect(f func(d *Device) error) (err error) {
+	select {
+	case <-g.done:
+		return ErrClosed
+	default:
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	d := g.dev
+	d.active = true
+	defer func() {
+		d.active = false
+		if r := recover(); r != nil {
+			err = fmt.Errorf("kernels: panic in a GPU call: %v", r)
+		}
+	}()
+	return f(d)
 }
 
 // Close waits for the running closure, if any, and stops the owning

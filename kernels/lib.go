@@ -12,7 +12,7 @@ import (
 )
 
 // abiVersion is the MK_ABI_VERSION this package was written against.
-const abiVersion = 2
+const abiVersion = 3
 
 // LibraryEnv names the environment variable holding libmkernel.so's path.
 const LibraryEnv = "MKSERVE_KERNEL_LIB"
@@ -125,6 +125,7 @@ type lib struct {
 	init        func(device int32) int32
 	deviceInfo  func(info *deviceInfoC) int32
 	deviceSync  func() int32
+	anyThread   func(on int32) int32
 
 	malloc    func(bytes uint64, dptr *uint64) int32
 	free      func(dptr uint64) int32
@@ -199,6 +200,7 @@ func (l *lib) symbols() []symbol {
 		{"mk_init", &l.init},
 		{"mk_device_info", &l.deviceInfo},
 		{"mk_device_sync", &l.deviceSync},
+		{"mk_set_any_thread", &l.anyThread},
 		{"mk_malloc", &l.malloc},
 		{"mk_free", &l.free},
 		{"mk_memcpy_h2d", &l.h2d},

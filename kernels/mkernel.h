@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 /* MK_ABI_VERSION changes whenever a signature, struct or meaning changes. */
-#define MK_ABI_VERSION 2
+#define MK_ABI_VERSION 3
 
 /* Status codes. */
 enum {
@@ -102,6 +102,10 @@ MK_API int32_t mk_device_count(int32_t* count);
 MK_API int32_t mk_init(int32_t device);
 MK_API int32_t mk_device_info(mk_device_info_t* info);
 MK_API int32_t mk_device_sync(void);
+/* on = 1 also accepts calls from threads other than mk_init's (the device is
+ * made current on each at its first call); the caller must still make the
+ * calls one at a time. Call it from mk_init's thread. Default 0. */
+MK_API int32_t mk_set_any_thread(int32_t on);
 
 /* ---- memory ---- */
 

@@ -25,14 +25,26 @@ State& state() {
   return s;
 }
 
+namespace {
+thread_local bool t_bound = false;  // the device is current on this thread
+}
+
 int check_thread(const char* fn) {
   State& s = state();
   if (!s.ready) return fail(MK_ERR_NOT_INIT, "%s: mk_init has not run", fn);
-  if (s.owner != std::this_thread::get_id())
+  if (s.owner == std::this_thread::get_id()) return MK_OK;
+  if (!s.any_thread.load(std::memory_order_acquire))
     return fail(MK_ERR_NOT_INIT,
                 "%s: called from a thread other than the one that ran mk_init "
-                "(one OS thread owns the GPU)",
+                "(one OS thread owns the GPU; see mk_set_any_thread)",
                 fn);
+  if (!t_bound) {
+    cudaError_t e = cudaSetDevice(s.device);
+    if (e != cudaSuccess)
+      return fail(MK_ERR_CUDA, "%s: cudaSetDevice(%d) on a new thread: %s", fn, s.device,
+                  cudaGetErrorString(e));
+    t_bound = true;
+  }
   return MK_OK;
 }
 
@@ -41,6 +53,13 @@ int check_thread(const char* fn) {
 extern "C" {
 
 int32_t mk_abi_version(void) { return MK_ABI_VERSION; }
+
+int32_t mk_set_any_thread(int32_t on) {
+  MK_THREAD("mk_set_any_thread");
+  MK_ARG(on == 0 || on == 1, "mk_set_any_thread: on=%d, want 0 or 1", on);
+  mk::state().any_thread.store(on == 1, std::memory_order_release);
+  return MK_OK;
+}
 
 const char* mk_last_error(void) { return mk::t_err; }
 

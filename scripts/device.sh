@@ -199,7 +199,9 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
 		-test.benchtime 20x -test.timeout=120s) && PYTHONUNBUFFERED=1 python3 scripts/bench_hf_default.py"
 	step model 560 bash -c "
 		$MK bench model --config configs/shapes/qwen3-30b-a3b --batch 1,32,256 --context 1024 --prefill 8192 --profile-ops --json
-		$MK bench model --config configs/shapes/mixtral-8x7b --batch 1,32,256 --context 512 --prefill 8192 --profile-ops --json"
+		$MK bench model --config configs/shapes/mixtral-8x7b --batch 1,32,256 --context 512 --prefill 8192 --profile-ops --json
+		echo 'DIRECT: the same Qwen3 decode with GPU calls on the calling goroutines (MKSERVE_GPU_DIRECT=1)'
+		MKSERVE_GPU_DIRECT=1 $MK bench model --config configs/shapes/qwen3-30b-a3b --batch 1,32 --context 1024 --prefill 0 --profile-ops --json"
 	step servebench 300 bash scripts/bench_serve_gpu.sh "$MK"
 fi
 

@@ -54,6 +54,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -114,6 +115,11 @@ var (
 	_ backend.KVAllocator   = (*Backend)(nil)
 )
 
+// DirectEnv names the environment variable that, set to 1, runs the GPU
+// calls on the calling goroutines instead of handing each to the GPU's
+// owning goroutine (kernels.GPU.SetDirect; experimental, off by default).
+const DirectEnv = "MKSERVE_GPU_DIRECT"
+
 // The process opens each GPU once (libmkernel keeps its context on the
 // owning thread); every Backend on that device shares it.
 var (
@@ -130,6 +136,11 @@ func openGPU(ordinal int) (*kernels.GPU, error) {
 	g, err := kernels.Open(ordinal)
 	if err != nil {
 		return nil, err
+	}
+	if os.Getenv(DirectEnv) == "1" {
+		if err := g.SetDirect(true); err != nil {
+			return nil, err
+		}
 	}
 	gpus[ordinal] = g
 	return g, nil
