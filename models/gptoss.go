@@ -22,9 +22,6 @@ func buildGptOss(cfg *Config, w *Weights, be backend.Backend) (Model, error) {
 	if limit == 0 {
 		limit = 7
 	}
-	if q, ok := cfg.Raw["quantization_config"]; ok && q != nil {
-		return nil, fmt.Errorf("field %q: quantized gpt-oss checkpoints (MXFP4) are not supported yet; use a bf16 checkpoint", "quantization_config")
-	}
 	return loadDecoder(cfg, w, be, func(i int) (block, block, error) {
 		attn, err := loadGQA(cfg, w, be, i, gqaOptions{qkvBias: cfg.AttentionBias, oBias: cfg.AttentionBias, sinks: true})
 		if err != nil {
@@ -57,6 +54,7 @@ func loadGptOssExperts(w *Weights, p string, E, H, I int, l *backend.MoELayer) e
 		"down_proj": {E, I, H}, "down_proj_bias": {E, H},
 	}
 	v := map[string][]float32{}
+	dtype := map[string]tensor.DType{}
 	for name, shape := range hosts {
 		h, err := w.host(p+name, shape...)
 		if err != nil {
@@ -65,6 +63,7 @@ func loadGptOssExperts(w *Weights, p string, E, H, I int, l *backend.MoELayer) e
 		if v[name], err = h.Float32(); err != nil {
 			return err
 		}
+		dtype[name] = h.DType
 	}
 	gu, gub, down := v["gate_up_proj"], v["gate_up_proj_bias"], v["down_proj"]
 	gateUp := make([]float32, E*2*I*H) // [E, 2I, H]
@@ -93,7 +92,11 @@ func loadGptOssExperts(w *Weights, p string, E, H, I int, l *backend.MoELayer) e
 			return nil
 		}
 		var t backend.Tensor
-		t, err = w.upload(tensor.FromFloat32(p+name, shape, data))
+		h := tensor.FromFloat32(p+name, shape, data)
+		if dtype[name] == tensor.BF16 { // rearranged bf16 values: exact in bf16, half the memory
+			h = tensor.ToBF16(h)
+		}
+		t, err = w.upload(h)
 		return t
 	}
 	l.GateUp = up("gate_up_proj", []int{E * 2 * I, H}, gateUp)

@@ -121,11 +121,17 @@ func Load(dir string, be backend.Backend, opts LoadOptions) (*Loaded, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ck.CheckFloat(); err != nil {
+	q, err := parseQuant(cfg.Raw)
+	if err != nil {
+		ck.Close()
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "config.json"), err)
+	}
+	src, err := newQuantSource(ck, q)
+	if err != nil {
 		ck.Close()
 		return nil, err
 	}
-	w := NewWeights(ck, be)
+	w := NewWeights(src, be)
 	out := opts.Progress
 	if out == nil && term.IsTerminal(int(os.Stderr.Fd())) {
 		out = os.Stderr

@@ -121,6 +121,20 @@ func FromFloat32(name string, shape []int, v []float32) *Host {
 // BF16ToF32 widens a bfloat16 bit pattern.
 func BF16ToF32(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }
 
+// ToBF16 returns an F32 tensor t rounded to BF16 (nearest even); other
+// dtypes come back as they are.
+func ToBF16(t *Host) *Host {
+	if t.DType != F32 {
+		return t
+	}
+	n := len(t.Data) / 4
+	b := make([]byte, 2*n)
+	for i := range n {
+		binary.LittleEndian.PutUint16(b[2*i:], F32ToBF16(math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4*i:]))))
+	}
+	return &Host{Name: t.Name, DType: BF16, Shape: t.Shape, Data: b}
+}
+
 // F32ToBF16 rounds to nearest even, keeping NaN a NaN.
 func F32ToBF16(f float32) uint16 {
 	u := math.Float32bits(f)

@@ -72,9 +72,9 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-// bf16Golden are the golden families whose experts load as bf16 (the others
-// are F32 checkpoints, or gpt-oss's experts, widened to float32 at load).
-var bf16Golden = map[string]bool{"mixtral": true, "qwen3_moe": true, "deepseek_v3": true}
+// bf16Golden are the golden families whose experts load as bf16 (the
+// others are F32 checkpoints).
+var bf16Golden = map[string]bool{"mixtral": true, "qwen3_moe": true, "deepseek_v3": true, "gpt_oss": true}
 
 // goldenFamily is TestGolden for one family in one precision profile.
 func goldenFamily(t *testing.T, fam, mode string, split, kv32 bool) {

@@ -1,0 +1,336 @@
+package models
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/backend/cpu"
+	"github.com/mkserve/mkserve/models/safetensors"
+	"github.com/mkserve/mkserve/tensor"
+)
+
+// TestFP8E4M3: the OCP E4M3 constants (1.0 = 0x38, the largest normal 448
+// = 0x7E, the smallest normal 2^-6 = 0x08, the smallest subnormal 2^-9 =
+// 0x01, NaN = 0x7F/0xFF, no infinities), sign symmetry, and monotonic
+// positive codes.
+func TestFP8E4M3(t *testing.T) {
+	for _, tc := range []struct {
+		b    byte
+		want float64
+	}{{0x00, 0}, {0x38, 1}, {0x7E, 448}, {0x08, 1.0 / 64}, {0x01, 1.0 / 512}, {0x07, 7.0 / 512},
+		{0x3F, 1.875}, {0x40, 2}, {0xB8, -1}, {0xFE, -448}} {
+		if got := fp8E4M3(tc.b); float64(got) != tc.want {
+			t.Errorf("fp8E4M3(%#02x) = %v, want %v", tc.b, got, tc.want)
+		}
+	}
+	for _, b := range []byte{0x7F, 0xFF} {
+		if v := fp8E4M3(b); v == v {
+			t.Errorf("fp8E4M3(%#02x) = %v, want NaN", b, v)
+		}
+	}
+	for b := 1; b <= 0x7E; b++ {
+		if !(fp8E4M3(byte(b)) > fp8E4M3(byte(b-1))) {
+			t.Fatalf("codes %#02x, %#02x not increasing", b-1, b)
+		}
+		if fp8E4M3(byte(b)|0x80) != -fp8E4M3(byte(b)) {
+			t.Fatalf("code %#02x: sign not symmetric", b)
+		}
+	}
+}
+
+// TestDequantFP8Blocks: each element is scaled by its own block's scale,
+// with partial blocks at the edges.
+func TestDequantFP8Blocks(t *testing.T) {
+	codes := []byte{0x38, 0x40, 0xB8, 0x30, 0x38, 0x38, 0x44, 0x01, 0x00, 0x38, 0x3C, 0x48, 0x38, 0x38, 0x38} // [5, 3]
+	scale := []float32{0.5, 4, 2, 8, 0.25, 1}                                                                 // [3, 2] for blocks of 2×2
+	h := dequantFP8("w", &tensor.Host{DType: tensor.F8E4M3, Shape: []int{5, 3}, Data: codes}, scale, [2]int{2, 2})
+	if !slices.Equal(h.Shape, []int{5, 3}) || h.DType != tensor.BF16 {
+		t.Fatalf("shape %v dtype %s", h.Shape, h.DType)
+	}
+	got, _ := h.Float32()
+	for r := range 5 {
+		for c := range 3 {
+			want := fp8E4M3(codes[r*3+c]) * scale[(r/2)*2+c/2]
+			if got[r*3+c] != want {
+				t.Errorf("[%d,%d] = %v, want %v", r, c, got[r*3+c], want)
+			}
+		}
+	}
+}
+
+// TestDequantMXFP4Layout: low nibble first, a group's scale 2^(s−127), and
+// the last two dims swapped, on a hand-built block.
+func TestDequantMXFP4Layout(t *testing.T) {
+	blocks := make([]byte, 2*16) // [1 expert, 2 rows, 1 group, 16 bytes]
+	blocks[0] = 0x21             // row 0: 0.5 (lo), 1.0 (hi)
+	blocks[16] = 0x9F            // row 1: −6 (lo), −0.5 (hi)
+	blocks[16+15] = 0x7E         // row 1, last byte: −4 (lo, nibble 0xE), 6 (hi)
+	scales := []byte{128, 126}   // row 0 ×2, row 1 ×0.5
+	h := dequantMXFP4("w", &tensor.Host{DType: tensor.U8, Shape: []int{1, 2, 1, 16}, Data: blocks},
+		&tensor.Host{DType: tensor.U8, Shape: []int{1, 2, 1}, Data: scales})
+	if !slices.Equal(h.Shape, []int{1, 32, 2}) {
+		t.Fatalf("shape %v, want [1 32 2]", h.Shape)
+	}
+	v, _ := h.Float32()
+	at := func(c, r int) float32 { return v[c*2+r] }
+	for _, tc := range []struct {
+		c, r int
+		want float32
+	}{{0, 0, 1}, {1, 0, 2}, {2, 0, 0}, {0, 1, -3}, {1, 1, -0.25}, {30, 1, -2}, {31, 1, 3}} {
+		if got := at(tc.c, tc.r); got != tc.want {
+			t.Errorf("[%d, %d] = %v, want %v", tc.c, tc.r, got, tc.want)
+		}
+	}
+}
+
+// goldenTensors reads a golden checkpoint's config and tensors.
+func goldenTensors(t *testing.T, family string) (map[string]any, []*tensor.Host) {
+	t.Helper()
+	dir := filepath.Join("testdata/golden", family)
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	var ts []*tensor.Host
+	for _, n := range ck.Names() {
+		h, err := ck.Tensor(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts = append(ts, &tensor.Host{Name: n, DType: h.DType, Shape: slices.Clone(h.Shape), Data: slices.Clone(h.Data)})
+	}
+	return cfg, ts
+}
+
+func writeDir(t *testing.T, cfg map[string]any, ts []*tensor.Host) string {
+	t.Helper()
+	dir := t.TempDir()
+	data, _ := json.Marshal(cfg)
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := safetensors.Write(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func bf16Host(name string, shape []int, v []float32) *tensor.Host {
+	b := make([]byte, 2*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint16(b[2*i:], tensor.F32ToBF16(x))
+	}
+	return &tensor.Host{Name: name, DType: tensor.BF16, Shape: shape, Data: b}
+}
+
+func logitsOf(t *testing.T, dir string) []float32 {
+	t.Helper()
+	be := cpu.New(cpu.Options{})
+	l, err := Load(dir, be, LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	out, err := l.Model.Forward(backend.SingleSequence(1, []int32{1, 7, 30, 2, 99}, 0, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return be.ToHost(out)
+}
+
+// TestLoadMXFP4: gpt-oss's experts quantized to MXFP4 by this test
+// (blocks [E, out, in/32, 16], scales [E, out, in/32]) load to exactly the
+// logits of a bf16 checkpoint holding the values the test's own quantizer
+// chose, in gpt-oss's bf16 layout ([E, in, out]).
+func TestLoadMXFP4(t *testing.T) {
+	cfg, ts := goldenTensors(t, "gpt_oss")
+	var quant, plain []*tensor.Host
+	quantized := 0
+	for _, h := range ts {
+		if !strings.HasSuffix(h.Name, "experts.gate_up_proj") && !strings.HasSuffix(h.Name, "experts.down_proj") {
+			quant, plain = append(quant, h), append(plain, h)
+			continue
+		}
+		v, _ := h.Float32()
+		E, in, out := h.Shape[0], h.Shape[1], h.Shape[2] // bf16 layout [E, in, out]
+		G := in / 32
+		blocks := make([]byte, E*out*G*16)
+		scales := make([]byte, E*out*G)
+		deq := make([]float32, len(v))
+		for e := range E {
+			for o := range out {
+				for g := range G {
+					amax := 0.0
+					for k := range 32 {
+						amax = math.Max(amax, math.Abs(float64(v[(e*in+g*32+k)*out+o])))
+					}
+					s := 0
+					if amax > 0 {
+						s = int(math.Ceil(math.Log2(amax / 6)))
+					}
+					scales[(e*out+o)*G+g] = byte(s + 127)
+					for k := range 32 {
+						x := float64(v[(e*in+g*32+k)*out+o]) / math.Ldexp(1, s)
+						best := 0
+						for i, f := range fp4Spec {
+							if math.Abs(x-f) < math.Abs(x-fp4Spec[best]) {
+								best = i
+							}
+						}
+						nib := byte(best)
+						bi := ((e*out+o)*G+g)*16 + k/2
+						if k%2 == 0 {
+							blocks[bi] |= nib
+						} else {
+							blocks[bi] |= nib << 4
+						}
+						deq[(e*in+g*32+k)*out+o] = float32(fp4Spec[best] * math.Ldexp(1, s))
+					}
+				}
+			}
+		}
+		quant = append(quant,
+			&tensor.Host{Name: h.Name + "_blocks", DType: tensor.U8, Shape: []int{E, out, G, 16}, Data: blocks},
+			&tensor.Host{Name: h.Name + "_scales", DType: tensor.U8, Shape: []int{E, out, G}, Data: scales})
+		plain = append(plain, bf16Host(h.Name, h.Shape, deq))
+		quantized++
+	}
+	if quantized == 0 {
+		t.Fatal("no expert tensors found to quantize")
+	}
+	qcfg := maps(cfg)
+	qcfg["quantization_config"] = map[string]any{"quant_method": "mxfp4", "modules_to_not_convert": []any{}}
+	got, want := logitsOf(t, writeDir(t, qcfg, quant)), logitsOf(t, writeDir(t, cfg, plain))
+	if !slices.Equal(got, want) {
+		t.Errorf("MXFP4 checkpoint's logits differ from the dequantized bf16 checkpoint's (relative L2 %.3g)", relL2(got, want))
+	}
+	// Without the quantization_config the blocks are refused, naming them.
+	if _, err := Load(writeDir(t, cfg, quant), cpu.New(cpu.Options{}), LoadOptions{}); err == nil || !strings.Contains(err.Error(), "MXFP4") {
+		t.Errorf("MXFP4 blocks without quantization_config: %v", err)
+	}
+}
+
+// fp4Spec is the E2M1 value of each nibble, from the OCP MX spec (sign in
+// bit 3), written out independently of fp4Values.
+var fp4Spec = []float64{0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6}
+
+// TestLoadFP8: DeepSeek-V3's projection weights quantized to FP8 E4M3 with
+// 128×128 block scales by this test load to exactly the logits of a bf16
+// checkpoint holding the values the test's quantizer chose; a scale of the
+// wrong shape is an error naming the tensor.
+func TestLoadFP8(t *testing.T) {
+	cfg, ts := goldenTensors(t, "deepseek_v3")
+	const B = 128
+	var quant, plain []*tensor.Host
+	n := 0
+	for _, h := range ts {
+		if !strings.HasSuffix(h.Name, "_proj.weight") || len(h.Shape) != 2 {
+			quant, plain = append(quant, h), append(plain, h)
+			continue
+		}
+		v, _ := h.Float32()
+		rows, cols := h.Shape[0], h.Shape[1]
+		sr, sc := (rows+B-1)/B, (cols+B-1)/B
+		scale := make([]float32, sr*sc)
+		codes := make([]byte, rows*cols)
+		deq := make([]float32, rows*cols)
+		for br := range sr {
+			for bc := range sc {
+				amax := float32(0)
+				for r := br * B; r < min(rows, (br+1)*B); r++ {
+					for c := bc * B; c < min(cols, (bc+1)*B); c++ {
+						amax = max(amax, float32(math.Abs(float64(v[r*cols+c]))))
+					}
+				}
+				s := amax / 448
+				if s == 0 {
+					s = 1
+				}
+				scale[br*sc+bc] = s
+				for r := br * B; r < min(rows, (br+1)*B); r++ {
+					for c := bc * B; c < min(cols, (bc+1)*B); c++ {
+						x := v[r*cols+c] / s
+						best := byte(0)
+						for code := 0; code < 256; code++ {
+							if f := e4m3Spec(byte(code)); f == f && math.Abs(float64(x-f)) < math.Abs(float64(x-e4m3Spec(best))) {
+								best = byte(code)
+							}
+						}
+						codes[r*cols+c] = best
+						deq[r*cols+c] = e4m3Spec(best) * s
+					}
+				}
+			}
+		}
+		quant = append(quant, &tensor.Host{Name: h.Name, DType: tensor.F8E4M3, Shape: h.Shape, Data: codes},
+			tensor.FromFloat32(h.Name+"_scale_inv", []int{sr, sc}, scale))
+		plain = append(plain, bf16Host(h.Name, h.Shape, deq))
+		n++
+	}
+	if n == 0 {
+		t.Fatal("no projection weights found to quantize")
+	}
+	qcfg := maps(cfg)
+	qcfg["quantization_config"] = map[string]any{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+		"weight_block_size": []any{float64(B), float64(B)}}
+	got, want := logitsOf(t, writeDir(t, qcfg, quant)), logitsOf(t, writeDir(t, cfg, plain))
+	if !slices.Equal(got, want) {
+		t.Errorf("FP8 checkpoint's logits differ from the dequantized bf16 checkpoint's (relative L2 %.3g)", relL2(got, want))
+	}
+	// A block size the scales do not fit: the error names the tensor.
+	qcfg["quantization_config"] = map[string]any{"quant_method": "fp8", "weight_block_size": []any{float64(2), float64(2)}}
+	if _, err := Load(writeDir(t, qcfg, quant), cpu.New(cpu.Options{}), LoadOptions{}); err == nil || !strings.Contains(err.Error(), "_scale_inv") {
+		t.Errorf("mismatched block size: %v", err)
+	}
+	qcfg["quantization_config"] = map[string]any{"quant_method": "gptq"}
+	if _, err := Load(writeDir(t, qcfg, quant), cpu.New(cpu.Options{}), LoadOptions{}); err == nil || !strings.Contains(err.Error(), "gptq") {
+		t.Errorf("unsupported method: %v", err)
+	}
+}
+
+// e4m3Spec decodes E4M3 from the spec's definition: (−1)^s · 2^(e−7) ·
+// (1 + m/8) for e > 0, (−1)^s · 2^−6 · m/8 for e = 0, NaN for e = 15, m = 7.
+func e4m3Spec(b byte) float32 {
+	s, e, m := float64(1-2*int(b>>7)), int(b>>3)&15, float64(b&7)
+	if e == 15 && m == 7 {
+		return float32(math.NaN())
+	}
+	if e == 0 {
+		return float32(s * math.Ldexp(m/8, -6))
+	}
+	return float32(s * math.Ldexp(1+m/8, e-7))
+}
+
+func maps(m map[string]any) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+func relL2(a, b []float32) float64 {
+	var num, den float64
+	for i := range a {
+		d := float64(a[i]) - float64(b[i])
+		num += d * d
+		den += float64(b[i]) * float64(b[i])
+	}
+	return math.Sqrt(num / den)
+}
