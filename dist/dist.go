@@ -46,9 +46,28 @@ var (
 // Leader is rank 0's side: it wraps the model and the backend the engine
 // uses so that every call is broadcast to the workers first.
 type Leader struct {
-	comm transport.Comm
-	mu   sync.Mutex
-	sent int // broadcasts so far
+	comm   transport.Comm
+	mu     sync.Mutex
+	sent   int   // broadcasts so far
+	err    error // the first failed broadcast: the world is gone
+	onFail func(error)
+}
+
+// OnFail registers f to run once, with the error, when a broadcast first
+// fails: the world is broken from then on (a worker stopped or is
+// unreachable), and every later call fails too. The server uses it to
+// report itself unhealthy.
+func (l *Leader) OnFail(f func(error)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.onFail = f
+}
+
+// Err is the error that broke the world, or nil.
+func (l *Leader) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
 }
 
 // NewLeader returns rank 0's leader over comm (which must be rank 0).
@@ -77,7 +96,14 @@ func (l *Leader) broadcast(msg []byte) error {
 	defer cancel()
 	_, err := l.comm.AllToAllV(ctx, send)
 	if err != nil {
-		return fmt.Errorf("dist: broadcasting to %d workers: %w", l.comm.Size()-1, err)
+		err = fmt.Errorf("dist: broadcasting to %d workers: %w", l.comm.Size()-1, err)
+		if l.err == nil {
+			l.err = err
+			if l.onFail != nil {
+				go l.onFail(err) // not under l.mu
+			}
+		}
+		return err
 	}
 	return nil
 }

@@ -221,6 +221,8 @@ func TestWorkerFailure(t *testing.T) {
 	if r := generate(e, []int32{1, 2, 3}, p); r.err != nil {
 		t.Fatalf("before the failure: %v", r.err)
 	}
+	failed := make(chan error, 1)
+	leader.OnFail(func(err error) { failed <- err })
 	cancel()
 	comms[1].Close()
 	if err := <-done; err == nil {
@@ -235,4 +237,12 @@ func TestWorkerFailure(t *testing.T) {
 		t.Errorf("the failing request took %v", d)
 	}
 	t.Logf("request error: %v", r.err)
+	select {
+	case err := <-failed:
+		if err == nil || leader.Err() == nil {
+			t.Errorf("OnFail got %v, Err is %v", err, leader.Err())
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("OnFail was not called after the world broke")
+	}
 }

@@ -161,6 +161,13 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	defer loaded.Close()
 	model := loaded.Model
 	if leader != nil {
+		leader.OnFail(func(err error) {
+			log.Error("the world of processes broke: no request can be served; restart the world", zap.Error(err))
+			hs.SetReady(false)
+			if gapi != nil {
+				gapi.SetServing(false)
+			}
+		})
 		model, be = leader.Model(model), leader.Backend(be)
 		defer func() {
 			if err := leader.Stop(); err != nil {

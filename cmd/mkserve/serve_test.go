@@ -511,3 +511,54 @@ func TestServeWorldProcesses(t *testing.T) {
 		t.Fatalf("the worker process did not stop with the server\n%s", out.String())
 	}
 }
+
+// TestServeWorldLosesWorker: when a worker goes away the server answers the
+// next request with an error instead of hanging, and /health turns 503 so
+// that load balancers stop sending it requests.
+func TestServeWorldLosesWorker(t *testing.T) {
+	if os.Getenv(testBackendEnv) != "" {
+		t.Skipf("a world of processes runs on the cpu backend (%s=%s)", testBackendEnv, os.Getenv(testBackendEnv))
+	}
+	const model = "../../models/testdata/golden/qwen3_moe"
+	coord := freeLoopback(t)
+	wctx, wcancel := context.WithCancel(context.Background())
+	workerDone := make(chan error, 1)
+	go func() {
+		workerDone <- runWorker(wctx, []string{"--model", model, "--world-size", "2", "--rank", "1", "--coordinator", coord}, io.Discard)
+	}()
+	h, _, stop := startServe(t, "--model", model, "--world-size", "2", "--coordinator", coord)
+	defer stop()
+	post := func() int {
+		resp, err := http.Post("http://"+h+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"qwen3_moe","prompt":"a b","max_tokens":3,"temperature":0}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if st := post(); st != 200 {
+		t.Fatalf("with the worker: status %d", st)
+	}
+	wcancel()
+	<-workerDone
+	if st := post(); st == 200 {
+		t.Errorf("after the worker went away: status 200")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + h + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == 503 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/health still %d after the world broke", resp.StatusCode)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
