@@ -70,21 +70,8 @@ func FuzzDecodeBatch(f *testing.F) {
 	})
 }
 
-// world joins R ranks over gRPC on loopback, as R processes would, closing
-// them at the end of the test.
-func world(t testing.TB, R int) []*transport.GRPCComm {
-	t.Helper()
-	comms, err := transport.JoinLoopback(context.Background(), R)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, c := range comms {
-			c.Close()
-		}
-	})
-	return comms
-}
+// world joins R ranks over gRPC on loopback, as R processes would.
+func world(t testing.TB, R int) []*transport.GRPCComm { return transport.LoopbackForTest(t, R) }
 
 const testModel = "../models/testdata/golden/qwen3_moe"
 

@@ -9,21 +9,8 @@ import (
 	"github.com/mkserve/mkserve/transport"
 )
 
-// grpcWorld joins R ranks over gRPC on loopback, as R processes would, closing
-// them at the end of the test.
-func grpcWorld(t *testing.T, R int) []*transport.GRPCComm {
-	t.Helper()
-	comms, err := transport.JoinLoopback(context.Background(), R)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, c := range comms {
-			c.Close()
-		}
-	})
-	return comms
-}
+// grpcWorld joins R ranks over gRPC on loopback, as R processes would.
+func grpcWorld(t *testing.T, R int) []*transport.GRPCComm { return transport.LoopbackForTest(t, R) }
 
 // TestEPRankOverGRPC: R ranks, each holding only its experts and talking
 // over gRPC, compute what Experts.Forward computes, with the contiguous

@@ -427,3 +427,26 @@ func JoinLoopback(ctx context.Context, R int) ([]*GRPCComm, error) {
 	}
 	return comms, nil
 }
+
+// TB is the part of testing.TB that LoopbackForTest needs.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+}
+
+// LoopbackForTest is JoinLoopback for a test: it fails the test on an
+// error and closes the ranks when the test ends.
+func LoopbackForTest(tb TB, R int) []*GRPCComm {
+	tb.Helper()
+	comms, err := JoinLoopback(context.Background(), R)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		for _, c := range comms {
+			c.Close()
+		}
+	})
+	return comms
+}

@@ -23,20 +23,8 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// joinAll joins R ranks of one world (JoinLoopback), closed at cleanup.
-func joinAll(t *testing.T, R int) []*GRPCComm {
-	t.Helper()
-	comms, err := JoinLoopback(context.Background(), R)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, c := range comms {
-			c.Close()
-		}
-	})
-	return comms
-}
+// joinAll joins R ranks of one world on loopback.
+func joinAll(t *testing.T, R int) []*GRPCComm { return LoopbackForTest(t, R) }
 
 // TestGRPCAllToAllV runs the same random exchanges as the in-process world
 // over gRPC between R ranks bootstrapped through a coordinator.

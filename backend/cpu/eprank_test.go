@@ -1,28 +1,14 @@
 package cpu
 
 import (
-	"context"
 	"sync"
 	"testing"
 
 	"github.com/mkserve/mkserve/transport"
 )
 
-// processWorld joins R ranks over gRPC on loopback, as R processes would, closing
-// them at the end of the test.
-func processWorld(t *testing.T, R int) []*transport.GRPCComm {
-	t.Helper()
-	comms, err := transport.JoinLoopback(context.Background(), R)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, c := range comms {
-			c.Close()
-		}
-	})
-	return comms
-}
+// processWorld joins R ranks over gRPC on loopback, as R processes would.
+func processWorld(t *testing.T, R int) []*transport.GRPCComm { return transport.LoopbackForTest(t, R) }
 
 // TestMoEAcrossProcesses: R backends, each one rank of a process world
 // (Options.EPComm) holding only its experts, compute every MoE case's
