@@ -244,7 +244,11 @@ func (e *Engine) step() {
 	}
 	e.opts.Metrics.GenerationTokens(generated)
 	if c, ok := e.be.(backend.ExpertCounter); ok && (e.opts.Metrics != nil || e.rebal != nil) {
-		for layer, counts := range c.TakeExpertLoad() {
+		var load map[int][]int64
+		if err := safely(func() { load = c.TakeExpertLoad() }); err != nil {
+			e.log.Warn("reading the expert loads failed", zap.Error(err))
+		}
+		for layer, counts := range load {
 			e.opts.Metrics.ExpertLoad(layer, counts)
 			if e.rebal != nil {
 				e.rebal.observe(layer, counts)
@@ -312,21 +316,42 @@ func (e *Engine) fork(s *sequence, logits []float32, now time.Time) {
 		}
 		if full < len(s.blocks) {
 			nb, ok := e.blocks.alloc()
-			if !ok {
-				// No block for the copy: recompute this choice later.
+			var err error
+			if ok {
+				err = safely(func() { e.be.CopyBlocks([]int32{s.blocks[full]}, []int32{nb}) })
+				if err != nil {
+					e.log.Warn("copying a forked choice's last block failed; it will be recomputed", zap.Error(err))
+					e.blocks.release(nb)
+				}
+			}
+			if !ok || err != nil {
+				// No block for the copy, or the copy failed: recompute
+				// this choice later.
 				e.blocks.releaseAll(c.blocks)
 				c.blocks, c.hashes, c.computed = nil, nil, 0
 				r.seqs = append(r.seqs, c)
 				e.waiting = append(e.waiting, c)
 				continue
 			}
-			e.be.CopyBlocks([]int32{s.blocks[full]}, []int32{nb})
 			c.blocks = append(c.blocks, nb)
 		}
 		r.seqs = append(r.seqs, c)
 		e.running = append(e.running, c)
 		e.emit(c, logits, now)
 	}
+}
+
+// safely runs f, turning a panic (a backend op's way to report a device
+// failure) into an error, so that one failed call fails its work and not
+// the server.
+func safely(f func()) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("engine: %v", r)
+		}
+	}()
+	f()
+	return nil
 }
 
 // pick is one sequence's sampling work in a step.
