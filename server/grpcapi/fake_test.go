@@ -15,7 +15,8 @@ import (
 // fakeToken(prompt, i, k); it stops on a stop token or after MaxTokens,
 // one event per token, choices interleaved, delay between tokens. A
 // request whose ID starts with a key of errs fails with that error; one
-// starting with "midfail" ends choice 0 with FinishError after one token.
+// starting with "midfail" ends choice 0 with FinishError after one token;
+// one starting with "panic" panics in Generate.
 type fakeGen struct {
 	maxCtx int
 	vocab  int
@@ -52,6 +53,9 @@ func fakeText(id int32) string { return fmt.Sprintf("<%d>", id) }
 func fakeLogprob(k int) float32 { return -float32(k+1) / 8 }
 
 func (f *fakeGen) Generate(ctx context.Context, req *engine.Request) (<-chan engine.Event, error) {
+	if strings.HasPrefix(req.ID, "panic") {
+		panic("fake generator: " + req.ID)
+	}
 	for prefix, err := range f.errs {
 		if strings.HasPrefix(req.ID, prefix) {
 			return nil, err

@@ -63,25 +63,42 @@ func (m *rpcMetrics) observe(method string, code codes.Code, d time.Duration) {
 	m.latency.WithLabelValues(method).Observe(d.Seconds())
 }
 
-// UnaryInterceptor records each unary call's count, latency and a log line.
+// UnaryInterceptor records each unary call's count, latency and a log line,
+// and turns a panic in the handler into codes.Internal (grpc-go does not
+// recover panics: one would end the whole server).
 func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 		start := time.Now()
-		resp, err := handler(ctx, req)
-		s.finished(ctx, info.FullMethod, start, err)
-		return resp, err
+		defer func() {
+			if p := recover(); p != nil {
+				err = s.panicked(info.FullMethod, p)
+			}
+			s.finished(ctx, info.FullMethod, start, err)
+		}()
+		return handler(ctx, req)
 	}
 }
 
 // StreamInterceptor records each streaming call's count, latency and a
-// log line.
+// log line, and turns a panic in the handler into codes.Internal.
 func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 		start := time.Now()
-		err := handler(srv, ss)
-		s.finished(ss.Context(), info.FullMethod, start, err)
-		return err
+		defer func() {
+			if p := recover(); p != nil {
+				err = s.panicked(info.FullMethod, p)
+			}
+			s.finished(ss.Context(), info.FullMethod, start, err)
+		}()
+		return handler(srv, ss)
 	}
+}
+
+// panicked logs a handler's panic with its stack and returns the error the
+// client gets.
+func (s *Server) panicked(method string, p any) error {
+	s.log.Error("panic in a gRPC handler", zap.String("method", method), zap.Any("panic", p), zap.Stack("stack"))
+	return status.Errorf(codes.Internal, "internal error in %s", method)
 }
 
 // ServerOptions are the interceptors as options for grpc.NewServer.

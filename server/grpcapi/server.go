@@ -196,7 +196,7 @@ func (s *Server) BatchGenerate(req *pb.BatchGenerateRequest, stream grpc.ServerS
 			wg.Go(func() {
 				defer func() { <-sem }()
 				out := &pb.BatchGenerateResponse{Index: int32(i)}
-				if resp, err := s.collect(ctx, p); err != nil {
+				if resp, err := s.collectSafely(ctx, p); err != nil {
 					out.Result = &pb.BatchGenerateResponse_Error{Error: &pb.Error{
 						Code: int32(Code(err)), Message: err.Error(),
 					}}
@@ -223,6 +223,18 @@ func (s *Server) BatchGenerate(req *pb.BatchGenerateRequest, stream grpc.ServerS
 		return ToStatus(context.Cause(ctx))
 	}
 	return nil
+}
+
+// collectSafely is collect on a goroutine of its own, where a panic would
+// escape the interceptor's recovery: it becomes this request's Internal
+// error.
+func (s *Server) collectSafely(ctx context.Context, p *prepared) (resp *pb.GenerateResponse, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = s.panicked("/mkserve.v1.Inference/BatchGenerate", r)
+		}
+	}()
+	return s.collect(ctx, p)
 }
 
 // collect runs p to completion and gathers its choices.

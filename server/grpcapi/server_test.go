@@ -960,3 +960,51 @@ func TestProtoRoundTrip(t *testing.T) {
 		t.Errorf("explicit temperature 0 became %v (%v)", sp.Temperature, err)
 	}
 }
+
+// TestHandlerPanic: a panic while serving a call (here in the generator)
+// answers that call with Internal and leaves the server serving, for unary
+// and streaming calls alike.
+func TestHandlerPanic(t *testing.T) {
+	tok := loadTok(t)
+	h := start(t, newFake(4096, tok.VocabSize()), Options{})
+	h.srv.SetServing(true)
+	req := func(id string) *pb.GenerateRequest {
+		return &pb.GenerateRequest{Prompt: &pb.GenerateRequest_TokenIds{TokenIds: &pb.TokenIds{Ids: []int32{1, 2, 3}}},
+			RequestId: id}
+	}
+	if _, err := h.client.Generate(ctxT(t), req("panic-1")); status.Code(err) != codes.Internal {
+		t.Errorf("unary call whose generator panics: %v, want Internal", err)
+	}
+	st, err := h.client.GenerateStream(ctxT(t), req("panic-2"))
+	if err == nil {
+		_, err = st.Recv()
+	}
+	if status.Code(err) != codes.Internal {
+		t.Errorf("streaming call whose generator panics: %v, want Internal", err)
+	}
+	// In a batch, the panicking request fails alone.
+	bs, err := h.client.BatchGenerate(ctxT(t), &pb.BatchGenerateRequest{Requests: []*pb.GenerateRequest{req("ok-1"), req("panic-3"), req("ok-2")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[int32]bool{} // index → ok
+	for {
+		r, err := bs.Recv()
+		if err != nil {
+			break
+		}
+		got[r.Index] = r.GetResponse() != nil
+		if e := r.GetError(); e != nil && codes.Code(e.Code) != codes.Internal {
+			t.Errorf("batch item %d: error code %d, want Internal", r.Index, e.Code)
+		}
+	}
+	if len(got) != 3 || !got[0] || got[1] || !got[2] {
+		t.Errorf("batch results (index → ok): %v, want 0 and 2 ok, 1 failed", got)
+	}
+	if _, err := h.client.Generate(ctxT(t), req("fine")); err != nil {
+		t.Errorf("the next call: %v", err)
+	}
+	if n := h.logs.FilterMessage("panic in a gRPC handler").Len(); n != 3 {
+		t.Errorf("%d panics logged, want 3", n)
+	}
+}
