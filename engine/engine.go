@@ -280,6 +280,24 @@ func (e *Engine) loop() {
 			<-e.wake
 			continue
 		}
-		e.step()
+		if err := safely(e.step); err != nil {
+			e.failAll(err)
+		}
 	}
+}
+
+// failAll ends every running and waiting sequence with err after a step
+// panicked (a bug, or a backend failure nothing else caught): the step's
+// state cannot be trusted, so its requests fail and their blocks return,
+// and the engine serves the requests that come next.
+func (e *Engine) failAll(err error) {
+	e.log.Error("engine step failed; failing the requests in flight", zap.Error(err), zap.Stack("stack"))
+	for _, s := range slices.Concat(e.running, e.waiting) {
+		if serr := safely(func() { e.finish(s, FinishError, err) }); serr != nil {
+			e.log.Error("failing a request", zap.Error(serr))
+		}
+	}
+	e.dropFinished()
+	e.running, e.waiting = nil, nil
+	e.publish()
 }

@@ -2,6 +2,8 @@ package engine_test
 
 import (
 	"context"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,5 +39,53 @@ func TestBackendFailuresOutsideForward(t *testing.T) {
 		if len(res.tokens[c]) != 5 || res.reasons[c] != "length" {
 			t.Errorf("choice %d: %d tokens, finish %q", c, len(res.tokens[c]), res.reasons[c])
 		}
+	}
+}
+
+// onceFailing is a detokenizer that panics on its first call once armed.
+type onceFailing struct {
+	engine.Detokenizer
+	armed atomic.Bool
+}
+
+func (d *onceFailing) Decode(ids []int32, skip bool) (string, error) {
+	if d.armed.CompareAndSwap(true, false) {
+		panic("detokenizer bug")
+	}
+	return d.Detokenizer.Decode(ids, skip)
+}
+
+// TestStepPanicFailsInFlight: a panic inside a step (here the
+// detokenizer's) fails the requests in flight with an error, returns their
+// KV blocks, and the engine goes on serving the next request.
+func TestStepPanicFailsInFlight(t *testing.T) {
+	f := load(t)
+	tok := &onceFailing{Detokenizer: f.tok}
+	e, err := engine.New(f.m.Model, f.be, tok, engine.Config{BlockSize: 4}, engine.Options{Name: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Shutdown(context.Background())
+	p := engine.SamplingParams{N: 1, MaxTokens: 4, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true}
+	tok.armed.Store(true)
+	ch, err := e.Generate(context.Background(), &engine.Request{Prompt: []int32{3, 4, 5}, Sampling: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failed error
+	for ev := range ch {
+		if ev.Err != nil {
+			failed = ev.Err
+		}
+	}
+	if failed == nil || !strings.Contains(failed.Error(), "detokenizer bug") {
+		t.Errorf("the request in flight: %v, want the step's panic as its error", failed)
+	}
+	res := collect(t, mustGen(t, e, []int32{3, 4, 5}, p))
+	if len(res.tokens[0]) != 4 || res.reasons[0] != "length" {
+		t.Errorf("the next request: %d tokens, finish %q", len(res.tokens[0]), res.reasons[0])
+	}
+	if st := e.Stats(); st.BlocksUsed != 0 && st.Running == 0 {
+		t.Errorf("%d blocks still used with nothing running", st.BlocksUsed)
 	}
 }
