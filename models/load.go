@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
@@ -153,20 +154,42 @@ func Load(dir string, be backend.Backend, opts LoadOptions) (*Loaded, error) {
 }
 
 // CheckpointShapes returns the shape of every tensor of the checkpoint in
-// dir, by name, without reading the data.
+// dir, by name, as the model binds it (quantized tensors under their plain
+// names, in their dequantized shapes), without reading the data.
 func CheckpointShapes(dir string) (map[string][]int, error) {
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	q, err := parseQuant(cfg.Raw)
+	if err != nil {
+		return nil, err
+	}
 	ck, err := safetensors.OpenDir(dir)
 	if err != nil {
 		return nil, err
 	}
 	defer ck.Close()
+	src, err := newQuantSource(ck, q)
+	if err != nil {
+		return nil, err
+	}
 	out := map[string][]int{}
-	for _, n := range ck.Names() {
-		h, err := ck.Tensor(n)
+	for _, n := range src.Names() {
+		if src.mxfp4[n] {
+			_, sh, err := ck.Info(n + "_blocks") // [..., rows, G, 16] → [..., G·32, rows]
+			if err != nil {
+				return nil, err
+			}
+			k := len(sh)
+			out[n] = append(slices.Clone(sh[:k-3]), sh[k-2]*32, sh[k-3])
+			continue
+		}
+		_, sh, err := ck.Info(n)
 		if err != nil {
 			return nil, err
 		}
-		out[n] = h.Shape
+		out[n] = sh
 	}
 	return out, nil
 }

@@ -334,3 +334,21 @@ func relL2(a, b []float32) float64 {
 	}
 	return math.Sqrt(num / den)
 }
+
+// TestCheckpointShapesQuantized: the shapes the model binds, for a
+// quantized checkpoint, are the dequantized ones under plain names.
+func TestCheckpointShapesQuantized(t *testing.T) {
+	blocks := &tensor.Host{Name: "m.experts.down_proj_blocks", DType: tensor.U8, Shape: []int{2, 6, 2, 16}, Data: make([]byte, 2*6*2*16)}
+	scales := &tensor.Host{Name: "m.experts.down_proj_scales", DType: tensor.U8, Shape: []int{2, 6, 2}, Data: make([]byte, 2*6*2)}
+	plain := tensor.FromFloat32("m.norm.weight", []int{6}, make([]float32, 6))
+	cfg, _ := goldenTensors(t, "gpt_oss")
+	cfg["quantization_config"] = map[string]any{"quant_method": "mxfp4"}
+	dir := writeDir(t, cfg, []*tensor.Host{blocks, scales, plain})
+	got, err := CheckpointShapes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || !slices.Equal(got["m.experts.down_proj"], []int{2, 64, 6}) || !slices.Equal(got["m.norm.weight"], []int{6}) {
+		t.Errorf("shapes %v", got)
+	}
+}
