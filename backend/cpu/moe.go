@@ -3,6 +3,7 @@ package cpu
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"math"
 
@@ -41,7 +42,10 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 	out := newTensor(T, H)
 	switch {
 	case be.opts.EPComm != nil:
-		if err := be.epRank(l, ex).Forward(context.Background(), out.data, xt.data, T, K, ids, w); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), epRankTimeout)
+		err := be.epRank(l, ex).Forward(ctx, out.data, xt.data, T, K, ids, w)
+		cancel()
+		if err != nil {
 			panicf("MoE", "expert parallel forward (rank %d of %d): %v", be.opts.EPComm.Rank(), be.opts.EPComm.Size(), err)
 		}
 	case be.opts.EPRanks > 1:
@@ -158,6 +162,11 @@ func (be *Backend) ep(l *backend.MoELayer, ex *moe.Experts) *moe.EP {
 	be.eps[l] = &epWorld{ep: p, weights: key, placement: pl}
 	return p
 }
+
+// epRankTimeout bounds one MoE layer's exchange with the other processes:
+// a rank that stops answering fails the step (and aborts the world)
+// instead of hanging it.
+var epRankTimeout = 60 * time.Second
 
 // epRankWorld is a layer's rank of the process world and the weights it
 // was built on.
