@@ -24,6 +24,10 @@ type SamplingParams struct {
 	IgnoreEOS         bool     // keep going past the model's end-of-sequence tokens
 	Logprobs          bool     // return the chosen token's log-probability
 	TopLogprobs       int      // and this many alternatives (0–20)
+	// LogitBias adds a bias in [-100, 100] to token ids' logits before the
+	// penalties and sampling (OpenAI's logit_bias; -100 in effect bans a
+	// token, 100 forces it). Log-probabilities stay those of the raw logits.
+	LogitBias map[int32]float32
 }
 
 // Request is one generation request as the engine sees it.

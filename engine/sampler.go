@@ -40,8 +40,22 @@ func (p *SamplingParams) Validate() error {
 			return fmt.Errorf("stop[%d] must not be empty", i)
 		}
 	}
+	if len(p.LogitBias) > MaxLogitBias {
+		return fmt.Errorf("logit_bias has %d entries; at most %d are allowed", len(p.LogitBias), MaxLogitBias)
+	}
+	for id, b := range p.LogitBias {
+		if id < 0 {
+			return fmt.Errorf("logit_bias: token id %d is negative", id)
+		}
+		if !(b >= -100 && b <= 100) {
+			return fmt.Errorf("logit_bias: the bias of token %d must be in [-100, 100], got %v", id, b)
+		}
+	}
 	return nil
 }
+
+// MaxLogitBias is the most logit_bias entries a request may carry.
+const MaxLogitBias = 1024
 
 // Defaults fills the neutral values of unset fields (zero TopP and
 // RepetitionPenalty mean "off", N and MaxTokens 1 and 16 as OpenAI's).
@@ -144,6 +158,11 @@ func (s *sampler) sample(logits []float32, decode func(int32) string) (int32, *L
 	p := s.p
 	w := append(s.work[:0], logits...)
 	s.work = w
+	for t, b := range p.LogitBias {
+		if int(t) < len(w) {
+			w[t] += b
+		}
+	}
 	// Penalties.
 	if s.seen != nil {
 		for t := range s.seen {

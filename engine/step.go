@@ -189,6 +189,9 @@ func (e *Engine) step() {
 		if en.sample && s.index == 0 && s.computed+en.n == s.prompt && len(s.req.seqs) == 1 && s.req.r.Sampling.N > 1 {
 			devSampler = nil
 		}
+		if en.sample && len(s.req.r.Sampling.LogitBias) > 0 { // the device sampler takes no biases
+			devSampler = nil
+		}
 	}
 	if e.cfg.HostSampling {
 		devSampler = nil

@@ -127,7 +127,12 @@ func TestInvalidParams(t *testing.T) {
 		{"/v1/completions", `{"prompt":"x","echo":true}`, "echo"},
 		{"/v1/completions", `{"prompt":"x","suffix":"end"}`, "suffix"},
 		{"/v1/completions", `{"prompt":"x","best_of":3}`, "best_of"},
-		{"/v1/completions", `{"prompt":"x","logit_bias":{"5":10}}`, "logit_bias"},
+		{"/v1/completions", `{"prompt":"x","logit_bias":{"five":10}}`, "logit_bias"},
+		{"/v1/completions", `{"prompt":"x","logit_bias":{"5":101}}`, "logit_bias"},
+		{"/v1/completions", `{"prompt":"x","logit_bias":{"5":"up"}}`, "logit_bias"},
+		{"/v1/completions", `{"prompt":"x","logit_bias":{"99999999":1}}`, "logit_bias"},
+		{"/v1/completions", `{"prompt":"x","logit_bias":{"-3":1}}`, "logit_bias"},
+		{"/v1/completions", `{"prompt":"x","logit_bias":[1]}`, "logit_bias"},
 		{"/v1/completions", `{"prompt":"x","stream_options":{"include_usage":true}}`, "stream_options"},
 		{"/v1/completions", `{"prompt":"x","stream":"yes"}`, "stream"},
 		{"/v1/completions", `{"prompt":"x","stream":true,"stream_options":{"include_usage":"y"}}`, "stream_options.include_usage"},
@@ -189,6 +194,14 @@ func TestInvalidParams(t *testing.T) {
 	want := encode(t, "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n<|im_start|>assistant\n", false)
 	if len(reqs) != 2 || !reflect.DeepEqual(reqs[1].Prompt, want) {
 		t.Errorf("chat prompt %v, want %v", reqs[len(reqs)-1].Prompt, want)
+	}
+	// logit_bias reaches the engine as token ids and float biases.
+	if resp, body := post(t, url, "/v1/completions", `{"prompt":"x","max_tokens":2,"logit_bias":{"5":-100,"17":2.5}}`); resp.StatusCode != http.StatusOK {
+		t.Fatalf("logit_bias: %d %s", resp.StatusCode, body)
+	}
+	reqs = f.requests()
+	if got := reqs[len(reqs)-1].Sampling.LogitBias; !reflect.DeepEqual(got, map[int32]float32{5: -100, 17: 2.5}) {
+		t.Errorf("logit_bias reached the engine as %v", got)
 	}
 }
 

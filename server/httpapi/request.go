@@ -378,8 +378,22 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 	if p.IgnoreEOS != nil {
 		sp.IgnoreEOS = *p.IgnoreEOS
 	}
-	if len(p.LogitBias) > 0 {
-		return sp, invalid("logit_bias", "logit_bias is not supported")
+	if len(p.LogitBias) > engine.MaxLogitBias {
+		return sp, invalid("logit_bias", "logit_bias has %d entries; at most %d are allowed", len(p.LogitBias), engine.MaxLogitBias)
+	}
+	for k, v := range p.LogitBias {
+		id, err := strconv.ParseInt(k, 10, 32)
+		if err != nil || id < 0 || id >= int64(vocab) {
+			return sp, invalid("logit_bias", "logit_bias key %q is not a token id in [0, %d)", k, vocab)
+		}
+		b, ok := v.(float64)
+		if !ok || !(b >= -100 && b <= 100) {
+			return sp, invalid("logit_bias", "logit_bias[%q] must be a number in [-100, 100], got %v", k, v)
+		}
+		if sp.LogitBias == nil {
+			sp.LogitBias = map[int32]float32{}
+		}
+		sp.LogitBias[int32(id)] = float32(b)
 	}
 	if p.StreamOptions != nil && (p.Stream == nil || !*p.Stream) {
 		return sp, invalid("stream_options", "stream_options is only allowed when stream is true")
