@@ -455,26 +455,27 @@ func (be *Backend) CopyBlocks(src, dst []int32) {
 		}
 	}
 	bs := int64(pk.blockSize)
+	runs := blockRuns(src, dst)
 	be.do("CopyBlocks", func(d *kernels.Device) error {
 		for _, pl := range pk.layers {
 			if pl == nil {
 				continue
 			}
-			for i := range src {
+			for _, r := range runs {
 				for _, m := range []struct {
 					buf *kernels.Buffer
 					w   int64
 				}{{pl.k, int64(pl.kw)}, {pl.v, int64(pl.vw)}} {
-					n := bs * m.w * int64(pl.elem)
-					sv, err := m.buf.View(int64(src[i])*n, n)
+					n := bs * m.w * int64(pl.elem) // bytes a block
+					sv, err := m.buf.View(int64(r.src)*n, int64(r.n)*n)
 					if err != nil {
 						return err
 					}
-					dv, err := m.buf.View(int64(dst[i])*n, n)
+					dv, err := m.buf.View(int64(r.dst)*n, int64(r.n)*n)
 					if err != nil {
 						return err
 					}
-					if err := d.CopyAsync(nil, dv, sv, n); err != nil {
+					if err := d.CopyAsync(nil, dv, sv, int64(r.n)*n); err != nil {
 						return err
 					}
 				}
@@ -482,4 +483,33 @@ func (be *Backend) CopyBlocks(src, dst []int32) {
 		}
 		return nil
 	})
+}
+
+// blockRun is n consecutive blocks copied src… → dst….
+type blockRun struct{ src, dst, n int32 }
+
+// blockRuns groups the block copies src[i] → dst[i] into runs of
+// consecutive ids on both sides, one copy each, in order (self-copies
+// dropped). A run never lets its source and destination ranges overlap, so
+// each run copies exactly what its blocks copied one by one, in the order
+// given.
+func blockRuns(src, dst []int32) []blockRun {
+	var runs []blockRun
+	for i := range src {
+		if src[i] == dst[i] {
+			continue // a block onto itself: nothing to do
+		}
+		if k := len(runs) - 1; k >= 0 {
+			r := &runs[k]
+			if src[i] == r.src+r.n && dst[i] == r.dst+r.n {
+				lo, hi := max(r.src, r.dst), min(r.src, r.dst)+r.n+1 // ranges after extending
+				if lo >= hi {                                        // still disjoint
+					r.n++
+					continue
+				}
+			}
+		}
+		runs = append(runs, blockRun{src: src[i], dst: dst[i], n: 1})
+	}
+	return runs
 }
