@@ -282,35 +282,18 @@ func (be *Backend) SplitCols(x backend.Tensor, heads int, sizes ...int) []backen
 // ConcatCols is the inverse of SplitCols: parts[i] is [T, h_i*sizes[i]]
 // where h_i is heads or 1 (a single head broadcast to every head).
 func (be *Backend) ConcatCols(heads int, parts []backend.Tensor, sizes []int) backend.Tensor {
-	if len(parts) != len(sizes) || len(parts) == 0 {
-		panicf("ConcatCols", "%d parts for %d sizes", len(parts), len(sizes))
-	}
-	if heads <= 0 {
-		panicf("ConcatCols", "heads = %d, want > 0", heads)
-	}
 	pts := make([]*Tensor, len(parts))
-	bcast := make([]bool, len(parts)) // part i holds one head for all
-	sum, T := 0, -1
+	dims := make([][2]int, len(parts))
 	for i, p := range parts {
 		t, r := matrix("ConcatCols", fmt.Sprintf("parts[%d]", i), p, -1)
 		_, c := t.dims()
-		switch {
-		case sizes[i] < 0:
-			panicf("ConcatCols", "negative size in %v", sizes)
-		case c == heads*sizes[i]:
-		case c == sizes[i]:
-			bcast[i] = true
-		default:
-			panicf("ConcatCols", "parts[%d] has shape %v, want %d or %d columns (heads %d, size %d)",
-				i, t.shape, heads*sizes[i], sizes[i], heads, sizes[i])
-		}
-		if T >= 0 && r != T {
-			panicf("ConcatCols", "parts[%d] has %d rows, parts[0] %d", i, r, T)
-		}
-		T = r
-		pts[i] = t
-		sum += sizes[i]
+		pts[i], dims[i] = t, [2]int{r, c}
 	}
+	T, width, bcast, err := backend.ConcatShape(heads, dims, sizes)
+	if err != nil {
+		panicf("ConcatCols", "%v", err)
+	}
+	sum := width / heads
 	out := newTensor(T, heads*sum)
 	parallelRows(T, heads*sum, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
