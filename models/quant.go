@@ -93,6 +93,7 @@ type quantSource struct {
 	names []string
 	fp8   map[string]bool // plain name → F8_E4M3 with a _scale_inv
 	mxfp4 map[string]bool // plain name → _blocks and _scales
+	plain map[string]bool // every name of names
 }
 
 // newQuantSource checks that every tensor of ck is float, or part of a
@@ -152,10 +153,18 @@ func newQuantSource(ck *safetensors.Checkpoint, q quantConfig) (*quantSource, er
 			return nil, ck.CheckFloat() // names the format of what is left
 		}
 	}
+	s.plain = make(map[string]bool, len(s.names))
+	for _, n := range s.names {
+		s.plain[n] = true
+	}
 	return s, nil
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// Has reports whether the checkpoint holds name (plain), without reading
+// or dequantizing it.
+func (s *quantSource) Has(name string) bool { return s.plain[name] }
 
 // Names lists the plain names.
 func (s *quantSource) Names() []string { return slices.Clone(s.names) }

@@ -42,7 +42,7 @@ type shapedSource interface {
 
 // Has reports whether the checkpoint holds name.
 func (w *Weights) Has(name string) bool {
-	if s, ok := w.src.(shapedSource); ok {
+	if s, ok := w.src.(interface{ Has(string) bool }); ok { // without making the tensor
 		return s.Has(name)
 	}
 	_, err := w.src.Tensor(name)
