@@ -226,3 +226,23 @@ type Backend interface {
 	// (copy-on-write when sequences that shared a block diverge).
 	CopyBlocks(src, dst []int32)
 }
+
+// StepGrapher is a Backend that can record the work of a step once and
+// replay it (CUDA graphs). GraphStep runs f, which must be the model's
+// forward pass over b and nothing else, and returns its result; the
+// backend decides whether the step runs eagerly, is captured or is
+// replayed, and falls back to running f eagerly whenever a graph cannot
+// stand for it. The result may live in memory the graph reuses: it is valid
+// until the next step. No other goroutine may use the backend meanwhile.
+type StepGrapher interface {
+	GraphStep(b *Batch, f func() (Tensor, error)) (Tensor, error)
+}
+
+// RunStep runs f, the model's forward pass over b, through be's GraphStep
+// when be is a StepGrapher, else directly.
+func RunStep(be Backend, b *Batch, f func() (Tensor, error)) (Tensor, error) {
+	if g, ok := be.(StepGrapher); ok {
+		return g.GraphStep(b, f)
+	}
+	return f()
+}

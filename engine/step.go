@@ -274,7 +274,7 @@ func (e *Engine) forward(b *backend.Batch, toHost bool) (out []float32, t backen
 	if len(b.LogitRows) == 0 {
 		b.LogitRows = []int{len(b.Tokens) - 1} // the model always returns some rows
 	}
-	t, err = e.model.Forward(b)
+	t, err = backend.RunStep(e.be, b, func() (backend.Tensor, error) { return e.model.Forward(b) })
 	if err != nil {
 		return nil, nil, err
 	}

@@ -25,6 +25,10 @@ struct State {
   // any_thread (mk_set_any_thread) accepts calls from other threads too,
   // binding the device to each on its first call; the caller serialises.
   std::atomic<bool> any_thread{false};
+  // work is the stream handle 0 means while a graph is being captured, and
+  // the stream graphs launch on (mk_init makes it; see mkernel.h).
+  cudaStream_t work = nullptr;
+  std::atomic<bool> capturing{false};
 };
 State& state();
 
@@ -34,7 +38,12 @@ int gemm_init();
 // check_thread returns MK_OK when mk_init ran on the calling thread.
 int check_thread(const char* fn);
 
-inline cudaStream_t as_stream(uint64_t s) { return reinterpret_cast<cudaStream_t>(s); }
+// as_stream maps a stream handle to its stream; 0 is the legacy default
+// stream, or the work stream while a graph is being captured.
+inline cudaStream_t as_stream(uint64_t s) {
+  if (s) return reinterpret_cast<cudaStream_t>(s);
+  return state().capturing.load(std::memory_order_relaxed) ? state().work : nullptr;
+}
 inline cudaEvent_t as_event(uint64_t e) { return reinterpret_cast<cudaEvent_t>(e); }
 template <typename T>
 inline T* dev(uint64_t p) { return reinterpret_cast<T*>(p); }

@@ -34,7 +34,7 @@ func init() {
 // trusted to lie in the pool (the caller computes them from its block tables).
 func (d *Device) KVWriteBF16(s *Stream, poolK, poolV, k, v, slots *Buffer, n, kw, vw int) error {
 	const op = "KVWriteBF16"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "n", n, "kw", kw, "vw", vw); err != nil {
@@ -102,10 +102,14 @@ func (d *Device) PagedAttnWorkspace(n, maxKeys int, a AttnArgs) (int64, error) {
 	if err := checkPaged(op, n, a); err != nil {
 		return 0, err
 	}
-	var bytes uint64
-	err := d.lib.check("mk_paged_attn_workspace", pagedAttnWorkspace(int64(n), int32(a.Heads), int32(a.KVHeads),
-		int32(a.HeadDim), int32(a.VHeadDim), int32(min(maxKeys, math.MaxInt32)), &bytes))
-	return int64(bytes), err
+	type key struct{ n, maxKeys, heads, kvHeads, headDim, vHeadDim int }
+	b, _, err := d.query(op, key{n, maxKeys, a.Heads, a.KVHeads, a.HeadDim, a.VHeadDim}, func() (int64, int64, error) {
+		var bytes uint64
+		err := d.lib.check("mk_paged_attn_workspace", pagedAttnWorkspace(int64(n), int32(a.Heads), int32(a.KVHeads),
+			int32(a.HeadDim), int32(a.VHeadDim), int32(min(maxKeys, math.MaxInt32)), &bytes))
+		return int64(bytes), 0, err
+	})
+	return b, err
 }
 
 // PagedAttnBF16 runs paged causal attention for n query rows over the bf16
@@ -121,7 +125,7 @@ func (d *Device) PagedAttnWorkspace(n, maxKeys int, a AttnArgs) (int64, error) {
 func (d *Device) PagedAttnBF16(s *Stream, out, q, poolK, poolV, rows, pos, table, blocks, sinks, work *Buffer,
 	n, maxKeys int, a AttnArgs) error {
 	const op = "PagedAttnBF16"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := checkPaged(op, n, a); err != nil {

@@ -16,7 +16,7 @@ func positive(op string, kv ...any) error { return dims(op, kv...) }
 // * w [group], all float32; the sum of squares accumulates in float64.
 func (d *Device) RMSNormF32(s *Stream, out, x, w *Buffer, rows, cols, group int, eps float32) error {
 	const op = "RMSNormF32"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "rows", rows, "cols", cols, "group", group); err != nil {
@@ -48,7 +48,7 @@ func needAll(op string, size int64, kv ...any) error {
 // mantissa: a·bᵀ ≈ Gemm(hi, b) then GemmAdd(lo, b).
 func (d *Device) SplitBF16(s *Stream, hi, lo, x *Buffer, n int) error {
 	const op = "SplitBF16"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "n", n); err != nil {
@@ -67,7 +67,7 @@ func (d *Device) SplitBF16(s *Stream, hi, lo, x *Buffer, n int) error {
 // AddF32 writes out [n] = a + b.
 func (d *Device) AddF32(s *Stream, out, a, b *Buffer, n int) error {
 	const op = "AddF32"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "n", n); err != nil {
@@ -83,7 +83,7 @@ func (d *Device) AddF32(s *Stream, out, a, b *Buffer, n int) error {
 // ClampF32 writes out [n] = clamp(x, -limit, limit).
 func (d *Device) ClampF32(s *Stream, out, x *Buffer, n int, limit float32) error {
 	const op = "ClampF32"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "n", n); err != nil {
@@ -99,7 +99,7 @@ func (d *Device) ClampF32(s *Stream, out, x *Buffer, n int, limit float32) error
 // BiasAddF32 adds bias [cols] to every row of x [rows, cols] in place.
 func (d *Device) BiasAddF32(s *Stream, x, bias *Buffer, rows, cols int) error {
 	const op = "BiasAddF32"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "rows", rows, "cols", cols); err != nil {
@@ -115,7 +115,7 @@ func (d *Device) BiasAddF32(s *Stream, x, bias *Buffer, rows, cols int) error {
 // silu(gate)*up, or with clamped the gpt-oss form (see SwiGLUClamped).
 func (d *Device) SwiGLUF32(s *Stream, out, in *Buffer, t, inter int, clamped bool, alpha, limit float32) error {
 	const op = "SwiGLUF32"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "T", t, "I", inter); err != nil {
@@ -139,7 +139,7 @@ func (d *Device) SwiGLUF32(s *Stream, out, in *Buffer, t, inter int, clamped boo
 func (d *Device) RoPEF32(s *Stream, x, pos *Buffer, t, heads, headDim, rotDim int, style RoPEStyle,
 	invFreq *Buffer, attnFactor float32) error {
 	const op = "RoPEF32"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "T", t, "heads", heads, "headDim", headDim, "rotDim", rotDim); err != nil {
@@ -170,7 +170,7 @@ type ColCopy struct {
 // largest index touched).
 func (d *Device) CopyColsF32(s *Stream, dst, src *Buffer, c ColCopy) error {
 	const op = "CopyColsF32"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "rows", c.Rows, "heads", c.Heads, "width", c.Width); err != nil {
@@ -193,7 +193,7 @@ func (d *Device) CopyColsF32(s *Stream, dst, src *Buffer, c ColCopy) error {
 // [0, srcRows) gives a row of NaN.
 func (d *Device) GatherRowsF32(s *Stream, dst, src *Buffer, st DType, idx *Buffer, n, cols, srcRows int) error {
 	const op = "GatherRowsF32"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "n", n, "cols", cols, "srcRows", srcRows); err != nil {
@@ -217,7 +217,7 @@ func (d *Device) GatherRowsF32(s *Stream, dst, src *Buffer, st DType, idx *Buffe
 // out's rows (outRows).
 func (d *Device) ScatterAddRowsF32(s *Stream, out, src, idx, w *Buffer, n, cols, outRows int) error {
 	const op = "ScatterAddRowsF32"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "n", n, "cols", cols, "outRows", outRows); err != nil {
@@ -236,7 +236,7 @@ func (d *Device) ScatterAddRowsF32(s *Stream, out, src, idx, w *Buffer, n, cols,
 // adds x.
 func (d *Device) GatedAddF32(s *Stream, out, x, gate *Buffer, rows, cols int) error {
 	const op = "GatedAddF32"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "rows", rows, "cols", cols); err != nil {
@@ -261,7 +261,7 @@ func (d *Device) GatedAddF32(s *Stream, out, x, gate *Buffer, rows, cols int) er
 // in the pool (the caller computes them from its block tables).
 func (d *Device) KVWriteF32(s *Stream, poolK, poolV, k, v, slots *Buffer, n, kw, vw int) error {
 	const op = "KVWriteF32"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "n", n, "kw", kw, "vw", vw); err != nil {
@@ -291,7 +291,7 @@ type AttnArgs struct {
 func (d *Device) AttentionF32(s *Stream, out, q, poolK, poolV, rows, pos, table, blocks, sinks *Buffer,
 	n int, a AttnArgs) error {
 	const op = "AttentionF32"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "n", n, "heads", a.Heads, "kvHeads", a.KVHeads, "headDim", a.HeadDim,

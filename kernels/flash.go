@@ -58,7 +58,7 @@ type FlashArgs struct {
 func (d *Device) FlashAttention(s *Stream, out, q, poolK, poolV, qStart, past, table, blocks, sinks *Buffer,
 	a FlashArgs) error {
 	const op = "FlashAttention"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := a.check(); err != nil {

@@ -94,7 +94,7 @@ func (g *GPU) loop(l *lib, ordinal int, started chan<- error) {
 		SmemPerBlock: c.SmemPerBlockOptin,
 		Driver:       int(c.DriverVersion), Runtime: int(c.RuntimeVersion),
 	}
-	g.dev = &Device{lib: l, info: g.info}
+	g.dev = &Device{lib: l, info: g.info, memo: newMemo()}
 	started <- nil
 	for {
 		select {
@@ -195,6 +195,10 @@ type Device struct {
 	lib    *lib
 	info   DeviceInfo
 	active bool
+
+	cap  *StepGraph // capturing into cap (BeginCapture)
+	rep  *StepGraph // a replay device of rep (StepGraph.Replay)
+	memo *memo      // workspace queries, shared with replay devices
 }
 
 // Info describes the device.
@@ -210,6 +214,9 @@ func (d *Device) ready(what string) error {
 // Sync waits for all work on the device.
 func (d *Device) Sync() error {
 	if err := d.ready("Sync"); err != nil {
+		return err
+	}
+	if err := d.graphRefusal("Sync"); err != nil {
 		return err
 	}
 	return d.lib.check("mk_device_sync", d.lib.deviceSync())
@@ -239,6 +246,9 @@ type Buffer struct {
 func (d *Device) Malloc(bytes int64) (*Buffer, error) {
 	if err := d.ready("Malloc"); err != nil {
 		return nil, err
+	}
+	if d.rep != nil {
+		return nil, d.graphRefusal("Malloc")
 	}
 	if bytes <= 0 {
 		return nil, fmt.Errorf("kernels: Malloc of %d bytes", bytes)
@@ -278,6 +288,9 @@ func (b *Buffer) Free() error {
 	if err := b.d.ready("Buffer.Free"); err != nil {
 		return err
 	}
+	if err := b.d.graphRefusal("Buffer.Free"); err != nil {
+		return err
+	}
 	if err := b.d.lib.check("mk_free", b.d.lib.free(b.ptr)); err != nil {
 		return err
 	}
@@ -304,6 +317,17 @@ func Upload[T Elem](d *Device, dst *Buffer, src []T) error {
 	if err := dst.fits("Upload destination", n); err != nil || n == 0 {
 		return err
 	}
+	if d.cap != nil || d.rep != nil {
+		b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(src))), n)
+		var err error
+		if d.cap != nil {
+			err = d.cap.stage(d, dst, b)
+		} else {
+			err = d.rep.restage(dst, b)
+		}
+		runtime.KeepAlive(src)
+		return err
+	}
 	err := d.lib.check("mk_memcpy_h2d", d.lib.h2d(dst.ptr, unsafe.Pointer(unsafe.SliceData(src)), uint64(n)))
 	runtime.KeepAlive(src)
 	return err
@@ -312,6 +336,9 @@ func Upload[T Elem](d *Device, dst *Buffer, src []T) error {
 // Download copies the start of src into dst, synchronously.
 func Download[T Elem](d *Device, dst []T, src *Buffer) error {
 	if err := d.ready("Download"); err != nil {
+		return err
+	}
+	if err := d.graphRefusal("Download"); err != nil {
 		return err
 	}
 	n := byteLen(dst)
@@ -334,12 +361,18 @@ func (d *Device) Copy(dst, src *Buffer, bytes int64) error {
 	if err := src.fits("Copy source", bytes); err != nil {
 		return err
 	}
+	switch {
+	case d.rep != nil:
+		return nil // in the graph
+	case d.cap != nil:
+		return d.lib.check("mk_memcpy_d2d_async", d.lib.d2dAsync(dst.ptr, src.ptr, uint64(bytes), 0))
+	}
 	return d.lib.check("mk_memcpy_d2d", d.lib.d2d(dst.ptr, src.ptr, uint64(bytes)))
 }
 
 // CopyAsync copies bytes from src to dst on stream s.
 func (d *Device) CopyAsync(s *Stream, dst, src *Buffer, bytes int64) error {
-	if err := d.ready("CopyAsync"); err != nil {
+	if err := d.ready("CopyAsync"); err != nil || d.muted() {
 		return err
 	}
 	if err := dst.fits("CopyAsync destination", bytes); err != nil {
@@ -377,6 +410,9 @@ func (d *Device) AllocPinned(bytes int64) (*Pinned, error) {
 	if err := d.ready("AllocPinned"); err != nil {
 		return nil, err
 	}
+	if d.rep != nil {
+		return nil, d.graphRefusal("AllocPinned")
+	}
 	if bytes <= 0 {
 		return nil, fmt.Errorf("kernels: AllocPinned of %d bytes", bytes)
 	}
@@ -412,7 +448,7 @@ func (h *Pinned) Free() error {
 
 // UploadAsync copies bytes from pinned src to dst on stream s.
 func (d *Device) UploadAsync(s *Stream, dst *Buffer, src *Pinned, bytes int64) error {
-	if err := d.ready("UploadAsync"); err != nil {
+	if err := d.ready("UploadAsync"); err != nil || d.muted() {
 		return err
 	}
 	if err := dst.fits("UploadAsync destination", bytes); err != nil {
@@ -426,7 +462,7 @@ func (d *Device) UploadAsync(s *Stream, dst *Buffer, src *Pinned, bytes int64) e
 
 // DownloadAsync copies bytes from src to pinned dst on stream s.
 func (d *Device) DownloadAsync(s *Stream, dst *Pinned, src *Buffer, bytes int64) error {
-	if err := d.ready("DownloadAsync"); err != nil {
+	if err := d.ready("DownloadAsync"); err != nil || d.muted() {
 		return err
 	}
 	if err := src.fits("DownloadAsync source", bytes); err != nil {

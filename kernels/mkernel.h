@@ -12,7 +12,9 @@
  *     the failing call is in mk_last_error(), which is per OS thread;
  *   - device memory, streams and events are opaque uint64_t handles
  *     (a device address, a cudaStream_t, a cudaEvent_t); stream 0 is CUDA's
- *     legacy default stream;
+ *     legacy default stream, except between mk_graph_begin and mk_graph_end,
+ *     when it is the library's work stream (a blocking stream mk_init makes:
+ *     the legacy stream cannot be captured into a graph);
  *   - libmkernel owns the CUDA context: mk_init makes it current on the calling
  *     thread, and every later call must come from that same thread.
  *
@@ -36,7 +38,7 @@ extern "C" {
 #endif
 
 /* MK_ABI_VERSION changes whenever a signature, struct or meaning changes. */
-#define MK_ABI_VERSION 3
+#define MK_ABI_VERSION 4
 
 /* Status codes. */
 enum {
@@ -133,6 +135,24 @@ MK_API int32_t mk_event_record(uint64_t event, uint64_t stream);
 MK_API int32_t mk_event_sync(uint64_t event);
 /* Milliseconds between two recorded, completed events, as float32 bits. */
 MK_API int32_t mk_event_elapsed(uint64_t start, uint64_t end, uint32_t* ms_bits);
+
+/* ---- CUDA graphs of the work stream ---- */
+
+/* mk_graph_begin starts capturing the work stream in relaxed mode: the work
+ * queued on stream 0 until mk_graph_end is recorded, not run.
+ * Synchronous copies, mk_free and synchronisation must not happen until
+ * then (they fail and invalidate the capture). mk_graph_end ends it and
+ * instantiates the graph: *exec is the executable graph, *nodes its node
+ * count; on failure *exec is 0 and the capture is over. mk_graph_abort ends
+ * a capture and drops it (a no-op when none is active). mk_graph_launch
+ * queues exec on the work stream (a blocking stream: it waits for earlier
+ * work on stream 0, and later work on stream 0 waits for it); mk_graph_destroy frees it (after its launches
+ * completed or were queued: CUDA keeps a launched graph alive). */
+MK_API int32_t mk_graph_begin(void);
+MK_API int32_t mk_graph_end(uint64_t* exec, uint64_t* nodes);
+MK_API int32_t mk_graph_abort(void);
+MK_API int32_t mk_graph_launch(uint64_t exec);
+MK_API int32_t mk_graph_destroy(uint64_t exec);
 
 /* ---- ops ---- */
 

@@ -49,7 +49,7 @@ type MoERouter struct {
 // lower expert. E ≤ 2048.
 func (d *Device) MoERoute(s *Stream, ids, weights, logits, scoreBias *Buffer, T int, r MoERouter) error {
 	const op = "MoERoute"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := dims(op, "T", T, "experts", r.Experts, "topk", r.TopK); err != nil {
@@ -105,12 +105,17 @@ func (d *Device) MoEWorkspace(T, K int, ex *MoEExperts) (bytes int64, tileM int,
 	if err := dims(op, "T", T, "K", K, "E", ex.E, "H", ex.H, "I", ex.I); err != nil {
 		return 0, 0, err
 	}
-	var b uint64
-	var tm int32
-	if err := d.lib.check("mk_moe_workspace", moeWorkspace(int64(T), int32(K), int32(ex.E), int64(ex.H), int64(ex.I), &b, &tm)); err != nil {
+	type key struct{ T, K, E, H, I int }
+	b, tm, err := d.query(op, key{T, K, ex.E, ex.H, ex.I}, func() (int64, int64, error) {
+		var b uint64
+		var tm int32
+		err := d.lib.check("mk_moe_workspace", moeWorkspace(int64(T), int32(K), int32(ex.E), int64(ex.H), int64(ex.I), &b, &tm))
+		return int64(b), int64(tm), err
+	})
+	if err != nil {
 		return 0, 0, err
 	}
-	return int64(b), int(tm), nil
+	return b, int(tm), nil
 }
 
 // MoEExpertsRun runs the routed experts of one layer: out [T, H] f32 =
@@ -121,7 +126,7 @@ func (d *Device) MoEWorkspace(T, K int, ex *MoEExperts) (bytes int64, tileM int,
 // MoEWorkspace bytes. H and I must be multiples of 8. Asynchronous on s.
 func (d *Device) MoEExpertsRun(s *Stream, out, x, ids, weights *Buffer, T, K int, ex *MoEExperts, counts, ws *Buffer) error {
 	const op = "MoEExpertsRun"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if ex == nil {
@@ -176,7 +181,7 @@ func (d *Device) MoEExpertsRun(s *Stream, out, x, ids, weights *Buffer, T, K int
 // benchmarks whose weights are too large to draw on the host).
 func (d *Device) FillRandomBF16(s *Stream, b *Buffer, n int64, seed uint64, scale float32) error {
 	const op = "FillRandomBF16"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if n <= 0 {

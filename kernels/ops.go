@@ -73,7 +73,7 @@ func (d *Device) GemmF32(s *Stream, c, a, b *Buffer, m, n, k int) error {
 
 // gemm checks and runs one GEMM: operands of type abt, c of type ct.
 func (d *Device) gemm(op string, s *Stream, c *Buffer, ct, abt DType, a, b *Buffer, m, n, k int, acc bool) error {
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := dims(op, "M", m, "N", n, "K", k); err != nil {
@@ -106,7 +106,7 @@ func (d *Device) gemm(op string, s *Stream, c *Buffer, ct, abt DType, a, b *Buff
 // columns) * w [group]; cols must be a multiple of group, and out may be x.
 func (d *Device) RMSNorm(s *Stream, out, x, w *Buffer, rows, cols, group int, eps float32) error {
 	const op = "RMSNorm"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := dims(op, "rows", rows, "cols", cols, "group", group); err != nil {
@@ -136,7 +136,7 @@ func (d *Device) RMSNorm(s *Stream, out, x, w *Buffer, rows, cols, group int, ep
 // out = rmsnorm(resid) * w [cols].
 func (d *Device) AddRMSNorm(s *Stream, resid, x, w, out *Buffer, rows, cols int, eps float32) error {
 	const op = "AddRMSNorm"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := dims(op, "rows", rows, "cols", cols); err != nil {
@@ -163,7 +163,7 @@ func (d *Device) AddRMSNorm(s *Stream, resid, x, w, out *Buffer, rows, cols int,
 // [vocab, hidden]. An id outside [0, vocab) gives a row of NaN.
 func (d *Device) Embedding(s *Stream, out, table, ids *Buffer, n, hidden, vocab int) error {
 	const op = "Embedding"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := dims(op, "n", n, "hidden", hidden, "vocab", vocab); err != nil {
@@ -186,7 +186,7 @@ func (d *Device) Embedding(s *Stream, out, table, ids *Buffer, n, hidden, vocab 
 // out as [gate | up].
 func (d *Device) SwiGLU(s *Stream, out, in *Buffer, t, inter int) error {
 	const op = "SwiGLU"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := dims(op, "T", t, "I", inter); err != nil {
@@ -207,7 +207,7 @@ func (d *Device) SwiGLU(s *Stream, out, in *Buffer, t, inter int) error {
 // gpt-oss checkpoints; otherwise in is [gate | up].
 func (d *Device) SwiGLUClamped(s *Stream, out, in *Buffer, t, inter int, alpha, limit float32, interleaved bool) error {
 	const op = "SwiGLUClamped"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := dims(op, "T", t, "I", inter); err != nil {
@@ -237,7 +237,7 @@ func (d *Device) SwiGLUClamped(s *Stream, out, in *Buffer, t, inter int, alpha, 
 func (d *Device) RoPE(s *Stream, x, pos *Buffer, t, heads, headDim, rotDim int, style RoPEStyle,
 	invFreq *Buffer, attnFactor float32) error {
 	const op = "RoPE"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := dims(op, "T", t, "heads", heads, "headDim", headDim, "rotDim", rotDim); err != nil {
@@ -268,7 +268,7 @@ func (d *Device) RoPE(s *Stream, x, pos *Buffer, t, heads, headDim, rotDim int, 
 // ConvertF32ToBF16 rounds n float32 values of src to bf16 in dst (nearest even).
 func (d *Device) ConvertF32ToBF16(s *Stream, dst, src *Buffer, n int) error {
 	const op = "ConvertF32ToBF16"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if n <= 0 {
@@ -286,7 +286,7 @@ func (d *Device) ConvertF32ToBF16(s *Stream, dst, src *Buffer, n int) error {
 // ConvertBF16ToF32 widens n bf16 values of src to float32 in dst.
 func (d *Device) ConvertBF16ToF32(s *Stream, dst, src *Buffer, n int) error {
 	const op = "ConvertBF16ToF32"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if n <= 0 {

@@ -113,6 +113,7 @@ int32_t mk_init(int32_t device) {
   MK_ARG(device >= 0 && device < n, "mk_init: device %d out of range (%d devices)", device, n);
   MK_CUDA(cudaSetDevice(device));
   MK_CUDA(cudaFree(nullptr));  // creates the primary context now, not at the first op
+  if (s.work == nullptr) MK_CUDA(cudaStreamCreate(&s.work));  // blocking: ordered with sync copies
   s.device = device;
   s.owner = std::this_thread::get_id();
   s.ready = true;
@@ -287,6 +288,68 @@ int32_t mk_event_elapsed(uint64_t start, uint64_t end, uint32_t* ms_bits) {
   float ms = 0;
   MK_CUDA(cudaEventElapsedTime(&ms, mk::as_event(start), mk::as_event(end)));
   memcpy(ms_bits, &ms, sizeof ms);
+  return MK_OK;
+}
+
+int32_t mk_graph_begin(void) {
+  MK_THREAD("mk_graph_begin");
+  MK_CUDA(cudaStreamBeginCapture(mk::state().work, cudaStreamCaptureModeRelaxed));
+  mk::state().capturing.store(true);
+  return MK_OK;
+}
+
+int32_t mk_graph_end(uint64_t* exec, uint64_t* nodes) {
+  MK_THREAD("mk_graph_end");
+  MK_ARG(exec != nullptr && nodes != nullptr, "mk_graph_end: NULL argument");
+  *exec = 0;
+  *nodes = 0;
+  cudaGraph_t g = nullptr;
+  mk::state().capturing.store(false);
+  cudaError_t e = cudaStreamEndCapture(mk::state().work, &g);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // a capture error is not sticky; the next capture starts clean
+    if (g != nullptr) cudaGraphDestroy(g);
+    return mk::fail(MK_ERR_CUDA, "cudaStreamEndCapture: %s (%s): the captured work was invalid",
+                    cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  size_t n = 0;
+  e = cudaGraphGetNodes(g, nullptr, &n);
+  cudaGraphExec_t x = nullptr;
+  if (e == cudaSuccess) e = cudaGraphInstantiateWithFlags(&x, g, 0);
+  cudaGraphDestroy(g);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return mk::fail(MK_ERR_CUDA, "cudaGraphInstantiateWithFlags: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  *exec = reinterpret_cast<uint64_t>(x);
+  *nodes = n;
+  return MK_OK;
+}
+
+int32_t mk_graph_abort(void) {
+  MK_THREAD("mk_graph_abort");
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  MK_CUDA(cudaStreamIsCapturing(mk::state().work, &st));
+  mk::state().capturing.store(false);
+  if (st == cudaStreamCaptureStatusNone) return MK_OK;
+  cudaGraph_t g = nullptr;
+  cudaStreamEndCapture(mk::state().work, &g);
+  cudaGetLastError();
+  if (g != nullptr) cudaGraphDestroy(g);
+  return MK_OK;
+}
+
+int32_t mk_graph_launch(uint64_t exec) {
+  MK_THREAD("mk_graph_launch");
+  MK_ARG(exec != 0, "mk_graph_launch: NULL graph");
+  MK_CUDA(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(exec), mk::state().work));
+  return MK_OK;
+}
+
+int32_t mk_graph_destroy(uint64_t exec) {
+  MK_THREAD("mk_graph_destroy");
+  MK_ARG(exec != 0, "mk_graph_destroy: NULL graph");
+  MK_CUDA(cudaGraphExecDestroy(reinterpret_cast<cudaGraphExec_t>(exec)));
   return MK_OK;
 }
 

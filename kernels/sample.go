@@ -132,7 +132,7 @@ func PackSample(rows []SampleRow, vocab int) (meta []int32, pen bool, err error)
 // scratch is nil or rows*vocab floats (required when a row has penalties).
 func (d *Device) SampleF32(s *Stream, out, logits, meta *Buffer, metaWords int, scratch *Buffer, rows, vocab int) error {
 	const op = "SampleF32"
-	if err := d.ready(op); err != nil {
+	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
 	if err := positive(op, "rows", rows, "vocab", vocab, "metaWords", metaWords); err != nil {

@@ -27,7 +27,8 @@
 # (GEMM calls per timed batch, ours and torch's, default 100), MK_COUNT
 # (batches, default 3), MK_SKIP (space-
 # separated bench parts to skip: gemm attention decode moe backend model
-# servebench).
+# servebench), MK_TEST_FILTER (a -test.list pattern: only the matching
+# top-level tests run).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -85,7 +86,7 @@ GOLDEN_FAMILIES=${MK_GOLDEN_FAMILIES:-mixtral qwen2_moe qwen3_moe olmoe deepseek
 # process from DIR, with a timeout of SECONDS each, appending to LOG.
 # Returns 1 when any run fails.
 run_each() {
-	local bin=$1 log=$2 dir=$3 tmo=$4 filter=${5:-^Test} rc=0 name pat src
+	local bin=$1 log=$2 dir=$3 tmo=$4 filter=${5:-${MK_TEST_FILTER:-^Test}} rc=0 name pat src
 	: >"$log"
 	if [ ! -x "$bin" ]; then
 		echo "device.sh: no test binary $bin (make device-bins, carry .dev/device.tar.xz)" | tee -a "$log"

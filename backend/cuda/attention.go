@@ -210,6 +210,16 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 					panicf("Attention", "block id %d outside the pool of %d", id, pk.numBlocks)
 				}
 			}
+			if be.graphMode() != graphOff {
+				// A graph step: every row's table padded to the key's stride.
+				need := (n + pk.blockSize - 1) / pk.blockSize
+				stride := (be.gr.key.keys + pk.blockSize - 1) / pk.blockSize
+				if need > stride {
+					panicf("Attention", "%v: position %d beyond the graph's %d keys", errDiverged, n-1, be.gr.key.keys)
+				}
+				paged.add(s, padTable(s.Blocks[:need], stride), pk.blockSize)
+				continue
+			}
 			paged.add(s, s.Blocks, pk.blockSize)
 			continue
 		}
@@ -328,6 +338,14 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 				}
 				maxKeys = max(maxKeys, n)
 			}
+			if gi == 0 && be.graphMode() != graphOff {
+				// A graph step plans for its key's bucket, whatever the
+				// contexts of this step (an upper bound is a valid hint).
+				maxKeys = be.gr.key.keys
+				if p.Window > 0 {
+					maxKeys = min(maxKeys, p.Window)
+				}
+			}
 			ws, err := d.PagedAttnWorkspace(len(g.rows), maxKeys, a)
 			if err != nil {
 				return err
@@ -351,6 +369,17 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	return out
 }
 
+// padTable is blocks padded to n entries by repeating its last id (the
+// kernels never read past a row's own positions).
+func padTable(blocks []int32, n int) []int32 {
+	out := make([]int32, n)
+	copy(out, blocks)
+	for i := len(blocks); i < n; i++ {
+		out[i] = blocks[len(blocks)-1]
+	}
+	return out
+}
+
 // FreeSequence drops sequence id's unpaged KV cache (its private blocks).
 func (be *Backend) FreeSequence(id uint64) {
 	be.kvMu.Lock()
@@ -368,6 +397,7 @@ func (be *Backend) InitKV(blockSize, numBlocks int) error {
 	if blockSize <= 0 || numBlocks <= 0 {
 		return fmt.Errorf("cuda: InitKV: block size %d and block count %d must be positive", blockSize, numBlocks)
 	}
+	be.dropGraphs() // they hold the old pool's addresses
 	be.kvMu.Lock()
 	defer be.kvMu.Unlock()
 	if old := be.paged; old != nil {

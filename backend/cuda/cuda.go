@@ -86,14 +86,19 @@ type Options struct {
 	// together make the precision profiles: exact (split, float32 KV; the
 	// default) and fast (bf16 activations into GEMMs, bf16 KV).
 	KVCacheF32 *bool
+	// NoGraphs runs every step eagerly (no CUDA graphs for decode steps;
+	// see GraphStep). The environment variable MKSERVE_CUDA_GRAPHS=0 does
+	// the same for every backend of the process.
+	NoGraphs bool
 }
 
 // Backend is the CUDA backend. The zero value is not usable; call New.
 type Backend struct {
-	g     *kernels.GPU
-	alloc *allocator
-	split bool // Options.SplitActivations
-	kvF32 bool // Options.KVCacheF32
+	g        *kernels.GPU
+	alloc    *allocator
+	split    bool // Options.SplitActivations
+	kvF32    bool // Options.KVCacheF32
+	noGraphs bool // Options.NoGraphs
 
 	ropeMu   sync.Mutex
 	ropes    map[attention.RoPE]*ropeFreqs
@@ -102,6 +107,8 @@ type Backend struct {
 	kvMu  sync.Mutex
 	paged *pagedKV   // after InitKV
 	priv  *privateKV // unpaged spans
+
+	gr graphState // CUDA graphs of decode steps (graph.go)
 
 	loadMu sync.Mutex
 	load   map[int][]int64 // host-routed MoE layers' expert counts
@@ -113,6 +120,7 @@ var (
 	_ backend.Backend       = (*Backend)(nil)
 	_ backend.ExpertCounter = (*Backend)(nil)
 	_ backend.KVAllocator   = (*Backend)(nil)
+	_ backend.StepGrapher   = (*Backend)(nil)
 )
 
 // DirectEnv names the environment variable that, set to 1, runs the GPU
@@ -161,7 +169,7 @@ func New(opts Options) (*Backend, error) {
 	if opts.KVCacheF32 != nil {
 		kvF32 = *opts.KVCacheF32
 	}
-	return &Backend{g: g, alloc: &allocator{pool: map[int64][]*kernels.Buffer{}}, split: split, kvF32: kvF32,
+	return &Backend{g: g, alloc: &allocator{pool: map[int64][]*kernels.Buffer{}}, split: split, kvF32: kvF32, noGraphs: opts.NoGraphs,
 		ropes: map[attention.RoPE]*ropeFreqs{}, priv: newPrivateKV()}, nil
 }
 
@@ -184,9 +192,10 @@ type Tensor struct {
 
 // store is a tensor's device memory; views are made on demand.
 type store struct {
-	n    int             // elements
-	f32  *kernels.Buffer // [n] float32, or nil
-	bf16 *kernels.Buffer // [n] bf16, or nil
+	n      int             // elements
+	f32    *kernels.Buffer // [n] float32, or nil
+	bf16   *kernels.Buffer // [n] bf16, or nil
+	weight bool            // made by Weight: lives across steps
 }
 
 // Shape returns a copy of the tensor's dimensions.
@@ -216,6 +225,9 @@ func (be *Backend) newF32(d *kernels.Device, rows, cols int) *Tensor {
 // f32 returns t's float32 memory, converting from bf16 once.
 func (be *Backend) f32(d *kernels.Device, t *Tensor) *kernels.Buffer {
 	if t.st.f32 == nil {
+		if t.st.weight {
+			be.graphGuard("a float32 copy of a weight")
+		}
 		b := be.alloc.get(d, int64(t.st.n)*4)
 		if t.st.n > 0 {
 			must("convert", d.ConvertBF16ToF32(nil, b, t.st.bf16, t.st.n))
@@ -332,7 +344,12 @@ func (be *Backend) do(op string, f func(d *kernels.Device) error, keep ...any) {
 	if prof {
 		t0 = time.Now()
 	}
-	err := be.g.Do(f)
+	var err error
+	if be.graphMode() == graphReplaying {
+		err = be.doReplay(f)
+	} else {
+		err = be.g.Do(f)
+	}
 	if prof {
 		be.prof.record(op, time.Since(t0))
 	}
@@ -412,6 +429,9 @@ type allocator struct {
 	mu      sync.Mutex
 	pool    map[int64][]*kernels.Buffer
 	pending []*kernels.Buffer // large buffers to free on the GPU goroutine
+
+	tape  *tapeState               // the running graph step's tape, or nil
+	owned map[*kernels.Buffer]bool // buffers graphs own: never pooled again
 }
 
 const poolMax = 64 << 20
@@ -429,10 +449,17 @@ func class(bytes int64) int64 {
 
 // put returns b to the pool (any goroutine; nil is ignored).
 func (a *allocator) put(b *kernels.Buffer) {
-	if b == nil {
-		return
+	if b == nil || b.Ptr() == 0 {
+		return // nil, or freed with its graph
 	}
 	a.mu.Lock()
+	if a.owned[b] {
+		if t := a.tape; t != nil && t.mode == graphCapturing {
+			t.g.put = append(t.g.put, b)
+		}
+		a.mu.Unlock()
+		return
+	}
 	if b.Bytes() > poolMax {
 		a.pending = append(a.pending, b)
 	} else {
@@ -446,6 +473,12 @@ func (a *allocator) put(b *kernels.Buffer) {
 // frees the pool and tries once more; failing that it panics.
 func (a *allocator) get(d *kernels.Device, bytes int64) *kernels.Buffer {
 	c := class(max(bytes, 1))
+	a.mu.Lock()
+	if a.tape != nil {
+		defer a.mu.Unlock()
+		return a.tapeGet(d, c)
+	}
+	a.mu.Unlock()
 	a.freePending(false)
 	a.mu.Lock()
 	if l := a.pool[c]; len(l) > 0 {
@@ -506,7 +539,7 @@ func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
 			return nil, fmt.Errorf("cuda: weight %q: %w", h.Name, err)
 		}
 	}
-	st := &store{n: n}
+	st := &store{n: n, weight: true}
 	err = be.g.Do(func(d *kernels.Device) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -805,6 +838,7 @@ func (be *Backend) freqs(d *kernels.Device, r *attention.RoPE) *ropeFreqs {
 	if f := be.ropes[*r]; f != nil {
 		return f
 	}
+	be.graphGuard("a RoPE table")
 	inv, attn := r.Freqs()
 	v := make([]float32, len(inv))
 	for i, x := range inv {

@@ -57,6 +57,8 @@ func (be *Backend) counterBuffer(d *kernels.Device, c *moeCounter) *kernels.Buff
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.used > s.cap {
+		be.graphGuard("growing the expert counters")
+		be.gr.stale.Store(true) // graphs hold the old buffer's address
 		n := max(s.used, 2*s.cap, 1024)
 		b, err := d.Malloc(int64(n) * 8)
 		must("expert counters", err)

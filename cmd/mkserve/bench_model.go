@@ -31,6 +31,9 @@ type modelResult struct {
 	// Ops is the host-side time per backend op over the timed steps, per
 	// step, costliest first (cuda with --profile-ops).
 	Ops []opTime `json:"ops,omitempty"`
+	// Graphs is the CUDA backend's graph counters after this batch size's
+	// steps (cumulative over the run).
+	Graphs *cuda.GraphStats `json:"graphs,omitempty"`
 }
 
 // opTime is one op's share of a step's host time.
@@ -56,6 +59,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	seed := fs.Uint64("seed", 1, "random weight seed")
 	bw := fs.Float64("hbm-gbps", 0, "bandwidth for the floor, GB/s (0: measure a device copy on cuda)")
 	asJSON := fs.Bool("json", false, "print one JSON array instead of a table")
+	graphs := fs.Bool("graphs", true, "cuda: run decode steps as CUDA graphs (captured per batch shape; the fast precision only)")
 	profile := fs.Bool("profile-ops", false, "cuda: time every backend op on the host during the decode steps (adds a clock read per op)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -136,7 +140,14 @@ func benchModel(args []string, stdout io.Writer) error {
 		return v
 	}
 	forward := func(b *backend.Batch) error {
-		logits, err := l.Model.Forward(b)
+		run := func() (backend.Tensor, error) { return l.Model.Forward(b) }
+		var logits backend.Tensor
+		var err error
+		if *graphs {
+			logits, err = backend.RunStep(be, b, run)
+		} else {
+			logits, err = run()
+		}
 		if err != nil {
 			return err
 		}
@@ -230,6 +241,10 @@ func benchModel(args []string, stdout io.Writer) error {
 			}
 		}
 		r := modelResult{Kind: "decode", Batch: B, Context: *context, Tokens: B, MS: median(ms), WeightGB: median(gb)}
+		if cb != nil {
+			gs := cb.Graphs()
+			r.Graphs = &gs
+		}
 		if *profile && cb != nil {
 			for i, o := range cb.OpProfile() {
 				if i == 12 {

@@ -1,0 +1,514 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/kernels"
+)
+
+// CUDA graphs for decode steps (backend.StepGrapher).
+//
+// A decode step of the fast profile is hundreds of small ops, each a call
+// from Go; at small batches the host time of those calls, not the GPU,
+// sets the step time. GraphStep captures such a step once per shape and
+// replays it as one graph launch:
+//
+//   - Key: the batch's row count T and its key bucket (the next power of
+//     two, at least 256, of the longest context). Within a key the launch
+//     shapes are fixed: every row's block table is padded to the bucket's
+//     blocks (stride ⌈bucket/blockSize⌉), the paged attention kernel is
+//     planned for the bucket's keys, and the metadata uploads have fixed
+//     sizes; the contents (token ids, positions, slots, block ids) change.
+//   - The first step of a key runs eagerly (it creates whatever is made
+//     once: f32 copies of norm weights, RoPE tables, expert counters); the
+//     second is captured (kernels.Device.BeginCapture) and then launched;
+//     later ones are replayed.
+//   - Capture records every buffer the step gets from the allocator, in
+//     order (the tape); the graph owns them from then on. A replay runs the
+//     model's Go code again on a replay device (kernels.StepGraph.Replay):
+//     the allocator hands out the tape's buffers in the same order, uploads
+//     refill the graph's pinned staging, launches are skipped, and nothing
+//     is handed to the GPU goroutine until the one graph launch.
+//   - Anything that differs from the capture (another allocation size,
+//     another upload, a lazily made weight copy, a step that panics) makes
+//     the replay diverge: the graph is destroyed and the step runs eagerly.
+//     A failed capture marks its key as eager-only.
+//
+// The step's output (the logits tensor) lives in the graph's memory: it is
+// valid until the next step of the same key, which is how the engine uses
+// it (sampled or copied to the host before the next step).
+
+// GraphsEnv names the environment variable that, set to 0, turns decode
+// graphs off (every step runs eagerly), for comparisons.
+const GraphsEnv = "MKSERVE_CUDA_GRAPHS"
+
+// Graph limits: most rows a captured step may have, and most graphs kept
+// (the least recently used is destroyed beyond that).
+const (
+	graphMaxRows = 256
+	graphMax     = 48
+)
+
+// GraphStats counts what GraphStep did.
+type GraphStats struct {
+	Eager     int64  `json:"eager"`                // steps run without a graph (not eligible, warm-up, eager-only keys)
+	Captures  int64  `json:"captures"`             // graphs captured
+	Replays   int64  `json:"replays"`              // steps replayed from a graph
+	Diverged  int64  `json:"diverged"`             // replays that diverged (graph dropped, step run eagerly)
+	Failed    int64  `json:"failed"`               // captures that failed (key made eager-only)
+	Live      int    `json:"live"`                 // graphs held now
+	Nodes     int    `json:"nodes"`                // nodes of the graphs held now
+	TapeBytes int64  `json:"tape_bytes"`           // device memory the graphs held now own
+	LastError string `json:"last_error,omitempty"` // why the last capture failed or replay diverged
+}
+
+// graphKey identifies a captured step's shape.
+type graphKey struct{ rows, keys int }
+
+// stepGraph is one key's graph and its tape.
+type stepGraph struct {
+	key    graphKey
+	sg     *kernels.StepGraph
+	real   *kernels.Device
+	tape   []*kernels.Buffer // buffers the step gets, in order (owned by the graph)
+	put    []*kernels.Buffer // of those, the ones the step returned itself (capture)
+	out    *kernels.Buffer   // the output tensor's memory
+	eager  int               // eager runs so far
+	broken bool              // capture failed: eager only
+	used   uint64            // LRU clock
+}
+
+// graphMode is what the running step is doing.
+type graphMode int32
+
+const (
+	graphOff graphMode = iota
+	graphCapturing
+	graphReplaying
+)
+
+// graphState is a Backend's graphs.
+type graphState struct {
+	mu    sync.Mutex // one GraphStep at a time
+	m     map[graphKey]*stepGraph
+	clock uint64
+	stats GraphStats
+
+	// The running step (set by GraphStep's goroutine).
+	mode atomic.Int32
+	cur  *stepGraph
+	pos  int             // tape position of a replay
+	rdev *kernels.Device // the replay device
+	key  graphKey
+	bs   int // block size of the step's paged pool
+
+	stale atomic.Bool // set when captured addresses changed: drop every graph
+}
+
+var graphsOn = sync.OnceValue(func() bool { return os.Getenv(GraphsEnv) != "0" })
+
+// errDiverged marks a replay or capture that cannot stand for the step.
+var errDiverged = kernels.ErrGraphDiverged
+
+func (be *Backend) graphMode() graphMode { return graphMode(be.gr.mode.Load()) }
+
+// stepKeyBucket is the key bucket of a longest context of n keys.
+func stepKeyBucket(n int) int {
+	b := 256
+	for b < n {
+		b <<= 1
+	}
+	return b
+}
+
+// eligible returns the key of b when its step can run as a graph: the fast
+// profile (no host routing), every span one decode row with a block table,
+// no context parallelism, logits of every row in order.
+func (be *Backend) eligible(b *backend.Batch) (graphKey, int, bool) {
+	if !graphsOn() || be.noGraphs || be.split || be.kvF32 || b == nil {
+		return graphKey{}, 0, false
+	}
+	be.kvMu.Lock()
+	pk := be.paged
+	be.kvMu.Unlock()
+	T := len(b.Tokens)
+	if pk == nil || T == 0 || T > graphMaxRows || len(b.Seqs) != T {
+		return graphKey{}, 0, false
+	}
+	if b.LogitRows != nil {
+		if len(b.LogitRows) != T {
+			return graphKey{}, 0, false
+		}
+		for i, r := range b.LogitRows {
+			if r != i {
+				return graphKey{}, 0, false
+			}
+		}
+	}
+	longest := 0
+	for _, s := range b.Seqs {
+		if s.Len != 1 || s.Blocks == nil || s.ContextParallel > 1 {
+			return graphKey{}, 0, false
+		}
+		longest = max(longest, s.Past+1)
+	}
+	return graphKey{rows: T, keys: stepKeyBucket(longest)}, pk.blockSize, true
+}
+
+// GraphStep implements backend.StepGrapher: it runs f, the model's forward
+// pass over b, eagerly, as a capture, or as a replay (see the file comment).
+func (be *Backend) GraphStep(b *backend.Batch, f func() (backend.Tensor, error)) (backend.Tensor, error) {
+	key, bs, ok := be.eligible(b)
+	if !ok {
+		return be.eagerStep(f)
+	}
+	gr := &be.gr
+	if gr.stale.Swap(false) {
+		be.dropGraphs()
+	}
+	gr.mu.Lock()
+	defer gr.mu.Unlock()
+	if gr.m == nil {
+		gr.m = map[graphKey]*stepGraph{}
+	}
+	g := gr.m[key]
+	if g == nil {
+		g = &stepGraph{key: key}
+		gr.m[key] = g
+	}
+	gr.clock++
+	g.used = gr.clock
+	gr.key, gr.bs = key, bs
+	switch {
+	case g.sg != nil:
+		return be.replayStep(g, f)
+	case g.broken || g.eager == 0:
+		g.eager++
+		return be.eagerStepLocked(f)
+	}
+	return be.captureStep(g, f)
+}
+
+func (be *Backend) eagerStep(f func() (backend.Tensor, error)) (backend.Tensor, error) {
+	be.gr.mu.Lock()
+	be.gr.stats.Eager++
+	be.gr.mu.Unlock()
+	return f()
+}
+
+// callStep runs f, turning a panic into an error.
+func callStep(f func() (backend.Tensor, error)) (t backend.Tensor, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%v", r)
+		}
+	}()
+	return f()
+}
+
+// resetStepCaches drops the metadata caches, so that a graph step makes the
+// same uploads however the previous step left them, and no eager step reads
+// a cache whose buffer a graph owns.
+func (be *Backend) resetStepCaches() {
+	be.kvMu.Lock()
+	defer be.kvMu.Unlock()
+	be.alloc.put(be.posCache.buf)
+	be.posCache = i32Cache{uploads: be.posCache.uploads}
+	for _, mc := range []*metaCache{be.pagedMeta(), &be.priv.meta} {
+		if mc != nil {
+			up := mc.uploads
+			mc.release(be)
+			mc.uploads = up
+		}
+	}
+}
+
+func (be *Backend) pagedMeta() *metaCache {
+	if be.paged == nil {
+		return nil
+	}
+	return &be.paged.meta
+}
+
+// captureStep captures f's step into g, then launches it.
+func (be *Backend) captureStep(g *stepGraph, f func() (backend.Tensor, error)) (backend.Tensor, error) {
+	gr := &be.gr
+	be.resetStepCaches()
+	var sg *kernels.StepGraph
+	if err := be.g.Do(func(d *kernels.Device) (err error) {
+		g.real = d
+		sg, err = d.BeginCapture()
+		return err
+	}); err != nil {
+		g.broken = true
+		gr.stats.Failed++
+		gr.stats.LastError = "capture: " + err.Error()
+		return be.eagerStepLocked(f)
+	}
+	be.alloc.startTape(g, graphCapturing)
+	gr.cur = g
+	gr.mode.Store(int32(graphCapturing))
+	out, ferr := callStep(f)
+	gr.mode.Store(int32(graphOff))
+	gr.cur = nil
+	be.alloc.stopTape()
+	ot, _ := out.(*Tensor)
+	if ferr == nil && (ot == nil || ot.st.f32 == nil) {
+		ferr = fmt.Errorf("cuda: the captured step returned %T without float32 memory", out)
+	}
+	err := be.g.Do(func(d *kernels.Device) error {
+		if ferr != nil {
+			d.AbortCapture(sg)
+			return nil
+		}
+		if err := d.EndCapture(sg); err != nil {
+			return err
+		}
+		return sg.Launch(d)
+	})
+	be.resetStepCaches()
+	if err = errors.Join(ferr, err); err != nil {
+		g.broken = true
+		gr.stats.Failed++
+		gr.stats.LastError = "capture: " + err.Error()
+		be.dropTape(g, false)
+		return be.eagerStepLocked(f)
+	}
+	g.sg, g.out = sg, ot.st.f32
+	gr.stats.Captures++
+	be.evictGraphs()
+	return out, nil
+}
+
+// eagerStepLocked is eagerStep with gr.mu held.
+func (be *Backend) eagerStepLocked(f func() (backend.Tensor, error)) (backend.Tensor, error) {
+	be.gr.stats.Eager++
+	return f()
+}
+
+// replayStep runs f's Go code on g's replay device and launches g.
+func (be *Backend) replayStep(g *stepGraph, f func() (backend.Tensor, error)) (backend.Tensor, error) {
+	gr := &be.gr
+	// The previous launch of g must be done reading its staging before the
+	// replay refills it (the engine syncs every step anyway: this is cheap).
+	if err := be.g.Do(func(d *kernels.Device) error { return g.sg.Wait(d) }); err != nil {
+		panicf("GraphStep", "waiting for the previous launch: %v", err)
+	}
+	be.resetStepCaches()
+	gr.rdev = g.sg.Replay(g.real)
+	gr.pos = 0
+	gr.cur = g
+	be.alloc.startTape(g, graphReplaying)
+	gr.mode.Store(int32(graphReplaying))
+	out, ferr := callStep(f)
+	gr.mode.Store(int32(graphOff))
+	gr.cur, gr.rdev = nil, nil
+	pos := be.alloc.stopTape()
+	if ferr == nil {
+		if ot, _ := out.(*Tensor); ot == nil || ot.st.f32 != g.out {
+			ferr = fmt.Errorf("cuda: %w: the replayed step returned other memory than its capture", errDiverged)
+		} else if pos != len(g.tape) {
+			ferr = fmt.Errorf("cuda: %w: the replay took %d of the %d buffers of its capture", errDiverged, pos, len(g.tape))
+		}
+	}
+	var err error
+	if ferr == nil {
+		err = be.g.Do(func(d *kernels.Device) error { return g.sg.Launch(d) })
+	}
+	be.resetStepCaches()
+	if err = errors.Join(ferr, err); err != nil {
+		gr.stats.Diverged++
+		gr.stats.LastError = "replay: " + err.Error()
+		be.destroyGraph(g)
+		delete(gr.m, g.key)
+		return be.eagerStepLocked(f)
+	}
+	gr.stats.Replays++
+	return out, nil
+}
+
+// evictGraphs destroys the least recently used graphs beyond graphMax.
+func (be *Backend) evictGraphs() {
+	gr := &be.gr
+	for {
+		var live []*stepGraph
+		for _, g := range gr.m {
+			if g.sg != nil {
+				live = append(live, g)
+			}
+		}
+		if len(live) <= graphMax {
+			return
+		}
+		old := slices.MinFunc(live, func(a, b *stepGraph) int { return int(a.used) - int(b.used) })
+		be.destroyGraph(old)
+		delete(gr.m, old.key)
+	}
+}
+
+// destroyGraph frees g's graph and the memory it owns (after the GPU is
+// done with it). A tensor still holding that memory sees a freed buffer.
+func (be *Backend) destroyGraph(g *stepGraph) {
+	if g.sg != nil {
+		sg := g.sg
+		g.sg = nil
+		if err := be.g.Do(func(d *kernels.Device) error { return sg.Destroy(d) }); err != nil {
+			panicf("GraphStep", "destroying a graph: %v", err)
+		}
+	}
+	be.dropTape(g, true)
+}
+
+// dropTape gives g's tape up: freed (free, after the GPU is done with it)
+// or, for a failed capture whose work never ran, back to the pool.
+func (be *Backend) dropTape(g *stepGraph, free bool) {
+	tape, put := g.tape, g.put
+	g.tape, g.put, g.out = nil, nil, nil
+	be.alloc.disown(tape)
+	if free {
+		if err := be.g.Do(func(d *kernels.Device) error {
+			var errs []error
+			for _, b := range tape {
+				errs = append(errs, b.Free())
+			}
+			return errors.Join(errs...)
+		}); err != nil {
+			panicf("GraphStep", "freeing a graph's memory: %v", err)
+		}
+		return
+	}
+	// Buffers the step gave back itself return to the pool; the others
+	// belong to tensors, whose cleanups return them.
+	for _, b := range put {
+		be.alloc.put(b)
+	}
+}
+
+// dropGraphs destroys every graph (the KV pool or the expert counters they
+// captured pointers to are about to change).
+func (be *Backend) dropGraphs() {
+	gr := &be.gr
+	gr.mu.Lock()
+	defer gr.mu.Unlock()
+	for k, g := range gr.m {
+		be.destroyGraph(g)
+		delete(gr.m, k)
+	}
+}
+
+// Graphs reports what GraphStep did so far and what the graphs hold.
+func (be *Backend) Graphs() GraphStats {
+	gr := &be.gr
+	gr.mu.Lock()
+	defer gr.mu.Unlock()
+	s := gr.stats
+	for _, g := range gr.m {
+		if g.sg != nil {
+			s.Live++
+			s.Nodes += g.sg.Nodes()
+			for _, b := range g.tape {
+				s.TapeBytes += b.Bytes()
+			}
+		}
+	}
+	return s
+}
+
+// graphGuard panics (failing the capture or replay) when the running step
+// is a graph step: what it guards (a lazily made weight copy, a table made
+// once) must happen outside graphs.
+func (be *Backend) graphGuard(what string) {
+	if be.graphMode() != graphOff {
+		panic(fmt.Errorf("cuda: %w: %s inside a graph step", errDiverged, what))
+	}
+}
+
+// doReplay runs an op's closure on the replay device (no GPU hand-off).
+func (be *Backend) doReplay(f func(d *kernels.Device) error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("kernels: panic in a replayed op: %v", r)
+		}
+	}()
+	return f(be.gr.rdev)
+}
+
+// ---- the allocator's tape ----
+
+// tapeState is the allocator's view of the running graph step.
+type tapeState struct {
+	g    *stepGraph
+	mode graphMode
+	pos  int
+}
+
+// startTape makes get record (capture) or hand out (replay) g's tape.
+func (a *allocator) startTape(g *stepGraph, mode graphMode) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.tape = &tapeState{g: g, mode: mode}
+	if a.owned == nil {
+		a.owned = map[*kernels.Buffer]bool{}
+	}
+}
+
+// stopTape ends the tape and returns how many buffers a replay took.
+func (a *allocator) stopTape() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	if a.tape != nil {
+		n = a.tape.pos
+	}
+	a.tape = nil
+	return n
+}
+
+// tapeGet is get during a graph step (a.mu held): capture records a pool or
+// fresh buffer, replay hands out the tape's next one.
+func (a *allocator) tapeGet(d *kernels.Device, c int64) *kernels.Buffer {
+	t := a.tape
+	if t.mode == graphReplaying {
+		if t.pos >= len(t.g.tape) || t.g.tape[t.pos].Bytes() != c {
+			panic(fmt.Errorf("cuda: %w: allocation %d of %d bytes, the capture's was %s", errDiverged, t.pos, c, tapeAt(t.g.tape, t.pos)))
+		}
+		b := t.g.tape[t.pos]
+		t.pos++
+		return b
+	}
+	var b *kernels.Buffer
+	if l := a.pool[c]; len(l) > 0 {
+		b = l[len(l)-1]
+		a.pool[c] = l[:len(l)-1]
+	} else {
+		var err error
+		if b, err = d.Malloc(c); err != nil {
+			panic(fmt.Sprintf("device memory (capturing a graph): %v", err))
+		}
+	}
+	t.g.tape = append(t.g.tape, b)
+	a.owned[b] = true
+	return b
+}
+
+func tapeAt(tape []*kernels.Buffer, i int) string {
+	if i >= len(tape) {
+		return "past its end"
+	}
+	return fmt.Sprintf("%d bytes", tape[i].Bytes())
+}
+
+// disown ends the graph's ownership of bufs.
+func (a *allocator) disown(bufs []*kernels.Buffer) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, b := range bufs {
+		delete(a.owned, b)
+	}
+}

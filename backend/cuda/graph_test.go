@@ -1,0 +1,204 @@
+package cuda
+
+import (
+	"testing"
+
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/models"
+)
+
+// fastBackend is a new fast-profile backend (bf16 activations and KV) on
+// the test GPU, with or without decode graphs.
+func fastBackend(t *testing.T, graphs bool) *Backend {
+	t.Helper()
+	gpuBackend(t) // skips without a GPU
+	off := false
+	be, err := New(Options{SplitActivations: &off, NoGraphs: !graphs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return be
+}
+
+// argmaxRows is the argmax of every row of logits [rows, V].
+func argmaxRows(v []float32, rows int) []int32 {
+	V := len(v) / rows
+	out := make([]int32, rows)
+	for r := range rows {
+		best := 0
+		for j := 1; j < V; j++ {
+			if v[r*V+j] > v[r*V+best] {
+				best = j
+			}
+		}
+		out[r] = int32(best)
+	}
+	return out
+}
+
+// graphRun runs steps of a model on be through backend.RunStep, as the
+// engine does; sequence s owns blocks [s*perSeq, (s+1)*perSeq).
+type graphRun struct {
+	be     *Backend
+	m      *models.Loaded
+	bs     int
+	perSeq int
+}
+
+func (r *graphRun) step(t *testing.T, b *backend.Batch) []float32 {
+	t.Helper()
+	out, err := backend.RunStep(r.be, b, func() (backend.Tensor, error) { return r.m.Model.Forward(b) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.be.ToHost(out)
+}
+
+func (r *graphRun) blocks(seq, n int) []int32 {
+	v := make([]int32, (n+r.bs-1)/r.bs)
+	for i := range v {
+		v[i] = int32(seq*r.perSeq + i)
+	}
+	return v
+}
+
+// TestGraphDecodeMatchesEager: decode steps replayed from CUDA graphs give
+// the logits of the same steps run eagerly, for families with GQA + q/k
+// norms (qwen3_moe), sliding windows and sinks (gpt_oss) and MLA
+// (deepseek_v3), over contexts that cross block boundaries and a key
+// bucket (one prompt starts just below 256 keys, so the steps change key:
+// warm-up, capture and replays again). Each step feeds new tokens, so a
+// replay that ran nothing (stale logits) or read stale metadata fails.
+func TestGraphDecodeMatchesEager(t *testing.T) {
+	for _, fam := range []string{"qwen3_moe", "gpt_oss", "deepseek_v3"} {
+		t.Run(fam, func(t *testing.T) {
+			const bs, perSeq, steps = 4, 80, 12
+			runs := make([]*graphRun, 2)
+			for i, graphs := range []bool{false, true} {
+				be := fastBackend(t, graphs)
+				if err := be.InitKV(bs, 3*perSeq); err != nil {
+					t.Fatal(err)
+				}
+				runs[i] = &graphRun{be: be, m: loadModel(t, fam, be), bs: bs, perSeq: perSeq}
+			}
+			V := runs[0].m.Config.VocabSize
+			prompts := [][]int32{{1, 5, 9, 13, 17}, {3, 4}, make([]int32, 250)}
+			for i := range prompts[2] {
+				prompts[2][i] = int32((i*37 + 11) % V)
+			}
+			next := make([]int32, len(prompts))
+			for s, p := range prompts {
+				for i, r := range runs {
+					b := backend.SingleSequence(uint64(s), p, 0, false)
+					b.Seqs[0].Blocks = r.blocks(s, len(p))
+					b.LogitRows = []int{len(p) - 1}
+					v := r.step(t, b)
+					if i == 0 {
+						next[s] = argmaxRows(v, 1)[0]
+					}
+				}
+			}
+			past := []int{len(prompts[0]), len(prompts[1]), len(prompts[2])}
+			worst := 0.0
+			for st := range steps {
+				var got [2][]float32
+				for i, r := range runs {
+					b := &backend.Batch{}
+					for s := range prompts {
+						b.Tokens = append(b.Tokens, next[s])
+						b.Positions = append(b.Positions, int32(past[s]))
+						b.Seqs = append(b.Seqs, backend.SeqSpan{ID: uint64(s), Offset: s, Len: 1, Past: past[s],
+							Blocks: r.blocks(s, past[s]+1)})
+					}
+					got[i] = r.step(t, b)
+				}
+				e := relL2(got[1], got[0])
+				worst = max(worst, e)
+				if !(e <= 1e-3) {
+					t.Errorf("step %d (contexts %v): graph logits relative L2 %.3g to eager", st, past, e)
+				}
+				next = argmaxRows(got[0], len(prompts))
+				for s := range past {
+					past[s]++
+				}
+			}
+			gs := runs[1].be.Graphs()
+			t.Logf("GRAPHS %s: %d decode steps, worst relative L2 to eager %.3g; stats %+v", fam, steps, worst, gs)
+			if gs.Failed != 0 || gs.Diverged != 0 || gs.Captures != 2 || gs.Replays != steps-4 {
+				t.Errorf("stats %+v: want 2 captures (one per key bucket), %d replays, no failures", gs, steps-4)
+			}
+			if s := runs[0].be.Graphs(); s.Captures != 0 || s.Replays != 0 {
+				t.Errorf("NoGraphs backend captured: %+v", s)
+			}
+		})
+	}
+}
+
+// TestGraphDiverges: a step whose Go code does something its capture did
+// not (here one more op) is not replayed: the graph is dropped, the step
+// runs eagerly with the right result, and the next steps capture again.
+func TestGraphDiverges(t *testing.T) {
+	be := fastBackend(t, true)
+	const bs = 4
+	if err := be.InitKV(bs, 64); err != nil {
+		t.Fatal(err)
+	}
+	r := &graphRun{be: be, m: loadModel(t, "qwen3_moe", be), bs: bs, perSeq: 16}
+	decode := func(pos int, tok int32) *backend.Batch {
+		return &backend.Batch{Tokens: []int32{tok}, Positions: []int32{int32(pos)},
+			Seqs: []backend.SeqSpan{{ID: 0, Len: 1, Past: pos, Blocks: r.blocks(0, pos+1)}}}
+	}
+	pre := backend.SingleSequence(0, []int32{1, 2, 3}, 0, false)
+	pre.Seqs[0].Blocks = r.blocks(0, 3)
+	r.step(t, pre)
+	for pos := 3; pos < 6; pos++ { // eager, capture, replay
+		r.step(t, decode(pos, int32(pos)))
+	}
+	if gs := be.Graphs(); gs.Captures != 1 || gs.Replays != 1 {
+		t.Fatalf("before: %+v", gs)
+	}
+	b := decode(6, 7)
+	var plain backend.Tensor
+	out, err := be.GraphStep(b, func() (backend.Tensor, error) {
+		x, err := r.m.Model.Forward(b)
+		if err != nil {
+			return nil, err
+		}
+		plain = x
+		return be.Add(x, x), nil // not in the capture
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, base := be.ToHost(out), be.ToHost(plain)
+	for i := range base {
+		base[i] *= 2
+	}
+	if e := relL2(got, base); !(e <= 1e-6) {
+		t.Errorf("diverged step's result relative L2 %.3g to 2·logits", e)
+	}
+	gs := be.Graphs()
+	if gs.Diverged != 1 || gs.Live != 0 || gs.LastError == "" {
+		t.Errorf("after divergence: %+v", gs)
+	}
+	t.Logf("diverged as expected: %s", gs.LastError)
+	for pos := 7; pos < 10; pos++ { // the key is captured again
+		r.step(t, decode(pos, int32(pos)))
+	}
+	if gs := be.Graphs(); gs.Captures < 2 || gs.Live != 1 {
+		t.Errorf("after recapture: %+v", gs)
+	}
+}
+
+// TestEngineGraphs: the serving engine on a fast-profile backend with decode
+// graphs gives concurrent greedy requests the tokens engine.Greedy gives
+// eagerly, and its decode steps ran as graphs.
+func TestEngineGraphs(t *testing.T) {
+	be := fastBackend(t, true)
+	engineMatchesGreedy(t, be)
+	gs := be.Graphs()
+	t.Logf("engine graph stats: %+v", gs)
+	if gs.Replays == 0 || gs.Failed != 0 || gs.Diverged != 0 {
+		t.Errorf("stats %+v: want replays and no failures", gs)
+	}
+}
