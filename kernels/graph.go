@@ -34,7 +34,7 @@ type StepGraph struct {
 	ups       []staged
 	chunks    []*Pinned
 	used      int64 // bytes used in the last chunk
-	pos       int    // uploads refilled by the running replay
+	pos       int   // uploads refilled by the running replay
 	replaying bool
 	done      uint64 // event recorded after each launch
 }
