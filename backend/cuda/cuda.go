@@ -431,7 +431,7 @@ type allocator struct {
 	pending []*kernels.Buffer // large buffers to free on the GPU goroutine
 
 	tape  *tapeState               // the running graph step's tape, or nil
-	owned map[*kernels.Buffer]bool // buffers graphs own: never pooled again
+	owned map[*kernels.Buffer]bool // the graphs' arena (graph.go): never pooled again
 }
 
 const poolMax = 64 << 20
@@ -454,9 +454,7 @@ func (a *allocator) put(b *kernels.Buffer) {
 	}
 	a.mu.Lock()
 	if a.owned[b] {
-		if t := a.tape; t != nil && t.mode == graphCapturing {
-			t.g.put = append(t.g.put, b)
-		}
+		a.tapePut(b)
 		a.mu.Unlock()
 		return
 	}

@@ -30,7 +30,13 @@ import (
 //     second is captured (kernels.Device.BeginCapture) and then launched;
 //     later ones are replayed.
 //   - Capture records every buffer the step gets from the allocator, in
-//     order (the tape); the graph owns them from then on. A replay runs the
+//     order (the tape). Those buffers belong to the graphs' arena from then
+//     on, never to the pool: graphs never run at the same time and a step's
+//     buffers are dead once the step's output was read, so every capture
+//     starts with the whole arena free and takes from it first; a buffer
+//     the step gives back (put, or a dead tensor's cleanup) is free again
+//     for the rest of the capture. The arena holds what the largest step
+//     needs, not the sum over graphs. A replay runs the
 //     model's Go code again on a replay device (kernels.StepGraph.Replay):
 //     the allocator hands out the tape's buffers in the same order, uploads
 //     refill the graph's pinned staging, launches are skipped, and nothing
@@ -64,7 +70,7 @@ type GraphStats struct {
 	Failed    int64  `json:"failed"`               // captures that failed (key made eager-only)
 	Live      int    `json:"live"`                 // graphs held now
 	Nodes     int    `json:"nodes"`                // nodes of the graphs held now
-	TapeBytes int64  `json:"tape_bytes"`           // device memory the graphs held now own
+	TapeBytes int64  `json:"tape_bytes"`           // device memory of the graphs' arena (shared by all graphs)
 	LastError string `json:"last_error,omitempty"` // why the last capture failed or replay diverged
 }
 
@@ -76,8 +82,7 @@ type stepGraph struct {
 	key    graphKey
 	sg     *kernels.StepGraph
 	real   *kernels.Device
-	tape   []*kernels.Buffer // buffers the step gets, in order (owned by the graph)
-	put    []*kernels.Buffer // of those, the ones the step returned itself (capture)
+	tape   []*kernels.Buffer // buffers the step gets, in order (arena buffers; repeats allowed)
 	out    *kernels.Buffer   // the output tensor's memory
 	eager  int               // eager runs so far
 	broken bool              // capture failed: eager only
@@ -277,7 +282,7 @@ func (be *Backend) captureStep(g *stepGraph, f func() (backend.Tensor, error)) (
 		g.broken = true
 		gr.stats.Failed++
 		gr.stats.LastError = "capture: " + err.Error()
-		be.dropTape(g, false)
+		g.tape, g.out = nil, nil // its buffers stay in the arena
 		return be.eagerStepLocked(f)
 	}
 	g.sg, g.out = sg, ot.st.f32
@@ -352,8 +357,8 @@ func (be *Backend) evictGraphs() {
 	}
 }
 
-// destroyGraph frees g's graph and the memory it owns (after the GPU is
-// done with it). A tensor still holding that memory sees a freed buffer.
+// destroyGraph frees g's graph (after the GPU is done with it); its
+// buffers stay in the arena for later captures.
 func (be *Backend) destroyGraph(g *stepGraph) {
 	if g.sg != nil {
 		sg := g.sg
@@ -362,36 +367,12 @@ func (be *Backend) destroyGraph(g *stepGraph) {
 			panicf("GraphStep", "destroying a graph: %v", err)
 		}
 	}
-	be.dropTape(g, true)
-}
-
-// dropTape gives g's tape up: freed (free, after the GPU is done with it)
-// or, for a failed capture whose work never ran, back to the pool.
-func (be *Backend) dropTape(g *stepGraph, free bool) {
-	tape, put := g.tape, g.put
-	g.tape, g.put, g.out = nil, nil, nil
-	be.alloc.disown(tape)
-	if free {
-		if err := be.g.Do(func(d *kernels.Device) error {
-			var errs []error
-			for _, b := range tape {
-				errs = append(errs, b.Free())
-			}
-			return errors.Join(errs...)
-		}); err != nil {
-			panicf("GraphStep", "freeing a graph's memory: %v", err)
-		}
-		return
-	}
-	// Buffers the step gave back itself return to the pool; the others
-	// belong to tensors, whose cleanups return them.
-	for _, b := range put {
-		be.alloc.put(b)
-	}
+	g.tape, g.out = nil, nil
 }
 
 // dropGraphs destroys every graph (the KV pool or the expert counters they
-// captured pointers to are about to change).
+// captured pointers to are about to change) and frees the arena. A tensor
+// still holding arena memory sees a freed buffer.
 func (be *Backend) dropGraphs() {
 	gr := &be.gr
 	gr.mu.Lock()
@@ -399,6 +380,19 @@ func (be *Backend) dropGraphs() {
 	for k, g := range gr.m {
 		be.destroyGraph(g)
 		delete(gr.m, k)
+	}
+	arena := be.alloc.takeArena()
+	if len(arena) == 0 {
+		return
+	}
+	if err := be.g.Do(func(d *kernels.Device) error {
+		errs := []error{d.Sync()}
+		for _, b := range arena {
+			errs = append(errs, b.Free())
+		}
+		return errors.Join(errs...)
+	}); err != nil {
+		panicf("GraphStep", "freeing the graphs' memory: %v", err)
 	}
 }
 
@@ -412,11 +406,9 @@ func (be *Backend) Graphs() GraphStats {
 		if g.sg != nil {
 			s.Live++
 			s.Nodes += g.sg.Nodes()
-			for _, b := range g.tape {
-				s.TapeBytes += b.Bytes()
-			}
 		}
 	}
+	s.TapeBytes = be.alloc.arenaBytes()
 	return s
 }
 
@@ -443,16 +435,25 @@ func (be *Backend) doReplay(f func(d *kernels.Device) error) (err error) {
 
 // tapeState is the allocator's view of the running graph step.
 type tapeState struct {
-	g    *stepGraph
-	mode graphMode
-	pos  int
+	g     *stepGraph
+	mode  graphMode
+	pos   int                         // replay: buffers handed out
+	free  map[int64][]*kernels.Buffer // capture: arena buffers free now, by size class
+	inUse map[*kernels.Buffer]bool    // capture: handed out and not given back
 }
 
 // startTape makes get record (capture) or hand out (replay) g's tape.
 func (a *allocator) startTape(g *stepGraph, mode graphMode) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.tape = &tapeState{g: g, mode: mode}
+	t := &tapeState{g: g, mode: mode}
+	if mode == graphCapturing {
+		t.free, t.inUse = map[int64][]*kernels.Buffer{}, map[*kernels.Buffer]bool{}
+		for b := range a.owned {
+			t.free[b.Bytes()] = append(t.free[b.Bytes()], b)
+		}
+	}
+	a.tape = t
 	if a.owned == nil {
 		a.owned = map[*kernels.Buffer]bool{}
 	}
@@ -470,8 +471,9 @@ func (a *allocator) stopTape() int {
 	return n
 }
 
-// tapeGet is get during a graph step (a.mu held): capture records a pool or
-// fresh buffer, replay hands out the tape's next one.
+// tapeGet is get during a graph step (a.mu held): capture takes a free arena
+// buffer, else a pool or fresh one (which joins the arena), and records it;
+// replay hands out the tape's next one.
 func (a *allocator) tapeGet(d *kernels.Device, c int64) *kernels.Buffer {
 	t := a.tape
 	if t.mode == graphReplaying {
@@ -483,7 +485,10 @@ func (a *allocator) tapeGet(d *kernels.Device, c int64) *kernels.Buffer {
 		return b
 	}
 	var b *kernels.Buffer
-	if l := a.pool[c]; len(l) > 0 {
+	if l := t.free[c]; len(l) > 0 {
+		b = l[len(l)-1]
+		t.free[c] = l[:len(l)-1]
+	} else if l := a.pool[c]; len(l) > 0 {
 		b = l[len(l)-1]
 		a.pool[c] = l[:len(l)-1]
 	} else {
@@ -492,9 +497,19 @@ func (a *allocator) tapeGet(d *kernels.Device, c int64) *kernels.Buffer {
 			panic(fmt.Sprintf("device memory (capturing a graph): %v", err))
 		}
 	}
-	t.g.tape = append(t.g.tape, b)
 	a.owned[b] = true
+	t.inUse[b] = true
+	t.g.tape = append(t.g.tape, b)
 	return b
+}
+
+// tapePut is put of an arena buffer (a.mu held): during a capture, a buffer
+// the step had taken is free again for the rest of it.
+func (a *allocator) tapePut(b *kernels.Buffer) {
+	if t := a.tape; t != nil && t.mode == graphCapturing && t.inUse[b] {
+		delete(t.inUse, b)
+		t.free[b.Bytes()] = append(t.free[b.Bytes()], b)
+	}
 }
 
 func tapeAt(tape []*kernels.Buffer, i int) string {
@@ -504,11 +519,25 @@ func tapeAt(tape []*kernels.Buffer, i int) string {
 	return fmt.Sprintf("%d bytes", tape[i].Bytes())
 }
 
-// disown ends the graph's ownership of bufs.
-func (a *allocator) disown(bufs []*kernels.Buffer) {
+// takeArena removes every arena buffer from the allocator and returns them.
+func (a *allocator) takeArena() []*kernels.Buffer {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, b := range bufs {
-		delete(a.owned, b)
+	out := make([]*kernels.Buffer, 0, len(a.owned))
+	for b := range a.owned {
+		out = append(out, b)
 	}
+	a.owned = nil
+	return out
+}
+
+// arenaBytes is the arena's size.
+func (a *allocator) arenaBytes() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var n int64
+	for b := range a.owned {
+		n += b.Bytes()
+	}
+	return n
 }
