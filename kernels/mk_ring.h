@@ -29,7 +29,7 @@ enum {
   MK_RING_ERR_ROLE,    /* 0 compute, 1 communication */
   MK_RING_ERR_STEP,    /* ring step */
   MK_RING_ERR_TILE,    /* compute: the query tile's slot; comm: the comm CTA's part */
-  MK_RING_ERR_WHAT,    /* 0 waited for a chunk to arrive, 1 for a buffer to be released */
+  MK_RING_ERR_WHAT,    /* waited for: 0 a chunk to arrive, 1 a buffer's release, 2 the slot's previous step */
   MK_RING_ERR_SEEN,    /* the flag's value when it gave up */
   MK_RING_ERR_WANT,    /* the value it waited for */
   MK_RING_ERR_WORDS

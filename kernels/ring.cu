@@ -24,7 +24,11 @@
 //   consumed[r][s] += 1 by each compute item of rank r that finished step s,
 //                  and by each comm CTA of r that finished forwarding it
 //                  (full at items_r + ncomm): buffer s%2 of r may then be
-//                  rewritten (by rank r−1's comm CTAs, for step s+2).
+//                  rewritten (by rank r−1's comm CTAs, for step s+2);
+//   done[slot]     = s+1 (st.release) once a slot's step s stored its state:
+//                  chunks run up to one step ahead of the slowest item, so
+//                  the CTA that takes the slot's step s+1 may start while
+//                  another CTA still runs its step s, and waits for this.
 // Protocol: a writer's threads store, bar.sync, then one thread does
 // fence.acq_rel.gpu (__threadfence) and red.release.gpu.add on the flag; a
 // reader's one thread spins with ld.acquire.gpu on the flag, then bar.sync,
@@ -33,9 +37,9 @@
 // barriers on both sides order the data writes before the reads (PTX memory
 // model: causality order is transitive through bar.sync). Every CTA
 // processes steps in increasing order and takes step s+1 items only once
-// step s's queue is empty, and all CTAs are co-resident (cooperative
-// launch), so no wait is on a CTA that waits for it (the waits form a DAG
-// over steps).
+// step s's queue is empty (so every step-s item has been taken by a running
+// CTA), and all CTAs are co-resident (cooperative launch): a wait at step s
+// is only ever on work of steps < s, so the waits form a DAG and end.
 //
 // Watchdog. Every spin is bounded by timeout_ns on %globaltimer; on timeout
 // the CTA writes the error record (rank, role, step, tile, flag seen/wanted)
@@ -63,7 +67,10 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Workspace layout (bytes): [0, 64) error record; [64, 4096) control words;
-// [4096, ...) ring state, or the separate ring's accumulators and partials.
+// [4096, ...) the ring's per-slot step flags (int32 [slots], rounded up to
+// 256 bytes) then the ring state, or the separate ring's accumulators and
+// partials. Everything from kCtlOff to the end of the flags is zeroed per
+// launch.
 constexpr int64_t kCtlOff = 64;
 constexpr int64_t kStateOff = 4096;
 constexpr int kQueue = 0;                                  // [kMaxRanks] per step
@@ -90,6 +97,7 @@ struct Params {
   int items[kMaxRanks];  // real slots per rank
   const float* sinks;
   int* ctl;
+  int* done;  // [slots]: the number of steps finished per slot (mode 0)
   int* err;
   int64_t q_stride, k_stride, v_stride, o_stride;
   long long timeout_ns;
@@ -147,6 +155,9 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
 }
 __device__ __forceinline__ void red_release_add(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ int ld_relaxed(const int* p) {
   int v;
@@ -257,7 +268,7 @@ __device__ void copy_part(char* dst, const char* src, int64_t n, int part, int p
     }
     for (; i < hi; i += kThreads) __stcg(d + i, __ldcg(s + i));
     if (part == parts - 1)
-      for (int64_t b = n16 * 16 + threadIdx.x; b < n; b += kThreads) dst[b] = src[b];
+      for (int64_t b = n16 * 16 + threadIdx.x; b < n; b += kThreads) dst[b] = __ldcg(src + b);
   } else {
     const int64_t n2 = n / 2;
     const int64_t per = (n2 + parts - 1) / parts;
@@ -645,14 +656,21 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
     const int hg = rest % p.hg, t = rest / p.hg;
     if (t >= p.tc[r][0] + p.tc[r][1]) continue;  // this rank has fewer tiles
     if (p.mode == 0 && s > 0) {
-      if (threadIdx.x == 0) ok_sh = wait_geq(p, arrived(p, r, s), p.ncomm, r, 0, s, t * p.hg + hg, 0);
+      // The chunk of step s has arrived, and this slot's step s-1 (perhaps
+      // on another CTA, since chunks run one step ahead) has stored its state.
+      if (threadIdx.x == 0) {
+        const int tile = t * p.hg + hg;
+        ok_sh = wait_geq(p, arrived(p, r, s), p.ncomm, r, 0, s, tile, 0) &&
+                wait_geq(p, p.done + idx, s, r, 0, s, tile, 2);
+      }
       __syncthreads();
       if (!ok_sh) return;
     }
     run_item<D, DV, MT>(p, r, s, t, hg, sq, sk, sv);
-    __syncthreads();  // all reads of the chunk and of shared memory are done
+    __syncthreads();  // all reads of the chunk and of shared memory, all state stores, are done
     if (p.mode == 0 && threadIdx.x == 0) {
       __threadfence();
+      st_release(p.done + idx, s + 1);
       red_release_add(consumed(p, r, s), 1);
     }
   }
@@ -752,6 +770,7 @@ struct Layout {
   int tc[kMaxRanks][2];
   int items[kMaxRanks];
   int tmax;
+  int64_t done_bytes;  // the per-slot step flags, rounded up to 256
   int64_t qrows[kMaxRanks];
   int64_t state_bytes[kMaxRanks];  // ring state per rank
   int64_t ring_bytes, sep_bytes;
@@ -773,6 +792,8 @@ int layout_for(int ranks, const int32_t* qspans, int heads, const Shape& sh, int
     lo->tmax = lo->tc[r][0] + lo->tc[r][1] > lo->tmax ? lo->tc[r][0] + lo->tc[r][1] : lo->tmax;
     pairs += rows * heads;
   }
+  lo->done_bytes = ((int64_t)lo->tmax * sh.hg * ranks * 4 + 255) / 256 * 256;
+  lo->ring_bytes += lo->done_bytes;
   for (int r = 0; r < ranks; ++r) {
     lo->state_bytes[r] = ranks > 1 ? (int64_t)lo->tmax * sh.hg * sh.ns * kThreads * 4 : 0;
     lo->ring_bytes += lo->state_bytes[r];
@@ -822,7 +843,7 @@ void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* 
   std::memset(p, 0, sizeof *p);
   bool vec = head_dim % 8 == 0 && v_head_dim % 8 == 0;
   char* base = reinterpret_cast<char*>(ws);
-  int64_t state_off = kStateOff;
+  int64_t state_off = kStateOff + lo.done_bytes;
   for (int r = 0; r < ranks; ++r) {
     const uint64_t* pr = ptrs + (int64_t)r * MK_RING_NPTR;
     RankPtrs& rk = p->rk[r];
@@ -849,6 +870,7 @@ void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* 
   p->sinks = mk::dev<const float>(sinks);
   p->err = reinterpret_cast<int*>(base);
   p->ctl = reinterpret_cast<int*>(base + kCtlOff);
+  p->done = reinterpret_cast<int*>(base + kStateOff);
   p->q_stride = (int64_t)heads * head_dim;
   p->k_stride = (int64_t)kv_heads * head_dim;
   p->v_stride = (int64_t)kv_heads * v_head_dim;
@@ -970,7 +992,7 @@ extern "C" MK_API int32_t mk_ring_attn_bf16(uint64_t stream, int32_t ranks, cons
   int64_t grid = comm + (slots > 0 ? slots : 1);
   if (grid > cores) grid = cores;
   cudaStream_t st = mk::as_stream(stream);
-  MK_CUDA(cudaMemsetAsync(p.ctl, 0, kCtlWords * sizeof(int), st));
+  MK_CUDA(cudaMemsetAsync(p.ctl, 0, kStateOff - kCtlOff + lo.done_bytes, st));
   void* args[] = {&p};
   MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fn), dim3((unsigned)grid), dim3(kThreads), args,
                                       smem, st));

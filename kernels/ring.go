@@ -316,7 +316,7 @@ type RingTimeoutError struct {
 	Role       string // "compute" or "comm"
 	Step       int    // the ring step
 	Tile       int    // compute: the query slot (tile*headGroups + headGroup); comm: the comm CTA's part
-	WaitedFor  string // "chunk arrival" or "buffer release"
+	WaitedFor  string // "chunk arrival", "buffer release" or "the slot's previous step"
 	Seen, Want int    // the flag's value and the value waited for
 }
 
@@ -348,8 +348,11 @@ func (d *Device) RingCheck(ws *Buffer) error {
 	if rec[2] == 1 {
 		e.Role = "comm"
 	}
-	if rec[5] == 1 {
+	switch rec[5] {
+	case 1:
 		e.WaitedFor = "buffer release"
+	case 2:
+		e.WaitedFor = "the slot's previous step"
 	}
 	return e
 }
