@@ -1,0 +1,86 @@
+/* mk_ring.h — the part of the libmkernel C ABI for ring attention (ring.cu).
+ * Included by mkernel.h; the rules of mkernel.h hold. */
+#ifndef MK_RING_H
+#define MK_RING_H
+#include "mkernel.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The most ranks one ring launch takes. */
+#define MK_RING_MAX_RANKS 8
+/* Per-rank device pointers in the ptrs array, in this order (MK_RING_NPTR each). */
+enum {
+  MK_RING_Q = 0,   /* [Lq_r, heads*head_dim] bf16: the rank's queries */
+  MK_RING_K,       /* [Lk_r, kv_heads*head_dim] bf16: the rank's own keys */
+  MK_RING_V,       /* [Lk_r, kv_heads*v_head_dim] bf16: its own values */
+  MK_RING_KBUF0,   /* [max Lk, kv_heads*head_dim] bf16: receive buffers (double) */
+  MK_RING_KBUF1,
+  MK_RING_VBUF0,   /* [max Lk, kv_heads*v_head_dim] bf16 */
+  MK_RING_VBUF1,
+  MK_RING_OUT,     /* [Lq_r, heads*v_head_dim] bf16 or f32 by out_dtype */
+  MK_RING_LSE,     /* [Lq_r, heads] f32 or 0: natural-log log-sum-exp of the scores (sinks excluded) */
+  MK_RING_NPTR
+};
+/* The error record's words (int32), read by mk_ring_check. */
+enum {
+  MK_RING_ERR_SET = 0, /* 1 when a wait timed out */
+  MK_RING_ERR_RANK,    /* the waiting rank */
+  MK_RING_ERR_ROLE,    /* 0 compute, 1 communication */
+  MK_RING_ERR_STEP,    /* ring step */
+  MK_RING_ERR_TILE,    /* compute: the query tile's slot; comm: the comm CTA's part */
+  MK_RING_ERR_WHAT,    /* waited for: 0 a chunk to arrive, 1 a buffer's release, 2 the slot's previous step */
+  MK_RING_ERR_SEEN,    /* the flag's value when it gave up */
+  MK_RING_ERR_WANT,    /* the value it waited for */
+  MK_RING_ERR_WORDS
+};
+
+/* Ring attention over `ranks` emulated context-parallel ranks (1..8) in ONE
+ * persistent cooperative launch. Rank r holds queries at the positions of its
+ * two spans qspans[r] = {lo0, hi0, lo1, hi1} (rows in that order) and
+ * keys/values at kvspans[r] (likewise); spans are half-open, may be empty.
+ * Compute CTAs attend each rank's queries to the KV chunk in hand (step s:
+ * the chunk of rank (r - s) mod ranks) with an online softmax carried across
+ * steps, while communication CTAs forward the chunk to rank r+1's receive
+ * buffer (s+1)%2, signalled per chunk with flags; a buffer is rewritten only
+ * once every reader released it. Masks use global positions: causal = 1,
+ * key j is visible to query position p when j <= p and (window 0 or
+ * j > p - window); causal = 0: every key (window must be 0). GQA: query head
+ * h reads kv head h/(heads/kv_heads). sinks: f32 [heads] or 0.
+ *
+ * ptrs: host array [ranks*MK_RING_NPTR] of device pointers (see MK_RING_*);
+ * qspans, kvspans: host int32 [ranks*4]. ws: the workspace (mk_ring_workspace
+ * bytes); its error record (the first MK_RING_ERR_WORDS int32) must be zero
+ * before the first launch (mk_ring_check clears it). timeout_ns bounds every
+ * wait on a flag (> 0); a wait that exceeds it writes the error record and
+ * ends the kernel; mk_ring_check reports it. fault_rank >= 0 disables that
+ * rank's communication CTAs (fault injection, for testing the watchdog);
+ * -1 otherwise. Asynchronous on stream. */
+MK_API int32_t mk_ring_attn_bf16(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const int32_t* qspans,
+                                 const int32_t* kvspans, int32_t out_dtype, int32_t heads, int32_t kv_heads,
+                                 int32_t head_dim, int32_t v_head_dim, uint32_t scale_bits, int32_t window,
+                                 uint64_t sinks, int32_t causal, uint64_t ws, uint64_t ws_bytes, int64_t timeout_ns,
+                                 int32_t fault_rank);
+
+/* The same result from separate launches (the baseline): per step one
+ * attention launch for all ranks writing normalised partial outputs and
+ * their log-sum-exp, the chunk copies (cudaMemcpyAsync), and one merge
+ * launch; the last merge applies the sinks and writes out and lse. Same
+ * arguments and workspace, no watchdog (nothing waits). */
+MK_API int32_t mk_ring_separate_bf16(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const int32_t* qspans,
+                                     const int32_t* kvspans, int32_t out_dtype, int32_t heads, int32_t kv_heads,
+                                     int32_t head_dim, int32_t v_head_dim, uint32_t scale_bits, int32_t window,
+                                     uint64_t sinks, int32_t causal, uint64_t ws, uint64_t ws_bytes);
+
+/* The workspace bytes both ring launches need for these shapes. */
+MK_API int32_t mk_ring_workspace(int32_t ranks, const int32_t* qspans, int32_t heads, int32_t kv_heads,
+                                 int32_t head_dim, int32_t v_head_dim, uint64_t* bytes);
+
+/* Synchronously (after all earlier work) copies ws's error record into
+ * rec [MK_RING_ERR_WORDS] and clears it on the device. */
+MK_API int32_t mk_ring_check(uint64_t ws, int32_t* rec);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MK_RING_H */

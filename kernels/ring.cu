@@ -1,0 +1,1111 @@
+// ring.cu — ring attention over emulated context-parallel ranks in one
+// persistent cooperative kernel (mk_ring_attn_bf16), and the same ring from
+// separate launches as a baseline (mk_ring_separate_bf16); see mk_ring.h.
+//
+// Work. A query "slot" is one tile of BM = 64*MT rows of one rank: hpb query
+// heads of one kv head × rph positions of one of the rank's two query spans
+// (the tiling of flash.cu). Step s of rank r attends every slot of r to the
+// KV chunk of rank (r − s) mod R. Compute CTAs take (step, slot) items from a
+// per-step queue (one atomic counter per step, heaviest tiles first), so the
+// steps advance in order across the grid; a slot's online-softmax state (the
+// unnormalised O, the running max m and sum l, per thread in its MMA
+// fragment layout) lives in registers during a step and in the workspace
+// between steps; the last step normalises, applies sinks and writes out and
+// the log-sum-exp. Per item the inner loop is flash.cu's: cp.async 2-stage
+// K/V tiles, mma.sync m16n8k16 bf16, exp2 online softmax with a lazily
+// raised max; masks use global positions, so the zigzag split and chunks of
+// two spans need nothing special.
+//
+// Communication. ncomm CTAs per rank forward the chunk in hand at step s
+// (the own shard at s = 0, else receive buffer s%2) into rank r+1's receive
+// buffer (s+1)%2 for step s+1. Flags in the workspace, zeroed per launch:
+//   arrived[r][s]  += 1 by each comm CTA that finished writing rank r's chunk
+//                  for step s (full at ncomm);
+//   consumed[r][s] += 1 by each compute item of rank r that finished step s,
+//                  and by each comm CTA of r that finished forwarding it
+//                  (full at items_r + ncomm): buffer s%2 of r may then be
+//                  rewritten (by rank r−1's comm CTAs, for step s+2);
+//   done[slot]     = s+1 (st.release) once a slot's step s stored its state:
+//                  chunks run up to one step ahead of the slowest item, so
+//                  the CTA that takes the slot's step s+1 may start while
+//                  another CTA still runs its step s, and waits for this.
+// Protocol: a writer's threads store, bar.sync, then one thread does
+// fence.acq_rel.gpu (__threadfence) and red.release.gpu.add on the flag; a
+// reader's one thread spins with ld.acquire.gpu on the flag, then bar.sync,
+// then its threads read the data through L2 only (cp.async.cg / ld.cg), so
+// no stale L1 line is read. Release→acquire on the flag plus the CTA
+// barriers on both sides order the data writes before the reads (PTX memory
+// model: causality order is transitive through bar.sync). Every CTA
+// processes steps in increasing order and takes step s+1 items only once
+// step s's queue is empty (so every step-s item has been taken by a running
+// CTA), and all CTAs are co-resident (cooperative launch): a wait at step s
+// is only ever on work of steps < s, so the waits form a DAG and end.
+//
+// Watchdog. Every spin is bounded by timeout_ns on %globaltimer; on timeout
+// the CTA writes the error record (rank, role, step, tile, flag seen/wanted)
+// once (atomicCAS on word 0) and exits; other CTAs' waits see the record and
+// exit too. The host reads it with mk_ring_check.
+//
+// Ranks are emulated: every rank's buffers are separate device pointers
+// passed per rank (a peer's pointer from CUDA IPC would do the same).
+#include <cmath>
+#include <cstring>
+
+#include "common.cuh"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kMaxRanks = MK_RING_MAX_RANKS;
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kBN = 64;
+constexpr int kStages = 2;
+constexpr float kRescaleSlack = 8.f;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Workspace layout (bytes): [0, 64) error record; [64, 4096) control words;
+// [4096, ...) the ring's per-slot step flags (int32 [slots], rounded up to
+// 256 bytes) then the ring state, or the separate ring's accumulators and
+// partials. Everything from kCtlOff to the end of the flags is zeroed per
+// launch.
+constexpr int64_t kCtlOff = 64;
+constexpr int64_t kStateOff = 4096;
+constexpr int kQueue = 0;                                  // [kMaxRanks] per step
+constexpr int kArrived = kQueue + kMaxRanks;               // [rank][step]
+constexpr int kConsumed = kArrived + kMaxRanks * kMaxRanks;  // [rank][step]
+constexpr int kCtlWords = kConsumed + kMaxRanks * kMaxRanks;
+
+struct RankPtrs {
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  bf16* kb[2];
+  bf16* vb[2];
+  void* out;
+  float* lse;
+  float* state;  // ring: this rank's slots' state; separate: unused
+};
+
+struct Params {
+  RankPtrs rk[kMaxRanks];
+  int qs[kMaxRanks][4];  // query spans lo0, hi0, lo1, hi1
+  int ks[kMaxRanks][4];  // kv spans
+  int tc[kMaxRanks][2];  // query tiles per span
+  int items[kMaxRanks];  // real slots per rank
+  const float* sinks;
+  int* ctl;
+  int* done;  // [slots]: the number of steps finished per slot (mode 0)
+  int* err;
+  int64_t q_stride, k_stride, v_stride, o_stride;
+  long long timeout_ns;
+  int ranks, heads, group, hd, vhd, window, causal, out_f32, vec;
+  int hpb, rph_log2, hg, tmax;
+  int mode;         // 0: the ring; 1: one step (separate baseline)
+  int step;         // mode 1: the step
+  int ncomm;        // mode 0: comm CTAs per rank (0 when ranks == 1)
+  int fault_rank;   // rank whose comm CTAs do nothing, or -1
+  int apply_sinks;  // finalisation applies sinks (mode 0; mode 1 never)
+  float scale_log2;
+};
+
+// ---- PTX wrappers (as in flash.cu) ----
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_relaxed(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
+template <int W>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  if constexpr (W >= 8)
+    return chunk ^ (row & 7);
+  else
+    return chunk ^ ((row >> 1) & 3);
+}
+
+__device__ __noinline__ void load_chunk_scalar(bf16* dst, const bf16* src, int col, int ncols) {
+  uint32_t w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int c0 = col + 2 * e;
+    const unsigned short lo = (src != nullptr && c0 < ncols) ? __bfloat16_as_ushort(src[c0]) : (unsigned short)0;
+    const unsigned short hi =
+        (src != nullptr && c0 + 1 < ncols) ? __bfloat16_as_ushort(src[c0 + 1]) : (unsigned short)0;
+    w[e] = (uint32_t)lo | ((uint32_t)hi << 16);
+  }
+  *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+template <int W>
+__device__ __forceinline__ void load_row(bf16* tile, int row, const bf16* src, int ncols, int sub, int step,
+                                         bool vec, const void* dummy) {
+  bf16* dst = tile + row * (W * 8);
+  if (vec) {
+#pragma unroll
+    for (int c = sub; c < W; c += step) {
+      const bool ok = src != nullptr && c * 8 < ncols;
+      cp_async16(dst + swz<W>(row, c) * 8, ok ? static_cast<const void*>(src + c * 8) : dummy, ok ? 16 : 0);
+    }
+  } else {
+    for (int c = sub; c < W; c += step) load_chunk_scalar(dst + swz<W>(row, c) * 8, src, c * 8, ncols);
+  }
+}
+
+template <int D, int DV, int MT>
+struct Cfg {
+  static constexpr int BM = 16 * MT * kWarps;
+  static constexpr int WQ = D / 8, WV = DV / 8;
+  static constexpr int QE = BM * D, KE = kBN * D, VE = kBN * DV;
+  static constexpr size_t smem = (size_t)(QE + kStages * (KE + VE)) * sizeof(bf16);
+  // Floats of state per thread: O fragments, then m and l.
+  static constexpr int NS = MT * (DV / 8) * 4 + MT * 4;
+};
+
+// wait_geq spins (one thread) until *flag >= want, the error record is set,
+// or timeout_ns passes (then it writes the record). True when the flag came.
+__device__ bool wait_geq(const Params& p, const int* flag, int want, int rank, int role, int step, int tile,
+                         int what) {
+  const unsigned long long t0 = globaltimer();
+  for (unsigned it = 0;; ++it) {
+    const int v = ld_acquire(flag);
+    if (v >= want) return true;
+    if (ld_relaxed(p.err) != 0) return false;  // another CTA gave up: stop too
+    if ((it & 15) == 15 && (long long)(globaltimer() - t0) > p.timeout_ns) {
+      if (atomicCAS(p.err, 0, 1) == 0) {
+        p.err[MK_RING_ERR_RANK] = rank;
+        p.err[MK_RING_ERR_ROLE] = role;
+        p.err[MK_RING_ERR_STEP] = step;
+        p.err[MK_RING_ERR_TILE] = tile;
+        p.err[MK_RING_ERR_WHAT] = what;
+        p.err[MK_RING_ERR_SEEN] = v;
+        p.err[MK_RING_ERR_WANT] = want;
+        __threadfence();
+      }
+      return false;
+    }
+    __nanosleep(128);
+  }
+}
+
+__device__ __forceinline__ int* arrived(const Params& p, int r, int s) { return p.ctl + kArrived + r * kMaxRanks + s; }
+__device__ __forceinline__ int* consumed(const Params& p, int r, int s) {
+  return p.ctl + kConsumed + r * kMaxRanks + s;
+}
+
+// copy_part copies part `part` of `parts` of n bytes from src to dst through
+// L2 (16-byte accesses when both are 16-byte aligned, else 2-byte ones).
+__device__ void copy_part(char* dst, const char* src, int64_t n, int part, int parts) {
+  const bool v16 = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0;
+  if (v16) {
+    const int64_t n16 = n / 16;
+    const int64_t per = (n16 + parts - 1) / parts;
+    const int64_t lo = per * part, hi = min(n16, lo + per);
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    int64_t i = lo + threadIdx.x;
+    for (; i + 3 * kThreads < hi; i += 4 * kThreads) {
+      const uint4 a = __ldcg(s + i), b = __ldcg(s + i + kThreads), c = __ldcg(s + i + 2 * kThreads),
+                  e = __ldcg(s + i + 3 * kThreads);
+      __stcg(d + i, a);
+      __stcg(d + i + kThreads, b);
+      __stcg(d + i + 2 * kThreads, c);
+      __stcg(d + i + 3 * kThreads, e);
+    }
+    for (; i < hi; i += kThreads) __stcg(d + i, __ldcg(s + i));
+    if (part == parts - 1)
+      for (int64_t b = n16 * 16 + threadIdx.x; b < n; b += kThreads) dst[b] = __ldcg(src + b);
+  } else {
+    const int64_t n2 = n / 2;
+    const int64_t per = (n2 + parts - 1) / parts;
+    const int64_t lo = per * part, hi = min(n2, lo + per);
+    const unsigned short* s = reinterpret_cast<const unsigned short*>(src);
+    unsigned short* d = reinterpret_cast<unsigned short*>(dst);
+    for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) __stcg(d + i, __ldcg(s + i));
+  }
+}
+
+// comm_role forwards rank r's chunks (part `part` of ncomm) around the ring.
+// False when a wait gave up.
+__device__ bool comm_role(const Params& p, int r, int part) {
+  const int R = p.ranks, dst = (r + 1) % R;
+  __shared__ int ok_sh;
+  for (int s = 0; s + 1 < R; ++s) {
+    if (threadIdx.x == 0) {
+      bool ok = true;
+      if (s >= 1) ok = wait_geq(p, arrived(p, r, s), p.ncomm, r, 1, s, part, 0);
+      // Buffer (s+1)%2 of dst last served step s-1 (a receive buffer from step 1 on).
+      if (ok && s >= 2) ok = wait_geq(p, consumed(p, dst, s - 1), p.items[dst] + p.ncomm, r, 1, s, part, 1);
+      ok_sh = ok;
+    }
+    __syncthreads();
+    if (!ok_sh) return false;
+    const int src = (r - s + R) % R;  // whose chunk rank r holds at step s
+    const int rows = (p.ks[src][1] - p.ks[src][0]) + (p.ks[src][3] - p.ks[src][2]);
+    const bf16* ks = s == 0 ? p.rk[r].k : p.rk[r].kb[s & 1];
+    const bf16* vs = s == 0 ? p.rk[r].v : p.rk[r].vb[s & 1];
+    copy_part(reinterpret_cast<char*>(p.rk[dst].kb[(s + 1) & 1]), reinterpret_cast<const char*>(ks),
+              (int64_t)rows * p.k_stride * 2, part, p.ncomm);
+    copy_part(reinterpret_cast<char*>(p.rk[dst].vb[(s + 1) & 1]), reinterpret_cast<const char*>(vs),
+              (int64_t)rows * p.v_stride * 2, part, p.ncomm);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      red_release_add(arrived(p, dst, s + 1), 1);
+      red_release_add(consumed(p, r, s), 1);  // done reading rank r's chunk of step s
+    }
+  }
+  return true;
+}
+
+// run_item attends slot (rank r, tile t, head group hg) to the chunk of step s.
+template <int D, int DV, int MT>
+__device__ void run_item(const Params& p, int r, int s, int t, int hg, bf16* sq, bf16* sk, bf16* sv) {
+  using C = Cfg<D, DV, MT>;
+  constexpr int BM = C::BM, NT = kBN / 8, NO = DV / 8;
+  const int R = p.ranks;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int rph = 1 << p.rph_log2;
+
+  // The query tile: span seg of rank r, rows i0.. of it (heaviest tiles first).
+  const int tc1 = p.tc[r][1], tc0 = p.tc[r][0];
+  int seg, ti;
+  if (t < tc1) {
+    seg = 1;
+    ti = tc1 - 1 - t;
+  } else {
+    seg = 0;
+    ti = tc0 - 1 - (t - tc1);
+  }
+  const int qlo = p.qs[r][2 * seg], L = p.qs[r][2 * seg + 1] - qlo;
+  const int qrow0 = seg == 0 ? 0 : p.qs[r][1] - p.qs[r][0];  // the span's first row in Q_r
+  const int i0 = ti * rph, iend = min(i0 + rph, L);
+  const int h0 = hg * p.hpb, kvh = h0 / p.group;
+
+  // The chunk in hand: rank src's keys, two spans stored one after the other.
+  const int src = (r - s + R) % R;
+  const bf16* kc = s == 0 ? p.rk[r].k : p.rk[r].kb[s & 1];
+  const bf16* vc = s == 0 ? p.rk[r].v : p.rk[r].vb[s & 1];
+  // Per kv span sp: positions [klo, khi), first buffer row koff, the first
+  // visible tile nlo and the visible tile count cnt (scalars, not arrays, so
+  // that nothing lands in local memory).
+  const int klo0 = p.ks[src][0], khi0 = p.ks[src][1], klo1 = p.ks[src][2], khi1 = p.ks[src][3];
+  const int koff1 = khi0 - klo0;
+  int nlo0 = 0, cnt0 = 0, nlo1 = 0, cnt1 = 0;
+  auto visible = [&](int lo, int hi, int& nlo, int& cnt) {
+    if (hi > lo && iend > i0) {
+      const int jmax = p.causal ? min(hi - 1, qlo + iend - 1) : hi - 1;
+      const int jmin = (p.causal && p.window > 0) ? max(lo, qlo + i0 - p.window + 1) : lo;
+      if (jmax >= jmin) {
+        nlo = (jmin - lo) / kBN;
+        cnt = (jmax - lo) / kBN - nlo + 1;
+      }
+    }
+  };
+  visible(klo0, khi0, nlo0, cnt0);
+  visible(klo1, khi1, nlo1, cnt1);
+  const int ntiles = cnt0 + cnt1;
+  const bool first = p.mode == 1 || s == 0;
+  const bool last = p.mode == 1 || s == R - 1;
+  if (ntiles == 0 && !first && !last) return;  // nothing visible, state unchanged
+
+  float o[MT][NO][4];
+  float m[MT][2], l[MT][2];
+  const int slot = (t * p.hg + hg);
+  float* st = p.mode == 0 ? p.rk[r].state + (int64_t)slot * C::NS * kThreads + tid : nullptr;
+  if (first) {
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+      for (int nt = 0; nt < NO; ++nt) o[mi][nt][0] = o[mi][nt][1] = o[mi][nt][2] = o[mi][nt][3] = 0.f;
+      m[mi][0] = m[mi][1] = -INFINITY;
+      l[mi][0] = l[mi][1] = 0.f;
+    }
+  } else {
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+      for (int nt = 0; nt < NO; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mi][nt][e] = __ldcg(st + ((mi * NO + nt) * 4 + e) * kThreads);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        m[mi][hh] = __ldcg(st + (MT * NO * 4 + mi * 4 + hh * 2) * kThreads);
+        l[mi][hh] = __ldcg(st + (MT * NO * 4 + mi * 4 + hh * 2 + 1) * kThreads);
+      }
+    }
+  }
+
+  const bool vec = p.vec != 0;
+  const int wrow = warp * 16 * MT;
+  const int g = lane / 4, t4 = lane % 4;
+  if (ntiles > 0) {
+    {
+      constexpr int TPR = kThreads / BM;
+      const int row = tid / TPR, sub = tid % TPR;
+      const int qi = i0 + (row & (rph - 1)), qh = h0 + (row >> p.rph_log2);
+      const bf16* qsrc = qi < L ? p.rk[r].q + (int64_t)(qrow0 + qi) * p.q_stride + (int64_t)qh * p.hd : nullptr;
+      load_row<C::WQ>(sq, row, qsrc, p.hd, sub, TPR, vec, p.rk[r].q);
+      cp_async_commit();
+    }
+    constexpr int KTPR = kThreads / kBN;
+    const int lrow = tid / KTPR, lsub = tid % KTPR;
+    auto load_kv = [&](int it, int stage) {
+      const bool s1 = it >= cnt0;
+      const int klo = s1 ? klo1 : klo0;
+      const int j = klo + (s1 ? nlo1 + it - cnt0 : nlo0 + it) * kBN + lrow;
+      const bf16* kp = nullptr;
+      const bf16* vp = nullptr;
+      if (j < (s1 ? khi1 : khi0)) {
+        const int64_t row = (s1 ? koff1 : 0) + (j - klo);
+        kp = kc + row * p.k_stride + (int64_t)kvh * p.hd;
+        vp = vc + row * p.v_stride + (int64_t)kvh * p.vhd;
+      }
+      load_row<C::WQ>(sk + stage * C::KE, lrow, kp, p.hd, lsub, KTPR, vec, kc);
+      load_row<C::WV>(sv + stage * C::VE, lrow, vp, p.vhd, lsub, KTPR, vec, vc);
+    };
+    load_kv(0, 0);
+    cp_async_commit();
+
+    const float sl2 = p.scale_log2;
+    constexpr int KQ = C::WQ / 2 < 4 ? C::WQ / 2 : 4;
+    constexpr int KVn = C::WV / 2 < 4 ? C::WV / 2 : 4;
+    uint32_t qaddr[KQ], kaddr[KQ], vaddr[KVn];
+    {
+      const int qr = wrow + (lane & 15);
+      const int kr = (lane & 7) + ((lane >> 4) << 3);
+      const int vr = (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+      for (int kl = 0; kl < KQ; ++kl) {
+        qaddr[kl] = smem_addr(sq) + 2 * (qr * D + swz<C::WQ>(qr, 2 * kl + (lane >> 4)) * 8);
+        kaddr[kl] = smem_addr(sk) + 2 * (kr * D + swz<C::WQ>(kr, 2 * kl + ((lane >> 3) & 1)) * 8);
+      }
+#pragma unroll
+      for (int kl = 0; kl < KVn; ++kl)
+        vaddr[kl] = smem_addr(sv) + 2 * (vr * DV + swz<C::WV>(vr, 2 * kl + (lane >> 4)) * 8);
+    }
+
+    for (int it = 0; it < ntiles; ++it) {
+      cp_async_wait_all();
+      __syncthreads();
+      if (it + 1 < ntiles) load_kv(it + 1, (it + 1) % kStages);
+      cp_async_commit();
+      const bool s1 = it >= cnt0;
+      const int j0 = (s1 ? klo1 : klo0) + (s1 ? nlo1 + it - cnt0 : nlo0 + it) * kBN;  // the tile's first key
+      const int jend = s1 ? khi1 : khi0;
+      const uint32_t koffb = 2 * (it % kStages) * C::KE, voffb = 2 * (it % kStages) * C::VE;
+
+      float sc[MT][NT][4];
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NT; ++ni) sc[mi][ni][0] = sc[mi][ni][1] = sc[mi][ni][2] = sc[mi][ni][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t kh_off = 128 * (kk / 4);
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) ldsm_x4(a[mi], qaddr[kk % 4] + kh_off + 2 * mi * 16 * D);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t bb[4];
+          ldsm_x4(bb, kaddr[kk % 4] + koffb + kh_off + 2 * np * 16 * D);
+#pragma unroll
+          for (int mi = 0; mi < MT; ++mi) {
+            mma16816(sc[mi][2 * np], a[mi], bb[0], bb[1]);
+            mma16816(sc[mi][2 * np + 1], a[mi], bb[2], bb[3]);
+          }
+        }
+      }
+
+      const int pos0 = qlo + i0;
+      const bool need = (j0 + kBN > jend) ||
+                        (p.causal && (j0 + kBN - 1 > pos0 || (p.window > 0 && j0 < qlo + iend - p.window)));
+      if (need) {
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int pos = pos0 + ((wrow + mi * 16) & (rph - 1)) + g + (e >= 2 ? 8 : 0);
+              const int j = j0 + ni * 8 + 2 * t4 + (e & 1);
+              bool ok = j < jend;
+              if (p.causal) ok = ok && j <= pos && (p.window <= 0 || j > pos - p.window);
+              if (!ok) sc[mi][ni][e] = -INFINITY;
+            }
+      }
+
+      float mx[MT][2];
+      bool raise = false;
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          float v = -INFINITY;
+#pragma unroll
+          for (int ni = 0; ni < NT; ++ni) v = fmaxf(v, fmaxf(sc[mi][ni][2 * hh], sc[mi][ni][2 * hh + 1]));
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+          mx[mi][hh] = v * sl2;
+          raise = raise || mx[mi][hh] > m[mi][hh] + kRescaleSlack;
+        }
+      if (__any_sync(0xffffffffu, raise)) {
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const float mnew = fmaxf(m[mi][hh], mx[mi][hh]);
+            const float corr = mnew == -INFINITY ? 1.f : ex2(m[mi][hh] - mnew);
+            m[mi][hh] = mnew;
+            l[mi][hh] *= corr;
+#pragma unroll
+            for (int nt = 0; nt < NO; ++nt) {
+              o[mi][nt][2 * hh] *= corr;
+              o[mi][nt][2 * hh + 1] *= corr;
+            }
+          }
+      }
+      uint32_t pa[MT][kBN / 16][4];
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float base = m[mi][hh] == -INFINITY ? 0.f : m[mi][hh];
+          float sum = 0.f;
+#pragma unroll
+          for (int ni = 0; ni < NT; ++ni) {
+            const float p0 = ex2(fmaf(sc[mi][ni][2 * hh], sl2, -base));
+            const float p1 = ex2(fmaf(sc[mi][ni][2 * hh + 1], sl2, -base));
+            sc[mi][ni][2 * hh] = p0;
+            sc[mi][ni][2 * hh + 1] = p1;
+            sum += p0 + p1;
+          }
+          l[mi][hh] += sum;
+        }
+#pragma unroll
+        for (int kj = 0; kj < kBN / 16; ++kj) {
+          pa[mi][kj][0] = pack_bf16(sc[mi][2 * kj][0], sc[mi][2 * kj][1]);
+          pa[mi][kj][1] = pack_bf16(sc[mi][2 * kj][2], sc[mi][2 * kj][3]);
+          pa[mi][kj][2] = pack_bf16(sc[mi][2 * kj + 1][0], sc[mi][2 * kj + 1][1]);
+          pa[mi][kj][3] = pack_bf16(sc[mi][2 * kj + 1][2], sc[mi][2 * kj + 1][3]);
+        }
+      }
+#pragma unroll
+      for (int kj = 0; kj < kBN / 16; ++kj) {
+#pragma unroll
+        for (int dp = 0; dp < DV / 16; ++dp) {
+          uint32_t bb[4];
+          ldsm_x4_t(bb, vaddr[dp % 4] + voffb + 128 * (dp / 4) + 2 * kj * 16 * DV);
+#pragma unroll
+          for (int mi = 0; mi < MT; ++mi) {
+            mma16816(o[mi][2 * dp], pa[mi][kj], bb[0], bb[1]);
+            mma16816(o[mi][2 * dp + 1], pa[mi][kj], bb[2], bb[3]);
+          }
+        }
+      }
+    }
+    cp_async_wait_all();
+  }
+
+  if (!last) {
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+      for (int nt = 0; nt < NO; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) __stcg(st + ((mi * NO + nt) * 4 + e) * kThreads, o[mi][nt][e]);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        __stcg(st + (MT * NO * 4 + mi * 4 + hh * 2) * kThreads, m[mi][hh]);
+        __stcg(st + (MT * NO * 4 + mi * 4 + hh * 2 + 1) * kThreads, l[mi][hh]);
+      }
+    }
+    return;
+  }
+
+  // Finalise: normalise (sinks join the denominator when applied), store out and lse.
+  const int out_f32 = p.mode == 1 ? 1 : p.out_f32;
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float ll = l[mi][hh];
+      ll += __shfl_xor_sync(0xffffffffu, ll, 1);
+      ll += __shfl_xor_sync(0xffffffffu, ll, 2);
+      const int row = wrow + mi * 16 + g + hh * 8;
+      const int h = h0 + (row >> p.rph_log2), i = i0 + (row & (rph - 1));
+      float f = 1.f, den = ll;
+      if (p.apply_sinks && p.sinks != nullptr) {
+        const float sink2 = p.sinks[h] * kLog2e;
+        const float mm = fmaxf(m[mi][hh], sink2);
+        f = ex2(m[mi][hh] - mm);
+        den = ll * f + ex2(sink2 - mm);
+      }
+      const float inv = den > 0.f ? f / den : 0.f;
+      if (i >= L) continue;
+      const int64_t qrow = qrow0 + i;
+      if (p.rk[r].lse != nullptr && t4 == 0)
+        p.rk[r].lse[qrow * p.heads + h] = ll > 0.f ? (m[mi][hh] + log2f(ll)) * kLn2 : -INFINITY;
+      const int64_t base = qrow * p.o_stride + (int64_t)h * p.vhd;
+#pragma unroll
+      for (int nt = 0; nt < NO; ++nt) {
+        const int col = nt * 8 + 2 * t4;
+        if (col >= p.vhd) continue;
+        const float v0 = o[mi][nt][2 * hh] * inv, v1 = o[mi][nt][2 * hh + 1] * inv;
+        if (out_f32) {
+          float* dst = static_cast<float*>(p.rk[r].out) + base + col;
+          dst[0] = v0;
+          if (col + 1 < p.vhd) dst[1] = v1;
+        } else {
+          bf16* dst = static_cast<bf16*>(p.rk[r].out) + base + col;
+          dst[0] = __float2bfloat16_rn(v0);
+          if (col + 1 < p.vhd) dst[1] = __float2bfloat16_rn(v1);
+        }
+      }
+    }
+  }
+}
+
+// ring_kernel: mode 0, the whole ring (comm CTAs first in the grid, then
+// compute CTAs); mode 1, step p.step of every rank, compute only.
+template <int D, int DV, int MT>
+__global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant__ Params p) {
+  using C = Cfg<D, DV, MT>;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sq = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sk = sq + C::QE;
+  bf16* sv = sk + kStages * C::KE;
+  __shared__ int idx_sh, ok_sh;
+  const int R = p.ranks;
+  const int ncomm_all = p.mode == 0 ? p.ncomm * R : 0;
+  if ((int)blockIdx.x < ncomm_all) {
+    const int r = blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
+    if (r == p.fault_rank) return;  // fault injection: this rank never sends
+    if (!comm_role(p, r, part)) return;
+    // Sent everything: join the compute below.
+  }
+  const int nslots = p.tmax * p.hg * R;
+  int s = p.mode == 1 ? p.step : 0;
+  const int s_end = p.mode == 1 ? p.step + 1 : R;
+  while (s < s_end) {
+    if (threadIdx.x == 0) idx_sh = atomicAdd(p.ctl + kQueue + s, 1);
+    __syncthreads();
+    const int idx = idx_sh;
+    __syncthreads();
+    if (idx >= nslots) {
+      ++s;
+      continue;
+    }
+    // idx = (t * hg + hg_i) * R + r: ranks interleaved, heaviest tiles first.
+    const int r = idx % R, rest = idx / R;
+    const int hg = rest % p.hg, t = rest / p.hg;
+    if (t >= p.tc[r][0] + p.tc[r][1]) continue;  // this rank has fewer tiles
+    if (p.mode == 0 && s > 0) {
+      // The chunk of step s has arrived, and this slot's step s-1 (perhaps
+      // on another CTA, since chunks run one step ahead) has stored its state.
+      if (threadIdx.x == 0) {
+        const int tile = t * p.hg + hg;
+        ok_sh = wait_geq(p, arrived(p, r, s), p.ncomm, r, 0, s, tile, 0) &&
+                wait_geq(p, p.done + idx, s, r, 0, s, tile, 2);
+      }
+      __syncthreads();
+      if (!ok_sh) return;
+    }
+    run_item<D, DV, MT>(p, r, s, t, hg, sq, sk, sv);
+    __syncthreads();  // all reads of the chunk and of shared memory, all state stores, are done
+    if (p.mode == 0 && threadIdx.x == 0) {
+      __threadfence();
+      st_release(p.done + idx, s + 1);
+      red_release_add(consumed(p, r, s), 1);
+    }
+  }
+}
+
+// ---- merge (separate baseline) ----
+
+struct MergeParams {
+  float* acc_o[kMaxRanks];  // [Lq_r, heads, vhd] normalised so far
+  float* acc_l[kMaxRanks];  // [Lq_r, heads]
+  const float* po[kMaxRanks];  // this step's partial, or null (finish only)
+  const float* pl[kMaxRanks];
+  void* out[kMaxRanks];
+  float* lse[kMaxRanks];
+  int64_t row0[kMaxRanks + 1];  // prefix sums of (row, head) pairs per rank
+  const float* sinks;
+  int heads, vhd, final_step, out_f32;
+};
+
+// merge_kernel: one warp per (rank, row, head): acc = merge(acc, partial)
+// by log-sum-exp; on the final step it applies sinks and writes out and lse.
+__global__ void merge_kernel(const __grid_constant__ MergeParams p, int ranks) {
+  const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (w >= p.row0[ranks]) return;
+  int r = 0;
+  while (w >= p.row0[r + 1]) ++r;
+  const int64_t pr = w - p.row0[r];  // (row, head) pair within rank r
+  float a = p.acc_l[r][pr];
+  float wa = 1.f, wb = 0.f;
+  float lse = a;
+  if (p.po[r] != nullptr) {
+    const float b = p.pl[r][pr];
+    const float mm = fmaxf(a, b);
+    if (mm == -INFINITY) {
+      wa = 0.f;
+    } else {
+      const float ea = expf(a - mm), eb = expf(b - mm);
+      wa = ea / (ea + eb);
+      wb = eb / (ea + eb);
+      lse = mm + logf(ea + eb);
+    }
+  }
+  float f = 1.f;
+  if (p.final_step && p.sinks != nullptr && lse != -INFINITY) {
+    const int h = (int)(pr % p.heads);
+    f = 1.f / (1.f + expf(p.sinks[h] - lse));
+  }
+  float* ao = p.acc_o[r] + pr * p.vhd;
+  const float* bo = p.po[r] != nullptr ? p.po[r] + pr * p.vhd : nullptr;
+  for (int c = lane; c < p.vhd; c += 32) {
+    float v = wa * ao[c];
+    if (bo != nullptr && wb != 0.f) v += wb * bo[c];
+    if (!p.final_step) {
+      ao[c] = v;
+    } else if (p.out_f32) {
+      static_cast<float*>(p.out[r])[pr * p.vhd + c] = v * f;
+    } else {
+      static_cast<bf16*>(p.out[r])[pr * p.vhd + c] = __float2bfloat16_rn(v * f);
+    }
+  }
+  if (lane == 0) {
+    if (!p.final_step)
+      p.acc_l[r][pr] = lse;
+    else if (p.lse[r] != nullptr)
+      p.lse[r][pr] = lse;
+  }
+}
+
+// ---- host side ----
+
+struct Shape {
+  int d, dv, mt, hpb, rph, hg;
+  int ns;  // state floats per thread
+};
+
+// shape_for picks the template (padded dims, MT) and the tiling for these dims.
+bool shape_for(int heads, int kv_heads, int hd, int vhd, Shape* sh) {
+  auto pad = [](int x) { return x <= 64 ? 64 : x <= 128 ? 128 : x <= 192 ? 192 : 256; };
+  int d = pad(hd), dv = pad(vhd);
+  if (d == 192 && dv <= 128)
+    dv = 128;
+  else if (d != dv || d == 192)
+    d = dv = (d > dv ? d : dv) == 192 ? 256 : (d > dv ? d : dv);
+  const int group = heads / kv_heads;
+  sh->d = d;
+  sh->dv = dv;
+  sh->mt = d <= 128 ? 2 : 1;
+  sh->hpb = group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+  sh->rph = 64 * sh->mt / sh->hpb;
+  sh->hg = heads / sh->hpb;
+  sh->ns = sh->mt * (dv / 8) * 4 + sh->mt * 4;
+  return true;
+}
+
+struct Layout {
+  int tc[kMaxRanks][2];
+  int items[kMaxRanks];
+  int tmax;
+  int64_t done_bytes;  // the per-slot step flags, rounded up to 256
+  int64_t qrows[kMaxRanks];
+  int64_t state_bytes[kMaxRanks];  // ring state per rank
+  int64_t ring_bytes, sep_bytes;
+};
+
+int layout_for(int ranks, const int32_t* qspans, int heads, const Shape& sh, int vhd, Layout* lo) {
+  lo->tmax = 0;
+  lo->ring_bytes = kStateOff;
+  int64_t pairs = 0;
+  for (int r = 0; r < ranks; ++r) {
+    int64_t rows = 0;
+    for (int sp = 0; sp < 2; ++sp) {
+      const int n = qspans[4 * r + 2 * sp + 1] - qspans[4 * r + 2 * sp];
+      lo->tc[r][sp] = (n + sh.rph - 1) / sh.rph;
+      rows += n;
+    }
+    lo->qrows[r] = rows;
+    lo->items[r] = (lo->tc[r][0] + lo->tc[r][1]) * sh.hg;
+    lo->tmax = lo->tc[r][0] + lo->tc[r][1] > lo->tmax ? lo->tc[r][0] + lo->tc[r][1] : lo->tmax;
+    pairs += rows * heads;
+  }
+  lo->done_bytes = ((int64_t)lo->tmax * sh.hg * ranks * 4 + 255) / 256 * 256;
+  lo->ring_bytes += lo->done_bytes;
+  for (int r = 0; r < ranks; ++r) {
+    lo->state_bytes[r] = ranks > 1 ? (int64_t)lo->tmax * sh.hg * sh.ns * kThreads * 4 : 0;
+    lo->ring_bytes += lo->state_bytes[r];
+  }
+  // Separate: acc o + acc l + partial o + partial l, f32.
+  lo->sep_bytes = kStateOff + 2 * (pairs * vhd * 4 + pairs * 4) + 256;
+  return MK_OK;
+}
+
+int check_common(const char* fn, int32_t ranks, const uint64_t* ptrs, const int32_t* qspans, const int32_t* kvspans,
+                 int32_t out_dtype, int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
+                 float scale, int32_t window, int32_t causal, uint64_t ws) {
+  MK_ARG(ranks >= 1 && ranks <= kMaxRanks, "%s: ranks=%d must be in [1, %d]", fn, ranks, kMaxRanks);
+  MK_ARG(ptrs && qspans && kvspans, "%s: ptrs, qspans and kvspans must be non-null", fn);
+  MK_ARG(ws != 0 && ws % 16 == 0, "%s: ws must be a non-null 16-byte aligned workspace", fn);
+  MK_ARG(out_dtype == MK_DTYPE_BF16 || out_dtype == MK_DTYPE_F32, "%s: out_dtype %d is not bf16 or f32", fn, out_dtype);
+  MK_ARG(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0, "%s: heads=%d must be a positive multiple of kv_heads=%d",
+         fn, heads, kv_heads);
+  MK_ARG(head_dim >= 1 && head_dim <= 256 && v_head_dim >= 1 && v_head_dim <= 256,
+         "%s: head_dim=%d and v_head_dim=%d must be in [1, 256]", fn, head_dim, v_head_dim);
+  MK_ARG(std::isfinite(scale) && scale > 0, "%s: scale %g must be finite and > 0", fn, (double)scale);
+  MK_ARG(window >= 0, "%s: window=%d must be >= 0", fn, window);
+  MK_ARG(causal == 0 || causal == 1, "%s: causal=%d must be 0 or 1", fn, causal);
+  MK_ARG(causal == 1 || window == 0, "%s: a window (%d) needs causal=1", fn, window);
+  for (int r = 0; r < ranks; ++r) {
+    for (int sp = 0; sp < 2; ++sp) {
+      const int qa = qspans[4 * r + 2 * sp], qb = qspans[4 * r + 2 * sp + 1];
+      const int ka = kvspans[4 * r + 2 * sp], kb = kvspans[4 * r + 2 * sp + 1];
+      MK_ARG(qa >= 0 && qb >= qa, "%s: rank %d query span %d [%d, %d) is not a range of positions", fn, r, sp, qa, qb);
+      MK_ARG(ka >= 0 && kb >= ka, "%s: rank %d kv span %d [%d, %d) is not a range of positions", fn, r, sp, ka, kb);
+    }
+    const uint64_t* pr = ptrs + (int64_t)r * MK_RING_NPTR;
+    const bool has_q = qspans[4 * r + 1] > qspans[4 * r] || qspans[4 * r + 3] > qspans[4 * r + 2];
+    const bool has_k = kvspans[4 * r + 1] > kvspans[4 * r] || kvspans[4 * r + 3] > kvspans[4 * r + 2];
+    MK_ARG(!has_q || (pr[MK_RING_Q] && pr[MK_RING_OUT]), "%s: rank %d has queries but a null q or out", fn, r);
+    MK_ARG(!has_k || (pr[MK_RING_K] && pr[MK_RING_V]), "%s: rank %d has keys but a null k or v", fn, r);
+    MK_ARG(ranks == 1 || (pr[MK_RING_KBUF0] && pr[MK_RING_KBUF1] && pr[MK_RING_VBUF0] && pr[MK_RING_VBUF1]),
+           "%s: rank %d: the receive buffers must be non-null when ranks > 1", fn, r);
+  }
+  return MK_OK;
+}
+
+// fill_params sets everything but mode/step/ncomm/fault.
+void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* qspans, const int32_t* kvspans,
+                 int32_t out_dtype, int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim, float scale,
+                 int32_t window, uint64_t sinks, int32_t causal, uint64_t ws, const Shape& sh, const Layout& lo) {
+  std::memset(p, 0, sizeof *p);
+  bool vec = head_dim % 8 == 0 && v_head_dim % 8 == 0;
+  char* base = reinterpret_cast<char*>(ws);
+  int64_t state_off = kStateOff + lo.done_bytes;
+  for (int r = 0; r < ranks; ++r) {
+    const uint64_t* pr = ptrs + (int64_t)r * MK_RING_NPTR;
+    RankPtrs& rk = p->rk[r];
+    rk.q = mk::dev<const bf16>(pr[MK_RING_Q]);
+    rk.k = mk::dev<const bf16>(pr[MK_RING_K]);
+    rk.v = mk::dev<const bf16>(pr[MK_RING_V]);
+    rk.kb[0] = mk::dev<bf16>(pr[MK_RING_KBUF0]);
+    rk.kb[1] = mk::dev<bf16>(pr[MK_RING_KBUF1]);
+    rk.vb[0] = mk::dev<bf16>(pr[MK_RING_VBUF0]);
+    rk.vb[1] = mk::dev<bf16>(pr[MK_RING_VBUF1]);
+    rk.out = reinterpret_cast<void*>(pr[MK_RING_OUT]);
+    rk.lse = mk::dev<float>(pr[MK_RING_LSE]);
+    rk.state = reinterpret_cast<float*>(base + state_off);
+    state_off += lo.state_bytes[r];
+    for (int i = MK_RING_Q; i <= MK_RING_VBUF1; ++i) vec = vec && pr[i] % 16 == 0;
+    for (int i = 0; i < 4; ++i) {
+      p->qs[r][i] = qspans[4 * r + i];
+      p->ks[r][i] = kvspans[4 * r + i];
+    }
+    p->tc[r][0] = lo.tc[r][0];
+    p->tc[r][1] = lo.tc[r][1];
+    p->items[r] = lo.items[r];
+  }
+  p->sinks = mk::dev<const float>(sinks);
+  p->err = reinterpret_cast<int*>(base);
+  p->ctl = reinterpret_cast<int*>(base + kCtlOff);
+  p->done = reinterpret_cast<int*>(base + kStateOff);
+  p->q_stride = (int64_t)heads * head_dim;
+  p->k_stride = (int64_t)kv_heads * head_dim;
+  p->v_stride = (int64_t)kv_heads * v_head_dim;
+  p->o_stride = (int64_t)heads * v_head_dim;
+  p->ranks = ranks;
+  p->heads = heads;
+  p->group = heads / kv_heads;
+  p->hd = head_dim;
+  p->vhd = v_head_dim;
+  p->window = window;
+  p->causal = causal;
+  p->out_f32 = out_dtype == MK_DTYPE_F32;
+  p->vec = vec;
+  p->hpb = sh.hpb;
+  p->rph_log2 = __builtin_ctz(sh.rph);
+  p->hg = sh.hg;
+  p->tmax = lo.tmax;
+  p->fault_rank = -1;
+  p->scale_log2 = scale * kLog2e;
+}
+
+using KernelFn = void (*)(Params);
+
+KernelFn kernel_for(const Shape& sh, size_t* smem) {
+#define MK_RING_CASE(D, DV, MT)                      \
+  if (sh.d == D && sh.dv == DV && sh.mt == MT) {     \
+    *smem = Cfg<D, DV, MT>::smem;                    \
+    return ring_kernel<D, DV, MT>;                   \
+  }
+  MK_RING_CASE(64, 64, 2)
+  MK_RING_CASE(128, 128, 2)
+  MK_RING_CASE(192, 128, 1)
+  MK_RING_CASE(256, 256, 1)
+#undef MK_RING_CASE
+  return nullptr;
+}
+
+// prepare sets the kernel's shared-memory attribute once and returns how
+// many CTAs of it fit on the device at once.
+int prepare(KernelFn fn, size_t smem, int* coresident) {
+  static KernelFn done[8];
+  static int ndone = 0;
+  bool seen = false;
+  for (int i = 0; i < ndone; ++i) seen = seen || done[i] == fn;
+  if (!seen) {
+    MK_CUDA(cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem));
+    if (ndone < 8) done[ndone++] = fn;
+  }
+  int occ = 0, dev = 0, sms = 0;
+  MK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, reinterpret_cast<const void*>(fn), kThreads, smem));
+  MK_CUDA(cudaGetDevice(&dev));
+  MK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  *coresident = occ * sms;
+  if (*coresident <= 0) return mk::fail(MK_ERR_CUDA, "ring attention: no CTA of the kernel fits on a multiprocessor");
+  return MK_OK;
+}
+
+}  // namespace
+
+extern "C" MK_API int32_t mk_ring_workspace(int32_t ranks, const int32_t* qspans, int32_t heads, int32_t kv_heads,
+                                            int32_t head_dim, int32_t v_head_dim, uint64_t* bytes) {
+  MK_ARG(bytes && qspans, "mk_ring_workspace: bytes and qspans must be non-null");
+  MK_ARG(ranks >= 1 && ranks <= kMaxRanks, "mk_ring_workspace: ranks=%d must be in [1, %d]", ranks, kMaxRanks);
+  MK_ARG(heads >= 1 && kv_heads >= 1 && heads % kv_heads == 0,
+         "mk_ring_workspace: heads=%d must be a positive multiple of kv_heads=%d", heads, kv_heads);
+  MK_ARG(head_dim >= 1 && head_dim <= 256 && v_head_dim >= 1 && v_head_dim <= 256,
+         "mk_ring_workspace: head_dim=%d and v_head_dim=%d must be in [1, 256]", head_dim, v_head_dim);
+  for (int i = 0; i < 2 * ranks; ++i)
+    MK_ARG(qspans[2 * i] >= 0 && qspans[2 * i + 1] >= qspans[2 * i], "mk_ring_workspace: query span %d [%d, %d)", i,
+           qspans[2 * i], qspans[2 * i + 1]);
+  Shape sh;
+  shape_for(heads, kv_heads, head_dim, v_head_dim, &sh);
+  Layout lo;
+  layout_for(ranks, qspans, heads, sh, v_head_dim, &lo);
+  *bytes = (uint64_t)(lo.ring_bytes > lo.sep_bytes ? lo.ring_bytes : lo.sep_bytes);
+  return MK_OK;
+}
+
+extern "C" MK_API int32_t mk_ring_attn_bf16(uint64_t stream, int32_t ranks, const uint64_t* ptrs,
+                                            const int32_t* qspans, const int32_t* kvspans, int32_t out_dtype,
+                                            int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
+                                            uint32_t scale_bits, int32_t window, uint64_t sinks, int32_t causal,
+                                            uint64_t ws, uint64_t ws_bytes, int64_t timeout_ns, int32_t fault_rank) {
+  MK_THREAD("mk_ring_attn_bf16");
+  const float scale = mk::float_from_bits(scale_bits);
+  int rc = check_common("mk_ring_attn_bf16", ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim,
+                        v_head_dim, scale, window, causal, ws);
+  if (rc != MK_OK) return rc;
+  MK_ARG(timeout_ns > 0, "mk_ring_attn_bf16: timeout_ns=%lld must be > 0", (long long)timeout_ns);
+  MK_ARG(fault_rank >= -1 && fault_rank < ranks, "mk_ring_attn_bf16: fault_rank=%d must be -1 or a rank", fault_rank);
+  Shape sh;
+  shape_for(heads, kv_heads, head_dim, v_head_dim, &sh);
+  Layout lo;
+  layout_for(ranks, qspans, heads, sh, v_head_dim, &lo);
+  const uint64_t need = (uint64_t)(lo.ring_bytes > lo.sep_bytes ? lo.ring_bytes : lo.sep_bytes);
+  MK_ARG(ws_bytes >= need, "mk_ring_attn_bf16: workspace of %llu bytes, %llu needed", (unsigned long long)ws_bytes,
+         (unsigned long long)need);
+  size_t smem = 0;
+  KernelFn fn = kernel_for(sh, &smem);
+  MK_ARG(fn != nullptr, "mk_ring_attn_bf16: no kernel for head dims %d/%d", head_dim, v_head_dim);
+  int cores = 0;
+  rc = prepare(fn, smem, &cores);
+  if (rc != MK_OK) return rc;
+
+  Params p;
+  fill_params(&p, ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks,
+              causal, ws, sh, lo);
+  p.mode = 0;
+  p.ncomm = ranks == 1 ? 0 : (4 / ranks > 1 ? 4 / ranks : 1);
+  p.fault_rank = fault_rank;
+  p.apply_sinks = 1;
+  p.timeout_ns = timeout_ns;
+  int64_t slots = 0;
+  for (int r = 0; r < ranks; ++r) slots += lo.items[r];
+  const int comm = p.ncomm * ranks;
+  MK_ARG(comm < cores, "mk_ring_attn_bf16: %d communication CTAs leave no room for compute (%d co-resident)", comm,
+         cores);
+  int64_t grid = comm + (slots > 0 ? slots : 1);
+  if (grid > cores) grid = cores;
+  cudaStream_t st = mk::as_stream(stream);
+  MK_CUDA(cudaMemsetAsync(p.ctl, 0, kStateOff - kCtlOff + lo.done_bytes, st));
+  void* args[] = {&p};
+  MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fn), dim3((unsigned)grid), dim3(kThreads), args,
+                                      smem, st));
+  return MK_OK;
+}
+
+extern "C" MK_API int32_t mk_ring_separate_bf16(uint64_t stream, int32_t ranks, const uint64_t* ptrs,
+                                                const int32_t* qspans, const int32_t* kvspans, int32_t out_dtype,
+                                                int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
+                                                uint32_t scale_bits, int32_t window, uint64_t sinks, int32_t causal,
+                                                uint64_t ws, uint64_t ws_bytes) {
+  MK_THREAD("mk_ring_separate_bf16");
+  const float scale = mk::float_from_bits(scale_bits);
+  int rc = check_common("mk_ring_separate_bf16", ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim,
+                        v_head_dim, scale, window, causal, ws);
+  if (rc != MK_OK) return rc;
+  Shape sh;
+  shape_for(heads, kv_heads, head_dim, v_head_dim, &sh);
+  Layout lo;
+  layout_for(ranks, qspans, heads, sh, v_head_dim, &lo);
+  const uint64_t need = (uint64_t)(lo.ring_bytes > lo.sep_bytes ? lo.ring_bytes : lo.sep_bytes);
+  MK_ARG(ws_bytes >= need, "mk_ring_separate_bf16: workspace of %llu bytes, %llu needed",
+         (unsigned long long)ws_bytes, (unsigned long long)need);
+  size_t smem = 0;
+  KernelFn fn = kernel_for(sh, &smem);
+  MK_ARG(fn != nullptr, "mk_ring_separate_bf16: no kernel for head dims %d/%d", head_dim, v_head_dim);
+  int cores = 0;
+  rc = prepare(fn, smem, &cores);
+  if (rc != MK_OK) return rc;
+
+  Params p;
+  fill_params(&p, ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks,
+              causal, ws, sh, lo);
+  p.mode = 1;
+  p.apply_sinks = 0;
+  // Workspace regions: acc o, acc l, partial o, partial l (each rank's rows in order).
+  MergeParams mp;
+  std::memset(&mp, 0, sizeof mp);
+  char* base = reinterpret_cast<char*>(ws) + kStateOff;
+  int64_t pairs = 0;
+  for (int r = 0; r < ranks; ++r) pairs += lo.qrows[r] * heads;
+  float* acc_o = reinterpret_cast<float*>(base);
+  float* acc_l = acc_o + pairs * v_head_dim;
+  float* par_o = acc_l + pairs;
+  float* par_l = par_o + pairs * v_head_dim;
+  void* outs[kMaxRanks];
+  float* lses[kMaxRanks];
+  int64_t off = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const uint64_t* pr = ptrs + (int64_t)r * MK_RING_NPTR;
+    outs[r] = reinterpret_cast<void*>(pr[MK_RING_OUT]);
+    lses[r] = mk::dev<float>(pr[MK_RING_LSE]);
+    mp.acc_o[r] = acc_o + off * v_head_dim;
+    mp.acc_l[r] = acc_l + off;
+    mp.po[r] = par_o + off * v_head_dim;
+    mp.pl[r] = par_l + off;
+    mp.out[r] = outs[r];
+    mp.lse[r] = lses[r];
+    mp.row0[r] = off;
+    off += lo.qrows[r] * heads;
+  }
+  mp.row0[ranks] = off;
+  mp.sinks = p.sinks;
+  mp.heads = heads;
+  mp.vhd = v_head_dim;
+  mp.out_f32 = out_dtype == MK_DTYPE_F32;
+
+  int64_t slots = 0;
+  for (int r = 0; r < ranks; ++r) slots += lo.items[r];
+  int64_t grid = slots > 0 ? slots : 1;
+  if (grid > cores) grid = cores;
+  cudaStream_t st = mk::as_stream(stream);
+  MK_CUDA(cudaMemsetAsync(p.ctl, 0, kCtlWords * sizeof(int), st));
+  const int64_t warps = off, mblocks = (warps * 32 + 255) / 256;
+  for (int s = 0; s < ranks; ++s) {
+    // Copies for step s+1: rank r's chunk of step s to rank r+1's buffer (s+1)%2.
+    if (s + 1 < ranks) {
+      for (int r = 0; r < ranks; ++r) {
+        const int src = (r - s + ranks) % ranks, dst = (r + 1) % ranks;
+        const int64_t rows = (int64_t)(kvspans[4 * src + 1] - kvspans[4 * src]) + (kvspans[4 * src + 3] - kvspans[4 * src + 2]);
+        if (rows == 0) continue;
+        const void* ks = s == 0 ? (const void*)p.rk[r].k : (const void*)p.rk[r].kb[s & 1];
+        const void* vs = s == 0 ? (const void*)p.rk[r].v : (const void*)p.rk[r].vb[s & 1];
+        MK_CUDA(cudaMemcpyAsync(p.rk[dst].kb[(s + 1) & 1], ks, rows * p.k_stride * 2, cudaMemcpyDeviceToDevice, st));
+        MK_CUDA(cudaMemcpyAsync(p.rk[dst].vb[(s + 1) & 1], vs, rows * p.v_stride * 2, cudaMemcpyDeviceToDevice, st));
+      }
+    }
+    // Step s's attention: into the accumulators at step 0, else the partials.
+    Params q = p;
+    q.step = s;
+    for (int r = 0; r < ranks; ++r) {
+      q.rk[r].out = s == 0 ? mp.acc_o[r] : const_cast<float*>(mp.po[r]);
+      q.rk[r].lse = s == 0 ? mp.acc_l[r] : const_cast<float*>(mp.pl[r]);
+    }
+    fn<<<dim3((unsigned)grid), kThreads, smem, st>>>(q);
+    MK_LAUNCHED("ring_kernel (one step)");
+    if (s == 0 && ranks > 1) continue;
+    MergeParams m = mp;
+    m.final_step = s == ranks - 1;
+    if (s == 0)  // ranks == 1: only the finish
+      for (int r = 0; r < ranks; ++r) m.po[r] = m.pl[r] = nullptr;
+    if (warps > 0) {
+      merge_kernel<<<dim3((unsigned)mblocks), 256, 0, st>>>(m, ranks);
+      MK_LAUNCHED("merge_kernel");
+    }
+  }
+  return MK_OK;
+}
+
+extern "C" MK_API int32_t mk_ring_check(uint64_t ws, int32_t* rec) {
+  MK_THREAD("mk_ring_check");
+  MK_ARG(ws != 0 && rec != nullptr, "mk_ring_check: ws and rec must be non-null");
+  MK_CUDA(cudaMemcpy(rec, reinterpret_cast<void*>(ws), MK_RING_ERR_WORDS * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  if (rec[MK_RING_ERR_SET] != 0) MK_CUDA(cudaMemset(reinterpret_cast<void*>(ws), 0, MK_RING_ERR_WORDS * sizeof(int32_t)));
+  return MK_OK;
+}
