@@ -155,9 +155,15 @@ func (c *Config) Validate() error {
 	if c.Engine.RebalanceEvery > 0 && c.EP < 2 {
 		return bad("engine.rebalance_every", "rebalancing experts needs expert parallelism (ep ≥ 2), ep is %d", c.EP)
 	}
-	if c.Engine.ContextParallel > 1 && c.Backend != "cpu" {
-		return bad("engine.context_parallel", "%d ranks need the ring-attention kernel, which the %s backend does not have yet (the cpu backend emulates the ranks)",
-			c.Engine.ContextParallel, c.Backend)
+	if cp := c.Engine.ContextParallel; cp > 1 && c.Backend == "cuda" {
+		// The ring kernel reads the bf16 KV cache and takes up to 8 ranks
+		// (kernels.RingMaxRanks), emulated on the one GPU.
+		if c.Precision != "fast" {
+			return bad("engine.context_parallel", "on the cuda backend ring attention needs the bf16 KV cache of precision fast (precision is %q)", c.Precision)
+		}
+		if cp > 8 {
+			return bad("engine.context_parallel", "the cuda ring kernel takes at most 8 ranks, got %d", cp)
+		}
 	}
 	switch c.Precision {
 	case "exact", "fast":

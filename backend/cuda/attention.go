@@ -109,6 +109,20 @@ type attnGroup struct {
 	maxLen   int     // longest span
 	lastLen  int     // rows of the last span added
 	gaps     bool    // the spans' rows are not one consecutive run
+
+	ring  bool       // context-parallel spans go to the ring kernel (ringFits)
+	rings []ringSpan // those spans
+}
+
+// ringSpan is a context-parallel span and its block table.
+type ringSpan struct {
+	span   backend.SeqSpan
+	blocks []int32
+}
+
+// ringed reports whether span s runs as ring attention.
+func (g *attnGroup) ringed(s backend.SeqSpan) bool {
+	return g.ring && s.ContextParallel > 1 && s.ContextParallel <= kernels.RingMaxRanks && s.Len >= 2*s.ContextParallel
 }
 
 func newGroup(T int) *attnGroup {
@@ -122,6 +136,15 @@ func newGroup(T int) *attnGroup {
 // add appends span s with block table blocks of bs-token blocks.
 func (g *attnGroup) add(s backend.SeqSpan, blocks []int32, bs int) {
 	g.any = true
+	if g.ringed(s) {
+		// Its k/v are written with the group's; ringAttention attends its rows.
+		for j := 0; j < s.Len; j++ {
+			p := s.Past + j
+			g.slots[s.Offset+j] = blocks[p/bs]*int32(bs) + int32(p%bs)
+		}
+		g.rings = append(g.rings, ringSpan{span: s, blocks: blocks})
+		return
+	}
 	off := int32(len(g.blocks))
 	g.blocks = append(g.blocks, blocks...)
 	if n := len(g.seqStart); n > 0 && int(g.seqStart[n-1])+g.lastLen != s.Offset {
@@ -185,6 +208,8 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	be.kvMu.Lock()
 	defer be.kvMu.Unlock()
 	paged, priv := newGroup(T), newGroup(T)
+	paged.ring = !be.kvF32 && flashFits(D, Dv)
+	priv.ring = paged.ring
 	seen := make(map[uint64]bool, len(b.Seqs))
 	type privUse struct {
 		seq *privSeq
@@ -268,7 +293,7 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		var qbf *kernels.Buffer // q in bf16, for the prefill kernel
 		defer func() { be.alloc.put(qbf) }()
 		for gi, g := range []*attnGroup{paged, priv} {
-			if !g.any || len(g.rows) == 0 {
+			if !g.any {
 				continue
 			}
 			var pl *kvLayer
@@ -302,6 +327,9 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 				if err := d.KVWriteF32(nil, pl.k, pl.v, kb, vb, m.slots, T, kw, vw); err != nil {
 					return err
 				}
+				if len(g.rows) == 0 {
+					continue
+				}
 				if err := d.AttentionF32(nil, out.st.f32, qb, pl.k, pl.v, m.rows, m.pos, m.table, m.blocks, sk,
 					len(g.rows), a); err != nil {
 					return err
@@ -310,6 +338,14 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			}
 			if err := d.KVWriteBF16(nil, pl.k, pl.v, kb, vb, m.slots, T, kw, vw); err != nil {
 				return err
+			}
+			for _, rs := range g.rings {
+				if err := be.ringAttention(d, out.st.f32, qb, pl, rs, a, sk); err != nil {
+					return err
+				}
+			}
+			if len(g.rows) == 0 {
+				continue
 			}
 			if g.maxLen > 1 && !g.gaps && flashFits(D, Dv) && flashOn() {
 				// A prefill step: every span of the group through the

@@ -162,6 +162,7 @@ func TestServeBadConfig(t *testing.T) {
 		{[]string{"--model", "../../models/default", "--max-num-seqs", "-3"}, "max_num_seqs"},
 		{[]string{"--model", "../../models/default", "--precision", "sloppy"}, "precision"},
 		{[]string{"--model", "../../models/default", "--backend", "cuda", "--context-parallel", "4"}, "context_parallel"},
+		{[]string{"--model", "../../models/default", "--backend", "cuda", "--precision", "fast", "--context-parallel", "9"}, "at most 8"},
 		{[]string{"--model", "../../models/default", "--context-parallel", "-2"}, "context_parallel"},
 		{[]string{"--model", "../../models/default", "--rebalance-every", "8"}, "rebalance_every"},
 		{[]string{"--model", "../../models/default", "--world-size", "2"}, "coordinator"},
