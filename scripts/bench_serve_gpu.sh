@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# scripts/bench_serve_gpu.sh MKSERVE — `mkserve bench serve` against
-# `mkserve serve --backend cuda` on the default model, with the settings of
-# the CPU run in docs/PERF.md (64 prompts at concurrency 16, 32 at 1;
-# 64 random input words, 64 output tokens). Run by scripts/device.sh.
+# scripts/bench_serve_gpu.sh MKSERVE [PRECISION] — `mkserve bench serve`
+# against `mkserve serve --backend cuda --precision PRECISION` (default
+# exact; fast runs decode steps as CUDA graphs) on the default model, with
+# the settings of the CPU run in docs/PERF.md (64 prompts at concurrency 16,
+# 32 at 1; 64 random input words, 64 output tokens). Run by scripts/device.sh.
 set -uo pipefail
 MK=${1:-.dev/mkserve}
-"$MK" serve --backend cuda --http-addr 127.0.0.1:8199 --grpc-addr 127.0.0.1:50199 --log-level warn &
+PREC=${2:-exact}
+echo "SERVE precision $PREC"
+"$MK" serve --backend cuda --precision "$PREC" --http-addr 127.0.0.1:8199 --grpc-addr 127.0.0.1:50199 --log-level warn &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
 healthy() { python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:8199/health", timeout=2)' 2>/dev/null; }

@@ -203,7 +203,7 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
 		$MK bench model --config configs/shapes/mixtral-8x7b --batch 1,32,256 --context 512 --prefill 8192 --profile-ops --json
 		echo 'DIRECT: the same Qwen3 decode with GPU calls on the calling goroutines (MKSERVE_GPU_DIRECT=1)'
 		MKSERVE_GPU_DIRECT=1 $MK bench model --config configs/shapes/qwen3-30b-a3b --batch 1,32 --context 1024 --prefill 0 --profile-ops --json"
-	step servebench 300 bash scripts/bench_serve_gpu.sh "$MK"
+	step servebench 300 bash -c "bash scripts/bench_serve_gpu.sh $MK exact; bash scripts/bench_serve_gpu.sh $MK fast"
 fi
 
 python3 scripts/device_summary.py "$LOGS" | tee "$OUT/summary.txt"
