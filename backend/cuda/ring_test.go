@@ -95,7 +95,7 @@ func TestEngineContextParallel(t *testing.T) {
 	be := fastBackend(t, true)
 	l := loadModel(t, "qwen3_moe", be)
 	V := l.Config.VocabSize
-	prompt := make([]int32, 150)
+	prompt := make([]int32, 100)
 	for i := range prompt {
 		prompt[i] = int32((i*53 + 7) % V)
 	}
