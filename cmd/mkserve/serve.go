@@ -18,6 +18,7 @@ import (
 
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
+	"github.com/mkserve/mkserve/backend/cuda"
 	"github.com/mkserve/mkserve/chat"
 	"github.com/mkserve/mkserve/config"
 	"github.com/mkserve/mkserve/dist"
@@ -153,6 +154,13 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 		}
 	} else if be, err = newBackend(cfg.Backend, cfg.EP, cfg.Precision); err != nil {
 		return fail(err)
+	}
+	if cb, ok := be.(*cuda.Backend); ok {
+		metrics.RegisterGraphs(reg, cfg.ModelName(), func() metrics.GraphCounts {
+			g := cb.Graphs()
+			return metrics.GraphCounts{Eager: g.Eager, Captures: g.Captures, Replays: g.Replays, Diverged: g.Diverged,
+				Failed: g.Failed, Live: g.Live, ArenaBytes: g.TapeBytes}
+		})
 	}
 	loaded, err := models.Load(cfg.Model, be, models.LoadOptions{})
 	if err != nil {
