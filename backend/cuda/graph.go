@@ -113,7 +113,8 @@ type graphState struct {
 	key  graphKey
 	bs   int // block size of the step's paged pool
 
-	stale atomic.Bool // set when captured addresses changed: drop every graph
+	stale atomic.Bool                // set when captured addresses changed: drop every graph
+	snap  atomic.Pointer[GraphStats] // what Graphs returns
 }
 
 var graphsOn = sync.OnceValue(func() bool { return os.Getenv(GraphsEnv) != "0" })
@@ -179,6 +180,7 @@ func (be *Backend) GraphStep(b *backend.Batch, f func() (backend.Tensor, error))
 	}
 	gr.mu.Lock()
 	defer gr.mu.Unlock()
+	defer be.publish()
 	if gr.m == nil {
 		gr.m = map[graphKey]*stepGraph{}
 	}
@@ -203,6 +205,7 @@ func (be *Backend) GraphStep(b *backend.Batch, f func() (backend.Tensor, error))
 func (be *Backend) eagerStep(f func() (backend.Tensor, error)) (backend.Tensor, error) {
 	be.gr.mu.Lock()
 	be.gr.stats.Eager++
+	be.publish()
 	be.gr.mu.Unlock()
 	return f()
 }
@@ -381,6 +384,7 @@ func (be *Backend) dropGraphs() {
 		be.destroyGraph(g)
 		delete(gr.m, k)
 	}
+	defer be.publish()
 	arena := be.alloc.takeArena()
 	if len(arena) == 0 {
 		return
@@ -397,10 +401,18 @@ func (be *Backend) dropGraphs() {
 }
 
 // Graphs reports what GraphStep did so far and what the graphs hold.
+// It does not wait for a running step: it reads the snapshot the last step
+// (or graph change) published.
 func (be *Backend) Graphs() GraphStats {
+	if s := be.gr.snap.Load(); s != nil {
+		return *s
+	}
+	return GraphStats{}
+}
+
+// publish stores the snapshot Graphs returns (gr.mu held).
+func (be *Backend) publish() {
 	gr := &be.gr
-	gr.mu.Lock()
-	defer gr.mu.Unlock()
 	s := gr.stats
 	for _, g := range gr.m {
 		if g.sg != nil {
@@ -409,7 +421,7 @@ func (be *Backend) Graphs() GraphStats {
 		}
 	}
 	s.TapeBytes = be.alloc.arenaBytes()
-	return s
+	gr.snap.Store(&s)
 }
 
 // graphGuard panics (failing the capture or replay) when the running step
