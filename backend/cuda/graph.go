@@ -234,9 +234,11 @@ func (be *Backend) GraphStep(b *backend.Batch, f func() (backend.Tensor, error))
 	if T := len(b.Tokens); key.rows > T {
 		restore := padBatch(b, key.rows)
 		be.gr.padFrom.Store(int64(T))
+		defer func() { // also when f panics (the engine recovers, the backend goes on)
+			be.gr.padFrom.Store(0)
+			restore()
+		}()
 		out, err := be.graphStep(key, bs, f)
-		be.gr.padFrom.Store(0)
-		restore()
 		if err != nil {
 			return nil, err
 		}
