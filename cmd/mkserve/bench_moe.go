@@ -25,6 +25,7 @@ type moeBenchOpts struct {
 	path                         string // fused (default) or grouped
 	tokens                       []int
 	ranks, shared                int
+	ctas, dispatchCTAs           int // fused path: persistent CTAs and dispatch-role CTAs (0: defaults)
 	iters, checkRows             int
 	seed                         uint64
 	json                         bool
@@ -65,6 +66,8 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 	tok := fs.String("tokens", "1,16,64,256,1024,4096,16384", "token counts, comma-separated")
 	fs.IntVar(&o.ranks, "ranks", 1, "emulated expert-parallel ranks, 1..8 (tokens are per rank; fused path only above 1)")
 	fs.StringVar(&o.path, "path", "fused", "fused (one persistent launch per layer, mk_moe_fused) or grouped (separate align/GEMM/combine launches, one rank)")
+	fs.IntVar(&o.ctas, "ctas", 0, "fused path: CTAs of the persistent launch (0: every co-resident one)")
+	fs.IntVar(&o.dispatchCTAs, "dispatch-ctas", 0, "fused path: CTAs that start on the dispatch role (0: all)")
 	fs.IntVar(&o.shared, "shared-experts", 0, "shared experts (one dense MLP of N*intermediate), timed with the layer")
 	fs.IntVar(&o.iters, "iters", 10, "timed iterations per token count (the median is reported)")
 	fs.IntVar(&o.checkRows, "check-rows", 2, "tokens per count checked against the CPU reference")
@@ -95,8 +98,8 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 		return nil, fmt.Errorf("--experts %d, --topk %d: want 1 ≤ topk ≤ experts ≤ 2048", o.experts, o.topk)
 	case o.routing == "grouped" && (o.experts%8 != 0 || o.experts/8 < 2 || o.topk > o.experts/2):
 		return nil, fmt.Errorf("--routing grouped needs experts divisible by 8 groups and topk ≤ experts/2 (4 of 8 groups)")
-	case o.shared < 0 || o.iters <= 0 || o.checkRows < 0:
-		return nil, fmt.Errorf("--shared-experts, --iters, --check-rows must be non-negative (iters positive)")
+	case o.shared < 0 || o.iters <= 0 || o.checkRows < 0 || o.ctas < 0 || o.dispatchCTAs < 0:
+		return nil, fmt.Errorf("--shared-experts, --iters, --check-rows, --ctas, --dispatch-ctas must be non-negative (iters positive)")
 	}
 	return o, nil
 }

@@ -114,7 +114,8 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 	for r := range tokens {
 		tokens[r] = T
 	}
-	args := kernels.MoEFusedArgs{Tokens: tokens, Slots: b.place.Slots, Experts: E, TopK: K, H: H, I: I}
+	args := kernels.MoEFusedArgs{Tokens: tokens, Slots: b.place.Slots, Experts: E, TopK: K, H: H, I: I,
+		CTAs: o.ctas, DispatchCTAs: o.dispatchCTAs}
 	ctlBytes, rankBytes, _, err := d.MoEFusedWorkspace(args, true)
 	if err != nil {
 		return row, err
