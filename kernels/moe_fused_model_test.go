@@ -320,3 +320,44 @@ func TestMoEFusedProtocolModel(t *testing.T) {
 		})
 	}
 }
+
+// TestMoEPlacement: block placement, replicas, the table's choice of copy
+// (local first, else spread over the copies) and the checks (no GPU).
+func TestMoEPlacement(t *testing.T) {
+	p := MoEBlockPlacement(10, 4)
+	if got := fmt.Sprint(p.Slots); got != "[3 2 3 2]" {
+		t.Fatalf("block placement of 10 experts on 4 ranks: slots %s", got)
+	}
+	p.Replicate(0, 2) // expert 0 on ranks 0 and 2
+	p.Replicate(0, 3)
+	tab, err := p.Table()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ src, e, rank, slot int }{
+		{0, 0, 0, 0}, {2, 0, 2, 3}, {3, 0, 3, 2}, {1, 0, 2, 3}, // source 1 has no copy: copy 1 mod 3 (rank 2 slot 3)
+		{1, 9, 3, 1}, {0, 5, 2, 0},
+	} {
+		got := tab[c.src*10+c.e]
+		if want := int32(c.rank<<16 | c.slot); got != want {
+			t.Errorf("source %d expert %d: %#x, want rank %d slot %d", c.src, c.e, got, c.rank, c.slot)
+		}
+	}
+	se := p.SlotExperts()
+	if se[2][3] != 0 || se[3][2] != 0 || se[0][0] != 0 || se[3][1] != 9 {
+		t.Errorf("slot experts %v", se)
+	}
+	bad := MoEBlockPlacement(4, 2)
+	bad.Slots[1]++
+	if err := bad.Check(); err == nil {
+		t.Error("a slot without an expert passed Check")
+	}
+	bad = MoEBlockPlacement(4, 2)
+	bad.Replicas[1] = append(bad.Replicas[1], bad.Replicas[0][0])
+	if err := bad.Check(); err == nil {
+		t.Error("two copies in one slot passed Check")
+	}
+	if err := (&MoEPlacement{Slots: make([]int, 9), Replicas: [][]MoEReplica{{{0, 0}}}}).Check(); err == nil {
+		t.Error("nine ranks passed Check")
+	}
+}
