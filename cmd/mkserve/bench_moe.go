@@ -145,10 +145,14 @@ func benchMoE(args []string, stdout io.Writer) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "tokens\tms\tmin ms\texperts ms\tTFLOP/s\tweight GB/s\texperts\trel err\troute diff\tpath\t\n")
+	fmt.Fprintf(tw, "tokens\tms\tmin ms\texperts ms\tseparate ms\tTFLOP/s\tweight GB/s\texperts\trel err\troute diff\tpath\tranks\t\n")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%d\t%.4f\t%.4f\t%.4f\t%.1f\t%.0f\t%.1f\t%.2g\t%d\t%s\t\n", r.Tokens, r.MS, r.MinMS, r.ExpertsMS, r.TFLOPS,
-			r.WeightGBps, r.ExpertsTouched, r.RelErr, r.RouteMismatch, r.Path)
+		sep := "-"
+		if r.SeparateMS != nil {
+			sep = fmt.Sprintf("%.4f", *r.SeparateMS)
+		}
+		fmt.Fprintf(tw, "%d\t%.4f\t%.4f\t%.4f\t%s\t%.1f\t%.0f\t%.1f\t%.2g\t%d\t%s\t%d\t\n", r.Tokens, r.MS, r.MinMS, r.ExpertsMS, sep, r.TFLOPS,
+			r.WeightGBps, r.ExpertsTouched, r.RelErr, r.RouteMismatch, r.Path, r.Ranks)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
