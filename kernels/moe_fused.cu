@@ -211,14 +211,22 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
   // Destination side: counts.
   for (int s = threadIdx.x; s < S; s += blockDim.x) cnt[s] = cur[s] = 0;
   __syncthreads();
+  // Four assignments per thread and pass: their loads are in flight together.
   for (int r = 0; r < R; ++r) {
     const int32_t* ids = p.rk[r].ids;
     const int64_t n = p.rk[r].T * K;
-    for (int64_t a = threadIdx.x; a < n; a += blockDim.x) {
-      const int e = ids[a];
-      if (e < 0 || e >= E) continue;
-      const int pl = p.place[r * E + e];
-      if (pl >= 0 && (pl >> 16) == b && (pl & 0xffff) < S) atomicAdd(&cnt[pl & 0xffff], 1);
+    for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
+      int pl[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t a = a0 + (int64_t)u * blockDim.x;
+        pl[u] = a < n ? ids[a] : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (pl[u] >= 0 && (pl[u] >> 16) == b && (pl[u] & 0xffff) < S) atomicAdd(&cnt[pl[u] & 0xffff], 1);
     }
   }
   __syncthreads();
@@ -256,16 +264,25 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
   for (int r = 0; r < R; ++r) {
     const int32_t* ids = p.rk[r].ids;
     const int64_t n = p.rk[r].T * K;
-    for (int64_t a = threadIdx.x; a < n; a += blockDim.x) {
-      const int e = ids[a];
-      if (e < 0 || e >= E) continue;
-      const int pl = p.place[r * E + e];
-      if (pl < 0 || (pl >> 16) != b || (pl & 0xffff) >= S) continue;
-      const int s = pl & 0xffff;
-      const int q = off[s] + atomicAdd(&cur[s], 1);
-      me.row_src[q] = (int32_t)(a * 8 + r);
-      if (p.separate) me.row_slot[q] = s;
-      p.rk[r].dest_row[a] = q * 8 + b;
+    for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
+      int pl[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t a = a0 + (int64_t)u * blockDim.x;
+        pl[u] = a < n ? ids[a] : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (pl[u] < 0 || (pl[u] >> 16) != b || (pl[u] & 0xffff) >= S) continue;
+        const int64_t a = a0 + (int64_t)u * blockDim.x;
+        const int s = pl[u] & 0xffff;
+        const int q = off[s] + atomicAdd(&cur[s], 1);
+        me.row_src[q] = (int32_t)(a * 8 + r);
+        if (p.separate) me.row_slot[q] = s;
+        p.rk[r].dest_row[a] = q * 8 + b;
+      }
     }
   }
 }
