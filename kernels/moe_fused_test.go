@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,16 +40,21 @@ func TestMoEFusedLayer(t *testing.T) {
 		{name: "R1_E8_K2_T37", E: 8, K: 2, tokens: []int{37}, H: 256, I: 128, hot: -1},
 		{name: "R1_E64_K1_T1_shared", E: 64, K: 1, tokens: []int{1}, H: 256, I: 128, hot: -1, shared: true},
 		{name: "R1_E256_K8_T1_clamped", E: 256, K: 8, tokens: []int{1}, H: 256, I: 128, hot: -1, clamped: true},
-		{name: "R1_E128_K8_T300_tile64", E: 128, K: 8, tokens: []int{300}, H: 256, I: 128, hot: -1, shared: true},
+		{name: "R1_E128_K8_T300", E: 128, K: 8, tokens: []int{300}, H: 256, I: 128, hot: -1, shared: true},
 		{name: "R2_E64_K4_T130_shared", E: 64, K: 4, tokens: []int{130, 77}, H: 256, I: 128, hot: -1, shared: true},
 		{name: "R2_E64_K4_T64_cold", E: 64, K: 4, tokens: []int{64, 64}, H: 256, I: 128, hot: -1, cold: 8},
 		{name: "R4_E128_K8_T33", E: 128, K: 8, tokens: []int{33, 1, 16, 50}, H: 256, I: 128, hot: -1},
-		{name: "R4_E64_K2_T200_hot", E: 64, K: 2, tokens: []int{200, 200, 200, 200}, H: 256, I: 128, hot: 3},
+		{name: "R4_E64_K2_T200_hot_tile64", E: 64, K: 2, tokens: []int{200, 200, 200, 200}, H: 256, I: 128, hot: 3},
 		{name: "R4_E128_K8_T100_hot_replicated", E: 128, K: 8, tokens: []int{100, 90, 80, 70}, H: 256, I: 128, hot: 5,
 			replicate: true, shared: true},
 		{name: "R8_E8_K2_T5", E: 8, K: 2, tokens: []int{5, 5, 5, 5, 5, 5, 5, 5}, H: 256, I: 128, hot: -1},
-		{name: "R8_E256_K8_T130_shared_tile64", E: 256, K: 8, tokens: []int{130, 129, 131, 64, 1, 100, 17, 130}, H: 256,
+		{name: "R8_E256_K8_T130_shared", E: 256, K: 8, tokens: []int{130, 129, 131, 64, 1, 100, 17, 130}, H: 256,
 			I: 128, hot: -1, shared: true},
+		// Above 24 rows per active expert (and 16 tokens) the 64-row tile runs.
+		{name: "R1_E8_K2_T300_tile64", E: 8, K: 2, tokens: []int{300}, H: 256, I: 128, hot: -1},
+		{name: "R2_E8_K2_T500_tile64_shared_clamped", E: 8, K: 2, tokens: []int{500, 333}, H: 256, I: 128, hot: -1,
+			shared: true, clamped: true},
+		{name: "R8_E8_K2_T100_tile64", E: 8, K: 2, tokens: []int{100, 100, 37, 100, 100, 100, 100, 100}, H: 256, I: 128, hot: -1},
 		{name: "R8_E128_K4_uneven_empty", E: 128, K: 4, tokens: []int{0, 1, 17, 64, 3, 100, 0, 9}, H: 256, I: 128, hot: -1},
 		{name: "R8_E64_K1_hot_replicated_clamped", E: 64, K: 1, tokens: []int{40, 40, 40, 40, 40, 40, 40, 40}, H: 128,
 			I: 64, hot: 9, replicate: true, clamped: true},
@@ -168,6 +174,9 @@ func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
 			return
 		}
 		t.Logf("row tile %d, rank workspaces %v bytes", tileM, rankBytes)
+		if strings.Contains(c.name, "tile64") != (tileM == 64) {
+			t.Errorf("row tile %d for case %s", tileM, c.name)
+		}
 		args.Table = put(a, table)
 		ctl := a.alloc(ctlBytes)
 		if ctl != nil {
