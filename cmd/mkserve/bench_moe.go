@@ -22,21 +22,26 @@ func init() { benches["moe"] = benchMoE }
 type moeBenchOpts struct {
 	hidden, inter, experts, topk int
 	routing                      string // softmax or grouped
+	path                         string // fused (default) or grouped
 	tokens                       []int
 	ranks, shared                int
+	ctas, dispatchCTAs           int // fused path: persistent CTAs and dispatch-role CTAs (0: defaults)
 	iters, checkRows             int
 	seed                         uint64
 	json                         bool
 }
 
-// moeBenchRow is one token count's result. ms is the timed pipeline (today
-// the separate one: router GEMM → routing → grouped experts → combine); a
-// fused kernel will take ms and move this pipeline's time to SeparateMS.
+// moeBenchRow is one token count's result. ms is the timed layer: with
+// --path fused (the default), per rank router GEMM → routing (→ shared
+// expert MLP), then mk_moe_fused over all ranks; separate_ms is the same
+// layer with mk_moe_fused_separate (baseline (a): dispatch launch, grouped
+// experts per rank, combine launch). With --path grouped (one rank): router
+// GEMM → routing → grouped experts → combine, no separate_ms.
 type moeBenchRow struct {
 	Tokens         int      `json:"tokens"`
 	MS             float64  `json:"ms"`                    // median over iterations, CUDA events, whole layer
-	SeparateMS     *float64 `json:"separate_ms,omitempty"` // the separate pipeline, once a fused one is ms
-	ExpertsMS      float64  `json:"experts_ms"`            // median of align + GEMM1 + GEMM2 + combine alone (no router GEMM, routing, shared)
+	SeparateMS     *float64 `json:"separate_ms,omitempty"` // fused path: the same layer from separate launches (baseline (a))
+	ExpertsMS      float64  `json:"experts_ms"`            // median of the expert part alone (fused: plan + persistent launch; grouped: align + GEMM1 + GEMM2 + combine)
 	TFLOPS         float64  `json:"tflops"`                // 2·3·tokens·topk·hidden·intermediate / ms
 	WeightGBps     float64  `json:"weight_gbps"`           // bytes of touched experts' weights / ms
 	ExpertsTouched float64  `json:"experts_touched"`       // mean over iterations
@@ -44,6 +49,7 @@ type moeBenchRow struct {
 	Reference      string   `json:"reference"`
 	RouteMismatch  int      `json:"route_mismatch"` // sampled tokens whose ids differ from moe.Route on the GPU's logits
 	Path           string   `json:"path"`
+	Ranks          int      `json:"ranks"`
 	MinMS          float64  `json:"min_ms"`
 	Iters          int      `json:"iters"`
 }
@@ -58,7 +64,10 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 	fs.IntVar(&o.topk, "topk", 8, "experts per token K")
 	fs.StringVar(&o.routing, "routing", "grouped", "softmax (softmax over experts, renormalised top-k) or grouped (DeepSeek-V3: sigmoid, score bias, 8 groups, top-4 groups, scaling 2.5)")
 	tok := fs.String("tokens", "1,16,64,256,1024,4096,16384", "token counts, comma-separated")
-	fs.IntVar(&o.ranks, "ranks", 1, "expert-parallel ranks (only 1 for now)")
+	fs.IntVar(&o.ranks, "ranks", 1, "emulated expert-parallel ranks, 1..8 (tokens are per rank; fused path only above 1)")
+	fs.StringVar(&o.path, "path", "fused", "fused (one persistent launch per layer, mk_moe_fused) or grouped (separate align/GEMM/combine launches, one rank)")
+	fs.IntVar(&o.ctas, "ctas", 0, "fused path: CTAs of the persistent launch (0: every co-resident one)")
+	fs.IntVar(&o.dispatchCTAs, "dispatch-ctas", 0, "fused path: CTAs that start on the dispatch role (0: all)")
 	fs.IntVar(&o.shared, "shared-experts", 0, "shared experts (one dense MLP of N*intermediate), timed with the layer")
 	fs.IntVar(&o.iters, "iters", 10, "timed iterations per token count (the median is reported)")
 	fs.IntVar(&o.checkRows, "check-rows", 2, "tokens per count checked against the CPU reference")
@@ -73,8 +82,14 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 		return nil, err
 	}
 	switch {
-	case o.ranks != 1:
-		return nil, fmt.Errorf("--ranks %d: only 1 rank is supported until expert parallelism lands", o.ranks)
+	case o.ranks < 1 || o.ranks > kernels.MoEFusedMaxRanks:
+		return nil, fmt.Errorf("--ranks %d: want 1..%d emulated ranks", o.ranks, kernels.MoEFusedMaxRanks)
+	case o.path != "fused" && o.path != "grouped":
+		return nil, fmt.Errorf("--path must be fused or grouped, got %q", o.path)
+	case o.path == "grouped" && o.ranks != 1:
+		return nil, fmt.Errorf("--path grouped runs one rank; --ranks %d needs --path fused", o.ranks)
+	case o.experts < o.ranks:
+		return nil, fmt.Errorf("--experts %d: fewer experts than --ranks %d", o.experts, o.ranks)
 	case o.routing != "softmax" && o.routing != "grouped":
 		return nil, fmt.Errorf("--routing must be softmax or grouped, got %q", o.routing)
 	case o.hidden <= 0 || o.hidden%8 != 0 || o.inter <= 0 || o.inter%8 != 0:
@@ -83,8 +98,8 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 		return nil, fmt.Errorf("--experts %d, --topk %d: want 1 ≤ topk ≤ experts ≤ 2048", o.experts, o.topk)
 	case o.routing == "grouped" && (o.experts%8 != 0 || o.experts/8 < 2 || o.topk > o.experts/2):
 		return nil, fmt.Errorf("--routing grouped needs experts divisible by 8 groups and topk ≤ experts/2 (4 of 8 groups)")
-	case o.shared < 0 || o.iters <= 0 || o.checkRows < 0:
-		return nil, fmt.Errorf("--shared-experts, --iters, --check-rows must be non-negative (iters positive)")
+	case o.shared < 0 || o.iters <= 0 || o.checkRows < 0 || o.ctas < 0 || o.dispatchCTAs < 0:
+		return nil, fmt.Errorf("--shared-experts, --iters, --check-rows, --ctas, --dispatch-ctas must be non-negative (iters positive)")
 	}
 	return o, nil
 }
@@ -111,7 +126,11 @@ func benchMoE(args []string, stdout io.Writer) error {
 	var rows []moeBenchRow
 	err = g.Do(func(d *kernels.Device) error {
 		var err error
-		rows, err = runMoEBench(d, o)
+		if o.path == "fused" {
+			rows, err = runMoEFusedBench(d, o)
+		} else {
+			rows, err = runMoEBench(d, o)
+		}
 		return err
 	})
 	if err != nil {
@@ -126,10 +145,14 @@ func benchMoE(args []string, stdout io.Writer) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "tokens\tms\tmin ms\texperts ms\tTFLOP/s\tweight GB/s\texperts\trel err\troute diff\tpath\t\n")
+	fmt.Fprintf(tw, "tokens\tms\tmin ms\texperts ms\tseparate ms\tTFLOP/s\tweight GB/s\texperts\trel err\troute diff\tpath\tranks\t\n")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%d\t%.4f\t%.4f\t%.4f\t%.1f\t%.0f\t%.1f\t%.2g\t%d\t%s\t\n", r.Tokens, r.MS, r.MinMS, r.ExpertsMS, r.TFLOPS,
-			r.WeightGBps, r.ExpertsTouched, r.RelErr, r.RouteMismatch, r.Path)
+		sep := "-"
+		if r.SeparateMS != nil {
+			sep = fmt.Sprintf("%.4f", *r.SeparateMS)
+		}
+		fmt.Fprintf(tw, "%d\t%.4f\t%.4f\t%.4f\t%s\t%.1f\t%.0f\t%.1f\t%.2g\t%d\t%s\t%d\t\n", r.Tokens, r.MS, r.MinMS, r.ExpertsMS, sep, r.TFLOPS,
+			r.WeightGBps, r.ExpertsTouched, r.RelErr, r.RouteMismatch, r.Path, r.Ranks)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -244,7 +267,7 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 	sbias []float32, T int, ev [4]*kernels.Event) (moeBenchRow, error) {
 	E, K, H, I := o.experts, o.topk, o.hidden, o.inter
 	SI := o.shared * I
-	row := moeBenchRow{Tokens: T, Path: "grouped", Iters: o.iters}
+	row := moeBenchRow{Tokens: T, Path: "grouped", Ranks: 1, Iters: o.iters}
 	b := &moeBenchBufs{}
 	defer b.free()
 	x, err := b.alloc(d, int64(T*H)*2)

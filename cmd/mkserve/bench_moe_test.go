@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 
@@ -14,7 +16,10 @@ func TestBenchMoEFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--ranks", "2"}, "only 1 rank"},
+		{[]string{"--ranks", "9"}, "--ranks"},
+		{[]string{"--ranks", "0"}, "--ranks"},
+		{[]string{"--ranks", "2", "--path", "grouped"}, "--path fused"},
+		{[]string{"--path", "cublas"}, "--path"},
 		{[]string{"--routing", "topk"}, "--routing"},
 		{[]string{"--tokens", "1,x"}, "--tokens"},
 		{[]string{"--tokens", "0"}, "--tokens"},
@@ -56,5 +61,45 @@ func TestBenchMoENoGPU(t *testing.T) {
 	}
 	if out.Len() != 0 {
 		t.Errorf("stdout %q, want nothing", out.String())
+	}
+}
+
+// TestBenchMoEFusedGPU runs the fused path over 2 emulated ranks on a small
+// shape and checks the JSON contract and the reference error. Skipped
+// without libmkernel.so.
+func TestBenchMoEFusedGPU(t *testing.T) {
+	if _, err := kernels.LibraryPath(); err != nil {
+		t.Skipf("no libmkernel.so: %v", err)
+	}
+	var out, errb bytes.Buffer
+	rc := run([]string{"bench", "moe", "--hidden", "256", "--intermediate", "128", "--experts", "16", "--topk", "4",
+		"--routing", "softmax", "--tokens", "1,70", "--ranks", "2", "--iters", "2", "--shared-experts", "1", "--json"},
+		strings.NewReader(""), &out, &errb)
+	if rc != 0 && strings.Contains(errb.String(), "needs a GPU") && os.Getenv("MKSERVE_REQUIRE_GPU") != "1" {
+		t.Skipf("a library but no GPU: %s", errb.String())
+	}
+	if rc != 0 {
+		t.Fatalf("exit %d: %s", rc, errb.String())
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal(out.Bytes(), &rows); err != nil || len(rows) != 2 {
+		t.Fatalf("stdout %q: %v", out.String(), err)
+	}
+	for _, r := range rows {
+		t.Logf("%v", r)
+		for _, k := range []string{"tokens", "ms", "tflops", "weight_gbps", "rel_err", "separate_ms"} {
+			if _, ok := r[k]; !ok {
+				t.Errorf("row lacks %q", k)
+			}
+		}
+		if r["path"] != "fused" || r["ranks"] != 2.0 {
+			t.Errorf("path %v ranks %v, want fused and 2", r["path"], r["ranks"])
+		}
+		if e, ok := r["rel_err"].(float64); !ok || !(e <= 1e-2) {
+			t.Errorf("rel_err %v > 1e-2", r["rel_err"])
+		}
+		if m, _ := r["route_mismatch"].(float64); m != 0 {
+			t.Errorf("route_mismatch %v", m)
+		}
 	}
 }

@@ -4,7 +4,7 @@
 //	mkserve logits   --model DIR --ids 3,17,42 [--ep R]
 //	mkserve generate --model DIR --prompt TEXT --max-tokens N [--ep R]
 //	mkserve tokenize --tokenizer FILE | --model DIR   (text on stdin)
-//	mkserve bench moe --hidden H --intermediate I --experts E --topk K --routing softmax|grouped --tokens 1,16,... [--json]
+//	mkserve bench moe --hidden H --intermediate I --experts E --topk K --routing softmax|grouped --tokens 1,16,... [--ranks R] [--path fused|grouped] [--shared-experts N] [--json]
 package main
 
 import (

@@ -1,0 +1,383 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+
+	"github.com/mkserve/mkserve/kernels"
+	"github.com/mkserve/mkserve/moe"
+)
+
+// moeFusedBench is the fused path's state: the experts placed in blocks
+// over the emulated ranks, each rank's weights and token buffers.
+type moeFusedBench struct {
+	o      *moeBenchOpts
+	place  *kernels.MoEPlacement
+	table  []int32
+	gate   *kernels.Buffer   // [E, H] bf16 router
+	shGU   *kernels.Buffer   // [2·SI, H] bf16 or nil
+	shDown *kernels.Buffer   // [H, SI] bf16 or nil
+	sbias  *kernels.Buffer   // [E] f32 or nil
+	gu, dn []*kernels.Buffer // per rank [slots, 2I, H], [slots, H, I]
+	w      moeBenchBufs
+}
+
+// runMoEFusedBench times the fused layer and its separate baseline per token
+// count (tokens per rank) over o.ranks emulated ranks.
+func runMoEFusedBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error) {
+	E, H, I, R := o.experts, o.hidden, o.inter, o.ranks
+	b := &moeFusedBench{o: o, place: kernels.MoEBlockPlacement(E, R)}
+	defer b.w.free()
+	var err error
+	if b.table, err = b.place.Table(); err != nil {
+		return nil, err
+	}
+	fill := func(buf *kernels.Buffer, n int64, seed uint64, scale float64) error {
+		return d.FillRandomBF16(nil, buf, n, seed, float32(scale))
+	}
+	if b.gate, err = b.w.alloc(d, int64(E*H)*2); err != nil {
+		return nil, err
+	}
+	if err := fill(b.gate, int64(E*H), o.seed+1, 1/math.Sqrt(float64(H))); err != nil {
+		return nil, err
+	}
+	for r := range R {
+		S := int64(b.place.Slots[r])
+		gu, err := b.w.alloc(d, S*int64(2*I)*int64(H)*2)
+		if err != nil {
+			return nil, fmt.Errorf("rank %d expert weights: %w", r, err)
+		}
+		dn, err := b.w.alloc(d, S*int64(H)*int64(I)*2)
+		if err != nil {
+			return nil, fmt.Errorf("rank %d expert weights: %w", r, err)
+		}
+		if err := fill(gu, S*int64(2*I)*int64(H), o.seed+100+uint64(r), 1/math.Sqrt(float64(H))); err != nil {
+			return nil, err
+		}
+		if err := fill(dn, S*int64(H)*int64(I), o.seed+200+uint64(r), 1/math.Sqrt(float64(I))); err != nil {
+			return nil, err
+		}
+		b.gu, b.dn = append(b.gu, gu), append(b.dn, dn)
+	}
+	SI := o.shared * I
+	if SI > 0 {
+		if b.shGU, err = b.w.alloc(d, int64(2*SI*H)*2); err != nil {
+			return nil, err
+		}
+		if b.shDown, err = b.w.alloc(d, int64(H*SI)*2); err != nil {
+			return nil, err
+		}
+		if err := fill(b.shGU, int64(2*SI*H), o.seed+11, 1/math.Sqrt(float64(H))); err != nil {
+			return nil, err
+		}
+		if err := fill(b.shDown, int64(H*SI), o.seed+12, 1/math.Sqrt(float64(SI))); err != nil {
+			return nil, err
+		}
+	}
+	cfg := o.router()
+	var sbias []float32
+	if cfg.Scoring == moe.Sigmoid {
+		rng := rand.New(rand.NewPCG(o.seed, 99))
+		sbias = make([]float32, E)
+		for i := range sbias {
+			sbias[i] = float32(rng.NormFloat64() * 0.1)
+		}
+		if b.sbias, err = b.w.alloc(d, int64(E)*4); err != nil {
+			return nil, err
+		}
+		if err := kernels.Upload(d, b.sbias, sbias); err != nil {
+			return nil, err
+		}
+	}
+	var rows []moeBenchRow
+	for _, T := range o.tokens {
+		row, err := b.tokens(d, cfg, sbias, T)
+		if err != nil {
+			return nil, fmt.Errorf("tokens %d: %w", T, err)
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+// tokens times one token count (per rank).
+func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []float32, T int) (moeBenchRow, error) {
+	o := b.o
+	E, K, H, I, R := o.experts, o.topk, o.hidden, o.inter, o.ranks
+	SI := o.shared * I
+	row := moeBenchRow{Tokens: T, Path: "fused", Ranks: R, Iters: o.iters}
+	bufs := &moeBenchBufs{}
+	defer bufs.free()
+	tokens := make([]int, R)
+	for r := range tokens {
+		tokens[r] = T
+	}
+	args := kernels.MoEFusedArgs{Tokens: tokens, Slots: b.place.Slots, Experts: E, TopK: K, H: H, I: I,
+		CTAs: o.ctas, DispatchCTAs: o.dispatchCTAs}
+	ctlBytes, rankBytes, _, err := d.MoEFusedWorkspace(args, true)
+	if err != nil {
+		return row, err
+	}
+	if args.Table, err = bufs.alloc(d, int64(len(b.table))*4); err != nil {
+		return row, err
+	}
+	if err := kernels.Upload(d, args.Table, b.table); err != nil {
+		return row, err
+	}
+	ctl, err := d.NewMoEFusedControl(ctlBytes)
+	if err != nil {
+		return row, err
+	}
+	bufs.all = append(bufs.all, ctl)
+	ranks := make([]kernels.MoEFusedRank, R)
+	logits := make([]*kernels.Buffer, R)
+	alloc := func(n int64) *kernels.Buffer {
+		if err != nil {
+			return nil
+		}
+		var x *kernels.Buffer
+		x, err = bufs.alloc(d, n)
+		return x
+	}
+	for r := range R {
+		rk := &ranks[r]
+		rk.X, logits[r] = alloc(int64(T*H)*2), alloc(int64(T*E)*4)
+		rk.IDs, rk.Weights, rk.Out = alloc(int64(T*K)*4), alloc(int64(T*K)*4), alloc(int64(T*H)*4)
+		if SI > 0 {
+			rk.Shared = alloc(int64(T*H) * 4)
+		}
+		rk.GateUp, rk.Down = b.gu[r], b.dn[r]
+		rk.WS = alloc(rankBytes[r])
+	}
+	var sh, sa *kernels.Buffer
+	if SI > 0 {
+		sh, sa = alloc(int64(T*2*SI)*2), alloc(int64(T*SI)*2)
+	}
+	if err != nil {
+		return row, fmt.Errorf("buffers for %d ranks × %d tokens (workspace %d MB per rank): %w", R, T, rankBytes[0]>>20, err)
+	}
+	var ev [4]*kernels.Event
+	for i := range ev {
+		if ev[i], err = d.NewEvent(); err != nil {
+			return row, err
+		}
+		defer ev[i].Destroy()
+	}
+	front := func() error { // router and shared experts of every rank
+		for r := range R {
+			rk := &ranks[r]
+			if err := d.Gemm(nil, logits[r], kernels.F32, rk.X, b.gate, T, E, H); err != nil {
+				return err
+			}
+			if err := d.MoERoute(nil, rk.IDs, rk.Weights, logits[r], b.sbias, T, moeRouterKernels(cfg)); err != nil {
+				return err
+			}
+			if SI > 0 {
+				if err := d.Gemm(nil, sh, kernels.BF16, rk.X, b.shGU, T, 2*SI, H); err != nil {
+					return err
+				}
+				if err := d.SwiGLU(nil, sa, sh, T, SI); err != nil {
+					return err
+				}
+				if err := d.Gemm(nil, rk.Shared, kernels.F32, sa, b.shDown, T, H, SI); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	timeOne := func(fused bool) (ms, ems float64, err error) {
+		if err := ev[0].Record(nil); err != nil {
+			return 0, 0, err
+		}
+		if err := front(); err != nil {
+			return 0, 0, err
+		}
+		if err := ev[1].Record(nil); err != nil {
+			return 0, 0, err
+		}
+		if fused {
+			err = d.MoEFused(nil, ranks, ctl, args)
+		} else {
+			err = d.MoEFusedSeparate(nil, ranks, ctl, args)
+		}
+		if err != nil {
+			return 0, 0, err
+		}
+		if err := ev[2].Record(nil); err != nil {
+			return 0, 0, err
+		}
+		if err := ev[2].Sync(); err != nil {
+			return 0, 0, err
+		}
+		if err := d.MoEFusedCheck(ctl); err != nil {
+			return 0, 0, err
+		}
+		a, err := kernels.Elapsed(ev[0], ev[2])
+		if err != nil {
+			return 0, 0, err
+		}
+		e, err := kernels.Elapsed(ev[1], ev[2])
+		return float64(a), float64(e), err
+	}
+	hostIDs := make([]int32, T*K)
+	var times, etimes, stimes []float64
+	touched := 0.0
+	for it := -2; it < o.iters; it++ {
+		for r := range R {
+			if err := d.FillRandomBF16(nil, ranks[r].X, int64(T*H), o.seed*1000003+uint64(T)*31+uint64(it+2)*131+uint64(r), 1); err != nil {
+				return row, err
+			}
+		}
+		sms, _, err := timeOne(false)
+		if err != nil {
+			return row, fmt.Errorf("separate: %w", err)
+		}
+		ms, ems, err := timeOne(true)
+		if err != nil {
+			return row, fmt.Errorf("fused: %w", err)
+		}
+		if it < 0 {
+			continue
+		}
+		times, etimes, stimes = append(times, ms), append(etimes, ems), append(stimes, sms)
+		seen := make([]bool, E)
+		n := 0
+		for r := range R {
+			if err := kernels.Download(d, hostIDs, ranks[r].IDs); err != nil {
+				return row, err
+			}
+			for _, e := range hostIDs {
+				if e >= 0 && int(e) < E && !seen[e] {
+					seen[e] = true
+					n++
+				}
+			}
+		}
+		touched += float64(n)
+	}
+	sort.Float64s(times)
+	sort.Float64s(etimes)
+	sort.Float64s(stimes)
+	row.MS, row.MinMS, row.ExpertsMS = times[len(times)/2], times[0], etimes[len(etimes)/2]
+	sep := stimes[len(stimes)/2]
+	row.SeparateMS = &sep
+	row.ExpertsTouched = touched / float64(o.iters)
+	sec := row.MS / 1e3
+	row.TFLOPS = 2 * 3 * float64(R*T) * float64(K) * float64(H) * float64(I) / sec / 1e12
+	row.WeightGBps = (row.ExpertsTouched*3*float64(H)*float64(I)*2 + float64(2*3*SI*H)) / sec / 1e9
+	row.Reference = fmt.Sprintf("CPU float64 on %d sampled tokens of ranks 0 and %d (bf16 x and weights, activation rounded to bf16), routing vs moe.Route on the GPU's logits", min(o.checkRows, T), R-1)
+	if o.checkRows > 0 {
+		var num, den float64
+		for _, r := range []int{0, R - 1} {
+			n, dd, mism, err := b.check(d, cfg, sbias, T, &ranks[r], logits[r])
+			if err != nil {
+				return row, err
+			}
+			num, den = num+n, den+dd
+			row.RouteMismatch += mism
+			if R == 1 {
+				break
+			}
+		}
+		row.RelErr = math.Sqrt(num / math.Max(den, 1e-300))
+	}
+	return row, nil
+}
+
+// check compares sampled rows of one rank's output with the CPU reference
+// (the experts' weights read from the ranks holding them): squared error,
+// squared reference and routing mismatches.
+func (b *moeFusedBench) check(d *kernels.Device, cfg moe.RouterConfig, sbias []float32, T int, rk *kernels.MoEFusedRank,
+	logits *kernels.Buffer) (num, den float64, mism int, err error) {
+	o := b.o
+	E, K, H, I := o.experts, o.topk, o.hidden, o.inter
+	SI := o.shared * I
+	if err := d.Sync(); err != nil {
+		return 0, 0, 0, err
+	}
+	n := min(o.checkRows, T)
+	samples := []int{0}
+	for i := 1; i < n; i++ {
+		samples = append(samples, (T-1)*i/(n-1))
+	}
+	var shGU, shDn []float32
+	if SI > 0 {
+		a, err := downloadRow[uint16](d, b.shGU, 0, int64(2*SI*H), 2)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		c, err := downloadRow[uint16](d, b.shDown, 0, int64(H*SI), 2)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		shGU, shDn = bf16s(a), bf16s(c)
+	}
+	for _, t := range samples {
+		xb, err := downloadRow[uint16](d, rk.X, int64(t*H), int64(H), 2)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		xr := bf16s(xb)
+		lg, err := downloadRow[float32](d, logits, int64(t*E), int64(E), 4)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		id, err := downloadRow[int32](d, rk.IDs, int64(t*K), int64(K), 4)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		wt, err := downloadRow[float32](d, rk.Weights, int64(t*K), int64(K), 4)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		got, err := downloadRow[float32](d, rk.Out, int64(t*H), int64(H), 4)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		wantIDs, _ := moe.Route(&cfg, lg, sbias, 1)
+		for k := range K {
+			if wantIDs[k] != id[k] {
+				mism++
+				break
+			}
+		}
+		want := make([]float64, H)
+		for k := range K {
+			e := int(id[k])
+			if e < 0 || e >= E {
+				return 0, 0, 0, fmt.Errorf("token %d: expert id %d out of range", t, e)
+			}
+			c := b.place.Replicas[e][0]
+			gu, err := downloadRow[uint16](d, b.gu[c.Rank], int64(c.Slot)*int64(2*I*H), int64(2*I*H), 2)
+			if err != nil {
+				return 0, 0, 0, err
+			}
+			dn, err := downloadRow[uint16](d, b.dn[c.Rank], int64(c.Slot)*int64(H*I), int64(H*I), 2)
+			if err != nil {
+				return 0, 0, 0, err
+			}
+			y := mlpRef(xr, bf16s(gu), bf16s(dn), H, I)
+			for c := range H {
+				want[c] += float64(wt[k]) * y[c]
+			}
+		}
+		if SI > 0 {
+			y := mlpRef(xr, shGU, shDn, H, SI)
+			for c := range H {
+				want[c] += y[c]
+			}
+		}
+		for c := range H {
+			g := float64(got[c])
+			if math.IsNaN(g) || math.IsInf(g, 0) {
+				return math.Inf(1), 1, mism, nil
+			}
+			num += (g - want[c]) * (g - want[c])
+			den += want[c] * want[c]
+		}
+	}
+	return num, den, mism, nil
+}

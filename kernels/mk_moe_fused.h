@@ -1,0 +1,98 @@
+/* mk_moe_fused.h — the part of the libmkernel C ABI for the persistent fused
+ * MoE layer over emulated expert-parallel ranks (moe_fused.cu).
+ * Included by mkernel.h; the rules of mkernel.h hold. */
+#ifndef MK_MOE_FUSED_H
+#define MK_MOE_FUSED_H
+#include "mkernel.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The most ranks one fused launch takes, and the most expert slots a rank holds. */
+#define MK_MOE_FUSED_MAX_RANKS 8
+#define MK_MOE_FUSED_MAX_SLOTS 4096
+
+/* Per-rank device pointers in the ptrs array, in this order (MK_MOE_FUSED_NPTR each). */
+enum {
+  MK_MOE_FUSED_X = 0,    /* [T_r, H] bf16: the rank's tokens */
+  MK_MOE_FUSED_IDS,      /* [T_r, K] int32: routed experts (global ids, from mk_moe_route) */
+  MK_MOE_FUSED_WEIGHTS,  /* [T_r, K] f32: their weights */
+  MK_MOE_FUSED_OUT,      /* [T_r, H] f32: the layer's output (fully written) */
+  MK_MOE_FUSED_SHARED,   /* [T_r, H] f32 or 0: a dense (shared-expert) output added to out */
+  MK_MOE_FUSED_GATE_UP,  /* [slots_r, 2I, H] bf16: per local slot gate rows then up rows */
+  MK_MOE_FUSED_DOWN,     /* [slots_r, H, I] bf16 */
+  MK_MOE_FUSED_COUNTS,   /* [slots_r] int64 or 0: += rows each local slot received */
+  MK_MOE_FUSED_WS,       /* the rank's workspace (mk_moe_fused_workspace's rank_bytes[r]) */
+  MK_MOE_FUSED_NPTR
+};
+
+/* The error record's words (int32) at the start of the control workspace,
+ * read by mk_moe_fused_check. */
+enum {
+  MK_MOE_FUSED_ERR_SET = 0, /* 1 when a wait timed out */
+  MK_MOE_FUSED_ERR_RANK,    /* the rank whose data was waited for (the tile's or token's rank) */
+  MK_MOE_FUSED_ERR_ROLE,    /* 1 compute GEMM1 (waited for dispatch), 2 compute GEMM2 (for GEMM1), 3 combine (for GEMM2) */
+  MK_MOE_FUSED_ERR_TILE,    /* row tile (roles 1, 2) or token (role 3) */
+  MK_MOE_FUSED_ERR_SEEN,    /* the counter's value when it gave up */
+  MK_MOE_FUSED_ERR_WANT,    /* the value it waited for */
+  MK_MOE_FUSED_ERR_WORDS = 8
+};
+
+/* Workspace sizes for R ranks with tokens[r] tokens and slots[r] local expert
+ * slots each (host arrays), top-k over e experts, hidden h, intermediate i:
+ * ctl_bytes for the shared control workspace, rank_bytes[r] (host array
+ * [ranks]) for rank r's own workspace (receive rows, activations, returned
+ * expert outputs, flags; sized for the worst case, every row to one rank),
+ * and the row tile every (rank, slot) is padded to. with_separate != 0 adds
+ * room for mk_moe_fused_separate. */
+MK_API int32_t mk_moe_fused_workspace(int32_t ranks, const int64_t* tokens, const int32_t* slots, int32_t k,
+                                      int32_t e, int64_t h, int64_t i, int32_t with_separate, uint64_t* ctl_bytes,
+                                      uint64_t* rank_bytes, int32_t* tile_m);
+
+/* One MoE layer's routed experts over `ranks` emulated expert-parallel ranks
+ * (1..8): a small plan launch (counts per (rank, slot), row offsets padded to
+ * the row tile, every (token, k)'s destination row; expert-load counters),
+ * then ONE persistent cooperative launch whose CTAs take roles from queues:
+ *   dispatch: copy x_r[t] to rank d's receive row of each (t, k) routed to d,
+ *             +1 on that row tile's arrival counter (release);
+ *   compute:  GEMM1 (+ SwiGLU) of a (row tile, column block) once the tile's
+ *             rows have all arrived; GEMM2 of a (row tile, column block) once
+ *             every GEMM1 block of the tile is done; outputs written back to
+ *             the source rank's return rows, +1 per row on its token counter;
+ *   combine:  out_r[t] = Σ_k w[t,k] · y[t,k] in k order (+ shared_r[t]) once
+ *             the token's counter is full: deterministic.
+ * place: device int32 [ranks*e]: for source rank r and expert x, (d << 16) |
+ * slot, the (rank, local slot) that serves r's rows of x (Go picks among
+ * replicas), or -1 (such rows are dropped: contribute 0). act_kind:
+ * MK_MOE_SWIGLU or MK_MOE_SWIGLU_CLAMPED (alpha, limit as in mk_moe_experts).
+ * ctas: CTAs of the persistent launch (0: all co-resident ones);
+ * dispatch_ctas: CTAs that start with the dispatch role (0: all), the others
+ * start on compute; every CTA joins the compute and combine queue when the
+ * dispatch queue is empty. timeout_ns > 0 bounds every wait; a timeout writes
+ * the error record (rank, role, tile) once and ends the kernel
+ * (mk_moe_fused_check reads it). fault_rank >= 0 disables that source rank's
+ * dispatch (testing the watchdog), -1 otherwise. tokens, slots: host [ranks].
+ * H and I multiples of 8. Asynchronous on stream. */
+MK_API int32_t mk_moe_fused(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const int64_t* tokens,
+                            const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t place,
+                            int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t ctl,
+                            uint64_t ctl_bytes, const uint64_t* rank_bytes, int32_t ctas, int32_t dispatch_ctas,
+                            int64_t timeout_ns, int32_t fault_rank);
+
+/* The same result from separate launches (the baseline): the plan launch, a
+ * dispatch launch, mk_moe_experts on each rank's receive rows (align, grouped
+ * GEMM1, grouped GEMM2, its row combine), and a combine launch. Needs
+ * workspaces sized with with_separate. Counters are not updated. */
+MK_API int32_t mk_moe_fused_separate(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const int64_t* tokens,
+                                     const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i,
+                                     uint64_t place, int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits,
+                                     uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes);
+
+/* Synchronously (after all earlier work) copies ctl's error record into rec
+ * [MK_MOE_FUSED_ERR_WORDS] and clears it on the device. */
+MK_API int32_t mk_moe_fused_check(uint64_t ctl, int32_t* rec);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MK_MOE_FUSED_H */

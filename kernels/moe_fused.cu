@@ -1,0 +1,929 @@
+// moe_fused.cu — one MoE layer's routed experts over R emulated
+// expert-parallel ranks in ONE persistent cooperative launch (mk_moe_fused),
+// the same work from separate launches as a baseline (mk_moe_fused_separate),
+// and the watchdog's error record (mk_moe_fused_check); see mk_moe_fused.h.
+//
+// Plan (a pre-pass launch, one CTA per rank). For every source rank r and
+// assignment a = t*K + k, the placement table gives the (rank d, local slot)
+// serving it. CTA d counts the rows d receives per slot from every source,
+// pads each slot's rows to the row tile BM, and writes: num_tiles, per tile
+// its slot and its number of real rows (tile_want), per receive row its
+// source (a*8 + r, or -1 for padding), and per assignment its destination
+// row (dest_row[r][a] = row*8 + d, or -1 when dropped); it adds the rows to
+// the expert-load counters (int64 atomics per (rank, slot)) and zeroes the
+// flags of the persistent launch. The plan is a separate launch so that
+// the persistent kernel needs no grid-wide barrier; the persistent kernel
+// reads num_tiles to size its task queue.
+//
+// Persistent kernel. CTAs [0, dispatch_ctas) start with the dispatch queue;
+// when it is empty they, and from the start all other CTAs, take tasks from
+// the main queue: every rank's GEMM1 tasks (row tile × column block), then
+// every rank's GEMM2 tasks, then the combine tasks (a source rank's block
+// of tokens). Roles:
+//   dispatch  (source rank r, block of DT tokens): one warp per (t, k) copies
+//             x_r[t] to row dest_row of rank d's receive buffer (16-byte L2
+//             stores), then +1 on arrive_d[tile] (release);
+//   GEMM1     (d, tile, block n): waits for arrive_d[tile] == tile_want,
+//             gate/up GEMM with SwiGLU in the epilogue → act_d rows (bf16),
+//             then +1 on g1done_d[tile] (release);
+//   GEMM2     (d, tile, block n): waits for g1done_d[tile] == GEMM1 blocks,
+//             down GEMM → f32 rows written back to the source rank's return
+//             buffer ret_r[a] (a = t*K + k), then +1 per row on tokdone_r[t];
+//   combine   (r, block of CT tokens): waits for tokdone_r[t] == (GEMM2
+//             blocks) × (routed k of t), out_r[t] = Σ_k w[t,k]·ret_r[t*K+k]
+//             in k order (+ shared_r[t]): deterministic.
+// Protocol (as ring.cu): writers store, synchronise (bar.sync, or each lane
+// fences then bar.warp.sync), one thread does fence.acq_rel.gpu and
+// red.release.gpu.add; readers spin on one thread with ld.acquire.gpu, then
+// bar.sync, and read the data through L2 only (cp.async.cg, ld.global.cg).
+// Deadlock freedom: every task waits only on tasks earlier in the queue
+// order (dispatch < GEMM1 < GEMM2 < combine); a CTA finishes a task before
+// taking the next, tasks are taken in increasing order, every CTA is
+// co-resident (cooperative launch) and dispatch CTAs never wait: every task
+// waited for is held by a running CTA that will finish it.
+//
+// Watchdog: every spin is bounded by timeout_ns on %globaltimer; on timeout
+// the CTA writes the error record (rank, role, tile, seen, want) once
+// (atomicCAS on word 0) and exits; other CTAs' waits see the record and
+// exit too. mk_moe_fused_check reads and clears it.
+//
+// GEMM tiles: the mma.sync m16n8k16 tile of moe.cu (cp.async multi-stage
+// pipeline, XOR-swizzled shared memory, ldmatrix), as a device function on
+// 128-thread CTAs: 16×64 tiles (6 stages) for decode-sized batches, 64×128
+// (4 stages) above ~24 rows per active expert.
+#include <cmath>
+#include <cstring>
+
+#include "common.cuh"
+#include "moe_gemm.cuh"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kMaxRanks = MK_MOE_FUSED_MAX_RANKS;
+constexpr int kThreads = 128;
+constexpr int kBK = 64;
+constexpr int kDT = 16;  // tokens per dispatch task
+constexpr int kCT = 8;   // tokens per combine task
+// Control workspace: [0, 32) error record, [64, 128) queue counters (zeroed per launch).
+constexpr int kQDisp = 16, kQMain = 17;
+constexpr uint64_t kCtlBytes = 256;
+
+struct RankP {
+  const bf16* x;
+  const int32_t* ids;
+  const float* w;
+  float* out;
+  const float* shared;
+  const bf16* gu;
+  const bf16* dn;
+  unsigned long long* counts;
+  // destination side
+  int32_t* num_tiles;  // [1]
+  int32_t* tile_slot;  // [tiles_cap]
+  int32_t* tile_want;  // [tiles_cap]
+  int32_t* arrive;     // [tiles_cap]
+  int32_t* g1done;     // [tiles_cap]
+  int32_t* row_src;    // [rows_cap]
+  int32_t* row_slot;   // [rows_cap] (separate path)
+  float* row_w;        // [rows_cap] (separate path)
+  bf16* recv;          // [rows_cap, H]
+  bf16* act;           // [rows_cap, I]
+  // source side
+  int32_t* dest_row;  // [T*K]
+  int32_t* tokdone;   // [T]
+  float* ret;         // [T*K, H]
+  // separate path
+  float* y;     // [rows_cap, H]
+  void* moews;  // mk_moe_experts workspace
+  uint64_t moews_bytes;
+  int64_t T, rows_cap;
+  int32_t S, tiles_cap;
+};
+
+struct Params {
+  RankP rk[kMaxRanks];
+  const int32_t* place;  // [R*E]
+  int32_t* ctl;
+  int R, K, E, BM;
+  int64_t H, I;
+  int act;
+  float alpha, limit;
+  int n1t, n2t;  // column blocks of GEMM1 (over I) and GEMM2 (over H)
+  int disp_pre[kMaxRanks + 1];  // prefix sums of dispatch tasks per source rank
+  int comb_pre[kMaxRanks + 1];  // prefix sums of combine tasks per source rank
+  int ndisp_ctas;
+  int fault_rank;
+  int separate;  // plan: also fill row_slot/row_w for every row (separate path)
+  long long timeout_ns;
+};
+
+// ---- PTX wrappers ----
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ int ld_relaxed(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
+// wait_geq spins (one thread) until *flag >= want, the error record is set,
+// or timeout_ns passes (then it writes the record). True when the flag came.
+__device__ bool wait_geq(const Params& p, const int* flag, int want, int rank, int role, int tile) {
+  const unsigned long long t0 = globaltimer();
+  int* err = p.ctl;
+  for (unsigned it = 0;; ++it) {
+    const int v = ld_acquire(flag);
+    if (v >= want) return true;
+    if (ld_relaxed(err) != 0) return false;
+    if ((it & 15) == 15 && (long long)(globaltimer() - t0) > p.timeout_ns) {
+      if (atomicCAS(err, 0, 1) == 0) {
+        err[MK_MOE_FUSED_ERR_RANK] = rank;
+        err[MK_MOE_FUSED_ERR_ROLE] = role;
+        err[MK_MOE_FUSED_ERR_TILE] = tile;
+        err[MK_MOE_FUSED_ERR_SEEN] = v;
+        err[MK_MOE_FUSED_ERR_WANT] = want;
+        __threadfence();
+      }
+      return false;
+    }
+    __nanosleep(64);
+  }
+}
+
+// ---- plan ----
+
+// One CTA per rank b: b's source side (dropped assignments, token flags)
+// and b's destination side (slot counts, padded offsets, tiles, rows).
+__global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Params p) {
+  extern __shared__ int plan_sm[];
+  const int b = blockIdx.x, R = p.R, K = p.K, E = p.E, BM = p.BM;
+  const RankP& me = p.rk[b];
+  const int S = me.S;
+  int* cnt = plan_sm;
+  int* off = cnt + S;
+  int* cur = off + S + 1;
+  // Source side.
+  for (int64_t t = threadIdx.x; t < me.T; t += blockDim.x) me.tokdone[t] = 0;
+  for (int64_t a = threadIdx.x; a < me.T * K; a += blockDim.x) {
+    const int e = me.ids[a];
+    const int pl = (e >= 0 && e < E) ? p.place[b * E + e] : -1;
+    const int d = pl >> 16, s = pl & 0xffff;
+    if (pl < 0 || d >= R || s >= p.rk[d].S) me.dest_row[a] = -1;
+  }
+  if (S == 0) return;
+  // Destination side: counts.
+  for (int s = threadIdx.x; s < S; s += blockDim.x) cnt[s] = cur[s] = 0;
+  __syncthreads();
+  // Four assignments per thread and pass: their loads are in flight together.
+  for (int r = 0; r < R; ++r) {
+    const int32_t* ids = p.rk[r].ids;
+    const int64_t n = p.rk[r].T * K;
+    for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
+      int pl[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t a = a0 + (int64_t)u * blockDim.x;
+        pl[u] = a < n ? ids[a] : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (pl[u] >= 0 && (pl[u] >> 16) == b && (pl[u] & 0xffff) < S) atomicAdd(&cnt[pl[u] & 0xffff], 1);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int o = 0;
+    for (int s = 0; s < S; ++s) {
+      off[s] = o;
+      o += (cnt[s] + BM - 1) / BM * BM;
+    }
+    off[S] = o;
+    *me.num_tiles = o / BM;
+  }
+  __syncthreads();
+  const int ntiles = off[S] / BM;
+  for (int tl = threadIdx.x; tl < ntiles; tl += blockDim.x) {
+    me.arrive[tl] = 0;
+    me.g1done[tl] = 0;
+  }
+  for (int s = threadIdx.x; s < S; s += blockDim.x) {
+    if (me.counts && !p.separate) atomicAdd(&me.counts[s], (unsigned long long)cnt[s]);
+    for (int tl = off[s] / BM; tl < off[s + 1] / BM; ++tl) {
+      me.tile_slot[tl] = s;
+      me.tile_want[tl] = min(BM, cnt[s] - (tl * BM - off[s]));
+    }
+    for (int q = off[s] + cnt[s]; q < off[s + 1]; ++q) {
+      me.row_src[q] = -1;
+      if (p.separate) me.row_slot[q] = -1;
+    }
+  }
+  if (p.separate) {
+    for (int64_t q = off[S] + threadIdx.x; q < me.rows_cap; q += blockDim.x) me.row_slot[q] = -1;
+    for (int64_t q = threadIdx.x; q < me.rows_cap; q += blockDim.x) me.row_w[q] = 1.0f;
+  }
+  // Rows.
+  for (int r = 0; r < R; ++r) {
+    const int32_t* ids = p.rk[r].ids;
+    const int64_t n = p.rk[r].T * K;
+    for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
+      int pl[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t a = a0 + (int64_t)u * blockDim.x;
+        pl[u] = a < n ? ids[a] : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (pl[u] < 0 || (pl[u] >> 16) != b || (pl[u] & 0xffff) >= S) continue;
+        const int64_t a = a0 + (int64_t)u * blockDim.x;
+        const int s = pl[u] & 0xffff;
+        const int q = off[s] + atomicAdd(&cur[s], 1);
+        me.row_src[q] = (int32_t)(a * 8 + r);
+        if (p.separate) me.row_slot[q] = s;
+        p.rk[r].dest_row[a] = q * 8 + b;
+      }
+    }
+  }
+}
+
+// ---- roles ----
+
+// dispatch_task copies source rank r's tokens [t0, t1) to their rows.
+__device__ void dispatch_task(const Params& p, int r, int64_t t0, int64_t t1) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, K = p.K;
+  const RankP& src = p.rk[r];
+  const int64_t H8 = p.H / 8;
+  for (int64_t a = t0 * K + warp; a < t1 * K; a += kThreads / 32) {
+    const int dr = src.dest_row[a];
+    if (dr < 0) continue;
+    const int d = dr & 7;
+    const int64_t row = dr >> 3;
+    const uint4* s = reinterpret_cast<const uint4*>(src.x + (a / K) * p.H);
+    uint4* dst = reinterpret_cast<uint4*>(p.rk[d].recv + row * p.H);
+    for (int64_t c = lane; c < H8; c += 32) __stcg(dst + c, __ldcg(s + c));
+    __threadfence();
+    __syncwarp();
+    if (lane == 0) red_release_add(p.rk[d].arrive + row / p.BM, 1);
+  }
+}
+
+__device__ __forceinline__ int swz(int row, int ch) { return row * kBK + ((ch ^ (row & 7)) << 3); }
+
+// gemm_task runs one (row tile, column block) of GEMM1 (GATEUP: A = receive
+// rows, B = the slot's gate and matching up rows, SwiGLU → act) or GEMM2
+// (A = act rows, B = the slot's down rows, f32 rows → the source's ret).
+template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP>
+__device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned char* smem) {
+  constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
+  static_assert(THREADS == kThreads, "tile shape uses the kernel's 128 threads");
+  constexpr int MF = WM / 16, NF = WN / 8;
+  static_assert(NF % 2 == 0, "n fragments come in pairs");
+  constexpr int A_CH = BM * 8, B_CH = BN * 8;
+  constexpr int A_PER = (A_CH + THREADS - 1) / THREADS, B_PER = B_CH / THREADS;
+  static_assert(B_CH % THREADS == 0, "B chunks split evenly");
+  const RankP& rk = p.rk[d];
+  bf16* sA = reinterpret_cast<bf16*>(smem);
+  bf16* sB = sA + STAGES * BM * kBK;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+  const int slot = rk.tile_slot[tile];
+  const int64_t m0 = (int64_t)tile * BM;
+  const int64_t Kd = GATEUP ? p.H : p.I, N = GATEUP ? p.I : p.H;
+  const bf16* A = GATEUP ? rk.recv : rk.act;
+  const bf16* W = GATEUP ? rk.gu + (int64_t)slot * 2 * p.I * p.H : rk.dn + (int64_t)slot * p.H * p.I;
+
+  const bf16* a_src[A_PER];
+  int a_dst[A_PER], a_ch[A_PER];
+#pragma unroll
+  for (int i = 0; i < A_PER; i++) {
+    const int c = tid + i * THREADS;
+    const int r = c / 8;
+    a_ch[i] = c % 8;
+    a_dst[i] = c < A_CH ? swz(r, a_ch[i]) : -1;
+    a_src[i] = nullptr;
+    if (c < A_CH && rk.row_src[m0 + r] >= 0) a_src[i] = A + (m0 + r) * Kd;
+  }
+  const bf16* b_src[B_PER];
+  int b_dst[B_PER], b_ch[B_PER];
+#pragma unroll
+  for (int i = 0; i < B_PER; i++) {
+    const int c = tid + i * THREADS;
+    const int r = c / 8;
+    b_ch[i] = c % 8;
+    b_dst[i] = swz(r, b_ch[i]);
+    int64_t wrow;
+    bool ok;
+    if (GATEUP) {
+      const int64_t j = (int64_t)ntile * (BN / 2) + (r % (BN / 2));
+      ok = j < N;
+      wrow = (r < BN / 2 ? 0 : N) + j;
+    } else {
+      const int64_t n = (int64_t)ntile * BN + r;
+      ok = n < N;
+      wrow = n;
+    }
+    b_src[i] = ok ? W + wrow * Kd : nullptr;
+  }
+  const int KT = (int)((Kd + kBK - 1) / kBK);
+  auto load = [&](int stage, int kt) {
+    const int64_t k0 = (int64_t)kt * kBK;
+    bf16* a = sA + stage * BM * kBK;
+    bf16* b = sB + stage * BN * kBK;
+#pragma unroll
+    for (int i = 0; i < A_PER; i++) {
+      if (a_dst[i] < 0) continue;
+      const int64_t k = k0 + a_ch[i] * 8;
+      const bool v = a_src[i] != nullptr && k < Kd;
+      cp_async16(a + a_dst[i], v ? a_src[i] + k : A, v);
+    }
+#pragma unroll
+    for (int i = 0; i < B_PER; i++) {
+      const int64_t k = k0 + b_ch[i] * 8;
+      const bool v = b_src[i] != nullptr && k < Kd;
+      cp_async16(b + b_dst[i], v ? b_src[i] + k : W, v);
+    }
+  };
+  float acc[MF][NF][4];
+#pragma unroll
+  for (int i = 0; i < MF; i++)
+#pragma unroll
+    for (int j = 0; j < NF; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+  auto brow = [&](int nf) -> int {
+    if (GATEUP) return nf < NF / 2 ? wn * (WN / 2) + nf * 8 : BN / 2 + wn * (WN / 2) + (nf - NF / 2) * 8;
+    return wn * WN + nf * 8;
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < KT) load(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; kt++) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    const int nk = kt + STAGES - 1;
+    if (nk < KT) load(nk % STAGES, nk);
+    cp_async_commit();
+    const bf16* a = sA + (kt % STAGES) * BM * kBK;
+    const bf16* b = sB + (kt % STAGES) * BN * kBK;
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; kk++) {
+      uint32_t af[MF][4];
+#pragma unroll
+      for (int mf = 0; mf < MF; mf++) {
+        const int r = wm * WM + mf * 16 + (lane % 16);
+        ldmatrix_x4(af[mf], a + swz(r, kk * 2 + lane / 16));
+      }
+      uint32_t bfr[NF][2];
+#pragma unroll
+      for (int pr = 0; pr < NF / 2; pr++) {
+        const int mat = lane / 8;
+        const int r = brow(2 * pr + mat / 2) + (lane % 8);
+        uint32_t q[4];
+        ldmatrix_x4(q, b + swz(r, kk * 2 + (mat & 1)));
+        bfr[2 * pr][0] = q[0];
+        bfr[2 * pr][1] = q[1];
+        bfr[2 * pr + 1][0] = q[2];
+        bfr[2 * pr + 1][1] = q[3];
+      }
+#pragma unroll
+      for (int mf = 0; mf < MF; mf++)
+#pragma unroll
+        for (int nf = 0; nf < NF; nf++) mma_bf16(acc[mf][nf], af[mf], bfr[nf][0], bfr[nf][1]);
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int mf = 0; mf < MF; mf++) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int64_t row = m0 + wm * WM + mf * 16 + lane / 4 + 8 * h;
+      const int32_t src = rk.row_src[row];
+      if (src < 0) continue;
+      if (GATEUP) {
+        bf16* out = rk.act + row * N;
+#pragma unroll
+        for (int nf = 0; nf < NF / 2; nf++) {
+          const int64_t j = (int64_t)ntile * (BN / 2) + wn * (WN / 2) + nf * 8 + (lane % 4) * 2;
+          if (j >= N) continue;
+          float r2[2];
+#pragma unroll
+          for (int q = 0; q < 2; q++) {
+            float g = acc[mf][nf][2 * h + q], u = acc[mf][nf + NF / 2][2 * h + q];
+            if (p.act == MK_MOE_SWIGLU) {
+              r2[q] = g / (1.0f + __expf(-g)) * u;
+            } else {
+              const float lim = p.limit;
+              if (g > lim) g = lim;
+              if (u > lim) u = lim;
+              else if (u < -lim) u = -lim;
+              r2[q] = (u + 1.0f) * (g / (1.0f + __expf(-p.alpha * g)));
+            }
+          }
+          *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
+        }
+      } else {
+        float* out = p.rk[src & 7].ret + (int64_t)(src >> 3) * N;
+#pragma unroll
+        for (int nf = 0; nf < NF; nf++) {
+          const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
+          if (n >= N) continue;
+          __stcg(reinterpret_cast<float2*>(out + n), make_float2(acc[mf][nf][2 * h], acc[mf][nf][2 * h + 1]));
+        }
+      }
+    }
+  }
+}
+
+// combine_task: source rank r's tokens [t0, t1): out = Σ_k w·ret (k order) + shared.
+// from_y: read the expert outputs from the destination ranks' y rows
+// (separate path) instead of the returned rows.
+__device__ void combine_rows(const Params& p, int r, int64_t t0, int64_t t1, bool from_y) {
+  const RankP& rk = p.rk[r];
+  const int K = p.K;
+  const int64_t H4 = p.H / 4;
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t c = threadIdx.x; c < H4; c += kThreads) {
+      float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int k = 0; k < K; ++k) {
+        const int dr = rk.dest_row[t * K + k];
+        if (dr < 0) continue;
+        const float wk = rk.w[t * K + k];
+        const float* src = from_y ? p.rk[dr & 7].y + (int64_t)(dr >> 3) * p.H : rk.ret + (t * K + k) * p.H;
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(src) + c);
+        s.x = fmaf(wk, v.x, s.x);
+        s.y = fmaf(wk, v.y, s.y);
+        s.z = fmaf(wk, v.z, s.z);
+        s.w = fmaf(wk, v.w, s.w);
+      }
+      if (rk.shared) {
+        const float4 v = reinterpret_cast<const float4*>(rk.shared + t * p.H)[c];
+        s.x += v.x;
+        s.y += v.y;
+        s.z += v.z;
+        s.w += v.w;
+      }
+      reinterpret_cast<float4*>(rk.out + t * p.H)[c] = s;
+    }
+  }
+}
+
+// find_rank maps a task index to its rank through prefix sums pre[0..R].
+__device__ __forceinline__ int find_rank(const int* pre, int R, int idx) {
+  int r = 0;
+  while (r + 1 < R && idx >= pre[r + 1]) ++r;
+  return r;
+}
+
+template <int BM, int BN, int WM, int WN, int ST>
+__global__ void __launch_bounds__(kThreads) fused_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(128) unsigned char fused_sm[];
+  __shared__ int task_sh, ok_sh;
+  __shared__ int g1pre[kMaxRanks + 1], g2pre[kMaxRanks + 1];
+  const int R = p.R, K = p.K;
+  if (threadIdx.x == 0) {
+    g1pre[0] = g2pre[0] = 0;
+    for (int d = 0; d < R; ++d) {
+      const int nt = p.rk[d].S > 0 ? *p.rk[d].num_tiles : 0;
+      g1pre[d + 1] = g1pre[d] + nt * p.n1t;
+      g2pre[d + 1] = g2pre[d] + nt * p.n2t;
+    }
+  }
+  __syncthreads();
+  const int n_disp = p.disp_pre[R];
+  const int n_g1 = g1pre[R], n_g2 = g2pre[R];
+  const int n_main = n_g1 + n_g2 + p.comb_pre[R];
+  // Dispatch role.
+  if ((int)blockIdx.x < p.ndisp_ctas) {
+    for (;;) {
+      if (threadIdx.x == 0) task_sh = atomicAdd(p.ctl + kQDisp, 1);
+      __syncthreads();
+      const int idx = task_sh;
+      __syncthreads();
+      if (idx >= n_disp) break;
+      const int r = find_rank(p.disp_pre, R, idx);
+      if (r == p.fault_rank) continue;  // fault injection: this rank never sends
+      const int64_t t0 = (int64_t)(idx - p.disp_pre[r]) * kDT;
+      dispatch_task(p, r, t0, min(p.rk[r].T, t0 + kDT));
+    }
+  }
+  // Compute and combine.
+  for (;;) {
+    if (threadIdx.x == 0) task_sh = atomicAdd(p.ctl + kQMain, 1);
+    __syncthreads();
+    int idx = task_sh;
+    __syncthreads();
+    if (idx >= n_main) break;
+    if (idx < n_g1) {
+      const int d = find_rank(g1pre, R, idx);
+      const int rel = idx - g1pre[d], tile = rel / p.n1t, nb = rel % p.n1t;
+      if (threadIdx.x == 0)
+        ok_sh = wait_geq(p, p.rk[d].arrive + tile, p.rk[d].tile_want[tile], d, 1, tile);
+      __syncthreads();
+      if (!ok_sh) return;
+      gemm_task<BM, BN, WM, WN, ST, true>(p, d, tile, nb, fused_sm);
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence();
+        red_release_add(p.rk[d].g1done + tile, 1);
+      }
+    } else if ((idx -= n_g1) < n_g2) {
+      const int d = find_rank(g2pre, R, idx);
+      const int rel = idx - g2pre[d], tile = rel / p.n2t, nb = rel % p.n2t;
+      if (threadIdx.x == 0) ok_sh = wait_geq(p, p.rk[d].g1done + tile, p.n1t, d, 2, tile);
+      __syncthreads();
+      if (!ok_sh) return;
+      gemm_task<BM, BN, WM, WN, ST, false>(p, d, tile, nb, fused_sm);
+      __syncthreads();
+      if (threadIdx.x < BM) {
+        const int32_t src = p.rk[d].row_src[(int64_t)tile * BM + threadIdx.x];
+        if (src >= 0) {
+          __threadfence();
+          red_release_add(p.rk[src & 7].tokdone + (src >> 3) / K, 1);
+        }
+      }
+    } else {
+      idx -= n_g2;
+      const int r = find_rank(p.comb_pre, R, idx);
+      const RankP& rk = p.rk[r];
+      const int64_t t0 = (int64_t)(idx - p.comb_pre[r]) * kCT, t1 = min(rk.T, t0 + kCT);
+      if (threadIdx.x == 0) {
+        bool ok = true;
+        for (int64_t t = t0; ok && t < t1; ++t) {
+          int routed = 0;
+          for (int k = 0; k < K; ++k) routed += rk.dest_row[t * K + k] >= 0;
+          ok = wait_geq(p, rk.tokdone + t, routed * p.n2t, r, 3, (int)t);
+        }
+        ok_sh = ok;
+      }
+      __syncthreads();
+      if (!ok_sh) return;
+      combine_rows(p, r, t0, t1, false);
+    }
+  }
+}
+
+// The separate path's dispatch and combine launches.
+__global__ void __launch_bounds__(kThreads) dispatch_kernel(const __grid_constant__ Params p) {
+  const int idx = blockIdx.x;
+  const int r = find_rank(p.disp_pre, p.R, idx);
+  const int64_t t0 = (int64_t)(idx - p.disp_pre[r]) * kDT;
+  dispatch_task(p, r, t0, min(p.rk[r].T, t0 + kDT));
+}
+__global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ Params p) {
+  const int idx = blockIdx.x;
+  const int r = find_rank(p.comb_pre, p.R, idx);
+  const int64_t t0 = (int64_t)(idx - p.comb_pre[r]) * kCT;
+  combine_rows(p, r, t0, min(p.rk[r].T, t0 + kCT), true);
+}
+
+// ---- host side ----
+
+struct TileCfg {
+  int bm, bn, stages;
+};
+constexpr TileCfg kTiles[2] = {{16, 64, 6}, {64, 128, 4}};
+
+size_t up256(size_t x) { return (x + 255) / 256 * 256; }
+
+int pick_tile(int ranks, const int64_t* tokens, const int32_t* slots, int k) {
+  int64_t n = 0, tmax = 0, s = 0;
+  for (int r = 0; r < ranks; ++r) {
+    n += tokens[r] * k;
+    tmax = tokens[r] > tmax ? tokens[r] : tmax;
+    s += slots[r];
+  }
+  const int64_t active = n < s ? n : s;
+  const double avg = (double)n / (double)(active > 0 ? active : 1);
+  return (tmax <= 16 || avg <= 24) ? 0 : 1;
+}
+
+// RankLayout: byte offsets of one rank's workspace regions.
+struct RankLayout {
+  int64_t rows_cap, tiles_cap;
+  size_t num_tiles, tile_slot, tile_want, arrive, g1done, row_src, row_slot, row_w, recv, act, dest_row, tokdone,
+      ret, y, moews, moews_bytes, total;
+};
+
+int rank_layout(int ranks, const int64_t* tokens, const int32_t* slots, int r, int k, int e, int64_t h, int64_t i,
+                int bm, bool sep, RankLayout* L) {
+  int64_t n = 0;
+  for (int q = 0; q < ranks; ++q) n += tokens[q] * k;
+  const int64_t S = slots[r];
+  const int64_t active = n < S ? n : S;
+  L->rows_cap = S > 0 ? (n + active * (bm - 1) + bm - 1) / bm * bm : 0;
+  L->tiles_cap = L->rows_cap / bm;
+  size_t o = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = o;
+    o = up256(o + bytes);
+    return at;
+  };
+  L->num_tiles = take(4);
+  L->tile_slot = take((size_t)L->tiles_cap * 4);
+  L->tile_want = take((size_t)L->tiles_cap * 4);
+  L->arrive = take((size_t)L->tiles_cap * 4);
+  L->g1done = take((size_t)L->tiles_cap * 4);
+  L->row_src = take((size_t)L->rows_cap * 4);
+  L->row_slot = take((size_t)L->rows_cap * 4);
+  L->row_w = take((size_t)L->rows_cap * 4);
+  L->recv = take((size_t)L->rows_cap * h * 2);
+  L->act = take((size_t)L->rows_cap * i * 2);
+  L->dest_row = take((size_t)tokens[r] * k * 4);
+  L->tokdone = take((size_t)tokens[r] * 4);
+  L->ret = take((size_t)tokens[r] * k * h * 4);
+  L->y = L->moews = L->moews_bytes = 0;
+  if (sep && L->rows_cap > 0) {
+    L->y = take((size_t)L->rows_cap * h * 4);
+    uint64_t b = 0;
+    int32_t tm = 0;
+    const int rc = mk_moe_workspace(L->rows_cap, 1, (int32_t)S, h, i, &b, &tm);
+    if (rc != MK_OK) return rc;
+    L->moews_bytes = b;
+    L->moews = take(b);
+  }
+  L->total = o;
+  return MK_OK;
+}
+
+int check_shapes(const char* fn, int ranks, const int64_t* tokens, const int32_t* slots, int k, int e, int64_t h,
+                 int64_t i) {
+  MK_ARG(ranks >= 1 && ranks <= kMaxRanks, "%s: ranks=%d must be in [1, %d]", fn, ranks, kMaxRanks);
+  MK_ARG(tokens != nullptr && slots != nullptr, "%s: null tokens or slots", fn);
+  MK_ARG(k >= 1 && e >= 1 && k <= e && e <= 65535, "%s: K=%d E=%d (want 1 <= K <= E <= 65535)", fn, k, e);
+  MK_ARG(h > 0 && i > 0 && h % 8 == 0 && i % 8 == 0, "%s: H=%lld and I=%lld must be positive multiples of 8", fn,
+         (long long)h, (long long)i);
+  int64_t n = 0;
+  for (int r = 0; r < ranks; ++r) {
+    MK_ARG(tokens[r] >= 0 && tokens[r] <= (1 << 24), "%s: rank %d has %lld tokens (0..2^24)", fn, r,
+           (long long)tokens[r]);
+    MK_ARG(slots[r] >= 0 && slots[r] <= MK_MOE_FUSED_MAX_SLOTS, "%s: rank %d has %d slots (0..%d)", fn, r, slots[r],
+           MK_MOE_FUSED_MAX_SLOTS);
+    n += tokens[r] * k;
+  }
+  MK_ARG(n < (1 << 27), "%s: %lld (token, k) assignments in all, at most 2^27", fn, (long long)n);
+  return MK_OK;
+}
+
+// build fills Params and checks the per-rank pointers.
+int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int64_t* tokens, const int32_t* slots,
+          int k, int e, int64_t h, int64_t i, uint64_t place, int act_kind, uint32_t alpha_bits, uint32_t limit_bits,
+          uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes, bool sep) {
+  int rc = check_shapes(fn, ranks, tokens, slots, k, e, h, i);
+  if (rc != MK_OK) return rc;
+  MK_ARG(ptrs && rank_bytes, "%s: null ptrs or rank_bytes", fn);
+  MK_ARG(place != 0 && ctl != 0, "%s: null place or ctl", fn);
+  MK_ARG(ctl_bytes >= kCtlBytes, "%s: control workspace of %llu bytes, %llu needed", fn,
+         (unsigned long long)ctl_bytes, (unsigned long long)kCtlBytes);
+  MK_ARG(act_kind == MK_MOE_SWIGLU || act_kind == MK_MOE_SWIGLU_CLAMPED, "%s: act_kind %d", fn, act_kind);
+  std::memset(p, 0, sizeof *p);
+  const int cfg = pick_tile(ranks, tokens, slots, k);
+  const TileCfg& tc = kTiles[cfg];
+  p->R = ranks;
+  p->K = k;
+  p->E = e;
+  p->BM = tc.bm;
+  p->H = h;
+  p->I = i;
+  p->act = act_kind;
+  p->alpha = mk::float_from_bits(alpha_bits);
+  p->limit = mk::float_from_bits(limit_bits);
+  p->n1t = (int)((i + tc.bn / 2 - 1) / (tc.bn / 2));
+  p->n2t = (int)((h + tc.bn - 1) / tc.bn);
+  p->place = mk::dev<const int32_t>(place);
+  p->ctl = mk::dev<int32_t>(ctl);
+  p->fault_rank = -1;
+  p->separate = sep;
+  int64_t dsum = 0, csum = 0, tiles_all = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const uint64_t* pr = ptrs + (int64_t)r * MK_MOE_FUSED_NPTR;
+    RankLayout L;
+    rc = rank_layout(ranks, tokens, slots, r, k, e, h, i, tc.bm, sep, &L);
+    if (rc != MK_OK) return rc;
+    MK_ARG(rank_bytes[r] >= L.total, "%s: rank %d workspace of %llu bytes, %llu needed%s", fn, r,
+           (unsigned long long)rank_bytes[r], (unsigned long long)L.total,
+           sep ? " (sized with with_separate?)" : "");
+    RankP& q = p->rk[r];
+    q.T = tokens[r];
+    q.S = slots[r];
+    q.rows_cap = L.rows_cap;
+    q.tiles_cap = (int32_t)L.tiles_cap;
+    MK_ARG(pr[MK_MOE_FUSED_WS] != 0, "%s: rank %d: null workspace", fn, r);
+    if (q.T > 0) {
+      MK_ARG(pr[MK_MOE_FUSED_X] && pr[MK_MOE_FUSED_IDS] && pr[MK_MOE_FUSED_WEIGHTS] && pr[MK_MOE_FUSED_OUT],
+             "%s: rank %d: null x, ids, weights or out", fn, r);
+      MK_ARG((pr[MK_MOE_FUSED_X] | pr[MK_MOE_FUSED_OUT] | pr[MK_MOE_FUSED_SHARED]) % 16 == 0,
+             "%s: rank %d: x, out and shared must be 16-byte aligned", fn, r);
+    }
+    if (q.S > 0)
+      MK_ARG(pr[MK_MOE_FUSED_GATE_UP] && pr[MK_MOE_FUSED_DOWN] && (pr[MK_MOE_FUSED_GATE_UP] | pr[MK_MOE_FUSED_DOWN]) % 16 == 0,
+             "%s: rank %d: null or unaligned expert weights", fn, r);
+    MK_ARG(pr[MK_MOE_FUSED_WS] % 256 == 0, "%s: rank %d: workspace not 256-byte aligned", fn, r);
+    q.x = mk::dev<const bf16>(pr[MK_MOE_FUSED_X]);
+    q.ids = mk::dev<const int32_t>(pr[MK_MOE_FUSED_IDS]);
+    q.w = mk::dev<const float>(pr[MK_MOE_FUSED_WEIGHTS]);
+    q.out = mk::dev<float>(pr[MK_MOE_FUSED_OUT]);
+    q.shared = mk::dev<const float>(pr[MK_MOE_FUSED_SHARED]);
+    q.gu = mk::dev<const bf16>(pr[MK_MOE_FUSED_GATE_UP]);
+    q.dn = mk::dev<const bf16>(pr[MK_MOE_FUSED_DOWN]);
+    q.counts = mk::dev<unsigned long long>(pr[MK_MOE_FUSED_COUNTS]);
+    char* w = mk::dev<char>(pr[MK_MOE_FUSED_WS]);
+    q.num_tiles = reinterpret_cast<int32_t*>(w + L.num_tiles);
+    q.tile_slot = reinterpret_cast<int32_t*>(w + L.tile_slot);
+    q.tile_want = reinterpret_cast<int32_t*>(w + L.tile_want);
+    q.arrive = reinterpret_cast<int32_t*>(w + L.arrive);
+    q.g1done = reinterpret_cast<int32_t*>(w + L.g1done);
+    q.row_src = reinterpret_cast<int32_t*>(w + L.row_src);
+    q.row_slot = reinterpret_cast<int32_t*>(w + L.row_slot);
+    q.row_w = reinterpret_cast<float*>(w + L.row_w);
+    q.recv = reinterpret_cast<bf16*>(w + L.recv);
+    q.act = reinterpret_cast<bf16*>(w + L.act);
+    q.dest_row = reinterpret_cast<int32_t*>(w + L.dest_row);
+    q.tokdone = reinterpret_cast<int32_t*>(w + L.tokdone);
+    q.ret = reinterpret_cast<float*>(w + L.ret);
+    q.y = sep ? reinterpret_cast<float*>(w + L.y) : nullptr;
+    q.moews = sep ? reinterpret_cast<void*>(w + L.moews) : nullptr;
+    q.moews_bytes = L.moews_bytes;
+    dsum += (q.T + kDT - 1) / kDT;
+    csum += (q.T + kCT - 1) / kCT;
+    tiles_all += L.tiles_cap;
+    p->disp_pre[r + 1] = (int)dsum;
+    p->comb_pre[r + 1] = (int)csum;
+  }
+  MK_ARG(tiles_all * (p->n1t + p->n2t) + csum < (1ll << 30), "%s: too many tasks", fn);
+  return MK_OK;
+}
+
+int plan(const Params& p, cudaStream_t st) {
+  int smax = 0;
+  for (int r = 0; r < p.R; ++r) smax = p.rk[r].S > smax ? p.rk[r].S : smax;
+  const size_t sm = (size_t)(3 * smax + 1) * 4;
+  static size_t attr = 48 << 10;
+  if (sm > attr) {
+    MK_CUDA(cudaFuncSetAttribute(plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attr = sm;
+  }
+  plan_kernel<<<p.R, 1024, sm, st>>>(p);
+  MK_LAUNCHED("moe_fused plan");
+  return MK_OK;
+}
+
+using FusedFn = void (*)(Params);
+
+template <int BM, int BN, int WM, int WN, int ST>
+int launch_fused(const Params& p, int ctas, int dispatch_ctas, cudaStream_t st) {
+  auto fn = fused_kernel<BM, BN, WM, WN, ST>;
+  const size_t sm = (size_t)ST * (BM + BN) * kBK * 2;
+  static bool attr = false;
+  if (!attr) {
+    MK_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attr = true;
+  }
+  int occ = 0, dev = 0, sms = 0;
+  MK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, kThreads, sm));
+  MK_CUDA(cudaGetDevice(&dev));
+  MK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int cores = occ * sms;
+  if (cores <= 0) return mk::fail(MK_ERR_CUDA, "mk_moe_fused: no CTA of the kernel fits on a multiprocessor");
+  MK_ARG(ctas >= 0 && ctas <= cores, "mk_moe_fused: ctas=%d, at most %d co-resident (0: all)", ctas, cores);
+  const int grid = ctas > 0 ? ctas : cores;
+  MK_ARG(dispatch_ctas >= 0 && dispatch_ctas <= grid, "mk_moe_fused: dispatch_ctas=%d must be in [0, %d]",
+         dispatch_ctas, grid);
+  Params q = p;
+  q.ndisp_ctas = dispatch_ctas > 0 ? dispatch_ctas : grid;
+  void* args[] = {&q};
+  MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fn), dim3((unsigned)grid), dim3(kThreads), args,
+                                      sm, st));
+  return MK_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t mk_moe_fused_workspace(int32_t ranks, const int64_t* tokens, const int32_t* slots, int32_t k, int32_t e,
+                               int64_t h, int64_t i, int32_t with_separate, uint64_t* ctl_bytes, uint64_t* rank_bytes,
+                               int32_t* tile_m) {
+  int rc = check_shapes("mk_moe_fused_workspace", ranks, tokens, slots, k, e, h, i);
+  if (rc != MK_OK) return rc;
+  MK_ARG(ctl_bytes && rank_bytes && tile_m, "mk_moe_fused_workspace: null result pointer");
+  const int cfg = pick_tile(ranks, tokens, slots, k);
+  for (int r = 0; r < ranks; ++r) {
+    RankLayout L;
+    rc = rank_layout(ranks, tokens, slots, r, k, e, h, i, kTiles[cfg].bm, with_separate != 0, &L);
+    if (rc != MK_OK) return rc;
+    rank_bytes[r] = L.total;
+  }
+  *ctl_bytes = kCtlBytes;
+  *tile_m = kTiles[cfg].bm;
+  return MK_OK;
+}
+
+int32_t mk_moe_fused(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const int64_t* tokens,
+                     const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t place,
+                     int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t ctl, uint64_t ctl_bytes,
+                     const uint64_t* rank_bytes, int32_t ctas, int32_t dispatch_ctas, int64_t timeout_ns,
+                     int32_t fault_rank) {
+  MK_THREAD("mk_moe_fused");
+  Params p;
+  int rc = build("mk_moe_fused", &p, ranks, ptrs, tokens, slots, k, e, h, i, place, act_kind, alpha_bits, limit_bits,
+                 ctl, ctl_bytes, rank_bytes, false);
+  if (rc != MK_OK) return rc;
+  MK_ARG(timeout_ns > 0, "mk_moe_fused: timeout_ns=%lld must be > 0", (long long)timeout_ns);
+  MK_ARG(fault_rank >= -1 && fault_rank < ranks, "mk_moe_fused: fault_rank=%d must be -1 or a rank", fault_rank);
+  p.timeout_ns = timeout_ns;
+  p.fault_rank = fault_rank;
+  cudaStream_t st = mk::as_stream(stream);
+  MK_CUDA(cudaMemsetAsync(mk::dev<char>(ctl) + 64, 0, kCtlBytes - 64, st));
+  rc = plan(p, st);
+  if (rc != MK_OK) return rc;
+  if (p.BM == 16) return launch_fused<16, 64, 16, 16, 6>(p, ctas, dispatch_ctas, st);
+  return launch_fused<64, 128, 32, 64, 4>(p, ctas, dispatch_ctas, st);
+}
+
+int32_t mk_moe_fused_separate(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const int64_t* tokens,
+                              const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t place,
+                              int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t ctl,
+                              uint64_t ctl_bytes, const uint64_t* rank_bytes) {
+  MK_THREAD("mk_moe_fused_separate");
+  Params p;
+  int rc = build("mk_moe_fused_separate", &p, ranks, ptrs, tokens, slots, k, e, h, i, place, act_kind, alpha_bits,
+                 limit_bits, ctl, ctl_bytes, rank_bytes, true);
+  if (rc != MK_OK) return rc;
+  cudaStream_t st = mk::as_stream(stream);
+  rc = plan(p, st);
+  if (rc != MK_OK) return rc;
+  if (p.disp_pre[ranks] > 0) {
+    dispatch_kernel<<<p.disp_pre[ranks], kThreads, 0, st>>>(p);
+    MK_LAUNCHED("moe_fused dispatch (separate)");
+  }
+  for (int d = 0; d < ranks; ++d) {
+    const RankP& q = p.rk[d];
+    if (q.S == 0 || q.rows_cap == 0) continue;
+    rc = mk_moe_experts(stream, reinterpret_cast<uint64_t>(q.y), reinterpret_cast<uint64_t>(q.recv),
+                        reinterpret_cast<uint64_t>(q.row_slot), reinterpret_cast<uint64_t>(q.row_w), q.rows_cap, 1,
+                        q.S, h, i, reinterpret_cast<uint64_t>(q.gu), 0, reinterpret_cast<uint64_t>(q.dn), 0, act_kind,
+                        alpha_bits, limit_bits, 0, reinterpret_cast<uint64_t>(q.moews), q.moews_bytes);
+    if (rc != MK_OK) return rc;
+  }
+  if (p.comb_pre[ranks] > 0) {
+    combine_kernel<<<p.comb_pre[ranks], kThreads, 0, st>>>(p);
+    MK_LAUNCHED("moe_fused combine (separate)");
+  }
+  return MK_OK;
+}
+
+int32_t mk_moe_fused_check(uint64_t ctl, int32_t* rec) {
+  MK_THREAD("mk_moe_fused_check");
+  MK_ARG(ctl != 0 && rec != nullptr, "mk_moe_fused_check: ctl and rec must be non-null");
+  MK_CUDA(cudaMemcpy(rec, reinterpret_cast<void*>(ctl), MK_MOE_FUSED_ERR_WORDS * sizeof(int32_t),
+                     cudaMemcpyDeviceToHost));
+  if (rec[MK_MOE_FUSED_ERR_SET] != 0)
+    MK_CUDA(cudaMemset(reinterpret_cast<void*>(ctl), 0, MK_MOE_FUSED_ERR_WORDS * sizeof(int32_t)));
+  return MK_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,454 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"time"
+)
+
+// The persistent fused MoE layer (moe_fused.cu, mk_moe_fused.h): one MoE
+// layer's routed experts over R emulated expert-parallel ranks in one
+// persistent cooperative launch whose CTAs dispatch tokens to the ranks
+// holding their experts, run the expert GEMMs as rows arrive, and combine
+// the returned outputs at each token's source rank.
+
+var (
+	moeFusedWorkspace func(ranks int32, tokens *int64, slots *int32, k, e int32, h, i int64, withSep int32,
+		ctlBytes *uint64, rankBytes *uint64, tileM *int32) int32
+	moeFused func(s uint64, ranks int32, ptrs *uint64, tokens *int64, slots *int32, k, e int32, h, i int64,
+		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64, ctas,
+		dispatchCTAs int32, timeoutNs int64, faultRank int32) int32
+	moeFusedSeparate func(s uint64, ranks int32, ptrs *uint64, tokens *int64, slots *int32, k, e int32, h, i int64,
+		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64) int32
+	moeFusedCheck func(ctl uint64, rec *int32) int32
+)
+
+func init() {
+	registerSymbols(
+		symbol{"mk_moe_fused_workspace", &moeFusedWorkspace},
+		symbol{"mk_moe_fused", &moeFused},
+		symbol{"mk_moe_fused_separate", &moeFusedSeparate},
+		symbol{"mk_moe_fused_check", &moeFusedCheck},
+	)
+}
+
+// MoEFusedMaxRanks is the most ranks one fused launch takes.
+const MoEFusedMaxRanks = 8
+
+// MoEFusedMaxSlots is the most expert slots one rank holds.
+const MoEFusedMaxSlots = 4096
+
+// MoEFusedDefaultTimeout bounds each wait of the fused kernel when MoEFusedArgs.Timeout is 0.
+const MoEFusedDefaultTimeout = time.Second
+
+// Layout of mk_moe_fused.h's per-rank pointer array and error record.
+const (
+	moeFusedNPtr     = 9
+	moeFusedErrWords = 8
+)
+
+// MoEReplica is one copy of an expert: local slot Slot of rank Rank.
+type MoEReplica struct{ Rank, Slot int }
+
+// MoEPlacement says which ranks hold which experts. Replicas[e] lists the
+// copies of expert e (at least one; a hot expert may have several); rank r
+// holds Slots[r] local slots, each the copy of exactly one expert.
+type MoEPlacement struct {
+	Slots    []int          // [ranks]
+	Replicas [][]MoEReplica // [experts]
+}
+
+// MoEBlockPlacement places E experts on R ranks in contiguous blocks whose
+// sizes differ by at most one, one copy each.
+func MoEBlockPlacement(E, R int) *MoEPlacement {
+	p := &MoEPlacement{Slots: make([]int, R), Replicas: make([][]MoEReplica, E)}
+	for e := range E {
+		r := e * R / E
+		p.Replicas[e] = []MoEReplica{{r, p.Slots[r]}}
+		p.Slots[r]++
+	}
+	return p
+}
+
+// Replicate adds a copy of expert e in a new slot of rank r.
+func (p *MoEPlacement) Replicate(e, r int) {
+	p.Replicas[e] = append(p.Replicas[e], MoEReplica{r, p.Slots[r]})
+	p.Slots[r]++
+}
+
+// SlotExperts is, per rank, the expert each local slot holds ([ranks][slots]).
+func (p *MoEPlacement) SlotExperts() [][]int {
+	out := make([][]int, len(p.Slots))
+	for r, n := range p.Slots {
+		out[r] = make([]int, n)
+		for i := range out[r] {
+			out[r][i] = -1
+		}
+	}
+	for e, reps := range p.Replicas {
+		for _, c := range reps {
+			if c.Rank >= 0 && c.Rank < len(out) && c.Slot >= 0 && c.Slot < len(out[c.Rank]) {
+				out[c.Rank][c.Slot] = e
+			}
+		}
+	}
+	return out
+}
+
+// Check validates the placement: every expert has a copy, every slot holds
+// exactly one copy.
+func (p *MoEPlacement) Check() error {
+	R := len(p.Slots)
+	if R < 1 || R > MoEFusedMaxRanks {
+		return fmt.Errorf("kernels: MoEPlacement: %d ranks, want 1..%d", R, MoEFusedMaxRanks)
+	}
+	used := make([][]bool, R)
+	for r, n := range p.Slots {
+		if n < 0 || n > MoEFusedMaxSlots {
+			return fmt.Errorf("kernels: MoEPlacement: rank %d has %d slots, want 0..%d", r, n, MoEFusedMaxSlots)
+		}
+		used[r] = make([]bool, n)
+	}
+	for e, reps := range p.Replicas {
+		if len(reps) == 0 {
+			return fmt.Errorf("kernels: MoEPlacement: expert %d has no copy", e)
+		}
+		for _, c := range reps {
+			if c.Rank < 0 || c.Rank >= R || c.Slot < 0 || c.Slot >= p.Slots[c.Rank] {
+				return fmt.Errorf("kernels: MoEPlacement: expert %d at rank %d slot %d, outside the ranks' slots", e, c.Rank, c.Slot)
+			}
+			if used[c.Rank][c.Slot] {
+				return fmt.Errorf("kernels: MoEPlacement: rank %d slot %d holds two copies", c.Rank, c.Slot)
+			}
+			used[c.Rank][c.Slot] = true
+		}
+	}
+	for r := range used {
+		for s, u := range used[r] {
+			if !u {
+				return fmt.Errorf("kernels: MoEPlacement: rank %d slot %d holds no expert", r, s)
+			}
+		}
+	}
+	return nil
+}
+
+// Table is the kernel's routing table, int32 [ranks*experts]: for source
+// rank r and expert e, (rank << 16) | slot of the copy serving r's rows of
+// e. Go picks the copy: one on r itself if there is one, else copy
+// r mod (number of copies), so the sources spread over the replicas.
+func (p *MoEPlacement) Table() ([]int32, error) {
+	if err := p.Check(); err != nil {
+		return nil, err
+	}
+	R, E := len(p.Slots), len(p.Replicas)
+	t := make([]int32, R*E)
+	for r := range R {
+		for e, reps := range p.Replicas {
+			c := reps[r%len(reps)]
+			for _, x := range reps {
+				if x.Rank == r {
+					c = x
+					break
+				}
+			}
+			t[r*E+e] = int32(c.Rank<<16 | c.Slot)
+		}
+	}
+	return t, nil
+}
+
+// MoEFusedRank is one rank's buffers.
+//
+//	X       [T_r, H] bf16          IDs [T_r, K] int32 (global expert ids)   Weights [T_r, K] f32
+//	Out     [T_r, H] f32 (written)  Shared [T_r, H] f32 or nil (added to Out: shared experts' output)
+//	GateUp  [Slots_r, 2I, H] bf16 (gate rows then up rows)   Down [Slots_r, H, I] bf16
+//	Counts  [Slots_r] int64 or nil (+= rows each slot received)   WS: the rank's workspace
+type MoEFusedRank struct {
+	X, IDs, Weights, Out, Shared *Buffer
+	GateUp, Down                 *Buffer
+	Counts                       *Buffer
+	WS                           *Buffer
+}
+
+// MoEFusedArgs describes one fused MoE layer over len(Tokens) ranks.
+type MoEFusedArgs struct {
+	Tokens  []int   // [ranks] tokens per rank (may be 0)
+	Slots   []int   // [ranks] local expert slots per rank (MoEPlacement.Slots)
+	Table   *Buffer // int32 [ranks*Experts] on the device (MoEPlacement.Table)
+	Experts int
+	TopK    int
+	H, I    int // multiples of 8
+
+	Clamped      bool // gpt-oss's clamped SwiGLU with Alpha and Limit; else silu(gate)*up
+	Alpha, Limit float32
+
+	CTAs         int           // CTAs of the persistent launch (0: every co-resident one)
+	DispatchCTAs int           // CTAs that start with the dispatch role (0: all)
+	Timeout      time.Duration // bound on each wait (0: MoEFusedDefaultTimeout)
+
+	faultRank int // tests: source rank+1 whose dispatch is disabled (0: none)
+}
+
+func (a *MoEFusedArgs) check(op string) error {
+	R := len(a.Tokens)
+	if R < 1 || R > MoEFusedMaxRanks {
+		return fmt.Errorf("kernels: %s: %d ranks, want 1..%d", op, R, MoEFusedMaxRanks)
+	}
+	if len(a.Slots) != R {
+		return fmt.Errorf("kernels: %s: %d ranks of tokens but %d of slots", op, R, len(a.Slots))
+	}
+	if err := dims(op, "Experts", a.Experts, "TopK", a.TopK, "H", a.H, "I", a.I); err != nil {
+		return err
+	}
+	switch {
+	case a.TopK > a.Experts || a.Experts > 65535:
+		return fmt.Errorf("kernels: %s: TopK=%d, Experts=%d (want TopK ≤ Experts ≤ 65535)", op, a.TopK, a.Experts)
+	case a.H%8 != 0 || a.I%8 != 0:
+		return fmt.Errorf("kernels: %s: H=%d and I=%d must be multiples of 8", op, a.H, a.I)
+	case a.CTAs < 0 || a.DispatchCTAs < 0 || a.Timeout < 0:
+		return fmt.Errorf("kernels: %s: CTAs=%d, DispatchCTAs=%d, Timeout=%v must be >= 0", op, a.CTAs, a.DispatchCTAs, a.Timeout)
+	}
+	for r := range R {
+		if a.Tokens[r] < 0 || a.Tokens[r] > 1<<24 {
+			return fmt.Errorf("kernels: %s: rank %d has %d tokens (0..2^24)", op, r, a.Tokens[r])
+		}
+		if a.Slots[r] < 0 || a.Slots[r] > MoEFusedMaxSlots {
+			return fmt.Errorf("kernels: %s: rank %d has %d slots (0..%d)", op, r, a.Slots[r], MoEFusedMaxSlots)
+		}
+	}
+	return nil
+}
+
+func (a *MoEFusedArgs) flat() (tok []int64, sl []int32) {
+	for r := range a.Tokens {
+		tok = append(tok, int64(a.Tokens[r]))
+		sl = append(sl, int32(a.Slots[r]))
+	}
+	return tok, sl
+}
+
+// MoEFusedWorkspace is the control workspace's bytes and each rank's
+// workspace bytes for a, and the row tile. withSeparate sizes them for
+// MoEFusedSeparate too. A rank's workspace is sized for the worst case
+// (every (token, k) of every rank routed to it).
+func (d *Device) MoEFusedWorkspace(a MoEFusedArgs, withSeparate bool) (ctl int64, rank []int64, tileM int, err error) {
+	const op = "MoEFusedWorkspace"
+	if err := d.ready(op); err != nil {
+		return 0, nil, 0, err
+	}
+	if err := a.check(op); err != nil {
+		return 0, nil, 0, err
+	}
+	tok, sl := a.flat()
+	R := len(tok)
+	rb := make([]uint64, R)
+	var cb uint64
+	var tm int32
+	sep := int32(0)
+	if withSeparate {
+		sep = 1
+	}
+	rc := moeFusedWorkspace(int32(R), &tok[0], &sl[0], int32(a.TopK), int32(a.Experts), int64(a.H), int64(a.I), sep,
+		&cb, &rb[0], &tm)
+	runtime.KeepAlive(tok)
+	runtime.KeepAlive(sl)
+	if err := d.lib.check("mk_moe_fused_workspace", rc); err != nil {
+		return 0, nil, 0, err
+	}
+	rank = make([]int64, R)
+	for r := range rb {
+		rank[r] = int64(rb[r])
+	}
+	return int64(cb), rank, int(tm), nil
+}
+
+// NewMoEFusedControl allocates a control workspace with a cleared error record.
+func (d *Device) NewMoEFusedControl(bytes int64) (*Buffer, error) {
+	b, err := d.Malloc(bytes)
+	if err != nil {
+		return nil, err
+	}
+	if err := Upload(d, b, make([]int32, bytes/4)); err != nil {
+		b.Free()
+		return nil, err
+	}
+	return b, nil
+}
+
+// moeFusedCall checks the buffers and flattens the arguments of both launches.
+func (d *Device) moeFusedCall(op string, ranks []MoEFusedRank, ctl *Buffer, a *MoEFusedArgs, sep bool) (ptrs []uint64,
+	tok []int64, sl []int32, rb []uint64, err error) {
+	fail := func(err error) ([]uint64, []int64, []int32, []uint64, error) { return nil, nil, nil, nil, err }
+	if err := d.ready(op); err != nil {
+		return fail(err)
+	}
+	if err := a.check(op); err != nil {
+		return fail(err)
+	}
+	R := len(a.Tokens)
+	if len(ranks) != R {
+		return fail(fmt.Errorf("kernels: %s: %d ranks of buffers for %d ranks of tokens", op, len(ranks), R))
+	}
+	if err := need(op, "Table", a.Table, int64(R)*int64(a.Experts), 4); err != nil {
+		return fail(err)
+	}
+	if ctl == nil || ctl.ptr == 0 {
+		return fail(fmt.Errorf("kernels: %s: ctl is a nil or freed buffer", op))
+	}
+	_, need1, _, err := d.MoEFusedWorkspace(*a, sep)
+	if err != nil {
+		return fail(err)
+	}
+	H, I, K := int64(a.H), int64(a.I), int64(a.TopK)
+	ptrs = make([]uint64, R*moeFusedNPtr)
+	rb = make([]uint64, R)
+	for r, rk := range ranks {
+		name := func(s string) string { return fmt.Sprintf("rank %d %s", r, s) }
+		p := ptrs[r*moeFusedNPtr:]
+		T, S := int64(a.Tokens[r]), int64(a.Slots[r])
+		if T > 0 {
+			if err := needAll(op, 4, name("IDs"), rk.IDs, T*K, name("Weights"), rk.Weights, T*K, name("Out"), rk.Out, T*H); err != nil {
+				return fail(err)
+			}
+			if err := need(op, name("X"), rk.X, T*H, 2); err != nil {
+				return fail(err)
+			}
+			p[0], p[1], p[2], p[3] = rk.X.ptr, rk.IDs.ptr, rk.Weights.ptr, rk.Out.ptr
+			if rk.Shared != nil {
+				if err := need(op, name("Shared"), rk.Shared, T*H, 4); err != nil {
+					return fail(err)
+				}
+				p[4] = rk.Shared.ptr
+			}
+		}
+		if S > 0 {
+			if err := needAll(op, 2, name("GateUp"), rk.GateUp, S*2*I*H, name("Down"), rk.Down, S*H*I); err != nil {
+				return fail(err)
+			}
+			p[5], p[6] = rk.GateUp.ptr, rk.Down.ptr
+			if rk.Counts != nil {
+				if err := need(op, name("Counts"), rk.Counts, S, 8); err != nil {
+					return fail(err)
+				}
+				p[7] = rk.Counts.ptr
+			}
+		}
+		if err := rk.WS.fits(op+" "+name("WS"), need1[r]); err != nil {
+			return fail(err)
+		}
+		p[8] = rk.WS.ptr
+		rb[r] = uint64(rk.WS.bytes)
+	}
+	tok, sl = a.flat()
+	return ptrs, tok, sl, rb, nil
+}
+
+func (a *MoEFusedArgs) act() (int32, uint32, uint32) {
+	if a.Clamped {
+		return 1, math.Float32bits(a.Alpha), math.Float32bits(a.Limit)
+	}
+	return 0, math.Float32bits(a.Alpha), math.Float32bits(a.Limit)
+}
+
+// MoEFused runs one MoE layer's routed experts over len(ranks) emulated
+// expert-parallel ranks on stream s: for every rank r and token t,
+// Out_r[t] = Σ_k Weights_r[t,k] · expert_{IDs_r[t,k]}(X_r[t]) (+ Shared_r[t]),
+// the expert served by the copy a.Table names; bf16 operands, float32
+// accumulation, the activation rounded to bf16 between the GEMMs, the sum in
+// k order (deterministic). A small plan launch precedes the one persistent
+// launch. Counts (if given) accumulate rows per local slot. ctl is from
+// NewMoEFusedControl and each rank's WS holds MoEFusedWorkspace bytes.
+// Asynchronous: MoEFusedCheck reports a watchdog timeout.
+func (d *Device) MoEFused(s *Stream, ranks []MoEFusedRank, ctl *Buffer, a MoEFusedArgs) error {
+	const op = "MoEFused"
+	ptrs, tok, sl, rb, err := d.moeFusedCall(op, ranks, ctl, &a, false)
+	if err != nil {
+		return err
+	}
+	if d.muted() {
+		return nil
+	}
+	to := a.Timeout
+	if to == 0 {
+		to = MoEFusedDefaultTimeout
+	}
+	act, alpha, limit := a.act()
+	rc := moeFused(s.handle(), int32(len(ranks)), &ptrs[0], &tok[0], &sl[0], int32(a.TopK), int32(a.Experts),
+		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0], int32(a.CTAs),
+		int32(a.DispatchCTAs), to.Nanoseconds(), int32(a.faultRank-1))
+	runtime.KeepAlive(ptrs)
+	runtime.KeepAlive(tok)
+	runtime.KeepAlive(sl)
+	runtime.KeepAlive(rb)
+	return d.lib.check("mk_moe_fused", rc)
+}
+
+// MoEFusedSeparate computes what MoEFused computes from separate launches
+// (the baseline): the plan, a dispatch launch, the grouped experts
+// (MoEExpertsRun's kernels) on each rank's received rows, and a combine
+// launch. Workspaces must be sized with withSeparate; Counts are not updated.
+func (d *Device) MoEFusedSeparate(s *Stream, ranks []MoEFusedRank, ctl *Buffer, a MoEFusedArgs) error {
+	const op = "MoEFusedSeparate"
+	ptrs, tok, sl, rb, err := d.moeFusedCall(op, ranks, ctl, &a, true)
+	if err != nil {
+		return err
+	}
+	if d.muted() {
+		return nil
+	}
+	act, alpha, limit := a.act()
+	rc := moeFusedSeparate(s.handle(), int32(len(ranks)), &ptrs[0], &tok[0], &sl[0], int32(a.TopK), int32(a.Experts),
+		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0])
+	runtime.KeepAlive(ptrs)
+	runtime.KeepAlive(tok)
+	runtime.KeepAlive(sl)
+	runtime.KeepAlive(rb)
+	return d.lib.check("mk_moe_fused_separate", rc)
+}
+
+// MoEFusedTimeoutError is the fused kernel's watchdog report: a CTA waited
+// longer than the timeout and ended the kernel (the outputs are not valid).
+type MoEFusedTimeoutError struct {
+	Rank       int    // the rank whose tile (gemm roles) or token (combine) was waited on
+	Role       string // "compute (gemm1)", "compute (gemm2)" or "combine"
+	Tile       int    // the row tile (compute) or token (combine)
+	WaitedFor  string // "dispatch", "gemm1" or "gemm2"
+	Seen, Want int    // the counter's value and the value waited for
+}
+
+func (e *MoEFusedTimeoutError) Error() string {
+	return fmt.Sprintf("kernels: fused MoE watchdog: rank %d %s (tile %d) timed out waiting for %s (counter %d, want %d)",
+		e.Rank, e.Role, e.Tile, e.WaitedFor, e.Seen, e.Want)
+}
+
+// MoEFusedCheck waits for all work on the device, then returns a
+// *MoEFusedTimeoutError when a fused launch on ctl timed out since the last
+// check (and clears the record), else nil.
+func (d *Device) MoEFusedCheck(ctl *Buffer) error {
+	const op = "MoEFusedCheck"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if err := ctl.fits(op+" control workspace", 4*moeFusedErrWords); err != nil {
+		return err
+	}
+	rec := make([]int32, moeFusedErrWords)
+	if err := d.lib.check("mk_moe_fused_check", moeFusedCheck(ctl.ptr, &rec[0])); err != nil {
+		return err
+	}
+	if rec[0] == 0 {
+		return nil
+	}
+	e := &MoEFusedTimeoutError{Rank: int(rec[1]), Tile: int(rec[3]), Seen: int(rec[4]), Want: int(rec[5])}
+	switch rec[2] {
+	case 1:
+		e.Role, e.WaitedFor = "compute (gemm1)", "dispatch"
+	case 2:
+		e.Role, e.WaitedFor = "compute (gemm2)", "gemm1"
+	default:
+		e.Role, e.WaitedFor = "combine", "gemm2"
+	}
+	return e
+}

@@ -1,0 +1,363 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A goroutine model of moe_fused.cu's protocol (no GPU): the plan, the two
+// queues, the task index mapping through per-rank prefix sums, the counter
+// targets (arrive == rows of the tile, g1done == GEMM1 blocks, tokdone ==
+// GEMM2 blocks × routed k) and the bounded waits, with goroutines as CTAs
+// (fewer than the tasks, some starting on dispatch). Rows carry scalars:
+// GEMM1 block n of a row writes act = recv·(slot+1) + n, GEMM2 block m
+// writes Σ_n act + m to the returned row, the combine sums w·ret in k order;
+// a task that ran before what it waited on would read NaN and fail.
+
+type modelRank struct {
+	T, S                    int
+	x                       []float64 // [T]
+	ids                     []int32   // [T*K]
+	w                       []float64
+	numTiles                int
+	tileSlot, tileWant      []int
+	arrive, g1done, tokdone []atomic.Int32
+	rowSrc                  []int // a*8 + r or -1
+	recv                    []float64
+	act                     [][]float64 // [rows][n1]
+	destRow                 []int
+	ret                     [][]float64 // [T*K][n2]
+	out                     [][]float64 // [T][n2]
+}
+
+type fusedModel struct {
+	R, K, E, BM, n1, n2, DT, CT int
+	place                       []int32
+	rk                          []*modelRank
+	qDisp, qMain                atomic.Int32
+	errSet                      atomic.Int32
+	timeout                     time.Duration
+	faultRank                   int
+}
+
+func (m *fusedModel) plan() {
+	for _, r := range m.rk {
+		r.destRow = make([]int, r.T*m.K)
+		for i := range r.destRow {
+			r.destRow[i] = -1
+		}
+		r.tokdone = make([]atomic.Int32, r.T)
+	}
+	for b, me := range m.rk {
+		cnt := make([]int, me.S)
+		for r, src := range m.rk {
+			for _, e := range src.ids {
+				if p := m.place[r*m.E+int(e)]; int(p>>16) == b {
+					cnt[p&0xffff]++
+				}
+			}
+		}
+		off := make([]int, me.S+1)
+		for s := range me.S {
+			off[s+1] = off[s] + (cnt[s]+m.BM-1)/m.BM*m.BM
+		}
+		me.numTiles = off[me.S] / m.BM
+		rows := off[me.S]
+		me.tileSlot, me.tileWant = make([]int, me.numTiles), make([]int, me.numTiles)
+		me.arrive, me.g1done = make([]atomic.Int32, me.numTiles), make([]atomic.Int32, me.numTiles)
+		me.rowSrc, me.recv, me.act = make([]int, rows), make([]float64, rows), make([][]float64, rows)
+		for i := range rows {
+			me.rowSrc[i], me.recv[i] = -1, math.NaN()
+			me.act[i] = make([]float64, m.n1)
+			for j := range me.act[i] {
+				me.act[i][j] = math.NaN()
+			}
+		}
+		for s := range me.S {
+			for tl := off[s] / m.BM; tl < off[s+1]/m.BM; tl++ {
+				me.tileSlot[tl], me.tileWant[tl] = s, min(m.BM, cnt[s]-(tl*m.BM-off[s]))
+			}
+		}
+		cur := make([]int, me.S)
+		for r, src := range m.rk {
+			for a, e := range src.ids {
+				if p := m.place[r*m.E+int(e)]; int(p>>16) == b {
+					s := int(p & 0xffff)
+					q := off[s] + cur[s]
+					cur[s]++
+					me.rowSrc[q] = a*8 + r
+					src.destRow[a] = q*8 + b
+				}
+			}
+		}
+	}
+	for _, r := range m.rk {
+		r.ret, r.out = make([][]float64, r.T*m.K), make([][]float64, r.T)
+		for i := range r.ret {
+			r.ret[i] = make([]float64, m.n2)
+			for j := range r.ret[i] {
+				r.ret[i][j] = math.NaN()
+			}
+		}
+	}
+}
+
+// wait spins until c ≥ want, another waiter gave up, or the timeout.
+func (m *fusedModel) wait(c *atomic.Int32, want int) bool {
+	t0 := time.Now()
+	for c.Load() < int32(want) {
+		if m.errSet.Load() != 0 {
+			return false
+		}
+		if time.Since(t0) > m.timeout {
+			m.errSet.Store(1)
+			return false
+		}
+		time.Sleep(time.Microsecond)
+	}
+	return true
+}
+
+func prefix(n []int) []int {
+	p := make([]int, len(n)+1)
+	for i, v := range n {
+		p[i+1] = p[i] + v
+	}
+	return p
+}
+
+func findRank(pre []int, idx int) int {
+	r := 0
+	for r+2 < len(pre) && idx >= pre[r+1] {
+		r++
+	}
+	return r
+}
+
+// cta is one persistent CTA: dispatch first when it is a dispatch CTA,
+// then the main queue. False when a wait gave up.
+func (m *fusedModel) cta(dispatch bool) bool {
+	var nd, nc, n1, n2 []int
+	for _, r := range m.rk {
+		nd, nc = append(nd, (r.T+m.DT-1)/m.DT), append(nc, (r.T+m.CT-1)/m.CT)
+		n1, n2 = append(n1, r.numTiles*m.n1), append(n2, r.numTiles*m.n2)
+	}
+	dp, cp, g1, g2 := prefix(nd), prefix(nc), prefix(n1), prefix(n2)
+	for dispatch {
+		idx := int(m.qDisp.Add(1) - 1)
+		if idx >= dp[m.R] {
+			break
+		}
+		r := findRank(dp, idx)
+		if r == m.faultRank {
+			continue
+		}
+		src := m.rk[r]
+		t0 := (idx - dp[r]) * m.DT
+		for a := t0 * m.K; a < min(src.T, t0+m.DT)*m.K; a++ {
+			if dr := src.destRow[a]; dr >= 0 {
+				d := m.rk[dr&7]
+				d.recv[dr>>3] = src.x[a/m.K]
+				d.arrive[(dr>>3)/m.BM].Add(1)
+			}
+		}
+	}
+	for {
+		idx := int(m.qMain.Add(1) - 1)
+		switch {
+		case idx < g1[m.R]:
+			d := findRank(g1, idx)
+			rk := m.rk[d]
+			tile, nb := (idx-g1[d])/m.n1, (idx-g1[d])%m.n1
+			if !m.wait(&rk.arrive[tile], rk.tileWant[tile]) {
+				return false
+			}
+			for row := tile * m.BM; row < (tile+1)*m.BM; row++ {
+				if rk.rowSrc[row] >= 0 {
+					rk.act[row][nb] = rk.recv[row]*float64(rk.tileSlot[tile]+1) + float64(nb)
+				}
+			}
+			rk.g1done[tile].Add(1)
+		case idx < g1[m.R]+g2[m.R]:
+			idx -= g1[m.R]
+			d := findRank(g2, idx)
+			rk := m.rk[d]
+			tile, nb := (idx-g2[d])/m.n2, (idx-g2[d])%m.n2
+			if !m.wait(&rk.g1done[tile], m.n1) {
+				return false
+			}
+			for row := tile * m.BM; row < (tile+1)*m.BM; row++ {
+				if src := rk.rowSrc[row]; src >= 0 {
+					s := float64(nb)
+					for _, v := range rk.act[row] {
+						s += v
+					}
+					m.rk[src&7].ret[src>>3][nb] = s
+					m.rk[src&7].tokdone[(src>>3)/m.K].Add(1)
+				}
+			}
+		case idx < g1[m.R]+g2[m.R]+cp[m.R]:
+			idx -= g1[m.R] + g2[m.R]
+			r := findRank(cp, idx)
+			rk := m.rk[r]
+			t0 := (idx - cp[r]) * m.CT
+			for t := t0; t < min(rk.T, t0+m.CT); t++ {
+				routed := 0
+				for k := range m.K {
+					if rk.destRow[t*m.K+k] >= 0 {
+						routed++
+					}
+				}
+				if !m.wait(&rk.tokdone[t], routed*m.n2) {
+					return false
+				}
+				rk.out[t] = make([]float64, m.n2)
+				for k := range m.K {
+					for j := range m.n2 {
+						rk.out[t][j] += rk.w[t*m.K+k] * rk.ret[t*m.K+k][j]
+					}
+				}
+			}
+		default:
+			return true
+		}
+	}
+}
+
+func (m *fusedModel) run(ctas, dispatchCTAs int) bool {
+	var wg sync.WaitGroup
+	var bad atomic.Int32
+	for c := range ctas {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !m.cta(c < dispatchCTAs) {
+				bad.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	return bad.Load() == 0 && m.errSet.Load() == 0
+}
+
+// TestMoEFusedProtocolModel checks the protocol's index maths, counter
+// targets and deadlock freedom on the goroutine model, and that a disabled
+// dispatch rank ends in the watchdog instead of a hang.
+func TestMoEFusedProtocolModel(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 11))
+	for _, c := range []struct {
+		tokens              []int
+		E, K, BM, ctas, dis int
+		fault               int
+	}{
+		{[]int{37}, 8, 2, 16, 3, 1, -1},
+		{[]int{5, 0, 70, 3}, 16, 4, 16, 5, 2, -1},
+		{[]int{130, 129, 131, 64, 1, 100, 17, 130}, 64, 8, 64, 7, 7, -1},
+		{[]int{1, 1, 1, 1, 1, 1, 1, 1}, 8, 8, 16, 2, 1, -1},
+		{[]int{20, 20}, 8, 2, 16, 4, 4, 1},
+	} {
+		name := fmt.Sprintf("R%d_E%d_K%d_BM%d_ctas%d_fault%d", len(c.tokens), c.E, c.K, c.BM, c.ctas, c.fault)
+		t.Run(name, func(t *testing.T) {
+			R := len(c.tokens)
+			pl := MoEBlockPlacement(c.E, R)
+			pl.Replicate(0, R-1)
+			tab, err := pl.Table()
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := &fusedModel{R: R, K: c.K, E: c.E, BM: c.BM, n1: 3, n2: 2, DT: 16, CT: 8, place: tab,
+				timeout: 200 * time.Millisecond, faultRank: c.fault}
+			for q := range R {
+				rk := &modelRank{T: c.tokens[q], S: pl.Slots[q]}
+				for range rk.T {
+					rk.x = append(rk.x, r.Float64())
+					for _, e := range r.Perm(c.E)[:c.K] {
+						rk.ids = append(rk.ids, int32(e))
+						rk.w = append(rk.w, r.Float64())
+					}
+				}
+				m.rk = append(m.rk, rk)
+			}
+			m.plan()
+			ok := m.run(c.ctas, c.dis)
+			if c.fault >= 0 {
+				if ok {
+					t.Fatal("a disabled dispatch rank did not end in the watchdog")
+				}
+				return
+			}
+			if !ok {
+				t.Fatal("a wait timed out")
+			}
+			slotExp := pl.SlotExperts()
+			for q, rk := range m.rk {
+				for tk := range rk.T {
+					for j := range m.n2 {
+						want := 0.0
+						for k := range m.K {
+							p := tab[q*c.E+int(rk.ids[tk*m.K+k])]
+							slot := int(p & 0xffff)
+							if slotExp[p>>16][slot] != int(rk.ids[tk*m.K+k]) {
+								t.Fatalf("table sends expert %d to a slot holding %d", rk.ids[tk*m.K+k], slotExp[p>>16][slot])
+							}
+							s := float64(j)
+							for n := range m.n1 {
+								s += rk.x[tk]*float64(slot+1) + float64(n)
+							}
+							want += rk.w[tk*m.K+k] * s
+						}
+						if got := rk.out[tk][j]; math.Abs(got-want) > 1e-9*math.Max(1, math.Abs(want)) {
+							t.Fatalf("rank %d token %d column %d: %v, want %v", q, tk, j, got, want)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestMoEPlacement: block placement, replicas, the table's choice of copy
+// (local first, else spread over the copies) and the checks (no GPU).
+func TestMoEPlacement(t *testing.T) {
+	p := MoEBlockPlacement(10, 4)
+	if got := fmt.Sprint(p.Slots); got != "[3 2 3 2]" {
+		t.Fatalf("block placement of 10 experts on 4 ranks: slots %s", got)
+	}
+	p.Replicate(0, 2) // expert 0 on ranks 0 and 2
+	p.Replicate(0, 3)
+	tab, err := p.Table()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ src, e, rank, slot int }{
+		{0, 0, 0, 0}, {2, 0, 2, 3}, {3, 0, 3, 2}, {1, 0, 2, 3}, // source 1 has no copy: copy 1 mod 3 (rank 2 slot 3)
+		{1, 9, 3, 1}, {0, 5, 2, 0},
+	} {
+		got := tab[c.src*10+c.e]
+		if want := int32(c.rank<<16 | c.slot); got != want {
+			t.Errorf("source %d expert %d: %#x, want rank %d slot %d", c.src, c.e, got, c.rank, c.slot)
+		}
+	}
+	se := p.SlotExperts()
+	if se[2][3] != 0 || se[3][2] != 0 || se[0][0] != 0 || se[3][1] != 9 {
+		t.Errorf("slot experts %v", se)
+	}
+	bad := MoEBlockPlacement(4, 2)
+	bad.Slots[1]++
+	if err := bad.Check(); err == nil {
+		t.Error("a slot without an expert passed Check")
+	}
+	bad = MoEBlockPlacement(4, 2)
+	bad.Replicas[1] = append(bad.Replicas[1], bad.Replicas[0][0])
+	if err := bad.Check(); err == nil {
+		t.Error("two copies in one slot passed Check")
+	}
+	if err := (&MoEPlacement{Slots: make([]int, 9), Replicas: [][]MoEReplica{{{0, 0}}}}).Check(); err == nil {
+		t.Error("nine ranks passed Check")
+	}
+}

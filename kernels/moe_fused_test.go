@@ -1,0 +1,405 @@
+package kernels
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mkserve/mkserve/moe"
+)
+
+// fusedCase is one fused-MoE test: R ranks with tokens[r] tokens each,
+// experts placed in blocks (plus replicas of the hot expert on every rank
+// when replicate), softmax top-K routing on random logits.
+type fusedCase struct {
+	name      string
+	E, K      int
+	tokens    []int // per rank
+	H, I      int
+	shared    bool // a dense output per rank added in the combine
+	hot       int  // ≥ 0: +30 on this expert's logits (every token picks it)
+	cold      int  // > 0: −30 on experts ≥ cold (they get no tokens)
+	replicate bool // the hot expert gets a copy on every other rank
+	clamped   bool
+}
+
+// TestMoEFusedLayer runs the persistent fused MoE layer (and its separate
+// baseline) over emulated ranks on fresh random inputs against moe.Route
+// plus the float64 CPU loop of the MoE test: relative L2 ≤ 1e-2 per rank,
+// outputs and workspaces NaN-poisoned before each run, two fused runs
+// bit-identical (deterministic combine), expert-load counters exact.
+func TestMoEFusedLayer(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	cases := []fusedCase{
+		{name: "R1_E8_K2_T37", E: 8, K: 2, tokens: []int{37}, H: 256, I: 128, hot: -1},
+		{name: "R1_E64_K1_T1_shared", E: 64, K: 1, tokens: []int{1}, H: 256, I: 128, hot: -1, shared: true},
+		{name: "R1_E256_K8_T1_clamped", E: 256, K: 8, tokens: []int{1}, H: 256, I: 128, hot: -1, clamped: true},
+		{name: "R1_E128_K8_T300", E: 128, K: 8, tokens: []int{300}, H: 256, I: 128, hot: -1, shared: true},
+		{name: "R2_E64_K4_T130_shared", E: 64, K: 4, tokens: []int{130, 77}, H: 256, I: 128, hot: -1, shared: true},
+		{name: "R2_E64_K4_T64_cold", E: 64, K: 4, tokens: []int{64, 64}, H: 256, I: 128, hot: -1, cold: 8},
+		{name: "R4_E128_K8_T33", E: 128, K: 8, tokens: []int{33, 1, 16, 50}, H: 256, I: 128, hot: -1},
+		{name: "R4_E64_K2_T200_hot_tile64", E: 64, K: 2, tokens: []int{200, 200, 200, 200}, H: 256, I: 128, hot: 3},
+		{name: "R4_E128_K8_T100_hot_replicated", E: 128, K: 8, tokens: []int{100, 90, 80, 70}, H: 256, I: 128, hot: 5,
+			replicate: true, shared: true},
+		{name: "R8_E8_K2_T5", E: 8, K: 2, tokens: []int{5, 5, 5, 5, 5, 5, 5, 5}, H: 256, I: 128, hot: -1},
+		{name: "R8_E256_K8_T130_shared", E: 256, K: 8, tokens: []int{130, 129, 131, 64, 1, 100, 17, 130}, H: 256,
+			I: 128, hot: -1, shared: true},
+		// Above 24 rows per active expert (and 16 tokens) the 64-row tile runs.
+		{name: "R1_E8_K2_T300_tile64", E: 8, K: 2, tokens: []int{300}, H: 256, I: 128, hot: -1},
+		{name: "R2_E8_K2_T500_tile64_shared_clamped", E: 8, K: 2, tokens: []int{500, 333}, H: 256, I: 128, hot: -1,
+			shared: true, clamped: true},
+		{name: "R8_E8_K2_T100_tile64", E: 8, K: 2, tokens: []int{100, 100, 37, 100, 100, 100, 100, 100}, H: 256, I: 128, hot: -1},
+		{name: "R8_E128_K4_uneven_empty", E: 128, K: 4, tokens: []int{0, 1, 17, 64, 3, 100, 0, 9}, H: 256, I: 128, hot: -1},
+		{name: "R8_E64_K1_hot_replicated_clamped", E: 64, K: 1, tokens: []int{40, 40, 40, 40, 40, 40, 40, 40}, H: 128,
+			I: 64, hot: 9, replicate: true, clamped: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { runFusedCase(t, g, r, c) })
+	}
+}
+
+// fusedRankData is one rank's host inputs and reference.
+type fusedRankData struct {
+	T          int
+	xb         []uint16
+	x          []float32
+	ids        []int32
+	w          []float32
+	shared     []float32
+	gu16, dn16 []uint16 // local slots' weights
+	want       []float64
+}
+
+func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
+	R, E, K, H, I := len(c.tokens), c.E, c.K, c.H, c.I
+	act := moe.Activation{Kind: moe.SwiGLU}
+	if c.clamped {
+		act = moe.Activation{Kind: moe.ClampedSwiGLU, Alpha: 1.702, Limit: 0.7}
+	}
+	pl := MoEBlockPlacement(E, R)
+	if c.replicate {
+		home := pl.Replicas[c.hot][0].Rank
+		for q := range R {
+			if q != home {
+				pl.Replicate(c.hot, q)
+			}
+		}
+	}
+	table, err := pl.Table()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slotExp := pl.SlotExperts()
+	gub16, gu := randBF16(r, E*2*I*H, 1/math.Sqrt(float64(H)))
+	dnb16, dn := randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))
+	cfg := moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
+	rd := make([]fusedRankData, R)
+	hist := make([][]int64, R)
+	for q := range R {
+		hist[q] = make([]int64, pl.Slots[q])
+	}
+	for q := range R {
+		d := &rd[q]
+		d.T = c.tokens[q]
+		T := d.T
+		logits := randF32(r, T*E, 1)
+		for tk := range T {
+			for e := range E {
+				if e == c.hot {
+					logits[tk*E+e] += 30
+				}
+				if c.cold > 0 && e >= c.cold {
+					logits[tk*E+e] -= 30
+				}
+			}
+		}
+		if T > 0 {
+			d.ids, d.w = moe.Route(&cfg, logits, nil, T)
+		}
+		d.xb, d.x = randBF16(r, T*H, 1)
+		if c.shared {
+			d.shared = randF32(r, T*H, 0.5)
+		}
+		for _, e := range d.ids {
+			p := table[q*E+int(e)]
+			hist[p>>16][p&0xffff]++
+		}
+		for _, e := range slotExp[q] {
+			d.gu16 = append(d.gu16, gub16[e*2*I*H:(e+1)*2*I*H]...)
+			d.dn16 = append(d.dn16, dnb16[e*H*I:(e+1)*H*I]...)
+		}
+	}
+	if c.hot >= 0 {
+		n := 0
+		for q := range R {
+			for _, e := range rd[q].ids {
+				if int(e) == c.hot {
+					n++
+				}
+			}
+		}
+		if tot := sumInts(c.tokens); n != tot {
+			t.Fatalf("hot expert %d got %d of %d tokens", c.hot, n, tot)
+		}
+	}
+	var wg sync.WaitGroup
+	for q := range R {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d := &rd[q]
+			d.want = moeRef(d.x, gu, nil, dn, nil, d.ids, d.w, d.T, K, H, I, act)
+			for i := range d.shared {
+				d.want[i] += float64(d.shared[i])
+			}
+		}()
+	}
+	wg.Wait()
+
+	args := MoEFusedArgs{Tokens: c.tokens, Slots: pl.Slots, Experts: E, TopK: K, H: H, I: I, Clamped: c.clamped,
+		Alpha: act.Alpha, Limit: act.Limit}
+	countsIn := make([][]int64, R)
+	var outs, outs2, seps [][]float32
+	var counts [][]int64
+	onGPU(t, g, func(a *arena) {
+		ctlBytes, rankBytes, tileM, err := a.d.MoEFusedWorkspace(args, true)
+		a.check(err)
+		if a.err != nil {
+			return
+		}
+		t.Logf("row tile %d, rank workspaces %v bytes", tileM, rankBytes)
+		if strings.Contains(c.name, "tile64") != (tileM == 64) {
+			t.Errorf("row tile %d for case %s", tileM, c.name)
+		}
+		args.Table = put(a, table)
+		ctl := a.alloc(ctlBytes)
+		if ctl != nil {
+			a.check(Upload(a.d, ctl, make([]int32, ctlBytes/4)))
+		}
+		ranks := make([]MoEFusedRank, R)
+		for q := range R {
+			d := &rd[q]
+			rk := &ranks[q]
+			if d.T > 0 {
+				rk.X, rk.IDs, rk.Weights = put(a, d.xb), put(a, d.ids), put(a, d.w)
+				rk.Out = put(a, f32Fill(d.T*H, float32(math.NaN())))
+				if c.shared {
+					rk.Shared = put(a, d.shared)
+				}
+			}
+			if pl.Slots[q] > 0 {
+				rk.GateUp, rk.Down = put(a, d.gu16), put(a, d.dn16)
+				countsIn[q] = make([]int64, pl.Slots[q])
+				for s := range countsIn[q] {
+					countsIn[q][s] = int64(3 * s)
+				}
+				rk.Counts = put(a, countsIn[q])
+			}
+			rk.WS = put(a, bf16Fill(int(rankBytes[q]/2), 0xffff)) // NaN everywhere, -1 as int32
+		}
+		if a.err != nil {
+			return
+		}
+		download := func() [][]float32 {
+			o := make([][]float32, R)
+			for q := range R {
+				if rd[q].T > 0 {
+					o[q] = get[float32](a, ranks[q].Out, rd[q].T*H)
+				}
+			}
+			return o
+		}
+		poison := func() {
+			for q := range R {
+				if rd[q].T > 0 {
+					a.check(Upload(a.d, ranks[q].Out, f32Fill(rd[q].T*H, float32(math.NaN()))))
+				}
+			}
+		}
+		// The separate baseline first, so that its result is checked even
+		// when the fused kernel fails; a watchdog report is an error of the
+		// test, not of the arena (the device stays usable).
+		a.check(a.d.MoEFusedSeparate(nil, ranks, ctl, args))
+		seps = download()
+		for run := range 2 {
+			poison()
+			a.check(a.d.MoEFused(nil, ranks, ctl, args))
+			if a.err == nil {
+				if err := a.d.MoEFusedCheck(ctl); err != nil {
+					t.Errorf("fused run %d: %v", run, err)
+				}
+			}
+			if run == 0 {
+				outs = download()
+			} else {
+				outs2 = download()
+			}
+		}
+		counts = make([][]int64, R)
+		for q := range R {
+			if pl.Slots[q] > 0 {
+				counts[q] = get[int64](a, ranks[q].Counts, pl.Slots[q])
+			}
+		}
+	})
+	for q := range R {
+		for s := range pl.Slots[q] {
+			if want := countsIn[q][s] + 2*hist[q][s]; counts[q][s] != want {
+				t.Errorf("rank %d slot %d (expert %d): counter %d, want %d + 2×%d", q, s, slotExp[q][s], counts[q][s],
+					countsIn[q][s], hist[q][s])
+			}
+		}
+		if rd[q].T == 0 {
+			continue
+		}
+		name := fmt.Sprintf("rank %d T=%d", q, rd[q].T)
+		checkClose(t, "fused "+name, outs[q], rd[q].want, 1e-2)
+		checkClose(t, "separate "+name, seps[q], rd[q].want, 1e-2)
+		for i := range outs[q] {
+			if math.Float32bits(outs[q][i]) != math.Float32bits(outs2[q][i]) {
+				t.Errorf("%s: element %d differs between two fused runs: %v, %v", name, i, outs[q][i], outs2[q][i])
+				break
+			}
+		}
+	}
+}
+
+func sumInts(v []int) int {
+	s := 0
+	for _, x := range v {
+		s += x
+	}
+	return s
+}
+
+// TestMoEFusedWatchdog: with one source rank's dispatch disabled, the
+// kernel ends with a watchdog record (no hang), MoEFusedCheck names the
+// waiting role, rank and tile, clears the record, and the next run is good.
+func TestMoEFusedWatchdog(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	const R, E, K, H, I, T = 2, 8, 2, 64, 32, 20
+	pl := MoEBlockPlacement(E, R)
+	table, err := pl.Table()
+	if err != nil {
+		t.Fatal(err)
+	}
+	onGPU(t, g, func(a *arena) {
+		args := MoEFusedArgs{Tokens: []int{T, T}, Slots: pl.Slots, Experts: E, TopK: K, H: H, I: I,
+			Timeout: 20 * time.Millisecond}
+		ctlBytes, rankBytes, _, err := a.d.MoEFusedWorkspace(args, false)
+		a.check(err)
+		if a.err != nil {
+			return
+		}
+		args.Table = put(a, table)
+		ctl, err := a.d.NewMoEFusedControl(ctlBytes)
+		a.check(err)
+		if a.err != nil {
+			return
+		}
+		defer ctl.Free()
+		ranks := make([]MoEFusedRank, R)
+		cfg := moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
+		for q := range R {
+			xb, _ := randBF16(r, T*H, 1)
+			ids, w := moe.Route(&cfg, randF32(r, T*E, 1), nil, T)
+			gu, _ := randBF16(r, pl.Slots[q]*2*I*H, 0.1)
+			dn, _ := randBF16(r, pl.Slots[q]*H*I, 0.1)
+			ranks[q] = MoEFusedRank{X: put(a, xb), IDs: put(a, ids), Weights: put(a, w),
+				Out: put(a, f32Fill(T*H, float32(math.NaN()))), GateUp: put(a, gu), Down: put(a, dn),
+				WS: a.alloc(rankBytes[q])}
+		}
+		if a.err != nil {
+			return
+		}
+		bad := args
+		bad.faultRank = 2 // rank 1 never dispatches
+		start := time.Now()
+		a.check(a.d.MoEFused(nil, ranks, ctl, bad))
+		err = a.d.MoEFusedCheck(ctl)
+		took := time.Since(start)
+		var te *MoEFusedTimeoutError
+		if !errors.As(err, &te) {
+			t.Errorf("with rank 1's dispatch disabled: MoEFusedCheck = %v, want a *MoEFusedTimeoutError", err)
+			return
+		}
+		t.Logf("watchdog after %v: %v", took, te)
+		if te.Rank < 0 || te.Rank >= R || te.Seen >= te.Want || te.Tile < 0 {
+			t.Errorf("implausible record %+v", *te)
+		}
+		if took > 5*time.Second {
+			t.Errorf("the watchdog took %v with a 20 ms timeout", took)
+		}
+		a.check(a.d.MoEFused(nil, ranks, ctl, args))
+		if err := a.d.MoEFusedCheck(ctl); err != nil {
+			t.Errorf("the run after the fault: %v", err)
+		}
+		for q := range R {
+			out := get[float32](a, ranks[q].Out, T*H)
+			for i, v := range out {
+				if v != v {
+					t.Errorf("rank %d: output %d unwritten after the good run", q, i)
+					break
+				}
+			}
+		}
+	})
+}
+
+// TestMoEFusedArgs: bad arguments are errors, not crashes.
+func TestMoEFusedArgs(t *testing.T) {
+	g := testGPU(t)
+	onGPU(t, g, func(a *arena) {
+		b := a.alloc(1 << 16)
+		if a.err != nil {
+			return
+		}
+		good := MoEFusedArgs{Tokens: []int{4}, Slots: []int{8}, Table: b, Experts: 8, TopK: 2, H: 64, I: 32}
+		rk := []MoEFusedRank{{X: b, IDs: b, Weights: b, Out: b, GateUp: b, Down: b, WS: b}}
+		for _, c := range []struct {
+			name string
+			edit func(*MoEFusedArgs)
+		}{
+			{"nine ranks", func(x *MoEFusedArgs) { x.Tokens, x.Slots = make([]int, 9), make([]int, 9) }},
+			{"slots length", func(x *MoEFusedArgs) { x.Slots = []int{4, 4} }},
+			{"H not multiple of 8", func(x *MoEFusedArgs) { x.H = 60 }},
+			{"K > E", func(x *MoEFusedArgs) { x.TopK = 9 }},
+			{"negative tokens", func(x *MoEFusedArgs) { x.Tokens = []int{-1} }},
+			{"too many slots", func(x *MoEFusedArgs) { x.Slots = []int{MoEFusedMaxSlots + 1} }},
+			{"nil table", func(x *MoEFusedArgs) { x.Table = nil }},
+			{"large H for the buffers", func(x *MoEFusedArgs) { x.H = 4096 }},
+		} {
+			x := good
+			c.edit(&x)
+			if err := a.d.MoEFused(nil, rk, b, x); err == nil {
+				t.Errorf("%s: no error", c.name)
+			} else {
+				t.Logf("%s: %v", c.name, err)
+			}
+		}
+		if err := a.d.MoEFused(nil, rk[:0], b, good); err == nil {
+			t.Error("no ranks of buffers: no error")
+		}
+		small, err := b.View(0, 256)
+		a.check(err)
+		rk2 := []MoEFusedRank{rk[0]}
+		rk2[0].WS = small
+		if err := a.d.MoEFused(nil, rk2, b, good); err == nil {
+			t.Error("a too small workspace: no error")
+		} else {
+			t.Logf("small workspace: %v", err)
+		}
+		p := MoEBlockPlacement(8, 2)
+		p.Replicas[3] = nil
+		if _, err := p.Table(); err == nil {
+			t.Error("a placement with an expert without a copy: no error")
+		}
+	})
+}
