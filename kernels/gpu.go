@@ -240,6 +240,7 @@ type Buffer struct {
 	ptr   uint64
 	bytes int64
 	view  bool
+	ipc   bool // mapped from another process (OpenIPC): Free unmaps it
 }
 
 // Malloc allocates bytes of device memory.
@@ -291,7 +292,11 @@ func (b *Buffer) Free() error {
 	if err := b.d.graphRefusal("Buffer.Free"); err != nil {
 		return err
 	}
-	if err := b.d.lib.check("mk_free", b.d.lib.free(b.ptr)); err != nil {
+	if b.ipc {
+		if err := b.d.lib.check("mk_ipc_close", ipcClose(b.ptr)); err != nil {
+			return err
+		}
+	} else if err := b.d.lib.check("mk_free", b.d.lib.free(b.ptr)); err != nil {
 		return err
 	}
 	b.ptr = 0

@@ -38,7 +38,7 @@ extern "C" {
 #endif
 
 /* MK_ABI_VERSION changes whenever a signature, struct or meaning changes. */
-#define MK_ABI_VERSION 4
+#define MK_ABI_VERSION 5
 
 /* Status codes. */
 enum {
@@ -153,6 +153,17 @@ MK_API int32_t mk_graph_end(uint64_t* exec, uint64_t* nodes);
 MK_API int32_t mk_graph_abort(void);
 MK_API int32_t mk_graph_launch(uint64_t exec);
 MK_API int32_t mk_graph_destroy(uint64_t exec);
+
+/* ---- CUDA IPC: device memory shared between processes ---- */
+
+/* mk_ipc_get_handle writes the 64-byte IPC handle of the allocation that
+ * starts at dptr (from mk_malloc) to handle. mk_ipc_open maps a handle
+ * another process made (same or peer-capable device) and returns its
+ * address; mk_ipc_close unmaps it. */
+#define MK_IPC_HANDLE_BYTES 64
+MK_API int32_t mk_ipc_get_handle(uint64_t dptr, void* handle);
+MK_API int32_t mk_ipc_open(const void* handle, uint64_t* dptr);
+MK_API int32_t mk_ipc_close(uint64_t dptr);
 
 /* ---- ops ---- */
 

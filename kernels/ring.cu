@@ -51,19 +51,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "common.cuh"
+#include "attn_tile.cuh"
 
 namespace {
 
-using bf16 = __nv_bfloat16;
-
 constexpr int kMaxRanks = MK_RING_MAX_RANKS;
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
-constexpr int kBN = 64;
-constexpr int kStages = 2;
-constexpr float kRescaleSlack = 8.f;
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Workspace layout (bytes): [0, 64) error record; [64, 4096) control words;
@@ -111,43 +103,8 @@ struct Params {
   float scale_log2;
 };
 
-// ---- PTX wrappers (as in flash.cu) ----
+// ---- flag access (the tile code is in attn_tile.cuh) ----
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -169,52 +126,6 @@ __device__ __forceinline__ unsigned long long globaltimer() {
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
   return t;
 }
-
-template <int W>
-__device__ __forceinline__ int swz(int row, int chunk) {
-  if constexpr (W >= 8)
-    return chunk ^ (row & 7);
-  else
-    return chunk ^ ((row >> 1) & 3);
-}
-
-__device__ __noinline__ void load_chunk_scalar(bf16* dst, const bf16* src, int col, int ncols) {
-  uint32_t w[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int c0 = col + 2 * e;
-    const unsigned short lo = (src != nullptr && c0 < ncols) ? __bfloat16_as_ushort(src[c0]) : (unsigned short)0;
-    const unsigned short hi =
-        (src != nullptr && c0 + 1 < ncols) ? __bfloat16_as_ushort(src[c0 + 1]) : (unsigned short)0;
-    w[e] = (uint32_t)lo | ((uint32_t)hi << 16);
-  }
-  *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-template <int W>
-__device__ __forceinline__ void load_row(bf16* tile, int row, const bf16* src, int ncols, int sub, int step,
-                                         bool vec, const void* dummy) {
-  bf16* dst = tile + row * (W * 8);
-  if (vec) {
-#pragma unroll
-    for (int c = sub; c < W; c += step) {
-      const bool ok = src != nullptr && c * 8 < ncols;
-      cp_async16(dst + swz<W>(row, c) * 8, ok ? static_cast<const void*>(src + c * 8) : dummy, ok ? 16 : 0);
-    }
-  } else {
-    for (int c = sub; c < W; c += step) load_chunk_scalar(dst + swz<W>(row, c) * 8, src, c * 8, ncols);
-  }
-}
-
-template <int D, int DV, int MT>
-struct Cfg {
-  static constexpr int BM = 16 * MT * kWarps;
-  static constexpr int WQ = D / 8, WV = DV / 8;
-  static constexpr int QE = BM * D, KE = kBN * D, VE = kBN * DV;
-  static constexpr size_t smem = (size_t)(QE + kStages * (KE + VE)) * sizeof(bf16);
-  // Floats of state per thread: O fragments, then m and l.
-  static constexpr int NS = MT * (DV / 8) * 4 + MT * 4;
-};
 
 // wait_geq spins (one thread) until *flag >= want, the error record is set,
 // or timeout_ns passes (then it writes the record). True when the flag came.
@@ -440,7 +351,7 @@ __device__ void run_item(const Params& p, int r, int s, int t, int hg, bf16* sq,
     }
 
     for (int it = 0; it < ntiles; ++it) {
-      cp_async_wait_all();
+      cp_async_wait<0>();
       __syncthreads();
       if (it + 1 < ntiles) load_kv(it + 1, (it + 1) % kStages);
       cp_async_commit();
@@ -559,7 +470,7 @@ __device__ void run_item(const Params& p, int r, int s, int t, int hg, bf16* sq,
         }
       }
     }
-    cp_async_wait_all();
+    cp_async_wait<0>();
   }
 
   if (!last) {

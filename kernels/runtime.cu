@@ -353,4 +353,39 @@ int32_t mk_graph_destroy(uint64_t exec) {
   return MK_OK;
 }
 
+static_assert(sizeof(cudaIpcMemHandle_t) == MK_IPC_HANDLE_BYTES, "IPC handle size");
+
+int32_t mk_ipc_get_handle(uint64_t dptr, void* handle) {
+  MK_THREAD("mk_ipc_get_handle");
+  MK_ARG(dptr != 0 && handle != nullptr, "mk_ipc_get_handle: NULL argument");
+  cudaIpcMemHandle_t h;
+  MK_CUDA(cudaIpcGetMemHandle(&h, mk::dev<void>(dptr)));
+  memcpy(handle, &h, sizeof h);
+  return MK_OK;
+}
+
+int32_t mk_ipc_open(const void* handle, uint64_t* dptr) {
+  MK_THREAD("mk_ipc_open");
+  MK_ARG(handle != nullptr && dptr != nullptr, "mk_ipc_open: NULL argument");
+  *dptr = 0;
+  cudaIpcMemHandle_t h;
+  memcpy(&h, handle, sizeof h);
+  void* p = nullptr;
+  cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return mk::fail(MK_ERR_CUDA, "cudaIpcOpenMemHandle: %s (%s) (a handle from this process, or from a device this one cannot reach?)",
+                    cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  *dptr = reinterpret_cast<uint64_t>(p);
+  return MK_OK;
+}
+
+int32_t mk_ipc_close(uint64_t dptr) {
+  MK_THREAD("mk_ipc_close");
+  MK_ARG(dptr != 0, "mk_ipc_close: NULL pointer");
+  MK_CUDA(cudaIpcCloseMemHandle(mk::dev<void>(dptr)));
+  return MK_OK;
+}
+
 }  // extern "C"

@@ -235,6 +235,16 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 					panicf("Attention", "block id %d outside the pool of %d", id, pk.numBlocks)
 				}
 			}
+			if pf := be.gr.padFrom.Load(); pf > 0 && int64(s.Offset) >= pf {
+				// A padding row (GraphStep): reads block 0, stores nothing.
+				tbl := s.Blocks[:1]
+				if be.graphMode() != graphOff { // the same layout as the real rows
+					tbl = padTable(tbl, (be.gr.key.keys+pk.blockSize-1)/pk.blockSize)
+				}
+				paged.add(s, tbl, pk.blockSize)
+				paged.slots[s.Offset] = -1
+				continue
+			}
 			if be.graphMode() != graphOff {
 				// A graph step: every row's table padded to the key's stride.
 				need := (n + pk.blockSize - 1) / pk.blockSize

@@ -19,8 +19,10 @@ import (
 // sets the step time. GraphStep captures such a step once per shape and
 // replays it as one graph launch:
 //
-//   - Key: the batch's row count T and its key bucket (the next power of
-//     two, at least 256, of the longest context). Within a key the launch
+//   - Key: the batch's row count padded (1, 2, 4, then multiples of 8: a
+//     step of 5 to 8 rows runs as 8, the extra rows storing nothing and
+//     their logits dropped), and its key bucket (the next power of two, at
+//     least 256, of the longest context). Within a key the launch
 //     shapes are fixed: every row's block table is padded to the bucket's
 //     blocks (stride ⌈bucket/blockSize⌉), the paged attention kernel is
 //     planned for the bucket's keys, and the metadata uploads have fixed
@@ -113,7 +115,12 @@ type graphState struct {
 	key  graphKey
 	bs   int // block size of the step's paged pool
 
-	stale atomic.Bool // set when captured addresses changed: drop every graph
+	stale atomic.Bool                // set when captured addresses changed: drop every graph
+	snap  atomic.Pointer[GraphStats] // what Graphs returns
+
+	// padFrom > 0: rows from padFrom on are padding (padBatch) during the
+	// running step.
+	padFrom atomic.Int64
 }
 
 var graphsOn = sync.OnceValue(func() bool { return os.Getenv(GraphsEnv) != "0" })
@@ -163,22 +170,92 @@ func (be *Backend) eligible(b *backend.Batch) (graphKey, int, bool) {
 		}
 		longest = max(longest, s.Past+1)
 	}
-	return graphKey{rows: T, keys: stepKeyBucket(longest)}, pk.blockSize, true
+	return graphKey{rows: padRows(T), keys: stepKeyBucket(longest)}, pk.blockSize, true
+}
+
+// padRows is the row count a decode step of T rows is padded to, so that
+// a few graphs serve every batch size (as vLLM's capture sizes): 1, 2, 4,
+// then multiples of 8.
+func padRows(T int) int {
+	switch {
+	case T <= 2:
+		return T
+	case T <= 4:
+		return 4
+	}
+	return (T + 7) &^ 7
+}
+
+// padBatch appends rows T..n-1 to b as padding: one-token spans of token 0
+// at position 0 whose key/value is not stored (Attention skips their slots;
+// they read block 0 and their output is dropped), and asks for every row's
+// logits. It returns the function that restores b.
+func padBatch(b *backend.Batch, n int) (restore func()) {
+	T := len(b.Tokens)
+	rows := b.LogitRows
+	for i := T; i < n; i++ {
+		b.Tokens = append(b.Tokens, 0)
+		b.Positions = append(b.Positions, 0)
+		b.Seqs = append(b.Seqs, backend.SeqSpan{ID: ^uint64(0) - uint64(i), Offset: i, Len: 1, Blocks: []int32{0}})
+	}
+	b.LogitRows = nil
+	return func() {
+		b.Tokens, b.Positions, b.Seqs, b.LogitRows = b.Tokens[:T], b.Positions[:T], b.Seqs[:T], rows
+	}
+}
+
+// firstRows is rows [0, T) of x [n, cols] as a tensor sharing x's memory.
+func (be *Backend) firstRows(x backend.Tensor, T int) backend.Tensor {
+	xt := tensorOf("GraphStep", "output", x)
+	n, cols := xt.dims()
+	if n == T {
+		return x
+	}
+	if xt.st.f32 == nil || len(xt.shape) != 2 {
+		idx := make([]int, T)
+		for i := range idx {
+			idx[i] = i
+		}
+		return be.Rows(x, idx)
+	}
+	return &Tensor{shape: []int{T, cols}, st: &store{n: T * cols, f32: view(xt.st.f32, 0, int64(T*cols)*4)}}
 }
 
 // GraphStep implements backend.StepGrapher: it runs f, the model's forward
 // pass over b, eagerly, as a capture, or as a replay (see the file comment).
+//
+// A step of T rows runs padded to padRows(T) rows (padBatch), eagerly or
+// as a graph, and returns the logits of its T rows.
 func (be *Backend) GraphStep(b *backend.Batch, f func() (backend.Tensor, error)) (backend.Tensor, error) {
 	key, bs, ok := be.eligible(b)
 	if !ok {
 		return be.eagerStep(f)
 	}
+	if T := len(b.Tokens); key.rows > T {
+		restore := padBatch(b, key.rows)
+		be.gr.padFrom.Store(int64(T))
+		defer func() { // also when f panics (the engine recovers, the backend goes on)
+			be.gr.padFrom.Store(0)
+			restore()
+		}()
+		out, err := be.graphStep(key, bs, f)
+		if err != nil {
+			return nil, err
+		}
+		return be.firstRows(out, T), nil
+	}
+	return be.graphStep(key, bs, f)
+}
+
+// graphStep is GraphStep for an eligible (padded) batch of key's shape.
+func (be *Backend) graphStep(key graphKey, bs int, f func() (backend.Tensor, error)) (backend.Tensor, error) {
 	gr := &be.gr
 	if gr.stale.Swap(false) {
 		be.dropGraphs()
 	}
 	gr.mu.Lock()
 	defer gr.mu.Unlock()
+	defer be.publish()
 	if gr.m == nil {
 		gr.m = map[graphKey]*stepGraph{}
 	}
@@ -203,6 +280,7 @@ func (be *Backend) GraphStep(b *backend.Batch, f func() (backend.Tensor, error))
 func (be *Backend) eagerStep(f func() (backend.Tensor, error)) (backend.Tensor, error) {
 	be.gr.mu.Lock()
 	be.gr.stats.Eager++
+	be.publish()
 	be.gr.mu.Unlock()
 	return f()
 }
@@ -381,6 +459,7 @@ func (be *Backend) dropGraphs() {
 		be.destroyGraph(g)
 		delete(gr.m, k)
 	}
+	defer be.publish()
 	arena := be.alloc.takeArena()
 	if len(arena) == 0 {
 		return
@@ -397,10 +476,18 @@ func (be *Backend) dropGraphs() {
 }
 
 // Graphs reports what GraphStep did so far and what the graphs hold.
+// It does not wait for a running step: it reads the snapshot the last step
+// (or graph change) published.
 func (be *Backend) Graphs() GraphStats {
+	if s := be.gr.snap.Load(); s != nil {
+		return *s
+	}
+	return GraphStats{}
+}
+
+// publish stores the snapshot Graphs returns (gr.mu held).
+func (be *Backend) publish() {
 	gr := &be.gr
-	gr.mu.Lock()
-	defer gr.mu.Unlock()
 	s := gr.stats
 	for _, g := range gr.m {
 		if g.sg != nil {
@@ -409,7 +496,7 @@ func (be *Backend) Graphs() GraphStats {
 		}
 	}
 	s.TapeBytes = be.alloc.arenaBytes()
-	return s
+	gr.snap.Store(&s)
 }
 
 // graphGuard panics (failing the capture or replay) when the running step

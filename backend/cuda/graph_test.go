@@ -205,3 +205,61 @@ func TestEngineGraphs(t *testing.T) {
 		t.Errorf("stats %+v: want replays and no failures", gs)
 	}
 }
+
+// TestGraphPadding: decode batches of 5 to 8 rows share the graph of 8 rows
+// (padded with rows that store nothing: sequence 0 owns block 0, which the
+// padding rows read, and its later steps would show a write), and give the
+// eager logits of their real rows.
+func TestGraphPadding(t *testing.T) {
+	const bs, perSeq, nseq = 4, 16, 8
+	runs := make([]*graphRun, 2)
+	for i, graphs := range []bool{false, true} {
+		be := fastBackend(t, graphs)
+		if err := be.InitKV(bs, nseq*perSeq); err != nil {
+			t.Fatal(err)
+		}
+		runs[i] = &graphRun{be: be, m: loadModel(t, "qwen3_moe", be), bs: bs, perSeq: perSeq}
+	}
+	V := runs[0].m.Config.VocabSize
+	past := make([]int, nseq)
+	next := make([]int32, nseq)
+	for s := range nseq {
+		p := []int32{int32(s + 1), int32(2*s + 3), 7}
+		for _, r := range runs {
+			b := backend.SingleSequence(uint64(s), p, 0, false)
+			b.Seqs[0].Blocks = r.blocks(s, len(p))
+			b.LogitRows = []int{len(p) - 1}
+			next[s] = argmaxRows(r.step(t, b), 1)[0]
+		}
+		past[s] = len(p)
+	}
+	for st, T := range []int{5, 8, 6, 7, 5, 8, 6, 7, 8, 5} {
+		var got [2][]float32
+		for i, r := range runs {
+			b := &backend.Batch{LogitRows: make([]int, T)}
+			for s := range T {
+				b.Tokens = append(b.Tokens, next[s])
+				b.Positions = append(b.Positions, int32(past[s]))
+				b.Seqs = append(b.Seqs, backend.SeqSpan{ID: uint64(s), Offset: s, Len: 1, Past: past[s], Blocks: r.blocks(s, past[s]+1)})
+				b.LogitRows[s] = s
+			}
+			got[i] = r.step(t, b)
+			if len(got[i]) != T*V || len(b.Tokens) != T || len(b.Seqs) != T || len(b.LogitRows) != T {
+				t.Fatalf("step %d: %d logits for %d rows of %d, batch left with %d tokens", st, len(got[i]), T, V, len(b.Tokens))
+			}
+		}
+		if e := relL2(got[1], got[0]); !(e <= 1e-3) {
+			t.Errorf("step %d (%d rows): graph logits relative L2 %.3g to eager", st, T, e)
+		}
+		ids := argmaxRows(got[0], T)
+		for s := range T {
+			next[s] = ids[s]
+			past[s]++
+		}
+	}
+	gs := runs[1].be.Graphs()
+	t.Logf("GRAPHS padding: %+v", gs)
+	if gs.Captures != 1 || gs.Diverged != 0 || gs.Failed != 0 || gs.Replays != 8 {
+		t.Errorf("stats %+v: want one graph of 8 rows captured once and replayed 8 times", gs)
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -105,4 +106,18 @@ func benchServe(args []string, stdout io.Writer) error {
 		return fmt.Errorf("stopped after %s: %w", time.Since(start).Round(time.Millisecond), err)
 	}
 	return nil
+}
+
+// printJSONArray writes res as one JSON array ([] when empty) and a newline:
+// the --json form of the kernel benchmarks.
+func printJSONArray[T any](w io.Writer, res []T) error {
+	if res == nil {
+		res = []T{}
+	}
+	b, err := json.Marshal(res)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
 }

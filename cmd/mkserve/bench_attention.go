@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -152,15 +151,7 @@ func benchAttention(args []string, stdout io.Writer) error {
 // printAttnBench writes one JSON array, or a table.
 func printAttnBench(w io.Writer, asJSON bool, res []attnBenchResult) error {
 	if asJSON {
-		if res == nil {
-			res = []attnBenchResult{}
-		}
-		b, err := json.Marshal(res)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(w, "%s\n", b)
-		return err
+		return printJSONArray(w, res)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "seq\tbatch\theads\tkv_heads\thead_dim\tv_head_dim\tcausal\twindow\tms\tmin_ms\tTFLOP/s\trel_err\t")

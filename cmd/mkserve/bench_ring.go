@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -144,15 +143,7 @@ func benchRing(args []string, stdout io.Writer) error {
 // printRingBench writes one JSON array, or a table.
 func printRingBench(w io.Writer, asJSON bool, res []ringBenchResult) error {
 	if asJSON {
-		if res == nil {
-			res = []ringBenchResult{}
-		}
-		b, err := json.Marshal(res)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(w, "%s\n", b)
-		return err
+		return printJSONArray(w, res)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "seq\tranks\theads\tkv_heads\thead_dim\tcausal\tms\tsingle_ms\tseparate_ms\tTFLOP/s\toverhead\tvs_separate\trel_err\t")
