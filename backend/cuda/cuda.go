@@ -74,8 +74,14 @@ import (
 type Options struct {
 	// Device is the CUDA device ordinal (0 for the first GPU).
 	Device int
-	// EPRanks > 1 (expert parallelism) is not supported yet: New fails.
+	// EPRanks > 1 runs every MoE layer as that many expert-parallel ranks
+	// emulated on this GPU (at most kernels.MoEFusedMaxRanks), through the
+	// fused MoE kernel: it needs MoEPath "fused" and the fast profile.
 	EPRanks int
+	// MoEPath is "grouped" (the default: routing, grouped expert GEMMs and
+	// combine as separate launches) or "fused" (kernels.MoEFused, one
+	// persistent launch per layer); empty reads MKSERVE_MOE_PATH.
+	MoEPath string
 	// SplitActivations (nil means true) runs every GEMM against a bf16
 	// weight as two bf16 GEMMs on the hi and lo bf16 halves of the float32
 	// activations, so activations keep ~16 bits of mantissa instead of 8.
@@ -100,9 +106,12 @@ type Options struct {
 type Backend struct {
 	g        *kernels.GPU
 	alloc    *allocator
-	split    bool // Options.SplitActivations
-	kvF32    bool // Options.KVCacheF32
-	noGraphs bool // Options.NoGraphs
+	split    bool   // Options.SplitActivations
+	kvF32    bool   // Options.KVCacheF32
+	noGraphs bool   // Options.NoGraphs
+	moePath  string // "grouped" or "fused" (Options.MoEPath)
+	epRanks  int    // emulated expert-parallel ranks of the fused path (≥ 1)
+	fused    fusedState
 
 	ropeMu   sync.Mutex
 	ropes    map[attention.RoPE]*ropeFreqs
@@ -161,8 +170,16 @@ func openGPU(ordinal int) (*kernels.GPU, error) {
 // New opens the GPU (once per process and device) and returns a backend on
 // it. Errors meaning the machine cannot run CUDA wrap kernels.ErrUnavailable.
 func New(opts Options) (*Backend, error) {
-	if opts.EPRanks > 1 {
-		return nil, fmt.Errorf("cuda: expert parallelism (EPRanks = %d) is not supported by the CUDA backend yet", opts.EPRanks)
+	path, err := moePath(opts.MoEPath)
+	if err != nil {
+		return nil, err
+	}
+	split0 := opts.SplitActivations == nil || *opts.SplitActivations
+	switch {
+	case opts.EPRanks > kernels.MoEFusedMaxRanks:
+		return nil, fmt.Errorf("cuda: expert parallelism over %d ranks: the fused MoE kernel takes at most %d", opts.EPRanks, kernels.MoEFusedMaxRanks)
+	case opts.EPRanks > 1 && (path != "fused" || split0):
+		return nil, fmt.Errorf("cuda: expert parallelism (EPRanks = %d) runs through the fused MoE kernel: it needs MoE path fused (%s=fused) and the fast profile", opts.EPRanks, MoEPathEnv)
 	}
 	g, err := openGPU(opts.Device)
 	if err != nil {
@@ -174,6 +191,7 @@ func New(opts Options) (*Backend, error) {
 		kvF32 = *opts.KVCacheF32
 	}
 	return &Backend{g: g, alloc: &allocator{pool: map[int64][]*kernels.Buffer{}}, split: split, kvF32: kvF32, noGraphs: opts.NoGraphs,
+		moePath: path, epRanks: max(opts.EPRanks, 1),
 		ropes: map[attention.RoPE]*ropeFreqs{}, priv: newPrivateKV()}, nil
 }
 
@@ -587,7 +605,10 @@ func (be *Backend) ToHost(x backend.Tensor) []float32 {
 		return out
 	}
 	be.do("ToHost", func(d *kernels.Device) error {
-		return kernels.Download(d, out, be.f32(d, t))
+		if err := kernels.Download(d, out, be.f32(d, t)); err != nil {
+			return err
+		}
+		return be.checkFused(d)
 	}, t)
 	return out
 }

@@ -172,6 +172,9 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 		if db != nil {
 			ex.DownBias = be.f32(d, db)
 		}
+		if be.fusedFits(E, gub, db) {
+			return be.moeFusedRun(d, out.st.f32, xb, ids, w, T, K, ex, be.counterBuffer(d, c))
+		}
 		wsBytes, _, err := d.MoEWorkspace(T, K, ex)
 		must("workspace", err)
 		ws := a.get(d, wsBytes)

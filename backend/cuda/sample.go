@@ -41,7 +41,10 @@ func (be *Backend) Sample(logits backend.Tensor, rows []backend.SampleRow) []bac
 		if err := d.SampleF32(nil, ob, be.f32(d, t), mb, len(meta), sb, B, V); err != nil {
 			return err
 		}
-		return kernels.Download(d, words, ob)
+		if err := kernels.Download(d, words, ob); err != nil {
+			return err
+		}
+		return be.checkFused(d)
 	}, t)
 	outs, err := kernels.UnpackSample(words, B)
 	if err != nil {

@@ -1,0 +1,171 @@
+package cuda
+
+import (
+	"fmt"
+	"os"
+	"sync"
+
+	"github.com/mkserve/mkserve/kernels"
+)
+
+// The fused MoE path (kernels.MoEFused): each layer's routed experts as one
+// persistent launch over R expert-parallel ranks emulated on this GPU
+// (Options.EPRanks; 1 when unset). Rank r holds experts [r·E/R, (r+1)·E/R)
+// (views of the layer's stacked weights, a block placement) and serves
+// tokens [r·T/R, (r+1)·T/R) of the step as their source rank; the kernel
+// dispatches each (token, k) to the expert's rank, runs the GEMMs tile by
+// tile as rows arrive, and combines the results back at the source rank.
+// Selected with Options.MoEPath = "fused" (or MKSERVE_MOE_PATH=fused);
+// layers with expert biases (gpt-oss) keep the grouped path at one rank.
+//
+// Watchdog: the kernel's waits are bounded; a timeout leaves an error
+// record in the backend's one control buffer, which ToHost and Sample (the
+// step's sync points) read: the step then fails with the report instead of
+// returning the garbage the ended kernel left.
+
+// MoEPathEnv names the environment variable that selects the MoE path of
+// every CUDA backend of the process: "grouped" or "fused".
+const MoEPathEnv = "MKSERVE_MOE_PATH"
+
+// fusedState is a backend's fused-path state.
+type fusedState struct {
+	mu     sync.Mutex
+	ctl    *kernels.Buffer            // the control workspace every launch shares (stream order)
+	tables map[[2]int]*kernels.Buffer // (E, R) → placement table on the device
+	ws     map[fusedKey]fusedWS       // workspace sizes (answered on the host during replays)
+	used   bool                       // a fused launch ran since the last check
+}
+
+type fusedKey struct{ R, T, K, E, H, I int }
+
+type fusedWS struct {
+	ctl  int64
+	rank []int64
+}
+
+// moePath resolves Options.MoEPath and the environment.
+func moePath(opt string) (string, error) {
+	p := opt
+	if p == "" {
+		p = os.Getenv(MoEPathEnv)
+	}
+	switch p {
+	case "", "grouped":
+		return "grouped", nil
+	case "fused":
+		return "fused", nil
+	}
+	return "", fmt.Errorf("cuda: MoE path %q: want grouped or fused", p)
+}
+
+// fusedFits reports whether a layer can take the fused path.
+func (be *Backend) fusedFits(E int, gub, db *Tensor) bool {
+	return be.moePath == "fused" && gub == nil && db == nil && E%be.epRanks == 0 && E/be.epRanks <= kernels.MoEFusedMaxSlots
+}
+
+// moeFusedRun is the routed experts of one layer through kernels.MoEFused
+// (on the GPU goroutine): out [T, H] f32 from xb [T, H] bf16, ids/w [T, K].
+func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffer, T, K int, ex *kernels.MoEExperts,
+	counts *kernels.Buffer) error {
+	R, E, H, I := be.epRanks, ex.E, ex.H, ex.I
+	S := E / R
+	fs := &be.fused
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.ctl == nil {
+		be.graphGuard("the fused MoE control buffer")
+		ctl, _, _, err := d.MoEFusedWorkspace(kernels.MoEFusedArgs{Tokens: []int{1}, Slots: []int{E}, Experts: E, TopK: K, H: H, I: I}, false)
+		if err != nil {
+			return err
+		}
+		if fs.ctl, err = d.NewMoEFusedControl(ctl); err != nil {
+			return err
+		}
+	}
+	tk := [2]int{E, R}
+	table := fs.tables[tk]
+	if table == nil {
+		be.graphGuard("a fused MoE placement table")
+		v, err := kernels.MoEBlockPlacement(E, R).Table()
+		if err != nil {
+			return err
+		}
+		table = be.alloc.get(d, int64(len(v))*4)
+		if err := kernels.Upload(d, table, v); err != nil {
+			return err
+		}
+		if fs.tables == nil {
+			fs.tables = map[[2]int]*kernels.Buffer{}
+		}
+		fs.tables[tk] = table
+	}
+	tokens, slots := make([]int, R), make([]int, R)
+	for r := range R {
+		tokens[r] = (r+1)*T/R - r*T/R
+		slots[r] = S
+	}
+	args := kernels.MoEFusedArgs{Tokens: tokens, Slots: slots, Table: table, Experts: E, TopK: K, H: H, I: I,
+		Clamped: ex.Clamped, Alpha: ex.Alpha, Limit: ex.Limit}
+	key := fusedKey{R, T, K, E, H, I}
+	sz, ok := fs.ws[key]
+	if !ok {
+		be.graphGuard("a fused MoE workspace query")
+		ctl, rank, _, err := d.MoEFusedWorkspace(args, false)
+		if err != nil {
+			return err
+		}
+		if ctl > fs.ctl.Bytes() {
+			return fmt.Errorf("cuda: fused MoE control workspace of %d bytes, %d allocated", ctl, fs.ctl.Bytes())
+		}
+		sz = fusedWS{ctl: ctl, rank: rank}
+		if fs.ws == nil {
+			fs.ws = map[fusedKey]fusedWS{}
+		}
+		fs.ws[key] = sz
+	}
+	rows := func(b *kernels.Buffer, t0, n int, rowBytes int64) *kernels.Buffer {
+		return view(b, int64(t0)*rowBytes, max(int64(n), 1)*rowBytes)
+	}
+	ranks := make([]kernels.MoEFusedRank, R)
+	var ws []*kernels.Buffer
+	defer func() {
+		for _, b := range ws {
+			be.alloc.put(b)
+		}
+	}()
+	for r := range R {
+		t0 := r * T / R
+		n := tokens[r]
+		rk := &ranks[r]
+		rk.X = rows(xb, t0, n, int64(H)*2)
+		rk.IDs = rows(ids, t0, n, int64(K)*4)
+		rk.Weights = rows(w, t0, n, int64(K)*4)
+		rk.Out = rows(out, t0, n, int64(H)*4)
+		rk.GateUp = view(ex.GateUp, int64(r*S)*int64(2*I*H)*2, int64(S)*int64(2*I*H)*2)
+		rk.Down = view(ex.Down, int64(r*S)*int64(H*I)*2, int64(S)*int64(H*I)*2)
+		if counts != nil {
+			rk.Counts = view(counts, int64(r*S)*8, int64(S)*8)
+		}
+		b := be.alloc.get(d, max(sz.rank[r], 1))
+		ws = append(ws, b)
+		rk.WS = b
+	}
+	fs.used = true
+	return d.MoEFused(nil, ranks, fs.ctl, args)
+}
+
+// checkFused returns the fused kernel's watchdog report since the last
+// check, if any (on the GPU goroutine, after the step's work).
+func (be *Backend) checkFused(d *kernels.Device) error {
+	fs := &be.fused
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.ctl == nil || !fs.used {
+		return nil
+	}
+	fs.used = false
+	if err := d.MoEFusedCheck(fs.ctl); err != nil {
+		return fmt.Errorf("cuda: the step's fused MoE kernel stopped: %w", err)
+	}
+	return nil
+}
