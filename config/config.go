@@ -34,6 +34,7 @@ type Config struct {
 	Model           string        // Hugging Face checkpoint directory (model)
 	Backend         string        // compute backend: "cpu" or "cuda" (backend)
 	Precision       string        // cuda: "exact" or "fast" (precision)
+	MoEPath         string        // cuda: "grouped" or "fused" (moe_path)
 	HTTPAddr        string        // OpenAI-compatible HTTP listen address (http_addr)
 	GRPCAddr        string        // gRPC listen address; "" disables gRPC (grpc_addr)
 	APIKey          string        // bearer token clients must send; "" allows all (api_key)
@@ -85,6 +86,7 @@ func Default() *Config {
 		Model:        DefaultModel,
 		Backend:      "cpu",
 		Precision:    "exact",
+		MoEPath:      "grouped",
 		HTTPAddr:     DefaultHTTPAddr,
 		GRPCAddr:     DefaultGRPCAddr,
 		LogFormat:    "json",
@@ -164,6 +166,14 @@ func (c *Config) Validate() error {
 		if cp > 8 {
 			return bad("engine.context_parallel", "the cuda ring kernel takes at most 8 ranks, got %d", cp)
 		}
+	}
+	switch c.MoEPath {
+	case "grouped", "fused":
+	default:
+		return bad("moe_path", "must be grouped or fused, got %q", c.MoEPath)
+	}
+	if c.Backend == "cuda" && c.EP > 1 && (c.MoEPath != "fused" || c.Precision != "fast") {
+		return bad("ep", "on the cuda backend %d expert-parallel ranks run through the fused MoE kernel: set moe_path fused and precision fast", c.EP)
 	}
 	switch c.Precision {
 	case "exact", "fast":

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/mkserve/mkserve/kernels"
 )
@@ -26,6 +27,9 @@ import (
 // MoEPathEnv names the environment variable that selects the MoE path of
 // every CUDA backend of the process: "grouped" or "fused".
 const MoEPathEnv = "MKSERVE_MOE_PATH"
+
+// moeFusedCalls counts MoE layers that ran the fused kernel (for tests).
+var moeFusedCalls atomic.Int64
 
 // fusedState is a backend's fused-path state.
 type fusedState struct {
@@ -151,6 +155,7 @@ func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffe
 		rk.WS = b
 	}
 	fs.used = true
+	moeFusedCalls.Add(1)
 	return d.MoEFused(nil, ranks, fs.ctl, args)
 }
 

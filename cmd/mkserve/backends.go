@@ -11,8 +11,9 @@ import (
 // newBackend makes the compute backend a command asked for. "cuda" opens
 // the first GPU through libmkernel.so in the given precision profile
 // ("exact" or "fast", see cuda.Options); without a GPU or the library the
-// error says what is missing (it wraps kernels.ErrUnavailable).
-func newBackend(name string, epRanks int, precision string) (backend.Backend, error) {
+// error says what is missing (it wraps kernels.ErrUnavailable). moePath is
+// cuda's MoE path ("" reads MKSERVE_MOE_PATH, else grouped).
+func newBackend(name string, epRanks int, precision, moePath string) (backend.Backend, error) {
 	switch name {
 	case "cpu":
 		return cpu.New(cpu.Options{EPRanks: epRanks}), nil
@@ -25,7 +26,7 @@ func newBackend(name string, epRanks int, precision string) (backend.Backend, er
 		default:
 			return nil, fmt.Errorf("precision %q is not known (exact or fast)", precision)
 		}
-		be, err := cuda.New(cuda.Options{EPRanks: epRanks, SplitActivations: &split})
+		be, err := cuda.New(cuda.Options{EPRanks: epRanks, SplitActivations: &split, MoEPath: moePath})
 		if err != nil {
 			return nil, fmt.Errorf("backend cuda cannot start: %w", err)
 		}

@@ -67,6 +67,7 @@ type modelFlags struct {
 	dir       string
 	backend   string
 	precision string
+	moePath   string
 	ep        int
 }
 
@@ -74,7 +75,8 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.dir, "model", "", "Hugging Face checkpoint directory")
 	fs.StringVar(&m.backend, "backend", "cpu", "compute backend: cpu or cuda")
 	fs.StringVar(&m.precision, "precision", "exact", "cuda: exact or fast (see mkserve serve --help)")
-	fs.IntVar(&m.ep, "ep", 1, "expert-parallel ranks (emulated in process on the CPU)")
+	fs.StringVar(&m.moePath, "moe-path", "", "cuda: grouped or fused MoE kernels (default: $MKSERVE_MOE_PATH, else grouped)")
+	fs.IntVar(&m.ep, "ep", 1, "expert-parallel ranks (emulated in process on the CPU; on cuda through the fused MoE kernel)")
 }
 
 func (m *modelFlags) load() (*models.Loaded, backend.Backend, error) {
@@ -84,7 +86,7 @@ func (m *modelFlags) load() (*models.Loaded, backend.Backend, error) {
 	if m.ep < 1 {
 		return nil, nil, fmt.Errorf("--ep must be at least 1, got %d", m.ep)
 	}
-	be, err := newBackend(m.backend, m.ep, m.precision)
+	be, err := newBackend(m.backend, m.ep, m.precision, m.moePath)
 	if err != nil {
 		return nil, nil, err
 	}
