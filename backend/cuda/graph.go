@@ -231,20 +231,22 @@ func (be *Backend) GraphStep(b *backend.Batch, f func() (backend.Tensor, error))
 	if !ok {
 		return be.eagerStep(f)
 	}
-	if T := len(b.Tokens); key.rows > T {
-		restore := padBatch(b, key.rows)
-		be.gr.padFrom.Store(int64(T))
-		defer func() { // also when f panics (the engine recovers, the backend goes on)
-			be.gr.padFrom.Store(0)
-			restore()
-		}()
-		out, err := be.graphStep(key, bs, f)
-		if err != nil {
-			return nil, err
-		}
-		return be.firstRows(out, T), nil
+	// Always through padBatch, even with nothing to pad: it also asks for
+	// every row's logits with nil LogitRows, so that a full batch and a
+	// padded one of the same key run the same ops (an explicit row list
+	// would add a Rows op to one and not the other).
+	T := len(b.Tokens)
+	restore := padBatch(b, key.rows)
+	be.gr.padFrom.Store(int64(T))
+	defer func() { // also when f panics (the engine recovers, the backend goes on)
+		be.gr.padFrom.Store(0)
+		restore()
+	}()
+	out, err := be.graphStep(key, bs, f)
+	if err != nil {
+		return nil, err
 	}
-	return be.graphStep(key, bs, f)
+	return be.firstRows(out, T), nil
 }
 
 // graphStep is GraphStep for an eligible (padded) batch of key's shape.
