@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -120,4 +121,30 @@ func printJSONArray[T any](w io.Writer, res []T) error {
 	}
 	_, err = fmt.Fprintf(w, "%s\n", b)
 	return err
+}
+
+// attnShape holds the flags the attention and ring benchmarks share: the
+// attention's shape, the output form and the device.
+type attnShape struct {
+	heads, kvHeads, headDim, vHeadDim, window, device int
+	causal, json                                      bool
+}
+
+// register adds the shape's flags to fs; finish completes them after parsing.
+func (a *attnShape) register(fs *flag.FlagSet) {
+	fs.IntVar(&a.heads, "heads", 32, "query heads")
+	fs.IntVar(&a.kvHeads, "kv-heads", 8, "key/value heads (GQA)")
+	fs.IntVar(&a.headDim, "head-dim", 128, "query/key head dim")
+	fs.IntVar(&a.vHeadDim, "v-head-dim", 0, "value head dim (default: --head-dim)")
+	fs.BoolVar(&a.causal, "causal", false, "causal mask")
+	fs.IntVar(&a.window, "window", 0, "sliding window in keys (needs --causal; 0: none)")
+	fs.BoolVar(&a.json, "json", false, "print one JSON array instead of a table")
+	fs.IntVar(&a.device, "device", 0, "CUDA device ordinal")
+}
+
+// finish gives vHeadDim its default, headDim.
+func (a *attnShape) finish() {
+	if a.vHeadDim == 0 {
+		a.vHeadDim = a.headDim
+	}
 }

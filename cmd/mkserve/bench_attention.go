@@ -17,11 +17,9 @@ func init() { benches["attention"] = benchAttention }
 
 // attnBenchOpts are the flags of `mkserve bench attention`.
 type attnBenchOpts struct {
-	batch, heads, kvHeads, headDim, vHeadDim int
-	seqs                                     []int
-	causal                                   bool
-	window, iters, device                    int
-	json                                     bool
+	attnShape
+	batch, iters int
+	seqs         []int
 }
 
 // attnBenchResult is one sequence length's measurement (one JSON object).
@@ -48,15 +46,8 @@ func parseAttnBench(args []string) (*attnBenchOpts, error) {
 	o := &attnBenchOpts{}
 	fs.IntVar(&o.batch, "batch", 1, "sequences per launch")
 	seq := fs.String("seq", "1024,4096,16384", "comma-separated sequence lengths (query rows = keys per sequence)")
-	fs.IntVar(&o.heads, "heads", 32, "query heads")
-	fs.IntVar(&o.kvHeads, "kv-heads", 8, "key/value heads (GQA)")
-	fs.IntVar(&o.headDim, "head-dim", 128, "query/key head dim")
-	fs.IntVar(&o.vHeadDim, "v-head-dim", 0, "value head dim (default: --head-dim)")
-	fs.BoolVar(&o.causal, "causal", false, "causal mask")
-	fs.IntVar(&o.window, "window", 0, "sliding window in keys (needs --causal; 0: none)")
+	o.register(fs)
 	fs.IntVar(&o.iters, "iters", 20, "timed launches per length (median reported; at least 10)")
-	fs.BoolVar(&o.json, "json", false, "print one JSON array instead of a table")
-	fs.IntVar(&o.device, "device", 0, "CUDA device ordinal")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return nil, err
@@ -66,9 +57,7 @@ func parseAttnBench(args []string) (*attnBenchOpts, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("bench attention: unexpected arguments %q", fs.Args())
 	}
-	if o.vHeadDim == 0 {
-		o.vHeadDim = o.headDim
-	}
+	o.finish()
 	seqs, err := parsePositiveInts("seq", *seq)
 	if err != nil {
 		return nil, fmt.Errorf("bench attention: %w", err)

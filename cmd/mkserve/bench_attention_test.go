@@ -54,7 +54,7 @@ func TestBenchAttentionNoGPU(t *testing.T) {
 }
 
 func TestBenchAttentionJSONShape(t *testing.T) {
-	o := &attnBenchOpts{batch: 1, heads: 32, kvHeads: 8, headDim: 128, vHeadDim: 128, causal: true}
+	o := &attnBenchOpts{batch: 1, attnShape: attnShape{heads: 32, kvHeads: 8, headDim: 128, vHeadDim: 128, causal: true}}
 	if got, want := attnFLOPs(o, 1024), 4.0*1024*1024*32*128/2; got != want {
 		t.Errorf("causal FLOPs %v, want %v", got, want)
 	}

@@ -17,10 +17,9 @@ func init() { benches["ring"] = benchRing }
 
 // ringBenchOpts are the flags of `mkserve bench ring`.
 type ringBenchOpts struct {
-	seqs, ranks                               []int
-	heads, kvHeads, headDim, vHeadDim, window int
-	causal, json                              bool
-	iters, device                             int
+	attnShape
+	seqs, ranks []int
+	iters       int
 }
 
 // ringBenchResult is one (sequence length, ranks) measurement (one JSON object).
@@ -52,15 +51,8 @@ func parseRingBench(args []string) (*ringBenchOpts, error) {
 	o := &ringBenchOpts{}
 	seq := fs.String("seq", "16384,65536", "comma-separated total sequence lengths")
 	ranks := fs.String("ranks", "4", "comma-separated emulated rank counts (1..8)")
-	fs.IntVar(&o.heads, "heads", 32, "query heads")
-	fs.IntVar(&o.kvHeads, "kv-heads", 8, "key/value heads (GQA)")
-	fs.IntVar(&o.headDim, "head-dim", 128, "query/key head dim")
-	fs.IntVar(&o.vHeadDim, "v-head-dim", 0, "value head dim (default: --head-dim)")
-	fs.BoolVar(&o.causal, "causal", false, "causal mask")
-	fs.IntVar(&o.window, "window", 0, "sliding window in keys (needs --causal; 0: none)")
+	o.register(fs)
 	fs.IntVar(&o.iters, "iters", 10, "timed launches per method (median reported; at least 3)")
-	fs.BoolVar(&o.json, "json", false, "print one JSON array instead of a table")
-	fs.IntVar(&o.device, "device", 0, "CUDA device ordinal")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return nil, err
@@ -70,9 +62,7 @@ func parseRingBench(args []string) (*ringBenchOpts, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("bench ring: unexpected arguments %q", fs.Args())
 	}
-	if o.vHeadDim == 0 {
-		o.vHeadDim = o.headDim
-	}
+	o.finish()
 	var err error
 	if o.seqs, err = parsePositiveInts("seq", *seq); err != nil {
 		return nil, fmt.Errorf("bench ring: %w", err)
@@ -391,7 +381,7 @@ func ringBenchOne(d *kernels.Device, o *ringBenchOpts, seq, R int) (ringBenchRes
 	if res.SeparateMs, err = timeIt(sep); err != nil {
 		return res, err
 	}
-	flops := attnFLOPs(&attnBenchOpts{batch: 1, heads: H, headDim: D, vHeadDim: DV, causal: o.causal, window: o.window}, seq)
+	flops := attnFLOPs(&attnBenchOpts{batch: 1, attnShape: attnShape{heads: H, headDim: D, vHeadDim: DV, causal: o.causal, window: o.window}}, seq)
 	res.TFLOPs = flops / (res.Ms * 1e-3) / 1e12
 	res.SingleTFLOPs = flops / (res.SingleRankMs * 1e-3) / 1e12
 	res.Overhead = res.Ms/res.SingleRankMs - 1
