@@ -208,8 +208,9 @@ func (be *Backend) Info() kernels.DeviceInfo { return be.g.Info() }
 // immutable once made; their memory returns to the backend's pool when the
 // Go value is collected.
 type Tensor struct {
-	shape []int
-	st    *store
+	shape  []int
+	st     *store
+	parent *Tensor // a view's owner, kept alive (its cleanup frees the memory)
 }
 
 // store is a tensor's device memory; views are made on demand.

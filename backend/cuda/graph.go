@@ -218,7 +218,8 @@ func (be *Backend) firstRows(x backend.Tensor, T int) backend.Tensor {
 		}
 		return be.Rows(x, idx)
 	}
-	return &Tensor{shape: []int{T, cols}, st: &store{n: T * cols, f32: view(xt.st.f32, 0, int64(T*cols)*4)}}
+	// The view keeps xt alive: xt's cleanup returns the memory to the pool.
+	return &Tensor{shape: []int{T, cols}, st: &store{n: T * cols, f32: view(xt.st.f32, 0, int64(T*cols)*4)}, parent: xt}
 }
 
 // GraphStep implements backend.StepGrapher: it runs f, the model's forward
