@@ -35,6 +35,7 @@ type Config struct {
 	Backend         string        // compute backend: "cpu" or "cuda" (backend)
 	Precision       string        // cuda: "exact" or "fast" (precision)
 	MoEPath         string        // cuda: "grouped" or "fused" (moe_path)
+	MoETuning       string        // cuda: fused MoE launch table, a JSON file (moe_tuning)
 	HTTPAddr        string        // OpenAI-compatible HTTP listen address (http_addr)
 	GRPCAddr        string        // gRPC listen address; "" disables gRPC (grpc_addr)
 	APIKey          string        // bearer token clients must send; "" allows all (api_key)

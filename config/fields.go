@@ -50,6 +50,7 @@ func (c *Config) fields() []field {
 		{"model", "Hugging Face checkpoint directory", (*stringValue)(&c.Model)},
 		{"backend", "compute backend: cpu or cuda", (*stringValue)(&c.Backend)},
 		{"precision", "cuda: exact (float32 activations into split bf16 GEMMs, float32 KV cache) or fast (bf16 activations and KV cache)", (*stringValue)(&c.Precision)},
+		{"moe_tuning", "cuda, moe_path fused: JSON table of launch choices measured by `mkserve bench moe --tune` (empty: the kernel's defaults)", (*stringValue)(&c.MoETuning)},
 		{"moe_path", "cuda, fast precision: grouped (routing, grouped expert GEMMs, combine as separate launches) or fused (one persistent kernel per MoE layer; needed for ep > 1)", (*stringValue)(&c.MoEPath)},
 		{"http_addr", "OpenAI-compatible HTTP listen address (host:port)", (*stringValue)(&c.HTTPAddr)},
 		{"grpc_addr", "gRPC listen address (host:port; empty disables gRPC)", (*stringValue)(&c.GRPCAddr)},

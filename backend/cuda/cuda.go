@@ -68,6 +68,7 @@ import (
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/kernels"
 	"github.com/mkserve/mkserve/tensor"
+	"github.com/mkserve/mkserve/tuning"
 )
 
 // Options configures a Backend.
@@ -82,6 +83,10 @@ type Options struct {
 	// combine as separate launches) or "fused" (kernels.MoEFused, one
 	// persistent launch per layer); empty reads MKSERVE_MOE_PATH.
 	MoEPath string
+	// MoETuning, when set, gives the fused MoE kernel's launch choices
+	// (persistent and dispatch CTAs) measured for this device and shape
+	// (`mkserve bench moe --tune`); unset shapes use the kernel's defaults.
+	MoETuning *tuning.MoETable
 	// SplitActivations (nil means true) runs every GEMM against a bf16
 	// weight as two bf16 GEMMs on the hi and lo bf16 halves of the float32
 	// activations, so activations keep ~16 bits of mantissa instead of 8.
@@ -104,14 +109,15 @@ type Options struct {
 
 // Backend is the CUDA backend. The zero value is not usable; call New.
 type Backend struct {
-	g        *kernels.GPU
-	alloc    *allocator
-	split    bool   // Options.SplitActivations
-	kvF32    bool   // Options.KVCacheF32
-	noGraphs bool   // Options.NoGraphs
-	moePath  string // "grouped" or "fused" (Options.MoEPath)
-	epRanks  int    // emulated expert-parallel ranks of the fused path (≥ 1)
-	fused    fusedState
+	g         *kernels.GPU
+	alloc     *allocator
+	split     bool   // Options.SplitActivations
+	kvF32     bool   // Options.KVCacheF32
+	noGraphs  bool   // Options.NoGraphs
+	moePath   string // "grouped" or "fused" (Options.MoEPath)
+	epRanks   int    // emulated expert-parallel ranks of the fused path (≥ 1)
+	moeTuning *tuning.MoETable
+	fused     fusedState
 
 	ropeMu   sync.Mutex
 	ropes    map[attention.RoPE]*ropeFreqs
@@ -191,7 +197,7 @@ func New(opts Options) (*Backend, error) {
 		kvF32 = *opts.KVCacheF32
 	}
 	return &Backend{g: g, alloc: &allocator{pool: map[int64][]*kernels.Buffer{}}, split: split, kvF32: kvF32, noGraphs: opts.NoGraphs,
-		moePath: path, epRanks: max(opts.EPRanks, 1),
+		moePath: path, epRanks: max(opts.EPRanks, 1), moeTuning: opts.MoETuning,
 		ropes: map[attention.RoPE]*ropeFreqs{}, priv: newPrivateKV()}, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/mkserve/mkserve/kernels"
+	"github.com/mkserve/mkserve/tuning"
 )
 
 // The fused MoE path (kernels.MoEFused): each layer's routed experts as one
@@ -110,6 +111,10 @@ func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffe
 	}
 	args := kernels.MoEFusedArgs{Tokens: tokens, Slots: slots, Table: table, Experts: E, TopK: K, H: H, I: I,
 		Clamped: ex.Clamped, Alpha: ex.Alpha, Limit: ex.Limit}
+	tk2 := tuning.MoEKey{Device: be.g.Info().Name, Hidden: H, Intermediate: I, Experts: E, TopK: K, Ranks: R}
+	if c, ok := be.moeTuning.Lookup(tk2, (T+R-1)/R); ok {
+		args.CTAs, args.DispatchCTAs = c.CTAs, c.DispatchCTAs
+	}
 	key := fusedKey{R, T, K, E, H, I}
 	sz, ok := fs.ws[key]
 	if !ok {

@@ -60,6 +60,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	bw := fs.Float64("hbm-gbps", 0, "bandwidth for the floor, GB/s (0: measure a device copy on cuda)")
 	asJSON := fs.Bool("json", false, "print one JSON array instead of a table")
 	moePath := fs.String("moe-path", "", "cuda: grouped or fused MoE kernels (default: $MKSERVE_MOE_PATH, else grouped)")
+	moeTuning := fs.String("moe-tuning", "", "cuda: the fused MoE launch table of `mkserve bench moe --tune` (empty: kernel defaults)")
 	ep := fs.Int("ep", 1, "cuda: expert-parallel ranks emulated on the GPU (needs --moe-path fused)")
 	graphs := fs.Bool("graphs", true, "cuda: run decode steps as CUDA graphs (captured per batch shape; the fast precision only)")
 	profile := fs.Bool("profile-ops", false, "cuda: time every backend op on the host during the decode steps (adds a clock read per op)")
@@ -82,7 +83,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	case "cpu":
 		be = cpu.New(cpu.Options{})
 	case "cuda":
-		b, err := newBackend("cuda", *ep, *precision, *moePath)
+		b, err := newBackend("cuda", *ep, *precision, *moePath, *moeTuning)
 		if err != nil {
 			return err
 		}

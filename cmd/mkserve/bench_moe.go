@@ -25,7 +25,8 @@ type moeBenchOpts struct {
 	path                         string // fused (default) or grouped
 	tokens                       []int
 	ranks, shared                int
-	ctas, dispatchCTAs           int // fused path: persistent CTAs and dispatch-role CTAs (0: defaults)
+	ctas, dispatchCTAs           int    // fused path: persistent CTAs and dispatch-role CTAs (0: defaults)
+	tuneOut                      string // fused path: sweep the launch choices and record the best in this table
 	iters, checkRows             int
 	seed                         uint64
 	json                         bool
@@ -52,6 +53,8 @@ type moeBenchRow struct {
 	Ranks          int      `json:"ranks"`
 	MinMS          float64  `json:"min_ms"`
 	Iters          int      `json:"iters"`
+	CTAs           int      `json:"ctas"`          // fused path: the launch's persistent CTAs (0: every co-resident one)
+	DispatchCTAs   int      `json:"dispatch_ctas"` // fused path: CTAs that started on the dispatch role (0: all)
 }
 
 // parseMoEBench reads the flags; it needs no GPU.
@@ -68,6 +71,7 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 	fs.StringVar(&o.path, "path", "fused", "fused (one persistent launch per layer, mk_moe_fused) or grouped (separate align/GEMM/combine launches, one rank)")
 	fs.IntVar(&o.ctas, "ctas", 0, "fused path: CTAs of the persistent launch (0: every co-resident one)")
 	fs.IntVar(&o.dispatchCTAs, "dispatch-ctas", 0, "fused path: CTAs that start on the dispatch role (0: all)")
+	fs.StringVar(&o.tuneOut, "tune", "", "fused path: try the launch choices (--ctas × --dispatch-ctas candidates) per token count, report the fastest and record it in this JSON table (package tuning; the CUDA backend reads it through moe_tuning)")
 	fs.IntVar(&o.shared, "shared-experts", 0, "shared experts (one dense MLP of N*intermediate), timed with the layer")
 	fs.IntVar(&o.iters, "iters", 10, "timed iterations per token count (the median is reported)")
 	fs.IntVar(&o.checkRows, "check-rows", 2, "tokens per count checked against the CPU reference")
@@ -98,6 +102,8 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 		return nil, fmt.Errorf("--experts %d, --topk %d: want 1 ≤ topk ≤ experts ≤ 2048", o.experts, o.topk)
 	case o.routing == "grouped" && (o.experts%8 != 0 || o.experts/8 < 2 || o.topk > o.experts/2):
 		return nil, fmt.Errorf("--routing grouped needs experts divisible by 8 groups and topk ≤ experts/2 (4 of 8 groups)")
+	case o.tuneOut != "" && o.path != "fused":
+		return nil, fmt.Errorf("--tune needs --path fused")
 	case o.shared < 0 || o.iters <= 0 || o.checkRows < 0 || o.ctas < 0 || o.dispatchCTAs < 0:
 		return nil, fmt.Errorf("--shared-experts, --iters, --check-rows, --ctas, --dispatch-ctas must be non-negative (iters positive)")
 	}
@@ -128,6 +134,9 @@ func benchMoE(args []string, stdout io.Writer) error {
 		var err error
 		if o.path == "fused" {
 			rows, err = runMoEFusedBench(d, o)
+			if err == nil && o.tuneOut != "" {
+				err = recordMoETuning(o, d.Info().Name, rows)
+			}
 		} else {
 			rows, err = runMoEBench(d, o)
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/mkserve/mkserve/kernels"
 	"github.com/mkserve/mkserve/moe"
+	"github.com/mkserve/mkserve/tuning"
 )
 
 // moeFusedBench is the fused path's state: the experts placed in blocks
@@ -93,7 +94,7 @@ func runMoEFusedBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error)
 	}
 	var rows []moeBenchRow
 	for _, T := range o.tokens {
-		row, err := b.tokens(d, cfg, sbias, T)
+		row, err := b.best(d, cfg, sbias, T, d.Info().SMs)
 		if err != nil {
 			return nil, fmt.Errorf("tokens %d: %w", T, err)
 		}
@@ -102,12 +103,62 @@ func runMoEFusedBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error)
 	return rows, nil
 }
 
+// tuneChoices are the (persistent CTAs, dispatch CTAs) launches --tune
+// tries: every co-resident CTA or one per SM, with every CTA or 8, 16, 32
+// or 64 of them starting on the dispatch role.
+func tuneChoices(sms int) [][2]int {
+	var out [][2]int
+	for _, c := range []int{0, sms} {
+		for _, dsp := range []int{0, 8, 16, 32, 64} {
+			out = append(out, [2]int{c, dsp})
+		}
+	}
+	return out
+}
+
+// best times token count T with the flags' launch, or with every tune
+// choice under --tune, keeping the fastest.
+func (b *moeFusedBench) best(d *kernels.Device, cfg moe.RouterConfig, sbias []float32, T, sms int) (moeBenchRow, error) {
+	o := b.o
+	if o.tuneOut == "" {
+		return b.tokens(d, cfg, sbias, T)
+	}
+	ctas, disp := o.ctas, o.dispatchCTAs
+	defer func() { o.ctas, o.dispatchCTAs = ctas, disp }()
+	var best moeBenchRow
+	for i, ch := range tuneChoices(sms) {
+		o.ctas, o.dispatchCTAs = ch[0], ch[1]
+		row, err := b.tokens(d, cfg, sbias, T)
+		if err != nil {
+			return row, fmt.Errorf("ctas %d dispatch %d: %w", ch[0], ch[1], err)
+		}
+		if i == 0 || row.MS < best.MS {
+			best = row
+		}
+	}
+	return best, nil
+}
+
+// recordMoETuning merges the fastest launch per token count into the
+// --tune table.
+func recordMoETuning(o *moeBenchOpts, device string, rows []moeBenchRow) error {
+	t, err := tuning.LoadMoE(o.tuneOut)
+	if err != nil {
+		return err
+	}
+	key := tuning.MoEKey{Device: device, Hidden: o.hidden, Intermediate: o.inter, Experts: o.experts, TopK: o.topk, Ranks: o.ranks}
+	for _, r := range rows {
+		t.Put(key, tuning.MoEChoice{Tokens: r.Tokens, CTAs: r.CTAs, DispatchCTAs: r.DispatchCTAs, MS: r.MS})
+	}
+	return t.Save(o.tuneOut)
+}
+
 // tokens times one token count (per rank).
 func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []float32, T int) (moeBenchRow, error) {
 	o := b.o
 	E, K, H, I, R := o.experts, o.topk, o.hidden, o.inter, o.ranks
 	SI := o.shared * I
-	row := moeBenchRow{Tokens: T, Path: "fused", Ranks: R, Iters: o.iters}
+	row := moeBenchRow{Tokens: T, Path: "fused", Ranks: R, Iters: o.iters, CTAs: o.ctas, DispatchCTAs: o.dispatchCTAs}
 	bufs := &moeBenchBufs{}
 	defer bufs.free()
 	tokens := make([]int, R)

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/mkserve/mkserve/tuning"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -101,5 +103,39 @@ func TestBenchMoEFusedGPU(t *testing.T) {
 		if m, _ := r["route_mismatch"].(float64); m != 0 {
 			t.Errorf("route_mismatch %v", m)
 		}
+	}
+}
+
+// TestRecordMoETuning: --tune's table gets each token count's fastest
+// launch under the device and shape, merged with what the file held.
+func TestRecordMoETuning(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "moe.json")
+	o, err := parseMoEBench([]string{"--hidden", "2048", "--intermediate", "768", "--experts", "128", "--topk", "8",
+		"--routing", "softmax", "--ranks", "8", "--tune", path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := recordMoETuning(o, "GPU-X", []moeBenchRow{{Tokens: 16, MS: 0.7, CTAs: 132, DispatchCTAs: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := recordMoETuning(o, "GPU-X", []moeBenchRow{{Tokens: 256, MS: 1.2, DispatchCTAs: 32}}); err != nil {
+		t.Fatal(err)
+	}
+	tb, err := tuning.LoadMoE(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := tuning.MoEKey{Device: "GPU-X", Hidden: 2048, Intermediate: 768, Experts: 128, TopK: 8, Ranks: 8}
+	if c, ok := tb.Lookup(key, 10); !ok || c.CTAs != 132 || c.DispatchCTAs != 8 {
+		t.Errorf("16-token choice: %+v %v", c, ok)
+	}
+	if c, ok := tb.Lookup(key, 200); !ok || c.DispatchCTAs != 32 {
+		t.Errorf("256-token choice: %+v %v", c, ok)
+	}
+	if got := len(tuneChoices(132)); got != 10 {
+		t.Errorf("%d tune choices", got)
+	}
+	if _, err := parseMoEBench([]string{"--path", "grouped", "--tune", path}); err == nil {
+		t.Error("--tune with --path grouped accepted")
 	}
 }

@@ -152,7 +152,7 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 		if leader, err = dist.NewLeader(comm); err != nil {
 			return fail(err)
 		}
-	} else if be, err = newBackend(cfg.Backend, cfg.EP, cfg.Precision, cfg.MoEPath); err != nil {
+	} else if be, err = newBackend(cfg.Backend, cfg.EP, cfg.Precision, cfg.MoEPath, cfg.MoETuning); err != nil {
 		return fail(err)
 	}
 	if cb, ok := be.(*cuda.Backend); ok {
