@@ -3,13 +3,13 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/mkserve/mkserve/tuning"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/mkserve/mkserve/kernels"
+	"github.com/mkserve/mkserve/tuning"
 )
 
 // TestBenchMoEFlags: bad flags are one-line errors before any GPU work.
