@@ -103,13 +103,12 @@ func (d *Device) PagedAttnWorkspace(n, maxKeys int, a AttnArgs) (int64, error) {
 		return 0, err
 	}
 	type key struct{ n, maxKeys, heads, kvHeads, headDim, vHeadDim int }
-	b, _, err := d.query(op, key{n, maxKeys, a.Heads, a.KVHeads, a.HeadDim, a.VHeadDim}, func() (int64, int64, error) {
+	return query(d, op, key{n, maxKeys, a.Heads, a.KVHeads, a.HeadDim, a.VHeadDim}, func() (int64, error) {
 		var bytes uint64
 		err := d.lib.check("mk_paged_attn_workspace", pagedAttnWorkspace(int64(n), int32(a.Heads), int32(a.KVHeads),
 			int32(a.HeadDim), int32(a.VHeadDim), int32(min(maxKeys, math.MaxInt32)), &bytes))
-		return int64(bytes), 0, err
+		return int64(bytes), err
 	})
-	return b, err
 }
 
 // PagedAttnBF16 runs paged causal attention for n query rows over the bf16

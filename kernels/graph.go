@@ -253,36 +253,35 @@ func init() {
 }
 
 // memo keeps the answers of the workspace queries (PagedAttnWorkspace,
-// MoEWorkspace) by their arguments, so that a replay device, which makes no
-// CUDA calls, answers them as the capture did.
+// MoEWorkspace, MoEFusedWorkspace) by their arguments, so that a replay
+// device, which makes no CUDA calls, answers them as the capture did.
 type memo struct {
 	mu sync.Mutex
-	m  map[any]memoVal
+	m  map[any]any
 }
 
-type memoVal struct{ a, b int64 }
+func newMemo() *memo { return &memo{m: map[any]any{}} }
 
-func newMemo() *memo { return &memo{m: map[any]memoVal{}} }
-
-// query returns f's answer for key, asking f (and remembering) unless d is a
-// replay device, which only recalls.
-func (d *Device) query(what string, key any, f func() (a, b int64, err error)) (int64, int64, error) {
+// query returns f's answer for key (comparable), asking f (and remembering)
+// unless d is a replay device, which only recalls.
+func query[V any](d *Device, what string, key any, f func() (V, error)) (V, error) {
 	if d.memo != nil {
 		d.memo.mu.Lock()
 		v, ok := d.memo.m[key]
 		d.memo.mu.Unlock()
 		if ok {
-			return v.a, v.b, nil
+			return v.(V), nil
 		}
 	}
 	if d.rep != nil {
-		return 0, 0, fmt.Errorf("kernels: %s %+v: %w: not asked at capture", what, key, ErrGraphDiverged)
+		var zero V
+		return zero, fmt.Errorf("kernels: %s %+v: %w: not asked at capture", what, key, ErrGraphDiverged)
 	}
-	a, b, err := f()
+	v, err := f()
 	if err == nil && d.memo != nil {
 		d.memo.mu.Lock()
-		d.memo.m[key] = memoVal{a, b}
+		d.memo.m[key] = v
 		d.memo.mu.Unlock()
 	}
-	return a, b, err
+	return v, err
 }

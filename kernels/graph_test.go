@@ -124,3 +124,28 @@ func TestStepGraph(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestQueryMemo (no GPU): a workspace query is asked once and remembered;
+// a replay device recalls it and reports a query never asked as divergence.
+func TestQueryMemo(t *testing.T) {
+	m := newMemo()
+	d := &Device{memo: m}
+	rep := &Device{memo: m, rep: &StepGraph{}}
+	calls := 0
+	f := func() ([]int64, error) { calls++; return []int64{7, 9}, nil }
+	for range 2 {
+		v, err := query(d, "q", [2]int{1, 2}, f)
+		if err != nil || len(v) != 2 || v[1] != 9 {
+			t.Fatalf("query: %v %v", v, err)
+		}
+	}
+	if calls != 1 {
+		t.Errorf("asked %d times, want 1", calls)
+	}
+	if v, err := query(rep, "q", [2]int{1, 2}, f); err != nil || v[0] != 7 || calls != 1 {
+		t.Errorf("replay recall: %v %v (calls %d)", v, err, calls)
+	}
+	if _, err := query(rep, "q", [2]int{3, 4}, f); !errors.Is(err, ErrGraphDiverged) || calls != 1 {
+		t.Errorf("replay miss: %v (calls %d)", err, calls)
+	}
+}

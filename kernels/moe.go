@@ -106,16 +106,16 @@ func (d *Device) MoEWorkspace(T, K int, ex *MoEExperts) (bytes int64, tileM int,
 		return 0, 0, err
 	}
 	type key struct{ T, K, E, H, I int }
-	b, tm, err := d.query(op, key{T, K, ex.E, ex.H, ex.I}, func() (int64, int64, error) {
+	v, err := query(d, op, key{T, K, ex.E, ex.H, ex.I}, func() ([2]int64, error) {
 		var b uint64
 		var tm int32
 		err := d.lib.check("mk_moe_workspace", moeWorkspace(int64(T), int32(K), int32(ex.E), int64(ex.H), int64(ex.I), &b, &tm))
-		return int64(b), int64(tm), err
+		return [2]int64{int64(b), int64(tm)}, err
 	})
 	if err != nil {
 		return 0, 0, err
 	}
-	return b, int(tm), nil
+	return v[0], int(v[1]), nil
 }
 
 // MoEExpertsRun runs the routed experts of one layer: out [T, H] f32 =

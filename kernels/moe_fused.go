@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"time"
 )
 
@@ -243,25 +244,45 @@ func (d *Device) MoEFusedWorkspace(a MoEFusedArgs, withSeparate bool) (ctl int64
 	}
 	tok, sl := a.flat()
 	R := len(tok)
-	rb := make([]uint64, R)
-	var cb uint64
-	var tm int32
+	// The memo's key: the arguments the sizes depend on (R ≤ MoEFusedMaxRanks).
+	type key struct {
+		tok                [MoEFusedMaxRanks]int64
+		sl                 [MoEFusedMaxRanks]int32
+		r, k, e, h, i, sep int
+	}
+	kk := key{r: R, k: a.TopK, e: a.Experts, h: a.H, i: a.I}
+	copy(kk.tok[:], tok)
+	copy(kk.sl[:], sl)
+	type sizes struct {
+		ctl  int64
+		rank []int64
+		tm   int
+	}
 	sep := int32(0)
 	if withSeparate {
-		sep = 1
+		sep, kk.sep = 1, 1
 	}
-	rc := moeFusedWorkspace(int32(R), &tok[0], &sl[0], int32(a.TopK), int32(a.Experts), int64(a.H), int64(a.I), sep,
-		&cb, &rb[0], &tm)
-	runtime.KeepAlive(tok)
-	runtime.KeepAlive(sl)
-	if err := d.lib.check("mk_moe_fused_workspace", rc); err != nil {
+	v, err := query(d, op, kk, func() (sizes, error) {
+		rb := make([]uint64, R)
+		var cb uint64
+		var tm int32
+		rc := moeFusedWorkspace(int32(R), &tok[0], &sl[0], int32(a.TopK), int32(a.Experts), int64(a.H), int64(a.I), sep,
+			&cb, &rb[0], &tm)
+		runtime.KeepAlive(tok)
+		runtime.KeepAlive(sl)
+		if err := d.lib.check("mk_moe_fused_workspace", rc); err != nil {
+			return sizes{}, err
+		}
+		s := sizes{ctl: int64(cb), rank: make([]int64, R), tm: int(tm)}
+		for r := range rb {
+			s.rank[r] = int64(rb[r])
+		}
+		return s, nil
+	})
+	if err != nil {
 		return 0, nil, 0, err
 	}
-	rank = make([]int64, R)
-	for r := range rb {
-		rank[r] = int64(rb[r])
-	}
-	return int64(cb), rank, int(tm), nil
+	return v.ctl, slices.Clone(v.rank), v.tm, nil
 }
 
 // NewMoEFusedControl allocates a control workspace with a cleared error record.

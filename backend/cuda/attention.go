@@ -227,35 +227,37 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			if pk == nil {
 				panicf("Attention", "span %d has a block table but no paged KV cache exists (call InitKV)", i)
 			}
-			if need := (n + pk.blockSize - 1) / pk.blockSize; len(s.Blocks) < need {
+			need := (n + pk.blockSize - 1) / pk.blockSize
+			if len(s.Blocks) < need {
 				panicf("Attention", "position %d needs block %d, the block table has %d", n-1, need-1, len(s.Blocks))
 			}
-			for _, id := range s.Blocks[:(n+pk.blockSize-1)/pk.blockSize] {
+			for _, id := range s.Blocks[:need] {
 				if id < 0 || int(id) >= pk.numBlocks {
 					panicf("Attention", "block id %d outside the pool of %d", id, pk.numBlocks)
 				}
 			}
-			if pf := be.gr.padFrom.Load(); pf > 0 && int64(s.Offset) >= pf {
-				// A padding row (GraphStep): reads block 0, stores nothing.
-				tbl := s.Blocks[:1]
-				if be.graphMode() != graphOff { // the same layout as the real rows
-					tbl = padTable(tbl, (be.gr.key.keys+pk.blockSize-1)/pk.blockSize)
-				}
-				paged.add(s, tbl, pk.blockSize)
-				paged.slots[s.Offset] = -1
-				continue
+			// A padding row of GraphStep reads block 0 and stores nothing.
+			pf := be.gr.padFrom.Load()
+			padding := pf > 0 && int64(s.Offset) >= pf
+			tbl := s.Blocks
+			if padding {
+				tbl = s.Blocks[:1]
 			}
 			if be.graphMode() != graphOff {
 				// A graph step: every row's table padded to the key's stride.
-				need := (n + pk.blockSize - 1) / pk.blockSize
 				stride := (be.gr.key.keys + pk.blockSize - 1) / pk.blockSize
-				if need > stride {
-					panicf("Attention", "%v: position %d beyond the graph's %d keys", errDiverged, n-1, be.gr.key.keys)
+				if !padding {
+					if need > stride {
+						panicf("Attention", "%v: position %d beyond the graph's %d keys", errDiverged, n-1, be.gr.key.keys)
+					}
+					tbl = s.Blocks[:need]
 				}
-				paged.add(s, padTable(s.Blocks[:need], stride), pk.blockSize)
-				continue
+				tbl = padTable(tbl, stride)
 			}
-			paged.add(s, s.Blocks, pk.blockSize)
+			paged.add(s, tbl, pk.blockSize)
+			if padding {
+				paged.slots[s.Offset] = -1
+			}
 			continue
 		}
 		pv := be.priv

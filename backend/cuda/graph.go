@@ -109,11 +109,8 @@ type graphState struct {
 
 	// The running step (set by GraphStep's goroutine).
 	mode atomic.Int32
-	cur  *stepGraph
-	pos  int             // tape position of a replay
 	rdev *kernels.Device // the replay device
 	key  graphKey
-	bs   int // block size of the step's paged pool
 
 	stale atomic.Bool                // set when captured addresses changed: drop every graph
 	snap  atomic.Pointer[GraphStats] // what Graphs returns
@@ -142,35 +139,35 @@ func stepKeyBucket(n int) int {
 // eligible returns the key of b when its step can run as a graph: the fast
 // profile (no host routing), every span one decode row with a block table,
 // no context parallelism, logits of every row in order.
-func (be *Backend) eligible(b *backend.Batch) (graphKey, int, bool) {
+func (be *Backend) eligible(b *backend.Batch) (graphKey, bool) {
 	if !graphsOn() || be.noGraphs || be.split || be.kvF32 || b == nil {
-		return graphKey{}, 0, false
+		return graphKey{}, false
 	}
 	be.kvMu.Lock()
 	pk := be.paged
 	be.kvMu.Unlock()
 	T := len(b.Tokens)
 	if pk == nil || T == 0 || T > graphMaxRows || len(b.Seqs) != T {
-		return graphKey{}, 0, false
+		return graphKey{}, false
 	}
 	if b.LogitRows != nil {
 		if len(b.LogitRows) != T {
-			return graphKey{}, 0, false
+			return graphKey{}, false
 		}
 		for i, r := range b.LogitRows {
 			if r != i {
-				return graphKey{}, 0, false
+				return graphKey{}, false
 			}
 		}
 	}
 	longest := 0
 	for _, s := range b.Seqs {
 		if s.Len != 1 || s.Blocks == nil || s.ContextParallel > 1 {
-			return graphKey{}, 0, false
+			return graphKey{}, false
 		}
 		longest = max(longest, s.Past+1)
 	}
-	return graphKey{rows: padRows(T), keys: stepKeyBucket(longest)}, pk.blockSize, true
+	return graphKey{rows: padRows(T), keys: stepKeyBucket(longest)}, true
 }
 
 // padRows is the row count a decode step of T rows is padded to, so that
@@ -228,7 +225,7 @@ func (be *Backend) firstRows(x backend.Tensor, T int) backend.Tensor {
 // A step of T rows runs padded to padRows(T) rows (padBatch), eagerly or
 // as a graph, and returns the logits of its T rows.
 func (be *Backend) GraphStep(b *backend.Batch, f func() (backend.Tensor, error)) (backend.Tensor, error) {
-	key, bs, ok := be.eligible(b)
+	key, ok := be.eligible(b)
 	if !ok {
 		return be.eagerStep(f)
 	}
@@ -243,7 +240,7 @@ func (be *Backend) GraphStep(b *backend.Batch, f func() (backend.Tensor, error))
 		be.gr.padFrom.Store(0)
 		restore()
 	}()
-	out, err := be.graphStep(key, bs, f)
+	out, err := be.graphStep(key, f)
 	if err != nil {
 		return nil, err
 	}
@@ -251,7 +248,7 @@ func (be *Backend) GraphStep(b *backend.Batch, f func() (backend.Tensor, error))
 }
 
 // graphStep is GraphStep for an eligible (padded) batch of key's shape.
-func (be *Backend) graphStep(key graphKey, bs int, f func() (backend.Tensor, error)) (backend.Tensor, error) {
+func (be *Backend) graphStep(key graphKey, f func() (backend.Tensor, error)) (backend.Tensor, error) {
 	gr := &be.gr
 	if gr.stale.Swap(false) {
 		be.dropGraphs()
@@ -269,7 +266,7 @@ func (be *Backend) graphStep(key graphKey, bs int, f func() (backend.Tensor, err
 	}
 	gr.clock++
 	g.used = gr.clock
-	gr.key, gr.bs = key, bs
+	gr.key = key
 	switch {
 	case g.sg != nil:
 		return be.replayStep(g, f)
@@ -338,11 +335,9 @@ func (be *Backend) captureStep(g *stepGraph, f func() (backend.Tensor, error)) (
 		return be.eagerStepLocked(f)
 	}
 	be.alloc.startTape(g, graphCapturing)
-	gr.cur = g
 	gr.mode.Store(int32(graphCapturing))
 	out, ferr := callStep(f)
 	gr.mode.Store(int32(graphOff))
-	gr.cur = nil
 	be.alloc.stopTape()
 	ot, _ := out.(*Tensor)
 	if ferr == nil && (ot == nil || ot.st.f32 == nil) {
@@ -388,13 +383,11 @@ func (be *Backend) replayStep(g *stepGraph, f func() (backend.Tensor, error)) (b
 	}
 	be.resetStepCaches()
 	gr.rdev = g.sg.Replay(g.real)
-	gr.pos = 0
-	gr.cur = g
 	be.alloc.startTape(g, graphReplaying)
 	gr.mode.Store(int32(graphReplaying))
 	out, ferr := callStep(f)
 	gr.mode.Store(int32(graphOff))
-	gr.cur, gr.rdev = nil, nil
+	gr.rdev = nil
 	pos := be.alloc.stopTape()
 	if ferr == nil {
 		if ot, _ := out.(*Tensor); ot == nil || ot.st.f32 != g.out {

@@ -37,15 +37,7 @@ type fusedState struct {
 	mu     sync.Mutex
 	ctl    *kernels.Buffer            // the control workspace every launch shares (stream order)
 	tables map[[2]int]*kernels.Buffer // (E, R) → placement table on the device
-	ws     map[fusedKey]fusedWS       // workspace sizes (answered on the host during replays)
 	used   bool                       // a fused launch ran since the last check
-}
-
-type fusedKey struct{ R, T, K, E, H, I int }
-
-type fusedWS struct {
-	ctl  int64
-	rank []int64
 }
 
 // moePath resolves Options.MoEPath and the environment.
@@ -115,22 +107,13 @@ func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffe
 	if c, ok := be.moeTuning.Lookup(tk2, (T+R-1)/R); ok {
 		args.CTAs, args.DispatchCTAs = c.CTAs, c.DispatchCTAs
 	}
-	key := fusedKey{R, T, K, E, H, I}
-	sz, ok := fs.ws[key]
-	if !ok {
-		be.graphGuard("a fused MoE workspace query")
-		ctl, rank, _, err := d.MoEFusedWorkspace(args, false)
-		if err != nil {
-			return err
-		}
-		if ctl > fs.ctl.Bytes() {
-			return fmt.Errorf("cuda: fused MoE control workspace of %d bytes, %d allocated", ctl, fs.ctl.Bytes())
-		}
-		sz = fusedWS{ctl: ctl, rank: rank}
-		if fs.ws == nil {
-			fs.ws = map[fusedKey]fusedWS{}
-		}
-		fs.ws[key] = sz
+	// Memoised by kernels: a replay device answers it as the capture did.
+	ctl, sz, _, err := d.MoEFusedWorkspace(args, false)
+	if err != nil {
+		return err
+	}
+	if ctl > fs.ctl.Bytes() {
+		return fmt.Errorf("cuda: fused MoE control workspace of %d bytes, %d allocated", ctl, fs.ctl.Bytes())
 	}
 	rows := func(b *kernels.Buffer, t0, n int, rowBytes int64) *kernels.Buffer {
 		return view(b, int64(t0)*rowBytes, max(int64(n), 1)*rowBytes)
@@ -155,7 +138,7 @@ func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffe
 		if counts != nil {
 			rk.Counts = view(counts, int64(r*S)*8, int64(S)*8)
 		}
-		b := be.alloc.get(d, max(sz.rank[r], 1))
+		b := be.alloc.get(d, max(sz[r], 1))
 		ws = append(ws, b)
 		rk.WS = b
 	}
