@@ -19,7 +19,7 @@ type pagedCase struct {
 	bs, window   int
 	sinks        bool
 	seqs         []pagedSeq
-	work         string // "plan": PagedAttnWorkspace; "none": no workspace; "short": maxKeys hint 1/4 of the truth
+	work         string // "plan": PagedAttnWorkspace; "none": no workspace; "short": maxKeys hint 1/4 of the truth; "long": twice the next power of two (a decode graph plans for its key bucket)
 }
 
 var pagedCases = []pagedCase{
@@ -38,6 +38,10 @@ var pagedCases = []pagedCase{
 		seqs: []pagedSeq{{8192, 1}}},
 	{name: "d128_g4_ctx8192_shorthint", h: 32, kv: 8, d: 128, dv: 128, bs: 16, work: "short", sinks: true,
 		seqs: []pagedSeq{{8192, 1}, {300, 1}}},
+	{name: "d24_mha_bs4_longhint", h: 4, kv: 4, d: 24, dv: 24, bs: 4, work: "long",
+		seqs: []pagedSeq{{13, 1}, {10, 1}, {258, 1}, {1, 1}}},
+	{name: "d128_g4_longhint", h: 32, kv: 8, d: 128, dv: 128, bs: 16, work: "long", sinks: true,
+		seqs: []pagedSeq{{300, 1}, {17, 1}}},
 	{name: "d192_dv128_g8_sinks", h: 16, kv: 2, d: 192, dv: 128, bs: 7, sinks: true,
 		seqs: []pagedSeq{{1000, 1}, {8192, 1}}},
 	{name: "d256_g2_window", h: 4, kv: 2, d: 256, dv: 256, bs: 16, window: 700, seqs: []pagedSeq{{2000, 2}}},
@@ -134,6 +138,11 @@ func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant) {
 		case "none":
 		case "short":
 			hint = max(1, maxKeys/4)
+		case "long":
+			hint = 2
+			for hint < 2*maxKeys {
+				hint *= 2
+			}
 		}
 		ar.check(ar.d.SetPagedVariant(variant))
 		if c.work != "none" && ar.err == nil {

@@ -461,6 +461,12 @@ type allocator struct {
 
 	tape  *tapeState               // the running graph step's tape, or nil
 	owned map[*kernels.Buffer]bool // the graphs' arena (graph.go): never pooled again
+	// handles maps each handle a graph step got (a whole-buffer view, one
+	// per get) to its arena buffer until the handle is put, or to nil once
+	// the arena is freed. A tensor of an earlier step that dies during a
+	// capture puts its own handle, which the capture never handed out, so
+	// it cannot free a buffer the capture took again (graph.go).
+	handles map[*kernels.Buffer]*kernels.Buffer
 }
 
 const poolMax = 64 << 20
@@ -482,8 +488,15 @@ func (a *allocator) put(b *kernels.Buffer) {
 		return // nil, or freed with its graph
 	}
 	a.mu.Lock()
+	if base, ok := a.handles[b]; ok {
+		delete(a.handles, b)
+		if base != nil {
+			a.tapePut(b, base)
+		}
+		a.mu.Unlock()
+		return
+	}
 	if a.owned[b] {
-		a.tapePut(b)
 		a.mu.Unlock()
 		return
 	}

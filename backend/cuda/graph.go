@@ -522,7 +522,7 @@ type tapeState struct {
 	mode  graphMode
 	pos   int                         // replay: buffers handed out
 	free  map[int64][]*kernels.Buffer // capture: arena buffers free now, by size class
-	inUse map[*kernels.Buffer]bool    // capture: handed out and not given back
+	inUse map[*kernels.Buffer]bool    // capture: handles handed out and not given back
 }
 
 // startTape makes get record (capture) or hand out (replay) g's tape.
@@ -540,6 +540,9 @@ func (a *allocator) startTape(g *stepGraph, mode graphMode) {
 	if a.owned == nil {
 		a.owned = map[*kernels.Buffer]bool{}
 	}
+	if a.handles == nil {
+		a.handles = map[*kernels.Buffer]*kernels.Buffer{}
+	}
 }
 
 // stopTape ends the tape and returns how many buffers a replay took.
@@ -556,7 +559,10 @@ func (a *allocator) stopTape() int {
 
 // tapeGet is get during a graph step (a.mu held): capture takes a free arena
 // buffer, else a pool or fresh one (which joins the arena), and records it;
-// replay hands out the tape's next one.
+// replay hands out the tape's next one. Either way the step gets a fresh
+// handle (a view of the whole buffer): a buffer can be held by a dead
+// tensor of an earlier step and by this step at once, and only this step's
+// handle may give it back to the capture.
 func (a *allocator) tapeGet(d *kernels.Device, c int64) *kernels.Buffer {
 	t := a.tape
 	if t.mode == graphReplaying {
@@ -565,7 +571,7 @@ func (a *allocator) tapeGet(d *kernels.Device, c int64) *kernels.Buffer {
 		}
 		b := t.g.tape[t.pos]
 		t.pos++
-		return b
+		return a.handle(b)
 	}
 	var b *kernels.Buffer
 	if l := t.free[c]; len(l) > 0 {
@@ -581,17 +587,26 @@ func (a *allocator) tapeGet(d *kernels.Device, c int64) *kernels.Buffer {
 		}
 	}
 	a.owned[b] = true
-	t.inUse[b] = true
 	t.g.tape = append(t.g.tape, b)
-	return b
+	h := a.handle(b)
+	t.inUse[h] = true
+	return h
 }
 
-// tapePut is put of an arena buffer (a.mu held): during a capture, a buffer
-// the step had taken is free again for the rest of it.
-func (a *allocator) tapePut(b *kernels.Buffer) {
-	if t := a.tape; t != nil && t.mode == graphCapturing && t.inUse[b] {
-		delete(t.inUse, b)
-		t.free[b.Bytes()] = append(t.free[b.Bytes()], b)
+// handle is a new handle of arena buffer b (a.mu held).
+func (a *allocator) handle(b *kernels.Buffer) *kernels.Buffer {
+	h := view(b, 0, b.Bytes())
+	a.handles[h] = b
+	return h
+}
+
+// tapePut is put of handle h of arena buffer base (a.mu held): during a
+// capture, a buffer the capture had handed out is free again for the rest
+// of it.
+func (a *allocator) tapePut(h, base *kernels.Buffer) {
+	if t := a.tape; t != nil && t.mode == graphCapturing && t.inUse[h] {
+		delete(t.inUse, h)
+		t.free[base.Bytes()] = append(t.free[base.Bytes()], base)
 	}
 }
 
@@ -611,6 +626,9 @@ func (a *allocator) takeArena() []*kernels.Buffer {
 		out = append(out, b)
 	}
 	a.owned = nil
+	for h := range a.handles { // live handles now point at freed memory
+		a.handles[h] = nil
+	}
 	return out
 }
 
