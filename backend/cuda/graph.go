@@ -85,7 +85,7 @@ type stepGraph struct {
 	sg     *kernels.StepGraph
 	real   *kernels.Device
 	tape   []*kernels.Buffer // buffers the step gets, in order (arena buffers; repeats allowed)
-	out    *kernels.Buffer   // the output tensor's memory
+	out    *kernels.Buffer   // the output tensor's memory (the capture's handle of it)
 	eager  int               // eager runs so far
 	broken bool              // capture failed: eager only
 	used   uint64            // LRU clock
@@ -390,7 +390,7 @@ func (be *Backend) replayStep(g *stepGraph, f func() (backend.Tensor, error)) (b
 	gr.rdev = nil
 	pos := be.alloc.stopTape()
 	if ferr == nil {
-		if ot, _ := out.(*Tensor); ot == nil || ot.st.f32 != g.out {
+		if ot, _ := out.(*Tensor); ot == nil || !sameMemory(ot.st.f32, g.out) {
 			ferr = fmt.Errorf("cuda: %w: the replayed step returned other memory than its capture", errDiverged)
 		} else if pos != len(g.tape) {
 			ferr = fmt.Errorf("cuda: %w: the replay took %d of the %d buffers of its capture", errDiverged, pos, len(g.tape))
@@ -512,6 +512,12 @@ func (be *Backend) doReplay(f func(d *kernels.Device) error) (err error) {
 		}
 	}()
 	return f(be.gr.rdev)
+}
+
+// sameMemory reports whether a and b (handles or views) are the same device
+// memory.
+func sameMemory(a, b *kernels.Buffer) bool {
+	return a != nil && b != nil && a.Ptr() == b.Ptr() && a.Bytes() == b.Bytes()
 }
 
 // ---- the allocator's tape ----
