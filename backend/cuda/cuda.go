@@ -138,6 +138,7 @@ type Backend struct {
 var (
 	_ backend.Backend       = (*Backend)(nil)
 	_ backend.ExpertCounter = (*Backend)(nil)
+	_ backend.ExpertPlacer  = (*Backend)(nil)
 	_ backend.KVAllocator   = (*Backend)(nil)
 	_ backend.StepGrapher   = (*Backend)(nil)
 )
