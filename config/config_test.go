@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -507,4 +508,32 @@ func FuzzLoad(f *testing.F) {
 			t.Fatalf("round trip:\n got %+v\nwant %+v", back, c)
 		}
 	})
+}
+
+// TestCUDARebalance: expert rebalancing on the cuda backend is a valid
+// configuration with its expert-parallel prerequisites (ep ≥ 2 through the
+// fused MoE path in the fast profile) and reaches the engine; without them
+// it names the missing setting.
+func TestCUDARebalance(t *testing.T) {
+	base := []string{"--model", "m", "--backend", "cuda", "--rebalance-every", "8"}
+	for _, tc := range []struct {
+		args []string
+		want string // "": valid
+	}{
+		{[]string{"--ep", "4", "--moe-path", "fused", "--precision", "fast"}, ""},
+		{[]string{"--ep", "4", "--moe-path", "fused", "--precision", "fast", "--rebalance-spare", "2"}, ""},
+		{[]string{"--moe-path", "fused", "--precision", "fast"}, "engine.rebalance_every"},
+		{[]string{"--ep", "4", "--precision", "fast"}, "moe_path fused"},
+		{[]string{"--ep", "4", "--moe-path", "fused"}, "precision fast"},
+	} {
+		c, err := Parse(newFS(), append(slices.Clone(base), tc.args...), env(nil))
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%v: %v, want a valid config", tc.args, err)
+		case tc.want == "" && c.EngineConfig().RebalanceEvery != 8:
+			t.Errorf("%v: engine rebalance_every %d, want 8", tc.args, c.EngineConfig().RebalanceEvery)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%v: %v, want an error naming %q", tc.args, err, tc.want)
+		}
+	}
 }

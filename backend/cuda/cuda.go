@@ -46,6 +46,11 @@
 //   - Decode steps of the fast profile run as CUDA graphs (graph.go,
 //     GraphStep); context-parallel spans as ring attention over emulated
 //     ranks (ring.go).
+//   - With Options.EPRanks > 1 the MoE layers run on emulated
+//     expert-parallel ranks through the fused kernel (moe_fused.go), and
+//     the backend is a backend.ExpertPlacer: the engine's rebalancer may
+//     give a layer another placement (moe_place.go: per-rank copies of
+//     the experts, replicas of hot ones), installed between steps.
 //
 // Verification status (H200, 2026-11-29; kernels/README.md and
 // docs/PERF.md): op, engine, sampling, MoE, graph and ring tests pass;
@@ -138,6 +143,7 @@ type Backend struct {
 var (
 	_ backend.Backend       = (*Backend)(nil)
 	_ backend.ExpertCounter = (*Backend)(nil)
+	_ backend.ExpertPlacer  = (*Backend)(nil)
 	_ backend.KVAllocator   = (*Backend)(nil)
 	_ backend.StepGrapher   = (*Backend)(nil)
 )

@@ -208,8 +208,9 @@ func (be *Backend) countExperts(layer, E int, ids []int32) {
 }
 
 // TakeExpertLoad implements backend.ExpertCounter: tokens per expert per
-// MoE layer since the previous call, from both paths (the grouped path's
-// device counters are read and zeroed here, not per layer).
+// MoE layer since the previous call, from both paths (the grouped and fused
+// paths' device counters are read and zeroed here, not per layer; a placed
+// layer's per-slot counters are summed per expert).
 func (be *Backend) TakeExpertLoad() map[int][]int64 {
 	dev := be.takeDeviceLoad()
 	be.loadMu.Lock()

@@ -13,8 +13,10 @@ import (
 // The fused MoE path (kernels.MoEFused): each layer's routed experts as one
 // persistent launch over R expert-parallel ranks emulated on this GPU
 // (Options.EPRanks; 1 when unset). Rank r holds experts [r·E/R, (r+1)·E/R)
-// (views of the layer's stacked weights, a block placement) and serves
-// tokens [r·T/R, (r+1)·T/R) of the step as their source rank; the kernel
+// (views of the layer's stacked weights, a block placement) unless
+// PlaceExperts gave the layer another placement (moe_place.go: copies of the
+// experts per rank, replicas of hot experts), and serves tokens
+// [r·T/R, (r+1)·T/R) of the step as their source rank; the kernel
 // dispatches each (token, k) to the expert's rank, runs the GEMMs tile by
 // tile as rows arrive, and combines the results back at the source rank.
 // Selected with Options.MoEPath = "fused" (or MKSERVE_MOE_PATH=fused);
@@ -38,6 +40,10 @@ type fusedState struct {
 	ctl    *kernels.Buffer            // the control workspace every launch shares (stream order)
 	tables map[[2]int]*kernels.Buffer // (E, R) → placement table on the device
 	used   bool                       // a fused launch ran since the last check
+
+	layers  map[int]*fusedLayer    // by layer index: what the fused path last saw (PlaceExperts copies from it)
+	placed  map[int]*placedExperts // by layer index: installed non-block placements
+	pending map[int]*placedExperts // by layer index: prepared by PlaceExperts, installed at the layer's next eager step (nil: back to the block placement)
 }
 
 // moePath resolves Options.MoEPath and the environment.
@@ -61,14 +67,17 @@ func (be *Backend) fusedFits(E int, gub, db *Tensor) bool {
 }
 
 // moeFusedRun is the routed experts of one layer through kernels.MoEFused
-// (on the GPU goroutine): out [T, H] f32 from xb [T, H] bf16, ids/w [T, K].
+// (on the GPU goroutine): out [T, H] f32 from xb [T, H] bf16, ids/w [T, K];
+// gu and dn are the layer's stacked weights (ex.GateUp, ex.Down), counts
+// its per-expert counters [E] (used by the block placement).
 func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffer, T, K int, ex *kernels.MoEExperts,
-	counts *kernels.Buffer) error {
+	counts *kernels.Buffer, layer int, gu, dn *Tensor) error {
 	R, E, H, I := be.epRanks, ex.E, ex.H, ex.I
 	S := E / R
 	fs := &be.fused
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	pl := be.notePlaced(d, layer, gu, dn, E, H, I)
 	if fs.ctl == nil {
 		be.graphGuard("the fused MoE control buffer")
 		ctl, _, _, err := d.MoEFusedWorkspace(kernels.MoEFusedArgs{Tokens: []int{1}, Slots: []int{E}, Experts: E, TopK: K, H: H, I: I}, false)
@@ -81,7 +90,9 @@ func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffe
 	}
 	tk := [2]int{E, R}
 	table := fs.tables[tk]
-	if table == nil {
+	if pl != nil {
+		table = pl.table
+	} else if table == nil {
 		be.graphGuard("a fused MoE placement table")
 		v, err := kernels.MoEBlockPlacement(E, R).Table()
 		if err != nil {
@@ -100,6 +111,9 @@ func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffe
 	for r := range R {
 		tokens[r] = (r+1)*T/R - r*T/R
 		slots[r] = S
+		if pl != nil {
+			slots[r] = pl.slots[r]
+		}
 	}
 	args := kernels.MoEFusedArgs{Tokens: tokens, Slots: slots, Table: table, Experts: E, TopK: K, H: H, I: I,
 		Clamped: ex.Clamped, Alpha: ex.Alpha, Limit: ex.Limit}
@@ -119,6 +133,11 @@ func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffe
 		return view(b, int64(t0)*rowBytes, max(int64(n), 1)*rowBytes)
 	}
 	ranks := make([]kernels.MoEFusedRank, R)
+	var slotCounts *kernels.Buffer // [Σ Slots_r] int64: the placement's per-slot counters
+	slot0 := 0
+	if pl != nil {
+		slotCounts = be.counterBuffer(d, &moeCounter{E: pl.counter.n, off: pl.counter.off})
+	}
 	var ws []*kernels.Buffer
 	defer func() {
 		for _, b := range ws {
@@ -133,10 +152,19 @@ func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffe
 		rk.IDs = rows(ids, t0, n, int64(K)*4)
 		rk.Weights = rows(w, t0, n, int64(K)*4)
 		rk.Out = rows(out, t0, n, int64(H)*4)
-		rk.GateUp = view(ex.GateUp, int64(r*S)*int64(2*I*H)*2, int64(S)*int64(2*I*H)*2)
-		rk.Down = view(ex.Down, int64(r*S)*int64(H*I)*2, int64(S)*int64(H*I)*2)
-		if counts != nil {
-			rk.Counts = view(counts, int64(r*S)*8, int64(S)*8)
+		switch {
+		case pl != nil:
+			rk.GateUp, rk.Down = pl.gateUp[r], pl.down[r]
+			if n := slots[r]; n > 0 {
+				rk.Counts = view(slotCounts, int64(slot0)*8, int64(n)*8)
+			}
+			slot0 += slots[r]
+		default:
+			rk.GateUp = view(ex.GateUp, int64(r*S)*int64(2*I*H)*2, int64(S)*int64(2*I*H)*2)
+			rk.Down = view(ex.Down, int64(r*S)*int64(H*I)*2, int64(S)*int64(H*I)*2)
+			if counts != nil {
+				rk.Counts = view(counts, int64(r*S)*8, int64(S)*8)
+			}
 		}
 		b := be.alloc.get(d, max(sz[r], 1))
 		ws = append(ws, b)

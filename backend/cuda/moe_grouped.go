@@ -19,9 +19,10 @@ import (
 // download and one zeroing upload, not two per layer.
 type moeDevState struct {
 	mu     sync.Mutex
-	layers map[int]*moeCounter // by layer index
-	used   int                 // int64 counters assigned
-	buf    *kernels.Buffer     // [capacity] int64 on the device
+	layers map[int]*moeCounter  // by layer index
+	slots  map[int]*slotCounter // by layer index: per-slot counters of placed layers (moe_place.go)
+	used   int                  // int64 counters assigned
+	buf    *kernels.Buffer      // [capacity] int64 on the device
 	cap    int
 }
 
@@ -112,6 +113,25 @@ func (be *Backend) takeDeviceLoad() map[int][]int64 {
 				nonzero = true
 			}
 		}
+		// Placed layers: each slot's count goes to the expert it holds.
+		for l, c := range s.slots {
+			if c.expert == nil || c.off+len(c.expert) > s.cap {
+				continue
+			}
+			v := all[c.off : c.off+len(c.expert)]
+			if !slices.ContainsFunc(v, func(n int64) bool { return n != 0 }) {
+				continue
+			}
+			o := out[l]
+			if len(o) != c.E {
+				o = make([]int64, c.E)
+				out[l] = o
+			}
+			for i, e := range c.expert {
+				o[e] += v[i]
+			}
+			nonzero = true
+		}
 		if !nonzero {
 			return nil
 		}
@@ -173,7 +193,7 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 			ex.DownBias = be.f32(d, db)
 		}
 		if be.fusedFits(E, gub, db) {
-			return be.moeFusedRun(d, out.st.f32, xb, ids, w, T, K, ex, be.counterBuffer(d, c))
+			return be.moeFusedRun(d, out.st.f32, xb, ids, w, T, K, ex, be.counterBuffer(d, c), l.Layer, gu, down)
 		}
 		wsBytes, _, err := d.MoEWorkspace(T, K, ex)
 		must("workspace", err)
