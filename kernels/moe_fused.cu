@@ -137,13 +137,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
 }
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using mkmoe::mma16816;
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -431,7 +425,7 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
 #pragma unroll
       for (int mf = 0; mf < MF; mf++)
 #pragma unroll
-        for (int nf = 0; nf < NF; nf++) mma_bf16(acc[mf][nf], af[mf], bfr[nf][0], bfr[nf][1]);
+        for (int nf = 0; nf < NF; nf++) mma16816(acc[mf][nf], af[mf], bfr[nf][0], bfr[nf][1]);
     }
   }
   cp_async_wait<0>();

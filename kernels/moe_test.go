@@ -195,10 +195,8 @@ func TestMoEExperts(t *testing.T) {
 		{name: "E256_K8_T1_deepseek", cfg: deepSeekV3Router, T: 1, H: 128, I: 64, hot: -1, biases: true},
 		{name: "E256_K8_T130_deepseek", cfg: deepSeekV3Router, T: 130, H: 64, I: 48, hot: -1},
 		{name: "E256_K8_T7_deepseek_clamped", cfg: deepSeekV3Router, T: 7, H: 64, I: 32, hot: -1, clamped: true},
-		// The weight-streaming decode kernel (moe_stream.cu): 1, 2 and 4
-		// n-tiles per chunk, a hot expert with many chunks, reductions that
-		// end inside a 32-wide chunk, column counts that are not multiples
-		// of its 16 columns.
+		// The decode regime (16-row tiles) with a hot expert of many tiles,
+		// reductions that end inside a 64-wide chunk, odd column counts.
 		{name: "E128_K8_T200_hot_stream", cfg: sm(128, 8), T: 200, H: 136, I: 40, hot: 7, biases: true},
 		{name: "E64_K4_T16_stream_clamped", cfg: sm(64, 4), T: 16, H: 72, I: 24, hot: -1, clamped: true, biases: true},
 		{name: "E32_K8_T80_stream_nt4", cfg: sm(32, 8), T: 80, H: 200, I: 56, hot: -1},
