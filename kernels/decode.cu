@@ -46,7 +46,7 @@ __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_grou
 // cp_wait waits until at most N of this thread's committed groups are pending.
 template <int N>
 __device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
