@@ -6,8 +6,9 @@
 // computes all query heads of the GQA group that reads that kv head (up to 8
 // per CTA; larger groups take several head chunks), so each K/V byte is read
 // once per group and row. K/V tiles of 64 keys come through the block table
-// with 16-byte cp.async loads into padded shared memory, double-buffered (the
-// next tile loads while this one is computed). Scores, the online softmax
+// with 16-byte cp.async loads into padded shared memory: double-buffered in
+// paged_attn (the next tile loads while this one is computed), a ring of 2-4
+// stages in paged_attn_mma (up to 3 tiles in flight). Scores, the online softmax
 // (base 2, scale·log2 e folded into q) and the P·V accumulation are float32
 // on the CUDA cores. A row's keys are cut into `splits` ranges across CTAs
 // when the grid would not fill the GPU (batch 1, long context); each range
@@ -15,9 +16,9 @@
 // kernel merges them by log-sum-exp, adding the sinks.
 //
 // Two kernels share that frame (mk_paged_attn_variant): paged_attn computes
-// on the CUDA cores (float32 FMAs; chosen for groups of up to 4 heads), and
-// paged_attn_mma on the tensor cores (mma.sync; groups of more than 4 heads,
-// v_head_dim ≤ 128). Measured numbers and what limits them: kernels/README.md.
+// on the CUDA cores (float32 FMAs; chosen for v_head_dim > 128), and
+// paged_attn_mma on the tensor cores (mma.sync; chosen for v_head_dim ≤ 128,
+// any group). Measured numbers and what limits them: kernels/README.md.
 #include <algorithm>
 #include <cmath>
 
@@ -42,6 +43,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+// cp_wait waits until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 __device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
@@ -77,8 +83,8 @@ struct AttnArgs {
 // Shared memory of one CTA, in bytes, laid out as
 // Ks [2][kTK][D+8] bf16 | Vs [2][kTK][Dv+8] bf16 | qs [GM][D] f32 |
 // sp [kKS][kTK][GM] f32 | pb [kTK][GM] f32 | corr [GM] | mfin [GM] | lfin [GM].
-__host__ __device__ inline size_t smem_kv(int D, int Dv) {
-  return (size_t)2 * kTK * ((D + 8) + (Dv + 8)) * sizeof(bf16);
+__host__ __device__ inline size_t smem_kv(int D, int Dv, int stages = 2) {
+  return (size_t)stages * kTK * ((D + 8) + (Dv + 8)) * sizeof(bf16);
 }
 __host__ __device__ inline size_t smem_bytes(int D, int Dv, int GM) {
   return smem_kv(D, Dv) + sizeof(float) * ((size_t)GM * D + (size_t)kKS * kTK * GM + (size_t)kTK * GM + 3 * GM);
@@ -396,9 +402,8 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
 
 // ---- tensor-core variant ----
 //
-// The same CTA (row, kv head, key range; 4 warps, 64-key tiles through the
-// same double-buffered cp.async pipeline) with the products on the tensor
-// cores (mma.sync m16n8k16, bf16 in, float32 accumulate): the up to 16
+// The same CTA (row, kv head, key range; 4 warps, 64-key tiles) with the
+// products on the tensor cores (mma.sync m16n8k16, bf16 in, float32 accumulate): the up to 16
 // query heads of a group are the 16 rows of A. Each warp owns 16 keys of a
 // tile: S = Q·Kᵀ (K fragments by ldmatrix), its own online softmax (running
 // max and sum per head) and O += P·V (V fragments by ldmatrix.trans, P taken
@@ -406,6 +411,14 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
 // q and P are float32 split into hi = bf16(x) and lo = bf16(x − hi), two
 // MMAs each, so they keep ~16 bits of mantissa: only K and V are rounded
 // (to the bf16 of the cache). One barrier per tile.
+//
+// The K/V tiles come through a ring of NS stages (2-4, chosen per shape by
+// pick_stages): NS-1 tiles are in flight while one is computed (cp.async
+// groups, wait_group NS-2), and the block-table lookups of the tile after
+// the one being issued are read a tile ahead, so neither the pool loads nor
+// the table loads wait on the compute. With D = 128, 3 stages (111 KB) still
+// fit 2 CTAs per SM: 4 tiles (128 KB of K/V) in flight per SM, where the
+// double-buffered version had at most 2 and drained them every tile.
 
 constexpr int kGMma = 16;  // query heads per CTA (the MMA's M)
 
@@ -444,21 +457,25 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void* p) {
                : "memory");
 }
 
-// Shared memory of the MMA kernel: Ks, Vs as paged_attn | qf [ceil(D/16)][32][8] u32
-// (q's A fragments, hi then lo) | mls [4][16][2] f32 | fin [16][2] f32.
-__host__ __device__ inline size_t smem_bytes_mma(int D, int Dv) {
-  return smem_kv(D, Dv) + (size_t)((D + 15) / 16) * 32 * 8 * 4 + 4 * 16 * 2 * 4 + 16 * 2 * 4;
+constexpr int kMinStages = 2, kMaxStages = 4;  // the ring's depth (tiles)
+
+// Shared memory of the MMA kernel: Ks [NS][kTK][D+8] bf16 | Vs [NS][kTK][Dv+8] bf16 |
+// qf [ceil(D/16)][32][8] u32 (q's A fragments, hi then lo) | mls [4][16][2] f32 | fin [16][2] f32.
+__host__ __device__ inline size_t smem_bytes_mma(int D, int Dv, int stages) {
+  return smem_kv(D, Dv, stages) + (size_t)((D + 15) / 16) * 32 * 8 * 4 + 4 * 16 * 2 * 4 + 16 * 2 * 4;
 }
 
-template <int NV>  // NV: n-tiles of 8 output columns the accumulators hold (≥ Dv/8)
+// NV: n-tiles of 8 output columns the accumulators hold (≥ Dv/8); NS: stages of the K/V ring.
+template <int NV, int NS>
 __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
+  static_assert(NS >= kMinStages && NS <= kMaxStages, "stages");
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = a.D, Dv = a.Dv, KV = a.KV;
   const int ldk = D + 8, ldv = Dv + 8;
   const int ksteps = (D + 15) >> 4, nvt = Dv >> 3;
   bf16* Ks = reinterpret_cast<bf16*>(smem);
-  bf16* Vs = Ks + 2 * kTK * ldk;
-  uint32_t* qf = reinterpret_cast<uint32_t*>(smem + smem_kv(D, Dv));
+  bf16* Vs = Ks + NS * kTK * ldk;
+  uint32_t* qf = reinterpret_cast<uint32_t*>(smem + smem_kv(D, Dv, NS));
   float* mls = reinterpret_cast<float*>(qf + ksteps * 32 * 8);
   float* fin = mls + 4 * 16 * 2;
 
@@ -498,14 +515,17 @@ __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
   const int64_t ldpk = (int64_t)KV * D, ldpv = (int64_t)KV * Dv;
   const bf16* pk = a.pk + (int64_t)kh * D;
   const bf16* pv = a.pv + (int64_t)kh * Dv;
+  // A thread loads rows r0 + k*rstep (k < kRows) of a tile. fetch reads the
+  // pool rows of tile t's keys from the block table into pr; issue starts the
+  // 16-byte copies of those rows into stage st (the caller commits).
   const int r0 = tid >> a.lg_tpr;
-  int prow[kRows];
-  auto fetch = [&](int t) {
+  auto fetch = [&](int t, int (&pr)[kRows]) {
     const int j0 = kbeg + t * kTK;
     const int nk = min(kTK, kend - j0);
 #pragma unroll
     for (int k = 0; k < kRows; k++) {
       const int r = r0 + k * rstep;
+      pr[k] = 0;
       if (r < nk) {
         const int j = j0 + r;
         int blk, off;
@@ -516,11 +536,11 @@ __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
           blk = j / a.bs;
           off = j - blk * a.bs;
         }
-        prow[k] = tab[blk] * a.bs + off;
+        pr[k] = tab[blk] * a.bs + off;
       }
     }
   };
-  auto issue = [&](int t, int st) {
+  auto issue = [&](int t, int st, const int (&pr)[kRows]) {
     const int nk = min(kTK, kend - (kbeg + t * kTK));
     bf16* kd = Ks + st * kTK * ldk;
     bf16* vd = Vs + st * kTK * ldv;
@@ -528,14 +548,14 @@ __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
     for (int k = 0; k < kRows; k++) {
       const int r = r0 + k * rstep;
       if (r < nk) {
-        const bf16* ks = pk + (int64_t)prow[k] * ldpk;
-        const bf16* vs = pv + (int64_t)prow[k] * ldpv;
+        const bf16* ks = pk + (int64_t)pr[k] * ldpk;
+        const bf16* vs = pv + (int64_t)pr[k] * ldpv;
         for (int c = sub; c < cprk; c += tpr) cp_async16(kd + r * ldk + c * 8, ks + c * 8);
         for (int c = sub; c < cprv; c += tpr) cp_async16(vd + r * ldv + c * 8, vs + c * 8);
       }
     }
-    cp_commit();
     // Rows past the keys: V must be finite there (P is 0, but 0·NaN is not).
+    // Plain stores: the stage is free, and a barrier comes before its use.
     for (int x = tid; x < (kTK - nk) * cprv; x += kNT) {
       const int r = nk + x / cprv, c = x - (x / cprv) * cprv;
       *reinterpret_cast<uint4*>(vd + r * ldv + c * 8) = make_uint4(0, 0, 0, 0);
@@ -544,12 +564,25 @@ __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
 
   // K's padding columns D..D+7 meet q's zero columns when D % 16 == 8.
   if (D & 8)
-    for (int x = tid; x < 2 * kTK; x += kNT) *reinterpret_cast<uint4*>(Ks + x * ldk + D) = make_uint4(0, 0, 0, 0);
+    for (int x = tid; x < NS * kTK; x += kNT) *reinterpret_cast<uint4*>(Ks + x * ldk + D) = make_uint4(0, 0, 0, 0);
 
+  // Prologue: tiles 0..NS-2 in flight, one commit group each (empty past the
+  // last tile, so that group t is always tile t), their table lookups first
+  // (all at once), then the lookups of tile NS-1.
   const int ntiles = (kend - kbeg + kTK - 1) / kTK;
-  fetch(0);
-  issue(0, 0);
-  if (ntiles > 1) fetch(1);
+  int prow[kRows];
+  {
+    int pre[NS - 1][kRows];
+#pragma unroll
+    for (int s = 0; s < NS - 1; s++)
+      if (s < ntiles) fetch(s, pre[s]);
+#pragma unroll
+    for (int s = 0; s < NS - 1; s++) {
+      if (s < ntiles) issue(s, s, pre[s]);
+      cp_commit();
+    }
+  }
+  if (NS - 1 < ntiles) fetch(NS - 1, prow);
 
   // q's A fragments: lane l holds rows l/4 and l/4+8, columns 2(l%4)+{0,1} and +8.
   for (int x = tid; x < ksteps * 32; x += kNT) {
@@ -573,18 +606,28 @@ __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
   for (int nt = 0; nt < NV; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
   const int kb = warp * 16;  // this warp's keys in a tile
 
+  // st: tile t's stage (t mod NS); sn: the stage tile t+NS-1 goes to, the one
+  // tile t-1 used.
+  int st = 0, sn = NS - 1;
   for (int t = 0; t < ntiles; t++) {
-    const int st = t & 1;
     const int nk = min(kTK, kend - (kbeg + t * kTK));
-    cp_wait_all();
-    __syncthreads();  // tile t is in; stage st^1 is free (every warp is past tile t-1)
-    if (t + 1 < ntiles) {
-      issue(t + 1, st ^ 1);
-      if (t + 2 < ntiles) fetch(t + 2);
+    // Groups 0..t+NS-2 are committed; at most NS-2 pending means tile t is in.
+    cp_wait<NS - 2>();
+    __syncthreads();  // tile t is in for all threads; stage sn is free (every warp is past tile t-1)
+    {
+      const int tn = t + NS - 1;
+      if (tn < ntiles) {
+        issue(tn, sn, prow);
+        if (tn + 1 < ntiles) fetch(tn + 1, prow);
+      }
+      cp_commit();
     }
+    const int cur = st;
+    st = st + 1 == NS ? 0 : st + 1;
+    sn = sn + 1 == NS ? 0 : sn + 1;
     if (kb >= nk) continue;  // no keys for this warp in the last tile
-    const bf16* kt = Ks + st * kTK * ldk;
-    const bf16* vt = Vs + st * kTK * ldv;
+    const bf16* kt = Ks + cur * kTK * ldk;
+    const bf16* vt = Vs + cur * kTK * ldv;
 
     float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     {
@@ -755,6 +798,8 @@ __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
   const float* o = a.wo + ((int64_t)b * a.H + h) * S * Dv;
   for (int c = threadIdx.x; c < Dv; c += kNT) {
     float v = 0.0f;
+    // Unrolled so that several splits' loads are in flight at once.
+#pragma unroll 8
     for (int s = 0; s < S; s++) v = fmaf(w[s], o[(int64_t)s * Dv + c], v);
     a.out[(row * a.H + h) * Dv + c] = v * inv;
   }
@@ -786,22 +831,40 @@ int sm_count() {
   return sms;
 }
 
+// smem_optin is how much shared memory one CTA may opt into on this device.
+size_t smem_optin() {
+  static size_t bytes = 0;
+  if (bytes == 0) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess && v > 0)
+      bytes = (size_t)v;
+    else
+      return 48 * 1024;
+  }
+  return bytes;
+}
+
 // Variant selects the kernel: 0 auto, 1 CUDA cores, 2 tensor cores
-// (v_head_dim ≤ 128). Auto takes the tensor cores for groups of more than 4
-// query heads per kv head (v_head_dim ≤ 128), the CUDA cores otherwise: on
-// the H200 (B=32, 32k context, D=128) the CUDA-core kernel read 2476 GB/s
-// at G=4 but 1217 at G=8 (issue-bound), the tensor-core one 2008 and 2024
-// (it runs 2 CTAs per SM to the other's 3, so fewer loads in flight).
+// (v_head_dim ≤ 128). Auto takes the tensor cores whenever v_head_dim ≤ 128.
+// History: with a double-buffered ring the tensor-core kernel read 2008 GB/s
+// on the H200 (B=32, 32k, D=128, G=4) to the CUDA-core kernel's 2476 (and
+// 2024 to 1217 at G=8: the CUDA-core kernel is issue-bound, its cost grows
+// with the group, the tensor-core kernel's does not); the tensor-core kernel
+// was limited by loads in flight, which its 3-4 stage ring addresses.
 int g_variant = 0;
+// g_stages forces the tensor-core kernel's ring depth (2-4; 0: pick_stages).
+int g_stages = 0;
 
 bool use_mma(int v_head_dim, int group) {
-  return g_variant == 2 || (g_variant == 0 && v_head_dim <= 128 && group > 4);
+  (void)group;
+  return g_variant == 2 || (g_variant == 0 && v_head_dim <= 128);
 }
 
 // Plan is the launch shape of one attention call.
 struct Plan {
   bool mma;
-  int GM, NV, hchunks, splits, chunk;
+  int GM, NV, NS, hchunks, splits, chunk;
 };
 
 // KernelInfo caches a kernel's shared-memory opt-in and occupancy.
@@ -840,19 +903,66 @@ KernelInfo& info_simt() {
   static KernelInfo k;
   return k;
 }
-template <int NV>
+template <int NV, int NS>
 KernelInfo& info_mma() {
   static KernelInfo k;
   return k;
 }
 
+// MmaKernel is one instance of paged_attn_mma and its cached launch facts.
+struct MmaKernel {
+  void (*fn)(AttnArgs);
+  KernelInfo* ki;
+};
+
+template <int NV>
+MmaKernel mma_stages(int NS) {
+  switch (NS) {
+    case 2: return {paged_attn_mma<NV, 2>, &info_mma<NV, 2>()};
+    case 3: return {paged_attn_mma<NV, 3>, &info_mma<NV, 3>()};
+    default: return {paged_attn_mma<NV, 4>, &info_mma<NV, 4>()};
+  }
+}
+
+MmaKernel mma_kernel(int NV, int NS) {
+  switch (NV) {
+    case 4: return mma_stages<4>(NS);
+    case 8: return mma_stages<8>(NS);
+    default: return mma_stages<16>(NS);
+  }
+}
+
+// pick_stages is the tensor-core kernel's ring depth for these head dims:
+// g_stages when set (or the deepest below it that fits in shared memory),
+// else the depth with the most tiles in flight per SM, occupancy × (NS−1),
+// the higher occupancy on ties (more warps to cover the compute).
+int pick_stages(int NV, int D, int Dv) {
+  const size_t cap = smem_optin();
+  if (g_stages > 0) {
+    for (int ns = g_stages; ns > kMinStages; ns--)
+      if (smem_bytes_mma(D, Dv, ns) <= cap) return ns;
+    return kMinStages;
+  }
+  int best = kMinStages, bflight = -1, bocc = 0;
+  for (int ns = kMinStages; ns <= kMaxStages; ns++) {
+    const size_t smem = smem_bytes_mma(D, Dv, ns);
+    if (smem > cap) break;
+    const MmaKernel k = mma_kernel(NV, ns);
+    const int occ = occupancy_of(k.fn, *k.ki, smem);
+    const int flight = occ * (ns - 1);
+    if (flight > bflight || (flight == bflight && occ > bocc)) {
+      best = ns;
+      bflight = flight;
+      bocc = occ;
+    }
+  }
+  return best;
+}
+
 int occupancy(const Plan& p, size_t smem) {
   if (p.mma) {
-    switch (p.NV) {
-      case 4: return occupancy_of(paged_attn_mma<4>, info_mma<4>(), smem);
-      case 8: return occupancy_of(paged_attn_mma<8>, info_mma<8>(), smem);
-      default: return occupancy_of(paged_attn_mma<16>, info_mma<16>(), smem);
-    }
+    const MmaKernel k = mma_kernel(p.NV, p.NS);
+    return occupancy_of(k.fn, *k.ki, smem);
   }
   switch (p.GM) {
     case 1: return occupancy_of(paged_attn<1>, info_simt<1>(), smem);
@@ -862,7 +972,9 @@ int occupancy(const Plan& p, size_t smem) {
   }
 }
 
-size_t plan_smem(const Plan& p, int D, int Dv) { return p.mma ? smem_bytes_mma(D, Dv) : smem_bytes(D, Dv, p.GM); }
+size_t plan_smem(const Plan& p, int D, int Dv) {
+  return p.mma ? smem_bytes_mma(D, Dv, p.NS) : smem_bytes(D, Dv, p.GM);
+}
 
 // plan picks the kernel, the head chunking and the key split: among splits s
 // (ranges of at least kMinChunk keys, whole tiles), the one that fills the
@@ -874,6 +986,7 @@ Plan plan(int64_t n, int heads, int kv_heads, int head_dim, int v_head_dim, int 
   p.mma = use_mma(v_head_dim, G);
   p.GM = p.mma ? kGMma : G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGMax;
   p.NV = v_head_dim <= 32 ? 4 : v_head_dim <= 64 ? 8 : 16;
+  p.NS = p.mma ? pick_stages(p.NV, head_dim, v_head_dim) : 2;
   p.hchunks = (G + p.GM - 1) / p.GM;
   p.splits = 1;
   p.chunk = max_keys > 0 ? max_keys : 1;
@@ -920,11 +1033,8 @@ int launch_fn(Fn fn, KernelInfo& ki, const AttnArgs& a, size_t smem, int64_t n, 
 int launch(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st) {
   const size_t smem = plan_smem(p, a.D, a.Dv);
   if (p.mma) {
-    switch (p.NV) {
-      case 4: return launch_fn(paged_attn_mma<4>, info_mma<4>(), a, smem, n, st);
-      case 8: return launch_fn(paged_attn_mma<8>, info_mma<8>(), a, smem, n, st);
-      default: return launch_fn(paged_attn_mma<16>, info_mma<16>(), a, smem, n, st);
-    }
+    const MmaKernel k = mma_kernel(p.NV, p.NS);
+    return launch_fn(k.fn, *k.ki, a, smem, n, st);
   }
   switch (p.GM) {
     case 1: return launch_fn(paged_attn<1>, info_simt<1>(), a, smem, n, st);
@@ -959,6 +1069,15 @@ int32_t mk_paged_attn_variant(int32_t variant) {
   MK_THREAD(fn);
   MK_ARG(variant >= 0 && variant <= 2, "%s: variant %d is not 0, 1 or 2", fn, variant);
   g_variant = variant;
+  return MK_OK;
+}
+
+int32_t mk_paged_attn_stages(int32_t stages) {
+  const char* fn = "mk_paged_attn_stages";
+  MK_THREAD(fn);
+  MK_ARG(stages == 0 || (stages >= kMinStages && stages <= kMaxStages), "%s: stages %d is not 0 or %d..%d", fn,
+         stages, kMinStages, kMaxStages);
+  g_stages = stages;
   return MK_OK;
 }
 

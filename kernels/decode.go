@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math"
+	"sync/atomic"
 )
 
 // The bf16 paged KV cache and paged decode attention (decode.cu, mk_decode.h).
@@ -13,6 +14,7 @@ import (
 var (
 	kvWriteBF16        func(stream, poolK, poolV, k, v, slots uint64, n, kw, vw int64) int32
 	pagedAttnVariant   func(variant int32) int32
+	pagedAttnStages    func(stages int32) int32
 	pagedAttnWorkspace func(n int64, heads, kvHeads, headDim, vHeadDim, maxKeys int32, bytes *uint64) int32
 	pagedAttnBF16      func(stream, out, q, poolK, poolV, rows, pos, table, blocks uint64, n int64,
 		heads, kvHeads, headDim, vHeadDim, blockSize int32, scaleBits uint32, window int32, sinks uint64,
@@ -23,6 +25,7 @@ func init() {
 	registerSymbols(
 		symbol{"mk_kv_write_bf16", &kvWriteBF16},
 		symbol{"mk_paged_attn_variant", &pagedAttnVariant},
+		symbol{"mk_paged_attn_stages", &pagedAttnStages},
 		symbol{"mk_paged_attn_workspace", &pagedAttnWorkspace},
 		symbol{"mk_paged_attn_bf16", &pagedAttnBF16},
 	)
@@ -56,16 +59,35 @@ type PagedVariant int32
 
 // The kernels of PagedAttnBF16.
 const (
-	// PagedAuto (the default) runs PagedMMA when Heads/KVHeads > 4 and
-	// VHeadDim ≤ 128, else PagedSIMT (the faster one for small groups).
+	// PagedAuto (the default) runs PagedMMA when VHeadDim ≤ 128, else
+	// PagedSIMT.
 	PagedAuto PagedVariant = 0
 	// PagedSIMT computes on the CUDA cores in float32.
 	PagedSIMT PagedVariant = 1
 	// PagedMMA computes on the tensor cores (bf16 MMA, float32 accumulation)
 	// with q and the softmax weights split into bf16 hi + lo halves, so only
-	// K and V are bf16-rounded; VHeadDim ≤ 128.
+	// K and V are bf16-rounded; VHeadDim ≤ 128. Its K/V tiles come through a
+	// ring of 2-4 stages (SetPagedStages).
 	PagedMMA PagedVariant = 2
 )
+
+// SetPagedStages sets the depth of PagedMMA's ring of 64-key K/V tiles for
+// later PagedAttnBF16 and PagedAttnWorkspace calls (for tests and
+// comparisons): 0 (the default) picks it per head dims, 2-4 force it (the
+// deepest below that fits in shared memory).
+func (d *Device) SetPagedStages(n int) error {
+	if err := d.ready("SetPagedStages"); err != nil {
+		return err
+	}
+	if n < 0 || n > 4 {
+		return fmt.Errorf("kernels: SetPagedStages: %d stages is not 0 or 2..4", n)
+	}
+	if err := d.lib.check("mk_paged_attn_stages", pagedAttnStages(int32(n))); err != nil {
+		return err
+	}
+	pagedStagesNow.Store(int32(n))
+	return nil
+}
 
 // SetPagedVariant selects the kernel of later PagedAttnBF16 and
 // PagedAttnWorkspace calls (for tests and comparisons).
@@ -73,8 +95,17 @@ func (d *Device) SetPagedVariant(v PagedVariant) error {
 	if err := d.ready("SetPagedVariant"); err != nil {
 		return err
 	}
-	return d.lib.check("mk_paged_attn_variant", pagedAttnVariant(int32(v)))
+	if err := d.lib.check("mk_paged_attn_variant", pagedAttnVariant(int32(v))); err != nil {
+		return err
+	}
+	pagedVariantNow.Store(int32(v))
+	return nil
 }
+
+// pagedVariantNow and pagedStagesNow mirror the library's (process-wide)
+// kernel choice, so that PagedAttnWorkspace's memo keys on it: the plan, and
+// with it the workspace, depends on the kernel.
+var pagedVariantNow, pagedStagesNow atomic.Int32
 
 // checkPaged validates the shapes of a paged attention call.
 func checkPaged(op string, n int, a AttnArgs) error {
@@ -102,8 +133,12 @@ func (d *Device) PagedAttnWorkspace(n, maxKeys int, a AttnArgs) (int64, error) {
 	if err := checkPaged(op, n, a); err != nil {
 		return 0, err
 	}
-	type key struct{ n, maxKeys, heads, kvHeads, headDim, vHeadDim int }
-	return query(d, op, key{n, maxKeys, a.Heads, a.KVHeads, a.HeadDim, a.VHeadDim}, func() (int64, error) {
+	type key struct {
+		n, maxKeys, heads, kvHeads, headDim, vHeadDim int
+		variant, stages                               int32
+	}
+	k := key{n, maxKeys, a.Heads, a.KVHeads, a.HeadDim, a.VHeadDim, pagedVariantNow.Load(), pagedStagesNow.Load()}
+	return query(d, op, k, func() (int64, error) {
 		var bytes uint64
 		err := d.lib.check("mk_paged_attn_workspace", pagedAttnWorkspace(int64(n), int32(a.Heads), int32(a.KVHeads),
 			int32(a.HeadDim), int32(a.VHeadDim), int32(min(maxKeys, math.MaxInt32)), &bytes))

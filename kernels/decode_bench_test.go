@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -9,14 +10,18 @@ import (
 )
 
 // BenchmarkPagedAttn times paged decode attention (one query row per
-// sequence), both kernels (mma: tensor cores, simt: CUDA cores), at batch
-// 1/32/256 × context 1k-32k: 32 query heads, 8 kv heads,
+// sequence), both kernels (mma: tensor cores with the ring depth picked per
+// shape, simt: CUDA cores), at batch 1/32/256 × context 1k-32k: 32 query
+// heads, 8 kv heads,
 // head dim 128, 16-token blocks with random ids from one pool that holds
 // the largest case (256 × 32k tokens: 34 GB of bf16 K/V). GB/s counts the
 // K/V bytes the kernel must read once (batch·ctx·kvHeads·(D+Dv)·2), the
 // read-only figure to set against BenchmarkCopyD2D's read+write rate. Small
 // cases rotate through enough block tables (disjoint blocks) that ≥ 256 MiB
 // of K/V is touched between repeats, so the 60 MB L2 does not hold them.
+// Then A/B rows: the tensor-core kernel with its ring forced to 2 stages
+// (mma_s2: the double-buffered pipeline of before) and 4 (mma_s4) at 32k,
+// and both kernels at groups of 1 and 2 (the choice of PagedAuto).
 func BenchmarkPagedAttn(b *testing.B) {
 	g := testGPU(b)
 	const H, KV, D, bs = 32, 8, 128, 16
@@ -55,15 +60,16 @@ func BenchmarkPagedAttn(b *testing.B) {
 		b.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(3, 4))
-	run := func(name string, batch, ctx int, a AttnArgs, v PagedVariant) {
+	run := func(name string, batch, ctx int, a AttnArgs, v PagedVariant, stages int) {
 		b.Run(name, func(b *testing.B) {
 			if batch*ctx > maxTokens {
 				b.Skipf("%d tokens, the pool holds %d", batch*ctx, maxTokens)
 			}
 			err := g.Do(func(d *Device) error {
-				if err := d.SetPagedVariant(v); err != nil {
+				if err := errors.Join(d.SetPagedVariant(v), d.SetPagedStages(stages)); err != nil {
 					return err
 				}
+				defer d.SetPagedStages(0)
 				defer d.SetPagedVariant(PagedAuto)
 				return benchPaged(b, d, r, pk, pv, batch, ctx, poolBlocks, a)
 			})
@@ -78,9 +84,20 @@ func BenchmarkPagedAttn(b *testing.B) {
 	}{{"mma", PagedMMA}, {"simt", PagedSIMT}} {
 		for _, batch := range []int{1, 32, 256} {
 			for _, ctx := range []int{1024, 4096, 16384, 32768} {
-				run(fmt.Sprintf("%s/B=%d_ctx=%d", v.name, batch, ctx), batch, ctx, a, v.v)
+				run(fmt.Sprintf("%s/B=%d_ctx=%d", v.name, batch, ctx), batch, ctx, a, v.v, 0)
 			}
 		}
+	}
+	for _, stages := range []int{2, 4} {
+		for _, batch := range []int{1, 32, 256} {
+			run(fmt.Sprintf("mma_s%d/B=%d_ctx=32768", stages, batch), batch, 32768, a, PagedMMA, stages)
+		}
+	}
+	for _, h := range []int{8, 16} {
+		a2 := a
+		a2.Heads = h
+		run(fmt.Sprintf("mma/B=32_ctx=32768_H=%d_KV=8", h), 32, 32768, a2, PagedMMA, 0)
+		run(fmt.Sprintf("simt/B=32_ctx=32768_H=%d_KV=8", h), 32, 32768, a2, PagedSIMT, 0)
 	}
 	// The same bytes per query head group (G = 8) with 8 kv heads (a K row
 	// of 2 KiB, one kv head's slice 256 B) and with 1 (rows of 256 B, a
@@ -88,7 +105,7 @@ func BenchmarkPagedAttn(b *testing.B) {
 	for _, v := range []struct{ h, kv int }{{64, 8}, {8, 1}} {
 		a2 := a
 		a2.Heads, a2.KVHeads = v.h, v.kv
-		run(fmt.Sprintf("mma/B=32_ctx=32768_H=%d_KV=%d", v.h, v.kv), 32, 32768, a2, PagedMMA)
+		run(fmt.Sprintf("mma/B=32_ctx=32768_H=%d_KV=%d", v.h, v.kv), 32, 32768, a2, PagedMMA, 0)
 	}
 }
 

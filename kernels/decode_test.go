@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"testing"
@@ -19,7 +20,7 @@ type pagedCase struct {
 	bs, window   int
 	sinks        bool
 	seqs         []pagedSeq
-	work         string // "plan": PagedAttnWorkspace; "none": no workspace; "short": maxKeys hint 1/4 of the truth; "long": twice the next power of two (a decode graph plans for its key bucket)
+	work         string // "plan": PagedAttnWorkspace; "none": no workspace; "short": maxKeys hint 1/4 of the truth; "long": twice the next power of two (a decode graph plans for its key bucket); "huge": 32768 (most key ranges empty)
 }
 
 var pagedCases = []pagedCase{
@@ -48,27 +49,48 @@ var pagedCases = []pagedCase{
 	{name: "prefill_rows_d128_window", h: 8, kv: 2, d: 128, dv: 128, bs: 16, window: 64,
 		seqs: []pagedSeq{{300, 300}}},
 	{name: "prefill_rows_d64_g1", h: 4, kv: 4, d: 64, dv: 64, bs: 7, seqs: []pagedSeq{{200, 200}, {40, 10}}},
+	// The tensor-core kernel's ring: one range per row (no workspace) ending
+	// in every position of a 2-4 stage ring, mid-tile and on a tile's end.
+	{name: "d128_g4_midstage_nowork", h: 32, kv: 8, d: 128, dv: 128, bs: 16, work: "none",
+		seqs: []pagedSeq{{209, 1}, {130, 1}, {64, 1}, {65, 1}, {1, 1}, {128, 1}, {193, 1}, {256, 1}, {320, 2}}},
+	{name: "d128_g8_onekey_sinks", h: 16, kv: 2, d: 128, dv: 128, bs: 16, sinks: true,
+		seqs: []pagedSeq{{1, 1}, {2, 1}, {1, 1}}},
+	{name: "d128_g4_hugehint_sinks", h: 32, kv: 8, d: 128, dv: 128, bs: 16, work: "huge", sinks: true,
+		seqs: []pagedSeq{{100, 1}, {1, 1}, {700, 1}}},
+	{name: "d128_g8_window300_bs7", h: 8, kv: 1, d: 128, dv: 128, bs: 7, window: 300,
+		seqs: []pagedSeq{{2000, 1}, {250, 1}, {301, 1}}},
+	{name: "d128_g4_ctx4100_nowork", h: 8, kv: 2, d: 128, dv: 128, bs: 16, work: "none", seqs: []pagedSeq{{4100, 1}}},
+	{name: "d40_dv24_g6_nowork", h: 12, kv: 2, d: 40, dv: 24, bs: 16, work: "none", seqs: []pagedSeq{{700, 1}, {70, 2}}},
 }
 
-// TestPagedAttnBF16 runs every case on both kernels (the tensor-core one
-// only where VHeadDim ≤ 128) against a float64 reference on the bf16 K/V.
+// pagedKernels are the kernels TestPagedAttnBF16 runs every case on: the
+// CUDA-core one, and the tensor-core one with its ring depth picked per
+// shape and forced to 2 and 4 stages.
+var pagedKernels = []struct {
+	name   string
+	v      PagedVariant
+	stages int
+}{{"simt", PagedSIMT, 0}, {"mma", PagedMMA, 0}, {"mma_s2", PagedMMA, 2}, {"mma_s4", PagedMMA, 4}}
+
+// TestPagedAttnBF16 runs every case on every kernel of pagedKernels (the
+// tensor-core one only where VHeadDim ≤ 128) against a float64 reference on
+// the bf16 K/V.
 func TestPagedAttnBF16(t *testing.T) {
 	g := testGPU(t)
-	defer g.Do(func(d *Device) error { return d.SetPagedVariant(PagedAuto) })
-	for _, v := range []struct {
-		name string
-		v    PagedVariant
-	}{{"simt", PagedSIMT}, {"mma", PagedMMA}} {
+	defer g.Do(func(d *Device) error {
+		return errors.Join(d.SetPagedVariant(PagedAuto), d.SetPagedStages(0))
+	})
+	for _, k := range pagedKernels {
 		for _, c := range pagedCases {
-			if v.v == PagedMMA && c.dv > 128 {
+			if k.v == PagedMMA && c.dv > 128 {
 				continue
 			}
-			t.Run(v.name+"/"+c.name, func(t *testing.T) { testPaged(t, g, c, v.v) })
+			t.Run(k.name+"/"+c.name, func(t *testing.T) { testPaged(t, g, c, k.v, k.stages) })
 		}
 	}
 }
 
-func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant) {
+func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant, stages int) {
 	r := newRNG(t)
 	kw, vw := c.kv*c.d, c.kv*c.dv
 	// Block tables of shuffled block ids, with spare blocks in the pool.
@@ -143,8 +165,11 @@ func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant) {
 			for hint < 2*maxKeys {
 				hint *= 2
 			}
+		case "huge":
+			hint = 32768
 		}
 		ar.check(ar.d.SetPagedVariant(variant))
+		ar.check(ar.d.SetPagedStages(stages))
 		if c.work != "none" && ar.err == nil {
 			ws, err := ar.d.PagedAttnWorkspace(n, hint, a)
 			ar.check(err)
@@ -312,5 +337,14 @@ func TestPagedAttnArgs(t *testing.T) {
 		if err := ar.d.SetPagedVariant(3); err == nil {
 			t.Errorf("variant 3: no error")
 		}
+		for _, n := range []int{-1, 1, 5} {
+			if err := ar.d.SetPagedStages(n); err == nil {
+				t.Errorf("%d stages: no error", n)
+			}
+		}
+		if err := ar.d.lib.check("mk_paged_attn_stages", pagedAttnStages(1)); err == nil {
+			t.Errorf("library: 1 stage: no error")
+		}
+		ar.check(ar.d.SetPagedStages(0))
 	})
 }

@@ -20,11 +20,17 @@ MK_API int32_t mk_kv_write_bf16(uint64_t stream, uint64_t pool_k, uint64_t pool_
                                 uint64_t v, uint64_t slots, int64_t n, int64_t kw, int64_t vw);
 
 /* Selects mk_paged_attn_bf16's kernel (for tests and comparisons): 0 auto
- * (the default: tensor cores when heads/kv_heads > 4 and v_head_dim <= 128,
- * else CUDA cores),
+ * (the default: tensor cores when v_head_dim <= 128, else CUDA cores),
  * 1 CUDA cores (float32 FMAs), 2 tensor cores (mma.sync with q and P split
  * into bf16 hi + lo; v_head_dim <= 128). */
 MK_API int32_t mk_paged_attn_variant(int32_t variant);
+
+/* Sets the depth of the tensor-core kernel's K/V tile ring (for tests and
+ * comparisons): 0 (the default) picks it per head dims (the most tiles in
+ * flight per SM), 2..4 force that many stages of 64 keys, or the deepest
+ * below that fits in shared memory. Later mk_paged_attn_bf16 and
+ * mk_paged_attn_workspace calls follow it. */
+MK_API int32_t mk_paged_attn_stages(int32_t stages);
 
 /* The workspace (bytes) mk_paged_attn_bf16 needs to split every row's keys
  * across CTAs for these shapes, when max_keys is the most keys any row

@@ -48,7 +48,7 @@ echo "== build ok after ${SECONDS}s"
 grep -A2 "paged_attn" "$OUT/build.log" | grep -E "registers|spill" | head -8
 export MKSERVE_KERNEL_LIB=$D/libmkernel.so MKSERVE_REQUIRE_GPU=1
 SECONDS=0
-timeout 60 ./kernels.test -test.v -test.count=1 -test.run "${KTESTS:-PagedAttn|KVWrite}" >"$OUT/test.log" 2>&1 || status=1
+timeout "${TEST_TMO:-120}" ./kernels.test -test.v -test.count=1 -test.run "${KTESTS:-PagedAttn|KVWrite}" >"$OUT/test.log" 2>&1 || status=1
 grep -E -- "^(--- |=== RUN|FAIL|ok|PASS)|panic|relative L2 error [0-9.e-]+ >|workspace" "$OUT/test.log" | grep -v "=== RUN" | head -60
 echo "== kernel tests took ${SECONDS}s (status $status)"
 SECONDS=0

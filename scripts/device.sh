@@ -18,6 +18,8 @@
 #          whole models at real shapes (random weights) against the floor,
 #          `mkserve bench serve` against `mkserve serve --backend cuda`;
 #   serve  only the serving tests and the logits contract;
+#   none   only the build (then run a test binary yourself in the same call,
+#          with MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so);
 #   all    test, then bench (longer than one device call allows for most
 #          machines: prefer two calls).
 # Every test binary runs each top-level test in its own process (run_each), so
@@ -148,7 +150,7 @@ fi
 grep -E "warning" "$LOGS/build.log" | head -10
 export MKSERVE_KERNEL_LIB=$ROOT/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
 
-if [ "$MODE" != bench ] && [ "$MODE" != serve ]; then
+if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ]; then
 	echo "== kernel tests"
 	SECONDS=0
 	run_each .dev/kernels.test "$LOGS/test.log" . 120 || status=1
