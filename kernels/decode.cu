@@ -846,19 +846,20 @@ size_t smem_optin() {
 }
 
 // Variant selects the kernel: 0 auto, 1 CUDA cores, 2 tensor cores
-// (v_head_dim ≤ 128). Auto takes the tensor cores whenever v_head_dim ≤ 128.
-// History: with a double-buffered ring the tensor-core kernel read 2008 GB/s
-// on the H200 (B=32, 32k, D=128, G=4) to the CUDA-core kernel's 2476 (and
-// 2024 to 1217 at G=8: the CUDA-core kernel is issue-bound, its cost grows
-// with the group, the tensor-core kernel's does not); the tensor-core kernel
-// was limited by loads in flight, which its 3-4 stage ring addresses.
+// (v_head_dim ≤ 128). Auto takes the tensor cores for groups of more than 4
+// query heads per kv head (v_head_dim ≤ 128), the CUDA cores otherwise. On
+// the H200 (B=32, 32k context, D=128; 2026-11-29) the CUDA-core kernel read
+// 3323 / 2934 / 2476 GB/s at G = 1 / 2 / 4 and 1217 at G = 8 (issue-bound:
+// its cost grows with the group); the tensor-core one 2016-2024 at every G,
+// with a 2-, 3- or 4-stage ring alike (2010 / 2022 / 1145 GB/s: the
+// 4-stage ring halves its CTAs per SM), so loads in flight are not what
+// holds it back.
 int g_variant = 0;
 // g_stages forces the tensor-core kernel's ring depth (2-4; 0: pick_stages).
 int g_stages = 0;
 
 bool use_mma(int v_head_dim, int group) {
-  (void)group;
-  return g_variant == 2 || (g_variant == 0 && v_head_dim <= 128);
+  return g_variant == 2 || (g_variant == 0 && v_head_dim <= 128 && group > 4);
 }
 
 // Plan is the launch shape of one attention call.

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"text/tabwriter"
@@ -27,6 +28,7 @@ type moeBenchOpts struct {
 	ranks, shared                int
 	ctas, dispatchCTAs           int    // fused path: persistent CTAs and dispatch-role CTAs (0: defaults)
 	tuneOut                      string // fused path: sweep the launch choices and record the best in this table
+	sameToken                    bool   // grouped path: all tokens one row (every token routes alike)
 	iters, checkRows             int
 	seed                         uint64
 	json                         bool
@@ -74,6 +76,7 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 	fs.StringVar(&o.tuneOut, "tune", "", "fused path: try the launch choices (--ctas × --dispatch-ctas candidates) per token count, report the fastest and record it in this JSON table (package tuning; the CUDA backend reads it through moe_tuning)")
 	fs.IntVar(&o.shared, "shared-experts", 0, "shared experts (one dense MLP of N*intermediate), timed with the layer")
 	fs.IntVar(&o.iters, "iters", 10, "timed iterations per token count (the median is reported)")
+	fs.BoolVar(&o.sameToken, "same-token", false, "grouped path: every token of an iteration is the same random row, so all route to the same top-k experts (the worst skew; random-weight models come close to it)")
 	fs.IntVar(&o.checkRows, "check-rows", 2, "tokens per count checked against the CPU reference")
 	seed := fs.Uint64("seed", 1, "random seed")
 	fs.BoolVar(&o.json, "json", false, "print one JSON array instead of a table")
@@ -90,6 +93,8 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 		return nil, fmt.Errorf("--ranks %d: want 1..%d emulated ranks", o.ranks, kernels.MoEFusedMaxRanks)
 	case o.path != "fused" && o.path != "grouped":
 		return nil, fmt.Errorf("--path must be fused or grouped, got %q", o.path)
+	case o.sameToken && o.path != "grouped":
+		return nil, fmt.Errorf("--same-token needs --path grouped")
 	case o.path == "grouped" && o.ranks != 1:
 		return nil, fmt.Errorf("--path grouped runs one rank; --ranks %d needs --path fused", o.ranks)
 	case o.experts < o.ranks:
@@ -351,8 +356,18 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 	for it := -2; it < o.iters; it++ {
 		// Fresh tokens every iteration, so the touched experts change and
 		// the 60 MB L2 does not keep the previous iteration's weights.
-		if err := d.FillRandomBF16(nil, x, int64(T*H), o.seed*1000003+uint64(T)*31+uint64(it+2), 1); err != nil {
+		seed := o.seed*1000003 + uint64(T)*31 + uint64(it+2)
+		if err := d.FillRandomBF16(nil, x, int64(T*H), seed, 1); err != nil {
 			return row, err
+		}
+		if o.sameToken { // row 0 everywhere
+			r0, err := downloadRow[uint16](d, x, 0, int64(H), 2)
+			if err != nil {
+				return row, err
+			}
+			if err := kernels.Upload(d, x, slices.Repeat(r0, T)); err != nil {
+				return row, err
+			}
 		}
 		if err := ev[0].Record(nil); err != nil {
 			return row, err
