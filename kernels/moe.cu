@@ -524,12 +524,12 @@ struct Cfg {
 // 4: decode, streaming the weights (moe_stream.cu; rows padded to 8).
 constexpr Cfg kCfg[5] = {{16, 64, 128, 6}, {64, 128, 128, 4}, {128, 128, 256, 4}, {128, 256, 256, 4}, {8, 16, 128, 0}};
 
-// use_stream: the decode regime runs the weight-streaming kernel;
-// MK_MOE_STREAM=0 keeps the 16-row mma.sync tiles (measurements).
+// use_stream: MK_MOE_STREAM=1 runs the decode regime on the
+// weight-streaming kernel (moe_stream.cu) instead of the 16-row tiles.
 bool use_stream() {
   static bool w = [] {
     const char* v = getenv("MK_MOE_STREAM");
-    return !(v && v[0] == '0');
+    return v && v[0] == '1';
   }();
   return w;
 }
