@@ -206,7 +206,7 @@ __global__ void moe_route_kernel(int32_t* ids, float* wts, const float* logits, 
 // assignment's row; counts_total += counts.
 __global__ void moe_align_kernel(const int32_t* ids, int64_t n, int E, int BM, int32_t* off_g,
                                  int32_t* num_tiles, int32_t* tile_expert, int32_t* sorted,
-                                 int32_t* slot_of, unsigned long long* counts_total, int32_t* active) {
+                                 int32_t* slot_of, unsigned long long* counts_total) {
   extern __shared__ int align_sm[];
   int* cnt = align_sm;
   int* off = cnt + E;
@@ -219,13 +219,11 @@ __global__ void moe_align_kernel(const int32_t* ids, int64_t n, int E, int BM, i
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    int o = 0, na = 0;
+    int o = 0;
     for (int e = 0; e < E; e++) {
       off[e] = o;
       o += (cnt[e] + BM - 1) / BM * BM;
-      if (cnt[e] > 0) active[1 + na++] = e;
     }
-    active[0] = na;
     off[E] = o;
     *num_tiles = o / BM;
     off_g[E] = o;
@@ -520,19 +518,8 @@ __global__ void moe_fill_kernel(bf16* dst, int64_t n, uint64_t seed, float scale
 struct Cfg {
   int bm, bn, threads, stages;
 };
-// 0: decode (16-row tiles), 1: 64-row, 2: prefill (128×128), 3: prefill (128×256),
-// 4: decode, streaming the weights (moe_stream.cu; rows padded to 8).
-constexpr Cfg kCfg[5] = {{16, 64, 128, 6}, {64, 128, 128, 4}, {128, 128, 256, 4}, {128, 256, 256, 4}, {8, 16, 128, 0}};
-
-// use_stream: MK_MOE_STREAM=1 runs the decode regime on the
-// weight-streaming kernel (moe_stream.cu) instead of the 16-row tiles.
-bool use_stream() {
-  static bool w = [] {
-    const char* v = getenv("MK_MOE_STREAM");
-    return v && v[0] == '1';
-  }();
-  return w;
-}
+// 0: decode (16-row tiles), 1: 64-row, 2: prefill (128×128), 3: prefill (128×256).
+constexpr Cfg kCfg[4] = {{16, 64, 128, 6}, {64, 128, 128, 4}, {128, 128, 256, 4}, {128, 256, 256, 4}};
 
 bool wide_tiles();
 
@@ -551,7 +538,7 @@ int pick_cfg(int64_t T, int K, int E) {
   const int64_t n = T * K;
   const int64_t active = n < E ? n : E;
   const double avg = (double)n / (double)(active > 0 ? active : 1);
-  if (T <= 16 || avg <= 24) return use_stream() ? 4 : 0;
+  if (T <= 16 || avg <= 24) return 0;
   if (avg <= big_avg()) return 1;
   return wide_tiles() ? 3 : 2;
 }
@@ -560,8 +547,7 @@ int pick_cfg(int64_t T, int K, int E) {
 struct Layout {
   int cfg;
   int64_t rows, tiles;
-  double avg;  // expected rows per active expert
-  size_t off, num, tile_expert, sorted, slot_of, act, y, active, total;
+  size_t off, num, tile_expert, sorted, slot_of, act, y, total;
 };
 
 size_t up256(size_t x) { return (x + 255) / 256 * 256; }
@@ -571,7 +557,6 @@ Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   L.cfg = pick_cfg(T, K, E);
   const int64_t bm = kCfg[L.cfg].bm, n = T * K;
   const int64_t active = n < E ? n : E;
-  L.avg = (double)n / (double)active;
   L.rows = (n + active * (bm - 1) + bm - 1) / bm * bm;
   L.tiles = L.rows / bm;
   size_t o = 0;
@@ -589,8 +574,6 @@ Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   o = up256(o + (size_t)L.rows * I * 2);
   L.y = o;
   o = up256(o + (size_t)L.rows * H * 4);
-  L.active = o;
-  o = up256(o + (size_t)(E + 1) * 4);
   L.total = o;
   return L;
 }
@@ -646,8 +629,7 @@ int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s
 }
 
 template <bool GU>
-int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t max_active, double avg) {
-  if (cfg == 4) return mkmoe::stream_gemm(a, GU, max_active, avg, s);
+int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s) {
   const int bn = kCfg[cfg].bn;
   const int64_t cols = GU ? bn / 2 : bn;
   const int64_t nt = (a.N + cols - 1) / cols;
@@ -743,9 +725,7 @@ int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, 
   int32_t* slot_of = reinterpret_cast<int32_t*>(w + L.slot_of);
   bf16* act = reinterpret_cast<bf16*>(w + L.act);
   float* y = reinterpret_cast<float*>(w + L.y);
-  int32_t* active = reinterpret_cast<int32_t*>(w + L.active);
   const int bm = kCfg[L.cfg].bm;
-  const int64_t max_active = t * k < e ? t * k : e;
 
   const size_t asm_bytes = (size_t)(3 * e + 1) * 4;
   static size_t align_attr = 48 << 10;
@@ -754,7 +734,7 @@ int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, 
     align_attr = asm_bytes;
   }
   moe_align_kernel<<<1, 1024, asm_bytes, s>>>(mk::dev<const int32_t>(ids), t * k, e, bm, off, num, tile_expert,
-                                              sorted, slot_of, mk::dev<unsigned long long>(counts), active);
+                                              sorted, slot_of, mk::dev<unsigned long long>(counts));
   MK_LAUNCHED("moe_align");
 
   GemmArgs g1{};
@@ -771,9 +751,7 @@ int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, 
   g1.act = act_kind;
   g1.alpha = mk::float_from_bits(alpha_bits);
   g1.limit = mk::float_from_bits(limit_bits);
-  g1.off = off;
-  g1.active = active;
-  int rc = run_gemm<true>(L.cfg, g1, L.tiles, s, max_active, L.avg);
+  int rc = run_gemm<true>(L.cfg, g1, L.tiles, s);
   if (rc != MK_OK) return rc;
 
   GemmArgs g2 = g1;
@@ -783,7 +761,7 @@ int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, 
   g2.out = y;
   g2.Kd = i;
   g2.N = h;
-  rc = run_gemm<false>(L.cfg, g2, L.tiles, s, max_active, L.avg);
+  rc = run_gemm<false>(L.cfg, g2, L.tiles, s);
   if (rc != MK_OK) return rc;
 
   MK_ARG(t < (1ll << 31), "mk_moe_experts: T=%lld too large", (long long)t);

@@ -25,9 +25,6 @@ struct GemmArgs {
   float alpha, limit;
   int mt, nt;   // row tiles (upper bound) and column tiles of the grid
   int group_m;  // rasterisation: blocks of group_m row tiles × all column tiles run together
-  // The stream kernel (moe_stream.cu) walks experts, not row tiles:
-  const int32_t* off;     // [E+1] each expert's first padded row
-  const int32_t* active;  // [1+E]: the number of experts with rows, then those experts
 };
 
 // mma16816 is C += A·B for one m16n8k16 bf16 tile (f32 accumulators), the
@@ -40,10 +37,6 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// stream_gemm launches the decode-regime kernel of moe_stream.cu over
-// at most max_active experts; rows_hint (expected rows per active expert)
-// picks how many 8-row tiles a CTA holds at once.
-int stream_gemm(const GemmArgs& a, bool gateup, int64_t max_active, double rows_hint, cudaStream_t s);
 
 // wgmma_gemm launches the sm_90a wgmma grouped GEMM (128×256 CTA tiles) when
 // moe_wgmma.cu is linked in (a weak symbol otherwise null); it returns
