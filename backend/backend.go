@@ -14,6 +14,8 @@
 package backend
 
 import (
+	"errors"
+
 	"github.com/mkserve/mkserve/attention"
 	"github.com/mkserve/mkserve/moe"
 	"github.com/mkserve/mkserve/tensor"
@@ -162,8 +164,15 @@ type ExpertPlacer interface {
 	ExpertRanks() int
 	// PlaceExperts installs p for the MoE layer with index layer from the
 	// next step on; p must place that layer's experts on ExpertRanks ranks.
+	// An error wrapping ErrNotPlaceable means no placement of that layer
+	// can ever be installed (callers stop trying); other errors may pass.
 	PlaceExperts(layer int, p *moe.Placement) error
 }
+
+// ErrNotPlaceable is wrapped by PlaceExperts errors for a layer whose
+// experts the backend cannot move at all (on the CUDA backend: a layer
+// outside the fused MoE path).
+var ErrNotPlaceable = errors.New("the layer's experts cannot be placed")
 
 // ExpertCounter is implemented by backends that count how many tokens each
 // expert of each MoE layer received.

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 
 	"go.uber.org/zap"
@@ -68,6 +69,11 @@ func (r *rebalancer) observe(layer int, counts []int64) {
 		return
 	}
 	if err := r.placer.PlaceExperts(layer, p); err != nil {
+		if errors.Is(err, backend.ErrNotPlaceable) { // for good: stop asking
+			r.log.Warn("expert rebalancing off for a layer the backend cannot place", zap.Int("layer", layer), zap.Error(err))
+			r.layers[layer] = &moe.Rebalancer{}
+			return
+		}
 		r.log.Error("expert rebalance failed; keeping the old placement", zap.Int("layer", layer), zap.Error(err))
 		return
 	}

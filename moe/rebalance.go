@@ -336,9 +336,10 @@ func Imbalance(load []int64, p *Placement) float64 {
 
 // Rebalancer accumulates per-expert token counts over a window of steps and
 // proposes a new Placement every Every steps. It is off by default: the zero
-// value, or Every = 0, ignores Observe and never proposes. The engine is to
-// call Observe after each step and Maybe between steps, moving expert weights
-// when a placement comes back (not wired yet). Not safe for concurrent use.
+// value, or Every = 0, ignores Observe and never proposes. The engine calls
+// Observe after each step and Maybe between steps, and hands a placement
+// that comes back to the backend (engine/rebalance.go; Config.RebalanceEvery).
+// Not safe for concurrent use.
 type Rebalancer struct {
 	// Every is the number of observed steps between rebalances; 0 means off.
 	Every int

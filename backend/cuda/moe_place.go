@@ -7,6 +7,7 @@ import (
 	"slices"
 	"weak"
 
+	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/kernels"
 	"github.com/mkserve/mkserve/moe"
 )
@@ -95,7 +96,7 @@ func (be *Backend) PlaceExperts(layer int, p *moe.Placement) error {
 	li := fs.layers[layer]
 	fs.mu.Unlock()
 	if li == nil {
-		return fmt.Errorf("cuda: PlaceExperts layer %d: the layer has not run on the fused MoE path (moe_path fused, experts without biases, E a multiple of %d)", layer, R)
+		return fmt.Errorf("cuda: PlaceExperts layer %d: %w: it has not run on the fused MoE path (moe_path fused, experts without biases, E a multiple of %d)", layer, backend.ErrNotPlaceable, R)
 	}
 	if p.Experts != li.E {
 		return fmt.Errorf("cuda: PlaceExperts layer %d: placement of %d experts for a layer of %d", layer, p.Experts, li.E)
