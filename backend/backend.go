@@ -247,6 +247,18 @@ type StepGrapher interface {
 	GraphStep(b *Batch, f func() (Tensor, error)) (Tensor, error)
 }
 
+// GraphWarmer is a StepGrapher that can say which decode batch shapes are
+// worth capturing before serving starts (as vLLM captures its batch sizes
+// at start-up), so that no request waits for a first eager step and a
+// capture of its batch size.
+type GraphWarmer interface {
+	StepGrapher
+	// GraphWarmupRows lists the decode row counts (one token per sequence,
+	// short contexts) whose graphs a warm-up should capture, for batches of
+	// at most maxRows sequences; empty when graphs are off.
+	GraphWarmupRows(maxRows int) []int
+}
+
 // RunStep runs f, the model's forward pass over b, through be's GraphStep
 // when be is a StepGrapher, else directly.
 func RunStep(be Backend, b *Batch, f func() (Tensor, error)) (Tensor, error) {

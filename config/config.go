@@ -66,6 +66,7 @@ type Engine struct {
 	ContextParallelMin  int   // engine.context_parallel_min (prompt tokens)
 	RebalanceEvery      int   // engine.rebalance_every (steps; 0: off)
 	RebalanceSpare      int   // engine.rebalance_spare (extra expert slots per rank)
+	GraphWarmup         bool  // engine.graph_warmup (capture decode graphs at start)
 }
 
 // Defaults of the settings engine.DefaultConfig does not cover.
@@ -105,6 +106,7 @@ func Default() *Config {
 			MaxModelLen:         e.MaxModelLen,
 			PrefixCaching:       e.PrefixCaching,
 			HostSampling:        e.HostSampling,
+			GraphWarmup:         e.GraphWarmup,
 			ContextParallel:     1,
 			ContextParallelMin:  engine.DefaultContextParallelMin,
 		},
@@ -127,6 +129,7 @@ func (c *Config) EngineConfig() engine.Config {
 		ContextParallelMin:  e.ContextParallelMin,
 		RebalanceEvery:      e.RebalanceEvery,
 		RebalanceSpare:      e.RebalanceSpare,
+		GraphWarmup:         e.GraphWarmup,
 	}
 }
 

@@ -72,8 +72,9 @@ func TestPrecedence(t *testing.T) {
 			eq(t, c.LogLevel, "warn") // only in YAML
 		}},
 		{"flags over env", map[string]string{"MKSERVE_HTTP_ADDR": "10.0.0.2:2", "MKSERVE_MAX_NUM_SEQS": "9", "MKSERVE_LOG_LEVEL": "error"},
-			[]string{"--config", path, "--http-addr", "10.0.0.3:3", "--max-num-seqs=11", "--prefix-caching=true", "serve-arg"},
+			[]string{"--config", path, "--http-addr", "10.0.0.3:3", "--max-num-seqs=11", "--prefix-caching=true", "--graph-warmup=false", "serve-arg"},
 			func(t *testing.T, c *Config) {
+				eq(t, c.Engine.GraphWarmup, false) // default true
 				eq(t, c.HTTPAddr, "10.0.0.3:3")
 				eq(t, c.Engine.MaxNumSeqs, 11)
 				eq(t, c.Engine.PrefixCaching, true)
@@ -193,14 +194,15 @@ func TestEngineConfigMapping(t *testing.T) {
 		MaxNumSeqs: 1 + rng.IntN(100), MaxNumBatchedTokens: 200 + rng.IntN(100), BlockSize: 1 + rng.IntN(64),
 		KVCacheBytes: 1 + rng.Int64N(1<<40), MaxQueue: 1 + rng.IntN(100), MaxModelLen: rng.IntN(1 << 20), PrefixCaching: rng.IntN(2) == 0,
 		HostSampling: rng.IntN(2) == 0, ContextParallel: 1 + rng.IntN(8), ContextParallelMin: rng.IntN(100000),
-		RebalanceEvery: rng.IntN(100), RebalanceSpare: rng.IntN(4),
+		RebalanceEvery: rng.IntN(100), RebalanceSpare: rng.IntN(4), GraphWarmup: rng.IntN(2) == 0,
 	}
 	e := c.EngineConfig()
 	want := engine.Config{MaxNumSeqs: c.Engine.MaxNumSeqs, MaxNumBatchedTokens: c.Engine.MaxNumBatchedTokens,
 		BlockSize: c.Engine.BlockSize, KVCacheBytes: c.Engine.KVCacheBytes, MaxQueue: c.Engine.MaxQueue,
 		MaxModelLen: c.Engine.MaxModelLen, PrefixCaching: c.Engine.PrefixCaching, HostSampling: c.Engine.HostSampling,
 		ContextParallel: c.Engine.ContextParallel, ContextParallelMin: c.Engine.ContextParallelMin,
-		RebalanceEvery: c.Engine.RebalanceEvery, RebalanceSpare: c.Engine.RebalanceSpare}
+		RebalanceEvery: c.Engine.RebalanceEvery, RebalanceSpare: c.Engine.RebalanceSpare,
+		GraphWarmup: c.Engine.GraphWarmup}
 	if e != want {
 		t.Errorf("got %+v want %+v", e, want)
 	}

@@ -77,6 +77,7 @@ func (c *Config) fields() []field {
 		{"engine.context_parallel_min", "prompt tokens from which context parallelism applies", (*intValue)(&e.ContextParallelMin)},
 		{"engine.rebalance_every", "re-place experts on the expert-parallel ranks every N steps from their loads (0: off)", (*intValue)(&e.RebalanceEvery)},
 		{"engine.rebalance_spare", "extra expert slots per rank for replicas of hot experts (0: 1)", (*intValue)(&e.RebalanceSpare)},
+		{"engine.graph_warmup", "capture the CUDA decode graphs of every batch size at start (fast profile)", (*boolValue)(&e.GraphWarmup)},
 	}
 }
 

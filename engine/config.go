@@ -29,6 +29,10 @@ type Config struct {
 	// RebalanceSpare is the extra expert slots per rank that replicas of hot
 	// experts may use (with RebalanceEvery; 0: 1).
 	RebalanceSpare int
+	// GraphWarmup captures the backend's decode graphs of every batch size
+	// before serving (backend.GraphWarmer), so that no request pays for a
+	// first eager step and a capture; New takes that long longer.
+	GraphWarmup bool
 }
 
 // DefaultConfig is what `mkserve serve` uses without flags on a CPU.
@@ -40,6 +44,7 @@ func DefaultConfig() Config {
 		KVCacheBytes:        1 << 30,
 		MaxQueue:            1024,
 		PrefixCaching:       true,
+		GraphWarmup:         true,
 		ContextParallel:     1,
 		ContextParallelMin:  DefaultContextParallelMin,
 	}

@@ -109,6 +109,9 @@ func New(m models.Model, be backend.Backend, tok Detokenizer, cfg Config, o Opti
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
+	if cfg.GraphWarmup {
+		warmGraphs(m, be, cfg.MaxNumSeqs, o.Logger)
+	}
 	rb, err := newRebalancer(cfg, be, o.Logger, o.Metrics)
 	if err != nil {
 		return nil, err

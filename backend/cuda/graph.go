@@ -170,6 +170,29 @@ func (be *Backend) eligible(b *backend.Batch) (graphKey, bool) {
 	return graphKey{rows: padRows(T), keys: stepKeyBucket(longest)}, true
 }
 
+// GraphWarmupRows implements backend.GraphWarmer: every padded row count
+// (padRows) up to min(maxRows, graphMaxRows), when decode graphs are on and
+// the KV pool is allocated. Warm-up steps of short contexts capture the
+// graphs of the smallest key bucket; longer contexts capture lazily.
+func (be *Backend) GraphWarmupRows(maxRows int) []int {
+	if !graphsOn() || be.noGraphs || be.split || be.kvF32 {
+		return nil
+	}
+	be.kvMu.Lock()
+	pk := be.paged
+	be.kvMu.Unlock()
+	if pk == nil {
+		return nil
+	}
+	var out []int
+	for T := 1; T <= min(maxRows, graphMaxRows); T++ {
+		if padRows(T) == T {
+			out = append(out, T)
+		}
+	}
+	return out
+}
+
 // padRows is the row count a decode step of T rows is padded to, so that
 // a few graphs serve every batch size (as vLLM's capture sizes): 1, 2, 4,
 // then multiples of 8.

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/engine"
 	"github.com/mkserve/mkserve/models"
 )
 
@@ -207,6 +208,19 @@ func TestEngineGraphs(t *testing.T) {
 	t.Logf("engine graph stats: %+v", gs)
 	if gs.Replays == 0 || gs.Failed != 0 || gs.Diverged != 0 {
 		t.Errorf("stats %+v: want replays and no failures", gs)
+	}
+}
+
+// TestEngineGraphWarmup: with engine.Config.GraphWarmup the engine captures
+// the graphs of 1, 2, 4 and 8 rows (MaxNumSeqs 8) before serving, its decode
+// steps then only replay them, and the greedy tokens are engine.Greedy's.
+func TestEngineGraphWarmup(t *testing.T) {
+	be := fastBackend(t, true)
+	engineMatchesGreedy(t, be, func(c *engine.Config) { c.GraphWarmup = true })
+	gs := be.Graphs()
+	t.Logf("engine graph stats after warm-up and serving: %+v", gs)
+	if gs.Captures != 4 || gs.Live != 4 || gs.Replays == 0 || gs.Failed != 0 || gs.Diverged != 0 {
+		t.Errorf("stats %+v: want the 4 warm-up captures only, replays while serving, no failures", gs)
 	}
 }
 

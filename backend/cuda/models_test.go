@@ -190,7 +190,7 @@ func (idText) Decode(ids []int32, _ bool) (string, error) { return fmt.Sprint(id
 // engineMatchesGreedy runs concurrent greedy requests through the serving
 // engine (paged KV, continuous batching) on be and compares each with
 // engine.Greedy on the same backend.
-func engineMatchesGreedy(t *testing.T, be backend.Backend) {
+func engineMatchesGreedy(t *testing.T, be backend.Backend, opts ...func(*engine.Config)) {
 	l := loadModel(t, "qwen3_moe", be)
 	prompts := [][]int32{{1, 5, 9, 13, 17, 21, 25}, {3, 4}, {100, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 42}, {1, 5, 9, 13, 2}}
 	const maxTok = 8
@@ -202,7 +202,11 @@ func engineMatchesGreedy(t *testing.T, be backend.Backend) {
 		}
 		want[i] = g
 	}
-	e, err := engine.New(l.Model, be, idText{}, engine.Config{BlockSize: 4, MaxNumSeqs: 8, KVCacheBytes: 16 << 20}, engine.Options{Name: "t"})
+	cfg := engine.Config{BlockSize: 4, MaxNumSeqs: 8, KVCacheBytes: 16 << 20}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	e, err := engine.New(l.Model, be, idText{}, cfg, engine.Options{Name: "t"})
 	if err != nil {
 		t.Fatal(err)
 	}
