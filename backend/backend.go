@@ -247,6 +247,25 @@ type StepGrapher interface {
 	GraphStep(b *Batch, f func() (Tensor, error)) (Tensor, error)
 }
 
+// AddNormer is a Backend that fuses a residual add with the RMSNorm that
+// follows it (on the GPU one launch instead of two per pair).
+type AddNormer interface {
+	// AddRMSNorm returns x + r and that sum normalised by RMSNorm and
+	// scaled by w [cols] (one group per row): the values of Add then
+	// RMSNorm.
+	AddRMSNorm(x, r, w Tensor, eps float32) (sum, normed Tensor)
+}
+
+// AddRMSNorm is be's AddRMSNorm when be is an AddNormer, else Add then
+// RMSNorm.
+func AddRMSNorm(be Backend, x, r, w Tensor, eps float32) (sum, normed Tensor) {
+	if a, ok := be.(AddNormer); ok {
+		return a.AddRMSNorm(x, r, w, eps)
+	}
+	sum = be.Add(x, r)
+	return sum, be.RMSNorm(sum, w, eps)
+}
+
 // GraphWarmer is a StepGrapher that can say which decode batch shapes are
 // worth capturing before serving starts (as vLLM captures its batch sizes
 // at start-up), so that no request waits for a first eager step and a

@@ -33,8 +33,12 @@ __device__ __forceinline__ double warp_sum_d(double v) {
 }
 
 // One block (256 threads) per group: sum of float32 squares accumulated in
-// float64, as the CPU reference does.
-__global__ void rmsnorm_f32(float* out, const float* x, const float* w, int64_t group, float eps) {
+// float64, as the CPU reference does. ADD: the group of x + r (float32
+// adds, written to sum) is normalised instead of x's, with the same
+// arithmetic as mk_add_f32 followed by mk_rmsnorm_f32.
+template <bool ADD>
+__global__ void rmsnorm_f32(float* out, const float* x, const float* r, float* sum, const float* w, int64_t group,
+                            float eps) {
   __shared__ double part[32];
   const int64_t g = blockIdx.x;
   const float* xs = x + g * group;
@@ -42,6 +46,10 @@ __global__ void rmsnorm_f32(float* out, const float* x, const float* w, int64_t 
   double ss = 0;
   for (int64_t j = threadIdx.x; j < group; j += blockDim.x) {
     float v = xs[j];
+    if (ADD) {
+      v = v + r[g * group + j];
+      sum[g * group + j] = v;
+    }
     ss += (double)__fmul_rn(v, v);
   }
   ss = warp_sum_d(ss);
@@ -54,8 +62,10 @@ __global__ void rmsnorm_f32(float* out, const float* x, const float* w, int64_t 
   }
   __syncthreads();
   const float mean = (float)(part[0] / (double)group);
-  const float r = (float)(1.0 / sqrt((double)(mean + eps)));
-  for (int64_t j = threadIdx.x; j < group; j += blockDim.x) os[j] = __fmul_rn(w[j], __fmul_rn(xs[j], r));
+  const float rs = (float)(1.0 / sqrt((double)(mean + eps)));
+  // With ADD each thread reads back the sums it wrote itself.
+  const float* vs = ADD ? sum + g * group : xs;
+  for (int64_t j = threadIdx.x; j < group; j += blockDim.x) os[j] = __fmul_rn(w[j], __fmul_rn(vs[j], rs));
 }
 
 // hi = bf16(x), lo = bf16(x - hi); x - hi is exact in float32.
@@ -265,9 +275,22 @@ int32_t mk_rmsnorm_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, in
   F32_ARG(fn, rows > 0 && cols > 0 && group > 0 && cols % group == 0 && out && x && w);
   const int64_t segs = rows * (cols / group);
   F32_ARG(fn, segs <= INT32_MAX);
-  rmsnorm_f32<<<(unsigned)segs, kT, 0, mk::as_stream(stream)>>>(
-      mk::dev<float>(out), mk::dev<float>(x), mk::dev<float>(w), group, mk::float_from_bits(eps_bits));
+  rmsnorm_f32<false><<<(unsigned)segs, kT, 0, mk::as_stream(stream)>>>(
+      mk::dev<float>(out), mk::dev<float>(x), nullptr, nullptr, mk::dev<float>(w), group,
+      mk::float_from_bits(eps_bits));
   MK_LAUNCHED("rmsnorm_f32");
+  return MK_OK;
+}
+
+int32_t mk_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uint64_t out, uint64_t x, uint64_t r, uint64_t w,
+                           int64_t rows, int64_t cols, uint32_t eps_bits) {
+  const char* fn = "mk_add_rmsnorm_f32";
+  MK_THREAD(fn);
+  F32_ARG(fn, rows > 0 && rows <= INT32_MAX && cols > 0 && sum && out && x && r && w);
+  rmsnorm_f32<true><<<(unsigned)rows, kT, 0, mk::as_stream(stream)>>>(
+      mk::dev<float>(out), mk::dev<float>(x), mk::dev<float>(r), mk::dev<float>(sum), mk::dev<float>(w), cols,
+      mk::float_from_bits(eps_bits));
+  MK_LAUNCHED("add_rmsnorm_f32");
   return MK_OK;
 }
 

@@ -12,6 +12,25 @@ import (
 // positive checks that every named dimension is in [1, MaxInt32].
 func positive(op string, kv ...any) error { return dims(op, kv...) }
 
+// AddRMSNormF32 writes sum [rows, cols] = x + r and out = RMSNorm(sum) · w
+// [cols] (one group per row) in one launch, with the values of AddF32 then
+// RMSNormF32.
+func (d *Device) AddRMSNormF32(s *Stream, sum, out, x, r, w *Buffer, rows, cols int, eps float32) error {
+	const op = "AddRMSNormF32"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	if err := positive(op, "rows", rows, "cols", cols); err != nil {
+		return err
+	}
+	n := int64(rows) * int64(cols)
+	if err := needAll(op, 4, "sum", sum, n, "out", out, n, "x", x, n, "r", r, n, "w", w, int64(cols)); err != nil {
+		return err
+	}
+	return d.lib.check("mk_add_rmsnorm_f32", d.lib.addRMSNormF32(s.handle(), sum.ptr, out.ptr, x.ptr, r.ptr, w.ptr,
+		int64(rows), int64(cols), math.Float32bits(eps)))
+}
+
 // RMSNormF32 writes out [rows, cols] = x / rms(each group of `group` columns)
 // * w [group], all float32; the sum of squares accumulates in float64.
 func (d *Device) RMSNormF32(s *Stream, out, x, w *Buffer, rows, cols, group int, eps float32) error {

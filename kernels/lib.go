@@ -12,7 +12,7 @@ import (
 )
 
 // abiVersion is the MK_ABI_VERSION this package was written against.
-const abiVersion = 5
+const abiVersion = 6
 
 // LibraryEnv names the environment variable holding libmkernel.so's path.
 const LibraryEnv = "MKSERVE_KERNEL_LIB"
@@ -161,6 +161,7 @@ type lib struct {
 
 	// float32-activation ops (f32ops.cu)
 	rmsnormF32    func(s, out, x, w uint64, rows, cols, group int64, eps uint32) int32
+	addRMSNormF32 func(s, sum, out, x, r, w uint64, rows, cols int64, eps uint32) int32
 	splitBF16     func(s, hi, lo, x uint64, n int64) int32
 	addF32        func(s, out, a, b uint64, n int64) int32
 	clampF32      func(s, out, x uint64, n int64, limit uint32) int32
@@ -231,6 +232,7 @@ func (l *lib) symbols() []symbol {
 		{"mk_convert_f32_to_bf16", &l.f32ToBF16},
 		{"mk_convert_bf16_to_f32", &l.bf16ToF32},
 		{"mk_rmsnorm_f32", &l.rmsnormF32},
+		{"mk_add_rmsnorm_f32", &l.addRMSNormF32},
 		{"mk_split_bf16", &l.splitBF16},
 		{"mk_add_f32", &l.addF32},
 		{"mk_clamp_f32", &l.clampF32},

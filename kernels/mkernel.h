@@ -38,7 +38,7 @@ extern "C" {
 #endif
 
 /* MK_ABI_VERSION changes whenever a signature, struct or meaning changes. */
-#define MK_ABI_VERSION 5
+#define MK_ABI_VERSION 6
 
 /* Status codes. */
 enum {
@@ -223,6 +223,10 @@ MK_API int32_t mk_convert_bf16_to_f32(uint64_t stream, uint64_t dst, uint64_t sr
  * sum of squares is accumulated in float64. */
 MK_API int32_t mk_rmsnorm_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, int64_t rows,
                               int64_t cols, int64_t group, uint32_t eps_bits);
+/* sum [rows, cols] = x + r, out = RMSNorm(sum) * w [cols] (ABI 6): the same
+ * values as mk_add_f32 then mk_rmsnorm_f32 with group = cols, one launch. */
+MK_API int32_t mk_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uint64_t out, uint64_t x, uint64_t r,
+                                  uint64_t w, int64_t rows, int64_t cols, uint32_t eps_bits);
 /* Splits n float32 values x into two bf16 halves: hi = bf16(x), lo =
  * bf16(x - hi) (round to nearest even), so hi + lo carries about 16 bits of
  * x's mantissa; A·Bᵀ = hi·Bᵀ + lo·Bᵀ with two bf16 GEMMs. */

@@ -71,14 +71,26 @@ func (d *decoder) Forward(b *backend.Batch) (backend.Tensor, error) {
 	}
 	be := d.be
 	x := be.Embed(d.embed, b.Tokens) // [T, H]
-	for _, l := range d.layers {
-		x = be.Add(x, l.attn.forward(be.RMSNorm(x, l.inNorm, d.eps), b))
-		x = be.Add(x, l.ffn.forward(be.RMSNorm(x, l.postNorm, d.eps), b))
+	// Each residual add is fused with the norm after it (the next branch's,
+	// or the final one): backend.AddRMSNorm. RMSNorm works row by row, so
+	// picking the logit rows after the final norm gives the same values.
+	first := d.norm
+	if len(d.layers) > 0 {
+		first = d.layers[0].inNorm
+	}
+	h := be.RMSNorm(x, first, d.eps) // [T, H]
+	for i, l := range d.layers {
+		x, h = backend.AddRMSNorm(be, x, l.attn.forward(h, b), l.postNorm, d.eps)
+		next := d.norm
+		if i+1 < len(d.layers) {
+			next = d.layers[i+1].inNorm
+		}
+		x, h = backend.AddRMSNorm(be, x, l.ffn.forward(h, b), next, d.eps)
 	}
 	if b.LogitRows != nil {
-		x = be.Rows(x, b.LogitRows) // [rows, H]
+		h = be.Rows(h, b.LogitRows) // [rows, H]
 	}
-	return be.Linear(be.RMSNorm(x, d.norm, d.eps), d.lmHead, nil), nil // [rows, V]
+	return be.Linear(h, d.lmHead, nil), nil // [rows, V]
 }
 
 // layerBlocks builds the attention and feed-forward branch of layer i.

@@ -272,6 +272,30 @@ func (be *Backend) f32(d *kernels.Device, t *Tensor) *kernels.Buffer {
 	return t.st.f32
 }
 
+// memoOK reports whether t may keep its bf16 rounding with it: a float32
+// activation made by wrap (its cleanup pools st.bf16 too), not a view.
+func memoOK(t *Tensor) bool { return t.st.f32 != nil && !t.st.weight && t.parent == nil }
+
+// bf16Of is activation t [n] rounded to bf16 (RN), converted once and kept
+// with t (tensors are immutable), so that the GEMMs and kernels that read
+// one activation in bf16 (q, k and v from one normed row; the MoE router's
+// split and the experts) share one conversion. temp reports a buffer the
+// caller puts back (t cannot keep it: a view).
+func (be *Backend) bf16Of(d *kernels.Device, t *Tensor) (b *kernels.Buffer, temp bool) {
+	if t.st.bf16 != nil {
+		return t.st.bf16, false
+	}
+	b = be.alloc.get(d, int64(t.st.n)*2)
+	if t.st.n > 0 {
+		must("convert", d.ConvertF32ToBF16(nil, b, t.st.f32, t.st.n))
+	}
+	if !memoOK(t) {
+		return b, true
+	}
+	t.st.bf16 = b
+	return b, false
+}
+
 // ---- GEMMs ----
 
 // weightMem is a GEMM weight's memory and whether it is float32 (then the
@@ -682,7 +706,7 @@ func (be *Backend) Linear(x, w, bias backend.Tensor) backend.Tensor {
 	b := vector("Linear", "bias", bias, N)
 	var out *Tensor
 	be.do("Linear", func(d *kernels.Device) error {
-		out = be.linear(d, be.f32(d, xt), wt, b, T, N, K)
+		out = be.linearT(d, xt, wt, b, T, N, K, be.split)
 		return nil
 	}, xt, wt, b)
 	return out
@@ -698,10 +722,47 @@ func (be *Backend) routerLinear(x, w, bias *Tensor) *Tensor {
 	_, T := matrix("MoE", "x", x, K)
 	var out *Tensor
 	be.do("MoE router", func(d *kernels.Device) error {
-		out = be.linearMode(d, be.f32(d, x), w, bias, T, N, K, true)
+		out = be.linearT(d, x, w, bias, T, N, K, true)
 		return nil
 	}, x, w, bias)
 	return out
+}
+
+// linearT is linearMode of activation tensor xt, sharing its bf16 rounding
+// (bf16Of) with other ops: the fast profile's GEMMs read the kept rounding
+// instead of converting again, and a split (hi + lo) leaves hi, the same
+// rounding, with xt.
+func (be *Backend) linearT(d *kernels.Device, xt *Tensor, w *Tensor, b *Tensor, T, N, K int, split bool) *Tensor {
+	x := be.f32(d, xt)
+	if _, wF32 := weightMem(w); wF32 || T*N*K == 0 || !memoOK(xt) {
+		return be.linearMode(d, x, w, b, T, N, K, split)
+	}
+	var in gemmIn
+	switch {
+	case !split:
+		in.hi, in.owned = be.bf16Of(d, xt)
+	case xt.st.bf16 != nil: // hi is kept already; the split makes both halves again
+		in = be.prepareMode(d, x, T*K, false, true)
+	default:
+		in = be.prepareMode(d, x, T*K, false, true)
+		xt.st.bf16, in.hi = in.hi, nil // kept with xt (the same values as bf16Of)
+	}
+	out := be.newF32(d, T, N)
+	wb, _ := weightMem(w)
+	gemm(d, out.st.f32, in.withHi(xt.st.bf16), wb, T, N, K)
+	be.release(in)
+	if b != nil {
+		must("bias", d.BiasAddF32(nil, out.st.f32, be.f32(d, b), T, N))
+	}
+	return out
+}
+
+// withHi is in with hi set to h where in has none (hi kept by the tensor).
+func (in gemmIn) withHi(h *kernels.Buffer) gemmIn {
+	if in.hi == nil {
+		in.hi = h
+	}
+	return in
 }
 
 // linear is x [T, K] (float32) · w [N, K]ᵀ + b → [T, N]; on the GPU goroutine.
@@ -775,6 +836,29 @@ func (be *Backend) Add(a, b backend.Tensor) backend.Tensor {
 	return be.elementwise("Add", at, func(d *kernels.Device, out *kernels.Buffer) error {
 		return d.AddF32(nil, out, be.f32(d, at), be.f32(d, bt), at.st.n)
 	}, at, bt)
+}
+
+// AddRMSNorm implements backend.AddNormer: x + r and its RMSNorm · w [cols]
+// in one launch (kernels.AddRMSNormF32), the values of Add then RMSNorm.
+func (be *Backend) AddRMSNorm(x, r, w backend.Tensor, eps float32) (backend.Tensor, backend.Tensor) {
+	xt, rt := tensorOf("AddRMSNorm", "x", x), tensorOf("AddRMSNorm", "r", r)
+	if !slices.Equal(xt.shape, rt.shape) {
+		panicf("AddRMSNorm", "shapes %v and %v differ", xt.shape, rt.shape)
+	}
+	T, C := xt.dims()
+	wt := vector("AddRMSNorm", "w", w, C)
+	if wt == nil {
+		panicf("AddRMSNorm", "nil w")
+	}
+	var sum, out *Tensor
+	be.do("AddRMSNorm", func(d *kernels.Device) error {
+		sum, out = be.newF32(d, T, C), be.newF32(d, T, C)
+		if T*C == 0 {
+			return nil
+		}
+		return d.AddRMSNormF32(nil, sum.st.f32, out.st.f32, be.f32(d, xt), be.f32(d, rt), be.f32(d, wt), T, C, eps)
+	}, xt, rt, wt)
+	return sum, out
 }
 
 // Clamp limits every element to [-limit, limit]; NaN stays NaN.

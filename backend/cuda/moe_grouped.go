@@ -181,9 +181,11 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 			sb = be.f32(d, scoreBias)
 		}
 		must("route", d.MoERoute(nil, ids, w, logits.st.f32, sb, T, moeRouterOf(&l.Router)))
-		xb := a.get(d, int64(T*H)*2)
-		defer a.put(xb)
-		must("convert", d.ConvertF32ToBF16(nil, xb, be.f32(d, xt), T*H))
+		be.f32(d, xt)
+		xb, temp := be.bf16Of(d, xt) // the router's split left it with xt
+		if temp {
+			defer a.put(xb)
+		}
 		ex := &kernels.MoEExperts{E: E, H: H, I: I, GateUp: gu.st.bf16, Down: down.st.bf16,
 			Clamped: l.Act.Kind == moe.ClampedSwiGLU, Alpha: l.Act.Alpha, Limit: l.Act.Limit}
 		if gub != nil {

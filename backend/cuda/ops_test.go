@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/mkserve/mkserve/attention"
@@ -112,6 +113,19 @@ var opCases = []opCase{
 	{"rmsnorm_grouped", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
 		x := W(t, be, g.f32(3, 7, 36))
 		return []backend.Tensor{be.RMSNorm(x, W(t, be, g.f32(1, 12)), 1e-6), be.RMSNorm(x, W(t, be, g.bf16(1, 36)), 1e-5)}
+	}},
+	{"add_rmsnorm", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		// The CPU runs Add then RMSNorm (backend.AddRMSNorm's fallback); the
+		// GPU one fused launch, bf16 and f32 norm weights, 1 and 37 rows.
+		var out []backend.Tensor
+		for _, rows := range []int{1, 37} {
+			x, r := W(t, be, g.f32(1, rows, 200)), W(t, be, g.f32(1, rows, 200))
+			for _, w := range []backend.Tensor{W(t, be, g.bf16(1, 200)), W(t, be, g.f32(1, 200))} {
+				sum, n := backend.AddRMSNorm(be, x, r, w, 1e-6)
+				out = append(out, sum, n)
+			}
+		}
+		return out
 	}},
 	{"add_clamp_swiglu", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
 		a, b := W(t, be, g.f32(4, 6, 26)), W(t, be, g.f32(4, 6, 26))
@@ -224,6 +238,28 @@ func TestOpsMatchCPU(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestAddRMSNormExact: the fused add + norm gives bit for bit what Add then
+// RMSNorm give on the GPU (the model's forward pass now uses the fused one).
+func TestAddRMSNormExact(t *testing.T) {
+	be := gpuBackend(t)
+	g := newGen(0x5eed, false)
+	for _, shape := range [][2]int{{1, 2048}, {3, 4096}, {64, 7168}, {5, 8}} {
+		x, r := W(t, be, g.f32(1, shape[0], shape[1])), W(t, be, g.f32(1, shape[0], shape[1]))
+		w := W(t, be, g.bf16(1, shape[1]))
+		sum, n := be.AddRMSNorm(x, r, w, 1e-5)
+		wantSum := be.Add(x, r)
+		wantN := be.RMSNorm(wantSum, w, 1e-5)
+		for i, p := range [][2]backend.Tensor{{sum, wantSum}, {n, wantN}} {
+			got, want := be.ToHost(p[0]), be.ToHost(p[1])
+			for j := range want {
+				if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+					t.Fatalf("%v output %d element %d: %g, separate ops %g", shape, i, j, got[j], want[j])
+				}
+			}
 		}
 	}
 }
