@@ -53,10 +53,12 @@ MK_API int32_t mk_moe_fused_workspace(int32_t ranks, const int64_t* tokens, cons
  * (1..8): a small plan launch (counts per (rank, slot), row offsets padded to
  * the row tile, every (token, k)'s destination row; expert-load counters),
  * then ONE persistent cooperative launch whose CTAs take roles from queues:
- *   dispatch: copy x_r[t] to rank d's receive row of each (t, k) routed to d,
- *             +1 on that row tile's arrival counter (release);
+ *   dispatch: copy x_r[t] to rank d's receive row of each (t, k) routed to
+ *             another rank d, +1 on that row tile's arrival counter (release);
+ *             rows routed to their own rank are not copied (GEMM1 reads them
+ *             from x_r), and with one rank nothing is dispatched;
  *   compute:  GEMM1 (+ SwiGLU) of a (row tile, column block) once the tile's
- *             rows have all arrived; GEMM2 of a (row tile, column block) once
+ *             remote rows have all arrived; GEMM2 of a (row tile, column block) once
  *             every GEMM1 block of the tile is done; outputs written back to
  *             the source rank's return rows, +1 per row on its token counter;
  *   combine:  out_r[t] = Σ_k w[t,k] · y[t,k] in k order (+ shared_r[t]) once

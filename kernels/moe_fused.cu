@@ -5,29 +5,40 @@
 //
 // Plan (a pre-pass launch, one CTA per rank). For every source rank r and
 // assignment a = t*K + k, the placement table gives the (rank d, local slot)
-// serving it. CTA d counts the rows d receives per slot from every source,
-// pads each slot's rows to the row tile BM, and writes: num_tiles, per tile
-// its slot and its number of real rows (tile_want), per receive row its
+// serving it. CTA d counts the rows d receives per slot from every source
+// (and how many of them come from d itself: local rows), pads each slot's
+// rows to the row tile BM (offsets by a block scan), orders each slot's
+// local rows before its remote ones, and writes: num_tiles, per tile its
+// slot and its number of REMOTE rows (tile_want), per receive row its
 // source (a*8 + r, or -1 for padding), and per assignment its destination
 // row (dest_row[r][a] = row*8 + d, or -1 when dropped); it adds the rows to
 // the expert-load counters (int64 atomics per (rank, slot)) and zeroes the
-// flags of the persistent launch. The plan is a separate launch so that
-// the persistent kernel needs no grid-wide barrier; the persistent kernel
-// reads num_tiles to size its task queue.
+// flags and (CTA 0) the queue counters of the persistent launch. The plan
+// is a separate launch so that the persistent kernel needs no grid-wide
+// barrier; the persistent kernel reads num_tiles to size its task queue.
+//
+// Local rows are never copied: GEMM1 gathers a row whose source is its own
+// rank straight from x (as moe.cu's GEMM1 gathers from x), so a tile waits
+// only for its remote rows (tile_want of them; none: no wait), and with one
+// rank there is no dispatch task at all. GEMM2 writes every row once, f32,
+// straight into the source rank's return rows, where combine reads it.
 //
 // Persistent kernel. CTAs [0, dispatch_ctas) start with the dispatch queue;
 // when it is empty they, and from the start all other CTAs, take tasks from
 // the main queue: every rank's GEMM1 tasks (row tile × column block), then
 // every rank's GEMM2 tasks, then the combine tasks (a source rank's block
 // of tokens). Roles:
-//   dispatch  (source rank r, block of DT tokens): one warp per (t, k) copies
-//             x_r[t] to row dest_row of rank d's receive buffer (16-byte L2
-//             stores), then +1 on arrive_d[tile] (release);
+//   dispatch  (source rank r, block of dt ≈ 32/K tokens; only when R > 1):
+//             one warp per remote (t, k) copies x_r[t] to row dest_row of
+//             rank d's receive buffer (16-byte L2 stores, eight in flight per
+//             lane), bar.sync, then one thread per row +1 on arrive_d[tile]
+//             (release);
 //   GEMM1     (d, tile, block n): waits for arrive_d[tile] == tile_want,
-//             gate/up GEMM with SwiGLU in the epilogue → act_d rows (bf16),
-//             then +1 on g1done_d[tile] (release);
+//             gate/up GEMM (A rows: local from x_d, remote from the receive
+//             buffer) with SwiGLU in the epilogue → act_d rows (bf16), then
+//             +1 on g1done_d[tile] (release);
 //   GEMM2     (d, tile, block n): waits for g1done_d[tile] == GEMM1 blocks,
-//             down GEMM → f32 rows written back to the source rank's return
+//             down GEMM → f32 rows written to the source rank's return
 //             buffer ret_r[a] (a = t*K + k), then +1 per row on tokdone_r[t];
 //   combine   (r, block of CT tokens): waits for tokdone_r[t] == (GEMM2
 //             blocks) × (routed k of t), out_r[t] = Σ_k w[t,k]·ret_r[t*K+k]
@@ -36,11 +47,15 @@
 // fences then bar.warp.sync), one thread does fence.acq_rel.gpu and
 // red.release.gpu.add; readers spin on one thread with ld.acquire.gpu, then
 // bar.sync, and read the data through L2 only (cp.async.cg, ld.global.cg).
+// Local rows need no protocol: x is written before the launch.
 // Deadlock freedom: every task waits only on tasks earlier in the queue
 // order (dispatch < GEMM1 < GEMM2 < combine); a CTA finishes a task before
 // taking the next, tasks are taken in increasing order, every CTA is
 // co-resident (cooperative launch) and dispatch CTAs never wait: every task
-// waited for is held by a running CTA that will finish it.
+// waited for is held by a running CTA that will finish it. A GEMM1 tile's
+// counter is raised only by dispatch tasks (one per remote row, exactly
+// tile_want of them), never by local rows, so the count it waits for is
+// reached exactly once every dispatch task has run.
 //
 // Watchdog: every spin is bounded by timeout_ns on %globaltimer; on timeout
 // the CTA writes the error record (rank, role, tile, seen, want) once
@@ -64,8 +79,8 @@ using bf16 = __nv_bfloat16;
 constexpr int kMaxRanks = MK_MOE_FUSED_MAX_RANKS;
 constexpr int kThreads = 128;
 constexpr int kBK = 64;
-constexpr int kDT = 16;  // tokens per dispatch task
-constexpr int kCT = 8;   // tokens per combine task
+constexpr int kDR = 32;  // (token, k) rows per dispatch task: Params.dt = max(1, kDR / K) tokens
+constexpr int kCT = 2;   // tokens per combine task
 // Control workspace: [0, 32) error record, [64, 128) queue counters (zeroed per launch).
 constexpr int kQDisp = 16, kQMain = 17;
 constexpr uint64_t kCtlBytes = 256;
@@ -113,6 +128,7 @@ struct Params {
   int n1t, n2t;  // column blocks of GEMM1 (over I) and GEMM2 (over H)
   int disp_pre[kMaxRanks + 1];  // prefix sums of dispatch tasks per source rank
   int comb_pre[kMaxRanks + 1];  // prefix sums of combine tasks per source rank
+  int dt;  // tokens per dispatch task
   int ndisp_ctas;
   int fault_rank;
   int separate;  // plan: also fill row_slot/row_w for every row (separate path)
@@ -183,16 +199,59 @@ __device__ bool wait_geq(const Params& p, const int* flag, int want, int rank, i
 
 // ---- plan ----
 
+// block_scan_tiles writes off[s] = Σ_{s' < s} cnt[s'] padded to BM for s in
+// [0, S], with every thread of the block (blockDim.x a multiple of 32, at
+// most 1024): a chunk of slots per thread, a warp scan, then the warps' sums.
+__device__ void block_scan_tiles(const int* cnt, int* off, int S, int BM) {
+  __shared__ int warp_sum[32];
+  const int nt = blockDim.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int per = (S + nt - 1) / nt;
+  const int s0 = min(S, tid * per), s1 = min(S, s0 + per);
+  int mine = 0;
+  for (int s = s0; s < s1; ++s) mine += (cnt[s] + BM - 1) / BM * BM;
+  int inc = mine;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int v = __shfl_up_sync(0xffffffffu, inc, d);
+    if (lane >= d) inc += v;
+  }
+  if (lane == 31) warp_sum[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    const int nw = nt / 32;
+    int w = lane < nw ? warp_sum[lane] : 0;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int v = __shfl_up_sync(0xffffffffu, w, d);
+      if (lane >= d) w += v;
+    }
+    if (lane < nw) warp_sum[lane] = w;  // inclusive over the warps
+  }
+  __syncthreads();
+  int o = (warp > 0 ? warp_sum[warp - 1] : 0) + inc - mine;
+  for (int s = s0; s < s1; ++s) {
+    off[s] = o;
+    o += (cnt[s] + BM - 1) / BM * BM;
+  }
+  if (tid == nt - 1) off[S] = o;
+}
+
 // One CTA per rank b: b's source side (dropped assignments, token flags)
-// and b's destination side (slot counts, padded offsets, tiles, rows).
+// and b's destination side (slot counts, padded offsets, tiles, rows). A
+// slot's rows from b itself (local) come first, then the rows from other
+// ranks (remote); tile_want counts only a tile's remote rows, the ones a
+// dispatch task delivers. CTA 0 also zeroes the queue counters.
 __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Params p) {
   extern __shared__ int plan_sm[];
   const int b = blockIdx.x, R = p.R, K = p.K, E = p.E, BM = p.BM;
   const RankP& me = p.rk[b];
   const int S = me.S;
-  int* cnt = plan_sm;
-  int* off = cnt + S;
-  int* cur = off + S + 1;
+  int* cnt = plan_sm;       // [S] rows per slot
+  int* cnt_loc = cnt + S;   // [S] of them local
+  int* off = cnt_loc + S;   // [S+1] padded row offsets
+  int* cur_loc = off + S + 1;  // [S] next local row
+  int* cur_rem = cur_loc + S;  // [S] next remote row
+  if (b == 0 && threadIdx.x < (int)(kCtlBytes / 4) - 16) p.ctl[16 + threadIdx.x] = 0;
   // Source side.
   for (int64_t t = threadIdx.x; t < me.T; t += blockDim.x) me.tokdone[t] = 0;
   for (int64_t a = threadIdx.x; a < me.T * K; a += blockDim.x) {
@@ -203,7 +262,7 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
   }
   if (S == 0) return;
   // Destination side: counts.
-  for (int s = threadIdx.x; s < S; s += blockDim.x) cnt[s] = cur[s] = 0;
+  for (int s = threadIdx.x; s < S; s += blockDim.x) cnt[s] = cnt_loc[s] = cur_loc[s] = cur_rem[s] = 0;
   __syncthreads();
   // Four assignments per thread and pass: their loads are in flight together.
   for (int r = 0; r < R; ++r) {
@@ -220,30 +279,27 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
       for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
 #pragma unroll
       for (int u = 0; u < 4; ++u)
-        if (pl[u] >= 0 && (pl[u] >> 16) == b && (pl[u] & 0xffff) < S) atomicAdd(&cnt[pl[u] & 0xffff], 1);
+        if (pl[u] >= 0 && (pl[u] >> 16) == b && (pl[u] & 0xffff) < S) {
+          atomicAdd(&cnt[pl[u] & 0xffff], 1);
+          if (r == b) atomicAdd(&cnt_loc[pl[u] & 0xffff], 1);
+        }
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int o = 0;
-    for (int s = 0; s < S; ++s) {
-      off[s] = o;
-      o += (cnt[s] + BM - 1) / BM * BM;
-    }
-    off[S] = o;
-    *me.num_tiles = o / BM;
-  }
+  block_scan_tiles(cnt, off, S, BM);
   __syncthreads();
   const int ntiles = off[S] / BM;
+  if (threadIdx.x == 0) *me.num_tiles = ntiles;
   for (int tl = threadIdx.x; tl < ntiles; tl += blockDim.x) {
     me.arrive[tl] = 0;
     me.g1done[tl] = 0;
   }
   for (int s = threadIdx.x; s < S; s += blockDim.x) {
     if (me.counts && !p.separate) atomicAdd(&me.counts[s], (unsigned long long)cnt[s]);
+    const int rem0 = off[s] + cnt_loc[s], rem1 = off[s] + cnt[s];  // the slot's remote rows [rem0, rem1)
     for (int tl = off[s] / BM; tl < off[s + 1] / BM; ++tl) {
       me.tile_slot[tl] = s;
-      me.tile_want[tl] = min(BM, cnt[s] - (tl * BM - off[s]));
+      me.tile_want[tl] = max(0, min(tl * BM + BM, rem1) - max(tl * BM, rem0));
     }
     for (int q = off[s] + cnt[s]; q < off[s + 1]; ++q) {
       me.row_src[q] = -1;
@@ -272,7 +328,7 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
         if (pl[u] < 0 || (pl[u] >> 16) != b || (pl[u] & 0xffff) >= S) continue;
         const int64_t a = a0 + (int64_t)u * blockDim.x;
         const int s = pl[u] & 0xffff;
-        const int q = off[s] + atomicAdd(&cur[s], 1);
+        const int q = r == b ? off[s] + atomicAdd(&cur_loc[s], 1) : off[s] + cnt_loc[s] + atomicAdd(&cur_rem[s], 1);
         me.row_src[q] = (int32_t)(a * 8 + r);
         if (p.separate) me.row_slot[q] = s;
         p.rk[r].dest_row[a] = q * 8 + b;
@@ -283,22 +339,42 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
 
 // ---- roles ----
 
-// dispatch_task copies source rank r's tokens [t0, t1) to their rows.
-__device__ void dispatch_task(const Params& p, int r, int64_t t0, int64_t t1) {
+// dispatch_task copies source rank r's tokens [t0, t1) to their rows on
+// other ranks (sep: to every row, local ones too, and signals nothing: the
+// separate path's experts read all rows from the receive buffers). One warp
+// per (t, k) copies (16-byte L2 stores, all copies of the task in flight
+// together); after bar.sync one thread per row does fence.acq_rel.gpu and
+// +1 on the row's arrive_d[tile] (release).
+__device__ void dispatch_task(const Params& p, int r, int64_t t0, int64_t t1, bool sep) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, K = p.K;
   const RankP& src = p.rk[r];
   const int64_t H8 = p.H / 8;
   for (int64_t a = t0 * K + warp; a < t1 * K; a += kThreads / 32) {
     const int dr = src.dest_row[a];
-    if (dr < 0) continue;
+    if (dr < 0 || (!sep && (dr & 7) == r)) continue;
     const int d = dr & 7;
     const int64_t row = dr >> 3;
     const uint4* s = reinterpret_cast<const uint4*>(src.x + (a / K) * p.H);
     uint4* dst = reinterpret_cast<uint4*>(p.rk[d].recv + row * p.H);
-    for (int64_t c = lane; c < H8; c += 32) __stcg(dst + c, __ldcg(s + c));
+    // Eight 16-byte loads per lane in flight before their stores (the
+    // compiler may not move a load above a store that might alias it).
+    for (int64_t c0 = lane; c0 < H8; c0 += 32 * 8) {
+      uint4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (c0 + u * 32 < H8) v[u] = __ldcg(s + c0 + u * 32);
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (c0 + u * 32 < H8) __stcg(dst + c0 + u * 32, v[u]);
+    }
+  }
+  if (sep) return;
+  __syncthreads();
+  for (int64_t a = t0 * K + threadIdx.x; a < t1 * K; a += kThreads) {
+    const int dr = src.dest_row[a];
+    if (dr < 0 || (dr & 7) == r) continue;
     __threadfence();
-    __syncwarp();
-    if (lane == 0) red_release_add(p.rk[d].arrive + row / p.BM, 1);
+    red_release_add(p.rk[dr & 7].arrive + (dr >> 3) / p.BM, 1);
   }
 }
 
@@ -336,7 +412,10 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
     a_ch[i] = c % 8;
     a_dst[i] = c < A_CH ? swz(r, a_ch[i]) : -1;
     a_src[i] = nullptr;
-    if (c < A_CH && rk.row_src[m0 + r] >= 0) a_src[i] = A + (m0 + r) * Kd;
+    const int32_t src = c < A_CH ? rk.row_src[m0 + r] : -1;
+    // GEMM1 reads a local row (its source is this rank) from x itself.
+    if (src >= 0)
+      a_src[i] = GATEUP && (src & 7) == d ? rk.x + (int64_t)(src >> 3) / p.K * Kd : A + (m0 + r) * Kd;
   }
   const bf16* b_src[B_PER];
   int b_dst[B_PER], b_ch[B_PER];
@@ -474,24 +553,40 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
 
 // combine_task: source rank r's tokens [t0, t1): out = Σ_k w·ret (k order) + shared.
 // from_y: read the expert outputs from the destination ranks' y rows
-// (separate path) instead of the returned rows.
+// (separate path) instead of the returned rows. The rows of eight k are
+// loaded together, then summed in k order.
 __device__ void combine_rows(const Params& p, int r, int64_t t0, int64_t t1, bool from_y) {
+  constexpr int KU = 8;
   const RankP& rk = p.rk[r];
   const int K = p.K;
   const int64_t H4 = p.H / 4;
   for (int64_t t = t0; t < t1; ++t) {
     for (int64_t c = threadIdx.x; c < H4; c += kThreads) {
       float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int k = 0; k < K; ++k) {
-        const int dr = rk.dest_row[t * K + k];
-        if (dr < 0) continue;
-        const float wk = rk.w[t * K + k];
-        const float* src = from_y ? p.rk[dr & 7].y + (int64_t)(dr >> 3) * p.H : rk.ret + (t * K + k) * p.H;
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(src) + c);
-        s.x = fmaf(wk, v.x, s.x);
-        s.y = fmaf(wk, v.y, s.y);
-        s.z = fmaf(wk, v.z, s.z);
-        s.w = fmaf(wk, v.w, s.w);
+      for (int k0 = 0; k0 < K; k0 += KU) {
+        float4 v[KU];
+        float wk[KU];
+        bool on[KU];
+#pragma unroll
+        for (int u = 0; u < KU; ++u) {
+          const int k = k0 + u;
+          const int dr = k < K ? __ldg(rk.dest_row + t * K + k) : -1;  // written by the plan launch
+          on[u] = dr >= 0;
+          wk[u] = 0.0f;
+          v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (!on[u]) continue;
+          wk[u] = __ldg(rk.w + t * K + k);
+          const float* src = from_y ? p.rk[dr & 7].y + (int64_t)(dr >> 3) * p.H : rk.ret + (t * K + k) * p.H;
+          v[u] = __ldcg(reinterpret_cast<const float4*>(src) + c);
+        }
+#pragma unroll
+        for (int u = 0; u < KU; ++u) {
+          if (!on[u]) continue;
+          s.x = fmaf(wk[u], v[u].x, s.x);
+          s.y = fmaf(wk[u], v[u].y, s.y);
+          s.z = fmaf(wk[u], v[u].z, s.z);
+          s.w = fmaf(wk[u], v[u].w, s.w);
+        }
       }
       if (rk.shared) {
         const float4 v = reinterpret_cast<const float4*>(rk.shared + t * p.H)[c];
@@ -540,8 +635,8 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const __grid_constant__
       if (idx >= n_disp) break;
       const int r = find_rank(p.disp_pre, R, idx);
       if (r == p.fault_rank) continue;  // fault injection: this rank never sends
-      const int64_t t0 = (int64_t)(idx - p.disp_pre[r]) * kDT;
-      dispatch_task(p, r, t0, min(p.rk[r].T, t0 + kDT));
+      const int64_t t0 = (int64_t)(idx - p.disp_pre[r]) * p.dt;
+      dispatch_task(p, r, t0, min(p.rk[r].T, t0 + p.dt), false);
     }
   }
   // Compute and combine.
@@ -554,8 +649,10 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const __grid_constant__
     if (idx < n_g1) {
       const int d = find_rank(g1pre, R, idx);
       const int rel = idx - g1pre[d], tile = rel / p.n1t, nb = rel % p.n1t;
-      if (threadIdx.x == 0)
-        ok_sh = wait_geq(p, p.rk[d].arrive + tile, p.rk[d].tile_want[tile], d, 1, tile);
+      if (threadIdx.x == 0) {
+        const int want = p.rk[d].tile_want[tile];  // remote rows; local ones are read from x
+        ok_sh = want == 0 || wait_geq(p, p.rk[d].arrive + tile, want, d, 1, tile);
+      }
       __syncthreads();
       if (!ok_sh) return;
       gemm_task<BM, BN, WM, WN, ST, true>(p, d, tile, nb, fused_sm);
@@ -604,8 +701,8 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const __grid_constant__
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(const __grid_constant__ Params p) {
   const int idx = blockIdx.x;
   const int r = find_rank(p.disp_pre, p.R, idx);
-  const int64_t t0 = (int64_t)(idx - p.disp_pre[r]) * kDT;
-  dispatch_task(p, r, t0, min(p.rk[r].T, t0 + kDT));
+  const int64_t t0 = (int64_t)(idx - p.disp_pre[r]) * p.dt;
+  dispatch_task(p, r, t0, min(p.rk[r].T, t0 + p.dt), true);
 }
 __global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ Params p) {
   const int idx = blockIdx.x;
@@ -730,6 +827,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->place = mk::dev<const int32_t>(place);
   p->ctl = mk::dev<int32_t>(ctl);
   p->fault_rank = -1;
+  p->dt = k < kDR ? kDR / k : 1;
   p->separate = sep;
   int64_t dsum = 0, csum = 0, tiles_all = 0;
   for (int r = 0; r < ranks; ++r) {
@@ -781,7 +879,8 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
     q.y = sep ? reinterpret_cast<float*>(w + L.y) : nullptr;
     q.moews = sep ? reinterpret_cast<void*>(w + L.moews) : nullptr;
     q.moews_bytes = L.moews_bytes;
-    dsum += (q.T + kDT - 1) / kDT;
+    // One rank has no remote rows: the fused path has nothing to dispatch.
+    if (sep || ranks > 1) dsum += (q.T + p->dt - 1) / p->dt;
     csum += (q.T + kCT - 1) / kCT;
     tiles_all += L.tiles_cap;
     p->disp_pre[r + 1] = (int)dsum;
@@ -794,7 +893,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
 int plan(const Params& p, cudaStream_t st) {
   int smax = 0;
   for (int r = 0; r < p.R; ++r) smax = p.rk[r].S > smax ? p.rk[r].S : smax;
-  const size_t sm = (size_t)(3 * smax + 1) * 4;
+  const size_t sm = (size_t)(5 * smax + 1) * 4;
   static size_t attr = 48 << 10;
   if (sm > attr) {
     MK_CUDA(cudaFuncSetAttribute(plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
@@ -871,8 +970,7 @@ int32_t mk_moe_fused(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const
   p.timeout_ns = timeout_ns;
   p.fault_rank = fault_rank;
   cudaStream_t st = mk::as_stream(stream);
-  MK_CUDA(cudaMemsetAsync(mk::dev<char>(ctl) + 64, 0, kCtlBytes - 64, st));
-  rc = plan(p, st);
+  rc = plan(p, st);  // also zeroes the queue counters
   if (rc != MK_OK) return rc;
   if (p.BM == 16) return launch_fused<16, 64, 16, 16, 6>(p, ctas, dispatch_ctas, st);
   return launch_fused<64, 128, 32, 64, 4>(p, ctas, dispatch_ctas, st);

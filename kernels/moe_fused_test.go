@@ -26,6 +26,9 @@ type fusedCase struct {
 	cold      int  // > 0: −30 on experts ≥ cold (they get no tokens)
 	replicate bool // the hot expert gets a copy on every other rank
 	clamped   bool
+	// local > 0: + local on the logits of the experts a rank serves itself
+	// (30: every row local when K ≤ its experts; ~2: mostly local, some remote).
+	local float32
 }
 
 // TestMoEFusedLayer runs the persistent fused MoE layer (and its separate
@@ -58,6 +61,16 @@ func TestMoEFusedLayer(t *testing.T) {
 		{name: "R8_E128_K4_uneven_empty", E: 128, K: 4, tokens: []int{0, 1, 17, 64, 3, 100, 0, 9}, H: 256, I: 128, hot: -1},
 		{name: "R8_E64_K1_hot_replicated_clamped", E: 64, K: 1, tokens: []int{40, 40, 40, 40, 40, 40, 40, 40}, H: 128,
 			I: 64, hot: 9, replicate: true, clamped: true},
+		// Local rows (read from x, never dispatched) only, and mixed with remote ones.
+		{name: "R1_E16_K4_T701_tile64_shared", E: 16, K: 4, tokens: []int{701}, H: 256, I: 128, hot: -1, shared: true},
+		{name: "R2_E8_K1_T41_all_local", E: 8, K: 1, tokens: []int{41, 40}, H: 256, I: 128, hot: -1, local: 30},
+		{name: "R4_E64_K4_T97_all_local", E: 64, K: 4, tokens: []int{97, 1, 0, 50}, H: 256, I: 128, hot: -1, local: 30},
+		{name: "R8_E64_K8_T100_all_local_tile64", E: 64, K: 8, tokens: []int{100, 100, 100, 100, 100, 100, 100, 99},
+			H: 256, I: 128, hot: -1, local: 30, shared: true},
+		{name: "R2_E32_K4_T150_mixed_local_tile64", E: 32, K: 4, tokens: []int{77, 150}, H: 256, I: 128, hot: -1,
+			local: 1.5},
+		{name: "R8_E128_K8_mixed_local_shared", E: 128, K: 8, tokens: []int{33, 7, 64, 1, 0, 50, 99, 20}, H: 256,
+			I: 128, hot: -1, local: 2, shared: true, clamped: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { runFusedCase(t, g, r, c) })
@@ -100,6 +113,7 @@ func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
 	dnb16, dn := randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))
 	cfg := moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
 	rd := make([]fusedRankData, R)
+	nLocal, nRemote := 0, 0 // assignments served by their own rank, by another
 	hist := make([][]int64, R)
 	for q := range R {
 		hist[q] = make([]int64, pl.Slots[q])
@@ -117,6 +131,9 @@ func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
 				if c.cold > 0 && e >= c.cold {
 					logits[tk*E+e] -= 30
 				}
+				if c.local > 0 && int(table[q*E+e]>>16) == q {
+					logits[tk*E+e] += c.local
+				}
 			}
 		}
 		if T > 0 {
@@ -129,11 +146,23 @@ func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
 		for _, e := range d.ids {
 			p := table[q*E+int(e)]
 			hist[p>>16][p&0xffff]++
+			if int(p>>16) == q {
+				nLocal++
+			} else {
+				nRemote++
+			}
 		}
 		for _, e := range slotExp[q] {
 			d.gu16 = append(d.gu16, gub16[e*2*I*H:(e+1)*2*I*H]...)
 			d.dn16 = append(d.dn16, dnb16[e*H*I:(e+1)*H*I]...)
 		}
+	}
+	t.Logf("%d local and %d remote rows", nLocal, nRemote)
+	if strings.Contains(c.name, "all_local") && nRemote != 0 {
+		t.Fatalf("%d remote rows in an all-local case", nRemote)
+	}
+	if strings.Contains(c.name, "mixed_local") && (nLocal == 0 || nRemote == 0 || nLocal < nRemote) {
+		t.Fatalf("%d local and %d remote rows in a mixed case (want both, mostly local)", nLocal, nRemote)
 	}
 	if c.hot >= 0 {
 		n := 0
