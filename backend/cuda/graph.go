@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/kernels"
@@ -65,15 +66,19 @@ const (
 
 // GraphStats counts what GraphStep did.
 type GraphStats struct {
-	Eager     int64  `json:"eager"`                // steps run without a graph (not eligible, warm-up, eager-only keys)
-	Captures  int64  `json:"captures"`             // graphs captured
-	Replays   int64  `json:"replays"`              // steps replayed from a graph
-	Diverged  int64  `json:"diverged"`             // replays that diverged (graph dropped, step run eagerly)
-	Failed    int64  `json:"failed"`               // captures that failed (key made eager-only)
-	Live      int    `json:"live"`                 // graphs held now
-	Nodes     int    `json:"nodes"`                // nodes of the graphs held now
-	TapeBytes int64  `json:"tape_bytes"`           // device memory of the graphs' arena (shared by all graphs)
-	LastError string `json:"last_error,omitempty"` // why the last capture failed or replay diverged
+	Eager     int64 `json:"eager"`      // steps run without a graph (not eligible, warm-up, eager-only keys)
+	Captures  int64 `json:"captures"`   // graphs captured
+	Replays   int64 `json:"replays"`    // steps replayed from a graph
+	Diverged  int64 `json:"diverged"`   // replays that diverged (graph dropped, step run eagerly)
+	Failed    int64 `json:"failed"`     // captures that failed (key made eager-only)
+	Live      int   `json:"live"`       // graphs held now
+	Nodes     int   `json:"nodes"`      // nodes of the graphs held now
+	TapeBytes int64 `json:"tape_bytes"` // device memory of the graphs' arena (shared by all graphs)
+	// ReplayHostNs is the host time of the replays so far: re-running the
+	// model's Go code on the replay device (refilling the uploads) up to
+	// the graph launch, waits for the previous launch excluded.
+	ReplayHostNs int64  `json:"replay_host_ns"`
+	LastError    string `json:"last_error,omitempty"` // why the last capture failed or replay diverged
 }
 
 // graphKey identifies a captured step's shape.
@@ -404,6 +409,7 @@ func (be *Backend) replayStep(g *stepGraph, f func() (backend.Tensor, error)) (b
 	if err := be.g.Do(func(d *kernels.Device) error { return g.sg.Wait(d) }); err != nil {
 		panicf("GraphStep", "waiting for the previous launch: %v", err)
 	}
+	start := time.Now()
 	be.resetStepCaches()
 	gr.rdev = g.sg.Replay(g.real)
 	be.alloc.startTape(g, graphReplaying)
@@ -432,6 +438,7 @@ func (be *Backend) replayStep(g *stepGraph, f func() (backend.Tensor, error)) (b
 		return be.eagerStepLocked(f)
 	}
 	gr.stats.Replays++
+	gr.stats.ReplayHostNs += time.Since(start).Nanoseconds()
 	return out, nil
 }
 
