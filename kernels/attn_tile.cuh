@@ -6,6 +6,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "mma.cuh"
 
 namespace {
 
@@ -49,14 +50,7 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t a) {
                : "r"(a));
 }
 
-// mma16816: c += a·b, a 16x16 row-major bf16, b 16x8 column-major bf16.
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using mk::mma16816;
 
 __device__ __forceinline__ float ex2(float x) {
   float y;

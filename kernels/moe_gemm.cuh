@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 #include <cstdint>
 
+#include "mma.cuh"
+
 namespace mkmoe {
 
 using bf16 = __nv_bfloat16;
@@ -27,15 +29,7 @@ struct GemmArgs {
   int group_m;  // rasterisation: blocks of group_m row tiles × all column tiles run together
 };
 
-// mma16816 is C += A·B for one m16n8k16 bf16 tile (f32 accumulators), the
-// fragments in the PTX ISA's layouts.
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using mk::mma16816;
 
 
 // wgmma_gemm launches the sm_90a wgmma grouped GEMM (128×256 CTA tiles) when

@@ -190,6 +190,32 @@ func (idText) Decode(ids []int32, _ bool) (string, error) { return fmt.Sprint(id
 // engineMatchesGreedy runs concurrent greedy requests through the serving
 // engine (paged KV, continuous batching) on be and compares each with
 // engine.Greedy on the same backend.
+// stopEngine shuts e down, waiting up to 10 s for its requests.
+func stopEngine(e *engine.Engine) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e.Shutdown(ctx)
+}
+
+// generate runs one greedy request of maxTok tokens (EOS ignored) on e and
+// returns its tokens; an error fails the test.
+func generate(t *testing.T, e *engine.Engine, id string, prompt []int32, maxTok int) []int32 {
+	t.Helper()
+	ch, err := e.Generate(context.Background(), &engine.Request{ID: id, Prompt: prompt,
+		Sampling: engine.SamplingParams{N: 1, MaxTokens: maxTok, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int32
+	for ev := range ch {
+		if ev.Err != nil {
+			t.Fatal(ev.Err)
+		}
+		got = append(got, ev.TokenIDs...)
+	}
+	return got
+}
+
 func engineMatchesGreedy(t *testing.T, be backend.Backend, opts ...func(*engine.Config)) {
 	l := loadModel(t, "qwen3_moe", be)
 	prompts := [][]int32{{1, 5, 9, 13, 17, 21, 25}, {3, 4}, {100, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 42}, {1, 5, 9, 13, 2}}
@@ -210,11 +236,7 @@ func engineMatchesGreedy(t *testing.T, be backend.Backend, opts ...func(*engine.
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		e.Shutdown(ctx)
-	}()
+	defer stopEngine(e)
 	got := make([][]int32, len(prompts))
 	var wg sync.WaitGroup
 	for i, p := range prompts {

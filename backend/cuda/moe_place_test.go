@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -9,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 	"weak"
 
 	"github.com/mkserve/mkserve/backend"
@@ -263,26 +261,10 @@ func TestEngineRebalanceFused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			e.Shutdown(ctx)
-		}()
+		defer stopEngine(e)
 		var out [][]int32
 		for i, p := range prompts {
-			ch, err := e.Generate(context.Background(), &engine.Request{ID: fmt.Sprint(i), Prompt: p,
-				Sampling: engine.SamplingParams{N: 1, MaxTokens: maxTok, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var got []int32
-			for ev := range ch {
-				if ev.Err != nil {
-					t.Fatal(ev.Err)
-				}
-				got = append(got, ev.TokenIDs...)
-			}
-			out = append(out, got)
+			out = append(out, generate(t, e, fmt.Sprint(i), p, maxTok))
 		}
 		return out, e.Stats(), be
 	}

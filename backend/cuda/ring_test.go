@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
@@ -109,23 +108,8 @@ func TestEngineContextParallel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		e.Shutdown(ctx)
-	}()
-	ch, err := e.Generate(context.Background(), &engine.Request{ID: "cp", Prompt: prompt,
-		Sampling: engine.SamplingParams{N: 1, MaxTokens: maxTok, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []int32
-	for ev := range ch {
-		if ev.Err != nil {
-			t.Fatal(ev.Err)
-		}
-		got = append(got, ev.TokenIDs...)
-	}
+	defer stopEngine(e)
+	got := generate(t, e, "cp", prompt, maxTok)
 	cp := e.Stats().ContextParallelTokens
 	t.Logf("CP engine: %v (context-parallel tokens %d), Greedy: %v", got, cp, want)
 	if !slices.Equal(got, want) {
