@@ -126,6 +126,7 @@ type Backend struct {
 
 	ropeMu   sync.Mutex
 	ropes    map[attention.RoPE]*ropeFreqs
+	attnMemo attnMemo // the paged attention group every layer of a step shares (be.kvMu)
 	posCache i32Cache // RoPE positions: every layer (q and k) of a step sends the same
 
 	kvMu  sync.Mutex
