@@ -8,6 +8,7 @@ import (
 	"sort"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/internal/logprob"
 )
 
 // Validate checks sampling parameters, naming the first bad one with its
@@ -356,44 +357,13 @@ func (s *sampler) drawAll(w []float32, maxv, inv float32) int32 {
 	return int32(Argmax(w))
 }
 
-// logprobOf is tok's log-softmax under logits, with the top alternatives.
+// logprobOf is tok's log-softmax under logits, with the top alternatives
+// (logprob.Of).
 func logprobOf(logits []float32, tok int32, top int, decode func(int32) string) *Logprob {
-	maxv := math.Inf(-1)
-	for _, x := range logits {
-		maxv = math.Max(maxv, float64(x))
-	}
-	var sum float64
-	for _, x := range logits {
-		sum += math.Exp(float64(x) - maxv)
-	}
-	lse := maxv + math.Log(sum)
-	lp := func(t int32) float32 { return float32(float64(logits[t]) - lse) }
-	out := &Logprob{TokenLogprob: TokenLogprob{ID: tok, Text: decode(tok), Logprob: lp(tok)}}
-	if top > 0 {
-		// Keep the best `top` ids in a small sorted slice (logit desc, id asc).
-		best := make([]int32, 0, top+1)
-		better := func(a, b int32) bool {
-			return logits[a] > logits[b] || (logits[a] == logits[b] && a < b)
-		}
-		for i := range logits {
-			t := int32(i)
-			if math.IsNaN(float64(logits[t])) || (len(best) == top && !better(t, best[top-1])) {
-				continue
-			}
-			j := len(best)
-			best = append(best, t)
-			for j > 0 && better(t, best[j-1]) {
-				best[j] = best[j-1]
-				j--
-			}
-			best[j] = t
-			if len(best) > top {
-				best = best[:top]
-			}
-		}
-		for _, t := range best {
-			out.Top = append(out.Top, TokenLogprob{ID: t, Text: decode(t), Logprob: lp(t)})
-		}
+	lp, ids, lps := logprob.Of(logits, tok, top)
+	out := &Logprob{TokenLogprob: TokenLogprob{ID: tok, Text: decode(tok), Logprob: lp}}
+	for i, t := range ids {
+		out.Top = append(out.Top, TokenLogprob{ID: t, Text: decode(t), Logprob: lps[i]})
 	}
 	return out
 }

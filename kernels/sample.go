@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"sort"
+
+	"github.com/mkserve/mkserve/internal/logprob"
 )
 
 // Sampling on the device (sample.cu, mk_sample.h), with the semantics of
@@ -352,45 +354,8 @@ func hostDraw(w []float32, r *SampleRow, margin *float64) int32 {
 	return order[n-1]
 }
 
-// hostLogprobs is the engine's logprobOf: log-softmax of the raw logits at
-// tok and the top alternatives (logit desc, id asc; NaN skipped).
+// hostLogprobs is the engine's logprobs of tok (logprob.Of).
 func hostLogprobs(logits []float32, tok int32, top int) SampleOut {
-	maxv := math.Inf(-1)
-	for _, x := range logits {
-		maxv = math.Max(maxv, float64(x))
-	}
-	var sum float64
-	for _, x := range logits {
-		sum += math.Exp(float64(x) - maxv)
-	}
-	lse := maxv + math.Log(sum)
-	lp := func(t int32) float32 { return float32(float64(logits[t]) - lse) }
-	out := SampleOut{Token: tok, Logprob: lp(tok)}
-	if top > 0 {
-		best := make([]int32, 0, top+1)
-		better := func(a, b int32) bool {
-			return logits[a] > logits[b] || (logits[a] == logits[b] && a < b)
-		}
-		for i := range logits {
-			t := int32(i)
-			if math.IsNaN(float64(logits[t])) || (len(best) == top && !better(t, best[top-1])) {
-				continue
-			}
-			j := len(best)
-			best = append(best, t)
-			for j > 0 && better(t, best[j-1]) {
-				best[j] = best[j-1]
-				j--
-			}
-			best[j] = t
-			if len(best) > top {
-				best = best[:top]
-			}
-		}
-		for _, t := range best {
-			out.TopIDs = append(out.TopIDs, t)
-			out.TopLogp = append(out.TopLogp, lp(t))
-		}
-	}
-	return out
+	lp, ids, lps := logprob.Of(logits, tok, top)
+	return SampleOut{Token: tok, Logprob: lp, TopIDs: ids, TopLogp: lps}
 }
