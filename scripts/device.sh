@@ -21,7 +21,9 @@
 #   none   only the build (then run a test binary yourself in the same call,
 #          with MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so);
 #   all    test, then bench (longer than one device call allows for most
-#          machines: prefer two calls).
+#          machines: prefer two calls);
+#   ep     (2+ GPUs) the NCCL expert-parallel baseline of issue #7
+#          (scripts/bench_ep_nccl.py, one process per GPU).
 # Every test binary runs each top-level test in its own process (run_each), so
 # a crash ends only that test. A summary table is printed last; all logs come
 # back as $OUT/logs.tgz (the device tool returns at most 8 files).
@@ -150,7 +152,7 @@ fi
 grep -E "warning" "$LOGS/build.log" | head -10
 export MKSERVE_KERNEL_LIB=$ROOT/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
 
-if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ]; then
+if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MODE" != ep ]; then
 	echo "== kernel tests"
 	SECONDS=0
 	run_each .dev/kernels.test "$LOGS/test.log" . 120 || status=1
@@ -206,6 +208,20 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
 		echo 'DIRECT: the same Qwen3 decode with GPU calls on the calling goroutines (MKSERVE_GPU_DIRECT=1)'
 		MKSERVE_GPU_DIRECT=1 $MK bench model --config configs/shapes/qwen3-30b-a3b --batch 1,32 --context 1024 --prefill 0 --profile-ops --json"
 	step servebench 300 bash -c "bash scripts/bench_serve_gpu.sh $MK exact; bash scripts/bench_serve_gpu.sh $MK fast"
+fi
+
+if [ "$MODE" = ep ]; then
+	# Issue #7's NCCL baseline over every GPU of the machine (one process
+	# each): all-to-all + per-expert GEMMs + all-to-all, nccl moe_ep lines.
+	ngpu=$(nvidia-smi -L | wc -l)
+	if [ "$ngpu" -lt 2 ]; then
+		echo "device.sh: MK_MODE=ep needs 2 or more GPUs, this machine has $ngpu"
+		status=1
+	else
+		step ep 500 python3 -m torch.distributed.run --nproc_per_node "$ngpu" scripts/bench_ep_nccl.py \
+			--shapes qwen3_30b_a3b,mixtral_8x7b,deepseek_v3 --tokens 16,256,1024,4096
+		cat "$LOGS/ep.log"
+	fi
 fi
 
 python3 scripts/device_summary.py "$LOGS" | tee "$OUT/summary.txt"
