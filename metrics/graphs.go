@@ -8,6 +8,7 @@ type GraphCounts struct {
 	Eager, Captures, Replays, Diverged, Failed int64 // cumulative steps / events
 	Live                                       int   // graphs held now
 	ArenaBytes                                 int64 // device memory they share
+	ReplayHostNs                               int64 // cumulative host time of the replays (GPU idle meanwhile)
 }
 
 // graphCollector reads GraphCounts at every scrape.
@@ -24,6 +25,7 @@ var graphMetrics = []struct{ name, help string }{
 	{"cuda_graph_capture_failures_total", "Captures that failed (that shape then runs eagerly)."},
 	{"cuda_graphs", "CUDA graphs held."},
 	{"cuda_graph_memory_bytes", "Device memory of the arena the CUDA graphs share."},
+	{"cuda_graph_replay_host_seconds_total", "Host time of the graph replays: the model's Go code re-run to refill the step's uploads before the launch, while the GPU waits."},
 }
 
 // RegisterGraphs registers collectors that report read() at each scrape,
@@ -59,4 +61,6 @@ func (c *graphCollector) Collect(ch chan<- prometheus.Metric) {
 	counter("cuda_graph_capture_failures_total", g.Failed)
 	gauge("cuda_graphs", int64(g.Live))
 	gauge("cuda_graph_memory_bytes", g.ArenaBytes)
+	ch <- prometheus.MustNewConstMetric(c.descs["cuda_graph_replay_host_seconds_total"], prometheus.CounterValue,
+		float64(g.ReplayHostNs)/1e9)
 }

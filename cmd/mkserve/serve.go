@@ -159,7 +159,7 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 		metrics.RegisterGraphs(reg, cfg.ModelName(), func() metrics.GraphCounts {
 			g := cb.Graphs()
 			return metrics.GraphCounts{Eager: g.Eager, Captures: g.Captures, Replays: g.Replays, Diverged: g.Diverged,
-				Failed: g.Failed, Live: g.Live, ArenaBytes: g.TapeBytes}
+				Failed: g.Failed, Live: g.Live, ArenaBytes: g.TapeBytes, ReplayHostNs: g.ReplayHostNs}
 		})
 	}
 	loaded, err := models.Load(cfg.Model, be, models.LoadOptions{})
