@@ -36,6 +36,9 @@ type modelResult struct {
 	// Graphs is the CUDA backend's graph counters after this batch size's
 	// steps (cumulative over the run).
 	Graphs *cuda.GraphStats `json:"graphs,omitempty"`
+	// ReplayHostMS is the mean host time of this batch size's graph
+	// replays (the GPU waits meanwhile): part of MS.
+	ReplayHostMS float64 `json:"replay_host_ms,omitempty"`
 }
 
 // opTime is one op's share of a step's host time.
@@ -225,6 +228,7 @@ func benchModel(args []string, stdout io.Writer) error {
 		be.CopyBlocks(src, dst)
 	}
 	cb, _ := be.(*cuda.Backend)
+	var prevGraphs cuda.GraphStats // the counters after the previous batch size
 	for _, B := range bs {
 		if *profile && cb != nil {
 			cb.ProfileOps(false)
@@ -261,6 +265,10 @@ func benchModel(args []string, stdout io.Writer) error {
 		if cb != nil {
 			gs := cb.Graphs()
 			r.Graphs = &gs
+			if n := gs.Replays - prevGraphs.Replays; n > 0 {
+				r.ReplayHostMS = float64(gs.ReplayHostNs-prevGraphs.ReplayHostNs) / float64(n) / 1e6
+			}
+			prevGraphs = gs
 		}
 		if *profile && cb != nil {
 			for i, o := range cb.OpProfile() {
@@ -290,9 +298,9 @@ func benchModel(args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "model %s on %s: %.1f GB of weights, loaded in %.1f s; bandwidth for the floor %.0f GB/s\n",
 		name, be.Name(), float64(wb.total())/1e9, loadTime.Seconds(), *bw)
-	fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor")
+	fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s %12s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor", "replay host")
 	for _, r := range out {
-		fmt.Fprintf(stdout, "%-8s %6d %8d %8d %10.2f %12.1f %10.3f %10.3f %8.2f\n", r.Kind, r.Batch, r.Context, r.Tokens, r.MS, r.TokensPS, r.WeightGB, r.FloorMS, r.OverFloor)
+		fmt.Fprintf(stdout, "%-8s %6d %8d %8d %10.2f %12.1f %10.3f %10.3f %8.2f %12.2f\n", r.Kind, r.Batch, r.Context, r.Tokens, r.MS, r.TokensPS, r.WeightGB, r.FloorMS, r.OverFloor, r.ReplayHostMS)
 		for _, o := range r.Ops {
 			fmt.Fprintf(stdout, "    %-22s %8.1f calls %10.1f us per step\n", o.Op, o.Calls, o.US)
 		}
