@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -570,6 +571,11 @@ func (a *allocator) startTape(g *stepGraph, mode graphMode) {
 		t.free, t.inUse = map[int64][]*kernels.Buffer{}, map[*kernels.Buffer]bool{}
 		for b := range a.owned {
 			t.free[b.Bytes()] = append(t.free[b.Bytes()], b)
+		}
+		// The same placement in every process (map order is random): a
+		// capture takes the lowest addresses first.
+		for _, l := range t.free {
+			slices.SortFunc(l, func(x, y *kernels.Buffer) int { return cmp.Compare(y.Ptr(), x.Ptr()) })
 		}
 	}
 	a.tape = t
