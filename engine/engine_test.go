@@ -39,6 +39,21 @@ func load(t testing.TB) fixture {
 	return fixture{l, be, tok}
 }
 
+// testPrompts is the test model's tokenizer and n random prompts, prompt i
+// of base+step·i tokens (seeds i and seed).
+func testPrompts(t testing.TB, n int, seed uint64, base, step int) (*tokenizer.Tokenizer, [][]int32) {
+	t.Helper()
+	tok, err := tokenizer.LoadDir(testModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prompts [][]int32
+	for i := range n {
+		prompts = append(prompts, randPrompt(rand.New(rand.NewPCG(uint64(i), seed)), base+step*i))
+	}
+	return tok, prompts
+}
+
 func newEngine(t testing.TB, f fixture, cfg engine.Config) *engine.Engine {
 	t.Helper()
 	e, err := engine.New(f.m.Model, f.be, f.tok, cfg, engine.Options{Name: "test", EOS: []int32{2}})

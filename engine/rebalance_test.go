@@ -1,7 +1,6 @@
 package engine_test
 
 import (
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -9,7 +8,6 @@ import (
 	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/engine"
 	"github.com/mkserve/mkserve/models"
-	"github.com/mkserve/mkserve/tokenizer"
 )
 
 // TestExpertRebalancing: with expert parallelism on 4 emulated ranks and
@@ -18,15 +16,8 @@ import (
 // without rebalancing: a placement changes where experts run, not what
 // they compute.
 func TestExpertRebalancing(t *testing.T) {
-	dir := "../models/testdata/golden/qwen3_moe"
-	tok, err := tokenizer.LoadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prompts := [][]int32{}
-	for i := range 3 {
-		prompts = append(prompts, randPrompt(rand.New(rand.NewPCG(uint64(i), 41)), 12+5*i))
-	}
+	dir := testModel
+	tok, prompts := testPrompts(t, 3, 41, 12, 5)
 	run := func(every int) ([][]int32, engine.Stats) {
 		be := cpu.New(cpu.Options{EPRanks: 4})
 		l, err := models.Load(dir, be, models.LoadOptions{})

@@ -1,7 +1,6 @@
 package engine_test
 
 import (
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -10,7 +9,6 @@ import (
 	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/engine"
 	"github.com/mkserve/mkserve/models"
-	"github.com/mkserve/mkserve/tokenizer"
 )
 
 // warmRecorder is a CPU backend posing as a backend.GraphWarmer: it records
@@ -46,15 +44,8 @@ func (w *warmRecorder) GraphWarmupRows(maxRows int) []int {
 // those of an engine that never warmed up: the warm-up's KV in block 0 is
 // overwritten before any sequence reads it.
 func TestGraphWarmup(t *testing.T) {
-	dir := "../models/testdata/golden/qwen3_moe"
-	tok, err := tokenizer.LoadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prompts := [][]int32{}
-	for i := range 3 {
-		prompts = append(prompts, randPrompt(rand.New(rand.NewPCG(uint64(i), 77)), 5+4*i))
-	}
+	dir := testModel
+	tok, prompts := testPrompts(t, 3, 77, 5, 4)
 	run := func(warm bool) ([][]int32, *warmRecorder) {
 		be := &warmRecorder{Backend: cpu.New(cpu.Options{})}
 		l, err := models.Load(dir, be, models.LoadOptions{})
