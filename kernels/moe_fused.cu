@@ -169,6 +169,7 @@ struct Params {
   int epoch;                        // rank-local: this layer call's number (>= 1, +1 per call)
   int64_t ids_off[kMaxRanks + 1];   // prefix sums of T_q*K (rids offsets)
 };
+static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
 
 // ---- PTX wrappers ----
 
@@ -364,7 +365,7 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
           const int64_t a = a0 + (int64_t)u * blockDim.x;
-          pl[u] = a < n ? ids[a] : -1;
+          pl[u] = a < n ? __ldcg(ids + a) : -1;  // rank-local: pushed by the peers
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
@@ -410,7 +411,7 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
           const int64_t a = a0 + (int64_t)u * blockDim.x;
-          pl[u] = a < n ? ids[a] : -1;
+          pl[u] = a < n ? __ldcg(ids + a) : -1;  // rank-local: pushed by the peers
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
