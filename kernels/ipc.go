@@ -3,6 +3,7 @@ package kernels
 import (
 	"encoding/hex"
 	"fmt"
+	"runtime"
 	"unsafe"
 )
 
@@ -76,4 +77,20 @@ func init() {
 		symbol{"mk_ipc_open", &ipcOpen},
 		symbol{"mk_ipc_close", &ipcClose},
 	)
+}
+
+// DeviceCount is the number of CUDA devices this process sees (the peers a
+// test or a launcher can place ranks on).
+func DeviceCount() (int, error) {
+	l, err := library()
+	if err != nil {
+		return 0, err
+	}
+	runtime.LockOSThread() // the library's error text is per thread
+	defer runtime.UnlockOSThread()
+	var n int32
+	if err := l.check("mk_device_count", l.deviceCount(&n)); err != nil {
+		return 0, err
+	}
+	return int(n), nil
 }

@@ -31,8 +31,10 @@ enum {
 enum {
   MK_MOE_FUSED_ERR_SET = 0, /* 1 when a wait timed out */
   MK_MOE_FUSED_ERR_RANK,    /* the rank whose data was waited for (the tile's or token's rank) */
-  MK_MOE_FUSED_ERR_ROLE,    /* 1 compute GEMM1 (waited for dispatch), 2 compute GEMM2 (for GEMM1), 3 combine (for GEMM2) */
-  MK_MOE_FUSED_ERR_TILE,    /* row tile (roles 1, 2) or token (role 3) */
+  MK_MOE_FUSED_ERR_ROLE,    /* 1 compute GEMM1 (waited for dispatch), 2 compute GEMM2 (for GEMM1), 3 combine (for GEMM2),
+                               rank-local only: 4 plan (for a source's routing), 5 dispatch or combine (for a
+                               destination's plan) */
+  MK_MOE_FUSED_ERR_TILE,    /* row tile (roles 1, 2), token (role 3), -1 (roles 4, 5) */
   MK_MOE_FUSED_ERR_SEEN,    /* the counter's value when it gave up */
   MK_MOE_FUSED_ERR_WANT,    /* the value it waited for */
   MK_MOE_FUSED_ERR_WORDS = 8
@@ -89,6 +91,31 @@ MK_API int32_t mk_moe_fused_separate(uint64_t stream, int32_t ranks, const uint6
                                      const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i,
                                      uint64_t place, int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits,
                                      uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes);
+
+/* The same layer as mk_moe_fused for ONE rank `me` of `ranks` whose peers
+ * run their own mk_moe_fused_rank (other processes, one per GPU or several
+ * on one GPU, or other streams): every rank calls it with the same tokens,
+ * slots, k, e, h, i, place contents and epoch. ptrs: [ranks * MK_MOE_FUSED_NPTR]
+ * as for mk_moe_fused, but only me's entries are read in full; a peer's
+ * entry needs only MK_MOE_FUSED_WS, the peer's workspace as mapped in this
+ * process (mk_ipc_open), and rank_bytes[r] its size. The plan launch pushes
+ * me's ids into every rank's workspace and raises a flag there (system
+ * scope), waits for every source's ids, plans me's tiles, writes each
+ * source's destination rows into that source's workspace and raises a flag
+ * there; the persistent launch then runs only me's dispatch (stores into the
+ * peers' receive rows and counters), me's GEMM tasks (outputs stored into
+ * the sources' return rows) and me's combine. Flags are epochs: epoch >= 1,
+ * the same on every rank for one layer call and +1 per call on a set of
+ * workspaces; before the first call every rank's workspace must be zeroed
+ * (or 0xff-filled). Every wait is bounded by timeout_ns (record roles 4 and
+ * 5 name a peer that did not arrive); ctl is this process's own. The
+ * peers' launches must be able to run at the same time as this one (other
+ * GPUs, or time-sliced contexts on one GPU). Asynchronous on stream. */
+MK_API int32_t mk_moe_fused_rank(uint64_t stream, int32_t ranks, int32_t me, const uint64_t* ptrs,
+                                 const int64_t* tokens, const int32_t* slots, int32_t k, int32_t e, int64_t h,
+                                 int64_t i, uint64_t place, int32_t act_kind, uint32_t alpha_bits,
+                                 uint32_t limit_bits, uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes,
+                                 int32_t ctas, int32_t dispatch_ctas, int64_t timeout_ns, int32_t epoch);
 
 /* Synchronously (after all earlier work) copies ctl's error record into rec
  * [MK_MOE_FUSED_ERR_WORDS] and clears it on the device. */

@@ -62,6 +62,32 @@
 // (atomicCAS on word 0) and exits; other CTAs' waits see the record and
 // exit too. mk_moe_fused_check reads and clears it.
 //
+// Rank-local mode (mk_moe_fused_rank, Params.me >= 0): the same kernels
+// serve ONE rank per launch, its peers being other launches (other
+// processes, through CUDA IPC mappings of their workspaces). The plan (one
+// CTA) first pushes this rank's ids into every rank's workspace (rids, by
+// epoch parity) and raises rflag[me] = epoch there, waits for every
+// source's rflag, plans this rank's tiles exactly as above (reading the
+// sources' ids from its own rids), stores each source's dest_row entries
+// into that source's workspace, and raises pflag[me] = epoch in every
+// workspace. The persistent launch takes only this rank's dispatch, GEMM
+// and combine tasks; a CTA waits for every pflag before its first dispatch
+// or combine task (dest_row complete). Flags and counters a peer writes are
+// in the memory of the rank that waits; the protocol runs at system scope
+// (fence.sc.sys, red/st.release.sys, ld.acquire.sys). Epochs instead of
+// resets: the per-tile and per-token counters are zeroed by their owner
+// before it raises the flag the writers wait for (arrive before pflag,
+// tokdone before rflag), so no peer writes into a rank before that rank is
+// ready for the epoch. Buffer reuse across calls: a rank writes into a
+// peer's recv, dest_row or counters only after that peer's plan of the same
+// epoch ran (which follows the peer's previous call on its stream); ret
+// rows are written only for rows the source dispatched in this epoch;
+// rids is double-buffered by epoch parity because a source may push epoch
+// e+1's ids before a slow destination finished reading epoch e's (it
+// cannot push e+2's: its plan of e+1 waits for that destination's rflag).
+// Deadlock freedom across ranks: dispatch waits only for plans, plans only
+// for the other plans' first step; compute and combine as above.
+//
 // GEMM tiles: the mma.sync m16n8k16 tile of moe.cu (cp.async multi-stage
 // pipeline, XOR-swizzled shared memory, ldmatrix), as a device function on
 // 128-thread CTAs: 16×64 tiles (6 stages) for decode-sized batches, 64×128
@@ -109,6 +135,10 @@ struct RankP {
   int32_t* dest_row;  // [T*K]
   int32_t* tokdone;   // [T]
   float* ret;         // [T*K, H]
+  // rank-local mode (cross-process flags hold epochs, written by the peers)
+  int32_t* rflag;  // [kMaxRanks] per source: the epoch whose routing it pushed into rids
+  int32_t* pflag;  // [kMaxRanks] per destination: the epoch whose plan wrote this rank's dest_row
+  int32_t* rids;   // [2][ids_total] every source's ids, by epoch parity (source q at ids_off[q])
   // separate path
   float* y;     // [rows_cap, H]
   void* moews;  // mk_moe_experts workspace
@@ -133,7 +163,13 @@ struct Params {
   int fault_rank;
   int separate;  // plan: also fill row_slot/row_w for every row (separate path)
   long long timeout_ns;
+  // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
+  // are other launches, other processes or GPUs); -1: every rank (emulated).
+  int me;
+  int epoch;                        // rank-local: this layer call's number (>= 1, +1 per call)
+  int64_t ids_off[kMaxRanks + 1];   // prefix sums of T_q*K (rids offsets)
 };
+static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
 
 // ---- PTX wrappers ----
 
@@ -167,6 +203,30 @@ __device__ __forceinline__ int ld_relaxed(const int* p) {
 __device__ __forceinline__ void red_release_add(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
+// System scope (rank-local mode: the peer may be another GPU, or another
+// process's context on this one: .gpu scope orders nothing for them).
+__device__ __forceinline__ int ld_acquire_sys(const int* p) {
+  int v;
+  asm volatile("ld.acquire.sys.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_add_sys(int* p, int v) {
+  asm volatile("red.release.sys.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_release_sys(int* p, int v) {
+  asm volatile("st.release.sys.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+// signal_add: the fence and release-add of a counter another CTA waits on,
+// at system scope in rank-local mode (the counter may be a peer's).
+__device__ __forceinline__ void signal_add(const Params& p, int* f, int v) {
+  if (p.me >= 0) {
+    __threadfence_system();
+    red_release_add_sys(f, v);
+  } else {
+    __threadfence();
+    red_release_add(f, v);
+  }
+}
 __device__ __forceinline__ unsigned long long globaltimer() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
@@ -179,7 +239,7 @@ __device__ bool wait_geq(const Params& p, const int* flag, int want, int rank, i
   const unsigned long long t0 = globaltimer();
   int* err = p.ctl;
   for (unsigned it = 0;; ++it) {
-    const int v = ld_acquire(flag);
+    const int v = p.me >= 0 ? ld_acquire_sys(flag) : ld_acquire(flag);
     if (v >= want) return true;
     if (ld_relaxed(err) != 0) return false;
     if ((it & 15) == 15 && (long long)(globaltimer() - t0) > p.timeout_ns) {
@@ -241,9 +301,20 @@ __device__ void block_scan_tiles(const int* cnt, int* off, int S, int BM) {
 // slot's rows from b itself (local) come first, then the rows from other
 // ranks (remote); tile_want counts only a tile's remote rows, the ones a
 // dispatch task delivers. CTA 0 also zeroes the queue counters.
+//
+// Rank-local mode (p.me >= 0, one CTA, b = me): the source side also pushes
+// b's ids into every rank's rids[epoch & 1] (its own included) and sets
+// rflag[b] = epoch there (release, system scope); the destination side waits
+// for rflag[q] >= epoch of every source q (watchdog role 4), reads the ids
+// from its own rids, writes dest_row into each source's (peer) workspace, and
+// at the end sets pflag[b] = epoch in every rank's workspace. Everything b's
+// peers write into b for this epoch is zeroed or written by b before the
+// flag they wait for is raised, so nothing is reset between layers by a peer.
 __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Params p) {
   extern __shared__ int plan_sm[];
-  const int b = blockIdx.x, R = p.R, K = p.K, E = p.E, BM = p.BM;
+  __shared__ int ok_sh;
+  const bool local = p.me >= 0;
+  const int b = local ? p.me : (int)blockIdx.x, R = p.R, K = p.K, E = p.E, BM = p.BM;
   const RankP& me = p.rk[b];
   const int S = me.S;
   int* cnt = plan_sm;       // [S] rows per slot
@@ -251,7 +322,7 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
   int* off = cnt_loc + S;   // [S+1] padded row offsets
   int* cur_loc = off + S + 1;  // [S] next local row
   int* cur_rem = cur_loc + S;  // [S] next remote row
-  if (b == 0 && threadIdx.x < (int)(kCtlBytes / 4) - 16) p.ctl[16 + threadIdx.x] = 0;
+  if (blockIdx.x == 0 && threadIdx.x < (int)(kCtlBytes / 4) - 16) p.ctl[16 + threadIdx.x] = 0;
   // Source side.
   for (int64_t t = threadIdx.x; t < me.T; t += blockDim.x) me.tokdone[t] = 0;
   for (int64_t a = threadIdx.x; a < me.T * K; a += blockDim.x) {
@@ -260,79 +331,108 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
     const int d = pl >> 16, s = pl & 0xffff;
     if (pl < 0 || d >= R || s >= p.rk[d].S) me.dest_row[a] = -1;
   }
-  if (S == 0) return;
-  // Destination side: counts.
-  for (int s = threadIdx.x; s < S; s += blockDim.x) cnt[s] = cnt_loc[s] = cur_loc[s] = cur_rem[s] = 0;
-  __syncthreads();
-  // Four assignments per thread and pass: their loads are in flight together.
-  for (int r = 0; r < R; ++r) {
-    const int32_t* ids = p.rk[r].ids;
-    const int64_t n = p.rk[r].T * K;
-    for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
-      int pl[4];
+  const int64_t par = (int64_t)(p.epoch & 1) * p.ids_off[R];
+  if (local) {
+    for (int d = 0; d < R; ++d) {
+      int32_t* dst = p.rk[d].rids + par + p.ids_off[b];
+      for (int64_t a = threadIdx.x; a < me.T * K; a += blockDim.x) dst[a] = me.ids[a];
+    }
+    __syncthreads();
+    if (threadIdx.x < R) {
+      __threadfence_system();
+      st_release_sys(p.rk[threadIdx.x].rflag + b, p.epoch);
+    }
+    if (threadIdx.x == 0) {
+      bool ok = true;
+      for (int q = 0; ok && q < R; ++q) ok = wait_geq(p, me.rflag + q, p.epoch, q, 4, -1);
+      ok_sh = ok;
+    }
+    __syncthreads();
+    if (!ok_sh) return;
+  }
+  // ids of source r as this CTA reads them.
+  auto src_ids = [&](int r) -> const int32_t* { return local ? me.rids + par + p.ids_off[r] : p.rk[r].ids; };
+  if (S > 0) {
+    // Destination side: counts.
+    for (int s = threadIdx.x; s < S; s += blockDim.x) cnt[s] = cnt_loc[s] = cur_loc[s] = cur_rem[s] = 0;
+    __syncthreads();
+    // Four assignments per thread and pass: their loads are in flight together.
+    for (int r = 0; r < R; ++r) {
+      const int32_t* ids = src_ids(r);
+      const int64_t n = p.rk[r].T * K;
+      for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
+        int pl[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int64_t a = a0 + (int64_t)u * blockDim.x;
-        pl[u] = a < n ? ids[a] : -1;
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        if (pl[u] >= 0 && (pl[u] >> 16) == b && (pl[u] & 0xffff) < S) {
-          atomicAdd(&cnt[pl[u] & 0xffff], 1);
-          if (r == b) atomicAdd(&cnt_loc[pl[u] & 0xffff], 1);
+        for (int u = 0; u < 4; ++u) {
+          const int64_t a = a0 + (int64_t)u * blockDim.x;
+          pl[u] = a < n ? __ldcg(ids + a) : -1;  // rank-local: pushed by the peers
         }
-    }
-  }
-  __syncthreads();
-  block_scan_tiles(cnt, off, S, BM);
-  __syncthreads();
-  const int ntiles = off[S] / BM;
-  if (threadIdx.x == 0) *me.num_tiles = ntiles;
-  for (int tl = threadIdx.x; tl < ntiles; tl += blockDim.x) {
-    me.arrive[tl] = 0;
-    me.g1done[tl] = 0;
-  }
-  for (int s = threadIdx.x; s < S; s += blockDim.x) {
-    if (me.counts && !p.separate) atomicAdd(&me.counts[s], (unsigned long long)cnt[s]);
-    const int rem0 = off[s] + cnt_loc[s], rem1 = off[s] + cnt[s];  // the slot's remote rows [rem0, rem1)
-    for (int tl = off[s] / BM; tl < off[s + 1] / BM; ++tl) {
-      me.tile_slot[tl] = s;
-      me.tile_want[tl] = max(0, min(tl * BM + BM, rem1) - max(tl * BM, rem0));
-    }
-    for (int q = off[s] + cnt[s]; q < off[s + 1]; ++q) {
-      me.row_src[q] = -1;
-      if (p.separate) me.row_slot[q] = -1;
-    }
-  }
-  if (p.separate) {
-    for (int64_t q = off[S] + threadIdx.x; q < me.rows_cap; q += blockDim.x) me.row_slot[q] = -1;
-    for (int64_t q = threadIdx.x; q < me.rows_cap; q += blockDim.x) me.row_w[q] = 1.0f;
-  }
-  // Rows.
-  for (int r = 0; r < R; ++r) {
-    const int32_t* ids = p.rk[r].ids;
-    const int64_t n = p.rk[r].T * K;
-    for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
-      int pl[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int64_t a = a0 + (int64_t)u * blockDim.x;
-        pl[u] = a < n ? ids[a] : -1;
+        for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (pl[u] >= 0 && (pl[u] >> 16) == b && (pl[u] & 0xffff) < S) {
+            atomicAdd(&cnt[pl[u] & 0xffff], 1);
+            if (r == b) atomicAdd(&cnt_loc[pl[u] & 0xffff], 1);
+          }
       }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        if (pl[u] < 0 || (pl[u] >> 16) != b || (pl[u] & 0xffff) >= S) continue;
-        const int64_t a = a0 + (int64_t)u * blockDim.x;
-        const int s = pl[u] & 0xffff;
-        const int q = r == b ? off[s] + atomicAdd(&cur_loc[s], 1) : off[s] + cnt_loc[s] + atomicAdd(&cur_rem[s], 1);
-        me.row_src[q] = (int32_t)(a * 8 + r);
-        if (p.separate) me.row_slot[q] = s;
-        p.rk[r].dest_row[a] = q * 8 + b;
+    }
+    __syncthreads();
+    block_scan_tiles(cnt, off, S, BM);
+    __syncthreads();
+    const int ntiles = off[S] / BM;
+    if (threadIdx.x == 0) *me.num_tiles = ntiles;
+    for (int tl = threadIdx.x; tl < ntiles; tl += blockDim.x) {
+      me.arrive[tl] = 0;
+      me.g1done[tl] = 0;
+    }
+    for (int s = threadIdx.x; s < S; s += blockDim.x) {
+      if (me.counts && !p.separate) atomicAdd(&me.counts[s], (unsigned long long)cnt[s]);
+      const int rem0 = off[s] + cnt_loc[s], rem1 = off[s] + cnt[s];  // the slot's remote rows [rem0, rem1)
+      for (int tl = off[s] / BM; tl < off[s + 1] / BM; ++tl) {
+        me.tile_slot[tl] = s;
+        me.tile_want[tl] = max(0, min(tl * BM + BM, rem1) - max(tl * BM, rem0));
       }
+      for (int q = off[s] + cnt[s]; q < off[s + 1]; ++q) {
+        me.row_src[q] = -1;
+        if (p.separate) me.row_slot[q] = -1;
+      }
+    }
+    if (p.separate) {
+      for (int64_t q = off[S] + threadIdx.x; q < me.rows_cap; q += blockDim.x) me.row_slot[q] = -1;
+      for (int64_t q = threadIdx.x; q < me.rows_cap; q += blockDim.x) me.row_w[q] = 1.0f;
+    }
+    // Rows.
+    for (int r = 0; r < R; ++r) {
+      const int32_t* ids = src_ids(r);
+      const int64_t n = p.rk[r].T * K;
+      for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
+        int pl[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const int64_t a = a0 + (int64_t)u * blockDim.x;
+          pl[u] = a < n ? __ldcg(ids + a) : -1;  // rank-local: pushed by the peers
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (pl[u] < 0 || (pl[u] >> 16) != b || (pl[u] & 0xffff) >= S) continue;
+          const int64_t a = a0 + (int64_t)u * blockDim.x;
+          const int s = pl[u] & 0xffff;
+          const int q = r == b ? off[s] + atomicAdd(&cur_loc[s], 1) : off[s] + cnt_loc[s] + atomicAdd(&cur_rem[s], 1);
+          me.row_src[q] = (int32_t)(a * 8 + r);
+          if (p.separate) me.row_slot[q] = s;
+          p.rk[r].dest_row[a] = q * 8 + b;  // rank-local: a store into source r's (peer) workspace
+        }
+      }
+    }
+  }
+  if (local) {
+    __syncthreads();
+    if (threadIdx.x < R) {
+      __threadfence_system();
+      st_release_sys(p.rk[threadIdx.x].pflag + b, p.epoch);
     }
   }
 }
@@ -350,7 +450,7 @@ __device__ void dispatch_task(const Params& p, int r, int64_t t0, int64_t t1, bo
   const RankP& src = p.rk[r];
   const int64_t H8 = p.H / 8;
   for (int64_t a = t0 * K + warp; a < t1 * K; a += kThreads / 32) {
-    const int dr = src.dest_row[a];
+    const int dr = __ldcg(src.dest_row + a);  // rank-local: written by the peers' plans (L2, not L1)
     if (dr < 0 || (!sep && (dr & 7) == r)) continue;
     const int d = dr & 7;
     const int64_t row = dr >> 3;
@@ -371,10 +471,9 @@ __device__ void dispatch_task(const Params& p, int r, int64_t t0, int64_t t1, bo
   if (sep) return;
   __syncthreads();
   for (int64_t a = t0 * K + threadIdx.x; a < t1 * K; a += kThreads) {
-    const int dr = src.dest_row[a];
+    const int dr = __ldcg(src.dest_row + a);
     if (dr < 0 || (dr & 7) == r) continue;
-    __threadfence();
-    red_release_add(p.rk[dr & 7].arrive + (dr >> 3) / p.BM, 1);
+    signal_add(p, p.rk[dr & 7].arrive + (dr >> 3) / p.BM, 1);
   }
 }
 
@@ -570,7 +669,7 @@ __device__ void combine_rows(const Params& p, int r, int64_t t0, int64_t t1, boo
 #pragma unroll
         for (int u = 0; u < KU; ++u) {
           const int k = k0 + u;
-          const int dr = k < K ? __ldg(rk.dest_row + t * K + k) : -1;  // written by the plan launch
+          const int dr = k < K ? __ldcg(rk.dest_row + t * K + k) : -1;  // written by the plan launch(es)
           on[u] = dr >= 0;
           wk[u] = 0.0f;
           v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -613,15 +712,36 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const __grid_constant__
   __shared__ int task_sh, ok_sh;
   __shared__ int g1pre[kMaxRanks + 1], g2pre[kMaxRanks + 1];
   const int R = p.R, K = p.K;
+  const bool local = p.me >= 0;
   if (threadIdx.x == 0) {
+    // Rank-local: only this rank's tiles (the peers' num_tiles are theirs),
+    // and nothing at all when the plan's wait timed out (stale plan).
+    ok_sh = !local || ld_relaxed(p.ctl) == 0;
     g1pre[0] = g2pre[0] = 0;
     for (int d = 0; d < R; ++d) {
-      const int nt = p.rk[d].S > 0 ? *p.rk[d].num_tiles : 0;
+      const int nt = p.rk[d].S > 0 && (!local || d == p.me) ? *p.rk[d].num_tiles : 0;
       g1pre[d + 1] = g1pre[d] + nt * p.n1t;
       g2pre[d + 1] = g2pre[d] + nt * p.n2t;
     }
   }
   __syncthreads();
+  if (!ok_sh) return;
+  // planned: rank-local, every destination's plan wrote this rank's dest_row
+  // (pflag[d] >= epoch: watchdog role 5), waited for once per CTA before its
+  // first dispatch or combine task.
+  bool planned = !local;
+  auto wait_planned = [&]() -> bool {
+    if (planned) return true;
+    if (threadIdx.x == 0) {
+      bool ok = true;
+      for (int d = 0; ok && d < R; ++d) ok = wait_geq(p, p.rk[p.me].pflag + d, p.epoch, d, 5, -1);
+      ok_sh = ok;
+    }
+    __syncthreads();
+    planned = ok_sh;
+    __syncthreads();
+    return planned;
+  };
   const int n_disp = p.disp_pre[R];
   const int n_g1 = g1pre[R], n_g2 = g2pre[R];
   const int n_main = n_g1 + n_g2 + p.comb_pre[R];
@@ -633,6 +753,7 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const __grid_constant__
       const int idx = task_sh;
       __syncthreads();
       if (idx >= n_disp) break;
+      if (!wait_planned()) return;
       const int r = find_rank(p.disp_pre, R, idx);
       if (r == p.fault_rank) continue;  // fault injection: this rank never sends
       const int64_t t0 = (int64_t)(idx - p.disp_pre[r]) * p.dt;
@@ -671,21 +792,19 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const __grid_constant__
       __syncthreads();
       if (threadIdx.x < BM) {
         const int32_t src = p.rk[d].row_src[(int64_t)tile * BM + threadIdx.x];
-        if (src >= 0) {
-          __threadfence();
-          red_release_add(p.rk[src & 7].tokdone + (src >> 3) / K, 1);
-        }
+        if (src >= 0) signal_add(p, p.rk[src & 7].tokdone + (src >> 3) / K, 1);
       }
     } else {
       idx -= n_g2;
       const int r = find_rank(p.comb_pre, R, idx);
       const RankP& rk = p.rk[r];
       const int64_t t0 = (int64_t)(idx - p.comb_pre[r]) * kCT, t1 = min(rk.T, t0 + kCT);
+      if (!wait_planned()) return;
       if (threadIdx.x == 0) {
         bool ok = true;
         for (int64_t t = t0; ok && t < t1; ++t) {
           int routed = 0;
-          for (int k = 0; k < K; ++k) routed += rk.dest_row[t * K + k] >= 0;
+          for (int k = 0; k < K; ++k) routed += __ldcg(rk.dest_row + t * K + k) >= 0;
           ok = wait_geq(p, rk.tokdone + t, routed * p.n2t, r, 3, (int)t);
         }
         ok_sh = ok;
@@ -736,7 +855,7 @@ int pick_tile(int ranks, const int64_t* tokens, const int32_t* slots, int k) {
 struct RankLayout {
   int64_t rows_cap, tiles_cap;
   size_t num_tiles, tile_slot, tile_want, arrive, g1done, row_src, row_slot, row_w, recv, act, dest_row, tokdone,
-      ret, y, moews, moews_bytes, total;
+      ret, flags, rids, y, moews, moews_bytes, total;
 };
 
 int rank_layout(int ranks, const int64_t* tokens, const int32_t* slots, int r, int k, int e, int64_t h, int64_t i,
@@ -766,6 +885,10 @@ int rank_layout(int ranks, const int64_t* tokens, const int32_t* slots, int r, i
   L->dest_row = take((size_t)tokens[r] * k * 4);
   L->tokdone = take((size_t)tokens[r] * 4);
   L->ret = take((size_t)tokens[r] * k * h * 4);
+  // Rank-local mode: rflag then pflag ([kMaxRanks] each; they must hold
+  // values < 1 before epoch 1: zeroed or 0xff-filled), and the routing copies.
+  L->flags = take(2 * kMaxRanks * 4);
+  L->rids = take((size_t)2 * n * 4);
   L->y = L->moews = L->moews_bytes = 0;
   if (sep && L->rows_cap > 0) {
     L->y = take((size_t)L->rows_cap * h * 4);
@@ -802,7 +925,7 @@ int check_shapes(const char* fn, int ranks, const int64_t* tokens, const int32_t
 // build fills Params and checks the per-rank pointers.
 int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int64_t* tokens, const int32_t* slots,
           int k, int e, int64_t h, int64_t i, uint64_t place, int act_kind, uint32_t alpha_bits, uint32_t limit_bits,
-          uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes, bool sep) {
+          uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes, bool sep, int me = -1, int epoch = 0) {
   int rc = check_shapes(fn, ranks, tokens, slots, k, e, h, i);
   if (rc != MK_OK) return rc;
   MK_ARG(ptrs && rank_bytes, "%s: null ptrs or rank_bytes", fn);
@@ -829,6 +952,9 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->fault_rank = -1;
   p->dt = k < kDR ? kDR / k : 1;
   p->separate = sep;
+  p->me = me;
+  p->epoch = epoch;
+  for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;
   int64_t dsum = 0, csum = 0, tiles_all = 0;
   for (int r = 0; r < ranks; ++r) {
     const uint64_t* pr = ptrs + (int64_t)r * MK_MOE_FUSED_NPTR;
@@ -844,13 +970,14 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
     q.rows_cap = L.rows_cap;
     q.tiles_cap = (int32_t)L.tiles_cap;
     MK_ARG(pr[MK_MOE_FUSED_WS] != 0, "%s: rank %d: null workspace", fn, r);
-    if (q.T > 0) {
+    const bool mine = me < 0 || r == me;  // rank-local: a peer's entry needs only its (mapped) workspace
+    if (q.T > 0 && mine) {
       MK_ARG(pr[MK_MOE_FUSED_X] && pr[MK_MOE_FUSED_IDS] && pr[MK_MOE_FUSED_WEIGHTS] && pr[MK_MOE_FUSED_OUT],
              "%s: rank %d: null x, ids, weights or out", fn, r);
       MK_ARG((pr[MK_MOE_FUSED_X] | pr[MK_MOE_FUSED_OUT] | pr[MK_MOE_FUSED_SHARED]) % 16 == 0,
              "%s: rank %d: x, out and shared must be 16-byte aligned", fn, r);
     }
-    if (q.S > 0)
+    if (q.S > 0 && mine)
       MK_ARG(pr[MK_MOE_FUSED_GATE_UP] && pr[MK_MOE_FUSED_DOWN] && (pr[MK_MOE_FUSED_GATE_UP] | pr[MK_MOE_FUSED_DOWN]) % 16 == 0,
              "%s: rank %d: null or unaligned expert weights", fn, r);
     MK_ARG(pr[MK_MOE_FUSED_WS] % 256 == 0, "%s: rank %d: workspace not 256-byte aligned", fn, r);
@@ -876,12 +1003,15 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
     q.dest_row = reinterpret_cast<int32_t*>(w + L.dest_row);
     q.tokdone = reinterpret_cast<int32_t*>(w + L.tokdone);
     q.ret = reinterpret_cast<float*>(w + L.ret);
+    q.rflag = reinterpret_cast<int32_t*>(w + L.flags);
+    q.pflag = q.rflag + kMaxRanks;
+    q.rids = reinterpret_cast<int32_t*>(w + L.rids);
     q.y = sep ? reinterpret_cast<float*>(w + L.y) : nullptr;
     q.moews = sep ? reinterpret_cast<void*>(w + L.moews) : nullptr;
     q.moews_bytes = L.moews_bytes;
     // One rank has no remote rows: the fused path has nothing to dispatch.
-    if (sep || ranks > 1) dsum += (q.T + p->dt - 1) / p->dt;
-    csum += (q.T + kCT - 1) / kCT;
+    if ((sep || ranks > 1) && mine) dsum += (q.T + p->dt - 1) / p->dt;
+    if (mine) csum += (q.T + kCT - 1) / kCT;
     tiles_all += L.tiles_cap;
     p->disp_pre[r + 1] = (int)dsum;
     p->comb_pre[r + 1] = (int)csum;
@@ -899,7 +1029,7 @@ int plan(const Params& p, cudaStream_t st) {
     MK_CUDA(cudaFuncSetAttribute(plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     attr = sm;
   }
-  plan_kernel<<<p.R, 1024, sm, st>>>(p);
+  plan_kernel<<<p.me >= 0 ? 1 : p.R, 1024, sm, st>>>(p);
   MK_LAUNCHED("moe_fused plan");
   return MK_OK;
 }
@@ -971,6 +1101,28 @@ int32_t mk_moe_fused(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const
   p.fault_rank = fault_rank;
   cudaStream_t st = mk::as_stream(stream);
   rc = plan(p, st);  // also zeroes the queue counters
+  if (rc != MK_OK) return rc;
+  if (p.BM == 16) return launch_fused<16, 64, 16, 16, 6>(p, ctas, dispatch_ctas, st);
+  return launch_fused<64, 128, 32, 64, 4>(p, ctas, dispatch_ctas, st);
+}
+
+int32_t mk_moe_fused_rank(uint64_t stream, int32_t ranks, int32_t me, const uint64_t* ptrs, const int64_t* tokens,
+                          const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t place,
+                          int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t ctl, uint64_t ctl_bytes,
+                          const uint64_t* rank_bytes, int32_t ctas, int32_t dispatch_ctas, int64_t timeout_ns,
+                          int32_t epoch) {
+  MK_THREAD("mk_moe_fused_rank");
+  MK_ARG(ranks >= 1 && ranks <= kMaxRanks && me >= 0 && me < ranks, "mk_moe_fused_rank: me=%d of %d ranks", me,
+         ranks);
+  MK_ARG(epoch >= 1, "mk_moe_fused_rank: epoch=%d must be >= 1", epoch);
+  Params p;
+  int rc = build("mk_moe_fused_rank", &p, ranks, ptrs, tokens, slots, k, e, h, i, place, act_kind, alpha_bits,
+                 limit_bits, ctl, ctl_bytes, rank_bytes, false, me, epoch);
+  if (rc != MK_OK) return rc;
+  MK_ARG(timeout_ns > 0, "mk_moe_fused_rank: timeout_ns=%lld must be > 0", (long long)timeout_ns);
+  p.timeout_ns = timeout_ns;
+  cudaStream_t st = mk::as_stream(stream);
+  rc = plan(p, st);
   if (rc != MK_OK) return rc;
   if (p.BM == 16) return launch_fused<16, 64, 16, 16, 6>(p, ctas, dispatch_ctas, st);
   return launch_fused<64, 128, 32, 64, 4>(p, ctas, dispatch_ctas, st);

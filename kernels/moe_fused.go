@@ -23,6 +23,9 @@ var (
 	moeFusedSeparate func(s uint64, ranks int32, ptrs *uint64, tokens *int64, slots *int32, k, e int32, h, i int64,
 		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64) int32
 	moeFusedCheck func(ctl uint64, rec *int32) int32
+	moeFusedRank  func(s uint64, ranks, me int32, ptrs *uint64, tokens *int64, slots *int32, k, e int32, h, i int64,
+		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64, ctas,
+		dispatchCTAs int32, timeoutNs int64, epoch int32) int32
 )
 
 func init() {
@@ -31,6 +34,7 @@ func init() {
 		symbol{"mk_moe_fused", &moeFused},
 		symbol{"mk_moe_fused_separate", &moeFusedSeparate},
 		symbol{"mk_moe_fused_check", &moeFusedCheck},
+		symbol{"mk_moe_fused_rank", &moeFusedRank},
 	)
 }
 
@@ -298,8 +302,10 @@ func (d *Device) NewMoEFusedControl(bytes int64) (*Buffer, error) {
 	return b, nil
 }
 
-// moeFusedCall checks the buffers and flattens the arguments of both launches.
-func (d *Device) moeFusedCall(op string, ranks []MoEFusedRank, ctl *Buffer, a *MoEFusedArgs, sep bool) (ptrs []uint64,
+// moeFusedCall checks the buffers and flattens the arguments of the launches.
+// me >= 0 (rank-local): only ranks[me] is checked in full, the others need
+// only their WS.
+func (d *Device) moeFusedCall(op string, ranks []MoEFusedRank, ctl *Buffer, a *MoEFusedArgs, sep bool, me int) (ptrs []uint64,
 	tok []int64, sl []int32, rb []uint64, err error) {
 	fail := func(err error) ([]uint64, []int64, []int32, []uint64, error) { return nil, nil, nil, nil, err }
 	if err := d.ready(op); err != nil {
@@ -329,6 +335,9 @@ func (d *Device) moeFusedCall(op string, ranks []MoEFusedRank, ctl *Buffer, a *M
 		name := func(s string) string { return fmt.Sprintf("rank %d %s", r, s) }
 		p := ptrs[r*moeFusedNPtr:]
 		T, S := int64(a.Tokens[r]), int64(a.Slots[r])
+		if me >= 0 && r != me {
+			T, S = 0, 0 // a peer: its workspace only
+		}
 		if T > 0 {
 			if err := needAll(op, 4, name("IDs"), rk.IDs, T*K, name("Weights"), rk.Weights, T*K, name("Out"), rk.Out, T*H); err != nil {
 				return fail(err)
@@ -355,6 +364,9 @@ func (d *Device) moeFusedCall(op string, ranks []MoEFusedRank, ctl *Buffer, a *M
 				}
 				p[7] = rk.Counts.ptr
 			}
+		}
+		if rk.WS == nil {
+			return fail(fmt.Errorf("kernels: %s: %s is nil", op, name("WS")))
 		}
 		if err := rk.WS.fits(op+" "+name("WS"), need1[r]); err != nil {
 			return fail(err)
@@ -384,7 +396,7 @@ func (a *MoEFusedArgs) act() (int32, uint32, uint32) {
 // Asynchronous: MoEFusedCheck reports a watchdog timeout.
 func (d *Device) MoEFused(s *Stream, ranks []MoEFusedRank, ctl *Buffer, a MoEFusedArgs) error {
 	const op = "MoEFused"
-	ptrs, tok, sl, rb, err := d.moeFusedCall(op, ranks, ctl, &a, false)
+	ptrs, tok, sl, rb, err := d.moeFusedCall(op, ranks, ctl, &a, false, -1)
 	if err != nil {
 		return err
 	}
@@ -412,7 +424,7 @@ func (d *Device) MoEFused(s *Stream, ranks []MoEFusedRank, ctl *Buffer, a MoEFus
 // launch. Workspaces must be sized with withSeparate; Counts are not updated.
 func (d *Device) MoEFusedSeparate(s *Stream, ranks []MoEFusedRank, ctl *Buffer, a MoEFusedArgs) error {
 	const op = "MoEFusedSeparate"
-	ptrs, tok, sl, rb, err := d.moeFusedCall(op, ranks, ctl, &a, true)
+	ptrs, tok, sl, rb, err := d.moeFusedCall(op, ranks, ctl, &a, true, -1)
 	if err != nil {
 		return err
 	}
@@ -429,13 +441,70 @@ func (d *Device) MoEFusedSeparate(s *Stream, ranks []MoEFusedRank, ctl *Buffer, 
 	return d.lib.check("mk_moe_fused_separate", rc)
 }
 
+// MoEFusedRankLocal runs rank me's part of one MoE layer whose ranks are
+// separate launches, normally one process per GPU: every rank calls it with
+// the same a (Tokens, Slots, Experts, TopK, H, I, the same Table contents)
+// and the same epoch. mine holds this rank's buffers; ws[r] is rank r's
+// workspace as this process sees it (OpenIPC of the peer's handle; ws[me]
+// may be nil: mine.WS). The plan exchanges the routing through the peers'
+// workspaces and the persistent launch runs only this rank's dispatch,
+// expert GEMMs and combine, so mine.Out gets what MoEFused computes for rank
+// me. epoch numbers the calls on one set of workspaces: 1, 2, 3, … on every
+// rank; every workspace must be zeroed (or 0xff-filled) before epoch 1, and
+// again on every rank after a watchdog error. Each wait is bounded by
+// a.Timeout (a peer that never launches: a *MoEFusedTimeoutError from
+// MoEFusedCheck naming it, role "plan" or "dispatch or combine"). The peers' launches
+// must be able to run at the same time as this one. Asynchronous on s.
+func (d *Device) MoEFusedRankLocal(s *Stream, me int, mine MoEFusedRank, ws []*Buffer, ctl *Buffer, a MoEFusedArgs,
+	epoch int) error {
+	const op = "MoEFusedRankLocal"
+	R := len(a.Tokens)
+	if me < 0 || me >= R || len(ws) != R {
+		return fmt.Errorf("kernels: %s: rank %d of %d ranks with %d workspaces", op, me, R, len(ws))
+	}
+	if epoch < 1 || epoch > math.MaxInt32 {
+		return fmt.Errorf("kernels: %s: epoch %d, want 1..2^31-1", op, epoch)
+	}
+	if a.faultRank != 0 {
+		return fmt.Errorf("kernels: %s: fault injection is for MoEFused", op)
+	}
+	if ws[me] != nil && mine.WS != nil && ws[me].ptr != mine.WS.ptr {
+		return fmt.Errorf("kernels: %s: ws[%d] is not mine.WS", op, me)
+	}
+	ranks := make([]MoEFusedRank, R)
+	for r := range R {
+		ranks[r].WS = ws[r]
+	}
+	ranks[me] = mine
+	ptrs, tok, sl, rb, err := d.moeFusedCall(op, ranks, ctl, &a, false, me)
+	if err != nil {
+		return err
+	}
+	if d.muted() {
+		return nil
+	}
+	to := a.Timeout
+	if to == 0 {
+		to = MoEFusedDefaultTimeout
+	}
+	act, alpha, limit := a.act()
+	rc := moeFusedRank(s.handle(), int32(R), int32(me), &ptrs[0], &tok[0], &sl[0], int32(a.TopK), int32(a.Experts),
+		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0], int32(a.CTAs),
+		int32(a.DispatchCTAs), to.Nanoseconds(), int32(epoch))
+	runtime.KeepAlive(ptrs)
+	runtime.KeepAlive(tok)
+	runtime.KeepAlive(sl)
+	runtime.KeepAlive(rb)
+	return d.lib.check("mk_moe_fused_rank", rc)
+}
+
 // MoEFusedTimeoutError is the fused kernel's watchdog report: a CTA waited
 // longer than the timeout and ended the kernel (the outputs are not valid).
 type MoEFusedTimeoutError struct {
-	Rank       int    // the rank whose tile (gemm roles) or token (combine) was waited on
-	Role       string // "compute (gemm1)", "compute (gemm2)" or "combine"
-	Tile       int    // the row tile (compute) or token (combine)
-	WaitedFor  string // "dispatch", "gemm1" or "gemm2"
+	Rank       int    // the rank whose tile (gemm roles) or token (combine) was waited on; plan, dispatch: the peer
+	Role       string // "compute (gemm1)", "compute (gemm2)", "combine"; rank-local: "plan", "dispatch or combine"
+	Tile       int    // the row tile (compute) or token (combine); -1 (plan, dispatch)
+	WaitedFor  string // "dispatch", "gemm1", "gemm2"; rank-local: "routing" (the peer's ids), "peer plan"
 	Seen, Want int    // the counter's value and the value waited for
 }
 
@@ -459,6 +528,11 @@ func (d *Device) MoEFusedCheck(ctl *Buffer) error {
 	if err := d.lib.check("mk_moe_fused_check", moeFusedCheck(ctl.ptr, &rec[0])); err != nil {
 		return err
 	}
+	return moeFusedRecord(rec)
+}
+
+// moeFusedRecord reads the error record (mk_moe_fused.h): nil when unset.
+func moeFusedRecord(rec []int32) error {
 	if rec[0] == 0 {
 		return nil
 	}
@@ -468,8 +542,14 @@ func (d *Device) MoEFusedCheck(ctl *Buffer) error {
 		e.Role, e.WaitedFor = "compute (gemm1)", "dispatch"
 	case 2:
 		e.Role, e.WaitedFor = "compute (gemm2)", "gemm1"
-	default:
+	case 3:
 		e.Role, e.WaitedFor = "combine", "gemm2"
+	case 4:
+		e.Role, e.WaitedFor = "plan", "routing"
+	case 5:
+		e.Role, e.WaitedFor = "dispatch or combine", "peer plan"
+	default:
+		e.Role, e.WaitedFor = fmt.Sprintf("role %d", rec[2]), "?"
 	}
 	return e
 }
