@@ -4,7 +4,9 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -24,9 +26,22 @@ var (
 
 // testGPU opens device 0 once per test binary, or skips when this machine
 // cannot run the CUDA backend.
+// testDeviceEnv names the device ordinal testGPU opens (default 0): a
+// child process of a multi-process test sets it, since one process owns one GPU.
+const testDeviceEnv = "MKSERVE_TEST_DEVICE"
+
 func testGPU(tb testing.TB) *GPU {
 	tb.Helper()
-	gpuOnce.Do(func() { testG, testErr = Open(0) })
+	gpuOnce.Do(func() {
+		ord := 0
+		if v := os.Getenv(testDeviceEnv); v != "" {
+			if ord, testErr = strconv.Atoi(v); testErr != nil {
+				testErr = fmt.Errorf("%s=%q: %w", testDeviceEnv, v, testErr)
+				return
+			}
+		}
+		testG, testErr = Open(ord)
+	})
 	if testErr != nil {
 		if errors.Is(testErr, ErrUnavailable) && os.Getenv(requireEnv) != "1" {
 			tb.Skipf("skipping: no CUDA backend on this machine (%s=1 fails instead): %v", requireEnv, testErr)

@@ -93,7 +93,7 @@ func runFusedIPCParent(t *testing.T, g *GPU, c ipcCase) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestMoEFusedIPCChild$", "-test.v")
-	cmd.Env = append(os.Environ(), ipcCaseEnv+"="+string(js))
+	cmd.Env = append(os.Environ(), ipcCaseEnv+"="+string(js), fmt.Sprintf("%s=%d", testDeviceEnv, c.ChildDevice))
 	cmd.ExtraFiles = []*os.File{toChildR, fromChildW} // fds 3 and 4 in the child
 	var log strings.Builder
 	cmd.Stdout, cmd.Stderr = &log, &log
@@ -102,14 +102,18 @@ func runFusedIPCParent(t *testing.T, g *GPU, c ipcCase) {
 	}
 	toChildR.Close()
 	fromChildW.Close()
+	// The child's log comes out however the parent's rank ends (a t.Fatal
+	// in it included), after the child has exited.
+	defer func() {
+		toChildW.Close()
+		err := cmd.Wait()
+		fromChildR.Close()
+		t.Logf("child (rank 1, device %d):\n%s", c.ChildDevice, log.String())
+		if err != nil {
+			t.Errorf("child process: %v", err)
+		}
+	}()
 	runFusedIPCRank(t, g, c, 0, bufio.NewReader(fromChildR), toChildW)
-	toChildW.Close()
-	err = cmd.Wait()
-	fromChildR.Close()
-	t.Logf("child (rank 1, device %d):\n%s", c.ChildDevice, log.String())
-	if err != nil {
-		t.Errorf("child process: %v", err)
-	}
 }
 
 // TestMoEFusedIPCChild is rank 1 of TestMoEFusedIPC (skipped when run on its own).
@@ -125,14 +129,7 @@ func TestMoEFusedIPCChild(t *testing.T) {
 	in, out := os.NewFile(3, "from-parent"), os.NewFile(4, "to-parent")
 	defer in.Close()
 	defer out.Close()
-	g := testGPU(t)
-	if c.ChildDevice != 0 {
-		var err error
-		if g, err = Open(c.ChildDevice); err != nil {
-			t.Fatal(err)
-		}
-		defer g.Close()
-	}
+	g := testGPU(t) // device c.ChildDevice: the parent set testDeviceEnv
 	runFusedIPCRank(t, g, c, 1, bufio.NewReader(in), out)
 }
 
