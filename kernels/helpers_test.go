@@ -2,9 +2,9 @@ package kernels
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
-	"fmt"
 	"os"
 	"strconv"
 	"sync"
