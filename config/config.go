@@ -226,8 +226,12 @@ func (c *Config) Validate() error {
 		switch {
 		case c.Coordinator == "":
 			return bad("coordinator", "required with world_size %d (the host:port the workers join)", c.WorldSize)
-		case c.Backend != "cpu":
-			return bad("world_size", "a world of processes runs on the cpu backend for now (the cuda backend needs CUDA IPC handles between processes)")
+		case c.Backend != "cpu" && c.Backend != "cuda":
+			return bad("world_size", "a world of processes runs on the cpu or cuda backend, not %q", c.Backend)
+		case c.Backend == "cuda" && c.WorldSize > 8:
+			return bad("world_size", "a world on the cuda backend has at most 8 processes (one per GPU of a host), got %d", c.WorldSize)
+		case c.Backend == "cuda" && c.MoEPath == "fused":
+			return bad("world_size", "a world on the cuda backend runs the MoE layers on the grouped path (moe_path grouped), not fused")
 		case c.EP > 1:
 			return bad("world_size", "experts are already split over the world's %d processes; ep must be 1", c.WorldSize)
 		}

@@ -51,6 +51,10 @@ type Leader struct {
 	sent   int   // broadcasts so far
 	err    error // the first failed broadcast: the world is gone
 	onFail func(error)
+	// sentStep is the batch GraphStep has broadcast already: the model's
+	// Forward inside that step (run, captured or checked against a replay)
+	// does not broadcast it again.
+	sentStep *backend.Batch
 }
 
 // OnFail registers f to run once, with the error, when a broadcast first
@@ -120,8 +124,13 @@ type leaderModel struct {
 }
 
 func (m *leaderModel) Forward(b *backend.Batch) (backend.Tensor, error) {
-	if err := m.l.broadcast(encodeBatch(b)); err != nil {
-		return nil, err
+	m.l.mu.Lock()
+	sent := m.l.sentStep == b
+	m.l.mu.Unlock()
+	if !sent {
+		if err := m.l.broadcast(encodeBatch(b)); err != nil {
+			return nil, err
+		}
 	}
 	return m.Model.Forward(b)
 }
@@ -137,7 +146,43 @@ type leaderBackend struct {
 	l *Leader
 }
 
-var _ backend.ExpertCounter = (*leaderBackend)(nil)
+var (
+	_ backend.ExpertCounter = (*leaderBackend)(nil)
+	_ backend.GraphWarmer   = (*leaderBackend)(nil)
+)
+
+// GraphStep broadcasts the step, then runs it through the wrapped
+// backend's GraphStep (backend.StepGrapher: CUDA graphs), where f, the
+// leader model's Forward, does not broadcast it again: a replayed graph
+// runs no host code of the model, so the broadcast must come first. The
+// workers run every step through their own GraphStep (backend.RunStep), so
+// every rank captures and replays alike. Without a StepGrapher it is f().
+func (b *leaderBackend) GraphStep(bt *backend.Batch, f func() (backend.Tensor, error)) (backend.Tensor, error) {
+	sg, ok := b.Backend.(backend.StepGrapher)
+	if !ok {
+		return f()
+	}
+	if err := b.l.broadcast(encodeBatch(bt)); err != nil {
+		return nil, err
+	}
+	b.l.mu.Lock()
+	b.l.sentStep = bt
+	b.l.mu.Unlock()
+	defer func() {
+		b.l.mu.Lock()
+		b.l.sentStep = nil
+		b.l.mu.Unlock()
+	}()
+	return sg.GraphStep(bt, f)
+}
+
+// GraphWarmupRows is the wrapped backend's (backend.GraphWarmer), or none.
+func (b *leaderBackend) GraphWarmupRows(maxRows int) []int {
+	if w, ok := b.Backend.(backend.GraphWarmer); ok {
+		return w.GraphWarmupRows(maxRows)
+	}
+	return nil
+}
 
 func (b *leaderBackend) InitKV(blockSize, numBlocks int) error {
 	msg := binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64([]byte{msgInitKV}, uint64(blockSize)), uint64(numBlocks))
@@ -218,7 +263,8 @@ func run(msg []byte, m models.Model, be backend.Backend) (err error) {
 		if err != nil {
 			return err
 		}
-		_, err = m.Forward(b)
+		// Through the backend's GraphStep, as the leader's engine runs it.
+		_, err = backend.RunStep(be, b, func() (backend.Tensor, error) { return m.Forward(b) })
 		return err
 	case msgCopyBlocks:
 		src, rest, err := readInts(body)

@@ -54,6 +54,11 @@ MK_API int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_
                               uint64_t down_bias, int32_t act_kind, uint32_t alpha_bits,
                               uint32_t limit_bits, uint64_t counts, uint64_t ws, uint64_t ws_bytes);
 
+/* mk_moe_localize rewrites n routed expert ids in place for a rank holding
+ * experts [lo, hi): an id in the range becomes id - lo, any other -1 (which
+ * mk_moe_experts skips: its row gets no work and adds nothing). */
+MK_API int32_t mk_moe_localize(uint64_t stream, uint64_t ids, int64_t n, int32_t lo, int32_t hi);
+
 /* Fills n bf16 values with a deterministic pseudo-random normal-ish
  * distribution (sum of uniforms) times scale, from seed (benchmarks). */
 MK_API int32_t mk_moe_fill_bf16(uint64_t stream, uint64_t dst, int64_t n, uint64_t seed,

@@ -495,6 +495,15 @@ __global__ void moe_combine_kernel(float* out, const float* y, const int32_t* sl
   }
 }
 
+// ---------------------------------------------------------------- localize
+
+__global__ void moe_localize_kernel(int32_t* ids, int64_t n, int lo, int hi) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int e = ids[i];
+    ids[i] = e >= lo && e < hi ? e - lo : -1;
+  }
+}
+
 // ---------------------------------------------------------------- random fill
 
 __device__ __forceinline__ uint64_t splitmix(uint64_t z) {
@@ -652,6 +661,17 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s) {
 }  // namespace
 
 extern "C" {
+
+int32_t mk_moe_localize(uint64_t stream, uint64_t ids, int64_t n, int32_t lo, int32_t hi) {
+  MK_THREAD("mk_moe_localize");
+  MK_ARG(n >= 0 && (n == 0 || ids) && 0 <= lo && lo <= hi, "mk_moe_localize: n=%lld ids=%p lo=%d hi=%d",
+         (long long)n, (void*)ids, lo, hi);
+  if (n == 0) return MK_OK;
+  const int grid = (int)std::min<int64_t>(1024, (n + 255) / 256);
+  moe_localize_kernel<<<grid, 256, 0, mk::as_stream(stream)>>>(mk::dev<int32_t>(ids), n, lo, hi);
+  MK_LAUNCHED("moe_localize");
+  return MK_OK;
+}
 
 int32_t mk_moe_route(uint64_t stream, uint64_t ids, uint64_t weights, uint64_t logits,
                      uint64_t score_bias, int64_t t, int32_t e, int32_t k, int32_t flags,

@@ -13,6 +13,7 @@ var (
 	moeWorkspace func(t int64, k, e int32, h, i int64, bytes *uint64, tileM *int32) int32
 	moeExperts   func(s, out, x, ids, weights uint64, t int64, k, e int32, h, i int64, gateUp, gateUpBias, down, downBias uint64, act int32, alpha, limit uint32, counts, ws, wsBytes uint64) int32
 	moeFill      func(s, dst uint64, n int64, seed uint64, scale uint32) int32
+	moeLocalize  func(s, ids uint64, n int64, lo, hi int32) int32
 )
 
 func init() {
@@ -21,6 +22,7 @@ func init() {
 		symbol{"mk_moe_workspace", &moeWorkspace},
 		symbol{"mk_moe_experts", &moeExperts},
 		symbol{"mk_moe_fill_bf16", &moeFill},
+		symbol{"mk_moe_localize", &moeLocalize},
 	)
 }
 
@@ -191,4 +193,27 @@ func (d *Device) FillRandomBF16(s *Stream, b *Buffer, n int64, seed uint64, scal
 		return err
 	}
 	return d.lib.check("mk_moe_fill_bf16", moeFill(s.handle(), b.ptr, n, seed, math.Float32bits(scale)))
+}
+
+// MoELocalize rewrites n routed expert ids [n] int32 in place for a rank
+// holding experts [lo, hi): an id in the range becomes id − lo, any other
+// −1, which MoEExpertsRun skips (the row adds nothing). Asynchronous on s.
+func (d *Device) MoELocalize(s *Stream, ids *Buffer, n, lo, hi int) error {
+	const op = "MoELocalize"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	if n < 0 || lo < 0 || hi < lo || hi > math.MaxInt32 {
+		return fmt.Errorf("kernels: %s: n %d, experts [%d, %d)", op, n, lo, hi)
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := ids.fits(op+" ids", 4*int64(n)); err != nil {
+		return err
+	}
+	if d.muted() {
+		return nil
+	}
+	return d.lib.check("mk_moe_localize", moeLocalize(s.handle(), ids.ptr, int64(n), int32(lo), int32(hi)))
 }

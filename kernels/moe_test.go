@@ -338,3 +338,32 @@ func TestMoEArgs(t *testing.T) {
 		}
 	})
 }
+
+// TestMoELocalize: ids in a rank's block [lo, hi) become id − lo, the others −1.
+func TestMoELocalize(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	for _, c := range []struct{ n, E, lo, hi int }{{1, 8, 0, 4}, {1000, 64, 16, 32}, {70001, 256, 255, 256}, {33, 16, 0, 16}} {
+		ids := make([]int32, c.n)
+		for i := range ids {
+			ids[i] = int32(r.IntN(c.E))
+		}
+		onGPU(t, g, func(a *arena) {
+			b := put(a, ids)
+			a.check(a.d.MoELocalize(nil, b, c.n, c.lo, c.hi))
+			if a.err != nil {
+				return
+			}
+			got := get[int32](a, b, c.n)
+			for i, e := range ids {
+				want := int32(-1)
+				if int(e) >= c.lo && int(e) < c.hi {
+					want = e - int32(c.lo)
+				}
+				if got[i] != want {
+					t.Fatalf("%+v: ids[%d] = %d became %d, want %d", c, i, e, got[i], want)
+				}
+			}
+		})
+	}
+}

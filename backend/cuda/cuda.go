@@ -73,6 +73,7 @@ import (
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/kernels"
 	"github.com/mkserve/mkserve/tensor"
+	"github.com/mkserve/mkserve/transport"
 	"github.com/mkserve/mkserve/tuning"
 )
 
@@ -106,6 +107,13 @@ type Options struct {
 	// together make the precision profiles: exact (split, float32 KV; the
 	// default) and fast (bf16 activations into GEMMs, bf16 KV).
 	KVCacheF32 *bool
+	// World, when set, makes this backend one rank of an expert-parallel
+	// world of processes (world.go): each MoE layer's experts are split in
+	// contiguous blocks over the ranks and their partial outputs summed
+	// through CUDA IPC. Every rank must make the same calls (dist mirrors
+	// rank 0's); Device should be the rank's own GPU. Not with EPRanks > 1
+	// or the fused MoE path.
+	World transport.Comm
 	// NoGraphs runs every step eagerly (no CUDA graphs for decode steps;
 	// see GraphStep). The environment variable MKSERVE_CUDA_GRAPHS=0 does
 	// the same for every backend of the process.
@@ -123,6 +131,7 @@ type Backend struct {
 	epRanks   int    // emulated expert-parallel ranks of the fused path (≥ 1)
 	moeTuning *tuning.MoETable
 	fused     fusedState
+	world     *world // Options.World, or nil
 
 	ropeMu   sync.Mutex
 	ropes    map[attention.RoPE]*ropeFreqs
@@ -193,6 +202,14 @@ func New(opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("cuda: expert parallelism over %d ranks: the fused MoE kernel takes at most %d", opts.EPRanks, kernels.MoEFusedMaxRanks)
 	case opts.EPRanks > 1 && (path != "fused" || split0):
 		return nil, fmt.Errorf("cuda: expert parallelism (EPRanks = %d) runs through the fused MoE kernel: it needs MoE path fused (%s=fused) and the fast profile", opts.EPRanks, MoEPathEnv)
+	case opts.World != nil && (opts.EPRanks > 1 || path == "fused"):
+		return nil, fmt.Errorf("cuda: a world of processes runs the MoE layers on the grouped or host path: not with emulated ranks (EPRanks = %d) or MoE path %s", opts.EPRanks, path)
+	}
+	var wd *world
+	if opts.World != nil {
+		if wd, err = newWorld(opts.World); err != nil {
+			return nil, err
+		}
 	}
 	g, err := openGPU(opts.Device)
 	if err != nil {
@@ -204,7 +221,7 @@ func New(opts Options) (*Backend, error) {
 		kvF32 = *opts.KVCacheF32
 	}
 	return &Backend{g: g, alloc: &allocator{pool: map[int64][]*kernels.Buffer{}}, split: split, kvF32: kvF32, noGraphs: opts.NoGraphs,
-		moePath: path, epRanks: max(opts.EPRanks, 1), moeTuning: opts.MoETuning,
+		moePath: path, epRanks: max(opts.EPRanks, 1), moeTuning: opts.MoETuning, world: wd,
 		ropes: map[attention.RoPE]*ropeFreqs{}, priv: newPrivateKV()}, nil
 }
 
@@ -657,6 +674,9 @@ func (be *Backend) ToHost(x backend.Tensor) []float32 {
 	}
 	be.do("ToHost", func(d *kernels.Device) error {
 		if err := kernels.Download(d, out, be.f32(d, t)); err != nil {
+			return err
+		}
+		if err := be.world.check(d); err != nil {
 			return err
 		}
 		return be.checkFused(d)

@@ -72,6 +72,15 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 		out = be.moeHost(xt, l, gate, gateBias, scoreBias, gu, gub, down, db, T, H, E, I)
 	}
 
+	if w := be.world; w != nil && T > 0 {
+		// The ranks' partial outputs (each its own experts) summed: every
+		// rank makes this call for every MoE layer, with the same T.
+		be.do("MoE all-reduce", func(d *kernels.Device) error {
+			w.allReduce(be, d, out.st.f32, int64(T)*int64(H), int64(H))
+			return nil
+		}, out)
+	}
+
 	if l.Shared != nil {
 		sh := be.MLP(xt, l.Shared).(*Tensor)
 		var g *Tensor
@@ -103,18 +112,28 @@ func (be *Backend) moeHost(xt *Tensor, l *backend.MoELayer, gate, gateBias *Tens
 	ids, w := moe.Route(&l.Router, logits, scoreBias, T)
 	be.countExperts(l.Layer, E, ids)
 
-	// Assignments sorted by expert: tok[a] is the token row, wt[a] its weight.
+	// Assignments to this rank's experts [lo, hi) (all of them without a
+	// world) sorted by expert: tok[a] is the token row, wt[a] its weight.
+	lo, hi := 0, E
+	if be.world != nil {
+		lo, hi = be.world.experts(E)
+	}
 	count := make([]int, E+1)
 	for _, e := range ids {
-		count[e+1]++
+		if int(e) >= lo && int(e) < hi {
+			count[e+1]++
+		}
 	}
 	for e := 1; e <= E; e++ {
 		count[e] += count[e-1]
 	}
-	N := len(ids)
+	N := count[E]
 	tok, wt := make([]int32, N), make([]float32, N)
 	next := append([]int(nil), count[:E]...)
 	for a, e := range ids {
+		if int(e) < lo || int(e) >= hi {
+			continue
+		}
 		i := next[e]
 		next[e]++
 		tok[i], wt[i] = int32(a/K), w[a]

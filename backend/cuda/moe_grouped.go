@@ -194,15 +194,42 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 		if db != nil {
 			ex.DownBias = be.f32(d, db)
 		}
-		if be.fusedFits(E, gub, db) {
-			return be.moeFusedRun(d, out.st.f32, xb, ids, w, T, K, ex, be.counterBuffer(d, c), l.Layer, gu, down)
+		counts := be.counterBuffer(d, c)
+		if wd := be.world; wd != nil {
+			// This rank's experts only: the others' ids become −1 (no work).
+			lo, hi := wd.experts(E)
+			if hi == lo {
+				panicf("MoE", "rank %d of %d holds none of the %d experts (more ranks than experts)", wd.me, wd.R, E)
+			}
+			must("localize", d.MoELocalize(nil, ids, T*K, lo, hi))
+			ex = localExperts(ex, lo, hi)
+			counts = view(counts, int64(lo)*8, int64(hi-lo)*8)
+		} else if be.fusedFits(E, gub, db) {
+			return be.moeFusedRun(d, out.st.f32, xb, ids, w, T, K, ex, counts, l.Layer, gu, down)
 		}
 		wsBytes, _, err := d.MoEWorkspace(T, K, ex)
 		must("workspace", err)
 		ws := a.get(d, wsBytes)
 		defer a.put(ws)
-		must("experts", d.MoEExpertsRun(nil, out.st.f32, xb, ids, w, T, K, ex, be.counterBuffer(d, c), ws))
+		must("experts", d.MoEExpertsRun(nil, out.st.f32, xb, ids, w, T, K, ex, counts, ws))
 		return nil
 	}, xt, logits, gu, down, gub, db, scoreBias)
 	return out
+}
+
+// localExperts is ex restricted to experts [lo, hi): views of their weights
+// and biases (a world rank's block).
+func localExperts(ex *kernels.MoEExperts, lo, hi int) *kernels.MoEExperts {
+	E, H, I := int64(hi-lo), int64(ex.H), int64(ex.I)
+	l := *ex
+	l.E = hi - lo
+	l.GateUp = view(ex.GateUp, int64(lo)*2*I*H*2, E*2*I*H*2)
+	l.Down = view(ex.Down, int64(lo)*H*I*2, E*H*I*2)
+	if ex.GateUpBias != nil {
+		l.GateUpBias = view(ex.GateUpBias, int64(lo)*2*I*4, E*2*I*4)
+	}
+	if ex.DownBias != nil {
+		l.DownBias = view(ex.DownBias, int64(lo)*H*4, E*H*4)
+	}
+	return &l
 }

@@ -6,6 +6,8 @@ import (
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/backend/cuda"
+	"github.com/mkserve/mkserve/kernels"
+	"github.com/mkserve/mkserve/transport"
 	"github.com/mkserve/mkserve/tuning"
 )
 
@@ -15,10 +17,13 @@ import (
 // error says what is missing (it wraps kernels.ErrUnavailable). moePath is
 // cuda's MoE path ("" reads MKSERVE_MOE_PATH, else grouped); moeTuning, a
 // table of `mkserve bench moe --tune` ("" for none).
-func newBackend(name string, epRanks int, precision, moePath, moeTuning string) (backend.Backend, error) {
+//
+// world, when set, makes the backend one rank of an expert-parallel world
+// of processes: on cuda it opens GPU rank % (GPUs on the host).
+func newBackend(name string, epRanks int, precision, moePath, moeTuning string, world transport.Comm) (backend.Backend, error) {
 	switch name {
 	case "cpu":
-		return cpu.New(cpu.Options{EPRanks: epRanks}), nil
+		return cpu.New(cpu.Options{EPRanks: epRanks, EPComm: world}), nil
 	case "cuda":
 		var split bool
 		switch precision {
@@ -35,7 +40,16 @@ func newBackend(name string, epRanks int, precision, moePath, moeTuning string) 
 				return nil, fmt.Errorf("moe_tuning: %w", err)
 			}
 		}
-		be, err := cuda.New(cuda.Options{EPRanks: epRanks, SplitActivations: &split, MoEPath: moePath, MoETuning: tune})
+		dev := 0
+		if world != nil {
+			n, err := kernels.DeviceCount()
+			if err != nil {
+				return nil, fmt.Errorf("backend cuda cannot start: %w", err)
+			}
+			dev = world.Rank() % max(n, 1)
+		}
+		be, err := cuda.New(cuda.Options{Device: dev, EPRanks: epRanks, SplitActivations: &split, MoEPath: moePath,
+			MoETuning: tune, World: world})
 		if err != nil {
 			return nil, fmt.Errorf("backend cuda cannot start: %w", err)
 		}

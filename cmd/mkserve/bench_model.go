@@ -100,7 +100,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	case "cpu":
 		be = cpu.New(cpu.Options{})
 	case "cuda":
-		b, err := newBackend("cuda", *ep, *precision, *moePath, *moeTuning)
+		b, err := newBackend("cuda", *ep, *precision, *moePath, *moeTuning, nil)
 		if err != nil {
 			return err
 		}

@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/mkserve/mkserve/backend"
-	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/backend/cuda"
 	"github.com/mkserve/mkserve/chat"
 	"github.com/mkserve/mkserve/config"
@@ -148,11 +147,16 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 			return fail(err)
 		}
 		defer comm.Close()
-		be = cpu.New(cpu.Options{EPComm: comm})
+		if err := worldAgree(ctx, comm, worldProfile(cfg.Backend, cfg.Precision, cfg.MoEPath)); err != nil {
+			return fail(err)
+		}
+		if be, err = newBackend(cfg.Backend, 1, cfg.Precision, cfg.MoEPath, cfg.MoETuning, comm); err != nil {
+			return fail(err)
+		}
 		if leader, err = dist.NewLeader(comm); err != nil {
 			return fail(err)
 		}
-	} else if be, err = newBackend(cfg.Backend, cfg.EP, cfg.Precision, cfg.MoEPath, cfg.MoETuning); err != nil {
+	} else if be, err = newBackend(cfg.Backend, cfg.EP, cfg.Precision, cfg.MoEPath, cfg.MoETuning, nil); err != nil {
 		return fail(err)
 	}
 	if cb, ok := be.(*cuda.Backend); ok {

@@ -24,6 +24,7 @@ import (
 	"github.com/mkserve/mkserve/backend/cuda"
 	"github.com/mkserve/mkserve/loadgen"
 	pb "github.com/mkserve/mkserve/proto/mkserve/v1"
+	"github.com/mkserve/mkserve/transport"
 )
 
 // testBackendEnv names the environment variable that picks the backend of
@@ -374,8 +375,8 @@ func TestBenchServeCommand(t *testing.T) {
 // greedy tokens of a single process, and stopping the server stops the
 // worker cleanly.
 func TestServeWorld(t *testing.T) {
-	if os.Getenv(testBackendEnv) != "" {
-		t.Skipf("a world of processes runs on the cpu backend (%s=%s)", testBackendEnv, os.Getenv(testBackendEnv))
+	if b := os.Getenv(testBackendEnv); b != "" {
+		t.Skipf("the worker runs in this process, and one process owns one GPU (%s=%s): TestServeWorldProcesses covers it", testBackendEnv, b)
 	}
 	const model = "../../models/testdata/golden/qwen3_moe"
 	coord := freeLoopback(t)
@@ -445,7 +446,7 @@ func TestWorkerFlags(t *testing.T) {
 		{[]string{"worker"}, "--model"},
 		{[]string{"worker", "--model", "m", "--world-size", "2", "--rank", "0", "--coordinator", "127.0.0.1:1"}, "rank 1"},
 		{[]string{"worker", "--model", "m", "--world-size", "2", "--rank", "1"}, "--coordinator"},
-		{[]string{"worker", "--model", "m", "--world-size", "2", "--rank", "1", "--coordinator", "x", "--backend", "cuda"}, "cpu backend"},
+		{[]string{"worker", "--model", "m", "--world-size", "2", "--rank", "1", "--coordinator", "x", "--backend", "tpu"}, "cpu or cuda"},
 	} {
 		code, _, errOut := runCLI(tc.args, "")
 		if code == 0 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
@@ -473,9 +474,17 @@ func TestHelperWorkerProcess(t *testing.T) {
 // TestServeWorldProcesses: the same world as TestServeWorld, with the
 // worker a separate OS process (this test binary re-run), so nothing is
 // shared but the gRPC connections.
+//
+// With MKSERVE_TEST_BACKEND=cuda both processes run the cuda backend (the
+// worker on GPU 1 when there are two, else sharing GPU 0), their MoE
+// outputs summed through CUDA IPC, and the greedy text must match a single
+// process's on the same backend.
 func TestServeWorldProcesses(t *testing.T) {
-	if os.Getenv(testBackendEnv) != "" {
-		t.Skipf("a world of processes runs on the cpu backend (%s=%s)", testBackendEnv, os.Getenv(testBackendEnv))
+	backendName := os.Getenv(testBackendEnv)
+	switch backendName {
+	case "", "cpu", "cuda":
+	default:
+		t.Skipf("a world of processes runs on the cpu or cuda backend (%s=%s)", testBackendEnv, backendName)
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -483,25 +492,41 @@ func TestServeWorldProcesses(t *testing.T) {
 	}
 	const model = "../../models/testdata/golden/qwen3_moe"
 	coord := freeLoopback(t)
+	wargs := []string{"--model", model, "--world-size", "2", "--rank", "1", "--coordinator", coord}
+	var sargs []string
+	if backendName == "cuda" {
+		wargs = append(wargs, "--backend", "cuda", "--precision", "fast")
+		sargs = []string{"--precision", "fast"}
+	}
 	cmd := exec.Command(exe, "-test.run", "^TestHelperWorkerProcess$", "-test.v")
-	cmd.Env = append(os.Environ(), workerProcessEnv+"="+strings.Join([]string{"--model", model, "--world-size", "2",
-		"--rank", "1", "--coordinator", coord}, "\n"))
+	cmd.Env = append(os.Environ(), workerProcessEnv+"="+strings.Join(wargs, "\n"))
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	h, _, stop := startServe(t, "--model", model, "--world-size", "2", "--coordinator", coord)
-	resp, err := http.Post("http://"+h+"/v1/completions", "application/json",
-		strings.NewReader(`{"model":"qwen3_moe","prompt":"a b c","max_tokens":4,"temperature":0,"ignore_eos":true}`))
-	if err != nil {
-		t.Fatal(err)
+	h, _, stop := startServe(t, append([]string{"--model", model, "--world-size", "2", "--coordinator", coord}, sargs...)...)
+	complete := func(h string) string {
+		resp, err := http.Post("http://"+h+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"qwen3_moe","prompt":"a b c","max_tokens":8,"temperature":0,"ignore_eos":true}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var r struct {
+			Choices []struct{ Text string }
+			Usage   struct {
+				CompletionTokens int `json:"completion_tokens"`
+			}
+		}
+		if resp.StatusCode != 200 || json.Unmarshal(b, &r) != nil || len(r.Choices) != 1 || r.Usage.CompletionTokens != 8 {
+			t.Errorf("status %d: %s", resp.StatusCode, b)
+			return ""
+		}
+		return r.Choices[0].Text
 	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(string(b), `"completion_tokens":4`) {
-		t.Errorf("status %d: %s", resp.StatusCode, b)
-	}
+	got := []string{complete(h), complete(h)} // the second mostly replays graphs on cuda
 	stop()
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -513,6 +538,14 @@ func TestServeWorldProcesses(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		cmd.Process.Kill()
 		t.Fatalf("the worker process did not stop with the server\n%s", out.String())
+	}
+	h1, _, stop1 := startServe(t, append([]string{"--model", model}, sargs...)...)
+	defer stop1()
+	want := complete(h1)
+	for i, g := range got {
+		if g != want || g == "" {
+			t.Errorf("request %d: the world of 2 completed %q, one process %q", i, g, want)
+		}
 	}
 }
 
@@ -564,5 +597,34 @@ func TestServeWorldLosesWorker(t *testing.T) {
 			t.Fatalf("/health still %d after the world broke", resp.StatusCode)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestWorldAgree: ranks with different profiles both fail at start, naming
+// the other's; equal profiles (of lengths not a multiple of 4) pass.
+func TestWorldAgree(t *testing.T) {
+	for _, c := range []struct {
+		profiles [2]string
+		fail     bool
+	}{
+		{[2]string{worldProfile("cuda", "fast", "grouped"), worldProfile("cuda", "fast", "grouped")}, false},
+		{[2]string{worldProfile("cpu", "", ""), worldProfile("cpu", "fast", "x")}, false},
+		{[2]string{worldProfile("cuda", "", ""), worldProfile("cuda", "fast", "")}, true},
+		{[2]string{worldProfile("cuda", "exact", ""), worldProfile("cpu", "exact", "")}, true},
+	} {
+		comms := transport.LoopbackForTest(t, 2)
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for r := range 2 {
+			wg.Go(func() { errs[r] = worldAgree(context.Background(), comms[r], c.profiles[r]) })
+		}
+		wg.Wait()
+		for r, err := range errs {
+			if (err != nil) != c.fail {
+				t.Errorf("%q: rank %d: %v", c.profiles, r, err)
+			} else if err != nil && !strings.Contains(err.Error(), c.profiles[1-r]) {
+				t.Errorf("rank %d's error %q does not name the other profile %q", r, err, c.profiles[1-r])
+			}
+		}
 	}
 }

@@ -6,10 +6,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
-	"github.com/mkserve/mkserve/backend/cpu"
+	"github.com/mkserve/mkserve/backend/cuda"
 	"github.com/mkserve/mkserve/dist"
 	"github.com/mkserve/mkserve/models"
 	"github.com/mkserve/mkserve/transport"
@@ -33,7 +34,9 @@ func cmdWorker(args []string, _ io.Reader, stdout io.Writer) error {
 func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := newFlags("worker")
 	model := fs.String("model", "", "the checkpoint directory rank 0 serves")
-	backendName := fs.String("backend", "cpu", "compute backend (cpu; a world on cuda needs CUDA IPC, not yet)")
+	backendName := fs.String("backend", "cpu", "compute backend (cpu or cuda: as rank 0's; on cuda this rank opens GPU rank % GPUs)")
+	precision := fs.String("precision", "exact", "the cuda backend's precision profile (exact or fast): as rank 0's")
+	moePath := fs.String("moe-path", "", "the cuda backend's MoE path (grouped; empty reads MKSERVE_MOE_PATH): as rank 0's")
 	size := fs.Int("world-size", 0, "processes in the world (rank 0 included)")
 	rank := fs.Int("rank", 0, "this worker's rank, 1 … world-size−1")
 	coord := fs.String("coordinator", "", "rank 0's host:port")
@@ -45,8 +48,8 @@ func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 	switch {
 	case *model == "":
 		return fmt.Errorf("--model is required")
-	case *backendName != "cpu":
-		return fmt.Errorf("--backend %s: a world of processes runs on the cpu backend for now", *backendName)
+	case *backendName != "cpu" && *backendName != "cuda":
+		return fmt.Errorf("--backend %s: a world of processes runs on the cpu or cuda backend", *backendName)
 	case *size < 2 || *rank < 1 || *rank >= *size:
 		return fmt.Errorf("--rank %d of --world-size %d: a worker is rank 1 … world-size−1 of a world of at least 2", *rank, *size)
 	case *coord == "":
@@ -58,7 +61,13 @@ func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer comm.Close()
-	be := cpu.New(cpu.Options{EPComm: comm})
+	if err := worldAgree(ctx, comm, worldProfile(*backendName, *precision, *moePath)); err != nil {
+		return err
+	}
+	be, err := newBackend(*backendName, 1, *precision, *moePath, "", comm)
+	if err != nil {
+		return err
+	}
 	l, err := models.Load(*model, be, models.LoadOptions{Progress: io.Discard})
 	if err != nil {
 		return err
@@ -69,5 +78,46 @@ func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "worker %d of %d: stopped by rank 0\n", *rank, *size)
+	return nil
+}
+
+// worldProfile is what every rank of a world must agree on: the ranks are
+// replicas whose arithmetic must match bit for bit, or they would route
+// the same token to different experts.
+func worldProfile(backendName, precision, moePath string) string {
+	if backendName == "cpu" {
+		return "backend cpu"
+	}
+	if precision == "" {
+		precision = "exact"
+	}
+	if moePath == "" {
+		moePath = os.Getenv(cuda.MoEPathEnv)
+	}
+	return fmt.Sprintf("backend %s, precision %s, moe path %q", backendName, precision, moePath)
+}
+
+// worldAgree checks, with every rank of the world, that all have the same
+// profile; the error names the first rank that differs.
+func worldAgree(ctx context.Context, comm transport.Comm, profile string) error {
+	ctx, cancel := context.WithTimeout(ctx, worldJoinTimeout)
+	defer cancel()
+	// Every rank sends the same length (the exchange wants it), zero-padded.
+	const size = 256
+	if len(profile) > size {
+		return fmt.Errorf("world profile %q longer than %d bytes", profile, size)
+	}
+	msg := make([]byte, size)
+	copy(msg, profile)
+	all, err := transport.AllGatherBytes(ctx, comm, msg)
+	if err != nil {
+		return fmt.Errorf("rank %d: exchanging the world's profile: %w", comm.Rank(), err)
+	}
+	for r, b := range all {
+		if p := strings.TrimRight(string(b), "\x00"); p != profile {
+			return fmt.Errorf("rank %d runs %s, rank %d runs %s: every rank of a world must run the same backend, precision and MoE path",
+				comm.Rank(), profile, r, p)
+		}
+	}
 	return nil
 }
