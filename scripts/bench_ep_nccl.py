@@ -4,10 +4,19 @@ R processes (one GPU each), the all-to-all way: every rank routes its own
 tokens (router matmul + top-k, as scripts/bench_moe_torch.py), exchanges
 per-destination row counts (all_to_all_single), sends each (token, k) row
 to the rank holding its expert (all_to_all_single of the hidden rows and of
-the expert ids), runs its local experts (per-expert torch.matmul, SwiGLU),
-sends the results back (all_to_all_single) and combines them at the source
-with the routing weights (index_add_). Experts sit in contiguous blocks of
-E/R per rank (kernels.MoEBlockPlacement).
+the expert ids), runs its local experts, sends the results back
+(all_to_all_single) and combines them at the source with the routing
+weights (index_add_). Experts sit in contiguous blocks of E/R per rank
+(kernels.MoEBlockPlacement).
+
+The local experts (--experts): grouped (default) sorts the received rows by
+expert and runs two grouped GEMMs, torch._grouped_mm(rows [N, H] bf16,
+gate_up^T [S, H, 2I], offs=cumsum(rows per expert) int32) then SwiGLU then
+torch._grouped_mm(act [N, I], down^T [S, I, H], offs): NCCL all-to-all +
+grouped GEMM + all-to-all, the baseline issue #7 asks for. Where
+torch._grouped_mm is missing or refuses (older torch, CPU, float32), the
+loop runs instead and the output line says so. loop: one torch.matmul pair
+per expert (bench_moe_torch.py's experts()).
 
 Run (one process per GPU; NVLink multicast off, as the device README asks):
   NCCL_NVLS_ENABLE=0 python3 -m torch.distributed.run --nproc_per_node R \\
@@ -15,7 +24,7 @@ Run (one process per GPU; NVLink multicast off, as the device README asks):
 Smoke test on CPUs (no GPU): add --backend gloo (tiny shapes: --shapes tiny).
 
 Rank 0 prints, per (shape, tokens per rank):
-  nccl moe_ep <shape> <tokens_per_rank> <ranks> <ms> <comm_ms> <rel_err>
+  nccl moe_ep <shape> <tokens_per_rank> <ranks> <ms> <comm_ms> <rel_err> experts=<grouped|loop|loop(fallback:REASON)>
 ms: median over --iters of the whole layer (routing to combine), with a
 barrier before each iteration and the slowest rank's time; comm_ms: the
 three all-to-alls of the rows alone (the same layer timed again with the
@@ -64,7 +73,52 @@ class Clock:
         return (b - a) * 1e3
 
 
-def layer(x, gate, bias, gu, dn, K, inter, routing, blk, rank, R, clock=None):
+class Experts:
+    """The local experts on received rows: grouped GEMMs or the loop."""
+
+    def __init__(self, want):
+        self.kind = want
+        self.note = want
+        if want == "grouped" and not hasattr(torch, "_grouped_mm"):
+            self.fallback(f"no torch._grouped_mm in torch {torch.__version__}")
+
+    def fallback(self, why):
+        self.kind = "loop"
+        self.note = "loop(fallback:" + "_".join(why.split()) + ")"
+
+    def __call__(self, recv, local_ids, gu, dn, inter):
+        """recv [N, H], local_ids [N] (0..S-1) -> [N, H] float32."""
+        if self.kind == "grouped":
+            if recv.dtype != torch.bfloat16:
+                self.fallback(f"grouped_mm needs bf16, rows are {recv.dtype}")
+            else:
+                try:
+                    return grouped_experts(recv, local_ids, gu, dn, inter)
+                except (RuntimeError, NotImplementedError) as e:
+                    print(f"bench_ep_nccl: torch._grouped_mm failed, using the loop: {e}", file=sys.stderr, flush=True)
+                    self.fallback(f"grouped_mm failed: {type(e).__name__}")
+        return experts(recv, local_ids.unsqueeze(1), torch.ones(recv.shape[0], 1, device=recv.device), gu, dn, inter)
+
+
+def grouped_experts(recv, local_ids, gu, dn, inter):
+    """Rows sorted by expert, two torch._grouped_mm calls with offsets (group
+    end rows, int32 on the device: no host sync), SwiGLU between them in
+    bf16 as the loop does; the outputs back in received order, float32."""
+    N, H = recv.shape
+    if N == 0:
+        return torch.zeros(0, H, dtype=torch.float32, device=recv.device)
+    order = torch.argsort(local_ids, stable=True)
+    xs = recv.index_select(0, order)
+    offs = torch.cumsum(torch.bincount(local_ids, minlength=gu.shape[0]), 0).to(torch.int32)
+    h = torch._grouped_mm(xs, gu.transpose(1, 2), offs=offs)  # [N, 2I]
+    a = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]  # [N, I] bf16
+    y = torch._grouped_mm(a, dn.transpose(1, 2), offs=offs)  # [N, H]
+    out = torch.empty(N, H, dtype=torch.float32, device=recv.device)
+    out.index_copy_(0, order, y.float())
+    return out
+
+
+def layer(x, gate, bias, gu, dn, K, inter, routing, blk, rank, R, clock=None, run_experts=None):
     """One MoE layer on this rank: x [T, H] this rank's tokens; gu, dn this
     rank's experts [S, 2I, H], [S, H, I]. Returns out [T, H] float32 and,
     with a clock, the milliseconds of the all-to-alls."""
@@ -91,7 +145,7 @@ def layer(x, gate, bias, gu, dn, K, inter, routing, blk, rank, R, clock=None):
         comm += clock.ms(m0, m1)
     # Local experts on the received rows (one row each: top-1 of its own id).
     lo, _ = blk[rank]
-    y = experts(recv, (recv_ids - lo).unsqueeze(1), torch.ones(recv.shape[0], 1, device=x.device), gu, dn, inter)
+    y = run_experts(recv, recv_ids - lo, gu, dn, inter)
     m2 = clock.mark() if clock else None
     back = torch.empty(T * K, H, dtype=torch.float32, device=x.device)
     dist.all_to_all_single(back, y, output_split_sizes=sc, input_split_sizes=rc)
@@ -109,6 +163,8 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--check-rows", type=int, default=4, help="tokens per rank checked against the direct computation")
     ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
+    ap.add_argument("--experts", default="grouped", choices=["grouped", "loop"],
+                    help="local experts: torch._grouped_mm with offsets (falls back to the loop where missing) or the per-expert loop")
     a = ap.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dist.init_process_group(a.backend)
@@ -138,12 +194,13 @@ def main():
             dn = torch.randn(H, inter, generator=ge, device=dev) / inter ** 0.5
             return gu.to(dt), dn.to(dt)
 
+        run_experts = Experts(a.experts)
         mine = [expert(e) for e in range(lo, hi)]
         gu, dn = torch.stack([m[0] for m in mine]), torch.stack([m[1] for m in mine])
         for T in [int(t) for t in a.tokens.split(",")]:
             gx = torch.Generator(device="cpu").manual_seed(1000 * rank + T)
             x = torch.randn(T, H, generator=gx).to(dev, dt)
-            out, _ = layer(x, gate, bias, gu, dn, K, inter, routing, blk, rank, R)
+            out, _ = layer(x, gate, bias, gu, dn, K, inter, routing, blk, rank, R, run_experts=run_experts)
             # The reference: the first --check-rows tokens, each through its
             # own experts directly (float32 math on the same bf16 values).
             ids, w = route(torch.matmul(x, gate.t()), K, routing, bias)
@@ -160,10 +217,10 @@ def main():
             for i in range(a.iters + 2):
                 dist.barrier()
                 t0 = clock.mark()
-                layer(x, gate, bias, gu, dn, K, inter, routing, blk, rank, R)
+                layer(x, gate, bias, gu, dn, K, inter, routing, blk, rank, R, run_experts=run_experts)
                 t1 = clock.mark()
                 ms = clock.ms(t0, t1)
-                _, c = layer(x, gate, bias, gu, dn, K, inter, routing, blk, rank, R, clock)
+                _, c = layer(x, gate, bias, gu, dn, K, inter, routing, blk, rank, R, clock, run_experts)
                 if i >= 2:
                     ts.append(ms)
                     cs.append(c)
@@ -171,7 +228,7 @@ def main():
             dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # the slowest rank, the worst error
             ms, comm, err = stats.tolist()
             if rank == 0:
-                print(f"nccl moe_ep {name} {T} {R} {ms:.4f} {comm:.4f} {err:.2e}", flush=True)
+                print(f"nccl moe_ep {name} {T} {R} {ms:.4f} {comm:.4f} {err:.2e} experts={run_experts.note}", flush=True)
             ok = ok and err <= 1e-2
     dist.destroy_process_group()
     if not ok:

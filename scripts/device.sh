@@ -22,8 +22,11 @@
 #          with MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so);
 #   all    test, then bench (longer than one device call allows for most
 #          machines: prefer two calls);
-#   ep     (2+ GPUs) the NCCL expert-parallel baseline of issue #7
-#          (scripts/bench_ep_nccl.py, one process per GPU).
+#   ep     (2+ GPUs) issue #7 over every GPU, one process per GPU: ours
+#          (`mkserve bench moe --path fused --world R`), then the NCCL
+#          baseline (scripts/bench_ep_nccl.py) with grouped GEMMs, then with
+#          the per-expert loop; their moe_ep lines printed together
+#          (MK_EP_SHAPES, MK_EP_TOKENS narrow them).
 # Every test binary runs each top-level test in its own process (run_each), so
 # a crash ends only that test. A summary table is printed last; all logs come
 # back as $OUT/logs.tgz (the device tool returns at most 8 files).
@@ -211,16 +214,30 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
 fi
 
 if [ "$MODE" = ep ]; then
-	# Issue #7's NCCL baseline over every GPU of the machine (one process
-	# each): all-to-all + per-expert GEMMs + all-to-all, nccl moe_ep lines.
+	# Issue #7 over every GPU of the machine (one process each), three runs
+	# one after the other: ours (`mkserve bench moe --path fused --world R`:
+	# MoEFusedRankLocal over CUDA IPC, mk moe_ep lines with the layer
+	# without communication), then the NCCL baseline with grouped GEMMs
+	# (all-to-all + torch._grouped_mm + all-to-all), then with the
+	# per-expert loop (nccl moe_ep lines ending in experts=...). MK_SKIP
+	# names ep_mk, ep_nccl_grouped, ep_nccl_loop to leave one out.
 	ngpu=$(nvidia-smi -L | wc -l)
 	if [ "$ngpu" -lt 2 ]; then
 		echo "device.sh: MK_MODE=ep needs 2 or more GPUs, this machine has $ngpu"
 		status=1
 	else
-		step ep 500 python3 -m torch.distributed.run --nproc_per_node "$ngpu" scripts/bench_ep_nccl.py \
-			--shapes qwen3_30b_a3b,mixtral_8x7b,deepseek_v3 --tokens 16,256,1024,4096
-		cat "$LOGS/ep.log"
+		EP_SHAPES=${MK_EP_SHAPES:-qwen3_30b_a3b,mixtral_8x7b,deepseek_v3}
+		EP_TOKENS=${MK_EP_TOKENS:-16,256,1024,4096}
+		step ep_mk 260 "$MK" bench moe --path fused --world "$ngpu" --shapes "$EP_SHAPES" --tokens "$EP_TOKENS" --iters 20
+		step ep_nccl_grouped 170 python3 -m torch.distributed.run --nproc_per_node "$ngpu" scripts/bench_ep_nccl.py \
+			--shapes "$EP_SHAPES" --tokens "$EP_TOKENS" --experts grouped
+		step ep_nccl_loop 150 python3 -m torch.distributed.run --nproc_per_node "$ngpu" scripts/bench_ep_nccl.py \
+			--shapes "$EP_SHAPES" --tokens "$EP_TOKENS" --experts loop
+		for f in ep_mk ep_nccl_grouped ep_nccl_loop; do
+			[ -f "$LOGS/$f.log" ] && { echo "== $f.log (tail)"; grep -v "moe_ep" "$LOGS/$f.log" | tail -15; }
+		done
+		echo "== moe_ep: <who> moe_ep <shape> <tokens/rank> <ranks> <ms> <mk: local_ms | nccl: comm_ms> <rel_err> [experts]"
+		cat "$LOGS"/ep_mk.log "$LOGS"/ep_nccl_grouped.log "$LOGS"/ep_nccl_loop.log 2>/dev/null | grep -E "^(mk|nccl) moe_ep" | sort -k3,3 -k4,4n -k1,1
 	fi
 fi
 

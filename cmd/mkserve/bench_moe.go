@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -11,6 +12,7 @@ import (
 	"sort"
 	"sync"
 	"text/tabwriter"
+	"time"
 
 	"github.com/mkserve/mkserve/kernels"
 	"github.com/mkserve/mkserve/moe"
@@ -32,6 +34,9 @@ type moeBenchOpts struct {
 	iters, checkRows             int
 	seed                         uint64
 	json                         bool
+	world                        worldFlags    // --world R: one process per rank and GPU (bench_moe_ep.go)
+	shapes                       string        // --world: named shapes
+	kernelTimeout                time.Duration // --world: the fused kernel's bound on each wait
 }
 
 // moeBenchRow is one token count's result. ms is the timed layer: with
@@ -79,12 +84,38 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 	fs.BoolVar(&o.sameToken, "same-token", false, "grouped path: every token of an iteration is the same random row, so all route to the same top-k experts (the worst skew; random-weight models come close to it)")
 	fs.IntVar(&o.checkRows, "check-rows", 2, "tokens per count checked against the CPU reference")
 	seed := fs.Uint64("seed", 1, "random seed")
-	fs.BoolVar(&o.json, "json", false, "print one JSON array instead of a table")
+	fs.BoolVar(&o.json, "json", false, "print one JSON array instead of a table (--world: one JSON object per line)")
+	o.world.register(fs)
+	fs.StringVar(&o.shapes, "shapes", moeEPDefaultShapes, "--world: layer shapes (deepseek_v3, qwen3_30b_a3b, mixtral_8x7b, tiny; custom: the --hidden, --intermediate, --experts, --topk, --routing flags)")
+	fs.DurationVar(&o.kernelTimeout, "kernel-timeout", 10*time.Second, "--world: the fused kernel's bound on each wait for a peer (its watchdog)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	o.seed = *seed
 	var err error
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := o.world.check(kernels.MoEFusedMaxRanks); err != nil {
+		return nil, err
+	}
+	if o.world.size > 0 {
+		switch {
+		case o.path != "fused":
+			return nil, fmt.Errorf("--world needs --path fused")
+		case set["ranks"] || set["tune"] || set["shared-experts"] || set["same-token"]:
+			return nil, fmt.Errorf("--world takes none of --ranks, --tune, --shared-experts, --same-token (one rank per process, no shared experts)")
+		case o.kernelTimeout <= 0:
+			return nil, fmt.Errorf("--kernel-timeout must be positive")
+		}
+		if !set["tokens"] {
+			*tok = moeEPDefaultTokens
+		}
+		if !set["check-rows"] {
+			o.checkRows = 4
+		}
+	} else if set["shapes"] || set["kernel-timeout"] {
+		return nil, fmt.Errorf("--shapes and --kernel-timeout are for --world")
+	}
 	if o.tokens, err = parsePositiveInts("tokens", *tok); err != nil {
 		return nil, err
 	}
@@ -112,6 +143,11 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 	case o.shared < 0 || o.iters <= 0 || o.checkRows < 0 || o.ctas < 0 || o.dispatchCTAs < 0:
 		return nil, fmt.Errorf("--shared-experts, --iters, --check-rows, --ctas, --dispatch-ctas must be non-negative (iters positive)")
 	}
+	if o.world.size > 0 {
+		if _, err := parseMoEShapes(o.shapes, o); err != nil {
+			return nil, err
+		}
+	}
 	return o, nil
 }
 
@@ -128,6 +164,9 @@ func benchMoE(args []string, stdout io.Writer) error {
 	o, err := parseMoEBench(args)
 	if err != nil {
 		return err
+	}
+	if o.world.size > 0 {
+		return benchMoEWorld(o, args, stdout)
 	}
 	g, err := kernels.Open(0)
 	if err != nil {
