@@ -4,13 +4,26 @@
 # exact; fast runs decode steps as CUDA graphs) on the default model, with
 # the settings of the CPU run in docs/PERF.md (64 prompts at concurrency 16,
 # 32 at 1; 64 random input words, 64 output tokens). Run by scripts/device.sh.
+# WORLD=R (R ≥ 2) serves with a world of R processes: rank 0 and R−1
+# `mkserve worker` processes, one per GPU (rank % GPUs), every MoE layer's
+# experts split among them.
 set -uo pipefail
 MK=${1:-.dev/mkserve}
 PREC=${2:-exact}
-echo "SERVE precision $PREC"
-"$MK" serve --backend cuda --precision "$PREC" --http-addr 127.0.0.1:8199 --grpc-addr 127.0.0.1:50199 --log-level warn &
+WORLD=${WORLD:-1}
+echo "SERVE precision $PREC world $WORLD"
+world=()
+wpids=()
+if [ "$WORLD" -gt 1 ]; then
+	world=(--world-size "$WORLD" --coordinator 127.0.0.1:29511)
+	for r in $(seq 1 $((WORLD - 1))); do
+		"$MK" worker --backend cuda --precision "$PREC" --model models/default "${world[@]}" --rank "$r" &
+		wpids+=($!)
+	done
+fi
+"$MK" serve --backend cuda --precision "$PREC" --http-addr 127.0.0.1:8199 --grpc-addr 127.0.0.1:50199 --log-level warn "${world[@]}" &
 pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+trap 'kill $pid "${wpids[@]}" 2>/dev/null; wait $pid "${wpids[@]}" 2>/dev/null' EXIT
 healthy() { python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:8199/health", timeout=2)' 2>/dev/null; }
 for _ in $(seq 1 120); do
 	healthy && break

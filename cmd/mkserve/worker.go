@@ -94,6 +94,9 @@ func worldProfile(backendName, precision, moePath string) string {
 	if moePath == "" {
 		moePath = os.Getenv(cuda.MoEPathEnv)
 	}
+	if moePath == "" {
+		moePath = "grouped" // cuda's default
+	}
 	return fmt.Sprintf("backend %s, precision %s, moe path %q", backendName, precision, moePath)
 }
 
