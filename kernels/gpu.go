@@ -589,3 +589,41 @@ func Elapsed(start, end *Event) (float32, error) {
 	}
 	return math.Float32frombits(bits), nil
 }
+
+// TimeCalls times n consecutive calls issued on stream s with CUDA events
+// (one event before the first, one after the last) and returns the mean
+// milliseconds per call; call(i) issues the i-th (0-based) asynchronously
+// on s. Rank-local ring launches with consecutive epochs synchronise with
+// their peers by themselves, so each rank of a multi-process ring can time
+// its own calls this way.
+func (d *Device) TimeCalls(s *Stream, n int, call func(i int) error) (float64, error) {
+	if n < 1 {
+		return 0, fmt.Errorf("kernels: TimeCalls of %d calls", n)
+	}
+	start, err := d.NewEvent()
+	if err != nil {
+		return 0, err
+	}
+	defer start.Destroy()
+	end, err := d.NewEvent()
+	if err != nil {
+		return 0, err
+	}
+	defer end.Destroy()
+	if err := start.Record(s); err != nil {
+		return 0, err
+	}
+	for i := range n {
+		if err := call(i); err != nil {
+			return 0, err
+		}
+	}
+	if err := end.Record(s); err != nil {
+		return 0, err
+	}
+	if err := end.Sync(); err != nil {
+		return 0, err
+	}
+	ms, err := Elapsed(start, end)
+	return float64(ms) / float64(n), err
+}

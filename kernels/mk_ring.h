@@ -62,6 +62,36 @@ MK_API int32_t mk_ring_attn_bf16(uint64_t stream, int32_t ranks, const uint64_t*
                                  uint64_t sinks, int32_t causal, uint64_t ws, uint64_t ws_bytes, int64_t timeout_ns,
                                  int32_t fault_rank);
 
+/* The same ring for ONE rank `me` of `ranks` whose peers run their own
+ * mk_ring_attn_rank (other processes, one per GPU or several on one GPU, or
+ * other streams): every rank calls it with the same qspans, kvspans, shape
+ * arguments and epoch. The launch holds only me's communication CTAs and
+ * me's compute work; me's output is what mk_ring_attn_bf16 computes for
+ * rank me, bit for bit. ptrs: [ranks*MK_RING_NPTR] as for mk_ring_attn_bf16,
+ * but only me's entry is read in full, and rank me+1's KBUF0/1 and VBUF0/1
+ * (its receive buffers as mapped in this process, mk_ipc_open); the other
+ * entries are ignored. wss: host [ranks] of every rank's workspace as
+ * mapped here (wss[me] this rank's own, ws_bytes its size: mk_ring_workspace
+ * bytes suffice); only me−1's, me's and me+1's are read. The comm CTAs
+ * write me's chunk into rank me+1's receive buffers and raise flags in
+ * me+1's workspace; me+1 returns buffer releases into me's (system scope).
+ * Flags are epochs: epoch >= 1, the same on every rank for one call and +1
+ * per call on a set of workspaces (consecutive calls then need no host
+ * synchronisation between the ranks); before the first call every rank's
+ * workspace must be zeroed (its first 4096 bytes at least), and again on
+ * every rank after a watchdog error. ctas: CTAs of the launch (0: all
+ * co-resident; with several ranks on one GPU pass at most a 1/ranks share
+ * so that all launches are co-resident). timeout_ns > 0 bounds every wait;
+ * the error record (in wss[me]) names me, the role, step and flag; a peer
+ * that never launches ends this launch with a record of what = 0 (chunk
+ * arrival) or 1 (buffer release). The peers' launches must be able to run
+ * at the same time as this one. Asynchronous on stream. */
+MK_API int32_t mk_ring_attn_rank(uint64_t stream, int32_t ranks, int32_t me, const uint64_t* ptrs,
+                                 const int32_t* qspans, const int32_t* kvspans, int32_t out_dtype, int32_t heads,
+                                 int32_t kv_heads, int32_t head_dim, int32_t v_head_dim, uint32_t scale_bits,
+                                 int32_t window, uint64_t sinks, int32_t causal, const uint64_t* wss,
+                                 uint64_t ws_bytes, int32_t ctas, int64_t timeout_ns, int32_t epoch);
+
 /* The same result from separate launches (the baseline): per step one
  * attention launch for all ranks writing normalised partial outputs and
  * their log-sum-exp, the chunk copies (cudaMemcpyAsync), and one merge

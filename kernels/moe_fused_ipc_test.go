@@ -1,16 +1,10 @@
 package kernels
 
 import (
-	"bufio"
-	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -78,59 +72,17 @@ func TestMoEFusedIPC(t *testing.T) {
 }
 
 func runFusedIPCParent(t *testing.T, g *GPU, c ipcCase) {
-	js, err := json.Marshal(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	toChildR, toChildW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fromChildR, fromChildW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestMoEFusedIPCChild$", "-test.v")
-	cmd.Env = append(os.Environ(), ipcCaseEnv+"="+string(js), fmt.Sprintf("%s=%d", testDeviceEnv, c.ChildDevice))
-	cmd.ExtraFiles = []*os.File{toChildR, fromChildW} // fds 3 and 4 in the child
-	var log strings.Builder
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	toChildR.Close()
-	fromChildW.Close()
-	// The child's log comes out however the parent's rank ends (a t.Fatal
-	// in it included), after the child has exited.
-	defer func() {
-		toChildW.Close()
-		err := cmd.Wait()
-		fromChildR.Close()
-		t.Logf("child (rank 1, device %d):\n%s", c.ChildDevice, log.String())
-		if err != nil {
-			t.Errorf("child process: %v", err)
-		}
-	}()
-	runFusedIPCRank(t, g, c, 0, bufio.NewReader(fromChildR), toChildW)
+	runIPCPair(t, "TestMoEFusedIPCChild", ipcCaseEnv, c, c.ChildDevice, func(peer lineIO) {
+		runFusedIPCRank(t, g, c, 0, peer)
+	})
 }
 
 // TestMoEFusedIPCChild is rank 1 of TestMoEFusedIPC (skipped when run on its own).
 func TestMoEFusedIPCChild(t *testing.T) {
-	js := os.Getenv(ipcCaseEnv)
-	if js == "" {
-		t.Skip("the child of TestMoEFusedIPC; run by it")
-	}
 	var c ipcCase
-	if err := json.Unmarshal([]byte(js), &c); err != nil {
-		t.Fatal(err)
-	}
-	in, out := os.NewFile(3, "from-parent"), os.NewFile(4, "to-parent")
-	defer in.Close()
-	defer out.Close()
+	peer := ipcChild(t, ipcCaseEnv, &c)
 	g := testGPU(t) // device c.ChildDevice: the parent set testDeviceEnv
-	runFusedIPCRank(t, g, c, 1, bufio.NewReader(in), out)
+	runFusedIPCRank(t, g, c, 1, peer)
 }
 
 // ipcWeights draws the placement and every expert's weights from c.Seed
@@ -158,29 +110,11 @@ func ipcTokens(c ipcCase, ep, me int) (xb []uint16, x []float32, ids []int32, w 
 	return
 }
 
-// lineIO is one side of the pipe protocol: a line out, a line in.
-type lineIO struct {
-	in  *bufio.Reader
-	out io.Writer
-}
-
-func (p lineIO) swap(msg string) (string, error) {
-	if _, err := fmt.Fprintln(p.out, msg); err != nil {
-		return "", fmt.Errorf("writing %q to the peer: %w", msg, err)
-	}
-	s, err := p.in.ReadString('\n')
-	if err != nil {
-		return "", fmt.Errorf("reading from the peer (after %q): %w", msg, err)
-	}
-	return strings.TrimSpace(s), nil
-}
-
 // runFusedIPCRank is one process's rank me: its workspace (0xff-filled, as
 // the epochs need), handles swapped, then c.Epochs layer calls, each
 // checked; then "done" and "closed" are swapped so that no process unmaps
 // or frees memory the other may still write.
-func runFusedIPCRank(t *testing.T, g *GPU, c ipcCase, me int, in *bufio.Reader, out io.Writer) {
-	peer := lineIO{in, out}
+func runFusedIPCRank(t *testing.T, g *GPU, c ipcCase, me int, peer lineIO) {
 	pl, table, gub16, dnb16, gu, dn, err := ipcWeights(c)
 	if err != nil {
 		t.Fatal(err)
@@ -217,23 +151,7 @@ func runFusedIPCRank(t *testing.T, g *GPU, c ipcCase, me int, in *bufio.Reader, 
 		if a.err != nil {
 			return
 		}
-		h, err := a.d.IPCHandle(ws)
-		a.check(err)
-		if a.err != nil {
-			return
-		}
-		hs, err := peer.swap(h.String())
-		if err != nil {
-			a.check(err)
-			return
-		}
-		ph, err := ParseIPCHandle(hs)
-		a.check(err)
-		if a.err != nil {
-			return
-		}
-		pws, err := a.d.OpenIPC(ph, rankBytes[1-me])
-		a.check(err)
+		pws := swapIPC(a, peer, ws, rankBytes[1-me])
 		if a.err != nil {
 			return
 		}
@@ -282,13 +200,7 @@ func runFusedIPCRank(t *testing.T, g *GPU, c ipcCase, me int, in *bufio.Reader, 
 			want := moeRef(x, gu, nil, dn, nil, ids, w, T, K, H, I, act)
 			checkClose(t, fmt.Sprintf("rank %d epoch %d (%v)", me, ep, took), got, want, 1e-2)
 		}
-		if _, err := peer.swap("done"); err != nil {
-			t.Error(err)
-		}
-		a.check(pws.Free())
-		if _, err := peer.swap("closed"); err != nil {
-			t.Error(err)
-		}
+		closeIPC(t, a, peer, pws)
 	})
 }
 

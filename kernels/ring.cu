@@ -48,6 +48,33 @@
 //
 // Ranks are emulated: every rank's buffers are separate device pointers
 // passed per rank (a peer's pointer from CUDA IPC would do the same).
+//
+// Rank-local mode (mk_ring_attn_rank, Params.me >= 0): the same kernel
+// serves ONE rank per launch, its peers being other launches (other
+// processes through CUDA IPC mappings, on other GPUs or on this one, or
+// other streams). The launch holds only rank me's ncomm comm CTAs and its
+// compute items (the per-step queues count me's slots only); the queue,
+// consumed counters, slot flags and state stay in me's own workspace and
+// are zeroed per launch on me's stream, as in the emulated mode. What a
+// peer writes lives in the memory of the rank that waits (the "remote
+// flags" at kRemoteOff of each workspace, never zeroed between calls):
+//   arr[s][part] = epoch  written by rank me−1's comm CTA `part` once its
+//                  part of me's chunk for step s is in me's receive buffer
+//                  s%2 (fence.sc.sys, then st.release.sys);
+//   rel[b] = epoch*8 + s written by rank me+1 into me's workspace when the
+//                  last reader of its buffer b = s%2 holding step s's chunk
+//                  (its compute items of step s and its comm CTAs
+//                  forwarding it: an acq_rel atomic on its local consumed
+//                  counter names the last one) is done (fence.sc.sys, then
+//                  st.release.sys): me's comm CTAs may overwrite it.
+// Waits on them use ld.acquire.sys. Flags hold epochs (>= 1, +1 per call
+// on one set of workspaces), so consecutive calls synchronise themselves:
+// before writing a peer's buffer b, a comm CTA waits for the release of
+// that buffer's previous use, step s−1 of this epoch or, for the first two
+// steps, the last step that used b in the previous epoch (rel is monotone
+// per buffer since every use waits for the one before). For that the comm
+// CTAs also wait for the last step's chunk and count as its readers. No
+// rank resets anything a peer writes, so no rank waits for a peer to reset.
 #include <cmath>
 #include <cstring>
 
@@ -69,6 +96,15 @@ constexpr int kQueue = 0;                                  // [kMaxRanks] per st
 constexpr int kArrived = kQueue + kMaxRanks;               // [rank][step]
 constexpr int kConsumed = kArrived + kMaxRanks * kMaxRanks;  // [rank][step]
 constexpr int kCtlWords = kConsumed + kMaxRanks * kMaxRanks;
+// Rank-local mode: the remote flags (int32, written by the peers, never
+// zeroed by a launch): arr [kMaxRanks steps][kMaxComm parts], then rel [2].
+constexpr int kMaxComm = 4;
+constexpr int64_t kRemoteOff = 2048;
+constexpr int kRemArr = 0;
+constexpr int kRemRel = kMaxRanks * kMaxComm;
+constexpr int kRemWords = kRemRel + 2;
+static_assert(kCtlOff + kCtlWords * 4 <= kRemoteOff && kRemoteOff + kRemWords * 4 <= kStateOff,
+              "workspace control layout");
 
 struct RankPtrs {
   const bf16* q;
@@ -101,7 +137,14 @@ struct Params {
   int fault_rank;   // rank whose comm CTAs do nothing, or -1
   int apply_sinks;  // finalisation applies sinks (mode 0; mode 1 never)
   float scale_log2;
+  // Rank-local mode: me >= 0 is the one rank this launch serves; -1: every rank (emulated).
+  int me;
+  int epoch;        // rank-local: this call's number (>= 1, +1 per call)
+  int* rem_in;      // me's remote flags (its own workspace)
+  int* rem_next;    // rank me+1's remote flags (mapped): arr written here
+  int* rem_prev;    // rank me−1's remote flags (mapped): rel written here
 };
+static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
 
 // ---- flag access (the tile code is in attn_tile.cuh) ----
 
@@ -121,6 +164,21 @@ __device__ __forceinline__ int ld_relaxed(const int* p) {
   asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// System scope (rank-local mode: the peer may be another GPU, or another
+// process's context on this one: .gpu scope orders nothing for them).
+__device__ __forceinline__ int ld_acquire_sys(const int* p) {
+  int v;
+  asm volatile("ld.acquire.sys.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_sys(int* p, int v) {
+  asm volatile("st.release.sys.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int atom_acq_rel_add(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
 __device__ __forceinline__ unsigned long long globaltimer() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
@@ -133,7 +191,7 @@ __device__ bool wait_geq(const Params& p, const int* flag, int want, int rank, i
                          int what) {
   const unsigned long long t0 = globaltimer();
   for (unsigned it = 0;; ++it) {
-    const int v = ld_acquire(flag);
+    const int v = p.me >= 0 ? ld_acquire_sys(flag) : ld_acquire(flag);
     if (v >= want) return true;
     if (ld_relaxed(p.err) != 0) return false;  // another CTA gave up: stop too
     if ((it & 15) == 15 && (long long)(globaltimer() - t0) > p.timeout_ns) {
@@ -156,6 +214,67 @@ __device__ bool wait_geq(const Params& p, const int* flag, int want, int rank, i
 __device__ __forceinline__ int* arrived(const Params& p, int r, int s) { return p.ctl + kArrived + r * kMaxRanks + s; }
 __device__ __forceinline__ int* consumed(const Params& p, int r, int s) {
   return p.ctl + kConsumed + r * kMaxRanks + s;
+}
+
+// wait_arrival (one thread) waits until rank r's chunk for step s is whole
+// in its receive buffer s%2: emulated, the arrived counter is full; rank-
+// local, every comm part of rank r−1 stamped this epoch into r's arr flags.
+__device__ bool wait_arrival(const Params& p, int r, int s, int role, int tile) {
+  if (p.me < 0) return wait_geq(p, arrived(p, r, s), p.ncomm, r, role, s, tile, 0);
+  for (int part = 0; part < p.ncomm; ++part)
+    if (!wait_geq(p, p.rem_in + kRemArr + s * kMaxComm + part, p.epoch, r, role, s, tile, 0)) return false;
+  return true;
+}
+
+// signal_arrival (one thread, after its CTA's stores of part `part` of the
+// chunk for step s of rank dst and a barrier) publishes them.
+__device__ void signal_arrival(const Params& p, int dst, int s, int part) {
+  if (p.me < 0) {
+    __threadfence();
+    red_release_add(arrived(p, dst, s), 1);
+  } else {
+    __threadfence_system();
+    st_release_sys(p.rem_next + kRemArr + s * kMaxComm + part, p.epoch);
+  }
+}
+
+// signal_consumed (one thread, after its CTA's reads of rank r's chunk of
+// step s and a barrier): emulated, +1 on consumed[r][s]; rank-local, +1 on
+// the local counter, and its last reader (items_r + ncomm of them) stamps
+// rel[s%2] = epoch*8 + s into rank r−1's workspace (step 0 reads r's own
+// shard: nothing to release).
+__device__ void signal_consumed(const Params& p, int r, int s) {
+  if (p.me < 0) {
+    red_release_add(consumed(p, r, s), 1);
+    return;
+  }
+  if (s == 0) return;
+  if (atom_acq_rel_add(consumed(p, r, s), 1) == p.items[r] + p.ncomm - 1) {
+    __threadfence_system();
+    st_release_sys(p.rem_prev + kRemRel + (s & 1), p.epoch * kMaxRanks + s);
+  }
+}
+
+// wait_buffer_free (one thread): rank r's comm part may write rank r+1's
+// receive buffer (s+1)%2 for step s+1 once that buffer's previous use was
+// released: step s−1 (s >= 2); rank-local, for s < 2, the last step that
+// used it in the previous epoch.
+__device__ bool wait_buffer_free(const Params& p, int r, int s, int part) {
+  const int R = p.ranks, dst = (r + 1) % R;
+  if (p.me < 0) {
+    if (s < 2) return true;
+    return wait_geq(p, consumed(p, dst, s - 1), p.items[dst] + p.ncomm, r, 1, s, part, 1);
+  }
+  const int b = (s + 1) & 1;
+  int want = 0;
+  if (s >= 2) {
+    want = p.epoch * kMaxRanks + (s - 1);
+  } else if (p.epoch >= 2) {
+    const int t = (R - 1) % 2 == b ? R - 1 : R - 2;  // the last step whose chunk sat in buffer b
+    if (t >= 1) want = (p.epoch - 1) * kMaxRanks + t;
+  }
+  if (want == 0) return true;
+  return wait_geq(p, p.rem_in + kRemRel + b, want, r, 1, s, part, 1);
 }
 
 // copy_part copies part `part` of `parts` of n bytes from src to dst through
@@ -198,9 +317,9 @@ __device__ bool comm_role(const Params& p, int r, int part) {
   for (int s = 0; s + 1 < R; ++s) {
     if (threadIdx.x == 0) {
       bool ok = true;
-      if (s >= 1) ok = wait_geq(p, arrived(p, r, s), p.ncomm, r, 1, s, part, 0);
+      if (s >= 1) ok = wait_arrival(p, r, s, 1, part);
       // Buffer (s+1)%2 of dst last served step s-1 (a receive buffer from step 1 on).
-      if (ok && s >= 2) ok = wait_geq(p, consumed(p, dst, s - 1), p.items[dst] + p.ncomm, r, 1, s, part, 1);
+      if (ok) ok = wait_buffer_free(p, r, s, part);
       ok_sh = ok;
     }
     __syncthreads();
@@ -215,10 +334,17 @@ __device__ bool comm_role(const Params& p, int r, int part) {
               (int64_t)rows * p.v_stride * 2, part, p.ncomm);
     __syncthreads();
     if (threadIdx.x == 0) {
-      __threadfence();
-      red_release_add(arrived(p, dst, s + 1), 1);
-      red_release_add(consumed(p, r, s), 1);  // done reading rank r's chunk of step s
+      signal_arrival(p, dst, s + 1, part);
+      signal_consumed(p, r, s);  // done reading rank r's chunk of step s
     }
+  }
+  if (p.me >= 0 && R > 1) {
+    // Rank-local: the last step's chunk is released across calls too, so
+    // the comm CTAs read it "as forwarders": they wait for it, then count.
+    if (threadIdx.x == 0) ok_sh = wait_arrival(p, r, R - 1, 1, part);
+    __syncthreads();
+    if (!ok_sh) return false;
+    if (threadIdx.x == 0) signal_consumed(p, r, R - 1);
   }
   return true;
 }
@@ -543,14 +669,15 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
   bf16* sv = sk + kStages * C::KE;
   __shared__ int idx_sh, ok_sh;
   const int R = p.ranks;
-  const int ncomm_all = p.mode == 0 ? p.ncomm * R : 0;
+  const bool local = p.me >= 0;  // rank-local: only rank me's comm CTAs and slots
+  const int ncomm_all = p.mode == 0 ? p.ncomm * (local ? 1 : R) : 0;
   if ((int)blockIdx.x < ncomm_all) {
-    const int r = blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
+    const int r = local ? p.me : blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
     if (r == p.fault_rank) return;  // fault injection: this rank never sends
     if (!comm_role(p, r, part)) return;
     // Sent everything: join the compute below.
   }
-  const int nslots = p.tmax * p.hg * R;
+  const int nslots = p.tmax * p.hg * (local ? 1 : R);
   int s = p.mode == 1 ? p.step : 0;
   const int s_end = p.mode == 1 ? p.step + 1 : R;
   while (s < s_end) {
@@ -562,8 +689,11 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
       ++s;
       continue;
     }
-    // idx = (t * hg + hg_i) * R + r: ranks interleaved, heaviest tiles first.
-    const int r = idx % R, rest = idx / R;
+    // idx = (t * hg + hg_i) * R + r: ranks interleaved, heaviest tiles
+    // first; rank-local, idx = t * hg + hg_i (rank me's slots only) and
+    // gidx its emulated index (the slot flag's).
+    const int r = local ? p.me : idx % R, rest = local ? idx : idx / R;
+    const int gidx = rest * R + r;
     const int hg = rest % p.hg, t = rest / p.hg;
     if (t >= p.tc[r][0] + p.tc[r][1]) continue;  // this rank has fewer tiles
     if (p.mode == 0 && s > 0) {
@@ -571,8 +701,7 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
       // on another CTA, since chunks run one step ahead) has stored its state.
       if (threadIdx.x == 0) {
         const int tile = t * p.hg + hg;
-        ok_sh = wait_geq(p, arrived(p, r, s), p.ncomm, r, 0, s, tile, 0) &&
-                wait_geq(p, p.done + idx, s, r, 0, s, tile, 2);
+        ok_sh = wait_arrival(p, r, s, 0, tile) && wait_geq(p, p.done + gidx, s, r, 0, s, tile, 2);
       }
       __syncthreads();
       if (!ok_sh) return;
@@ -581,8 +710,8 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
     __syncthreads();  // all reads of the chunk and of shared memory, all state stores, are done
     if (p.mode == 0 && threadIdx.x == 0) {
       __threadfence();
-      st_release(p.done + idx, s + 1);
-      red_release_add(consumed(p, r, s), 1);
+      st_release(p.done + gidx, s + 1);
+      signal_consumed(p, r, s);
     }
   }
 }
@@ -716,7 +845,7 @@ int layout_for(int ranks, const int32_t* qspans, int heads, const Shape& sh, int
 
 int check_common(const char* fn, int32_t ranks, const uint64_t* ptrs, const int32_t* qspans, const int32_t* kvspans,
                  int32_t out_dtype, int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
-                 float scale, int32_t window, int32_t causal, uint64_t ws) {
+                 float scale, int32_t window, int32_t causal, uint64_t ws, int me = -1) {
   MK_ARG(ranks >= 1 && ranks <= kMaxRanks, "%s: ranks=%d must be in [1, %d]", fn, ranks, kMaxRanks);
   MK_ARG(ptrs && qspans && kvspans, "%s: ptrs, qspans and kvspans must be non-null", fn);
   MK_ARG(ws != 0 && ws % 16 == 0, "%s: ws must be a non-null 16-byte aligned workspace", fn);
@@ -736,12 +865,17 @@ int check_common(const char* fn, int32_t ranks, const uint64_t* ptrs, const int3
       MK_ARG(qa >= 0 && qb >= qa, "%s: rank %d query span %d [%d, %d) is not a range of positions", fn, r, sp, qa, qb);
       MK_ARG(ka >= 0 && kb >= ka, "%s: rank %d kv span %d [%d, %d) is not a range of positions", fn, r, sp, ka, kb);
     }
+    // Rank-local: only me's entry is read in full, and the next rank's
+    // receive buffers (its peer mappings); the other entries are ignored.
+    const bool mine = me < 0 || r == me, next = me < 0 || r == (me + 1) % ranks;
     const uint64_t* pr = ptrs + (int64_t)r * MK_RING_NPTR;
     const bool has_q = qspans[4 * r + 1] > qspans[4 * r] || qspans[4 * r + 3] > qspans[4 * r + 2];
     const bool has_k = kvspans[4 * r + 1] > kvspans[4 * r] || kvspans[4 * r + 3] > kvspans[4 * r + 2];
-    MK_ARG(!has_q || (pr[MK_RING_Q] && pr[MK_RING_OUT]), "%s: rank %d has queries but a null q or out", fn, r);
-    MK_ARG(!has_k || (pr[MK_RING_K] && pr[MK_RING_V]), "%s: rank %d has keys but a null k or v", fn, r);
-    MK_ARG(ranks == 1 || (pr[MK_RING_KBUF0] && pr[MK_RING_KBUF1] && pr[MK_RING_VBUF0] && pr[MK_RING_VBUF1]),
+    MK_ARG(!mine || !has_q || (pr[MK_RING_Q] && pr[MK_RING_OUT]), "%s: rank %d has queries but a null q or out", fn,
+           r);
+    MK_ARG(!mine || !has_k || (pr[MK_RING_K] && pr[MK_RING_V]), "%s: rank %d has keys but a null k or v", fn, r);
+    MK_ARG(!(mine || next) || ranks == 1 ||
+               (pr[MK_RING_KBUF0] && pr[MK_RING_KBUF1] && pr[MK_RING_VBUF0] && pr[MK_RING_VBUF1]),
            "%s: rank %d: the receive buffers must be non-null when ranks > 1", fn, r);
   }
   return MK_OK;
@@ -750,7 +884,8 @@ int check_common(const char* fn, int32_t ranks, const uint64_t* ptrs, const int3
 // fill_params sets everything but mode/step/ncomm/fault.
 void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* qspans, const int32_t* kvspans,
                  int32_t out_dtype, int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim, float scale,
-                 int32_t window, uint64_t sinks, int32_t causal, uint64_t ws, const Shape& sh, const Layout& lo) {
+                 int32_t window, uint64_t sinks, int32_t causal, uint64_t ws, const Shape& sh, const Layout& lo,
+                 int me = -1) {
   std::memset(p, 0, sizeof *p);
   bool vec = head_dim % 8 == 0 && v_head_dim % 8 == 0;
   char* base = reinterpret_cast<char*>(ws);
@@ -767,7 +902,9 @@ void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* 
     rk.vb[1] = mk::dev<bf16>(pr[MK_RING_VBUF1]);
     rk.out = reinterpret_cast<void*>(pr[MK_RING_OUT]);
     rk.lse = mk::dev<float>(pr[MK_RING_LSE]);
-    rk.state = reinterpret_cast<float*>(base + state_off);
+    // Rank-local: the workspace is me's own and holds only me's state.
+    rk.state = me < 0 ? reinterpret_cast<float*>(base + state_off)
+                      : r == me ? reinterpret_cast<float*>(base + kStateOff + lo.done_bytes) : nullptr;
     state_off += lo.state_bytes[r];
     for (int i = MK_RING_Q; i <= MK_RING_VBUF1; ++i) vec = vec && pr[i] % 16 == 0;
     for (int i = 0; i < 4; ++i) {
@@ -801,6 +938,7 @@ void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* 
   p->tmax = lo.tmax;
   p->fault_rank = -1;
   p->scale_log2 = scale * kLog2e;
+  p->me = me;
 }
 
 using KernelFn = void (*)(Params);
@@ -906,6 +1044,68 @@ extern "C" MK_API int32_t mk_ring_attn_bf16(uint64_t stream, int32_t ranks, cons
   MK_CUDA(cudaMemsetAsync(p.ctl, 0, kStateOff - kCtlOff + lo.done_bytes, st));
   void* args[] = {&p};
   MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fn), dim3((unsigned)grid), dim3(kThreads), args,
+                                      smem, st));
+  return MK_OK;
+}
+
+extern "C" MK_API int32_t mk_ring_attn_rank(uint64_t stream, int32_t ranks, int32_t me, const uint64_t* ptrs,
+                                            const int32_t* qspans, const int32_t* kvspans, int32_t out_dtype,
+                                            int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
+                                            uint32_t scale_bits, int32_t window, uint64_t sinks, int32_t causal,
+                                            const uint64_t* wss, uint64_t ws_bytes, int32_t ctas, int64_t timeout_ns,
+                                            int32_t epoch) {
+  MK_THREAD("mk_ring_attn_rank");
+  const char* fn = "mk_ring_attn_rank";
+  MK_ARG(ranks >= 1 && ranks <= kMaxRanks && me >= 0 && me < ranks, "%s: me=%d of %d ranks", fn, me, ranks);
+  MK_ARG(wss != nullptr, "%s: wss must be non-null", fn);
+  const int prev = (me + ranks - 1) % ranks, next = (me + 1) % ranks;
+  for (int r : {me, prev, next})
+    MK_ARG(wss[r] != 0 && wss[r] % 16 == 0, "%s: the workspace of rank %d must be non-null and 16-byte aligned", fn,
+           r);
+  const float scale = mk::float_from_bits(scale_bits);
+  int rc = check_common(fn, ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim, v_head_dim, scale,
+                        window, causal, wss[me], me);
+  if (rc != MK_OK) return rc;
+  MK_ARG(timeout_ns > 0, "%s: timeout_ns=%lld must be > 0", fn, (long long)timeout_ns);
+  MK_ARG(epoch >= 1 && epoch < INT32_MAX / kMaxRanks, "%s: epoch=%d must be in [1, %d)", fn, epoch,
+         INT32_MAX / kMaxRanks);
+  Shape sh;
+  shape_for(heads, kv_heads, head_dim, v_head_dim, &sh);
+  Layout lo;
+  layout_for(ranks, qspans, heads, sh, v_head_dim, &lo);
+  const uint64_t need = (uint64_t)(kStateOff + lo.done_bytes + lo.state_bytes[me]);
+  MK_ARG(ws_bytes >= need, "%s: workspace of %llu bytes, %llu needed", fn, (unsigned long long)ws_bytes,
+         (unsigned long long)need);
+  size_t smem = 0;
+  KernelFn kf = kernel_for(sh, &smem);
+  MK_ARG(kf != nullptr, "%s: no kernel for head dims %d/%d", fn, head_dim, v_head_dim);
+  int cores = 0;
+  rc = prepare(kf, smem, &cores);
+  if (rc != MK_OK) return rc;
+  MK_ARG(ctas >= 0 && ctas <= cores, "%s: ctas=%d, at most %d co-resident (0: all)", fn, ctas, cores);
+
+  Params p;
+  fill_params(&p, ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks,
+              causal, wss[me], sh, lo, me);
+  p.mode = 0;
+  p.ncomm = ranks == 1 ? 0 : (4 / ranks > 1 ? 4 / ranks : 1);  // as mk_ring_attn_bf16: the same on every rank
+  p.apply_sinks = 1;
+  p.timeout_ns = timeout_ns;
+  p.epoch = epoch;
+  p.rem_in = reinterpret_cast<int*>(wss[me] + kRemoteOff);
+  p.rem_next = reinterpret_cast<int*>(wss[next] + kRemoteOff);
+  p.rem_prev = reinterpret_cast<int*>(wss[prev] + kRemoteOff);
+  const int cap = ctas > 0 ? ctas : cores;
+  MK_ARG(p.ncomm < cap, "%s: %d communication CTAs leave no room for compute (%d CTAs)", fn, p.ncomm, cap);
+  int64_t grid = p.ncomm + (lo.items[me] > 0 ? lo.items[me] : 1);
+  if (grid > cap) grid = cap;
+  cudaStream_t st = mk::as_stream(stream);
+  // Only what this rank's own CTAs touch is zeroed (queues, consumed
+  // counters, slot flags); the remote flags are epochs, never reset here.
+  MK_CUDA(cudaMemsetAsync(p.ctl, 0, kCtlWords * sizeof(int), st));
+  MK_CUDA(cudaMemsetAsync(p.done, 0, lo.done_bytes, st));
+  void* args[] = {&p};
+  MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kf), dim3((unsigned)grid), dim3(kThreads), args,
                                       smem, st));
   return MK_OK;
 }

@@ -18,6 +18,9 @@ var (
 		timeoutNs int64, faultRank int32) int32
 	ringSeparateBF16 func(s uint64, ranks int32, ptrs *uint64, qspans, kvspans *int32, outDType, heads, kvHeads,
 		headDim, vHeadDim int32, scale uint32, window int32, sinks uint64, causal int32, ws, wsBytes uint64) int32
+	ringAttnRank func(s uint64, ranks, me int32, ptrs *uint64, qspans, kvspans *int32, outDType, heads, kvHeads,
+		headDim, vHeadDim int32, scale uint32, window int32, sinks uint64, causal int32, wss *uint64, wsBytes uint64,
+		ctas int32, timeoutNs int64, epoch int32) int32
 	ringWorkspace func(ranks int32, qspans *int32, heads, kvHeads, headDim, vHeadDim int32, bytes *uint64) int32
 	ringCheck     func(ws uint64, rec *int32) int32
 )
@@ -26,6 +29,7 @@ func init() {
 	registerSymbols(
 		symbol{"mk_ring_attn_bf16", &ringAttnBF16},
 		symbol{"mk_ring_separate_bf16", &ringSeparateBF16},
+		symbol{"mk_ring_attn_rank", &ringAttnRank},
 		symbol{"mk_ring_workspace", &ringWorkspace},
 		symbol{"mk_ring_check", &ringCheck},
 	)
@@ -41,7 +45,11 @@ const RingDefaultTimeout = time.Second
 const (
 	ringNPtr     = 9
 	ringErrWords = 8
+	ringCtlBytes = 4096 // error record, control words and the rank-local remote flags (zeroed by NewRingWorkspace)
 )
+
+// RingMaxEpoch bounds RingAttentionRankLocal's epoch (flags hold epoch·8 + step in an int32).
+const RingMaxEpoch = math.MaxInt32/RingMaxRanks - 1
 
 // RingSpan is the half-open position range [Lo, Hi).
 type RingSpan struct{ Lo, Hi int }
@@ -76,6 +84,7 @@ type RingArgs struct {
 	Out    DType // BF16 or F32
 
 	Timeout time.Duration // bound on each wait for a flag (0: RingDefaultTimeout)
+	CTAs    int           // RingAttentionRankLocal: CTAs of the launch (0: all co-resident); ignored elsewhere
 
 	faultRank int // tests: rank+1 whose communication CTAs are disabled (0: none)
 }
@@ -149,6 +158,8 @@ func (a *RingArgs) check(op string) error {
 		return fmt.Errorf("kernels: %s: Out=%d is not BF16 or F32", op, a.Out)
 	case a.Timeout < 0:
 		return fmt.Errorf("kernels: %s: Timeout=%v must be >= 0", op, a.Timeout)
+	case a.CTAs < 0 || a.CTAs > math.MaxInt32:
+		return fmt.Errorf("kernels: %s: CTAs=%d must be >= 0", op, a.CTAs)
 	}
 	return nil
 }
@@ -170,7 +181,8 @@ func (d *Device) RingWorkspace(a RingArgs) (int64, error) {
 	return int64(b), err
 }
 
-// NewRingWorkspace allocates a workspace for a with a cleared error record.
+// NewRingWorkspace allocates a workspace for a with a cleared error record
+// and cleared control words (as RingAttentionRankLocal's epoch 1 needs).
 func (d *Device) NewRingWorkspace(a RingArgs) (*Buffer, error) {
 	n, err := d.RingWorkspace(a)
 	if err != nil {
@@ -180,7 +192,7 @@ func (d *Device) NewRingWorkspace(a RingArgs) (*Buffer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := Upload(d, ws, make([]int32, ringErrWords)); err != nil {
+	if err := Upload(d, ws, make([]byte, min(n, ringCtlBytes))); err != nil {
 		ws.Free()
 		return nil, err
 	}
@@ -188,7 +200,9 @@ func (d *Device) NewRingWorkspace(a RingArgs) (*Buffer, error) {
 }
 
 // ringCall checks the buffers and flattens the arguments of both launches.
-func (d *Device) ringCall(op string, ranks []RingRank, sinks, ws *Buffer, a *RingArgs) (ptrs []uint64,
+// With me >= 0 (rank-local) only ranks[me] is checked in full, and the
+// receive buffers of me and me+1; the other entries are ignored.
+func (d *Device) ringCall(op string, ranks []RingRank, sinks, ws *Buffer, a *RingArgs, me int) (ptrs []uint64,
 	qs, ks []int32, sk uint64, err error) {
 	if err := d.ready(op); err != nil {
 		return nil, nil, nil, 0, err
@@ -207,7 +221,14 @@ func (d *Device) ringCall(op string, ranks []RingRank, sinks, ws *Buffer, a *Rin
 	H, KV, D, DV := int64(a.Heads), int64(a.KVHeads), int64(a.HeadDim), int64(a.VHeadDim)
 	ptrs = make([]uint64, R*ringNPtr)
 	for r, rk := range ranks {
+		mine, next := me < 0 || r == me, me < 0 || r == (me+1)%R
+		if !mine && !next {
+			continue
+		}
 		lq, lk := int64(spanRows(a.QSpans[r])), int64(spanRows(a.kv()[r]))
+		if !mine {
+			lq, lk = 0, 0
+		}
 		name := func(s string) string { return fmt.Sprintf("rank %d %s", r, s) }
 		p := ptrs[r*ringNPtr:]
 		if lq > 0 {
@@ -264,7 +285,7 @@ func (d *Device) ringCall(op string, ranks []RingRank, sinks, ws *Buffer, a *Rin
 // a watchdog timeout (a wait on a flag longer than a.Timeout).
 func (d *Device) RingAttention(s *Stream, ranks []RingRank, sinks, ws *Buffer, a RingArgs) error {
 	const op = "RingAttention"
-	ptrs, qs, ks, sk, err := d.ringCall(op, ranks, sinks, ws, &a)
+	ptrs, qs, ks, sk, err := d.ringCall(op, ranks, sinks, ws, &a, -1)
 	if err != nil {
 		return err
 	}
@@ -285,13 +306,77 @@ func (d *Device) RingAttention(s *Stream, ranks []RingRank, sinks, ws *Buffer, a
 	return d.lib.check("mk_ring_attn_bf16", rc)
 }
 
+// RingAttentionRankLocal runs rank me's part of a ring attention whose
+// ranks are separate launches, normally one process per GPU: every rank
+// calls it with the same a (spans, shapes, Scale, Window, Causal, Out) and
+// the same epoch. ranks[me] holds this rank's buffers (as for RingAttention)
+// and ranks[me+1 mod R] the next rank's receive buffers KBuf and VBuf as
+// this process maps them (OpenIPC); the other entries are ignored. ws[r] is
+// rank r's workspace as mapped here (ws[me] this rank's own, from
+// NewRingWorkspace; only me−1's, me's and me+1's are used). The launch holds
+// only me's communication CTAs, which write me's chunks into rank me+1's
+// receive buffers and raise flags in me+1's workspace, and me's compute
+// CTAs; ranks[me].Out and LSE get what RingAttention computes for rank me,
+// bit for bit. epoch numbers the calls on one set of workspaces: 1, 2, 3, …
+// on every rank (at most RingMaxEpoch), so consecutive calls synchronise
+// across ranks by themselves; every workspace must be zeroed (NewRingWorkspace
+// does) before epoch 1, and again on every rank after a watchdog error.
+// a.CTAs caps the launch's CTAs (several ranks on one GPU: at most a
+// 1/R share each, so that all are co-resident). Each wait is bounded by
+// a.Timeout: RingCheck(ws[me]) reports a *RingTimeoutError naming rank me
+// (a peer that never launches: "chunk arrival" or "buffer release"). The
+// peers' launches must be able to run at the same time as this one.
+// Asynchronous on s.
+func (d *Device) RingAttentionRankLocal(s *Stream, me int, ranks []RingRank, sinks *Buffer, ws []*Buffer,
+	a RingArgs, epoch int) error {
+	const op = "RingAttentionRankLocal"
+	R := len(a.QSpans)
+	if me < 0 || me >= R || len(ws) != R || len(ranks) != R {
+		return fmt.Errorf("kernels: %s: rank %d of %d ranks with %d buffer sets and %d workspaces", op, me, R,
+			len(ranks), len(ws))
+	}
+	if epoch < 1 || epoch > RingMaxEpoch {
+		return fmt.Errorf("kernels: %s: epoch %d, want 1..%d", op, epoch, RingMaxEpoch)
+	}
+	if a.faultRank != 0 {
+		return fmt.Errorf("kernels: %s: fault injection is for RingAttention", op)
+	}
+	wss := make([]uint64, R)
+	for _, r := range []int{(me + R - 1) % R, me, (me + 1) % R} {
+		if err := ws[r].fits(fmt.Sprintf("%s: rank %d workspace", op, r), ringCtlBytes); err != nil {
+			return err
+		}
+		wss[r] = ws[r].ptr
+	}
+	ptrs, qs, ks, sk, err := d.ringCall(op, ranks, sinks, ws[me], &a, me)
+	if err != nil {
+		return err
+	}
+	to := a.Timeout
+	if to == 0 {
+		to = RingDefaultTimeout
+	}
+	causal := int32(0)
+	if a.Causal {
+		causal = 1
+	}
+	rc := ringAttnRank(s.handle(), int32(R), int32(me), &ptrs[0], &qs[0], &ks[0], int32(a.Out), int32(a.Heads),
+		int32(a.KVHeads), int32(a.HeadDim), int32(a.VHeadDim), math.Float32bits(a.Scale), int32(a.Window), sk,
+		causal, &wss[0], uint64(ws[me].bytes), int32(a.CTAs), to.Nanoseconds(), int32(epoch))
+	runtime.KeepAlive(ptrs)
+	runtime.KeepAlive(qs)
+	runtime.KeepAlive(ks)
+	runtime.KeepAlive(wss)
+	return d.lib.check("mk_ring_attn_rank", rc)
+}
+
 // RingSeparate computes what RingAttention computes from separate launches
 // (the baseline): per step one attention launch for every rank writing
 // normalised partial outputs and their log-sum-exp, the chunk copies, and a
 // merge launch. Same arguments; the receive buffers are used the same way.
 func (d *Device) RingSeparate(s *Stream, ranks []RingRank, sinks, ws *Buffer, a RingArgs) error {
 	const op = "RingSeparate"
-	ptrs, qs, ks, sk, err := d.ringCall(op, ranks, sinks, ws, &a)
+	ptrs, qs, ks, sk, err := d.ringCall(op, ranks, sinks, ws, &a, -1)
 	if err != nil {
 		return err
 	}
