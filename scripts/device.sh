@@ -79,7 +79,7 @@ build() {
 	for f in "${pids[@]}"; do wait "$f" || rc=1; done
 	[ "$rc" = 0 ] || return 1
 	"$NVCC" "${FLAGS[@]}" -shared -o .dev/libmkernel.so "${objs[@]}" \
-		-lcublasLt -lcublas -Xlinker -rpath,"$CUDA_LIB"
+		-lcublasLt -lcublas -ldl -Xlinker -rpath,"$CUDA_LIB"
 }
 
 # GOLDEN_FAMILIES: TestGolden's subtests, each run in its own process.
