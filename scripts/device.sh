@@ -150,7 +150,7 @@ if [ "$brc" != 0 ]; then
 	exit 1
 fi
 grep -E "warning" "$LOGS/build.log" | head -10
-export MKSERVE_KERNEL_LIB=$ROOT/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
+export MKSERVE_KERNEL_LIB=$ROOT/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1 MKSERVE_REQUIRE_NCCL=1
 
 if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MODE" != ep ]; then
 	echo "== kernel tests"
