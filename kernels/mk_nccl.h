@@ -12,9 +12,9 @@
  * library's last error text (ncclGetLastError) and, for a communicator, its
  * asynchronous error state (ncclCommGetAsyncError) in mk_last_error().
  *
- * NVLink multicast (NVLS) stays off on these machines: mk_nccl_comm_init sets
- * NCCL_NVLS_ENABLE=0 in the process environment when it is unset, before
- * NCCL reads it. Nothing here calls cuMulticastCreate. */
+ * NVLink multicast (NVLS) stays off on these machines: mk_nccl_open and
+ * mk_nccl_comm_init set NCCL_NVLS_ENABLE=0 in the process environment when
+ * it is unset, before NCCL reads it. Nothing here calls cuMulticastCreate. */
 #ifndef MK_NCCL_H
 #define MK_NCCL_H
 #include "mkernel.h"

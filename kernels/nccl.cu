@@ -113,6 +113,7 @@ int32_t mk_nccl_open(const char* path) {
     MK_ARG(n->path == path, "mk_nccl_open: NCCL is already loaded from %s, not %s", n->path.c_str(), path);
     return MK_OK;
   }
+  setenv("NCCL_NVLS_ENABLE", "0", 0);  // before NCCL reads its environment (see mk_nccl.h)
   dlerror();
   void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) {

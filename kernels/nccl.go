@@ -202,10 +202,15 @@ type NCCLUniqueID [NCCLUniqueIDBytes]byte
 
 // OpenNCCL loads the NCCL library (NCCLLibraryPath) into libmkernel, once
 // per process, and returns its version code (e.g. 22805 for 2.28.5). Call
-// it inside GPU.Do. Errors meaning NCCL is missing wrap ErrNCCLUnavailable.
+// it inside GPU.Do. It first sets NCCL_NVLS_ENABLE=0 when unset (NVLink
+// multicast stays off). Errors meaning NCCL is missing wrap
+// ErrNCCLUnavailable.
 func (d *Device) OpenNCCL() (version int, err error) {
 	if err := d.ready("OpenNCCL"); err != nil {
 		return 0, err
+	}
+	if err := ncclNVLSOff(); err != nil {
+		return 0, fmt.Errorf("kernels: setting %s=0: %w", ncclNVLSEnv, err)
 	}
 	p, err := NCCLLibraryPath()
 	if err != nil {
