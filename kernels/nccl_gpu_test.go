@@ -79,7 +79,8 @@ func TestNCCL(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestNCCLChild$", "-test.v")
+	// The child's own timeout ends it should this process die without killing it.
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestNCCLChild$", "-test.v", "-test.timeout=150s")
 	cmd.Env = append(os.Environ(), ncclRunEnv+"="+string(js), fmt.Sprintf("%s=%d", testDeviceEnv, run.ChildDevice))
 	var log strings.Builder
 	cmd.Stdout, cmd.Stderr = &log, &log
