@@ -48,8 +48,11 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("kernels: %s failed (%s): %s", e.Func, codeName(e.Code), e.Msg)
 }
 
-// Is lets errors.Is(err, ErrUnavailable) match a no-device error.
-func (e *Error) Is(target error) bool { return target == ErrUnavailable && e.Code == codeNoDevice }
+// Is lets errors.Is(err, ErrUnavailable) match a no-device error, and
+// errors.Is(err, ErrNCCLUnavailable) an NCCL library that did not load.
+func (e *Error) Is(target error) bool {
+	return target == ErrUnavailable && e.Code == codeNoDevice || target == ErrNCCLUnavailable && e.Code == codeNoNCCL
+}
 
 func codeName(c int32) string {
 	switch c {
@@ -63,6 +66,10 @@ func codeName(c int32) string {
 		return "no device"
 	case codeNotInit:
 		return "not initialised"
+	case codeNCCL:
+		return "NCCL error"
+	case codeNoNCCL:
+		return "NCCL not loaded"
 	}
 	return fmt.Sprintf("code %d", c)
 }

@@ -288,5 +288,6 @@ MK_API int32_t mk_attention_f32(uint64_t stream, uint64_t out, uint64_t q, uint6
 #include "mk_ring.h"   /* ring attention over emulated context-parallel ranks */
 #include "mk_moe_fused.h" /* the persistent fused MoE layer over emulated expert-parallel ranks */
 #include "mk_allreduce.h" /* all-reduce over ranks in separate processes (CUDA IPC) */
+#include "mk_nccl.h"   /* NCCL, loaded at run time: the fallback and baseline transport */
 
 #endif /* MKERNEL_H */

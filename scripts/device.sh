@@ -82,7 +82,7 @@ build() {
 	for f in "${pids[@]}"; do wait "$f" || rc=1; done
 	[ "$rc" = 0 ] || return 1
 	"$NVCC" "${FLAGS[@]}" -shared -o .dev/libmkernel.so "${objs[@]}" \
-		-lcublasLt -lcublas -Xlinker -rpath,"$CUDA_LIB"
+		-lcublasLt -lcublas -ldl -Xlinker -rpath,"$CUDA_LIB"
 }
 
 # GOLDEN_FAMILIES: TestGolden's subtests, each run in its own process.
@@ -153,7 +153,7 @@ if [ "$brc" != 0 ]; then
 	exit 1
 fi
 grep -E "warning" "$LOGS/build.log" | head -10
-export MKSERVE_KERNEL_LIB=$ROOT/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
+export MKSERVE_KERNEL_LIB=$ROOT/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1 MKSERVE_REQUIRE_NCCL=1
 
 if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MODE" != ep ]; then
 	echo "== kernel tests"
