@@ -38,7 +38,7 @@ extern "C" {
 #endif
 
 /* MK_ABI_VERSION changes whenever a signature, struct or meaning changes. */
-#define MK_ABI_VERSION 6
+#define MK_ABI_VERSION 7
 
 /* Status codes. */
 enum {
