@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,7 +15,10 @@ import (
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/backend/cuda"
+	"github.com/mkserve/mkserve/dist"
+	"github.com/mkserve/mkserve/kernels"
 	"github.com/mkserve/mkserve/models"
+	"github.com/mkserve/mkserve/transport"
 )
 
 func init() { benches["model"] = benchModel }
@@ -39,6 +43,8 @@ type modelResult struct {
 	// ReplayHostMS is the mean host time of this batch size's graph
 	// replays (the GPU waits meanwhile): part of MS.
 	ReplayHostMS float64 `json:"replay_host_ms,omitempty"`
+	// World is the processes (GPUs) the model ran over (--world; 0: one).
+	World int `json:"world,omitempty"`
 }
 
 // opTime is one op's share of a step's host time.
@@ -57,7 +63,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	backendName := fs.String("backend", "cuda", "cpu or cuda")
 	precision := fs.String("precision", "fast", "cuda: exact or fast (see mkserve serve --help)")
 	batches := fs.String("batch", "1,32,256", "decode batch sizes, comma-separated")
-	context := fs.Int("context", 1024, "decode: tokens already in each sequence's KV cache")
+	ctxLen := fs.Int("context", 1024, "decode: tokens already in each sequence's KV cache")
 	prefill := fs.Int("prefill", 8192, "prefill prompt length (0: no prefill run)")
 	steps := fs.Int("steps", 10, "timed decode steps (and prefill runs: steps/5, at least 2)")
 	blockSize := fs.Int("block-size", 16, "KV cache block size")
@@ -70,8 +76,16 @@ func benchModel(args []string, stdout io.Writer) error {
 	graphs := fs.Bool("graphs", true, "cuda: run decode steps as CUDA graphs (captured per batch shape; the fast precision only)")
 	profile := fs.Bool("profile-ops", false, "cuda: time every backend op on the host during the decode steps (adds a clock read per op)")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the whole run to this file (go tool pprof)")
+	var wf worldFlags // --world R: the model over R processes, one GPU each (experts split, the rest replicated)
+	wf.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if err := wf.check(kernels.AllReduceMaxRanks); err != nil {
+		return err
+	}
+	if wf.size > 0 && *ep != 1 {
+		return fmt.Errorf("--world takes --ep 1 (the world's ranks are the expert-parallel ranks)")
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -91,221 +105,257 @@ func benchModel(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if *context < 1 || *steps < 1 || *blockSize < 1 || *prefill < 0 {
+	if *ctxLen < 1 || *steps < 1 || *blockSize < 1 || *prefill < 0 {
 		return fmt.Errorf("--context, --steps and --block-size must be positive, --prefill non-negative")
 	}
 
-	var be backend.Backend
-	switch *backendName {
-	case "cpu":
-		be = cpu.New(cpu.Options{})
-	case "cuda":
-		b, err := newBackend("cuda", *ep, *precision, *moePath, *moeTuning, nil)
-		if err != nil {
-			return err
+	body := func(ctx context.Context, wd *world) error {
+		var comm transport.Comm
+		if wd != nil {
+			comm = wd.comm
 		}
-		c := b.(*cuda.Backend)
-		be = c
-		if *bw == 0 {
-			if *bw, err = c.CopyBandwidth(1 << 30); err != nil {
+		var be backend.Backend
+		switch *backendName {
+		case "cpu":
+			be = cpu.New(cpu.Options{EPComm: comm})
+		case "cuda":
+			b, err := newBackend("cuda", *ep, *precision, *moePath, *moeTuning, comm)
+			if err != nil {
 				return err
 			}
+			c := b.(*cuda.Backend)
+			be = c
+			if *bw == 0 {
+				if *bw, err = c.CopyBandwidth(1 << 30); err != nil {
+					return err
+				}
+			}
+		default:
+			return fmt.Errorf("backend %q is not available (available: cpu, cuda)", *backendName)
 		}
-	default:
-		return fmt.Errorf("backend %q is not available (available: cpu, cuda)", *backendName)
-	}
 
-	// Load, remembering every weight's shape for the byte counts.
-	var l *models.Loaded
-	var shapes map[string][]int
-	t0 := time.Now()
-	if *cfgDir != "" {
-		cfg, err := models.LoadConfig(*cfgDir)
-		if err != nil {
-			return err
-		}
-		src := &models.RandomSource{Config: cfg, Seed: *seed}
-		m, err := models.Build(cfg, models.NewWeights(src, be), be)
-		if err != nil {
-			return err
-		}
-		l, shapes = &models.Loaded{Model: m, Config: cfg, Dir: *cfgDir}, src.Shapes()
-	} else {
-		if l, err = models.Load(*modelDir, be, models.LoadOptions{Progress: io.Discard}); err != nil {
-			return err
-		}
-		defer l.Close()
-		if shapes, err = models.CheckpointShapes(*modelDir); err != nil {
-			return err
-		}
-	}
-	wb := classifyWeights(shapes)
-	loadTime := time.Since(t0)
-	cfg := l.Config
-
-	maxB := slices.Max(bs)
-	perSeq := (*context + *steps + 4 + *blockSize - 1) / *blockSize
-	blocks := max(maxB*perSeq, (*prefill+*blockSize-1) / *blockSize + 1)
-	if err := be.InitKV(*blockSize, blocks); err != nil {
-		return err
-	}
-	ctr, _ := be.(backend.ExpertCounter)
-	var out []modelResult
-
-	ids := func(n, off int) []int32 {
-		v := make([]int32, n)
-		for i := range v {
-			v[i] = int32((i*7919 + off*104729 + 13) % cfg.VocabSize)
-		}
-		return v
-	}
-	forward := func(b *backend.Batch) error {
-		run := func() (backend.Tensor, error) { return l.Model.Forward(b) }
-		var logits backend.Tensor
-		var err error
-		if *graphs {
-			logits, err = backend.RunStep(be, b, run)
+		// Load, remembering every weight's shape for the byte counts.
+		var l *models.Loaded
+		var shapes map[string][]int
+		t0 := time.Now()
+		if *cfgDir != "" {
+			cfg, err := models.LoadConfig(*cfgDir)
+			if err != nil {
+				return err
+			}
+			src := &models.RandomSource{Config: cfg, Seed: *seed}
+			m, err := models.Build(cfg, models.NewWeights(src, be), be)
+			if err != nil {
+				return err
+			}
+			l, shapes = &models.Loaded{Model: m, Config: cfg, Dir: *cfgDir}, src.Shapes()
 		} else {
-			logits, err = run()
-		}
-		if err != nil {
-			return err
-		}
-		if v := be.ToHost(logits); len(v) == 0 {
-			return fmt.Errorf("forward returned no logits")
-		}
-		return nil
-	}
-	seqBlocks := func(seq, n int) []int32 {
-		v := make([]int32, n)
-		for i := range v {
-			v[i] = int32(seq*perSeq + i)
-		}
-		return v
-	}
-
-	if *prefill > 0 {
-		nb := (*prefill + *blockSize - 1) / *blockSize
-		tbl := make([]int32, nb)
-		for i := range tbl {
-			tbl[i] = int32(i)
-		}
-		b := backend.SingleSequence(1, ids(*prefill, 0), 0, false)
-		b.Seqs[0].Blocks = tbl
-		runs := max(2, *steps/5)
-		var ms []float64
-		for r := 0; r <= runs; r++ { // run 0 warms up
-			t := time.Now()
-			if err := forward(b); err != nil {
+			if l, err = models.Load(*modelDir, be, models.LoadOptions{Progress: io.Discard}); err != nil {
 				return err
 			}
-			if r > 0 {
-				ms = append(ms, float64(time.Since(t).Microseconds())/1e3)
+			defer l.Close()
+			if shapes, err = models.CheckpointShapes(*modelDir); err != nil {
+				return err
 			}
 		}
-		if ctr != nil {
-			ctr.TakeExpertLoad()
+		wb := classifyWeights(shapes)
+		loadTime := time.Since(t0)
+		cfg := l.Config
+		cb, _ := be.(*cuda.Backend)
+		model := l.Model
+		if wd != nil {
+			// Ranks 1.. mirror rank 0's calls (dist); rank 0 runs the benchmark.
+			if wd.rank != 0 {
+				return dist.Work(ctx, wd.comm, model, be)
+			}
+			leader, err := dist.NewLeader(wd.comm)
+			if err != nil {
+				return err
+			}
+			defer leader.Stop()
+			model, be = leader.Model(model), leader.Backend(be)
 		}
-		med := median(ms)
-		out = append(out, modelResult{Kind: "prefill", Batch: 1, Tokens: *prefill, MS: med,
-			TokensPS: float64(*prefill) / med * 1e3, WeightGB: float64(wb.total()) / 1e9})
-	}
 
-	// Decode: sequence 0's context is prefilled once, then copied into every
-	// other sequence's own blocks, so each reads its own KV bytes.
-	ctxBlocks := (*context + *blockSize - 1) / *blockSize
-	b0 := backend.SingleSequence(0, ids(*context, 1), 0, false)
-	b0.Seqs[0].Blocks = seqBlocks(0, perSeq)
-	if err := forward(b0); err != nil {
-		return err
-	}
-	var src, dst []int32
-	for s := 1; s < maxB; s++ {
-		src = append(src, seqBlocks(0, ctxBlocks)...)
-		dst = append(dst, seqBlocks(s, ctxBlocks)...)
-	}
-	if len(src) > 0 {
-		be.CopyBlocks(src, dst)
-	}
-	cb, _ := be.(*cuda.Backend)
-	var prevGraphs cuda.GraphStats // the counters after the previous batch size
-	for _, B := range bs {
-		if *profile && cb != nil {
-			cb.ProfileOps(false)
+		maxB := slices.Max(bs)
+		perSeq := (*ctxLen + *steps + 4 + *blockSize - 1) / *blockSize
+		blocks := max(maxB*perSeq, (*prefill+*blockSize-1) / *blockSize + 1)
+		if err := be.InitKV(*blockSize, blocks); err != nil {
+			return err
 		}
-		var ms, gb []float64
-		for step := 0; step < *steps+2; step++ { // two warm-up steps
-			pos := *context + step
-			b := &backend.Batch{}
-			for s := 0; s < B; s++ {
-				b.Tokens = append(b.Tokens, int32((s*31+step*17+3)%cfg.VocabSize))
-				b.Positions = append(b.Positions, int32(pos))
-				b.Seqs = append(b.Seqs, backend.SeqSpan{ID: uint64(s), Offset: s, Len: 1, Past: pos, Blocks: seqBlocks(s, perSeq)})
+		ctr, _ := be.(backend.ExpertCounter)
+		var out []modelResult
+
+		ids := func(n, off int) []int32 {
+			v := make([]int32, n)
+			for i := range v {
+				v[i] = int32((i*7919 + off*104729 + 13) % cfg.VocabSize)
+			}
+			return v
+		}
+		forward := func(b *backend.Batch) error {
+			run := func() (backend.Tensor, error) { return model.Forward(b) }
+			var logits backend.Tensor
+			var err error
+			if *graphs {
+				logits, err = backend.RunStep(be, b, run)
+			} else {
+				logits, err = run()
+			}
+			if err != nil {
+				return err
+			}
+			if v := be.ToHost(logits); len(v) == 0 {
+				return fmt.Errorf("forward returned no logits")
+			}
+			return nil
+		}
+		seqBlocks := func(seq, n int) []int32 {
+			v := make([]int32, n)
+			for i := range v {
+				v[i] = int32(seq*perSeq + i)
+			}
+			return v
+		}
+
+		if *prefill > 0 {
+			nb := (*prefill + *blockSize - 1) / *blockSize
+			tbl := make([]int32, nb)
+			for i := range tbl {
+				tbl[i] = int32(i)
+			}
+			b := backend.SingleSequence(1, ids(*prefill, 0), 0, false)
+			b.Seqs[0].Blocks = tbl
+			runs := max(2, *steps/5)
+			var ms []float64
+			for r := 0; r <= runs; r++ { // run 0 warms up
+				t := time.Now()
+				if err := forward(b); err != nil {
+					return err
+				}
+				if r > 0 {
+					ms = append(ms, float64(time.Since(t).Microseconds())/1e3)
+				}
 			}
 			if ctr != nil {
 				ctr.TakeExpertLoad()
 			}
-			if step == 2 && *profile && cb != nil {
-				cb.ProfileOps(true)
-			}
-			t := time.Now()
-			if err := forward(b); err != nil {
-				return err
-			}
-			if step >= 2 {
-				ms = append(ms, float64(time.Since(t).Microseconds())/1e3)
-				var load map[int][]int64
-				if ctr != nil {
-					load = ctr.TakeExpertLoad()
-				}
-				gb = append(gb, float64(wb.touched(load, B))/1e9)
-			}
+			med := median(ms)
+			out = append(out, modelResult{Kind: "prefill", Batch: 1, Tokens: *prefill, MS: med,
+				TokensPS: float64(*prefill) / med * 1e3, WeightGB: float64(wb.total()) / 1e9})
 		}
-		r := modelResult{Kind: "decode", Batch: B, Context: *context, Tokens: B, MS: median(ms), WeightGB: median(gb)}
-		if cb != nil {
-			gs := cb.Graphs()
-			r.Graphs = &gs
-			if n := gs.Replays - prevGraphs.Replays; n > 0 {
-				r.ReplayHostMS = float64(gs.ReplayHostNs-prevGraphs.ReplayHostNs) / float64(n) / 1e6
-			}
-			prevGraphs = gs
-		}
-		if *profile && cb != nil {
-			for i, o := range cb.OpProfile() {
-				if i == 12 {
-					break
-				}
-				r.Ops = append(r.Ops, opTime{Op: o.Op, Calls: float64(o.Calls) / float64(*steps),
-					US: float64(o.Total.Microseconds()) / float64(*steps)})
-			}
-			cb.ProfileOps(false)
-		}
-		r.TokensPS = float64(B) / r.MS * 1e3
-		if *bw > 0 {
-			r.FloorMS = r.WeightGB / *bw * 1e3
-			r.OverFloor = r.MS / r.FloorMS
-		}
-		out = append(out, r)
-	}
 
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		return enc.Encode(out)
+		// Decode: sequence 0's context is prefilled once, then copied into every
+		// other sequence's own blocks, so each reads its own KV bytes.
+		ctxBlocks := (*ctxLen + *blockSize - 1) / *blockSize
+		b0 := backend.SingleSequence(0, ids(*ctxLen, 1), 0, false)
+		b0.Seqs[0].Blocks = seqBlocks(0, perSeq)
+		if err := forward(b0); err != nil {
+			return err
+		}
+		var src, dst []int32
+		for s := 1; s < maxB; s++ {
+			src = append(src, seqBlocks(0, ctxBlocks)...)
+			dst = append(dst, seqBlocks(s, ctxBlocks)...)
+		}
+		if len(src) > 0 {
+			be.CopyBlocks(src, dst)
+		}
+		var prevGraphs cuda.GraphStats // the counters after the previous batch size
+		for _, B := range bs {
+			if *profile && cb != nil {
+				cb.ProfileOps(false)
+			}
+			var ms, gb []float64
+			for step := 0; step < *steps+2; step++ { // two warm-up steps
+				pos := *ctxLen + step
+				b := &backend.Batch{}
+				for s := 0; s < B; s++ {
+					b.Tokens = append(b.Tokens, int32((s*31+step*17+3)%cfg.VocabSize))
+					b.Positions = append(b.Positions, int32(pos))
+					b.Seqs = append(b.Seqs, backend.SeqSpan{ID: uint64(s), Offset: s, Len: 1, Past: pos, Blocks: seqBlocks(s, perSeq)})
+				}
+				if ctr != nil {
+					ctr.TakeExpertLoad()
+				}
+				if step == 2 && *profile && cb != nil {
+					cb.ProfileOps(true)
+				}
+				t := time.Now()
+				if err := forward(b); err != nil {
+					return err
+				}
+				if step >= 2 {
+					ms = append(ms, float64(time.Since(t).Microseconds())/1e3)
+					var load map[int][]int64
+					if ctr != nil {
+						load = ctr.TakeExpertLoad()
+					}
+					gb = append(gb, float64(wb.touched(load, B))/1e9)
+				}
+			}
+			r := modelResult{Kind: "decode", Batch: B, Context: *ctxLen, Tokens: B, MS: median(ms), WeightGB: median(gb)}
+			if cb != nil {
+				gs := cb.Graphs()
+				r.Graphs = &gs
+				if n := gs.Replays - prevGraphs.Replays; n > 0 {
+					r.ReplayHostMS = float64(gs.ReplayHostNs-prevGraphs.ReplayHostNs) / float64(n) / 1e6
+				}
+				prevGraphs = gs
+			}
+			if *profile && cb != nil {
+				for i, o := range cb.OpProfile() {
+					if i == 12 {
+						break
+					}
+					r.Ops = append(r.Ops, opTime{Op: o.Op, Calls: float64(o.Calls) / float64(*steps),
+						US: float64(o.Total.Microseconds()) / float64(*steps)})
+				}
+				cb.ProfileOps(false)
+			}
+			r.TokensPS = float64(B) / r.MS * 1e3
+			if *bw > 0 {
+				r.FloorMS = r.WeightGB / *bw * 1e3
+				r.OverFloor = r.MS / r.FloorMS
+			}
+			out = append(out, r)
+		}
+
+		if wd != nil {
+			for i := range out {
+				out[i].World = wd.size
+			}
+		}
+		if *asJSON {
+			enc := json.NewEncoder(stdout)
+			return enc.Encode(out)
+		}
+		name := *cfgDir + " (random bf16 weights)"
+		if *modelDir != "" {
+			name = *modelDir
+		}
+		if wd != nil {
+			name += fmt.Sprintf(" over %d processes (floor: one GPU's)", wd.size)
+		}
+		fmt.Fprintf(stdout, "model %s on %s: %.1f GB of weights, loaded in %.1f s; bandwidth for the floor %.0f GB/s\n",
+			name, be.Name(), float64(wb.total())/1e9, loadTime.Seconds(), *bw)
+		fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s %12s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor", "replay host")
+		for _, r := range out {
+			fmt.Fprintf(stdout, "%-8s %6d %8d %8d %10.2f %12.1f %10.3f %10.3f %8.2f %12.2f\n", r.Kind, r.Batch, r.Context, r.Tokens, r.MS, r.TokensPS, r.WeightGB, r.FloorMS, r.OverFloor, r.ReplayHostMS)
+			for _, o := range r.Ops {
+				fmt.Fprintf(stdout, "    %-22s %8.1f calls %10.1f us per step\n", o.Op, o.Calls, o.US)
+			}
+		}
+		return nil
 	}
-	name := *cfgDir + " (random bf16 weights)"
-	if *modelDir != "" {
-		name = *modelDir
+	if wf.size == 0 {
+		return body(context.Background(), nil)
 	}
-	fmt.Fprintf(stdout, "model %s on %s: %.1f GB of weights, loaded in %.1f s; bandwidth for the floor %.0f GB/s\n",
-		name, be.Name(), float64(wb.total())/1e9, loadTime.Seconds(), *bw)
-	fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s %12s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor", "replay host")
-	for _, r := range out {
-		fmt.Fprintf(stdout, "%-8s %6d %8d %8d %10.2f %12.1f %10.3f %10.3f %8.2f %12.2f\n", r.Kind, r.Batch, r.Context, r.Tokens, r.MS, r.TokensPS, r.WeightGB, r.FloorMS, r.OverFloor, r.ReplayHostMS)
-		for _, o := range r.Ops {
-			fmt.Fprintf(stdout, "    %-22s %8.1f calls %10.1f us per step\n", o.Op, o.Calls, o.US)
+	if wf.rank == 0 && *backendName == "cuda" { // fail before starting any process
+		if n, err := kernels.DeviceCount(); err != nil || n < 1 {
+			return fmt.Errorf("bench model --world needs a GPU (%d devices): %v", n, err)
 		}
 	}
-	return nil
+	return runWorld(context.Background(), wf, append([]string{"bench", "model"}, args...), body)
 }
 
 // weightBytes splits a model's weights into what every step reads and the

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"strings"
 	"testing"
 )
@@ -57,5 +58,34 @@ func TestBenchModelErrors(t *testing.T) {
 		if code == 0 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
 			t.Errorf("%v: exit %d, stderr %q; want one line containing %q", tc.args, code, errOut, tc.want)
 		}
+	}
+}
+
+// TestBenchModelWorld: `bench model --world 2` on the cpu backend (a real
+// second process, the experts split) prints the same table as one process,
+// marked with the world, and refuses --ep with a world.
+func TestBenchModelWorld(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a second process and loads the model twice")
+	}
+	t.Setenv(worldChildEnv, "1") // the second process is this binary acting as mkserve
+	var out strings.Builder
+	err := benchModel([]string{"--backend", "cpu", "--model", "../../models/default", "--batch", "1,2", "--context", "16",
+		"--prefill", "8", "--steps", "2", "--world", "2", "--world-timeout", "90s", "--json"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []modelResult
+	if err := json.Unmarshal([]byte(out.String()), &rows); err != nil || len(rows) != 3 {
+		t.Fatalf("output %q: %v", out.String(), err)
+	}
+	for _, r := range rows {
+		if r.World != 2 || r.MS <= 0 {
+			t.Errorf("row %+v: want world 2 and a positive time", r)
+		}
+	}
+	if err := benchModel([]string{"--backend", "cpu", "--model", "m", "--world", "2", "--ep", "2"}, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "--ep 1") {
+		t.Errorf("--world with --ep 2: %v", err)
 	}
 }

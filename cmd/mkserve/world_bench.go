@@ -136,6 +136,7 @@ func runWorld(ctx context.Context, w worldFlags, argv []string, body func(ctx co
 		lw := &prefixWriter{w: worldLog, mu: &logMu, prefix: fmt.Sprintf("rank %d: ", r)}
 		cmd.Stdout, cmd.Stderr = lw, lw
 		cmd.WaitDelay = 5 * time.Second
+		cmd.SysProcAttr = childProcAttr()
 		in, err := cmd.StdinPipe()
 		if err != nil {
 			return fmt.Errorf("world: rank %d's stdin: %w", r, err)
