@@ -82,6 +82,10 @@ __global__ void add_f32(float* out, const float* a, const float* b, int64_t n) {
   GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
 
+__global__ void fill_f32(float* out, float v, int64_t n) {
+  GRID_STRIDE(i, n) out[i] = v;
+}
+
 __global__ void clamp_f32(float* out, const float* x, int64_t n, float lim) {
   GRID_STRIDE(i, n) {
     float v = x[i];
@@ -309,6 +313,14 @@ int32_t mk_add_f32(uint64_t stream, uint64_t out, uint64_t a, uint64_t b, int64_
   add_f32<<<grid_n(n), kT, 0, mk::as_stream(stream)>>>(mk::dev<float>(out), mk::dev<float>(a),
                                                       mk::dev<float>(b), n);
   MK_LAUNCHED("add_f32");
+  return MK_OK;
+}
+
+int32_t mk_fill_f32(uint64_t stream, uint64_t out, int64_t n, uint32_t value_bits) {
+  MK_THREAD("mk_fill_f32");
+  F32_ARG("mk_fill_f32", n > 0 && out);
+  fill_f32<<<grid_n(n), kT, 0, mk::as_stream(stream)>>>(mk::dev<float>(out), mk::float_from_bits(value_bits), n);
+  MK_LAUNCHED("fill_f32");
   return MK_OK;
 }
 

@@ -83,6 +83,21 @@ func (d *Device) SplitBF16(s *Stream, hi, lo, x *Buffer, n int) error {
 	return d.lib.check("mk_split_bf16", d.lib.splitBF16(s.handle(), hi.ptr, lo.ptr, x.ptr, N))
 }
 
+// FillF32 writes out [n] = v.
+func (d *Device) FillF32(s *Stream, out *Buffer, n int, v float32) error {
+	const op = "FillF32"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	if err := positive(op, "n", n); err != nil {
+		return err
+	}
+	if err := needAll(op, 4, "out", out, int64(n)); err != nil {
+		return err
+	}
+	return d.lib.check("mk_fill_f32", d.lib.fillF32(s.handle(), out.ptr, int64(n), math.Float32bits(v)))
+}
+
 // AddF32 writes out [n] = a + b.
 func (d *Device) AddF32(s *Stream, out, a, b *Buffer, n int) error {
 	const op = "AddF32"

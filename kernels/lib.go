@@ -171,6 +171,7 @@ type lib struct {
 	addRMSNormF32 func(s, sum, out, x, r, w uint64, rows, cols int64, eps uint32) int32
 	splitBF16     func(s, hi, lo, x uint64, n int64) int32
 	addF32        func(s, out, a, b uint64, n int64) int32
+	fillF32       func(s, out uint64, n int64, v uint32) int32
 	clampF32      func(s, out, x uint64, n int64, limit uint32) int32
 	biasAddF32    func(s, x, bias uint64, rows, cols int64) int32
 	swigluF32     func(s, out, in uint64, t, i int64, kind int32, alpha, limit uint32) int32
@@ -242,6 +243,7 @@ func (l *lib) symbols() []symbol {
 		{"mk_add_rmsnorm_f32", &l.addRMSNormF32},
 		{"mk_split_bf16", &l.splitBF16},
 		{"mk_add_f32", &l.addF32},
+		{"mk_fill_f32", &l.fillF32},
 		{"mk_clamp_f32", &l.clampF32},
 		{"mk_bias_add_f32", &l.biasAddF32},
 		{"mk_swiglu_f32", &l.swigluF32},

@@ -233,6 +233,8 @@ MK_API int32_t mk_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uint64_t out, u
 MK_API int32_t mk_split_bf16(uint64_t stream, uint64_t hi, uint64_t lo, uint64_t x, int64_t n);
 /* out [n] = a + b. */
 MK_API int32_t mk_add_f32(uint64_t stream, uint64_t out, uint64_t a, uint64_t b, int64_t n);
+/* out [n] = value (its float32 bits). */
+MK_API int32_t mk_fill_f32(uint64_t stream, uint64_t out, int64_t n, uint32_t value_bits);
 /* out [n] = clamp(x, -limit, limit) (NaN stays NaN). */
 MK_API int32_t mk_clamp_f32(uint64_t stream, uint64_t out, uint64_t x, int64_t n, uint32_t limit_bits);
 /* x [rows, cols] += bias [cols], in place. */

@@ -113,6 +113,17 @@ type attnGroup struct {
 
 	ring  bool       // context-parallel spans go to the ring kernel (ringFits)
 	rings []ringSpan // those spans
+
+	// In an expert-parallel world of processes (Backend.world), a
+	// context-parallel span's rows are split zigzag over the processes
+	// instead (world.go, worldCPAttention).
+	worldR, worldMe int
+	worldCP         []ringSpan
+}
+
+// worldSplit reports whether span s is split over the world's processes.
+func (g *attnGroup) worldSplit(s backend.SeqSpan) bool {
+	return g.ring && g.worldR > 1 && s.ContextParallel > 1 && s.Len >= 2*g.worldR
 }
 
 // ringSpan is a context-parallel span and its block table.
@@ -137,6 +148,15 @@ func newGroup(T int) *attnGroup {
 // add appends span s with block table blocks of bs-token blocks.
 func (g *attnGroup) add(s backend.SeqSpan, blocks []int32, bs int) {
 	g.any = true
+	if g.worldSplit(s) {
+		// Every process writes the span's k/v; each attends its share of the rows.
+		for j := 0; j < s.Len; j++ {
+			p := s.Past + j
+			g.slots[s.Offset+j] = blocks[p/bs]*int32(bs) + int32(p%bs)
+		}
+		g.worldCP = append(g.worldCP, ringSpan{span: s, blocks: blocks})
+		return
+	}
 	if g.ringed(s) {
 		// Its k/v are written with the group's; ringAttention attends its rows.
 		for j := 0; j < s.Len; j++ {
@@ -211,6 +231,10 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	paged, priv := newGroup(T), newGroup(T)
 	paged.ring = !be.kvF32 && flashFits(D, Dv)
 	priv.ring = paged.ring
+	if w := be.world; w != nil {
+		paged.worldR, paged.worldMe = w.R, w.me
+		priv.worldR, priv.worldMe = w.R, w.me
+	}
 	// Every layer of a step builds the same paged group: a call whose
 	// inputs equal the last build's reuses it (attnMemo).
 	sig := be.pagedSignature(b, paged.ring)
@@ -364,6 +388,17 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			}
 			if err := d.KVWriteBF16(nil, pl.k, pl.v, kb, vb, m.slots, T, kw, vw); err != nil {
 				return err
+			}
+			if len(g.worldCP) > 0 && qbf == nil {
+				qbf = be.alloc.get(d, int64(T*H*D)*2)
+				if err := d.ConvertF32ToBF16(nil, qbf, qb, T*H*D); err != nil {
+					return err
+				}
+			}
+			for _, ws := range g.worldCP {
+				if err := be.worldCPAttention(d, out.st.f32, qbf, pl, ws, a, sk, T); err != nil {
+					return err
+				}
 			}
 			for _, rs := range g.rings {
 				if err := be.ringAttention(d, out.st.f32, qb, pl, rs, a, sk); err != nil {

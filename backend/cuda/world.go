@@ -154,3 +154,40 @@ func (w *world) check(d *kernels.Device) error {
 	}
 	return nil
 }
+
+// worldCPAttention attends a context-parallel span (rs) in a world of
+// processes: every process has written all of the span's k/v (the KV cache
+// is replicated), this one attends only its zigzag share of the query rows
+// (chunks me and 2R−1−me of 2R, which balances the causal work) with the
+// prefill kernel, the span's other rows of out are zeroed, and the
+// all-reduce fills them in from their owners (x + 0 is exact, so out is what
+// one process attending every row would have written). q is bf16 [T, H*D].
+// Every process makes the same calls. On the GPU goroutine.
+func (be *Backend) worldCPAttention(d *kernels.Device, out, q *kernels.Buffer, pl *kvLayer, rs ringSpan,
+	a kernels.AttnArgs, sinks *kernels.Buffer, T int) error {
+	w, s := be.world, rs.span
+	width := a.Heads * a.VHeadDim
+	rows := view(out, int64(s.Offset*width)*4, int64(s.Len*width)*4)
+	if err := d.FillF32(nil, rows, s.Len*width, 0); err != nil {
+		return err
+	}
+	blocks := upload(be, d, rs.blocks)
+	defer be.alloc.put(blocks)
+	for _, c := range kernels.RingZigzag(s.Len, w.R)[w.me] {
+		if c.Len() == 0 {
+			continue
+		}
+		// One sequence: q rows [Offset+Lo, Offset+Hi) at positions from Past+Lo.
+		meta := upload(be, d, []int32{int32(s.Offset + c.Lo), int32(s.Offset + c.Hi), int32(s.Past + c.Lo), 0})
+		err := d.FlashAttention(nil, out, q, pl.k, pl.v, view(meta, 0, 8), view(meta, 8, 4), view(meta, 12, 4), blocks,
+			sinks, kernels.FlashArgs{Batch: 1, MaxQLen: c.Len(), Tokens: T, Heads: a.Heads, KVHeads: a.KVHeads,
+				HeadDim: a.HeadDim, VHeadDim: a.VHeadDim, BlockSize: a.BlockSize, PoolRows: pl.blocks * a.BlockSize,
+				NumBlocks: len(rs.blocks), Scale: a.Scale, Window: a.Window, Causal: true, Out: kernels.F32})
+		be.alloc.put(meta)
+		if err != nil {
+			return fmt.Errorf("context-parallel span %d, rows [%d, %d) of rank %d of %d: %w", s.ID, c.Lo, c.Hi, w.me, w.R, err)
+		}
+	}
+	w.allReduce(be, d, rows, int64(s.Len*width), int64(width))
+	return nil
+}

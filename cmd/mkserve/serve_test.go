@@ -494,10 +494,12 @@ func TestServeWorldProcesses(t *testing.T) {
 	const model = "../../models/testdata/golden/qwen3_moe"
 	coord := freeLoopback(t)
 	wargs := []string{"--model", model, "--world-size", "2", "--rank", "1", "--coordinator", coord}
-	var sargs []string
+	var sargs, cp []string
 	if backendName == "cuda" {
 		wargs = append(wargs, "--backend", "cuda", "--precision", "fast")
 		sargs = []string{"--precision", "fast"}
+		// Long prompts' attention split over the two processes (world CP).
+		cp = []string{"--context-parallel", "2", "--context-parallel-min", "16"}
 	}
 	cmd := exec.Command(exe, "-test.run", "^TestHelperWorkerProcess$", "-test.v")
 	cmd.Env = append(os.Environ(), workerProcessEnv+"="+strings.Join(wargs, "\n"))
@@ -506,10 +508,11 @@ func TestServeWorldProcesses(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	h, _, stop := startServe(t, append([]string{"--model", model, "--world-size", "2", "--coordinator", coord}, sargs...)...)
-	complete := func(h string) string {
+	h, _, stop := startServe(t, append(append([]string{"--model", model, "--world-size", "2", "--coordinator", coord}, sargs...), cp...)...)
+	long := strings.Repeat("w x y z ", 12)
+	complete := func(h, prompt string) string {
 		resp, err := http.Post("http://"+h+"/v1/completions", "application/json",
-			strings.NewReader(`{"model":"qwen3_moe","prompt":"a b c","max_tokens":8,"temperature":0,"ignore_eos":true}`))
+			strings.NewReader(`{"model":"qwen3_moe","prompt":"`+prompt+`","max_tokens":8,"temperature":0,"ignore_eos":true}`))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -527,7 +530,13 @@ func TestServeWorldProcesses(t *testing.T) {
 		}
 		return r.Choices[0].Text
 	}
-	got := []string{complete(h), complete(h)} // the second mostly replays graphs on cuda
+	// The second mostly replays graphs on cuda; the third's prompt is long
+	// enough for context parallelism when cp is set.
+	prompts := []string{"a b c", "a b c", long}
+	var got []string
+	for _, p := range prompts {
+		got = append(got, complete(h, p))
+	}
 	stop()
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -542,9 +551,8 @@ func TestServeWorldProcesses(t *testing.T) {
 	}
 	h1, _, stop1 := startServe(t, append([]string{"--model", model}, sargs...)...)
 	defer stop1()
-	want := complete(h1)
 	for i, g := range got {
-		if g != want || g == "" {
+		if want := complete(h1, prompts[i]); g != want || g == "" {
 			t.Errorf("request %d: the world of 2 completed %q, one process %q", i, g, want)
 		}
 	}
