@@ -171,6 +171,7 @@ func (e *Engine) step() {
 		if cp := e.cfg.ContextParallel; cp > 1 && s.computed < s.prompt && s.prompt >= e.cfg.ContextParallelMin && en.n >= 2*cp {
 			span.ContextParallel = cp
 			e.cpTokens += int64(en.n)
+			e.opts.Metrics.ContextParallelTokens(en.n)
 		}
 		b.Seqs = append(b.Seqs, span)
 		for j := 0; j < en.n; j++ {

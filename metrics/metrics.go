@@ -42,6 +42,7 @@ type Metrics struct {
 	prefixQueries, prefixHits prometheus.Counter
 	promptTokens, genTokens   prometheus.Counter
 	preemptions               prometheus.Counter
+	cpTokens                  prometheus.Counter
 	placements                prometheus.Counter
 	success                   *prometheus.CounterVec // {finished_reason}
 	ttft, itl, e2e, queue     prometheus.Histogram
@@ -82,6 +83,7 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		promptTokens:  counter("prompt_tokens_total", "Number of prefill tokens processed."),
 		genTokens:     counter("generation_tokens_total", "Number of generation tokens processed."),
 		preemptions:   counter("num_preemptions_total", "Cumulative number of preemptions from the engine."),
+		cpTokens:      counter("context_parallel_tokens_total", "Prompt tokens prefilled with context parallelism (engine.context_parallel)."),
 		placements:    counter("moe_expert_placements_total", "Expert placements of MoE layers installed by the rebalancer (engine.rebalance_every)."),
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: prefix + "request_success_total", Help: "Count of finished requests by finish reason.", ConstLabels: labels,
@@ -102,7 +104,7 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		m.success.WithLabelValues(r)
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.prefixQueries, m.prefixHits,
-		m.promptTokens, m.genTokens, m.preemptions, m.placements, m.success,
+		m.promptTokens, m.genTokens, m.preemptions, m.cpTokens, m.placements, m.success,
 		m.ttft, m.itl, m.e2e, m.queue, m.expertTokens, m.imbalance)
 	return m
 }
@@ -207,6 +209,14 @@ func (m *Metrics) Preemption() {
 		return
 	}
 	m.preemptions.Inc()
+}
+
+// ContextParallelTokens counts n prompt tokens of a context-parallel prefill chunk.
+func (m *Metrics) ContextParallelTokens(n int) {
+	if m == nil {
+		return
+	}
+	m.cpTokens.Add(float64(n))
 }
 
 // ExpertPlacement counts one expert placement installed by the rebalancer.

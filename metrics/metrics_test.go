@@ -27,6 +27,7 @@ var names = []string{
 	"mkserve:generation_tokens_total",
 	"mkserve:request_success_total",
 	"mkserve:num_preemptions_total",
+	"mkserve:context_parallel_tokens_total",
 	"mkserve:moe_expert_placements_total",
 	"mkserve:time_to_first_token_seconds",
 	"mkserve:inter_token_latency_seconds",
@@ -328,10 +329,10 @@ func TestSeriesCounts(t *testing.T) {
 	if got := testutil.ToFloat64(m.success.WithLabelValues("unknown")); got != 1 {
 		t.Errorf("empty reason counted %v times as unknown, want 1", got)
 	}
-	// 13 single-series families, no expert series yet, and the success
+	// 14 single-series families, no expert series yet, and the success
 	// series of the four reasons plus "unknown".
-	if got, err := testutil.GatherAndCount(reg); err != nil || got != 13+len(finishReasons)+1 {
-		t.Errorf("%d series (%v), want %d", got, err, 13+len(finishReasons)+1)
+	if got, err := testutil.GatherAndCount(reg); err != nil || got != 14+len(finishReasons)+1 {
+		t.Errorf("%d series (%v), want %d", got, err, 14+len(finishReasons)+1)
 	}
 }
 

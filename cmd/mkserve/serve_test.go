@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -536,6 +537,17 @@ func TestServeWorldProcesses(t *testing.T) {
 	var got []string
 	for _, p := range prompts {
 		got = append(got, complete(h, p))
+	}
+	if cp != nil { // the long prompt did take the context-parallel path
+		resp, err := http.Get("http://" + h + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !regexp.MustCompile(`(?m)^mkserve:context_parallel_tokens_total\{[^}]*\} [1-9]`).Match(b) {
+			t.Errorf("no context-parallel prompt tokens counted:\n%s", regexp.MustCompile(`(?m)^mkserve:context_parallel.*$`).FindAll(b, -1))
+		}
 	}
 	stop()
 	done := make(chan error, 1)
