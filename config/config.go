@@ -48,7 +48,7 @@ type Config struct {
 	ServedModelName string        // model name clients use; "" is the model directory's base name (served_model_name)
 	EP              int           // expert-parallel ranks (ep)
 	WorldSize       int           // processes serving one model (world_size); rank 0 serves, `mkserve worker` runs the others
-	Coordinator     string        // rank 0's host:port for the world's bootstrap (coordinator)
+	Coordinator     string        // rank 0's host:port for the world's bootstrap (coordinator); empty: rank 0 starts the workers locally
 	Engine          Engine        // the engine block
 }
 
@@ -224,8 +224,6 @@ func (c *Config) Validate() error {
 	}
 	if c.WorldSize > 1 {
 		switch {
-		case c.Coordinator == "":
-			return bad("coordinator", "required with world_size %d (the host:port the workers join)", c.WorldSize)
 		case c.Backend != "cpu" && c.Backend != "cuda":
 			return bad("world_size", "a world of processes runs on the cpu or cuda backend, not %q", c.Backend)
 		case c.Backend == "cuda" && c.WorldSize > 8:
@@ -235,8 +233,10 @@ func (c *Config) Validate() error {
 		case c.EP > 1:
 			return bad("world_size", "experts are already split over the world's %d processes; ep must be 1", c.WorldSize)
 		}
-		if err := checkAddr(c.Coordinator); err != nil {
-			return bad("coordinator", "%v", err)
+		if c.Coordinator != "" { // empty: rank 0 starts its workers on this machine
+			if err := checkAddr(c.Coordinator); err != nil {
+				return bad("coordinator", "%v", err)
+			}
 		}
 	}
 	if c.EP < 1 {

@@ -140,6 +140,14 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	var be backend.Backend
 	var leader *dist.Leader
 	if cfg.WorldSize > 1 {
+		if cfg.Coordinator == "" {
+			// No coordinator: this process starts the workers itself.
+			lw, err := startLocalWorkers(cfg, os.Stderr, log)
+			if err != nil {
+				return fail(err)
+			}
+			defer lw.wait(30 * time.Second) // after the leader stopped them
+		}
 		log.Info("waiting for the world", zap.Int("world_size", cfg.WorldSize), zap.String("coordinator", cfg.Coordinator))
 		comm, err := transport.JoinGRPC(ctx, transport.GRPCConfig{Rank: 0, Size: cfg.WorldSize, Coordinator: cfg.Coordinator,
 			JoinTimeout: worldJoinTimeout})

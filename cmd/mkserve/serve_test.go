@@ -170,7 +170,6 @@ func TestServeBadConfig(t *testing.T) {
 		{[]string{"--model", "../../models/default", "--backend", "cuda", "--moe-path", "fused", "--ep", "2"}, "precision fast"},
 		{[]string{"--model", "../../models/default", "--context-parallel", "-2"}, "context_parallel"},
 		{[]string{"--model", "../../models/default", "--rebalance-every", "8"}, "rebalance_every"},
-		{[]string{"--model", "../../models/default", "--world-size", "2"}, "coordinator"},
 		{[]string{"--model", "../../models/default", "--world-size", "2", "--coordinator", "127.0.0.1:1", "--backend", "cuda", "--moe-path", "fused"}, "grouped"},
 		{[]string{"--model", "../../models/default", "--world-size", "9", "--coordinator", "127.0.0.1:1", "--backend", "cuda"}, "at most 8"},
 		{[]string{"--model", "../../models/default", "--world-size", "2", "--coordinator", "127.0.0.1:1", "--ep", "2"}, "ep must be 1"},
@@ -647,5 +646,38 @@ func TestWorldAgree(t *testing.T) {
 				t.Errorf("rank %d's error %q does not name the other profile %q", r, err, c.profiles[1-r])
 			}
 		}
+	}
+}
+
+// TestServeWorldLocal: `mkserve serve --world-size 2` with no coordinator
+// starts its worker itself (this test binary acting as mkserve), serves the
+// greedy text of one process, and the worker exits when the server stops.
+func TestServeWorldLocal(t *testing.T) {
+	if b := os.Getenv(testBackendEnv); b != "" && b != "cpu" {
+		t.Skipf("TestServeWorldProcesses covers worlds on %s", b)
+	}
+	t.Setenv(worldChildEnv, "1")
+	const model = "../../models/testdata/golden/qwen3_moe"
+	complete := func(h string) string {
+		resp, err := http.Post("http://"+h+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"qwen3_moe","prompt":"a b c d","max_tokens":6,"temperature":0,"ignore_eos":true}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var r struct{ Choices []struct{ Text string } }
+		if resp.StatusCode != 200 || json.Unmarshal(b, &r) != nil || len(r.Choices) != 1 {
+			t.Fatalf("status %d: %s", resp.StatusCode, b)
+		}
+		return r.Choices[0].Text
+	}
+	h, _, stop := startServe(t, "--model", model, "--world-size", "2")
+	got := complete(h)
+	stop() // waits for serve, which waits for its worker
+	h1, _, stop1 := startServe(t, "--model", model)
+	defer stop1()
+	if want := complete(h1); got != want || got == "" {
+		t.Errorf("a local world of 2 completed %q, one process %q", got, want)
 	}
 }

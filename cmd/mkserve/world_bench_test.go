@@ -15,7 +15,7 @@ import (
 // worldChildEnv makes this test binary act as mkserve (TestMain runs the
 // command line instead of the tests): the children a world starts are
 // copies of the running executable, here the test binary.
-const worldChildEnv = "MKSERVE_TEST_AS_MKSERVE"
+const worldChildEnv = worldChildEnvName
 
 func TestMain(m *testing.M) {
 	if os.Getenv(worldChildEnv) == "1" {

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/mkserve/mkserve/config"
+)
+
+// localWorkers are the `mkserve worker` processes `mkserve serve
+// --world-size R` starts itself when no --coordinator is given: ranks
+// 1..R−1 on this machine (one GPU each on cuda), joining rank 0 on a free
+// loopback port.
+type localWorkers struct {
+	cmds []*exec.Cmd
+	done chan struct{} // closed when every process has exited
+}
+
+// startLocalWorkers picks a loopback coordinator address (set in cfg) and
+// starts R−1 workers with rank 0's model and profile. Their output goes to
+// logOut, each line prefixed with its rank. They die with this process
+// (Pdeathsig on Linux) and stop when rank 0 stops them or the world breaks.
+func startLocalWorkers(cfg *config.Config, logOut io.Writer, log *zap.Logger) (*localWorkers, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("world: a loopback port for the coordinator: %w", err)
+	}
+	cfg.Coordinator = l.Addr().String()
+	l.Close()
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("world: this executable's path, to start the workers: %w", err)
+	}
+	model, err := filepath.Abs(cfg.Model)
+	if err != nil {
+		return nil, err
+	}
+	w := &localWorkers{done: make(chan struct{})}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for r := 1; r < cfg.WorldSize; r++ {
+		args := []string{"worker", "--model", model, "--backend", cfg.Backend, "--precision", cfg.Precision,
+			"--moe-path", cfg.MoEPath, "--world-size", strconv.Itoa(cfg.WorldSize), "--rank", strconv.Itoa(r),
+			"--coordinator", cfg.Coordinator}
+		cmd := exec.Command(exe, args...)
+		// A test binary re-run as a worker acts as mkserve (TestMain); the
+		// real binary ignores it.
+		cmd.Env = append(os.Environ(), worldChildEnvName+"=1")
+		cmd.SysProcAttr = childProcAttr()
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			w.kill()
+			return nil, err
+		}
+		cmd.Stderr = cmd.Stdout
+		if err := cmd.Start(); err != nil {
+			w.kill()
+			return nil, fmt.Errorf("world: starting worker %d: %w", r, err)
+		}
+		log.Info("started a worker", zap.Int("rank", r), zap.Int("pid", cmd.Process.Pid))
+		w.cmds = append(w.cmds, cmd)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				mu.Lock()
+				fmt.Fprintf(logOut, "worker %d: %s\n", r, sc.Text())
+				mu.Unlock()
+			}
+			if err := cmd.Wait(); err != nil {
+				log.Warn("a worker exited", zap.Int("rank", r), zap.Error(err))
+			}
+		}()
+	}
+	go func() { wg.Wait(); close(w.done) }()
+	return w, nil
+}
+
+// wait gives the workers d to exit (after rank 0 stopped them), then kills them.
+func (w *localWorkers) wait(d time.Duration) {
+	select {
+	case <-w.done:
+	case <-time.After(d):
+		w.kill()
+		<-w.done
+	}
+}
+
+func (w *localWorkers) kill() {
+	for _, c := range w.cmds {
+		if c.Process != nil {
+			c.Process.Kill()
+		}
+	}
+}
+
+// worldChildEnvName is the variable under which a test binary acts as mkserve.
+const worldChildEnvName = "MKSERVE_TEST_AS_MKSERVE"
