@@ -98,7 +98,19 @@
 #include "common.cuh"
 #include "moe_gemm.cuh"
 
+#include "sysflag.cuh"
+
 namespace {
+
+using mk::atom_acq_rel_add;
+using mk::globaltimer;
+using mk::ld_acquire;
+using mk::ld_acquire_sys;
+using mk::ld_relaxed;
+using mk::red_release_add;
+using mk::red_release_add_sys;
+using mk::st_release;
+using mk::st_release_sys;
 
 using bf16 = __nv_bfloat16;
 
@@ -190,32 +202,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) 
                : "r"(s));
 }
 using mkmoe::mma16816;
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ int ld_relaxed(const int* p) {
-  int v;
-  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release_add(int* p, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-// System scope (rank-local mode: the peer may be another GPU, or another
-// process's context on this one: .gpu scope orders nothing for them).
-__device__ __forceinline__ int ld_acquire_sys(const int* p) {
-  int v;
-  asm volatile("ld.acquire.sys.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release_add_sys(int* p, int v) {
-  asm volatile("red.release.sys.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_release_sys(int* p, int v) {
-  asm volatile("st.release.sys.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
 // signal_add: the fence and release-add of a counter another CTA waits on,
 // at system scope in rank-local mode (the counter may be a peer's).
 __device__ __forceinline__ void signal_add(const Params& p, int* f, int v) {
@@ -226,11 +212,6 @@ __device__ __forceinline__ void signal_add(const Params& p, int* f, int v) {
     __threadfence();
     red_release_add(f, v);
   }
-}
-__device__ __forceinline__ unsigned long long globaltimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
 }
 
 // wait_geq spins (one thread) until *flag >= want, the error record is set,

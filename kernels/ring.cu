@@ -80,7 +80,19 @@
 
 #include "attn_tile.cuh"
 
+#include "sysflag.cuh"
+
 namespace {
+
+using mk::atom_acq_rel_add;
+using mk::globaltimer;
+using mk::ld_acquire;
+using mk::ld_acquire_sys;
+using mk::ld_relaxed;
+using mk::red_release_add;
+using mk::red_release_add_sys;
+using mk::st_release;
+using mk::st_release_sys;
 
 constexpr int kMaxRanks = MK_RING_MAX_RANKS;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -146,44 +158,7 @@ struct Params {
 };
 static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
 
-// ---- flag access (the tile code is in attn_tile.cuh) ----
-
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release_add(int* p, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_release(int* p, int v) {
-  asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ int ld_relaxed(const int* p) {
-  int v;
-  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-// System scope (rank-local mode: the peer may be another GPU, or another
-// process's context on this one: .gpu scope orders nothing for them).
-__device__ __forceinline__ int ld_acquire_sys(const int* p) {
-  int v;
-  asm volatile("ld.acquire.sys.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release_sys(int* p, int v) {
-  asm volatile("st.release.sys.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ int atom_acq_rel_add(int* p, int v) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-__device__ __forceinline__ unsigned long long globaltimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
+// ---- flag access (the tile code is in attn_tile.cuh; the PTX in sysflag.cuh) ----
 
 // wait_geq spins (one thread) until *flag >= want, the error record is set,
 // or timeout_ns passes (then it writes the record). True when the flag came.
