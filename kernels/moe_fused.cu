@@ -102,15 +102,7 @@
 
 namespace {
 
-using mk::atom_acq_rel_add;
-using mk::globaltimer;
-using mk::ld_acquire;
-using mk::ld_acquire_sys;
-using mk::ld_relaxed;
-using mk::red_release_add;
-using mk::red_release_add_sys;
-using mk::st_release;
-using mk::st_release_sys;
+using namespace mk;  // the flag helpers of sysflag.cuh
 
 using bf16 = __nv_bfloat16;
 

@@ -84,15 +84,7 @@
 
 namespace {
 
-using mk::atom_acq_rel_add;
-using mk::globaltimer;
-using mk::ld_acquire;
-using mk::ld_acquire_sys;
-using mk::ld_relaxed;
-using mk::red_release_add;
-using mk::red_release_add_sys;
-using mk::st_release;
-using mk::st_release_sys;
+using namespace mk;  // the flag helpers of sysflag.cuh
 
 constexpr int kMaxRanks = MK_RING_MAX_RANKS;
 constexpr float kLn2 = 0.6931471805599453f;
