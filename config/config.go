@@ -48,6 +48,7 @@ type Config struct {
 	ServedModelName string        // model name clients use; "" is the model directory's base name (served_model_name)
 	EP              int           // expert-parallel ranks (ep)
 	WorldSize       int           // processes serving one model (world_size); rank 0 serves, `mkserve worker` runs the others
+	WorldTransport  string        // cuda world: "ipc" or "nccl" (world_transport)
 	Coordinator     string        // rank 0's host:port for the world's bootstrap (coordinator); empty: rank 0 starts the workers locally
 	Engine          Engine        // the engine block
 }
@@ -85,18 +86,19 @@ const (
 func Default() *Config {
 	e := engine.DefaultConfig()
 	return &Config{
-		Model:        DefaultModel,
-		Backend:      "cpu",
-		Precision:    "exact",
-		MoEPath:      "grouped",
-		HTTPAddr:     DefaultHTTPAddr,
-		GRPCAddr:     DefaultGRPCAddr,
-		LogFormat:    "json",
-		LogLevel:     "info",
-		MaxBodyBytes: DefaultMaxBodyBytes,
-		DrainTimeout: DefaultDrainTimeout,
-		EP:           1,
-		WorldSize:    1,
+		Model:          DefaultModel,
+		Backend:        "cpu",
+		Precision:      "exact",
+		MoEPath:        "grouped",
+		HTTPAddr:       DefaultHTTPAddr,
+		GRPCAddr:       DefaultGRPCAddr,
+		LogFormat:      "json",
+		LogLevel:       "info",
+		MaxBodyBytes:   DefaultMaxBodyBytes,
+		DrainTimeout:   DefaultDrainTimeout,
+		EP:             1,
+		WorldSize:      1,
+		WorldTransport: "ipc",
 		Engine: Engine{
 			MaxNumSeqs:          e.MaxNumSeqs,
 			MaxNumBatchedTokens: e.MaxNumBatchedTokens,
@@ -228,6 +230,10 @@ func (c *Config) Validate() error {
 			return bad("world_size", "a world of processes runs on the cpu or cuda backend, not %q", c.Backend)
 		case c.Backend == "cuda" && c.WorldSize > 8:
 			return bad("world_size", "a world on the cuda backend has at most 8 processes (one per GPU of a host), got %d", c.WorldSize)
+		case c.WorldTransport != "ipc" && c.WorldTransport != "nccl":
+			return bad("world_transport", "must be ipc or nccl, got %q", c.WorldTransport)
+		case c.WorldTransport == "nccl" && c.Backend != "cuda":
+			return bad("world_transport", "nccl sums the MoE outputs of a world on the cuda backend, not %s", c.Backend)
 		case c.Backend == "cuda" && c.MoEPath == "fused":
 			return bad("world_size", "a world on the cuda backend runs the MoE layers on the grouped path (moe_path grouped), not fused")
 		case c.EP > 1:

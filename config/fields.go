@@ -64,6 +64,7 @@ func (c *Config) fields() []field {
 		{"served_model_name", "model name clients use (empty: the model directory's name)", (*stringValue)(&c.ServedModelName)},
 		{"ep", "expert-parallel ranks", (*intValue)(&c.EP)},
 		{"world_size", "processes serving the model: this one (rank 0) and world_size−1 `mkserve worker`s, experts split among them", (*intValue)(&c.WorldSize)},
+		{"world_transport", "cuda world: how the processes sum their MoE outputs: ipc (our all-reduce kernel through CUDA IPC, in decode graphs) or nccl (the fallback; no decode graphs)", (*stringValue)(&c.WorldTransport)},
 		{"coordinator", "host:port rank 0 listens on for the world's bootstrap (with world_size > 1)", (*stringValue)(&c.Coordinator)},
 		{"engine.max_num_seqs", "running sequences per step at most", (*intValue)(&e.MaxNumSeqs)},
 		{"engine.max_num_batched_tokens", "tokens per step at most", (*intValue)(&e.MaxNumBatchedTokens)},

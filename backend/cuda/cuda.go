@@ -61,6 +61,7 @@
 package cuda
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -114,6 +115,11 @@ type Options struct {
 	// rank 0's); Device should be the rank's own GPU. Not with EPRanks > 1
 	// or the fused MoE path.
 	World transport.Comm
+	// WorldTransport is how the world's ranks sum their partial outputs:
+	// "ipc" (the default: kernels.AllReduceSumF32 through CUDA IPC
+	// workspaces, captured in decode graphs) or "nccl" (the fallback:
+	// NCCL's all-reduce, libnccl loaded at run time; decode graphs off).
+	WorldTransport string
 	// NoGraphs runs every step eagerly (no CUDA graphs for decode steps;
 	// see GraphStep). The environment variable MKSERVE_CUDA_GRAPHS=0 does
 	// the same for every backend of the process.
@@ -207,13 +213,23 @@ func New(opts Options) (*Backend, error) {
 	}
 	var wd *world
 	if opts.World != nil {
-		if wd, err = newWorld(opts.World); err != nil {
+		if wd, err = newWorld(opts.World, opts.WorldTransport); err != nil {
 			return nil, err
 		}
 	}
 	g, err := openGPU(opts.Device)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: %w", err)
+	}
+	if wd != nil && wd.kind == "nccl" {
+		// Every rank makes its communicator here (a collective).
+		ctx, cancel := context.WithTimeout(context.Background(), worldTimeout)
+		wd.nccl, err = kernels.NewNCCLComm(ctx, g, opts.World)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("cuda: the world's NCCL transport: %w", err)
+		}
+		opts.NoGraphs = true // NCCL's collectives are not captured here
 	}
 	split := opts.SplitActivations == nil || *opts.SplitActivations
 	kvF32 := split

@@ -34,8 +34,10 @@ const worldMinTokens = 4096
 
 // world is a Backend's expert-parallel world (nil without Options.World).
 type world struct {
-	comm transport.Comm
+	comm  transport.Comm
 	R, me int
+	kind  string            // "ipc" or "nccl" (Options.WorldTransport)
+	nccl  *kernels.NCCLComm // kind "nccl"
 
 	mu    sync.Mutex        // the fields below (used on the GPU goroutine)
 	mine  *kernels.Buffer   // this rank's workspace
@@ -46,12 +48,19 @@ type world struct {
 	calls atomic.Int64 // all-reduces launched (tests)
 }
 
-func newWorld(c transport.Comm) (*world, error) {
+func newWorld(c transport.Comm, kind string) (*world, error) {
 	R := c.Size()
 	if R < 1 || R > kernels.AllReduceMaxRanks {
 		return nil, fmt.Errorf("cuda: a world of %d processes: the all-reduce takes 1..%d ranks", R, kernels.AllReduceMaxRanks)
 	}
-	return &world{comm: c, R: R, me: c.Rank()}, nil
+	switch kind {
+	case "":
+		kind = "ipc"
+	case "ipc", "nccl":
+	default:
+		return nil, fmt.Errorf("cuda: world transport %q (ipc or nccl)", kind)
+	}
+	return &world{comm: c, R: R, me: c.Rank(), kind: kind}, nil
 }
 
 // experts is this rank's block [lo, hi) of E experts: expert e lives on
@@ -127,6 +136,11 @@ func (w *world) ensure(be *Backend, d *kernels.Device, n, H int64) {
 
 // allReduce sums buf [n] f32 over the world's ranks in place. On the GPU goroutine.
 func (w *world) allReduce(be *Backend, d *kernels.Device, buf *kernels.Buffer, n, H int64) {
+	if w.nccl != nil {
+		must("all-reduce (NCCL)", w.nccl.AllReduceSumF32(d, nil, buf, buf, int(n)))
+		w.calls.Add(1)
+		return
+	}
 	w.ensure(be, d, n, H)
 	w.mu.Lock()
 	args := kernels.AllReduceArgs{Me: w.me, WS: w.peers, Cap: w.cap}
@@ -140,6 +154,12 @@ func (w *world) allReduce(be *Backend, d *kernels.Device, buf *kernels.Buffer, n
 // world is then broken for good). On the GPU goroutine, after a sync.
 func (w *world) check(d *kernels.Device) error {
 	if w == nil {
+		return nil
+	}
+	if w.nccl != nil {
+		if err := w.nccl.Check(d); err != nil {
+			return fmt.Errorf("cuda: rank %d of %d: the world's NCCL transport: %w", w.me, w.R, err)
+		}
 		return nil
 	}
 	w.mu.Lock()

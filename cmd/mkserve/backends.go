@@ -19,8 +19,9 @@ import (
 // table of `mkserve bench moe --tune` ("" for none).
 //
 // world, when set, makes the backend one rank of an expert-parallel world
-// of processes: on cuda it opens GPU rank % (GPUs on the host).
-func newBackend(name string, epRanks int, precision, moePath, moeTuning string, world transport.Comm) (backend.Backend, error) {
+// of processes: on cuda it opens GPU rank % (GPUs on the host) and sums the
+// ranks' MoE outputs over worldTransport ("ipc", the default, or "nccl").
+func newBackend(name string, epRanks int, precision, moePath, moeTuning string, world transport.Comm, worldTransport string) (backend.Backend, error) {
 	switch name {
 	case "cpu":
 		return cpu.New(cpu.Options{EPRanks: epRanks, EPComm: world}), nil
@@ -49,7 +50,7 @@ func newBackend(name string, epRanks int, precision, moePath, moeTuning string, 
 			dev = world.Rank() % max(n, 1)
 		}
 		be, err := cuda.New(cuda.Options{Device: dev, EPRanks: epRanks, SplitActivations: &split, MoEPath: moePath,
-			MoETuning: tune, World: world})
+			MoETuning: tune, World: world, WorldTransport: worldTransport})
 		if err != nil {
 			return nil, fmt.Errorf("backend cuda cannot start: %w", err)
 		}

@@ -119,7 +119,7 @@ func benchModel(args []string, stdout io.Writer) error {
 		case "cpu":
 			be = cpu.New(cpu.Options{EPComm: comm})
 		case "cuda":
-			b, err := newBackend("cuda", *ep, *precision, *moePath, *moeTuning, comm)
+			b, err := newBackend("cuda", *ep, *precision, *moePath, *moeTuning, comm, "")
 			if err != nil {
 				return err
 			}

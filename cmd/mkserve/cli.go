@@ -86,7 +86,7 @@ func (m *modelFlags) load() (*models.Loaded, backend.Backend, error) {
 	if m.ep < 1 {
 		return nil, nil, fmt.Errorf("--ep must be at least 1, got %d", m.ep)
 	}
-	be, err := newBackend(m.backend, m.ep, m.precision, m.moePath, "", nil)
+	be, err := newBackend(m.backend, m.ep, m.precision, m.moePath, "", nil, "")
 	if err != nil {
 		return nil, nil, err
 	}

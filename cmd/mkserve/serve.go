@@ -155,16 +155,16 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 			return fail(err)
 		}
 		defer comm.Close()
-		if err := worldAgree(ctx, comm, worldProfile(cfg.Backend, cfg.Precision, cfg.MoEPath)); err != nil {
+		if err := worldAgree(ctx, comm, worldProfile(cfg.Backend, cfg.Precision, cfg.MoEPath, cfg.WorldTransport)); err != nil {
 			return fail(err)
 		}
-		if be, err = newBackend(cfg.Backend, 1, cfg.Precision, cfg.MoEPath, cfg.MoETuning, comm); err != nil {
+		if be, err = newBackend(cfg.Backend, 1, cfg.Precision, cfg.MoEPath, cfg.MoETuning, comm, cfg.WorldTransport); err != nil {
 			return fail(err)
 		}
 		if leader, err = dist.NewLeader(comm); err != nil {
 			return fail(err)
 		}
-	} else if be, err = newBackend(cfg.Backend, cfg.EP, cfg.Precision, cfg.MoEPath, cfg.MoETuning, nil); err != nil {
+	} else if be, err = newBackend(cfg.Backend, cfg.EP, cfg.Precision, cfg.MoEPath, cfg.MoETuning, nil, ""); err != nil {
 		return fail(err)
 	}
 	if cb, ok := be.(*cuda.Backend); ok {

@@ -23,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/mkserve/mkserve/backend/cuda"
+	"github.com/mkserve/mkserve/kernels"
 	"github.com/mkserve/mkserve/loadgen"
 	pb "github.com/mkserve/mkserve/proto/mkserve/v1"
 	"github.com/mkserve/mkserve/transport"
@@ -172,6 +173,8 @@ func TestServeBadConfig(t *testing.T) {
 		{[]string{"--model", "../../models/default", "--rebalance-every", "8"}, "rebalance_every"},
 		{[]string{"--model", "../../models/default", "--world-size", "2", "--coordinator", "127.0.0.1:1", "--backend", "cuda", "--moe-path", "fused"}, "grouped"},
 		{[]string{"--model", "../../models/default", "--world-size", "9", "--coordinator", "127.0.0.1:1", "--backend", "cuda"}, "at most 8"},
+		{[]string{"--model", "../../models/default", "--world-size", "2", "--coordinator", "127.0.0.1:1", "--world-transport", "nccl"}, "world_transport"},
+		{[]string{"--model", "../../models/default", "--world-size", "2", "--coordinator", "127.0.0.1:1", "--backend", "cuda", "--world-transport", "mpi"}, "ipc or nccl"},
 		{[]string{"--model", "../../models/default", "--world-size", "2", "--coordinator", "127.0.0.1:1", "--ep", "2"}, "ep must be 1"},
 		{[]string{"--model", "../../models/default", "--world-size", "0"}, "world_size"},
 		{[]string{"--model", "../../models/default", "--backend", "tpu"}, "backend"},
@@ -491,15 +494,25 @@ func TestServeWorldProcesses(t *testing.T) {
 	if err != nil {
 		t.Skipf("no path to re-run the test binary: %v", err)
 	}
+	transports := []string{"ipc"}
+	if n, err := kernels.DeviceCount(); backendName == "cuda" && err == nil && n >= 2 {
+		transports = append(transports, "nccl") // NCCL takes one GPU per rank
+	}
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) { testServeWorldProcesses(t, exe, backendName, tr) })
+	}
+}
+
+func testServeWorldProcesses(t *testing.T, exe, backendName, worldTransport string) {
 	const model = "../../models/testdata/golden/qwen3_moe"
 	coord := freeLoopback(t)
 	wargs := []string{"--model", model, "--world-size", "2", "--rank", "1", "--coordinator", coord}
 	var sargs, cp []string
 	if backendName == "cuda" {
-		wargs = append(wargs, "--backend", "cuda", "--precision", "fast")
+		wargs = append(wargs, "--backend", "cuda", "--precision", "fast", "--world-transport", worldTransport)
 		sargs = []string{"--precision", "fast"}
 		// Long prompts' attention split over the two processes (world CP).
-		cp = []string{"--context-parallel", "2", "--context-parallel-min", "16"}
+		cp = []string{"--context-parallel", "2", "--context-parallel-min", "16", "--world-transport", worldTransport}
 	}
 	cmd := exec.Command(exe, "-test.run", "^TestHelperWorkerProcess$", "-test.v")
 	cmd.Env = append(os.Environ(), workerProcessEnv+"="+strings.Join(wargs, "\n"))
@@ -627,10 +640,11 @@ func TestWorldAgree(t *testing.T) {
 		profiles [2]string
 		fail     bool
 	}{
-		{[2]string{worldProfile("cuda", "fast", "grouped"), worldProfile("cuda", "fast", "grouped")}, false},
-		{[2]string{worldProfile("cpu", "", ""), worldProfile("cpu", "fast", "x")}, false},
-		{[2]string{worldProfile("cuda", "", ""), worldProfile("cuda", "fast", "")}, true},
-		{[2]string{worldProfile("cuda", "exact", ""), worldProfile("cpu", "exact", "")}, true},
+		{[2]string{worldProfile("cuda", "fast", "grouped", ""), worldProfile("cuda", "fast", "", "ipc")}, false},
+		{[2]string{worldProfile("cpu", "", "", ""), worldProfile("cpu", "fast", "x", "")}, false},
+		{[2]string{worldProfile("cuda", "", "", ""), worldProfile("cuda", "fast", "", "")}, true},
+		{[2]string{worldProfile("cuda", "exact", "", ""), worldProfile("cpu", "exact", "", "")}, true},
+		{[2]string{worldProfile("cuda", "fast", "", "nccl"), worldProfile("cuda", "fast", "", "ipc")}, true},
 	} {
 		comms := transport.LoopbackForTest(t, 2)
 		errs := make([]error, 2)

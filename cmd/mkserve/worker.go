@@ -37,6 +37,7 @@ func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 	backendName := fs.String("backend", "cpu", "compute backend (cpu or cuda: as rank 0's; on cuda this rank opens GPU rank % GPUs)")
 	precision := fs.String("precision", "exact", "the cuda backend's precision profile (exact or fast): as rank 0's")
 	moePath := fs.String("moe-path", "", "the cuda backend's MoE path (grouped; empty reads MKSERVE_MOE_PATH): as rank 0's")
+	worldTransport := fs.String("world-transport", "ipc", "cuda: how the ranks sum their MoE outputs, ipc or nccl: as rank 0's")
 	size := fs.Int("world-size", 0, "processes in the world (rank 0 included)")
 	rank := fs.Int("rank", 0, "this worker's rank, 1 … world-size−1")
 	coord := fs.String("coordinator", "", "rank 0's host:port")
@@ -61,10 +62,10 @@ func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer comm.Close()
-	if err := worldAgree(ctx, comm, worldProfile(*backendName, *precision, *moePath)); err != nil {
+	if err := worldAgree(ctx, comm, worldProfile(*backendName, *precision, *moePath, *worldTransport)); err != nil {
 		return err
 	}
-	be, err := newBackend(*backendName, 1, *precision, *moePath, "", comm)
+	be, err := newBackend(*backendName, 1, *precision, *moePath, "", comm, *worldTransport)
 	if err != nil {
 		return err
 	}
@@ -84,7 +85,7 @@ func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 // worldProfile is what every rank of a world must agree on: the ranks are
 // replicas whose arithmetic must match bit for bit, or they would route
 // the same token to different experts.
-func worldProfile(backendName, precision, moePath string) string {
+func worldProfile(backendName, precision, moePath, worldTransport string) string {
 	if backendName == "cpu" {
 		return "backend cpu"
 	}
@@ -97,7 +98,10 @@ func worldProfile(backendName, precision, moePath string) string {
 	if moePath == "" {
 		moePath = "grouped" // cuda's default
 	}
-	return fmt.Sprintf("backend %s, precision %s, moe path %q", backendName, precision, moePath)
+	if worldTransport == "" {
+		worldTransport = "ipc"
+	}
+	return fmt.Sprintf("backend %s, precision %s, moe path %q, world transport %s", backendName, precision, moePath, worldTransport)
 }
 
 // worldAgree checks, with every rank of the world, that all have the same
