@@ -6,16 +6,18 @@
 # 32 at 1; 64 random input words, 64 output tokens). Run by scripts/device.sh.
 # WORLD=R (R ≥ 2) serves with a world of R processes: rank 0 and R−1
 # `mkserve worker` processes, one per GPU (rank % GPUs), every MoE layer's
-# experts split among them.
+# experts split among them; WORLD_TRANSPORT=nccl sums their MoE outputs with
+# NCCL instead of the IPC all-reduce kernel.
 set -uo pipefail
 MK=${1:-.dev/mkserve}
 PREC=${2:-exact}
 WORLD=${WORLD:-1}
-echo "SERVE precision $PREC world $WORLD"
+WT=${WORLD_TRANSPORT:-ipc}
+echo "SERVE precision $PREC world $WORLD transport $WT"
 world=()
 wpids=()
 if [ "$WORLD" -gt 1 ]; then
-	world=(--world-size "$WORLD" --coordinator 127.0.0.1:29511)
+	world=(--world-size "$WORLD" --coordinator 127.0.0.1:29511 --world-transport "$WT")
 	for r in $(seq 1 $((WORLD - 1))); do
 		"$MK" worker --backend cuda --precision "$PREC" --model models/default "${world[@]}" --rank "$r" &
 		wpids+=($!)
