@@ -138,9 +138,3 @@ func closeIPC(t *testing.T, a *arena, peer lineIO, mapped *Buffer) {
 		t.Error(err)
 	}
 }
-
-// coResidentMargin is the SMs left free when R launches on R streams of one
-// process must all be resident at once (each gets (SMs − margin)/R CTAs):
-// with every SM taken (132 of 132, R = 2) the fused MoE test once timed out
-// on the H200 after passing three times, as if one launch waited for SMs.
-const coResidentMargin = 8

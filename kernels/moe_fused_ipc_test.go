@@ -243,7 +243,7 @@ func TestMoEFusedRankLocalStreams(t *testing.T) {
 			dnb16, dn := randBF16(r, c.E*H*I, 1/math.Sqrt(float64(I)))
 			cfg := moe.RouterConfig{NumExperts: c.E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
 			args := MoEFusedArgs{Tokens: c.tokens, Slots: pl.Slots, Experts: c.E, TopK: K, H: H, I: I,
-				CTAs: (sms - coResidentMargin) / R, Timeout: 5 * time.Second}
+				CTAs: sms / R, Timeout: 5 * time.Second}
 			onGPU(t, g, func(a *arena) {
 				ctlBytes, rankBytes, _, err := a.d.MoEFusedWorkspace(args, false)
 				a.check(err)
