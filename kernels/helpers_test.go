@@ -26,6 +26,20 @@ var (
 
 // testGPU opens device 0 once per test binary, or skips when this machine
 // cannot run the CUDA backend.
+// The tests that launch R rank-local kernels on R streams of this process
+// need every kernel loaded before the first launch: with CUDA's lazy module
+// loading, a launch of a kernel not loaded yet can wait for the running
+// kernels, and those spin until the new one arrives (the fused MoE streams
+// test timed out whenever it was the process's first GPU work; with eager
+// loading it passed in 3 of 3 fresh processes on the H200). The server keeps
+// lazy loading (eager costs 1.5 s at start: serve ready in 2.67 s against
+// 1.25 s), since it never runs two ranks in one process.
+func init() {
+	if os.Getenv("CUDA_MODULE_LOADING") == "" {
+		os.Setenv("CUDA_MODULE_LOADING", "EAGER")
+	}
+}
+
 // testDeviceEnv names the device ordinal testGPU opens (default 0): a
 // child process of a multi-process test sets it, since one process owns one GPU.
 const testDeviceEnv = "MKSERVE_TEST_DEVICE"

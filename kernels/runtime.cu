@@ -1,6 +1,5 @@
 // runtime.cu — errors, device selection, memory, streams and events.
 #include <cstdarg>
-#include <cstdlib>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -97,15 +96,6 @@ int32_t mk_device_count(int32_t* count) {
   *count = n;
   return MK_OK;
 }
-
-// Eager module loading (unless the user chose otherwise), set when the
-// library is loaded, before this process's first CUDA call. With CUDA's lazy
-// loading a launch of a kernel not yet loaded can wait for the device's
-// running kernels to finish; a rank-local launch (fused MoE, ring) whose
-// peer on another stream of this process spins until it arrives then
-// deadlocks until the watchdog fires: TestMoEFusedRankLocalStreams timed
-// out when it was the process's first GPU work and passed afterwards.
-__attribute__((constructor)) static void mk_eager_module_loading() { setenv("CUDA_MODULE_LOADING", "EAGER", 0); }
 
 int32_t mk_init(int32_t device) {
   mk::State& s = mk::state();
