@@ -91,6 +91,11 @@ type MoELayer struct {
 	Down       Tensor // [E, H, I] (flattened [E*H, I])
 	DownBias   Tensor // [E, H] or nil
 	Act        moe.Activation
+	// LocalExperts > 0: GateUp, Down and their biases hold only experts
+	// [ExpertLo, ExpertLo+LocalExperts) of the router's NumExperts, the block
+	// an ExpertSharder backend keeps (one rank of a world of processes);
+	// 0: every expert.
+	ExpertLo, LocalExperts int
 	// Shared experts, always applied, added to the routed output.
 	Shared     *MLP   // or nil
 	SharedGate Tensor // [1, H]: out += sigmoid(x·g) * shared(x) (Qwen2-MoE); nil: ungated
@@ -167,6 +172,14 @@ type ExpertPlacer interface {
 	// An error wrapping ErrNotPlaceable means no placement of that layer
 	// can ever be installed (callers stop trying); other errors may pass.
 	PlaceExperts(layer int, p *moe.Placement) error
+}
+
+// ExpertSharder is a backend that keeps only a block of each MoE layer's
+// routed experts (a rank of an expert-parallel world of processes): model
+// loaders upload only experts [lo, hi) of a layer of E, and say so in
+// MoELayer.ExpertLo and LocalExperts.
+type ExpertSharder interface {
+	ExpertShard(E int) (lo, hi int)
 }
 
 // ErrNotPlaceable is wrapped by PlaceExperts errors for a layer whose

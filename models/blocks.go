@@ -307,13 +307,25 @@ var expertNames = [][3]string{
 // accepting per-expert tensors (experts.N.gate_proj.weight / w1.weight …) or
 // the fused 3-D layout transformers 5 uses (experts.gate_up_proj [E, 2I, H],
 // experts.down_proj [E, H, I]).
+//
+// A backend that is a backend.ExpertSharder gets only its block of experts
+// (the others are read from the checkpoint by no one, and counted as used).
 func loadExperts(w *Weights, prefix string, E, hidden, I int, l *backend.MoELayer) error {
+	lo, hi := 0, E
+	if s, ok := w.be.(backend.ExpertSharder); ok {
+		if lo, hi = s.ExpertShard(E); lo < 0 || hi > E || hi <= lo {
+			return fmt.Errorf("%sexperts: the backend's shard [%d, %d) of %d experts", prefix, lo, hi, E)
+		}
+		if hi-lo < E {
+			l.ExpertLo, l.LocalExperts = lo, hi-lo
+		}
+	}
 	var err error
 	if w.Has(prefix + "experts.gate_up_proj") {
-		if l.GateUp, err = w.Get(prefix+"experts.gate_up_proj", E, 2*I, hidden); err != nil {
+		if l.GateUp, err = w.getRows(prefix+"experts.gate_up_proj", lo, hi, E, 2*I, hidden); err != nil {
 			return err
 		}
-		l.Down, err = w.Get(prefix+"experts.down_proj", E, hidden, I)
+		l.Down, err = w.getRows(prefix+"experts.down_proj", lo, hi, E, hidden, I)
 		return err
 	}
 	style := -1
@@ -329,6 +341,12 @@ func loadExperts(w *Weights, prefix string, E, hidden, I int, l *backend.MoELaye
 	var gateUp, down []*tensor.Host
 	for e := 0; e < E; e++ {
 		ep := fmt.Sprintf("%sexperts.%d.", prefix, e)
+		if e < lo || e >= hi { // another rank's expert
+			for _, t := range n {
+				w.used[ep+t] = true
+			}
+			continue
+		}
 		g, err := w.host(ep+n[0], I, hidden)
 		if err != nil {
 			return err

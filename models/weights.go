@@ -92,6 +92,22 @@ func (w *Weights) Get(name string, shape ...int) (backend.Tensor, error) {
 	return w.upload(h)
 }
 
+// getRows loads rows [lo, hi) of the first dimension (E) of a tensor of
+// shape [E, rest...]: one rank's block of a stacked expert tensor.
+func (w *Weights) getRows(name string, lo, hi int, shape ...int) (backend.Tensor, error) {
+	h, err := w.host(name, shape...)
+	if err != nil || (lo == 0 && hi == shape[0]) {
+		if err != nil {
+			return nil, err
+		}
+		return w.upload(h)
+	}
+	row := len(h.Data) / shape[0]
+	part := &tensor.Host{Name: h.Name, DType: h.DType, Shape: append([]int{hi - lo}, shape[1:]...),
+		Data: h.Data[lo*row : hi*row]}
+	return w.upload(part)
+}
+
 // Optional loads a tensor if the checkpoint has it (nil, nil otherwise).
 func (w *Weights) Optional(name string, shape ...int) (backend.Tensor, error) {
 	if !w.Has(name) {

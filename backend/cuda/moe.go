@@ -42,17 +42,25 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 	if err := l.Act.Validate(); err != nil {
 		panicf("MoE", "%v", err)
 	}
+	// The weights hold experts [base, base+Ew): all E, or one rank's block.
+	base, Ew := 0, E
+	if l.LocalExperts > 0 {
+		base, Ew = l.ExpertLo, l.LocalExperts
+		if lo, hi := be.ExpertShard(E); lo != base || hi != base+Ew {
+			panicf("MoE", "layer %d holds experts [%d, %d), this backend's block is [%d, %d)", l.Layer, base, base+Ew, lo, hi)
+		}
+	}
 	gu, rows := matrix("MoE", "GateUp", l.GateUp, H)
-	if rows%(2*E) != 0 || rows == 0 {
-		panicf("MoE", "GateUp %v is not [E*2I, H] for E = %d", gu.shape, E)
+	if rows%(2*Ew) != 0 || rows == 0 {
+		panicf("MoE", "GateUp %v is not [E*2I, H] for E = %d", gu.shape, Ew)
 	}
-	I := rows / (2 * E)
+	I := rows / (2 * Ew)
 	down, drows := matrix("MoE", "Down", l.Down, I)
-	if drows != E*H {
-		panicf("MoE", "Down %v is not [E*H, I] = [%d, %d]", down.shape, E*H, I)
+	if drows != Ew*H {
+		panicf("MoE", "Down %v is not [E*H, I] = [%d, %d]", down.shape, Ew*H, I)
 	}
-	gub := flat("MoE", "GateUpBias", l.GateUpBias, E*2*I)
-	db := flat("MoE", "DownBias", l.DownBias, E*H)
+	gub := flat("MoE", "GateUpBias", l.GateUpBias, Ew*2*I)
+	db := flat("MoE", "DownBias", l.DownBias, Ew*H)
 	gateBias := vector("MoE", "GateBias", l.GateBias, E)
 	var sg *Tensor
 	if l.SharedGate != nil {
@@ -63,13 +71,13 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 	}
 	var out *Tensor
 	if be.grouped(gu, down, H, I, E) {
-		out = be.moeGrouped(xt, l, gate, gateBias, vector("MoE", "ScoreBias", l.ScoreBias, E), gu, gub, down, db, T, H, E, I)
+		out = be.moeGrouped(xt, l, gate, gateBias, vector("MoE", "ScoreBias", l.ScoreBias, E), gu, gub, down, db, T, H, E, I, base, Ew)
 	} else {
 		var scoreBias []float32
 		if sb := vector("MoE", "ScoreBias", l.ScoreBias, E); sb != nil {
 			scoreBias = be.ToHost(sb)
 		}
-		out = be.moeHost(xt, l, gate, gateBias, scoreBias, gu, gub, down, db, T, H, E, I)
+		out = be.moeHost(xt, l, gate, gateBias, scoreBias, gu, gub, down, db, T, H, E, I, base)
 	}
 
 	if w := be.world; w != nil && T > 0 {
@@ -104,8 +112,10 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 // moeHost is the routed experts with routing on the host (moe.Route) and two
 // GEMMs per expert: the exact path, used for float32 expert weights and in
 // split mode (hi/lo bf16 halves), and for shapes the grouped kernels refuse.
+//
+// The weights hold experts from base on (0, or a world rank's block).
 func (be *Backend) moeHost(xt *Tensor, l *backend.MoELayer, gate, gateBias *Tensor, scoreBias []float32,
-	gu, gub, down, db *Tensor, T, H, E, I int) *Tensor {
+	gu, gub, down, db *Tensor, T, H, E, I, base int) *Tensor {
 	K := l.Router.TopK
 
 	logits := be.ToHost(be.routerLinear(xt, gate, gateBias))
@@ -177,9 +187,10 @@ func (be *Backend) moeHost(xt *Tensor, l *backend.MoELayer, gate, gateBias *Tens
 				continue
 			}
 			hv := view(h, int64(r0*2*I)*4, int64(n*2*I)*4)
-			gemm(d, hv, xin.rows(r0, n, H), view(guw, int64(e*2*I*H)*gs, int64(2*I*H)*gs), n, 2*I, H)
+			we := e - base // its place in the weights
+			gemm(d, hv, xin.rows(r0, n, H), view(guw, int64(we*2*I*H)*gs, int64(2*I*H)*gs), n, 2*I, H)
 			if gubb != nil {
-				must("bias", d.BiasAddF32(nil, hv, view(gubb, int64(e*2*I)*4, int64(2*I)*4), n, 2*I))
+				must("bias", d.BiasAddF32(nil, hv, view(gubb, int64(we*2*I)*4, int64(2*I)*4), n, 2*I))
 			}
 		}
 		be.release(xin)
@@ -194,9 +205,10 @@ func (be *Backend) moeHost(xt *Tensor, l *backend.MoELayer, gate, gateBias *Tens
 				continue
 			}
 			yv := view(y, int64(r0*H)*4, int64(n*H)*4)
-			gemm(d, yv, ain.rows(r0, n, I), view(dw, int64(e*H*I)*ds, int64(H*I)*ds), n, H, I)
+			we := e - base
+			gemm(d, yv, ain.rows(r0, n, I), view(dw, int64(we*H*I)*ds, int64(H*I)*ds), n, H, I)
 			if dbb != nil {
-				must("bias", d.BiasAddF32(nil, yv, view(dbb, int64(e*H)*4, int64(H)*4), n, H))
+				must("bias", d.BiasAddF32(nil, yv, view(dbb, int64(we*H)*4, int64(H)*4), n, H))
 			}
 		}
 		be.release(ain)

@@ -158,7 +158,7 @@ func moeRouterOf(r *moe.RouterConfig) kernels.MoERouter {
 // moeGrouped is the routed experts on the GPU: router GEMM (Linear), device
 // routing, x rounded to bf16, kernels.MoEExpertsRun → out [T, H] f32.
 func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, scoreBias *Tensor,
-	gu, gub, down, db *Tensor, T, H, E, I int) *Tensor {
+	gu, gub, down, db *Tensor, T, H, E, I, base, Ew int) *Tensor {
 	K := l.Router.TopK
 	var logits *Tensor
 	if T > 0 {
@@ -186,7 +186,7 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 		if temp {
 			defer a.put(xb)
 		}
-		ex := &kernels.MoEExperts{E: E, H: H, I: I, GateUp: gu.st.bf16, Down: down.st.bf16,
+		ex := &kernels.MoEExperts{E: Ew, H: H, I: I, GateUp: gu.st.bf16, Down: down.st.bf16,
 			Clamped: l.Act.Kind == moe.ClampedSwiGLU, Alpha: l.Act.Alpha, Limit: l.Act.Limit}
 		if gub != nil {
 			ex.GateUpBias = be.f32(d, gub)
@@ -202,7 +202,9 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 				panicf("MoE", "rank %d of %d holds none of the %d experts (more ranks than experts)", wd.me, wd.R, E)
 			}
 			must("localize", d.MoELocalize(nil, ids, T*K, lo, hi))
-			ex = localExperts(ex, lo, hi)
+			if Ew == E { // every expert uploaded: this rank's are a view
+				ex = localExperts(ex, lo, hi)
+			}
 			counts = view(counts, int64(lo)*8, int64(hi-lo)*8)
 		} else if be.fusedFits(E, gub, db) {
 			return be.moeFusedRun(d, out.st.f32, xb, ids, w, T, K, ex, counts, l.Layer, gu, down)

@@ -69,6 +69,15 @@ func (w *world) experts(E int) (lo, hi int) {
 	return (w.me*E + w.R - 1) / w.R, ((w.me+1)*E + w.R - 1) / w.R
 }
 
+// ExpertShard implements backend.ExpertSharder: in a world, this rank's
+// block of a layer's E experts (the loader uploads only those); else all.
+func (be *Backend) ExpertShard(E int) (lo, hi int) {
+	if be.world == nil {
+		return 0, E
+	}
+	return be.world.experts(E)
+}
+
 // WorldRank is this backend's rank and the world's size (0, 1 without a world).
 func (be *Backend) WorldRank() (rank, size int) {
 	if be.world == nil {

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -494,25 +495,33 @@ func TestServeWorldProcesses(t *testing.T) {
 	if err != nil {
 		t.Skipf("no path to re-run the test binary: %v", err)
 	}
-	transports := []string{"ipc"}
-	if n, err := kernels.DeviceCount(); backendName == "cuda" && err == nil && n >= 2 {
-		transports = append(transports, "nccl") // NCCL takes one GPU per rank
+	// precision/transport: fast runs the grouped MoE path with decode graphs
+	// and context parallelism, exact the host MoE path.
+	runs := []string{"fast/ipc"}
+	if backendName == "cuda" {
+		runs = append(runs, "exact/ipc")
+		if n, err := kernels.DeviceCount(); err == nil && n >= 2 {
+			runs = append(runs, "fast/nccl") // NCCL takes one GPU per rank
+		}
 	}
-	for _, tr := range transports {
-		t.Run(tr, func(t *testing.T) { testServeWorldProcesses(t, exe, backendName, tr) })
+	for _, run := range runs {
+		prec, tr, _ := strings.Cut(run, "/")
+		t.Run(prec+"_"+tr, func(t *testing.T) { testServeWorldProcesses(t, exe, backendName, prec, tr) })
 	}
 }
 
-func testServeWorldProcesses(t *testing.T, exe, backendName, worldTransport string) {
+func testServeWorldProcesses(t *testing.T, exe, backendName, precision, worldTransport string) {
 	const model = "../../models/testdata/golden/qwen3_moe"
 	coord := freeLoopback(t)
 	wargs := []string{"--model", model, "--world-size", "2", "--rank", "1", "--coordinator", coord}
 	var sargs, cp []string
 	if backendName == "cuda" {
-		wargs = append(wargs, "--backend", "cuda", "--precision", "fast", "--world-transport", worldTransport)
-		sargs = []string{"--precision", "fast"}
-		// Long prompts' attention split over the two processes (world CP).
-		cp = []string{"--context-parallel", "2", "--context-parallel-min", "16", "--world-transport", worldTransport}
+		wargs = append(wargs, "--backend", "cuda", "--precision", precision, "--world-transport", worldTransport)
+		sargs = []string{"--precision", precision}
+		cp = []string{"--world-transport", worldTransport}
+		if precision == "fast" { // long prompts' attention split over the two processes (world CP)
+			cp = append(cp, "--context-parallel", "2", "--context-parallel-min", "16")
+		}
 	}
 	cmd := exec.Command(exe, "-test.run", "^TestHelperWorkerProcess$", "-test.v")
 	cmd.Env = append(os.Environ(), workerProcessEnv+"="+strings.Join(wargs, "\n"))
@@ -550,7 +559,7 @@ func testServeWorldProcesses(t *testing.T, exe, backendName, worldTransport stri
 	for _, p := range prompts {
 		got = append(got, complete(h, p))
 	}
-	if cp != nil { // the long prompt did take the context-parallel path
+	if slices.Contains(cp, "--context-parallel") { // the long prompt did take the context-parallel path
 		resp, err := http.Get("http://" + h + "/metrics")
 		if err != nil {
 			t.Fatal(err)
