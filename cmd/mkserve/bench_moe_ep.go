@@ -295,6 +295,19 @@ func (b *moeEPBufs) alloc(d *kernels.Device, bytes int64) (*kernels.Buffer, erro
 	return x, err
 }
 
+// allocer returns an allocator that stops at the first error, which it
+// leaves in *err (nil buffers after it), so a run of allocations needs one check.
+func (b *moeEPBufs) allocer(d *kernels.Device, err *error) func(int64) *kernels.Buffer {
+	return func(n int64) *kernels.Buffer {
+		if *err != nil {
+			return nil
+		}
+		var x *kernels.Buffer
+		x, *err = b.alloc(d, n)
+		return x
+	}
+}
+
 func (b *moeEPBufs) free() {
 	for _, x := range b.all {
 		_ = x.Free()
@@ -428,14 +441,7 @@ func runMoEEPCase(ctx context.Context, wd *world, d *kernels.Device, o *moeBench
 		return res, err
 	}
 	res.WorkspaceBytes = rankBytes[me]
-	alloc := func(n int64) *kernels.Buffer {
-		if err != nil {
-			return nil
-		}
-		var x *kernels.Buffer
-		x, err = b.alloc(d, n)
-		return x
-	}
+	alloc := b.allocer(d, &err)
 	args.Table = alloc(int64(len(st.table)) * 4)
 	ws := alloc(rankBytes[me])
 	x, logits := alloc(int64(T*H)*2), alloc(int64(T*E)*4)
@@ -681,14 +687,7 @@ func moeEPLocal(d *kernels.Device, o *moeBenchOpts, st *moeEPShapeState, T int, 
 			return 0, err
 		}
 		var rk kernels.MoEFusedRank
-		alloc := func(n int64) *kernels.Buffer {
-			if err != nil {
-				return nil
-			}
-			var x *kernels.Buffer
-			x, err = b.alloc(d, n)
-			return x
-		}
+		alloc := b.allocer(d, &err)
 		args.Table = alloc(int64(len(table)) * 4)
 		rk.X, rk.IDs, rk.Weights, rk.Out = alloc(int64(N*H)*2), alloc(int64(N)*4), alloc(int64(N)*4), alloc(int64(N*H)*4)
 		rk.WS = alloc(rankBytes[0])
