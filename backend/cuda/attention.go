@@ -145,24 +145,26 @@ func newGroup(T int) *attnGroup {
 	return g
 }
 
+// setSlots records the pool slot of each of span s's rows (where its k/v go).
+func (g *attnGroup) setSlots(s backend.SeqSpan, blocks []int32, bs int) {
+	for j := 0; j < s.Len; j++ {
+		p := s.Past + j
+		g.slots[s.Offset+j] = blocks[p/bs]*int32(bs) + int32(p%bs)
+	}
+}
+
 // add appends span s with block table blocks of bs-token blocks.
 func (g *attnGroup) add(s backend.SeqSpan, blocks []int32, bs int) {
 	g.any = true
 	if g.worldSplit(s) {
 		// Every process writes the span's k/v; each attends its share of the rows.
-		for j := 0; j < s.Len; j++ {
-			p := s.Past + j
-			g.slots[s.Offset+j] = blocks[p/bs]*int32(bs) + int32(p%bs)
-		}
+		g.setSlots(s, blocks, bs)
 		g.worldCP = append(g.worldCP, ringSpan{span: s, blocks: blocks})
 		return
 	}
 	if g.ringed(s) {
 		// Its k/v are written with the group's; ringAttention attends its rows.
-		for j := 0; j < s.Len; j++ {
-			p := s.Past + j
-			g.slots[s.Offset+j] = blocks[p/bs]*int32(bs) + int32(p%bs)
-		}
+		g.setSlots(s, blocks, bs)
 		g.rings = append(g.rings, ringSpan{span: s, blocks: blocks})
 		return
 	}
