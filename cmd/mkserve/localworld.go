@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -22,8 +23,9 @@ import (
 // 1..R−1 on this machine (one GPU each on cuda), joining rank 0 on a free
 // loopback port.
 type localWorkers struct {
-	cmds []*exec.Cmd
-	done chan struct{} // closed when every process has exited
+	cmds   []*exec.Cmd
+	done   chan struct{} // closed when every process has exited
+	failed chan error    // the first worker that exited with an error
 }
 
 // startLocalWorkers picks a loopback coordinator address (set in cfg) and
@@ -45,7 +47,7 @@ func startLocalWorkers(cfg *config.Config, logOut io.Writer, log *zap.Logger) (*
 	if err != nil {
 		return nil, err
 	}
-	w := &localWorkers{done: make(chan struct{})}
+	w := &localWorkers{done: make(chan struct{}), failed: make(chan error, 1)}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for r := 1; r < cfg.WorldSize; r++ {
@@ -73,18 +75,36 @@ func startLocalWorkers(cfg *config.Config, logOut io.Writer, log *zap.Logger) (*
 		go func() {
 			defer wg.Done()
 			sc := bufio.NewScanner(out)
+			last := ""
 			for sc.Scan() {
+				last = sc.Text()
 				mu.Lock()
-				fmt.Fprintf(logOut, "worker %d: %s\n", r, sc.Text())
+				fmt.Fprintf(logOut, "worker %d: %s\n", r, last)
 				mu.Unlock()
 			}
 			if err := cmd.Wait(); err != nil {
 				log.Warn("a worker exited", zap.Int("rank", r), zap.Error(err))
+				select {
+				case w.failed <- fmt.Errorf("worker %d exited: %v (its last line: %q)", r, err, last):
+				default:
+				}
 			}
 		}()
 	}
 	go func() { wg.Wait(); close(w.done) }()
 	return w, nil
+}
+
+// watch cancels the world's bootstrap with the error of the first worker
+// that exits before stop is closed (instead of waiting out the join timeout).
+func (w *localWorkers) watch(cancel context.CancelCauseFunc, stop <-chan struct{}) {
+	go func() {
+		select {
+		case err := <-w.failed:
+			cancel(err)
+		case <-stop:
+		}
+	}()
 }
 
 // wait gives the workers d to exit (after rank 0 stopped them), then kills them.

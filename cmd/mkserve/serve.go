@@ -140,20 +140,30 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	var be backend.Backend
 	var leader *dist.Leader
 	if cfg.WorldSize > 1 {
+		joinCtx, cancelJoin := context.WithCancelCause(ctx)
+		joined := make(chan struct{})
 		if cfg.Coordinator == "" {
 			// No coordinator: this process starts the workers itself.
 			lw, err := startLocalWorkers(cfg, os.Stderr, log)
 			if err != nil {
+				cancelJoin(nil)
 				return fail(err)
 			}
 			defer lw.wait(30 * time.Second) // after the leader stopped them
+			lw.watch(cancelJoin, joined)    // a worker that dies early ends the wait
 		}
 		log.Info("waiting for the world", zap.Int("world_size", cfg.WorldSize), zap.String("coordinator", cfg.Coordinator))
-		comm, err := transport.JoinGRPC(ctx, transport.GRPCConfig{Rank: 0, Size: cfg.WorldSize, Coordinator: cfg.Coordinator,
+		comm, err := transport.JoinGRPC(joinCtx, transport.GRPCConfig{Rank: 0, Size: cfg.WorldSize, Coordinator: cfg.Coordinator,
 			JoinTimeout: worldJoinTimeout})
+		close(joined)
 		if err != nil {
+			if cause := context.Cause(joinCtx); cause != nil && cause != context.Canceled {
+				err = fmt.Errorf("the world did not form: %w", cause)
+			}
+			cancelJoin(nil)
 			return fail(err)
 		}
+		defer cancelJoin(nil)
 		defer comm.Close()
 		if err := worldAgree(ctx, comm, worldProfile(cfg.Backend, cfg.Precision, cfg.MoEPath, cfg.WorldTransport)); err != nil {
 			return fail(err)

@@ -704,3 +704,21 @@ func TestServeWorldLocal(t *testing.T) {
 		t.Errorf("a local world of 2 completed %q, one process %q", got, want)
 	}
 }
+
+// TestServeWorldLocalWorkerDies: when a worker that serve started itself
+// exits before the world forms, serve fails at once naming it, instead of
+// waiting out the join timeout.
+func TestServeWorldLocalWorkerDies(t *testing.T) {
+	t.Setenv(worldChildEnv, "1")
+	t.Setenv(workerExitEnv, "1")
+	start := time.Now()
+	err := serve(context.Background(), []string{"--model", "../../models/testdata/golden/qwen3_moe", "--world-size", "2",
+		"--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-level", "error"},
+		func(string) (string, bool) { return "", false }, nil)
+	if err == nil || !strings.Contains(err.Error(), "worker 1 exited") || !strings.Contains(err.Error(), "on purpose") {
+		t.Fatalf("serve returned %v, want the worker's exit", err)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("serve took %v to notice", d)
+	}
+}

@@ -17,8 +17,16 @@ import (
 // copies of the running executable, here the test binary.
 const worldChildEnv = worldChildEnvName
 
+// workerExitEnv makes this binary, acting as `mkserve worker`, exit at once
+// with status 3 (a worker that dies before the world forms).
+const workerExitEnv = "MKSERVE_TEST_WORKER_EXIT"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(worldChildEnv) == "1" {
+		if os.Getenv(workerExitEnv) != "" && len(os.Args) > 1 && os.Args[1] == "worker" {
+			fmt.Fprintln(os.Stderr, "worker: exiting on purpose (TestServeWorldLocalWorkerDies)")
+			os.Exit(3)
+		}
 		os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
