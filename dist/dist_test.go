@@ -2,6 +2,7 @@ package dist
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -231,5 +232,97 @@ func TestWorkerFailure(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Error("OnFail was not called after the world broke")
+	}
+}
+
+// stepRecorder is a CPU backend that is a backend.StepGrapher: GraphStep
+// counts the steps and runs f (as a backend without graphs would).
+type stepRecorder struct {
+	*cpu.Backend
+	steps int
+}
+
+func (s *stepRecorder) GraphStep(b *backend.Batch, f func() (backend.Tensor, error)) (backend.Tensor, error) {
+	s.steps++
+	return f()
+}
+
+// forwardCounter counts a model's Forward calls.
+type forwardCounter struct {
+	models.Model
+	n int
+}
+
+func (m *forwardCounter) Forward(b *backend.Batch) (backend.Tensor, error) {
+	m.n++
+	return m.Model.Forward(b)
+}
+
+// TestGraphStepBroadcastsOnce: with a StepGrapher backend the leader
+// broadcasts each step once, before its GraphStep (the model's Forward
+// inside it does not broadcast again), and the worker runs each step
+// through its own GraphStep, with the leader's logits those of one process.
+func TestGraphStepBroadcastsOnce(t *testing.T) {
+	comms := world(t, 2)
+	load := func(be backend.Backend) models.Model {
+		l, err := models.Load(testModel, be, models.LoadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Model
+	}
+	wbe := &stepRecorder{Backend: cpu.New(cpu.Options{EPComm: comms[1]})}
+	wm := &forwardCounter{Model: load(wbe.Backend)}
+	workErr := make(chan error, 1)
+	go func() { workErr <- Work(context.Background(), comms[1], wm, wbe) }()
+
+	lbe := &stepRecorder{Backend: cpu.New(cpu.Options{EPComm: comms[0]})}
+	leader, err := NewLeader(comms[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, lm := leader.Backend(lbe), leader.Model(&forwardCounter{Model: load(lbe.Backend)})
+	if _, ok := lb.(backend.GraphWarmer); !ok {
+		t.Fatal("the leader's backend hides GraphStep")
+	}
+	one := cpu.New(cpu.Options{})
+	om := load(one)
+	for _, be := range []backend.Backend{lb, one} {
+		if err := be.InitKV(4, 16); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := []*backend.Batch{backend.SingleSequence(1, []int32{5, 9, 13, 17, 21}, 0, false),
+		backend.SingleSequence(1, []int32{25}, 5, false), backend.SingleSequence(1, []int32{29}, 6, false)}
+	for i, b := range steps {
+		b.Seqs[0].Blocks = []int32{0, 1}
+		got, err := backend.RunStep(lb, b, func() (backend.Tensor, error) { return lm.Forward(b) })
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		want, err := om.Forward(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The experts' outputs are summed per rank, then over ranks: the
+		// same terms in another order, so equal within float32 rounding.
+		g, w := lbe.ToHost(got), one.ToHost(want)
+		var d2, w2 float64
+		for j := range w {
+			d := float64(g[j] - w[j])
+			d2, w2 = d2+d*d, w2+float64(w[j])*float64(w[j])
+		}
+		if len(g) != len(w) || len(w) == 0 || math.Sqrt(d2/w2) > 1e-5 {
+			t.Errorf("step %d: the world's logits differ from one process's (relative L2 %.2g)", i, math.Sqrt(d2/w2))
+		}
+	}
+	if err := leader.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-workErr; err != nil {
+		t.Fatal(err)
+	}
+	if lbe.steps != 3 || wbe.steps != 3 || wm.n != 3 {
+		t.Errorf("leader GraphSteps %d, worker GraphSteps %d, worker Forwards %d: want 3 each", lbe.steps, wbe.steps, wm.n)
 	}
 }
