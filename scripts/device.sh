@@ -26,6 +26,12 @@
 #          (`mkserve bench moe --path fused --world R`), then the NCCL
 #          baseline (scripts/bench_ep_nccl.py) with grouped GEMMs, then with
 #          the per-expert loop; their moe_ep lines printed together
+#   world  (2+ GPUs) the rest of issue #7 over every GPU: the two-GPU
+#          correctness tests (TestServeWorldProcesses on cuda with both
+#          transports, TestRingIPC with its timing, TestNCCL,
+#          TestMoEFusedIPC), `bench model --world R` on deepseek-v3-4l
+#          against one GPU, and `bench serve` against a world of R
+#          processes and against one (scripts/bench_serve_gpu.sh WORLD=)
 #          (MK_EP_SHAPES, MK_EP_TOKENS narrow them).
 # Every test binary runs each top-level test in its own process (run_each), so
 # a crash ends only that test. A summary table is printed last; all logs come
@@ -155,7 +161,7 @@ fi
 grep -E "warning" "$LOGS/build.log" | head -10
 export MKSERVE_KERNEL_LIB=$ROOT/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1 MKSERVE_REQUIRE_NCCL=1
 
-if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MODE" != ep ]; then
+if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MODE" != ep ] && [ "$MODE" != world ]; then
 	echo "== kernel tests"
 	SECONDS=0
 	run_each .dev/kernels.test "$LOGS/test.log" . 120 || status=1
@@ -238,6 +244,24 @@ if [ "$MODE" = ep ]; then
 		done
 		echo "== moe_ep: <who> moe_ep <shape> <tokens/rank> <ranks> <ms> <mk: local_ms | nccl: comm_ms> <rel_err> [experts]"
 		cat "$LOGS"/ep_mk.log "$LOGS"/ep_nccl_grouped.log "$LOGS"/ep_nccl_loop.log 2>/dev/null | grep -E "^(mk|nccl) moe_ep" | sort -k3,3 -k4,4n -k1,1
+	fi
+fi
+
+if [ "$MODE" = world ]; then
+	ngpu=$(nvidia-smi -L | wc -l)
+	if [ "$ngpu" -lt 2 ]; then
+		echo "device.sh: MK_MODE=world needs 2 or more GPUs, this machine has $ngpu"
+		status=1
+	else
+		export MKSERVE_KERNEL_LIB=$ROOT/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
+		step world_serve_test 200 bash -c "cd cmd/mkserve && MKSERVE_TEST_BACKEND=cuda ../../.dev/mkserve.test -test.v -test.count=1 -test.timeout 190s -test.run 'TestServeWorldProcesses\$'"
+		step world_kernel_tests 200 bash -c "cd kernels && ../.dev/kernels.test -test.v -test.count=1 -test.timeout 190s -test.run '^Test(RingIPC|NCCL|MoEFusedIPC)\$'"
+		grep -E -- '^(--- |    --- )|TIMING' "$LOGS/world_serve_test.log" "$LOGS/world_kernel_tests.log" | grep -v one_gpu
+		step world_model 300 "$MK" bench model --config configs/shapes/deepseek-v3-4l --batch 1,32,128 --context 1024 --prefill 4096 --steps 5 --world "$ngpu"
+		step world_model_one 200 "$MK" bench model --config configs/shapes/deepseek-v3-4l --batch 1,32,128 --context 1024 --prefill 4096 --steps 5
+		tail -5 "$LOGS/world_model.log" "$LOGS/world_model_one.log"
+		step world_serve 200 bash -c "WORLD=1 bash scripts/bench_serve_gpu.sh $MK fast; WORLD=$ngpu bash scripts/bench_serve_gpu.sh $MK fast"
+		grep -E '"(request_throughput|output_throughput|median_ttft_ms|median_itl_ms)"|SERVE' "$LOGS/world_serve.log" | tr -s ' '
 	fi
 fi
 
