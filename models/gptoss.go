@@ -99,9 +99,21 @@ func loadGptOssExperts(w *Weights, p string, E, H, I int, l *backend.MoELayer) e
 		t, err = w.upload(h)
 		return t
 	}
-	l.GateUp = up("gate_up_proj", []int{E * 2 * I, H}, gateUp)
-	l.GateUpBias = up("gate_up_proj_bias", []int{E, 2 * I}, gateUpBias)
-	l.Down = up("down_proj", []int{E * H, I}, downT)
-	l.DownBias = up("down_proj_bias", []int{E, H}, v["down_proj_bias"])
+	// A backend.ExpertSharder keeps only its block [lo, hi) of the experts.
+	lo, hi := 0, E
+	if s, ok := w.be.(backend.ExpertSharder); ok {
+		if lo, hi = s.ExpertShard(E); lo < 0 || hi > E || hi <= lo {
+			return fmt.Errorf("%s: the backend's shard [%d, %d) of %d experts", p, lo, hi, E)
+		}
+		if hi-lo < E {
+			l.ExpertLo, l.LocalExperts = lo, hi-lo
+		}
+	}
+	n := hi - lo
+	db := v["down_proj_bias"]
+	l.GateUp = up("gate_up_proj", []int{n * 2 * I, H}, gateUp[lo*2*I*H:hi*2*I*H])
+	l.GateUpBias = up("gate_up_proj_bias", []int{n, 2 * I}, gateUpBias[lo*2*I:hi*2*I])
+	l.Down = up("down_proj", []int{n * H, I}, downT[lo*H*I:hi*H*I])
+	l.DownBias = up("down_proj_bias", []int{n, H}, db[lo*H:hi*H])
 	return err
 }

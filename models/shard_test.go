@@ -26,7 +26,7 @@ var _ backend.ExpertSharder = sharder{}
 // stacked ones alike, says which in MoELayer, and still counts every
 // checkpoint tensor as used.
 func TestLoadExpertShard(t *testing.T) {
-	for _, fam := range []string{"qwen3_moe", "mixtral", "deepseek_v3", "olmoe"} {
+	for _, fam := range []string{"qwen3_moe", "mixtral", "deepseek_v3", "olmoe", "gpt_oss"} {
 		for _, rk := range [][2]int{{0, 2}, {1, 2}, {2, 3}} {
 			be := sharder{cpu.New(cpu.Options{}), rk[0], rk[1]}
 			l, err := Load("testdata/golden/"+fam, be, LoadOptions{})
@@ -55,6 +55,11 @@ func TestLoadExpertShard(t *testing.T) {
 				}
 				if s := m.Down.Shape(); s[0] != (hi-lo)*H || s[1] != I {
 					t.Errorf("%s rank %v layer %d: Down %v, want [%d, %d]", fam, rk, i, s, (hi-lo)*H, I)
+				}
+				if m.GateUpBias != nil {
+					if s := m.GateUpBias.Shape(); s[0]*s[len(s)-1] != (hi-lo)*2*I {
+						t.Errorf("%s rank %v layer %d: GateUpBias %v, want %d values", fam, rk, i, s, (hi-lo)*2*I)
+					}
 				}
 			}
 			if n == 0 {
