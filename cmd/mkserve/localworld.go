@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -59,12 +58,8 @@ func startLocalWorkers(cfg *config.Config, logOut io.Writer, log *zap.Logger) (*
 		// real binary ignores it.
 		cmd.Env = append(os.Environ(), worldChildEnvName+"=1")
 		cmd.SysProcAttr = childProcAttr()
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			w.kill()
-			return nil, err
-		}
-		cmd.Stderr = cmd.Stdout
+		lw := &prefixWriter{w: logOut, mu: &mu, prefix: fmt.Sprintf("worker %d: ", r)}
+		cmd.Stdout, cmd.Stderr = lw, lw
 		if err := cmd.Start(); err != nil {
 			w.kill()
 			return nil, fmt.Errorf("world: starting worker %d: %w", r, err)
@@ -74,18 +69,12 @@ func startLocalWorkers(cfg *config.Config, logOut io.Writer, log *zap.Logger) (*
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sc := bufio.NewScanner(out)
-			last := ""
-			for sc.Scan() {
-				last = sc.Text()
-				mu.Lock()
-				fmt.Fprintf(logOut, "worker %d: %s\n", r, last)
-				mu.Unlock()
-			}
-			if err := cmd.Wait(); err != nil {
+			err := cmd.Wait() // returns once the output is copied
+			lw.Flush()
+			if err != nil {
 				log.Warn("a worker exited", zap.Int("rank", r), zap.Error(err))
 				select {
-				case w.failed <- fmt.Errorf("worker %d exited: %v (its last line: %q)", r, err, last):
+				case w.failed <- fmt.Errorf("worker %d exited: %v (its last lines: %s)", r, err, lw.Last()):
 				default:
 				}
 			}
