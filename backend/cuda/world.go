@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -201,27 +200,19 @@ func (be *Backend) worldCPAttention(d *kernels.Device, out, q *kernels.Buffer, p
 	if err := d.FillF32(nil, rows, s.Len*width, 0); err != nil {
 		return err
 	}
-	// One upload (a pageable upload waits for the queued work): the block
-	// table, then per chunk one sequence's q rows [Offset+Lo, Offset+Hi),
-	// first position Past+Lo and table offset 0.
-	chunks := kernels.RingZigzag(s.Len, w.R)[w.me]
-	host := slices.Clone(rs.blocks)
-	for _, c := range chunks {
-		host = append(host, int32(s.Offset+c.Lo), int32(s.Offset+c.Hi), int32(s.Past+c.Lo), 0)
-	}
-	meta := upload(be, d, host)
-	defer be.alloc.put(meta)
-	nb := int64(len(rs.blocks))
-	blocks := view(meta, 0, nb*4)
-	for i, c := range chunks {
+	blocks := upload(be, d, rs.blocks)
+	defer be.alloc.put(blocks)
+	for _, c := range kernels.RingZigzag(s.Len, w.R)[w.me] {
 		if c.Len() == 0 {
 			continue
 		}
-		m := nb + 4*int64(i)
-		err := d.FlashAttention(nil, out, q, pl.k, pl.v, view(meta, m*4, 8), view(meta, (m+2)*4, 4), view(meta, (m+3)*4, 4),
-			blocks, sinks, kernels.FlashArgs{Batch: 1, MaxQLen: c.Len(), Tokens: T, Heads: a.Heads, KVHeads: a.KVHeads,
+		// One sequence: q rows [Offset+Lo, Offset+Hi) at positions from Past+Lo.
+		meta := upload(be, d, []int32{int32(s.Offset + c.Lo), int32(s.Offset + c.Hi), int32(s.Past + c.Lo), 0})
+		err := d.FlashAttention(nil, out, q, pl.k, pl.v, view(meta, 0, 8), view(meta, 8, 4), view(meta, 12, 4), blocks,
+			sinks, kernels.FlashArgs{Batch: 1, MaxQLen: c.Len(), Tokens: T, Heads: a.Heads, KVHeads: a.KVHeads,
 				HeadDim: a.HeadDim, VHeadDim: a.VHeadDim, BlockSize: a.BlockSize, PoolRows: pl.blocks * a.BlockSize,
 				NumBlocks: len(rs.blocks), Scale: a.Scale, Window: a.Window, Causal: true, Out: kernels.F32})
+		be.alloc.put(meta)
 		if err != nil {
 			return fmt.Errorf("context-parallel span %d, rows [%d, %d) of rank %d of %d: %w", s.ID, c.Lo, c.Hi, w.me, w.R, err)
 		}
