@@ -6,7 +6,9 @@
 //
 // First versions: exact (float32 throughout, float64 where the CPU reference
 // uses it), not fast. One thread per element or one block per row.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "common.cuh"
 
@@ -66,6 +68,91 @@ __global__ void rmsnorm_f32(float* out, const float* x, const float* r, float* s
   // With ADD each thread reads back the sums it wrote itself.
   const float* vs = ADD ? sum + g * group : xs;
   for (int64_t j = threadIdx.x; j < group; j += blockDim.x) os[j] = __fmul_rn(w[j], __fmul_rn(vs[j], rs));
+}
+
+// rmsnorm_f32_reg is rmsnorm_f32 for groups of at most 4·VPT·blockDim
+// values with group % 4 == 0 and 16-byte aligned rows: each thread keeps its
+// float4s in registers, so every load of the row is in flight at once and
+// the row is not read back after the reduction (the loop form above waits
+// on one load per iteration: 6–8 µs for a 2048-wide row, measured with ncu).
+// Same arithmetic per element: float32 adds and products, the sum of
+// squares in float64 (a different summation order: the rounding differs in
+// the last bits of a double).
+template <bool ADD, int VPT>
+__global__ void rmsnorm_f32_reg(float* out, const float* x, const float* r, float* sum, const float* w,
+                                int64_t group, float eps) {
+  __shared__ double part[32];
+  const int64_t g = blockIdx.x;
+  const int64_t n4 = group / 4;
+  const float4* xs = reinterpret_cast<const float4*>(x + g * group);
+  const float4* rs4 = reinterpret_cast<const float4*>(ADD ? r + g * group : x);
+  float4 v[VPT];
+  double ss = 0;
+#pragma unroll
+  for (int i = 0; i < VPT; i++) {
+    const int64_t j = threadIdx.x + (int64_t)i * blockDim.x;
+    if (j < n4) {
+      v[i] = xs[j];
+      if (ADD) {
+        const float4 b = rs4[j];
+        v[i].x = v[i].x + b.x;
+        v[i].y = v[i].y + b.y;
+        v[i].z = v[i].z + b.z;
+        v[i].w = v[i].w + b.w;
+        reinterpret_cast<float4*>(sum + g * group)[j] = v[i];
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < VPT; i++) {
+    const int64_t j = threadIdx.x + (int64_t)i * blockDim.x;
+    if (j < n4)
+      ss += (double)__fmul_rn(v[i].x, v[i].x) + (double)__fmul_rn(v[i].y, v[i].y) +
+            (double)__fmul_rn(v[i].z, v[i].z) + (double)__fmul_rn(v[i].w, v[i].w);
+  }
+  ss = warp_sum_d(ss);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    double t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0;
+    t = warp_sum_d(t);
+    if (threadIdx.x == 0) part[0] = t;
+  }
+  __syncthreads();
+  const float mean = (float)(part[0] / (double)group);
+  const float rsq = (float)(1.0 / sqrt((double)(mean + eps)));
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  float4* o4 = reinterpret_cast<float4*>(out + g * group);
+#pragma unroll
+  for (int i = 0; i < VPT; i++) {
+    const int64_t j = threadIdx.x + (int64_t)i * blockDim.x;
+    if (j < n4) {
+      const float4 ww = w4[j];
+      o4[j] = make_float4(__fmul_rn(ww.x, __fmul_rn(v[i].x, rsq)), __fmul_rn(ww.y, __fmul_rn(v[i].y, rsq)),
+                          __fmul_rn(ww.z, __fmul_rn(v[i].z, rsq)), __fmul_rn(ww.w, __fmul_rn(v[i].w, rsq)));
+    }
+  }
+}
+
+// launch_rmsnorm runs rmsnorm_f32_reg when the shape and alignment allow
+// (a warp-multiple of threads, at most 256, with at most 8 float4s each),
+// else the loop kernel.
+template <bool ADD>
+void launch_rmsnorm(cudaStream_t s, float* out, const float* x, const float* r, float* sum, const float* w,
+                    int64_t segs, int64_t group, float eps) {
+  const auto al = [](const void* p) { return ((uintptr_t)p & 15) == 0; };
+  const int64_t n4 = group / 4;
+  if (group % 4 == 0 && n4 <= 8 * 256 && al(out) && al(x) && al(w) && (!ADD || (al(r) && al(sum)))) {
+    const int threads = (int)std::min<int64_t>(256, (n4 + 31) / 32 * 32);
+    const int64_t vpt = (n4 + threads - 1) / threads;
+    const unsigned grid = (unsigned)segs;
+    if (vpt <= 1) rmsnorm_f32_reg<ADD, 1><<<grid, threads, 0, s>>>(out, x, r, sum, w, group, eps);
+    else if (vpt <= 2) rmsnorm_f32_reg<ADD, 2><<<grid, threads, 0, s>>>(out, x, r, sum, w, group, eps);
+    else if (vpt <= 4) rmsnorm_f32_reg<ADD, 4><<<grid, threads, 0, s>>>(out, x, r, sum, w, group, eps);
+    else rmsnorm_f32_reg<ADD, 8><<<grid, threads, 0, s>>>(out, x, r, sum, w, group, eps);
+    return;
+  }
+  rmsnorm_f32<ADD><<<(unsigned)segs, kT, 0, s>>>(out, x, r, sum, w, group, eps);
 }
 
 // hi = bf16(x), lo = bf16(x - hi); x - hi is exact in float32.
@@ -279,9 +366,8 @@ int32_t mk_rmsnorm_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, in
   F32_ARG(fn, rows > 0 && cols > 0 && group > 0 && cols % group == 0 && out && x && w);
   const int64_t segs = rows * (cols / group);
   F32_ARG(fn, segs <= INT32_MAX);
-  rmsnorm_f32<false><<<(unsigned)segs, kT, 0, mk::as_stream(stream)>>>(
-      mk::dev<float>(out), mk::dev<float>(x), nullptr, nullptr, mk::dev<float>(w), group,
-      mk::float_from_bits(eps_bits));
+  launch_rmsnorm<false>(mk::as_stream(stream), mk::dev<float>(out), mk::dev<float>(x), nullptr, nullptr,
+                        mk::dev<float>(w), segs, group, mk::float_from_bits(eps_bits));
   MK_LAUNCHED("rmsnorm_f32");
   return MK_OK;
 }
@@ -291,9 +377,8 @@ int32_t mk_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uint64_t out, uint64_t
   const char* fn = "mk_add_rmsnorm_f32";
   MK_THREAD(fn);
   F32_ARG(fn, rows > 0 && rows <= INT32_MAX && cols > 0 && sum && out && x && r && w);
-  rmsnorm_f32<true><<<(unsigned)rows, kT, 0, mk::as_stream(stream)>>>(
-      mk::dev<float>(out), mk::dev<float>(x), mk::dev<float>(r), mk::dev<float>(sum), mk::dev<float>(w), cols,
-      mk::float_from_bits(eps_bits));
+  launch_rmsnorm<true>(mk::as_stream(stream), mk::dev<float>(out), mk::dev<float>(x), mk::dev<float>(r),
+                       mk::dev<float>(sum), mk::dev<float>(w), rows, cols, mk::float_from_bits(eps_bits));
   MK_LAUNCHED("add_rmsnorm_f32");
   return MK_OK;
 }

@@ -10,6 +10,8 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -65,6 +67,26 @@ uint32_t align_of(uint64_t p) {
   return a;
 }
 
+// log_plan prints a new plan's key and the algorithm cuBLASLt's heuristic
+// chose (id, tile, split-K, stages) to stderr when MKSERVE_GEMM_LOG is set:
+// two processes' logs show whether they run the same GEMM kernels.
+void log_plan(const Key& key, const cublasLtMatmulAlgo_t& algo) {
+  static const bool on = getenv("MKSERVE_GEMM_LOG") != nullptr;
+  if (!on) return;
+  auto [m, n, k, ab_dtype, c_dtype, al_a, al_b, al_c] = key;
+  int id = -1;
+  uint32_t tile = 0, stages = 0, splitk = 0, swizzle = 0;
+  size_t w = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof swizzle, &w);
+  fprintf(stderr, "mk_gemm plan m=%lld n=%lld k=%lld ab=%d c=%d align=%u/%u/%u: algo=%d tile=%u stages=%u splitk=%u swizzle=%u\n",
+          (long long)m, (long long)n, (long long)k, ab_dtype, c_dtype, al_a, al_b, al_c, id, tile, stages,
+          splitk, swizzle);
+}
+
 int make_plan(const Key& key, Plan* plan) {
   Gemm& g = gemm();
   auto [m, n, k, ab_dtype, c_dtype, al_a, al_b, al_c] = key;
@@ -112,6 +134,7 @@ int make_plan(const Key& key, Plan* plan) {
   }
   MK_BLAS(st);
   plan->algo = res.algo;
+  log_plan(key, plan->algo);
   return MK_OK;
 }
 

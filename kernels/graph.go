@@ -3,6 +3,7 @@ package kernels
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"unsafe"
 )
@@ -36,7 +37,10 @@ type StepGraph struct {
 	used      int64 // bytes used in the last chunk
 	pos       int   // uploads refilled by the running replay
 	replaying bool
+	start     uint64 // event recorded before each launch
 	done      uint64 // event recorded after each launch
+	timed     bool   // a launch's start and done events are recorded and not yet read
+	gpuNs     int64  // GPU time of the launches whose events were read (Wait)
 }
 
 // staged is one upload of the step: n bytes copied from host (pinned) to dst.
@@ -82,9 +86,17 @@ func (d *Device) EndCapture(sg *StepGraph) error {
 		return err
 	}
 	sg.exec, sg.nodes = exec, int(nodes)
-	if err := d.lib.check("mk_event_create", d.lib.eventCreate(&sg.done)); err != nil {
+	err := d.lib.check("mk_event_create", d.lib.eventCreate(&sg.done))
+	if err == nil {
+		err = d.lib.check("mk_event_create", d.lib.eventCreate(&sg.start))
+	}
+	if err != nil {
 		_ = d.lib.check("mk_graph_destroy", graphDestroy(exec))
 		sg.exec = 0
+		if sg.done != 0 {
+			_ = d.lib.check("mk_event_destroy", d.lib.eventDestroy(sg.done))
+			sg.done = 0
+		}
 		sg.freeStage()
 		return err
 	}
@@ -138,11 +150,24 @@ func (sg *StepGraph) Launch(d *Device) error {
 			return fmt.Errorf("kernels: StepGraph.Launch: %w: the replay refilled %d of %d uploads", ErrGraphDiverged, sg.pos, len(sg.ups))
 		}
 	}
+	if err := d.lib.check("mk_event_record", d.lib.eventRecord(sg.start, 0)); err != nil {
+		return err
+	}
 	if err := d.lib.check("mk_graph_launch", graphLaunch(sg.exec)); err != nil {
 		return err
 	}
-	return d.lib.check("mk_event_record", d.lib.eventRecord(sg.done, 0))
+	if err := d.lib.check("mk_event_record", d.lib.eventRecord(sg.done, 0)); err != nil {
+		return err
+	}
+	sg.timed = true
+	return nil
 }
+
+// GPUNs is the GPU time of the graph's launches so far, from an event
+// before each launch to one after it, counted for the launches that Wait
+// has waited for (the queue ahead of a launch is not in it: the engine
+// waits for each step before the next).
+func (sg *StepGraph) GPUNs() int64 { return sg.gpuNs }
 
 // Wait blocks until the graph's last launch has run (inside GPU.Do): then
 // its staging may be refilled.
@@ -153,7 +178,18 @@ func (sg *StepGraph) Wait(d *Device) error {
 	if sg.done == 0 {
 		return nil
 	}
-	return d.lib.check("mk_event_sync", d.lib.eventSync(sg.done))
+	if err := d.lib.check("mk_event_sync", d.lib.eventSync(sg.done)); err != nil {
+		return err
+	}
+	if sg.timed {
+		sg.timed = false
+		var bits uint32
+		if err := d.lib.check("mk_event_elapsed", d.lib.eventElapsed(sg.start, sg.done, &bits)); err != nil {
+			return err
+		}
+		sg.gpuNs += int64(float64(math.Float32frombits(bits)) * 1e6)
+	}
+	return nil
 }
 
 // Destroy frees the graph and its staging (inside GPU.Do). Work already
@@ -168,9 +204,11 @@ func (sg *StepGraph) Destroy(d *Device) error {
 		err = errors.Join(d.Sync(), d.lib.check("mk_graph_destroy", graphDestroy(sg.exec)))
 		sg.exec = 0
 	}
-	if sg.done != 0 {
-		err = errors.Join(err, d.lib.check("mk_event_destroy", d.lib.eventDestroy(sg.done)))
-		sg.done = 0
+	for _, ev := range []*uint64{&sg.done, &sg.start} {
+		if *ev != 0 {
+			err = errors.Join(err, d.lib.check("mk_event_destroy", d.lib.eventDestroy(*ev)))
+			*ev = 0
+		}
 	}
 	sg.freeStage()
 	return err

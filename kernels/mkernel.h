@@ -39,8 +39,9 @@ extern "C" {
 
 /* MK_ABI_VERSION changes whenever a signature, struct or meaning changes.
  * 7: rank-local fused MoE and ring (mk_moe_fused_rank, mk_ring_attn_rank),
- *    mk_allreduce_*, mk_moe_localize, mk_fill_f32, the NCCL shim (mk_nccl_*). */
-#define MK_ABI_VERSION 7
+ *    mk_allreduce_*, mk_moe_localize, mk_fill_f32, the NCCL shim (mk_nccl_*).
+ * 8: mk_moe_router_f32. */
+#define MK_ABI_VERSION 8
 
 /* Status codes. */
 enum {

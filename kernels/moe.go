@@ -14,6 +14,7 @@ var (
 	moeExperts   func(s, out, x, ids, weights uint64, t int64, k, e int32, h, i int64, gateUp, gateUpBias, down, downBias uint64, act int32, alpha, limit uint32, counts, ws, wsBytes uint64) int32
 	moeFill      func(s, dst uint64, n int64, seed uint64, scale uint32) int32
 	moeLocalize  func(s, ids uint64, n int64, lo, hi int32) int32
+	moeRouterF32 func(s, logits, x, w, bias, xb uint64, t int64, e int32, h int64) int32
 )
 
 func init() {
@@ -23,6 +24,7 @@ func init() {
 		symbol{"mk_moe_experts", &moeExperts},
 		symbol{"mk_moe_fill_bf16", &moeFill},
 		symbol{"mk_moe_localize", &moeLocalize},
+		symbol{"mk_moe_router_f32", &moeRouterF32},
 	)
 }
 
@@ -83,6 +85,49 @@ func (d *Device) MoERoute(s *Stream, ids, weights, logits, scoreBias *Buffer, T 
 	}
 	return d.lib.check("mk_moe_route", moeRoute(s.handle(), ids.ptr, weights.ptr, logits.ptr, sb, int64(T),
 		int32(r.Experts), int32(r.TopK), flags, int32(r.Groups), int32(r.TopKGroups), math.Float32bits(r.Scaling)))
+}
+
+// MoERouterMaxHidden is the widest x MoERouterF32 takes.
+const MoERouterMaxHidden = 51200
+
+// MoERouterF32 is the router GEMM of a few tokens: logits [T, E] f32 = x
+// [T, H] f32 · w [E, H] bf16ᵀ (+ bias [E] f32, or nil) in float32 (x is
+// not rounded to bf16); xb [T, H] bf16, when not nil, receives x rounded to
+// bf16 (the experts' input) from the same launch. H must be a multiple of 8
+// and at most MoERouterMaxHidden. Every CTA reads all of x: meant for
+// decode-sized T (tens of tokens), where it replaces a split (hi + lo) and
+// two GEMMs.
+func (d *Device) MoERouterF32(s *Stream, logits, x, w, bias, xb *Buffer, T, E, H int) error {
+	const op = "MoERouterF32"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	if err := dims(op, "T", T, "E", E, "H", H); err != nil {
+		return err
+	}
+	if H%8 != 0 || H > MoERouterMaxHidden {
+		return fmt.Errorf("kernels: %s: H=%d (want a multiple of 8, at most %d)", op, H, MoERouterMaxHidden)
+	}
+	if err := needAll(op, 4, "logits", logits, int64(T)*int64(E), "x", x, int64(T)*int64(H)); err != nil {
+		return err
+	}
+	if err := need(op, "w", w, int64(E)*int64(H), 2); err != nil {
+		return err
+	}
+	var bp, xp uint64
+	if bias != nil {
+		if err := need(op, "bias", bias, int64(E), 4); err != nil {
+			return err
+		}
+		bp = bias.ptr
+	}
+	if xb != nil {
+		if err := need(op, "xb", xb, int64(T)*int64(H), 2); err != nil {
+			return err
+		}
+		xp = xb.ptr
+	}
+	return d.lib.check("mk_moe_router_f32", moeRouterF32(s.handle(), logits.ptr, x.ptr, w.ptr, bp, xp, int64(T), int32(E), int64(H)))
 }
 
 // MoEExperts is one layer's stacked expert weights (backend.MoELayer's layout).

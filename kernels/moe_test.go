@@ -71,6 +71,14 @@ func TestMoERoute(t *testing.T) {
 		{"sigmoid_plain", moe.RouterConfig{NumExperts: 16, TopK: 1, Scoring: moe.Sigmoid, NormTopK: true}, false, 33},
 		{"topk_all", moe.RouterConfig{NumExperts: 40, TopK: 40, Scoring: moe.Softmax, NormTopK: true, ScalingFactor: 1.5}, false, 9},
 		{"mixtral", moe.RouterConfig{NumExperts: 8, TopK: 2, Scoring: moe.Softmax, NormTopK: true}, false, 1},
+		// The register kernel (E ≤ 256, K ≤ 32) at its widest, with experts
+		// not a multiple of 32, and groups of 24; then the shared-memory
+		// kernel past 256 experts.
+		{"softmax_e256", moe.RouterConfig{NumExperts: 256, TopK: 8, Scoring: moe.Softmax, NormTopK: true}, false, 70},
+		{"sigmoid_e200_bias", moe.RouterConfig{NumExperts: 200, TopK: 6, Scoring: moe.Sigmoid, NormTopK: true, ScalingFactor: 2}, true, 41},
+		{"groups_of_24", moe.RouterConfig{NumExperts: 96, TopK: 8, Scoring: moe.Sigmoid, NormTopK: true, NumGroups: 4, TopKGroups: 2}, true, 33},
+		{"topk_32", moe.RouterConfig{NumExperts: 60, TopK: 32, Scoring: moe.Softmax, SoftmaxTopK: true, NormTopK: true}, false, 12},
+		{"softmax_e512", moe.RouterConfig{NumExperts: 512, TopK: 8, Scoring: moe.Softmax, NormTopK: true}, false, 20},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -191,6 +199,8 @@ func TestMoEExperts(t *testing.T) {
 		{name: "E64_K2_T7_cold", cfg: sm(64, 2), T: 7, H: 64, I: 32, cold: 32, hot: -1},
 		{name: "E64_K4_T300_cold", cfg: sm(64, 4), T: 300, H: 64, I: 32, cold: 8, hot: -1},
 		{name: "E128_K8_T130", cfg: sm(128, 8), T: 130, H: 128, I: 64, hot: -1},
+		// More experts than the align kernel's threads: each thread scans two.
+		{name: "E2048_K4_T64", cfg: sm(2048, 4), T: 64, H: 64, I: 32, hot: -1},
 		{name: "E128_K8_T1_softmaxtopk", cfg: moe.RouterConfig{NumExperts: 128, TopK: 8, Scoring: moe.Softmax, SoftmaxTopK: true}, T: 1, H: 96, I: 64, hot: -1, biases: true},
 		{name: "E256_K8_T1_deepseek", cfg: deepSeekV3Router, T: 1, H: 128, I: 64, hot: -1, biases: true},
 		{name: "E256_K8_T130_deepseek", cfg: deepSeekV3Router, T: 130, H: 64, I: 48, hot: -1},

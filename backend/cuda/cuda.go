@@ -759,10 +759,46 @@ func (be *Backend) routerLinear(x, w, bias *Tensor) *Tensor {
 	_, T := matrix("MoE", "x", x, K)
 	var out *Tensor
 	be.do("MoE router", func(d *kernels.Device) error {
+		if wb, wF32 := weightMem(w); !wF32 && routerGEMVFits(x, wb, T, K) {
+			// A few tokens: one float32 GEMV launch that also rounds x to
+			// bf16 for the experts, in place of a split and two GEMMs.
+			out = be.newF32(d, T, N)
+			var xb, bb *kernels.Buffer
+			if x.st.bf16 == nil {
+				xb = be.alloc.get(d, int64(T*K)*2)
+			}
+			if bias != nil {
+				bb = be.f32(d, bias)
+			}
+			must("router", d.MoERouterF32(nil, out.st.f32, be.f32(d, x), wb, bb, xb, T, N, K))
+			if xb != nil {
+				x.st.bf16 = xb // the same rounding as bf16Of, kept with x
+			}
+			return nil
+		}
 		out = be.linearT(d, x, w, bias, T, N, K, true)
 		return nil
 	}, x, w, bias)
 	return out
+}
+
+// RouterGEMVEnv names the environment variable that, set to 0, keeps the
+// router on the split GEMMs at every batch size (comparisons).
+const RouterGEMVEnv = "MKSERVE_ROUTER_GEMV"
+
+var routerGEMVOn = sync.OnceValue(func() bool { return os.Getenv(RouterGEMVEnv) != "0" })
+
+// routerGEMVMaxRows is the most tokens the router's GEMV kernel takes: it
+// reads all of x in every CTA, which stops paying past decode sizes.
+const routerGEMVMaxRows = 64
+
+// routerGEMVFits reports whether the router GEMM of x [T, K] against the
+// bf16 weight wb runs as kernels.MoERouterF32: a decode-sized batch, an
+// activation that can keep its bf16 rounding, shapes and alignment the
+// kernel takes.
+func routerGEMVFits(x *Tensor, wb *kernels.Buffer, T, K int) bool {
+	return routerGEMVOn() && T >= 1 && T <= routerGEMVMaxRows && K%8 == 0 && K <= kernels.MoERouterMaxHidden &&
+		memoOK(x) && wb != nil && x.st.f32.Ptr()%16 == 0 && wb.Ptr()%16 == 0
 }
 
 // linearT is linearMode of activation tensor xt, sharing its bf16 rounding

@@ -78,7 +78,12 @@ type GraphStats struct {
 	// ReplayHostNs is the host time of the replays so far: re-running the
 	// model's Go code on the replay device (refilling the uploads) up to
 	// the graph launch, waits for the previous launch excluded.
-	ReplayHostNs int64  `json:"replay_host_ns"`
+	ReplayHostNs int64 `json:"replay_host_ns"`
+	// ReplayGPUNs is the GPU time of the replays' graph launches read so
+	// far (events around each launch, read when the next replay of the same
+	// graph waits for it), and ReplaysTimed how many launches it covers.
+	ReplayGPUNs  int64  `json:"replay_gpu_ns"`
+	ReplaysTimed int64  `json:"replays_timed"`
 	LastError    string `json:"last_error,omitempty"` // why the last capture failed or replay diverged
 }
 
@@ -407,8 +412,13 @@ func (be *Backend) replayStep(g *stepGraph, f func() (backend.Tensor, error)) (b
 	gr := &be.gr
 	// The previous launch of g must be done reading its staging before the
 	// replay refills it (the engine syncs every step anyway: this is cheap).
+	before := g.sg.GPUNs()
 	if err := be.g.Do(func(d *kernels.Device) error { return g.sg.Wait(d) }); err != nil {
 		panicf("GraphStep", "waiting for the previous launch: %v", err)
+	}
+	if ns := g.sg.GPUNs() - before; ns > 0 {
+		gr.stats.ReplayGPUNs += ns
+		gr.stats.ReplaysTimed++
 	}
 	start := time.Now()
 	be.resetStepCaches()

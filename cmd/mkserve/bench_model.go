@@ -43,6 +43,10 @@ type modelResult struct {
 	// ReplayHostMS is the mean host time of this batch size's graph
 	// replays (the GPU waits meanwhile): part of MS.
 	ReplayHostMS float64 `json:"replay_host_ms,omitempty"`
+	// ReplayGPUMS is the mean GPU time of this batch size's graph launches
+	// (CUDA events around each launch); MS − ReplayHostMS − ReplayGPUMS is
+	// what the step spends elsewhere (waits, the logits' copy, Go).
+	ReplayGPUMS float64 `json:"replay_gpu_ms,omitempty"`
 	// World is the processes (GPUs) the model ran over (--world; 0: one).
 	World int `json:"world,omitempty"`
 }
@@ -300,6 +304,9 @@ func benchModel(args []string, stdout io.Writer) error {
 				if n := gs.Replays - prevGraphs.Replays; n > 0 {
 					r.ReplayHostMS = float64(gs.ReplayHostNs-prevGraphs.ReplayHostNs) / float64(n) / 1e6
 				}
+				if n := gs.ReplaysTimed - prevGraphs.ReplaysTimed; n > 0 {
+					r.ReplayGPUMS = float64(gs.ReplayGPUNs-prevGraphs.ReplayGPUNs) / float64(n) / 1e6
+				}
 				prevGraphs = gs
 			}
 			if *profile && cb != nil {
@@ -338,9 +345,9 @@ func benchModel(args []string, stdout io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "model %s on %s: %.1f GB of weights, loaded in %.1f s; bandwidth for the floor %.0f GB/s\n",
 			name, be.Name(), float64(wb.total())/1e9, loadTime.Seconds(), *bw)
-		fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s %12s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor", "replay host")
+		fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s %12s %12s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor", "replay host", "replay GPU")
 		for _, r := range out {
-			fmt.Fprintf(stdout, "%-8s %6d %8d %8d %10.2f %12.1f %10.3f %10.3f %8.2f %12.2f\n", r.Kind, r.Batch, r.Context, r.Tokens, r.MS, r.TokensPS, r.WeightGB, r.FloorMS, r.OverFloor, r.ReplayHostMS)
+			fmt.Fprintf(stdout, "%-8s %6d %8d %8d %10.2f %12.1f %10.3f %10.3f %8.2f %12.2f %12.2f\n", r.Kind, r.Batch, r.Context, r.Tokens, r.MS, r.TokensPS, r.WeightGB, r.FloorMS, r.OverFloor, r.ReplayHostMS, r.ReplayGPUMS)
 			for _, o := range r.Ops {
 				fmt.Fprintf(stdout, "    %-22s %8.1f calls %10.1f us per step\n", o.Op, o.Calls, o.US)
 			}

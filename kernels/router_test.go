@@ -1,0 +1,173 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/mkserve/mkserve/tensor"
+)
+
+// TestMoERouterF32: the router GEMV against a float64 CPU product on fresh
+// random inputs (logits to 1e-5 of the row's Σ|x·w|, NaN-poisoned output),
+// and its bf16 copy of x equal to tensor.F32ToBF16 bit for bit.
+func TestMoERouterF32(t *testing.T) {
+	g := testGPU(t)
+	cases := []struct {
+		T, E, H int
+		bias    bool
+		xb      bool
+	}{
+		{1, 128, 2048, false, true},   // Qwen3-30B-A3B, one token
+		{32, 128, 2048, false, true},  // two passes of 16 tokens
+		{17, 60, 2048, true, false},   // Qwen2-MoE's 60 experts, a partial CTA and pass
+		{5, 256, 7168, false, true},   // DeepSeek-V3
+		{64, 8, 4096, true, true},     // Mixtral, four passes
+		{3, 32, 2880, true, false},    // gpt-oss-20b (router bias)
+		{40, 256, 7168, false, false}, // 7 tokens a pass (shared memory bound)
+		{2, 5, 8, false, true},        // tiny
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("T%d_E%d_H%d_bias%v_xb%v", c.T, c.E, c.H, c.bias, c.xb), func(t *testing.T) {
+			r := newRNG(t)
+			x := randF32(r, c.T*c.H, 1)
+			wBits, w := randBF16(r, c.E*c.H, 0.05)
+			var bias []float32
+			if c.bias {
+				bias = randF32(r, c.E, 0.5)
+			}
+			want := make([]float64, c.T*c.E)
+			scale := make([]float64, c.T*c.E)
+			for tk := range c.T {
+				for e := range c.E {
+					s, a := 0.0, 0.0
+					for k := range c.H {
+						p := float64(x[tk*c.H+k]) * float64(w[e*c.H+k])
+						s += p
+						a += math.Abs(p)
+					}
+					if bias != nil {
+						s += float64(bias[e])
+					}
+					want[tk*c.E+e], scale[tk*c.E+e] = s, a+1e-30
+				}
+			}
+			var got []float32
+			var gotXB []uint16
+			onGPU(t, g, func(a *arena) {
+				lb := put(a, f32Fill(c.T*c.E, float32(math.NaN())))
+				xbuf, wbuf := put(a, x), put(a, wBits)
+				var bb, xbb *Buffer
+				if bias != nil {
+					bb = put(a, bias)
+				}
+				if c.xb {
+					xbb = put(a, bf16Fill(c.T*c.H, bf16NaN))
+				}
+				if a.err != nil {
+					return
+				}
+				a.check(a.d.MoERouterF32(nil, lb, xbuf, wbuf, bb, xbb, c.T, c.E, c.H))
+				got = get[float32](a, lb, c.T*c.E)
+				if c.xb {
+					gotXB = get[uint16](a, xbb, c.T*c.H)
+				}
+			})
+			worst := 0.0
+			for i := range want {
+				d := math.Abs(float64(got[i])-want[i]) / scale[i]
+				if got[i] != got[i] || d > 1e-5 {
+					t.Fatalf("logit %d (token %d, expert %d) = %v, want %v (|Σ| scale %.3g)", i, i/c.E, i%c.E, got[i], want[i], scale[i])
+				}
+				worst = max(worst, d)
+			}
+			for i := range gotXB {
+				if w := tensor.F32ToBF16(x[i]); gotXB[i] != w {
+					t.Fatalf("xb[%d] = %#04x, want %#04x (bf16 of %v)", i, gotXB[i], w, x[i])
+				}
+			}
+			t.Logf("worst |error| / Σ|x·w| = %.3g", worst)
+		})
+	}
+}
+
+// TestMoERouterF32Args: shapes the kernel does not take are errors.
+func TestMoERouterF32Args(t *testing.T) {
+	g := testGPU(t)
+	onGPU(t, g, func(a *arena) {
+		b := a.alloc(1 << 20)
+		if a.err != nil {
+			return
+		}
+		for _, c := range []struct{ T, E, H int }{{0, 8, 64}, {1, 0, 64}, {1, 8, 60}, {1, 8, MoERouterMaxHidden + 8}} {
+			if err := a.d.MoERouterF32(nil, b, b, b, nil, nil, c.T, c.E, c.H); err == nil {
+				t.Errorf("MoERouterF32 T=%d E=%d H=%d gave no error", c.T, c.E, c.H)
+			}
+		}
+	})
+}
+
+// TestRMSNormF32: RMSNormF32 and AddRMSNormF32 against float64 on the CPU,
+// on the register kernel's shapes (whole rows of 8 to 8192 values, heads of
+// 128) and the loop kernel's (groups not a multiple of 4, rows past 8192):
+// the sum output bit for bit (float32 adds), the normed output to 1e-6.
+func TestRMSNormF32(t *testing.T) {
+	g := testGPU(t)
+	cases := []struct {
+		rows, cols, group int
+		add               bool
+	}{
+		{1, 2048, 2048, true}, {32, 2048, 2048, false}, {3, 7168, 7168, true}, {4, 32 * 128, 128, false},
+		{5, 8, 8, true}, {2, 8192, 8192, false}, // register kernel
+		{2, 3 * 97, 97, false}, {2, 9000, 9000, true}, {3, 2 * 2, 2, false}, // loop kernel
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("r%d_c%d_g%d_add%v", c.rows, c.cols, c.group, c.add), func(t *testing.T) {
+			r := newRNG(t)
+			const eps = 1e-6
+			n := c.rows * c.cols
+			x, res := randF32(r, n, 1.5), randF32(r, n, 1)
+			w := randF32(r, c.group, 0.3)
+			sum := make([]float32, n)
+			for i := range sum {
+				sum[i] = x[i]
+				if c.add {
+					sum[i] = x[i] + res[i]
+				}
+			}
+			want := make([]float64, n)
+			for s := 0; s < n/c.group; s++ {
+				seg := sum[s*c.group : (s+1)*c.group]
+				ss := 0.0
+				for _, v := range seg {
+					ss += float64(v) * float64(v)
+				}
+				inv := 1 / math.Sqrt(ss/float64(c.group)+eps)
+				for j, v := range seg {
+					want[s*c.group+j] = float64(w[j%c.group]) * float64(v) * inv
+				}
+			}
+			var got, gotSum []float32
+			onGPU(t, g, func(a *arena) {
+				xb, rb, wb := put(a, x), put(a, res), put(a, w)
+				out, sb := put(a, f32Fill(n, float32(math.NaN()))), put(a, f32Fill(n, float32(math.NaN())))
+				if a.err != nil {
+					return
+				}
+				if c.add {
+					a.check(a.d.AddRMSNormF32(nil, sb, out, xb, rb, wb, c.rows, c.cols, eps))
+					gotSum = get[float32](a, sb, n)
+				} else {
+					a.check(a.d.RMSNormF32(nil, out, xb, wb, c.rows, c.cols, c.group, eps))
+				}
+				got = get[float32](a, out, n)
+			})
+			for i := range gotSum {
+				if math.Float32bits(gotSum[i]) != math.Float32bits(sum[i]) {
+					t.Fatalf("sum[%d] = %v, want %v", i, gotSum[i], sum[i])
+				}
+			}
+			checkClose(t, "out", got, want, 1e-6)
+		})
+	}
+}
