@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <atomic>
 #include <thread>
+#include <utility>
 
 #include "mkernel.h"
 
@@ -54,6 +55,49 @@ inline float float_from_bits(uint32_t b) {
   static_assert(sizeof f == sizeof b, "float is 32 bits");
   __builtin_memcpy(&f, &b, sizeof f);
   return f;
+}
+
+// ---- programmatic dependent launch (sm_90) ----
+//
+// A kernel launched with mk::launch on a real stream (the graph capture's
+// work stream) may start while the kernel before it in the stream is still
+// running: its CTAs are scheduled as soon as every CTA of the previous
+// kernel has passed pdl_begin (or exited), and they wait in pdl_begin until
+// that kernel has completed and its memory is visible. A decode step is a
+// chain of hundreds of kernels of a few µs each; this hides the launch and
+// the CTAs' scheduling of each behind the one before. Every kernel launched
+// through mk::launch must call pdl_begin() before it touches global memory
+// (reads of the previous kernel's output, and writes a previous kernel may
+// still read). MK_PDL=0 turns the attribute off (comparisons).
+
+// pdl_begin waits for the previous kernel of the stream (a no-op without a
+// programmatic dependency), then lets the next kernel's CTAs launch.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// pdl_on reports whether mk::launch sets the programmatic attribute.
+bool pdl_on();
+
+// launch runs kern<<<grid, block, smem, s>>>(args...) with the programmatic
+// stream serialization attribute when pdl_on() and s is not the legacy
+// default stream; kern must call pdl_begin() first.
+template <typename... KArgs, typename... Args>
+cudaError_t launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = (s != nullptr && pdl_on()) ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...);
 }
 
 }  // namespace mk

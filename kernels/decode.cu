@@ -92,6 +92,7 @@ __host__ __device__ inline size_t smem_bytes(int D, int Dv, int GM) {
 
 template <int GM>
 __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
+  mk::pdl_begin();
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = a.D, Dv = a.Dv, KV = a.KV;
   const int ldk = D + 8, ldv = Dv + 8;
@@ -468,6 +469,7 @@ __host__ __device__ inline size_t smem_bytes_mma(int D, int Dv, int stages) {
 // NV: n-tiles of 8 output columns the accumulators hold (≥ Dv/8); NS: stages of the K/V ring.
 template <int NV, int NS>
 __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
+  mk::pdl_begin();
   static_assert(NS >= kMinStages && NS <= kMaxStages, "stages");
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = a.D, Dv = a.Dv, KV = a.KV;
@@ -769,6 +771,7 @@ __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
 // merge: one CTA per (row, head) combines the splits' partial outputs by
 // log-sum-exp, with the sink in the denominator.
 __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
+  mk::pdl_begin();
   __shared__ float w[kMaxSplits];
   __shared__ float inv;
   const int b = blockIdx.x, h = blockIdx.y, S = a.splits, Dv = a.Dv;
@@ -807,6 +810,7 @@ __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
 
 __global__ void kv_write_bf16(bf16* pk, bf16* pv, const float* k, const float* v, const int32_t* slots,
                               int64_t n, int64_t kw, int64_t vw) {
+  mk::pdl_begin();
   const int64_t w = kw + vw;
   for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < n * w;
        x += (int64_t)gridDim.x * blockDim.x) {
@@ -1018,7 +1022,7 @@ int launch_fn(Fn fn, KernelInfo& ki, const AttnArgs& a, size_t smem, int64_t n, 
   MK_CUDA(opt_in(fn, ki, smem));
   const int64_t grid = n * a.splits * a.KV * a.hchunks;
   MK_ARG(grid <= INT32_MAX, "paged_attn: %lld thread blocks", (long long)grid);
-  fn<<<(unsigned)grid, kNT, smem, st>>>(a);
+  (void)(mk::launch(fn, dim3((unsigned)grid), dim3(kNT), smem, st, a));
   MK_LAUNCHED("paged_attn");
   return MK_OK;
 }
@@ -1050,9 +1054,9 @@ int32_t mk_kv_write_bf16(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint
   DEC_ARG(fn, n > 0 && kw > 0 && vw > 0 && pool_k && pool_v && k && v && slots);
   int64_t blocks = (n * (kw + vw) + 255) / 256;
   if (blocks > (1 << 20)) blocks = 1 << 20;
-  kv_write_bf16<<<(unsigned)blocks, 256, 0, mk::as_stream(stream)>>>(
+  (void)(mk::launch(kv_write_bf16, dim3((unsigned)blocks), dim3(256), 0, mk::as_stream(stream), 
       mk::dev<bf16>(pool_k), mk::dev<bf16>(pool_v), mk::dev<float>(k), mk::dev<float>(v),
-      mk::dev<int32_t>(slots), n, kw, vw);
+      mk::dev<int32_t>(slots), n, kw, vw));
   MK_LAUNCHED("kv_write_bf16");
   return MK_OK;
 }
@@ -1148,7 +1152,7 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t q, uint64_t p
   const cudaStream_t st = mk::as_stream(stream);
   const int rc = launch(p, a, n, st);
   if (rc != MK_OK || p.splits == 1) return rc;
-  paged_attn_merge<<<dim3((unsigned)n, (unsigned)heads), kNT, 0, st>>>(a);
+  (void)(mk::launch(paged_attn_merge, dim3(dim3((unsigned)n, (unsigned)heads)), dim3(kNT), 0, st, a));
   MK_LAUNCHED("paged_attn_merge");
   return MK_OK;
 }

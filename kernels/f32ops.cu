@@ -41,6 +41,7 @@ __device__ __forceinline__ double warp_sum_d(double v) {
 template <bool ADD>
 __global__ void rmsnorm_f32(float* out, const float* x, const float* r, float* sum, const float* w, int64_t group,
                             float eps) {
+  mk::pdl_begin();
   __shared__ double part[32];
   const int64_t g = blockIdx.x;
   const float* xs = x + g * group;
@@ -81,6 +82,7 @@ __global__ void rmsnorm_f32(float* out, const float* x, const float* r, float* s
 template <bool ADD, int VPT>
 __global__ void rmsnorm_f32_reg(float* out, const float* x, const float* r, float* sum, const float* w,
                                 int64_t group, float eps) {
+  mk::pdl_begin();
   __shared__ double part[32];
   const int64_t g = blockIdx.x;
   const int64_t n4 = group / 4;
@@ -146,17 +148,18 @@ void launch_rmsnorm(cudaStream_t s, float* out, const float* x, const float* r, 
     const int threads = (int)std::min<int64_t>(256, (n4 + 31) / 32 * 32);
     const int64_t vpt = (n4 + threads - 1) / threads;
     const unsigned grid = (unsigned)segs;
-    if (vpt <= 1) rmsnorm_f32_reg<ADD, 1><<<grid, threads, 0, s>>>(out, x, r, sum, w, group, eps);
-    else if (vpt <= 2) rmsnorm_f32_reg<ADD, 2><<<grid, threads, 0, s>>>(out, x, r, sum, w, group, eps);
-    else if (vpt <= 4) rmsnorm_f32_reg<ADD, 4><<<grid, threads, 0, s>>>(out, x, r, sum, w, group, eps);
-    else rmsnorm_f32_reg<ADD, 8><<<grid, threads, 0, s>>>(out, x, r, sum, w, group, eps);
+    if (vpt <= 1) (void)(mk::launch(rmsnorm_f32_reg<ADD, 1>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps));
+    else if (vpt <= 2) (void)(mk::launch(rmsnorm_f32_reg<ADD, 2>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps));
+    else if (vpt <= 4) (void)(mk::launch(rmsnorm_f32_reg<ADD, 4>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps));
+    else (void)(mk::launch(rmsnorm_f32_reg<ADD, 8>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps));
     return;
   }
-  rmsnorm_f32<ADD><<<(unsigned)segs, kT, 0, s>>>(out, x, r, sum, w, group, eps);
+  (void)(mk::launch(rmsnorm_f32<ADD>, dim3((unsigned)segs), dim3(kT), 0, s, out, x, r, sum, w, group, eps));
 }
 
 // hi = bf16(x), lo = bf16(x - hi); x - hi is exact in float32.
 __global__ void split_bf16(bf16* hi, bf16* lo, const float* x, int64_t n) {
+  mk::pdl_begin();
   GRID_STRIDE(i, n) {
     const float v = x[i];
     const bf16 h = __float2bfloat16_rn(v);
@@ -166,14 +169,17 @@ __global__ void split_bf16(bf16* hi, bf16* lo, const float* x, int64_t n) {
 }
 
 __global__ void add_f32(float* out, const float* a, const float* b, int64_t n) {
+  mk::pdl_begin();
   GRID_STRIDE(i, n) out[i] = a[i] + b[i];
 }
 
 __global__ void fill_f32(float* out, float v, int64_t n) {
+  mk::pdl_begin();
   GRID_STRIDE(i, n) out[i] = v;
 }
 
 __global__ void clamp_f32(float* out, const float* x, int64_t n, float lim) {
+  mk::pdl_begin();
   GRID_STRIDE(i, n) {
     float v = x[i];
     if (v > lim) v = lim;
@@ -183,12 +189,14 @@ __global__ void clamp_f32(float* out, const float* x, int64_t n, float lim) {
 }
 
 __global__ void bias_add_f32(float* x, const float* b, int64_t rows, int64_t cols) {
+  mk::pdl_begin();
   GRID_STRIDE(i, rows * cols) x[i] += b[i % cols];
 }
 
 // kind 0: silu(g)*u; kind 1: gpt-oss clamped.
 __global__ void swiglu_f32(float* out, const float* in, int64_t t, int64_t inter, int kind,
                            float alpha, float lim) {
+  mk::pdl_begin();
   GRID_STRIDE(idx, t * inter) {
     const int64_t r = idx / inter, i = idx - r * inter;
     const float* row = in + r * 2 * inter;
@@ -208,6 +216,7 @@ __global__ void swiglu_f32(float* out, const float* in, int64_t t, int64_t inter
 // In place; one thread per (row, head, pair).
 __global__ void rope_f32(float* x, const int32_t* pos, int64_t t, int64_t heads, int64_t head_dim,
                          int64_t half, int style, const float* inv, float attn) {
+  mk::pdl_begin();
   GRID_STRIDE(idx, t * heads * half) {
     const int64_t i = idx % half, rh = idx / half, h = rh % heads, r = rh / heads;
     const float a = __fmul_rn(inv[i], (float)pos[r]);
@@ -225,6 +234,7 @@ __global__ void rope_f32(float* x, const int32_t* pos, int64_t t, int64_t heads,
 __global__ void copy_cols_f32(float* dst, int64_t dld, int64_t doff, int64_t dhs, const float* src,
                               int64_t sld, int64_t soff, int64_t shs, int64_t rows, int64_t heads,
                               int64_t width) {
+  mk::pdl_begin();
   GRID_STRIDE(idx, rows * heads * width) {
     const int64_t c = idx % width, rh = idx / width, h = rh % heads, r = rh / heads;
     dst[r * dld + h * dhs + doff + c] = src[r * sld + h * shs + soff + c];
@@ -235,6 +245,7 @@ __global__ void copy_cols_f32(float* dst, int64_t dld, int64_t doff, int64_t dhs
 template <typename T>
 __global__ void gather_rows(float* dst, const T* src, const int32_t* idx, int64_t n, int64_t cols,
                             int64_t src_rows) {
+  mk::pdl_begin();
   GRID_STRIDE(k, n * cols) {
     const int64_t i = k / cols, c = k - i * cols;
     const int32_t r = idx[i];
@@ -250,6 +261,7 @@ __global__ void gather_rows(float* dst, const T* src, const int32_t* idx, int64_
 
 __global__ void scatter_add_rows(float* out, const float* src, const int32_t* idx, const float* w,
                                  int64_t n, int64_t cols) {
+  mk::pdl_begin();
   GRID_STRIDE(k, n * cols) {
     const int64_t i = k / cols, c = k - i * cols;
     atomicAdd(out + (int64_t)idx[i] * cols + c, __fmul_rn(w[i], src[k]));
@@ -257,6 +269,7 @@ __global__ void scatter_add_rows(float* out, const float* src, const int32_t* id
 }
 
 __global__ void gated_add(float* out, const float* x, const float* gate, int64_t rows, int64_t cols) {
+  mk::pdl_begin();
   GRID_STRIDE(k, rows * cols) {
     const int64_t r = k / cols;
     float s = 1.0f;
@@ -267,6 +280,7 @@ __global__ void gated_add(float* out, const float* x, const float* gate, int64_t
 
 __global__ void kv_write(float* pk, float* pv, const float* k, const float* v, const int32_t* slots,
                          int64_t n, int64_t kw, int64_t vw) {
+  mk::pdl_begin();
   const int64_t w = kw + vw;
   GRID_STRIDE(q, n * w) {
     const int64_t i = q / w, c = q - i * w;
@@ -386,8 +400,8 @@ int32_t mk_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uint64_t out, uint64_t
 int32_t mk_split_bf16(uint64_t stream, uint64_t hi, uint64_t lo, uint64_t x, int64_t n) {
   MK_THREAD("mk_split_bf16");
   F32_ARG("mk_split_bf16", n > 0 && hi && lo && x);
-  split_bf16<<<grid_n(n), kT, 0, mk::as_stream(stream)>>>(mk::dev<bf16>(hi), mk::dev<bf16>(lo),
-                                                         mk::dev<float>(x), n);
+  (void)(mk::launch(split_bf16, dim3(grid_n(n)), dim3(kT), 0, mk::as_stream(stream), mk::dev<bf16>(hi), mk::dev<bf16>(lo),
+                                                         mk::dev<float>(x), n));
   MK_LAUNCHED("split_bf16");
   return MK_OK;
 }
@@ -395,8 +409,8 @@ int32_t mk_split_bf16(uint64_t stream, uint64_t hi, uint64_t lo, uint64_t x, int
 int32_t mk_add_f32(uint64_t stream, uint64_t out, uint64_t a, uint64_t b, int64_t n) {
   MK_THREAD("mk_add_f32");
   F32_ARG("mk_add_f32", n > 0 && out && a && b);
-  add_f32<<<grid_n(n), kT, 0, mk::as_stream(stream)>>>(mk::dev<float>(out), mk::dev<float>(a),
-                                                      mk::dev<float>(b), n);
+  (void)(mk::launch(add_f32, dim3(grid_n(n)), dim3(kT), 0, mk::as_stream(stream), mk::dev<float>(out), mk::dev<float>(a),
+                                                      mk::dev<float>(b), n));
   MK_LAUNCHED("add_f32");
   return MK_OK;
 }
@@ -404,7 +418,7 @@ int32_t mk_add_f32(uint64_t stream, uint64_t out, uint64_t a, uint64_t b, int64_
 int32_t mk_fill_f32(uint64_t stream, uint64_t out, int64_t n, uint32_t value_bits) {
   MK_THREAD("mk_fill_f32");
   F32_ARG("mk_fill_f32", n > 0 && out);
-  fill_f32<<<grid_n(n), kT, 0, mk::as_stream(stream)>>>(mk::dev<float>(out), mk::float_from_bits(value_bits), n);
+  (void)(mk::launch(fill_f32, dim3(grid_n(n)), dim3(kT), 0, mk::as_stream(stream), mk::dev<float>(out), mk::float_from_bits(value_bits), n));
   MK_LAUNCHED("fill_f32");
   return MK_OK;
 }
@@ -412,8 +426,8 @@ int32_t mk_fill_f32(uint64_t stream, uint64_t out, int64_t n, uint32_t value_bit
 int32_t mk_clamp_f32(uint64_t stream, uint64_t out, uint64_t x, int64_t n, uint32_t limit_bits) {
   MK_THREAD("mk_clamp_f32");
   F32_ARG("mk_clamp_f32", n > 0 && out && x);
-  clamp_f32<<<grid_n(n), kT, 0, mk::as_stream(stream)>>>(mk::dev<float>(out), mk::dev<float>(x), n,
-                                                        mk::float_from_bits(limit_bits));
+  (void)(mk::launch(clamp_f32, dim3(grid_n(n)), dim3(kT), 0, mk::as_stream(stream), mk::dev<float>(out), mk::dev<float>(x), n,
+                                                        mk::float_from_bits(limit_bits)));
   MK_LAUNCHED("clamp_f32");
   return MK_OK;
 }
@@ -421,8 +435,8 @@ int32_t mk_clamp_f32(uint64_t stream, uint64_t out, uint64_t x, int64_t n, uint3
 int32_t mk_bias_add_f32(uint64_t stream, uint64_t x, uint64_t bias, int64_t rows, int64_t cols) {
   MK_THREAD("mk_bias_add_f32");
   F32_ARG("mk_bias_add_f32", rows > 0 && cols > 0 && x && bias);
-  bias_add_f32<<<grid_n(rows * cols), kT, 0, mk::as_stream(stream)>>>(mk::dev<float>(x),
-                                                                     mk::dev<float>(bias), rows, cols);
+  (void)(mk::launch(bias_add_f32, dim3(grid_n(rows * cols)), dim3(kT), 0, mk::as_stream(stream), mk::dev<float>(x),
+                                                                     mk::dev<float>(bias), rows, cols));
   MK_LAUNCHED("bias_add_f32");
   return MK_OK;
 }
@@ -431,9 +445,9 @@ int32_t mk_swiglu_f32(uint64_t stream, uint64_t out, uint64_t in, int64_t t, int
                       int32_t kind, uint32_t alpha_bits, uint32_t limit_bits) {
   MK_THREAD("mk_swiglu_f32");
   F32_ARG("mk_swiglu_f32", t > 0 && i > 0 && out && in && (kind == 0 || kind == 1));
-  swiglu_f32<<<grid_n(t * i), kT, 0, mk::as_stream(stream)>>>(
+  (void)(mk::launch(swiglu_f32, dim3(grid_n(t * i)), dim3(kT), 0, mk::as_stream(stream), 
       mk::dev<float>(out), mk::dev<float>(in), t, i, kind, mk::float_from_bits(alpha_bits),
-      mk::float_from_bits(limit_bits));
+      mk::float_from_bits(limit_bits)));
   MK_LAUNCHED("swiglu_f32");
   return MK_OK;
 }
@@ -446,9 +460,9 @@ int32_t mk_rope_f32(uint64_t stream, uint64_t x, uint64_t pos, int64_t t, int64_
                              rot_dim <= head_dim && x && pos && inv_freq &&
                              (style == MK_ROPE_NEOX || style == MK_ROPE_INTERLEAVED));
   const int64_t half = rot_dim / 2;
-  rope_f32<<<grid_n(t * heads * half), kT, 0, mk::as_stream(stream)>>>(
+  (void)(mk::launch(rope_f32, dim3(grid_n(t * heads * half)), dim3(kT), 0, mk::as_stream(stream), 
       mk::dev<float>(x), mk::dev<int32_t>(pos), t, heads, head_dim, half, style,
-      mk::dev<float>(inv_freq), mk::float_from_bits(attn_bits));
+      mk::dev<float>(inv_freq), mk::float_from_bits(attn_bits)));
   MK_LAUNCHED("rope_f32");
   return MK_OK;
 }
@@ -458,8 +472,8 @@ int32_t mk_copy_cols_f32(uint64_t stream, uint64_t dst, int64_t dld, int64_t dof
                          int64_t heads, int64_t width) {
   MK_THREAD("mk_copy_cols_f32");
   F32_ARG("mk_copy_cols_f32", rows > 0 && heads > 0 && width > 0 && dst && src);
-  copy_cols_f32<<<grid_n(rows * heads * width), kT, 0, mk::as_stream(stream)>>>(
-      mk::dev<float>(dst), dld, doff, dhs, mk::dev<float>(src), sld, soff, shs, rows, heads, width);
+  (void)(mk::launch(copy_cols_f32, dim3(grid_n(rows * heads * width)), dim3(kT), 0, mk::as_stream(stream), 
+      mk::dev<float>(dst), dld, doff, dhs, mk::dev<float>(src), sld, soff, shs, rows, heads, width));
   MK_LAUNCHED("copy_cols_f32");
   return MK_OK;
 }
@@ -471,11 +485,11 @@ int32_t mk_gather_rows_f32(uint64_t stream, uint64_t dst, uint64_t src, int32_t 
                                     (src_dtype == MK_DTYPE_F32 || src_dtype == MK_DTYPE_BF16));
   cudaStream_t s = mk::as_stream(stream);
   if (src_dtype == MK_DTYPE_F32)
-    gather_rows<float><<<grid_n(n * cols), kT, 0, s>>>(mk::dev<float>(dst), mk::dev<float>(src),
-                                                       mk::dev<int32_t>(idx), n, cols, src_rows);
+    (void)(mk::launch(gather_rows<float>, dim3(grid_n(n * cols)), dim3(kT), 0, s, mk::dev<float>(dst), mk::dev<float>(src),
+                                                       mk::dev<int32_t>(idx), n, cols, src_rows));
   else
-    gather_rows<bf16><<<grid_n(n * cols), kT, 0, s>>>(mk::dev<float>(dst), mk::dev<bf16>(src),
-                                                      mk::dev<int32_t>(idx), n, cols, src_rows);
+    (void)(mk::launch(gather_rows<bf16>, dim3(grid_n(n * cols)), dim3(kT), 0, s, mk::dev<float>(dst), mk::dev<bf16>(src),
+                                                      mk::dev<int32_t>(idx), n, cols, src_rows));
   MK_LAUNCHED("gather_rows");
   return MK_OK;
 }
@@ -484,8 +498,8 @@ int32_t mk_scatter_add_rows_f32(uint64_t stream, uint64_t out, uint64_t src, uin
                                 uint64_t w, int64_t n, int64_t cols) {
   MK_THREAD("mk_scatter_add_rows_f32");
   F32_ARG("mk_scatter_add_rows_f32", n > 0 && cols > 0 && out && src && idx && w);
-  scatter_add_rows<<<grid_n(n * cols), kT, 0, mk::as_stream(stream)>>>(
-      mk::dev<float>(out), mk::dev<float>(src), mk::dev<int32_t>(idx), mk::dev<float>(w), n, cols);
+  (void)(mk::launch(scatter_add_rows, dim3(grid_n(n * cols)), dim3(kT), 0, mk::as_stream(stream), 
+      mk::dev<float>(out), mk::dev<float>(src), mk::dev<int32_t>(idx), mk::dev<float>(w), n, cols));
   MK_LAUNCHED("scatter_add_rows");
   return MK_OK;
 }
@@ -494,8 +508,8 @@ int32_t mk_gated_add_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t gat
                          int64_t cols) {
   MK_THREAD("mk_gated_add_f32");
   F32_ARG("mk_gated_add_f32", rows > 0 && cols > 0 && out && x);
-  gated_add<<<grid_n(rows * cols), kT, 0, mk::as_stream(stream)>>>(
-      mk::dev<float>(out), mk::dev<float>(x), gate ? mk::dev<float>(gate) : nullptr, rows, cols);
+  (void)(mk::launch(gated_add, dim3(grid_n(rows * cols)), dim3(kT), 0, mk::as_stream(stream), 
+      mk::dev<float>(out), mk::dev<float>(x), gate ? mk::dev<float>(gate) : nullptr, rows, cols));
   MK_LAUNCHED("gated_add");
   return MK_OK;
 }
@@ -504,9 +518,9 @@ int32_t mk_kv_write_f32(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint6
                         uint64_t slots, int64_t n, int64_t kw, int64_t vw) {
   MK_THREAD("mk_kv_write_f32");
   F32_ARG("mk_kv_write_f32", n > 0 && kw > 0 && vw > 0 && pool_k && pool_v && k && v && slots);
-  kv_write<<<grid_n(n * (kw + vw)), kT, 0, mk::as_stream(stream)>>>(
+  (void)(mk::launch(kv_write, dim3(grid_n(n * (kw + vw))), dim3(kT), 0, mk::as_stream(stream), 
       mk::dev<float>(pool_k), mk::dev<float>(pool_v), mk::dev<float>(k), mk::dev<float>(v),
-      mk::dev<int32_t>(slots), n, kw, vw);
+      mk::dev<int32_t>(slots), n, kw, vw));
   MK_LAUNCHED("kv_write");
   return MK_OK;
 }

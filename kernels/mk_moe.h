@@ -32,11 +32,11 @@ MK_API int32_t mk_moe_route(uint64_t stream, uint64_t ids, uint64_t weights, uin
                             uint64_t score_bias, int64_t t, int32_t e, int32_t k, int32_t flags,
                             int32_t num_groups, int32_t topk_groups, uint32_t scaling_bits);
 
-/* The router GEMM of a few tokens (ABI 8): logits [T, E] f32 = x [T, H] f32
- * · W [E, H] bf16ᵀ (+ bias [E] f32, or 0), float32 products and sums (x is
- * not rounded); when xb is non-zero, xb [T, H] bf16 = x rounded to nearest
- * even as well (the experts' input). H a multiple of 8, at most 51200; x, W
- * and xb 16-byte aligned. Meant for decode-sized T: every CTA reads all of x. */
+/* The router GEMM of a few tokens (ABI 8; gemv.cu): logits [T, E] f32 = x
+ * [T, H] f32 · W [E, H] bf16ᵀ (+ bias [E] f32, or 0), float32 products and
+ * sums (x is not rounded); when xb is non-zero, xb [T, H] bf16 = x rounded
+ * to nearest even as well (the experts' input). 1 <= T <= 8; H a multiple
+ * of 8; x, W and xb 16-byte aligned. */
 MK_API int32_t mk_moe_router_f32(uint64_t stream, uint64_t logits, uint64_t x, uint64_t w, uint64_t bias,
                                  uint64_t xb, int64_t t, int32_t e, int64_t h);
 

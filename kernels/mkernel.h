@@ -40,7 +40,7 @@ extern "C" {
 /* MK_ABI_VERSION changes whenever a signature, struct or meaning changes.
  * 7: rank-local fused MoE and ring (mk_moe_fused_rank, mk_ring_attn_rank),
  *    mk_allreduce_*, mk_moe_localize, mk_fill_f32, the NCCL shim (mk_nccl_*).
- * 8: mk_moe_router_f32. */
+ * 8: mk_moe_router_f32, mk_gemv_bf16. */
 #define MK_ABI_VERSION 8
 
 /* Status codes. */
@@ -182,6 +182,12 @@ MK_API int32_t mk_gemm_bf16(uint64_t stream, uint64_t a, uint64_t b, uint64_t c,
  * TF32): C [M,N] (+)= A [M,K] · B [N,K]ᵀ. */
 MK_API int32_t mk_gemm_f32(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int64_t m, int64_t n,
                            int64_t k, int32_t accumulate);
+/* C [M,N] f32 = A [M,K] bf16 · B [N,K]ᵀ bf16 for 1 <= M <= 8 (ABI 8): the
+ * skinny GEMM of decode batches, one warp per row of B streaming it in
+ * 16-byte pieces, float32 products and sums (gemv.cu). K a multiple of 8; A
+ * and B 16-byte aligned. C is overwritten. */
+MK_API int32_t mk_gemv_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t b, int64_t m, int64_t n,
+                            int64_t k);
 /* How many GEMMs ran through cuBLASLt and through the cublasGemmEx fallback. */
 MK_API int32_t mk_gemm_stats(uint64_t* lt_calls, uint64_t* fallback_calls);
 

@@ -53,6 +53,7 @@ constexpr int kRouteWarps = 4;
 // One warp per token.
 __global__ void moe_route_kernel(int32_t* ids, float* wts, const float* logits, const float* bias,
                                  int64_t T, int E, int K, int flags, int G, int TG, float scale) {
+  mk::pdl_begin();
   extern __shared__ __align__(16) unsigned char route_sm[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = (int64_t)blockIdx.x * kRouteWarps + warp;
@@ -213,6 +214,7 @@ __global__ void moe_route_kernel(int32_t* ids, float* wts, const float* logits, 
 template <int EPL>
 __global__ void moe_route_reg_kernel(int32_t* ids, float* wts, const float* logits, const float* bias,
                                      int64_t T, int E, int K, int flags, int G, int TG, float scale) {
+  mk::pdl_begin();
   extern __shared__ __align__(16) unsigned char route_sm[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = (int64_t)blockIdx.x * kRouteWarps + warp;
@@ -376,75 +378,6 @@ __global__ void moe_route_reg_kernel(int32_t* ids, float* wts, const float* logi
   }
 }
 
-// ---------------------------------------------------------------- router GEMV
-
-constexpr int kRouterWarps = 8;   // experts per CTA (one warp each)
-constexpr int kRouterTT = 16;     // tokens per pass at most (accumulators per lane)
-constexpr size_t kRouterSmem = 200 << 10;
-
-// logits [T, E] = x [T, H] f32 · W [E, H] bf16ᵀ (+ bias), float32 FMAs; a
-// pass stages TT tokens' rows of x in shared memory (every CTA reads all of
-// x, which is small at decode sizes), and each warp streams its expert's
-// row of W in 8-byte pieces, lane l taking columns 4l + 128j. When xb is
-// set, x rounded to bf16 is written there too, each CTA a disjoint part.
-__global__ void __launch_bounds__(kRouterWarps * 32)
-    moe_router_kernel(float* logits, const float* x, const bf16* W, const float* bias, bf16* xb, int64_t T,
-                      int E, int H, int TT) {
-  extern __shared__ __align__(16) float xs[];  // [TT][H]
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int e = blockIdx.x * kRouterWarps + warp;
-  const int H4 = H / 4;
-  for (int64_t t0 = 0; t0 < T; t0 += TT) {
-    const int nt = (int)(T - t0 < TT ? T - t0 : TT);
-    const float4* src = reinterpret_cast<const float4*>(x + t0 * H);
-    float4* dst = reinterpret_cast<float4*>(xs);
-    for (int q = threadIdx.x; q < nt * H4; q += blockDim.x) {
-      const float4 v = src[q];
-      dst[q] = v;
-      if (xb != nullptr && (q % gridDim.x) == blockIdx.x) {
-        __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-        uint2 u;
-        u.x = *reinterpret_cast<uint32_t*>(&lo);
-        u.y = *reinterpret_cast<uint32_t*>(&hi);
-        reinterpret_cast<uint2*>(xb + t0 * H)[q] = u;
-      }
-    }
-    __syncthreads();
-    if (e < E) {
-      float acc[kRouterTT];
-#pragma unroll
-      for (int tt = 0; tt < kRouterTT; tt++) acc[tt] = 0.0f;
-      const uint2* wr = reinterpret_cast<const uint2*>(W + (int64_t)e * H);
-#pragma unroll 4
-      for (int c4 = lane; c4 < H4; c4 += 32) {
-        const uint2 u = wr[c4];
-        const float w0 = __uint_as_float(u.x << 16), w1 = __uint_as_float(u.x & 0xffff0000u);
-        const float w2 = __uint_as_float(u.y << 16), w3 = __uint_as_float(u.y & 0xffff0000u);
-#pragma unroll
-        for (int tt = 0; tt < kRouterTT; tt++) {
-          if (tt < nt) {
-            const float4 xv = dst[tt * H4 + c4];
-            acc[tt] = fmaf(xv.x, w0, acc[tt]);
-            acc[tt] = fmaf(xv.y, w1, acc[tt]);
-            acc[tt] = fmaf(xv.z, w2, acc[tt]);
-            acc[tt] = fmaf(xv.w, w3, acc[tt]);
-          }
-        }
-      }
-      const float b = bias != nullptr ? bias[e] : 0.0f;
-#pragma unroll
-      for (int tt = 0; tt < kRouterTT; tt++) {
-        if (tt < nt) {
-          float v = acc[tt];
-          for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-          if (lane == 0) logits[(t0 + tt) * E + e] = v + b;
-        }
-      }
-    }
-    __syncthreads();  // xs is refilled by the next pass
-  }
-}
-
 // ---------------------------------------------------------------- align
 
 // One block: counts per expert, offsets padded to BM, the expert of every
@@ -453,6 +386,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
 __global__ void moe_align_kernel(const int32_t* ids, int64_t n, int E, int BM, int32_t* off_g,
                                  int32_t* num_tiles, int32_t* tile_expert, int32_t* sorted,
                                  int32_t* slot_of, unsigned long long* counts_total) {
+  mk::pdl_begin();
   extern __shared__ int align_sm[];
   int* cnt = align_sm;
   int* off = cnt + E;
@@ -555,6 +489,7 @@ using mkmoe::mma16816;
 template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     moe_gemm_kernel(const GemmArgs p) {
+  mk::pdl_begin();
   constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
   constexpr int MF = WM / 16, NF = WN / 8;
   static_assert(NF % 2 == 0, "n fragments come in pairs");
@@ -753,6 +688,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 // that a decode step's few tokens still spread over many SMs).
 __global__ void moe_combine_kernel(float* out, const float* y, const int32_t* slot_of, const float* w,
                                    int K, int64_t H) {
+  mk::pdl_begin();
   const int64_t t = blockIdx.x;
   const int64_t H4 = H / 4;
   for (int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; c < H4; c += (int64_t)gridDim.y * blockDim.x) {
@@ -774,6 +710,7 @@ __global__ void moe_combine_kernel(float* out, const float* y, const int32_t* sl
 // ---------------------------------------------------------------- localize
 
 __global__ void moe_localize_kernel(int32_t* ids, int64_t n, int lo, int hi) {
+  mk::pdl_begin();
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const int e = ids[i];
     ids[i] = e >= lo && e < hi ? e - lo : -1;
@@ -918,7 +855,7 @@ int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s
   g.mt = (int)tiles;
   g.nt = (int)ntiles;
   g.group_m = group_m();
-  kern<<<(unsigned)(tiles * ntiles), (BM / WM) * (BN / WN) * 32, sm, s>>>(g);
+  (void)(mk::launch(kern, dim3((unsigned)(tiles * ntiles)), dim3((BM / WM) * (BN / WN) * 32), sm, s, g));
   MK_LAUNCHED(GU ? "moe_gemm (gate/up)" : "moe_gemm (down)");
   return MK_OK;
 }
@@ -954,7 +891,7 @@ int32_t mk_moe_localize(uint64_t stream, uint64_t ids, int64_t n, int32_t lo, in
          (long long)n, (void*)ids, lo, hi);
   if (n == 0) return MK_OK;
   const int grid = (int)std::min<int64_t>(1024, (n + 255) / 256);
-  moe_localize_kernel<<<grid, 256, 0, mk::as_stream(stream)>>>(mk::dev<int32_t>(ids), n, lo, hi);
+  (void)(mk::launch(moe_localize_kernel, dim3(grid), dim3(256), 0, mk::as_stream(stream), mk::dev<int32_t>(ids), n, lo, hi));
   MK_LAUNCHED("moe_localize");
   return MK_OK;
 }
@@ -984,9 +921,9 @@ int32_t mk_moe_route(uint64_t stream, uint64_t ids, uint64_t weights, uint64_t l
     const size_t rsm = num_groups > 0 ? (size_t)kRouteWarps * (e + 2 * num_groups) * 4 : 0;
     const int epl = (e + 31) / 32;
     auto go = [&](auto kern) {
-      kern<<<(unsigned)blocks, kRouteWarps * 32, rsm, mk::as_stream(stream)>>>(
+      (void)(mk::launch(kern, dim3((unsigned)blocks), dim3(kRouteWarps * 32), rsm, mk::as_stream(stream), 
           mk::dev<int32_t>(ids), mk::dev<float>(weights), mk::dev<const float>(logits),
-          score_bias ? mk::dev<const float>(score_bias) : nullptr, t, e, k, flags, num_groups, topk_groups, scale);
+          score_bias ? mk::dev<const float>(score_bias) : nullptr, t, e, k, flags, num_groups, topk_groups, scale));
     };
     if (epl <= 1) go(moe_route_reg_kernel<1>);
     else if (epl <= 2) go(moe_route_reg_kernel<2>);
@@ -1003,34 +940,10 @@ int32_t mk_moe_route(uint64_t stream, uint64_t ids, uint64_t weights, uint64_t l
   }
   const int64_t blocks = (t + kRouteWarps - 1) / kRouteWarps;
   MK_ARG(blocks < (1ll << 31), "mk_moe_route: T=%lld too large", (long long)t);
-  moe_route_kernel<<<(unsigned)blocks, kRouteWarps * 32, sm, mk::as_stream(stream)>>>(
+  (void)(mk::launch(moe_route_kernel, dim3((unsigned)blocks), dim3(kRouteWarps * 32), sm, mk::as_stream(stream), 
       mk::dev<int32_t>(ids), mk::dev<float>(weights), mk::dev<const float>(logits),
-      score_bias ? mk::dev<const float>(score_bias) : nullptr, t, e, k, flags, num_groups, topk_groups, scale);
+      score_bias ? mk::dev<const float>(score_bias) : nullptr, t, e, k, flags, num_groups, topk_groups, scale));
   MK_LAUNCHED("moe_route");
-  return MK_OK;
-}
-
-int32_t mk_moe_router_f32(uint64_t stream, uint64_t logits, uint64_t x, uint64_t w, uint64_t bias, uint64_t xb,
-                          int64_t t, int32_t e, int64_t h) {
-  const char* fn = "mk_moe_router_f32";
-  MK_THREAD(fn);
-  MK_ARG(t > 0 && e > 0 && h > 0 && h % 8 == 0 && (size_t)h * 4 <= kRouterSmem && h <= INT32_MAX,
-         "%s: T=%lld E=%d H=%lld (want T, E >= 1, H a multiple of 8, at most %zu)", fn, (long long)t, e, (long long)h,
-         kRouterSmem / 4);
-  MK_ARG(logits && x && w, "%s: null logits, x or W", fn);
-  MK_ARG(((x | w | (xb ? xb : 0)) & 15) == 0, "%s: x, W and xb must be 16-byte aligned", fn);
-  const int tt = (int)std::min<int64_t>({t, (int64_t)kRouterTT, (int64_t)(kRouterSmem / ((size_t)h * 4))});
-  const size_t sm = (size_t)tt * h * 4;
-  static size_t attr = 48 << 10;
-  if (sm > attr) {
-    MK_CUDA(cudaFuncSetAttribute(moe_router_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kRouterSmem));
-    attr = kRouterSmem;
-  }
-  const unsigned grid = (unsigned)((e + kRouterWarps - 1) / kRouterWarps);
-  moe_router_kernel<<<grid, kRouterWarps * 32, sm, mk::as_stream(stream)>>>(
-      mk::dev<float>(logits), mk::dev<const float>(x), mk::dev<const bf16>(w),
-      bias ? mk::dev<const float>(bias) : nullptr, xb ? mk::dev<bf16>(xb) : nullptr, t, e, (int)h, tt);
-  MK_LAUNCHED("moe_router");
   return MK_OK;
 }
 
@@ -1080,8 +993,8 @@ int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, 
     MK_CUDA(cudaFuncSetAttribute(moe_align_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asm_bytes));
     align_attr = asm_bytes;
   }
-  moe_align_kernel<<<1, 1024, asm_bytes, s>>>(mk::dev<const int32_t>(ids), t * k, e, bm, off, num, tile_expert,
-                                              sorted, slot_of, mk::dev<unsigned long long>(counts));
+  (void)(mk::launch(moe_align_kernel, dim3(1), dim3(1024), asm_bytes, s, mk::dev<const int32_t>(ids), t * k, e, bm, off, num, tile_expert,
+                                              sorted, slot_of, mk::dev<unsigned long long>(counts)));
   MK_LAUNCHED("moe_align");
 
   GemmArgs g1{};
@@ -1116,8 +1029,8 @@ int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, 
     // Column slices of 128 float4s; up to 8 per token, fewer when the tokens
     // alone fill the GPU.
     const int64_t slices = std::max<int64_t>(1, std::min<int64_t>((h / 4 + 127) / 128, t >= 256 ? 1 : 8));
-    moe_combine_kernel<<<dim3((unsigned)t, (unsigned)slices), 128, 0, s>>>(
-        mk::dev<float>(out), y, slot_of, mk::dev<const float>(weights), k, h);
+    (void)(mk::launch(moe_combine_kernel, dim3(dim3((unsigned)t, (unsigned)slices)), dim3(128), 0, s, 
+        mk::dev<float>(out), y, slot_of, mk::dev<const float>(weights), k, h));
   }
   MK_LAUNCHED("moe_combine");
   return MK_OK;

@@ -15,6 +15,7 @@ var (
 	moeFill      func(s, dst uint64, n int64, seed uint64, scale uint32) int32
 	moeLocalize  func(s, ids uint64, n int64, lo, hi int32) int32
 	moeRouterF32 func(s, logits, x, w, bias, xb uint64, t int64, e int32, h int64) int32
+	gemvBF16     func(s, c, a, b uint64, m, n, k int64) int32
 )
 
 func init() {
@@ -25,6 +26,7 @@ func init() {
 		symbol{"mk_moe_fill_bf16", &moeFill},
 		symbol{"mk_moe_localize", &moeLocalize},
 		symbol{"mk_moe_router_f32", &moeRouterF32},
+		symbol{"mk_gemv_bf16", &gemvBF16},
 	)
 }
 
@@ -87,16 +89,12 @@ func (d *Device) MoERoute(s *Stream, ids, weights, logits, scoreBias *Buffer, T 
 		int32(r.Experts), int32(r.TopK), flags, int32(r.Groups), int32(r.TopKGroups), math.Float32bits(r.Scaling)))
 }
 
-// MoERouterMaxHidden is the widest x MoERouterF32 takes.
-const MoERouterMaxHidden = 51200
-
 // MoERouterF32 is the router GEMM of a few tokens: logits [T, E] f32 = x
 // [T, H] f32 · w [E, H] bf16ᵀ (+ bias [E] f32, or nil) in float32 (x is
-// not rounded to bf16); xb [T, H] bf16, when not nil, receives x rounded to
-// bf16 (the experts' input) from the same launch. H must be a multiple of 8
-// and at most MoERouterMaxHidden. Every CTA reads all of x: meant for
-// decode-sized T (tens of tokens), where it replaces a split (hi + lo) and
-// two GEMMs.
+// not rounded to bf16), for 1 ≤ T ≤ GemvMaxRows; xb [T, H] bf16, when not
+// nil, receives x rounded to bf16 (the experts' input) from the same
+// launch. H must be a multiple of 8. It replaces a split (hi + lo) and two
+// GEMMs at decode sizes (gemv.cu).
 func (d *Device) MoERouterF32(s *Stream, logits, x, w, bias, xb *Buffer, T, E, H int) error {
 	const op = "MoERouterF32"
 	if err := d.ready(op); err != nil || d.muted() {
@@ -105,8 +103,8 @@ func (d *Device) MoERouterF32(s *Stream, logits, x, w, bias, xb *Buffer, T, E, H
 	if err := dims(op, "T", T, "E", E, "H", H); err != nil {
 		return err
 	}
-	if H%8 != 0 || H > MoERouterMaxHidden {
-		return fmt.Errorf("kernels: %s: H=%d (want a multiple of 8, at most %d)", op, H, MoERouterMaxHidden)
+	if H%8 != 0 || T > GemvMaxRows {
+		return fmt.Errorf("kernels: %s: T=%d H=%d (want T ≤ %d, H a multiple of 8)", op, T, H, GemvMaxRows)
 	}
 	if err := needAll(op, 4, "logits", logits, int64(T)*int64(E), "x", x, int64(T)*int64(H)); err != nil {
 		return err

@@ -190,12 +190,14 @@ __global__ void rope(bf16* x, const int32_t* pos, int64_t t, int64_t heads, int6
 // ---- conversions ----
 
 __global__ void f32_to_bf16(bf16* dst, const float* src, int64_t n) {
+  mk::pdl_begin();
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x)
     dst[i] = __float2bfloat16_rn(src[i]);
 }
 
 __global__ void bf16_to_f32(float* dst, const bf16* src, int64_t n) {
+  mk::pdl_begin();
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x)
     dst[i] = __bfloat162float(src[i]);
@@ -320,8 +322,8 @@ int32_t mk_convert_f32_to_bf16(uint64_t stream, uint64_t dst, uint64_t src, int6
   MK_THREAD("mk_convert_f32_to_bf16");
   MK_ARG(n > 0 && dst != 0 && src != 0, "mk_convert_f32_to_bf16: bad n=%lld or NULL pointer",
          (long long)n);
-  f32_to_bf16<<<grid_for(n, kThreads), kThreads, 0, mk::as_stream(stream)>>>(
-      mk::dev<bf16>(dst), mk::dev<float>(src), n);
+  (void)(mk::launch(f32_to_bf16, dim3(grid_for(n, kThreads)), dim3(kThreads), 0, mk::as_stream(stream), 
+      mk::dev<bf16>(dst), mk::dev<float>(src), n));
   MK_LAUNCHED("f32_to_bf16");
   return MK_OK;
 }
@@ -330,8 +332,8 @@ int32_t mk_convert_bf16_to_f32(uint64_t stream, uint64_t dst, uint64_t src, int6
   MK_THREAD("mk_convert_bf16_to_f32");
   MK_ARG(n > 0 && dst != 0 && src != 0, "mk_convert_bf16_to_f32: bad n=%lld or NULL pointer",
          (long long)n);
-  bf16_to_f32<<<grid_for(n, kThreads), kThreads, 0, mk::as_stream(stream)>>>(
-      mk::dev<float>(dst), mk::dev<bf16>(src), n);
+  (void)(mk::launch(bf16_to_f32, dim3(grid_for(n, kThreads)), dim3(kThreads), 0, mk::as_stream(stream), 
+      mk::dev<float>(dst), mk::dev<bf16>(src), n));
   MK_LAUNCHED("bf16_to_f32");
   return MK_OK;
 }

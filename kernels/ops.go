@@ -71,6 +71,36 @@ func (d *Device) GemmF32(s *Stream, c, a, b *Buffer, m, n, k int) error {
 	return d.gemm("GemmF32", s, c, F32, F32, a, b, m, n, k, false)
 }
 
+// GemvMaxRows is the most rows of A that GemvBF16 (and MoERouterF32) take.
+const GemvMaxRows = 8
+
+// GemvBF16 is the skinny GEMM of decode batches: c [m,n] f32 = a [m,k] bf16
+// · b [n,k]ᵀ bf16 for 1 ≤ m ≤ GemvMaxRows, one warp per row of b streaming
+// it (gemv.cu), float32 products and sums. k must be a multiple of 8 and a
+// and b 16-byte aligned; c is overwritten. Where cuBLASLt's kernels for
+// these shapes take several times the time of b's bytes, this one reads b
+// at close to the memory's rate.
+func (d *Device) GemvBF16(s *Stream, c, a, b *Buffer, m, n, k int) error {
+	const op = "GemvBF16"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	if err := dims(op, "M", m, "N", n, "K", k); err != nil {
+		return err
+	}
+	if m > GemvMaxRows || k%8 != 0 {
+		return fmt.Errorf("kernels: %s: M=%d K=%d (want M ≤ %d, K a multiple of 8)", op, m, k, GemvMaxRows)
+	}
+	M, N, K := int64(m), int64(n), int64(k)
+	if err := needAll(op, 2, "A", a, M*K, "B", b, N*K); err != nil {
+		return err
+	}
+	if err := need(op, "C", c, M*N, 4); err != nil {
+		return err
+	}
+	return d.lib.check("mk_gemv_bf16", gemvBF16(s.handle(), c.ptr, a.ptr, b.ptr, M, N, K))
+}
+
 // gemm checks and runs one GEMM: operands of type abt, c of type ct.
 func (d *Device) gemm(op string, s *Stream, c *Buffer, ct, abt DType, a, b *Buffer, m, n, k int, acc bool) error {
 	if err := d.ready(op); err != nil || d.muted() {

@@ -18,14 +18,13 @@ func TestMoERouterF32(t *testing.T) {
 		bias    bool
 		xb      bool
 	}{
-		{1, 128, 2048, false, true},   // Qwen3-30B-A3B, one token
-		{32, 128, 2048, false, true},  // two passes of 16 tokens
-		{17, 60, 2048, true, false},   // Qwen2-MoE's 60 experts, a partial CTA and pass
-		{5, 256, 7168, false, true},   // DeepSeek-V3
-		{64, 8, 4096, true, true},     // Mixtral, four passes
-		{3, 32, 2880, true, false},    // gpt-oss-20b (router bias)
-		{40, 256, 7168, false, false}, // 7 tokens a pass (shared memory bound)
-		{2, 5, 8, false, true},        // tiny
+		{1, 128, 2048, false, true}, // Qwen3-30B-A3B, one token
+		{8, 128, 2048, false, true}, // the most rows
+		{7, 60, 2048, true, false},  // Qwen2-MoE's 60 experts: a partial CTA
+		{5, 256, 7168, false, true}, // DeepSeek-V3: K not a multiple of the 2048-column batch
+		{3, 8, 4096, true, true},    // Mixtral
+		{2, 32, 2880, true, false},  // gpt-oss-20b (router bias)
+		{2, 5, 8, false, true},      // tiny
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("T%d_E%d_H%d_bias%v_xb%v", c.T, c.E, c.H, c.bias, c.xb), func(t *testing.T) {
@@ -91,6 +90,61 @@ func TestMoERouterF32(t *testing.T) {
 	}
 }
 
+// TestGemvBF16: the skinny GEMM against a float64 CPU product of the same
+// bf16 operands (1e-5 of Σ|a·b| per output, NaN-poisoned output), at the
+// dense projections' decode shapes.
+func TestGemvBF16(t *testing.T) {
+	g := testGPU(t)
+	for _, c := range []struct{ M, N, K int }{
+		{1, 512, 2048}, {1, 2048, 4096}, {8, 4096, 2048}, {3, 1000, 7168}, {5, 7, 8}, {2, 151936 / 16, 2048}, {6, 33, 2056},
+	} {
+		t.Run(fmt.Sprintf("M%d_N%d_K%d", c.M, c.N, c.K), func(t *testing.T) {
+			r := newRNG(t)
+			aBits, a := randBF16(r, c.M*c.K, 1)
+			bBits, b := randBF16(r, c.N*c.K, 0.05)
+			var got []float32
+			onGPU(t, g, func(ar *arena) {
+				cb := put(ar, f32Fill(c.M*c.N, float32(math.NaN())))
+				ab, bb := put(ar, aBits), put(ar, bBits)
+				if ar.err != nil {
+					return
+				}
+				ar.check(ar.d.GemvBF16(nil, cb, ab, bb, c.M, c.N, c.K))
+				got = get[float32](ar, cb, c.M*c.N)
+			})
+			worst := 0.0
+			for m := range c.M {
+				for n := range c.N {
+					s, sa := 0.0, 0.0
+					for k := range c.K {
+						p := float64(a[m*c.K+k]) * float64(b[n*c.K+k])
+						s += p
+						sa += math.Abs(p)
+					}
+					gv := got[m*c.N+n]
+					d := math.Abs(float64(gv)-s) / (sa + 1e-30)
+					if gv != gv || d > 1e-5 {
+						t.Fatalf("C[%d,%d] = %v, want %v", m, n, gv, s)
+					}
+					worst = max(worst, d)
+				}
+			}
+			t.Logf("worst |error| / Σ|a·b| = %.3g", worst)
+		})
+	}
+	onGPU(t, g, func(ar *arena) {
+		buf := ar.alloc(1 << 16)
+		if ar.err != nil {
+			return
+		}
+		for _, c := range []struct{ M, N, K int }{{GemvMaxRows + 1, 8, 64}, {1, 8, 12}, {0, 8, 64}} {
+			if err := ar.d.GemvBF16(nil, buf, buf, buf, c.M, c.N, c.K); err == nil {
+				t.Errorf("GemvBF16 M=%d N=%d K=%d gave no error", c.M, c.N, c.K)
+			}
+		}
+	})
+}
+
 // TestMoERouterF32Args: shapes the kernel does not take are errors.
 func TestMoERouterF32Args(t *testing.T) {
 	g := testGPU(t)
@@ -99,7 +153,7 @@ func TestMoERouterF32Args(t *testing.T) {
 		if a.err != nil {
 			return
 		}
-		for _, c := range []struct{ T, E, H int }{{0, 8, 64}, {1, 0, 64}, {1, 8, 60}, {1, 8, MoERouterMaxHidden + 8}} {
+		for _, c := range []struct{ T, E, H int }{{0, 8, 64}, {1, 0, 64}, {1, 8, 60}, {GemvMaxRows + 1, 8, 64}} {
 			if err := a.d.MoERouterF32(nil, b, b, b, nil, nil, c.T, c.E, c.H); err == nil {
 				t.Errorf("MoERouterF32 T=%d E=%d H=%d gave no error", c.T, c.E, c.H)
 			}

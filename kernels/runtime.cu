@@ -2,6 +2,7 @@
 #include <cstdarg>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "common.cuh"
@@ -23,6 +24,14 @@ int fail(int code, const char* fmt, ...) {
 State& state() {
   static State s;
   return s;
+}
+
+bool pdl_on() {
+  static const bool on = [] {
+    const char* v = getenv("MK_PDL");
+    return !(v && v[0] == '0');
+  }();
+  return on;
 }
 
 namespace {

@@ -391,6 +391,11 @@ func (be *Backend) release(in gemmIn) {
 // gemm writes c [T, N] (float32) = in [T, K] · w [N, K]ᵀ; w is float32 when
 // in was prepared for a float32 weight, else bf16.
 func gemm(d *kernels.Device, c *kernels.Buffer, in gemmIn, w *kernels.Buffer, T, N, K int) {
+	if in.lo == nil && in.hi != nil && pickGemv(in.hi, w, T, K) {
+		// A decode batch against a bf16 weight: the skinny GEMM streams w.
+		must("Gemv", d.GemvBF16(nil, c, in.hi, w, T, N, K))
+		return
+	}
 	if in.f32 != nil {
 		must("GemmF32", d.GemmF32(nil, c, in.f32, w, T, N, K))
 		return
@@ -782,22 +787,36 @@ func (be *Backend) routerLinear(x, w, bias *Tensor) *Tensor {
 	return out
 }
 
-// RouterGEMVEnv names the environment variable that, set to 0, keeps the
-// router on the split GEMMs at every batch size (comparisons).
-const RouterGEMVEnv = "MKSERVE_ROUTER_GEMV"
+// GemvEnv names the environment variable that, set to 0, keeps the MoE
+// router on the split GEMMs and the dense projections on cuBLASLt at every
+// batch size (comparisons).
+const GemvEnv = "MKSERVE_GEMV"
 
-var routerGEMVOn = sync.OnceValue(func() bool { return os.Getenv(RouterGEMVEnv) != "0" })
+var gemvOn = sync.OnceValue(func() bool { return os.Getenv(GemvEnv) != "0" })
 
-// routerGEMVMaxRows is the most tokens the router's GEMV kernel takes: it
-// reads all of x in every CTA, which stops paying past decode sizes.
-const routerGEMVMaxRows = 64
+// gemvMaxRows is the most rows a dense projection runs as the skinny GEMM
+// (kernels.GemvBF16) instead of cuBLASLt. Measured with ncu on
+// Qwen3-30B-A3B's projections (H200, 2026-11-29), one row: k and v (2 MB)
+// 4.4 µs against cuBLASLt's 6.3, o (16.7 MB) 7.7 against 10.7 (split-K
+// and its reduction), q (16.7 MB) 9.0 against 7.6 (the first version); at
+// eight rows the skinny kernel loses (19 µs for o). A fixed bound, not a
+// per-shape timing: a timed pick came out differently for 3 and 4 rows,
+// so a graph step (padded to 4 rows) and an eager one (3) disagreed in the
+// last bits; the skinny kernel's rows do not depend on how many there are.
+const gemvMaxRows = 2
+
+// pickGemv reports whether c [T, N] = a [T, K] · w [N, K]ᵀ (bf16) runs as
+// the skinny GEMM.
+func pickGemv(a, w *kernels.Buffer, T, K int) bool {
+	return gemvOn() && T >= 1 && T <= gemvMaxRows && K%8 == 0 && a.Ptr()%16 == 0 && w.Ptr()%16 == 0
+}
 
 // routerGEMVFits reports whether the router GEMM of x [T, K] against the
 // bf16 weight wb runs as kernels.MoERouterF32: a decode-sized batch, an
 // activation that can keep its bf16 rounding, shapes and alignment the
 // kernel takes.
 func routerGEMVFits(x *Tensor, wb *kernels.Buffer, T, K int) bool {
-	return routerGEMVOn() && T >= 1 && T <= routerGEMVMaxRows && K%8 == 0 && K <= kernels.MoERouterMaxHidden &&
+	return gemvOn() && T >= 1 && T <= kernels.GemvMaxRows && K%8 == 0 &&
 		memoOK(x) && wb != nil && x.st.f32.Ptr()%16 == 0 && wb.Ptr()%16 == 0
 }
 

@@ -1,0 +1,214 @@
+// gemv.cu — skinny GEMMs for decode-sized batches: C [M, N] f32 = A [M, K]
+// · B [N, K]ᵀ (+ bias [N]) with B bf16 and M ≤ 8 rows of A, in bf16
+// (mk_gemv_bf16, the fast profile's dense projections) or float32
+// (mk_moe_router_f32, the MoE router, which may also write A rounded to
+// bf16 for the experts).
+//
+// At M ≤ 8 a projection is a stream of B's bytes: cuBLASLt's kernels for
+// these shapes took 6.3 µs for a 2 MB k projection and 8 + 2.6 µs (split-K
+// and its reduction) for the 16.7 MB o projection of Qwen3-30B-A3B at one
+// token (ncu, H200), where the bytes take 0.5 and 4 µs. Here one warp owns
+// one row of B (one output column): each lane loads 16-byte pieces of the
+// row (not cached in L1), eight at a time and the next eight while it
+// multiplies, so a warp has up to 8 KB in flight; A's rows are staged in
+// shared memory once per CTA of 8 warps (a first version read them through
+// L1 from every warp: at M = 8 the re-reads took 30 µs for a 16 MB weight).
+// The M sums are reduced across the warp at the end. Products and sums are
+// float32.
+#include <algorithm>
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kWarps = 8;                // rows of B per CTA
+constexpr int kCH = 8;                   // 16-byte pieces of B per lane per batch
+constexpr int kMaxM = 8;
+constexpr size_t kStageBytes = 64 << 10;  // A staged in shared memory, per chunk of columns
+
+__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
+  f[0] = __uint_as_float(u.x << 16);
+  f[1] = __uint_as_float(u.x & 0xffff0000u);
+  f[2] = __uint_as_float(u.y << 16);
+  f[3] = __uint_as_float(u.y & 0xffff0000u);
+  f[4] = __uint_as_float(u.z << 16);
+  f[5] = __uint_as_float(u.z & 0xffff0000u);
+  f[6] = __uint_as_float(u.w << 16);
+  f[7] = __uint_as_float(u.w & 0xffff0000u);
+}
+
+// ld_stream reads 16 bytes of B that no other warp reads: not kept in L1,
+// which holds A's pieces meanwhile.
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// a8 is A's 8 values at column 8p of a staged row (shared memory).
+__device__ __forceinline__ void a8(const bf16* row, int p, float (&f)[8]) {
+  unpack8(reinterpret_cast<const uint4*>(row)[p], f);
+}
+__device__ __forceinline__ void a8(const float* row, int p, float (&f)[8]) {
+  const float4 x = reinterpret_cast<const float4*>(row)[2 * p];
+  const float4 y = reinterpret_cast<const float4*>(row)[2 * p + 1];
+  f[0] = x.x, f[1] = x.y, f[2] = x.z, f[3] = x.w, f[4] = y.x, f[5] = y.y, f[6] = y.z, f[7] = y.w;
+}
+
+// The CTA's warps each own one row of B (one output column). Per chunk of
+// KC columns: the warps issue their first 8 pieces of B, the CTA stages A's
+// M × KC block in shared memory, then each lane multiplies its pieces
+// against the M staged rows while the next 8 pieces load.
+template <typename TA, int MT>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_kernel(float* C, const TA* A, const bf16* B, const float* bias, bf16* ab, int M, int N, int K, int KC) {
+  mk::pdl_begin();
+  extern __shared__ __align__(16) unsigned char gsm[];
+  TA* As = reinterpret_cast<TA*>(gsm);  // [M][KC]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr int vec = 16 / sizeof(TA);  // A's elements per 16 bytes
+  if (ab != nullptr) {  // A rounded to bf16 (float A only), each 8 values by one thread of the grid
+    const int64_t pieces = (int64_t)M * (K / 8);
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < pieces; q += (int64_t)gridDim.x * blockDim.x) {
+      const float4 x = __ldg(reinterpret_cast<const float4*>(A + q * 8));
+      const float4 y = __ldg(reinterpret_cast<const float4*>(A + q * 8) + 1);
+      __nv_bfloat162 h[4] = {__floats2bfloat162_rn(x.x, x.y), __floats2bfloat162_rn(x.z, x.w),
+                             __floats2bfloat162_rn(y.x, y.y), __floats2bfloat162_rn(y.z, y.w)};
+      reinterpret_cast<uint4*>(ab)[q] = *reinterpret_cast<uint4*>(h);
+    }
+  }
+  const int n = blockIdx.x * kWarps + warp;
+  const bool active = n < N;  // every thread stages A and meets the barriers
+  const uint4* row = reinterpret_cast<const uint4*>(B + (int64_t)(active ? n : 0) * K);
+  float acc[MT];
+#pragma unroll
+  for (int m = 0; m < MT; m++) acc[m] = 0.0f;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int c0 = 0; c0 < K; c0 += KC) {
+    const int kc = min(KC, K - c0), P = kc / 8;
+    const uint4* rc = row + c0 / 8;
+    uint4 w[kCH], nx[kCH];
+#pragma unroll
+    for (int j = 0; j < kCH; j++) {
+      const int p = lane + 32 * j;
+      w[j] = active && p < P ? ld_stream(rc + p) : zero;
+    }
+    __syncthreads();  // the previous chunk's readers are done with As
+    const int rowv = kc / vec;
+    for (int q = threadIdx.x; q < M * rowv; q += blockDim.x) {
+      const int m = q / rowv, c = q - m * rowv;
+      reinterpret_cast<uint4*>(As + (int64_t)m * KC)[c] =
+          __ldg(reinterpret_cast<const uint4*>(A + (int64_t)m * K + c0) + c);
+    }
+    __syncthreads();
+    if (active) {
+      for (int base = 0; base < P; base += 32 * kCH) {
+#pragma unroll
+        for (int j = 0; j < kCH; j++) {  // the next batch in flight meanwhile
+          const int p = base + 32 * kCH + lane + 32 * j;
+          nx[j] = p < P ? ld_stream(rc + p) : zero;
+        }
+#pragma unroll
+        for (int j = 0; j < kCH; j++) {
+          const int p = base + lane + 32 * j;
+          if (p < P) {
+            float wf[8];
+            unpack8(w[j], wf);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+              if (m < M) {
+                float af[8];
+                a8(As + (int64_t)m * KC, p, af);
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[m] = fmaf(af[i], wf[i], acc[m]);
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kCH; j++) w[j] = nx[j];
+      }
+    }
+  }
+  if (!active) return;
+  const float b = bias != nullptr ? bias[n] : 0.0f;
+#pragma unroll
+  for (int m = 0; m < MT; m++) {
+    if (m < M) {
+      float v = acc[m];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) C[(int64_t)m * N + n] = v + b;
+    }
+  }
+}
+
+template <typename TA, int MT>
+int launch_mt(cudaStream_t s, float* C, const TA* A, const bf16* B, const float* bias, bf16* ab, int M, int N,
+              int K) {
+  auto kern = gemv_kernel<TA, MT>;
+  // Columns per chunk: as many as fit kStageBytes for M rows, a multiple of 8.
+  const int KC = (int)std::min<int64_t>(K, (int64_t)(kStageBytes / ((size_t)M * sizeof(TA))) / 8 * 8);
+  const size_t sm = (size_t)M * KC * sizeof(TA);
+  static bool attr = false;  // per instantiation; the library runs on one thread
+  if (!attr) {
+    MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kStageBytes));
+    attr = true;
+  }
+  const unsigned grid = (unsigned)((N + kWarps - 1) / kWarps);
+  (void)(mk::launch(kern, dim3(grid), dim3(kWarps * 32), sm, s, C, A, B, bias, ab, M, N, K, KC));
+  return MK_OK;
+}
+
+template <typename TA>
+int launch_gemv(cudaStream_t s, float* C, const TA* A, const bf16* B, const float* bias, bf16* ab, int M, int N,
+                int K) {
+  if (M <= 1) return launch_mt<TA, 1>(s, C, A, B, bias, ab, M, N, K);
+  if (M <= 2) return launch_mt<TA, 2>(s, C, A, B, bias, ab, M, N, K);
+  if (M <= 4) return launch_mt<TA, 4>(s, C, A, B, bias, ab, M, N, K);
+  return launch_mt<TA, 8>(s, C, A, B, bias, ab, M, N, K);
+}
+
+bool aligned16(uint64_t p) { return (p & 15) == 0; }
+
+}  // namespace
+
+extern "C" {
+
+int32_t mk_gemv_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t b, int64_t m, int64_t n, int64_t k) {
+  const char* fn = "mk_gemv_bf16";
+  MK_THREAD(fn);
+  MK_ARG(m >= 1 && m <= kMaxM && n >= 1 && n <= INT32_MAX / 2 && k >= 8 && k % 8 == 0 && k <= INT32_MAX / 2,
+         "%s: M=%lld N=%lld K=%lld (want 1 <= M <= %d, K a multiple of 8)", fn, (long long)m, (long long)n,
+         (long long)k, kMaxM);
+  MK_ARG(c && a && b, "%s: null operand", fn);
+  MK_ARG(aligned16(a) && aligned16(b), "%s: A and B must be 16-byte aligned", fn);
+  const int rc = launch_gemv<bf16>(mk::as_stream(stream), mk::dev<float>(c), mk::dev<const bf16>(a),
+                                  mk::dev<const bf16>(b), nullptr, nullptr, (int)m, (int)n, (int)k);
+  if (rc != MK_OK) return rc;
+  MK_LAUNCHED("gemv_bf16");
+  return MK_OK;
+}
+
+int32_t mk_moe_router_f32(uint64_t stream, uint64_t logits, uint64_t x, uint64_t w, uint64_t bias, uint64_t xb,
+                          int64_t t, int32_t e, int64_t h) {
+  const char* fn = "mk_moe_router_f32";
+  MK_THREAD(fn);
+  MK_ARG(t >= 1 && t <= kMaxM && e >= 1 && h >= 8 && h % 8 == 0 && h <= INT32_MAX / 2,
+         "%s: T=%lld E=%d H=%lld (want 1 <= T <= %d, E >= 1, H a multiple of 8)", fn, (long long)t, e,
+         (long long)h, kMaxM);
+  MK_ARG(logits && x && w, "%s: null logits, x or W", fn);
+  MK_ARG(aligned16(x) && aligned16(w) && (xb == 0 || aligned16(xb)), "%s: x, W and xb must be 16-byte aligned", fn);
+  const int rc = launch_gemv<float>(mk::as_stream(stream), mk::dev<float>(logits), mk::dev<const float>(x),
+                                   mk::dev<const bf16>(w), bias ? mk::dev<const float>(bias) : nullptr,
+                                   xb ? mk::dev<bf16>(xb) : nullptr, (int)t, e, (int)h);
+  if (rc != MK_OK) return rc;
+  MK_LAUNCHED("moe_router");
+  return MK_OK;
+}
+
+}  // extern "C"
