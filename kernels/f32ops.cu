@@ -34,6 +34,23 @@ __device__ __forceinline__ double warp_sum_d(double v) {
   return v;
 }
 
+// rms_scale is 1 / sqrt(mean + eps) of a group's sum of squares, ss being
+// each thread's share: a warp sum, then one over the warps (part: 32
+// doubles of shared memory). Every thread of the block gets it.
+__device__ __forceinline__ float rms_scale(double ss, double* part, int64_t group, float eps) {
+  ss = warp_sum_d(ss);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    double t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0;
+    t = warp_sum_d(t);
+    if (threadIdx.x == 0) part[0] = t;
+  }
+  __syncthreads();
+  const float mean = (float)(part[0] / (double)group);
+  return (float)(1.0 / sqrt((double)(mean + eps)));
+}
+
 // One block (256 threads) per group: sum of float32 squares accumulated in
 // float64, as the CPU reference does. ADD: the group of x + r (float32
 // adds, written to sum) is normalised instead of x's, with the same
@@ -55,17 +72,7 @@ __global__ void rmsnorm_f32(float* out, const float* x, const float* r, float* s
     }
     ss += (double)__fmul_rn(v, v);
   }
-  ss = warp_sum_d(ss);
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    double v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0;
-    v = warp_sum_d(v);
-    if (threadIdx.x == 0) part[0] = v;
-  }
-  __syncthreads();
-  const float mean = (float)(part[0] / (double)group);
-  const float rs = (float)(1.0 / sqrt((double)(mean + eps)));
+  const float rs = rms_scale(ss, part, group, eps);
   // With ADD each thread reads back the sums it wrote itself.
   const float* vs = ADD ? sum + g * group : xs;
   for (int64_t j = threadIdx.x; j < group; j += blockDim.x) os[j] = __fmul_rn(w[j], __fmul_rn(vs[j], rs));
@@ -112,17 +119,7 @@ __global__ void rmsnorm_f32_reg(float* out, const float* x, const float* r, floa
       ss += (double)__fmul_rn(v[i].x, v[i].x) + (double)__fmul_rn(v[i].y, v[i].y) +
             (double)__fmul_rn(v[i].z, v[i].z) + (double)__fmul_rn(v[i].w, v[i].w);
   }
-  ss = warp_sum_d(ss);
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    double t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0;
-    t = warp_sum_d(t);
-    if (threadIdx.x == 0) part[0] = t;
-  }
-  __syncthreads();
-  const float mean = (float)(part[0] / (double)group);
-  const float rsq = (float)(1.0 / sqrt((double)(mean + eps)));
+  const float rsq = rms_scale(ss, part, group, eps);
   const float4* w4 = reinterpret_cast<const float4*>(w);
   float4* o4 = reinterpret_cast<float4*>(out + g * group);
 #pragma unroll

@@ -50,6 +50,21 @@ __host__ __device__ inline size_t route_warp_bytes(int E, int K) {
 
 constexpr int kRouteWarps = 4;
 
+// group_score is a group's score for group-limited routing: the sum of its
+// two best choice scores c[0..gs) (ranks_before order).
+__device__ __forceinline__ float group_score(const float* c, int gs) {
+  int b0 = -1, b1 = -1;
+  for (int i = 0; i < gs; i++) {
+    if (b0 < 0 || ranks_before(c[i], i, c[b0], b0)) {
+      b1 = b0;
+      b0 = i;
+    } else if (b1 < 0 || ranks_before(c[i], i, c[b1], b1)) {
+      b1 = i;
+    }
+  }
+  return __fadd_rn(c[b0], c[b1]);
+}
+
 // One warp per token.
 __global__ void moe_route_kernel(int32_t* ids, float* wts, const float* logits, const float* bias,
                                  int64_t T, int E, int K, int flags, int G, int TG, float scale) {
@@ -104,17 +119,7 @@ __global__ void moe_route_kernel(int32_t* ids, float* wts, const float* logits, 
   if (G > 0) {
     const int gs = E / G;
     for (int g = lane; g < G; g += 32) {
-      const float* c = choice + g * gs;
-      int b0 = -1, b1 = -1;  // the two best, in ranks_before order
-      for (int i = 0; i < gs; i++) {
-        if (b0 < 0 || ranks_before(c[i], i, c[b0], b0)) {
-          b1 = b0;
-          b0 = i;
-        } else if (b1 < 0 || ranks_before(c[i], i, c[b1], b1)) {
-          b1 = i;
-        }
-      }
-      gsc[g] = __fadd_rn(c[b0], c[b1]);
+      gsc[g] = group_score(choice + g * gs, gs);
       keep[g] = 0;
     }
     __syncwarp();
@@ -273,19 +278,7 @@ __global__ void moe_route_reg_kernel(int32_t* ids, float* wts, const float* logi
       if (lane + 32 * i < E) choice[lane + 32 * i] = ch[i];
     __syncwarp();
     const int gs = E / G;
-    for (int g = lane; g < G; g += 32) {
-      const float* c = choice + g * gs;
-      int b0 = -1, b1 = -1;
-      for (int i = 0; i < gs; i++) {
-        if (b0 < 0 || ranks_before(c[i], i, c[b0], b0)) {
-          b1 = b0;
-          b0 = i;
-        } else if (b1 < 0 || ranks_before(c[i], i, c[b1], b1)) {
-          b1 = i;
-        }
-      }
-      gsc[g] = __fadd_rn(c[b0], c[b1]);
-    }
+    for (int g = lane; g < G; g += 32) gsc[g] = group_score(choice + g * gs, gs);
     __syncwarp();
     // Group g is kept when fewer than TG groups rank before it.
     for (int g = lane; g < G; g += 32) {
