@@ -72,14 +72,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   TA* As = reinterpret_cast<TA*>(gsm);  // [M][KC]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr int vec = 16 / sizeof(TA);  // A's elements per 16 bytes
-  if (ab != nullptr) {  // A rounded to bf16 (float A only), each 8 values by one thread of the grid
-    const int64_t pieces = (int64_t)M * (K / 8);
-    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < pieces; q += (int64_t)gridDim.x * blockDim.x) {
-      const float4 x = __ldg(reinterpret_cast<const float4*>(A + q * 8));
-      const float4 y = __ldg(reinterpret_cast<const float4*>(A + q * 8) + 1);
-      __nv_bfloat162 h[4] = {__floats2bfloat162_rn(x.x, x.y), __floats2bfloat162_rn(x.z, x.w),
-                             __floats2bfloat162_rn(y.x, y.y), __floats2bfloat162_rn(y.z, y.w)};
-      reinterpret_cast<uint4*>(ab)[q] = *reinterpret_cast<uint4*>(h);
+  if constexpr (sizeof(TA) == 4) {  // float A: also round it to bf16 into ab, each 8 values by one thread of the grid
+    if (ab != nullptr) {
+      const int64_t pieces = (int64_t)M * (K / 8);
+      for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < pieces;
+           q += (int64_t)gridDim.x * blockDim.x) {
+        const float4 x = __ldg(reinterpret_cast<const float4*>(A + q * 8));
+        const float4 y = __ldg(reinterpret_cast<const float4*>(A + q * 8) + 1);
+        __nv_bfloat162 h[4] = {__floats2bfloat162_rn(x.x, x.y), __floats2bfloat162_rn(x.z, x.w),
+                               __floats2bfloat162_rn(y.x, y.y), __floats2bfloat162_rn(y.z, y.w)};
+        reinterpret_cast<uint4*>(ab)[q] = *reinterpret_cast<uint4*>(h);
+      }
     }
   }
   const int n = blockIdx.x * kWarps + warp;
