@@ -378,6 +378,14 @@ func (d *Device) moeFusedCall(op string, ranks []MoEFusedRank, ctl *Buffer, a *M
 	return ptrs, tok, sl, rb, nil
 }
 
+// timeoutNs is the bound on each wait, in nanoseconds (Timeout, or the default).
+func (a *MoEFusedArgs) timeoutNs() int64 {
+	if a.Timeout == 0 {
+		return MoEFusedDefaultTimeout.Nanoseconds()
+	}
+	return a.Timeout.Nanoseconds()
+}
+
 func (a *MoEFusedArgs) act() (int32, uint32, uint32) {
 	if a.Clamped {
 		return 1, math.Float32bits(a.Alpha), math.Float32bits(a.Limit)
@@ -403,14 +411,10 @@ func (d *Device) MoEFused(s *Stream, ranks []MoEFusedRank, ctl *Buffer, a MoEFus
 	if d.muted() {
 		return nil
 	}
-	to := a.Timeout
-	if to == 0 {
-		to = MoEFusedDefaultTimeout
-	}
 	act, alpha, limit := a.act()
 	rc := moeFused(s.handle(), int32(len(ranks)), &ptrs[0], &tok[0], &sl[0], int32(a.TopK), int32(a.Experts),
 		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0], int32(a.CTAs),
-		int32(a.DispatchCTAs), to.Nanoseconds(), int32(a.faultRank-1))
+		int32(a.DispatchCTAs), a.timeoutNs(), int32(a.faultRank-1))
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(tok)
 	runtime.KeepAlive(sl)
@@ -483,14 +487,10 @@ func (d *Device) MoEFusedRankLocal(s *Stream, me int, mine MoEFusedRank, ws []*B
 	if d.muted() {
 		return nil
 	}
-	to := a.Timeout
-	if to == 0 {
-		to = MoEFusedDefaultTimeout
-	}
 	act, alpha, limit := a.act()
 	rc := moeFusedRank(s.handle(), int32(R), int32(me), &ptrs[0], &tok[0], &sl[0], int32(a.TopK), int32(a.Experts),
 		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0], int32(a.CTAs),
-		int32(a.DispatchCTAs), to.Nanoseconds(), int32(epoch))
+		int32(a.DispatchCTAs), a.timeoutNs(), int32(epoch))
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(tok)
 	runtime.KeepAlive(sl)

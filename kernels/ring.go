@@ -41,6 +41,22 @@ const RingMaxRanks = 8
 // RingDefaultTimeout bounds each wait on a ring flag when RingArgs.Timeout is 0.
 const RingDefaultTimeout = time.Second
 
+// timeoutNs is the bound on each wait, in nanoseconds (Timeout, or the default).
+func (a *RingArgs) timeoutNs() int64 {
+	if a.Timeout == 0 {
+		return RingDefaultTimeout.Nanoseconds()
+	}
+	return a.Timeout.Nanoseconds()
+}
+
+// causal is the kernels' causal flag.
+func (a *RingArgs) causal() int32 {
+	if a.Causal {
+		return 1
+	}
+	return 0
+}
+
 // Layout of mk_ring.h's per-rank pointer array and error record.
 const (
 	ringNPtr     = 9
@@ -289,17 +305,9 @@ func (d *Device) RingAttention(s *Stream, ranks []RingRank, sinks, ws *Buffer, a
 	if err != nil {
 		return err
 	}
-	to := a.Timeout
-	if to == 0 {
-		to = RingDefaultTimeout
-	}
-	causal := int32(0)
-	if a.Causal {
-		causal = 1
-	}
 	rc := ringAttnBF16(s.handle(), int32(len(ranks)), &ptrs[0], &qs[0], &ks[0], int32(a.Out), int32(a.Heads),
 		int32(a.KVHeads), int32(a.HeadDim), int32(a.VHeadDim), math.Float32bits(a.Scale), int32(a.Window), sk,
-		causal, ws.ptr, uint64(ws.bytes), to.Nanoseconds(), int32(a.faultRank-1))
+		a.causal(), ws.ptr, uint64(ws.bytes), a.timeoutNs(), int32(a.faultRank-1))
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(qs)
 	runtime.KeepAlive(ks)
@@ -352,17 +360,9 @@ func (d *Device) RingAttentionRankLocal(s *Stream, me int, ranks []RingRank, sin
 	if err != nil {
 		return err
 	}
-	to := a.Timeout
-	if to == 0 {
-		to = RingDefaultTimeout
-	}
-	causal := int32(0)
-	if a.Causal {
-		causal = 1
-	}
 	rc := ringAttnRank(s.handle(), int32(R), int32(me), &ptrs[0], &qs[0], &ks[0], int32(a.Out), int32(a.Heads),
 		int32(a.KVHeads), int32(a.HeadDim), int32(a.VHeadDim), math.Float32bits(a.Scale), int32(a.Window), sk,
-		causal, &wss[0], uint64(ws[me].bytes), int32(a.CTAs), to.Nanoseconds(), int32(epoch))
+		a.causal(), &wss[0], uint64(ws[me].bytes), int32(a.CTAs), a.timeoutNs(), int32(epoch))
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(qs)
 	runtime.KeepAlive(ks)
@@ -380,13 +380,9 @@ func (d *Device) RingSeparate(s *Stream, ranks []RingRank, sinks, ws *Buffer, a 
 	if err != nil {
 		return err
 	}
-	causal := int32(0)
-	if a.Causal {
-		causal = 1
-	}
 	rc := ringSeparateBF16(s.handle(), int32(len(ranks)), &ptrs[0], &qs[0], &ks[0], int32(a.Out), int32(a.Heads),
 		int32(a.KVHeads), int32(a.HeadDim), int32(a.VHeadDim), math.Float32bits(a.Scale), int32(a.Window), sk,
-		causal, ws.ptr, uint64(ws.bytes))
+		a.causal(), ws.ptr, uint64(ws.bytes))
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(qs)
 	runtime.KeepAlive(ks)
