@@ -805,19 +805,23 @@ var gemvOn = sync.OnceValue(func() bool { return os.Getenv(GemvEnv) != "0" })
 // last bits; the skinny kernel's rows do not depend on how many there are.
 const gemvMaxRows = 2
 
-// pickGemv reports whether c [T, N] = a [T, K] · w [N, K]ᵀ (bf16) runs as
-// the skinny GEMM.
-func pickGemv(a, w *kernels.Buffer, T, K int) bool {
-	return gemvOn() && T >= 1 && T <= gemvMaxRows && K%8 == 0 && a.Ptr()%16 == 0 && w.Ptr()%16 == 0
+// gemvFits reports whether a [T, K] · w [N, K]ᵀ can run on the skinny
+// kernels (gemv.cu) with at most maxRows rows: on, the shape and the
+// 16-byte alignment they take.
+func gemvFits(a, w *kernels.Buffer, T, K, maxRows int) bool {
+	return gemvOn() && T >= 1 && T <= maxRows && K%8 == 0 && a != nil && w != nil &&
+		a.Ptr()%16 == 0 && w.Ptr()%16 == 0
 }
 
+// pickGemv reports whether c [T, N] = a [T, K] · w [N, K]ᵀ (bf16) runs as
+// the skinny GEMM.
+func pickGemv(a, w *kernels.Buffer, T, K int) bool { return gemvFits(a, w, T, K, gemvMaxRows) }
+
 // routerGEMVFits reports whether the router GEMM of x [T, K] against the
-// bf16 weight wb runs as kernels.MoERouterF32: a decode-sized batch, an
-// activation that can keep its bf16 rounding, shapes and alignment the
-// kernel takes.
+// bf16 weight wb runs as kernels.MoERouterF32: a decode-sized batch and an
+// activation that can keep its bf16 rounding.
 func routerGEMVFits(x *Tensor, wb *kernels.Buffer, T, K int) bool {
-	return gemvOn() && T >= 1 && T <= kernels.GemvMaxRows && K%8 == 0 &&
-		memoOK(x) && wb != nil && x.st.f32.Ptr()%16 == 0 && wb.Ptr()%16 == 0
+	return memoOK(x) && gemvFits(x.st.f32, wb, T, K, kernels.GemvMaxRows)
 }
 
 // linearT is linearMode of activation tensor xt, sharing its bf16 rounding

@@ -45,7 +45,7 @@ type modelResult struct {
 	ReplayHostMS float64 `json:"replay_host_ms,omitempty"`
 	// ReplayGPUMS is the mean GPU time of this batch size's graph launches
 	// (CUDA events around each launch); MS − ReplayHostMS − ReplayGPUMS is
-	// what the step spends elsewhere (waits, the logits' copy, Go).
+	// what the step spends elsewhere (sampling, waits, Go).
 	ReplayGPUMS float64 `json:"replay_gpu_ms,omitempty"`
 	// World is the processes (GPUs) the model ran over (--world; 0: one).
 	World int `json:"world,omitempty"`
