@@ -1054,7 +1054,7 @@ int32_t mk_kv_write_bf16(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint
   DEC_ARG(fn, n > 0 && kw > 0 && vw > 0 && pool_k && pool_v && k && v && slots);
   int64_t blocks = (n * (kw + vw) + 255) / 256;
   if (blocks > (1 << 20)) blocks = 1 << 20;
-  (void)(mk::launch(kv_write_bf16, dim3((unsigned)blocks), dim3(256), 0, mk::as_stream(stream), 
+  (void)(mk::launch(kv_write_bf16, dim3((unsigned)blocks), dim3(256), 0, mk::as_stream(stream),
       mk::dev<bf16>(pool_k), mk::dev<bf16>(pool_v), mk::dev<float>(k), mk::dev<float>(v),
       mk::dev<int32_t>(slots), n, kw, vw));
   MK_LAUNCHED("kv_write_bf16");
@@ -1152,7 +1152,7 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t q, uint64_t p
   const cudaStream_t st = mk::as_stream(stream);
   const int rc = launch(p, a, n, st);
   if (rc != MK_OK || p.splits == 1) return rc;
-  (void)(mk::launch(paged_attn_merge, dim3(dim3((unsigned)n, (unsigned)heads)), dim3(kNT), 0, st, a));
+  (void)(mk::launch(paged_attn_merge, dim3((unsigned)n, (unsigned)heads), dim3(kNT), 0, st, a));
   MK_LAUNCHED("paged_attn_merge");
   return MK_OK;
 }

@@ -442,7 +442,7 @@ int32_t mk_swiglu_f32(uint64_t stream, uint64_t out, uint64_t in, int64_t t, int
                       int32_t kind, uint32_t alpha_bits, uint32_t limit_bits) {
   MK_THREAD("mk_swiglu_f32");
   F32_ARG("mk_swiglu_f32", t > 0 && i > 0 && out && in && (kind == 0 || kind == 1));
-  (void)(mk::launch(swiglu_f32, dim3(grid_n(t * i)), dim3(kT), 0, mk::as_stream(stream), 
+  (void)(mk::launch(swiglu_f32, dim3(grid_n(t * i)), dim3(kT), 0, mk::as_stream(stream),
       mk::dev<float>(out), mk::dev<float>(in), t, i, kind, mk::float_from_bits(alpha_bits),
       mk::float_from_bits(limit_bits)));
   MK_LAUNCHED("swiglu_f32");
@@ -457,7 +457,7 @@ int32_t mk_rope_f32(uint64_t stream, uint64_t x, uint64_t pos, int64_t t, int64_
                              rot_dim <= head_dim && x && pos && inv_freq &&
                              (style == MK_ROPE_NEOX || style == MK_ROPE_INTERLEAVED));
   const int64_t half = rot_dim / 2;
-  (void)(mk::launch(rope_f32, dim3(grid_n(t * heads * half)), dim3(kT), 0, mk::as_stream(stream), 
+  (void)(mk::launch(rope_f32, dim3(grid_n(t * heads * half)), dim3(kT), 0, mk::as_stream(stream),
       mk::dev<float>(x), mk::dev<int32_t>(pos), t, heads, head_dim, half, style,
       mk::dev<float>(inv_freq), mk::float_from_bits(attn_bits)));
   MK_LAUNCHED("rope_f32");
@@ -469,7 +469,7 @@ int32_t mk_copy_cols_f32(uint64_t stream, uint64_t dst, int64_t dld, int64_t dof
                          int64_t heads, int64_t width) {
   MK_THREAD("mk_copy_cols_f32");
   F32_ARG("mk_copy_cols_f32", rows > 0 && heads > 0 && width > 0 && dst && src);
-  (void)(mk::launch(copy_cols_f32, dim3(grid_n(rows * heads * width)), dim3(kT), 0, mk::as_stream(stream), 
+  (void)(mk::launch(copy_cols_f32, dim3(grid_n(rows * heads * width)), dim3(kT), 0, mk::as_stream(stream),
       mk::dev<float>(dst), dld, doff, dhs, mk::dev<float>(src), sld, soff, shs, rows, heads, width));
   MK_LAUNCHED("copy_cols_f32");
   return MK_OK;
@@ -495,7 +495,7 @@ int32_t mk_scatter_add_rows_f32(uint64_t stream, uint64_t out, uint64_t src, uin
                                 uint64_t w, int64_t n, int64_t cols) {
   MK_THREAD("mk_scatter_add_rows_f32");
   F32_ARG("mk_scatter_add_rows_f32", n > 0 && cols > 0 && out && src && idx && w);
-  (void)(mk::launch(scatter_add_rows, dim3(grid_n(n * cols)), dim3(kT), 0, mk::as_stream(stream), 
+  (void)(mk::launch(scatter_add_rows, dim3(grid_n(n * cols)), dim3(kT), 0, mk::as_stream(stream),
       mk::dev<float>(out), mk::dev<float>(src), mk::dev<int32_t>(idx), mk::dev<float>(w), n, cols));
   MK_LAUNCHED("scatter_add_rows");
   return MK_OK;
@@ -505,7 +505,7 @@ int32_t mk_gated_add_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t gat
                          int64_t cols) {
   MK_THREAD("mk_gated_add_f32");
   F32_ARG("mk_gated_add_f32", rows > 0 && cols > 0 && out && x);
-  (void)(mk::launch(gated_add, dim3(grid_n(rows * cols)), dim3(kT), 0, mk::as_stream(stream), 
+  (void)(mk::launch(gated_add, dim3(grid_n(rows * cols)), dim3(kT), 0, mk::as_stream(stream),
       mk::dev<float>(out), mk::dev<float>(x), gate ? mk::dev<float>(gate) : nullptr, rows, cols));
   MK_LAUNCHED("gated_add");
   return MK_OK;
@@ -515,7 +515,7 @@ int32_t mk_kv_write_f32(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint6
                         uint64_t slots, int64_t n, int64_t kw, int64_t vw) {
   MK_THREAD("mk_kv_write_f32");
   F32_ARG("mk_kv_write_f32", n > 0 && kw > 0 && vw > 0 && pool_k && pool_v && k && v && slots);
-  (void)(mk::launch(kv_write, dim3(grid_n(n * (kw + vw))), dim3(kT), 0, mk::as_stream(stream), 
+  (void)(mk::launch(kv_write, dim3(grid_n(n * (kw + vw))), dim3(kT), 0, mk::as_stream(stream),
       mk::dev<float>(pool_k), mk::dev<float>(pool_v), mk::dev<float>(k), mk::dev<float>(v),
       mk::dev<int32_t>(slots), n, kw, vw));
   MK_LAUNCHED("kv_write");

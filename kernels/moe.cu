@@ -914,7 +914,7 @@ int32_t mk_moe_route(uint64_t stream, uint64_t ids, uint64_t weights, uint64_t l
     const size_t rsm = num_groups > 0 ? (size_t)kRouteWarps * (e + 2 * num_groups) * 4 : 0;
     const int epl = (e + 31) / 32;
     auto go = [&](auto kern) {
-      (void)(mk::launch(kern, dim3((unsigned)blocks), dim3(kRouteWarps * 32), rsm, mk::as_stream(stream), 
+      (void)(mk::launch(kern, dim3((unsigned)blocks), dim3(kRouteWarps * 32), rsm, mk::as_stream(stream),
           mk::dev<int32_t>(ids), mk::dev<float>(weights), mk::dev<const float>(logits),
           score_bias ? mk::dev<const float>(score_bias) : nullptr, t, e, k, flags, num_groups, topk_groups, scale));
     };
@@ -933,7 +933,7 @@ int32_t mk_moe_route(uint64_t stream, uint64_t ids, uint64_t weights, uint64_t l
   }
   const int64_t blocks = (t + kRouteWarps - 1) / kRouteWarps;
   MK_ARG(blocks < (1ll << 31), "mk_moe_route: T=%lld too large", (long long)t);
-  (void)(mk::launch(moe_route_kernel, dim3((unsigned)blocks), dim3(kRouteWarps * 32), sm, mk::as_stream(stream), 
+  (void)(mk::launch(moe_route_kernel, dim3((unsigned)blocks), dim3(kRouteWarps * 32), sm, mk::as_stream(stream),
       mk::dev<int32_t>(ids), mk::dev<float>(weights), mk::dev<const float>(logits),
       score_bias ? mk::dev<const float>(score_bias) : nullptr, t, e, k, flags, num_groups, topk_groups, scale));
   MK_LAUNCHED("moe_route");
@@ -1022,7 +1022,7 @@ int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, 
     // Column slices of 128 float4s; up to 8 per token, fewer when the tokens
     // alone fill the GPU.
     const int64_t slices = std::max<int64_t>(1, std::min<int64_t>((h / 4 + 127) / 128, t >= 256 ? 1 : 8));
-    (void)(mk::launch(moe_combine_kernel, dim3(dim3((unsigned)t, (unsigned)slices)), dim3(128), 0, s, 
+    (void)(mk::launch(moe_combine_kernel, dim3((unsigned)t, (unsigned)slices), dim3(128), 0, s,
         mk::dev<float>(out), y, slot_of, mk::dev<const float>(weights), k, h));
   }
   MK_LAUNCHED("moe_combine");

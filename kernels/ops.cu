@@ -322,7 +322,7 @@ int32_t mk_convert_f32_to_bf16(uint64_t stream, uint64_t dst, uint64_t src, int6
   MK_THREAD("mk_convert_f32_to_bf16");
   MK_ARG(n > 0 && dst != 0 && src != 0, "mk_convert_f32_to_bf16: bad n=%lld or NULL pointer",
          (long long)n);
-  (void)(mk::launch(f32_to_bf16, dim3(grid_for(n, kThreads)), dim3(kThreads), 0, mk::as_stream(stream), 
+  (void)(mk::launch(f32_to_bf16, dim3(grid_for(n, kThreads)), dim3(kThreads), 0, mk::as_stream(stream),
       mk::dev<bf16>(dst), mk::dev<float>(src), n));
   MK_LAUNCHED("f32_to_bf16");
   return MK_OK;
@@ -332,7 +332,7 @@ int32_t mk_convert_bf16_to_f32(uint64_t stream, uint64_t dst, uint64_t src, int6
   MK_THREAD("mk_convert_bf16_to_f32");
   MK_ARG(n > 0 && dst != 0 && src != 0, "mk_convert_bf16_to_f32: bad n=%lld or NULL pointer",
          (long long)n);
-  (void)(mk::launch(bf16_to_f32, dim3(grid_for(n, kThreads)), dim3(kThreads), 0, mk::as_stream(stream), 
+  (void)(mk::launch(bf16_to_f32, dim3(grid_for(n, kThreads)), dim3(kThreads), 0, mk::as_stream(stream),
       mk::dev<float>(dst), mk::dev<bf16>(src), n));
   MK_LAUNCHED("bf16_to_f32");
   return MK_OK;
