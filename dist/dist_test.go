@@ -14,6 +14,7 @@ import (
 	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/engine"
 	"github.com/mkserve/mkserve/models"
+	"github.com/mkserve/mkserve/tensor"
 	"github.com/mkserve/mkserve/tokenizer"
 	"github.com/mkserve/mkserve/transport"
 )
@@ -324,5 +325,99 @@ func TestGraphStepBroadcastsOnce(t *testing.T) {
 	}
 	if lbe.steps != 3 || wbe.steps != 3 || wm.n != 3 {
 		t.Errorf("leader GraphSteps %d, worker GraphSteps %d, worker Forwards %d: want 3 each", lbe.steps, wbe.steps, wm.n)
+	}
+}
+
+// deviceLike is a CPU backend that claims the optional interfaces of a GPU
+// backend: it samples (greedy, on the host) and allocates its KV cache in
+// one call, recording both.
+type deviceLike struct {
+	*cpu.Backend
+	mu      sync.Mutex
+	samples int
+	widths  []backend.KVWidth
+}
+
+func (d *deviceLike) Sample(logits backend.Tensor, rows []backend.SampleRow) []backend.SampleResult {
+	d.mu.Lock()
+	d.samples++
+	d.mu.Unlock()
+	v, V := d.ToHost(logits), logits.Shape()[1]
+	out := make([]backend.SampleResult, len(rows))
+	for i := range rows {
+		row := v[i*V : (i+1)*V]
+		out[i].Token = int32(slices.Index(row, slices.Max(row)))
+	}
+	return out
+}
+
+func (d *deviceLike) KVElemBytes() int { return 2 }
+
+func (d *deviceLike) AllocKV(w []backend.KVWidth) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.widths = append(d.widths, w...)
+	return nil
+}
+
+// TestLeaderKeepsDeviceInterfaces: the leader's backend samples where the
+// wrapped backend samples (on the leader only), allocates the KV cache on
+// every rank through AllocKV with the wrapped backend's element size, and
+// claims no Sampler where the wrapped backend has none. Until 2026-11-29
+// the wrapper hid both: a world's engine copied the whole logits to the
+// host each step and sized its KV cache for float32.
+func TestLeaderKeepsDeviceInterfaces(t *testing.T) {
+	comms := world(t, 2)
+	wbe := &deviceLike{Backend: cpu.New(cpu.Options{EPComm: comms[1]})}
+	workErr := make(chan error, 1)
+	go func() { workErr <- Work(context.Background(), comms[1], nil, wbe) }()
+	leader, err := NewLeader(comms[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	lbe := &deviceLike{Backend: cpu.New(cpu.Options{EPComm: comms[0]})}
+	lb := leader.Backend(lbe)
+	s, ok := lb.(backend.Sampler)
+	if !ok {
+		t.Fatal("the leader's backend hides the wrapped backend's Sample")
+	}
+	a, ok := lb.(backend.KVAllocator)
+	if !ok {
+		t.Fatal("the leader's backend is no KVAllocator")
+	}
+	if got := a.KVElemBytes(); got != 2 {
+		t.Errorf("KVElemBytes %d, want the wrapped backend's 2", got)
+	}
+	if err := lb.InitKV(4, 8); err != nil {
+		t.Fatal(err)
+	}
+	widths := []backend.KVWidth{{Layer: 0, K: 64, V: 64}, {Layer: 3, K: 576, V: 512}}
+	if err := a.AllocKV(widths); err != nil {
+		t.Fatal(err)
+	}
+	logits, err := lbe.Weight(tensor.FromFloat32("logits", []int{2, 3}, []float32{0.5, 2, -1, 7, 3, 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := s.Sample(logits, make([]backend.SampleRow, 2))
+	if len(got) != 2 || got[0].Token != 1 || got[1].Token != 0 {
+		t.Errorf("Sample gave %+v, want tokens 1 and 0", got)
+	}
+	if err := leader.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-workErr; err != nil {
+		t.Fatal(err)
+	}
+	for name, d := range map[string]*deviceLike{"leader": lbe, "worker": wbe} {
+		if !reflect.DeepEqual(d.widths, widths) {
+			t.Errorf("%s allocated %v, want %v", name, d.widths, widths)
+		}
+	}
+	if lbe.samples != 1 || wbe.samples != 0 {
+		t.Errorf("samples: leader %d, worker %d; want 1 and 0", lbe.samples, wbe.samples)
+	}
+	if _, ok := leader.Backend(cpu.New(cpu.Options{})).(backend.Sampler); ok {
+		t.Error("the leader's backend claims Sample over a backend without it")
 	}
 }
