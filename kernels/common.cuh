@@ -79,6 +79,17 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+// ld_stream reads 16 bytes that this kernel reads only once (weights, a KV
+// cache): through the non-coherent path, not kept in L1. The memory must not
+// change while the kernel runs.
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 // pdl_on reports whether mk::launch sets the programmatic attribute.
 bool pdl_on();
 

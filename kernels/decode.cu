@@ -768,6 +768,236 @@ __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
   }
 }
 
+// ---- warp-split variant (PagedWarp) ----
+//
+// Built for bandwidth: no shared memory on the K/V path and few registers,
+// so that 12-16 warps per SM keep their loads in flight (ncu on the two
+// kernels above: 8-12 warps per SM, no eligible warp 49-67 % of the time).
+// The CTA is the same (row, kv head, key range; 4 warps), but each warp owns
+// every 4th 16-key chunk of the range with its own online softmax, and the 4
+// warps merge once at the end. Per chunk a lane loads its parts of K and V
+// straight from the pool into registers (16-byte loads) in the layouts the
+// tensor cores take, by permuting the dot product's index (the sum over d
+// does not care about order) and by letting each lane own real V columns:
+//   Sᵀ [16 keys × 8 heads] = K [16 × D] · Qᵀ [D × 8]         (A = K, B = q)
+//   Oᵀ [Dv × 8 heads]    += Vᵀ [Dv × 16 keys] · Pᵀ [16 × 8]  (A = Vᵀ, B = Pᵀ)
+// Lane (g = lane/4, t = lane%4) loads K rows (keys) g and g+8, columns
+// [t·D/4, (t+1)·D/4), of which k step s takes 4; and V rows (keys) 2t, 2t+1,
+// 2t+8, 2t+9, columns [g·Dv/8, (g+1)·Dv/8), of which m tile i takes columns
+// 2i (A row g) and 2i+1 (A row g+8), paired across keys by byte permutes.
+// Sᵀ's accumulator (keys g, g+8 × heads 2t, 2t+1) becomes Pᵀ's B fragment
+// (keys 2t.., head g) by movmatrix.trans. q and P enter the MMAs as bf16 (as
+// in flash attention); K and V are the cache's bf16; all sums are float32.
+
+constexpr int kWG = 8;  // query heads per CTA (the MMA's N)
+
+__device__ __forceinline__ uint32_t movtrans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
+  return bf2_bits(__floats2bfloat162_rn(lo, hi));
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// KD: 16-byte loads of one key's K per lane (D = 32·KD); MV: m tiles of 16
+// V columns (Dv = 16·MV, MV 4 or 8: one or two 16-byte loads per key).
+template <int KD, int MV>
+__global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
+  mk::pdl_begin();
+  constexpr int D = 32 * KD, Dv = 16 * MV, KS = D / 16, VL = MV / 4;
+  static_assert(MV == 4 || MV == 8, "Dv 64 or 128");
+  __shared__ float red[4][kWG][Dv];  // the warps' outputs, rescaled to the CTA's max
+  __shared__ float mls[4][kWG][2];   // the warps' (max, sum) per head
+  __shared__ uint2 qf[KS][32];       // q's B fragments
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int nkh = a.KV * a.hchunks;
+  const int64_t lin = blockIdx.x;
+  const int khc = (int)(lin % nkh);
+  const int64_t rest = lin / nkh;
+  const int split = (int)(rest % a.splits);
+  const int b = (int)(rest / a.splits);
+  const int kh = khc / a.hchunks, hc = khc - kh * a.hchunks;
+  const int h0 = kh * a.G + hc * kWG;
+  const int gc = min(kWG, a.G - hc * kWG);
+  const int64_t row = a.rows[b];
+  const int i = a.pos[b];
+  const int lo = a.window > 0 ? max(0, i - a.window + 1) : 0;
+  const int kbeg = lo + split * a.chunk;
+  const int kend = split == a.splits - 1 ? i + 1 : min(i + 1, lo + (split + 1) * a.chunk);
+  const int32_t* tab = a.blocks + a.table[b];
+
+  if (kbeg >= kend) {  // an empty range (only with splits > 1)
+    for (int x = tid; x < gc * Dv; x += kNT) {
+      const int h = x / Dv, c = x - h * Dv;
+      a.wo[(((int64_t)b * a.H + h0 + h) * a.splits + split) * Dv + c] = 0.0f;
+    }
+    if (tid < gc) {
+      float* ml = a.wml + (((int64_t)b * a.H + h0 + tid) * a.splits + split) * 2;
+      ml[0] = -INFINITY;
+      ml[1] = 0.0f;
+    }
+    return;
+  }
+
+  // q's B fragments, scaled by scale·log2 e, in shared memory (every warp
+  // reads the same; registers are what limits the warps per SM): lane
+  // (g, t) of k step s takes head g, d = t·D/4 + 4s + {0, 1} and + {2, 3}.
+  for (int x = tid; x < KS * 32; x += kNT) {
+    const int s = x >> 5, gl = (x & 31) >> 2, tl = x & 3;
+    const float4 v = gl < gc ? *reinterpret_cast<const float4*>(a.q + (row * a.H + h0 + gl) * D + tl * (D / 4) + 4 * s)
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+    qf[s][x & 31] = make_uint2(pack_bf2(v.x * a.scale2, v.y * a.scale2), pack_bf2(v.z * a.scale2, v.w * a.scale2));
+  }
+  __syncthreads();
+
+  const int64_t ldpk = (int64_t)a.KV * D, ldpv = (int64_t)a.KV * Dv;
+  const bf16* pk = a.pk + (int64_t)kh * D + t * (D / 4);
+  const bf16* pv = a.pv + (int64_t)kh * Dv + g * (Dv / 8);
+  // prow is the pool row of key j, or -1 past the range.
+  auto prow = [&](int j) -> int {
+    if (j >= kend) return -1;
+    if (a.bs_shift >= 0) return tab[j >> a.bs_shift] * a.bs + (j & (a.bs - 1));
+    const int blk = j / a.bs;
+    return tab[blk] * a.bs + (j - blk * a.bs);
+  };
+  // This lane's keys of chunk c: K rows g, g+8; V rows 2t, 2t+1, 2t+8, 2t+9.
+  auto rows_of = [&](int c, int (&rk)[2], int (&rv)[4]) {
+    const int j0 = kbeg + 16 * c;
+    rk[0] = prow(j0 + g);
+    rk[1] = prow(j0 + g + 8);
+    rv[0] = prow(j0 + 2 * t);
+    rv[1] = prow(j0 + 2 * t + 1);
+    rv[2] = prow(j0 + 2 * t + 8);
+    rv[3] = prow(j0 + 2 * t + 9);
+  };
+
+  const int n = kend - kbeg, nch = (n + 15) >> 4;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads 2t, 2t+1 (l: this lane's keys)
+  float o[MV][4];
+#pragma unroll
+  for (int mi = 0; mi < MV; mi++) o[mi][0] = o[mi][1] = o[mi][2] = o[mi][3] = 0.0f;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  int rk[2], rv[4];
+  if (warp < nch) rows_of(warp, rk, rv);
+  for (int c = warp; c < nch; c += 4) {
+    uint4 kr[2][KD], vr[4][VL];
+#pragma unroll
+    for (int e = 0; e < 2; e++)
+#pragma unroll
+      for (int x = 0; x < KD; x++) kr[e][x] = rk[e] >= 0 ? mk::ld_stream(pk + (int64_t)rk[e] * ldpk + 8 * x) : zero;
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+#pragma unroll
+      for (int x = 0; x < VL; x++) vr[e][x] = rv[e] >= 0 ? mk::ld_stream(pv + (int64_t)rv[e] * ldpv + 8 * x) : zero;
+    if (c + 4 < nch) rows_of(c + 4, rk, rv);  // the next chunk's table lookups while these load
+
+    // Sᵀ = K · Qᵀ: k step s takes words 2s (columns 2t, 2t+1) and 2s+1 (2t+8, 2t+9).
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      const uint2 qb = qf[ks][lane];
+      mma16816(s, word(kr[0][ks >> 1], (2 * ks) & 3), word(kr[1][ks >> 1], (2 * ks) & 3),
+               word(kr[0][ks >> 1], (2 * ks + 1) & 3), word(kr[1][ks >> 1], (2 * ks + 1) & 3), qb.x, qb.y);
+    }
+    // s: (key g, head 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
+    if (16 * c + g >= n) s[0] = s[1] = -INFINITY;
+    if (16 * c + g + 8 >= n) s[2] = s[3] = -INFINITY;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      float mx = fmaxf(s[e], s[e + 2]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float mn = fmaxf(m[e], mx);  // finite: key 16c is in the range
+      const float cr = exp2f(m[e] - mn);
+      s[e] = exp2f(s[e] - mn);
+      s[e + 2] = exp2f(s[e + 2] - mn);
+      l[e] = l[e] * cr + s[e] + s[e + 2];
+      m[e] = mn;
+#pragma unroll
+      for (int mi = 0; mi < MV; mi++) {
+        o[mi][e] *= cr;
+        o[mi][e + 2] *= cr;
+      }
+    }
+    // Pᵀ's B fragments: keys 2t, 2t+1 (and +8) of head g.
+    const uint32_t pb0 = movtrans(pack_bf2(s[0], s[1])), pb1 = movtrans(pack_bf2(s[2], s[3]));
+    // Oᵀ += Vᵀ · Pᵀ: m tile mi is word mi of each key's V (low half: A row g, high: row g+8).
+#pragma unroll
+    for (int mi = 0; mi < MV; mi++) {
+      const uint32_t w0 = word(vr[0][mi >> 2], mi & 3), w1 = word(vr[1][mi >> 2], mi & 3);
+      const uint32_t w2 = word(vr[2][mi >> 2], mi & 3), w3 = word(vr[3][mi >> 2], mi & 3);
+      mma16816(o[mi], __byte_perm(w0, w1, 0x5410), __byte_perm(w0, w1, 0x7632), __byte_perm(w2, w3, 0x5410),
+               __byte_perm(w2, w3, 0x7632), pb0, pb1);
+    }
+  }
+
+  // Merge the 4 warps: each head's max M over warps, outputs rescaled to it.
+#pragma unroll
+  for (int e = 0; e < 2; e++) {
+    l[e] += __shfl_xor_sync(0xffffffffu, l[e], 4);
+    l[e] += __shfl_xor_sync(0xffffffffu, l[e], 8);
+    l[e] += __shfl_xor_sync(0xffffffffu, l[e], 16);
+    if (g == 0) {
+      mls[warp][2 * t + e][0] = m[e];
+      mls[warp][2 * t + e][1] = l[e];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int e = 0; e < 2; e++) {
+    const int h = 2 * t + e;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 4; w++) M = fmaxf(M, mls[w][h][0]);
+    const float f = m[e] == -INFINITY ? 0.0f : exp2f(m[e] - M);
+#pragma unroll
+    for (int mi = 0; mi < MV; mi++) {
+      red[warp][h][g * (Dv / 8) + 2 * mi] = o[mi][e] * f;
+      red[warp][h][g * (Dv / 8) + 2 * mi + 1] = o[mi][e + 2] * f;
+    }
+  }
+  __syncthreads();
+  for (int x = tid; x < gc * Dv; x += kNT) {
+    const int h = x / Dv, c = x - h * Dv;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 4; w++) M = fmaxf(M, mls[w][h][0]);
+    float ov = 0.0f, L = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+      ov += red[w][h][c];
+      const float mw = mls[w][h][0];
+      if (mw != -INFINITY) L += mls[w][h][1] * exp2f(mw - M);
+    }
+    if (a.splits == 1) {
+      if (a.sinks) {
+        const float sk = a.sinks[h0 + h] * kLog2e;
+        const float mn = fmaxf(M, sk);
+        const float cr = exp2f(M - mn);
+        L = L * cr + exp2f(sk - mn);
+        ov *= cr;
+      }
+      a.out[(row * a.H + h0 + h) * Dv + c] = ov / L;
+    } else {
+      a.wo[(((int64_t)b * a.H + h0 + h) * a.splits + split) * Dv + c] = ov;
+      if (c == 0) {
+        float* ml = a.wml + (((int64_t)b * a.H + h0 + h) * a.splits + split) * 2;
+        ml[0] = M;
+        ml[1] = L;
+      }
+    }
+  }
+}
+
 // merge: one CTA per (row, head) combines the splits' partial outputs by
 // log-sum-exp, with the sink in the denominator.
 __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
@@ -850,33 +1080,46 @@ size_t smem_optin() {
 }
 
 // Variant selects the kernel: 0 auto, 1 CUDA cores, 2 tensor cores
-// (v_head_dim ≤ 128). Auto takes the tensor cores for groups of more than 4
-// query heads per kv head (v_head_dim ≤ 128), the CUDA cores otherwise. On
-// the H200 (B=32, 32k context, D=128; 2026-11-29) the CUDA-core kernel read
-// 3323 / 2934 / 2476 GB/s at G = 1 / 2 / 4 and 1217 at G = 8 (issue-bound:
-// its cost grows with the group); the tensor-core one 2016-2024 at every G,
-// with a 2-, 3- or 4-stage ring alike (2010 / 2022 / 1145 GB/s: the
-// 4-stage ring halves its CTAs per SM), so loads in flight are not what
-// holds it back.
+// (v_head_dim ≤ 128), 3 warp-split (head dims it has: warp_dims; other
+// shapes take auto's choice among the first two). Auto takes the warp-split
+// kernel where it has the head dims, else the tensor cores for groups of
+// more than 4 query heads per kv head (v_head_dim ≤ 128), else the CUDA
+// cores. Before the warp-split kernel, on the H200 (B=32, 32k context,
+// D=128; 2026-11-29) the CUDA-core kernel read 3323 / 2934 / 2476 GB/s at
+// G = 1 / 2 / 4 and 1217 at G = 8 (issue-bound: its cost grows with the
+// group); the tensor-core one 2016-2024 at every G, with a 2-, 3- or
+// 4-stage ring alike (2010 / 2022 / 1145 GB/s: the 4-stage ring halves its
+// CTAs per SM), so loads in flight are not what holds it back.
 int g_variant = 0;
 // g_stages forces the tensor-core kernel's ring depth (2-4; 0: pick_stages).
 int g_stages = 0;
 
+// warp_dims reports whether paged_attn_warp is built for these head dims.
+bool warp_dims(int head_dim, int v_head_dim) {
+  return (head_dim == 64 && v_head_dim == 64) || (head_dim == 128 && v_head_dim == 128) ||
+         (head_dim == 192 && v_head_dim == 128);
+}
+
+bool use_warp(int head_dim, int v_head_dim) {
+  return (g_variant == 0 || g_variant == 3) && warp_dims(head_dim, v_head_dim);
+}
+
 bool use_mma(int v_head_dim, int group) {
-  return g_variant == 2 || (g_variant == 0 && v_head_dim <= 128 && group > 4);
+  return g_variant == 2 || ((g_variant == 0 || g_variant == 3) && v_head_dim <= 128 && group > 4);
 }
 
 // Plan is the launch shape of one attention call.
 struct Plan {
-  bool mma;
+  bool mma, warp;
   int GM, NV, NS, hchunks, splits, chunk;
+  int KD;  // the warp-split kernel's head_dim / 32
 };
 
 // KernelInfo caches a kernel's shared-memory opt-in and occupancy.
 struct KernelInfo {
   size_t opted = 48 * 1024;
   size_t last = 0;
-  int occ = 0;
+  int occ = 0;  // 0: not asked yet
 };
 
 template <typename Fn>
@@ -890,7 +1133,7 @@ cudaError_t opt_in(Fn fn, KernelInfo& ki, size_t smem) {
 // occupancy_of is how many CTAs of fn with smem bytes fit on one SM.
 template <typename Fn>
 int occupancy_of(Fn fn, KernelInfo& ki, size_t smem) {
-  if (smem != ki.last) {
+  if (ki.occ == 0 || smem != ki.last) {
     int v = 0;
     if (opt_in(fn, ki, smem) != cudaSuccess) cudaGetLastError();
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, fn, kNT, smem) != cudaSuccess || v < 1) {
@@ -914,7 +1157,14 @@ KernelInfo& info_mma() {
   return k;
 }
 
-// MmaKernel is one instance of paged_attn_mma and its cached launch facts.
+template <int KD, int MV>
+KernelInfo& info_warp() {
+  static KernelInfo k;
+  return k;
+}
+
+// MmaKernel is one instance of paged_attn_mma (or paged_attn_warp) and its
+// cached launch facts.
 struct MmaKernel {
   void (*fn)(AttnArgs);
   KernelInfo* ki;
@@ -956,7 +1206,20 @@ int pick_stages(int NV, int D, int Dv) {
   return kMinStages;
 }
 
+// warp_kernel is paged_attn_warp for head_dim = 32·KD (warp_dims).
+MmaKernel warp_kernel(int KD) {
+  switch (KD) {
+    case 2: return {paged_attn_warp<2, 4>, &info_warp<2, 4>()};
+    case 6: return {paged_attn_warp<6, 8>, &info_warp<6, 8>()};
+    default: return {paged_attn_warp<4, 8>, &info_warp<4, 8>()};
+  }
+}
+
 int occupancy(const Plan& p, size_t smem) {
+  if (p.warp) {
+    const MmaKernel k = warp_kernel(p.KD);
+    return occupancy_of(k.fn, *k.ki, smem);
+  }
   if (p.mma) {
     const MmaKernel k = mma_kernel(p.NV, p.NS);
     return occupancy_of(k.fn, *k.ki, smem);
@@ -970,6 +1233,7 @@ int occupancy(const Plan& p, size_t smem) {
 }
 
 size_t plan_smem(const Plan& p, int D, int Dv) {
+  if (p.warp) return 0;  // static shared memory only
   return p.mma ? smem_bytes_mma(D, Dv, p.NS) : smem_bytes(D, Dv, p.GM);
 }
 
@@ -977,11 +1241,13 @@ size_t plan_smem(const Plan& p, int D, int Dv) {
 // (ranges of at least kMinChunk keys, whole tiles), the one that fills the
 // GPU's CTA slots best over whole waves, discounted by the per-range
 // overhead (about one tile of work).
-Plan plan(int64_t n, int heads, int kv_heads, int head_dim, int v_head_dim, int max_keys) {
+Plan plan(int64_t n, int heads, int kv_heads, int head_dim, int v_head_dim, int max_keys, bool q16 = true) {
   Plan p{};
   const int G = heads / kv_heads;
-  p.mma = use_mma(v_head_dim, G);
-  p.GM = p.mma ? kGMma : G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGMax;
+  p.warp = q16 && use_warp(head_dim, v_head_dim);
+  p.mma = !p.warp && use_mma(v_head_dim, G);
+  p.KD = head_dim / 32;
+  p.GM = p.warp ? kWG : p.mma ? kGMma : G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGMax;
   p.NV = v_head_dim <= 32 ? 4 : v_head_dim <= 64 ? 8 : 16;
   p.NS = p.mma ? pick_stages(p.NV, head_dim, v_head_dim) : 2;
   p.hchunks = (G + p.GM - 1) / p.GM;
@@ -1029,6 +1295,10 @@ int launch_fn(Fn fn, KernelInfo& ki, const AttnArgs& a, size_t smem, int64_t n, 
 
 int launch(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st) {
   const size_t smem = plan_smem(p, a.D, a.Dv);
+  if (p.warp) {
+    const MmaKernel k = warp_kernel(p.KD);
+    return launch_fn(k.fn, *k.ki, a, smem, n, st);
+  }
   if (p.mma) {
     const MmaKernel k = mma_kernel(p.NV, p.NS);
     return launch_fn(k.fn, *k.ki, a, smem, n, st);
@@ -1064,7 +1334,7 @@ int32_t mk_kv_write_bf16(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint
 int32_t mk_paged_attn_variant(int32_t variant) {
   const char* fn = "mk_paged_attn_variant";
   MK_THREAD(fn);
-  MK_ARG(variant >= 0 && variant <= 2, "%s: variant %d is not 0, 1 or 2", fn, variant);
+  MK_ARG(variant >= 0 && variant <= 3, "%s: variant %d is not 0, 1, 2 or 3", fn, variant);
   g_variant = variant;
   return MK_OK;
 }
@@ -1103,7 +1373,9 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t q, uint64_t p
          "%s: head_dim %d and v_head_dim %d must be multiples of 8 in [8, 256]", fn, head_dim, v_head_dim);
   DEC_ARG(fn, out && q && pool_k && pool_v && rows && pos && table && blocks);
   MK_ARG((pool_k | pool_v) % 16 == 0, "%s: pool_k and pool_v must be 16-byte aligned", fn);
-  Plan p = plan(n, heads, kv_heads, head_dim, v_head_dim, max_keys);
+  // The warp-split kernel reads q by 16 bytes (every caller's q is aligned;
+  // one that is not gets another kernel, and perhaps fewer splits).
+  Plan p = plan(n, heads, kv_heads, head_dim, v_head_dim, max_keys, q % 16 == 0);
   MK_ARG(!(g_variant == 2 && v_head_dim > 128), "%s: the tensor-core kernel needs v_head_dim <= 128, not %d",
          fn, v_head_dim);
   if (p.splits > 1) {

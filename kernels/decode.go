@@ -59,8 +59,9 @@ type PagedVariant int32
 
 // The kernels of PagedAttnBF16.
 const (
-	// PagedAuto (the default) runs PagedMMA when VHeadDim ≤ 128, else
-	// PagedSIMT.
+	// PagedAuto (the default) runs PagedWarp where it has the head dims,
+	// else PagedMMA for groups of more than 4 query heads per kv head with
+	// VHeadDim ≤ 128, else PagedSIMT.
 	PagedAuto PagedVariant = 0
 	// PagedSIMT computes on the CUDA cores in float32.
 	PagedSIMT PagedVariant = 1
@@ -69,6 +70,12 @@ const (
 	// K and V are bf16-rounded; VHeadDim ≤ 128. Its K/V tiles come through a
 	// ring of 2-4 stages (SetPagedStages).
 	PagedMMA PagedVariant = 2
+	// PagedWarp splits each CTA's keys over its warps, which load K and V
+	// from the pool straight into tensor-core fragments (no shared-memory
+	// tiles: more warps per SM, more loads in flight); q and the softmax
+	// weights enter the MMAs as bf16. Head dims 64/64, 128/128 and 192/128;
+	// other shapes run what PagedAuto would pick without it.
+	PagedWarp PagedVariant = 3
 )
 
 // SetPagedStages sets the depth of PagedMMA's ring of 64-key K/V tiles for

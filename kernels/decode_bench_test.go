@@ -10,8 +10,8 @@ import (
 )
 
 // BenchmarkPagedAttn times paged decode attention (one query row per
-// sequence), both kernels (mma: tensor cores with the ring depth picked per
-// shape, simt: CUDA cores), at batch 1/32/256 × context 1k-32k: 32 query
+// sequence), every kernel (mma: tensor cores with the ring depth picked per
+// shape, simt: CUDA cores, warp: the warp-split kernel), at batch 1/32/256 × context 1k-32k: 32 query
 // heads, 8 kv heads,
 // head dim 128, 16-token blocks with random ids from one pool that holds
 // the largest case (256 × 32k tokens: 34 GB of bf16 K/V). GB/s counts the
@@ -81,7 +81,7 @@ func BenchmarkPagedAttn(b *testing.B) {
 	for _, v := range []struct {
 		name string
 		v    PagedVariant
-	}{{"mma", PagedMMA}, {"simt", PagedSIMT}} {
+	}{{"mma", PagedMMA}, {"simt", PagedSIMT}, {"warp", PagedWarp}} {
 		for _, batch := range []int{1, 32, 256} {
 			for _, ctx := range []int{1024, 4096, 16384, 32768} {
 				run(fmt.Sprintf("%s/B=%d_ctx=%d", v.name, batch, ctx), batch, ctx, a, v.v, 0)
@@ -98,6 +98,7 @@ func BenchmarkPagedAttn(b *testing.B) {
 		a2.Heads = h
 		run(fmt.Sprintf("mma/B=32_ctx=32768_H=%d_KV=8", h), 32, 32768, a2, PagedMMA, 0)
 		run(fmt.Sprintf("simt/B=32_ctx=32768_H=%d_KV=8", h), 32, 32768, a2, PagedSIMT, 0)
+		run(fmt.Sprintf("warp/B=32_ctx=32768_H=%d_KV=8", h), 32, 32768, a2, PagedWarp, 0)
 	}
 	// The same bytes per query head group (G = 8) with 8 kv heads (a K row
 	// of 2 KiB, one kv head's slice 256 B) and with 1 (rows of 256 B, a
@@ -106,6 +107,17 @@ func BenchmarkPagedAttn(b *testing.B) {
 		a2 := a
 		a2.Heads, a2.KVHeads = v.h, v.kv
 		run(fmt.Sprintf("mma/B=32_ctx=32768_H=%d_KV=%d", v.h, v.kv), 32, 32768, a2, PagedMMA, 0)
+		run(fmt.Sprintf("warp/B=32_ctx=32768_H=%d_KV=%d", v.h, v.kv), 32, 32768, a2, PagedWarp, 0)
+	}
+	// gpt-oss's shape (64 q / 8 kv heads, d 64) on the warp-split kernel
+	// against the tensor-core one (the CUDA-core one's G = 8 is far behind).
+	a64 := a
+	a64.Heads, a64.HeadDim, a64.VHeadDim = 64, 64, 64
+	for _, v := range []struct {
+		name string
+		v    PagedVariant
+	}{{"mma", PagedMMA}, {"warp", PagedWarp}} {
+		run(fmt.Sprintf("%s/B=32_ctx=32768_H=64_KV=8_D=64", v.name), 32, 32768, a64, v.v, 0)
 	}
 }
 

@@ -64,13 +64,14 @@ var pagedCases = []pagedCase{
 }
 
 // pagedKernels are the kernels TestPagedAttnBF16 runs every case on: the
-// CUDA-core one, and the tensor-core one with its ring depth picked per
-// shape and forced to 2 and 4 stages.
+// CUDA-core one, the tensor-core one with its ring depth picked per shape
+// and forced to 2 and 4 stages, and the warp-split one (on the cases with
+// its head dims: d64, d128, d192/dv128; the others fall back).
 var pagedKernels = []struct {
 	name   string
 	v      PagedVariant
 	stages int
-}{{"simt", PagedSIMT, 0}, {"mma", PagedMMA, 0}, {"mma_s2", PagedMMA, 2}, {"mma_s4", PagedMMA, 4}}
+}{{"simt", PagedSIMT, 0}, {"mma", PagedMMA, 0}, {"mma_s2", PagedMMA, 2}, {"mma_s4", PagedMMA, 4}, {"warp", PagedWarp, 0}}
 
 // TestPagedAttnBF16 runs every case on every kernel of pagedKernels (the
 // tensor-core one only where VHeadDim ≤ 128) against a float64 reference on
@@ -334,8 +335,8 @@ func TestPagedAttnArgs(t *testing.T) {
 			t.Errorf("tensor-core kernel with VHeadDim 256: no error")
 		}
 		ar.check(ar.d.SetPagedVariant(PagedAuto))
-		if err := ar.d.SetPagedVariant(3); err == nil {
-			t.Errorf("variant 3: no error")
+		if err := ar.d.SetPagedVariant(4); err == nil {
+			t.Errorf("variant 4: no error")
 		}
 		for _, n := range []int{-1, 1, 5} {
 			if err := ar.d.SetPagedStages(n); err == nil {

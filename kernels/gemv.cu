@@ -40,16 +40,6 @@ __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
   f[7] = __uint_as_float(u.w & 0xffff0000u);
 }
 
-// ld_stream reads 16 bytes of B that no other warp reads: not kept in L1,
-// which holds A's pieces meanwhile.
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 // a8 is A's 8 values at column 8p of a staged row (shared memory).
 __device__ __forceinline__ void a8(const bf16* row, int p, float (&f)[8]) {
   unpack8(reinterpret_cast<const uint4*>(row)[p], f);
@@ -99,7 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int j = 0; j < kCH; j++) {
       const int p = lane + 32 * j;
-      w[j] = active && p < P ? ld_stream(rc + p) : zero;
+      w[j] = active && p < P ? mk::ld_stream(rc + p) : zero;
     }
     __syncthreads();  // the previous chunk's readers are done with As
     const int rowv = kc / vec;
@@ -114,7 +104,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int j = 0; j < kCH; j++) {  // the next batch in flight meanwhile
           const int p = base + 32 * kCH + lane + 32 * j;
-          nx[j] = p < P ? ld_stream(rc + p) : zero;
+          nx[j] = p < P ? mk::ld_stream(rc + p) : zero;
         }
 #pragma unroll
         for (int j = 0; j < kCH; j++) {

@@ -68,6 +68,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mkserve/mkserve/attention"
@@ -265,6 +266,7 @@ type store struct {
 	f32    *kernels.Buffer // [n] float32, or nil
 	bf16   *kernels.Buffer // [n] bf16, or nil
 	weight bool            // made by Weight: lives across steps
+	pooled bool            // a cleanup pools every buffer it holds when its tensor dies
 }
 
 // Shape returns a copy of the tensor's dimensions.
@@ -277,12 +279,30 @@ func (t *Tensor) dims() (rows, cols int) {
 	return t.shape[0], t.shape[1]
 }
 
-// wrap makes a tensor of st and arranges for its memory to be pooled again.
+// wrap makes a tensor of st and arranges for its memory to be pooled again
+// when the tensor dies, except in a graph replay: there every buffer is the
+// arena's (tapeGet), whose put is a no-op, and a cleanup per tensor (about
+// 1200 a Qwen3-30B-A3B step) was most of the replay's garbage-collector work.
 func (be *Backend) wrap(shape []int, st *store) *Tensor {
 	t := &Tensor{shape: shape, st: st}
-	a := be.alloc
-	runtime.AddCleanup(t, func(s *store) { a.put(s.f32); a.put(s.bf16) }, st)
+	if be.graphMode() != graphReplaying {
+		a := be.alloc
+		st.pooled = true
+		runtime.AddCleanup(t, func(s *store) { a.put(s.f32); a.put(s.bf16) }, st)
+	}
 	return t
+}
+
+// attach makes b (from be.alloc) part of t's store in field *dst: pooled
+// with the rest when t dies, or, for a store wrapped in a replay (no
+// cleanup), by a cleanup of its own unless b is an arena buffer of a replay
+// too.
+func (be *Backend) attach(t *Tensor, dst **kernels.Buffer, b *kernels.Buffer) {
+	*dst = b
+	if t.st.pooled || be.graphMode() == graphReplaying {
+		return
+	}
+	runtime.AddCleanup(t, be.alloc.put, b)
 }
 
 // newF32 allocates a [rows, cols] float32 tensor (contents undefined).
@@ -301,7 +321,7 @@ func (be *Backend) f32(d *kernels.Device, t *Tensor) *kernels.Buffer {
 		if t.st.n > 0 {
 			must("convert", d.ConvertBF16ToF32(nil, b, t.st.bf16, t.st.n))
 		}
-		t.st.f32 = b
+		be.attach(t, &t.st.f32, b)
 	}
 	return t.st.f32
 }
@@ -326,7 +346,7 @@ func (be *Backend) bf16Of(d *kernels.Device, t *Tensor) (b *kernels.Buffer, temp
 	if !memoOK(t) {
 		return b, true
 	}
-	t.st.bf16 = b
+	be.attach(t, &t.st.bf16, b)
 	return b, false
 }
 
@@ -536,6 +556,23 @@ type allocator struct {
 	// capture puts its own handle, which the capture never handed out, so
 	// it cannot free a buffer the capture took again (graph.go).
 	handles map[*kernels.Buffer]*kernels.Buffer
+
+	// made counts the buffers get allocated outside the arena and not yet
+	// freed (pooled or held by tensors and caches): with the pool's length,
+	// what tests check for leaks.
+	made atomic.Int64
+}
+
+// outside is how many buffers of the allocator are held outside the pool
+// and the arena: by live tensors and caches, or leaked (tests).
+func (a *allocator) outside() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.made.Load()
+	for _, l := range a.pool {
+		n -= int64(len(l))
+	}
+	return n - int64(len(a.pending))
 }
 
 const poolMax = 64 << 20
@@ -607,6 +644,7 @@ func (a *allocator) get(d *kernels.Device, bytes int64) *kernels.Buffer {
 	if err != nil {
 		panic(fmt.Sprintf("device memory: %v", err))
 	}
+	a.made.Add(1)
 	return b
 }
 
@@ -626,6 +664,7 @@ func (a *allocator) freePending(all bool) {
 	for _, b := range fr {
 		errs = append(errs, b.Free())
 	}
+	a.made.Add(-int64(len(fr)))
 	if err := errors.Join(errs...); err != nil {
 		panic(fmt.Sprintf("freeing device memory: %v", err))
 	}
@@ -777,7 +816,7 @@ func (be *Backend) routerLinear(x, w, bias *Tensor) *Tensor {
 			}
 			must("router", d.MoERouterF32(nil, out.st.f32, be.f32(d, x), wb, bb, xb, T, N, K))
 			if xb != nil {
-				x.st.bf16 = xb // the same rounding as bf16Of, kept with x
+				be.attach(x, &x.st.bf16, xb) // the same rounding as bf16Of, kept with x
 			}
 			return nil
 		}
@@ -841,7 +880,8 @@ func (be *Backend) linearT(d *kernels.Device, xt *Tensor, w *Tensor, b *Tensor, 
 		in = be.prepareMode(d, x, T*K, false, true)
 	default:
 		in = be.prepareMode(d, x, T*K, false, true)
-		xt.st.bf16, in.hi = in.hi, nil // kept with xt (the same values as bf16Of)
+		be.attach(xt, &xt.st.bf16, in.hi) // kept with xt (the same values as bf16Of)
+		in.hi = nil
 	}
 	out := be.newF32(d, T, N)
 	wb, _ := weightMem(w)

@@ -637,6 +637,7 @@ func (a *allocator) tapeGet(d *kernels.Device, c int64) *kernels.Buffer {
 	} else if l := a.pool[c]; len(l) > 0 {
 		b = l[len(l)-1]
 		a.pool[c] = l[:len(l)-1]
+		a.made.Add(-1) // the arena's now
 	} else {
 		var err error
 		if b, err = d.Malloc(c); err != nil {

@@ -1,8 +1,10 @@
 package cuda
 
 import (
+	"runtime"
 	"runtime/debug"
 	"testing"
+	"time"
 
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/engine"
@@ -279,5 +281,65 @@ func TestGraphPadding(t *testing.T) {
 	t.Logf("GRAPHS padding: %+v", gs)
 	if gs.Captures != 1 || gs.Diverged != 0 || gs.Failed != 0 || gs.Replays != 8 {
 		t.Errorf("stats %+v: want one graph of 8 rows captured once and replayed 8 times", gs)
+	}
+}
+
+// TestGraphStepsLeakNothing: rounds of an eager prefill and decode steps
+// (captured, then replayed, with padding) hold no more allocator buffers
+// once their tensors are dead than the rounds before: tensors made in a
+// replay register no cleanup (their buffers are the arena's), and a buffer
+// attached to one later from the pool must still come back.
+func TestGraphStepsLeakNothing(t *testing.T) {
+	const bs, perSeq = 4, 64
+	be := fastBackend(t, true)
+	if err := be.InitKV(bs, 4*perSeq); err != nil {
+		t.Fatal(err)
+	}
+	r := &graphRun{be: be, m: loadModel(t, "qwen3_moe", be), bs: bs, perSeq: perSeq}
+	// settled is the allocator's buffers outside pool and arena once the
+	// garbage collector has run the dead tensors' cleanups (it waits for
+	// two equal readings).
+	settled := func() int64 {
+		last := int64(-1)
+		for range 100 {
+			runtime.GC()
+			time.Sleep(5 * time.Millisecond)
+			n := be.alloc.outside()
+			if n == last {
+				return n
+			}
+			last = n
+		}
+		return last
+	}
+	var seen []int64
+	for round := range 6 {
+		seq := round % 3
+		prompt := []int32{int32(3 + round), 9, 13, 17, 21}
+		b := backend.SingleSequence(uint64(seq), prompt, 0, false)
+		b.Seqs[0].Blocks = r.blocks(seq, len(prompt))
+		b.LogitRows = []int{len(prompt) - 1}
+		next := argmaxRows(r.step(t, b), 1)[0]
+		for st := range 4 {
+			past := len(prompt) + st
+			d := &backend.Batch{Tokens: []int32{next, 7, 11}, Positions: []int32{int32(past), 3, 4}}
+			for i, s := range []int{seq, 3, 3} { // rows 2 and 3 of one more sequence: 3 rows pad to 4
+				p := past
+				if i > 0 {
+					p = 3 + i - 1
+				}
+				d.Seqs = append(d.Seqs, backend.SeqSpan{ID: uint64(s*10 + i), Offset: i, Len: 1, Past: p, Blocks: r.blocks(s, p+1)})
+			}
+			next = argmaxRows(r.step(t, d), 3)[0]
+		}
+		seen = append(seen, settled())
+	}
+	gs := be.Graphs()
+	t.Logf("buffers outside pool and arena after each round: %v; graphs %+v", seen, gs)
+	if gs.Replays == 0 {
+		t.Fatalf("no replays: %+v", gs)
+	}
+	if seen[len(seen)-1] > seen[2] {
+		t.Errorf("buffers held after rounds 3..6 grew: %v (a leak)", seen)
 	}
 }

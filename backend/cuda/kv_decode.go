@@ -121,7 +121,8 @@ func (mc *metaCache) release(be *Backend) {
 
 // VariantEnv names the environment variable that, when set, selects the
 // paged attention kernel of every CUDA backend in the process (0 auto, 1
-// CUDA cores, 2 tensor cores: kernels.PagedVariant), for comparisons.
+// CUDA cores, 2 tensor cores, 3 warp-split: kernels.PagedVariant), for
+// comparisons.
 const VariantEnv = "MKSERVE_PAGED_VARIANT"
 
 var variantOnce sync.Once

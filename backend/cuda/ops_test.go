@@ -163,6 +163,14 @@ var opCases = []opCase{
 	{"attention_window_sinks_dv", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
 		return attnSteps(t, be, g, &backend.AttnParams{Layer: 2, NumHeads: 4, NumKVHeads: 4, HeadDim: 24, VHeadDim: 8, Scale: 0.2, Window: 5}, true)
 	}},
+	// Head dims of real checkpoints (the fast profile's paged kernel is then
+	// the warp-split one: PagedWarp).
+	{"attention_d128_g4", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		return attnSteps(t, be, g, &backend.AttnParams{Layer: 3, NumHeads: 8, NumKVHeads: 2, HeadDim: 128, VHeadDim: 128, Scale: 0.088}, false)
+	}},
+	{"attention_d64_g8_window_sinks", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		return attnSteps(t, be, g, &backend.AttnParams{Layer: 4, NumHeads: 16, NumKVHeads: 2, HeadDim: 64, VHeadDim: 64, Scale: 0.125, Window: 6}, true)
+	}},
 	{"moe_softmax_shared", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
 		l := moeLayer(t, be, g, 8, 16, 12, moe.RouterConfig{NumExperts: 8, TopK: 2, Scoring: moe.Softmax, NormTopK: true},
 			moe.Activation{Kind: moe.SwiGLU}, false, true)
