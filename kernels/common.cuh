@@ -90,6 +90,16 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
   return v;
 }
 
+// pdl_wait only waits for the previous kernel: for kernels of many waves,
+// whose dependents, launched early by launch_dependents, would sit in
+// pdl_begin on SM slots this kernel's later CTAs need (the dependents then
+// launch when this kernel's CTAs have all exited).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // pdl_on reports whether mk::launch sets the programmatic attribute.
 bool pdl_on();
 

@@ -55,12 +55,20 @@ MK_API int32_t mk_moe_workspace(int64_t t, int32_t k, int32_t e, int64_t h, int6
  *   GEMM2:   y = act · Down[e]ᵀ (+ down_bias[e]) → [rows, H] f32, Down [E*H, I] bf16;
  *   combine: out [T, H] f32 = Σ_k weights[t,k] · y[row of (t,k)], in k order.
  * Biases are f32 [E, 2I] / [E, H] or 0. H and I must be multiples of 8.
- * ws: mk_moe_workspace bytes of device memory. out is fully written. */
+ * ws: mk_moe_workspace bytes of device memory. out is fully written.
+ * With mk_moe_gemv(1) (or MK_MOE_GEMV=1), up to 4 tokens with T*K <= 32
+ * take two GEMV-style kernels instead (each chosen expert's gate/up rows,
+ * then its down rows with the combine folded in, streamed once per step);
+ * the same semantics. */
 MK_API int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids,
                               uint64_t weights, int64_t t, int32_t k, int32_t e, int64_t h,
                               int64_t i, uint64_t gate_up, uint64_t gate_up_bias, uint64_t down,
                               uint64_t down_bias, int32_t act_kind, uint32_t alpha_bits,
                               uint32_t limit_bits, uint64_t counts, uint64_t ws, uint64_t ws_bytes);
+
+/* Turns mk_moe_experts's decode-sized GEMV kernels on (1) or off (0, the
+ * default unless MK_MOE_GEMV=1), process-wide. */
+MK_API int32_t mk_moe_gemv(int32_t on);
 
 /* mk_moe_localize rewrites n routed expert ids in place for a rank holding
  * experts [lo, hi): an id in the range becomes id - lo, any other -1 (which

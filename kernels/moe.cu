@@ -27,6 +27,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using mkmoe::GemmArgs;
+using mkmoe::activation;
 
 // ---------------------------------------------------------------- routing
 
@@ -643,15 +644,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
               g += gb[j + q];
               u += gb[N + j + q];
             }
-            if (p.act == MK_MOE_SWIGLU) {
-              r2[q] = g / (1.0f + __expf(-g)) * u;
-            } else {
-              const float lim = p.limit;
-              if (g > lim) g = lim;
-              if (u > lim) u = lim;
-              else if (u < -lim) u = -lim;
-              r2[q] = (u + 1.0f) * (g / (1.0f + __expf(-p.alpha * g)));
-            }
+            r2[q] = activation(g, u, p.act, p.alpha, p.limit);
           }
           *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
         }
@@ -697,6 +690,190 @@ __global__ void moe_combine_kernel(float* out, const float* y, const int32_t* sl
       s.w = fmaf(wk, v.w, s.w);
     }
     reinterpret_cast<float4*>(out + t * H)[c] = s;
+  }
+}
+
+// ---------------------------------------------------------------- decode-sized experts
+//
+// For a few tokens (T ≤ kGemvTokens, T·K ≤ 32) the grouped GEMMs' row tiles
+// are mostly padding, and align and combine are two more launches. Instead
+// two GEMV-style kernels stream each chosen expert's weights once (16-byte
+// loads not kept in L1), however many of the tokens chose it:
+//   up:   a CTA per (assignment p, 8 rows j); only the first assignment of
+//         each expert works: its warps take gate row j and up row j against
+//         the x of every token that chose the expert (staged in shared
+//         memory), the activation → act[q, j] bf16 for each such q (rounded
+//         as the grouped path's);
+//   down: one warp per output column c: for each distinct expert, its Down
+//         row c against act of the assignments that chose it, weighted, into
+//         one sum per token (the combine folded in), + the weighted biases.
+// The first version read an expert once per assignment. In `bench model`
+// on Qwen3-30B-A3B's shapes the 4 tokens of a step chose about 9 distinct
+// experts per layer, not 32 (its weight-bytes column), so that version read
+// 3.5× the bytes and lost to the fused kernel by 47 µs a layer. Ids < 0
+// (another rank's experts, mk_moe_localize) add nothing.
+constexpr int kGemvTokens = 4, kGemvAssign = 32;
+constexpr int kGemvWarps = 8;
+
+// g_moe_gemv: 1 on, 0 off, -1 (unset) MK_MOE_GEMV=1 on, else off. Off by
+// default: in `bench model` (CUDA graphs, PDL) the fused kernel's decode
+// steps were faster at 1-4 tokens on Qwen3-30B-A3B and DeepSeek-V3 shapes,
+// and on Mixtral-8x7B at 2 (docs/PERF.md, seventh pass).
+int g_moe_gemv = -1;
+
+bool gemv_on() {
+  if (g_moe_gemv >= 0) return g_moe_gemv == 1;
+  static bool v = [] {
+    const char* e = getenv("MK_MOE_GEMV");
+    return e && e[0] == '1';
+  }();
+  return v;
+}
+
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float s) {
+  const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    s = fmaf(__uint_as_float(aw[i] << 16), __uint_as_float(bw[i] << 16), s);
+    s = fmaf(__uint_as_float(aw[i] & 0xffff0000u), __uint_as_float(bw[i] & 0xffff0000u), s);
+  }
+  return s;
+}
+
+__device__ __forceinline__ float warp_sum32(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// expert_groups is run by warp 0 over the n ≤ 32 assignments' ids: first[q]
+// is the first assignment with q's expert (q itself for the first), and the
+// result the bit mask of first assignments.
+__device__ __forceinline__ unsigned expert_groups(const int32_t* ids, int n, int* first) {
+  const int lane = threadIdx.x & 31;
+  const int e = lane < n ? ids[lane] : -1;
+  int f = lane;
+  for (int q = 0; q < 32; q++) {
+    const int eq = __shfl_sync(0xffffffffu, e, q);
+    if (q < lane && eq == e && f == lane) f = q;
+  }
+  if (lane < n) first[lane] = e < 0 ? -1 : f;
+  return __ballot_sync(0xffffffffu, lane < n && e >= 0 && f == lane);
+}
+
+// grid (ceil(I / kGemvWarps), T·K); dynamic shared memory T·H bf16.
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    moe_gemv_up_kernel(bf16* act, const bf16* x, const int32_t* ids, const bf16* gu, const float* gub, int64_t H,
+                       int64_t I, int T, int K, int act_kind, float alpha, float limit, unsigned long long* counts) {
+  mk::pdl_wait();  // many waves: no early launch of the down kernel
+  extern __shared__ __align__(16) unsigned char xsm_raw[];
+  __shared__ int first[kGemvAssign];
+  const int p = blockIdx.y, n = T * K;
+  const int e = ids[p];
+  if (e < 0) return;  // not this rank's expert
+  if (threadIdx.x < 32) expert_groups(ids, n, first);
+  __syncthreads();
+  if (first[p] != p) return;  // the expert's first assignment does the work
+  // The tokens that chose e (at most one assignment each: a token's experts differ).
+  int qs[kGemvTokens], nt = 0;
+  for (int q = p; q < n && nt < kGemvTokens; q++)
+    if (first[q] == p) qs[nt++] = q;
+  if (counts && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(counts + e, (unsigned long long)nt);
+  const int64_t P = H / 8;  // 16-byte chunks of a row
+  uint4* xs = reinterpret_cast<uint4*>(xsm_raw);
+  for (int i = 0; i < nt; i++) {
+    const uint4* xr = reinterpret_cast<const uint4*>(x + (int64_t)(qs[i] / K) * H);
+    for (int64_t c = threadIdx.x; c < P; c += blockDim.x) xs[i * P + c] = xr[c];
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t j = (int64_t)blockIdx.x * kGemvWarps + warp;
+  if (j >= I) return;
+  const uint4* g = reinterpret_cast<const uint4*>(gu + ((int64_t)e * 2 * I + j) * H);
+  const uint4* u = g + I * P;  // the up row j is I rows further
+  float sg[kGemvTokens] = {0.f, 0.f, 0.f, 0.f}, su[kGemvTokens] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+  for (int64_t c = lane; c < P; c += 32) {
+    const uint4 gv = mk::ld_stream(g + c), uv = mk::ld_stream(u + c);
+#pragma unroll
+    for (int i = 0; i < kGemvTokens; i++) {
+      if (i < nt) {
+        const uint4 xv = xs[i * P + c];
+        sg[i] = dot8(gv, xv, sg[i]);
+        su[i] = dot8(uv, xv, su[i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kGemvTokens; i++) {
+    if (i >= nt) break;
+    float a = warp_sum32(sg[i]), b = warp_sum32(su[i]);
+    if (lane == 0) {
+      if (gub) {
+        a += gub[(int64_t)e * 2 * I + j];
+        b += gub[(int64_t)e * 2 * I + I + j];
+      }
+      act[(int64_t)qs[i] * I + j] = __float2bfloat16_rn(activation(a, b, act_kind, alpha, limit));
+    }
+  }
+}
+
+// grid ceil(H / kGemvWarps): one warp per output column, every token.
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    moe_gemv_down_kernel(float* out, const bf16* act, const int32_t* ids, const float* w, const bf16* dn,
+                         const float* db, int64_t H, int64_t I, int T, int K) {
+  mk::pdl_wait();
+  __shared__ int first[kGemvAssign], ue[kGemvAssign];
+  __shared__ unsigned um[kGemvAssign];  // per distinct expert: its assignments
+  __shared__ float sw[kGemvAssign];
+  __shared__ int un;
+  const int n = T * K;
+  if (threadIdx.x < 32) {
+    const unsigned firsts = expert_groups(ids, n, first);
+    __syncwarp();
+    const int lane = threadIdx.x;
+    if (lane < n) sw[lane] = w[lane];
+    if ((firsts >> lane) & 1u) {
+      const int g = __popc(firsts & ((1u << lane) - 1u));
+      ue[g] = ids[lane];
+      unsigned m = 0;
+      for (int q = lane; q < n; q++)
+        if (first[q] == lane) m |= 1u << q;
+      um[g] = m;
+    }
+    if (lane == 0) un = __popc(firsts);
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t c = (int64_t)blockIdx.x * kGemvWarps + warp;
+  if (c >= H) return;
+  const int P = (int)(I / 8), total = un * P;
+  float acc[kGemvTokens] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+  for (int f = lane; f < total; f += 32) {
+    const int g = f / P, q8 = f - g * P;
+    const uint4 rv = mk::ld_stream(dn + ((int64_t)ue[g] * H + c) * I + (int64_t)q8 * 8);
+    for (unsigned m = um[g]; m; m &= m - 1) {
+      const int q = __ffs(m) - 1;
+      const float d = dot8(rv, reinterpret_cast<const uint4*>(act + (int64_t)q * I)[q8], 0.0f);
+      const int t = q / K;
+#pragma unroll
+      for (int i = 0; i < kGemvTokens; i++)
+        if (i == t) acc[i] = fmaf(sw[q], d, acc[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kGemvTokens; i++) {
+    if (i >= T) break;
+    float v = warp_sum32(acc[i]);
+    if (lane == 0) {
+      if (db)
+        for (int k = 0; k < K; k++) {
+          const int e = ids[i * K + k];
+          if (e >= 0) v = fmaf(sw[i * K + k], db[(int64_t)e * H + c], v);
+        }
+      out[i * H + c] = v;
+    }
   }
 }
 
@@ -971,6 +1148,30 @@ int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, 
   MK_ARG(L.tiles < (1ll << 31), "mk_moe_experts: too many rows");
   cudaStream_t s = mk::as_stream(stream);
   unsigned char* w = mk::dev<unsigned char>(ws);
+  if (t <= kGemvTokens && t * k <= kGemvAssign && gemv_on()) {
+    // Decode-sized: act (the workspace's, ≥ T·K rows) between two GEMV kernels.
+    bf16* act = reinterpret_cast<bf16*>(w + L.act);
+    const size_t xsm = (size_t)t * h * 2;
+    static size_t up_attr = 48 << 10;
+    if (xsm > up_attr) {
+      MK_CUDA(cudaFuncSetAttribute(moe_gemv_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)xsm));
+      up_attr = xsm;
+    }
+    MK_ARG((i + kGemvWarps - 1) / kGemvWarps < (1ll << 31) && (h + kGemvWarps - 1) / kGemvWarps < (1ll << 31),
+           "mk_moe_experts: H=%lld I=%lld too large", (long long)h, (long long)i);
+    (void)(mk::launch(moe_gemv_up_kernel, dim3((unsigned)((i + kGemvWarps - 1) / kGemvWarps), (unsigned)(t * k)),
+        dim3(kGemvWarps * 32), xsm, s, act, mk::dev<const bf16>(x), mk::dev<const int32_t>(ids),
+        mk::dev<const bf16>(gate_up), gate_up_bias ? mk::dev<const float>(gate_up_bias) : nullptr, h, i, (int)t,
+        (int)k, (int)act_kind, mk::float_from_bits(alpha_bits), mk::float_from_bits(limit_bits),
+        counts ? mk::dev<unsigned long long>(counts) : nullptr));
+    MK_LAUNCHED("moe_gemv_up");
+    (void)(mk::launch(moe_gemv_down_kernel, dim3((unsigned)((h + kGemvWarps - 1) / kGemvWarps)),
+        dim3(kGemvWarps * 32), 0, s, mk::dev<float>(out), (const bf16*)act, mk::dev<const int32_t>(ids),
+        mk::dev<const float>(weights), mk::dev<const bf16>(down), down_bias ? mk::dev<const float>(down_bias) : nullptr,
+        h, i, (int)t, (int)k));
+    MK_LAUNCHED("moe_gemv_down");
+    return MK_OK;
+  }
   int32_t* off = reinterpret_cast<int32_t*>(w + L.off);
   int32_t* num = reinterpret_cast<int32_t*>(w + L.num);
   int32_t* tile_expert = reinterpret_cast<int32_t*>(w + L.tile_expert);
@@ -1026,6 +1227,13 @@ int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, 
         mk::dev<float>(out), y, slot_of, mk::dev<const float>(weights), k, h));
   }
   MK_LAUNCHED("moe_combine");
+  return MK_OK;
+}
+
+int32_t mk_moe_gemv(int32_t on) {
+  MK_THREAD("mk_moe_gemv");
+  MK_ARG(on == 0 || on == 1, "mk_moe_gemv: %d is not 0 or 1", on);
+  g_moe_gemv = on;
   return MK_OK;
 }
 

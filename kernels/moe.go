@@ -3,6 +3,9 @@ package kernels
 import (
 	"fmt"
 	"math"
+	"os"
+	"sync"
+	"sync/atomic"
 )
 
 // MoE routing and the grouped expert GEMMs (moe.cu, mk_moe.h): one MoE
@@ -16,6 +19,7 @@ var (
 	moeLocalize  func(s, ids uint64, n int64, lo, hi int32) int32
 	moeRouterF32 func(s, logits, x, w, bias, xb uint64, t int64, e int32, h int64) int32
 	gemvBF16     func(s, c, a, b uint64, m, n, k int64) int32
+	moeGemvSet   func(on int32) int32
 )
 
 func init() {
@@ -27,6 +31,7 @@ func init() {
 		symbol{"mk_moe_localize", &moeLocalize},
 		symbol{"mk_moe_router_f32", &moeRouterF32},
 		symbol{"mk_gemv_bf16", &gemvBF16},
+		symbol{"mk_moe_gemv", &moeGemvSet},
 	)
 }
 
@@ -163,12 +168,53 @@ func (d *Device) MoEWorkspace(T, K int, ex *MoEExperts) (bytes int64, tileM int,
 	return v[0], int(v[1]), nil
 }
 
+// MoEGemvMaxTokens is the most tokens MoEExpertsRun serves with its
+// decode-sized GEMV kernels (see MoEGemv).
+const MoEGemvMaxTokens = 4
+
+// moeGemvNow mirrors the library's switch: -1 unset (the environment), 0, 1.
+var moeGemvNow atomic.Int32
+
+func init() { moeGemvNow.Store(-1) }
+
+var moeGemvEnv = sync.OnceValue(func() bool { return os.Getenv("MK_MOE_GEMV") == "1" })
+
+// MoEGemv reports whether MoEExpertsRun runs T tokens of top-K on its
+// decode-sized GEMV kernels (when on, T ≤ MoEGemvMaxTokens and T·K ≤ 32)
+// rather than the grouped GEMMs. They are off unless SetMoEGemv or
+// MK_MOE_GEMV=1 turns them on: measured in whole decode steps they lost to
+// the fused kernel (docs/PERF.md, seventh pass).
+func MoEGemv(T, K int) bool {
+	on := moeGemvNow.Load()
+	return T <= MoEGemvMaxTokens && T*K <= 32 && (on == 1 || on == -1 && moeGemvEnv())
+}
+
+// SetMoEGemv turns MoEExpertsRun's decode-sized GEMV kernels on or off,
+// process-wide (tests and comparisons).
+func (d *Device) SetMoEGemv(on bool) error {
+	if err := d.ready("SetMoEGemv"); err != nil {
+		return err
+	}
+	v := int32(0)
+	if on {
+		v = 1
+	}
+	if err := d.lib.check("mk_moe_gemv", moeGemvSet(v)); err != nil {
+		return err
+	}
+	moeGemvNow.Store(v)
+	return nil
+}
+
 // MoEExpertsRun runs the routed experts of one layer: out [T, H] f32 =
 // Σ_k weights[t,k] · expert_{ids[t,k]}(x[t]) with x [T, H] bf16, ids [T, K]
 // int32, weights [T, K] f32; bf16 operands, float32 accumulation, the
 // activation rounded to bf16 between the two GEMMs. counts ([E] int64, or
 // nil) accumulates the tokens each expert received. ws holds at least
-// MoEWorkspace bytes. H and I must be multiples of 8. Asynchronous on s.
+// MoEWorkspace bytes. H and I must be multiples of 8. Decode-sized calls
+// (MoEGemv, off by default) run as two GEMV kernels (each chosen expert's rows streamed
+// once, the combine folded into the second), the others as align →
+// grouped GEMMs → combine. Asynchronous on s.
 func (d *Device) MoEExpertsRun(s *Stream, out, x, ids, weights *Buffer, T, K int, ex *MoEExperts, counts, ws *Buffer) error {
 	const op = "MoEExpertsRun"
 	if err := d.ready(op); err != nil || d.muted() {

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <cstdint>
 
+#include "mk_moe.h"
 #include "mma.cuh"
 
 namespace mkmoe {
@@ -30,6 +31,16 @@ struct GemmArgs {
 };
 
 using mk::mma16816;
+
+// activation is the expert's gated activation of gate g and up u (biases
+// added): silu(g)·u, or gpt-oss's clamped form (MK_MOE_SWIGLU_CLAMPED).
+__device__ __forceinline__ float activation(float g, float u, int act, float alpha, float limit) {
+  if (act == MK_MOE_SWIGLU) return g / (1.0f + __expf(-g)) * u;
+  if (g > limit) g = limit;
+  if (u > limit) u = limit;
+  else if (u < -limit) u = -limit;
+  return (u + 1.0f) * (g / (1.0f + __expf(-alpha * g)));
+}
 
 
 // wgmma_gemm launches the sm_90a wgmma grouped GEMM (128×256 CTA tiles) when

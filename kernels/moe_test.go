@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/mkserve/mkserve/moe"
@@ -124,8 +125,13 @@ type moeCase struct {
 	T, H, I int
 	clamped bool
 	biases  bool
-	hot     int // ≥ 0: add 30 to this expert's logits (every token picks it)
-	cold    int // > 0: subtract 30 from the logits of experts ≥ cold (they get no tokens)
+	hot     int  // ≥ 0: add 30 to this expert's logits (every token picks it)
+	cold    int  // > 0: subtract 30 from the logits of experts ≥ cold (they get no tokens)
+	gemv    bool // run with the decode-sized GEMV kernels on (SetMoEGemv)
+	// lo < hi: one rank's block of experts [lo, hi) (a world's): the routed
+	// ids are localized (MoELocalize: the others become −1), the weights are
+	// views of the block, and the counters are not checked.
+	lo, hi int
 }
 
 // moeRef is the float64 reference of the routed experts: bf16 x and
@@ -138,6 +144,9 @@ func moeRef(x, gu, gub, dn, db []float32, ids []int32, w []float32, T, K, H, I i
 		xr := x[t*H : t*H+H]
 		for k := range K {
 			e := int(ids[t*K+k])
+			if e < 0 {
+				continue // another rank's expert
+			}
 			for j := range 2 * I {
 				row := gu[(e*2*I+j)*H:]
 				s := 0.0
@@ -211,6 +220,16 @@ func TestMoEExperts(t *testing.T) {
 		{name: "E64_K4_T16_stream_clamped", cfg: sm(64, 4), T: 16, H: 72, I: 24, hot: -1, clamped: true, biases: true},
 		{name: "E32_K8_T80_stream_nt4", cfg: sm(32, 8), T: 80, H: 200, I: 56, hot: -1},
 		{name: "E16_K4_T40_stream_nt2", cfg: sm(16, 4), T: 40, H: 104, I: 48, hot: -1},
+		// The decode-sized GEMV kernels (T ≤ 4): every token count, biases,
+		// the clamped activation, one expert for every token, a rank's block.
+		{name: "gemv_E8_K1_T2", cfg: sm(8, 1), T: 2, H: 64, I: 48, hot: -1, gemv: true},
+		{name: "gemv_E8_K2_T3_clamped_bias", cfg: sm(8, 2), T: 3, H: 136, I: 40, hot: -1, clamped: true, biases: true, gemv: true},
+		{name: "gemv_E32_K8_T4_qwen3_rows", cfg: sm(32, 8), T: 4, H: 2048, I: 768, hot: -1, gemv: true},
+		{name: "gemv_E64_K4_T4_hot", cfg: sm(64, 4), T: 4, H: 200, I: 56, hot: 9, biases: true, gemv: true},
+		{name: "gemv_E256_K8_T2_deepseek_bias", cfg: deepSeekV3Router, T: 2, H: 7168, I: 32, hot: -1, biases: true, gemv: true},
+		{name: "gemv_E64_K8_T4_shared_experts", cfg: sm(64, 8), T: 4, H: 256, I: 96, hot: -1, cold: 8, biases: true, gemv: true},
+		{name: "gemv_E64_K8_T3_rank_block", cfg: sm(64, 8), T: 3, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40, gemv: true},
+		{name: "grouped_E64_K8_T9_rank_block", cfg: sm(64, 8), T: 9, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -248,6 +267,7 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 		gub, db = randF32(r, E*2*I, 0.3), randF32(r, E*H, 0.3)
 	}
 	ex := &MoEExperts{E: E, H: H, I: I, Clamped: c.clamped, Alpha: act.Alpha, Limit: act.Limit}
+	local := c.lo < c.hi
 	countsIn := make([]int64, E)
 	for e := range countsIn {
 		countsIn[e] = int64(e * 3)
@@ -283,9 +303,41 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 			return
 		}
 		a.check(a.d.MoERoute(nil, ib, wb, lb, sb, T, moeRouter(c.cfg)))
-		a.check(a.d.MoEExpertsRun(nil, ob, xbuf, ib, wb, T, K, ex, cb, ws))
+		run, runCounts := ex, cb
+		if local {
+			ids = get[int32](a, ib, T*K) // the global ids, for the checks
+			a.check(a.d.MoELocalize(nil, ib, T*K, c.lo, c.hi))
+			n := int64(c.hi - c.lo)
+			l := *ex
+			l.E = c.hi - c.lo
+			view := func(b *Buffer, off, bytes int64) *Buffer {
+				v, err := b.View(off, bytes)
+				a.check(err)
+				return v
+			}
+			l.GateUp = view(ex.GateUp, int64(c.lo)*int64(2*I*H)*2, n*int64(2*I*H)*2)
+			l.Down = view(ex.Down, int64(c.lo)*int64(H*I)*2, n*int64(H*I)*2)
+			if c.biases {
+				l.GateUpBias = view(ex.GateUpBias, int64(c.lo)*int64(2*I)*4, n*int64(2*I)*4)
+				l.DownBias = view(ex.DownBias, int64(c.lo)*int64(H)*4, n*int64(H)*4)
+			}
+			run, runCounts = &l, nil
+		}
+		if a.err != nil {
+			return
+		}
+		if c.gemv {
+			a.check(a.d.SetMoEGemv(true))
+		}
+		a.check(a.d.MoEExpertsRun(nil, ob, xbuf, ib, wb, T, K, run, runCounts, ws))
+		if c.gemv {
+			a.check(a.d.SetMoEGemv(false))
+		}
 		out = get[float32](a, ob, T*H)
-		ids, w = get[int32](a, ib, T*K), get[float32](a, wb, T*K)
+		w = get[float32](a, wb, T*K)
+		if !local {
+			ids = get[int32](a, ib, T*K)
+		}
 		counts = get[int64](a, cb, E)
 	})
 	wantIDs, _ := moe.Route(&c.cfg, logits, sbias, T)
@@ -299,6 +351,9 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 		hist[e]++
 	}
 	for e := range E {
+		if local {
+			break // a rank's run counts only its block (the backend's concern)
+		}
 		if counts[e] != countsIn[e]+hist[e] {
 			t.Fatalf("expert %d counter %d, want %d + %d", e, counts[e], countsIn[e], hist[e])
 		}
@@ -313,7 +368,16 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 			}
 		}
 	}
-	want := moeRef(x, gu, gub, dn, db, ids, w, T, K, H, I, act)
+	refIDs := ids
+	if local {
+		refIDs = slices.Clone(ids)
+		for i, e := range refIDs {
+			if int(e) < c.lo || int(e) >= c.hi {
+				refIDs[i] = -1
+			}
+		}
+	}
+	want := moeRef(x, gu, gub, dn, db, refIDs, w, T, K, H, I, act)
 	checkClose(t, fmt.Sprintf("MoE T=%d E=%d K=%d H=%d I=%d", T, E, K, H, I), out, want, 1e-2)
 }
 

@@ -16,7 +16,8 @@ func TestGemvRowBoundsSurvivePadding(t *testing.T) {
 	for _, b := range []struct {
 		name  string
 		bound int
-	}{{"dense projections (gemvMaxRows)", gemvMaxRows}, {"router (kernels.GemvMaxRows)", kernels.GemvMaxRows}} {
+	}{{"dense projections (gemvMaxRows)", gemvMaxRows}, {"router (kernels.GemvMaxRows)", kernels.GemvMaxRows},
+		{"MoE experts (kernels.MoEGemvMaxTokens)", kernels.MoEGemvMaxTokens}} {
 		for T := 1; T <= graphMaxRows; T++ {
 			if (T <= b.bound) != (padRows(T) <= b.bound) {
 				t.Errorf("%s: bound %d puts %d rows and their padded %d on different kernels", b.name, b.bound, T, padRows(T))

@@ -206,7 +206,7 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 				ex = localExperts(ex, lo, hi)
 			}
 			counts = view(counts, int64(lo)*8, int64(hi-lo)*8)
-		} else if be.fusedFits(E, gub, db) {
+		} else if !be.moeGemv(T, K) && be.fusedFits(E, gub, db) {
 			return be.moeFusedRun(d, out.st.f32, xb, ids, w, T, K, ex, counts, l.Layer, gu, down)
 		}
 		wsBytes, _, err := d.MoEWorkspace(T, K, ex)
@@ -218,6 +218,13 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 	}, xt, logits, gu, down, gub, db, scoreBias)
 	return out
 }
+
+// moeGemv reports whether a call of T tokens takes MoEExpertsRun's
+// decode-sized GEMV kernels instead of the fused kernel: on one rank (the
+// emulated expert-parallel ranks need the fused kernel) when they are on
+// (kernels.MoEGemv: off unless MK_MOE_GEMV=1; in whole decode steps they
+// lost to the fused kernel, docs/PERF.md, seventh pass).
+func (be *Backend) moeGemv(T, K int) bool { return be.epRanks == 1 && kernels.MoEGemv(T, K) }
 
 // localExperts is ex restricted to experts [lo, hi): views of their weights
 // and biases (a world rank's block).
