@@ -72,8 +72,11 @@ MK_API int32_t mk_moe_gemv(int32_t on);
 
 /* mk_moe_localize rewrites n routed expert ids in place for a rank holding
  * experts [lo, hi): an id in the range becomes id - lo, any other -1 (which
- * mk_moe_experts skips: its row gets no work and adds nothing). */
-MK_API int32_t mk_moe_localize(uint64_t stream, uint64_t ids, int64_t n, int32_t lo, int32_t hi);
+ * mk_moe_experts skips: its row gets no work and adds nothing). counts ([e]
+ * int64, or 0) += every id's expert before the rewrite: all ranks' experts,
+ * so that one rank's counters see the whole world's routing. */
+MK_API int32_t mk_moe_localize(uint64_t stream, uint64_t ids, int64_t n, int32_t lo, int32_t hi,
+                               uint64_t counts, int32_t e);
 
 /* Fills n bf16 values with a deterministic pseudo-random normal-ish
  * distribution (sum of uniforms) times scale, from seed (benchmarks). */

@@ -42,7 +42,7 @@ extern "C" {
  *    mk_allreduce_*, mk_moe_localize, mk_fill_f32, the NCCL shim (mk_nccl_*).
  * 8: mk_moe_router_f32, mk_gemv_bf16.
  * 9: mk_paged_attn_variant 3 (the warp-split kernel, auto's choice for head
- *    dims 64/64, 128/128, 192/128), mk_moe_gemv. */
+ *    dims 64/64, 128/128, 192/128), mk_moe_gemv, mk_moe_localize's counts. */
 #define MK_ABI_VERSION 9
 
 /* Status codes. */

@@ -879,10 +879,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 
 // ---------------------------------------------------------------- localize
 
-__global__ void moe_localize_kernel(int32_t* ids, int64_t n, int lo, int hi) {
+__global__ void moe_localize_kernel(int32_t* ids, int64_t n, int lo, int hi, unsigned long long* counts, int E) {
   mk::pdl_begin();
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const int e = ids[i];
+    if (counts && e >= 0 && e < E) atomicAdd(counts + e, 1ull);  // every rank's experts, before the rewrite
     ids[i] = e >= lo && e < hi ? e - lo : -1;
   }
 }
@@ -1055,13 +1056,16 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s) {
 
 extern "C" {
 
-int32_t mk_moe_localize(uint64_t stream, uint64_t ids, int64_t n, int32_t lo, int32_t hi) {
+int32_t mk_moe_localize(uint64_t stream, uint64_t ids, int64_t n, int32_t lo, int32_t hi, uint64_t counts,
+                        int32_t e) {
   MK_THREAD("mk_moe_localize");
-  MK_ARG(n >= 0 && (n == 0 || ids) && 0 <= lo && lo <= hi, "mk_moe_localize: n=%lld ids=%p lo=%d hi=%d",
-         (long long)n, (void*)ids, lo, hi);
+  MK_ARG(n >= 0 && (n == 0 || ids) && 0 <= lo && lo <= hi && (!counts || e > 0),
+         "mk_moe_localize: n=%lld ids=%p lo=%d hi=%d counts=%p E=%d", (long long)n, (void*)ids, lo, hi,
+         (void*)counts, e);
   if (n == 0) return MK_OK;
   const int grid = (int)std::min<int64_t>(1024, (n + 255) / 256);
-  (void)(mk::launch(moe_localize_kernel, dim3(grid), dim3(256), 0, mk::as_stream(stream), mk::dev<int32_t>(ids), n, lo, hi));
+  (void)(mk::launch(moe_localize_kernel, dim3(grid), dim3(256), 0, mk::as_stream(stream), mk::dev<int32_t>(ids), n, lo,
+      hi, counts ? mk::dev<unsigned long long>(counts) : nullptr, (int)e));
   MK_LAUNCHED("moe_localize");
   return MK_OK;
 }

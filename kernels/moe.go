@@ -16,7 +16,7 @@ var (
 	moeWorkspace func(t int64, k, e int32, h, i int64, bytes *uint64, tileM *int32) int32
 	moeExperts   func(s, out, x, ids, weights uint64, t int64, k, e int32, h, i int64, gateUp, gateUpBias, down, downBias uint64, act int32, alpha, limit uint32, counts, ws, wsBytes uint64) int32
 	moeFill      func(s, dst uint64, n int64, seed uint64, scale uint32) int32
-	moeLocalize  func(s, ids uint64, n int64, lo, hi int32) int32
+	moeLocalize  func(s, ids uint64, n int64, lo, hi int32, counts uint64, e int32) int32
 	moeRouterF32 func(s, logits, x, w, bias, xb uint64, t int64, e int32, h int64) int32
 	gemvBF16     func(s, c, a, b uint64, m, n, k int64) int32
 	moeGemvSet   func(on int32) int32
@@ -286,14 +286,17 @@ func (d *Device) FillRandomBF16(s *Stream, b *Buffer, n int64, seed uint64, scal
 
 // MoELocalize rewrites n routed expert ids [n] int32 in place for a rank
 // holding experts [lo, hi): an id in the range becomes id − lo, any other
-// −1, which MoEExpertsRun skips (the row adds nothing). Asynchronous on s.
-func (d *Device) MoELocalize(s *Stream, ids *Buffer, n, lo, hi int) error {
+// −1, which MoEExpertsRun skips (the row adds nothing). counts ([E] int64,
+// or nil) += every id's expert before the rewrite (all ranks' experts:
+// every rank routes every token, so one rank's counters are the world's).
+// Asynchronous on s.
+func (d *Device) MoELocalize(s *Stream, ids *Buffer, n, lo, hi int, counts *Buffer, E int) error {
 	const op = "MoELocalize"
 	if err := d.ready(op); err != nil {
 		return err
 	}
-	if n < 0 || lo < 0 || hi < lo || hi > math.MaxInt32 {
-		return fmt.Errorf("kernels: %s: n %d, experts [%d, %d)", op, n, lo, hi)
+	if n < 0 || lo < 0 || hi < lo || hi > math.MaxInt32 || (counts != nil && (E < 1 || E > math.MaxInt32)) {
+		return fmt.Errorf("kernels: %s: n %d, experts [%d, %d), counts of %d experts", op, n, lo, hi, E)
 	}
 	if n == 0 {
 		return nil
@@ -301,8 +304,15 @@ func (d *Device) MoELocalize(s *Stream, ids *Buffer, n, lo, hi int) error {
 	if err := ids.fits(op+" ids", 4*int64(n)); err != nil {
 		return err
 	}
+	var cp uint64
+	if counts != nil {
+		if err := counts.fits(op+" counts", 8*int64(E)); err != nil {
+			return err
+		}
+		cp = counts.ptr
+	}
 	if d.muted() {
 		return nil
 	}
-	return d.lib.check("mk_moe_localize", moeLocalize(s.handle(), ids.ptr, int64(n), int32(lo), int32(hi)))
+	return d.lib.check("mk_moe_localize", moeLocalize(s.handle(), ids.ptr, int64(n), int32(lo), int32(hi), cp, int32(E)))
 }

@@ -306,7 +306,7 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 		run, runCounts := ex, cb
 		if local {
 			ids = get[int32](a, ib, T*K) // the global ids, for the checks
-			a.check(a.d.MoELocalize(nil, ib, T*K, c.lo, c.hi))
+			a.check(a.d.MoELocalize(nil, ib, T*K, c.lo, c.hi, nil, 0))
 			n := int64(c.hi - c.lo)
 			l := *ex
 			l.E = c.hi - c.lo
@@ -417,14 +417,26 @@ func TestMoEArgs(t *testing.T) {
 func TestMoELocalize(t *testing.T) {
 	g := testGPU(t)
 	r := newRNG(t)
-	for _, c := range []struct{ n, E, lo, hi int }{{1, 8, 0, 4}, {1000, 64, 16, 32}, {70001, 256, 255, 256}, {33, 16, 0, 16}} {
+	for _, c := range []struct {
+		n, E, lo, hi int
+		count        bool
+	}{{1, 8, 0, 4, true}, {1000, 64, 16, 32, false}, {70001, 256, 255, 256, true}, {33, 16, 0, 16, true}} {
 		ids := make([]int32, c.n)
 		for i := range ids {
 			ids[i] = int32(r.IntN(c.E))
 		}
+		countsIn := make([]int64, c.E)
+		for e := range countsIn {
+			countsIn[e] = int64(7 * e)
+		}
+		var counts []int64
 		onGPU(t, g, func(a *arena) {
 			b := put(a, ids)
-			a.check(a.d.MoELocalize(nil, b, c.n, c.lo, c.hi))
+			var cb *Buffer
+			if c.count {
+				cb = put(a, countsIn)
+			}
+			a.check(a.d.MoELocalize(nil, b, c.n, c.lo, c.hi, cb, c.E))
 			if a.err != nil {
 				return
 			}
@@ -438,6 +450,20 @@ func TestMoELocalize(t *testing.T) {
 					t.Fatalf("%+v: ids[%d] = %d became %d, want %d", c, i, e, got[i], want)
 				}
 			}
+			if c.count {
+				counts = get[int64](a, cb, c.E)
+			}
 		})
+		if !c.count {
+			continue
+		}
+		// Every rank's experts are counted, not only [lo, hi).
+		want := slices.Clone(countsIn)
+		for _, e := range ids {
+			want[e]++
+		}
+		if !slices.Equal(counts, want) {
+			t.Errorf("%+v: counts %v, want %v", c, counts[:min(8, len(counts))], want[:min(8, len(want))])
+		}
 	}
 }

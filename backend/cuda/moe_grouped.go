@@ -201,11 +201,14 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 			if hi == lo {
 				panicf("MoE", "rank %d of %d holds none of the %d experts (more ranks than experts)", wd.me, wd.R, E)
 			}
-			must("localize", d.MoELocalize(nil, ids, T*K, lo, hi))
+			// Every rank routes every token: the counters take all the
+			// world's experts here (the leader's are /metrics'), before
+			// the ids become local, and the local run counts nothing more.
+			must("localize", d.MoELocalize(nil, ids, T*K, lo, hi, counts, E))
 			if Ew == E { // every expert uploaded: this rank's are a view
 				ex = localExperts(ex, lo, hi)
 			}
-			counts = view(counts, int64(lo)*8, int64(hi-lo)*8)
+			counts = nil
 		} else if !be.moeGemv(T, K) && be.fusedFits(E, gub, db) {
 			return be.moeFusedRun(d, out.st.f32, xb, ids, w, T, K, ex, counts, l.Layer, gu, down)
 		}

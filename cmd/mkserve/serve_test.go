@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -558,6 +559,29 @@ func testServeWorldProcesses(t *testing.T, exe, backendName, precision, worldTra
 	var got []string
 	for _, p := range prompts {
 		got = append(got, complete(h, p))
+	}
+	// Rank 0's expert counters see the whole world's routing: rank 1's
+	// experts (8..15 of 16) got tokens too. (Until 2026-11-29 the grouped
+	// path counted only the leader's own block.)
+	{
+		resp, err := http.Get("http://" + h + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var upper float64
+		re := regexp.MustCompile(`(?m)^mkserve:moe_expert_tokens_total\{[^}]*expert="(\d+)"[^}]*\} (\S+)$`)
+		for _, m := range re.FindAllSubmatch(b, -1) {
+			e, _ := strconv.Atoi(string(m[1]))
+			v, _ := strconv.ParseFloat(string(m[2]), 64)
+			if e >= 8 {
+				upper += v
+			}
+		}
+		if upper == 0 {
+			t.Errorf("no tokens counted for rank 1's experts 8..15:\n%s", re.FindAll(b, 40))
+		}
 	}
 	if slices.Contains(cp, "--context-parallel") { // the long prompt did take the context-parallel path
 		resp, err := http.Get("http://" + h + "/metrics")
