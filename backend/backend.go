@@ -279,6 +279,31 @@ func AddRMSNorm(be Backend, x, r, w Tensor, eps float32) (sum, normed Tensor) {
 	return sum, be.RMSNorm(sum, w, eps)
 }
 
+// NormRoPEr is implemented by backends that fuse a per-head RMSNorm with
+// RoPE (q and k of Qwen3-style attention: two launches instead of six on
+// the CUDA backend).
+type NormRoPEr interface {
+	// NormRoPE returns RoPE(RMSNorm(x, w, eps), heads, headDim, rope, pos)
+	// with the values of those two ops; w nil skips the norm. ok is false
+	// when the backend does not fuse this shape (then nothing was done).
+	NormRoPE(x, w Tensor, eps float32, heads, headDim int, rope *attention.RoPE, pos []int32) (out Tensor, ok bool)
+}
+
+// NormRoPE is RoPE(RMSNorm(x, w, eps)) (w nil: RoPE(x)) over x [T,
+// heads*headDim], w [headDim] or [heads*headDim], through be's NormRoPEr
+// when it fuses the shape, else the two ops.
+func NormRoPE(be Backend, x, w Tensor, eps float32, heads, headDim int, rope *attention.RoPE, pos []int32) Tensor {
+	if f, ok := be.(NormRoPEr); ok {
+		if out, ok := f.NormRoPE(x, w, eps, heads, headDim, rope, pos); ok {
+			return out
+		}
+	}
+	if w != nil {
+		x = be.RMSNorm(x, w, eps)
+	}
+	return be.RoPE(x, heads, headDim, rope, pos)
+}
+
 // GraphWarmer is a StepGrapher that can say which decode batch shapes are
 // worth capturing before serving starts (as vLLM captures its batch sizes
 // at start-up), so that no request waits for a first eager step and a

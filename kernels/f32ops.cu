@@ -228,6 +228,54 @@ __global__ void rope_f32(float* x, const int32_t* pos, int64_t t, int64_t heads,
   }
 }
 
+// norm_rope_f32: out = RoPE(RMSNorm(x) per head) in one launch, one warp
+// per (row, head): the head's values in shared memory, the sum of squares
+// in float64 over the warp, then the rotation of the normalised values.
+// The arithmetic of rmsnorm_f32 followed by rope_f32 element for element
+// (the double sum's order aside); w null skips the norm (an out-of-place
+// rope_f32). head_dim ≤ kNormRopeMaxD.
+constexpr int kNormRopeMaxD = 256, kNormRopeWarps = 4;
+__global__ void __launch_bounds__(kNormRopeWarps * 32)
+    norm_rope_f32(float* out, const float* x, const float* w, const int32_t* pos, int64_t t, int64_t heads,
+                  int64_t head_dim, int64_t half, int style, const float* inv, float attn, float eps) {
+  mk::pdl_begin();
+  __shared__ float buf[kNormRopeWarps][kNormRopeMaxD];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t rh = (int64_t)blockIdx.x * kNormRopeWarps + warp;
+  if (rh >= t * heads) return;
+  const int64_t r = rh / heads;
+  const float* xs = x + rh * head_dim;
+  float* v = buf[warp];
+  double ss = 0;
+  for (int64_t j = lane; j < head_dim; j += 32) {
+    const float a = xs[j];
+    v[j] = a;
+    ss += (double)__fmul_rn(a, a);
+  }
+  if (w) {
+    ss = warp_sum_d(ss);
+    const float mean = (float)(ss / (double)head_dim);
+    const float rs = (float)(1.0 / sqrt((double)(mean + eps)));
+    for (int64_t j = lane; j < head_dim; j += 32) v[j] = __fmul_rn(w[j], __fmul_rn(v[j], rs));
+  }
+  __syncwarp();
+  float* o = out + rh * head_dim;
+  for (int64_t j = lane; j < head_dim; j += 32) {
+    float y = v[j];
+    const bool neox = style == MK_ROPE_NEOX;
+    if (j < 2 * half) {
+      const int64_t i = neox ? (j < half ? j : j - half) : j / 2;
+      const bool second = neox ? j >= half : (j & 1);
+      const float a = __fmul_rn(inv[i], (float)pos[r]);
+      const float c = __fmul_rn((float)cos((double)a), attn);
+      const float sn = __fmul_rn((float)sin((double)a), attn);
+      const float x1 = neox ? v[i] : v[2 * i], x2 = neox ? v[half + i] : v[2 * i + 1];
+      y = second ? __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn)) : __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
+    }
+    o[j] = y;
+  }
+}
+
 __global__ void copy_cols_f32(float* dst, int64_t dld, int64_t doff, int64_t dhs, const float* src,
                               int64_t sld, int64_t soff, int64_t shs, int64_t rows, int64_t heads,
                               int64_t width) {
@@ -461,6 +509,23 @@ int32_t mk_rope_f32(uint64_t stream, uint64_t x, uint64_t pos, int64_t t, int64_
       mk::dev<float>(x), mk::dev<int32_t>(pos), t, heads, head_dim, half, style,
       mk::dev<float>(inv_freq), mk::float_from_bits(attn_bits)));
   MK_LAUNCHED("rope_f32");
+  return MK_OK;
+}
+
+int32_t mk_norm_rope_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, uint64_t pos, int64_t t,
+                         int64_t heads, int64_t head_dim, int64_t rot_dim, int32_t style, uint64_t inv_freq,
+                         uint32_t attn_bits, uint32_t eps_bits) {
+  MK_THREAD("mk_norm_rope_f32");
+  F32_ARG("mk_norm_rope_f32", t > 0 && heads > 0 && head_dim > 0 && head_dim <= kNormRopeMaxD && rot_dim > 0 &&
+                                  rot_dim % 2 == 0 && rot_dim <= head_dim && out && x && pos && inv_freq &&
+                                  (style == MK_ROPE_NEOX || style == MK_ROPE_INTERLEAVED));
+  const int64_t blocks = (t * heads + kNormRopeWarps - 1) / kNormRopeWarps;
+  F32_ARG("mk_norm_rope_f32", blocks < (1ll << 31));
+  (void)(mk::launch(norm_rope_f32, dim3((unsigned)blocks), dim3(kNormRopeWarps * 32), 0, mk::as_stream(stream),
+      mk::dev<float>(out), mk::dev<const float>(x), w ? mk::dev<const float>(w) : nullptr, mk::dev<int32_t>(pos), t,
+      heads, head_dim, rot_dim / 2, style, mk::dev<float>(inv_freq), mk::float_from_bits(attn_bits),
+      mk::float_from_bits(eps_bits)));
+  MK_LAUNCHED("norm_rope_f32");
   return MK_OK;
 }
 

@@ -190,6 +190,43 @@ func (d *Device) RoPEF32(s *Stream, x, pos *Buffer, t, heads, headDim, rotDim in
 		int64(headDim), int64(rotDim), int32(style), invFreq.ptr, math.Float32bits(attnFactor)))
 }
 
+// NormRoPEMaxHeadDim is the largest head dimension NormRoPEF32 takes.
+const NormRoPEMaxHeadDim = 256
+
+// NormRoPEF32 is out [t, heads*headDim] = RoPEF32 of RMSNormF32(x, w) with
+// w [headDim] applied to each head (eps), in one launch and out of place:
+// the same arithmetic per element as the two calls (the float64 sum of
+// squares in another order). w nil skips the norm. headDim ≤
+// NormRoPEMaxHeadDim.
+func (d *Device) NormRoPEF32(s *Stream, out, x, w, pos *Buffer, t, heads, headDim, rotDim int, style RoPEStyle,
+	invFreq *Buffer, attnFactor, eps float32) error {
+	const op = "NormRoPEF32"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	if err := positive(op, "T", t, "heads", heads, "headDim", headDim, "rotDim", rotDim); err != nil {
+		return err
+	}
+	if rotDim%2 != 0 || rotDim > headDim || headDim > NormRoPEMaxHeadDim {
+		return fmt.Errorf("kernels: %s: rotDim=%d must be even and at most headDim=%d (at most %d)", op, rotDim,
+			headDim, NormRoPEMaxHeadDim)
+	}
+	n := int64(t) * int64(heads) * int64(headDim)
+	if err := needAll(op, 4, "out", out, n, "x", x, n, "pos", pos, int64(t), "invFreq", invFreq, int64(rotDim/2)); err != nil {
+		return err
+	}
+	var wp uint64
+	if w != nil {
+		if err := need(op, "w", w, int64(headDim), 4); err != nil {
+			return err
+		}
+		wp = w.ptr
+	}
+	return d.lib.check("mk_norm_rope_f32", d.lib.normRopeF32(s.handle(), out.ptr, x.ptr, wp, pos.ptr, int64(t),
+		int64(heads), int64(headDim), int64(rotDim), int32(style), invFreq.ptr, math.Float32bits(attnFactor),
+		math.Float32bits(eps)))
+}
+
 // ColCopy describes one strided column copy: dst[r*DstLd + h*DstHead +
 // DstOff + c] = src[r*SrcLd + h*SrcHead + SrcOff + c] for r < Rows,
 // h < Heads, c < Width. SrcHead 0 broadcasts one source head to all.

@@ -176,6 +176,7 @@ type lib struct {
 	biasAddF32    func(s, x, bias uint64, rows, cols int64) int32
 	swigluF32     func(s, out, in uint64, t, i int64, kind int32, alpha, limit uint32) int32
 	ropeF32       func(s, x, pos uint64, t, heads, headDim, rotDim int64, style int32, invFreq uint64, attn uint32) int32
+	normRopeF32   func(s, out, x, w, pos uint64, t, heads, headDim, rotDim int64, style int32, invFreq uint64, attn, eps uint32) int32
 	copyColsF32   func(s, dst uint64, dld, doff, dhs int64, src uint64, sld, soff, shs, rows, heads, width int64) int32
 	gatherRowsF32 func(s, dst, src uint64, srcDType int32, idx uint64, n, cols, srcRows int64) int32
 	scatterAddF32 func(s, out, src, idx, w uint64, n, cols int64) int32
@@ -248,6 +249,7 @@ func (l *lib) symbols() []symbol {
 		{"mk_bias_add_f32", &l.biasAddF32},
 		{"mk_swiglu_f32", &l.swigluF32},
 		{"mk_rope_f32", &l.ropeF32},
+		{"mk_norm_rope_f32", &l.normRopeF32},
 		{"mk_copy_cols_f32", &l.copyColsF32},
 		{"mk_gather_rows_f32", &l.gatherRowsF32},
 		{"mk_scatter_add_rows_f32", &l.scatterAddF32},

@@ -42,7 +42,8 @@ extern "C" {
  *    mk_allreduce_*, mk_moe_localize, mk_fill_f32, the NCCL shim (mk_nccl_*).
  * 8: mk_moe_router_f32, mk_gemv_bf16.
  * 9: mk_paged_attn_variant 3 (the warp-split kernel, auto's choice for head
- *    dims 64/64, 128/128, 192/128), mk_moe_gemv, mk_moe_localize's counts. */
+ *    dims 64/64, 128/128, 192/128), mk_moe_gemv, mk_moe_localize's counts,
+ *    mk_norm_rope_f32. */
 #define MK_ABI_VERSION 9
 
 /* Status codes. */
@@ -259,6 +260,12 @@ MK_API int32_t mk_swiglu_f32(uint64_t stream, uint64_t out, uint64_t in, int64_t
 MK_API int32_t mk_rope_f32(uint64_t stream, uint64_t x, uint64_t pos, int64_t t, int64_t heads,
                            int64_t head_dim, int64_t rot_dim, int32_t style, uint64_t inv_freq,
                            uint32_t attn_bits);
+/* out [t, heads*head_dim] = mk_rope_f32 of mk_rmsnorm_f32(x, w) per head
+ * (w [head_dim], eps), in one launch and out of place; w 0 skips the norm.
+ * head_dim <= 256. */
+MK_API int32_t mk_norm_rope_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, uint64_t pos, int64_t t,
+                                int64_t heads, int64_t head_dim, int64_t rot_dim, int32_t style,
+                                uint64_t inv_freq, uint32_t attn_bits, uint32_t eps_bits);
 /* dst[r*dld + h*dhs + doff + c] = src[r*sld + h*shs + soff + c] for r < rows,
  * h < heads, c < width (shs = 0 broadcasts one source head). */
 MK_API int32_t mk_copy_cols_f32(uint64_t stream, uint64_t dst, int64_t dld, int64_t doff, int64_t dhs,

@@ -232,15 +232,18 @@ func (a *gqaAttention) forward(h backend.Tensor, b *backend.Batch) backend.Tenso
 	q := be.Linear(h, a.wq, a.bq) // [T, H*D]
 	k := be.Linear(h, a.wk, a.bk) // [T, KVH*D]
 	v := be.Linear(h, a.wv, a.bv) // [T, KVH*D]
-	if a.qNorm != nil {
-		q = be.RMSNorm(q, a.qNorm, a.eps)
-		k = be.RMSNorm(k, a.kNorm, a.eps)
-	}
 	if a.clip > 0 {
+		if a.qNorm != nil {
+			q = be.RMSNorm(q, a.qNorm, a.eps)
+			k = be.RMSNorm(k, a.kNorm, a.eps)
+		}
 		q, k, v = be.Clamp(q, a.clip), be.Clamp(k, a.clip), be.Clamp(v, a.clip)
+		q = be.RoPE(q, p.NumHeads, p.HeadDim, a.rope, b.Positions)
+		k = be.RoPE(k, p.NumKVHeads, p.HeadDim, a.rope, b.Positions)
+	} else { // the q/k norms (if any) and RoPE, fused where the backend can
+		q = backend.NormRoPE(be, q, a.qNorm, a.eps, p.NumHeads, p.HeadDim, a.rope, b.Positions)
+		k = backend.NormRoPE(be, k, a.kNorm, a.eps, p.NumKVHeads, p.HeadDim, a.rope, b.Positions)
 	}
-	q = be.RoPE(q, p.NumHeads, p.HeadDim, a.rope, b.Positions)
-	k = be.RoPE(k, p.NumKVHeads, p.HeadDim, a.rope, b.Positions)
 	o := be.Attention(q, k, v, b, p) // [T, H*D]
 	return be.Linear(o, a.wo, a.bo)
 }

@@ -1156,6 +1156,48 @@ func (be *Backend) RoPE(x backend.Tensor, heads, headDim int, rope *attention.Ro
 	}, xt)
 }
 
+// NormRoPE implements backend.NormRoPEr: RoPE of the per-head RMSNorm in
+// one launch (kernels.NormRoPEF32) instead of six nodes (the norm, a copy
+// and the rotation, for q and for k), for a norm weight of headDim values
+// or none and head dims up to kernels.NormRoPEMaxHeadDim; other shapes
+// (OLMoE's norm over all heads) return ok false.
+func (be *Backend) NormRoPE(x, w backend.Tensor, eps float32, heads, headDim int, rope *attention.RoPE,
+	pos []int32) (backend.Tensor, bool) {
+	if heads <= 0 || headDim <= 0 || headDim > kernels.NormRoPEMaxHeadDim || rope == nil || rope.Dim == 0 ||
+		rope.Dim > headDim || rope.Validate() != nil {
+		return nil, false
+	}
+	var wt *Tensor
+	if w != nil {
+		wt = tensorOf("NormRoPE", "w", w)
+		if r, _ := wt.dims(); r != 1 || wt.st.n != headDim {
+			return nil, false
+		}
+	}
+	xt, T := matrix("NormRoPE", "x", x, heads*headDim)
+	if len(pos) != T {
+		panicf("NormRoPE", "%d positions for x %v", len(pos), xt.shape)
+	}
+	for _, p := range pos {
+		if p < 0 {
+			panicf("NormRoPE", "negative position %d", p)
+		}
+	}
+	style := kernels.RoPENeoX
+	if rope.Style == attention.Interleaved {
+		style = kernels.RoPEInterleaved
+	}
+	return be.elementwise("NormRoPE", xt, func(d *kernels.Device, out *kernels.Buffer) error {
+		f := be.freqs(d, rope)
+		pb := be.posCache.get(be, d, pos)
+		var wb *kernels.Buffer
+		if wt != nil {
+			wb = be.f32(d, wt)
+		}
+		return d.NormRoPEF32(nil, out, be.f32(d, xt), wb, pb, T, heads, headDim, rope.Dim, style, f.inv, f.attn, eps)
+	}, xt, wt), true
+}
+
 // MLP runs a dense gated MLP: Linear(x, GateUp) → SwiGLU → Linear(·, Down).
 func (be *Backend) MLP(x backend.Tensor, m *backend.MLP) backend.Tensor {
 	if m == nil {

@@ -148,6 +148,21 @@ var opCases = []opCase{
 			be.RoPE(x, 3, 10, yarn, pos),
 		}
 	}},
+	// backend.NormRoPE: fused on cuda for a per-head norm or none (the CPU
+	// backend runs RMSNorm then RoPE), the two ops for a norm over all heads.
+	{"norm_rope", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		x := W(t, be, g.f32(2, 6, 4*16))
+		pos := []int32{0, 3, 77, 4095, 5000, 123456}
+		yarn := &attention.RoPE{Dim: 8, Theta: 50000, Style: attention.Interleaved,
+			Scaling: attention.RoPEScaling{Type: "yarn", Factor: 4, OriginalMaxPos: 4096, MScale: 1, MScaleAllDim: 0.5}}
+		wHead, wAll := W(t, be, g.f32(0.5, 16)), W(t, be, g.f32(0.5, 4*16))
+		return []backend.Tensor{
+			backend.NormRoPE(be, x, wHead, 1e-6, 4, 16, &attention.RoPE{Dim: 16, Theta: 1e6}, pos),
+			backend.NormRoPE(be, x, wHead, 1e-5, 4, 16, yarn, pos),
+			backend.NormRoPE(be, x, nil, 0, 4, 16, &attention.RoPE{Dim: 10, Theta: 10000}, pos),
+			backend.NormRoPE(be, x, wAll, 1e-6, 4, 16, &attention.RoPE{Dim: 16, Theta: 1e6}, pos),
+		}
+	}},
 	{"mlp_rows", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
 		x := W(t, be, g.f32(1, 9, 16))
 		y := be.MLP(x, &backend.MLP{GateUp: W(t, be, g.bf16(0.5, 2*11, 16)), Down: W(t, be, g.bf16(0.5, 16, 11))})
