@@ -1130,19 +1130,7 @@ func (be *Backend) RoPE(x backend.Tensor, heads, headDim int, rope *attention.Ro
 	if err := rope.Validate(); err != nil || rope.Dim > headDim {
 		panicf("RoPE", "rope %+v for head dim %d: %v", *rope, headDim, err)
 	}
-	xt, T := matrix("RoPE", "x", x, heads*headDim)
-	if len(pos) != T {
-		panicf("RoPE", "%d positions for x %v", len(pos), xt.shape)
-	}
-	for _, p := range pos {
-		if p < 0 {
-			panicf("RoPE", "negative position %d", p)
-		}
-	}
-	style := kernels.RoPENeoX
-	if rope.Style == attention.Interleaved {
-		style = kernels.RoPEInterleaved
-	}
+	xt, T, style := ropeInput("RoPE", x, heads*headDim, rope, pos)
 	return be.elementwise("RoPE", xt, func(d *kernels.Device, out *kernels.Buffer) error {
 		if err := d.Copy(out, be.f32(d, xt), int64(xt.st.n)*4); err != nil {
 			return err
@@ -1154,6 +1142,24 @@ func (be *Backend) RoPE(x backend.Tensor, heads, headDim int, rope *attention.Ro
 		pb := be.posCache.get(be, d, pos)
 		return d.RoPEF32(nil, out, pb, T, heads, headDim, rope.Dim, style, f.inv, f.attn)
 	}, xt)
+}
+
+// ropeInput checks op's x [T, cols] and positions [T] (none negative) and
+// returns x, T and the kernels' name of rope's style.
+func ropeInput(op string, x backend.Tensor, cols int, rope *attention.RoPE, pos []int32) (*Tensor, int, kernels.RoPEStyle) {
+	xt, T := matrix(op, "x", x, cols)
+	if len(pos) != T {
+		panicf(op, "%d positions for x %v", len(pos), xt.shape)
+	}
+	for _, p := range pos {
+		if p < 0 {
+			panicf(op, "negative position %d", p)
+		}
+	}
+	if rope.Style == attention.Interleaved {
+		return xt, T, kernels.RoPEInterleaved
+	}
+	return xt, T, kernels.RoPENeoX
 }
 
 // NormRoPE implements backend.NormRoPEr: RoPE of the per-head RMSNorm in
@@ -1174,19 +1180,7 @@ func (be *Backend) NormRoPE(x, w backend.Tensor, eps float32, heads, headDim int
 			return nil, false
 		}
 	}
-	xt, T := matrix("NormRoPE", "x", x, heads*headDim)
-	if len(pos) != T {
-		panicf("NormRoPE", "%d positions for x %v", len(pos), xt.shape)
-	}
-	for _, p := range pos {
-		if p < 0 {
-			panicf("NormRoPE", "negative position %d", p)
-		}
-	}
-	style := kernels.RoPENeoX
-	if rope.Style == attention.Interleaved {
-		style = kernels.RoPEInterleaved
-	}
+	xt, T, style := ropeInput("NormRoPE", x, heads*headDim, rope, pos)
 	return be.elementwise("NormRoPE", xt, func(d *kernels.Device, out *kernels.Buffer) error {
 		f := be.freqs(d, rope)
 		pb := be.posCache.get(be, d, pos)
