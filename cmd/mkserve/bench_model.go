@@ -49,6 +49,10 @@ type modelResult struct {
 	ReplayGPUMS float64 `json:"replay_gpu_ms,omitempty"`
 	// World is the processes (GPUs) the model ran over (--world; 0: one).
 	World int `json:"world,omitempty"`
+	// ExpertsPerLayer is the mean over MoE layers of the distinct routed
+	// experts a decode step's tokens chose (median over steps; 0 when the
+	// backend counts none): how much the batch's tokens share experts.
+	ExpertsPerLayer float64 `json:"experts_per_layer,omitempty"`
 }
 
 // opTime is one op's share of a step's host time.
@@ -285,7 +289,7 @@ func benchModel(args []string, stdout io.Writer) error {
 			if *profile && cb != nil {
 				cb.ProfileOps(false)
 			}
-			var ms, gb []float64
+			var ms, gb, epl []float64
 			for step := 0; step < *steps+2; step++ { // two warm-up steps
 				pos := *ctxLen + step
 				b := &backend.Batch{}
@@ -311,9 +315,15 @@ func benchModel(args []string, stdout io.Writer) error {
 						load = ctr.TakeExpertLoad()
 					}
 					gb = append(gb, float64(wb.touched(load, B))/1e9)
+					if n := distinctExperts(load); n > 0 {
+						epl = append(epl, n)
+					}
 				}
 			}
 			r := modelResult{Kind: "decode", Batch: B, Context: *ctxLen, Tokens: B, MS: median(ms), WeightGB: median(gb)}
+			if len(epl) > 0 {
+				r.ExpertsPerLayer = median(epl)
+			}
 			if cb != nil {
 				gs := cb.Graphs()
 				r.Graphs = &gs
@@ -361,9 +371,9 @@ func benchModel(args []string, stdout io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "model %s on %s: %.1f GB of weights, loaded in %.1f s; bandwidth for the floor %.0f GB/s\n",
 			name, be.Name(), float64(wb.total())/1e9, loadTime.Seconds(), *bw)
-		fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s %12s %12s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor", "replay host", "replay GPU")
+		fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s %12s %12s %14s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor", "replay host", "replay GPU", "experts/layer")
 		for _, r := range out {
-			fmt.Fprintf(stdout, "%-8s %6d %8d %8d %10.2f %12.1f %10.3f %10.3f %8.2f %12.2f %12.2f\n", r.Kind, r.Batch, r.Context, r.Tokens, r.MS, r.TokensPS, r.WeightGB, r.FloorMS, r.OverFloor, r.ReplayHostMS, r.ReplayGPUMS)
+			fmt.Fprintf(stdout, "%-8s %6d %8d %8d %10.2f %12.1f %10.3f %10.3f %8.2f %12.2f %12.2f %14.1f\n", r.Kind, r.Batch, r.Context, r.Tokens, r.MS, r.TokensPS, r.WeightGB, r.FloorMS, r.OverFloor, r.ReplayHostMS, r.ReplayGPUMS, r.ExpertsPerLayer)
 			for _, o := range r.Ops {
 				fmt.Fprintf(stdout, "    %-22s %8.1f calls %10.1f us per step\n", o.Op, o.Calls, o.US)
 			}
@@ -396,6 +406,23 @@ func (w weightBytes) total() int64 {
 		t += e * int64(w.experts[l])
 	}
 	return t
+}
+
+// distinctExperts is the mean over the layers of load (MoE layer → tokens
+// per expert) of the experts that received tokens; 0 for no layers.
+func distinctExperts(load map[int][]int64) float64 {
+	if len(load) == 0 {
+		return 0
+	}
+	n := 0
+	for _, cnt := range load {
+		for _, c := range cnt {
+			if c > 0 {
+				n++
+			}
+		}
+	}
+	return float64(n) / float64(len(load))
 }
 
 // touched is the bytes one decode step of B tokens reads: dense weights,

@@ -35,6 +35,11 @@ func TestBenchModel(t *testing.T) {
 	if d.FloorMS <= 0 || (d.OverFloor-d.MS/d.FloorMS) > 1e-9 || (d.FloorMS-d.WeightGB/10*1e3) > 1e-9 {
 		t.Errorf("decode floor arithmetic: %+v", d)
 	}
+	// One token chooses top-2 of 8 experts in every MoE layer; three
+	// tokens between 2 and 6.
+	if d.ExpertsPerLayer != 2 || rows[2].ExpertsPerLayer < 2 || rows[2].ExpertsPerLayer > 6 {
+		t.Errorf("experts per layer: batch 1 %v (want 2), batch 3 %v (want 2..6)", d.ExpertsPerLayer, rows[2].ExpertsPerLayer)
+	}
 	// Batch 1 touches top-2 of 8 experts per layer, so fewer bytes than
 	// prefill, which counts every weight.
 	if d.WeightGB >= rows[0].WeightGB {
