@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"strings"
@@ -62,6 +63,7 @@ func JoinGRPC(ctx context.Context, cfg GRPCConfig) (*GRPCComm, error) {
 		return nil, fmt.Errorf("transport: rank %d: listen on %s: %w", cfg.Rank, listen, err)
 	}
 	c := &GRPCComm{rank: cfg.Rank, size: cfg.Size, inbox: make([]chan grpcMsg, cfg.Size), done: make(chan struct{})}
+	c.streamCtx, c.streamStop = context.WithCancel(context.Background())
 	for r := range c.inbox {
 		c.inbox[r] = make(chan grpcMsg, 2) // at most one exchange ahead (see NewLocalWorld)
 	}
@@ -92,7 +94,50 @@ func JoinGRPC(ctx context.Context, cfg GRPCConfig) (*GRPCComm, error) {
 			return nil, fmt.Errorf("transport: rank %d: dialing rank %d at %s: %w", cfg.Rank, r, a, err)
 		}
 	}
+	c.out = make([]chan []byte, cfg.Size)
+	for r, p := range c.peers {
+		if p != nil {
+			c.out[r] = make(chan []byte, 2) // at most one exchange ahead, as the inboxes
+			go c.send(r, p, c.out[r])
+		}
+	}
 	return c, nil
+}
+
+// send streams rank r's puts in order over one client stream (opened at the
+// first put): a put is one message on it, not a call with its own round
+// trip. A failure aborts the world, which every waiting exchange sees.
+func (c *GRPCComm) send(r int, p *grpc.ClientConn, q chan []byte) {
+	var st grpc.ClientStream
+	defer func() {
+		if st != nil {
+			st.CloseSend()
+		}
+	}()
+	for {
+		var msg []byte
+		select {
+		case msg = <-q:
+		case <-c.done:
+			return
+		}
+		if st == nil {
+			var err error
+			st, err = p.NewStream(c.streamCtx, &rankService.Streams[0], "/mkserve.transport.Rank/Stream",
+				grpc.ForceCodec(rawCodec{}))
+			if err != nil {
+				c.abort(fmt.Errorf("transport: rank %d: opening the stream to rank %d: %w", c.rank, r, err))
+				return
+			}
+		}
+		if err := st.SendMsg(&msg); err != nil {
+			if err == io.EOF { // the peer ended the stream: its status says why
+				err = st.RecvMsg(new([]byte))
+			}
+			c.abort(fmt.Errorf("transport: rank %d: sending to rank %d: %w", c.rank, r, err))
+			return
+		}
+	}
 }
 
 // GRPCComm is a Comm between processes over gRPC.
@@ -100,10 +145,13 @@ type GRPCComm struct {
 	rank, size int
 	srv        *grpc.Server
 	peers      []*grpc.ClientConn // [rank], nil for this rank
-	coord      *coordinator       // rank 0 only
-	inbox      []chan grpcMsg     // [source rank]
-	seq        uint64             // exchanges made
-	done       chan struct{}      // closed on abort
+	out        []chan []byte      // [rank]: encoded puts, sent in order on one stream per peer (nil for this rank)
+	streamCtx  context.Context    // the streams' lifetime: until Close
+	streamStop context.CancelFunc
+	coord      *coordinator   // rank 0 only
+	inbox      []chan grpcMsg // [source rank]
+	seq        uint64         // exchanges made
+	done       chan struct{}  // closed on abort
 	once       sync.Once
 	err        error
 	closeOnce  sync.Once
@@ -122,8 +170,12 @@ func (c *GRPCComm) Rank() int { return c.rank }
 // Size implements Comm.
 func (c *GRPCComm) Size() int { return c.size }
 
-// AllToAllV implements Comm: send[r] goes to rank r with one unary call per
-// peer (in parallel); this rank's own part is copied.
+// AllToAllV implements Comm: send[r] goes to rank r as one message on this
+// rank's stream to it, queued in order, so the exchange waits only for the
+// peers' messages (one way), not for a call's round trip per peer; this
+// rank's own part is copied. BenchmarkGRPCAllToAllV, 2 ranks on loopback
+// (2-core machine, 2026-11-29): 184 → 48 µs for 64 floats, 606 → 344 µs
+// for 16384, against one unary call per peer.
 func (c *GRPCComm) AllToAllV(ctx context.Context, send [][]float32) ([][]float32, error) {
 	if len(send) != c.size {
 		return nil, fmt.Errorf("transport: AllToAllV: %d send slices for %d ranks", len(send), c.size)
@@ -135,16 +187,17 @@ func (c *GRPCComm) AllToAllV(ctx context.Context, send [][]float32) ([][]float32
 	seq := c.seq
 	recv := make([][]float32, c.size)
 	recv[c.rank] = append([]float32(nil), send[c.rank]...)
-	errs := make(chan error, c.size)
 	for r := range c.size {
 		if r == c.rank {
 			continue
 		}
-		go func(r int) {
-			msg := encodePut(c.rank, seq, send[r])
-			var ack []byte
-			errs <- c.peers[r].Invoke(ctx, "/mkserve.transport.Rank/Put", &msg, &ack, grpc.ForceCodec(rawCodec{}))
-		}(r)
+		select {
+		case c.out[r] <- encodePut(c.rank, seq, send[r]):
+		case <-ctx.Done():
+			return nil, c.abort(fmt.Errorf("transport: rank %d: exchange %d sending to rank %d: %w", c.rank, seq, r, ctx.Err()))
+		case <-c.done:
+			return nil, c.aborted()
+		}
 	}
 	for r := range c.size {
 		if r == c.rank {
@@ -162,11 +215,6 @@ func (c *GRPCComm) AllToAllV(ctx context.Context, send [][]float32) ([][]float32
 			return nil, c.aborted()
 		}
 	}
-	for range c.size - 1 {
-		if err := <-errs; err != nil {
-			return nil, c.abort(fmt.Errorf("transport: rank %d: exchange %d: %w", c.rank, seq, err))
-		}
-	}
 	return recv, nil
 }
 
@@ -175,6 +223,7 @@ func (c *GRPCComm) AllToAllV(ctx context.Context, send [][]float32) ([][]float32
 func (c *GRPCComm) Close() error {
 	c.closeOnce.Do(func() {
 		c.abort(errors.New("transport: closed"))
+		c.streamStop()
 		for _, p := range c.peers {
 			if p != nil {
 				p.Close()
@@ -309,6 +358,24 @@ func (c *GRPCComm) handlePut(_ context.Context, req []byte) ([]byte, error) {
 	}
 }
 
+// handleStream receives one peer's puts, in order, for as long as its
+// stream lasts.
+func handleStream(srv any, st grpc.ServerStream) error {
+	c := srv.(*GRPCComm)
+	for {
+		var req []byte
+		if err := st.RecvMsg(&req); err != nil {
+			if err == io.EOF {
+				return st.SendMsg(new([]byte))
+			}
+			return err
+		}
+		if _, err := c.handlePut(st.Context(), req); err != nil {
+			return err
+		}
+	}
+}
+
 func (c *GRPCComm) handleAbort(_ context.Context, req []byte) ([]byte, error) {
 	c.once.Do(func() {
 		c.err = fmt.Errorf("aborted by %s", req)
@@ -378,6 +445,7 @@ var rankService = grpc.ServiceDesc{
 		{MethodName: "Put", Handler: rawHandler((*GRPCComm).handlePut)},
 		{MethodName: "Abort", Handler: rawHandler((*GRPCComm).handleAbort)},
 	},
+	Streams: []grpc.StreamDesc{{StreamName: "Stream", Handler: handleStream, ClientStreams: true}},
 }
 
 // rawHandler adapts a bytes-in, bytes-out method to grpc's unary handler.

@@ -175,3 +175,34 @@ func FuzzDecodePut(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkGRPCAllToAllV times one exchange between two ranks over loopback
+// gRPC: a decode step's broadcast (dist) is one such exchange of a few KB.
+func BenchmarkGRPCAllToAllV(b *testing.B) {
+	for _, n := range []int{64, 16 << 10} { // floats per peer
+		b.Run(fmt.Sprintf("floats=%d", n), func(b *testing.B) {
+			comms := LoopbackForTest(b, 2)
+			send := [][]float32{nil, make([]float32, n)}
+			done := make(chan error, 1)
+			go func() {
+				empty := make([][]float32, 2)
+				for range b.N {
+					if _, err := comms[1].AllToAllV(context.Background(), empty); err != nil {
+						done <- err
+						return
+					}
+				}
+				done <- nil
+			}()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := comms[0].AllToAllV(context.Background(), send); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
