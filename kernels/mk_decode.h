@@ -20,9 +20,12 @@ MK_API int32_t mk_kv_write_bf16(uint64_t stream, uint64_t pool_k, uint64_t pool_
                                 uint64_t v, uint64_t slots, int64_t n, int64_t kw, int64_t vw);
 
 /* Selects mk_paged_attn_bf16's kernel (for tests and comparisons): 0 auto
- * (the default: tensor cores when v_head_dim <= 128, else CUDA cores),
- * 1 CUDA cores (float32 FMAs), 2 tensor cores (mma.sync with q and P split
- * into bf16 hi + lo; v_head_dim <= 128). */
+ * (the default: the warp-split kernel for head dims 64/64, 128/128 and
+ * 192/128, else tensor cores for groups of more than 4 heads with
+ * v_head_dim <= 128, else CUDA cores), 1 CUDA cores (float32 FMAs),
+ * 2 tensor cores (mma.sync with q and P split into bf16 hi + lo;
+ * v_head_dim <= 128), 3 warp-split (K and V loaded straight into mma
+ * fragments, q and P bf16; other head dims get auto's other choice). */
 MK_API int32_t mk_paged_attn_variant(int32_t variant);
 
 /* Sets the depth of the tensor-core kernel's K/V tile ring (for tests and
