@@ -64,6 +64,7 @@ func JoinGRPC(ctx context.Context, cfg GRPCConfig) (*GRPCComm, error) {
 	}
 	c := &GRPCComm{rank: cfg.Rank, size: cfg.Size, inbox: make([]chan grpcMsg, cfg.Size), done: make(chan struct{})}
 	c.streamCtx, c.streamStop = context.WithCancel(context.Background())
+	c.closing = make(chan struct{})
 	for r := range c.inbox {
 		c.inbox[r] = make(chan grpcMsg, 2) // at most one exchange ahead (see NewLocalWorld)
 	}
@@ -98,7 +99,9 @@ func JoinGRPC(ctx context.Context, cfg GRPCConfig) (*GRPCComm, error) {
 	for r, p := range c.peers {
 		if p != nil {
 			c.out[r] = make(chan []byte, 2) // at most one exchange ahead, as the inboxes
-			go c.send(r, p, c.out[r])
+			f := make(chan struct{})
+			c.flushed = append(c.flushed, f)
+			go c.send(r, p, c.out[r], f)
 		}
 	}
 	return c, nil
@@ -106,28 +109,21 @@ func JoinGRPC(ctx context.Context, cfg GRPCConfig) (*GRPCComm, error) {
 
 // send streams rank r's puts in order over one client stream (opened at the
 // first put): a put is one message on it, not a call with its own round
-// trip. A failure aborts the world, which every waiting exchange sees.
-func (c *GRPCComm) send(r int, p *grpc.ClientConn, q chan []byte) {
+// trip. A failure aborts the world, which every waiting exchange sees. On
+// Close it sends what is queued, ends the stream and waits for the peer's
+// answer, which comes once the peer has taken every message (so that a
+// last exchange, dist's stop, reaches it before the abort does).
+func (c *GRPCComm) send(r int, p *grpc.ClientConn, q chan []byte, flushed chan struct{}) {
+	defer close(flushed)
 	var st grpc.ClientStream
-	defer func() {
-		if st != nil {
-			st.CloseSend()
-		}
-	}()
-	for {
-		var msg []byte
-		select {
-		case msg = <-q:
-		case <-c.done:
-			return
-		}
+	put := func(msg []byte) bool {
 		if st == nil {
 			var err error
 			st, err = p.NewStream(c.streamCtx, &rankService.Streams[0], "/mkserve.transport.Rank/Stream",
 				grpc.ForceCodec(rawCodec{}))
 			if err != nil {
 				c.abort(fmt.Errorf("transport: rank %d: opening the stream to rank %d: %w", c.rank, r, err))
-				return
+				return false
 			}
 		}
 		if err := st.SendMsg(&msg); err != nil {
@@ -135,6 +131,33 @@ func (c *GRPCComm) send(r int, p *grpc.ClientConn, q chan []byte) {
 				err = st.RecvMsg(new([]byte))
 			}
 			c.abort(fmt.Errorf("transport: rank %d: sending to rank %d: %w", c.rank, r, err))
+			return false
+		}
+		return true
+	}
+	for {
+		select {
+		case msg := <-q:
+			if !put(msg) {
+				return
+			}
+		case <-c.closing:
+			for {
+				select {
+				case msg := <-q:
+					if !put(msg) {
+						return
+					}
+					continue
+				default:
+				}
+				break
+			}
+			if st != nil && st.CloseSend() == nil {
+				st.RecvMsg(new([]byte)) // the peer's answer: it has every message
+			}
+			return
+		case <-c.done:
 			return
 		}
 	}
@@ -148,10 +171,12 @@ type GRPCComm struct {
 	out        []chan []byte      // [rank]: encoded puts, sent in order on one stream per peer (nil for this rank)
 	streamCtx  context.Context    // the streams' lifetime: until Close
 	streamStop context.CancelFunc
-	coord      *coordinator   // rank 0 only
-	inbox      []chan grpcMsg // [source rank]
-	seq        uint64         // exchanges made
-	done       chan struct{}  // closed on abort
+	closing    chan struct{}   // closed by Close: the senders flush and end their streams
+	flushed    []chan struct{} // [rank]: closed when that sender has stopped
+	coord      *coordinator    // rank 0 only
+	inbox      []chan grpcMsg  // [source rank]
+	seq        uint64          // exchanges made
+	done       chan struct{}   // closed on abort
 	once       sync.Once
 	err        error
 	closeOnce  sync.Once
@@ -203,17 +228,24 @@ func (c *GRPCComm) AllToAllV(ctx context.Context, send [][]float32) ([][]float32
 		if r == c.rank {
 			continue
 		}
+		var m grpcMsg
 		select {
-		case m := <-c.inbox[r]:
-			if m.seq != seq {
-				return nil, c.abort(fmt.Errorf("transport: rank %d: exchange %d got rank %d's exchange %d", c.rank, seq, r, m.seq))
-			}
-			recv[r] = m.data
+		case m = <-c.inbox[r]:
 		case <-ctx.Done():
 			return nil, c.abort(fmt.Errorf("transport: rank %d: exchange %d waiting for rank %d: %w", c.rank, seq, r, ctx.Err()))
 		case <-c.done:
-			return nil, c.aborted()
+			// A peer that sent its part and then closed (dist's stop) aborts
+			// the world: its message, when here, still counts.
+			select {
+			case m = <-c.inbox[r]:
+			default:
+				return nil, c.aborted()
+			}
 		}
+		if m.seq != seq {
+			return nil, c.abort(fmt.Errorf("transport: rank %d: exchange %d got rank %d's exchange %d", c.rank, seq, r, m.seq))
+		}
+		recv[r] = m.data
 	}
 	return recv, nil
 }
@@ -222,6 +254,16 @@ func (c *GRPCComm) AllToAllV(ctx context.Context, send [][]float32) ([][]float32
 // for the other ranks' next exchange with this one.
 func (c *GRPCComm) Close() error {
 	c.closeOnce.Do(func() {
+		// Let the senders deliver what is queued (at most a second), then
+		// abort the world for the peers.
+		close(c.closing)
+		deadline := time.After(time.Second)
+		for _, f := range c.flushed {
+			select {
+			case <-f:
+			case <-deadline:
+			}
+		}
 		c.abort(errors.New("transport: closed"))
 		c.streamStop()
 		for _, p := range c.peers {

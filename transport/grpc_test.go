@@ -206,3 +206,27 @@ func BenchmarkGRPCAllToAllV(b *testing.B) {
 		})
 	}
 }
+
+// TestGRPCLastExchangeThenClose: a rank that finishes an exchange and
+// closes at once (dist's leader after its stop message) still delivers its
+// part: the peer's exchange returns the data, not the abort that follows.
+func TestGRPCLastExchangeThenClose(t *testing.T) {
+	for i := range 20 {
+		comms := joinAll(t, 2)
+		got := make(chan error, 1)
+		go func() {
+			recv, err := comms[1].AllToAllV(context.Background(), [][]float32{{5}, nil})
+			if err == nil && (len(recv[0]) != 1 || recv[0][0] != float32(i)) {
+				err = fmt.Errorf("received %v, want [%d]", recv[0], i)
+			}
+			got <- err
+		}()
+		if _, err := comms[0].AllToAllV(context.Background(), [][]float32{nil, {float32(i)}}); err != nil {
+			t.Fatal(err)
+		}
+		comms[0].Close()
+		if err := <-got; err != nil {
+			t.Fatalf("round %d: the peer's exchange: %v", i, err)
+		}
+	}
+}
