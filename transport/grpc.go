@@ -199,7 +199,7 @@ func (c *GRPCComm) Size() int { return c.size }
 // rank's stream to it, queued in order, so the exchange waits only for the
 // peers' messages (one way), not for a call's round trip per peer; this
 // rank's own part is copied. BenchmarkGRPCAllToAllV, 2 ranks on loopback
-// (2-core machine, 2026-11-29): 184 → 48 µs for 64 floats, 606 → 344 µs
+// (2-core machine, 2026-11-29): 184 → 48–57 µs for 64 floats, 606 → 344–403 µs
 // for 16384, against one unary call per peer.
 func (c *GRPCComm) AllToAllV(ctx context.Context, send [][]float32) ([][]float32, error) {
 	if len(send) != c.size {
