@@ -79,6 +79,13 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+// warp_sum is the sum of v over the 32 lanes of a full warp, in every lane.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // ld_stream reads 16 bytes that this kernel reads only once (weights, a KV
 // cache): through the non-coherent path, not kept in L1. The memory must not
 // change while the kernel runs.

@@ -740,12 +740,6 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float s) {
   return s;
 }
 
-__device__ __forceinline__ float warp_sum32(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // expert_groups is run by warp 0 over the n ≤ 32 assignments' ids: first[q]
 // is the first assignment with q's expert (q itself for the first), and the
 // result the bit mask of first assignments.
@@ -807,7 +801,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
   for (int i = 0; i < kGemvTokens; i++) {
     if (i >= nt) break;
-    float a = warp_sum32(sg[i]), b = warp_sum32(su[i]);
+    float a = mk::warp_sum(sg[i]), b = mk::warp_sum(su[i]);
     if (lane == 0) {
       if (gub) {
         a += gub[(int64_t)e * 2 * I + j];
@@ -865,7 +859,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
   for (int i = 0; i < kGemvTokens; i++) {
     if (i >= T) break;
-    float v = warp_sum32(acc[i]);
+    float v = mk::warp_sum(acc[i]);
     if (lane == 0) {
       if (db)
         for (int k = 0; k < K; k++) {

@@ -384,19 +384,21 @@ func (c *GRPCComm) handleJoin(ctx context.Context, req []byte) ([]byte, error) {
 	}
 }
 
-func (c *GRPCComm) handlePut(_ context.Context, req []byte) ([]byte, error) {
+// put takes one peer's message into its inbox (a status error ends the
+// peer's stream).
+func (c *GRPCComm) put(req []byte) error {
 	src, seq, data, err := decodePut(req)
 	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	if src < 0 || src >= c.size || src == c.rank {
-		return nil, status.Errorf(codes.InvalidArgument, "message from rank %d to rank %d of %d", src, c.rank, c.size)
+		return status.Errorf(codes.InvalidArgument, "message from rank %d to rank %d of %d", src, c.rank, c.size)
 	}
 	select {
 	case c.inbox[src] <- grpcMsg{seq: seq, data: data}:
-		return nil, nil
+		return nil
 	case <-c.done:
-		return nil, status.Error(codes.Aborted, c.aborted().Error())
+		return status.Error(codes.Aborted, c.aborted().Error())
 	}
 }
 
@@ -412,7 +414,7 @@ func handleStream(srv any, st grpc.ServerStream) error {
 			}
 			return err
 		}
-		if _, err := c.handlePut(st.Context(), req); err != nil {
+		if err := c.put(req); err != nil {
 			return err
 		}
 	}
@@ -484,7 +486,6 @@ var rankService = grpc.ServiceDesc{
 	HandlerType: (*any)(nil),
 	Methods: []grpc.MethodDesc{
 		{MethodName: "Join", Handler: rawHandler((*GRPCComm).handleJoin)},
-		{MethodName: "Put", Handler: rawHandler((*GRPCComm).handlePut)},
 		{MethodName: "Abort", Handler: rawHandler((*GRPCComm).handleAbort)},
 	},
 	Streams: []grpc.StreamDesc{{StreamName: "Stream", Handler: handleStream, ClientStreams: true}},
