@@ -279,29 +279,65 @@ func AddRMSNorm(be Backend, x, r, w Tensor, eps float32) (sum, normed Tensor) {
 	return sum, be.RMSNorm(sum, w, eps)
 }
 
-// NormRoPEr is implemented by backends that fuse a per-head RMSNorm with
-// RoPE (q and k of Qwen3-style attention: two launches instead of six on
+// NormRoPEr is implemented by backends that fuse the per-head RMSNorm of
+// q and k with RoPE (Qwen3-style attention: one launch instead of six on
 // the CUDA backend).
 type NormRoPEr interface {
-	// NormRoPE returns RoPE(RMSNorm(x, w, eps), heads, headDim, rope, pos)
-	// with the values of those two ops; w nil skips the norm. ok is false
-	// when the backend does not fuse this shape (then nothing was done).
-	NormRoPE(x, w Tensor, eps float32, heads, headDim int, rope *attention.RoPE, pos []int32) (out Tensor, ok bool)
+	// NormRoPE returns RoPE(RMSNorm(q, qw, eps)) over heads heads and the
+	// same of k with kw over kvHeads heads, with the values of those ops
+	// (within the backend's precision profile); a nil weight skips that
+	// norm. ok is false when the backend does not fuse these shapes (then
+	// nothing was done).
+	NormRoPE(q, k, qw, kw Tensor, eps float32, heads, kvHeads, headDim int, rope *attention.RoPE,
+		pos []int32) (qo, ko Tensor, ok bool)
 }
 
-// NormRoPE is RoPE(RMSNorm(x, w, eps)) (w nil: RoPE(x)) over x [T,
-// heads*headDim], w [headDim] or [heads*headDim], through be's NormRoPEr
-// when it fuses the shape, else the two ops.
-func NormRoPE(be Backend, x, w Tensor, eps float32, heads, headDim int, rope *attention.RoPE, pos []int32) Tensor {
+// NormRoPE is RoPE(RMSNorm(q, qw, eps)) over q [T, heads*headDim] and the
+// same of k [T, kvHeads*headDim] with kw (weights [headDim] or covering
+// all heads; nil: RoPE alone) through be's NormRoPEr when it fuses the
+// shapes, else RMSNorm and RoPE op by op.
+func NormRoPE(be Backend, q, k, qw, kw Tensor, eps float32, heads, kvHeads, headDim int, rope *attention.RoPE,
+	pos []int32) (Tensor, Tensor) {
 	if f, ok := be.(NormRoPEr); ok {
-		if out, ok := f.NormRoPE(x, w, eps, heads, headDim, rope, pos); ok {
+		if qo, ko, ok := f.NormRoPE(q, k, qw, kw, eps, heads, kvHeads, headDim, rope, pos); ok {
+			return qo, ko
+		}
+	}
+	one := func(x, w Tensor, h int) Tensor {
+		if w != nil {
+			x = be.RMSNorm(x, w, eps)
+		}
+		return be.RoPE(x, h, headDim, rope, pos)
+	}
+	return one(q, qw, heads), one(k, kw, kvHeads)
+}
+
+// MultiLinear is implemented by backends that run several projections of
+// one input in one launch (q, k and v of a decode step).
+type MultiLinear interface {
+	// LinearMulti returns Linear(x, ws[i], biases[i]) for every i (biases
+	// nil or as long as ws, entries may be nil). ok is false when the
+	// backend does not fuse these shapes (then nothing was done).
+	LinearMulti(x Tensor, ws, biases []Tensor) (out []Tensor, ok bool)
+}
+
+// LinearMulti is Linear(x, ws[i], biases[i]) for every i, through be's
+// MultiLinear when it fuses the shapes, else one Linear each.
+func LinearMulti(be Backend, x Tensor, ws, biases []Tensor) []Tensor {
+	if m, ok := be.(MultiLinear); ok {
+		if out, ok := m.LinearMulti(x, ws, biases); ok {
 			return out
 		}
 	}
-	if w != nil {
-		x = be.RMSNorm(x, w, eps)
+	out := make([]Tensor, len(ws))
+	for i, w := range ws {
+		var b Tensor
+		if biases != nil {
+			b = biases[i]
+		}
+		out[i] = be.Linear(x, w, b)
 	}
-	return be.RoPE(x, heads, headDim, rope, pos)
+	return out
 }
 
 // GraphWarmer is a StepGrapher that can say which decode batch shapes are

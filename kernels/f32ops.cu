@@ -57,7 +57,7 @@ __device__ __forceinline__ float rms_scale(double ss, double* part, int64_t grou
 // arithmetic as mk_add_f32 followed by mk_rmsnorm_f32.
 template <bool ADD>
 __global__ void rmsnorm_f32(float* out, const float* x, const float* r, float* sum, const float* w, int64_t group,
-                            float eps) {
+                            float eps, bf16* ob) {
   mk::pdl_begin();
   __shared__ double part[32];
   const int64_t g = blockIdx.x;
@@ -75,7 +75,11 @@ __global__ void rmsnorm_f32(float* out, const float* x, const float* r, float* s
   const float rs = rms_scale(ss, part, group, eps);
   // With ADD each thread reads back the sums it wrote itself.
   const float* vs = ADD ? sum + g * group : xs;
-  for (int64_t j = threadIdx.x; j < group; j += blockDim.x) os[j] = __fmul_rn(w[j], __fmul_rn(vs[j], rs));
+  for (int64_t j = threadIdx.x; j < group; j += blockDim.x) {
+    const float y = __fmul_rn(w[j], __fmul_rn(vs[j], rs));
+    os[j] = y;
+    if (ob) ob[g * group + j] = __float2bfloat16_rn(y);
+  }
 }
 
 // rmsnorm_f32_reg is rmsnorm_f32 for groups of at most 4·VPT·blockDim
@@ -88,11 +92,18 @@ __global__ void rmsnorm_f32(float* out, const float* x, const float* r, float* s
 // the last bits of a double).
 template <bool ADD, int VPT>
 __global__ void rmsnorm_f32_reg(float* out, const float* x, const float* r, float* sum, const float* w,
-                                int64_t group, float eps) {
+                                int64_t group, float eps, bf16* ob) {
+  const int64_t n4 = group / 4;
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  float4 wv[VPT];  // the weight is a constant: loaded before the wait
+#pragma unroll
+  for (int i = 0; i < VPT; i++) {
+    const int64_t j = threadIdx.x + (int64_t)i * blockDim.x;
+    if (j < n4) wv[i] = w4[j];
+  }
   mk::pdl_begin();
   __shared__ double part[32];
   const int64_t g = blockIdx.x;
-  const int64_t n4 = group / 4;
   const float4* xs = reinterpret_cast<const float4*>(x + g * group);
   const float4* rs4 = reinterpret_cast<const float4*>(ADD ? r + g * group : x);
   float4 v[VPT];
@@ -120,15 +131,19 @@ __global__ void rmsnorm_f32_reg(float* out, const float* x, const float* r, floa
             (double)__fmul_rn(v[i].z, v[i].z) + (double)__fmul_rn(v[i].w, v[i].w);
   }
   const float rsq = rms_scale(ss, part, group, eps);
-  const float4* w4 = reinterpret_cast<const float4*>(w);
   float4* o4 = reinterpret_cast<float4*>(out + g * group);
 #pragma unroll
   for (int i = 0; i < VPT; i++) {
     const int64_t j = threadIdx.x + (int64_t)i * blockDim.x;
     if (j < n4) {
-      const float4 ww = w4[j];
-      o4[j] = make_float4(__fmul_rn(ww.x, __fmul_rn(v[i].x, rsq)), __fmul_rn(ww.y, __fmul_rn(v[i].y, rsq)),
-                          __fmul_rn(ww.z, __fmul_rn(v[i].z, rsq)), __fmul_rn(ww.w, __fmul_rn(v[i].w, rsq)));
+      const float4 ww = wv[i];
+      const float4 y = make_float4(__fmul_rn(ww.x, __fmul_rn(v[i].x, rsq)), __fmul_rn(ww.y, __fmul_rn(v[i].y, rsq)),
+                                   __fmul_rn(ww.z, __fmul_rn(v[i].z, rsq)), __fmul_rn(ww.w, __fmul_rn(v[i].w, rsq)));
+      o4[j] = y;
+      if (ob) {  // the bf16 rounding too (8 bytes per float4)
+        __nv_bfloat162 h[2] = {__floats2bfloat162_rn(y.x, y.y), __floats2bfloat162_rn(y.z, y.w)};
+        reinterpret_cast<uint2*>(ob + g * group)[j] = *reinterpret_cast<uint2*>(h);
+      }
     }
   }
 }
@@ -138,20 +153,21 @@ __global__ void rmsnorm_f32_reg(float* out, const float* x, const float* r, floa
 // else the loop kernel.
 template <bool ADD>
 void launch_rmsnorm(cudaStream_t s, float* out, const float* x, const float* r, float* sum, const float* w,
-                    int64_t segs, int64_t group, float eps) {
+                    int64_t segs, int64_t group, float eps, bf16* ob = nullptr) {
   const auto al = [](const void* p) { return ((uintptr_t)p & 15) == 0; };
   const int64_t n4 = group / 4;
-  if (group % 4 == 0 && n4 <= 8 * 256 && al(out) && al(x) && al(w) && (!ADD || (al(r) && al(sum)))) {
+  if (group % 4 == 0 && n4 <= 8 * 256 && al(out) && al(x) && al(w) && (!ADD || (al(r) && al(sum))) &&
+      ((uintptr_t)ob & 7) == 0) {
     const int threads = (int)std::min<int64_t>(256, (n4 + 31) / 32 * 32);
     const int64_t vpt = (n4 + threads - 1) / threads;
     const unsigned grid = (unsigned)segs;
-    if (vpt <= 1) (void)(mk::launch(rmsnorm_f32_reg<ADD, 1>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps));
-    else if (vpt <= 2) (void)(mk::launch(rmsnorm_f32_reg<ADD, 2>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps));
-    else if (vpt <= 4) (void)(mk::launch(rmsnorm_f32_reg<ADD, 4>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps));
-    else (void)(mk::launch(rmsnorm_f32_reg<ADD, 8>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps));
+    if (vpt <= 1) (void)(mk::launch(rmsnorm_f32_reg<ADD, 1>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob));
+    else if (vpt <= 2) (void)(mk::launch(rmsnorm_f32_reg<ADD, 2>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob));
+    else if (vpt <= 4) (void)(mk::launch(rmsnorm_f32_reg<ADD, 4>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob));
+    else (void)(mk::launch(rmsnorm_f32_reg<ADD, 8>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob));
     return;
   }
-  (void)(mk::launch(rmsnorm_f32<ADD>, dim3((unsigned)segs), dim3(kT), 0, s, out, x, r, sum, w, group, eps));
+  (void)(mk::launch(rmsnorm_f32<ADD>, dim3((unsigned)segs), dim3(kT), 0, s, out, x, r, sum, w, group, eps, ob));
 }
 
 // hi = bf16(x), lo = bf16(x - hi); x - hi is exact in float32.
@@ -229,46 +245,81 @@ __global__ void rope_f32(float* x, const int32_t* pos, int64_t t, int64_t heads,
 }
 
 // norm_rope_f32: out = RoPE(RMSNorm(x) per head) in one launch, one warp
-// per (row, head): the head's values in shared memory, the sum of squares
-// in float64 over the warp, then the rotation of the normalised values.
-// The arithmetic of rmsnorm_f32 followed by rope_f32 element for element
-// (the double sum's order aside); w null skips the norm (an out-of-place
-// rope_f32). head_dim ≤ kNormRopeMaxD.
+// per (row, head), for up to two tensors of the same rows (q and k: the
+// warps of the second follow the first's): the head's values in shared
+// memory, the sum of squares, then the rotation of the normalised values.
+// Exact (fast false): the arithmetic of rmsnorm_f32 followed by rope_f32
+// element for element (the float64 sum's order aside: float64 sums, cos and
+// sin). Fast: float32 sums, rsqrtf and sincosf (within a few ulp of the
+// exact values; the fast profile rounds q and k to bf16 after this). w null
+// skips the norm (an out-of-place rope_f32). head_dim ≤ kNormRopeMaxD.
 constexpr int kNormRopeMaxD = 256, kNormRopeWarps = 4;
+struct NormRopePart {
+  float* out;
+  const float* x;
+  const float* w;
+  int64_t heads;
+};
 __global__ void __launch_bounds__(kNormRopeWarps * 32)
-    norm_rope_f32(float* out, const float* x, const float* w, const int32_t* pos, int64_t t, int64_t heads,
-                  int64_t head_dim, int64_t half, int style, const float* inv, float attn, float eps) {
+    norm_rope_f32(NormRopePart p0, NormRopePart p1, const int32_t* pos, int64_t t, int64_t head_dim, int64_t half,
+                  int style, const float* inv, float attn, float eps, bool fast) {
   mk::pdl_begin();
   __shared__ float buf[kNormRopeWarps][kNormRopeMaxD];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t rh = (int64_t)blockIdx.x * kNormRopeWarps + warp;
-  if (rh >= t * heads) return;
-  const int64_t r = rh / heads;
-  const float* xs = x + rh * head_dim;
-  float* v = buf[warp];
-  double ss = 0;
-  for (int64_t j = lane; j < head_dim; j += 32) {
-    const float a = xs[j];
-    v[j] = a;
-    ss += (double)__fmul_rn(a, a);
+  int64_t rh = (int64_t)blockIdx.x * kNormRopeWarps + warp;
+  NormRopePart p = p0;
+  if (rh >= t * p0.heads) {
+    rh -= t * p0.heads;
+    p = p1;
+    if (rh >= t * p1.heads) return;
   }
-  if (w) {
-    ss = warp_sum_d(ss);
-    const float mean = (float)(ss / (double)head_dim);
-    const float rs = (float)(1.0 / sqrt((double)(mean + eps)));
-    for (int64_t j = lane; j < head_dim; j += 32) v[j] = __fmul_rn(w[j], __fmul_rn(v[j], rs));
+  const int64_t r = rh / p.heads;
+  const float* xs = p.x + rh * head_dim;
+  float* v = buf[warp];
+  float rs = 1.0f;
+  if (fast) {
+    float ss = 0;
+    for (int64_t j = lane; j < head_dim; j += 32) {
+      const float a = xs[j];
+      v[j] = a;
+      ss = fmaf(a, a, ss);
+    }
+    rs = rsqrtf(mk::warp_sum(ss) / (float)head_dim + eps);
+  } else {
+    double ss = 0;
+    for (int64_t j = lane; j < head_dim; j += 32) {
+      const float a = xs[j];
+      v[j] = a;
+      ss += (double)__fmul_rn(a, a);
+    }
+    if (p.w) {
+      ss = warp_sum_d(ss);
+      const float mean = (float)(ss / (double)head_dim);
+      rs = (float)(1.0 / sqrt((double)(mean + eps)));
+    }
+  }
+  if (p.w) {
+    for (int64_t j = lane; j < head_dim; j += 32) v[j] = __fmul_rn(p.w[j], __fmul_rn(v[j], rs));
   }
   __syncwarp();
-  float* o = out + rh * head_dim;
+  float* o = p.out + rh * head_dim;
+  const bool neox = style == MK_ROPE_NEOX;
+  const float fp = (float)pos[r];
   for (int64_t j = lane; j < head_dim; j += 32) {
     float y = v[j];
-    const bool neox = style == MK_ROPE_NEOX;
     if (j < 2 * half) {
       const int64_t i = neox ? (j < half ? j : j - half) : j / 2;
       const bool second = neox ? j >= half : (j & 1);
-      const float a = __fmul_rn(inv[i], (float)pos[r]);
-      const float c = __fmul_rn((float)cos((double)a), attn);
-      const float sn = __fmul_rn((float)sin((double)a), attn);
+      const float a = __fmul_rn(inv[i], fp);
+      float c, sn;
+      if (fast) {
+        sincosf(a, &sn, &c);
+        c *= attn;
+        sn *= attn;
+      } else {
+        c = __fmul_rn((float)cos((double)a), attn);
+        sn = __fmul_rn((float)sin((double)a), attn);
+      }
       const float x1 = neox ? v[i] : v[2 * i], x2 = neox ? v[half + i] : v[2 * i + 1];
       y = second ? __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn)) : __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
     }
@@ -432,12 +483,13 @@ int32_t mk_rmsnorm_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, in
 }
 
 int32_t mk_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uint64_t out, uint64_t x, uint64_t r, uint64_t w,
-                           int64_t rows, int64_t cols, uint32_t eps_bits) {
+                           int64_t rows, int64_t cols, uint32_t eps_bits, uint64_t outb) {
   const char* fn = "mk_add_rmsnorm_f32";
   MK_THREAD(fn);
   F32_ARG(fn, rows > 0 && rows <= INT32_MAX && cols > 0 && sum && out && x && r && w);
   launch_rmsnorm<true>(mk::as_stream(stream), mk::dev<float>(out), mk::dev<float>(x), mk::dev<float>(r),
-                       mk::dev<float>(sum), mk::dev<float>(w), rows, cols, mk::float_from_bits(eps_bits));
+                       mk::dev<float>(sum), mk::dev<float>(w), rows, cols, mk::float_from_bits(eps_bits),
+                       outb ? mk::dev<bf16>(outb) : nullptr);
   MK_LAUNCHED("add_rmsnorm_f32");
   return MK_OK;
 }
@@ -512,19 +564,23 @@ int32_t mk_rope_f32(uint64_t stream, uint64_t x, uint64_t pos, int64_t t, int64_
   return MK_OK;
 }
 
-int32_t mk_norm_rope_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, uint64_t pos, int64_t t,
-                         int64_t heads, int64_t head_dim, int64_t rot_dim, int32_t style, uint64_t inv_freq,
-                         uint32_t attn_bits, uint32_t eps_bits) {
+int32_t mk_norm_rope_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, int64_t heads, uint64_t out2,
+                         uint64_t x2, uint64_t w2, int64_t heads2, uint64_t pos, int64_t t, int64_t head_dim,
+                         int64_t rot_dim, int32_t style, uint64_t inv_freq, uint32_t attn_bits, uint32_t eps_bits,
+                         int32_t flags) {
   MK_THREAD("mk_norm_rope_f32");
-  F32_ARG("mk_norm_rope_f32", t > 0 && heads > 0 && head_dim > 0 && head_dim <= kNormRopeMaxD && rot_dim > 0 &&
-                                  rot_dim % 2 == 0 && rot_dim <= head_dim && out && x && pos && inv_freq &&
+  F32_ARG("mk_norm_rope_f32", t > 0 && heads > 0 && heads2 >= 0 && head_dim > 0 && head_dim <= kNormRopeMaxD &&
+                                  rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= head_dim && out && x &&
+                                  (heads2 == 0 || (out2 && x2)) && pos && inv_freq && (flags & ~1) == 0 &&
                                   (style == MK_ROPE_NEOX || style == MK_ROPE_INTERLEAVED));
-  const int64_t blocks = (t * heads + kNormRopeWarps - 1) / kNormRopeWarps;
+  const int64_t blocks = (t * (heads + heads2) + kNormRopeWarps - 1) / kNormRopeWarps;
   F32_ARG("mk_norm_rope_f32", blocks < (1ll << 31));
-  (void)(mk::launch(norm_rope_f32, dim3((unsigned)blocks), dim3(kNormRopeWarps * 32), 0, mk::as_stream(stream),
-      mk::dev<float>(out), mk::dev<const float>(x), w ? mk::dev<const float>(w) : nullptr, mk::dev<int32_t>(pos), t,
-      heads, head_dim, rot_dim / 2, style, mk::dev<float>(inv_freq), mk::float_from_bits(attn_bits),
-      mk::float_from_bits(eps_bits)));
+  const NormRopePart p0{mk::dev<float>(out), mk::dev<const float>(x), w ? mk::dev<const float>(w) : nullptr, heads};
+  const NormRopePart p1{heads2 ? mk::dev<float>(out2) : nullptr, heads2 ? mk::dev<const float>(x2) : nullptr,
+                        heads2 && w2 ? mk::dev<const float>(w2) : nullptr, heads2};
+  (void)(mk::launch(norm_rope_f32, dim3((unsigned)blocks), dim3(kNormRopeWarps * 32), 0, mk::as_stream(stream), p0,
+      p1, mk::dev<int32_t>(pos), t, head_dim, rot_dim / 2, style, mk::dev<float>(inv_freq),
+      mk::float_from_bits(attn_bits), mk::float_from_bits(eps_bits), (flags & MK_NORM_ROPE_FAST) != 0));
   MK_LAUNCHED("norm_rope_f32");
   return MK_OK;
 }

@@ -14,8 +14,8 @@ func positive(op string, kv ...any) error { return dims(op, kv...) }
 
 // AddRMSNormF32 writes sum [rows, cols] = x + r and out = RMSNorm(sum) · w
 // [cols] (one group per row) in one launch, with the values of AddF32 then
-// RMSNormF32.
-func (d *Device) AddRMSNormF32(s *Stream, sum, out, x, r, w *Buffer, rows, cols int, eps float32) error {
+// RMSNormF32; outb, when not nil, also gets out rounded to bf16 (RN).
+func (d *Device) AddRMSNormF32(s *Stream, sum, out, x, r, w, outb *Buffer, rows, cols int, eps float32) error {
 	const op = "AddRMSNormF32"
 	if err := d.ready(op); err != nil || d.muted() {
 		return err
@@ -27,8 +27,15 @@ func (d *Device) AddRMSNormF32(s *Stream, sum, out, x, r, w *Buffer, rows, cols 
 	if err := needAll(op, 4, "sum", sum, n, "out", out, n, "x", x, n, "r", r, n, "w", w, int64(cols)); err != nil {
 		return err
 	}
+	var ob uint64
+	if outb != nil {
+		if err := need(op, "outb", outb, n, 2); err != nil {
+			return err
+		}
+		ob = outb.ptr
+	}
 	return d.lib.check("mk_add_rmsnorm_f32", d.lib.addRMSNormF32(s.handle(), sum.ptr, out.ptr, x.ptr, r.ptr, w.ptr,
-		int64(rows), int64(cols), math.Float32bits(eps)))
+		int64(rows), int64(cols), math.Float32bits(eps), ob))
 }
 
 // RMSNormF32 writes out [rows, cols] = x / rms(each group of `group` columns)
@@ -193,38 +200,63 @@ func (d *Device) RoPEF32(s *Stream, x, pos *Buffer, t, heads, headDim, rotDim in
 // NormRoPEMaxHeadDim is the largest head dimension NormRoPEF32 takes.
 const NormRoPEMaxHeadDim = 256
 
-// NormRoPEF32 is out [t, heads*headDim] = RoPEF32 of RMSNormF32(x, w) with
-// w [headDim] applied to each head (eps), in one launch and out of place:
-// the same arithmetic per element as the two calls (the float64 sum of
-// squares in another order). w nil skips the norm. headDim ≤
-// NormRoPEMaxHeadDim.
-func (d *Device) NormRoPEF32(s *Stream, out, x, w, pos *Buffer, t, heads, headDim, rotDim int, style RoPEStyle,
-	invFreq *Buffer, attnFactor, eps float32) error {
+// NormRoPEPart is one tensor of a NormRoPEF32 launch: Out and X [t,
+// Heads*headDim], and the norm weight W [headDim] (nil: no norm).
+type NormRoPEPart struct {
+	Out, X, W *Buffer
+	Heads     int
+}
+
+// NormRoPEF32 is Out = RoPEF32 of RMSNormF32(X, W) with W applied to each
+// head (eps) for one or two parts (q and k) in one launch, out of place.
+// Exact (fast false): the arithmetic of the two calls per element (the
+// float64 sum of squares in another order). fast: float32 sums, rsqrtf and
+// sincosf, a few ulp from the exact values. headDim ≤ NormRoPEMaxHeadDim.
+func (d *Device) NormRoPEF32(s *Stream, parts []NormRoPEPart, pos *Buffer, t, headDim, rotDim int, style RoPEStyle,
+	invFreq *Buffer, attnFactor, eps float32, fast bool) error {
 	const op = "NormRoPEF32"
 	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
-	if err := positive(op, "T", t, "heads", heads, "headDim", headDim, "rotDim", rotDim); err != nil {
+	if len(parts) < 1 || len(parts) > 2 {
+		return fmt.Errorf("kernels: %s: %d parts (want 1 or 2)", op, len(parts))
+	}
+	if err := positive(op, "T", t, "headDim", headDim, "rotDim", rotDim); err != nil {
 		return err
 	}
 	if rotDim%2 != 0 || rotDim > headDim || headDim > NormRoPEMaxHeadDim {
 		return fmt.Errorf("kernels: %s: rotDim=%d must be even and at most headDim=%d (at most %d)", op, rotDim,
 			headDim, NormRoPEMaxHeadDim)
 	}
-	n := int64(t) * int64(heads) * int64(headDim)
-	if err := needAll(op, 4, "out", out, n, "x", x, n, "pos", pos, int64(t), "invFreq", invFreq, int64(rotDim/2)); err != nil {
+	if err := needAll(op, 4, "pos", pos, int64(t), "invFreq", invFreq, int64(rotDim/2)); err != nil {
 		return err
 	}
-	var wp uint64
-	if w != nil {
-		if err := need(op, "w", w, int64(headDim), 4); err != nil {
+	var ptr [2][3]uint64
+	var heads [2]int64
+	for i, p := range parts {
+		name := fmt.Sprintf("part %d", i)
+		if err := positive(op, name+" heads", p.Heads); err != nil {
 			return err
 		}
-		wp = w.ptr
+		n := int64(t) * int64(p.Heads) * int64(headDim)
+		if err := needAll(op, 4, name+" out", p.Out, n, name+" x", p.X, n); err != nil {
+			return err
+		}
+		if p.W != nil {
+			if err := need(op, name+" w", p.W, int64(headDim), 4); err != nil {
+				return err
+			}
+			ptr[i][2] = p.W.ptr
+		}
+		ptr[i][0], ptr[i][1], heads[i] = p.Out.ptr, p.X.ptr, int64(p.Heads)
 	}
-	return d.lib.check("mk_norm_rope_f32", d.lib.normRopeF32(s.handle(), out.ptr, x.ptr, wp, pos.ptr, int64(t),
-		int64(heads), int64(headDim), int64(rotDim), int32(style), invFreq.ptr, math.Float32bits(attnFactor),
-		math.Float32bits(eps)))
+	var flags int32
+	if fast {
+		flags = 1 // MK_NORM_ROPE_FAST
+	}
+	return d.lib.check("mk_norm_rope_f32", d.lib.normRopeF32(s.handle(), ptr[0][0], ptr[0][1], ptr[0][2], heads[0],
+		ptr[1][0], ptr[1][1], ptr[1][2], heads[1], pos.ptr, int64(t), int64(headDim), int64(rotDim), int32(style),
+		invFreq.ptr, math.Float32bits(attnFactor), math.Float32bits(eps), flags))
 }
 
 // ColCopy describes one strided column copy: dst[r*DstLd + h*DstHead +

@@ -15,8 +15,16 @@
 // L1 from every warp: at M = 8 the re-reads took 30 µs for a 16 MB weight).
 // The M sums are reduced across the warp at the end. Products and sums are
 // float32.
+//
+// One launch may serve up to kMaxSegs projections of the same A (q, k and v
+// of a decode step: mk_gemv_bf16_multi), each its own B, C, bias and N; the
+// CTAs are numbered through the segments in order. Weights are constants, so
+// a CTA issues its first batch of B loads before griddepcontrol.wait: under
+// programmatic dependent launch the weight stream starts while the kernel
+// before (which writes A) still runs.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "common.cuh"
 
@@ -27,6 +35,7 @@ using bf16 = __nv_bfloat16;
 constexpr int kWarps = 8;                // rows of B per CTA
 constexpr int kCH = 8;                   // 16-byte pieces of B per lane per batch
 constexpr int kMaxM = 8;
+constexpr int kMaxSegs = 3;
 constexpr size_t kStageBytes = 64 << 10;  // A staged in shared memory, per chunk of columns
 
 __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
@@ -50,18 +59,49 @@ __device__ __forceinline__ void a8(const float* row, int p, float (&f)[8]) {
   f[0] = x.x, f[1] = x.y, f[2] = x.z, f[3] = x.w, f[4] = y.x, f[5] = y.y, f[6] = y.z, f[7] = y.w;
 }
 
+// One projection of a launch: C [M, N] (+ bias [N]) from B [N, K]; its CTAs
+// are [first, first + ceil(N / kWarps)).
+struct GemvSeg {
+  float* C;
+  const bf16* B;
+  const float* bias;
+  int N, first;
+};
+struct GemvSegs {
+  GemvSeg s[kMaxSegs];
+  int n;
+};
+
 // The CTA's warps each own one row of B (one output column). Per chunk of
 // KC columns: the warps issue their first 8 pieces of B, the CTA stages A's
 // M × KC block in shared memory, then each lane multiplies its pieces
 // against the M staged rows while the next 8 pieces load.
-template <typename TA, int MT>
-__global__ void __launch_bounds__(kWarps * 32)
-    gemv_kernel(float* C, const TA* A, const bf16* B, const float* bias, bf16* ab, int M, int N, int K, int KC) {
-  mk::pdl_begin();
+template <typename TA, int MT, bool DB>
+__global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
+    gemv_kernel(const GemvSegs segs, const TA* A, bf16* ab, int M, int K, int KC) {
   extern __shared__ __align__(16) unsigned char gsm[];
   TA* As = reinterpret_cast<TA*>(gsm);  // [M][KC]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr int vec = 16 / sizeof(TA);  // A's elements per 16 bytes
+  GemvSeg sg = segs.s[0];  // this CTA's projection (no dynamic index into the parameters)
+#pragma unroll
+  for (int i = 1; i < kMaxSegs; i++)
+    if (i < segs.n && (int)blockIdx.x >= segs.s[i].first) sg = segs.s[i];
+  const int N = sg.N;
+  const int n = ((int)blockIdx.x - sg.first) * kWarps + warp;
+  const bool active = n < N;  // every thread stages A and meets the barriers
+  const uint4* row = reinterpret_cast<const uint4*>(sg.B + (int64_t)(active ? n : 0) * K);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  uint4 w[kCH], nx[DB ? kCH : 1];
+  {  // the first chunk's first pieces of B: weights, read before the wait
+    const int P = min(KC, K) / 8;
+#pragma unroll
+    for (int j = 0; j < kCH; j++) {
+      const int p = lane + 32 * j;
+      w[j] = active && p < P ? mk::ld_stream(row + p) : zero;
+    }
+  }
+  mk::pdl_begin();
   if constexpr (sizeof(TA) == 4) {  // float A: also round it to bf16 into ab, each 8 values by one thread of the grid
     if (ab != nullptr) {
       const int64_t pieces = (int64_t)M * (K / 8);
@@ -75,21 +115,18 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
   }
-  const int n = blockIdx.x * kWarps + warp;
-  const bool active = n < N;  // every thread stages A and meets the barriers
-  const uint4* row = reinterpret_cast<const uint4*>(B + (int64_t)(active ? n : 0) * K);
   float acc[MT];
 #pragma unroll
   for (int m = 0; m < MT; m++) acc[m] = 0.0f;
-  const uint4 zero = make_uint4(0, 0, 0, 0);
   for (int c0 = 0; c0 < K; c0 += KC) {
     const int kc = min(KC, K - c0), P = kc / 8;
     const uint4* rc = row + c0 / 8;
-    uint4 w[kCH], nx[kCH];
+    if (c0 > 0) {
 #pragma unroll
-    for (int j = 0; j < kCH; j++) {
-      const int p = lane + 32 * j;
-      w[j] = active && p < P ? mk::ld_stream(rc + p) : zero;
+      for (int j = 0; j < kCH; j++) {
+        const int p = lane + 32 * j;
+        w[j] = active && p < P ? mk::ld_stream(rc + p) : zero;
+      }
     }
     __syncthreads();  // the previous chunk's readers are done with As
     const int rowv = kc / vec;
@@ -101,10 +138,12 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();
     if (active) {
       for (int base = 0; base < P; base += 32 * kCH) {
+        if constexpr (DB) {
 #pragma unroll
-        for (int j = 0; j < kCH; j++) {  // the next batch in flight meanwhile
-          const int p = base + 32 * kCH + lane + 32 * j;
-          nx[j] = p < P ? mk::ld_stream(rc + p) : zero;
+          for (int j = 0; j < kCH; j++) {  // the next batch in flight meanwhile
+            const int p = base + 32 * kCH + lane + 32 * j;
+            nx[j] = p < P ? mk::ld_stream(rc + p) : zero;
+          }
         }
 #pragma unroll
         for (int j = 0; j < kCH; j++) {
@@ -123,27 +162,34 @@ __global__ void __launch_bounds__(kWarps * 32)
             }
           }
         }
+        if constexpr (DB) {
 #pragma unroll
-        for (int j = 0; j < kCH; j++) w[j] = nx[j];
+          for (int j = 0; j < kCH; j++) w[j] = nx[j];
+        } else if (base + 32 * kCH < P) {  // (never for one batch per chunk)
+#pragma unroll
+          for (int j = 0; j < kCH; j++) {
+            const int p = base + 32 * kCH + lane + 32 * j;
+            w[j] = p < P ? mk::ld_stream(rc + p) : zero;
+          }
+        }
       }
     }
   }
   if (!active) return;
-  const float b = bias != nullptr ? bias[n] : 0.0f;
+  const float b = sg.bias != nullptr ? sg.bias[n] : 0.0f;
 #pragma unroll
   for (int m = 0; m < MT; m++) {
     if (m < M) {
       float v = acc[m];
       for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) C[(int64_t)m * N + n] = v + b;
+      if (lane == 0) sg.C[(int64_t)m * N + n] = v + b;
     }
   }
 }
 
-template <typename TA, int MT>
-int launch_mt(cudaStream_t s, float* C, const TA* A, const bf16* B, const float* bias, bf16* ab, int M, int N,
-              int K) {
-  auto kern = gemv_kernel<TA, MT>;
+template <typename TA, int MT, bool DB>
+int launch_mt(cudaStream_t s, GemvSegs g, const TA* A, bf16* ab, int M, int K) {
+  auto kern = gemv_kernel<TA, MT, DB>;
   // Columns per chunk: as many as fit kStageBytes for M rows, a multiple of 8.
   const int KC = (int)std::min<int64_t>(K, (int64_t)(kStageBytes / ((size_t)M * sizeof(TA))) / 8 * 8);
   const size_t sm = (size_t)M * KC * sizeof(TA);
@@ -152,18 +198,46 @@ int launch_mt(cudaStream_t s, float* C, const TA* A, const bf16* B, const float*
     MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kStageBytes));
     attr = true;
   }
-  const unsigned grid = (unsigned)((N + kWarps - 1) / kWarps);
-  (void)(mk::launch(kern, dim3(grid), dim3(kWarps * 32), sm, s, C, A, B, bias, ab, M, N, K, KC));
+  int grid = 0;
+  for (int i = 0; i < g.n; i++) {
+    g.s[i].first = grid;
+    grid += (g.s[i].N + kWarps - 1) / kWarps;
+  }
+  (void)(mk::launch(kern, dim3((unsigned)grid), dim3(kWarps * 32), sm, s, g, A, ab, M, K, KC));
   return MK_OK;
 }
 
+// single_k is the most columns the single-batch kernels take:
+// MK_GEMV_SINGLE_K (0: never; comparisons), default 4096.
+int single_k() {
+  static const int k = [] {
+    const char* v = getenv("MK_GEMV_SINGLE_K");
+    return v ? atoi(v) : 4096;
+  }();
+  return k;
+}
+
 template <typename TA>
-int launch_gemv(cudaStream_t s, float* C, const TA* A, const bf16* B, const float* bias, bf16* ab, int M, int N,
-                int K) {
-  if (M <= 1) return launch_mt<TA, 1>(s, C, A, B, bias, ab, M, N, K);
-  if (M <= 2) return launch_mt<TA, 2>(s, C, A, B, bias, ab, M, N, K);
-  if (M <= 4) return launch_mt<TA, 4>(s, C, A, B, bias, ab, M, N, K);
-  return launch_mt<TA, 8>(s, C, A, B, bias, ab, M, N, K);
+int launch_gemv(cudaStream_t s, const GemvSegs& g, const TA* A, bf16* ab, int M, int K) {
+  // At one or two rows the second batch in flight is left out up to
+  // single_k() columns: without it the kernel fits 64 registers, 4 CTAs (32
+  // warps, each with one batch of up to 4 KB in flight) per SM instead of 2
+  // (16 warps, two batches each), so a 4096-row projection runs in one wave.
+  if (K <= single_k()) {
+    if (M <= 1) return launch_mt<TA, 1, false>(s, g, A, ab, M, K);
+    if (M <= 2) return launch_mt<TA, 2, false>(s, g, A, ab, M, K);
+  }
+  if (M <= 1) return launch_mt<TA, 1, true>(s, g, A, ab, M, K);
+  if (M <= 2) return launch_mt<TA, 2, true>(s, g, A, ab, M, K);
+  if (M <= 4) return launch_mt<TA, 4, true>(s, g, A, ab, M, K);
+  return launch_mt<TA, 8, true>(s, g, A, ab, M, K);
+}
+
+GemvSegs one_seg(float* C, const bf16* B, const float* bias, int N) {
+  GemvSegs g = {};
+  g.s[0] = GemvSeg{C, B, bias, N, 0};
+  g.n = 1;
+  return g;
 }
 
 bool aligned16(uint64_t p) { return (p & 15) == 0; }
@@ -180,10 +254,38 @@ int32_t mk_gemv_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t b, int64_
          (long long)k, kMaxM);
   MK_ARG(c && a && b, "%s: null operand", fn);
   MK_ARG(aligned16(a) && aligned16(b), "%s: A and B must be 16-byte aligned", fn);
-  const int rc = launch_gemv<bf16>(mk::as_stream(stream), mk::dev<float>(c), mk::dev<const bf16>(a),
-                                  mk::dev<const bf16>(b), nullptr, nullptr, (int)m, (int)n, (int)k);
+  const int rc = launch_gemv<bf16>(mk::as_stream(stream), one_seg(mk::dev<float>(c), mk::dev<const bf16>(b), nullptr, (int)n),
+                                  mk::dev<const bf16>(a), nullptr, (int)m, (int)k);
   if (rc != MK_OK) return rc;
   MK_LAUNCHED("gemv_bf16");
+  return MK_OK;
+}
+
+int32_t mk_gemv_bf16_multi(uint64_t stream, uint64_t a, int64_t m, int64_t k, uint64_t c0, uint64_t b0,
+                           uint64_t bias0, int64_t n0, uint64_t c1, uint64_t b1, uint64_t bias1, int64_t n1,
+                           uint64_t c2, uint64_t b2, uint64_t bias2, int64_t n2) {
+  const char* fn = "mk_gemv_bf16_multi";
+  MK_THREAD(fn);
+  MK_ARG(m >= 1 && m <= kMaxM && k >= 8 && k % 8 == 0 && k <= INT32_MAX / 2,
+         "%s: M=%lld K=%lld (want 1 <= M <= %d, K a multiple of 8)", fn, (long long)m, (long long)k, kMaxM);
+  MK_ARG(a && aligned16(a), "%s: A null or not 16-byte aligned", fn);
+  const uint64_t cs[kMaxSegs] = {c0, c1, c2}, bs[kMaxSegs] = {b0, b1, b2}, biases[kMaxSegs] = {bias0, bias1, bias2};
+  const int64_t ns[kMaxSegs] = {n0, n1, n2};
+  GemvSegs g = {};
+  int64_t blocks = 0;
+  for (int i = 0; i < kMaxSegs; i++) {
+    if (ns[i] == 0) continue;
+    MK_ARG(ns[i] > 0 && ns[i] <= INT32_MAX / 2 && cs[i] && bs[i] && aligned16(bs[i]),
+           "%s: projection %d: N=%lld, C %p, B %p (want N >= 0, B 16-byte aligned)", fn, i, (long long)ns[i],
+           (void*)cs[i], (void*)bs[i]);
+    g.s[g.n++] = GemvSeg{mk::dev<float>(cs[i]), mk::dev<const bf16>(bs[i]),
+                         biases[i] ? mk::dev<const float>(biases[i]) : nullptr, (int)ns[i], 0};
+    blocks += (ns[i] + kWarps - 1) / kWarps;
+  }
+  MK_ARG(g.n > 0 && blocks < INT32_MAX, "%s: no projection (every N is 0) or too many rows", fn);
+  const int rc = launch_gemv<bf16>(mk::as_stream(stream), g, mk::dev<const bf16>(a), nullptr, (int)m, (int)k);
+  if (rc != MK_OK) return rc;
+  MK_LAUNCHED("gemv_bf16_multi");
   return MK_OK;
 }
 
@@ -196,9 +298,10 @@ int32_t mk_moe_router_f32(uint64_t stream, uint64_t logits, uint64_t x, uint64_t
          (long long)h, kMaxM);
   MK_ARG(logits && x && w, "%s: null logits, x or W", fn);
   MK_ARG(aligned16(x) && aligned16(w) && (xb == 0 || aligned16(xb)), "%s: x, W and xb must be 16-byte aligned", fn);
-  const int rc = launch_gemv<float>(mk::as_stream(stream), mk::dev<float>(logits), mk::dev<const float>(x),
-                                   mk::dev<const bf16>(w), bias ? mk::dev<const float>(bias) : nullptr,
-                                   xb ? mk::dev<bf16>(xb) : nullptr, (int)t, e, (int)h);
+  const int rc = launch_gemv<float>(mk::as_stream(stream),
+                                   one_seg(mk::dev<float>(logits), mk::dev<const bf16>(w),
+                                           bias ? mk::dev<const float>(bias) : nullptr, e),
+                                   mk::dev<const float>(x), xb ? mk::dev<bf16>(xb) : nullptr, (int)t, (int)h);
   if (rc != MK_OK) return rc;
   MK_LAUNCHED("moe_router");
   return MK_OK;

@@ -12,7 +12,7 @@ import (
 )
 
 // abiVersion is the MK_ABI_VERSION this package was written against.
-const abiVersion = 9
+const abiVersion = 10
 
 // LibraryEnv names the environment variable holding libmkernel.so's path.
 const LibraryEnv = "MKSERVE_KERNEL_LIB"
@@ -168,7 +168,7 @@ type lib struct {
 
 	// float32-activation ops (f32ops.cu)
 	rmsnormF32    func(s, out, x, w uint64, rows, cols, group int64, eps uint32) int32
-	addRMSNormF32 func(s, sum, out, x, r, w uint64, rows, cols int64, eps uint32) int32
+	addRMSNormF32 func(s, sum, out, x, r, w uint64, rows, cols int64, eps uint32, outb uint64) int32
 	splitBF16     func(s, hi, lo, x uint64, n int64) int32
 	addF32        func(s, out, a, b uint64, n int64) int32
 	fillF32       func(s, out uint64, n int64, v uint32) int32
@@ -176,7 +176,7 @@ type lib struct {
 	biasAddF32    func(s, x, bias uint64, rows, cols int64) int32
 	swigluF32     func(s, out, in uint64, t, i int64, kind int32, alpha, limit uint32) int32
 	ropeF32       func(s, x, pos uint64, t, heads, headDim, rotDim int64, style int32, invFreq uint64, attn uint32) int32
-	normRopeF32   func(s, out, x, w, pos uint64, t, heads, headDim, rotDim int64, style int32, invFreq uint64, attn, eps uint32) int32
+	normRopeF32   func(s, out, x, w uint64, heads int64, out2, x2, w2 uint64, heads2 int64, pos uint64, t, headDim, rotDim int64, style int32, invFreq uint64, attn, eps uint32, flags int32) int32
 	copyColsF32   func(s, dst uint64, dld, doff, dhs int64, src uint64, sld, soff, shs, rows, heads, width int64) int32
 	gatherRowsF32 func(s, dst, src uint64, srcDType int32, idx uint64, n, cols, srcRows int64) int32
 	scatterAddF32 func(s, out, src, idx, w uint64, n, cols int64) int32

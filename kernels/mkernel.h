@@ -43,8 +43,10 @@ extern "C" {
  * 8: mk_moe_router_f32, mk_gemv_bf16.
  * 9: mk_paged_attn_variant 3 (the warp-split kernel, auto's choice for head
  *    dims 64/64, 128/128, 192/128), mk_moe_gemv, mk_moe_localize's counts,
- *    mk_norm_rope_f32. */
-#define MK_ABI_VERSION 9
+ *    mk_norm_rope_f32.
+ * 10: mk_gemv_bf16_multi; mk_norm_rope_f32 takes a second tensor and flags
+ *    (MK_NORM_ROPE_FAST); mk_add_rmsnorm_f32 may also write bf16 (outb). */
+#define MK_ABI_VERSION 10
 
 /* Status codes. */
 enum {
@@ -191,6 +193,13 @@ MK_API int32_t mk_gemm_f32(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, 
  * and B 16-byte aligned. C is overwritten. */
 MK_API int32_t mk_gemv_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t b, int64_t m, int64_t n,
                             int64_t k);
+/* Up to three skinny GEMMs of one A in one launch (ABI 10; q, k and v of a
+ * decode step): C_i [M,N_i] f32 = A [M,K] bf16 · B_i [N_i,K]ᵀ (+ bias_i
+ * [N_i] f32 when not 0), as mk_gemv_bf16 per projection. N_i = 0 leaves
+ * projection i out (at least one N_i > 0). */
+MK_API int32_t mk_gemv_bf16_multi(uint64_t stream, uint64_t a, int64_t m, int64_t k, uint64_t c0, uint64_t b0,
+                                  uint64_t bias0, int64_t n0, uint64_t c1, uint64_t b1, uint64_t bias1,
+                                  int64_t n1, uint64_t c2, uint64_t b2, uint64_t bias2, int64_t n2);
 /* How many GEMMs ran through cuBLASLt and through the cublasGemmEx fallback. */
 MK_API int32_t mk_gemm_stats(uint64_t* lt_calls, uint64_t* fallback_calls);
 
@@ -236,9 +245,10 @@ MK_API int32_t mk_convert_bf16_to_f32(uint64_t stream, uint64_t dst, uint64_t sr
 MK_API int32_t mk_rmsnorm_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, int64_t rows,
                               int64_t cols, int64_t group, uint32_t eps_bits);
 /* sum [rows, cols] = x + r, out = RMSNorm(sum) * w [cols] (ABI 6): the same
- * values as mk_add_f32 then mk_rmsnorm_f32 with group = cols, one launch. */
+ * values as mk_add_f32 then mk_rmsnorm_f32 with group = cols, one launch.
+ * outb, when not 0, also gets out rounded to bf16 (RN; ABI 10). */
 MK_API int32_t mk_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uint64_t out, uint64_t x, uint64_t r,
-                                  uint64_t w, int64_t rows, int64_t cols, uint32_t eps_bits);
+                                  uint64_t w, int64_t rows, int64_t cols, uint32_t eps_bits, uint64_t outb);
 /* Splits n float32 values x into two bf16 halves: hi = bf16(x), lo =
  * bf16(x - hi) (round to nearest even), so hi + lo carries about 16 bits of
  * x's mantissa; A·Bᵀ = hi·Bᵀ + lo·Bᵀ with two bf16 GEMMs. */
@@ -262,10 +272,15 @@ MK_API int32_t mk_rope_f32(uint64_t stream, uint64_t x, uint64_t pos, int64_t t,
                            uint32_t attn_bits);
 /* out [t, heads*head_dim] = mk_rope_f32 of mk_rmsnorm_f32(x, w) per head
  * (w [head_dim], eps), in one launch and out of place; w 0 skips the norm.
- * head_dim <= 256. */
-MK_API int32_t mk_norm_rope_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, uint64_t pos, int64_t t,
-                                int64_t heads, int64_t head_dim, int64_t rot_dim, int32_t style,
-                                uint64_t inv_freq, uint32_t attn_bits, uint32_t eps_bits);
+ * head_dim <= 256. heads2 > 0 does the same for out2, x2, w2 [t,
+ * heads2*head_dim] in the same launch (q and k; ABI 10). flags
+ * MK_NORM_ROPE_FAST: float32 sums, rsqrtf and sincosf instead of the
+ * float64 arithmetic (a few ulp from it). */
+enum { MK_NORM_ROPE_FAST = 1 };
+MK_API int32_t mk_norm_rope_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, int64_t heads,
+                                uint64_t out2, uint64_t x2, uint64_t w2, int64_t heads2, uint64_t pos, int64_t t,
+                                int64_t head_dim, int64_t rot_dim, int32_t style, uint64_t inv_freq,
+                                uint32_t attn_bits, uint32_t eps_bits, int32_t flags);
 /* dst[r*dld + h*dhs + doff + c] = src[r*sld + h*shs + soff + c] for r < rows,
  * h < heads, c < width (shs = 0 broadcasts one source head). */
 MK_API int32_t mk_copy_cols_f32(uint64_t stream, uint64_t dst, int64_t dld, int64_t doff, int64_t dhs,

@@ -19,6 +19,7 @@ var (
 	moeLocalize  func(s, ids uint64, n int64, lo, hi int32, counts uint64, e int32) int32
 	moeRouterF32 func(s, logits, x, w, bias, xb uint64, t int64, e int32, h int64) int32
 	gemvBF16     func(s, c, a, b uint64, m, n, k int64) int32
+	gemvMulti    func(s, a uint64, m, k int64, c0, b0, bias0 uint64, n0 int64, c1, b1, bias1 uint64, n1 int64, c2, b2, bias2 uint64, n2 int64) int32
 	moeGemvSet   func(on int32) int32
 )
 
@@ -31,6 +32,7 @@ func init() {
 		symbol{"mk_moe_localize", &moeLocalize},
 		symbol{"mk_moe_router_f32", &moeRouterF32},
 		symbol{"mk_gemv_bf16", &gemvBF16},
+		symbol{"mk_gemv_bf16_multi", &gemvMulti},
 		symbol{"mk_moe_gemv", &moeGemvSet},
 	)
 }

@@ -101,6 +101,61 @@ func (d *Device) GemvBF16(s *Stream, c, a, b *Buffer, m, n, k int) error {
 	return d.lib.check("mk_gemv_bf16", gemvBF16(s.handle(), c.ptr, a.ptr, b.ptr, M, N, K))
 }
 
+// GemvMaxOuts is the most projections one GemvBF16Multi launch takes.
+const GemvMaxOuts = 3
+
+// GemvOut is one projection of GemvBF16Multi: C [m, N] f32 = a · B [N, k]ᵀ
+// bf16, plus Bias [N] f32 when not nil.
+type GemvOut struct {
+	C, B, Bias *Buffer
+	N          int
+}
+
+// GemvBF16Multi runs GemvBF16 for up to GemvMaxOuts projections of the same
+// a [m, k] bf16 in one launch (q, k and v of a decode step), each with an
+// optional float32 bias. Every B must be 16-byte aligned.
+func (d *Device) GemvBF16Multi(s *Stream, a *Buffer, m, k int, outs []GemvOut) error {
+	const op = "GemvBF16Multi"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	if err := dims(op, "M", m, "K", k); err != nil {
+		return err
+	}
+	if m > GemvMaxRows || k%8 != 0 || len(outs) == 0 || len(outs) > GemvMaxOuts {
+		return fmt.Errorf("kernels: %s: M=%d K=%d, %d projections (want M ≤ %d, K a multiple of 8, 1 to %d projections)",
+			op, m, k, len(outs), GemvMaxRows, GemvMaxOuts)
+	}
+	M, K := int64(m), int64(k)
+	if err := need(op, "A", a, M*K, 2); err != nil {
+		return err
+	}
+	var c, b, bias [GemvMaxOuts]uint64
+	var n [GemvMaxOuts]int64
+	for i, o := range outs {
+		name := fmt.Sprintf("projection %d", i)
+		if err := dims(op, name+" N", o.N); err != nil {
+			return err
+		}
+		N := int64(o.N)
+		if err := needAll(op, 2, name+" B", o.B, N*K); err != nil {
+			return err
+		}
+		if err := need(op, name+" C", o.C, M*N, 4); err != nil {
+			return err
+		}
+		if o.Bias != nil {
+			if err := need(op, name+" bias", o.Bias, N, 4); err != nil {
+				return err
+			}
+			bias[i] = o.Bias.ptr
+		}
+		c[i], b[i], n[i] = o.C.ptr, o.B.ptr, N
+	}
+	return d.lib.check("mk_gemv_bf16_multi", gemvMulti(s.handle(), a.ptr, M, K, c[0], b[0], bias[0], n[0],
+		c[1], b[1], bias[1], n[1], c[2], b[2], bias[2], n[2]))
+}
+
 // gemm checks and runs one GEMM: operands of type abt, c of type ct.
 func (d *Device) gemm(op string, s *Stream, c *Buffer, ct, abt DType, a, b *Buffer, m, n, k int, acc bool) error {
 	if err := d.ready(op); err != nil || d.muted() {

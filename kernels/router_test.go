@@ -161,10 +161,105 @@ func TestMoERouterF32Args(t *testing.T) {
 	})
 }
 
+// bf16RNE is v rounded to bf16, to nearest even (v not NaN).
+func bf16RNE(v float32) uint16 {
+	b := math.Float32bits(v)
+	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
+}
+
+// TestGemvBF16Multi: q, k and v of one activation in one launch (three
+// projections of different widths, with and without biases) against the
+// float64 CPU products, NaN-poisoned outputs; and bad calls are errors.
+func TestGemvBF16Multi(t *testing.T) {
+	g := testGPU(t)
+	for _, c := range []struct {
+		M, K int
+		N    []int
+		bias []bool
+	}{
+		{1, 2048, []int{4096, 512, 512}, []bool{false, false, false}},
+		{2, 4096, []int{4096, 1024, 1024}, []bool{true, true, true}},
+		{1, 7168, []int{1536, 576}, []bool{false, true}},
+		{3, 2056, []int{33}, []bool{true}},
+	} {
+		t.Run(fmt.Sprintf("M%d_K%d_N%v", c.M, c.K, c.N), func(t *testing.T) {
+			r := newRNG(t)
+			aBits, a := randBF16(r, c.M*c.K, 1)
+			type proj struct {
+				bits []uint16
+				b    []float32
+				bias []float32
+			}
+			ps := make([]proj, len(c.N))
+			for i, n := range c.N {
+				ps[i].bits, ps[i].b = randBF16(r, n*c.K, 0.05)
+				if c.bias[i] {
+					ps[i].bias = randF32(r, n, 1)
+				}
+			}
+			got := make([][]float32, len(c.N))
+			onGPU(t, g, func(ar *arena) {
+				ab := put(ar, aBits)
+				outs := make([]GemvOut, len(c.N))
+				for i, n := range c.N {
+					outs[i] = GemvOut{C: put(ar, f32Fill(c.M*n, float32(math.NaN()))), B: put(ar, ps[i].bits), N: n}
+					if ps[i].bias != nil {
+						outs[i].Bias = put(ar, ps[i].bias)
+					}
+				}
+				if ar.err != nil {
+					return
+				}
+				ar.check(ar.d.GemvBF16Multi(nil, ab, c.M, c.K, outs))
+				for i, n := range c.N {
+					got[i] = get[float32](ar, outs[i].C, c.M*n)
+				}
+			})
+			for i, N := range c.N {
+				for m := range c.M {
+					for n := range N {
+						s, sa := 0.0, 0.0
+						for k := range c.K {
+							p := float64(a[m*c.K+k]) * float64(ps[i].b[n*c.K+k])
+							s += p
+							sa += math.Abs(p)
+						}
+						if ps[i].bias != nil {
+							s += float64(ps[i].bias[n])
+							sa += math.Abs(float64(ps[i].bias[n]))
+						}
+						gv := got[i][m*N+n]
+						if d := math.Abs(float64(gv)-s) / (sa + 1e-30); gv != gv || d > 1e-5 {
+							t.Fatalf("projection %d: C[%d,%d] = %v, want %v", i, m, n, gv, s)
+						}
+					}
+				}
+			}
+		})
+	}
+	onGPU(t, g, func(ar *arena) {
+		buf := ar.alloc(1 << 20)
+		if ar.err != nil {
+			return
+		}
+		one := []GemvOut{{C: buf, B: buf, N: 8}}
+		for _, c := range []struct {
+			M, K int
+			outs []GemvOut
+		}{{1, 64, nil}, {1, 64, append(one, one[0], one[0], one[0])}, {GemvMaxRows + 1, 64, one}, {1, 60, one},
+			{1, 64, []GemvOut{{C: buf, B: buf, N: 0}}}} {
+			if err := ar.d.GemvBF16Multi(nil, buf, c.M, c.K, c.outs); err == nil {
+				t.Errorf("GemvBF16Multi M=%d K=%d %d projections gave no error", c.M, c.K, len(c.outs))
+			}
+		}
+	})
+}
+
 // TestRMSNormF32: RMSNormF32 and AddRMSNormF32 against float64 on the CPU,
 // on the register kernel's shapes (whole rows of 8 to 8192 values, heads of
 // 128) and the loop kernel's (groups not a multiple of 4, rows past 8192):
-// the sum output bit for bit (float32 adds), the normed output to 1e-6.
+// the sum output bit for bit (float32 adds), the normed output to 1e-6, and
+// AddRMSNormF32's bf16 output bit for bit the rounding of its float32 one.
 func TestRMSNormF32(t *testing.T) {
 	g := testGPU(t)
 	cases := []struct {
@@ -202,6 +297,7 @@ func TestRMSNormF32(t *testing.T) {
 				}
 			}
 			var got, gotSum []float32
+			var gotB []uint16
 			onGPU(t, g, func(a *arena) {
 				xb, rb, wb := put(a, x), put(a, res), put(a, w)
 				out, sb := put(a, f32Fill(n, float32(math.NaN()))), put(a, f32Fill(n, float32(math.NaN())))
@@ -209,8 +305,10 @@ func TestRMSNormF32(t *testing.T) {
 					return
 				}
 				if c.add {
-					a.check(a.d.AddRMSNormF32(nil, sb, out, xb, rb, wb, c.rows, c.cols, eps))
+					ob := put(a, bf16Fill(n, 0x7fc0)) // NaN
+					a.check(a.d.AddRMSNormF32(nil, sb, out, xb, rb, wb, ob, c.rows, c.cols, eps))
 					gotSum = get[float32](a, sb, n)
+					gotB = get[uint16](a, ob, n)
 				} else {
 					a.check(a.d.RMSNormF32(nil, out, xb, wb, c.rows, c.cols, c.group, eps))
 				}
@@ -219,6 +317,11 @@ func TestRMSNormF32(t *testing.T) {
 			for i := range gotSum {
 				if math.Float32bits(gotSum[i]) != math.Float32bits(sum[i]) {
 					t.Fatalf("sum[%d] = %v, want %v", i, gotSum[i], sum[i])
+				}
+			}
+			for i := range gotB { // the bf16 output is out rounded to nearest even, bit for bit
+				if want := bf16RNE(got[i]); gotB[i] != want {
+					t.Fatalf("outb[%d] = %#04x, want %#04x (RN of %v)", i, gotB[i], want, got[i])
 				}
 			}
 			checkClose(t, "out", got, want, 1e-6)

@@ -229,9 +229,8 @@ func (a *gqaAttention) params() *backend.AttnParams { return &a.p }
 
 func (a *gqaAttention) forward(h backend.Tensor, b *backend.Batch) backend.Tensor {
 	be, p := a.be, &a.p
-	q := be.Linear(h, a.wq, a.bq) // [T, H*D]
-	k := be.Linear(h, a.wk, a.bk) // [T, KVH*D]
-	v := be.Linear(h, a.wv, a.bv) // [T, KVH*D]
+	qkv := backend.LinearMulti(be, h, []backend.Tensor{a.wq, a.wk, a.wv}, []backend.Tensor{a.bq, a.bk, a.bv})
+	q, k, v := qkv[0], qkv[1], qkv[2] // [T, H*D], [T, KVH*D], [T, KVH*D]
 	if a.clip > 0 {
 		if a.qNorm != nil {
 			q = be.RMSNorm(q, a.qNorm, a.eps)
@@ -241,8 +240,7 @@ func (a *gqaAttention) forward(h backend.Tensor, b *backend.Batch) backend.Tenso
 		q = be.RoPE(q, p.NumHeads, p.HeadDim, a.rope, b.Positions)
 		k = be.RoPE(k, p.NumKVHeads, p.HeadDim, a.rope, b.Positions)
 	} else { // the q/k norms (if any) and RoPE, fused where the backend can
-		q = backend.NormRoPE(be, q, a.qNorm, a.eps, p.NumHeads, p.HeadDim, a.rope, b.Positions)
-		k = backend.NormRoPE(be, k, a.kNorm, a.eps, p.NumKVHeads, p.HeadDim, a.rope, b.Positions)
+		q, k = backend.NormRoPE(be, q, k, a.qNorm, a.kNorm, a.eps, p.NumHeads, p.NumKVHeads, p.HeadDim, a.rope, b.Positions)
 	}
 	o := be.Attention(q, k, v, b, p) // [T, H*D]
 	return be.Linear(o, a.wo, a.bo)

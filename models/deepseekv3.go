@@ -113,14 +113,18 @@ func (a *mlaAttention) params() *backend.AttnParams { return &a.p }
 
 func (a *mlaAttention) forward(h backend.Tensor, b *backend.Batch) backend.Tensor {
 	be, H := a.be, a.p.NumHeads
-	var q backend.Tensor // [T, H*(nope+rope)]
-	if a.qProj != nil {
-		q = be.Linear(h, a.qProj, nil)
-	} else {
-		q = be.Linear(be.RMSNorm(be.Linear(h, a.qA, nil), a.qANorm, loraNormEps), a.qB, nil)
+	// The two projections of h (q's or its low-rank first half, and kv's
+	// compression) in one launch where the backend fuses them.
+	qFirst := a.qProj
+	if qFirst == nil {
+		qFirst = a.qA
+	}
+	proj := backend.LinearMulti(be, h, []backend.Tensor{qFirst, a.kvA}, nil)
+	q, ckv := proj[0], proj[1] // [T, H*(nope+rope)] or [T, qLora]; [T, kvLora+rope]
+	if a.qProj == nil {
+		q = be.Linear(be.RMSNorm(q, a.qANorm, loraNormEps), a.qB, nil) // [T, H*(nope+rope)]
 	}
 	qParts := be.SplitCols(q, H, a.nope, a.ropeDim) // [T, H*nope], [T, H*rope]
-	ckv := be.Linear(h, a.kvA, nil)                 // [T, kvLora+rope]
 	kvParts := be.SplitCols(ckv, 1, a.kvLora, a.ropeDim)
 	kv := be.Linear(be.RMSNorm(kvParts[0], a.kvANorm, loraNormEps), a.kvB, nil) // [T, H*(nope+v)]
 	kvSplit := be.SplitCols(kv, H, a.nope, a.vDim)                              // [T, H*nope], [T, H*v]

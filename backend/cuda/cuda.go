@@ -992,7 +992,12 @@ func (be *Backend) AddRMSNorm(x, r, w backend.Tensor, eps float32) (backend.Tens
 		if T*C == 0 {
 			return nil
 		}
-		return d.AddRMSNormF32(nil, sum.st.f32, out.st.f32, be.f32(d, xt), be.f32(d, rt), be.f32(d, wt), T, C, eps)
+		var ob *kernels.Buffer
+		if !be.split { // the fast profile's GEMMs read the normed rows in bf16: round them here (bf16Of's values)
+			ob = be.alloc.get(d, int64(T*C)*2)
+			be.attach(out, &out.st.bf16, ob)
+		}
+		return d.AddRMSNormF32(nil, sum.st.f32, out.st.f32, be.f32(d, xt), be.f32(d, rt), be.f32(d, wt), ob, T, C, eps)
 	}, xt, rt, wt)
 	return sum, out
 }
@@ -1162,34 +1167,116 @@ func ropeInput(op string, x backend.Tensor, cols int, rope *attention.RoPE, pos 
 	return xt, T, kernels.RoPENeoX
 }
 
-// NormRoPE implements backend.NormRoPEr: RoPE of the per-head RMSNorm in
-// one launch (kernels.NormRoPEF32) instead of six nodes (the norm, a copy
-// and the rotation, for q and for k), for a norm weight of headDim values
-// or none and head dims up to kernels.NormRoPEMaxHeadDim; other shapes
-// (OLMoE's norm over all heads) return ok false.
-func (be *Backend) NormRoPE(x, w backend.Tensor, eps float32, heads, headDim int, rope *attention.RoPE,
-	pos []int32) (backend.Tensor, bool) {
-	if heads <= 0 || headDim <= 0 || headDim > kernels.NormRoPEMaxHeadDim || rope == nil || rope.Dim == 0 ||
-		rope.Dim > headDim || rope.Validate() != nil {
+// NormRoPE implements backend.NormRoPEr: RoPE of the per-head RMSNorm of
+// q and of k in one launch (kernels.NormRoPEF32) instead of six nodes (the
+// norm, a copy and the rotation, for q and for k), for norm weights of
+// headDim values or none and head dims up to kernels.NormRoPEMaxHeadDim;
+// other shapes (OLMoE's norms over all heads) return ok false. The fast
+// profile (no split activations) takes the kernel's float32 arithmetic
+// (sincosf, rsqrtf: a few ulp, before q and k are rounded to bf16), the
+// exact one its float64 arithmetic.
+func (be *Backend) NormRoPE(q, k, qw, kw backend.Tensor, eps float32, heads, kvHeads, headDim int,
+	rope *attention.RoPE, pos []int32) (backend.Tensor, backend.Tensor, bool) {
+	if heads <= 0 || kvHeads <= 0 || headDim <= 0 || headDim > kernels.NormRoPEMaxHeadDim || rope == nil ||
+		rope.Dim == 0 || rope.Dim > headDim || rope.Validate() != nil {
+		return nil, nil, false
+	}
+	headW := func(w backend.Tensor) (*Tensor, bool) {
+		if w == nil {
+			return nil, true
+		}
+		wt := tensorOf("NormRoPE", "w", w)
+		r, _ := wt.dims()
+		return wt, r == 1 && wt.st.n == headDim
+	}
+	qwt, ok1 := headW(qw)
+	kwt, ok2 := headW(kw)
+	if !ok1 || !ok2 {
+		return nil, nil, false
+	}
+	qt, T, style := ropeInput("NormRoPE", q, heads*headDim, rope, pos)
+	kt, _ := matrix("NormRoPE", "k", k, kvHeads*headDim)
+	if kT, _ := kt.dims(); kT != T {
+		panicf("NormRoPE", "q has %d rows, k %d", T, kT)
+	}
+	var qo, ko *Tensor
+	be.do("NormRoPE", func(d *kernels.Device) error {
+		qo, ko = be.newF32(d, T, heads*headDim), be.newF32(d, T, kvHeads*headDim)
+		if T == 0 {
+			return nil
+		}
+		f := be.freqs(d, rope)
+		pb := be.posCache.get(be, d, pos)
+		part := func(out, x, w *Tensor, h int) kernels.NormRoPEPart {
+			p := kernels.NormRoPEPart{Out: out.st.f32, X: be.f32(d, x), Heads: h}
+			if w != nil {
+				p.W = be.f32(d, w)
+			}
+			return p
+		}
+		parts := []kernels.NormRoPEPart{part(qo, qt, qwt, heads), part(ko, kt, kwt, kvHeads)}
+		return d.NormRoPEF32(nil, parts, pb, T, headDim, rope.Dim, style, f.inv, f.attn, eps, !be.split)
+	}, qt, kt, qwt, kwt)
+	return qo, ko, true
+}
+
+// LinearMulti implements backend.MultiLinear: in the fast profile, up to
+// kernels.GemvMaxOuts projections of one decode-sized activation (at most
+// gemvMaxRows rows) against bf16 weights run as one skinny-GEMM launch
+// (kernels.GemvBF16Multi: q, k and v), reading the activation's kept bf16
+// rounding; other cases return ok false.
+func (be *Backend) LinearMulti(x backend.Tensor, ws, biases []backend.Tensor) ([]backend.Tensor, bool) {
+	if be.split || len(ws) == 0 || len(ws) > kernels.GemvMaxOuts || (biases != nil && len(biases) != len(ws)) {
 		return nil, false
 	}
-	var wt *Tensor
-	if w != nil {
-		wt = tensorOf("NormRoPE", "w", w)
-		if r, _ := wt.dims(); r != 1 || wt.st.n != headDim {
+	wts := make([]*Tensor, len(ws))
+	bts := make([]*Tensor, len(ws))
+	ns := make([]int, len(ws))
+	K := -1
+	for i, w := range ws {
+		wt, N := matrix("LinearMulti", "w", w, -1)
+		_, k := wt.dims()
+		if wb, wF32 := weightMem(wt); wF32 || wb == nil || (K >= 0 && k != K) {
+			return nil, false
+		}
+		K, wts[i], ns[i] = k, wt, N
+		if biases != nil {
+			bts[i] = vector("LinearMulti", "bias", biases[i], N)
+		}
+	}
+	xt, T := matrix("LinearMulti", "x", x, K)
+	if !memoOK(xt) || T < 1 || T > gemvMaxRows {
+		return nil, false
+	}
+	for _, wt := range wts {
+		if wb, _ := weightMem(wt); !gemvFits(xt.st.f32, wb, T, K, gemvMaxRows) {
 			return nil, false
 		}
 	}
-	xt, T, style := ropeInput("NormRoPE", x, heads*headDim, rope, pos)
-	return be.elementwise("NormRoPE", xt, func(d *kernels.Device, out *kernels.Buffer) error {
-		f := be.freqs(d, rope)
-		pb := be.posCache.get(be, d, pos)
-		var wb *kernels.Buffer
-		if wt != nil {
-			wb = be.f32(d, wt)
+	outs := make([]backend.Tensor, len(ws))
+	ok := true
+	be.do("LinearMulti", func(d *kernels.Device) error {
+		hi, _ := be.bf16Of(d, xt) // kept with xt (memoOK)
+		if hi.Ptr()%16 != 0 {
+			ok = false
+			return nil
 		}
-		return d.NormRoPEF32(nil, out, be.f32(d, xt), wb, pb, T, heads, headDim, rope.Dim, style, f.inv, f.attn, eps)
-	}, xt, wt), true
+		g := make([]kernels.GemvOut, len(ws))
+		for i, wt := range wts {
+			o := be.newF32(d, T, ns[i])
+			outs[i] = o
+			wb, _ := weightMem(wt)
+			g[i] = kernels.GemvOut{C: o.st.f32, B: wb, N: ns[i]}
+			if bts[i] != nil {
+				g[i].Bias = be.f32(d, bts[i])
+			}
+		}
+		return d.GemvBF16Multi(nil, hi, T, K, g)
+	}, xt, wts, bts)
+	if !ok {
+		return nil, false
+	}
+	return outs, true
 }
 
 // MLP runs a dense gated MLP: Linear(x, GateUp) → SwiGLU → Linear(·, Down).

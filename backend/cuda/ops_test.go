@@ -148,20 +148,44 @@ var opCases = []opCase{
 			be.RoPE(x, 3, 10, yarn, pos),
 		}
 	}},
-	// backend.NormRoPE: fused on cuda for a per-head norm or none (the CPU
-	// backend runs RMSNorm then RoPE), the two ops for a norm over all heads.
+	// backend.NormRoPE: q and k fused on cuda for per-head norms or none
+	// (the CPU backend runs RMSNorm then RoPE), the ops one by one for
+	// norms over all heads.
 	{"norm_rope", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
-		x := W(t, be, g.f32(2, 6, 4*16))
+		q, k := W(t, be, g.f32(2, 6, 4*16)), W(t, be, g.f32(2, 6, 2*16))
 		pos := []int32{0, 3, 77, 4095, 5000, 123456}
 		yarn := &attention.RoPE{Dim: 8, Theta: 50000, Style: attention.Interleaved,
 			Scaling: attention.RoPEScaling{Type: "yarn", Factor: 4, OriginalMaxPos: 4096, MScale: 1, MScaleAllDim: 0.5}}
-		wHead, wAll := W(t, be, g.f32(0.5, 16)), W(t, be, g.f32(0.5, 4*16))
-		return []backend.Tensor{
-			backend.NormRoPE(be, x, wHead, 1e-6, 4, 16, &attention.RoPE{Dim: 16, Theta: 1e6}, pos),
-			backend.NormRoPE(be, x, wHead, 1e-5, 4, 16, yarn, pos),
-			backend.NormRoPE(be, x, nil, 0, 4, 16, &attention.RoPE{Dim: 10, Theta: 10000}, pos),
-			backend.NormRoPE(be, x, wAll, 1e-6, 4, 16, &attention.RoPE{Dim: 16, Theta: 1e6}, pos),
+		qHead, kHead := W(t, be, g.f32(0.5, 16)), W(t, be, g.f32(0.5, 16))
+		qAll, kAll := W(t, be, g.f32(0.5, 4*16)), W(t, be, g.f32(0.5, 2*16))
+		var out []backend.Tensor
+		for _, c := range []struct {
+			qw, kw backend.Tensor
+			eps    float32
+			rope   *attention.RoPE
+		}{
+			{qHead, kHead, 1e-6, &attention.RoPE{Dim: 16, Theta: 1e6}},
+			{qHead, kHead, 1e-5, yarn},
+			{nil, nil, 0, &attention.RoPE{Dim: 10, Theta: 10000}},
+			{qAll, kAll, 1e-6, &attention.RoPE{Dim: 16, Theta: 1e6}},
+		} {
+			qo, ko := backend.NormRoPE(be, q, k, c.qw, c.kw, c.eps, 4, 2, 16, c.rope, pos)
+			out = append(out, qo, ko)
 		}
+		return out
+	}},
+	// backend.LinearMulti: q, k and v of one activation (one launch on cuda
+	// for decode-sized rows in the fast profile; with and without biases).
+	{"linear_multi", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		var out []backend.Tensor
+		for _, rows := range []int{1, 2, 9} {
+			x := W(t, be, g.f32(1, rows, 64))
+			ws := []backend.Tensor{W(t, be, g.bf16(0.5, 96, 64)), W(t, be, g.bf16(0.5, 32, 64)), W(t, be, g.bf16(0.5, 32, 64))}
+			out = append(out, backend.LinearMulti(be, x, ws, nil)...)
+			bs := []backend.Tensor{W(t, be, g.f32(1, 96)), nil, W(t, be, g.f32(1, 32))}
+			out = append(out, backend.LinearMulti(be, x, ws, bs)...)
+		}
+		return out
 	}},
 	{"mlp_rows", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
 		x := W(t, be, g.f32(1, 9, 16))
