@@ -1234,7 +1234,8 @@ size_t plan_smem(const Plan& p, int D, int Dv) {
 }
 
 // plan picks the kernel, the head chunking and the key split: among splits s
-// (ranges of at least kMinChunk keys, whole tiles), the one that fills the
+// (ranges of at least kMinChunk keys, one tile for the warp-split kernel;
+// whole tiles), the one that fills the
 // GPU's CTA slots best over whole waves, discounted by the per-range
 // overhead (about one tile of work).
 Plan plan(int64_t n, int heads, int kv_heads, int head_dim, int v_head_dim, int max_keys, bool q16 = true) {
@@ -1252,7 +1253,11 @@ Plan plan(int64_t n, int heads, int kv_heads, int head_dim, int v_head_dim, int 
   if (max_keys <= 0) return p;
   const int64_t slots = (int64_t)occupancy(p, plan_smem(p, head_dim, v_head_dim)) * sm_count();
   const int64_t base = n * kv_heads * p.hchunks;
-  const int smax = (int)std::min<int64_t>(kMaxSplits, (max_keys + kMinChunk - 1) / kMinChunk);
+  // The warp-split kernel's ranges may be one tile: its warps take 16-key
+  // chunks, so a short range costs a CTA little, and at small batches more
+  // ranges put more of the KV read in flight at once.
+  const int min_chunk = p.warp ? kTK : kMinChunk;
+  const int smax = (int)std::min<int64_t>(kMaxSplits, (max_keys + min_chunk - 1) / min_chunk);
   double best = -1;
   for (int s = 1; s <= std::max(1, smax); s++) {
     const int chunk = ((max_keys + s - 1) / s + kTK - 1) / kTK * kTK;

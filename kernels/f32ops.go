@@ -61,8 +61,26 @@ func (d *Device) RMSNormF32(s *Stream, out, x, w *Buffer, rows, cols, group int,
 
 // needAll checks (name, buffer, elements) triples of one element size.
 func needAll(op string, size int64, kv ...any) error {
-	for i := 0; i+2 < len(kv); i += 3 {
-		if err := need(op, kv[i].(string), kv[i+1].(*Buffer), kv[i+2].(int64), size); err != nil {
+	if len(kv)%3 != 0 {
+		return fmt.Errorf("kernels: %s: %d arguments to needAll (want name, buffer, count triples)", op, len(kv))
+	}
+	for i := 0; i < len(kv); i += 3 {
+		name, ok1 := kv[i].(string)
+		b, ok2 := kv[i+1].(*Buffer)
+		var n int64
+		switch v := kv[i+2].(type) {
+		case int64:
+			n = v
+		case int:
+			n = int64(v)
+		default:
+			ok2 = false
+		}
+		if !ok1 || !ok2 {
+			return fmt.Errorf("kernels: %s: needAll argument %d: %T, %T, %T (want string, *Buffer, int or int64)", op,
+				i/3, kv[i], kv[i+1], kv[i+2])
+		}
+		if err := need(op, name, b, n, size); err != nil {
 			return err
 		}
 	}

@@ -146,6 +146,112 @@ func TestGemvBF16(t *testing.T) {
 }
 
 // TestMoERouterF32Args: shapes the kernel does not take are errors.
+// TestMoERouterRoute: the router GEMV whose last CTA routes gives the
+// logits of MoERouterF32 and the ids and weights of MoERoute on them, bit
+// for bit, for each routing family (softmax + renormalisation, sigmoid with
+// a score bias, groups and scaling, top-k then softmax, a router bias),
+// token counts 1 to 8, three calls in a row on one counter (each call must
+// leave it zero for the next: the outputs are poisoned before every call).
+func TestMoERouterRoute(t *testing.T) {
+	g := testGPU(t)
+	cases := []struct {
+		name  string
+		T, H  int
+		r     MoERouter
+		bias  bool // router GEMM bias
+		sbias bool // selection-only score bias
+	}{
+		{"qwen3", 1, 2048, MoERouter{Experts: 128, TopK: 8, NormTopK: true}, false, false},
+		{"qwen3_t8", 8, 2048, MoERouter{Experts: 128, TopK: 8, NormTopK: true}, false, false},
+		{"deepseek", 3, 7168, MoERouter{Experts: 256, TopK: 8, Sigmoid: true, NormTopK: true, Groups: 8, TopKGroups: 4, Scaling: 2.5}, false, true},
+		{"mixtral", 2, 4096, MoERouter{Experts: 8, TopK: 2, SoftmaxTopK: true}, false, false},
+		{"gpt_oss", 5, 2880, MoERouter{Experts: 32, TopK: 4, SoftmaxTopK: true}, true, false},
+		{"qwen2_moe", 4, 2048, MoERouter{Experts: 60, TopK: 4}, false, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRNG(t)
+			E, K := c.r.Experts, c.r.TopK
+			x := randF32(r, c.T*c.H, 1)
+			wBits, _ := randBF16(r, E*c.H, 0.05)
+			var bias, sbias []float32
+			if c.bias {
+				bias = randF32(r, E, 0.5)
+			}
+			if c.sbias {
+				sbias = randF32(r, E, 0.1)
+			}
+			type result struct {
+				logits, w []float32
+				ids       []int32
+			}
+			var fused [3]result
+			var ref result
+			var counter []uint32
+			onGPU(t, g, func(a *arena) {
+				xbuf, wbuf := put(a, x), put(a, wBits)
+				var bb, sb *Buffer
+				if bias != nil {
+					bb = put(a, bias)
+				}
+				if sbias != nil {
+					sb = put(a, sbias)
+				}
+				cnt := put(a, []uint32{0})
+				lb := a.alloc(int64(c.T*E) * 4)
+				ids, w := a.alloc(int64(c.T*K)*4), a.alloc(int64(c.T*K)*4)
+				if a.err != nil {
+					return
+				}
+				for i := range fused {
+					a.check(Upload(a.d, lb, f32Fill(c.T*E, float32(math.NaN()))))
+					a.check(Upload(a.d, ids, make([]int32, c.T*K)))
+					a.check(Upload(a.d, w, f32Fill(c.T*K, float32(math.NaN()))))
+					a.check(a.d.MoERouterRoute(nil, lb, xbuf, wbuf, bb, nil, ids, w, sb, cnt, c.T, c.H, c.r))
+					fused[i] = result{get[float32](a, lb, c.T*E), get[float32](a, w, c.T*K), get[int32](a, ids, c.T*K)}
+				}
+				counter = get[uint32](a, cnt, 1)
+				// The reference: MoERouterF32's logits, MoERoute on them.
+				a.check(a.d.MoERouterF32(nil, lb, xbuf, wbuf, bb, nil, c.T, E, c.H))
+				a.check(a.d.MoERoute(nil, ids, w, lb, sb, c.T, c.r))
+				ref = result{get[float32](a, lb, c.T*E), get[float32](a, w, c.T*K), get[int32](a, ids, c.T*K)}
+			})
+			if len(counter) == 1 && counter[0] != 0 {
+				t.Errorf("counter left at %d", counter[0])
+			}
+			for i, f := range fused {
+				for j := range ref.logits {
+					if math.Float32bits(f.logits[j]) != math.Float32bits(ref.logits[j]) {
+						t.Fatalf("call %d: logits[%d] = %v, MoERouterF32 %v", i, j, f.logits[j], ref.logits[j])
+					}
+				}
+				for j := range ref.ids {
+					if f.ids[j] != ref.ids[j] || math.Float32bits(f.w[j]) != math.Float32bits(ref.w[j]) {
+						t.Fatalf("call %d: pick %d = expert %d weight %v, MoERoute expert %d weight %v", i, j, f.ids[j],
+							f.w[j], ref.ids[j], ref.w[j])
+					}
+				}
+			}
+		})
+	}
+	onGPU(t, g, func(a *arena) {
+		b := a.alloc(1 << 20)
+		if a.err != nil {
+			return
+		}
+		for _, c := range []struct {
+			T, H int
+			r    MoERouter
+		}{{1, 64, MoERouter{Experts: 257, TopK: 2}}, {1, 64, MoERouter{Experts: 64, TopK: 33}},
+			{GemvMaxRows + 1, 64, MoERouter{Experts: 8, TopK: 2}}, {1, 60, MoERouter{Experts: 8, TopK: 2}},
+			{1, 64, MoERouter{Experts: 8, TopK: 2, Sigmoid: true, SoftmaxTopK: true}}} {
+			if err := a.d.MoERouterRoute(nil, b, b, b, nil, nil, b, b, nil, b, c.T, c.H, c.r); err == nil {
+				t.Errorf("MoERouterRoute T=%d H=%d %+v gave no error", c.T, c.H, c.r)
+			}
+		}
+	})
+}
+
 func TestMoERouterF32Args(t *testing.T) {
 	g := testGPU(t)
 	onGPU(t, g, func(a *arena) {

@@ -160,8 +160,10 @@ func moeRouterOf(r *moe.RouterConfig) kernels.MoERouter {
 func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, scoreBias *Tensor,
 	gu, gub, down, db *Tensor, T, H, E, I, base, Ew int) *Tensor {
 	K := l.Router.TopK
+	// A few tokens: the router GEMV's last CTA routes them (one launch).
+	fuse := T > 0 && be.routerRouteFits(xt, gate, T, H, &l.Router)
 	var logits *Tensor
-	if T > 0 {
+	if T > 0 && !fuse {
 		logits = be.routerLinear(xt, gate, gateBias)
 	}
 	c := be.counter(l.Layer, E)
@@ -176,11 +178,15 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 		ids, w := a.get(d, int64(T*K)*4), a.get(d, int64(T*K)*4)
 		defer a.put(ids)
 		defer a.put(w)
-		var sb *kernels.Buffer
-		if scoreBias != nil {
-			sb = be.f32(d, scoreBias)
+		if fuse {
+			be.routerRoute(d, xt, gate, gateBias, scoreBias, ids, w, T, H, &l.Router)
+		} else {
+			var sb *kernels.Buffer
+			if scoreBias != nil {
+				sb = be.f32(d, scoreBias)
+			}
+			must("route", d.MoERoute(nil, ids, w, logits.st.f32, sb, T, moeRouterOf(&l.Router)))
 		}
-		must("route", d.MoERoute(nil, ids, w, logits.st.f32, sb, T, moeRouterOf(&l.Router)))
 		be.f32(d, xt)
 		xb, temp := be.bf16Of(d, xt) // the router's split left it with xt
 		if temp {
@@ -218,7 +224,7 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 		defer a.put(ws)
 		must("experts", d.MoEExpertsRun(nil, out.st.f32, xb, ids, w, T, K, ex, counts, ws))
 		return nil
-	}, xt, logits, gu, down, gub, db, scoreBias)
+	}, xt, logits, gate, gateBias, gu, down, gub, db, scoreBias)
 	return out
 }
 

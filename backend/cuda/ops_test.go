@@ -213,12 +213,13 @@ var opCases = []opCase{
 	{"moe_softmax_shared", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
 		l := moeLayer(t, be, g, 8, 16, 12, moe.RouterConfig{NumExperts: 8, TopK: 2, Scoring: moe.Softmax, NormTopK: true},
 			moe.Activation{Kind: moe.SwiGLU}, false, true)
-		return []backend.Tensor{be.MoE(W(t, be, g.f32(1, 13, 16)), l)}
+		// 13 rows: router GEMM then routing; 3 rows (fast profile): one launch (MoERouterRoute).
+		return []backend.Tensor{be.MoE(W(t, be, g.f32(1, 13, 16)), l), be.MoE(W(t, be, g.f32(1, 3, 16)), l)}
 	}},
 	{"moe_sigmoid_bias_clamped", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
 		l := moeLayer(t, be, g, 10, 12, 8, moe.RouterConfig{NumExperts: 10, TopK: 4, Scoring: moe.Sigmoid, NormTopK: true, ScalingFactor: 2.5, NumGroups: 5, TopKGroups: 2},
 			moe.Activation{Kind: moe.ClampedSwiGLU, Alpha: 1.702, Limit: 0.6}, true, false)
-		return []backend.Tensor{be.MoE(W(t, be, g.f32(2, 21, 12)), l)}
+		return []backend.Tensor{be.MoE(W(t, be, g.f32(2, 21, 12)), l), be.MoE(W(t, be, g.f32(2, 2, 12)), l)}
 	}},
 	{"moe_f32_weights_shared", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
 		l := moeLayerOf(t, be, g, g.f32, 6, 24, 10, moe.RouterConfig{NumExperts: 6, TopK: 2, Scoring: moe.Softmax},

@@ -1,0 +1,154 @@
+package kernels
+
+import (
+	"math"
+	"slices"
+	"testing"
+)
+
+// The wrappers of ABI 10's entry points against recording stand-ins for
+// the library's functions, on the CPU: each call must reach the C function
+// with its arguments in the C order (a wrong order or a bad internal check
+// would otherwise show only on the GPU machine).
+
+// fakeDevice is an active Device whose lib reports success.
+func fakeDevice() *Device { return &Device{lib: &lib{}, active: true} }
+
+// fakeBuf is a device buffer stand-in at address p with n bytes.
+func fakeBuf(p uint64, n int64) *Buffer { return &Buffer{ptr: p, bytes: n} }
+
+func TestMarshalGemvBF16Multi(t *testing.T) {
+	var got []uint64
+	old := gemvMulti
+	defer func() { gemvMulti = old }()
+	gemvMulti = func(s, a uint64, m, k int64, c0, b0, bias0 uint64, n0 int64, c1, b1, bias1 uint64, n1 int64, c2, b2,
+		bias2 uint64, n2 int64) int32 {
+		got = []uint64{s, a, uint64(m), uint64(k), c0, b0, bias0, uint64(n0), c1, b1, bias1, uint64(n1), c2, b2, bias2, uint64(n2)}
+		return 0
+	}
+	d := fakeDevice()
+	a := fakeBuf(0x1000, 2*2048*2)
+	outs := []GemvOut{
+		{C: fakeBuf(0x2000, 2*64*4), B: fakeBuf(0x3000, 64*2048*2), N: 64},
+		{C: fakeBuf(0x4000, 2*16*4), B: fakeBuf(0x5000, 16*2048*2), Bias: fakeBuf(0x6000, 16*4), N: 16},
+	}
+	if err := d.GemvBF16Multi(nil, a, 2, 2048, outs); err != nil {
+		t.Fatal(err)
+	}
+	want := []uint64{0, 0x1000, 2, 2048, 0x2000, 0x3000, 0, 64, 0x4000, 0x5000, 0x6000, 16, 0, 0, 0, 0}
+	if !slices.Equal(got, want) {
+		t.Fatalf("mk_gemv_bf16_multi got %#x, want %#x", got, want)
+	}
+	outs[1].B = fakeBuf(0x5000, 16*2048) // too small
+	if err := d.GemvBF16Multi(nil, a, 2, 2048, outs); err == nil {
+		t.Error("a short B gave no error")
+	}
+}
+
+func TestMarshalNormRoPEF32(t *testing.T) {
+	var got []uint64
+	d := fakeDevice()
+	d.lib.normRopeF32 = func(s, out, x, w uint64, heads int64, out2, x2, w2 uint64, heads2 int64, pos uint64, tt, headDim,
+		rotDim int64, style int32, invFreq uint64, attn, eps uint32, flags int32) int32 {
+		got = []uint64{s, out, x, w, uint64(heads), out2, x2, w2, uint64(heads2), pos, uint64(tt), uint64(headDim),
+			uint64(rotDim), uint64(style), invFreq, uint64(attn), uint64(eps), uint64(flags)}
+		return 0
+	}
+	const T, D = 3, 128
+	parts := []NormRoPEPart{
+		{Out: fakeBuf(0x10, T*32*D*4), X: fakeBuf(0x20, T*32*D*4), W: fakeBuf(0x30, D*4), Heads: 32},
+		{Out: fakeBuf(0x40, T*4*D*4), X: fakeBuf(0x50, T*4*D*4), Heads: 4},
+	}
+	pos, inv := fakeBuf(0x60, T*4), fakeBuf(0x70, 64*4)
+	for _, fast := range []bool{false, true} {
+		if err := d.NormRoPEF32(nil, parts, pos, T, D, 128, RoPEInterleaved, inv, 1.5, 1e-6, fast); err != nil {
+			t.Fatal(err)
+		}
+		flags := uint64(0)
+		if fast {
+			flags = 1
+		}
+		want := []uint64{0, 0x10, 0x20, 0x30, 32, 0x40, 0x50, 0, 4, 0x60, T, D, 128, uint64(RoPEInterleaved), 0x70,
+			uint64(math.Float32bits(1.5)), uint64(math.Float32bits(1e-6)), flags}
+		if !slices.Equal(got, want) {
+			t.Fatalf("fast %v: mk_norm_rope_f32 got %#x, want %#x", fast, got, want)
+		}
+	}
+	if err := d.NormRoPEF32(nil, parts[:1], pos, T, D, 128, RoPENeoX, inv, 1, 1e-6, false); err != nil || got[8] != 0 || got[5] != 0 {
+		t.Fatalf("one part: err %v, second part %#x heads %d", err, got[5], got[8])
+	}
+}
+
+func TestMarshalAddRMSNormF32(t *testing.T) {
+	var got []uint64
+	d := fakeDevice()
+	d.lib.addRMSNormF32 = func(s, sum, out, x, r, w uint64, rows, cols int64, eps uint32, outb uint64) int32 {
+		got = []uint64{s, sum, out, x, r, w, uint64(rows), uint64(cols), uint64(eps), outb}
+		return 0
+	}
+	n := int64(2 * 2048 * 4)
+	b := func(p uint64) *Buffer { return fakeBuf(p, n) }
+	for _, ob := range []*Buffer{nil, fakeBuf(0x70, n/2)} {
+		if err := d.AddRMSNormF32(nil, b(0x10), b(0x20), b(0x30), b(0x40), fakeBuf(0x50, 2048*4), ob, 2, 2048, 1e-5); err != nil {
+			t.Fatal(err)
+		}
+		want := []uint64{0, 0x10, 0x20, 0x30, 0x40, 0x50, 2, 2048, uint64(math.Float32bits(1e-5)), 0}
+		if ob != nil {
+			want[9] = 0x70
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("mk_add_rmsnorm_f32 got %#x, want %#x", got, want)
+		}
+	}
+	if err := d.AddRMSNormF32(nil, b(0x10), b(0x20), b(0x30), b(0x40), fakeBuf(0x50, 2048*4), fakeBuf(0x70, 8), 2, 2048, 1e-5); err == nil {
+		t.Error("a short outb gave no error")
+	}
+}
+
+func TestMarshalMoERouterRoute(t *testing.T) {
+	var got []uint64
+	old := routerRoute
+	defer func() { routerRoute = old }()
+	routerRoute = func(s, logits, x, w, bias, xb uint64, tt int64, e int32, h int64, ids, weights, scoreBias uint64, k,
+		flags, groups, topkGroups int32, scaling uint32, counter uint64) int32 {
+		got = []uint64{s, logits, x, w, bias, xb, uint64(tt), uint64(e), uint64(h), ids, weights, scoreBias, uint64(k),
+			uint64(flags), uint64(groups), uint64(topkGroups), uint64(scaling), counter}
+		return 0
+	}
+	d := fakeDevice()
+	const T, E, H, K = 2, 256, 7168, 8
+	r := MoERouter{Experts: E, TopK: K, Sigmoid: true, NormTopK: true, Groups: 8, TopKGroups: 4, Scaling: 2.5}
+	err := d.MoERouterRoute(nil, fakeBuf(0x10, T*E*4), fakeBuf(0x20, T*H*4), fakeBuf(0x30, E*H*2), nil,
+		fakeBuf(0x40, T*H*2), fakeBuf(0x50, T*K*4), fakeBuf(0x60, T*K*4), fakeBuf(0x70, E*4), fakeBuf(0x80, 4), T, H, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []uint64{0, 0x10, 0x20, 0x30, 0, 0x40, T, E, H, 0x50, 0x60, 0x70, K, moeSigmoid | moeNormTopK, 8, 4,
+		uint64(math.Float32bits(2.5)), 0x80}
+	if !slices.Equal(got, want) {
+		t.Fatalf("mk_moe_router_route got %#x, want %#x", got, want)
+	}
+	if err := d.MoERouterRoute(nil, fakeBuf(0x10, T*E*4), fakeBuf(0x20, T*H*4), fakeBuf(0x30, E*H*2), nil, nil,
+		fakeBuf(0x50, T*K*4), fakeBuf(0x60, T*K*4), nil, nil, T, H, r); err == nil {
+		t.Error("a nil counter gave no error")
+	}
+}
+
+func TestNeedAllArgs(t *testing.T) {
+	b := fakeBuf(0x10, 64)
+	for _, c := range []struct {
+		kv []any
+		ok bool
+	}{
+		{[]any{"a", b, int64(16)}, true},
+		{[]any{"a", b, 16}, true},
+		{[]any{"a", b, 17}, false},
+		{[]any{"a", b, int32(1)}, false},
+		{[]any{"a", b}, false},
+		{[]any{"a", (*Buffer)(nil), 1}, false},
+	} {
+		if err := needAll("op", 4, c.kv...); (err == nil) != c.ok {
+			t.Errorf("needAll %v: %v", c.kv, err)
+		}
+	}
+}
