@@ -24,11 +24,9 @@
 // before (which writes A) still runs.
 #include <algorithm>
 #include <cstdint>
-#include <cmath>
 #include <cstdlib>
 
 #include "common.cuh"
-#include "moe_route.cuh"
 
 namespace {
 
@@ -38,7 +36,6 @@ constexpr int kWarps = 8;                // rows of B per CTA
 constexpr int kCH = 8;                   // 16-byte pieces of B per lane per batch
 constexpr int kMaxM = 8;
 constexpr int kMaxSegs = 3;
-constexpr int kMaxRouteExperts = 256;  // route_token_any's bound
 constexpr size_t kStageBytes = 64 << 10;  // A staged in shared memory, per chunk of columns
 
 __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
@@ -75,25 +72,13 @@ struct GemvSegs {
   int n;
 };
 
-// The router's routing, run by the last CTA of a router GEMV to finish
-// (ids null: none). counter: a zeroed device word the CTAs count on; the
-// last one sets it back to zero.
-struct RouteArgs {
-  int32_t* ids;
-  float* wts;
-  const float* score_bias;
-  unsigned* counter;
-  int K, flags, G, TG;
-  float scale;
-};
-
 // The CTA's warps each own one row of B (one output column). Per chunk of
 // KC columns: the warps issue their first 8 pieces of B, the CTA stages A's
 // M × KC block in shared memory, then each lane multiplies its pieces
 // against the M staged rows while the next 8 pieces load.
 template <typename TA, int MT, bool DB>
-__global__ void __launch_bounds__(kWarps * 32, DB || sizeof(TA) == 4 ? 1 : 4)
-    gemv_kernel(const GemvSegs segs, const TA* A, bf16* ab, int M, int K, int KC, const RouteArgs ra) {
+__global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
+    gemv_kernel(const GemvSegs segs, const TA* A, bf16* ab, int M, int K, int KC) {
   extern __shared__ __align__(16) unsigned char gsm[];
   TA* As = reinterpret_cast<TA*>(gsm);  // [M][KC]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -190,46 +175,24 @@ __global__ void __launch_bounds__(kWarps * 32, DB || sizeof(TA) == 4 ? 1 : 4)
       }
     }
   }
-  if (active) {
-    const float b = sg.bias != nullptr ? sg.bias[n] : 0.0f;
+  if (!active) return;
+  const float b = sg.bias != nullptr ? sg.bias[n] : 0.0f;
 #pragma unroll
-    for (int m = 0; m < MT; m++) {
-      if (m < M) {
-        float v = acc[m];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) sg.C[(int64_t)m * N + n] = v + b;
-      }
-    }
-  }
-  if constexpr (sizeof(TA) == 4) {
-    if (ra.ids == nullptr) return;
-    // The last CTA to finish routes the M tokens, one warp each, from the
-    // logits every CTA has written (a fence before counting makes them
-    // visible to it).
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(ra.counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (threadIdx.x == 0) *ra.counter = 0;  // ready for the next launch (or graph replay)
-    if (warp < M) {
-      const int E = sg.N;  // the router has one projection
-      float* rsm = ra.G > 0 ? reinterpret_cast<float*>(gsm) + (size_t)warp * (E + 2 * ra.G) : nullptr;
-      mkmoe::route_token_any(ra.ids, ra.wts, sg.C + (int64_t)warp * E, ra.score_bias, warp, E, ra.K, ra.flags, ra.G,
-                             ra.TG, ra.scale, rsm);
+  for (int m = 0; m < MT; m++) {
+    if (m < M) {
+      float v = acc[m];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) sg.C[(int64_t)m * N + n] = v + b;
     }
   }
 }
 
 template <typename TA, int MT, bool DB>
-int launch_mt(cudaStream_t s, GemvSegs g, const TA* A, bf16* ab, int M, int K, const RouteArgs& ra) {
+int launch_mt(cudaStream_t s, GemvSegs g, const TA* A, bf16* ab, int M, int K) {
   auto kern = gemv_kernel<TA, MT, DB>;
   // Columns per chunk: as many as fit kStageBytes for M rows, a multiple of 8.
   const int KC = (int)std::min<int64_t>(K, (int64_t)(kStageBytes / ((size_t)M * sizeof(TA))) / 8 * 8);
-  size_t sm = (size_t)M * KC * sizeof(TA);
-  if (ra.ids != nullptr && ra.G > 0) sm = std::max(sm, (size_t)M * (g.s[0].N + 2 * ra.G) * sizeof(float));
+  const size_t sm = (size_t)M * KC * sizeof(TA);
   static bool attr = false;  // per instantiation; the library runs on one thread
   if (!attr) {
     MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kStageBytes));
@@ -240,7 +203,7 @@ int launch_mt(cudaStream_t s, GemvSegs g, const TA* A, bf16* ab, int M, int K, c
     g.s[i].first = grid;
     grid += (g.s[i].N + kWarps - 1) / kWarps;
   }
-  (void)(mk::launch(kern, dim3((unsigned)grid), dim3(kWarps * 32), sm, s, g, A, ab, M, K, KC, ra));
+  (void)(mk::launch(kern, dim3((unsigned)grid), dim3(kWarps * 32), sm, s, g, A, ab, M, K, KC));
   return MK_OK;
 }
 
@@ -255,20 +218,19 @@ int single_k() {
 }
 
 template <typename TA>
-int launch_gemv(cudaStream_t s, const GemvSegs& g, const TA* A, bf16* ab, int M, int K,
-                const RouteArgs& ra = RouteArgs{}) {
+int launch_gemv(cudaStream_t s, const GemvSegs& g, const TA* A, bf16* ab, int M, int K) {
   // At one or two rows the second batch in flight is left out up to
   // single_k() columns: without it the kernel fits 64 registers, 4 CTAs (32
   // warps, each with one batch of up to 4 KB in flight) per SM instead of 2
   // (16 warps, two batches each), so a 4096-row projection runs in one wave.
   if (K <= single_k()) {
-    if (M <= 1) return launch_mt<TA, 1, false>(s, g, A, ab, M, K, ra);
-    if (M <= 2) return launch_mt<TA, 2, false>(s, g, A, ab, M, K, ra);
+    if (M <= 1) return launch_mt<TA, 1, false>(s, g, A, ab, M, K);
+    if (M <= 2) return launch_mt<TA, 2, false>(s, g, A, ab, M, K);
   }
-  if (M <= 1) return launch_mt<TA, 1, true>(s, g, A, ab, M, K, ra);
-  if (M <= 2) return launch_mt<TA, 2, true>(s, g, A, ab, M, K, ra);
-  if (M <= 4) return launch_mt<TA, 4, true>(s, g, A, ab, M, K, ra);
-  return launch_mt<TA, 8, true>(s, g, A, ab, M, K, ra);
+  if (M <= 1) return launch_mt<TA, 1, true>(s, g, A, ab, M, K);
+  if (M <= 2) return launch_mt<TA, 2, true>(s, g, A, ab, M, K);
+  if (M <= 4) return launch_mt<TA, 4, true>(s, g, A, ab, M, K);
+  return launch_mt<TA, 8, true>(s, g, A, ab, M, K);
 }
 
 GemvSegs one_seg(float* C, const bf16* B, const float* bias, int N) {
@@ -342,40 +304,6 @@ int32_t mk_moe_router_f32(uint64_t stream, uint64_t logits, uint64_t x, uint64_t
                                    mk::dev<const float>(x), xb ? mk::dev<bf16>(xb) : nullptr, (int)t, (int)h);
   if (rc != MK_OK) return rc;
   MK_LAUNCHED("moe_router");
-  return MK_OK;
-}
-
-int32_t mk_moe_router_route(uint64_t stream, uint64_t logits, uint64_t x, uint64_t w, uint64_t bias, uint64_t xb,
-                            int64_t t, int32_t e, int64_t h, uint64_t ids, uint64_t weights, uint64_t score_bias,
-                            int32_t k, int32_t flags, int32_t num_groups, int32_t topk_groups, uint32_t scaling_bits,
-                            uint64_t counter) {
-  const char* fn = "mk_moe_router_route";
-  MK_THREAD(fn);
-  MK_ARG(t >= 1 && t <= kMaxM && e >= 1 && e <= kMaxRouteExperts && k >= 1 && k <= e && k <= 32 && h >= 8 &&
-             h % 8 == 0 && h <= INT32_MAX / 2,
-         "%s: T=%lld E=%d K=%d H=%lld (want 1 <= T <= %d, E <= %d, 1 <= K <= min(E, 32), H a multiple of 8)", fn,
-         (long long)t, e, k, (long long)h, kMaxM, kMaxRouteExperts);
-  MK_ARG(logits && x && w && ids && weights && counter, "%s: null logits, x, W, ids, weights or counter", fn);
-  MK_ARG(aligned16(x) && aligned16(w) && (xb == 0 || aligned16(xb)), "%s: x, W and xb must be 16-byte aligned", fn);
-  MK_ARG((flags & ~7) == 0 && !((flags & MK_MOE_SOFTMAX_TOPK) && (flags & MK_MOE_SIGMOID)), "%s: flags %#x", fn,
-         flags);
-  if (num_groups > 0) {
-    MK_ARG(e % num_groups == 0 && e / num_groups >= 2 && topk_groups >= 1 && topk_groups <= num_groups,
-           "%s: %d groups, top %d groups, for %d experts", fn, num_groups, topk_groups, e);
-  } else {
-    MK_ARG(num_groups == 0 && topk_groups == 0, "%s: num_groups=%d topk_groups=%d", fn, num_groups, topk_groups);
-  }
-  const float scale = mk::float_from_bits(scaling_bits);
-  MK_ARG(std::isfinite(scale), "%s: scaling factor %g", fn, scale);
-  const RouteArgs ra{mk::dev<int32_t>(ids), mk::dev<float>(weights),
-                     score_bias ? mk::dev<const float>(score_bias) : nullptr, mk::dev<unsigned>(counter), k, flags,
-                     num_groups, topk_groups, scale};
-  const int rc = launch_gemv<float>(mk::as_stream(stream),
-                                   one_seg(mk::dev<float>(logits), mk::dev<const bf16>(w),
-                                           bias ? mk::dev<const float>(bias) : nullptr, e),
-                                   mk::dev<const float>(x), xb ? mk::dev<bf16>(xb) : nullptr, (int)t, (int)h, ra);
-  if (rc != MK_OK) return rc;
-  MK_LAUNCHED("moe_router_route");
   return MK_OK;
 }
 

@@ -105,35 +105,6 @@ func TestMarshalAddRMSNormF32(t *testing.T) {
 	}
 }
 
-func TestMarshalMoERouterRoute(t *testing.T) {
-	var got []uint64
-	old := routerRoute
-	defer func() { routerRoute = old }()
-	routerRoute = func(s, logits, x, w, bias, xb uint64, tt int64, e int32, h int64, ids, weights, scoreBias uint64, k,
-		flags, groups, topkGroups int32, scaling uint32, counter uint64) int32 {
-		got = []uint64{s, logits, x, w, bias, xb, uint64(tt), uint64(e), uint64(h), ids, weights, scoreBias, uint64(k),
-			uint64(flags), uint64(groups), uint64(topkGroups), uint64(scaling), counter}
-		return 0
-	}
-	d := fakeDevice()
-	const T, E, H, K = 2, 256, 7168, 8
-	r := MoERouter{Experts: E, TopK: K, Sigmoid: true, NormTopK: true, Groups: 8, TopKGroups: 4, Scaling: 2.5}
-	err := d.MoERouterRoute(nil, fakeBuf(0x10, T*E*4), fakeBuf(0x20, T*H*4), fakeBuf(0x30, E*H*2), nil,
-		fakeBuf(0x40, T*H*2), fakeBuf(0x50, T*K*4), fakeBuf(0x60, T*K*4), fakeBuf(0x70, E*4), fakeBuf(0x80, 4), T, H, r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []uint64{0, 0x10, 0x20, 0x30, 0, 0x40, T, E, H, 0x50, 0x60, 0x70, K, moeSigmoid | moeNormTopK, 8, 4,
-		uint64(math.Float32bits(2.5)), 0x80}
-	if !slices.Equal(got, want) {
-		t.Fatalf("mk_moe_router_route got %#x, want %#x", got, want)
-	}
-	if err := d.MoERouterRoute(nil, fakeBuf(0x10, T*E*4), fakeBuf(0x20, T*H*4), fakeBuf(0x30, E*H*2), nil, nil,
-		fakeBuf(0x50, T*K*4), fakeBuf(0x60, T*K*4), nil, nil, T, H, r); err == nil {
-		t.Error("a nil counter gave no error")
-	}
-}
-
 func TestNeedAllArgs(t *testing.T) {
 	b := fakeBuf(0x10, 64)
 	for _, c := range []struct {

@@ -39,15 +39,6 @@ MK_API int32_t mk_moe_route(uint64_t stream, uint64_t ids, uint64_t weights, uin
  * of 8; x, W and xb 16-byte aligned. */
 MK_API int32_t mk_moe_router_f32(uint64_t stream, uint64_t logits, uint64_t x, uint64_t w, uint64_t bias,
                                  uint64_t xb, int64_t t, int32_t e, int64_t h);
-/* mk_moe_router_f32 and mk_moe_route in one launch (ABI 10): the last CTA
- * of the router GEMM to finish routes the T tokens from the logits (written
- * too) into ids and weights [T, K], exactly as mk_moe_route. E <= 256, K <=
- * min(E, 32). counter: a device uint32, zero before the call and left zero
- * after it (the CTAs count on it; one call at a time per counter). */
-MK_API int32_t mk_moe_router_route(uint64_t stream, uint64_t logits, uint64_t x, uint64_t w, uint64_t bias,
-                                   uint64_t xb, int64_t t, int32_t e, int64_t h, uint64_t ids, uint64_t weights,
-                                   uint64_t score_bias, int32_t k, int32_t flags, int32_t num_groups,
-                                   int32_t topk_groups, uint32_t scaling_bits, uint64_t counter);
 
 /* Bytes of workspace mk_moe_experts needs for these sizes, and the row tile
  * (rows per expert are padded to it) it will use. */

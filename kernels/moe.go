@@ -19,7 +19,6 @@ var (
 	moeLocalize  func(s, ids uint64, n int64, lo, hi int32, counts uint64, e int32) int32
 	moeRouterF32 func(s, logits, x, w, bias, xb uint64, t int64, e int32, h int64) int32
 	gemvBF16     func(s, c, a, b uint64, m, n, k int64) int32
-	routerRoute  func(s, logits, x, w, bias, xb uint64, t int64, e int32, h int64, ids, weights, scoreBias uint64, k, flags, groups, topkGroups int32, scaling uint32, counter uint64) int32
 	gemvMulti    func(s, a uint64, m, k int64, c0, b0, bias0 uint64, n0 int64, c1, b1, bias1 uint64, n1 int64, c2, b2, bias2 uint64, n2 int64) int32
 	moeGemvSet   func(on int32) int32
 )
@@ -34,7 +33,6 @@ func init() {
 		symbol{"mk_moe_router_f32", &moeRouterF32},
 		symbol{"mk_gemv_bf16", &gemvBF16},
 		symbol{"mk_gemv_bf16_multi", &gemvMulti},
-		symbol{"mk_moe_router_route", &routerRoute},
 		symbol{"mk_moe_gemv", &moeGemvSet},
 	)
 }
@@ -84,12 +82,6 @@ func (d *Device) MoERoute(s *Stream, ids, weights, logits, scoreBias *Buffer, T 
 		}
 		sb = scoreBias.ptr
 	}
-	return d.lib.check("mk_moe_route", moeRoute(s.handle(), ids.ptr, weights.ptr, logits.ptr, sb, int64(T),
-		int32(r.Experts), int32(r.TopK), r.flags(), int32(r.Groups), int32(r.TopKGroups), math.Float32bits(r.Scaling)))
-}
-
-// flags is r's mk_moe_route flags.
-func (r MoERouter) flags() int32 {
 	flags := int32(0)
 	if r.Sigmoid {
 		flags |= moeSigmoid
@@ -100,62 +92,8 @@ func (r MoERouter) flags() int32 {
 	if r.NormTopK {
 		flags |= moeNormTopK
 	}
-	return flags
-}
-
-// MoERouteMaxExperts is the most experts MoERouterRoute routes.
-const MoERouteMaxExperts = 256
-
-// MoERouterRoute is MoERouterF32 and MoERoute in one launch: the last CTA
-// of the router GEMV to finish routes the tokens from the logits it and
-// the others wrote (logits are written too), with MoERoute's results. r.E
-// = E ≤ MoERouteMaxExperts, r.TopK ≤ 32. counter is 4 bytes of device
-// memory, zero before the call (it is zero again after; calls sharing a
-// counter must not overlap in time, as calls on one stream do not).
-func (d *Device) MoERouterRoute(s *Stream, logits, x, w, bias, xb, ids, weights, scoreBias, counter *Buffer, T, H int,
-	r MoERouter) error {
-	const op = "MoERouterRoute"
-	if err := d.ready(op); err != nil || d.muted() {
-		return err
-	}
-	if err := dims(op, "T", T, "experts", r.Experts, "topk", r.TopK, "H", H); err != nil {
-		return err
-	}
-	E := r.Experts
-	if H%8 != 0 || T > GemvMaxRows || E > MoERouteMaxExperts || r.TopK > E || r.TopK > 32 {
-		return fmt.Errorf("kernels: %s: T=%d H=%d E=%d K=%d (want T ≤ %d, H a multiple of 8, E ≤ %d, K ≤ min(E, 32))",
-			op, T, H, E, r.TopK, GemvMaxRows, MoERouteMaxExperts)
-	}
-	n := int64(T) * int64(r.TopK)
-	if err := needAll(op, 4, "logits", logits, int64(T)*int64(E), "x", x, int64(T)*int64(H), "ids", ids, n,
-		"weights", weights, n, "counter", counter, int64(1)); err != nil {
-		return err
-	}
-	if err := need(op, "w", w, int64(E)*int64(H), 2); err != nil {
-		return err
-	}
-	var bp, xp, sb uint64
-	if bias != nil {
-		if err := need(op, "bias", bias, int64(E), 4); err != nil {
-			return err
-		}
-		bp = bias.ptr
-	}
-	if xb != nil {
-		if err := need(op, "xb", xb, int64(T)*int64(H), 2); err != nil {
-			return err
-		}
-		xp = xb.ptr
-	}
-	if scoreBias != nil {
-		if err := need(op, "scoreBias", scoreBias, int64(E), 4); err != nil {
-			return err
-		}
-		sb = scoreBias.ptr
-	}
-	return d.lib.check("mk_moe_router_route", routerRoute(s.handle(), logits.ptr, x.ptr, w.ptr, bp, xp, int64(T),
-		int32(E), int64(H), ids.ptr, weights.ptr, sb, int32(r.TopK), r.flags(), int32(r.Groups), int32(r.TopKGroups),
-		math.Float32bits(r.Scaling), counter.ptr))
+	return d.lib.check("mk_moe_route", moeRoute(s.handle(), ids.ptr, weights.ptr, logits.ptr, sb, int64(T),
+		int32(r.Experts), int32(r.TopK), flags, int32(r.Groups), int32(r.TopKGroups), math.Float32bits(r.Scaling)))
 }
 
 // MoERouterF32 is the router GEMM of a few tokens: logits [T, E] f32 = x

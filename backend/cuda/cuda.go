@@ -74,7 +74,6 @@ import (
 	"github.com/mkserve/mkserve/attention"
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/kernels"
-	"github.com/mkserve/mkserve/moe"
 	"github.com/mkserve/mkserve/tensor"
 	"github.com/mkserve/mkserve/transport"
 	"github.com/mkserve/mkserve/tuning"
@@ -131,7 +130,6 @@ type Options struct {
 // Backend is the CUDA backend. The zero value is not usable; call New.
 type Backend struct {
 	g         *kernels.GPU
-	routeCnt  *kernels.Buffer // kernels.MoERouterRoute's counter (routeCounters)
 	alloc     *allocator
 	split     bool   // Options.SplitActivations
 	kvF32     bool   // Options.KVCacheF32
@@ -177,10 +175,6 @@ const DirectEnv = "MKSERVE_GPU_DIRECT"
 var (
 	gpuMu sync.Mutex
 	gpus  = map[int]*kernels.GPU{}
-	// routeCounters: each GPU's counter word of kernels.MoERouterRoute.
-	// Every backend on a GPU runs its work in order on the GPU's one
-	// stream, so the calls never overlap and one word serves them all.
-	routeCounters = map[*kernels.GPU]*kernels.Buffer{}
 )
 
 func openGPU(ordinal int) (*kernels.GPU, error) {
@@ -198,19 +192,7 @@ func openGPU(ordinal int) (*kernels.GPU, error) {
 			return nil, err
 		}
 	}
-	var cnt *kernels.Buffer
-	if err := g.Do(func(d *kernels.Device) error {
-		b, err := d.Malloc(4)
-		if err != nil {
-			return err
-		}
-		cnt = b
-		return kernels.Upload(d, b, []uint32{0})
-	}); err != nil {
-		return nil, fmt.Errorf("the router's counter: %w", err)
-	}
 	gpus[ordinal] = g
-	routeCounters[g] = cnt
 	return g, nil
 }
 
@@ -255,10 +237,7 @@ func New(opts Options) (*Backend, error) {
 	if opts.KVCacheF32 != nil {
 		kvF32 = *opts.KVCacheF32
 	}
-	gpuMu.Lock()
-	cnt := routeCounters[g]
-	gpuMu.Unlock()
-	return &Backend{g: g, routeCnt: cnt, alloc: &allocator{pool: map[int64][]*kernels.Buffer{}}, split: split, kvF32: kvF32, noGraphs: opts.NoGraphs,
+	return &Backend{g: g, alloc: &allocator{pool: map[int64][]*kernels.Buffer{}}, split: split, kvF32: kvF32, noGraphs: opts.NoGraphs,
 		moePath: path, epRanks: max(opts.EPRanks, 1), moeTuning: opts.MoETuning, world: wd,
 		ropes: map[attention.RoPE]*ropeFreqs{}, priv: newPrivateKV()}, nil
 }
@@ -845,40 +824,6 @@ func (be *Backend) routerLinear(x, w, bias *Tensor) *Tensor {
 		return nil
 	}, x, w, bias)
 	return out
-}
-
-// routerRouteFits reports whether the router GEMM of x [T, H] against gate
-// and the routing of its logits run as one kernels.MoERouterRoute launch:
-// routerLinear's GEMV case, at most kernels.MoERouteMaxExperts experts and
-// top-32, one rank (the emulated ranks route on their own).
-func (be *Backend) routerRouteFits(x, gate *Tensor, T, H int, r *moe.RouterConfig) bool {
-	wb, wF32 := weightMem(gate)
-	return !wF32 && be.epRanks == 1 && r.NumExperts <= kernels.MoERouteMaxExperts && r.TopK <= 32 &&
-		routerGEMVFits(x, wb, T, H)
-}
-
-// routerRoute is routerLinear's GEMV and the routing in one launch
-// (kernels.MoERouterRoute) → ids, w [T, K]; on the GPU goroutine. x keeps
-// its bf16 rounding (the experts' input) as with routerLinear.
-func (be *Backend) routerRoute(d *kernels.Device, x, gate, bias, scoreBias *Tensor, ids, w *kernels.Buffer, T, H int,
-	r *moe.RouterConfig) {
-	logits := be.alloc.get(d, int64(T*r.NumExperts)*4)
-	defer be.alloc.put(logits)
-	var xb, bb, sb *kernels.Buffer
-	if x.st.bf16 == nil {
-		xb = be.alloc.get(d, int64(T*H)*2)
-	}
-	if bias != nil {
-		bb = be.f32(d, bias)
-	}
-	if scoreBias != nil {
-		sb = be.f32(d, scoreBias)
-	}
-	wb, _ := weightMem(gate)
-	must("router", d.MoERouterRoute(nil, logits, be.f32(d, x), wb, bb, xb, ids, w, sb, be.routeCnt, T, H, moeRouterOf(r)))
-	if xb != nil {
-		be.attach(x, &x.st.bf16, xb) // the same rounding as bf16Of, kept with x
-	}
 }
 
 // GemvEnv names the environment variable that, set to 0, keeps the MoE

@@ -160,10 +160,8 @@ func moeRouterOf(r *moe.RouterConfig) kernels.MoERouter {
 func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, scoreBias *Tensor,
 	gu, gub, down, db *Tensor, T, H, E, I, base, Ew int) *Tensor {
 	K := l.Router.TopK
-	// A few tokens: the router GEMV's last CTA routes them (one launch).
-	fuse := T > 0 && be.routerRouteFits(xt, gate, T, H, &l.Router)
 	var logits *Tensor
-	if T > 0 && !fuse {
+	if T > 0 {
 		logits = be.routerLinear(xt, gate, gateBias)
 	}
 	c := be.counter(l.Layer, E)
@@ -178,15 +176,11 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 		ids, w := a.get(d, int64(T*K)*4), a.get(d, int64(T*K)*4)
 		defer a.put(ids)
 		defer a.put(w)
-		if fuse {
-			be.routerRoute(d, xt, gate, gateBias, scoreBias, ids, w, T, H, &l.Router)
-		} else {
-			var sb *kernels.Buffer
-			if scoreBias != nil {
-				sb = be.f32(d, scoreBias)
-			}
-			must("route", d.MoERoute(nil, ids, w, logits.st.f32, sb, T, moeRouterOf(&l.Router)))
+		var sb *kernels.Buffer
+		if scoreBias != nil {
+			sb = be.f32(d, scoreBias)
 		}
+		must("route", d.MoERoute(nil, ids, w, logits.st.f32, sb, T, moeRouterOf(&l.Router)))
 		be.f32(d, xt)
 		xb, temp := be.bf16Of(d, xt) // the router's split left it with xt
 		if temp {
@@ -224,7 +218,7 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 		defer a.put(ws)
 		must("experts", d.MoEExpertsRun(nil, out.st.f32, xb, ids, w, T, K, ex, counts, ws))
 		return nil
-	}, xt, logits, gate, gateBias, gu, down, gub, db, scoreBias)
+	}, xt, logits, gu, down, gub, db, scoreBias)
 	return out
 }
 
