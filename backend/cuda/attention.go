@@ -207,8 +207,15 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	if b == nil || p == nil {
 		panicf("Attention", "nil batch or params")
 	}
-	if err := b.Validate(); err != nil {
-		panicf("Attention", "%v", err)
+	// Inside a graph step every layer gets the step's batch, unchanged: the
+	// first layer validates it and builds (or finds) its paged group, the
+	// others reuse that (stepBatch; at 256 rows the signature's pass over
+	// every block table and the validation took ~50 µs a layer on the host).
+	stepHit := be.graphMode() != graphOff && be.attnMemo.stepBatch == b
+	if !stepHit {
+		if err := b.Validate(); err != nil {
+			panicf("Attention", "%v", err)
+		}
 	}
 	H, KV, D, Dv := p.NumHeads, p.NumKVHeads, p.HeadDim, p.VHeadDim
 	if H <= 0 || KV <= 0 || D <= 0 || Dv <= 0 || p.Layer < 0 {
@@ -239,12 +246,19 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	}
 	// Every layer of a step builds the same paged group: a call whose
 	// inputs equal the last build's reuses it (attnMemo).
-	sig := be.pagedSignature(b, paged.ring)
-	hit := sig != nil && slices.Equal(sig, be.attnMemo.sig)
+	var sig []int64
+	hit := stepHit && be.attnMemo.stepPaged && be.attnMemo.stepRing == paged.ring
+	if !hit {
+		sig = be.pagedSignature(b, paged.ring)
+		hit = sig != nil && slices.Equal(sig, be.attnMemo.sig)
+	}
 	if hit {
 		paged = be.attnMemo.group
 	}
-	seen := make(map[uint64]bool, len(b.Seqs))
+	var seen map[uint64]bool
+	if !hit {
+		seen = make(map[uint64]bool, len(b.Seqs))
+	}
 	type privUse struct {
 		seq *privSeq
 		end int
@@ -325,6 +339,11 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	}
 	if sig != nil && !hit {
 		be.attnMemo.sig, be.attnMemo.group = append(be.attnMemo.sig[:0], sig...), paged
+	}
+	if be.graphMode() != graphOff {
+		// Later layers of this step: no validation; the paged group is
+		// attnMemo's when every span is paged (sig != nil or a hit).
+		be.attnMemo.stepBatch, be.attnMemo.stepPaged, be.attnMemo.stepRing = b, hit || sig != nil, paged.ring
 	}
 
 	var out *Tensor
@@ -475,6 +494,14 @@ type attnMemo struct {
 	sig     []int64
 	group   *attnGroup
 	scratch []int64
+	// stepBatch is the batch of the graph step running now once its first
+	// layer has been through Attention (nil outside graph steps:
+	// resetStepCaches clears it at both ends of a step); stepPaged, that
+	// every span of it is paged, so group is its paged group (for layers
+	// of the same ring flag).
+	stepBatch *backend.Batch
+	stepPaged bool
+	stepRing  bool // the group's ring flag (head dims decide it per layer)
 }
 
 // pagedSignature lists everything the paged group of Attention depends on

@@ -335,6 +335,7 @@ func callStep(f func() (backend.Tensor, error)) (t backend.Tensor, err error) {
 func (be *Backend) resetStepCaches() {
 	be.kvMu.Lock()
 	defer be.kvMu.Unlock()
+	be.attnMemo.stepBatch, be.attnMemo.stepPaged = nil, false
 	be.alloc.put(be.posCache.buf)
 	be.posCache = i32Cache{uploads: be.posCache.uploads}
 	for _, mc := range []*metaCache{be.pagedMeta(), &be.priv.meta} {
