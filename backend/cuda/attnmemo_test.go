@@ -66,3 +66,33 @@ func TestPagedSignature(t *testing.T) {
 		t.Errorf("no pool: signature %v, want nil", got)
 	}
 }
+
+// BenchmarkAttentionHostChecks: the host-side checks Attention makes when
+// it cannot reuse the graph step's group (the step's first layer, and
+// every layer of an eager step): Validate, the paged signature and its
+// comparison, at 256 rows of 1024-token contexts (16-token blocks). Inside a
+// graph step the other layers skip them (attnMemo.stepBatch). Runs without
+// a GPU.
+func BenchmarkAttentionHostChecks(b *testing.B) {
+	be := &Backend{paged: &pagedKV{blockSize: 16, numBlocks: 1 << 16}}
+	bt := &backend.Batch{}
+	for i := range 256 {
+		bl := make([]int32, 65)
+		for j := range bl {
+			bl[j] = int32(i*65 + j)
+		}
+		bt.Seqs = append(bt.Seqs, backend.SeqSpan{ID: uint64(i), Offset: i, Len: 1, Past: 1024, Blocks: bl})
+		bt.Tokens = append(bt.Tokens, 1)
+		bt.Positions = append(bt.Positions, 1024)
+	}
+	sig := slices.Clone(be.pagedSignature(bt, true))
+	b.ResetTimer()
+	for range b.N {
+		if err := bt.Validate(); err != nil {
+			b.Fatal(err)
+		}
+		if !slices.Equal(be.pagedSignature(bt, true), sig) {
+			b.Fatal("the signature changed")
+		}
+	}
+}
