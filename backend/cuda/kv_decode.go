@@ -93,13 +93,13 @@ type attnMeta struct{ slots, rows, pos, table, blocks *kernels.Buffer }
 // cached arrays. T is the batch's token count (len(g.slots)).
 func (mc *metaCache) get(be *Backend, d *kernels.Device, g *attnGroup, T int) attnMeta {
 	n := len(g.rows)
-	if mc.buf != nil && mc.group == g && mc.t == T {
-		// The group of the last get (groups never change once built; mc
-		// holds it, so its address is not another's): no comparison.
-	} else if mc.buf == nil || mc.t != T || mc.n != n || len(mc.host) != T+3*n+len(g.blocks) ||
+	// The group of the last get needs no comparison: groups never change
+	// once built, and mc holds it, so its address is no other group's.
+	same := mc.buf != nil && mc.group == g && mc.t == T
+	if !same && (mc.buf == nil || mc.t != T || mc.n != n || len(mc.host) != T+3*n+len(g.blocks) ||
 		!slices.Equal(mc.host[:T], g.slots) || !slices.Equal(mc.host[T:T+n], g.rows) ||
 		!slices.Equal(mc.host[T+n:T+2*n], g.pos) || !slices.Equal(mc.host[T+2*n:T+3*n], g.table) ||
-		!slices.Equal(mc.host[T+3*n:], g.blocks) {
+		!slices.Equal(mc.host[T+3*n:], g.blocks)) {
 		mc.host = append(append(append(append(append(mc.host[:0], g.slots...), g.rows...), g.pos...), g.table...), g.blocks...)
 		be.alloc.put(mc.buf) // later work may reuse it: all work is ordered on one stream
 		mc.buf = upload(be, d, mc.host)
