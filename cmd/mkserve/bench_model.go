@@ -25,11 +25,14 @@ func init() { benches["model"] = benchModel }
 
 // modelResult is one line of `mkserve bench model`.
 type modelResult struct {
-	Kind      string  `json:"kind"` // "prefill" or "decode"
-	Batch     int     `json:"batch"`
-	Context   int     `json:"context"` // decode: tokens already cached per sequence
-	Tokens    int     `json:"tokens"`  // tokens per step
-	MS        float64 `json:"ms"`      // median step time
+	Kind    string `json:"kind"` // "prefill" or "decode"
+	Batch   int    `json:"batch"`
+	Context int    `json:"context"` // decode: tokens already cached per sequence
+	// Contexts is how many distinct contexts the decode batch's sequences
+	// read (--contexts, at most the batch).
+	Contexts  int     `json:"contexts,omitempty"`
+	Tokens    int     `json:"tokens"` // tokens per step
+	MS        float64 `json:"ms"`     // median step time
 	TokensPS  float64 `json:"tokens_per_s"`
 	WeightGB  float64 `json:"weight_gb"`            // weight bytes one step touches (routing counted), GB
 	FloorMS   float64 `json:"floor_ms,omitempty"`   // WeightGB ÷ measured bandwidth
@@ -72,6 +75,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	precision := fs.String("precision", "fast", "cuda: exact or fast (see mkserve serve --help)")
 	batches := fs.String("batch", "1,32,256", "decode batch sizes, comma-separated")
 	ctxLen := fs.Int("context", 1024, "decode: tokens already in each sequence's KV cache")
+	contexts := fs.Int("contexts", 32, "decode: distinct prefilled contexts; sequence s reads context s mod N (1: every sequence shares one context, as before the eighth pass: the batch's attention outputs then agree and its tokens route to few experts)")
 	prefill := fs.Int("prefill", 8192, "prefill prompt length (0: no prefill run)")
 	steps := fs.Int("steps", 10, "timed decode steps (and prefill runs: steps/5, at least 2)")
 	blockSize := fs.Int("block-size", 16, "KV cache block size")
@@ -268,17 +272,34 @@ func benchModel(args []string, stdout io.Writer) error {
 				TokensPS: float64(*prefill) / med * 1e3, WeightGB: float64(wb.total()) / 1e9})
 		}
 
-		// Decode: sequence 0's context is prefilled once, then copied into every
-		// other sequence's own blocks, so each reads its own KV bytes.
+		// Decode: nctx distinct contexts are prefilled (several to a forward
+		// pass, up to 8192 tokens), and sequence s ≥ nctx gets a copy of
+		// context s mod nctx in its own blocks, so each reads its own KV
+		// bytes. Distinct contexts give distinct attention outputs, so a
+		// batch's tokens spread over the experts as a served batch's do
+		// (one shared context: 9.9 of Qwen3's 128 experts a layer at batch
+		// 8, where independent tokens would pick ≈ 51).
 		ctxBlocks := (*ctxLen + *blockSize - 1) / *blockSize
-		b0 := backend.SingleSequence(0, ids(*ctxLen, 1), 0, false)
-		b0.Seqs[0].Blocks = seqBlocks(0, perSeq)
-		if err := forward(b0); err != nil {
-			return err
+		nctx := max(1, min(maxB, *contexts))
+		per := max(1, 8192 / *ctxLen)
+		for c0 := 0; c0 < nctx; c0 += per {
+			b := &backend.Batch{}
+			for c := c0; c < min(nctx, c0+per); c++ {
+				off := len(b.Tokens)
+				b.Tokens = append(b.Tokens, ids(*ctxLen, 1+c)...)
+				for i := range *ctxLen {
+					b.Positions = append(b.Positions, int32(i))
+				}
+				b.Seqs = append(b.Seqs, backend.SeqSpan{ID: uint64(c), Offset: off, Len: *ctxLen, Blocks: seqBlocks(c, perSeq)})
+				b.LogitRows = append(b.LogitRows, off+*ctxLen-1)
+			}
+			if err := forward(b); err != nil {
+				return err
+			}
 		}
 		var src, dst []int32
-		for s := 1; s < maxB; s++ {
-			src = append(src, seqBlocks(0, ctxBlocks)...)
+		for s := nctx; s < maxB; s++ {
+			src = append(src, seqBlocks(s%nctx, ctxBlocks)...)
 			dst = append(dst, seqBlocks(s, ctxBlocks)...)
 		}
 		if len(src) > 0 {
@@ -320,7 +341,8 @@ func benchModel(args []string, stdout io.Writer) error {
 					}
 				}
 			}
-			r := modelResult{Kind: "decode", Batch: B, Context: *ctxLen, Tokens: B, MS: median(ms), WeightGB: median(gb)}
+			r := modelResult{Kind: "decode", Batch: B, Context: *ctxLen, Contexts: min(B, nctx), Tokens: B, MS: median(ms),
+				WeightGB: median(gb)}
 			if len(epl) > 0 {
 				r.ExpertsPerLayer = median(epl)
 			}
@@ -369,8 +391,8 @@ func benchModel(args []string, stdout io.Writer) error {
 		if wd != nil {
 			name += fmt.Sprintf(" over %d processes (floor: one GPU's)", wd.size)
 		}
-		fmt.Fprintf(stdout, "model %s on %s: %.1f GB of weights, loaded in %.1f s; bandwidth for the floor %.0f GB/s\n",
-			name, be.Name(), float64(wb.total())/1e9, loadTime.Seconds(), *bw)
+		fmt.Fprintf(stdout, "model %s on %s: %.1f GB of weights, loaded in %.1f s; bandwidth for the floor %.0f GB/s; decode sequences read %d distinct contexts\n",
+			name, be.Name(), float64(wb.total())/1e9, loadTime.Seconds(), *bw, max(1, min(slices.Max(bs), *contexts)))
 		fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s %12s %12s %14s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor", "replay host", "replay GPU", "experts/layer")
 		for _, r := range out {
 			fmt.Fprintf(stdout, "%-8s %6d %8d %8d %10.2f %12.1f %10.3f %10.3f %8.2f %12.2f %12.2f %14.1f\n", r.Kind, r.Batch, r.Context, r.Tokens, r.MS, r.TokensPS, r.WeightGB, r.FloorMS, r.OverFloor, r.ReplayHostMS, r.ReplayGPUMS, r.ExpertsPerLayer)

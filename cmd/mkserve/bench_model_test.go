@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -93,4 +94,33 @@ func TestBenchModelWorld(t *testing.T) {
 		!strings.Contains(err.Error(), "--ep 1") {
 		t.Errorf("--world with --ep 2: %v", err)
 	}
+}
+
+// TestBenchModelContexts: decode sequences that read distinct prefilled
+// contexts route to more experts than sequences sharing one context
+// (whose attention outputs nearly agree), and the rows report the contexts
+// read. testdata/moe-contexts is a two-layer Qwen3-MoE shape with 64
+// experts, top-8: eight independent tokens would choose ≈ 42 a layer.
+func TestBenchModelContexts(t *testing.T) {
+	epl := map[string]float64{}
+	for _, n := range []string{"1", "8"} {
+		code, out, errOut := runCLI([]string{"bench", "model", "--config", "testdata/moe-contexts",
+			"--backend", "cpu", "--batch", "8", "--context", "64", "--prefill", "0", "--steps", "2", "--contexts", n,
+			"--hbm-gbps", "10", "--json"}, "")
+		if code != 0 {
+			t.Fatalf("--contexts %s: exit %d: %s", n, code, errOut)
+		}
+		var rows []modelResult
+		if err := json.Unmarshal([]byte(out), &rows); err != nil || len(rows) != 1 {
+			t.Fatalf("--contexts %s: %v\n%s", n, err, out)
+		}
+		if want, _ := strconv.Atoi(n); rows[0].Contexts != want {
+			t.Errorf("--contexts %s: the row reports %d contexts", n, rows[0].Contexts)
+		}
+		epl[n] = rows[0].ExpertsPerLayer
+	}
+	if epl["1"] < 8 || epl["8"] > 64 || !(epl["8"] > epl["1"]+5) {
+		t.Errorf("experts per layer: one shared context %v, eight contexts %v (want ≥ 5 more with eight)", epl["1"], epl["8"])
+	}
+	t.Logf("experts per layer at batch 8: one shared context %.1f, eight contexts %.1f", epl["1"], epl["8"])
 }
