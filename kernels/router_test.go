@@ -39,12 +39,7 @@ func TestMoERouterF32(t *testing.T) {
 			scale := make([]float64, c.T*c.E)
 			for tk := range c.T {
 				for e := range c.E {
-					s, a := 0.0, 0.0
-					for k := range c.H {
-						p := float64(x[tk*c.H+k]) * float64(w[e*c.H+k])
-						s += p
-						a += math.Abs(p)
-					}
+					s, a := refDot(x[tk*c.H:(tk+1)*c.H], w[e*c.H:(e+1)*c.H])
 					if bias != nil {
 						s += float64(bias[e])
 					}
@@ -115,12 +110,7 @@ func TestGemvBF16(t *testing.T) {
 			worst := 0.0
 			for m := range c.M {
 				for n := range c.N {
-					s, sa := 0.0, 0.0
-					for k := range c.K {
-						p := float64(a[m*c.K+k]) * float64(b[n*c.K+k])
-						s += p
-						sa += math.Abs(p)
-					}
+					s, sa := refDot(a[m*c.K:(m+1)*c.K], b[n*c.K:(n+1)*c.K])
 					gv := got[m*c.N+n]
 					d := math.Abs(float64(gv)-s) / (sa + 1e-30)
 					if gv != gv || d > 1e-5 {
@@ -161,10 +151,15 @@ func TestMoERouterF32Args(t *testing.T) {
 	})
 }
 
-// bf16RNE is v rounded to bf16, to nearest even (v not NaN).
-func bf16RNE(v float32) uint16 {
-	b := math.Float32bits(v)
-	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
+// refDot is Σ a[i]·b[i] over len(a) in float64, and Σ |a[i]·b[i]| (the
+// scale the skinny GEMMs' tests bound their error by).
+func refDot(a, b []float32) (sum, abs float64) {
+	for i, x := range a {
+		p := float64(x) * float64(b[i])
+		sum += p
+		abs += math.Abs(p)
+	}
+	return sum, abs
 }
 
 // TestGemvBF16Multi: q, k and v of one activation in one launch (three
@@ -218,12 +213,7 @@ func TestGemvBF16Multi(t *testing.T) {
 			for i, N := range c.N {
 				for m := range c.M {
 					for n := range N {
-						s, sa := 0.0, 0.0
-						for k := range c.K {
-							p := float64(a[m*c.K+k]) * float64(ps[i].b[n*c.K+k])
-							s += p
-							sa += math.Abs(p)
-						}
+						s, sa := refDot(a[m*c.K:(m+1)*c.K], ps[i].b[n*c.K:(n+1)*c.K])
 						if ps[i].bias != nil {
 							s += float64(ps[i].bias[n])
 							sa += math.Abs(float64(ps[i].bias[n]))
@@ -320,7 +310,7 @@ func TestRMSNormF32(t *testing.T) {
 				}
 			}
 			for i := range gotB { // the bf16 output is out rounded to nearest even, bit for bit
-				if want := bf16RNE(got[i]); gotB[i] != want {
+				if want := tensor.F32ToBF16(got[i]); gotB[i] != want {
 					t.Fatalf("outb[%d] = %#04x, want %#04x (RN of %v)", i, gotB[i], want, got[i])
 				}
 			}
