@@ -49,6 +49,16 @@ __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
   f[7] = __uint_as_float(u.w & 0xffff0000u);
 }
 
+// load_batch fills w with one batch of a lane's pieces of a row of B: pieces
+// base + lane + 32·j (j < kCH) of rc, zero at or past P or when !on.
+__device__ __forceinline__ void load_batch(uint4 (&w)[kCH], const uint4* rc, int base, int P, bool on, int lane) {
+#pragma unroll
+  for (int j = 0; j < kCH; j++) {
+    const int p = base + lane + 32 * j;
+    w[j] = on && p < P ? mk::ld_stream(rc + p) : make_uint4(0, 0, 0, 0);
+  }
+}
+
 // a8 is A's 8 values at column 8p of a staged row (shared memory).
 __device__ __forceinline__ void a8(const bf16* row, int p, float (&f)[8]) {
   unpack8(reinterpret_cast<const uint4*>(row)[p], f);
@@ -91,16 +101,9 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
   const int n = ((int)blockIdx.x - sg.first) * kWarps + warp;
   const bool active = n < N;  // every thread stages A and meets the barriers
   const uint4* row = reinterpret_cast<const uint4*>(sg.B + (int64_t)(active ? n : 0) * K);
-  const uint4 zero = make_uint4(0, 0, 0, 0);
   uint4 w[kCH], nx[DB ? kCH : 1];
-  {  // the first chunk's first pieces of B: weights, read before the wait
-    const int P = min(KC, K) / 8;
-#pragma unroll
-    for (int j = 0; j < kCH; j++) {
-      const int p = lane + 32 * j;
-      w[j] = active && p < P ? mk::ld_stream(row + p) : zero;
-    }
-  }
+  // The first chunk's first pieces of B: weights, read before the wait.
+  load_batch(w, row, 0, min(KC, K) / 8, active, lane);
   mk::pdl_begin();
   if constexpr (sizeof(TA) == 4) {  // float A: also round it to bf16 into ab, each 8 values by one thread of the grid
     if (ab != nullptr) {
@@ -121,13 +124,7 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
   for (int c0 = 0; c0 < K; c0 += KC) {
     const int kc = min(KC, K - c0), P = kc / 8;
     const uint4* rc = row + c0 / 8;
-    if (c0 > 0) {
-#pragma unroll
-      for (int j = 0; j < kCH; j++) {
-        const int p = lane + 32 * j;
-        w[j] = active && p < P ? mk::ld_stream(rc + p) : zero;
-      }
-    }
+    if (c0 > 0) load_batch(w, rc, 0, P, active, lane);
     __syncthreads();  // the previous chunk's readers are done with As
     const int rowv = kc / vec;
     for (int q = threadIdx.x; q < M * rowv; q += blockDim.x) {
@@ -138,13 +135,7 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
     __syncthreads();
     if (active) {
       for (int base = 0; base < P; base += 32 * kCH) {
-        if constexpr (DB) {
-#pragma unroll
-          for (int j = 0; j < kCH; j++) {  // the next batch in flight meanwhile
-            const int p = base + 32 * kCH + lane + 32 * j;
-            nx[j] = p < P ? mk::ld_stream(rc + p) : zero;
-          }
-        }
+        if constexpr (DB) load_batch(nx, rc, base + 32 * kCH, P, true, lane);  // the next batch in flight meanwhile
 #pragma unroll
         for (int j = 0; j < kCH; j++) {
           const int p = base + lane + 32 * j;
@@ -166,11 +157,7 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
 #pragma unroll
           for (int j = 0; j < kCH; j++) w[j] = nx[j];
         } else if (base + 32 * kCH < P) {  // (never for one batch per chunk)
-#pragma unroll
-          for (int j = 0; j < kCH; j++) {
-            const int p = base + 32 * kCH + lane + 32 * j;
-            w[j] = p < P ? mk::ld_stream(rc + p) : zero;
-          }
+          load_batch(w, rc, base + 32 * kCH, P, true, lane);
         }
       }
     }
