@@ -766,6 +766,13 @@ func TestCancelPropagates(t *testing.T) {
 			}()
 			started := time.Now()
 			id := waitFor(t, fake.started, "c-", "engine start")
+			if rpc == "BatchGenerate" {
+				// Both requests running first: a batch cancelled before its
+				// second request reached the engine never starts it (the
+				// launcher stops at the cancelled context), and there would
+				// be no second cancellation to see.
+				waitFor(t, fake.started, "c-", "second engine start")
+			}
 			cancel()
 			if got := waitFor(t, fake.cancelled, "c-", "engine cancellation"); got != id && rpc != "BatchGenerate" {
 				t.Errorf("cancelled %s, want %s", got, id)
