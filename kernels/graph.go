@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"sync"
 	"unsafe"
 )
@@ -257,6 +258,35 @@ func (sg *StepGraph) restage(dst *Buffer, src []byte) error {
 	}
 	copy(unsafe.Slice((*byte)(u.host), u.n), src)
 	sg.pos++
+	return nil
+}
+
+// StagedUploads is the number of uploads staged so far by the capture
+// running on d, or -1 when d is not capturing.
+func (d *Device) StagedUploads() int {
+	if d.cap == nil {
+		return -1
+	}
+	return len(d.cap.ups)
+}
+
+// Refill replaces the bytes of sg's staged upload i with src (the same size as
+// at capture), for a replay that refills the uploads itself instead of
+// running the step's Go code again (backend fast replays). The graph's last
+// launch must be done reading its staging first (Wait).
+func Refill[T Elem](sg *StepGraph, i int, src []T) error {
+	if sg.replaying {
+		return errors.New("kernels: Refill during a replay")
+	}
+	if i < 0 || i >= len(sg.ups) {
+		return fmt.Errorf("kernels: Refill: %w: upload %d of %d", ErrGraphDiverged, i, len(sg.ups))
+	}
+	u, n := sg.ups[i], byteLen(src)
+	if u.n != n {
+		return fmt.Errorf("kernels: Refill %d: %w: %d bytes, captured %d", i, ErrGraphDiverged, n, u.n)
+	}
+	copy(unsafe.Slice((*byte)(u.host), n), unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(src))), n))
+	runtime.KeepAlive(src)
 	return nil
 }
 

@@ -264,6 +264,10 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		end int
 	}
 	var privs []privUse
+	graphKeys := 0
+	if be.graphMode() != graphOff {
+		graphKeys = be.gr.key.keys
+	}
 	for i, s := range b.Seqs {
 		if hit {
 			break
@@ -274,41 +278,7 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		seen[s.ID] = true
 		n := s.Past + s.Len
 		if s.Blocks != nil {
-			pk := be.paged
-			if pk == nil {
-				panicf("Attention", "span %d has a block table but no paged KV cache exists (call InitKV)", i)
-			}
-			need := (n + pk.blockSize - 1) / pk.blockSize
-			if len(s.Blocks) < need {
-				panicf("Attention", "position %d needs block %d, the block table has %d", n-1, need-1, len(s.Blocks))
-			}
-			for _, id := range s.Blocks[:need] {
-				if id < 0 || int(id) >= pk.numBlocks {
-					panicf("Attention", "block id %d outside the pool of %d", id, pk.numBlocks)
-				}
-			}
-			// A padding row of GraphStep reads block 0 and stores nothing.
-			pf := be.gr.padFrom.Load()
-			padding := pf > 0 && int64(s.Offset) >= pf
-			tbl := s.Blocks
-			if padding {
-				tbl = s.Blocks[:1]
-			}
-			if be.graphMode() != graphOff {
-				// A graph step: every row's table padded to the key's stride.
-				stride := (be.gr.key.keys + pk.blockSize - 1) / pk.blockSize
-				if !padding {
-					if need > stride {
-						panicf("Attention", "%v: position %d beyond the graph's %d keys", errDiverged, n-1, be.gr.key.keys)
-					}
-					tbl = s.Blocks[:need]
-				}
-				tbl = padTable(tbl, stride)
-			}
-			paged.add(s, tbl, pk.blockSize)
-			if padding {
-				paged.slots[s.Offset] = -1
-			}
+			be.addPaged(paged, s, i, graphKeys)
 			continue
 		}
 		pv := be.priv
@@ -393,7 +363,11 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			} else {
 				mc = &be.priv.meta
 			}
+			ups := mc.uploads
 			m := mc.get(be, d, g, T)
+			if gi == 0 && mc.uploads != ups {
+				be.noteInput(d, be.pagedMetaInput(paged.ring))
+			}
 			if pl.elem == 4 { // the float32 cache: the exact path
 				if err := d.KVWriteF32(nil, pl.k, pl.v, kb, vb, m.slots, T, kw, vw); err != nil {
 					return err
@@ -485,6 +459,49 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		u.seq.tokens[p.Layer] = u.end
 	}
 	return out
+}
+
+// addPaged adds span i of a batch, s (with a block table), to the paged
+// group g: its table is checked against the pool and, in a graph step of
+// key keys (0: not a graph step), padded to the key's stride (a padding row
+// of GraphStep reads block 0 and stores nothing). It panics on a bad span;
+// be.kvMu held.
+func (be *Backend) addPaged(g *attnGroup, s backend.SeqSpan, i, keys int) {
+	n := s.Past + s.Len
+	pk := be.paged
+	if pk == nil {
+		panicf("Attention", "span %d has a block table but no paged KV cache exists (call InitKV)", i)
+	}
+	need := (n + pk.blockSize - 1) / pk.blockSize
+	if len(s.Blocks) < need {
+		panicf("Attention", "position %d needs block %d, the block table has %d", n-1, need-1, len(s.Blocks))
+	}
+	for _, id := range s.Blocks[:need] {
+		if id < 0 || int(id) >= pk.numBlocks {
+			panicf("Attention", "block id %d outside the pool of %d", id, pk.numBlocks)
+		}
+	}
+	pf := be.gr.padFrom.Load()
+	padding := pf > 0 && int64(s.Offset) >= pf
+	tbl := s.Blocks
+	if padding {
+		tbl = s.Blocks[:1]
+	}
+	if keys > 0 {
+		// A graph step: every row's table padded to the key's stride.
+		stride := (keys + pk.blockSize - 1) / pk.blockSize
+		if !padding {
+			if need > stride {
+				panicf("Attention", "%v: position %d beyond the graph's %d keys", errDiverged, n-1, keys)
+			}
+			tbl = s.Blocks[:need]
+		}
+		tbl = padTable(tbl, stride)
+	}
+	g.add(s, tbl, pk.blockSize)
+	if padding {
+		g.slots[s.Offset] = -1
+	}
 }
 
 // attnMemo is the paged attention group of the latest Attention call and

@@ -134,6 +134,7 @@ type Backend struct {
 	split     bool   // Options.SplitActivations
 	kvF32     bool   // Options.KVCacheF32
 	noGraphs  bool   // Options.NoGraphs
+	slowReplays bool // every replay runs the model's Go code again (tests; GraphFastEnv for everyone)
 	moePath   string // "grouped" or "fused" (Options.MoEPath)
 	epRanks   int    // emulated expert-parallel ranks of the fused path (≥ 1)
 	moeTuning *tuning.MoETable
@@ -769,6 +770,9 @@ func (be *Backend) gather(op string, t *Tensor, rows, cols int, idx []int32) *Te
 		}
 		ib := upload(be, d, idx)
 		defer be.alloc.put(ib)
+		if sb := be.stepBatch(); sb != nil && op == "Embed" && aliases(idx, sb.Tokens) {
+			be.noteInput(d, tokensInput(rows))
+		}
 		src, dt := t.st.f32, kernels.F32
 		if src == nil {
 			src, dt = t.st.bf16, kernels.BF16
@@ -1144,7 +1148,7 @@ func (be *Backend) RoPE(x backend.Tensor, heads, headDim int, rope *attention.Ro
 			return nil
 		}
 		f := be.freqs(d, rope)
-		pb := be.posCache.get(be, d, pos)
+		pb := be.positions(d, pos)
 		return d.RoPEF32(nil, out, pb, T, heads, headDim, rope.Dim, style, f.inv, f.attn)
 	}, xt)
 }
@@ -1206,7 +1210,7 @@ func (be *Backend) NormRoPE(q, k, qw, kw backend.Tensor, eps float32, heads, kvH
 			return nil
 		}
 		f := be.freqs(d, rope)
-		pb := be.posCache.get(be, d, pos)
+		pb := be.positions(d, pos)
 		part := func(out, x, w *Tensor, h int) kernels.NormRoPEPart {
 			p := kernels.NormRoPEPart{Out: out.st.f32, X: be.f32(d, x), Heads: h}
 			if w != nil {

@@ -70,6 +70,9 @@ type GraphStats struct {
 	Eager     int64 `json:"eager"`      // steps run without a graph (not eligible, warm-up, eager-only keys)
 	Captures  int64 `json:"captures"`   // graphs captured
 	Replays   int64 `json:"replays"`    // steps replayed from a graph
+	// FastReplays counts the replays that refilled their uploads from the
+	// batch without running the model's Go code (graph_fast.go).
+	FastReplays int64 `json:"fast_replays"`
 	Diverged  int64 `json:"diverged"`   // replays that diverged (graph dropped, step run eagerly)
 	Failed    int64 `json:"failed"`     // captures that failed (key made eager-only)
 	Live      int   `json:"live"`       // graphs held now
@@ -100,6 +103,12 @@ type stepGraph struct {
 	eager  int               // eager runs so far
 	broken bool              // capture failed: eager only
 	used   uint64            // LRU clock
+
+	// A fast graph (graph_fast.go): each staged upload's source, and the
+	// output's arena buffer and shape; inputs is nil for a slow graph.
+	inputs   []stepInput
+	outBase  *kernels.Buffer
+	outShape []int
 }
 
 // graphMode is what the running step is doing.
@@ -129,6 +138,9 @@ type graphState struct {
 	// padFrom > 0: rows from padFrom on are padding (padBatch) during the
 	// running step.
 	padFrom atomic.Int64
+
+	batch  *backend.Batch // the running step's (padded) batch
+	inputs []stepInput    // the capture's noted uploads so far (noteInput)
 }
 
 var graphsOn = sync.OnceValue(func() bool { return os.Getenv(GraphsEnv) != "0" })
@@ -274,15 +286,15 @@ func (be *Backend) GraphStep(b *backend.Batch, f func() (backend.Tensor, error))
 		be.gr.padFrom.Store(0)
 		restore()
 	}()
-	out, err := be.graphStep(key, f)
+	out, err := be.graphStep(key, b, f)
 	if err != nil {
 		return nil, err
 	}
 	return be.firstRows(out, T), nil
 }
 
-// graphStep is GraphStep for an eligible (padded) batch of key's shape.
-func (be *Backend) graphStep(key graphKey, f func() (backend.Tensor, error)) (backend.Tensor, error) {
+// graphStep is GraphStep for an eligible (padded) batch b of key's shape.
+func (be *Backend) graphStep(key graphKey, b *backend.Batch, f func() (backend.Tensor, error)) (backend.Tensor, error) {
 	gr := &be.gr
 	if gr.stale.Swap(false) {
 		be.dropGraphs()
@@ -301,8 +313,15 @@ func (be *Backend) graphStep(key graphKey, f func() (backend.Tensor, error)) (ba
 	gr.clock++
 	g.used = gr.clock
 	gr.key = key
+	gr.batch = b
+	defer func() { gr.batch, gr.inputs = nil, nil }()
 	switch {
 	case g.sg != nil:
+		if g.inputs != nil && graphFastOn() && !be.slowReplays {
+			if out, ok := be.fastReplay(g, b); ok {
+				return out, nil
+			}
+		}
 		return be.replayStep(g, f)
 	case g.broken || g.eager == 0:
 		g.eager++
@@ -370,6 +389,7 @@ func (be *Backend) captureStep(g *stepGraph, f func() (backend.Tensor, error)) (
 		return be.eagerStepLocked(f)
 	}
 	be.alloc.startTape(g, graphCapturing)
+	gr.inputs = nil
 	gr.mode.Store(int32(graphCapturing))
 	out, ferr := callStep(f)
 	gr.mode.Store(int32(graphOff))
@@ -397,6 +417,7 @@ func (be *Backend) captureStep(g *stepGraph, f func() (backend.Tensor, error)) (
 		return be.eagerStepLocked(f)
 	}
 	g.sg, g.out = sg, ot.st.f32
+	be.fastGraph(g, sg, ot)
 	gr.stats.Captures++
 	be.evictGraphs()
 	return out, nil
@@ -674,6 +695,13 @@ func tapeAt(tape []*kernels.Buffer, i int) string {
 		return "past its end"
 	}
 	return fmt.Sprintf("%d bytes", tape[i].Bytes())
+}
+
+// baseOf is the arena buffer of capture handle h, or nil.
+func (a *allocator) baseOf(h *kernels.Buffer) *kernels.Buffer {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.handles[h]
 }
 
 // takeArena removes every arena buffer from the allocator and returns them.

@@ -74,15 +74,22 @@ func (r *graphRun) blocks(seq, n int) []int32 {
 // warm-up, capture and replays again). Each step feeds new tokens, so a
 // replay that ran nothing (stale logits) or read stale metadata fails.
 // The garbage collector runs often, so that tensors of earlier steps die
-// (and give their buffers back) in the middle of captures.
+// (and give their buffers back) in the middle of captures. Two graph
+// backends run: one with fast replays (uploads refilled from the batch,
+// no model code; every replay must be fast) and one whose replays run the
+// model's Go code again.
 func TestGraphDecodeMatchesEager(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(5))
+	if !graphFastOn() {
+		t.Logf("%s=0: the fast-replay backend replays slowly too", GraphFastEnv)
+	}
 	for _, fam := range []string{"qwen3_moe", "gpt_oss", "deepseek_v3"} {
 		t.Run(fam, func(t *testing.T) {
 			const bs, perSeq, steps = 4, 80, 12
-			runs := make([]*graphRun, 2)
-			for i, graphs := range []bool{false, true} {
+			runs := make([]*graphRun, 3) // eager, graphs with fast replays, graphs with slow replays
+			for i, graphs := range []bool{false, true, true} {
 				be := fastBackend(t, graphs)
+				be.slowReplays = i == 2
 				if err := be.InitKV(bs, 3*perSeq); err != nil {
 					t.Fatal(err)
 				}
@@ -108,7 +115,7 @@ func TestGraphDecodeMatchesEager(t *testing.T) {
 			past := []int{len(prompts[0]), len(prompts[1]), len(prompts[2])}
 			worst := 0.0
 			for st := range steps {
-				var got [2][]float32
+				var got [3][]float32
 				for i, r := range runs {
 					b := &backend.Batch{}
 					for s := range prompts {
@@ -119,20 +126,34 @@ func TestGraphDecodeMatchesEager(t *testing.T) {
 					}
 					got[i] = r.step(t, b)
 				}
-				e := relL2(got[1], got[0])
-				worst = max(worst, e)
-				if !(e <= 1e-3) {
-					t.Errorf("step %d (contexts %v): graph logits relative L2 %.3g to eager", st, past, e)
+				for i, name := range []string{"", "fast-replay", "slow-replay"} {
+					if i == 0 {
+						continue
+					}
+					e := relL2(got[i], got[0])
+					worst = max(worst, e)
+					if !(e <= 1e-3) {
+						t.Errorf("step %d (contexts %v): %s graph logits relative L2 %.3g to eager", st, past, name, e)
+					}
 				}
 				next = argmaxRows(got[0], len(prompts))
 				for s := range past {
 					past[s]++
 				}
 			}
-			gs := runs[1].be.Graphs()
-			t.Logf("GRAPHS %s: %d decode steps, worst relative L2 to eager %.3g; stats %+v", fam, steps, worst, gs)
-			if gs.Failed != 0 || gs.Diverged != 0 || gs.Captures != 2 || gs.Replays != steps-4 {
-				t.Errorf("stats %+v: want 2 captures (one per key bucket), %d replays, no failures", gs, steps-4)
+			for i, r := range runs[1:] {
+				gs := r.be.Graphs()
+				t.Logf("GRAPHS %s: %d decode steps, worst relative L2 to eager %.3g; stats %+v", fam, steps, worst, gs)
+				if gs.Failed != 0 || gs.Diverged != 0 || gs.Captures != 2 || gs.Replays != steps-4 {
+					t.Errorf("stats %+v: want 2 captures (one per key bucket), %d replays, no failures", gs, steps-4)
+				}
+				wantFast := int64(0)
+				if i == 0 && graphFastOn() {
+					wantFast = gs.Replays
+				}
+				if gs.FastReplays != wantFast {
+					t.Errorf("%d fast replays of %d, want %d (last error %q)", gs.FastReplays, gs.Replays, wantFast, gs.LastError)
+				}
 			}
 			if s := runs[0].be.Graphs(); s.Captures != 0 || s.Replays != 0 {
 				t.Errorf("NoGraphs backend captured: %+v", s)
@@ -144,8 +165,12 @@ func TestGraphDecodeMatchesEager(t *testing.T) {
 // TestGraphDiverges: a step whose Go code does something its capture did
 // not (here one more op) is not replayed: the graph is dropped, the step
 // runs eagerly with the right result, and the next steps capture again.
+// Only a regular replay runs the step's Go code and can see this; a fast
+// replay does not run it (GraphStep's f must be the model's forward pass
+// and nothing else), so the backend here replays slowly.
 func TestGraphDiverges(t *testing.T) {
 	be := fastBackend(t, true)
+	be.slowReplays = true
 	const bs = 4
 	if err := be.InitKV(bs, 64); err != nil {
 		t.Fatal(err)

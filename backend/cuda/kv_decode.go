@@ -100,7 +100,7 @@ func (mc *metaCache) get(be *Backend, d *kernels.Device, g *attnGroup, T int) at
 		!slices.Equal(mc.host[:T], g.slots) || !slices.Equal(mc.host[T:T+n], g.rows) ||
 		!slices.Equal(mc.host[T+n:T+2*n], g.pos) || !slices.Equal(mc.host[T+2*n:T+3*n], g.table) ||
 		!slices.Equal(mc.host[T+3*n:], g.blocks)) {
-		mc.host = append(append(append(append(append(mc.host[:0], g.slots...), g.rows...), g.pos...), g.table...), g.blocks...)
+		mc.host = packMeta(mc.host[:0], g)
 		be.alloc.put(mc.buf) // later work may reuse it: all work is ordered on one stream
 		mc.buf = upload(be, d, mc.host)
 		mc.t, mc.n = T, n
@@ -115,6 +115,12 @@ func (mc *metaCache) get(be *Backend, d *kernels.Device, g *attnGroup, T int) at
 		table:  seg(T+2*n, n),
 		blocks: seg(T+3*n, len(g.blocks)),
 	}
+}
+
+// packMeta appends g's metadata to dst in a metaCache buffer's layout:
+// [slots T | rows n | pos n | table n | blocks nb].
+func packMeta(dst []int32, g *attnGroup) []int32 {
+	return append(append(append(append(append(dst, g.slots...), g.rows...), g.pos...), g.table...), g.blocks...)
 }
 
 // release returns the cached buffers to the allocator.
