@@ -129,17 +129,17 @@ type Options struct {
 
 // Backend is the CUDA backend. The zero value is not usable; call New.
 type Backend struct {
-	g         *kernels.GPU
-	alloc     *allocator
-	split     bool   // Options.SplitActivations
-	kvF32     bool   // Options.KVCacheF32
-	noGraphs  bool   // Options.NoGraphs
-	slowReplays bool // every replay runs the model's Go code again (tests; GraphFastEnv for everyone)
-	moePath   string // "grouped" or "fused" (Options.MoEPath)
-	epRanks   int    // emulated expert-parallel ranks of the fused path (≥ 1)
-	moeTuning *tuning.MoETable
-	fused     fusedState
-	world     *world // Options.World, or nil
+	g           *kernels.GPU
+	alloc       *allocator
+	split       bool   // Options.SplitActivations
+	kvF32       bool   // Options.KVCacheF32
+	noGraphs    bool   // Options.NoGraphs
+	slowReplays bool   // every replay runs the model's Go code again (tests; GraphFastEnv for everyone)
+	moePath     string // "grouped" or "fused" (Options.MoEPath)
+	epRanks     int    // emulated expert-parallel ranks of the fused path (≥ 1)
+	moeTuning   *tuning.MoETable
+	fused       fusedState
+	world       *world // Options.World, or nil
 
 	ropeMu   sync.Mutex
 	ropes    map[attention.RoPE]*ropeFreqs

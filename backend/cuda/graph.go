@@ -67,17 +67,17 @@ const (
 
 // GraphStats counts what GraphStep did.
 type GraphStats struct {
-	Eager     int64 `json:"eager"`      // steps run without a graph (not eligible, warm-up, eager-only keys)
-	Captures  int64 `json:"captures"`   // graphs captured
-	Replays   int64 `json:"replays"`    // steps replayed from a graph
+	Eager    int64 `json:"eager"`    // steps run without a graph (not eligible, warm-up, eager-only keys)
+	Captures int64 `json:"captures"` // graphs captured
+	Replays  int64 `json:"replays"`  // steps replayed from a graph
 	// FastReplays counts the replays that refilled their uploads from the
 	// batch without running the model's Go code (graph_fast.go).
 	FastReplays int64 `json:"fast_replays"`
-	Diverged  int64 `json:"diverged"`   // replays that diverged (graph dropped, step run eagerly)
-	Failed    int64 `json:"failed"`     // captures that failed (key made eager-only)
-	Live      int   `json:"live"`       // graphs held now
-	Nodes     int   `json:"nodes"`      // nodes of the graphs held now
-	TapeBytes int64 `json:"tape_bytes"` // device memory of the graphs' arena (shared by all graphs)
+	Diverged    int64 `json:"diverged"`   // replays that diverged (graph dropped, step run eagerly)
+	Failed      int64 `json:"failed"`     // captures that failed (key made eager-only)
+	Live        int   `json:"live"`       // graphs held now
+	Nodes       int   `json:"nodes"`      // nodes of the graphs held now
+	TapeBytes   int64 `json:"tape_bytes"` // device memory of the graphs' arena (shared by all graphs)
 	// ReplayHostNs is the host time of the replays so far: re-running the
 	// model's Go code on the replay device (refilling the uploads) up to
 	// the graph launch, waits for the previous launch excluded.
