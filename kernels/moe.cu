@@ -483,10 +483,19 @@ using mkmoe::mma16816;
 // consecutive BK-column tiles (each swizzled on its own), so each row of a
 // stage is KSUB·128 contiguous bytes; the products are summed in the same
 // k order whatever KSUB is (the same bits).
+//
+// GEMM2 issues its first STAGES−1 weight stages before griddepcontrol.wait:
+// weights are constants, and its tile list (num_tiles, tile_expert, sorted)
+// was written by the align launch before GEMM1, which GEMM1 waited for
+// before it let GEMM2 launch; those reads go through L2 (__ldcg). Under
+// programmatic dependent launch GEMM2's weight stream so starts while
+// GEMM1's last wave still runs; its A rows (GEMM1's output) are read after
+// the wait.
 template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP, int KSUB = 1>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     moe_gemm_kernel(const GemmArgs p) {
-  mk::pdl_begin();
+  const bool earlyB = !GATEUP && p.early_b;
+  if (!earlyB) mk::pdl_begin();
   constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
   constexpr int MF = WM / 16, NF = WN / 8;
   static_assert(NF % 2 == 0, "n fragments come in pairs");
@@ -502,14 +511,14 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   const int gsize = min(p.mt - first_m, p.group_m);
   const int tile = first_m + (pid % span) % gsize;
   const int ntile = (pid % span) / gsize;
-  if (tile >= *p.num_tiles) return;
+  if (tile >= __ldcg(p.num_tiles)) return;
   extern __shared__ __align__(128) unsigned char gemm_sm[];
   bf16* sA = reinterpret_cast<bf16*>(gemm_sm);
   bf16* sB = sA + STAGES * KSUB * BM * BK;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-  const int e = p.tile_expert[tile];
+  const int e = __ldcg(p.tile_expert + tile);
   const int64_t m0 = (int64_t)tile * BM;
   const int64_t Kd = p.Kd, N = p.N;
 
@@ -524,7 +533,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     a_dst[i] = c < A_CH ? swz(r, a_ch[i]) : -1;
     a_src[i] = nullptr;
     if (c < A_CH) {
-      const int32_t asg = p.sorted[m0 + r];
+      const int32_t asg = __ldcg(p.sorted + m0 + r);
       if (asg >= 0) a_src[i] = GATEUP ? p.A + (int64_t)(asg / p.topk) * Kd : p.A + (m0 + r) * Kd;
     }
   }
@@ -551,12 +560,11 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   }
 
   const int KT = (int)((Kd + BK * KSUB - 1) / (BK * KSUB));
-  auto load = [&](int stage, int kt) {
+  auto loadA = [&](int stage, int kt) {
 #pragma unroll
     for (int sub = 0; sub < KSUB; sub++) {
       const int64_t k0 = ((int64_t)kt * KSUB + sub) * BK;
       bf16* a = sA + (stage * KSUB + sub) * BM * BK;
-      bf16* b = sB + (stage * KSUB + sub) * BN * BK;
 #pragma unroll
       for (int i = 0; i < A_PER; i++) {
         if (a_dst[i] < 0) continue;
@@ -564,6 +572,13 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
         const bool v = a_src[i] != nullptr && k < Kd;
         cp_async16(a + a_dst[i], v ? a_src[i] + k : p.A, v);
       }
+    }
+  };
+  auto loadB = [&](int stage, int kt) {
+#pragma unroll
+    for (int sub = 0; sub < KSUB; sub++) {
+      const int64_t k0 = ((int64_t)kt * KSUB + sub) * BK;
+      bf16* b = sB + (stage * KSUB + sub) * BN * BK;
 #pragma unroll
       for (int i = 0; i < B_PER; i++) {
         const int64_t k = k0 + b_ch[i] * 8;
@@ -571,6 +586,10 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
         cp_async16(b + b_dst[i], v ? b_src[i] + k : p.W, v);
       }
     }
+  };
+  auto load = [&](int stage, int kt) {
+    loadA(stage, kt);
+    loadB(stage, kt);
   };
 
   float acc[MF][NF][4];
@@ -587,10 +606,26 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     return wn * WN + nf * 8;
   };
 
+  if (earlyB) {
+    // The prologue's weights as one group before the wait, then its A
+    // stages one group each: waiting for stage s's A group (the wait below)
+    // also waits for the older weight group.
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; s++) {
-    if (s < KT) load(s, s);
+    for (int s = 0; s < STAGES - 1; s++)
+      if (s < KT) loadB(s, s);
     cp_async_commit();
+    mk::pdl_begin();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+      if (s < KT) loadA(s, s);
+      cp_async_commit();
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+      if (s < KT) load(s, s);
+      cp_async_commit();
+    }
   }
   for (int kt = 0; kt < KT; kt++) {
     cp_async_wait<STAGES - 2>();
@@ -1019,6 +1054,16 @@ int decode_ksub() {
   return k;
 }
 
+// early_b: GEMM2 issues its first weight stages before the PDL wait
+// (MK_MOE_EARLY_B=0: after it, for comparisons).
+int early_b() {
+  static int w = [] {
+    const char* v = getenv("MK_MOE_EARLY_B");
+    return v && v[0] == '0' ? 0 : 1;
+  }();
+  return w;
+}
+
 // use_wgmma: the prefill regime runs the sm_90a wgmma kernel when linked in;
 // MK_MOE_WGMMA=0 keeps mma.sync (measurements).
 bool use_wgmma() {
@@ -1043,6 +1088,7 @@ int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s
   g.mt = (int)tiles;
   g.nt = (int)ntiles;
   g.group_m = group_m();
+  g.early_b = early_b();
   (void)(mk::launch(kern, dim3((unsigned)(tiles * ntiles)), dim3((BM / WM) * (BN / WN) * 32), sm, s, g));
   MK_LAUNCHED(GU ? "moe_gemm (gate/up)" : "moe_gemm (down)");
   return MK_OK;

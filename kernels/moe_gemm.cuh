@@ -28,6 +28,7 @@ struct GemmArgs {
   float alpha, limit;
   int mt, nt;   // row tiles (upper bound) and column tiles of the grid
   int group_m;  // rasterisation: blocks of group_m row tiles × all column tiles run together
+  int early_b;  // GEMM2 of moe.cu: issue the first weight stages before the PDL wait (MK_MOE_EARLY_B=0: after)
 };
 
 using mk::mma16816;
