@@ -949,8 +949,10 @@ __global__ void moe_fill_kernel(bf16* dst, int64_t n, uint64_t seed, float scale
 struct Cfg {
   int bm, bn, threads, stages;
 };
-// 0: decode (16-row tiles), 1: 64-row, 2: prefill (128×128), 3: prefill (128×256).
-constexpr Cfg kCfg[4] = {{16, 64, 128, 6}, {64, 128, 128, 4}, {128, 128, 256, 4}, {128, 256, 256, 4}};
+// 0: decode (16-row tiles), 1: 64-row, 2: prefill (128×128), 3: prefill
+// (128×256), 4: 32-row tiles (8–24 rows per expert: an expert of 17–32
+// rows reads its weights once, where 16-row tiles read them twice).
+constexpr Cfg kCfg[5] = {{16, 64, 128, 6}, {64, 128, 128, 4}, {128, 128, 256, 4}, {128, 256, 256, 4}, {32, 64, 128, 6}};
 
 bool wide_tiles();
 
@@ -965,11 +967,22 @@ double big_avg() {
   return b;
 }
 
+// bm32: the 32-row tiles for 8 < rows per expert ≤ 24 (MK_MOE_BM32=0: the
+// 16-row tiles there, for comparisons).
+bool bm32() {
+  static bool b = [] {
+    const char* v = getenv("MK_MOE_BM32");
+    return !(v && v[0] == '0');
+  }();
+  return b;
+}
+
 int pick_cfg(int64_t T, int K, int E) {
   const int64_t n = T * K;
   const int64_t active = n < E ? n : E;
   const double avg = (double)n / (double)(active > 0 ? active : 1);
-  if (T <= 16 || avg <= 24) return 0;
+  if (T <= 16 || avg <= 8) return 0;
+  if (avg <= 24) return bm32() ? 4 : 0;
   if (avg <= big_avg()) return 1;
   return wide_tiles() ? 3 : 2;
 }
@@ -1115,6 +1128,7 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s) {
     }
   }
   switch (cfg) {
+    case 4: return launch_gemm<32, 64, 32, 16, 6, GU>(a, tiles, nt, s);
     case 1: return launch_gemm<64, 128, 32, 64, 4, GU>(a, tiles, nt, s);
     case 2: return launch_gemm<128, 128, 64, 32, 4, GU>(a, tiles, nt, s);
     default: return launch_gemm<128, 256, 64, 64, 4, GU>(a, tiles, nt, s);

@@ -214,9 +214,11 @@ func TestMoEExperts(t *testing.T) {
 		{name: "E256_K8_T1_deepseek", cfg: deepSeekV3Router, T: 1, H: 128, I: 64, hot: -1, biases: true},
 		{name: "E256_K8_T130_deepseek", cfg: deepSeekV3Router, T: 130, H: 64, I: 48, hot: -1},
 		{name: "E256_K8_T7_deepseek_clamped", cfg: deepSeekV3Router, T: 7, H: 64, I: 32, hot: -1, clamped: true},
-		// The decode regime (16-row tiles) with a hot expert of many tiles,
-		// reductions that end inside a 64-wide chunk, odd column counts.
+		// The 32-row tiles (8–24 rows per expert) with a hot expert of many
+		// tiles, reductions that end inside a 64-wide chunk, odd column
+		// counts; below, the 16-row tiles with the same.
 		{name: "E128_K8_T200_hot_stream", cfg: sm(128, 8), T: 200, H: 136, I: 40, hot: 7, biases: true},
+		{name: "E256_K4_T200_hot_tile16", cfg: sm(256, 4), T: 200, H: 136, I: 40, hot: 7, biases: true},
 		{name: "E64_K4_T16_stream_clamped", cfg: sm(64, 4), T: 16, H: 72, I: 24, hot: -1, clamped: true, biases: true},
 		{name: "E32_K8_T80_stream_nt4", cfg: sm(32, 8), T: 80, H: 200, I: 56, hot: -1},
 		{name: "E16_K4_T40_stream_nt2", cfg: sm(16, 4), T: 40, H: 104, I: 48, hot: -1},
