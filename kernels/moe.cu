@@ -479,10 +479,7 @@ using mkmoe::mma16816;
 
 // GATEUP: GEMM1 (A rows gathered from x by token, B tile = BN/2 gate rows then
 // the BN/2 matching up rows, activation in the epilogue, bf16 out); else
-// GEMM2 (A rows contiguous, f32 out). A pipeline stage holds KSUB
-// consecutive BK-column tiles (each swizzled on its own), so each row of a
-// stage is KSUB·128 contiguous bytes; the products are summed in the same
-// k order whatever KSUB is (the same bits).
+// GEMM2 (A rows contiguous, f32 out).
 //
 // GEMM2 issues its first STAGES−1 weight stages before griddepcontrol.wait:
 // weights are constants, and its tile list (num_tiles, tile_expert, sorted)
@@ -491,7 +488,7 @@ using mkmoe::mma16816;
 // programmatic dependent launch GEMM2's weight stream so starts while
 // GEMM1's last wave still runs; its A rows (GEMM1's output) are read after
 // the wait.
-template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP, int KSUB = 1>
+template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     moe_gemm_kernel(const GemmArgs p) {
   const bool earlyB = !GATEUP && p.early_b;
@@ -514,7 +511,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   if (tile >= __ldcg(p.num_tiles)) return;
   extern __shared__ __align__(128) unsigned char gemm_sm[];
   bf16* sA = reinterpret_cast<bf16*>(gemm_sm);
-  bf16* sB = sA + STAGES * KSUB * BM * BK;
+  bf16* sB = sA + STAGES * BM * BK;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
@@ -559,32 +556,26 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     b_src[i] = ok ? p.W + wrow * Kd : nullptr;
   }
 
-  const int KT = (int)((Kd + BK * KSUB - 1) / (BK * KSUB));
+  const int KT = (int)((Kd + BK - 1) / BK);
   auto loadA = [&](int stage, int kt) {
+    const int64_t k0 = (int64_t)kt * BK;
+    bf16* a = sA + stage * BM * BK;
 #pragma unroll
-    for (int sub = 0; sub < KSUB; sub++) {
-      const int64_t k0 = ((int64_t)kt * KSUB + sub) * BK;
-      bf16* a = sA + (stage * KSUB + sub) * BM * BK;
-#pragma unroll
-      for (int i = 0; i < A_PER; i++) {
-        if (a_dst[i] < 0) continue;
-        const int64_t k = k0 + a_ch[i] * 8;
-        const bool v = a_src[i] != nullptr && k < Kd;
-        cp_async16(a + a_dst[i], v ? a_src[i] + k : p.A, v);
-      }
+    for (int i = 0; i < A_PER; i++) {
+      if (a_dst[i] < 0) continue;
+      const int64_t k = k0 + a_ch[i] * 8;
+      const bool v = a_src[i] != nullptr && k < Kd;
+      cp_async16(a + a_dst[i], v ? a_src[i] + k : p.A, v);
     }
   };
   auto loadB = [&](int stage, int kt) {
+    const int64_t k0 = (int64_t)kt * BK;
+    bf16* b = sB + stage * BN * BK;
 #pragma unroll
-    for (int sub = 0; sub < KSUB; sub++) {
-      const int64_t k0 = ((int64_t)kt * KSUB + sub) * BK;
-      bf16* b = sB + (stage * KSUB + sub) * BN * BK;
-#pragma unroll
-      for (int i = 0; i < B_PER; i++) {
-        const int64_t k = k0 + b_ch[i] * 8;
-        const bool v = b_src[i] != nullptr && k < Kd;
-        cp_async16(b + b_dst[i], v ? b_src[i] + k : p.W, v);
-      }
+    for (int i = 0; i < B_PER; i++) {
+      const int64_t k = k0 + b_ch[i] * 8;
+      const bool v = b_src[i] != nullptr && k < Kd;
+      cp_async16(b + b_dst[i], v ? b_src[i] + k : p.W, v);
     }
   };
   auto load = [&](int stage, int kt) {
@@ -633,35 +624,32 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     const int nk = kt + STAGES - 1;
     if (nk < KT) load(nk % STAGES, nk);
     cp_async_commit();
+    const bf16* a = sA + (kt % STAGES) * BM * BK;
+    const bf16* b = sB + (kt % STAGES) * BN * BK;
 #pragma unroll
-    for (int sub = 0; sub < KSUB; sub++) {
-      const bf16* a = sA + ((kt % STAGES) * KSUB + sub) * BM * BK;
-      const bf16* b = sB + ((kt % STAGES) * KSUB + sub) * BN * BK;
+    for (int kk = 0; kk < BK / 16; kk++) {
+      uint32_t af[MF][4];
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; kk++) {
-        uint32_t af[MF][4];
-#pragma unroll
-        for (int mf = 0; mf < MF; mf++) {
-          const int r = wm * WM + mf * 16 + (lane % 16);
-          ldmatrix_x4(af[mf], a + swz(r, kk * 2 + lane / 16));
-        }
-        uint32_t bfr[NF][2];
-#pragma unroll
-        for (int pr = 0; pr < NF / 2; pr++) {
-          const int mat = lane / 8;
-          const int r = brow(2 * pr + mat / 2) + (lane % 8);
-          uint32_t q[4];
-          ldmatrix_x4(q, b + swz(r, kk * 2 + (mat & 1)));
-          bfr[2 * pr][0] = q[0];
-          bfr[2 * pr][1] = q[1];
-          bfr[2 * pr + 1][0] = q[2];
-          bfr[2 * pr + 1][1] = q[3];
-        }
-#pragma unroll
-        for (int mf = 0; mf < MF; mf++)
-#pragma unroll
-          for (int nf = 0; nf < NF; nf++) mma16816(acc[mf][nf], af[mf], bfr[nf][0], bfr[nf][1]);
+      for (int mf = 0; mf < MF; mf++) {
+        const int r = wm * WM + mf * 16 + (lane % 16);
+        ldmatrix_x4(af[mf], a + swz(r, kk * 2 + lane / 16));
       }
+      uint32_t bfr[NF][2];
+#pragma unroll
+      for (int pr = 0; pr < NF / 2; pr++) {
+        const int mat = lane / 8;
+        const int r = brow(2 * pr + mat / 2) + (lane % 8);
+        uint32_t q[4];
+        ldmatrix_x4(q, b + swz(r, kk * 2 + (mat & 1)));
+        bfr[2 * pr][0] = q[0];
+        bfr[2 * pr][1] = q[1];
+        bfr[2 * pr + 1][0] = q[2];
+        bfr[2 * pr + 1][1] = q[3];
+      }
+#pragma unroll
+      for (int mf = 0; mf < MF; mf++)
+#pragma unroll
+        for (int nf = 0; nf < NF; nf++) mma16816(acc[mf][nf], af[mf], bfr[nf][0], bfr[nf][1]);
     }
   }
   cp_async_wait<0>();
@@ -1053,20 +1041,6 @@ bool wide_tiles() {
   return w;
 }
 
-// decode_ksub: the 16-row tiles' BK-column tiles per pipeline stage,
-// MK_MOE_KSUB: 1 (the default: 6 stages of 128-byte rows), 2 (3 stages of
-// 256 bytes) or 4 (2 stages of 512 bytes, as vLLM's tuned Triton configs
-// take 128–256 columns at 8–64 tokens); for measurements, not yet run on a
-// GPU (eighth pass).
-int decode_ksub() {
-  static int k = [] {
-    const char* v = getenv("MK_MOE_KSUB");
-    const int x = v ? atoi(v) : 1;
-    return x == 2 || x == 4 ? x : 1;
-  }();
-  return k;
-}
-
 // early_b: GEMM2 issues its first weight stages before the PDL wait
 // (MK_MOE_EARLY_B=0: after it, for comparisons).
 int early_b() {
@@ -1087,10 +1061,10 @@ bool use_wgmma() {
   return w;
 }
 
-template <int BM, int BN, int WM, int WN, int ST, bool GU, int KSUB = 1>
+template <int BM, int BN, int WM, int WN, int ST, bool GU>
 int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
-  auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU, KSUB>;
-  const size_t sm = (size_t)ST * KSUB * (BM + BN) * BK * 2;
+  auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
+  const size_t sm = (size_t)ST * (BM + BN) * BK * 2;
   static bool attr = false;  // per instantiation; the library runs on one thread
   if (!attr) {
     MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
@@ -1120,14 +1094,8 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s) {
     const int rc = mkmoe::wgmma_gemm(g, GU, tiles, nt, s);
     if (rc != -1) return rc;  // -1: not available here, use mma.sync
   }
-  if (cfg == 0) {  // decode-sized tiles: 6 stages of 128-byte rows, or (MK_MOE_KSUB) fewer, longer ones
-    switch (decode_ksub()) {
-      case 2: return launch_gemm<16, 64, 16, 16, 3, GU, 2>(a, tiles, nt, s);
-      case 4: return launch_gemm<16, 64, 16, 16, 2, GU, 4>(a, tiles, nt, s);
-      default: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s);
-    }
-  }
   switch (cfg) {
+    case 0: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s);  // decode-sized tiles
     case 4: return launch_gemm<32, 64, 32, 16, 6, GU>(a, tiles, nt, s);
     case 1: return launch_gemm<64, 128, 32, 64, 4, GU>(a, tiles, nt, s);
     case 2: return launch_gemm<128, 128, 64, 32, 4, GU>(a, tiles, nt, s);

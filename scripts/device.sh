@@ -167,13 +167,6 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 	run_each .dev/kernels.test "$LOGS/test.log" . 120 || status=1
 	grep -E -- "--- FAIL|panic" "$LOGS/test.log" | head -40
 	echo "   took ${SECONDS}s"
-	# The decode-sized expert GEMM's other stage shapes (MK_MOE_KSUB, read
-	# once per process): the MoE tests again in processes of their own.
-	for ks in 2 4; do
-		echo "== MoE kernel tests with MK_MOE_KSUB=$ks"
-		MK_MOE_KSUB=$ks run_each .dev/kernels.test "$LOGS/test_ksub$ks.log" . 120 '^TestMoE(Experts|Args)$' || status=1
-		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_ksub$ks.log" | head -10
-	done
 	echo "== CUDA backend tests"
 	SECONDS=0
 	run_each "$ROOT/.dev/cuda.test" "$LOGS/cuda.log" backend/cuda 150 || status=1
