@@ -61,6 +61,7 @@ using mk::warp_sum;
 
 struct AttnArgs {
   float* out;
+  bf16* outb;  // or null: out rounded to bf16 (RN) as well
   const float* q;
   const bf16* pk;
   const bf16* pv;
@@ -75,6 +76,12 @@ struct AttnArgs {
   int lg_tpr;  // log2 of the threads that load one K/V row
   float scale2;  // scale * log2(e)
 };
+
+// put_out writes one output value (and its bf16 rounding when asked).
+__device__ __forceinline__ void put_out(const AttnArgs& a, int64_t i, float v) {
+  a.out[i] = v;
+  if (a.outb) a.outb[i] = __float2bfloat16_rn(v);
+}
 
 // Shared memory of one CTA, in bytes, laid out as
 // Ks [2][kTK][D+8] bf16 | Vs [2][kTK][Dv+8] bf16 | qs [GM][D] f32 |
@@ -357,7 +364,7 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
           l = l * cr + exp2f(sk - mn);
           o *= cr;
         }
-        a.out[(row * a.H + h) * Dv + c] = o / l;
+        put_out(a, (row * a.H + h) * Dv + c, o / l);
       } else {
         a.wo[(((int64_t)b * a.H + h) * a.splits + split) * Dv + c] = o;
       }
@@ -379,9 +386,9 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
             o0 *= cr;
             o1 *= cr;
           }
-          float* o = a.out + (row * a.H + h) * Dv + 2 * cp;
-          o[0] = o0 / l;
-          o[1] = o1 / l;
+          const int64_t o = (row * a.H + h) * Dv + 2 * cp;
+          put_out(a, o, o0 / l);
+          put_out(a, o + 1, o1 / l);
         } else {
           float* o = a.wo + (((int64_t)b * a.H + h) * a.splits + split) * Dv + 2 * cp;
           o[0] = o0;
@@ -752,7 +759,7 @@ __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
         L = L * cr + exp2f(sk - mn);
         ov *= cr;
       }
-      a.out[(row * a.H + h) * Dv + c] = ov / L;
+      put_out(a, (row * a.H + h) * Dv + c, ov / L);
     } else {
       a.wo[(((int64_t)b * a.H + h) * a.splits + split) * Dv + c] = ov;
     }
@@ -982,7 +989,7 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
         L = L * cr + exp2f(sk - mn);
         ov *= cr;
       }
-      a.out[(row * a.H + h0 + h) * Dv + c] = ov / L;
+      put_out(a, (row * a.H + h0 + h) * Dv + c, ov / L);
     } else {
       a.wo[(((int64_t)b * a.H + h0 + h) * a.splits + split) * Dv + c] = ov;
       if (c == 0) {
@@ -1030,7 +1037,7 @@ __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
     // Unrolled so that several splits' loads are in flight at once.
 #pragma unroll 8
     for (int s = 0; s < S; s++) v = fmaf(w[s], o[(int64_t)s * Dv + c], v);
-    a.out[(row * a.H + h) * Dv + c] = v * inv;
+    put_out(a, (row * a.H + h) * Dv + c, v * inv);
   }
 }
 
@@ -1360,7 +1367,8 @@ int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_heads, int3
   return MK_OK;
 }
 
-int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t q, uint64_t pool_k, uint64_t pool_v,
+int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uint64_t q, uint64_t pool_k,
+                           uint64_t pool_v,
                            uint64_t rows, uint64_t pos, uint64_t table, uint64_t blocks, int64_t n,
                            int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
                            int32_t block_size, uint32_t scale_bits, int32_t window, uint64_t sinks,
@@ -1394,6 +1402,7 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t q, uint64_t p
   }
   AttnArgs a{};
   a.out = mk::dev<float>(out);
+  a.outb = out_bf16 ? mk::dev<bf16>(out_bf16) : nullptr;
   a.q = mk::dev<float>(q);
   a.pk = mk::dev<bf16>(pool_k);
   a.pv = mk::dev<bf16>(pool_v);

@@ -16,7 +16,7 @@ var (
 	pagedAttnVariant   func(variant int32) int32
 	pagedAttnStages    func(stages int32) int32
 	pagedAttnWorkspace func(n int64, heads, kvHeads, headDim, vHeadDim, maxKeys int32, bytes *uint64) int32
-	pagedAttnBF16      func(stream, out, q, poolK, poolV, rows, pos, table, blocks uint64, n int64,
+	pagedAttnBF16      func(stream, out, outBF16, q, poolK, poolV, rows, pos, table, blocks uint64, n int64,
 		heads, kvHeads, headDim, vHeadDim, blockSize int32, scaleBits uint32, window int32, sinks uint64,
 		maxKeys int32, work, workSize uint64) int32
 )
@@ -157,13 +157,15 @@ func (d *Device) PagedAttnWorkspace(n, maxKeys int, a AttnArgs) (int64, error) {
 // pools poolK / poolV, with the semantics of AttentionF32: row b is q/out row
 // rows[b] at position pos[b], reading its keys through blocks[table[b] +
 // j/BlockSize] (int32 buffers). q [*, Heads*HeadDim] and out
-// [*, Heads*VHeadDim] are float32; sinks [Heads] may be nil. maxKeys is the
+// [*, Heads*VHeadDim] are float32; outBF16 (may be nil) gets every value
+// written to out rounded to bf16 as well (the input of a bf16 projection,
+// without a conversion launch); sinks [Heads] may be nil. maxKeys is the
 // most keys any row attends (min(pos+1, Window) at most), a hint for
 // splitting long rows across thread blocks; work (may be nil) is the
 // workspace of PagedAttnWorkspace bytes: a smaller one means fewer splits.
 // Head dims must be multiples of 8 up to 256. Block ids and positions are
 // trusted (the caller builds them).
-func (d *Device) PagedAttnBF16(s *Stream, out, q, poolK, poolV, rows, pos, table, blocks, sinks, work *Buffer,
+func (d *Device) PagedAttnBF16(s *Stream, out, outBF16, q, poolK, poolV, rows, pos, table, blocks, sinks, work *Buffer,
 	n, maxKeys int, a AttnArgs) error {
 	const op = "PagedAttnBF16"
 	if err := d.ready(op); err != nil || d.muted() {
@@ -184,12 +186,18 @@ func (d *Device) PagedAttnBF16(s *Stream, out, q, poolK, poolV, rows, pos, table
 	if poolK.ptr%16 != 0 || poolV.ptr%16 != 0 {
 		return fmt.Errorf("kernels: %s: poolK and poolV must be 16-byte aligned", op)
 	}
-	var sk, wp, wn uint64
+	var sk, wp, wn, ob uint64
 	if sinks != nil {
 		if err := need(op, "sinks", sinks, int64(a.Heads), 4); err != nil {
 			return err
 		}
 		sk = sinks.ptr
+	}
+	if outBF16 != nil {
+		if err := need(op, "outBF16", outBF16, int64(a.Heads*a.VHeadDim), 2); err != nil {
+			return err
+		}
+		ob = outBF16.ptr
 	}
 	if work != nil {
 		if err := work.fits("PagedAttnBF16 workspace", 0); err != nil {
@@ -197,7 +205,7 @@ func (d *Device) PagedAttnBF16(s *Stream, out, q, poolK, poolV, rows, pos, table
 		}
 		wp, wn = work.ptr, uint64(work.bytes)
 	}
-	return d.lib.check("mk_paged_attn_bf16", pagedAttnBF16(s.handle(), out.ptr, q.ptr, poolK.ptr, poolV.ptr,
+	return d.lib.check("mk_paged_attn_bf16", pagedAttnBF16(s.handle(), out.ptr, ob, q.ptr, poolK.ptr, poolV.ptr,
 		rows.ptr, pos.ptr, table.ptr, blocks.ptr, N, int32(a.Heads), int32(a.KVHeads), int32(a.HeadDim),
 		int32(a.VHeadDim), int32(a.BlockSize), math.Float32bits(a.Scale), int32(a.Window), sk,
 		int32(max(0, min(maxKeys, math.MaxInt32))), wp, wn))

@@ -166,7 +166,7 @@ func benchPaged(b *testing.B, d *Device, r *rand.Rand, pk, pv *Buffer, batch, ct
 	}
 	ms, err := timeLaunches(b, d, nil, 3, func(i int) error {
 		st := sets[i%rot]
-		return d.PagedAttnBF16(nil, out, qb, pk, pv, st.rows, st.pos, st.table, st.blocks, nil, wb, batch, ctx, a)
+		return d.PagedAttnBF16(nil, out, nil, qb, pk, pv, st.rows, st.pos, st.table, st.blocks, nil, wb, batch, ctx, a)
 	})
 	if err != nil {
 		return err

@@ -148,10 +148,16 @@ func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant, stages i
 	a := AttnArgs{Heads: c.h, KVHeads: c.kv, HeadDim: c.d, VHeadDim: c.dv, BlockSize: c.bs, Scale: scale, Window: c.window}
 
 	var got []float32
+	var gotB []uint16
 	onGPU(t, g, func(ar *arena) {
 		pk, pv := put(ar, kBits), put(ar, vBits)
 		qb, rb, pb, tb, bb := put(ar, q), put(ar, rows), put(ar, pos), put(ar, table), put(ar, blocks)
 		out := put(ar, f32Fill(n*c.h*c.dv, float32(math.NaN())))
+		poison := make([]uint16, n*c.h*c.dv)
+		for i := range poison {
+			poison[i] = 0x7fc1 // a NaN no rounding gives
+		}
+		outb := put(ar, poison)
 		var sb, wb *Buffer
 		if sinks != nil {
 			sb = put(ar, sinks)
@@ -182,9 +188,16 @@ func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant, stages i
 		if ar.err != nil {
 			return
 		}
-		ar.check(ar.d.PagedAttnBF16(nil, out, qb, pk, pv, rb, pb, tb, bb, sb, wb, n, hint, a))
+		ar.check(ar.d.PagedAttnBF16(nil, out, outb, qb, pk, pv, rb, pb, tb, bb, sb, wb, n, hint, a))
 		got = get[float32](ar, out, n*c.h*c.dv)
+		gotB = get[uint16](ar, outb, n*c.h*c.dv)
 	})
+	// The bf16 output is out rounded (RN), bit for bit, everywhere.
+	for i, v := range got {
+		if w := tensor.F32ToBF16(v); gotB[i] != w {
+			t.Fatalf("outBF16[%d] = %#04x, out %g rounds to %#04x", i, gotB[i], v, w)
+		}
+	}
 
 	want := make([]float64, n*c.h*c.dv)
 	G := c.h / c.kv
@@ -321,16 +334,16 @@ func TestPagedAttnArgs(t *testing.T) {
 			{Heads: 4, KVHeads: 4, HeadDim: 16, VHeadDim: 264, BlockSize: 16},
 			{Heads: 4, KVHeads: 4, HeadDim: 16, VHeadDim: 16, BlockSize: 0},
 		} {
-			if err := ar.d.PagedAttnBF16(nil, buf, buf, buf, buf, buf, buf, buf, buf, nil, nil, 1, 1, a); err == nil {
+			if err := ar.d.PagedAttnBF16(nil, buf, nil, buf, buf, buf, buf, buf, buf, buf, nil, nil, 1, 1, a); err == nil {
 				t.Errorf("%+v: no error", a)
 			}
 		}
-		if err := ar.d.PagedAttnBF16(nil, buf, buf, buf, buf, buf, buf, buf, buf, nil, nil, 1<<20, 1,
+		if err := ar.d.PagedAttnBF16(nil, buf, nil, buf, buf, buf, buf, buf, buf, buf, nil, nil, 1<<20, 1,
 			AttnArgs{Heads: 4, KVHeads: 4, HeadDim: 16, VHeadDim: 16, BlockSize: 16}); err == nil {
 			t.Errorf("1M rows in a 1 MiB buffer: no error")
 		}
 		ar.check(ar.d.SetPagedVariant(PagedMMA))
-		if err := ar.d.PagedAttnBF16(nil, buf, buf, buf, buf, buf, buf, buf, buf, nil, nil, 1, 1,
+		if err := ar.d.PagedAttnBF16(nil, buf, nil, buf, buf, buf, buf, buf, buf, buf, nil, nil, 1, 1,
 			AttnArgs{Heads: 4, KVHeads: 4, HeadDim: 16, VHeadDim: 256, BlockSize: 16}); err == nil {
 			t.Errorf("tensor-core kernel with VHeadDim 256: no error")
 		}

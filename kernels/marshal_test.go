@@ -123,3 +123,43 @@ func TestNeedAllArgs(t *testing.T) {
 		}
 	}
 }
+
+// TestMarshalPagedAttnBF16: ABI 11's out_bf16 reaches the C function right
+// after out (0 without one), and a short one is refused.
+func TestMarshalPagedAttnBF16(t *testing.T) {
+	var got []uint64
+	old := pagedAttnBF16
+	defer func() { pagedAttnBF16 = old }()
+	pagedAttnBF16 = func(s, out, outBF16, q, poolK, poolV, rows, pos, table, blocks uint64, n int64,
+		heads, kvHeads, headDim, vHeadDim, blockSize int32, scaleBits uint32, window int32, sinks uint64,
+		maxKeys int32, work, workSize uint64) int32 {
+		got = []uint64{s, out, outBF16, q, poolK, poolV, rows, pos, table, blocks, uint64(n), uint64(heads),
+			uint64(kvHeads), uint64(headDim), uint64(vHeadDim), uint64(blockSize), uint64(scaleBits), uint64(window),
+			sinks, uint64(maxKeys), work, workSize}
+		return 0
+	}
+	d := fakeDevice()
+	a := AttnArgs{Heads: 4, KVHeads: 2, HeadDim: 64, VHeadDim: 64, BlockSize: 16, Scale: 0.125}
+	const n = 3
+	out, outb := fakeBuf(0x100, n*4*64*4), fakeBuf(0x200, n*4*64*2)
+	q, pk, pv := fakeBuf(0x300, n*4*64*4), fakeBuf(0x400, 64*2*64*2), fakeBuf(0x500, 64*2*64*2)
+	rows, pos, table, blocks := fakeBuf(0x600, n*4), fakeBuf(0x700, n*4), fakeBuf(0x800, n*4), fakeBuf(0x900, 8*4)
+	work := fakeBuf(0xa00, 4096)
+	call := func(ob *Buffer) error {
+		return d.PagedAttnBF16(nil, out, ob, q, pk, pv, rows, pos, table, blocks, nil, work, n, 40, a)
+	}
+	if err := call(outb); err != nil {
+		t.Fatal(err)
+	}
+	want := []uint64{0, 0x100, 0x200, 0x300, 0x400, 0x500, 0x600, 0x700, 0x800, 0x900, n, 4, 2, 64, 64, 16,
+		uint64(math.Float32bits(0.125)), 0, 0, 40, 0xa00, 4096}
+	if !slices.Equal(got, want) {
+		t.Fatalf("mk_paged_attn_bf16 got %#x, want %#x", got, want)
+	}
+	if err := call(nil); err != nil || got[2] != 0 {
+		t.Errorf("without out_bf16: err %v, argument %#x", err, got[2])
+	}
+	if err := call(fakeBuf(0x200, 4*64)); err == nil {
+		t.Error("a short out_bf16 gave no error")
+	}
+}

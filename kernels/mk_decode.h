@@ -52,8 +52,9 @@ MK_API int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_head
  * max_keys: the most keys any row attends (a hint for splitting rows across
  * CTAs: a wrong value costs speed, not correctness; 0: never split). work:
  * workspace of work_size bytes (mk_paged_attn_workspace; a smaller one, or 0,
- * means fewer splits). */
-MK_API int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t q, uint64_t pool_k,
+ * means fewer splits). out_bf16 (0 for none; ABI 11): every value written to
+ * out is also written there rounded to bf16 (RN), [*, heads*v_head_dim]. */
+MK_API int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uint64_t q, uint64_t pool_k,
                                   uint64_t pool_v, uint64_t rows, uint64_t pos, uint64_t table,
                                   uint64_t blocks, int64_t n, int32_t heads, int32_t kv_heads,
                                   int32_t head_dim, int32_t v_head_dim, int32_t block_size,

@@ -45,8 +45,9 @@ extern "C" {
  *    dims 64/64, 128/128, 192/128), mk_moe_gemv, mk_moe_localize's counts,
  *    mk_norm_rope_f32.
  * 10: mk_gemv_bf16_multi; mk_norm_rope_f32 takes a second tensor and flags
- *    (MK_NORM_ROPE_FAST); mk_add_rmsnorm_f32 may also write bf16 (outb). */
-#define MK_ABI_VERSION 10
+ *    (MK_NORM_ROPE_FAST); mk_add_rmsnorm_f32 may also write bf16 (outb).
+ * 11: mk_paged_attn_bf16 takes out_bf16 (the output rounded to bf16 too). */
+#define MK_ABI_VERSION 11
 
 /* Status codes. */
 enum {

@@ -446,7 +446,15 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			if ws > 0 {
 				work = be.alloc.get(d, ws)
 			}
-			err = d.PagedAttnBF16(nil, out.st.f32, qb, pl.k, pl.v, m.rows, m.pos, m.table, m.blocks, sk, work,
+			// The fast profile's o projection reads the output in bf16: when
+			// this launch writes every row of it, it also writes that
+			// rounding (bf16Of's values), kept with the tensor.
+			var outb *kernels.Buffer
+			if !be.split && gi == 0 && !priv.any && len(g.rings) == 0 && len(g.worldCP) == 0 && len(g.rows) == T {
+				outb = be.alloc.get(d, int64(T*H*Dv)*2)
+				be.attach(out, &out.st.bf16, outb)
+			}
+			err = d.PagedAttnBF16(nil, out.st.f32, outb, qb, pl.k, pl.v, m.rows, m.pos, m.table, m.blocks, sk, work,
 				len(g.rows), maxKeys, a)
 			be.alloc.put(work)
 			if err != nil {
