@@ -163,3 +163,42 @@ func TestMarshalPagedAttnBF16(t *testing.T) {
 		t.Error("a short out_bf16 gave no error")
 	}
 }
+
+// TestMarshalMoERouteExperts: mk_moe_route_experts gets the routing's and
+// the experts' arguments in its C order, and a router whose expert count
+// differs from the weights' is refused before the call.
+func TestMarshalMoERouteExperts(t *testing.T) {
+	var got []uint64
+	old := moeRouteExperts
+	defer func() { moeRouteExperts = old }()
+	moeRouteExperts = func(s, out, x, ids, weights, logits, scoreBias uint64, tt int64, k, e, flags, groups, topkGroups int32,
+		scaling uint32, h, i int64, gateUp, gateUpBias, down, downBias uint64, act int32, alpha, limit uint32, counts, ws,
+		wsBytes uint64) int32 {
+		got = []uint64{s, out, x, ids, weights, logits, scoreBias, uint64(tt), uint64(k), uint64(e), uint64(flags),
+			uint64(groups), uint64(topkGroups), uint64(scaling), uint64(h), uint64(i), gateUp, gateUpBias, down, downBias,
+			uint64(act), uint64(alpha), uint64(limit), counts, ws, wsBytes}
+		return 0
+	}
+	d := fakeDevice()
+	const T, K, E, H, I = 2, 8, 256, 64, 32
+	r := MoERouter{Experts: E, TopK: K, Sigmoid: true, NormTopK: true, Groups: 8, TopKGroups: 4, Scaling: 2.5}
+	ex := &MoEExperts{E: E, H: H, I: I, GateUp: fakeBuf(0x60, E*2*I*H*2), Down: fakeBuf(0x70, E*H*I*2),
+		DownBias: fakeBuf(0x80, E*H*4), Clamped: true, Alpha: 1.5, Limit: 7}
+	out, x := fakeBuf(0x10, T*H*4), fakeBuf(0x20, T*H*2)
+	ids, w, logits, sb := fakeBuf(0x30, T*K*4), fakeBuf(0x40, T*K*4), fakeBuf(0x50, T*E*4), fakeBuf(0x58, E*4)
+	counts, ws := fakeBuf(0x90, E*8), fakeBuf(0xa0, 1<<20)
+	if err := d.MoERouteExpertsRun(nil, out, x, ids, w, logits, sb, T, r, ex, counts, ws); err != nil {
+		t.Fatal(err)
+	}
+	want := []uint64{0, 0x10, 0x20, 0x30, 0x40, 0x50, 0x58, T, K, E, uint64(moeSigmoid | moeNormTopK), 8, 4,
+		uint64(math.Float32bits(2.5)), H, I, 0x60, 0, 0x70, 0x80, 1, uint64(math.Float32bits(1.5)),
+		uint64(math.Float32bits(7)), 0x90, 0xa0, 1 << 20}
+	if !slices.Equal(got, want) {
+		t.Fatalf("mk_moe_route_experts got %#x, want %#x", got, want)
+	}
+	got = nil
+	r.Experts = 128
+	if err := d.MoERouteExpertsRun(nil, out, x, ids, w, logits, sb, T, r, ex, counts, ws); err == nil || got != nil {
+		t.Errorf("128 router experts for 256 weights: err %v, called %v", err, got != nil)
+	}
+}

@@ -66,6 +66,19 @@ MK_API int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_
                               uint64_t down_bias, int32_t act_kind, uint32_t alpha_bits,
                               uint32_t limit_bits, uint64_t counts, uint64_t ws, uint64_t ws_bytes);
 
+/* mk_moe_route then mk_moe_experts in one call (ABI 11): ids and weights
+ * [t, k] are written as mk_moe_route writes them, then the experts run on
+ * them, with the same results as the two calls. For t <= 32, e <= 256 and
+ * k <= 32 on the grouped GEMMs, the routing and the experts' align run as
+ * one launch (a decode step's; MK_MOE_ROUTE_ALIGN=0: two). */
+MK_API int32_t mk_moe_route_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids,
+                                    uint64_t weights, uint64_t logits, uint64_t score_bias, int64_t t,
+                                    int32_t k, int32_t e, int32_t flags, int32_t num_groups,
+                                    int32_t topk_groups, uint32_t scaling_bits, int64_t h, int64_t i,
+                                    uint64_t gate_up, uint64_t gate_up_bias, uint64_t down,
+                                    uint64_t down_bias, int32_t act_kind, uint32_t alpha_bits,
+                                    uint32_t limit_bits, uint64_t counts, uint64_t ws, uint64_t ws_bytes);
+
 /* Turns mk_moe_experts's decode-sized GEMV kernels on (1) or off (0, the
  * default unless MK_MOE_GEMV=1), process-wide. */
 MK_API int32_t mk_moe_gemv(int32_t on);

@@ -217,14 +217,15 @@ __global__ void moe_route_kernel(int32_t* ids, float* wts, const float* logits, 
 // float64 softmax sums in another order (weights equal to ~1e-16 relative
 // before the float rounding). Shared memory is used for group-limited
 // routing only.
+//
+// route_token_reg routes token t on the calling warp; route_sm is the
+// block's shared memory, of which the warp uses slot warp (group-limited
+// routing only).
 template <int EPL>
-__global__ void moe_route_reg_kernel(int32_t* ids, float* wts, const float* logits, const float* bias,
-                                     int64_t T, int E, int K, int flags, int G, int TG, float scale) {
-  mk::pdl_begin();
-  extern __shared__ __align__(16) unsigned char route_sm[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t t = (int64_t)blockIdx.x * kRouteWarps + warp;
-  if (t >= T) return;  // warp-uniform; no block-wide barrier below
+__device__ __forceinline__ void route_token_reg(int32_t* ids, float* wts, const float* logits, const float* bias,
+                                                int64_t t, int E, int K, int flags, int G, int TG, float scale,
+                                                unsigned char* route_sm, int warp) {
+  const int lane = threadIdx.x % 32;
   const float* row = logits + t * E;
   const bool sig = flags & MK_MOE_SIGMOID, stk = flags & MK_MOE_SOFTMAX_TOPK,
              norm = flags & MK_MOE_NORM_TOPK;
@@ -372,16 +373,25 @@ __global__ void moe_route_reg_kernel(int32_t* ids, float* wts, const float* logi
   }
 }
 
+template <int EPL>
+__global__ void moe_route_reg_kernel(int32_t* ids, float* wts, const float* logits, const float* bias,
+                                     int64_t T, int E, int K, int flags, int G, int TG, float scale) {
+  mk::pdl_begin();
+  extern __shared__ __align__(16) unsigned char route_sm[];
+  const int warp = threadIdx.x / 32;
+  const int64_t t = (int64_t)blockIdx.x * kRouteWarps + warp;
+  if (t >= T) return;  // warp-uniform; no block-wide barrier below
+  route_token_reg<EPL>(ids, wts, logits, bias, t, E, K, flags, G, TG, scale, route_sm, warp);
+}
+
 // ---------------------------------------------------------------- align
 
 // One block: counts per expert, offsets padded to BM, the expert of every
 // row tile, the padded row list (assignment a = t*K + k, or -1) and each
 // assignment's row; counts_total += counts.
-__global__ void moe_align_kernel(const int32_t* ids, int64_t n, int E, int BM, int32_t* off_g,
-                                 int32_t* num_tiles, int32_t* tile_expert, int32_t* sorted,
-                                 int32_t* slot_of, unsigned long long* counts_total) {
-  mk::pdl_begin();
-  extern __shared__ int align_sm[];
+__device__ __forceinline__ void align_block(const int32_t* ids, int64_t n, int E, int BM, int32_t* off_g,
+                                            int32_t* num_tiles, int32_t* tile_expert, int32_t* sorted,
+                                            int32_t* slot_of, unsigned long long* counts_total, int* align_sm) {
   int* cnt = align_sm;
   int* off = cnt + E;
   int* cur = off + E + 1;
@@ -447,6 +457,32 @@ __global__ void moe_align_kernel(const int32_t* ids, int64_t n, int E, int BM, i
       slot_of[a] = -1;
     }
   }
+}
+
+__global__ void moe_align_kernel(const int32_t* ids, int64_t n, int E, int BM, int32_t* off_g,
+                                 int32_t* num_tiles, int32_t* tile_expert, int32_t* sorted,
+                                 int32_t* slot_of, unsigned long long* counts_total) {
+  mk::pdl_begin();
+  extern __shared__ int align_sm[];
+  align_block(ids, n, E, BM, off_g, num_tiles, tile_expert, sorted, slot_of, counts_total, align_sm);
+}
+
+// moe_route_align_kernel routes T ≤ 32 tokens (one warp each, as
+// moe_route_reg_kernel) and aligns their assignments (as moe_align_kernel)
+// in one block of 1024 threads: a decode step's routing and align in one
+// launch. The block's barrier makes the ids it wrote visible to the align.
+template <int EPL>
+__global__ void __launch_bounds__(1024, 1) moe_route_align_kernel(int32_t* ids, float* wts, const float* logits,
+    const float* bias, int64_t T, int E, int K, int flags, int G, int TG, float scale, int BM, int32_t* off_g,
+    int32_t* num_tiles, int32_t* tile_expert, int32_t* sorted, int32_t* slot_of,
+    unsigned long long* counts_total) {
+  mk::pdl_begin();
+  extern __shared__ __align__(16) unsigned char ra_sm[];
+  const int warp = threadIdx.x / 32;
+  if (warp < T) route_token_reg<EPL>(ids, wts, logits, bias, warp, E, K, flags, G, TG, scale, ra_sm, warp);
+  __syncthreads();
+  align_block(ids, T * K, E, BM, off_g, num_tiles, tile_expert, sorted, slot_of, counts_total,
+              reinterpret_cast<int*>(ra_sm));
 }
 
 // ---------------------------------------------------------------- grouped GEMM
@@ -1041,6 +1077,16 @@ bool wide_tiles() {
   return w;
 }
 
+// route_align_on: mk_moe_route_experts routes and aligns a decode step's
+// tokens in one launch (MK_MOE_ROUTE_ALIGN=0: two launches, for comparisons).
+bool route_align_on() {
+  static bool on = [] {
+    const char* v = getenv("MK_MOE_ROUTE_ALIGN");
+    return !(v && v[0] == '0');
+  }();
+  return on;
+}
+
 // early_b: GEMM2 issues its first weight stages before the PDL wait
 // (MK_MOE_EARLY_B=0: after it, for comparisons).
 int early_b() {
@@ -1121,10 +1167,9 @@ int32_t mk_moe_localize(uint64_t stream, uint64_t ids, int64_t n, int32_t lo, in
   return MK_OK;
 }
 
-int32_t mk_moe_route(uint64_t stream, uint64_t ids, uint64_t weights, uint64_t logits,
-                     uint64_t score_bias, int64_t t, int32_t e, int32_t k, int32_t flags,
-                     int32_t num_groups, int32_t topk_groups, uint32_t scaling_bits) {
-  MK_THREAD("mk_moe_route");
+// route_check is mk_moe_route's argument check.
+int32_t route_check(uint64_t ids, uint64_t weights, uint64_t logits, int64_t t, int32_t e, int32_t k,
+                    int32_t flags, int32_t num_groups, int32_t topk_groups, uint32_t scaling_bits) {
   MK_ARG(t > 0 && e > 0 && e <= 2048 && k > 0 && k <= e,
          "mk_moe_route: T=%lld E=%d K=%d (want T >= 1, 1 <= E <= 2048, 1 <= K <= E)", (long long)t, e, k);
   MK_ARG(ids && weights && logits, "mk_moe_route: null ids, weights or logits");
@@ -1140,6 +1185,16 @@ int32_t mk_moe_route(uint64_t stream, uint64_t ids, uint64_t weights, uint64_t l
   }
   const float scale = mk::float_from_bits(scaling_bits);
   MK_ARG(std::isfinite(scale), "mk_moe_route: scaling factor %g", scale);
+  return MK_OK;
+}
+
+int32_t mk_moe_route(uint64_t stream, uint64_t ids, uint64_t weights, uint64_t logits,
+                     uint64_t score_bias, int64_t t, int32_t e, int32_t k, int32_t flags,
+                     int32_t num_groups, int32_t topk_groups, uint32_t scaling_bits) {
+  MK_THREAD("mk_moe_route");
+  const int32_t rc = route_check(ids, weights, logits, t, e, k, flags, num_groups, topk_groups, scaling_bits);
+  if (rc != MK_OK) return rc;
+  const float scale = mk::float_from_bits(scaling_bits);
   if (e <= 256 && k <= 32 && !route_slow()) {
     const int64_t blocks = (t + kRouteWarps - 1) / kRouteWarps;
     MK_ARG(blocks < (1ll << 31), "mk_moe_route: T=%lld too large", (long long)t);
@@ -1183,12 +1238,10 @@ int32_t mk_moe_workspace(int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, 
   return MK_OK;
 }
 
-int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, uint64_t weights,
-                       int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t gate_up,
-                       uint64_t gate_up_bias, uint64_t down, uint64_t down_bias, int32_t act_kind,
-                       uint32_t alpha_bits, uint32_t limit_bits, uint64_t counts, uint64_t ws,
-                       uint64_t ws_bytes) {
-  MK_THREAD("mk_moe_experts");
+// experts_check is mk_moe_experts's argument check.
+static int32_t experts_check(uint64_t out, uint64_t x, uint64_t ids, uint64_t weights, int64_t t, int32_t k,
+                             int32_t e, int64_t h, int64_t i, uint64_t gate_up, uint64_t down, int32_t act_kind,
+                             uint64_t ws, uint64_t ws_bytes) {
   MK_ARG(t > 0 && k > 0 && e > 0 && k <= e && h > 0 && i > 0,
          "mk_moe_experts: T=%lld K=%d E=%d H=%lld I=%lld", (long long)t, k, e, (long long)h, (long long)i);
   MK_ARG(h % 8 == 0 && i % 8 == 0, "mk_moe_experts: H=%lld and I=%lld must be multiples of 8", (long long)h,
@@ -1201,9 +1254,32 @@ int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, 
   MK_ARG(ws_bytes >= L.total, "mk_moe_experts: workspace of %llu bytes, %llu needed",
          (unsigned long long)ws_bytes, (unsigned long long)L.total);
   MK_ARG(L.tiles < (1ll << 31), "mk_moe_experts: too many rows");
+  return MK_OK;
+}
+
+// RouteIn is the routing of mk_moe_route_experts's fused launch.
+struct RouteIn {
+  const float* logits;
+  const float* bias;
+  int flags, groups, topk_groups;
+  float scale;
+};
+
+// gemv_path reports whether mk_moe_experts takes the decode-sized GEMV kernels.
+static bool gemv_path(int64_t t, int32_t k) { return t <= kGemvTokens && t * k <= kGemvAssign && gemv_on(); }
+
+// experts_run is mk_moe_experts after its checks; with route, the align
+// launch also routes the tokens (moe_route_align_kernel: t ≤ 32, E ≤ 256,
+// K ≤ 32, not the GEMV path), writing ids and weights first.
+static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, uint64_t weights,
+                           int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t gate_up,
+                           uint64_t gate_up_bias, uint64_t down, uint64_t down_bias, int32_t act_kind,
+                           uint32_t alpha_bits, uint32_t limit_bits, uint64_t counts, uint64_t ws,
+                           const RouteIn* route) {
+  const Layout L = layout(t, k, e, h, i);
   cudaStream_t s = mk::as_stream(stream);
   unsigned char* w = mk::dev<unsigned char>(ws);
-  if (t <= kGemvTokens && t * k <= kGemvAssign && gemv_on()) {
+  if (gemv_path(t, k)) {
     // Decode-sized: act (the workspace's, ≥ T·K rows) between two GEMV kernels.
     bf16* act = reinterpret_cast<bf16*>(w + L.act);
     const size_t xsm = (size_t)t * h * 2;
@@ -1237,14 +1313,31 @@ int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, 
   const int bm = kCfg[L.cfg].bm;
 
   const size_t asm_bytes = (size_t)(3 * e + 1) * 4;
-  static size_t align_attr = 48 << 10;
-  if (asm_bytes > align_attr) {
-    MK_CUDA(cudaFuncSetAttribute(moe_align_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asm_bytes));
-    align_attr = asm_bytes;
+  if (route != nullptr) {
+    // Routing and align in one block (ids and weights written first; the
+    // align's shared memory reuses the routing's after the barrier).
+    const size_t rsm = std::max(asm_bytes, route->groups > 0 ? (size_t)32 * (e + 2 * route->groups) * 4 : 0);
+    const int epl = (e + 31) / 32;
+    auto go = [&](auto kern) {
+      (void)(mk::launch(kern, dim3(1), dim3(1024), rsm, s, mk::dev<int32_t>(ids), mk::dev<float>(weights),
+          route->logits, route->bias, t, (int)e, (int)k, route->flags, route->groups, route->topk_groups,
+          route->scale, bm, off, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts)));
+    };
+    if (epl <= 1) go(moe_route_align_kernel<1>);
+    else if (epl <= 2) go(moe_route_align_kernel<2>);
+    else if (epl <= 4) go(moe_route_align_kernel<4>);
+    else go(moe_route_align_kernel<8>);
+    MK_LAUNCHED("moe_route_align");
+  } else {
+    static size_t align_attr = 48 << 10;
+    if (asm_bytes > align_attr) {
+      MK_CUDA(cudaFuncSetAttribute(moe_align_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asm_bytes));
+      align_attr = asm_bytes;
+    }
+    (void)(mk::launch(moe_align_kernel, dim3(1), dim3(1024), asm_bytes, s, mk::dev<const int32_t>(ids), t * k, e, bm,
+        off, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts)));
+    MK_LAUNCHED("moe_align");
   }
-  (void)(mk::launch(moe_align_kernel, dim3(1), dim3(1024), asm_bytes, s, mk::dev<const int32_t>(ids), t * k, e, bm, off, num, tile_expert,
-                                              sorted, slot_of, mk::dev<unsigned long long>(counts)));
-  MK_LAUNCHED("moe_align");
 
   GemmArgs g1{};
   g1.A = mk::dev<const bf16>(x);
@@ -1283,6 +1376,41 @@ int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, 
   }
   MK_LAUNCHED("moe_combine");
   return MK_OK;
+}
+
+int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, uint64_t weights,
+                       int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t gate_up,
+                       uint64_t gate_up_bias, uint64_t down, uint64_t down_bias, int32_t act_kind,
+                       uint32_t alpha_bits, uint32_t limit_bits, uint64_t counts, uint64_t ws,
+                       uint64_t ws_bytes) {
+  MK_THREAD("mk_moe_experts");
+  const int32_t rc = experts_check(out, x, ids, weights, t, k, e, h, i, gate_up, down, act_kind, ws, ws_bytes);
+  if (rc != MK_OK) return rc;
+  return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias, act_kind,
+                     alpha_bits, limit_bits, counts, ws, nullptr);
+}
+
+int32_t mk_moe_route_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, uint64_t weights,
+                             uint64_t logits, uint64_t score_bias, int64_t t, int32_t k, int32_t e, int32_t flags,
+                             int32_t num_groups, int32_t topk_groups, uint32_t scaling_bits, int64_t h, int64_t i,
+                             uint64_t gate_up, uint64_t gate_up_bias, uint64_t down, uint64_t down_bias,
+                             int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t counts,
+                             uint64_t ws, uint64_t ws_bytes) {
+  MK_THREAD("mk_moe_route_experts");
+  int32_t rc = route_check(ids, weights, logits, t, e, k, flags, num_groups, topk_groups, scaling_bits);
+  if (rc != MK_OK) return rc;
+  rc = experts_check(out, x, ids, weights, t, k, e, h, i, gate_up, down, act_kind, ws, ws_bytes);
+  if (rc != MK_OK) return rc;
+  if (t > 32 || e > 256 || k > 32 || route_slow() || gemv_path(t, k) || !route_align_on()) {
+    rc = mk_moe_route(stream, ids, weights, logits, score_bias, t, e, k, flags, num_groups, topk_groups, scaling_bits);
+    if (rc != MK_OK) return rc;
+    return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias,
+                       act_kind, alpha_bits, limit_bits, counts, ws, nullptr);
+  }
+  const RouteIn r{mk::dev<const float>(logits), score_bias ? mk::dev<const float>(score_bias) : nullptr, flags,
+                  num_groups, topk_groups, mk::float_from_bits(scaling_bits)};
+  return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias, act_kind,
+                     alpha_bits, limit_bits, counts, ws, &r);
 }
 
 int32_t mk_moe_gemv(int32_t on) {

@@ -12,9 +12,12 @@ import (
 // layer's routed experts run on the GPU with no host synchronisation.
 
 var (
-	moeRoute     func(s, ids, weights, logits, scoreBias uint64, t int64, e, k, flags, groups, topkGroups int32, scaling uint32) int32
-	moeWorkspace func(t int64, k, e int32, h, i int64, bytes *uint64, tileM *int32) int32
-	moeExperts   func(s, out, x, ids, weights uint64, t int64, k, e int32, h, i int64, gateUp, gateUpBias, down, downBias uint64, act int32, alpha, limit uint32, counts, ws, wsBytes uint64) int32
+	moeRoute        func(s, ids, weights, logits, scoreBias uint64, t int64, e, k, flags, groups, topkGroups int32, scaling uint32) int32
+	moeWorkspace    func(t int64, k, e int32, h, i int64, bytes *uint64, tileM *int32) int32
+	moeExperts      func(s, out, x, ids, weights uint64, t int64, k, e int32, h, i int64, gateUp, gateUpBias, down, downBias uint64, act int32, alpha, limit uint32, counts, ws, wsBytes uint64) int32
+	moeRouteExperts func(s, out, x, ids, weights, logits, scoreBias uint64, t int64, k, e, flags, groups, topkGroups int32,
+		scaling uint32, h, i int64, gateUp, gateUpBias, down, downBias uint64, act int32, alpha, limit uint32, counts, ws,
+		wsBytes uint64) int32
 	moeFill      func(s, dst uint64, n int64, seed uint64, scale uint32) int32
 	moeLocalize  func(s, ids uint64, n int64, lo, hi int32, counts uint64, e int32) int32
 	moeRouterF32 func(s, logits, x, w, bias, xb uint64, t int64, e int32, h int64) int32
@@ -28,6 +31,7 @@ func init() {
 		symbol{"mk_moe_route", &moeRoute},
 		symbol{"mk_moe_workspace", &moeWorkspace},
 		symbol{"mk_moe_experts", &moeExperts},
+		symbol{"mk_moe_route_experts", &moeRouteExperts},
 		symbol{"mk_moe_fill_bf16", &moeFill},
 		symbol{"mk_moe_localize", &moeLocalize},
 		symbol{"mk_moe_router_f32", &moeRouterF32},
@@ -65,24 +69,33 @@ func (d *Device) MoERoute(s *Stream, ids, weights, logits, scoreBias *Buffer, T 
 	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
-	if err := dims(op, "T", T, "experts", r.Experts, "topk", r.TopK); err != nil {
+	sb, flags, err := routeArgs(op, ids, weights, logits, scoreBias, T, r)
+	if err != nil {
 		return err
 	}
+	return d.lib.check("mk_moe_route", moeRoute(s.handle(), ids.ptr, weights.ptr, logits.ptr, sb, int64(T),
+		int32(r.Experts), int32(r.TopK), flags, int32(r.Groups), int32(r.TopKGroups), math.Float32bits(r.Scaling)))
+}
+
+// routeArgs checks MoERoute's arguments and returns the score bias pointer
+// and the router's flags.
+func routeArgs(op string, ids, weights, logits, scoreBias *Buffer, T int, r MoERouter) (sb uint64, flags int32, err error) {
+	if err := dims(op, "T", T, "experts", r.Experts, "topk", r.TopK); err != nil {
+		return 0, 0, err
+	}
 	if r.Experts > 2048 || r.TopK > r.Experts {
-		return fmt.Errorf("kernels: %s: %d experts, top-%d (want E ≤ 2048, K ≤ E)", op, r.Experts, r.TopK)
+		return 0, 0, fmt.Errorf("kernels: %s: %d experts, top-%d (want E ≤ 2048, K ≤ E)", op, r.Experts, r.TopK)
 	}
 	n := int64(T) * int64(r.TopK)
 	if err := needAll(op, 4, "ids", ids, n, "weights", weights, n, "logits", logits, int64(T)*int64(r.Experts)); err != nil {
-		return err
+		return 0, 0, err
 	}
-	var sb uint64
 	if scoreBias != nil {
 		if err := need(op, "scoreBias", scoreBias, int64(r.Experts), 4); err != nil {
-			return err
+			return 0, 0, err
 		}
 		sb = scoreBias.ptr
 	}
-	flags := int32(0)
 	if r.Sigmoid {
 		flags |= moeSigmoid
 	}
@@ -92,8 +105,7 @@ func (d *Device) MoERoute(s *Stream, ids, weights, logits, scoreBias *Buffer, T 
 	if r.NormTopK {
 		flags |= moeNormTopK
 	}
-	return d.lib.check("mk_moe_route", moeRoute(s.handle(), ids.ptr, weights.ptr, logits.ptr, sb, int64(T),
-		int32(r.Experts), int32(r.TopK), flags, int32(r.Groups), int32(r.TopKGroups), math.Float32bits(r.Scaling)))
+	return sb, flags, nil
 }
 
 // MoERouterF32 is the router GEMM of a few tokens: logits [T, E] f32 = x
@@ -222,22 +234,67 @@ func (d *Device) MoEExpertsRun(s *Stream, out, x, ids, weights *Buffer, T, K int
 	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
-	if ex == nil {
-		return fmt.Errorf("kernels: %s: nil experts", op)
-	}
-	if err := dims(op, "T", T, "K", K, "E", ex.E, "H", ex.H, "I", ex.I); err != nil {
+	a, err := expertsArgs(op, out, x, ids, weights, T, K, ex, counts, ws)
+	if err != nil {
 		return err
 	}
+	return d.lib.check("mk_moe_experts", moeExperts(s.handle(), out.ptr, x.ptr, ids.ptr, weights.ptr, int64(T),
+		int32(K), int32(ex.E), int64(ex.H), int64(ex.I), ex.GateUp.ptr, a.gub, ex.Down.ptr, a.db, a.act,
+		math.Float32bits(ex.Alpha), math.Float32bits(ex.Limit), a.cnt, ws.ptr, uint64(ws.bytes)))
+}
+
+// MoERouteExpertsRun is MoERoute (logits [T, E] f32 → ids and weights [T,
+// K]) then MoEExpertsRun on them, in one call with the same results; a
+// decode step's (T ≤ 32, E ≤ 256, K ≤ 32, the grouped GEMMs) routing and
+// the experts' align run as one launch. K is r.TopK.
+func (d *Device) MoERouteExpertsRun(s *Stream, out, x, ids, weights, logits, scoreBias *Buffer, T int, r MoERouter,
+	ex *MoEExperts, counts, ws *Buffer) error {
+	const op = "MoERouteExpertsRun"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	sb, flags, err := routeArgs(op, ids, weights, logits, scoreBias, T, r)
+	if err != nil {
+		return err
+	}
+	if ex != nil && r.Experts != ex.E {
+		return fmt.Errorf("kernels: %s: the router has %d experts, the weights %d", op, r.Experts, ex.E)
+	}
+	a, err := expertsArgs(op, out, x, ids, weights, T, r.TopK, ex, counts, ws)
+	if err != nil {
+		return err
+	}
+	return d.lib.check("mk_moe_route_experts", moeRouteExperts(s.handle(), out.ptr, x.ptr, ids.ptr, weights.ptr,
+		logits.ptr, sb, int64(T), int32(r.TopK), int32(ex.E), flags, int32(r.Groups), int32(r.TopKGroups),
+		math.Float32bits(r.Scaling), int64(ex.H), int64(ex.I), ex.GateUp.ptr, a.gub, ex.Down.ptr, a.db, a.act,
+		math.Float32bits(ex.Alpha), math.Float32bits(ex.Limit), a.cnt, ws.ptr, uint64(ws.bytes)))
+}
+
+// expertsIn are MoEExpertsRun's checked optional pointers and activation.
+type expertsIn struct {
+	gub, db, cnt uint64
+	act          int32
+}
+
+// expertsArgs checks MoEExpertsRun's arguments.
+func expertsArgs(op string, out, x, ids, weights *Buffer, T, K int, ex *MoEExperts, counts, ws *Buffer) (expertsIn, error) {
+	var a expertsIn
+	if ex == nil {
+		return a, fmt.Errorf("kernels: %s: nil experts", op)
+	}
+	if err := dims(op, "T", T, "K", K, "E", ex.E, "H", ex.H, "I", ex.I); err != nil {
+		return a, err
+	}
 	if ex.H%8 != 0 || ex.I%8 != 0 || K > ex.E {
-		return fmt.Errorf("kernels: %s: H=%d and I=%d must be multiples of 8, K=%d ≤ E=%d", op, ex.H, ex.I, K, ex.E)
+		return a, fmt.Errorf("kernels: %s: H=%d and I=%d must be multiples of 8, K=%d ≤ E=%d", op, ex.H, ex.I, K, ex.E)
 	}
 	E, H, I := int64(ex.E), int64(ex.H), int64(ex.I)
 	n := int64(T) * int64(K)
 	if err := needAll(op, 4, "out", out, int64(T)*H, "ids", ids, n, "weights", weights, n); err != nil {
-		return err
+		return a, err
 	}
 	if err := needAll(op, 2, "x", x, int64(T)*H, "GateUp", ex.GateUp, E*2*I*H, "Down", ex.Down, E*H*I); err != nil {
-		return err
+		return a, err
 	}
 	opt := func(name string, b *Buffer, elems, size int64) (uint64, error) {
 		if b == nil {
@@ -245,28 +302,23 @@ func (d *Device) MoEExpertsRun(s *Stream, out, x, ids, weights *Buffer, T, K int
 		}
 		return b.ptr, need(op, name, b, elems, size)
 	}
-	gub, err := opt("GateUpBias", ex.GateUpBias, E*2*I, 4)
-	if err != nil {
-		return err
+	var err error
+	if a.gub, err = opt("GateUpBias", ex.GateUpBias, E*2*I, 4); err != nil {
+		return a, err
 	}
-	db, err := opt("DownBias", ex.DownBias, E*H, 4)
-	if err != nil {
-		return err
+	if a.db, err = opt("DownBias", ex.DownBias, E*H, 4); err != nil {
+		return a, err
 	}
-	cnt, err := opt("counts", counts, E, 8)
-	if err != nil {
-		return err
+	if a.cnt, err = opt("counts", counts, E, 8); err != nil {
+		return a, err
 	}
 	if ws == nil || ws.ptr == 0 {
-		return fmt.Errorf("kernels: %s: nil or freed workspace", op)
+		return a, fmt.Errorf("kernels: %s: nil or freed workspace", op)
 	}
-	act := int32(0)
 	if ex.Clamped {
-		act = 1
+		a.act = 1
 	}
-	return d.lib.check("mk_moe_experts", moeExperts(s.handle(), out.ptr, x.ptr, ids.ptr, weights.ptr, int64(T),
-		int32(K), int32(E), H, I, ex.GateUp.ptr, gub, ex.Down.ptr, db, act, math.Float32bits(ex.Alpha),
-		math.Float32bits(ex.Limit), cnt, ws.ptr, uint64(ws.bytes)))
+	return a, nil
 }
 
 // FillRandomBF16 fills the first n bf16 values of b with deterministic

@@ -132,6 +132,10 @@ type moeCase struct {
 	// ids are localized (MoELocalize: the others become −1), the weights are
 	// views of the block, and the counters are not checked.
 	lo, hi int
+	// oneCall: route and run the experts through MoERouteExpertsRun (one
+	// launch for routing and align at T ≤ 32, E ≤ 256, K ≤ 32) instead of
+	// MoERoute then MoEExpertsRun.
+	oneCall bool
 }
 
 // moeRef is the float64 reference of the routed experts: bf16 x and
@@ -219,6 +223,9 @@ func TestMoEExperts(t *testing.T) {
 		// counts; below, the 16-row tiles with the same.
 		{name: "E128_K8_T200_hot_stream", cfg: sm(128, 8), T: 200, H: 136, I: 40, hot: 7, biases: true},
 		{name: "E256_K4_T200_hot_tile16", cfg: sm(256, 4), T: 200, H: 136, I: 40, hot: 7, biases: true},
+		// 32 tokens: the most that route and align in one launch (_one_call).
+		{name: "E128_K8_T32", cfg: sm(128, 8), T: 32, H: 128, I: 64, hot: -1},
+		{name: "E256_K8_T32_deepseek", cfg: deepSeekV3Router, T: 32, H: 64, I: 32, hot: -1, biases: true},
 		{name: "E64_K4_T16_stream_clamped", cfg: sm(64, 4), T: 16, H: 72, I: 24, hot: -1, clamped: true, biases: true},
 		{name: "E32_K8_T80_stream_nt4", cfg: sm(32, 8), T: 80, H: 200, I: 56, hot: -1},
 		{name: "E16_K4_T40_stream_nt2", cfg: sm(16, 4), T: 40, H: 104, I: 48, hot: -1},
@@ -235,6 +242,17 @@ func TestMoEExperts(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			act := moe.Activation{Kind: moe.SwiGLU}
+			if c.clamped {
+				act = oss
+			}
+			runMoECase(t, g, r, c, act)
+		})
+		if c.lo < c.hi {
+			continue // a world's rank localizes the ids between the two calls
+		}
+		c.oneCall = true
+		t.Run(c.name+"_one_call", func(t *testing.T) {
 			act := moe.Activation{Kind: moe.SwiGLU}
 			if c.clamped {
 				act = oss
@@ -304,7 +322,9 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 		if a.err != nil {
 			return
 		}
-		a.check(a.d.MoERoute(nil, ib, wb, lb, sb, T, moeRouter(c.cfg)))
+		if !c.oneCall {
+			a.check(a.d.MoERoute(nil, ib, wb, lb, sb, T, moeRouter(c.cfg)))
+		}
 		run, runCounts := ex, cb
 		if local {
 			ids = get[int32](a, ib, T*K) // the global ids, for the checks
@@ -331,7 +351,11 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 		if c.gemv {
 			a.check(a.d.SetMoEGemv(true))
 		}
-		a.check(a.d.MoEExpertsRun(nil, ob, xbuf, ib, wb, T, K, run, runCounts, ws))
+		if c.oneCall {
+			a.check(a.d.MoERouteExpertsRun(nil, ob, xbuf, ib, wb, lb, sb, T, moeRouter(c.cfg), run, runCounts, ws))
+		} else {
+			a.check(a.d.MoEExpertsRun(nil, ob, xbuf, ib, wb, T, K, run, runCounts, ws))
+		}
 		if c.gemv {
 			a.check(a.d.SetMoEGemv(false))
 		}

@@ -180,7 +180,8 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 		if scoreBias != nil {
 			sb = be.f32(d, scoreBias)
 		}
-		must("route", d.MoERoute(nil, ids, w, logits.st.f32, sb, T, moeRouterOf(&l.Router)))
+		router := moeRouterOf(&l.Router)
+		route := func() { must("route", d.MoERoute(nil, ids, w, logits.st.f32, sb, T, router)) }
 		be.f32(d, xt)
 		xb, temp := be.bf16Of(d, xt) // the router's split left it with xt
 		if temp {
@@ -197,6 +198,7 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 		counts := be.counterBuffer(d, c)
 		if wd := be.world; wd != nil {
 			// This rank's experts only: the others' ids become −1 (no work).
+			route()
 			lo, hi := wd.experts(E)
 			if hi == lo {
 				panicf("MoE", "rank %d of %d holds none of the %d experts (more ranks than experts)", wd.me, wd.R, E)
@@ -210,13 +212,20 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 			}
 			counts = nil
 		} else if !be.moeGemv(T, K) && be.fusedFits(E, gub, db) {
+			route()
 			return be.moeFusedRun(d, out.st.f32, xb, ids, w, T, K, ex, counts, l.Layer, gu, down)
 		}
 		wsBytes, _, err := d.MoEWorkspace(T, K, ex)
 		must("workspace", err)
 		ws := a.get(d, wsBytes)
 		defer a.put(ws)
-		must("experts", d.MoEExpertsRun(nil, out.st.f32, xb, ids, w, T, K, ex, counts, ws))
+		if be.world != nil {
+			must("experts", d.MoEExpertsRun(nil, out.st.f32, xb, ids, w, T, K, ex, counts, ws))
+			return nil
+		}
+		// Routing and experts in one call (at decode sizes the routing and
+		// the align share one launch).
+		must("experts", d.MoERouteExpertsRun(nil, out.st.f32, xb, ids, w, logits.st.f32, sb, T, router, ex, counts, ws))
 		return nil
 	}, xt, logits, gu, down, gub, db, scoreBias)
 	return out
