@@ -279,6 +279,26 @@ func AddRMSNorm(be Backend, x, r, w Tensor, eps float32) (sum, normed Tensor) {
 	return sum, be.RMSNorm(sum, w, eps)
 }
 
+// MoEAddNormer is a Backend that folds a MoE layer's combine (the weighted
+// sum of each token's expert outputs) into the residual add and RMSNorm
+// after the layer (on the GPU: one launch and one round trip of the
+// combined rows fewer per layer).
+type MoEAddNormer interface {
+	// MoEAddRMSNorm returns x + MoE(h, l) and that sum normalised by
+	// RMSNorm and scaled by w [cols]: the values of AddRMSNorm(x, MoE(h,
+	// l), w, eps).
+	MoEAddRMSNorm(x, h Tensor, l *MoELayer, w Tensor, eps float32) (sum, normed Tensor)
+}
+
+// MoEAddRMSNorm is be's MoEAddRMSNorm when be is a MoEAddNormer, else
+// AddRMSNorm(be, x, be.MoE(h, l), w, eps).
+func MoEAddRMSNorm(be Backend, x, h Tensor, l *MoELayer, w Tensor, eps float32) (sum, normed Tensor) {
+	if a, ok := be.(MoEAddNormer); ok {
+		return a.MoEAddRMSNorm(x, h, l, w, eps)
+	}
+	return AddRMSNorm(be, x, be.MoE(h, l), w, eps)
+}
+
 // NormRoPEr is implemented by backends that fuse the per-head RMSNorm of
 // q and k with RoPE (Qwen3-style attention: one launch instead of six on
 // the CUDA backend).

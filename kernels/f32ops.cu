@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "norm.cuh"
 
 namespace {
 
@@ -90,9 +91,14 @@ __global__ void rmsnorm_f32(float* out, const float* x, const float* r, float* s
 // Same arithmetic per element: float32 adds and products, the sum of
 // squares in float64 (a different summation order: the rounding differs in
 // the last bits of a double).
+//
+// With cb.y (ADD only) the added row is not r but a MoE layer's combine,
+// Σ_k cb.w[g,k]·cb.y[cb.slot_of[g·K+k]] in k order with fmaf from 0, as
+// moe.cu's combine kernel sums it: the same bits as that kernel then this
+// one, without the round trip of the combined rows or the launch.
 template <bool ADD, int VPT>
 __global__ void rmsnorm_f32_reg(float* out, const float* x, const float* r, float* sum, const float* w,
-                                int64_t group, float eps, bf16* ob) {
+                                int64_t group, float eps, bf16* ob, const mkf32::CombineIn cb) {
   const int64_t n4 = group / 4;
   const float4* w4 = reinterpret_cast<const float4*>(w);
   float4 wv[VPT];  // the weight is a constant: loaded before the wait
@@ -114,7 +120,22 @@ __global__ void rmsnorm_f32_reg(float* out, const float* x, const float* r, floa
     if (j < n4) {
       v[i] = xs[j];
       if (ADD) {
-        const float4 b = rs4[j];
+        float4 b;
+        if (cb.y != nullptr) {
+          b = make_float4(0.f, 0.f, 0.f, 0.f);
+          for (int k = 0; k < cb.K; k++) {
+            const int32_t slot = cb.slot_of[g * cb.K + k];
+            if (slot < 0) continue;
+            const float wk = cb.w[g * cb.K + k];
+            const float4 yv = reinterpret_cast<const float4*>(cb.y + (int64_t)slot * group)[j];
+            b.x = fmaf(wk, yv.x, b.x);
+            b.y = fmaf(wk, yv.y, b.y);
+            b.z = fmaf(wk, yv.z, b.z);
+            b.w = fmaf(wk, yv.w, b.w);
+          }
+        } else {
+          b = rs4[j];
+        }
         v[i].x = v[i].x + b.x;
         v[i].y = v[i].y + b.y;
         v[i].z = v[i].z + b.z;
@@ -151,23 +172,27 @@ __global__ void rmsnorm_f32_reg(float* out, const float* x, const float* r, floa
 // launch_rmsnorm runs rmsnorm_f32_reg when the shape and alignment allow
 // (a warp-multiple of threads, at most 256, with at most 8 float4s each),
 // else the loop kernel.
+// With cb.y (a MoE combine as the added row) only the register kernel
+// serves, and false means the shape or alignment refused it (nothing ran).
 template <bool ADD>
-void launch_rmsnorm(cudaStream_t s, float* out, const float* x, const float* r, float* sum, const float* w,
-                    int64_t segs, int64_t group, float eps, bf16* ob = nullptr) {
+bool launch_rmsnorm(cudaStream_t s, float* out, const float* x, const float* r, float* sum, const float* w,
+                    int64_t segs, int64_t group, float eps, bf16* ob = nullptr, const mkf32::CombineIn cb = {}) {
   const auto al = [](const void* p) { return ((uintptr_t)p & 15) == 0; };
   const int64_t n4 = group / 4;
   if (group % 4 == 0 && n4 <= 8 * 256 && al(out) && al(x) && al(w) && (!ADD || (al(r) && al(sum))) &&
-      ((uintptr_t)ob & 7) == 0) {
+      ((uintptr_t)ob & 7) == 0 && al(cb.y)) {
     const int threads = (int)std::min<int64_t>(256, (n4 + 31) / 32 * 32);
     const int64_t vpt = (n4 + threads - 1) / threads;
     const unsigned grid = (unsigned)segs;
-    if (vpt <= 1) (void)(mk::launch(rmsnorm_f32_reg<ADD, 1>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob));
-    else if (vpt <= 2) (void)(mk::launch(rmsnorm_f32_reg<ADD, 2>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob));
-    else if (vpt <= 4) (void)(mk::launch(rmsnorm_f32_reg<ADD, 4>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob));
-    else (void)(mk::launch(rmsnorm_f32_reg<ADD, 8>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob));
-    return;
+    if (vpt <= 1) (void)(mk::launch(rmsnorm_f32_reg<ADD, 1>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb));
+    else if (vpt <= 2) (void)(mk::launch(rmsnorm_f32_reg<ADD, 2>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb));
+    else if (vpt <= 4) (void)(mk::launch(rmsnorm_f32_reg<ADD, 4>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb));
+    else (void)(mk::launch(rmsnorm_f32_reg<ADD, 8>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb));
+    return true;
   }
+  if (cb.y != nullptr) return false;
   (void)(mk::launch(rmsnorm_f32<ADD>, dim3((unsigned)segs), dim3(kT), 0, s, out, x, r, sum, w, group, eps, ob));
+  return true;
 }
 
 // hi = bf16(x), lo = bf16(x - hi); x - hi is exact in float32.
@@ -464,6 +489,13 @@ __global__ void attention_f32(float* out, const float* q, const float* pk, const
 }
 
 }  // namespace
+
+namespace mkf32 {
+bool combine_add_rmsnorm(cudaStream_t s, float* sum, float* out, bf16* ob, const float* x, const CombineIn& cb,
+                         int64_t T, int64_t H, const float* w, float eps) {
+  return launch_rmsnorm<true>(s, out, x, nullptr, sum, w, T, H, eps, ob, cb);
+}
+}  // namespace mkf32
 
 #define F32_ARG(fn, cond) MK_ARG(cond, "%s: bad argument (%s)", fn, #cond)
 

@@ -70,7 +70,9 @@ MK_API int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_
  * [t, k] are written as mk_moe_route writes them, then the experts run on
  * them, with the same results as the two calls. For t <= 32, e <= 256 and
  * k <= 32 on the grouped GEMMs, the routing and the experts' align run as
- * one launch (a decode step's; MK_MOE_ROUTE_ALIGN=0: two). */
+ * one launch (a decode step's; MK_MOE_ROUTE_ALIGN=0: two). out may be 0:
+ * then no combine runs and mk_moe_combine_add_rmsnorm_f32 must follow with
+ * the same workspace (not on the GEMV path of mk_moe_gemv(1)). */
 MK_API int32_t mk_moe_route_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids,
                                     uint64_t weights, uint64_t logits, uint64_t score_bias, int64_t t,
                                     int32_t k, int32_t e, int32_t flags, int32_t num_groups,
@@ -78,6 +80,19 @@ MK_API int32_t mk_moe_route_experts(uint64_t stream, uint64_t out, uint64_t x, u
                                     uint64_t gate_up, uint64_t gate_up_bias, uint64_t down,
                                     uint64_t down_bias, int32_t act_kind, uint32_t alpha_bits,
                                     uint32_t limit_bits, uint64_t counts, uint64_t ws, uint64_t ws_bytes);
+
+/* The combine of an mk_moe_route_experts call made with out 0, folded into
+ * the residual add and RMSNorm after the layer (ABI 11): for each of the t
+ * rows, sum = x + Σ_k weights[t,k]·(expert row of (t,k) in ws), summed as
+ * mk_moe_experts's combine sums it; out = RMSNorm(sum)·norm_w as
+ * mk_add_rmsnorm_f32 (eps as float bits); out_bf16, when not 0, gets out
+ * rounded to bf16. All f32 [t, h] but out_bf16; ws, t, k, e, h and i those
+ * of the experts' call. h must be a multiple of 4 up to 8192, rows 16-byte
+ * aligned. */
+MK_API int32_t mk_moe_combine_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uint64_t out, uint64_t out_bf16,
+                                              uint64_t x, uint64_t weights, uint64_t ws, uint64_t ws_bytes,
+                                              int64_t t, int32_t k, int32_t e, int64_t h, int64_t i,
+                                              uint64_t norm_w, uint32_t eps_bits);
 
 /* Turns mk_moe_experts's decode-sized GEMV kernels on (1) or off (0, the
  * default unless MK_MOE_GEMV=1), process-wide. */

@@ -22,6 +22,7 @@
 
 #include "common.cuh"
 #include "moe_gemm.cuh"
+#include "norm.cuh"
 
 namespace {
 
@@ -1247,7 +1248,7 @@ static int32_t experts_check(uint64_t out, uint64_t x, uint64_t ids, uint64_t we
   MK_ARG(h % 8 == 0 && i % 8 == 0, "mk_moe_experts: H=%lld and I=%lld must be multiples of 8", (long long)h,
          (long long)i);
   MK_ARG(e <= 12000, "mk_moe_experts: E=%d, at most 12000", e);
-  MK_ARG(out && x && ids && weights && gate_up && down && ws, "mk_moe_experts: null pointer argument");
+  MK_ARG(x && ids && weights && gate_up && down && ws, "mk_moe_experts: null pointer argument");
   MK_ARG(act_kind == MK_MOE_SWIGLU || act_kind == MK_MOE_SWIGLU_CLAMPED, "mk_moe_experts: act_kind %d",
          act_kind);
   const Layout L = layout(t, k, e, h, i);
@@ -1367,6 +1368,7 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   if (rc != MK_OK) return rc;
 
   MK_ARG(t < (1ll << 31), "mk_moe_experts: T=%lld too large", (long long)t);
+  if (!out) return MK_OK;  // the caller combines (mk_moe_combine_add_rmsnorm_f32)
   {
     // Column slices of 128 float4s; up to 8 per token, fewer when the tokens
     // alone fill the GPU.
@@ -1384,6 +1386,7 @@ int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, 
                        uint32_t alpha_bits, uint32_t limit_bits, uint64_t counts, uint64_t ws,
                        uint64_t ws_bytes) {
   MK_THREAD("mk_moe_experts");
+  MK_ARG(out, "mk_moe_experts: null out");
   const int32_t rc = experts_check(out, x, ids, weights, t, k, e, h, i, gate_up, down, act_kind, ws, ws_bytes);
   if (rc != MK_OK) return rc;
   return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias, act_kind,
@@ -1401,6 +1404,7 @@ int32_t mk_moe_route_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t
   if (rc != MK_OK) return rc;
   rc = experts_check(out, x, ids, weights, t, k, e, h, i, gate_up, down, act_kind, ws, ws_bytes);
   if (rc != MK_OK) return rc;
+  MK_ARG(out || !gemv_path(t, k), "mk_moe_route_experts: out 0 (no combine) on the GEMV path, which combines itself");
   if (t > 32 || e > 256 || k > 32 || route_slow() || gemv_path(t, k) || !route_align_on()) {
     rc = mk_moe_route(stream, ids, weights, logits, score_bias, t, e, k, flags, num_groups, topk_groups, scaling_bits);
     if (rc != MK_OK) return rc;
@@ -1411,6 +1415,30 @@ int32_t mk_moe_route_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t
                   num_groups, topk_groups, mk::float_from_bits(scaling_bits)};
   return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias, act_kind,
                      alpha_bits, limit_bits, counts, ws, &r);
+}
+
+int32_t mk_moe_combine_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uint64_t out, uint64_t out_bf16, uint64_t x,
+                                       uint64_t weights, uint64_t ws, uint64_t ws_bytes, int64_t t, int32_t k,
+                                       int32_t e, int64_t h, int64_t i, uint64_t norm_w, uint32_t eps_bits) {
+  MK_THREAD("mk_moe_combine_add_rmsnorm_f32");
+  MK_ARG(t > 0 && k > 0 && e > 0 && k <= e && h > 0 && i > 0 && h % 8 == 0 && i % 8 == 0 && e <= 12000 &&
+             t < (1ll << 31),
+         "mk_moe_combine_add_rmsnorm_f32: T=%lld K=%d E=%d H=%lld I=%lld", (long long)t, k, e, (long long)h,
+         (long long)i);
+  MK_ARG(sum && out && x && weights && ws && norm_w, "mk_moe_combine_add_rmsnorm_f32: null pointer argument");
+  MK_ARG(!gemv_path(t, k), "mk_moe_combine_add_rmsnorm_f32: the GEMV path leaves no expert rows to combine");
+  const Layout L = layout(t, k, e, h, i);
+  MK_ARG(ws_bytes >= L.total, "mk_moe_combine_add_rmsnorm_f32: workspace of %llu bytes, %llu needed",
+         (unsigned long long)ws_bytes, (unsigned long long)L.total);
+  unsigned char* w = mk::dev<unsigned char>(ws);
+  const mkf32::CombineIn cb{reinterpret_cast<const float*>(w + L.y), reinterpret_cast<const int32_t*>(w + L.slot_of),
+                            mk::dev<const float>(weights), (int)k};
+  MK_ARG(mkf32::combine_add_rmsnorm(mk::as_stream(stream), mk::dev<float>(sum), mk::dev<float>(out),
+                                    out_bf16 ? mk::dev<bf16>(out_bf16) : nullptr, mk::dev<const float>(x), cb, t, h,
+                                    mk::dev<const float>(norm_w), mk::float_from_bits(eps_bits)),
+         "mk_moe_combine_add_rmsnorm_f32: H=%lld or the alignment of the rows does not fit the kernel", (long long)h);
+  MK_LAUNCHED("rmsnorm_f32_reg (combine)");
+  return MK_OK;
 }
 
 int32_t mk_moe_gemv(int32_t on) {

@@ -18,6 +18,8 @@ var (
 	moeRouteExperts func(s, out, x, ids, weights, logits, scoreBias uint64, t int64, k, e, flags, groups, topkGroups int32,
 		scaling uint32, h, i int64, gateUp, gateUpBias, down, downBias uint64, act int32, alpha, limit uint32, counts, ws,
 		wsBytes uint64) int32
+	moeCombineAddNorm func(s, sum, out, outBF16, x, weights, ws, wsBytes uint64, t int64, k, e int32, h, i int64,
+		normW uint64, eps uint32) int32
 	moeFill      func(s, dst uint64, n int64, seed uint64, scale uint32) int32
 	moeLocalize  func(s, ids uint64, n int64, lo, hi int32, counts uint64, e int32) int32
 	moeRouterF32 func(s, logits, x, w, bias, xb uint64, t int64, e int32, h int64) int32
@@ -32,6 +34,7 @@ func init() {
 		symbol{"mk_moe_workspace", &moeWorkspace},
 		symbol{"mk_moe_experts", &moeExperts},
 		symbol{"mk_moe_route_experts", &moeRouteExperts},
+		symbol{"mk_moe_combine_add_rmsnorm_f32", &moeCombineAddNorm},
 		symbol{"mk_moe_fill_bf16", &moeFill},
 		symbol{"mk_moe_localize", &moeLocalize},
 		symbol{"mk_moe_router_f32", &moeRouterF32},
@@ -246,7 +249,9 @@ func (d *Device) MoEExpertsRun(s *Stream, out, x, ids, weights *Buffer, T, K int
 // MoERouteExpertsRun is MoERoute (logits [T, E] f32 → ids and weights [T,
 // K]) then MoEExpertsRun on them, in one call with the same results; a
 // decode step's (T ≤ 32, E ≤ 256, K ≤ 32, the grouped GEMMs) routing and
-// the experts' align run as one launch. K is r.TopK.
+// the experts' align run as one launch. K is r.TopK. With a nil out no
+// combine runs: MoECombineAddRMSNormF32 must follow with the same ws (not
+// with the GEMV kernels of SetMoEGemv(true), which combine themselves).
 func (d *Device) MoERouteExpertsRun(s *Stream, out, x, ids, weights, logits, scoreBias *Buffer, T int, r MoERouter,
 	ex *MoEExperts, counts, ws *Buffer) error {
 	const op = "MoERouteExpertsRun"
@@ -264,10 +269,52 @@ func (d *Device) MoERouteExpertsRun(s *Stream, out, x, ids, weights, logits, sco
 	if err != nil {
 		return err
 	}
-	return d.lib.check("mk_moe_route_experts", moeRouteExperts(s.handle(), out.ptr, x.ptr, ids.ptr, weights.ptr,
+	var op0 uint64
+	if out != nil {
+		op0 = out.ptr
+	}
+	return d.lib.check("mk_moe_route_experts", moeRouteExperts(s.handle(), op0, x.ptr, ids.ptr, weights.ptr,
 		logits.ptr, sb, int64(T), int32(r.TopK), int32(ex.E), flags, int32(r.Groups), int32(r.TopKGroups),
 		math.Float32bits(r.Scaling), int64(ex.H), int64(ex.I), ex.GateUp.ptr, a.gub, ex.Down.ptr, a.db, a.act,
 		math.Float32bits(ex.Alpha), math.Float32bits(ex.Limit), a.cnt, ws.ptr, uint64(ws.bytes)))
+}
+
+// MoECombineAddRMSNormF32 is the combine of a MoERouteExpertsRun call made
+// with a nil out, folded into the residual add and RMSNorm after the layer:
+// sum [T, H] = x + Σ_k weights[t,k]·(the expert row of (t,k) in ws), summed
+// as the experts' combine sums it, out = RMSNorm(sum)·normW [H] (as
+// AddRMSNormF32), outBF16 (may be nil) = out rounded to bf16. ws, T, K and
+// ex are the experts call's; H a multiple of 4 up to 8192.
+func (d *Device) MoECombineAddRMSNormF32(s *Stream, sum, out, outBF16, x, weights, ws *Buffer, T, K int, ex *MoEExperts,
+	normW *Buffer, eps float32) error {
+	const op = "MoECombineAddRMSNormF32"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	if ex == nil {
+		return fmt.Errorf("kernels: %s: nil experts", op)
+	}
+	if err := dims(op, "T", T, "K", K, "E", ex.E, "H", ex.H, "I", ex.I); err != nil {
+		return err
+	}
+	TH := int64(T) * int64(ex.H)
+	if err := needAll(op, 4, "sum", sum, TH, "out", out, TH, "x", x, TH, "weights", weights, int64(T)*int64(K),
+		"normW", normW, int64(ex.H)); err != nil {
+		return err
+	}
+	var ob uint64
+	if outBF16 != nil {
+		if err := need(op, "outBF16", outBF16, TH, 2); err != nil {
+			return err
+		}
+		ob = outBF16.ptr
+	}
+	if ws == nil || ws.ptr == 0 {
+		return fmt.Errorf("kernels: %s: nil or freed workspace", op)
+	}
+	return d.lib.check("mk_moe_combine_add_rmsnorm_f32", moeCombineAddNorm(s.handle(), sum.ptr, out.ptr, ob, x.ptr,
+		weights.ptr, ws.ptr, uint64(ws.bytes), int64(T), int32(K), int32(ex.E), int64(ex.H), int64(ex.I), normW.ptr,
+		math.Float32bits(eps)))
 }
 
 // expertsIn are MoEExpertsRun's checked optional pointers and activation.
@@ -290,8 +337,13 @@ func expertsArgs(op string, out, x, ids, weights *Buffer, T, K int, ex *MoEExper
 	}
 	E, H, I := int64(ex.E), int64(ex.H), int64(ex.I)
 	n := int64(T) * int64(K)
-	if err := needAll(op, 4, "out", out, int64(T)*H, "ids", ids, n, "weights", weights, n); err != nil {
+	if err := needAll(op, 4, "ids", ids, n, "weights", weights, n); err != nil {
 		return a, err
+	}
+	if out != nil || op == "MoEExpertsRun" {
+		if err := need(op, "out", out, int64(T)*H, 4); err != nil {
+			return a, err
+		}
 	}
 	if err := needAll(op, 2, "x", x, int64(T)*H, "GateUp", ex.GateUp, E*2*I*H, "Down", ex.Down, E*H*I); err != nil {
 		return a, err

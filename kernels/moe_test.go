@@ -493,3 +493,95 @@ func TestMoELocalize(t *testing.T) {
 		}
 	}
 }
+
+// TestMoECombineAddRMSNorm: a MoE layer run with no combine (a nil out)
+// and then MoECombineAddRMSNormF32 gives the bits of the layer with its
+// combine followed by AddRMSNormF32: the sum, the normed rows and their
+// bf16 rounding, for decode and prefill token counts, a hot expert, experts
+// with no tokens and DeepSeek-V3's grouped routing with biases. Poisoned
+// outputs catch rows left unwritten.
+func TestMoECombineAddRMSNorm(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	sm := func(E, K int) moe.RouterConfig {
+		return moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
+	}
+	for _, c := range []moeCase{
+		{name: "qwen3_T1", cfg: sm(128, 8), T: 1, H: 2048, I: 96, hot: -1},
+		{name: "E128_K8_T32", cfg: sm(128, 8), T: 32, H: 256, I: 64, hot: -1},
+		{name: "E8_K2_T130_hot", cfg: sm(8, 2), T: 130, H: 136, I: 40, hot: 3},
+		{name: "E64_K4_T300_cold", cfg: sm(64, 4), T: 300, H: 64, I: 32, cold: 8, hot: -1},
+		{name: "deepseek_T7_bias", cfg: deepSeekV3Router, T: 7, H: 7168, I: 32, hot: -1, biases: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			E, K, T, H, I := c.cfg.NumExperts, c.cfg.TopK, c.T, c.H, c.I
+			logits := randF32(r, T*E, 1)
+			for tk := range T {
+				for e := range E {
+					if e == c.hot {
+						logits[tk*E+e] += 30
+					}
+					if c.cold > 0 && e >= c.cold {
+						logits[tk*E+e] -= 30
+					}
+				}
+			}
+			var sbias []float32
+			if c.cfg.Scoring == moe.Sigmoid {
+				sbias = randF32(r, E, 0.3)
+			}
+			xb, _ := randBF16(r, T*H, 1)
+			gu, _ := randBF16(r, E*2*I*H, 1/math.Sqrt(float64(H)))
+			dn, _ := randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))
+			resid, normW := randF32(r, T*H, 1), randF32(r, H, 1)
+			const eps = 1e-6
+			var sums, outs [2][]float32
+			var outbs [2][]uint16
+			onGPU(t, g, func(a *arena) {
+				ex := &MoEExperts{E: E, H: H, I: I, GateUp: put(a, gu), Down: put(a, dn)}
+				if c.biases {
+					ex.GateUpBias, ex.DownBias = put(a, randF32(r, E*2*I, 0.3)), put(a, randF32(r, E*H, 0.3))
+				}
+				lb, xbuf, rb, nw := put(a, logits), put(a, xb), put(a, resid), put(a, normW)
+				var sb *Buffer
+				if sbias != nil {
+					sb = put(a, sbias)
+				}
+				if a.err != nil {
+					return
+				}
+				wsBytes, _, err := a.d.MoEWorkspace(T, K, ex)
+				a.check(err)
+				for way := range 2 {
+					ib, wb := put(a, make([]int32, T*K)), put(a, f32Fill(T*K, float32(math.NaN())))
+					sum, out := put(a, f32Fill(T*H, float32(math.NaN()))), put(a, f32Fill(T*H, float32(math.NaN())))
+					outb := put(a, bf16Fill(T*H, 0x7fc1))
+					ws := put(a, bf16Fill(int(wsBytes/2), 0xffff))
+					if a.err != nil {
+						return
+					}
+					if way == 0 { // the layer's combine, then the add and norm
+						y := put(a, f32Fill(T*H, float32(math.NaN())))
+						a.check(a.d.MoERouteExpertsRun(nil, y, xbuf, ib, wb, lb, sb, T, moeRouter(c.cfg), ex, nil, ws))
+						a.check(a.d.AddRMSNormF32(nil, sum, out, rb, y, nw, outb, T, H, eps))
+					} else { // no combine; folded into the norm
+						a.check(a.d.MoERouteExpertsRun(nil, nil, xbuf, ib, wb, lb, sb, T, moeRouter(c.cfg), ex, nil, ws))
+						a.check(a.d.MoECombineAddRMSNormF32(nil, sum, out, outb, rb, wb, ws, T, K, ex, nw, eps))
+					}
+					sums[way], outs[way] = get[float32](a, sum, T*H), get[float32](a, out, T*H)
+					outbs[way] = get[uint16](a, outb, T*H)
+				}
+			})
+			for i := range sums[0] {
+				if math.Float32bits(sums[1][i]) != math.Float32bits(sums[0][i]) ||
+					math.Float32bits(outs[1][i]) != math.Float32bits(outs[0][i]) || outbs[1][i] != outbs[0][i] {
+					t.Fatalf("element %d (row %d): folded sum %g out %g bf16 %#04x, separate %g %g %#04x", i, i/H,
+						sums[1][i], outs[1][i], outbs[1][i], sums[0][i], outs[0][i], outbs[0][i])
+				}
+				if v := sums[0][i]; v != v {
+					t.Fatalf("element %d: NaN sum", i)
+				}
+			}
+		})
+	}
+}

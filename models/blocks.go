@@ -85,12 +85,23 @@ func (d *decoder) Forward(b *backend.Batch) (backend.Tensor, error) {
 		if i+1 < len(d.layers) {
 			next = d.layers[i+1].inNorm
 		}
-		x, h = backend.AddRMSNorm(be, x, l.ffn.forward(h, b), next, d.eps)
+		x, h = ffnAddNorm(be, l.ffn, x, h, b, next, d.eps)
 	}
 	if b.LogitRows != nil {
 		h = be.Rows(h, b.LogitRows) // [rows, H]
 	}
 	return be.Linear(h, d.lmHead, nil), nil // [rows, V]
+}
+
+// ffnAddNorm is AddRMSNorm(x, f(h), w, eps), with a MoE layer's combine
+// folded into the add and norm where the backend can
+// (backend.MoEAddRMSNorm).
+func ffnAddNorm(be backend.Backend, f block, x, h backend.Tensor, b *backend.Batch, w backend.Tensor,
+	eps float32) (sum, normed backend.Tensor) {
+	if m, ok := f.(*moeFFN); ok {
+		return backend.MoEAddRMSNorm(be, x, h, &m.l, w, eps)
+	}
+	return backend.AddRMSNorm(be, x, f.forward(h, b), w, eps)
 }
 
 // layerBlocks builds the attention and feed-forward branch of layer i.

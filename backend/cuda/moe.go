@@ -27,6 +27,57 @@ import (
 //
 // E and I come from the shapes: Gate is [E, H], GateUp [E*2I, H], Down [E*H, I].
 func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
+	m := be.moeOperands(x, l)
+	xt, gate, gateBias, gu, gub, down, db, sg := m.xt, m.gate, m.gateBias, m.gu, m.gub, m.down, m.db, m.sg
+	T, H, E, I, base, Ew := m.T, m.H, m.E, m.I, m.base, m.Ew
+	var out *Tensor
+	if be.grouped(gu, down, H, I, E) {
+		out = be.moeGrouped(xt, l, gate, gateBias, vector("MoE", "ScoreBias", l.ScoreBias, E), gu, gub, down, db, T, H, E, I, base, Ew, nil)
+	} else {
+		var scoreBias []float32
+		if sb := vector("MoE", "ScoreBias", l.ScoreBias, E); sb != nil {
+			scoreBias = be.ToHost(sb)
+		}
+		out = be.moeHost(xt, l, gate, gateBias, scoreBias, gu, gub, down, db, T, H, E, I, base)
+	}
+
+	if w := be.world; w != nil && T > 0 {
+		// The ranks' partial outputs (each its own experts) summed: every
+		// rank makes this call for every MoE layer, with the same T.
+		be.do("MoE all-reduce", func(d *kernels.Device) error {
+			w.allReduce(be, d, out.st.f32, int64(T)*int64(H), int64(H))
+			return nil
+		}, out)
+	}
+
+	if l.Shared != nil {
+		sh := be.MLP(xt, l.Shared).(*Tensor)
+		var g *Tensor
+		if sg != nil {
+			g = be.Linear(xt, sg, nil).(*Tensor)
+		}
+		be.do("MoE", func(d *kernels.Device) error {
+			if T == 0 || H == 0 {
+				return nil
+			}
+			var gb *kernels.Buffer
+			if g != nil {
+				gb = g.st.f32
+			}
+			return d.GatedAddF32(nil, out.st.f32, sh.st.f32, gb, T, H)
+		}, sh, g, out)
+	}
+	return out
+}
+
+// moeOperands are a MoE call's checked operands and shapes.
+type moeOperands struct {
+	xt, gate, gateBias, gu, gub, down, db, sg *Tensor
+	T, H, E, I, base, Ew                      int
+}
+
+// moeOperands checks MoE's arguments (panicking on bad ones).
+func (be *Backend) moeOperands(x backend.Tensor, l *backend.MoELayer) moeOperands {
 	if l == nil {
 		panicf("MoE", "nil layer")
 	}
@@ -69,44 +120,8 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 			panicf("MoE", "SharedGate has shape %v, want [1, %d]", sg.shape, H)
 		}
 	}
-	var out *Tensor
-	if be.grouped(gu, down, H, I, E) {
-		out = be.moeGrouped(xt, l, gate, gateBias, vector("MoE", "ScoreBias", l.ScoreBias, E), gu, gub, down, db, T, H, E, I, base, Ew)
-	} else {
-		var scoreBias []float32
-		if sb := vector("MoE", "ScoreBias", l.ScoreBias, E); sb != nil {
-			scoreBias = be.ToHost(sb)
-		}
-		out = be.moeHost(xt, l, gate, gateBias, scoreBias, gu, gub, down, db, T, H, E, I, base)
-	}
-
-	if w := be.world; w != nil && T > 0 {
-		// The ranks' partial outputs (each its own experts) summed: every
-		// rank makes this call for every MoE layer, with the same T.
-		be.do("MoE all-reduce", func(d *kernels.Device) error {
-			w.allReduce(be, d, out.st.f32, int64(T)*int64(H), int64(H))
-			return nil
-		}, out)
-	}
-
-	if l.Shared != nil {
-		sh := be.MLP(xt, l.Shared).(*Tensor)
-		var g *Tensor
-		if sg != nil {
-			g = be.Linear(xt, sg, nil).(*Tensor)
-		}
-		be.do("MoE", func(d *kernels.Device) error {
-			if T == 0 || H == 0 {
-				return nil
-			}
-			var gb *kernels.Buffer
-			if g != nil {
-				gb = g.st.f32
-			}
-			return d.GatedAddF32(nil, out.st.f32, sh.st.f32, gb, T, H)
-		}, sh, g, out)
-	}
-	return out
+	return moeOperands{xt: xt, gate: gate, gateBias: gateBias, gu: gu, gub: gub, down: down, db: db, sg: sg,
+		T: T, H: H, E: E, I: I, base: base, Ew: Ew}
 }
 
 // moeHost is the routed experts with routing on the host (moe.Route) and two

@@ -157,8 +157,12 @@ func moeRouterOf(r *moe.RouterConfig) kernels.MoERouter {
 
 // moeGrouped is the routed experts on the GPU: router GEMM (Linear), device
 // routing, x rounded to bf16, kernels.MoEExpertsRun → out [T, H] f32.
+//
+// With fold (MoEAddRMSNorm; one process, the grouped GEMMs, T > 0) the
+// layer's combine runs inside the residual add and RMSNorm after it: fold's
+// sum and out are made and filled, and the result is nil.
 func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, scoreBias *Tensor,
-	gu, gub, down, db *Tensor, T, H, E, I, base, Ew int) *Tensor {
+	gu, gub, down, db *Tensor, T, H, E, I, base, Ew int, fold *moeFold) *Tensor {
 	K := l.Router.TopK
 	var logits *Tensor
 	if T > 0 {
@@ -167,12 +171,23 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 	c := be.counter(l.Layer, E)
 	moeGroupedCalls.Add(1)
 	var out *Tensor
+	var fx, fw *Tensor
+	if fold != nil {
+		fx, fw = fold.x, fold.w
+	}
 	be.do("MoE", func(d *kernels.Device) error {
-		out = be.newF32(d, T, H)
+		a := be.alloc
+		var ob *kernels.Buffer
+		if fold != nil {
+			fold.sum, fold.out = be.newF32(d, T, H), be.newF32(d, T, H)
+			ob = a.get(d, int64(T*H)*2) // the fast profile's GEMMs read the normed rows in bf16
+			be.attach(fold.out, &fold.out.st.bf16, ob)
+		} else {
+			out = be.newF32(d, T, H)
+		}
 		if T == 0 {
 			return nil
 		}
-		a := be.alloc
 		ids, w := a.get(d, int64(T*K)*4), a.get(d, int64(T*K)*4)
 		defer a.put(ids)
 		defer a.put(w)
@@ -225,10 +240,50 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 		}
 		// Routing and experts in one call (at decode sizes the routing and
 		// the align share one launch).
-		must("experts", d.MoERouteExpertsRun(nil, out.st.f32, xb, ids, w, logits.st.f32, sb, T, router, ex, counts, ws))
+		if fold == nil {
+			must("experts", d.MoERouteExpertsRun(nil, out.st.f32, xb, ids, w, logits.st.f32, sb, T, router, ex, counts, ws))
+			return nil
+		}
+		must("experts", d.MoERouteExpertsRun(nil, nil, xb, ids, w, logits.st.f32, sb, T, router, ex, counts, ws))
+		must("combine, add and norm", d.MoECombineAddRMSNormF32(nil, fold.sum.st.f32, fold.out.st.f32, ob,
+			be.f32(d, fold.x), w, ws, T, K, ex, be.f32(d, fold.w), fold.eps))
 		return nil
-	}, xt, logits, gu, down, gub, db, scoreBias)
+	}, xt, logits, gu, down, gub, db, scoreBias, fx, fw)
 	return out
+}
+
+// moeFold is the residual add and RMSNorm a MoE layer's combine is folded
+// into (MoEAddRMSNorm): sum = x + the layer's output, out = RMSNorm(sum)·w.
+type moeFold struct {
+	x, w     *Tensor
+	eps      float32
+	sum, out *Tensor // made by moeGrouped
+}
+
+// MoEAddRMSNorm implements backend.MoEAddNormer: a layer of routed experts
+// only (no shared experts) on the grouped path of one process has its
+// combine folded into the add and norm (kernels.MoECombineAddRMSNormF32:
+// the bits of the combine then AddRMSNorm, one launch fewer); any other
+// layer runs as AddRMSNorm(x, MoE(h, l), w, eps).
+func (be *Backend) MoEAddRMSNorm(x, h backend.Tensor, l *backend.MoELayer, w backend.Tensor,
+	eps float32) (backend.Tensor, backend.Tensor) {
+	m := be.moeOperands(h, l)
+	if be.world != nil || l.Shared != nil || m.T == 0 || m.Ew != m.E || m.H%4 != 0 || m.H > 8192 ||
+		!be.grouped(m.gu, m.down, m.H, m.I, m.E) || be.moeGemv(m.T, l.Router.TopK) || be.fusedFits(m.E, m.gub, m.db) {
+		return be.AddRMSNorm(x, be.MoE(h, l), w, eps)
+	}
+	xt := tensorOf("MoEAddRMSNorm", "x", x)
+	if r, c := xt.dims(); len(xt.shape) != 2 || r != m.T || c != m.H {
+		panicf("MoEAddRMSNorm", "x %v for h [%d, %d]", xt.shape, m.T, m.H)
+	}
+	wt := vector("MoEAddRMSNorm", "w", w, m.H)
+	if wt == nil {
+		panicf("MoEAddRMSNorm", "nil w")
+	}
+	f := &moeFold{x: xt, w: wt, eps: eps}
+	be.moeGrouped(m.xt, l, m.gate, m.gateBias, vector("MoE", "ScoreBias", l.ScoreBias, m.E), m.gu, m.gub, m.down,
+		m.db, m.T, m.H, m.E, m.I, m.base, m.Ew, f)
+	return f.sum, f.out
 }
 
 // moeGemv reports whether a call of T tokens takes MoEExpertsRun's

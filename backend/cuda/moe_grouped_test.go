@@ -2,10 +2,12 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
+	"github.com/mkserve/mkserve/kernels"
 	"github.com/mkserve/mkserve/moe"
 )
 
@@ -79,5 +81,71 @@ func TestMoEGroupedMatchesCPU(t *testing.T) {
 	split := gpuBackend(t)
 	if split.grouped(l.GateUp.(*Tensor), l.Down.(*Tensor), 32, 24, 8) {
 		t.Fatal("split mode takes the grouped path")
+	}
+}
+
+// TestMoEAddRMSNorm: MoEAddRMSNorm on the grouped path (the combine folded
+// into the add and norm) gives the bits of AddRMSNorm(x, MoE(h, l), w) on
+// the same backend — the sum, the normed rows and the bf16 rounding the
+// next GEMM reads — at decode and prefill token counts, and a layer with a
+// shared expert (not folded) the same values too; both against the CPU
+// backend within 1e-2.
+func TestMoEAddRMSNorm(t *testing.T) {
+	gpuBackend(t)
+	off := false
+	gb, err := New(Options{SplitActivations: &off})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb := cpu.New(cpu.Options{})
+	r := moe.RouterConfig{NumExperts: 16, TopK: 4, Scoring: moe.Softmax, NormTopK: true}
+	for _, c := range []struct {
+		name   string
+		T      int
+		shared bool
+	}{{"T1", 1, false}, {"T7", 7, false}, {"T40", 40, false}, {"T300", 300, false}, {"T5_shared", 5, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			const H, I = 64, 32
+			var outs [][]float32
+			var bits [][]uint16
+			for run, be := range []backend.Backend{gb, gb, cb} {
+				g := newGen(uint64(c.T)*7919+11, true)
+				l := moeLayer(t, be, g, 16, H, I, r, moe.Activation{Kind: moe.SwiGLU}, false, c.shared)
+				x, h, w := W(t, be, g.f32(1, c.T, H)), W(t, be, g.f32(1, c.T, H)), W(t, be, g.f32(1, H))
+				var sum, normed backend.Tensor
+				if run == 1 { // the second GPU run: the plain ops
+					sum, normed = backend.AddRMSNorm(be, x, be.MoE(h, l), w, 1e-6)
+				} else {
+					sum, normed = backend.MoEAddRMSNorm(be, x, h, l, w, 1e-6)
+				}
+				outs = append(outs, be.ToHost(sum), be.ToHost(normed))
+				if gt, ok := normed.(*Tensor); ok {
+					if gt.st.bf16 == nil {
+						t.Fatal("no bf16 rounding kept with the normed rows")
+					}
+					v := make([]uint16, gt.st.n)
+					if err := gb.g.Do(func(d *kernels.Device) error { return kernels.Download(d, v, gt.st.bf16) }); err != nil {
+						t.Fatal(err)
+					}
+					bits = append(bits, v)
+				}
+			}
+			for j := range bits[0] {
+				if bits[0][j] != bits[1][j] {
+					t.Fatalf("bf16 rounding element %d: folded %#04x, plain %#04x", j, bits[0][j], bits[1][j])
+				}
+			}
+			for i := range 2 { // folded against plain ops, bit for bit
+				a, b := outs[i], outs[2+i]
+				for j := range a {
+					if math.Float32bits(a[j]) != math.Float32bits(b[j]) {
+						t.Fatalf("output %d element %d: folded %g, plain %g", i, j, a[j], b[j])
+					}
+				}
+				if e := relL2(a, outs[4+i]); !(e <= 1e-2) {
+					t.Errorf("output %d: relative L2 %.3g to the CPU backend", i, e)
+				}
+			}
+		})
 	}
 }
