@@ -68,9 +68,10 @@ MK_API int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_
 
 /* mk_moe_route then mk_moe_experts in one call (ABI 11): ids and weights
  * [t, k] are written as mk_moe_route writes them, then the experts run on
- * them, with the same results as the two calls. For t <= 32, e <= 256 and
- * k <= 32 on the grouped GEMMs, the routing and the experts' align run as
- * one launch (a decode step's; MK_MOE_ROUTE_ALIGN=0: two). out may be 0:
+ * them, with the same results as the two calls. With MK_MOE_ROUTE_ALIGN=1,
+ * for t <= 32, e <= 256 and k <= 32 on the grouped GEMMs, the routing and
+ * the experts' align run as one launch (off by default: slower in whole
+ * decode steps, ninth pass of docs/PERF.md). out may be 0:
  * then no combine runs and mk_moe_combine_add_rmsnorm_f32 must follow with
  * the same workspace (not on the GEMV path of mk_moe_gemv(1)). */
 MK_API int32_t mk_moe_route_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids,

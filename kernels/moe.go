@@ -247,9 +247,10 @@ func (d *Device) MoEExpertsRun(s *Stream, out, x, ids, weights *Buffer, T, K int
 }
 
 // MoERouteExpertsRun is MoERoute (logits [T, E] f32 → ids and weights [T,
-// K]) then MoEExpertsRun on them, in one call with the same results; a
-// decode step's (T ≤ 32, E ≤ 256, K ≤ 32, the grouped GEMMs) routing and
-// the experts' align run as one launch. K is r.TopK. With a nil out no
+// K]) then MoEExpertsRun on them, in one call with the same results (with
+// MK_MOE_ROUTE_ALIGN=1 a decode step's routing and the experts' align run
+// as one launch: T ≤ 32, E ≤ 256, K ≤ 32, the grouped GEMMs; off by
+// default, slower in whole steps). K is r.TopK. With a nil out no
 // combine runs: MoECombineAddRMSNormF32 must follow with the same ws (not
 // with the GEMV kernels of SetMoEGemv(true), which combine themselves).
 func (d *Device) MoERouteExpertsRun(s *Stream, out, x, ids, weights, logits, scoreBias *Buffer, T int, r MoERouter,

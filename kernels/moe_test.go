@@ -133,8 +133,8 @@ type moeCase struct {
 	// views of the block, and the counters are not checked.
 	lo, hi int
 	// oneCall: route and run the experts through MoERouteExpertsRun (one
-	// launch for routing and align at T ≤ 32, E ≤ 256, K ≤ 32) instead of
-	// MoERoute then MoEExpertsRun.
+	// launch for routing and align at T ≤ 32, E ≤ 256, K ≤ 32 when
+	// MK_MOE_ROUTE_ALIGN=1) instead of MoERoute then MoEExpertsRun.
 	oneCall bool
 }
 

@@ -167,6 +167,11 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 	run_each .dev/kernels.test "$LOGS/test.log" . 120 || status=1
 	grep -E -- "--- FAIL|panic" "$LOGS/test.log" | head -40
 	echo "   took ${SECONDS}s"
+	# The opt-in one-launch routing and align (MK_MOE_ROUTE_ALIGN=1, read
+	# once per process): the MoE tests again in a process of their own.
+	echo "== MoE kernel tests with MK_MOE_ROUTE_ALIGN=1"
+	MK_MOE_ROUTE_ALIGN=1 run_each .dev/kernels.test "$LOGS/test_route_align.log" . 120 '^TestMoE(Experts|CombineAddRMSNorm)$' || status=1
+	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_route_align.log" | head -10
 	echo "== CUDA backend tests"
 	SECONDS=0
 	run_each "$ROOT/.dev/cuda.test" "$LOGS/cuda.log" backend/cuda 150 || status=1

@@ -238,8 +238,7 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 			must("experts", d.MoEExpertsRun(nil, out.st.f32, xb, ids, w, T, K, ex, counts, ws))
 			return nil
 		}
-		// Routing and experts in one call (at decode sizes the routing and
-		// the align share one launch).
+		// Routing and experts in one call (with or without the combine).
 		if fold == nil {
 			must("experts", d.MoERouteExpertsRun(nil, out.st.f32, xb, ids, w, logits.st.f32, sb, T, router, ex, counts, ws))
 			return nil
