@@ -95,6 +95,16 @@ MK_API int32_t mk_moe_combine_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uin
                                               int64_t t, int32_t k, int32_t e, int64_t h, int64_t i,
                                               uint64_t norm_w, uint32_t eps_bits);
 
+/* c [m, n] f32 = a [m, k] bf16 · w [n, k]ᵀ bf16 (+ bias [n] f32, or 0) for
+ * 1 <= m <= 64 (ABI 11): the expert GEMM's weight-streaming tiles (16 or 32
+ * rows × 64 columns, mma.sync, a 6-stage cp.async ring) on one "expert" of
+ * m rows, for dense projections at decode batch sizes, where cuBLASLt's
+ * kernels read these weights at 1–1.5 TB/s. n and k multiples of 8; a and w
+ * 16-byte aligned. Each output is the same sum in the same order whatever
+ * m is. */
+MK_API int32_t mk_gemm_skinny_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t w, uint64_t bias,
+                                   int64_t m, int64_t n, int64_t k);
+
 /* Turns mk_moe_experts's decode-sized GEMV kernels on (1) or off (0, the
  * default unless MK_MOE_GEMV=1), process-wide. */
 MK_API int32_t mk_moe_gemv(int32_t on);

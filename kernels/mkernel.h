@@ -47,7 +47,8 @@ extern "C" {
  * 10: mk_gemv_bf16_multi; mk_norm_rope_f32 takes a second tensor and flags
  *    (MK_NORM_ROPE_FAST); mk_add_rmsnorm_f32 may also write bf16 (outb).
  * 11: mk_paged_attn_bf16 takes out_bf16 (the output rounded to bf16 too);
- *    mk_moe_route_experts (out may be 0), mk_moe_combine_add_rmsnorm_f32. */
+ *    mk_moe_route_experts (out may be 0), mk_moe_combine_add_rmsnorm_f32,
+ *    mk_gemm_skinny_bf16. */
 #define MK_ABI_VERSION 11
 
 /* Status codes. */

@@ -545,14 +545,15 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   const int gsize = min(p.mt - first_m, p.group_m);
   const int tile = first_m + (pid % span) % gsize;
   const int ntile = (pid % span) / gsize;
-  if (tile >= __ldcg(p.num_tiles)) return;
+  const int dense = p.dense_rows;  // > 0: a dense GEMM of that many rows (mk_gemm_skinny_bf16)
+  if (tile >= (dense > 0 ? (dense + BM - 1) / BM : __ldcg(p.num_tiles))) return;
   extern __shared__ __align__(128) unsigned char gemm_sm[];
   bf16* sA = reinterpret_cast<bf16*>(gemm_sm);
   bf16* sB = sA + STAGES * BM * BK;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-  const int e = __ldcg(p.tile_expert + tile);
+  const int e = dense > 0 ? 0 : __ldcg(p.tile_expert + tile);
   const int64_t m0 = (int64_t)tile * BM;
   const int64_t Kd = p.Kd, N = p.N;
 
@@ -567,7 +568,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     a_dst[i] = c < A_CH ? swz(r, a_ch[i]) : -1;
     a_src[i] = nullptr;
     if (c < A_CH) {
-      const int32_t asg = __ldcg(p.sorted + m0 + r);
+      const int32_t asg = dense > 0 ? (m0 + r < dense ? (int32_t)(m0 + r) : -1) : __ldcg(p.sorted + m0 + r);
       if (asg >= 0) a_src[i] = GATEUP ? p.A + (int64_t)(asg / p.topk) * Kd : p.A + (m0 + r) * Kd;
     }
   }
@@ -697,7 +698,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const int64_t slot = m0 + wm * WM + mf * 16 + lane / 4 + 8 * h;
-      if (p.sorted[slot] < 0) continue;
+      if (dense > 0 ? slot >= dense : p.sorted[slot] < 0) continue;
       if (GATEUP) {
         bf16* out = reinterpret_cast<bf16*>(p.out) + slot * N;
         const float* gb = p.bias ? p.bias + (int64_t)e * 2 * N : nullptr;
@@ -1444,6 +1445,29 @@ int32_t mk_moe_combine_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uint64_t o
          "mk_moe_combine_add_rmsnorm_f32: H=%lld or the alignment of the rows does not fit the kernel", (long long)h);
   MK_LAUNCHED("rmsnorm_f32_reg (combine)");
   return MK_OK;
+}
+
+int32_t mk_gemm_skinny_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t w, uint64_t bias, int64_t m, int64_t n,
+                            int64_t k) {
+  MK_THREAD("mk_gemm_skinny_bf16");
+  MK_ARG(m >= 1 && m <= 64 && n >= 8 && n % 8 == 0 && n < (1ll << 30) && k >= 8 && k % 8 == 0,
+         "mk_gemm_skinny_bf16: M=%lld N=%lld K=%lld (want 1 <= M <= 64, N and K multiples of 8)", (long long)m,
+         (long long)n, (long long)k);
+  MK_ARG(c && a && w, "mk_gemm_skinny_bf16: null c, a or w");
+  MK_ARG(a % 16 == 0 && w % 16 == 0 && c % 8 == 0 && bias % 4 == 0,
+         "mk_gemm_skinny_bf16: a and w must be 16-byte aligned, c 8-byte");
+  GemmArgs g{};
+  g.A = mk::dev<const bf16>(a);
+  g.W = mk::dev<const bf16>(w);
+  g.bias = bias ? mk::dev<const float>(bias) : nullptr;
+  g.out = mk::dev<float>(c);
+  g.Kd = k;
+  g.N = n;
+  g.topk = 1;
+  g.dense_rows = (int)m;
+  const int cfg = m <= 16 ? 0 : 4;  // 16- or 32-row tiles (two of them past 32 rows, neighbours in L2)
+  const int64_t tiles = (m + kCfg[cfg].bm - 1) / kCfg[cfg].bm;
+  return run_gemm<false>(cfg, g, tiles, mk::as_stream(stream));
 }
 
 int32_t mk_moe_gemv(int32_t on) {

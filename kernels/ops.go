@@ -101,6 +101,48 @@ func (d *Device) GemvBF16(s *Stream, c, a, b *Buffer, m, n, k int) error {
 	return d.lib.check("mk_gemv_bf16", gemvBF16(s.handle(), c.ptr, a.ptr, b.ptr, M, N, K))
 }
 
+// SkinnyMaxRows is the most rows of A that GemmSkinnyBF16 takes.
+const SkinnyMaxRows = 64
+
+// GemmSkinnyBF16 is the dense GEMM of decode batches of a few to 64 rows:
+// c [m,n] f32 = a [m,k] bf16 · b [n,k]ᵀ bf16 (+ bias [n] f32 when not nil)
+// on the expert GEMM's weight-streaming tensor-core tiles (moe.cu: 16 or 32
+// rows × 64 columns, a 6-stage cp.async ring), which read b once per launch
+// where cuBLASLt's kernels for these shapes read it at 1–1.5 TB/s (ncu,
+// ninth pass). Each output is the same float32 sum in the same order
+// whatever m is. n and k must be multiples of 8, a and b 16-byte aligned;
+// c is overwritten.
+func (d *Device) GemmSkinnyBF16(s *Stream, c, a, b, bias *Buffer, m, n, k int) error {
+	const op = "GemmSkinnyBF16"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	if err := dims(op, "M", m, "N", n, "K", k); err != nil {
+		return err
+	}
+	if m > SkinnyMaxRows || n%8 != 0 || k%8 != 0 {
+		return fmt.Errorf("kernels: %s: M=%d N=%d K=%d (want M ≤ %d, N and K multiples of 8)", op, m, n, k, SkinnyMaxRows)
+	}
+	M, N, K := int64(m), int64(n), int64(k)
+	if err := needAll(op, 2, "A", a, M*K, "B", b, N*K); err != nil {
+		return err
+	}
+	if err := need(op, "C", c, M*N, 4); err != nil {
+		return err
+	}
+	var bp uint64
+	if bias != nil {
+		if err := need(op, "bias", bias, N, 4); err != nil {
+			return err
+		}
+		bp = bias.ptr
+	}
+	if a.ptr%16 != 0 || b.ptr%16 != 0 {
+		return fmt.Errorf("kernels: %s: A and B must be 16-byte aligned", op)
+	}
+	return d.lib.check("mk_gemm_skinny_bf16", gemmSkinny(s.handle(), c.ptr, a.ptr, b.ptr, bp, M, N, K))
+}
+
 // GemvMaxOuts is the most projections one GemvBF16Multi launch takes.
 const GemvMaxOuts = 3
 

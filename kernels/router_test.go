@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/mkserve/mkserve/tensor"
@@ -317,4 +318,93 @@ func TestRMSNormF32(t *testing.T) {
 			checkClose(t, "out", got, want, 1e-6)
 		})
 	}
+}
+
+// TestGemmSkinnyBF16: the dense GEMM on the expert GEMM's tiles against the
+// float64 CPU products (bf16 operands, NaN-poisoned outputs) at the row
+// counts around its tile edges (16-row tiles to 16 rows, 32-row tiles
+// above, two of them past 32), widths not a multiple of its 64 columns,
+// with and without a bias; one row's outputs do not depend on how many
+// rows the call has (the bits of row 0 at M = 1, 7, 40); bad calls are
+// errors.
+func TestGemmSkinnyBF16(t *testing.T) {
+	g := testGPU(t)
+	rows0 := map[int][]float32{}
+	for _, c := range []struct {
+		M, N, K int
+		bias    bool
+	}{
+		{1, 200, 136, false}, {3, 4096, 2048, true}, {7, 200, 136, false}, {8, 512, 2048, false}, {16, 2048, 4096, true},
+		{17, 136, 72, false}, {32, 4096, 2048, false}, {33, 72, 2048, true}, {40, 200, 136, false}, {64, 1024, 1024, true},
+	} {
+		t.Run(fmt.Sprintf("M%d_N%d_K%d", c.M, c.N, c.K), func(t *testing.T) {
+			r := newRNG(t)
+			aBits, a := randBF16(r, c.M*c.K, 1)
+			bBits, b := randBF16(r, c.N*c.K, 0.05)
+			if c.N == 200 && c.K == 136 { // one A row 0 for the row-independence check
+				r0 := rand.New(rand.NewPCG(7, 7))
+				aBits0, a0 := randBF16(r0, c.K, 1)
+				copy(aBits, aBits0)
+				copy(a, a0)
+				r1 := rand.New(rand.NewPCG(8, 8))
+				bBits, b = randBF16(r1, c.N*c.K, 0.05)
+			}
+			var bias []float32
+			if c.bias {
+				bias = randF32(r, c.N, 1)
+			}
+			var got []float32
+			onGPU(t, g, func(ar *arena) {
+				cb := put(ar, f32Fill(c.M*c.N, float32(math.NaN())))
+				ab, bb := put(ar, aBits), put(ar, bBits)
+				var biasB *Buffer
+				if bias != nil {
+					biasB = put(ar, bias)
+				}
+				if ar.err != nil {
+					return
+				}
+				ar.check(ar.d.GemmSkinnyBF16(nil, cb, ab, bb, biasB, c.M, c.N, c.K))
+				got = get[float32](ar, cb, c.M*c.N)
+			})
+			worst := 0.0
+			for m := range c.M {
+				for n := range c.N {
+					s, sa := refDot(a[m*c.K:(m+1)*c.K], b[n*c.K:(n+1)*c.K])
+					if bias != nil {
+						s += float64(bias[n])
+						sa += math.Abs(float64(bias[n]))
+					}
+					gv := got[m*c.N+n]
+					d := math.Abs(float64(gv)-s) / (sa + 1e-30)
+					if gv != gv || d > 1e-5 {
+						t.Fatalf("C[%d,%d] = %v, want %v", m, n, gv, s)
+					}
+					worst = max(worst, d)
+				}
+			}
+			if c.N == 200 && c.K == 136 {
+				rows0[c.M] = got[:c.N]
+			}
+			t.Logf("worst |error| / Σ|a·b| = %.3g", worst)
+		})
+	}
+	for m, row := range rows0 {
+		for n, v := range row {
+			if math.Float32bits(v) != math.Float32bits(rows0[1][n]) {
+				t.Fatalf("row 0 at M=%d: C[0,%d] = %v, at M=1 %v", m, n, v, rows0[1][n])
+			}
+		}
+	}
+	onGPU(t, g, func(ar *arena) {
+		buf := ar.alloc(1 << 16)
+		if ar.err != nil {
+			return
+		}
+		for _, c := range []struct{ M, N, K int }{{SkinnyMaxRows + 1, 8, 64}, {1, 8, 12}, {1, 12, 64}, {0, 8, 64}} {
+			if err := ar.d.GemmSkinnyBF16(nil, buf, buf, buf, nil, c.M, c.N, c.K); err == nil {
+				t.Errorf("GemmSkinnyBF16 M=%d N=%d K=%d gave no error", c.M, c.N, c.K)
+			}
+		}
+	})
 }

@@ -417,6 +417,11 @@ func gemm(d *kernels.Device, c *kernels.Buffer, in gemmIn, w *kernels.Buffer, T,
 		must("Gemv", d.GemvBF16(nil, c, in.hi, w, T, N, K))
 		return
 	}
+	if in.lo == nil && in.hi != nil && pickSkinny(in.hi, w, T, N, K) {
+		// A few to 64 rows: the expert GEMM's weight-streaming tiles.
+		must("GemmSkinny", d.GemmSkinnyBF16(nil, c, in.hi, w, nil, T, N, K))
+		return
+	}
 	if in.f32 != nil {
 		must("GemmF32", d.GemmF32(nil, c, in.f32, w, T, N, K))
 		return
@@ -859,6 +864,25 @@ func gemvFits(a, w *kernels.Buffer, T, K, maxRows int) bool {
 // pickGemv reports whether c [T, N] = a [T, K] · w [N, K]ᵀ (bf16) runs as
 // the skinny GEMM.
 func pickGemv(a, w *kernels.Buffer, T, K int) bool { return gemvFits(a, w, T, K, gemvMaxRows) }
+
+// SkinnyEnv names the environment variable that, set to 0, keeps dense
+// projections of gemvMaxRows+1 to 64 rows on cuBLASLt instead of
+// kernels.GemmSkinnyBF16, for comparisons.
+const SkinnyEnv = "MKSERVE_SKINNY"
+
+var skinnyOn = sync.OnceValue(func() bool { return os.Getenv(SkinnyEnv) != "0" })
+
+// pickSkinny reports whether c [T, N] = a [T, K] · w [N, K]ᵀ (bf16) runs on
+// kernels.GemmSkinnyBF16: more rows than the GEMV takes, at most 64 (ncu,
+// ninth pass, Qwen3-30B-A3B at 32 rows: cuBLASLt's kernels read the q, k,
+// v and o weights at 1.1–1.5 TB/s, 40 µs a layer for 38 MB). A fixed
+// bound by rows, as gemvMaxRows: every row count of a graph key and of its
+// eager steps takes the same kernel, whose rows do not depend on each
+// other.
+func pickSkinny(a, w *kernels.Buffer, T, N, K int) bool {
+	return skinnyOn() && T > gemvMaxRows && T <= kernels.SkinnyMaxRows && N%8 == 0 && K%8 == 0 &&
+		a.Ptr()%16 == 0 && w.Ptr()%16 == 0
+}
 
 // routerGEMVFits reports whether the router GEMM of x [T, K] against the
 // bf16 weight wb runs as kernels.MoERouterF32: a decode-sized batch and an
