@@ -101,7 +101,9 @@ MK_API int32_t mk_moe_combine_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uin
  * m rows, for dense projections at decode batch sizes, where cuBLASLt's
  * kernels read these weights at 1–1.5 TB/s. n and k multiples of 8; a and w
  * 16-byte aligned. Each output is the same sum in the same order whatever
- * m is. */
+ * m is. Without a split over k a launch has only n/64 CTAs: slower than
+ * cuBLASLt in whole decode steps (ninth pass), so the backend keeps it
+ * behind MKSERVE_SKINNY=1. */
 MK_API int32_t mk_gemm_skinny_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t w, uint64_t bias,
                                    int64_t m, int64_t n, int64_t k);
 

@@ -111,7 +111,10 @@ const SkinnyMaxRows = 64
 // where cuBLASLt's kernels for these shapes read it at 1–1.5 TB/s (ncu,
 // ninth pass). Each output is the same float32 sum in the same order
 // whatever m is. n and k must be multiples of 8, a and b 16-byte aligned;
-// c is overwritten.
+// c is overwritten. Without a split over k a launch has only n/64 CTAs,
+// too few for projections of a few thousand columns: in whole decode steps
+// it lost to cuBLASLt (docs/PERF.md, ninth pass), and the CUDA backend uses
+// it only when asked (MKSERVE_SKINNY=1).
 func (d *Device) GemmSkinnyBF16(s *Stream, c, a, b, bias *Buffer, m, n, k int) error {
 	const op = "GemmSkinnyBF16"
 	if err := d.ready(op); err != nil || d.muted() {

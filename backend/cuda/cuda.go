@@ -865,20 +865,24 @@ func gemvFits(a, w *kernels.Buffer, T, K, maxRows int) bool {
 // the skinny GEMM.
 func pickGemv(a, w *kernels.Buffer, T, K int) bool { return gemvFits(a, w, T, K, gemvMaxRows) }
 
-// SkinnyEnv names the environment variable that, set to 0, keeps dense
-// projections of gemvMaxRows+1 to 64 rows on cuBLASLt instead of
-// kernels.GemmSkinnyBF16, for comparisons.
+// SkinnyEnv names the environment variable that, set to 1, runs dense
+// projections of gemvMaxRows+1 to 64 rows on kernels.GemmSkinnyBF16
+// instead of cuBLASLt. Off by default: measured slower in whole decode
+// steps (ninth pass: Qwen3-30B-A3B batch 32 19.7 against 17.2 ms,
+// DeepSeek-V3 4 layers 14.5 against 13.9): one "expert" gives the kernel
+// only N/64 CTAs (64 for q, 8 for k and v, 32 for o) where the MoE GEMMs
+// have hundreds; it needs a split over K first.
 const SkinnyEnv = "MKSERVE_SKINNY"
 
-var skinnyOn = sync.OnceValue(func() bool { return os.Getenv(SkinnyEnv) != "0" })
+var skinnyOn = sync.OnceValue(func() bool { return os.Getenv(SkinnyEnv) == "1" })
 
 // pickSkinny reports whether c [T, N] = a [T, K] · w [N, K]ᵀ (bf16) runs on
-// kernels.GemmSkinnyBF16: more rows than the GEMV takes, at most 64 (ncu,
-// ninth pass, Qwen3-30B-A3B at 32 rows: cuBLASLt's kernels read the q, k,
-// v and o weights at 1.1–1.5 TB/s, 40 µs a layer for 38 MB). A fixed
-// bound by rows, as gemvMaxRows: every row count of a graph key and of its
-// eager steps takes the same kernel, whose rows do not depend on each
-// other.
+// kernels.GemmSkinnyBF16 (SkinnyEnv): more rows than the GEMV takes, at
+// most 64. The motive (ncu, ninth pass, Qwen3-30B-A3B at 32 rows):
+// cuBLASLt's kernels read the q, k, v and o weights at 1.1–1.5 TB/s, 40 µs
+// a layer for 38 MB. A fixed bound by rows, as gemvMaxRows: every row
+// count of a graph key and of its eager steps takes the same kernel, whose
+// rows do not depend on each other.
 func pickSkinny(a, w *kernels.Buffer, T, N, K int) bool {
 	return skinnyOn() && T > gemvMaxRows && T <= kernels.SkinnyMaxRows && N%8 == 0 && K%8 == 0 &&
 		a.Ptr()%16 == 0 && w.Ptr()%16 == 0
