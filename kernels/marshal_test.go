@@ -204,30 +204,32 @@ func TestMarshalMoERouteExperts(t *testing.T) {
 }
 
 // TestMarshalGemmSkinnyBF16: mk_gemm_skinny_bf16's arguments in C order,
-// the bias optional, and shapes the kernel does not take refused before
-// the call.
+// the bias and workspace optional, and shapes the kernel does not take
+// refused before the call.
 func TestMarshalGemmSkinnyBF16(t *testing.T) {
 	var got []uint64
 	old := gemmSkinny
 	defer func() { gemmSkinny = old }()
-	gemmSkinny = func(s, c, a, b, bias uint64, m, n, k int64) int32 {
-		got = []uint64{s, c, a, b, bias, uint64(m), uint64(n), uint64(k)}
+	gemmSkinny = func(s, c, a, b, bias uint64, m, n, k int64, work, workBytes uint64) int32 {
+		got = []uint64{s, c, a, b, bias, uint64(m), uint64(n), uint64(k), work, workBytes}
 		return 0
 	}
 	d := fakeDevice()
 	c, a, b, bias := fakeBuf(0x100, 32*512*4), fakeBuf(0x200, 32*2048*2), fakeBuf(0x300, 512*2048*2), fakeBuf(0x400, 512*4)
-	if err := d.GemmSkinnyBF16(nil, c, a, b, bias, 32, 512, 2048); err != nil {
+	work := fakeBuf(0x500, 8*32*512*4)
+	if err := d.GemmSkinnyBF16(nil, c, a, b, bias, work, 32, 512, 2048); err != nil {
 		t.Fatal(err)
 	}
-	if want := []uint64{0, 0x100, 0x200, 0x300, 0x400, 32, 512, 2048}; !slices.Equal(got, want) {
+	if want := []uint64{0, 0x100, 0x200, 0x300, 0x400, 32, 512, 2048, 0x500, 8 * 32 * 512 * 4}; !slices.Equal(got, want) {
 		t.Fatalf("mk_gemm_skinny_bf16 got %#x, want %#x", got, want)
 	}
-	if err := d.GemmSkinnyBF16(nil, c, a, b, nil, 3, 512, 2048); err != nil || got[4] != 0 || got[5] != 3 {
-		t.Errorf("without a bias: err %v, arguments %#x", err, got)
+	if err := d.GemmSkinnyBF16(nil, c, a, b, nil, nil, 3, 512, 2048); err != nil || got[4] != 0 || got[5] != 3 ||
+		got[8] != 0 || got[9] != 0 {
+		t.Errorf("without a bias and workspace: err %v, arguments %#x", err, got)
 	}
 	got = nil
 	for _, bad := range []struct{ m, n, k int }{{65, 512, 2048}, {32, 500, 2048}, {32, 512, 2044}} {
-		if err := d.GemmSkinnyBF16(nil, c, a, b, nil, bad.m, bad.n, bad.k); err == nil || got != nil {
+		if err := d.GemmSkinnyBF16(nil, c, a, b, nil, nil, bad.m, bad.n, bad.k); err == nil || got != nil {
 			t.Errorf("M=%d N=%d K=%d: err %v, called %v", bad.m, bad.n, bad.k, err, got != nil)
 		}
 	}

@@ -101,11 +101,18 @@ MK_API int32_t mk_moe_combine_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uin
  * m rows, for dense projections at decode batch sizes, where cuBLASLt's
  * kernels read these weights at 1–1.5 TB/s. n and k multiples of 8; a and w
  * 16-byte aligned. Each output is the same sum in the same order whatever
- * m is. Without a split over k a launch has only n/64 CTAs: slower than
- * cuBLASLt in whole decode steps (ninth pass), so the backend keeps it
- * behind MKSERVE_SKINNY=1. */
+ * m is. work: mk_gemm_skinny_workspace bytes (0 and a null work when it
+ * says 0). The backend keeps it behind MKSERVE_SKINNY=1 (docs/PERF.md,
+ * ninth pass). */
 MK_API int32_t mk_gemm_skinny_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t w, uint64_t bias,
-                                   int64_t m, int64_t n, int64_t k);
+                                   int64_t m, int64_t n, int64_t k, uint64_t work, uint64_t work_bytes);
+
+/* The workspace (bytes) mk_gemm_skinny_bf16 needs for (m, n, k): 0 when it
+ * runs as one launch; else partial sums of a split over k (enough CTAs for
+ * two waves of the 64-column tiles, at least 256 columns of k a split, a
+ * function of n and k only), summed in split order with the bias by a
+ * second launch. */
+MK_API int32_t mk_gemm_skinny_workspace(int64_t m, int64_t n, int64_t k, uint64_t* bytes);
 
 /* Turns mk_moe_experts's decode-sized GEMV kernels on (1) or off (0, the
  * default unless MK_MOE_GEMV=1), process-wide. */

@@ -539,7 +539,9 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 
   // 1-D grid in groups of group_m row tiles: CTAs that run together share
   // their A rows (across column tiles) and weight tiles (across row tiles) in L2.
-  const int pid = blockIdx.x;
+  const int tiles_mn = p.mt * p.nt;
+  const int split = p.ksplit > 1 ? (int)blockIdx.x / tiles_mn : 0;  // dense mode's split over K
+  const int pid = p.ksplit > 1 ? (int)blockIdx.x % tiles_mn : (int)blockIdx.x;
   const int span = p.group_m * p.nt;
   const int first_m = (pid / span) * p.group_m;
   const int gsize = min(p.mt - first_m, p.group_m);
@@ -594,9 +596,12 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     b_src[i] = ok ? p.W + wrow * Kd : nullptr;
   }
 
-  const int KT = (int)((Kd + BK - 1) / BK);
+  // k tiles [kt0, kt0 + KT): all of them, or this CTA's split's.
+  const int KT_all = (int)((Kd + BK - 1) / BK);
+  const int kt0 = split * p.ktc;
+  const int KT = p.ksplit > 1 ? max(0, min(KT_all - kt0, p.ktc)) : KT_all;
   auto loadA = [&](int stage, int kt) {
-    const int64_t k0 = (int64_t)kt * BK;
+    const int64_t k0 = (int64_t)(kt0 + kt) * BK;
     bf16* a = sA + stage * BM * BK;
 #pragma unroll
     for (int i = 0; i < A_PER; i++) {
@@ -607,7 +612,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     }
   };
   auto loadB = [&](int stage, int kt) {
-    const int64_t k0 = (int64_t)kt * BK;
+    const int64_t k0 = (int64_t)(kt0 + kt) * BK;
     bf16* b = sB + stage * BN * BK;
 #pragma unroll
     for (int i = 0; i < B_PER; i++) {
@@ -719,8 +724,9 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
           *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
         }
       } else {
-        float* out = reinterpret_cast<float*>(p.out) + slot * N;
-        const float* db = p.bias ? p.bias + (int64_t)e * N : nullptr;
+        const bool partial = p.ksplit > 1;
+        float* out = partial ? p.part + ((int64_t)split * dense + slot) * N : reinterpret_cast<float*>(p.out) + slot * N;
+        const float* db = p.bias && !partial ? p.bias + (int64_t)e * N : nullptr;
 #pragma unroll
         for (int nf = 0; nf < NF; nf++) {
           const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
@@ -1115,7 +1121,7 @@ bool use_wgmma() {
 }
 
 template <int BM, int BN, int WM, int WN, int ST, bool GU>
-int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
+int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s, int64_t mt = 0) {
   auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
   const size_t sm = (size_t)ST * (BM + BN) * BK * 2;
   static bool attr = false;  // per instantiation; the library runs on one thread
@@ -1125,7 +1131,7 @@ int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s
   }
   MK_ARG(tiles * ntiles < (1ll << 31), "mk_moe_experts: %lld × %lld tiles", (long long)tiles, (long long)ntiles);
   GemmArgs g = a;
-  g.mt = (int)tiles;
+  g.mt = (int)(mt > 0 ? mt : tiles);
   g.nt = (int)ntiles;
   g.group_m = group_m();
   g.early_b = early_b();
@@ -1134,8 +1140,11 @@ int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s
   return MK_OK;
 }
 
+// run_gemm launches cfg's GEMM over tiles row tiles × the column tiles;
+// mt (when > 0) is the row tiles of one K split when tiles counts them
+// over every split (dense mode).
 template <bool GU>
-int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s) {
+int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t mt = 0) {
   const int bn = kCfg[cfg].bn;
   const int64_t cols = GU ? bn / 2 : bn;
   const int64_t nt = (a.N + cols - 1) / cols;
@@ -1148,11 +1157,49 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s) {
     if (rc != -1) return rc;  // -1: not available here, use mma.sync
   }
   switch (cfg) {
-    case 0: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s);  // decode-sized tiles
-    case 4: return launch_gemm<32, 64, 32, 16, 6, GU>(a, tiles, nt, s);
-    case 1: return launch_gemm<64, 128, 32, 64, 4, GU>(a, tiles, nt, s);
-    case 2: return launch_gemm<128, 128, 64, 32, 4, GU>(a, tiles, nt, s);
-    default: return launch_gemm<128, 256, 64, 64, 4, GU>(a, tiles, nt, s);
+    case 0: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s, mt);  // decode-sized tiles
+    case 4: return launch_gemm<32, 64, 32, 16, 6, GU>(a, tiles, nt, s, mt);
+    case 1: return launch_gemm<64, 128, 32, 64, 4, GU>(a, tiles, nt, s, mt);
+    case 2: return launch_gemm<128, 128, 64, 32, 4, GU>(a, tiles, nt, s, mt);
+    default: return launch_gemm<128, 256, 64, 64, 4, GU>(a, tiles, nt, s, mt);
+  }
+}
+
+// skinny_splits is mk_gemm_skinny_bf16's split over K for n columns of k:
+// enough CTAs for two waves of the 64-column tiles (264 on the H200's 132
+// SMs, one row tile), at least 4 k tiles (256 columns) a split. A function
+// of n and k only, so that a row's sum is the same whatever m is.
+int skinny_splits(int64_t n, int64_t k) {
+  const int64_t nt = (n + 63) / 64, kt = (k + BK - 1) / BK;
+  int64_t s = (264 + nt - 1) / nt;
+  s = std::min<int64_t>(s, kt / 4);
+  if (s < 2) return 1;
+  const int64_t ktc = (kt + s - 1) / s;
+  return (int)((kt + ktc - 1) / ktc);  // no empty split
+}
+
+// skinny_reduce_kernel: c [m, n] = Σ_s part[s] (+ bias), s in order.
+__global__ void skinny_reduce_kernel(float* c, const float* part, const float* bias, int64_t m, int64_t n, int S) {
+  mk::pdl_begin();
+  const int64_t n4 = m * n / 4, plane = m * n / 4;
+  const float4* p4 = reinterpret_cast<const float4*>(part);
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
+    float4 v = p4[i];
+    for (int s = 1; s < S; s++) {
+      const float4 u = p4[s * plane + i];
+      v.x += u.x;
+      v.y += u.y;
+      v.z += u.z;
+      v.w += u.w;
+    }
+    if (bias) {
+      const float4 b = reinterpret_cast<const float4*>(bias)[(i * 4) % n / 4];
+      v.x += b.x;
+      v.y += b.y;
+      v.z += b.z;
+      v.w += b.w;
+    }
+    reinterpret_cast<float4*>(c)[i] = v;
   }
 }
 
@@ -1447,8 +1494,17 @@ int32_t mk_moe_combine_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uint64_t o
   return MK_OK;
 }
 
+int32_t mk_gemm_skinny_workspace(int64_t m, int64_t n, int64_t k, uint64_t* bytes) {
+  MK_THREAD("mk_gemm_skinny_workspace");
+  MK_ARG(bytes && m >= 1 && m <= 64 && n >= 8 && k >= 8, "mk_gemm_skinny_workspace: M=%lld N=%lld K=%lld",
+         (long long)m, (long long)n, (long long)k);
+  const int s = skinny_splits(n, k);
+  *bytes = s > 1 ? (uint64_t)s * (uint64_t)m * (uint64_t)n * 4 : 0;
+  return MK_OK;
+}
+
 int32_t mk_gemm_skinny_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t w, uint64_t bias, int64_t m, int64_t n,
-                            int64_t k) {
+                            int64_t k, uint64_t work, uint64_t work_bytes) {
   MK_THREAD("mk_gemm_skinny_bf16");
   MK_ARG(m >= 1 && m <= 64 && n >= 8 && n % 8 == 0 && n < (1ll << 30) && k >= 8 && k % 8 == 0,
          "mk_gemm_skinny_bf16: M=%lld N=%lld K=%lld (want 1 <= M <= 64, N and K multiples of 8)", (long long)m,
@@ -1467,7 +1523,25 @@ int32_t mk_gemm_skinny_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t w,
   g.dense_rows = (int)m;
   const int cfg = m <= 16 ? 0 : 4;  // 16- or 32-row tiles (two of them past 32 rows, neighbours in L2)
   const int64_t tiles = (m + kCfg[cfg].bm - 1) / kCfg[cfg].bm;
-  return run_gemm<false>(cfg, g, tiles, mk::as_stream(stream));
+  const int S = skinny_splits(n, k);
+  cudaStream_t s = mk::as_stream(stream);
+  if (S <= 1) return run_gemm<false>(cfg, g, tiles, s);
+  MK_ARG(work && work_bytes >= (uint64_t)S * (uint64_t)m * (uint64_t)n * 4,
+         "mk_gemm_skinny_bf16: workspace of %llu bytes, %llu needed (mk_gemm_skinny_workspace)",
+         (unsigned long long)work_bytes, (unsigned long long)S * m * n * 4);
+  const int KT = (int)((k + BK - 1) / BK);
+  g.ksplit = S;
+  g.ktc = (KT + S - 1) / S;
+  g.part = mk::dev<float>(work);
+  g.bias = nullptr;
+  const int rc = run_gemm<false>(cfg, g, tiles * S, s, tiles);
+  if (rc != MK_OK) return rc;
+  const int64_t n4 = m * n / 4;
+  const int grid = (int)std::min<int64_t>((n4 + 255) / 256, 1024);
+  (void)(mk::launch(skinny_reduce_kernel, dim3(grid), dim3(256), 0, s, mk::dev<float>(c), (const float*)g.part,
+      bias ? mk::dev<const float>(bias) : nullptr, m, n, S));
+  MK_LAUNCHED("skinny_reduce");
+  return MK_OK;
 }
 
 int32_t mk_moe_gemv(int32_t on) {

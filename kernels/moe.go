@@ -20,7 +20,8 @@ var (
 		wsBytes uint64) int32
 	moeCombineAddNorm func(s, sum, out, outBF16, x, weights, ws, wsBytes uint64, t int64, k, e int32, h, i int64,
 		normW uint64, eps uint32) int32
-	gemmSkinny   func(s, c, a, b, bias uint64, m, n, k int64) int32
+	gemmSkinny   func(s, c, a, b, bias uint64, m, n, k int64, work, workBytes uint64) int32
+	gemmSkinnyWS func(m, n, k int64, bytes *uint64) int32
 	moeFill      func(s, dst uint64, n int64, seed uint64, scale uint32) int32
 	moeLocalize  func(s, ids uint64, n int64, lo, hi int32, counts uint64, e int32) int32
 	moeRouterF32 func(s, logits, x, w, bias, xb uint64, t int64, e int32, h int64) int32
@@ -37,6 +38,7 @@ func init() {
 		symbol{"mk_moe_route_experts", &moeRouteExperts},
 		symbol{"mk_moe_combine_add_rmsnorm_f32", &moeCombineAddNorm},
 		symbol{"mk_gemm_skinny_bf16", &gemmSkinny},
+		symbol{"mk_gemm_skinny_workspace", &gemmSkinnyWS},
 		symbol{"mk_moe_fill_bf16", &moeFill},
 		symbol{"mk_moe_localize", &moeLocalize},
 		symbol{"mk_moe_router_f32", &moeRouterF32},

@@ -32,6 +32,10 @@ struct GemmArgs {
   // > 0 (GEMM2 of moe.cu only): a dense GEMM of dense_rows rows (mk_gemm_skinny_bf16): one expert (0),
   // row r of A is row r, rows from dense_rows on are padding; sorted, tile_expert and num_tiles unused.
   int dense_rows;
+  // Dense mode, ksplit > 1: the CTAs of split s (blockIdx.x / (mt·nt)) sum the k tiles [s·ktc, (s+1)·ktc)
+  // and write their partial sums, bias left out, to part [ksplit, dense_rows, N] f32 instead of out.
+  int ksplit, ktc;
+  float* part;
 };
 
 using mk::mma16816;

@@ -111,11 +111,13 @@ const SkinnyMaxRows = 64
 // where cuBLASLt's kernels for these shapes read it at 1–1.5 TB/s (ncu,
 // ninth pass). Each output is the same float32 sum in the same order
 // whatever m is. n and k must be multiples of 8, a and b 16-byte aligned;
-// c is overwritten. Without a split over k a launch has only n/64 CTAs,
+// c is overwritten; work holds SkinnyWorkspace bytes (nil when that is 0):
+// a launch's 64-column tiles are split over k into enough CTAs for two
+// waves, and a second launch sums the splits. Without a split over k a launch has only n/64 CTAs,
 // too few for projections of a few thousand columns: in whole decode steps
 // it lost to cuBLASLt (docs/PERF.md, ninth pass), and the CUDA backend uses
 // it only when asked (MKSERVE_SKINNY=1).
-func (d *Device) GemmSkinnyBF16(s *Stream, c, a, b, bias *Buffer, m, n, k int) error {
+func (d *Device) GemmSkinnyBF16(s *Stream, c, a, b, bias, work *Buffer, m, n, k int) error {
 	const op = "GemmSkinnyBF16"
 	if err := d.ready(op); err != nil || d.muted() {
 		return err
@@ -143,7 +145,33 @@ func (d *Device) GemmSkinnyBF16(s *Stream, c, a, b, bias *Buffer, m, n, k int) e
 	if a.ptr%16 != 0 || b.ptr%16 != 0 {
 		return fmt.Errorf("kernels: %s: A and B must be 16-byte aligned", op)
 	}
-	return d.lib.check("mk_gemm_skinny_bf16", gemmSkinny(s.handle(), c.ptr, a.ptr, b.ptr, bp, M, N, K))
+	var wp, wn uint64
+	if work != nil {
+		if err := work.fits("GemmSkinnyBF16 workspace", 0); err != nil {
+			return err
+		}
+		wp, wn = work.ptr, uint64(work.bytes)
+	}
+	return d.lib.check("mk_gemm_skinny_bf16", gemmSkinny(s.handle(), c.ptr, a.ptr, b.ptr, bp, M, N, K, wp, wn))
+}
+
+// SkinnyWorkspace is the workspace (bytes) GemmSkinnyBF16 needs for (m, n,
+// k): 0 when it runs as one launch, else the partial sums of its split over
+// k (m·n float32s a split).
+func (d *Device) SkinnyWorkspace(m, n, k int) (int64, error) {
+	const op = "SkinnyWorkspace"
+	if err := d.ready(op); err != nil {
+		return 0, err
+	}
+	if err := dims(op, "M", m, "N", n, "K", k); err != nil {
+		return 0, err
+	}
+	type key struct{ m, n, k int }
+	return query(d, op, key{m, n, k}, func() (int64, error) {
+		var b uint64
+		err := d.lib.check("mk_gemm_skinny_workspace", gemmSkinnyWS(int64(m), int64(n), int64(k), &b))
+		return int64(b), err
+	})
 }
 
 // GemvMaxOuts is the most projections one GemvBF16Multi launch takes.

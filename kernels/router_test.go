@@ -336,6 +336,7 @@ func TestGemmSkinnyBF16(t *testing.T) {
 	}{
 		{1, 200, 136, false}, {3, 4096, 2048, true}, {7, 200, 136, false}, {8, 512, 2048, false}, {16, 2048, 4096, true},
 		{17, 136, 72, false}, {32, 4096, 2048, false}, {33, 72, 2048, true}, {40, 200, 136, false}, {64, 1024, 1024, true},
+		{32, 512, 2048, true}, {24, 2048, 4096, false}, {9, 8, 4104, true},
 	} {
 		t.Run(fmt.Sprintf("M%d_N%d_K%d", c.M, c.N, c.K), func(t *testing.T) {
 			r := newRNG(t)
@@ -357,14 +358,26 @@ func TestGemmSkinnyBF16(t *testing.T) {
 			onGPU(t, g, func(ar *arena) {
 				cb := put(ar, f32Fill(c.M*c.N, float32(math.NaN())))
 				ab, bb := put(ar, aBits), put(ar, bBits)
-				var biasB *Buffer
+				var biasB, work *Buffer
 				if bias != nil {
 					biasB = put(ar, bias)
+				}
+				ws, err := ar.d.SkinnyWorkspace(c.M, c.N, c.K)
+				ar.check(err)
+				t.Logf("workspace %d bytes (%d splits over K)", ws, ws/int64(4*c.M*c.N))
+				if ws > 0 {
+					work = put(ar, f32Fill(int(ws/4), float32(math.NaN())))
 				}
 				if ar.err != nil {
 					return
 				}
-				ar.check(ar.d.GemmSkinnyBF16(nil, cb, ab, bb, biasB, c.M, c.N, c.K))
+				ar.check(ar.d.GemmSkinnyBF16(nil, cb, ab, bb, biasB, work, c.M, c.N, c.K))
+				if ws > 0 && ar.err == nil { // a workspace one split short is refused
+					short, _ := work.View(0, ws-int64(4*c.M*c.N))
+					if err := ar.d.GemmSkinnyBF16(nil, cb, ab, bb, biasB, short, c.M, c.N, c.K); err == nil {
+						t.Error("a short workspace gave no error")
+					}
+				}
 				got = get[float32](ar, cb, c.M*c.N)
 			})
 			worst := 0.0
@@ -402,7 +415,7 @@ func TestGemmSkinnyBF16(t *testing.T) {
 			return
 		}
 		for _, c := range []struct{ M, N, K int }{{SkinnyMaxRows + 1, 8, 64}, {1, 8, 12}, {1, 12, 64}, {0, 8, 64}} {
-			if err := ar.d.GemmSkinnyBF16(nil, buf, buf, buf, nil, c.M, c.N, c.K); err == nil {
+			if err := ar.d.GemmSkinnyBF16(nil, buf, buf, buf, nil, nil, c.M, c.N, c.K); err == nil {
 				t.Errorf("GemmSkinnyBF16 M=%d N=%d K=%d gave no error", c.M, c.N, c.K)
 			}
 		}

@@ -411,7 +411,7 @@ func (be *Backend) release(in gemmIn) {
 
 // gemm writes c [T, N] (float32) = in [T, K] · w [N, K]ᵀ; w is float32 when
 // in was prepared for a float32 weight, else bf16.
-func gemm(d *kernels.Device, c *kernels.Buffer, in gemmIn, w *kernels.Buffer, T, N, K int) {
+func (be *Backend) gemm(d *kernels.Device, c *kernels.Buffer, in gemmIn, w *kernels.Buffer, T, N, K int) {
 	if in.lo == nil && in.hi != nil && pickGemv(in.hi, w, T, K) {
 		// A decode batch against a bf16 weight: the skinny GEMM streams w.
 		must("Gemv", d.GemvBF16(nil, c, in.hi, w, T, N, K))
@@ -419,7 +419,14 @@ func gemm(d *kernels.Device, c *kernels.Buffer, in gemmIn, w *kernels.Buffer, T,
 	}
 	if in.lo == nil && in.hi != nil && pickSkinny(in.hi, w, T, N, K) {
 		// A few to 64 rows: the expert GEMM's weight-streaming tiles.
-		must("GemmSkinny", d.GemmSkinnyBF16(nil, c, in.hi, w, nil, T, N, K))
+		ws, err := d.SkinnyWorkspace(T, N, K)
+		must("GemmSkinny", err)
+		var work *kernels.Buffer
+		if ws > 0 {
+			work = be.alloc.get(d, ws)
+			defer be.alloc.put(work)
+		}
+		must("GemmSkinny", d.GemmSkinnyBF16(nil, c, in.hi, w, nil, work, T, N, K))
 		return
 	}
 	if in.f32 != nil {
@@ -917,7 +924,7 @@ func (be *Backend) linearT(d *kernels.Device, xt *Tensor, w *Tensor, b *Tensor, 
 	}
 	out := be.newF32(d, T, N)
 	wb, _ := weightMem(w)
-	gemm(d, out.st.f32, in.withHi(xt.st.bf16), wb, T, N, K)
+	be.gemm(d, out.st.f32, in.withHi(xt.st.bf16), wb, T, N, K)
 	be.release(in)
 	if b != nil {
 		must("bias", d.BiasAddF32(nil, out.st.f32, be.f32(d, b), T, N))
@@ -949,7 +956,7 @@ func (be *Backend) linearMode(d *kernels.Device, x *kernels.Buffer, w *Tensor, b
 	} else {
 		wb, wF32 := weightMem(w)
 		in := be.prepareMode(d, x, T*K, wF32, split)
-		gemm(d, out.st.f32, in, wb, T, N, K)
+		be.gemm(d, out.st.f32, in, wb, T, N, K)
 		be.release(in)
 	}
 	if b != nil {

@@ -203,7 +203,7 @@ func (be *Backend) moeHost(xt *Tensor, l *backend.MoELayer, gate, gateBias *Tens
 			}
 			hv := view(h, int64(r0*2*I)*4, int64(n*2*I)*4)
 			we := e - base // its place in the weights
-			gemm(d, hv, xin.rows(r0, n, H), view(guw, int64(we*2*I*H)*gs, int64(2*I*H)*gs), n, 2*I, H)
+			be.gemm(d, hv, xin.rows(r0, n, H), view(guw, int64(we*2*I*H)*gs, int64(2*I*H)*gs), n, 2*I, H)
 			if gubb != nil {
 				must("bias", d.BiasAddF32(nil, hv, view(gubb, int64(we*2*I)*4, int64(2*I)*4), n, 2*I))
 			}
@@ -221,7 +221,7 @@ func (be *Backend) moeHost(xt *Tensor, l *backend.MoELayer, gate, gateBias *Tens
 			}
 			yv := view(y, int64(r0*H)*4, int64(n*H)*4)
 			we := e - base
-			gemm(d, yv, ain.rows(r0, n, I), view(dw, int64(we*H*I)*ds, int64(H*I)*ds), n, H, I)
+			be.gemm(d, yv, ain.rows(r0, n, I), view(dw, int64(we*H*I)*ds, int64(H*I)*ds), n, H, I)
 			if dbb != nil {
 				must("bias", d.BiasAddF32(nil, yv, view(dbb, int64(we*H)*4, int64(H)*4), n, H))
 			}
