@@ -102,8 +102,8 @@ MK_API int32_t mk_moe_combine_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uin
  * kernels read these weights at 1–1.5 TB/s. n and k multiples of 8; a and w
  * 16-byte aligned. Each output is the same sum in the same order whatever
  * m is. work: mk_gemm_skinny_workspace bytes (0 and a null work when it
- * says 0). The backend keeps it behind MKSERVE_SKINNY=1 (docs/PERF.md,
- * ninth pass). */
+ * says 0). The CUDA backend runs its dense projections of 3–64 rows on
+ * it (MKSERVE_SKINNY=0: cuBLASLt; docs/PERF.md, ninth pass). */
 MK_API int32_t mk_gemm_skinny_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t w, uint64_t bias,
                                    int64_t m, int64_t n, int64_t k, uint64_t work, uint64_t work_bytes);
 

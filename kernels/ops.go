@@ -113,10 +113,9 @@ const SkinnyMaxRows = 64
 // whatever m is. n and k must be multiples of 8, a and b 16-byte aligned;
 // c is overwritten; work holds SkinnyWorkspace bytes (nil when that is 0):
 // a launch's 64-column tiles are split over k into enough CTAs for two
-// waves, and a second launch sums the splits. Without a split over k a launch has only n/64 CTAs,
-// too few for projections of a few thousand columns: in whole decode steps
-// it lost to cuBLASLt (docs/PERF.md, ninth pass), and the CUDA backend uses
-// it only when asked (MKSERVE_SKINNY=1).
+// waves, and a second launch sums the splits. Without the split (one
+// "expert", N/64 CTAs) it lost to cuBLASLt in whole decode steps; with it,
+// it is as fast or faster at 4–32 rows (docs/PERF.md, ninth pass).
 func (d *Device) GemmSkinnyBF16(s *Stream, c, a, b, bias, work *Buffer, m, n, k int) error {
 	const op = "GemmSkinnyBF16"
 	if err := d.ready(op); err != nil || d.muted() {

@@ -872,20 +872,20 @@ func gemvFits(a, w *kernels.Buffer, T, K, maxRows int) bool {
 // the skinny GEMM.
 func pickGemv(a, w *kernels.Buffer, T, K int) bool { return gemvFits(a, w, T, K, gemvMaxRows) }
 
-// SkinnyEnv names the environment variable that, set to 1, runs dense
-// projections of gemvMaxRows+1 to 64 rows on kernels.GemmSkinnyBF16
-// instead of cuBLASLt. Off by default: measured slower in whole decode
-// steps (ninth pass: Qwen3-30B-A3B batch 32 19.7 against 17.2 ms,
-// DeepSeek-V3 4 layers 14.5 against 13.9): one "expert" gives the kernel
-// only N/64 CTAs (64 for q, 8 for k and v, 32 for o) where the MoE GEMMs
-// have hundreds; it needs a split over K first.
+// SkinnyEnv names the environment variable that, set to 0, keeps dense
+// projections of gemvMaxRows+1 to 64 rows on cuBLASLt instead of
+// kernels.GemmSkinnyBF16, for comparisons. Measured in the ninth pass
+// (whole Qwen3-30B-A3B decode steps): without a split over K the kernel
+// lost (one "expert" gives N/64 CTAs: batch 32 19.7 against 17.2 ms); with
+// it, batch 4 7.07 against 7.37 ms, batch 8 10.04 against 10.28, batch 32
+// even (17.24, 17.26).
 const SkinnyEnv = "MKSERVE_SKINNY"
 
-var skinnyOn = sync.OnceValue(func() bool { return os.Getenv(SkinnyEnv) == "1" })
+var skinnyOn = sync.OnceValue(func() bool { return os.Getenv(SkinnyEnv) != "0" })
 
 // pickSkinny reports whether c [T, N] = a [T, K] · w [N, K]ᵀ (bf16) runs on
-// kernels.GemmSkinnyBF16 (SkinnyEnv): more rows than the GEMV takes, at
-// most 64. The motive (ncu, ninth pass, Qwen3-30B-A3B at 32 rows):
+// kernels.GemmSkinnyBF16 (unless SkinnyEnv is 0): more rows than the GEMV
+// takes, at most 64. The motive (ncu, ninth pass, Qwen3-30B-A3B at 32 rows):
 // cuBLASLt's kernels read the q, k, v and o weights at 1.1–1.5 TB/s, 40 µs
 // a layer for 38 MB. A fixed bound by rows, as gemvMaxRows: every row
 // count of a graph key and of its eager steps takes the same kernel, whose
