@@ -488,9 +488,9 @@ __global__ void __launch_bounds__(1024, 1) moe_route_align_kernel(int32_t* ids, 
 
 // ---------------------------------------------------------------- grouped GEMM
 
-constexpr int BK = 64;  // 128-byte rows of 8 16-byte chunks, XOR-swizzled by row
+constexpr int BK = mkmoe::kTileK;  // 128-byte rows of 8 16-byte chunks, XOR-swizzled by row
 
-__device__ __forceinline__ int swz(int row, int ch) { return row * BK + ((ch ^ (row & 7)) << 3); }
+__device__ __forceinline__ int swz(int row, int ch) { return mkmoe::swz64(row, ch); }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -503,12 +503,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
 
 using mkmoe::mma16816;
 
@@ -669,31 +663,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     cp_async_commit();
     const bf16* a = sA + (kt % STAGES) * BM * BK;
     const bf16* b = sB + (kt % STAGES) * BN * BK;
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) {
-      uint32_t af[MF][4];
-#pragma unroll
-      for (int mf = 0; mf < MF; mf++) {
-        const int r = wm * WM + mf * 16 + (lane % 16);
-        ldmatrix_x4(af[mf], a + swz(r, kk * 2 + lane / 16));
-      }
-      uint32_t bfr[NF][2];
-#pragma unroll
-      for (int pr = 0; pr < NF / 2; pr++) {
-        const int mat = lane / 8;
-        const int r = brow(2 * pr + mat / 2) + (lane % 8);
-        uint32_t q[4];
-        ldmatrix_x4(q, b + swz(r, kk * 2 + (mat & 1)));
-        bfr[2 * pr][0] = q[0];
-        bfr[2 * pr][1] = q[1];
-        bfr[2 * pr + 1][0] = q[2];
-        bfr[2 * pr + 1][1] = q[3];
-      }
-#pragma unroll
-      for (int mf = 0; mf < MF; mf++)
-#pragma unroll
-        for (int nf = 0; nf < NF; nf++) mma16816(acc[mf][nf], af[mf], bfr[nf][0], bfr[nf][1]);
-    }
+    mkmoe::mma_stage<MF, NF, WM>(acc, a, b, wm, lane, brow);
   }
   cp_async_wait<0>();
 

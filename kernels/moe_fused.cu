@@ -108,7 +108,7 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kMaxRanks = MK_MOE_FUSED_MAX_RANKS;
 constexpr int kThreads = 128;
-constexpr int kBK = 64;
+constexpr int kBK = mkmoe::kTileK;
 constexpr int kDR = 32;  // (token, k) rows per dispatch task: Params.dt = max(1, kDR / K) tokens
 constexpr int kCT = 2;   // tokens per combine task
 // Control workspace: [0, 32) error record, [64, 128) queue counters (zeroed per launch).
@@ -186,12 +186,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
 }
 using mkmoe::mma16816;
 // signal_add: the fence and release-add of a counter another CTA waits on,
@@ -450,7 +444,7 @@ __device__ void dispatch_task(const Params& p, int r, int64_t t0, int64_t t1, bo
   }
 }
 
-__device__ __forceinline__ int swz(int row, int ch) { return row * kBK + ((ch ^ (row & 7)) << 3); }
+__device__ __forceinline__ int swz(int row, int ch) { return mkmoe::swz64(row, ch); }
 
 // gemm_task runs one (row tile, column block) of GEMM1 (GATEUP: A = receive
 // rows, B = the slot's gate and matching up rows, SwiGLU → act) or GEMM2
@@ -553,31 +547,7 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
     cp_async_commit();
     const bf16* a = sA + (kt % STAGES) * BM * kBK;
     const bf16* b = sB + (kt % STAGES) * BN * kBK;
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; kk++) {
-      uint32_t af[MF][4];
-#pragma unroll
-      for (int mf = 0; mf < MF; mf++) {
-        const int r = wm * WM + mf * 16 + (lane % 16);
-        ldmatrix_x4(af[mf], a + swz(r, kk * 2 + lane / 16));
-      }
-      uint32_t bfr[NF][2];
-#pragma unroll
-      for (int pr = 0; pr < NF / 2; pr++) {
-        const int mat = lane / 8;
-        const int r = brow(2 * pr + mat / 2) + (lane % 8);
-        uint32_t q[4];
-        ldmatrix_x4(q, b + swz(r, kk * 2 + (mat & 1)));
-        bfr[2 * pr][0] = q[0];
-        bfr[2 * pr][1] = q[1];
-        bfr[2 * pr + 1][0] = q[2];
-        bfr[2 * pr + 1][1] = q[3];
-      }
-#pragma unroll
-      for (int mf = 0; mf < MF; mf++)
-#pragma unroll
-        for (int nf = 0; nf < NF; nf++) mma16816(acc[mf][nf], af[mf], bfr[nf][0], bfr[nf][1]);
-    }
+    mkmoe::mma_stage<MF, NF, WM>(acc, a, b, wm, lane, brow);
   }
   cp_async_wait<0>();
 

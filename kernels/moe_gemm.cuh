@@ -40,6 +40,55 @@ struct GemmArgs {
 
 using mk::mma16816;
 
+// The mma.sync expert GEMMs (moe.cu's grouped kernel, moe_fused.cu's
+// persistent one) stage 64-column bf16 tiles: 128-byte rows of eight
+// 16-byte chunks, chunk ch of row row XOR-swizzled by the row (swz64, in
+// elements), so that ldmatrix reads them without bank conflicts.
+constexpr int kTileK = 64;
+__device__ __forceinline__ int swz64(int row, int ch) { return row * kTileK + ((ch ^ (row & 7)) << 3); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+// mma_stage accumulates one staged 64-column step into a warp's tile:
+// acc[mf][nf] += A rows wm·WM + 16·mf (+ lane) of a · the B rows brow(nf)
+// of b, k in order (four m16n8k16 steps). a and b are swz64 tiles in
+// shared memory; brow(nf) is the first of the 8 B rows of n fragment nf.
+template <int MF, int NF, int WM, class BRow>
+__device__ __forceinline__ void mma_stage(float (&acc)[MF][NF][4], const bf16* a, const bf16* b, int wm, int lane,
+                                          const BRow& brow) {
+  static_assert(NF % 2 == 0, "n fragments come in pairs");
+#pragma unroll
+  for (int kk = 0; kk < kTileK / 16; kk++) {
+    uint32_t af[MF][4];
+#pragma unroll
+    for (int mf = 0; mf < MF; mf++) {
+      const int r = wm * WM + mf * 16 + (lane % 16);
+      ldsm_x4(af[mf], a + swz64(r, kk * 2 + lane / 16));
+    }
+    uint32_t bfr[NF][2];
+#pragma unroll
+    for (int pr = 0; pr < NF / 2; pr++) {
+      const int mat = lane / 8;
+      const int r = brow(2 * pr + mat / 2) + (lane % 8);
+      uint32_t q[4];
+      ldsm_x4(q, b + swz64(r, kk * 2 + (mat & 1)));
+      bfr[2 * pr][0] = q[0];
+      bfr[2 * pr][1] = q[1];
+      bfr[2 * pr + 1][0] = q[2];
+      bfr[2 * pr + 1][1] = q[3];
+    }
+#pragma unroll
+    for (int mf = 0; mf < MF; mf++)
+#pragma unroll
+      for (int nf = 0; nf < NF; nf++) mma16816(acc[mf][nf], af[mf], bfr[nf][0], bfr[nf][1]);
+  }
+}
+
 // activation is the expert's gated activation of gate g and up u (biases
 // added): silu(g)·u, or gpt-oss's clamped form (MK_MOE_SWIGLU_CLAMPED).
 __device__ __forceinline__ float activation(float g, float u, int act, float alpha, float limit) {

@@ -262,9 +262,11 @@ func TestMoEExperts(t *testing.T) {
 	}
 }
 
-func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activation) {
-	E, K, T, H, I := c.cfg.NumExperts, c.cfg.TopK, c.T, c.H, c.I
-	logits := randF32(r, T*E, 1)
+// moeLogits draws c's router logits [T, E] (a hot expert every token
+// picks, cold experts none picks) and, for sigmoid routing, a score bias.
+func moeLogits(r *rand.Rand, c moeCase) (logits, sbias []float32) {
+	E, T := c.cfg.NumExperts, c.T
+	logits = randF32(r, T*E, 1)
 	for tk := range T {
 		for e := range E {
 			if e == c.hot {
@@ -275,10 +277,15 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 			}
 		}
 	}
-	var sbias []float32
 	if c.cfg.Scoring == moe.Sigmoid {
 		sbias = randF32(r, E, 0.3)
 	}
+	return logits, sbias
+}
+
+func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activation) {
+	E, K, T, H, I := c.cfg.NumExperts, c.cfg.TopK, c.T, c.H, c.I
+	logits, sbias := moeLogits(r, c)
 	xb, x := randBF16(r, T*H, 1)
 	gub16, gu := randBF16(r, E*2*I*H, 1/math.Sqrt(float64(H)))
 	db16, dn := randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))
@@ -515,21 +522,7 @@ func TestMoECombineAddRMSNorm(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			E, K, T, H, I := c.cfg.NumExperts, c.cfg.TopK, c.T, c.H, c.I
-			logits := randF32(r, T*E, 1)
-			for tk := range T {
-				for e := range E {
-					if e == c.hot {
-						logits[tk*E+e] += 30
-					}
-					if c.cold > 0 && e >= c.cold {
-						logits[tk*E+e] -= 30
-					}
-				}
-			}
-			var sbias []float32
-			if c.cfg.Scoring == moe.Sigmoid {
-				sbias = randF32(r, E, 0.3)
-			}
+			logits, sbias := moeLogits(r, c)
 			xb, _ := randBF16(r, T*H, 1)
 			gu, _ := randBF16(r, E*2*I*H, 1/math.Sqrt(float64(H)))
 			dn, _ := randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))

@@ -432,16 +432,7 @@ func (be *Backend) eagerStepLocked(f func() (backend.Tensor, error)) (backend.Te
 // replayStep runs f's Go code on g's replay device and launches g.
 func (be *Backend) replayStep(g *stepGraph, f func() (backend.Tensor, error)) (backend.Tensor, error) {
 	gr := &be.gr
-	// The previous launch of g must be done reading its staging before the
-	// replay refills it (the engine syncs every step anyway: this is cheap).
-	before := g.sg.GPUNs()
-	if err := be.g.Do(func(d *kernels.Device) error { return g.sg.Wait(d) }); err != nil {
-		panicf("GraphStep", "waiting for the previous launch: %v", err)
-	}
-	if ns := g.sg.GPUNs() - before; ns > 0 {
-		gr.stats.ReplayGPUNs += ns
-		gr.stats.ReplaysTimed++
-	}
+	be.waitLaunch(g)
 	start := time.Now()
 	be.resetStepCaches()
 	gr.rdev = g.sg.Replay(g.real)
@@ -473,6 +464,21 @@ func (be *Backend) replayStep(g *stepGraph, f func() (backend.Tensor, error)) (b
 	gr.stats.Replays++
 	gr.stats.ReplayHostNs += time.Since(start).Nanoseconds()
 	return out, nil
+}
+
+// waitLaunch waits until g's previous launch is done reading its staging,
+// so that a replay may refill it (the engine syncs every step anyway: this
+// is cheap), and counts that launch's GPU time.
+func (be *Backend) waitLaunch(g *stepGraph) {
+	gr := &be.gr
+	before := g.sg.GPUNs()
+	if err := be.g.Do(func(d *kernels.Device) error { return g.sg.Wait(d) }); err != nil {
+		panicf("GraphStep", "waiting for the previous launch: %v", err)
+	}
+	if ns := g.sg.GPUNs() - before; ns > 0 {
+		gr.stats.ReplayGPUNs += ns
+		gr.stats.ReplaysTimed++
+	}
 }
 
 // evictGraphs destroys the least recently used graphs beyond graphMax.

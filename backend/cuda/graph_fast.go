@@ -162,14 +162,7 @@ func prod(s []int) int {
 // decides).
 func (be *Backend) fastReplay(g *stepGraph, b *backend.Batch) (backend.Tensor, bool) {
 	gr := &be.gr
-	before := g.sg.GPUNs()
-	if err := be.g.Do(func(d *kernels.Device) error { return g.sg.Wait(d) }); err != nil {
-		panicf("GraphStep", "waiting for the previous launch: %v", err)
-	}
-	if ns := g.sg.GPUNs() - before; ns > 0 {
-		gr.stats.ReplayGPUNs += ns
-		gr.stats.ReplaysTimed++
-	}
+	be.waitLaunch(g)
 	start := time.Now()
 	if err := b.Validate(); err != nil {
 		return nil, false
