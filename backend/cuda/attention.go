@@ -137,8 +137,14 @@ func (g *attnGroup) ringed(s backend.SeqSpan) bool {
 	return g.ring && s.ContextParallel > 1 && s.ContextParallel <= kernels.RingMaxRanks && s.Len >= 2*s.ContextParallel
 }
 
-func newGroup(T int) *attnGroup {
-	g := &attnGroup{slots: make([]int32, T)}
+func newGroup(T int) *attnGroup { return newGroupCap(T, 0, 0) }
+
+// newGroupCap is newGroup with room for rows attending rows (and as many
+// spans) and blocks block ids (no growth while they are added).
+func newGroupCap(T, rows, blocks int) *attnGroup {
+	g := &attnGroup{slots: make([]int32, T), rows: make([]int32, 0, rows), pos: make([]int32, 0, rows),
+		table: make([]int32, 0, rows), blocks: make([]int32, 0, blocks), seqStart: make([]int32, 0, rows),
+		seqPast: make([]int32, 0, rows), seqTable: make([]int32, 0, rows)}
 	for i := range g.slots {
 		g.slots[i] = -1
 	}
@@ -153,8 +159,10 @@ func (g *attnGroup) setSlots(s backend.SeqSpan, blocks []int32, bs int) {
 	}
 }
 
-// add appends span s with block table blocks of bs-token blocks.
-func (g *attnGroup) add(s backend.SeqSpan, blocks []int32, bs int) {
+// add appends span s with block table blocks of bs-token blocks, padded
+// to pad entries by repeating its last id when pad is larger (a graph
+// step's fixed stride; the kernels never read past a row's own positions).
+func (g *attnGroup) add(s backend.SeqSpan, blocks []int32, bs, pad int) {
 	g.any = true
 	if g.worldSplit(s) {
 		// Every process writes the span's k/v; each attends its share of the rows.
@@ -170,6 +178,10 @@ func (g *attnGroup) add(s backend.SeqSpan, blocks []int32, bs int) {
 	}
 	off := int32(len(g.blocks))
 	g.blocks = append(g.blocks, blocks...)
+	for n := len(blocks); n < pad; n++ {
+		g.blocks = append(g.blocks, blocks[len(blocks)-1])
+	}
+	blocks = g.blocks[off:] // the padded table
 	if n := len(g.seqStart); n > 0 && int(g.seqStart[n-1])+g.lastLen != s.Offset {
 		g.gaps = true
 	}
@@ -305,7 +317,7 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			sq.blocks = append(sq.blocks, id)
 		}
 		privs = append(privs, privUse{sq, n})
-		priv.add(s, sq.blocks, privateBlock)
+		priv.add(s, sq.blocks, privateBlock, 0)
 	}
 	if sig != nil && !hit {
 		be.attnMemo.sig, be.attnMemo.group = append(be.attnMemo.sig[:0], sig...), paged
@@ -495,18 +507,18 @@ func (be *Backend) addPaged(g *attnGroup, s backend.SeqSpan, i, keys int) {
 	if padding {
 		tbl = s.Blocks[:1]
 	}
+	stride := 0
 	if keys > 0 {
 		// A graph step: every row's table padded to the key's stride.
-		stride := (keys + pk.blockSize - 1) / pk.blockSize
+		stride = (keys + pk.blockSize - 1) / pk.blockSize
 		if !padding {
 			if need > stride {
 				panicf("Attention", "%v: position %d beyond the graph's %d keys", errDiverged, n-1, keys)
 			}
 			tbl = s.Blocks[:need]
 		}
-		tbl = padTable(tbl, stride)
 	}
-	g.add(s, tbl, pk.blockSize)
+	g.add(s, tbl, pk.blockSize, stride)
 	if padding {
 		g.slots[s.Offset] = -1
 	}
@@ -567,17 +579,6 @@ func (be *Backend) pagedSignature(b *backend.Batch, ring bool) []int64 {
 	}
 	be.attnMemo.scratch = s
 	return s
-}
-
-// padTable is blocks padded to n entries by repeating its last id (the
-// kernels never read past a row's own positions).
-func padTable(blocks []int32, n int) []int32 {
-	out := make([]int32, n)
-	copy(out, blocks)
-	for i := len(blocks); i < n; i++ {
-		out[i] = blocks[len(blocks)-1]
-	}
-	return out
 }
 
 // FreeSequence drops sequence id's unpaged KV cache (its private blocks).

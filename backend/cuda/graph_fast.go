@@ -120,7 +120,8 @@ func (be *Backend) pagedMetaInput(ring bool) stepInput {
 		}()
 		be.kvMu.Lock()
 		defer be.kvMu.Unlock()
-		g := newGroup(len(b.Tokens))
+		stride := (be.gr.key.keys + be.paged.blockSize - 1) / be.paged.blockSize
+		g := newGroupCap(len(b.Tokens), len(b.Seqs), len(b.Seqs)*stride) // decode: a row and a stride a span
 		g.ring = ring
 		for i, s := range b.Seqs {
 			if s.Blocks == nil {

@@ -120,6 +120,7 @@ func (mc *metaCache) get(be *Backend, d *kernels.Device, g *attnGroup, T int) at
 // packMeta appends g's metadata to dst in a metaCache buffer's layout:
 // [slots T | rows n | pos n | table n | blocks nb].
 func packMeta(dst []int32, g *attnGroup) []int32 {
+	dst = slices.Grow(dst, len(g.slots)+len(g.rows)+len(g.pos)+len(g.table)+len(g.blocks))
 	return append(append(append(append(append(dst, g.slots...), g.rows...), g.pos...), g.table...), g.blocks...)
 }
 
