@@ -1262,10 +1262,11 @@ int32_t mk_moe_workspace(int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, 
   return MK_OK;
 }
 
-// experts_check is mk_moe_experts's argument check.
-static int32_t experts_check(uint64_t out, uint64_t x, uint64_t ids, uint64_t weights, int64_t t, int32_t k,
-                             int32_t e, int64_t h, int64_t i, uint64_t gate_up, uint64_t down, int32_t act_kind,
-                             uint64_t ws, uint64_t ws_bytes) {
+// experts_check is mk_moe_experts's argument check but out (which
+// mk_moe_route_experts may leave 0).
+static int32_t experts_check(uint64_t x, uint64_t ids, uint64_t weights, int64_t t, int32_t k, int32_t e, int64_t h,
+                             int64_t i, uint64_t gate_up, uint64_t down, int32_t act_kind, uint64_t ws,
+                             uint64_t ws_bytes) {
   MK_ARG(t > 0 && k > 0 && e > 0 && k <= e && h > 0 && i > 0,
          "mk_moe_experts: T=%lld K=%d E=%d H=%lld I=%lld", (long long)t, k, e, (long long)h, (long long)i);
   MK_ARG(h % 8 == 0 && i % 8 == 0, "mk_moe_experts: H=%lld and I=%lld must be multiples of 8", (long long)h,
@@ -1410,7 +1411,7 @@ int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, 
                        uint64_t ws_bytes) {
   MK_THREAD("mk_moe_experts");
   MK_ARG(out, "mk_moe_experts: null out");
-  const int32_t rc = experts_check(out, x, ids, weights, t, k, e, h, i, gate_up, down, act_kind, ws, ws_bytes);
+  const int32_t rc = experts_check(x, ids, weights, t, k, e, h, i, gate_up, down, act_kind, ws, ws_bytes);
   if (rc != MK_OK) return rc;
   return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias, act_kind,
                      alpha_bits, limit_bits, counts, ws, nullptr);
@@ -1425,7 +1426,7 @@ int32_t mk_moe_route_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t
   MK_THREAD("mk_moe_route_experts");
   int32_t rc = route_check(ids, weights, logits, t, e, k, flags, num_groups, topk_groups, scaling_bits);
   if (rc != MK_OK) return rc;
-  rc = experts_check(out, x, ids, weights, t, k, e, h, i, gate_up, down, act_kind, ws, ws_bytes);
+  rc = experts_check(x, ids, weights, t, k, e, h, i, gate_up, down, act_kind, ws, ws_bytes);
   if (rc != MK_OK) return rc;
   MK_ARG(out || !gemv_path(t, k), "mk_moe_route_experts: out 0 (no combine) on the GEMV path, which combines itself");
   if (t > 32 || e > 256 || k > 32 || route_slow() || gemv_path(t, k) || !route_align_on()) {

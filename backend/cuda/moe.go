@@ -27,7 +27,11 @@ import (
 //
 // E and I come from the shapes: Gate is [E, H], GateUp [E*2I, H], Down [E*H, I].
 func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
-	m := be.moeOperands(x, l)
+	return be.moeChecked(be.moeOperands(x, l), l)
+}
+
+// moeChecked is MoE of checked operands.
+func (be *Backend) moeChecked(m moeOperands, l *backend.MoELayer) *Tensor {
 	xt, gate, gateBias, gu, gub, down, db, sg := m.xt, m.gate, m.gateBias, m.gu, m.gub, m.down, m.db, m.sg
 	T, H, E, I, base, Ew := m.T, m.H, m.E, m.I, m.base, m.Ew
 	var out *Tensor

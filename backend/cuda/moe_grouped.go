@@ -269,7 +269,7 @@ func (be *Backend) MoEAddRMSNorm(x, h backend.Tensor, l *backend.MoELayer, w bac
 	m := be.moeOperands(h, l)
 	if be.world != nil || l.Shared != nil || m.T == 0 || m.Ew != m.E || m.H%4 != 0 || m.H > 8192 ||
 		!be.grouped(m.gu, m.down, m.H, m.I, m.E) || be.moeGemv(m.T, l.Router.TopK) || be.fusedFits(m.E, m.gub, m.db) {
-		return be.AddRMSNorm(x, be.MoE(h, l), w, eps)
+		return be.AddRMSNorm(x, be.moeChecked(m, l), w, eps)
 	}
 	xt := tensorOf("MoEAddRMSNorm", "x", x)
 	if r, c := xt.dims(); len(xt.shape) != 2 || r != m.T || c != m.H {
