@@ -83,6 +83,54 @@ __device__ __forceinline__ void put_out(const AttnArgs& a, int64_t i, float v) {
   if (a.outb) a.outb[i] = __float2bfloat16_rn(v);
 }
 
+// CtaWork is a paged-attention CTA's share of the work: batch row b (query
+// row row at position i), key range [kbeg, kend) of its split, and the gc
+// query heads from h0 of kv head kh, with the row's block table tab. The
+// grid is linear, kv head (and head chunk) fastest: the CTAs of one row and
+// key range run together and read neighbouring bytes of the same rows.
+struct CtaWork {
+  int split, b, kh, h0, gc, i, kbeg, kend;
+  int64_t row;
+  const int32_t* tab;
+};
+
+// cta_work is this CTA's share for GM query heads per CTA.
+__device__ __forceinline__ CtaWork cta_work(const AttnArgs& a, int GM) {
+  CtaWork w;
+  const int nkh = a.KV * a.hchunks;
+  const int64_t lin = blockIdx.x;
+  const int khc = (int)(lin % nkh);
+  const int64_t rest = lin / nkh;
+  w.split = (int)(rest % a.splits);
+  w.b = (int)(rest / a.splits);
+  w.kh = khc / a.hchunks;
+  const int hc = khc - w.kh * a.hchunks;
+  w.h0 = w.kh * a.G + hc * GM;
+  w.gc = min(GM, a.G - hc * GM);
+  w.row = a.rows[w.b];
+  w.i = a.pos[w.b];
+  const int lo = a.window > 0 ? max(0, w.i - a.window + 1) : 0;
+  w.kbeg = lo + w.split * a.chunk;
+  w.kend = w.split == a.splits - 1 ? w.i + 1 : min(w.i + 1, lo + (w.split + 1) * a.chunk);
+  w.tab = a.blocks + a.table[w.b];
+  return w;
+}
+
+// empty_split writes the partial result of a CTA whose key range is empty
+// (only with splits > 1): zero outputs and a (−inf, 0) softmax state, which
+// the merge weighs by zero.
+__device__ __forceinline__ void empty_split(const AttnArgs& a, const CtaWork& w, int Dv, int tid) {
+  for (int x = tid; x < w.gc * Dv; x += kNT) {
+    const int g = x / Dv, c = x - g * Dv;
+    a.wo[(((int64_t)w.b * a.H + w.h0 + g) * a.splits + w.split) * Dv + c] = 0.0f;
+  }
+  if (tid < w.gc) {
+    float* ml = a.wml + (((int64_t)w.b * a.H + w.h0 + tid) * a.splits + w.split) * 2;
+    ml[0] = -INFINITY;
+    ml[1] = 0.0f;
+  }
+}
+
 // Shared memory of one CTA, in bytes, laid out as
 // Ks [2][kTK][D+8] bf16 | Vs [2][kTK][Dv+8] bf16 | qs [GM][D] f32 |
 // sp [kKS][kTK][GM] f32 | pb [kTK][GM] f32 | corr [GM] | mfin [GM] | lfin [GM].
@@ -109,34 +157,12 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
   float* lfin = mfin + GM;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // One linear grid, kv head (and head chunk) fastest: the CTAs of one row
-  // and key range run together and read neighbouring bytes of the same rows.
-  const int nkh = a.KV * a.hchunks;
-  const int64_t lin = blockIdx.x;
-  const int khc = (int)(lin % nkh);
-  const int64_t rest = lin / nkh;
-  const int split = (int)(rest % a.splits);
-  const int b = (int)(rest / a.splits);
-  const int kh = khc / a.hchunks, hc = khc - kh * a.hchunks;
-  const int h0 = kh * a.G + hc * GM;
-  const int gc = min(GM, a.G - hc * GM);
-  const int64_t row = a.rows[b];
-  const int i = a.pos[b];
-  const int lo = a.window > 0 ? max(0, i - a.window + 1) : 0;
-  const int kbeg = lo + split * a.chunk;
-  const int kend = split == a.splits - 1 ? i + 1 : min(i + 1, lo + (split + 1) * a.chunk);
-  const int32_t* tab = a.blocks + a.table[b];
-
-  if (kbeg >= kend) {  // an empty range (only with splits > 1)
-    for (int x = tid; x < gc * Dv; x += kNT) {
-      const int g = x / Dv, c = x - g * Dv;
-      a.wo[(((int64_t)b * a.H + h0 + g) * a.splits + split) * Dv + c] = 0.0f;
-    }
-    if (tid < gc) {
-      float* ml = a.wml + (((int64_t)b * a.H + h0 + tid) * a.splits + split) * 2;
-      ml[0] = -INFINITY;
-      ml[1] = 0.0f;
-    }
+  const CtaWork w = cta_work(a, GM);
+  const int split = w.split, b = w.b, kh = w.kh, h0 = w.h0, gc = w.gc, kbeg = w.kbeg, kend = w.kend;
+  const int64_t row = w.row;
+  const int32_t* tab = w.tab;
+  if (kbeg >= kend) {
+    empty_split(a, w, Dv, tid);
     return;
   }
 
@@ -485,32 +511,12 @@ __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
   float* fin = mls + 4 * 16 * 2;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int nkh = KV * a.hchunks;
-  const int64_t lin = blockIdx.x;
-  const int khc = (int)(lin % nkh);
-  const int64_t rest = lin / nkh;
-  const int split = (int)(rest % a.splits);
-  const int b = (int)(rest / a.splits);
-  const int kh = khc / a.hchunks, hc = khc - kh * a.hchunks;
-  const int h0 = kh * a.G + hc * kGMma;
-  const int gc = min(kGMma, a.G - hc * kGMma);
-  const int64_t row = a.rows[b];
-  const int i = a.pos[b];
-  const int lo = a.window > 0 ? max(0, i - a.window + 1) : 0;
-  const int kbeg = lo + split * a.chunk;
-  const int kend = split == a.splits - 1 ? i + 1 : min(i + 1, lo + (split + 1) * a.chunk);
-  const int32_t* tab = a.blocks + a.table[b];
-
-  if (kbeg >= kend) {  // an empty range (only with splits > 1)
-    for (int x = tid; x < gc * Dv; x += kNT) {
-      const int g = x / Dv, c = x - g * Dv;
-      a.wo[(((int64_t)b * a.H + h0 + g) * a.splits + split) * Dv + c] = 0.0f;
-    }
-    if (tid < gc) {
-      float* ml = a.wml + (((int64_t)b * a.H + h0 + tid) * a.splits + split) * 2;
-      ml[0] = -INFINITY;
-      ml[1] = 0.0f;
-    }
+  const CtaWork w = cta_work(a, kGMma);
+  const int split = w.split, b = w.b, kh = w.kh, h0 = w.h0, gc = w.gc, kbeg = w.kbeg, kend = w.kend;
+  const int64_t row = w.row;
+  const int32_t* tab = w.tab;
+  if (kbeg >= kend) {
+    empty_split(a, w, Dv, tid);
     return;
   }
 
@@ -821,32 +827,12 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int nkh = a.KV * a.hchunks;
-  const int64_t lin = blockIdx.x;
-  const int khc = (int)(lin % nkh);
-  const int64_t rest = lin / nkh;
-  const int split = (int)(rest % a.splits);
-  const int b = (int)(rest / a.splits);
-  const int kh = khc / a.hchunks, hc = khc - kh * a.hchunks;
-  const int h0 = kh * a.G + hc * kWG;
-  const int gc = min(kWG, a.G - hc * kWG);
-  const int64_t row = a.rows[b];
-  const int i = a.pos[b];
-  const int lo = a.window > 0 ? max(0, i - a.window + 1) : 0;
-  const int kbeg = lo + split * a.chunk;
-  const int kend = split == a.splits - 1 ? i + 1 : min(i + 1, lo + (split + 1) * a.chunk);
-  const int32_t* tab = a.blocks + a.table[b];
-
-  if (kbeg >= kend) {  // an empty range (only with splits > 1)
-    for (int x = tid; x < gc * Dv; x += kNT) {
-      const int h = x / Dv, c = x - h * Dv;
-      a.wo[(((int64_t)b * a.H + h0 + h) * a.splits + split) * Dv + c] = 0.0f;
-    }
-    if (tid < gc) {
-      float* ml = a.wml + (((int64_t)b * a.H + h0 + tid) * a.splits + split) * 2;
-      ml[0] = -INFINITY;
-      ml[1] = 0.0f;
-    }
+  const CtaWork w = cta_work(a, kWG);
+  const int split = w.split, b = w.b, kh = w.kh, h0 = w.h0, gc = w.gc, kbeg = w.kbeg, kend = w.kend;
+  const int64_t row = w.row;
+  const int32_t* tab = w.tab;
+  if (kbeg >= kend) {
+    empty_split(a, w, Dv, tid);
     return;
   }
 
