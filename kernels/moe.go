@@ -241,6 +241,9 @@ func (d *Device) MoEExpertsRun(s *Stream, out, x, ids, weights *Buffer, T, K int
 	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
+	if out == nil {
+		return fmt.Errorf("kernels: %s: nil out", op)
+	}
 	a, err := expertsArgs(op, out, x, ids, weights, T, K, ex, counts, ws)
 	if err != nil {
 		return err
@@ -328,7 +331,8 @@ type expertsIn struct {
 	act          int32
 }
 
-// expertsArgs checks MoEExpertsRun's arguments.
+// expertsArgs checks MoEExpertsRun's arguments; a nil out (no combine,
+// MoERouteExpertsRun) is not checked.
 func expertsArgs(op string, out, x, ids, weights *Buffer, T, K int, ex *MoEExperts, counts, ws *Buffer) (expertsIn, error) {
 	var a expertsIn
 	if ex == nil {
@@ -345,7 +349,7 @@ func expertsArgs(op string, out, x, ids, weights *Buffer, T, K int, ex *MoEExper
 	if err := needAll(op, 4, "ids", ids, n, "weights", weights, n); err != nil {
 		return a, err
 	}
-	if out != nil || op == "MoEExpertsRun" {
+	if out != nil {
 		if err := need(op, "out", out, int64(T)*H, 4); err != nil {
 			return a, err
 		}

@@ -412,22 +412,22 @@ func (be *Backend) release(in gemmIn) {
 // gemm writes c [T, N] (float32) = in [T, K] · w [N, K]ᵀ; w is float32 when
 // in was prepared for a float32 weight, else bf16.
 func (be *Backend) gemm(d *kernels.Device, c *kernels.Buffer, in gemmIn, w *kernels.Buffer, T, N, K int) {
-	if in.lo == nil && in.hi != nil && pickGemv(in.hi, w, T, K) {
-		// A decode batch against a bf16 weight: the skinny GEMM streams w.
-		must("Gemv", d.GemvBF16(nil, c, in.hi, w, T, N, K))
-		return
-	}
-	if in.lo == nil && in.hi != nil && pickSkinny(in.hi, w, T, N, K) {
-		// A few to 64 rows: the expert GEMM's weight-streaming tiles.
-		ws, err := d.SkinnyWorkspace(T, N, K)
-		must("GemmSkinny", err)
-		var work *kernels.Buffer
-		if ws > 0 {
-			work = be.alloc.get(d, ws)
-			defer be.alloc.put(work)
+	if in.lo == nil && in.hi != nil { // a bf16 activation against a bf16 weight
+		switch {
+		case pickGemv(in.hi, w, T, K): // one or two rows: the GEMV streams w
+			must("Gemv", d.GemvBF16(nil, c, in.hi, w, T, N, K))
+			return
+		case pickSkinny(in.hi, w, T, N, K): // a few to 64 rows: the expert GEMM's weight-streaming tiles
+			ws, err := d.SkinnyWorkspace(T, N, K)
+			must("GemmSkinny", err)
+			var work *kernels.Buffer
+			if ws > 0 {
+				work = be.alloc.get(d, ws)
+				defer be.alloc.put(work)
+			}
+			must("GemmSkinny", d.GemmSkinnyBF16(nil, c, in.hi, w, nil, work, T, N, K))
+			return
 		}
-		must("GemmSkinny", d.GemmSkinnyBF16(nil, c, in.hi, w, nil, work, T, N, K))
-		return
 	}
 	if in.f32 != nil {
 		must("GemmF32", d.GemmF32(nil, c, in.f32, w, T, N, K))

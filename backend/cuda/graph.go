@@ -105,10 +105,12 @@ type stepGraph struct {
 	used   uint64            // LRU clock
 
 	// A fast graph (graph_fast.go): each staged upload's source, and the
-	// output's arena buffer and shape; inputs is nil for a slow graph.
+	// output's arena buffer, shape and elements; inputs is nil for a slow
+	// graph.
 	inputs   []stepInput
 	outBase  *kernels.Buffer
 	outShape []int
+	outN     int
 }
 
 // graphMode is what the running step is doing.
@@ -389,7 +391,6 @@ func (be *Backend) captureStep(g *stepGraph, f func() (backend.Tensor, error)) (
 		return be.eagerStepLocked(f)
 	}
 	be.alloc.startTape(g, graphCapturing)
-	gr.inputs = nil
 	gr.mode.Store(int32(graphCapturing))
 	out, ferr := callStep(f)
 	gr.mode.Store(int32(graphOff))

@@ -139,23 +139,15 @@ func (be *Backend) pagedMetaInput(ring bool) stepInput {
 func (be *Backend) fastGraph(g *stepGraph, sg *kernels.StepGraph, out *Tensor) {
 	inputs := be.gr.inputs
 	be.gr.inputs = nil
-	g.inputs, g.outBase, g.outShape = nil, nil, nil
+	g.inputs, g.outBase, g.outShape, g.outN = nil, nil, nil, 0
 	if be.world != nil || len(inputs) != sg.Uploads() || slices.ContainsFunc(inputs, func(f stepInput) bool { return f == nil }) || out.parent != nil {
 		return
 	}
 	base := be.alloc.baseOf(out.st.f32)
-	if base == nil || base.Bytes() != out.st.f32.Bytes() || out.st.n != prod(out.shape) {
+	if base == nil || base.Bytes() != out.st.f32.Bytes() {
 		return
 	}
-	g.inputs, g.outBase, g.outShape = inputs, base, slices.Clone(out.shape)
-}
-
-func prod(s []int) int {
-	n := 1
-	for _, v := range s {
-		n *= v
-	}
-	return n
+	g.inputs, g.outBase, g.outShape, g.outN = inputs, base, slices.Clone(out.shape), out.st.n
 }
 
 // fastReplay replays g for batch b without running the model's Go code;
@@ -185,5 +177,5 @@ func (be *Backend) fastReplay(g *stepGraph, b *backend.Batch) (backend.Tensor, b
 	gr.stats.Replays++
 	gr.stats.FastReplays++
 	gr.stats.ReplayHostNs += time.Since(start).Nanoseconds()
-	return &Tensor{shape: slices.Clone(g.outShape), st: &store{n: prod(g.outShape), f32: g.outBase}}, true
+	return &Tensor{shape: slices.Clone(g.outShape), st: &store{n: g.outN, f32: g.outBase}}, true
 }
