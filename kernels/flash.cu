@@ -47,7 +47,7 @@ struct Params {
 template <int D, int DV, int MT>
 __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
   using C = Cfg<D, DV, MT>;
-  constexpr int BM = C::BM, NT = kBN / 8, NO = DV / 8;
+  constexpr int BM = C::BM, NO = DV / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sq = reinterpret_cast<bf16*>(smem_raw);
   bf16* sk = sq + C::QE;              // kStages K tiles
@@ -120,27 +120,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
   const float sl2 = p.scale_log2;
   const int g = lane / 4, t4 = lane % 4;
   const int wrow = warp * 16 * MT;  // the warp's first row in the tile
-
-  // ldmatrix addresses. Every fragment row group starts at a multiple of 8,
-  // so a lane's swizzle key (row & 7) is fixed, and chunk 2k+c of it sits at
-  // 8*(k/4) + ((2*(k%4)+c) ^ key): four base addresses per operand, the rest
-  // immediate offsets.
-  constexpr int KQ = C::WQ / 2 < 4 ? C::WQ / 2 : 4;
-  constexpr int KVn = C::WV / 2 < 4 ? C::WV / 2 : 4;
-  uint32_t qaddr[KQ], kaddr[KQ], vaddr[KVn];
-  {
-    const int qr = wrow + (lane & 15);
-    const int kr = (lane & 7) + ((lane >> 4) << 3);
-    const int vr = (lane & 7) + (((lane >> 3) & 1) << 3);
-#pragma unroll
-    for (int kl = 0; kl < KQ; ++kl) {
-      qaddr[kl] = smem_addr(sq) + 2 * (qr * D + swz<C::WQ>(qr, 2 * kl + (lane >> 4)) * 8);
-      kaddr[kl] = smem_addr(sk) + 2 * (kr * D + swz<C::WQ>(kr, 2 * kl + ((lane >> 3) & 1)) * 8);
-    }
-#pragma unroll
-    for (int kl = 0; kl < KVn; ++kl)
-      vaddr[kl] = smem_addr(sv) + 2 * (vr * DV + swz<C::WV>(vr, 2 * kl + (lane >> 4)) * 8);
-  }
+  const TileAddr<D, DV, MT> ad(sq, sk, sv, wrow, lane);
+  const TileRows tr{P + i0, P + iend, nk, rph};
 
   for (int it = 0; it < ntiles; ++it) {
     // Tile it has landed and every warp is done with tile it-1, whose stage
@@ -149,123 +130,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_fwd(const Params p) {
     __syncthreads();
     if (it + 1 < ntiles) load_kv(n_lo + it + 1, (it + 1) % kStages);
     cp_async_commit();
-    const int n = n_lo + it;
     const uint32_t koff = 2 * (it % kStages) * C::KE, voff = 2 * (it % kStages) * C::VE;
-
-    // S = Q·Kᵀ
-    float s[MT][NT][4];
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < NT; ++ni) s[mi][ni][0] = s[mi][ni][1] = s[mi][ni][2] = s[mi][ni][3] = 0.f;
-    auto qk_step = [&](int kk, uint32_t kh_off) {
-      uint32_t a[MT][4];
-#pragma unroll
-      for (int mi = 0; mi < MT; ++mi) ldsm_x4(a[mi], qaddr[kk % 4] + kh_off + 2 * mi * 16 * D);
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        uint32_t bb[4];
-        ldsm_x4(bb, kaddr[kk % 4] + koff + kh_off + 2 * np * 16 * D);
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi) {
-          mma16816(s[mi][2 * np], a[mi], bb[0], bb[1]);
-          mma16816(s[mi][2 * np + 1], a[mi], bb[2], bb[3]);
-        }
-      }
-    };
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) qk_step(kk, 128 * (kk / 4));
-
-    // Mask where the tile crosses the diagonal, the window start or the keys' end.
-    const int j0 = n * kBN;
-    const bool need = (j0 + kBN > nk) ||
-                      (p.causal && (j0 + kBN - 1 > P + i0 || (p.window > 0 && j0 < P + iend - p.window)));
-    if (need) {
-#pragma unroll
-      for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int pos = P + i0 + ((wrow + mi * 16) & (rph - 1)) + g + (e >= 2 ? 8 : 0);
-            const int j = j0 + ni * 8 + 2 * t4 + (e & 1);
-            bool ok = j < nk;
-            if (p.causal) ok = ok && j <= pos && (p.window <= 0 || j > pos - p.window);
-            if (!ok) s[mi][ni][e] = -INFINITY;
-          }
-    }
-
-    // Online softmax (log2 domain), the max raised lazily (kRescaleSlack).
-    float mx[MT][2];
-    bool raise = false;
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float v = -INFINITY;
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni) v = fmaxf(v, fmaxf(s[mi][ni][2 * hh], s[mi][ni][2 * hh + 1]));
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-        mx[mi][hh] = v * sl2;
-        raise = raise || mx[mi][hh] > m[mi][hh] + kRescaleSlack;  // -inf + slack: any finite max raises
-      }
-    if (__any_sync(0xffffffffu, raise)) {
-#pragma unroll
-      for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float mnew = fmaxf(m[mi][hh], mx[mi][hh]);
-          const float corr = mnew == -INFINITY ? 1.f : ex2(m[mi][hh] - mnew);
-          m[mi][hh] = mnew;
-          l[mi][hh] *= corr;
-#pragma unroll
-          for (int nt = 0; nt < NO; ++nt) {
-            o[mi][nt][2 * hh] *= corr;
-            o[mi][nt][2 * hh + 1] *= corr;
-          }
-        }
-    }
-    uint32_t pa[MT][kBN / 16][4];
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const float base = m[mi][hh] == -INFINITY ? 0.f : m[mi][hh];
-        float sum = 0.f;
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni) {
-          const float p0 = ex2(fmaf(s[mi][ni][2 * hh], sl2, -base));
-          const float p1 = ex2(fmaf(s[mi][ni][2 * hh + 1], sl2, -base));
-          s[mi][ni][2 * hh] = p0;
-          s[mi][ni][2 * hh + 1] = p1;
-          sum += p0 + p1;
-        }
-        l[mi][hh] += sum;
-      }
-#pragma unroll
-      for (int kj = 0; kj < kBN / 16; ++kj) {
-        pa[mi][kj][0] = pack_bf16(s[mi][2 * kj][0], s[mi][2 * kj][1]);
-        pa[mi][kj][1] = pack_bf16(s[mi][2 * kj][2], s[mi][2 * kj][3]);
-        pa[mi][kj][2] = pack_bf16(s[mi][2 * kj + 1][0], s[mi][2 * kj + 1][1]);
-        pa[mi][kj][3] = pack_bf16(s[mi][2 * kj + 1][2], s[mi][2 * kj + 1][3]);
-      }
-    }
-
-    // O += P·V
-#pragma unroll
-    for (int kj = 0; kj < kBN / 16; ++kj) {
-#pragma unroll
-      for (int dp = 0; dp < DV / 16; ++dp) {
-        uint32_t bb[4];
-        ldsm_x4_t(bb, vaddr[dp % 4] + voff + 128 * (dp / 4) + 2 * kj * 16 * DV);
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi) {
-          mma16816(o[mi][2 * dp], pa[mi][kj], bb[0], bb[1]);
-          mma16816(o[mi][2 * dp + 1], pa[mi][kj], bb[2], bb[3]);
-        }
-      }
-    }
+    attend_tile<D, DV, MT>(o, m, l, ad, koff, voff, (n_lo + it) * kBN, tr, p.causal, p.window, wrow, sl2);
   }
   cp_async_wait<0>();
 

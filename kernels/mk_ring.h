@@ -62,6 +62,19 @@ MK_API int32_t mk_ring_attn_bf16(uint64_t stream, int32_t ranks, const uint64_t*
                                  uint64_t sinks, int32_t causal, uint64_t ws, uint64_t ws_bytes, int64_t timeout_ns,
                                  int32_t fault_rank);
 
+/* mk_ring_attn_bf16 with gather buffers (ABI 12): per rank, KBUF0 and VBUF0
+ * hold (ranks-1)*maxLk rows (maxLk the largest rank's kv rows), the chunk of
+ * step s in rows (s-1)*maxLk..; KBUF1 and VBUF1 are ignored. The chunks
+ * still travel rank to rank, but none is overwritten during the call, so a
+ * compute CTA takes one query tile through all the steps with its softmax
+ * state in registers, waiting only for each chunk it sees to arrive (no
+ * state round trip through the workspace, one work item per tile instead of
+ * one per tile and step). Same arguments, workspace and watchdog. */
+MK_API int32_t mk_ring_attn_gather_bf16(uint64_t stream, int32_t ranks, const uint64_t* ptrs,
+                                        const int32_t* qspans, const int32_t* kvspans, int32_t out_dtype,
+                                        int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
+                                        uint32_t scale_bits, int32_t window, uint64_t sinks, int32_t causal,
+                                        uint64_t ws, uint64_t ws_bytes, int64_t timeout_ns, int32_t fault_rank);
 /* The same ring for ONE rank `me` of `ranks` whose peers run their own
  * mk_ring_attn_rank (other processes, one per GPU or several on one GPU, or
  * other streams): every rank calls it with the same qspans, kvspans, shape

@@ -48,8 +48,9 @@ extern "C" {
  *    (MK_NORM_ROPE_FAST); mk_add_rmsnorm_f32 may also write bf16 (outb).
  * 11: mk_paged_attn_bf16 takes out_bf16 (the output rounded to bf16 too);
  *    mk_moe_route_experts (out may be 0), mk_moe_combine_add_rmsnorm_f32,
- *    mk_gemm_skinny_bf16. */
-#define MK_ABI_VERSION 11
+ *    mk_gemm_skinny_bf16.
+ * 12: mk_ring_attn_gather_bf16. */
+#define MK_ABI_VERSION 12
 
 /* Status codes. */
 enum {

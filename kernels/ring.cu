@@ -135,7 +135,9 @@ struct Params {
   long long timeout_ns;
   int ranks, heads, group, hd, vhd, window, causal, out_f32, vec;
   int hpb, rph_log2, hg, tmax;
-  int mode;         // 0: the ring; 1: one step (separate baseline)
+  int mode;         // 0: the ring; 1: one step (separate baseline); 2: the ring into gather buffers
+  int gather;       // mode 2: kb[0]/vb[0] hold gcap rows per step 1..R-1 (no buffer is rewritten)
+  int gcap;         // mode 2: rows per gather slot (the largest chunk)
   int step;         // mode 1: the step
   int ncomm;        // mode 0: comm CTAs per rank (0 when ranks == 1)
   int fault_rank;   // rank whose comm CTAs do nothing, or -1
@@ -244,6 +246,8 @@ __device__ bool wait_buffer_free(const Params& p, int r, int s, int part) {
   return wait_geq(p, p.rem_in + kRemRel + b, want, r, 1, s, part, 1);
 }
 
+constexpr int kCopyDepth = 8;
+
 // copy_part copies part `part` of `parts` of n bytes from src to dst through
 // L2 (16-byte accesses when both are 16-byte aligned, else 2-byte ones).
 __device__ void copy_part(char* dst, const char* src, int64_t n, int part, int parts) {
@@ -255,13 +259,14 @@ __device__ void copy_part(char* dst, const char* src, int64_t n, int part, int p
     const uint4* s = reinterpret_cast<const uint4*>(src);
     uint4* d = reinterpret_cast<uint4*>(dst);
     int64_t i = lo + threadIdx.x;
-    for (; i + 3 * kThreads < hi; i += 4 * kThreads) {
-      const uint4 a = __ldcg(s + i), b = __ldcg(s + i + kThreads), c = __ldcg(s + i + 2 * kThreads),
-                  e = __ldcg(s + i + 3 * kThreads);
-      __stcg(d + i, a);
-      __stcg(d + i + kThreads, b);
-      __stcg(d + i + 2 * kThreads, c);
-      __stcg(d + i + 3 * kThreads, e);
+    // kCopyDepth 16-byte loads in flight per thread: a comm CTA's copy is
+    // bound by the bytes it keeps in flight (latency × rate).
+    for (; i + (kCopyDepth - 1) * kThreads < hi; i += kCopyDepth * kThreads) {
+      uint4 x[kCopyDepth];
+#pragma unroll
+      for (int u = 0; u < kCopyDepth; ++u) x[u] = __ldcg(s + i + u * kThreads);
+#pragma unroll
+      for (int u = 0; u < kCopyDepth; ++u) __stcg(d + i + u * kThreads, x[u]);
     }
     for (; i < hi; i += kThreads) __stcg(d + i, __ldcg(s + i));
     if (part == parts - 1)
@@ -276,8 +281,65 @@ __device__ void copy_part(char* dst, const char* src, int64_t n, int part, int p
   }
 }
 
-// comm_role forwards rank r's chunks (part `part` of ncomm) around the ring.
-// False when a wait gave up.
+// Slot is one query tile: rank r's rows i0..iend-1 of query span [qlo, qlo+L)
+// (buffer rows from qrow0), query heads h0..h0+hpb-1 of kv head kvh.
+struct Slot {
+  int r, tile;  // tile: the slot's index within rank r (t·hg + head group)
+  int qlo, L, qrow0, i0, iend, h0, kvh;
+};
+
+// slot_at is slot (rank r, tile t, head group hg); t counts span 1's tiles
+// from its last, then span 0's from its last (heaviest tiles first).
+__device__ __forceinline__ Slot slot_at(const Params& p, int r, int t, int hg) {
+  Slot q;
+  q.r = r;
+  q.tile = t * p.hg + hg;
+  const int tc1 = p.tc[r][1], tc0 = p.tc[r][0];
+  const int seg = t < tc1 ? 1 : 0, ti = t < tc1 ? tc1 - 1 - t : tc0 - 1 - (t - tc1);
+  q.qlo = p.qs[r][2 * seg];
+  q.L = p.qs[r][2 * seg + 1] - q.qlo;
+  q.qrow0 = seg == 0 ? 0 : p.qs[r][1] - p.qs[r][0];
+  q.i0 = ti << p.rph_log2;
+  q.iend = min(q.i0 + (1 << p.rph_log2), q.L);
+  q.h0 = hg * p.hpb;
+  q.kvh = q.h0 / p.group;
+  return q;
+}
+
+// span_tiles is the number of key tiles of span [lo, hi) that slot q sees
+// (causal, window), the first of them in *nlo.
+__device__ __forceinline__ int span_tiles(const Params& p, const Slot& q, int lo, int hi, int* nlo) {
+  *nlo = 0;
+  if (hi <= lo || q.iend <= q.i0) return 0;
+  const int jmax = p.causal ? min(hi - 1, q.qlo + q.iend - 1) : hi - 1;
+  const int jmin = (p.causal && p.window > 0) ? max(lo, q.qlo + q.i0 - p.window + 1) : lo;
+  if (jmax < jmin) return 0;
+  *nlo = (jmin - lo) / kBN;
+  return (jmax - lo) / kBN - *nlo + 1;
+}
+
+// chunk_tiles is the number of key tiles of step s's chunk that slot q sees.
+__device__ __forceinline__ int chunk_tiles(const Params& p, const Slot& q, int s) {
+  const int src = (q.r - s + p.ranks) % p.ranks;
+  int nlo;
+  return span_tiles(p, q, p.ks[src][0], p.ks[src][1], &nlo) + span_tiles(p, q, p.ks[src][2], p.ks[src][3], &nlo);
+}
+
+// chunk_k / chunk_v: rank r's buffer holding the chunk of step s (its own
+// shard at s = 0; else receive buffer s%2, or gather slot s-1).
+__device__ __forceinline__ bf16* chunk_k(const Params& p, int r, int s) {
+  if (s == 0) return const_cast<bf16*>(p.rk[r].k);
+  return p.gather ? p.rk[r].kb[0] + (int64_t)(s - 1) * p.gcap * p.k_stride : p.rk[r].kb[s & 1];
+}
+__device__ __forceinline__ bf16* chunk_v(const Params& p, int r, int s) {
+  if (s == 0) return const_cast<bf16*>(p.rk[r].v);
+  return p.gather ? p.rk[r].vb[0] + (int64_t)(s - 1) * p.gcap * p.v_stride : p.rk[r].vb[s & 1];
+}
+
+// comm_role forwards rank r's chunks (part `part` of ncomm) around the ring:
+// the chunk in hand at step s goes to rank r+1's buffer for step s+1
+// (receive buffer (s+1)%2 once its previous readers released it, or gather
+// slot s, which nobody else writes). False when a wait gave up.
 __device__ bool comm_role(const Params& p, int r, int part) {
   const int R = p.ranks, dst = (r + 1) % R;
   __shared__ int ok_sh;
@@ -286,23 +348,21 @@ __device__ bool comm_role(const Params& p, int r, int part) {
       bool ok = true;
       if (s >= 1) ok = wait_arrival(p, r, s, 1, part);
       // Buffer (s+1)%2 of dst last served step s-1 (a receive buffer from step 1 on).
-      if (ok) ok = wait_buffer_free(p, r, s, part);
+      if (ok && !p.gather) ok = wait_buffer_free(p, r, s, part);
       ok_sh = ok;
     }
     __syncthreads();
     if (!ok_sh) return false;
     const int src = (r - s + R) % R;  // whose chunk rank r holds at step s
     const int rows = (p.ks[src][1] - p.ks[src][0]) + (p.ks[src][3] - p.ks[src][2]);
-    const bf16* ks = s == 0 ? p.rk[r].k : p.rk[r].kb[s & 1];
-    const bf16* vs = s == 0 ? p.rk[r].v : p.rk[r].vb[s & 1];
-    copy_part(reinterpret_cast<char*>(p.rk[dst].kb[(s + 1) & 1]), reinterpret_cast<const char*>(ks),
+    copy_part(reinterpret_cast<char*>(chunk_k(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_k(p, r, s)),
               (int64_t)rows * p.k_stride * 2, part, p.ncomm);
-    copy_part(reinterpret_cast<char*>(p.rk[dst].vb[(s + 1) & 1]), reinterpret_cast<const char*>(vs),
+    copy_part(reinterpret_cast<char*>(chunk_v(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_v(p, r, s)),
               (int64_t)rows * p.v_stride * 2, part, p.ncomm);
     __syncthreads();
     if (threadIdx.x == 0) {
       signal_arrival(p, dst, s + 1, part);
-      signal_consumed(p, r, s);  // done reading rank r's chunk of step s
+      if (!p.gather) signal_consumed(p, r, s);  // done reading rank r's chunk of step s
     }
   }
   if (p.me >= 0 && R > 1) {
@@ -316,307 +376,188 @@ __device__ bool comm_role(const Params& p, int r, int part) {
   return true;
 }
 
-// run_item attends slot (rank r, tile t, head group hg) to the chunk of step s.
+// load_q starts the copy of slot q's query tile into sq (one commit group).
 template <int D, int DV, int MT>
-__device__ void run_item(const Params& p, int r, int s, int t, int hg, bf16* sq, bf16* sk, bf16* sv) {
+__device__ __forceinline__ void load_q(const Params& p, const Slot& q, bf16* sq) {
   using C = Cfg<D, DV, MT>;
-  constexpr int BM = C::BM, NT = kBN / 8, NO = DV / 8;
-  const int R = p.ranks;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int rph = 1 << p.rph_log2;
+  constexpr int TPR = kThreads / C::BM;
+  const int row = threadIdx.x / TPR, sub = threadIdx.x % TPR;
+  const int qi = q.i0 + (row & ((1 << p.rph_log2) - 1)), qh = q.h0 + (row >> p.rph_log2);
+  const bf16* src = qi < q.L ? p.rk[q.r].q + (int64_t)(q.qrow0 + qi) * p.q_stride + (int64_t)qh * p.hd : nullptr;
+  load_row<C::WQ>(sq, row, src, p.hd, sub, TPR, p.vec != 0, p.rk[q.r].q);
+  cp_async_commit();
+}
 
-  // The query tile: span seg of rank r, rows i0.. of it (heaviest tiles first).
-  const int tc1 = p.tc[r][1], tc0 = p.tc[r][0];
-  int seg, ti;
-  if (t < tc1) {
-    seg = 1;
-    ti = tc1 - 1 - t;
-  } else {
-    seg = 0;
-    ti = tc0 - 1 - (t - tc1);
-  }
-  const int qlo = p.qs[r][2 * seg], L = p.qs[r][2 * seg + 1] - qlo;
-  const int qrow0 = seg == 0 ? 0 : p.qs[r][1] - p.qs[r][0];  // the span's first row in Q_r
-  const int i0 = ti * rph, iend = min(i0 + rph, L);
-  const int h0 = hg * p.hpb, kvh = h0 / p.group;
-
-  // The chunk in hand: rank src's keys, two spans stored one after the other.
-  const int src = (r - s + R) % R;
-  const bf16* kc = s == 0 ? p.rk[r].k : p.rk[r].kb[s & 1];
-  const bf16* vc = s == 0 ? p.rk[r].v : p.rk[r].vb[s & 1];
-  // Per kv span sp: positions [klo, khi), first buffer row koff, the first
-  // visible tile nlo and the visible tile count cnt (scalars, not arrays, so
-  // that nothing lands in local memory).
-  const int klo0 = p.ks[src][0], khi0 = p.ks[src][1], klo1 = p.ks[src][2], khi1 = p.ks[src][3];
-  const int koff1 = khi0 - klo0;
-  int nlo0 = 0, cnt0 = 0, nlo1 = 0, cnt1 = 0;
-  auto visible = [&](int lo, int hi, int& nlo, int& cnt) {
-    if (hi > lo && iend > i0) {
-      const int jmax = p.causal ? min(hi - 1, qlo + iend - 1) : hi - 1;
-      const int jmin = (p.causal && p.window > 0) ? max(lo, qlo + i0 - p.window + 1) : lo;
-      if (jmax >= jmin) {
-        nlo = (jmin - lo) / kBN;
-        cnt = (jmax - lo) / kBN - nlo + 1;
-      }
-    }
-  };
-  visible(klo0, khi0, nlo0, cnt0);
-  visible(klo1, khi1, nlo1, cnt1);
-  const int ntiles = cnt0 + cnt1;
-  const bool first = p.mode == 1 || s == 0;
-  const bool last = p.mode == 1 || s == R - 1;
-  if (ntiles == 0 && !first && !last) return;  // nothing visible, state unchanged
-
-  float o[MT][NO][4];
+// State is a warp's online-softmax state for its rows of a slot, in the MMA
+// fragment layout (attend_tile): unnormalised O, running max m, sum l.
+template <int DV, int MT>
+struct State {
+  float o[MT][DV / 8][4];
   float m[MT][2], l[MT][2];
-  const int slot = (t * p.hg + hg);
-  float* st = p.mode == 0 ? p.rk[r].state + (int64_t)slot * C::NS * kThreads + tid : nullptr;
-  if (first) {
+  __device__ __forceinline__ void init() {
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi) {
 #pragma unroll
-      for (int nt = 0; nt < NO; ++nt) o[mi][nt][0] = o[mi][nt][1] = o[mi][nt][2] = o[mi][nt][3] = 0.f;
+      for (int nt = 0; nt < DV / 8; ++nt) o[mi][nt][0] = o[mi][nt][1] = o[mi][nt][2] = o[mi][nt][3] = 0.f;
       m[mi][0] = m[mi][1] = -INFINITY;
       l[mi][0] = l[mi][1] = 0.f;
     }
-  } else {
+  }
+  // load / store: the thread's values at st (stride kThreads, coalesced), through L2.
+  __device__ __forceinline__ void load(const float* st) {
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi) {
 #pragma unroll
-      for (int nt = 0; nt < NO; ++nt)
+      for (int nt = 0; nt < DV / 8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[mi][nt][e] = __ldcg(st + ((mi * NO + nt) * 4 + e) * kThreads);
+        for (int e = 0; e < 4; ++e) o[mi][nt][e] = __ldcg(st + ((mi * (DV / 8) + nt) * 4 + e) * kThreads);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        m[mi][hh] = __ldcg(st + (MT * NO * 4 + mi * 4 + hh * 2) * kThreads);
-        l[mi][hh] = __ldcg(st + (MT * NO * 4 + mi * 4 + hh * 2 + 1) * kThreads);
+        m[mi][hh] = __ldcg(st + (MT * (DV / 8) * 4 + mi * 4 + hh * 2) * kThreads);
+        l[mi][hh] = __ldcg(st + (MT * (DV / 8) * 4 + mi * 4 + hh * 2 + 1) * kThreads);
       }
     }
   }
-
-  const bool vec = p.vec != 0;
-  const int wrow = warp * 16 * MT;
-  const int g = lane / 4, t4 = lane % 4;
-  if (ntiles > 0) {
-    {
-      constexpr int TPR = kThreads / BM;
-      const int row = tid / TPR, sub = tid % TPR;
-      const int qi = i0 + (row & (rph - 1)), qh = h0 + (row >> p.rph_log2);
-      const bf16* qsrc = qi < L ? p.rk[r].q + (int64_t)(qrow0 + qi) * p.q_stride + (int64_t)qh * p.hd : nullptr;
-      load_row<C::WQ>(sq, row, qsrc, p.hd, sub, TPR, vec, p.rk[r].q);
-      cp_async_commit();
-    }
-    constexpr int KTPR = kThreads / kBN;
-    const int lrow = tid / KTPR, lsub = tid % KTPR;
-    auto load_kv = [&](int it, int stage) {
-      const bool s1 = it >= cnt0;
-      const int klo = s1 ? klo1 : klo0;
-      const int j = klo + (s1 ? nlo1 + it - cnt0 : nlo0 + it) * kBN + lrow;
-      const bf16* kp = nullptr;
-      const bf16* vp = nullptr;
-      if (j < (s1 ? khi1 : khi0)) {
-        const int64_t row = (s1 ? koff1 : 0) + (j - klo);
-        kp = kc + row * p.k_stride + (int64_t)kvh * p.hd;
-        vp = vc + row * p.v_stride + (int64_t)kvh * p.vhd;
-      }
-      load_row<C::WQ>(sk + stage * C::KE, lrow, kp, p.hd, lsub, KTPR, vec, kc);
-      load_row<C::WV>(sv + stage * C::VE, lrow, vp, p.vhd, lsub, KTPR, vec, vc);
-    };
-    load_kv(0, 0);
-    cp_async_commit();
-
-    const float sl2 = p.scale_log2;
-    constexpr int KQ = C::WQ / 2 < 4 ? C::WQ / 2 : 4;
-    constexpr int KVn = C::WV / 2 < 4 ? C::WV / 2 : 4;
-    uint32_t qaddr[KQ], kaddr[KQ], vaddr[KVn];
-    {
-      const int qr = wrow + (lane & 15);
-      const int kr = (lane & 7) + ((lane >> 4) << 3);
-      const int vr = (lane & 7) + (((lane >> 3) & 1) << 3);
+  __device__ __forceinline__ void store(float* st) const {
 #pragma unroll
-      for (int kl = 0; kl < KQ; ++kl) {
-        qaddr[kl] = smem_addr(sq) + 2 * (qr * D + swz<C::WQ>(qr, 2 * kl + (lane >> 4)) * 8);
-        kaddr[kl] = smem_addr(sk) + 2 * (kr * D + swz<C::WQ>(kr, 2 * kl + ((lane >> 3) & 1)) * 8);
-      }
+    for (int mi = 0; mi < MT; ++mi) {
 #pragma unroll
-      for (int kl = 0; kl < KVn; ++kl)
-        vaddr[kl] = smem_addr(sv) + 2 * (vr * DV + swz<C::WV>(vr, 2 * kl + (lane >> 4)) * 8);
-    }
-
-    for (int it = 0; it < ntiles; ++it) {
-      cp_async_wait<0>();
-      __syncthreads();
-      if (it + 1 < ntiles) load_kv(it + 1, (it + 1) % kStages);
-      cp_async_commit();
-      const bool s1 = it >= cnt0;
-      const int j0 = (s1 ? klo1 : klo0) + (s1 ? nlo1 + it - cnt0 : nlo0 + it) * kBN;  // the tile's first key
-      const int jend = s1 ? khi1 : khi0;
-      const uint32_t koffb = 2 * (it % kStages) * C::KE, voffb = 2 * (it % kStages) * C::VE;
-
-      float sc[MT][NT][4];
+      for (int nt = 0; nt < DV / 8; ++nt)
 #pragma unroll
-      for (int mi = 0; mi < MT; ++mi)
+        for (int e = 0; e < 4; ++e) __stcg(st + ((mi * (DV / 8) + nt) * 4 + e) * kThreads, o[mi][nt][e]);
 #pragma unroll
-        for (int ni = 0; ni < NT; ++ni) sc[mi][ni][0] = sc[mi][ni][1] = sc[mi][ni][2] = sc[mi][ni][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t kh_off = 128 * (kk / 4);
-        uint32_t a[MT][4];
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi) ldsm_x4(a[mi], qaddr[kk % 4] + kh_off + 2 * mi * 16 * D);
-#pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-          uint32_t bb[4];
-          ldsm_x4(bb, kaddr[kk % 4] + koffb + kh_off + 2 * np * 16 * D);
-#pragma unroll
-          for (int mi = 0; mi < MT; ++mi) {
-            mma16816(sc[mi][2 * np], a[mi], bb[0], bb[1]);
-            mma16816(sc[mi][2 * np + 1], a[mi], bb[2], bb[3]);
-          }
-        }
-      }
-
-      const int pos0 = qlo + i0;
-      const bool need = (j0 + kBN > jend) ||
-                        (p.causal && (j0 + kBN - 1 > pos0 || (p.window > 0 && j0 < qlo + iend - p.window)));
-      if (need) {
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-          for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int pos = pos0 + ((wrow + mi * 16) & (rph - 1)) + g + (e >= 2 ? 8 : 0);
-              const int j = j0 + ni * 8 + 2 * t4 + (e & 1);
-              bool ok = j < jend;
-              if (p.causal) ok = ok && j <= pos && (p.window <= 0 || j > pos - p.window);
-              if (!ok) sc[mi][ni][e] = -INFINITY;
-            }
-      }
-
-      float mx[MT][2];
-      bool raise = false;
-#pragma unroll
-      for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          float v = -INFINITY;
-#pragma unroll
-          for (int ni = 0; ni < NT; ++ni) v = fmaxf(v, fmaxf(sc[mi][ni][2 * hh], sc[mi][ni][2 * hh + 1]));
-          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-          mx[mi][hh] = v * sl2;
-          raise = raise || mx[mi][hh] > m[mi][hh] + kRescaleSlack;
-        }
-      if (__any_sync(0xffffffffu, raise)) {
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const float mnew = fmaxf(m[mi][hh], mx[mi][hh]);
-            const float corr = mnew == -INFINITY ? 1.f : ex2(m[mi][hh] - mnew);
-            m[mi][hh] = mnew;
-            l[mi][hh] *= corr;
-#pragma unroll
-            for (int nt = 0; nt < NO; ++nt) {
-              o[mi][nt][2 * hh] *= corr;
-              o[mi][nt][2 * hh + 1] *= corr;
-            }
-          }
-      }
-      uint32_t pa[MT][kBN / 16][4];
-#pragma unroll
-      for (int mi = 0; mi < MT; ++mi) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float base = m[mi][hh] == -INFINITY ? 0.f : m[mi][hh];
-          float sum = 0.f;
-#pragma unroll
-          for (int ni = 0; ni < NT; ++ni) {
-            const float p0 = ex2(fmaf(sc[mi][ni][2 * hh], sl2, -base));
-            const float p1 = ex2(fmaf(sc[mi][ni][2 * hh + 1], sl2, -base));
-            sc[mi][ni][2 * hh] = p0;
-            sc[mi][ni][2 * hh + 1] = p1;
-            sum += p0 + p1;
-          }
-          l[mi][hh] += sum;
-        }
-#pragma unroll
-        for (int kj = 0; kj < kBN / 16; ++kj) {
-          pa[mi][kj][0] = pack_bf16(sc[mi][2 * kj][0], sc[mi][2 * kj][1]);
-          pa[mi][kj][1] = pack_bf16(sc[mi][2 * kj][2], sc[mi][2 * kj][3]);
-          pa[mi][kj][2] = pack_bf16(sc[mi][2 * kj + 1][0], sc[mi][2 * kj + 1][1]);
-          pa[mi][kj][3] = pack_bf16(sc[mi][2 * kj + 1][2], sc[mi][2 * kj + 1][3]);
-        }
-      }
-#pragma unroll
-      for (int kj = 0; kj < kBN / 16; ++kj) {
-#pragma unroll
-        for (int dp = 0; dp < DV / 16; ++dp) {
-          uint32_t bb[4];
-          ldsm_x4_t(bb, vaddr[dp % 4] + voffb + 128 * (dp / 4) + 2 * kj * 16 * DV);
-#pragma unroll
-          for (int mi = 0; mi < MT; ++mi) {
-            mma16816(o[mi][2 * dp], pa[mi][kj], bb[0], bb[1]);
-            mma16816(o[mi][2 * dp + 1], pa[mi][kj], bb[2], bb[3]);
-          }
-        }
+      for (int hh = 0; hh < 2; ++hh) {
+        __stcg(st + (MT * (DV / 8) * 4 + mi * 4 + hh * 2) * kThreads, m[mi][hh]);
+        __stcg(st + (MT * (DV / 8) * 4 + mi * 4 + hh * 2 + 1) * kThreads, l[mi][hh]);
       }
     }
+  }
+};
+
+// SpanSh is what the tile loop of one span needs besides the state and
+// the ldmatrix addresses. It lives in shared memory (the values are the
+// same for the whole CTA): the loop's barriers make the compiler read it
+// again where it is used instead of holding it in registers, which the
+// 255-register tile loop would spill to local memory (ncu, 16k tokens:
+// 2.9× flash.cu's local loads and 19 % more time before this).
+struct SpanSh {
+  const bf16* kb;  // the span's first key row, at the slot's kv head
+  const bf16* vb;
+  int nrows;       // rows in the span
+  int row0;        // the first tile's first row within the span
+  int j0;          // its position
+  int cnt;         // tiles
+  TileRows tr;
+};
+
+// attend_span folds key tiles nlo.. nlo+cnt-1 of one span of a chunk into
+// the state: the span holds positions [klo, khi) at buffer rows koff.. of
+// kc / vc. One contiguous range per call, so the loop is flash.cu's. gt
+// counts the tiles this CTA has folded since the slot's query tile was
+// loaded: K/V stages alternate on it across calls, so the first load of a
+// span takes the stage of the tile before last, which every warp finished
+// before the last tile's barrier (no extra barrier between spans). q and
+// sp are in shared memory.
+template <int D, int DV, int MT>
+__device__ __forceinline__ void attend_span(const Params& p, const Slot& q, SpanSh& sp, State<DV, MT>& st,
+                                            const bf16* kc, const bf16* vc, int klo, int khi, int koff, int nlo,
+                                            int cnt, bf16* sk, bf16* sv, const TileAddr<D, DV, MT>& ad, int& gt) {
+  using C = Cfg<D, DV, MT>;
+  constexpr int KTPR = kThreads / kBN;
+  __syncthreads();  // every warp is done with the previous span's sp
+  if (threadIdx.x == 0) {
+    sp.kb = kc + (int64_t)koff * p.k_stride + (int64_t)q.kvh * p.hd;
+    sp.vb = vc + (int64_t)koff * p.v_stride + (int64_t)q.kvh * p.vhd;
+    sp.nrows = khi - klo;
+    sp.row0 = nlo * kBN;
+    sp.j0 = klo + nlo * kBN;
+    sp.cnt = cnt;
+    sp.tr = TileRows{q.qlo + q.i0, q.qlo + q.iend, khi, 1 << p.rph_log2};
+  }
+  __syncthreads();
+  auto load_kv = [&](int n, int stage) {  // tile n of the span's visible ones
+    const int lrow = threadIdx.x / KTPR, lsub = threadIdx.x % KTPR;
+    const int j = sp.row0 + n * kBN + lrow;  // key row within the span
+    const bool in = j < sp.nrows;
+    const bf16* kb = sp.kb;
+    const bf16* vb = sp.vb;
+    load_row<C::WQ>(sk + stage * C::KE, lrow, in ? kb + (int64_t)j * p.k_stride : nullptr, p.hd, lsub, KTPR,
+                    p.vec != 0, kb);
+    load_row<C::WV>(sv + stage * C::VE, lrow, in ? vb + (int64_t)j * p.v_stride : nullptr, p.vhd, lsub, KTPR,
+                    p.vec != 0, vb);
+  };
+  const int wrow = (threadIdx.x / 32) * 16 * MT;
+  load_kv(0, gt % kStages);
+  cp_async_commit();
+  for (int it = 0; it < sp.cnt; ++it, ++gt) {
     cp_async_wait<0>();
+    __syncthreads();
+    if (it + 1 < sp.cnt) load_kv(it + 1, (gt + 1) % kStages);
+    cp_async_commit();
+    const uint32_t stage = gt % kStages;
+    attend_tile<D, DV, MT>(st.o, st.m, st.l, ad, 2 * stage * C::KE, 2 * stage * C::VE, sp.j0 + it * kBN, sp.tr,
+                           p.causal, p.window, wrow, p.scale_log2);
   }
+}
 
-  if (!last) {
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi) {
-#pragma unroll
-      for (int nt = 0; nt < NO; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) __stcg(st + ((mi * NO + nt) * 4 + e) * kThreads, o[mi][nt][e]);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        __stcg(st + (MT * NO * 4 + mi * 4 + hh * 2) * kThreads, m[mi][hh]);
-        __stcg(st + (MT * NO * 4 + mi * 4 + hh * 2 + 1) * kThreads, l[mi][hh]);
-      }
-    }
-    return;
-  }
+// attend_chunk folds what slot q sees of step s's chunk (its two spans,
+// stored one after the other) into the state.
+template <int D, int DV, int MT>
+__device__ __forceinline__ void attend_chunk(const Params& p, const Slot& q, SpanSh& sp, int s, State<DV, MT>& st,
+                                             bf16* sk, bf16* sv, const TileAddr<D, DV, MT>& ad, int& gt) {
+  const int src = (q.r - s + p.ranks) % p.ranks;
+  const bf16* kc = chunk_k(p, q.r, s);
+  const bf16* vc = chunk_v(p, q.r, s);
+  int nlo;
+  int cnt = span_tiles(p, q, p.ks[src][0], p.ks[src][1], &nlo);
+  if (cnt > 0) attend_span<D, DV, MT>(p, q, sp, st, kc, vc, p.ks[src][0], p.ks[src][1], 0, nlo, cnt, sk, sv, ad, gt);
+  cnt = span_tiles(p, q, p.ks[src][2], p.ks[src][3], &nlo);
+  if (cnt > 0)
+    attend_span<D, DV, MT>(p, q, sp, st, kc, vc, p.ks[src][2], p.ks[src][3], p.ks[src][1] - p.ks[src][0], nlo, cnt,
+                           sk, sv, ad, gt);
+}
 
-  // Finalise: normalise (sinks join the denominator when applied), store out and lse.
-  const int out_f32 = p.mode == 1 ? 1 : p.out_f32;
+// finish normalises slot q's state (sinks join the denominator when
+// applied) and stores out (bf16, or f32 when out_f32) and the lse.
+template <int D, int DV, int MT>
+__device__ __forceinline__ void finish(const Params& p, const Slot& q, const State<DV, MT>& st, int out_f32) {
+  constexpr int NO = DV / 8;
+  const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int wrow = (threadIdx.x / 32) * 16 * MT, rph = 1 << p.rph_log2;
+  const RankPtrs& rk = p.rk[q.r];
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float ll = l[mi][hh];
+      float ll = st.l[mi][hh];
       ll += __shfl_xor_sync(0xffffffffu, ll, 1);
       ll += __shfl_xor_sync(0xffffffffu, ll, 2);
       const int row = wrow + mi * 16 + g + hh * 8;
-      const int h = h0 + (row >> p.rph_log2), i = i0 + (row & (rph - 1));
+      const int h = q.h0 + (row >> p.rph_log2), i = q.i0 + (row & (rph - 1));
       float f = 1.f, den = ll;
       if (p.apply_sinks && p.sinks != nullptr) {
         const float sink2 = p.sinks[h] * kLog2e;
-        const float mm = fmaxf(m[mi][hh], sink2);
-        f = ex2(m[mi][hh] - mm);
+        const float mm = fmaxf(st.m[mi][hh], sink2);
+        f = ex2(st.m[mi][hh] - mm);
         den = ll * f + ex2(sink2 - mm);
       }
       const float inv = den > 0.f ? f / den : 0.f;
-      if (i >= L) continue;
-      const int64_t qrow = qrow0 + i;
-      if (p.rk[r].lse != nullptr && t4 == 0)
-        p.rk[r].lse[qrow * p.heads + h] = ll > 0.f ? (m[mi][hh] + log2f(ll)) * kLn2 : -INFINITY;
+      if (i >= q.L) continue;
+      const int64_t qrow = q.qrow0 + i;
+      if (rk.lse != nullptr && t4 == 0)
+        rk.lse[qrow * p.heads + h] = ll > 0.f ? (st.m[mi][hh] + log2f(ll)) * kLn2 : -INFINITY;
       const int64_t base = qrow * p.o_stride + (int64_t)h * p.vhd;
 #pragma unroll
       for (int nt = 0; nt < NO; ++nt) {
         const int col = nt * 8 + 2 * t4;
         if (col >= p.vhd) continue;
-        const float v0 = o[mi][nt][2 * hh] * inv, v1 = o[mi][nt][2 * hh + 1] * inv;
+        const float v0 = st.o[mi][nt][2 * hh] * inv, v1 = st.o[mi][nt][2 * hh + 1] * inv;
         if (out_f32) {
-          float* dst = static_cast<float*>(p.rk[r].out) + base + col;
+          float* dst = static_cast<float*>(rk.out) + base + col;
           dst[0] = v0;
           if (col + 1 < p.vhd) dst[1] = v1;
         } else {
-          bf16* dst = static_cast<bf16*>(p.rk[r].out) + base + col;
+          bf16* dst = static_cast<bf16*>(rk.out) + base + col;
           dst[0] = __float2bfloat16_rn(v0);
           if (col + 1 < p.vhd) dst[1] = __float2bfloat16_rn(v1);
         }
@@ -625,8 +566,84 @@ __device__ void run_item(const Params& p, int r, int s, int t, int hg, bf16* sq,
   }
 }
 
+// slot_sh fills q (shared memory) with slot (rank r, tile t, head group
+// hg) for the whole CTA.
+__device__ __forceinline__ void slot_sh(const Params& p, Slot& q, int r, int t, int hg) {
+  if (threadIdx.x == 0) q = slot_at(p, r, t, hg);
+  __syncthreads();
+}
+
+// run_item attends slot (rank r, tile t, head group hg) to the chunk of
+// step s (mode 0: the state goes through the workspace between steps; mode
+// 1: one step, normalised partial output in f32).
+template <int D, int DV, int MT>
+__device__ void run_item(const Params& p, int r, int s, int t, int hg, bf16* sq, bf16* sk, bf16* sv) {
+  using C = Cfg<D, DV, MT>;
+  __shared__ Slot q;
+  __shared__ SpanSh sp;
+  slot_sh(p, q, r, t, hg);
+  const int ntiles = chunk_tiles(p, q, s);
+  const bool first = p.mode == 1 || s == 0;
+  const bool last = p.mode == 1 || s == p.ranks - 1;
+  if (ntiles == 0 && !first && !last) return;  // nothing visible, state unchanged
+
+  State<DV, MT> st;
+  float* sv_state = p.mode == 0 ? p.rk[r].state + (int64_t)q.tile * C::NS * kThreads + threadIdx.x : nullptr;
+  if (first)
+    st.init();
+  else
+    st.load(sv_state);
+  if (ntiles > 0) {
+    load_q<D, DV, MT>(p, q, sq);
+    const TileAddr<D, DV, MT> ad(sq, sk, sv, (threadIdx.x / 32) * 16 * MT, threadIdx.x % 32);
+    int gt = 0;
+    attend_chunk<D, DV, MT>(p, q, sp, s, st, sk, sv, ad, gt);
+    cp_async_wait<0>();
+  }
+  if (!last) {
+    st.store(sv_state);
+    return;
+  }
+  finish<D, DV, MT>(p, q, st, p.mode == 1 ? 1 : p.out_f32);
+}
+
+// run_slot attends slot (rank r, tile t, head group hg) to every chunk in
+// step order (mode 2, gather buffers: no chunk is overwritten, so a CTA
+// keeps the slot's state in registers across the steps and waits for each
+// chunk it sees to arrive). False when a wait gave up.
+template <int D, int DV, int MT>
+__device__ bool run_slot(const Params& p, int r, int t, int hg, bf16* sq, bf16* sk, bf16* sv) {
+  __shared__ int ok_slot;
+  __shared__ Slot q;
+  __shared__ SpanSh sp;
+  slot_sh(p, q, r, t, hg);
+  State<DV, MT> st;
+  st.init();
+  const TileAddr<D, DV, MT> ad(sq, sk, sv, (threadIdx.x / 32) * 16 * MT, threadIdx.x % 32);
+  int gt = 0;
+  bool loaded = false;
+  for (int s = 0; s < p.ranks; ++s) {
+    if (chunk_tiles(p, q, s) == 0) continue;
+    if (s > 0) {
+      if (threadIdx.x == 0) ok_slot = wait_arrival(p, r, s, 0, q.tile);
+      __syncthreads();
+      if (!ok_slot) return false;
+    }
+    if (!loaded) {
+      load_q<D, DV, MT>(p, q, sq);
+      loaded = true;
+    }
+    attend_chunk<D, DV, MT>(p, q, sp, s, st, sk, sv, ad, gt);
+  }
+  cp_async_wait<0>();
+  finish<D, DV, MT>(p, q, st, p.out_f32);
+  return true;
+}
+
 // ring_kernel: mode 0, the whole ring (comm CTAs first in the grid, then
-// compute CTAs); mode 1, step p.step of every rank, compute only.
+// compute CTAs); mode 1, step p.step of every rank, compute only; mode 2,
+// the ring into gather buffers (comm CTAs first, then slot-at-a-time
+// compute CTAs).
 template <int D, int DV, int MT>
 __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant__ Params p) {
   using C = Cfg<D, DV, MT>;
@@ -637,7 +654,7 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
   __shared__ int idx_sh, ok_sh;
   const int R = p.ranks;
   const bool local = p.me >= 0;  // rank-local: only rank me's comm CTAs and slots
-  const int ncomm_all = p.mode == 0 ? p.ncomm * (local ? 1 : R) : 0;
+  const int ncomm_all = p.mode != 1 ? p.ncomm * (local ? 1 : R) : 0;
   if ((int)blockIdx.x < ncomm_all) {
     const int r = local ? p.me : blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
     if (r == p.fault_rank) return;  // fault injection: this rank never sends
@@ -645,6 +662,20 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
     // Sent everything: join the compute below.
   }
   const int nslots = p.tmax * p.hg * (local ? 1 : R);
+  if (p.mode == 2) {
+    for (;;) {
+      if (threadIdx.x == 0) idx_sh = atomicAdd(p.ctl + kQueue, 1);
+      __syncthreads();
+      const int idx = idx_sh;
+      __syncthreads();
+      if (idx >= nslots) return;
+      const int r = idx % R, rest = idx / R;  // ranks interleaved, heaviest tiles first
+      const int hg = rest % p.hg, t = rest / p.hg;
+      if (t >= p.tc[r][0] + p.tc[r][1]) continue;
+      if (!run_slot<D, DV, MT>(p, r, t, hg, sq, sk, sv)) return;
+      __syncthreads();  // every warp is done with the slot's shared memory
+    }
+  }
   int s = p.mode == 1 ? p.step : 0;
   const int s_end = p.mode == 1 ? p.step + 1 : R;
   while (s < s_end) {
@@ -812,7 +843,7 @@ int layout_for(int ranks, const int32_t* qspans, int heads, const Shape& sh, int
 
 int check_common(const char* fn, int32_t ranks, const uint64_t* ptrs, const int32_t* qspans, const int32_t* kvspans,
                  int32_t out_dtype, int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
-                 float scale, int32_t window, int32_t causal, uint64_t ws, int me = -1) {
+                 float scale, int32_t window, int32_t causal, uint64_t ws, int me = -1, int gather = 0) {
   MK_ARG(ranks >= 1 && ranks <= kMaxRanks, "%s: ranks=%d must be in [1, %d]", fn, ranks, kMaxRanks);
   MK_ARG(ptrs && qspans && kvspans, "%s: ptrs, qspans and kvspans must be non-null", fn);
   MK_ARG(ws != 0 && ws % 16 == 0, "%s: ws must be a non-null 16-byte aligned workspace", fn);
@@ -842,7 +873,7 @@ int check_common(const char* fn, int32_t ranks, const uint64_t* ptrs, const int3
            r);
     MK_ARG(!mine || !has_k || (pr[MK_RING_K] && pr[MK_RING_V]), "%s: rank %d has keys but a null k or v", fn, r);
     MK_ARG(!(mine || next) || ranks == 1 ||
-               (pr[MK_RING_KBUF0] && pr[MK_RING_KBUF1] && pr[MK_RING_VBUF0] && pr[MK_RING_VBUF1]),
+               (pr[MK_RING_KBUF0] && pr[MK_RING_VBUF0] && (gather || (pr[MK_RING_KBUF1] && pr[MK_RING_VBUF1]))),
            "%s: rank %d: the receive buffers must be non-null when ranks > 1", fn, r);
   }
   return MK_OK;
@@ -966,53 +997,94 @@ extern "C" MK_API int32_t mk_ring_workspace(int32_t ranks, const int32_t* qspans
   return MK_OK;
 }
 
-extern "C" MK_API int32_t mk_ring_attn_bf16(uint64_t stream, int32_t ranks, const uint64_t* ptrs,
-                                            const int32_t* qspans, const int32_t* kvspans, int32_t out_dtype,
-                                            int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
-                                            uint32_t scale_bits, int32_t window, uint64_t sinks, int32_t causal,
-                                            uint64_t ws, uint64_t ws_bytes, int64_t timeout_ns, int32_t fault_rank) {
-  MK_THREAD("mk_ring_attn_bf16");
+namespace {
+
+// ring_launch is mk_ring_attn_bf16 (gather 0) and mk_ring_attn_gather_bf16
+// (gather 1): the emulated ring in one cooperative launch.
+int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, const uint64_t* ptrs,
+                    const int32_t* qspans, const int32_t* kvspans, int32_t out_dtype, int32_t heads, int32_t kv_heads,
+                    int32_t head_dim, int32_t v_head_dim, uint32_t scale_bits, int32_t window, uint64_t sinks,
+                    int32_t causal, uint64_t ws, uint64_t ws_bytes, int64_t timeout_ns, int32_t fault_rank) {
   const float scale = mk::float_from_bits(scale_bits);
-  int rc = check_common("mk_ring_attn_bf16", ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim,
-                        v_head_dim, scale, window, causal, ws);
+  int rc = check_common(fn, ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim, v_head_dim, scale,
+                        window, causal, ws, -1, gather);
   if (rc != MK_OK) return rc;
-  MK_ARG(timeout_ns > 0, "mk_ring_attn_bf16: timeout_ns=%lld must be > 0", (long long)timeout_ns);
-  MK_ARG(fault_rank >= -1 && fault_rank < ranks, "mk_ring_attn_bf16: fault_rank=%d must be -1 or a rank", fault_rank);
+  MK_ARG(timeout_ns > 0, "%s: timeout_ns=%lld must be > 0", fn, (long long)timeout_ns);
+  MK_ARG(fault_rank >= -1 && fault_rank < ranks, "%s: fault_rank=%d must be -1 or a rank", fn, fault_rank);
   Shape sh;
   shape_for(heads, kv_heads, head_dim, v_head_dim, &sh);
   Layout lo;
   layout_for(ranks, qspans, heads, sh, v_head_dim, &lo);
   const uint64_t need = (uint64_t)(lo.ring_bytes > lo.sep_bytes ? lo.ring_bytes : lo.sep_bytes);
-  MK_ARG(ws_bytes >= need, "mk_ring_attn_bf16: workspace of %llu bytes, %llu needed", (unsigned long long)ws_bytes,
+  MK_ARG(ws_bytes >= need, "%s: workspace of %llu bytes, %llu needed", fn, (unsigned long long)ws_bytes,
          (unsigned long long)need);
   size_t smem = 0;
-  KernelFn fn = kernel_for(sh, &smem);
-  MK_ARG(fn != nullptr, "mk_ring_attn_bf16: no kernel for head dims %d/%d", head_dim, v_head_dim);
+  KernelFn kf = kernel_for(sh, &smem);
+  MK_ARG(kf != nullptr, "%s: no kernel for head dims %d/%d", fn, head_dim, v_head_dim);
   int cores = 0;
-  rc = prepare(fn, smem, &cores);
+  rc = prepare(kf, smem, &cores);
   if (rc != MK_OK) return rc;
 
   Params p;
   fill_params(&p, ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks,
               causal, ws, sh, lo);
-  p.mode = 0;
-  p.ncomm = ranks == 1 ? 0 : (4 / ranks > 1 ? 4 / ranks : 1);
+  p.mode = gather ? 2 : 0;
+  p.gather = gather;
+  p.gcap = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const int rows = (kvspans[4 * r + 1] - kvspans[4 * r]) + (kvspans[4 * r + 3] - kvspans[4 * r + 2]);
+    p.gcap = rows > p.gcap ? rows : p.gcap;
+  }
+  // Comm CTAs per rank. Gather mode: a slot waits for each chunk in turn,
+  // so the hops must keep ahead of the first slots; they join the compute
+  // once they have sent everything. Measured at 16k tokens (bench ring,
+  // MK_RING_NCOMM): 4 per rank against 2 gave R = 8 8.59 ms against 9.16,
+  // R = 2 and 4 the same; 1 per rank was 9-16 % slower.
+  p.ncomm = ranks == 1 ? 0 : gather ? kMaxComm : (4 / ranks > 1 ? 4 / ranks : 1);
+  static const int ncomm_env = [] {  // MK_RING_NCOMM=1..4: comm CTAs per rank (measurement)
+    const char* v = getenv("MK_RING_NCOMM");
+    const int n = v ? atoi(v) : 0;
+    return n >= 1 && n <= kMaxComm ? n : 0;
+  }();
+  if (ranks > 1 && ncomm_env > 0) p.ncomm = ncomm_env;
   p.fault_rank = fault_rank;
   p.apply_sinks = 1;
   p.timeout_ns = timeout_ns;
   int64_t slots = 0;
   for (int r = 0; r < ranks; ++r) slots += lo.items[r];
   const int comm = p.ncomm * ranks;
-  MK_ARG(comm < cores, "mk_ring_attn_bf16: %d communication CTAs leave no room for compute (%d co-resident)", comm,
-         cores);
+  MK_ARG(comm < cores, "%s: %d communication CTAs leave no room for compute (%d co-resident)", fn, comm, cores);
   int64_t grid = comm + (slots > 0 ? slots : 1);
   if (grid > cores) grid = cores;
   cudaStream_t st = mk::as_stream(stream);
   MK_CUDA(cudaMemsetAsync(p.ctl, 0, kStateOff - kCtlOff + lo.done_bytes, st));
   void* args[] = {&p};
-  MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fn), dim3((unsigned)grid), dim3(kThreads), args,
+  MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kf), dim3((unsigned)grid), dim3(kThreads), args,
                                       smem, st));
   return MK_OK;
+}
+
+}  // namespace
+
+extern "C" MK_API int32_t mk_ring_attn_bf16(uint64_t stream, int32_t ranks, const uint64_t* ptrs,
+                                            const int32_t* qspans, const int32_t* kvspans, int32_t out_dtype,
+                                            int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
+                                            uint32_t scale_bits, int32_t window, uint64_t sinks, int32_t causal,
+                                            uint64_t ws, uint64_t ws_bytes, int64_t timeout_ns, int32_t fault_rank) {
+  MK_THREAD("mk_ring_attn_bf16");
+  return ring_launch("mk_ring_attn_bf16", 0, stream, ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads,
+                     head_dim, v_head_dim, scale_bits, window, sinks, causal, ws, ws_bytes, timeout_ns, fault_rank);
+}
+
+extern "C" MK_API int32_t mk_ring_attn_gather_bf16(uint64_t stream, int32_t ranks, const uint64_t* ptrs,
+                                                   const int32_t* qspans, const int32_t* kvspans, int32_t out_dtype,
+                                                   int32_t heads, int32_t kv_heads, int32_t head_dim,
+                                                   int32_t v_head_dim, uint32_t scale_bits, int32_t window,
+                                                   uint64_t sinks, int32_t causal, uint64_t ws, uint64_t ws_bytes,
+                                                   int64_t timeout_ns, int32_t fault_rank) {
+  MK_THREAD("mk_ring_attn_gather_bf16");
+  return ring_launch("mk_ring_attn_gather_bf16", 1, stream, ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads,
+                     head_dim, v_head_dim, scale_bits, window, sinks, causal, ws, ws_bytes, timeout_ns, fault_rank);
 }
 
 extern "C" MK_API int32_t mk_ring_attn_rank(uint64_t stream, int32_t ranks, int32_t me, const uint64_t* ptrs,

@@ -16,6 +16,9 @@ var (
 	ringAttnBF16 func(s uint64, ranks int32, ptrs *uint64, qspans, kvspans *int32, outDType, heads, kvHeads,
 		headDim, vHeadDim int32, scale uint32, window int32, sinks uint64, causal int32, ws, wsBytes uint64,
 		timeoutNs int64, faultRank int32) int32
+	ringAttnGatherBF16 func(s uint64, ranks int32, ptrs *uint64, qspans, kvspans *int32, outDType, heads, kvHeads,
+		headDim, vHeadDim int32, scale uint32, window int32, sinks uint64, causal int32, ws, wsBytes uint64,
+		timeoutNs int64, faultRank int32) int32
 	ringSeparateBF16 func(s uint64, ranks int32, ptrs *uint64, qspans, kvspans *int32, outDType, heads, kvHeads,
 		headDim, vHeadDim int32, scale uint32, window int32, sinks uint64, causal int32, ws, wsBytes uint64) int32
 	ringAttnRank func(s uint64, ranks, me int32, ptrs *uint64, qspans, kvspans *int32, outDType, heads, kvHeads,
@@ -28,6 +31,7 @@ var (
 func init() {
 	registerSymbols(
 		symbol{"mk_ring_attn_bf16", &ringAttnBF16},
+		symbol{"mk_ring_attn_gather_bf16", &ringAttnGatherBF16},
 		symbol{"mk_ring_separate_bf16", &ringSeparateBF16},
 		symbol{"mk_ring_attn_rank", &ringAttnRank},
 		symbol{"mk_ring_workspace", &ringWorkspace},
@@ -80,10 +84,22 @@ func (s RingSpan) Len() int { return s.Hi - s.Lo }
 //	Q    [Lq, Heads*HeadDim] bf16      K    [Lk, KVHeads*HeadDim] bf16   V [Lk, KVHeads*VHeadDim] bf16
 //	KBuf [2] × [maxLk, KVHeads*HeadDim] VBuf [2] × [maxLk, KVHeads*VHeadDim] (receive buffers; R > 1)
 //	Out  [Lq, Heads*VHeadDim] (Out)     LSE  [Lq, Heads] f32 or nil
+//
+// Or, instead of KBuf and VBuf, gather buffers that hold every other
+// rank's chunk at once (R > 1; RingAttention only):
+//
+//	KGather [(R−1)·maxLk, KVHeads*HeadDim]   VGather [(R−1)·maxLk, KVHeads*VHeadDim]
+//
+// With gather buffers no chunk is overwritten during the call, so a compute
+// CTA keeps one query tile's softmax state in registers across all R steps
+// (one item per tile instead of R, no state round trip through the
+// workspace) and waits only for each chunk to arrive; the chunks still
+// travel rank to rank. It costs (R−1)/2 times the receive memory.
 type RingRank struct {
-	Q, K, V    *Buffer
-	KBuf, VBuf [2]*Buffer
-	Out, LSE   *Buffer
+	Q, K, V          *Buffer
+	KBuf, VBuf       [2]*Buffer
+	KGather, VGather *Buffer
+	Out, LSE         *Buffer
 }
 
 // RingArgs describes one ring attention over len(QSpans) ranks.
@@ -219,20 +235,23 @@ func (d *Device) NewRingWorkspace(a RingArgs) (*Buffer, error) {
 // With me >= 0 (rank-local) only ranks[me] is checked in full, and the
 // receive buffers of me and me+1; the other entries are ignored.
 func (d *Device) ringCall(op string, ranks []RingRank, sinks, ws *Buffer, a *RingArgs, me int) (ptrs []uint64,
-	qs, ks []int32, sk uint64, err error) {
+	qs, ks []int32, sk uint64, gather bool, err error) {
 	if err := d.ready(op); err != nil {
-		return nil, nil, nil, 0, err
+		return nil, nil, nil, 0, false, err
 	}
 	if err := a.check(op); err != nil {
-		return nil, nil, nil, 0, err
+		return nil, nil, nil, 0, false, err
 	}
 	R := len(a.QSpans)
 	if len(ranks) != R {
-		return nil, nil, nil, 0, fmt.Errorf("kernels: %s: %d ranks of buffers for %d span pairs", op, len(ranks), R)
+		return nil, nil, nil, 0, false, fmt.Errorf("kernels: %s: %d ranks of buffers for %d span pairs", op, len(ranks), R)
 	}
 	maxLk := 0
 	for _, s := range a.kv() {
 		maxLk = max(maxLk, spanRows(s))
+	}
+	if gather, err = ringUsesGather(op, ranks, me); err != nil {
+		return nil, nil, nil, 0, false, err
 	}
 	H, KV, D, DV := int64(a.Heads), int64(a.KVHeads), int64(a.HeadDim), int64(a.VHeadDim)
 	ptrs = make([]uint64, R*ringNPtr)
@@ -249,30 +268,37 @@ func (d *Device) ringCall(op string, ranks []RingRank, sinks, ws *Buffer, a *Rin
 		p := ptrs[r*ringNPtr:]
 		if lq > 0 {
 			if err := need(op, name("Q"), rk.Q, lq*H*D, 2); err != nil {
-				return nil, nil, nil, 0, err
+				return nil, nil, nil, 0, false, err
 			}
 			if err := need(op, name("Out"), rk.Out, lq*H*DV, a.Out.size()); err != nil {
-				return nil, nil, nil, 0, err
+				return nil, nil, nil, 0, false, err
 			}
 			p[0], p[7] = rk.Q.ptr, rk.Out.ptr
 			if rk.LSE != nil {
 				if err := need(op, name("LSE"), rk.LSE, lq*H, 4); err != nil {
-					return nil, nil, nil, 0, err
+					return nil, nil, nil, 0, false, err
 				}
 				p[8] = rk.LSE.ptr
 			}
 		}
 		if lk > 0 {
 			if err := needAll(op, 2, name("K"), rk.K, lk*KV*D, name("V"), rk.V, lk*KV*DV); err != nil {
-				return nil, nil, nil, 0, err
+				return nil, nil, nil, 0, false, err
 			}
 			p[1], p[2] = rk.K.ptr, rk.V.ptr
 		}
-		if R > 1 {
+		if R > 1 && gather {
+			rows := int64(R-1) * int64(max(maxLk, 1))
+			if err := needAll(op, 2, name("KGather"), rk.KGather, rows*KV*D, name("VGather"), rk.VGather,
+				rows*KV*DV); err != nil {
+				return nil, nil, nil, 0, false, err
+			}
+			p[3], p[5] = rk.KGather.ptr, rk.VGather.ptr
+		} else if R > 1 {
 			for i := range 2 {
 				if err := needAll(op, 2, name(fmt.Sprintf("KBuf[%d]", i)), rk.KBuf[i], int64(max(maxLk, 1))*KV*D,
 					name(fmt.Sprintf("VBuf[%d]", i)), rk.VBuf[i], int64(max(maxLk, 1))*KV*DV); err != nil {
-					return nil, nil, nil, 0, err
+					return nil, nil, nil, 0, false, err
 				}
 				p[3+i], p[5+i] = rk.KBuf[i].ptr, rk.VBuf[i].ptr
 			}
@@ -280,14 +306,33 @@ func (d *Device) ringCall(op string, ranks []RingRank, sinks, ws *Buffer, a *Rin
 	}
 	if sinks != nil {
 		if err := need(op, "sinks", sinks, H, 4); err != nil {
-			return nil, nil, nil, 0, err
+			return nil, nil, nil, 0, false, err
 		}
 		sk = sinks.ptr
 	}
 	if ws == nil || ws.ptr == 0 {
-		return nil, nil, nil, 0, fmt.Errorf("kernels: %s: ws is a nil or freed buffer", op)
+		return nil, nil, nil, 0, false, fmt.Errorf("kernels: %s: ws is a nil or freed buffer", op)
 	}
-	return ptrs, flatSpans(a.QSpans), flatSpans(a.kv()), sk, nil
+	return ptrs, flatSpans(a.QSpans), flatSpans(a.kv()), sk, gather, nil
+}
+
+// ringUsesGather says whether ranks hold gather buffers (every rank, R > 1)
+// rather than the two receive buffers; an error when only some do, or for
+// a rank-local call (me >= 0).
+func ringUsesGather(op string, ranks []RingRank, me int) (bool, error) {
+	ng := 0
+	for _, rk := range ranks {
+		if rk.KGather != nil || rk.VGather != nil {
+			ng++
+		}
+	}
+	switch {
+	case ng > 0 && ng != len(ranks):
+		return false, fmt.Errorf("kernels: %s: %d of %d ranks have gather buffers (all or none)", op, ng, len(ranks))
+	case ng > 0 && me >= 0:
+		return false, fmt.Errorf("kernels: %s: gather buffers are for the emulated ring only", op)
+	}
+	return ng > 0 && len(ranks) > 1, nil
 }
 
 // RingAttention runs ring attention over len(ranks) emulated ranks in one
@@ -301,17 +346,21 @@ func (d *Device) ringCall(op string, ranks []RingRank, sinks, ws *Buffer, a *Rin
 // a watchdog timeout (a wait on a flag longer than a.Timeout).
 func (d *Device) RingAttention(s *Stream, ranks []RingRank, sinks, ws *Buffer, a RingArgs) error {
 	const op = "RingAttention"
-	ptrs, qs, ks, sk, err := d.ringCall(op, ranks, sinks, ws, &a, -1)
+	ptrs, qs, ks, sk, gather, err := d.ringCall(op, ranks, sinks, ws, &a, -1)
 	if err != nil {
 		return err
 	}
-	rc := ringAttnBF16(s.handle(), int32(len(ranks)), &ptrs[0], &qs[0], &ks[0], int32(a.Out), int32(a.Heads),
+	fn, name := ringAttnBF16, "mk_ring_attn_bf16"
+	if gather {
+		fn, name = ringAttnGatherBF16, "mk_ring_attn_gather_bf16"
+	}
+	rc := fn(s.handle(), int32(len(ranks)), &ptrs[0], &qs[0], &ks[0], int32(a.Out), int32(a.Heads),
 		int32(a.KVHeads), int32(a.HeadDim), int32(a.VHeadDim), math.Float32bits(a.Scale), int32(a.Window), sk,
 		a.causal(), ws.ptr, uint64(ws.bytes), a.timeoutNs(), int32(a.faultRank-1))
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(qs)
 	runtime.KeepAlive(ks)
-	return d.lib.check("mk_ring_attn_bf16", rc)
+	return d.lib.check(name, rc)
 }
 
 // RingAttentionRankLocal runs rank me's part of a ring attention whose
@@ -356,7 +405,7 @@ func (d *Device) RingAttentionRankLocal(s *Stream, me int, ranks []RingRank, sin
 		}
 		wss[r] = ws[r].ptr
 	}
-	ptrs, qs, ks, sk, err := d.ringCall(op, ranks, sinks, ws[me], &a, me)
+	ptrs, qs, ks, sk, _, err := d.ringCall(op, ranks, sinks, ws[me], &a, me)
 	if err != nil {
 		return err
 	}
@@ -376,9 +425,12 @@ func (d *Device) RingAttentionRankLocal(s *Stream, me int, ranks []RingRank, sin
 // merge launch. Same arguments; the receive buffers are used the same way.
 func (d *Device) RingSeparate(s *Stream, ranks []RingRank, sinks, ws *Buffer, a RingArgs) error {
 	const op = "RingSeparate"
-	ptrs, qs, ks, sk, err := d.ringCall(op, ranks, sinks, ws, &a, -1)
+	ptrs, qs, ks, sk, gather, err := d.ringCall(op, ranks, sinks, ws, &a, -1)
 	if err != nil {
 		return err
+	}
+	if gather {
+		return fmt.Errorf("kernels: %s: takes the two receive buffers, not gather buffers", op)
 	}
 	rc := ringSeparateBF16(s.handle(), int32(len(ranks)), &ptrs[0], &qs[0], &ks[0], int32(a.Out), int32(a.Heads),
 		int32(a.KVHeads), int32(a.HeadDim), int32(a.VHeadDim), math.Float32bits(a.Scale), int32(a.Window), sk,

@@ -114,10 +114,21 @@ func gatherRows[T any](x []T, width int, sp [2]RingSpan) []T {
 	return out
 }
 
+// ringMode is how ringRun runs a case.
+type ringMode int
+
+const (
+	ringDouble   ringMode = iota // RingAttention with the two receive buffers
+	ringGather                   // RingAttention with gather buffers
+	ringSeparate                 // RingSeparate (the baseline)
+)
+
+func (m ringMode) String() string { return [...]string{"ring", "gather", "separate"}[m] }
+
 // ringRun uploads every rank's shards, poisons outputs and receive buffers
-// with NaN, runs RingAttention (separate false) or RingSeparate, and returns
-// out and lse in global row order, plus the RingCheck error.
-func ringRun(t *testing.T, g *GPU, c ringCase, in *ringInputs, separate bool, faultRank int,
+// with NaN, runs the case as mode says, and returns out and lse in global
+// row order, plus the RingCheck error.
+func ringRun(t *testing.T, g *GPU, c ringCase, in *ringInputs, mode ringMode, faultRank int,
 	timeout time.Duration) (out []float32, lse []float32, werr error) {
 	t.Helper()
 	H, KV, D, DV := c.heads, c.kvHeads, c.headDim, c.vHeadDim
@@ -137,9 +148,14 @@ func ringRun(t *testing.T, g *GPU, c ringCase, in *ringInputs, separate bool, fa
 			rk.Q = put(ar, gatherRows(in.qBits, H*D, sp))
 			rk.K = put(ar, gatherRows(in.kBits, KV*D, sp))
 			rk.V = put(ar, gatherRows(in.vBits, KV*DV, sp))
-			for i := range 2 {
-				rk.KBuf[i] = put(ar, bf16Fill(max(maxLk, 1)*KV*D, bf16NaN))
-				rk.VBuf[i] = put(ar, bf16Fill(max(maxLk, 1)*KV*DV, bf16NaN))
+			if mode == ringGather && c.ranks > 1 {
+				rk.KGather = put(ar, bf16Fill((c.ranks-1)*max(maxLk, 1)*KV*D, bf16NaN))
+				rk.VGather = put(ar, bf16Fill((c.ranks-1)*max(maxLk, 1)*KV*DV, bf16NaN))
+			} else {
+				for i := range 2 {
+					rk.KBuf[i] = put(ar, bf16Fill(max(maxLk, 1)*KV*D, bf16NaN))
+					rk.VBuf[i] = put(ar, bf16Fill(max(maxLk, 1)*KV*DV, bf16NaN))
+				}
 			}
 			if c.out == F32 {
 				rk.Out = put(ar, fill32(max(lq, 1)*H*DV, float32(math.NaN())))
@@ -161,7 +177,7 @@ func ringRun(t *testing.T, g *GPU, c ringCase, in *ringInputs, separate bool, fa
 			return
 		}
 		ar.bufs = append(ar.bufs, ws)
-		if separate {
+		if mode == ringSeparate {
 			ar.check(ar.d.RingSeparate(nil, ranks, sinks, ws, a))
 		} else {
 			ar.check(ar.d.RingAttention(nil, ranks, sinks, ws, a))
@@ -236,19 +252,38 @@ func TestRingAttention(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			in := makeRingInputs(newRNG(t), c)
 			wantOut, wantLSE := ringRef(c, in)
-			for _, sep := range []bool{false, true} {
-				name := "ring"
-				if sep {
-					name = "separate"
-				}
-				got, lse, werr := ringRun(t, g, c, in, sep, 0, 0)
+			var ringOut, ringLSE []float32
+			for _, mode := range []ringMode{ringDouble, ringGather, ringSeparate} {
+				got, lse, werr := ringRun(t, g, c, in, mode, 0, 0)
 				if werr != nil {
-					t.Fatalf("%s: %v", name, werr)
+					t.Fatalf("%v: %v", mode, werr)
 				}
-				checkClose(t, name+" out", got, wantOut, 1e-2)
-				checkLSE(t, name, lse, wantLSE)
+				checkClose(t, mode.String()+" out", got, wantOut, 1e-2)
+				checkLSE(t, mode.String(), lse, wantLSE)
+				switch mode {
+				case ringDouble:
+					ringOut, ringLSE = got, lse
+				case ringGather:
+					// The same tiles folded in the same order: the same bits.
+					checkSameBits(t, "gather out against ring", got, ringOut)
+					checkSameBits(t, "gather lse against ring", lse, ringLSE)
+				}
 			}
 		})
+	}
+}
+
+// checkSameBits fails unless got and want are equal bit for bit.
+func checkSameBits(t *testing.T, name string, got, want []float32) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", name, len(got), len(want))
+	}
+	for i := range got {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Errorf("%s: value %d is %v, want %v (bit for bit)", name, i, got[i], want[i])
+			return
+		}
 	}
 }
 
@@ -259,27 +294,29 @@ func TestRingWatchdog(t *testing.T) {
 	g := testGPU(t)
 	c := ringCase{n: 1000, ranks: 4, heads: 4, kvHeads: 1, headDim: 128, vHeadDim: 128, causal: true, out: F32}
 	in := makeRingInputs(newRNG(t), c)
-	start := time.Now()
-	_, _, werr := ringRun(t, g, c, in, false, 2, 50*time.Millisecond)
-	el := time.Since(start)
-	var te *RingTimeoutError
-	if !errors.As(werr, &te) {
-		t.Fatalf("with rank 1's comm disabled: got %v, want a *RingTimeoutError", werr)
-	}
-	if te.Step < 1 || te.Rank < 0 || te.Rank >= c.ranks || (te.Role != "compute" && te.Role != "comm") ||
-		!strings.Contains(te.Error(), "rank") {
-		t.Errorf("implausible record: %+v", te)
-	}
-	t.Logf("watchdog after %v: %v", el, te)
-	if el > 20*time.Second {
-		t.Errorf("the faulty launch took %v", el)
-	}
 	want, _ := ringRef(c, in)
-	got, _, werr := ringRun(t, g, c, in, false, 0, 0)
-	if werr != nil {
-		t.Fatalf("healthy launch after a fault: %v", werr)
+	for _, mode := range []ringMode{ringDouble, ringGather} {
+		start := time.Now()
+		_, _, werr := ringRun(t, g, c, in, mode, 2, 50*time.Millisecond)
+		el := time.Since(start)
+		var te *RingTimeoutError
+		if !errors.As(werr, &te) {
+			t.Fatalf("%v with rank 1's comm disabled: got %v, want a *RingTimeoutError", mode, werr)
+		}
+		if te.Step < 1 || te.Rank < 0 || te.Rank >= c.ranks || (te.Role != "compute" && te.Role != "comm") ||
+			!strings.Contains(te.Error(), "rank") {
+			t.Errorf("%v: implausible record: %+v", mode, te)
+		}
+		t.Logf("%v: watchdog after %v: %v", mode, el, te)
+		if el > 20*time.Second {
+			t.Errorf("%v: the faulty launch took %v", mode, el)
+		}
+		got, _, werr := ringRun(t, g, c, in, mode, 0, 0)
+		if werr != nil {
+			t.Fatalf("%v: healthy launch after a fault: %v", mode, werr)
+		}
+		checkClose(t, mode.String()+" after fault", got, want, 1e-2)
 	}
-	checkClose(t, "after fault", got, want, 1e-2)
 }
 
 // TestRingZigzag checks RingZigzag against attention.ZigzagSplit.
@@ -324,6 +361,29 @@ func TestRingArgsCheck(t *testing.T) {
 		c.mod(&a)
 		if err := a.check("T"); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("got %v, want an error containing %q", err, c.want)
+		}
+	}
+	// Gather buffers: all ranks or none, emulated only.
+	b := &Buffer{}
+	for _, c := range []struct {
+		ranks []RingRank
+		me    int
+		want  bool
+		err   string
+	}{
+		{[]RingRank{{}, {}}, -1, false, ""},
+		{[]RingRank{{KGather: b, VGather: b}, {KGather: b, VGather: b}}, -1, true, ""},
+		{[]RingRank{{KGather: b, VGather: b}}, -1, false, ""}, // one rank: nothing to receive
+		{[]RingRank{{KGather: b, VGather: b}, {}}, -1, false, "1 of 2 ranks"},
+		{[]RingRank{{VGather: b}, {}, {}}, -1, false, "1 of 3 ranks"},
+		{[]RingRank{{KGather: b, VGather: b}, {KGather: b, VGather: b}}, 0, false, "emulated ring only"},
+	} {
+		got, err := ringUsesGather("T", c.ranks, c.me)
+		switch {
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%d ranks, me %d: got %v, want an error containing %q", len(c.ranks), c.me, err, c.err)
+		case c.err == "" && (err != nil || got != c.want):
+			t.Errorf("%d ranks, me %d: got %v, %v, want %v", len(c.ranks), c.me, got, err, c.want)
 		}
 	}
 }

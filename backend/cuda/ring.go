@@ -14,8 +14,9 @@ import (
 //     (each rank gets chunks r and 2R−1−r, so causal work is balanced);
 //   - keys/values: every position [0, Past+Len) of the sequence, split
 //     zigzag the same way, gathered from the pool into each rank's shard —
-//     the chunks then travel around the ring while each rank attends the
-//     one in hand (causal by global position; window and sinks as a);
+//     the chunks then travel around the ring into each rank's gather
+//     buffers while each rank attends the ones that have arrived (causal by
+//     global position; window and sinks as a);
 //   - outputs: every rank's rows scattered back to the span's rows of out.
 //
 // Watchdog: the launch's waits are bounded; RingCheck (a device sync) turns
@@ -106,7 +107,11 @@ func (be *Backend) ringAttention(d *kernels.Device, out, q *kernels.Buffer, pl *
 		return err
 	}
 	outAll := get(int64(L*H*Dv) * 4)
-	recvK, recvV := get(int64(R*2*maxLk*kw)*2), get(int64(R*2*maxLk*vw)*2)
+	// Gather buffers: every rank receives the other R−1 chunks into their
+	// own rows, so the kernel keeps each query tile's state in registers
+	// across the steps (kernels.RingRank).
+	g := int64((R - 1) * maxLk)
+	recvK, recvV := get(int64(R)*g*int64(kw)*2), get(int64(R)*g*int64(vw)*2)
 	ranks := make([]kernels.RingRank, R)
 	for r := range R {
 		lq, lk := int64(qOff[r+1]-qOff[r]), int64(kOff[r+1]-kOff[r])
@@ -118,9 +123,9 @@ func (be *Backend) ringAttention(d *kernels.Device, out, q *kernels.Buffer, pl *
 		rk.K = v(kAll, int64(kOff[r]), lk, int64(kw), 2)
 		rk.V = v(vAll, int64(kOff[r]), lk, int64(vw), 2)
 		rk.Out = v(outAll, int64(qOff[r]), lq, int64(H*Dv), 4)
-		for j := range 2 {
-			rk.KBuf[j] = v(recvK, int64((2*r+j)*maxLk), int64(maxLk), int64(kw), 2)
-			rk.VBuf[j] = v(recvV, int64((2*r+j)*maxLk), int64(maxLk), int64(vw), 2)
+		if R > 1 {
+			rk.KGather = v(recvK, int64(r)*g, g, int64(kw), 2)
+			rk.VGather = v(recvV, int64(r)*g, g, int64(vw), 2)
 		}
 	}
 	ws, err := d.NewRingWorkspace(args)

@@ -33,7 +33,8 @@ type ringBenchResult struct {
 	Causal       bool    `json:"causal"`
 	Window       int     `json:"window"`
 	Iters        int     `json:"iters"`
-	Ms           float64 `json:"ms"`             // ring attention, one persistent launch: median
+	Ms           float64 `json:"ms"`             // ring attention, one persistent launch (gather buffers): median
+	DoubleMs     float64 `json:"double_buffer_ms"` // the same launch with two receive buffers per rank: median
 	SingleRankMs float64 `json:"single_rank_ms"` // FlashAttention over the whole sequence on one rank: median
 	SeparateMs   float64 `json:"separate_ms"`    // the ring from separate launches, copies and merges: median
 	TFLOPs       float64 `json:"tflops"`         // attnFLOPs / Ms
@@ -41,6 +42,7 @@ type ringBenchResult struct {
 	Overhead     float64 `json:"overhead"`            // Ms / SingleRankMs − 1
 	SpeedupSep   float64 `json:"speedup_vs_separate"` // SeparateMs / Ms
 	RelErr       float64 `json:"rel_err"`             // ring output vs the single-rank FlashAttention output (relative L2, all elements)
+	DoubleRelErr float64 `json:"double_buffer_rel_err"`
 	SepRelErr    float64 `json:"separate_rel_err"`    // the same for the separate ring
 	Device       string  `json:"device"`
 }
@@ -99,8 +101,9 @@ func parseRingBench(args []string) (*ringBenchOpts, error) {
 	return o, nil
 }
 
-// benchRing times RingAttention against FlashAttention on the whole
-// sequence (single_rank_ms) and RingSeparate (separate_ms), CUDA events,
+// benchRing times RingAttention (gather buffers: ms; two receive buffers:
+// double_buffer_ms) against FlashAttention on the whole sequence
+// (single_rank_ms) and RingSeparate (separate_ms), CUDA events,
 // random bf16 inputs, the sequence split zigzag over the ranks.
 func benchRing(args []string, stdout io.Writer) error {
 	o, err := parseRingBench(args)
@@ -136,11 +139,11 @@ func printRingBench(w io.Writer, asJSON bool, res []ringBenchResult) error {
 		return printJSONArray(w, res)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "seq\tranks\theads\tkv_heads\thead_dim\tcausal\tms\tsingle_ms\tseparate_ms\tTFLOP/s\toverhead\tvs_separate\trel_err\t")
+	fmt.Fprintln(tw, "seq\tranks\theads\tkv_heads\thead_dim\tcausal\tms\tdouble_ms\tsingle_ms\tseparate_ms\tTFLOP/s\toverhead\tvs_separate\trel_err\t")
 	for _, r := range res {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%v\t%.3f\t%.3f\t%.3f\t%.1f\t%+.1f%%\t%.2fx\t%.2g\t\n", r.Seq, r.Ranks, r.Heads,
-			r.KVHeads, r.HeadDim, r.Causal, r.Ms, r.SingleRankMs, r.SeparateMs, r.TFLOPs, 100*r.Overhead, r.SpeedupSep,
-			r.RelErr)
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%v\t%.3f\t%.3f\t%.3f\t%.3f\t%.1f\t%+.1f%%\t%.2fx\t%.2g\t\n", r.Seq, r.Ranks,
+			r.Heads, r.KVHeads, r.HeadDim, r.Causal, r.Ms, r.DoubleMs, r.SingleRankMs, r.SeparateMs, r.TFLOPs,
+			100*r.Overhead, r.SpeedupSep, r.RelErr)
 	}
 	return tw.Flush()
 }
@@ -254,6 +257,14 @@ func ringBenchOne(d *kernels.Device, o *ringBenchOpts, seq, R int) (ringBenchRes
 				return res, err
 			}
 		}
+		if R > 1 {
+			if rk.KGather, err = alloc(int64(2 * (R - 1) * maxLk * KV * D)); err != nil {
+				return res, err
+			}
+			if rk.VGather, err = alloc(int64(2 * (R - 1) * maxLk * KV * DV)); err != nil {
+				return res, err
+			}
+		}
 		if rk.Out, err = alloc(int64(2 * (sp[0].Len() + sp[1].Len()) * H * DV)); err != nil {
 			return res, err
 		}
@@ -270,8 +281,14 @@ func ringBenchOne(d *kernels.Device, o *ringBenchOpts, seq, R int) (ringBenchRes
 	defer s.Destroy()
 
 	flash := func() error { return d.FlashAttention(s, flashOut, q, k, v, qStart, zero, zero, nil, nil, fa) }
+	// double: the same ranks without their gather buffers.
+	double := slices.Clone(ranks)
+	for i := range double {
+		double[i].KGather, double[i].VGather = nil, nil
+	}
 	ring := func() error { return d.RingAttention(s, ranks, nil, ws, ra) }
-	sep := func() error { return d.RingSeparate(s, ranks, nil, ws, ra) }
+	ring2 := func() error { return d.RingAttention(s, double, nil, ws, ra) }
+	sep := func() error { return d.RingSeparate(s, double, nil, ws, ra) }
 
 	// Correctness first: each ring's output against FlashAttention's.
 	if err := flash(); err != nil {
@@ -324,6 +341,9 @@ func ringBenchOne(d *kernels.Device, o *ringBenchOpts, seq, R int) (ringBenchRes
 	if res.RelErr, err = relErr(ring); err != nil {
 		return res, fmt.Errorf("ring: %w", err)
 	}
+	if res.DoubleRelErr, err = relErr(ring2); err != nil {
+		return res, fmt.Errorf("ring, two receive buffers: %w", err)
+	}
 	if res.SepRelErr, err = relErr(sep); err != nil {
 		return res, fmt.Errorf("separate: %w", err)
 	}
@@ -373,6 +393,9 @@ func ringBenchOne(d *kernels.Device, o *ringBenchOpts, seq, R int) (ringBenchRes
 		return res, err
 	}
 	if res.Ms, err = timeIt(ring); err != nil {
+		return res, err
+	}
+	if res.DoubleMs, err = timeIt(ring2); err != nil {
 		return res, err
 	}
 	if err := d.RingCheck(ws); err != nil {
