@@ -33,17 +33,17 @@ type ringBenchResult struct {
 	Causal       bool    `json:"causal"`
 	Window       int     `json:"window"`
 	Iters        int     `json:"iters"`
-	Ms           float64 `json:"ms"`             // ring attention, one persistent launch (gather buffers): median
+	Ms           float64 `json:"ms"`               // ring attention, one persistent launch (gather buffers): median
 	DoubleMs     float64 `json:"double_buffer_ms"` // the same launch with two receive buffers per rank: median
-	SingleRankMs float64 `json:"single_rank_ms"` // FlashAttention over the whole sequence on one rank: median
-	SeparateMs   float64 `json:"separate_ms"`    // the ring from separate launches, copies and merges: median
-	TFLOPs       float64 `json:"tflops"`         // attnFLOPs / Ms
+	SingleRankMs float64 `json:"single_rank_ms"`   // FlashAttention over the whole sequence on one rank: median
+	SeparateMs   float64 `json:"separate_ms"`      // the ring from separate launches, copies and merges: median
+	TFLOPs       float64 `json:"tflops"`           // attnFLOPs / Ms
 	SingleTFLOPs float64 `json:"single_rank_tflops"`
 	Overhead     float64 `json:"overhead"`            // Ms / SingleRankMs − 1
 	SpeedupSep   float64 `json:"speedup_vs_separate"` // SeparateMs / Ms
 	RelErr       float64 `json:"rel_err"`             // ring output vs the single-rank FlashAttention output (relative L2, all elements)
 	DoubleRelErr float64 `json:"double_buffer_rel_err"`
-	SepRelErr    float64 `json:"separate_rel_err"`    // the same for the separate ring
+	SepRelErr    float64 `json:"separate_rel_err"` // the same for the separate ring
 	Device       string  `json:"device"`
 }
 
