@@ -316,6 +316,18 @@ func (d *Device) ringCall(op string, ranks []RingRank, sinks, ws *Buffer, a *Rin
 	return ptrs, flatSpans(a.QSpans), flatSpans(a.kv()), sk, gather, nil
 }
 
+// RingPreferGather says which receive buffers a ring over `ranks` ranks
+// and `keys` positions in all should get: gather buffers (true) or the two
+// receive buffers (false). Measured on the H200 (2026-11-29, bench ring, 32
+// query heads, 8 kv heads, head dim 128, causal; both builds in one call):
+// gather is 0–5 % faster at 16k positions for every R and at 64k for R = 8,
+// and 3–4 % slower at 64k for R = 2 and 4 (each slot walks all chunks on
+// its own, so the CTAs in flight share less of the K/V they read); at
+// 128k, R = 8, the two tie.
+func RingPreferGather(keys, ranks int) bool {
+	return ranks > 1 && (keys <= 32768 || ranks >= 8)
+}
+
 // ringUsesGather says whether ranks hold gather buffers (every rank, R > 1)
 // rather than the two receive buffers; an error when only some do, or for
 // a rank-local call (me >= 0).

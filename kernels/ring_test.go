@@ -319,6 +319,21 @@ func TestRingWatchdog(t *testing.T) {
 	}
 }
 
+// TestRingPreferGather pins the measured choice of receive buffers.
+func TestRingPreferGather(t *testing.T) {
+	for _, c := range []struct {
+		keys, ranks int
+		want        bool
+	}{
+		{16384, 1, false}, {16384, 2, true}, {32768, 4, true}, {32769, 4, false}, {65536, 2, false},
+		{65536, 8, true}, {131072, 8, true}, {131072, 4, false},
+	} {
+		if got := RingPreferGather(c.keys, c.ranks); got != c.want {
+			t.Errorf("RingPreferGather(%d, %d) = %v, want %v", c.keys, c.ranks, got, c.want)
+		}
+	}
+}
+
 // TestRingZigzag checks RingZigzag against attention.ZigzagSplit.
 func TestRingZigzag(t *testing.T) {
 	for _, n := range []int{0, 1, 13, 777, 1000, 2061} {

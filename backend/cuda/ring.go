@@ -6,6 +6,10 @@ import (
 	"github.com/mkserve/mkserve/kernels"
 )
 
+// ringPreferGather picks the ring's receive buffers (a variable so that
+// tests run both kinds).
+var ringPreferGather = kernels.RingPreferGather
+
 // ringAttention attends the rows of a context-parallel span (SeqSpan.
 // ContextParallel = R) with the ring kernel over R ranks emulated on this
 // GPU (kernels.RingAttention), after its k/v were written to the pool pl:
@@ -14,9 +18,10 @@ import (
 //     (each rank gets chunks r and 2R−1−r, so causal work is balanced);
 //   - keys/values: every position [0, Past+Len) of the sequence, split
 //     zigzag the same way, gathered from the pool into each rank's shard —
-//     the chunks then travel around the ring into each rank's gather
-//     buffers while each rank attends the ones that have arrived (causal by
-//     global position; window and sinks as a);
+//     the chunks then travel around the ring (into gather buffers or the
+//     two receive buffers, kernels.RingPreferGather) while each rank
+//     attends the ones that have arrived (causal by global position;
+//     window and sinks as a);
 //   - outputs: every rank's rows scattered back to the span's rows of out.
 //
 // Watchdog: the launch's waits are bounded; RingCheck (a device sync) turns
@@ -107,10 +112,15 @@ func (be *Backend) ringAttention(d *kernels.Device, out, q *kernels.Buffer, pl *
 		return err
 	}
 	outAll := get(int64(L*H*Dv) * 4)
-	// Gather buffers: every rank receives the other R−1 chunks into their
-	// own rows, so the kernel keeps each query tile's state in registers
-	// across the steps (kernels.RingRank).
-	g := int64((R - 1) * maxLk)
+	// Receive buffers: gather buffers (every rank receives the other R−1
+	// chunks into their own rows, so the kernel keeps each query tile's
+	// state in registers across the steps) where they measured faster,
+	// else the two receive buffers (kernels.RingPreferGather).
+	gather := ringPreferGather(N, R)
+	g := int64(2 * maxLk) // rows per rank
+	if gather {
+		g = int64((R - 1) * maxLk)
+	}
 	recvK, recvV := get(int64(R)*g*int64(kw)*2), get(int64(R)*g*int64(vw)*2)
 	ranks := make([]kernels.RingRank, R)
 	for r := range R {
@@ -123,9 +133,15 @@ func (be *Backend) ringAttention(d *kernels.Device, out, q *kernels.Buffer, pl *
 		rk.K = v(kAll, int64(kOff[r]), lk, int64(kw), 2)
 		rk.V = v(vAll, int64(kOff[r]), lk, int64(vw), 2)
 		rk.Out = v(outAll, int64(qOff[r]), lq, int64(H*Dv), 4)
-		if R > 1 {
+		switch {
+		case R > 1 && gather:
 			rk.KGather = v(recvK, int64(r)*g, g, int64(kw), 2)
 			rk.VGather = v(recvV, int64(r)*g, g, int64(vw), 2)
+		case R > 1:
+			for j := range 2 {
+				rk.KBuf[j] = v(recvK, int64(r)*g+int64(j*maxLk), int64(maxLk), int64(kw), 2)
+				rk.VBuf[j] = v(recvV, int64(r)*g+int64(j*maxLk), int64(maxLk), int64(vw), 2)
+			}
 		}
 	}
 	ws, err := d.NewRingWorkspace(args)

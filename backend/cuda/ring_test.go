@@ -3,6 +3,7 @@ package cuda
 import (
 	"context"
 	"fmt"
+	"github.com/mkserve/mkserve/kernels"
 	"slices"
 	"testing"
 
@@ -75,13 +76,19 @@ func TestRingSpansMatchCPU(t *testing.T) {
 					t.Fatalf("history chunk: relative L2 %.3g", e)
 				}
 			}
-			e := run([]backend.SeqSpan{
-				{ID: 1, Len: 5, Blocks: blocks(200, 5)},
-				{ID: 2, Len: c.L, Past: c.past, Blocks: blocks(1, c.past+c.L), ContextParallel: c.R},
-			})
-			t.Logf("RING %s: relative L2 to the CPU's plain attention %.3g", name, e)
-			if !(e <= 1e-2) {
-				t.Errorf("relative L2 %.3g > 1e-2", e)
+			// Both kinds of receive buffers (kernels.RingPreferGather
+			// gives these short spans gather buffers).
+			defer func() { ringPreferGather = kernels.RingPreferGather }()
+			for _, gather := range []bool{true, false} {
+				ringPreferGather = func(int, int) bool { return gather }
+				e := run([]backend.SeqSpan{
+					{ID: 1, Len: 5, Blocks: blocks(200, 5)},
+					{ID: 2, Len: c.L, Past: c.past, Blocks: blocks(1, c.past+c.L), ContextParallel: c.R},
+				})
+				t.Logf("RING %s gather=%v: relative L2 to the CPU's plain attention %.3g", name, gather, e)
+				if !(e <= 1e-2) {
+					t.Errorf("gather=%v: relative L2 %.3g > 1e-2", gather, e)
+				}
 			}
 		})
 	}

@@ -33,15 +33,17 @@ type ringBenchResult struct {
 	Causal       bool    `json:"causal"`
 	Window       int     `json:"window"`
 	Iters        int     `json:"iters"`
-	Ms           float64 `json:"ms"`               // ring attention, one persistent launch (gather buffers): median
-	DoubleMs     float64 `json:"double_buffer_ms"` // the same launch with two receive buffers per rank: median
+	Ms           float64 `json:"ms"`               // ring attention, one persistent launch, the buffers the backend picks (Buffers): median
+	Buffers      string  `json:"buffers"`          // "gather" or "double" (kernels.RingPreferGather)
+	GatherMs     float64 `json:"gather_ms"`        // the launch with gather buffers: median (0 for one rank)
+	DoubleMs     float64 `json:"double_buffer_ms"` // the launch with two receive buffers per rank: median
 	SingleRankMs float64 `json:"single_rank_ms"`   // FlashAttention over the whole sequence on one rank: median
 	SeparateMs   float64 `json:"separate_ms"`      // the ring from separate launches, copies and merges: median
 	TFLOPs       float64 `json:"tflops"`           // attnFLOPs / Ms
 	SingleTFLOPs float64 `json:"single_rank_tflops"`
 	Overhead     float64 `json:"overhead"`            // Ms / SingleRankMs − 1
 	SpeedupSep   float64 `json:"speedup_vs_separate"` // SeparateMs / Ms
-	RelErr       float64 `json:"rel_err"`             // ring output vs the single-rank FlashAttention output (relative L2, all elements)
+	RelErr       float64 `json:"rel_err"`             // ms's ring output vs the single-rank FlashAttention output (relative L2, all elements)
 	DoubleRelErr float64 `json:"double_buffer_rel_err"`
 	SepRelErr    float64 `json:"separate_rel_err"` // the same for the separate ring
 	Device       string  `json:"device"`
@@ -139,10 +141,10 @@ func printRingBench(w io.Writer, asJSON bool, res []ringBenchResult) error {
 		return printJSONArray(w, res)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "seq\tranks\theads\tkv_heads\thead_dim\tcausal\tms\tdouble_ms\tsingle_ms\tseparate_ms\tTFLOP/s\toverhead\tvs_separate\trel_err\t")
+	fmt.Fprintln(tw, "seq\tranks\theads\tkv_heads\thead_dim\tcausal\tbuffers\tms\tgather_ms\tdouble_ms\tsingle_ms\tseparate_ms\tTFLOP/s\toverhead\tvs_separate\trel_err\t")
 	for _, r := range res {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%v\t%.3f\t%.3f\t%.3f\t%.3f\t%.1f\t%+.1f%%\t%.2fx\t%.2g\t\n", r.Seq, r.Ranks,
-			r.Heads, r.KVHeads, r.HeadDim, r.Causal, r.Ms, r.DoubleMs, r.SingleRankMs, r.SeparateMs, r.TFLOPs,
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%v\t%s\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.1f\t%+.1f%%\t%.2fx\t%.2g\t\n", r.Seq,
+			r.Ranks, r.Heads, r.KVHeads, r.HeadDim, r.Causal, r.Buffers, r.Ms, r.GatherMs, r.DoubleMs, r.SingleRankMs, r.SeparateMs, r.TFLOPs,
 			100*r.Overhead, r.SpeedupSep, r.RelErr)
 	}
 	return tw.Flush()
@@ -338,11 +340,16 @@ func ringBenchOne(d *kernels.Device, o *ringBenchOpts, seq, R int) (ringBenchRes
 		}
 		return e, nil
 	}
-	if res.RelErr, err = relErr(ring); err != nil {
-		return res, fmt.Errorf("ring: %w", err)
+	gatherErr, err := relErr(ring)
+	if err != nil {
+		return res, fmt.Errorf("ring, gather buffers: %w", err)
 	}
 	if res.DoubleRelErr, err = relErr(ring2); err != nil {
 		return res, fmt.Errorf("ring, two receive buffers: %w", err)
+	}
+	res.RelErr = res.DoubleRelErr
+	if kernels.RingPreferGather(seq, R) {
+		res.RelErr = gatherErr
 	}
 	if res.SepRelErr, err = relErr(sep); err != nil {
 		return res, fmt.Errorf("separate: %w", err)
@@ -392,11 +399,17 @@ func ringBenchOne(d *kernels.Device, o *ringBenchOpts, seq, R int) (ringBenchRes
 	if res.SingleRankMs, err = timeIt(flash); err != nil {
 		return res, err
 	}
-	if res.Ms, err = timeIt(ring); err != nil {
-		return res, err
+	if R > 1 {
+		if res.GatherMs, err = timeIt(ring); err != nil {
+			return res, err
+		}
 	}
 	if res.DoubleMs, err = timeIt(ring2); err != nil {
 		return res, err
+	}
+	res.Ms, res.Buffers = res.DoubleMs, "double"
+	if kernels.RingPreferGather(seq, R) {
+		res.Ms, res.Buffers = res.GatherMs, "gather"
 	}
 	if err := d.RingCheck(ws); err != nil {
 		return res, err

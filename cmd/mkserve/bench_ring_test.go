@@ -62,7 +62,8 @@ func TestBenchRingJSONShape(t *testing.T) {
 	if err := json.Unmarshal([]byte(sb.String()), &v); err != nil || strings.Count(sb.String(), "\n") != 1 {
 		t.Fatalf("not one JSON array line: %q (%v)", sb.String(), err)
 	}
-	for _, k := range []string{"seq", "ranks", "ms", "single_rank_ms", "separate_ms", "tflops", "rel_err"} {
+	for _, k := range []string{"seq", "ranks", "ms", "buffers", "gather_ms", "double_buffer_ms", "single_rank_ms",
+		"separate_ms", "tflops", "rel_err"} {
 		if _, ok := v[0][k]; !ok {
 			t.Errorf("JSON object lacks %q: %s", k, sb.String())
 		}
