@@ -107,6 +107,18 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// block_take takes the next index of an atomic work queue (*q) for the
+// whole block: thread 0 adds one, every thread gets the old value (through
+// *sh, the block's shared slot). Two barriers: the value is in *sh for all,
+// and *sh is free again when it returns.
+__device__ __forceinline__ int block_take(int* q, int* sh) {
+  if (threadIdx.x == 0) *sh = atomicAdd(q, 1);
+  __syncthreads();
+  const int v = *sh;
+  __syncthreads();
+  return v;
+}
+
 // pdl_on reports whether mk::launch sets the programmatic attribute.
 bool pdl_on();
 

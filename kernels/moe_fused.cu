@@ -691,10 +691,7 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const __grid_constant__
   // Dispatch role.
   if ((int)blockIdx.x < p.ndisp_ctas) {
     for (;;) {
-      if (threadIdx.x == 0) task_sh = atomicAdd(p.ctl + kQDisp, 1);
-      __syncthreads();
-      const int idx = task_sh;
-      __syncthreads();
+      const int idx = block_take(p.ctl + kQDisp, &task_sh);
       if (idx >= n_disp) break;
       if (!wait_planned()) return;
       const int r = find_rank(p.disp_pre, R, idx);
@@ -705,10 +702,7 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const __grid_constant__
   }
   // Compute and combine.
   for (;;) {
-    if (threadIdx.x == 0) task_sh = atomicAdd(p.ctl + kQMain, 1);
-    __syncthreads();
-    int idx = task_sh;
-    __syncthreads();
+    int idx = block_take(p.ctl + kQMain, &task_sh);
     if (idx >= n_main) break;
     if (idx < n_g1) {
       const int d = find_rank(g1pre, R, idx);

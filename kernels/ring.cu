@@ -664,10 +664,7 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
   const int nslots = p.tmax * p.hg * (local ? 1 : R);
   if (p.mode == 2) {
     for (;;) {
-      if (threadIdx.x == 0) idx_sh = atomicAdd(p.ctl + kQueue, 1);
-      __syncthreads();
-      const int idx = idx_sh;
-      __syncthreads();
+      const int idx = block_take(p.ctl + kQueue, &idx_sh);
       if (idx >= nslots) return;
       const int r = idx % R, rest = idx / R;  // ranks interleaved, heaviest tiles first
       const int hg = rest % p.hg, t = rest / p.hg;
@@ -679,10 +676,7 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
   int s = p.mode == 1 ? p.step : 0;
   const int s_end = p.mode == 1 ? p.step + 1 : R;
   while (s < s_end) {
-    if (threadIdx.x == 0) idx_sh = atomicAdd(p.ctl + kQueue + s, 1);
-    __syncthreads();
-    const int idx = idx_sh;
-    __syncthreads();
+    const int idx = block_take(p.ctl + kQueue + s, &idx_sh);
     if (idx >= nslots) {
       ++s;
       continue;
