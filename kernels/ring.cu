@@ -14,7 +14,16 @@
 // the log-sum-exp. Per item the inner loop is flash.cu's: cp.async 2-stage
 // K/V tiles, mma.sync m16n8k16 bf16, exp2 online softmax with a lazily
 // raised max; masks use global positions, so the zigzag split and chunks of
-// two spans need nothing special.
+// two spans need nothing special. The tile step is attn_tile.cuh's
+// attend_tile (flash.cu's too), run over one contiguous key span at a time
+// with the CTA-uniform values in shared memory (SpanSh).
+//
+// Gather mode (mode 2, mk_ring_attn_gather_bf16): every rank has a receive
+// slot per step (kb[0] / vb[0] hold gcap rows per step 1..R-1), so no
+// buffer is rewritten during the call: compute CTAs take whole slots from
+// one queue and run all R steps with the state in registers (run_slot),
+// waiting only for each chunk's arrival; the comm CTAs forward as below
+// without buffer-release waits; no consumed or done flags.
 //
 // Communication. ncomm CTAs per rank forward the chunk in hand at step s
 // (the own shard at s = 0, else receive buffer s%2) into rank r+1's receive
