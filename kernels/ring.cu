@@ -145,7 +145,7 @@ struct Params {
   int ranks, heads, group, hd, vhd, window, causal, out_f32, vec;
   int hpb, rph_log2, hg, tmax;
   int mode;         // 0: the ring; 1: one step (separate baseline); 2: the ring into gather buffers
-  int gather;       // mode 2: kb[0]/vb[0] hold gcap rows per step 1..R-1 (no buffer is rewritten)
+                    // (kb[0]/vb[0] hold gcap rows per step 1..R-1; no buffer is rewritten)
   int gcap;         // mode 2: rows per gather slot (the largest chunk)
   int step;         // mode 1: the step
   int ncomm;        // mode 0: comm CTAs per rank (0 when ranks == 1)
@@ -338,11 +338,11 @@ __device__ __forceinline__ int chunk_tiles(const Params& p, const Slot& q, int s
 // shard at s = 0; else receive buffer s%2, or gather slot s-1).
 __device__ __forceinline__ bf16* chunk_k(const Params& p, int r, int s) {
   if (s == 0) return const_cast<bf16*>(p.rk[r].k);
-  return p.gather ? p.rk[r].kb[0] + (int64_t)(s - 1) * p.gcap * p.k_stride : p.rk[r].kb[s & 1];
+  return p.mode == 2 ? p.rk[r].kb[0] + (int64_t)(s - 1) * p.gcap * p.k_stride : p.rk[r].kb[s & 1];
 }
 __device__ __forceinline__ bf16* chunk_v(const Params& p, int r, int s) {
   if (s == 0) return const_cast<bf16*>(p.rk[r].v);
-  return p.gather ? p.rk[r].vb[0] + (int64_t)(s - 1) * p.gcap * p.v_stride : p.rk[r].vb[s & 1];
+  return p.mode == 2 ? p.rk[r].vb[0] + (int64_t)(s - 1) * p.gcap * p.v_stride : p.rk[r].vb[s & 1];
 }
 
 // comm_role forwards rank r's chunks (part `part` of ncomm) around the ring:
@@ -357,7 +357,7 @@ __device__ bool comm_role(const Params& p, int r, int part) {
       bool ok = true;
       if (s >= 1) ok = wait_arrival(p, r, s, 1, part);
       // Buffer (s+1)%2 of dst last served step s-1 (a receive buffer from step 1 on).
-      if (ok && !p.gather) ok = wait_buffer_free(p, r, s, part);
+      if (ok && p.mode != 2) ok = wait_buffer_free(p, r, s, part);
       ok_sh = ok;
     }
     __syncthreads();
@@ -371,7 +371,7 @@ __device__ bool comm_role(const Params& p, int r, int part) {
     __syncthreads();
     if (threadIdx.x == 0) {
       signal_arrival(p, dst, s + 1, part);
-      if (!p.gather) signal_consumed(p, r, s);  // done reading rank r's chunk of step s
+      if (p.mode != 2) signal_consumed(p, r, s);  // done reading rank r's chunk of step s
     }
   }
   if (p.me >= 0 && R > 1) {
@@ -1032,7 +1032,6 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   fill_params(&p, ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks,
               causal, ws, sh, lo);
   p.mode = gather ? 2 : 0;
-  p.gather = gather;
   p.gcap = 0;
   for (int r = 0; r < ranks; ++r) {
     const int rows = (kvspans[4 * r + 1] - kvspans[4 * r]) + (kvspans[4 * r + 3] - kvspans[4 * r + 2]);
