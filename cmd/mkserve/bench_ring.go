@@ -103,9 +103,10 @@ func parseRingBench(args []string) (*ringBenchOpts, error) {
 	return o, nil
 }
 
-// benchRing times RingAttention (gather buffers: ms; two receive buffers:
-// double_buffer_ms) against FlashAttention on the whole sequence
-// (single_rank_ms) and RingSeparate (separate_ms), CUDA events,
+// benchRing times RingAttention with gather buffers (gather_ms) and with
+// two receive buffers (double_buffer_ms; ms is the one
+// kernels.RingPreferGather picks) against FlashAttention on the whole
+// sequence (single_rank_ms) and RingSeparate (separate_ms), CUDA events,
 // random bf16 inputs, the sequence split zigzag over the ranks.
 func benchRing(args []string, stdout io.Writer) error {
 	o, err := parseRingBench(args)
@@ -144,8 +145,8 @@ func printRingBench(w io.Writer, asJSON bool, res []ringBenchResult) error {
 	fmt.Fprintln(tw, "seq\tranks\theads\tkv_heads\thead_dim\tcausal\tbuffers\tms\tgather_ms\tdouble_ms\tsingle_ms\tseparate_ms\tTFLOP/s\toverhead\tvs_separate\trel_err\t")
 	for _, r := range res {
 		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%v\t%s\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.1f\t%+.1f%%\t%.2fx\t%.2g\t\n", r.Seq,
-			r.Ranks, r.Heads, r.KVHeads, r.HeadDim, r.Causal, r.Buffers, r.Ms, r.GatherMs, r.DoubleMs, r.SingleRankMs, r.SeparateMs, r.TFLOPs,
-			100*r.Overhead, r.SpeedupSep, r.RelErr)
+			r.Ranks, r.Heads, r.KVHeads, r.HeadDim, r.Causal, r.Buffers, r.Ms, r.GatherMs, r.DoubleMs, r.SingleRankMs,
+			r.SeparateMs, r.TFLOPs, 100*r.Overhead, r.SpeedupSep, r.RelErr)
 	}
 	return tw.Flush()
 }
