@@ -15,6 +15,8 @@
 #          contract (same output as the CPU form, within tolerance);
 #   bench  every benchmark with its baseline in the same run: GEMMs vs
 #          torch.matmul, attention vs torch SDPA, MoE vs a torch loop,
+#          ring attention over emulated ranks vs one rank, separate
+#          launches and torch SDPA (cuDNN, flash),
 #          whole models at real shapes (random weights) against the floor,
 #          `mkserve bench serve` against `mkserve serve --backend cuda`;
 #   serve  only the serving tests and the logits contract;
@@ -39,7 +41,7 @@
 # Environment: OUT (default .dev/out), MK_MODE (default test), MK_BENCHTIME_N
 # (GEMM calls per timed batch, ours and torch's, default 100), MK_COUNT
 # (batches, default 3), MK_SKIP (space-
-# separated bench parts to skip: gemm attention decode moe backend model
+# separated bench parts to skip: gemm attention decode moe ring backend model
 # servebench), MK_TEST_FILTER (a -test.list pattern: only the matching
 # top-level tests run).
 set -uo pipefail
@@ -211,6 +213,8 @@ if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
 	if [ -f scripts/bench_attention.sh ]; then step attention 200 bash scripts/bench_attention.sh "$MK"; fi
 	if [ -f scripts/bench_decode.sh ]; then step decode 200 bash scripts/bench_decode.sh; fi
 	if [ -f scripts/bench_moe.sh ]; then step moe 300 bash scripts/bench_moe.sh "$MK"; fi
+	step ring 300 bash -c "$MK bench ring --seq 16384,65536 --ranks 1,2,4,8 --heads 32 --kv-heads 8 --head-dim 128 \
+		--causal --iters 5 --json && python3 scripts/bench_ring_torch.py 16384,65536"
 	# The CUDA backend on the small checkpoints against transformers (the
 	# backend/cuda benchmarks, then scripts/bench_hf_default.py, one after
 	# the other so neither disturbs the other's timings).

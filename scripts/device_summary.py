@@ -2,7 +2,7 @@
 """Summary table of a scripts/device.sh run: python3 scripts/device_summary.py LOGDIR.
 
 Reads what device.sh wrote (test.log, cuda.log, serve.log, logits.log,
-gemm.log + torch.log, attention.log, decode.log, moe.log, model.log,
+gemm.log + torch.log, attention.log, decode.log, moe.log, ring.log, model.log,
 servebench.log) and prints one short table per part that ran; parts that did not
 run are left out. Nothing here measures anything: it only reformats the logs.
 """
@@ -106,7 +106,7 @@ if t:
         print("  " + " ".join(line.split()))
 
 # Benchmarks that print JSON arrays of objects: one line per object.
-for name in ("attention.log", "decode.log", "moe.log", "model.log"):
+for name in ("attention.log", "decode.log", "moe.log", "ring.log", "model.log"):
     t = read(name)
     if not t:
         continue
