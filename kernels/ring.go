@@ -354,8 +354,11 @@ func ringUsesGather(op string, ranks []RingRank, me int) (bool, error) {
 // non-causal, every key), GQA, sinks [Heads] f32 or nil joining the softmax
 // denominator. Out gets the normalised output; LSE (if given) the natural-log
 // log-sum-exp of each row's visible scores, sinks excluded (−Inf when none).
-// ws is from NewRingWorkspace. The launch is asynchronous: RingCheck reports
-// a watchdog timeout (a wait on a flag longer than a.Timeout).
+// ws is from NewRingWorkspace. The ranks' receive buffers choose the
+// kernel: KBuf/VBuf the two-buffer ring, KGather/VGather (every rank) the
+// ring into gather buffers (RingRank; RingPreferGather says which measured
+// faster). The launch is asynchronous: RingCheck reports a watchdog
+// timeout (a wait on a flag longer than a.Timeout).
 func (d *Device) RingAttention(s *Stream, ranks []RingRank, sinks, ws *Buffer, a RingArgs) error {
 	const op = "RingAttention"
 	ptrs, qs, ks, sk, gather, err := d.ringCall(op, ranks, sinks, ws, &a, -1)
