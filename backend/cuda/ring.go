@@ -10,6 +10,12 @@ import (
 // tests run both kinds).
 var ringPreferGather = kernels.RingPreferGather
 
+// ringGatherMaxBytes caps the gather buffers of one ring call (all ranks'
+// K and V; (R−1)/2 times the two receive buffers' bytes): above it the
+// call takes the two receive buffers even where gather measured faster
+// (R = 8 at 128k positions of 8 kv heads × 128 would hold 3.5 GiB).
+const ringGatherMaxBytes = 2 << 30
+
 // ringAttention attends the rows of a context-parallel span (SeqSpan.
 // ContextParallel = R) with the ring kernel over R ranks emulated on this
 // GPU (kernels.RingAttention), after its k/v were written to the pool pl:
@@ -116,7 +122,7 @@ func (be *Backend) ringAttention(d *kernels.Device, out, q *kernels.Buffer, pl *
 	// chunks into their own rows, so the kernel keeps each query tile's
 	// state in registers across the steps) where they measured faster,
 	// else the two receive buffers (kernels.RingPreferGather).
-	gather := ringPreferGather(N, R)
+	gather := ringPreferGather(N, R) && int64(R*(R-1)*maxLk)*int64(kw+vw)*2 <= ringGatherMaxBytes
 	g := int64(2 * maxLk) // rows per rank
 	if gather {
 		g = int64((R - 1) * maxLk)
