@@ -510,20 +510,24 @@ __device__ __forceinline__ void attend_span(const Params& p, const Slot& q, Span
 }
 
 // attend_chunk folds what slot q sees of step s's chunk (its two spans,
-// stored one after the other) into the state.
+// stored one after the other) into the state. One loop over the spans, not
+// unrolled: a second inlined copy of the tile loop (32 KB of SASS each)
+// would double the hot code the SM's instruction caches serve when its two
+// CTAs are in different spans.
 template <int D, int DV, int MT>
 __device__ __forceinline__ void attend_chunk(const Params& p, const Slot& q, SpanSh& sp, int s, State<DV, MT>& st,
                                              bf16* sk, bf16* sv, const TileAddr<D, DV, MT>& ad, int& gt) {
   const int src = (q.r - s + p.ranks) % p.ranks;
   const bf16* kc = chunk_k(p, q.r, s);
   const bf16* vc = chunk_v(p, q.r, s);
-  int nlo;
-  int cnt = span_tiles(p, q, p.ks[src][0], p.ks[src][1], &nlo);
-  if (cnt > 0) attend_span<D, DV, MT>(p, q, sp, st, kc, vc, p.ks[src][0], p.ks[src][1], 0, nlo, cnt, sk, sv, ad, gt);
-  cnt = span_tiles(p, q, p.ks[src][2], p.ks[src][3], &nlo);
-  if (cnt > 0)
-    attend_span<D, DV, MT>(p, q, sp, st, kc, vc, p.ks[src][2], p.ks[src][3], p.ks[src][1] - p.ks[src][0], nlo, cnt,
-                           sk, sv, ad, gt);
+#pragma unroll 1
+  for (int h = 0; h < 2; ++h) {
+    const int lo = p.ks[src][2 * h], hi = p.ks[src][2 * h + 1];
+    const int koff = h == 0 ? 0 : p.ks[src][1] - p.ks[src][0];
+    int nlo;
+    const int cnt = span_tiles(p, q, lo, hi, &nlo);
+    if (cnt > 0) attend_span<D, DV, MT>(p, q, sp, st, kc, vc, lo, hi, koff, nlo, cnt, sk, sv, ad, gt);
+  }
 }
 
 // finish normalises slot q's state (sinks join the denominator when
