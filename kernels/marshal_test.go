@@ -1,9 +1,11 @@
 package kernels
 
 import (
+	"errors"
 	"math"
 	"slices"
 	"testing"
+	"unsafe"
 )
 
 // The wrappers of ABI 10's entry points against recording stand-ins for
@@ -232,5 +234,49 @@ func TestMarshalGemmSkinnyBF16(t *testing.T) {
 		if err := d.GemmSkinnyBF16(nil, c, a, b, nil, nil, bad.m, bad.n, bad.k); err == nil || got != nil {
 			t.Errorf("M=%d N=%d K=%d: err %v, called %v", bad.m, bad.n, bad.k, err, got != nil)
 		}
+	}
+}
+
+// TestMarshalMoEGemvMode: SetMoEGemvMode passes the mode, mirrors it for
+// MoEGemv / MoEGemvOneLaunchOn, and refuses modes the library lacks; the
+// watchdog record of mk_moe_decode_check becomes a *MoEDecodeError.
+func TestMarshalMoEGemvMode(t *testing.T) {
+	oldSet, oldCheck, oldNow := moeGemvSet, moeDecodeCheck, moeGemvNow.Load()
+	defer func() { moeGemvSet, moeDecodeCheck = oldSet, oldCheck; moeGemvNow.Store(oldNow) }()
+	var set []int32
+	moeGemvSet = func(on int32) int32 { set = append(set, on); return 0 }
+	d := fakeDevice()
+	for _, m := range []MoEGemvMode{MoEGemvOneLaunch, MoEGemvTwo, MoEGemvOff} {
+		if err := d.SetMoEGemvMode(m); err != nil {
+			t.Fatal(err)
+		}
+		if got := MoEGemv(1, 8); got != (m != MoEGemvOff) {
+			t.Errorf("mode %d: MoEGemv(1, 8) = %v", m, got)
+		}
+		if MoEGemv(5, 1) || MoEGemv(4, 9) {
+			t.Errorf("mode %d: MoEGemv beyond 4 tokens or 32 assignments", m)
+		}
+		if got := MoEGemvOneLaunchOn(); got != (m == MoEGemvOneLaunch) {
+			t.Errorf("mode %d: MoEGemvOneLaunchOn = %v", m, got)
+		}
+	}
+	if err := d.SetMoEGemvMode(3); err == nil {
+		t.Error("mode 3 accepted")
+	}
+	if !slices.Equal(set, []int32{2, 1, 0}) {
+		t.Errorf("mk_moe_gemv got %v, want [2 1 0]", set)
+	}
+	rec := []int32{0, 0, 0, 0}
+	moeDecodeCheck = func(r *int32) int32 {
+		copy(unsafe.Slice(r, 4), rec)
+		return 0
+	}
+	if err := d.MoEDecodeCheck(); err != nil {
+		t.Fatalf("quiet record: %v", err)
+	}
+	rec = []int32{1, 17, 300, 528}
+	var me *MoEDecodeError
+	if err := d.MoEDecodeCheck(); !errors.As(err, &me) || *me != (MoEDecodeError{CTA: 17, Seen: 300, Grid: 528}) {
+		t.Fatalf("record %v: got %v", rec, err)
 	}
 }

@@ -114,9 +114,17 @@ MK_API int32_t mk_gemm_skinny_bf16(uint64_t stream, uint64_t c, uint64_t a, uint
  * second launch. */
 MK_API int32_t mk_gemm_skinny_workspace(int64_t m, int64_t n, int64_t k, uint64_t* bytes);
 
-/* Turns mk_moe_experts's decode-sized GEMV kernels on (1) or off (0, the
- * default unless MK_MOE_GEMV=1), process-wide. */
+/* Turns mk_moe_experts's decode-sized GEMV kernels on (1: two launches; 2:
+ * one launch, ABI 13, that with mk_moe_route_experts also routes, E <= 256,
+ * K <= 32, and always combines: out must be set) or off (0, the default
+ * unless MK_MOE_GEMV=1 or 2), process-wide. */
 MK_API int32_t mk_moe_gemv(int32_t on);
+
+/* The one-launch GEMV kernel's watchdog (ABI 13): after all earlier work,
+ * copies its record into rec [4] = {set, CTA, arrivals seen, grid size} and
+ * clears it; set 1 means a CTA waited at the grid barrier longer than 1 s
+ * and left (that launch's output is not valid). */
+MK_API int32_t mk_moe_decode_check(int32_t* rec);
 
 /* mk_moe_localize rewrites n routed expert ids in place for a rank holding
  * experts [lo, hi): an id in the range becomes id - lo, any other -1 (which

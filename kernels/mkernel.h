@@ -49,8 +49,10 @@ extern "C" {
  * 11: mk_paged_attn_bf16 takes out_bf16 (the output rounded to bf16 too);
  *    mk_moe_route_experts (out may be 0), mk_moe_combine_add_rmsnorm_f32,
  *    mk_gemm_skinny_bf16.
- * 12: mk_ring_attn_gather_bf16. */
-#define MK_ABI_VERSION 12
+ * 12: mk_ring_attn_gather_bf16.
+ * 13: mk_moe_gemv(2) (routing and the GEMV experts in one launch),
+ *    mk_moe_decode_check; mk_moe_workspace's layout has the barrier word. */
+#define MK_ABI_VERSION 13
 
 /* Status codes. */
 enum {

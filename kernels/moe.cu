@@ -23,6 +23,7 @@
 #include "common.cuh"
 #include "moe_gemm.cuh"
 #include "norm.cuh"
+#include "sysflag.cuh"
 
 namespace {
 
@@ -761,20 +762,25 @@ __global__ void moe_combine_kernel(float* out, const float* y, const int32_t* sl
 constexpr int kGemvTokens = 4, kGemvAssign = 32;
 constexpr int kGemvWarps = 8;
 
-// g_moe_gemv: 1 on, 0 off, -1 (unset) MK_MOE_GEMV=1 on, else off. Off by
+// g_moe_gemv: 0 off, 1 the two GEMV kernels, 2 one launch for routing and
+// both (moe_decode_kernel), -1 (unset) MK_MOE_GEMV=1 or 2, else off. Off by
 // default: in `bench model` (CUDA graphs, PDL) the fused kernel's decode
 // steps were faster at 1-4 tokens on Qwen3-30B-A3B and DeepSeek-V3 shapes,
-// and on Mixtral-8x7B at 2 (docs/PERF.md, seventh pass).
+// and on Mixtral-8x7B at 2 (docs/PERF.md, seventh pass); mode 2 is not
+// measured yet.
 int g_moe_gemv = -1;
 
-bool gemv_on() {
-  if (g_moe_gemv >= 0) return g_moe_gemv == 1;
-  static bool v = [] {
+// gemv_mode is g_moe_gemv with the environment's default.
+int gemv_mode() {
+  if (g_moe_gemv >= 0) return g_moe_gemv;
+  static int v = [] {
     const char* e = getenv("MK_MOE_GEMV");
-    return e && e[0] == '1';
+    return e && (e[0] == '1' || e[0] == '2') && e[1] == 0 ? e[0] - '0' : 0;
   }();
   return v;
 }
+
+bool gemv_on() { return gemv_mode() != 0; }
 
 __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float s) {
   const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
@@ -917,6 +923,207 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
+// ---------------------------------------------------------------- decode-sized experts, one launch
+//
+// moe_decode_kernel (mk_moe_gemv(2), MK_MOE_GEMV=2): the GEMV path's up and
+// down kernels, and with logits its routing, in ONE launch of at most as
+// many CTAs as fit at once. Every CTA routes the T tokens itself
+// (route_token_reg, the routing kernel's own code, into shared memory: the
+// same ids and weights in every CTA; CTA 0 stores them and counts the
+// experts), stages the T rows of x once, takes up items (distinct expert ×
+// kGemvWarps rows, a warp a row, as moe_gemv_up_kernel) in a strided loop,
+// waits at a grid barrier for every CTA's activations, then takes down
+// items (kGemvWarps output columns, as moe_gemv_down_kernel). The sums are
+// the two kernels' in the same order, so the output is theirs bit for bit.
+//
+// The barrier: *bar, zeroed before the launch, counts arrivals; the grid
+// is at most what fits at once and the kernel never lets its dependents
+// launch early (no pdl_begin), so no later kernel's CTAs hold the slots its
+// own CTAs need. Every spin is bounded by timeout_ns: a timeout writes
+// g_decode_err (once; mk_moe_decode_check reads and clears it) and the CTA
+// leaves (the output is then not valid).
+__device__ int g_decode_err[4];  // set, cta, arrivals seen, grid size
+
+struct DecodeParams {
+  float* out;     // [T, H] f32: the combined experts' output
+  int32_t* ids;   // [T, K]: the routing's output (logits set) or its input
+  float* wts;     // [T, K]
+  bf16* act;      // [T·K, I]: the activations between the phases
+  int* bar;       // the grid barrier's arrival counter (zeroed before the launch)
+  const bf16* x;  // [T, H]
+  const float* logits;  // [T, E], or null: ids and wts are given
+  const float* bias;    // score bias [E] or null
+  const bf16* gu;
+  const float* gub;
+  const bf16* dn;
+  const float* db;
+  unsigned long long* counts;
+  int64_t H, I;
+  long long timeout_ns;
+  int T, E, K, flags, G, TG, act_kind;
+  float scale, alpha, limit;
+};
+
+// decode_barrier returns once every CTA of the launch has arrived (true),
+// or false when the bounded wait timed out (the record is written).
+__device__ bool decode_barrier(const DecodeParams& p) {
+  __shared__ int ok;
+  __syncthreads();  // the CTA's stores are done (ordered before thread 0's fence)
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(p.bar, 1);
+    const unsigned long long t0 = mk::globaltimer();
+    ok = 1;
+    for (unsigned it = 0;; ++it) {
+      const int seen = mk::ld_acquire(p.bar);
+      if (seen >= (int)gridDim.x) break;
+      if (mk::ld_relaxed(&g_decode_err[0]) != 0 ||
+          ((it & 15) == 15 && (long long)(mk::globaltimer() - t0) > p.timeout_ns)) {
+        if (atomicCAS(&g_decode_err[0], 0, 1) == 0) {
+          g_decode_err[1] = (int)blockIdx.x;
+          g_decode_err[2] = seen;
+          g_decode_err[3] = (int)gridDim.x;
+          __threadfence();
+        }
+        ok = 0;
+        break;
+      }
+      __nanosleep(64);
+    }
+  }
+  __syncthreads();
+  return ok != 0;
+}
+
+template <int EPL>
+__global__ void __launch_bounds__(kGemvWarps * 32) moe_decode_kernel(const __grid_constant__ DecodeParams p) {
+  mk::pdl_wait();  // reads the previous kernel's x and logits; never triggers its dependents early
+  extern __shared__ __align__(16) unsigned char dsm[];  // x of the T tokens, then the routing's scratch
+  __shared__ int32_t ids_sh[kGemvAssign];
+  __shared__ float w_sh[kGemvAssign];
+  __shared__ int first[kGemvAssign], ue[kGemvAssign];
+  __shared__ unsigned um[kGemvAssign];  // per distinct expert: its assignments
+  __shared__ int un;
+  const int n = p.T * p.K;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t P = p.H / 8;  // 16-byte chunks of an x row
+  uint4* xs = reinterpret_cast<uint4*>(dsm);
+
+  // 1. The routing (every CTA the same), the x rows, the expert groups.
+  if (p.logits != nullptr) {
+    if (warp < p.T)
+      route_token_reg<EPL>(ids_sh, w_sh, p.logits, p.bias, warp, p.E, p.K, p.flags, p.G, p.TG, p.scale,
+                           dsm + (size_t)p.T * p.H * 2, warp);
+  } else {
+    for (int q = threadIdx.x; q < n; q += blockDim.x) {
+      ids_sh[q] = p.ids[q];
+      w_sh[q] = p.wts[q];
+    }
+  }
+  const uint4* xg = reinterpret_cast<const uint4*>(p.x);
+  for (int64_t c = threadIdx.x; c < p.T * P; c += blockDim.x) xs[c] = xg[c];
+  __syncthreads();
+  if (warp == 0) {
+    const unsigned firsts = expert_groups(ids_sh, n, first);
+    __syncwarp();
+    if ((firsts >> lane) & 1u) {
+      const int g = __popc(firsts & ((1u << lane) - 1u));
+      ue[g] = ids_sh[lane];
+      unsigned m = 0;
+      for (int q = lane; q < n; q++)
+        if (first[q] == lane) m |= 1u << q;
+      um[g] = m;
+    }
+    if (lane == 0) un = __popc(firsts);
+  }
+  if (blockIdx.x == 0 && threadIdx.x < n) {
+    const int q = threadIdx.x, e = ids_sh[q];
+    if (p.logits != nullptr) {
+      p.ids[q] = e;
+      p.wts[q] = w_sh[q];
+    }
+    if (p.counts != nullptr && e >= 0) atomicAdd(p.counts + e, 1ull);
+  }
+  __syncthreads();
+
+  // 2. Up: item (distinct expert g, rows j0..j0+kGemvWarps-1), a warp a row.
+  const int64_t nbx = (p.I + kGemvWarps - 1) / kGemvWarps;
+  const int64_t up_items = (int64_t)un * nbx;
+  for (int64_t it = blockIdx.x; it < up_items; it += gridDim.x) {
+    const int g = (int)(it / nbx);
+    const int64_t j = (it - (int64_t)g * nbx) * kGemvWarps + warp;
+    if (j >= p.I) continue;  // warp-uniform; nothing below waits on the block
+    const int e = ue[g];
+    int qs[kGemvTokens], nt = 0;
+    for (unsigned m = um[g]; m != 0u && nt < kGemvTokens; m &= m - 1) qs[nt++] = __ffs(m) - 1;
+    const uint4* gr = reinterpret_cast<const uint4*>(p.gu + ((int64_t)e * 2 * p.I + j) * p.H);
+    const uint4* ur = gr + p.I * P;  // the up row j is I rows further
+    float sg[kGemvTokens] = {0.f, 0.f, 0.f, 0.f}, su[kGemvTokens] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int64_t c = lane; c < P; c += 32) {
+      const uint4 gv = mk::ld_stream(gr + c), uv = mk::ld_stream(ur + c);
+#pragma unroll
+      for (int i = 0; i < kGemvTokens; i++) {
+        if (i < nt) {
+          const uint4 xv = xs[(int64_t)(qs[i] / p.K) * P + c];
+          sg[i] = dot8(gv, xv, sg[i]);
+          su[i] = dot8(uv, xv, su[i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kGemvTokens; i++) {
+      if (i >= nt) break;
+      float a = mk::warp_sum(sg[i]), b = mk::warp_sum(su[i]);
+      if (lane == 0) {
+        if (p.gub) {
+          a += p.gub[(int64_t)e * 2 * p.I + j];
+          b += p.gub[(int64_t)e * 2 * p.I + p.I + j];
+        }
+        p.act[(int64_t)qs[i] * p.I + j] = __float2bfloat16_rn(activation(a, b, p.act_kind, p.alpha, p.limit));
+      }
+    }
+  }
+
+  // 3. Every CTA's activations are written.
+  if (!decode_barrier(p)) return;
+
+  // 4. Down: item = kGemvWarps output columns, a warp a column, every token.
+  const int PI = (int)(p.I / 8), total = un * PI;
+  const int64_t items = (p.H + kGemvWarps - 1) / kGemvWarps;
+  for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
+    const int64_t c = it * kGemvWarps + warp;
+    if (c >= p.H) continue;
+    float acc[kGemvTokens] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int f = lane; f < total; f += 32) {
+      const int g = f / PI, q8 = f - g * PI;
+      const uint4 rv = mk::ld_stream(p.dn + ((int64_t)ue[g] * p.H + c) * p.I + (int64_t)q8 * 8);
+      for (unsigned m = um[g]; m; m &= m - 1) {
+        const int q = __ffs(m) - 1;
+        const float d = dot8(rv, __ldcg(reinterpret_cast<const uint4*>(p.act + (int64_t)q * p.I) + q8), 0.0f);
+        const int t = q / p.K;
+#pragma unroll
+        for (int i = 0; i < kGemvTokens; i++)
+          if (i == t) acc[i] = fmaf(w_sh[q], d, acc[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kGemvTokens; i++) {
+      if (i >= p.T) break;
+      float v = mk::warp_sum(acc[i]);
+      if (lane == 0) {
+        if (p.db)
+          for (int k = 0; k < p.K; k++) {
+            const int e = ids_sh[i * p.K + k];
+            if (e >= 0) v = fmaf(w_sh[i * p.K + k], p.db[(int64_t)e * p.H + c], v);
+          }
+        p.out[i * p.H + c] = v;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- localize
 
 __global__ void moe_localize_kernel(int32_t* ids, int64_t n, int lo, int hi, unsigned long long* counts, int E) {
@@ -993,7 +1200,7 @@ int pick_cfg(int64_t T, int K, int E) {
 struct Layout {
   int cfg;
   int64_t rows, tiles;
-  size_t off, num, tile_expert, sorted, slot_of, act, y, total;
+  size_t off, num, tile_expert, sorted, slot_of, act, y, bar, total;
 };
 
 size_t up256(size_t x) { return (x + 255) / 256 * 256; }
@@ -1020,6 +1227,8 @@ Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   o = up256(o + (size_t)L.rows * I * 2);
   L.y = o;
   o = up256(o + (size_t)L.rows * H * 4);
+  L.bar = o;  // moe_decode_kernel's grid barrier
+  o = up256(o + 4);
   L.total = o;
   return L;
 }
@@ -1293,6 +1502,81 @@ struct RouteIn {
 // gemv_path reports whether mk_moe_experts takes the decode-sized GEMV kernels.
 static bool gemv_path(int64_t t, int32_t k) { return t <= kGemvTokens && t * k <= kGemvAssign && gemv_on(); }
 
+// decode_timeout_ns bounds moe_decode_kernel's barrier wait.
+constexpr long long kDecodeTimeoutNs = 1000000000ll;
+
+// decode_route_in_kernel says whether moe_decode_kernel routes itself:
+// the register routing's sizes, as mk_moe_route's fast kernel (the same
+// code, so the same ids and weights as routing first).
+static bool decode_route_in_kernel(int32_t e, int32_t k) { return e <= 256 && k <= 32 && !route_slow(); }
+
+// decode_run is the GEMV path of mode 2: one moe_decode_kernel launch (it
+// routes when route is set), the barrier counter zeroed before it.
+static int32_t decode_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, uint64_t weights, int64_t t,
+                          int32_t k, int32_t e, int64_t h, int64_t i, uint64_t gate_up, uint64_t gate_up_bias,
+                          uint64_t down, uint64_t down_bias, int32_t act_kind, uint32_t alpha_bits,
+                          uint32_t limit_bits, uint64_t counts, unsigned char* w, const Layout& L,
+                          const RouteIn* route) {
+  MK_ARG(out, "mk_moe_experts: the one-launch GEMV path combines itself: out must be set");
+  MK_ARG(route == nullptr || decode_route_in_kernel(e, k), "mk_moe_experts: E=%d K=%d: route first", e, k);
+  cudaStream_t s = mk::as_stream(stream);
+  DecodeParams p{};
+  p.out = mk::dev<float>(out);
+  p.ids = mk::dev<int32_t>(ids);
+  p.wts = mk::dev<float>(weights);
+  p.act = reinterpret_cast<bf16*>(w + L.act);
+  p.bar = reinterpret_cast<int*>(w + L.bar);
+  p.x = mk::dev<const bf16>(x);
+  p.gu = mk::dev<const bf16>(gate_up);
+  p.gub = gate_up_bias ? mk::dev<const float>(gate_up_bias) : nullptr;
+  p.dn = mk::dev<const bf16>(down);
+  p.db = down_bias ? mk::dev<const float>(down_bias) : nullptr;
+  p.counts = counts ? mk::dev<unsigned long long>(counts) : nullptr;
+  p.H = h;
+  p.I = i;
+  p.timeout_ns = kDecodeTimeoutNs;
+  p.T = (int)t;
+  p.E = e;
+  p.K = k;
+  p.act_kind = act_kind;
+  p.alpha = mk::float_from_bits(alpha_bits);
+  p.limit = mk::float_from_bits(limit_bits);
+  size_t smem = (size_t)t * h * 2;
+  if (route != nullptr) {
+    p.logits = route->logits;
+    p.bias = route->bias;
+    p.flags = route->flags;
+    p.G = route->groups;
+    p.TG = route->topk_groups;
+    p.scale = route->scale;
+    if (p.G > 0) smem += (size_t)t * (e + 2 * p.G) * 4;
+  }
+  const int epl = (e + 31) / 32;
+  using Kern = void (*)(DecodeParams);
+  const Kern kern = epl <= 1 ? moe_decode_kernel<1> : epl <= 2 ? moe_decode_kernel<2>
+                  : epl <= 4 ? moe_decode_kernel<4> : moe_decode_kernel<8>;
+  static size_t attr[4] = {48 << 10, 48 << 10, 48 << 10, 48 << 10};
+  const int ai = epl <= 1 ? 0 : epl <= 2 ? 1 : epl <= 4 ? 2 : 3;
+  if (smem > attr[ai]) {
+    MK_CUDA(cudaFuncSetAttribute(reinterpret_cast<const void*>(kern), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem));
+    attr[ai] = smem;
+  }
+  int occ = 0, dev = 0, sms = 0;
+  MK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, reinterpret_cast<const void*>(kern), kGemvWarps * 32,
+                                                        smem));
+  MK_CUDA(cudaGetDevice(&dev));
+  MK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  MK_ARG(occ > 0, "mk_moe_experts: H=%lld: the one-launch GEMV kernel does not fit a multiprocessor", (long long)h);
+  // Enough CTAs for the larger phase, at most what fits at once (the barrier).
+  const int64_t up = t * k * ((i + kGemvWarps - 1) / kGemvWarps), dn = (h + kGemvWarps - 1) / kGemvWarps;
+  const int64_t grid = std::min<int64_t>((int64_t)occ * sms, std::max(up, dn));
+  MK_CUDA(cudaMemsetAsync(p.bar, 0, sizeof(int), s));
+  (void)(mk::launch(kern, dim3((unsigned)grid), dim3(kGemvWarps * 32), smem, s, p));
+  MK_LAUNCHED("moe_decode");
+  return MK_OK;
+}
+
 // experts_run is mk_moe_experts after its checks; with route, the align
 // launch also routes the tokens (moe_route_align_kernel: t ≤ 32, E ≤ 256,
 // K ≤ 32, not the GEMV path), writing ids and weights first.
@@ -1304,6 +1588,9 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   const Layout L = layout(t, k, e, h, i);
   cudaStream_t s = mk::as_stream(stream);
   unsigned char* w = mk::dev<unsigned char>(ws);
+  if (gemv_path(t, k) && gemv_mode() == 2) return decode_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up,
+                                                        gate_up_bias, down, down_bias, act_kind, alpha_bits,
+                                                        limit_bits, counts, w, L, route);
   if (gemv_path(t, k)) {
     // Decode-sized: act (the workspace's, ≥ T·K rows) between two GEMV kernels.
     bf16* act = reinterpret_cast<bf16*>(w + L.act);
@@ -1429,14 +1716,17 @@ int32_t mk_moe_route_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t
   rc = experts_check(x, ids, weights, t, k, e, h, i, gate_up, down, act_kind, ws, ws_bytes);
   if (rc != MK_OK) return rc;
   MK_ARG(out || !gemv_path(t, k), "mk_moe_route_experts: out 0 (no combine) on the GEMV path, which combines itself");
+  const RouteIn r{mk::dev<const float>(logits), score_bias ? mk::dev<const float>(score_bias) : nullptr, flags,
+                  num_groups, topk_groups, mk::float_from_bits(scaling_bits)};
+  if (gemv_path(t, k) && gemv_mode() == 2 && decode_route_in_kernel(e, k))
+    return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias, act_kind,
+                       alpha_bits, limit_bits, counts, ws, &r);  // one launch routes and runs the experts
   if (t > 32 || e > 256 || k > 32 || route_slow() || gemv_path(t, k) || !route_align_on()) {
     rc = mk_moe_route(stream, ids, weights, logits, score_bias, t, e, k, flags, num_groups, topk_groups, scaling_bits);
     if (rc != MK_OK) return rc;
     return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias,
                        act_kind, alpha_bits, limit_bits, counts, ws, nullptr);
   }
-  const RouteIn r{mk::dev<const float>(logits), score_bias ? mk::dev<const float>(score_bias) : nullptr, flags,
-                  num_groups, topk_groups, mk::float_from_bits(scaling_bits)};
   return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias, act_kind,
                      alpha_bits, limit_bits, counts, ws, &r);
 }
@@ -1517,8 +1807,20 @@ int32_t mk_gemm_skinny_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t w,
 
 int32_t mk_moe_gemv(int32_t on) {
   MK_THREAD("mk_moe_gemv");
-  MK_ARG(on == 0 || on == 1, "mk_moe_gemv: %d is not 0 or 1", on);
+  MK_ARG(on >= 0 && on <= 2, "mk_moe_gemv: %d is not 0, 1 or 2", on);
   g_moe_gemv = on;
+  return MK_OK;
+}
+
+int32_t mk_moe_decode_check(int32_t* rec) {
+  MK_THREAD("mk_moe_decode_check");
+  MK_ARG(rec, "mk_moe_decode_check: null rec");
+  MK_CUDA(cudaDeviceSynchronize());
+  MK_CUDA(cudaMemcpyFromSymbol(rec, g_decode_err, sizeof(g_decode_err)));
+  if (rec[0] != 0) {
+    const int zero[4] = {0, 0, 0, 0};
+    MK_CUDA(cudaMemcpyToSymbol(g_decode_err, zero, sizeof(zero)));
+  }
   return MK_OK;
 }
 

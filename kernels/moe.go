@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 )
@@ -20,14 +21,15 @@ var (
 		wsBytes uint64) int32
 	moeCombineAddNorm func(s, sum, out, outBF16, x, weights, ws, wsBytes uint64, t int64, k, e int32, h, i int64,
 		normW uint64, eps uint32) int32
-	gemmSkinny   func(s, c, a, b, bias uint64, m, n, k int64, work, workBytes uint64) int32
-	gemmSkinnyWS func(m, n, k int64, bytes *uint64) int32
-	moeFill      func(s, dst uint64, n int64, seed uint64, scale uint32) int32
-	moeLocalize  func(s, ids uint64, n int64, lo, hi int32, counts uint64, e int32) int32
-	moeRouterF32 func(s, logits, x, w, bias, xb uint64, t int64, e int32, h int64) int32
-	gemvBF16     func(s, c, a, b uint64, m, n, k int64) int32
-	gemvMulti    func(s, a uint64, m, k int64, c0, b0, bias0 uint64, n0 int64, c1, b1, bias1 uint64, n1 int64, c2, b2, bias2 uint64, n2 int64) int32
-	moeGemvSet   func(on int32) int32
+	gemmSkinny     func(s, c, a, b, bias uint64, m, n, k int64, work, workBytes uint64) int32
+	gemmSkinnyWS   func(m, n, k int64, bytes *uint64) int32
+	moeFill        func(s, dst uint64, n int64, seed uint64, scale uint32) int32
+	moeLocalize    func(s, ids uint64, n int64, lo, hi int32, counts uint64, e int32) int32
+	moeRouterF32   func(s, logits, x, w, bias, xb uint64, t int64, e int32, h int64) int32
+	gemvBF16       func(s, c, a, b uint64, m, n, k int64) int32
+	gemvMulti      func(s, a uint64, m, k int64, c0, b0, bias0 uint64, n0 int64, c1, b1, bias1 uint64, n1 int64, c2, b2, bias2 uint64, n2 int64) int32
+	moeGemvSet     func(on int32) int32
+	moeDecodeCheck func(rec *int32) int32
 )
 
 func init() {
@@ -45,6 +47,7 @@ func init() {
 		symbol{"mk_gemv_bf16", &gemvBF16},
 		symbol{"mk_gemv_bf16_multi", &gemvMulti},
 		symbol{"mk_moe_gemv", &moeGemvSet},
+		symbol{"mk_moe_decode_check", &moeDecodeCheck},
 	)
 }
 
@@ -193,38 +196,108 @@ func (d *Device) MoEWorkspace(T, K int, ex *MoEExperts) (bytes int64, tileM int,
 // decode-sized GEMV kernels (see MoEGemv).
 const MoEGemvMaxTokens = 4
 
-// moeGemvNow mirrors the library's switch: -1 unset (the environment), 0, 1.
+// moeGemvNow mirrors the library's switch: -1 unset (the environment), 0,
+// 1 or 2 (MoEGemvMode).
 var moeGemvNow atomic.Int32
 
 func init() { moeGemvNow.Store(-1) }
 
-var moeGemvEnv = sync.OnceValue(func() bool { return os.Getenv("MK_MOE_GEMV") == "1" })
+var moeGemvEnv = sync.OnceValue(func() int32 {
+	switch os.Getenv("MK_MOE_GEMV") {
+	case "1":
+		return 1
+	case "2":
+		return 2
+	}
+	return 0
+})
+
+// MoEGemvMode is how MoEExpertsRun serves decode-sized calls (T ≤
+// MoEGemvMaxTokens, T·K ≤ 32).
+type MoEGemvMode int32
+
+const (
+	MoEGemvOff       MoEGemvMode = 0 // the grouped GEMMs (the default)
+	MoEGemvTwo       MoEGemvMode = 1 // two GEMV kernels: each chosen expert's rows streamed once
+	MoEGemvOneLaunch MoEGemvMode = 2 // routing (MoERouteExpertsRun, E ≤ 256, K ≤ 32) and both GEMV phases in one launch with a grid barrier; not measured yet
+)
+
+// moeGemvMode is the switch now (SetMoEGemvMode, else MK_MOE_GEMV=1 or 2).
+func moeGemvMode() MoEGemvMode {
+	if v := moeGemvNow.Load(); v >= 0 {
+		return MoEGemvMode(v)
+	}
+	return MoEGemvMode(moeGemvEnv())
+}
 
 // MoEGemv reports whether MoEExpertsRun runs T tokens of top-K on its
 // decode-sized GEMV kernels (when on, T ≤ MoEGemvMaxTokens and T·K ≤ 32)
-// rather than the grouped GEMMs. They are off unless SetMoEGemv or
-// MK_MOE_GEMV=1 turns them on: measured in whole decode steps they lost to
-// the fused kernel (docs/PERF.md, seventh pass).
+// rather than the grouped GEMMs. They are off unless SetMoEGemvMode or
+// MK_MOE_GEMV=1 (or 2) turns them on: measured in whole decode steps the
+// two-launch version lost to the fused kernel (docs/PERF.md, seventh pass).
 func MoEGemv(T, K int) bool {
-	on := moeGemvNow.Load()
-	return T <= MoEGemvMaxTokens && T*K <= 32 && (on == 1 || on == -1 && moeGemvEnv())
+	return T <= MoEGemvMaxTokens && T*K <= 32 && moeGemvMode() != MoEGemvOff
 }
 
-// SetMoEGemv turns MoEExpertsRun's decode-sized GEMV kernels on or off,
+// MoEGemvOneLaunchOn reports whether decode-sized calls take the one-launch
+// kernel (MoEDecodeCheck then reports its watchdog).
+func MoEGemvOneLaunchOn() bool { return moeGemvMode() == MoEGemvOneLaunch }
+
+// SetMoEGemv turns MoEExpertsRun's two-launch GEMV kernels on or off,
 // process-wide (tests and comparisons).
 func (d *Device) SetMoEGemv(on bool) error {
-	if err := d.ready("SetMoEGemv"); err != nil {
-		return err
-	}
-	v := int32(0)
 	if on {
-		v = 1
+		return d.SetMoEGemvMode(MoEGemvTwo)
 	}
-	if err := d.lib.check("mk_moe_gemv", moeGemvSet(v)); err != nil {
+	return d.SetMoEGemvMode(MoEGemvOff)
+}
+
+// SetMoEGemvMode sets how MoEExpertsRun serves decode-sized calls,
+// process-wide (tests and comparisons).
+func (d *Device) SetMoEGemvMode(m MoEGemvMode) error {
+	if err := d.ready("SetMoEGemvMode"); err != nil {
 		return err
 	}
-	moeGemvNow.Store(v)
+	if m < MoEGemvOff || m > MoEGemvOneLaunch {
+		return fmt.Errorf("kernels: SetMoEGemvMode: mode %d", m)
+	}
+	if err := d.lib.check("mk_moe_gemv", moeGemvSet(int32(m))); err != nil {
+		return err
+	}
+	moeGemvNow.Store(int32(m))
 	return nil
+}
+
+// MoEDecodeError is the one-launch GEMV kernel's watchdog report: a CTA
+// waited at its grid barrier longer than a second and left, so that
+// launch's output is not valid.
+type MoEDecodeError struct {
+	CTA, Seen, Grid int // the CTA that gave up, the arrivals it saw, the launch's CTAs
+}
+
+func (e *MoEDecodeError) Error() string {
+	return fmt.Sprintf("kernels: one-launch MoE GEMV watchdog: CTA %d waited at the grid barrier with %d of %d CTAs "+
+		"arrived", e.CTA, e.Seen, e.Grid)
+}
+
+// MoEDecodeCheck waits for all work on the device, then returns a
+// *MoEDecodeError when a one-launch GEMV kernel's barrier timed out since
+// the last check (and clears the record), else nil.
+func (d *Device) MoEDecodeCheck() error {
+	const op = "MoEDecodeCheck"
+	if err := d.ready(op); err != nil {
+		return err
+	}
+	rec := make([]int32, 4)
+	rc := moeDecodeCheck(&rec[0])
+	runtime.KeepAlive(rec)
+	if err := d.lib.check("mk_moe_decode_check", rc); err != nil {
+		return err
+	}
+	if rec[0] == 0 {
+		return nil
+	}
+	return &MoEDecodeError{CTA: int(rec[1]), Seen: int(rec[2]), Grid: int(rec[3])}
 }
 
 // MoEExpertsRun runs the routed experts of one layer: out [T, H] f32 =

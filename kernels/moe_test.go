@@ -125,9 +125,9 @@ type moeCase struct {
 	T, H, I int
 	clamped bool
 	biases  bool
-	hot     int  // ≥ 0: add 30 to this expert's logits (every token picks it)
-	cold    int  // > 0: subtract 30 from the logits of experts ≥ cold (they get no tokens)
-	gemv    bool // run with the decode-sized GEMV kernels on (SetMoEGemv)
+	hot     int         // ≥ 0: add 30 to this expert's logits (every token picks it)
+	cold    int         // > 0: subtract 30 from the logits of experts ≥ cold (they get no tokens)
+	gemv    MoEGemvMode // the decode-sized GEMV kernels' mode for the run (SetMoEGemvMode)
 	// lo < hi: one rank's block of experts [lo, hi) (a world's): the routed
 	// ids are localized (MoELocalize: the others become −1), the weights are
 	// views of the block, and the counters are not checked.
@@ -231,13 +231,22 @@ func TestMoEExperts(t *testing.T) {
 		{name: "E16_K4_T40_stream_nt2", cfg: sm(16, 4), T: 40, H: 104, I: 48, hot: -1},
 		// The decode-sized GEMV kernels (T ≤ 4): every token count, biases,
 		// the clamped activation, one expert for every token, a rank's block.
-		{name: "gemv_E8_K1_T2", cfg: sm(8, 1), T: 2, H: 64, I: 48, hot: -1, gemv: true},
-		{name: "gemv_E8_K2_T3_clamped_bias", cfg: sm(8, 2), T: 3, H: 136, I: 40, hot: -1, clamped: true, biases: true, gemv: true},
-		{name: "gemv_E32_K8_T4_qwen3_rows", cfg: sm(32, 8), T: 4, H: 2048, I: 768, hot: -1, gemv: true},
-		{name: "gemv_E64_K4_T4_hot", cfg: sm(64, 4), T: 4, H: 200, I: 56, hot: 9, biases: true, gemv: true},
-		{name: "gemv_E256_K8_T2_deepseek_bias", cfg: deepSeekV3Router, T: 2, H: 7168, I: 32, hot: -1, biases: true, gemv: true},
-		{name: "gemv_E64_K8_T4_shared_experts", cfg: sm(64, 8), T: 4, H: 256, I: 96, hot: -1, cold: 8, biases: true, gemv: true},
-		{name: "gemv_E64_K8_T3_rank_block", cfg: sm(64, 8), T: 3, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40, gemv: true},
+		{name: "gemv_E8_K1_T2", cfg: sm(8, 1), T: 2, H: 64, I: 48, hot: -1, gemv: MoEGemvTwo},
+		{name: "gemv_E8_K2_T3_clamped_bias", cfg: sm(8, 2), T: 3, H: 136, I: 40, hot: -1, clamped: true, biases: true, gemv: MoEGemvTwo},
+		{name: "gemv_E32_K8_T4_qwen3_rows", cfg: sm(32, 8), T: 4, H: 2048, I: 768, hot: -1, gemv: MoEGemvTwo},
+		{name: "gemv_E64_K4_T4_hot", cfg: sm(64, 4), T: 4, H: 200, I: 56, hot: 9, biases: true, gemv: MoEGemvTwo},
+		{name: "gemv_E256_K8_T2_deepseek_bias", cfg: deepSeekV3Router, T: 2, H: 7168, I: 32, hot: -1, biases: true, gemv: MoEGemvTwo},
+		{name: "gemv_E64_K8_T4_shared_experts", cfg: sm(64, 8), T: 4, H: 256, I: 96, hot: -1, cold: 8, biases: true, gemv: MoEGemvTwo},
+		{name: "gemv_E64_K8_T3_rank_block", cfg: sm(64, 8), T: 3, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40, gemv: MoEGemvTwo},
+		// One launch (routing inside when oneCall): the same cases.
+		{name: "gemv1_E8_K1_T2", cfg: sm(8, 1), T: 2, H: 64, I: 48, hot: -1, gemv: MoEGemvOneLaunch},
+		{name: "gemv1_E8_K2_T3_clamped_bias", cfg: sm(8, 2), T: 3, H: 136, I: 40, hot: -1, clamped: true, biases: true, gemv: MoEGemvOneLaunch},
+		{name: "gemv1_E32_K8_T4_qwen3_rows", cfg: sm(32, 8), T: 4, H: 2048, I: 768, hot: -1, gemv: MoEGemvOneLaunch},
+		{name: "gemv1_E64_K4_T4_hot", cfg: sm(64, 4), T: 4, H: 200, I: 56, hot: 9, biases: true, gemv: MoEGemvOneLaunch},
+		{name: "gemv1_E256_K8_T2_deepseek_bias", cfg: deepSeekV3Router, T: 2, H: 7168, I: 32, hot: -1, biases: true, gemv: MoEGemvOneLaunch},
+		{name: "gemv1_E128_K8_T1_qwen3", cfg: sm(128, 8), T: 1, H: 2048, I: 768, hot: -1, gemv: MoEGemvOneLaunch},
+		{name: "gemv1_E64_K8_T4_shared_experts", cfg: sm(64, 8), T: 4, H: 256, I: 96, hot: -1, cold: 8, biases: true, gemv: MoEGemvOneLaunch},
+		{name: "gemv1_E64_K8_T3_rank_block", cfg: sm(64, 8), T: 3, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40, gemv: MoEGemvOneLaunch},
 		{name: "grouped_E64_K8_T9_rank_block", cfg: sm(64, 8), T: 9, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40},
 	}
 	for _, c := range cases {
@@ -355,16 +364,19 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 		if a.err != nil {
 			return
 		}
-		if c.gemv {
-			a.check(a.d.SetMoEGemv(true))
+		if c.gemv != MoEGemvOff {
+			a.check(a.d.SetMoEGemvMode(c.gemv))
 		}
 		if c.oneCall {
 			a.check(a.d.MoERouteExpertsRun(nil, ob, xbuf, ib, wb, lb, sb, T, moeRouter(c.cfg), run, runCounts, ws))
 		} else {
 			a.check(a.d.MoEExpertsRun(nil, ob, xbuf, ib, wb, T, K, run, runCounts, ws))
 		}
-		if c.gemv {
-			a.check(a.d.SetMoEGemv(false))
+		if c.gemv != MoEGemvOff {
+			a.check(a.d.SetMoEGemvMode(MoEGemvOff))
+			if c.gemv == MoEGemvOneLaunch {
+				a.check(a.d.MoEDecodeCheck()) // the barrier's watchdog stayed quiet
+			}
 		}
 		out = get[float32](a, ob, T*H)
 		w = get[float32](a, wb, T*K)
@@ -575,6 +587,77 @@ func TestMoECombineAddRMSNorm(t *testing.T) {
 					t.Fatalf("element %d: NaN sum", i)
 				}
 			}
+		})
+	}
+}
+
+// TestMoEGemvOneLaunchSameBits: the one-launch GEMV kernel (routing inside)
+// gives the two-launch GEMV path's routing and output bit for bit: the same
+// routing code and the same sums in the same order. Output and weights
+// poisoned with NaN before each run; the expert counters must match too.
+func TestMoEGemvOneLaunchSameBits(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	sm := func(E, K int) moe.RouterConfig {
+		return moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
+	}
+	for _, c := range []moeCase{
+		{name: "qwen3_T1", cfg: sm(128, 8), T: 1, H: 2048, I: 768, hot: -1},
+		{name: "qwen3_T4_hot", cfg: sm(128, 8), T: 4, H: 2048, I: 768, hot: 5},
+		{name: "deepseek_T4_bias", cfg: deepSeekV3Router, T: 4, H: 7168, I: 64, hot: -1, biases: true},
+		{name: "E8_K2_T3_clamped", cfg: sm(8, 2), T: 3, H: 136, I: 40, hot: -1, clamped: true, biases: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			E, K, T, H, I := c.cfg.NumExperts, c.cfg.TopK, c.T, c.H, c.I
+			logits, sbias := moeLogits(r, c)
+			xb, _ := randBF16(r, T*H, 1)
+			gub16, _ := randBF16(r, E*2*I*H, 1/math.Sqrt(float64(H)))
+			db16, _ := randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))
+			ex := &MoEExperts{E: E, H: H, I: I, Clamped: c.clamped, Alpha: 1.702, Limit: 0.7}
+			type result struct {
+				out, w []float32
+				ids    []int32
+				counts []int64
+			}
+			var res [2]result
+			onGPU(t, g, func(a *arena) {
+				lb, xbuf := put(a, logits), put(a, xb)
+				ex.GateUp, ex.Down = put(a, gub16), put(a, db16)
+				if c.biases {
+					ex.GateUpBias, ex.DownBias = put(a, randF32(r, E*2*I, 0.3)), put(a, randF32(r, E*H, 0.3))
+				}
+				var sb *Buffer
+				if sbias != nil {
+					sb = put(a, sbias)
+				}
+				wsBytes, _, err := a.d.MoEWorkspace(T, K, ex)
+				a.check(err)
+				if a.err != nil {
+					return
+				}
+				for i, mode := range []MoEGemvMode{MoEGemvTwo, MoEGemvOneLaunch} {
+					ib, wb := put(a, make([]int32, T*K)), put(a, f32Fill(T*K, float32(math.NaN())))
+					ob, cb := put(a, f32Fill(T*H, float32(math.NaN()))), put(a, make([]int64, E))
+					ws := put(a, bf16Fill(int(wsBytes/2), 0xffff)) // NaN everywhere, -1 as int32 (the barrier word too)
+					if a.err != nil {
+						return
+					}
+					a.check(a.d.SetMoEGemvMode(mode))
+					a.check(a.d.MoERouteExpertsRun(nil, ob, xbuf, ib, wb, lb, sb, T, moeRouter(c.cfg), ex, cb, ws))
+					a.check(a.d.SetMoEGemvMode(MoEGemvOff))
+					a.check(a.d.MoEDecodeCheck())
+					res[i] = result{get[float32](a, ob, T*H), get[float32](a, wb, T*K), get[int32](a, ib, T*K),
+						get[int64](a, cb, E)}
+				}
+			})
+			if t.Failed() {
+				return
+			}
+			if !slices.Equal(res[0].ids, res[1].ids) || !slices.Equal(res[0].counts, res[1].counts) {
+				t.Fatalf("routing differs: ids %v / %v", res[0].ids, res[1].ids)
+			}
+			checkSameBits(t, "weights", res[1].w, res[0].w)
+			checkSameBits(t, "output", res[1].out, res[0].out)
 		})
 	}
 }

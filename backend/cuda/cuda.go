@@ -752,7 +752,7 @@ func (be *Backend) ToHost(x backend.Tensor) []float32 {
 		if err := be.world.check(d); err != nil {
 			return err
 		}
-		return be.checkFused(d)
+		return be.checkWatchdogs(d)
 	}, t)
 	return out
 }

@@ -175,6 +175,23 @@ func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffe
 	return d.MoEFused(nil, ranks, fs.ctl, args)
 }
 
+// checkWatchdogs returns the step's kernel watchdog reports, if any: the
+// fused MoE kernel's and, while MK_MOE_GEMV=2 puts decode-sized MoE
+// layers on the one-launch GEMV kernel, its grid barrier's (checked every
+// step then: fast graph replays run no Go code to say whether a layer used
+// it). On the GPU goroutine, after the step's work.
+func (be *Backend) checkWatchdogs(d *kernels.Device) error {
+	if err := be.checkFused(d); err != nil {
+		return err
+	}
+	if kernels.MoEGemvOneLaunchOn() {
+		if err := d.MoEDecodeCheck(); err != nil {
+			return fmt.Errorf("cuda: the step's one-launch MoE kernel stopped: %w", err)
+		}
+	}
+	return nil
+}
+
 // checkFused returns the fused kernel's watchdog report since the last
 // check, if any (on the GPU goroutine, after the step's work).
 func (be *Backend) checkFused(d *kernels.Device) error {

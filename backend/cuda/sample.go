@@ -44,7 +44,7 @@ func (be *Backend) Sample(logits backend.Tensor, rows []backend.SampleRow) []bac
 		if err := kernels.Download(d, words, ob); err != nil {
 			return err
 		}
-		return be.checkFused(d)
+		return be.checkWatchdogs(d)
 	}, t)
 	outs, err := kernels.UnpackSample(words, B)
 	if err != nil {
