@@ -807,6 +807,82 @@ __device__ __forceinline__ unsigned expert_groups(const int32_t* ids, int n, int
   return __ballot_sync(0xffffffffu, lane < n && e >= 0 && f == lane);
 }
 
+// gemv_up_row is a warp's share of the GEMV up phase: gate row j and up
+// row j of expert e against the x rows of the expert's nt assignments qs
+// (shared memory: assignment i's row starts at xs + xo[i], 16-byte chunks),
+// the activation rounded to bf16 into act[qs[i], j] (lane 0).
+__device__ __forceinline__ void gemv_up_row(bf16* act, const uint4* xs, const int64_t* xo, const int* qs, int nt,
+                                            int e, int64_t j, const bf16* gu, const float* gub, int64_t H,
+                                            int64_t I, int act_kind, float alpha, float limit) {
+  const int lane = threadIdx.x & 31;
+  const int64_t P = H / 8;  // 16-byte chunks of a row
+  const uint4* g = reinterpret_cast<const uint4*>(gu + ((int64_t)e * 2 * I + j) * H);
+  const uint4* u = g + I * P;  // the up row j is I rows further
+  float sg[kGemvTokens] = {0.f, 0.f, 0.f, 0.f}, su[kGemvTokens] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+  for (int64_t c = lane; c < P; c += 32) {
+    const uint4 gv = mk::ld_stream(g + c), uv = mk::ld_stream(u + c);
+#pragma unroll
+    for (int i = 0; i < kGemvTokens; i++) {
+      if (i < nt) {
+        const uint4 xv = xs[xo[i] + c];
+        sg[i] = dot8(gv, xv, sg[i]);
+        su[i] = dot8(uv, xv, su[i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kGemvTokens; i++) {
+    if (i >= nt) break;
+    float a = mk::warp_sum(sg[i]), b = mk::warp_sum(su[i]);
+    if (lane == 0) {
+      if (gub) {
+        a += gub[(int64_t)e * 2 * I + j];
+        b += gub[(int64_t)e * 2 * I + I + j];
+      }
+      act[(int64_t)qs[i] * I + j] = __float2bfloat16_rn(activation(a, b, act_kind, alpha, limit));
+    }
+  }
+}
+
+// gemv_down_col is a warp's share of the GEMV down phase: output column c
+// of every token, Σ over the un distinct experts ue[g] of its Down row c
+// against act of the assignments in um[g], weighted by w (the combine), +
+// the weighted biases of ids' experts; out[t, c] from lane 0.
+__device__ __forceinline__ void gemv_down_col(float* out, const bf16* act, int64_t c, const int* ue,
+                                              const unsigned* um, int un, const float* w, const int32_t* ids,
+                                              const bf16* dn, const float* db, int64_t H, int64_t I, int T, int K) {
+  const int lane = threadIdx.x & 31;
+  const int P = (int)(I / 8), total = un * P;
+  float acc[kGemvTokens] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+  for (int f = lane; f < total; f += 32) {
+    const int g = f / P, q8 = f - g * P;
+    const uint4 rv = mk::ld_stream(dn + ((int64_t)ue[g] * H + c) * I + (int64_t)q8 * 8);
+    for (unsigned m = um[g]; m; m &= m - 1) {
+      const int q = __ffs(m) - 1;
+      const float d = dot8(rv, __ldcg(reinterpret_cast<const uint4*>(act + (int64_t)q * I) + q8), 0.0f);
+      const int t = q / K;
+#pragma unroll
+      for (int i = 0; i < kGemvTokens; i++)
+        if (i == t) acc[i] = fmaf(w[q], d, acc[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kGemvTokens; i++) {
+    if (i >= T) break;
+    float v = mk::warp_sum(acc[i]);
+    if (lane == 0) {
+      if (db)
+        for (int k = 0; k < K; k++) {
+          const int e = ids[i * K + k];
+          if (e >= 0) v = fmaf(w[i * K + k], db[(int64_t)e * H + c], v);
+        }
+      out[i * H + c] = v;
+    }
+  }
+}
+
 // grid (ceil(I / kGemvWarps), T·K); dynamic shared memory T·H bf16.
 __global__ void __launch_bounds__(kGemvWarps * 32)
     moe_gemv_up_kernel(bf16* act, const bf16* x, const int32_t* ids, const bf16* gu, const float* gub, int64_t H,
@@ -832,36 +908,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     for (int64_t c = threadIdx.x; c < P; c += blockDim.x) xs[i * P + c] = xr[c];
   }
   __syncthreads();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int64_t j = (int64_t)blockIdx.x * kGemvWarps + warp;
   if (j >= I) return;
-  const uint4* g = reinterpret_cast<const uint4*>(gu + ((int64_t)e * 2 * I + j) * H);
-  const uint4* u = g + I * P;  // the up row j is I rows further
-  float sg[kGemvTokens] = {0.f, 0.f, 0.f, 0.f}, su[kGemvTokens] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-  for (int64_t c = lane; c < P; c += 32) {
-    const uint4 gv = mk::ld_stream(g + c), uv = mk::ld_stream(u + c);
-#pragma unroll
-    for (int i = 0; i < kGemvTokens; i++) {
-      if (i < nt) {
-        const uint4 xv = xs[i * P + c];
-        sg[i] = dot8(gv, xv, sg[i]);
-        su[i] = dot8(uv, xv, su[i]);
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kGemvTokens; i++) {
-    if (i >= nt) break;
-    float a = mk::warp_sum(sg[i]), b = mk::warp_sum(su[i]);
-    if (lane == 0) {
-      if (gub) {
-        a += gub[(int64_t)e * 2 * I + j];
-        b += gub[(int64_t)e * 2 * I + I + j];
-      }
-      act[(int64_t)qs[i] * I + j] = __float2bfloat16_rn(activation(a, b, act_kind, alpha, limit));
-    }
-  }
+  const int64_t xo[kGemvTokens] = {0, P, 2 * P, 3 * P};  // the staged rows, in qs order
+  gemv_up_row(act, xs, xo, qs, nt, e, j, gu, gub, H, I, act_kind, alpha, limit);
 }
 
 // grid ceil(H / kGemvWarps): one warp per output column, every token.
@@ -890,37 +941,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     if (lane == 0) un = __popc(firsts);
   }
   __syncthreads();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int64_t c = (int64_t)blockIdx.x * kGemvWarps + warp;
   if (c >= H) return;
-  const int P = (int)(I / 8), total = un * P;
-  float acc[kGemvTokens] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-  for (int f = lane; f < total; f += 32) {
-    const int g = f / P, q8 = f - g * P;
-    const uint4 rv = mk::ld_stream(dn + ((int64_t)ue[g] * H + c) * I + (int64_t)q8 * 8);
-    for (unsigned m = um[g]; m; m &= m - 1) {
-      const int q = __ffs(m) - 1;
-      const float d = dot8(rv, reinterpret_cast<const uint4*>(act + (int64_t)q * I)[q8], 0.0f);
-      const int t = q / K;
-#pragma unroll
-      for (int i = 0; i < kGemvTokens; i++)
-        if (i == t) acc[i] = fmaf(sw[q], d, acc[i]);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kGemvTokens; i++) {
-    if (i >= T) break;
-    float v = mk::warp_sum(acc[i]);
-    if (lane == 0) {
-      if (db)
-        for (int k = 0; k < K; k++) {
-          const int e = ids[i * K + k];
-          if (e >= 0) v = fmaf(sw[i * K + k], db[(int64_t)e * H + c], v);
-        }
-      out[i * H + c] = v;
-    }
-  }
+  gemv_down_col(out, act, c, ue, um, un, sw, ids, dn, db, H, I, T, K);
 }
 
 // ---------------------------------------------------------------- decode-sized experts, one launch
@@ -1053,74 +1077,24 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_decode_kernel(const __gri
     const int g = (int)(it / nbx);
     const int64_t j = (it - (int64_t)g * nbx) * kGemvWarps + warp;
     if (j >= p.I) continue;  // warp-uniform; nothing below waits on the block
-    const int e = ue[g];
     int qs[kGemvTokens], nt = 0;
-    for (unsigned m = um[g]; m != 0u && nt < kGemvTokens; m &= m - 1) qs[nt++] = __ffs(m) - 1;
-    const uint4* gr = reinterpret_cast<const uint4*>(p.gu + ((int64_t)e * 2 * p.I + j) * p.H);
-    const uint4* ur = gr + p.I * P;  // the up row j is I rows further
-    float sg[kGemvTokens] = {0.f, 0.f, 0.f, 0.f}, su[kGemvTokens] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-    for (int64_t c = lane; c < P; c += 32) {
-      const uint4 gv = mk::ld_stream(gr + c), uv = mk::ld_stream(ur + c);
-#pragma unroll
-      for (int i = 0; i < kGemvTokens; i++) {
-        if (i < nt) {
-          const uint4 xv = xs[(int64_t)(qs[i] / p.K) * P + c];
-          sg[i] = dot8(gv, xv, sg[i]);
-          su[i] = dot8(uv, xv, su[i]);
-        }
-      }
+    int64_t xo[kGemvTokens] = {0, 0, 0, 0};
+    for (unsigned m = um[g]; m != 0u && nt < kGemvTokens; m &= m - 1, nt++) {
+      qs[nt] = __ffs(m) - 1;
+      xo[nt] = (int64_t)(qs[nt] / p.K) * P;  // its token's staged row
     }
-#pragma unroll
-    for (int i = 0; i < kGemvTokens; i++) {
-      if (i >= nt) break;
-      float a = mk::warp_sum(sg[i]), b = mk::warp_sum(su[i]);
-      if (lane == 0) {
-        if (p.gub) {
-          a += p.gub[(int64_t)e * 2 * p.I + j];
-          b += p.gub[(int64_t)e * 2 * p.I + p.I + j];
-        }
-        p.act[(int64_t)qs[i] * p.I + j] = __float2bfloat16_rn(activation(a, b, p.act_kind, p.alpha, p.limit));
-      }
-    }
+    gemv_up_row(p.act, xs, xo, qs, nt, ue[g], j, p.gu, p.gub, p.H, p.I, p.act_kind, p.alpha, p.limit);
   }
 
   // 3. Every CTA's activations are written.
   if (!decode_barrier(p)) return;
 
   // 4. Down: item = kGemvWarps output columns, a warp a column, every token.
-  const int PI = (int)(p.I / 8), total = un * PI;
   const int64_t items = (p.H + kGemvWarps - 1) / kGemvWarps;
   for (int64_t it = blockIdx.x; it < items; it += gridDim.x) {
     const int64_t c = it * kGemvWarps + warp;
     if (c >= p.H) continue;
-    float acc[kGemvTokens] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-    for (int f = lane; f < total; f += 32) {
-      const int g = f / PI, q8 = f - g * PI;
-      const uint4 rv = mk::ld_stream(p.dn + ((int64_t)ue[g] * p.H + c) * p.I + (int64_t)q8 * 8);
-      for (unsigned m = um[g]; m; m &= m - 1) {
-        const int q = __ffs(m) - 1;
-        const float d = dot8(rv, __ldcg(reinterpret_cast<const uint4*>(p.act + (int64_t)q * p.I) + q8), 0.0f);
-        const int t = q / p.K;
-#pragma unroll
-        for (int i = 0; i < kGemvTokens; i++)
-          if (i == t) acc[i] = fmaf(w_sh[q], d, acc[i]);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kGemvTokens; i++) {
-      if (i >= p.T) break;
-      float v = mk::warp_sum(acc[i]);
-      if (lane == 0) {
-        if (p.db)
-          for (int k = 0; k < p.K; k++) {
-            const int e = ids_sh[i * p.K + k];
-            if (e >= 0) v = fmaf(w_sh[i * p.K + k], p.db[(int64_t)e * p.H + c], v);
-          }
-        p.out[i * p.H + c] = v;
-      }
-    }
+    gemv_down_col(p.out, p.act, c, ue, um, un, w_sh, ids_sh, p.dn, p.db, p.H, p.I, p.T, p.K);
   }
 }
 
