@@ -807,6 +807,25 @@ __device__ __forceinline__ unsigned expert_groups(const int32_t* ids, int n, int
   return __ballot_sync(0xffffffffu, lane < n && e >= 0 && f == lane);
 }
 
+// distinct_experts is run by warp 0 over the n ≤ 32 assignments' ids: ue[g]
+// is the g-th distinct expert (by first assignment), um[g] the mask of its
+// assignments, *un their count (first: scratch of expert_groups).
+__device__ __forceinline__ void distinct_experts(const int32_t* ids, int n, int* first, int* ue, unsigned* um,
+                                                 int* un) {
+  const int lane = threadIdx.x & 31;
+  const unsigned firsts = expert_groups(ids, n, first);
+  __syncwarp();
+  if ((firsts >> lane) & 1u) {
+    const int g = __popc(firsts & ((1u << lane) - 1u));
+    ue[g] = ids[lane];
+    unsigned m = 0;
+    for (int q = lane; q < n; q++)
+      if (first[q] == lane) m |= 1u << q;
+    um[g] = m;
+  }
+  if (lane == 0) *un = __popc(firsts);
+}
+
 // gemv_up_row is a warp's share of the GEMV up phase: gate row j and up
 // row j of expert e against the x rows of the expert's nt assignments qs
 // (shared memory: assignment i's row starts at xs + xo[i], 16-byte chunks),
@@ -926,19 +945,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   __shared__ int un;
   const int n = T * K;
   if (threadIdx.x < 32) {
-    const unsigned firsts = expert_groups(ids, n, first);
-    __syncwarp();
-    const int lane = threadIdx.x;
-    if (lane < n) sw[lane] = w[lane];
-    if ((firsts >> lane) & 1u) {
-      const int g = __popc(firsts & ((1u << lane) - 1u));
-      ue[g] = ids[lane];
-      unsigned m = 0;
-      for (int q = lane; q < n; q++)
-        if (first[q] == lane) m |= 1u << q;
-      um[g] = m;
-    }
-    if (lane == 0) un = __popc(firsts);
+    distinct_experts(ids, n, first, ue, um, &un);
+    if ((int)threadIdx.x < n) sw[threadIdx.x] = w[threadIdx.x];
   }
   __syncthreads();
   const int warp = threadIdx.x >> 5;
@@ -1029,7 +1037,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_decode_kernel(const __gri
   __shared__ unsigned um[kGemvAssign];  // per distinct expert: its assignments
   __shared__ int un;
   const int n = p.T * p.K;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int64_t P = p.H / 8;  // 16-byte chunks of an x row
   uint4* xs = reinterpret_cast<uint4*>(dsm);
 
@@ -1047,19 +1055,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_decode_kernel(const __gri
   const uint4* xg = reinterpret_cast<const uint4*>(p.x);
   for (int64_t c = threadIdx.x; c < p.T * P; c += blockDim.x) xs[c] = xg[c];
   __syncthreads();
-  if (warp == 0) {
-    const unsigned firsts = expert_groups(ids_sh, n, first);
-    __syncwarp();
-    if ((firsts >> lane) & 1u) {
-      const int g = __popc(firsts & ((1u << lane) - 1u));
-      ue[g] = ids_sh[lane];
-      unsigned m = 0;
-      for (int q = lane; q < n; q++)
-        if (first[q] == lane) m |= 1u << q;
-      um[g] = m;
-    }
-    if (lane == 0) un = __popc(firsts);
-  }
+  if (warp == 0) distinct_experts(ids_sh, n, first, ue, um, &un);
   if (blockIdx.x == 0 && threadIdx.x < n) {
     const int q = threadIdx.x, e = ids_sh[q];
     if (p.logits != nullptr) {

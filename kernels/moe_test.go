@@ -118,6 +118,12 @@ func TestMoERoute(t *testing.T) {
 	}
 }
 
+// softmaxRouter is softmax top-K routing over E experts with the chosen
+// weights renormalised (Qwen3-MoE's, Mixtral's).
+func softmaxRouter(E, K int) moe.RouterConfig {
+	return moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
+}
+
 // moeCase is one whole-MoE test: routing on random logits, then the experts.
 type moeCase struct {
 	name    string
@@ -197,23 +203,20 @@ func moeRef(x, gu, gub, dn, db []float32, ids []int32, w []float32, T, K, H, I i
 func TestMoEExperts(t *testing.T) {
 	g := testGPU(t)
 	r := newRNG(t)
-	sm := func(E, K int) moe.RouterConfig {
-		return moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
-	}
 	oss := moe.Activation{Kind: moe.ClampedSwiGLU, Alpha: 1.702, Limit: 0.7}
 	cases := []moeCase{
-		{name: "E8_K2_T1", cfg: sm(8, 2), T: 1, H: 64, I: 48, hot: -1},
-		{name: "E8_K1_T7", cfg: sm(8, 1), T: 7, H: 128, I: 64, hot: -1},
-		{name: "E8_K2_T130_hot", cfg: sm(8, 2), T: 130, H: 64, I: 40, hot: 3},
-		{name: "E8_K2_T1024_tile128", cfg: sm(8, 2), T: 1024, H: 136, I: 96, hot: -1, biases: true},
-		{name: "E8_K2_T1024_hot_clamped", cfg: sm(8, 2), T: 1024, H: 64, I: 72, hot: 5, clamped: true},
+		{name: "E8_K2_T1", cfg: softmaxRouter(8, 2), T: 1, H: 64, I: 48, hot: -1},
+		{name: "E8_K1_T7", cfg: softmaxRouter(8, 1), T: 7, H: 128, I: 64, hot: -1},
+		{name: "E8_K2_T130_hot", cfg: softmaxRouter(8, 2), T: 130, H: 64, I: 40, hot: 3},
+		{name: "E8_K2_T1024_tile128", cfg: softmaxRouter(8, 2), T: 1024, H: 136, I: 96, hot: -1, biases: true},
+		{name: "E8_K2_T1024_hot_clamped", cfg: softmaxRouter(8, 2), T: 1024, H: 64, I: 72, hot: 5, clamped: true},
 		{name: "E64_K4_T130_groups_clamped_bias", cfg: moe.RouterConfig{NumExperts: 64, TopK: 4, Scoring: moe.Sigmoid, NormTopK: true, NumGroups: 8, TopKGroups: 4, ScalingFactor: 2.5},
 			T: 130, H: 72, I: 56, clamped: true, biases: true, hot: -1},
-		{name: "E64_K2_T7_cold", cfg: sm(64, 2), T: 7, H: 64, I: 32, cold: 32, hot: -1},
-		{name: "E64_K4_T300_cold", cfg: sm(64, 4), T: 300, H: 64, I: 32, cold: 8, hot: -1},
-		{name: "E128_K8_T130", cfg: sm(128, 8), T: 130, H: 128, I: 64, hot: -1},
+		{name: "E64_K2_T7_cold", cfg: softmaxRouter(64, 2), T: 7, H: 64, I: 32, cold: 32, hot: -1},
+		{name: "E64_K4_T300_cold", cfg: softmaxRouter(64, 4), T: 300, H: 64, I: 32, cold: 8, hot: -1},
+		{name: "E128_K8_T130", cfg: softmaxRouter(128, 8), T: 130, H: 128, I: 64, hot: -1},
 		// More experts than the align kernel's threads: each thread scans two.
-		{name: "E2048_K4_T64", cfg: sm(2048, 4), T: 64, H: 64, I: 32, hot: -1},
+		{name: "E2048_K4_T64", cfg: softmaxRouter(2048, 4), T: 64, H: 64, I: 32, hot: -1},
 		{name: "E128_K8_T1_softmaxtopk", cfg: moe.RouterConfig{NumExperts: 128, TopK: 8, Scoring: moe.Softmax, SoftmaxTopK: true}, T: 1, H: 96, I: 64, hot: -1, biases: true},
 		{name: "E256_K8_T1_deepseek", cfg: deepSeekV3Router, T: 1, H: 128, I: 64, hot: -1, biases: true},
 		{name: "E256_K8_T130_deepseek", cfg: deepSeekV3Router, T: 130, H: 64, I: 48, hot: -1},
@@ -221,33 +224,33 @@ func TestMoEExperts(t *testing.T) {
 		// The 32-row tiles (8–24 rows per expert) with a hot expert of many
 		// tiles, reductions that end inside a 64-wide chunk, odd column
 		// counts; below, the 16-row tiles with the same.
-		{name: "E128_K8_T200_hot_stream", cfg: sm(128, 8), T: 200, H: 136, I: 40, hot: 7, biases: true},
-		{name: "E256_K4_T200_hot_tile16", cfg: sm(256, 4), T: 200, H: 136, I: 40, hot: 7, biases: true},
+		{name: "E128_K8_T200_hot_stream", cfg: softmaxRouter(128, 8), T: 200, H: 136, I: 40, hot: 7, biases: true},
+		{name: "E256_K4_T200_hot_tile16", cfg: softmaxRouter(256, 4), T: 200, H: 136, I: 40, hot: 7, biases: true},
 		// 32 tokens: the most that route and align in one launch (_one_call).
-		{name: "E128_K8_T32", cfg: sm(128, 8), T: 32, H: 128, I: 64, hot: -1},
+		{name: "E128_K8_T32", cfg: softmaxRouter(128, 8), T: 32, H: 128, I: 64, hot: -1},
 		{name: "E256_K8_T32_deepseek", cfg: deepSeekV3Router, T: 32, H: 64, I: 32, hot: -1, biases: true},
-		{name: "E64_K4_T16_stream_clamped", cfg: sm(64, 4), T: 16, H: 72, I: 24, hot: -1, clamped: true, biases: true},
-		{name: "E32_K8_T80_stream_nt4", cfg: sm(32, 8), T: 80, H: 200, I: 56, hot: -1},
-		{name: "E16_K4_T40_stream_nt2", cfg: sm(16, 4), T: 40, H: 104, I: 48, hot: -1},
+		{name: "E64_K4_T16_stream_clamped", cfg: softmaxRouter(64, 4), T: 16, H: 72, I: 24, hot: -1, clamped: true, biases: true},
+		{name: "E32_K8_T80_stream_nt4", cfg: softmaxRouter(32, 8), T: 80, H: 200, I: 56, hot: -1},
+		{name: "E16_K4_T40_stream_nt2", cfg: softmaxRouter(16, 4), T: 40, H: 104, I: 48, hot: -1},
 		// The decode-sized GEMV kernels (T ≤ 4): every token count, biases,
 		// the clamped activation, one expert for every token, a rank's block.
-		{name: "gemv_E8_K1_T2", cfg: sm(8, 1), T: 2, H: 64, I: 48, hot: -1, gemv: MoEGemvTwo},
-		{name: "gemv_E8_K2_T3_clamped_bias", cfg: sm(8, 2), T: 3, H: 136, I: 40, hot: -1, clamped: true, biases: true, gemv: MoEGemvTwo},
-		{name: "gemv_E32_K8_T4_qwen3_rows", cfg: sm(32, 8), T: 4, H: 2048, I: 768, hot: -1, gemv: MoEGemvTwo},
-		{name: "gemv_E64_K4_T4_hot", cfg: sm(64, 4), T: 4, H: 200, I: 56, hot: 9, biases: true, gemv: MoEGemvTwo},
+		{name: "gemv_E8_K1_T2", cfg: softmaxRouter(8, 1), T: 2, H: 64, I: 48, hot: -1, gemv: MoEGemvTwo},
+		{name: "gemv_E8_K2_T3_clamped_bias", cfg: softmaxRouter(8, 2), T: 3, H: 136, I: 40, hot: -1, clamped: true, biases: true, gemv: MoEGemvTwo},
+		{name: "gemv_E32_K8_T4_qwen3_rows", cfg: softmaxRouter(32, 8), T: 4, H: 2048, I: 768, hot: -1, gemv: MoEGemvTwo},
+		{name: "gemv_E64_K4_T4_hot", cfg: softmaxRouter(64, 4), T: 4, H: 200, I: 56, hot: 9, biases: true, gemv: MoEGemvTwo},
 		{name: "gemv_E256_K8_T2_deepseek_bias", cfg: deepSeekV3Router, T: 2, H: 7168, I: 32, hot: -1, biases: true, gemv: MoEGemvTwo},
-		{name: "gemv_E64_K8_T4_shared_experts", cfg: sm(64, 8), T: 4, H: 256, I: 96, hot: -1, cold: 8, biases: true, gemv: MoEGemvTwo},
-		{name: "gemv_E64_K8_T3_rank_block", cfg: sm(64, 8), T: 3, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40, gemv: MoEGemvTwo},
+		{name: "gemv_E64_K8_T4_shared_experts", cfg: softmaxRouter(64, 8), T: 4, H: 256, I: 96, hot: -1, cold: 8, biases: true, gemv: MoEGemvTwo},
+		{name: "gemv_E64_K8_T3_rank_block", cfg: softmaxRouter(64, 8), T: 3, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40, gemv: MoEGemvTwo},
 		// One launch (routing inside when oneCall): the same cases.
-		{name: "gemv1_E8_K1_T2", cfg: sm(8, 1), T: 2, H: 64, I: 48, hot: -1, gemv: MoEGemvOneLaunch},
-		{name: "gemv1_E8_K2_T3_clamped_bias", cfg: sm(8, 2), T: 3, H: 136, I: 40, hot: -1, clamped: true, biases: true, gemv: MoEGemvOneLaunch},
-		{name: "gemv1_E32_K8_T4_qwen3_rows", cfg: sm(32, 8), T: 4, H: 2048, I: 768, hot: -1, gemv: MoEGemvOneLaunch},
-		{name: "gemv1_E64_K4_T4_hot", cfg: sm(64, 4), T: 4, H: 200, I: 56, hot: 9, biases: true, gemv: MoEGemvOneLaunch},
+		{name: "gemv1_E8_K1_T2", cfg: softmaxRouter(8, 1), T: 2, H: 64, I: 48, hot: -1, gemv: MoEGemvOneLaunch},
+		{name: "gemv1_E8_K2_T3_clamped_bias", cfg: softmaxRouter(8, 2), T: 3, H: 136, I: 40, hot: -1, clamped: true, biases: true, gemv: MoEGemvOneLaunch},
+		{name: "gemv1_E32_K8_T4_qwen3_rows", cfg: softmaxRouter(32, 8), T: 4, H: 2048, I: 768, hot: -1, gemv: MoEGemvOneLaunch},
+		{name: "gemv1_E64_K4_T4_hot", cfg: softmaxRouter(64, 4), T: 4, H: 200, I: 56, hot: 9, biases: true, gemv: MoEGemvOneLaunch},
 		{name: "gemv1_E256_K8_T2_deepseek_bias", cfg: deepSeekV3Router, T: 2, H: 7168, I: 32, hot: -1, biases: true, gemv: MoEGemvOneLaunch},
-		{name: "gemv1_E128_K8_T1_qwen3", cfg: sm(128, 8), T: 1, H: 2048, I: 768, hot: -1, gemv: MoEGemvOneLaunch},
-		{name: "gemv1_E64_K8_T4_shared_experts", cfg: sm(64, 8), T: 4, H: 256, I: 96, hot: -1, cold: 8, biases: true, gemv: MoEGemvOneLaunch},
-		{name: "gemv1_E64_K8_T3_rank_block", cfg: sm(64, 8), T: 3, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40, gemv: MoEGemvOneLaunch},
-		{name: "grouped_E64_K8_T9_rank_block", cfg: sm(64, 8), T: 9, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40},
+		{name: "gemv1_E128_K8_T1_qwen3", cfg: softmaxRouter(128, 8), T: 1, H: 2048, I: 768, hot: -1, gemv: MoEGemvOneLaunch},
+		{name: "gemv1_E64_K8_T4_shared_experts", cfg: softmaxRouter(64, 8), T: 4, H: 256, I: 96, hot: -1, cold: 8, biases: true, gemv: MoEGemvOneLaunch},
+		{name: "gemv1_E64_K8_T3_rank_block", cfg: softmaxRouter(64, 8), T: 3, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40, gemv: MoEGemvOneLaunch},
+		{name: "grouped_E64_K8_T9_rank_block", cfg: softmaxRouter(64, 8), T: 9, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -290,6 +293,17 @@ func moeLogits(r *rand.Rand, c moeCase) (logits, sbias []float32) {
 		sbias = randF32(r, E, 0.3)
 	}
 	return logits, sbias
+}
+
+// moeBits draws c's routing inputs (moeLogits) and, as bf16 bits, its x
+// [T, H], gate/up weights [E, 2I, H] and down weights [E, H, I].
+func moeBits(r *rand.Rand, c moeCase) (logits, sbias []float32, x, gu, dn []uint16) {
+	E, T, H, I := c.cfg.NumExperts, c.T, c.H, c.I
+	logits, sbias = moeLogits(r, c)
+	x, _ = randBF16(r, T*H, 1)
+	gu, _ = randBF16(r, E*2*I*H, 1/math.Sqrt(float64(H)))
+	dn, _ = randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))
+	return logits, sbias, x, gu, dn
 }
 
 func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activation) {
@@ -522,22 +536,16 @@ func TestMoELocalize(t *testing.T) {
 func TestMoECombineAddRMSNorm(t *testing.T) {
 	g := testGPU(t)
 	r := newRNG(t)
-	sm := func(E, K int) moe.RouterConfig {
-		return moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
-	}
 	for _, c := range []moeCase{
-		{name: "qwen3_T1", cfg: sm(128, 8), T: 1, H: 2048, I: 96, hot: -1},
-		{name: "E128_K8_T32", cfg: sm(128, 8), T: 32, H: 256, I: 64, hot: -1},
-		{name: "E8_K2_T130_hot", cfg: sm(8, 2), T: 130, H: 136, I: 40, hot: 3},
-		{name: "E64_K4_T300_cold", cfg: sm(64, 4), T: 300, H: 64, I: 32, cold: 8, hot: -1},
+		{name: "qwen3_T1", cfg: softmaxRouter(128, 8), T: 1, H: 2048, I: 96, hot: -1},
+		{name: "E128_K8_T32", cfg: softmaxRouter(128, 8), T: 32, H: 256, I: 64, hot: -1},
+		{name: "E8_K2_T130_hot", cfg: softmaxRouter(8, 2), T: 130, H: 136, I: 40, hot: 3},
+		{name: "E64_K4_T300_cold", cfg: softmaxRouter(64, 4), T: 300, H: 64, I: 32, cold: 8, hot: -1},
 		{name: "deepseek_T7_bias", cfg: deepSeekV3Router, T: 7, H: 7168, I: 32, hot: -1, biases: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			E, K, T, H, I := c.cfg.NumExperts, c.cfg.TopK, c.T, c.H, c.I
-			logits, sbias := moeLogits(r, c)
-			xb, _ := randBF16(r, T*H, 1)
-			gu, _ := randBF16(r, E*2*I*H, 1/math.Sqrt(float64(H)))
-			dn, _ := randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))
+			logits, sbias, xb, gu, dn := moeBits(r, c)
 			resid, normW := randF32(r, T*H, 1), randF32(r, H, 1)
 			const eps = 1e-6
 			var sums, outs [2][]float32
@@ -598,21 +606,15 @@ func TestMoECombineAddRMSNorm(t *testing.T) {
 func TestMoEGemvOneLaunchSameBits(t *testing.T) {
 	g := testGPU(t)
 	r := newRNG(t)
-	sm := func(E, K int) moe.RouterConfig {
-		return moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
-	}
 	for _, c := range []moeCase{
-		{name: "qwen3_T1", cfg: sm(128, 8), T: 1, H: 2048, I: 768, hot: -1},
-		{name: "qwen3_T4_hot", cfg: sm(128, 8), T: 4, H: 2048, I: 768, hot: 5},
+		{name: "qwen3_T1", cfg: softmaxRouter(128, 8), T: 1, H: 2048, I: 768, hot: -1},
+		{name: "qwen3_T4_hot", cfg: softmaxRouter(128, 8), T: 4, H: 2048, I: 768, hot: 5},
 		{name: "deepseek_T4_bias", cfg: deepSeekV3Router, T: 4, H: 7168, I: 64, hot: -1, biases: true},
-		{name: "E8_K2_T3_clamped", cfg: sm(8, 2), T: 3, H: 136, I: 40, hot: -1, clamped: true, biases: true},
+		{name: "E8_K2_T3_clamped", cfg: softmaxRouter(8, 2), T: 3, H: 136, I: 40, hot: -1, clamped: true, biases: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			E, K, T, H, I := c.cfg.NumExperts, c.cfg.TopK, c.T, c.H, c.I
-			logits, sbias := moeLogits(r, c)
-			xb, _ := randBF16(r, T*H, 1)
-			gub16, _ := randBF16(r, E*2*I*H, 1/math.Sqrt(float64(H)))
-			db16, _ := randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))
+			logits, sbias, xb, gub16, db16 := moeBits(r, c)
 			ex := &MoEExperts{E: E, H: H, I: I, Clamped: c.clamped, Alpha: 1.702, Limit: 0.7}
 			type result struct {
 				out, w []float32
