@@ -332,7 +332,7 @@ func (d *Device) MoEExpertsRun(s *Stream, out, x, ids, weights *Buffer, T, K int
 // as one launch: T ≤ 32, E ≤ 256, K ≤ 32, the grouped GEMMs; off by
 // default, slower in whole steps). K is r.TopK. With a nil out no
 // combine runs: MoECombineAddRMSNormF32 must follow with the same ws (not
-// with the GEMV kernels of SetMoEGemv(true), which combine themselves).
+// on the decode-sized GEMV path, MoEGemv, which combines itself).
 func (d *Device) MoERouteExpertsRun(s *Stream, out, x, ids, weights, logits, scoreBias *Buffer, T int, r MoERouter,
 	ex *MoEExperts, counts, ws *Buffer) error {
 	const op = "MoERouteExpertsRun"
