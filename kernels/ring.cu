@@ -461,16 +461,15 @@ struct SpanSh {
 
 // attend_span folds key tiles nlo.. nlo+cnt-1 of one span of a chunk into
 // the state: the span holds positions [klo, khi) at buffer rows koff.. of
-// kc / vc. One contiguous range per call, so the loop is flash.cu's. gt
-// counts the tiles this CTA has folded since the slot's query tile was
-// loaded: K/V stages alternate on it across calls, so the first load of a
-// span takes the stage of the tile before last, which every warp finished
-// before the last tile's barrier (no extra barrier between spans). q and
-// sp are in shared memory.
+// kc / vc. One contiguous range per call, so the loop is flash.cu's. Each
+// span starts in K/V stage 0: the barrier at entry has every warp done with
+// both stages. The stage offsets then follow the loop counter alone, which
+// the compiler keeps in a uniform register (flash.cu's ldmatrix
+// addressing, base + uniform offset). q and sp are in shared memory.
 template <int D, int DV, int MT>
 __device__ __forceinline__ void attend_span(const Params& p, const Slot& q, SpanSh& sp, State<DV, MT>& st,
                                             const bf16* kc, const bf16* vc, int klo, int khi, int koff, int nlo,
-                                            int cnt, bf16* sk, bf16* sv, const TileAddr<D, DV, MT>& ad, int& gt) {
+                                            int cnt, bf16* sq, bf16* sk, bf16* sv) {
   using C = Cfg<D, DV, MT>;
   constexpr int KTPR = kThreads / kBN;
   __syncthreads();  // every warp is done with the previous span's sp
@@ -496,15 +495,17 @@ __device__ __forceinline__ void attend_span(const Params& p, const Slot& q, Span
                     p.vec != 0, vb);
   };
   const int wrow = (threadIdx.x / 32) * 16 * MT;
-  load_kv(0, gt % kStages);
+  const TileAddr<D, DV, MT> ad(sq, sk, sv, wrow, threadIdx.x % 32);
+  const int ntl = sp.cnt;
+  load_kv(0, 0);
   cp_async_commit();
-  for (int it = 0; it < sp.cnt; ++it, ++gt) {
+  for (int it = 0; it < ntl; ++it) {
     cp_async_wait<0>();
     __syncthreads();
-    if (it + 1 < sp.cnt) load_kv(it + 1, (gt + 1) % kStages);
+    if (it + 1 < ntl) load_kv(it + 1, (it + 1) % kStages);
     cp_async_commit();
-    const uint32_t stage = gt % kStages;
-    attend_tile<D, DV, MT>(st.o, st.m, st.l, ad, 2 * stage * C::KE, 2 * stage * C::VE, sp.j0 + it * kBN, sp.tr,
+    const uint32_t koff = 2 * (it % kStages) * C::KE, voff = 2 * (it % kStages) * C::VE;
+    attend_tile<D, DV, MT>(st.o, st.m, st.l, ad, koff, voff, sp.j0 + it * kBN, sp.tr,
                            p.causal, p.window, wrow, p.scale_log2);
   }
 }
@@ -516,17 +517,19 @@ __device__ __forceinline__ void attend_span(const Params& p, const Slot& q, Span
 // CTAs are in different spans.
 template <int D, int DV, int MT>
 __device__ __forceinline__ void attend_chunk(const Params& p, const Slot& q, SpanSh& sp, int s, State<DV, MT>& st,
-                                             bf16* sk, bf16* sv, const TileAddr<D, DV, MT>& ad, int& gt) {
-  const int src = (q.r - s + p.ranks) % p.ranks;
-  const bf16* kc = chunk_k(p, q.r, s);
-  const bf16* vc = chunk_v(p, q.r, s);
+                                             bf16* sq, bf16* sk, bf16* sv) {
 #pragma unroll 1
   for (int h = 0; h < 2; ++h) {
+    // Everything here is recomputed per span from q (shared memory) and p:
+    // a value held across span 0's tile loop would cost it registers.
+    const int src = (q.r - s + p.ranks) % p.ranks;
+    const bf16* kc = chunk_k(p, q.r, s);
+    const bf16* vc = chunk_v(p, q.r, s);
     const int lo = p.ks[src][2 * h], hi = p.ks[src][2 * h + 1];
     const int koff = h == 0 ? 0 : p.ks[src][1] - p.ks[src][0];
     int nlo;
     const int cnt = span_tiles(p, q, lo, hi, &nlo);
-    if (cnt > 0) attend_span<D, DV, MT>(p, q, sp, st, kc, vc, lo, hi, koff, nlo, cnt, sk, sv, ad, gt);
+    if (cnt > 0) attend_span<D, DV, MT>(p, q, sp, st, kc, vc, lo, hi, koff, nlo, cnt, sq, sk, sv);
   }
 }
 
@@ -601,20 +604,22 @@ __device__ void run_item(const Params& p, int r, int s, int t, int hg, bf16* sq,
   if (ntiles == 0 && !first && !last) return;  // nothing visible, state unchanged
 
   State<DV, MT> st;
-  float* sv_state = p.mode == 0 ? p.rk[r].state + (int64_t)q.tile * C::NS * kThreads + threadIdx.x : nullptr;
+  // The state's workspace address is computed where it is used, from q in
+  // shared memory: nothing the tile loop does not need stays live across it.
+  auto sv_state = [&]() -> float* {
+    return p.mode == 0 ? p.rk[q.r].state + (int64_t)q.tile * C::NS * kThreads + threadIdx.x : nullptr;
+  };
   if (first)
     st.init();
   else
-    st.load(sv_state);
+    st.load(sv_state());
   if (ntiles > 0) {
     load_q<D, DV, MT>(p, q, sq);
-    const TileAddr<D, DV, MT> ad(sq, sk, sv, (threadIdx.x / 32) * 16 * MT, threadIdx.x % 32);
-    int gt = 0;
-    attend_chunk<D, DV, MT>(p, q, sp, s, st, sk, sv, ad, gt);
+    attend_chunk<D, DV, MT>(p, q, sp, s, st, sq, sk, sv);
     cp_async_wait<0>();
   }
   if (!last) {
-    st.store(sv_state);
+    st.store(sv_state());
     return;
   }
   finish<D, DV, MT>(p, q, st, p.mode == 1 ? 1 : p.out_f32);
@@ -632,13 +637,11 @@ __device__ bool run_slot(const Params& p, int r, int t, int hg, bf16* sq, bf16* 
   slot_sh(p, q, r, t, hg);
   State<DV, MT> st;
   st.init();
-  const TileAddr<D, DV, MT> ad(sq, sk, sv, (threadIdx.x / 32) * 16 * MT, threadIdx.x % 32);
-  int gt = 0;
   bool loaded = false;
   for (int s = 0; s < p.ranks; ++s) {
     if (chunk_tiles(p, q, s) == 0) continue;
     if (s > 0) {
-      if (threadIdx.x == 0) ok_slot = wait_arrival(p, r, s, 0, q.tile);
+      if (threadIdx.x == 0) ok_slot = wait_arrival(p, q.r, s, 0, q.tile);
       __syncthreads();
       if (!ok_slot) return false;
     }
@@ -646,7 +649,7 @@ __device__ bool run_slot(const Params& p, int r, int t, int hg, bf16* sq, bf16* 
       load_q<D, DV, MT>(p, q, sq);
       loaded = true;
     }
-    attend_chunk<D, DV, MT>(p, q, sp, s, st, sk, sv, ad, gt);
+    attend_chunk<D, DV, MT>(p, q, sp, s, st, sq, sk, sv);
   }
   cp_async_wait<0>();
   finish<D, DV, MT>(p, q, st, p.out_f32);
@@ -654,10 +657,13 @@ __device__ bool run_slot(const Params& p, int r, int t, int hg, bf16* sq, bf16* 
 }
 
 // ring_kernel: mode 0, the whole ring (comm CTAs first in the grid, then
-// compute CTAs); mode 1, step p.step of every rank, compute only; mode 2,
-// the ring into gather buffers (comm CTAs first, then slot-at-a-time
-// compute CTAs).
-template <int D, int DV, int MT>
+// compute CTAs); mode 1, step p.step of every rank, compute only; mode 2
+// (GATHER), the ring into gather buffers (comm CTAs first, then
+// slot-at-a-time compute CTAs). GATHER is a template parameter, not only
+// p.mode, so that each kind is its own kernel with its own register
+// allocation: at 255 registers the allocator's choices for one path's tile
+// loop changed with the other path's code (scripts/sass_ldsm.py).
+template <int D, int DV, int MT, bool GATHER>
 __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant__ Params p) {
   using C = Cfg<D, DV, MT>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -675,7 +681,7 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
     // Sent everything: join the compute below.
   }
   const int nslots = p.tmax * p.hg * (local ? 1 : R);
-  if (p.mode == 2) {
+  if constexpr (GATHER) {
     for (;;) {
       const int idx = block_take(p.ctl + kQueue, &idx_sh);
       if (idx >= nslots) return;
@@ -685,7 +691,7 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
       if (!run_slot<D, DV, MT>(p, r, t, hg, sq, sk, sv)) return;
       __syncthreads();  // every warp is done with the slot's shared memory
     }
-  }
+  } else {
   int s = p.mode == 1 ? p.step : 0;
   const int s_end = p.mode == 1 ? p.step + 1 : R;
   while (s < s_end) {
@@ -718,6 +724,7 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
       st_release(p.done + gidx, s + 1);
       signal_consumed(p, r, s);
     }
+  }
   }
 }
 
@@ -948,11 +955,13 @@ void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* 
 
 using KernelFn = void (*)(Params);
 
-KernelFn kernel_for(const Shape& sh, size_t* smem) {
-#define MK_RING_CASE(D, DV, MT)                      \
-  if (sh.d == D && sh.dv == DV && sh.mt == MT) {     \
-    *smem = Cfg<D, DV, MT>::smem;                    \
-    return ring_kernel<D, DV, MT>;                   \
+// kernel_for is the ring kernel for shape sh: the gather-buffer kind
+// (mode 2) when gather, else the one of modes 0 and 1.
+KernelFn kernel_for(const Shape& sh, bool gather, size_t* smem) {
+#define MK_RING_CASE(D, DV, MT)                                                   \
+  if (sh.d == D && sh.dv == DV && sh.mt == MT) {                                  \
+    *smem = Cfg<D, DV, MT>::smem;                                                 \
+    return gather ? ring_kernel<D, DV, MT, true> : ring_kernel<D, DV, MT, false>; \
   }
   MK_RING_CASE(64, 64, 2)
   MK_RING_CASE(128, 128, 2)
@@ -965,14 +974,14 @@ KernelFn kernel_for(const Shape& sh, size_t* smem) {
 // prepare sets the kernel's shared-memory attribute once and returns how
 // many CTAs of it fit on the device at once.
 int prepare(KernelFn fn, size_t smem, int* coresident) {
-  static KernelFn done[8];
+  static KernelFn done[16];
   static int ndone = 0;
   bool seen = false;
   for (int i = 0; i < ndone; ++i) seen = seen || done[i] == fn;
   if (!seen) {
     MK_CUDA(cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem));
-    if (ndone < 8) done[ndone++] = fn;
+    if (ndone < 16) done[ndone++] = fn;
   }
   int occ = 0, dev = 0, sms = 0;
   MK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, reinterpret_cast<const void*>(fn), kThreads, smem));
@@ -1026,7 +1035,7 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   MK_ARG(ws_bytes >= need, "%s: workspace of %llu bytes, %llu needed", fn, (unsigned long long)ws_bytes,
          (unsigned long long)need);
   size_t smem = 0;
-  KernelFn kf = kernel_for(sh, &smem);
+  KernelFn kf = kernel_for(sh, gather != 0, &smem);
   MK_ARG(kf != nullptr, "%s: no kernel for head dims %d/%d", fn, head_dim, v_head_dim);
   int cores = 0;
   rc = prepare(kf, smem, &cores);
@@ -1122,7 +1131,7 @@ extern "C" MK_API int32_t mk_ring_attn_rank(uint64_t stream, int32_t ranks, int3
   MK_ARG(ws_bytes >= need, "%s: workspace of %llu bytes, %llu needed", fn, (unsigned long long)ws_bytes,
          (unsigned long long)need);
   size_t smem = 0;
-  KernelFn kf = kernel_for(sh, &smem);
+  KernelFn kf = kernel_for(sh, false, &smem);
   MK_ARG(kf != nullptr, "%s: no kernel for head dims %d/%d", fn, head_dim, v_head_dim);
   int cores = 0;
   rc = prepare(kf, smem, &cores);
@@ -1173,7 +1182,7 @@ extern "C" MK_API int32_t mk_ring_separate_bf16(uint64_t stream, int32_t ranks, 
   MK_ARG(ws_bytes >= need, "mk_ring_separate_bf16: workspace of %llu bytes, %llu needed",
          (unsigned long long)ws_bytes, (unsigned long long)need);
   size_t smem = 0;
-  KernelFn fn = kernel_for(sh, &smem);
+  KernelFn fn = kernel_for(sh, false, &smem);
   MK_ARG(fn != nullptr, "mk_ring_separate_bf16: no kernel for head dims %d/%d", head_dim, v_head_dim);
   int cores = 0;
   rc = prepare(fn, smem, &cores);

@@ -318,15 +318,17 @@ func (d *Device) ringCall(op string, ranks []RingRank, sinks, ws *Buffer, a *Rin
 
 // RingPreferGather says which receive buffers a ring over `ranks` ranks
 // and `keys` positions in all should get: gather buffers (true) or the two
-// receive buffers (false). Measured on the H200 (2026-11-29, bench ring, 32
-// query heads, 8 kv heads, head dim 128, causal; both builds in one call):
-// gather is 0–5 % faster at 16k positions for every R and at 64k for R = 8,
-// and 3–4 % slower at 64k for R = 2 and 4 (each slot walks all chunks on
-// its own, so the CTAs in flight share less of the K/V they read); at
-// 128k, R = 8, the two tie.
-func RingPreferGather(keys, ranks int) bool {
-	return ranks > 1 && (keys <= 32768 || ranks >= 8)
-}
+// receive buffers (false). It says false everywhere since the eleventh pass.
+// Measured on the H200 (2026-11-29, bench ring, 32 query heads, 8 kv heads,
+// head dim 128, causal, two rounds in one call), once each kind was its
+// own kernel and the two-buffer kernel's tile loop kept its ldmatrix
+// prefetch: the two buffers take 7.10 / 7.56 / 8.28 ms at 16k positions
+// for R = 2 / 4 / 8 against gather's 7.45–7.55 / 7.99–8.12 / 8.30–8.42,
+// 126.8 against 130.4 ms at 64k with R = 8 and 506 against 531 ms at
+// 128k with R = 8. The gather kernel's tile loop still loses its prefetch
+// under nvcc 13 (scripts/sass_ldsm.py: 28 of 80 ldmatrix results used
+// within 2 instructions); this is where a faster one would be chosen.
+func RingPreferGather(keys, ranks int) bool { return false }
 
 // ringUsesGather says whether ranks hold gather buffers (every rank, R > 1)
 // rather than the two receive buffers; an error when only some do, or for

@@ -76,8 +76,8 @@ func TestRingSpansMatchCPU(t *testing.T) {
 					t.Fatalf("history chunk: relative L2 %.3g", e)
 				}
 			}
-			// Both kinds of receive buffers (kernels.RingPreferGather
-			// gives these short spans gather buffers).
+			// Both kinds of receive buffers, whichever
+			// kernels.RingPreferGather picks.
 			defer func() { ringPreferGather = kernels.RingPreferGather }()
 			for _, gather := range []bool{true, false} {
 				ringPreferGather = func(int, int) bool { return gather }
