@@ -637,17 +637,18 @@ __device__ bool run_slot(const Params& p, int r, int t, int hg, bf16* sq, bf16* 
   slot_sh(p, q, r, t, hg);
   State<DV, MT> st;
   st.init();
-  bool loaded = false;
+  // The query tile up front (every slot sees its own positions in its own
+  // chunk), and the step loop kept rolled: nvcc 13 then leaves the tile
+  // loop 24 of 80 ldmatrix results used within 2 instructions, against 28
+  // with a load-once flag (scripts/sass_ldsm.py; five variants compared).
+  load_q<D, DV, MT>(p, q, sq);
+#pragma unroll 1
   for (int s = 0; s < p.ranks; ++s) {
     if (chunk_tiles(p, q, s) == 0) continue;
     if (s > 0) {
       if (threadIdx.x == 0) ok_slot = wait_arrival(p, q.r, s, 0, q.tile);
       __syncthreads();
       if (!ok_slot) return false;
-    }
-    if (!loaded) {
-      load_q<D, DV, MT>(p, q, sq);
-      loaded = true;
     }
     attend_chunk<D, DV, MT>(p, q, sp, s, st, sq, sk, sv);
   }
