@@ -318,16 +318,16 @@ func (d *Device) ringCall(op string, ranks []RingRank, sinks, ws *Buffer, a *Rin
 
 // RingPreferGather says which receive buffers a ring over `ranks` ranks
 // and `keys` positions in all should get: gather buffers (true) or the two
-// receive buffers (false). Measured on the H200 (2026-11-29, bench ring, 32
-// query heads, 8 kv heads, head dim 128, causal, two rounds per build in
-// one call; docs/PERF.md, eleventh pass), once each kind was its own kernel:
-// the two buffers take 7.15 / 7.53–7.61 ms at 16k positions for R = 2 / 4
-// against gather's 7.45–7.57 / 7.72–7.91, and 112–114 / 120 / 126.5–127.4
-// ms at 64k for R = 2 / 4 / 8 against 126.2–126.5 / 128.3–128.5 /
-// 130.2–131.0; gather wins at 16k with R = 8, 7.85–8.14 against 8.33–8.55
-// (no state round trip between steps, no buffer-release waits). Nothing
-// was measured between 16k and 64k: the cut sits at 32k.
-func RingPreferGather(keys, ranks int) bool { return ranks >= 8 && keys <= 32768 }
+// receive buffers (false). It says false: measured on the H200
+// (2026-11-29, bench ring, 32 query heads, 8 kv heads, head dim 128,
+// causal; docs/PERF.md, eleventh pass), once the work queues ran one
+// rank's slots after another, the two buffers take 6.83 / 7.07 / 7.63 ms
+// at 16k positions for R = 2 / 4 / 8 against gather's 7.39 / 7.49 / 7.68,
+// and 107.0 / 109.5 / 110.7 ms at 64k against 115.7 / 116.3 / 119.0. The
+// gather kernel's tile loop still loses part of its ldmatrix prefetch
+// under nvcc 13 (scripts/sass_ldsm.py); this is where a faster one would
+// be chosen.
+func RingPreferGather(keys, ranks int) bool { return false }
 
 // ringUsesGather says whether ranks hold gather buffers (every rank, R > 1)
 // rather than the two receive buffers; an error when only some do, or for

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # scripts/ncu_ring.sh [SEQ] [RANKS] — ncu metrics of the single-rank flash
-# kernel and the ring kernel over the same sequence (bench ring's first two
-# launches: flash_fwd, then ring_kernel), to see where the ring's overhead
-# against one rank goes. On the GPU machine, after `MK_MODE=none bash
+# kernel and the ring kernel over the same sequence (bench ring's first
+# launches: flash_fwd, then ring_kernel<..., 1> with gather buffers and
+# ring_kernel<..., 0> with two receive buffers when RANKS > 1), to see where
+# the ring's overhead against one rank goes. On the GPU machine, after `MK_MODE=none bash
 # scripts/device.sh` (the library and .dev/mkserve):
 #   bash scripts/ncu_ring.sh 16384 1        (STALLS=1: with the stall reasons)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 SEQ=${1:-16384}
 R=${2:-1}
+N=2
+[ "$R" -gt 1 ] && N=3
 export PATH="$PATH:/usr/local/cuda/bin"
 NCU=$(command -v ncu) || { echo "ncu_ring.sh: ncu not found on PATH"; exit 1; }
 export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
@@ -23,6 +26,6 @@ if [ "${STALLS:-0}" = 1 ]; then
 		M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
 	done
 fi
-"$NCU" --clock-control none --kernel-name regex:'flash_fwd|ring_kernel' --launch-count 2 --section WarpStateStats --section LaunchStats --section Occupancy --metrics "$M" \
+"$NCU" --clock-control none --kernel-name regex:'flash_fwd|ring_kernel' --launch-count "$N" --section WarpStateStats --section LaunchStats --section Occupancy --metrics "$M" \
 	.dev/mkserve bench ring --seq "$SEQ" --ranks "$R" --heads 32 --kv-heads 8 --head-dim 128 --causal --iters 3 2>&1 |
 	grep -vE '^==PROF==|^ *seq ' | sed -n '/flash_fwd\|ring_kernel/,$p'
