@@ -219,7 +219,7 @@ type MoEGemvMode int32
 const (
 	MoEGemvOff       MoEGemvMode = 0 // the grouped GEMMs (the default)
 	MoEGemvTwo       MoEGemvMode = 1 // two GEMV kernels: each chosen expert's rows streamed once
-	MoEGemvOneLaunch MoEGemvMode = 2 // routing (MoERouteExpertsRun, E ≤ 256, K ≤ 32) and both GEMV phases in one launch with a grid barrier; not measured yet
+	MoEGemvOneLaunch MoEGemvMode = 2 // routing (MoERouteExpertsRun, E ≤ 256, K ≤ 32) and both GEMV phases in one launch with a grid barrier; measured slower than both others (docs/PERF.md, eleventh pass)
 )
 
 // moeGemvMode is the switch now (SetMoEGemvMode, else MK_MOE_GEMV=1 or 2).

@@ -290,7 +290,7 @@ func (be *Backend) MoEAddRMSNorm(x, h backend.Tensor, l *backend.MoELayer, w bac
 // emulated expert-parallel ranks need the fused kernel) when they are on
 // (kernels.MoEGemv: off unless MK_MOE_GEMV=1, or 2 for the one-launch
 // kernel; in whole decode steps the two-launch version lost to the fused
-// kernel, docs/PERF.md, seventh pass; the one-launch one is not measured).
+// kernel, docs/PERF.md, seventh pass; the one-launch one lost too, eleventh pass).
 func (be *Backend) moeGemv(T, K int) bool { return be.epRanks == 1 && kernels.MoEGemv(T, K) }
 
 // localExperts is ex restricted to experts [lo, hi): views of their weights
