@@ -5,8 +5,11 @@
 # `MK_MODE=none bash scripts/device.sh` (the library and .dev/mkserve):
 #   bash scripts/ncu_step.sh configs/shapes/qwen3-30b-a3b-8l 1
 # Eager steps (--graphs=false: one launch per kernel, the graph's kernels
-# one by one), clocks and caches as the application leaves them. The
-# report and its CSV stay in $OUT (default .dev/out).
+# one by one), clocks and caches as the application leaves them; GRAPHS=1
+# profiles the captured graphs' kernel nodes instead (`--graph-profiling
+# node`: the kernels a served decode step runs, which at small batches
+# differ from the eager ones, e.g. the fused MoE kernel). The report and
+# its CSV stay in $OUT (default .dev/out).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 CFG=${1:-configs/shapes/qwen3-30b-a3b-8l}
@@ -16,8 +19,11 @@ mkdir -p "$OUT"
 export PATH="$PATH:/usr/local/cuda/bin"
 NCU=$(command -v ncu) || { echo "ncu_step.sh: ncu not found on PATH"; exit 1; }
 export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
-"$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum -f -o "$OUT/step" \
-	.dev/mkserve bench model --config "$CFG" --batch "$B" --context 1024 --prefill 0 --steps 1 --graphs=false \
+GFLAGS=(--graphs=false)
+NFLAGS=()
+if [ "${GRAPHS:-0}" = 1 ]; then GFLAGS=(--graphs=true); NFLAGS=(--graph-profiling node); fi
+"$NCU" --clock-control none --cache-control none "${NFLAGS[@]}" --metrics gpu__time_duration.sum -f -o "$OUT/step" \
+	.dev/mkserve bench model --config "$CFG" --batch "$B" --context 1024 --prefill 0 --steps 1 "${GFLAGS[@]}" \
 	>"$OUT/ncu_run.log" 2>&1 || { echo "ncu_step.sh: the profiled run failed:"; tail -20 "$OUT/ncu_run.log"; exit 1; }
 "$NCU" --import "$OUT/step.ncu-rep" --csv --page raw >"$OUT/step.csv" || exit 1
 layers=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['num_hidden_layers'])" "$CFG/config.json")
