@@ -334,6 +334,18 @@ __device__ __forceinline__ int chunk_tiles(const Params& p, const Slot& q, int s
   return span_tiles(p, q, p.ks[src][0], p.ks[src][1], &nlo) + span_tiles(p, q, p.ks[src][2], p.ks[src][3], &nlo);
 }
 
+// span_at is half h (0 or 1) of step s's chunk as slot q sees it: the
+// positions [*lo, *hi) it holds from buffer row *koff, the first key tile
+// the slot sees in *nlo; returns how many tiles the slot sees.
+__device__ __forceinline__ int span_at(const Params& p, const Slot& q, int s, int h, int* lo, int* hi, int* koff,
+                                       int* nlo) {
+  const int src = (q.r - s + p.ranks) % p.ranks;
+  *lo = p.ks[src][2 * h];
+  *hi = p.ks[src][2 * h + 1];
+  *koff = h == 0 ? 0 : p.ks[src][1] - p.ks[src][0];
+  return span_tiles(p, q, *lo, *hi, nlo);
+}
+
 // chunk_k / chunk_v: rank r's buffer holding the chunk of step s (its own
 // shard at s = 0; else receive buffer s%2, or gather slot s-1).
 __device__ __forceinline__ bf16* chunk_k(const Params& p, int r, int s) {
@@ -459,30 +471,31 @@ struct SpanSh {
   TileRows tr;
 };
 
-// attend_span folds key tiles nlo.. nlo+cnt-1 of one span of a chunk into
-// the state: the span holds positions [klo, khi) at buffer rows koff.. of
-// kc / vc. One contiguous range per call, so the loop is flash.cu's. Each
-// span starts in K/V stage 0: the barrier at entry has every warp done with
-// both stages. The stage offsets then follow the loop counter alone, which
-// the compiler keeps in a uniform register (flash.cu's ldmatrix
-// addressing, base + uniform offset). q and sp are in shared memory.
+// span_fill describes one span of a chunk in sp (thread 0 only, between
+// barriers): key tiles nlo.. nlo+cnt-1 of the span holding positions
+// [klo, khi) at buffer rows koff.. of kc / vc, seen by slot q.
+__device__ __forceinline__ void span_fill(const Params& p, const Slot& q, SpanSh& sp, const bf16* kc,
+                                          const bf16* vc, int klo, int khi, int koff, int nlo, int cnt) {
+  sp.kb = kc + (int64_t)koff * p.k_stride + (int64_t)q.kvh * p.hd;
+  sp.vb = vc + (int64_t)koff * p.v_stride + (int64_t)q.kvh * p.vhd;
+  sp.nrows = khi - klo;
+  sp.row0 = nlo * kBN;
+  sp.j0 = klo + nlo * kBN;
+  sp.cnt = cnt;
+  sp.tr = TileRows{q.qlo + q.i0, q.qlo + q.iend, khi, 1 << p.rph_log2};
+}
+
+// span_run folds the span described in sp (shared memory, span_fill) into
+// the state. One contiguous range per call, so the loop is flash.cu's.
+// Each span starts in K/V stage 0: the caller's barrier before span_fill
+// has every warp done with both stages. The stage offsets then follow the
+// loop counter alone, which the compiler keeps in a uniform register
+// (flash.cu's ldmatrix addressing, base + uniform offset).
 template <int D, int DV, int MT>
-__device__ __forceinline__ void attend_span(const Params& p, const Slot& q, SpanSh& sp, State<DV, MT>& st,
-                                            const bf16* kc, const bf16* vc, int klo, int khi, int koff, int nlo,
-                                            int cnt, bf16* sq, bf16* sk, bf16* sv) {
+__device__ __forceinline__ void span_run(const Params& p, const SpanSh& sp, State<DV, MT>& st, bf16* sq, bf16* sk,
+                                         bf16* sv) {
   using C = Cfg<D, DV, MT>;
   constexpr int KTPR = kThreads / kBN;
-  __syncthreads();  // every warp is done with the previous span's sp
-  if (threadIdx.x == 0) {
-    sp.kb = kc + (int64_t)koff * p.k_stride + (int64_t)q.kvh * p.hd;
-    sp.vb = vc + (int64_t)koff * p.v_stride + (int64_t)q.kvh * p.vhd;
-    sp.nrows = khi - klo;
-    sp.row0 = nlo * kBN;
-    sp.j0 = klo + nlo * kBN;
-    sp.cnt = cnt;
-    sp.tr = TileRows{q.qlo + q.i0, q.qlo + q.iend, khi, 1 << p.rph_log2};
-  }
-  __syncthreads();
   auto load_kv = [&](int n, int stage) {  // tile n of the span's visible ones
     const int lrow = threadIdx.x / KTPR, lsub = threadIdx.x % KTPR;
     const int j = sp.row0 + n * kBN + lrow;  // key row within the span
@@ -510,6 +523,18 @@ __device__ __forceinline__ void attend_span(const Params& p, const Slot& q, Span
   }
 }
 
+// attend_span folds key tiles nlo.. nlo+cnt-1 of one span of a chunk into
+// the state (span_fill, then span_run). q and sp are in shared memory.
+template <int D, int DV, int MT>
+__device__ __forceinline__ void attend_span(const Params& p, const Slot& q, SpanSh& sp, State<DV, MT>& st,
+                                            const bf16* kc, const bf16* vc, int klo, int khi, int koff, int nlo,
+                                            int cnt, bf16* sq, bf16* sk, bf16* sv) {
+  __syncthreads();  // every warp is done with the previous span's sp
+  if (threadIdx.x == 0) span_fill(p, q, sp, kc, vc, klo, khi, koff, nlo, cnt);
+  __syncthreads();
+  span_run<D, DV, MT>(p, sp, st, sq, sk, sv);
+}
+
 // attend_chunk folds what slot q sees of step s's chunk (its two spans,
 // stored one after the other) into the state. One loop over the spans, not
 // unrolled: a second inlined copy of the tile loop (32 KB of SASS each)
@@ -522,14 +547,11 @@ __device__ __forceinline__ void attend_chunk(const Params& p, const Slot& q, Spa
   for (int h = 0; h < 2; ++h) {
     // Everything here is recomputed per span from q (shared memory) and p:
     // a value held across span 0's tile loop would cost it registers.
-    const int src = (q.r - s + p.ranks) % p.ranks;
-    const bf16* kc = chunk_k(p, q.r, s);
-    const bf16* vc = chunk_v(p, q.r, s);
-    const int lo = p.ks[src][2 * h], hi = p.ks[src][2 * h + 1];
-    const int koff = h == 0 ? 0 : p.ks[src][1] - p.ks[src][0];
-    int nlo;
-    const int cnt = span_tiles(p, q, lo, hi, &nlo);
-    if (cnt > 0) attend_span<D, DV, MT>(p, q, sp, st, kc, vc, lo, hi, koff, nlo, cnt, sq, sk, sv);
+    int lo, hi, koff, nlo;
+    const int cnt = span_at(p, q, s, h, &lo, &hi, &koff, &nlo);
+    if (cnt > 0)
+      attend_span<D, DV, MT>(p, q, sp, st, chunk_k(p, q.r, s), chunk_v(p, q.r, s), lo, hi, koff, nlo, cnt, sq, sk,
+                             sv);
   }
 }
 
@@ -625,32 +647,64 @@ __device__ void run_item(const Params& p, int r, int s, int t, int hg, bf16* sq,
   finish<D, DV, MT>(p, q, st, p.mode == 1 ? 1 : p.out_f32);
 }
 
+// Walk is run_slot's cursor over the spans of a slot's chunks, in shared
+// memory: the next (step, half) to look at, the last step whose chunk
+// arrival was waited for, and what next_span found.
+struct Walk {
+  int s, h, waited;
+  int found;  // 1: a span is described in sp; 0: no span left; -1: a wait gave up
+};
+
+// next_span (thread 0) advances w to the next span of slot q that has key
+// tiles the slot sees, waits for its chunk when it is the first of a step
+// past 0, and describes it in sp. Returns w->found.
+__device__ __forceinline__ int next_span(const Params& p, const Slot& q, SpanSh& sp, Walk* w) {
+  while (w->s < p.ranks) {
+    const int s = w->s, h = w->h;
+    if (++w->h == 2) {
+      w->h = 0;
+      ++w->s;
+    }
+    int lo, hi, koff, nlo;
+    const int cnt = span_at(p, q, s, h, &lo, &hi, &koff, &nlo);
+    if (cnt == 0) continue;
+    if (s > 0 && w->waited != s) {
+      if (!wait_arrival(p, q.r, s, 0, q.tile)) return w->found = -1;
+      w->waited = s;
+    }
+    span_fill(p, q, sp, chunk_k(p, q.r, s), chunk_v(p, q.r, s), lo, hi, koff, nlo, cnt);
+    return w->found = 1;
+  }
+  return w->found = 0;
+}
+
 // run_slot attends slot (rank r, tile t, head group hg) to every chunk in
 // step order (mode 2, gather buffers: no chunk is overwritten, so a CTA
 // keeps the slot's state in registers across the steps and waits for each
-// chunk it sees to arrive). False when a wait gave up.
+// chunk it sees to arrive). False when a wait gave up. The loop holds
+// nothing but the state across its tile loop: thread 0 walks the spans
+// (next_span) and describes each in shared memory, then every thread runs
+// it (span_run) — the step and span bookkeeping as registers live across
+// the tile loop cost it its ldmatrix prefetch under nvcc 13 (24–28 of 80
+// results used within 2 instructions; scripts/sass_ldsm.py).
 template <int D, int DV, int MT>
 __device__ bool run_slot(const Params& p, int r, int t, int hg, bf16* sq, bf16* sk, bf16* sv) {
-  __shared__ int ok_slot;
   __shared__ Slot q;
   __shared__ SpanSh sp;
-  slot_sh(p, q, r, t, hg);
+  __shared__ Walk w;
+  if (threadIdx.x == 0) w = Walk{0, 0, 0, 0};
+  slot_sh(p, q, r, t, hg);  // its barrier also publishes w
   State<DV, MT> st;
   st.init();
-  // The query tile up front (every slot sees its own positions in its own
-  // chunk), and the step loop kept rolled: nvcc 13 then leaves the tile
-  // loop 24 of 80 ldmatrix results used within 2 instructions, against 28
-  // with a load-once flag (scripts/sass_ldsm.py; five variants compared).
-  load_q<D, DV, MT>(p, q, sq);
-#pragma unroll 1
-  for (int s = 0; s < p.ranks; ++s) {
-    if (chunk_tiles(p, q, s) == 0) continue;
-    if (s > 0) {
-      if (threadIdx.x == 0) ok_slot = wait_arrival(p, q.r, s, 0, q.tile);
-      __syncthreads();
-      if (!ok_slot) return false;
-    }
-    attend_chunk<D, DV, MT>(p, q, sp, s, st, sq, sk, sv);
+  load_q<D, DV, MT>(p, q, sq);  // every slot sees its own positions in its own chunk
+  for (;;) {
+    __syncthreads();  // every warp is done with the previous span's sp
+    if (threadIdx.x == 0) next_span(p, q, sp, &w);
+    __syncthreads();
+    const int found = w.found;
+    if (found < 0) return false;
+    if (found == 0) break;
+    span_run<D, DV, MT>(p, sp, st, sq, sk, sv);
   }
   cp_async_wait<0>();
   finish<D, DV, MT>(p, q, st, p.out_f32);
