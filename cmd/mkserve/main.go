@@ -29,6 +29,6 @@ func commands() []command {
 		{"logits", "print float32 logits of every position as JSON", cmdLogits},
 		{"generate", "greedy-decode a prompt and print the text", cmdGenerate},
 		{"tokenize", "print the token ids of stdin as JSON", cmdTokenize},
-		{"bench", "benchmarks: serve (load test of a running server), attention (flash-attention kernel)", cmdBench},
+		{"bench", "benchmarks: serve (load test of a running server), model (whole-model prefill/decode), attention, moe, ring (GPU kernels)", cmdBench},
 	}
 }
