@@ -327,13 +327,6 @@ __device__ __forceinline__ int span_tiles(const Params& p, const Slot& q, int lo
   return (jmax - lo) / kBN - *nlo + 1;
 }
 
-// chunk_tiles is the number of key tiles of step s's chunk that slot q sees.
-__device__ __forceinline__ int chunk_tiles(const Params& p, const Slot& q, int s) {
-  const int src = (q.r - s + p.ranks) % p.ranks;
-  int nlo;
-  return span_tiles(p, q, p.ks[src][0], p.ks[src][1], &nlo) + span_tiles(p, q, p.ks[src][2], p.ks[src][3], &nlo);
-}
-
 // span_at is half h (0 or 1) of step s's chunk as slot q sees it: the
 // positions [*lo, *hi) it holds from buffer row *koff, the first key tile
 // the slot sees in *nlo; returns how many tiles the slot sees.
@@ -344,6 +337,12 @@ __device__ __forceinline__ int span_at(const Params& p, const Slot& q, int s, in
   *hi = p.ks[src][2 * h + 1];
   *koff = h == 0 ? 0 : p.ks[src][1] - p.ks[src][0];
   return span_tiles(p, q, *lo, *hi, nlo);
+}
+
+// chunk_tiles is the number of key tiles of step s's chunk that slot q sees.
+__device__ __forceinline__ int chunk_tiles(const Params& p, const Slot& q, int s) {
+  int lo, hi, koff, nlo;
+  return span_at(p, q, s, 0, &lo, &hi, &koff, &nlo) + span_at(p, q, s, 1, &lo, &hi, &koff, &nlo);
 }
 
 // chunk_k / chunk_v: rank r's buffer holding the chunk of step s (its own
