@@ -318,16 +318,18 @@ func (d *Device) ringCall(op string, ranks []RingRank, sinks, ws *Buffer, a *Rin
 
 // RingPreferGather says which receive buffers a ring over `ranks` ranks
 // and `keys` positions in all should get: gather buffers (true) or the two
-// receive buffers (false). It says false: measured on the H200
-// (2026-11-29, bench ring, 32 query heads, 8 kv heads, head dim 128,
-// causal; docs/PERF.md, eleventh pass), once the work queues ran one
-// rank's slots after another, the two buffers take 6.83 / 7.07 / 7.63 ms
-// at 16k positions for R = 2 / 4 / 8 against gather's 7.39 / 7.49 / 7.68,
-// and 107.0 / 109.5 / 110.7 ms at 64k against 115.7 / 116.3 / 119.0. The
-// gather kernel's tile loop still loses part of its ldmatrix prefetch
-// under nvcc 13 (scripts/sass_ldsm.py); this is where a faster one would
-// be chosen.
-func RingPreferGather(keys, ranks int) bool { return false }
+// receive buffers (false). One rank receives nothing (false); with more,
+// gather: measured on the H200 (2026-11-29, bench ring, 32 query heads,
+// 8 kv heads, head dim 128, causal, --iters 5; docs/PERF.md, twelfth
+// pass) once the gather kernel's spans were walked by one thread and its
+// tile loop kept every ldmatrix prefetch (scripts/sass_ldsm.py: 1 of 80
+// used within 2 instructions, as the two buffers'), gather took 6.71 /
+// 6.83 / 7.03 ms at 16k positions for R = 2 / 4 / 8 against the two
+// buffers' 6.90 / 7.18 / 7.80, 107.2 / 109.0 / 110.3 ms at 64k against
+// 109.5 / 113.0 / 114.2, and 431 / 442 ms at 128k (R = 2 / 8) against
+// 433 / 445. Callers bound the gather buffers' memory themselves
+// (R·(R−1) chunks of keys and values against two per rank).
+func RingPreferGather(keys, ranks int) bool { return ranks > 1 }
 
 // ringUsesGather says whether ranks hold gather buffers (every rank, R > 1)
 // rather than the two receive buffers; an error when only some do, or for

@@ -325,7 +325,7 @@ func TestRingPreferGather(t *testing.T) {
 		keys, ranks int
 		want        bool
 	}{
-		{16384, 1, false}, {16384, 2, false}, {16384, 8, false}, {65536, 8, false}, {131072, 8, false},
+		{16384, 1, false}, {16384, 2, true}, {16384, 8, true}, {65536, 8, true}, {131072, 8, true}, {100, 1, false},
 	} {
 		if got := RingPreferGather(c.keys, c.ranks); got != c.want {
 			t.Errorf("RingPreferGather(%d, %d) = %v, want %v", c.keys, c.ranks, got, c.want)

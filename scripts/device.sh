@@ -140,9 +140,20 @@ step() {
 	[ "$rc" = 0 ] || { status=1; tail -5 "$LOGS/$name.log"; }
 }
 
-echo "== build libmkernel.so ($("$NVCC" --version | tail -1)) in the background"
+# fresh_lib: .dev/libmkernel.so exists and is newer than every kernel source,
+# so a second device.sh in the same call need not rebuild it.
+fresh_lib() {
+	[ -f .dev/libmkernel.so ] || return 1
+	[ -z "$(find kernels -maxdepth 1 \( -name '*.cu' -o -name '*.h' -o -name '*.cuh' \) -newer .dev/libmkernel.so)" ]
+}
 SECONDS=0
-(build) >"$LOGS/build.log" 2>&1 &
+if fresh_lib; then
+	echo "== libmkernel.so is newer than every kernels/*.cu and *.h: not rebuilt"
+	(true) &
+else
+	echo "== build libmkernel.so ($("$NVCC" --version | tail -1)) in the background"
+	(build) >"$LOGS/build.log" 2>&1 &
+fi
 bpid=$!
 if [ "$MODE" = bench ] || [ "$MODE" = all ]; then
 	case "$SKIP" in *" gemm "*) ;; *)
@@ -160,7 +171,7 @@ if [ "$brc" != 0 ]; then
 	tar -C "$ROOT/.dev" -czf "$OUT/logs.tgz" logs
 	exit 1
 fi
-grep -E "warning" "$LOGS/build.log" | head -10
+grep -sE "warning" "$LOGS/build.log" | head -10
 export MKSERVE_KERNEL_LIB=$ROOT/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1 MKSERVE_REQUIRE_NCCL=1
 
 if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MODE" != ep ] && [ "$MODE" != world ]; then
