@@ -1631,6 +1631,7 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   g1.out = act;
   g1.Kd = h;
   g1.N = i;
+  g1.experts = e;
   g1.topk = k;
   g1.act = act_kind;
   g1.alpha = mk::float_from_bits(alpha_bits);

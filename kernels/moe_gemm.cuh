@@ -23,6 +23,7 @@ struct GemmArgs {
   void* out;                   // GEMM1: act bf16 [rows, N]; GEMM2: y f32 [rows, N]
   int64_t Kd;                  // reduction length (H or I), multiple of 8
   int64_t N;                   // GEMM1: I (gate columns); GEMM2: H
+  int64_t experts;             // E: W holds E·2N (GEMM1) or E·N (GEMM2) rows (0: unknown, no TMA)
   int topk;
   int act;
   float alpha, limit;

@@ -10,7 +10,16 @@
 // c ^ (r & 7)) is exactly the hardware's 128B swizzle within 1024-byte-aligned
 // 8-row atoms, so the descriptors use swizzle mode 1, SBO 1024 bytes, and a
 // k step of 16 advances the start address by 32 bytes.
+//
+// Two kernels share that contract (MK_MOE_WGMMA picks; docs in README):
+//   moe_wgmma_kernel     every thread loads (cp.async) and computes; a block
+//                        barrier per 64-wide k step;
+#include <dlfcn.h>
+
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
 
 #include "common.cuh"
 #include "moe_gemm.cuh"
@@ -85,6 +94,69 @@ __device__ __forceinline__ void fence_proxy_async() {
 #ifdef MK_WGMMA
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
+}
+
+// store_tile writes a 128×256 tile's accumulators: warpgroup wg holds rows
+// 64·wg + [0, 64) of the tile, acc0 its columns [0, 128) and acc1 [128, 256)
+// (GEMM1: gate and up of the same 128 columns, activated and stored as bf16;
+// GEMM2: f32). d[4i + q] is row 16·warp + lane/4 + 8·(q/2), column
+// 8i + 2·(lane%4) + q%2 of a warpgroup's m64n128 block. Rows whose
+// assignment is padding (sorted < 0) are skipped.
+template <bool GATEUP>
+__device__ __forceinline__ void store_tile(const GemmArgs& p, const float (&acc0)[64], const float (&acc1)[64], int e,
+                                           int64_t m0, int ntile, int wg, int warp, int lane) {
+  const int64_t N = p.N;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int64_t slot = m0 + wg * 64 + warp * 16 + lane / 4 + 8 * h;
+    if (p.sorted[slot] < 0) continue;
+    if (GATEUP) {
+      bf16* out = reinterpret_cast<bf16*>(p.out) + slot * N;
+      const float* gb = p.bias ? p.bias + (int64_t)e * 2 * N : nullptr;
+#pragma unroll
+      for (int i = 0; i < 16; i++) {
+        const int64_t j = (int64_t)ntile * (BN / 2) + 8 * i + 2 * (lane % 4);
+        if (j >= N) continue;
+        float r2[2];
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+          float g = acc0[4 * i + 2 * h + q], u = acc1[4 * i + 2 * h + q];
+          if (gb) {
+            g += gb[j + q];
+            u += gb[N + j + q];
+          }
+          if (p.act == MK_MOE_SWIGLU) {
+            r2[q] = g / (1.0f + __expf(-g)) * u;
+          } else {
+            const float lim = p.limit;
+            if (g > lim) g = lim;
+            if (u > lim) u = lim;
+            else if (u < -lim) u = -lim;
+            r2[q] = (u + 1.0f) * (g / (1.0f + __expf(-p.alpha * g)));
+          }
+        }
+        *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
+      }
+    } else {
+      float* out = reinterpret_cast<float*>(p.out) + slot * N;
+      const float* db = p.bias ? p.bias + (int64_t)e * N : nullptr;
+#pragma unroll
+      for (int half = 0; half < 2; half++) {
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+          const int64_t n = (int64_t)ntile * BN + half * 128 + 8 * i + 2 * (lane % 4);
+          if (n >= N) continue;
+          float2 v = half ? make_float2(acc1[4 * i + 2 * h], acc1[4 * i + 2 * h + 1])
+                          : make_float2(acc0[4 * i + 2 * h], acc0[4 * i + 2 * h + 1]);
+          if (db) {
+            v.x += db[n];
+            v.y += db[n + 1];
+          }
+          *reinterpret_cast<float2*>(out + n) = v;
+        }
+      }
+    }
+  }
 }
 
 template <bool GATEUP>
@@ -193,78 +265,247 @@ __global__ void __launch_bounds__(THREADS) moe_wgmma_kernel(const GemmArgs p) {
   wgmma_wait0();
   asm volatile("cp.async.wait_group 0;\n" ::);
 
-  // Epilogue: d[4i + q] is row 16*warp + lane/4 + 8*(q/2), column 8i + 2*(lane%4) + q%2.
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int64_t slot = m0 + wg * 64 + warp * 16 + lane / 4 + 8 * h;
-    if (p.sorted[slot] < 0) continue;
-    if (GATEUP) {
-      bf16* out = reinterpret_cast<bf16*>(p.out) + slot * N;
-      const float* gb = p.bias ? p.bias + (int64_t)e * 2 * N : nullptr;
-#pragma unroll
-      for (int i = 0; i < 16; i++) {
-        const int64_t j = (int64_t)ntile * (BN / 2) + 8 * i + 2 * (lane % 4);
-        if (j >= N) continue;
-        float r2[2];
-#pragma unroll
-        for (int q = 0; q < 2; q++) {
-          float g = acc0[4 * i + 2 * h + q], u = acc1[4 * i + 2 * h + q];
-          if (gb) {
-            g += gb[j + q];
-            u += gb[N + j + q];
-          }
-          if (p.act == MK_MOE_SWIGLU) {
-            r2[q] = g / (1.0f + __expf(-g)) * u;
-          } else {
-            const float lim = p.limit;
-            if (g > lim) g = lim;
-            if (u > lim) u = lim;
-            else if (u < -lim) u = -lim;
-            r2[q] = (u + 1.0f) * (g / (1.0f + __expf(-p.alpha * g)));
-          }
-        }
-        *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
-      }
-    } else {
-      float* out = reinterpret_cast<float*>(p.out) + slot * N;
-      const float* db = p.bias ? p.bias + (int64_t)e * N : nullptr;
-#pragma unroll
-      for (int half = 0; half < 2; half++) {
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-          const int64_t n = (int64_t)ntile * BN + half * 128 + 8 * i + 2 * (lane % 4);
-          if (n >= N) continue;
-          float2 v = half ? make_float2(acc1[4 * i + 2 * h], acc1[4 * i + 2 * h + 1])
-                          : make_float2(acc0[4 * i + 2 * h], acc0[4 * i + 2 * h + 1]);
-          if (db) {
-            v.x += db[n];
-            v.y += db[n + 1];
-          }
-          *reinterpret_cast<float2*>(out + n) = v;
-        }
-      }
-    }
-  }
+  store_tile<GATEUP>(p, acc0, acc1, e, m0, ntile, wg, warp, lane);
 }
 
-template <bool GU>
-int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
-  auto kern = moe_wgmma_kernel<GU>;
-  static int ok = 0;  // 0 unknown, 1 runnable, -1 not built for this device
-  if (ok == 0) {
+// ─────────────── warp-specialised variant (producer + 2 consumer warpgroups) ───────────────
+
+constexpr int WS_THREADS = 384;  // warpgroup 0 loads, 1 and 2 compute
+constexpr size_t kWsSmem = ST * (kStageA + kStageB) + 1024 + 2 * ST * sizeof(uint64_t) + BM * sizeof(int64_t);
+
+__device__ __forceinline__ uint32_t sm_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(sm_addr(b)), "r"(count) : "memory");
+}
+// mbar_wait returns once the barrier's phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(sm_addr(b)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(sm_addr(b)) : "memory");
+}
+// cp_async_arrive: b's pending count drops by one when every cp.async this
+// thread issued so far has landed (the count includes this arrival: noinc).
+__device__ __forceinline__ void cp_async_arrive(uint64_t* b) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(sm_addr(b)) : "memory");
+}
+// TmaMap is CUtensorMap's 128 opaque bytes (made by cuTensorMapEncodeTiled,
+// reached through dlsym: no driver API headers or link dependency).
+struct alignas(64) TmaMap {
+  uint64_t w[16];
+};
+__device__ __forceinline__ void tma_prefetch(const TmaMap* m) {
+#ifdef MK_WGMMA
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(m)) : "memory");
+#endif
+}
+// mbar_expect_tx arrives on b and adds bytes to its phase's transaction count.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sm_addr(b)), "r"(bytes) : "memory");
+}
+// tma_load_2d copies the box at (column x, row y) of m's tensor into dst
+// (1024-byte aligned, 128B-swizzled as m says), completing bytes on b.
+__device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* m, int x, int y, uint64_t* b) {
+#ifdef MK_WGMMA
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          sm_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(sm_addr(b))
+      : "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#ifdef MK_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#ifdef MK_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
+// full[s] completes when the producer's 128 threads' copies into stage s
+// and the stage's two weight boxes (TMA, 2·16 KB of transaction bytes) have
+// landed; empty[s] when both consumer warpgroups' wgmmas reading it
+// are done. Stage s of k tile kt is filled for the (kt / ST)-th time, so
+// its full phase has parity (kt / ST) & 1.
+template <bool GATEUP>
+__global__ void __launch_bounds__(WS_THREADS, 1) moe_wgmma_ws_kernel(const GemmArgs p, const __grid_constant__ TmaMap wmap) {
+  const int pid = blockIdx.x;
+  const int span = p.group_m * p.nt;
+  const int first_m = (pid / span) * p.group_m;
+  const int gsize = min(p.mt - first_m, p.group_m);
+  const int tile = first_m + (pid % span) % gsize;
+  const int ntile = (pid % span) / gsize;
+  if (tile >= *p.num_tiles) return;
+  extern __shared__ unsigned char wg_sm_raw[];
+  unsigned char* base = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(wg_sm_raw) + 1023) & ~uintptr_t(1023));
+  bf16* sA = reinterpret_cast<bf16*>(base);                       // [ST][BM][BK] swizzled
+  bf16* sB = reinterpret_cast<bf16*>(base + ST * kStageA);        // [ST][BN][BK] swizzled
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + ST * (kStageA + kStageB));
+  uint64_t* empty = full + ST;
+  int64_t* arow = reinterpret_cast<int64_t*>(empty + ST);  // [BM]: element offset of each A row in p.A, -1 padding
+
+  const int tid = threadIdx.x, wg = tid / 128, wl = tid % 128;
+  const int64_t m0 = (int64_t)tile * BM;
+  if (tid < BM) {
+    const int32_t asg = p.sorted[m0 + tid];
+    arow[tid] = asg < 0 ? -1 : (GATEUP ? (int64_t)(asg / p.topk) : m0 + tid) * p.Kd;
+  }
+  if (tid == 0) {
+    for (int st = 0; st < ST; st++) {
+      mbar_init(&full[st], 129);  // the producer's 128 cp.async arrivals + the TMA issuer's expect_tx
+      mbar_init(&empty[st], 2);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int e = p.tile_expert[tile];
+  const int64_t Kd = p.Kd, N = p.N;
+  const int KT = (int)((Kd + BK - 1) / BK);
+
+  if (wg == 0) {  // producer: thread wl copies chunk wl % 8 of A rows wl / 8 + 16 i; thread 0 issues B's TMA
+    // 40 registers: the row sources stay in shared memory (arow), so nothing
+    // per row is held across the k loop.
+    setmaxnreg_dec<40>();
+    const int ch = wl % 8, r0 = wl / 8;
+    // B's two 128-row boxes: GEMM1 the expert's gate rows and its up rows
+    // (N further) for output columns ntile·128 + [0, 128); GEMM2 rows
+    // ntile·256 + [0, 256). Rows past the expert's N belong to the next
+    // expert (or, past the tensor, are zeros): their columns are computed
+    // and never stored.
+    const int32_t b0 = (int32_t)(GATEUP ? (int64_t)e * 2 * N + (int64_t)ntile * (BN / 2) : (int64_t)e * N + (int64_t)ntile * BN);
+    const int32_t b1 = (int32_t)(GATEUP ? b0 + N : b0 + BN / 2);
+    if (wl == 0) tma_prefetch(&wmap);
+    for (int kt = 0; kt < KT; kt++) {
+      const int st = kt % ST;
+      if (kt >= ST) mbar_wait(&empty[st], ((kt / ST) - 1) & 1);
+      bf16* b = sB + st * (BN * BK);
+      if (wl == 0) {
+        mbar_expect_tx(&full[st], (uint32_t)kStageB);
+        tma_load_2d(b, &wmap, kt * BK, b0, &full[st]);
+        tma_load_2d(b + (BN / 2) * BK, &wmap, kt * BK, b1, &full[st]);
+      }
+      const int64_t k = (int64_t)kt * BK + ch * 8;
+      const bool kv = k < Kd;
+      bf16* a = sA + st * (BM * BK);
+#pragma unroll
+      for (int i = 0; i < BM / 16; i++) {
+        const int64_t off = arow[r0 + 16 * i];
+        const bool v = off >= 0 && kv;
+        cp_async16(a + swz(r0 + 16 * i, ch), v ? p.A + off + k : p.A, v);
+      }
+      cp_async_arrive(&full[st]);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  setmaxnreg_inc<232>();
+  const int cw = wg - 1, warp = wl / 32, lane = tid % 32;
+  float acc0[64], acc1[64];
+#pragma unroll
+  for (int i = 0; i < 64; i++) acc0[i] = acc1[i] = 0.0f;
+  const uint32_t sA0 = sm_addr(sA), sB0 = sm_addr(sB);
+  for (int kt = 0; kt < KT; kt++) {
+    const int st = kt % ST;
+    mbar_wait(&full[st], (kt / ST) & 1);
+    fence_proxy_async();  // the copies (generic proxy) before the wgmmas' reads (async proxy)
+    const uint32_t a = sA0 + st * (uint32_t)kStageA + cw * 64 * 128;
+    const uint32_t b = sB0 + st * (uint32_t)kStageB;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+      wgmma_n128(acc0, desc(a + kk * 32), desc(b + kk * 32));
+      wgmma_n128(acc1, desc(a + kk * 32), desc(b + 128 * 128 + kk * 32));
+    }
+    wgmma_commit();
+    wgmma_wait1();  // k tile kt-1's wgmmas are done: its stage goes back
+    if (kt > 0 && wl == 0) mbar_arrive(&empty[(kt - 1) % ST]);
+  }
+  wgmma_wait0();
+  store_tile<GATEUP>(p, acc0, acc1, e, m0, ntile, cw, warp, lane);
+}
+
+// launch_kern launches kern (threads per CTA, smem bytes) over tiles ×
+// ntiles CTAs with args; -1 when it is not built for this device.
+template <class... Args>
+int launch_kern(void (*kern)(Args...), int threads, size_t smem, const char* name, int64_t tiles, int64_t ntiles,
+                cudaStream_t s, int& ok, const Args&... args) {
+  if (ok == 0) {  // 0 unknown, 1 runnable, -1 not built for this device
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(&fa, kern) != cudaSuccess || fa.binaryVersion < 90) {
       cudaGetLastError();
       ok = -1;
     } else {
-      MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
+      MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
       ok = 1;
     }
   }
   if (ok < 0) return -1;
-  kern<<<(unsigned)(tiles * ntiles), THREADS, kSmem, s>>>(a);
-  MK_LAUNCHED(GU ? "moe_wgmma (gate/up)" : "moe_wgmma (down)");
+  kern<<<(unsigned)(tiles * ntiles), threads, smem, s>>>(args...);
+  MK_LAUNCHED(name);
   return MK_OK;
+}
+
+// warp_specialised: moe_wgmma_ws_kernel unless MK_MOE_WGMMA=1 (the
+// single-role kernel; measurements).
+bool warp_specialised() {
+  static const bool w = [] {
+    const char* v = getenv("MK_MOE_WGMMA");
+    return !(v && v[0] == '1' && v[1] == 0);
+  }();
+  return w;
+}
+
+// cuTensorMapEncodeTiled, found in the driver library the runtime loaded
+// (null when it is not there: the single-role kernel runs).
+using EncodeTiled = int (*)(TmaMap*, int, uint32_t, void*, const uint64_t*, const uint64_t*, const uint32_t*,
+                            const uint32_t*, int, int, int, int);
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    return h ? reinterpret_cast<EncodeTiled>(dlsym(h, "cuTensorMapEncodeTiled")) : nullptr;
+  }();
+  return fn;
+}
+
+// weight_map fills m with the TMA map of W [rows, kd] bf16: boxes of BK
+// columns × BN/2 rows, 128-byte swizzle (moe_wgmma's shared-memory layout),
+// zeros past the tensor. False when the driver cannot make it.
+bool weight_map(TmaMap& m, const bf16* w, int64_t rows, int64_t kd) {
+  const EncodeTiled f = encode_tiled();
+  if (f == nullptr || rows <= 0 || rows >= (1ll << 31) || reinterpret_cast<uintptr_t>(w) % 16 != 0) return false;
+  const uint64_t dims[2] = {(uint64_t)kd, (uint64_t)rows}, strides[1] = {(uint64_t)kd * sizeof(bf16)};
+  const uint32_t box[2] = {BK, BN / 2}, elem[2] = {1, 1};
+  // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9, INTERLEAVE_NONE = 0, SWIZZLE_128B = 3, L2_PROMOTION_L2_256B = 3,
+  // FLOAT_OOB_FILL_NONE = 0 (out-of-bounds elements read as zeros).
+  return f(&m, 9, 2, const_cast<bf16*>(w), dims, strides, box, elem, 0, 3, 3, 0) == 0;
+}
+
+template <bool GU>
+int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
+  static int ok = 0, ok_ws = 0;
+  TmaMap m;
+  if (warp_specialised() && a.experts > 0 && weight_map(m, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd))
+    return launch_kern(moe_wgmma_ws_kernel<GU>, WS_THREADS, kWsSmem,
+                       GU ? "moe_wgmma_ws (gate/up)" : "moe_wgmma_ws (down)", tiles, ntiles, s, ok_ws, a, m);
+  return launch_kern(moe_wgmma_kernel<GU>, THREADS, kSmem, GU ? "moe_wgmma (gate/up)" : "moe_wgmma (down)", tiles,
+                     ntiles, s, ok, a);
 }
 
 }  // namespace

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# scripts/ncu_moe.sh SHAPE TOKENS — ncu metrics and warp stall reasons of the
+# grouped expert GEMMs (the first GEMM1 and GEMM2 launches of `mkserve bench
+# moe --path grouped`) at one token count, for the kernel MK_MOE_WGMMA picks
+# (unset: the warp-specialised wgmma kernel; 1: the single-role one; 0:
+# mma.sync). SHAPE: deepseek_v3, qwen3_30b_a3b or mixtral_8x7b. SOURCE=DIR
+# also writes ncu's per-SASS-line stall samples of the first launch to
+# DIR/moe_source.csv. On the GPU machine, after `MK_MODE=none bash
+# scripts/device.sh`:
+#   bash scripts/ncu_moe.sh qwen3_30b_a3b 16384
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+SHAPE=${1:-qwen3_30b_a3b}
+T=${2:-16384}
+case "$SHAPE" in
+deepseek_v3) F="--hidden 7168 --intermediate 2048 --experts 256 --topk 8 --routing grouped" ;;
+qwen3_30b_a3b) F="--hidden 2048 --intermediate 768 --experts 128 --topk 8 --routing softmax" ;;
+mixtral_8x7b) F="--hidden 4096 --intermediate 14336 --experts 8 --topk 2 --routing softmax" ;;
+*) echo "ncu_moe.sh: unknown shape $SHAPE"; exit 2 ;;
+esac
+export PATH="$PATH:/usr/local/cuda/bin"
+NCU=$(command -v ncu) || { echo "ncu_moe.sh: ncu not found on PATH"; exit 1; }
+export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
+M=gpu__time_duration.sum,smsp__inst_executed.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
+M=$M,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+M=$M,l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum,dram__bytes_read.sum
+for r in barrier long_scoreboard short_scoreboard math_pipe_throttle wait mio_throttle lg_throttle not_selected \
+	selected dispatch_stall no_instruction branch_resolving sleeping membar; do
+	M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
+done
+K='regex:moe_wgmma|moe_gemm'
+SRC=()
+[ -n "${SOURCE:-}" ] && SRC=(--section SourceCounters -f -o /tmp/ncu_moe)
+"$NCU" --clock-control none --kernel-name "$K" --launch-count 2 --section LaunchStats --metrics "$M" "${SRC[@]}" \
+	.dev/mkserve bench moe --path grouped $F --tokens "$T" --iters 1 --check-rows 0 2>&1 |
+	grep -vE '^==PROF==|^ *tokens|^H=' | sed -n '/moe_/,$p'
+if [ -n "${SOURCE:-}" ]; then
+	"$NCU" --import /tmp/ncu_moe.ncu-rep --print-units base --page details --metrics "$M" 2>/dev/null | grep -vE '^==PROF==' | head -120
+	"$NCU" --import /tmp/ncu_moe.ncu-rep --launch-count 1 --page source --csv --print-source sass >"$SOURCE/moe_source.csv" 2>/dev/null
+fi
