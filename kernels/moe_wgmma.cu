@@ -13,13 +13,27 @@
 //
 // Two kernels share that contract (MK_MOE_WGMMA picks; docs in README):
 //   moe_wgmma_kernel     every thread loads (cp.async) and computes; a block
-//                        barrier per 64-wide k step;
+//                        barrier per 64-wide k step (MK_MOE_WGMMA=1);
+//   moe_wgmma_ws_kernel  warp-specialised, the default: a producer warpgroup
+//                        fills a 4-stage ring (the weight tile by TMA, two
+//                        128-row boxes issued by one thread; the gathered
+//                        activation rows by cp.async) and signals each stage
+//                        through an mbarrier; two consumer warpgroups wait on
+//                        it, run the wgmmas and hand the stage back through a
+//                        second mbarrier, so no block barrier sits in the k
+//                        loop. Registers move from the producer to the
+//                        consumers (setmaxnreg 40 / 232). Measured on the H200
+//                        (docs/PERF.md, twelfth pass): 1.07-1.17x the
+//                        single-role kernel at 4096-16384 tokens. Loading the
+//                        weights by cp.async from the producer instead was
+//                        1.3-1.6x slower than the single-role kernel: 128
+//                        threads at 40 registers could not issue 24 copies a
+//                        stage fast enough (ncu: the consumers spent 41 % of
+//                        their samples waiting for full stages).
 #include <dlfcn.h>
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
-#include <mutex>
 
 #include "common.cuh"
 #include "moe_gemm.cuh"

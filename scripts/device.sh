@@ -185,6 +185,11 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 	echo "== MoE kernel tests with MK_MOE_ROUTE_ALIGN=1"
 	MK_MOE_ROUTE_ALIGN=1 run_each .dev/kernels.test "$LOGS/test_route_align.log" . 120 '^TestMoE(Experts|CombineAddRMSNorm)$' || status=1
 	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_route_align.log" | head -10
+	# The single-role wgmma grouped GEMM (MK_MOE_WGMMA=1; the default is the
+	# warp-specialised kernel): TestMoEExperts again in its own process.
+	echo "== MoE kernel tests with MK_MOE_WGMMA=1"
+	MK_MOE_WGMMA=1 run_each .dev/kernels.test "$LOGS/test_wgmma1.log" . 120 '^TestMoEExperts$' || status=1
+	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_wgmma1.log" | head -10
 	echo "== CUDA backend tests"
 	SECONDS=0
 	run_each "$ROOT/.dev/cuda.test" "$LOGS/cuda.log" backend/cuda 150 || status=1
