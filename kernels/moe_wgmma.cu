@@ -32,6 +32,8 @@
 //                        their samples waiting for full stages).
 #include <dlfcn.h>
 
+#include <algorithm>
+
 #include <cstdint>
 #include <cstdlib>
 
@@ -110,6 +112,16 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
+// tile_of maps work item id (grouped rasterisation: blocks of group_m row
+// tiles × all column tiles) to its row tile and column tile.
+__device__ __forceinline__ void tile_of(const GemmArgs& p, int id, int& tile, int& ntile) {
+  const int span = p.group_m * p.nt;
+  const int first_m = (id / span) * p.group_m;
+  const int gsize = min(p.mt - first_m, p.group_m);
+  tile = first_m + (id % span) % gsize;
+  ntile = (id % span) / gsize;
+}
+
 // store_tile writes a 128×256 tile's accumulators: warpgroup wg holds rows
 // 64·wg + [0, 64) of the tile, acc0 its columns [0, 128) and acc1 [128, 256)
 // (GEMM1: gate and up of the same 128 columns, activated and stored as bf16;
@@ -175,12 +187,8 @@ __device__ __forceinline__ void store_tile(const GemmArgs& p, const float (&acc0
 
 template <bool GATEUP>
 __global__ void __launch_bounds__(THREADS) moe_wgmma_kernel(const GemmArgs p) {
-  const int pid = blockIdx.x;
-  const int span = p.group_m * p.nt;
-  const int first_m = (pid / span) * p.group_m;
-  const int gsize = min(p.mt - first_m, p.group_m);
-  const int tile = first_m + (pid % span) % gsize;
-  const int ntile = (pid % span) / gsize;
+  int tile, ntile;
+  tile_of(p, blockIdx.x, tile, ntile);
   if (tile >= *p.num_tiles) return;
   extern __shared__ unsigned char wg_sm_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>(
@@ -356,15 +364,24 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 // landed; empty[s] when both consumer warpgroups' wgmmas reading it
 // are done. Stage s of k tile kt is filled for the (kt / ST)-th time, so
 // its full phase has parity (kt / ST) & 1.
+// producer_sync is a barrier among the producer warpgroup's 128 threads only.
+__device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
+
+// The CTA takes work items blockIdx.x, blockIdx.x + gridDim.x, ... of the
+// p.mt × p.nt grid (one each when the grid covers them all; a persistent
+// grid of one CTA per SM with MK_MOE_PERSIST=1, so that a tile's epilogue
+// runs while the producer already loads the next tile's first stages).
+// Both roles walk the same items and skip row tiles past *num_tiles, and
+// count k steps across items (g): stage g % ST, phase (g / ST) & 1.
 template <bool GATEUP>
 __global__ void __launch_bounds__(WS_THREADS, 1) moe_wgmma_ws_kernel(const GemmArgs p, const __grid_constant__ TmaMap wmap) {
-  const int pid = blockIdx.x;
-  const int span = p.group_m * p.nt;
-  const int first_m = (pid / span) * p.group_m;
-  const int gsize = min(p.mt - first_m, p.group_m);
-  const int tile = first_m + (pid % span) % gsize;
-  const int ntile = (pid % span) / gsize;
-  if (tile >= *p.num_tiles) return;
+  const int items = p.mt * p.nt, ntiles = *p.num_tiles;
+  if ((int)blockIdx.x >= items) return;
+  if ((int)gridDim.x >= items) {  // one item per CTA: a row tile past the real ones exits before any set-up
+    int tile, ntile;
+    tile_of(p, blockIdx.x, tile, ntile);
+    if (tile >= ntiles) return;
+  }
   extern __shared__ unsigned char wg_sm_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(wg_sm_raw) + 1023) & ~uintptr_t(1023));
@@ -375,11 +392,6 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_wgmma_ws_kernel(const GemmA
   int64_t* arow = reinterpret_cast<int64_t*>(empty + ST);  // [BM]: element offset of each A row in p.A, -1 padding
 
   const int tid = threadIdx.x, wg = tid / 128, wl = tid % 128;
-  const int64_t m0 = (int64_t)tile * BM;
-  if (tid < BM) {
-    const int32_t asg = p.sorted[m0 + tid];
-    arow[tid] = asg < 0 ? -1 : (GATEUP ? (int64_t)(asg / p.topk) : m0 + tid) * p.Kd;
-  }
   if (tid == 0) {
     for (int st = 0; st < ST; st++) {
       mbar_init(&full[st], 129);  // the producer's 128 cp.async arrivals + the TMA issuer's expect_tx
@@ -388,7 +400,6 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_wgmma_ws_kernel(const GemmA
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  const int e = p.tile_expert[tile];
   const int64_t Kd = p.Kd, N = p.N;
   const int KT = (int)((Kd + BK - 1) / BK);
 
@@ -397,33 +408,46 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_wgmma_ws_kernel(const GemmA
     // per row is held across the k loop.
     setmaxnreg_dec<40>();
     const int ch = wl % 8, r0 = wl / 8;
-    // B's two 128-row boxes: GEMM1 the expert's gate rows and its up rows
-    // (N further) for output columns ntile·128 + [0, 128); GEMM2 rows
-    // ntile·256 + [0, 256). Rows past the expert's N belong to the next
-    // expert (or, past the tensor, are zeros): their columns are computed
-    // and never stored.
-    const int32_t b0 = (int32_t)(GATEUP ? (int64_t)e * 2 * N + (int64_t)ntile * (BN / 2) : (int64_t)e * N + (int64_t)ntile * BN);
-    const int32_t b1 = (int32_t)(GATEUP ? b0 + N : b0 + BN / 2);
     if (wl == 0) tma_prefetch(&wmap);
-    for (int kt = 0; kt < KT; kt++) {
-      const int st = kt % ST;
-      if (kt >= ST) mbar_wait(&empty[st], ((kt / ST) - 1) & 1);
-      bf16* b = sB + st * (BN * BK);
-      if (wl == 0) {
-        mbar_expect_tx(&full[st], (uint32_t)kStageB);
-        tma_load_2d(b, &wmap, kt * BK, b0, &full[st]);
-        tma_load_2d(b + (BN / 2) * BK, &wmap, kt * BK, b1, &full[st]);
-      }
-      const int64_t k = (int64_t)kt * BK + ch * 8;
-      const bool kv = k < Kd;
-      bf16* a = sA + st * (BM * BK);
+    int g = 0;
+    for (int id = blockIdx.x; id < items; id += gridDim.x) {
+      int tile, ntile;
+      tile_of(p, id, tile, ntile);
+      if (tile >= ntiles) continue;
+      const int e = p.tile_expert[tile];
+      const int64_t m0 = (int64_t)tile * BM;
+      producer_sync();  // every producer thread has issued the previous item's copies from arow
+      const int32_t asg = p.sorted[m0 + wl];
+      arow[wl] = asg < 0 ? -1 : (GATEUP ? (int64_t)(asg / p.topk) : m0 + wl) * Kd;
+      producer_sync();
+      // B's two 128-row boxes: GEMM1 the expert's gate rows and its up rows
+      // (N further) for output columns ntile·128 + [0, 128); GEMM2 rows
+      // ntile·256 + [0, 256). Rows past the expert's N belong to the next
+      // expert (or, past the tensor, are zeros): their columns are computed
+      // and never stored.
+      const int32_t b0 =
+          (int32_t)(GATEUP ? (int64_t)e * 2 * N + (int64_t)ntile * (BN / 2) : (int64_t)e * N + (int64_t)ntile * BN);
+      const int32_t b1 = (int32_t)(GATEUP ? b0 + N : b0 + BN / 2);
+      for (int kt = 0; kt < KT; kt++, g++) {
+        const int st = g % ST;
+        if (g >= ST) mbar_wait(&empty[st], ((g / ST) - 1) & 1);
+        bf16* b = sB + st * (BN * BK);
+        if (wl == 0) {
+          mbar_expect_tx(&full[st], (uint32_t)kStageB);
+          tma_load_2d(b, &wmap, kt * BK, b0, &full[st]);
+          tma_load_2d(b + (BN / 2) * BK, &wmap, kt * BK, b1, &full[st]);
+        }
+        const int64_t k = (int64_t)kt * BK + ch * 8;
+        const bool kv = k < Kd;
+        bf16* a = sA + st * (BM * BK);
 #pragma unroll
-      for (int i = 0; i < BM / 16; i++) {
-        const int64_t off = arow[r0 + 16 * i];
-        const bool v = off >= 0 && kv;
-        cp_async16(a + swz(r0 + 16 * i, ch), v ? p.A + off + k : p.A, v);
+        for (int i = 0; i < BM / 16; i++) {
+          const int64_t off = arow[r0 + 16 * i];
+          const bool v = off >= 0 && kv;
+          cp_async16(a + swz(r0 + 16 * i, ch), v ? p.A + off + k : p.A, v);
+        }
+        cp_async_arrive(&full[st]);
       }
-      cp_async_arrive(&full[st]);
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
@@ -431,28 +455,35 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_wgmma_ws_kernel(const GemmA
 
   setmaxnreg_inc<232>();
   const int cw = wg - 1, warp = wl / 32, lane = tid % 32;
-  float acc0[64], acc1[64];
-#pragma unroll
-  for (int i = 0; i < 64; i++) acc0[i] = acc1[i] = 0.0f;
   const uint32_t sA0 = sm_addr(sA), sB0 = sm_addr(sB);
-  for (int kt = 0; kt < KT; kt++) {
-    const int st = kt % ST;
-    mbar_wait(&full[st], (kt / ST) & 1);
-    fence_proxy_async();  // the copies (generic proxy) before the wgmmas' reads (async proxy)
-    const uint32_t a = sA0 + st * (uint32_t)kStageA + cw * 64 * 128;
-    const uint32_t b = sB0 + st * (uint32_t)kStageB;
-    wgmma_fence();
+  int g = 0;
+  for (int id = blockIdx.x; id < items; id += gridDim.x) {
+    int tile, ntile;
+    tile_of(p, id, tile, ntile);
+    if (tile >= ntiles) continue;
+    float acc0[64], acc1[64];
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) {
-      wgmma_n128(acc0, desc(a + kk * 32), desc(b + kk * 32));
-      wgmma_n128(acc1, desc(a + kk * 32), desc(b + 128 * 128 + kk * 32));
+    for (int i = 0; i < 64; i++) acc0[i] = acc1[i] = 0.0f;
+    for (int kt = 0; kt < KT; kt++, g++) {
+      const int st = g % ST;
+      mbar_wait(&full[st], (g / ST) & 1);
+      fence_proxy_async();  // the copies (generic proxy) before the wgmmas' reads (async proxy)
+      const uint32_t a = sA0 + st * (uint32_t)kStageA + cw * 64 * 128;
+      const uint32_t b = sB0 + st * (uint32_t)kStageB;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; kk++) {
+        wgmma_n128(acc0, desc(a + kk * 32), desc(b + kk * 32));
+        wgmma_n128(acc1, desc(a + kk * 32), desc(b + 128 * 128 + kk * 32));
+      }
+      wgmma_commit();
+      wgmma_wait1();  // k step g-1's wgmmas are done: its stage goes back
+      if (kt > 0 && wl == 0) mbar_arrive(&empty[(g - 1) % ST]);
     }
-    wgmma_commit();
-    wgmma_wait1();  // k tile kt-1's wgmmas are done: its stage goes back
-    if (kt > 0 && wl == 0) mbar_arrive(&empty[(kt - 1) % ST]);
+    wgmma_wait0();
+    if (wl == 0) mbar_arrive(&empty[(g - 1) % ST]);  // the item's last stage (the producer may be on the next item)
+    store_tile<GATEUP>(p, acc0, acc1, p.tile_expert[tile], (int64_t)tile * BM, ntile, cw, warp, lane);
   }
-  wgmma_wait0();
-  store_tile<GATEUP>(p, acc0, acc1, e, m0, ntile, cw, warp, lane);
 }
 
 // launch_kern launches kern (threads per CTA, smem bytes) over tiles ×
@@ -511,13 +542,39 @@ bool weight_map(TmaMap& m, const bf16* w, int64_t rows, int64_t kd) {
   return f(&m, 9, 2, const_cast<bf16*>(w), dims, strides, box, elem, 0, 3, 3, 0) == 0;
 }
 
+// persistent: MK_MOE_PERSIST=1 launches the warp-specialised kernel on one
+// CTA per SM (each walks work items) instead of one CTA per item.
+bool persistent() {
+  static const bool w = [] {
+    const char* v = getenv("MK_MOE_PERSIST");
+    return v && v[0] == '1';
+  }();
+  return w;
+}
+
+// sm_count is the current device's multiprocessors.
+int sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 template <bool GU>
 int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
   static int ok = 0, ok_ws = 0;
   TmaMap m;
-  if (warp_specialised() && a.experts > 0 && weight_map(m, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd))
+  if (warp_specialised() && a.experts > 0 && weight_map(m, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd)) {
+    int64_t grid = tiles * ntiles;  // one CTA per work item, or one per SM walking them
+    if (persistent()) {
+      static const int sms = sm_count();
+      if (sms > 0) grid = std::min<int64_t>(grid, sms);
+    }
     return launch_kern(moe_wgmma_ws_kernel<GU>, WS_THREADS, kWsSmem,
-                       GU ? "moe_wgmma_ws (gate/up)" : "moe_wgmma_ws (down)", tiles, ntiles, s, ok_ws, a, m);
+                       GU ? "moe_wgmma_ws (gate/up)" : "moe_wgmma_ws (down)", grid, 1, s, ok_ws, a, m);
+  }
   return launch_kern(moe_wgmma_kernel<GU>, THREADS, kSmem, GU ? "moe_wgmma (gate/up)" : "moe_wgmma (down)", tiles,
                      ntiles, s, ok, a);
 }
