@@ -568,15 +568,7 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
 #pragma unroll
           for (int q = 0; q < 2; q++) {
             float g = acc[mf][nf][2 * h + q], u = acc[mf][nf + NF / 2][2 * h + q];
-            if (p.act == MK_MOE_SWIGLU) {
-              r2[q] = g / (1.0f + __expf(-g)) * u;
-            } else {
-              const float lim = p.limit;
-              if (g > lim) g = lim;
-              if (u > lim) u = lim;
-              else if (u < -lim) u = -lim;
-              r2[q] = (u + 1.0f) * (g / (1.0f + __expf(-p.alpha * g)));
-            }
+            r2[q] = mkmoe::activation(g, u, p.act, p.alpha, p.limit);
           }
           *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
         }

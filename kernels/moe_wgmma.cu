@@ -151,15 +151,7 @@ __device__ __forceinline__ void store_tile(const GemmArgs& p, const float (&acc0
             g += gb[j + q];
             u += gb[N + j + q];
           }
-          if (p.act == MK_MOE_SWIGLU) {
-            r2[q] = g / (1.0f + __expf(-g)) * u;
-          } else {
-            const float lim = p.limit;
-            if (g > lim) g = lim;
-            if (u > lim) u = lim;
-            else if (u < -lim) u = -lim;
-            r2[q] = (u + 1.0f) * (g / (1.0f + __expf(-p.alpha * g)));
-          }
+          r2[q] = mkmoe::activation(g, u, p.act, p.alpha, p.limit);
         }
         *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
       }
