@@ -9,7 +9,8 @@
 # profiles the captured graphs' kernel nodes instead (`--graph-profiling
 # node`: the kernels a served decode step runs, which at small batches
 # differ from the eager ones, e.g. the fused MoE kernel). The report and
-# its CSV stay in $OUT (default .dev/out).
+# its CSV stay in $OUT (default .dev/out). BYTES=1 also collects each
+# kernel's DRAM reads (dram__bytes_read.sum), printed as MB per call and GB/s.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 CFG=${1:-configs/shapes/qwen3-30b-a3b-8l}
@@ -22,7 +23,9 @@ export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
 GFLAGS=(--graphs=false)
 NFLAGS=()
 if [ "${GRAPHS:-0}" = 1 ]; then GFLAGS=(--graphs=true); NFLAGS=(--graph-profiling node); fi
-"$NCU" --clock-control none --cache-control none "${NFLAGS[@]}" --metrics gpu__time_duration.sum -f -o "$OUT/step" \
+MET=gpu__time_duration.sum
+[ "${BYTES:-0}" = 1 ] && MET=$MET,dram__bytes_read.sum
+"$NCU" --clock-control none --cache-control none "${NFLAGS[@]}" --metrics "$MET" -f -o "$OUT/step" \
 	.dev/mkserve bench model --config "$CFG" --batch "$B" --context 1024 --prefill 0 --steps 1 "${GFLAGS[@]}" \
 	>"$OUT/ncu_run.log" 2>&1 || { echo "ncu_step.sh: the profiled run failed:"; tail -20 "$OUT/ncu_run.log"; exit 1; }
 "$NCU" --import "$OUT/step.ncu-rep" --csv --page raw >"$OUT/step.csv" || exit 1
