@@ -285,6 +285,7 @@ __global__ void __launch_bounds__(THREADS) moe_wgmma_kernel(const GemmArgs p) {
 // ─────────────── warp-specialised variant (producer + 2 consumer warpgroups) ───────────────
 
 constexpr int WS_THREADS = 384;  // warpgroup 0 loads, 1 and 2 compute
+static_assert(BN / 2 == BM, "one TMA box shape (BK columns × 128 rows) serves the weight halves and the A tile");
 constexpr size_t kWsSmem = ST * (kStageA + kStageB) + 1024 + 2 * ST * sizeof(uint64_t) + BM * sizeof(int64_t);
 
 __device__ __forceinline__ uint32_t sm_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -365,8 +366,13 @@ __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;
 // runs while the producer already loads the next tile's first stages).
 // Both roles walk the same items and skip row tiles past *num_tiles, and
 // count k steps across items (g): stage g % ST, phase (g / ST) & 1.
-template <bool GATEUP>
-__global__ void __launch_bounds__(WS_THREADS, 1) moe_wgmma_ws_kernel(const GemmArgs p, const __grid_constant__ TmaMap wmap) {
+// TMA_A (GEMM2 only, MK_MOE_TMA_A=1, not yet measured): the activation rows
+// are contiguous there, so the A tile comes by TMA too (amap) and one
+// producer thread does all the loading.
+template <bool GATEUP, bool TMA_A>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    moe_wgmma_ws_kernel(const GemmArgs p, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap amap) {
+  static_assert(!(GATEUP && TMA_A), "GEMM1 gathers its A rows by token");
   const int items = p.mt * p.nt, ntiles = *p.num_tiles;
   if ((int)blockIdx.x >= items) return;
   if ((int)gridDim.x >= items) {  // one item per CTA: a row tile past the real ones exits before any set-up
@@ -386,7 +392,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_wgmma_ws_kernel(const GemmA
   const int tid = threadIdx.x, wg = tid / 128, wl = tid % 128;
   if (tid == 0) {
     for (int st = 0; st < ST; st++) {
-      mbar_init(&full[st], 129);  // the producer's 128 cp.async arrivals + the TMA issuer's expect_tx
+      mbar_init(&full[st], TMA_A ? 1 : 129);  // the producer's 128 cp.async arrivals (unless TMA_A) + the TMA issuer's expect_tx
       mbar_init(&empty[st], 2);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -400,18 +406,23 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_wgmma_ws_kernel(const GemmA
     // per row is held across the k loop.
     setmaxnreg_dec<40>();
     const int ch = wl % 8, r0 = wl / 8;
-    if (wl == 0) tma_prefetch(&wmap);
+    if (wl == 0) {
+      tma_prefetch(&wmap);
+      if (TMA_A) tma_prefetch(&amap);
+    }
     int g = 0;
-    for (int id = blockIdx.x; id < items; id += gridDim.x) {
+    for (int id = blockIdx.x; id < items && (!TMA_A || wl == 0); id += gridDim.x) {
       int tile, ntile;
       tile_of(p, id, tile, ntile);
       if (tile >= ntiles) continue;
       const int e = p.tile_expert[tile];
       const int64_t m0 = (int64_t)tile * BM;
-      producer_sync();  // every producer thread has issued the previous item's copies from arow
-      const int32_t asg = p.sorted[m0 + wl];
-      arow[wl] = asg < 0 ? -1 : (GATEUP ? (int64_t)(asg / p.topk) : m0 + wl) * Kd;
-      producer_sync();
+      if (!TMA_A) {
+        producer_sync();  // every producer thread has issued the previous item's copies from arow
+        const int32_t asg = p.sorted[m0 + wl];
+        arow[wl] = asg < 0 ? -1 : (GATEUP ? (int64_t)(asg / p.topk) : m0 + wl) * Kd;
+        producer_sync();
+      }
       // B's two 128-row boxes: GEMM1 the expert's gate rows and its up rows
       // (N further) for output columns ntile·128 + [0, 128); GEMM2 rows
       // ntile·256 + [0, 256). Rows past the expert's N belong to the next
@@ -424,14 +435,16 @@ __global__ void __launch_bounds__(WS_THREADS, 1) moe_wgmma_ws_kernel(const GemmA
         const int st = g % ST;
         if (g >= ST) mbar_wait(&empty[st], ((g / ST) - 1) & 1);
         bf16* b = sB + st * (BN * BK);
+        bf16* a = sA + st * (BM * BK);
         if (wl == 0) {
-          mbar_expect_tx(&full[st], (uint32_t)kStageB);
+          mbar_expect_tx(&full[st], (uint32_t)(TMA_A ? kStageA + kStageB : kStageB));
+          if (TMA_A) tma_load_2d(a, &amap, kt * BK, (int32_t)m0, &full[st]);
           tma_load_2d(b, &wmap, kt * BK, b0, &full[st]);
           tma_load_2d(b + (BN / 2) * BK, &wmap, kt * BK, b1, &full[st]);
         }
+        if (TMA_A) continue;
         const int64_t k = (int64_t)kt * BK + ch * 8;
         const bool kv = k < Kd;
-        bf16* a = sA + st * (BM * BK);
 #pragma unroll
         for (int i = 0; i < BM / 16; i++) {
           const int64_t off = arow[r0 + 16 * i];
@@ -521,9 +534,10 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// weight_map fills m with the TMA map of W [rows, kd] bf16: boxes of BK
-// columns × BN/2 rows, 128-byte swizzle (moe_wgmma's shared-memory layout),
-// zeros past the tensor. False when the driver cannot make it.
+// weight_map fills m with the TMA map of a [rows, kd] bf16 matrix (the
+// weights; with TMA_A, GEMM2's activation rows): boxes of BK columns × 128
+// rows, 128-byte swizzle (moe_wgmma's shared-memory layout), zeros past the
+// tensor. False when the driver cannot make it.
 bool weight_map(TmaMap& m, const bf16* w, int64_t rows, int64_t kd) {
   const EncodeTiled f = encode_tiled();
   if (f == nullptr || rows <= 0 || rows >= (1ll << 31) || reinterpret_cast<uintptr_t>(w) % 16 != 0) return false;
@@ -554,18 +568,30 @@ int sm_count() {
   return n;
 }
 
+// tma_a: MK_MOE_TMA_A=1 loads GEMM2's activation rows by TMA (not yet measured).
+bool tma_a() {
+  static const bool w = [] {
+    const char* v = getenv("MK_MOE_TMA_A");
+    return v && v[0] == '1';
+  }();
+  return w;
+}
+
 template <bool GU>
 int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
-  static int ok = 0, ok_ws = 0;
-  TmaMap m;
-  if (warp_specialised() && a.experts > 0 && weight_map(m, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd)) {
+  static int ok = 0, ok_ws = 0, ok_ws_a = 0;
+  TmaMap wm, am;
+  if (warp_specialised() && a.experts > 0 && weight_map(wm, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd)) {
     int64_t grid = tiles * ntiles;  // one CTA per work item, or one per SM walking them
     if (persistent()) {
       static const int sms = sm_count();
       if (sms > 0) grid = std::min<int64_t>(grid, sms);
     }
-    return launch_kern(moe_wgmma_ws_kernel<GU>, WS_THREADS, kWsSmem,
-                       GU ? "moe_wgmma_ws (gate/up)" : "moe_wgmma_ws (down)", grid, 1, s, ok_ws, a, m);
+    if (!GU && tma_a() && weight_map(am, a.A, (int64_t)a.mt * BM, a.Kd))
+      return launch_kern(moe_wgmma_ws_kernel<false, true>, WS_THREADS, kWsSmem, "moe_wgmma_ws (down, A by TMA)", grid,
+                         1, s, ok_ws_a, a, wm, am);
+    return launch_kern(moe_wgmma_ws_kernel<GU, false>, WS_THREADS, kWsSmem,
+                       GU ? "moe_wgmma_ws (gate/up)" : "moe_wgmma_ws (down)", grid, 1, s, ok_ws, a, wm, wm);
   }
   return launch_kern(moe_wgmma_kernel<GU>, THREADS, kSmem, GU ? "moe_wgmma (gate/up)" : "moe_wgmma (down)", tiles,
                      ntiles, s, ok, a);
