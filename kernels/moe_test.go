@@ -210,6 +210,10 @@ func TestMoEExperts(t *testing.T) {
 		{name: "E8_K2_T130_hot", cfg: softmaxRouter(8, 2), T: 130, H: 64, I: 40, hot: 3},
 		{name: "E8_K2_T1024_tile128", cfg: softmaxRouter(8, 2), T: 1024, H: 136, I: 96, hot: -1, biases: true},
 		{name: "E8_K2_T1024_hot_clamped", cfg: softmaxRouter(8, 2), T: 1024, H: 64, I: 72, hot: 5, clamped: true},
+		// More 128-row work items than the H200 has SMs in both GEMMs
+		// (≈160 row tiles): with MK_MOE_PERSIST=1 each CTA of the
+		// warp-specialised kernel walks several items.
+		{name: "E16_K8_T2500_tile128_many_items", cfg: softmaxRouter(16, 8), T: 2500, H: 136, I: 136, hot: -1, biases: true},
 		{name: "E64_K4_T130_groups_clamped_bias", cfg: moe.RouterConfig{NumExperts: 64, TopK: 4, Scoring: moe.Sigmoid, NormTopK: true, NumGroups: 8, TopKGroups: 4, ScalingFactor: 2.5},
 			T: 130, H: 72, I: 56, clamped: true, biases: true, hot: -1},
 		{name: "E64_K2_T7_cold", cfg: softmaxRouter(64, 2), T: 7, H: 64, I: 32, cold: 32, hot: -1},
