@@ -70,18 +70,80 @@ func panel16x5(p *float32, b *float32, ldb int, n int, c *float32, ldc int, nt i
 //go:noescape
 func panel16x6(p *float32, b *float32, ldb int, n int, c *float32, ldc int, nt int)
 
+// dotMxNbf are dotMxN with b in bf16 (gen_kernels.go: bit for bit the
+// float32 kernel on the widened b).
+
+//go:noescape
+func dot1x1bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot1x2bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot1x3bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot2x1bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot2x2bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot2x3bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot3x1bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot3x2bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot3x3bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot4x1bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot4x2bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot4x3bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot1x4bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc int, nt int)
+
+// widenbf16 sets dst[i] to the float32 of bf16 src[i] for i < n, n a
+// positive multiple of 32.
+//
+//go:noescape
+func widenbf16(dst *float32, src *uint16, n int)
+
+// avx2DotBF is avx2Kernels' dot set for bf16 b.
+var avx2DotBF = &dotSet[uint16]{
+	mr: 4, nr: 3,
+	k: [][]kernelOf[uint16]{
+		{dot1x1bf, dot1x2bf, dot1x3bf},
+		{dot2x1bf, dot2x2bf, dot2x3bf},
+		{dot3x1bf, dot3x2bf, dot3x3bf},
+		{dot4x1bf, dot4x2bf, dot4x3bf},
+	},
+	gemv: dot1x4bf, gemvN: 4,
+}
+
 // hasAVX2 reports whether the assembly kernels can run on this CPU.
 var hasAVX2 = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 
 // avx2Kernels is the kernel set of the assembly path.
 var avx2Kernels = &tileKernels{
-	mr: 4, nr: 3,
-	k: [][]kernel{
-		{dot1x1, dot1x2, dot1x3},
-		{dot2x1, dot2x2, dot2x3},
-		{dot3x1, dot3x2, dot3x3},
-		{dot4x1, dot4x2, dot4x3},
+	dotSet: dotSet[float32]{
+		mr: 4, nr: 3,
+		k: [][]kernel{
+			{dot1x1, dot1x2, dot1x3},
+			{dot2x1, dot2x2, dot2x3},
+			{dot3x1, dot3x2, dot3x3},
+			{dot4x1, dot4x2, dot4x3},
+		},
+		gemv: dot1x4, gemvN: 4,
 	},
-	gemv: dot1x4, gemvN: 4,
 	panel: []panelKernel{panel16x1, panel16x2, panel16x3, panel16x4, panel16x5, panel16x6},
 }

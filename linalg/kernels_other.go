@@ -6,4 +6,10 @@ package linalg
 var (
 	hasAVX2     = false
 	avx2Kernels *tileKernels
+	avx2DotBF   *dotSet[uint16]
 )
+
+// widenbf16 is never called here (avx2DotBF is nil).
+func widenbf16(dst *float32, src *uint16, n int) {
+	panic("linalg: no widenbf16 kernel on this platform")
+}

@@ -29,15 +29,24 @@ import (
 // of a (row stride lda) with nr·nt rows of b (row stride ldb) over their
 // first n elements: nt tiles of nr rows of b, side by side in c. mr and nr
 // are fixed per kernel; n is a positive multiple of 8 and nt ≥ 1.
-type kernel func(a *float32, lda int, b *float32, ldb int, n int, c *float32, ldc int, nt int)
+type kernel = kernelOf[float32]
 
-// tileKernels is a kernel set: the full mr×nr tile and its edges, and the
-// M = 1 kernel.
-type tileKernels struct {
-	mr, nr int        // full tile: rows of a, rows of b
-	k      [][]kernel // [i-1][j-1] is the i×j kernel, i ≤ mr, j ≤ nr
-	gemv   kernel     // 1×gemvN kernel for M = 1
+// kernelOf is kernel for b of element type E: float32, or uint16 holding
+// bf16 values (MatMulTBF16).
+type kernelOf[E float32 | uint16] func(a *float32, lda int, b *E, ldb int, n int, c *float32, ldc int, nt int)
+
+// dotSet is the dot path's kernels for b of element type E: the full mr×nr
+// tile and its edges, and the M = 1 kernel.
+type dotSet[E float32 | uint16] struct {
+	mr, nr int             // full tile: rows of a, rows of b
+	k      [][]kernelOf[E] // [i-1][j-1] is the i×j kernel, i ≤ mr, j ≤ nr
+	gemv   kernelOf[E]     // 1×gemvN kernel for M = 1
 	gemvN  int
+}
+
+// tileKernels is a kernel set: the dot kernels and the packed path's.
+type tileKernels struct {
+	dotSet[float32]
 	// panel[j-1] is the broadcast kernel for a packed panel of panelM rows
 	// of a against j rows of b (j ≤ len(panel)); nil: no packed path.
 	panel []panelKernel
@@ -121,6 +130,9 @@ type gemm struct {
 	// at packed[k0*mf+i*panelM*kk], element (row r, column k) at k*panelM+r.
 	mf     int
 	packed []float32
+	// bOff is the first row of b that b holds (MatMulTBF16 points b at a
+	// widened block of rows): row n of b is b[(n-bOff)*K:].
+	bOff int
 }
 
 // pack fills g.packed from a, on up to w goroutines.
@@ -171,11 +183,11 @@ func (g *gemm) runPanels(m0, m1, n0, n1 int) {
 				cp := g.dst[m*N:]
 				n := nb
 				if nt := (ne - nb) / nr; nt > 0 {
-					g.ks.panel[nr-1](p, &g.b[n*K+k0], K, kk, &cp[n], N, nt)
+					g.ks.panel[nr-1](p, &g.b[(n-g.bOff)*K+k0], K, kk, &cp[n], N, nt)
 					n += nt * nr
 				}
 				if n < ne {
-					g.ks.panel[ne-n-1](p, &g.b[n*K+k0], K, kk, &cp[n], N, 1)
+					g.ks.panel[ne-n-1](p, &g.b[(n-g.bOff)*K+k0], K, kk, &cp[n], N, 1)
 				}
 			}
 		}
@@ -184,36 +196,40 @@ func (g *gemm) runPanels(m0, m1, n0, n1 int) {
 
 // runDot computes dst[m0:m1, n0:n1] over the first K&^7 columns with the
 // dot-product kernels.
-func (g *gemm) runDot(m0, m1, n0, n1 int) {
+func (g *gemm) runDot(m0, m1, n0, n1 int) { runDotOf(g, g.b, &g.ks.dotSet, m0, m1, n0, n1) }
+
+// runDotOf is runDot with b's rows [g.bOff, ...) in b and the kernels ks for
+// its element type.
+func runDotOf[E float32 | uint16](g *gemm, b []E, ks *dotSet[E], m0, m1, n0, n1 int) {
 	if m0 >= m1 {
 		return
 	}
 	N, K := g.N, g.K
 	K8 := K &^ 7 // the kernels take multiples of 8; the rest is summed by tailK
 	kc := blockK
-	mr, nr := g.ks.mr, g.ks.nr
+	mr, nr := ks.mr, ks.nr
 	if m1-m0 <= mr {
 		kc = K8 // b is read once: no reuse to block for
 	}
 	for k0 := 0; k0 < K8; k0 += kc {
 		kk := min(kc, K8-k0)
 		if m1-m0 == 1 {
-			g.gemvRow(m0, n0, n1, k0, kk)
+			gemvRowOf(g, b, ks, m0, n0, n1, k0, kk)
 			continue
 		}
 		for nb := n0; nb < n1; nb += blockN {
 			ne := min(nb+blockN, n1)
 			for m := m0; m < m1; m += mr {
-				row := g.ks.k[min(mr, m1-m)-1]
+				row := ks.k[min(mr, m1-m)-1]
 				ap := &g.a[m*K+k0]
 				cp := g.dst[m*N:]
 				n := nb
 				if nt := (ne - nb) / nr; nt > 0 {
-					row[nr-1](ap, K, &g.b[n*K+k0], K, kk, &cp[n], N, nt)
+					row[nr-1](ap, K, &b[(n-g.bOff)*K+k0], K, kk, &cp[n], N, nt)
 					n += nt * nr
 				}
 				if n < ne {
-					row[ne-n-1](ap, K, &g.b[n*K+k0], K, kk, &cp[n], N, 1)
+					row[ne-n-1](ap, K, &b[(n-g.bOff)*K+k0], K, kk, &cp[n], N, 1)
 				}
 			}
 		}
@@ -222,15 +238,20 @@ func (g *gemm) runDot(m0, m1, n0, n1 int) {
 
 // tailK adds the columns past K&^7 to dst[m0:m1, n0:n1].
 func (g *gemm) tailK(m0, m1, n0, n1 int) {
+	tailKOf(g, g.b, func(x float32) float32 { return x }, m0, m1, n0, n1)
+}
+
+// tailKOf is tailK with b's rows [g.bOff, ...) in b, widened by f.
+func tailKOf[E float32 | uint16](g *gemm, b []E, f func(E) float32, m0, m1, n0, n1 int) {
 	N, K, K8 := g.N, g.K, g.K&^7
 	if K8 < K {
 		for m := m0; m < m1; m++ {
 			ar := g.a[m*K+K8 : m*K+K]
 			for n := n0; n < n1; n++ {
-				br := g.b[n*K+K8 : n*K+K]
+				br := b[(n-g.bOff)*K+K8 : (n-g.bOff)*K+K]
 				s := float32(0)
 				for k, x := range ar {
-					s += x * br[k]
+					s += x * f(br[k])
 				}
 				g.dst[m*N+n] += s
 			}
@@ -238,18 +259,18 @@ func (g *gemm) tailK(m0, m1, n0, n1 int) {
 	}
 }
 
-// gemvRow computes row m of dst over columns [n0, n1) and k in [k0, k0+kk).
-func (g *gemm) gemvRow(m, n0, n1, k0, kk int) {
+// gemvRowOf computes row m of dst over columns [n0, n1) and k in [k0, k0+kk).
+func gemvRowOf[E float32 | uint16](g *gemm, b []E, ks *dotSet[E], m, n0, n1, k0, kk int) {
 	K, N := g.K, g.N
 	ap := &g.a[m*K+k0]
 	n := n0
-	if nt := (n1 - n0) / g.ks.gemvN; nt > 0 {
-		g.ks.gemv(ap, K, &g.b[n*K+k0], K, kk, &g.dst[m*N+n], N, nt)
-		n += nt * g.ks.gemvN
+	if nt := (n1 - n0) / ks.gemvN; nt > 0 {
+		ks.gemv(ap, K, &b[(n-g.bOff)*K+k0], K, kk, &g.dst[m*N+n], N, nt)
+		n += nt * ks.gemvN
 	}
-	for ; n < n1; n += g.ks.nr {
-		nr := min(g.ks.nr, n1-n)
-		g.ks.k[0][nr-1](ap, K, &g.b[n*K+k0], K, kk, &g.dst[m*N+n], N, 1)
+	for ; n < n1; n += ks.nr {
+		nr := min(ks.nr, n1-n)
+		ks.k[0][nr-1](ap, K, &b[(n-g.bOff)*K+k0], K, kk, &g.dst[m*N+n], N, 1)
 	}
 }
 
@@ -307,7 +328,7 @@ func parallelFor(n, align, w int, f func(lo, hi int)) {
 
 // goKernels is the kernel set of the pure-Go path: 4×3 tiles.
 var goKernels = func() *tileKernels {
-	t := &tileKernels{mr: 4, nr: 3, gemvN: 4}
+	t := &tileKernels{dotSet: dotSet[float32]{mr: 4, nr: 3, gemvN: 4}}
 	t.k = make([][]kernel, t.mr)
 	for i := range t.k {
 		t.k[i] = make([]kernel, t.nr)

@@ -1,0 +1,92 @@
+package linalg
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+)
+
+// bfBlock is the rows of b one goroutine widens to float32 at a time for
+// the packed path (MatMulTBF16 from panelMinM rows of a): a multiple of
+// the dot path's blockN and the packed path's blockNP, so the blocks split
+// the columns exactly where MatMulT's own blocking does.
+const bfBlock = 48
+
+// MatMulTBF16 computes dst = a·bᵀ like MatMulT, with b [N, K] in bf16: each
+// element the upper 16 bits of a float32 (safetensors' BF16). The result is
+// MatMulT's on the widened b, bit for bit, while b's bytes read are half.
+// Below panelMinM rows of a (decode) the AVX2 dot kernels widen b as they
+// stream it; from there on (prefill), each goroutine widens bfBlock rows of
+// b at a time into a float32 buffer that the packed kernels read, once for
+// all of a's panels.
+func MatMulTBF16(dst, a []float32, b []uint16, M, N, K int) {
+	if M < 0 || N < 0 || K < 0 || len(a) < M*K || len(b) < N*K || len(dst) < M*N {
+		panic(fmt.Sprintf("linalg.MatMulTBF16: M=%d N=%d K=%d with len(a)=%d len(b)=%d len(dst)=%d", M, N, K, len(a), len(b), len(dst)))
+	}
+	if M == 0 || N == 0 {
+		return
+	}
+	clear(dst[:M*N])
+	if K == 0 {
+		return
+	}
+	ks := goKernels
+	if useAsm {
+		ks = avx2Kernels
+	}
+	g := gemm{dst: dst, a: a, M: M, N: N, K: K, ks: ks}
+	w := runtime.GOMAXPROCS(0)
+	if M*N*K < parallelMin {
+		w = 1
+	}
+	mAlign := ks.mr
+	packed := ks.panel != nil && M >= panelMinM && K >= 8
+	if packed {
+		g.mf = M / panelM * panelM
+		g.pack(w)
+		defer putBuf(g.packed)
+		mAlign = panelM
+	}
+	// run computes dst[m0:m1, n0:n1] (MatMulT's gemm.run).
+	run := func(m0, m1, n0, n1 int) {
+		if !packed && useAsm && avx2DotBF != nil {
+			runDotOf(&g, b, avx2DotBF, m0, m1, n0, n1)
+			tailKOf(&g, b, BF16ToFloat32, m0, m1, n0, n1)
+			return
+		}
+		buf := getBuf(min(bfBlock, n1-n0) * K)
+		defer putBuf(buf)
+		for nb := n0; nb < n1; nb += bfBlock {
+			ne := min(nb+bfBlock, n1)
+			WidenBF16(buf[:(ne-nb)*K], b[nb*K:ne*K])
+			h := g
+			h.b, h.bOff = buf, nb
+			h.run(m0, m1, nb, ne)
+		}
+	}
+	switch {
+	case w <= 1:
+		run(0, M, 0, N)
+	case N >= 24*w || M < 2*mAlign*w:
+		parallelFor(N, 12, w, func(n0, n1 int) { run(0, M, n0, n1) })
+	default:
+		parallelFor(M, mAlign, w, func(m0, m1 int) { run(m0, m1, 0, N) })
+	}
+}
+
+// BF16ToFloat32 widens one bf16 value (exact).
+func BF16ToFloat32(v uint16) float32 { return math.Float32frombits(uint32(v) << 16) }
+
+// WidenBF16 writes the float32 values of src's bf16 elements to dst
+// (len(dst) ≥ len(src)), with the AVX2 kernel where there is one.
+func WidenBF16(dst []float32, src []uint16) {
+	dst = dst[:len(src)]
+	i := 0
+	if n := len(src) &^ 31; n > 0 && useAsm && avx2DotBF != nil {
+		widenbf16(&dst[0], &src[0], n)
+		i = n
+	}
+	for ; i < len(src); i++ {
+		dst[i] = math.Float32frombits(uint32(src[i]) << 16)
+	}
+}
