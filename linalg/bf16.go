@@ -90,3 +90,37 @@ func WidenBF16(dst []float32, src []uint16) {
 		dst[i] = math.Float32frombits(uint32(src[i]) << 16)
 	}
 }
+
+// Weights is a row-major matrix held as float32 values (F32) or as bf16
+// values (BF16, the upper halves of float32s, as BF16 checkpoints store
+// them): exactly one is set.
+type Weights struct {
+	F32  []float32
+	BF16 []uint16
+}
+
+// Len is the number of values.
+func (w Weights) Len() int {
+	if w.BF16 != nil {
+		return len(w.BF16)
+	}
+	return len(w.F32)
+}
+
+// Block is values [i·n, i·n+n), capped so it cannot reach the next block.
+func (w Weights) Block(i, n int) Weights {
+	if w.BF16 != nil {
+		return Weights{BF16: w.BF16[i*n : i*n+n : i*n+n]}
+	}
+	return Weights{F32: w.F32[i*n : i*n+n : i*n+n]}
+}
+
+// MulT sets dst = a·wᵀ for a [M, K] and w [N, K]: MatMulT, or MatMulTBF16
+// (the same values, bit for bit, reading half the bytes).
+func (w Weights) MulT(dst, a []float32, M, N, K int) {
+	if w.BF16 != nil {
+		MatMulTBF16(dst, a, w.BF16, M, N, K)
+		return
+	}
+	MatMulT(dst, a, w.F32, M, N, K)
+}

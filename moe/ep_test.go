@@ -162,11 +162,11 @@ func TestEPRanksHoldOnlyTheirExperts(t *testing.T) {
 			t.Fatalf("rank %d holds %d experts, want %d", rank, len(rk.set.gateUp), len(local))
 		}
 		for li, e := range local {
-			if &rk.set.gateUp[li][0] != &ex.GateUp[e*2*ex.I*ex.H] || &rk.set.down[li][0] != &ex.Down[e*ex.H*ex.I] {
+			if &rk.set.gateUp[li].F32[0] != &ex.GateUp[e*2*ex.I*ex.H] || &rk.set.down[li].F32[0] != &ex.Down[e*ex.H*ex.I] {
 				t.Fatalf("rank %d local %d is not a view of expert %d", rank, li, e)
 			}
-			if cap(rk.set.gateUp[li]) != 2*ex.I*ex.H {
-				t.Fatalf("rank %d: view of expert %d can reach past it (cap %d)", rank, e, cap(rk.set.gateUp[li]))
+			if cap(rk.set.gateUp[li].F32) != 2*ex.I*ex.H {
+				t.Fatalf("rank %d: view of expert %d can reach past it (cap %d)", rank, e, cap(rk.set.gateUp[li].F32))
 			}
 		}
 	}

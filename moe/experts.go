@@ -19,7 +19,18 @@ type Experts struct {
 	Down       []float32 // [E, H, I]
 	DownBias   []float32 // [E, H] or nil
 	Act        Activation
+	// GateUpBF16 and DownBF16 hold the same matrices in bf16 (the upper
+	// halves of float32 values) instead of GateUp and Down: the products
+	// are the same, bit for bit (linalg.MatMulTBF16), and half the bytes
+	// stream per token. Each weight is given one way or the other.
+	GateUpBF16, DownBF16 []uint16
 }
+
+// gateUp and down are the expert matrices whichever way they are held.
+func (ex *Experts) gateUp() linalg.Weights {
+	return linalg.Weights{F32: ex.GateUp, BF16: ex.GateUpBF16}
+}
+func (ex *Experts) down() linalg.Weights { return linalg.Weights{F32: ex.Down, BF16: ex.DownBF16} }
 
 // Validate reports the first field whose size does not match E, H, I.
 func (ex *Experts) Validate() error {
@@ -30,14 +41,17 @@ func (ex *Experts) Validate() error {
 		return fmt.Errorf("moe: experts: E, H, I = %d, %d, %d, want all > 0", ex.E, ex.H, ex.I)
 	}
 	E, H, I := ex.E, ex.H, ex.I
-	if len(ex.GateUp) != E*2*I*H {
-		return fmt.Errorf("moe: experts: GateUp has %d values, want [E, 2*I, H] = %d", len(ex.GateUp), E*2*I*H)
+	if (ex.GateUp != nil) == (ex.GateUpBF16 != nil) || (ex.Down != nil) == (ex.DownBF16 != nil) {
+		return fmt.Errorf("moe: experts: give each of GateUp and Down once, in float32 or in bf16")
+	}
+	if n := ex.gateUp().Len(); n != E*2*I*H {
+		return fmt.Errorf("moe: experts: GateUp has %d values, want [E, 2*I, H] = %d", n, E*2*I*H)
 	}
 	if ex.GateUpBias != nil && len(ex.GateUpBias) != E*2*I {
 		return fmt.Errorf("moe: experts: GateUpBias has %d values, want [E, 2*I] = %d", len(ex.GateUpBias), E*2*I)
 	}
-	if len(ex.Down) != E*H*I {
-		return fmt.Errorf("moe: experts: Down has %d values, want [E, H, I] = %d", len(ex.Down), E*H*I)
+	if n := ex.down().Len(); n != E*H*I {
+		return fmt.Errorf("moe: experts: Down has %d values, want [E, H, I] = %d", n, E*H*I)
 	}
 	if ex.DownBias != nil && len(ex.DownBias) != E*H {
 		return fmt.Errorf("moe: experts: DownBias has %d values, want [E, H] = %d", len(ex.DownBias), E*H)
@@ -139,17 +153,17 @@ func sumSlots(out, y []float32, T, K, H int) {
 type expertSet struct {
 	H, I       int
 	act        Activation
-	gateUp     [][]float32 // [2I, H] each
-	gateUpBias [][]float32 // [2I] each, or nil
-	down       [][]float32 // [H, I] each
-	downBias   [][]float32 // [H] each, or nil
+	gateUp     []linalg.Weights // [2I, H] each
+	gateUpBias [][]float32      // [2I] each, or nil
+	down       []linalg.Weights // [H, I] each
+	downBias   [][]float32      // [H] each, or nil
 }
 
 // add appends global expert e of ex (views, no copies).
 func (s *expertSet) add(ex *Experts, e int) {
 	H, I := ex.H, ex.I
-	s.gateUp = append(s.gateUp, sub(ex.GateUp, e, 2*I*H))
-	s.down = append(s.down, sub(ex.Down, e, H*I))
+	s.gateUp = append(s.gateUp, ex.gateUp().Block(e, 2*I*H))
+	s.down = append(s.down, ex.down().Block(e, H*I))
 	var gub, db []float32
 	if ex.GateUpBias != nil {
 		gub = sub(ex.GateUpBias, e, 2*I)
@@ -260,7 +274,7 @@ func (s *expertSet) tile(y []float32, rows [][]float32, idx []int32, w []float32
 	for j, i := range idx {
 		copy(xa[j*H:j*H+H], rows[i])
 	}
-	linalg.MatMulT(gu, xa, s.gateUp[e], m, 2*I, H)
+	s.gateUp[e].MulT(gu, xa, m, 2*I, H)
 	if bias := s.gateUpBias[e]; bias != nil {
 		for j := range m {
 			r := gu[j*2*I : j*2*I+2*I]
@@ -272,7 +286,7 @@ func (s *expertSet) tile(y []float32, rows [][]float32, idx []int32, w []float32
 	for j := range m {
 		activate(s.act, a[j*I:j*I+I], gu[j*2*I:j*2*I+I], gu[j*2*I+I:j*2*I+2*I])
 	}
-	linalg.MatMulT(yo, a, s.down[e], m, H, I)
+	s.down[e].MulT(yo, a, m, H, I)
 	db := s.downBias[e]
 	for j, i := range idx {
 		src := yo[j*H : j*H+H]

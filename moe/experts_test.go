@@ -171,3 +171,59 @@ func BenchmarkExpertsForward(b *testing.B) {
 		})
 	}
 }
+
+// toBF16 rounds v to bf16 (nearest even) in place and returns the bf16 bits.
+func toBF16(v []float32) []uint16 {
+	b := make([]uint16, len(v))
+	for i, x := range v {
+		u := math.Float32bits(x)
+		u += 0x7fff + (u>>16)&1
+		b[i] = uint16(u >> 16)
+		v[i] = math.Float32frombits(uint32(b[i]) << 16)
+	}
+	return b
+}
+
+// TestExpertsBF16SameBits: experts held in bf16 give the float32 experts'
+// output on the same (bf16-exact) values bit for bit, alone and over an
+// expert-parallel world, at decode and prefill token counts.
+func TestExpertsBF16SameBits(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 7))
+	for _, T := range []int{1, 3, 40, 300} {
+		ex := randExperts(r, 8, 72, 40, Activation{Kind: SwiGLU}, true)
+		bf := *ex
+		bf.GateUpBF16, bf.DownBF16 = toBF16(ex.GateUp), toBF16(ex.Down)
+		bf.GateUp, bf.Down = nil, nil
+		if err := bf.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		x := randn(r, T*ex.H, 1)
+		ids, w := randRouting(r, T, 2, ex.E)
+		want, got := make([]float32, T*ex.H), make([]float32, T*ex.H)
+		ex.Forward(want, x, T, 2, ids, w)
+		bf.Forward(got, x, T, 2, ids, w)
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("T=%d: out[%d] = %g, float32 experts %g", T, i, got[i], want[i])
+			}
+		}
+		ep, err := NewEP(NewTable(ex.E, 3), &bf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clear(got)
+		if err := ep.Forward(got, x, T, 2, ids, w); err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("T=%d, 3 ranks: out[%d] = %g, float32 experts %g", T, i, got[i], want[i])
+			}
+		}
+	}
+	ex := randExperts(r, 4, 8, 4, Activation{Kind: SwiGLU}, false)
+	ex.GateUpBF16 = toBF16(append([]float32(nil), ex.GateUp...))
+	if err := ex.Validate(); err == nil || !strings.Contains(err.Error(), "once") {
+		t.Fatalf("GateUp given twice: Validate() = %v", err)
+	}
+}

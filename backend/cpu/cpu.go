@@ -15,6 +15,7 @@
 package cpu
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
@@ -40,6 +41,10 @@ type Options struct {
 	// token rows with the other ranks, which must run the same steps. It
 	// excludes EPRanks.
 	EPComm transport.Comm
+	// F32Weights keeps a BF16 checkpoint's matrices in float32, as every
+	// weight was before bf16 storage (the same results, bit for bit; twice
+	// the memory and the bytes a decode step streams): for comparisons.
+	F32Weights bool
 }
 
 // Backend is the CPU backend. The zero value is not usable; call New.
@@ -80,12 +85,26 @@ const weightChunk = 1 << 20
 
 // Weight converts h (F32, F16 or BF16) to a float32 tensor; more than 2 dims
 // are flattened to [shape[0]*...*shape[n-2], shape[n-1]], a scalar becomes [1].
+// A BF16 matrix keeps its bf16 values (half the memory and of the bytes a
+// decode step streams; Tensor).
 func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
 	shape, err := backend.WeightShape(h)
 	if err != nil {
 		return nil, fmt.Errorf("cpu: %w", err)
 	}
 	n := h.Len()
+	if h.DType == tensor.BF16 && len(shape) == 2 && !be.opts.F32Weights {
+		if len(h.Data) != 2*n {
+			return nil, fmt.Errorf("cpu: weight %s: %d bytes for %d bf16 values", h.Name, len(h.Data), n)
+		}
+		bf := make([]uint16, n)
+		parallelRows((n+weightChunk-1)/weightChunk, weightChunk, func(lo, hi int) {
+			for i := lo * weightChunk; i < min(hi*weightChunk, n); i++ {
+				bf[i] = binary.LittleEndian.Uint16(h.Data[2*i:])
+			}
+		})
+		return &Tensor{shape: shape, bf: bf}, nil
+	}
 	data := make([]float32, n)
 	// Convert in chunks on all cores: each chunk is a 1-D view of h.
 	chunks := (n + weightChunk - 1) / weightChunk
@@ -114,31 +133,35 @@ func (be *Backend) ToHost(x backend.Tensor) []float32 {
 // Embed gathers rows of table [V, H] → [len(ids), H]. An id outside [0, V)
 // panics.
 func (be *Backend) Embed(table backend.Tensor, ids []int32) backend.Tensor {
-	t, V := matrix("Embed", "table", table, -1)
+	t, V := weightMatrix("Embed", "table", table, -1)
 	_, H := t.dims()
 	out := newTensor(len(ids), H)
 	for i, id := range ids {
 		if id < 0 || int(id) >= V {
 			panicf("Embed", "ids[%d] = %d outside table %v", i, id, t.shape)
 		}
-		copy(out.data[i*H:(i+1)*H], t.data[int(id)*H:])
+		if t.bf != nil {
+			linalg.WidenBF16(out.data[i*H:(i+1)*H], t.bf[int(id)*H:(int(id)+1)*H])
+		} else {
+			copy(out.data[i*H:(i+1)*H], t.data[int(id)*H:])
+		}
 	}
 	return out
 }
 
 // Linear is x·wᵀ (+ bias): x [T, K], w [N, K], bias [N] or nil → [T, N].
 func (be *Backend) Linear(x, w, bias backend.Tensor) backend.Tensor {
-	wt, N := matrix("Linear", "w", w, -1)
+	wt, N := weightMatrix("Linear", "w", w, -1)
 	_, K := wt.dims()
 	xt, T := matrix("Linear", "x", x, K)
 	b := vector("Linear", "bias", bias, N)
-	return linear(xt.data, wt.data, b, T, N, K)
+	return linear(xt.data, wt.weights(), b, T, N, K)
 }
 
 // linear is x [T, K] · w [N, K]ᵀ + b [N] (b may be nil) → [T, N].
-func linear(x, w, b []float32, T, N, K int) *Tensor {
+func linear(x []float32, w linalg.Weights, b []float32, T, N, K int) *Tensor {
 	out := newTensor(T, N)
-	linalg.MatMulT(out.data, x, w, T, N, K)
+	w.MulT(out.data, x, T, N, K)
 	if b != nil {
 		parallelRows(T, N, func(lo, hi int) {
 			for t := lo; t < hi; t++ {
@@ -334,18 +357,18 @@ func (be *Backend) MLP(x backend.Tensor, m *backend.MLP) backend.Tensor {
 	if m == nil {
 		panicf("MLP", "nil MLP")
 	}
-	gu, I2 := matrix("MLP", "GateUp", m.GateUp, -1)
+	gu, I2 := weightMatrix("MLP", "GateUp", m.GateUp, -1)
 	_, H := gu.dims()
-	down, DH := matrix("MLP", "Down", m.Down, I2/2)
+	down, DH := weightMatrix("MLP", "Down", m.Down, I2/2)
 	if I2%2 != 0 || DH != H {
 		panicf("MLP", "GateUp %v and Down %v do not form [2I, H] and [H, I]", gu.shape, down.shape)
 	}
 	xt, T := matrix("MLP", "x", x, H)
-	return mlp(xt.data, gu.data, down.data, T, H, I2/2)
+	return mlp(xt.data, gu.weights(), down.weights(), T, H, I2/2)
 }
 
 // mlp is down(silu(gate(x)) * up(x)) for x [T, H], gateUp [2I, H], down [H, I].
-func mlp(x, gateUp, down []float32, T, H, I int) *Tensor {
+func mlp(x []float32, gateUp, down linalg.Weights, T, H, I int) *Tensor {
 	h := linear(x, gateUp, nil, T, 2*I, H)
 	a := swiglu(h.data, T, I)
 	return linear(a.data, down, nil, T, H, I)

@@ -374,3 +374,49 @@ func TestForeignTensorPanics(t *testing.T) {
 	mustPanic(t, "cpu.Add: a is <nil>", func() { be.Add(nil, randT(newRand(t), 1, 1)) })
 	mustPanic(t, "cpu.FromFloat32: shape [2 2] for 3 values", func() { FromFloat32([]int{2, 2}, make([]float32, 3)) })
 }
+
+// TestWeightBF16Storage: a BF16 matrix stays bf16 (a vector, an F32 matrix
+// and Options.F32Weights stay float32), reads back as its float32 values,
+// and Linear and Embed give the float32 weight's results bit for bit.
+func TestWeightBF16Storage(t *testing.T) {
+	vals := []uint16{0x3f80, 0xbf80, 0x4049, 0x0000, 0x3e00, 0xc2f7, 0x3c23, 0x7f7f, 0x0080, 0x4120, 0xbe4d, 0x3f00}
+	raw := make([]byte, 2*len(vals))
+	for i, v := range vals {
+		raw[2*i], raw[2*i+1] = byte(v), byte(v>>8)
+	}
+	host := func(shape ...int) *tensor.Host {
+		return &tensor.Host{Name: "w", DType: tensor.BF16, Shape: shape, Data: raw}
+	}
+	bfBe, f32Be := New(Options{}), New(Options{F32Weights: true})
+	w, err := bfBe.Weight(host(3, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, err := f32Be.Weight(host(3, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bt := w.(*Tensor); bt.bf == nil || bt.data != nil {
+		t.Fatalf("BF16 [3, 4] weight: bf %d values, data %d: want bf16 storage", len(bt.bf), len(bt.data))
+	}
+	if ft := wf.(*Tensor); ft.bf != nil {
+		t.Fatal("F32Weights: BF16 matrix kept in bf16")
+	}
+	if v, _ := bfBe.Weight(host(12)); v.(*Tensor).bf != nil {
+		t.Fatal("BF16 vector kept in bf16, want float32")
+	}
+	want := f32Be.ToHost(wf)
+	if got := bfBe.ToHost(w); !slices.Equal(got, want) {
+		t.Fatalf("ToHost = %v, want %v", got, want)
+	}
+	x := FromFloat32([]int{2, 4}, []float32{0.5, -1.25, 3, 0.125, 7, -0.75, 1.5, 2})
+	if got, want := bfBe.ToHost(bfBe.Linear(x, w, nil)), f32Be.ToHost(f32Be.Linear(x, wf, nil)); !slices.Equal(got, want) {
+		t.Fatalf("Linear = %v, want %v", got, want)
+	}
+	if got, want := bfBe.ToHost(bfBe.Embed(w, []int32{2, 0})), f32Be.ToHost(f32Be.Embed(wf, []int32{2, 0})); !slices.Equal(got, want) {
+		t.Fatalf("Embed = %v, want %v", got, want)
+	}
+	if got, want := bfBe.ToHost(bfBe.Add(w, w)), f32Be.ToHost(f32Be.Add(wf, wf)); !slices.Equal(got, want) {
+		t.Fatalf("Add on a bf16 weight = %v, want %v", got, want)
+	}
+}

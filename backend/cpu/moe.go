@@ -6,8 +6,10 @@ import (
 	"time"
 
 	"math"
+	"unsafe"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/linalg"
 	"github.com/mkserve/mkserve/moe"
 )
 
@@ -27,7 +29,7 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 	if l == nil {
 		panicf("MoE", "nil layer")
 	}
-	gate, E := matrix("MoE", "Gate", l.Gate, -1)
+	gate, E := weightMatrix("MoE", "Gate", l.Gate, -1)
 	_, H := gate.dims()
 	xt, T := matrix("MoE", "x", x, H)
 	if E != l.Router.NumExperts {
@@ -35,7 +37,7 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 	}
 	ex := be.experts(l, E, H)
 
-	logits := linear(xt.data, gate.data, vector("MoE", "GateBias", l.GateBias, E), T, E, H)
+	logits := linear(xt.data, gate.weights(), vector("MoE", "GateBias", l.GateBias, E), T, E, H)
 	ids, w := moe.Route(&l.Router, logits.data, vector("MoE", "ScoreBias", l.ScoreBias, E), T)
 	K := l.Router.TopK
 	be.countExperts(l.Layer, E, ids)
@@ -64,7 +66,7 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 			if len(g.data) != H {
 				panicf("MoE", "SharedGate has shape %v, want [1, %d]", g.shape, H)
 			}
-			sg = linear(xt.data, g.data, nil, T, 1, H).data
+			sg = linear(xt.data, linalg.Weights{F32: g.data}, nil, T, 1, H).data
 		}
 		parallelRows(T, H, func(lo, hi int) {
 			for t := lo; t < hi; t++ {
@@ -84,20 +86,22 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 
 // experts views l's stacked expert weights as moe.Experts (no copy).
 func (be *Backend) experts(l *backend.MoELayer, E, H int) *moe.Experts {
-	gu, rows := matrix("MoE", "GateUp", l.GateUp, H)
+	gu, rows := weightMatrix("MoE", "GateUp", l.GateUp, H)
 	if rows%(2*E) != 0 || rows == 0 {
 		panicf("MoE", "GateUp %v is not [E*2I, H] for E = %d", gu.shape, E)
 	}
 	I := rows / (2 * E)
-	down, drows := matrix("MoE", "Down", l.Down, I)
+	down, drows := weightMatrix("MoE", "Down", l.Down, I)
 	if drows != E*H {
 		panicf("MoE", "Down %v is not [E*H, I] = [%d, %d]", down.shape, E*H, I)
 	}
 	ex := &moe.Experts{
 		E: E, H: H, I: I,
 		GateUp:     gu.data,
+		GateUpBF16: gu.bf,
 		GateUpBias: flat("MoE", "GateUpBias", l.GateUpBias, E*2*I),
 		Down:       down.data,
+		DownBF16:   down.bf,
 		DownBias:   flat("MoE", "DownBias", l.DownBias, E*H),
 		Act:        l.Act,
 	}
@@ -123,16 +127,22 @@ func flat(op, name string, x backend.Tensor, n int) []float32 {
 // built on.
 type epWorld struct {
 	ep        *moe.EP
-	weights   [4]*float32    // first elements of GateUp, GateUpBias, Down, DownBias
-	placement *moe.Placement // nil: the contiguous table
+	weights   [4]unsafe.Pointer // first elements of GateUp, GateUpBias, Down, DownBias (float32 or bf16)
+	placement *moe.Placement    // nil: the contiguous table
 }
 
 // weightKey identifies the weight slices of ex.
-func weightKey(ex *moe.Experts) (k [4]*float32) {
+func weightKey(ex *moe.Experts) (k [4]unsafe.Pointer) {
 	for i, s := range [][]float32{ex.GateUp, ex.GateUpBias, ex.Down, ex.DownBias} {
 		if len(s) > 0 {
-			k[i] = &s[0]
+			k[i] = unsafe.Pointer(&s[0])
 		}
+	}
+	if len(ex.GateUpBF16) > 0 {
+		k[0] = unsafe.Pointer(&ex.GateUpBF16[0])
+	}
+	if len(ex.DownBF16) > 0 {
+		k[2] = unsafe.Pointer(&ex.DownBF16[0])
 	}
 	return k
 }
@@ -172,7 +182,7 @@ var epRankTimeout = 60 * time.Second
 // was built on.
 type epRankWorld struct {
 	ep      *moe.EPRank
-	weights [4]*float32
+	weights [4]unsafe.Pointer
 }
 
 // epRank returns the layer's rank of the process world (Options.EPComm),

@@ -7,14 +7,20 @@ import (
 	"sync"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/linalg"
 	"github.com/mkserve/mkserve/tensor"
 )
 
 // Tensor is the CPU backend's tensor: float32 values, row-major, 1-D or 2-D.
 // A 1-D tensor [n] counts as one row of n columns wherever an op wants rows.
+// A matrix weight of a BF16 checkpoint keeps its bf16 values instead (bf;
+// data is nil): the ops that read weights (Linear, MLP, MoE, Embed) compute
+// with them directly (linalg.MatMulTBF16, the same sums as on the widened
+// values), every other op sees a widened copy (tensorOf).
 type Tensor struct {
 	shape []int
 	data  []float32
+	bf    []uint16
 }
 
 // FromFloat32 wraps v as a tensor of the given shape (no copy: v must not be
@@ -36,8 +42,31 @@ func newTensor(rows, cols int) *Tensor {
 func (t *Tensor) Shape() []int { return slices.Clone(t.shape) }
 
 // Data returns the tensor's values, row-major; they alias the tensor and
-// must not be modified.
-func (t *Tensor) Data() []float32 { return t.data }
+// must not be modified (a bf16 weight's are a widened copy).
+func (t *Tensor) Data() []float32 {
+	if t.bf != nil {
+		return t.widened().data
+	}
+	return t.data
+}
+
+// widened is t with float32 values: t itself, or a bf16 weight's copy.
+func (t *Tensor) widened() *Tensor {
+	if t.bf == nil {
+		return t
+	}
+	w := &Tensor{shape: t.shape, data: make([]float32, len(t.bf))}
+	linalg.WidenBF16(w.data, t.bf)
+	return w
+}
+
+// weights is t's values as a linalg matrix, float32 or bf16.
+func (t *Tensor) weights() linalg.Weights {
+	if t.bf != nil {
+		return linalg.Weights{BF16: t.bf}
+	}
+	return linalg.Weights{F32: t.data}
+}
 
 // dims is (rows, cols), a 1-D tensor being one row.
 func (t *Tensor) dims() (rows, cols int) {
@@ -53,13 +82,30 @@ func panicf(op, format string, args ...any) {
 	panic(fmt.Sprintf("cpu.%s: %s", op, fmt.Sprintf(format, args...)))
 }
 
-// tensorOf unwraps a backend tensor that must be non-nil and this backend's.
+// tensorOf unwraps a backend tensor that must be non-nil and this backend's,
+// with float32 values (a bf16 weight widened: ops built for weights take
+// weightOf instead).
 func tensorOf(op, name string, x backend.Tensor) *Tensor {
+	return weightOf(op, name, x).widened()
+}
+
+// weightOf is tensorOf keeping a weight's bf16 values.
+func weightOf(op, name string, x backend.Tensor) *Tensor {
 	t, ok := x.(*Tensor)
 	if !ok || t == nil {
 		panicf(op, "%s is %T, want a non-nil *cpu.Tensor", name, x)
 	}
 	return t
+}
+
+// weightMatrix is matrix keeping a weight's bf16 values.
+func weightMatrix(op, name string, x backend.Tensor, cols int) (t *Tensor, rows int) {
+	t = weightOf(op, name, x)
+	r, c := t.dims()
+	if cols >= 0 && c != cols {
+		panicf(op, "%s has shape %v, want %d columns", name, t.shape, cols)
+	}
+	return t, r
 }
 
 // optional unwraps a tensor that may be nil.

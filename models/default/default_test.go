@@ -6,11 +6,13 @@ package defaultmodel
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/engine"
 	"github.com/mkserve/mkserve/models"
@@ -153,4 +155,47 @@ func firstWords(s string) string {
 		f = f[:4]
 	}
 	return strings.Join(f, "_")
+}
+
+// TestBF16WeightsSameLogits: the CPU backend keeps this BF16 checkpoint's
+// matrices in bf16 (half the memory; linalg.MatMulTBF16) and computes the
+// same logits, bit for bit, as with them widened to float32
+// (cpu.Options.F32Weights), for a prompt and then a decode step of two
+// sequences.
+func TestBF16WeightsSameLogits(t *testing.T) {
+	run := func(opts cpu.Options) [][]float32 {
+		be := cpu.New(opts)
+		l, err := models.Load(dir, be, models.LoadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		prompt := []int32{1, 17, 345, 9, 2048, 77, 5, 1200, 33, 4095, 8, 61}
+		var out [][]float32
+		for s := range 2 {
+			x, err := l.Model.Forward(backend.SingleSequence(uint64(s+1), prompt[s:], 0, false))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, be.ToHost(x))
+		}
+		step := &backend.Batch{Tokens: []int32{40, 41}, Positions: []int32{int32(len(prompt)), int32(len(prompt) - 1)},
+			Seqs: []backend.SeqSpan{{ID: 1, Offset: 0, Len: 1, Past: len(prompt)}, {ID: 2, Offset: 1, Len: 1, Past: len(prompt) - 1}}}
+		x, err := l.Model.Forward(step)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append(out, be.ToHost(x))
+	}
+	want, got := run(cpu.Options{F32Weights: true}), run(cpu.Options{})
+	for i := range want {
+		if len(got[i]) != len(want[i]) || len(want[i]) == 0 {
+			t.Fatalf("forward %d: %d logits, want %d", i, len(got[i]), len(want[i]))
+		}
+		for j := range want[i] {
+			if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
+				t.Fatalf("forward %d: logit %d = %g with bf16 weights, %g with float32", i, j, got[i][j], want[i][j])
+			}
+		}
+	}
 }
