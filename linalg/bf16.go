@@ -1,10 +1,6 @@
 package linalg
 
-import (
-	"fmt"
-	"math"
-	"runtime"
-)
+import "math"
 
 // bfBlock is the rows of b one goroutine widens to float32 at a time for
 // the packed path (MatMulTBF16 from panelMinM rows of a): a multiple of
@@ -20,38 +16,17 @@ const bfBlock = 48
 // b at a time into a float32 buffer that the packed kernels read, once for
 // all of a's panels.
 func MatMulTBF16(dst, a []float32, b []uint16, M, N, K int) {
-	if M < 0 || N < 0 || K < 0 || len(a) < M*K || len(b) < N*K || len(dst) < M*N {
-		panic(fmt.Sprintf("linalg.MatMulTBF16: M=%d N=%d K=%d with len(a)=%d len(b)=%d len(dst)=%d", M, N, K, len(a), len(b), len(dst)))
-	}
-	if M == 0 || N == 0 {
+	g, w, mAlign, ok := begin("MatMulTBF16", dst, a, len(b), M, N, K)
+	if !ok {
 		return
 	}
-	clear(dst[:M*N])
-	if K == 0 {
-		return
-	}
-	ks := goKernels
-	if useAsm {
-		ks = avx2Kernels
-	}
-	g := gemm{dst: dst, a: a, M: M, N: N, K: K, ks: ks}
-	w := runtime.GOMAXPROCS(0)
-	if M*N*K < parallelMin {
-		w = 1
-	}
-	mAlign := ks.mr
-	packed := ks.panel != nil && M >= panelMinM && K >= 8
-	if packed {
-		g.mf = M / panelM * panelM
-		g.pack(w)
-		defer putBuf(g.packed)
-		mAlign = panelM
-	}
+	defer g.done()
+	packed := g.mf > 0
 	// run computes dst[m0:m1, n0:n1] (MatMulT's gemm.run).
 	run := func(m0, m1, n0, n1 int) {
 		if !packed && useAsm && avx2DotBF != nil {
-			runDotOf(&g, b, avx2DotBF, m0, m1, n0, n1)
-			tailKOf(&g, b, BF16ToFloat32, m0, m1, n0, n1)
+			runDotOf(g, b, avx2DotBF, m0, m1, n0, n1)
+			tailKOf(g, b, BF16ToFloat32, m0, m1, n0, n1)
 			return
 		}
 		buf := getBuf(min(bfBlock, n1-n0) * K)
@@ -59,7 +34,7 @@ func MatMulTBF16(dst, a []float32, b []uint16, M, N, K int) {
 		for nb := n0; nb < n1; nb += bfBlock {
 			ne := min(nb+bfBlock, n1)
 			WidenBF16(buf[:(ne-nb)*K], b[nb*K:ne*K])
-			h := g
+			h := *g
 			h.b, h.bOff = buf, nb
 			h.run(m0, m1, nb, ne)
 		}

@@ -83,32 +83,12 @@ var useAsm = hasAVX2
 // MatMulT computes dst = a·bᵀ: a [M, K], b [N, K], dst [M, N] (row-major).
 // dst is overwritten. It panics if a slice is shorter than its shape.
 func MatMulT(dst, a, b []float32, M, N, K int) {
-	if M < 0 || N < 0 || K < 0 || len(a) < M*K || len(b) < N*K || len(dst) < M*N {
-		panic(fmt.Sprintf("linalg.MatMulT: M=%d N=%d K=%d with len(a)=%d len(b)=%d len(dst)=%d", M, N, K, len(a), len(b), len(dst)))
-	}
-	if M == 0 || N == 0 {
+	g, w, mAlign, ok := begin("MatMulT", dst, a, len(b), M, N, K)
+	if !ok {
 		return
 	}
-	clear(dst[:M*N])
-	if K == 0 {
-		return
-	}
-	ks := goKernels
-	if useAsm {
-		ks = avx2Kernels
-	}
-	g := gemm{dst: dst, a: a, b: b, M: M, N: N, K: K, ks: ks}
-	w := runtime.GOMAXPROCS(0)
-	if M*N*K < parallelMin {
-		w = 1
-	}
-	mAlign := ks.mr
-	if ks.panel != nil && M >= panelMinM && K >= 8 {
-		g.mf = M / panelM * panelM
-		g.pack(w)
-		defer putBuf(g.packed)
-		mAlign = panelM
-	}
+	defer g.done()
+	g.b = b
 	switch {
 	case w <= 1:
 		g.run(0, M, 0, N)
@@ -117,6 +97,46 @@ func MatMulT(dst, a, b []float32, M, N, K int) {
 		parallelFor(N, 12, w, func(n0, n1 int) { g.run(0, M, n0, n1) })
 	default:
 		parallelFor(M, mAlign, w, func(m0, m1 int) { g.run(m0, m1, 0, N) })
+	}
+}
+
+// begin checks a call's shapes (bLen: b's elements), zeroes dst and sets
+// up its gemm (a packed when the packed path runs), the goroutines w and the
+// row granularity mAlign of a split over rows; ok is false when nothing is
+// left to compute. The caller sets b and calls done.
+func begin(op string, dst, a []float32, bLen, M, N, K int) (g *gemm, w, mAlign int, ok bool) {
+	if M < 0 || N < 0 || K < 0 || len(a) < M*K || bLen < N*K || len(dst) < M*N {
+		panic(fmt.Sprintf("linalg.%s: M=%d N=%d K=%d with len(a)=%d len(b)=%d len(dst)=%d", op, M, N, K, len(a), bLen, len(dst)))
+	}
+	if M == 0 || N == 0 {
+		return nil, 0, 0, false
+	}
+	clear(dst[:M*N])
+	if K == 0 {
+		return nil, 0, 0, false
+	}
+	ks := goKernels
+	if useAsm {
+		ks = avx2Kernels
+	}
+	g = &gemm{dst: dst, a: a, M: M, N: N, K: K, ks: ks}
+	w = runtime.GOMAXPROCS(0)
+	if M*N*K < parallelMin {
+		w = 1
+	}
+	mAlign = ks.mr
+	if ks.panel != nil && M >= panelMinM && K >= 8 {
+		g.mf = M / panelM * panelM
+		g.pack(w)
+		mAlign = panelM
+	}
+	return g, w, mAlign, true
+}
+
+// done returns the call's packing buffer.
+func (g *gemm) done() {
+	if g.packed != nil {
+		putBuf(g.packed)
 	}
 }
 

@@ -121,12 +121,8 @@ func optional(op, name string, x backend.Tensor) *Tensor {
 
 // matrix unwraps x and checks that it has cols columns (any cols when cols < 0).
 func matrix(op, name string, x backend.Tensor, cols int) (t *Tensor, rows int) {
-	t = tensorOf(op, name, x)
-	r, c := t.dims()
-	if cols >= 0 && c != cols {
-		panicf(op, "%s has shape %v, want %d columns", name, t.shape, cols)
-	}
-	return t, r
+	t, rows = weightMatrix(op, name, x, cols)
+	return t.widened(), rows
 }
 
 // vector unwraps an optional 1-D (or [1, n]) tensor of n values; nil stays nil.
