@@ -44,8 +44,12 @@ func MatMulTBF16(dst, a []float32, b []uint16, M, N, K int) {
 		run(0, M, 0, N)
 	case N >= 24*w || M < 2*mAlign*w:
 		parallelFor(N, 12, w, func(n0, n1 int) { run(0, M, n0, n1) })
-	default:
-		parallelFor(M, mAlign, w, func(m0, m1 int) { run(m0, m1, 0, N) })
+	default: // rows split over the goroutines: each reads all of b, so widen it once
+		buf := getBuf(N * K)
+		defer putBuf(buf)
+		WidenBF16(buf[:N*K], b[:N*K])
+		g.b = buf
+		parallelFor(M, mAlign, w, func(m0, m1 int) { g.run(m0, m1, 0, N) })
 	}
 }
 
