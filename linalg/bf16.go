@@ -1,6 +1,6 @@
 package linalg
 
-import "math"
+import "github.com/mkserve/mkserve/tensor"
 
 // bfBlock is the rows of b one goroutine widens to float32 at a time for
 // the packed path (MatMulTBF16 from panelMinM rows of a): a multiple of
@@ -26,7 +26,7 @@ func MatMulTBF16(dst, a []float32, b []uint16, M, N, K int) {
 	run := func(m0, m1, n0, n1 int) {
 		if !packed && useAsm && avx2DotBF != nil {
 			runDotOf(g, b, avx2DotBF, m0, m1, n0, n1)
-			tailKOf(g, b, BF16ToFloat32, m0, m1, n0, n1)
+			tailKOf(g, b, tensor.BF16ToF32, m0, m1, n0, n1)
 			return
 		}
 		buf := getBuf(min(bfBlock, n1-n0) * K)
@@ -53,9 +53,6 @@ func MatMulTBF16(dst, a []float32, b []uint16, M, N, K int) {
 	}
 }
 
-// BF16ToFloat32 widens one bf16 value (exact).
-func BF16ToFloat32(v uint16) float32 { return math.Float32frombits(uint32(v) << 16) }
-
 // WidenBF16 writes the float32 values of src's bf16 elements to dst
 // (len(dst) ≥ len(src)), with the AVX2 kernel where there is one.
 func WidenBF16(dst []float32, src []uint16) {
@@ -66,7 +63,7 @@ func WidenBF16(dst []float32, src []uint16) {
 		i = n
 	}
 	for ; i < len(src); i++ {
-		dst[i] = math.Float32frombits(uint32(src[i]) << 16)
+		dst[i] = tensor.BF16ToF32(src[i])
 	}
 }
 

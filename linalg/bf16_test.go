@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"testing"
+
+	"github.com/mkserve/mkserve/tensor"
 )
 
 // randBF16 is n random bf16 values in (-1, 1) (upper halves of float32s,
@@ -105,7 +107,7 @@ func TestWidenBF16(t *testing.T) {
 	}{{0x0000, 0}, {0x3f80, 1}, {0xbf80, -1}, {0x4049, 3.140625}, {0x7f80, float32(math.Inf(1))}, {0x0001, math.Float32frombits(0x00010000)}} {
 		dst := []float32{42}
 		WidenBF16(dst, []uint16{c.in})
-		if math.Float32bits(dst[0]) != math.Float32bits(c.want) || BF16ToFloat32(c.in) != dst[0] {
+		if math.Float32bits(dst[0]) != math.Float32bits(c.want) || tensor.BF16ToF32(c.in) != dst[0] {
 			t.Errorf("WidenBF16(%#04x) = %g, want %g", c.in, dst[0], c.want)
 		}
 	}

@@ -9,7 +9,6 @@ import (
 	"unsafe"
 
 	"github.com/mkserve/mkserve/backend"
-	"github.com/mkserve/mkserve/linalg"
 	"github.com/mkserve/mkserve/moe"
 )
 
@@ -62,11 +61,11 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 		sh := be.MLP(xt, l.Shared).(*Tensor)
 		var sg []float32
 		if l.SharedGate != nil {
-			g := tensorOf("MoE", "SharedGate", l.SharedGate)
-			if len(g.data) != H {
+			g := weightOf("MoE", "SharedGate", l.SharedGate)
+			if g.weights().Len() != H {
 				panicf("MoE", "SharedGate has shape %v, want [1, %d]", g.shape, H)
 			}
-			sg = linear(xt.data, linalg.Weights{F32: g.data}, nil, T, 1, H).data
+			sg = linear(xt.data, g.weights(), nil, T, 1, H).data
 		}
 		parallelRows(T, H, func(lo, hi int) {
 			for t := lo; t < hi; t++ {
