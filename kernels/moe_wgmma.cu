@@ -363,10 +363,12 @@ __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;
 // The CTA takes work items blockIdx.x, blockIdx.x + gridDim.x, ... of the
 // p.mt × p.nt grid (one each when the grid covers them all; a persistent
 // grid of one CTA per SM with MK_MOE_PERSIST=1, so that a tile's epilogue
-// runs while the producer already loads the next tile's first stages).
+// runs while the producer already loads the next tile's first stages; it
+// wins only on Qwen3's short k loops, 3.17 -> 3.02 ms at 16384 tokens, and
+// loses 1-3 % on Mixtral and DeepSeek-V3, so it stays off by default).
 // Both roles walk the same items and skip row tiles past *num_tiles, and
 // count k steps across items (g): stage g % ST, phase (g / ST) & 1.
-// TMA_A (GEMM2 only, MK_MOE_TMA_A=1, not yet measured): the activation rows
+// TMA_A (GEMM2 only, default; MK_MOE_TMA_A=0 turns it off): the activation rows
 // are contiguous there, so the A tile comes by TMA too (amap) and one
 // producer thread does all the loading.
 template <bool GATEUP, bool TMA_A>
@@ -549,7 +551,8 @@ bool weight_map(TmaMap& m, const bf16* w, int64_t rows, int64_t kd) {
 }
 
 // persistent: MK_MOE_PERSIST=1 launches the warp-specialised kernel on one
-// CTA per SM (each walks work items) instead of one CTA per item.
+// CTA per SM (each walks work items) instead of one CTA per item (measured
+// in session 13: a win only on Qwen3's shape; see the kernel's comment).
 bool persistent() {
   static const bool w = [] {
     const char* v = getenv("MK_MOE_PERSIST");
@@ -568,11 +571,13 @@ int sm_count() {
   return n;
 }
 
-// tma_a: MK_MOE_TMA_A=1 loads GEMM2's activation rows by TMA (not yet measured).
+// tma_a: GEMM2's activation rows by TMA (default since session 13: 7 % faster
+// than cp.async on Mixtral at 16384 tokens, 3 % on DeepSeek-V3 and Qwen3);
+// MK_MOE_TMA_A=0 loads them with cp.async.
 bool tma_a() {
   static const bool w = [] {
     const char* v = getenv("MK_MOE_TMA_A");
-    return v && v[0] == '1';
+    return !(v && v[0] == '0');
   }();
   return w;
 }
