@@ -33,6 +33,10 @@ struct State {
 };
 State& state();
 
+// sm_count is the current device's multiprocessors (132 while it cannot be
+// asked).
+int sm_count();
+
 // gemm_init creates the cuBLASLt/cuBLAS handles and workspace (gemm.cu).
 int gemm_init();
 

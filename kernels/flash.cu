@@ -210,15 +210,7 @@ int pad_dim(int d) {
   return 256;
 }
 
-int sm_count() {
-  static int n = 0;
-  if (n == 0) {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
-      n = 132;
-  }
-  return n;
-}
+using mk::sm_count;
 
 }  // namespace
 

@@ -1269,6 +1269,26 @@ bool use_wgmma() {
   return w;
 }
 
+// dec_stages is the cp.async ring depth of the decode-sized tiles (16×64,
+// config 0) for a grid of ctas CTAs. At one token a layer's expert GEMM is a
+// stream of weights, and a CTA of 6 stages keeps 5 × 10 KB in flight: three
+// CTAs an SM hold enough bytes in flight for the HBM (Little's law: about
+// 4.2 TB/s × 2 µs ÷ 132 SMs ≈ 64 KB an SM), one do not. Mixtral's down
+// projection at one token is 128 CTAs (two experts × 64 column tiles) and
+// streamed 3.2 TB/s where its gate/up GEMM (896 CTAs) streamed 3.7 (ncu,
+// session 13). A grid of at most one CTA per SM therefore gets 12 stages (11
+// × 10 KB in flight, 120 KB of shared memory, one CTA an SM); larger grids
+// keep 6. MK_MOE_DEC_ST=6, 8 or 12 forces a depth (measurements).
+int dec_stages(int64_t ctas) {
+  static const int forced = [] {
+    const char* v = getenv("MK_MOE_DEC_ST");
+    const int n = v ? atoi(v) : 0;
+    return n == 6 || n == 8 || n == 12 ? n : 0;
+  }();
+  if (forced) return forced;
+  return ctas <= mk::sm_count() ? 12 : 6;
+}
+
 template <int BM, int BN, int WM, int WN, int ST, bool GU>
 int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s, int64_t mt = 0) {
   auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
@@ -1306,7 +1326,12 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t 
     if (rc != -1) return rc;  // -1: not available here, use mma.sync
   }
   switch (cfg) {
-    case 0: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s, mt);  // decode-sized tiles
+    case 0:  // decode-sized tiles
+      switch (dec_stages(tiles * nt)) {
+        case 12: return launch_gemm<16, 64, 16, 16, 12, GU>(a, tiles, nt, s, mt);
+        case 8: return launch_gemm<16, 64, 16, 16, 8, GU>(a, tiles, nt, s, mt);
+        default: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s, mt);
+      }
     case 4: return launch_gemm<32, 64, 32, 16, 6, GU>(a, tiles, nt, s, mt);
     case 1: return launch_gemm<64, 128, 32, 64, 4, GU>(a, tiles, nt, s, mt);
     case 2: return launch_gemm<128, 128, 64, 32, 4, GU>(a, tiles, nt, s, mt);

@@ -561,15 +561,7 @@ bool persistent() {
   return w;
 }
 
-// sm_count is the current device's multiprocessors.
-int sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
+using mk::sm_count;
 
 // tma_a: GEMM2's activation rows by TMA (default since session 13: 7 % faster
 // than cp.async on Mixtral at 16384 tokens, 3 % on DeepSeek-V3 and Qwen3);

@@ -26,6 +26,20 @@ State& state() {
   return s;
 }
 
+int sm_count() {
+  static int n = 0;  // the library runs on one device
+  if (n == 0) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
+      cudaGetLastError();
+      return 132;  // an H200's, until the device answers
+    }
+    n = v;
+  }
+  return n;
+}
+
 bool pdl_on() {
   static const bool on = [] {
     const char* v = getenv("MK_PDL");
