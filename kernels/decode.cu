@@ -72,7 +72,6 @@ struct AttnArgs {
   const float* sinks;
   float* wo;   // [n, H, splits, Dv] partial outputs (splits > 1)
   float* wml;  // [n, H, splits, 2] their (max, sum)
-  unsigned* cnt;  // or null: the folded merge's arrival counters (fold_merge)
   int H, KV, D, Dv, bs, bs_shift, window, G, hchunks, splits, chunk;
   int lg_tpr;  // log2 of the threads that load one K/V row
   float scale2;  // scale * log2(e)
@@ -801,72 +800,6 @@ __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
 
 constexpr int kWG = 8;  // query heads per CTA (the MMA's N)
 
-// The folded merge (paged_attn_warp with splits > 1): instead of a second
-// launch (paged_attn_merge, 4.7 µs a layer of a batch-1 Qwen3 step under
-// ncu, most of it launch and ramp), the last CTA of the splits of one (row,
-// kv head, head chunk) to finish merges that chunk's heads. Each CTA counts
-// itself in g_fold_cnt after its partial results are visible (threadfence);
-// the one that brings the count to `splits` merges and sets the count back
-// to 0 for the next launch. Launches of the kernel never overlap (PDL: a
-// kernel's CTAs pass griddepcontrol.wait only when the one before has
-// completed), so one set of counters serves every call; a launch needing
-// more than kFoldSlots takes the separate merge.
-constexpr int kFoldSlots = 1 << 15;
-__device__ unsigned g_fold_cnt[kFoldSlots];
-
-// fold_merge counts this CTA's split of w's heads done and, in the last CTA,
-// merges the splits by log-sum-exp as paged_attn_merge does (sinks in the
-// denominator). Every thread of the CTA calls it after writing wo and wml.
-__device__ __forceinline__ void fold_merge(const AttnArgs& a, const CtaWork& w, int Dv, int tid) {
-  __shared__ float fw[kWG][kMaxSplits];  // each split's weight per head
-  __shared__ float finv[kWG];
-  __shared__ int flast;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const int nkh = a.KV * a.hchunks;
-    const int idx = w.b * nkh + (int)(blockIdx.x % nkh);
-    const unsigned prev = atomicAdd(&a.cnt[idx], 1u);
-    flast = prev + 1 == (unsigned)a.splits;
-    if (flast) a.cnt[idx] = 0;
-  }
-  __syncthreads();
-  if (!flast) return;
-  __threadfence();
-  const int S = a.splits, lane = tid & 31, warp = tid >> 5;
-  for (int g = warp; g < w.gc; g += kNT / 32) {
-    const int h = w.h0 + g;
-    const float* ml = a.wml + ((int64_t)w.b * a.H + h) * S * 2;
-    float m = -INFINITY;
-    for (int s = lane; s < S; s += 32) m = fmaxf(m, __ldcg(ml + 2 * s));
-    m = warp_max(m);
-    float sk = -INFINITY;
-    if (a.sinks) {
-      sk = a.sinks[h] * kLog2e;
-      m = fmaxf(m, sk);
-    }
-    float l = 0.0f;
-    for (int s = lane; s < S; s += 32) {
-      const float ms = __ldcg(ml + 2 * s);
-      const float ws = ms == -INFINITY ? 0.0f : exp2f(ms - m);
-      fw[g][s] = ws;
-      l += ws * __ldcg(ml + 2 * s + 1);
-    }
-    l = warp_sum(l);
-    if (a.sinks) l += exp2f(sk - m);
-    if (lane == 0) finv[g] = 1.0f / l;
-  }
-  __syncthreads();
-  for (int x = tid; x < w.gc * Dv; x += kNT) {
-    const int g = x / Dv, c = x - g * Dv;
-    const float* o = a.wo + ((int64_t)w.b * a.H + w.h0 + g) * S * Dv + c;
-    float v = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < S; s++) v = fmaf(fw[g][s], __ldcg(o + (int64_t)s * Dv), v);
-    put_out(a, (w.row * a.H + w.h0 + g) * Dv + c, v * finv[g]);
-  }
-}
-
 __device__ __forceinline__ uint32_t movtrans(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
@@ -900,7 +833,6 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
   const int32_t* tab = w.tab;
   if (kbeg >= kend) {
     empty_split(a, w, Dv, tid);
-    if (a.cnt) fold_merge(a, w, Dv, tid);
     return;
   }
 
@@ -1053,7 +985,6 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
       }
     }
   }
-  if (a.splits > 1 && a.cnt) fold_merge(a, w, Dv, tid);
 }
 
 // merge: one CTA per (row, head) combines the splits' partial outputs by
@@ -1153,16 +1084,6 @@ bool use_warp(int head_dim, int v_head_dim) {
 
 bool use_mma(int v_head_dim, int group) {
   return g_variant == 2 || ((g_variant == 0 || g_variant == 3) && v_head_dim <= 128 && group > 4);
-}
-
-// fold_on: the warp-split kernel merges its splits itself (fold_merge);
-// MK_ATTN_FOLD=0 launches paged_attn_merge after it instead (comparisons).
-bool fold_on() {
-  static const bool on = [] {
-    const char* v = getenv("MK_ATTN_FOLD");
-    return !(v && v[0] == '0');
-  }();
-  return on;
 }
 
 // Plan is the launch shape of one attention call.
@@ -1486,12 +1407,6 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uin
     a.wml = a.wo + (uint64_t)n * heads * p.splits * v_head_dim;
   }
   const cudaStream_t st = mk::as_stream(stream);
-  if (p.warp && p.splits > 1 && fold_on() && n * kv_heads * p.hchunks <= kFoldSlots) {
-    static unsigned* cnt = nullptr;  // the library runs on one device
-    if (cnt == nullptr) MK_CUDA(cudaGetSymbolAddress(reinterpret_cast<void**>(&cnt), g_fold_cnt));
-    a.cnt = cnt;
-    return launch(p, a, n, st);  // the kernel merges
-  }
   const int rc = launch(p, a, n, st);
   if (rc != MK_OK || p.splits == 1) return rc;
   (void)(mk::launch(paged_attn_merge, dim3((unsigned)n, (unsigned)heads), dim3(kNT), 0, st, a));

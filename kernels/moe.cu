@@ -1270,23 +1270,26 @@ bool use_wgmma() {
 }
 
 // dec_stages is the cp.async ring depth of the decode-sized tiles (16×64,
-// config 0) for a grid of ctas CTAs. At one token a layer's expert GEMM is a
-// stream of weights, and a CTA of 6 stages keeps 5 × 10 KB in flight: three
-// CTAs an SM hold enough bytes in flight for the HBM (Little's law: about
-// 4.2 TB/s × 2 µs ÷ 132 SMs ≈ 64 KB an SM), one do not. Mixtral's down
-// projection at one token is 128 CTAs (two experts × 64 column tiles) and
-// streamed 3.2 TB/s where its gate/up GEMM (896 CTAs) streamed 3.7 (ncu,
-// session 13). A grid of at most one CTA per SM therefore gets 12 stages (11
-// × 10 KB in flight, 120 KB of shared memory, one CTA an SM); larger grids
-// keep 6. MK_MOE_DEC_ST=6, 8 or 12 forces a depth (measurements).
-int dec_stages(int64_t ctas) {
+// config 0) for a reduction over kd columns (per CTA: a split's in dense
+// mode). At a few tokens a layer's
+// expert GEMM is a stream of weights. Measured in session 13 (H200, `bench
+// moe --path grouped`, whole layer at 1 / 4 / 16 tokens, ms): 8 stages
+// (two CTAs an SM) against 6 (three) won on Mixtral (k = 4096 and 14336:
+// 0.231 / 0.556 / 0.698 against 0.247 / 0.533 / 0.756) and DeepSeek-V3 (k
+// = 7168 and 2048: 0.234 against 0.278 at one token, level at 4 and 16) and
+// lost on Qwen3 (k = 2048 and 768: 0.073 / 0.126 / 0.255 against 0.066 /
+// 0.114 / 0.246); 12 stages (one CTA an SM) lost everywhere, by 14–40 %.
+// So 8 stages for long reductions (kd ≥ 4096: 64 or more k steps, where the
+// deeper prologue pays for itself), 6 otherwise. MK_MOE_DEC_ST=6 or 8
+// forces a depth (measurements).
+int dec_stages(int64_t kd) {
   static const int forced = [] {
     const char* v = getenv("MK_MOE_DEC_ST");
     const int n = v ? atoi(v) : 0;
-    return n == 6 || n == 8 || n == 12 ? n : 0;
+    return n == 6 || n == 8 ? n : 0;
   }();
   if (forced) return forced;
-  return ctas <= mk::sm_count() ? 12 : 6;
+  return kd >= 4096 ? 8 : 6;
 }
 
 template <int BM, int BN, int WM, int WN, int ST, bool GU>
@@ -1327,8 +1330,7 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t 
   }
   switch (cfg) {
     case 0:  // decode-sized tiles
-      switch (dec_stages(tiles * nt)) {
-        case 12: return launch_gemm<16, 64, 16, 16, 12, GU>(a, tiles, nt, s, mt);
+      switch (dec_stages(a.ksplit > 1 ? (int64_t)a.ktc * BK : a.Kd)) {  // a split's k columns (dense mode)
         case 8: return launch_gemm<16, 64, 16, 16, 8, GU>(a, tiles, nt, s, mt);
         default: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s, mt);
       }
