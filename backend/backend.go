@@ -161,6 +161,42 @@ type KVAllocator interface {
 	AllocKV(widths []KVWidth) error
 }
 
+// LatentAttender is a Backend that caches multi-head latent attention
+// (DeepSeek-V3's MLA) in compressed form: per token and layer the
+// normalised latent c (Lora values) and the rotated rope key (Rope values)
+// — 576 values for DeepSeek-V3 — instead of every head's decompressed key
+// and value (128 × (192 + 128)). The backend picks per span how to attend:
+// absorbed (queries q_nope·W_UK per head against [c ‖ rope key] with one KV
+// head, values c, each head's output through W_UV: cheap for decode), or
+// decompressed (the span's whole history of c through W_UK and W_UV, then
+// ordinary attention: cheaper for long prefills). A model without it caches
+// decompressed keys and values through Attention.
+type LatentAttender interface {
+	// LatentAttention appends [c ‖ kPe] to layer p.Layer's KV cache for every
+	// sequence of the batch and attends causally: qNope [T, H*Nope], qPe
+	// [T, H*Rope] and kPe [T, Rope] rotated, c [T, Lora] normalised → [T,
+	// H*V]. p gives the heads (NumHeads), the scale, and the cache widths
+	// (NumKVHeads 1, HeadDim Lora+Rope, VHeadDim Lora: MLAParams).
+	LatentAttention(qNope, qPe, c, kPe Tensor, b *Batch, p *AttnParams, w *MLAWeights) Tensor
+}
+
+// MLAWeights are one MLA layer's kv_b_proj split for LatentAttention; per
+// head h, kv_b_proj's rows h*(Nope+V).. are W_UK_h [Nope, Lora] then W_UV_h
+// [V, Lora].
+type MLAWeights struct {
+	Lora, Nope, Rope, V int
+	UKT                 Tensor // [H*Lora, Nope]: each head's W_UK transposed (absorbs queries)
+	UK                  Tensor // [H*Nope, Lora]: each head's W_UK (decompresses keys)
+	UV                  Tensor // [H*V, Lora]: each head's W_UV (decompresses values, maps outputs back)
+}
+
+// MLAParams are the AttnParams of a LatentAttention layer: the cache widths
+// of one KV head of [c ‖ rope key] keys and c values.
+func MLAParams(layer, heads int, w *MLAWeights, scale float32) AttnParams {
+	return AttnParams{Layer: layer, NumHeads: heads, NumKVHeads: 1, HeadDim: w.Lora + w.Rope, VHeadDim: w.Lora,
+		Scale: scale}
+}
+
 // ExpertPlacer is implemented by backends with expert parallelism whose
 // placement (which rank holds which expert, hot experts replicated) can
 // change between steps.

@@ -3,6 +3,7 @@ package models
 import (
 	"fmt"
 	"math"
+	"os"
 
 	"github.com/mkserve/mkserve/attention"
 	"github.com/mkserve/mkserve/backend"
@@ -16,16 +17,25 @@ import (
 // layers are dense.
 func init() { Register(buildDeepSeekV3, "DeepseekV3ForCausalLM") }
 
+// LatentMLAEnv names the environment variable that, set to 0, keeps MLA
+// layers on the decompressed KV cache even on a backend.LatentAttender
+// (comparisons; docs/PERF.md).
+const LatentMLAEnv = "MKSERVE_MLA_LATENT"
+
 // loraNormEps is the epsilon of q_a_layernorm and kv_a_layernorm, which
 // transformers builds with its RMSNorm default rather than rms_norm_eps.
 const loraNormEps = 1e-6
 
 type mlaAttention struct {
-	be                  backend.Backend
-	qProj               backend.Tensor // [H*(nope+rope), hidden] when q_lora_rank is unset
-	qA, qANorm, qB      backend.Tensor // [qLora, hidden], [qLora], [H*(nope+rope), qLora]
-	kvA, kvANorm, kvB   backend.Tensor // [kvLora+rope, hidden], [kvLora], [H*(nope+v), kvLora]
-	o                   backend.Tensor // [hidden, H*v]
+	be                backend.Backend
+	qProj             backend.Tensor // [H*(nope+rope), hidden] when q_lora_rank is unset
+	qA, qANorm, qB    backend.Tensor // [qLora, hidden], [qLora], [H*(nope+rope), qLora]
+	kvA, kvANorm, kvB backend.Tensor // [kvLora+rope, hidden], [kvLora], [H*(nope+v), kvLora]
+	o                 backend.Tensor // [hidden, H*v]
+	// On a backend.LatentAttender (kvB is then nil): the KV cache holds
+	// [latent ‖ rope key] per token.
+	latent              *backend.MLAWeights
+	la                  backend.LatentAttender
 	nope, ropeDim, vDim int
 	kvLora              int
 	rope                *attention.RoPE
@@ -86,6 +96,8 @@ func loadMLA(cfg *Config, w *Weights, be backend.Backend, i int) (*mlaAttention,
 		scale *= m * m
 	}
 	a.p = backend.AttnParams{Layer: i, NumHeads: H, NumKVHeads: H, HeadDim: qk, VHeadDim: a.vDim, Scale: float32(scale)}
+	la, latent := be.(backend.LatentAttender)
+	latent = latent && os.Getenv(LatentMLAEnv) != "0"
 	var err error
 	get := func(dst *backend.Tensor, name string, shape ...int) {
 		if err == nil {
@@ -101,7 +113,17 @@ func loadMLA(cfg *Config, w *Weights, be backend.Backend, i int) (*mlaAttention,
 	}
 	get(&a.kvA, "kv_a_proj_with_mqa.weight", a.kvLora+a.ropeDim, hid)
 	get(&a.kvANorm, "kv_a_layernorm.weight", a.kvLora)
-	get(&a.kvB, "kv_b_proj.weight", H*(a.nope+a.vDim), a.kvLora)
+	if latent {
+		if err == nil {
+			a.la = la
+			if a.latent, err = w.mlaWeights(p+"kv_b_proj.weight", H, a.nope, a.ropeDim, a.vDim, a.kvLora); err == nil {
+				// q·k is the same sum either way, (q_nope·W_UK)·c + q_rope·k_rope: the scale stays.
+				a.p = backend.MLAParams(i, H, a.latent, a.p.Scale)
+			}
+		}
+	} else {
+		get(&a.kvB, "kv_b_proj.weight", H*(a.nope+a.vDim), a.kvLora)
+	}
 	get(&a.o, "o_proj.weight", hid, H*a.vDim)
 	if err == nil && cfg.AttentionBias {
 		return nil, fmt.Errorf("field %q: attention biases are not supported for DeepSeek-V3 yet", "attention_bias")
@@ -126,6 +148,13 @@ func (a *mlaAttention) forward(h backend.Tensor, b *backend.Batch) backend.Tenso
 	}
 	qParts := be.SplitCols(q, H, a.nope, a.ropeDim) // [T, H*nope], [T, H*rope]
 	kvParts := be.SplitCols(ckv, 1, a.kvLora, a.ropeDim)
+	if a.latent != nil {
+		c := be.RMSNorm(kvParts[0], a.kvANorm, loraNormEps)                  // [T, kvLora]
+		qPe := be.RoPE(qParts[1], H, a.ropeDim, a.rope, b.Positions)         // [T, H*rope]
+		kPe := be.RoPE(kvParts[1], 1, a.ropeDim, a.rope, b.Positions)        // [T, rope]
+		o := a.la.LatentAttention(qParts[0], qPe, c, kPe, b, &a.p, a.latent) // [T, H*v]
+		return be.Linear(o, a.o, nil)
+	}
 	kv := be.Linear(be.RMSNorm(kvParts[0], a.kvANorm, loraNormEps), a.kvB, nil) // [T, H*(nope+v)]
 	kvSplit := be.SplitCols(kv, H, a.nope, a.vDim)                              // [T, H*nope], [T, H*v]
 	qPe := be.RoPE(qParts[1], H, a.ropeDim, a.rope, b.Positions)

@@ -187,3 +187,47 @@ func (w *Weights) CheckAllUsed() error {
 	}
 	return fmt.Errorf("checkpoint has %d tensor(s) this architecture does not use: %s", len(u), strings.Join(desc, ", "))
 }
+
+// mlaWeights loads an MLA layer's kv_b_proj [heads*(nope+v), lora] (per
+// head: nope rows of W_UK, then v rows of W_UV) split for
+// backend.LatentAttender: each head's W_UK rows (UK), the same transposed
+// (UKT), and each head's W_UV rows (UV). Elements are moved, not converted.
+func (w *Weights) mlaWeights(name string, heads, nope, rope, v, lora int) (*backend.MLAWeights, error) {
+	h, err := w.host(name, heads*(nope+v), lora)
+	if err != nil {
+		return nil, err
+	}
+	es := h.DType.Size()
+	row := lora * es
+	ukt := make([]byte, heads*lora*nope*es) // [heads, lora, nope]
+	uk := make([]byte, 0, heads*nope*row)   // [heads, nope, lora]
+	uv := make([]byte, 0, heads*v*row)      // [heads, v, lora]
+	for hd := range heads {
+		base := hd * (nope + v) // the head's first row
+		for n := range nope {
+			src := h.Data[(base+n)*row:]
+			for c := range lora {
+				copy(ukt[((hd*lora+c)*nope+n)*es:][:es], src[c*es:])
+			}
+		}
+		uk = append(uk, h.Data[base*row:(base+nope)*row]...)
+		uv = append(uv, h.Data[(base+nope)*row:(base+nope+v)*row]...)
+	}
+	m := &backend.MLAWeights{Lora: lora, Nope: nope, Rope: rope, V: v}
+	for _, p := range []struct {
+		dst   *backend.Tensor
+		what  string
+		shape []int
+		data  []byte
+	}{
+		{&m.UKT, "W_UK per head, transposed", []int{heads * lora, nope}, ukt},
+		{&m.UK, "W_UK per head", []int{heads * nope, lora}, uk},
+		{&m.UV, "W_UV per head", []int{heads * v, lora}, uv},
+	} {
+		if *p.dst, err = w.upload(&tensor.Host{Name: name + " (" + p.what + ")", DType: h.DType, Shape: p.shape,
+			Data: p.data}); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

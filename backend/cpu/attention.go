@@ -77,49 +77,7 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		panicf("Attention", "%v", err)
 	}
 
-	// Append the new rows under the lock; then each sequence owns its slices.
-	// Paged spans write into the pool and attend over a gathered copy.
-	hist := make([][2][]float32, len(b.Seqs))
-	kw, vw := KV*D, KV*Dv
-	be.kvMu.Lock()
-	seen := make(map[uint64]bool, len(b.Seqs))
-	for i, s := range b.Seqs {
-		if seen[s.ID] {
-			be.kvMu.Unlock()
-			panicf("Attention", "sequence %d appears twice in the batch", s.ID)
-		}
-		seen[s.ID] = true
-		if s.Blocks != nil {
-			if be.paged == nil {
-				be.kvMu.Unlock()
-				panicf("Attention", "span %d has a block table but no paged KV cache exists (call InitKV)", i)
-			}
-			pl := be.paged.layer(p.Layer, kw, vw)
-			k, v := be.paged.writeAndGather(pl, s,
-				kt.data[s.Offset*kw:(s.Offset+s.Len)*kw], vt.data[s.Offset*vw:(s.Offset+s.Len)*vw])
-			hist[i] = [2][]float32{k, v}
-			continue
-		}
-		sc := be.kv[s.ID]
-		if sc == nil {
-			sc = &seqCache{}
-			be.kv[s.ID] = sc
-		}
-		c := sc.layer(p.Layer)
-		if c.kw == 0 {
-			c.kw, c.vw = kw, vw
-		}
-		if c.kw != kw || c.vw != vw || c.tokens() < s.Past {
-			cached, ckw, cvw := c.tokens(), c.kw, c.vw
-			be.kvMu.Unlock()
-			panicf("Attention", "sequence %d layer %d: cache holds %d tokens of widths %d/%d, span wants past %d of widths %d/%d",
-				s.ID, p.Layer, cached, ckw, cvw, s.Past, kw, vw)
-		}
-		c.k = append(c.k[:s.Past*kw], kt.data[s.Offset*kw:(s.Offset+s.Len)*kw]...)
-		c.v = append(c.v[:s.Past*vw], vt.data[s.Offset*vw:(s.Offset+s.Len)*vw]...)
-		hist[i] = [2][]float32{c.k, c.v}
-	}
-	be.kvMu.Unlock()
+	hist := be.appendKV("Attention", b, p.Layer, kt.data, vt.data, KV*D, KV*Dv)
 
 	out := newTensor(T, H*Dv)
 	run := func(i int) {
@@ -136,6 +94,55 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	// sequences (decode) also run side by side.
 	par.Each(len(b.Seqs), run)
 	return out
+}
+
+// appendKV appends each span's new rows of k [T, kw] and v [T, vw] to
+// layer's KV cache (paged spans: into their blocks) and returns every
+// span's whole history [Past+Len, kw] and [Past+Len, vw] (paged: a gathered
+// copy). It holds the cache lock only while it appends; it panics, naming
+// op, on the errors Attention lists.
+func (be *Backend) appendKV(op string, b *backend.Batch, layer int, k, v []float32, kw, vw int) [][2][]float32 {
+	hist := make([][2][]float32, len(b.Seqs))
+	be.kvMu.Lock()
+	seen := make(map[uint64]bool, len(b.Seqs))
+	for i, s := range b.Seqs {
+		if seen[s.ID] {
+			be.kvMu.Unlock()
+			panicf(op, "sequence %d appears twice in the batch", s.ID)
+		}
+		seen[s.ID] = true
+		if s.Blocks != nil {
+			if be.paged == nil {
+				be.kvMu.Unlock()
+				panicf(op, "span %d has a block table but no paged KV cache exists (call InitKV)", i)
+			}
+			pl := be.paged.layer(layer, kw, vw)
+			hk, hv := be.paged.writeAndGather(pl, s,
+				k[s.Offset*kw:(s.Offset+s.Len)*kw], v[s.Offset*vw:(s.Offset+s.Len)*vw])
+			hist[i] = [2][]float32{hk, hv}
+			continue
+		}
+		sc := be.kv[s.ID]
+		if sc == nil {
+			sc = &seqCache{}
+			be.kv[s.ID] = sc
+		}
+		c := sc.layer(layer)
+		if c.kw == 0 {
+			c.kw, c.vw = kw, vw
+		}
+		if c.kw != kw || c.vw != vw || c.tokens() < s.Past {
+			cached, ckw, cvw := c.tokens(), c.kw, c.vw
+			be.kvMu.Unlock()
+			panicf(op, "sequence %d layer %d: cache holds %d tokens of widths %d/%d, span wants past %d of widths %d/%d",
+				s.ID, layer, cached, ckw, cvw, s.Past, kw, vw)
+		}
+		c.k = append(c.k[:s.Past*kw], k[s.Offset*kw:(s.Offset+s.Len)*kw]...)
+		c.v = append(c.v[:s.Past*vw], v[s.Offset*vw:(s.Offset+s.Len)*vw]...)
+		hist[i] = [2][]float32{c.k, c.v}
+	}
+	be.kvMu.Unlock()
+	return hist
 }
 
 // FreeSequence drops every layer's KV cache of sequence id.

@@ -420,3 +420,47 @@ func TestWeightBF16Storage(t *testing.T) {
 		t.Fatalf("Add on a bf16 weight = %v, want %v", got, want)
 	}
 }
+
+func TestHeadLinear(t *testing.T) {
+	bfBe, f32Be := New(Options{}), New(Options{F32Weights: true})
+	for _, c := range []struct{ T, heads, N, K int }{{1, 1, 1, 1}, {1, 4, 16, 8}, {3, 8, 5, 12}, {17, 16, 32, 24}} {
+		t.Run(fmt.Sprintf("T%d_H%d_N%d_K%d", c.T, c.heads, c.N, c.K), func(t *testing.T) {
+			r := newRand(t)
+			x := randVec(r, c.T*c.heads*c.K, 1)
+			// bf16 weights: every value exactly representable, so both backends hold the same numbers.
+			wv := randVec(r, c.heads*c.N*c.K, 1)
+			raw := make([]byte, 2*len(wv))
+			for i, v := range wv {
+				b := math.Float32bits(v) >> 16
+				raw[2*i], raw[2*i+1] = byte(b), byte(b>>8)
+				wv[i] = math.Float32frombits(b << 16)
+			}
+			host := &tensor.Host{Name: "w", DType: tensor.BF16, Shape: []int{c.heads * c.N, c.K}, Data: raw}
+			// The reference: each head on its own through refLinear.
+			want := make([]float64, c.T*c.heads*c.N)
+			for h := range c.heads {
+				xh := make([]float32, c.T*c.K)
+				for tt := range c.T {
+					copy(xh[tt*c.K:(tt+1)*c.K], x[(tt*c.heads+h)*c.K:])
+				}
+				ref := refLinear(xh, wv[h*c.N*c.K:(h+1)*c.N*c.K], nil, c.T, c.N, c.K)
+				for tt := range c.T {
+					copy(want[(tt*c.heads+h)*c.N:(tt*c.heads+h+1)*c.N], ref[tt*c.N:(tt+1)*c.N])
+				}
+			}
+			var outs [][]float32
+			for _, be := range []*Backend{bfBe, f32Be} {
+				w, err := be.Weight(host)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := headLinear(x, w.(*Tensor).weights(), c.T, c.heads, c.N, c.K)
+				checkClose(t, "headLinear", got, want, 1e-5)
+				outs = append(outs, got)
+			}
+			if !slices.Equal(outs[0], outs[1]) {
+				t.Fatal("headLinear with bf16-stored weights differs from the widened float32 weights")
+			}
+		})
+	}
+}

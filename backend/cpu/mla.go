@@ -1,0 +1,142 @@
+package cpu
+
+import (
+	"github.com/mkserve/mkserve/attention"
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/internal/par"
+	"github.com/mkserve/mkserve/linalg"
+)
+
+// LatentAttention implements backend.LatentAttender. Each token's [c ‖ kPe]
+// goes to the layer's KV cache as its key (Lora+Rope values) and c as its
+// value (Lora: the latent is stored twice, 1088 values a token and layer for
+// DeepSeek-V3 against 40 960 decompressed). Then each span attends in
+// whichever form costs fewer multiply-adds (mlaDecompress): absorbed
+// (decode) or decompressed (long prefills).
+//
+// Context-parallel spans attend as ordinary ones (the ring schedule is
+// Attention's). It panics on bad shapes, a window or sinks in p, and the
+// errors Attention lists.
+func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend.Batch, p *backend.AttnParams,
+	w *backend.MLAWeights) backend.Tensor {
+	const op = "LatentAttention"
+	if b == nil || p == nil || w == nil {
+		panicf(op, "nil batch, params or weights")
+	}
+	if err := b.Validate(); err != nil {
+		panicf(op, "%v", err)
+	}
+	H, L, R, N, V := p.NumHeads, w.Lora, w.Rope, w.Nope, w.V
+	if H <= 0 || L <= 0 || R <= 0 || N <= 0 || V <= 0 || p.Layer < 0 || p.NumKVHeads != 1 || p.HeadDim != L+R ||
+		p.VHeadDim != L || p.Window != 0 || p.Sinks != nil {
+		panicf(op, "layer %d: heads %d, kv heads %d, dims %d/%d, window %d for lora %d rope %d nope %d v %d (want MLAParams, no window or sinks)",
+			p.Layer, H, p.NumKVHeads, p.HeadDim, p.VHeadDim, p.Window, L, R, N, V)
+	}
+	T := len(b.Tokens)
+	qn, r1 := matrix(op, "qNope", qNope, H*N) // [T, H*N]
+	qp, r2 := matrix(op, "qPe", qPe, H*R)     // [T, H*R]
+	ct, r3 := matrix(op, "c", c, L)           // [T, L]
+	kp, r4 := matrix(op, "kPe", kPe, R)       // [T, R]
+	if r1 != T || r2 != T || r3 != T || r4 != T {
+		panicf(op, "qNope %v, qPe %v, c %v, kPe %v for a batch of %d tokens", qn.shape, qp.shape, ct.shape, kp.shape, T)
+	}
+	ukt, uk, uv := weightOf(op, "UKT", w.UKT), weightOf(op, "UK", w.UK), weightOf(op, "UV", w.UV)
+	for _, x := range []struct {
+		name       string
+		t          *Tensor
+		rows, cols int
+	}{{"UKT", ukt, H * L, N}, {"UK", uk, H * N, L}, {"UV", uv, H * V, L}} {
+		if r, cols := x.t.dims(); r != x.rows || cols != x.cols {
+			panicf(op, "%s has shape %v, want [%d %d]", x.name, x.t.shape, x.rows, x.cols)
+		}
+	}
+
+	keys := make([]float32, T*(L+R)) // [T, L+R]: [c ‖ kPe]
+	for t := range T {
+		copy(keys[t*(L+R):], ct.data[t*L:(t+1)*L])
+		copy(keys[t*(L+R)+L:], kp.data[t*R:(t+1)*R])
+	}
+	hist := be.appendKV(op, b, p.Layer, keys, ct.data, L+R, L)
+
+	out := newTensor(T, H*V)
+	for i, s := range b.Seqs {
+		o := out.data[s.Offset*H*V : (s.Offset+s.Len)*H*V]  // [Len, H*V]
+		qnS := qn.data[s.Offset*H*N : (s.Offset+s.Len)*H*N] // [Len, H*N]
+		qpS := qp.data[s.Offset*H*R : (s.Offset+s.Len)*H*R] // [Len, H*R]
+		hk, hv := hist[i][0], hist[i][1]                    // [n, L+R], [n, L]
+		if mlaDecompress(s.Len, s.Past, L, R, N, V) {
+			n := s.Past + s.Len
+			kn := linear(hv, uk.weights(), nil, n, H*N, L).data      // [n, H*N]
+			vv := linear(hv, uv.weights(), nil, n, H*V, L).data      // [n, H*V]
+			kf := interleaveHeads(kn, hk[L:], n, H, N, R, L+R, true) // [n, H*(N+R)]
+			qf := interleaveHeads(qnS, qpS, s.Len, H, N, R, H*R, false)
+			attention.Causal(o, qf, kf, vv, s.Len, s.Past, &attention.Params{NumHeads: H, NumKVHeads: H,
+				HeadDim: N + R, VHeadDim: V, Scale: p.Scale})
+			continue
+		}
+		qLat := headLinear(qnS, ukt.weights(), s.Len, H, L, N) // [Len, H*L]
+		qf := interleaveHeads(qLat, qpS, s.Len, H, L, R, H*R, false)
+		oLat := make([]float32, s.Len*H*L) // [Len, H*L]
+		attention.Causal(oLat, qf, hk, hv, s.Len, s.Past, &attention.Params{NumHeads: H, NumKVHeads: 1,
+			HeadDim: L + R, VHeadDim: L, Scale: p.Scale})
+		copy(o, headLinear(oLat, uv.weights(), s.Len, H, V, L))
+	}
+	return out
+}
+
+// mlaDecompress reports whether a span of rows new tokens after past cached
+// ones costs fewer multiply-adds decompressed (the whole history's latent
+// through W_UK and W_UV, then attention of head dims nope+rope / v) than
+// absorbed (queries through W_UK, attention of head dims lora+rope / lora,
+// outputs through W_UV). Per head, with s = the (query, key) pairs the
+// causal mask keeps: decompressed (past+rows)·lora·(nope+v) +
+// s·(nope+rope+v), absorbed rows·lora·(nope+v) + s·(2·lora+rope). For
+// DeepSeek-V3's dims a fresh prompt decompresses from 141 tokens on; decode
+// (one row) stays absorbed.
+func mlaDecompress(rows, past, lora, rope, nope, v int) bool {
+	n := int64(past + rows)
+	s := int64(rows)*int64(past) + int64(rows)*int64(rows+1)/2
+	lv := int64(lora) * int64(nope+v)
+	dec := n*lv + s*int64(nope+rope+v)
+	abs := int64(rows)*lv + s*int64(2*lora+rope)
+	return dec < abs
+}
+
+// interleaveHeads builds [rows, heads*(a+b)] whose head h is a's head h (a
+// values) then b's (b values: head h's when perHead, else the row's one
+// block shared by all heads). a is [rows, heads*a]; b's rows start ldb
+// apart.
+func interleaveHeads(a, b []float32, rows, heads, an, bn, ldb int, shared bool) []float32 {
+	w := an + bn
+	out := make([]float32, rows*heads*w)
+	for t := range rows {
+		for h := range heads {
+			dst := out[(t*heads+h)*w:]
+			copy(dst[:an], a[(t*heads+h)*an:])
+			if shared {
+				copy(dst[an:w], b[t*ldb:])
+			} else {
+				copy(dst[an:w], b[t*ldb+h*bn:])
+			}
+		}
+	}
+	return out
+}
+
+// headLinear is a Linear per head: x [T, heads*K], w [heads*N, K] → [T,
+// heads*N], head h being x's head h · (w's rows h*N..h*N+N-1)ᵀ. Heads run
+// side by side, each through linalg's MulT (bf16 weights stay bf16).
+func headLinear(x []float32, w linalg.Weights, T, heads, N, K int) []float32 {
+	out := make([]float32, T*heads*N)
+	par.Each(heads, func(h int) {
+		xh, oh := make([]float32, T*K), make([]float32, T*N) // [T, K], [T, N]
+		for t := range T {
+			copy(xh[t*K:(t+1)*K], x[(t*heads+h)*K:])
+		}
+		w.Block(h, N*K).MulT(oh, xh, T, N, K)
+		for t := range T {
+			copy(out[(t*heads+h)*N:(t*heads+h+1)*N], oh[t*N:(t+1)*N])
+		}
+	})
+	return out
+}
