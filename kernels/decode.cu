@@ -987,6 +987,233 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
   }
 }
 
+// ---------------------------------------------------------------- big head dims
+//
+// paged_attn_big: head dims past the other kernels' 256, up to kBigMaxD for
+// keys and kBigMaxDv for values — MLA's absorbed form (DeepSeek-V3: one KV
+// head of 576 = latent 512 ‖ rope key 64, values the 512-wide latent, 128
+// query heads on it). One CTA of 128 threads per (row, kv head, chunk of 16
+// query heads, key split): q of the 16 heads in shared memory (float32,
+// scaled by scale·log2 e), K and V tiles of 32 keys double-buffered with
+// cp.async through the block table, everything float32 on the CUDA cores.
+// Scores: thread (head h = tid/8, kk = tid%8) takes keys kk, kk+8, kk+16,
+// kk+24 of the tile; its head's 8 threads reduce the tile's max and sum by
+// shuffles (online softmax, base 2). P·V: thread t owns value columns
+// 4t..4t+3 of all 16 heads (64 accumulators). Splits and the merge are
+// paged_attn's (wo, wml; paged_attn_merge). Written in session 13 (no GPU
+// left that session): kernels/decode_test.go's mla_* and big_* cases check
+// it against the float64 reference.
+constexpr int kBigGM = 16;    // query heads per CTA
+constexpr int kBigTK = 32;    // keys per tile
+constexpr int kBigMaxD = 768;  // key head dim at most (shared memory: smem_big)
+constexpr int kBigMaxDv = 512;  // value head dim at most: 4 columns per thread
+
+// big_dims reports whether a shape needs paged_attn_big.
+__host__ __device__ inline bool big_dims(int D, int Dv) { return D > 256 || Dv > 256; }
+
+// Shared memory of paged_attn_big: Ks [2][kBigTK][D+8] bf16 | Vs [2][kBigTK][Dv+8] bf16 |
+// qs [kBigGM][D] f32 | S [kBigGM][kBigTK] f32 | corr, mfin, lfin [kBigGM] | prow [2][kBigTK] int.
+__host__ __device__ inline size_t smem_big(int D, int Dv) {
+  return (size_t)2 * kBigTK * ((D + 8) + (Dv + 8)) * sizeof(bf16) +
+         sizeof(float) * ((size_t)kBigGM * D + kBigGM * kBigTK + 3 * kBigGM) + sizeof(int) * 2 * kBigTK;
+}
+
+__global__ void __launch_bounds__(kNT) paged_attn_big(const AttnArgs a) {
+  mk::pdl_begin();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int D = a.D, Dv = a.Dv, ldk = D + 8, ldv = Dv + 8;
+  bf16* Ks = reinterpret_cast<bf16*>(smem);
+  bf16* Vs = Ks + 2 * kBigTK * ldk;
+  float* qs = reinterpret_cast<float*>(Vs + 2 * kBigTK * ldv);
+  float* S = qs + kBigGM * D;
+  float* corr = S + kBigGM * kBigTK;
+  float* mfin = corr + kBigGM;
+  float* lfin = mfin + kBigGM;
+  int* prow = reinterpret_cast<int*>(lfin + kBigGM);
+
+  const int tid = threadIdx.x;
+  const CtaWork w = cta_work(a, kBigGM);
+  const int split = w.split, b = w.b, kh = w.kh, h0 = w.h0, gc = w.gc, kbeg = w.kbeg, kend = w.kend;
+  const int64_t row = w.row;
+  const int32_t* tab = w.tab;
+  if (kbeg >= kend) {
+    empty_split(a, w, Dv, tid);
+    return;
+  }
+  const int64_t ldpk = (int64_t)a.KV * D, ldpv = (int64_t)a.KV * Dv;
+  const bf16* pk = a.pk + (int64_t)kh * D;
+  const bf16* pv = a.pv + (int64_t)kh * Dv;
+  const int cprk = D >> 3, cprv = Dv >> 3;  // 16-byte chunks per K / V row
+  const int n = kend - kbeg, ntiles = (n + kBigTK - 1) / kBigTK;
+
+  // rows_of puts the pool rows of tile t's keys (-1 past the range) in
+  // prow[st]; issue starts the copies of those rows into stage st.
+  auto rows_of = [&](int t, int st) {
+    if (tid < kBigTK) {
+      const int j = kbeg + t * kBigTK + tid;
+      int r = -1;
+      if (j < kend) {
+        int blk, off;
+        if (a.bs_shift >= 0) {
+          blk = j >> a.bs_shift;
+          off = j & (a.bs - 1);
+        } else {
+          blk = j / a.bs;
+          off = j - blk * a.bs;
+        }
+        r = tab[blk] * a.bs + off;
+      }
+      prow[st * kBigTK + tid] = r;
+    }
+  };
+  auto issue = [&](int st) {
+    bf16* kd = Ks + st * kBigTK * ldk;
+    bf16* vd = Vs + st * kBigTK * ldv;
+    for (int x = tid; x < kBigTK * cprk; x += kNT) {
+      const int r = x / cprk, c = x - r * cprk;
+      const int pr = prow[st * kBigTK + r];
+      if (pr >= 0) cp_async16(kd + r * ldk + c * 8, pk + (int64_t)pr * ldpk + c * 8);
+    }
+    for (int x = tid; x < kBigTK * cprv; x += kNT) {
+      const int r = x / cprv, c = x - r * cprv;
+      const int pr = prow[st * kBigTK + r];
+      if (pr >= 0) cp_async16(vd + r * ldv + c * 8, pv + (int64_t)pr * ldpv + c * 8);
+    }
+    cp_commit();
+  };
+
+  rows_of(0, 0);
+  __syncthreads();
+  issue(0);
+  for (int x = tid; x < kBigGM * D; x += kNT) {
+    const int g = x / D, c = x - g * D;
+    qs[x] = g < gc ? a.q[(row * a.H + h0 + g) * D + c] * a.scale2 : 0.0f;
+  }
+
+  const int h = tid >> 3, kk = tid & 7;  // the scores' head and key lane
+  float mrun = -INFINITY, lrun = 0.0f;   // head h's softmax state, the same in its 8 threads
+  const int c0 = 4 * tid;                // P·V: value columns c0..c0+3 of every head
+  float acc[kBigGM][4];
+#pragma unroll
+  for (int g = 0; g < kBigGM; g++) acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.0f;
+
+  for (int t = 0; t < ntiles; t++) {
+    const int st = t & 1;
+    const int nk = min(kBigTK, n - t * kBigTK);
+    if (t + 1 < ntiles) rows_of(t + 1, st ^ 1);  // stage st^1's last copies were issued a tile ago
+    cp_wait_all();
+    __syncthreads();  // tile t (and q) in; prow[st^1] written; P·V of t-1 done with stage st^1
+    if (t + 1 < ntiles) issue(st ^ 1);
+
+    // Scores of head h for keys kk + 8u, the tile's softmax step for head h.
+    {
+      const bf16* kb = Ks + st * kBigTK * ldk;
+      const float* qh = qs + h * D;
+      float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int c = 0; c < cprk; c++) {
+        const float4 qa = *reinterpret_cast<const float4*>(qh + c * 8);
+        const float4 qb = *reinterpret_cast<const float4*>(qh + c * 8 + 4);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(kb + (kk + 8 * u) * ldk + c * 8);
+          float v = sc[u];
+          v = fmaf(qa.x, bf_lo(raw.x), v);
+          v = fmaf(qa.y, bf_hi(raw.x), v);
+          v = fmaf(qa.z, bf_lo(raw.y), v);
+          v = fmaf(qa.w, bf_hi(raw.y), v);
+          v = fmaf(qb.x, bf_lo(raw.z), v);
+          v = fmaf(qb.y, bf_hi(raw.z), v);
+          v = fmaf(qb.z, bf_lo(raw.w), v);
+          v = fmaf(qb.w, bf_hi(raw.w), v);
+          sc[u] = v;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; u++)
+        if (kk + 8 * u >= nk) sc[u] = -INFINITY;  // past the range (those rows were not loaded)
+      float mx = fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      const float mn = fmaxf(mrun, mx);  // finite: key 0 of the tile is in the range
+      const float cr = exp2f(mrun - mn);  // 0 on the first tile
+      float ps = 0.0f;
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        const float p = exp2f(sc[u] - mn);
+        S[h * kBigTK + kk + 8 * u] = p;
+        ps += p;
+      }
+      ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+      ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+      ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+      lrun = lrun * cr + ps;
+      mrun = mn;
+      if (kk == 0) corr[h] = cr;
+    }
+    __syncthreads();
+
+    // acc = acc·corr + P·V over the tile's nk keys.
+    if (c0 < Dv) {
+#pragma unroll
+      for (int g = 0; g < kBigGM; g++) {
+        const float cr = corr[g];
+        acc[g][0] *= cr;
+        acc[g][1] *= cr;
+        acc[g][2] *= cr;
+        acc[g][3] *= cr;
+      }
+      const bf16* vb = Vs + st * kBigTK * ldv + c0;
+      for (int j = 0; j < nk; j++) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(vb + j * ldv);
+        const float v0 = bf_lo(raw.x), v1 = bf_hi(raw.x), v2 = bf_lo(raw.y), v3 = bf_hi(raw.y);
+#pragma unroll
+        for (int g = 0; g < kBigGM; g++) {
+          const float p = S[g * kBigTK + j];
+          acc[g][0] = fmaf(p, v0, acc[g][0]);
+          acc[g][1] = fmaf(p, v1, acc[g][1]);
+          acc[g][2] = fmaf(p, v2, acc[g][2]);
+          acc[g][3] = fmaf(p, v3, acc[g][3]);
+        }
+      }
+    }
+  }
+
+  if (kk == 0) {
+    mfin[h] = mrun;
+    lfin[h] = lrun;
+  }
+  __syncthreads();
+  if (c0 >= Dv) return;
+#pragma unroll
+  for (int g = 0; g < kBigGM; g++) {
+    if (g >= gc) continue;
+    const float M = mfin[g];
+    float L = lfin[g];
+    if (a.splits == 1) {
+      float f = 1.0f;
+      if (a.sinks) {
+        const float sk = a.sinks[h0 + g] * kLog2e;
+        const float mn = fmaxf(M, sk);
+        f = exp2f(M - mn);
+        L = L * f + exp2f(sk - mn);
+      }
+      const float inv = f / L;
+#pragma unroll
+      for (int q = 0; q < 4; q++) put_out(a, (row * a.H + h0 + g) * Dv + c0 + q, acc[g][q] * inv);
+    } else {
+      float* o = a.wo + (((int64_t)b * a.H + h0 + g) * a.splits + split) * Dv + c0;
+#pragma unroll
+      for (int q = 0; q < 4; q++) o[q] = acc[g][q];
+      if (c0 == 0) {
+        float* ml = a.wml + (((int64_t)b * a.H + h0 + g) * a.splits + split) * 2;
+        ml[0] = M;
+        ml[1] = L;
+      }
+    }
+  }
+}
+
 // merge: one CTA per (row, head) combines the splits' partial outputs by
 // log-sum-exp, with the sink in the denominator.
 __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
@@ -1088,7 +1315,7 @@ bool use_mma(int v_head_dim, int group) {
 
 // Plan is the launch shape of one attention call.
 struct Plan {
-  bool mma, warp;
+  bool mma, warp, big;
   int GM, NV, NS, hchunks, splits, chunk;
   int KD;  // the warp-split kernel's head_dim / 32
 };
@@ -1137,6 +1364,10 @@ KernelInfo& info_mma() {
 
 template <int KD, int MV>
 KernelInfo& info_warp() {
+  static KernelInfo k;
+  return k;
+}
+KernelInfo& info_big() {
   static KernelInfo k;
   return k;
 }
@@ -1194,6 +1425,7 @@ MmaKernel warp_kernel(int KD) {
 }
 
 int occupancy(const Plan& p, size_t smem) {
+  if (p.big) return occupancy_of(paged_attn_big, info_big(), smem);
   if (p.warp) {
     const MmaKernel k = warp_kernel(p.KD);
     return occupancy_of(k.fn, *k.ki, smem);
@@ -1211,6 +1443,7 @@ int occupancy(const Plan& p, size_t smem) {
 }
 
 size_t plan_smem(const Plan& p, int D, int Dv) {
+  if (p.big) return smem_big(D, Dv);
   if (p.warp) return 0;  // static shared memory only
   return p.mma ? smem_bytes_mma(D, Dv, p.NS) : smem_bytes(D, Dv, p.GM);
 }
@@ -1223,10 +1456,11 @@ size_t plan_smem(const Plan& p, int D, int Dv) {
 Plan plan(int64_t n, int heads, int kv_heads, int head_dim, int v_head_dim, int max_keys, bool q16 = true) {
   Plan p{};
   const int G = heads / kv_heads;
-  p.warp = q16 && use_warp(head_dim, v_head_dim);
-  p.mma = !p.warp && use_mma(v_head_dim, G);
+  p.big = big_dims(head_dim, v_head_dim);  // whatever the variant: the others stop at 256
+  p.warp = !p.big && q16 && use_warp(head_dim, v_head_dim);
+  p.mma = !p.big && !p.warp && use_mma(v_head_dim, G);
   p.KD = head_dim / 32;
-  p.GM = p.warp ? kWG : p.mma ? kGMma : G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGMax;
+  p.GM = p.big ? kBigGM : p.warp ? kWG : p.mma ? kGMma : G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGMax;
   p.NV = v_head_dim <= 32 ? 4 : v_head_dim <= 64 ? 8 : 16;
   p.NS = p.mma ? pick_stages(p.NV, head_dim, v_head_dim) : 2;
   p.hchunks = (G + p.GM - 1) / p.GM;
@@ -1278,6 +1512,11 @@ int launch_fn(Fn fn, KernelInfo& ki, const AttnArgs& a, size_t smem, int64_t n, 
 
 int launch(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st) {
   const size_t smem = plan_smem(p, a.D, a.Dv);
+  if (p.big) {
+    MK_ARG(smem <= smem_optin(), "paged_attn: head dims %d/%d need %zu bytes of shared memory, the device offers %zu",
+           a.D, a.Dv, smem, smem_optin());
+    return launch_fn(paged_attn_big, info_big(), a, smem, n, st);
+  }
   if (p.warp) {
     const MmaKernel k = warp_kernel(p.KD);
     return launch_fn(k.fn, *k.ki, a, smem, n, st);
@@ -1336,7 +1575,7 @@ int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_heads, int3
   const char* fn = "mk_paged_attn_workspace";
   MK_THREAD(fn);
   DEC_ARG(fn, bytes && n > 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0 &&
-                  head_dim <= 256 && v_head_dim > 0 && v_head_dim <= 256);
+                  head_dim <= kBigMaxD && v_head_dim > 0 && v_head_dim <= kBigMaxDv);
   const Plan p = plan(n, heads, kv_heads, head_dim, v_head_dim, max_keys);
   *bytes = work_bytes(n, heads, v_head_dim, p.splits);
   return MK_OK;
@@ -1352,9 +1591,10 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uin
   MK_THREAD(fn);
   DEC_ARG(fn, n > 0 && n <= INT32_MAX && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 &&
                   block_size > 0 && window >= 0);
-  MK_ARG(head_dim > 0 && head_dim <= 256 && head_dim % 8 == 0 && v_head_dim > 0 && v_head_dim <= 256 &&
+  MK_ARG(head_dim > 0 && head_dim <= kBigMaxD && head_dim % 8 == 0 && v_head_dim > 0 && v_head_dim <= kBigMaxDv &&
              v_head_dim % 8 == 0,
-         "%s: head_dim %d and v_head_dim %d must be multiples of 8 in [8, 256]", fn, head_dim, v_head_dim);
+         "%s: head_dim %d and v_head_dim %d must be multiples of 8 in [8, %d] and [8, %d]", fn, head_dim, v_head_dim,
+         kBigMaxD, kBigMaxDv);
   DEC_ARG(fn, out && q && pool_k && pool_v && rows && pos && table && blocks);
   MK_ARG((pool_k | pool_v) % 16 == 0, "%s: pool_k and pool_v must be 16-byte aligned", fn);
   // The warp-split kernel reads q by 16 bytes (every caller's q is aligned;

@@ -114,6 +114,13 @@ func (d *Device) SetPagedVariant(v PagedVariant) error {
 // with it the workspace, depends on the kernel.
 var pagedVariantNow, pagedStagesNow atomic.Int32
 
+// PagedMaxHeadDim and PagedMaxVHeadDim are the largest key and value head
+// dims PagedAttnBF16 takes (DeepSeek-V3's absorbed MLA: 576 and 512).
+const (
+	PagedMaxHeadDim  = 768
+	PagedMaxVHeadDim = 512
+)
+
 // checkPaged validates the shapes of a paged attention call.
 func checkPaged(op string, n int, a AttnArgs) error {
 	if err := positive(op, "n", n, "heads", a.Heads, "kvHeads", a.KVHeads, "headDim", a.HeadDim,
@@ -123,8 +130,9 @@ func checkPaged(op string, n int, a AttnArgs) error {
 	if a.Heads%a.KVHeads != 0 || a.Window < 0 {
 		return fmt.Errorf("kernels: %s: heads %d / kv heads %d, window %d", op, a.Heads, a.KVHeads, a.Window)
 	}
-	if a.HeadDim%8 != 0 || a.HeadDim > 256 || a.VHeadDim%8 != 0 || a.VHeadDim > 256 {
-		return fmt.Errorf("kernels: %s: head dims %d/%d must be multiples of 8 up to 256", op, a.HeadDim, a.VHeadDim)
+	if a.HeadDim%8 != 0 || a.HeadDim > PagedMaxHeadDim || a.VHeadDim%8 != 0 || a.VHeadDim > PagedMaxVHeadDim {
+		return fmt.Errorf("kernels: %s: head dims %d/%d must be multiples of 8 up to %d/%d", op, a.HeadDim, a.VHeadDim,
+			PagedMaxHeadDim, PagedMaxVHeadDim)
 	}
 	return nil
 }
@@ -163,7 +171,9 @@ func (d *Device) PagedAttnWorkspace(n, maxKeys int, a AttnArgs) (int64, error) {
 // most keys any row attends (min(pos+1, Window) at most), a hint for
 // splitting long rows across thread blocks; work (may be nil) is the
 // workspace of PagedAttnWorkspace bytes: a smaller one means fewer splits.
-// Head dims must be multiples of 8 up to 256. Block ids and positions are
+// Head dims must be multiples of 8 up to PagedMaxHeadDim / PagedMaxVHeadDim
+// (past 256 a CUDA-core kernel for MLA's absorbed shapes runs, whatever
+// SetPagedVariant chose). Block ids and positions are
 // trusted (the caller builds them).
 func (d *Device) PagedAttnBF16(s *Stream, out, outBF16, q, poolK, poolV, rows, pos, table, blocks, sinks, work *Buffer,
 	n, maxKeys int, a AttnArgs) error {

@@ -61,6 +61,16 @@ var pagedCases = []pagedCase{
 		seqs: []pagedSeq{{2000, 1}, {250, 1}, {301, 1}}},
 	{name: "d128_g4_ctx4100_nowork", h: 8, kv: 2, d: 128, dv: 128, bs: 16, work: "none", seqs: []pagedSeq{{4100, 1}}},
 	{name: "d40_dv24_g6_nowork", h: 12, kv: 2, d: 40, dv: 24, bs: 16, work: "none", seqs: []pagedSeq{{700, 1}, {70, 2}}},
+	// Past 256: paged_attn_big (MLA's absorbed form: one KV head of the
+	// 512-wide latent and a 64-wide rope key, values the latent).
+	{name: "mla_d576_dv512_g16", h: 16, kv: 1, d: 576, dv: 512, bs: 16, seqs: []pagedSeq{{1000, 1}, {17, 2}, {1, 1}}},
+	{name: "mla_d576_dv512_g128_ctx4096", h: 128, kv: 1, d: 576, dv: 512, bs: 64, seqs: []pagedSeq{{4096, 1}}},
+	{name: "mla_d576_dv512_g20_rows_nowork", h: 20, kv: 1, d: 576, dv: 512, bs: 7, work: "none",
+		seqs: []pagedSeq{{70, 70}, {33, 1}}},
+	{name: "mla_d576_dv512_hugehint", h: 16, kv: 1, d: 576, dv: 512, bs: 16, work: "huge", seqs: []pagedSeq{{100, 1}, {1, 1}}},
+	{name: "big_d320_dv264_g4_window_sinks", h: 8, kv: 2, d: 320, dv: 264, bs: 7, window: 100, sinks: true,
+		seqs: []pagedSeq{{300, 2}, {50, 1}}},
+	{name: "big_d768_dv512_g3_sinks", h: 3, kv: 1, d: 768, dv: 512, bs: 16, sinks: true, seqs: []pagedSeq{{129, 1}}},
 }
 
 // pagedKernels are the kernels TestPagedAttnBF16 runs every case on: the

@@ -48,7 +48,9 @@ MK_API int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_head
  * table at blocks + table[b]. q [*, heads*head_dim] and out
  * [*, heads*v_head_dim] float32; GQA (heads % kv_heads == 0); sinks [heads]
  * float32 (0 for none) join the softmax denominator; head_dim and v_head_dim
- * multiples of 8 in [8, 256]; pools 16-byte aligned. Float32 arithmetic.
+ * multiples of 8 in [8, 768] and [8, 512] (past 256: the big-dims kernel of
+ * MLA's absorbed shapes, whatever the variant); pools 16-byte aligned.
+ * Float32 arithmetic.
  * max_keys: the most keys any row attends (a hint for splitting rows across
  * CTAs: a wrong value costs speed, not correctness; 0: never split). work:
  * workspace of work_size bytes (mk_paged_attn_workspace; a smaller one, or 0,
