@@ -8,6 +8,7 @@ import (
 
 	"github.com/mkserve/mkserve/internal/fastmath"
 	"github.com/mkserve/mkserve/internal/par"
+	"github.com/mkserve/mkserve/linalg"
 )
 
 // Params describes one attention computation.
@@ -50,7 +51,9 @@ func (p *Params) Validate() error {
 //
 // Per (query row, head): scores s_j = Scale·(q·k_j) over the visible keys,
 // p = softmax([s..., sink]) with the max subtracted, the sink column dropped,
-// out = Σ p_j v_j; everything is float32. Work is spread over all cores by
+// out = Σ p_j v_j; everything is float32, the scores through linalg.DotRow
+// and the values through linalg.AccumRows (AVX2 where the CPU has it). Work
+// is spread over all cores by
 // (query row, kv head, slice of its query heads). A row's result does not
 // depend on how the sequence is split into calls: decoding token by token
 // gives bit-for-bit the rows of one prefill call.
@@ -126,12 +129,12 @@ func attendRow(out, q, k, v []float32, t, past, kh, h0, h1 int, p *Params, score
 	m := i + 1 - lo // visible keys
 	nh := h1 - h0
 	sc := scores[:nh*m]
-	// Scores, one key row at a time for all heads of the slice.
-	for j := lo; j <= i; j++ {
-		kr := k[(j*KV+kh)*D:][:D]
-		for hh := range nh {
-			qr := q[(t*H+h0+hh)*D:][:D]
-			sc[hh*m+j-lo] = dot(qr, kr) * p.Scale
+	// Scores of each head against the visible keys (rows KV·D apart).
+	for hh := range nh {
+		s := sc[hh*m : (hh+1)*m]
+		linalg.DotRow(s, q[(t*H+h0+hh)*D:][:D], k[(lo*KV+kh)*D:], KV*D, m, D)
+		for j := range s {
+			s[j] *= p.Scale
 		}
 	}
 	// Softmax per head, the sink joining the denominator.
@@ -159,18 +162,15 @@ func attendRow(out, q, k, v []float32, t, past, kh, h0, h1 int, p *Params, score
 		for j := range s {
 			s[j] *= inv
 		}
-		clear(out[(t*H+h0+hh)*Dv:][:Dv])
-	}
-	// Weighted sum of values.
-	for j := lo; j <= i; j++ {
-		vr := v[(j*KV+kh)*Dv:][:Dv]
-		for hh := range nh {
-			axpy(out[(t*H+h0+hh)*Dv:][:Dv], sc[hh*m+j-lo], vr)
-		}
+		// Weighted sum of the values (rows KV·Dv apart), in key order.
+		o := out[(t*H+h0+hh)*Dv:][:Dv]
+		clear(o)
+		linalg.AccumRows(o, s, v[(lo*KV+kh)*Dv:], KV*Dv, m, Dv)
 	}
 }
 
-// dot is Σ a[i]·b[i] with four float32 accumulators.
+// dot is Σ a[i]·b[i] with four float32 accumulators (the ring emulation's
+// scores, ring.go).
 func dot(a, b []float32) float32 {
 	b = b[:len(a)]
 	var s0, s1, s2, s3 float32
@@ -186,22 +186,6 @@ func dot(a, b []float32) float32 {
 		s0 += a[i] * b[i]
 	}
 	return (s0 + s1) + (s2 + s3)
-}
-
-// axpy is y += a·x.
-func axpy(y []float32, a float32, x []float32) {
-	x = x[:len(y)]
-	i := 0
-	for ; i+4 <= len(y); i += 4 {
-		y4, x4 := y[i:i+4:i+4], x[i:i+4:i+4]
-		y4[0] += a * x4[0]
-		y4[1] += a * x4[1]
-		y4[2] += a * x4[2]
-		y4[3] += a * x4[3]
-	}
-	for ; i < len(y); i++ {
-		y[i] += a * x[i]
-	}
 }
 
 // exp32 is e^x rounded to float32.

@@ -52,6 +52,9 @@ func main() {
 		genPanel(&w, nr)
 	}
 	genWiden(&w)
+	for _, nv := range []int{1, 2, 4, 8} {
+		genAccum(&w, nv)
+	}
 	os.Stdout.WriteString(w.String())
 }
 
@@ -342,6 +345,40 @@ func genWiden(w *strings.Builder) {
 	p("ADDQ $64, DX")
 	p("CMPQ DX, CX")
 	p("JLT loopwidenbf16")
+	p("VZEROUPPER")
+	p("RET")
+}
+
+// genAccum emits accum{8·nv}(y *float32, p *float32, x *float32, ldx int, m
+// int): y[c] += Σ_{j<m} p[j]·x[j·ldx+c] for c < 8·nv, m ≥ 1: nv 8-lane
+// accumulators (Y0..) stay in registers over the m rows of x, each column
+// summed in row order with one FMA a row (AccumRows).
+func genAccum(w *strings.Builder, nv int) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
+	name := fmt.Sprintf("accum%d", 8*nv)
+	fmt.Fprintf(w, "\n// func %s(y *float32, p *float32, x *float32, ldx int, m int)\n", name)
+	fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-40\n", name)
+	p("MOVQ y+0(FP), DI")
+	p("MOVQ p+8(FP), SI")
+	p("MOVQ x+16(FP), DX")
+	p("MOVQ ldx+24(FP), BX")
+	p("SHLQ $2, BX") // bytes between rows of x
+	p("MOVQ m+32(FP), CX")
+	for v := 0; v < nv; v++ {
+		p("VMOVUPS %d(DI), Y%d", 32*v, v)
+	}
+	fmt.Fprintf(w, "loop%s:\n", name)
+	p("VBROADCASTSS (SI), Y15")
+	for v := 0; v < nv; v++ {
+		p("VFMADD231PS %d(DX), Y15, Y%d", 32*v, v)
+	}
+	p("ADDQ $4, SI")
+	p("ADDQ BX, DX")
+	p("DECQ CX")
+	p("JNZ loop%s", name)
+	for v := 0; v < nv; v++ {
+		p("VMOVUPS Y%d, %d(DI)", v, 32*v)
+	}
 	p("VZEROUPPER")
 	p("RET")
 }

@@ -118,6 +118,26 @@ func dot1x4bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc in
 //go:noescape
 func widenbf16(dst *float32, src *uint16, n int)
 
+// accumN adds Σ_{j<m} p[j]·x[j·ldx : j·ldx+N] to y[0:N] (AccumRows), m ≥ 1.
+//
+//go:noescape
+func accum8(y *float32, p *float32, x *float32, ldx int, m int)
+
+//go:noescape
+func accum16(y *float32, p *float32, x *float32, ldx int, m int)
+
+//go:noescape
+func accum32(y *float32, p *float32, x *float32, ldx int, m int)
+
+//go:noescape
+func accum64(y *float32, p *float32, x *float32, ldx int, m int)
+
+// avx2Accum are the accumN kernels, widest first, with their widths.
+var avx2Accum = []struct {
+	n int
+	f func(y *float32, p *float32, x *float32, ldx int, m int)
+}{{64, accum64}, {32, accum32}, {16, accum16}, {8, accum8}}
+
 // avx2DotBF is avx2Kernels' dot set for bf16 b.
 var avx2DotBF = &dotSet[uint16]{
 	mr: 4, nr: 3,

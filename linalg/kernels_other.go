@@ -7,6 +7,10 @@ var (
 	hasAVX2     = false
 	avx2Kernels *tileKernels
 	avx2DotBF   *dotSet[uint16]
+	avx2Accum   []struct {
+		n int
+		f func(y *float32, p *float32, x *float32, ldx int, m int)
+	}
 )
 
 // widenbf16 is never called here (avx2DotBF is nil).
