@@ -172,6 +172,10 @@ type KVAllocator interface {
 // ordinary attention: cheaper for long prefills). A model without it caches
 // decompressed keys and values through Attention.
 type LatentAttender interface {
+	// LatentMLA reports whether MLA layers loaded now should cache the
+	// latent (LatentMLAEnv can say no; a backend may also want it asked
+	// for while its path is new).
+	LatentMLA() bool
 	// LatentAttention appends [c ‖ kPe] to layer p.Layer's KV cache for every
 	// sequence of the batch and attends causally: qNope [T, H*Nope], qPe
 	// [T, H*Rope] and kPe [T, Rope] rotated, c [T, Lora] normalised → [T,
@@ -179,6 +183,12 @@ type LatentAttender interface {
 	// (NumKVHeads 1, HeadDim Lora+Rope, VHeadDim Lora: MLAParams).
 	LatentAttention(qNope, qPe, c, kPe Tensor, b *Batch, p *AttnParams, w *MLAWeights) Tensor
 }
+
+// LatentMLAEnv names the environment variable that chooses the MLA cache
+// of a backend.LatentAttender: 0 keeps the decompressed keys and values
+// (comparisons), 1 asks for the latent where a backend does not use it by
+// default (the CUDA backend, until its path has run on a GPU).
+const LatentMLAEnv = "MKSERVE_MLA_LATENT"
 
 // MLAWeights are one MLA layer's kv_b_proj split for LatentAttention; per
 // head h, kv_b_proj's rows h*(Nope+V).. are W_UK_h [Nope, Lora] then W_UV_h

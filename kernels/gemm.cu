@@ -221,6 +221,36 @@ int32_t mk_gemm_f32(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int64_t
   return run_gemm("mk_gemm_f32", stream, a, b, c, MK_DTYPE_F32, MK_DTYPE_F32, m, n, k, accumulate);
 }
 
+int32_t mk_gemm_heads(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int32_t ab_dtype, int64_t m, int64_t n,
+                      int64_t k, int64_t heads, int32_t accumulate) {
+  const char* fn = "mk_gemm_heads";
+  MK_THREAD(fn);
+  MK_ARG(m > 0 && n > 0 && k > 0 && heads > 0, "%s: bad shape M=%lld N=%lld K=%lld heads=%lld", fn, (long long)m,
+         (long long)n, (long long)k, (long long)heads);
+  MK_ARG(m <= INT32_MAX && heads * n <= INT32_MAX && heads * k <= INT32_MAX && heads <= INT32_MAX,
+         "%s: shape M=%lld N=%lld K=%lld heads=%lld exceeds int32", fn, (long long)m, (long long)n, (long long)k,
+         (long long)heads);
+  MK_ARG(ab_dtype == MK_DTYPE_BF16 || ab_dtype == MK_DTYPE_F32, "%s: bad operand dtype %d", fn, ab_dtype);
+  MK_ARG(accumulate == 0 || accumulate == 1, "%s: accumulate=%d, want 0 or 1", fn, accumulate);
+  MK_ARG(a != 0 && b != 0 && c != 0, "%s: NULL operand", fn);
+  Gemm& g = gemm();
+  std::lock_guard<std::mutex> lock(g.mu);
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const cudaDataType_t abt = ab_dtype == MK_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
+  MK_BLAS(cublasSetStream(g.blas, mk::as_stream(stream)));
+  // Row-major C_h = A_h·B_hᵀ is column-major C_hᵀ [n, m] = B_h (column-major
+  // [k, n], transposed) · A_hᵀ (column-major [k, m]); head h's A starts k
+  // values further along the rows (row stride heads·k), its B n·k values
+  // further, its C n values further along the rows (row stride heads·n).
+  MK_BLAS(cublasGemmStridedBatchedEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha,
+                                     mk::dev<void>(b), abt, (int)k, (long long)n * k, mk::dev<void>(a), abt,
+                                     (int)(heads * k), (long long)k, &beta, mk::dev<void>(c), CUDA_R_32F,
+                                     (int)(heads * n), (long long)n, (int)heads, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
+  g.fallback_calls++;
+  return MK_OK;
+}
+
 int32_t mk_gemm_stats(uint64_t* lt_calls, uint64_t* fallback_calls) {
   MK_ARG(lt_calls != nullptr && fallback_calls != nullptr, "mk_gemm_stats: NULL argument");
   Gemm& g = gemm();

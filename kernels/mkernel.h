@@ -51,8 +51,9 @@ extern "C" {
  *    mk_gemm_skinny_bf16.
  * 12: mk_ring_attn_gather_bf16.
  * 13: mk_moe_gemv(2) (routing and the GEMV experts in one launch),
- *    mk_moe_decode_check; mk_moe_workspace's layout has the barrier word. */
-#define MK_ABI_VERSION 13
+ *    mk_moe_decode_check; mk_moe_workspace's layout has the barrier word.
+ * 14: mk_gemm_heads; mk_paged_attn_bf16 takes head dims up to 768 / 512. */
+#define MK_ABI_VERSION 14
 
 /* Status codes. */
 enum {
@@ -206,6 +207,14 @@ MK_API int32_t mk_gemv_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t b,
 MK_API int32_t mk_gemv_bf16_multi(uint64_t stream, uint64_t a, int64_t m, int64_t k, uint64_t c0, uint64_t b0,
                                   uint64_t bias0, int64_t n0, uint64_t c1, uint64_t b1, uint64_t bias1,
                                   int64_t n1, uint64_t c2, uint64_t b2, uint64_t bias2, int64_t n2);
+/* A Linear per head (ABI 14; MLA's absorbed projections): for h < heads,
+ * C_h [M,N] f32 (+)= A_h [M,K] · B_h [N,K]ᵀ, where A_h is columns
+ * h*K..h*K+K-1 of A [M, heads*K], B_h rows h*N..h*N+N-1 of B [heads*N, K],
+ * C_h columns h*N.. of C [M, heads*N]. ab_dtype MK_DTYPE_BF16 (fp32
+ * accumulation) or MK_DTYPE_F32 (full FP32); accumulate = 1 adds to C.
+ * cublasGemmStridedBatchedEx (counted with the fallback calls). */
+MK_API int32_t mk_gemm_heads(uint64_t stream, uint64_t a, uint64_t b, uint64_t c, int32_t ab_dtype, int64_t m,
+                             int64_t n, int64_t k, int64_t heads, int32_t accumulate);
 /* How many GEMMs ran through cuBLASLt and through the cublasGemmEx fallback. */
 MK_API int32_t mk_gemm_stats(uint64_t* lt_calls, uint64_t* fallback_calls);
 

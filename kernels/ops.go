@@ -71,6 +71,44 @@ func (d *Device) GemmF32(s *Stream, c, a, b *Buffer, m, n, k int) error {
 	return d.gemm("GemmF32", s, c, F32, F32, a, b, m, n, k, false)
 }
 
+var gemmHeads func(stream, a, b, c uint64, abDtype int32, m, n, k, heads int64, accumulate int32) int32
+
+func init() { registerSymbols(symbol{"mk_gemm_heads", &gemmHeads}) }
+
+// GemmHeads is a Linear per head: for h < heads, c's columns h*n..h*n+n-1
+// [m, n] (+)= a's columns h*k..h*k+k-1 [m, k] · (b's rows h*n..h*n+n-1
+// [n, k])ᵀ, with a [m, heads*k] and b [heads*n, k] both of type abt (BF16
+// with float32 accumulation, or F32 in full FP32) and c [m, heads*n]
+// float32; acc adds to c. MLA's absorbed projections (q_nope·W_UK and the
+// latent outputs through W_UV, per head).
+func (d *Device) GemmHeads(s *Stream, c *Buffer, abt DType, a, b *Buffer, m, n, k, heads int, acc bool) error {
+	const op = "GemmHeads"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	if err := dims(op, "M", m, "N", n, "K", k, "heads", heads); err != nil {
+		return err
+	}
+	if abt != BF16 && abt != F32 {
+		return fmt.Errorf("kernels: %s: operand type %d is neither BF16 nor F32", op, abt)
+	}
+	M, N, K, H := int64(m), int64(n), int64(k), int64(heads)
+	if err := need(op, "A", a, M*H*K, abt.size()); err != nil {
+		return err
+	}
+	if err := need(op, "B", b, H*N*K, abt.size()); err != nil {
+		return err
+	}
+	if err := need(op, "C", c, M*H*N, 4); err != nil {
+		return err
+	}
+	accumulate := int32(0)
+	if acc {
+		accumulate = 1
+	}
+	return d.lib.check("mk_gemm_heads", gemmHeads(s.handle(), a.ptr, b.ptr, c.ptr, int32(abt), M, N, K, H, accumulate))
+}
+
 // GemvMaxRows is the most rows of A that GemvBF16 (and MoERouterF32) take.
 const GemvMaxRows = 8
 

@@ -535,3 +535,74 @@ func TestConvert(t *testing.T) {
 		})
 	}
 }
+
+// TestGemmHeads: a Linear per head against float64, bf16 and float32
+// operands, overwriting and accumulating, shapes of MLA's absorbed
+// projections (q_nope·W_UK: K 128 → N 512; latent outputs through W_UV:
+// K 512 → N 128) and odd ones.
+func TestGemmHeads(t *testing.T) {
+	g := testGPU(t)
+	for _, c := range []struct {
+		m, n, k, heads int
+		abt            DType
+		acc            bool
+	}{
+		{1, 512, 128, 128, BF16, false},
+		{3, 128, 512, 16, BF16, false},
+		{37, 24, 40, 4, BF16, true},
+		{5, 17, 9, 3, F32, false},
+		{64, 32, 16, 8, F32, true},
+	} {
+		t.Run(fmt.Sprintf("M%d_N%d_K%d_H%d_%v_acc%v", c.m, c.n, c.k, c.heads, c.abt, c.acc), func(t *testing.T) {
+			r := newRNG(t)
+			aBits, a := randBF16(r, c.m*c.heads*c.k, 1)
+			bBits, b := randBF16(r, c.heads*c.n*c.k, 1)
+			c0 := randF32(r, c.m*c.heads*c.n, 1)
+			want := make([]float64, len(c0))
+			for i := range c.m {
+				for h := range c.heads {
+					for j := range c.n {
+						var s float64
+						if c.acc {
+							s = float64(c0[(i*c.heads+h)*c.n+j])
+						}
+						for p := range c.k {
+							s += float64(a[(i*c.heads+h)*c.k+p]) * float64(b[(h*c.n+j)*c.k+p])
+						}
+						want[(i*c.heads+h)*c.n+j] = s
+					}
+				}
+			}
+			var got []float32
+			onGPU(t, g, func(ar *arena) {
+				var abuf, bbuf *Buffer
+				if c.abt == F32 {
+					abuf, bbuf = put(ar, a), put(ar, b)
+				} else {
+					abuf, bbuf = put(ar, aBits), put(ar, bBits)
+				}
+				init := c0
+				if !c.acc {
+					init = fill32(len(c0), float32(math.NaN()))
+				}
+				cbuf := put(ar, init)
+				if ar.err != nil {
+					return
+				}
+				ar.check(ar.d.GemmHeads(nil, cbuf, c.abt, abuf, bbuf, c.m, c.n, c.k, c.heads, c.acc))
+				got = get[float32](ar, cbuf, len(c0))
+			})
+			tol := 1e-4
+			if c.abt == BF16 {
+				tol = 1e-3 // float32 accumulation of exact bf16 products
+			}
+			checkClose(t, "C", got, want, tol)
+		})
+	}
+	onGPU(t, g, func(ar *arena) {
+		b := put(ar, make([]float32, 8))
+		if err := ar.d.GemmHeads(nil, b, F32, b, b, 1, 2, 2, 3, false); err == nil {
+			t.Error("GemmHeads with too small buffers: no error")
+		}
+	})
+}

@@ -3,7 +3,6 @@ package models
 import (
 	"fmt"
 	"math"
-	"os"
 
 	"github.com/mkserve/mkserve/attention"
 	"github.com/mkserve/mkserve/backend"
@@ -16,11 +15,6 @@ import (
 // routed_scaling_factor and shared experts; the first first_k_dense_replace
 // layers are dense.
 func init() { Register(buildDeepSeekV3, "DeepseekV3ForCausalLM") }
-
-// LatentMLAEnv names the environment variable that, set to 0, keeps MLA
-// layers on the decompressed KV cache even on a backend.LatentAttender
-// (comparisons; docs/PERF.md).
-const LatentMLAEnv = "MKSERVE_MLA_LATENT"
 
 // loraNormEps is the epsilon of q_a_layernorm and kv_a_layernorm, which
 // transformers builds with its RMSNorm default rather than rms_norm_eps.
@@ -97,7 +91,7 @@ func loadMLA(cfg *Config, w *Weights, be backend.Backend, i int) (*mlaAttention,
 	}
 	a.p = backend.AttnParams{Layer: i, NumHeads: H, NumKVHeads: H, HeadDim: qk, VHeadDim: a.vDim, Scale: float32(scale)}
 	la, latent := be.(backend.LatentAttender)
-	latent = latent && os.Getenv(LatentMLAEnv) != "0"
+	latent = latent && la.LatentMLA()
 	var err error
 	get := func(dst *backend.Tensor, name string, shape ...int) {
 		if err == nil {

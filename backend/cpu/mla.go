@@ -1,11 +1,17 @@
 package cpu
 
 import (
+	"os"
+
 	"github.com/mkserve/mkserve/attention"
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/internal/par"
 	"github.com/mkserve/mkserve/linalg"
 )
+
+// LatentMLA implements backend.LatentAttender: the latent cache unless
+// backend.LatentMLAEnv is 0.
+func (be *Backend) LatentMLA() bool { return os.Getenv(backend.LatentMLAEnv) != "0" }
 
 // LatentAttention implements backend.LatentAttender. Each token's [c ‖ kPe]
 // goes to the layer's KV cache as its key (Lora+Rope values) and c as its

@@ -72,6 +72,27 @@ func TestGolden(t *testing.T) {
 	}
 }
 
+// TestGoldenLatentMLA is TestGolden's deepseek_v3 with the latent MLA cache
+// (backend.LatentMLAEnv=1: LatentAttention, GemmHeads and the paged kernels
+// over [latent ‖ rope key]), in every precision profile.
+func TestGoldenLatentMLA(t *testing.T) {
+	be := gpuBackend(t)
+	t.Setenv(backend.LatentMLAEnv, "1")
+	l := loadModel(t, "deepseek_v3", be)
+	c := l.Config
+	for i, w := range l.Model.KVWidths() {
+		if w.K != c.KVLoraRank+c.QKRopeHeadDim || w.V != c.KVLoraRank {
+			t.Fatalf("layer %d caches %d/%d values a token: not the latent cache", i, w.K, w.V)
+		}
+	}
+	for _, mode := range []struct {
+		name        string
+		split, kv32 bool
+	}{{"split", true, true}, {"fast", false, false}, {"fast-f32kv", false, true}} {
+		t.Run(mode.name, func(t *testing.T) { goldenFamily(t, "deepseek_v3", mode.name, mode.split, mode.kv32) })
+	}
+}
+
 // bf16Golden are the golden families whose experts load as bf16 (the
 // others are F32 checkpoints).
 var bf16Golden = map[string]bool{"mixtral": true, "qwen3_moe": true, "deepseek_v3": true, "gpt_oss": true}

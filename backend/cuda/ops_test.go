@@ -100,6 +100,7 @@ func moeLayerOf(t testing.TB, be backend.Backend, g *gen, wt func(float32, ...in
 }
 
 var opCases = []opCase{
+	{"latent_attention_big", latentSteps},
 	{"embed_bf16", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
 		return []backend.Tensor{be.Embed(W(t, be, g.bf16(1, 37, 24)), []int32{3, 36, 0, 3, 17})}
 	}},
@@ -329,4 +330,53 @@ func TestNewEPUnsupported(t *testing.T) {
 	if _, err := New(Options{EPRanks: 2}); err == nil {
 		t.Fatal("New with EPRanks 2 gave no error")
 	}
+}
+
+// latentSteps runs MLA's LatentAttention (backend.LatentAttender) with head
+// dims past 256 (latent 256 ‖ rope 32: the CUDA backend's paged_attn_big)
+// through a prefill step (a 40-token prompt, which the CPU backend attends
+// decompressed, and a 3-token one), then a decode step, on paged and unpaged
+// sequences. The latent and rope keys are bf16-exact (the CUDA cache
+// stores them in bf16), and so are the weights.
+func latentSteps(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+	la, ok := be.(backend.LatentAttender)
+	if !ok {
+		t.Fatalf("%T is not a backend.LatentAttender", be)
+	}
+	const H, L, R, N, V = 4, 256, 32, 16, 24
+	if err := be.InitKV(16, 12); err != nil {
+		t.Fatal(err)
+	}
+	kvb := g.vals(H*(N+V)*L, 0.2, true) // kv_b_proj [H*(N+V), L]
+	ukt, uk, uv := make([]float32, H*L*N), make([]float32, 0, H*N*L), make([]float32, 0, H*V*L)
+	for h := range H {
+		for a := range N {
+			for x := range L {
+				ukt[(h*L+x)*N+a] = kvb[(h*(N+V)+a)*L+x]
+			}
+		}
+		uk = append(uk, kvb[h*(N+V)*L:(h*(N+V)+N)*L]...)
+		uv = append(uv, kvb[(h*(N+V)+N)*L:(h+1)*(N+V)*L]...)
+	}
+	bf := func(v []float32, rows, cols int) backend.Tensor {
+		return W(t, be, tensor.ToBF16(tensor.FromFloat32("w", []int{rows, cols}, v)))
+	}
+	w := &backend.MLAWeights{Lora: L, Nope: N, Rope: R, V: V, UKT: bf(ukt, H*L, N), UK: bf(uk, H*N, L), UV: bf(uv, H*V, L)}
+	p := backend.MLAParams(5, H, w, 0.2)
+	const U = 1<<40 + 7 // unpaged id
+	A := []int32{9, 2, 11}
+	steps := [][]backend.SeqSpan{
+		{{ID: 1, Len: 40, Blocks: A}, {ID: U, Len: 3}},
+		{{ID: U, Len: 1, Past: 3}, {ID: 1, Len: 1, Past: 40, Blocks: A}},
+	}
+	var out []backend.Tensor
+	for _, s := range steps {
+		b := attnBatch(s)
+		T := len(b.Tokens)
+		qn, qp := W(t, be, g.f32(1, T, H*N)), W(t, be, g.f32(1, T, H*R))
+		c, kp := W(t, be, g.kv(1, T, L)), W(t, be, g.kv(1, T, R))
+		out = append(out, la.LatentAttention(qn, qp, c, kp, b, &p, w))
+	}
+	be.FreeSequence(U)
+	return out
 }
