@@ -169,24 +169,5 @@ func attendRow(out, q, k, v []float32, t, past, kh, h0, h1 int, p *Params, score
 	}
 }
 
-// dot is Σ a[i]·b[i] with four float32 accumulators (the ring emulation's
-// scores, ring.go).
-func dot(a, b []float32) float32 {
-	b = b[:len(a)]
-	var s0, s1, s2, s3 float32
-	i := 0
-	for ; i+4 <= len(a); i += 4 {
-		a4, b4 := a[i:i+4:i+4], b[i:i+4:i+4]
-		s0 += a4[0] * b4[0]
-		s1 += a4[1] * b4[1]
-		s2 += a4[2] * b4[2]
-		s3 += a4[3] * b4[3]
-	}
-	for ; i < len(a); i++ {
-		s0 += a[i] * b[i]
-	}
-	return (s0 + s1) + (s2 + s3)
-}
-
 // exp32 is e^x rounded to float32.
 func exp32(x float32) float32 { return fastmath.Exp32(x) }

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/mkserve/mkserve/internal/par"
+	"github.com/mkserve/mkserve/linalg"
 )
 
 // Ring attention (context parallelism): R ranks each hold a slice of a long
@@ -94,7 +95,7 @@ func Partial(out, lse, q []float32, qpos []int32, k, v []float32, kpos []int32, 
 					if causal && (kp > i || (p.Window > 0 && kp <= i-p.Window)) {
 						continue
 					}
-					s[j] = float64(dot(qr, k[(j*KV+kh)*D:][:D]) * p.Scale)
+					s[j] = float64(linalg.Dot(qr, k[(j*KV+kh)*D:][:D]) * p.Scale)
 					mx = max(mx, s[j])
 				}
 				o := out[(t*H+h)*Dv:][:Dv]

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/mkserve/mkserve/linalg"
 )
 
 func boolp(b bool) *bool { return &b }
@@ -361,7 +363,7 @@ func TestInterleavedMatchesPermutedNeoX(t *testing.T) {
 			}
 		}
 		// ...so the scores agree.
-		if a, b := dot(q1, k1), dot(q2, k2); math.Abs(float64(a-b)) > 1e-4*(1+math.Abs(float64(a))) {
+		if a, b := linalg.Dot(q1, k1), linalg.Dot(q2, k2); math.Abs(float64(a-b)) > 1e-4*(1+math.Abs(float64(a))) {
 			t.Fatalf("q·k interleaved %v, permuted NeoX %v", a, b)
 		}
 	}

@@ -42,19 +42,7 @@ func DotRow(dst, a, b []float32, ldb, N, K int) {
 	}
 	ar := a[K8:K]
 	for j := range N {
-		br := b[j*ldb+K8 : j*ldb+K]
-		var s0, s1, s2, s3 float32
-		k := 0
-		for ; k+4 <= len(ar); k += 4 {
-			s0 += ar[k] * br[k]
-			s1 += ar[k+1] * br[k+1]
-			s2 += ar[k+2] * br[k+2]
-			s3 += ar[k+3] * br[k+3]
-		}
-		for ; k < len(ar); k++ {
-			s0 += ar[k] * br[k]
-		}
-		dst[j] += (s0 + s1) + (s2 + s3)
+		dst[j] += Dot(ar, b[j*ldb+K8:j*ldb+K])
 	}
 }
 
