@@ -149,10 +149,9 @@ func attendRow(out, q, k, v []float32, t, past, kh, h0, h1 int, p *Params, score
 			sink = p.Sinks[h0+hh]
 			mx = max(mx, sink)
 		}
+		fastmath.ExpSub(s, s, mx) // exp32(x - mx), four at a time
 		var sum float32
-		for j, x := range s {
-			e := exp32(x - mx)
-			s[j] = e
+		for _, e := range s {
 			sum += e
 		}
 		if p.Sinks != nil {

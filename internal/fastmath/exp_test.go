@@ -73,3 +73,50 @@ func BenchmarkExp32(b *testing.B) {
 		sink = s
 	})
 }
+
+// TestExpSub: ExpSub gives Exp32(src[i]-sub) bit for bit, over a dense sweep
+// of the finite range, random values, the range limits, ±Inf and NaN, for
+// lengths on and off multiples of 4, in place and not.
+func TestExpSub(t *testing.T) {
+	var xs []float32
+	for x := float32(-100); x <= 100; x += 0.0137 {
+		xs = append(xs, x)
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 50000 {
+		xs = append(xs, float32(r.NormFloat64()*30))
+	}
+	lim := []float32{88.72283, -87.33654}
+	for _, l := range lim {
+		xs = append(xs, l, math.Nextafter32(l, 0), math.Nextafter32(l, 1000), math.Nextafter32(l, -1000))
+	}
+	xs = append(xs, 0, float32(math.Copysign(0, -1)), float32(math.Inf(1)), float32(math.Inf(-1)),
+		float32(math.NaN()), 1e-30, -1e-30)
+	for _, sub := range []float32{0, 3.5, -12.25, float32(math.Inf(-1))} {
+		for _, n := range []int{len(xs), 1, 3, 5, 7} {
+			src := xs[:n]
+			dst := make([]float32, n)
+			ExpSub(dst, src, sub)
+			in := append([]float32(nil), src...)
+			ExpSub(in, in, sub)
+			for i, x := range src {
+				want := Exp32(x - sub)
+				if math.Float32bits(dst[i]) != math.Float32bits(want) || math.Float32bits(in[i]) != math.Float32bits(want) {
+					t.Fatalf("ExpSub(%v - %v) = %v (in place %v), Exp32 %v", x, sub, dst[i], in[i], want)
+				}
+			}
+		}
+	}
+}
+
+func BenchmarkExpSub(b *testing.B) {
+	src := make([]float32, 512)
+	for i := range src {
+		src[i] = float32(i%97) * -0.25
+	}
+	dst := make([]float32, len(src))
+	b.SetBytes(int64(4 * len(src)))
+	for b.Loop() {
+		ExpSub(dst, src, 1.5)
+	}
+}
