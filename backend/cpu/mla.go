@@ -65,7 +65,9 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 	hist := be.appendKV(op, b, p.Layer, keys, ct.data, L+R, L)
 
 	out := newTensor(T, H*V)
-	for i, s := range b.Seqs {
+	// Spans side by side, as Attention runs them (each also spreads its own work).
+	par.Each(len(b.Seqs), func(i int) {
+		s := b.Seqs[i]
 		o := out.data[s.Offset*H*V : (s.Offset+s.Len)*H*V]  // [Len, H*V]
 		qnS := qn.data[s.Offset*H*N : (s.Offset+s.Len)*H*N] // [Len, H*N]
 		qpS := qp.data[s.Offset*H*R : (s.Offset+s.Len)*H*R] // [Len, H*R]
@@ -78,7 +80,7 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 			qf := interleaveHeads(qnS, qpS, s.Len, H, N, R, H*R, false)
 			attention.Causal(o, qf, kf, vv, s.Len, s.Past, &attention.Params{NumHeads: H, NumKVHeads: H,
 				HeadDim: N + R, VHeadDim: V, Scale: p.Scale})
-			continue
+			return
 		}
 		qLat := headLinear(qnS, ukt.weights(), s.Len, H, L, N) // [Len, H*L]
 		qf := interleaveHeads(qLat, qpS, s.Len, H, L, R, H*R, false)
@@ -86,7 +88,7 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 		attention.Causal(oLat, qf, hk, hv, s.Len, s.Past, &attention.Params{NumHeads: H, NumKVHeads: 1,
 			HeadDim: L + R, VHeadDim: L, Scale: p.Scale})
 		copy(o, headLinear(oLat, uv.weights(), s.Len, H, V, L))
-	}
+	})
 	return out
 }
 
@@ -96,9 +98,11 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 // absorbed (queries through W_UK, attention of head dims lora+rope / lora,
 // outputs through W_UV). Per head, with s = the (query, key) pairs the
 // causal mask keeps: decompressed (past+rows)·lora·(nope+v) +
-// s·(nope+rope+v), absorbed rows·lora·(nope+v) + s·(2·lora+rope). For
-// DeepSeek-V3's dims a fresh prompt decompresses from 141 tokens on; decode
-// (one row) stays absorbed.
+// s·(nope+rope+v), absorbed rows·lora·(nope+v) + s·(2·lora+rope). So a
+// fresh prompt always decompresses (the same projection work, cheaper
+// attention), decode stays absorbed, and a chunk after a long history
+// decompresses from about lora·(nope+v) / (2·lora−nope−v) rows on: 171 for
+// DeepSeek-V3's dims.
 func mlaDecompress(rows, past, lora, rope, nope, v int) bool {
 	n := int64(past + rows)
 	s := int64(rows)*int64(past) + int64(rows)*int64(rows+1)/2
@@ -108,10 +112,9 @@ func mlaDecompress(rows, past, lora, rope, nope, v int) bool {
 	return dec < abs
 }
 
-// interleaveHeads builds [rows, heads*(a+b)] whose head h is a's head h (a
-// values) then b's (b values: head h's when perHead, else the row's one
-// block shared by all heads). a is [rows, heads*a]; b's rows start ldb
-// apart.
+// interleaveHeads builds [rows, heads*(an+bn)] whose head h is a's head h
+// (an values) then bn values of b: the row's one block for every head when
+// shared, else b's head h. a is [rows, heads*an]; b's rows start ldb apart.
 func interleaveHeads(a, b []float32, rows, heads, an, bn, ldb int, shared bool) []float32 {
 	w := an + bn
 	out := make([]float32, rows*heads*w)
