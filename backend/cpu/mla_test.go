@@ -68,7 +68,7 @@ func TestLatentAttention(t *testing.T) {
 	const H, L, R, N, V = 4, 32, 8, 16, 24
 	type span = backend.SeqSpan
 	steps := [][]span{
-		{{ID: 1, Len: 60}, {ID: 2, Len: 3}}, // fresh prompts (decompressed)
+		{{ID: 1, Len: 60}, {ID: 2, Len: 3}},                   // fresh prompts (decompressed)
 		{{ID: 1, Len: 1, Past: 60}, {ID: 2, Len: 5, Past: 3}}, // decode and a short chunk (absorbed)
 		{{ID: 1, Len: 1, Past: 61}, {ID: 2, Len: 1, Past: 8}},
 		{{ID: 2, Len: 40, Past: 9}}, // a long chunk after a history
