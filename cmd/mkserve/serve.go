@@ -218,7 +218,9 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	}
 	ec := eng.Config()
 	log.Info("ready", zap.Duration("load_time", time.Since(start)), zap.String("architecture", loaded.Config.Architecture),
-		zap.Int("max_model_len", ec.MaxModelLen), zap.Int("kv_blocks", eng.Stats().BlocksFree), zap.Int("block_size", ec.BlockSize))
+		zap.Int("max_model_len", ec.MaxModelLen), zap.Int("kv_blocks", eng.Stats().BlocksFree), zap.Int("block_size", ec.BlockSize),
+		zap.Int("kv_tokens", eng.Stats().BlocksFree*ec.BlockSize),
+		zap.Int("kv_values_per_token", loaded.Model.KVFloatsPerToken())) // all layers: MLA's latent cache shows here
 	if ready != nil {
 		ready(hl.Addr().String(), grpcAddr)
 	}
