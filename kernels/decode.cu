@@ -77,6 +77,13 @@ struct AttnArgs {
   float scale2;  // scale * log2(e)
 };
 
+// pool_row is the pool row of key j of a sequence with block table tab.
+__device__ __forceinline__ int pool_row(const AttnArgs& a, const int32_t* tab, int j) {
+  if (a.bs_shift >= 0) return tab[j >> a.bs_shift] * a.bs + (j & (a.bs - 1));
+  const int blk = j / a.bs;
+  return tab[blk] * a.bs + (j - blk * a.bs);
+}
+
 // put_out writes one output value (and its bf16 rounding when asked).
 __device__ __forceinline__ void put_out(const AttnArgs& a, int64_t i, float v) {
   a.out[i] = v;
@@ -185,18 +192,7 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
 #pragma unroll
     for (int k = 0; k < kRows; k++) {
       const int r = r0 + k * rstep;
-      if (r < nk) {
-        const int j = j0 + r;
-        int blk, off;
-        if (a.bs_shift >= 0) {
-          blk = j >> a.bs_shift;
-          off = j & (a.bs - 1);
-        } else {
-          blk = j / a.bs;
-          off = j - blk * a.bs;
-        }
-        prow[k] = tab[blk] * a.bs + off;
-      }
+      if (r < nk) prow[k] = pool_row(a, tab, j0 + r);
     }
   };
   auto issue = [&](int t, int st) {
@@ -537,18 +533,7 @@ __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
     for (int k = 0; k < kRows; k++) {
       const int r = r0 + k * rstep;
       pr[k] = 0;
-      if (r < nk) {
-        const int j = j0 + r;
-        int blk, off;
-        if (a.bs_shift >= 0) {
-          blk = j >> a.bs_shift;
-          off = j & (a.bs - 1);
-        } else {
-          blk = j / a.bs;
-          off = j - blk * a.bs;
-        }
-        pr[k] = tab[blk] * a.bs + off;
-      }
+      if (r < nk) pr[k] = pool_row(a, tab, j0 + r);
     }
   };
   auto issue = [&](int t, int st, const int (&pr)[kRows]) {
@@ -852,10 +837,7 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
   const bf16* pv = a.pv + (int64_t)kh * Dv + g * (Dv / 8);
   // prow is the pool row of key j, or -1 past the range.
   auto prow = [&](int j) -> int {
-    if (j >= kend) return -1;
-    if (a.bs_shift >= 0) return tab[j >> a.bs_shift] * a.bs + (j & (a.bs - 1));
-    const int blk = j / a.bs;
-    return tab[blk] * a.bs + (j - blk * a.bs);
+    return j >= kend ? -1 : pool_row(a, tab, j);
   };
   // This lane's keys of chunk c: K rows g, g+8; V rows 2t, 2t+1, 2t+8, 2t+9.
   auto rows_of = [&](int c, int (&rk)[2], int (&rv)[4]) {
@@ -1033,16 +1015,11 @@ __global__ void __launch_bounds__(kNT) paged_attn_big(const AttnArgs a) {
 
   const int tid = threadIdx.x;
   const CtaWork w = cta_work(a, kBigGM);
-  const int split = w.split, b = w.b, kh = w.kh, h0 = w.h0, gc = w.gc, kbeg = w.kbeg, kend = w.kend;
-  const int64_t row = w.row;
-  const int32_t* tab = w.tab;
-  if (kbeg >= kend) {
-    empty_split(a, w, Dv, tid);
-    return;
-  }
+  if (w.kbeg >= w.kend) return empty_split(a, w, Dv, tid);
+  const int kbeg = w.kbeg, kend = w.kend;
   const int64_t ldpk = (int64_t)a.KV * D, ldpv = (int64_t)a.KV * Dv;
-  const bf16* pk = a.pk + (int64_t)kh * D;
-  const bf16* pv = a.pv + (int64_t)kh * Dv;
+  const bf16* pk = a.pk + (int64_t)w.kh * D;
+  const bf16* pv = a.pv + (int64_t)w.kh * Dv;
   const int cprk = D >> 3, cprv = Dv >> 3;  // 16-byte chunks per K / V row
   const int n = kend - kbeg, ntiles = (n + kBigTK - 1) / kBigTK;
 
@@ -1051,19 +1028,7 @@ __global__ void __launch_bounds__(kNT) paged_attn_big(const AttnArgs a) {
   auto rows_of = [&](int t, int st) {
     if (tid < kBigTK) {
       const int j = kbeg + t * kBigTK + tid;
-      int r = -1;
-      if (j < kend) {
-        int blk, off;
-        if (a.bs_shift >= 0) {
-          blk = j >> a.bs_shift;
-          off = j & (a.bs - 1);
-        } else {
-          blk = j / a.bs;
-          off = j - blk * a.bs;
-        }
-        r = tab[blk] * a.bs + off;
-      }
-      prow[st * kBigTK + tid] = r;
+      prow[st * kBigTK + tid] = j < kend ? pool_row(a, w.tab, j) : -1;
     }
   };
   auto issue = [&](int st) {
@@ -1087,7 +1052,7 @@ __global__ void __launch_bounds__(kNT) paged_attn_big(const AttnArgs a) {
   issue(0);
   for (int x = tid; x < kBigGM * D; x += kNT) {
     const int g = x / D, c = x - g * D;
-    qs[x] = g < gc ? a.q[(row * a.H + h0 + g) * D + c] * a.scale2 : 0.0f;
+    qs[x] = g < w.gc ? a.q[(w.row * a.H + w.h0 + g) * D + c] * a.scale2 : 0.0f;
   }
 
   const int h = tid >> 3, kk = tid & 7;  // the scores' head and key lane
@@ -1187,26 +1152,26 @@ __global__ void __launch_bounds__(kNT) paged_attn_big(const AttnArgs a) {
   if (c0 >= Dv) return;
 #pragma unroll
   for (int g = 0; g < kBigGM; g++) {
-    if (g >= gc) continue;
+    if (g >= w.gc) continue;
     const float M = mfin[g];
     float L = lfin[g];
     if (a.splits == 1) {
       float f = 1.0f;
       if (a.sinks) {
-        const float sk = a.sinks[h0 + g] * kLog2e;
+        const float sk = a.sinks[w.h0 + g] * kLog2e;
         const float mn = fmaxf(M, sk);
         f = exp2f(M - mn);
         L = L * f + exp2f(sk - mn);
       }
       const float inv = f / L;
 #pragma unroll
-      for (int q = 0; q < 4; q++) put_out(a, (row * a.H + h0 + g) * Dv + c0 + q, acc[g][q] * inv);
+      for (int q = 0; q < 4; q++) put_out(a, (w.row * a.H + w.h0 + g) * Dv + c0 + q, acc[g][q] * inv);
     } else {
-      float* o = a.wo + (((int64_t)b * a.H + h0 + g) * a.splits + split) * Dv + c0;
+      float* o = a.wo + (((int64_t)w.b * a.H + w.h0 + g) * a.splits + w.split) * Dv + c0;
 #pragma unroll
       for (int q = 0; q < 4; q++) o[q] = acc[g][q];
       if (c0 == 0) {
-        float* ml = a.wml + (((int64_t)b * a.H + h0 + g) * a.splits + split) * 2;
+        float* ml = a.wml + (((int64_t)w.b * a.H + w.h0 + g) * a.splits + w.split) * 2;
         ml[0] = M;
         ml[1] = L;
       }
