@@ -216,6 +216,12 @@ func (g *attnGroup) add(s backend.SeqSpan, blocks []int32, bs, pad int) {
 // call, a duplicated ID, a block table too short or with ids outside the
 // pool, an invalid batch or bad shapes panic.
 func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backend.AttnParams) backend.Tensor {
+	return be.attention(q, k, v, b, p, false)
+}
+
+// attention is Attention; with writeOnly it only appends k and v to the
+// cache (q is not read and may be nil) and returns nil.
+func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backend.AttnParams, writeOnly bool) *Tensor {
 	if b == nil || p == nil {
 		panicf("Attention", "nil batch or params")
 	}
@@ -234,11 +240,15 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		panicf("Attention", "layer %d heads %d/%d dims %d/%d", p.Layer, H, KV, D, Dv)
 	}
 	T := len(b.Tokens)
-	qt, qr := matrix("Attention", "q", q, H*D)
+	var qt *Tensor
+	qr := T
+	if !writeOnly {
+		qt, qr = matrix("Attention", "q", q, H*D)
+	}
 	kt, kr := matrix("Attention", "k", k, KV*D)
 	vt, vr := matrix("Attention", "v", v, KV*Dv)
 	if qr != T || kr != T || vr != T {
-		panicf("Attention", "q %v, k %v, v %v for a batch of %d tokens", qt.shape, kt.shape, vt.shape, T)
+		panicf("Attention", "q rows %d, k %v, v %v for a batch of %d tokens", qr, kt.shape, vt.shape, T)
 	}
 	sinks := vector("Attention", "Sinks", p.Sinks, H)
 	params := &attention.Params{NumHeads: H, NumKVHeads: KV, HeadDim: D, VHeadDim: Dv, Scale: p.Scale, Window: p.Window}
@@ -333,7 +343,9 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		if err := pagedVariant(d); err != nil {
 			return err
 		}
-		out = be.newF32(d, T, H*Dv)
+		if !writeOnly {
+			out = be.newF32(d, T, H*Dv)
+		}
 		if T == 0 {
 			return nil
 		}
@@ -342,7 +354,11 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		if sinks != nil {
 			sk = be.f32(d, sinks)
 		}
-		qb, kb, vb := be.f32(d, qt), be.f32(d, kt), be.f32(d, vt)
+		kb, vb := be.f32(d, kt), be.f32(d, vt)
+		var qb *kernels.Buffer
+		if !writeOnly {
+			qb = be.f32(d, qt)
+		}
 		var qbf *kernels.Buffer // q in bf16, for the prefill kernel
 		defer func() { be.alloc.put(qbf) }()
 		for gi, g := range []*attnGroup{paged, priv} {
@@ -384,7 +400,7 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 				if err := d.KVWriteF32(nil, pl.k, pl.v, kb, vb, m.slots, T, kw, vw); err != nil {
 					return err
 				}
-				if len(g.rows) == 0 {
+				if len(g.rows) == 0 || writeOnly {
 					continue
 				}
 				if err := d.AttentionF32(nil, out.st.f32, qb, pl.k, pl.v, m.rows, m.pos, m.table, m.blocks, sk,
@@ -395,6 +411,9 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			}
 			if err := d.KVWriteBF16(nil, pl.k, pl.v, kb, vb, m.slots, T, kw, vw); err != nil {
 				return err
+			}
+			if writeOnly {
+				continue
 			}
 			if len(g.worldCP) > 0 && qbf == nil {
 				qbf = be.alloc.get(d, int64(T*H*D)*2)

@@ -13,13 +13,18 @@ import (
 // TestGoldenLatentMLA wait for one); it becomes the default once they pass.
 func (be *Backend) LatentMLA() bool { return os.Getenv(backend.LatentMLAEnv) == "1" }
 
-// LatentAttention implements backend.LatentAttender in the absorbed form for
-// every row: q_nope through each head's W_UK (kernels.GemmHeads), attention
-// with one KV head over [c ‖ kPe] (values c) through Attention — the paged
-// kernels read the latent cache (head dims 576 / 512 for DeepSeek-V3:
-// kernels' paged_attn_big), prefill rows included — and each head's latent
-// output through W_UV. Prefill in the decompressed form (cheaper for long
-// prompts, as the CPU backend does) is not here yet.
+// LatentAttention implements backend.LatentAttender. Every row's [c ‖ kPe]
+// goes to the layer's cache (one KV head: 576 / 512 values for DeepSeek-V3).
+// A batch of fresh prompts (every span at Past 0, one longer than a row,
+// the bf16 cache) then attends decompressed: its own latents through W_UK
+// and W_UV (two GEMMs), ordinary causal flash attention over each span's
+// rows (head dims nope+rope / v). Any other batch attends absorbed: q_nope
+// through each head's W_UK (kernels.GemmHeads), attention with one KV head
+// over the cached [c ‖ kPe] (values c) through Attention — the paged kernels,
+// kernels' paged_attn_big at DeepSeek-V3's dims — and each head's latent
+// output through W_UV. (Decode batches are all one-row spans, so a
+// captured graph always holds the absorbed form.) Chunks after a history
+// attend absorbed, one CTA set per row: correct, slow for long chunks.
 func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend.Batch, p *backend.AttnParams,
 	w *backend.MLAWeights) backend.Tensor {
 	const op = "LatentAttention"
@@ -33,6 +38,15 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 			p.Layer, H, p.NumKVHeads, p.HeadDim, p.VHeadDim, p.Window, L, R, w.Nope, w.V)
 	}
 	sizes := []int{L, R}
+	if be.freshPrefill(b) && !be.kvF32 && flashOn() && flashFits(w.Nope+R, w.V) {
+		be.attention(nil, be.ConcatCols(1, []backend.Tensor{c, kPe}, sizes), c, b, p, true) // the cache only
+		kn := be.Linear(c, w.UK, nil)                                                       // [T, H*nope]
+		vv := be.Linear(c, w.UV, nil)                                                       // [T, H*v]
+		dsz := []int{w.Nope, R}
+		kf := be.ConcatCols(H, []backend.Tensor{kn, kPe}, dsz)    // [T, H*(nope+rope)]
+		qf := be.ConcatCols(H, []backend.Tensor{qNope, qPe}, dsz) // [T, H*(nope+rope)]
+		return be.flashSpans(op, qf, kf, vv, b, H, w.Nope+R, w.V, p.Scale)
+	}
 	qLat := be.headLinear(op, qNope, w.UKT, H)                    // [T, H*L]
 	qFull := be.ConcatCols(H, []backend.Tensor{qLat, qPe}, sizes) // [T, H*(L+R)]
 	kFull := be.ConcatCols(1, []backend.Tensor{c, kPe}, sizes)    // [T, L+R]
@@ -72,5 +86,60 @@ func (be *Backend) headLinear(op string, x, w backend.Tensor, heads int) *Tensor
 		}
 		return nil
 	}, xt, wt)
+	return out
+}
+
+// freshPrefill reports whether every span of b starts a sequence (Past 0)
+// and one has more than a row (graph steps never do: all their spans are
+// one row).
+func (be *Backend) freshPrefill(b *backend.Batch) bool {
+	long := false
+	for _, s := range b.Seqs {
+		if s.Past != 0 {
+			return false
+		}
+		long = long || s.Len > 1
+	}
+	return long
+}
+
+// flashSpans is causal flash attention of each span of b over its own rows:
+// q and k [T, heads*d], v [T, heads*dv] float32 (rounded to bf16 for the
+// tensor cores), keys contiguous in the batch's row order → [T, heads*dv].
+func (be *Backend) flashSpans(op string, q, k, v backend.Tensor, b *backend.Batch, heads, hd, dv int,
+	scale float32) *Tensor {
+	qt, T := matrix(op, "q", q, heads*hd)
+	kt, kr := matrix(op, "k", k, heads*hd)
+	vt, vr := matrix(op, "v", v, heads*dv)
+	if kr != T || vr != T || len(b.Tokens) != T {
+		panicf(op, "q %v, k %v, v %v for a batch of %d tokens", qt.shape, kt.shape, vt.shape, len(b.Tokens))
+	}
+	B := len(b.Seqs)
+	start, past, table := make([]int32, B+1), make([]int32, B), make([]int32, B)
+	maxLen := 0
+	for i, s := range b.Seqs {
+		start[i], table[i] = int32(s.Offset), int32(s.Offset) // kv_start: the span's first row
+		maxLen = max(maxLen, s.Len)
+	}
+	start[B] = int32(T)
+	var out *Tensor
+	be.do(op, func(d *kernels.Device) error {
+		out = be.newF32(d, T, heads*dv)
+		bf := func(t *Tensor, n int) *kernels.Buffer {
+			x := be.alloc.get(d, int64(n)*2)
+			must("convert", d.ConvertF32ToBF16(nil, x, be.f32(d, t), n))
+			return x
+		}
+		qb, kb, vb := bf(qt, T*heads*hd), bf(kt, T*heads*hd), bf(vt, T*heads*dv)
+		sb, pb, tb := upload(be, d, start), upload(be, d, past), upload(be, d, table)
+		defer func() {
+			for _, x := range []*kernels.Buffer{qb, kb, vb, sb, pb, tb} {
+				be.alloc.put(x)
+			}
+		}()
+		return d.FlashAttention(nil, out.st.f32, qb, kb, vb, sb, pb, tb, nil, nil, kernels.FlashArgs{
+			Batch: B, MaxQLen: maxLen, Tokens: T, Heads: heads, KVHeads: heads, HeadDim: hd, VHeadDim: dv,
+			PoolRows: T, Scale: scale, Causal: true, Out: kernels.F32})
+	}, qt, kt, vt)
 	return out
 }
