@@ -9,8 +9,9 @@ import (
 
 // LatentMLA implements backend.LatentAttender: on this backend only when
 // backend.LatentMLAEnv is 1. The path was written in session 13 without a
-// GPU left to run it on (TestLatentAttentionMatchesCPU and
-// TestGoldenLatentMLA wait for one); it becomes the default once they pass.
+// GPU left to run it on (TestOpsMatchCPU/latent_attention_big, TestGemmHeads,
+// TestPagedAttnBF16's mla_* cases and TestGoldenLatentMLA wait for one); it
+// becomes the default once they pass.
 func (be *Backend) LatentMLA() bool { return os.Getenv(backend.LatentMLAEnv) == "1" }
 
 // LatentAttention implements backend.LatentAttender. Every row's [c ‖ kPe]
@@ -28,8 +29,8 @@ func (be *Backend) LatentMLA() bool { return os.Getenv(backend.LatentMLAEnv) == 
 func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend.Batch, p *backend.AttnParams,
 	w *backend.MLAWeights) backend.Tensor {
 	const op = "LatentAttention"
-	if p == nil || w == nil {
-		panicf(op, "nil params or weights")
+	if b == nil || p == nil || w == nil {
+		panicf(op, "nil batch, params or weights")
 	}
 	H, L, R := p.NumHeads, w.Lora, w.Rope
 	if H <= 0 || L <= 0 || R <= 0 || w.Nope <= 0 || w.V <= 0 || p.NumKVHeads != 1 || p.HeadDim != L+R ||
