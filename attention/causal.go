@@ -62,6 +62,32 @@ func (p *Params) Validate() error {
 // negative, or if a slice length is not exactly what the shapes say: these
 // are programming errors; configs are checked with Params.Validate at load.
 func Causal(out, q, k, v []float32, Tq, past int, p *Params) {
+	n := past + Tq
+	if p != nil && p.Validate() == nil && n > 0 {
+		KV, D, Dv := p.NumKVHeads, p.HeadDim, p.VHeadDim
+		if len(k) != n*KV*D || len(v) != n*KV*Dv {
+			panic(fmt.Sprintf("attention.Causal: len(k) = %d, len(v) = %d, want %d and %d (Tq=%d past=%d heads=%d/%d dims=%d/%d)",
+				len(k), len(v), n*KV*D, n*KV*Dv, Tq, past, p.NumHeads, KV, D, Dv))
+		}
+	}
+	CausalPaged(out, q, &Pool{K: k, V: v, Blocks: []int32{0}, BlockSize: max(n, 1)}, Tq, past, p)
+}
+
+// Pool is a sequence's keys and values in a paged pool: position j's key is
+// row Blocks[j/BlockSize]·BlockSize + j%BlockSize of K [rows, KV·HeadDim],
+// its value the same row of V [rows, KV·VHeadDim].
+type Pool struct {
+	K, V      []float32
+	Blocks    []int32
+	BlockSize int
+}
+
+// CausalPaged is Causal reading keys and values in place from a paged pool
+// (no gathered copy of the history): the same values bit for bit, the
+// scores and value sums taken a block's run of rows at a time. It panics
+// like Causal, and when a visible position's block or row lies outside
+// the table or the pool.
+func CausalPaged(out, q []float32, kv *Pool, Tq, past int, p *Params) {
 	if err := p.Validate(); err != nil {
 		panic("attention.Causal: " + err.Error())
 	}
@@ -76,8 +102,6 @@ func Causal(out, q, k, v []float32, Tq, past int, p *Params) {
 	}{
 		{"out", len(out), Tq * H * Dv},
 		{"q", len(q), Tq * H * D},
-		{"k", len(k), n * KV * D},
-		{"v", len(v), n * KV * Dv},
 	} {
 		if c.got != c.want {
 			panic(fmt.Sprintf("attention.Causal: len(%s) = %d, want %d (Tq=%d past=%d heads=%d/%d dims=%d/%d)",
@@ -86,6 +110,18 @@ func Causal(out, q, k, v []float32, Tq, past int, p *Params) {
 	}
 	if Tq == 0 {
 		return
+	}
+	bs := kv.BlockSize
+	if bs <= 0 || (n+bs-1)/bs > len(kv.Blocks) {
+		panic(fmt.Sprintf("attention.Causal: %d positions in blocks of %d, a table of %d blocks", n, bs, len(kv.Blocks)))
+	}
+	rows := min(len(kv.K)/(KV*D), len(kv.V)/(KV*Dv))
+	nb := (n + bs - 1) / bs
+	for bi, b := range kv.Blocks[:nb] {
+		used := min(bs, n-bi*bs) // rows of the block the sequence fills
+		if b < 0 || int(b)*bs+used > rows {
+			panic(fmt.Sprintf("attention.Causal: block %d (%d rows used) is outside a pool of %d rows", b, used, rows))
+		}
 	}
 	group := H / KV
 	// Split each GQA group into slices so that decode (Tq=1) still has
@@ -112,14 +148,25 @@ func Causal(out, q, k, v []float32, Tq, past int, p *Params) {
 				kh := task / split % KV
 				h0 := kh*group + task%split*per
 				h1 := min(h0+per, (kh+1)*group)
-				attendRow(out, q, k, v, t, past, kh, h0, h1, p, scores)
+				attendRow(out, q, kv, t, past, kh, h0, h1, p, scores)
 			}
 		}
 	})
 }
 
+// runs calls f(j0, r0, c) for the runs of consecutive positions
+// [j0, j0+c) in [lo, hi] that one block holds, r0 being j0's pool row.
+func (kv *Pool) runs(lo, hi int, f func(j0, r0, c int)) {
+	bs := kv.BlockSize
+	for j := lo; j <= hi; {
+		c := min(hi+1-j, bs-j%bs)
+		f(j, int(kv.Blocks[j/bs])*bs+j%bs, c)
+		j += c
+	}
+}
+
 // attendRow computes query row t for heads h0..h1-1, all of kv head kh.
-func attendRow(out, q, k, v []float32, t, past, kh, h0, h1 int, p *Params, scores []float32) {
+func attendRow(out, q []float32, kv *Pool, t, past, kh, h0, h1 int, p *Params, scores []float32) {
 	H, KV, D, Dv := p.NumHeads, p.NumKVHeads, p.HeadDim, p.VHeadDim
 	i := past + t
 	lo := 0
@@ -129,10 +176,13 @@ func attendRow(out, q, k, v []float32, t, past, kh, h0, h1 int, p *Params, score
 	m := i + 1 - lo // visible keys
 	nh := h1 - h0
 	sc := scores[:nh*m]
-	// Scores of each head against the visible keys (rows KV·D apart).
+	// Scores of each head against the visible keys (rows KV·D apart within a block).
 	for hh := range nh {
 		s := sc[hh*m : (hh+1)*m]
-		linalg.DotRow(s, q[(t*H+h0+hh)*D:][:D], k[(lo*KV+kh)*D:], KV*D, m, D)
+		qr := q[(t*H+h0+hh)*D:][:D]
+		kv.runs(lo, i, func(j0, r0, c int) {
+			linalg.DotRow(s[j0-lo:], qr, kv.K[(r0*KV+kh)*D:], KV*D, c, D)
+		})
 		for j := range s {
 			s[j] *= p.Scale
 		}
@@ -161,10 +211,12 @@ func attendRow(out, q, k, v []float32, t, past, kh, h0, h1 int, p *Params, score
 		for j := range s {
 			s[j] *= inv
 		}
-		// Weighted sum of the values (rows KV·Dv apart), in key order.
+		// Weighted sum of the values (rows KV·Dv apart within a block), in key order.
 		o := out[(t*H+h0+hh)*Dv:][:Dv]
 		clear(o)
-		linalg.AccumRows(o, s, v[(lo*KV+kh)*Dv:], KV*Dv, m, Dv)
+		kv.runs(lo, i, func(j0, r0, c int) {
+			linalg.AccumRows(o, s[j0-lo:], kv.V[(r0*KV+kh)*Dv:], KV*Dv, c, Dv)
+		})
 	}
 }
 

@@ -255,3 +255,55 @@ func benchCausal(b *testing.B, H, KV, D, Tq, past int) {
 // Qwen3-30B-A3B attention (32 q heads, 4 kv heads, head 128).
 func BenchmarkCausalDecode4k(b *testing.B)   { benchCausal(b, 32, 4, 128, 1, 4095) }
 func BenchmarkCausalPrefill512(b *testing.B) { benchCausal(b, 32, 4, 128, 512, 0) }
+
+// TestCausalPagedSameBits: CausalPaged over keys and values scattered in a
+// pool through a shuffled block table gives Causal's rows on the gathered
+// copy bit for bit, for every case and block sizes 1, 3, 16 and one block
+// for all; a block outside the pool panics.
+func TestCausalPagedSameBits(t *testing.T) {
+	for _, c := range causalCases {
+		for _, bs := range []int{1, 3, 16, 1 << 20} {
+			t.Run(fmt.Sprintf("%s/bs%d", c.name, bs), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(21, uint64(bs)))
+				q, k, v, p := c.inputs(rng)
+				n := c.past + c.Tq
+				want := make([]float32, c.Tq*c.H*c.Dv)
+				Causal(want, q, k, v, c.Tq, c.past, p)
+
+				bsz := min(bs, max(n, 1))
+				nb := (n + bsz - 1) / bsz
+				spare := 3
+				kw, vw := c.KV*c.D, c.KV*c.Dv
+				blocks := make([]int32, nb)
+				for i, b := range rng.Perm(nb + spare)[:nb] {
+					blocks[i] = int32(b)
+				}
+				pool := &Pool{K: randVec(rng, (nb+spare)*bsz*kw, 1), V: randVec(rng, (nb+spare)*bsz*vw, 1),
+					Blocks: blocks, BlockSize: bsz}
+				for j := range n {
+					r := int(blocks[j/bsz])*bsz + j%bsz
+					copy(pool.K[r*kw:(r+1)*kw], k[j*kw:])
+					copy(pool.V[r*vw:(r+1)*vw], v[j*vw:])
+				}
+				got := make([]float32, len(want))
+				CausalPaged(got, q, pool, c.Tq, c.past, p)
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("out[%d] = %v, gathered %v", i, got[i], want[i])
+					}
+				}
+				if nb > 0 {
+					bad := *pool
+					bad.Blocks = append([]int32(nil), blocks...)
+					bad.Blocks[0] = int32(nb + spare)
+					defer func() {
+						if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "outside a pool") {
+							t.Fatalf("block outside the pool: recovered %v", r)
+						}
+					}()
+					CausalPaged(got, q, &bad, c.Tq, c.past, p)
+				}
+			})
+		}
+	}
+}

@@ -77,7 +77,7 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		panicf("Attention", "%v", err)
 	}
 
-	hist := be.appendKV("Attention", b, p.Layer, kt.data, vt.data, KV*D, KV*Dv)
+	hist := be.appendKV("Attention", b, p.Layer, kt.data, vt.data, KV*D, KV*Dv) // views of the caches
 
 	out := newTensor(T, H*Dv)
 	run := func(i int) {
@@ -85,10 +85,11 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		o, qs := out.data[s.Offset*H*Dv:(s.Offset+s.Len)*H*Dv], qt.data[s.Offset*H*D:(s.Offset+s.Len)*H*D]
 		if s.ContextParallel > 1 {
 			// R emulated ranks: the ring schedule of the GPU kernel.
-			attention.RingCausal(o, qs, hist[i][0], hist[i][1], s.Len, s.Past, s.ContextParallel, params, true)
+			k, v := gather(&hist[i], s.Past+s.Len, KV*D, KV*Dv)
+			attention.RingCausal(o, qs, k, v, s.Len, s.Past, s.ContextParallel, params, true)
 			return
 		}
-		attention.Causal(o, qs, hist[i][0], hist[i][1], s.Len, s.Past, params)
+		attention.CausalPaged(o, qs, &hist[i], s.Len, s.Past, params) // the pool in place
 	}
 	// attention.Causal spreads one sequence over all cores; several short
 	// sequences (decode) also run side by side.
@@ -97,12 +98,13 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 }
 
 // appendKV appends each span's new rows of k [T, kw] and v [T, vw] to
-// layer's KV cache (paged spans: into their blocks) and returns every
-// span's whole history [Past+Len, kw] and [Past+Len, vw] (paged: a gathered
-// copy). It holds the cache lock only while it appends; it panics, naming
-// op, on the errors Attention lists.
-func (be *Backend) appendKV(op string, b *backend.Batch, layer int, k, v []float32, kw, vw int) [][2][]float32 {
-	hist := make([][2][]float32, len(b.Seqs))
+// layer's KV cache (paged spans: into their blocks) and returns a view of
+// every span's whole history, Past+Len positions: the pool and the span's
+// block table, or the unpaged cache as one block. It holds the cache lock
+// only while it appends; it panics, naming op, on the errors Attention
+// lists.
+func (be *Backend) appendKV(op string, b *backend.Batch, layer int, k, v []float32, kw, vw int) []attention.Pool {
+	hist := make([]attention.Pool, len(b.Seqs))
 	be.kvMu.Lock()
 	seen := make(map[uint64]bool, len(b.Seqs))
 	for i, s := range b.Seqs {
@@ -117,9 +119,8 @@ func (be *Backend) appendKV(op string, b *backend.Batch, layer int, k, v []float
 				panicf(op, "span %d has a block table but no paged KV cache exists (call InitKV)", i)
 			}
 			pl := be.paged.layer(layer, kw, vw)
-			hk, hv := be.paged.writeAndGather(pl, s,
-				k[s.Offset*kw:(s.Offset+s.Len)*kw], v[s.Offset*vw:(s.Offset+s.Len)*vw])
-			hist[i] = [2][]float32{hk, hv}
+			be.paged.write(pl, s, k[s.Offset*kw:(s.Offset+s.Len)*kw], v[s.Offset*vw:(s.Offset+s.Len)*vw])
+			hist[i] = attention.Pool{K: pl.k, V: pl.v, Blocks: s.Blocks, BlockSize: be.paged.blockSize}
 			continue
 		}
 		sc := be.kv[s.ID]
@@ -139,7 +140,7 @@ func (be *Backend) appendKV(op string, b *backend.Batch, layer int, k, v []float
 		}
 		c.k = append(c.k[:s.Past*kw], k[s.Offset*kw:(s.Offset+s.Len)*kw]...)
 		c.v = append(c.v[:s.Past*vw], v[s.Offset*vw:(s.Offset+s.Len)*vw]...)
-		hist[i] = [2][]float32{c.k, c.v}
+		hist[i] = attention.Pool{K: c.k, V: c.v, Blocks: []int32{0}, BlockSize: max(s.Past+s.Len, 1)}
 	}
 	be.kvMu.Unlock()
 	return hist
@@ -161,4 +162,18 @@ func (be *Backend) cachedTokens(id uint64, layer int) int {
 		return 0
 	}
 	return sc.layers[layer].tokens()
+}
+
+// gather copies the first n positions of a history view into contiguous
+// keys [n, kw] and values [n, vw].
+func gather(h *attention.Pool, n, kw, vw int) (k, v []float32) {
+	k, v = make([]float32, n*kw), make([]float32, n*vw)
+	bs := h.BlockSize
+	for pos := 0; pos < n; pos += bs {
+		r := int(h.Blocks[pos/bs]) * bs
+		m := min(bs, n-pos)
+		copy(k[pos*kw:(pos+m)*kw], h.K[r*kw:(r+m)*kw])
+		copy(v[pos*vw:(pos+m)*vw], h.V[r*vw:(r+m)*vw])
+	}
+	return k, v
 }

@@ -71,7 +71,7 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 		o := out.data[s.Offset*H*V : (s.Offset+s.Len)*H*V]  // [Len, H*V]
 		qnS := qn.data[s.Offset*H*N : (s.Offset+s.Len)*H*N] // [Len, H*N]
 		qpS := qp.data[s.Offset*H*R : (s.Offset+s.Len)*H*R] // [Len, H*R]
-		hk, hv := hist[i][0], hist[i][1]                    // [n, L+R], [n, L]
+		hk, hv := gather(&hist[i], s.Past+s.Len, L+R, L)    // [n, L+R], [n, L]
 		if mlaDecompress(s.Len, s.Past, L, R, N, V) {
 			n := s.Past + s.Len
 			kn := linear(hv, uk.weights(), nil, n, H*N, L).data      // [n, H*N]

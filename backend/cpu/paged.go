@@ -60,24 +60,15 @@ func (p *pagedKV) row(blocks []int32, pos int) int {
 	return id*p.blockSize + pos%p.blockSize
 }
 
-// writeAndGather stores span s's new rows (kNew [Len, kw], vNew [Len, vw])
-// in the pool and returns the sequence's whole history [Past+Len, kw/vw].
-func (p *pagedKV) writeAndGather(pl *pagedLayer, s backend.SeqSpan, kNew, vNew []float32) (k, v []float32) {
+// write stores span s's new rows (kNew [Len, kw], vNew [Len, vw]) in the
+// pool at their blocks.
+func (p *pagedKV) write(pl *pagedLayer, s backend.SeqSpan, kNew, vNew []float32) {
 	kw, vw := pl.kw, pl.vw
 	for j := 0; j < s.Len; j++ {
 		r := p.row(s.Blocks, s.Past+j)
 		copy(pl.k[r*kw:(r+1)*kw], kNew[j*kw:(j+1)*kw])
 		copy(pl.v[r*vw:(r+1)*vw], vNew[j*vw:(j+1)*vw])
 	}
-	n := s.Past + s.Len
-	k, v = make([]float32, n*kw), make([]float32, n*vw)
-	for pos := 0; pos < n; pos += p.blockSize {
-		r := p.row(s.Blocks, pos)
-		m := min(p.blockSize, n-pos)
-		copy(k[pos*kw:(pos+m)*kw], pl.k[r*kw:(r+m)*kw])
-		copy(v[pos*vw:(pos+m)*vw], pl.v[r*vw:(r+m)*vw])
-	}
-	return k, v
 }
 
 // CopyBlocks copies blocks src[i] → dst[i] in every allocated layer.

@@ -9,8 +9,11 @@ import (
 )
 
 // For runs [0, n) in tasks of grain items handed out dynamically to up to
-// GOMAXPROCS goroutines, so uneven tasks balance. newWorker is called once
-// per goroutine and returns the task body, so each worker can own scratch
+// GOMAXPROCS workers, so uneven tasks balance: the caller's goroutine and
+// one started goroutine per further worker (a decode step calls For for
+// every attention layer: the caller working instead of waiting saves a
+// goroutine's start and a wake-up each time). newWorker is called once per
+// worker and returns the task body, so each worker can own scratch
 // buffers. With one worker (or one task) everything runs on the caller's
 // goroutine.
 func For(n, grain int, newWorker func() func(lo, hi int)) {
@@ -25,21 +28,25 @@ func For(n, grain int, newWorker func() func(lo, hi int)) {
 		return
 	}
 	var next atomic.Int64
+	work := func() {
+		body := newWorker()
+		for {
+			lo := int(next.Add(int64(grain))) - grain
+			if lo >= n {
+				return
+			}
+			body(lo, min(lo+grain, n))
+		}
+	}
 	var wg sync.WaitGroup
-	for range w {
+	for range w - 1 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			body := newWorker()
-			for {
-				lo := int(next.Add(int64(grain))) - grain
-				if lo >= n {
-					return
-				}
-				body(lo, min(lo+grain, n))
-			}
+			work()
 		}()
 	}
+	work()
 	wg.Wait()
 }
 
