@@ -71,13 +71,20 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 		o := out.data[s.Offset*H*V : (s.Offset+s.Len)*H*V]  // [Len, H*V]
 		qnS := qn.data[s.Offset*H*N : (s.Offset+s.Len)*H*N] // [Len, H*N]
 		qpS := qp.data[s.Offset*H*R : (s.Offset+s.Len)*H*R] // [Len, H*R]
-		hk, hv := gather(&hist[i], s.Past+s.Len, L+R, L)    // [n, L+R], [n, L]
 		if mlaDecompress(s.Len, s.Past, L, R, N, V) {
+			// The history's latents [n, L] and rope keys (rows ldr apart): the
+			// span's own inputs for a fresh prompt, else a copy out of the cache.
 			n := s.Past + s.Len
-			kn := linear(hv, uk.weights(), nil, n, H*N, L).data      // [n, H*N]
-			vv := linear(hv, uv.weights(), nil, n, H*V, L).data      // [n, H*V]
-			kf := interleaveHeads(kn, hk[L:], n, H, N, R, L+R, true) // [n, H*(N+R)]
-			qf := interleaveHeads(qnS, qpS, s.Len, H, N, R, H*R, false)
+			hv, kpe, ldr := ct.data[s.Offset*L:(s.Offset+s.Len)*L], kp.data[s.Offset*R:], R
+			if s.Past > 0 {
+				var hk []float32
+				hk, hv = gather(&hist[i], n, L+R, L)
+				kpe, ldr = hk[L:], L+R
+			}
+			kn := linear(hv, uk.weights(), nil, n, H*N, L).data         // [n, H*N]
+			vv := linear(hv, uv.weights(), nil, n, H*V, L).data         // [n, H*V]
+			kf := interleaveHeads(kn, kpe, n, H, N, R, ldr, true)       // [n, H*(N+R)]
+			qf := interleaveHeads(qnS, qpS, s.Len, H, N, R, H*R, false) // [Len, H*(N+R)]
 			attention.Causal(o, qf, kf, vv, s.Len, s.Past, &attention.Params{NumHeads: H, NumKVHeads: H,
 				HeadDim: N + R, VHeadDim: V, Scale: p.Scale})
 			return
@@ -85,7 +92,8 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 		qLat := headLinear(qnS, ukt.weights(), s.Len, H, L, N) // [Len, H*L]
 		qf := interleaveHeads(qLat, qpS, s.Len, H, L, R, H*R, false)
 		oLat := make([]float32, s.Len*H*L) // [Len, H*L]
-		attention.Causal(oLat, qf, hk, hv, s.Len, s.Past, &attention.Params{NumHeads: H, NumKVHeads: 1,
+		// One KV head over the cache in place: keys [c ‖ kPe], values c.
+		attention.CausalPaged(oLat, qf, &hist[i], s.Len, s.Past, &attention.Params{NumHeads: H, NumKVHeads: 1,
 			HeadDim: L + R, VHeadDim: L, Scale: p.Scale})
 		copy(o, headLinear(oLat, uv.weights(), s.Len, H, V, L))
 	})
