@@ -37,13 +37,13 @@ func (c *layerCache) tokens() int {
 }
 
 // Attention appends k, v to the layer's KV cache for every sequence of the
-// batch and attends causally with attention.Causal: q [T, H*D],
+// batch and attends causally with attention.CausalPaged: q [T, H*D],
 // k [T, KVH*D], v [T, KVH*Dv] → [T, H*Dv].
 //
 // Spans with a block table use the paged pool of InitKV: the new rows are
-// written to their blocks and the history is gathered from the blocks (a
-// copy; the CUDA backend reads blocks in place). Spans without one use the
-// unpaged per-sequence cache described next.
+// written to their blocks and attention reads the blocks in place (the
+// ring emulation of context-parallel spans reads a gathered copy). Spans
+// without one use the unpaged per-sequence cache described next.
 //
 // For each span the cache of (span ID, p.Layer) must hold at least Past
 // tokens; positions from Past on are replaced by the span's rows (so a
