@@ -256,11 +256,13 @@ func (s *expertSet) run(y []float32, rows [][]float32, eid []int32, w []float32)
 		work()
 		return
 	}
+	// The caller is one of the workers (par.For does the same).
 	var wg sync.WaitGroup
-	for range workers {
+	for range workers - 1 {
 		wg.Add(1)
 		go func() { defer wg.Done(); work() }()
 	}
+	work()
 	wg.Wait()
 }
 
