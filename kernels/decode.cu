@@ -989,6 +989,8 @@ constexpr int kBigGM = 16;    // query heads per CTA
 constexpr int kBigTK = 32;    // keys per tile
 constexpr int kBigMaxD = 768;  // key head dim at most (shared memory: smem_big)
 constexpr int kBigMaxDv = 512;  // value head dim at most: 4 columns per thread
+static_assert(kBigGM * 8 == kNT, "scores: 8 threads per query head");
+static_assert(4 * kNT >= kBigMaxDv && kBigTK == 32, "P·V: 4 value columns per thread; scores: keys kk + 8u, u < 4");
 
 // big_dims reports whether a shape needs paged_attn_big.
 __host__ __device__ inline bool big_dims(int D, int Dv) { return D > 256 || Dv > 256; }
