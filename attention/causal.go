@@ -165,6 +165,19 @@ func (kv *Pool) runs(lo, hi int, f func(j0, r0, c int)) {
 	}
 }
 
+// Gather copies positions [0, n) of kv into contiguous keys [n, kw] and
+// values [n, vw] (kw, vw: the pool's row widths).
+func (kv *Pool) Gather(n, kw, vw int) (k, v []float32) {
+	k, v = make([]float32, n*kw), make([]float32, n*vw)
+	if n > 0 {
+		kv.runs(0, n-1, func(j0, r0, c int) {
+			copy(k[j0*kw:(j0+c)*kw], kv.K[r0*kw:(r0+c)*kw])
+			copy(v[j0*vw:(j0+c)*vw], kv.V[r0*vw:(r0+c)*vw])
+		})
+	}
+	return k, v
+}
+
 // attendRow computes query row t for heads h0..h1-1, all of kv head kh.
 func attendRow(out, q []float32, kv *Pool, t, past, kh, h0, h1 int, p *Params, scores []float32) {
 	H, KV, D, Dv := p.NumHeads, p.NumKVHeads, p.HeadDim, p.VHeadDim

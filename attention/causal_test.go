@@ -285,6 +285,9 @@ func TestCausalPagedSameBits(t *testing.T) {
 					copy(pool.K[r*kw:(r+1)*kw], k[j*kw:])
 					copy(pool.V[r*vw:(r+1)*vw], v[j*vw:])
 				}
+				if gk, gv := pool.Gather(n, kw, vw); !slicesEqual(gk, k) || !slicesEqual(gv, v) {
+					t.Fatal("Gather does not give back the keys and values put in the pool")
+				}
 				got := make([]float32, len(want))
 				CausalPaged(got, q, pool, c.Tq, c.past, p)
 				for i := range want {
@@ -306,4 +309,16 @@ func TestCausalPagedSameBits(t *testing.T) {
 			})
 		}
 	}
+}
+
+func slicesEqual(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
 }

@@ -85,7 +85,7 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		o, qs := out.data[s.Offset*H*Dv:(s.Offset+s.Len)*H*Dv], qt.data[s.Offset*H*D:(s.Offset+s.Len)*H*D]
 		if s.ContextParallel > 1 {
 			// R emulated ranks: the ring schedule of the GPU kernel.
-			k, v := gather(&hist[i], s.Past+s.Len, KV*D, KV*Dv)
+			k, v := hist[i].Gather(s.Past+s.Len, KV*D, KV*Dv)
 			attention.RingCausal(o, qs, k, v, s.Len, s.Past, s.ContextParallel, params, true)
 			return
 		}
@@ -162,18 +162,4 @@ func (be *Backend) cachedTokens(id uint64, layer int) int {
 		return 0
 	}
 	return sc.layers[layer].tokens()
-}
-
-// gather copies the first n positions of a history view into contiguous
-// keys [n, kw] and values [n, vw].
-func gather(h *attention.Pool, n, kw, vw int) (k, v []float32) {
-	k, v = make([]float32, n*kw), make([]float32, n*vw)
-	bs := h.BlockSize
-	for pos := 0; pos < n; pos += bs {
-		r := int(h.Blocks[pos/bs]) * bs
-		m := min(bs, n-pos)
-		copy(k[pos*kw:(pos+m)*kw], h.K[r*kw:(r+m)*kw])
-		copy(v[pos*vw:(pos+m)*vw], h.V[r*vw:(r+m)*vw])
-	}
-	return k, v
 }

@@ -316,20 +316,44 @@ func (be *Backend) ConcatCols(heads int, parts []backend.Tensor, sizes []int) ba
 	if err != nil {
 		panicf("ConcatCols", "%v", err)
 	}
-	sum := width / heads
-	out := newTensor(T, heads*sum)
-	parallelRows(T, heads*sum, func(lo, hi int) {
+	cps := make([]colPart, len(parts))
+	for i, s := range sizes {
+		cps[i] = colPart{data: pts[i].data, ld: heads * s, size: s, shared: bcast[i]}
+		if bcast[i] {
+			cps[i].ld = s
+		}
+	}
+	return &Tensor{shape: []int{T, width}, data: concatHeads(T, heads, cps)}
+}
+
+// colPart is one input of concatHeads: rows ld values apart holding, per
+// head, size values (one block of size for every head when shared).
+type colPart struct {
+	data     []float32
+	ld, size int
+	shared   bool
+}
+
+// concatHeads builds [rows, heads*Σsize] whose head h is, part after part,
+// each part's head h (or its shared block): ConcatCols on raw rows.
+func concatHeads(rows, heads int, parts []colPart) []float32 {
+	sum := 0
+	for _, p := range parts {
+		sum += p.size
+	}
+	out := make([]float32, rows*heads*sum)
+	parallelRows(rows, heads*sum, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
-			dst := out.data[t*heads*sum:]
+			dst := out[t*heads*sum:]
 			for h := 0; h < heads; h++ {
 				off := h * sum
-				for i, s := range sizes {
-					ph, pc := h, heads*s
-					if bcast[i] {
-						ph, pc = 0, s
+				for _, p := range parts {
+					src := t*p.ld + h*p.size
+					if p.shared {
+						src = t * p.ld
 					}
-					copy(dst[off:off+s], pts[i].data[t*pc+ph*s:])
-					off += s
+					copy(dst[off:off+p.size], p.data[src:])
+					off += p.size
 				}
 			}
 		}

@@ -57,11 +57,7 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 		}
 	}
 
-	keys := make([]float32, T*(L+R)) // [T, L+R]: [c ‖ kPe]
-	for t := range T {
-		copy(keys[t*(L+R):], ct.data[t*L:(t+1)*L])
-		copy(keys[t*(L+R)+L:], kp.data[t*R:(t+1)*R])
-	}
+	keys := concatHeads(T, 1, []colPart{{ct.data, L, L, false}, {kp.data, R, R, false}}) // [T, L+R]: [c ‖ kPe]
 	hist := be.appendKV(op, b, p.Layer, keys, ct.data, L+R, L)
 
 	out := newTensor(T, H*V)
@@ -78,20 +74,20 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 			hv, kpe, ldr := ct.data[s.Offset*L:(s.Offset+s.Len)*L], kp.data[s.Offset*R:], R
 			if s.Past > 0 {
 				var hk []float32
-				hk, hv = gather(&hist[i], n, L+R, L)
+				hk, hv = hist[i].Gather(n, L+R, L)
 				kpe, ldr = hk[L:], L+R
 			}
-			kn := linear(hv, uk.weights(), nil, n, H*N, L).data         // [n, H*N]
-			vv := linear(hv, uv.weights(), nil, n, H*V, L).data         // [n, H*V]
-			kf := interleaveHeads(kn, kpe, n, H, N, R, ldr, true)       // [n, H*(N+R)]
-			qf := interleaveHeads(qnS, qpS, s.Len, H, N, R, H*R, false) // [Len, H*(N+R)]
+			kn := linear(hv, uk.weights(), nil, n, H*N, L).data                                    // [n, H*N]
+			vv := linear(hv, uv.weights(), nil, n, H*V, L).data                                    // [n, H*V]
+			kf := concatHeads(n, H, []colPart{{kn, H * N, N, false}, {kpe, ldr, R, true}})         // [n, H*(N+R)]
+			qf := concatHeads(s.Len, H, []colPart{{qnS, H * N, N, false}, {qpS, H * R, R, false}}) // [Len, H*(N+R)]
 			attention.Causal(o, qf, kf, vv, s.Len, s.Past, &attention.Params{NumHeads: H, NumKVHeads: H,
 				HeadDim: N + R, VHeadDim: V, Scale: p.Scale})
 			return
 		}
-		qLat := headLinear(qnS, ukt.weights(), s.Len, H, L, N) // [Len, H*L]
-		qf := interleaveHeads(qLat, qpS, s.Len, H, L, R, H*R, false)
-		oLat := make([]float32, s.Len*H*L) // [Len, H*L]
+		qLat := headLinear(qnS, ukt.weights(), s.Len, H, L, N)                                  // [Len, H*L]
+		qf := concatHeads(s.Len, H, []colPart{{qLat, H * L, L, false}, {qpS, H * R, R, false}}) // [Len, H*(L+R)]
+		oLat := make([]float32, s.Len*H*L)                                                      // [Len, H*L]
 		// One KV head over the cache in place: keys [c ‖ kPe], values c.
 		attention.CausalPaged(oLat, qf, &hist[i], s.Len, s.Past, &attention.Params{NumHeads: H, NumKVHeads: 1,
 			HeadDim: L + R, VHeadDim: L, Scale: p.Scale})
@@ -118,26 +114,6 @@ func mlaDecompress(rows, past, lora, rope, nope, v int) bool {
 	dec := n*lv + s*int64(nope+rope+v)
 	abs := int64(rows)*lv + s*int64(2*lora+rope)
 	return dec < abs
-}
-
-// interleaveHeads builds [rows, heads*(an+bn)] whose head h is a's head h
-// (an values) then bn values of b: the row's one block for every head when
-// shared, else b's head h. a is [rows, heads*an]; b's rows start ldb apart.
-func interleaveHeads(a, b []float32, rows, heads, an, bn, ldb int, shared bool) []float32 {
-	w := an + bn
-	out := make([]float32, rows*heads*w)
-	for t := range rows {
-		for h := range heads {
-			dst := out[(t*heads+h)*w:]
-			copy(dst[:an], a[(t*heads+h)*an:])
-			if shared {
-				copy(dst[an:w], b[t*ldb:])
-			} else {
-				copy(dst[an:w], b[t*ldb+h*bn:])
-			}
-		}
-	}
-	return out
 }
 
 // headLinear is a Linear per head: x [T, heads*K], w [heads*N, K] → [T,

@@ -39,10 +39,11 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 			p.Layer, H, p.NumKVHeads, p.HeadDim, p.VHeadDim, p.Window, L, R, w.Nope, w.V)
 	}
 	sizes := []int{L, R}
+	kFull := be.ConcatCols(1, []backend.Tensor{c, kPe}, sizes) // [T, L+R]: the cached keys
 	if be.freshPrefill(b) && !be.kvF32 && flashOn() && flashFits(w.Nope+R, w.V) {
-		be.attention(nil, be.ConcatCols(1, []backend.Tensor{c, kPe}, sizes), c, b, p, true) // the cache only
-		kn := be.Linear(c, w.UK, nil)                                                       // [T, H*nope]
-		vv := be.Linear(c, w.UV, nil)                                                       // [T, H*v]
+		be.attention(nil, kFull, c, b, p, true) // the cache only
+		kn := be.Linear(c, w.UK, nil)           // [T, H*nope]
+		vv := be.Linear(c, w.UV, nil)           // [T, H*v]
 		dsz := []int{w.Nope, R}
 		kf := be.ConcatCols(H, []backend.Tensor{kn, kPe}, dsz)    // [T, H*(nope+rope)]
 		qf := be.ConcatCols(H, []backend.Tensor{qNope, qPe}, dsz) // [T, H*(nope+rope)]
@@ -50,7 +51,6 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 	}
 	qLat := be.headLinear(op, qNope, w.UKT, H)                    // [T, H*L]
 	qFull := be.ConcatCols(H, []backend.Tensor{qLat, qPe}, sizes) // [T, H*(L+R)]
-	kFull := be.ConcatCols(1, []backend.Tensor{c, kPe}, sizes)    // [T, L+R]
 	oLat := be.Attention(qFull, kFull, c, b, p)                   // [T, H*L]
 	return be.headLinear(op, oLat, w.UV, H)                       // [T, H*V]
 }
