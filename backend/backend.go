@@ -186,8 +186,7 @@ type LatentAttender interface {
 
 // LatentMLAEnv names the environment variable that chooses the MLA cache
 // of a backend.LatentAttender: 0 keeps the decompressed keys and values
-// (comparisons), 1 asks for the latent where a backend does not use it by
-// default (the CUDA backend, until its path has run on a GPU).
+// (comparisons); anything else, the latent (both backends' default).
 const LatentMLAEnv = "MKSERVE_MLA_LATENT"
 
 // MLAWeights are one MLA layer's kv_b_proj split for LatentAttention; per

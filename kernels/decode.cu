@@ -72,7 +72,8 @@ struct AttnArgs {
   const float* sinks;
   float* wo;   // [n, H, splits, Dv] partial outputs (splits > 1)
   float* wml;  // [n, H, splits, 2] their (max, sum)
-  int H, KV, D, Dv, bs, bs_shift, window, G, hchunks, splits, chunk;
+  int H, KV, D, Dv, bs, bs_shift, window, G, hchunks, splits;
+  int minc, gran;  // keys per split at least, and the granule a split's keys round up to (row_split)
   int lg_tpr;  // log2 of the threads that load one K/V row
   float scale2;  // scale * log2(e)
 };
@@ -88,6 +89,28 @@ __device__ __forceinline__ int pool_row(const AttnArgs& a, const int32_t* tab, i
 __device__ __forceinline__ void put_out(const AttnArgs& a, int64_t i, float v) {
   a.out[i] = v;
   if (a.outb) a.outb[i] = __float2bfloat16_rn(v);
+}
+
+// RowSplit is how a row's keys [lo, i] spread over the splits: `used`
+// ranges of `chunk` keys from lo (the last one shorter). The plan fixes
+// splits for a key count (a decode graph's: its bucket, up to 4x the real
+// context); each row divides its own keys over min(splits, keys / minc)
+// ranges, rounded up to whole granules (the kernel's tile), so no range
+// sits idle past a short context while another walks a long one. The
+// ranges past `used` are empty: their CTAs return at once, the merge reads
+// only the first `used`.
+struct RowSplit {
+  int lo, chunk, used;
+};
+
+__device__ __forceinline__ RowSplit row_split(const AttnArgs& a, int i) {
+  RowSplit r;
+  r.lo = a.window > 0 ? max(0, i - a.window + 1) : 0;
+  const int nk = i + 1 - r.lo;
+  const int want = max(1, min(a.splits, (nk + a.minc - 1) / a.minc));
+  r.chunk = ((nk + want - 1) / want + a.gran - 1) / a.gran * a.gran;
+  r.used = (nk + r.chunk - 1) / r.chunk;
+  return r;
 }
 
 // CtaWork is a paged-attention CTA's share of the work: batch row b (query
@@ -116,27 +139,13 @@ __device__ __forceinline__ CtaWork cta_work(const AttnArgs& a, int GM) {
   w.gc = min(GM, a.G - hc * GM);
   w.row = a.rows[w.b];
   w.i = a.pos[w.b];
-  const int lo = a.window > 0 ? max(0, w.i - a.window + 1) : 0;
-  w.kbeg = lo + w.split * a.chunk;
-  w.kend = w.split == a.splits - 1 ? w.i + 1 : min(w.i + 1, lo + (w.split + 1) * a.chunk);
+  const RowSplit rs = row_split(a, w.i);
+  w.kbeg = rs.lo + w.split * rs.chunk;
+  w.kend = min(w.i + 1, w.kbeg + rs.chunk);
   w.tab = a.blocks + a.table[w.b];
   return w;
 }
 
-// empty_split writes the partial result of a CTA whose key range is empty
-// (only with splits > 1): zero outputs and a (−inf, 0) softmax state, which
-// the merge weighs by zero.
-__device__ __forceinline__ void empty_split(const AttnArgs& a, const CtaWork& w, int Dv, int tid) {
-  for (int x = tid; x < w.gc * Dv; x += kNT) {
-    const int g = x / Dv, c = x - g * Dv;
-    a.wo[(((int64_t)w.b * a.H + w.h0 + g) * a.splits + w.split) * Dv + c] = 0.0f;
-  }
-  if (tid < w.gc) {
-    float* ml = a.wml + (((int64_t)w.b * a.H + w.h0 + tid) * a.splits + w.split) * 2;
-    ml[0] = -INFINITY;
-    ml[1] = 0.0f;
-  }
-}
 
 // Shared memory of one CTA, in bytes, laid out as
 // Ks [2][kTK][D+8] bf16 | Vs [2][kTK][Dv+8] bf16 | qs [GM][D] f32 |
@@ -168,10 +177,7 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
   const int split = w.split, b = w.b, kh = w.kh, h0 = w.h0, gc = w.gc, kbeg = w.kbeg, kend = w.kend;
   const int64_t row = w.row;
   const int32_t* tab = w.tab;
-  if (kbeg >= kend) {
-    empty_split(a, w, Dv, tid);
-    return;
-  }
+  if (kbeg >= kend) return;  // past the row's used ranges (row_split)
 
   const int cprk = D >> 3, cprv = Dv >> 3;  // 16-byte chunks per K / V row
   const int tpr = 1 << a.lg_tpr, rstep = kNT >> a.lg_tpr;
@@ -511,10 +517,7 @@ __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
   const int split = w.split, b = w.b, kh = w.kh, h0 = w.h0, gc = w.gc, kbeg = w.kbeg, kend = w.kend;
   const int64_t row = w.row;
   const int32_t* tab = w.tab;
-  if (kbeg >= kend) {
-    empty_split(a, w, Dv, tid);
-    return;
-  }
+  if (kbeg >= kend) return;  // past the row's used ranges (row_split)
 
   const int cprk = D >> 3, cprv = Dv >> 3;
   const int tpr = 1 << a.lg_tpr, rstep = kNT >> a.lg_tpr;
@@ -816,10 +819,7 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
   const int split = w.split, b = w.b, kh = w.kh, h0 = w.h0, gc = w.gc, kbeg = w.kbeg, kend = w.kend;
   const int64_t row = w.row;
   const int32_t* tab = w.tab;
-  if (kbeg >= kend) {
-    empty_split(a, w, Dv, tid);
-    return;
-  }
+  if (kbeg >= kend) return;  // past the row's used ranges (row_split)
 
   // q's B fragments, scaled by scale·log2 e, in shared memory (every warp
   // reads the same; registers are what limits the warps per SM): lane
@@ -1017,7 +1017,7 @@ __global__ void __launch_bounds__(kNT) paged_attn_big(const AttnArgs a) {
 
   const int tid = threadIdx.x;
   const CtaWork w = cta_work(a, kBigGM);
-  if (w.kbeg >= w.kend) return empty_split(a, w, Dv, tid);
+  if (w.kbeg >= w.kend) return;  // past the row's used ranges (row_split)
   const int kbeg = w.kbeg, kend = w.kend;
   const int64_t ldpk = (int64_t)a.KV * D, ldpv = (int64_t)a.KV * Dv;
   const bf16* pk = a.pk + (int64_t)w.kh * D;
@@ -1181,15 +1181,319 @@ __global__ void __launch_bounds__(kNT) paged_attn_big(const AttnArgs a) {
   }
 }
 
-// merge: one CTA per (row, head) combines the splits' partial outputs by
+// ---------------------------------------------------------------- MLA on tensor cores
+//
+// paged_attn_mla: MLA's absorbed decode at DeepSeek-V2/V3's (and Kimi K2's)
+// dims — one KV head of D = 576 (latent 512 ‖ rope key 64), values the
+// 512-wide latent, many query heads on it — on the tensor cores (mma.sync
+// m16n8k16, bf16 operands, float32 accumulators). paged_attn_big does this
+// on the CUDA cores at 35 GB/s (H200, 128 heads, 1k context: 66 µs a
+// layer): 64 query heads against one key are 2·64·(576 + 512) flops per
+// 2 KB of K/V, a GEMM rather than a stream.
+//
+// One CTA of 8 warps per (row, kv head, chunk of 64 query heads, key split).
+// Warps w and w+4 share the 16 heads 16·(w%4)..: warp w takes the first
+// half of the score reduction (dims 0..287) and value columns 0..255, warp
+// w+4 the second half of both. Per tile of 32 keys, each warp's partial
+// scores [16 heads × 32 keys] go through shared memory to its partner (a
+// named barrier per pair); both add the halves in the same order (the same
+// sums, so the same softmax in both) and each multiplies the bf16 P by its
+// 256 value columns (128 accumulators a thread). q (scaled by scale·log2 e,
+// rounded to bf16), K and V sit in XOR-swizzled shared memory (ldmatrix
+// without bank conflicts); K/V tiles are double-buffered with cp.async
+// through the block table, rows past the range zero-filled. The running max
+// is raised lazily (by more than kMlaSlack), as in flash.cu. Splits and the
+// merge are paged_attn's (wo, wml; paged_attn_merge).
+constexpr int kMlaD = 576, kMlaDv = 512;
+constexpr int kMlaNT = 256;  // threads: 8 warps
+constexpr int kMlaGM = 64;   // query heads per CTA: 4 pairs of warps × 16
+constexpr int kMlaTK = 32;   // keys per tile: 4 n-tiles of 8
+constexpr int kMlaWQ = kMlaD / 8, kMlaWV = kMlaDv / 8;  // 16-byte chunks per Q/K row, per V row
+constexpr int kMlaKS = kMlaD / 32;                      // 16-wide k-steps in half of the scores (18)
+constexpr int kMlaNO = kMlaDv / 16;                     // 8-wide n-tiles in half of the values (32)
+constexpr float kMlaSlack = 8.0f;
+static_assert(kMlaWQ % 8 == 0 && kMlaWV % 8 == 0, "whole swizzle groups of 8 chunks");
+static_assert(kMlaD % 32 == 0 && kMlaDv % 32 == 0 && kMlaTK == 32, "halves of whole k-steps and n-pairs");
+static_assert(kMlaGM == 16 * (kMlaNT / 64), "a pair of warps per 16 heads");
+
+// mla_dims reports whether paged_attn_mla has these head dims.
+__host__ __device__ inline bool mla_dims(int D, int Dv) { return D == kMlaD && Dv == kMlaDv; }
+
+// Shared memory of paged_attn_mla: Qs [64][576] | Ks [2][32][576] | Vs [2][32][512] bf16 |
+// Sx [8 warps][4 n-tiles][32 lanes][4] f32 | prow [2][32] int (229 632 bytes).
+constexpr size_t kMlaSmem = sizeof(bf16) * ((size_t)kMlaGM * kMlaD + 2 * kMlaTK * (kMlaD + kMlaDv)) +
+                            sizeof(float) * 8 * 4 * 32 * 4 + sizeof(int) * 2 * kMlaTK;
+
+__device__ __forceinline__ void cp_async16z(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], uint32_t a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+__device__ __forceinline__ uint32_t pack_bf(float lo, float hi) { return bf2_bits(__floats2bfloat162_rn(lo, hi)); }
+
+// mla_off is the byte offset of 16-byte chunk c of row r in a swizzled tile
+// of W chunks a row: chunk c lands at c ^ (r & 7) within its group of 8, so
+// the 8 rows one ldmatrix phase reads hit 8 different bank groups.
+template <int W>
+__device__ __forceinline__ uint32_t mla_off(int r, int c) {
+  return (uint32_t)(r * W + (c ^ (r & 7))) * 16u;
+}
+
+// mla_scores accumulates this warp's half HALF of S = Q·Kᵀ over a tile into
+// s [4 n-tiles][4] (C fragments: heads g, g+8; keys 8ni + 2t4 + {0,1}).
+// qa/ka are the lane's ldmatrix bases (rows fixed, chunk 0); every chunk a
+// lane reads is c ^ (lane & 7) with c even + sub, so its swizzle is an XOR
+// of the k-step's even chunk with a per-lane constant.
+template <int HALF>
+__device__ __forceinline__ void mla_scores(float (&s)[4][4], uint32_t qa, uint32_t ka, int lane) {
+  const int key = lane & 7, qsub = lane >> 4, ksub = (lane >> 3) & 1;
+#pragma unroll
+  for (int k = 0; k < kMlaKS; k++) {
+    const int c = 2 * (HALF * kMlaKS + k);  // the k-step's first chunk (even)
+    uint32_t a[4], b[4], b2[4];
+    ldsm4(a, qa + 16u * (uint32_t)((c + qsub) ^ key));
+    ldsm4(b, ka + 16u * (uint32_t)((c + ksub) ^ key));                     // keys 0-15
+    ldsm4(b2, ka + 16u * (uint32_t)((c + ksub) ^ key) + 16u * 16 * kMlaWQ);  // keys 16-31
+    mma16816(s[0], a[0], a[1], a[2], a[3], b[0], b[1]);
+    mma16816(s[1], a[0], a[1], a[2], a[3], b[2], b[3]);
+    mma16816(s[2], a[0], a[1], a[2], a[3], b2[0], b2[1]);
+    mma16816(s[3], a[0], a[1], a[2], a[3], b2[2], b2[3]);
+  }
+}
+
+__global__ void __launch_bounds__(kMlaNT, 1) paged_attn_mla(const AttnArgs a) {
+  mk::pdl_begin();
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* Qs = reinterpret_cast<bf16*>(smem);
+  bf16* Ks = Qs + kMlaGM * kMlaD;
+  bf16* Vs = Ks + 2 * kMlaTK * kMlaD;
+  float* Sx = reinterpret_cast<float*>(Vs + 2 * kMlaTK * kMlaDv);
+  int* prow = reinterpret_cast<int*>(Sx + 8 * 4 * 32 * 4);
+  const uint32_t sQ = (uint32_t)__cvta_generic_to_shared(Qs), sK = (uint32_t)__cvta_generic_to_shared(Ks),
+                 sV = (uint32_t)__cvta_generic_to_shared(Vs);
+  constexpr uint32_t kStK = kMlaTK * kMlaD * 2, kStV = kMlaTK * kMlaDv * 2;  // bytes per stage
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const CtaWork w = cta_work(a, kMlaGM);
+  if (w.kbeg >= w.kend) return;  // past the row's used ranges (row_split)
+  const int kbeg = w.kbeg, n = w.kend - w.kbeg, ntiles = (n + kMlaTK - 1) / kMlaTK;
+  const int64_t ldpk = (int64_t)a.KV * kMlaD, ldpv = (int64_t)a.KV * kMlaDv;
+  const bf16* pk = a.pk + (int64_t)w.kh * kMlaD;
+  const bf16* pv = a.pv + (int64_t)w.kh * kMlaDv;
+
+  auto rows_of = [&](int t, int st) {
+    if (tid < kMlaTK) {
+      const int j = t * kMlaTK + tid;
+      prow[st * kMlaTK + tid] = j < n ? pool_row(a, w.tab, kbeg + j) : -1;
+    }
+  };
+  // issue starts the copies of stage st's rows (zeros past the range: P·V
+  // multiplies them by 0, which must not meet NaN bit patterns).
+  auto issue = [&](int st) {
+    for (int x = tid; x < kMlaTK * kMlaWQ; x += kMlaNT) {
+      const int r = x / kMlaWQ, c = x - r * kMlaWQ;
+      const int pr = prow[st * kMlaTK + r];
+      cp_async16z(sK + st * kStK + mla_off<kMlaWQ>(r, c), pr >= 0 ? pk + (int64_t)pr * ldpk + c * 8 : pk,
+                  pr >= 0 ? 16 : 0);
+    }
+    for (int x = tid; x < kMlaTK * kMlaWV; x += kMlaNT) {
+      const int r = x / kMlaWV, c = x - r * kMlaWV;
+      const int pr = prow[st * kMlaTK + r];
+      cp_async16z(sV + st * kStV + mla_off<kMlaWV>(r, c), pr >= 0 ? pv + (int64_t)pr * ldpv + c * 8 : pv,
+                  pr >= 0 ? 16 : 0);
+    }
+    cp_commit();
+  };
+
+  rows_of(0, 0);
+  __syncthreads();
+  issue(0);
+  // q of the CTA's heads, scaled into log2 units, bf16 (zeros past gc).
+  for (int x = tid; x < kMlaGM * kMlaWQ; x += kMlaNT) {
+    const int g = x / kMlaWQ, c = x - g * kMlaWQ;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (g < w.gc) {
+      const float4* src = reinterpret_cast<const float4*>(a.q + (w.row * a.H + w.h0 + g) * kMlaD + c * 8);
+      const float4 lo = src[0], hi = src[1];
+      const float s2 = a.scale2;
+      v = make_uint4(pack_bf(lo.x * s2, lo.y * s2), pack_bf(lo.z * s2, lo.w * s2), pack_bf(hi.x * s2, hi.y * s2),
+                     pack_bf(hi.z * s2, hi.w * s2));
+    }
+    *reinterpret_cast<uint4*>(smem + mla_off<kMlaWQ>(g, c)) = v;
+  }
+
+  const int pair = warp & 3, half = warp >> 2, g = lane >> 2, t4 = lane & 3;
+  // ldmatrix bases (chunk 0): A rows are the pair's 16 heads; K rows keys
+  // 0-15 (lanes 16-31: keys 8-15); V rows keys 0-15 for ldmatrix.trans.
+  const uint32_t qa = sQ + (uint32_t)(16 * pair + (lane & 15)) * kMlaWQ * 16;
+  const uint32_t ka0 = sK + (uint32_t)((lane & 7) + ((lane >> 4) << 3)) * kMlaWQ * 16;
+  const int vr = (lane & 7) + (((lane >> 3) & 1) << 3), vsub = lane >> 4;
+  const uint32_t va0 = sV + (uint32_t)vr * kMlaWV * 16;
+
+  float o[kMlaNO][4];
+#pragma unroll
+  for (int i = 0; i < kMlaNO; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float4* mine = reinterpret_cast<float4*>(Sx) + warp * 128;
+  const float4* theirs = reinterpret_cast<const float4*>(Sx) + (warp ^ 4) * 128;
+
+  for (int t = 0; t < ntiles; t++) {
+    const int st = t & 1;
+    if (t + 1 < ntiles) rows_of(t + 1, st ^ 1);
+    cp_wait_all();
+    __syncthreads();  // tile t and q in; prow[st^1] written; the last tile done with stage st^1
+    if (t + 1 < ntiles) issue(st ^ 1);
+
+    float s[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+    if (half == 0)
+      mla_scores<0>(s, qa, ka0 + st * kStK, lane);
+    else
+      mla_scores<1>(s, qa, ka0 + st * kStK, lane);
+#pragma unroll
+    for (int i = 0; i < 4; i++) mine[i * 32 + lane] = make_float4(s[i][0], s[i][1], s[i][2], s[i][3]);
+    asm volatile("bar.sync %0, 64;\n" ::"r"(1 + pair) : "memory");
+    const int nk = min(kMlaTK, n - t * kMlaTK);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const float4 p = theirs[i * 32 + lane];
+      // The first half plus the second, in that order in both warps.
+      if (half == 0) {
+        s[i][0] += p.x, s[i][1] += p.y, s[i][2] += p.z, s[i][3] += p.w;
+      } else {
+        s[i][0] = p.x + s[i][0], s[i][1] = p.y + s[i][1], s[i][2] = p.z + s[i][2], s[i][3] = p.w + s[i][3];
+      }
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        if (8 * i + 2 * t4 + (e & 1) >= nk) s[i][e] = -INFINITY;
+    }
+
+    // Online softmax over the tile (log2 units), the max raised lazily.
+    float mx[2];
+    bool raise = false;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float v = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < 4; i++) v = fmaxf(v, fmaxf(s[i][2 * hh], s[i][2 * hh + 1]));
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+      mx[hh] = v;
+      raise = raise || v > m[hh] + kMlaSlack;
+    }
+    if (__any_sync(0xffffffffu, raise)) {
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const float mn = fmaxf(m[hh], mx[hh]);
+        const float cr = mn == -INFINITY ? 1.0f : exp2f(m[hh] - mn);
+        m[hh] = mn;
+        l[hh] *= cr;
+#pragma unroll
+        for (int i = 0; i < kMlaNO; i++) {
+          o[i][2 * hh] *= cr;
+          o[i][2 * hh + 1] *= cr;
+        }
+      }
+    }
+    uint32_t pa[2][4];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const float base = m[hh] == -INFINITY ? 0.0f : m[hh];
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        s[i][2 * hh] = exp2f(s[i][2 * hh] - base);
+        s[i][2 * hh + 1] = exp2f(s[i][2 * hh + 1] - base);
+        sum += s[i][2 * hh] + s[i][2 * hh + 1];
+      }
+      l[hh] += sum;
+    }
+#pragma unroll
+    for (int kj = 0; kj < 2; kj++) {
+      pa[kj][0] = pack_bf(s[2 * kj][0], s[2 * kj][1]);
+      pa[kj][1] = pack_bf(s[2 * kj][2], s[2 * kj][3]);
+      pa[kj][2] = pack_bf(s[2 * kj + 1][0], s[2 * kj + 1][1]);
+      pa[kj][3] = pack_bf(s[2 * kj + 1][2], s[2 * kj + 1][3]);
+    }
+
+    // O += P·V over this warp's 256 value columns (chunks 32·half ..).
+    const uint32_t vb = va0 + st * kStV;
+#pragma unroll
+    for (int kj = 0; kj < 2; kj++) {
+#pragma unroll
+      for (int dp = 0; dp < kMlaNO / 2; dp++) {
+        const int c = 32 * half + 2 * dp + vsub;  // chunk of value columns 8c..8c+7
+        uint32_t b[4];
+        ldsm4t(b, vb + (uint32_t)kj * 16 * kMlaWV * 16 + 16u * (uint32_t)(c ^ (lane & 7)));
+        mma16816(o[2 * dp], pa[kj][0], pa[kj][1], pa[kj][2], pa[kj][3], b[0], b[1]);
+        mma16816(o[2 * dp + 1], pa[kj][0], pa[kj][1], pa[kj][2], pa[kj][3], b[2], b[3]);
+      }
+    }
+  }
+
+  // Each row's sum over its quad; then the outputs (heads g, g+8 of the pair).
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
+    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int hl = 16 * pair + g + 8 * hh;  // the head within the CTA's chunk
+    if (hl >= w.gc) continue;
+    const int h = w.h0 + hl;
+    const int c0 = 256 * half + 2 * t4;
+    if (a.splits == 1) {
+      float f = 1.0f, L = l[hh];
+      if (a.sinks) {
+        const float sk = a.sinks[h] * kLog2e;
+        const float mn = fmaxf(m[hh], sk);
+        f = exp2f(m[hh] - mn);
+        L = L * f + exp2f(sk - mn);
+      }
+      const float inv = f / L;
+      float* out = a.out + (w.row * a.H + h) * kMlaDv + c0;
+#pragma unroll
+      for (int i = 0; i < kMlaNO; i++) {
+        const float v0 = o[i][2 * hh] * inv, v1 = o[i][2 * hh + 1] * inv;
+        *reinterpret_cast<float2*>(out + 8 * i) = make_float2(v0, v1);
+        if (a.outb)
+          *reinterpret_cast<uint32_t*>(a.outb + (w.row * a.H + h) * kMlaDv + c0 + 8 * i) = pack_bf(v0, v1);
+      }
+    } else {
+      float* wo = a.wo + (((int64_t)w.b * a.H + h) * a.splits + w.split) * kMlaDv + c0;
+#pragma unroll
+      for (int i = 0; i < kMlaNO; i++) *reinterpret_cast<float2*>(wo + 8 * i) = make_float2(o[i][2 * hh], o[i][2 * hh + 1]);
+      if (half == 0 && t4 == 0) {
+        float* ml = a.wml + (((int64_t)w.b * a.H + h) * a.splits + w.split) * 2;
+        ml[0] = m[hh];
+        ml[1] = l[hh];
+      }
+    }
+  }
+}
+
+// merge: one CTA per (row, head, 128 value columns) combines the splits' partial outputs by
 // log-sum-exp, with the sink in the denominator.
 __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
   mk::pdl_begin();
   __shared__ float w[kMaxSplits];
   __shared__ float inv;
-  const int b = blockIdx.x, h = blockIdx.y, S = a.splits, Dv = a.Dv;
+  const int b = blockIdx.x, h = blockIdx.y, Dv = a.Dv;
+  const int S = row_split(a, a.pos[b]).used;  // the ranges with keys; the rest wrote nothing
   const int64_t row = a.rows[b];
-  const float* ml = a.wml + ((int64_t)b * a.H + h) * S * 2;
+  const float* ml = a.wml + ((int64_t)b * a.H + h) * a.splits * 2;
   if (threadIdx.x < 32) {
     float m = -INFINITY;
     for (int s = threadIdx.x; s < S; s += 32) m = fmaxf(m, ml[2 * s]);
@@ -1211,8 +1515,8 @@ __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
     if (threadIdx.x == 0) inv = 1.0f / l;
   }
   __syncthreads();
-  const float* o = a.wo + ((int64_t)b * a.H + h) * S * Dv;
-  for (int c = threadIdx.x; c < Dv; c += kNT) {
+  const float* o = a.wo + ((int64_t)b * a.H + h) * a.splits * Dv;
+  for (int c = blockIdx.z * kNT + threadIdx.x; c < Dv; c += kNT * gridDim.z) {
     float v = 0.0f;
     // Unrolled so that several splits' loads are in flight at once.
 #pragma unroll 8
@@ -1283,7 +1587,9 @@ bool use_mma(int v_head_dim, int group) {
 // Plan is the launch shape of one attention call.
 struct Plan {
   bool mma, warp, big;
+  bool mla;  // paged_attn_mla (big dims that are MLA's; big stays set)
   int GM, NV, NS, hchunks, splits, chunk;
+  int minc, gran;  // AttnArgs' (row_split)
   int KD;  // the warp-split kernel's head_dim / 32
 };
 
@@ -1304,11 +1610,11 @@ cudaError_t opt_in(Fn fn, KernelInfo& ki, size_t smem) {
 
 // occupancy_of is how many CTAs of fn with smem bytes fit on one SM.
 template <typename Fn>
-int occupancy_of(Fn fn, KernelInfo& ki, size_t smem) {
+int occupancy_of(Fn fn, KernelInfo& ki, size_t smem, int threads = kNT) {
   if (ki.occ == 0 || smem != ki.last) {
     int v = 0;
     if (opt_in(fn, ki, smem) != cudaSuccess) cudaGetLastError();
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, fn, kNT, smem) != cudaSuccess || v < 1) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, fn, threads, smem) != cudaSuccess || v < 1) {
       cudaGetLastError();
       v = 1;
     }
@@ -1335,6 +1641,10 @@ KernelInfo& info_warp() {
   return k;
 }
 KernelInfo& info_big() {
+  static KernelInfo k;
+  return k;
+}
+KernelInfo& info_mla() {
   static KernelInfo k;
   return k;
 }
@@ -1392,6 +1702,7 @@ MmaKernel warp_kernel(int KD) {
 }
 
 int occupancy(const Plan& p, size_t smem) {
+  if (p.mla) return occupancy_of(paged_attn_mla, info_mla(), smem, kMlaNT);
   if (p.big) return occupancy_of(paged_attn_big, info_big(), smem);
   if (p.warp) {
     const MmaKernel k = warp_kernel(p.KD);
@@ -1410,6 +1721,7 @@ int occupancy(const Plan& p, size_t smem) {
 }
 
 size_t plan_smem(const Plan& p, int D, int Dv) {
+  if (p.mla) return kMlaSmem;
   if (p.big) return smem_big(D, Dv);
   if (p.warp) return 0;  // static shared memory only
   return p.mma ? smem_bytes_mma(D, Dv, p.NS) : smem_bytes(D, Dv, p.GM);
@@ -1424,10 +1736,11 @@ Plan plan(int64_t n, int heads, int kv_heads, int head_dim, int v_head_dim, int 
   Plan p{};
   const int G = heads / kv_heads;
   p.big = big_dims(head_dim, v_head_dim);  // whatever the variant: the others stop at 256
+  p.mla = p.big && q16 && g_variant != 1 && mla_dims(head_dim, v_head_dim);  // variant 1: paged_attn_big
   p.warp = !p.big && q16 && use_warp(head_dim, v_head_dim);
   p.mma = !p.big && !p.warp && use_mma(v_head_dim, G);
   p.KD = head_dim / 32;
-  p.GM = p.big ? kBigGM : p.warp ? kWG : p.mma ? kGMma : G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGMax;
+  p.GM = p.mla ? kMlaGM : p.big ? kBigGM : p.warp ? kWG : p.mma ? kGMma : G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGMax;
   p.NV = v_head_dim <= 32 ? 4 : v_head_dim <= 64 ? 8 : 16;
   p.NS = p.mma ? pick_stages(p.NV, head_dim, v_head_dim) : 2;
   p.hchunks = (G + p.GM - 1) / p.GM;
@@ -1439,7 +1752,11 @@ Plan plan(int64_t n, int heads, int kv_heads, int head_dim, int v_head_dim, int 
   // The warp-split kernel's ranges may be one tile: its warps take 16-key
   // chunks, so a short range costs a CTA little, and at small batches more
   // ranges put more of the KV read in flight at once.
-  const int min_chunk = p.warp ? kTK : kMinChunk;
+  // So may paged_attn_mla's (two of its tiles): at batch 1 its 64-head CTAs
+  // are too few to fill the GPU otherwise.
+  const int min_chunk = p.warp || p.mla ? kTK : kMinChunk;
+  p.minc = min_chunk;
+  p.gran = p.warp ? 16 : p.mla ? kMlaTK : p.big ? kBigTK : kTK;  // the kernel's tile of keys
   const int smax = (int)std::min<int64_t>(kMaxSplits, (max_keys + min_chunk - 1) / min_chunk);
   double best = -1;
   for (int s = 1; s <= std::max(1, smax); s++) {
@@ -1468,17 +1785,22 @@ uint64_t work_bytes(int64_t n, int heads, int v_head_dim, int splits) {
 }
 
 template <typename Fn>
-int launch_fn(Fn fn, KernelInfo& ki, const AttnArgs& a, size_t smem, int64_t n, cudaStream_t st) {
+int launch_fn(Fn fn, KernelInfo& ki, const AttnArgs& a, size_t smem, int64_t n, cudaStream_t st, int threads = kNT) {
   MK_CUDA(opt_in(fn, ki, smem));
   const int64_t grid = n * a.splits * a.KV * a.hchunks;
   MK_ARG(grid <= INT32_MAX, "paged_attn: %lld thread blocks", (long long)grid);
-  (void)(mk::launch(fn, dim3((unsigned)grid), dim3(kNT), smem, st, a));
+  (void)(mk::launch(fn, dim3((unsigned)grid), dim3(threads), smem, st, a));
   MK_LAUNCHED("paged_attn");
   return MK_OK;
 }
 
 int launch(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st) {
   const size_t smem = plan_smem(p, a.D, a.Dv);
+  if (p.mla) {
+    MK_ARG(smem <= smem_optin(), "paged_attn: the MLA kernel needs %zu bytes of shared memory, the device offers %zu",
+           smem, smem_optin());
+    return launch_fn(paged_attn_mla, info_mla(), a, smem, n, st, kMlaNT);
+  }
   if (p.big) {
     MK_ARG(smem <= smem_optin(), "paged_attn: head dims %d/%d need %zu bytes of shared memory, the device offers %zu",
            a.D, a.Dv, smem, smem_optin());
@@ -1603,7 +1925,13 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uin
   a.G = heads / kv_heads;
   a.hchunks = p.hchunks;
   a.splits = p.splits;
-  a.chunk = p.chunk;
+  a.minc = p.minc > 0 ? p.minc : kTK;
+  a.gran = p.gran > 0 ? p.gran : kTK;
+  // MK_PAGED_FIXED=1 (comparisons): the plan's fixed ranges of p.chunk keys
+  // whatever a row's context, as before row_split (a graph's bucket then
+  // leaves most ranges of a short context empty).
+  static const bool fixed = getenv("MK_PAGED_FIXED") != nullptr && getenv("MK_PAGED_FIXED")[0] == '1';
+  if (fixed && p.splits > 1) a.minc = a.gran = p.chunk;
   const int cpr = std::max(head_dim, v_head_dim) / 8;
   int lg = 0;
   while ((1 << lg) < cpr && lg < 4) lg++;
@@ -1616,7 +1944,11 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uin
   const cudaStream_t st = mk::as_stream(stream);
   const int rc = launch(p, a, n, st);
   if (rc != MK_OK || p.splits == 1) return rc;
-  (void)(mk::launch(paged_attn_merge, dim3((unsigned)n, (unsigned)heads), dim3(kNT), 0, st, a));
+  // A CTA per (row, head, 128 value columns): at MLA's 128 heads × 512
+  // columns one CTA per head left the loads too few in flight (H200, 64
+  // splits at batch 1: 33 µs for 17 MB).
+  (void)(mk::launch(paged_attn_merge, dim3((unsigned)n, (unsigned)heads, (unsigned)((v_head_dim + kNT - 1) / kNT)),
+                    dim3(kNT), 0, st, a));
   MK_LAUNCHED("paged_attn_merge");
   return MK_OK;
 }

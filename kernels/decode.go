@@ -61,9 +61,13 @@ type PagedVariant int32
 const (
 	// PagedAuto (the default) runs PagedWarp where it has the head dims,
 	// else PagedMMA for groups of more than 4 query heads per kv head with
-	// VHeadDim ≤ 128, else PagedSIMT.
+	// VHeadDim ≤ 128, else PagedSIMT. Past head dim 256 it runs MLA's
+	// absorbed form (HeadDim 576, VHeadDim 512) on the tensor cores (64
+	// query heads a CTA, bf16 q and softmax weights) and other dims on
+	// the CUDA cores.
 	PagedAuto PagedVariant = 0
-	// PagedSIMT computes on the CUDA cores in float32.
+	// PagedSIMT computes on the CUDA cores in float32 (past head dim 256
+	// too, MLA's dims included).
 	PagedSIMT PagedVariant = 1
 	// PagedMMA computes on the tensor cores (bf16 MMA, float32 accumulation)
 	// with q and the softmax weights split into bf16 hi + lo halves, so only

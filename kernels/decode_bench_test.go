@@ -60,6 +60,7 @@ func BenchmarkPagedAttn(b *testing.B) {
 		b.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(3, 4))
+	hint := 0 // maxKeys past ctx (a decode graph plans for its bucket), 0: ctx
 	run := func(name string, batch, ctx int, a AttnArgs, v PagedVariant, stages int) {
 		b.Run(name, func(b *testing.B) {
 			if batch*ctx > maxTokens {
@@ -71,7 +72,7 @@ func BenchmarkPagedAttn(b *testing.B) {
 				}
 				defer d.SetPagedStages(0)
 				defer d.SetPagedVariant(PagedAuto)
-				return benchPaged(b, d, r, pk, pv, batch, ctx, poolBlocks, a)
+				return benchPaged(b, d, r, pk, pv, batch, ctx, max(ctx, hint), poolBlocks, a)
 			})
 			if err != nil {
 				b.Fatal(err)
@@ -109,6 +110,25 @@ func BenchmarkPagedAttn(b *testing.B) {
 		run(fmt.Sprintf("mma/B=32_ctx=32768_H=%d_KV=%d", v.h, v.kv), 32, 32768, a2, PagedMMA, 0)
 		run(fmt.Sprintf("warp/B=32_ctx=32768_H=%d_KV=%d", v.h, v.kv), 32, 32768, a2, PagedWarp, 0)
 	}
+	// MLA's absorbed decode at DeepSeek-V3's dims (128 query heads on one
+	// KV head of 576, values the 512-wide latent): the tensor-core kernel
+	// (auto) against the CUDA-core one (simt: paged_attn_big).
+	amla := AttnArgs{Heads: 128, KVHeads: 1, HeadDim: 576, VHeadDim: 512, BlockSize: bs, Scale: 0.0723}
+	for _, batch := range []int{1, 32, 128} {
+		for _, ctx := range []int{1024, 4096, 16384} {
+			run(fmt.Sprintf("mla/B=%d_ctx=%d", batch, ctx), batch, ctx, amla, PagedAuto, 0)
+			if batch*ctx <= 32*4096 {
+				run(fmt.Sprintf("big/B=%d_ctx=%d", batch, ctx), batch, ctx, amla, PagedSIMT, 0)
+			}
+		}
+	}
+	// A decode graph's plan: keys planned for 4x the context (its bucket).
+	for _, ctx := range []int{1024, 4096} {
+		hint = 4 * ctx
+		run(fmt.Sprintf("mla_hint4x/B=1_ctx=%d", ctx), 1, ctx, amla, PagedAuto, 0)
+		run(fmt.Sprintf("warp_hint4x/B=1_ctx=%d", ctx), 1, ctx, a, PagedWarp, 0)
+		hint = 0
+	}
 	// gpt-oss's shape (64 q / 8 kv heads, d 64) on the warp-split kernel
 	// against the tensor-core one (the CUDA-core one's G = 8 is far behind).
 	a64 := a
@@ -121,7 +141,7 @@ func BenchmarkPagedAttn(b *testing.B) {
 	}
 }
 
-func benchPaged(b *testing.B, d *Device, r *rand.Rand, pk, pv *Buffer, batch, ctx, poolBlocks int, a AttnArgs) error {
+func benchPaged(b *testing.B, d *Device, r *rand.Rand, pk, pv *Buffer, batch, ctx, maxKeys, poolBlocks int, a AttnArgs) error {
 	ar := &arena{d: d}
 	defer ar.free()
 	nb := ctx / a.BlockSize
@@ -153,7 +173,7 @@ func benchPaged(b *testing.B, d *Device, r *rand.Rand, pk, pv *Buffer, batch, ct
 	if ar.err != nil {
 		return ar.err
 	}
-	ws, err := d.PagedAttnWorkspace(batch, ctx, a)
+	ws, err := d.PagedAttnWorkspace(batch, maxKeys, a)
 	if err != nil {
 		return err
 	}
@@ -166,7 +186,7 @@ func benchPaged(b *testing.B, d *Device, r *rand.Rand, pk, pv *Buffer, batch, ct
 	}
 	ms, err := timeLaunches(b, d, nil, 3, func(i int) error {
 		st := sets[i%rot]
-		return d.PagedAttnBF16(nil, out, nil, qb, pk, pv, st.rows, st.pos, st.table, st.blocks, nil, wb, batch, ctx, a)
+		return d.PagedAttnBF16(nil, out, nil, qb, pk, pv, st.rows, st.pos, st.table, st.blocks, nil, wb, batch, maxKeys, a)
 	})
 	if err != nil {
 		return err
@@ -174,5 +194,6 @@ func benchPaged(b *testing.B, d *Device, r *rand.Rand, pk, pv *Buffer, batch, ct
 	b.ReportMetric(ms*1e3, "us/op")
 	b.ReportMetric(float64(kvBytes)/(ms*1e-3)/1e9, "GB/s")
 	b.ReportMetric(float64(ws), "work-bytes")
+	b.ReportMetric(2*float64(batch)*float64(a.Heads)*float64(ctx)*float64(a.HeadDim+a.VHeadDim)/(ms*1e-3)/1e12, "TFLOP/s")
 	return ar.free()
 }

@@ -68,6 +68,10 @@ var pagedCases = []pagedCase{
 	{name: "mla_d576_dv512_g20_rows_nowork", h: 20, kv: 1, d: 576, dv: 512, bs: 7, work: "none",
 		seqs: []pagedSeq{{70, 70}, {33, 1}}},
 	{name: "mla_d576_dv512_hugehint", h: 16, kv: 1, d: 576, dv: 512, bs: 16, work: "huge", seqs: []pagedSeq{{100, 1}, {1, 1}}},
+	{name: "mla_d576_dv512_g128_batch", h: 128, kv: 1, d: 576, dv: 512, bs: 16,
+		seqs: []pagedSeq{{300, 1}, {2000, 1}, {33, 1}, {1, 1}, {64, 1}}},
+	{name: "mla_d576_dv512_kv2_g40_window_sinks", h: 80, kv: 2, d: 576, dv: 512, bs: 16, window: 100, sinks: true,
+		seqs: []pagedSeq{{500, 2}, {40, 1}}},
 	{name: "big_d320_dv264_g4_window_sinks", h: 8, kv: 2, d: 320, dv: 264, bs: 7, window: 100, sinks: true,
 		seqs: []pagedSeq{{300, 2}, {50, 1}}},
 	{name: "big_d768_dv512_g3_sinks", h: 3, kv: 1, d: 768, dv: 512, bs: 16, sinks: true, seqs: []pagedSeq{{129, 1}}},
@@ -76,7 +80,9 @@ var pagedCases = []pagedCase{
 // pagedKernels are the kernels TestPagedAttnBF16 runs every case on: the
 // CUDA-core one, the tensor-core one with its ring depth picked per shape
 // and forced to 2 and 4 stages, and the warp-split one (on the cases with
-// its head dims: d64, d128, d192/dv128; the others fall back).
+// its head dims: d64, d128, d192/dv128; the others fall back to auto's
+// choice). Past 256: "simt" runs paged_attn_big, "warp" (auto's choice)
+// paged_attn_mla at MLA's 576/512 and paged_attn_big at other dims.
 var pagedKernels = []struct {
 	name   string
 	v      PagedVariant
@@ -341,7 +347,8 @@ func TestPagedAttnArgs(t *testing.T) {
 		for _, a := range []AttnArgs{
 			{Heads: 4, KVHeads: 3, HeadDim: 16, VHeadDim: 16, BlockSize: 16},
 			{Heads: 4, KVHeads: 4, HeadDim: 12, VHeadDim: 16, BlockSize: 16},
-			{Heads: 4, KVHeads: 4, HeadDim: 16, VHeadDim: 264, BlockSize: 16},
+			{Heads: 4, KVHeads: 4, HeadDim: 16, VHeadDim: 520, BlockSize: 16},
+			{Heads: 4, KVHeads: 4, HeadDim: 776, VHeadDim: 16, BlockSize: 16},
 			{Heads: 4, KVHeads: 4, HeadDim: 16, VHeadDim: 16, BlockSize: 0},
 		} {
 			if err := ar.d.PagedAttnBF16(nil, buf, nil, buf, buf, buf, buf, buf, buf, buf, nil, nil, 1, 1, a); err == nil {

@@ -72,17 +72,24 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-// TestGoldenLatentMLA is TestGolden's deepseek_v3 with the latent MLA cache
-// (backend.LatentMLAEnv=1: LatentAttention, GemmHeads and the paged kernels
-// over [latent ‖ rope key]), in every precision profile.
-func TestGoldenLatentMLA(t *testing.T) {
+// TestGoldenLatentMLA is TestGolden's deepseek_v3 with the latent MLA cache,
+// this backend's default (LatentAttention, GemmHeads and the paged kernels
+// over [latent ‖ rope key]), in every precision profile; TestGoldenDecompressedMLA
+// the same with backend.LatentMLAEnv=0 (every head's keys and values cached).
+func TestGoldenLatentMLA(t *testing.T) { goldenMLA(t, "", true) }
+
+// TestGoldenDecompressedMLA: see TestGoldenLatentMLA.
+func TestGoldenDecompressedMLA(t *testing.T) { goldenMLA(t, "0", false) }
+
+func goldenMLA(t *testing.T, env string, latent bool) {
 	be := gpuBackend(t)
-	t.Setenv(backend.LatentMLAEnv, "1")
+	t.Setenv(backend.LatentMLAEnv, env)
 	l := loadModel(t, "deepseek_v3", be)
 	c := l.Config
 	for i, w := range l.Model.KVWidths() {
-		if w.K != c.KVLoraRank+c.QKRopeHeadDim || w.V != c.KVLoraRank {
-			t.Fatalf("layer %d caches %d/%d values a token: not the latent cache", i, w.K, w.V)
+		isLatent := w.K == c.KVLoraRank+c.QKRopeHeadDim && w.V == c.KVLoraRank
+		if isLatent != latent {
+			t.Fatalf("layer %d caches %d/%d values a token: latent %v, want %v", i, w.K, w.V, isLatent, latent)
 		}
 	}
 	for _, mode := range []struct {
