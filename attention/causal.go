@@ -75,11 +75,24 @@ func Causal(out, q, k, v []float32, Tq, past int, p *Params) {
 
 // Pool is a sequence's keys and values in a paged pool: position j's key is
 // row Blocks[j/BlockSize]·BlockSize + j%BlockSize of K [rows, KV·HeadDim],
-// its value the same row of V [rows, KV·VHeadDim].
+// its value the same row of V [rows, KV·VHeadDim] — or, with
+// ValuesInKeys, the first VHeadDim columns of each kv head's key in that
+// row of K (V unused): MLA's latent cache, where the latent is both the
+// value and the first part of the key.
 type Pool struct {
-	K, V      []float32
-	Blocks    []int32
-	BlockSize int
+	K, V         []float32
+	Blocks       []int32
+	BlockSize    int
+	ValuesInKeys bool
+}
+
+// values returns the slice holding kv head kh's value of pool row r0 and
+// the stride between rows (KV heads, head dims D / Dv).
+func (kv *Pool) values(r0, kh, KV, D, Dv int) ([]float32, int) {
+	if kv.ValuesInKeys {
+		return kv.K[(r0*KV+kh)*D:], KV * D
+	}
+	return kv.V[(r0*KV+kh)*Dv:], KV * Dv
 }
 
 // CausalPaged is Causal reading keys and values in place from a paged pool
@@ -115,7 +128,14 @@ func CausalPaged(out, q []float32, kv *Pool, Tq, past int, p *Params) {
 	if bs <= 0 || (n+bs-1)/bs > len(kv.Blocks) {
 		panic(fmt.Sprintf("attention.Causal: %d positions in blocks of %d, a table of %d blocks", n, bs, len(kv.Blocks)))
 	}
-	rows := min(len(kv.K)/(KV*D), len(kv.V)/(KV*Dv))
+	rows := len(kv.K) / (KV * D)
+	if kv.ValuesInKeys {
+		if Dv > D {
+			panic(fmt.Sprintf("attention.Causal: values in keys need VHeadDim %d ≤ HeadDim %d", Dv, D))
+		}
+	} else {
+		rows = min(rows, len(kv.V)/(KV*Dv))
+	}
 	nb := (n + bs - 1) / bs
 	for bi, b := range kv.Blocks[:nb] {
 		used := min(bs, n-bi*bs) // rows of the block the sequence fills
@@ -166,13 +186,20 @@ func (kv *Pool) runs(lo, hi int, f func(j0, r0, c int)) {
 }
 
 // Gather copies positions [0, n) of kv into contiguous keys [n, kw] and
-// values [n, vw] (kw, vw: the pool's row widths).
+// values [n, vw] (kw, vw: the pool's row widths; with ValuesInKeys, one kv
+// head: each value the first vw columns of its key).
 func (kv *Pool) Gather(n, kw, vw int) (k, v []float32) {
 	k, v = make([]float32, n*kw), make([]float32, n*vw)
 	if n > 0 {
 		kv.runs(0, n-1, func(j0, r0, c int) {
 			copy(k[j0*kw:(j0+c)*kw], kv.K[r0*kw:(r0+c)*kw])
-			copy(v[j0*vw:(j0+c)*vw], kv.V[r0*vw:(r0+c)*vw])
+			if !kv.ValuesInKeys {
+				copy(v[j0*vw:(j0+c)*vw], kv.V[r0*vw:(r0+c)*vw])
+				return
+			}
+			for j := range c {
+				copy(v[(j0+j)*vw:(j0+j+1)*vw], kv.K[(r0+j)*kw:])
+			}
 		})
 	}
 	return k, v
@@ -224,11 +251,13 @@ func attendRow(out, q []float32, kv *Pool, t, past, kh, h0, h1 int, p *Params, s
 		for j := range s {
 			s[j] *= inv
 		}
-		// Weighted sum of the values (rows KV·Dv apart within a block), in key order.
+		// Weighted sum of the values (rows KV·Dv apart within a block, or
+		// KV·D in the keys), in key order.
 		o := out[(t*H+h0+hh)*Dv:][:Dv]
 		clear(o)
 		kv.runs(lo, i, func(j0, r0, c int) {
-			linalg.AccumRows(o, s[j0-lo:], kv.V[(r0*KV+kh)*Dv:], KV*Dv, c, Dv)
+			vals, ld := kv.values(r0, kh, KV, D, Dv)
+			linalg.AccumRows(o, s[j0-lo:], vals, ld, c, Dv)
 		})
 	}
 }

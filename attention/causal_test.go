@@ -311,6 +311,52 @@ func TestCausalPagedSameBits(t *testing.T) {
 	}
 }
 
+// TestCausalPagedValuesInKeys: a pool whose values are each kv head's first
+// VHeadDim key columns (Pool.ValuesInKeys, V nil) gives Causal's bits on
+// keys that hold those values, and Gather (one kv head) gives them back.
+func TestCausalPagedValuesInKeys(t *testing.T) {
+	for _, c := range append(causalCases, causalCase{name: "mla-like decode", H: 8, KV: 1, D: 40, Dv: 32, Tq: 1, past: 37},
+		causalCase{name: "mla-like chunk", H: 4, KV: 1, D: 24, Dv: 16, Tq: 6, past: 9}) {
+		if c.Dv > c.D {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(29, uint64(c.D)))
+			q, k, v, p := c.inputs(rng)
+			n := c.past + c.Tq
+			kw, vw := c.KV*c.D, c.KV*c.Dv
+			for j := range n { // each head's value moves into its key's first columns
+				for h := range c.KV {
+					copy(k[j*kw+h*c.D:j*kw+h*c.D+c.Dv], v[j*vw+h*c.Dv:j*vw+(h+1)*c.Dv])
+				}
+			}
+			want := make([]float32, c.Tq*c.H*c.Dv)
+			Causal(want, q, k, v, c.Tq, c.past, p)
+			const bs = 4
+			nb := (n + bs - 1) / bs
+			blocks := make([]int32, nb)
+			for i, b := range rng.Perm(nb + 2)[:nb] {
+				blocks[i] = int32(b)
+			}
+			pool := &Pool{K: randVec(rng, (nb+2)*bs*kw, 1), Blocks: blocks, BlockSize: bs, ValuesInKeys: true}
+			for j := range n {
+				r := int(blocks[j/bs])*bs + j%bs
+				copy(pool.K[r*kw:(r+1)*kw], k[j*kw:])
+			}
+			got := make([]float32, len(want))
+			CausalPaged(got, q, pool, c.Tq, c.past, p)
+			if !slicesEqual(got, want) {
+				t.Fatal("values in keys: not Causal's bits")
+			}
+			if c.KV == 1 {
+				if gk, gv := pool.Gather(n, kw, vw); !slicesEqual(gk, k) || !slicesEqual(gv, v) {
+					t.Fatal("Gather does not give back the keys and the values inside them")
+				}
+			}
+		})
+	}
+}
+
 func slicesEqual(a, b []float32) bool {
 	if len(a) != len(b) {
 		return false

@@ -15,6 +15,7 @@ package backend
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/mkserve/mkserve/attention"
 	"github.com/mkserve/mkserve/moe"
@@ -70,6 +71,37 @@ type AttnParams struct {
 	Scale      float32 // softmax scale applied to q·k
 	Window     int     // sliding window in tokens (0: full causal attention)
 	Sinks      Tensor  // [NumHeads] per-head sink logits (gpt-oss), or nil
+	// ValuesInKeys: the layer's cache keeps keys only, each value being the
+	// first VHeadDim columns of its key (one KV head, VHeadDim ≤ HeadDim;
+	// MLA's latent cache, where the latent is the value and the first part
+	// of the key). Attention's v must hold those columns; it is not cached.
+	// Only on a backend whose ValuesInKeysCache says yes.
+	ValuesInKeys bool
+}
+
+// ValuesInKeysCache is implemented by backends whose KV caches can keep a
+// layer's values inside its keys (AttnParams.ValuesInKeys).
+type ValuesInKeysCache interface {
+	// ValuesInKeys reports whether layers loaded now may ask for it.
+	ValuesInKeys() bool
+}
+
+// ValuesInKeysOn reports whether be keeps values inside keys where a layer
+// asks: a ValuesInKeysCache that says yes.
+func ValuesInKeysOn(be Backend) bool {
+	v, ok := be.(ValuesInKeysCache)
+	return ok && v.ValuesInKeys()
+}
+
+// CheckValuesInKeys returns an error when p asks for values inside keys
+// with shapes that cannot hold them (more than one KV head, values wider
+// than keys).
+func (p *AttnParams) CheckValuesInKeys() error {
+	if p.ValuesInKeys && (p.NumKVHeads != 1 || p.VHeadDim > p.HeadDim) {
+		return fmt.Errorf("layer %d: values in keys need one KV head and VHeadDim ≤ HeadDim, not %d heads of %d/%d",
+			p.Layer, p.NumKVHeads, p.HeadDim, p.VHeadDim)
+	}
+	return nil
 }
 
 // MLP is a gated feed-forward block: down(act(gate(x)) * up(x)).
@@ -146,7 +178,8 @@ type Sampler interface {
 }
 
 // KVWidth is one attention layer's cached elements per token: K for the
-// keys (kv heads × head dim) and V for the values.
+// keys (kv heads × head dim) and V for the values (0 when they live inside
+// the keys: AttnParams.ValuesInKeys).
 type KVWidth struct{ Layer, K, V int }
 
 // KVAllocator is implemented by backends that allocate the whole paged KV
@@ -200,10 +233,11 @@ type MLAWeights struct {
 }
 
 // MLAParams are the AttnParams of a LatentAttention layer: the cache widths
-// of one KV head of [c ‖ rope key] keys and c values.
-func MLAParams(layer, heads int, w *MLAWeights, scale float32) AttnParams {
+// of one KV head of [c ‖ rope key] keys and c values — the values kept
+// inside the keys (the latent once a token) when valuesInKeys.
+func MLAParams(layer, heads int, w *MLAWeights, scale float32, valuesInKeys bool) AttnParams {
 	return AttnParams{Layer: layer, NumHeads: heads, NumKVHeads: 1, HeadDim: w.Lora + w.Rope, VHeadDim: w.Lora,
-		Scale: scale}
+		Scale: scale, ValuesInKeys: valuesInKeys}
 }
 
 // ExpertPlacer is implemented by backends with expert parallelism whose

@@ -74,6 +74,8 @@ struct AttnArgs {
   float* wml;  // [n, H, splits, 2] their (max, sum)
   int H, KV, D, Dv, bs, bs_shift, window, G, hchunks, splits;
   int minc, gran;  // keys per split at least, and the granule a split's keys round up to (row_split)
+  int64_t ldv;     // pool row stride of the values: KV·Dv, or KV·D with the values inside the keys
+  int vhs;         // offset of kv head kh's value in a row: kh·vhs (Dv, or D inside the keys)
   int lg_tpr;  // log2 of the threads that load one K/V row
   float scale2;  // scale * log2(e)
 };
@@ -182,9 +184,9 @@ __global__ void __launch_bounds__(kNT) paged_attn(const AttnArgs a) {
   const int cprk = D >> 3, cprv = Dv >> 3;  // 16-byte chunks per K / V row
   const int tpr = 1 << a.lg_tpr, rstep = kNT >> a.lg_tpr;
   const int sub = tid & (tpr - 1);
-  const int64_t ldpk = (int64_t)KV * D, ldpv = (int64_t)KV * Dv;
+  const int64_t ldpk = (int64_t)KV * D, ldpv = a.ldv;
   const bf16* pk = a.pk + (int64_t)kh * D;
-  const bf16* pv = a.pv + (int64_t)kh * Dv;
+  const bf16* pv = a.pv + (int64_t)kh * a.vhs;
 
   // A thread loads rows r0 + k*rstep (k < kRows) of a tile. fetch reads the
   // pool rows of tile t's keys from the block table into prow (a tile ahead,
@@ -522,9 +524,9 @@ __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
   const int cprk = D >> 3, cprv = Dv >> 3;
   const int tpr = 1 << a.lg_tpr, rstep = kNT >> a.lg_tpr;
   const int sub = tid & (tpr - 1);
-  const int64_t ldpk = (int64_t)KV * D, ldpv = (int64_t)KV * Dv;
+  const int64_t ldpk = (int64_t)KV * D, ldpv = a.ldv;
   const bf16* pk = a.pk + (int64_t)kh * D;
-  const bf16* pv = a.pv + (int64_t)kh * Dv;
+  const bf16* pv = a.pv + (int64_t)kh * a.vhs;
   // A thread loads rows r0 + k*rstep (k < kRows) of a tile. fetch reads the
   // pool rows of tile t's keys from the block table into pr; issue starts the
   // 16-byte copies of those rows into stage st (the caller commits).
@@ -832,9 +834,9 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
   }
   __syncthreads();
 
-  const int64_t ldpk = (int64_t)a.KV * D, ldpv = (int64_t)a.KV * Dv;
+  const int64_t ldpk = (int64_t)a.KV * D, ldpv = a.ldv;
   const bf16* pk = a.pk + (int64_t)kh * D + t * (D / 4);
-  const bf16* pv = a.pv + (int64_t)kh * Dv + g * (Dv / 8);
+  const bf16* pv = a.pv + (int64_t)kh * a.vhs + g * (Dv / 8);
   // prow is the pool row of key j, or -1 past the range.
   auto prow = [&](int j) -> int {
     return j >= kend ? -1 : pool_row(a, tab, j);
@@ -1019,9 +1021,9 @@ __global__ void __launch_bounds__(kNT) paged_attn_big(const AttnArgs a) {
   const CtaWork w = cta_work(a, kBigGM);
   if (w.kbeg >= w.kend) return;  // past the row's used ranges (row_split)
   const int kbeg = w.kbeg, kend = w.kend;
-  const int64_t ldpk = (int64_t)a.KV * D, ldpv = (int64_t)a.KV * Dv;
+  const int64_t ldpk = (int64_t)a.KV * D, ldpv = a.ldv;
   const bf16* pk = a.pk + (int64_t)w.kh * D;
-  const bf16* pv = a.pv + (int64_t)w.kh * Dv;
+  const bf16* pv = a.pv + (int64_t)w.kh * a.vhs;
   const int cprk = D >> 3, cprv = Dv >> 3;  // 16-byte chunks per K / V row
   const int n = kend - kbeg, ntiles = (n + kBigTK - 1) / kBigTK;
 
@@ -1271,6 +1273,9 @@ __device__ __forceinline__ void mla_scores(float (&s)[4][4], uint32_t qa, uint32
   }
 }
 
+// VK: the values are the keys' first 512 columns (a.pv == a.pk): no V
+// tiles, P·V reads the K tile (its rows kMlaWQ chunks apart).
+template <bool VK>
 __global__ void __launch_bounds__(kMlaNT, 1) paged_attn_mla(const AttnArgs a) {
   mk::pdl_begin();
   extern __shared__ __align__(128) unsigned char smem[];
@@ -1287,9 +1292,9 @@ __global__ void __launch_bounds__(kMlaNT, 1) paged_attn_mla(const AttnArgs a) {
   const CtaWork w = cta_work(a, kMlaGM);
   if (w.kbeg >= w.kend) return;  // past the row's used ranges (row_split)
   const int kbeg = w.kbeg, n = w.kend - w.kbeg, ntiles = (n + kMlaTK - 1) / kMlaTK;
-  const int64_t ldpk = (int64_t)a.KV * kMlaD, ldpv = (int64_t)a.KV * kMlaDv;
+  const int64_t ldpk = (int64_t)a.KV * kMlaD, ldpv = a.ldv;
   const bf16* pk = a.pk + (int64_t)w.kh * kMlaD;
-  const bf16* pv = a.pv + (int64_t)w.kh * kMlaDv;
+  const bf16* pv = a.pv + (int64_t)w.kh * a.vhs;
 
   auto rows_of = [&](int t, int st) {
     if (tid < kMlaTK) {
@@ -1306,11 +1311,13 @@ __global__ void __launch_bounds__(kMlaNT, 1) paged_attn_mla(const AttnArgs a) {
       cp_async16z(sK + st * kStK + mla_off<kMlaWQ>(r, c), pr >= 0 ? pk + (int64_t)pr * ldpk + c * 8 : pk,
                   pr >= 0 ? 16 : 0);
     }
-    for (int x = tid; x < kMlaTK * kMlaWV; x += kMlaNT) {
-      const int r = x / kMlaWV, c = x - r * kMlaWV;
-      const int pr = prow[st * kMlaTK + r];
-      cp_async16z(sV + st * kStV + mla_off<kMlaWV>(r, c), pr >= 0 ? pv + (int64_t)pr * ldpv + c * 8 : pv,
-                  pr >= 0 ? 16 : 0);
+    if constexpr (!VK) {
+      for (int x = tid; x < kMlaTK * kMlaWV; x += kMlaNT) {
+        const int r = x / kMlaWV, c = x - r * kMlaWV;
+        const int pr = prow[st * kMlaTK + r];
+        cp_async16z(sV + st * kStV + mla_off<kMlaWV>(r, c), pr >= 0 ? pv + (int64_t)pr * ldpv + c * 8 : pv,
+                    pr >= 0 ? 16 : 0);
+      }
     }
     cp_commit();
   };
@@ -1337,8 +1344,10 @@ __global__ void __launch_bounds__(kMlaNT, 1) paged_attn_mla(const AttnArgs a) {
   // 0-15 (lanes 16-31: keys 8-15); V rows keys 0-15 for ldmatrix.trans.
   const uint32_t qa = sQ + (uint32_t)(16 * pair + (lane & 15)) * kMlaWQ * 16;
   const uint32_t ka0 = sK + (uint32_t)((lane & 7) + ((lane >> 4) << 3)) * kMlaWQ * 16;
+  constexpr int kVW = VK ? kMlaWQ : kMlaWV;          // chunks per row of the tile holding V
+  constexpr uint32_t kVSt = VK ? kStK : kStV;          // its bytes per stage
   const int vr = (lane & 7) + (((lane >> 3) & 1) << 3), vsub = lane >> 4;
-  const uint32_t va0 = sV + (uint32_t)vr * kMlaWV * 16;
+  const uint32_t va0 = (VK ? sK : sV) + (uint32_t)vr * kVW * 16;
 
   float o[kMlaNO][4];
 #pragma unroll
@@ -1428,14 +1437,14 @@ __global__ void __launch_bounds__(kMlaNT, 1) paged_attn_mla(const AttnArgs a) {
     }
 
     // O += P·V over this warp's 256 value columns (chunks 32·half ..).
-    const uint32_t vb = va0 + st * kStV;
+    const uint32_t vb = va0 + st * kVSt;
 #pragma unroll
     for (int kj = 0; kj < 2; kj++) {
 #pragma unroll
       for (int dp = 0; dp < kMlaNO / 2; dp++) {
         const int c = 32 * half + 2 * dp + vsub;  // chunk of value columns 8c..8c+7
         uint32_t b[4];
-        ldsm4t(b, vb + (uint32_t)kj * 16 * kMlaWV * 16 + 16u * (uint32_t)(c ^ (lane & 7)));
+        ldsm4t(b, vb + (uint32_t)kj * 16 * kVW * 16 + 16u * (uint32_t)(c ^ (lane & 7)));
         mma16816(o[2 * dp], pa[kj][0], pa[kj][1], pa[kj][2], pa[kj][3], b[0], b[1]);
         mma16816(o[2 * dp + 1], pa[kj][0], pa[kj][1], pa[kj][2], pa[kj][3], b[2], b[3]);
       }
@@ -1644,6 +1653,7 @@ KernelInfo& info_big() {
   static KernelInfo k;
   return k;
 }
+template <bool VK>
 KernelInfo& info_mla() {
   static KernelInfo k;
   return k;
@@ -1702,7 +1712,7 @@ MmaKernel warp_kernel(int KD) {
 }
 
 int occupancy(const Plan& p, size_t smem) {
-  if (p.mla) return occupancy_of(paged_attn_mla, info_mla(), smem, kMlaNT);
+  if (p.mla) return occupancy_of(paged_attn_mla<false>, info_mla<false>(), smem, kMlaNT);  // the same for <true>
   if (p.big) return occupancy_of(paged_attn_big, info_big(), smem);
   if (p.warp) {
     const MmaKernel k = warp_kernel(p.KD);
@@ -1799,7 +1809,9 @@ int launch(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st) {
   if (p.mla) {
     MK_ARG(smem <= smem_optin(), "paged_attn: the MLA kernel needs %zu bytes of shared memory, the device offers %zu",
            smem, smem_optin());
-    return launch_fn(paged_attn_mla, info_mla(), a, smem, n, st, kMlaNT);
+    if (a.pv == a.pk && a.ldv == (int64_t)a.KV * a.D)
+      return launch_fn(paged_attn_mla<true>, info_mla<true>(), a, smem, n, st, kMlaNT);
+    return launch_fn(paged_attn_mla<false>, info_mla<false>(), a, smem, n, st, kMlaNT);
   }
   if (p.big) {
     MK_ARG(smem <= smem_optin(), "paged_attn: head dims %d/%d need %zu bytes of shared memory, the device offers %zu",
@@ -1832,7 +1844,8 @@ int32_t mk_kv_write_bf16(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint
                          uint64_t slots, int64_t n, int64_t kw, int64_t vw) {
   const char* fn = "mk_kv_write_bf16";
   MK_THREAD(fn);
-  DEC_ARG(fn, n > 0 && kw > 0 && vw > 0 && pool_k && pool_v && k && v && slots);
+  // vw 0: keys only (values inside them; v and pool_v unused, may be 0).
+  DEC_ARG(fn, n > 0 && kw > 0 && vw >= 0 && pool_k && k && slots && (vw == 0 || (pool_v && v)));
   int64_t blocks = (n * (kw + vw) + 255) / 256;
   if (blocks > (1 << 20)) blocks = 1 << 20;
   (void)(mk::launch(kv_write_bf16, dim3((unsigned)blocks), dim3(256), 0, mk::as_stream(stream),
@@ -1884,7 +1897,10 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uin
              v_head_dim % 8 == 0,
          "%s: head_dim %d and v_head_dim %d must be multiples of 8 in [8, %d] and [8, %d]", fn, head_dim, v_head_dim,
          kBigMaxD, kBigMaxDv);
-  DEC_ARG(fn, out && q && pool_k && pool_v && rows && pos && table && blocks);
+  DEC_ARG(fn, out && q && pool_k && rows && pos && table && blocks);
+  // pool_v 0: each kv head's values are the first v_head_dim columns of its keys.
+  MK_ARG(pool_v || v_head_dim <= head_dim, "%s: values inside keys need v_head_dim %d <= head_dim %d", fn, v_head_dim,
+         head_dim);
   MK_ARG((pool_k | pool_v) % 16 == 0, "%s: pool_k and pool_v must be 16-byte aligned", fn);
   // The warp-split kernel reads q by 16 bytes (every caller's q is aligned;
   // one that is not gets another kernel, and perhaps fewer splits).
@@ -1909,7 +1925,9 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uin
   a.outb = out_bf16 ? mk::dev<bf16>(out_bf16) : nullptr;
   a.q = mk::dev<float>(q);
   a.pk = mk::dev<bf16>(pool_k);
-  a.pv = mk::dev<bf16>(pool_v);
+  a.pv = mk::dev<bf16>(pool_v ? pool_v : pool_k);
+  a.ldv = pool_v ? (int64_t)kv_heads * v_head_dim : (int64_t)kv_heads * head_dim;
+  a.vhs = pool_v ? v_head_dim : head_dim;
   a.rows = mk::dev<int32_t>(rows);
   a.pos = mk::dev<int32_t>(pos);
   a.table = mk::dev<int32_t>(table);

@@ -33,24 +33,39 @@ func init() {
 
 // KVWriteBF16 stores float32 k [n, kw] and v [n, vw], rounded to bf16, at
 // pool rows slots [n] (int32) of the bf16 pools poolK [poolRows, kw] and
-// poolV [poolRows, vw]; rows with a negative slot are skipped. Slots are
-// trusted to lie in the pool (the caller computes them from its block tables).
+// poolV [poolRows, vw]; rows with a negative slot are skipped. vw 0 stores
+// keys only (v and poolV may be nil: a cache whose values live inside its
+// keys). Slots are trusted to lie in the pool (the caller computes them
+// from its block tables).
 func (d *Device) KVWriteBF16(s *Stream, poolK, poolV, k, v, slots *Buffer, n, kw, vw int) error {
 	const op = "KVWriteBF16"
 	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
-	if err := positive(op, "n", n, "kw", kw, "vw", vw); err != nil {
+	if err := positive(op, "n", n, "kw", kw); err != nil {
 		return err
+	}
+	if vw < 0 {
+		return fmt.Errorf("kernels: %s: vw %d is negative", op, vw)
 	}
 	N := int64(n)
-	if err := needAll(op, 2, "poolK", poolK, int64(kw), "poolV", poolV, int64(vw)); err != nil {
+	if err := needAll(op, 2, "poolK", poolK, int64(kw)); err != nil {
 		return err
 	}
-	if err := needAll(op, 4, "k", k, N*int64(kw), "v", v, N*int64(vw), "slots", slots, N); err != nil {
+	if err := needAll(op, 4, "k", k, N*int64(kw), "slots", slots, N); err != nil {
 		return err
 	}
-	return d.lib.check("mk_kv_write_bf16", kvWriteBF16(s.handle(), poolK.ptr, poolV.ptr, k.ptr, v.ptr, slots.ptr,
+	var pv, vp uint64
+	if vw > 0 {
+		if err := needAll(op, 2, "poolV", poolV, int64(vw)); err != nil {
+			return err
+		}
+		if err := needAll(op, 4, "v", v, N*int64(vw)); err != nil {
+			return err
+		}
+		pv, vp = poolV.ptr, v.ptr
+	}
+	return d.lib.check("mk_kv_write_bf16", kvWriteBF16(s.handle(), poolK.ptr, pv, k.ptr, vp, slots.ptr,
 		N, int64(kw), int64(vw)))
 }
 
@@ -176,8 +191,10 @@ func (d *Device) PagedAttnWorkspace(n, maxKeys int, a AttnArgs) (int64, error) {
 // splitting long rows across thread blocks; work (may be nil) is the
 // workspace of PagedAttnWorkspace bytes: a smaller one means fewer splits.
 // Head dims must be multiples of 8 up to PagedMaxHeadDim / PagedMaxVHeadDim
-// (past 256 a CUDA-core kernel for MLA's absorbed shapes runs, whatever
-// SetPagedVariant chose). Block ids and positions are
+// (past 256: MLA's tensor-core kernel at 576/512 unless SetPagedVariant
+// chose PagedSIMT, else a CUDA-core kernel). poolV nil: each kv head's
+// values are the first VHeadDim columns of its keys in poolK (VHeadDim ≤
+// HeadDim; MLA's latent cache). Block ids and positions are
 // trusted (the caller builds them).
 func (d *Device) PagedAttnBF16(s *Stream, out, outBF16, q, poolK, poolV, rows, pos, table, blocks, sinks, work *Buffer,
 	n, maxKeys int, a AttnArgs) error {
@@ -193,11 +210,19 @@ func (d *Device) PagedAttnBF16(s *Stream, out, outBF16, q, poolK, poolV, rows, p
 		"rows", rows, N, "pos", pos, N, "table", table, N, "blocks", blocks, int64(1)); err != nil {
 		return err
 	}
-	if err := needAll(op, 2, "poolK", poolK, int64(a.KVHeads*a.HeadDim), "poolV", poolV,
-		int64(a.KVHeads*a.VHeadDim)); err != nil {
+	if err := needAll(op, 2, "poolK", poolK, int64(a.KVHeads*a.HeadDim)); err != nil {
 		return err
 	}
-	if poolK.ptr%16 != 0 || poolV.ptr%16 != 0 {
+	var pv uint64
+	if poolV != nil {
+		if err := needAll(op, 2, "poolV", poolV, int64(a.KVHeads*a.VHeadDim)); err != nil {
+			return err
+		}
+		pv = poolV.ptr
+	} else if a.VHeadDim > a.HeadDim {
+		return fmt.Errorf("kernels: %s: values inside keys need VHeadDim %d ≤ HeadDim %d", op, a.VHeadDim, a.HeadDim)
+	}
+	if poolK.ptr%16 != 0 || pv%16 != 0 {
 		return fmt.Errorf("kernels: %s: poolK and poolV must be 16-byte aligned", op)
 	}
 	var sk, wp, wn, ob uint64
@@ -219,7 +244,7 @@ func (d *Device) PagedAttnBF16(s *Stream, out, outBF16, q, poolK, poolV, rows, p
 		}
 		wp, wn = work.ptr, uint64(work.bytes)
 	}
-	return d.lib.check("mk_paged_attn_bf16", pagedAttnBF16(s.handle(), out.ptr, ob, q.ptr, poolK.ptr, poolV.ptr,
+	return d.lib.check("mk_paged_attn_bf16", pagedAttnBF16(s.handle(), out.ptr, ob, q.ptr, poolK.ptr, pv,
 		rows.ptr, pos.ptr, table.ptr, blocks.ptr, N, int32(a.Heads), int32(a.KVHeads), int32(a.HeadDim),
 		int32(a.VHeadDim), int32(a.BlockSize), math.Float32bits(a.Scale), int32(a.Window), sk,
 		int32(max(0, min(maxKeys, math.MaxInt32))), wp, wn))

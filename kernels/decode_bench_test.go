@@ -60,7 +60,8 @@ func BenchmarkPagedAttn(b *testing.B) {
 		b.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(3, 4))
-	hint := 0 // maxKeys past ctx (a decode graph plans for its bucket), 0: ctx
+	hint := 0   // maxKeys past ctx (a decode graph plans for its bucket), 0: ctx
+	vk := false // values inside the keys (no V pool)
 	run := func(name string, batch, ctx int, a AttnArgs, v PagedVariant, stages int) {
 		b.Run(name, func(b *testing.B) {
 			if batch*ctx > maxTokens {
@@ -72,7 +73,11 @@ func BenchmarkPagedAttn(b *testing.B) {
 				}
 				defer d.SetPagedStages(0)
 				defer d.SetPagedVariant(PagedAuto)
-				return benchPaged(b, d, r, pk, pv, batch, ctx, max(ctx, hint), poolBlocks, a)
+				v := pv
+				if vk {
+					v = nil
+				}
+				return benchPaged(b, d, r, pk, v, batch, ctx, max(ctx, hint), poolBlocks, a)
 			})
 			if err != nil {
 				b.Fatal(err)
@@ -122,6 +127,12 @@ func BenchmarkPagedAttn(b *testing.B) {
 			}
 		}
 	}
+	// The latent once a token (values inside the keys): half the bytes.
+	vk = true
+	for _, batch := range []int{1, 32, 128} {
+		run(fmt.Sprintf("mla_vk/B=%d_ctx=4096", batch), batch, 4096, amla, PagedAuto, 0)
+	}
+	vk = false
 	// A decode graph's plan: keys planned for 4x the context (its bucket).
 	for _, ctx := range []int{1024, 4096} {
 		hint = 4 * ctx
@@ -146,6 +157,9 @@ func benchPaged(b *testing.B, d *Device, r *rand.Rand, pk, pv *Buffer, batch, ct
 	defer ar.free()
 	nb := ctx / a.BlockSize
 	kvBytes := int64(batch) * int64(ctx) * int64(a.KVHeads) * int64(a.HeadDim+a.VHeadDim) * 2
+	if pv == nil { // values inside the keys
+		kvBytes = int64(batch) * int64(ctx) * int64(a.KVHeads) * int64(a.HeadDim) * 2
+	}
 	rot := int(min(64, max(1, (256<<20)/kvBytes)))
 	if rot*batch*nb > poolBlocks {
 		rot = max(1, poolBlocks/(batch*nb))

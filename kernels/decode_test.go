@@ -21,6 +21,7 @@ type pagedCase struct {
 	sinks        bool
 	seqs         []pagedSeq
 	work         string // "plan": PagedAttnWorkspace; "none": no workspace; "short": maxKeys hint 1/4 of the truth; "long": twice the next power of two (a decode graph plans for its key bucket); "huge": 32768 (most key ranges empty)
+	vk           bool   // values inside the keys: no V pool, each kv head's first dv key columns
 }
 
 var pagedCases = []pagedCase{
@@ -72,6 +73,15 @@ var pagedCases = []pagedCase{
 		seqs: []pagedSeq{{300, 1}, {2000, 1}, {33, 1}, {1, 1}, {64, 1}}},
 	{name: "mla_d576_dv512_kv2_g40_window_sinks", h: 80, kv: 2, d: 576, dv: 512, bs: 16, window: 100, sinks: true,
 		seqs: []pagedSeq{{500, 2}, {40, 1}}},
+	// Values inside the keys (no V pool): MLA's latent cache on its kernel,
+	// and the other kernels' strides at other dims, one and two kv heads.
+	{name: "mla_d576_dv512_g128_vk", h: 128, kv: 1, d: 576, dv: 512, bs: 16, vk: true,
+		seqs: []pagedSeq{{300, 1}, {2000, 1}, {33, 1}, {1, 1}}},
+	{name: "mla_d576_dv512_g16_vk_longhint", h: 16, kv: 1, d: 576, dv: 512, bs: 7, vk: true, work: "long",
+		seqs: []pagedSeq{{129, 1}, {40, 2}}},
+	{name: "d64_dv32_g8_vk", h: 8, kv: 1, d: 64, dv: 32, bs: 16, vk: true, seqs: []pagedSeq{{500, 1}, {17, 3}}},
+	{name: "d128_g4_kv2_vk_sinks", h: 8, kv: 2, d: 128, dv: 128, bs: 16, vk: true, sinks: true,
+		seqs: []pagedSeq{{1000, 1}, {5, 1}}},
 	{name: "big_d320_dv264_g4_window_sinks", h: 8, kv: 2, d: 320, dv: 264, bs: 7, window: 100, sinks: true,
 		seqs: []pagedSeq{{300, 2}, {50, 1}}},
 	{name: "big_d768_dv512_g3_sinks", h: 3, kv: 1, d: 768, dv: 512, bs: 16, sinks: true, seqs: []pagedSeq{{129, 1}}},
@@ -129,6 +139,12 @@ func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant, stages i
 	poolRows := nblocks * c.bs
 	kBits, kVals := randBF16(r, poolRows*kw, 1)
 	vBits, vVals := randBF16(r, poolRows*vw, 1)
+	// vrow is kv head kh's value at pool row slot: in V, or inside the key.
+	vrow := func(slot, kh int) []float32 { return vVals[slot*vw+kh*c.dv:][:c.dv] }
+	if c.vk {
+		vBits = nil
+		vrow = func(slot, kh int) []float32 { return kVals[slot*kw+kh*c.d:][:c.dv] }
+	}
 	// Query rows: every sequence's last s.rows positions, in shuffled q rows.
 	type qrow struct{ seq, pos int }
 	var qs []qrow
@@ -166,7 +182,11 @@ func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant, stages i
 	var got []float32
 	var gotB []uint16
 	onGPU(t, g, func(ar *arena) {
-		pk, pv := put(ar, kBits), put(ar, vBits)
+		pk := put(ar, kBits)
+		var pv *Buffer
+		if !c.vk {
+			pv = put(ar, vBits)
+		}
 		qb, rb, pb, tb, bb := put(ar, q), put(ar, rows), put(ar, pos), put(ar, table), put(ar, blocks)
 		out := put(ar, f32Fill(n*c.h*c.dv, float32(math.NaN())))
 		poison := make([]uint16, n*c.h*c.dv)
@@ -246,7 +266,7 @@ func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant, stages i
 			for j := lo; j <= x.pos; j++ {
 				p := math.Exp(sc[j] - m)
 				l += p
-				vr := vVals[slot(j)*vw+kh*c.dv:][:c.dv]
+				vr := vrow(slot(j), kh)
 				for i := range c.dv {
 					o[i] += p * float64(vr[i])
 				}
@@ -280,11 +300,18 @@ func f32Fill(n int, v float32) []float32 {
 
 // TestKVWriteBF16 writes random float32 rows into a poisoned bf16 pool at
 // shuffled slots (some skipped) and checks every written element bit for bit
-// (round to nearest even) and every other element untouched.
+// (round to nearest even) and every other element untouched; with vw 0 (the
+// values inside the keys) only keys, without a V pool.
 func TestKVWriteBF16(t *testing.T) {
 	g := testGPU(t)
+	for _, vw := range []int{3 * 8, 0} {
+		t.Run(fmt.Sprintf("vw=%d", vw), func(t *testing.T) { testKVWrite(t, g, vw) })
+	}
+}
+
+func testKVWrite(t *testing.T, g *GPU, vw int) {
 	r := newRNG(t)
-	const n, kw, vw, poolRows = 37, 3 * 24, 3 * 8, 100
+	const n, kw, poolRows = 37, 3 * 24, 100
 	k, v := make([]float32, n*kw), make([]float32, n*vw)
 	for i := range k {
 		k[i] = float32(r.NormFloat64() * 3)
@@ -303,13 +330,19 @@ func TestKVWriteBF16(t *testing.T) {
 	const poison = 0x7fc1
 	var gk, gv []uint16
 	onGPU(t, g, func(ar *arena) {
-		pk, pv := put(ar, bf16Fill(poolRows*kw, poison)), put(ar, bf16Fill(poolRows*vw, poison))
-		kb, vb, sb := put(ar, k), put(ar, v), put(ar, slots)
+		pk, kb, sb := put(ar, bf16Fill(poolRows*kw, poison)), put(ar, k), put(ar, slots)
+		var pv, vb *Buffer
+		if vw > 0 {
+			pv, vb = put(ar, bf16Fill(poolRows*vw, poison)), put(ar, v)
+		}
 		if ar.err != nil {
 			return
 		}
 		ar.check(ar.d.KVWriteBF16(nil, pk, pv, kb, vb, sb, n, kw, vw))
-		gk, gv = get[uint16](ar, pk, poolRows*kw), get[uint16](ar, pv, poolRows*vw)
+		gk = get[uint16](ar, pk, poolRows*kw)
+		if vw > 0 {
+			gv = get[uint16](ar, pv, poolRows*vw)
+		}
 	})
 	wk, wv := bf16Fill(poolRows*kw, poison), bf16Fill(poolRows*vw, poison)
 	for i, s := range slots {
@@ -328,6 +361,9 @@ func TestKVWriteBF16(t *testing.T) {
 		got, want []uint16
 		w         int
 	}{{"k", gk, wk, kw}, {"v", gv, wv, vw}} {
+		if len(x.got) != len(x.want) {
+			t.Fatalf("pool %s: %d elements read back, want %d", x.name, len(x.got), len(x.want))
+		}
 		for i := range x.want {
 			if x.got[i] != x.want[i] {
 				t.Fatalf("pool %s row %d col %d: %#04x, want %#04x", x.name, i/x.w, i%x.w, x.got[i], x.want[i])

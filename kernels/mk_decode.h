@@ -15,14 +15,16 @@ extern "C" {
 
 /* pool_k[slots[i], :kw] = bf16(k[i]); pool_v[slots[i], :vw] = bf16(v[i]) for
  * i < n (k [n, kw], v [n, vw] float32, slots [n] int32, round to nearest
- * even); rows with slots[i] < 0 are skipped. */
+ * even); rows with slots[i] < 0 are skipped. vw 0 (ABI 15): keys only, v and
+ * pool_v unused (0 allowed) — a cache whose values live inside its keys. */
 MK_API int32_t mk_kv_write_bf16(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint64_t k,
                                 uint64_t v, uint64_t slots, int64_t n, int64_t kw, int64_t vw);
 
 /* Selects mk_paged_attn_bf16's kernel (for tests and comparisons): 0 auto
  * (the default: the warp-split kernel for head dims 64/64, 128/128 and
- * 192/128, else tensor cores for groups of more than 4 heads with
- * v_head_dim <= 128, else CUDA cores), 1 CUDA cores (float32 FMAs),
+ * 192/128, MLA's tensor-core kernel at 576/512, else tensor cores for groups
+ * of more than 4 heads with v_head_dim <= 128, else CUDA cores), 1 CUDA
+ * cores (float32 FMAs; at any head dims),
  * 2 tensor cores (mma.sync with q and P split into bf16 hi + lo;
  * v_head_dim <= 128), 3 warp-split (K and V loaded straight into mma
  * fragments, q and P bf16; other head dims get auto's other choice). */
@@ -55,7 +57,9 @@ MK_API int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_head
  * CTAs: a wrong value costs speed, not correctness; 0: never split). work:
  * workspace of work_size bytes (mk_paged_attn_workspace; a smaller one, or 0,
  * means fewer splits). out_bf16 (0 for none; ABI 11): every value written to
- * out is also written there rounded to bf16 (RN), [*, heads*v_head_dim]. */
+ * out is also written there rounded to bf16 (RN), [*, heads*v_head_dim].
+ * pool_v 0 (ABI 15): each kv head's values are the first v_head_dim columns
+ * of its keys in pool_k (v_head_dim <= head_dim; MLA's latent cache). */
 MK_API int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uint64_t q, uint64_t pool_k,
                                   uint64_t pool_v, uint64_t rows, uint64_t pos, uint64_t table,
                                   uint64_t blocks, int64_t n, int32_t heads, int32_t kv_heads,

@@ -52,8 +52,10 @@ extern "C" {
  * 12: mk_ring_attn_gather_bf16.
  * 13: mk_moe_gemv(2) (routing and the GEMV experts in one launch),
  *    mk_moe_decode_check; mk_moe_workspace's layout has the barrier word.
- * 14: mk_gemm_heads; mk_paged_attn_bf16 takes head dims up to 768 / 512. */
-#define MK_ABI_VERSION 14
+ * 14: mk_gemm_heads; mk_paged_attn_bf16 takes head dims up to 768 / 512.
+ * 15: values inside keys: mk_kv_write_bf16 with vw 0, mk_paged_attn_bf16
+ *    with pool_v 0. */
+#define MK_ABI_VERSION 15
 
 /* Status codes. */
 enum {

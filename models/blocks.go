@@ -53,7 +53,11 @@ func (d *decoder) KVWidths() []backend.KVWidth {
 	for _, l := range d.layers {
 		if a, ok := l.attn.(interface{ params() *backend.AttnParams }); ok {
 			p := a.params()
-			out = append(out, backend.KVWidth{Layer: p.Layer, K: p.NumKVHeads * p.HeadDim, V: p.NumKVHeads * p.VHeadDim})
+			w := backend.KVWidth{Layer: p.Layer, K: p.NumKVHeads * p.HeadDim, V: p.NumKVHeads * p.VHeadDim}
+			if p.ValuesInKeys {
+				w.V = 0 // the values are inside the keys
+			}
+			out = append(out, w)
 		}
 	}
 	return out

@@ -112,7 +112,8 @@ func loadMLA(cfg *Config, w *Weights, be backend.Backend, i int) (*mlaAttention,
 			a.la = la
 			if a.latent, err = w.mlaWeights(p+"kv_b_proj.weight", H, a.nope, a.ropeDim, a.vDim, a.kvLora); err == nil {
 				// q·k is the same sum either way, (q_nope·W_UK)·c + q_rope·k_rope: the scale stays.
-				a.p = backend.MLAParams(i, H, a.latent, a.p.Scale)
+				// The latent once a token where the backend keeps values inside keys.
+				a.p = backend.MLAParams(i, H, a.latent, a.p.Scale, backend.ValuesInKeysOn(be))
 			}
 		}
 	} else {

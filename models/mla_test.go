@@ -17,7 +17,8 @@ type plainBackend struct{ backend.Backend }
 
 // TestMLALatentCache: on a backend.LatentAttender (the CPU backend) a
 // DeepSeek-V3 layer caches [latent ‖ rope key] per token, one KV head
-// (kv_lora_rank + qk_rope_head_dim keys, kv_lora_rank values), and its
+// (kv_lora_rank + qk_rope_head_dim keys, the values inside them: the CPU
+// backend is a backend.ValuesInKeysCache), and its
 // logits over a prompt match the decompressed form's (every head's keys and
 // values cached) to float32 rounding. (KV-cached decoding on the latent
 // cache against transformers: TestGoldenGreedy.)
@@ -34,8 +35,8 @@ func TestMLALatentCache(t *testing.T) {
 	c := lat.Config
 	H, lora, rope := c.NumHeads, c.KVLoraRank, c.QKRopeHeadDim
 	for i, w := range lat.Model.KVWidths() {
-		if w.K != lora+rope || w.V != lora {
-			t.Fatalf("latent layer %d caches %d/%d floats a token, want %d/%d", i, w.K, w.V, lora+rope, lora)
+		if w.K != lora+rope || w.V != 0 {
+			t.Fatalf("latent layer %d caches %d/%d floats a token, want %d/0", i, w.K, w.V, lora+rope)
 		}
 	}
 	for i, w := range dec.Model.KVWidths() {

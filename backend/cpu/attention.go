@@ -76,8 +76,16 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	if err := params.Validate(); err != nil {
 		panicf("Attention", "%v", err)
 	}
+	if err := p.CheckValuesInKeys(); err != nil {
+		panicf("Attention", "%v", err)
+	}
 
-	hist := be.appendKV("Attention", b, p.Layer, kt.data, vt.data, KV*D, KV*Dv) // views of the caches
+	var hist []attention.Pool // views of the caches
+	if p.ValuesInKeys {
+		hist = be.appendKV("Attention", b, p.Layer, kt.data, nil, KV*D, 0)
+	} else {
+		hist = be.appendKV("Attention", b, p.Layer, kt.data, vt.data, KV*D, KV*Dv)
+	}
 
 	out := newTensor(T, H*Dv)
 	run := func(i int) {
@@ -100,9 +108,10 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 // appendKV appends each span's new rows of k [T, kw] and v [T, vw] to
 // layer's KV cache (paged spans: into their blocks) and returns a view of
 // every span's whole history, Past+Len positions: the pool and the span's
-// block table, or the unpaged cache as one block. It holds the cache lock
-// only while it appends; it panics, naming op, on the errors Attention
-// lists.
+// block table, or the unpaged cache as one block. vw 0 (v nil): the values
+// are each key's first columns (attention.Pool.ValuesInKeys). It holds the
+// cache lock only while it appends; it panics, naming op, on the errors
+// Attention lists.
 func (be *Backend) appendKV(op string, b *backend.Batch, layer int, k, v []float32, kw, vw int) []attention.Pool {
 	hist := make([]attention.Pool, len(b.Seqs))
 	be.kvMu.Lock()
@@ -120,7 +129,7 @@ func (be *Backend) appendKV(op string, b *backend.Batch, layer int, k, v []float
 			}
 			pl := be.paged.layer(layer, kw, vw)
 			be.paged.write(pl, s, k[s.Offset*kw:(s.Offset+s.Len)*kw], v[s.Offset*vw:(s.Offset+s.Len)*vw])
-			hist[i] = attention.Pool{K: pl.k, V: pl.v, Blocks: s.Blocks, BlockSize: be.paged.blockSize}
+			hist[i] = attention.Pool{K: pl.k, V: pl.v, Blocks: s.Blocks, BlockSize: be.paged.blockSize, ValuesInKeys: vw == 0}
 			continue
 		}
 		sc := be.kv[s.ID]
@@ -140,7 +149,7 @@ func (be *Backend) appendKV(op string, b *backend.Batch, layer int, k, v []float
 		}
 		c.k = append(c.k[:s.Past*kw], k[s.Offset*kw:(s.Offset+s.Len)*kw]...)
 		c.v = append(c.v[:s.Past*vw], v[s.Offset*vw:(s.Offset+s.Len)*vw]...)
-		hist[i] = attention.Pool{K: c.k, V: c.v, Blocks: []int32{0}, BlockSize: max(s.Past+s.Len, 1)}
+		hist[i] = attention.Pool{K: c.k, V: c.v, Blocks: []int32{0}, BlockSize: max(s.Past+s.Len, 1), ValuesInKeys: vw == 0}
 	}
 	be.kvMu.Unlock()
 	return hist

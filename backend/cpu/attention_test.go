@@ -145,3 +145,56 @@ func TestAttentionRollbackAndFree(t *testing.T) {
 		be.Attention(randT(r, 1, H*D), randT(r, 1, 6), randT(r, 1, H*D), batchOf(r, backend.SeqSpan{ID: 3, Len: 1}), p)
 	})
 }
+
+// TestAttentionValuesInKeys: a layer whose values are its keys' first
+// columns gives the same outputs with AttnParams.ValuesInKeys (values not
+// cached) as with the values cached apart, through a prompt and decode
+// steps on the paged and the unpaged cache; more than one KV head is an
+// error.
+func TestAttentionValuesInKeys(t *testing.T) {
+	const H, D, Dv = 4, 12, 8
+	for _, paged := range []bool{false, true} {
+		t.Run(fmt.Sprintf("paged=%v", paged), func(t *testing.T) {
+			r := newRand(t)
+			outs := map[bool][][]float32{}
+			for _, vk := range []bool{false, true} {
+				r2 := rand.New(rand.NewPCG(7, 8)) // the same inputs for both
+				be := New(Options{})
+				var blocks []int32
+				if paged {
+					if err := be.InitKV(4, 16); err != nil {
+						t.Fatal(err)
+					}
+					blocks = []int32{9, 3, 14, 0, 5}
+				}
+				p := backend.AttnParams{Layer: 1, NumHeads: H, NumKVHeads: 1, HeadDim: D, VHeadDim: Dv, Scale: 0.3,
+					ValuesInKeys: vk}
+				past := 0
+				for _, n := range []int{7, 1, 1, 3} {
+					b := batchOf(r, backend.SeqSpan{ID: 4, Len: n, Past: past, Blocks: blocks})
+					q, k := randVec(r2, n*H*D, 1), randVec(r2, n*D, 1)
+					v := make([]float32, n*Dv)
+					for j := range n {
+						copy(v[j*Dv:(j+1)*Dv], k[j*D:])
+					}
+					outs[vk] = append(outs[vk], data(t, be.Attention(FromFloat32([]int{n, H * D}, q),
+						FromFloat32([]int{n, D}, k), FromFloat32([]int{n, Dv}, v), b, &p)))
+					past += n
+				}
+			}
+			for i := range outs[false] {
+				if !slices.Equal(outs[false][i], outs[true][i]) {
+					t.Fatalf("step %d: values in keys differ from values cached apart", i)
+				}
+			}
+		})
+	}
+	bad := backend.AttnParams{Layer: 0, NumHeads: 4, NumKVHeads: 2, HeadDim: 8, VHeadDim: 8, Scale: 1, ValuesInKeys: true}
+	be := New(Options{})
+	r := newRand(t)
+	b := batchOf(r, backend.SeqSpan{ID: 1, Len: 1})
+	mustPanic(t, "values in keys need one KV head", func() {
+		be.Attention(FromFloat32([]int{1, 32}, randVec(r, 32, 1)), FromFloat32([]int{1, 16}, randVec(r, 16, 1)),
+			FromFloat32([]int{1, 16}, randVec(r, 16, 1)), b, &bad)
+	})
+}

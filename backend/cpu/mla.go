@@ -13,12 +13,16 @@ import (
 // backend.LatentMLAEnv is 0.
 func (be *Backend) LatentMLA() bool { return os.Getenv(backend.LatentMLAEnv) != "0" }
 
+// ValuesInKeys implements backend.ValuesInKeysCache: always (attention.Pool
+// reads values inside keys).
+func (be *Backend) ValuesInKeys() bool { return true }
+
 // LatentAttention implements backend.LatentAttender. Each token's [c ‖ kPe]
-// goes to the layer's KV cache as its key (Lora+Rope values) and c as its
-// value (Lora: the latent is stored twice, 1088 values a token and layer for
-// DeepSeek-V3 against 40 960 decompressed). Then each span attends in
-// whichever form costs fewer multiply-adds (mlaDecompress): absorbed
-// (decode) or decompressed (long prefills).
+// goes to the layer's KV cache as its key (Lora+Rope values) and c is its
+// value: inside the key with p.ValuesInKeys (576 values a token and layer
+// for DeepSeek-V3 against 40 960 decompressed), else stored again (1088).
+// Then each span attends in whichever form costs fewer multiply-adds
+// (mlaDecompress): absorbed (decode) or decompressed (long prefills).
 //
 // Context-parallel spans attend as ordinary ones (the ring schedule is
 // Attention's). It panics on bad shapes, a window or sinks in p, and the
@@ -58,7 +62,12 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 	}
 
 	keys := concatHeads(T, 1, []colPart{{ct.data, L, L, false}, {kp.data, R, R, false}}) // [T, L+R]: [c ‖ kPe]
-	hist := be.appendKV(op, b, p.Layer, keys, ct.data, L+R, L)
+	var hist []attention.Pool
+	if p.ValuesInKeys {
+		hist = be.appendKV(op, b, p.Layer, keys, nil, L+R, 0)
+	} else {
+		hist = be.appendKV(op, b, p.Layer, keys, ct.data, L+R, L)
+	}
 
 	out := newTensor(T, H*V)
 	// Spans side by side, as Attention runs them (each also spreads its own work).

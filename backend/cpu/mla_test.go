@@ -62,8 +62,9 @@ func (m *mlaRef) attend(id uint64, n int, qn, qp []float32, scale float64) []flo
 
 // TestLatentAttention runs two sequences through a long fresh prompt
 // (decompressed), chunks and decode steps (absorbed), on the unpaged and the
-// paged cache, against the decompressed attention in float64; it checks the
-// cache widths and that both forms ran.
+// paged cache, with the latent stored again as values and kept inside the
+// keys (AttnParams.ValuesInKeys), against the decompressed attention in
+// float64; it checks the cache widths and that both forms ran.
 func TestLatentAttention(t *testing.T) {
 	const H, L, R, N, V = 4, 32, 8, 16, 24
 	type span = backend.SeqSpan
@@ -76,8 +77,9 @@ func TestLatentAttention(t *testing.T) {
 	if !mlaDecompress(60, 0, L, R, N, V) || mlaDecompress(1, 60, L, R, N, V) || mlaDecompress(5, 3, L, R, N, V) {
 		t.Fatal("the steps no longer run both forms: adjust them to mlaDecompress")
 	}
-	for _, paged := range []bool{false, true} {
-		t.Run(fmt.Sprintf("paged=%v", paged), func(t *testing.T) {
+	for _, mode := range []struct{ paged, vk bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		paged := mode.paged
+		t.Run(fmt.Sprintf("paged=%v/vk=%v", paged, mode.vk), func(t *testing.T) {
 			r := newRand(t)
 			be := New(Options{F32Weights: true})
 			ref := &mlaRef{H: H, L: L, R: R, N: N, V: V, kvb: randVec(r, H*(N+V)*L, 0.3),
@@ -95,7 +97,7 @@ func TestLatentAttention(t *testing.T) {
 			}
 			w.UKT, w.UK, w.UV = FromFloat32([]int{H * L, N}, ukt), FromFloat32([]int{H * N, L}, uk), FromFloat32([]int{H * V, L}, uv)
 			scale := float32(1 / math.Sqrt(N+R))
-			p := backend.MLAParams(3, H, w, scale)
+			p := backend.MLAParams(3, H, w, scale, mode.vk)
 			tables := map[uint64][]int32{}
 			if paged {
 				if err := be.InitKV(16, 32); err != nil {
@@ -110,10 +112,8 @@ func TestLatentAttention(t *testing.T) {
 				}
 			}
 			for si, st := range steps {
-				if paged {
-					for i := range st {
-						st[i].Blocks = tables[st[i].ID]
-					}
+				for i := range st {
+					st[i].Blocks = tables[st[i].ID] // nil unpaged
 				}
 				b := batchOf(r, st...)
 				T := len(b.Tokens)
@@ -140,6 +140,12 @@ func TestLatentAttention(t *testing.T) {
 				if n := be.cachedTokens(2, 3); n != 49 {
 					t.Fatalf("sequence 2 has %d tokens cached, want 49", n)
 				}
+				c := be.kv[2].layer(3)
+				if wantV := map[bool]int{false: 49 * L, true: 0}[mode.vk]; c.kw != L+R || len(c.v) != wantV {
+					t.Fatalf("cache widths %d/%d holding %d values, want %d/… holding %d", c.kw, c.vw, len(c.v), L+R, wantV)
+				}
+			} else if pl := be.paged.layers[3]; pl.kw != L+R || (len(pl.v) == 0) != mode.vk {
+				t.Fatalf("paged cache widths %d/%d (%d values), values in keys %v", pl.kw, pl.vw, len(pl.v), mode.vk)
 			}
 		})
 	}

@@ -80,16 +80,20 @@ func grow(d *kernels.Device, pl *kvLayer, blocks, bs int) {
 	kvElem := int64(pl.elem)
 	k, err := d.Malloc(int64(blocks) * int64(bs) * int64(pl.kw) * kvElem)
 	must("KV cache", err)
-	v, err := d.Malloc(int64(blocks) * int64(bs) * int64(pl.vw) * kvElem)
-	if err != nil {
-		k.Free()
-		must("KV cache", err)
+	var v *kernels.Buffer // nil: the values live inside the keys (vw 0)
+	if pl.vw > 0 {
+		if v, err = d.Malloc(int64(blocks) * int64(bs) * int64(pl.vw) * kvElem); err != nil {
+			k.Free()
+			must("KV cache", err)
+		}
 	}
 	if pl.blocks > 0 {
 		must("KV cache", d.Copy(k, pl.k, int64(pl.blocks)*int64(bs)*int64(pl.kw)*kvElem))
-		must("KV cache", d.Copy(v, pl.v, int64(pl.blocks)*int64(bs)*int64(pl.vw)*kvElem))
 		must("KV cache", pl.k.Free())
-		must("KV cache", pl.v.Free())
+		if v != nil {
+			must("KV cache", d.Copy(v, pl.v, int64(pl.blocks)*int64(bs)*int64(pl.vw)*kvElem))
+			must("KV cache", pl.v.Free())
+		}
 	}
 	pl.k, pl.v, pl.blocks = k, v, blocks
 }
@@ -255,7 +259,16 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	if err := params.Validate(); err != nil {
 		panicf("Attention", "%v", err)
 	}
+	if err := p.CheckValuesInKeys(); err != nil {
+		panicf("Attention", "%v", err)
+	}
 	kw, vw := KV*D, KV*Dv
+	if p.ValuesInKeys {
+		if be.kvF32 {
+			panicf("Attention", "layer %d: values inside keys on the float32 cache (ValuesInKeys says no there)", p.Layer)
+		}
+		vw = 0 // v's rows are the keys' first Dv columns: not cached
+	}
 
 	be.kvMu.Lock()
 	defer be.kvMu.Unlock()
@@ -415,6 +428,10 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			if writeOnly {
 				continue
 			}
+			if (len(g.worldCP) > 0 || len(g.rings) > 0) && pl.v == nil {
+				return fmt.Errorf("layer %d: context-parallel attention over a cache whose values live inside its keys is not built",
+					p.Layer)
+			}
 			if len(g.worldCP) > 0 && qbf == nil {
 				qbf = be.alloc.get(d, int64(T*H*D)*2)
 				if err := d.ConvertF32ToBF16(nil, qbf, qb, T*H*D); err != nil {
@@ -434,7 +451,7 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			if len(g.rows) == 0 {
 				continue
 			}
-			if g.maxLen > 1 && !g.gaps && flashFits(D, Dv) && flashOn() {
+			if g.maxLen > 1 && !g.gaps && flashFits(D, Dv) && flashOn() && pl.v != nil {
 				// A prefill step: every span of the group through the
 				// tensor-core prefill kernel (decode spans as 1-row sequences).
 				if qbf == nil {
@@ -661,7 +678,7 @@ func (be *Backend) AllocKV(widths []backend.KVWidth) error {
 	var made []int
 	err := be.g.Do(func(d *kernels.Device) error {
 		for _, w := range widths {
-			if w.Layer < 0 || w.K <= 0 || w.V <= 0 {
+			if w.Layer < 0 || w.K <= 0 || w.V < 0 {
 				return fmt.Errorf("cuda: AllocKV: layer %d widths %d/%d", w.Layer, w.K, w.V)
 			}
 			if w.Layer < len(pk.layers) && pk.layers[w.Layer] != nil {
@@ -717,6 +734,9 @@ func (be *Backend) CopyBlocks(src, dst []int32) {
 					buf *kernels.Buffer
 					w   int64
 				}{{pl.k, int64(pl.kw)}, {pl.v, int64(pl.vw)}} {
+					if m.w == 0 {
+						continue // values inside the keys
+					}
 					n := bs * m.w * int64(pl.elem) // bytes a block
 					sv, err := m.buf.View(int64(r.src)*n, int64(r.n)*n)
 					if err != nil {

@@ -14,6 +14,12 @@ import (
 // bytes a token.
 func (be *Backend) LatentMLA() bool { return os.Getenv(backend.LatentMLAEnv) != "0" }
 
+// ValuesInKeys implements backend.ValuesInKeysCache: on the bf16 cache (the
+// paged kernels read the values inside the keys: the latent once a token),
+// not on the float32 one (Options.KVCacheF32) whose kernels have no such
+// stride.
+func (be *Backend) ValuesInKeys() bool { return !be.kvF32 }
+
 // LatentAttention implements backend.LatentAttender. Every row's [c ‖ kPe]
 // goes to the layer's cache (one KV head: 576 / 512 values for DeepSeek-V3).
 // A batch of fresh prompts (every span at Past 0, one longer than a row,

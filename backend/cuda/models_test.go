@@ -86,8 +86,12 @@ func goldenMLA(t *testing.T, env string, latent bool) {
 	t.Setenv(backend.LatentMLAEnv, env)
 	l := loadModel(t, "deepseek_v3", be)
 	c := l.Config
+	wantV := c.KVLoraRank // the latent again as values, or 0 inside the keys
+	if backend.ValuesInKeysOn(be) {
+		wantV = 0
+	}
 	for i, w := range l.Model.KVWidths() {
-		isLatent := w.K == c.KVLoraRank+c.QKRopeHeadDim && w.V == c.KVLoraRank
+		isLatent := w.K == c.KVLoraRank+c.QKRopeHeadDim && w.V == wantV
 		if isLatent != latent {
 			t.Fatalf("layer %d caches %d/%d values a token: latent %v, want %v", i, w.K, w.V, isLatent, latent)
 		}

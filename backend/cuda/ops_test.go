@@ -100,7 +100,12 @@ func moeLayerOf(t testing.TB, be backend.Backend, g *gen, wt func(float32, ...in
 }
 
 var opCases = []opCase{
-	{"latent_attention_big", latentSteps},
+	{"latent_attention_big", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		return latentSteps(t, be, g, backend.ValuesInKeysOn(be)) // the latent once a token where the backend can
+	}},
+	{"latent_attention_big_vcached", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+		return latentSteps(t, be, g, false) // the latent again as values
+	}},
 	{"embed_bf16", func(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
 		return []backend.Tensor{be.Embed(W(t, be, g.bf16(1, 37, 24)), []int32{3, 36, 0, 3, 17})}
 	}},
@@ -338,7 +343,7 @@ func TestNewEPUnsupported(t *testing.T) {
 // decompressed, and a 3-token one), then a decode step, on paged and unpaged
 // sequences. The latent and rope keys are bf16-exact (the CUDA cache
 // stores them in bf16), and so are the weights.
-func latentSteps(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
+func latentSteps(t testing.TB, be backend.Backend, g *gen, valuesInKeys bool) []backend.Tensor {
 	la, ok := be.(backend.LatentAttender)
 	if !ok {
 		t.Fatalf("%T is not a backend.LatentAttender", be)
@@ -362,7 +367,7 @@ func latentSteps(t testing.TB, be backend.Backend, g *gen) []backend.Tensor {
 		return W(t, be, tensor.ToBF16(tensor.FromFloat32("w", []int{rows, cols}, v)))
 	}
 	w := &backend.MLAWeights{Lora: L, Nope: N, Rope: R, V: V, UKT: bf(ukt, H*L, N), UK: bf(uk, H*N, L), UV: bf(uv, H*V, L)}
-	p := backend.MLAParams(5, H, w, 0.2)
+	p := backend.MLAParams(5, H, w, 0.2, valuesInKeys)
 	const U = 1<<40 + 7 // unpaged id
 	A := []int32{9, 2, 11}
 	steps := [][]backend.SeqSpan{
