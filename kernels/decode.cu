@@ -1534,6 +1534,75 @@ __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
   }
 }
 
+// paged_attn_merge4 (MK_PAGED_MERGE=4; written in session 14 without a GPU
+// left to run it, so not the default): the same merge with its splits
+// spread over the CTA's 4 warps — warp w sums splits w, w+4, … of 128 value
+// columns (a float4 a lane, 4 splits' loads in flight), and the 4 partial
+// sums meet in shared memory in warp order. The one-warp-per-column merge
+// walks all the splits in one thread (16 dependent rounds of 8 loads at
+// 128 splits); this one walks a quarter of them with 4× wider loads.
+__global__ void __launch_bounds__(kNT) paged_attn_merge4(const AttnArgs a) {
+  mk::pdl_begin();
+  __shared__ float w[kMaxSplits];
+  __shared__ float inv;
+  __shared__ float4 part[4][32];
+  const int b = blockIdx.x, h = blockIdx.y, Dv = a.Dv;
+  const int S = row_split(a, a.pos[b]).used;
+  const int64_t row = a.rows[b];
+  const float* ml = a.wml + ((int64_t)b * a.H + h) * a.splits * 2;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp == 0) {
+    float m = -INFINITY;
+    for (int s = lane; s < S; s += 32) m = fmaxf(m, ml[2 * s]);
+    m = warp_max(m);
+    float sk = -INFINITY;
+    if (a.sinks) {
+      sk = a.sinks[h] * kLog2e;
+      m = fmaxf(m, sk);
+    }
+    float l = 0.0f;
+    for (int s = lane; s < S; s += 32) {
+      const float ms = ml[2 * s];
+      const float ws = ms == -INFINITY ? 0.0f : exp2f(ms - m);
+      w[s] = ws;
+      l += ws * ml[2 * s + 1];
+    }
+    l = warp_sum(l);
+    if (a.sinks) l += exp2f(sk - m);
+    if (lane == 0) inv = 1.0f / l;
+  }
+  __syncthreads();
+  const float* o = a.wo + ((int64_t)b * a.H + h) * a.splits * Dv;
+  const int c = blockIdx.z * kNT + 4 * lane;  // this lane's 4 columns
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (c < Dv) {
+#pragma unroll 4
+    for (int s = warp; s < S; s += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(o + (int64_t)s * Dv + c);
+      const float ws = w[s];
+      acc.x = fmaf(ws, v.x, acc.x);
+      acc.y = fmaf(ws, v.y, acc.y);
+      acc.z = fmaf(ws, v.z, acc.z);
+      acc.w = fmaf(ws, v.w, acc.w);
+    }
+  }
+  part[warp][lane] = acc;
+  __syncthreads();
+  if (warp != 0 || c >= Dv) return;
+  float4 t = part[0][lane];
+#pragma unroll
+  for (int q = 1; q < 4; q++) {
+    const float4 u = part[q][lane];
+    t.x += u.x, t.y += u.y, t.z += u.z, t.w += u.w;
+  }
+  const float f = inv;
+  const int64_t i = (row * a.H + h) * Dv + c;
+  put_out(a, i, t.x * f);
+  put_out(a, i + 1, t.y * f);
+  put_out(a, i + 2, t.z * f);
+  put_out(a, i + 3, t.w * f);
+}
+
 __global__ void kv_write_bf16(bf16* pk, bf16* pv, const float* k, const float* v, const int32_t* slots,
                               int64_t n, int64_t kw, int64_t vw) {
   mk::pdl_begin();
@@ -1965,8 +2034,12 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uin
   // A CTA per (row, head, 128 value columns): at MLA's 128 heads × 512
   // columns one CTA per head left the loads too few in flight (H200, 64
   // splits at batch 1: 33 µs for 17 MB).
-  (void)(mk::launch(paged_attn_merge, dim3((unsigned)n, (unsigned)heads, (unsigned)((v_head_dim + kNT - 1) / kNT)),
-                    dim3(kNT), 0, st, a));
+  static const bool merge4 = getenv("MK_PAGED_MERGE") != nullptr && atoi(getenv("MK_PAGED_MERGE")) == 4;
+  const dim3 mg((unsigned)n, (unsigned)heads, (unsigned)((v_head_dim + kNT - 1) / kNT));
+  if (merge4)  // 4 columns a lane: 128 columns a CTA, as the other's
+    (void)(mk::launch(paged_attn_merge4, mg, dim3(kNT), 0, st, a));
+  else
+    (void)(mk::launch(paged_attn_merge, mg, dim3(kNT), 0, st, a));
   MK_LAUNCHED("paged_attn_merge");
   return MK_OK;
 }
