@@ -273,7 +273,7 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	be.kvMu.Lock()
 	defer be.kvMu.Unlock()
 	paged, priv := newGroup(T), newGroup(T)
-	paged.ring = !be.kvF32 && flashFits(D, Dv)
+	paged.ring = !be.kvF32 && flashFits(D, Dv) && !p.ValuesInKeys // the flash kernels read a V pool
 	priv.ring = paged.ring
 	if w := be.world; w != nil {
 		paged.worldR, paged.worldMe = w.R, w.me
