@@ -80,12 +80,7 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		panicf("Attention", "%v", err)
 	}
 
-	var hist []attention.Pool // views of the caches
-	if p.ValuesInKeys {
-		hist = be.appendKV("Attention", b, p.Layer, kt.data, nil, KV*D, 0)
-	} else {
-		hist = be.appendKV("Attention", b, p.Layer, kt.data, vt.data, KV*D, KV*Dv)
-	}
+	hist := be.appendLayerKV("Attention", b, p, kt.data, vt.data) // views of the caches
 
 	out := newTensor(T, H*Dv)
 	run := func(i int) {
@@ -103,6 +98,16 @@ func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	// sequences (decode) also run side by side.
 	par.Each(len(b.Seqs), run)
 	return out
+}
+
+// appendLayerKV is appendKV for layer p: its widths, and no values stored
+// where p keeps them inside the keys.
+func (be *Backend) appendLayerKV(op string, b *backend.Batch, p *backend.AttnParams, k, v []float32) []attention.Pool {
+	kw, vw := p.NumKVHeads*p.HeadDim, p.NumKVHeads*p.VHeadDim
+	if p.ValuesInKeys {
+		v, vw = nil, 0
+	}
+	return be.appendKV(op, b, p.Layer, k, v, kw, vw)
 }
 
 // appendKV appends each span's new rows of k [T, kw] and v [T, vw] to
