@@ -1493,15 +1493,12 @@ __global__ void __launch_bounds__(kMlaNT, 1) paged_attn_mla(const AttnArgs a) {
   }
 }
 
-// merge: one CTA per (row, head, 128 value columns) combines the splits' partial outputs by
-// log-sum-exp, with the sink in the denominator.
-__global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
-  mk::pdl_begin();
-  __shared__ float w[kMaxSplits];
-  __shared__ float inv;
-  const int b = blockIdx.x, h = blockIdx.y, Dv = a.Dv;
-  const int S = row_split(a, a.pos[b]).used;  // the ranges with keys; the rest wrote nothing
-  const int64_t row = a.rows[b];
+// merge_weights is the first step of both merges: for row b and head h,
+// the first warp writes each used range's weight exp2(max_s − max) to w
+// and 1 / (Σ weight·sum, plus the sink) to inv. It returns the used ranges
+// (row_split: the rest wrote nothing); the caller syncs before reading.
+__device__ __forceinline__ int merge_weights(const AttnArgs& a, int b, int h, float* w, float* inv) {
+  const int S = row_split(a, a.pos[b]).used;
   const float* ml = a.wml + ((int64_t)b * a.H + h) * a.splits * 2;
   if (threadIdx.x < 32) {
     float m = -INFINITY;
@@ -1521,8 +1518,20 @@ __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
     }
     l = warp_sum(l);
     if (a.sinks) l += exp2f(sk - m);
-    if (threadIdx.x == 0) inv = 1.0f / l;
+    if (threadIdx.x == 0) *inv = 1.0f / l;
   }
+  return S;
+}
+
+// merge: one CTA per (row, head, 128 value columns) combines the splits' partial outputs by
+// log-sum-exp, with the sink in the denominator.
+__global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
+  mk::pdl_begin();
+  __shared__ float w[kMaxSplits];
+  __shared__ float inv;
+  const int b = blockIdx.x, h = blockIdx.y, Dv = a.Dv;
+  const int S = merge_weights(a, b, h, w, &inv);
+  const int64_t row = a.rows[b];
   __syncthreads();
   const float* o = a.wo + ((int64_t)b * a.H + h) * a.splits * Dv;
   for (int c = blockIdx.z * kNT + threadIdx.x; c < Dv; c += kNT * gridDim.z) {
@@ -1547,30 +1556,9 @@ __global__ void __launch_bounds__(kNT) paged_attn_merge4(const AttnArgs a) {
   __shared__ float inv;
   __shared__ float4 part[4][32];
   const int b = blockIdx.x, h = blockIdx.y, Dv = a.Dv;
-  const int S = row_split(a, a.pos[b]).used;
+  const int S = merge_weights(a, b, h, w, &inv);
   const int64_t row = a.rows[b];
-  const float* ml = a.wml + ((int64_t)b * a.H + h) * a.splits * 2;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp == 0) {
-    float m = -INFINITY;
-    for (int s = lane; s < S; s += 32) m = fmaxf(m, ml[2 * s]);
-    m = warp_max(m);
-    float sk = -INFINITY;
-    if (a.sinks) {
-      sk = a.sinks[h] * kLog2e;
-      m = fmaxf(m, sk);
-    }
-    float l = 0.0f;
-    for (int s = lane; s < S; s += 32) {
-      const float ms = ml[2 * s];
-      const float ws = ms == -INFINITY ? 0.0f : exp2f(ms - m);
-      w[s] = ws;
-      l += ws * ml[2 * s + 1];
-    }
-    l = warp_sum(l);
-    if (a.sinks) l += exp2f(sk - m);
-    if (lane == 0) inv = 1.0f / l;
-  }
   __syncthreads();
   const float* o = a.wo + ((int64_t)b * a.H + h) * a.splits * Dv;
   const int c = blockIdx.z * kNT + 4 * lane;  // this lane's 4 columns
