@@ -194,6 +194,14 @@ func benchModel(args []string, stdout io.Writer) error {
 		if err := be.InitKV(*blockSize, blocks); err != nil {
 			return err
 		}
+		// The whole pool now (as the engine does): a cache that does not
+		// fit next to the weights is an error here, not a panic mid-run.
+		if alloc, ok := be.(backend.KVAllocator); ok {
+			if err := alloc.AllocKV(model.KVWidths()); err != nil {
+				return fmt.Errorf("KV cache of %d blocks of %d tokens (batch %d × context %d): %w", blocks, *blockSize,
+					maxB, *ctxLen, err)
+			}
+		}
 		ctr, _ := be.(backend.ExpertCounter)
 		var out []modelResult
 
