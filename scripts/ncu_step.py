@@ -92,4 +92,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except BrokenPipeError:  # the reader (`| head`) took what it wanted
+        sys.stderr.close()
