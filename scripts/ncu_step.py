@@ -13,6 +13,7 @@ in ms, us or ns and a size in byte, Kbyte, Mbyte or Gbyte are converted.
 """
 import argparse
 import csv
+import os
 import sys
 from collections import OrderedDict
 
@@ -95,4 +96,5 @@ if __name__ == "__main__":
     try:
         main(sys.argv[1:])
     except BrokenPipeError:  # the reader (`| head`) took what it wanted
-        sys.stderr.close()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        sys.exit(0)
