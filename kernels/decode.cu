@@ -1543,13 +1543,15 @@ __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
   }
 }
 
-// paged_attn_merge4 (MK_PAGED_MERGE=4; written in session 14 without a GPU
-// left to run it, so not the default): the same merge with its splits
+// paged_attn_merge4 (the default where Dv is a multiple of 4;
+// MK_PAGED_MERGE=1 keeps paged_attn_merge): the same merge with its splits
 // spread over the CTA's 4 warps — warp w sums splits w, w+4, … of 128 value
 // columns (a float4 a lane, 4 splits' loads in flight), and the 4 partial
 // sums meet in shared memory in warp order. The one-warp-per-column merge
 // walks all the splits in one thread (16 dependent rounds of 8 loads at
-// 128 splits); this one walks a quarter of them with 4× wider loads.
+// 128 splits); this one walks a quarter of them with 4× wider loads. H200,
+// batch 1 (kernels.test -bench PagedAttn, two alternations): warp 4k / 16k /
+// 32k 21.5 / 34.5 / 50.5 → 18.2 / 31.2 / 47.5 µs, mla 4k 31.0 → 28.6 µs.
 __global__ void __launch_bounds__(kNT) paged_attn_merge4(const AttnArgs a) {
   mk::pdl_begin();
   __shared__ float w[kMaxSplits];
@@ -2022,9 +2024,9 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uin
   // A CTA per (row, head, 128 value columns): at MLA's 128 heads × 512
   // columns one CTA per head left the loads too few in flight (H200, 64
   // splits at batch 1: 33 µs for 17 MB).
-  static const bool merge4 = getenv("MK_PAGED_MERGE") != nullptr && atoi(getenv("MK_PAGED_MERGE")) == 4;
+  static const bool merge1 = getenv("MK_PAGED_MERGE") != nullptr && atoi(getenv("MK_PAGED_MERGE")) == 1;
   const dim3 mg((unsigned)n, (unsigned)heads, (unsigned)((v_head_dim + kNT - 1) / kNT));
-  if (merge4)  // 4 columns a lane: 128 columns a CTA, as the other's
+  if (!merge1 && v_head_dim % 4 == 0)  // 4 columns a lane: 128 columns a CTA, as the other's
     (void)(mk::launch(paged_attn_merge4, mg, dim3(kNT), 0, st, a));
   else
     (void)(mk::launch(paged_attn_merge, mg, dim3(kNT), 0, st, a));

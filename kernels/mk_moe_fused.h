@@ -45,11 +45,14 @@ enum {
  * ctl_bytes for the shared control workspace, rank_bytes[r] (host array
  * [ranks]) for rank r's own workspace (receive rows, activations, returned
  * expert outputs, flags; sized for the worst case, every row to one rank),
- * and the row tile every (rank, slot) is padded to. with_separate != 0 adds
- * room for mk_moe_fused_separate. */
+ * and the row tile every (rank, slot) is padded to (tile_m). with_separate
+ * != 0 adds room for mk_moe_fused_separate. tile: 0 picks the row tile from
+ * the rows per active slot; 16 or 64 (mma.sync tiles) or 128 (the sm_90a
+ * wgmma tiles: 128×256, TMA, a producer warp, 288-thread CTAs) forces it.
+ * Every call on one set of workspaces must pass the same tile. */
 MK_API int32_t mk_moe_fused_workspace(int32_t ranks, const int64_t* tokens, const int32_t* slots, int32_t k,
                                       int32_t e, int64_t h, int64_t i, int32_t with_separate, uint64_t* ctl_bytes,
-                                      uint64_t* rank_bytes, int32_t* tile_m);
+                                      uint64_t* rank_bytes, int32_t* tile_m, int32_t tile);
 
 /* One MoE layer's routed experts over `ranks` emulated expert-parallel ranks
  * (1..8): a small plan launch (counts per (rank, slot), row offsets padded to
@@ -76,12 +79,12 @@ MK_API int32_t mk_moe_fused_workspace(int32_t ranks, const int64_t* tokens, cons
  * the error record (rank, role, tile) once and ends the kernel
  * (mk_moe_fused_check reads it). fault_rank >= 0 disables that source rank's
  * dispatch (testing the watchdog), -1 otherwise. tokens, slots: host [ranks].
- * H and I multiples of 8. Asynchronous on stream. */
+ * H and I multiples of 8. tile as for mk_moe_fused_workspace. Asynchronous on stream. */
 MK_API int32_t mk_moe_fused(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const int64_t* tokens,
                             const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t place,
                             int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t ctl,
                             uint64_t ctl_bytes, const uint64_t* rank_bytes, int32_t ctas, int32_t dispatch_ctas,
-                            int64_t timeout_ns, int32_t fault_rank);
+                            int64_t timeout_ns, int32_t fault_rank, int32_t tile);
 
 /* The same result from separate launches (the baseline): the plan launch, a
  * dispatch launch, mk_moe_experts on each rank's receive rows (align, grouped
@@ -90,7 +93,7 @@ MK_API int32_t mk_moe_fused(uint64_t stream, int32_t ranks, const uint64_t* ptrs
 MK_API int32_t mk_moe_fused_separate(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const int64_t* tokens,
                                      const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i,
                                      uint64_t place, int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits,
-                                     uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes);
+                                     uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes, int32_t tile);
 
 /* The same layer as mk_moe_fused for ONE rank `me` of `ranks` whose peers
  * run their own mk_moe_fused_rank (other processes, one per GPU or several
@@ -115,7 +118,8 @@ MK_API int32_t mk_moe_fused_rank(uint64_t stream, int32_t ranks, int32_t me, con
                                  const int64_t* tokens, const int32_t* slots, int32_t k, int32_t e, int64_t h,
                                  int64_t i, uint64_t place, int32_t act_kind, uint32_t alpha_bits,
                                  uint32_t limit_bits, uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes,
-                                 int32_t ctas, int32_t dispatch_ctas, int64_t timeout_ns, int32_t epoch);
+                                 int32_t ctas, int32_t dispatch_ctas, int64_t timeout_ns, int32_t epoch,
+                                 int32_t tile);
 
 /* Synchronously (after all earlier work) copies ctl's error record into rec
  * [MK_MOE_FUSED_ERR_WORDS] and clears it on the device. */

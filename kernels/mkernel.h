@@ -54,8 +54,10 @@ extern "C" {
  *    mk_moe_decode_check; mk_moe_workspace's layout has the barrier word.
  * 14: mk_gemm_heads; mk_paged_attn_bf16 takes head dims up to 768 / 512.
  * 15: values inside keys: mk_kv_write_bf16 with vw 0, mk_paged_attn_bf16
- *    with pool_v 0. */
-#define MK_ABI_VERSION 15
+ *    with pool_v 0.
+ * 16: mk_moe_fused_workspace, mk_moe_fused, mk_moe_fused_rank and
+ *    mk_moe_fused_separate take the row tile (128: sm_90a wgmma tiles). */
+#define MK_ABI_VERSION 16
 
 /* Status codes. */
 enum {

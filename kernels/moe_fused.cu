@@ -88,10 +88,14 @@
 // Deadlock freedom across ranks: dispatch waits only for plans, plans only
 // for the other plans' first step; compute and combine as above.
 //
-// GEMM tiles: the mma.sync m16n8k16 tile of moe.cu (cp.async multi-stage
-// pipeline, XOR-swizzled shared memory, ldmatrix), as a device function on
-// 128-thread CTAs: 16×64 tiles (6 stages) for decode-sized batches, 64×128
-// (4 stages) above ~24 rows per active expert.
+// GEMM tiles (a compute policy of the one task loop; see "compute tiles"):
+// the mma.sync m16n8k16 tile of moe.cu (cp.async multi-stage pipeline,
+// XOR-swizzled shared memory, ldmatrix), as a device function on 128-thread
+// CTAs: 16×64 tiles (6 stages) for decode-sized batches, 64×128 (4 stages)
+// above ~24 rows per active expert; and on sm_90a from ~96 rows per active
+// expert (MK_MOE_FUSED_WG_ROWS) the wgmma tiles of moe_wgmma.cu, 128×256
+// with TMA and a producer warp, on 288-thread CTAs, one a multiprocessor.
+// The caller may force a tile (the tile argument; the tuner stores it).
 #include <cmath>
 #include <cstring>
 
@@ -99,6 +103,7 @@
 #include "moe_gemm.cuh"
 
 #include "sysflag.cuh"
+#include "wgmma.cuh"
 
 namespace {
 
@@ -412,11 +417,12 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
 // per (t, k) copies (16-byte L2 stores, all copies of the task in flight
 // together); after bar.sync one thread per row does fence.acq_rel.gpu and
 // +1 on the row's arrive_d[tile] (release).
+template <int NT = kThreads>
 __device__ void dispatch_task(const Params& p, int r, int64_t t0, int64_t t1, bool sep) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, K = p.K;
   const RankP& src = p.rk[r];
   const int64_t H8 = p.H / 8;
-  for (int64_t a = t0 * K + warp; a < t1 * K; a += kThreads / 32) {
+  for (int64_t a = t0 * K + warp; a < t1 * K; a += NT / 32) {
     const int dr = __ldcg(src.dest_row + a);  // rank-local: written by the peers' plans (L2, not L1)
     if (dr < 0 || (!sep && (dr & 7) == r)) continue;
     const int d = dr & 7;
@@ -437,7 +443,7 @@ __device__ void dispatch_task(const Params& p, int r, int64_t t0, int64_t t1, bo
   }
   if (sep) return;
   __syncthreads();
-  for (int64_t a = t0 * K + threadIdx.x; a < t1 * K; a += kThreads) {
+  for (int64_t a = t0 * K + threadIdx.x; a < t1 * K; a += NT) {
     const int dr = __ldcg(src.dest_row + a);
     if (dr < 0 || (dr & 7) == r) continue;
     signal_add(p, p.rk[dr & 7].arrive + (dr >> 3) / p.BM, 1);
@@ -589,13 +595,14 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
 // from_y: read the expert outputs from the destination ranks' y rows
 // (separate path) instead of the returned rows. The rows of eight k are
 // loaded together, then summed in k order.
+template <int NT = kThreads>
 __device__ void combine_rows(const Params& p, int r, int64_t t0, int64_t t1, bool from_y) {
   constexpr int KU = 8;
   const RankP& rk = p.rk[r];
   const int K = p.K;
   const int64_t H4 = p.H / 4;
   for (int64_t t = t0; t < t1; ++t) {
-    for (int64_t c = threadIdx.x; c < H4; c += kThreads) {
+    for (int64_t c = threadIdx.x; c < H4; c += NT) {
       float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int k0 = 0; k0 < K; k0 += KU) {
         float4 v[KU];
@@ -641,13 +648,225 @@ __device__ __forceinline__ int find_rank(const int* pre, int R, int idx) {
   return r;
 }
 
-template <int BM, int BN, int WM, int WN, int ST>
-__global__ void __launch_bounds__(kThreads) fused_kernel(const __grid_constant__ Params p) {
+// ---- compute tiles ----
+//
+// The persistent kernel is one task loop over a compute policy C:
+//   C::kThreads, C::kMinBlocks   the CTA's threads and its launch bound;
+//   C::kSmem                     dynamic shared memory bytes;
+//   C::Maps                      what the launch passes besides Params (TMA maps);
+//   C::setup(smem)               once per CTA before the loop (then a block barrier);
+//   C::gemm<GATEUP>(p, maps, d, tile, nb, smem, g)
+//                                one (row tile, column block) task, every thread;
+//                                g counts the CTA's k steps across tasks (the
+//                                wgmma tiles' stage ring), the same in every thread.
+
+struct NoMaps {};
+
+// FusedMaps: the TMA maps of the wgmma tiles, per rank (zeros where a rank
+// has no slots, or is a peer of a rank-local launch).
+struct FusedMaps {
+  mkwg::TmaMap gu[kMaxRanks];   // [S_r·2I, H] gate/up weights: boxes of 64 columns × 128 rows
+  mkwg::TmaMap dn[kMaxRanks];   // [S_r·H, I] down weights
+  mkwg::TmaMap act[kMaxRanks];  // [rows_cap_r, I] activations (GEMM2's A)
+};
+
+// MmaTiles: mma.sync m16n8k16 tiles of 128-thread CTAs (gemm_task above).
+template <int BM_, int BN_, int WM, int WN, int ST>
+struct MmaTiles {
+  static constexpr int kThreads = ::kThreads, kMinBlocks = 1, BM = BM_, BN = BN_;
+  static constexpr size_t kSmem = (size_t)ST * (BM + BN) * kBK * 2;
+  using Maps = NoMaps;
+  __device__ static void setup(unsigned char*) {}
+  template <bool GATEUP>
+  __device__ static void gemm(const Params& p, const Maps&, int d, int tile, int nb, unsigned char* smem, int&) {
+    gemm_task<BM, BN, WM, WN, ST, GATEUP>(p, d, tile, nb, smem);
+  }
+};
+
+// WgTiles (sm_90a): 128×256 tiles, BK 64, a 4-stage ring, warp-specialised as
+// moe_wgmma.cu's kernel: two consumer warpgroups (threads [0, 256), 64 rows
+// each, two m64n128k16 wgmmas per 16-wide k step: GEMM1 the gate half and
+// the up half) and one producer warp (threads [256, 288)) that fills the
+// ring — the weight tile by TMA (two 128-row boxes), the A tile by TMA in
+// GEMM2 (the activation rows are contiguous) and by cp.async in GEMM1 (row
+// gather: local rows from x, remote ones from the receive buffer; 32 rows ×
+// one 16-byte chunk a lane a stage). full[s] completes on 33 arrivals (the
+// 32 producer lanes' — cp.async-tracked in GEMM1, plain in GEMM2 — and the
+// TMA issuer's expect_tx) plus the TMA bytes; empty[s] when both consumer
+// warpgroups' wgmmas reading it are done. No setmaxnreg: the CTA's roles
+// change per task (dispatch and combine use every thread), so all threads
+// keep the consumers' budget (288 threads, one CTA a multiprocessor).
+// The producer does not run ahead into the next task: a task's first
+// stages load while the CTA waits for nothing else (measured cost in
+// docs/PERF.md, fifteenth pass).
+struct WgTiles {
+  static constexpr int BM = 128, BN = 256, BK = 64, ST = 4;
+  static constexpr int kConsumers = 256, kThreads = kConsumers + 32, kMinBlocks = 1;
+  static constexpr uint32_t kStageA = BM * BK * 2, kStageB = BN * BK * 2;
+  static constexpr size_t kSmem = 1024 + ST * (kStageA + kStageB) + 2 * ST * sizeof(uint64_t) + BM * sizeof(void*);
+  using Maps = FusedMaps;
+  static_assert(BK == mkmoe::kTileK, "the swizzled row is 64 bf16 (swz64)");
+
+  __device__ static unsigned char* base(unsigned char* smem) {
+    return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem) + 1023) & ~uintptr_t(1023));
+  }
+  __device__ static uint64_t* full(unsigned char* smem) {
+    return reinterpret_cast<uint64_t*>(base(smem) + ST * (kStageA + kStageB));
+  }
+  __device__ static void setup(unsigned char* smem) {
+    if (threadIdx.x == 0) {
+      uint64_t* f = full(smem);
+      for (int st = 0; st < ST; st++) {
+        mkwg::mbar_init(&f[st], 33);
+        mkwg::mbar_init(&f[ST + st], 2);
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+  }
+
+  template <bool GATEUP>
+  __device__ static void gemm(const Params& p, const Maps& m, int d, int tile, int nb, unsigned char* smem, int& g) {
+    using namespace mkwg;
+    const RankP& rk = p.rk[d];
+    unsigned char* b0p = base(smem);
+    bf16* sA = reinterpret_cast<bf16*>(b0p);                 // [ST][BM][BK] swizzled
+    bf16* sB = reinterpret_cast<bf16*>(b0p + ST * kStageA);  // [ST][BN][BK] swizzled
+    uint64_t* fullb = full(smem);
+    uint64_t* empty = fullb + ST;
+    const bf16** arow = reinterpret_cast<const bf16**>(empty + ST);  // [BM] GEMM1's A row sources (null: padding)
+    const int64_t Kd = GATEUP ? p.H : p.I, N = GATEUP ? p.I : p.H;
+    const int KT = (int)((Kd + BK - 1) / BK);
+    const int64_t m0 = (int64_t)tile * BM;
+    const int tid = threadIdx.x, lane = tid % 32;
+    if (tid >= kConsumers) {  // producer warp
+      const int slot = rk.tile_slot[tile];
+      if (GATEUP) {
+        __syncwarp();  // the previous task's copies were issued (they read arow)
+        for (int r = lane; r < BM; r += 32) {
+          const int32_t src = rk.row_src[m0 + r];
+          arow[r] = src < 0 ? nullptr
+                            : (src & 7) == d ? rk.x + (int64_t)(src >> 3) / p.K * p.H  // a local row: x itself
+                                             : rk.recv + (m0 + r) * p.H;
+        }
+        __syncwarp();
+      } else if (lane == 0) {
+        // The activation rows were stored by other CTAs' GEMM1 epilogues
+        // (generic proxy) and released through g1done, acquired by thread 0
+        // before the block barrier; acquire here too and order them before
+        // this thread's TMA reads (async proxy).
+        (void)ld_acquire(rk.g1done + tile);
+        fence_proxy_async_global();
+      }
+      // B's two 128-row boxes: GEMM1 the slot's gate rows and its up rows (I
+      // further) of output columns nb·128 + [0, 128); GEMM2 rows nb·256 +
+      // [0, 256) of the slot's down matrix. Rows past the slot's N are the
+      // next slot's (or zeros past the tensor): computed, never stored.
+      const int32_t b0 = (int32_t)(GATEUP ? (int64_t)slot * 2 * N + (int64_t)nb * (BN / 2)
+                                          : (int64_t)slot * N + (int64_t)nb * BN);
+      const int32_t b1 = (int32_t)(GATEUP ? b0 + N : b0 + BN / 2);
+      const TmaMap* wm = GATEUP ? &m.gu[d] : &m.dn[d];
+      const int ch = lane % 8, r0 = lane / 8;
+      for (int kt = 0; kt < KT; kt++, g++) {
+        const int st = g % ST;
+        if (g >= ST) mbar_wait(&empty[st], ((g / ST) - 1) & 1);
+        bf16* a = sA + st * (BM * BK);
+        bf16* b = sB + st * (BN * BK);
+        if (lane == 0) {
+          mbar_expect_tx(&fullb[st], GATEUP ? kStageB : kStageA + kStageB);
+          if (!GATEUP) tma_load_2d(a, &m.act[d], kt * BK, (int32_t)m0, &fullb[st]);
+          tma_load_2d(b, wm, kt * BK, b0, &fullb[st]);
+          tma_load_2d(b + (BN / 2) * BK, wm, kt * BK, b1, &fullb[st]);
+        }
+        if (GATEUP) {
+          const int64_t k = (int64_t)kt * BK + ch * 8;
+          const bool kv = k < Kd;
+#pragma unroll 8
+          for (int i = 0; i < BM / 4; i++) {
+            const int r = r0 + 4 * i;
+            const bf16* src = arow[r];
+            const bool v = src != nullptr && kv;
+            cp_async16(a + mkmoe::swz64(r, ch), v ? src + k : rk.recv, v);
+          }
+          cp_async_arrive(&fullb[st]);
+        } else {
+          mbar_arrive(&fullb[st]);
+        }
+      }
+      if (GATEUP) asm volatile("cp.async.wait_all;\n" ::: "memory");
+      return;
+    }
+    // Consumers: warpgroup cw computes rows 64·cw + [0, 64) of the tile.
+    const int cw = tid / 128, wl = tid % 128, warp = wl / 32;
+    const uint32_t sA0 = sm_addr(sA), sB0 = sm_addr(sB);
+    float acc0[64], acc1[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc0[i] = acc1[i] = 0.0f;
+    for (int kt = 0; kt < KT; kt++, g++) {
+      const int st = g % ST;
+      mbar_wait(&fullb[st], (g / ST) & 1);
+      fence_proxy_async();  // the cp.async copies (generic proxy) before the wgmmas' reads (async proxy)
+      const uint32_t a = sA0 + st * kStageA + cw * 64 * 128;
+      const uint32_t b = sB0 + st * kStageB;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; kk++) {
+        wgmma_n128(acc0, desc(a + kk * 32), desc(b + kk * 32));
+        wgmma_n128(acc1, desc(a + kk * 32), desc(b + 128 * 128 + kk * 32));
+      }
+      wgmma_commit();
+      wgmma_wait1();  // k step g-1's wgmmas are done: its stage goes back
+      if (kt > 0 && wl == 0) mbar_arrive(&empty[(g - 1) % ST]);
+    }
+    wgmma_wait0();
+    if (wl == 0) mbar_arrive(&empty[(g - 1) % ST]);
+    // d[4i + q] of a warpgroup's m64n128 block: row 16·warp + lane/4 + 8·(q/2),
+    // column 8i + 2·(lane%4) + q%2.
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int64_t row = m0 + cw * 64 + warp * 16 + lane / 4 + 8 * h;
+      const int32_t src = rk.row_src[row];
+      if (src < 0) continue;
+      if (GATEUP) {
+        bf16* out = rk.act + row * N;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+          const int64_t j = (int64_t)nb * (BN / 2) + 8 * i + 2 * (lane % 4);
+          if (j >= N) continue;
+          float r2[2];
+#pragma unroll
+          for (int q = 0; q < 2; q++)
+            r2[q] = mkmoe::activation(acc0[4 * i + 2 * h + q], acc1[4 * i + 2 * h + q], p.act, p.alpha, p.limit);
+          *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
+        }
+      } else {
+        float* out = p.rk[src & 7].ret + (int64_t)(src >> 3) * N;
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+#pragma unroll
+          for (int i = 0; i < 16; i++) {
+            const int64_t n = (int64_t)nb * BN + half * 128 + 8 * i + 2 * (lane % 4);
+            if (n >= N) continue;
+            const float2 v = half ? make_float2(acc1[4 * i + 2 * h], acc1[4 * i + 2 * h + 1])
+                                  : make_float2(acc0[4 * i + 2 * h], acc0[4 * i + 2 * h + 1]);
+            __stcg(reinterpret_cast<float2*>(out + n), v);
+          }
+        }
+      }
+    }
+  }
+};
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
+    fused_kernel(const __grid_constant__ Params p, const __grid_constant__ typename C::Maps maps) {
+  constexpr int NT = C::kThreads;
+  static_assert(C::BM <= NT, "one thread per row signals GEMM2's tokens");
   extern __shared__ __align__(128) unsigned char fused_sm[];
   __shared__ int task_sh, ok_sh;
   __shared__ int g1pre[kMaxRanks + 1], g2pre[kMaxRanks + 1];
   const int R = p.R, K = p.K;
   const bool local = p.me >= 0;
+  C::setup(fused_sm);
   if (threadIdx.x == 0) {
     // Rank-local: only this rank's tiles (the peers' num_tiles are theirs),
     // and nothing at all when the plan's wait timed out (stale plan).
@@ -689,10 +908,11 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const __grid_constant__
       const int r = find_rank(p.disp_pre, R, idx);
       if (r == p.fault_rank) continue;  // fault injection: this rank never sends
       const int64_t t0 = (int64_t)(idx - p.disp_pre[r]) * p.dt;
-      dispatch_task(p, r, t0, min(p.rk[r].T, t0 + p.dt), false);
+      dispatch_task<NT>(p, r, t0, min(p.rk[r].T, t0 + p.dt), false);
     }
   }
   // Compute and combine.
+  int g = 0;  // k steps of this CTA's GEMM tasks so far (C's stage ring)
   for (;;) {
     int idx = block_take(p.ctl + kQMain, &task_sh);
     if (idx >= n_main) break;
@@ -705,7 +925,7 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const __grid_constant__
       }
       __syncthreads();
       if (!ok_sh) return;
-      gemm_task<BM, BN, WM, WN, ST, true>(p, d, tile, nb, fused_sm);
+      C::template gemm<true>(p, maps, d, tile, nb, fused_sm, g);
       __syncthreads();
       if (threadIdx.x == 0) {
         __threadfence();
@@ -717,10 +937,10 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const __grid_constant__
       if (threadIdx.x == 0) ok_sh = wait_geq(p, p.rk[d].g1done + tile, p.n1t, d, 2, tile);
       __syncthreads();
       if (!ok_sh) return;
-      gemm_task<BM, BN, WM, WN, ST, false>(p, d, tile, nb, fused_sm);
+      C::template gemm<false>(p, maps, d, tile, nb, fused_sm, g);
       __syncthreads();
-      if (threadIdx.x < BM) {
-        const int32_t src = p.rk[d].row_src[(int64_t)tile * BM + threadIdx.x];
+      if (threadIdx.x < C::BM) {
+        const int32_t src = p.rk[d].row_src[(int64_t)tile * C::BM + threadIdx.x];
         if (src >= 0) signal_add(p, p.rk[src & 7].tokdone + (src >> 3) / K, 1);
       }
     } else {
@@ -740,7 +960,7 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const __grid_constant__
       }
       __syncthreads();
       if (!ok_sh) return;
-      combine_rows(p, r, t0, t1, false);
+      combine_rows<NT>(p, r, t0, t1, false);
     }
   }
 }
@@ -762,13 +982,48 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant
 // ---- host side ----
 
 struct TileCfg {
-  int bm, bn, stages;
+  int bm, bn;
 };
-constexpr TileCfg kTiles[2] = {{16, 64, 6}, {64, 128, 4}};
+// 0, 1: mma.sync (MmaTiles); 2: wgmma (WgTiles, sm_90a).
+constexpr TileCfg kTiles[3] = {{16, 64}, {64, 128}, {WgTiles::BM, WgTiles::BN}};
+using MmaSmall = MmaTiles<16, 64, 16, 16, 6>;
+using MmaLarge = MmaTiles<64, 128, 32, 64, 4>;
 
-size_t up256(size_t x) { return (x + 255) / 256 * 256; }
+// wg_ok: the wgmma tiles can run here (the kernel is built for this
+// device's architecture and the driver encodes TMA maps).
+bool wg_ok() {
+  static const bool ok = [] {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, fused_kernel<WgTiles>) != cudaSuccess || fa.binaryVersion < 90) {
+      cudaGetLastError();
+      return false;
+    }
+    return mkwg::encode_tiled() != nullptr;
+  }();
+  return ok;
+}
 
-int pick_tile(int ranks, const int64_t* tokens, const int32_t* slots, int k) {
+// wg_rows: the average rows per active slot from which the automatic
+// choice takes the wgmma tiles (MK_MOE_FUSED_WG_ROWS, default 96: a 128-row
+// tile then pads a slot by at most ~1/3 on average).
+int wg_rows() {
+  static const int v = [] {
+    const char* e = getenv("MK_MOE_FUSED_WG_ROWS");
+    return e && atoi(e) > 0 ? atoi(e) : 96;
+  }();
+  return v;
+}
+
+// pick_tile is the kTiles index for the tile argument: 16, 64 or 128 that
+// row tile (128 needs wg_ok), 0 by rows per active slot. -1: not valid here.
+int pick_tile(int ranks, const int64_t* tokens, const int32_t* slots, int k, int tile) {
+  switch (tile) {
+    case 16: return 0;
+    case 64: return 1;
+    case 128: return wg_ok() ? 2 : -1;
+    case 0: break;
+    default: return -1;
+  }
   int64_t n = 0, tmax = 0, s = 0;
   for (int r = 0; r < ranks; ++r) {
     n += tokens[r] * k;
@@ -777,8 +1032,11 @@ int pick_tile(int ranks, const int64_t* tokens, const int32_t* slots, int k) {
   }
   const int64_t active = n < s ? n : s;
   const double avg = (double)n / (double)(active > 0 ? active : 1);
-  return (tmax <= 16 || avg <= 24) ? 0 : 1;
+  if (tmax <= 16 || avg <= 24) return 0;
+  return avg >= wg_rows() && wg_ok() ? 2 : 1;
 }
+
+size_t up256(size_t x) { return (x + 255) / 256 * 256; }
 
 // RankLayout: byte offsets of one rank's workspace regions.
 struct RankLayout {
@@ -833,7 +1091,7 @@ int rank_layout(int ranks, const int64_t* tokens, const int32_t* slots, int r, i
 }
 
 int check_shapes(const char* fn, int ranks, const int64_t* tokens, const int32_t* slots, int k, int e, int64_t h,
-                 int64_t i) {
+                 int64_t i, int tile) {
   MK_ARG(ranks >= 1 && ranks <= kMaxRanks, "%s: ranks=%d must be in [1, %d]", fn, ranks, kMaxRanks);
   MK_ARG(tokens != nullptr && slots != nullptr, "%s: null tokens or slots", fn);
   MK_ARG(k >= 1 && e >= 1 && k <= e && e <= 65535, "%s: K=%d E=%d (want 1 <= K <= E <= 65535)", fn, k, e);
@@ -848,14 +1106,19 @@ int check_shapes(const char* fn, int ranks, const int64_t* tokens, const int32_t
     n += tokens[r] * k;
   }
   MK_ARG(n < (1 << 27), "%s: %lld (token, k) assignments in all, at most 2^27", fn, (long long)n);
+  MK_ARG(tile == 0 || tile == 16 || tile == 64 || tile == 128, "%s: tile=%d must be 0 (pick), 16, 64 or 128", fn,
+         tile);
+  MK_ARG(pick_tile(ranks, tokens, slots, k, tile) >= 0, "%s: tile=%d: the wgmma tiles need an sm_90a device", fn,
+         tile);
   return MK_OK;
 }
 
 // build fills Params and checks the per-rank pointers.
 int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int64_t* tokens, const int32_t* slots,
           int k, int e, int64_t h, int64_t i, uint64_t place, int act_kind, uint32_t alpha_bits, uint32_t limit_bits,
-          uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes, bool sep, int me = -1, int epoch = 0) {
-  int rc = check_shapes(fn, ranks, tokens, slots, k, e, h, i);
+          uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes, bool sep, int tile, int me = -1,
+          int epoch = 0) {
+  int rc = check_shapes(fn, ranks, tokens, slots, k, e, h, i, tile);
   if (rc != MK_OK) return rc;
   MK_ARG(ptrs && rank_bytes, "%s: null ptrs or rank_bytes", fn);
   MK_ARG(place != 0 && ctl != 0, "%s: null place or ctl", fn);
@@ -863,7 +1126,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
          (unsigned long long)ctl_bytes, (unsigned long long)kCtlBytes);
   MK_ARG(act_kind == MK_MOE_SWIGLU || act_kind == MK_MOE_SWIGLU_CLAMPED, "%s: act_kind %d", fn, act_kind);
   std::memset(p, 0, sizeof *p);
-  const int cfg = pick_tile(ranks, tokens, slots, k);
+  const int cfg = pick_tile(ranks, tokens, slots, k, tile);
   const TileCfg& tc = kTiles[cfg];
   p->R = ranks;
   p->K = k;
@@ -963,33 +1226,58 @@ int plan(const Params& p, cudaStream_t st) {
   return MK_OK;
 }
 
-using FusedFn = void (*)(Params);
+// maps_for fills the wgmma tiles' TMA maps of every rank this launch
+// computes for (rank-local: me only).
+int maps_for(const Params& p, FusedMaps* m) {
+  std::memset(m, 0, sizeof *m);
+  for (int d = 0; d < p.R; ++d) {
+    const RankP& q = p.rk[d];
+    if (q.S == 0 || q.rows_cap == 0 || (p.me >= 0 && d != p.me)) continue;
+    if (!mkwg::tma_map_bf16(m->gu[d], q.gu, (int64_t)q.S * 2 * p.I, p.H, 128) ||
+        !mkwg::tma_map_bf16(m->dn[d], q.dn, (int64_t)q.S * p.H, p.I, 128) ||
+        !mkwg::tma_map_bf16(m->act[d], q.act, q.rows_cap, p.I, 128))
+      return mk::fail(MK_ERR_CUDA, "mk_moe_fused: rank %d: the driver cannot encode the TMA maps of the wgmma tiles", d);
+  }
+  return MK_OK;
+}
 
-template <int BM, int BN, int WM, int WN, int ST>
-int launch_fused(const Params& p, int ctas, int dispatch_ctas, cudaStream_t st) {
-  auto fn = fused_kernel<BM, BN, WM, WN, ST>;
-  const size_t sm = (size_t)ST * (BM + BN) * kBK * 2;
+template <class C>
+int launch_fused(const Params& p, const typename C::Maps& maps, int ctas, int dispatch_ctas, cudaStream_t st) {
+  auto fn = fused_kernel<C>;
+  const size_t sm = C::kSmem;
   static bool attr = false;
   if (!attr) {
     MK_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     attr = true;
   }
   int occ = 0, dev = 0, sms = 0;
-  MK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, kThreads, sm));
+  MK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, C::kThreads, sm));
   MK_CUDA(cudaGetDevice(&dev));
   MK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int cores = occ * sms;
   if (cores <= 0) return mk::fail(MK_ERR_CUDA, "mk_moe_fused: no CTA of the kernel fits on a multiprocessor");
-  MK_ARG(ctas >= 0 && ctas <= cores, "mk_moe_fused: ctas=%d, at most %d co-resident (0: all)", ctas, cores);
+  MK_ARG(ctas >= 0 && ctas <= cores, "mk_moe_fused: ctas=%d, at most %d co-resident with %d-row tiles (0: all)", ctas,
+         cores, C::BM);
   const int grid = ctas > 0 ? ctas : cores;
   MK_ARG(dispatch_ctas >= 0 && dispatch_ctas <= grid, "mk_moe_fused: dispatch_ctas=%d must be in [0, %d]",
          dispatch_ctas, grid);
   Params q = p;
   q.ndisp_ctas = dispatch_ctas > 0 ? dispatch_ctas : grid;
-  void* args[] = {&q};
-  MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fn), dim3((unsigned)grid), dim3(kThreads), args,
-                                      sm, st));
+  typename C::Maps m = maps;
+  void* args[] = {&q, &m};
+  MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fn), dim3((unsigned)grid), dim3(C::kThreads),
+                                      args, sm, st));
   return MK_OK;
+}
+
+// launch_tiles runs the persistent launch with p.BM's tiles.
+int launch_tiles(const Params& p, int ctas, int dispatch_ctas, cudaStream_t st) {
+  if (p.BM == 16) return launch_fused<MmaSmall>(p, NoMaps{}, ctas, dispatch_ctas, st);
+  if (p.BM == 64) return launch_fused<MmaLarge>(p, NoMaps{}, ctas, dispatch_ctas, st);
+  FusedMaps m;
+  const int rc = maps_for(p, &m);
+  if (rc != MK_OK) return rc;
+  return launch_fused<WgTiles>(p, m, ctas, dispatch_ctas, st);
 }
 
 }  // namespace
@@ -998,11 +1286,11 @@ extern "C" {
 
 int32_t mk_moe_fused_workspace(int32_t ranks, const int64_t* tokens, const int32_t* slots, int32_t k, int32_t e,
                                int64_t h, int64_t i, int32_t with_separate, uint64_t* ctl_bytes, uint64_t* rank_bytes,
-                               int32_t* tile_m) {
-  int rc = check_shapes("mk_moe_fused_workspace", ranks, tokens, slots, k, e, h, i);
+                               int32_t* tile_m, int32_t tile) {
+  int rc = check_shapes("mk_moe_fused_workspace", ranks, tokens, slots, k, e, h, i, tile);
   if (rc != MK_OK) return rc;
   MK_ARG(ctl_bytes && rank_bytes && tile_m, "mk_moe_fused_workspace: null result pointer");
-  const int cfg = pick_tile(ranks, tokens, slots, k);
+  const int cfg = pick_tile(ranks, tokens, slots, k, tile);
   for (int r = 0; r < ranks; ++r) {
     RankLayout L;
     rc = rank_layout(ranks, tokens, slots, r, k, e, h, i, kTiles[cfg].bm, with_separate != 0, &L);
@@ -1018,11 +1306,11 @@ int32_t mk_moe_fused(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const
                      const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t place,
                      int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t ctl, uint64_t ctl_bytes,
                      const uint64_t* rank_bytes, int32_t ctas, int32_t dispatch_ctas, int64_t timeout_ns,
-                     int32_t fault_rank) {
+                     int32_t fault_rank, int32_t tile) {
   MK_THREAD("mk_moe_fused");
   Params p;
   int rc = build("mk_moe_fused", &p, ranks, ptrs, tokens, slots, k, e, h, i, place, act_kind, alpha_bits, limit_bits,
-                 ctl, ctl_bytes, rank_bytes, false);
+                 ctl, ctl_bytes, rank_bytes, false, tile);
   if (rc != MK_OK) return rc;
   MK_ARG(timeout_ns > 0, "mk_moe_fused: timeout_ns=%lld must be > 0", (long long)timeout_ns);
   MK_ARG(fault_rank >= -1 && fault_rank < ranks, "mk_moe_fused: fault_rank=%d must be -1 or a rank", fault_rank);
@@ -1031,40 +1319,38 @@ int32_t mk_moe_fused(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const
   cudaStream_t st = mk::as_stream(stream);
   rc = plan(p, st);  // also zeroes the queue counters
   if (rc != MK_OK) return rc;
-  if (p.BM == 16) return launch_fused<16, 64, 16, 16, 6>(p, ctas, dispatch_ctas, st);
-  return launch_fused<64, 128, 32, 64, 4>(p, ctas, dispatch_ctas, st);
+  return launch_tiles(p, ctas, dispatch_ctas, st);
 }
 
 int32_t mk_moe_fused_rank(uint64_t stream, int32_t ranks, int32_t me, const uint64_t* ptrs, const int64_t* tokens,
                           const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t place,
                           int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t ctl, uint64_t ctl_bytes,
                           const uint64_t* rank_bytes, int32_t ctas, int32_t dispatch_ctas, int64_t timeout_ns,
-                          int32_t epoch) {
+                          int32_t epoch, int32_t tile) {
   MK_THREAD("mk_moe_fused_rank");
   MK_ARG(ranks >= 1 && ranks <= kMaxRanks && me >= 0 && me < ranks, "mk_moe_fused_rank: me=%d of %d ranks", me,
          ranks);
   MK_ARG(epoch >= 1, "mk_moe_fused_rank: epoch=%d must be >= 1", epoch);
   Params p;
   int rc = build("mk_moe_fused_rank", &p, ranks, ptrs, tokens, slots, k, e, h, i, place, act_kind, alpha_bits,
-                 limit_bits, ctl, ctl_bytes, rank_bytes, false, me, epoch);
+                 limit_bits, ctl, ctl_bytes, rank_bytes, false, tile, me, epoch);
   if (rc != MK_OK) return rc;
   MK_ARG(timeout_ns > 0, "mk_moe_fused_rank: timeout_ns=%lld must be > 0", (long long)timeout_ns);
   p.timeout_ns = timeout_ns;
   cudaStream_t st = mk::as_stream(stream);
   rc = plan(p, st);
   if (rc != MK_OK) return rc;
-  if (p.BM == 16) return launch_fused<16, 64, 16, 16, 6>(p, ctas, dispatch_ctas, st);
-  return launch_fused<64, 128, 32, 64, 4>(p, ctas, dispatch_ctas, st);
+  return launch_tiles(p, ctas, dispatch_ctas, st);
 }
 
 int32_t mk_moe_fused_separate(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const int64_t* tokens,
                               const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t place,
                               int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t ctl,
-                              uint64_t ctl_bytes, const uint64_t* rank_bytes) {
+                              uint64_t ctl_bytes, const uint64_t* rank_bytes, int32_t tile) {
   MK_THREAD("mk_moe_fused_separate");
   Params p;
   int rc = build("mk_moe_fused_separate", &p, ranks, ptrs, tokens, slots, k, e, h, i, place, act_kind, alpha_bits,
-                 limit_bits, ctl, ctl_bytes, rank_bytes, true);
+                 limit_bits, ctl, ctl_bytes, rank_bytes, true, tile);
   if (rc != MK_OK) return rc;
   cudaStream_t st = mk::as_stream(stream);
   rc = plan(p, st);

@@ -16,16 +16,16 @@ import (
 
 var (
 	moeFusedWorkspace func(ranks int32, tokens *int64, slots *int32, k, e int32, h, i int64, withSep int32,
-		ctlBytes *uint64, rankBytes *uint64, tileM *int32) int32
+		ctlBytes *uint64, rankBytes *uint64, tileM *int32, tile int32) int32
 	moeFused func(s uint64, ranks int32, ptrs *uint64, tokens *int64, slots *int32, k, e int32, h, i int64,
 		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64, ctas,
-		dispatchCTAs int32, timeoutNs int64, faultRank int32) int32
+		dispatchCTAs int32, timeoutNs int64, faultRank, tile int32) int32
 	moeFusedSeparate func(s uint64, ranks int32, ptrs *uint64, tokens *int64, slots *int32, k, e int32, h, i int64,
-		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64) int32
+		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64, tile int32) int32
 	moeFusedCheck func(ctl uint64, rec *int32) int32
 	moeFusedRank  func(s uint64, ranks, me int32, ptrs *uint64, tokens *int64, slots *int32, k, e int32, h, i int64,
 		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64, ctas,
-		dispatchCTAs int32, timeoutNs int64, epoch int32) int32
+		dispatchCTAs int32, timeoutNs int64, epoch, tile int32) int32
 )
 
 func init() {
@@ -189,6 +189,14 @@ type MoEFusedArgs struct {
 	Clamped      bool // gpt-oss's clamped SwiGLU with Alpha and Limit; else silu(gate)*up
 	Alpha, Limit float32
 
+	// Tile is the row tile every (rank, slot) is padded to and the GEMM
+	// tiles that go with it: 0 picks by rows per active slot; 16 or 64 the
+	// mma.sync tiles (two 128-thread CTAs a multiprocessor at 64); 128 the
+	// sm_90a wgmma tiles (128×256, TMA, one 288-thread CTA a
+	// multiprocessor). The workspace, the launch and every later call on
+	// the same workspaces take the same Tile.
+	Tile int
+
 	CTAs         int           // CTAs of the persistent launch (0: every co-resident one)
 	DispatchCTAs int           // CTAs that start with the dispatch role (0: all)
 	Timeout      time.Duration // bound on each wait (0: MoEFusedDefaultTimeout)
@@ -212,6 +220,8 @@ func (a *MoEFusedArgs) check(op string) error {
 		return fmt.Errorf("kernels: %s: TopK=%d, Experts=%d (want TopK ≤ Experts ≤ 65535)", op, a.TopK, a.Experts)
 	case a.H%8 != 0 || a.I%8 != 0:
 		return fmt.Errorf("kernels: %s: H=%d and I=%d must be multiples of 8", op, a.H, a.I)
+	case a.Tile != 0 && a.Tile != 16 && a.Tile != 64 && a.Tile != 128:
+		return fmt.Errorf("kernels: %s: Tile=%d, want 0 (pick), 16, 64 or 128", op, a.Tile)
 	case a.CTAs < 0 || a.DispatchCTAs < 0 || a.Timeout < 0:
 		return fmt.Errorf("kernels: %s: CTAs=%d, DispatchCTAs=%d, Timeout=%v must be >= 0", op, a.CTAs, a.DispatchCTAs, a.Timeout)
 	}
@@ -250,11 +260,11 @@ func (d *Device) MoEFusedWorkspace(a MoEFusedArgs, withSeparate bool) (ctl int64
 	R := len(tok)
 	// The memo's key: the arguments the sizes depend on (R ≤ MoEFusedMaxRanks).
 	type key struct {
-		tok                [MoEFusedMaxRanks]int64
-		sl                 [MoEFusedMaxRanks]int32
-		r, k, e, h, i, sep int
+		tok                      [MoEFusedMaxRanks]int64
+		sl                       [MoEFusedMaxRanks]int32
+		r, k, e, h, i, sep, tile int
 	}
-	kk := key{r: R, k: a.TopK, e: a.Experts, h: a.H, i: a.I}
+	kk := key{r: R, k: a.TopK, e: a.Experts, h: a.H, i: a.I, tile: a.Tile}
 	copy(kk.tok[:], tok)
 	copy(kk.sl[:], sl)
 	type sizes struct {
@@ -271,7 +281,7 @@ func (d *Device) MoEFusedWorkspace(a MoEFusedArgs, withSeparate bool) (ctl int64
 		var cb uint64
 		var tm int32
 		rc := moeFusedWorkspace(int32(R), &tok[0], &sl[0], int32(a.TopK), int32(a.Experts), int64(a.H), int64(a.I), sep,
-			&cb, &rb[0], &tm)
+			&cb, &rb[0], &tm, int32(a.Tile))
 		runtime.KeepAlive(tok)
 		runtime.KeepAlive(sl)
 		if err := d.lib.check("mk_moe_fused_workspace", rc); err != nil {
@@ -414,7 +424,7 @@ func (d *Device) MoEFused(s *Stream, ranks []MoEFusedRank, ctl *Buffer, a MoEFus
 	act, alpha, limit := a.act()
 	rc := moeFused(s.handle(), int32(len(ranks)), &ptrs[0], &tok[0], &sl[0], int32(a.TopK), int32(a.Experts),
 		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0], int32(a.CTAs),
-		int32(a.DispatchCTAs), a.timeoutNs(), int32(a.faultRank-1))
+		int32(a.DispatchCTAs), a.timeoutNs(), int32(a.faultRank-1), int32(a.Tile))
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(tok)
 	runtime.KeepAlive(sl)
@@ -437,7 +447,7 @@ func (d *Device) MoEFusedSeparate(s *Stream, ranks []MoEFusedRank, ctl *Buffer, 
 	}
 	act, alpha, limit := a.act()
 	rc := moeFusedSeparate(s.handle(), int32(len(ranks)), &ptrs[0], &tok[0], &sl[0], int32(a.TopK), int32(a.Experts),
-		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0])
+		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0], int32(a.Tile))
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(tok)
 	runtime.KeepAlive(sl)
@@ -490,7 +500,7 @@ func (d *Device) MoEFusedRankLocal(s *Stream, me int, mine MoEFusedRank, ws []*B
 	act, alpha, limit := a.act()
 	rc := moeFusedRank(s.handle(), int32(R), int32(me), &ptrs[0], &tok[0], &sl[0], int32(a.TopK), int32(a.Experts),
 		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0], int32(a.CTAs),
-		int32(a.DispatchCTAs), a.timeoutNs(), int32(epoch))
+		int32(a.DispatchCTAs), a.timeoutNs(), int32(epoch), int32(a.Tile))
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(tok)
 	runtime.KeepAlive(sl)

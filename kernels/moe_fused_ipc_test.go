@@ -33,6 +33,7 @@ type ipcCase struct {
 	Idle        bool
 	Seed        uint64
 	TimeoutMs   int
+	Tile        int // MoEFusedArgs.Tile
 }
 
 // TestMoEFusedIPC: ranks 0 and 1 of a fused MoE layer in two processes, on
@@ -48,14 +49,19 @@ func TestMoEFusedIPC(t *testing.T) {
 	}
 	cases := []ipcCase{
 		{Name: "one_gpu_E16_K4_T37_50", E: 16, K: 4, Tokens: [2]int{37, 50}, H: 256, I: 128, Epochs: 3},
-		{Name: "one_gpu_E8_K2_T300_200_tile64", E: 8, K: 2, Tokens: [2]int{300, 200}, H: 256, I: 128, Epochs: 2},
+		{Name: "one_gpu_E8_K2_T300_200_tile64", E: 8, K: 2, Tokens: [2]int{300, 200}, H: 256, I: 128, Epochs: 2,
+			Tile: 64},
+		{Name: "one_gpu_E8_K2_T300_200_tile128", E: 8, K: 2, Tokens: [2]int{300, 200}, H: 256, I: 128, Epochs: 3,
+			Tile: 128},
 		{Name: "one_gpu_E64_K8_T1_0", E: 64, K: 8, Tokens: [2]int{1, 0}, H: 128, I: 64, Epochs: 2},
 		{Name: "one_gpu_watchdog", E: 16, K: 4, Tokens: [2]int{20, 20}, H: 128, I: 64, Epochs: 1, Idle: true,
 			TimeoutMs: 200},
 		{Name: "two_gpus_E16_K4_T37_50", E: 16, K: 4, Tokens: [2]int{37, 50}, H: 256, I: 128, Epochs: 3,
 			ChildDevice: 1},
 		{Name: "two_gpus_E8_K2_T300_200_tile64", E: 8, K: 2, Tokens: [2]int{300, 200}, H: 256, I: 128, Epochs: 2,
-			ChildDevice: 1},
+			ChildDevice: 1, Tile: 64},
+		{Name: "two_gpus_E8_K2_T300_200_tile128", E: 8, K: 2, Tokens: [2]int{300, 200}, H: 256, I: 128, Epochs: 3,
+			ChildDevice: 1, Tile: 128},
 		{Name: "two_gpus_watchdog", E: 16, K: 4, Tokens: [2]int{20, 20}, H: 128, I: 64, Epochs: 1, Idle: true,
 			TimeoutMs: 200, ChildDevice: 1},
 	}
@@ -124,7 +130,7 @@ func runFusedIPCRank(t *testing.T, g *GPU, c ipcCase, me int, peer lineIO) {
 	H, I, K := c.H, c.I, c.K
 	T := c.Tokens[me]
 	args := MoEFusedArgs{Tokens: c.Tokens[:], Slots: pl.Slots, Experts: c.E, TopK: K, H: H, I: I,
-		Timeout: 10 * time.Second}
+		Timeout: 10 * time.Second, Tile: c.Tile}
 	if c.TimeoutMs > 0 {
 		args.Timeout = time.Duration(c.TimeoutMs) * time.Millisecond
 	}
@@ -218,10 +224,12 @@ func TestMoEFusedRankLocalStreams(t *testing.T) {
 		E, K   int
 		tokens []int
 		H, I   int
+		tile   int
 	}{
-		{"R2_E16_K4_T37_50", 16, 4, []int{37, 50}, 256, 128},
-		{"R2_E8_K2_T300_200_tile64", 8, 2, []int{300, 200}, 256, 128},
-		{"R4_E64_K8_T33_0_16_50", 64, 8, []int{33, 0, 16, 50}, 256, 128},
+		{"R2_E16_K4_T37_50", 16, 4, []int{37, 50}, 256, 128, 0},
+		{"R2_E8_K2_T300_200_tile64", 8, 2, []int{300, 200}, 256, 128, 64},
+		{"R2_E8_K2_T300_200_tile128", 8, 2, []int{300, 200}, 256, 128, 128},
+		{"R4_E64_K8_T33_0_16_50", 64, 8, []int{33, 0, 16, 50}, 256, 128, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -243,7 +251,7 @@ func TestMoEFusedRankLocalStreams(t *testing.T) {
 			dnb16, dn := randBF16(r, c.E*H*I, 1/math.Sqrt(float64(I)))
 			cfg := moe.RouterConfig{NumExperts: c.E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
 			args := MoEFusedArgs{Tokens: c.tokens, Slots: pl.Slots, Experts: c.E, TopK: K, H: H, I: I,
-				CTAs: sms / R, Timeout: 5 * time.Second}
+				CTAs: sms / R, Timeout: 5 * time.Second, Tile: c.tile}
 			onGPU(t, g, func(a *arena) {
 				ctlBytes, rankBytes, _, err := a.d.MoEFusedWorkspace(args, false)
 				a.check(err)

@@ -29,6 +29,7 @@ type fusedCase struct {
 	// local > 0: + local on the logits of the experts a rank serves itself
 	// (30: every row local when K ≤ its experts; ~2: mostly local, some remote).
 	local float32
+	tile  int // MoEFusedArgs.Tile (0: picked); the name says which tile to expect (tile64, tile128; else 16)
 }
 
 // TestMoEFusedLayer runs the persistent fused MoE layer (and its separate
@@ -55,22 +56,33 @@ func TestMoEFusedLayer(t *testing.T) {
 			I: 128, hot: -1, shared: true},
 		// Above 24 rows per active expert (and 16 tokens) the 64-row tile runs.
 		{name: "R1_E8_K2_T300_tile64", E: 8, K: 2, tokens: []int{300}, H: 256, I: 128, hot: -1},
-		{name: "R2_E8_K2_T500_tile64_shared_clamped", E: 8, K: 2, tokens: []int{500, 333}, H: 256, I: 128, hot: -1,
+		{name: "R2_E8_K2_T500_tile64_shared_clamped", tile: 64, E: 8, K: 2, tokens: []int{500, 333}, H: 256, I: 128, hot: -1,
 			shared: true, clamped: true},
-		{name: "R8_E8_K2_T100_tile64", E: 8, K: 2, tokens: []int{100, 100, 37, 100, 100, 100, 100, 100}, H: 256, I: 128, hot: -1},
+		{name: "R8_E8_K2_T100_tile64", tile: 64, E: 8, K: 2, tokens: []int{100, 100, 37, 100, 100, 100, 100, 100}, H: 256, I: 128, hot: -1},
 		{name: "R8_E128_K4_uneven_empty", E: 128, K: 4, tokens: []int{0, 1, 17, 64, 3, 100, 0, 9}, H: 256, I: 128, hot: -1},
 		{name: "R8_E64_K1_hot_replicated_clamped", E: 64, K: 1, tokens: []int{40, 40, 40, 40, 40, 40, 40, 40}, H: 128,
 			I: 64, hot: 9, replicate: true, clamped: true},
 		// Local rows (read from x, never dispatched) only, and mixed with remote ones.
-		{name: "R1_E16_K4_T701_tile64_shared", E: 16, K: 4, tokens: []int{701}, H: 256, I: 128, hot: -1, shared: true},
+		{name: "R1_E16_K4_T701_tile64_shared", tile: 64, E: 16, K: 4, tokens: []int{701}, H: 256, I: 128, hot: -1, shared: true},
 		{name: "R2_E8_K1_T41_all_local", E: 8, K: 1, tokens: []int{41, 40}, H: 256, I: 128, hot: -1, local: 30},
 		{name: "R4_E64_K4_T97_all_local", E: 64, K: 4, tokens: []int{97, 1, 0, 50}, H: 256, I: 128, hot: -1, local: 30},
-		{name: "R8_E64_K8_T100_all_local_tile64", E: 64, K: 8, tokens: []int{100, 100, 100, 100, 100, 100, 100, 99},
+		{name: "R8_E64_K8_T100_all_local_tile64", tile: 64, E: 64, K: 8, tokens: []int{100, 100, 100, 100, 100, 100, 100, 99},
 			H: 256, I: 128, hot: -1, local: 30, shared: true},
 		{name: "R2_E32_K4_T150_mixed_local_tile64", E: 32, K: 4, tokens: []int{77, 150}, H: 256, I: 128, hot: -1,
 			local: 1.5},
 		{name: "R8_E128_K8_mixed_local_shared", E: 128, K: 8, tokens: []int{33, 7, 64, 1, 0, 50, 99, 20}, H: 256,
 			I: 128, hot: -1, local: 2, shared: true, clamped: true},
+		// The sm_90a wgmma tiles (128 × 256, TMA): picked from ~96 rows a slot, or forced.
+		{name: "R1_E8_K2_T700_tile128", E: 8, K: 2, tokens: []int{700}, H: 256, I: 128, hot: -1},
+		{name: "R2_E16_K4_T400_tile128_shared_clamped_edges", E: 16, K: 4, tokens: []int{400, 333}, H: 384, I: 192,
+			hot: -1, shared: true, clamped: true, tile: 128},
+		{name: "R4_E8_K2_T300_tile128_hot", E: 8, K: 2, tokens: []int{300, 250, 1, 299}, H: 256, I: 128, hot: 3,
+			tile: 128},
+		{name: "R8_E64_K8_tile128_mixed_local_uneven", E: 64, K: 8, tokens: []int{100, 100, 3, 100, 0, 100, 100, 77},
+			H: 256, I: 128, hot: -1, local: 2, tile: 128},
+		{name: "R1_E64_K8_T5_tile128_sparse", E: 64, K: 8, tokens: []int{5}, H: 256, I: 128, hot: -1, tile: 128},
+		{name: "R2_E8_K2_T150_tile128_odd_dims", E: 8, K: 2, tokens: []int{150, 97}, H: 200, I: 136, hot: -1,
+			tile: 128},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { runFusedCase(t, g, r, c) })
@@ -192,7 +204,7 @@ func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
 	wg.Wait()
 
 	args := MoEFusedArgs{Tokens: c.tokens, Slots: pl.Slots, Experts: E, TopK: K, H: H, I: I, Clamped: c.clamped,
-		Alpha: act.Alpha, Limit: act.Limit}
+		Alpha: act.Alpha, Limit: act.Limit, Tile: c.tile}
 	countsIn := make([][]int64, R)
 	var outs, outs2, seps [][]float32
 	var counts [][]int64
@@ -203,8 +215,14 @@ func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
 			return
 		}
 		t.Logf("row tile %d, rank workspaces %v bytes", tileM, rankBytes)
-		if strings.Contains(c.name, "tile64") != (tileM == 64) {
-			t.Errorf("row tile %d for case %s", tileM, c.name)
+		wantTile := 16
+		if strings.Contains(c.name, "tile64") {
+			wantTile = 64
+		} else if strings.Contains(c.name, "tile128") {
+			wantTile = 128
+		}
+		if tileM != wantTile {
+			t.Errorf("row tile %d for case %s, want %d", tileM, c.name, wantTile)
 		}
 		args.Table = put(a, table)
 		ctl := a.alloc(ctlBytes)
@@ -313,6 +331,12 @@ func sumInts(v []int) int {
 func TestMoEFusedWatchdog(t *testing.T) {
 	g := testGPU(t)
 	r := newRNG(t)
+	for _, tile := range []int{0, 128} { // picked (16-row mma.sync tiles here) and the wgmma tiles
+		t.Run(fmt.Sprintf("tile%d", tile), func(t *testing.T) { fusedWatchdog(t, g, r, tile) })
+	}
+}
+
+func fusedWatchdog(t *testing.T, g *GPU, r *rand.Rand, tile int) {
 	const R, E, K, H, I, T = 2, 8, 2, 64, 32, 20
 	pl := MoEBlockPlacement(E, R)
 	table, err := pl.Table()
@@ -321,7 +345,7 @@ func TestMoEFusedWatchdog(t *testing.T) {
 	}
 	onGPU(t, g, func(a *arena) {
 		args := MoEFusedArgs{Tokens: []int{T, T}, Slots: pl.Slots, Experts: E, TopK: K, H: H, I: I,
-			Timeout: 20 * time.Millisecond}
+			Timeout: 20 * time.Millisecond, Tile: tile}
 		ctlBytes, rankBytes, _, err := a.d.MoEFusedWorkspace(args, false)
 		a.check(err)
 		if a.err != nil {
@@ -404,6 +428,8 @@ func TestMoEFusedArgs(t *testing.T) {
 			{"too many slots", func(x *MoEFusedArgs) { x.Slots = []int{MoEFusedMaxSlots + 1} }},
 			{"nil table", func(x *MoEFusedArgs) { x.Table = nil }},
 			{"large H for the buffers", func(x *MoEFusedArgs) { x.H = 4096 }},
+			{"tile 32", func(x *MoEFusedArgs) { x.Tile = 32 }},
+			{"tile 128 with too many CTAs", func(x *MoEFusedArgs) { x.Tile, x.CTAs = 128, 2*g.Info().SMs }},
 		} {
 			x := good
 			c.edit(&x)

@@ -30,7 +30,6 @@
 //                        threads at 40 registers could not issue 24 copies a
 //                        stage fast enough (ncu: the consumers spent 41 % of
 //                        their samples waiting for full stages).
-#include <dlfcn.h>
 
 #include <algorithm>
 
@@ -39,11 +38,13 @@
 
 #include "common.cuh"
 #include "moe_gemm.cuh"
+#include "wgmma.cuh"
 
 namespace {
 
 using mkmoe::bf16;
 using mkmoe::GemmArgs;
+using namespace mkwg;
 
 constexpr int BM = 128, BN = 256, BK = 64, ST = 4, THREADS = 256;
 constexpr size_t kStageA = BM * BK * 2, kStageB = BN * BK * 2;
@@ -55,61 +56,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define MK_WGMMA 1
-#endif
-
-// desc is the wgmma shared-memory descriptor of a K-major tile at smem
-// address addr (1024-aligned atom base + k offset): 128B swizzle, SBO 1024.
-__device__ __forceinline__ uint64_t desc(uint32_t addr) {
-  uint64_t d = 0;
-  d |= (uint64_t)((addr & 0x3FFFF) >> 4);
-  d |= (uint64_t)1 << 16;                 // LBO (unused for swizzled K-major)
-  d |= (uint64_t)(1024 >> 4) << 32;       // SBO: 8 rows × 128 bytes
-  d |= (uint64_t)1 << 62;                 // 128-byte swizzle
-  return d;
-}
-
-__device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t a, uint64_t b) {
-#ifdef MK_WGMMA
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(a), "l"(b), "r"(1));
-#endif
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-#ifdef MK_WGMMA
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit() {
-#ifdef MK_WGMMA
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_wait0() {
-#ifdef MK_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_wait1() {
-#ifdef MK_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void fence_proxy_async() {
-#ifdef MK_WGMMA
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
 }
 
 // tile_of maps work item id (grouped rasterisation: blocks of group_m row
@@ -288,70 +234,6 @@ constexpr int WS_THREADS = 384;  // warpgroup 0 loads, 1 and 2 compute
 static_assert(BN / 2 == BM, "one TMA box shape (BK columns × 128 rows) serves the weight halves and the A tile");
 constexpr size_t kWsSmem = ST * (kStageA + kStageB) + 1024 + 2 * ST * sizeof(uint64_t) + BM * sizeof(int64_t);
 
-__device__ __forceinline__ uint32_t sm_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(sm_addr(b)), "r"(count) : "memory");
-}
-// mbar_wait returns once the barrier's phase with this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(sm_addr(b)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(sm_addr(b)) : "memory");
-}
-// cp_async_arrive: b's pending count drops by one when every cp.async this
-// thread issued so far has landed (the count includes this arrival: noinc).
-__device__ __forceinline__ void cp_async_arrive(uint64_t* b) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(sm_addr(b)) : "memory");
-}
-// TmaMap is CUtensorMap's 128 opaque bytes (made by cuTensorMapEncodeTiled,
-// reached through dlsym: no driver API headers or link dependency).
-struct alignas(64) TmaMap {
-  uint64_t w[16];
-};
-__device__ __forceinline__ void tma_prefetch(const TmaMap* m) {
-#ifdef MK_WGMMA
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(m)) : "memory");
-#endif
-}
-// mbar_expect_tx arrives on b and adds bytes to its phase's transaction count.
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sm_addr(b)), "r"(bytes) : "memory");
-}
-// tma_load_2d copies the box at (column x, row y) of m's tensor into dst
-// (1024-byte aligned, 128B-swizzled as m says), completing bytes on b.
-__device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* m, int x, int y, uint64_t* b) {
-#ifdef MK_WGMMA
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          sm_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(sm_addr(b))
-      : "memory");
-#endif
-}
-
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-#ifdef MK_WGMMA
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-#ifdef MK_WGMMA
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
-
 // full[s] completes when the producer's 128 threads' copies into stage s
 // and the stage's two weight boxes (TMA, 2·16 KB of transaction bytes) have
 // landed; empty[s] when both consumer warpgroups' wgmmas reading it
@@ -524,30 +406,13 @@ bool warp_specialised() {
   return w;
 }
 
-// cuTensorMapEncodeTiled, found in the driver library the runtime loaded
-// (null when it is not there: the single-role kernel runs).
-using EncodeTiled = int (*)(TmaMap*, int, uint32_t, void*, const uint64_t*, const uint64_t*, const uint32_t*,
-                            const uint32_t*, int, int, int, int);
-EncodeTiled encode_tiled() {
-  static const EncodeTiled fn = [] {
-    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    return h ? reinterpret_cast<EncodeTiled>(dlsym(h, "cuTensorMapEncodeTiled")) : nullptr;
-  }();
-  return fn;
-}
-
 // weight_map fills m with the TMA map of a [rows, kd] bf16 matrix (the
 // weights; with TMA_A, GEMM2's activation rows): boxes of BK columns × 128
 // rows, 128-byte swizzle (moe_wgmma's shared-memory layout), zeros past the
 // tensor. False when the driver cannot make it.
 bool weight_map(TmaMap& m, const bf16* w, int64_t rows, int64_t kd) {
-  const EncodeTiled f = encode_tiled();
-  if (f == nullptr || rows <= 0 || rows >= (1ll << 31) || reinterpret_cast<uintptr_t>(w) % 16 != 0) return false;
-  const uint64_t dims[2] = {(uint64_t)kd, (uint64_t)rows}, strides[1] = {(uint64_t)kd * sizeof(bf16)};
-  const uint32_t box[2] = {BK, BN / 2}, elem[2] = {1, 1};
-  // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9, INTERLEAVE_NONE = 0, SWIZZLE_128B = 3, L2_PROMOTION_L2_256B = 3,
-  // FLOAT_OOB_FILL_NONE = 0 (out-of-bounds elements read as zeros).
-  return f(&m, 9, 2, const_cast<bf16*>(w), dims, strides, box, elem, 0, 3, 3, 0) == 0;
+  static_assert(BK == 64, "the TMA box is 64 columns wide");
+  return tma_map_bf16(m, w, rows, kd, BN / 2);
 }
 
 // persistent: MK_MOE_PERSIST=1 launches the warp-specialised kernel on one

@@ -26,9 +26,10 @@ type MoEKey struct {
 // MoEChoice is the best launch found for one token count (per rank).
 type MoEChoice struct {
 	Tokens       int     `json:"tokens"`
-	CTAs         int     `json:"ctas"`          // persistent CTAs (0: every co-resident one)
-	DispatchCTAs int     `json:"dispatch_ctas"` // CTAs starting on the dispatch role (0: all)
-	MS           float64 `json:"ms"`            // its measured median time
+	Tile         int     `json:"tile,omitempty"` // row tile (kernels.MoEFusedArgs.Tile; 0: picked)
+	CTAs         int     `json:"ctas"`           // persistent CTAs (0: every co-resident one)
+	DispatchCTAs int     `json:"dispatch_ctas"`  // CTAs starting on the dispatch role (0: all)
+	MS           float64 `json:"ms"`             // its measured median time
 }
 
 // MoEEntry is one shape's choices, by ascending token count.
@@ -57,7 +58,7 @@ func LoadMoE(path string) (*MoETable, error) {
 	}
 	for _, e := range t.Entries {
 		for _, c := range e.Choices {
-			if c.Tokens <= 0 || c.CTAs < 0 || c.DispatchCTAs < 0 {
+			if c.Tokens <= 0 || c.CTAs < 0 || c.DispatchCTAs < 0 || (c.Tile != 0 && c.Tile != 16 && c.Tile != 64 && c.Tile != 128) {
 				return nil, fmt.Errorf("tuning: %s: %+v: bad choice %+v", path, e.MoEKey, c)
 			}
 		}

@@ -48,6 +48,10 @@ func TestMoETable(t *testing.T) {
 	if _, err := LoadMoE(bad); err == nil {
 		t.Error("a choice for 0 tokens loaded")
 	}
+	os.WriteFile(bad, []byte(`{"moe_fused":[{"device":"x","choices":[{"tokens":4,"tile":32}]}]}`), 0o644)
+	if _, err := LoadMoE(bad); err == nil {
+		t.Error("a choice with a 32-row tile loaded")
+	}
 	os.WriteFile(bad, []byte(`{`), 0o644)
 	if _, err := LoadMoE(bad); err == nil {
 		t.Error("broken JSON loaded")

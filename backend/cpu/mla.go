@@ -62,7 +62,7 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 	}
 
 	keys := concatHeads(T, 1, []colPart{{ct.data, L, L, false}, {kp.data, R, R, false}}) // [T, L+R]: [c ‖ kPe]
-	hist := be.appendLayerKV(op, b, p, keys, ct.data) // p's widths: L+R keys, L values (or none)
+	hist := be.appendLayerKV(op, b, p, keys, ct.data)                                    // p's widths: L+R keys, L values (or none)
 
 	out := newTensor(T, H*V)
 	// Spans side by side, as Attention runs them (each also spreads its own work).

@@ -119,7 +119,7 @@ func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffe
 		Clamped: ex.Clamped, Alpha: ex.Alpha, Limit: ex.Limit}
 	tk2 := tuning.MoEKey{Device: be.g.Info().Name, Hidden: H, Intermediate: I, Experts: E, TopK: K, Ranks: R}
 	if c, ok := be.moeTuning.Lookup(tk2, (T+R-1)/R); ok {
-		args.CTAs, args.DispatchCTAs = c.CTAs, c.DispatchCTAs
+		args.CTAs, args.DispatchCTAs, args.Tile = c.CTAs, c.DispatchCTAs, c.Tile
 	}
 	// Memoised by kernels: a replay device answers it as the capture did.
 	ctl, sz, _, err := d.MoEFusedWorkspace(args, false)

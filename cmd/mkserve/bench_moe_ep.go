@@ -435,7 +435,7 @@ func runMoEEPCase(ctx context.Context, wd *world, d *kernels.Device, o *moeBench
 		tokens[r] = T
 	}
 	args := kernels.MoEFusedArgs{Tokens: tokens, Slots: st.place.Slots, Experts: E, TopK: K, H: H, I: I,
-		CTAs: ctas, DispatchCTAs: o.dispatchCTAs, Timeout: o.kernelTimeout}
+		CTAs: ctas, DispatchCTAs: o.dispatchCTAs, Timeout: o.kernelTimeout, Tile: o.tile}
 	ctlBytes, rankBytes, _, err := d.MoEFusedWorkspace(args, false)
 	if err != nil {
 		return res, err
@@ -681,7 +681,7 @@ func moeEPLocal(d *kernels.Device, o *moeBenchOpts, st *moeEPShapeState, T int, 
 			return 0, err
 		}
 		args := kernels.MoEFusedArgs{Tokens: []int{N}, Slots: pl.Slots, Experts: S, TopK: 1, H: H, I: I,
-			CTAs: ctas, DispatchCTAs: o.dispatchCTAs, Timeout: o.kernelTimeout}
+			CTAs: ctas, DispatchCTAs: o.dispatchCTAs, Timeout: o.kernelTimeout, Tile: o.tile}
 		ctlBytes, rankBytes, _, err := d.MoEFusedWorkspace(args, false)
 		if err != nil {
 			return 0, err

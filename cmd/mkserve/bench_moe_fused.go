@@ -103,14 +103,29 @@ func runMoEFusedBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error)
 	return rows, nil
 }
 
-// tuneChoices are the (persistent CTAs, dispatch CTAs) launches --tune
-// tries: every co-resident CTA or one per SM, with every CTA or 8, 16, 32
-// or 64 of them starting on the dispatch role.
-func tuneChoices(sms int) [][2]int {
-	var out [][2]int
-	for _, c := range []int{0, sms} {
-		for _, dsp := range []int{0, 8, 16, 32, 64} {
-			out = append(out, [2]int{c, dsp})
+// tuneChoice is one launch --tune tries.
+type tuneChoice struct{ tile, ctas, dispatch int }
+
+// tuneChoices are the launches --tune tries: each row tile (16 and 64:
+// mma.sync, two CTAs a multiprocessor at 64; 128: wgmma, one), with every
+// co-resident CTA or (mma.sync) one per SM, and every CTA or 8, 16, 32 or
+// 64 of them starting on the dispatch role. A tile the flags fix (--tile)
+// is the only one tried.
+func tuneChoices(sms, tile int) []tuneChoice {
+	tiles := []int{16, 64, 128}
+	if tile != 0 {
+		tiles = []int{tile}
+	}
+	var out []tuneChoice
+	for _, tl := range tiles {
+		ctas := []int{0, sms}
+		if tl == 128 {
+			ctas = ctas[:1] // every co-resident CTA is one per SM
+		}
+		for _, c := range ctas {
+			for _, dsp := range []int{0, 8, 16, 32, 64} {
+				out = append(out, tuneChoice{tl, c, dsp})
+			}
 		}
 	}
 	return out
@@ -123,14 +138,14 @@ func (b *moeFusedBench) best(d *kernels.Device, cfg moe.RouterConfig, sbias []fl
 	if o.tuneOut == "" {
 		return b.tokens(d, cfg, sbias, T)
 	}
-	ctas, disp := o.ctas, o.dispatchCTAs
-	defer func() { o.ctas, o.dispatchCTAs = ctas, disp }()
+	ctas, disp, tile := o.ctas, o.dispatchCTAs, o.tile
+	defer func() { o.ctas, o.dispatchCTAs, o.tile = ctas, disp, tile }()
 	var best moeBenchRow
-	for i, ch := range tuneChoices(sms) {
-		o.ctas, o.dispatchCTAs = ch[0], ch[1]
+	for i, ch := range tuneChoices(sms, tile) {
+		o.ctas, o.dispatchCTAs, o.tile = ch.ctas, ch.dispatch, ch.tile
 		row, err := b.tokens(d, cfg, sbias, T)
 		if err != nil {
-			return row, fmt.Errorf("ctas %d dispatch %d: %w", ch[0], ch[1], err)
+			return row, fmt.Errorf("tile %d ctas %d dispatch %d: %w", ch.tile, ch.ctas, ch.dispatch, err)
 		}
 		if i == 0 || row.MS < best.MS {
 			best = row
@@ -148,7 +163,7 @@ func recordMoETuning(o *moeBenchOpts, device string, rows []moeBenchRow) error {
 	}
 	key := tuning.MoEKey{Device: device, Hidden: o.hidden, Intermediate: o.inter, Experts: o.experts, TopK: o.topk, Ranks: o.ranks}
 	for _, r := range rows {
-		t.Put(key, tuning.MoEChoice{Tokens: r.Tokens, CTAs: r.CTAs, DispatchCTAs: r.DispatchCTAs, MS: r.MS})
+		t.Put(key, tuning.MoEChoice{Tokens: r.Tokens, Tile: r.Tile, CTAs: r.CTAs, DispatchCTAs: r.DispatchCTAs, MS: r.MS})
 	}
 	return t.Save(o.tuneOut)
 }
@@ -166,11 +181,12 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 		tokens[r] = T
 	}
 	args := kernels.MoEFusedArgs{Tokens: tokens, Slots: b.place.Slots, Experts: E, TopK: K, H: H, I: I,
-		CTAs: o.ctas, DispatchCTAs: o.dispatchCTAs}
-	ctlBytes, rankBytes, _, err := d.MoEFusedWorkspace(args, true)
+		CTAs: o.ctas, DispatchCTAs: o.dispatchCTAs, Tile: o.tile}
+	ctlBytes, rankBytes, tileM, err := d.MoEFusedWorkspace(args, true)
 	if err != nil {
 		return row, err
 	}
+	row.Tile = tileM
 	if args.Table, err = bufs.alloc(d, int64(len(b.table))*4); err != nil {
 		return row, err
 	}

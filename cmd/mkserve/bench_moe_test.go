@@ -118,7 +118,7 @@ func TestRecordMoETuning(t *testing.T) {
 	if err := recordMoETuning(o, "GPU-X", []moeBenchRow{{Tokens: 16, MS: 0.7, CTAs: 132, DispatchCTAs: 8}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := recordMoETuning(o, "GPU-X", []moeBenchRow{{Tokens: 256, MS: 1.2, DispatchCTAs: 32}}); err != nil {
+	if err := recordMoETuning(o, "GPU-X", []moeBenchRow{{Tokens: 256, MS: 1.2, DispatchCTAs: 32, Tile: 128}}); err != nil {
 		t.Fatal(err)
 	}
 	tb, err := tuning.LoadMoE(path)
@@ -129,11 +129,22 @@ func TestRecordMoETuning(t *testing.T) {
 	if c, ok := tb.Lookup(key, 10); !ok || c.CTAs != 132 || c.DispatchCTAs != 8 {
 		t.Errorf("16-token choice: %+v %v", c, ok)
 	}
-	if c, ok := tb.Lookup(key, 200); !ok || c.DispatchCTAs != 32 {
+	if c, ok := tb.Lookup(key, 200); !ok || c.DispatchCTAs != 32 || c.Tile != 128 {
 		t.Errorf("256-token choice: %+v %v", c, ok)
 	}
-	if got := len(tuneChoices(132)); got != 10 {
-		t.Errorf("%d tune choices", got)
+	for _, c := range []struct{ tile, want int }{{0, 25}, {16, 10}, {64, 10}, {128, 5}} {
+		ch := tuneChoices(132, c.tile)
+		if len(ch) != c.want {
+			t.Errorf("--tile %d: %d tune choices, want %d", c.tile, len(ch), c.want)
+		}
+		for _, x := range ch {
+			if (c.tile != 0 && x.tile != c.tile) || (x.tile == 128 && x.ctas != 0) {
+				t.Errorf("--tile %d: choice %+v", c.tile, x)
+			}
+		}
+	}
+	if _, err := parseMoEBench([]string{"--tile", "32"}); err == nil {
+		t.Error("--tile 32 accepted")
 	}
 	if _, err := parseMoEBench([]string{"--path", "grouped", "--tune", path}); err == nil {
 		t.Error("--tune with --path grouped accepted")
