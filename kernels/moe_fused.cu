@@ -168,6 +168,7 @@ struct Params {
   int disp_pre[kMaxRanks + 1];  // prefix sums of dispatch tasks per source rank
   int comb_pre[kMaxRanks + 1];  // prefix sums of combine tasks per source rank
   int dt;  // tokens per dispatch task
+  int group_m;  // GEMM tasks: row tiles per rasterisation group (task_tile)
   int ndisp_ctas;
   int fault_rank;
   int separate;  // plan: also fill row_slot/row_w for every row (separate path)
@@ -417,7 +418,15 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
 // per (t, k) copies (16-byte L2 stores, all copies of the task in flight
 // together); after bar.sync one thread per row does fence.acq_rel.gpu and
 // +1 on the row's arrive_d[tile] (release).
-template <int NT = kThreads>
+// role_sync is the barrier among a role's NT threads: the whole CTA
+// (BAR 0), or named barrier BAR of the first NT threads.
+template <int NT, int BAR>
+__device__ __forceinline__ void role_sync() {
+  if (BAR == 0) __syncthreads();
+  else asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(NT) : "memory");
+}
+
+template <int NT = kThreads, int BAR = 0>
 __device__ void dispatch_task(const Params& p, int r, int64_t t0, int64_t t1, bool sep) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, K = p.K;
   const RankP& src = p.rk[r];
@@ -442,7 +451,7 @@ __device__ void dispatch_task(const Params& p, int r, int64_t t0, int64_t t1, bo
     }
   }
   if (sep) return;
-  __syncthreads();
+  role_sync<NT, BAR>();
   for (int64_t a = t0 * K + threadIdx.x; a < t1 * K; a += NT) {
     const int dr = __ldcg(src.dest_row + a);
     if (dr < 0 || (dr & 7) == r) continue;
@@ -641,6 +650,17 @@ __device__ void combine_rows(const Params& p, int r, int64_t t0, int64_t t1, boo
   }
 }
 
+// task_tile maps GEMM task rel of a rank (ntiles row tiles × n column
+// blocks) to its row tile and column block: groups of group_m row tiles ×
+// every column block, row tiles fastest inside a group, so that the CTAs
+// running at once share each weight block through L2 (as moe.cu's grid);
+// tile-major order re-read Mixtral's GEMM1 weights from HBM once per row tile.
+__device__ __forceinline__ void task_tile(const Params& p, int rel, int ntiles, int n, int& tile, int& nb) {
+  const int span = p.group_m * n, first = rel / span * p.group_m, gsize = min(ntiles - first, p.group_m);
+  tile = first + rel % span % gsize;
+  nb = rel % span / gsize;
+}
+
 // find_rank maps a task index to its rank through prefix sums pre[0..R].
 __device__ __forceinline__ int find_rank(const int* pre, int R, int idx) {
   int r = 0;
@@ -650,17 +670,11 @@ __device__ __forceinline__ int find_rank(const int* pre, int R, int idx) {
 
 // ---- compute tiles ----
 //
-// The persistent kernel is one task loop over a compute policy C:
-//   C::kThreads, C::kMinBlocks   the CTA's threads and its launch bound;
-//   C::kSmem                     dynamic shared memory bytes;
-//   C::Maps                      what the launch passes besides Params (TMA maps);
-//   C::setup(smem)               once per CTA before the loop (then a block barrier);
-//   C::gemm<GATEUP>(p, maps, d, tile, nb, smem, g)
-//                                one (row tile, column block) task, every thread;
-//                                g counts the CTA's k steps across tasks (the
-//                                wgmma tiles' stage ring), the same in every thread.
-
-struct NoMaps {};
+// Two persistent kernels share the plan, the queues, the roles' code and the
+// protocol: fused_kernel<C> over mma.sync tiles C (every thread takes every
+// role), and fused_wg_kernel over the wgmma tiles (a producer warpgroup and
+// two consumer warpgroups with their own register budgets; the consumers
+// take the dispatch and combine roles).
 
 // FusedMaps: the TMA maps of the wgmma tiles, per rank (zeros where a rank
 // has no slots, or is a peer of a rank-local launch).
@@ -673,137 +687,147 @@ struct FusedMaps {
 // MmaTiles: mma.sync m16n8k16 tiles of 128-thread CTAs (gemm_task above).
 template <int BM_, int BN_, int WM, int WN, int ST>
 struct MmaTiles {
-  static constexpr int kThreads = ::kThreads, kMinBlocks = 1, BM = BM_, BN = BN_;
+  static constexpr int kThreads = ::kThreads, BM = BM_, BN = BN_;
   static constexpr size_t kSmem = (size_t)ST * (BM + BN) * kBK * 2;
-  using Maps = NoMaps;
-  __device__ static void setup(unsigned char*) {}
   template <bool GATEUP>
-  __device__ static void gemm(const Params& p, const Maps&, int d, int tile, int nb, unsigned char* smem, int&) {
+  __device__ static void gemm(const Params& p, int d, int tile, int nb, unsigned char* smem) {
     gemm_task<BM, BN, WM, WN, ST, GATEUP>(p, d, tile, nb, smem);
   }
 };
 
-// WgTiles (sm_90a): 128×256 tiles, BK 64, a 4-stage ring, warp-specialised as
-// moe_wgmma.cu's kernel: two consumer warpgroups (threads [0, 256), 64 rows
-// each, two m64n128k16 wgmmas per 16-wide k step: GEMM1 the gate half and
-// the up half) and one producer warp (threads [256, 288)) that fills the
-// ring — the weight tile by TMA (two 128-row boxes), the A tile by TMA in
-// GEMM2 (the activation rows are contiguous) and by cp.async in GEMM1 (row
-// gather: local rows from x, remote ones from the receive buffer; 32 rows ×
-// one 16-byte chunk a lane a stage). full[s] completes on 33 arrivals (the
-// 32 producer lanes' — cp.async-tracked in GEMM1, plain in GEMM2 — and the
-// TMA issuer's expect_tx) plus the TMA bytes; empty[s] when both consumer
-// warpgroups' wgmmas reading it are done. No setmaxnreg: the CTA's roles
-// change per task (dispatch and combine use every thread), so all threads
-// keep the consumers' budget (288 threads, one CTA a multiprocessor).
-// The producer does not run ahead into the next task: a task's first
-// stages load while the CTA waits for nothing else (measured cost in
-// docs/PERF.md, fifteenth pass).
+// WgTiles (sm_90a): 128×256 tiles, BK 64, a 4-stage ring, warp-specialised
+// as moe_wgmma.cu's kernel, in their own persistent kernel (fused_wg_kernel):
+// two consumer warpgroups (threads [0, 256), 64 rows each, two m64n128k16
+// wgmmas per 16-wide k step: GEMM1 the gate half and the up half, 232
+// registers) and one producer warpgroup (threads [256, 384), 40 registers)
+// that fills the ring: the weight tile by TMA (two 128-row boxes), the A
+// tile by TMA in GEMM2 (the activation rows are contiguous) and by cp.async
+// in GEMM1 (row gather: local rows from x, remote ones from the receive
+// buffer; 8 rows × one 16-byte chunk a thread a stage). full[s] completes
+// on 129 arrivals (the 128 producer threads' — cp.async-tracked in GEMM1,
+// plain in GEMM2 — and the TMA issuer's expect_tx) plus the TMA bytes;
+// empty[s] when both consumer warpgroups' wgmmas reading it are done.
 struct WgTiles {
   static constexpr int BM = 128, BN = 256, BK = 64, ST = 4;
-  static constexpr int kConsumers = 256, kThreads = kConsumers + 32, kMinBlocks = 1;
+  static constexpr int kConsumers = 256, kThreads = kConsumers + 128;
   static constexpr uint32_t kStageA = BM * BK * 2, kStageB = BN * BK * 2;
   static constexpr size_t kSmem = 1024 + ST * (kStageA + kStageB) + 2 * ST * sizeof(uint64_t) + BM * sizeof(void*);
-  using Maps = FusedMaps;
   static_assert(BK == mkmoe::kTileK, "the swizzled row is 64 bf16 (swz64)");
 
   __device__ static unsigned char* base(unsigned char* smem) {
     return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem) + 1023) & ~uintptr_t(1023));
   }
+  __device__ static bf16* sA(unsigned char* smem) { return reinterpret_cast<bf16*>(base(smem)); }  // [ST][BM][BK]
+  __device__ static bf16* sB(unsigned char* smem) {  // [ST][BN][BK]
+    return reinterpret_cast<bf16*>(base(smem) + ST * kStageA);
+  }
   __device__ static uint64_t* full(unsigned char* smem) {
     return reinterpret_cast<uint64_t*>(base(smem) + ST * (kStageA + kStageB));
   }
+  __device__ static uint64_t* empty(unsigned char* smem) { return full(smem) + ST; }
+  __device__ static const bf16** arow(unsigned char* smem) {  // [BM] GEMM1's A row sources (null: padding)
+    return reinterpret_cast<const bf16**>(empty(smem) + ST);
+  }
   __device__ static void setup(unsigned char* smem) {
     if (threadIdx.x == 0) {
-      uint64_t* f = full(smem);
       for (int st = 0; st < ST; st++) {
-        mkwg::mbar_init(&f[st], 33);
-        mkwg::mbar_init(&f[ST + st], 2);
+        mkwg::mbar_init(&full(smem)[st], 129);
+        mkwg::mbar_init(&empty(smem)[st], 2);
       }
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
   }
+  __device__ static void producer_sync() { asm volatile("bar.sync 2, 128;\n" ::: "memory"); }
 
+  // produce fills the ring for one (row tile, column block) task: the
+  // producer warpgroup's threads, g counting the CTA's k steps.
   template <bool GATEUP>
-  __device__ static void gemm(const Params& p, const Maps& m, int d, int tile, int nb, unsigned char* smem, int& g) {
+  __device__ static void produce(const Params& p, const FusedMaps& m, int d, int tile, int nb, unsigned char* smem,
+                                 int& g) {
     using namespace mkwg;
     const RankP& rk = p.rk[d];
-    unsigned char* b0p = base(smem);
-    bf16* sA = reinterpret_cast<bf16*>(b0p);                 // [ST][BM][BK] swizzled
-    bf16* sB = reinterpret_cast<bf16*>(b0p + ST * kStageA);  // [ST][BN][BK] swizzled
-    uint64_t* fullb = full(smem);
-    uint64_t* empty = fullb + ST;
-    const bf16** arow = reinterpret_cast<const bf16**>(empty + ST);  // [BM] GEMM1's A row sources (null: padding)
+    const int wl = threadIdx.x - kConsumers;
     const int64_t Kd = GATEUP ? p.H : p.I, N = GATEUP ? p.I : p.H;
     const int KT = (int)((Kd + BK - 1) / BK);
     const int64_t m0 = (int64_t)tile * BM;
-    const int tid = threadIdx.x, lane = tid % 32;
-    if (tid >= kConsumers) {  // producer warp
-      const int slot = rk.tile_slot[tile];
-      if (GATEUP) {
-        __syncwarp();  // the previous task's copies were issued (they read arow)
-        for (int r = lane; r < BM; r += 32) {
-          const int32_t src = rk.row_src[m0 + r];
-          arow[r] = src < 0 ? nullptr
-                            : (src & 7) == d ? rk.x + (int64_t)(src >> 3) / p.K * p.H  // a local row: x itself
-                                             : rk.recv + (m0 + r) * p.H;
-        }
-        __syncwarp();
-      } else if (lane == 0) {
-        // The activation rows were stored by other CTAs' GEMM1 epilogues
-        // (generic proxy) and released through g1done, acquired by thread 0
-        // before the block barrier; acquire here too and order them before
-        // this thread's TMA reads (async proxy).
-        (void)ld_acquire(rk.g1done + tile);
-        fence_proxy_async_global();
-      }
-      // B's two 128-row boxes: GEMM1 the slot's gate rows and its up rows (I
-      // further) of output columns nb·128 + [0, 128); GEMM2 rows nb·256 +
-      // [0, 256) of the slot's down matrix. Rows past the slot's N are the
-      // next slot's (or zeros past the tensor): computed, never stored.
-      const int32_t b0 = (int32_t)(GATEUP ? (int64_t)slot * 2 * N + (int64_t)nb * (BN / 2)
-                                          : (int64_t)slot * N + (int64_t)nb * BN);
-      const int32_t b1 = (int32_t)(GATEUP ? b0 + N : b0 + BN / 2);
-      const TmaMap* wm = GATEUP ? &m.gu[d] : &m.dn[d];
-      const int ch = lane % 8, r0 = lane / 8;
-      for (int kt = 0; kt < KT; kt++, g++) {
-        const int st = g % ST;
-        if (g >= ST) mbar_wait(&empty[st], ((g / ST) - 1) & 1);
-        bf16* a = sA + st * (BM * BK);
-        bf16* b = sB + st * (BN * BK);
-        if (lane == 0) {
-          mbar_expect_tx(&fullb[st], GATEUP ? kStageB : kStageA + kStageB);
-          if (!GATEUP) tma_load_2d(a, &m.act[d], kt * BK, (int32_t)m0, &fullb[st]);
-          tma_load_2d(b, wm, kt * BK, b0, &fullb[st]);
-          tma_load_2d(b + (BN / 2) * BK, wm, kt * BK, b1, &fullb[st]);
-        }
-        if (GATEUP) {
-          const int64_t k = (int64_t)kt * BK + ch * 8;
-          const bool kv = k < Kd;
-#pragma unroll 8
-          for (int i = 0; i < BM / 4; i++) {
-            const int r = r0 + 4 * i;
-            const bf16* src = arow[r];
-            const bool v = src != nullptr && kv;
-            cp_async16(a + mkmoe::swz64(r, ch), v ? src + k : rk.recv, v);
-          }
-          cp_async_arrive(&fullb[st]);
-        } else {
-          mbar_arrive(&fullb[st]);
-        }
-      }
-      if (GATEUP) asm volatile("cp.async.wait_all;\n" ::: "memory");
-      return;
+    const int slot = rk.tile_slot[tile];
+    const bf16** ar = arow(smem);
+    if (GATEUP) {
+      producer_sync();  // every producer thread issued the previous task's copies (they read arow)
+      const int32_t src = rk.row_src[m0 + wl];
+      ar[wl] = src < 0 ? nullptr
+                       : (src & 7) == d ? rk.x + (int64_t)(src >> 3) / p.K * p.H  // a local row: x itself
+                                        : rk.recv + (m0 + wl) * p.H;
+      producer_sync();
+    } else if (wl == 0) {
+      // The activation rows were stored by GEMM1 epilogues (generic proxy)
+      // and released through g1done, acquired by thread 0 before the block
+      // barrier; acquire here too and order them before this thread's TMA
+      // reads (async proxy).
+      (void)ld_acquire(rk.g1done + tile);
+      fence_proxy_async_global();
     }
-    // Consumers: warpgroup cw computes rows 64·cw + [0, 64) of the tile.
-    const int cw = tid / 128, wl = tid % 128, warp = wl / 32;
-    const uint32_t sA0 = sm_addr(sA), sB0 = sm_addr(sB);
+    // B's two 128-row boxes: GEMM1 the slot's gate rows and its up rows (I
+    // further) of output columns nb·128 + [0, 128); GEMM2 rows nb·256 +
+    // [0, 256) of the slot's down matrix. Rows past the slot's N are the
+    // next slot's (or zeros past the tensor): computed, never stored.
+    const int32_t b0 = (int32_t)(GATEUP ? (int64_t)slot * 2 * N + (int64_t)nb * (BN / 2)
+                                        : (int64_t)slot * N + (int64_t)nb * BN);
+    const int32_t b1 = (int32_t)(GATEUP ? b0 + N : b0 + BN / 2);
+    const TmaMap* wm = GATEUP ? &m.gu[d] : &m.dn[d];
+    bf16* const a0 = sA(smem);
+    bf16* const bb0 = sB(smem);
+    uint64_t* const fb = full(smem);
+    uint64_t* const eb = empty(smem);
+    const int ch = wl % 8, r0 = wl / 8;
+    for (int kt = 0; kt < KT; kt++, g++) {
+      const int st = g % ST;
+      if (g >= ST) mbar_wait(&eb[st], ((g / ST) - 1) & 1);
+      bf16* a = a0 + st * (BM * BK);
+      bf16* b = bb0 + st * (BN * BK);
+      if (wl == 0) {
+        mbar_expect_tx(&fb[st], GATEUP ? kStageB : kStageA + kStageB);
+        if (!GATEUP) tma_load_2d(a, &m.act[d], kt * BK, (int32_t)m0, &fb[st]);
+        tma_load_2d(b, wm, kt * BK, b0, &fb[st]);
+        tma_load_2d(b + (BN / 2) * BK, wm, kt * BK, b1, &fb[st]);
+      }
+      if (GATEUP) {
+        const int64_t k = (int64_t)kt * BK + ch * 8;
+        const bool kv = k < Kd;
+#pragma unroll
+        for (int i = 0; i < BM / 16; i++) {
+          const int r = r0 + 16 * i;
+          const bf16* src = ar[r];
+          const bool v = src != nullptr && kv;
+          cp_async16(a + mkmoe::swz64(r, ch), v ? src + k : rk.recv, v);
+        }
+        cp_async_arrive(&fb[st]);
+      } else {
+        mbar_arrive(&fb[st]);
+      }
+    }
+    if (GATEUP) asm volatile("cp.async.wait_all;\n" ::: "memory");
+  }
+
+  // consume runs the wgmmas of one task and stores its outputs: the two
+  // consumer warpgroups (warpgroup cw: rows 64·cw + [0, 64) of the tile).
+  template <bool GATEUP>
+  __device__ static void consume(const Params& p, int d, int tile, int nb, unsigned char* smem, int& g) {
+    using namespace mkwg;
+    const RankP& rk = p.rk[d];
+    const int64_t Kd = GATEUP ? p.H : p.I, N = GATEUP ? p.I : p.H;
+    const int KT = (int)((Kd + BK - 1) / BK);
+    const int64_t m0 = (int64_t)tile * BM;
+    const int tid = threadIdx.x, lane = tid % 32, cw = tid / 128, wl = tid % 128, warp = wl / 32;
+    const uint32_t sA0 = sm_addr(sA(smem)), sB0 = sm_addr(sB(smem));
+    uint64_t* const fb = full(smem);
+    uint64_t* const eb = empty(smem);
     float acc0[64], acc1[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc0[i] = acc1[i] = 0.0f;
     for (int kt = 0; kt < KT; kt++, g++) {
       const int st = g % ST;
-      mbar_wait(&fullb[st], (g / ST) & 1);
+      mbar_wait(&fb[st], (g / ST) & 1);
       fence_proxy_async();  // the cp.async copies (generic proxy) before the wgmmas' reads (async proxy)
       const uint32_t a = sA0 + st * kStageA + cw * 64 * 128;
       const uint32_t b = sB0 + st * kStageB;
@@ -815,10 +839,10 @@ struct WgTiles {
       }
       wgmma_commit();
       wgmma_wait1();  // k step g-1's wgmmas are done: its stage goes back
-      if (kt > 0 && wl == 0) mbar_arrive(&empty[(g - 1) % ST]);
+      if (kt > 0 && wl == 0) mbar_arrive(&eb[(g - 1) % ST]);
     }
     wgmma_wait0();
-    if (wl == 0) mbar_arrive(&empty[(g - 1) % ST]);
+    if (wl == 0) mbar_arrive(&eb[(g - 1) % ST]);
     // d[4i + q] of a warpgroup's m64n128 block: row 16·warp + lane/4 + 8·(q/2),
     // column 8i + 2·(lane%4) + q%2.
 #pragma unroll
@@ -857,8 +881,7 @@ struct WgTiles {
 };
 
 template <class C>
-__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
-    fused_kernel(const __grid_constant__ Params p, const __grid_constant__ typename C::Maps maps) {
+__global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constant__ Params p) {
   constexpr int NT = C::kThreads;
   static_assert(C::BM <= NT, "one thread per row signals GEMM2's tokens");
   extern __shared__ __align__(128) unsigned char fused_sm[];
@@ -866,7 +889,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   __shared__ int g1pre[kMaxRanks + 1], g2pre[kMaxRanks + 1];
   const int R = p.R, K = p.K;
   const bool local = p.me >= 0;
-  C::setup(fused_sm);
   if (threadIdx.x == 0) {
     // Rank-local: only this rank's tiles (the peers' num_tiles are theirs),
     // and nothing at all when the plan's wait timed out (stale plan).
@@ -912,20 +934,20 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
     }
   }
   // Compute and combine.
-  int g = 0;  // k steps of this CTA's GEMM tasks so far (C's stage ring)
   for (;;) {
     int idx = block_take(p.ctl + kQMain, &task_sh);
     if (idx >= n_main) break;
     if (idx < n_g1) {
       const int d = find_rank(g1pre, R, idx);
-      const int rel = idx - g1pre[d], tile = rel / p.n1t, nb = rel % p.n1t;
+      int tile, nb;
+      task_tile(p, idx - g1pre[d], (g1pre[d + 1] - g1pre[d]) / p.n1t, p.n1t, tile, nb);
       if (threadIdx.x == 0) {
         const int want = p.rk[d].tile_want[tile];  // remote rows; local ones are read from x
         ok_sh = want == 0 || wait_geq(p, p.rk[d].arrive + tile, want, d, 1, tile);
       }
       __syncthreads();
       if (!ok_sh) return;
-      C::template gemm<true>(p, maps, d, tile, nb, fused_sm, g);
+      C::template gemm<true>(p, d, tile, nb, fused_sm);
       __syncthreads();
       if (threadIdx.x == 0) {
         __threadfence();
@@ -933,11 +955,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
       }
     } else if ((idx -= n_g1) < n_g2) {
       const int d = find_rank(g2pre, R, idx);
-      const int rel = idx - g2pre[d], tile = rel / p.n2t, nb = rel % p.n2t;
+      int tile, nb;
+      task_tile(p, idx - g2pre[d], (g2pre[d + 1] - g2pre[d]) / p.n2t, p.n2t, tile, nb);
       if (threadIdx.x == 0) ok_sh = wait_geq(p, p.rk[d].g1done + tile, p.n1t, d, 2, tile);
       __syncthreads();
       if (!ok_sh) return;
-      C::template gemm<false>(p, maps, d, tile, nb, fused_sm, g);
+      C::template gemm<false>(p, d, tile, nb, fused_sm);
       __syncthreads();
       if (threadIdx.x < C::BM) {
         const int32_t src = p.rk[d].row_src[(int64_t)tile * C::BM + threadIdx.x];
@@ -965,6 +988,171 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
   }
 }
 
+// take_all is block_take with an abort word: once a role set *abort (a
+// bounded wait gave up where only some of the CTA's threads were
+// involved), every thread gets INT_MAX and leaves the loop with the others,
+// so no barrier waits for threads that returned.
+__device__ __forceinline__ int take_all(int* q, int* sh, const int* abort) {
+  if (threadIdx.x == 0) *sh = *abort ? INT_MAX : atomicAdd(q, 1);
+  __syncthreads();
+  const int v = *sh;
+  __syncthreads();
+  return v;
+}
+
+// fused_wg_kernel: the persistent launch with the wgmma tiles (WgTiles),
+// one 384-thread CTA a multiprocessor. The same queues, tasks, waits and
+// signals as fused_kernel; the roles: the consumer warpgroups (threads
+// [0, 256), 232 registers) take the dispatch tasks (among themselves,
+// named barrier 1), the GEMM tasks' wgmmas and epilogues, and the combine
+// tasks; the producer warpgroup (40 registers) only loads the GEMM tasks'
+// stages. Both walk the main queue together (take_all); a GEMM task is
+// bracketed by block barriers, a combine task involves the consumers only.
+__global__ void __launch_bounds__(WgTiles::kThreads, 1)
+    fused_wg_kernel(const __grid_constant__ Params p, const __grid_constant__ FusedMaps maps) {
+  constexpr int NC = WgTiles::kConsumers;
+  extern __shared__ __align__(128) unsigned char fused_sm[];
+  __shared__ int task_sh, ok_sh, abort_sh;
+  __shared__ int g1pre[kMaxRanks + 1], g2pre[kMaxRanks + 1];
+  const int R = p.R, K = p.K;
+  const bool local = p.me >= 0;
+  WgTiles::setup(fused_sm);
+  if (threadIdx.x == 0) {
+    abort_sh = local && ld_relaxed(p.ctl) != 0;  // rank-local: the plan's wait timed out (stale plan)
+    g1pre[0] = g2pre[0] = 0;
+    for (int d = 0; d < R; ++d) {
+      const int nt = p.rk[d].S > 0 && (!local || d == p.me) ? *p.rk[d].num_tiles : 0;
+      g1pre[d + 1] = g1pre[d] + nt * p.n1t;
+      g2pre[d + 1] = g2pre[d] + nt * p.n2t;
+    }
+  }
+  __syncthreads();
+  if (abort_sh) return;
+  const int n_g1 = g1pre[R], n_g2 = g2pre[R];
+  const int n_main = n_g1 + n_g2 + p.comb_pre[R];
+  int g = 0;  // k steps of this CTA's GEMM tasks so far: the stage ring's position, the same in both roles
+
+  if (threadIdx.x >= NC) {  // producer warpgroup
+    mkwg::setmaxnreg_dec<40>();
+    for (;;) {
+      int idx = take_all(p.ctl + kQMain, &task_sh, &abort_sh);
+      if (idx >= n_main) break;
+      if (idx < n_g1) {
+        const int d = find_rank(g1pre, R, idx);
+        int tile, nb;
+        task_tile(p, idx - g1pre[d], (g1pre[d + 1] - g1pre[d]) / p.n1t, p.n1t, tile, nb);
+        __syncthreads();  // thread 0's wait for the tile's rows
+        if (!ok_sh) return;
+        WgTiles::produce<true>(p, maps, d, tile, nb, fused_sm, g);
+        __syncthreads();
+      } else if ((idx -= n_g1) < n_g2) {
+        const int d = find_rank(g2pre, R, idx);
+        int tile, nb;
+        task_tile(p, idx - g2pre[d], (g2pre[d + 1] - g2pre[d]) / p.n2t, p.n2t, tile, nb);
+        __syncthreads();  // thread 0's wait for the tile's GEMM1 blocks
+        if (!ok_sh) return;
+        WgTiles::produce<false>(p, maps, d, tile, nb, fused_sm, g);
+        __syncthreads();
+      }
+    }
+    return;
+  }
+
+  mkwg::setmaxnreg_inc<232>();
+  // planned: rank-local, every destination's plan wrote this rank's dest_row
+  // (pflag[d] >= epoch: watchdog role 5), waited for once before the first
+  // dispatch or combine task.
+  bool planned = !local;
+  auto wait_planned = [&]() -> bool {
+    if (planned) return true;
+    if (threadIdx.x == 0) {
+      bool ok = true;
+      for (int d = 0; ok && d < R; ++d) ok = wait_geq(p, p.rk[p.me].pflag + d, p.epoch, d, 5, -1);
+      ok_sh = ok;
+    }
+    role_sync<NC, 1>();
+    planned = ok_sh;
+    role_sync<NC, 1>();
+    return planned;
+  };
+  // Dispatch role (consumers only).
+  if ((int)blockIdx.x < p.ndisp_ctas) {
+    const int n_disp = p.disp_pre[R];
+    for (;;) {
+      if (threadIdx.x == 0) task_sh = atomicAdd(p.ctl + kQDisp, 1);
+      role_sync<NC, 1>();
+      const int idx = task_sh;
+      role_sync<NC, 1>();
+      if (idx >= n_disp) break;
+      if (!wait_planned()) {
+        if (threadIdx.x == 0) abort_sh = 1;
+        break;
+      }
+      const int r = find_rank(p.disp_pre, R, idx);
+      if (r == p.fault_rank) continue;  // fault injection: this rank never sends
+      const int64_t t0 = (int64_t)(idx - p.disp_pre[r]) * p.dt;
+      dispatch_task<NC, 1>(p, r, t0, min(p.rk[r].T, t0 + p.dt), false);
+    }
+  }
+  // Compute and combine.
+  for (;;) {
+    int idx = take_all(p.ctl + kQMain, &task_sh, &abort_sh);
+    if (idx >= n_main) break;
+    if (idx < n_g1) {
+      const int d = find_rank(g1pre, R, idx);
+      int tile, nb;
+      task_tile(p, idx - g1pre[d], (g1pre[d + 1] - g1pre[d]) / p.n1t, p.n1t, tile, nb);
+      if (threadIdx.x == 0) {
+        const int want = p.rk[d].tile_want[tile];  // remote rows; local ones are read from x
+        ok_sh = want == 0 || wait_geq(p, p.rk[d].arrive + tile, want, d, 1, tile);
+      }
+      __syncthreads();
+      if (!ok_sh) return;
+      WgTiles::consume<true>(p, d, tile, nb, fused_sm, g);
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence();
+        red_release_add(p.rk[d].g1done + tile, 1);
+      }
+    } else if ((idx -= n_g1) < n_g2) {
+      const int d = find_rank(g2pre, R, idx);
+      int tile, nb;
+      task_tile(p, idx - g2pre[d], (g2pre[d + 1] - g2pre[d]) / p.n2t, p.n2t, tile, nb);
+      if (threadIdx.x == 0) ok_sh = wait_geq(p, p.rk[d].g1done + tile, p.n1t, d, 2, tile);
+      __syncthreads();
+      if (!ok_sh) return;
+      WgTiles::consume<false>(p, d, tile, nb, fused_sm, g);
+      __syncthreads();
+      if (threadIdx.x < WgTiles::BM) {
+        const int32_t src = p.rk[d].row_src[(int64_t)tile * WgTiles::BM + threadIdx.x];
+        if (src >= 0) signal_add(p, p.rk[src & 7].tokdone + (src >> 3) / K, 1);
+      }
+    } else {
+      idx -= n_g2;
+      const int r = find_rank(p.comb_pre, R, idx);
+      const RankP& rk = p.rk[r];
+      const int64_t t0 = (int64_t)(idx - p.comb_pre[r]) * kCT, t1 = min(rk.T, t0 + kCT);
+      if (!wait_planned()) {
+        if (threadIdx.x == 0) abort_sh = 1;
+        continue;
+      }
+      if (threadIdx.x == 0) {
+        bool ok = true;
+        for (int64_t t = t0; ok && t < t1; ++t) {
+          int routed = 0;
+          for (int k = 0; k < K; ++k) routed += __ldcg(rk.dest_row + t * K + k) >= 0;
+          ok = wait_geq(p, rk.tokdone + t, routed * p.n2t, r, 3, (int)t);
+        }
+        ok_sh = ok;
+        if (!ok) abort_sh = 1;
+      }
+      role_sync<NC, 1>();
+      if (!ok_sh) continue;
+      combine_rows<NC>(p, r, t0, t1, false);
+    }
+  }
+}
+
 // The separate path's dispatch and combine launches.
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(const __grid_constant__ Params p) {
   const int idx = blockIdx.x;
@@ -986,15 +1174,35 @@ struct TileCfg {
 };
 // 0, 1: mma.sync (MmaTiles); 2: wgmma (WgTiles, sm_90a).
 constexpr TileCfg kTiles[3] = {{16, 64}, {64, 128}, {WgTiles::BM, WgTiles::BN}};
+// The persistent kernel of tile policy C, and what it takes besides Params.
+template <class C>
+struct KernelOf {
+  static constexpr void (*fn)(Params) = fused_kernel<C>;
+};
+template <>
+struct KernelOf<WgTiles> {
+  static constexpr void (*fn)(Params, FusedMaps) = fused_wg_kernel;
+};
 using MmaSmall = MmaTiles<16, 64, 16, 16, 6>;
 using MmaLarge = MmaTiles<64, 128, 32, 64, 4>;
+
+// group_m is the GEMM tasks' rasterisation group (row tiles); MK_MOE_GROUP_M
+// overrides the default 8 (1: tile-major) as for moe.cu's grid.
+int group_m() {
+  static const int g = [] {
+    const char* v = getenv("MK_MOE_GROUP_M");
+    const int n = v ? atoi(v) : 0;
+    return n > 0 ? n : 8;
+  }();
+  return g;
+}
 
 // wg_ok: the wgmma tiles can run here (the kernel is built for this
 // device's architecture and the driver encodes TMA maps).
 bool wg_ok() {
   static const bool ok = [] {
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, fused_kernel<WgTiles>) != cudaSuccess || fa.binaryVersion < 90) {
+    if (cudaFuncGetAttributes(&fa, fused_wg_kernel) != cudaSuccess || fa.binaryVersion < 90) {
       cudaGetLastError();
       return false;
     }
@@ -1143,6 +1351,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->ctl = mk::dev<int32_t>(ctl);
   p->fault_rank = -1;
   p->dt = k < kDR ? kDR / k : 1;
+  p->group_m = group_m();
   p->separate = sep;
   p->me = me;
   p->epoch = epoch;
@@ -1241,9 +1450,11 @@ int maps_for(const Params& p, FusedMaps* m) {
   return MK_OK;
 }
 
-template <class C>
-int launch_fused(const Params& p, const typename C::Maps& maps, int ctas, int dispatch_ctas, cudaStream_t st) {
-  auto fn = fused_kernel<C>;
+// launch_fused launches tile policy C's persistent kernel cooperatively;
+// extra... are its arguments after Params (the wgmma tiles' TMA maps).
+template <class C, class... Extra>
+int launch_fused(const Params& p, int ctas, int dispatch_ctas, cudaStream_t st, Extra... extra) {
+  auto fn = KernelOf<C>::fn;
   const size_t sm = C::kSmem;
   static bool attr = false;
   if (!attr) {
@@ -1263,8 +1474,7 @@ int launch_fused(const Params& p, const typename C::Maps& maps, int ctas, int di
          dispatch_ctas, grid);
   Params q = p;
   q.ndisp_ctas = dispatch_ctas > 0 ? dispatch_ctas : grid;
-  typename C::Maps m = maps;
-  void* args[] = {&q, &m};
+  void* args[] = {&q, &extra...};
   MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fn), dim3((unsigned)grid), dim3(C::kThreads),
                                       args, sm, st));
   return MK_OK;
@@ -1272,12 +1482,12 @@ int launch_fused(const Params& p, const typename C::Maps& maps, int ctas, int di
 
 // launch_tiles runs the persistent launch with p.BM's tiles.
 int launch_tiles(const Params& p, int ctas, int dispatch_ctas, cudaStream_t st) {
-  if (p.BM == 16) return launch_fused<MmaSmall>(p, NoMaps{}, ctas, dispatch_ctas, st);
-  if (p.BM == 64) return launch_fused<MmaLarge>(p, NoMaps{}, ctas, dispatch_ctas, st);
+  if (p.BM == 16) return launch_fused<MmaSmall>(p, ctas, dispatch_ctas, st);
+  if (p.BM == 64) return launch_fused<MmaLarge>(p, ctas, dispatch_ctas, st);
   FusedMaps m;
   const int rc = maps_for(p, &m);
   if (rc != MK_OK) return rc;
-  return launch_fused<WgTiles>(p, m, ctas, dispatch_ctas, st);
+  return launch_fused<WgTiles>(p, ctas, dispatch_ctas, st, m);
 }
 
 }  // namespace
