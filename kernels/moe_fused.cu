@@ -92,9 +92,10 @@
 // the mma.sync m16n8k16 tile of moe.cu (cp.async multi-stage pipeline,
 // XOR-swizzled shared memory, ldmatrix), as a device function on 128-thread
 // CTAs: 16×64 tiles (6 stages) for decode-sized batches, 64×128 (4 stages)
-// above ~24 rows per active expert; and on sm_90a from ~96 rows per active
-// expert (MK_MOE_FUSED_WG_ROWS) the wgmma tiles of moe_wgmma.cu, 128×256
-// with TMA and a producer warp, on 288-thread CTAs, one a multiprocessor.
+// above ~24 rows per active expert where sm_90a is missing; on sm_90a above
+// 24 rows a slot (MK_MOE_FUSED_WG_ROWS) the wgmma tiles of moe_wgmma.cu,
+// 128×256 with TMA and a producer warpgroup, in their own kernel
+// (fused_wg_kernel, 384-thread CTAs, one a multiprocessor).
 // The caller may force a tile (the tile argument; the tuner stores it).
 #include <cmath>
 #include <cstring>
@@ -1212,12 +1213,15 @@ bool wg_ok() {
 }
 
 // wg_rows: the average rows per active slot from which the automatic
-// choice takes the wgmma tiles (MK_MOE_FUSED_WG_ROWS, default 96: a 128-row
-// tile then pads a slot by at most ~1/3 on average).
+// choice takes the wgmma tiles (MK_MOE_FUSED_WG_ROWS, default 25: every
+// count above the 16-row tiles' range). H200, R = 1 (docs/PERF.md,
+// fifteenth pass): 128-row wgmma tiles beat the 64-row mma.sync tiles
+// from 32 rows a slot on (DeepSeek-V3 at 1024 tokens: 4.82 against 5.72 ms,
+// though three quarters of each tile is padding; the layer reads weights).
 int wg_rows() {
   static const int v = [] {
     const char* e = getenv("MK_MOE_FUSED_WG_ROWS");
-    return e && atoi(e) > 0 ? atoi(e) : 96;
+    return e && atoi(e) > 0 ? atoi(e) : 25;
   }();
   return v;
 }
