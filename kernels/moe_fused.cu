@@ -762,10 +762,8 @@ struct WgTiles {
       producer_sync();
     } else if (wl == 0) {
       // The activation rows were stored by GEMM1 epilogues (generic proxy)
-      // and released through g1done, acquired by thread 0 before the block
-      // barrier; acquire here too and order them before this thread's TMA
-      // reads (async proxy).
-      (void)ld_acquire(rk.g1done + tile);
+      // and released through g1done, which this thread acquired when it
+      // took the task; order them before its TMA reads (async proxy).
       fence_proxy_async_global();
     }
     // B's two 128-row boxes: GEMM1 the slot's gate rows and its up rows (I
@@ -989,36 +987,41 @@ __global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constan
   }
 }
 
-// take_all is block_take with an abort word: once a role set *abort (a
-// bounded wait gave up where only some of the CTA's threads were
-// involved), every thread gets INT_MAX and leaves the loop with the others,
-// so no barrier waits for threads that returned.
-__device__ __forceinline__ int take_all(int* q, int* sh, const int* abort) {
-  if (threadIdx.x == 0) *sh = *abort ? INT_MAX : atomicAdd(q, 1);
-  __syncthreads();
-  const int v = *sh;
-  __syncthreads();
-  return v;
-}
-
 // fused_wg_kernel: the persistent launch with the wgmma tiles (WgTiles),
 // one 384-thread CTA a multiprocessor. The same queues, tasks, waits and
-// signals as fused_kernel; the roles: the consumer warpgroups (threads
-// [0, 256), 232 registers) take the dispatch tasks (among themselves,
-// named barrier 1), the GEMM tasks' wgmmas and epilogues, and the combine
-// tasks; the producer warpgroup (40 registers) only loads the GEMM tasks'
-// stages. Both walk the main queue together (take_all); a GEMM task is
-// bracketed by block barriers, a combine task involves the consumers only.
+// signals as fused_kernel, but the two roles run their own loops:
+//   producer warpgroup (40 registers): its thread 0 takes the main queue's
+//     tasks, waits for a GEMM task's inputs (the tile's remote rows for
+//     GEMM1, its GEMM1 blocks for GEMM2; bounded), passes each task to the
+//     consumers through a two-slot task ring (mbarriers), and the warpgroup
+//     loads the GEMM task's stages; it then takes the next task at once, so
+//     the next task's inputs are waited for and its first stages load while
+//     the consumers still compute and store the current one;
+//   consumer warpgroups (232 registers): the dispatch tasks first (among
+//     themselves, named barrier 1), then every task from the ring: a GEMM
+//     task's wgmmas, epilogue and signals, a combine task's wait and sums.
+// Nobody leaves early: a wait that gives up (the watchdog) sets the abort
+// word and marks its task failed; the producer then passes the end of the
+// queue, the consumers skip failed and later work, and both roles drain to
+// that end, so no mbarrier or barrier waits for threads that returned and
+// no TMA copy is in flight when the CTA exits.
 __global__ void __launch_bounds__(WgTiles::kThreads, 1)
     fused_wg_kernel(const __grid_constant__ Params p, const __grid_constant__ FusedMaps maps) {
   constexpr int NC = WgTiles::kConsumers;
   extern __shared__ __align__(128) unsigned char fused_sm[];
-  __shared__ int task_sh, ok_sh, abort_sh;
+  __shared__ int task_sh, ok_sh, ptask_sh;
+  __shared__ volatile int abort_sh;
+  __shared__ int tq_idx[2], tq_ok[2];                       // the task ring
+  __shared__ __align__(8) uint64_t tq_full[2], tq_empty[2];  // its mbarriers: 1 producer arrival, NC consumer ones
   __shared__ int g1pre[kMaxRanks + 1], g2pre[kMaxRanks + 1];
   const int R = p.R, K = p.K;
   const bool local = p.me >= 0;
   WgTiles::setup(fused_sm);
   if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; s++) {
+      mkwg::mbar_init(&tq_full[s], 1);
+      mkwg::mbar_init(&tq_empty[s], NC);
+    }
     abort_sh = local && ld_relaxed(p.ctl) != 0;  // rank-local: the plan's wait timed out (stale plan)
     g1pre[0] = g2pre[0] = 0;
     for (int d = 0; d < R; ++d) {
@@ -1031,30 +1034,54 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
   if (abort_sh) return;
   const int n_g1 = g1pre[R], n_g2 = g2pre[R];
   const int n_main = n_g1 + n_g2 + p.comb_pre[R];
+  // task_at maps a main-queue index of a GEMM task to its rank, row tile
+  // and column block; false for a combine task or the end.
+  auto task_at = [&](int idx, bool& gateup, int& d, int& tile, int& nb) -> bool {
+    gateup = idx < n_g1;
+    if (!gateup && (idx -= n_g1) >= n_g2) return false;
+    const int* pre = gateup ? g1pre : g2pre;
+    const int n = gateup ? p.n1t : p.n2t;
+    d = find_rank(pre, R, idx);
+    task_tile(p, idx - pre[d], (pre[d + 1] - pre[d]) / n, n, tile, nb);
+    return true;
+  };
   int g = 0;  // k steps of this CTA's GEMM tasks so far: the stage ring's position, the same in both roles
+  int j = 0;  // tasks through the task ring so far
 
   if (threadIdx.x >= NC) {  // producer warpgroup
     mkwg::setmaxnreg_dec<40>();
-    for (;;) {
-      int idx = take_all(p.ctl + kQMain, &task_sh, &abort_sh);
-      if (idx >= n_main) break;
-      if (idx < n_g1) {
-        const int d = find_rank(g1pre, R, idx);
-        int tile, nb;
-        task_tile(p, idx - g1pre[d], (g1pre[d + 1] - g1pre[d]) / p.n1t, p.n1t, tile, nb);
-        __syncthreads();  // thread 0's wait for the tile's rows
-        if (!ok_sh) return;
-        WgTiles::produce<true>(p, maps, d, tile, nb, fused_sm, g);
-        __syncthreads();
-      } else if ((idx -= n_g1) < n_g2) {
-        const int d = find_rank(g2pre, R, idx);
-        int tile, nb;
-        task_tile(p, idx - g2pre[d], (g2pre[d + 1] - g2pre[d]) / p.n2t, p.n2t, tile, nb);
-        __syncthreads();  // thread 0's wait for the tile's GEMM1 blocks
-        if (!ok_sh) return;
-        WgTiles::produce<false>(p, maps, d, tile, nb, fused_sm, g);
-        __syncthreads();
+    const int wl = threadIdx.x - NC;
+    for (;; j++) {
+      if (wl == 0) {
+        int idx = abort_sh ? INT_MAX : atomicAdd(p.ctl + kQMain, 1);
+        if (idx > n_main) idx = n_main;
+        bool gu;
+        int d, tile, nb, ok = 1;
+        if (task_at(idx, gu, d, tile, nb)) {
+          if (gu) {
+            const int want = p.rk[d].tile_want[tile];  // remote rows; local ones are read from x
+            ok = want == 0 || wait_geq(p, p.rk[d].arrive + tile, want, d, 1, tile);
+          } else {
+            ok = wait_geq(p, p.rk[d].g1done + tile, p.n1t, d, 2, tile);
+          }
+          if (!ok) abort_sh = 1;
+        }
+        const int s = j & 1;
+        if (j >= 2) mkwg::mbar_wait(&tq_empty[s], ((j >> 1) - 1) & 1);
+        tq_idx[s] = idx;
+        tq_ok[s] = ok;
+        mkwg::mbar_arrive(&tq_full[s]);  // release: the slot's words before the consumers' acquire
+        ptask_sh = ok ? idx : -1;        // a failed wait: nothing to load; the next take ends the queue
       }
+      WgTiles::producer_sync();
+      const int idx = ptask_sh;
+      WgTiles::producer_sync();  // ptask_sh is free for the next task
+      bool gu;
+      int d, tile, nb;
+      if (idx >= n_main) break;
+      if (idx < 0 || !task_at(idx, gu, d, tile, nb)) continue;  // failed, or a combine task (the consumers' alone)
+      if (gu) WgTiles::produce<true>(p, maps, d, tile, nb, fused_sm, g);
+      else WgTiles::produce<false>(p, maps, d, tile, nb, fused_sm, g);
     }
     return;
   }
@@ -1070,13 +1097,14 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
       bool ok = true;
       for (int d = 0; ok && d < R; ++d) ok = wait_geq(p, p.rk[p.me].pflag + d, p.epoch, d, 5, -1);
       ok_sh = ok;
+      if (!ok) abort_sh = 1;
     }
     role_sync<NC, 1>();
     planned = ok_sh;
     role_sync<NC, 1>();
     return planned;
   };
-  // Dispatch role (consumers only).
+  // Dispatch role (consumers only; dispatch never waits but for the plan).
   if ((int)blockIdx.x < p.ndisp_ctas) {
     const int n_disp = p.disp_pre[R];
     for (;;) {
@@ -1084,73 +1112,57 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
       role_sync<NC, 1>();
       const int idx = task_sh;
       role_sync<NC, 1>();
-      if (idx >= n_disp) break;
-      if (!wait_planned()) {
-        if (threadIdx.x == 0) abort_sh = 1;
-        break;
-      }
+      if (idx >= n_disp || !wait_planned()) break;
       const int r = find_rank(p.disp_pre, R, idx);
       if (r == p.fault_rank) continue;  // fault injection: this rank never sends
       const int64_t t0 = (int64_t)(idx - p.disp_pre[r]) * p.dt;
       dispatch_task<NC, 1>(p, r, t0, min(p.rk[r].T, t0 + p.dt), false);
     }
   }
-  // Compute and combine.
-  for (;;) {
-    int idx = take_all(p.ctl + kQMain, &task_sh, &abort_sh);
+  // Every task from the ring, to the end of the queue.
+  for (;; j++) {
+    const int s = j & 1;
+    mkwg::mbar_wait(&tq_full[s], (j >> 1) & 1);
+    const int idx = tq_idx[s], ok = tq_ok[s];
+    mkwg::mbar_arrive(&tq_empty[s]);
     if (idx >= n_main) break;
-    if (idx < n_g1) {
-      const int d = find_rank(g1pre, R, idx);
-      int tile, nb;
-      task_tile(p, idx - g1pre[d], (g1pre[d + 1] - g1pre[d]) / p.n1t, p.n1t, tile, nb);
-      if (threadIdx.x == 0) {
-        const int want = p.rk[d].tile_want[tile];  // remote rows; local ones are read from x
-        ok_sh = want == 0 || wait_geq(p, p.rk[d].arrive + tile, want, d, 1, tile);
-      }
-      __syncthreads();
-      if (!ok_sh) return;
-      WgTiles::consume<true>(p, d, tile, nb, fused_sm, g);
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        __threadfence();
-        red_release_add(p.rk[d].g1done + tile, 1);
-      }
-    } else if ((idx -= n_g1) < n_g2) {
-      const int d = find_rank(g2pre, R, idx);
-      int tile, nb;
-      task_tile(p, idx - g2pre[d], (g2pre[d + 1] - g2pre[d]) / p.n2t, p.n2t, tile, nb);
-      if (threadIdx.x == 0) ok_sh = wait_geq(p, p.rk[d].g1done + tile, p.n1t, d, 2, tile);
-      __syncthreads();
-      if (!ok_sh) return;
-      WgTiles::consume<false>(p, d, tile, nb, fused_sm, g);
-      __syncthreads();
-      if (threadIdx.x < WgTiles::BM) {
+    if (!ok) continue;  // its wait gave up (the error record names it); the producer ends the queue next
+    bool gu;
+    int d, tile, nb;
+    if (task_at(idx, gu, d, tile, nb)) {
+      if (gu) WgTiles::consume<true>(p, d, tile, nb, fused_sm, g);
+      else WgTiles::consume<false>(p, d, tile, nb, fused_sm, g);
+      role_sync<NC, 1>();  // every consumer's stores of the task are done
+      if (gu) {
+        if (threadIdx.x == 0) {
+          __threadfence();
+          red_release_add(p.rk[d].g1done + tile, 1);
+        }
+      } else if (threadIdx.x < WgTiles::BM) {
         const int32_t src = p.rk[d].row_src[(int64_t)tile * WgTiles::BM + threadIdx.x];
         if (src >= 0) signal_add(p, p.rk[src & 7].tokdone + (src >> 3) / K, 1);
       }
-    } else {
-      idx -= n_g2;
-      const int r = find_rank(p.comb_pre, R, idx);
-      const RankP& rk = p.rk[r];
-      const int64_t t0 = (int64_t)(idx - p.comb_pre[r]) * kCT, t1 = min(rk.T, t0 + kCT);
-      if (!wait_planned()) {
-        if (threadIdx.x == 0) abort_sh = 1;
-        continue;
-      }
-      if (threadIdx.x == 0) {
-        bool ok = true;
-        for (int64_t t = t0; ok && t < t1; ++t) {
-          int routed = 0;
-          for (int k = 0; k < K; ++k) routed += __ldcg(rk.dest_row + t * K + k) >= 0;
-          ok = wait_geq(p, rk.tokdone + t, routed * p.n2t, r, 3, (int)t);
-        }
-        ok_sh = ok;
-        if (!ok) abort_sh = 1;
-      }
-      role_sync<NC, 1>();
-      if (!ok_sh) continue;
-      combine_rows<NC>(p, r, t0, t1, false);
+      continue;
     }
+    // Combine.
+    const int c = idx - n_g1 - n_g2;
+    const int r = find_rank(p.comb_pre, R, c);
+    const RankP& rk = p.rk[r];
+    const int64_t t0 = (int64_t)(c - p.comb_pre[r]) * kCT, t1 = min(rk.T, t0 + kCT);
+    if (!wait_planned()) continue;
+    if (threadIdx.x == 0) {
+      bool ok2 = !abort_sh;
+      for (int64_t t = t0; ok2 && t < t1; ++t) {
+        int routed = 0;
+        for (int k = 0; k < K; ++k) routed += __ldcg(rk.dest_row + t * K + k) >= 0;
+        ok2 = wait_geq(p, rk.tokdone + t, routed * p.n2t, r, 3, (int)t);
+      }
+      ok_sh = ok2;
+      if (!ok2) abort_sh = 1;
+    }
+    role_sync<NC, 1>();
+    if (!ok_sh) continue;
+    combine_rows<NC>(p, r, t0, t1, false);
   }
 }
 
