@@ -48,7 +48,7 @@ enum {
  * and the row tile every (rank, slot) is padded to (tile_m). with_separate
  * != 0 adds room for mk_moe_fused_separate. tile: 0 picks the row tile from
  * the rows per active slot; 16 or 64 (mma.sync tiles) or 128 (the sm_90a
- * wgmma tiles: 128×256, TMA, a producer warp, 288-thread CTAs) forces it.
+ * wgmma tiles: 128×256, TMA, a producer warpgroup, 384-thread CTAs) forces it.
  * Every call on one set of workspaces must pass the same tile. */
 MK_API int32_t mk_moe_fused_workspace(int32_t ranks, const int64_t* tokens, const int32_t* slots, int32_t k,
                                       int32_t e, int64_t h, int64_t i, int32_t with_separate, uint64_t* ctl_bytes,

@@ -192,7 +192,7 @@ type MoEFusedArgs struct {
 	// Tile is the row tile every (rank, slot) is padded to and the GEMM
 	// tiles that go with it: 0 picks by rows per active slot; 16 or 64 the
 	// mma.sync tiles (two 128-thread CTAs a multiprocessor at 64); 128 the
-	// sm_90a wgmma tiles (128×256, TMA, one 288-thread CTA a
+	// sm_90a wgmma tiles (128×256, TMA, one 384-thread CTA a
 	// multiprocessor). The workspace, the launch and every later call on
 	// the same workspaces take the same Tile.
 	Tile int
