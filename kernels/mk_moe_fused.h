@@ -33,10 +33,11 @@ enum {
   MK_MOE_FUSED_ERR_RANK,    /* the rank whose data was waited for (the tile's or token's rank) */
   MK_MOE_FUSED_ERR_ROLE,    /* 1 compute GEMM1 (waited for dispatch), 2 compute GEMM2 (for GEMM1), 3 combine (for GEMM2),
                                rank-local only: 4 plan (for a source's routing), 5 dispatch or combine (for a
-                               destination's plan) */
-  MK_MOE_FUSED_ERR_TILE,    /* row tile (roles 1, 2), token (role 3), -1 (roles 4, 5) */
-  MK_MOE_FUSED_ERR_SEEN,    /* the counter's value when it gave up */
-  MK_MOE_FUSED_ERR_WANT,    /* the value it waited for */
+                               destination's plan); 6 capacity: the rank (ERR_RANK) was routed more rows than its
+                               workspace holds (max_rows), nothing was computed */
+  MK_MOE_FUSED_ERR_TILE,    /* row tile (roles 1, 2), token (role 3), -1 (roles 4, 5, 6) */
+  MK_MOE_FUSED_ERR_SEEN,    /* the counter's value when it gave up (role 6: the rows the rank needed, padded) */
+  MK_MOE_FUSED_ERR_WANT,    /* the value it waited for (role 6: the rows its workspace holds) */
   MK_MOE_FUSED_ERR_WORDS = 8
 };
 
@@ -49,10 +50,15 @@ enum {
  * != 0 adds room for mk_moe_fused_separate. tile: 0 picks the row tile from
  * the rows per active slot; 16 or 64 (mma.sync tiles) or 128 (the sm_90a
  * wgmma tiles: 128×256, TMA, a producer warpgroup, 384-thread CTAs) forces it.
- * Every call on one set of workspaces must pass the same tile. */
+ * max_rows > 0 sizes each rank's receive side for at most max_rows (token, k)
+ * rows (plus tile padding) instead of every rank's rows (0: the worst case,
+ * which at 8 ranks is 8× the balanced share); a layer that routes more to a
+ * rank than its workspace holds computes nothing and sets the error record
+ * (role 6). Every call on one set of workspaces must pass the same tile and
+ * max_rows. */
 MK_API int32_t mk_moe_fused_workspace(int32_t ranks, const int64_t* tokens, const int32_t* slots, int32_t k,
                                       int32_t e, int64_t h, int64_t i, int32_t with_separate, uint64_t* ctl_bytes,
-                                      uint64_t* rank_bytes, int32_t* tile_m, int32_t tile);
+                                      uint64_t* rank_bytes, int32_t* tile_m, int32_t tile, int64_t max_rows);
 
 /* One MoE layer's routed experts over `ranks` emulated expert-parallel ranks
  * (1..8): a small plan launch (counts per (rank, slot), row offsets padded to
@@ -79,12 +85,14 @@ MK_API int32_t mk_moe_fused_workspace(int32_t ranks, const int64_t* tokens, cons
  * the error record (rank, role, tile) once and ends the kernel
  * (mk_moe_fused_check reads it). fault_rank >= 0 disables that source rank's
  * dispatch (testing the watchdog), -1 otherwise. tokens, slots: host [ranks].
- * H and I multiples of 8. tile as for mk_moe_fused_workspace. Asynchronous on stream. */
+ * H and I multiples of 8. tile and max_rows as for mk_moe_fused_workspace; a
+ * set error record (an unchecked earlier failure, or this call's plan over
+ * capacity) makes the persistent launch do nothing. Asynchronous on stream. */
 MK_API int32_t mk_moe_fused(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const int64_t* tokens,
                             const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t place,
                             int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t ctl,
                             uint64_t ctl_bytes, const uint64_t* rank_bytes, int32_t ctas, int32_t dispatch_ctas,
-                            int64_t timeout_ns, int32_t fault_rank, int32_t tile);
+                            int64_t timeout_ns, int32_t fault_rank, int32_t tile, int64_t max_rows);
 
 /* The same result from separate launches (the baseline): the plan launch, a
  * dispatch launch, mk_moe_experts on each rank's receive rows (align, grouped
@@ -93,7 +101,8 @@ MK_API int32_t mk_moe_fused(uint64_t stream, int32_t ranks, const uint64_t* ptrs
 MK_API int32_t mk_moe_fused_separate(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const int64_t* tokens,
                                      const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i,
                                      uint64_t place, int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits,
-                                     uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes, int32_t tile);
+                                     uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes, int32_t tile,
+                                     int64_t max_rows);
 
 /* The same layer as mk_moe_fused for ONE rank `me` of `ranks` whose peers
  * run their own mk_moe_fused_rank (other processes, one per GPU or several
@@ -119,7 +128,7 @@ MK_API int32_t mk_moe_fused_rank(uint64_t stream, int32_t ranks, int32_t me, con
                                  int64_t i, uint64_t place, int32_t act_kind, uint32_t alpha_bits,
                                  uint32_t limit_bits, uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes,
                                  int32_t ctas, int32_t dispatch_ctas, int64_t timeout_ns, int32_t epoch,
-                                 int32_t tile);
+                                 int32_t tile, int64_t max_rows);
 
 /* Synchronously (after all earlier work) copies ctl's error record into rec
  * [MK_MOE_FUSED_ERR_WORDS] and clears it on the device. */

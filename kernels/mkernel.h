@@ -56,7 +56,8 @@ extern "C" {
  * 15: values inside keys: mk_kv_write_bf16 with vw 0, mk_paged_attn_bf16
  *    with pool_v 0.
  * 16: mk_moe_fused_workspace, mk_moe_fused, mk_moe_fused_rank and
- *    mk_moe_fused_separate take the row tile (128: sm_90a wgmma tiles). */
+ *    mk_moe_fused_separate take the row tile (128: sm_90a wgmma tiles) and
+ *    max_rows (a rank's receive capacity; error record role 6). */
 #define MK_ABI_VERSION 16
 
 /* Status codes. */

@@ -354,6 +354,28 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
     __syncthreads();
     block_scan_tiles(cnt, off, S, BM);
     __syncthreads();
+    // Capacity: more rows than the workspace holds (MoEFusedArgs.MaxRows)
+    // is an error of the layer (record role 6), not a write past the
+    // buffers: nothing of this rank is planned, the separate path's rows
+    // are all padding, and the persistent launch sees the record and does
+    // nothing (rank-local: the peers' waits for this plan time out).
+    if (off[S] > me.rows_cap) {
+      if (threadIdx.x == 0) {
+        *me.num_tiles = 0;
+        int* err = p.ctl;
+        if (atomicCAS(err, 0, 1) == 0) {
+          err[MK_MOE_FUSED_ERR_RANK] = b;
+          err[MK_MOE_FUSED_ERR_ROLE] = 6;
+          err[MK_MOE_FUSED_ERR_TILE] = -1;
+          err[MK_MOE_FUSED_ERR_SEEN] = off[S];
+          err[MK_MOE_FUSED_ERR_WANT] = (int)me.rows_cap;
+          __threadfence();
+        }
+      }
+      if (p.separate)
+        for (int64_t q = threadIdx.x; q < me.rows_cap; q += blockDim.x) me.row_slot[q] = -1;
+      return;
+    }
     const int ntiles = off[S] / BM;
     if (threadIdx.x == 0) *me.num_tiles = ntiles;
     for (int tl = threadIdx.x; tl < ntiles; tl += blockDim.x) {
@@ -889,9 +911,10 @@ __global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constan
   const int R = p.R, K = p.K;
   const bool local = p.me >= 0;
   if (threadIdx.x == 0) {
-    // Rank-local: only this rank's tiles (the peers' num_tiles are theirs),
-    // and nothing at all when the plan's wait timed out (stale plan).
-    ok_sh = !local || ld_relaxed(p.ctl) == 0;
+    // Rank-local: only this rank's tiles (the peers' num_tiles are theirs).
+    // Nothing at all when the error record is set: a plan's wait timed out
+    // (rank-local: stale plan) or a rank got more rows than it holds.
+    ok_sh = ld_relaxed(p.ctl) == 0;
     g1pre[0] = g2pre[0] = 0;
     for (int d = 0; d < R; ++d) {
       const int nt = p.rk[d].S > 0 && (!local || d == p.me) ? *p.rk[d].num_tiles : 0;
@@ -1022,7 +1045,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
       mkwg::mbar_init(&tq_full[s], 1);
       mkwg::mbar_init(&tq_empty[s], NC);
     }
-    abort_sh = local && ld_relaxed(p.ctl) != 0;  // rank-local: the plan's wait timed out (stale plan)
+    abort_sh = ld_relaxed(p.ctl) != 0;  // a plan's wait timed out (stale plan) or a rank is over capacity
     g1pre[0] = g2pre[0] = 0;
     for (int d = 0; d < R; ++d) {
       const int nt = p.rk[d].S > 0 && (!local || d == p.me) ? *p.rk[d].num_tiles : 0;
@@ -1168,12 +1191,14 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
 
 // The separate path's dispatch and combine launches.
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(const __grid_constant__ Params p) {
+  if (ld_relaxed(p.ctl) != 0) return;  // the plan found a rank over capacity
   const int idx = blockIdx.x;
   const int r = find_rank(p.disp_pre, p.R, idx);
   const int64_t t0 = (int64_t)(idx - p.disp_pre[r]) * p.dt;
   dispatch_task(p, r, t0, min(p.rk[r].T, t0 + p.dt), true);
 }
 __global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ Params p) {
+  if (ld_relaxed(p.ctl) != 0) return;
   const int idx = blockIdx.x;
   const int r = find_rank(p.comb_pre, p.R, idx);
   const int64_t t0 = (int64_t)(idx - p.comb_pre[r]) * kCT;
@@ -1270,9 +1295,10 @@ struct RankLayout {
 };
 
 int rank_layout(int ranks, const int64_t* tokens, const int32_t* slots, int r, int k, int e, int64_t h, int64_t i,
-                int bm, bool sep, RankLayout* L) {
+                int bm, bool sep, int64_t max_rows, RankLayout* L) {
   int64_t n = 0;
   for (int q = 0; q < ranks; ++q) n += tokens[q] * k;
+  if (max_rows > 0 && max_rows < n) n = max_rows;  // the rows a rank may receive (else all: the worst case)
   const int64_t S = slots[r];
   const int64_t active = n < S ? n : S;
   L->rows_cap = S > 0 ? (n + active * (bm - 1) + bm - 1) / bm * bm : 0;
@@ -1315,7 +1341,7 @@ int rank_layout(int ranks, const int64_t* tokens, const int32_t* slots, int r, i
 }
 
 int check_shapes(const char* fn, int ranks, const int64_t* tokens, const int32_t* slots, int k, int e, int64_t h,
-                 int64_t i, int tile) {
+                 int64_t i, int tile, int64_t max_rows) {
   MK_ARG(ranks >= 1 && ranks <= kMaxRanks, "%s: ranks=%d must be in [1, %d]", fn, ranks, kMaxRanks);
   MK_ARG(tokens != nullptr && slots != nullptr, "%s: null tokens or slots", fn);
   MK_ARG(k >= 1 && e >= 1 && k <= e && e <= 65535, "%s: K=%d E=%d (want 1 <= K <= E <= 65535)", fn, k, e);
@@ -1332,6 +1358,7 @@ int check_shapes(const char* fn, int ranks, const int64_t* tokens, const int32_t
   MK_ARG(n < (1 << 27), "%s: %lld (token, k) assignments in all, at most 2^27", fn, (long long)n);
   MK_ARG(tile == 0 || tile == 16 || tile == 64 || tile == 128, "%s: tile=%d must be 0 (pick), 16, 64 or 128", fn,
          tile);
+  MK_ARG(max_rows >= 0, "%s: max_rows=%lld must be >= 0", fn, (long long)max_rows);
   MK_ARG(pick_tile(ranks, tokens, slots, k, tile) >= 0, "%s: tile=%d: the wgmma tiles need an sm_90a device", fn,
          tile);
   return MK_OK;
@@ -1340,9 +1367,9 @@ int check_shapes(const char* fn, int ranks, const int64_t* tokens, const int32_t
 // build fills Params and checks the per-rank pointers.
 int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int64_t* tokens, const int32_t* slots,
           int k, int e, int64_t h, int64_t i, uint64_t place, int act_kind, uint32_t alpha_bits, uint32_t limit_bits,
-          uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes, bool sep, int tile, int me = -1,
-          int epoch = 0) {
-  int rc = check_shapes(fn, ranks, tokens, slots, k, e, h, i, tile);
+          uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes, bool sep, int tile, int64_t max_rows,
+          int me = -1, int epoch = 0) {
+  int rc = check_shapes(fn, ranks, tokens, slots, k, e, h, i, tile, max_rows);
   if (rc != MK_OK) return rc;
   MK_ARG(ptrs && rank_bytes, "%s: null ptrs or rank_bytes", fn);
   MK_ARG(place != 0 && ctl != 0, "%s: null place or ctl", fn);
@@ -1376,7 +1403,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   for (int r = 0; r < ranks; ++r) {
     const uint64_t* pr = ptrs + (int64_t)r * MK_MOE_FUSED_NPTR;
     RankLayout L;
-    rc = rank_layout(ranks, tokens, slots, r, k, e, h, i, tc.bm, sep, &L);
+    rc = rank_layout(ranks, tokens, slots, r, k, e, h, i, tc.bm, sep, max_rows, &L);
     if (rc != MK_OK) return rc;
     MK_ARG(rank_bytes[r] >= L.total, "%s: rank %d workspace of %llu bytes, %llu needed%s", fn, r,
            (unsigned long long)rank_bytes[r], (unsigned long long)L.total,
@@ -1512,14 +1539,14 @@ extern "C" {
 
 int32_t mk_moe_fused_workspace(int32_t ranks, const int64_t* tokens, const int32_t* slots, int32_t k, int32_t e,
                                int64_t h, int64_t i, int32_t with_separate, uint64_t* ctl_bytes, uint64_t* rank_bytes,
-                               int32_t* tile_m, int32_t tile) {
-  int rc = check_shapes("mk_moe_fused_workspace", ranks, tokens, slots, k, e, h, i, tile);
+                               int32_t* tile_m, int32_t tile, int64_t max_rows) {
+  int rc = check_shapes("mk_moe_fused_workspace", ranks, tokens, slots, k, e, h, i, tile, max_rows);
   if (rc != MK_OK) return rc;
   MK_ARG(ctl_bytes && rank_bytes && tile_m, "mk_moe_fused_workspace: null result pointer");
   const int cfg = pick_tile(ranks, tokens, slots, k, tile);
   for (int r = 0; r < ranks; ++r) {
     RankLayout L;
-    rc = rank_layout(ranks, tokens, slots, r, k, e, h, i, kTiles[cfg].bm, with_separate != 0, &L);
+    rc = rank_layout(ranks, tokens, slots, r, k, e, h, i, kTiles[cfg].bm, with_separate != 0, max_rows, &L);
     if (rc != MK_OK) return rc;
     rank_bytes[r] = L.total;
   }
@@ -1532,11 +1559,11 @@ int32_t mk_moe_fused(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const
                      const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t place,
                      int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t ctl, uint64_t ctl_bytes,
                      const uint64_t* rank_bytes, int32_t ctas, int32_t dispatch_ctas, int64_t timeout_ns,
-                     int32_t fault_rank, int32_t tile) {
+                     int32_t fault_rank, int32_t tile, int64_t max_rows) {
   MK_THREAD("mk_moe_fused");
   Params p;
   int rc = build("mk_moe_fused", &p, ranks, ptrs, tokens, slots, k, e, h, i, place, act_kind, alpha_bits, limit_bits,
-                 ctl, ctl_bytes, rank_bytes, false, tile);
+                 ctl, ctl_bytes, rank_bytes, false, tile, max_rows);
   if (rc != MK_OK) return rc;
   MK_ARG(timeout_ns > 0, "mk_moe_fused: timeout_ns=%lld must be > 0", (long long)timeout_ns);
   MK_ARG(fault_rank >= -1 && fault_rank < ranks, "mk_moe_fused: fault_rank=%d must be -1 or a rank", fault_rank);
@@ -1552,14 +1579,14 @@ int32_t mk_moe_fused_rank(uint64_t stream, int32_t ranks, int32_t me, const uint
                           const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t place,
                           int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t ctl, uint64_t ctl_bytes,
                           const uint64_t* rank_bytes, int32_t ctas, int32_t dispatch_ctas, int64_t timeout_ns,
-                          int32_t epoch, int32_t tile) {
+                          int32_t epoch, int32_t tile, int64_t max_rows) {
   MK_THREAD("mk_moe_fused_rank");
   MK_ARG(ranks >= 1 && ranks <= kMaxRanks && me >= 0 && me < ranks, "mk_moe_fused_rank: me=%d of %d ranks", me,
          ranks);
   MK_ARG(epoch >= 1, "mk_moe_fused_rank: epoch=%d must be >= 1", epoch);
   Params p;
   int rc = build("mk_moe_fused_rank", &p, ranks, ptrs, tokens, slots, k, e, h, i, place, act_kind, alpha_bits,
-                 limit_bits, ctl, ctl_bytes, rank_bytes, false, tile, me, epoch);
+                 limit_bits, ctl, ctl_bytes, rank_bytes, false, tile, max_rows, me, epoch);
   if (rc != MK_OK) return rc;
   MK_ARG(timeout_ns > 0, "mk_moe_fused_rank: timeout_ns=%lld must be > 0", (long long)timeout_ns);
   p.timeout_ns = timeout_ns;
@@ -1572,11 +1599,11 @@ int32_t mk_moe_fused_rank(uint64_t stream, int32_t ranks, int32_t me, const uint
 int32_t mk_moe_fused_separate(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const int64_t* tokens,
                               const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t place,
                               int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t ctl,
-                              uint64_t ctl_bytes, const uint64_t* rank_bytes, int32_t tile) {
+                              uint64_t ctl_bytes, const uint64_t* rank_bytes, int32_t tile, int64_t max_rows) {
   MK_THREAD("mk_moe_fused_separate");
   Params p;
   int rc = build("mk_moe_fused_separate", &p, ranks, ptrs, tokens, slots, k, e, h, i, place, act_kind, alpha_bits,
-                 limit_bits, ctl, ctl_bytes, rank_bytes, true, tile);
+                 limit_bits, ctl, ctl_bytes, rank_bytes, true, tile, max_rows);
   if (rc != MK_OK) return rc;
   cudaStream_t st = mk::as_stream(stream);
   rc = plan(p, st);

@@ -16,16 +16,17 @@ import (
 
 var (
 	moeFusedWorkspace func(ranks int32, tokens *int64, slots *int32, k, e int32, h, i int64, withSep int32,
-		ctlBytes *uint64, rankBytes *uint64, tileM *int32, tile int32) int32
+		ctlBytes *uint64, rankBytes *uint64, tileM *int32, tile int32, maxRows int64) int32
 	moeFused func(s uint64, ranks int32, ptrs *uint64, tokens *int64, slots *int32, k, e int32, h, i int64,
 		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64, ctas,
-		dispatchCTAs int32, timeoutNs int64, faultRank, tile int32) int32
+		dispatchCTAs int32, timeoutNs int64, faultRank, tile int32, maxRows int64) int32
 	moeFusedSeparate func(s uint64, ranks int32, ptrs *uint64, tokens *int64, slots *int32, k, e int32, h, i int64,
-		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64, tile int32) int32
+		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64, tile int32,
+		maxRows int64) int32
 	moeFusedCheck func(ctl uint64, rec *int32) int32
 	moeFusedRank  func(s uint64, ranks, me int32, ptrs *uint64, tokens *int64, slots *int32, k, e int32, h, i int64,
 		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64, ctas,
-		dispatchCTAs int32, timeoutNs int64, epoch, tile int32) int32
+		dispatchCTAs int32, timeoutNs int64, epoch, tile int32, maxRows int64) int32
 )
 
 func init() {
@@ -196,6 +197,12 @@ type MoEFusedArgs struct {
 	// multiprocessor). The workspace, the launch and every later call on
 	// the same workspaces take the same Tile.
 	Tile int
+	// MaxRows > 0 sizes each rank's receive side for at most MaxRows
+	// (token, k) rows (plus tile padding) instead of all of every rank's
+	// (0: that worst case, 8× the balanced share at 8 ranks). A layer that
+	// routes more rows to a rank than its workspace holds computes nothing:
+	// MoEFusedCheck returns a *MoEFusedCapacityError. Same rule as Tile.
+	MaxRows int
 
 	CTAs         int           // CTAs of the persistent launch (0: every co-resident one)
 	DispatchCTAs int           // CTAs that start with the dispatch role (0: all)
@@ -222,6 +229,8 @@ func (a *MoEFusedArgs) check(op string) error {
 		return fmt.Errorf("kernels: %s: H=%d and I=%d must be multiples of 8", op, a.H, a.I)
 	case a.Tile != 0 && a.Tile != 16 && a.Tile != 64 && a.Tile != 128:
 		return fmt.Errorf("kernels: %s: Tile=%d, want 0 (pick), 16, 64 or 128", op, a.Tile)
+	case a.MaxRows < 0:
+		return fmt.Errorf("kernels: %s: MaxRows=%d must be >= 0", op, a.MaxRows)
 	case a.CTAs < 0 || a.DispatchCTAs < 0 || a.Timeout < 0:
 		return fmt.Errorf("kernels: %s: CTAs=%d, DispatchCTAs=%d, Timeout=%v must be >= 0", op, a.CTAs, a.DispatchCTAs, a.Timeout)
 	}
@@ -260,11 +269,11 @@ func (d *Device) MoEFusedWorkspace(a MoEFusedArgs, withSeparate bool) (ctl int64
 	R := len(tok)
 	// The memo's key: the arguments the sizes depend on (R ≤ MoEFusedMaxRanks).
 	type key struct {
-		tok                      [MoEFusedMaxRanks]int64
-		sl                       [MoEFusedMaxRanks]int32
-		r, k, e, h, i, sep, tile int
+		tok                               [MoEFusedMaxRanks]int64
+		sl                                [MoEFusedMaxRanks]int32
+		r, k, e, h, i, sep, tile, maxRows int
 	}
-	kk := key{r: R, k: a.TopK, e: a.Experts, h: a.H, i: a.I, tile: a.Tile}
+	kk := key{r: R, k: a.TopK, e: a.Experts, h: a.H, i: a.I, tile: a.Tile, maxRows: a.MaxRows}
 	copy(kk.tok[:], tok)
 	copy(kk.sl[:], sl)
 	type sizes struct {
@@ -281,7 +290,7 @@ func (d *Device) MoEFusedWorkspace(a MoEFusedArgs, withSeparate bool) (ctl int64
 		var cb uint64
 		var tm int32
 		rc := moeFusedWorkspace(int32(R), &tok[0], &sl[0], int32(a.TopK), int32(a.Experts), int64(a.H), int64(a.I), sep,
-			&cb, &rb[0], &tm, int32(a.Tile))
+			&cb, &rb[0], &tm, int32(a.Tile), int64(a.MaxRows))
 		runtime.KeepAlive(tok)
 		runtime.KeepAlive(sl)
 		if err := d.lib.check("mk_moe_fused_workspace", rc); err != nil {
@@ -424,7 +433,7 @@ func (d *Device) MoEFused(s *Stream, ranks []MoEFusedRank, ctl *Buffer, a MoEFus
 	act, alpha, limit := a.act()
 	rc := moeFused(s.handle(), int32(len(ranks)), &ptrs[0], &tok[0], &sl[0], int32(a.TopK), int32(a.Experts),
 		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0], int32(a.CTAs),
-		int32(a.DispatchCTAs), a.timeoutNs(), int32(a.faultRank-1), int32(a.Tile))
+		int32(a.DispatchCTAs), a.timeoutNs(), int32(a.faultRank-1), int32(a.Tile), int64(a.MaxRows))
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(tok)
 	runtime.KeepAlive(sl)
@@ -447,7 +456,8 @@ func (d *Device) MoEFusedSeparate(s *Stream, ranks []MoEFusedRank, ctl *Buffer, 
 	}
 	act, alpha, limit := a.act()
 	rc := moeFusedSeparate(s.handle(), int32(len(ranks)), &ptrs[0], &tok[0], &sl[0], int32(a.TopK), int32(a.Experts),
-		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0], int32(a.Tile))
+		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0], int32(a.Tile),
+		int64(a.MaxRows))
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(tok)
 	runtime.KeepAlive(sl)
@@ -500,7 +510,7 @@ func (d *Device) MoEFusedRankLocal(s *Stream, me int, mine MoEFusedRank, ws []*B
 	act, alpha, limit := a.act()
 	rc := moeFusedRank(s.handle(), int32(R), int32(me), &ptrs[0], &tok[0], &sl[0], int32(a.TopK), int32(a.Experts),
 		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0], int32(a.CTAs),
-		int32(a.DispatchCTAs), a.timeoutNs(), int32(epoch), int32(a.Tile))
+		int32(a.DispatchCTAs), a.timeoutNs(), int32(epoch), int32(a.Tile), int64(a.MaxRows))
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(tok)
 	runtime.KeepAlive(sl)
@@ -523,9 +533,23 @@ func (e *MoEFusedTimeoutError) Error() string {
 		e.Rank, e.Role, e.Tile, e.WaitedFor, e.Seen, e.Want)
 }
 
+// MoEFusedCapacityError: the plan found a rank routed more rows than its
+// workspace holds (MoEFusedArgs.MaxRows); the layer computed nothing.
+type MoEFusedCapacityError struct {
+	Rank      int // the destination rank
+	Rows, Cap int // the rows it needed (padded to the row tile) and the rows it holds
+}
+
+func (e *MoEFusedCapacityError) Error() string {
+	return fmt.Sprintf("kernels: fused MoE: rank %d was routed %d rows (padded), its workspace holds %d (raise MaxRows)",
+		e.Rank, e.Rows, e.Cap)
+}
+
 // MoEFusedCheck waits for all work on the device, then returns a
 // *MoEFusedTimeoutError when a fused launch on ctl timed out since the last
-// check (and clears the record), else nil.
+// check, or a *MoEFusedCapacityError when a plan found a rank over its
+// capacity (and clears the record), else nil. While the record is set,
+// fused launches on ctl do nothing.
 func (d *Device) MoEFusedCheck(ctl *Buffer) error {
 	const op = "MoEFusedCheck"
 	if err := d.ready(op); err != nil {
@@ -545,6 +569,9 @@ func (d *Device) MoEFusedCheck(ctl *Buffer) error {
 func moeFusedRecord(rec []int32) error {
 	if rec[0] == 0 {
 		return nil
+	}
+	if rec[2] == 6 {
+		return &MoEFusedCapacityError{Rank: int(rec[1]), Rows: int(rec[4]), Cap: int(rec[5])}
 	}
 	e := &MoEFusedTimeoutError{Rank: int(rec[1]), Tile: int(rec[3]), Seen: int(rec[4]), Want: int(rec[5])}
 	switch rec[2] {

@@ -382,4 +382,9 @@ func TestMoEFusedRecord(t *testing.T) {
 			t.Errorf("role %d: %q does not name the rank and role", c.role, te.Error())
 		}
 	}
+	var ce *MoEFusedCapacityError
+	if err := moeFusedRecord([]int32{1, 3, 6, -1, 4224, 4096, 0, 0}); !errors.As(err, &ce) ||
+		ce.Rank != 3 || ce.Rows != 4224 || ce.Cap != 4096 || !strings.Contains(ce.Error(), "rank 3") {
+		t.Errorf("role 6: %v (%+v)", err, ce)
+	}
 }

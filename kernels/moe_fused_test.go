@@ -458,3 +458,143 @@ func TestMoEFusedArgs(t *testing.T) {
 		}
 	})
 }
+
+// TestMoEFusedCapacity: with MaxRows, a rank's workspace holds only its
+// share of rows. Balanced routing within that share computes the layer
+// (against the CPU reference); a hot expert that sends every row to one
+// rank is a *MoEFusedCapacityError naming it, from the fused launch and
+// from the separate path alike, with the outputs left untouched and the
+// workspaces no larger than the cap asks; the next balanced run is good.
+func TestMoEFusedCapacity(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	for _, tile := range []int{16, 128} {
+		t.Run(fmt.Sprintf("tile%d", tile), func(t *testing.T) { fusedCapacity(t, g, r, tile) })
+	}
+}
+
+func fusedCapacity(t *testing.T, g *GPU, r *rand.Rand, tile int) {
+	const R, E, K, H, I, T = 4, 32, 2, 128, 64, 512
+	pl := MoEBlockPlacement(E, R)
+	table, err := pl.Table()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slotExp := pl.SlotExperts()
+	gub16, gu := randBF16(r, E*2*I*H, 1/math.Sqrt(float64(H)))
+	dnb16, dn := randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))
+	cfg := moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
+	act := moe.Activation{Kind: moe.SwiGLU}
+	// route: each rank's ids and weights; hot ≥ 0 sends every token to
+	// experts hot and hot+1 (both picks).
+	route := func(hot int) (ids [][]int32, w [][]float32, perRank []int) {
+		perRank = make([]int, R)
+		for range R {
+			logits := randF32(r, T*E, 1)
+			if hot >= 0 {
+				for tk := range T {
+					logits[tk*E+hot] += 30
+					logits[tk*E+hot+1] += 30
+				}
+			}
+			i, ww := moe.Route(&cfg, logits, nil, T)
+			ids, w = append(ids, i), append(w, ww)
+			for _, e := range i {
+				perRank[table[e]>>16]++ // the block placement is the same for every source
+			}
+		}
+		return ids, w, perRank
+	}
+	// 1.5× the balanced share (R·T·K / R rows a rank): padding included, a
+	// balanced routing fits with either tile, all rows on one rank do not.
+	maxRows := 3 * T * K / 2
+	args := MoEFusedArgs{Tokens: []int{T, T, T, T}, Slots: pl.Slots, Experts: E, TopK: K, H: H, I: I, Tile: tile,
+		MaxRows: maxRows, Timeout: time.Second}
+	full := args
+	full.MaxRows = 0
+	xs := make([][]uint16, R)
+	xf := make([][]float32, R)
+	for q := range R {
+		xs[q], xf[q] = randBF16(r, T*H, 1)
+	}
+	onGPU(t, g, func(a *arena) {
+		ctlBytes, rankBytes, tileM, err := a.d.MoEFusedWorkspace(args, true)
+		a.check(err)
+		_, fullBytes, _, err := a.d.MoEFusedWorkspace(full, true)
+		a.check(err)
+		if a.err != nil {
+			return
+		}
+		t.Logf("row tile %d: workspaces %v bytes with MaxRows %d, %v without", tileM, rankBytes, maxRows, fullBytes)
+		if rankBytes[0]*4 > fullBytes[0]*3 {
+			t.Errorf("MaxRows %d (3/8 of all rows): workspace %d bytes, %d without", maxRows, rankBytes[0], fullBytes[0])
+		}
+		args.Table = put(a, table)
+		ctl, err := a.d.NewMoEFusedControl(ctlBytes)
+		a.check(err)
+		if a.err != nil {
+			return
+		}
+		defer ctl.Free()
+		ranks := make([]MoEFusedRank, R)
+		for q := range R {
+			var g16, d16 []uint16
+			for _, e := range slotExp[q] {
+				g16 = append(g16, gub16[e*2*I*H:(e+1)*2*I*H]...)
+				d16 = append(d16, dnb16[e*H*I:(e+1)*H*I]...)
+			}
+			ranks[q] = MoEFusedRank{X: put(a, xs[q]), IDs: a.alloc(T * K * 4), Weights: a.alloc(T * K * 4),
+				Out: a.alloc(T * H * 4), GateUp: put(a, g16), Down: put(a, d16), WS: put(a, bf16Fill(int(rankBytes[q]/2), 0xffff))}
+		}
+		if a.err != nil {
+			return
+		}
+		// run uploads a routing, poisons the outputs, runs fused or separate and returns the check's error.
+		run := func(ids [][]int32, w [][]float32, sep bool) error {
+			for q := range R {
+				a.check(Upload(a.d, ranks[q].IDs, ids[q]))
+				a.check(Upload(a.d, ranks[q].Weights, w[q]))
+				a.check(Upload(a.d, ranks[q].Out, f32Fill(T*H, float32(math.NaN()))))
+			}
+			if sep {
+				a.check(a.d.MoEFusedSeparate(nil, ranks, ctl, args))
+			} else {
+				a.check(a.d.MoEFused(nil, ranks, ctl, args))
+			}
+			return a.d.MoEFusedCheck(ctl)
+		}
+		good := func(name string, sep bool) {
+			ids, w, per := route(-1)
+			t.Logf("%s: rows per rank %v", name, per)
+			if err := run(ids, w, sep); err != nil {
+				t.Errorf("%s: %v", name, err)
+				return
+			}
+			for q := range R {
+				want := moeRef(xf[q], gu, nil, dn, nil, ids[q], w[q], T, K, H, I, act)
+				checkClose(t, fmt.Sprintf("%s rank %d", name, q), get[float32](a, ranks[q].Out, T*H), want, 1e-2)
+			}
+		}
+		good("balanced", false)
+		good("balanced separate", true)
+		for _, sep := range []bool{false, true} {
+			ids, w, per := route(5) // experts 5 and 6 live on rank 0: every row there
+			err := run(ids, w, sep)
+			var ce *MoEFusedCapacityError
+			if !errors.As(err, &ce) || ce.Rank != 0 || ce.Rows < per[0] || ce.Cap >= ce.Rows {
+				t.Errorf("hot expert, separate=%v (%v rows per rank): %v, want a capacity error for rank 0", sep, per, err)
+			} else {
+				t.Logf("hot expert, separate=%v: %v", sep, err)
+			}
+			for q := range R {
+				for i, v := range get[float32](a, ranks[q].Out, T*H) {
+					if v == v {
+						t.Errorf("hot expert, separate=%v: rank %d output %d written (%v) by a layer over capacity", sep, q, i, v)
+						break
+					}
+				}
+			}
+		}
+		good("balanced after the error", false)
+	})
+}

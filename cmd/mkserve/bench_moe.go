@@ -28,10 +28,11 @@ type moeBenchOpts struct {
 	path                         string // fused (default) or grouped
 	tokens                       []int
 	ranks, shared                int
-	ctas, dispatchCTAs           int    // fused path: persistent CTAs and dispatch-role CTAs (0: defaults)
-	tile                         int    // fused path: kernels.MoEFusedArgs.Tile (0: picked)
-	tuneOut                      string // fused path: sweep the launch choices and record the best in this table
-	sameToken                    bool   // grouped path: all tokens one row (every token routes alike)
+	ctas, dispatchCTAs           int     // fused path: persistent CTAs and dispatch-role CTAs (0: defaults)
+	tile                         int     // fused path: kernels.MoEFusedArgs.Tile (0: picked)
+	maxRowsFactor                float64 // fused path: MaxRows as a multiple of a rank's balanced share (tokens·topk); 0: all rows
+	tuneOut                      string  // fused path: sweep the launch choices and record the best in this table
+	sameToken                    bool    // grouped path: all tokens one row (every token routes alike)
 	iters, checkRows             int
 	seed                         uint64
 	json                         bool
@@ -61,9 +62,10 @@ type moeBenchRow struct {
 	Ranks          int      `json:"ranks"`
 	MinMS          float64  `json:"min_ms"`
 	Iters          int      `json:"iters"`
-	CTAs           int      `json:"ctas"`           // fused path: the launch's persistent CTAs (0: every co-resident one)
-	DispatchCTAs   int      `json:"dispatch_ctas"`  // fused path: CTAs that started on the dispatch role (0: all)
-	Tile           int      `json:"tile,omitempty"` // fused path: the row tile the launch used (128: the wgmma tiles)
+	CTAs           int      `json:"ctas"`               // fused path: the launch's persistent CTAs (0: every co-resident one)
+	DispatchCTAs   int      `json:"dispatch_ctas"`      // fused path: CTAs that started on the dispatch role (0: all)
+	Tile           int      `json:"tile,omitempty"`     // fused path: the row tile the launch used (128: the wgmma tiles)
+	MaxRows        int      `json:"max_rows,omitempty"` // fused path: the rows a rank's workspace holds (0: all rows)
 }
 
 // parseMoEBench reads the flags; it needs no GPU.
@@ -80,6 +82,7 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 	fs.StringVar(&o.path, "path", "fused", "fused (one persistent launch per layer, mk_moe_fused) or grouped (separate align/GEMM/combine launches, one rank)")
 	fs.IntVar(&o.ctas, "ctas", 0, "fused path: CTAs of the persistent launch (0: every co-resident one)")
 	fs.IntVar(&o.dispatchCTAs, "dispatch-ctas", 0, "fused path: CTAs that start on the dispatch role (0: all)")
+	fs.Float64Var(&o.maxRowsFactor, "max-rows-factor", 0, "fused path: size each rank's receive side for this multiple of its balanced share of rows (tokens·topk; ≥ 1), not for every row of every rank; a layer over it fails with a capacity error (0: every row)")
 	fs.IntVar(&o.tile, "tile", 0, "fused path: row tile, 16 or 64 (mma.sync tiles) or 128 (sm_90a wgmma tiles, TMA); 0 picks by rows per expert")
 	fs.StringVar(&o.tuneOut, "tune", "", "fused path: try the launch choices (--ctas × --dispatch-ctas candidates) per token count, report the fastest and record it in this JSON table (package tuning; the CUDA backend reads it through moe_tuning)")
 	fs.IntVar(&o.shared, "shared-experts", 0, "shared experts (one dense MLP of N*intermediate), timed with the layer")
@@ -143,6 +146,8 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 		return nil, fmt.Errorf("--routing grouped needs experts divisible by 8 groups and topk ≤ experts/2 (4 of 8 groups)")
 	case o.tuneOut != "" && o.path != "fused":
 		return nil, fmt.Errorf("--tune needs --path fused")
+	case o.maxRowsFactor != 0 && (o.maxRowsFactor < 1 || math.IsNaN(o.maxRowsFactor) || o.maxRowsFactor > 64):
+		return nil, fmt.Errorf("--max-rows-factor %v: want 0 or 1..64", o.maxRowsFactor)
 	case o.tile != 0 && o.tile != 16 && o.tile != 64 && o.tile != 128:
 		return nil, fmt.Errorf("--tile %d: want 0, 16, 64 or 128", o.tile)
 	case o.shared < 0 || o.iters <= 0 || o.checkRows < 0 || o.ctas < 0 || o.dispatchCTAs < 0:

@@ -182,6 +182,10 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 	}
 	args := kernels.MoEFusedArgs{Tokens: tokens, Slots: b.place.Slots, Experts: E, TopK: K, H: H, I: I,
 		CTAs: o.ctas, DispatchCTAs: o.dispatchCTAs, Tile: o.tile}
+	if o.maxRowsFactor > 0 {
+		args.MaxRows = int(math.Ceil(o.maxRowsFactor * float64(T*K)))
+		row.MaxRows = args.MaxRows
+	}
 	ctlBytes, rankBytes, tileM, err := d.MoEFusedWorkspace(args, true)
 	if err != nil {
 		return row, err

@@ -146,6 +146,14 @@ func TestRecordMoETuning(t *testing.T) {
 	if _, err := parseMoEBench([]string{"--tile", "32"}); err == nil {
 		t.Error("--tile 32 accepted")
 	}
+	for _, f := range []string{"0.5", "-1", "NaN", "100"} {
+		if _, err := parseMoEBench([]string{"--max-rows-factor", f}); err == nil {
+			t.Errorf("--max-rows-factor %s accepted", f)
+		}
+	}
+	if o, err := parseMoEBench([]string{"--max-rows-factor", "2"}); err != nil || o.maxRowsFactor != 2 {
+		t.Errorf("--max-rows-factor 2: %v, %+v", err, o)
+	}
 	if _, err := parseMoEBench([]string{"--path", "grouped", "--tune", path}); err == nil {
 		t.Error("--tune with --path grouped accepted")
 	}
