@@ -684,6 +684,18 @@ __device__ __forceinline__ void task_tile(const Params& p, int rel, int ntiles, 
   nb = rel % span / gsize;
 }
 
+// gemm_prefix writes the prefix sums over ranks of the GEMM1 and GEMM2
+// tasks (row tiles × column blocks) this launch runs: every rank's
+// planned tiles, rank-local only its own (the peers' num_tiles are theirs).
+__device__ void gemm_prefix(const Params& p, int* g1pre, int* g2pre) {
+  g1pre[0] = g2pre[0] = 0;
+  for (int d = 0; d < p.R; ++d) {
+    const int nt = p.rk[d].S > 0 && (p.me < 0 || d == p.me) ? *p.rk[d].num_tiles : 0;
+    g1pre[d + 1] = g1pre[d] + nt * p.n1t;
+    g2pre[d + 1] = g2pre[d] + nt * p.n2t;
+  }
+}
+
 // find_rank maps a task index to its rank through prefix sums pre[0..R].
 __device__ __forceinline__ int find_rank(const int* pre, int R, int idx) {
   int r = 0;
@@ -915,12 +927,7 @@ __global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constan
     // Nothing at all when the error record is set: a plan's wait timed out
     // (rank-local: stale plan) or a rank got more rows than it holds.
     ok_sh = ld_relaxed(p.ctl) == 0;
-    g1pre[0] = g2pre[0] = 0;
-    for (int d = 0; d < R; ++d) {
-      const int nt = p.rk[d].S > 0 && (!local || d == p.me) ? *p.rk[d].num_tiles : 0;
-      g1pre[d + 1] = g1pre[d] + nt * p.n1t;
-      g2pre[d + 1] = g2pre[d] + nt * p.n2t;
-    }
+    gemm_prefix(p, g1pre, g2pre);
   }
   __syncthreads();
   if (!ok_sh) return;
@@ -1046,12 +1053,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
       mkwg::mbar_init(&tq_empty[s], NC);
     }
     abort_sh = ld_relaxed(p.ctl) != 0;  // a plan's wait timed out (stale plan) or a rank is over capacity
-    g1pre[0] = g2pre[0] = 0;
-    for (int d = 0; d < R; ++d) {
-      const int nt = p.rk[d].S > 0 && (!local || d == p.me) ? *p.rk[d].num_tiles : 0;
-      g1pre[d + 1] = g1pre[d] + nt * p.n1t;
-      g2pre[d + 1] = g2pre[d] + nt * p.n2t;
-    }
+    gemm_prefix(p, g1pre, g2pre);
   }
   __syncthreads();
   if (abort_sh) return;
