@@ -18,6 +18,12 @@ import (
 // GEMM1 block n of a row writes act = recv·(slot+1) + n, GEMM2 block m
 // writes Σ_n act + m to the returned row, the combine sums w·ret in k order;
 // a task that ran before what it waited on would read NaN and fail.
+// Two CTA shapes: cta is fused_kernel's (every thread takes every role, one
+// task at a time), ctaWG is fused_wg_kernel's (a producer goroutine takes
+// the main queue and waits for a GEMM task's inputs, handing tasks through
+// a two-slot ring to the consumer goroutine, which dispatches first, then
+// computes and combines; a failed wait drains both to the end). GEMM tasks
+// map to tiles through task_tile's grouped rasterisation (group row tiles).
 
 type modelRank struct {
 	T, S                    int
@@ -37,6 +43,7 @@ type modelRank struct {
 
 type fusedModel struct {
 	R, K, E, BM, n1, n2, DT, CT int
+	group                       int // task_tile's rasterisation group (row tiles)
 	place                       []int32
 	rk                          []*modelRank
 	qDisp, qMain                atomic.Int32
@@ -131,6 +138,15 @@ func prefix(n []int) []int {
 	return p
 }
 
+// taskTile is moe_fused.cu's task_tile: GEMM task rel of a rank with
+// ntiles row tiles × n column blocks, in groups of m.group row tiles.
+func (m *fusedModel) taskTile(rel, ntiles, n int) (tile, nb int) {
+	span := m.group * n
+	first := rel / span * m.group
+	gsize := min(ntiles-first, m.group)
+	return first + rel%span%gsize, rel % span / gsize
+}
+
 func findRank(pre []int, idx int) int {
 	r := 0
 	for r+2 < len(pre) && idx >= pre[r+1] {
@@ -139,19 +155,23 @@ func findRank(pre []int, idx int) int {
 	return r
 }
 
-// cta is one persistent CTA: dispatch first when it is a dispatch CTA,
-// then the main queue. False when a wait gave up.
-func (m *fusedModel) cta(dispatch bool) bool {
+// queues are the prefix sums over ranks of the dispatch, combine, GEMM1
+// and GEMM2 tasks.
+func (m *fusedModel) queues() (dp, cp, g1, g2 []int) {
 	var nd, nc, n1, n2 []int
 	for _, r := range m.rk {
 		nd, nc = append(nd, (r.T+m.DT-1)/m.DT), append(nc, (r.T+m.CT-1)/m.CT)
 		n1, n2 = append(n1, r.numTiles*m.n1), append(n2, r.numTiles*m.n2)
 	}
-	dp, cp, g1, g2 := prefix(nd), prefix(nc), prefix(n1), prefix(n2)
-	for dispatch {
+	return prefix(nd), prefix(nc), prefix(n1), prefix(n2)
+}
+
+// dispatchAll runs dispatch tasks until the dispatch queue is empty.
+func (m *fusedModel) dispatchAll(dp []int) {
+	for {
 		idx := int(m.qDisp.Add(1) - 1)
 		if idx >= dp[m.R] {
-			break
+			return
 		}
 		r := findRank(dp, idx)
 		if r == m.faultRank {
@@ -167,157 +187,280 @@ func (m *fusedModel) cta(dispatch bool) bool {
 			}
 		}
 	}
+}
+
+// mainTask is main-queue task idx: kind 1 GEMM1, 2 GEMM2 (rank d, row
+// tile, column block), 3 combine (rank d, first token t0), 0 the end.
+func (m *fusedModel) mainTask(idx int, cp, g1, g2 []int) (kind, d, tile, nb int) {
+	switch {
+	case idx < g1[m.R]:
+		d = findRank(g1, idx)
+		tile, nb = m.taskTile(idx-g1[d], m.rk[d].numTiles, m.n1)
+		return 1, d, tile, nb
+	case idx < g1[m.R]+g2[m.R]:
+		idx -= g1[m.R]
+		d = findRank(g2, idx)
+		tile, nb = m.taskTile(idx-g2[d], m.rk[d].numTiles, m.n2)
+		return 2, d, tile, nb
+	case idx < g1[m.R]+g2[m.R]+cp[m.R]:
+		idx -= g1[m.R] + g2[m.R]
+		d = findRank(cp, idx)
+		return 3, d, (idx - cp[d]) * m.CT, 0
+	}
+	return 0, 0, 0, 0
+}
+
+// waitInputs is a GEMM task's wait: its tile's rows (GEMM1), its tile's
+// GEMM1 blocks (GEMM2).
+func (m *fusedModel) waitInputs(kind, d, tile int) bool {
+	rk := m.rk[d]
+	if kind == 1 {
+		return m.wait(&rk.arrive[tile], rk.tileWant[tile])
+	}
+	return m.wait(&rk.g1done[tile], m.n1)
+}
+
+// gemm runs a GEMM task whose inputs are there and signals it.
+func (m *fusedModel) gemm(kind, d, tile, nb int) {
+	rk := m.rk[d]
+	for row := tile * m.BM; row < (tile+1)*m.BM; row++ {
+		src := rk.rowSrc[row]
+		if src < 0 {
+			continue
+		}
+		if kind == 1 {
+			rk.act[row][nb] = rk.recv[row]*float64(rk.tileSlot[tile]+1) + float64(nb)
+			continue
+		}
+		s := float64(nb)
+		for _, v := range rk.act[row] {
+			s += v
+		}
+		m.rk[src&7].ret[src>>3][nb] = s
+		m.rk[src&7].tokdone[(src>>3)/m.K].Add(1)
+	}
+	if kind == 1 {
+		rk.g1done[tile].Add(1)
+	}
+}
+
+// combine waits for and sums rank r's tokens [t0, t0+CT).
+func (m *fusedModel) combine(r, t0 int) bool {
+	rk := m.rk[r]
+	for t := t0; t < min(rk.T, t0+m.CT); t++ {
+		routed := 0
+		for k := range m.K {
+			if rk.destRow[t*m.K+k] >= 0 {
+				routed++
+			}
+		}
+		if !m.wait(&rk.tokdone[t], routed*m.n2) {
+			return false
+		}
+		rk.out[t] = make([]float64, m.n2)
+		for k := range m.K {
+			for j := range m.n2 {
+				rk.out[t][j] += rk.w[t*m.K+k] * rk.ret[t*m.K+k][j]
+			}
+		}
+	}
+	return true
+}
+
+// cta is one persistent CTA of fused_kernel: dispatch first when it is a
+// dispatch CTA, then the main queue, one task at a time. False when a wait
+// gave up.
+func (m *fusedModel) cta(dispatch bool) bool {
+	dp, cp, g1, g2 := m.queues()
+	if dispatch {
+		m.dispatchAll(dp)
+	}
 	for {
-		idx := int(m.qMain.Add(1) - 1)
-		switch {
-		case idx < g1[m.R]:
-			d := findRank(g1, idx)
-			rk := m.rk[d]
-			tile, nb := (idx-g1[d])/m.n1, (idx-g1[d])%m.n1
-			if !m.wait(&rk.arrive[tile], rk.tileWant[tile]) {
+		kind, d, tile, nb := m.mainTask(int(m.qMain.Add(1)-1), cp, g1, g2)
+		switch kind {
+		case 0:
+			return true
+		case 3:
+			if !m.combine(d, tile) {
 				return false
-			}
-			for row := tile * m.BM; row < (tile+1)*m.BM; row++ {
-				if rk.rowSrc[row] >= 0 {
-					rk.act[row][nb] = rk.recv[row]*float64(rk.tileSlot[tile]+1) + float64(nb)
-				}
-			}
-			rk.g1done[tile].Add(1)
-		case idx < g1[m.R]+g2[m.R]:
-			idx -= g1[m.R]
-			d := findRank(g2, idx)
-			rk := m.rk[d]
-			tile, nb := (idx-g2[d])/m.n2, (idx-g2[d])%m.n2
-			if !m.wait(&rk.g1done[tile], m.n1) {
-				return false
-			}
-			for row := tile * m.BM; row < (tile+1)*m.BM; row++ {
-				if src := rk.rowSrc[row]; src >= 0 {
-					s := float64(nb)
-					for _, v := range rk.act[row] {
-						s += v
-					}
-					m.rk[src&7].ret[src>>3][nb] = s
-					m.rk[src&7].tokdone[(src>>3)/m.K].Add(1)
-				}
-			}
-		case idx < g1[m.R]+g2[m.R]+cp[m.R]:
-			idx -= g1[m.R] + g2[m.R]
-			r := findRank(cp, idx)
-			rk := m.rk[r]
-			t0 := (idx - cp[r]) * m.CT
-			for t := t0; t < min(rk.T, t0+m.CT); t++ {
-				routed := 0
-				for k := range m.K {
-					if rk.destRow[t*m.K+k] >= 0 {
-						routed++
-					}
-				}
-				if !m.wait(&rk.tokdone[t], routed*m.n2) {
-					return false
-				}
-				rk.out[t] = make([]float64, m.n2)
-				for k := range m.K {
-					for j := range m.n2 {
-						rk.out[t][j] += rk.w[t*m.K+k] * rk.ret[t*m.K+k][j]
-					}
-				}
 			}
 		default:
-			return true
+			if !m.waitInputs(kind, d, tile) {
+				return false
+			}
+			m.gemm(kind, d, tile, nb)
 		}
 	}
 }
 
-func (m *fusedModel) run(ctas, dispatchCTAs int) bool {
-	var wg sync.WaitGroup
+// ctaWG is one CTA of fused_wg_kernel: a producer goroutine takes the main
+// queue and waits for each GEMM task's inputs, then hands the task over a
+// two-slot ring (the kernel's mbarrier pair) and takes the next one; the
+// consumer (this goroutine) dispatches first, then runs every task from the
+// ring to the end. A failed wait sets the CTA's abort word: the producer
+// passes the end next, the consumer skips what is left; both drain.
+func (m *fusedModel) ctaWG(dispatch bool) bool {
+	dp, cp, g1, g2 := m.queues()
+	nMain := g1[m.R] + g2[m.R] + cp[m.R]
+	type task struct {
+		idx int
+		ok  bool
+	}
+	ring := make(chan task, 2)
+	var abort atomic.Bool
+	go func() {
+		for {
+			idx := nMain
+			if !abort.Load() {
+				idx = min(int(m.qMain.Add(1)-1), nMain)
+			}
+			ok := true
+			if kind, d, tile, _ := m.mainTask(idx, cp, g1, g2); kind == 1 || kind == 2 {
+				ok = m.waitInputs(kind, d, tile)
+			}
+			if !ok {
+				abort.Store(true)
+			}
+			ring <- task{idx, ok}
+			if idx >= nMain {
+				return
+			}
+		}
+	}()
+	if dispatch {
+		m.dispatchAll(dp)
+	}
+	good := true
+	for t := range ring {
+		if t.idx >= nMain {
+			break
+		}
+		if !t.ok {
+			good = false
+			continue
+		}
+		switch kind, d, tile, nb := m.mainTask(t.idx, cp, g1, g2); kind {
+		case 3:
+			if abort.Load() || !m.combine(d, tile) {
+				abort.Store(true)
+				good = false
+			}
+		default:
+			m.gemm(kind, d, tile, nb)
+		}
+	}
+	return good
+}
+
+func (m *fusedModel) run(ctas, dispatchCTAs int, wg bool) bool {
+	var all sync.WaitGroup
 	var bad atomic.Int32
 	for c := range ctas {
-		wg.Add(1)
+		all.Add(1)
 		go func() {
-			defer wg.Done()
-			if !m.cta(c < dispatchCTAs) {
+			defer all.Done()
+			cta := m.cta
+			if wg {
+				cta = m.ctaWG
+			}
+			if !cta(c < dispatchCTAs) {
 				bad.Add(1)
 			}
 		}()
 	}
-	wg.Wait()
+	all.Wait()
 	return bad.Load() == 0 && m.errSet.Load() == 0
 }
 
 // TestMoEFusedProtocolModel checks the protocol's index maths, counter
-// targets and deadlock freedom on the goroutine model, and that a disabled
-// dispatch rank ends in the watchdog instead of a hang.
+// targets and deadlock freedom on the goroutine model, for both kernels'
+// CTA shapes and with and without grouped rasterisation, and that a
+// disabled dispatch rank ends in the watchdog instead of a hang.
 func TestMoEFusedProtocolModel(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 11))
-	for _, c := range []struct {
-		tokens              []int
-		E, K, BM, ctas, dis int
-		fault               int
-	}{
+	for _, c := range []protocolCase{
 		{[]int{37}, 8, 2, 16, 3, 1, -1},
 		{[]int{5, 0, 70, 3}, 16, 4, 16, 5, 2, -1},
 		{[]int{130, 129, 131, 64, 1, 100, 17, 130}, 64, 8, 64, 7, 7, -1},
 		{[]int{1, 1, 1, 1, 1, 1, 1, 1}, 8, 8, 16, 2, 1, -1},
 		{[]int{20, 20}, 8, 2, 16, 4, 4, 1},
 	} {
-		name := fmt.Sprintf("R%d_E%d_K%d_BM%d_ctas%d_fault%d", len(c.tokens), c.E, c.K, c.BM, c.ctas, c.fault)
-		t.Run(name, func(t *testing.T) {
-			R := len(c.tokens)
-			pl := MoEBlockPlacement(c.E, R)
-			pl.Replicate(0, R-1)
-			tab, err := pl.Table()
-			if err != nil {
-				t.Fatal(err)
+		for _, wg := range []bool{false, true} {
+			for _, group := range []int{1, 3} {
+				kernel := "mma"
+				if wg {
+					kernel = "wg"
+				}
+				name := fmt.Sprintf("R%d_E%d_K%d_BM%d_ctas%d_fault%d_%s_group%d", len(c.tokens), c.E, c.K, c.BM, c.ctas,
+					c.fault, kernel, group)
+				t.Run(name, func(t *testing.T) { runProtocolModel(t, r, c, wg, group) })
 			}
-			m := &fusedModel{R: R, K: c.K, E: c.E, BM: c.BM, n1: 3, n2: 2, DT: 16, CT: 8, place: tab,
-				timeout: 200 * time.Millisecond, faultRank: c.fault}
-			for q := range R {
-				rk := &modelRank{T: c.tokens[q], S: pl.Slots[q]}
-				for range rk.T {
-					rk.x = append(rk.x, r.Float64())
-					for _, e := range r.Perm(c.E)[:c.K] {
-						rk.ids = append(rk.ids, int32(e))
-						rk.w = append(rk.w, r.Float64())
+		}
+	}
+}
+
+type protocolCase struct {
+	tokens              []int
+	E, K, BM, ctas, dis int
+	fault               int // a source rank whose dispatch is disabled, or -1
+}
+
+// runProtocolModel plans and runs one case on the model and checks every
+// output against the tasks' scalar maths.
+func runProtocolModel(t *testing.T, r *rand.Rand, c protocolCase, wg bool, group int) {
+	R := len(c.tokens)
+	pl := MoEBlockPlacement(c.E, R)
+	pl.Replicate(0, R-1)
+	tab, err := pl.Table()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &fusedModel{R: R, K: c.K, E: c.E, BM: c.BM, n1: 3, n2: 2, DT: 16, CT: 8, place: tab,
+		timeout: 200 * time.Millisecond, faultRank: c.fault, group: group}
+	for q := range R {
+		rk := &modelRank{T: c.tokens[q], S: pl.Slots[q]}
+		for range rk.T {
+			rk.x = append(rk.x, r.Float64())
+			for _, e := range r.Perm(c.E)[:c.K] {
+				rk.ids = append(rk.ids, int32(e))
+				rk.w = append(rk.w, r.Float64())
+			}
+		}
+		m.rk = append(m.rk, rk)
+	}
+	m.plan()
+	ok := m.run(c.ctas, c.dis, wg)
+	if c.fault >= 0 {
+		if ok {
+			t.Fatal("a disabled dispatch rank did not end in the watchdog")
+		}
+		return
+	}
+	if !ok {
+		t.Fatal("a wait timed out")
+	}
+	slotExp := pl.SlotExperts()
+	for q, rk := range m.rk {
+		for tk := range rk.T {
+			for j := range m.n2 {
+				want := 0.0
+				for k := range m.K {
+					p := tab[q*c.E+int(rk.ids[tk*m.K+k])]
+					slot := int(p & 0xffff)
+					if slotExp[p>>16][slot] != int(rk.ids[tk*m.K+k]) {
+						t.Fatalf("table sends expert %d to a slot holding %d", rk.ids[tk*m.K+k], slotExp[p>>16][slot])
 					}
-				}
-				m.rk = append(m.rk, rk)
-			}
-			m.plan()
-			ok := m.run(c.ctas, c.dis)
-			if c.fault >= 0 {
-				if ok {
-					t.Fatal("a disabled dispatch rank did not end in the watchdog")
-				}
-				return
-			}
-			if !ok {
-				t.Fatal("a wait timed out")
-			}
-			slotExp := pl.SlotExperts()
-			for q, rk := range m.rk {
-				for tk := range rk.T {
-					for j := range m.n2 {
-						want := 0.0
-						for k := range m.K {
-							p := tab[q*c.E+int(rk.ids[tk*m.K+k])]
-							slot := int(p & 0xffff)
-							if slotExp[p>>16][slot] != int(rk.ids[tk*m.K+k]) {
-								t.Fatalf("table sends expert %d to a slot holding %d", rk.ids[tk*m.K+k], slotExp[p>>16][slot])
-							}
-							s := float64(j)
-							for n := range m.n1 {
-								s += rk.x[tk]*float64(slot+1) + float64(n)
-							}
-							want += rk.w[tk*m.K+k] * s
-						}
-						if got := rk.out[tk][j]; math.Abs(got-want) > 1e-9*math.Max(1, math.Abs(want)) {
-							t.Fatalf("rank %d token %d column %d: %v, want %v", q, tk, j, got, want)
-						}
+					s := float64(j)
+					for n := range m.n1 {
+						s += rk.x[tk]*float64(slot+1) + float64(n)
 					}
+					want += rk.w[tk*m.K+k] * s
+				}
+				if got := rk.out[tk][j]; math.Abs(got-want) > 1e-9*math.Max(1, math.Abs(want)) {
+					t.Fatalf("rank %d token %d column %d: %v, want %v", q, tk, j, got, want)
 				}
 			}
-		})
+		}
 	}
 }
 
@@ -359,5 +502,32 @@ func TestMoEPlacement(t *testing.T) {
 	}
 	if err := (&MoEPlacement{Slots: make([]int, 9), Replicas: [][]MoEReplica{{{0, 0}}}}).Check(); err == nil {
 		t.Error("nine ranks passed Check")
+	}
+}
+
+// TestTaskTile: the grouped rasterisation (moe_fused.cu's task_tile) maps a
+// rank's GEMM tasks onto every (row tile, column block) exactly once, and
+// tasks in a group of row tiles share their column block.
+func TestTaskTile(t *testing.T) {
+	for _, group := range []int{1, 2, 3, 8} {
+		m := &fusedModel{group: group}
+		for ntiles := 1; ntiles <= 11; ntiles++ {
+			for n := 1; n <= 5; n++ {
+				seen := make(map[[2]int]bool)
+				for rel := range ntiles * n {
+					tile, nb := m.taskTile(rel, ntiles, n)
+					if tile < 0 || tile >= ntiles || nb < 0 || nb >= n || seen[[2]int{tile, nb}] {
+						t.Fatalf("group %d, %d tiles × %d blocks: task %d → (%d, %d) out of range or twice", group, ntiles, n, rel, tile, nb)
+					}
+					seen[[2]int{tile, nb}] = true
+					// Inside a group, the column block changes only when the row tile wraps to the group's first.
+					if first := rel / (group * n) * group; tile != first {
+						if _, prev := m.taskTile(rel-1, ntiles, n); prev != nb {
+							t.Fatalf("group %d: task %d (tile %d) has block %d, task %d block %d", group, rel, tile, nb, rel-1, prev)
+						}
+					}
+				}
+			}
+		}
 	}
 }
