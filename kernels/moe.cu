@@ -532,16 +532,12 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   constexpr int A_PER = (A_CH + THREADS - 1) / THREADS, B_PER = B_CH / THREADS;
   static_assert(B_CH % THREADS == 0, "B chunks split evenly");
 
-  // 1-D grid in groups of group_m row tiles: CTAs that run together share
-  // their A rows (across column tiles) and weight tiles (across row tiles) in L2.
+  // 1-D grid in groups of group_m row tiles (group_tile).
   const int tiles_mn = p.mt * p.nt;
   const int split = p.ksplit > 1 ? (int)blockIdx.x / tiles_mn : 0;  // dense mode's split over K
   const int pid = p.ksplit > 1 ? (int)blockIdx.x % tiles_mn : (int)blockIdx.x;
-  const int span = p.group_m * p.nt;
-  const int first_m = (pid / span) * p.group_m;
-  const int gsize = min(p.mt - first_m, p.group_m);
-  const int tile = first_m + (pid % span) % gsize;
-  const int ntile = (pid % span) / gsize;
+  int tile, ntile;
+  mkmoe::group_tile(pid, p.group_m, p.mt, p.nt, tile, ntile);
   const int dense = p.dense_rows;  // > 0: a dense GEMM of that many rows (mk_gemm_skinny_bf16)
   if (tile >= (dense > 0 ? (dense + BM - 1) / BM : __ldcg(p.num_tiles))) return;
   extern __shared__ __align__(128) unsigned char gemm_sm[];
@@ -1203,17 +1199,6 @@ Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   return L;
 }
 
-// group_m is the rasterisation group (row tiles); MK_MOE_GROUP_M overrides
-// the default 8 (1: row tiles fastest, no grouping) for measurements.
-int group_m() {
-  static int g = [] {
-    const char* v = getenv("MK_MOE_GROUP_M");
-    const int n = v ? atoi(v) : 0;
-    return n > 0 ? n : 8;
-  }();
-  return g;
-}
-
 // route_slow: MK_MOE_ROUTE_SLOW=1 keeps moe_route_kernel for every shape
 // (measurements against the register kernel).
 bool route_slow() {
@@ -1305,7 +1290,7 @@ int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s
   GemmArgs g = a;
   g.mt = (int)(mt > 0 ? mt : tiles);
   g.nt = (int)ntiles;
-  g.group_m = group_m();
+  g.group_m = mkmoe::group_m();
   g.early_b = early_b();
   (void)(mk::launch(kern, dim3((unsigned)(tiles * ntiles)), dim3((BM / WM) * (BN / WN) * 32), sm, s, g));
   MK_LAUNCHED(GU ? "moe_gemm (gate/up)" : "moe_gemm (down)");
@@ -1324,7 +1309,7 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t 
     GemmArgs g = a;
     g.mt = (int)tiles;
     g.nt = (int)nt;
-    g.group_m = group_m();
+    g.group_m = mkmoe::group_m();
     const int rc = mkmoe::wgmma_gemm(g, GU, tiles, nt, s);
     if (rc != -1) return rc;  // -1: not available here, use mma.sync
   }

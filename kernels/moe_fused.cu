@@ -674,14 +674,11 @@ __device__ void combine_rows(const Params& p, int r, int64_t t0, int64_t t1, boo
 }
 
 // task_tile maps GEMM task rel of a rank (ntiles row tiles × n column
-// blocks) to its row tile and column block: groups of group_m row tiles ×
-// every column block, row tiles fastest inside a group, so that the CTAs
-// running at once share each weight block through L2 (as moe.cu's grid);
-// tile-major order re-read Mixtral's GEMM1 weights from HBM once per row tile.
+// blocks) to its row tile and column block by group_tile, so that the CTAs
+// running at once share each weight block through L2; tile-major order
+// re-read Mixtral's GEMM1 weights from HBM once per row tile.
 __device__ __forceinline__ void task_tile(const Params& p, int rel, int ntiles, int n, int& tile, int& nb) {
-  const int span = p.group_m * n, first = rel / span * p.group_m, gsize = min(ntiles - first, p.group_m);
-  tile = first + rel % span % gsize;
-  nb = rel % span / gsize;
+  mkmoe::group_tile(rel, p.group_m, ntiles, n, tile, nb);
 }
 
 // gemm_prefix writes the prefix sums over ranks of the GEMM1 and GEMM2
@@ -852,30 +849,9 @@ struct WgTiles {
     const int KT = (int)((Kd + BK - 1) / BK);
     const int64_t m0 = (int64_t)tile * BM;
     const int tid = threadIdx.x, lane = tid % 32, cw = tid / 128, wl = tid % 128, warp = wl / 32;
-    const uint32_t sA0 = sm_addr(sA(smem)), sB0 = sm_addr(sB(smem));
-    uint64_t* const fb = full(smem);
-    uint64_t* const eb = empty(smem);
     float acc0[64], acc1[64];
-#pragma unroll
-    for (int i = 0; i < 64; i++) acc0[i] = acc1[i] = 0.0f;
-    for (int kt = 0; kt < KT; kt++, g++) {
-      const int st = g % ST;
-      mbar_wait(&fb[st], (g / ST) & 1);
-      fence_proxy_async();  // the cp.async copies (generic proxy) before the wgmmas' reads (async proxy)
-      const uint32_t a = sA0 + st * kStageA + cw * 64 * 128;
-      const uint32_t b = sB0 + st * kStageB;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; kk++) {
-        wgmma_n128(acc0, desc(a + kk * 32), desc(b + kk * 32));
-        wgmma_n128(acc1, desc(a + kk * 32), desc(b + 128 * 128 + kk * 32));
-      }
-      wgmma_commit();
-      wgmma_wait1();  // k step g-1's wgmmas are done: its stage goes back
-      if (kt > 0 && wl == 0) mbar_arrive(&eb[(g - 1) % ST]);
-    }
-    wgmma_wait0();
-    if (wl == 0) mbar_arrive(&eb[(g - 1) % ST]);
+    ws_consume<ST>(acc0, acc1, sm_addr(sA(smem)), sm_addr(sB(smem)), kStageA, kStageB, cw * 64 * 128, full(smem),
+                   empty(smem), wl, KT, g);
     // d[4i + q] of a warpgroup's m64n128 block: row 16·warp + lane/4 + 8·(q/2),
     // column 8i + 2·(lane%4) + q%2.
 #pragma unroll
@@ -1226,17 +1202,6 @@ struct KernelOf<WgTiles> {
 using MmaSmall = MmaTiles<16, 64, 16, 16, 6>;
 using MmaLarge = MmaTiles<64, 128, 32, 64, 4>;
 
-// group_m is the GEMM tasks' rasterisation group (row tiles); MK_MOE_GROUP_M
-// overrides the default 8 (1: tile-major) as for moe.cu's grid.
-int group_m() {
-  static const int g = [] {
-    const char* v = getenv("MK_MOE_GROUP_M");
-    const int n = v ? atoi(v) : 0;
-    return n > 0 ? n : 8;
-  }();
-  return g;
-}
-
 // wg_ok: the wgmma tiles can run here (the kernel is built for this
 // device's architecture and the driver encodes TMA maps).
 bool wg_ok() {
@@ -1396,7 +1361,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->ctl = mk::dev<int32_t>(ctl);
   p->fault_rank = -1;
   p->dt = k < kDR ? kDR / k : 1;
-  p->group_m = group_m();
+  p->group_m = mkmoe::group_m();
   p->separate = sep;
   p->me = me;
   p->epoch = epoch;

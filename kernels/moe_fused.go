@@ -178,6 +178,9 @@ type MoEFusedRank struct {
 	WS                           *Buffer
 }
 
+// MoEFusedTiles are the row tiles MoEFusedArgs.Tile may force (0 picks).
+var MoEFusedTiles = []int{16, 64, 128}
+
 // MoEFusedArgs describes one fused MoE layer over len(Tokens) ranks.
 type MoEFusedArgs struct {
 	Tokens  []int   // [ranks] tokens per rank (may be 0)
@@ -227,7 +230,7 @@ func (a *MoEFusedArgs) check(op string) error {
 		return fmt.Errorf("kernels: %s: TopK=%d, Experts=%d (want TopK ≤ Experts ≤ 65535)", op, a.TopK, a.Experts)
 	case a.H%8 != 0 || a.I%8 != 0:
 		return fmt.Errorf("kernels: %s: H=%d and I=%d must be multiples of 8", op, a.H, a.I)
-	case a.Tile != 0 && a.Tile != 16 && a.Tile != 64 && a.Tile != 128:
+	case a.Tile != 0 && !slices.Contains(MoEFusedTiles, a.Tile):
 		return fmt.Errorf("kernels: %s: Tile=%d, want 0 (pick), 16, 64 or 128", op, a.Tile)
 	case a.MaxRows < 0:
 		return fmt.Errorf("kernels: %s: MaxRows=%d must be >= 0", op, a.MaxRows)

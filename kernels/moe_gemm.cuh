@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cstdint>
+#include <cstdlib>
 
 #include "mk_moe.h"
 #include "mma.cuh"
@@ -100,6 +101,32 @@ __device__ __forceinline__ float activation(float g, float u, int act, float alp
   return (u + 1.0f) * (g / (1.0f + __expf(-alpha * g)));
 }
 
+
+// group_tile maps work item id of an mt × nt grid of (row tile, column
+// tile) to its tile, rasterised in groups of group_m row tiles × every
+// column tile, row tiles fastest inside a group: the CTAs that run together
+// share their A rows (across column tiles) and weight tiles (across row
+// tiles) in L2. Every expert GEMM grid (moe.cu, moe_wgmma.cu) and the fused
+// kernel's GEMM task queue (moe_fused.cu) walk their tiles this way.
+__device__ __forceinline__ void group_tile(int id, int group_m, int mt, int nt, int& tile, int& ntile) {
+  const int span = group_m * nt;
+  const int first_m = (id / span) * group_m;
+  const int gsize = min(mt - first_m, group_m);
+  tile = first_m + (id % span) % gsize;
+  ntile = (id % span) / gsize;
+}
+
+// group_m is the rasterisation group (row tiles) of group_tile;
+// MK_MOE_GROUP_M overrides the default 8 (1: row tiles fastest, no
+// grouping) for measurements.
+inline int group_m() {
+  static const int g = [] {
+    const char* v = getenv("MK_MOE_GROUP_M");
+    const int n = v ? atoi(v) : 0;
+    return n > 0 ? n : 8;
+  }();
+  return g;
+}
 
 // wgmma_gemm launches the sm_90a wgmma grouped GEMM (128×256 CTA tiles) when
 // moe_wgmma.cu is linked in (a weak symbol otherwise null); it returns

@@ -47,6 +47,7 @@ using mkmoe::GemmArgs;
 using namespace mkwg;
 
 constexpr int BM = 128, BN = 256, BK = 64, ST = 4, THREADS = 256;
+static_assert(BK == 64 && BN == 256, "a k step is wgmma_k64_n256 (two m64n128k16 per 16 of k)");
 constexpr size_t kStageA = BM * BK * 2, kStageB = BN * BK * 2;
 constexpr size_t kSmem = ST * (kStageA + kStageB) + 1024;  // + alignment slack
 
@@ -58,14 +59,9 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
 
-// tile_of maps work item id (grouped rasterisation: blocks of group_m row
-// tiles × all column tiles) to its row tile and column tile.
+// tile_of maps work item id to its row tile and column tile (group_tile).
 __device__ __forceinline__ void tile_of(const GemmArgs& p, int id, int& tile, int& ntile) {
-  const int span = p.group_m * p.nt;
-  const int first_m = (id / span) * p.group_m;
-  const int gsize = min(p.mt - first_m, p.group_m);
-  tile = first_m + (id % span) % gsize;
-  ntile = (id % span) / gsize;
+  mkmoe::group_tile(id, p.group_m, p.mt, p.nt, tile, ntile);
 }
 
 // store_tile writes a 128×256 tile's accumulators: warpgroup wg holds rows
@@ -207,15 +203,7 @@ __global__ void __launch_bounds__(THREADS) moe_wgmma_kernel(const GemmArgs p) {
     fence_proxy_async();
     __syncthreads();
     const int st = kt % ST;
-    const uint32_t a = sA0 + st * (uint32_t)kStageA + wg * 64 * 128;
-    const uint32_t b = sB0 + st * (uint32_t)kStageB;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) {
-      wgmma_n128(acc0, desc(a + kk * 32), desc(b + kk * 32));
-      wgmma_n128(acc1, desc(a + kk * 32), desc(b + 128 * 128 + kk * 32));
-    }
-    wgmma_commit();
+    wgmma_k64_n256(acc0, acc1, sA0 + st * (uint32_t)kStageA + wg * 64 * 128, sB0 + st * (uint32_t)kStageB);
     wgmma_wait1();
     __syncthreads();  // every warpgroup's stage kt-1 wgmmas are done
     const int nk = kt + ST - 1;
@@ -351,26 +339,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     tile_of(p, id, tile, ntile);
     if (tile >= ntiles) continue;
     float acc0[64], acc1[64];
-#pragma unroll
-    for (int i = 0; i < 64; i++) acc0[i] = acc1[i] = 0.0f;
-    for (int kt = 0; kt < KT; kt++, g++) {
-      const int st = g % ST;
-      mbar_wait(&full[st], (g / ST) & 1);
-      fence_proxy_async();  // the copies (generic proxy) before the wgmmas' reads (async proxy)
-      const uint32_t a = sA0 + st * (uint32_t)kStageA + cw * 64 * 128;
-      const uint32_t b = sB0 + st * (uint32_t)kStageB;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; kk++) {
-        wgmma_n128(acc0, desc(a + kk * 32), desc(b + kk * 32));
-        wgmma_n128(acc1, desc(a + kk * 32), desc(b + 128 * 128 + kk * 32));
-      }
-      wgmma_commit();
-      wgmma_wait1();  // k step g-1's wgmmas are done: its stage goes back
-      if (kt > 0 && wl == 0) mbar_arrive(&empty[(g - 1) % ST]);
-    }
-    wgmma_wait0();
-    if (wl == 0) mbar_arrive(&empty[(g - 1) % ST]);  // the item's last stage (the producer may be on the next item)
+    ws_consume<ST>(acc0, acc1, sA0, sB0, (uint32_t)kStageA, (uint32_t)kStageB, cw * 64 * 128, full, empty, wl, KT, g);
     store_tile<GATEUP>(p, acc0, acc1, p.tile_expert[tile], (int64_t)tile * BM, ntile, cw, warp, lane);
   }
 }

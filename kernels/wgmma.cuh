@@ -147,6 +147,47 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 #endif
 }
 
+// wgmma_k64_n256 issues one 64-wide k step of a warpgroup's 64 × 256 block
+// as one committed wgmma group: acc0 += A·B[0, 128)ᵀ and acc1 += A·B[128,
+// 256)ᵀ, a the shared-memory address of the warpgroup's 64 A rows and b of
+// the stage's 256 B rows (64 bf16 a row, the swizzled layout above; a k
+// step of 16 is 32 bytes).
+__device__ __forceinline__ void wgmma_k64_n256(float (&acc0)[64], float (&acc1)[64], uint32_t a, uint32_t b) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) {
+    wgmma_n128(acc0, desc(a + kk * 32), desc(b + kk * 32));
+    wgmma_n128(acc1, desc(a + kk * 32), desc(b + 128 * 128 + kk * 32));
+  }
+  wgmma_commit();
+}
+
+// ws_consume is a consumer warpgroup's k loop over an ST-stage ring filled
+// by a producer: KT steps of wgmma_k64_n256 from stage g % ST (phase
+// (g / ST) & 1 of full[]; g counts the CTA's k steps and is advanced), the
+// A rows at a_off within each stage of stage_a bytes from sA0, the B rows
+// at each stage of stage_b bytes from sB0. One wgmma group stays in
+// flight; a stage goes back on empty[] (one arrival a warpgroup, by thread
+// wl 0 of it) once its wgmmas are done, the last one after all are. The
+// accumulators start at zero.
+template <int ST>
+__device__ __forceinline__ void ws_consume(float (&acc0)[64], float (&acc1)[64], uint32_t sA0, uint32_t sB0,
+                                           uint32_t stage_a, uint32_t stage_b, uint32_t a_off, uint64_t* full,
+                                           uint64_t* empty, int wl, int KT, int& g) {
+#pragma unroll
+  for (int i = 0; i < 64; i++) acc0[i] = acc1[i] = 0.0f;
+  for (int kt = 0; kt < KT; kt++, g++) {
+    const int st = g % ST;
+    mbar_wait(&full[st], (g / ST) & 1);
+    fence_proxy_async();  // copies by cp.async (generic proxy) before the wgmmas' reads (async proxy)
+    wgmma_k64_n256(acc0, acc1, sA0 + st * stage_a + a_off, sB0 + st * stage_b);
+    wgmma_wait1();  // k step g-1's wgmmas are done: its stage goes back
+    if (kt > 0 && wl == 0) mbar_arrive(&empty[(g - 1) % ST]);
+  }
+  wgmma_wait0();
+  if (wl == 0) mbar_arrive(&empty[(g - 1) % ST]);  // the last stage (the producer may be on the next task)
+}
+
 // cuTensorMapEncodeTiled, found in the driver library the runtime loaded
 // (null when it is not there: the single-role kernel runs).
 using EncodeTiled = int (*)(TmaMap*, int, uint32_t, void*, const uint64_t*, const uint64_t*, const uint32_t*,

@@ -148,7 +148,7 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 		return nil, fmt.Errorf("--tune needs --path fused")
 	case o.maxRowsFactor != 0 && (o.maxRowsFactor < 1 || math.IsNaN(o.maxRowsFactor) || o.maxRowsFactor > 64):
 		return nil, fmt.Errorf("--max-rows-factor %v: want 0 or 1..64", o.maxRowsFactor)
-	case o.tile != 0 && o.tile != 16 && o.tile != 64 && o.tile != 128:
+	case o.tile != 0 && !slices.Contains(kernels.MoEFusedTiles, o.tile):
 		return nil, fmt.Errorf("--tile %d: want 0, 16, 64 or 128", o.tile)
 	case o.shared < 0 || o.iters <= 0 || o.checkRows < 0 || o.ctas < 0 || o.dispatchCTAs < 0:
 		return nil, fmt.Errorf("--shared-experts, --iters, --check-rows, --ctas, --dispatch-ctas must be non-negative (iters positive)")

@@ -112,7 +112,7 @@ type tuneChoice struct{ tile, ctas, dispatch int }
 // 64 of them starting on the dispatch role. A tile the flags fix (--tile)
 // is the only one tried.
 func tuneChoices(sms, tile int) []tuneChoice {
-	tiles := []int{16, 64, 128}
+	tiles := kernels.MoEFusedTiles
 	if tile != 0 {
 		tiles = []int{tile}
 	}
