@@ -449,6 +449,23 @@ __device__ __forceinline__ void role_sync() {
   else asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(NT) : "memory");
 }
 
+// plans_done is the rank-local wait for every destination's plan to have
+// written this rank's dest_row (pflag[d] >= epoch: watchdog role 5), done
+// once per CTA before its first dispatch or combine task: thread 0 waits,
+// the role's NT threads get the answer through *ok_sh.
+template <int NT, int BAR>
+__device__ __forceinline__ bool plans_done(const Params& p, int* ok_sh) {
+  if (threadIdx.x == 0) {
+    bool ok = true;
+    for (int d = 0; ok && d < p.R; ++d) ok = wait_geq(p, p.rk[p.me].pflag + d, p.epoch, d, 5, -1);
+    *ok_sh = ok;
+  }
+  role_sync<NT, BAR>();
+  const bool ok = *ok_sh;
+  role_sync<NT, BAR>();
+  return ok;
+}
+
 template <int NT = kThreads, int BAR = 0>
 __device__ void dispatch_task(const Params& p, int r, int64_t t0, int64_t t1, bool sep) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, K = p.K;
@@ -907,22 +924,8 @@ __global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constan
   }
   __syncthreads();
   if (!ok_sh) return;
-  // planned: rank-local, every destination's plan wrote this rank's dest_row
-  // (pflag[d] >= epoch: watchdog role 5), waited for once per CTA before its
-  // first dispatch or combine task.
-  bool planned = !local;
-  auto wait_planned = [&]() -> bool {
-    if (planned) return true;
-    if (threadIdx.x == 0) {
-      bool ok = true;
-      for (int d = 0; ok && d < R; ++d) ok = wait_geq(p, p.rk[p.me].pflag + d, p.epoch, d, 5, -1);
-      ok_sh = ok;
-    }
-    __syncthreads();
-    planned = ok_sh;
-    __syncthreads();
-    return planned;
-  };
+  bool planned = !local;  // rank-local: plans_done, once
+  auto wait_planned = [&]() -> bool { return planned || (planned = plans_done<NT, 0>(p, &ok_sh)); };
   const int n_disp = p.disp_pre[R];
   const int n_g1 = g1pre[R], n_g2 = g2pre[R];
   const int n_main = n_g1 + n_g2 + p.comb_pre[R];
@@ -1088,21 +1091,11 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
   }
 
   mkwg::setmaxnreg_inc<232>();
-  // planned: rank-local, every destination's plan wrote this rank's dest_row
-  // (pflag[d] >= epoch: watchdog role 5), waited for once before the first
-  // dispatch or combine task.
-  bool planned = !local;
+  bool planned = !local;  // rank-local: plans_done (consumers only), once; a timeout aborts the CTA
   auto wait_planned = [&]() -> bool {
     if (planned) return true;
-    if (threadIdx.x == 0) {
-      bool ok = true;
-      for (int d = 0; ok && d < R; ++d) ok = wait_geq(p, p.rk[p.me].pflag + d, p.epoch, d, 5, -1);
-      ok_sh = ok;
-      if (!ok) abort_sh = 1;
-    }
-    role_sync<NC, 1>();
-    planned = ok_sh;
-    role_sync<NC, 1>();
+    planned = plans_done<NC, 1>(p, &ok_sh);
+    if (!planned && threadIdx.x == 0) abort_sh = 1;
     return planned;
   };
   // Dispatch role (consumers only; dispatch never waits but for the plan).
