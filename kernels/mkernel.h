@@ -57,8 +57,9 @@ extern "C" {
  *    with pool_v 0.
  * 16: mk_moe_fused_workspace, mk_moe_fused, mk_moe_fused_rank and
  *    mk_moe_fused_separate take the row tile (128: sm_90a wgmma tiles) and
- *    max_rows (a rank's receive capacity; error record role 6). */
-#define MK_ABI_VERSION 16
+ *    max_rows (a rank's receive capacity; error record role 6).
+ * 17: the fused MoE control workspace's trace words (MK_MOE_FUSED_TRACE_*). */
+#define MK_ABI_VERSION 17
 
 /* Status codes. */
 enum {

@@ -117,9 +117,13 @@ constexpr int kThreads = 128;
 constexpr int kBK = mkmoe::kTileK;
 constexpr int kDR = 32;  // (token, k) rows per dispatch task: Params.dt = max(1, kDR / K) tokens
 constexpr int kCT = 2;   // tokens per combine task
-// Control workspace: [0, 32) error record, [64, 128) queue counters (zeroed per launch).
-constexpr int kQDisp = 16, kQMain = 17;
+// Control workspace: [0, 32) error record, word 8 the trace's capacity in
+// records (set by the caller, 0: no trace), [64, 256) queue counters and
+// the trace's record count (zeroed per launch by the plan), then the trace
+// records (kTraceWords u64 each) of fused_wg_kernel (see trace_rec).
+constexpr int kQDisp = 16, kQMain = 17, kTraceCount = 18, kTraceCap = 8;
 constexpr uint64_t kCtlBytes = 256;
+constexpr int kTraceWords = MK_MOE_FUSED_TRACE_WORDS;
 
 struct RankP {
   const bf16* x;
@@ -179,6 +183,11 @@ struct Params {
   int me;
   int epoch;                        // rank-local: this layer call's number (>= 1, +1 per call)
   int64_t ids_off[kMaxRanks + 1];   // prefix sums of T_q*K (rids offsets)
+  // Trace (diagnostics): records after the control words, at most
+  // trace_max of them (the control workspace's room); the kernel takes
+  // min(trace_max, ctl[kTraceCap]).
+  unsigned long long* trace;
+  int trace_max;
 };
 static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
 
@@ -640,52 +649,90 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
   }
 }
 
-// combine_task: source rank r's tokens [t0, t1): out = Σ_k w·ret (k order) + shared.
-// from_y: read the expert outputs from the destination ranks' y rows
-// (separate path) instead of the returned rows. The rows of eight k are
-// loaded together, then summed in k order.
-template <int NT = kThreads>
+// combine_rows: source rank r's tokens [t0, t1) (at most kCT): out = Σ_k
+// w·ret (k order) + shared. from_y: read the expert outputs from the
+// destination ranks' y rows (separate path) instead of the returned rows.
+// The task's row addresses and weights are staged in shared memory first
+// (one round trip), then each thread takes two (token, 4-column) units at
+// a time and loads the rows of eight k of both together: 16 loads in
+// flight a thread, where the one-unit loop waited for a dest_row load
+// before each row load (Qwen3's combine read at 1.5 TB/s, PERF.md
+// sixteenth pass). Same sums in the same order: the same bits.
+// NT threads with barrier BAR (0: __syncthreads) call it together.
+template <int NT = kThreads, int BAR = 0>
 __device__ void combine_rows(const Params& p, int r, int64_t t0, int64_t t1, bool from_y) {
-  constexpr int KU = 8;
+  constexpr int KS = 32;  // k staged per token (larger K: chunks of KS)
+  constexpr int KU = 8;   // k rows loaded together per unit
+  __shared__ const float4* c_src[kCT * KS];  // [token][k]: the expert output row, null when dropped
+  __shared__ float c_w[kCT * KS];
   const RankP& rk = p.rk[r];
   const int K = p.K;
-  const int64_t H4 = p.H / 4;
-  for (int64_t t = t0; t < t1; ++t) {
-    for (int64_t c = threadIdx.x; c < H4; c += NT) {
-      float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int k0 = 0; k0 < K; k0 += KU) {
-        float4 v[KU];
-        float wk[KU];
-        bool on[KU];
+  const int nt = (int)(t1 - t0);
+  const int64_t H4 = p.H / 4, units = nt * H4;
+  for (int kb = 0; kb < K; kb += KS) {  // one pass for K <= KS
+    const int kn = min(KS, K - kb);
+    role_sync<NT, BAR>();  // the previous chunk's (or task's) readers of c_src are done
+    for (int i = threadIdx.x; i < nt * kn; i += NT) {
+      const int64_t a = (t0 + i / kn) * K + kb + i % kn;
+      const int dr = __ldcg(rk.dest_row + a);  // written by the plan launch(es)
+      const float* src = dr < 0 ? nullptr : from_y ? p.rk[dr & 7].y + (int64_t)(dr >> 3) * p.H : rk.ret + a * p.H;
+      c_src[(i / kn) * KS + i % kn] = reinterpret_cast<const float4*>(src);
+      c_w[(i / kn) * KS + i % kn] = dr < 0 ? 0.0f : __ldg(rk.w + a);
+    }
+    role_sync<NT, BAR>();
+    for (int64_t u0 = threadIdx.x; u0 < units; u0 += 2 * NT) {
+      int64_t c[2];
+      int t[2];
+      bool on[2];
 #pragma unroll
-        for (int u = 0; u < KU; ++u) {
-          const int k = k0 + u;
-          const int dr = k < K ? __ldcg(rk.dest_row + t * K + k) : -1;  // written by the plan launch(es)
-          on[u] = dr >= 0;
-          wk[u] = 0.0f;
-          v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (!on[u]) continue;
-          wk[u] = __ldg(rk.w + t * K + k);
-          const float* src = from_y ? p.rk[dr & 7].y + (int64_t)(dr >> 3) * p.H : rk.ret + (t * K + k) * p.H;
-          v[u] = __ldcg(reinterpret_cast<const float4*>(src) + c);
+      for (int g = 0; g < 2; g++) {
+        const int64_t u = u0 + g * NT;
+        on[g] = u < units;
+        t[g] = on[g] ? (int)(u / H4) : 0;
+        c[g] = on[g] ? u % H4 : 0;
+      }
+      float4 s[2];
+#pragma unroll
+      for (int g = 0; g < 2; g++) {
+        s[g] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (on[g] && kb > 0) s[g] = reinterpret_cast<const float4*>(rk.out + (t0 + t[g]) * p.H)[c[g]];
+      }
+      for (int k0 = 0; k0 < kn; k0 += KU) {
+        float4 v[2][KU];
+#pragma unroll
+        for (int g = 0; g < 2; g++) {
+#pragma unroll
+          for (int uk = 0; uk < KU; uk++) {
+            const float4* src = on[g] && k0 + uk < kn ? c_src[t[g] * KS + k0 + uk] : nullptr;
+            v[g][uk] = src ? __ldcg(src + c[g]) : make_float4(0.f, 0.f, 0.f, 0.f);
+          }
         }
 #pragma unroll
-        for (int u = 0; u < KU; ++u) {
-          if (!on[u]) continue;
-          s.x = fmaf(wk[u], v[u].x, s.x);
-          s.y = fmaf(wk[u], v[u].y, s.y);
-          s.z = fmaf(wk[u], v[u].z, s.z);
-          s.w = fmaf(wk[u], v[u].w, s.w);
+        for (int g = 0; g < 2; g++) {
+#pragma unroll
+          for (int uk = 0; uk < KU; uk++) {
+            if (!on[g] || k0 + uk >= kn || c_src[t[g] * KS + k0 + uk] == nullptr) continue;
+            const float w = c_w[t[g] * KS + k0 + uk];
+            s[g].x = fmaf(w, v[g][uk].x, s[g].x);
+            s[g].y = fmaf(w, v[g][uk].y, s[g].y);
+            s[g].z = fmaf(w, v[g][uk].z, s[g].z);
+            s[g].w = fmaf(w, v[g][uk].w, s[g].w);
+          }
         }
       }
-      if (rk.shared) {
-        const float4 v = reinterpret_cast<const float4*>(rk.shared + t * p.H)[c];
-        s.x += v.x;
-        s.y += v.y;
-        s.z += v.z;
-        s.w += v.w;
+#pragma unroll
+      for (int g = 0; g < 2; g++) {
+        if (!on[g]) continue;
+        const int64_t tt = t0 + t[g];
+        if (rk.shared && kb + kn == K) {
+          const float4 v = reinterpret_cast<const float4*>(rk.shared + tt * p.H)[c[g]];
+          s[g].x += v.x;
+          s[g].y += v.y;
+          s[g].z += v.z;
+          s[g].w += v.w;
+        }
+        reinterpret_cast<float4*>(rk.out + tt * p.H)[c[g]] = s[g];
       }
-      reinterpret_cast<float4*>(rk.out + t * p.H)[c] = s;
     }
   }
 }
@@ -715,6 +762,50 @@ __device__ __forceinline__ int find_rank(const int* pre, int R, int idx) {
   int r = 0;
   while (r + 1 < R && idx >= pre[r + 1]) ++r;
   return r;
+}
+
+// combine_ready waits (one thread) until every routed row of combine task
+// c's tokens has come back from GEMM2 (its tokdone counts); false when a
+// wait gave up (the error record names it).
+__device__ bool combine_ready(const Params& p, int c) {
+  const int r = find_rank(p.comb_pre, p.R, c);
+  const RankP& rk = p.rk[r];
+  const int K = p.K;
+  const int64_t t0 = (int64_t)(c - p.comb_pre[r]) * kCT, t1 = min(rk.T, t0 + kCT);
+  bool ok = true;
+  for (int64_t t = t0; ok && t < t1; ++t) {
+    int routed = 0;
+    for (int k = 0; k < K; ++k) routed += __ldcg(rk.dest_row + t * K + k) >= 0;
+    ok = wait_geq(p, rk.tokdone + t, routed * p.n2t, r, 3, (int)t);
+  }
+  return ok;
+}
+
+// ---- trace (diagnostics; mk_moe_fused.h, MK_MOE_FUSED_TRACE_*) ----
+
+// trace_room: the records this launch may write (0: no trace).
+__device__ __forceinline__ int trace_room(const Params& p) {
+  if (p.trace == nullptr) return 0;
+  const int cap = ld_relaxed(p.ctl + kTraceCap);
+  return cap < p.trace_max ? cap : p.trace_max;
+}
+
+// trace_rec writes one record (one thread): kind, task index, the four
+// times and the task's position (a = tile << 32 | block, or a token).
+__device__ __forceinline__ void trace_rec(const Params& p, int room, int kind, int idx, unsigned long long t_take,
+                                          unsigned long long t_ready, unsigned long long t_start, unsigned long long a) {
+  if (room <= 0) return;
+  const int n = atomicAdd(p.ctl + kTraceCount, 1);
+  if (n >= room) return;
+  unsigned sm;
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+  unsigned long long* r = p.trace + (size_t)n * kTraceWords;
+  r[0] = (unsigned long long)(unsigned)idx | (unsigned long long)kind << 32 | (unsigned long long)sm << 40;
+  r[1] = t_take;
+  r[2] = t_ready;
+  r[3] = t_start;
+  r[4] = globaltimer();
+  r[5] = a;
 }
 
 // ---- compute tiles ----
@@ -977,18 +1068,9 @@ __global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constan
     } else {
       idx -= n_g2;
       const int r = find_rank(p.comb_pre, R, idx);
-      const RankP& rk = p.rk[r];
-      const int64_t t0 = (int64_t)(idx - p.comb_pre[r]) * kCT, t1 = min(rk.T, t0 + kCT);
+      const int64_t t0 = (int64_t)(idx - p.comb_pre[r]) * kCT, t1 = min(p.rk[r].T, t0 + kCT);
       if (!wait_planned()) return;
-      if (threadIdx.x == 0) {
-        bool ok = true;
-        for (int64_t t = t0; ok && t < t1; ++t) {
-          int routed = 0;
-          for (int k = 0; k < K; ++k) routed += __ldcg(rk.dest_row + t * K + k) >= 0;
-          ok = wait_geq(p, rk.tokdone + t, routed * p.n2t, r, 3, (int)t);
-        }
-        ok_sh = ok;
-      }
+      if (threadIdx.x == 0) ok_sh = combine_ready(p, idx);
       __syncthreads();
       if (!ok_sh) return;
       combine_rows<NT>(p, r, t0, t1, false);
@@ -1021,10 +1103,13 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
   __shared__ int task_sh, ok_sh, ptask_sh;
   __shared__ volatile int abort_sh;
   __shared__ int tq_idx[2], tq_ok[2];                       // the task ring
+  __shared__ unsigned long long tq_t[2][2];                 // trace: when the producer took the task, when its inputs were there
   __shared__ __align__(8) uint64_t tq_full[2], tq_empty[2];  // its mbarriers: 1 producer arrival, NC consumer ones
   __shared__ int g1pre[kMaxRanks + 1], g2pre[kMaxRanks + 1];
   const int R = p.R, K = p.K;
   const bool local = p.me >= 0;
+  const int room = trace_room(p);
+  const unsigned long long t_entry = room > 0 ? globaltimer() : 0;
   WgTiles::setup(fused_sm);
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2; s++) {
@@ -1058,6 +1143,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
     for (;; j++) {
       if (wl == 0) {
         int idx = abort_sh ? INT_MAX : atomicAdd(p.ctl + kQMain, 1);
+        const unsigned long long t_take = room > 0 ? globaltimer() : 0;
         if (idx > n_main) idx = n_main;
         bool gu;
         int d, tile, nb, ok = 1;
@@ -1069,11 +1155,19 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
             ok = wait_geq(p, p.rk[d].g1done + tile, p.n1t, d, 2, tile);
           }
           if (!ok) abort_sh = 1;
+        } else if (idx < n_main && !local) {
+          // A combine task: wait here for its tokens' rows, while the
+          // consumers still work (rank-local: they wait, after the plans).
+          ok = combine_ready(p, idx - n_g1 - n_g2);
+          if (!ok) abort_sh = 1;
         }
+        const unsigned long long t_ready = room > 0 ? globaltimer() : 0;
         const int s = j & 1;
         if (j >= 2) mkwg::mbar_wait(&tq_empty[s], ((j >> 1) - 1) & 1);
         tq_idx[s] = idx;
         tq_ok[s] = ok;
+        tq_t[s][0] = t_take;
+        tq_t[s][1] = t_ready;
         mkwg::mbar_arrive(&tq_full[s]);  // release: the slot's words before the consumers' acquire
         ptask_sh = ok ? idx : -1;        // a failed wait: nothing to load; the next take ends the queue
       }
@@ -1091,6 +1185,8 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
   }
 
   mkwg::setmaxnreg_inc<232>();
+  const unsigned long long t_setup = room > 0 ? globaltimer() : 0;
+  int ntasks = 0;  // trace: this CTA's tasks
   bool planned = !local;  // rank-local: plans_done (consumers only), once; a timeout aborts the CTA
   auto wait_planned = [&]() -> bool {
     if (planned) return true;
@@ -1103,6 +1199,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
     const int n_disp = p.disp_pre[R];
     for (;;) {
       if (threadIdx.x == 0) task_sh = atomicAdd(p.ctl + kQDisp, 1);
+      const unsigned long long t_take = room > 0 ? globaltimer() : 0;
       role_sync<NC, 1>();
       const int idx = task_sh;
       role_sync<NC, 1>();
@@ -1111,6 +1208,8 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
       if (r == p.fault_rank) continue;  // fault injection: this rank never sends
       const int64_t t0 = (int64_t)(idx - p.disp_pre[r]) * p.dt;
       dispatch_task<NC, 1>(p, r, t0, min(p.rk[r].T, t0 + p.dt), false);
+      if (threadIdx.x == 0) trace_rec(p, room, 4, idx, t_take, t_take, t_take, (unsigned long long)t0);
+      ntasks++;
     }
   }
   // Every task from the ring, to the end of the queue.
@@ -1118,8 +1217,10 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
     const int s = j & 1;
     mkwg::mbar_wait(&tq_full[s], (j >> 1) & 1);
     const int idx = tq_idx[s], ok = tq_ok[s];
+    const unsigned long long t_take = tq_t[s][0], t_ready = tq_t[s][1], t_start = room > 0 ? globaltimer() : 0;
     mkwg::mbar_arrive(&tq_empty[s]);
     if (idx >= n_main) break;
+    ntasks++;
     if (!ok) continue;  // its wait gave up (the error record names it); the producer ends the queue next
     bool gu;
     int d, tile, nb;
@@ -1136,28 +1237,29 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
         const int32_t src = p.rk[d].row_src[(int64_t)tile * WgTiles::BM + threadIdx.x];
         if (src >= 0) signal_add(p, p.rk[src & 7].tokdone + (src >> 3) / K, 1);
       }
+      if (threadIdx.x == 0)
+        trace_rec(p, room, gu ? 1 : 2, idx, t_take, t_ready, t_start,
+                  (unsigned long long)(unsigned)tile << 32 | (unsigned)nb);
       continue;
     }
     // Combine.
     const int c = idx - n_g1 - n_g2;
     const int r = find_rank(p.comb_pre, R, c);
-    const RankP& rk = p.rk[r];
-    const int64_t t0 = (int64_t)(c - p.comb_pre[r]) * kCT, t1 = min(rk.T, t0 + kCT);
-    if (!wait_planned()) continue;
-    if (threadIdx.x == 0) {
-      bool ok2 = !abort_sh;
-      for (int64_t t = t0; ok2 && t < t1; ++t) {
-        int routed = 0;
-        for (int k = 0; k < K; ++k) routed += __ldcg(rk.dest_row + t * K + k) >= 0;
-        ok2 = wait_geq(p, rk.tokdone + t, routed * p.n2t, r, 3, (int)t);
+    const int64_t t0 = (int64_t)(c - p.comb_pre[r]) * kCT, t1 = min(p.rk[r].T, t0 + kCT);
+    if (local) {  // the producer waited for the inputs unless rank-local (the plans come first)
+      if (!wait_planned()) continue;
+      if (threadIdx.x == 0) {
+        const bool ok2 = !abort_sh && combine_ready(p, c);
+        ok_sh = ok2;
+        if (!ok2) abort_sh = 1;
       }
-      ok_sh = ok2;
-      if (!ok2) abort_sh = 1;
+      role_sync<NC, 1>();
+      if (!ok_sh) continue;
     }
-    role_sync<NC, 1>();
-    if (!ok_sh) continue;
-    combine_rows<NC>(p, r, t0, t1, false);
+    combine_rows<NC, 1>(p, r, t0, t1, false);
+    if (threadIdx.x == 0) trace_rec(p, room, 3, idx, t_take, t_ready, t_start, (unsigned long long)t0);
   }
+  if (threadIdx.x == 0) trace_rec(p, room, 0, blockIdx.x, t_entry, t_setup, t_setup, (unsigned long long)ntasks);
 }
 
 // The separate path's dispatch and combine launches.
@@ -1337,6 +1439,11 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
          (unsigned long long)ctl_bytes, (unsigned long long)kCtlBytes);
   MK_ARG(act_kind == MK_MOE_SWIGLU || act_kind == MK_MOE_SWIGLU_CLAMPED, "%s: act_kind %d", fn, act_kind);
   std::memset(p, 0, sizeof *p);
+  if (ctl_bytes >= kCtlBytes + kTraceWords * 8) {
+    p->trace = reinterpret_cast<unsigned long long*>(ctl + kCtlBytes);
+    const uint64_t room = (ctl_bytes - kCtlBytes) / (kTraceWords * 8);
+    p->trace_max = room < (1u << 30) ? (int)room : 1 << 30;
+  }
   const int cfg = pick_tile(ranks, tokens, slots, k, tile);
   const TileCfg& tc = kTiles[cfg];
   p->R = ranks;

@@ -246,6 +246,12 @@ func (m *fusedModel) gemm(kind, d, tile, nb int) {
 
 // combine waits for and sums rank r's tokens [t0, t0+CT).
 func (m *fusedModel) combine(r, t0 int) bool {
+	return m.combineReady(r, t0) && m.combineSum(r, t0)
+}
+
+// combineReady waits until every routed row of rank r's tokens [t0,
+// t0+CT) is back (combine_ready).
+func (m *fusedModel) combineReady(r, t0 int) bool {
 	rk := m.rk[r]
 	for t := t0; t < min(rk.T, t0+m.CT); t++ {
 		routed := 0
@@ -257,6 +263,14 @@ func (m *fusedModel) combine(r, t0 int) bool {
 		if !m.wait(&rk.tokdone[t], routed*m.n2) {
 			return false
 		}
+	}
+	return true
+}
+
+// combineSum sums rank r's tokens [t0, t0+CT) (combine_rows).
+func (m *fusedModel) combineSum(r, t0 int) bool {
+	rk := m.rk[r]
+	for t := t0; t < min(rk.T, t0+m.CT); t++ {
 		rk.out[t] = make([]float64, m.n2)
 		for k := range m.K {
 			for j := range m.n2 {
@@ -294,7 +308,8 @@ func (m *fusedModel) cta(dispatch bool) bool {
 }
 
 // ctaWG is one CTA of fused_wg_kernel: a producer goroutine takes the main
-// queue and waits for each GEMM task's inputs, then hands the task over a
+// queue and waits for each task's inputs (a GEMM tile's rows or GEMM1
+// blocks, a combine task's returned rows), then hands the task over a
 // two-slot ring (the kernel's mbarrier pair) and takes the next one; the
 // consumer (this goroutine) dispatches first, then runs every task from the
 // ring to the end. A failed wait sets the CTA's abort word: the producer
@@ -315,8 +330,11 @@ func (m *fusedModel) ctaWG(dispatch bool) bool {
 				idx = min(int(m.qMain.Add(1)-1), nMain)
 			}
 			ok := true
-			if kind, d, tile, _ := m.mainTask(idx, cp, g1, g2); kind == 1 || kind == 2 {
+			switch kind, d, tile, _ := m.mainTask(idx, cp, g1, g2); kind {
+			case 1, 2:
 				ok = m.waitInputs(kind, d, tile)
+			case 3:
+				ok = m.combineReady(d, tile)
 			}
 			if !ok {
 				abort.Store(true)
@@ -341,10 +359,7 @@ func (m *fusedModel) ctaWG(dispatch bool) bool {
 		}
 		switch kind, d, tile, nb := m.mainTask(t.idx, cp, g1, g2); kind {
 		case 3:
-			if abort.Load() || !m.combine(d, tile) {
-				abort.Store(true)
-				good = false
-			}
+			m.combineSum(d, tile)
 		default:
 			m.gemm(kind, d, tile, nb)
 		}

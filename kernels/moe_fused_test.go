@@ -83,6 +83,9 @@ func TestMoEFusedLayer(t *testing.T) {
 		{name: "R1_E64_K8_T5_tile128_sparse", E: 64, K: 8, tokens: []int{5}, H: 256, I: 128, hot: -1, tile: 128},
 		{name: "R2_E8_K2_T150_tile128_odd_dims", E: 8, K: 2, tokens: []int{150, 97}, H: 200, I: 136, hot: -1,
 			tile: 128},
+		// More k than the combine stages at once (32): the sums go on in chunks.
+		{name: "R2_E64_K40_T9_shared", E: 64, K: 40, tokens: []int{9, 4}, H: 256, I: 128, hot: -1, shared: true},
+		{name: "R1_E48_K36_T130_tile128", E: 48, K: 36, tokens: []int{130}, H: 256, I: 128, hot: -1, tile: 128},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { runFusedCase(t, g, r, c) })

@@ -32,6 +32,7 @@ type moeBenchOpts struct {
 	tile                         int     // fused path: kernels.MoEFusedArgs.Tile (0: picked)
 	maxRowsFactor                float64 // fused path: MaxRows as a multiple of a rank's balanced share (tokens·topk); 0: all rows
 	tuneOut                      string  // fused path: sweep the launch choices and record the best in this table
+	traceOut                     string  // fused path: trace the last launch's tasks per token count into this file (JSON lines)
 	sameToken                    bool    // grouped path: all tokens one row (every token routes alike)
 	iters, checkRows             int
 	seed                         uint64
@@ -48,24 +49,25 @@ type moeBenchOpts struct {
 // experts per rank, combine launch). With --path grouped (one rank): router
 // GEMM → routing → grouped experts → combine, no separate_ms.
 type moeBenchRow struct {
-	Tokens         int      `json:"tokens"`
-	MS             float64  `json:"ms"`                    // median over iterations, CUDA events, whole layer
-	SeparateMS     *float64 `json:"separate_ms,omitempty"` // fused path: the same layer from separate launches (baseline (a))
-	ExpertsMS      float64  `json:"experts_ms"`            // median of the expert part alone (fused: plan + persistent launch; grouped: align + GEMM1 + GEMM2 + combine)
-	TFLOPS         float64  `json:"tflops"`                // 2·3·tokens·topk·hidden·intermediate / ms
-	WeightGBps     float64  `json:"weight_gbps"`           // bytes of touched experts' weights / ms
-	ExpertsTouched float64  `json:"experts_touched"`       // mean over iterations
-	RelErr         float64  `json:"rel_err"`               // vs the reference below, on sampled rows
-	Reference      string   `json:"reference"`
-	RouteMismatch  int      `json:"route_mismatch"` // sampled tokens whose ids differ from moe.Route on the GPU's logits
-	Path           string   `json:"path"`
-	Ranks          int      `json:"ranks"`
-	MinMS          float64  `json:"min_ms"`
-	Iters          int      `json:"iters"`
-	CTAs           int      `json:"ctas"`               // fused path: the launch's persistent CTAs (0: every co-resident one)
-	DispatchCTAs   int      `json:"dispatch_ctas"`      // fused path: CTAs that started on the dispatch role (0: all)
-	Tile           int      `json:"tile,omitempty"`     // fused path: the row tile the launch used (128: the wgmma tiles)
-	MaxRows        int      `json:"max_rows,omitempty"` // fused path: the rows a rank's workspace holds (0: all rows)
+	Tokens         int                      `json:"tokens"`
+	MS             float64                  `json:"ms"`                    // median over iterations, CUDA events, whole layer
+	SeparateMS     *float64                 `json:"separate_ms,omitempty"` // fused path: the same layer from separate launches (baseline (a))
+	ExpertsMS      float64                  `json:"experts_ms"`            // median of the expert part alone (fused: plan + persistent launch; grouped: align + GEMM1 + GEMM2 + combine)
+	TFLOPS         float64                  `json:"tflops"`                // 2·3·tokens·topk·hidden·intermediate / ms
+	WeightGBps     float64                  `json:"weight_gbps"`           // bytes of touched experts' weights / ms
+	ExpertsTouched float64                  `json:"experts_touched"`       // mean over iterations
+	RelErr         float64                  `json:"rel_err"`               // vs the reference below, on sampled rows
+	Reference      string                   `json:"reference"`
+	RouteMismatch  int                      `json:"route_mismatch"` // sampled tokens whose ids differ from moe.Route on the GPU's logits
+	Path           string                   `json:"path"`
+	Ranks          int                      `json:"ranks"`
+	MinMS          float64                  `json:"min_ms"`
+	Iters          int                      `json:"iters"`
+	CTAs           int                      `json:"ctas"`               // fused path: the launch's persistent CTAs (0: every co-resident one)
+	DispatchCTAs   int                      `json:"dispatch_ctas"`      // fused path: CTAs that started on the dispatch role (0: all)
+	Tile           int                      `json:"tile,omitempty"`     // fused path: the row tile the launch used (128: the wgmma tiles)
+	MaxRows        int                      `json:"max_rows,omitempty"` // fused path: the rows a rank's workspace holds (0: all rows)
+	Trace          *kernels.MoETraceSummary `json:"trace,omitempty"`    // fused path, --trace: where the last launch's time went
 }
 
 // parseMoEBench reads the flags; it needs no GPU.
@@ -85,6 +87,7 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 	fs.Float64Var(&o.maxRowsFactor, "max-rows-factor", 0, "fused path: size each rank's receive side for this multiple of its balanced share of rows (tokens·topk; ≥ 1), not for every row of every rank; a layer over it fails with a capacity error (0: every row)")
 	fs.IntVar(&o.tile, "tile", 0, "fused path: row tile, 16 or 64 (mma.sync tiles) or 128 (sm_90a wgmma tiles, TMA); 0 picks by rows per expert")
 	fs.StringVar(&o.tuneOut, "tune", "", "fused path: try the launch choices (--ctas × --dispatch-ctas candidates) per token count, report the fastest and record it in this JSON table (package tuning; the CUDA backend reads it through moe_tuning)")
+	fs.StringVar(&o.traceOut, "trace", "", "fused path, wgmma tiles: record when each task of the last launch per token count was taken, ready, started and finished; write the records and a summary per count to this file (JSON lines) and the summary into the result")
 	fs.IntVar(&o.shared, "shared-experts", 0, "shared experts (one dense MLP of N*intermediate), timed with the layer")
 	fs.IntVar(&o.iters, "iters", 10, "timed iterations per token count (the median is reported)")
 	fs.BoolVar(&o.sameToken, "same-token", false, "grouped path: every token of an iteration is the same random row, so all route to the same top-k experts (the worst skew; random-weight models come close to it)")

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"sort"
 
 	"github.com/mkserve/mkserve/kernels"
@@ -197,7 +199,12 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 	if err := kernels.Upload(d, args.Table, b.table); err != nil {
 		return row, err
 	}
-	ctl, err := d.NewMoEFusedControl(ctlBytes)
+	var ctl *kernels.Buffer
+	if o.traceOut != "" {
+		ctl, err = d.NewMoEFusedTracedControl(ctlBytes, moeTraceRecords)
+	} else {
+		ctl, err = d.NewMoEFusedControl(ctlBytes)
+	}
 	if err != nil {
 		return row, err
 	}
@@ -329,6 +336,11 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 		}
 		touched += float64(n)
 	}
+	if o.traceOut != "" {
+		if row.Trace, err = writeMoETrace(d, ctl, o.traceOut, T); err != nil {
+			return row, err
+		}
+	}
 	sort.Float64s(times)
 	sort.Float64s(etimes)
 	sort.Float64s(stimes)
@@ -451,4 +463,42 @@ func (b *moeFusedBench) check(d *kernels.Device, cfg moe.RouterConfig, sbias []f
 		}
 	}
 	return num, den, mism, nil
+}
+
+// moeTraceRecords is the trace's room per launch (--trace): more than the
+// tasks of DeepSeek-V3's layer at 16384 tokens (~65 000).
+const moeTraceRecords = 1 << 18
+
+// writeMoETrace reads the last launch's trace on ctl, appends its records
+// and summary for token count T to path (one JSON object a line) and
+// returns the summary.
+func writeMoETrace(d *kernels.Device, ctl *kernels.Buffer, path string, T int) (*kernels.MoETraceSummary, error) {
+	recs, wanted, err := d.MoEFusedTrace(ctl)
+	if err != nil {
+		return nil, err
+	}
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("--trace: the launch wrote no records (only the wgmma tiles trace: --tile 128)")
+	}
+	sum, err := kernels.SummarizeMoETrace(recs, wanted)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	line, err := json.Marshal(struct {
+		Tokens  int                     `json:"tokens"`
+		Summary kernels.MoETraceSummary `json:"summary"`
+		Records []kernels.MoETraceRec   `json:"records"`
+	}{T, sum, recs})
+	if err == nil {
+		_, err = f.Write(append(line, '\n'))
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	fmt.Fprintf(os.Stderr, "tokens %d: %s", T, sum)
+	return &sum, err
 }

@@ -1,0 +1,104 @@
+package kernels
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+// traceWords lays records out as a control workspace holds them.
+func traceWords(room, wanted int, recs []MoETraceRec) []uint64 {
+	w := make([]uint64, moeFusedTraceOffset/8+room*moeFusedTraceWords)
+	w[moeFusedTraceCap/2] |= uint64(uint32(room)) << (32 * (moeFusedTraceCap % 2))
+	w[moeFusedTraceCount/2] |= uint64(uint32(wanted)) << (32 * (moeFusedTraceCount % 2))
+	for i, r := range recs[:min(len(recs), room)] {
+		o := moeFusedTraceOffset/8 + i*moeFusedTraceWords
+		w[o] = uint64(uint32(r.Task)) | uint64(r.Kind)<<32 | uint64(r.SM)<<40
+		w[o+1], w[o+2], w[o+3], w[o+4], w[o+5] = r.Take, r.Ready, r.Start, r.End, r.Pos
+	}
+	return w
+}
+
+func TestMoETraceParseAndSummary(t *testing.T) {
+	const T = 1_000_000 // ns
+	recs := []MoETraceRec{
+		// CTA 0 on SM 3: entry T, set-up T+1 µs, exit T+20 µs; a GEMM1 of 10 µs, a combine of 4 µs.
+		{Kind: MoETraceCTA, Task: 0, SM: 3, Take: T, Start: T + 1000, End: T + 20000, Pos: 2},
+		{Kind: MoETraceGEMM1, Task: 5, SM: 3, Take: T + 500, Ready: T + 1500, Start: T + 2000, End: T + 12000, Pos: 7<<32 | 2},
+		{Kind: MoETraceCombine, Task: 9, SM: 3, Take: T + 11000, Ready: T + 13000, Start: T + 13000, End: T + 17000},
+		// CTA 1 on SM 4: entry T+2 µs, exit T+30 µs; a GEMM2 of 20 µs.
+		{Kind: MoETraceCTA, Task: 1, SM: 4, Take: T + 2000, Start: T + 3000, End: T + 30000, Pos: 1},
+		{Kind: MoETraceGEMM2, Task: 6, SM: 4, Take: T + 2500, Ready: T + 2500, Start: T + 4000, End: T + 24000},
+	}
+	got, wanted, err := parseMoETrace(traceWords(8, len(recs), recs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wanted != len(recs) || len(got) != len(recs) {
+		t.Fatalf("parsed %d of %d records, want %d", len(got), wanted, len(recs))
+	}
+	for i := range recs {
+		if got[i] != recs[i] {
+			t.Fatalf("record %d: %+v, want %+v", i, got[i], recs[i])
+		}
+	}
+	s, err := SummarizeMoETrace(got, wanted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	near := func(name string, v, want float64) {
+		t.Helper()
+		if math.Abs(v-want) > 1e-9 {
+			t.Errorf("%s = %v, want %v", name, v, want)
+		}
+	}
+	if s.CTAs != 2 || s.Missing != 0 || s.Overlaps != 0 {
+		t.Errorf("CTAs %d missing %d overlaps %d", s.CTAs, s.Missing, s.Overlaps)
+	}
+	near("span", s.SpanUS, 30)
+	near("setup", s.SetupUS, 1)
+	near("ramp", s.RampUS, 2)
+	near("tail", s.TailUS, 0) // the median of two exits is the later one (index len/2)
+	// idle: CTA 0 19 µs minus 14 busy, CTA 1 27 minus 20.
+	near("idle", s.IdleUS, 5+7)
+	if len(s.Kinds) != 3 {
+		t.Fatalf("kinds %+v", s.Kinds)
+	}
+	g1, g2, cb := s.Kinds[0], s.Kinds[1], s.Kinds[2]
+	if g1.Kind != "gemm1" || g2.Kind != "gemm2" || cb.Kind != "combine" {
+		t.Fatalf("kinds %+v", s.Kinds)
+	}
+	near("gemm1 busy", g1.BusyUS, 10)
+	near("gemm1 wait", g1.WaitUS, 1)
+	near("gemm1 first", g1.FirstUS, 2)
+	near("gemm2 last", g2.LastUS, 24)
+	near("gemm2 share", g2.BusyShare, 20.0/60)
+	near("combine wait", cb.WaitUS, 2)
+	if !strings.Contains(s.String(), "gemm2") {
+		t.Errorf("String() lacks the kinds:\n%s", s)
+	}
+}
+
+func TestMoETraceParseErrors(t *testing.T) {
+	cta := MoETraceRec{Kind: MoETraceCTA, Take: 1, Start: 2, End: 3}
+	for _, c := range []struct {
+		name    string
+		words   []uint64
+		n       int
+		wantErr bool
+	}{
+		{"no room", traceWords(0, 0, nil), 0, true},
+		{"more wanted than room", traceWords(2, 5, []MoETraceRec{cta, cta, cta}), 2, false},
+		{"bad kind", traceWords(1, 1, []MoETraceRec{{Kind: 9}}), 0, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			recs, _, err := parseMoETrace(c.words)
+			if (err != nil) != c.wantErr || len(recs) != c.n {
+				t.Fatalf("%d records, err %v; want %d, error %v", len(recs), err, c.n, c.wantErr)
+			}
+		})
+	}
+	if _, err := SummarizeMoETrace([]MoETraceRec{{Kind: MoETraceGEMM1}}, 1); err == nil {
+		t.Error("a trace without CTA records summarised")
+	}
+}
