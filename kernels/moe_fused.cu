@@ -847,11 +847,18 @@ struct MmaTiles {
 // on 129 arrivals (the 128 producer threads' — cp.async-tracked in GEMM1,
 // plain in GEMM2 — and the TMA issuer's expect_tx) plus the TMA bytes;
 // empty[s] when both consumer warpgroups' wgmmas reading it are done.
+// The wgmma kernel's register split: 40 for the producer warpgroup, 232
+// for each consumer thread. (48 for the producer, which would leave no
+// register of the file unused, built but did not run in the sixteenth
+// pass; ptxas spills 72 bytes in the producer at 40.)
+constexpr int kWgProducerRegs = 40;
+static_assert(kWgProducerRegs % 8 == 0 && 128 * kWgProducerRegs + 256 * 232 <= 65536, "register split");
+
 struct WgTiles {
   static constexpr int BM = 128, BN = 256, BK = 64, ST = 4;
   static constexpr int kConsumers = 256, kThreads = kConsumers + 128;
   static constexpr uint32_t kStageA = BM * BK * 2, kStageB = BN * BK * 2;
-  static constexpr size_t kSmem = 1024 + ST * (kStageA + kStageB) + 2 * ST * sizeof(uint64_t) + BM * sizeof(void*);
+  static constexpr size_t kSmem = 1024 + ST * (kStageA + kStageB) + 2 * ST * sizeof(uint64_t) + BM * sizeof(int32_t);
   static_assert(BK == mkmoe::kTileK, "the swizzled row is 64 bf16 (swz64)");
 
   __device__ static unsigned char* base(unsigned char* smem) {
@@ -865,9 +872,9 @@ struct WgTiles {
     return reinterpret_cast<uint64_t*>(base(smem) + ST * (kStageA + kStageB));
   }
   __device__ static uint64_t* empty(unsigned char* smem) { return full(smem) + ST; }
-  __device__ static const bf16** arow(unsigned char* smem) {  // [BM] GEMM1's A row sources (null: padding)
-    return reinterpret_cast<const bf16**>(empty(smem) + ST);
-  }
+  // arow: [BM] GEMM1's A row sources: t >= 0 row t of x (a local row),
+  // -2 - m receive row m (a remote one), -1 padding.
+  __device__ static int32_t* arow(unsigned char* smem) { return reinterpret_cast<int32_t*>(empty(smem) + ST); }
   __device__ static void setup(unsigned char* smem) {
     if (threadIdx.x == 0) {
       for (int st = 0; st < ST; st++) {
@@ -891,14 +898,17 @@ struct WgTiles {
     const int KT = (int)((Kd + BK - 1) / BK);
     const int64_t m0 = (int64_t)tile * BM;
     const int slot = rk.tile_slot[tile];
-    const bf16** ar = arow(smem);
+    int32_t* ar = arow(smem);
+    int32_t ri[BM / 16];  // this thread's A rows r0 + 16 i (arow's code), read once a task: a stage is
+                          // then 8 address computations and copies with no load between them
     if (GATEUP) {
-      producer_sync();  // every producer thread issued the previous task's copies (they read arow)
+      producer_sync();  // every producer thread read the previous task's rows from arow
       const int32_t src = rk.row_src[m0 + wl];
-      ar[wl] = src < 0 ? nullptr
-                       : (src & 7) == d ? rk.x + (int64_t)(src >> 3) / p.K * p.H  // a local row: x itself
-                                        : rk.recv + (m0 + wl) * p.H;
+      ar[wl] = src < 0 ? -1 : (src & 7) == d ? (src >> 3) / p.K  // a local row: x itself
+                                             : -2 - (int32_t)(m0 + wl);
       producer_sync();
+#pragma unroll
+      for (int i = 0; i < BM / 16; i++) ri[i] = ar[wl / 8 + 16 * i];
     } else if (wl == 0) {
       // The activation rows were stored by GEMM1 epilogues (generic proxy)
       // and released through g1done, which this thread acquired when it
@@ -935,8 +945,8 @@ struct WgTiles {
 #pragma unroll
         for (int i = 0; i < BM / 16; i++) {
           const int r = r0 + 16 * i;
-          const bf16* src = ar[r];
-          const bool v = src != nullptr && kv;
+          const bool v = ri[i] != -1 && kv;
+          const bf16* src = ri[i] >= 0 ? rk.x + (int64_t)ri[i] * p.H : rk.recv + (int64_t)(-2 - ri[i]) * p.H;
           cp_async16(a + mkmoe::swz64(r, ch), v ? src + k : rk.recv, v);
         }
         cp_async_arrive(&fb[st]);
@@ -1138,7 +1148,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
   int j = 0;  // tasks through the task ring so far
 
   if (threadIdx.x >= NC) {  // producer warpgroup
-    mkwg::setmaxnreg_dec<40>();
+    mkwg::setmaxnreg_dec<kWgProducerRegs>();
     const int wl = threadIdx.x - NC;
     for (;; j++) {
       if (wl == 0) {
