@@ -838,8 +838,8 @@ struct MmaTiles {
 // WgTiles (sm_90a): 128×256 tiles, BK 64, a 4-stage ring, warp-specialised
 // as moe_wgmma.cu's kernel, in their own persistent kernel (fused_wg_kernel):
 // two consumer warpgroups (threads [0, 256), 64 rows each, two m64n128k16
-// wgmmas per 16-wide k step: GEMM1 the gate half and the up half, 232
-// registers) and one producer warpgroup (threads [256, 384), 40 registers)
+// wgmmas per 16-wide k step: GEMM1 the gate half and the up half, 224
+// registers) and one producer warpgroup (threads [256, 384), 56 registers)
 // that fills the ring: the weight tile by TMA (two 128-row boxes), the A
 // tile by TMA in GEMM2 (the activation rows are contiguous) and by cp.async
 // in GEMM1 (row gather: local rows from x, remote ones from the receive
@@ -847,12 +847,19 @@ struct MmaTiles {
 // on 129 arrivals (the 128 producer threads' — cp.async-tracked in GEMM1,
 // plain in GEMM2 — and the TMA issuer's expect_tx) plus the TMA bytes;
 // empty[s] when both consumer warpgroups' wgmmas reading it are done.
-// The wgmma kernel's register split: 40 for the producer warpgroup, 232
-// for each consumer thread. (48 for the producer, which would leave no
-// register of the file unused, built but did not run in the sixteenth
-// pass; ptxas spills 72 bytes in the producer at 40.)
-constexpr int kWgProducerRegs = 40;
-static_assert(kWgProducerRegs % 8 == 0 && 128 * kWgProducerRegs + 256 * 232 <= 65536, "register split");
+// The wgmma kernel's register split. setmaxnreg moves registers within
+// the CTA's own pool, the 168 a thread it launched with (384 threads, one
+// CTA a multiprocessor): 128·P + 256·C ≤ 384·168. 40 / 232 left the
+// producer's GEMM1 stage loop spilling its rows (ptxas: 72-byte spills,
+// local loads between the copies) once the producer also held the task
+// ring, the trace times and the combine wait; 56 / 224 keeps the loop in
+// registers and the consumers spill no more than at 232 (ptxas 12.4 on
+// this file, scripts/ptxas_check.sh). 48 / 232 asks for more than the
+// pool and never starts (sixteenth pass: the fused launches failed).
+constexpr int kWgProducerRegs = 56, kWgConsumerRegs = 224;
+static_assert(kWgProducerRegs % 8 == 0 && kWgConsumerRegs % 8 == 0 &&
+                  128 * kWgProducerRegs + 256 * kWgConsumerRegs <= 384 * 168,
+              "the register split must fit the CTA's pool");
 
 struct WgTiles {
   static constexpr int BM = 128, BN = 256, BK = 64, ST = 4;
@@ -1091,14 +1098,14 @@ __global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constan
 // fused_wg_kernel: the persistent launch with the wgmma tiles (WgTiles),
 // one 384-thread CTA a multiprocessor. The same queues, tasks, waits and
 // signals as fused_kernel, but the two roles run their own loops:
-//   producer warpgroup (40 registers): its thread 0 takes the main queue's
+//   producer warpgroup (56 registers): its thread 0 takes the main queue's
 //     tasks, waits for a GEMM task's inputs (the tile's remote rows for
 //     GEMM1, its GEMM1 blocks for GEMM2; bounded), passes each task to the
 //     consumers through a two-slot task ring (mbarriers), and the warpgroup
 //     loads the GEMM task's stages; it then takes the next task at once, so
 //     the next task's inputs are waited for and its first stages load while
 //     the consumers still compute and store the current one;
-//   consumer warpgroups (232 registers): the dispatch tasks first (among
+//   consumer warpgroups (224 registers): the dispatch tasks first (among
 //     themselves, named barrier 1), then every task from the ring: a GEMM
 //     task's wgmmas, epilogue and signals, a combine task's wait and sums.
 // Nobody leaves early: a wait that gives up (the watchdog) sets the abort
@@ -1194,7 +1201,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
     return;
   }
 
-  mkwg::setmaxnreg_inc<232>();
+  mkwg::setmaxnreg_inc<kWgConsumerRegs>();
   const unsigned long long t_setup = room > 0 ? globaltimer() : 0;
   int ntasks = 0;  // trace: this CTA's tasks
   bool planned = !local;  // rank-local: plans_done (consumers only), once; a timeout aborts the CTA
