@@ -1648,10 +1648,15 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   g1.act = act_kind;
   g1.alpha = mk::float_from_bits(alpha_bits);
   g1.limit = mk::float_from_bits(limit_bits);
+  // The wgmma GEMM1 may copy its gathered rows into tile order first
+  // (MK_MOE_G1_TMA=1): into y, which GEMM2 writes only after GEMM1 is done
+  // ([rows, H] f32 holds [rows, H] bf16 twice over).
+  g1.ascratch = reinterpret_cast<bf16*>(y);
   int rc = run_gemm<true>(L.cfg, g1, L.tiles, s);
   if (rc != MK_OK) return rc;
 
   GemmArgs g2 = g1;
+  g2.ascratch = nullptr;
   g2.A = act;
   g2.W = mk::dev<const bf16>(down);
   g2.bias = down_bias ? mk::dev<const float>(down_bias) : nullptr;

@@ -38,6 +38,10 @@ struct GemmArgs {
   // and write their partial sums, bias left out, to part [ksplit, dense_rows, N] f32 instead of out.
   int ksplit, ktc;
   float* part;
+  // GEMM1 of the wgmma kernel (MK_MOE_G1_TMA=1): room for [mt·128, Kd] bf16
+  // rows, where A's gathered rows are copied in tile order so that the
+  // GEMM loads them by TMA; null: the producer gathers them by cp.async.
+  bf16* ascratch;
 };
 
 using mk::mma16816;

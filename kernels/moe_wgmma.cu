@@ -238,13 +238,14 @@ __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;
 // loses 1-3 % on Mixtral and DeepSeek-V3, so it stays off by default).
 // Both roles walk the same items and skip row tiles past *num_tiles, and
 // count k steps across items (g): stage g % ST, phase (g / ST) & 1.
-// TMA_A (GEMM2 only, default; MK_MOE_TMA_A=0 turns it off): the activation rows
-// are contiguous there, so the A tile comes by TMA too (amap) and one
-// producer thread does all the loading.
+// TMA_A: the A tile comes by TMA too (amap) and one producer thread does
+// all the loading. GEMM2 (default; MK_MOE_TMA_A=0 turns it off): the
+// activation rows are contiguous. GEMM1 (MK_MOE_G1_TMA=1, off by default
+// until measured): permute_rows_kernel first copies the gathered rows into
+// p.ascratch in tile order, and amap maps that.
 template <bool GATEUP, bool TMA_A>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     moe_wgmma_ws_kernel(const GemmArgs p, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap amap) {
-  static_assert(!(GATEUP && TMA_A), "GEMM1 gathers its A rows by token");
   const int items = p.mt * p.nt, ntiles = *p.num_tiles;
   if ((int)blockIdx.x >= items) return;
   if ((int)gridDim.x >= items) {  // one item per CTA: a row tile past the real ones exits before any set-up
@@ -350,6 +351,22 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
   }
 }
 
+// permute_rows_kernel copies GEMM1's A rows into tile order: ap[m] =
+// x[sorted[m] / topk] for every real row m of the first *num_tiles tiles
+// (padding rows are left as they are: their outputs are never stored).
+// One warp a row, 16-byte copies (Kd % 8 == 0).
+__global__ void __launch_bounds__(256) permute_rows_kernel(bf16* ap, const bf16* x, const int32_t* sorted,
+                                                           const int32_t* num_tiles, int topk, int64_t Kd,
+                                                           int64_t rows) {
+  const int64_t m = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
+  if (m >= rows || m >= (int64_t)*num_tiles * BM) return;
+  const int32_t a = sorted[m];
+  if (a < 0) return;
+  const uint4* src = reinterpret_cast<const uint4*>(x + (int64_t)(a / topk) * Kd);
+  uint4* dst = reinterpret_cast<uint4*>(ap + m * Kd);
+  for (int64_t c = threadIdx.x % 32; c < Kd / 8; c += 32) dst[c] = __ldg(src + c);
+}
+
 // launch_kern launches kern (threads per CTA, smem bytes) over tiles ×
 // ntiles CTAs with args; -1 when it is not built for this device.
 template <class... Args>
@@ -414,9 +431,19 @@ bool tma_a() {
   return w;
 }
 
+// g1_tma: GEMM1's rows copied into tile order and loaded by TMA
+// (MK_MOE_G1_TMA=1; off by default until measured on the GPU).
+bool g1_tma() {
+  static const bool w = [] {
+    const char* v = getenv("MK_MOE_G1_TMA");
+    return v && v[0] == '1';
+  }();
+  return w;
+}
+
 template <bool GU>
 int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
-  static int ok = 0, ok_ws = 0, ok_ws_a = 0;
+  static int ok = 0, ok_ws = 0, ok_ws_a = 0, ok_ws_g1a = 0;
   TmaMap wm, am;
   if (warp_specialised() && a.experts > 0 && weight_map(wm, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd)) {
     int64_t grid = tiles * ntiles;  // one CTA per work item, or one per SM walking them
@@ -427,6 +454,15 @@ int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
     if (!GU && tma_a() && weight_map(am, a.A, (int64_t)a.mt * BM, a.Kd))
       return launch_kern(moe_wgmma_ws_kernel<false, true>, WS_THREADS, kWsSmem, "moe_wgmma_ws (down, A by TMA)", grid,
                          1, s, ok_ws_a, a, wm, am);
+    if (GU && g1_tma() && a.ascratch != nullptr && a.Kd % 8 == 0 &&
+        weight_map(am, a.ascratch, (int64_t)a.mt * BM, a.Kd)) {
+      const int64_t rows = (int64_t)a.mt * BM;
+      permute_rows_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(a.ascratch, a.A, a.sorted, a.num_tiles, a.topk,
+                                                                        a.Kd, rows);
+      MK_LAUNCHED("moe_wgmma permute_rows");
+      return launch_kern(moe_wgmma_ws_kernel<true, true>, WS_THREADS, kWsSmem, "moe_wgmma_ws (gate/up, A by TMA)",
+                         grid, 1, s, ok_ws_g1a, a, wm, am);
+    }
     return launch_kern(moe_wgmma_ws_kernel<GU, false>, WS_THREADS, kWsSmem,
                        GU ? "moe_wgmma_ws (gate/up)" : "moe_wgmma_ws (down)", grid, 1, s, ok_ws, a, wm, wm);
   }
