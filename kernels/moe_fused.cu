@@ -177,6 +177,10 @@ struct Params {
   int ndisp_ctas;
   int fault_rank;
   int separate;  // plan: also fill row_slot/row_w for every row (separate path)
+  // copy_local (wgmma tiles, MK_MOE_FUSED_COPY_LOCAL=1): local rows are
+  // dispatched into the receive buffer too, so that every GEMM1 tile's rows
+  // are contiguous there and load by TMA instead of the row gather.
+  int copy_local;
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
   // are other launches, other processes or GPUs); -1: every rank (emulated).
@@ -393,7 +397,9 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
     }
     for (int s = threadIdx.x; s < S; s += blockDim.x) {
       if (me.counts && !p.separate) atomicAdd(&me.counts[s], (unsigned long long)cnt[s]);
-      const int rem0 = off[s] + cnt_loc[s], rem1 = off[s] + cnt[s];  // the slot's remote rows [rem0, rem1)
+      // The slot's rows that arrive by dispatch, [rem0, rem1): the remote
+      // ones, or every one with copy_local.
+      const int rem0 = off[s] + (p.copy_local ? 0 : cnt_loc[s]), rem1 = off[s] + cnt[s];
       for (int tl = off[s] / BM; tl < off[s + 1] / BM; ++tl) {
         me.tile_slot[tl] = s;
         me.tile_want[tl] = max(0, min(tl * BM + BM, rem1) - max(tl * BM, rem0));
@@ -482,7 +488,7 @@ __device__ void dispatch_task(const Params& p, int r, int64_t t0, int64_t t1, bo
   const int64_t H8 = p.H / 8;
   for (int64_t a = t0 * K + warp; a < t1 * K; a += NT / 32) {
     const int dr = __ldcg(src.dest_row + a);  // rank-local: written by the peers' plans (L2, not L1)
-    if (dr < 0 || (!sep && (dr & 7) == r)) continue;
+    if (dr < 0 || (!sep && !p.copy_local && (dr & 7) == r)) continue;
     const int d = dr & 7;
     const int64_t row = dr >> 3;
     const uint4* s = reinterpret_cast<const uint4*>(src.x + (a / K) * p.H);
@@ -503,7 +509,7 @@ __device__ void dispatch_task(const Params& p, int r, int64_t t0, int64_t t1, bo
   role_sync<NT, BAR>();
   for (int64_t a = t0 * K + threadIdx.x; a < t1 * K; a += NT) {
     const int dr = __ldcg(src.dest_row + a);
-    if (dr < 0 || (dr & 7) == r) continue;
+    if (dr < 0 || (!p.copy_local && (dr & 7) == r)) continue;
     signal_add(p, p.rk[dr & 7].arrive + (dr >> 3) / p.BM, 1);
   }
 }
@@ -822,6 +828,7 @@ struct FusedMaps {
   mkwg::TmaMap gu[kMaxRanks];   // [S_r·2I, H] gate/up weights: boxes of 64 columns × 128 rows
   mkwg::TmaMap dn[kMaxRanks];   // [S_r·H, I] down weights
   mkwg::TmaMap act[kMaxRanks];  // [rows_cap_r, I] activations (GEMM2's A)
+  mkwg::TmaMap recv[kMaxRanks];  // [rows_cap_r, H] received rows (GEMM1's A with copy_local)
 };
 
 // MmaTiles: mma.sync m16n8k16 tiles of 128-thread CTAs (gemm_task above).
@@ -908,7 +915,8 @@ struct WgTiles {
     int32_t* ar = arow(smem);
     int32_t ri[BM / 16];  // this thread's A rows r0 + 16 i (arow's code), read once a task: a stage is
                           // then 8 address computations and copies with no load between them
-    if (GATEUP) {
+    const bool gather = GATEUP && !p.copy_local;  // GEMM1's rows by cp.async (else by TMA, like GEMM2's)
+    if (gather) {
       producer_sync();  // every producer thread read the previous task's rows from arow
       const int32_t src = rk.row_src[m0 + wl];
       ar[wl] = src < 0 ? -1 : (src & 7) == d ? (src >> 3) / p.K  // a local row: x itself
@@ -918,8 +926,9 @@ struct WgTiles {
       for (int i = 0; i < BM / 16; i++) ri[i] = ar[wl / 8 + 16 * i];
     } else if (wl == 0) {
       // The activation rows were stored by GEMM1 epilogues (generic proxy)
-      // and released through g1done, which this thread acquired when it
-      // took the task; order them before its TMA reads (async proxy).
+      // and released through g1done (GEMM1 with copy_local: the received
+      // rows, by dispatch through arrive), which this thread acquired when
+      // it took the task; order them before its TMA reads (async proxy).
       fence_proxy_async_global();
     }
     // B's two 128-row boxes: GEMM1 the slot's gate rows and its up rows (I
@@ -941,12 +950,12 @@ struct WgTiles {
       bf16* a = a0 + st * (BM * BK);
       bf16* b = bb0 + st * (BN * BK);
       if (wl == 0) {
-        mbar_expect_tx(&fb[st], GATEUP ? kStageB : kStageA + kStageB);
-        if (!GATEUP) tma_load_2d(a, &m.act[d], kt * BK, (int32_t)m0, &fb[st]);
+        mbar_expect_tx(&fb[st], gather ? kStageB : kStageA + kStageB);
+        if (!gather) tma_load_2d(a, GATEUP ? &m.recv[d] : &m.act[d], kt * BK, (int32_t)m0, &fb[st]);
         tma_load_2d(b, wm, kt * BK, b0, &fb[st]);
         tma_load_2d(b + (BN / 2) * BK, wm, kt * BK, b1, &fb[st]);
       }
-      if (GATEUP) {
+      if (gather) {
         const int64_t k = (int64_t)kt * BK + ch * 8;
         const bool kv = k < Kd;
 #pragma unroll
@@ -961,7 +970,7 @@ struct WgTiles {
         mbar_arrive(&fb[st]);
       }
     }
-    if (GATEUP) asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if (gather) asm volatile("cp.async.wait_all;\n" ::: "memory");
   }
 
   // consume runs the wgmmas of one task and stores its outputs: the two
@@ -1342,6 +1351,17 @@ int wg_rows() {
   return v;
 }
 
+// copy_local: MK_MOE_FUSED_COPY_LOCAL=1 dispatches local rows too and loads
+// GEMM1's rows by TMA (Params.copy_local; wgmma tiles only). Off by default
+// until measured: it adds T·K·H·2 bytes of copies to win GEMM1's gather.
+bool copy_local() {
+  static const bool v = [] {
+    const char* e = getenv("MK_MOE_FUSED_COPY_LOCAL");
+    return e && e[0] == '1';
+  }();
+  return v;
+}
+
 // pick_tile is the kTiles index for the tile argument: 16, 64 or 128 that
 // row tile (128 needs wg_ok), 0 by rows per active slot. -1: not valid here.
 int pick_tile(int ranks, const int64_t* tokens, const int32_t* slots, int k, int tile) {
@@ -1480,6 +1500,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->dt = k < kDR ? kDR / k : 1;
   p->group_m = mkmoe::group_m();
   p->separate = sep;
+  p->copy_local = !sep && cfg == 2 && copy_local();
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;
@@ -1538,7 +1559,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
     q.moews = sep ? reinterpret_cast<void*>(w + L.moews) : nullptr;
     q.moews_bytes = L.moews_bytes;
     // One rank has no remote rows: the fused path has nothing to dispatch.
-    if ((sep || ranks > 1) && mine) dsum += (q.T + p->dt - 1) / p->dt;
+    if ((sep || ranks > 1 || p->copy_local) && mine) dsum += (q.T + p->dt - 1) / p->dt;
     if (mine) csum += (q.T + kCT - 1) / kCT;
     tiles_all += L.tiles_cap;
     p->disp_pre[r + 1] = (int)dsum;
@@ -1571,7 +1592,8 @@ int maps_for(const Params& p, FusedMaps* m) {
     if (q.S == 0 || q.rows_cap == 0 || (p.me >= 0 && d != p.me)) continue;
     if (!mkwg::tma_map_bf16(m->gu[d], q.gu, (int64_t)q.S * 2 * p.I, p.H, 128) ||
         !mkwg::tma_map_bf16(m->dn[d], q.dn, (int64_t)q.S * p.H, p.I, 128) ||
-        !mkwg::tma_map_bf16(m->act[d], q.act, q.rows_cap, p.I, 128))
+        !mkwg::tma_map_bf16(m->act[d], q.act, q.rows_cap, p.I, 128) ||
+        (p.copy_local && !mkwg::tma_map_bf16(m->recv[d], q.recv, q.rows_cap, p.H, 128)))
       return mk::fail(MK_ERR_CUDA, "mk_moe_fused: rank %d: the driver cannot encode the TMA maps of the wgmma tiles", d);
   }
   return MK_OK;
