@@ -135,6 +135,9 @@ type MoETraceKindStats struct {
 	FirstUS   float64 `json:"first_us"`   // the first start, from the launch's first entry
 	LastUS    float64 `json:"last_us"`    // the last end, from the launch's first entry
 	BusyShare float64 `json:"busy_share"` // BusyUS ÷ (CTAs × launch span)
+	// TFLOPSPerSM is a GEMM task's rate on its multiprocessor (SetTaskFLOP:
+	// the tile's FLOP, padding rows included, over the mean task time).
+	TFLOPSPerSM float64 `json:"tflops_per_sm,omitempty"`
 }
 
 // MoETraceSummary is where one traced launch's time went.
@@ -244,6 +247,16 @@ func SummarizeMoETrace(recs []MoETraceRec, wanted int) (MoETraceSummary, error) 
 	return s, nil
 }
 
+// SetTaskFLOP sets the TFLOP/s a multiprocessor of kind's tasks ("gemm1",
+// "gemm2") from the FLOP of one task (2 · tile rows · tile columns · k).
+func (s *MoETraceSummary) SetTaskFLOP(kind string, flop float64) {
+	for i := range s.Kinds {
+		if k := &s.Kinds[i]; k.Kind == kind && k.MeanUS > 0 {
+			k.TFLOPSPerSM = flop / k.MeanUS / 1e6
+		}
+	}
+}
+
 // String renders the summary as a few lines of text.
 func (s MoETraceSummary) String() string {
 	var b strings.Builder
@@ -257,8 +270,12 @@ func (s MoETraceSummary) String() string {
 	}
 	b.WriteString("\n")
 	for _, k := range s.Kinds {
-		fmt.Fprintf(&b, "  %-8s %6d tasks, busy %5.1f%%, mean %7.2f µs, p90 %7.2f, input wait %9.1f µs, from %8.1f to %8.1f µs\n",
+		fmt.Fprintf(&b, "  %-8s %6d tasks, busy %5.1f%%, mean %7.2f µs, p90 %7.2f, input wait %9.1f µs, from %8.1f to %8.1f µs",
 			k.Kind, k.Tasks, 100*k.BusyShare, k.MeanUS, k.P90US, k.WaitUS, k.FirstUS, k.LastUS)
+		if k.TFLOPSPerSM > 0 {
+			fmt.Fprintf(&b, ", %.2f TFLOP/s an SM (%.0f over %d)", k.TFLOPSPerSM, k.TFLOPSPerSM*float64(s.CTAs), s.CTAs)
+		}
+		b.WriteString("\n")
 	}
 	return b.String()
 }

@@ -74,7 +74,14 @@ func TestMoETraceParseAndSummary(t *testing.T) {
 	near("gemm2 last", g2.LastUS, 24)
 	near("gemm2 share", g2.BusyShare, 20.0/60)
 	near("combine wait", cb.WaitUS, 2)
-	if !strings.Contains(s.String(), "gemm2") {
+	s.SetTaskFLOP("gemm1", 2*128*256*4096) // 268 MFLOP in 10 µs: 26.8 TFLOP/s
+	if got := s.Kinds[0].TFLOPSPerSM; math.Abs(got-26.8435456) > 1e-6 {
+		t.Errorf("gemm1 TFLOP/s an SM = %v", got)
+	}
+	if s.Kinds[1].TFLOPSPerSM != 0 {
+		t.Errorf("gemm2 got a rate without its FLOP: %v", s.Kinds[1].TFLOPSPerSM)
+	}
+	if !strings.Contains(s.String(), "gemm2") || !strings.Contains(s.String(), "TFLOP/s an SM") {
 		t.Errorf("String() lacks the kinds:\n%s", s)
 	}
 }

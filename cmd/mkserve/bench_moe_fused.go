@@ -337,7 +337,9 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 		touched += float64(n)
 	}
 	if o.traceOut != "" {
-		if row.Trace, err = writeMoETrace(d, ctl, o.traceOut, T); err != nil {
+		// The wgmma tiles: 128 rows × 256 columns (GEMM1: 128 gate + 128 up).
+		flop := map[string]float64{"gemm1": 2 * 128 * 256 * float64(H), "gemm2": 2 * 128 * 256 * float64(I)}
+		if row.Trace, err = writeMoETrace(d, ctl, o.traceOut, T, flop); err != nil {
 			return row, err
 		}
 	}
@@ -471,8 +473,8 @@ const moeTraceRecords = 1 << 18
 
 // writeMoETrace reads the last launch's trace on ctl, appends its records
 // and summary for token count T to path (one JSON object a line) and
-// returns the summary.
-func writeMoETrace(d *kernels.Device, ctl *kernels.Buffer, path string, T int) (*kernels.MoETraceSummary, error) {
+// returns the summary; flop is one GEMM task's FLOP by kind.
+func writeMoETrace(d *kernels.Device, ctl *kernels.Buffer, path string, T int, flop map[string]float64) (*kernels.MoETraceSummary, error) {
 	recs, wanted, err := d.MoEFusedTrace(ctl)
 	if err != nil {
 		return nil, err
@@ -483,6 +485,9 @@ func writeMoETrace(d *kernels.Device, ctl *kernels.Buffer, path string, T int) (
 	sum, err := kernels.SummarizeMoETrace(recs, wanted)
 	if err != nil {
 		return nil, err
+	}
+	for kind, f := range flop {
+		sum.SetTaskFLOP(kind, f)
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
