@@ -34,9 +34,10 @@ enum {
   MK_MOE_FUSED_ERR_ROLE,    /* 1 compute GEMM1 (waited for dispatch), 2 compute GEMM2 (for GEMM1), 3 combine (for GEMM2),
                                rank-local only: 4 plan (for a source's routing), 5 dispatch or combine (for a
                                destination's plan); 6 capacity: the rank (ERR_RANK) was routed more rows than its
-                               workspace holds (max_rows), nothing was computed */
+                               workspace holds (max_rows), nothing was computed; 7 compute (the wgmma tiles):
+                               a wait inside the CTA's own stage or task ring (the tile's rank and row tile, or -1) */
   MK_MOE_FUSED_ERR_TILE,    /* row tile (roles 1, 2), token (role 3), -1 (roles 4, 5, 6) */
-  MK_MOE_FUSED_ERR_SEEN,    /* the counter's value when it gave up (role 6: the rows the rank needed, padded) */
+  MK_MOE_FUSED_ERR_SEEN,    /* the counter's value when it gave up (role 6: the rows the rank needed, padded; role 7: 0) */
   MK_MOE_FUSED_ERR_WANT,    /* the value it waited for (role 6: the rows its workspace holds) */
   MK_MOE_FUSED_ERR_WORDS = 8
 };
@@ -108,7 +109,9 @@ MK_API int32_t mk_moe_fused_workspace(int32_t ranks, const int64_t* tokens, cons
  * dispatch queue is empty. timeout_ns > 0 bounds every wait; a timeout writes
  * the error record (rank, role, tile) once and ends the kernel
  * (mk_moe_fused_check reads it). fault_rank >= 0 disables that source rank's
- * dispatch (testing the watchdog), -1 otherwise. tokens, slots: host [ranks].
+ * dispatch (testing the watchdog); fault_rank == ranks makes the wgmma tiles'
+ * CTA 0 never load its first stage's weights (testing the watchdog of the
+ * CTA's own rings: record role 7); -1 otherwise. tokens, slots: host [ranks].
  * H and I multiples of 8. tile and max_rows as for mk_moe_fused_workspace; a
  * set error record (an unchecked earlier failure, or this call's plan over
  * capacity) makes the persistent launch do nothing. Asynchronous on stream. */

@@ -58,7 +58,9 @@ extern "C" {
  * 16: mk_moe_fused_workspace, mk_moe_fused, mk_moe_fused_rank and
  *    mk_moe_fused_separate take the row tile (128: sm_90a wgmma tiles) and
  *    max_rows (a rank's receive capacity; error record role 6).
- * 17: the fused MoE control workspace's trace words (MK_MOE_FUSED_TRACE_*). */
+ * 17: the fused MoE control workspace's trace words (MK_MOE_FUSED_TRACE_*);
+ *     mk_moe_fused's fault_rank == ranks (a stage that never fills) and the
+ *     error record's role 7 (a wait inside a wgmma CTA's own rings). */
 #define MK_ABI_VERSION 17
 
 /* Status codes. */

@@ -176,6 +176,7 @@ struct Params {
   int group_m;  // GEMM tasks: row tiles per rasterisation group (task_tile)
   int ndisp_ctas;
   int fault_rank;
+  int fault_stage;  // tests (fault_rank == R): CTA 0's producer never loads its first stage's weights
   int separate;  // plan: also fill row_slot/row_w for every row (separate path)
   // copy_local (wgmma tiles, MK_MOE_FUSED_COPY_LOCAL=1): local rows are
   // dispatched into the receive buffer too, so that every GEMM1 tile's rows
@@ -222,6 +223,19 @@ __device__ __forceinline__ void signal_add(const Params& p, int* f, int v) {
 
 // wait_geq spins (one thread) until *flag >= want, the error record is set,
 // or timeout_ns passes (then it writes the record). True when the flag came.
+// record_error writes the error record once (the first writer wins).
+__device__ void record_error(const Params& p, int rank, int role, int tile, int seen, int want) {
+  int* err = p.ctl;
+  if (atomicCAS(err, 0, 1) == 0) {
+    err[MK_MOE_FUSED_ERR_RANK] = rank;
+    err[MK_MOE_FUSED_ERR_ROLE] = role;
+    err[MK_MOE_FUSED_ERR_TILE] = tile;
+    err[MK_MOE_FUSED_ERR_SEEN] = seen;
+    err[MK_MOE_FUSED_ERR_WANT] = want;
+    __threadfence();
+  }
+}
+
 __device__ bool wait_geq(const Params& p, const int* flag, int want, int rank, int role, int tile) {
   const unsigned long long t0 = globaltimer();
   int* err = p.ctl;
@@ -230,17 +244,39 @@ __device__ bool wait_geq(const Params& p, const int* flag, int want, int rank, i
     if (v >= want) return true;
     if (ld_relaxed(err) != 0) return false;
     if ((it & 15) == 15 && (long long)(globaltimer() - t0) > p.timeout_ns) {
-      if (atomicCAS(err, 0, 1) == 0) {
-        err[MK_MOE_FUSED_ERR_RANK] = rank;
-        err[MK_MOE_FUSED_ERR_ROLE] = role;
-        err[MK_MOE_FUSED_ERR_TILE] = tile;
-        err[MK_MOE_FUSED_ERR_SEEN] = v;
-        err[MK_MOE_FUSED_ERR_WANT] = want;
-        __threadfence();
-      }
+      record_error(p, rank, role, tile, v, want);
       return false;
     }
     __nanosleep(64);
+  }
+}
+
+// ring_wait waits for the phase with this parity of an mbarrier of the
+// wgmma CTA's own rings (stages, tasks) under the same watchdog: bounded by
+// limit_ns, and, where abortable, given up as soon as the CTA's abort word
+// is set. A timeout writes the error record (role 7: the CTA's own ring,
+// with the task's rank and row tile) and sets the abort word. Only the
+// producer's waits for free stages are abortable: the consumers' waits
+// must end alike in all threads of a warpgroup (their wgmmas are
+// warpgroup-wide), and a timeout does so on a real hang, where the abort
+// word, set at any moment, would not.
+__device__ bool ring_wait(const Params& p, uint64_t* b, unsigned parity, volatile int* abort, bool abortable,
+                          int rank, int tile, long long limit_ns) {
+  if (mkwg::mbar_try(b, parity)) return true;
+  unsigned long long t0 = 0;
+  for (unsigned it = 0;; ++it) {
+    if (mkwg::mbar_try(b, parity)) return true;
+    if ((it & 31) == 31) {
+      if (abortable && *abort) return false;
+      const unsigned long long now = globaltimer();
+      if (t0 == 0) {
+        t0 = now;
+      } else if ((long long)(now - t0) > limit_ns) {
+        record_error(p, rank, 7, tile, 0, 0);
+        *abort = 1;
+        return false;
+      }
+    }
   }
 }
 
@@ -902,9 +938,10 @@ struct WgTiles {
 
   // produce fills the ring for one (row tile, column block) task: the
   // producer warpgroup's threads, g counting the CTA's k steps.
+  // produce returns false when a wait for a free stage gave up (the abort).
   template <bool GATEUP>
-  __device__ static void produce(const Params& p, const FusedMaps& m, int d, int tile, int nb, unsigned char* smem,
-                                 int& g) {
+  __device__ static bool produce(const Params& p, const FusedMaps& m, int d, int tile, int nb, unsigned char* smem,
+                                 int& g, volatile int* abort) {
     using namespace mkwg;
     const RankP& rk = p.rk[d];
     const int wl = threadIdx.x - kConsumers;
@@ -946,14 +983,19 @@ struct WgTiles {
     const int ch = wl % 8, r0 = wl / 8;
     for (int kt = 0; kt < KT; kt++, g++) {
       const int st = g % ST;
-      if (g >= ST) mbar_wait(&eb[st], ((g / ST) - 1) & 1);
+      if (g >= ST && !ring_wait(p, &eb[st], ((g / ST) - 1) & 1, abort, true, d, tile, p.timeout_ns)) {
+        if (gather) asm volatile("cp.async.wait_all;\n" ::: "memory");
+        return false;
+      }
       bf16* a = a0 + st * (BM * BK);
       bf16* b = bb0 + st * (BN * BK);
       if (wl == 0) {
         mbar_expect_tx(&fb[st], gather ? kStageB : kStageA + kStageB);
         if (!gather) tma_load_2d(a, GATEUP ? &m.recv[d] : &m.act[d], kt * BK, (int32_t)m0, &fb[st]);
-        tma_load_2d(b, wm, kt * BK, b0, &fb[st]);
-        tma_load_2d(b + (BN / 2) * BK, wm, kt * BK, b1, &fb[st]);
+        if (!(p.fault_stage && blockIdx.x == 0 && g == 0)) {  // fault injection: this stage never fills
+          tma_load_2d(b, wm, kt * BK, b0, &fb[st]);
+          tma_load_2d(b + (BN / 2) * BK, wm, kt * BK, b1, &fb[st]);
+        }
       }
       if (gather) {
         const int64_t k = (int64_t)kt * BK + ch * 8;
@@ -971,12 +1013,15 @@ struct WgTiles {
       }
     }
     if (gather) asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return true;
   }
 
   // consume runs the wgmmas of one task and stores its outputs: the two
   // consumer warpgroups (warpgroup cw: rows 64·cw + [0, 64) of the tile).
+  // False, nothing stored, when a wait for a full stage gave up.
   template <bool GATEUP>
-  __device__ static void consume(const Params& p, int d, int tile, int nb, unsigned char* smem, int& g) {
+  __device__ static bool consume(const Params& p, int d, int tile, int nb, unsigned char* smem, int& g,
+                                 volatile int* abort) {
     using namespace mkwg;
     const RankP& rk = p.rk[d];
     const int64_t Kd = GATEUP ? p.H : p.I, N = GATEUP ? p.I : p.H;
@@ -984,8 +1029,12 @@ struct WgTiles {
     const int64_t m0 = (int64_t)tile * BM;
     const int tid = threadIdx.x, lane = tid % 32, cw = tid / 128, wl = tid % 128, warp = wl / 32;
     float acc0[64], acc1[64];
-    ws_consume<ST>(acc0, acc1, sm_addr(sA(smem)), sm_addr(sB(smem)), kStageA, kStageB, cw * 64 * 128, full(smem),
-                   empty(smem), wl, KT, g);
+    const auto stage_full = [&](uint64_t* b, unsigned parity) {
+      return ring_wait(p, b, parity, abort, false, d, tile, p.timeout_ns);
+    };
+    if (!ws_consume<ST>(acc0, acc1, sm_addr(sA(smem)), sm_addr(sB(smem)), kStageA, kStageB, cw * 64 * 128,
+                        full(smem), empty(smem), wl, KT, g, stage_full))
+      return false;
     // d[4i + q] of a warpgroup's m64n128 block: row 16·warp + lane/4 + 8·(q/2),
     // column 8i + 2·(lane%4) + q%2.
 #pragma unroll
@@ -1020,6 +1069,7 @@ struct WgTiles {
         }
       }
     }
+    return true;
   }
 };
 
@@ -1189,13 +1239,17 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
         }
         const unsigned long long t_ready = room > 0 ? globaltimer() : 0;
         const int s = j & 1;
-        if (j >= 2) mkwg::mbar_wait(&tq_empty[s], ((j >> 1) - 1) & 1);
-        tq_idx[s] = idx;
-        tq_ok[s] = ok;
-        tq_t[s][0] = t_take;
-        tq_t[s][1] = t_ready;
-        mkwg::mbar_arrive(&tq_full[s]);  // release: the slot's words before the consumers' acquire
-        ptask_sh = ok ? idx : -1;        // a failed wait: nothing to load; the next take ends the queue
+        if (j >= 2 && !ring_wait(p, &tq_empty[s], ((j >> 1) - 1) & 1, &abort_sh, false, -1, -1, 2 * p.timeout_ns)) {
+          ptask_sh = n_main;  // the consumers stopped taking tasks (their waits end the same way)
+        } else {
+          ok = ok && !abort_sh;  // after an abort the consumers skip what is left
+          tq_idx[s] = idx;
+          tq_ok[s] = ok;
+          tq_t[s][0] = t_take;
+          tq_t[s][1] = t_ready;
+          mkwg::mbar_arrive(&tq_full[s]);  // release: the slot's words before the consumers' acquire
+          ptask_sh = ok ? idx : idx >= n_main ? n_main : -1;  // a failed wait: nothing to load; the next take ends
+        }
       }
       WgTiles::producer_sync();
       const int idx = ptask_sh;
@@ -1204,9 +1258,15 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
       int d, tile, nb;
       if (idx >= n_main) break;
       if (idx < 0 || !task_at(idx, gu, d, tile, nb)) continue;  // failed, or a combine task (the consumers' alone)
-      if (gu) WgTiles::produce<true>(p, maps, d, tile, nb, fused_sm, g);
-      else WgTiles::produce<false>(p, maps, d, tile, nb, fused_sm, g);
+      if (gu) WgTiles::produce<true>(p, maps, d, tile, nb, fused_sm, g, &abort_sh);
+      else WgTiles::produce<false>(p, maps, d, tile, nb, fused_sm, g, &abort_sh);
     }
+    // After an abort, stages may still be filling: see the last fill of each
+    // land (bounded) before the CTA exits, so no TMA copy outlives it.
+    if (abort_sh && wl == 0)
+      for (int i = g > WgTiles::ST ? g - WgTiles::ST : 0; i < g; i++)
+        ring_wait(p, &WgTiles::full(fused_sm)[i % WgTiles::ST], (i / WgTiles::ST) & 1, &abort_sh, false, -1, -1,
+                  p.timeout_ns);
     return;
   }
 
@@ -1241,7 +1301,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
   // Every task from the ring, to the end of the queue.
   for (;; j++) {
     const int s = j & 1;
-    mkwg::mbar_wait(&tq_full[s], (j >> 1) & 1);
+    if (!ring_wait(p, &tq_full[s], (j >> 1) & 1, &abort_sh, false, -1, -1, 2 * p.timeout_ns)) break;
     const int idx = tq_idx[s], ok = tq_ok[s];
     const unsigned long long t_take = tq_t[s][0], t_ready = tq_t[s][1], t_start = room > 0 ? globaltimer() : 0;
     mkwg::mbar_arrive(&tq_empty[s]);
@@ -1251,9 +1311,10 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
     bool gu;
     int d, tile, nb;
     if (task_at(idx, gu, d, tile, nb)) {
-      if (gu) WgTiles::consume<true>(p, d, tile, nb, fused_sm, g);
-      else WgTiles::consume<false>(p, d, tile, nb, fused_sm, g);
+      const bool done = gu ? WgTiles::consume<true>(p, d, tile, nb, fused_sm, g, &abort_sh)
+                           : WgTiles::consume<false>(p, d, tile, nb, fused_sm, g, &abort_sh);
       role_sync<NC, 1>();  // every consumer's stores of the task are done
+      if (!done) continue;  // a stage never filled (the error record says so): nothing to signal
       if (gu) {
         if (threadIdx.x == 0) {
           __threadfence();
@@ -1672,9 +1733,11 @@ int32_t mk_moe_fused(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const
                  ctl, ctl_bytes, rank_bytes, false, tile, max_rows);
   if (rc != MK_OK) return rc;
   MK_ARG(timeout_ns > 0, "mk_moe_fused: timeout_ns=%lld must be > 0", (long long)timeout_ns);
-  MK_ARG(fault_rank >= -1 && fault_rank < ranks, "mk_moe_fused: fault_rank=%d must be -1 or a rank", fault_rank);
+  MK_ARG(fault_rank >= -1 && fault_rank <= ranks, "mk_moe_fused: fault_rank=%d must be -1, a rank or ranks",
+         fault_rank);
   p.timeout_ns = timeout_ns;
-  p.fault_rank = fault_rank;
+  p.fault_rank = fault_rank < ranks ? fault_rank : -1;
+  p.fault_stage = fault_rank == ranks;
   cudaStream_t st = mk::as_stream(stream);
   rc = plan(p, st);  // also zeroes the queue counters
   if (rc != MK_OK) return rc;

@@ -211,7 +211,7 @@ type MoEFusedArgs struct {
 	DispatchCTAs int           // CTAs that start with the dispatch role (0: all)
 	Timeout      time.Duration // bound on each wait (0: MoEFusedDefaultTimeout)
 
-	faultRank int // tests: source rank+1 whose dispatch is disabled (0: none)
+	faultRank int // tests: source rank+1 whose dispatch is disabled, ranks+1: a stage never fills (0: none)
 }
 
 func (a *MoEFusedArgs) check(op string) error {
@@ -588,6 +588,8 @@ func moeFusedRecord(rec []int32) error {
 		e.Role, e.WaitedFor = "plan", "routing"
 	case 5:
 		e.Role, e.WaitedFor = "dispatch or combine", "peer plan"
+	case 7:
+		e.Role, e.WaitedFor = "compute (wgmma CTA)", "its own stage or task ring"
 	default:
 		e.Role, e.WaitedFor = fmt.Sprintf("role %d", rec[2]), "?"
 	}

@@ -368,7 +368,8 @@ func TestMoEFusedRecord(t *testing.T) {
 		name, what string
 	}{
 		{1, "compute (gemm1)", "dispatch"}, {2, "compute (gemm2)", "gemm1"}, {3, "combine", "gemm2"},
-		{4, "plan", "routing"}, {5, "dispatch or combine", "peer plan"}, {9, "role 9", "?"},
+		{4, "plan", "routing"}, {5, "dispatch or combine", "peer plan"},
+		{7, "compute (wgmma CTA)", "its own stage or task ring"}, {9, "role 9", "?"},
 	} {
 		rec := []int32{1, 1, c.role, -1, -1, 7, 0, 0}
 		var te *MoEFusedTimeoutError

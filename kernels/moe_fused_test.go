@@ -335,11 +335,16 @@ func TestMoEFusedWatchdog(t *testing.T) {
 	g := testGPU(t)
 	r := newRNG(t)
 	for _, tile := range []int{0, 128} { // picked (16-row mma.sync tiles here) and the wgmma tiles
-		t.Run(fmt.Sprintf("tile%d", tile), func(t *testing.T) { fusedWatchdog(t, g, r, tile) })
+		t.Run(fmt.Sprintf("tile%d", tile), func(t *testing.T) { fusedWatchdog(t, g, r, tile, false) })
 	}
+	// The wgmma CTA's own rings: CTA 0's first stage never fills.
+	t.Run("tile128_stage", func(t *testing.T) { fusedWatchdog(t, g, r, 128, true) })
 }
 
-func fusedWatchdog(t *testing.T, g *GPU, r *rand.Rand, tile int) {
+// fusedWatchdog runs a layer with a fault (rank 1 never dispatches, or with
+// stage a stage of the wgmma kernel never fills), wants the error record
+// instead of a hang, and then a good run on the same workspaces.
+func fusedWatchdog(t *testing.T, g *GPU, r *rand.Rand, tile int, stage bool) {
 	const R, E, K, H, I, T = 2, 8, 2, 64, 32, 20
 	pl := MoEBlockPlacement(E, R)
 	table, err := pl.Table()
@@ -377,17 +382,23 @@ func fusedWatchdog(t *testing.T, g *GPU, r *rand.Rand, tile int) {
 		}
 		bad := args
 		bad.faultRank = 2 // rank 1 never dispatches
+		if stage {
+			bad.faultRank = R + 1 // CTA 0's first stage never fills
+		}
 		start := time.Now()
 		a.check(a.d.MoEFused(nil, ranks, ctl, bad))
 		err = a.d.MoEFusedCheck(ctl)
 		took := time.Since(start)
 		var te *MoEFusedTimeoutError
 		if !errors.As(err, &te) {
-			t.Errorf("with rank 1's dispatch disabled: MoEFusedCheck = %v, want a *MoEFusedTimeoutError", err)
+			t.Errorf("with the fault (stage %v): MoEFusedCheck = %v, want a *MoEFusedTimeoutError", stage, err)
 			return
 		}
 		t.Logf("watchdog after %v: %v", took, te)
-		if te.Rank < 0 || te.Rank >= R || te.Seen >= te.Want || te.Tile < 0 {
+		switch {
+		case stage && te.Role != "compute (wgmma CTA)":
+			t.Errorf("a stage that never fills: role %q, want the CTA's own ring", te.Role)
+		case !stage && (te.Rank < 0 || te.Rank >= R || te.Seen >= te.Want || te.Tile < 0):
 			t.Errorf("implausible record %+v", *te)
 		}
 		if took > 5*time.Second {

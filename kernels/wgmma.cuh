@@ -91,6 +91,25 @@ __device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
         : "memory");
   } while (!done);
 }
+// mbar_try is one try_wait: true once the phase with this parity completed.
+__device__ __forceinline__ bool mbar_try(uint64_t* b, unsigned parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(sm_addr(b)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// MbarWait waits without a bound (the grouped kernel's waits).
+struct MbarWait {
+  __device__ __forceinline__ bool operator()(uint64_t* b, unsigned parity) const {
+    mbar_wait(b, parity);
+    return true;
+  }
+};
 __device__ __forceinline__ void mbar_arrive(uint64_t* b) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(sm_addr(b)) : "memory");
 }
@@ -169,16 +188,22 @@ __device__ __forceinline__ void wgmma_k64_n256(float (&acc0)[64], float (&acc1)[
 // at each stage of stage_b bytes from sB0. One wgmma group stays in
 // flight; a stage goes back on empty[] (one arrival a warpgroup, by thread
 // wl 0 of it) once its wgmmas are done, the last one after all are. The
-// accumulators start at zero.
-template <int ST>
-__device__ __forceinline__ void ws_consume(float (&acc0)[64], float (&acc1)[64], uint32_t sA0, uint32_t sB0,
+// accumulators start at zero. wait(b, parity) waits for a full stage
+// (MbarWait: without a bound); when it gives up, the loop stops once the
+// wgmmas in flight are done and returns false (the accumulators and the
+// ring's position are then unusable: the caller abandons its work).
+template <int ST, class Wait = MbarWait>
+__device__ __forceinline__ bool ws_consume(float (&acc0)[64], float (&acc1)[64], uint32_t sA0, uint32_t sB0,
                                            uint32_t stage_a, uint32_t stage_b, uint32_t a_off, uint64_t* full,
-                                           uint64_t* empty, int wl, int KT, int& g) {
+                                           uint64_t* empty, int wl, int KT, int& g, Wait wait = Wait()) {
 #pragma unroll
   for (int i = 0; i < 64; i++) acc0[i] = acc1[i] = 0.0f;
   for (int kt = 0; kt < KT; kt++, g++) {
     const int st = g % ST;
-    mbar_wait(&full[st], (g / ST) & 1);
+    if (!wait(&full[st], (g / ST) & 1)) {
+      wgmma_wait0();
+      return false;
+    }
     fence_proxy_async();  // copies by cp.async (generic proxy) before the wgmmas' reads (async proxy)
     wgmma_k64_n256(acc0, acc1, sA0 + st * stage_a + a_off, sB0 + st * stage_b);
     wgmma_wait1();  // k step g-1's wgmmas are done: its stage goes back
@@ -186,6 +211,7 @@ __device__ __forceinline__ void ws_consume(float (&acc0)[64], float (&acc1)[64],
   }
   wgmma_wait0();
   if (wl == 0) mbar_arrive(&empty[(g - 1) % ST]);  // the last stage (the producer may be on the next task)
+  return true;
 }
 
 // cuTensorMapEncodeTiled, found in the driver library the runtime loaded
