@@ -109,9 +109,10 @@ MK_API int32_t mk_moe_fused_workspace(int32_t ranks, const int64_t* tokens, cons
  * dispatch queue is empty. timeout_ns > 0 bounds every wait; a timeout writes
  * the error record (rank, role, tile) once and ends the kernel
  * (mk_moe_fused_check reads it). fault_rank >= 0 disables that source rank's
- * dispatch (testing the watchdog); fault_rank == ranks makes the wgmma tiles'
- * CTA 0 never load its first stage's weights (testing the watchdog of the
- * CTA's own rings: record role 7); -1 otherwise. tokens, slots: host [ranks].
+ * dispatch (testing the watchdog); fault_rank == ranks makes the first stage
+ * that a wgmma tiles' CTA fills never get its weights (testing the watchdog
+ * of the CTA's own rings: record role 7, or the role of a wait on that
+ * task, whichever gives up first); -1 otherwise. tokens, slots: host [ranks].
  * H and I multiples of 8. tile and max_rows as for mk_moe_fused_workspace; a
  * set error record (an unchecked earlier failure, or this call's plan over
  * capacity) makes the persistent launch do nothing. Asynchronous on stream. */

@@ -121,7 +121,7 @@ constexpr int kCT = 2;   // tokens per combine task
 // records (set by the caller, 0: no trace), [64, 256) queue counters and
 // the trace's record count (zeroed per launch by the plan), then the trace
 // records (kTraceWords u64 each) of fused_wg_kernel (see trace_rec).
-constexpr int kQDisp = 16, kQMain = 17, kTraceCount = 18, kTraceCap = 8;
+constexpr int kQDisp = 16, kQMain = 17, kTraceCount = 18, kTraceCap = 8, kFaultOnce = 19;
 constexpr uint64_t kCtlBytes = 256;
 constexpr int kTraceWords = MK_MOE_FUSED_TRACE_WORDS;
 
@@ -176,7 +176,7 @@ struct Params {
   int group_m;  // GEMM tasks: row tiles per rasterisation group (task_tile)
   int ndisp_ctas;
   int fault_rank;
-  int fault_stage;  // tests (fault_rank == R): CTA 0's producer never loads its first stage's weights
+  int fault_stage;  // tests (fault_rank == R): the first stage a producer fills never gets its weights
   int separate;  // plan: also fill row_slot/row_w for every row (separate path)
   // copy_local (wgmma tiles, MK_MOE_FUSED_COPY_LOCAL=1): local rows are
   // dispatched into the receive buffer too, so that every GEMM1 tile's rows
@@ -992,7 +992,8 @@ struct WgTiles {
       if (wl == 0) {
         mbar_expect_tx(&fb[st], gather ? kStageB : kStageA + kStageB);
         if (!gather) tma_load_2d(a, GATEUP ? &m.recv[d] : &m.act[d], kt * BK, (int32_t)m0, &fb[st]);
-        if (!(p.fault_stage && blockIdx.x == 0 && g == 0)) {  // fault injection: this stage never fills
+        // Fault injection: the launch's first filled stage never gets its weights.
+        if (!(p.fault_stage && g == 0 && atomicCAS(p.ctl + kFaultOnce, 0, 1) == 0)) {
           tma_load_2d(b, wm, kt * BK, b0, &fb[st]);
           tma_load_2d(b + (BN / 2) * BK, wm, kt * BK, b1, &fb[st]);
         }

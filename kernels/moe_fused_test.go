@@ -395,9 +395,12 @@ func fusedWatchdog(t *testing.T, g *GPU, r *rand.Rand, tile int, stage bool) {
 			return
 		}
 		t.Logf("watchdog after %v: %v", took, te)
+		// A stage that never fills: its CTA's consumers give up (role 7), or
+		// first another CTA waiting for that task's outputs (roles 2, 3);
+		// either way the launch ends instead of hanging.
 		switch {
-		case stage && te.Role != "compute (wgmma CTA)":
-			t.Errorf("a stage that never fills: role %q, want the CTA's own ring", te.Role)
+		case stage && te.Role != "compute (wgmma CTA)" && te.Role != "compute (gemm2)" && te.Role != "combine":
+			t.Errorf("a stage that never fills: role %q", te.Role)
 		case !stage && (te.Rank < 0 || te.Rank >= R || te.Seen >= te.Want || te.Tile < 0):
 			t.Errorf("implausible record %+v", *te)
 		}
