@@ -78,19 +78,6 @@ __device__ __forceinline__ uint32_t sm_addr(const void* p) { return (uint32_t)__
 __device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(sm_addr(b)), "r"(count) : "memory");
 }
-// mbar_wait returns once the barrier's phase with this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(sm_addr(b)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
 // mbar_try is one try_wait: true once the phase with this parity completed.
 __device__ __forceinline__ bool mbar_try(uint64_t* b, unsigned parity) {
   uint32_t done;
@@ -102,6 +89,11 @@ __device__ __forceinline__ bool mbar_try(uint64_t* b, unsigned parity) {
       : "r"(sm_addr(b)), "r"(parity)
       : "memory");
   return done != 0;
+}
+// mbar_wait returns once the barrier's phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
+  while (!mbar_try(b, parity)) {
+  }
 }
 // MbarWait waits without a bound (the grouped kernel's waits).
 struct MbarWait {
