@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cstdint>
+#include <cstdlib>
 #include <atomic>
 #include <thread>
 #include <utility>
@@ -52,6 +53,14 @@ inline cudaStream_t as_stream(uint64_t s) {
 inline cudaEvent_t as_event(uint64_t e) { return reinterpret_cast<cudaEvent_t>(e); }
 template <typename T>
 inline T* dev(uint64_t p) { return reinterpret_cast<T*>(p); }
+
+// env_is: the environment variable name is set and its value starts with
+// c (the library's switches, '1' to opt in, '0' to opt out; a caller reads
+// it once, into a function-local static).
+inline bool env_is(const char* name, char c) {
+  const char* v = getenv(name);
+  return v != nullptr && v[0] == c;
+}
 
 // float_from_bits reinterprets an IEEE-754 bit pattern.
 inline float float_from_bits(uint32_t b) {

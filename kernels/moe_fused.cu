@@ -1417,10 +1417,7 @@ int wg_rows() {
 // GEMM1's rows by TMA (Params.copy_local; wgmma tiles only). Off by default
 // until measured: it adds T·K·H·2 bytes of copies to win GEMM1's gather.
 bool copy_local() {
-  static const bool v = [] {
-    const char* e = getenv("MK_MOE_FUSED_COPY_LOCAL");
-    return e && e[0] == '1';
-  }();
+  static const bool v = mk::env_is("MK_MOE_FUSED_COPY_LOCAL", '1');
   return v;
 }
 

@@ -411,10 +411,7 @@ bool weight_map(TmaMap& m, const bf16* w, int64_t rows, int64_t kd) {
 // CTA per SM (each walks work items) instead of one CTA per item (measured
 // in session 13: a win only on Qwen3's shape; see the kernel's comment).
 bool persistent() {
-  static const bool w = [] {
-    const char* v = getenv("MK_MOE_PERSIST");
-    return v && v[0] == '1';
-  }();
+  static const bool w = mk::env_is("MK_MOE_PERSIST", '1');
   return w;
 }
 
@@ -424,20 +421,14 @@ using mk::sm_count;
 // than cp.async on Mixtral at 16384 tokens, 3 % on DeepSeek-V3 and Qwen3);
 // MK_MOE_TMA_A=0 loads them with cp.async.
 bool tma_a() {
-  static const bool w = [] {
-    const char* v = getenv("MK_MOE_TMA_A");
-    return !(v && v[0] == '0');
-  }();
+  static const bool w = !mk::env_is("MK_MOE_TMA_A", '0');
   return w;
 }
 
 // g1_tma: GEMM1's rows copied into tile order and loaded by TMA
 // (MK_MOE_G1_TMA=1; off by default until measured on the GPU).
 bool g1_tma() {
-  static const bool w = [] {
-    const char* v = getenv("MK_MOE_G1_TMA");
-    return v && v[0] == '1';
-  }();
+  static const bool w = mk::env_is("MK_MOE_G1_TMA", '1');
   return w;
 }
 
