@@ -832,6 +832,9 @@ __device__ __forceinline__ int trace_room(const Params& p) {
   return cap < p.trace_max ? cap : p.trace_max;
 }
 
+// trace_now is %globaltimer when the launch traces (room > 0), else 0.
+__device__ __forceinline__ unsigned long long trace_now(int room) { return room > 0 ? globaltimer() : 0; }
+
 // trace_rec writes one record (one thread): kind, task index, the four
 // times and the task's position (a = tile << 32 | block, or a token).
 __device__ __forceinline__ void trace_rec(const Params& p, int room, int kind, int idx, unsigned long long t_take,
@@ -1186,7 +1189,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
   const int R = p.R, K = p.K;
   const bool local = p.me >= 0;
   const int room = trace_room(p);
-  const unsigned long long t_entry = room > 0 ? globaltimer() : 0;
+  const unsigned long long t_entry = trace_now(room);
   WgTiles::setup(fused_sm);
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2; s++) {
@@ -1220,7 +1223,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
     for (;; j++) {
       if (wl == 0) {
         int idx = abort_sh ? INT_MAX : atomicAdd(p.ctl + kQMain, 1);
-        const unsigned long long t_take = room > 0 ? globaltimer() : 0;
+        const unsigned long long t_take = trace_now(room);
         if (idx > n_main) idx = n_main;
         bool gu;
         int d, tile, nb, ok = 1;
@@ -1238,7 +1241,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
           ok = combine_ready(p, idx - n_g1 - n_g2);
           if (!ok) abort_sh = 1;
         }
-        const unsigned long long t_ready = room > 0 ? globaltimer() : 0;
+        const unsigned long long t_ready = trace_now(room);
         const int s = j & 1;
         if (j >= 2 && !ring_wait(p, &tq_empty[s], ((j >> 1) - 1) & 1, &abort_sh, false, -1, -1, 2 * p.timeout_ns)) {
           ptask_sh = n_main;  // the consumers stopped taking tasks (their waits end the same way)
@@ -1272,7 +1275,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
   }
 
   mkwg::setmaxnreg_inc<kWgConsumerRegs>();
-  const unsigned long long t_setup = room > 0 ? globaltimer() : 0;
+  const unsigned long long t_setup = trace_now(room);
   int ntasks = 0;  // trace: this CTA's tasks
   bool planned = !local;  // rank-local: plans_done (consumers only), once; a timeout aborts the CTA
   auto wait_planned = [&]() -> bool {
@@ -1286,7 +1289,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
     const int n_disp = p.disp_pre[R];
     for (;;) {
       if (threadIdx.x == 0) task_sh = atomicAdd(p.ctl + kQDisp, 1);
-      const unsigned long long t_take = room > 0 ? globaltimer() : 0;
+      const unsigned long long t_take = trace_now(room);
       role_sync<NC, 1>();
       const int idx = task_sh;
       role_sync<NC, 1>();
@@ -1304,7 +1307,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
     const int s = j & 1;
     if (!ring_wait(p, &tq_full[s], (j >> 1) & 1, &abort_sh, false, -1, -1, 2 * p.timeout_ns)) break;
     const int idx = tq_idx[s], ok = tq_ok[s];
-    const unsigned long long t_take = tq_t[s][0], t_ready = tq_t[s][1], t_start = room > 0 ? globaltimer() : 0;
+    const unsigned long long t_take = tq_t[s][0], t_ready = tq_t[s][1], t_start = trace_now(room);
     mkwg::mbar_arrive(&tq_empty[s]);
     if (idx >= n_main) break;
     ntasks++;
