@@ -1416,12 +1416,11 @@ int wg_rows() {
   return v;
 }
 
-// copy_local: MK_MOE_FUSED_COPY_LOCAL=1 dispatches local rows too and loads
-// GEMM1's rows by TMA (Params.copy_local; wgmma tiles only). Off by default
-// until measured: it adds T·K·H·2 bytes of copies to win GEMM1's gather.
-bool copy_local() {
-  static const bool v = mk::env_is("MK_MOE_FUSED_COPY_LOCAL", '1');
-  return v;
+// copy_local: dispatch local rows too and load GEMM1's rows by TMA
+// (Params.copy_local; wgmma tiles only) for an intermediate size of inter:
+// mkmoe::gather_by_copy, forced by MK_MOE_FUSED_COPY_LOCAL=1/0.
+bool copy_local(int64_t inter) {
+  return mkmoe::gather_by_copy("MK_MOE_FUSED_COPY_LOCAL", inter);
 }
 
 // pick_tile is the kTiles index for the tile argument: 16, 64 or 128 that
@@ -1562,7 +1561,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->dt = k < kDR ? kDR / k : 1;
   p->group_m = mkmoe::group_m();
   p->separate = sep;
-  p->copy_local = !sep && cfg == 2 && copy_local();
+  p->copy_local = !sep && cfg == 2 && copy_local(i);
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;

@@ -132,6 +132,22 @@ inline int group_m() {
   return g;
 }
 
+// gather_by_copy says whether GEMM1's rows are first copied into tile order
+// and loaded by TMA (grouped: MK_MOE_G1_TMA; fused: MK_MOE_FUSED_COPY_LOCAL),
+// instead of gathered row by row by the producer warps. The copy costs
+// 2·H bytes a row read and written, GEMM1 2·H·2·I flops a row, so it pays
+// for itself only when I is large: measured on an H200 (session 17,
+// docs/PERF.md) it is 3-9 % faster on Mixtral's I = 14336, 2-11 % slower on
+// Qwen3's I = 768 and DeepSeek-V3's I = 2048 at most token counts. The
+// variable set to 1 or 0 forces it on or off; unset, it is on from
+// kCopyMinI.
+constexpr int64_t kCopyMinI = 4096;
+inline bool gather_by_copy(const char* env, int64_t inter) {
+  const char* v = getenv(env);
+  if (v != nullptr && (v[0] == '0' || v[0] == '1')) return v[0] == '1';
+  return inter >= kCopyMinI;
+}
+
 // wgmma_gemm launches the sm_90a wgmma grouped GEMM (128×256 CTA tiles) when
 // moe_wgmma.cu is linked in (a weak symbol otherwise null); it returns
 // MK_OK, or an mk status when the launch fails, or -1 when the kernel is

@@ -425,11 +425,10 @@ bool tma_a() {
   return w;
 }
 
-// g1_tma: GEMM1's rows copied into tile order and loaded by TMA
-// (MK_MOE_G1_TMA=1; off by default until measured on the GPU).
-bool g1_tma() {
-  static const bool w = mk::env_is("MK_MOE_G1_TMA", '1');
-  return w;
+// g1_tma: GEMM1's rows copied into tile order and loaded by TMA, for an
+// intermediate size of inter (mkmoe::gather_by_copy; MK_MOE_G1_TMA=1/0).
+bool g1_tma(int64_t inter) {
+  return mkmoe::gather_by_copy("MK_MOE_G1_TMA", inter);
 }
 
 template <bool GU>
@@ -445,7 +444,7 @@ int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
     if (!GU && tma_a() && weight_map(am, a.A, (int64_t)a.mt * BM, a.Kd))
       return launch_kern(moe_wgmma_ws_kernel<false, true>, WS_THREADS, kWsSmem, "moe_wgmma_ws (down, A by TMA)", grid,
                          1, s, ok_ws_a, a, wm, am);
-    if (GU && g1_tma() && a.ascratch != nullptr && a.Kd % 8 == 0 &&
+    if (GU && g1_tma(a.N) && a.ascratch != nullptr && a.Kd % 8 == 0 &&
         weight_map(am, a.ascratch, (int64_t)a.mt * BM, a.Kd)) {
       const int64_t rows = (int64_t)a.mt * BM;
       permute_rows_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(a.ascratch, a.A, a.sorted, a.num_tiles, a.topk,

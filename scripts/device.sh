@@ -190,6 +190,13 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 	echo "== MoE kernel tests with MK_MOE_WGMMA=1"
 	MK_MOE_WGMMA=1 run_each .dev/kernels.test "$LOGS/test_wgmma1.log" . 120 '^TestMoEExperts$' || status=1
 	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_wgmma1.log" | head -10
+	# GEMM1's rows copied into tile order and loaded by TMA: on by default
+	# only from intermediate 4096 (mkmoe::gather_by_copy), which the tests'
+	# shapes are below: forced on here for the grouped and fused kernels.
+	echo "== MoE kernel tests with MK_MOE_G1_TMA=1 MK_MOE_FUSED_COPY_LOCAL=1"
+	MK_MOE_G1_TMA=1 MK_MOE_FUSED_COPY_LOCAL=1 run_each .dev/kernels.test "$LOGS/test_copy_rows.log" . 120 \
+		'^TestMoE(Experts|FusedLayer|FusedWatchdog|FusedCapacity|FusedRankLocalStreams)$' || status=1
+	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_copy_rows.log" | head -10
 	echo "== CUDA backend tests"
 	SECONDS=0
 	run_each "$ROOT/.dev/cuda.test" "$LOGS/cuda.log" backend/cuda 150 || status=1
