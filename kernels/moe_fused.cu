@@ -148,7 +148,7 @@ struct RankP {
   // source side
   int32_t* dest_row;  // [T*K]
   int32_t* tokdone;   // [T]
-  float* ret;         // [T*K, H]
+  void* ret;          // [T*K, H] bf16 (Params.ret_bf16) or f32
   // rank-local mode (cross-process flags hold epochs, written by the peers)
   int32_t* rflag;  // [kMaxRanks] per source: the epoch whose routing it pushed into rids
   int32_t* pflag;  // [kMaxRanks] per destination: the epoch whose plan wrote this rank's dest_row
@@ -182,6 +182,10 @@ struct Params {
   // dispatched into the receive buffer too, so that every GEMM1 tile's rows
   // are contiguous there and load by TMA instead of the row gather.
   int copy_local;
+  // ret_bf16: GEMM2 returns its rows rounded to bf16 (half the bytes
+  // written, sent to the source and read by the combine); 0 with
+  // MK_MOE_FUSED_RET_F32=1: f32 rows, as the separate path's y.
+  int ret_bf16;
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
   // are other launches, other processes or GPUs); -1: every rank (emulated).
@@ -197,6 +201,27 @@ struct Params {
 static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
 
 // ---- PTX wrappers ----
+
+// ret_row is the returned row src >> 3 (of N values) at rank src & 7, as T
+// (bf16 with p.ret_bf16, else float); st2 stores two values at out past L1.
+template <typename T>
+__device__ __forceinline__ T* ret_row(const Params& p, int32_t src, int64_t N) {
+  return static_cast<T*>(p.rk[src & 7].ret) + (int64_t)(src >> 3) * N;
+}
+__device__ __forceinline__ void st2(float* out, float x, float y) {
+  __stcg(reinterpret_cast<float2*>(out), make_float2(x, y));
+}
+__device__ __forceinline__ void st2(bf16* out, float x, float y) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  __stcg(reinterpret_cast<unsigned*>(out), *reinterpret_cast<const unsigned*>(&h));
+}
+
+// bf16x4_to_f32 widens four bf16 values (first in the low half of u.x).
+__device__ __forceinline__ float4 bf16x4_to_f32(uint2 u) {
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                     __uint_as_float(u.y & 0xffff0000u));
+}
+
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -554,7 +579,7 @@ __device__ __forceinline__ int swz(int row, int ch) { return mkmoe::swz64(row, c
 
 // gemm_task runs one (row tile, column block) of GEMM1 (GATEUP: A = receive
 // rows, B = the slot's gate and matching up rows, SwiGLU → act) or GEMM2
-// (A = act rows, B = the slot's down rows, f32 rows → the source's ret).
+// (A = act rows, B = the slot's down rows, rows → the source's ret).
 template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP>
 __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned char* smem) {
   constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
@@ -679,21 +704,27 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
           *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
         }
       } else {
-        float* out = p.rk[src & 7].ret + (int64_t)(src >> 3) * N;
+        const auto put = [&](auto* out) {
 #pragma unroll
-        for (int nf = 0; nf < NF; nf++) {
-          const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
-          if (n >= N) continue;
-          __stcg(reinterpret_cast<float2*>(out + n), make_float2(acc[mf][nf][2 * h], acc[mf][nf][2 * h + 1]));
-        }
+          for (int nf = 0; nf < NF; nf++) {
+            const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
+            if (n >= N) continue;
+            st2(out + n, acc[mf][nf][2 * h], acc[mf][nf][2 * h + 1]);
+          }
+        };
+        if (p.ret_bf16)
+          put(ret_row<bf16>(p, src, N));
+        else
+          put(ret_row<float>(p, src, N));
       }
     }
   }
 }
 
 // combine_rows: source rank r's tokens [t0, t1) (at most kCT): out = Σ_k
-// w·ret (k order) + shared. from_y: read the expert outputs from the
-// destination ranks' y rows (separate path) instead of the returned rows.
+// w·ret (k order) + shared, ret's bf16 rows widened to f32 (p.ret_bf16).
+// from_y: read the expert outputs from the destination ranks' y rows (f32;
+// separate path) instead of the returned rows.
 // The task's row addresses and weights are staged in shared memory first
 // (one round trip), then each thread takes two (token, 4-column) units at
 // a time and loads the rows of eight k of both together: 16 loads in
@@ -701,11 +732,12 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
 // before each row load (Qwen3's combine read at 1.5 TB/s, PERF.md
 // sixteenth pass). Same sums in the same order: the same bits.
 // NT threads with barrier BAR (0: __syncthreads) call it together.
-template <int NT = kThreads, int BAR = 0>
-__device__ void combine_rows(const Params& p, int r, int64_t t0, int64_t t1, bool from_y) {
+// BF: the rows are bf16 (returned rows with p.ret_bf16; combine_rows picks).
+template <int NT, int BAR, bool BF>
+__device__ void combine_rows_t(const Params& p, int r, int64_t t0, int64_t t1, bool from_y) {
   constexpr int KS = 32;  // k staged per token (larger K: chunks of KS)
   constexpr int KU = 8;   // k rows loaded together per unit
-  __shared__ const float4* c_src[kCT * KS];  // [token][k]: the expert output row, null when dropped
+  __shared__ const void* c_src[kCT * KS];  // [token][k]: the expert output row, null when dropped
   __shared__ float c_w[kCT * KS];
   const RankP& rk = p.rk[r];
   const int K = p.K;
@@ -717,8 +749,11 @@ __device__ void combine_rows(const Params& p, int r, int64_t t0, int64_t t1, boo
     for (int i = threadIdx.x; i < nt * kn; i += NT) {
       const int64_t a = (t0 + i / kn) * K + kb + i % kn;
       const int dr = __ldcg(rk.dest_row + a);  // written by the plan launch(es)
-      const float* src = dr < 0 ? nullptr : from_y ? p.rk[dr & 7].y + (int64_t)(dr >> 3) * p.H : rk.ret + a * p.H;
-      c_src[(i / kn) * KS + i % kn] = reinterpret_cast<const float4*>(src);
+      const void* src = dr < 0   ? nullptr
+                        : from_y ? static_cast<const void*>(p.rk[dr & 7].y + (int64_t)(dr >> 3) * p.H)
+                        : BF     ? static_cast<const void*>(static_cast<const bf16*>(rk.ret) + a * p.H)
+                                 : static_cast<const void*>(static_cast<const float*>(rk.ret) + a * p.H);
+      c_src[(i / kn) * KS + i % kn] = src;
       c_w[(i / kn) * KS + i % kn] = dr < 0 ? 0.0f : __ldg(rk.w + a);
     }
     role_sync<NT, BAR>();
@@ -745,8 +780,12 @@ __device__ void combine_rows(const Params& p, int r, int64_t t0, int64_t t1, boo
         for (int g = 0; g < 2; g++) {
 #pragma unroll
           for (int uk = 0; uk < KU; uk++) {
-            const float4* src = on[g] && k0 + uk < kn ? c_src[t[g] * KS + k0 + uk] : nullptr;
-            v[g][uk] = src ? __ldcg(src + c[g]) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const void* src = on[g] && k0 + uk < kn ? c_src[t[g] * KS + k0 + uk] : nullptr;
+            if (BF)  // 4 columns of a bf16 row: 8 bytes
+              v[g][uk] = src ? bf16x4_to_f32(__ldcg(static_cast<const uint2*>(src) + c[g]))
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+            else
+              v[g][uk] = src ? __ldcg(static_cast<const float4*>(src) + c[g]) : make_float4(0.f, 0.f, 0.f, 0.f);
           }
         }
 #pragma unroll
@@ -777,6 +816,14 @@ __device__ void combine_rows(const Params& p, int r, int64_t t0, int64_t t1, boo
       }
     }
   }
+}
+
+template <int NT = kThreads, int BAR = 0>
+__device__ void combine_rows(const Params& p, int r, int64_t t0, int64_t t1, bool from_y) {
+  if (!from_y && p.ret_bf16)
+    combine_rows_t<NT, BAR, true>(p, r, t0, t1, from_y);
+  else
+    combine_rows_t<NT, BAR, false>(p, r, t0, t1, from_y);
 }
 
 // task_tile maps GEMM task rel of a rank (ntiles row tiles × n column
@@ -1059,18 +1106,23 @@ struct WgTiles {
           *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
         }
       } else {
-        float* out = p.rk[src & 7].ret + (int64_t)(src >> 3) * N;
+        const auto put = [&](auto* out) {
 #pragma unroll
-        for (int half = 0; half < 2; half++) {
+          for (int half = 0; half < 2; half++) {
 #pragma unroll
-          for (int i = 0; i < 16; i++) {
-            const int64_t n = (int64_t)nb * BN + half * 128 + 8 * i + 2 * (lane % 4);
-            if (n >= N) continue;
-            const float2 v = half ? make_float2(acc1[4 * i + 2 * h], acc1[4 * i + 2 * h + 1])
-                                  : make_float2(acc0[4 * i + 2 * h], acc0[4 * i + 2 * h + 1]);
-            __stcg(reinterpret_cast<float2*>(out + n), v);
+            for (int i = 0; i < 16; i++) {
+              const int64_t n = (int64_t)nb * BN + half * 128 + 8 * i + 2 * (lane % 4);
+              if (n >= N) continue;
+              const float2 v = half ? make_float2(acc1[4 * i + 2 * h], acc1[4 * i + 2 * h + 1])
+                                    : make_float2(acc0[4 * i + 2 * h], acc0[4 * i + 2 * h + 1]);
+              st2(out + n, v.x, v.y);
+            }
           }
-        }
+        };
+        if (p.ret_bf16)
+          put(ret_row<bf16>(p, src, N));
+        else
+          put(ret_row<float>(p, src, N));
       }
     }
     return true;
@@ -1447,6 +1499,19 @@ int pick_tile(int ranks, const int64_t* tokens, const int32_t* slots, int k, int
 
 size_t up256(size_t x) { return (x + 255) / 256 * 256; }
 
+// ret_elem_bytes: a returned row's element, bf16 (2) unless
+// MK_MOE_FUSED_RET_F32=1 (4). Read once: the workspace sizes and the
+// launches of a process agree (every process of an IPC group must be
+// started with the same setting). bf16 halves GEMM2's writes, the bytes
+// sent back to the source rank and the combine's reads (Qwen3-30B-A3B at
+// 4096 tokens: 268 → 134 MB), as DeepEP's and vLLM's bf16 combine inputs;
+// it rounds each expert output once before the weighted sum (relative
+// error ≤ 2^-9 an element).
+size_t ret_elem_bytes() {
+  static const size_t b = mk::env_is("MK_MOE_FUSED_RET_F32", '1') ? 4 : 2;
+  return b;
+}
+
 // RankLayout: byte offsets of one rank's workspace regions.
 struct RankLayout {
   int64_t rows_cap, tiles_cap;
@@ -1481,7 +1546,7 @@ int rank_layout(int ranks, const int64_t* tokens, const int32_t* slots, int r, i
   L->act = take((size_t)L->rows_cap * i * 2);
   L->dest_row = take((size_t)tokens[r] * k * 4);
   L->tokdone = take((size_t)tokens[r] * 4);
-  L->ret = take((size_t)tokens[r] * k * h * 4);
+  L->ret = take((size_t)tokens[r] * k * h * ret_elem_bytes());
   // Rank-local mode: rflag then pflag ([kMaxRanks] each; they must hold
   // values < 1 before epoch 1: zeroed or 0xff-filled), and the routing copies.
   L->flags = take(2 * kMaxRanks * 4);
@@ -1562,6 +1627,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->group_m = mkmoe::group_m();
   p->separate = sep;
   p->copy_local = !sep && cfg == 2 && copy_local(i);
+  p->ret_bf16 = ret_elem_bytes() == 2;
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;
@@ -1612,7 +1678,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
     q.act = reinterpret_cast<bf16*>(w + L.act);
     q.dest_row = reinterpret_cast<int32_t*>(w + L.dest_row);
     q.tokdone = reinterpret_cast<int32_t*>(w + L.tokdone);
-    q.ret = reinterpret_cast<float*>(w + L.ret);
+    q.ret = w + L.ret;
     q.rflag = reinterpret_cast<int32_t*>(w + L.flags);
     q.pflag = q.rflag + kMaxRanks;
     q.rids = reinterpret_cast<int32_t*>(w + L.rids);

@@ -407,12 +407,18 @@ bool weight_map(TmaMap& m, const bf16* w, int64_t rows, int64_t kd) {
   return tma_map_bf16(m, w, rows, kd, BN / 2);
 }
 
-// persistent: MK_MOE_PERSIST=1 launches the warp-specialised kernel on one
-// CTA per SM (each walks work items) instead of one CTA per item (measured
-// in session 13: a win only on Qwen3's shape; see the kernel's comment).
-bool persistent() {
-  static const bool w = mk::env_is("MK_MOE_PERSIST", '1');
-  return w;
+// persistent: the warp-specialised kernel on one CTA per SM (each walks
+// work items, the producer loading the next item's first stages during the
+// epilogue) instead of one CTA per item, for a reduction of kd columns.
+// It pays where the k loop is short: measured on an H200 (session 17,
+// Qwen3-30B-A3B at 4096 tokens, ncu) GEMM2 (kd 768, 12 k steps) 272 → 256
+// µs, GEMM1 (kd 2048) 484 → 477, the layer 3.6 % faster; Mixtral and
+// DeepSeek-V3 (kd 2048-14336) 3-7 % slower. So it is on up to kd 1024;
+// MK_MOE_PERSIST=1 / 0 forces it on / off.
+bool persistent(int64_t kd) {
+  const char* v = getenv("MK_MOE_PERSIST");
+  if (v != nullptr && (v[0] == '0' || v[0] == '1')) return v[0] == '1';
+  return kd <= 1024;
 }
 
 using mk::sm_count;
@@ -437,7 +443,7 @@ int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
   TmaMap wm, am;
   if (warp_specialised() && a.experts > 0 && weight_map(wm, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd)) {
     int64_t grid = tiles * ntiles;  // one CTA per work item, or one per SM walking them
-    if (persistent()) {
+    if (persistent(a.Kd)) {
       static const int sms = sm_count();
       if (sms > 0) grid = std::min<int64_t>(grid, sms);
     }
