@@ -13,8 +13,9 @@
 #   PATHS     fused grouped (default: both); fused runs --ranks $RANKS
 #   TOKENS    1024,4096,16384   ROUNDS 2   ITERS 8   RANKS 1
 #   EXTRA     more bench moe flags (e.g. --max-rows-factor 2)
-# Prints one line per (shape, path, tokens): each variant's medians over
-# the rounds and its ratio to the baseline (< 1: faster).
+# Prints one line per (shape, path, tokens): each variant's times over
+# the rounds, its ratio of medians to the baseline (< 1: faster), and the
+# median of separate_ms where the bench reports it (the fused path).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 : "${VARIANTS:?set VARIANTS, e.g. VARIANTS=\"base: new:MK_X=1\"}"
@@ -69,22 +70,25 @@ for f in glob.glob(os.path.join(res, "*.json")):
     except Exception:
         continue
     for r in rows:
-        runs.setdefault((shape, path, r["tokens"]), {}).setdefault(name, []).append((r["ms"], r["rel_err"]))
+        runs.setdefault((shape, path, r["tokens"]), {}).setdefault(name, []).append(
+            (r["ms"], r["rel_err"], r.get("separate_ms") or 0))
 print("%-14s %-7s %6s  " % ("shape", "path", "tokens") + "  ".join("%-24s" % v for v in variants))
 for key in sorted(runs):
     base = runs[key].get(variants[0])
-    bm = statistics.median(m for m, _ in base) if base else None
+    bm = statistics.median(m for m, _, _ in base) if base else None
     cells = []
     for v in variants:
         got = runs[key].get(v)
         if not got:
             cells.append("%-24s" % "-")
             continue
-        ms = [m for m, _ in got]
+        ms = [m for m, _, _ in got]
         med = statistics.median(ms)
-        err = max(e for _, e in got)
+        err = max(e for _, e, _ in got)
+        seps = [s for _, _, s in got if s > 0]
         ratio = " ×%.3f" % (med / bm) if bm and v != variants[0] else ""
-        cells.append("%-24s" % ("%s%s e%.0e" % (",".join("%.3f" % m for m in ms), ratio, err)))
+        sep = " sep %.3f" % statistics.median(seps) if seps else ""
+        cells.append("%-24s" % ("%s%s e%.0e%s" % (",".join("%.3f" % m for m in ms), ratio, err, sep)))
     print("%-14s %-7s %6d  " % key + "  ".join(cells))
 PY
 rm -rf "$RES"
