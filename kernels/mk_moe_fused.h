@@ -96,8 +96,9 @@ MK_API int32_t mk_moe_fused_workspace(int32_t ranks, const int64_t* tokens, cons
  *   compute:  GEMM1 (+ SwiGLU) of a (row tile, column block) once the tile's
  *             remote rows have all arrived; GEMM2 of a (row tile, column block) once
  *             every GEMM1 block of the tile is done; outputs written back to
- *             the source rank's return rows (bf16; f32 with the environment's
- *             MK_MOE_FUSED_RET_F32=1), +1 per row on its token counter;
+ *             the source rank's return rows (f32; bf16 with wgmma tiles and
+ *             the environment's MK_MOE_FUSED_RET_BF16=1), +1 per row on its
+ *             token counter;
  *   combine:  out_r[t] = Σ_k w[t,k] · y[t,k] in k order (+ shared_r[t]) once
  *             the token's counter is full: deterministic.
  * place: device int32 [ranks*e]: for source rank r and expert x, (d << 16) |

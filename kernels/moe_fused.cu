@@ -182,9 +182,10 @@ struct Params {
   // dispatched into the receive buffer too, so that every GEMM1 tile's rows
   // are contiguous there and load by TMA instead of the row gather.
   int copy_local;
-  // ret_bf16: GEMM2 returns its rows rounded to bf16 (half the bytes
-  // written, sent to the source and read by the combine); 0 with
-  // MK_MOE_FUSED_RET_F32=1: f32 rows, as the separate path's y.
+  // ret_bf16 (wgmma tiles, MK_MOE_FUSED_RET_BF16=1): GEMM2 returns its
+  // rows rounded to bf16 (half the bytes written, sent to the source and
+  // read by the combine); 0, the default: f32 rows, as the separate
+  // path's y (bf16 measured 3-9 % slower on one GPU: ret_elem_bytes).
   int ret_bf16;
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
@@ -704,18 +705,13 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
           *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
         }
       } else {
-        const auto put = [&](auto* out) {
+        float* out = ret_row<float>(p, src, N);  // f32 rows: ret_bf16 is for the wgmma tiles only
 #pragma unroll
-          for (int nf = 0; nf < NF; nf++) {
-            const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
-            if (n >= N) continue;
-            st2(out + n, acc[mf][nf][2 * h], acc[mf][nf][2 * h + 1]);
-          }
-        };
-        if (p.ret_bf16)
-          put(ret_row<bf16>(p, src, N));
-        else
-          put(ret_row<float>(p, src, N));
+        for (int nf = 0; nf < NF; nf++) {
+          const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
+          if (n >= N) continue;
+          st2(out + n, acc[mf][nf][2 * h], acc[mf][nf][2 * h + 1]);
+        }
       }
     }
   }
@@ -1499,17 +1495,23 @@ int pick_tile(int ranks, const int64_t* tokens, const int32_t* slots, int k, int
 
 size_t up256(size_t x) { return (x + 255) / 256 * 256; }
 
-// ret_elem_bytes: a returned row's element, bf16 (2) unless
-// MK_MOE_FUSED_RET_F32=1 (4). Read once: the workspace sizes and the
+// ret_elem_bytes: a returned row's element, f32 (4) unless
+// MK_MOE_FUSED_RET_BF16=1 (2; wgmma tiles only, the mma.sync tiles keep
+// f32 in the larger workspace). Read once: the workspace sizes and the
 // launches of a process agree (every process of an IPC group must be
 // started with the same setting). bf16 halves GEMM2's writes, the bytes
 // sent back to the source rank and the combine's reads (Qwen3-30B-A3B at
-// 4096 tokens: 268 → 134 MB), as DeepEP's and vLLM's bf16 combine inputs;
-// it rounds each expert output once before the weighted sum (relative
-// error ≤ 2^-9 an element).
-size_t ret_elem_bytes() {
-  static const size_t b = mk::env_is("MK_MOE_FUSED_RET_F32", '1') ? 4 : 2;
-  return b;
+// 4096 tokens: 268 → 134 MB), as DeepEP's and vLLM's bf16 combine inputs,
+// and rounds each expert output once before the weighted sum (relative
+// error ≤ 2^-9 an element). Measured on one H200 (seventeenth pass,
+// same-call A/B), it was 3-9 % slower than f32 at 1024-16384 tokens
+// (Qwen3 16384: 3.65 against 3.34 ms) and at R = 8; not explained yet
+// (the stores are 16 of a sector's 32 bytes per four lanes). Kept as an
+// option for links where bytes cost more than on one GPU.
+// bm is the launch's row tile (128: the wgmma tiles).
+size_t ret_elem_bytes(int bm) {
+  static const bool bf = mk::env_is("MK_MOE_FUSED_RET_BF16", '1');
+  return bf && bm == kTiles[2].bm ? 2 : 4;
 }
 
 // RankLayout: byte offsets of one rank's workspace regions.
@@ -1546,7 +1548,7 @@ int rank_layout(int ranks, const int64_t* tokens, const int32_t* slots, int r, i
   L->act = take((size_t)L->rows_cap * i * 2);
   L->dest_row = take((size_t)tokens[r] * k * 4);
   L->tokdone = take((size_t)tokens[r] * 4);
-  L->ret = take((size_t)tokens[r] * k * h * ret_elem_bytes());
+  L->ret = take((size_t)tokens[r] * k * h * ret_elem_bytes(bm));
   // Rank-local mode: rflag then pflag ([kMaxRanks] each; they must hold
   // values < 1 before epoch 1: zeroed or 0xff-filled), and the routing copies.
   L->flags = take(2 * kMaxRanks * 4);
@@ -1627,7 +1629,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->group_m = mkmoe::group_m();
   p->separate = sep;
   p->copy_local = !sep && cfg == 2 && copy_local(i);
-  p->ret_bf16 = ret_elem_bytes() == 2;
+  p->ret_bf16 = ret_elem_bytes(tc.bm) == 2;
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;

@@ -197,13 +197,13 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 	MK_MOE_G1_TMA=1 MK_MOE_FUSED_COPY_LOCAL=1 run_each .dev/kernels.test "$LOGS/test_copy_rows.log" . 120 \
 		'^TestMoE(Experts|FusedLayer|FusedWatchdog|FusedCapacity|FusedRankLocalStreams)$' || status=1
 	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_copy_rows.log" | head -10
-	# The other side of two more defaults: f32 return rows in the fused
-	# kernel (MK_MOE_FUSED_RET_F32=1) and the grouped GEMM with one CTA per
-	# item at every reduction size (MK_MOE_PERSIST=0).
-	echo "== MoE kernel tests with MK_MOE_FUSED_RET_F32=1 MK_MOE_PERSIST=0"
-	MK_MOE_FUSED_RET_F32=1 MK_MOE_PERSIST=0 run_each .dev/kernels.test "$LOGS/test_ret_f32.log" . 120 \
+	# The other side of two more switches: bf16 return rows in the fused
+	# kernel (MK_MOE_FUSED_RET_BF16=1, off by default) and the grouped GEMM
+	# with one CTA per item at every reduction size (MK_MOE_PERSIST=0).
+	echo "== MoE kernel tests with MK_MOE_FUSED_RET_BF16=1 MK_MOE_PERSIST=0"
+	MK_MOE_FUSED_RET_BF16=1 MK_MOE_PERSIST=0 run_each .dev/kernels.test "$LOGS/test_ret_bf16.log" . 120 \
 		'^TestMoE(Experts|FusedLayer|FusedRankLocalStreams)$' || status=1
-	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_ret_f32.log" | head -10
+	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_ret_bf16.log" | head -10
 	echo "== CUDA backend tests"
 	SECONDS=0
 	run_each "$ROOT/.dev/cuda.test" "$LOGS/cuda.log" backend/cuda 150 || status=1
