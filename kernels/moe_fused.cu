@@ -204,7 +204,7 @@ static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
 // ---- PTX wrappers ----
 
 // ret_row is the returned row src >> 3 (of N values) at rank src & 7, as T
-// (bf16 with p.ret_bf16, else float); st2 stores two values at out past L1.
+// (bf16 with p.ret_bf16, else float); st2 stores two floats at out past L1.
 template <typename T>
 __device__ __forceinline__ T* ret_row(const Params& p, int32_t src, int64_t N) {
   return static_cast<T*>(p.rk[src & 7].ret) + (int64_t)(src >> 3) * N;
@@ -212,9 +212,37 @@ __device__ __forceinline__ T* ret_row(const Params& p, int32_t src, int64_t N) {
 __device__ __forceinline__ void st2(float* out, float x, float y) {
   __stcg(reinterpret_cast<float2*>(out), make_float2(x, y));
 }
-__device__ __forceinline__ void st2(bf16* out, float x, float y) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-  __stcg(reinterpret_cast<unsigned*>(out), *reinterpret_cast<const unsigned*>(&h));
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// ret_bf16_row stores one row of a warpgroup's m64n256 GEMM2 block as bf16
+// (p.ret_bf16): the row h of this lane's group of four (src < 0: padding,
+// nothing stored), columns n0 + [0, 256) from acc0 ([0, 128)) and acc1.
+// Lane q of the four holds columns 8i + 2q, +1 of each 8-column block i;
+// four shuffles a pair of blocks give lane q columns 8i + 4q .. + 3, so
+// that each instruction writes the row's 32-byte sectors whole (8 bytes a
+// lane) — the plain layout writes 16-byte halves, 4 bytes a lane. Every
+// lane of the warp calls it (the shuffles).
+__device__ __forceinline__ void ret_bf16_row(const Params& p, int32_t src, int64_t N, int64_t n0,
+                                             const float (&acc0)[64], const float (&acc1)[64], int h, int lane) {
+  bf16* out = src >= 0 ? ret_row<bf16>(p, src, N) : nullptr;
+  const int q = lane % 4, s0 = (lane & ~3) | ((2 * q) & 3), s1 = (lane & ~3) | ((2 * q + 1) & 3);
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    const float(&acc)[64] = half ? acc1 : acc0;
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+      const uint32_t a = pack_bf16x2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+      const uint32_t b = pack_bf16x2(acc[4 * i + 4 + 2 * h], acc[4 * i + 4 + 2 * h + 1]);
+      const uint32_t a0 = __shfl_sync(0xffffffffu, a, s0), a1 = __shfl_sync(0xffffffffu, a, s1);
+      const uint32_t b0 = __shfl_sync(0xffffffffu, b, s0), b1 = __shfl_sync(0xffffffffu, b, s1);
+      const int64_t n = n0 + half * 128 + 8 * i + 4 * q;
+      if (out != nullptr && n < N) __stcg(reinterpret_cast<uint2*>(out + n), q < 2 ? make_uint2(a0, a1) : make_uint2(b0, b1));
+    }
+  }
 }
 
 // bf16x4_to_f32 widens four bf16 values (first in the low half of u.x).
@@ -1088,6 +1116,10 @@ struct WgTiles {
     for (int h = 0; h < 2; h++) {
       const int64_t row = m0 + cw * 64 + warp * 16 + lane / 4 + 8 * h;
       const int32_t src = rk.row_src[row];
+      if (!GATEUP && p.ret_bf16) {  // every lane: the stores' shuffles
+        ret_bf16_row(p, src, N, nb * BN, acc0, acc1, h, lane);
+        continue;
+      }
       if (src < 0) continue;
       if (GATEUP) {
         bf16* out = rk.act + row * N;
@@ -1102,23 +1134,18 @@ struct WgTiles {
           *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
         }
       } else {
-        const auto put = [&](auto* out) {
+        float* out = ret_row<float>(p, src, N);
 #pragma unroll
-          for (int half = 0; half < 2; half++) {
+        for (int half = 0; half < 2; half++) {
 #pragma unroll
-            for (int i = 0; i < 16; i++) {
-              const int64_t n = (int64_t)nb * BN + half * 128 + 8 * i + 2 * (lane % 4);
-              if (n >= N) continue;
-              const float2 v = half ? make_float2(acc1[4 * i + 2 * h], acc1[4 * i + 2 * h + 1])
-                                    : make_float2(acc0[4 * i + 2 * h], acc0[4 * i + 2 * h + 1]);
-              st2(out + n, v.x, v.y);
-            }
+          for (int i = 0; i < 16; i++) {
+            const int64_t n = (int64_t)nb * BN + half * 128 + 8 * i + 2 * (lane % 4);
+            if (n >= N) continue;
+            const float2 v = half ? make_float2(acc1[4 * i + 2 * h], acc1[4 * i + 2 * h + 1])
+                                  : make_float2(acc0[4 * i + 2 * h], acc0[4 * i + 2 * h + 1]);
+            st2(out + n, v.x, v.y);
           }
-        };
-        if (p.ret_bf16)
-          put(ret_row<bf16>(p, src, N));
-        else
-          put(ret_row<float>(p, src, N));
+        }
       }
     }
     return true;
