@@ -546,6 +546,9 @@ func TestMoECombineAddRMSNorm(t *testing.T) {
 		{name: "E8_K2_T130_hot", cfg: softmaxRouter(8, 2), T: 130, H: 136, I: 40, hot: 3},
 		{name: "E64_K4_T300_cold", cfg: softmaxRouter(64, 4), T: 300, H: 64, I: 32, cold: 8, hot: -1},
 		{name: "deepseek_T7_bias", cfg: deepSeekV3Router, T: 7, H: 7168, I: 32, hot: -1, biases: true},
+		// top-k past the kernel's 32 staged slots: two chunks of k.
+		{name: "E64_K36_T5", cfg: softmaxRouter(64, 36), T: 5, H: 256, I: 32, hot: -1},
+		{name: "E40_K36_T3_H4096", cfg: softmaxRouter(40, 36), T: 3, H: 4096, I: 32, hot: -1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			E, K, T, H, I := c.cfg.NumExperts, c.cfg.TopK, c.T, c.H, c.I
