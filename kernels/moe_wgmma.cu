@@ -227,6 +227,15 @@ constexpr size_t kWsSmem = ST * (kStageA + kStageB) + 1024 + 2 * ST * sizeof(uin
 // landed; empty[s] when both consumer warpgroups' wgmmas reading it
 // are done. Stage s of k tile kt is filled for the (kt / ST)-th time, so
 // its full phase has parity (kt / ST) & 1.
+// PairRelease gives a stage back to both CTAs of a shared pair (PAIR).
+struct PairRelease {
+  uint32_t peer;
+  __device__ __forceinline__ void operator()(uint64_t* b) const {
+    mbar_arrive(b);
+    mbar_arrive_peer(b, peer);
+  }
+};
+
 // producer_sync is a barrier among the producer warpgroup's 128 threads only.
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
 
@@ -243,16 +252,52 @@ __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;
 // activation rows are contiguous. GEMM1 (MK_MOE_G1_TMA=1, off by default
 // until measured): permute_rows_kernel first copies the gathered rows into
 // p.ascratch in tile order, and amap maps that.
-template <bool GATEUP, bool TMA_A>
+//
+// PAIR (MK_MOE_PAIR=1): CTAs run in clusters of two, one item each: the
+// cluster's row tiles 2·pt and 2·pt + 1 (pairs of row tiles rasterised by
+// group_tile over ceil(mt / 2) × nt) for the same column tile. When both
+// tiles are real and of the same expert ("shared"), each CTA's TMA issuer
+// loads one of the two 128-row weight boxes of every stage and multicasts
+// it into both CTAs, so the cluster reads its weight tile from L2 once,
+// not twice (the grouped GEMMs on Qwen3's shape keep L2 81-90 % busy:
+// docs/PERF.md, seventeenth pass). A stage is then free only when both
+// CTAs' consumers are done with it: each consumer warpgroup arrives on its
+// own CTA's empty barrier and on the peer's (count 4). Cluster barriers
+// after the barriers' set-up and before exit keep every remote arrival and
+// copy inside both CTAs' lifetimes. Otherwise (different experts, or the
+// second tile past the real ones) the two CTAs run as unpaired ones.
+template <bool GATEUP, bool TMA_A, bool PAIR = false>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     moe_wgmma_ws_kernel(const GemmArgs p, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap amap) {
-  const int items = p.mt * p.nt, ntiles = *p.num_tiles;
-  if ((int)blockIdx.x >= items) return;
-  if ((int)gridDim.x >= items) {  // one item per CTA: a row tile past the real ones exits before any set-up
-    int tile, ntile;
-    tile_of(p, blockIdx.x, tile, ntile);
-    if (tile >= ntiles) return;
+  const int items = PAIR ? 1 : p.mt * p.nt, ntiles = *p.num_tiles;
+  int pair_tile = 0, pair_ntile = 0, pair_c = 0;
+  bool shared = false;  // PAIR: the weight boxes are multicast (both CTAs see the same value)
+  if (PAIR) {
+    pair_c = (int)cluster_ctarank();
+    int pt;
+    mkmoe::group_tile((int)blockIdx.x / 2, p.group_m, (p.mt + 1) / 2, p.nt, pt, pair_ntile);
+    pair_tile = 2 * pt + pair_c;
+    shared = 2 * pt + 1 < ntiles && p.tile_expert[2 * pt] == p.tile_expert[2 * pt + 1];
+    if (pair_tile >= ntiles) return;  // never shared: the peer runs alone
+  } else {
+    if ((int)blockIdx.x >= items) return;
+    if ((int)gridDim.x >= items) {  // one item per CTA: a row tile past the real ones exits before any set-up
+      int tile, ntile;
+      tile_of(p, blockIdx.x, tile, ntile);
+      if (tile >= ntiles) return;
+    }
   }
+  // The work items this CTA walks: PAIR one (its pair's tile), else
+  // blockIdx.x, blockIdx.x + gridDim.x, ...
+  const int id0 = PAIR ? 0 : (int)blockIdx.x, id_step = PAIR ? 1 : (int)gridDim.x;
+  const auto item = [&](int id, int& tile, int& ntile) {
+    if (PAIR) {
+      tile = pair_tile;
+      ntile = pair_ntile;
+    } else {
+      tile_of(p, id, tile, ntile);
+    }
+  };
   extern __shared__ unsigned char wg_sm_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(wg_sm_raw) + 1023) & ~uintptr_t(1023));
@@ -266,11 +311,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
   if (tid == 0) {
     for (int st = 0; st < ST; st++) {
       mbar_init(&full[st], TMA_A ? 1 : 129);  // the producer's 128 cp.async arrivals (unless TMA_A) + the TMA issuer's expect_tx
-      mbar_init(&empty[st], 2);
+      mbar_init(&empty[st], shared ? 4 : 2);  // shared: the peer's two consumer warpgroups too
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  if (shared) cluster_sync();  // the peer's barriers are set up before any copy or arrival reaches them
   const int64_t Kd = p.Kd, N = p.N;
   const int KT = (int)((Kd + BK - 1) / BK);
 
@@ -288,9 +334,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
       if (TMA_A) tma_prefetch(&amap);
     }
     int g = 0;
-    for (int id = blockIdx.x; id < items && (!TMA_A || wl == 0); id += gridDim.x) {
+    for (int id = id0; id < items && (!TMA_A || wl == 0); id += id_step) {
       int tile, ntile;
-      tile_of(p, id, tile, ntile);
+      item(id, tile, ntile);
       if (tile >= ntiles) continue;
       const int e = p.tile_expert[tile];
       const int64_t m0 = (int64_t)tile * BM;
@@ -319,8 +365,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         if (wl == 0) {
           mbar_expect_tx(&full[st], (uint32_t)(TMA_A ? kStageA + kStageB : kStageB));
           if (TMA_A) tma_load_2d(a, &amap, kt * BK, (int32_t)m0, &full[st]);
-          tma_load_2d(b, &wmap, kt * BK, b0, &full[st]);
-          tma_load_2d(b + (BN / 2) * BK, &wmap, kt * BK, b1, &full[st]);
+          if (PAIR && shared) {  // box pair_c into both CTAs; the peer sends the other
+            tma_load_2d_mc(b + pair_c * (BN / 2) * BK, &wmap, kt * BK, pair_c ? b1 : b0, &full[st], 0x3);
+          } else {
+            tma_load_2d(b, &wmap, kt * BK, b0, &full[st]);
+            tma_load_2d(b + (BN / 2) * BK, &wmap, kt * BK, b1, &full[st]);
+          }
         }
         if (TMA_A) continue;
         const int64_t k = (int64_t)kt * BK + ch * 8;
@@ -334,6 +384,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
       }
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if (shared) cluster_sync();
     return;
   }
 
@@ -341,14 +392,20 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
   const int cw = wg - 1, warp = wl / 32, lane = tid % 32;
   const uint32_t sA0 = sm_addr(sA), sB0 = sm_addr(sB);
   int g = 0;
-  for (int id = blockIdx.x; id < items; id += gridDim.x) {
+  for (int id = id0; id < items; id += id_step) {
     int tile, ntile;
-    tile_of(p, id, tile, ntile);
+    item(id, tile, ntile);
     if (tile >= ntiles) continue;
     float acc0[64], acc1[64];
-    ws_consume<ST>(acc0, acc1, sA0, sB0, (uint32_t)kStageA, (uint32_t)kStageB, cw * 64 * 128, full, empty, wl, KT, g);
+    if (PAIR && shared)
+      ws_consume<ST>(acc0, acc1, sA0, sB0, (uint32_t)kStageA, (uint32_t)kStageB, cw * 64 * 128, full, empty, wl, KT,
+                     g, MbarWait(), PairRelease{(uint32_t)(pair_c ^ 1)});
+    else
+      ws_consume<ST>(acc0, acc1, sA0, sB0, (uint32_t)kStageA, (uint32_t)kStageB, cw * 64 * 128, full, empty, wl, KT,
+                     g);
     store_tile<GATEUP>(p, acc0, acc1, p.tile_expert[tile], (int64_t)tile * BM, ntile, cw, warp, lane);
   }
+  if (shared) cluster_sync();  // the peer's arrivals on this CTA's barriers are done
 }
 
 // permute_rows_kernel copies GEMM1's A rows into tile order: ap[m] =
@@ -386,6 +443,45 @@ int launch_kern(void (*kern)(Args...), int threads, size_t smem, const char* nam
   kern<<<(unsigned)(tiles * ntiles), threads, smem, s>>>(args...);
   MK_LAUNCHED(name);
   return MK_OK;
+}
+
+// launch_pair launches kern on grid CTAs in clusters of two (PAIR).
+template <class... Args>
+int launch_pair(void (*kern)(Args...), const char* name, int64_t grid, cudaStream_t s, int& ok, const Args&... args) {
+  if (ok == 0) {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, kern) != cudaSuccess || fa.binaryVersion < 90) {
+      cudaGetLastError();
+      ok = -1;
+    } else {
+      MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kWsSmem));
+      ok = 1;
+    }
+  }
+  if (ok < 0) return -1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)grid);
+  cfg.blockDim = dim3(WS_THREADS);
+  cfg.dynamicSmemBytes = kWsSmem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  MK_CUDA(cudaLaunchKernelEx(&cfg, kern, args...));
+  MK_LAUNCHED(name);
+  return MK_OK;
+}
+
+// pair: the warp-specialised kernel in clusters of two CTAs sharing their
+// weight tiles (PAIR in moe_wgmma_ws_kernel), MK_MOE_PAIR=1; off by
+// default until measured (not yet run on a GPU).
+bool pair() {
+  static const bool w = mk::env_is("MK_MOE_PAIR", '1');
+  return w;
 }
 
 // warp_specialised: moe_wgmma_ws_kernel unless MK_MOE_WGMMA=1 (the
@@ -439,9 +535,26 @@ bool g1_tma(int64_t inter) {
 
 template <bool GU>
 int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
-  static int ok = 0, ok_ws = 0, ok_ws_a = 0, ok_ws_g1a = 0;
+  static int ok = 0, ok_ws = 0, ok_ws_a = 0, ok_ws_g1a = 0, ok_p = 0, ok_p_a = 0, ok_p_g1a = 0;
   TmaMap wm, am;
   if (warp_specialised() && a.experts > 0 && weight_map(wm, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd)) {
+    if (pair()) {  // clusters of two CTAs, one item each: pairs of row tiles × column tiles
+      const int64_t grid = 2 * ((tiles + 1) / 2) * ntiles;
+      if (!GU && tma_a() && weight_map(am, a.A, (int64_t)a.mt * BM, a.Kd))
+        return launch_pair(moe_wgmma_ws_kernel<false, true, true>, "moe_wgmma_ws pair (down, A by TMA)", grid, s,
+                           ok_p_a, a, wm, am);
+      if (GU && g1_tma(a.N) && a.ascratch != nullptr && a.Kd % 8 == 0 &&
+          weight_map(am, a.ascratch, (int64_t)a.mt * BM, a.Kd)) {
+        const int64_t rows = (int64_t)a.mt * BM;
+        permute_rows_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(a.ascratch, a.A, a.sorted, a.num_tiles,
+                                                                          a.topk, a.Kd, rows);
+        MK_LAUNCHED("moe_wgmma permute_rows");
+        return launch_pair(moe_wgmma_ws_kernel<true, true, true>, "moe_wgmma_ws pair (gate/up, A by TMA)", grid, s,
+                           ok_p_g1a, a, wm, am);
+      }
+      return launch_pair(moe_wgmma_ws_kernel<GU, false, true>,
+                         GU ? "moe_wgmma_ws pair (gate/up)" : "moe_wgmma_ws pair (down)", grid, s, ok_p, a, wm, wm);
+    }
     int64_t grid = tiles * ntiles;  // one CTA per work item, or one per SM walking them
     if (persistent(a.Kd)) {
       static const int sms = sm_count();

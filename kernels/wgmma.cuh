@@ -105,6 +105,11 @@ struct MbarWait {
 __device__ __forceinline__ void mbar_arrive(uint64_t* b) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(sm_addr(b)) : "memory");
 }
+// MbarRelease gives a stage back to this CTA's producer (ws_consume's
+// default).
+struct MbarRelease {
+  __device__ __forceinline__ void operator()(uint64_t* b) const { mbar_arrive(b); }
+};
 // cp_async_arrive: b's pending count drops by one when every cp.async this
 // thread issued so far has landed (the count includes this arrival: noinc).
 __device__ __forceinline__ void cp_async_arrive(uint64_t* b) {
@@ -132,6 +137,42 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* m, int x, i
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
           sm_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(sm_addr(b))
+      : "memory");
+#endif
+}
+
+// Two-CTA clusters (the grouped GEMM's paired tiles, MK_MOE_PAIR):
+// cluster_ctarank is this CTA's rank in its cluster; cluster_sync a barrier
+// of every thread of the cluster (release / acquire; not .aligned, so
+// divergent warps may call it, but every thread of both CTAs must);
+// mbar_arrive_peer arrives on the barrier at b's offset in CTA cta's shared
+// memory; tma_load_2d_mc is tma_load_2d into dst's offset of every CTA in
+// mask, completing bytes on each one's barrier at b's offset.
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r = 0;
+#ifdef MK_WGMMA
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#endif
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+#ifdef MK_WGMMA
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive_peer(uint64_t* b, uint32_t cta) {
+#ifdef MK_WGMMA
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(sm_addr(b)), "r"(cta));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(r) : "memory");
+#endif
+}
+__device__ __forceinline__ void tma_load_2d_mc(void* dst, const TmaMap* m, int x, int y, uint64_t* b, uint16_t mask) {
+#ifdef MK_WGMMA
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(sm_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(m)), "r"(x), "r"(y), "r"(sm_addr(b)), "h"(mask)
       : "memory");
 #endif
 }
@@ -184,10 +225,12 @@ __device__ __forceinline__ void wgmma_k64_n256(float (&acc0)[64], float (&acc1)[
 // (MbarWait: without a bound); when it gives up, the loop stops once the
 // wgmmas in flight are done and returns false (the accumulators and the
 // ring's position are then unusable: the caller abandons its work).
-template <int ST, class Wait = MbarWait>
+// release(b) gives a stage back (MbarRelease: to this CTA's producer).
+template <int ST, class Wait = MbarWait, class Release = MbarRelease>
 __device__ __forceinline__ bool ws_consume(float (&acc0)[64], float (&acc1)[64], uint32_t sA0, uint32_t sB0,
                                            uint32_t stage_a, uint32_t stage_b, uint32_t a_off, uint64_t* full,
-                                           uint64_t* empty, int wl, int KT, int& g, Wait wait = Wait()) {
+                                           uint64_t* empty, int wl, int KT, int& g, Wait wait = Wait(),
+                                           Release release = Release()) {
 #pragma unroll
   for (int i = 0; i < 64; i++) acc0[i] = acc1[i] = 0.0f;
   for (int kt = 0; kt < KT; kt++, g++) {
@@ -199,10 +242,10 @@ __device__ __forceinline__ bool ws_consume(float (&acc0)[64], float (&acc1)[64],
     fence_proxy_async();  // copies by cp.async (generic proxy) before the wgmmas' reads (async proxy)
     wgmma_k64_n256(acc0, acc1, sA0 + st * stage_a + a_off, sB0 + st * stage_b);
     wgmma_wait1();  // k step g-1's wgmmas are done: its stage goes back
-    if (kt > 0 && wl == 0) mbar_arrive(&empty[(g - 1) % ST]);
+    if (kt > 0 && wl == 0) release(&empty[(g - 1) % ST]);
   }
   wgmma_wait0();
-  if (wl == 0) mbar_arrive(&empty[(g - 1) % ST]);  // the last stage (the producer may be on the next task)
+  if (wl == 0) release(&empty[(g - 1) % ST]);  // the last stage (the producer may be on the next task)
   return true;
 }
 

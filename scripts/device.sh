@@ -197,6 +197,12 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 	MK_MOE_G1_TMA=1 MK_MOE_FUSED_COPY_LOCAL=1 run_each .dev/kernels.test "$LOGS/test_copy_rows.log" . 120 \
 		'^TestMoE(Experts|FusedLayer|FusedWatchdog|FusedCapacity|FusedRankLocalStreams)$' || status=1
 	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_copy_rows.log" | head -10
+	# The grouped GEMM in clusters of two CTAs sharing weight tiles
+	# (MK_MOE_PAIR=1, off by default): with gathered and with TMA-loaded rows.
+	echo "== MoE kernel tests with MK_MOE_PAIR=1 (and with MK_MOE_G1_TMA=1)"
+	MK_MOE_PAIR=1 run_each .dev/kernels.test "$LOGS/test_pair.log" . 120 '^TestMoEExperts$' || status=1
+	MK_MOE_PAIR=1 MK_MOE_G1_TMA=1 run_each .dev/kernels.test "$LOGS/test_pair_tma.log" . 120 '^TestMoEExperts$' || status=1
+	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_pair.log" "$LOGS/test_pair_tma.log" | head -10
 	# The other side of two more switches: bf16 return rows in the fused
 	# kernel (MK_MOE_FUSED_RET_BF16=1, off by default) and the grouped GEMM
 	# with one CTA per item at every reduction size (MK_MOE_PERSIST=0).
