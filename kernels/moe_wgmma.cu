@@ -424,12 +424,12 @@ __global__ void __launch_bounds__(256) permute_rows_kernel(bf16* ap, const bf16*
   for (int64_t c = threadIdx.x % 32; c < Kd / 8; c += 32) dst[c] = __ldg(src + c);
 }
 
-// launch_kern launches kern (threads per CTA, smem bytes) over tiles ×
-// ntiles CTAs with args; -1 when it is not built for this device.
-template <class... Args>
-int launch_kern(void (*kern)(Args...), int threads, size_t smem, const char* name, int64_t tiles, int64_t ntiles,
-                cudaStream_t s, int& ok, const Args&... args) {
-  if (ok == 0) {  // 0 unknown, 1 runnable, -1 not built for this device
+// kernel_ready finds out once (ok: 0 unknown, 1 runnable, -1 not built for
+// this device) whether kern runs here, allowing it smem bytes of dynamic
+// shared memory; MK_OK or an mk status when the attribute cannot be set.
+template <class K>
+int kernel_ready(K kern, size_t smem, int& ok) {
+  if (ok == 0) {
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(&fa, kern) != cudaSuccess || fa.binaryVersion < 90) {
       cudaGetLastError();
@@ -439,6 +439,16 @@ int launch_kern(void (*kern)(Args...), int threads, size_t smem, const char* nam
       ok = 1;
     }
   }
+  return MK_OK;
+}
+
+// launch_kern launches kern (threads per CTA, smem bytes) over tiles ×
+// ntiles CTAs with args; -1 when it is not built for this device.
+template <class... Args>
+int launch_kern(void (*kern)(Args...), int threads, size_t smem, const char* name, int64_t tiles, int64_t ntiles,
+                cudaStream_t s, int& ok, const Args&... args) {
+  const int rc = kernel_ready(kern, smem, ok);
+  if (rc != MK_OK) return rc;
   if (ok < 0) return -1;
   kern<<<(unsigned)(tiles * ntiles), threads, smem, s>>>(args...);
   MK_LAUNCHED(name);
@@ -448,16 +458,8 @@ int launch_kern(void (*kern)(Args...), int threads, size_t smem, const char* nam
 // launch_pair launches kern on grid CTAs in clusters of two (PAIR).
 template <class... Args>
 int launch_pair(void (*kern)(Args...), const char* name, int64_t grid, cudaStream_t s, int& ok, const Args&... args) {
-  if (ok == 0) {
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, kern) != cudaSuccess || fa.binaryVersion < 90) {
-      cudaGetLastError();
-      ok = -1;
-    } else {
-      MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kWsSmem));
-      ok = 1;
-    }
-  }
+  const int rc = kernel_ready(kern, kWsSmem, ok);
+  if (rc != MK_OK) return rc;
   if (ok < 0) return -1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)grid);
