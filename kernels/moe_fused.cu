@@ -1122,17 +1122,8 @@ struct WgTiles {
       }
       if (src < 0) continue;
       if (GATEUP) {
-        bf16* out = rk.act + row * N;
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-          const int64_t j = (int64_t)nb * (BN / 2) + 8 * i + 2 * (lane % 4);
-          if (j >= N) continue;
-          float r2[2];
-#pragma unroll
-          for (int q = 0; q < 2; q++)
-            r2[q] = mkmoe::activation(acc0[4 * i + 2 * h + q], acc1[4 * i + 2 * h + q], p.act, p.alpha, p.limit);
-          *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
-        }
+        mkmoe::store_act_row(rk.act + row * N, acc0, acc1, h, lane, (int64_t)nb * (BN / 2), N, nullptr, p.act, p.alpha,
+                             p.limit);
       } else {
         float* out = ret_row<float>(p, src, N);
 #pragma unroll

@@ -120,6 +120,34 @@ __device__ __forceinline__ void group_tile(int id, int group_m, int mt, int nt, 
   ntile = (id % span) / gsize;
 }
 
+// store_act_row writes row half h of a warpgroup's m64n128 gate and up
+// blocks (acc0, acc1; the wgmma layout: this lane holds columns 8i +
+// 2·(lane%4) and +1 of each 8-column block i, in d[4i + 2h + q]) as
+// act(gate + gb[j], up + gb[N + j]) rounded to bf16 into out[j] for the
+// columns j = j0 + 8i + 2·(lane%4) (+1) below N; gb is the expert's
+// gate/up bias row or null. The grouped wgmma GEMM1 (moe_wgmma.cu) and the
+// fused kernel's wgmma GEMM1 (moe_fused.cu) share it.
+__device__ __forceinline__ void store_act_row(bf16* out, const float (&acc0)[64], const float (&acc1)[64], int h,
+                                              int lane, int64_t j0, int64_t N, const float* gb, int act, float alpha,
+                                              float limit) {
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    const int64_t j = j0 + 8 * i + 2 * (lane % 4);
+    if (j >= N) continue;
+    float r2[2];
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+      float g = acc0[4 * i + 2 * h + q], u = acc1[4 * i + 2 * h + q];
+      if (gb) {
+        g += gb[j + q];
+        u += gb[N + j + q];
+      }
+      r2[q] = activation(g, u, act, alpha, limit);
+    }
+    *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
+  }
+}
+
 // group_m is the rasterisation group (row tiles) of group_tile;
 // MK_MOE_GROUP_M overrides the default 8 (1: row tiles fastest, no
 // grouping) for measurements.

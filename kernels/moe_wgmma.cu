@@ -79,24 +79,8 @@ __device__ __forceinline__ void store_tile(const GemmArgs& p, const float (&acc0
     const int64_t slot = m0 + wg * 64 + warp * 16 + lane / 4 + 8 * h;
     if (p.sorted[slot] < 0) continue;
     if (GATEUP) {
-      bf16* out = reinterpret_cast<bf16*>(p.out) + slot * N;
-      const float* gb = p.bias ? p.bias + (int64_t)e * 2 * N : nullptr;
-#pragma unroll
-      for (int i = 0; i < 16; i++) {
-        const int64_t j = (int64_t)ntile * (BN / 2) + 8 * i + 2 * (lane % 4);
-        if (j >= N) continue;
-        float r2[2];
-#pragma unroll
-        for (int q = 0; q < 2; q++) {
-          float g = acc0[4 * i + 2 * h + q], u = acc1[4 * i + 2 * h + q];
-          if (gb) {
-            g += gb[j + q];
-            u += gb[N + j + q];
-          }
-          r2[q] = mkmoe::activation(g, u, p.act, p.alpha, p.limit);
-        }
-        *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
-      }
+      mkmoe::store_act_row(reinterpret_cast<bf16*>(p.out) + slot * N, acc0, acc1, h, lane, (int64_t)ntile * (BN / 2),
+                           N, p.bias ? p.bias + (int64_t)e * 2 * N : nullptr, p.act, p.alpha, p.limit);
     } else {
       float* out = reinterpret_cast<float*>(p.out) + slot * N;
       const float* db = p.bias ? p.bias + (int64_t)e * N : nullptr;
