@@ -62,6 +62,13 @@ inline bool env_is(const char* name, char c) {
   return v != nullptr && v[0] == c;
 }
 
+// env_force reads a switch that overrides a size rule: 1 or 0 when name is
+// set to a value starting with '1' or '0', else -1 (the rule decides). A
+// caller reads it once, into a function-local static.
+inline int env_force(const char* name) {
+  return env_is(name, '1') ? 1 : env_is(name, '0') ? 0 : -1;
+}
+
 // float_from_bits reinterprets an IEEE-754 bit pattern.
 inline float float_from_bits(uint32_t b) {
   float f;

@@ -1486,7 +1486,8 @@ int wg_rows() {
 // (Params.copy_local; wgmma tiles only) for an intermediate size of inter:
 // mkmoe::gather_by_copy, forced by MK_MOE_FUSED_COPY_LOCAL=1/0.
 bool copy_local(int64_t inter) {
-  return mkmoe::gather_by_copy("MK_MOE_FUSED_COPY_LOCAL", inter);
+  static const int force = mk::env_force("MK_MOE_FUSED_COPY_LOCAL");
+  return mkmoe::gather_by_copy(force, inter);
 }
 
 // pick_tile is the kTiles index for the tile argument: 16, 64 or 128 that

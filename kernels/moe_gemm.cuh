@@ -167,13 +167,11 @@ inline int group_m() {
 // for itself only when I is large: measured on an H200 (session 17,
 // docs/PERF.md) it is 3-9 % faster on Mixtral's I = 14336, 2-11 % slower on
 // Qwen3's I = 768 and DeepSeek-V3's I = 2048 at most token counts. The
-// variable set to 1 or 0 forces it on or off; unset, it is on from
-// kCopyMinI.
+// variable set to 1 or 0 (force: mk::env_force, read once by the caller)
+// forces it on or off; unset (-1), it is on from kCopyMinI.
 constexpr int64_t kCopyMinI = 4096;
-inline bool gather_by_copy(const char* env, int64_t inter) {
-  const char* v = getenv(env);
-  if (v != nullptr && (v[0] == '0' || v[0] == '1')) return v[0] == '1';
-  return inter >= kCopyMinI;
+inline bool gather_by_copy(int force, int64_t inter) {
+  return force >= 0 ? force == 1 : inter >= kCopyMinI;
 }
 
 // wgmma_gemm launches the sm_90a wgmma grouped GEMM (128×256 CTA tiles) when

@@ -499,9 +499,8 @@ bool weight_map(TmaMap& m, const bf16* w, int64_t rows, int64_t kd) {
 // DeepSeek-V3 (kd 2048-14336) 3-7 % slower. So it is on up to kd 1024;
 // MK_MOE_PERSIST=1 / 0 forces it on / off.
 bool persistent(int64_t kd) {
-  const char* v = getenv("MK_MOE_PERSIST");
-  if (v != nullptr && (v[0] == '0' || v[0] == '1')) return v[0] == '1';
-  return kd <= 1024;
+  static const int force = mk::env_force("MK_MOE_PERSIST");
+  return force >= 0 ? force == 1 : kd <= 1024;
 }
 
 using mk::sm_count;
@@ -517,7 +516,8 @@ bool tma_a() {
 // g1_tma: GEMM1's rows copied into tile order and loaded by TMA, for an
 // intermediate size of inter (mkmoe::gather_by_copy; MK_MOE_G1_TMA=1/0).
 bool g1_tma(int64_t inter) {
-  return mkmoe::gather_by_copy("MK_MOE_G1_TMA", inter);
+  static const int force = mk::env_force("MK_MOE_G1_TMA");
+  return mkmoe::gather_by_copy(force, inter);
 }
 
 template <bool GU>
