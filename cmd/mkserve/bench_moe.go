@@ -34,6 +34,7 @@ type moeBenchOpts struct {
 	tuneOut                      string  // fused path: sweep the launch choices and record the best in this table
 	traceOut                     string  // fused path: trace the last launch's tasks per token count into this file (JSON lines)
 	sameToken                    bool    // grouped path: all tokens one row (every token routes alike)
+	graph                        bool    // time each layer as one CUDA graph replay (ms); eager launches go to eager_ms
 	iters, checkRows             int
 	seed                         uint64
 	json                         bool
@@ -52,11 +53,14 @@ type moeBenchRow struct {
 	Tokens         int                      `json:"tokens"`
 	MS             float64                  `json:"ms"`                    // median over iterations, CUDA events, whole layer
 	SeparateMS     *float64                 `json:"separate_ms,omitempty"` // fused path: the same layer from separate launches (baseline (a))
-	ExpertsMS      float64                  `json:"experts_ms"`            // median of the expert part alone (fused: plan + persistent launch; grouped: align + GEMM1 + GEMM2 + combine)
-	TFLOPS         float64                  `json:"tflops"`                // 2·3·tokens·topk·hidden·intermediate / ms
-	WeightGBps     float64                  `json:"weight_gbps"`           // bytes of touched experts' weights / ms
-	ExpertsTouched float64                  `json:"experts_touched"`       // mean over iterations
-	RelErr         float64                  `json:"rel_err"`               // vs the reference below, on sampled rows
+	Graph          bool                     `json:"graph"`                 // ms and separate_ms are CUDA graph replays of the layer (--graph)
+	EagerMS        *float64                 `json:"eager_ms,omitempty"`    // --graph: the same layer launched op by op from the host
+	EagerSepMS     *float64                 `json:"eager_separate_ms,omitempty"`
+	ExpertsMS      float64                  `json:"experts_ms"`      // median of the expert part alone (fused: plan + persistent launch; grouped: align + GEMM1 + GEMM2 + combine)
+	TFLOPS         float64                  `json:"tflops"`          // 2·3·tokens·topk·hidden·intermediate / ms
+	WeightGBps     float64                  `json:"weight_gbps"`     // bytes of touched experts' weights / ms
+	ExpertsTouched float64                  `json:"experts_touched"` // mean over iterations
+	RelErr         float64                  `json:"rel_err"`         // vs the reference below, on sampled rows
 	Reference      string                   `json:"reference"`
 	RouteMismatch  int                      `json:"route_mismatch"` // sampled tokens whose ids differ from moe.Route on the GPU's logits
 	Path           string                   `json:"path"`
@@ -90,6 +94,7 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 	fs.StringVar(&o.traceOut, "trace", "", "fused path, wgmma tiles: record when each task of the last launch per token count was taken, ready, started and finished; write the records and a summary per count to this file (JSON lines) and the summary into the result")
 	fs.IntVar(&o.shared, "shared-experts", 0, "shared experts (one dense MLP of N*intermediate), timed with the layer")
 	fs.IntVar(&o.iters, "iters", 10, "timed iterations per token count (the median is reported)")
+	fs.BoolVar(&o.graph, "graph", true, "time the layer as one CUDA graph replay per iteration, as decode steps run (vLLM's benchmark_moe times graphs too); the op-by-op launches are reported as eager_ms")
 	fs.BoolVar(&o.sameToken, "same-token", false, "grouped path: every token of an iteration is the same random row, so all route to the same top-k experts (the worst skew; random-weight models come close to it)")
 	fs.IntVar(&o.checkRows, "check-rows", 2, "tokens per count checked against the CPU reference")
 	seed := fs.Uint64("seed", 1, "random seed")
@@ -211,21 +216,24 @@ func benchMoE(args []string, stdout io.Writer) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "tokens\tms\tmin ms\texperts ms\tseparate ms\tTFLOP/s\tweight GB/s\texperts\trel err\troute diff\tpath\tranks\t\n")
+	fmt.Fprintf(tw, "tokens\tms\tmin ms\teager ms\texperts ms\tseparate ms\tTFLOP/s\tweight GB/s\texperts\trel err\troute diff\tpath\tranks\t\n")
 	for _, r := range rows {
-		sep := "-"
+		sep, eager := "-", "-"
 		if r.SeparateMS != nil {
 			sep = fmt.Sprintf("%.4f", *r.SeparateMS)
 		}
-		fmt.Fprintf(tw, "%d\t%.4f\t%.4f\t%.4f\t%s\t%.1f\t%.0f\t%.1f\t%.2g\t%d\t%s\t%d\t\n", r.Tokens, r.MS, r.MinMS, r.ExpertsMS, sep, r.TFLOPS,
+		if r.EagerMS != nil {
+			eager = fmt.Sprintf("%.4f", *r.EagerMS)
+		}
+		fmt.Fprintf(tw, "%d\t%.4f\t%.4f\t%s\t%.4f\t%s\t%.1f\t%.0f\t%.1f\t%.2g\t%d\t%s\t%d\t\n", r.Tokens, r.MS, r.MinMS, eager, r.ExpertsMS, sep, r.TFLOPS,
 			r.WeightGBps, r.ExpertsTouched, r.RelErr, r.RouteMismatch, r.Path, r.Ranks)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	if len(rows) > 0 {
-		_, err = fmt.Fprintf(stdout, "H=%d I=%d E=%d K=%d routing=%s shared=%d; ms: median of %d, whole layer (router GEMM + routing + experts + combine); rel err: %s\n",
-			o.hidden, o.inter, o.experts, o.topk, o.routing, o.shared, o.iters, rows[0].Reference)
+		_, err = fmt.Fprintf(stdout, "H=%d I=%d E=%d K=%d routing=%s shared=%d; ms: median of %d, whole layer (router GEMM + routing + experts + combine), %s; rel err: %s\n",
+			o.hidden, o.inter, o.experts, o.topk, o.routing, o.shared, o.iters, timingNote(rows[0].Graph), rows[0].Reference)
 	}
 	return err
 }
@@ -233,6 +241,7 @@ func benchMoE(args []string, stdout io.Writer) error {
 // moeBenchBufs are the layer's device buffers.
 type moeBenchBufs struct {
 	gate, gateUp, down, shGU, shDown *kernels.Buffer // bf16 weights
+	flush                            *kernels.Buffer // --graph: written before each replay (graphFlushBytes)
 	scoreBias                        *kernels.Buffer // f32 [E] or nil
 	all                              []*kernels.Buffer
 }
@@ -292,6 +301,11 @@ func runMoEBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error) {
 			return nil, err
 		}
 		if err := fill(w.shDown, int64(H*SI), o.seed+12, 1/math.Sqrt(float64(SI))); err != nil {
+			return nil, err
+		}
+	}
+	if o.graph {
+		if w.flush, err = w.alloc(d, graphFlushBytes); err != nil {
 			return nil, err
 		}
 	}
@@ -373,21 +387,27 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 			return row, err
 		}
 	}
-	layer := func() error {
+	// layer queues the layer; timed records ev[1] and ev[2] around the
+	// experts (not inside a graph capture).
+	layer := func(timed bool) error {
 		if err := d.Gemm(nil, logits, kernels.F32, x, w.gate, T, E, H); err != nil {
 			return err
 		}
 		if err := d.MoERoute(nil, ids, wts, logits, w.scoreBias, T, moeRouterKernels(cfg)); err != nil {
 			return err
 		}
-		if err := ev[1].Record(nil); err != nil {
-			return err
+		if timed {
+			if err := ev[1].Record(nil); err != nil {
+				return err
+			}
 		}
 		if err := d.MoEExpertsRun(nil, out, x, ids, wts, T, K, ex, nil, ws); err != nil {
 			return err
 		}
-		if err := ev[2].Record(nil); err != nil {
-			return err
+		if timed {
+			if err := ev[2].Record(nil); err != nil {
+				return err
+			}
 		}
 		if SI > 0 {
 			if err := d.Gemm(nil, sh, kernels.BF16, x, w.shGU, T, 2*SI, H); err != nil {
@@ -402,29 +422,54 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 		}
 		return nil
 	}
-	hostIDs := make([]int32, T*K)
-	var times, etimes []float64
-	touched := 0.0
-	for it := -2; it < o.iters; it++ {
-		// Fresh tokens every iteration, so the touched experts change and
-		// the 60 MB L2 does not keep the previous iteration's weights.
-		seed := o.seed*1000003 + uint64(T)*31 + uint64(it+2)
-		if err := d.FillRandomBF16(nil, x, int64(T*H), seed, 1); err != nil {
+	var sg *kernels.StepGraph
+	if o.graph {
+		if sg, err = captureLayer(d, func() error { return layer(false) }); err != nil {
 			return row, err
+		}
+		defer func() { _ = sg.Destroy(d) }()
+		row.Graph = true
+	}
+	// fresh gives x new tokens, so the touched experts change and the L2
+	// does not keep the previous run's weights.
+	fresh := func(seed uint64) error {
+		if err := d.FillRandomBF16(nil, x, int64(T*H), seed, 1); err != nil {
+			return err
 		}
 		if o.sameToken { // row 0 everywhere
 			r0, err := downloadRow[uint16](d, x, 0, int64(H), 2)
 			if err != nil {
+				return err
+			}
+			return kernels.Upload(d, x, slices.Repeat(r0, T))
+		}
+		return nil
+	}
+	hostIDs := make([]int32, T*K)
+	var times, etimes, gtimes []float64
+	touched := 0.0
+	for it := -2; it < o.iters; it++ {
+		seed := o.seed*1000003 + uint64(T)*31 + uint64(it+2)
+		if sg != nil {
+			if err := fresh(seed ^ 0x5bd1e995); err != nil {
 				return row, err
 			}
-			if err := kernels.Upload(d, x, slices.Repeat(r0, T)); err != nil {
+			ms, err := replayMS(d, sg, w.flush, seed)
+			if err != nil {
 				return row, err
 			}
+			if it >= 0 {
+				gtimes = append(gtimes, ms)
+			}
+		}
+		// The eager run last: the check reads its output.
+		if err := fresh(seed); err != nil {
+			return row, err
 		}
 		if err := ev[0].Record(nil); err != nil {
 			return row, err
 		}
-		if err := layer(); err != nil {
+		if err := layer(true); err != nil {
 			return row, err
 		}
 		if err := ev[3].Record(nil); err != nil {
@@ -464,6 +509,12 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 	row.MS = times[len(times)/2]
 	row.ExpertsMS = etimes[len(etimes)/2]
 	row.MinMS = times[0]
+	if sg != nil {
+		eager := row.MS
+		row.EagerMS = &eager
+		sort.Float64s(gtimes)
+		row.MS, row.MinMS = gtimes[len(gtimes)/2], gtimes[0]
+	}
 	row.ExpertsTouched = touched / float64(o.iters)
 	sec := row.MS / 1e3
 	row.TFLOPS = 2 * 3 * float64(T) * float64(K) * float64(H) * float64(I) / sec / 1e12
@@ -480,6 +531,53 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 		row.RelErr, row.RouteMismatch = e, mism
 	}
 	return row, nil
+}
+
+// timingNote says how ms was timed.
+func timingNote(graph bool) string {
+	if graph {
+		return "one CUDA graph replay each (eager ms: the same launched op by op; experts ms from the eager run)"
+	}
+	return "launched op by op"
+}
+
+// captureLayer records what f queues on stream 0 into a CUDA graph (not
+// run yet).
+func captureLayer(d *kernels.Device, f func() error) (*kernels.StepGraph, error) {
+	sg, err := d.BeginCapture()
+	if err != nil {
+		return nil, err
+	}
+	if err := f(); err != nil {
+		d.AbortCapture(sg)
+		return nil, fmt.Errorf("capturing the layer in a CUDA graph (--graph=false times it without one): %w", err)
+	}
+	if err := d.EndCapture(sg); err != nil {
+		return nil, fmt.Errorf("capturing the layer in a CUDA graph (--graph=false times it without one): %w", err)
+	}
+	return sg, nil
+}
+
+// graphFlushBytes is the buffer written before each timed replay: more
+// than the H200's 50 MB L2, and ~40 µs of GPU work, so that the graph is
+// queued before its start event runs (the host's launch is not timed) and
+// the replay finds no weights of an earlier run in L2.
+const graphFlushBytes = 128 << 20
+
+// replayMS writes flush, then launches sg once and returns the graph's GPU
+// time in ms (events around the graph launch).
+func replayMS(d *kernels.Device, sg *kernels.StepGraph, flush *kernels.Buffer, seed uint64) (float64, error) {
+	if err := d.FillRandomBF16(nil, flush, graphFlushBytes/2, seed, 1); err != nil {
+		return 0, err
+	}
+	before := sg.GPUNs()
+	if err := sg.Launch(d); err != nil {
+		return 0, err
+	}
+	if err := sg.Wait(d); err != nil {
+		return 0, err
+	}
+	return float64(sg.GPUNs()-before) / 1e6, nil
 }
 
 func moeRouterKernels(c moe.RouterConfig) kernels.MoERouter {

@@ -23,6 +23,7 @@ type moeFusedBench struct {
 	shGU   *kernels.Buffer   // [2·SI, H] bf16 or nil
 	shDown *kernels.Buffer   // [H, SI] bf16 or nil
 	sbias  *kernels.Buffer   // [E] f32 or nil
+	flush  *kernels.Buffer   // --graph: written before each replay
 	gu, dn []*kernels.Buffer // per rank [slots, 2I, H], [slots, H, I]
 	w      moeBenchBufs
 }
@@ -76,6 +77,11 @@ func runMoEFusedBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error)
 			return nil, err
 		}
 		if err := fill(b.shDown, int64(H*SI), o.seed+12, 1/math.Sqrt(float64(SI))); err != nil {
+			return nil, err
+		}
+	}
+	if o.graph {
+		if b.flush, err = b.w.alloc(d, graphFlushBytes); err != nil {
 			return nil, err
 		}
 	}
@@ -300,14 +306,66 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 		e, err := kernels.Elapsed(ev[1], ev[2])
 		return float64(a), float64(e), err
 	}
-	hostIDs := make([]int32, T*K)
-	var times, etimes, stimes []float64
-	touched := 0.0
-	for it := -2; it < o.iters; it++ {
-		for r := range R {
-			if err := d.FillRandomBF16(nil, ranks[r].X, int64(T*H), o.seed*1000003+uint64(T)*31+uint64(it+2)*131+uint64(r), 1); err != nil {
+	// Graphs of the two layers (--graph): the router and shared experts,
+	// then the persistent launch or the separate ones.
+	var graphs [2]*kernels.StepGraph // separate, fused
+	if o.graph {
+		for i, fused := range []bool{false, true} {
+			g, err := captureLayer(d, func() error {
+				if err := front(); err != nil {
+					return err
+				}
+				if fused {
+					return d.MoEFused(nil, ranks, ctl, args)
+				}
+				return d.MoEFusedSeparate(nil, ranks, ctl, args)
+			})
+			if err != nil {
 				return row, err
 			}
+			defer func() { _ = g.Destroy(d) }()
+			graphs[i] = g
+		}
+		row.Graph = true
+	}
+	fresh := func(seed uint64) error {
+		for r := range R {
+			if err := d.FillRandomBF16(nil, ranks[r].X, int64(T*H), seed+uint64(r), 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	hostIDs := make([]int32, T*K)
+	var times, etimes, stimes, gtimes, gstimes []float64
+	touched := 0.0
+	for it := -2; it < o.iters; it++ {
+		seed := o.seed*1000003 + uint64(T)*31 + uint64(it+2)*131
+		for i, g := range graphs {
+			if g == nil {
+				continue
+			}
+			if err := fresh(seed ^ uint64(0x9e3779b97f4a7c15>>i)); err != nil {
+				return row, err
+			}
+			ms, err := replayMS(d, g, b.flush, seed+uint64(i))
+			if err == nil {
+				err = d.MoEFusedCheck(ctl)
+			}
+			if err != nil {
+				return row, fmt.Errorf("graph of the %s layer: %w", [2]string{"separate", "fused"}[i], err)
+			}
+			if it >= 0 {
+				if i == 0 {
+					gstimes = append(gstimes, ms)
+				} else {
+					gtimes = append(gtimes, ms)
+				}
+			}
+		}
+		// The eager runs last: the check and the trace read the fused one.
+		if err := fresh(seed); err != nil {
+			return row, err
 		}
 		sms, _, err := timeOne(false)
 		if err != nil {
@@ -349,6 +407,15 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 	row.MS, row.MinMS, row.ExpertsMS = times[len(times)/2], times[0], etimes[len(etimes)/2]
 	sep := stimes[len(stimes)/2]
 	row.SeparateMS = &sep
+	if row.Graph {
+		eager, eagerSep := row.MS, sep
+		row.EagerMS, row.EagerSepMS = &eager, &eagerSep
+		sort.Float64s(gtimes)
+		sort.Float64s(gstimes)
+		row.MS, row.MinMS = gtimes[len(gtimes)/2], gtimes[0]
+		gsep := gstimes[len(gstimes)/2]
+		row.SeparateMS = &gsep
+	}
 	row.ExpertsTouched = touched / float64(o.iters)
 	sec := row.MS / 1e3
 	row.TFLOPS = 2 * 3 * float64(R*T) * float64(K) * float64(H) * float64(I) / sec / 1e12

@@ -38,8 +38,11 @@ func TestBenchMoEFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := o.router(); r.NumExperts != 8 || r.TopK != 2 || len(o.tokens) != 2 || !o.json {
-		t.Errorf("parsed %+v, router %+v", o, r)
+	if r := o.router(); r.NumExperts != 8 || r.TopK != 2 || len(o.tokens) != 2 || !o.json || !o.graph {
+		t.Errorf("parsed %+v, router %+v (graph timing is the default)", o, r)
+	}
+	if o, err := parseMoEBench([]string{"--graph=false"}); err != nil || o.graph {
+		t.Errorf("--graph=false: %+v, %v", o, err)
 	}
 	if r := (&moeBenchOpts{experts: 256, topk: 8, routing: "grouped"}).router(); r.Validate() != nil || r.NumGroups != 8 || r.TopKGroups != 4 {
 		t.Errorf("grouped router %+v: %v", r, r.Validate())
@@ -93,6 +96,14 @@ func TestBenchMoEFusedGPU(t *testing.T) {
 			if _, ok := r[k]; !ok {
 				t.Errorf("row lacks %q", k)
 			}
+		}
+		for _, k := range []string{"eager_ms", "eager_separate_ms"} {
+			if v, ok := r[k].(float64); !ok || !(v > 0) {
+				t.Errorf("%s = %v, want a positive time (graph timing is the default)", k, r[k])
+			}
+		}
+		if r["graph"] != true {
+			t.Errorf("graph = %v, want true", r["graph"])
 		}
 		if r["path"] != "fused" || r["ranks"] != 2.0 {
 			t.Errorf("path %v ranks %v, want fused and 2", r["path"], r["ranks"])
@@ -156,5 +167,46 @@ func TestRecordMoETuning(t *testing.T) {
 	}
 	if _, err := parseMoEBench([]string{"--path", "grouped", "--tune", path}); err == nil {
 		t.Error("--tune with --path grouped accepted")
+	}
+}
+
+// TestBenchMoEGroupedGPU runs the grouped path on a small shape, timed as
+// graph replays and op by op, and checks the JSON and the reference error.
+// Skipped without libmkernel.so.
+func TestBenchMoEGroupedGPU(t *testing.T) {
+	if _, err := kernels.LibraryPath(); err != nil {
+		t.Skipf("no libmkernel.so: %v", err)
+	}
+	for _, graph := range []bool{true, false} {
+		var out, errb bytes.Buffer
+		args := []string{"bench", "moe", "--path", "grouped", "--hidden", "256", "--intermediate", "128", "--experts", "16",
+			"--topk", "4", "--routing", "softmax", "--tokens", "1,70", "--iters", "3", "--shared-experts", "1", "--json"}
+		if !graph {
+			args = append(args, "--graph=false")
+		}
+		rc := run(args, strings.NewReader(""), &out, &errb)
+		if rc != 0 && strings.Contains(errb.String(), "needs a GPU") && os.Getenv("MKSERVE_REQUIRE_GPU") != "1" {
+			t.Skipf("a library but no GPU: %s", errb.String())
+		}
+		if rc != 0 {
+			t.Fatalf("graph %v: exit %d: %s", graph, rc, errb.String())
+		}
+		var rows []map[string]any
+		if err := json.Unmarshal(out.Bytes(), &rows); err != nil || len(rows) != 2 {
+			t.Fatalf("stdout %q: %v", out.String(), err)
+		}
+		for _, r := range rows {
+			t.Logf("graph %v: %v", graph, r)
+			if ms, ok := r["ms"].(float64); !ok || !(ms > 0) {
+				t.Errorf("ms = %v", r["ms"])
+			}
+			_, hasEager := r["eager_ms"]
+			if r["graph"] != graph || hasEager != graph {
+				t.Errorf("graph = %v, eager_ms present %v; want both %v", r["graph"], hasEager, graph)
+			}
+			if e, ok := r["rel_err"].(float64); !ok || !(e <= 1e-2) {
+				t.Errorf("rel_err %v > 1e-2", r["rel_err"])
+			}
+		}
 	}
 }
