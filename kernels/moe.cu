@@ -525,6 +525,8 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     moe_gemm_kernel(const GemmArgs p) {
   const bool earlyB = !GATEUP && p.early_b;
   if (!earlyB) mk::pdl_begin();
+  if (GATEUP && p.split_cnt != nullptr && blockIdx.x == 0)  // GEMM2's split counters, for this call
+    for (int i = threadIdx.x; i < p.split_cnt_n; i += blockDim.x) p.split_cnt[i] = 0;
   constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
   constexpr int MF = WM / 16, NF = WN / 8;
   static_assert(NF % 2 == 0, "n fragments come in pairs");
@@ -692,7 +694,8 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
         }
       } else {
         const bool partial = p.ksplit > 1;
-        float* out = partial ? p.part + ((int64_t)split * dense + slot) * N : reinterpret_cast<float*>(p.out) + slot * N;
+        const int64_t plane = dense > 0 ? dense : (int64_t)p.mt * BM;  // rows of one split's partial sums
+        float* out = partial ? p.part + ((int64_t)split * plane + slot) * N : reinterpret_cast<float*>(p.out) + slot * N;
         const float* db = p.bias && !partial ? p.bias + (int64_t)e * N : nullptr;
 #pragma unroll
         for (int nf = 0; nf < NF; nf++) {
@@ -705,6 +708,42 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
           }
           *reinterpret_cast<float2*>(out + n) = v;
         }
+      }
+    }
+  }
+  if (GATEUP || p.ksplit <= 1 || dense > 0) return;
+  // Grouped split mode: the last split of this work item to finish sums the
+  // partials, s in order, and writes y (the threadFenceReduction pattern).
+  __shared__ int split_last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) split_last = atomicAdd(p.split_cnt + pid, 1) == p.ksplit - 1;
+  __syncthreads();
+  if (!split_last) return;
+  __threadfence();
+  const int64_t plane = (int64_t)p.mt * BM;
+  const float* db = p.bias ? p.bias + (int64_t)e * N : nullptr;
+#pragma unroll
+  for (int mf = 0; mf < MF; mf++) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int64_t slot = m0 + wm * WM + mf * 16 + lane / 4 + 8 * h;
+      if (p.sorted[slot] < 0) continue;
+#pragma unroll
+      for (int nf = 0; nf < NF; nf++) {
+        const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
+        if (n >= N) continue;
+        float2 v = __ldcg(reinterpret_cast<const float2*>(p.part + slot * N + n));
+        for (int sp = 1; sp < p.ksplit; sp++) {
+          const float2 u = __ldcg(reinterpret_cast<const float2*>(p.part + (sp * plane + slot) * N + n));
+          v.x += u.x;
+          v.y += u.y;
+        }
+        if (db) {
+          v.x += db[n];
+          v.y += db[n + 1];
+        }
+        *reinterpret_cast<float2*>(reinterpret_cast<float*>(p.out) + slot * N + n) = v;
       }
     }
   }
@@ -1162,14 +1201,38 @@ int pick_cfg(int64_t T, int K, int E) {
   return wide_tiles() ? 3 : 2;
 }
 
-// Workspace layout.
+// Workspace layout. g2s > 1: GEMM2 splits its reduction g2s ways (part
+// holds the partial sums, g2cnt a counter per GEMM2 work item: tiles × g2nt).
 struct Layout {
-  int cfg;
-  int64_t rows, tiles;
-  size_t off, num, tile_expert, sorted, slot_of, act, y, bar, total;
+  int cfg, g2s;
+  int64_t rows, tiles, g2nt;
+  size_t off, num, tile_expert, sorted, slot_of, act, y, bar, part, g2cnt, total;
 };
 
 size_t up256(size_t x) { return (x + 255) / 256 * 256; }
+
+// g2_splits is GEMM2's split of its reduction (kd = I columns) for the
+// mma.sync tiles of configuration cfg: a function of the shape alone, so a
+// token's sums do not depend on the batch within a configuration. A long
+// reduction over few column tiles leaves the GPU's slots unevenly filled
+// (Mixtral, one token: 128 CTAs of 1.8 MB each on 132 SMs, 3.7 TB/s under
+// ncu; 64 tokens, 32-row tiles: 768 CTAs, 1.9 waves, 3.1 TB/s), so from 64
+// k tiles (I ≥ 4096) each work item is split into min(4, kt/32) reductions
+// of ≥ 32 k tiles; the last to finish sums them. The wgmma tiles (cfg 3)
+// keep one. MK_MOE_G2_SPLIT=n forces n (1: off) on the mma.sync tiles.
+int g2_splits(int cfg, int64_t kd) {
+  static const int forced = [] {
+    const char* v = getenv("MK_MOE_G2_SPLIT");
+    const int n = v ? atoi(v) : 0;
+    return n >= 1 && n <= 8 ? n : 0;
+  }();
+  if (cfg != 0 && cfg != 1 && cfg != 4) return 1;
+  const int64_t kt = (kd + BK - 1) / BK;
+  int sp = forced ? forced : (int)std::min<int64_t>(4, kt / 32);
+  if (sp < 2) return 1;
+  const int64_t ktc = (kt + sp - 1) / sp;
+  return (int)((kt + ktc - 1) / ktc);  // no empty split
+}
 
 Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   Layout L;
@@ -1195,6 +1258,12 @@ Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   o = up256(o + (size_t)L.rows * H * 4);
   L.bar = o;  // moe_decode_kernel's grid barrier
   o = up256(o + 4);
+  L.g2s = g2_splits(L.cfg, I);
+  L.g2nt = (H + kCfg[L.cfg].bn - 1) / kCfg[L.cfg].bn;
+  L.part = o;
+  if (L.g2s > 1) o = up256(o + (size_t)L.g2s * L.rows * H * 4);
+  L.g2cnt = o;
+  if (L.g2s > 1) o = up256(o + (size_t)L.tiles * L.g2nt * 4);
   L.total = o;
   return L;
 }
@@ -1652,6 +1721,10 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   // (MK_MOE_G1_TMA=1): into y, which GEMM2 writes only after GEMM1 is done
   // ([rows, H] f32 holds [rows, H] bf16 twice over).
   g1.ascratch = reinterpret_cast<bf16*>(y);
+  if (L.g2s > 1) {  // GEMM1 zeroes GEMM2's split counters
+    g1.split_cnt = reinterpret_cast<int*>(w + L.g2cnt);
+    g1.split_cnt_n = (int)(L.tiles * L.g2nt);
+  }
   int rc = run_gemm<true>(L.cfg, g1, L.tiles, s);
   if (rc != MK_OK) return rc;
 
@@ -1663,7 +1736,15 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   g2.out = y;
   g2.Kd = i;
   g2.N = h;
-  rc = run_gemm<false>(L.cfg, g2, L.tiles, s);
+  if (L.g2s > 1) {
+    const int64_t kt = (i + BK - 1) / BK;
+    g2.ksplit = L.g2s;
+    g2.ktc = (int)((kt + L.g2s - 1) / L.g2s);
+    g2.part = reinterpret_cast<float*>(w + L.part);
+    rc = run_gemm<false>(L.cfg, g2, L.tiles * L.g2s, s, L.tiles);
+  } else {
+    rc = run_gemm<false>(L.cfg, g2, L.tiles, s);
+  }
   if (rc != MK_OK) return rc;
 
   MK_ARG(t < (1ll << 31), "mk_moe_experts: T=%lld too large", (long long)t);

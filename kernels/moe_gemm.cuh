@@ -36,8 +36,14 @@ struct GemmArgs {
   int dense_rows;
   // Dense mode, ksplit > 1: the CTAs of split s (blockIdx.x / (mt·nt)) sum the k tiles [s·ktc, (s+1)·ktc)
   // and write their partial sums, bias left out, to part [ksplit, dense_rows, N] f32 instead of out.
+  // Grouped mode (dense_rows 0), GEMM2 of moe.cu's mma.sync tiles, ksplit > 1: split s writes its partial
+  // sums to part [ksplit, mt·BM, N] f32 and bumps split_cnt[work item]; the last split of an item sums
+  // the ksplit partials in s order (+ bias) into out, so y is the same whatever order the splits finish
+  // in. GEMM1 (GATEUP) zeroes split_cnt [split_cnt_n] after its PDL wait, before GEMM2 can start.
   int ksplit, ktc;
   float* part;
+  int* split_cnt;
+  int split_cnt_n;
   // GEMM1 of the wgmma kernel (MK_MOE_G1_TMA=1): room for [mt·128, Kd] bf16
   // rows, where A's gathered rows are copied in tile order so that the
   // GEMM loads them by TMA; null: the producer gathers them by cp.async.

@@ -255,6 +255,12 @@ func TestMoEExperts(t *testing.T) {
 		{name: "gemv1_E64_K8_T4_shared_experts", cfg: softmaxRouter(64, 8), T: 4, H: 256, I: 96, hot: -1, cold: 8, biases: true, gemv: MoEGemvOneLaunch},
 		{name: "gemv1_E64_K8_T3_rank_block", cfg: softmaxRouter(64, 8), T: 3, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40, gemv: MoEGemvOneLaunch},
 		{name: "grouped_E64_K8_T9_rank_block", cfg: softmaxRouter(64, 8), T: 9, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40},
+		// GEMM2's reduction split (I ≥ 4096 on the mma.sync tiles, g2_splits):
+		// 16-, 32- and 64-row tiles, splits of unequal length (I not a
+		// multiple of 64), biases added once after the sum, a hot expert.
+		{name: "E8_K2_T1_g2split", cfg: softmaxRouter(8, 2), T: 1, H: 72, I: 4104, hot: -1, biases: true},
+		{name: "E8_K2_T64_tile32_g2split", cfg: softmaxRouter(8, 2), T: 64, H: 136, I: 8200, hot: -1, biases: true},
+		{name: "E8_K2_T160_tile64_g2split_hot_clamped", cfg: softmaxRouter(8, 2), T: 160, H: 64, I: 4104, hot: 3, clamped: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -241,7 +241,7 @@ func benchMoE(args []string, stdout io.Writer) error {
 // moeBenchBufs are the layer's device buffers.
 type moeBenchBufs struct {
 	gate, gateUp, down, shGU, shDown *kernels.Buffer // bf16 weights
-	flush                            *kernels.Buffer // --graph: written before each replay (graphFlushBytes)
+	flush                            *graphFlush     // --graph: run before each replay
 	scoreBias                        *kernels.Buffer // f32 [E] or nil
 	all                              []*kernels.Buffer
 }
@@ -305,7 +305,7 @@ func runMoEBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error) {
 		}
 	}
 	if o.graph {
-		if w.flush, err = w.alloc(d, graphFlushBytes); err != nil {
+		if w.flush, err = newGraphFlush(d, w, o.seed+13); err != nil {
 			return nil, err
 		}
 	}
@@ -454,7 +454,7 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 			if err := fresh(seed ^ 0x5bd1e995); err != nil {
 				return row, err
 			}
-			ms, err := replayMS(d, sg, w.flush, seed)
+			ms, err := replayMS(d, sg, w.flush)
 			if err != nil {
 				return row, err
 			}
@@ -558,16 +558,40 @@ func captureLayer(d *kernels.Device, f func() error) (*kernels.StepGraph, error)
 	return sg, nil
 }
 
-// graphFlushBytes is the buffer written before each timed replay: more
-// than the H200's 50 MB L2, and ~40 µs of GPU work, so that the graph is
-// queued before its start event runs (the host's launch is not timed) and
-// the replay finds no weights of an earlier run in L2.
-const graphFlushBytes = 128 << 20
+// graphFlush is what runs before each timed replay: a GEMV that reads
+// graphFlushBytes of bf16 (more than the H200's 50 MB L2; ~35 µs), so
+// that the graph is queued before its start event runs (the host's launch
+// is not timed) and the replay finds none of an earlier run's weights in
+// L2; it only reads, so no dirty lines are left for the replay to write
+// back.
+type graphFlush struct {
+	w, out *kernels.Buffer // [graphFlushRows, graphFlushCols] bf16, [graphFlushRows] f32
+}
 
-// replayMS writes flush, then launches sg once and returns the graph's GPU
-// time in ms (events around the graph launch).
-func replayMS(d *kernels.Device, sg *kernels.StepGraph, flush *kernels.Buffer, seed uint64) (float64, error) {
-	if err := d.FillRandomBF16(nil, flush, graphFlushBytes/2, seed, 1); err != nil {
+const (
+	graphFlushCols  = 4096
+	graphFlushRows  = 16384
+	graphFlushBytes = graphFlushRows * graphFlushCols * 2
+)
+
+// newGraphFlush allocates and fills the flush buffers into b.
+func newGraphFlush(d *kernels.Device, b *moeBenchBufs, seed uint64) (*graphFlush, error) {
+	f := &graphFlush{}
+	var err error
+	if f.w, err = b.alloc(d, graphFlushBytes); err != nil {
+		return nil, err
+	}
+	if f.out, err = b.alloc(d, graphFlushRows*4); err != nil {
+		return nil, err
+	}
+	return f, d.FillRandomBF16(nil, f.w, graphFlushBytes/2, seed, 1)
+}
+
+// replayMS runs the flush, then launches sg once and returns the graph's
+// GPU time in ms (events around the graph launch).
+func replayMS(d *kernels.Device, sg *kernels.StepGraph, f *graphFlush) (float64, error) {
+	// x = the buffer's first row: out = W · W[0].
+	if err := d.Gemm(nil, f.out, kernels.F32, f.w, f.w, 1, graphFlushRows, graphFlushCols); err != nil {
 		return 0, err
 	}
 	before := sg.GPUNs()

@@ -23,7 +23,7 @@ type moeFusedBench struct {
 	shGU   *kernels.Buffer   // [2·SI, H] bf16 or nil
 	shDown *kernels.Buffer   // [H, SI] bf16 or nil
 	sbias  *kernels.Buffer   // [E] f32 or nil
-	flush  *kernels.Buffer   // --graph: written before each replay
+	flush  *graphFlush       // --graph: run before each replay
 	gu, dn []*kernels.Buffer // per rank [slots, 2I, H], [slots, H, I]
 	w      moeBenchBufs
 }
@@ -81,7 +81,7 @@ func runMoEFusedBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error)
 		}
 	}
 	if o.graph {
-		if b.flush, err = b.w.alloc(d, graphFlushBytes); err != nil {
+		if b.flush, err = newGraphFlush(d, &b.w, o.seed+13); err != nil {
 			return nil, err
 		}
 	}
@@ -348,7 +348,7 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 			if err := fresh(seed ^ uint64(0x9e3779b97f4a7c15>>i)); err != nil {
 				return row, err
 			}
-			ms, err := replayMS(d, g, b.flush, seed+uint64(i))
+			ms, err := replayMS(d, g, b.flush)
 			if err == nil {
 				err = d.MoEFusedCheck(ctl)
 			}
