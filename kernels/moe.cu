@@ -44,6 +44,17 @@ __device__ __forceinline__ bool ranks_before(float a, int ia, float b, int ib) {
   return ia < ib;
 }
 
+// rank_key maps (a, ia) to a 64-bit key whose unsigned order is the
+// ranks_before order: the float's bits made monotonic (+0 and -0 equal,
+// every NaN above every number) above the complemented index (ties to the
+// lower index). Every key is > 0, so 0 can mean "none". One integer compare
+// instead of ranks_before's branches.
+__device__ __forceinline__ unsigned long long rank_key(float a, int ia) {
+  const unsigned u = __float_as_uint(a);
+  const unsigned m = a != a ? 0xffffffffu : a == 0.0f ? 0x80000000u : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ((unsigned long long)m << 32) | (unsigned)~ia;
+}
+
 // Per-warp shared memory of the router: scores, choice, group scores [E]
 // floats, selected ids and weights [K], taken and keep flags [E] bytes.
 __host__ __device__ inline size_t route_warp_bytes(int E, int K) {
@@ -56,12 +67,17 @@ constexpr int kRouteWarps = 4;
 // group_score is a group's score for group-limited routing: the sum of its
 // two best choice scores c[0..gs) (ranks_before order).
 __device__ __forceinline__ float group_score(const float* c, int gs) {
-  int b0 = -1, b1 = -1;
+  unsigned long long k0 = 0, k1 = 0;
+  int b0 = 0, b1 = 0;
   for (int i = 0; i < gs; i++) {
-    if (b0 < 0 || ranks_before(c[i], i, c[b0], b0)) {
+    const unsigned long long k = rank_key(c[i], i);
+    if (k > k0) {
+      k1 = k0;
       b1 = b0;
+      k0 = k;
       b0 = i;
-    } else if (b1 < 0 || ranks_before(c[i], i, c[b1], b1)) {
+    } else if (k > k1) {
+      k1 = k;
       b1 = i;
     }
   }
@@ -287,8 +303,8 @@ __device__ __forceinline__ void route_token_reg(int32_t* ids, float* wts, const 
     // Group g is kept when fewer than TG groups rank before it.
     for (int g = lane; g < G; g += 32) {
       int before = 0;
-      for (int h = 0; h < G; h++)
-        if (h != g && ranks_before(gsc[h], h, gsc[g], g)) before++;
+      const unsigned long long kg = rank_key(gsc[g], g);
+      for (int h = 0; h < G; h++) before += rank_key(gsc[h], h) > kg;
       keep[g] = before < TG;
     }
     __syncwarp();
@@ -299,49 +315,45 @@ __device__ __forceinline__ void route_token_reg(int32_t* ids, float* wts, const 
     }
   }
 
-  // 4. top-k: K rounds of a warp arg-best over (choice, expert), carrying the
-  // unbiased score; lane j keeps the j-th pick.
-  unsigned taken = 0;
+  // 4. top-k: K rounds of a warp max over the choices' rank keys (0: no
+  // expert); lane j keeps the j-th pick, then fetches its unbiased
+  // score from the lane that holds it. (With ranks_before's branches and
+  // the score carried through the shuffles this was ~140 dependent
+  // instructions a round: 8 µs for one Qwen3 token, ncu.)
+  unsigned long long key[EPL];
 #pragma unroll
-  for (int i = 0; i < EPL; i++)
-    if (lane + 32 * i >= E) taken |= 1u << i;
-  float lbv = 0.0f, lbs = 0.0f;
-  int lbi = -1;
+  for (int i = 0; i < EPL; i++) {
+    const int e = lane + 32 * i;
+    key[i] = e < E ? rank_key(ch[i], e) : 0ull;
+  }
+  unsigned taken = 0;  // bit i: key[i] picked (a mask, so key[] stays in registers)
   auto local_best = [&]() {
-    lbi = -1;
+    unsigned long long b = 0;
 #pragma unroll
-    for (int i = 0; i < EPL; i++) {
-      const int e = lane + 32 * i;
-      if (!((taken >> i) & 1u) && (lbi < 0 || ranks_before(ch[i], e, lbv, lbi))) {
-        lbv = ch[i];
-        lbi = e;
-        lbs = sc[i];
-      }
-    }
+    for (int i = 0; i < EPL; i++) b = !((taken >> i) & 1u) && key[i] > b ? key[i] : b;
+    return b;
   };
-  local_best();
+  unsigned long long lb = local_best();
   int my_id = -1;
-  float w = 0.0f;
   for (int j = 0; j < K; j++) {
-    float bv = lbv, bs = lbs;
-    int bi = lbi;
+    unsigned long long b = lb;
+#pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(full, bv, o), os = __shfl_xor_sync(full, bs, o);
-      const int oi = __shfl_xor_sync(full, bi, o);
-      if (oi >= 0 && (bi < 0 || ranks_before(ov, oi, bv, bi))) {
-        bv = ov;
-        bi = oi;
-        bs = os;
-      }
+      const unsigned long long ob = __shfl_xor_sync(full, b, o);
+      b = ob > b ? ob : b;
     }
-    if (lane == j) {
-      my_id = bi;
-      w = bs;
+    const int id = (int)~(unsigned)b;  // K ≤ E: b is a real key
+    if (lane == j) my_id = id;
+    if ((id & 31) == lane) {
+      taken |= 1u << (id >> 5);
+      lb = local_best();
     }
-    if (bi >= 0 && (bi & 31) == lane) {
-      taken |= 1u << (bi >> 5);
-      local_best();
-    }
+  }
+  float w = 0.0f;
+#pragma unroll
+  for (int i = 0; i < EPL; i++) {
+    const float v = __shfl_sync(full, sc[i], my_id & 31);
+    if (lane < K && (my_id >> 5) == i) w = v;
   }
 
   // 5. weights of the k picks (lanes < K), in pick order where order matters.
@@ -364,11 +376,8 @@ __device__ __forceinline__ void route_token_reg(int32_t* ids, float* wts, const 
   if (scale != 0.0f && scale != 1.0f) w = __fmul_rn(w, scale);
   // Output order: by descending weight, ties to the lower expert.
   int rank = 0;
-  for (int j = 0; j < K; j++) {
-    const float wj = __shfl_sync(full, w, j);
-    const int ij = __shfl_sync(full, my_id, j);
-    if (j != lane && ranks_before(wj, ij, w, my_id)) rank++;
-  }
+  const unsigned long long wk = rank_key(w, my_id);
+  for (int j = 0; j < K; j++) rank += __shfl_sync(full, wk, j) > wk;
   if (lane < K) {
     ids[t * K + rank] = my_id;
     wts[t * K + rank] = w;
@@ -1217,9 +1226,14 @@ size_t up256(size_t x) { return (x + 255) / 256 * 256; }
 // reduction over few column tiles leaves the GPU's slots unevenly filled
 // (Mixtral, one token: 128 CTAs of 1.8 MB each on 132 SMs, 3.7 TB/s under
 // ncu; 64 tokens, 32-row tiles: 768 CTAs, 1.9 waves, 3.1 TB/s), so from 64
-// k tiles (I ≥ 4096) each work item is split into min(4, kt/32) reductions
-// of ≥ 32 k tiles; the last to finish sums them. The wgmma tiles (cfg 3)
-// keep one. MK_MOE_G2_SPLIT=n forces n (1: off) on the mma.sync tiles.
+// k tiles (I ≥ 4096) each work item is split in two; the last to finish
+// sums them. Two, not more (session 18, Mixtral, whole layers by graph
+// replay, against no split: 2 splits ×0.89 / ×1.02 / ×0.95 at 1 / 16 / 64
+// tokens, 4 splits ×0.96 / ×1.04 / ×0.97; Mixtral-4l decode at batch 1
+// 1.14–1.15 ms against 1.30–1.31 with none and 1.22–1.25 with four: four
+// splits of 56 k tiles ran 6-stage CTAs in 1.3 waves). The wgmma tiles
+// (cfg 3) keep one. MK_MOE_G2_SPLIT=n forces n (1: off) on the mma.sync
+// tiles.
 int g2_splits(int cfg, int64_t kd) {
   static const int forced = [] {
     const char* v = getenv("MK_MOE_G2_SPLIT");
@@ -1228,7 +1242,7 @@ int g2_splits(int cfg, int64_t kd) {
   }();
   if (cfg != 0 && cfg != 1 && cfg != 4) return 1;
   const int64_t kt = (kd + BK - 1) / BK;
-  int sp = forced ? forced : (int)std::min<int64_t>(4, kt / 32);
+  int sp = forced ? forced : kt >= 64 ? 2 : 1;
   if (sp < 2) return 1;
   const int64_t ktc = (kt + sp - 1) / sp;
   return (int)((kt + ktc - 1) / ktc);  // no empty split

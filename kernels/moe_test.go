@@ -62,24 +62,36 @@ func TestMoERoute(t *testing.T) {
 		cfg  moe.RouterConfig
 		bias bool
 		T    int
+		gen  string // "": normal logits; "ties": few distinct values (ties everywhere); "special": NaN, ±Inf, ±0 sprinkled in
 	}{
-		{"softmax_norm", moe.RouterConfig{NumExperts: 64, TopK: 8, Scoring: moe.Softmax, NormTopK: true}, false, 300},
-		{"softmax_nonorm", moe.RouterConfig{NumExperts: 128, TopK: 8, Scoring: moe.Softmax}, false, 77},
-		{"softmax_topk", moe.RouterConfig{NumExperts: 32, TopK: 4, Scoring: moe.Softmax, SoftmaxTopK: true}, false, 129},
-		{"softmax_topk_norm", moe.RouterConfig{NumExperts: 8, TopK: 2, Scoring: moe.Softmax, SoftmaxTopK: true, NormTopK: true}, false, 50},
-		{"deepseek_v3", deepSeekV3Router, true, 257},
-		{"sigmoid_groups_nonorm", moe.RouterConfig{NumExperts: 64, TopK: 6, Scoring: moe.Sigmoid, NumGroups: 8, TopKGroups: 3}, true, 100},
-		{"sigmoid_plain", moe.RouterConfig{NumExperts: 16, TopK: 1, Scoring: moe.Sigmoid, NormTopK: true}, false, 33},
-		{"topk_all", moe.RouterConfig{NumExperts: 40, TopK: 40, Scoring: moe.Softmax, NormTopK: true, ScalingFactor: 1.5}, false, 9},
-		{"mixtral", moe.RouterConfig{NumExperts: 8, TopK: 2, Scoring: moe.Softmax, NormTopK: true}, false, 1},
+		{"softmax_norm", moe.RouterConfig{NumExperts: 64, TopK: 8, Scoring: moe.Softmax, NormTopK: true}, false, 300, ""},
+		{"softmax_nonorm", moe.RouterConfig{NumExperts: 128, TopK: 8, Scoring: moe.Softmax}, false, 77, ""},
+		{"softmax_topk", moe.RouterConfig{NumExperts: 32, TopK: 4, Scoring: moe.Softmax, SoftmaxTopK: true}, false, 129, ""},
+		{"softmax_topk_norm", moe.RouterConfig{NumExperts: 8, TopK: 2, Scoring: moe.Softmax, SoftmaxTopK: true, NormTopK: true}, false, 50, ""},
+		{"deepseek_v3", deepSeekV3Router, true, 257, ""},
+		{"sigmoid_groups_nonorm", moe.RouterConfig{NumExperts: 64, TopK: 6, Scoring: moe.Sigmoid, NumGroups: 8, TopKGroups: 3}, true, 100, ""},
+		{"sigmoid_plain", moe.RouterConfig{NumExperts: 16, TopK: 1, Scoring: moe.Sigmoid, NormTopK: true}, false, 33, ""},
+		{"topk_all", moe.RouterConfig{NumExperts: 40, TopK: 40, Scoring: moe.Softmax, NormTopK: true, ScalingFactor: 1.5}, false, 9, ""},
+		{"mixtral", moe.RouterConfig{NumExperts: 8, TopK: 2, Scoring: moe.Softmax, NormTopK: true}, false, 1, ""},
 		// The register kernel (E ≤ 256, K ≤ 32) at its widest, with experts
 		// not a multiple of 32, and groups of 24; then the shared-memory
 		// kernel past 256 experts.
-		{"softmax_e256", moe.RouterConfig{NumExperts: 256, TopK: 8, Scoring: moe.Softmax, NormTopK: true}, false, 70},
-		{"sigmoid_e200_bias", moe.RouterConfig{NumExperts: 200, TopK: 6, Scoring: moe.Sigmoid, NormTopK: true, ScalingFactor: 2}, true, 41},
-		{"groups_of_24", moe.RouterConfig{NumExperts: 96, TopK: 8, Scoring: moe.Sigmoid, NormTopK: true, NumGroups: 4, TopKGroups: 2}, true, 33},
-		{"topk_32", moe.RouterConfig{NumExperts: 60, TopK: 32, Scoring: moe.Softmax, SoftmaxTopK: true, NormTopK: true}, false, 12},
-		{"softmax_e512", moe.RouterConfig{NumExperts: 512, TopK: 8, Scoring: moe.Softmax, NormTopK: true}, false, 20},
+		{"softmax_e256", moe.RouterConfig{NumExperts: 256, TopK: 8, Scoring: moe.Softmax, NormTopK: true}, false, 70, ""},
+		{"sigmoid_e200_bias", moe.RouterConfig{NumExperts: 200, TopK: 6, Scoring: moe.Sigmoid, NormTopK: true, ScalingFactor: 2}, true, 41, ""},
+		{"groups_of_24", moe.RouterConfig{NumExperts: 96, TopK: 8, Scoring: moe.Sigmoid, NormTopK: true, NumGroups: 4, TopKGroups: 2}, true, 33, ""},
+		{"topk_32", moe.RouterConfig{NumExperts: 60, TopK: 32, Scoring: moe.Softmax, SoftmaxTopK: true, NormTopK: true}, false, 12, ""},
+		{"softmax_e512", moe.RouterConfig{NumExperts: 512, TopK: 8, Scoring: moe.Softmax, NormTopK: true}, false, 20, ""},
+		// The order of equal scores (lower expert first, +0 = -0) and of
+		// NaN (above every number) in the register kernel's rank keys and
+		// the shared-memory kernel's comparisons.
+		{"ties_softmax_e128", moe.RouterConfig{NumExperts: 128, TopK: 8, Scoring: moe.Softmax, NormTopK: true}, false, 64, "ties"},
+		{"ties_deepseek_v3", deepSeekV3Router, true, 64, "ties"},
+		{"ties_softmax_topk_e8", moe.RouterConfig{NumExperts: 8, TopK: 2, Scoring: moe.Softmax, SoftmaxTopK: true, NormTopK: true}, false, 40, "ties"},
+		{"ties_e512", moe.RouterConfig{NumExperts: 512, TopK: 8, Scoring: moe.Softmax, NormTopK: true}, false, 16, "ties"},
+		{"special_sigmoid_e200", moe.RouterConfig{NumExperts: 200, TopK: 6, Scoring: moe.Sigmoid, NormTopK: true, ScalingFactor: 2}, true, 64, "special"},
+		{"special_softmax_topk_e32", moe.RouterConfig{NumExperts: 32, TopK: 4, Scoring: moe.Softmax, SoftmaxTopK: true}, false, 64, "special"},
+		{"special_deepseek_v3", deepSeekV3Router, true, 64, "special"},
+		{"special_mixtral", moe.RouterConfig{NumExperts: 8, TopK: 2, Scoring: moe.Softmax, NormTopK: true}, false, 64, "special"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -88,6 +100,22 @@ func TestMoERoute(t *testing.T) {
 			var bias []float32
 			if c.bias {
 				bias = randF32(r, E, 0.5)
+			}
+			switch c.gen {
+			case "ties":
+				for i := range logits {
+					logits[i] = float32(r.IntN(5)-2) * 0.5
+				}
+				for i := range bias {
+					bias[i] = float32(r.IntN(3)-1) * 0.25
+				}
+			case "special":
+				sp := []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), 0, float32(math.Copysign(0, -1))}
+				for i := range logits {
+					if r.IntN(40) == 0 {
+						logits[i] = sp[r.IntN(len(sp))]
+					}
+				}
 			}
 			ids, w := runRoute(t, g, c.cfg, logits, bias, T)
 			wantIDs, wantW := moe.Route(&c.cfg, logits, bias, T)
@@ -100,6 +128,9 @@ func TestMoERoute(t *testing.T) {
 					}
 					bad++
 					continue
+				}
+				if w[i] != w[i] && wantW[i] != wantW[i] {
+					continue // NaN on both sides (the special logits)
 				}
 				d := math.Abs(float64(w[i]) - float64(wantW[i]))
 				if w[i] != w[i] || !(d <= 1e-6*math.Max(1, math.Abs(float64(wantW[i])))) {
