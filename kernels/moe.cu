@@ -1180,12 +1180,17 @@ constexpr Cfg kCfg[5] = {{16, 64, 128, 6}, {64, 128, 128, 4}, {128, 128, 256, 4}
 bool wide_tiles();
 
 // big_avg: expected rows per active expert above which the 128-row tiles
-// (wgmma on sm_90a) run; MK_MOE_BIG_AVG overrides the default 48.
+// (wgmma on sm_90a) run; MK_MOE_BIG_AVG overrides the default 24. It was
+// 48 (the 64-row mma.sync tiles from 24 to 48 rows): session 18, grouped
+// layers by graph replay, same call, 24 against 48: DeepSeek-V3 ×0.74–0.77
+// at 1024 tokens, ×0.66 at 1536, Mixtral ×0.97 at 128 and 160, Qwen3
+// ×1.02 at 512 and 640 (the one loss). So the 64-row tiles now run only
+// when the variable asks for them.
 double big_avg() {
   static double b = [] {
     const char* v = getenv("MK_MOE_BIG_AVG");
     const double x = v ? atof(v) : 0;
-    return x > 0 ? x : 48.0;
+    return x > 0 ? x : 24.0;
   }();
   return b;
 }
