@@ -73,23 +73,8 @@ func TestBenchMoENoGPU(t *testing.T) {
 // shape and checks the JSON contract and the reference error. Skipped
 // without libmkernel.so.
 func TestBenchMoEFusedGPU(t *testing.T) {
-	if _, err := kernels.LibraryPath(); err != nil {
-		t.Skipf("no libmkernel.so: %v", err)
-	}
-	var out, errb bytes.Buffer
-	rc := run([]string{"bench", "moe", "--hidden", "256", "--intermediate", "128", "--experts", "16", "--topk", "4",
-		"--routing", "softmax", "--tokens", "1,70", "--ranks", "2", "--iters", "2", "--shared-experts", "1", "--json"},
-		strings.NewReader(""), &out, &errb)
-	if rc != 0 && strings.Contains(errb.String(), "needs a GPU") && os.Getenv("MKSERVE_REQUIRE_GPU") != "1" {
-		t.Skipf("a library but no GPU: %s", errb.String())
-	}
-	if rc != 0 {
-		t.Fatalf("exit %d: %s", rc, errb.String())
-	}
-	var rows []map[string]any
-	if err := json.Unmarshal(out.Bytes(), &rows); err != nil || len(rows) != 2 {
-		t.Fatalf("stdout %q: %v", out.String(), err)
-	}
+	rows := runBenchMoEGPU(t, "--hidden", "256", "--intermediate", "128", "--experts", "16", "--topk", "4",
+		"--routing", "softmax", "--tokens", "1,70", "--ranks", "2", "--iters", "2", "--shared-experts", "1")
 	for _, r := range rows {
 		t.Logf("%v", r)
 		for _, k := range []string{"tokens", "ms", "tflops", "weight_gbps", "rel_err", "separate_ms"} {
@@ -175,23 +160,8 @@ func TestRecordMoETuning(t *testing.T) {
 // (One GPU run per process: the library binds the GPU to one thread.)
 // Skipped without libmkernel.so.
 func TestBenchMoEGroupedGPU(t *testing.T) {
-	if _, err := kernels.LibraryPath(); err != nil {
-		t.Skipf("no libmkernel.so: %v", err)
-	}
-	var out, errb bytes.Buffer
-	rc := run([]string{"bench", "moe", "--path", "grouped", "--hidden", "256", "--intermediate", "128", "--experts", "16",
-		"--topk", "4", "--routing", "softmax", "--tokens", "1,70", "--iters", "3", "--shared-experts", "1", "--json"},
-		strings.NewReader(""), &out, &errb)
-	if rc != 0 && strings.Contains(errb.String(), "needs a GPU") && os.Getenv("MKSERVE_REQUIRE_GPU") != "1" {
-		t.Skipf("a library but no GPU: %s", errb.String())
-	}
-	if rc != 0 {
-		t.Fatalf("exit %d: %s", rc, errb.String())
-	}
-	var rows []map[string]any
-	if err := json.Unmarshal(out.Bytes(), &rows); err != nil || len(rows) != 2 {
-		t.Fatalf("stdout %q: %v", out.String(), err)
-	}
+	rows := runBenchMoEGPU(t, "--path", "grouped", "--hidden", "256", "--intermediate", "128", "--experts", "16",
+		"--topk", "4", "--routing", "softmax", "--tokens", "1,70", "--iters", "3", "--shared-experts", "1")
 	for _, r := range rows {
 		t.Logf("%v", r)
 		for _, k := range []string{"ms", "eager_ms", "experts_ms"} {
@@ -206,4 +176,27 @@ func TestBenchMoEGroupedGPU(t *testing.T) {
 			t.Errorf("rel_err %v > 1e-2", r["rel_err"])
 		}
 	}
+}
+
+// runBenchMoEGPU runs `bench moe ARGS --json` in this process and returns
+// its two rows (the tests ask for two token counts). It skips without
+// libmkernel.so, or without a GPU unless MKSERVE_REQUIRE_GPU=1.
+func runBenchMoEGPU(t *testing.T, args ...string) []map[string]any {
+	t.Helper()
+	if _, err := kernels.LibraryPath(); err != nil {
+		t.Skipf("no libmkernel.so: %v", err)
+	}
+	var out, errb bytes.Buffer
+	rc := run(append(append([]string{"bench", "moe"}, args...), "--json"), strings.NewReader(""), &out, &errb)
+	if rc != 0 && strings.Contains(errb.String(), "needs a GPU") && os.Getenv("MKSERVE_REQUIRE_GPU") != "1" {
+		t.Skipf("a library but no GPU: %s", errb.String())
+	}
+	if rc != 0 {
+		t.Fatalf("exit %d: %s", rc, errb.String())
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal(out.Bytes(), &rows); err != nil || len(rows) != 2 {
+		t.Fatalf("stdout %q: %v", out.String(), err)
+	}
+	return rows
 }
