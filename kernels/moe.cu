@@ -1365,6 +1365,26 @@ int dec_stages(int64_t kd) {
   return kd >= 4096 ? 8 : 6;
 }
 
+// narrow_gate_up says whether GEMM1 of the 16-row tiles runs 16 + 16
+// columns a CTA (64 threads) instead of 32 + 32 (128 threads): when the
+// wide grid (tiles × nt64 CTAs) is under two CTAs an SM, e.g. one Qwen3
+// token's 8 × 24 = 192, which spreads 1.45 CTAs an SM unevenly (ncu: 17.4
+// µs, 2.9 TB/s for 50 MB). Each output keeps one accumulator over k in
+// the same order, so the choice does not change a bit of the result and
+// may depend on the batch. Off until a GPU has measured it (written in
+// session 18 without device time left): MK_MOE_NARROW=1 applies the rule,
+// =2 takes the narrow tiles for every 16-row GEMM1 (tests).
+bool narrow_gate_up(int64_t tiles, int64_t nt64) {
+  static const int mode = [] {
+    const char* v = getenv("MK_MOE_NARROW");
+    return v ? atoi(v) : 0;
+  }();
+  if (mode == 2) return true;
+  if (mode != 1) return false;
+  static const int sms = mk::sm_count();
+  return tiles * nt64 < 2 * (int64_t)sms;
+}
+
 template <int BM, int BN, int WM, int WN, int ST, bool GU>
 int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s, int64_t mt = 0) {
   auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
@@ -1403,6 +1423,13 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t 
   }
   switch (cfg) {
     case 0:  // decode-sized tiles
+      if constexpr (GU) {
+        if (narrow_gate_up(tiles, nt)) {
+          const int64_t nt16 = (a.N + 15) / 16;
+          if (dec_stages(a.Kd) == 8) return launch_gemm<16, 32, 16, 16, 8, GU>(a, tiles, nt16, s, mt);
+          return launch_gemm<16, 32, 16, 16, 6, GU>(a, tiles, nt16, s, mt);
+        }
+      }
       switch (dec_stages(a.ksplit > 1 ? (int64_t)a.ktc * BK : a.Kd)) {  // a split's k columns (dense mode)
         case 8: return launch_gemm<16, 64, 16, 16, 8, GU>(a, tiles, nt, s, mt);
         default: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s, mt);
