@@ -390,7 +390,7 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 	// layer queues the layer; timed records ev[1] and ev[2] around the
 	// experts (not inside a graph capture).
 	layer := func(timed bool) error {
-		if err := d.Gemm(nil, logits, kernels.F32, x, w.gate, T, E, H); err != nil {
+		if err := benchRouter(d, logits, x, w.gate, T, E, H); err != nil {
 			return err
 		}
 		if err := d.MoERoute(nil, ids, wts, logits, w.scoreBias, T, moeRouterKernels(cfg)); err != nil {
@@ -531,6 +531,18 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 		row.RelErr, row.RouteMismatch = e, mism
 	}
 	return row, nil
+}
+
+// benchRouter is the layer's router GEMM, logits [T, E] f32 = x [T, H] ·
+// gate [E, H]ᵀ: at decode sizes (T ≤ kernels.GemvMaxRows) one GEMV launch,
+// as the CUDA backend's decode steps route (there in float32,
+// MoERouterF32), else cuBLASLt (Gemm), which at one token took a split-K
+// GEMM and its reduction (5–6 + 3 µs under ncu, eighteenth pass).
+func benchRouter(d *kernels.Device, logits, x, gate *kernels.Buffer, T, E, H int) error {
+	if T <= kernels.GemvMaxRows {
+		return d.GemvBF16(nil, logits, x, gate, T, E, H)
+	}
+	return d.Gemm(nil, logits, kernels.F32, x, gate, T, E, H)
 }
 
 // timingNote says how ms was timed.

@@ -512,7 +512,7 @@ func runMoEEPCase(ctx context.Context, wd *world, d *kernels.Device, o *moeBench
 	rk := kernels.MoEFusedRank{X: x, IDs: ids, Weights: wts, Out: out, GateUp: st.gu, Down: st.dn, WS: ws}
 	router := moeRouterKernels(sh.router())
 	front := func() error { // router GEMM and routing of this rank's tokens
-		if err := d.Gemm(nil, logits, kernels.F32, x, st.gate, T, E, H); err != nil {
+		if err := benchRouter(d, logits, x, st.gate, T, E, H); err != nil {
 			return err
 		}
 		return d.MoERoute(nil, ids, wts, logits, st.sbias, T, router)

@@ -252,7 +252,7 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 	front := func() error { // router and shared experts of every rank
 		for r := range R {
 			rk := &ranks[r]
-			if err := d.Gemm(nil, logits[r], kernels.F32, rk.X, b.gate, T, E, H); err != nil {
+			if err := benchRouter(d, logits[r], rk.X, b.gate, T, E, H); err != nil {
 				return err
 			}
 			if err := d.MoERoute(nil, rk.IDs, rk.Weights, logits[r], b.sbias, T, moeRouterKernels(cfg)); err != nil {
