@@ -337,7 +337,8 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 		return nil
 	}
 	hostIDs := make([]int32, T*K)
-	var times, etimes, stimes, gtimes, gstimes []float64
+	var times, etimes, stimes []float64
+	var gtimes [2][]float64 // graph replays: separate, fused
 	touched := 0.0
 	for it := -2; it < o.iters; it++ {
 		seed := o.seed*1000003 + uint64(T)*31 + uint64(it+2)*131
@@ -356,11 +357,7 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 				return row, fmt.Errorf("graph of the %s layer: %w", [2]string{"separate", "fused"}[i], err)
 			}
 			if it >= 0 {
-				if i == 0 {
-					gstimes = append(gstimes, ms)
-				} else {
-					gtimes = append(gtimes, ms)
-				}
+				gtimes[i] = append(gtimes[i], ms)
 			}
 		}
 		// The eager runs last: the check and the trace read the fused one.
@@ -410,10 +407,11 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 	if row.Graph {
 		eager, eagerSep := row.MS, sep
 		row.EagerMS, row.EagerSepMS = &eager, &eagerSep
-		sort.Float64s(gtimes)
-		sort.Float64s(gstimes)
-		row.MS, row.MinMS = gtimes[len(gtimes)/2], gtimes[0]
-		gsep := gstimes[len(gstimes)/2]
+		for _, g := range gtimes {
+			sort.Float64s(g)
+		}
+		row.MS, row.MinMS = gtimes[1][len(gtimes[1])/2], gtimes[1][0]
+		gsep := gtimes[0][len(gtimes[0])/2]
 		row.SeparateMS = &gsep
 	}
 	row.ExpertsTouched = touched / float64(o.iters)
