@@ -1210,9 +1210,9 @@ int pick_cfg(int64_t T, int K, int E) {
   const int64_t active = n < E ? n : E;
   const double avg = (double)n / (double)(active > 0 ? active : 1);
   if (T <= 16 || avg <= 8) return 0;
+  if (avg > big_avg()) return wide_tiles() ? 3 : 2;  // (a big_avg under 24 takes rows from the 32-row tiles)
   if (avg <= 24) return bm32() ? 4 : 0;
-  if (avg <= big_avg()) return 1;
-  return wide_tiles() ? 3 : 2;
+  return 1;
 }
 
 // Workspace layout. g2s > 1: GEMM2 splits its reduction g2s ways (part
