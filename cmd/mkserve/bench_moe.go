@@ -560,18 +560,19 @@ func captureLayer(d *kernels.Device, f func() error) (*kernels.StepGraph, error)
 	if err != nil {
 		return nil, err
 	}
-	if err := f(); err != nil {
+	if err = f(); err != nil {
 		d.AbortCapture(sg)
-		return nil, fmt.Errorf("capturing the layer in a CUDA graph (--graph=false times it without one): %w", err)
+	} else {
+		err = d.EndCapture(sg)
 	}
-	if err := d.EndCapture(sg); err != nil {
+	if err != nil {
 		return nil, fmt.Errorf("capturing the layer in a CUDA graph (--graph=false times it without one): %w", err)
 	}
 	return sg, nil
 }
 
 // graphFlush is what runs before each timed replay: a GEMV that reads
-// graphFlushBytes of bf16 (more than the H200's 50 MB L2; ~35 µs), so
+// graphFlushBytes of bf16 (more than the H200's 50 MB L2), so
 // that the graph is queued before its start event runs (the host's launch
 // is not timed) and the replay finds none of an earlier run's weights in
 // L2; it only reads, so no dirty lines are left for the replay to write
