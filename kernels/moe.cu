@@ -1180,19 +1180,23 @@ constexpr Cfg kCfg[5] = {{16, 64, 128, 6}, {64, 128, 128, 4}, {128, 128, 256, 4}
 bool wide_tiles();
 
 // big_avg: expected rows per active expert above which the 128-row tiles
-// (wgmma on sm_90a) run; MK_MOE_BIG_AVG overrides the default 24. It was
-// 48 (the 64-row mma.sync tiles from 24 to 48 rows): session 18, grouped
-// layers by graph replay, same call, 24 against 48: DeepSeek-V3 ×0.74–0.77
-// at 1024 tokens, ×0.66 at 1536, Mixtral ×0.97 at 128 and 160, Qwen3
-// ×1.02 at 512 and 640 (the one loss). So the 64-row tiles now run only
-// when the variable asks for them.
-double big_avg() {
+// (wgmma on sm_90a) run, for a hidden size of h; MK_MOE_BIG_AVG overrides
+// the default: 8 from h = 6144 on, else 24. Session 18, grouped layers by
+// graph replay, same call, 24 against the earlier 48: DeepSeek-V3
+// ×0.74–0.77 at 1024 tokens, ×0.66 at 1536, Mixtral ×0.97 at 128 and 160,
+// Qwen3 ×1.02 at 512 and 640 (the one loss), so the 64-row tiles run only
+// when the variable asks for them. Session 19, 8 against 24: DeepSeek-V3
+// (h 7168) ×0.91 / ×0.85 / ×0.69 at 384 / 512 / 768 tokens (12–24 rows,
+// which the 32-row tiles took), Mixtral (h 4096) ×1.05 at 64 tokens, Qwen3
+// (h 2048) ×1.15 at 256 (16 rows each); the three shapes differ in more
+// than h, so the rule says what was measured, not why.
+double big_avg(int64_t h) {
   static double b = [] {
     const char* v = getenv("MK_MOE_BIG_AVG");
-    const double x = v ? atof(v) : 0;
-    return x > 0 ? x : 24.0;
+    return v ? atof(v) : 0;
   }();
-  return b;
+  if (b > 0) return b;
+  return h >= 6144 ? 8.0 : 24.0;
 }
 
 // bm32: the 32-row tiles for 8 < rows per expert ≤ 24 (MK_MOE_BM32=0: the
@@ -1205,12 +1209,12 @@ bool bm32() {
   return b;
 }
 
-int pick_cfg(int64_t T, int K, int E) {
+int pick_cfg(int64_t T, int K, int E, int64_t H) {
   const int64_t n = T * K;
   const int64_t active = n < E ? n : E;
   const double avg = (double)n / (double)(active > 0 ? active : 1);
   if (T <= 16 || avg <= 8) return 0;
-  if (avg > big_avg()) return wide_tiles() ? 3 : 2;  // (a big_avg under 24 takes rows from the 32-row tiles)
+  if (avg > big_avg(H)) return wide_tiles() ? 3 : 2;  // (a big_avg under 24 takes rows from the 32-row tiles)
   if (avg <= 24) return bm32() ? 4 : 0;
   return 1;
 }
@@ -1255,7 +1259,7 @@ int g2_splits(int cfg, int64_t kd) {
 
 Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   Layout L;
-  L.cfg = pick_cfg(T, K, E);
+  L.cfg = pick_cfg(T, K, E, H);
   const int64_t bm = kCfg[L.cfg].bm, n = T * K;
   const int64_t active = n < E ? n : E;
   L.rows = (n + active * (bm - 1) + bm - 1) / bm * bm;
@@ -1365,26 +1369,6 @@ int dec_stages(int64_t kd) {
   return kd >= 4096 ? 8 : 6;
 }
 
-// narrow_gate_up says whether GEMM1 of the 16-row tiles runs 16 + 16
-// columns a CTA (64 threads) instead of 32 + 32 (128 threads): when the
-// wide grid (tiles × nt64 CTAs) is under two CTAs an SM, e.g. one Qwen3
-// token's 8 × 24 = 192, which spreads 1.45 CTAs an SM unevenly (ncu: 17.4
-// µs, 2.9 TB/s for 50 MB). Each output keeps one accumulator over k in
-// the same order, so the choice does not change a bit of the result and
-// may depend on the batch. Off until a GPU has measured it (written in
-// session 18 without device time left): MK_MOE_NARROW=1 applies the rule,
-// =2 takes the narrow tiles for every 16-row GEMM1 (tests).
-bool narrow_gate_up(int64_t tiles, int64_t nt64) {
-  static const int mode = [] {
-    const char* v = getenv("MK_MOE_NARROW");
-    return v ? atoi(v) : 0;
-  }();
-  if (mode == 2) return true;
-  if (mode != 1) return false;
-  static const int sms = mk::sm_count();
-  return tiles * nt64 < 2 * (int64_t)sms;
-}
-
 template <int BM, int BN, int WM, int WN, int ST, bool GU>
 int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s, int64_t mt = 0) {
   auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
@@ -1423,13 +1407,6 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t 
   }
   switch (cfg) {
     case 0:  // decode-sized tiles
-      if constexpr (GU) {
-        if (narrow_gate_up(tiles, nt)) {
-          const int64_t nt16 = (a.N + 15) / 16;
-          if (dec_stages(a.Kd) == 8) return launch_gemm<16, 32, 16, 16, 8, GU>(a, tiles, nt16, s, mt);
-          return launch_gemm<16, 32, 16, 16, 6, GU>(a, tiles, nt16, s, mt);
-        }
-      }
       switch (dec_stages(a.ksplit > 1 ? (int64_t)a.ktc * BK : a.Kd)) {  // a split's k columns (dense mode)
         case 8: return launch_gemm<16, 64, 16, 16, 8, GU>(a, tiles, nt, s, mt);
         default: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s, mt);

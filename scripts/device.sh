@@ -211,10 +211,9 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 		'^TestMoE(Experts|FusedLayer|FusedRankLocalStreams)$' || status=1
 	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_ret_bf16.log" | head -10
 	# GEMM2's reduction split forced on every mma.sync tile (MK_MOE_G2_SPLIT=4;
-	# by default only from I = 4096) and GEMM1's narrow 16-row tiles on every
-	# decode-sized GEMM1 (MK_MOE_NARROW=2; off by default, not yet measured).
-	echo "== MoE kernel tests with MK_MOE_G2_SPLIT=4 MK_MOE_NARROW=2"
-	MK_MOE_G2_SPLIT=4 MK_MOE_NARROW=2 run_each .dev/kernels.test "$LOGS/test_split.log" . 120 \
+	# by default only from I = 4096).
+	echo "== MoE kernel tests with MK_MOE_G2_SPLIT=4"
+	MK_MOE_G2_SPLIT=4 run_each .dev/kernels.test "$LOGS/test_split.log" . 120 \
 		'^TestMoE(Experts|FusedLayer)$' || status=1
 	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_split.log" | head -10
 	echo "== CUDA backend tests"
