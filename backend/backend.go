@@ -56,6 +56,12 @@ type Batch struct {
 	// LogitRows lists the rows whose logits are wanted, in output order.
 	// Nil means every row.
 	LogitRows []int
+	// Feed, when not nil ([T]), marks the rows whose token id is still on
+	// the device (overlapped decode): Feed[i] ≥ 0 takes row i's id from row
+	// Feed[i] of the picks of the backend's latest AsyncSampler.SampleAsync,
+	// and Tokens[i] is then a placeholder (0) the backend may overwrite with
+	// the id; -1 takes Tokens[i]. Only for an AsyncSampler, through RunStep.
+	Feed []int32
 }
 
 // Validate checks that spans tile the batch and positions follow Past.
@@ -175,6 +181,25 @@ type SampleResult struct {
 type Sampler interface {
 	// Sample picks one token per row of logits [B, V], len(rows) == B.
 	Sample(logits Tensor, rows []SampleRow) []SampleResult
+}
+
+// AsyncSampler is a Sampler whose picks can stay on the device, so that
+// the engine launches the next step before they reach the host (overlapped
+// decode, as vLLM's async scheduling): the next step's Batch.Feed names the
+// rows whose token is a pick, and Pending.Wait brings the picks back.
+type AsyncSampler interface {
+	Sampler
+	// SampleAsync queues the sampling of logits' rows [B, V] and returns
+	// without waiting for it. The Pending of a call must be waited for
+	// before the second call after it.
+	SampleAsync(logits Tensor, rows []SampleRow) (Pending, error)
+}
+
+// Pending is a SampleAsync's result on its way to the host.
+type Pending interface {
+	// Wait blocks until the picks are on the host and returns them, one
+	// per row (the same as Sample's); a second call returns an error.
+	Wait() ([]SampleResult, error)
 }
 
 // KVWidth is one attention layer's cached elements per token: K for the
@@ -453,9 +478,15 @@ type GraphWarmer interface {
 
 // RunStep runs f, the model's forward pass over b, through be's GraphStep
 // when be is a StepGrapher, else directly.
+//
+// A batch with fed rows (Batch.Feed) needs a StepGrapher (which resolves
+// them, on the device or by waiting for the picks).
 func RunStep(be Backend, b *Batch, f func() (Tensor, error)) (Tensor, error) {
 	if g, ok := be.(StepGrapher); ok {
 		return g.GraphStep(b, f)
+	}
+	if b.Fed() {
+		return nil, fmt.Errorf("backend: a batch with fed rows on %T, which cannot resolve them", be)
 	}
 	return f()
 }

@@ -44,7 +44,27 @@ func validateBatch(b *Batch) error {
 			return fmt.Errorf("batch: logit row %d out of range [0,%d)", r, T)
 		}
 	}
+	if b.Feed != nil {
+		if len(b.Feed) != T {
+			return fmt.Errorf("batch: %d feed rows for %d tokens", len(b.Feed), T)
+		}
+		for i, f := range b.Feed {
+			if f < -1 {
+				return fmt.Errorf("batch: row %d is fed from pick %d", i, f)
+			}
+		}
+	}
 	return nil
+}
+
+// Fed reports whether a row of b takes its token from the device (Feed).
+func (b *Batch) Fed() bool {
+	for _, f := range b.Feed {
+		if f >= 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // SingleSequence builds the batch for ids appended to sequence id, which

@@ -68,6 +68,7 @@ type Engine struct {
 	RebalanceEvery      int   // engine.rebalance_every (steps; 0: off)
 	RebalanceSpare      int   // engine.rebalance_spare (extra expert slots per rank)
 	GraphWarmup         bool  // engine.graph_warmup (capture decode graphs at start)
+	SyncSteps           bool  // engine.sync_steps (overlapped decode off)
 }
 
 // Defaults of the settings engine.DefaultConfig does not cover.
@@ -132,6 +133,7 @@ func (c *Config) EngineConfig() engine.Config {
 		RebalanceEvery:      e.RebalanceEvery,
 		RebalanceSpare:      e.RebalanceSpare,
 		GraphWarmup:         e.GraphWarmup,
+		SyncSteps:           e.SyncSteps,
 	}
 }
 

@@ -195,6 +195,7 @@ func TestEngineConfigMapping(t *testing.T) {
 		KVCacheBytes: 1 + rng.Int64N(1<<40), MaxQueue: 1 + rng.IntN(100), MaxModelLen: rng.IntN(1 << 20), PrefixCaching: rng.IntN(2) == 0,
 		HostSampling: rng.IntN(2) == 0, ContextParallel: 1 + rng.IntN(8), ContextParallelMin: rng.IntN(100000),
 		RebalanceEvery: rng.IntN(100), RebalanceSpare: rng.IntN(4), GraphWarmup: rng.IntN(2) == 0,
+		SyncSteps: rng.IntN(2) == 0,
 	}
 	e := c.EngineConfig()
 	want := engine.Config{MaxNumSeqs: c.Engine.MaxNumSeqs, MaxNumBatchedTokens: c.Engine.MaxNumBatchedTokens,
@@ -202,7 +203,7 @@ func TestEngineConfigMapping(t *testing.T) {
 		MaxModelLen: c.Engine.MaxModelLen, PrefixCaching: c.Engine.PrefixCaching, HostSampling: c.Engine.HostSampling,
 		ContextParallel: c.Engine.ContextParallel, ContextParallelMin: c.Engine.ContextParallelMin,
 		RebalanceEvery: c.Engine.RebalanceEvery, RebalanceSpare: c.Engine.RebalanceSpare,
-		GraphWarmup: c.Engine.GraphWarmup}
+		GraphWarmup: c.Engine.GraphWarmup, SyncSteps: c.Engine.SyncSteps}
 	if e != want {
 		t.Errorf("got %+v want %+v", e, want)
 	}

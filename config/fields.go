@@ -79,6 +79,7 @@ func (c *Config) fields() []field {
 		{"engine.rebalance_every", "re-place experts on the expert-parallel ranks every N steps from their loads (0: off)", (*intValue)(&e.RebalanceEvery)},
 		{"engine.rebalance_spare", "extra expert slots per rank for replicas of hot experts (0: 1)", (*intValue)(&e.RebalanceSpare)},
 		{"engine.graph_warmup", "capture the CUDA decode graphs of every batch size at start (fast profile)", (*boolValue)(&e.GraphWarmup)},
+		{"engine.sync_steps", "wait for each step's sampled tokens before launching the next (turns overlapped decode off)", (*boolValue)(&e.SyncSteps)},
 	}
 }
 

@@ -33,6 +33,13 @@ type Config struct {
 	// before serving (backend.GraphWarmer), so that no request pays for a
 	// first eager step and a capture; New takes that long longer.
 	GraphWarmup bool
+	// SyncSteps turns overlapped decode off: every step waits for its
+	// sampled tokens before the next is launched. By default, on a backend
+	// that can keep them on the device (backend.AsyncSampler), a step whose
+	// sequences sample without penalties, logit biases or a fork is launched
+	// with the previous step's tokens still on the device, and the host
+	// delivers those while the GPU runs (overlap.go).
+	SyncSteps bool
 }
 
 // DefaultConfig is what `mkserve serve` uses without flags on a CPU.

@@ -56,6 +56,7 @@ type Engine struct {
 	seqNum   uint64
 	cpTokens int64       // prompt tokens prefilled with context parallelism
 	rebal    *rebalancer // nil: expert rebalancing off
+	inflight *inflight   // overlapped decode: the step whose tokens are still on the device
 	stats    atomic.Pointer[Stats]
 }
 
@@ -69,6 +70,7 @@ type Stats struct {
 	Preemptions            int64
 	ContextParallelTokens  int64 // prompt tokens prefilled with ring attention (Config.ContextParallel)
 	ExpertPlacements       int64 // per-layer expert placements installed by the rebalancer (Config.RebalanceEvery)
+	OverlappedSteps        int64 // steps launched before the previous step's tokens reached the host (Config.SyncSteps off)
 }
 
 // New sizes the paged KV cache from cfg.KVCacheBytes, initialises it on be,
@@ -168,6 +170,12 @@ type sequence struct {
 	order    uint64 // admission order (FCFS within a priority)
 	lastTok  time.Time
 	done     bool
+	// Overlapped decode: pend is 1 + the position of the oldest token of
+	// tokens still on the device (a placeholder until the step that sampled
+	// it is resolved; the later tokens are placeholders too), 0 when none;
+	// fedRow is the row of the newest one in the in-flight step's picks.
+	pend   int
+	fedRow int32
 }
 
 // Generate implements Generator.
@@ -275,6 +283,11 @@ func (e *Engine) loop() {
 		}
 		e.reapAborted()
 		if len(e.running) == 0 && len(e.waiting) == 0 {
+			if e.inflight != nil { // every sequence of it finished (aborted)
+				if err := safely(e.resolveInflight); err != nil {
+					e.failAll(err)
+				}
+			}
 			e.publish()
 			if draining {
 				e.mu.Lock()
@@ -307,5 +320,6 @@ func (e *Engine) failAll(err error) {
 	}
 	e.dropFinished()
 	e.running, e.waiting = nil, nil
+	e.inflight = nil
 	e.publish()
 }

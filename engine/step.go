@@ -89,6 +89,9 @@ func (e *Engine) schedule() []entry {
 	// Running sequences first, oldest first.
 	for i := 0; i < len(e.running) && budget > 0; i++ {
 		s := e.running[i]
+		if s.endsAtPending(e.cfg.MaxModelLen) {
+			continue // overlapped decode: its token on the device is its last
+		}
 		n := min(len(s.tokens)-s.computed, budget)
 		for !e.ensureBlocks(s, s.computed+n) {
 			// Take blocks from the newest running sequence.
@@ -157,6 +160,14 @@ func (e *Engine) step() {
 		// the waiting queue (which now holds them, their blocks freed).
 		plan = e.schedule()
 	}
+	if len(plan) == 0 && e.inflight != nil {
+		// Only sequences whose newest token is still on the device and
+		// ends them (by length): deliver it.
+		e.resolveInflight()
+		e.dropFinished()
+		e.publish()
+		return
+	}
 	if len(plan) == 0 {
 		// Nothing fits (e.g. every block is held by waiting forks): should
 		// not happen with at least one running sequence; wait for a wake-up.
@@ -164,7 +175,34 @@ func (e *Engine) step() {
 		<-e.wake
 		return
 	}
+	// Sample on the device when the backend can and no choice forks this
+	// step (a fork emits its siblings from the same host logits).
+	devSampler, _ := e.be.(backend.Sampler)
+	for _, en := range plan {
+		s := en.s
+		if en.sample && s.forksNow(en.n) {
+			devSampler = nil
+		}
+		if en.sample && len(s.req.r.Sampling.LogitBias) > 0 { // the device sampler takes no biases
+			devSampler = nil
+		}
+	}
+	if e.cfg.HostSampling {
+		devSampler = nil
+	}
+	async := e.overlapSampler(plan, devSampler)
+	if async == nil && e.inflight != nil {
+		// This step needs the previous one's tokens on the host.
+		e.resolveInflight()
+		plan = slices.DeleteFunc(plan, func(en entry) bool { return en.s.done })
+		if len(plan) == 0 {
+			e.dropFinished()
+			e.publish()
+			return
+		}
+	}
 	b := &backend.Batch{}
+	fed := false
 	for _, en := range plan {
 		s := en.s
 		span := backend.SeqSpan{ID: s.id, Offset: len(b.Tokens), Len: en.n, Past: s.computed, Blocks: s.blocks}
@@ -175,36 +213,35 @@ func (e *Engine) step() {
 		}
 		b.Seqs = append(b.Seqs, span)
 		for j := 0; j < en.n; j++ {
-			b.Tokens = append(b.Tokens, s.tokens[s.computed+j])
-			b.Positions = append(b.Positions, int32(s.computed+j))
+			pos := s.computed + j
+			if s.pend != 0 && pos == s.pend-1 { // still on the device: the in-flight step's pick
+				for len(b.Feed) < len(b.Tokens) {
+					b.Feed = append(b.Feed, -1)
+				}
+				b.Feed = append(b.Feed, s.fedRow)
+				b.Tokens = append(b.Tokens, 0)
+				fed = true
+			} else {
+				b.Tokens = append(b.Tokens, s.tokens[pos])
+			}
+			b.Positions = append(b.Positions, int32(pos))
 		}
 		if en.sample {
 			b.LogitRows = append(b.LogitRows, len(b.Tokens)-1)
 		}
 	}
-	// Sample on the device when the backend can and no choice forks this
-	// step (a fork emits its siblings from the same host logits).
-	devSampler, _ := e.be.(backend.Sampler)
-	for _, en := range plan {
-		s := en.s
-		if en.sample && s.index == 0 && s.computed+en.n == s.prompt && len(s.req.seqs) == 1 && s.req.r.Sampling.N > 1 {
-			devSampler = nil
-		}
-		if en.sample && len(s.req.r.Sampling.LogitBias) > 0 { // the device sampler takes no biases
-			devSampler = nil
+	if fed {
+		for len(b.Feed) < len(b.Tokens) {
+			b.Feed = append(b.Feed, -1)
 		}
 	}
-	if e.cfg.HostSampling {
-		devSampler = nil
+	if async != nil {
+		e.overlapStep(plan, b, async)
+		return
 	}
 	logits, logitsT, err := e.forward(b, devSampler == nil)
 	if err != nil {
-		e.log.Error("forward step failed", zap.Error(err), zap.Int("tokens", len(b.Tokens)))
-		for _, en := range plan {
-			e.finish(en.s, FinishError, err)
-		}
-		e.dropFinished()
-		e.publish()
+		e.failStep(plan, "forward step failed", err, len(b.Tokens))
 		return
 	}
 	V := e.vocab
@@ -226,12 +263,7 @@ func (e *Engine) step() {
 	}
 	if devSampler != nil {
 		if err := devicePicks(devSampler, logitsT, picks); err != nil {
-			e.log.Error("device sampling failed", zap.Error(err))
-			for _, en := range plan {
-				e.finish(en.s, FinishError, err)
-			}
-			e.dropFinished()
-			e.publish()
+			e.failStep(plan, "device sampling failed", err, len(b.Tokens))
 			return
 		}
 	} else {
@@ -240,27 +272,58 @@ func (e *Engine) step() {
 	generated := 0
 	for _, pk := range picks {
 		s := pk.s
-		if s.index == 0 && s.computed == s.prompt && len(s.req.seqs) == 1 && s.req.r.Sampling.N > 1 {
+		if s.forksNow(0) {
 			e.fork(s, pk.logits, now)
 		}
 		e.deliver(s, pk.tok, pk.lp, now)
 		generated++
 	}
 	e.opts.Metrics.GenerationTokens(generated)
-	if c, ok := e.be.(backend.ExpertCounter); ok && (e.opts.Metrics != nil || e.rebal != nil) {
-		var load map[int][]int64
-		if err := safely(func() { load = c.TakeExpertLoad() }); err != nil {
-			e.log.Warn("reading the expert loads failed", zap.Error(err))
-		}
-		for layer, counts := range load {
-			e.opts.Metrics.ExpertLoad(layer, counts)
-			if e.rebal != nil {
-				e.rebal.observe(layer, counts)
-			}
-		}
+	e.takeExpertLoad()
+	e.dropFinished()
+	e.publish()
+}
+
+// endsAtPending reports whether s's newest token is still on the device
+// and ends it by length (max_tokens, or maxLen tokens in all).
+func (s *sequence) endsAtPending(maxLen int) bool {
+	return s.pend != 0 && (len(s.tokens)-s.prompt >= s.req.r.Sampling.MaxTokens || len(s.tokens) >= maxLen)
+}
+
+// forksNow reports whether s's next sample, after n more tokens are
+// computed, is its request's first (choice 0, the prompt done) with more
+// choices to fork from it.
+func (s *sequence) forksNow(n int) bool {
+	return s.index == 0 && s.computed+n == s.prompt && len(s.req.seqs) == 1 && s.req.r.Sampling.N > 1
+}
+
+// failStep ends every sequence of the step's plan with err.
+func (e *Engine) failStep(plan []entry, msg string, err error, tokens int) {
+	e.log.Error(msg, zap.Error(err), zap.Int("tokens", tokens))
+	for _, en := range plan {
+		e.finish(en.s, FinishError, err)
 	}
 	e.dropFinished()
 	e.publish()
+}
+
+// takeExpertLoad passes the expert loads the backend counted to the
+// metrics and the rebalancer.
+func (e *Engine) takeExpertLoad() {
+	c, ok := e.be.(backend.ExpertCounter)
+	if !ok || (e.opts.Metrics == nil && e.rebal == nil) {
+		return
+	}
+	var load map[int][]int64
+	if err := safely(func() { load = c.TakeExpertLoad() }); err != nil {
+		e.log.Warn("reading the expert loads failed", zap.Error(err))
+	}
+	for layer, counts := range load {
+		e.opts.Metrics.ExpertLoad(layer, counts)
+		if e.rebal != nil {
+			e.rebal.observe(layer, counts)
+		}
+	}
 }
 
 // forward runs the model, turning a panic in a backend op into an error so
@@ -291,7 +354,11 @@ func (e *Engine) commitBlocks(s *sequence) {
 		return
 	}
 	bs := e.cfg.BlockSize
-	for full := s.computed / bs; len(s.hashes) < full; {
+	known := s.computed
+	if s.pend != 0 {
+		known = min(known, s.pend-1) // placeholders for tokens still on the device
+	}
+	for full := known / bs; len(s.hashes) < full; {
 		i := len(s.hashes)
 		parent := uint64(0)
 		if i > 0 {
@@ -364,6 +431,7 @@ type pick struct {
 	logits []float32 // [V]
 	tok    int32
 	lp     *Logprob
+	pos    int // overlapped decode: the token's index in s.tokens
 }
 
 // parallelPicks samples every pick, spread over the cores.
@@ -409,9 +477,17 @@ func (e *Engine) emit(s *sequence, logits []float32, now time.Time) {
 
 // deliver appends a sampled token to s and streams it.
 func (e *Engine) deliver(s *sequence, tok int32, lp *Logprob, now time.Time) {
-	p := &s.req.r.Sampling
-	s.sampler.observe(tok)
 	s.tokens = append(s.tokens, tok)
+	e.deliverAt(s, len(s.tokens)-1, lp, now)
+}
+
+// deliverAt streams token pos of s (in s.tokens: the newest, or with
+// overlapped decode one whose later tokens are still on the device) and
+// ends s when it stops there; placeholders after it are then dropped.
+func (e *Engine) deliverAt(s *sequence, pos int, lp *Logprob, now time.Time) {
+	p := &s.req.r.Sampling
+	tok := s.tokens[pos]
+	s.sampler.observe(tok)
 	r := s.req
 	r.usage.CompletionTokens++
 	if r.firstTok.IsZero() {
@@ -424,7 +500,7 @@ func (e *Engine) deliver(s *sequence, tok int32, lp *Logprob, now time.Time) {
 	if lp != nil {
 		ev.Logprobs = []Logprob{*lp}
 	}
-	out := len(s.tokens) - s.prompt
+	out := pos + 1 - s.prompt
 	reason := ""
 	isStop := (!p.IgnoreEOS && slices.Contains(e.opts.EOS, tok)) || slices.Contains(p.StopTokenIDs, tok)
 	if isStop {
@@ -440,13 +516,14 @@ func (e *Engine) deliver(s *sequence, tok int32, lp *Logprob, now time.Time) {
 			reason = FinishStop
 		}
 	}
-	if reason == "" && (out >= p.MaxTokens || len(s.tokens) >= e.cfg.MaxModelLen) {
+	if reason == "" && (out >= p.MaxTokens || pos+1 >= e.cfg.MaxModelLen) {
 		reason = FinishLength
 	}
 	if reason == "" {
 		r.out.push(ev)
 		return
 	}
+	s.tokens = s.tokens[:pos+1]
 	if reason != FinishStop || isStop {
 		ev.Text += s.text.flush()
 	}
@@ -526,6 +603,7 @@ func (e *Engine) publish() {
 		BlocksFree: e.blocks.available(), BlocksUsed: e.blocks.numBlocks() - e.blocks.available(),
 		PrefixQueries: e.blocks.queries, PrefixHits: e.blocks.hits,
 		Steps: old.Steps + 1, Preemptions: old.Preemptions, ContextParallelTokens: e.cpTokens,
+		OverlappedSteps: old.OverlappedSteps,
 	}
 	if e.rebal != nil {
 		st.ExpertPlacements = e.rebal.moves

@@ -405,6 +405,41 @@ __global__ void copy_cols_f32(float* dst, int64_t dld, int64_t doff, int64_t dhs
   }
 }
 
+// FeedIds is where gather_rows_feed takes each row's id: ids[i], or the
+// token of row feed[i] = ids[n + i] of the previous step's sampling results
+// when that is >= 0.
+struct FeedIds {
+  const int32_t* ids;    // [2n]: host ids, then feed rows (-1: the host id)
+  const int32_t* picks;  // [pick_rows, stride]: the token is word 0 of a row
+  int64_t stride, pick_rows, n;
+};
+
+// The id of row i: -1 (then a NaN row) for a feed row out of range.
+__device__ __forceinline__ int32_t feed_id(const FeedIds& f, int64_t i) {
+  const int32_t r = f.ids[f.n + i];
+  if (r < 0) return f.ids[i];
+  return (int64_t)r < f.pick_rows ? f.picks[(int64_t)r * f.stride] : -1;
+}
+
+// gather_rows with ids from feed_id (tokens the previous step sampled on the
+// device, read here instead of on the host). An id outside [0, src_rows)
+// gives a row of NaN.
+template <typename T>
+__global__ void gather_rows_feed(float* dst, const T* src, const FeedIds f, int64_t cols, int64_t src_rows) {
+  mk::pdl_begin();
+  GRID_STRIDE(k, f.n * cols) {
+    const int64_t i = k / cols, c = k - i * cols;
+    const int32_t r = feed_id(f, i);
+    if (r < 0 || (int64_t)r >= src_rows) {
+      dst[k] = nanf("");
+    } else if constexpr (sizeof(T) == 2) {
+      dst[k] = __bfloat162float(src[(int64_t)r * cols + c]);
+    } else {
+      dst[k] = src[(int64_t)r * cols + c];
+    }
+  }
+}
+
 // An index outside [0, src_rows) gives a row of NaN.
 template <typename T>
 __global__ void gather_rows(float* dst, const T* src, const int32_t* idx, int64_t n, int64_t cols,
@@ -684,6 +719,25 @@ int32_t mk_gather_rows_f32(uint64_t stream, uint64_t dst, uint64_t src, int32_t 
     (void)(mk::launch(gather_rows<bf16>, dim3(grid_n(n * cols)), dim3(kT), 0, s, mk::dev<float>(dst), mk::dev<bf16>(src),
                                                       mk::dev<int32_t>(idx), n, cols, src_rows));
   MK_LAUNCHED("gather_rows");
+  return MK_OK;
+}
+
+int32_t mk_gather_rows_feed_f32(uint64_t stream, uint64_t dst, uint64_t src, int32_t src_dtype, uint64_t idx,
+                                uint64_t picks, int64_t pick_stride, int64_t pick_rows, int64_t n, int64_t cols,
+                                int64_t src_rows) {
+  MK_THREAD("mk_gather_rows_feed_f32");
+  F32_ARG("mk_gather_rows_feed_f32", n > 0 && cols > 0 && src_rows > 0 && dst && src && idx && picks &&
+                                         pick_stride > 0 && pick_rows > 0 &&
+                                         (src_dtype == MK_DTYPE_F32 || src_dtype == MK_DTYPE_BF16));
+  cudaStream_t s = mk::as_stream(stream);
+  const FeedIds f{mk::dev<int32_t>(idx), mk::dev<int32_t>(picks), pick_stride, pick_rows, n};
+  if (src_dtype == MK_DTYPE_F32)
+    (void)(mk::launch(gather_rows_feed<float>, dim3(grid_n(n * cols)), dim3(kT), 0, s, mk::dev<float>(dst),
+                      mk::dev<float>(src), f, cols, src_rows));
+  else
+    (void)(mk::launch(gather_rows_feed<bf16>, dim3(grid_n(n * cols)), dim3(kT), 0, s, mk::dev<float>(dst),
+                      mk::dev<bf16>(src), f, cols, src_rows));
+  MK_LAUNCHED("gather_rows_feed");
   return MK_OK;
 }
 

@@ -333,6 +333,34 @@ func (d *Device) GatherRowsF32(s *Stream, dst, src *Buffer, st DType, idx *Buffe
 		int64(n), int64(cols), int64(srcRows)))
 }
 
+// GatherRowsFeedF32 is GatherRowsF32 with fed rows: idx holds 2n ids, the
+// host's [0, n) then feed rows [n, 2n). Row i gathers row idx[i] of src, or,
+// when feed row f = idx[n+i] ≥ 0, the token the previous step sampled for
+// its row f: word 0 of row f of picks [pickRows, SampleResultWords] (what
+// SampleF32 wrote). An id outside [0, srcRows) or f ≥ pickRows gives a row
+// of NaN.
+func (d *Device) GatherRowsFeedF32(s *Stream, dst, src *Buffer, st DType, idx, picks *Buffer, pickRows, n, cols, srcRows int) error {
+	const op = "GatherRowsFeedF32"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	if err := positive(op, "n", n, "cols", cols, "srcRows", srcRows, "pickRows", pickRows); err != nil {
+		return err
+	}
+	if st != F32 && st != BF16 {
+		return fmt.Errorf("kernels: %s: source type %d", op, st)
+	}
+	if err := need(op, "src", src, int64(srcRows)*int64(cols), st.size()); err != nil {
+		return err
+	}
+	if err := needAll(op, 4, "dst", dst, int64(n)*int64(cols), "idx", idx, 2*int64(n),
+		"picks", picks, int64(pickRows)*SampleResultWords); err != nil {
+		return err
+	}
+	return d.lib.check("mk_gather_rows_feed_f32", d.lib.gatherFeedF32(s.handle(), dst.ptr, src.ptr, int32(st), idx.ptr,
+		picks.ptr, SampleResultWords, int64(pickRows), int64(n), int64(cols), int64(srcRows)))
+}
+
 // ScatterAddRowsF32 adds w[i]·src[i, :] to out[idx[i], :] for i < n (atomic
 // float32 adds: the order of the additions is not fixed). idx must lie in
 // out's rows (outRows).

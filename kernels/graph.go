@@ -38,10 +38,19 @@ type StepGraph struct {
 	used      int64 // bytes used in the last chunk
 	pos       int   // uploads refilled by the running replay
 	replaying bool
-	start     uint64 // event recorded before each launch
-	done      uint64 // event recorded after each launch
-	timed     bool   // a launch's start and done events are recorded and not yet read
-	gpuNs     int64  // GPU time of the launches whose events were read (Wait)
+	// mark is recorded inside the graph after each staged upload (an
+	// external event node): once it has fired after a launch, the staging
+	// may be refilled while the rest of the launch still runs.
+	mark uint64
+	// Launch timing: launches alternate between two pairs of events
+	// (recorded before and after), so that the pair a launch reuses belongs
+	// to the launch before the previous one, done by then (WaitUploads of the
+	// previous launch waited for work queued after it).
+	start, done [2]uint64
+	slot        int     // the pair of the last launch
+	timed       [2]bool // a pair is recorded and not yet read
+	gpuNs       int64   // GPU time of the launches whose events were read
+	gpuRuns     int64   // how many launches gpuNs covers
 }
 
 // staged is one upload of the step: n bytes copied from host (pinned) to dst.
@@ -67,6 +76,10 @@ func (d *Device) BeginCapture() (*StepGraph, error) {
 		return nil, err
 	}
 	sg := &StepGraph{}
+	if err := d.lib.check("mk_event_create", d.lib.eventCreate(&sg.mark)); err != nil {
+		_ = d.lib.check("mk_graph_abort", graphAbort())
+		return nil, err
+	}
 	d.cap = sg
 	return sg, nil
 }
@@ -87,21 +100,34 @@ func (d *Device) EndCapture(sg *StepGraph) error {
 		return err
 	}
 	sg.exec, sg.nodes = exec, int(nodes)
-	err := d.lib.check("mk_event_create", d.lib.eventCreate(&sg.done))
-	if err == nil {
-		err = d.lib.check("mk_event_create", d.lib.eventCreate(&sg.start))
+	var err error
+	for i := range sg.start {
+		for _, ev := range []*uint64{&sg.start[i], &sg.done[i]} {
+			if err == nil {
+				err = d.lib.check("mk_event_create", d.lib.eventCreate(ev))
+			}
+		}
 	}
 	if err != nil {
 		_ = d.lib.check("mk_graph_destroy", graphDestroy(exec))
 		sg.exec = 0
-		if sg.done != 0 {
-			_ = d.lib.check("mk_event_destroy", d.lib.eventDestroy(sg.done))
-			sg.done = 0
-		}
+		sg.freeEvents(d)
 		sg.freeStage()
 		return err
 	}
 	return nil
+}
+
+// freeEvents destroys the graph's events.
+func (sg *StepGraph) freeEvents(d *Device) error {
+	var err error
+	for _, ev := range []*uint64{&sg.mark, &sg.start[0], &sg.done[0], &sg.start[1], &sg.done[1]} {
+		if *ev != 0 {
+			err = errors.Join(err, d.lib.check("mk_event_destroy", d.lib.eventDestroy(*ev)))
+			*ev = 0
+		}
+	}
+	return err
 }
 
 // AbortCapture ends a capture without keeping it (nothing it recorded
@@ -112,6 +138,7 @@ func (d *Device) AbortCapture(sg *StepGraph) {
 	}
 	d.cap = nil
 	_ = d.lib.check("mk_graph_abort", graphAbort())
+	_ = sg.freeEvents(d)
 	sg.freeStage()
 }
 
@@ -151,46 +178,80 @@ func (sg *StepGraph) Launch(d *Device) error {
 			return fmt.Errorf("kernels: StepGraph.Launch: %w: the replay refilled %d of %d uploads", ErrGraphDiverged, sg.pos, len(sg.ups))
 		}
 	}
-	if err := d.lib.check("mk_event_record", d.lib.eventRecord(sg.start, 0)); err != nil {
+	i := 1 - sg.slot
+	if sg.timed[i] {
+		if err := sg.collect(d, i); err != nil {
+			return err
+		}
+	}
+	if err := d.lib.check("mk_event_record", d.lib.eventRecord(sg.start[i], 0)); err != nil {
 		return err
 	}
 	if err := d.lib.check("mk_graph_launch", graphLaunch(sg.exec)); err != nil {
 		return err
 	}
-	if err := d.lib.check("mk_event_record", d.lib.eventRecord(sg.done, 0)); err != nil {
+	if err := d.lib.check("mk_event_record", d.lib.eventRecord(sg.done[i], 0)); err != nil {
 		return err
 	}
-	sg.timed = true
+	sg.slot, sg.timed[i] = i, true
+	return nil
+}
+
+// collect reads the GPU time of the launch timed by event pair i when it
+// has run (not blocking: a pair whose launch still runs is dropped).
+func (sg *StepGraph) collect(d *Device, i int) error {
+	sg.timed[i] = false
+	var done int32
+	if err := d.lib.check("mk_event_query", d.lib.eventQuery(sg.done[i], &done)); err != nil || done == 0 {
+		return err
+	}
+	var bits uint32
+	if err := d.lib.check("mk_event_elapsed", d.lib.eventElapsed(sg.start[i], sg.done[i], &bits)); err != nil {
+		return err
+	}
+	sg.gpuNs += int64(float64(math.Float32frombits(bits)) * 1e6)
+	sg.gpuRuns++
 	return nil
 }
 
 // GPUNs is the GPU time of the graph's launches so far, from an event
-// before each launch to one after it, counted for the launches that Wait
-// has waited for (the queue ahead of a launch is not in it: the engine
-// waits for each step before the next).
-func (sg *StepGraph) GPUNs() int64 { return sg.gpuNs }
+// before each launch to one after it, and how many launches it covers:
+// those whose events were read (Wait reads the last launch's; a launch
+// reads the one before the previous, when it has run). The events are
+// queued with the launch, so a launch queued behind unfinished work is
+// timed from when that work is done.
+func (sg *StepGraph) GPUNs() (ns, launches int64) { return sg.gpuNs, sg.gpuRuns }
 
-// Wait blocks until the graph's last launch has run (inside GPU.Do): then
-// its staging may be refilled.
+// Wait blocks until the graph's last launch has run (inside GPU.Do).
 func (sg *StepGraph) Wait(d *Device) error {
 	if err := d.ready("StepGraph.Wait"); err != nil {
 		return err
 	}
-	if sg.done == 0 {
+	i := sg.slot
+	if sg.done[i] == 0 {
 		return nil
 	}
-	if err := d.lib.check("mk_event_sync", d.lib.eventSync(sg.done)); err != nil {
+	if err := d.lib.check("mk_event_sync", d.lib.eventSync(sg.done[i])); err != nil {
 		return err
 	}
-	if sg.timed {
-		sg.timed = false
-		var bits uint32
-		if err := d.lib.check("mk_event_elapsed", d.lib.eventElapsed(sg.start, sg.done, &bits)); err != nil {
-			return err
-		}
-		sg.gpuNs += int64(float64(math.Float32frombits(bits)) * 1e6)
+	if sg.timed[i] {
+		return sg.collect(d, i)
 	}
 	return nil
+}
+
+// WaitUploads blocks until the graph's last launch has read its staged
+// uploads (inside GPU.Do): then the staging may be refilled for the next
+// launch while the last one still runs. A graph without uploads returns at
+// once.
+func (sg *StepGraph) WaitUploads(d *Device) error {
+	if err := d.ready("StepGraph.WaitUploads"); err != nil {
+		return err
+	}
+	if len(sg.ups) == 0 || sg.mark == 0 {
+		return nil
+	}
+	return d.lib.check("mk_event_sync", d.lib.eventSync(sg.mark))
 }
 
 // Destroy frees the graph and its staging (inside GPU.Do). Work already
@@ -205,12 +266,7 @@ func (sg *StepGraph) Destroy(d *Device) error {
 		err = errors.Join(d.Sync(), d.lib.check("mk_graph_destroy", graphDestroy(sg.exec)))
 		sg.exec = 0
 	}
-	for _, ev := range []*uint64{&sg.done, &sg.start} {
-		if *ev != 0 {
-			err = errors.Join(err, d.lib.check("mk_event_destroy", d.lib.eventDestroy(*ev)))
-			*ev = 0
-		}
-	}
+	err = errors.Join(err, sg.freeEvents(d))
 	sg.freeStage()
 	return err
 }
@@ -243,7 +299,10 @@ func (sg *StepGraph) stage(d *Device, dst *Buffer, src []byte) error {
 	copy(unsafe.Slice((*byte)(host), n), src)
 	sg.used = off + n
 	sg.ups = append(sg.ups, staged{dst: dst.ptr, n: n, host: host})
-	return d.lib.check("mk_memcpy_h2d_async", d.lib.h2dAsync(dst.ptr, host, uint64(n), 0))
+	if err := d.lib.check("mk_memcpy_h2d_async", d.lib.h2dAsync(dst.ptr, host, uint64(n), 0)); err != nil {
+		return err
+	}
+	return d.lib.check("mk_graph_mark", graphMark(sg.mark))
 }
 
 // restage refills the next staged upload during a replay.
@@ -273,7 +332,7 @@ func (d *Device) StagedUploads() int {
 // Refill replaces the bytes of sg's staged upload i with src (the same size as
 // at capture), for a replay that refills the uploads itself instead of
 // running the step's Go code again (backend fast replays). The graph's last
-// launch must be done reading its staging first (Wait).
+// launch must be done reading its staging first (WaitUploads).
 func Refill[T Elem](sg *StepGraph, i int, src []T) error {
 	if sg.replaying {
 		return errors.New("kernels: Refill during a replay")
@@ -309,6 +368,7 @@ var graphEnd func(exec, nodes *uint64) int32
 var graphAbort func() int32
 var graphLaunch func(exec uint64) int32
 var graphDestroy func(exec uint64) int32
+var graphMark func(event uint64) int32
 
 func init() {
 	registerSymbols(
@@ -317,6 +377,7 @@ func init() {
 		symbol{"mk_graph_abort", &graphAbort},
 		symbol{"mk_graph_launch", &graphLaunch},
 		symbol{"mk_graph_destroy", &graphDestroy},
+		symbol{"mk_graph_mark", &graphMark},
 	)
 }
 

@@ -149,3 +149,129 @@ func TestQueryMemo(t *testing.T) {
 		t.Errorf("replay miss: %v (calls %d)", err, calls)
 	}
 }
+
+// TestStepGraphRefillWhileRunning: WaitUploads returns once a launch has
+// read its staged uploads, so the staging can be refilled for the next
+// launch while the first still runs (overlapped decode): each launch
+// computes from its own upload. The step is long (a chain of adds over 64
+// MB) so that the refill happens while the first launch runs.
+func TestStepGraphRefillWhileRunning(t *testing.T) {
+	g := testGPU(t)
+	rng := newRNG(t)
+	const n, big, chain = 1 << 12, 16 << 20, 40
+	x1, x2, bv := make([]float32, n), make([]float32, n), make([]float32, n)
+	for i := range x1 {
+		x1[i], x2[i], bv[i] = rng.Float32(), rng.Float32()+2, rng.Float32()
+	}
+	onGPU(t, g, func(a *arena) {
+		d := a.d
+		xb, bb, out, snap := a.alloc(4*n), put(a, bv), a.alloc(4*n), a.alloc(4*n)
+		work := a.alloc(4 * big)
+		if a.err != nil {
+			return
+		}
+		a.check(d.FillF32(nil, work, big, 1))
+		step := func(d *Device, x []float32) error {
+			if err := Upload(d, xb, x); err != nil {
+				return err
+			}
+			for range chain { // GPU time after the upload
+				if err := d.AddF32(nil, work, work, work, big); err != nil {
+					return err
+				}
+			}
+			return d.AddF32(nil, out, xb, bb, n)
+		}
+		sg, err := d.BeginCapture()
+		a.check(err)
+		if a.err != nil {
+			return
+		}
+		if err := step(d, x1); err != nil {
+			d.AbortCapture(sg)
+			a.check(err)
+			return
+		}
+		a.check(d.EndCapture(sg))
+		defer sg.Destroy(d)
+		a.check(sg.Launch(d))
+		a.check(sg.WaitUploads(d))
+		a.check(Refill(sg, 0, x2)) // the first launch still runs its chain
+		a.check(d.CopyAsync(nil, snap, out, 4*n))
+		a.check(sg.Launch(d))
+		got1, got2 := get[float32](a, snap, n), get[float32](a, out, n)
+		for i := range n {
+			if w1, w2 := x1[i]+bv[i], x2[i]+bv[i]; got1[i] != w1 || got2[i] != w2 {
+				t.Fatalf("element %d: launches gave %v and %v, want %v and %v", i, got1[i], got2[i], w1, w2)
+			}
+		}
+		a.check(sg.Wait(d))
+		if ns, runs := sg.GPUNs(); runs < 1 || ns <= 0 {
+			t.Errorf("GPU time of %d launches read: %d ns", runs, ns)
+		}
+	})
+}
+
+// TestGatherRowsFeed: rows gathered by the host's ids or, for fed rows, by
+// the token in word 0 of a pick row, against the host; out-of-range ids and
+// pick rows give rows of NaN. Both table types.
+func TestGatherRowsFeed(t *testing.T) {
+	g := testGPU(t)
+	rng := newRNG(t)
+	const V, cols, n, pickRows = 1000, 96, 37, 6
+	tbits, tab := randBF16(rng, V*cols, 1)
+	picks := make([]int32, pickRows*SampleResultWords)
+	for r := range pickRows {
+		picks[r*SampleResultWords] = int32(rng.IntN(V))
+		for w := 1; w < SampleResultWords; w++ {
+			picks[r*SampleResultWords+w] = -7 // not a token: never read
+		}
+	}
+	picks[3*SampleResultWords] = V + 5 // a pick outside the table
+	ids := make([]int32, 2*n)
+	want := make([]int32, n) // -1: NaN
+	for i := range n {
+		ids[i], ids[n+i] = int32(rng.IntN(V)), -1
+		want[i] = ids[i]
+		switch {
+		case i == 5:
+			ids[i], want[i] = -2, -1
+		case i == 6:
+			ids[n+i], want[i] = pickRows, -1 // a feed row past the picks
+		case i%3 == 0:
+			r := rng.IntN(pickRows)
+			ids[i], ids[n+i] = 0, int32(r)
+			want[i] = picks[r*SampleResultWords]
+			if want[i] >= V {
+				want[i] = -1
+			}
+		}
+	}
+	onGPU(t, g, func(a *arena) {
+		srcs := []struct {
+			name string
+			buf  *Buffer
+			dt   DType
+		}{{"bf16", put(a, tbits), BF16}, {"f32", put(a, tab), F32}}
+		ib, pb, out := put(a, ids), put(a, picks), a.alloc(4*n*cols)
+		for _, s := range srcs {
+			if a.err != nil {
+				return
+			}
+			a.check(a.d.GatherRowsFeedF32(nil, out, s.buf, s.dt, ib, pb, pickRows, n, cols, V))
+			got := get[float32](a, out, n*cols)
+			for i := range n {
+				for c := range cols {
+					v := got[i*cols+c]
+					if want[i] < 0 {
+						if !math.IsNaN(float64(v)) {
+							t.Fatalf("%s row %d: %v, want NaN", s.name, i, v)
+						}
+					} else if w := tab[int(want[i])*cols+c]; v != w {
+						t.Fatalf("%s row %d col %d: %v, want %v (token %d)", s.name, i, c, v, w, want[i])
+					}
+				}
+			}
+		}
+	})
+}

@@ -12,7 +12,7 @@ import (
 )
 
 // abiVersion is the MK_ABI_VERSION this package was written against.
-const abiVersion = 17
+const abiVersion = 18
 
 // LibraryEnv names the environment variable holding libmkernel.so's path.
 const LibraryEnv = "MKSERVE_KERNEL_LIB"
@@ -152,6 +152,7 @@ type lib struct {
 	eventDestroy  func(e uint64) int32
 	eventRecord   func(e, s uint64) int32
 	eventSync     func(e uint64) int32
+	eventQuery    func(e uint64, done *int32) int32
 	eventElapsed  func(start, end uint64, msBits *uint32) int32
 
 	gemm       func(s, a, b, c uint64, cDType int32, m, n, k int64, acc int32) int32
@@ -179,6 +180,7 @@ type lib struct {
 	normRopeF32   func(s, out, x, w uint64, heads int64, out2, x2, w2 uint64, heads2 int64, pos uint64, t, headDim, rotDim int64, style int32, invFreq uint64, attn, eps uint32, flags int32) int32
 	copyColsF32   func(s, dst uint64, dld, doff, dhs int64, src uint64, sld, soff, shs, rows, heads, width int64) int32
 	gatherRowsF32 func(s, dst, src uint64, srcDType int32, idx uint64, n, cols, srcRows int64) int32
+	gatherFeedF32 func(s, dst, src uint64, srcDType int32, idx, picks uint64, pickStride, pickRows, n, cols, srcRows int64) int32
 	scatterAddF32 func(s, out, src, idx, w uint64, n, cols int64) int32
 	gatedAddF32   func(s, out, x, gate uint64, rows, cols int64) int32
 	kvWriteF32    func(s, pk, pv, k, v, slots uint64, n, kw, vw int64) int32
@@ -228,6 +230,7 @@ func (l *lib) symbols() []symbol {
 		{"mk_event_destroy", &l.eventDestroy},
 		{"mk_event_record", &l.eventRecord},
 		{"mk_event_sync", &l.eventSync},
+		{"mk_event_query", &l.eventQuery},
 		{"mk_event_elapsed", &l.eventElapsed},
 		{"mk_gemm_bf16", &l.gemm},
 		{"mk_gemm_f32", &l.gemmF32},
@@ -252,6 +255,7 @@ func (l *lib) symbols() []symbol {
 		{"mk_norm_rope_f32", &l.normRopeF32},
 		{"mk_copy_cols_f32", &l.copyColsF32},
 		{"mk_gather_rows_f32", &l.gatherRowsF32},
+		{"mk_gather_rows_feed_f32", &l.gatherFeedF32},
 		{"mk_scatter_add_rows_f32", &l.scatterAddF32},
 		{"mk_gated_add_f32", &l.gatedAddF32},
 		{"mk_kv_write_f32", &l.kvWriteF32},

@@ -60,8 +60,10 @@ extern "C" {
  *    max_rows (a rank's receive capacity; error record role 6).
  * 17: the fused MoE control workspace's trace words (MK_MOE_FUSED_TRACE_*);
  *     mk_moe_fused's fault_rank == ranks (a stage that never fills) and the
- *     error record's role 7 (a wait inside a wgmma CTA's own rings). */
-#define MK_ABI_VERSION 17
+ *     error record's role 7 (a wait inside a wgmma CTA's own rings).
+ * 18: mk_gather_rows_feed_f32 (token ids from the previous step's picks),
+ *     mk_graph_mark, mk_event_query. */
+#define MK_ABI_VERSION 18
 
 /* Status codes. */
 enum {
@@ -156,6 +158,9 @@ MK_API int32_t mk_event_create(uint64_t* event);
 MK_API int32_t mk_event_destroy(uint64_t event);
 MK_API int32_t mk_event_record(uint64_t event, uint64_t stream);
 MK_API int32_t mk_event_sync(uint64_t event);
+/* *done = 1 when the work before the event's last record has run, else 0
+ * (cudaEventQuery; does not block). */
+MK_API int32_t mk_event_query(uint64_t event, int32_t* done);
 /* Milliseconds between two recorded, completed events, as float32 bits. */
 MK_API int32_t mk_event_elapsed(uint64_t start, uint64_t end, uint32_t* ms_bits);
 
@@ -176,6 +181,11 @@ MK_API int32_t mk_graph_end(uint64_t* exec, uint64_t* nodes);
 MK_API int32_t mk_graph_abort(void);
 MK_API int32_t mk_graph_launch(uint64_t exec);
 MK_API int32_t mk_graph_destroy(uint64_t exec);
+/* mk_graph_mark records event into the graph being captured, as an external
+ * event node after the work captured so far (cudaEventRecordExternal): after
+ * a launch, mk_event_sync on it waits for that part of the graph only (the
+ * staged uploads, so that the host may refill them while the rest runs). */
+MK_API int32_t mk_graph_mark(uint64_t event);
 
 /* ---- CUDA IPC: device memory shared between processes ---- */
 
@@ -313,6 +323,15 @@ MK_API int32_t mk_copy_cols_f32(uint64_t stream, uint64_t dst, int64_t dld, int6
  * by src_dtype); an index outside [0, src_rows) gives a row of NaN. */
 MK_API int32_t mk_gather_rows_f32(uint64_t stream, uint64_t dst, uint64_t src, int32_t src_dtype,
                                   uint64_t idx, int64_t n, int64_t cols, int64_t src_rows);
+/* mk_gather_rows_f32 with fed rows: idx holds 2n words, the host's ids
+ * [0, n) then feed [n, 2n). Row i gathers row feed[i] of the previous
+ * step's sampling results when feed[i] >= 0: its token is
+ * picks[feed[i] * pick_stride] (mk_sample_f32's out, pick_stride
+ * MK_SAMPLE_RESULT_WORDS), feed[i] < pick_rows; else idx[i]. An id or a
+ * feed row out of range gives a row of NaN. */
+MK_API int32_t mk_gather_rows_feed_f32(uint64_t stream, uint64_t dst, uint64_t src, int32_t src_dtype,
+                                       uint64_t idx, uint64_t picks, int64_t pick_stride, int64_t pick_rows,
+                                       int64_t n, int64_t cols, int64_t src_rows);
 /* out[idx[i], :] += w[i] * src[i, :] for i < n (atomic adds). */
 MK_API int32_t mk_scatter_add_rows_f32(uint64_t stream, uint64_t out, uint64_t src, uint64_t idx,
                                        uint64_t w, int64_t n, int64_t cols);

@@ -305,6 +305,20 @@ int32_t mk_event_sync(uint64_t event) {
   return MK_OK;
 }
 
+int32_t mk_event_query(uint64_t event, int32_t* done) {
+  MK_THREAD("mk_event_query");
+  MK_ARG(event != 0 && done != nullptr, "mk_event_query: NULL argument");
+  const cudaError_t e = cudaEventQuery(mk::as_event(event));
+  if (e == cudaErrorNotReady) {
+    cudaGetLastError();  // not an error: clear it
+    *done = 0;
+    return MK_OK;
+  }
+  MK_CUDA(e);
+  *done = 1;
+  return MK_OK;
+}
+
 int32_t mk_event_elapsed(uint64_t start, uint64_t end, uint32_t* ms_bits) {
   MK_THREAD("mk_event_elapsed");
   MK_ARG(start != 0 && end != 0 && ms_bits != nullptr, "mk_event_elapsed: NULL argument");
@@ -366,6 +380,14 @@ int32_t mk_graph_launch(uint64_t exec) {
   MK_THREAD("mk_graph_launch");
   MK_ARG(exec != 0, "mk_graph_launch: NULL graph");
   MK_CUDA(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(exec), mk::state().work));
+  return MK_OK;
+}
+
+int32_t mk_graph_mark(uint64_t event) {
+  MK_THREAD("mk_graph_mark");
+  MK_ARG(event != 0, "mk_graph_mark: NULL event");
+  MK_ARG(mk::state().capturing.load(), "mk_graph_mark: no capture is active");
+  MK_CUDA(cudaEventRecordWithFlags(mk::as_event(event), mk::state().work, cudaEventRecordExternal));
   return MK_OK;
 }
 

@@ -150,7 +150,8 @@ type Backend struct {
 	paged *pagedKV   // after InitKV
 	priv  *privateKV // unpaged spans
 
-	gr graphState // CUDA graphs of decode steps (graph.go)
+	gr   graphState // CUDA graphs of decode steps (graph.go)
+	feed feedState  // overlapped decode: sampling picks kept on the device (feed.go)
 
 	loadMu sync.Mutex
 	load   map[int][]int64 // host-routed MoE layers' expert counts
@@ -780,15 +781,29 @@ func (be *Backend) gather(op string, t *Tensor, rows, cols int, idx []int32) *Te
 		if len(idx) == 0 || cols == 0 {
 			return nil
 		}
-		ib := upload(be, d, idx)
-		defer be.alloc.put(ib)
-		if sb := be.stepBatch(); sb != nil && op == "Embed" && aliases(idx, sb.Tokens) {
-			be.noteInput(d, tokensInput(rows))
-		}
 		src, dt := t.st.f32, kernels.F32
 		if src == nil {
 			src, dt = t.st.bf16, kernels.BF16
 		}
+		if sb := be.gr.batch; op == "Embed" && be.graphMode() != graphOff && sb != nil && aliases(idx, sb.Tokens) {
+			// A graph step's token ids: the host's, or the previous
+			// step's picks on the device (feed.go), so that a replay
+			// can be launched before those reach the host.
+			ids, err := be.feedIDs(sb, rows)
+			if err != nil {
+				return err
+			}
+			picks, err := be.picksBuf(d)
+			if err != nil {
+				return err
+			}
+			ib := upload(be, d, ids)
+			defer be.alloc.put(ib)
+			be.noteInput(d, be.feedInput(rows))
+			return d.GatherRowsFeedF32(nil, out.st.f32, src, dt, ib, picks, feedMaxRows, len(idx), cols, rows)
+		}
+		ib := upload(be, d, idx)
+		defer be.alloc.put(ib)
 		return d.GatherRowsF32(nil, out.st.f32, src, dt, ib, len(idx), cols, rows)
 	}, t)
 	return out

@@ -233,19 +233,22 @@ func padRows(T int) int {
 
 // padBatch appends rows T..n-1 to b as padding: one-token spans of token 0
 // at position 0 whose key/value is not stored (Attention skips their slots;
-// they read block 0 and their output is dropped), and asks for every row's
-// logits. It returns the function that restores b.
+// they read block 0 and their output is dropped; not fed), and asks for
+// every row's logits. It returns the function that restores b.
 func padBatch(b *backend.Batch, n int) (restore func()) {
 	T := len(b.Tokens)
-	rows := b.LogitRows
+	rows, feed := b.LogitRows, b.Feed
 	for i := T; i < n; i++ {
 		b.Tokens = append(b.Tokens, 0)
 		b.Positions = append(b.Positions, 0)
 		b.Seqs = append(b.Seqs, backend.SeqSpan{ID: ^uint64(0) - uint64(i), Offset: i, Len: 1, Blocks: []int32{0}})
 	}
+	if feed != nil && n > T {
+		b.Feed = append(slices.Clone(feed), slices.Repeat([]int32{-1}, n-T)...)
+	}
 	b.LogitRows = nil
 	return func() {
-		b.Tokens, b.Positions, b.Seqs, b.LogitRows = b.Tokens[:T], b.Positions[:T], b.Seqs[:T], rows
+		b.Tokens, b.Positions, b.Seqs, b.LogitRows, b.Feed = b.Tokens[:T], b.Positions[:T], b.Seqs[:T], rows, feed
 	}
 }
 
@@ -274,6 +277,11 @@ func (be *Backend) firstRows(x backend.Tensor, T int) backend.Tensor {
 // as a graph, and returns the logits of its T rows.
 func (be *Backend) GraphStep(b *backend.Batch, f func() (backend.Tensor, error)) (backend.Tensor, error) {
 	key, ok := be.eligible(b)
+	if !ok || !be.feedOnDevice() {
+		// Fed rows are read on the device by graph steps only, from picks
+		// the device holds.
+		be.resolveFeed(b)
+	}
 	if !ok {
 		return be.eagerStep(f)
 	}
@@ -424,9 +432,13 @@ func (be *Backend) captureStep(g *stepGraph, f func() (backend.Tensor, error)) (
 	return out, nil
 }
 
-// eagerStepLocked is eagerStep with gr.mu held.
+// eagerStepLocked is eagerStep with gr.mu held, for the running graph
+// step's batch: its fed rows are resolved on the host first.
 func (be *Backend) eagerStepLocked(f func() (backend.Tensor, error)) (backend.Tensor, error) {
 	be.gr.stats.Eager++
+	if b := be.gr.batch; b != nil {
+		be.resolveFeed(b)
+	}
 	return f()
 }
 
@@ -452,7 +464,7 @@ func (be *Backend) replayStep(g *stepGraph, f func() (backend.Tensor, error)) (b
 	}
 	var err error
 	if ferr == nil {
-		err = be.g.Do(func(d *kernels.Device) error { return g.sg.Launch(d) })
+		err = be.g.Do(func(d *kernels.Device) error { return be.launch(d, g) })
 	}
 	be.resetStepCaches()
 	if err = errors.Join(ferr, err); err != nil {
@@ -468,18 +480,26 @@ func (be *Backend) replayStep(g *stepGraph, f func() (backend.Tensor, error)) (b
 }
 
 // waitLaunch waits until g's previous launch is done reading its staging,
-// so that a replay may refill it (the engine syncs every step anyway: this
-// is cheap), and counts that launch's GPU time.
+// so that a replay may refill it while that launch still runs (overlapped
+// decode launches step N+1 before step N is done), and counts the GPU time
+// of launches read since.
 func (be *Backend) waitLaunch(g *stepGraph) {
-	gr := &be.gr
-	before := g.sg.GPUNs()
-	if err := be.g.Do(func(d *kernels.Device) error { return g.sg.Wait(d) }); err != nil {
+	if err := be.g.Do(func(d *kernels.Device) error { return g.sg.WaitUploads(d) }); err != nil {
 		panicf("GraphStep", "waiting for the previous launch: %v", err)
 	}
-	if ns := g.sg.GPUNs() - before; ns > 0 {
-		gr.stats.ReplayGPUNs += ns
-		gr.stats.ReplaysTimed++
+}
+
+// launch queues g's graph (inside GPU.Do) and counts the GPU time of the
+// earlier launches that this one read (kernels.StepGraph.GPUNs).
+func (be *Backend) launch(d *kernels.Device, g *stepGraph) error {
+	gr := &be.gr
+	ns0, n0 := g.sg.GPUNs()
+	err := g.sg.Launch(d)
+	if ns, n := g.sg.GPUNs(); n > n0 {
+		gr.stats.ReplayGPUNs += ns - ns0
+		gr.stats.ReplaysTimed += n - n0
 	}
+	return err
 }
 
 // evictGraphs destroys the least recently used graphs beyond graphMax.

@@ -19,7 +19,9 @@ import (
 // a replay device only to refill the graph's staged uploads: hundreds of
 // ops of Go for a handful of uploads (Qwen3-30B-A3B at batch 1: 0.67 ms of
 // host time before each launch, serial with the GPU's 3.8 ms). In a decode
-// step those uploads are the token ids (Embed), the RoPE positions and the
+// step those uploads are the token ids (Embed: the host's, and which rows
+// take theirs from the previous step's picks on the device, feed.go), the
+// RoPE positions and the
 // paged attention metadata (slots, rows, positions and block tables), each
 // a function of the batch. While a step is captured, the op that makes
 // such an upload says so (noteInput) with a function that computes it
@@ -79,19 +81,6 @@ func (be *Backend) stepBatch() *backend.Batch {
 		return nil
 	}
 	return be.gr.batch
-}
-
-// tokensInput is the Embed upload of a step's token ids, checked against a
-// table of V rows.
-func tokensInput(V int) stepInput {
-	return func(b *backend.Batch) ([]int32, error) {
-		for i, id := range b.Tokens {
-			if id < 0 || int(id) >= V {
-				return nil, fmt.Errorf("ids[%d] = %d outside the embedding's %d rows", i, id, V)
-			}
-		}
-		return b.Tokens, nil
-	}
 }
 
 // positionsInput is the RoPE positions upload.
@@ -170,7 +159,7 @@ func (be *Backend) fastReplay(g *stepGraph, b *backend.Batch) (backend.Tensor, b
 			return nil, false
 		}
 	}
-	if err := be.g.Do(func(d *kernels.Device) error { return g.sg.Launch(d) }); err != nil {
+	if err := be.g.Do(func(d *kernels.Device) error { return be.launch(d, g) }); err != nil {
 		gr.stats.LastError = "fast replay: " + err.Error()
 		return nil, false
 	}

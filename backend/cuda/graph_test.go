@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"fmt"
 	"runtime"
 	"runtime/debug"
 	"testing"
@@ -229,12 +230,21 @@ func TestGraphDiverges(t *testing.T) {
 // graphs gives concurrent greedy requests the tokens engine.Greedy gives
 // eagerly, and its decode steps ran as graphs.
 func TestEngineGraphs(t *testing.T) {
-	be := fastBackend(t, true)
-	engineMatchesGreedy(t, be)
-	gs := be.Graphs()
-	t.Logf("engine graph stats: %+v", gs)
-	if gs.Replays == 0 || gs.Failed != 0 || gs.Diverged != 0 {
-		t.Errorf("stats %+v: want replays and no failures", gs)
+	for _, sync := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sync=%v", sync), func(t *testing.T) {
+			be := fastBackend(t, true)
+			st := engineMatchesGreedy(t, be, func(c *engine.Config) { c.SyncSteps = sync })
+			gs := be.Graphs()
+			t.Logf("engine graph stats: %+v; overlapped steps %d", gs, st.OverlappedSteps)
+			if gs.Replays == 0 || gs.FastReplays == 0 || gs.Failed != 0 || gs.Diverged != 0 {
+				t.Errorf("stats %+v: want fast replays and no failures", gs)
+			}
+			// Overlapped decode: steps launched with the previous step's
+			// tokens on the device, which the graphs' Embed reads there.
+			if (st.OverlappedSteps == 0) != sync {
+				t.Errorf("%d overlapped steps with SyncSteps %v", st.OverlappedSteps, sync)
+			}
+		})
 	}
 }
 

@@ -62,15 +62,36 @@ func TestPagedMetaInput(t *testing.T) {
 // aliasing test that decides at capture whether an op's upload is a field
 // of the step's batch. Runs without a GPU.
 func TestStepInputs(t *testing.T) {
+	be := &Backend{}
 	b := &backend.Batch{Tokens: []int32{3, 0, 9}, Positions: []int32{7, 8, 9}}
-	if v, err := tokensInput(10)(b); err != nil || !aliases(v, b.Tokens) {
+	if v, err := be.feedInput(10)(b); err != nil || !slices.Equal(v, []int32{3, 0, 9, -1, -1, -1}) {
 		t.Errorf("tokens: %v, %v", v, err)
 	}
-	if _, err := tokensInput(9)(b); err == nil || !strings.Contains(err.Error(), "ids[2] = 9") {
+	if _, err := be.feedInput(9)(b); err == nil || !strings.Contains(err.Error(), "ids[2] = 9") {
 		t.Errorf("id 9 of 9 rows: error %v", err)
 	}
+	// Fed rows: their ids come from the latest asynchronous sampling's picks
+	// on the device, which must hold that row.
+	b.Feed = []int32{-1, 1, -1}
+	if _, err := be.feedInput(10)(b); err == nil || !strings.Contains(err.Error(), "the device holds 0") {
+		t.Errorf("a fed row without picks: error %v", err)
+	}
+	be.feed.last = &pending{rows: 2, onDevice: true}
+	if v, err := be.feedInput(10)(b); err != nil || !slices.Equal(v, []int32{3, 0, 9, -1, 1, -1}) {
+		t.Errorf("fed row 1: %v, %v", v, err)
+	}
+	b.Feed[1] = 2
+	if _, err := be.feedInput(10)(b); err == nil || !strings.Contains(err.Error(), "takes pick 2") {
+		t.Errorf("pick 2 of 2: error %v", err)
+	}
+	be.feed.last.onDevice = false // a synchronous fallback's picks are on the host only
+	b.Feed[1] = 0
+	if _, err := be.feedInput(10)(b); err == nil {
+		t.Error("a fed row whose picks are not on the device: no error")
+	}
+	b.Feed = nil
 	b.Tokens[1] = -1
-	if _, err := tokensInput(10)(b); err == nil {
+	if _, err := be.feedInput(10)(b); err == nil {
 		t.Error("id -1: no error")
 	}
 	if v, _ := positionsInput(b); !aliases(v, b.Positions) {

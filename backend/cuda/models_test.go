@@ -248,7 +248,9 @@ func generate(t *testing.T, e *engine.Engine, id string, prompt []int32, maxTok 
 	return got
 }
 
-func engineMatchesGreedy(t *testing.T, be backend.Backend, opts ...func(*engine.Config)) {
+// engineMatchesGreedy serves concurrent greedy requests on be and checks
+// their tokens against engine.Greedy; it returns the engine's stats.
+func engineMatchesGreedy(t *testing.T, be backend.Backend, opts ...func(*engine.Config)) engine.Stats {
 	l := loadModel(t, "qwen3_moe", be)
 	prompts := [][]int32{{1, 5, 9, 13, 17, 21, 25}, {3, 4}, {100, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 42}, {1, 5, 9, 13, 2}}
 	const maxTok = 8
@@ -296,6 +298,7 @@ func engineMatchesGreedy(t *testing.T, be backend.Backend, opts ...func(*engine.
 		}
 	}
 	t.Logf("ENGINE %s: %d concurrent requests equal engine.Greedy: %v", be.Name(), len(prompts), want)
+	return e.Stats()
 }
 
 // TestEngineMatchesGreedy: the serving engine on the CUDA backend.

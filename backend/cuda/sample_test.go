@@ -435,3 +435,50 @@ func TestSamplePanics(t *testing.T) {
 		t.Errorf("greedy tokens %d %d, want 4 0", got[0].Token, got[1].Token)
 	}
 }
+
+// TestSampleAsync: SampleAsync's picks, waited for later and with several
+// samplings on their way at once, equal Sample's for the same rows (every
+// parameter family, penalties included); a second Wait is an error, and
+// bad rows are an error, not a panic.
+func TestSampleAsync(t *testing.T) {
+	be := sampleBackend(t)
+	r := seededRNG(t)
+	const V = 32000
+	var pend []backend.Pending
+	var want [][]backend.SampleResult
+	for _, B := range []int{1, 7, 64} {
+		flat := make([]float32, 0, B*V)
+		rows := make([]backend.SampleRow, B)
+		for b := range rows {
+			flat = append(flat, rowLogits(r, V, rowKinds[r.IntN(len(rowKinds))])...)
+			p := randParams(r)
+			h := newHistory(&p, []int32{int32(r.IntN(V))})
+			h.observe(int32(r.IntN(V)))
+			rows[b] = backend.SampleRow(h.row(nil))
+			rows[b].U = r.Float64()
+		}
+		lt := be.FromFloat32([]int{B, V}, flat)
+		want = append(want, be.Sample(lt, rows))
+		p, err := be.SampleAsync(lt, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pend = append(pend, p)
+	}
+	for i, p := range pend {
+		got, err := p.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want[i]) {
+			t.Errorf("sampling %d: async %v\nsync %v", i, got, want[i])
+		}
+		if _, err := p.Wait(); err == nil {
+			t.Errorf("sampling %d: a second Wait succeeded", i)
+		}
+	}
+	lt := be.FromFloat32([]int{2, 5}, []float32{1, 2, 3, 4, 5, 5, 4, 3, 2, 1})
+	if _, err := be.SampleAsync(lt, []backend.SampleRow{{TopP: 1, RepetitionPenalty: 1}}); err == nil {
+		t.Error("one row for two: no error")
+	}
+}

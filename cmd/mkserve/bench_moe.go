@@ -607,14 +607,15 @@ func replayMS(d *kernels.Device, sg *kernels.StepGraph, f *graphFlush) (float64,
 	if err := d.Gemm(nil, f.out, kernels.F32, f.w, f.w, 1, graphFlushRows, graphFlushCols); err != nil {
 		return 0, err
 	}
-	before := sg.GPUNs()
+	before, _ := sg.GPUNs()
 	if err := sg.Launch(d); err != nil {
 		return 0, err
 	}
 	if err := sg.Wait(d); err != nil {
 		return 0, err
 	}
-	return float64(sg.GPUNs()-before) / 1e6, nil
+	after, _ := sg.GPUNs()
+	return float64(after-before) / 1e6, nil
 }
 
 func moeRouterKernels(c moe.RouterConfig) kernels.MoERouter {

@@ -1,0 +1,186 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/mkserve/mkserve/backend"
+)
+
+// Overlapped decode (vLLM calls it async scheduling).
+//
+// A synchronous step launches the forward pass, samples, waits for the
+// tokens, delivers them, and only then schedules and launches the next
+// step: the GPU idles while the host delivers, schedules and prepares the
+// launch (on an H200 at batch 1, 0.1 of Qwen3-30B-A3B's 0.83 ms step). With
+// a backend.AsyncSampler the engine instead launches step N+1 while step
+// N's tokens are still on the device:
+//
+//	step N+1: schedule → batch (rows whose input is a token of step N take
+//	          it from the device: Batch.Feed) → forward → SampleAsync →
+//	          wait for step N's tokens → deliver them (stream, stop checks)
+//
+// so the host's work for step N overlaps the GPU's for step N+1. A token
+// still on the device is a placeholder in its sequence's tokens
+// (sequence.pend); the KV blocks that hold it are committed to the prefix
+// cache once it is known. A sequence that stops at a token of step N (a
+// stop token or string) has already been fed to step N+1: that extra
+// token is dropped when step N+1 resolves. A sequence whose pending token
+// reaches max_tokens or the model length is not scheduled again.
+//
+// Steps that need the previous tokens on the host run synchronously after
+// waiting for them: sampling with penalties (they read the output so far),
+// logit biases and forks (host sampling), and Config.SyncSteps.
+
+// inflight is a launched step whose sampled tokens are still on the device.
+type inflight struct {
+	picks []pick // in picks-row order; pick.pos is the token's index in its sequence's tokens
+	pend  backend.Pending
+}
+
+// overlapLoadEvery is how often (in overlapped steps) the engine reads the
+// backend's expert loads: reading them waits for the GPU, so an overlapped
+// step does not do it each time (the counts accumulate meanwhile).
+const overlapLoadEvery = 32
+
+// overlapSampler returns the backend's AsyncSampler when plan's step may
+// run overlapped, else nil: device sampling (devSampler) that can keep its
+// picks on the device, and no sampling sequence with penalties.
+func (e *Engine) overlapSampler(plan []entry, devSampler backend.Sampler) backend.AsyncSampler {
+	as, ok := devSampler.(backend.AsyncSampler)
+	if !ok || e.cfg.SyncSteps {
+		return nil
+	}
+	for _, en := range plan {
+		if !en.sample {
+			continue
+		}
+		p := &en.s.req.r.Sampling
+		if en.s.sampler.seen != nil || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+			return nil
+		}
+	}
+	return as
+}
+
+// overlapStep launches b's forward pass and its sampling without waiting
+// for the tokens, then resolves the previous overlapped step.
+func (e *Engine) overlapStep(plan []entry, b *backend.Batch, as backend.AsyncSampler) {
+	_, logitsT, err := e.forward(b, false)
+	var pend backend.Pending
+	var picks []pick
+	if err == nil {
+		var rows []backend.SampleRow
+		for _, en := range plan {
+			if en.sample && !en.s.done {
+				picks = append(picks, pick{s: en.s})
+				rows = append(rows, en.s.sampler.row())
+			}
+		}
+		if len(rows) > 0 {
+			pend, err = sampleAsync(as, logitsT, rows)
+		}
+	}
+	if err != nil {
+		e.resolveInflight()
+		e.failStep(plan, "forward step failed", err, len(b.Tokens))
+		return
+	}
+	for _, en := range plan {
+		en.s.computed += en.n
+		e.commitBlocks(en.s)
+	}
+	for i := range picks {
+		s := picks[i].s
+		picks[i].pos = len(s.tokens)
+		s.tokens = append(s.tokens, 0) // placeholder until resolved
+		if s.pend == 0 {
+			s.pend = picks[i].pos + 1
+		}
+		s.fedRow = int32(i)
+	}
+	prev := e.inflight
+	e.inflight = nil
+	if len(picks) > 0 {
+		e.inflight = &inflight{picks: picks, pend: pend}
+	}
+	st := e.Stats()
+	if prev != nil {
+		st.OverlappedSteps++
+		e.stats.Store(&st)
+		e.resolve(prev)
+	}
+	if st.OverlappedSteps%overlapLoadEvery == 0 {
+		e.takeExpertLoad()
+	}
+	e.dropFinished()
+	e.publish()
+}
+
+// sampleAsync is as.SampleAsync with a panic turned into an error.
+func sampleAsync(as backend.AsyncSampler, logits backend.Tensor, rows []backend.SampleRow) (p backend.Pending, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("engine: device sampling panicked: %v", r)
+		}
+	}()
+	return as.SampleAsync(logits, rows)
+}
+
+// resolveInflight waits for the in-flight step's tokens and delivers them.
+func (e *Engine) resolveInflight() {
+	if prev := e.inflight; prev != nil {
+		e.inflight = nil
+		e.resolve(prev)
+	}
+}
+
+// resolve waits for f's tokens and delivers them to the sequences still
+// running (a sequence that finished meanwhile drops its token).
+func (e *Engine) resolve(f *inflight) {
+	res, err := waitPending(f.pend)
+	if err == nil && len(res) != len(f.picks) {
+		err = fmt.Errorf("engine: device sampler returned %d results for %d rows", len(res), len(f.picks))
+	}
+	if err != nil {
+		e.log.Error("device sampling failed", zap.Error(err))
+	}
+	now := time.Now()
+	generated := 0
+	for i, pk := range f.picks {
+		s := pk.s
+		if s.done || s.pend == 0 || pk.pos >= len(s.tokens) {
+			continue
+		}
+		if err != nil {
+			e.finish(s, FinishError, err)
+			continue
+		}
+		tok, lp := s.sampler.result(res[i], s.text.tokenText)
+		s.tokens[pk.pos] = tok
+		if s.pend-1 == pk.pos {
+			s.pend = 0
+			if pk.pos+1 < len(s.tokens) {
+				s.pend = pk.pos + 2 // the next token is still on the device
+			}
+		}
+		e.deliverAt(s, pk.pos, lp, now)
+		generated++
+		if !s.done {
+			e.commitBlocks(s)
+		}
+	}
+	e.opts.Metrics.GenerationTokens(generated)
+}
+
+// waitPending is p.Wait with a panic turned into an error.
+func waitPending(p backend.Pending) (res []backend.SampleResult, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("engine: waiting for the device's tokens panicked: %v", r)
+		}
+	}()
+	return p.Wait()
+}
