@@ -7,13 +7,15 @@
 # WORLD=R (R ≥ 2) serves with a world of R processes: rank 0 and R−1
 # `mkserve worker` processes, one per GPU (rank % GPUs), every MoE layer's
 # experts split among them; WORLD_TRANSPORT=nccl sums their MoE outputs with
-# NCCL instead of the IPC all-reduce kernel.
+# NCCL instead of the IPC all-reduce kernel. SERVE_ARGS adds flags to the
+# server (e.g. --sync-steps: overlapped decode off).
 set -uo pipefail
 MK=${1:-.dev/mkserve}
 PREC=${2:-exact}
 WORLD=${WORLD:-1}
 WT=${WORLD_TRANSPORT:-ipc}
-echo "SERVE precision $PREC world $WORLD transport $WT"
+read -r -a extra <<<"${SERVE_ARGS:-}"
+echo "SERVE precision $PREC world $WORLD transport $WT ${SERVE_ARGS:-}"
 world=()
 wpids=()
 if [ "$WORLD" -gt 1 ]; then
@@ -23,7 +25,7 @@ if [ "$WORLD" -gt 1 ]; then
 		wpids+=($!)
 	done
 fi
-"$MK" serve --backend cuda --precision "$PREC" --http-addr 127.0.0.1:8199 --grpc-addr 127.0.0.1:50199 --log-level warn "${world[@]}" &
+"$MK" serve --backend cuda --precision "$PREC" --http-addr 127.0.0.1:8199 --grpc-addr 127.0.0.1:50199 --log-level warn "${world[@]}" "${extra[@]}" &
 pid=$!
 trap 'kill $pid "${wpids[@]}" 2>/dev/null; wait $pid "${wpids[@]}" 2>/dev/null' EXIT
 healthy() { python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:8199/health", timeout=2)' 2>/dev/null; }

@@ -60,9 +60,9 @@ type pending struct {
 	rows     int
 	onDevice bool // the picks buffer holds these picks (not a synchronous fallback's)
 	done     bool
-	picked []int32 // the tokens, once read on the host (resolveFeed or Wait)
-	res    []backend.SampleResult
-	err    error
+	picked   []int32 // the tokens, once read on the host (resolveFeed or Wait)
+	res      []backend.SampleResult
+	err      error
 }
 
 var _ backend.AsyncSampler = (*Backend)(nil)

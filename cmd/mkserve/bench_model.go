@@ -30,9 +30,13 @@ type modelResult struct {
 	Context int    `json:"context"` // decode: tokens already cached per sequence
 	// Contexts is how many distinct contexts the decode batch's sequences
 	// read (--contexts, at most the batch).
-	Contexts  int     `json:"contexts,omitempty"`
-	Tokens    int     `json:"tokens"` // tokens per step
-	MS        float64 `json:"ms"`     // median step time
+	Contexts int     `json:"contexts,omitempty"`
+	Tokens   int     `json:"tokens"` // tokens per step
+	MS       float64 `json:"ms"`     // median step time (decode: overlapped where it ran)
+	// SyncMS is the median decode step time when each step waits for its
+	// sampled tokens before the next is launched (engine.sync_steps); set
+	// when the overlapped steps were timed too (--overlap), then in MS.
+	SyncMS    float64 `json:"sync_ms,omitempty"`
 	TokensPS  float64 `json:"tokens_per_s"`
 	WeightGB  float64 `json:"weight_gb"`            // weight bytes one step touches (routing counted), GB
 	FloorMS   float64 `json:"floor_ms,omitempty"`   // WeightGB ÷ measured bandwidth
@@ -87,6 +91,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	ep := fs.Int("ep", 1, "cuda: expert-parallel ranks emulated on the GPU (needs --moe-path fused)")
 	graphs := fs.Bool("graphs", true, "cuda: run decode steps as CUDA graphs (captured per batch shape; the fast precision only)")
 	profile := fs.Bool("profile-ops", false, "cuda: time every backend op on the host during the decode steps (adds a clock read per op)")
+	overlap := fs.Bool("overlap", true, "decode: also time steps as the engine runs them by default, each launched with the previous step's tokens still on the device (a backend.AsyncSampler: cuda); ms is then that time and sync_ms the time of steps that wait for their tokens")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the whole run to this file (go tool pprof)")
 	var wf worldFlags // --world R: the model over R processes, one GPU each (experts split, the rest replicated)
 	wf.register(fs)
@@ -313,6 +318,17 @@ func benchModel(args []string, stdout io.Writer) error {
 		if len(src) > 0 {
 			be.CopyBlocks(src, dst)
 		}
+		// decodeBatch is step's batch of B one-token sequences.
+		decodeBatch := func(B, step int) *backend.Batch {
+			pos := *ctxLen + step
+			b := &backend.Batch{}
+			for s := 0; s < B; s++ {
+				b.Tokens = append(b.Tokens, int32((s*31+step*17+3)%cfg.VocabSize))
+				b.Positions = append(b.Positions, int32(pos))
+				b.Seqs = append(b.Seqs, backend.SeqSpan{ID: uint64(s), Offset: s, Len: 1, Past: pos, Blocks: seqBlocks(s, perSeq)})
+			}
+			return b
+		}
 		var prevGraphs cuda.GraphStats // the counters after the previous batch size
 		for _, B := range bs {
 			if *profile && cb != nil {
@@ -320,13 +336,7 @@ func benchModel(args []string, stdout io.Writer) error {
 			}
 			var ms, gb, epl []float64
 			for step := 0; step < *steps+2; step++ { // two warm-up steps
-				pos := *ctxLen + step
-				b := &backend.Batch{}
-				for s := 0; s < B; s++ {
-					b.Tokens = append(b.Tokens, int32((s*31+step*17+3)%cfg.VocabSize))
-					b.Positions = append(b.Positions, int32(pos))
-					b.Seqs = append(b.Seqs, backend.SeqSpan{ID: uint64(s), Offset: s, Len: 1, Past: pos, Blocks: seqBlocks(s, perSeq)})
-				}
+				b := decodeBatch(B, step)
 				if ctr != nil {
 					ctr.TakeExpertLoad()
 				}
@@ -363,7 +373,6 @@ func benchModel(args []string, stdout io.Writer) error {
 				if n := gs.ReplaysTimed - prevGraphs.ReplaysTimed; n > 0 {
 					r.ReplayGPUMS = float64(gs.ReplayGPUNs-prevGraphs.ReplayGPUNs) / float64(n) / 1e6
 				}
-				prevGraphs = gs
 			}
 			if *profile && cb != nil {
 				for i, o := range cb.OpProfile() {
@@ -374,6 +383,16 @@ func benchModel(args []string, stdout io.Writer) error {
 						US: float64(o.Total.Microseconds()) / float64(*steps)})
 				}
 				cb.ProfileOps(false)
+			}
+			if as, ok := be.(backend.AsyncSampler); ok && *overlap && *graphs {
+				oms, err := overlappedSteps(be, as, *steps, func(step int) *backend.Batch { return decodeBatch(B, step) }, model)
+				if err != nil {
+					return err
+				}
+				r.SyncMS, r.MS = r.MS, oms
+			}
+			if cb != nil {
+				prevGraphs = cb.Graphs()
 			}
 			r.TokensPS = float64(B) / r.MS * 1e3
 			if *bw > 0 {
@@ -401,9 +420,9 @@ func benchModel(args []string, stdout io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "model %s on %s: %.1f GB of weights, loaded in %.1f s; bandwidth for the floor %.0f GB/s; decode sequences read %d distinct contexts\n",
 			name, be.Name(), float64(wb.total())/1e9, loadTime.Seconds(), *bw, max(1, min(slices.Max(bs), *contexts)))
-		fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s %12s %12s %14s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor", "replay host", "replay GPU", "experts/layer")
+		fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s %12s %12s %14s %10s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor", "replay host", "replay GPU", "experts/layer", "sync ms")
 		for _, r := range out {
-			fmt.Fprintf(stdout, "%-8s %6d %8d %8d %10.2f %12.1f %10.3f %10.3f %8.2f %12.2f %12.2f %14.1f\n", r.Kind, r.Batch, r.Context, r.Tokens, r.MS, r.TokensPS, r.WeightGB, r.FloorMS, r.OverFloor, r.ReplayHostMS, r.ReplayGPUMS, r.ExpertsPerLayer)
+			fmt.Fprintf(stdout, "%-8s %6d %8d %8d %10.2f %12.1f %10.3f %10.3f %8.2f %12.2f %12.2f %14.1f %10.2f\n", r.Kind, r.Batch, r.Context, r.Tokens, r.MS, r.TokensPS, r.WeightGB, r.FloorMS, r.OverFloor, r.ReplayHostMS, r.ReplayGPUMS, r.ExpertsPerLayer, r.SyncMS)
 			for _, o := range r.Ops {
 				fmt.Fprintf(stdout, "    %-22s %8.1f calls %10.1f us per step\n", o.Op, o.Calls, o.US)
 			}
@@ -419,6 +438,53 @@ func benchModel(args []string, stdout io.Writer) error {
 		}
 	}
 	return runWorld(context.Background(), wf, append([]string{"bench", "model"}, args...), body)
+}
+
+// overlappedSteps times decode steps as the engine runs them by default:
+// step n+1 is launched with step n's greedy tokens still on the device (its
+// batch's rows fed from the picks), then step n's picks are waited for. It
+// returns the median interval between consecutive steps' waits (steps
+// after two warm-up ones), the rate the engine would sustain.
+func overlappedSteps(be backend.Backend, as backend.AsyncSampler, steps int, batch func(step int) *backend.Batch, model models.Model) (float64, error) {
+	var prev backend.Pending
+	var at []time.Time
+	for step := 0; step < steps+3; step++ {
+		b := batch(step)
+		if prev != nil {
+			b.Feed = make([]int32, len(b.Tokens))
+			for i := range b.Feed {
+				b.Feed[i] = int32(i) // row i's token is the previous step's pick for row i
+				b.Tokens[i] = 0
+			}
+		}
+		logits, err := backend.RunStep(be, b, func() (backend.Tensor, error) { return model.Forward(b) })
+		if err != nil {
+			return 0, err
+		}
+		rows := make([]backend.SampleRow, len(b.Seqs))
+		for i := range rows {
+			rows[i] = backend.SampleRow{TopP: 1, RepetitionPenalty: 1} // greedy
+		}
+		p, err := as.SampleAsync(logits, rows)
+		if err != nil {
+			return 0, err
+		}
+		if prev != nil {
+			if got, err := prev.Wait(); err != nil || len(got) != len(rows) {
+				return 0, fmt.Errorf("overlapped step %d: %d picks, %v", step, len(got), err)
+			}
+			at = append(at, time.Now())
+		}
+		prev = p
+	}
+	if _, err := prev.Wait(); err != nil {
+		return 0, err
+	}
+	var ms []float64
+	for i := 2; i < len(at); i++ {
+		ms = append(ms, float64(at[i].Sub(at[i-1]).Microseconds())/1e3)
+	}
+	return median(ms), nil
 }
 
 // weightBytes splits a model's weights into what every step reads and the

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -54,11 +55,17 @@ func usage(w io.Writer) {
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
-// newFlags makes a flag set whose parse errors come back as errors instead
-// of being printed.
+// newFlags makes a flag set whose parse errors come back as errors (Main
+// prints them); -h and -help print its flags to stderr.
 func newFlags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: mkserve %s [flags]\n\nflags:\n", name)
+		fs.SetOutput(os.Stderr)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
 	return fs
 }
 
