@@ -1,5 +1,9 @@
-// Package engine turns requests into forward steps: today a single-sequence
-// generator (prefill, then one decode step per token, greedy sampling);
-// continuous batching, the paged KV-cache manager and the full sampler
-// build on the same Model/Backend boundary.
+// Package engine turns requests into forward steps: a step loop with
+// continuous batching (decodes first, then prompt chunks, within a token
+// budget), a paged KV-cache block manager with prefix caching and
+// preemption, the sampler (on the device through backend.Sampler, else on
+// the host), streaming detokenization with stop strings, and overlapped
+// decode (overlap.go: the next step is launched while the previous step's
+// tokens are still on the device). engine.Greedy is the single-sequence
+// reference decoder the tests compare against.
 package engine

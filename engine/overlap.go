@@ -41,8 +41,10 @@ type inflight struct {
 }
 
 // overlapLoadEvery is how often (in overlapped steps) the engine reads the
-// backend's expert loads: reading them waits for the GPU, so an overlapped
-// step does not do it each time (the counts accumulate meanwhile).
+// backend's expert loads for the metrics: reading them waits for the GPU,
+// so an overlapped step does not do it each time (the counts accumulate
+// meanwhile). With the expert rebalancer on, every step reads them (its
+// period counts observations).
 const overlapLoadEvery = 32
 
 // overlapSampler returns the backend's AsyncSampler when plan's step may
@@ -112,8 +114,8 @@ func (e *Engine) overlapStep(plan []entry, b *backend.Batch, as backend.AsyncSam
 		e.stats.Store(&st)
 		e.resolve(prev)
 	}
-	if st.OverlappedSteps%overlapLoadEvery == 0 {
-		e.takeExpertLoad()
+	if e.rebal != nil || st.OverlappedSteps%overlapLoadEvery == 0 {
+		e.takeExpertLoad() // (the rebalancer counts steps in observations: every step)
 	}
 	e.dropFinished()
 	e.publish()
