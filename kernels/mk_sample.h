@@ -42,6 +42,15 @@ extern "C" {
 MK_API int32_t mk_sample_f32(uint64_t stream, uint64_t out, uint64_t logits, uint64_t meta,
                              int64_t meta_words, uint64_t scratch, int64_t rows, int64_t vocab);
 
+/* mk_sample_greedy_f32 is mk_sample_f32 for rows that are all greedy
+ * (temperature 0) without penalties or top log-probs: each row's reduction
+ * split over CTAs (two launches). out gets words [0, 3) of each row's
+ * result. work: mk_sample_greedy_work(rows, vocab) bytes of device memory;
+ * rows at most 65535. */
+MK_API int32_t mk_sample_greedy_f32(uint64_t stream, uint64_t out, uint64_t logits, uint64_t work, int64_t rows,
+                                    int64_t vocab);
+MK_API int64_t mk_sample_greedy_work(int64_t rows, int64_t vocab);
+
 #ifdef __cplusplus
 }
 #endif

@@ -62,7 +62,7 @@ extern "C" {
  *     mk_moe_fused's fault_rank == ranks (a stage that never fills) and the
  *     error record's role 7 (a wait inside a wgmma CTA's own rings).
  * 18: mk_gather_rows_feed_f32 (token ids from the previous step's picks),
- *     mk_graph_mark, mk_event_query. */
+ *     mk_graph_mark, mk_event_query, mk_sample_greedy_f32 (and _work). */
 #define MK_ABI_VERSION 18
 
 /* Status codes. */

@@ -20,9 +20,64 @@ const (
 	SampleMaxVocab    = 1 << 20
 )
 
-var sampleF32 func(s, out, logits, meta uint64, metaWords int64, scratch uint64, rows, vocab int64) int32
+var (
+	sampleF32        func(s, out, logits, meta uint64, metaWords int64, scratch uint64, rows, vocab int64) int32
+	sampleGreedyF32  func(s, out, logits, work uint64, rows, vocab int64) int32
+	sampleGreedyWork func(rows, vocab int64) int64
+)
 
-func init() { registerSymbols(symbol{"mk_sample_f32", &sampleF32}) }
+func init() {
+	registerSymbols(symbol{"mk_sample_f32", &sampleF32}, symbol{"mk_sample_greedy_f32", &sampleGreedyF32},
+		symbol{"mk_sample_greedy_work", &sampleGreedyWork})
+}
+
+// SampleGreedyMaxRows is the most rows SampleGreedyF32 takes.
+const SampleGreedyMaxRows = 65535
+
+// GreedyOnly reports whether every row is greedy without penalties or top
+// log-probs: what SampleGreedyF32 can answer.
+func GreedyOnly(rows []SampleRow) bool {
+	if len(rows) == 0 || len(rows) > SampleGreedyMaxRows {
+		return false
+	}
+	for i := range rows {
+		r := &rows[i]
+		if r.Temperature != 0 || r.TopLogprobs != 0 || r.penalised() {
+			return false
+		}
+	}
+	return true
+}
+
+// SampleGreedyWork is the bytes of device memory SampleGreedyF32 needs for
+// rows rows of vocab logits (the library's answer; no device call).
+func (d *Device) SampleGreedyWork(rows, vocab int) int64 {
+	return sampleGreedyWork(int64(rows), int64(vocab))
+}
+
+// SampleGreedyF32 is SampleF32 for rows that are all greedy without
+// penalties or top log-probs (GreedyOnly), each row's reduction split over
+// CTAs: out gets each row's token, log-probability and 0 alternatives (words
+// 0–2 of SampleResultWords); work holds SampleGreedyWork(rows, vocab) bytes.
+func (d *Device) SampleGreedyF32(s *Stream, out, logits, work *Buffer, rows, vocab int) error {
+	const op = "SampleGreedyF32"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	if err := positive(op, "rows", rows, "vocab", vocab); err != nil {
+		return err
+	}
+	if rows > SampleGreedyMaxRows || vocab > SampleMaxVocab {
+		return fmt.Errorf("kernels: %s: %d rows (at most %d) of vocab %d (at most %d)", op, rows, SampleGreedyMaxRows, vocab, SampleMaxVocab)
+	}
+	if err := needAll(op, 4, "out", out, int64(rows)*SampleResultWords, "logits", logits, int64(rows)*int64(vocab)); err != nil {
+		return err
+	}
+	if err := need(op, "work", work, d.SampleGreedyWork(rows, vocab), 1); err != nil {
+		return err
+	}
+	return d.lib.check("mk_sample_greedy_f32", sampleGreedyF32(s.handle(), out.ptr, logits.ptr, work.ptr, int64(rows), int64(vocab)))
+}
 
 // SampleRow is one row's sampling request; its fields are those of
 // backend.SampleRow (a value of one converts to the other), whose doc is

@@ -392,3 +392,97 @@ func BenchmarkSampleKernel(b *testing.B) {
 		}
 	}
 }
+
+// TestSampleGreedySplit: the split greedy kernel gives the host sampler's
+// token (first index of the max; 0 for a row of NaN) and log-probability
+// (NaN when a logit is NaN or the max is ±Inf) for every kind of row, at
+// vocabularies below, at and past its chunk, and the same token as the
+// general kernel; ties and special values are placed across chunks.
+func TestSampleGreedySplit(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	greedy := SampleRow{TopP: 1, RepetitionPenalty: 1}
+	if !GreedyOnly([]SampleRow{greedy}) || GreedyOnly([]SampleRow{greedy, {Temperature: 1, TopP: 1, RepetitionPenalty: 1}}) ||
+		GreedyOnly([]SampleRow{{TopP: 1, RepetitionPenalty: 1, TopLogprobs: 1}}) ||
+		GreedyOnly([]SampleRow{{TopP: 1, RepetitionPenalty: 2, Seen: []int32{3}}}) || GreedyOnly(nil) {
+		t.Fatal("GreedyOnly misclassifies rows")
+	}
+	special := map[string]func(v []float32){
+		"all nan": func(v []float32) {
+			for i := range v {
+				v[i] = float32(math.NaN())
+			}
+		},
+		"tie across chunks": func(v []float32) {
+			m := float32(40)
+			v[len(v)-1], v[len(v)/2], v[len(v)/3] = m, m, m
+		},
+		"+inf twice": func(v []float32) { v[len(v)-1], v[len(v)/2] = float32(math.Inf(1)), float32(math.Inf(1)) },
+		"all -inf": func(v []float32) {
+			for i := range v {
+				v[i] = float32(math.Inf(-1))
+			}
+		},
+		"nan first": func(v []float32) { v[0] = float32(math.NaN()) },
+	}
+	var names []string
+	for k := range special {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	rows := 0
+	for _, c := range []struct{ B, V int }{{1, 7}, {3, 2048}, {2, 2049}, {64, 32000}, {1, 151936}, {5, 129280}, {1, 201088}} {
+		logits := make([]float32, 0, c.B*c.V)
+		kinds := make([]string, c.B)
+		for b := 0; b < c.B; b++ {
+			kinds[b] = sampleKinds[r.IntN(len(sampleKinds))]
+			v := sampleLogits(r, c.V, kinds[b])
+			if b < len(names) && c.V > 3 && r.IntN(2) == 0 {
+				kinds[b] = names[b]
+				special[names[b]](v)
+			}
+			logits = append(logits, v...)
+		}
+		rs := make([]SampleRow, c.B)
+		for b := range rs {
+			rs[b] = greedy
+		}
+		general := runSample(t, g, logits, rs, c.V)
+		var words []int32
+		onGPU(t, g, func(a *arena) {
+			lb := put(a, logits)
+			poison := make([]int32, c.B*SampleResultWords)
+			for i := range poison {
+				poison[i] = int32(0x7fc00000)
+			}
+			ob, wb := put(a, poison), a.alloc(a.d.SampleGreedyWork(c.B, c.V))
+			if a.err != nil {
+				return
+			}
+			a.check(a.d.SampleGreedyF32(nil, ob, lb, wb, c.B, c.V))
+			words = get[int32](a, ob, c.B*SampleResultWords)
+		})
+		got, err := UnpackSample(words, c.B)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for b := range rs {
+			name := fmt.Sprintf("B%d V%d row %d (%s)", c.B, c.V, b, kinds[b])
+			want, margin := SampleHost(logits[b*c.V:(b+1)*c.V], &rs[b])
+			sampleCheck(t, name, c.V, &rs[b], got[b], want, margin)
+			if got[b].Token != general[b].Token {
+				t.Errorf("%s: split kernel token %d, general kernel %d", name, got[b].Token, general[b].Token)
+			}
+			rows++
+		}
+	}
+	t.Logf("%d rows", rows)
+	onGPU(t, g, func(a *arena) {
+		b := a.alloc(64)
+		if a.err == nil {
+			if err := a.d.SampleGreedyF32(nil, b, b, b, 1, 1000); err == nil {
+				t.Error("logits smaller than one row: no error")
+			}
+		}
+	})
+}

@@ -157,18 +157,16 @@ func (be *Backend) SampleAsync(logits backend.Tensor, rows []backend.SampleRow) 
 		if err := errors.Join(growPinned(d, &sl.meta, int64(len(meta))*4), growPinned(d, &sl.words, nw)); err != nil {
 			return err
 		}
-		copy(unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(sl.meta.Bytes()))), len(meta)), meta)
-		mb := be.alloc.get(d, int64(len(meta))*4)
-		defer be.alloc.put(mb) // stream-ordered: later users of mb run after the sampling
-		if err := d.UploadAsync(nil, mb, sl.meta, int64(len(meta))*4); err != nil {
-			return err
+		var mb *kernels.Buffer
+		if !greedySplit(krows) { // (the split greedy kernel reads no metadata)
+			copy(unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(sl.meta.Bytes()))), len(meta)), meta)
+			mb = be.alloc.get(d, int64(len(meta))*4)
+			defer be.alloc.put(mb) // stream-ordered: later users of mb run after the sampling
+			if err := d.UploadAsync(nil, mb, sl.meta, int64(len(meta))*4); err != nil {
+				return err
+			}
 		}
-		var sb *kernels.Buffer
-		if pen {
-			sb = be.alloc.get(d, int64(B)*int64(V)*4)
-			defer be.alloc.put(sb)
-		}
-		if err := d.SampleF32(nil, picks, be.f32(d, t), mb, len(meta), sb, B, V); err != nil {
+		if err := be.sampleOn(d, picks, be.f32(d, t), mb, len(meta), krows, pen, V); err != nil {
 			return err
 		}
 		if err := d.DownloadAsync(nil, sl.words, picks, nw); err != nil {

@@ -1,6 +1,9 @@
 package cuda
 
 import (
+	"os"
+	"sync"
+
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/kernels"
 )
@@ -29,16 +32,14 @@ func (be *Backend) Sample(logits backend.Tensor, rows []backend.SampleRow) []bac
 	}
 	words := make([]int32, B*kernels.SampleResultWords)
 	be.do("Sample", func(d *kernels.Device) error {
-		mb := upload(be, d, meta)
-		defer be.alloc.put(mb)
+		var mb *kernels.Buffer
+		if !greedySplit(krows) {
+			mb = upload(be, d, meta)
+			defer be.alloc.put(mb)
+		}
 		ob := be.alloc.get(d, int64(len(words))*4)
 		defer be.alloc.put(ob)
-		var sb *kernels.Buffer
-		if pen {
-			sb = be.alloc.get(d, int64(B)*int64(V)*4)
-			defer be.alloc.put(sb)
-		}
-		if err := d.SampleF32(nil, ob, be.f32(d, t), mb, len(meta), sb, B, V); err != nil {
+		if err := be.sampleOn(d, ob, be.f32(d, t), mb, len(meta), krows, pen, V); err != nil {
 			return err
 		}
 		if err := kernels.Download(d, words, ob); err != nil {
@@ -56,3 +57,31 @@ func (be *Backend) Sample(logits backend.Tensor, rows []backend.SampleRow) []bac
 	}
 	return res
 }
+
+// sampleOn queues the sampling of rows (packed in meta, metaWords words) of
+// logits [len(rows), V] into out: the split greedy kernel when every row is
+// plain greedy (greedySplit; meta may then be nil), else the general one.
+func (be *Backend) sampleOn(d *kernels.Device, out, logits, meta *kernels.Buffer, metaWords int, rows []kernels.SampleRow, pen bool, V int) error {
+	B := len(rows)
+	if greedySplit(rows) {
+		work := be.alloc.get(d, d.SampleGreedyWork(B, V))
+		defer be.alloc.put(work)
+		return d.SampleGreedyF32(nil, out, logits, work, B, V)
+	}
+	var sb *kernels.Buffer
+	if pen {
+		sb = be.alloc.get(d, int64(B)*int64(V)*4)
+		defer be.alloc.put(sb)
+	}
+	return d.SampleF32(nil, out, logits, meta, metaWords, sb, B, V)
+}
+
+// SampleSplitEnv names the environment variable that, set to 0, samples
+// greedy rows with the general kernel (one CTA a row) instead of the split
+// one, for comparisons.
+const SampleSplitEnv = "MKSERVE_SAMPLE_SPLIT"
+
+var sampleSplitOn = sync.OnceValue(func() bool { return os.Getenv(SampleSplitEnv) != "0" })
+
+// greedySplit reports whether rows go to the split greedy kernel.
+func greedySplit(rows []kernels.SampleRow) bool { return sampleSplitOn() && kernels.GreedyOnly(rows) }
