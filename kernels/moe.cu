@@ -1213,8 +1213,9 @@ int pick_cfg(int64_t T, int K, int E, int64_t H) {
   const int64_t n = T * K;
   const int64_t active = n < E ? n : E;
   const double avg = (double)n / (double)(active > 0 ? active : 1);
-  if (T <= 16 || avg <= 8) return 0;
-  if (avg > big_avg(H)) return wide_tiles() ? 3 : 2;  // (a big_avg under 24 takes rows from the 32-row tiles)
+  if (T <= 16) return 0;
+  if (avg > big_avg(H)) return wide_tiles() ? 3 : 2;  // (a big_avg under 24 takes rows from the 32-row tiles, under 8 from the 16-row ones)
+  if (avg <= 8) return 0;
   if (avg <= 24) return bm32() ? 4 : 0;
   return 1;
 }
