@@ -1180,28 +1180,23 @@ constexpr Cfg kCfg[5] = {{16, 64, 128, 6}, {64, 128, 128, 4}, {128, 128, 256, 4}
 bool wide_tiles();
 
 // big_avg: expected rows per active expert above which the 128-row tiles
-// (wgmma on sm_90a) run, for a hidden size of h; MK_MOE_BIG_AVG overrides
-// the default: 8 from h = 6144 on, else 24. Session 18, grouped layers by
-// graph replay, same call, 24 against the earlier 48: DeepSeek-V3
-// ×0.74–0.77 at 1024 tokens, ×0.66 at 1536, Mixtral ×0.97 at 128 and 160,
-// Qwen3 ×1.02 at 512 and 640 (the one loss), so the 64-row tiles run only
-// when the variable asks for them. Session 19, 8 against 24: DeepSeek-V3
-// (h 7168) ×0.91 / ×0.85 / ×0.69 at 384 / 512 / 768 tokens (12–24 rows,
-// which the 32-row tiles took), Mixtral (h 4096) ×1.05 at 64 tokens, Qwen3
-// (h 2048) ×1.15 at 256 (16 rows each); the three shapes differ in more
-// than h, so the rule says what was measured, not why. Session 19 again,
-// at 4 and 8 rows (calls 102–103): the DeepSeek-V3 layer alone was ×0.95
-// at 256 tokens (8 rows) and ×1.02 at 128 (4 rows) on the 128-row tiles,
-// but DeepSeek-V3-4l's batch-256 decode step (8 rows) was 4 % slower with
-// them (22.2 against 21.3 ms), so the threshold stays 8 (Mixtral ×1.11 and
-// Qwen3 ×1.20 at 8 rows).
-double big_avg(int64_t h) {
+// (wgmma on sm_90a) run; MK_MOE_BIG_AVG overrides the default 24. It was
+// 48 (the 64-row mma.sync tiles from 24 to 48 rows): session 18, grouped
+// layers by graph replay, same call, 24 against 48: DeepSeek-V3 ×0.74–0.77
+// at 1024 tokens, ×0.66 at 1536, Mixtral ×0.97 at 128 and 160, Qwen3 ×1.02
+// at 512 and 640 (the one loss), so the 64-row tiles run only when the
+// variable asks for them. Session 19 tried 8 from hidden size 6144 on: the
+// DeepSeek-V3 layer alone (uniformly random routing) was ×0.69–0.95 at 8–24
+// rows, but DeepSeek-V3-4l's decode steps, whose routing is skewed, were
+// 4 % slower at batch 256, 11 % at 384 and level at 512 (calls 99–104), so
+// the default is 24 for every shape again.
+double big_avg(int64_t) {
   static double b = [] {
     const char* v = getenv("MK_MOE_BIG_AVG");
-    return v ? atof(v) : 0;
+    const double x = v ? atof(v) : 0;
+    return x > 0 ? x : 24.0;
   }();
-  if (b > 0) return b;
-  return h >= 6144 ? 8.0 : 24.0;
+  return b;
 }
 
 // bm32: the 32-row tiles for 8 < rows per expert ≤ 24 (MK_MOE_BM32=0: the
