@@ -1190,7 +1190,7 @@ bool wide_tiles();
 // rows, but DeepSeek-V3-4l's decode steps, whose routing is skewed, were
 // 4 % slower at batch 256, 11 % at 384 and level at 512 (calls 99–104), so
 // the default is 24 for every shape again.
-double big_avg(int64_t) {
+double big_avg() {
   static double b = [] {
     const char* v = getenv("MK_MOE_BIG_AVG");
     const double x = v ? atof(v) : 0;
@@ -1209,12 +1209,12 @@ bool bm32() {
   return b;
 }
 
-int pick_cfg(int64_t T, int K, int E, int64_t H) {
+int pick_cfg(int64_t T, int K, int E) {
   const int64_t n = T * K;
   const int64_t active = n < E ? n : E;
   const double avg = (double)n / (double)(active > 0 ? active : 1);
   if (T <= 16) return 0;
-  if (avg > big_avg(H)) return wide_tiles() ? 3 : 2;  // (a big_avg under 24 takes rows from the 32-row tiles, under 8 from the 16-row ones)
+  if (avg > big_avg()) return wide_tiles() ? 3 : 2;  // (a big_avg under 24 takes rows from the 32-row tiles, under 8 from the 16-row ones)
   if (avg <= 8) return 0;
   if (avg <= 24) return bm32() ? 4 : 0;
   return 1;
@@ -1260,7 +1260,7 @@ int g2_splits(int cfg, int64_t kd) {
 
 Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   Layout L;
-  L.cfg = pick_cfg(T, K, E, H);
+  L.cfg = pick_cfg(T, K, E);
   const int64_t bm = kCfg[L.cfg].bm, n = T * K;
   const int64_t active = n < E ? n : E;
   L.rows = (n + active * (bm - 1) + bm - 1) / bm * bm;
