@@ -11,16 +11,15 @@ import (
 	"testing"
 
 	"github.com/mkserve/mkserve/backend"
-	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/engine"
 )
 
-// asyncDev is the CPU backend plus a backend.AsyncSampler standing for a
-// GPU's: the picks (engine.RefSample) stay "on the device" until Wait, and
+// asyncDev is devSampler (the CPU backend sampling with engine.RefSample)
+// plus a backend.AsyncSampler standing for a GPU's: the picks stay "on the device" until Wait, and
 // its GraphStep reads a batch's fed rows from the latest picks, as the CUDA
 // backend's graph steps do. It counts how the engine used it.
 type asyncDev struct {
-	*cpu.Backend
+	devSampler // Sample: engine.RefSample per row
 	mu         sync.Mutex
 	last       []int32 // the latest SampleAsync's tokens (the "device" picks)
 	launched   int     // SampleAsync calls
@@ -34,16 +33,6 @@ type asyncPending struct {
 	n      int
 	res    []backend.SampleResult
 	waited bool
-}
-
-func (d *asyncDev) Sample(logits backend.Tensor, rows []backend.SampleRow) []backend.SampleResult {
-	v := d.ToHost(logits)
-	V := len(v) / len(rows)
-	out := make([]backend.SampleResult, len(rows))
-	for i, r := range rows {
-		out[i] = engine.RefSample(v[i*V:(i+1)*V], r)
-	}
-	return out
 }
 
 func (d *asyncDev) SampleAsync(logits backend.Tensor, rows []backend.SampleRow) (backend.Pending, error) {
@@ -179,7 +168,7 @@ func TestOverlapMatchesSync(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			run := func(syncSteps bool, p engine.SamplingParams) ([]result, *asyncDev, engine.Stats) {
-				d := &asyncDev{Backend: f.be}
+				d := &asyncDev{devSampler: devSampler{Backend: f.be}}
 				cfg := tc.cfg
 				cfg.SyncSteps = syncSteps
 				e, err := engine.New(f.m.Model, d, f.tok, cfg, engine.Options{Name: "t", EOS: []int32{2}})
@@ -265,7 +254,7 @@ func sameLogprobs(a, b []engine.Logprob) bool {
 // launched after it is dropped, and the engine serves the next requests.
 func TestOverlapDeviceFailure(t *testing.T) {
 	f := load(t)
-	d := &asyncDev{Backend: f.be, failWait: 4}
+	d := &asyncDev{devSampler: devSampler{Backend: f.be}, failWait: 4}
 	e, err := engine.New(f.m.Model, d, f.tok, engine.Config{BlockSize: 4}, engine.Options{Name: "t", EOS: []int32{2}})
 	if err != nil {
 		t.Fatal(err)
@@ -300,7 +289,7 @@ func TestOverlapDeviceFailure(t *testing.T) {
 // end without error, drop those tokens and free their blocks.
 func TestOverlapAbort(t *testing.T) {
 	f := load(t)
-	d := &asyncDev{Backend: f.be}
+	d := &asyncDev{devSampler: devSampler{Backend: f.be}}
 	e, err := engine.New(f.m.Model, d, f.tok, engine.Config{BlockSize: 4}, engine.Options{Name: "t", EOS: []int32{2}})
 	if err != nil {
 		t.Fatal(err)

@@ -405,6 +405,18 @@ __global__ void copy_cols_f32(float* dst, int64_t dld, int64_t doff, int64_t dhs
   }
 }
 
+// gathered is element c of row r of src [src_rows, cols] as a float, NaN
+// for a row outside [0, src_rows).
+template <typename T>
+__device__ __forceinline__ float gathered(const T* src, int32_t r, int64_t c, int64_t cols, int64_t src_rows) {
+  if (r < 0 || (int64_t)r >= src_rows) return nanf("");
+  if constexpr (sizeof(T) == 2) {
+    return __bfloat162float(src[(int64_t)r * cols + c]);
+  } else {
+    return src[(int64_t)r * cols + c];
+  }
+}
+
 // FeedIds is where gather_rows_feed takes each row's id: ids[i], or the
 // token of row feed[i] = ids[n + i] of the previous step's sampling results
 // when that is >= 0.
@@ -428,15 +440,8 @@ template <typename T>
 __global__ void gather_rows_feed(float* dst, const T* src, const FeedIds f, int64_t cols, int64_t src_rows) {
   mk::pdl_begin();
   GRID_STRIDE(k, f.n * cols) {
-    const int64_t i = k / cols, c = k - i * cols;
-    const int32_t r = feed_id(f, i);
-    if (r < 0 || (int64_t)r >= src_rows) {
-      dst[k] = nanf("");
-    } else if constexpr (sizeof(T) == 2) {
-      dst[k] = __bfloat162float(src[(int64_t)r * cols + c]);
-    } else {
-      dst[k] = src[(int64_t)r * cols + c];
-    }
+    const int64_t i = k / cols;
+    dst[k] = gathered(src, feed_id(f, i), k - i * cols, cols, src_rows);
   }
 }
 
@@ -446,15 +451,8 @@ __global__ void gather_rows(float* dst, const T* src, const int32_t* idx, int64_
                             int64_t src_rows) {
   mk::pdl_begin();
   GRID_STRIDE(k, n * cols) {
-    const int64_t i = k / cols, c = k - i * cols;
-    const int32_t r = idx[i];
-    if (r < 0 || (int64_t)r >= src_rows) {
-      dst[k] = nanf("");
-    } else if constexpr (sizeof(T) == 2) {
-      dst[k] = __bfloat162float(src[(int64_t)r * cols + c]);
-    } else {
-      dst[k] = src[(int64_t)r * cols + c];
-    }
+    const int64_t i = k / cols;
+    dst[k] = gathered(src, idx[i], k - i * cols, cols, src_rows);
   }
 }
 
