@@ -112,6 +112,7 @@ func (e *Engine) overlapStep(plan []entry, b *backend.Batch, as backend.AsyncSam
 	if prev != nil {
 		st.OverlappedSteps++
 		e.stats.Store(&st)
+		e.opts.Metrics.OverlappedStep()
 		e.resolve(prev)
 	}
 	if e.rebal != nil || st.OverlappedSteps%overlapLoadEvery == 0 {

@@ -44,6 +44,7 @@ type Metrics struct {
 	preemptions               prometheus.Counter
 	cpTokens                  prometheus.Counter
 	placements                prometheus.Counter
+	overlapped                prometheus.Counter
 	success                   *prometheus.CounterVec // {finished_reason}
 	ttft, itl, e2e, queue     prometheus.Histogram
 	expertTokens              *prometheus.CounterVec // {layer, expert}
@@ -85,6 +86,7 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		preemptions:   counter("num_preemptions_total", "Cumulative number of preemptions from the engine."),
 		cpTokens:      counter("context_parallel_tokens_total", "Prompt tokens prefilled with context parallelism (engine.context_parallel)."),
 		placements:    counter("moe_expert_placements_total", "Expert placements of MoE layers installed by the rebalancer (engine.rebalance_every)."),
+		overlapped:    counter("overlapped_steps_total", "Engine steps launched while the previous step's sampled tokens were still on the device (overlapped decode; engine.sync_steps turns it off)."),
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: prefix + "request_success_total", Help: "Count of finished requests by finish reason.", ConstLabels: labels,
 		}, []string{"finished_reason"}),
@@ -104,7 +106,7 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		m.success.WithLabelValues(r)
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.prefixQueries, m.prefixHits,
-		m.promptTokens, m.genTokens, m.preemptions, m.cpTokens, m.placements, m.success,
+		m.promptTokens, m.genTokens, m.preemptions, m.cpTokens, m.placements, m.overlapped, m.success,
 		m.ttft, m.itl, m.e2e, m.queue, m.expertTokens, m.imbalance)
 	return m
 }
@@ -209,6 +211,15 @@ func (m *Metrics) Preemption() {
 		return
 	}
 	m.preemptions.Inc()
+}
+
+// OverlappedStep counts one step launched before the previous step's
+// tokens reached the host.
+func (m *Metrics) OverlappedStep() {
+	if m == nil {
+		return
+	}
+	m.overlapped.Inc()
 }
 
 // ContextParallelTokens counts n prompt tokens of a context-parallel prefill chunk.

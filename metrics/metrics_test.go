@@ -29,6 +29,7 @@ var names = []string{
 	"mkserve:num_preemptions_total",
 	"mkserve:context_parallel_tokens_total",
 	"mkserve:moe_expert_placements_total",
+	"mkserve:overlapped_steps_total",
 	"mkserve:time_to_first_token_seconds",
 	"mkserve:inter_token_latency_seconds",
 	"mkserve:e2e_request_latency_seconds",
@@ -54,6 +55,7 @@ func exercise(m *Metrics, r *rand.Rand) {
 	m.RequestFinished("stop", time.Millisecond, 20*time.Millisecond, time.Second)
 	m.InterTokenLatency(30 * time.Millisecond)
 	m.Preemption()
+	m.OverlappedStep()
 	m.ExpertPlacement()
 	m.ExpertLoad(r.IntN(3), []int64{int64(r.IntN(5)), int64(1 + r.IntN(5)), 3})
 }
@@ -329,10 +331,10 @@ func TestSeriesCounts(t *testing.T) {
 	if got := testutil.ToFloat64(m.success.WithLabelValues("unknown")); got != 1 {
 		t.Errorf("empty reason counted %v times as unknown, want 1", got)
 	}
-	// 14 single-series families, no expert series yet, and the success
+	// 15 single-series families, no expert series yet, and the success
 	// series of the four reasons plus "unknown".
-	if got, err := testutil.GatherAndCount(reg); err != nil || got != 14+len(finishReasons)+1 {
-		t.Errorf("%d series (%v), want %d", got, err, 14+len(finishReasons)+1)
+	if got, err := testutil.GatherAndCount(reg); err != nil || got != 15+len(finishReasons)+1 {
+		t.Errorf("%d series (%v), want %d", got, err, 15+len(finishReasons)+1)
 	}
 }
 
