@@ -481,8 +481,7 @@ func (be *Backend) replayStep(g *stepGraph, f func() (backend.Tensor, error)) (b
 
 // waitLaunch waits until g's previous launch is done reading its staging,
 // so that a replay may refill it while that launch still runs (overlapped
-// decode launches step N+1 before step N is done), and counts the GPU time
-// of launches read since.
+// decode launches step N+1 before step N is done).
 func (be *Backend) waitLaunch(g *stepGraph) {
 	if err := be.g.Do(func(d *kernels.Device) error { return g.sg.WaitUploads(d) }); err != nil {
 		panicf("GraphStep", "waiting for the previous launch: %v", err)
