@@ -202,7 +202,7 @@ func (e *Engine) step() {
 		}
 	}
 	b := &backend.Batch{}
-	fed := false
+	var fed [][2]int32 // overlapped decode: rows whose token is still on the device, and their picks
 	for _, en := range plan {
 		s := en.s
 		span := backend.SeqSpan{ID: s.id, Offset: len(b.Tokens), Len: en.n, Past: s.computed, Blocks: s.blocks}
@@ -215,12 +215,8 @@ func (e *Engine) step() {
 		for j := 0; j < en.n; j++ {
 			pos := s.computed + j
 			if s.pend != 0 && pos == s.pend-1 { // still on the device: the in-flight step's pick
-				for len(b.Feed) < len(b.Tokens) {
-					b.Feed = append(b.Feed, -1)
-				}
-				b.Feed = append(b.Feed, s.fedRow)
+				fed = append(fed, [2]int32{int32(len(b.Tokens)), s.fedRow})
 				b.Tokens = append(b.Tokens, 0)
-				fed = true
 			} else {
 				b.Tokens = append(b.Tokens, s.tokens[pos])
 			}
@@ -230,9 +226,10 @@ func (e *Engine) step() {
 			b.LogitRows = append(b.LogitRows, len(b.Tokens)-1)
 		}
 	}
-	if fed {
-		for len(b.Feed) < len(b.Tokens) {
-			b.Feed = append(b.Feed, -1)
+	if len(fed) > 0 {
+		b.Feed = slices.Repeat([]int32{-1}, len(b.Tokens))
+		for _, f := range fed {
+			b.Feed[f[0]] = f[1]
 		}
 	}
 	if async != nil {
