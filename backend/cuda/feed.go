@@ -50,13 +50,15 @@ type feedState struct {
 type feedSlot struct {
 	meta, words *kernels.Pinned
 	ev          *kernels.Event
-	busy        bool // ev recorded and not yet waited for
+	busy        bool   // ev recorded and not yet waited for
+	gen         uint64 // uses so far: a pending holds the use it was
 }
 
 // pending is a SampleAsync in flight (backend.Pending).
 type pending struct {
 	be       *Backend
 	slot     *feedSlot
+	gen      uint64 // slot.gen when this sampling used it
 	rows     int
 	onDevice bool // the picks buffer holds these picks (not a synchronous fallback's)
 	done     bool
@@ -176,7 +178,8 @@ func (be *Backend) SampleAsync(logits backend.Tensor, rows []backend.SampleRow) 
 			return err
 		}
 		sl.busy = true
-		pd.slot = sl
+		sl.gen++
+		pd.slot, pd.gen = sl, sl.gen
 		return nil
 	}, t)
 	be.feed.last = pd
@@ -209,7 +212,7 @@ func (p *pending) read() (err error) {
 	var words []int32
 	p.be.do("Pending.Wait", func(d *kernels.Device) error {
 		sl := p.slot
-		if !sl.busy {
+		if !sl.busy || sl.gen != p.gen {
 			return errors.New("the sampling results were overwritten: waited for too late")
 		}
 		if err := sl.ev.Sync(); err != nil {
