@@ -51,6 +51,16 @@ MK_API int32_t mk_sample_greedy_f32(uint64_t stream, uint64_t out, uint64_t logi
                                     int64_t vocab);
 MK_API int64_t mk_sample_greedy_work(int64_t rows, int64_t vocab);
 
+/* mk_sample_draw_f32 is mk_sample_f32 for rows without top-k, top-p,
+ * min-p, penalties or top log-probs (greedy, or a draw over the whole
+ * vocabulary in id order), each row's passes split over CTAs (three
+ * launches); meta as for mk_sample_f32 (only the headers are read). out
+ * gets words [0, 3) of each row's result. work: mk_sample_draw_work(rows,
+ * vocab) bytes. */
+MK_API int32_t mk_sample_draw_f32(uint64_t stream, uint64_t out, uint64_t logits, uint64_t meta, int64_t meta_words,
+                                  uint64_t work, int64_t rows, int64_t vocab);
+MK_API int64_t mk_sample_draw_work(int64_t rows, int64_t vocab);
+
 #ifdef __cplusplus
 }
 #endif

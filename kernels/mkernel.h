@@ -62,7 +62,8 @@ extern "C" {
  *     mk_moe_fused's fault_rank == ranks (a stage that never fills) and the
  *     error record's role 7 (a wait inside a wgmma CTA's own rings).
  * 18: mk_gather_rows_feed_f32 (token ids from the previous step's picks),
- *     mk_graph_mark, mk_event_query, mk_sample_greedy_f32 (and _work). */
+ *     mk_graph_mark, mk_event_query, mk_sample_greedy_f32 and
+ *     mk_sample_draw_f32 (and their _work). */
 #define MK_ABI_VERSION 18
 
 /* Status codes. */

@@ -957,6 +957,185 @@ __global__ void greedy_finish(const float* __restrict__ logits, int V, int split
   }
 }
 
+// ---- rows that draw over the whole vocabulary, split over CTAs ----
+//
+// A row with temperature > 0 and no top-k, top-p, min-p, penalties or
+// alternatives draws the first token, in id order, where the running sum of
+// q = exp(z), z = (w − max)/T, exceeds U · (the total) (drawAll). After
+// greedy_split's partials (the max), draw_split sums q over each chunk and
+// draw_finish picks the chunk where the running sum of the chunk sums
+// crosses U · total (in chunk order, float64), then walks that chunk in id
+// order with one block. Greedy rows in the same call are answered as by
+// greedy_finish. Sums are ordered differently from the host's sequential
+// one, so a draw within rounding of a boundary may pick the neighbour, as
+// sample_rows' block scans may.
+
+__device__ __forceinline__ float row_max(const GreedyPart* p, int splits, float* red) {
+  float m = -INFINITY;
+  for (int k = threadIdx.x; k < splits; k += blockDim.x) m = fmaxf(m, p[k].max);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL, m, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();
+  float r = red[0];
+  for (int k = 1; k < (int)(blockDim.x >> 5); k++) r = fmaxf(r, red[k]);
+  __syncthreads();
+  return r;
+}
+
+// zq is q = exp(z) for z = float32((w − max)·inv) > −40 (as the host), else 0.
+__device__ __forceinline__ double zq(float w, float maxw, float inv) {
+  if (w != w) return 0.0;
+  float z = __fmul_rn(__fsub_rn(w, maxw), inv);
+  z = z == 0.f ? 0.f : z;
+  return z > -40.f ? exp((double)z) : 0.0;
+}
+
+__global__ void __launch_bounds__(GS_NT) draw_split(const float* __restrict__ logits, int V, int splits,
+                                                    const int32_t* __restrict__ meta,
+                                                    const GreedyPart* __restrict__ parts, double* __restrict__ sums) {
+  __shared__ float red_f[GS_NT / 32];
+  __shared__ double red_d[GS_NT / 32];
+  const int row = blockIdx.y, sp = blockIdx.x, tid = threadIdx.x;
+  const float T = __int_as_float(meta[(int64_t)row * MK_SAMPLE_META_WORDS]);
+  const float maxw = row_max(parts + (int64_t)row * splits, splits, red_f);
+  if (!(T > 0.f) || maxw == -INFINITY || maxw != maxw) {  // greedy, or nothing to draw from
+    if (tid == 0) sums[(int64_t)row * splits + sp] = 0.0;
+    return;
+  }
+  const float inv = __fdiv_rn(1.f, T);
+  const float* x = logits + (int64_t)row * V;
+  double q = 0;
+#pragma unroll
+  for (int u = 0; u < PF; u++) {
+    const int i = sp * GS_CHUNK + u * GS_NT + tid;
+    if (i < V) q += zq(__ldg(x + i), maxw, inv);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(FULL, q, o);
+  if ((tid & 31) == 0) red_d[tid >> 5] = q;
+  __syncthreads();
+  if (tid == 0) {
+    double t = 0;
+    for (int k = 0; k < GS_NT / 32; k++) t += red_d[k];
+    sums[(int64_t)row * splits + sp] = t;
+  }
+}
+
+// One block a row: greedy_finish's token and log-probability for greedy
+// rows (and rows with nothing to draw from), else the drawn token.
+__global__ void __launch_bounds__(GS_NT) draw_finish(const float* __restrict__ logits, int V, int splits,
+                                                     const int32_t* __restrict__ meta,
+                                                     const GreedyPart* __restrict__ parts,
+                                                     const double* __restrict__ sums, int32_t* __restrict__ out) {
+  __shared__ int s_chunk, s_pick, s_greedy;
+  __shared__ double s_before, s_u, s_lse;
+  __shared__ float red_f[GS_NT / 32];
+  __shared__ double red_d[GS_NT / 32];
+  const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const GreedyPart* p = parts + (int64_t)row * splits;
+  const double* cs = sums + (int64_t)row * splits;
+  const int32_t* m = meta + (int64_t)row * MK_SAMPLE_META_WORDS;
+  const float* x = logits + (int64_t)row * V;
+  const float T = __int_as_float(m[0]);
+  const double U = __hiloint2double(m[13], m[12]);
+  if (tid == 0) {
+    // The greedy answer and the log-sum-exp, serially over the partials.
+    float gmax = -INFINITY;
+    int anyw = 0, nan = 0;
+    for (int k = 0; k < splits; k++) {
+      gmax = fmaxf(gmax, p[k].max);
+      anyw |= p[k].idx >= 0;
+      nan |= p[k].nan;
+    }
+    double rs = 0;
+    int best = 0x7fffffff;
+    for (int k = 0; k < splits; k++) {
+      if (p[k].max != -INFINITY && gmax != -INFINITY) rs += p[k].sum * exp((double)p[k].max - (double)gmax);
+      if (p[k].idx >= 0 && p[k].max == gmax) best = min(best, p[k].idx);
+    }
+    s_greedy = anyw ? best : 0;
+    s_lse = (!nan && isfinite(gmax)) ? (double)gmax + log(rs) : (double)NAN;
+    // The chunk where the running sum of the chunk sums crosses U · total
+    // (-1: greedy, or nothing to draw from); if rounding never crosses, the
+    // last chunk with mass.
+    int chunk = -1;
+    double before = 0, u = 0;
+    if (T > 0.f && anyw && gmax != -INFINITY) {
+      double total = 0;
+      for (int k = 0; k < splits; k++) total += cs[k];
+      u = U * total;
+      double run = 0, last_before = 0;
+      for (int k = 0; k < splits && total > 0; k++) {
+        if (cs[k] > 0) {
+          chunk = k;
+          last_before = run;
+          if (run + cs[k] > u) break;
+        }
+        run += cs[k];
+      }
+      before = last_before;
+    }
+    s_chunk = chunk;
+    s_before = before;
+    s_u = u;
+    s_pick = -1;
+  }
+  __syncthreads();
+  const int chunk = s_chunk;
+  if (chunk >= 0) {
+    // Walk the chunk in id order: thread t holds ids chunk·GS_CHUNK + 8t .. 8t+7.
+    const float maxw = row_max(p, splits, red_f);
+    const float inv = __fdiv_rn(1.f, T);
+    const int i0 = chunk * GS_CHUNK + PF * tid;
+    double q[PF], sq = 0;
+#pragma unroll
+    for (int e = 0; e < PF; e++) {
+      q[e] = i0 + e < V ? zq(x[i0 + e], maxw, inv) : 0.0;
+      sq += q[e];
+    }
+    double xs = sq;  // inclusive scan within the warp, then over the warps
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const double y = __shfl_up_sync(FULL, xs, o);
+      if (lane >= o) xs += y;
+    }
+    if (lane == 31) red_d[w] = xs;
+    __syncthreads();
+    double base = 0;
+    for (int k = 0; k < w; k++) base += red_d[k];
+    const double before = s_before + base + xs - sq, u = s_u;
+    if (sq > 0 && !(before > u) && before + sq > u) {
+      double run = before;
+      int pick = -1;
+      for (int e = 0; e < PF; e++) {
+        run += q[e];
+        if (q[e] > 0) {
+          pick = i0 + e;
+          if (run > u) break;
+        }
+      }
+      atomicMax(&s_pick, pick);  // (one thread crosses)
+    }
+    __syncthreads();
+    if (tid == 0 && s_pick < 0) {  // rounding never crossed: the chunk's last token with mass
+      for (int i = min(V, (chunk + 1) * GS_CHUNK) - 1; i >= chunk * GS_CHUNK; i--)
+        if (zq(x[i], maxw, inv) > 0) {
+          s_pick = i;
+          break;
+        }
+    }
+    __syncthreads();
+  }
+  if (tid == 0) {
+    int32_t* o = out + (int64_t)row * MK_SAMPLE_RESULT_WORDS;
+    const int token = s_pick >= 0 ? s_pick : s_greedy;
+    o[0] = token;
+    o[1] = __float_as_int((float)((double)x[token] - s_lse));
+    o[2] = 0;
+  }
+}
+
 }  // namespace
 
 extern "C" MK_API int32_t mk_sample_greedy_f32(uint64_t stream, uint64_t out, uint64_t logits, uint64_t work,
@@ -973,6 +1152,31 @@ extern "C" MK_API int32_t mk_sample_greedy_f32(uint64_t stream, uint64_t out, ui
                                               mk::dev<const GreedyPart>(work), mk::dev<int32_t>(out));
   MK_LAUNCHED("sample_greedy");
   return MK_OK;
+}
+
+extern "C" MK_API int32_t mk_sample_draw_f32(uint64_t stream, uint64_t out, uint64_t logits, uint64_t meta,
+                                             int64_t meta_words, uint64_t work, int64_t rows, int64_t vocab) {
+  MK_THREAD("mk_sample_draw_f32");
+  MK_ARG(out != 0 && logits != 0 && meta != 0 && work != 0, "mk_sample_draw_f32: null pointer");
+  MK_ARG(rows >= 1 && rows <= 65535, "mk_sample_draw_f32: rows = %lld, want [1, 65535]", (long long)rows);
+  MK_ARG(vocab >= 1 && vocab <= MAXV, "mk_sample_draw_f32: vocab = %lld, want [1, %d]", (long long)vocab, MAXV);
+  MK_ARG(meta_words >= rows * MK_SAMPLE_META_WORDS, "mk_sample_draw_f32: %lld metadata words for %lld rows",
+         (long long)meta_words, (long long)rows);
+  const int splits = (int)((vocab + GS_CHUNK - 1) / GS_CHUNK);
+  GreedyPart* parts = mk::dev<GreedyPart>(work);
+  double* sums = reinterpret_cast<double*>(parts + rows * splits);
+  cudaStream_t s = mk::as_stream(stream);
+  const int32_t* m = mk::dev<const int32_t>(meta);
+  const float* x = mk::dev<const float>(logits);
+  greedy_split<<<dim3((unsigned)splits, (unsigned)rows), GS_NT, 0, s>>>(x, (int)vocab, splits, parts);
+  draw_split<<<dim3((unsigned)splits, (unsigned)rows), GS_NT, 0, s>>>(x, (int)vocab, splits, m, parts, sums);
+  draw_finish<<<(unsigned)rows, GS_NT, 0, s>>>(x, (int)vocab, splits, m, parts, sums, mk::dev<int32_t>(out));
+  MK_LAUNCHED("sample_draw");
+  return MK_OK;
+}
+
+extern "C" MK_API int64_t mk_sample_draw_work(int64_t rows, int64_t vocab) {
+  return rows * ((vocab + GS_CHUNK - 1) / GS_CHUNK) * (int64_t)(sizeof(GreedyPart) + sizeof(double));
 }
 
 extern "C" MK_API int64_t mk_sample_greedy_work(int64_t rows, int64_t vocab) {

@@ -24,11 +24,14 @@ var (
 	sampleF32        func(s, out, logits, meta uint64, metaWords int64, scratch uint64, rows, vocab int64) int32
 	sampleGreedyF32  func(s, out, logits, work uint64, rows, vocab int64) int32
 	sampleGreedyWork func(rows, vocab int64) int64
+	sampleDrawF32    func(s, out, logits, meta uint64, metaWords int64, work uint64, rows, vocab int64) int32
+	sampleDrawWork   func(rows, vocab int64) int64
 )
 
 func init() {
 	registerSymbols(symbol{"mk_sample_f32", &sampleF32}, symbol{"mk_sample_greedy_f32", &sampleGreedyF32},
-		symbol{"mk_sample_greedy_work", &sampleGreedyWork})
+		symbol{"mk_sample_greedy_work", &sampleGreedyWork}, symbol{"mk_sample_draw_f32", &sampleDrawF32},
+		symbol{"mk_sample_draw_work", &sampleDrawWork})
 }
 
 // SampleGreedyMaxRows is the most rows SampleGreedyF32 takes.
@@ -47,6 +50,54 @@ func GreedyOnly(rows []SampleRow) bool {
 		}
 	}
 	return true
+}
+
+// DrawOnly reports whether every row is greedy or draws over the whole
+// vocabulary (no top-k, top-p, min-p, penalties or top log-probs): what
+// SampleDrawF32 can answer.
+func DrawOnly(rows []SampleRow) bool {
+	if len(rows) == 0 || len(rows) > SampleGreedyMaxRows {
+		return false
+	}
+	for i := range rows {
+		r := &rows[i]
+		if r.TopK != 0 || r.TopP < 1 || r.MinP != 0 || r.TopLogprobs != 0 || r.penalised() {
+			return false
+		}
+	}
+	return true
+}
+
+// SampleDrawWork is the bytes of device memory SampleDrawF32 needs.
+func (d *Device) SampleDrawWork(rows, vocab int) int64 {
+	return sampleDrawWork(int64(rows), int64(vocab))
+}
+
+// SampleDrawF32 is SampleF32 for rows that DrawOnly accepts, each row's
+// passes split over CTAs: out gets each row's token, log-probability and 0
+// alternatives; meta is PackSample's (metaWords words); work holds
+// SampleDrawWork(rows, vocab) bytes.
+func (d *Device) SampleDrawF32(s *Stream, out, logits, meta *Buffer, metaWords int, work *Buffer, rows, vocab int) error {
+	const op = "SampleDrawF32"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	if err := positive(op, "rows", rows, "vocab", vocab, "metaWords", metaWords); err != nil {
+		return err
+	}
+	if rows > SampleGreedyMaxRows || vocab > SampleMaxVocab || metaWords < rows*SampleMetaWords {
+		return fmt.Errorf("kernels: %s: %d rows (at most %d) of vocab %d (at most %d), %d metadata words", op, rows,
+			SampleGreedyMaxRows, vocab, SampleMaxVocab, metaWords)
+	}
+	if err := needAll(op, 4, "out", out, int64(rows)*SampleResultWords, "logits", logits, int64(rows)*int64(vocab),
+		"meta", meta, int64(metaWords)); err != nil {
+		return err
+	}
+	if err := need(op, "work", work, d.SampleDrawWork(rows, vocab), 1); err != nil {
+		return err
+	}
+	return d.lib.check("mk_sample_draw_f32", sampleDrawF32(s.handle(), out.ptr, logits.ptr, meta.ptr, int64(metaWords),
+		work.ptr, int64(rows), int64(vocab)))
 }
 
 // SampleGreedyWork is the bytes of device memory SampleGreedyF32 needs for

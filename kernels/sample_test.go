@@ -486,3 +486,69 @@ func TestSampleGreedySplit(t *testing.T) {
 		}
 	})
 }
+
+// TestSampleDrawSplit: the split draw kernels (rows greedy or drawing over
+// the whole vocabulary) against the host sampler on every kind of row,
+// temperatures 0.3–2 and random draws, vocabularies below, at and past a
+// chunk and across many chunks; a token may differ only where the host's
+// decision was within rounding of a boundary (rare), as for sample_rows.
+func TestSampleDrawSplit(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	if !DrawOnly([]SampleRow{{Temperature: 1, TopP: 1, RepetitionPenalty: 1}, {TopP: 1, RepetitionPenalty: 1}}) ||
+		DrawOnly([]SampleRow{{Temperature: 1, TopP: 0.9, RepetitionPenalty: 1}}) ||
+		DrawOnly([]SampleRow{{Temperature: 1, TopP: 1, TopK: 5, RepetitionPenalty: 1}}) ||
+		DrawOnly([]SampleRow{{Temperature: 1, TopP: 1, MinP: 0.1, RepetitionPenalty: 1}}) {
+		t.Fatal("DrawOnly misclassifies rows")
+	}
+	rows, boundary := 0, 0
+	for _, c := range []struct{ B, V, reps int }{{1, 7, 20}, {4, 2048, 5}, {3, 2049, 5}, {64, 32000, 2}, {2, 151936, 4}, {5, 129280, 2}} {
+		for rep := 0; rep < c.reps; rep++ {
+			logits := make([]float32, 0, c.B*c.V)
+			rs := make([]SampleRow, c.B)
+			kinds := make([]string, c.B)
+			for b := range rs {
+				kinds[b] = sampleKinds[r.IntN(len(sampleKinds))]
+				logits = append(logits, sampleLogits(r, c.V, kinds[b])...)
+				rs[b] = SampleRow{TopP: 1, RepetitionPenalty: 1, U: r.Float64()}
+				if r.IntN(4) != 0 {
+					rs[b].Temperature = float32(0.3 + 1.7*r.Float64())
+				}
+			}
+			meta, _, err := PackSample(rs, c.V)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var words []int32
+			onGPU(t, g, func(a *arena) {
+				lb, mb := put(a, logits), put(a, meta)
+				poison := make([]int32, c.B*SampleResultWords)
+				for i := range poison {
+					poison[i] = int32(0x7fc00000)
+				}
+				ob, wb := put(a, poison), a.alloc(a.d.SampleDrawWork(c.B, c.V))
+				if a.err != nil {
+					return
+				}
+				a.check(a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, c.B, c.V))
+				words = get[int32](a, ob, c.B*SampleResultWords)
+			})
+			got, err := UnpackSample(words, c.B)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for b := range rs {
+				want, margin := SampleHost(logits[b*c.V:(b+1)*c.V], &rs[b])
+				if sampleCheck(t, fmt.Sprintf("B%d V%d rep %d row %d (%s, T %.2f)", c.B, c.V, rep, b, kinds[b], rs[b].Temperature),
+					c.V, &rs[b], got[b], want, margin) {
+					boundary++
+				}
+				rows++
+			}
+		}
+	}
+	t.Logf("%d rows, %d boundary cases", rows, boundary)
+	if boundary*100 > rows {
+		t.Errorf("%d boundary cases in %d rows: not rare", boundary, rows)
+	}
+}

@@ -68,6 +68,11 @@ func (be *Backend) sampleOn(d *kernels.Device, out, logits, meta *kernels.Buffer
 		defer be.alloc.put(work)
 		return d.SampleGreedyF32(nil, out, logits, work, B, V)
 	}
+	if sampleSplitMode() == 2 && kernels.DrawOnly(rows) {
+		work := be.alloc.get(d, d.SampleDrawWork(B, V))
+		defer be.alloc.put(work)
+		return d.SampleDrawF32(nil, out, logits, meta, metaWords, work, B, V)
+	}
 	var sb *kernels.Buffer
 	if pen {
 		sb = be.alloc.get(d, int64(B)*int64(V)*4)
@@ -78,10 +83,21 @@ func (be *Backend) sampleOn(d *kernels.Device, out, logits, meta *kernels.Buffer
 
 // SampleSplitEnv names the environment variable that, set to 0, samples
 // greedy rows with the general kernel (one CTA a row) instead of the split
-// one, for comparisons.
+// one, for comparisons; set to 2 it also sends rows that draw over the
+// whole vocabulary (temperature > 0 without top-k, top-p, min-p,
+// penalties or alternatives) to the split draw kernels (written in the
+// nineteenth pass after its device time: off until measured).
 const SampleSplitEnv = "MKSERVE_SAMPLE_SPLIT"
 
-var sampleSplitOn = sync.OnceValue(func() bool { return os.Getenv(SampleSplitEnv) != "0" })
+var sampleSplitMode = sync.OnceValue(func() int {
+	switch os.Getenv(SampleSplitEnv) {
+	case "0":
+		return 0
+	case "2":
+		return 2
+	}
+	return 1
+})
 
 // greedySplit reports whether rows go to the split greedy kernel.
-func greedySplit(rows []kernels.SampleRow) bool { return sampleSplitOn() && kernels.GreedyOnly(rows) }
+func greedySplit(rows []kernels.SampleRow) bool { return sampleSplitMode() > 0 && kernels.GreedyOnly(rows) }
