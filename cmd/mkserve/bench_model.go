@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"runtime/pprof"
 	"slices"
@@ -91,6 +92,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	ep := fs.Int("ep", 1, "cuda: expert-parallel ranks emulated on the GPU (needs --moe-path fused)")
 	graphs := fs.Bool("graphs", true, "cuda: run decode steps as CUDA graphs (captured per batch shape; the fast precision only)")
 	profile := fs.Bool("profile-ops", false, "cuda: time every backend op on the host during the decode steps (adds a clock read per op)")
+	temperature := fs.Float64("temperature", 0, "decode: sampling temperature of every row on a device sampler (0: greedy; > 0 draws over the whole vocabulary with a seeded uniform)")
 	overlap := fs.Bool("overlap", true, "decode: also time steps as the engine runs them by default, each launched with the previous step's tokens still on the device (a backend.AsyncSampler: cuda); ms is then that time and sync_ms the time of steps that wait for their tokens")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the whole run to this file (go tool pprof)")
 	var wf worldFlags // --world R: the model over R processes, one GPU each (experts split, the rest replicated)
@@ -103,6 +105,9 @@ func benchModel(args []string, stdout io.Writer) error {
 	}
 	if wf.size > 0 && *ep != 1 {
 		return fmt.Errorf("--world takes --ep 1 (the world's ranks are the expert-parallel ranks)")
+	}
+	if !(*temperature >= 0 && *temperature <= 2) {
+		return fmt.Errorf("--temperature %v: want 0 (greedy) to 2", *temperature)
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -217,6 +222,7 @@ func benchModel(args []string, stdout io.Writer) error {
 			}
 			return v
 		}
+		urng := rand.New(rand.NewPCG(1, 2)) // the uniform draws of --temperature
 		forward := func(b *backend.Batch) error {
 			run := func() (backend.Tensor, error) { return model.Forward(b) }
 			var logits backend.Tensor
@@ -236,10 +242,7 @@ func benchModel(args []string, stdout io.Writer) error {
 			// ran at 1.1–12 GB/s depending on the process and made the
 			// batch-32 step "bimodal"; the engine never does that copy.)
 			if ds, ok := be.(backend.Sampler); ok {
-				rows := make([]backend.SampleRow, logits.Shape()[0])
-				for i := range rows {
-					rows[i] = backend.SampleRow{TopP: 1, RepetitionPenalty: 1} // greedy
-				}
+				rows := sampleRows(logits.Shape()[0], float32(*temperature), urng)
 				if got := ds.Sample(logits, rows); len(got) != len(rows) {
 					return fmt.Errorf("sampling returned %d tokens for %d rows", len(got), len(rows))
 				}
@@ -385,7 +388,8 @@ func benchModel(args []string, stdout io.Writer) error {
 				cb.ProfileOps(false)
 			}
 			if as, ok := be.(backend.AsyncSampler); ok && *overlap && *graphs {
-				oms, err := overlappedSteps(be, as, *steps, func(step int) *backend.Batch { return decodeBatch(B, step) }, model)
+				oms, err := overlappedSteps(be, as, *steps, func(step int) *backend.Batch { return decodeBatch(B, step) }, model,
+					float32(*temperature), urng)
 				if err != nil {
 					return err
 				}
@@ -440,12 +444,26 @@ func benchModel(args []string, stdout io.Writer) error {
 	return runWorld(context.Background(), wf, append([]string{"bench", "model"}, args...), body)
 }
 
+// sampleRows is n device-sampler rows at temperature temp (0: greedy), each
+// with a uniform draw from urng.
+func sampleRows(n int, temp float32, urng *rand.Rand) []backend.SampleRow {
+	rows := make([]backend.SampleRow, n)
+	for i := range rows {
+		rows[i] = backend.SampleRow{Temperature: temp, TopP: 1, RepetitionPenalty: 1}
+		if temp > 0 {
+			rows[i].U = urng.Float64()
+		}
+	}
+	return rows
+}
+
 // overlappedSteps times decode steps as the engine runs them by default:
 // step n+1 is launched with step n's greedy tokens still on the device (its
 // batch's rows fed from the picks), then step n's picks are waited for. It
 // returns the median interval between consecutive steps' waits (steps
 // after two warm-up ones), the rate the engine would sustain.
-func overlappedSteps(be backend.Backend, as backend.AsyncSampler, steps int, batch func(step int) *backend.Batch, model models.Model) (float64, error) {
+func overlappedSteps(be backend.Backend, as backend.AsyncSampler, steps int, batch func(step int) *backend.Batch, model models.Model,
+	temp float32, urng *rand.Rand) (float64, error) {
 	var prev backend.Pending
 	var at []time.Time
 	for step := 0; step < steps+3; step++ {
@@ -461,10 +479,7 @@ func overlappedSteps(be backend.Backend, as backend.AsyncSampler, steps int, bat
 		if err != nil {
 			return 0, err
 		}
-		rows := make([]backend.SampleRow, len(b.Seqs))
-		for i := range rows {
-			rows[i] = backend.SampleRow{TopP: 1, RepetitionPenalty: 1} // greedy
-		}
+		rows := sampleRows(len(b.Seqs), temp, urng)
 		p, err := as.SampleAsync(logits, rows)
 		if err != nil {
 			return 0, err

@@ -59,6 +59,7 @@ func TestBenchModelErrors(t *testing.T) {
 		{[]string{"bench", "model", "--config", "../../models/testdata/golden/mixtral", "--backend", "tpu"}, "not available"},
 		{[]string{"bench", "model", "--config", t.TempDir(), "--backend", "cpu"}, "config.json"},
 		{[]string{"bench", "nope"}, "unknown benchmark"},
+		{[]string{"bench", "model", "--config", "../../models/testdata/golden/mixtral", "--backend", "cpu", "--temperature", "-1"}, "--temperature -1"},
 	} {
 		code, _, errOut := runCLI(tc.args, "")
 		if code == 0 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
