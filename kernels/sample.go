@@ -40,12 +40,18 @@ const SampleGreedyMaxRows = 65535
 // GreedyOnly reports whether every row is greedy without penalties or top
 // log-probs: what SampleGreedyF32 can answer.
 func GreedyOnly(rows []SampleRow) bool {
+	return splittable(rows, func(r *SampleRow) bool { return r.Temperature == 0 })
+}
+
+// splittable reports whether rows fit the split kernels (at most
+// SampleGreedyMaxRows, no penalties or top log-probs) and each passes ok.
+func splittable(rows []SampleRow, ok func(r *SampleRow) bool) bool {
 	if len(rows) == 0 || len(rows) > SampleGreedyMaxRows {
 		return false
 	}
 	for i := range rows {
 		r := &rows[i]
-		if r.Temperature != 0 || r.TopLogprobs != 0 || r.penalised() {
+		if r.TopLogprobs != 0 || r.penalised() || !ok(r) {
 			return false
 		}
 	}
@@ -56,16 +62,7 @@ func GreedyOnly(rows []SampleRow) bool {
 // vocabulary (no top-k, top-p, min-p, penalties or top log-probs): what
 // SampleDrawF32 can answer.
 func DrawOnly(rows []SampleRow) bool {
-	if len(rows) == 0 || len(rows) > SampleGreedyMaxRows {
-		return false
-	}
-	for i := range rows {
-		r := &rows[i]
-		if r.TopK != 0 || r.TopP < 1 || r.MinP != 0 || r.TopLogprobs != 0 || r.penalised() {
-			return false
-		}
-	}
-	return true
+	return splittable(rows, func(r *SampleRow) bool { return r.TopK == 0 && r.TopP >= 1 && r.MinP == 0 })
 }
 
 // SampleDrawWork is the bytes of device memory SampleDrawF32 needs.

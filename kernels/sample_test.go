@@ -393,6 +393,39 @@ func BenchmarkSampleKernel(b *testing.B) {
 	}
 }
 
+// runSplitSample runs the split sampling kernels on B rows of V logits
+// into results poisoned beforehand: the greedy ones when meta is nil, else
+// the draw ones with meta (PackSample's).
+func runSplitSample(tb testing.TB, g *GPU, logits []float32, meta []int32, B, V int) []SampleOut {
+	tb.Helper()
+	var words []int32
+	onGPU(tb, g, func(a *arena) {
+		lb := put(a, logits)
+		poison := make([]int32, B*SampleResultWords)
+		for i := range poison {
+			poison[i] = int32(0x7fc00000)
+		}
+		ob := put(a, poison)
+		if meta == nil {
+			wb := a.alloc(a.d.SampleGreedyWork(B, V))
+			if a.err == nil {
+				a.check(a.d.SampleGreedyF32(nil, ob, lb, wb, B, V))
+			}
+		} else {
+			mb, wb := put(a, meta), a.alloc(a.d.SampleDrawWork(B, V))
+			if a.err == nil {
+				a.check(a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, B, V))
+			}
+		}
+		words = get[int32](a, ob, B*SampleResultWords)
+	})
+	out, err := UnpackSample(words, B)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return out
+}
+
 // TestSampleGreedySplit: the split greedy kernel gives the host sampler's
 // token (first index of the max; 0 for a row of NaN) and log-probability
 // (NaN when a logit is NaN or the max is ±Inf) for every kind of row, at
@@ -448,24 +481,7 @@ func TestSampleGreedySplit(t *testing.T) {
 			rs[b] = greedy
 		}
 		general := runSample(t, g, logits, rs, c.V)
-		var words []int32
-		onGPU(t, g, func(a *arena) {
-			lb := put(a, logits)
-			poison := make([]int32, c.B*SampleResultWords)
-			for i := range poison {
-				poison[i] = int32(0x7fc00000)
-			}
-			ob, wb := put(a, poison), a.alloc(a.d.SampleGreedyWork(c.B, c.V))
-			if a.err != nil {
-				return
-			}
-			a.check(a.d.SampleGreedyF32(nil, ob, lb, wb, c.B, c.V))
-			words = get[int32](a, ob, c.B*SampleResultWords)
-		})
-		got, err := UnpackSample(words, c.B)
-		if err != nil {
-			t.Fatal(err)
-		}
+		got := runSplitSample(t, g, logits, nil, c.B, c.V)
 		for b := range rs {
 			name := fmt.Sprintf("B%d V%d row %d (%s)", c.B, c.V, b, kinds[b])
 			want, margin := SampleHost(logits[b*c.V:(b+1)*c.V], &rs[b])
@@ -519,24 +535,7 @@ func TestSampleDrawSplit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var words []int32
-			onGPU(t, g, func(a *arena) {
-				lb, mb := put(a, logits), put(a, meta)
-				poison := make([]int32, c.B*SampleResultWords)
-				for i := range poison {
-					poison[i] = int32(0x7fc00000)
-				}
-				ob, wb := put(a, poison), a.alloc(a.d.SampleDrawWork(c.B, c.V))
-				if a.err != nil {
-					return
-				}
-				a.check(a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, c.B, c.V))
-				words = get[int32](a, ob, c.B*SampleResultWords)
-			})
-			got, err := UnpackSample(words, c.B)
-			if err != nil {
-				t.Fatal(err)
-			}
+			got := runSplitSample(t, g, logits, meta, c.B, c.V)
 			for b := range rs {
 				want, margin := SampleHost(logits[b*c.V:(b+1)*c.V], &rs[b])
 				if sampleCheck(t, fmt.Sprintf("B%d V%d rep %d row %d (%s, T %.2f)", c.B, c.V, rep, b, kinds[b], rs[b].Temperature),
