@@ -1079,7 +1079,7 @@ __global__ void __launch_bounds__(GS_NT) draw_finish(const float* __restrict__ l
     s_chunk = chunk;
     s_before = before;
     s_u = u;
-    s_pick = -1;
+    s_pick = 0x7fffffff;
   }
   __syncthreads();
   const int chunk = s_chunk;
@@ -1115,10 +1115,10 @@ __global__ void __launch_bounds__(GS_NT) draw_finish(const float* __restrict__ l
           if (run > u) break;
         }
       }
-      atomicMax(&s_pick, pick);  // (one thread crosses)
+      if (pick >= 0) atomicMin(&s_pick, pick);  // (one thread crosses; the first in id order if rounding made more)
     }
     __syncthreads();
-    if (tid == 0 && s_pick < 0) {  // rounding never crossed: the chunk's last token with mass
+    if (tid == 0 && s_pick == 0x7fffffff) {  // rounding never crossed: the chunk's last token with mass
       for (int i = min(V, (chunk + 1) * GS_CHUNK) - 1; i >= chunk * GS_CHUNK; i--)
         if (zq(x[i], maxw, inv) > 0) {
           s_pick = i;
@@ -1129,7 +1129,7 @@ __global__ void __launch_bounds__(GS_NT) draw_finish(const float* __restrict__ l
   }
   if (tid == 0) {
     int32_t* o = out + (int64_t)row * MK_SAMPLE_RESULT_WORDS;
-    const int token = s_pick >= 0 ? s_pick : s_greedy;
+    const int token = s_pick != 0x7fffffff ? s_pick : s_greedy;
     o[0] = token;
     o[1] = __float_as_int((float)((double)x[token] - s_lse));
     o[2] = 0;
