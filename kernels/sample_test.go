@@ -144,6 +144,31 @@ func paramsOf(r *SampleRow) string {
 		len(r.Seen), len(r.Output), r.U, r.TopLogprobs)
 }
 
+// sampleOnGPU uploads logits, poisons B rows of results, lets launch run a
+// sampling kernel into them (out) and unpacks what it wrote.
+func sampleOnGPU(tb testing.TB, g *GPU, logits []float32, B int, launch func(a *arena, out, lb *Buffer)) []SampleOut {
+	tb.Helper()
+	var words []int32
+	onGPU(tb, g, func(a *arena) {
+		lb := put(a, logits)
+		poison := make([]int32, B*SampleResultWords)
+		for i := range poison {
+			poison[i] = int32(0x7fc00000) // NaN bits, also a huge token id
+		}
+		ob := put(a, poison)
+		if a.err != nil {
+			return
+		}
+		launch(a, ob, lb)
+		words = get[int32](a, ob, B*SampleResultWords)
+	})
+	out, err := UnpackSample(words, B)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return out
+}
+
 // runSample runs SampleF32 on logits [B, V] with the output poisoned.
 func runSample(tb testing.TB, g *GPU, logits []float32, rows []SampleRow, V int) []SampleOut {
 	tb.Helper()
@@ -152,30 +177,16 @@ func runSample(tb testing.TB, g *GPU, logits []float32, rows []SampleRow, V int)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	var words []int32
-	onGPU(tb, g, func(a *arena) {
-		lb := put(a, logits)
+	return sampleOnGPU(tb, g, logits, B, func(a *arena, ob, lb *Buffer) {
 		mb := put(a, meta)
-		poison := make([]int32, B*SampleResultWords)
-		for i := range poison {
-			poison[i] = int32(0x7fc00000) // NaN bits, also a huge token id
-		}
-		ob := put(a, poison)
 		var sb *Buffer
 		if pen {
 			sb = put(a, fill32(B*V, float32(math.NaN())))
 		}
-		if a.err != nil {
-			return
+		if a.err == nil {
+			a.check(a.d.SampleF32(nil, ob, lb, mb, len(meta), sb, B, V))
 		}
-		a.check(a.d.SampleF32(nil, ob, lb, mb, len(meta), sb, B, V))
-		words = get[int32](a, ob, B*SampleResultWords)
 	})
-	out, err := UnpackSample(words, B)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return out
 }
 
 // TestSampleMatchesHost: random logits of every kind, random parameters,
@@ -398,32 +409,19 @@ func BenchmarkSampleKernel(b *testing.B) {
 // the draw ones with meta (PackSample's).
 func runSplitSample(tb testing.TB, g *GPU, logits []float32, meta []int32, B, V int) []SampleOut {
 	tb.Helper()
-	var words []int32
-	onGPU(tb, g, func(a *arena) {
-		lb := put(a, logits)
-		poison := make([]int32, B*SampleResultWords)
-		for i := range poison {
-			poison[i] = int32(0x7fc00000)
-		}
-		ob := put(a, poison)
+	return sampleOnGPU(tb, g, logits, B, func(a *arena, ob, lb *Buffer) {
 		if meta == nil {
 			wb := a.alloc(a.d.SampleGreedyWork(B, V))
 			if a.err == nil {
 				a.check(a.d.SampleGreedyF32(nil, ob, lb, wb, B, V))
 			}
-		} else {
-			mb, wb := put(a, meta), a.alloc(a.d.SampleDrawWork(B, V))
-			if a.err == nil {
-				a.check(a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, B, V))
-			}
+			return
 		}
-		words = get[int32](a, ob, B*SampleResultWords)
+		mb, wb := put(a, meta), a.alloc(a.d.SampleDrawWork(B, V))
+		if a.err == nil {
+			a.check(a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, B, V))
+		}
 	})
-	out, err := UnpackSample(words, B)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return out
 }
 
 // TestSampleGreedySplit: the split greedy kernel gives the host sampler's
