@@ -82,7 +82,7 @@ func (e *Engine) overlapStep(plan []entry, b *backend.Batch, as backend.AsyncSam
 			}
 		}
 		if len(rows) > 0 {
-			pend, err = sampleAsync(as, logitsT, rows)
+			pend, err = recovered("device sampling", func() (backend.Pending, error) { return as.SampleAsync(logitsT, rows) })
 		}
 	}
 	if err != nil {
@@ -122,14 +122,14 @@ func (e *Engine) overlapStep(plan []entry, b *backend.Batch, as backend.AsyncSam
 	e.publish()
 }
 
-// sampleAsync is as.SampleAsync with a panic turned into an error.
-func sampleAsync(as backend.AsyncSampler, logits backend.Tensor, rows []backend.SampleRow) (p backend.Pending, err error) {
+// recovered is f() with a panic turned into an error naming what.
+func recovered[T any](what string, f func() (T, error)) (v T, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("engine: device sampling panicked: %v", r)
+			err = fmt.Errorf("engine: %s panicked: %v", what, r)
 		}
 	}()
-	return as.SampleAsync(logits, rows)
+	return f()
 }
 
 // resolveInflight waits for the in-flight step's tokens and delivers them.
@@ -143,7 +143,7 @@ func (e *Engine) resolveInflight() {
 // resolve waits for f's tokens and delivers them to the sequences still
 // running (a sequence that finished meanwhile drops its token).
 func (e *Engine) resolve(f *inflight) {
-	res, err := waitPending(f.pend)
+	res, err := recovered("waiting for the device's tokens", f.pend.Wait)
 	if err == nil && len(res) != len(f.picks) {
 		err = fmt.Errorf("engine: device sampler returned %d results for %d rows", len(res), len(f.picks))
 	}
@@ -176,14 +176,4 @@ func (e *Engine) resolve(f *inflight) {
 		}
 	}
 	e.opts.Metrics.GenerationTokens(generated)
-}
-
-// waitPending is p.Wait with a panic turned into an error.
-func waitPending(p backend.Pending) (res []backend.SampleResult, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("engine: waiting for the device's tokens panicked: %v", r)
-		}
-	}()
-	return p.Wait()
 }
