@@ -124,11 +124,7 @@ func (be *Backend) SampleAsync(logits backend.Tensor, rows []backend.SampleRow) 
 		be.feed.last = pd
 		return pd, nil
 	}
-	krows := make([]kernels.SampleRow, B)
-	for i := range rows {
-		krows[i] = kernels.SampleRow(rows[i])
-	}
-	meta, pen, err := kernels.PackSample(krows, V)
+	krows, meta, pen, err := packRows(rows, V)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: SampleAsync: %w", err)
 	}

@@ -22,11 +22,7 @@ func (be *Backend) Sample(logits backend.Tensor, rows []backend.SampleRow) []bac
 	if len(rows) != B || B == 0 || V == 0 {
 		panicf("Sample", "logits %v for %d rows", t.shape, len(rows))
 	}
-	krows := make([]kernels.SampleRow, B)
-	for i := range rows {
-		krows[i] = kernels.SampleRow(rows[i])
-	}
-	meta, pen, err := kernels.PackSample(krows, V)
+	krows, meta, pen, err := packRows(rows, V)
 	if err != nil {
 		panicf("Sample", "%v", err)
 	}
@@ -56,6 +52,17 @@ func (be *Backend) Sample(logits backend.Tensor, rows []backend.SampleRow) []bac
 		res[i] = backend.SampleResult(o)
 	}
 	return res
+}
+
+// packRows converts rows to the kernels' form and packs their metadata for
+// a vocabulary of V (kernels.PackSample).
+func packRows(rows []backend.SampleRow, V int) (krows []kernels.SampleRow, meta []int32, pen bool, err error) {
+	krows = make([]kernels.SampleRow, len(rows))
+	for i := range rows {
+		krows[i] = kernels.SampleRow(rows[i])
+	}
+	meta, pen, err = kernels.PackSample(krows, V)
+	return krows, meta, pen, err
 }
 
 // sampleOn queues the sampling of rows (packed in meta, metaWords words) of
