@@ -918,10 +918,19 @@ __global__ void __launch_bounds__(GS_NT) greedy_split(const float* __restrict__ 
 // One warp a row: the row's token (the first index of its max; 0 when every
 // logit is NaN) and its log-probability (NaN when a logit is NaN or the max
 // is not finite), in sample_rows' result words (no alternatives).
-__global__ void greedy_finish(const float* __restrict__ logits, int V, int splits,
-                              const GreedyPart* __restrict__ parts, int32_t* __restrict__ out) {
-  const int row = blockIdx.x, lane = threadIdx.x;
-  const GreedyPart* p = parts + (int64_t)row * splits;
+// RowPick is a row's combined partials: the greedy token (first index of
+// the max; 0 when every logit is NaN), the max, whether it has a non-NaN
+// logit, and the log-sum-exp (NaN when a logit is NaN or the max is not
+// finite).
+struct RowPick {
+  int greedy, anyw;
+  float gmax;
+  double lse;
+};
+
+// combine_parts reduces a row's splits partials with one warp (every lane
+// gets the answer).
+__device__ RowPick combine_parts(const GreedyPart* __restrict__ p, int splits, int lane) {
   float gmax = -INFINITY;
   int anyw = 0, nan = 0;
   for (int k = lane; k < splits; k += 32) {
@@ -947,12 +956,22 @@ __global__ void greedy_finish(const float* __restrict__ logits, int V, int split
     rs += __shfl_xor_sync(FULL, rs, o);
     best = min(best, __shfl_xor_sync(FULL, best, o));
   }
+  RowPick r;
+  r.greedy = anyw ? best : 0;
+  r.anyw = anyw;
+  r.gmax = gmax;
+  r.lse = (!nan && isfinite(gmax)) ? (double)gmax + log(rs) : (double)NAN;
+  return r;
+}
+
+__global__ void greedy_finish(const float* __restrict__ logits, int V, int splits,
+                              const GreedyPart* __restrict__ parts, int32_t* __restrict__ out) {
+  const int row = blockIdx.x, lane = threadIdx.x;
+  const RowPick r = combine_parts(parts + (int64_t)row * splits, splits, lane);
   if (lane == 0) {
-    const int token = anyw ? best : 0;
-    const double lse = (!nan && isfinite(gmax)) ? (double)gmax + log(rs) : (double)NAN;
     int32_t* o = out + (int64_t)row * MK_SAMPLE_RESULT_WORDS;
-    o[0] = token;
-    o[1] = __float_as_int((float)((double)logits[(int64_t)row * V + token] - lse));
+    o[0] = r.greedy;
+    o[1] = __float_as_int((float)((double)logits[(int64_t)row * V + r.greedy] - r.lse));
     o[2] = 0;
   }
 }
@@ -1039,23 +1058,13 @@ __global__ void __launch_bounds__(GS_NT) draw_finish(const float* __restrict__ l
   const float* x = logits + (int64_t)row * V;
   const float T = __int_as_float(m[0]);
   const double U = __hiloint2double(m[13], m[12]);
+  RowPick rp{};
+  if (w == 0) rp = combine_parts(p, splits, lane);  // the greedy answer and the log-sum-exp
   if (tid == 0) {
-    // The greedy answer and the log-sum-exp, serially over the partials.
-    float gmax = -INFINITY;
-    int anyw = 0, nan = 0;
-    for (int k = 0; k < splits; k++) {
-      gmax = fmaxf(gmax, p[k].max);
-      anyw |= p[k].idx >= 0;
-      nan |= p[k].nan;
-    }
-    double rs = 0;
-    int best = 0x7fffffff;
-    for (int k = 0; k < splits; k++) {
-      if (p[k].max != -INFINITY && gmax != -INFINITY) rs += p[k].sum * exp((double)p[k].max - (double)gmax);
-      if (p[k].idx >= 0 && p[k].max == gmax) best = min(best, p[k].idx);
-    }
-    s_greedy = anyw ? best : 0;
-    s_lse = (!nan && isfinite(gmax)) ? (double)gmax + log(rs) : (double)NAN;
+    const int anyw = rp.anyw;
+    const float gmax = rp.gmax;
+    s_greedy = rp.greedy;
+    s_lse = rp.lse;
     // The chunk where the running sum of the chunk sums crosses U · total
     // (-1: greedy, or nothing to draw from); if rounding never crosses, the
     // last chunk with mass.
