@@ -89,21 +89,22 @@ func (be *Backend) sampleOn(d *kernels.Device, out, logits, meta *kernels.Buffer
 }
 
 // SampleSplitEnv names the environment variable that, set to 0, samples
-// greedy rows with the general kernel (one CTA a row) instead of the split
-// one, for comparisons; set to 2 it also sends rows that draw over the
-// whole vocabulary (temperature > 0 without top-k, top-p, min-p,
-// penalties or alternatives) to the split draw kernels (written in the
-// nineteenth pass after its device time: off until measured).
+// every row with the general kernel (one CTA a row) instead of the split
+// ones, for comparisons; set to 1 only greedy rows go to the split kernel.
+// By default (2) rows that draw over the whole vocabulary (temperature > 0
+// without top-k, top-p, min-p, penalties or alternatives: the API's
+// defaults) go to the split draw kernels too (twentieth pass: Qwen3-8l's
+// batch-1 step at temperature 1 0.89 → 0.74 ms, docs/PERF.md).
 const SampleSplitEnv = "MKSERVE_SAMPLE_SPLIT"
 
 var sampleSplitMode = sync.OnceValue(func() int {
 	switch os.Getenv(SampleSplitEnv) {
 	case "0":
 		return 0
-	case "2":
-		return 2
+	case "1":
+		return 1
 	}
-	return 1
+	return 2
 })
 
 // greedySplit reports whether rows go to the split greedy kernel.
