@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 )
@@ -272,6 +273,72 @@ func TestGatherRowsFeed(t *testing.T) {
 					}
 				}
 			}
+		}
+	})
+}
+
+// TestStamp: clock stamps around work, eager and captured into a graph,
+// increase in stream order, the work between two of them (a chain of
+// 16 MB adds) takes time between them, a replay writes new stamps, and
+// indexes outside the buffer are refused.
+func TestStamp(t *testing.T) {
+	g := testGPU(t)
+	const n, chain = 4 << 20, 8
+	onGPU(t, g, func(a *arena) {
+		d := a.d
+		work, buf := a.alloc(4*n), a.alloc(8*4)
+		if a.err != nil {
+			return
+		}
+		a.check(d.FillF32(nil, work, n, 1))
+		for _, idx := range []int{-1, 4} {
+			if err := d.Stamp(buf, idx); err == nil {
+				t.Errorf("Stamp(index %d) of a 4-stamp buffer accepted", idx)
+			}
+		}
+		step := func() error {
+			if err := d.Stamp(buf, 0); err != nil {
+				return err
+			}
+			for range chain {
+				if err := d.AddF32(nil, work, work, work, n); err != nil {
+					return err
+				}
+			}
+			if err := d.Stamp(buf, 1); err != nil {
+				return err
+			}
+			return d.Stamp(buf, 2)
+		}
+		check := func(what string, prev uint64) uint64 {
+			ts := get[uint64](a, buf, 3)
+			if ts[0] <= prev || ts[1] <= ts[0] || ts[2] < ts[1] {
+				t.Fatalf("%s: stamps %v after %d: want increasing", what, ts, prev)
+			}
+			// 8 adds of 16 MB read and write 256 MB: tens of µs at least.
+			if ts[1]-ts[0] < 10_000 {
+				t.Errorf("%s: the chain took %d ns between its stamps", what, ts[1]-ts[0])
+			}
+			return ts[2]
+		}
+		a.check(step())
+		last := check("eager", 0)
+		sg, err := d.BeginCapture()
+		a.check(err)
+		if a.err != nil {
+			return
+		}
+		if err := step(); err != nil {
+			d.AbortCapture(sg)
+			a.check(err)
+			return
+		}
+		a.check(d.EndCapture(sg))
+		defer sg.Destroy(d)
+		for r := range 2 {
+			a.check(sg.Launch(d))
+			a.check(sg.Wait(d))
+			last = check(fmt.Sprintf("replay %d", r), last)
 		}
 	})
 }

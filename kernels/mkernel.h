@@ -63,8 +63,9 @@ extern "C" {
  *     error record's role 7 (a wait inside a wgmma CTA's own rings).
  * 18: mk_gather_rows_feed_f32 (token ids from the previous step's picks),
  *     mk_graph_mark, mk_event_query, mk_sample_greedy_f32 and
- *     mk_sample_draw_f32 (and their _work). */
-#define MK_ABI_VERSION 18
+ *     mk_sample_draw_f32 (and their _work).
+ * 19: mk_stamp. */
+#define MK_ABI_VERSION 19
 
 /* Status codes. */
 enum {
@@ -187,6 +188,11 @@ MK_API int32_t mk_graph_destroy(uint64_t exec);
  * a launch, mk_event_sync on it waits for that part of the graph only (the
  * staged uploads, so that the host may refill them while the rest runs). */
 MK_API int32_t mk_graph_mark(uint64_t event);
+/* mk_stamp writes the GPU's clock (%globaltimer, ns) to ((uint64_t*)buf)[idx]
+ * once the work before it on stream 0 (the capture's work stream while
+ * capturing) has finished: a one-warp kernel in the chain, for measuring
+ * where a captured step's time goes (it adds its own small latency). */
+MK_API int32_t mk_stamp(uint64_t buf, int32_t idx);
 
 /* ---- CUDA IPC: device memory shared between processes ---- */
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common.cuh"
+#include "sysflag.cuh"
 
 namespace mk {
 
@@ -72,6 +73,17 @@ int check_thread(const char* fn) {
 }
 
 }  // namespace mk
+
+namespace {
+
+// stamp_kernel writes the GPU's clock (ns) to buf[idx] once the kernel
+// before it in the stream has finished (mk_stamp).
+__global__ void stamp_kernel(unsigned long long* buf, int idx) {
+  mk::pdl_begin();
+  if (threadIdx.x == 0) buf[idx] = mk::globaltimer();
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -388,6 +400,14 @@ int32_t mk_graph_mark(uint64_t event) {
   MK_ARG(event != 0, "mk_graph_mark: NULL event");
   MK_ARG(mk::state().capturing.load(), "mk_graph_mark: no capture is active");
   MK_CUDA(cudaEventRecordWithFlags(mk::as_event(event), mk::state().work, cudaEventRecordExternal));
+  return MK_OK;
+}
+
+int32_t mk_stamp(uint64_t buf, int32_t idx) {
+  MK_THREAD("mk_stamp");
+  MK_ARG(buf != 0 && buf % 8 == 0 && idx >= 0, "mk_stamp: bad buffer %#llx or index %d", (unsigned long long)buf, idx);
+  MK_CUDA(mk::launch(stamp_kernel, dim3(1), dim3(32), 0, mk::as_stream(0),
+                     reinterpret_cast<unsigned long long*>(buf), (int)idx));
   return MK_OK;
 }
 

@@ -151,6 +151,7 @@ type Backend struct {
 	priv  *privateKV // unpaged spans
 
 	gr   graphState // CUDA graphs of decode steps (graph.go)
+	st   stamps     // per-op clock stamps of captured steps (stamps.go)
 	feed feedState  // overlapped decode: sampling picks kept on the device (feed.go)
 
 	loadMu sync.Mutex
@@ -477,9 +478,12 @@ func (be *Backend) do(op string, f func(d *kernels.Device) error, keep ...any) {
 		t0 = time.Now()
 	}
 	var err error
-	if be.graphMode() == graphReplaying {
+	switch be.graphMode() {
+	case graphReplaying:
 		err = be.doReplay(f)
-	} else {
+	case graphCapturing:
+		err = be.g.Do(be.stamped(op, f))
+	default:
 		err = be.g.Do(f)
 	}
 	if prof {

@@ -111,6 +111,8 @@ type stepGraph struct {
 	outBase  *kernels.Buffer
 	outShape []int
 	outN     int
+
+	stampOps []string // with StepStampsEnv: the op after each clock stamp (stamps.go)
 }
 
 // graphMode is what the running step is doing.
@@ -390,7 +392,9 @@ func (be *Backend) captureStep(g *stepGraph, f func() (backend.Tensor, error)) (
 	var sg *kernels.StepGraph
 	if err := be.g.Do(func(d *kernels.Device) (err error) {
 		g.real = d
-		sg, err = d.BeginCapture()
+		if sg, err = d.BeginCapture(); err == nil {
+			err = be.stampStart(d)
+		}
 		return err
 	}); err != nil {
 		g.broken = true
@@ -426,6 +430,7 @@ func (be *Backend) captureStep(g *stepGraph, f func() (backend.Tensor, error)) (
 		return be.eagerStepLocked(f)
 	}
 	g.sg, g.out = sg, ot.st.f32
+	g.stampOps, be.st.ops = be.st.ops, nil
 	be.fastGraph(g, sg, ot)
 	gr.stats.Captures++
 	be.evictGraphs()
@@ -494,6 +499,7 @@ func (be *Backend) launch(d *kernels.Device, g *stepGraph) error {
 	gr := &be.gr
 	ns0, n0 := g.sg.GPUNs()
 	err := g.sg.Launch(d)
+	be.st.last = g
 	if ns, n := g.sg.GPUNs(); n > n0 {
 		gr.stats.ReplayGPUNs += ns - ns0
 		gr.stats.ReplaysTimed += n - n0

@@ -378,3 +378,33 @@ func TestGraphStepsLeakNothing(t *testing.T) {
 		t.Errorf("buffers held after rounds 3..6 grew: %v (a leak)", seen)
 	}
 }
+
+// TestStepStamps: with clock stamps after every op (forced on), the
+// engine's graph steps still give engine.Greedy's tokens, and StepStamps
+// returns the last step's ops in order with their times.
+func TestStepStamps(t *testing.T) {
+	defer func(s func() bool) { stampsOn = s }(stampsOn)
+	stampsOn = func() bool { return true }
+	be := fastBackend(t, true)
+	engineMatchesGreedy(t, be, func(c *engine.Config) { c.SyncSteps = true })
+	if gs := be.Graphs(); gs.FastReplays == 0 || gs.Failed != 0 || gs.Diverged != 0 {
+		t.Fatalf("stats %+v: want fast replays and no failures", gs)
+	}
+	st, err := be.StepStamps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	seen := map[string]int{}
+	for _, o := range st {
+		if o.NS < 0 || o.NS > 1e9 {
+			t.Errorf("op %q took %d ns", o.Op, o.NS)
+		}
+		total += o.NS
+		seen[o.Op]++
+	}
+	t.Logf("%d stamped ops, %.1f µs; by op: %v", len(st), float64(total)/1e3, seen)
+	if total <= 0 || seen["Attention"] == 0 || seen["Embed"] == 0 {
+		t.Errorf("stamps %v: want a positive total and the embedding and attention ops", st)
+	}
+}

@@ -108,4 +108,6 @@ var sampleSplitMode = sync.OnceValue(func() int {
 })
 
 // greedySplit reports whether rows go to the split greedy kernel.
-func greedySplit(rows []kernels.SampleRow) bool { return sampleSplitMode() > 0 && kernels.GreedyOnly(rows) }
+func greedySplit(rows []kernels.SampleRow) bool {
+	return sampleSplitMode() > 0 && kernels.GreedyOnly(rows)
+}

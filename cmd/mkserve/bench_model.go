@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -45,6 +46,13 @@ type modelResult struct {
 	// Ops is the host-side time per backend op over the timed steps, per
 	// step, costliest first (cuda with --profile-ops).
 	Ops []opTime `json:"ops,omitempty"`
+	// Stamps is the GPU time of each backend op of the last synchronous
+	// step's graph, summed by op (µs and calls per step, costliest first),
+	// and StampSeq the ops in the order they ran; cuda with
+	// MKSERVE_STEP_STAMPS=1 (cuda.StepStampsEnv: a clock stamp after every
+	// op, which slows the step a little).
+	Stamps   []opTime `json:"stamps,omitempty"`
+	StampSeq []opTime `json:"stamp_seq,omitempty"`
 	// Graphs is the CUDA backend's graph counters after this batch size's
 	// steps (cumulative over the run).
 	Graphs *cuda.GraphStats `json:"graphs,omitempty"`
@@ -387,6 +395,13 @@ func benchModel(args []string, stdout io.Writer) error {
 				}
 				cb.ProfileOps(false)
 			}
+			if cb != nil && os.Getenv(cuda.StepStampsEnv) == "1" {
+				st, err := cb.StepStamps()
+				if err != nil {
+					return err
+				}
+				r.Stamps, r.StampSeq = stampTable(st)
+			}
 			if as, ok := be.(backend.AsyncSampler); ok && *overlap && *graphs {
 				oms, err := overlappedSteps(be, as, *steps, func(step int) *backend.Batch { return decodeBatch(B, step) }, model,
 					float32(*temperature), urng)
@@ -618,4 +633,24 @@ func median(v []float64) float64 {
 		return v[n/2]
 	}
 	return (v[n/2-1] + v[n/2]) / 2
+}
+
+// stampTable sums a stamped step's op times by op (costliest first) and
+// lists them in order (µs).
+func stampTable(st []cuda.OpStamp) (byOp, seq []opTime) {
+	at := map[string]int{}
+	for _, o := range st {
+		us := float64(o.NS) / 1e3
+		seq = append(seq, opTime{Op: o.Op, Calls: 1, US: us})
+		i, ok := at[o.Op]
+		if !ok {
+			i = len(byOp)
+			at[o.Op] = i
+			byOp = append(byOp, opTime{Op: o.Op})
+		}
+		byOp[i].Calls++
+		byOp[i].US += us
+	}
+	sort.SliceStable(byOp, func(i, j int) bool { return byOp[i].US > byOp[j].US })
+	return byOp, seq
 }
