@@ -51,15 +51,20 @@ MK_API int32_t mk_sample_greedy_f32(uint64_t stream, uint64_t out, uint64_t logi
                                     int64_t vocab);
 MK_API int64_t mk_sample_greedy_work(int64_t rows, int64_t vocab);
 
-/* mk_sample_draw_f32 is mk_sample_f32 for rows without top-k, top-p,
- * min-p, penalties or top log-probs (greedy, or a draw over the whole
- * vocabulary in id order), each row's passes split over CTAs (three
- * launches); meta as for mk_sample_f32 (only the headers are read). out
- * gets words [0, 3) of each row's result. work: mk_sample_draw_work(rows,
- * vocab) bytes. */
+/* mk_sample_draw_f32 is mk_sample_f32 for rows without penalties or top
+ * log-probs that are greedy, draw over the whole vocabulary in id order (no
+ * top-k, top-p or min-p), or have a top-k of at most kmax (with any top-p
+ * and min-p): each row's passes split over CTAs (three launches, four with
+ * kmax > 0; a top-k row keeps each chunk's kmax most likely tokens and
+ * draws among the row's k best of them). kmax is the largest top-k of the
+ * call (0: no top-k rows), at most mk_sample_draw_kmax(vocab); a row whose
+ * top-k exceeds it gets token -2. meta as for mk_sample_f32 (only the
+ * headers are read). out gets words [0, 3) of each row's result. work:
+ * mk_sample_draw_work(rows, vocab, kmax) bytes. */
 MK_API int32_t mk_sample_draw_f32(uint64_t stream, uint64_t out, uint64_t logits, uint64_t meta, int64_t meta_words,
-                                  uint64_t work, int64_t rows, int64_t vocab);
-MK_API int64_t mk_sample_draw_work(int64_t rows, int64_t vocab);
+                                  uint64_t work, int64_t rows, int64_t vocab, int64_t kmax);
+MK_API int64_t mk_sample_draw_work(int64_t rows, int64_t vocab, int64_t kmax);
+MK_API int32_t mk_sample_draw_kmax(int64_t vocab);
 
 #ifdef __cplusplus
 }

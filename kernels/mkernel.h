@@ -64,7 +64,8 @@ extern "C" {
  * 18: mk_gather_rows_feed_f32 (token ids from the previous step's picks),
  *     mk_graph_mark, mk_event_query, mk_sample_greedy_f32 and
  *     mk_sample_draw_f32 (and their _work).
- * 19: mk_stamp. */
+ * 19: mk_stamp; mk_sample_draw_f32 and mk_sample_draw_work take kmax (top-k rows),
+ *     mk_sample_draw_kmax. */
 #define MK_ABI_VERSION 19
 
 /* Status codes. */

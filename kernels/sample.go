@@ -24,14 +24,15 @@ var (
 	sampleF32        func(s, out, logits, meta uint64, metaWords int64, scratch uint64, rows, vocab int64) int32
 	sampleGreedyF32  func(s, out, logits, work uint64, rows, vocab int64) int32
 	sampleGreedyWork func(rows, vocab int64) int64
-	sampleDrawF32    func(s, out, logits, meta uint64, metaWords int64, work uint64, rows, vocab int64) int32
-	sampleDrawWork   func(rows, vocab int64) int64
+	sampleDrawF32    func(s, out, logits, meta uint64, metaWords int64, work uint64, rows, vocab, kmax int64) int32
+	sampleDrawWork   func(rows, vocab, kmax int64) int64
+	sampleDrawKMax   func(vocab int64) int32
 )
 
 func init() {
 	registerSymbols(symbol{"mk_sample_f32", &sampleF32}, symbol{"mk_sample_greedy_f32", &sampleGreedyF32},
 		symbol{"mk_sample_greedy_work", &sampleGreedyWork}, symbol{"mk_sample_draw_f32", &sampleDrawF32},
-		symbol{"mk_sample_draw_work", &sampleDrawWork})
+		symbol{"mk_sample_draw_work", &sampleDrawWork}, symbol{"mk_sample_draw_kmax", &sampleDrawKMax})
 }
 
 // SampleGreedyMaxRows is the most rows SampleGreedyF32 takes.
@@ -58,23 +59,40 @@ func splittable(rows []SampleRow, ok func(r *SampleRow) bool) bool {
 	return true
 }
 
-// DrawOnly reports whether every row is greedy or draws over the whole
-// vocabulary (no top-k, top-p, min-p, penalties or top log-probs): what
-// SampleDrawF32 can answer.
-func DrawOnly(rows []SampleRow) bool {
-	return splittable(rows, func(r *SampleRow) bool { return r.TopK == 0 && r.TopP >= 1 && r.MinP == 0 })
+// DrawSplit reports whether SampleDrawF32 can answer rows of vocab logits:
+// every row greedy, drawing over the whole vocabulary (no top-k, top-p or
+// min-p), or with a top-k of at most SampleDrawKMax(vocab) (any top-p and
+// min-p), none with penalties or top log-probs; kmax is the largest top-k
+// (SampleDrawF32's argument).
+func (d *Device) DrawSplit(rows []SampleRow, vocab int) (ok bool, kmax int) {
+	lim := d.SampleDrawKMax(vocab)
+	ok = splittable(rows, func(r *SampleRow) bool {
+		if r.Temperature == 0 || (r.TopK == 0 && r.TopP >= 1 && r.MinP == 0) {
+			return true
+		}
+		if r.TopK > 0 && r.TopK <= lim {
+			kmax = max(kmax, r.TopK)
+			return true
+		}
+		return false
+	})
+	return ok, kmax
 }
+
+// SampleDrawKMax is the largest top-k SampleDrawF32 takes for vocab logits
+// a row (the library's answer; no device call).
+func (d *Device) SampleDrawKMax(vocab int) int { return int(sampleDrawKMax(int64(vocab))) }
 
 // SampleDrawWork is the bytes of device memory SampleDrawF32 needs.
-func (d *Device) SampleDrawWork(rows, vocab int) int64 {
-	return sampleDrawWork(int64(rows), int64(vocab))
+func (d *Device) SampleDrawWork(rows, vocab, kmax int) int64 {
+	return sampleDrawWork(int64(rows), int64(vocab), int64(kmax))
 }
 
-// SampleDrawF32 is SampleF32 for rows that DrawOnly accepts, each row's
-// passes split over CTAs: out gets each row's token, log-probability and 0
-// alternatives; meta is PackSample's (metaWords words); work holds
-// SampleDrawWork(rows, vocab) bytes.
-func (d *Device) SampleDrawF32(s *Stream, out, logits, meta *Buffer, metaWords int, work *Buffer, rows, vocab int) error {
+// SampleDrawF32 is SampleF32 for rows that DrawSplit accepts (kmax its
+// answer), each row's passes split over CTAs: out gets each row's token,
+// log-probability and 0 alternatives; meta is PackSample's (metaWords
+// words); work holds SampleDrawWork(rows, vocab, kmax) bytes.
+func (d *Device) SampleDrawF32(s *Stream, out, logits, meta *Buffer, metaWords int, work *Buffer, rows, vocab, kmax int) error {
 	const op = "SampleDrawF32"
 	if err := d.ready(op); err != nil || d.muted() {
 		return err
@@ -86,15 +104,18 @@ func (d *Device) SampleDrawF32(s *Stream, out, logits, meta *Buffer, metaWords i
 		return fmt.Errorf("kernels: %s: %d rows (at most %d) of vocab %d (at most %d), %d metadata words", op, rows,
 			SampleGreedyMaxRows, vocab, SampleMaxVocab, metaWords)
 	}
+	if kmax < 0 || kmax > d.SampleDrawKMax(vocab) {
+		return fmt.Errorf("kernels: %s: top-k up to %d, at most %d for vocab %d", op, kmax, d.SampleDrawKMax(vocab), vocab)
+	}
 	if err := needAll(op, 4, "out", out, int64(rows)*SampleResultWords, "logits", logits, int64(rows)*int64(vocab),
 		"meta", meta, int64(metaWords)); err != nil {
 		return err
 	}
-	if err := need(op, "work", work, d.SampleDrawWork(rows, vocab), 1); err != nil {
+	if err := need(op, "work", work, d.SampleDrawWork(rows, vocab, kmax), 1); err != nil {
 		return err
 	}
 	return d.lib.check("mk_sample_draw_f32", sampleDrawF32(s.handle(), out.ptr, logits.ptr, meta.ptr, int64(metaWords),
-		work.ptr, int64(rows), int64(vocab)))
+		work.ptr, int64(rows), int64(vocab), int64(kmax)))
 }
 
 // SampleGreedyWork is the bytes of device memory SampleGreedyF32 needs for

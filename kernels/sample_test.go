@@ -406,8 +406,8 @@ func BenchmarkSampleKernel(b *testing.B) {
 
 // runSplitSample runs the split sampling kernels on B rows of V logits
 // into results poisoned beforehand: the greedy ones when meta is nil, else
-// the draw ones with meta (PackSample's).
-func runSplitSample(tb testing.TB, g *GPU, logits []float32, meta []int32, B, V int) []SampleOut {
+// the draw ones with meta (PackSample's) and kmax (DrawSplit's).
+func runSplitSample(tb testing.TB, g *GPU, logits []float32, meta []int32, B, V, kmax int) []SampleOut {
 	tb.Helper()
 	return sampleOnGPU(tb, g, logits, B, func(a *arena, ob, lb *Buffer) {
 		if meta == nil {
@@ -417,9 +417,9 @@ func runSplitSample(tb testing.TB, g *GPU, logits []float32, meta []int32, B, V 
 			}
 			return
 		}
-		mb, wb := put(a, meta), a.alloc(a.d.SampleDrawWork(B, V))
+		mb, wb := put(a, meta), a.alloc(a.d.SampleDrawWork(B, V, kmax))
 		if a.err == nil {
-			a.check(a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, B, V))
+			a.check(a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, B, V, kmax))
 		}
 	})
 }
@@ -479,7 +479,7 @@ func TestSampleGreedySplit(t *testing.T) {
 			rs[b] = greedy
 		}
 		general := runSample(t, g, logits, rs, c.V)
-		got := runSplitSample(t, g, logits, nil, c.B, c.V)
+		got := runSplitSample(t, g, logits, nil, c.B, c.V, 0)
 		for b := range rs {
 			name := fmt.Sprintf("B%d V%d row %d (%s)", c.B, c.V, b, kinds[b])
 			want, margin := SampleHost(logits[b*c.V:(b+1)*c.V], &rs[b])
@@ -509,12 +509,32 @@ func TestSampleGreedySplit(t *testing.T) {
 func TestSampleDrawSplit(t *testing.T) {
 	g := testGPU(t)
 	r := newRNG(t)
-	if !DrawOnly([]SampleRow{{Temperature: 1, TopP: 1, RepetitionPenalty: 1}, {TopP: 1, RepetitionPenalty: 1}}) ||
-		DrawOnly([]SampleRow{{Temperature: 1, TopP: 0.9, RepetitionPenalty: 1}}) ||
-		DrawOnly([]SampleRow{{Temperature: 1, TopP: 1, TopK: 5, RepetitionPenalty: 1}}) ||
-		DrawOnly([]SampleRow{{Temperature: 1, TopP: 1, MinP: 0.1, RepetitionPenalty: 1}}) {
-		t.Fatal("DrawOnly misclassifies rows")
-	}
+	onGPU(t, g, func(a *arena) {
+		d := a.d
+		lim := d.SampleDrawKMax(151936)
+		for _, c := range []struct {
+			rows     []SampleRow
+			ok       bool
+			kmax, vs int
+		}{
+			{[]SampleRow{{Temperature: 1, TopP: 1, RepetitionPenalty: 1}, {TopP: 1, RepetitionPenalty: 1}}, true, 0, 151936},
+			{[]SampleRow{{Temperature: 1, TopP: 0.9, RepetitionPenalty: 1}}, false, 0, 151936},
+			{[]SampleRow{{Temperature: 1, TopP: 1, MinP: 0.1, RepetitionPenalty: 1}}, false, 0, 151936},
+			{[]SampleRow{{Temperature: 1, TopP: 0.9, TopK: 5, RepetitionPenalty: 1}, {Temperature: 1, TopP: 1, TopK: 20, MinP: 0.1, RepetitionPenalty: 1}}, true, 20, 151936},
+			{[]SampleRow{{Temperature: 1, TopP: 1, TopK: lim, RepetitionPenalty: 1}}, true, lim, 151936},
+			{[]SampleRow{{Temperature: 1, TopP: 1, TopK: lim + 1, RepetitionPenalty: 1}}, false, 0, 151936},
+			{[]SampleRow{{Temperature: 1, TopP: 1, TopK: 5, RepetitionPenalty: 2, Seen: []int32{3}}}, false, 0, 151936},
+			{[]SampleRow{{Temperature: 1, TopP: 1, TopK: 5, RepetitionPenalty: 1, TopLogprobs: 1}}, false, 0, 151936},
+		} {
+			ok, kmax := d.DrawSplit(c.rows, c.vs)
+			if ok != c.ok || (ok && kmax != c.kmax) {
+				t.Errorf("DrawSplit(%+v) = %v, %d; want %v, %d", c.rows, ok, kmax, c.ok, c.kmax)
+			}
+		}
+		if lim < 20 || d.SampleDrawKMax(7) != 2048 {
+			t.Errorf("SampleDrawKMax: %d for Qwen3's vocabulary, %d for 7 tokens", lim, d.SampleDrawKMax(7))
+		}
+	})
 	rows, boundary := 0, 0
 	for _, c := range []struct{ B, V, reps int }{{1, 7, 20}, {4, 2048, 5}, {3, 2049, 5}, {64, 32000, 2}, {2, 151936, 4}, {5, 129280, 2}} {
 		for rep := 0; rep < c.reps; rep++ {
@@ -533,7 +553,7 @@ func TestSampleDrawSplit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := runSplitSample(t, g, logits, meta, c.B, c.V)
+			got := runSplitSample(t, g, logits, meta, c.B, c.V, 0)
 			for b := range rs {
 				want, margin := SampleHost(logits[b*c.V:(b+1)*c.V], &rs[b])
 				if sampleCheck(t, fmt.Sprintf("B%d V%d rep %d row %d (%s, T %.2f)", c.B, c.V, rep, b, kinds[b], rs[b].Temperature),
@@ -548,4 +568,93 @@ func TestSampleDrawSplit(t *testing.T) {
 	if boundary*100 > rows {
 		t.Errorf("%d boundary cases in %d rows: not rare", boundary, rows)
 	}
+}
+
+// TestSampleTopKSplit: rows with top-k (1 to the vocabulary's limit, with
+// and without top-p and min-p) mixed in one call with greedy rows and rows
+// that draw over the whole vocabulary, against the host sampler and the
+// general kernel, on every kind of row, vocabularies below, at and past a
+// chunk and across many chunks; a token may differ only where the host's
+// decision was within rounding of a boundary (rare). A top-k above the
+// call's kmax gets token -2.
+func TestSampleTopKSplit(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	rows, boundary := 0, 0
+	for _, c := range []struct{ B, V, reps int }{{1, 7, 20}, {4, 2048, 5}, {3, 2049, 5}, {32, 32000, 2}, {2, 151936, 5}, {5, 129280, 2}} {
+		var lim int
+		onGPU(t, g, func(a *arena) { lim = a.d.SampleDrawKMax(c.V) })
+		for rep := 0; rep < c.reps; rep++ {
+			logits := make([]float32, 0, c.B*c.V)
+			rs := make([]SampleRow, c.B)
+			kinds := make([]string, c.B)
+			for b := range rs {
+				kinds[b] = sampleKinds[r.IntN(len(sampleKinds))]
+				logits = append(logits, sampleLogits(r, c.V, kinds[b])...)
+				rs[b] = SampleRow{TopP: 1, RepetitionPenalty: 1, U: r.Float64(), Temperature: float32(0.3 + 1.7*r.Float64())}
+				switch r.IntN(6) {
+				case 0: // greedy
+					rs[b].Temperature = 0
+				case 1: // over the whole vocabulary
+				default:
+					ks := []int{1, 2, 5, 20, 40, lim}
+					rs[b].TopK = min(ks[r.IntN(len(ks))], lim)
+					if r.IntN(2) == 0 {
+						rs[b].TopP = []float32{0.5, 0.9, 0.95}[r.IntN(3)]
+					}
+					if r.IntN(3) == 0 {
+						rs[b].MinP = []float32{0.01, 0.05, 0.3}[r.IntN(3)]
+					}
+				}
+			}
+			var ok bool
+			var kmax int
+			onGPU(t, g, func(a *arena) { ok, kmax = a.d.DrawSplit(rs, c.V) })
+			if !ok {
+				t.Fatalf("V%d: DrawSplit refused %+v", c.V, rs)
+			}
+			meta, _, err := PackSample(rs, c.V)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := runSplitSample(t, g, logits, meta, c.B, c.V, kmax)
+			general := runSample(t, g, logits, rs, c.V)
+			for b := range rs {
+				name := fmt.Sprintf("B%d V%d rep %d row %d (%s, %+v)", c.B, c.V, rep, b, kinds[b], paramsOf(&rs[b]))
+				want, margin := SampleHost(logits[b*c.V:(b+1)*c.V], &rs[b])
+				if sampleCheck(t, name, c.V, &rs[b], got[b], want, margin) {
+					boundary++
+				} else if got[b].Token != general[b].Token && margin >= 1e-6 {
+					t.Errorf("%s: split kernel token %d, general kernel %d", name, got[b].Token, general[b].Token)
+				}
+				rows++
+			}
+		}
+	}
+	t.Logf("%d rows, %d boundary cases", rows, boundary)
+	if boundary*100 > rows {
+		t.Errorf("%d boundary cases in %d rows: not rare", boundary, rows)
+	}
+	// A top-k above kmax: token -2.
+	const V = 4096
+	logits := sampleLogits(r, V, sampleKinds[0])
+	rs := []SampleRow{{Temperature: 1, TopK: 9, TopP: 1, RepetitionPenalty: 1, U: 0.5}}
+	meta, _, err := PackSample(rs, V)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onGPU(t, g, func(a *arena) {
+		ob, lb, mb := a.alloc(4*SampleResultWords), put(a, logits), put(a, meta)
+		wb := a.alloc(a.d.SampleDrawWork(1, V, 8))
+		if a.err != nil {
+			return
+		}
+		a.check(a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, 1, V, 8))
+		if tok := get[int32](a, ob, 1)[0]; tok != -2 {
+			t.Errorf("top-k 9 with kmax 8: token %d, want -2", tok)
+		}
+		if err := a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, 1, V, a.d.SampleDrawKMax(V)+1); err == nil {
+			t.Error("kmax above SampleDrawKMax accepted")
+		}
+	})
 }

@@ -75,10 +75,10 @@ func (be *Backend) sampleOn(d *kernels.Device, out, logits, meta *kernels.Buffer
 		defer be.alloc.put(work)
 		return d.SampleGreedyF32(nil, out, logits, work, B, V)
 	}
-	if sampleSplitMode() == 2 && kernels.DrawOnly(rows) {
-		work := be.alloc.get(d, d.SampleDrawWork(B, V))
+	if ok, kmax := d.DrawSplit(rows, V); ok && sampleSplitMode() == 2 {
+		work := be.alloc.get(d, d.SampleDrawWork(B, V, kmax))
 		defer be.alloc.put(work)
-		return d.SampleDrawF32(nil, out, logits, meta, metaWords, work, B, V)
+		return d.SampleDrawF32(nil, out, logits, meta, metaWords, work, B, V, kmax)
 	}
 	var sb *kernels.Buffer
 	if pen {

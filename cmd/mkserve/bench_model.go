@@ -100,7 +100,9 @@ func benchModel(args []string, stdout io.Writer) error {
 	ep := fs.Int("ep", 1, "cuda: expert-parallel ranks emulated on the GPU (needs --moe-path fused)")
 	graphs := fs.Bool("graphs", true, "cuda: run decode steps as CUDA graphs (captured per batch shape; the fast precision only)")
 	profile := fs.Bool("profile-ops", false, "cuda: time every backend op on the host during the decode steps (adds a clock read per op)")
-	temperature := fs.Float64("temperature", 0, "decode: sampling temperature of every row on a device sampler (0: greedy; > 0 draws over the whole vocabulary with a seeded uniform)")
+	temperature := fs.Float64("temperature", 0, "decode: sampling temperature of every row on a device sampler (0: greedy; > 0 draws with a seeded uniform, over the whole vocabulary unless --top-k or --top-p)")
+	topK := fs.Int("top-k", 0, "decode, --temperature > 0: every row's top-k (0: off)")
+	topP := fs.Float64("top-p", 1, "decode, --temperature > 0: every row's top-p (1: off)")
 	overlap := fs.Bool("overlap", true, "decode: also time steps as the engine runs them by default, each launched with the previous step's tokens still on the device (a backend.AsyncSampler: cuda); ms is then that time and sync_ms the time of steps that wait for their tokens")
 	cpuProfile := fs.String("cpuprofile", "", "write a Go CPU profile of the whole run to this file (go tool pprof)")
 	var wf worldFlags // --world R: the model over R processes, one GPU each (experts split, the rest replicated)
@@ -114,6 +116,10 @@ func benchModel(args []string, stdout io.Writer) error {
 	if wf.size > 0 && *ep != 1 {
 		return fmt.Errorf("--world takes --ep 1 (the world's ranks are the expert-parallel ranks)")
 	}
+	if *topK < 0 || !(*topP > 0 && *topP <= 1) {
+		return fmt.Errorf("--top-k %d --top-p %v: want top-k ≥ 0 and top-p in (0, 1]", *topK, *topP)
+	}
+	tmpl := backend.SampleRow{Temperature: float32(*temperature), TopK: *topK, TopP: float32(*topP), RepetitionPenalty: 1}
 	if !(*temperature >= 0 && *temperature <= 2) {
 		return fmt.Errorf("--temperature %v: want 0 (greedy) to 2", *temperature)
 	}
@@ -250,7 +256,7 @@ func benchModel(args []string, stdout io.Writer) error {
 			// ran at 1.1–12 GB/s depending on the process and made the
 			// batch-32 step "bimodal"; the engine never does that copy.)
 			if ds, ok := be.(backend.Sampler); ok {
-				rows := sampleRows(logits.Shape()[0], float32(*temperature), urng)
+				rows := sampleRows(logits.Shape()[0], tmpl, urng)
 				if got := ds.Sample(logits, rows); len(got) != len(rows) {
 					return fmt.Errorf("sampling returned %d tokens for %d rows", len(got), len(rows))
 				}
@@ -404,7 +410,7 @@ func benchModel(args []string, stdout io.Writer) error {
 			}
 			if as, ok := be.(backend.AsyncSampler); ok && *overlap && *graphs {
 				oms, err := overlappedSteps(be, as, *steps, func(step int) *backend.Batch { return decodeBatch(B, step) }, model,
-					float32(*temperature), urng)
+					tmpl, urng)
 				if err != nil {
 					return err
 				}
@@ -459,13 +465,13 @@ func benchModel(args []string, stdout io.Writer) error {
 	return runWorld(context.Background(), wf, append([]string{"bench", "model"}, args...), body)
 }
 
-// sampleRows is n device-sampler rows at temperature temp (0: greedy), each
-// with a uniform draw from urng.
-func sampleRows(n int, temp float32, urng *rand.Rand) []backend.SampleRow {
+// sampleRows is n device-sampler rows like tmpl (temperature 0: greedy),
+// each with a uniform draw from urng when it draws.
+func sampleRows(n int, tmpl backend.SampleRow, urng *rand.Rand) []backend.SampleRow {
 	rows := make([]backend.SampleRow, n)
 	for i := range rows {
-		rows[i] = backend.SampleRow{Temperature: temp, TopP: 1, RepetitionPenalty: 1}
-		if temp > 0 {
+		rows[i] = tmpl
+		if tmpl.Temperature > 0 {
 			rows[i].U = urng.Float64()
 		}
 	}
@@ -478,7 +484,7 @@ func sampleRows(n int, temp float32, urng *rand.Rand) []backend.SampleRow {
 // returns the median interval between consecutive steps' waits (steps
 // after two warm-up ones), the rate the engine would sustain.
 func overlappedSteps(be backend.Backend, as backend.AsyncSampler, steps int, batch func(step int) *backend.Batch, model models.Model,
-	temp float32, urng *rand.Rand) (float64, error) {
+	tmpl backend.SampleRow, urng *rand.Rand) (float64, error) {
 	var prev backend.Pending
 	var at []time.Time
 	for step := 0; step < steps+3; step++ {
@@ -494,7 +500,7 @@ func overlappedSteps(be backend.Backend, as backend.AsyncSampler, steps int, bat
 		if err != nil {
 			return 0, err
 		}
-		rows := sampleRows(len(b.Seqs), temp, urng)
+		rows := sampleRows(len(b.Seqs), tmpl, urng)
 		p, err := as.SampleAsync(logits, rows)
 		if err != nil {
 			return 0, err
