@@ -424,6 +424,21 @@ func runSplitSample(tb testing.TB, g *GPU, logits []float32, meta []int32, B, V,
 	})
 }
 
+// randomRows is B rows of V logits of random kinds (their names in kinds)
+// and their sampling rows: a draw at a temperature in [0.3, 2) with a
+// uniform, no top-k / top-p / min-p or penalties, then changed by edit.
+func randomRows(r *rand.Rand, B, V int, edit func(row *SampleRow)) (logits []float32, rs []SampleRow, kinds []string) {
+	logits = make([]float32, 0, B*V)
+	rs, kinds = make([]SampleRow, B), make([]string, B)
+	for b := range rs {
+		kinds[b] = sampleKinds[r.IntN(len(sampleKinds))]
+		logits = append(logits, sampleLogits(r, V, kinds[b])...)
+		rs[b] = SampleRow{TopP: 1, RepetitionPenalty: 1, U: r.Float64(), Temperature: float32(0.3 + 1.7*r.Float64())}
+		edit(&rs[b])
+	}
+	return logits, rs, kinds
+}
+
 // TestSampleGreedySplit: the split greedy kernel gives the host sampler's
 // token (first index of the max; 0 for a row of NaN) and log-probability
 // (NaN when a logit is NaN or the max is ±Inf) for every kind of row, at
@@ -538,17 +553,11 @@ func TestSampleDrawSplit(t *testing.T) {
 	rows, boundary := 0, 0
 	for _, c := range []struct{ B, V, reps int }{{1, 7, 20}, {4, 2048, 5}, {3, 2049, 5}, {64, 32000, 2}, {2, 151936, 4}, {5, 129280, 2}} {
 		for rep := 0; rep < c.reps; rep++ {
-			logits := make([]float32, 0, c.B*c.V)
-			rs := make([]SampleRow, c.B)
-			kinds := make([]string, c.B)
-			for b := range rs {
-				kinds[b] = sampleKinds[r.IntN(len(sampleKinds))]
-				logits = append(logits, sampleLogits(r, c.V, kinds[b])...)
-				rs[b] = SampleRow{TopP: 1, RepetitionPenalty: 1, U: r.Float64()}
-				if r.IntN(4) != 0 {
-					rs[b].Temperature = float32(0.3 + 1.7*r.Float64())
+			logits, rs, kinds := randomRows(r, c.B, c.V, func(row *SampleRow) {
+				if r.IntN(4) == 0 {
+					row.Temperature = 0
 				}
-			}
+			})
 			meta, _, err := PackSample(rs, c.V)
 			if err != nil {
 				t.Fatal(err)
@@ -585,28 +594,22 @@ func TestSampleTopKSplit(t *testing.T) {
 		var lim int
 		onGPU(t, g, func(a *arena) { lim = a.d.SampleDrawKMax(c.V) })
 		for rep := 0; rep < c.reps; rep++ {
-			logits := make([]float32, 0, c.B*c.V)
-			rs := make([]SampleRow, c.B)
-			kinds := make([]string, c.B)
-			for b := range rs {
-				kinds[b] = sampleKinds[r.IntN(len(sampleKinds))]
-				logits = append(logits, sampleLogits(r, c.V, kinds[b])...)
-				rs[b] = SampleRow{TopP: 1, RepetitionPenalty: 1, U: r.Float64(), Temperature: float32(0.3 + 1.7*r.Float64())}
+			logits, rs, kinds := randomRows(r, c.B, c.V, func(row *SampleRow) {
 				switch r.IntN(6) {
 				case 0: // greedy
-					rs[b].Temperature = 0
+					row.Temperature = 0
 				case 1: // over the whole vocabulary
 				default:
 					ks := []int{1, 2, 5, 20, 40, lim}
-					rs[b].TopK = min(ks[r.IntN(len(ks))], lim)
+					row.TopK = min(ks[r.IntN(len(ks))], lim)
 					if r.IntN(2) == 0 {
-						rs[b].TopP = []float32{0.5, 0.9, 0.95}[r.IntN(3)]
+						row.TopP = []float32{0.5, 0.9, 0.95}[r.IntN(3)]
 					}
 					if r.IntN(3) == 0 {
-						rs[b].MinP = []float32{0.01, 0.05, 0.3}[r.IntN(3)]
+						row.MinP = []float32{0.01, 0.05, 0.3}[r.IntN(3)]
 					}
 				}
-			}
+			})
 			var ok bool
 			var kmax int
 			onGPU(t, g, func(a *arena) { ok, kmax = a.d.DrawSplit(rs, c.V) })

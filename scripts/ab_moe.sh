@@ -37,58 +37,36 @@ shape_flags() {
 	*) echo "ab_moe.sh: unknown shape $1" >&2; return 1 ;;
 	esac
 }
+. scripts/ab_common.sh
 RES=$(mktemp -d)
-read -r -a VS <<<"$VARIANTS"
-n=${#VS[@]}
-for ((round = 0; round < ROUNDS; round++)); do
-	for ((j = 0; j < n; j++)); do
-		v=${VS[$(((j + round) % n))]}
-		name=${v%%:*}
-		assigns=${v#*:}
-		for shape in $SHAPES; do
-			F=$(shape_flags "$shape") || exit 2
-			for path in $PATHS; do
-				P=(--path "$path")
-				[ "$path" = fused ] && P+=(--ranks "$RANKS")
-				out="$RES/$name.$shape.$path.$round.json"
-				# shellcheck disable=SC2086
-				env ${assigns//,/ } timeout 300 "$BIN" bench moe $F "${P[@]}" --tokens "$TOKENS" --iters "$ITERS" \
-					--check-rows 1 --json $EXTRA >"$out" 2>"$out.err" ||
-					{ echo "ab_moe.sh: $name $shape $path round $round failed: $(grep -v '^{' "$out.err" | tail -1)"; }
-			done
+# run NAME ASSIGNMENTS ROUND: every shape and path of one variant.
+run() {
+	local name=$1 assigns=$2 round=$3 shape path out F
+	for shape in $SHAPES; do
+		F=$(shape_flags "$shape") || exit 2
+		for path in $PATHS; do
+			P=(--path "$path")
+			[ "$path" = fused ] && P+=(--ranks "$RANKS")
+			out="$RES/$name.$shape.$path.$round.json"
+			# shellcheck disable=SC2086
+			env ${assigns//,/ } timeout 300 "$BIN" bench moe $F "${P[@]}" --tokens "$TOKENS" --iters "$ITERS" \
+				--check-rows 1 --json $EXTRA >"$out" 2>"$out.err" ||
+				{ echo "ab_moe.sh: $name $shape $path round $round failed: $(grep -v '^{' "$out.err" | tail -1)"; }
 		done
 	done
-done
-python3 - "$RES" "$VARIANTS" <<'PY'
-import glob, json, os, statistics, sys
+}
+ab_rotate run
+PYTHONPATH=scripts python3 - "$RES" "$VARIANTS" <<'PY'
+import glob, os, sys
+from ab_table import read_rows, table
 res, variants = sys.argv[1], [v.split(":", 1)[0] for v in sys.argv[2].split()]
 runs = {}
 for f in glob.glob(os.path.join(res, "*.json")):
     name, shape, path, _ = os.path.basename(f)[:-5].split(".")
-    try:
-        rows = json.load(open(f))
-    except Exception:
-        continue
-    for r in rows:
+    for r in read_rows(f):
         runs.setdefault((shape, path, r["tokens"]), {}).setdefault(name, []).append(
-            (r["ms"], r["rel_err"], r.get("separate_ms") or 0))
-print("%-14s %-7s %6s  " % ("shape", "path", "tokens") + "  ".join("%-24s" % v for v in variants))
-for key in sorted(runs):
-    base = runs[key].get(variants[0])
-    bm = statistics.median(m for m, _, _ in base) if base else None
-    cells = []
-    for v in variants:
-        got = runs[key].get(v)
-        if not got:
-            cells.append("%-24s" % "-")
-            continue
-        ms = [m for m, _, _ in got]
-        med = statistics.median(ms)
-        err = max(e for _, e, _ in got)
-        seps = [s for _, _, s in got if s > 0]
-        ratio = " ×%.3f" % (med / bm) if bm and v != variants[0] else ""
-        sep = " sep %.3f" % statistics.median(seps) if seps else ""
-        cells.append("%-24s" % ("%s%s e%.0e%s" % (",".join("%.3f" % m for m in ms), ratio, err, sep)))
-    print("%-14s %-7s %6d  " % key + "  ".join(cells))
+            (r["ms"], {"err": r["rel_err"], "sep": r.get("separate_ms") or 0}))
+table(runs, variants, "%-14s %-7s %6d", "%-14s %-7s %6s" % ("shape", "path", "tokens"),
+      [("err", "e%.0e", max), ("sep", "sep %.3f")], width=24)
 PY
 rm -rf "$RES"
