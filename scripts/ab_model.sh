@@ -41,13 +41,11 @@ run() {
 }
 ab_rotate run
 PYTHONPATH=scripts python3 - "$RES" "$VARIANTS" <<'PY'
-import glob, os, sys
-from ab_table import read_rows, table
-res, variants = sys.argv[1], [v.split(":", 1)[0] for v in sys.argv[2].split()]
-runs = {}
-for f in glob.glob(os.path.join(res, "*.json")):
-    name, cfg, _ = os.path.basename(f)[:-5].rsplit(".", 2)
-    for r in read_rows(f):
+import sys
+from ab_table import results, table, variant_names
+variants, runs = variant_names(sys.argv[2]), {}
+for (name, cfg, _), rows in results(sys.argv[1]):
+    for r in rows:
         if r.get("kind") == "decode":
             runs.setdefault((cfg, r["batch"]), {}).setdefault(name, []).append(
                 (r["ms"], {"gpu": r.get("replay_gpu_ms") or 0, "floor": r.get("over_floor") or 0}))

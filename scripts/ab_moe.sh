@@ -57,13 +57,11 @@ run() {
 }
 ab_rotate run
 PYTHONPATH=scripts python3 - "$RES" "$VARIANTS" <<'PY'
-import glob, os, sys
-from ab_table import read_rows, table
-res, variants = sys.argv[1], [v.split(":", 1)[0] for v in sys.argv[2].split()]
-runs = {}
-for f in glob.glob(os.path.join(res, "*.json")):
-    name, shape, path, _ = os.path.basename(f)[:-5].split(".")
-    for r in read_rows(f):
+import sys
+from ab_table import results, table, variant_names
+variants, runs = variant_names(sys.argv[2]), {}
+for (name, shape, path, _), rows in results(sys.argv[1]):
+    for r in rows:
         runs.setdefault((shape, path, r["tokens"]), {}).setdefault(name, []).append(
             (r["ms"], {"err": r["rel_err"], "sep": r.get("separate_ms") or 0}))
 table(runs, variants, "%-14s %-7s %6d", "%-14s %-7s %6s" % ("shape", "path", "tokens"),

@@ -3,15 +3,30 @@ scripts/ab_model.sh): one line per key, each variant's times over the
 rounds, its ratio of medians to the first variant (< 1: faster) and the
 medians of its extra columns.
 
-    from ab_table import read_rows, table
-    table(runs, variants, key_fmt, key_hdr, extras)
+    from ab_table import results, table, variant_names
+    for parts, rows in results(res_dir): ...  # parts: a file's name split at "."
+    table(runs, variant_names(VARIANTS), key_fmt, key_hdr, extras)
 
 runs: {key: {variant: [(ms, {column: value}), ...]}}; extras: [(column,
 format[, aggregate])] printed after the ratio, each aggregated over the
 rounds (the median unless given, e.g. max; values of 0 left out, a column
 with none not printed)."""
+import glob
 import json
+import os
 import statistics
+
+
+def variant_names(variants):
+    """The names of $VARIANTS (NAME:ASSIGNMENTS ...), baseline first."""
+    return [v.split(":", 1)[0] for v in variants.split()]
+
+
+def results(res):
+    """(the file's name without .json split at ".", its rows) for every
+    result file of directory res."""
+    for f in sorted(glob.glob(os.path.join(res, "*.json"))):
+        yield os.path.basename(f)[:-5].split("."), read_rows(f)
 
 
 def read_rows(path):
