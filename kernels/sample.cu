@@ -1034,25 +1034,6 @@ __device__ __forceinline__ double zq(float w, float maxw, float inv) {
   return z > -40.f ? exp((double)z) : 0.0;  // (false for NaN)
 }
 
-// gs_scan returns the sum of v over the threads before this one in a block
-// of GS_NT threads (a warp scan, then the warps' totals through red [GS_NT /
-// 32]; one barrier inside): base + inclusive − v, in that order.
-template <typename T>
-__device__ __forceinline__ T gs_scan(T v, T* red) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  T x = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const T y = __shfl_up_sync(FULL, x, o);
-    if (lane >= o) x += y;
-  }
-  if (lane == 31) red[w] = x;
-  __syncthreads();
-  T base = 0;
-  for (int k = 0; k < w; k++) base += red[k];
-  return base + x - v;
-}
-
 // chunk_top writes the kk first keys (fkey(z) << 32 | ~id, z > −40; 0 past
 // them) of logits [lo, lo + GS_CHUNK) in the order (z desc, id asc) to c,
 // with the block's GS_NT threads: a histogram of −z over sample_rows' NB
@@ -1083,7 +1064,16 @@ __device__ void chunk_top(const float* __restrict__ x, int V, int lo, float maxw
   int mine = 0;
 #pragma unroll
   for (int k = 0; k < BPT; k++) mine += (int)hist[tid * BPT + k];
-  int run = gs_scan(mine, wsum);
+  int inc = mine;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(FULL, inc, o);
+    if (lane >= o) inc += y;
+  }
+  if (lane == 31) wsum[w] = inc;
+  __syncthreads();
+  int run = inc - mine;
+  for (int k = 0; k < w; k++) run += wsum[k];
   int cut = NB - 1;
 #pragma unroll
   for (int k = 0; k < BPT; k++) {
@@ -1218,7 +1208,17 @@ __global__ void __launch_bounds__(GS_NT) draw_finish(const float* __restrict__ l
       q[e] = i0 + e < V ? zq(x[i0 + e], maxw, inv) : 0.0;
       sq += q[e];
     }
-    const double before = s_before + gs_scan(sq, red_d), u = s_u;
+    double xs = sq;  // inclusive scan within the warp, then over the warps
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const double y = __shfl_up_sync(FULL, xs, o);
+      if (lane >= o) xs += y;
+    }
+    if (lane == 31) red_d[w] = xs;
+    __syncthreads();
+    double base = 0;
+    for (int k = 0; k < w; k++) base += red_d[k];
+    const double before = s_before + base + xs - sq, u = s_u;
     if (sq > 0 && !(before > u) && before + sq > u) {
       double run = before;
       int pick = -1;
