@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/mkserve/mkserve/backend/cuda"
 )
 
 // TestBenchModel runs `bench model` on the CPU with random weights in the
@@ -60,11 +62,36 @@ func TestBenchModelErrors(t *testing.T) {
 		{[]string{"bench", "model", "--config", t.TempDir(), "--backend", "cpu"}, "config.json"},
 		{[]string{"bench", "nope"}, "unknown benchmark"},
 		{[]string{"bench", "model", "--config", "../../models/testdata/golden/mixtral", "--backend", "cpu", "--temperature", "-1"}, "--temperature -1"},
+		{[]string{"bench", "model", "--config", "../../models/testdata/golden/mixtral", "--backend", "cpu", "--top-k", "-2"}, "--top-k -2"},
+		{[]string{"bench", "model", "--config", "../../models/testdata/golden/mixtral", "--backend", "cpu", "--top-p", "0"}, "--top-p 0"},
 	} {
 		code, _, errOut := runCLI(tc.args, "")
 		if code == 0 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 {
 			t.Errorf("%v: exit %d, stderr %q; want one line containing %q", tc.args, code, errOut, tc.want)
 		}
+	}
+}
+
+// TestStampTable: a stamped step's ops summed by name (costliest first,
+// calls counted, ties in first-seen order) and listed in order.
+func TestStampTable(t *testing.T) {
+	st := []cuda.OpStamp{{Op: "Embed", NS: 2000}, {Op: "Linear", NS: 8000}, {Op: "Attention", NS: 11000},
+		{Op: "Linear", NS: 7000}, {Op: "RMSNorm", NS: 2000}}
+	by, seq := stampTable(st)
+	want := []opTime{{"Linear", 2, 15}, {"Attention", 1, 11}, {"Embed", 1, 2}, {"RMSNorm", 1, 2}}
+	if len(by) != len(want) {
+		t.Fatalf("by op %v, want %v", by, want)
+	}
+	for i := range want {
+		if by[i] != want[i] {
+			t.Errorf("by op [%d] = %+v, want %+v", i, by[i], want[i])
+		}
+	}
+	if len(seq) != len(st) || seq[3] != (opTime{"Linear", 1, 7}) {
+		t.Errorf("sequence %v", seq)
+	}
+	if by, seq := stampTable(nil); len(by) != 0 || len(seq) != 0 {
+		t.Errorf("no stamps: %v, %v", by, seq)
 	}
 }
 
