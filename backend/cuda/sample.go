@@ -67,7 +67,8 @@ func packRows(rows []backend.SampleRow, V int) (krows []kernels.SampleRow, meta 
 
 // sampleOn queues the sampling of rows (packed in meta, metaWords words) of
 // logits [len(rows), V] into out: the split greedy kernel when every row is
-// plain greedy (greedySplit; meta may then be nil), else the general one.
+// plain greedy (greedySplit; meta may then be nil), the split draw kernels
+// when DrawSplit takes the rows, else the general one.
 func (be *Backend) sampleOn(d *kernels.Device, out, logits, meta *kernels.Buffer, metaWords int, rows []kernels.SampleRow, pen bool, V int) error {
 	B := len(rows)
 	if greedySplit(rows) {
@@ -75,10 +76,12 @@ func (be *Backend) sampleOn(d *kernels.Device, out, logits, meta *kernels.Buffer
 		defer be.alloc.put(work)
 		return d.SampleGreedyF32(nil, out, logits, work, B, V)
 	}
-	if ok, kmax := d.DrawSplit(rows, V); ok && sampleSplitMode() == 2 {
-		work := be.alloc.get(d, d.SampleDrawWork(B, V, kmax))
-		defer be.alloc.put(work)
-		return d.SampleDrawF32(nil, out, logits, meta, metaWords, work, B, V, kmax)
+	if sampleSplitMode() == 2 {
+		if ok, kmax := d.DrawSplit(rows, V); ok {
+			work := be.alloc.get(d, d.SampleDrawWork(B, V, kmax))
+			defer be.alloc.put(work)
+			return d.SampleDrawF32(nil, out, logits, meta, metaWords, work, B, V, kmax)
+		}
 	}
 	var sb *kernels.Buffer
 	if pen {
@@ -91,10 +94,13 @@ func (be *Backend) sampleOn(d *kernels.Device, out, logits, meta *kernels.Buffer
 // SampleSplitEnv names the environment variable that, set to 0, samples
 // every row with the general kernel (one CTA a row) instead of the split
 // ones, for comparisons; set to 1 only greedy rows go to the split kernel.
-// By default (2) rows that draw over the whole vocabulary (temperature > 0
-// without top-k, top-p, min-p, penalties or alternatives: the API's
-// defaults) go to the split draw kernels too (twentieth pass: Qwen3-8l's
-// batch-1 step at temperature 1 0.89 → 0.74 ms, docs/PERF.md).
+// By default (2) the split draw kernels also take calls whose rows draw
+// over the whole vocabulary (temperature > 0 without top-k, top-p or
+// min-p: the API's defaults) or have a top-k (with any top-p and min-p) up
+// to kernels.Device.SampleDrawKMax, none with penalties or alternatives
+// (kernels.Device.DrawSplit; twentieth pass: Qwen3-8l's batch-1 step at
+// temperature 1 0.89 → 0.74 ms, with Qwen3's top-k 20 / top-p 0.95
+// 0.906 → 0.765 ms, docs/PERF.md).
 const SampleSplitEnv = "MKSERVE_SAMPLE_SPLIT"
 
 var sampleSplitMode = sync.OnceValue(func() int {

@@ -76,15 +76,17 @@ func (be *Backend) stamped(op string, f func(d *kernels.Device) error) func(d *k
 // last with their GPU times, in order (StepStampsEnv must have been set
 // when it was captured).
 func (be *Backend) StepStamps() ([]OpStamp, error) {
-	g := be.st.last
 	if !stampsOn() {
 		return nil, fmt.Errorf("cuda: StepStamps: %s=1 is not set", StepStampsEnv)
 	}
-	if g == nil || len(g.stampOps) < 2 {
-		return nil, errors.New("cuda: StepStamps: no stamped graph has been launched")
-	}
-	ts := make([]uint64, len(g.stampOps))
+	var ops []string
+	var ts []uint64
 	if err := be.g.Do(func(d *kernels.Device) error {
+		g := be.st.last
+		if g == nil || len(g.stampOps) < 2 {
+			return errors.New("cuda: StepStamps: no stamped graph has been launched")
+		}
+		ops, ts = g.stampOps, make([]uint64, len(g.stampOps))
 		if err := d.Sync(); err != nil {
 			return err
 		}
@@ -94,7 +96,7 @@ func (be *Backend) StepStamps() ([]OpStamp, error) {
 	}
 	out := make([]OpStamp, 0, len(ts)-1)
 	for i := 1; i < len(ts); i++ {
-		out = append(out, OpStamp{Op: g.stampOps[i], NS: int64(ts[i] - ts[i-1])})
+		out = append(out, OpStamp{Op: ops[i], NS: int64(ts[i] - ts[i-1])})
 	}
 	return out, nil
 }
