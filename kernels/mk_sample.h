@@ -58,11 +58,15 @@ MK_API int64_t mk_sample_greedy_work(int64_t rows, int64_t vocab);
  * kmax > 0; a top-k row keeps each chunk's kmax most likely tokens and
  * draws among the row's k best of them). kmax is the largest top-k of the
  * call (0: no top-k rows), at most mk_sample_draw_kmax(vocab); a row whose
- * top-k exceeds it gets token -2. meta as for mk_sample_f32 (only the
- * headers are read). out gets words [0, 3) of each row's result. work:
- * mk_sample_draw_work(rows, vocab, kmax) bytes. */
+ * top-k exceeds it gets token -2. With cuts nonzero the call may also hold
+ * rows with top-p or min-p but no top-k (kmax > 0: the candidates a chunk
+ * keeps for them): where min-p or top-p cuts the row's kmax best tokens
+ * the row is answered from them, else a fifth launch runs mk_sample_f32's
+ * kernel on it. meta as for mk_sample_f32 (only the headers are read,
+ * unless that fifth launch runs). out gets words [0, 3) of each row's
+ * result. work: mk_sample_draw_work(rows, vocab, kmax) bytes. */
 MK_API int32_t mk_sample_draw_f32(uint64_t stream, uint64_t out, uint64_t logits, uint64_t meta, int64_t meta_words,
-                                  uint64_t work, int64_t rows, int64_t vocab, int64_t kmax);
+                                  uint64_t work, int64_t rows, int64_t vocab, int64_t kmax, int32_t cuts);
 MK_API int64_t mk_sample_draw_work(int64_t rows, int64_t vocab, int64_t kmax);
 MK_API int32_t mk_sample_draw_kmax(int64_t vocab);
 

@@ -466,7 +466,8 @@ __device__ bool pick_sorted(const uint64_t* cand, int nc, int nk, int topk, floa
 
 __global__ void __launch_bounds__(NT, 1)
     sample_rows(const float* __restrict__ logits, int64_t V64, const int32_t* __restrict__ meta, int64_t meta_words,
-                float* scratch, int32_t* __restrict__ out) {
+                float* scratch, int32_t* __restrict__ out, const int32_t* __restrict__ only) {
+  if (only != nullptr && only[blockIdx.x] == 0) return;  // (mk_sample_draw_f32: rows the split kernels answered)
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ Shared sh;
   uint32_t* cnt = reinterpret_cast<uint32_t*>(smem + SM_CNT);
@@ -1034,6 +1035,13 @@ __device__ __forceinline__ double zq(float w, float maxw, float inv) {
   return z > -40.f ? exp((double)z) : 0.0;  // (false for NaN)
 }
 
+// cut_row says whether a row header asks for top-p or min-p without top-k
+// (the split kernels' "cut" rows: their kept set is found among the
+// candidates when it is small, else sample_rows answers the row).
+__device__ __forceinline__ bool cut_row(const int32_t* m) {
+  return m[1] <= 0 && (__int_as_float(m[2]) < 1.f || __int_as_float(m[3]) > 0.f);
+}
+
 // chunk_top writes the kk first keys (fkey(z) << 32 | ~id, z > −40; 0 past
 // them) of logits [lo, lo + GS_CHUNK) in the order (z desc, id asc) to c,
 // with the block's GS_NT threads: a histogram of −z over sample_rows' NB
@@ -1123,9 +1131,10 @@ __global__ void __launch_bounds__(GS_NT) draw_split(const float* __restrict__ lo
   }
   const float inv = __fdiv_rn(1.f, T);
   const float* x = logits + (int64_t)row * V;
-  if (topk > 0 && kk > 0) {  // the chunk's kk most likely tokens, sorted
+  const bool cut = kk > 0 && cut_row(meta + (int64_t)row * MK_SAMPLE_META_WORDS);
+  if ((topk > 0 && kk > 0) || cut) {  // the chunk's kk most likely tokens, sorted
     chunk_top(x, V, sp * GS_CHUNK, maxw, inv, kk, ck, cands + ((int64_t)row * splits + sp) * kk);
-    return;
+    if (!cut) return;  // a cut row also needs the chunk's mass (below)
   }
   double q = 0;
 #pragma unroll
@@ -1150,7 +1159,7 @@ __global__ void __launch_bounds__(GS_NT) draw_finish(const float* __restrict__ l
                                                      const int32_t* __restrict__ meta,
                                                      const GreedyPart* __restrict__ parts,
                                                      const double* __restrict__ sums, int kk,
-                                                     int32_t* __restrict__ out) {
+                                                     int32_t* __restrict__ out, int32_t* __restrict__ need) {
   __shared__ int s_chunk, s_pick, s_greedy;
   __shared__ double s_before, s_u, s_lse;
   __shared__ float red_f[GS_NT / 32];
@@ -1162,7 +1171,8 @@ __global__ void __launch_bounds__(GS_NT) draw_finish(const float* __restrict__ l
   const float* x = logits + (int64_t)row * V;
   const float T = __int_as_float(m[0]);
   const double U = __hiloint2double(m[13], m[12]);
-  if (kk > 0 && T > 0.f && m[1] > 0) return;  // a top-k row: topk_finish answers it
+  if (need != nullptr && tid == 0) need[row] = 0;  // (topk_finish may set it)
+  if (kk > 0 && T > 0.f && (m[1] > 0 || cut_row(m))) return;  // topk_finish answers it
   RowPick rp{};
   if (w == 0) rp = combine_parts(p, splits, lane);  // the greedy answer and the log-sum-exp
   if (tid == 0) {
@@ -1258,16 +1268,18 @@ __global__ void __launch_bounds__(NT, 1) topk_finish(const float* __restrict__ l
                                                      const int32_t* __restrict__ meta,
                                                      const GreedyPart* __restrict__ parts,
                                                      const uint64_t* __restrict__ cands, int kk,
-                                                     int32_t* __restrict__ out) {
+                                                     const double* __restrict__ sums, int32_t* __restrict__ out,
+                                                     int32_t* __restrict__ need) {
   __shared__ Shared sh;
   __shared__ uint64_t c[CAP];
   __shared__ int s_greedy, s_go;
-  __shared__ double s_lse;
+  __shared__ double s_lse, s_total;
   const int row = blockIdx.x, tid = threadIdx.x;
   const int32_t* m = meta + (int64_t)row * MK_SAMPLE_META_WORDS;
   const float T = __int_as_float(m[0]);
   const int topk = m[1];
-  if (!(T > 0.f) || topk <= 0) return;  // draw_finish answers it
+  const bool cut = cut_row(m) && need != nullptr;
+  if (!(T > 0.f) || (topk <= 0 && !cut)) return;  // draw_finish answers it
   const float topp = __int_as_float(m[2]), minp = __int_as_float(m[3]);
   const double U = __hiloint2double(m[13], m[12]);
   const float* x = logits + (int64_t)row * V;
@@ -1277,10 +1289,15 @@ __global__ void __launch_bounds__(NT, 1) topk_finish(const float* __restrict__ l
       s_greedy = rp.greedy;
       s_lse = rp.lse;
       s_go = rp.anyw && rp.gmax != -INFINITY && rp.gmax == rp.gmax;
+      double t = 0;  // a cut row's total mass, in chunk order (draw_finish's sum)
+      if (cut)
+        for (int k = 0; k < splits; k++) t += sums[(int64_t)row * splits + k];
+      s_total = t;
     }
   }
   __syncthreads();
   int token = s_greedy;
+  bool inside = true;
   const bool bad = topk > kk;
   const int n = splits * kk;  // ≤ CAP (mk_sample_draw_f32)
   if (s_go && !bad) {
@@ -1293,7 +1310,16 @@ __global__ void __launch_bounds__(NT, 1) topk_finish(const float* __restrict__ l
     int have = 0;  // candidates with mass (keys > 0: first in the order)
     for (int j = tid; j < P; j += NT) have += c[j] != 0ull;
     const int nc = block_all<int>(have, Sum{}, sh.red_i);
-    if (nc > 0) pick_sorted(c, nc, topk, topk, topp, minp, true, 0.0, U, sh, &token);
+    if (nc > 0) {
+      if (cut)  // the kept set is inside the candidates only when min-p or top-p cuts them
+        inside = pick_sorted(c, nc, 0x7fffffff, 0, topp, minp, false, s_total, U, sh, &token);
+      else
+        pick_sorted(c, nc, topk, topk, topp, minp, true, 0.0, U, sh, &token);
+    }
+  }
+  if (!inside) {  // sample_rows answers the row (mk_sample_draw_f32 launches it)
+    if (tid == 0) need[row] = 1;
+    return;
   }
   if (tid == 0) {
     int32_t* o = out + (int64_t)row * MK_SAMPLE_RESULT_WORDS;
@@ -1335,9 +1361,21 @@ extern "C" MK_API int32_t mk_sample_draw_kmax(int64_t vocab) {
   return (int32_t)std::min<int64_t>(CAP / splits, GS_CHUNK);
 }
 
+// rows_smem readies sample_rows for vocab logits a row: its dynamic shared
+// memory (the fixed part and the penalty bitmap), opted in once per size.
+static int rows_smem(int64_t vocab, size_t* smem) {
+  *smem = SM_BITS + (size_t)((vocab + 31) / 32) * 4;
+  static size_t opted = 0;
+  if (*smem > opted) {
+    MK_CUDA(cudaFuncSetAttribute(sample_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem));
+    opted = *smem;
+  }
+  return MK_OK;
+}
+
 extern "C" MK_API int32_t mk_sample_draw_f32(uint64_t stream, uint64_t out, uint64_t logits, uint64_t meta,
                                              int64_t meta_words, uint64_t work, int64_t rows, int64_t vocab,
-                                             int64_t kmax) {
+                                             int64_t kmax, int32_t cuts) {
   MK_THREAD("mk_sample_draw_f32");
   MK_ARG(out != 0 && logits != 0 && meta != 0 && work != 0, "mk_sample_draw_f32: null pointer");
   MK_ARG(rows >= 1 && rows <= 65535, "mk_sample_draw_f32: rows = %lld, want [1, 65535]", (long long)rows);
@@ -1350,21 +1388,31 @@ extern "C" MK_API int32_t mk_sample_draw_f32(uint64_t stream, uint64_t out, uint
   GreedyPart* parts = mk::dev<GreedyPart>(work);
   double* sums = reinterpret_cast<double*>(parts + rows * splits);
   uint64_t* cands = reinterpret_cast<uint64_t*>(sums + rows * splits);
+  int32_t* need = cuts ? reinterpret_cast<int32_t*>(cands + rows * splits * kk) : nullptr;
+  MK_ARG(!cuts || kk > 0, "mk_sample_draw_f32: rows with top-p or min-p without top-k need kmax > 0");
+  size_t smem = 0;
+  if (cuts) {
+    const int rc = rows_smem(vocab, &smem);
+    if (rc != MK_OK) return rc;
+  }
   cudaStream_t s = mk::as_stream(stream);
   const int32_t* m = mk::dev<const int32_t>(meta);
   const float* x = mk::dev<const float>(logits);
   int32_t* o = mk::dev<int32_t>(out);
   greedy_split<<<dim3((unsigned)splits, (unsigned)rows), GS_NT, 0, s>>>(x, (int)vocab, splits, parts);
   draw_split<<<dim3((unsigned)splits, (unsigned)rows), GS_NT, 0, s>>>(x, (int)vocab, splits, m, parts, sums, cands, kk);
-  draw_finish<<<(unsigned)rows, GS_NT, 0, s>>>(x, (int)vocab, splits, m, parts, sums, kk, o);
-  if (kk > 0) topk_finish<<<(unsigned)rows, NT, 0, s>>>(x, (int)vocab, splits, m, parts, cands, kk, o);
+  draw_finish<<<(unsigned)rows, GS_NT, 0, s>>>(x, (int)vocab, splits, m, parts, sums, kk, o, need);
+  if (kk > 0) topk_finish<<<(unsigned)rows, NT, 0, s>>>(x, (int)vocab, splits, m, parts, cands, kk, sums, o, need);
+  if (cuts)  // cut rows whose kept set was not inside their candidates
+    sample_rows<<<(unsigned)rows, NT, smem, s>>>(x, vocab, m, meta_words, nullptr, o, need);
   MK_LAUNCHED("sample_draw");
   return MK_OK;
 }
 
 extern "C" MK_API int64_t mk_sample_draw_work(int64_t rows, int64_t vocab, int64_t kmax) {
   const int64_t splits = (vocab + GS_CHUNK - 1) / GS_CHUNK;
-  return rows * splits * (int64_t)(sizeof(GreedyPart) + sizeof(double) + (size_t)draw_kk(kmax) * sizeof(uint64_t));
+  return rows * splits * (int64_t)(sizeof(GreedyPart) + sizeof(double) + (size_t)draw_kk(kmax) * sizeof(uint64_t)) +
+         rows * (int64_t)sizeof(int32_t);  // need: the cut rows sample_rows answers
 }
 
 extern "C" MK_API int64_t mk_sample_greedy_work(int64_t rows, int64_t vocab) {
@@ -1381,15 +1429,12 @@ extern "C" MK_API int32_t mk_sample_f32(uint64_t stream, uint64_t out, uint64_t 
   MK_ARG(meta_words >= rows * MK_SAMPLE_META_WORDS && meta_words <= 0x7fffffff,
          "mk_sample_f32: meta holds %lld words, %lld rows need at least %lld (and < 2^31)", (long long)meta_words,
          (long long)rows, (long long)rows * MK_SAMPLE_META_WORDS);
-  const size_t smem = SM_BITS + (size_t)((vocab + 31) / 32) * 4;
-  static size_t opted = 0;
-  if (smem > opted) {
-    MK_CUDA(cudaFuncSetAttribute(sample_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    opted = smem;
-  }
+  size_t smem = 0;
+  const int rc = rows_smem(vocab, &smem);
+  if (rc != MK_OK) return rc;
   sample_rows<<<(unsigned)rows, NT, smem, mk::as_stream(stream)>>>(
       mk::dev<const float>(logits), vocab, mk::dev<const int32_t>(meta), meta_words, mk::dev<float>(scratch),
-      mk::dev<int32_t>(out));
+      mk::dev<int32_t>(out), nullptr);
   MK_LAUNCHED("sample_rows");
   return MK_OK;
 }

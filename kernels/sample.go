@@ -24,7 +24,7 @@ var (
 	sampleF32        func(s, out, logits, meta uint64, metaWords int64, scratch uint64, rows, vocab int64) int32
 	sampleGreedyF32  func(s, out, logits, work uint64, rows, vocab int64) int32
 	sampleGreedyWork func(rows, vocab int64) int64
-	sampleDrawF32    func(s, out, logits, meta uint64, metaWords int64, work uint64, rows, vocab, kmax int64) int32
+	sampleDrawF32    func(s, out, logits, meta uint64, metaWords int64, work uint64, rows, vocab, kmax int64, cuts int32) int32
 	sampleDrawWork   func(rows, vocab, kmax int64) int64
 	sampleDrawKMax   func(vocab int64) int32
 )
@@ -62,21 +62,29 @@ func splittable(rows []SampleRow, ok func(r *SampleRow) bool) bool {
 // DrawSplit reports whether SampleDrawF32 can answer rows of vocab logits:
 // every row greedy, drawing over the whole vocabulary (no top-k, top-p or
 // min-p), or with a top-k of at most SampleDrawKMax(vocab) (any top-p and
-// min-p), none with penalties or top log-probs; kmax is the largest top-k
-// (SampleDrawF32's argument).
-func (d *Device) DrawSplit(rows []SampleRow, vocab int) (ok bool, kmax int) {
+// min-p), and with allowCuts also rows with top-p or min-p but no top-k;
+// none with penalties or top log-probs. kmax and cuts are SampleDrawF32's
+// arguments: the largest top-k (SampleDrawKMax(vocab) when the call has
+// such cut rows), and whether it has them.
+func (d *Device) DrawSplit(rows []SampleRow, vocab int, allowCuts bool) (ok bool, kmax int, cuts bool) {
 	lim := d.SampleDrawKMax(vocab)
 	ok = splittable(rows, func(r *SampleRow) bool {
-		if r.Temperature == 0 || (r.TopK == 0 && r.TopP >= 1 && r.MinP == 0) {
+		switch {
+		case r.Temperature == 0 || (r.TopK == 0 && r.TopP >= 1 && r.MinP == 0):
 			return true
-		}
-		if r.TopK > 0 && r.TopK <= lim {
+		case r.TopK > 0 && r.TopK <= lim:
 			kmax = max(kmax, r.TopK)
+			return true
+		case r.TopK == 0 && allowCuts:
+			cuts = true
 			return true
 		}
 		return false
 	})
-	return ok, kmax
+	if cuts {
+		kmax = lim
+	}
+	return ok, kmax, cuts
 }
 
 // SampleDrawKMax is the largest top-k SampleDrawF32 takes for vocab logits
@@ -88,11 +96,11 @@ func (d *Device) SampleDrawWork(rows, vocab, kmax int) int64 {
 	return sampleDrawWork(int64(rows), int64(vocab), int64(kmax))
 }
 
-// SampleDrawF32 is SampleF32 for rows that DrawSplit accepts (kmax its
-// answer), each row's passes split over CTAs: out gets each row's token,
-// log-probability and 0 alternatives; meta is PackSample's (metaWords
-// words); work holds SampleDrawWork(rows, vocab, kmax) bytes.
-func (d *Device) SampleDrawF32(s *Stream, out, logits, meta *Buffer, metaWords int, work *Buffer, rows, vocab, kmax int) error {
+// SampleDrawF32 is SampleF32 for rows that DrawSplit accepts (kmax and cuts
+// its answers), each row's passes split over CTAs: out gets each row's
+// token, log-probability and 0 alternatives; meta is PackSample's
+// (metaWords words); work holds SampleDrawWork(rows, vocab, kmax) bytes.
+func (d *Device) SampleDrawF32(s *Stream, out, logits, meta *Buffer, metaWords int, work *Buffer, rows, vocab, kmax int, cuts bool) error {
 	const op = "SampleDrawF32"
 	if err := d.ready(op); err != nil || d.muted() {
 		return err
@@ -104,8 +112,9 @@ func (d *Device) SampleDrawF32(s *Stream, out, logits, meta *Buffer, metaWords i
 		return fmt.Errorf("kernels: %s: %d rows (at most %d) of vocab %d (at most %d), %d metadata words", op, rows,
 			SampleGreedyMaxRows, vocab, SampleMaxVocab, metaWords)
 	}
-	if kmax < 0 || kmax > d.SampleDrawKMax(vocab) {
-		return fmt.Errorf("kernels: %s: top-k up to %d, at most %d for vocab %d", op, kmax, d.SampleDrawKMax(vocab), vocab)
+	if kmax < 0 || kmax > d.SampleDrawKMax(vocab) || (cuts && kmax == 0) {
+		return fmt.Errorf("kernels: %s: top-k up to %d: at most %d for vocab %d (and at least 1 with cut rows: %v)", op, kmax,
+			d.SampleDrawKMax(vocab), vocab, cuts)
 	}
 	if err := needAll(op, 4, "out", out, int64(rows)*SampleResultWords, "logits", logits, int64(rows)*int64(vocab),
 		"meta", meta, int64(metaWords)); err != nil {
@@ -115,7 +124,7 @@ func (d *Device) SampleDrawF32(s *Stream, out, logits, meta *Buffer, metaWords i
 		return err
 	}
 	return d.lib.check("mk_sample_draw_f32", sampleDrawF32(s.handle(), out.ptr, logits.ptr, meta.ptr, int64(metaWords),
-		work.ptr, int64(rows), int64(vocab), int64(kmax)))
+		work.ptr, int64(rows), int64(vocab), int64(kmax), b2i(cuts)))
 }
 
 // SampleGreedyWork is the bytes of device memory SampleGreedyF32 needs for
@@ -482,4 +491,12 @@ func hostDraw(w []float32, r *SampleRow, margin *float64) int32 {
 func hostLogprobs(logits []float32, tok int32, top int) SampleOut {
 	lp, ids, lps := logprob.Of(logits, tok, top)
 	return SampleOut{Token: tok, Logprob: lp, TopIDs: ids, TopLogp: lps}
+}
+
+// b2i is 1 for true, else 0 (a C flag).
+func b2i(b bool) int32 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -406,8 +406,8 @@ func BenchmarkSampleKernel(b *testing.B) {
 
 // runSplitSample runs the split sampling kernels on B rows of V logits
 // into results poisoned beforehand: the greedy ones when meta is nil, else
-// the draw ones with meta (PackSample's) and kmax (DrawSplit's).
-func runSplitSample(tb testing.TB, g *GPU, logits []float32, meta []int32, B, V, kmax int) []SampleOut {
+// the draw ones with meta (PackSample's), kmax and cuts (DrawSplit's).
+func runSplitSample(tb testing.TB, g *GPU, logits []float32, meta []int32, B, V, kmax int, cuts bool) []SampleOut {
 	tb.Helper()
 	return sampleOnGPU(tb, g, logits, B, func(a *arena, ob, lb *Buffer) {
 		if meta == nil {
@@ -419,7 +419,7 @@ func runSplitSample(tb testing.TB, g *GPU, logits []float32, meta []int32, B, V,
 		}
 		mb, wb := put(a, meta), a.alloc(a.d.SampleDrawWork(B, V, kmax))
 		if a.err == nil {
-			a.check(a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, B, V, kmax))
+			a.check(a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, B, V, kmax, cuts))
 		}
 	})
 }
@@ -494,7 +494,7 @@ func TestSampleGreedySplit(t *testing.T) {
 			rs[b] = greedy
 		}
 		general := runSample(t, g, logits, rs, c.V)
-		got := runSplitSample(t, g, logits, nil, c.B, c.V, 0)
+		got := runSplitSample(t, g, logits, nil, c.B, c.V, 0, false)
 		for b := range rs {
 			name := fmt.Sprintf("B%d V%d row %d (%s)", c.B, c.V, b, kinds[b])
 			want, margin := SampleHost(logits[b*c.V:(b+1)*c.V], &rs[b])
@@ -528,22 +528,26 @@ func TestSampleDrawSplit(t *testing.T) {
 		d := a.d
 		lim := d.SampleDrawKMax(151936)
 		for _, c := range []struct {
-			rows     []SampleRow
-			ok       bool
-			kmax, vs int
+			rows       []SampleRow
+			ok         bool
+			kmax, vs   int
+			allow, cut bool
 		}{
-			{[]SampleRow{{Temperature: 1, TopP: 1, RepetitionPenalty: 1}, {TopP: 1, RepetitionPenalty: 1}}, true, 0, 151936},
-			{[]SampleRow{{Temperature: 1, TopP: 0.9, RepetitionPenalty: 1}}, false, 0, 151936},
-			{[]SampleRow{{Temperature: 1, TopP: 1, MinP: 0.1, RepetitionPenalty: 1}}, false, 0, 151936},
-			{[]SampleRow{{Temperature: 1, TopP: 0.9, TopK: 5, RepetitionPenalty: 1}, {Temperature: 1, TopP: 1, TopK: 20, MinP: 0.1, RepetitionPenalty: 1}}, true, 20, 151936},
-			{[]SampleRow{{Temperature: 1, TopP: 1, TopK: lim, RepetitionPenalty: 1}}, true, lim, 151936},
-			{[]SampleRow{{Temperature: 1, TopP: 1, TopK: lim + 1, RepetitionPenalty: 1}}, false, 0, 151936},
-			{[]SampleRow{{Temperature: 1, TopP: 1, TopK: 5, RepetitionPenalty: 2, Seen: []int32{3}}}, false, 0, 151936},
-			{[]SampleRow{{Temperature: 1, TopP: 1, TopK: 5, RepetitionPenalty: 1, TopLogprobs: 1}}, false, 0, 151936},
+			{[]SampleRow{{Temperature: 1, TopP: 1, RepetitionPenalty: 1}, {TopP: 1, RepetitionPenalty: 1}}, true, 0, 151936, false, false},
+			{[]SampleRow{{Temperature: 1, TopP: 0.9, RepetitionPenalty: 1}}, false, 0, 151936, false, false},
+			{[]SampleRow{{Temperature: 1, TopP: 1, MinP: 0.1, RepetitionPenalty: 1}}, false, 0, 151936, false, false},
+			{[]SampleRow{{Temperature: 1, TopP: 0.9, RepetitionPenalty: 1}, {Temperature: 1, TopP: 1, TopK: 5, RepetitionPenalty: 1}}, true, lim, 151936, true, true},
+			{[]SampleRow{{Temperature: 1, TopP: 1, MinP: 0.1, RepetitionPenalty: 1}}, true, lim, 151936, true, true},
+			{[]SampleRow{{Temperature: 1, TopP: 1, TopK: 5, RepetitionPenalty: 1}}, true, 5, 151936, true, false},
+			{[]SampleRow{{Temperature: 1, TopP: 0.9, TopK: 5, RepetitionPenalty: 1}, {Temperature: 1, TopP: 1, TopK: 20, MinP: 0.1, RepetitionPenalty: 1}}, true, 20, 151936, false, false},
+			{[]SampleRow{{Temperature: 1, TopP: 1, TopK: lim, RepetitionPenalty: 1}}, true, lim, 151936, false, false},
+			{[]SampleRow{{Temperature: 1, TopP: 1, TopK: lim + 1, RepetitionPenalty: 1}}, false, 0, 151936, true, false},
+			{[]SampleRow{{Temperature: 1, TopP: 1, TopK: 5, RepetitionPenalty: 2, Seen: []int32{3}}}, false, 0, 151936, true, false},
+			{[]SampleRow{{Temperature: 1, TopP: 1, TopK: 5, RepetitionPenalty: 1, TopLogprobs: 1}}, false, 0, 151936, true, false},
 		} {
-			ok, kmax := d.DrawSplit(c.rows, c.vs)
-			if ok != c.ok || (ok && kmax != c.kmax) {
-				t.Errorf("DrawSplit(%+v) = %v, %d; want %v, %d", c.rows, ok, kmax, c.ok, c.kmax)
+			ok, kmax, cut := d.DrawSplit(c.rows, c.vs, c.allow)
+			if ok != c.ok || (ok && (kmax != c.kmax || cut != c.cut)) {
+				t.Errorf("DrawSplit(%+v, %v) = %v, %d, %v; want %v, %d, %v", c.rows, c.allow, ok, kmax, cut, c.ok, c.kmax, c.cut)
 			}
 		}
 		if lim < 20 || d.SampleDrawKMax(7) != 2048 {
@@ -562,7 +566,7 @@ func TestSampleDrawSplit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := runSplitSample(t, g, logits, meta, c.B, c.V, 0)
+			got := runSplitSample(t, g, logits, meta, c.B, c.V, 0, false)
 			for b := range rs {
 				want, margin := SampleHost(logits[b*c.V:(b+1)*c.V], &rs[b])
 				if sampleCheck(t, fmt.Sprintf("B%d V%d rep %d row %d (%s, T %.2f)", c.B, c.V, rep, b, kinds[b], rs[b].Temperature),
@@ -612,7 +616,7 @@ func TestSampleTopKSplit(t *testing.T) {
 			})
 			var ok bool
 			var kmax int
-			onGPU(t, g, func(a *arena) { ok, kmax = a.d.DrawSplit(rs, c.V) })
+			onGPU(t, g, func(a *arena) { ok, kmax, _ = a.d.DrawSplit(rs, c.V, false) })
 			if !ok {
 				t.Fatalf("V%d: DrawSplit refused %+v", c.V, rs)
 			}
@@ -620,7 +624,7 @@ func TestSampleTopKSplit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := runSplitSample(t, g, logits, meta, c.B, c.V, kmax)
+			got := runSplitSample(t, g, logits, meta, c.B, c.V, kmax, false)
 			general := runSample(t, g, logits, rs, c.V)
 			for b := range rs {
 				name := fmt.Sprintf("B%d V%d rep %d row %d (%s, %+v)", c.B, c.V, rep, b, kinds[b], paramsOf(&rs[b]))
@@ -652,12 +656,74 @@ func TestSampleTopKSplit(t *testing.T) {
 		if a.err != nil {
 			return
 		}
-		a.check(a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, 1, V, 8))
+		a.check(a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, 1, V, 8, false))
 		if tok := get[int32](a, ob, 1)[0]; tok != -2 {
 			t.Errorf("top-k 9 with kmax 8: token %d, want -2", tok)
 		}
-		if err := a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, 1, V, a.d.SampleDrawKMax(V)+1); err == nil {
+		if err := a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, 1, V, a.d.SampleDrawKMax(V)+1, false); err == nil {
 			t.Error("kmax above SampleDrawKMax accepted")
 		}
+		if err := a.d.SampleDrawF32(nil, ob, lb, mb, len(meta), wb, 1, V, 0, true); err == nil {
+			t.Error("cut rows with kmax 0 accepted")
+		}
 	})
+}
+
+// TestSampleCutSplit: rows with top-p or min-p but no top-k (split mode 3,
+// written after the twentieth pass's device time) in calls with top-k,
+// whole-vocabulary and greedy rows, against the host sampler and the
+// general kernel: rows whose kept set lies inside their chunks' best tokens
+// are answered from them, the others (flat rows, top-p 0.99) by the
+// general kernel in the same call; every kind of row, vocabularies below,
+// at and past a chunk and across many chunks.
+func TestSampleCutSplit(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	rows, boundary := 0, 0
+	for _, c := range []struct{ B, V, reps int }{{1, 7, 20}, {4, 2048, 5}, {3, 2049, 5}, {16, 32000, 2}, {3, 151936, 5}, {5, 129280, 2}} {
+		for rep := 0; rep < c.reps; rep++ {
+			logits, rs, kinds := randomRows(r, c.B, c.V, func(row *SampleRow) {
+				switch r.IntN(8) {
+				case 0: // greedy
+					row.Temperature = 0
+				case 1: // over the whole vocabulary
+				case 2:
+					row.TopK = 1 + r.IntN(20)
+				default:
+					if r.IntN(4) != 0 {
+						row.TopP = []float32{0.3, 0.5, 0.9, 0.95, 0.99}[r.IntN(5)]
+					}
+					if row.TopP == 1 || r.IntN(3) == 0 {
+						row.MinP = []float32{0.01, 0.05, 0.3}[r.IntN(3)]
+					}
+				}
+			})
+			var ok, cuts bool
+			var kmax int
+			onGPU(t, g, func(a *arena) { ok, kmax, cuts = a.d.DrawSplit(rs, c.V, true) })
+			if !ok {
+				t.Fatalf("V%d: DrawSplit refused %+v", c.V, rs)
+			}
+			meta, _, err := PackSample(rs, c.V)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := runSplitSample(t, g, logits, meta, c.B, c.V, kmax, cuts)
+			general := runSample(t, g, logits, rs, c.V)
+			for b := range rs {
+				name := fmt.Sprintf("B%d V%d rep %d row %d (%s, %+v)", c.B, c.V, rep, b, kinds[b], paramsOf(&rs[b]))
+				want, margin := SampleHost(logits[b*c.V:(b+1)*c.V], &rs[b])
+				if sampleCheck(t, name, c.V, &rs[b], got[b], want, margin) {
+					boundary++
+				} else if got[b].Token != general[b].Token && margin >= 1e-6 {
+					t.Errorf("%s: split kernels token %d, general kernel %d", name, got[b].Token, general[b].Token)
+				}
+				rows++
+			}
+		}
+	}
+	t.Logf("%d rows, %d boundary cases", rows, boundary)
+	if boundary*100 > rows {
+		t.Errorf("%d boundary cases in %d rows: not rare", boundary, rows)
+	}
 }

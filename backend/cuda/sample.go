@@ -76,11 +76,11 @@ func (be *Backend) sampleOn(d *kernels.Device, out, logits, meta *kernels.Buffer
 		defer be.alloc.put(work)
 		return d.SampleGreedyF32(nil, out, logits, work, B, V)
 	}
-	if sampleSplitMode() == 2 {
-		if ok, kmax := d.DrawSplit(rows, V); ok {
+	if mode := sampleSplitMode(); mode >= 2 {
+		if ok, kmax, cuts := d.DrawSplit(rows, V, mode >= 3); ok {
 			work := be.alloc.get(d, d.SampleDrawWork(B, V, kmax))
 			defer be.alloc.put(work)
-			return d.SampleDrawF32(nil, out, logits, meta, metaWords, work, B, V, kmax)
+			return d.SampleDrawF32(nil, out, logits, meta, metaWords, work, B, V, kmax, cuts)
 		}
 	}
 	var sb *kernels.Buffer
@@ -100,7 +100,10 @@ func (be *Backend) sampleOn(d *kernels.Device, out, logits, meta *kernels.Buffer
 // to kernels.Device.SampleDrawKMax, none with penalties or alternatives
 // (kernels.Device.DrawSplit; twentieth pass: Qwen3-8l's batch-1 step at
 // temperature 1 0.89 → 0.74 ms, with Qwen3's top-k 20 / top-p 0.95
-// 0.906 → 0.765 ms, docs/PERF.md).
+// 0.906 → 0.765 ms, docs/PERF.md). Set to 3 they also take rows with top-p
+// or min-p but no top-k (answered from each chunk's best tokens where
+// those hold the kept set, else by the general kernel in the same call):
+// written after the twentieth pass's device time, not yet run on a GPU.
 const SampleSplitEnv = "MKSERVE_SAMPLE_SPLIT"
 
 var sampleSplitMode = sync.OnceValue(func() int {
@@ -109,6 +112,8 @@ var sampleSplitMode = sync.OnceValue(func() int {
 		return 0
 	case "1":
 		return 1
+	case "3":
+		return 3
 	}
 	return 2
 })
