@@ -37,6 +37,7 @@ type fake struct {
 	promptWords []int // per request, as the server counted them
 	maxTokens   []int
 	models      []string
+	sampling    []string // per request: its temperature, top_p and top_k fields as sent ("-": absent)
 }
 
 func (f *fake) start(t testing.TB) *httptest.Server {
@@ -84,6 +85,9 @@ func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		StreamOptions *struct {
 			IncludeUsage bool `json:"include_usage"`
 		} `json:"stream_options"`
+		Temperature *float64 `json:"temperature"`
+		TopP        *float64 `json:"top_p"`
+		TopK        *int     `json:"top_k"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
 		httpError(w, "bad body: "+err.Error(), http.StatusBadRequest)
@@ -123,6 +127,15 @@ func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.promptWords = append(f.promptWords, words)
 	f.maxTokens = append(f.maxTokens, *maxTok)
 	f.models = append(f.models, body.Model)
+	field := func(v any, ok bool) string {
+		if !ok {
+			return "-"
+		}
+		return fmt.Sprint(v)
+	}
+	f.sampling = append(f.sampling, strings.Join([]string{
+		field(deref(body.Temperature), body.Temperature != nil), field(deref(body.TopP), body.TopP != nil),
+		field(deref(body.TopK), body.TopK != nil)}, " "))
 	f.mu.Unlock()
 
 	if f.status != nil {
@@ -207,4 +220,13 @@ func sum(xs []int) int {
 		s += x
 	}
 	return s
+}
+
+// deref is *p, or the zero value for nil.
+func deref[T any](p *T) T {
+	var z T
+	if p == nil {
+		return z
+	}
+	return *p
 }

@@ -40,6 +40,12 @@ type Options struct {
 
 	Seed    int64         // seeds prompts, lengths and arrival times
 	Timeout time.Duration // per-request limit (0: none beyond ctx)
+
+	// Sampling parameters sent with every request; nil fields are left
+	// out (the server's defaults, e.g. a model's generation_config).
+	Temperature *float64 // [0, 2]
+	TopP        *float64 // (0, 1]
+	TopK        *int     // >= 0 (0: off)
 }
 
 // DistKind names a length distribution.
@@ -206,6 +212,15 @@ func (o *Options) validate() error {
 	}
 	if o.Timeout < 0 {
 		return fmt.Errorf("timeout %v: want >= 0 (0: none)", o.Timeout)
+	}
+	if t := o.Temperature; t != nil && !(*t >= 0 && *t <= 2) {
+		return fmt.Errorf("temperature %v: want 0..2", *t)
+	}
+	if p := o.TopP; p != nil && !(*p > 0 && *p <= 1) {
+		return fmt.Errorf("top-p %v: want (0, 1]", *p)
+	}
+	if k := o.TopK; k != nil && *k < 0 {
+		return fmt.Errorf("top-k %d: want >= 0 (0: off)", *k)
 	}
 	return nil
 }

@@ -240,6 +240,15 @@ func requestBody(o *Options, r *request) ([]byte, error) {
 	if o.Model != "" {
 		m["model"] = o.Model
 	}
+	if o.Temperature != nil {
+		m["temperature"] = *o.Temperature
+	}
+	if o.TopP != nil {
+		m["top_p"] = *o.TopP
+	}
+	if o.TopK != nil {
+		m["top_k"] = *o.TopK
+	}
 	if o.Endpoint == EndpointChat {
 		m["messages"] = []map[string]string{{"role": "user", "content": r.prompt}}
 		m["max_completion_tokens"] = r.outputLen

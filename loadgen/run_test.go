@@ -89,6 +89,40 @@ func TestRunCounts(t *testing.T) {
 	}
 }
 
+// TestRunSampling: sampling parameters set in Options reach the server in
+// every request (both endpoints), and unset ones are left out.
+func TestRunSampling(t *testing.T) {
+	temp, topP, topK := 0.6, 0.95, 20
+	for _, tc := range []struct {
+		name     string
+		endpoint string
+		set      func(o *Options)
+		want     string
+	}{
+		{"none", EndpointCompletions, func(o *Options) {}, "- - -"},
+		{"all", EndpointCompletions, func(o *Options) { o.Temperature, o.TopP, o.TopK = &temp, &topP, &topK }, "0.6 0.95 20"},
+		{"chat top-p", EndpointChat, func(o *Options) { o.TopP = &topP }, "- 0.95 -"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fake{}
+			srv := f.start(t)
+			o := opts(srv.URL)
+			o.Endpoint, o.NumPrompts = tc.endpoint, 4
+			tc.set(&o)
+			if res, err := Run(context.Background(), o); err != nil || res.Completed != 4 {
+				t.Fatalf("run: %v, %+v", err, res)
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			for i, got := range f.sampling {
+				if got != tc.want {
+					t.Errorf("request %d sent %q, want %q", i, got, tc.want)
+				}
+			}
+		})
+	}
+}
+
 func TestRunTimings(t *testing.T) {
 	const first, gap, out = 40 * time.Millisecond, 15 * time.Millisecond, 6
 	for _, ep := range []string{EndpointCompletions, EndpointChat} {
@@ -343,6 +377,9 @@ func TestValidate(t *testing.T) {
 		{"prompt len", func(o *Options) { o.PromptLen = Dist{} }, "prompt length"},
 		{"output len", func(o *Options) { o.OutputLen = Uniform(5, 2) }, "output length"},
 		{"timeout", func(o *Options) { o.Timeout = -time.Second }, "timeout"},
+		{"temperature", func(o *Options) { v := 2.5; o.Temperature = &v }, "temperature"},
+		{"top-p", func(o *Options) { v := 0.0; o.TopP = &v }, "top-p"},
+		{"top-k", func(o *Options) { v := -1; o.TopK = &v }, "top-k"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := good

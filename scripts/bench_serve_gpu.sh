@@ -8,13 +8,15 @@
 # `mkserve worker` processes, one per GPU (rank % GPUs), every MoE layer's
 # experts split among them; WORLD_TRANSPORT=nccl sums their MoE outputs with
 # NCCL instead of the IPC all-reduce kernel. SERVE_ARGS adds flags to the
-# server (e.g. --sync-steps: overlapped decode off).
+# server (e.g. --sync-steps: overlapped decode off), BENCH_ARGS to both
+# load runs (e.g. --temperature 0.6 --top-k 20: the requests' sampling).
 set -uo pipefail
 MK=${1:-.dev/mkserve}
 PREC=${2:-exact}
 WORLD=${WORLD:-1}
 WT=${WORLD_TRANSPORT:-ipc}
 read -r -a extra <<<"${SERVE_ARGS:-}"
+read -r -a bargs <<<"${BENCH_ARGS:-}"
 echo "SERVE precision $PREC world $WORLD transport $WT ${SERVE_ARGS:-}"
 world=()
 wpids=()
@@ -38,8 +40,8 @@ healthy || { echo "bench_serve_gpu: not ready after 60 s"; exit 1; }
 rc=0
 echo "SERVE concurrency 16"
 "$MK" bench serve --base-url http://127.0.0.1:8199 --num-prompts 64 --max-concurrency 16 \
-	--random-input-len 64 --random-output-len 64 --seed 1 --json || rc=1
+	--random-input-len 64 --random-output-len 64 --seed 1 --json "${bargs[@]}" || rc=1
 echo "SERVE concurrency 1"
 "$MK" bench serve --base-url http://127.0.0.1:8199 --num-prompts 32 --max-concurrency 1 \
-	--random-input-len 64 --random-output-len 64 --seed 2 --json || rc=1
+	--random-input-len 64 --random-output-len 64 --seed 2 --json "${bargs[@]}" || rc=1
 exit $rc

@@ -62,9 +62,23 @@ func benchServe(args []string, stdout io.Writer) error {
 	fs.Int64Var(&o.Seed, "seed", 0, "random seed")
 	fs.DurationVar(&o.Timeout, "timeout", 0, "per-request timeout (0: none)")
 	asJSON := fs.Bool("json", false, "print the result as JSON instead of a table")
+	temp := fs.Float64("temperature", -1, "sampling temperature sent with every request (unset: the server's default)")
+	topP := fs.Float64("top-p", -1, "top-p sent with every request (unset: the server's default)")
+	topK := fs.Int("top-k", -1, "top-k sent with every request (0: off; unset: the server's default)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	// Sampling flags are sent only when given (the defaults mark "unset").
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "temperature":
+			o.Temperature = temp
+		case "top-p":
+			o.TopP = topP
+		case "top-k":
+			o.TopK = topK
+		}
+	})
 	switch o.Endpoint {
 	case "completions", "/v1/completions":
 		o.Endpoint = loadgen.EndpointCompletions

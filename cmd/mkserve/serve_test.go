@@ -349,12 +349,14 @@ func TestServeQueueFull(t *testing.T) {
 }
 
 // TestBenchServeCommand: `mkserve bench serve` against a running server
-// prints its JSON result; bad flags are one-line errors.
+// (with sampling flags, which the server must accept) prints its JSON
+// result; bad flags are one-line errors.
 func TestBenchServeCommand(t *testing.T) {
 	h, _, stop := startServe(t, "--model", "../../models/default")
 	defer stop()
 	code, out, errOut := runCLI([]string{"bench", "serve", "--base-url", "http://" + h, "--num-prompts", "6",
-		"--max-concurrency", "3", "--random-input-len", "8", "--random-output-len", "4", "--json"}, "")
+		"--max-concurrency", "3", "--random-input-len", "8", "--random-output-len", "4",
+		"--temperature", "0.7", "--top-k", "20", "--top-p", "0.9", "--json"}, "")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
@@ -368,6 +370,9 @@ func TestBenchServeCommand(t *testing.T) {
 		{"bench", "serve", "--endpoint", "embeddings"},
 		{"bench", "serve", "--request-rate", "fast"},
 		{"bench", "serve", "--random-input-len", "x"},
+		{"bench", "serve", "--temperature", "3"},
+		{"bench", "serve", "--top-p", "0"},
+		{"bench", "serve", "--top-k", "-3"},
 		{"bench", "nothing"},
 	} {
 		if code, _, errOut := runCLI(args, ""); code == 0 || strings.Count(errOut, "\n") != 1 {
