@@ -577,10 +577,49 @@ func TestSampleDrawSplit(t *testing.T) {
 			}
 		}
 	}
+	rareBoundaries(t, rows, boundary)
+}
+
+// rareBoundaries logs the rows checked and fails when more than 1 % were
+// boundary cases (the host's decision within rounding).
+func rareBoundaries(t *testing.T, rows, boundary int) {
+	t.Helper()
 	t.Logf("%d rows, %d boundary cases", rows, boundary)
 	if boundary*100 > rows {
 		t.Errorf("%d boundary cases in %d rows: not rare", boundary, rows)
 	}
+}
+
+// checkDrawSplit samples rows (of kinds) of logits [len(rows), V] with the
+// split draw kernels (DrawSplit's choice, cut rows allowed with allowCuts)
+// and checks every row against the host sampler and the general kernel;
+// it returns the rows where the host's decision was within rounding of a
+// boundary.
+func checkDrawSplit(t *testing.T, g *GPU, logits []float32, rows []SampleRow, kinds []string, V int, allowCuts bool,
+	what string) (boundary int) {
+	t.Helper()
+	var ok, cuts bool
+	var kmax int
+	onGPU(t, g, func(a *arena) { ok, kmax, cuts = a.d.DrawSplit(rows, V, allowCuts) })
+	if !ok {
+		t.Fatalf("%s: DrawSplit refused %+v", what, rows)
+	}
+	meta, _, err := PackSample(rows, V)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := runSplitSample(t, g, logits, meta, len(rows), V, kmax, cuts)
+	general := runSample(t, g, logits, rows, V)
+	for b := range rows {
+		name := fmt.Sprintf("%s row %d (%s, %+v)", what, b, kinds[b], paramsOf(&rows[b]))
+		want, margin := SampleHost(logits[b*V:(b+1)*V], &rows[b])
+		if sampleCheck(t, name, V, &rows[b], got[b], want, margin) {
+			boundary++
+		} else if got[b].Token != general[b].Token && margin >= 1e-6 {
+			t.Errorf("%s: split kernels token %d, general kernel %d", name, got[b].Token, general[b].Token)
+		}
+	}
+	return boundary
 }
 
 // TestSampleTopKSplit: rows with top-k (1 to the vocabulary's limit, with
@@ -614,34 +653,11 @@ func TestSampleTopKSplit(t *testing.T) {
 					}
 				}
 			})
-			var ok bool
-			var kmax int
-			onGPU(t, g, func(a *arena) { ok, kmax, _ = a.d.DrawSplit(rs, c.V, false) })
-			if !ok {
-				t.Fatalf("V%d: DrawSplit refused %+v", c.V, rs)
-			}
-			meta, _, err := PackSample(rs, c.V)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := runSplitSample(t, g, logits, meta, c.B, c.V, kmax, false)
-			general := runSample(t, g, logits, rs, c.V)
-			for b := range rs {
-				name := fmt.Sprintf("B%d V%d rep %d row %d (%s, %+v)", c.B, c.V, rep, b, kinds[b], paramsOf(&rs[b]))
-				want, margin := SampleHost(logits[b*c.V:(b+1)*c.V], &rs[b])
-				if sampleCheck(t, name, c.V, &rs[b], got[b], want, margin) {
-					boundary++
-				} else if got[b].Token != general[b].Token && margin >= 1e-6 {
-					t.Errorf("%s: split kernel token %d, general kernel %d", name, got[b].Token, general[b].Token)
-				}
-				rows++
-			}
+			boundary += checkDrawSplit(t, g, logits, rs, kinds, c.V, false, fmt.Sprintf("B%d V%d rep %d", c.B, c.V, rep))
+			rows += c.B
 		}
 	}
-	t.Logf("%d rows, %d boundary cases", rows, boundary)
-	if boundary*100 > rows {
-		t.Errorf("%d boundary cases in %d rows: not rare", boundary, rows)
-	}
+	rareBoundaries(t, rows, boundary)
 	// A top-k above kmax: token -2.
 	const V = 4096
 	logits := sampleLogits(r, V, sampleKinds[0])
@@ -698,32 +714,9 @@ func TestSampleCutSplit(t *testing.T) {
 					}
 				}
 			})
-			var ok, cuts bool
-			var kmax int
-			onGPU(t, g, func(a *arena) { ok, kmax, cuts = a.d.DrawSplit(rs, c.V, true) })
-			if !ok {
-				t.Fatalf("V%d: DrawSplit refused %+v", c.V, rs)
-			}
-			meta, _, err := PackSample(rs, c.V)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := runSplitSample(t, g, logits, meta, c.B, c.V, kmax, cuts)
-			general := runSample(t, g, logits, rs, c.V)
-			for b := range rs {
-				name := fmt.Sprintf("B%d V%d rep %d row %d (%s, %+v)", c.B, c.V, rep, b, kinds[b], paramsOf(&rs[b]))
-				want, margin := SampleHost(logits[b*c.V:(b+1)*c.V], &rs[b])
-				if sampleCheck(t, name, c.V, &rs[b], got[b], want, margin) {
-					boundary++
-				} else if got[b].Token != general[b].Token && margin >= 1e-6 {
-					t.Errorf("%s: split kernels token %d, general kernel %d", name, got[b].Token, general[b].Token)
-				}
-				rows++
-			}
+			boundary += checkDrawSplit(t, g, logits, rs, kinds, c.V, true, fmt.Sprintf("B%d V%d rep %d", c.B, c.V, rep))
+			rows += c.B
 		}
 	}
-	t.Logf("%d rows, %d boundary cases", rows, boundary)
-	if boundary*100 > rows {
-		t.Errorf("%d boundary cases in %d rows: not rare", boundary, rows)
-	}
+	rareBoundaries(t, rows, boundary)
 }
