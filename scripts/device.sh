@@ -43,7 +43,8 @@
 # (batches, default 3), MK_SKIP (space-
 # separated bench parts to skip: gemm attention decode moe ring backend model
 # servebench), MK_TEST_FILTER (a -test.list pattern: only the matching
-# top-level tests run).
+# top-level tests run), MK_LIB_VARIANTS ("NAME:-DMACRO=1 ...": more
+# libraries built with those nvcc flags into .dev/NAME/, for A/Bs).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -78,19 +79,36 @@ CUDA_LIB=$CUDA_ROOT/lib64
 [ -d "$CUDA_LIB" ] || CUDA_LIB=$CUDA_ROOT/targets/x86_64-linux/lib
 FLAGS=(-O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fPIC,-Wall -Xcompiler -fvisibility=hidden)
 
-# build compiles every kernels/*.cu in parallel and links .dev/libmkernel.so.
-build() {
-	local f pids=() rc=0 srcs=(kernels/*.cu) objs=()
+# build_lib DIR [NVCC FLAGS...] compiles every kernels/*.cu in parallel
+# with the extra flags and links DIR/libmkernel.so.
+build_lib() {
+	local dir=$1 f pids=() rc=0 srcs=(kernels/*.cu) objs=()
+	shift
+	mkdir -p "$dir"
 	for f in "${srcs[@]}"; do
 		f=$(basename "$f" .cu)
-		objs+=(".dev/mk_$f.o")
-		"$NVCC" "${FLAGS[@]}" -Xptxas -v -c -o ".dev/mk_$f.o" "kernels/$f.cu" &
+		objs+=("$dir/mk_$f.o")
+		"$NVCC" "${FLAGS[@]}" "$@" -Xptxas -v -c -o "$dir/mk_$f.o" "kernels/$f.cu" &
 		pids+=($!)
 	done
 	for f in "${pids[@]}"; do wait "$f" || rc=1; done
 	[ "$rc" = 0 ] || return 1
-	"$NVCC" "${FLAGS[@]}" -shared -o .dev/libmkernel.so "${objs[@]}" \
+	"$NVCC" "${FLAGS[@]}" "$@" -shared -o "$dir/libmkernel.so" "${objs[@]}" \
 		-lcublasLt -lcublas -ldl -Xlinker -rpath,"$CUDA_LIB"
+}
+
+# build makes .dev/libmkernel.so, then one library per variant of
+# MK_LIB_VARIANTS ("NAME:-DMACRO=1,-DOTHER ..."): .dev/NAME/libmkernel.so,
+# built with those flags, for same-call A/Bs (scripts/ab_model.sh with
+# "NAME:MKSERVE_KERNEL_LIB=$PWD/.dev/NAME/libmkernel.so").
+build() {
+	build_lib .dev || return 1
+	local v defs
+	for v in ${MK_LIB_VARIANTS:-}; do
+		defs=${v#*:}
+		# shellcheck disable=SC2086
+		build_lib ".dev/${v%%:*}" ${defs//,/ } || return 1
+	done
 }
 
 # GOLDEN_FAMILIES: TestGolden's subtests, each run in its own process.
