@@ -153,6 +153,11 @@ __device__ __forceinline__ int block_take(int* q, int* sh) {
 // pdl_on reports whether mk::launch sets the programmatic attribute.
 bool pdl_on();
 
+// kstamps_on is set while mk_kstamp_begin's kernel stamps are on;
+// kstamp_after then queues a clock stamp after kern's launch on s (runtime.cu).
+extern bool kstamps_on;
+void kstamp_after(const void* kern, cudaStream_t s);
+
 // launch runs kern<<<grid, block, smem, s>>>(args...) with the programmatic
 // stream serialization attribute when pdl_on() and s is not the legacy
 // default stream; kern must call pdl_begin() first.
@@ -168,7 +173,9 @@ cudaError_t launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, c
   attr[0].val.programmaticStreamSerializationAllowed = (s != nullptr && pdl_on()) ? 1 : 0;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, std::forward<Args>(args)...);
+  if (kstamps_on && e == cudaSuccess) kstamp_after(reinterpret_cast<const void*>(kern), s);
+  return e;
 }
 
 }  // namespace mk

@@ -64,7 +64,7 @@ extern "C" {
  * 18: mk_gather_rows_feed_f32 (token ids from the previous step's picks),
  *     mk_graph_mark, mk_event_query, mk_sample_greedy_f32 and
  *     mk_sample_draw_f32 (and their _work).
- * 19: mk_stamp; mk_sample_draw_f32 and mk_sample_draw_work take kmax (top-k rows),
+ * 19: mk_stamp, mk_kstamp_*; mk_sample_draw_f32 and mk_sample_draw_work take kmax (top-k rows),
  *     mk_sample_draw_kmax. */
 #define MK_ABI_VERSION 19
 
@@ -194,6 +194,17 @@ MK_API int32_t mk_graph_mark(uint64_t event);
  * capturing) has finished: a one-warp kernel in the chain, for measuring
  * where a captured step's time goes (it adds its own small latency). */
 MK_API int32_t mk_stamp(uint64_t buf, int32_t idx);
+/* Kernel stamps: mk_kstamp_begin(buf, cap) writes a clock stamp to
+ * ((uint64_t*)buf)[0] now and, until mk_kstamp_begin(0, 0), one after every
+ * kernel the library launches through its programmatic-launch path (most
+ * of the decode kernels; not cuBLASLt's, nor the few plain <<<>>> launches,
+ * whose time falls to the next stamp), up to cap stamps, stamp i after
+ * kernel mk_kstamp_name(i) ("start" for 0). While a graph is captured the
+ * stamps are captured with it. mk_kstamp_count is the stamps queued since
+ * the last begin. */
+MK_API int32_t mk_kstamp_begin(uint64_t buf, int32_t cap);
+MK_API int32_t mk_kstamp_count(void);
+MK_API int32_t mk_kstamp_name(int32_t i, char* out, int32_t cap);
 
 /* ---- CUDA IPC: device memory shared between processes ---- */
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "common.cuh"
 #include "sysflag.cuh"
@@ -77,13 +78,46 @@ int check_thread(const char* fn) {
 namespace {
 
 // stamp_kernel writes the GPU's clock (ns) to buf[idx] once the kernel
-// before it in the stream has finished (mk_stamp).
+// before it in the stream has finished (mk_stamp, kernel stamps).
 __global__ void stamp_kernel(unsigned long long* buf, int idx) {
   mk::pdl_begin();
   if (threadIdx.x == 0) buf[idx] = mk::globaltimer();
 }
 
+// Kernel stamps (mk_kstamp_begin): the buffer, its capacity, and the kernel
+// each stamp follows (nullptr: the start), on the library's one thread.
+unsigned long long* g_kstamp_buf = nullptr;
+int g_kstamp_cap = 0;
+std::vector<const void*> g_kstamp_fn;
+
+// stamp_on queues stamp_kernel(buf, idx) on s, programmatic as mk::launch
+// (not through it: that would stamp the stamp).
+cudaError_t stamp_on(cudaStream_t s, unsigned long long* buf, int idx) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(1);
+  cfg.blockDim = dim3(32);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = (s != nullptr && mk::pdl_on()) ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, stamp_kernel, buf, idx);
+}
+
 }  // namespace
+
+namespace mk {
+
+bool kstamps_on = false;
+
+void kstamp_after(const void* kern, cudaStream_t s) {
+  if (g_kstamp_buf == nullptr || (int)g_kstamp_fn.size() >= g_kstamp_cap) return;
+  const int idx = (int)g_kstamp_fn.size();
+  if (stamp_on(s, g_kstamp_buf, idx) == cudaSuccess) g_kstamp_fn.push_back(kern);
+}
+
+}  // namespace mk
 
 extern "C" {
 
@@ -408,6 +442,40 @@ int32_t mk_stamp(uint64_t buf, int32_t idx) {
   MK_ARG(buf != 0 && buf % 8 == 0 && idx >= 0, "mk_stamp: bad buffer %#llx or index %d", (unsigned long long)buf, idx);
   MK_CUDA(mk::launch(stamp_kernel, dim3(1), dim3(32), 0, mk::as_stream(0),
                      reinterpret_cast<unsigned long long*>(buf), (int)idx));
+  return MK_OK;
+}
+
+int32_t mk_kstamp_begin(uint64_t buf, int32_t cap) {
+  MK_THREAD("mk_kstamp_begin");
+  MK_ARG(buf % 8 == 0 && (buf == 0 || cap >= 1), "mk_kstamp_begin: bad buffer %#llx or capacity %d",
+         (unsigned long long)buf, cap);
+  g_kstamp_fn.clear();
+  g_kstamp_buf = reinterpret_cast<unsigned long long*>(buf);
+  g_kstamp_cap = buf ? cap : 0;
+  mk::kstamps_on = buf != 0;
+  if (buf == 0) return MK_OK;
+  MK_CUDA(stamp_on(mk::as_stream(0), g_kstamp_buf, 0));  // the start
+  g_kstamp_fn.push_back(nullptr);
+  return MK_OK;
+}
+
+int32_t mk_kstamp_count(void) { return (int32_t)g_kstamp_fn.size(); }
+
+int32_t mk_kstamp_name(int32_t i, char* out, int32_t cap) {
+  MK_ARG(out != nullptr && cap >= 1 && i >= 0 && i < (int32_t)g_kstamp_fn.size(),
+         "mk_kstamp_name: index %d of %d stamps, or no room", i, (int)g_kstamp_fn.size());
+  const char* name = "start";
+  if (g_kstamp_fn[i] != nullptr) {
+#if CUDART_VERSION >= 12030
+    if (cudaFuncGetName(&name, g_kstamp_fn[i]) != cudaSuccess) {
+      cudaGetLastError();
+      name = "?";
+    }
+#else
+    name = "?";
+#endif
+  }
+  snprintf(out, (size_t)cap, "%s", name);
   return MK_OK;
 }
 

@@ -412,6 +412,7 @@ func (be *Backend) captureStep(g *stepGraph, f func() (backend.Tensor, error)) (
 		ferr = fmt.Errorf("cuda: the captured step returned %T without float32 memory", out)
 	}
 	err := be.g.Do(func(d *kernels.Device) error {
+		serr := be.stampEnd(d)
 		if ferr != nil {
 			d.AbortCapture(sg)
 			return nil
@@ -419,7 +420,7 @@ func (be *Backend) captureStep(g *stepGraph, f func() (backend.Tensor, error)) (
 		if err := d.EndCapture(sg); err != nil {
 			return err
 		}
-		return sg.Launch(d)
+		return errors.Join(serr, sg.Launch(d))
 	})
 	be.resetStepCaches()
 	if err = errors.Join(ferr, err); err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"testing"
 	"time"
 
@@ -406,5 +407,39 @@ func TestStepStamps(t *testing.T) {
 	t.Logf("%d stamped ops, %.1f µs; by op: %v", len(st), float64(total)/1e3, seen)
 	if total <= 0 || seen["Attention"] == 0 || seen["Embed"] == 0 {
 		t.Errorf("stamps %v: want a positive total and the embedding and attention ops", st)
+	}
+}
+
+// TestStepKernelStamps: with clock stamps after every kernel (forced on),
+// the engine's graph steps still give engine.Greedy's tokens, and
+// StepStamps names the last step's kernels (the decode kernels launched
+// through the library's programmatic path) in order with their times.
+func TestStepKernelStamps(t *testing.T) {
+	defer func(s, k func() bool) { stampsOn, kernelStamps = s, k }(stampsOn, kernelStamps)
+	stampsOn = func() bool { return true }
+	kernelStamps = func() bool { return true }
+	be := fastBackend(t, true)
+	engineMatchesGreedy(t, be, func(c *engine.Config) { c.SyncSteps = true })
+	if gs := be.Graphs(); gs.FastReplays == 0 || gs.Failed != 0 || gs.Diverged != 0 {
+		t.Fatalf("stats %+v: want fast replays and no failures", gs)
+	}
+	st, err := be.StepStamps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	norms := 0
+	for _, o := range st {
+		if o.NS < 0 || o.NS > 1e9 || o.Op == "" || o.Op == "start" {
+			t.Errorf("stamp %+v", o)
+		}
+		total += o.NS
+		if strings.Contains(o.Op, "rmsnorm") {
+			norms++
+		}
+	}
+	t.Logf("%d kernels stamped, %.1f µs", len(st), float64(total)/1e3)
+	if len(st) < 5 || total <= 0 || norms == 0 {
+		t.Errorf("stamps %v: want the step's kernels, the RMSNorms among them", st)
 	}
 }

@@ -28,3 +28,19 @@ func TestOpProfile(t *testing.T) {
 		t.Fatalf("not cleared: %v", got)
 	}
 }
+
+// TestShortName: kernel names from their mangled forms.
+func TestShortName(t *testing.T) {
+	for _, c := range [][2]string{
+		{"_ZN12_GLOBAL__N_115rmsnorm_f32_regILi0ELi2EEEvPf", "rmsnorm_f32_reg"},
+		{"_ZN5mkmoe15moe_gemm_kernelILi16ELi64EEEvNS_8GemmArgsE", "moe_gemm_kernel"},
+		{"_Z11gemv_kernelPfi", "gemv_kernel"},
+		{"start", "start"},
+		{"?", "?"},
+		{"_ZN99short", "_ZN99short"},
+	} {
+		if got := shortName(c[0]); got != c[1] {
+			t.Errorf("shortName(%q) = %q, want %q", c[0], got, c[1])
+		}
+	}
+}

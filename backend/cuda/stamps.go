@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 
 	"github.com/mkserve/mkserve/kernels"
@@ -14,10 +15,26 @@ import (
 // (kernels.Device.Stamp: a one-warp kernel in the chain, so the step runs
 // a little slower), for StepStamps: where a step's time goes on the GPU,
 // op by op, as the graph runs it (programmatic launches overlapping), which
-// a profiler that serialises kernels does not show.
+// a profiler that serialises kernels does not show. Set to 2 it stamps
+// after every kernel the library launches on its programmatic path
+// instead (kernels.Device.KStampBegin), named by the kernel.
 const StepStampsEnv = "MKSERVE_STEP_STAMPS"
 
-var stampsOn = sync.OnceValue(func() bool { return os.Getenv(StepStampsEnv) == "1" })
+var stampsMode = sync.OnceValue(func() int {
+	switch os.Getenv(StepStampsEnv) {
+	case "1":
+		return 1
+	case "2":
+		return 2
+	}
+	return 0
+})
+
+// stampsOn reports whether captured steps are stamped (either way).
+var stampsOn = func() bool { return stampsMode() != 0 }
+
+// kernelStamps reports whether the stamps follow kernels, not ops.
+var kernelStamps = func() bool { return stampsMode() == 2 }
 
 // maxStamps bounds the stamps of one step.
 const maxStamps = 1 << 14
@@ -51,13 +68,57 @@ func (be *Backend) stampStart(d *kernels.Device) error {
 		}
 		be.st.buf = b
 	}
+	if kernelStamps() {
+		return d.KStampBegin(be.st.buf)
+	}
 	be.st.ops = append(be.st.ops, "")
 	return d.Stamp(be.st.buf, 0)
 }
 
+// stampEnd ends a capture's kernel stamps (inside GPU.Do, before the
+// capture ends): their names become the capture's ops.
+func (be *Backend) stampEnd(d *kernels.Device) error {
+	if !stampsOn() || !kernelStamps() || be.st.buf == nil {
+		return nil
+	}
+	names, err := d.KStampNames()
+	for i, n := range names {
+		names[i] = shortName(n)
+	}
+	be.st.ops = names
+	return errors.Join(err, d.KStampBegin(nil))
+}
+
+// shortName is the function name in a kernel's mangled name (the last of
+// its nested names, template arguments and parameters dropped:
+// "_ZN12_GLOBAL__N_115rmsnorm_f32_regILi0ELi2EEEvPf" → "rmsnorm_f32_reg");
+// other names are returned as they are.
+func shortName(m string) string {
+	if !strings.HasPrefix(m, "_Z") {
+		return m
+	}
+	s := strings.TrimPrefix(strings.TrimPrefix(m, "_Z"), "N")
+	last := ""
+	for len(s) > 0 && s[0] >= '0' && s[0] <= '9' {
+		n := 0
+		for len(s) > 0 && s[0] >= '0' && s[0] <= '9' {
+			n = n*10 + int(s[0]-'0')
+			s = s[1:]
+		}
+		if n > len(s) {
+			return m
+		}
+		last, s = s[:n], s[n:]
+	}
+	if last == "" {
+		return m
+	}
+	return last
+}
+
 // stamped is f followed by a stamp naming op, while a stamped capture runs.
 func (be *Backend) stamped(op string, f func(d *kernels.Device) error) func(d *kernels.Device) error {
-	if !stampsOn() || be.st.buf == nil {
+	if !stampsOn() || kernelStamps() || be.st.buf == nil {
 		return f
 	}
 	return func(d *kernels.Device) error {
@@ -77,7 +138,7 @@ func (be *Backend) stamped(op string, f func(d *kernels.Device) error) func(d *k
 // when it was captured).
 func (be *Backend) StepStamps() ([]OpStamp, error) {
 	if !stampsOn() {
-		return nil, fmt.Errorf("cuda: StepStamps: %s=1 is not set", StepStampsEnv)
+		return nil, fmt.Errorf("cuda: StepStamps: %s=1 or 2 is not set", StepStampsEnv)
 	}
 	var ops []string
 	var ts []uint64
