@@ -50,7 +50,7 @@ type modelResult struct {
 	// step's graph, summed by op (µs and calls per step, costliest first),
 	// and StampSeq the ops in the order they ran; cuda with
 	// MKSERVE_STEP_STAMPS=1 (cuda.StepStampsEnv: a clock stamp after every
-	// op, which slows the step a little).
+	// op, which slows the step a little), or =2 for every kernel instead.
 	Stamps   []opTime `json:"stamps,omitempty"`
 	StampSeq []opTime `json:"stamp_seq,omitempty"`
 	// Graphs is the CUDA backend's graph counters after this batch size's
