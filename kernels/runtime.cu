@@ -440,8 +440,7 @@ int32_t mk_graph_mark(uint64_t event) {
 int32_t mk_stamp(uint64_t buf, int32_t idx) {
   MK_THREAD("mk_stamp");
   MK_ARG(buf != 0 && buf % 8 == 0 && idx >= 0, "mk_stamp: bad buffer %#llx or index %d", (unsigned long long)buf, idx);
-  MK_CUDA(mk::launch(stamp_kernel, dim3(1), dim3(32), 0, mk::as_stream(0),
-                     reinterpret_cast<unsigned long long*>(buf), (int)idx));
+  MK_CUDA(stamp_on(mk::as_stream(0), reinterpret_cast<unsigned long long*>(buf), (int)idx));
   return MK_OK;
 }
 
