@@ -402,7 +402,9 @@ __global__ void moe_route_reg_kernel(int32_t* ids, float* wts, const float* logi
 // assignment's row; counts_total += counts.
 __device__ __forceinline__ void align_block(const int32_t* ids, int64_t n, int E, int BM, int32_t* off_g,
                                             int32_t* num_tiles, int32_t* tile_expert, int32_t* sorted,
-                                            int32_t* slot_of, unsigned long long* counts_total, int* align_sm) {
+                                            int32_t* slot_of, unsigned long long* counts_total, int* align_sm,
+                                            int* zero, int zero_n) {
+  for (int i = threadIdx.x; i < zero_n; i += blockDim.x) zero[i] = 0;  // GEMM1's split counters, if any
   int* cnt = align_sm;
   int* off = cnt + E;
   int* cur = off + E + 1;
@@ -472,10 +474,10 @@ __device__ __forceinline__ void align_block(const int32_t* ids, int64_t n, int E
 
 __global__ void moe_align_kernel(const int32_t* ids, int64_t n, int E, int BM, int32_t* off_g,
                                  int32_t* num_tiles, int32_t* tile_expert, int32_t* sorted,
-                                 int32_t* slot_of, unsigned long long* counts_total) {
+                                 int32_t* slot_of, unsigned long long* counts_total, int* zero, int zero_n) {
   mk::pdl_begin();
   extern __shared__ int align_sm[];
-  align_block(ids, n, E, BM, off_g, num_tiles, tile_expert, sorted, slot_of, counts_total, align_sm);
+  align_block(ids, n, E, BM, off_g, num_tiles, tile_expert, sorted, slot_of, counts_total, align_sm, zero, zero_n);
 }
 
 // moe_route_align_kernel routes T ≤ 32 tokens (one warp each, as
@@ -486,14 +488,14 @@ template <int EPL>
 __global__ void __launch_bounds__(1024, 1) moe_route_align_kernel(int32_t* ids, float* wts, const float* logits,
     const float* bias, int64_t T, int E, int K, int flags, int G, int TG, float scale, int BM, int32_t* off_g,
     int32_t* num_tiles, int32_t* tile_expert, int32_t* sorted, int32_t* slot_of,
-    unsigned long long* counts_total) {
+    unsigned long long* counts_total, int* zero, int zero_n) {
   mk::pdl_begin();
   extern __shared__ __align__(16) unsigned char ra_sm[];
   const int warp = threadIdx.x / 32;
   if (warp < T) route_token_reg<EPL>(ids, wts, logits, bias, warp, E, K, flags, G, TG, scale, ra_sm, warp);
   __syncthreads();
   align_block(ids, T * K, E, BM, off_g, num_tiles, tile_expert, sorted, slot_of, counts_total,
-              reinterpret_cast<int*>(ra_sm));
+              reinterpret_cast<int*>(ra_sm), zero, zero_n);
 }
 
 // ---------------------------------------------------------------- grouped GEMM
@@ -682,7 +684,17 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     for (int h = 0; h < 2; h++) {
       const int64_t slot = m0 + wm * WM + mf * 16 + lane / 4 + 8 * h;
       if (dense > 0 ? slot >= dense : p.sorted[slot] < 0) continue;
-      if (GATEUP) {
+      if (GATEUP && p.ksplit > 1) {  // this split's gate and up partial sums (MK_MOE_G1_SPLIT)
+        float* pg = p.part + ((int64_t)split * p.mt * BM + slot) * 2 * N;
+#pragma unroll
+        for (int nf = 0; nf < NF / 2; nf++) {
+          const int64_t j = (int64_t)ntile * (BN / 2) + wn * (WN / 2) + nf * 8 + (lane % 4) * 2;
+          if (j >= N) continue;
+          *reinterpret_cast<float2*>(pg + j) = make_float2(acc[mf][nf][2 * h], acc[mf][nf][2 * h + 1]);
+          *reinterpret_cast<float2*>(pg + N + j) =
+              make_float2(acc[mf][nf + NF / 2][2 * h], acc[mf][nf + NF / 2][2 * h + 1]);
+        }
+      } else if (GATEUP) {
         bf16* out = reinterpret_cast<bf16*>(p.out) + slot * N;
         const float* gb = p.bias ? p.bias + (int64_t)e * 2 * N : nullptr;
 #pragma unroll
@@ -719,6 +731,47 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
         }
       }
     }
+  }
+  if (GATEUP && p.ksplit > 1 && dense == 0) {
+    // The last split of this work item sums the gate and up partials, s in
+    // order, adds the biases and writes the activation (as GEMM2's below).
+    __shared__ int g1_last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) g1_last = atomicAdd(p.g1_cnt + pid, 1) == p.ksplit - 1;
+    __syncthreads();
+    if (!g1_last) return;
+    __threadfence();
+    const int64_t plane = (int64_t)p.mt * BM * 2 * N;
+    const float* gb = p.bias ? p.bias + (int64_t)e * 2 * N : nullptr;
+#pragma unroll
+    for (int mf = 0; mf < MF; mf++) {
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int64_t slot = m0 + wm * WM + mf * 16 + lane / 4 + 8 * h;
+        if (p.sorted[slot] < 0) continue;
+        bf16* out = reinterpret_cast<bf16*>(p.out) + slot * N;
+#pragma unroll
+        for (int nf = 0; nf < NF / 2; nf++) {
+          const int64_t j = (int64_t)ntile * (BN / 2) + wn * (WN / 2) + nf * 8 + (lane % 4) * 2;
+          if (j >= N) continue;
+          const float* pg = p.part + slot * 2 * N;
+          float2 g = __ldcg(reinterpret_cast<const float2*>(pg + j));
+          float2 u = __ldcg(reinterpret_cast<const float2*>(pg + N + j));
+          for (int sp = 1; sp < p.ksplit; sp++) {
+            const float2 g2 = __ldcg(reinterpret_cast<const float2*>(pg + sp * plane + j));
+            const float2 u2 = __ldcg(reinterpret_cast<const float2*>(pg + sp * plane + N + j));
+            g.x += g2.x, g.y += g2.y, u.x += u2.x, u.y += u2.y;
+          }
+          if (gb) {
+            g.x += gb[j], g.y += gb[j + 1], u.x += gb[N + j], u.y += gb[N + j + 1];
+          }
+          *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(
+              activation(g.x, u.x, p.act, p.alpha, p.limit), activation(g.y, u.y, p.act, p.alpha, p.limit));
+        }
+      }
+    }
+    return;
   }
   if (GATEUP || p.ksplit <= 1 || dense > 0) return;
   // Grouped split mode: the last split of this work item to finish sums the
@@ -1223,10 +1276,27 @@ int pick_cfg(int64_t T, int K, int E) {
 // Workspace layout. g2s > 1: GEMM2 splits its reduction g2s ways (part
 // holds the partial sums, g2cnt a counter per GEMM2 work item: tiles × g2nt).
 struct Layout {
-  int cfg, g2s;
-  int64_t rows, tiles, g2nt;
-  size_t off, num, tile_expert, sorted, slot_of, act, y, bar, part, g2cnt, total;
+  int cfg, g2s, g1s;
+  int64_t rows, tiles, g2nt, g1nt;
+  size_t off, num, tile_expert, sorted, slot_of, act, y, bar, part, g2cnt, part1, g1cnt, total;
 };
+
+// g1_splits is GEMM1's split of its reduction (kd = H columns) for the
+// mma.sync decode tiles (cfg 0): MK_MOE_G1_SPLIT=n (2 to 4), an experiment
+// written after the twentieth pass's device time (one Qwen3 token's GEMM1
+// runs 32 k steps a CTA for 18 µs of ncu time, where its 50 MB take 12);
+// else 1. A function of the shape alone, as g2_splits.
+int g1_splits(int cfg, int64_t kd) {
+  static const int forced = [] {
+    const char* v = getenv("MK_MOE_G1_SPLIT");
+    const int n = v ? atoi(v) : 0;
+    return n >= 2 && n <= 4 ? n : 1;
+  }();
+  if (cfg != 0 || forced < 2) return 1;
+  const int64_t kt = (kd + BK - 1) / BK;
+  const int64_t ktc = (kt + forced - 1) / forced;
+  return (int)((kt + ktc - 1) / ktc);  // no empty split
+}
 
 size_t up256(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -1288,6 +1358,12 @@ Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   if (L.g2s > 1) o = up256(o + (size_t)L.g2s * L.rows * H * 4);
   L.g2cnt = o;
   if (L.g2s > 1) o = up256(o + (size_t)L.tiles * L.g2nt * 4);
+  L.g1s = g1_splits(L.cfg, H);
+  L.g1nt = (I + kCfg[L.cfg].bn / 2 - 1) / (kCfg[L.cfg].bn / 2);
+  L.part1 = o;
+  if (L.g1s > 1) o = up256(o + (size_t)L.g1s * L.rows * 2 * I * 4);
+  L.g1cnt = o;
+  if (L.g1s > 1) o = up256(o + (size_t)L.tiles * L.g1nt * 4);
   L.total = o;
   return L;
 }
@@ -1698,6 +1774,8 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   bf16* act = reinterpret_cast<bf16*>(w + L.act);
   float* y = reinterpret_cast<float*>(w + L.y);
   const int bm = kCfg[L.cfg].bm;
+  int* g1cnt = L.g1s > 1 ? reinterpret_cast<int*>(w + L.g1cnt) : nullptr;  // zeroed by the align
+  const int g1cnt_n = L.g1s > 1 ? (int)(L.tiles * L.g1nt) : 0;
 
   const size_t asm_bytes = (size_t)(3 * e + 1) * 4;
   if (route != nullptr) {
@@ -1708,7 +1786,8 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
     auto go = [&](auto kern) {
       (void)(mk::launch(kern, dim3(1), dim3(1024), rsm, s, mk::dev<int32_t>(ids), mk::dev<float>(weights),
           route->logits, route->bias, t, (int)e, (int)k, route->flags, route->groups, route->topk_groups,
-          route->scale, bm, off, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts)));
+          route->scale, bm, off, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts), g1cnt,
+          g1cnt_n));
     };
     if (epl <= 1) go(moe_route_align_kernel<1>);
     else if (epl <= 2) go(moe_route_align_kernel<2>);
@@ -1722,7 +1801,7 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
       align_attr = asm_bytes;
     }
     (void)(mk::launch(moe_align_kernel, dim3(1), dim3(1024), asm_bytes, s, mk::dev<const int32_t>(ids), t * k, e, bm,
-        off, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts)));
+        off, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts), g1cnt, g1cnt_n));
     MK_LAUNCHED("moe_align");
   }
 
@@ -1749,11 +1828,22 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
     g1.split_cnt = reinterpret_cast<int*>(w + L.g2cnt);
     g1.split_cnt_n = (int)(L.tiles * L.g2nt);
   }
-  int rc = run_gemm<true>(L.cfg, g1, L.tiles, s);
+  int rc;
+  if (L.g1s > 1) {
+    const int64_t kt = (h + BK - 1) / BK;
+    g1.ksplit = L.g1s;
+    g1.ktc = (int)((kt + L.g1s - 1) / L.g1s);
+    g1.part = reinterpret_cast<float*>(w + L.part1);
+    g1.g1_cnt = g1cnt;
+    rc = run_gemm<true>(L.cfg, g1, L.tiles * L.g1s, s, L.tiles);
+  } else {
+    rc = run_gemm<true>(L.cfg, g1, L.tiles, s);
+  }
   if (rc != MK_OK) return rc;
 
   GemmArgs g2 = g1;
   g2.ascratch = nullptr;
+  g2.ksplit = 1, g2.ktc = 0, g2.part = nullptr, g2.g1_cnt = nullptr;  // (GEMM1's split is its own)
   g2.A = act;
   g2.W = mk::dev<const bf16>(down);
   g2.bias = down_bias ? mk::dev<const float>(down_bias) : nullptr;

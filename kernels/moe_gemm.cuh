@@ -44,6 +44,12 @@ struct GemmArgs {
   float* part;
   int* split_cnt;
   int split_cnt_n;
+  // GEMM1 of moe.cu's mma.sync tiles, ksplit > 1 (MK_MOE_G1_SPLIT, an
+  // experiment): split s writes its gate and up partial sums to part
+  // [ksplit, mt·BM, 2N] f32 and bumps g1_cnt[work item] (zeroed by the align
+  // kernel); the last split sums them in s order, adds the biases and
+  // writes the activation.
+  int* g1_cnt;
   // GEMM1 of the wgmma kernel (MK_MOE_G1_TMA=1): room for [mt·128, Kd] bf16
   // rows, where A's gathered rows are copied in tile order so that the
   // GEMM loads them by TMA; null: the producer gathers them by cp.async.

@@ -10,8 +10,9 @@
 #   2. the sampling and stamp tests (kernels.test; cuda.test, also with the
 #      opt-in MKSERVE_SAMPLE_SPLIT=3);
 #   3. kernel stamps of a Qwen3-8l batch-1 step (MKSERVE_STEP_STAMPS=2);
-#   4. A/B: early / pre2 against the default library (Qwen3-8l, Mixtral-4l,
-#      batch 1); split mode 3 against 2 with top-p-only sampling.
+#   4. A/B: early / pre2 against the default library, GEMM1 split in 2 / 4
+#      (MK_MOE_G1_SPLIT; Qwen3-8l, Mixtral-4l, batch 1); split sampling
+#      mode 3 against 2 with top-p-only sampling.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-.dev/out}
@@ -22,6 +23,10 @@ export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
 K=$PWD/.dev/kernels.test C=$PWD/.dev/cuda.test
 echo "== kernels: sampling, stamps"
 timeout 120 "$K" -test.count=1 -test.v -test.run 'TestSample|TestStamp' 2>&1 | grep -E '^(--- |FAIL|ok|PASS)|panic|rows,' | head -20
+echo "== kernels: the expert GEMMs with GEMM1 split in 2 and 4"
+for n in 2 4; do
+	MK_MOE_G1_SPLIT=$n timeout 200 "$K" -test.count=1 -test.run 'TestMoEExperts|TestMoERouteExperts' 2>&1 | grep -E '^(--- FAIL|FAIL|ok|PASS)|panic' | head -5
+done
 echo "== cuda: sampling, stamps (default, then MKSERVE_SAMPLE_SPLIT=3)"
 (cd backend/cuda && timeout 120 "$C" -test.count=1 -test.v -test.run 'TestSample|TestEngineMatchesGreedy|TestStepStamps|TestStepKernelStamps' 2>&1 |
 	grep -E '^(--- |FAIL|ok|PASS)|panic|stamped' | head -20)
@@ -41,10 +46,10 @@ for r in read_rows(sys.argv[1]):
         print("  %-28s %5.1f calls %8.1f us" % (o["op"][:28], o["calls_per_step"], o["us_per_step"]))
     print("  layer 2:", " ".join("%s:%.1f" % (o["op"][:18], o["us_per_step"]) for o in r.get("stamp_seq", [])[17:34]))
 PY
-echo "== A/B: early trigger, second GEMV batch before the wait"
+echo "== A/B: early trigger, second GEMV batch before the wait, GEMM1 split"
 CONFIGS="qwen3-30b-a3b-8l mixtral-8x7b-4l" BATCH=1 ROUNDS=2 \
-	VARIANTS="base: early:MKSERVE_KERNEL_LIB=$PWD/.dev/early/libmkernel.so pre2:MKSERVE_KERNEL_LIB=$PWD/.dev/pre2/libmkernel.so,MK_GEMV_SINGLE_K=2048" \
-	timeout 240 bash scripts/ab_model.sh
+	VARIANTS="base: early:MKSERVE_KERNEL_LIB=$PWD/.dev/early/libmkernel.so pre2:MKSERVE_KERNEL_LIB=$PWD/.dev/pre2/libmkernel.so,MK_GEMV_SINGLE_K=2048 g1s2:MK_MOE_G1_SPLIT=2 g1s4:MK_MOE_G1_SPLIT=4" \
+	timeout 360 bash scripts/ab_model.sh
 echo "== A/B: top-p-only rows on the split kernels"
 CONFIGS=qwen3-30b-a3b-8l BATCH=1,32 ROUNDS=2 EXTRA="--temperature 0.7 --top-p 0.9" \
 	VARIANTS="general:MKSERVE_SAMPLE_SPLIT=2 cut:MKSERVE_SAMPLE_SPLIT=3" timeout 150 bash scripts/ab_model.sh
