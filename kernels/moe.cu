@@ -520,6 +520,21 @@ using mkmoe::mma16816;
 
 
 
+// last_split counts this CTA's split of a work item in *cnt (one of
+// ksplit) after its partial sums are written and reports, to every thread,
+// whether it was the last, whose reads of the others' partials are then
+// ordered after their writes (the threadFenceReduction pattern).
+__device__ __forceinline__ bool last_split(int* cnt, int ksplit) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(cnt, 1) == ksplit - 1;
+  __syncthreads();
+  const bool l = last;
+  if (l) __threadfence();
+  return l;
+}
+
 // GATEUP: GEMM1 (A rows gathered from x by token, B tile = BN/2 gate rows then
 // the BN/2 matching up rows, activation in the epilogue, bf16 out); else
 // GEMM2 (A rows contiguous, f32 out).
@@ -735,13 +750,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   if (GATEUP && p.ksplit > 1 && dense == 0) {
     // The last split of this work item sums the gate and up partials, s in
     // order, adds the biases and writes the activation (as GEMM2's below).
-    __shared__ int g1_last;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) g1_last = atomicAdd(p.g1_cnt + pid, 1) == p.ksplit - 1;
-    __syncthreads();
-    if (!g1_last) return;
-    __threadfence();
+    if (!last_split(p.g1_cnt + pid, p.ksplit)) return;
     const int64_t plane = (int64_t)p.mt * BM * 2 * N;
     const float* gb = p.bias ? p.bias + (int64_t)e * 2 * N : nullptr;
 #pragma unroll
@@ -776,13 +785,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   if (GATEUP || p.ksplit <= 1 || dense > 0) return;
   // Grouped split mode: the last split of this work item to finish sums the
   // partials, s in order, and writes y (the threadFenceReduction pattern).
-  __shared__ int split_last;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) split_last = atomicAdd(p.split_cnt + pid, 1) == p.ksplit - 1;
-  __syncthreads();
-  if (!split_last) return;
-  __threadfence();
+  if (!last_split(p.split_cnt + pid, p.ksplit)) return;
   const int64_t plane = (int64_t)p.mt * BM;
   const float* db = p.bias ? p.bias + (int64_t)e * N : nullptr;
 #pragma unroll

@@ -380,12 +380,11 @@ func TestGraphStepsLeakNothing(t *testing.T) {
 	}
 }
 
-// TestStepStamps: with clock stamps after every op (forced on), the
-// engine's graph steps still give engine.Greedy's tokens, and StepStamps
-// returns the last step's ops in order with their times.
-func TestStepStamps(t *testing.T) {
-	defer func(s func() bool) { stampsOn = s }(stampsOn)
-	stampsOn = func() bool { return true }
+// stampedSteps runs the engine's greedy requests on graph steps (stamps
+// switched on by the caller), checks their tokens and graph counters, and
+// returns the last step's stamps.
+func stampedSteps(t *testing.T) []OpStamp {
+	t.Helper()
 	be := fastBackend(t, true)
 	engineMatchesGreedy(t, be, func(c *engine.Config) { c.SyncSteps = true })
 	if gs := be.Graphs(); gs.FastReplays == 0 || gs.Failed != 0 || gs.Diverged != 0 {
@@ -395,6 +394,16 @@ func TestStepStamps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return st
+}
+
+// TestStepStamps: with clock stamps after every op (forced on), the
+// engine's graph steps still give engine.Greedy's tokens, and StepStamps
+// returns the last step's ops in order with their times.
+func TestStepStamps(t *testing.T) {
+	defer func(s func() bool) { stampsOn = s }(stampsOn)
+	stampsOn = func() bool { return true }
+	st := stampedSteps(t)
 	var total int64
 	seen := map[string]int{}
 	for _, o := range st {
@@ -418,15 +427,7 @@ func TestStepKernelStamps(t *testing.T) {
 	defer func(s, k func() bool) { stampsOn, kernelStamps = s, k }(stampsOn, kernelStamps)
 	stampsOn = func() bool { return true }
 	kernelStamps = func() bool { return true }
-	be := fastBackend(t, true)
-	engineMatchesGreedy(t, be, func(c *engine.Config) { c.SyncSteps = true })
-	if gs := be.Graphs(); gs.FastReplays == 0 || gs.Failed != 0 || gs.Diverged != 0 {
-		t.Fatalf("stats %+v: want fast replays and no failures", gs)
-	}
-	st, err := be.StepStamps()
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := stampedSteps(t)
 	var total int64
 	norms := 0
 	for _, o := range st {
