@@ -23,8 +23,8 @@ export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
 K=$PWD/.dev/kernels.test C=$PWD/.dev/cuda.test
 echo "== kernels: sampling, stamps"
 timeout 120 "$K" -test.count=1 -test.v -test.run 'TestSample|TestStamp' 2>&1 | grep -E '^(--- |FAIL|ok|PASS)|panic|rows,' | head -20
-echo "== kernels: the expert GEMMs with GEMM1 split in 2 and 4"
-for n in 2 4; do
+echo "== kernels: the expert GEMMs (default; GEMM1 split in 2 and 4; last_split is new in both splits)"
+for n in 1 2 4; do
 	MK_MOE_G1_SPLIT=$n timeout 200 "$K" -test.count=1 -test.run 'TestMoEExperts|TestMoERouteExperts' 2>&1 | grep -E '^(--- FAIL|FAIL|ok|PASS)|panic' | head -5
 done
 echo "== cuda: sampling, stamps (default, then MKSERVE_SAMPLE_SPLIT=3)"
