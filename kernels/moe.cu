@@ -535,6 +535,18 @@ __device__ __forceinline__ bool last_split(int* cnt, int ksplit) {
   return l;
 }
 
+// split_sum is the sum of the float2 at p over ksplit splits stride floats
+// apart, split 0 first (partials written by other CTAs: read through L2).
+__device__ __forceinline__ float2 split_sum(const float* p, int64_t stride, int ksplit) {
+  float2 v = __ldcg(reinterpret_cast<const float2*>(p));
+  for (int sp = 1; sp < ksplit; sp++) {
+    const float2 u = __ldcg(reinterpret_cast<const float2*>(p + sp * stride));
+    v.x += u.x;
+    v.y += u.y;
+  }
+  return v;
+}
+
 // GATEUP: GEMM1 (A rows gathered from x by token, B tile = BN/2 gate rows then
 // the BN/2 matching up rows, activation in the epilogue, bf16 out); else
 // GEMM2 (A rows contiguous, f32 out).
@@ -765,13 +777,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
           const int64_t j = (int64_t)ntile * (BN / 2) + wn * (WN / 2) + nf * 8 + (lane % 4) * 2;
           if (j >= N) continue;
           const float* pg = p.part + slot * 2 * N;
-          float2 g = __ldcg(reinterpret_cast<const float2*>(pg + j));
-          float2 u = __ldcg(reinterpret_cast<const float2*>(pg + N + j));
-          for (int sp = 1; sp < p.ksplit; sp++) {
-            const float2 g2 = __ldcg(reinterpret_cast<const float2*>(pg + sp * plane + j));
-            const float2 u2 = __ldcg(reinterpret_cast<const float2*>(pg + sp * plane + N + j));
-            g.x += g2.x, g.y += g2.y, u.x += u2.x, u.y += u2.y;
-          }
+          float2 g = split_sum(pg + j, plane, p.ksplit), u = split_sum(pg + N + j, plane, p.ksplit);
           if (gb) {
             g.x += gb[j], g.y += gb[j + 1], u.x += gb[N + j], u.y += gb[N + j + 1];
           }
@@ -798,12 +804,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
       for (int nf = 0; nf < NF; nf++) {
         const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
         if (n >= N) continue;
-        float2 v = __ldcg(reinterpret_cast<const float2*>(p.part + slot * N + n));
-        for (int sp = 1; sp < p.ksplit; sp++) {
-          const float2 u = __ldcg(reinterpret_cast<const float2*>(p.part + (sp * plane + slot) * N + n));
-          v.x += u.x;
-          v.y += u.y;
-        }
+        float2 v = split_sum(p.part + slot * N + n, plane * N, p.ksplit);
         if (db) {
           v.x += db[n];
           v.y += db[n + 1];

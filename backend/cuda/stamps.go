@@ -33,6 +33,10 @@ var stampsMode = sync.OnceValue(func() int {
 // stampsOn reports whether captured steps are stamped (either way).
 var stampsOn = func() bool { return stampsMode() != 0 }
 
+// Stamping reports whether captured steps are stamped (StepStampsEnv set
+// to 1 or 2), so that StepStamps has something to read.
+func (be *Backend) Stamping() bool { return stampsOn() }
+
 // kernelStamps reports whether the stamps follow kernels, not ops.
 var kernelStamps = func() bool { return stampsMode() == 2 }
 

@@ -401,7 +401,7 @@ func benchModel(args []string, stdout io.Writer) error {
 				}
 				cb.ProfileOps(false)
 			}
-			if cb != nil && *graphs && os.Getenv(cuda.StepStampsEnv) == "1" { // (graph steps only)
+			if cb != nil && *graphs && cb.Stamping() { // (graph steps only)
 				st, err := cb.StepStamps()
 				if err != nil {
 					return err
