@@ -1231,8 +1231,11 @@ struct Cfg {
 };
 // 0: decode (16-row tiles), 1: 64-row, 2: prefill (128×128), 3: prefill
 // (128×256), 4: 32-row tiles (8–24 rows per expert: an expert of 17–32
-// rows reads its weights once, where 16-row tiles read them twice).
-constexpr Cfg kCfg[5] = {{16, 64, 128, 6}, {64, 128, 128, 4}, {128, 128, 256, 4}, {128, 256, 256, 4}, {32, 64, 128, 6}};
+// rows reads its weights once, where 16-row tiles read them twice), 5:
+// 64×256 wgmma tiles (w64_max; the mma.sync 64×128 tiles of 1 where the
+// wgmma kernel cannot run).
+constexpr Cfg kCfg[6] = {{16, 64, 128, 6},   {64, 128, 128, 4}, {128, 128, 256, 4},
+                         {128, 256, 256, 4}, {32, 64, 128, 6},  {64, 256, 384, 4}};
 
 bool wide_tiles();
 
@@ -1266,11 +1269,32 @@ bool bm32() {
   return b;
 }
 
-int pick_cfg(int64_t T, int K, int E) {
+// w64_max: expected rows per active expert up to which the rows past
+// big_avg run on the 64-row wgmma tiles (cfg 5) instead of the 128-row
+// ones, whose padding doubles the tensor-core work at 64 rows an expert
+// and quadruples it at 32; above ~48 many experts would need two 64-row
+// tiles (their weights then read twice from L2). MK_MOE_W64_MAX overrides
+// the default 48 (0: off). Measured (H200, twenty-first pass, grouped
+// layers by graph replay, against off): Qwen3-30B-A3B 512 / 768 tokens
+// (32 / 48 rows an expert) ×0.87 / ×0.88, Mixtral 128 tokens (32) ×0.93;
+// at 64 rows (max 96) Qwen3 1024 ×0.98 but Mixtral 256 ×1.08; DeepSeek-V3
+// 1024 / 1536 tokens (hidden 7168) ×1.01 / ×1.03, so hidden sizes above
+// kW64MaxH keep the 128-row tiles.
+constexpr int64_t kW64MaxH = 4096;
+double w64_max() {
+  static double m = [] {
+    const char* v = getenv("MK_MOE_W64_MAX");
+    return v ? atof(v) : 48.0;
+  }();
+  return m;
+}
+
+int pick_cfg(int64_t T, int K, int E, int64_t H) {
   const int64_t n = T * K;
   const int64_t active = n < E ? n : E;
   const double avg = (double)n / (double)(active > 0 ? active : 1);
   if (T <= 16) return 0;
+  if (avg > big_avg() && avg <= w64_max() && H <= kW64MaxH && wide_tiles()) return 5;
   if (avg > big_avg()) return wide_tiles() ? 3 : 2;  // (a big_avg under 24 takes rows from the 32-row tiles, under 8 from the 16-row ones)
   if (avg <= 8) return 0;
   if (avg <= 24) return bm32() ? 4 : 0;
@@ -1334,7 +1358,7 @@ int g2_splits(int cfg, int64_t kd) {
 
 Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   Layout L;
-  L.cfg = pick_cfg(T, K, E);
+  L.cfg = pick_cfg(T, K, E, H);
   const int64_t bm = kCfg[L.cfg].bm, n = T * K;
   const int64_t active = n < E ? n : E;
   L.rows = (n + active * (bm - 1) + bm - 1) / bm * bm;
@@ -1478,13 +1502,17 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t 
   const int bn = kCfg[cfg].bn;
   const int64_t cols = GU ? bn / 2 : bn;
   const int64_t nt = (a.N + cols - 1) / cols;
-  if (cfg == 3 && use_wgmma() && mkmoe::wgmma_gemm != nullptr) {
+  if ((cfg == 3 || cfg == 5) && use_wgmma() && mkmoe::wgmma_gemm != nullptr) {
     GemmArgs g = a;
     g.mt = (int)tiles;
     g.nt = (int)nt;
     g.group_m = mkmoe::group_m();
-    const int rc = mkmoe::wgmma_gemm(g, GU, tiles, nt, s);
+    const int rc = mkmoe::wgmma_gemm(g, GU, tiles, nt, s, kCfg[cfg].bm);
     if (rc != -1) return rc;  // -1: not available here, use mma.sync
+  }
+  if (cfg == 5) {  // the same 64-row tiles on mma.sync (cfg 1's kernel: 128 columns, so twice the column tiles)
+    const int64_t nt1 = (a.N + (GU ? 64 : 128) - 1) / (GU ? 64 : 128);
+    return launch_gemm<64, 128, 32, 64, 4, GU>(a, tiles, nt1, s, mt);
   }
   switch (cfg) {
     case 0:  // decode-sized tiles

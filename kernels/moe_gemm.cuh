@@ -160,6 +160,29 @@ __device__ __forceinline__ void store_act_row(bf16* out, const float (&acc0)[64]
   }
 }
 
+// store_act_half is store_act_row for a warpgroup's m64n128 block whose
+// columns 0–63 are gate and 64–127 the matching up columns (the 64-row
+// wgmma GEMM1's layout): columns j = j0 + 8i + 2·(lane%4) (+1), i < 8.
+__device__ __forceinline__ void store_act_half(bf16* out, const float (&acc)[64], int h, int lane, int64_t j0,
+                                               int64_t N, const float* gb, int act, float alpha, float limit) {
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const int64_t j = j0 + 8 * i + 2 * (lane % 4);
+    if (j >= N) continue;
+    float r2[2];
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+      float g = acc[4 * i + 2 * h + q], u = acc[32 + 4 * i + 2 * h + q];
+      if (gb) {
+        g += gb[j + q];
+        u += gb[N + j + q];
+      }
+      r2[q] = activation(g, u, act, alpha, limit);
+    }
+    *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
+  }
+}
+
 // group_m is the rasterisation group (row tiles) of group_tile;
 // MK_MOE_GROUP_M overrides the default 8 (1: row tiles fastest, no
 // grouping) for measurements.
@@ -186,11 +209,14 @@ inline bool gather_by_copy(int force, int64_t inter) {
   return force >= 0 ? force == 1 : inter >= kCopyMinI;
 }
 
-// wgmma_gemm launches the sm_90a wgmma grouped GEMM (128×256 CTA tiles) when
+// wgmma_gemm launches the sm_90a wgmma grouped GEMM (bm×256 CTA tiles) when
 // moe_wgmma.cu is linked in (a weak symbol otherwise null); it returns
 // MK_OK, or an mk status when the launch fails, or -1 when the kernel is
 // not available for this device (then the mma.sync kernel runs).
-int wgmma_gemm(const GemmArgs& a, bool gateup, int64_t tiles, int64_t ntiles, cudaStream_t s)
+// bm is the row tile: 128 (two consumer warpgroups of 64 rows × 256
+// columns) or 64 (two of 64 rows × 128 columns: the 128×256 tile's weight
+// stream for experts of few rows, with half the padded rows' MMA work).
+int wgmma_gemm(const GemmArgs& a, bool gateup, int64_t tiles, int64_t ntiles, cudaStream_t s, int bm)
     __attribute__((weak));
 
 }  // namespace mkmoe

@@ -286,6 +286,23 @@ func TestMoEExperts(t *testing.T) {
 		{name: "gemv1_E64_K8_T4_shared_experts", cfg: softmaxRouter(64, 8), T: 4, H: 256, I: 96, hot: -1, cold: 8, biases: true, gemv: MoEGemvOneLaunch},
 		{name: "gemv1_E64_K8_T3_rank_block", cfg: softmaxRouter(64, 8), T: 3, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40, gemv: MoEGemvOneLaunch},
 		{name: "grouped_E64_K8_T9_rank_block", cfg: softmaxRouter(64, 8), T: 9, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40},
+		// Decode-sized tokens on the 16-row tiles: several rows of one
+		// expert in a tile (hot, cold: up to 16, the tile's height), sigmoid
+		// scores with a score bias, up to 256 experts.
+		{name: "E128_K8_T4_decode", cfg: softmaxRouter(128, 8), T: 4, H: 256, I: 96, hot: -1, biases: true},
+		{name: "E16_K2_T16_hot_decode", cfg: softmaxRouter(16, 2), T: 16, H: 72, I: 40, hot: 5, clamped: true},
+		{name: "E64_K4_T8_cold_decode", cfg: softmaxRouter(64, 4), T: 8, H: 64, I: 32, cold: 4, hot: -1},
+		{name: "E64_K6_T5_sigmoid_decode", cfg: moe.RouterConfig{NumExperts: 64, TopK: 6, Scoring: moe.Sigmoid, NormTopK: true, ScalingFactor: 2.5},
+			T: 5, H: 64, I: 48, hot: -1, biases: true},
+		{name: "E256_K8_T3_decode", cfg: softmaxRouter(256, 8), T: 3, H: 64, I: 32, hot: -1},
+		// The 64-row wgmma tiles (24 < rows per expert ≤ 48): column tiles
+		// that end inside the 128 output columns of GEMM1 and the 256 of
+		// GEMM2, reductions that end inside a 64-wide chunk, a hot expert
+		// of three tiles, GEMM1's rows copied into tile order first
+		// (I ≥ 4096).
+		{name: "E64_K4_T500_tile64", cfg: softmaxRouter(64, 4), T: 500, H: 136, I: 200, hot: -1, biases: true},
+		{name: "E32_K8_T160_tile64_hot_clamped", cfg: softmaxRouter(32, 8), T: 160, H: 64, I: 72, hot: 3, clamped: true},
+		{name: "E8_K2_T160_tile64_g1copy", cfg: softmaxRouter(8, 2), T: 160, H: 64, I: 4104, hot: -1, biases: true},
 		// GEMM2's reduction split (I ≥ 4096 on the mma.sync tiles, g2_splits):
 		// 16-, 32- and 64-row tiles, splits of unequal length (I not a
 		// multiple of 64), biases added once after the sum, a hot expert.

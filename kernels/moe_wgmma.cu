@@ -4,7 +4,9 @@
 // kernel (GemmArgs, 128-row tiles of one expert, grouped rasterisation, the
 // activation fused into GEMM1's epilogue); CTA tile 128×256, BK 64, 4 cp.async
 // stages; 2 warpgroups, each 64 rows × 256 columns as two m64n128k16 wgmmas
-// per 16-wide k step (GEMM1: the gate half and the up half).
+// per 16-wide k step (GEMM1: the gate half and the up half). The
+// warp-specialised kernel also runs 64×256 tiles (TBM 64, moe.cu's cfg 5:
+// 25–48 rows an expert), each consumer warpgroup 64 rows × 128 columns.
 //
 // The cp.async layout of moe.cu (128-byte rows, 16-byte chunk c of row r at
 // c ^ (r & 7)) is exactly the hardware's 128B swizzle within 1024-byte-aligned
@@ -98,6 +100,40 @@ __device__ __forceinline__ void store_tile(const GemmArgs& p, const float (&acc0
           }
           *reinterpret_cast<float2*>(out + n) = v;
         }
+      }
+    }
+  }
+}
+
+// store_tile64 writes consumer warpgroup cw's 64 × 128 block of a 64-row
+// tile (moe_wgmma_ws_kernel, TBM 64): GEMM1 the activation of the output
+// columns ntile·128 + 64·cw + [0, 64) (gate in acc's columns 0–63, up in
+// 64–127); GEMM2 the columns ntile·256 + 128·cw + [0, 128).
+template <bool GATEUP>
+__device__ __forceinline__ void store_tile64(const GemmArgs& p, const float (&acc)[64], int e, int64_t m0, int ntile,
+                                             int cw, int warp, int lane) {
+  const int64_t N = p.N;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int64_t slot = m0 + warp * 16 + lane / 4 + 8 * h;
+    if (p.sorted[slot] < 0) continue;
+    if (GATEUP) {
+      mkmoe::store_act_half(reinterpret_cast<bf16*>(p.out) + slot * N, acc, h, lane,
+                            (int64_t)ntile * (BN / 2) + 64 * cw, N, p.bias ? p.bias + (int64_t)e * 2 * N : nullptr,
+                            p.act, p.alpha, p.limit);
+    } else {
+      float* out = reinterpret_cast<float*>(p.out) + slot * N;
+      const float* db = p.bias ? p.bias + (int64_t)e * N : nullptr;
+#pragma unroll
+      for (int i = 0; i < 16; i++) {
+        const int64_t n = (int64_t)ntile * BN + 128 * cw + 8 * i + 2 * (lane % 4);
+        if (n >= N) continue;
+        float2 v = make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+        if (db) {
+          v.x += db[n];
+          v.y += db[n + 1];
+        }
+        *reinterpret_cast<float2*>(out + n) = v;
       }
     }
   }
@@ -204,7 +240,12 @@ __global__ void __launch_bounds__(THREADS) moe_wgmma_kernel(const GemmArgs p) {
 
 constexpr int WS_THREADS = 384;  // warpgroup 0 loads, 1 and 2 compute
 static_assert(BN / 2 == BM, "one TMA box shape (BK columns × 128 rows) serves the weight halves and the A tile");
-constexpr size_t kWsSmem = ST * (kStageA + kStageB) + 1024 + 2 * ST * sizeof(uint64_t) + BM * sizeof(int64_t);
+// ws_smem is the warp-specialised kernel's shared memory for row tiles of
+// TBM rows: the ring, alignment slack, the barriers, the A rows' indices.
+constexpr size_t ws_smem(int TBM) {
+  return ST * ((size_t)TBM * BK * 2 + kStageB) + 1024 + 2 * ST * sizeof(uint64_t) + (size_t)TBM * sizeof(int64_t);
+}
+constexpr size_t kWsSmem = ws_smem(BM);
 
 // full[s] completes when the producer's 128 threads' copies into stage s
 // and the stage's two weight boxes (TMA, 2·16 KB of transaction bytes) have
@@ -250,9 +291,20 @@ __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;
 // after the barriers' set-up and before exit keep every remote arrival and
 // copy inside both CTAs' lifetimes. Otherwise (different experts, or the
 // second tile past the real ones) the two CTAs run as unpaired ones.
-template <bool GATEUP, bool TMA_A, bool PAIR = false>
+//
+// TBM 64 (the 64-row tiles, mkmoe::wgmma_gemm's bm): the A tile is 64 rows
+// and each consumer warpgroup takes all of them against its 128 of the
+// stage's 256 B rows (wgmma_k64_n128). GEMM2: consumer c the output
+// columns 128·c + [0, 128) of the tile. GEMM1: the stage holds gate rows
+// [0, 64), the matching up rows, gate [64, 128), up [64, 128) of the
+// tile's 128 output columns (four 64-row TMA boxes; wmap's boxes are 64
+// rows), so consumer c's block is gate and up of the columns 64·c + [0,
+// 64) (store_act_half). With TMA_A, amap's boxes are TBM rows.
+template <bool GATEUP, bool TMA_A, bool PAIR = false, int TBM = BM>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     moe_wgmma_ws_kernel(const GemmArgs p, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap amap) {
+  static_assert(TBM == BM || (TBM == 64 && !PAIR), "64-row tiles run unpaired");
+  constexpr uint32_t SA = (uint32_t)TBM * BK * 2;  // A bytes a stage
   const int items = PAIR ? 1 : p.mt * p.nt, ntiles = *p.num_tiles;
   int pair_tile = 0, pair_ntile = 0, pair_c = 0;
   bool shared = false;  // PAIR: the weight boxes are multicast (both CTAs see the same value)
@@ -285,11 +337,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
   extern __shared__ unsigned char wg_sm_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(wg_sm_raw) + 1023) & ~uintptr_t(1023));
-  bf16* sA = reinterpret_cast<bf16*>(base);                       // [ST][BM][BK] swizzled
-  bf16* sB = reinterpret_cast<bf16*>(base + ST * kStageA);        // [ST][BN][BK] swizzled
-  uint64_t* full = reinterpret_cast<uint64_t*>(base + ST * (kStageA + kStageB));
+  bf16* sA = reinterpret_cast<bf16*>(base);                       // [ST][TBM][BK] swizzled
+  bf16* sB = reinterpret_cast<bf16*>(base + ST * SA);             // [ST][BN][BK] swizzled
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + ST * (SA + kStageB));
   uint64_t* empty = full + ST;
-  int32_t* arow = reinterpret_cast<int32_t*>(empty + ST);  // [BM]: the row of p.A each A row reads, -1 padding
+  int32_t* arow = reinterpret_cast<int32_t*>(empty + ST);  // [TBM]: the row of p.A each A row reads, -1 padding
 
   const int tid = threadIdx.x, wg = tid / 128, wl = tid % 128;
   if (tid == 0) {
@@ -323,16 +375,18 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
       item(id, tile, ntile);
       if (tile >= ntiles) continue;
       const int e = p.tile_expert[tile];
-      const int64_t m0 = (int64_t)tile * BM;
+      const int64_t m0 = (int64_t)tile * TBM;
       if (!TMA_A) {
         producer_sync();  // every producer thread has read the previous item's rows from arow
-        const int32_t asg = p.sorted[m0 + wl];
-        arow[wl] = asg < 0 ? -1 : GATEUP ? asg / p.topk : (int32_t)(m0 + wl);
+        if (wl < TBM) {
+          const int32_t asg = p.sorted[m0 + wl];
+          arow[wl] = asg < 0 ? -1 : GATEUP ? asg / p.topk : (int32_t)(m0 + wl);
+        }
         producer_sync();
       }
-      int32_t ri[BM / 16];  // this thread's A rows r0 + 16 i
+      int32_t ri[TBM / 16];  // this thread's A rows r0 + 16 i
 #pragma unroll
-      for (int i = 0; i < BM / 16; i++) ri[i] = TMA_A ? -1 : arow[r0 + 16 * i];
+      for (int i = 0; i < TBM / 16; i++) ri[i] = TMA_A ? -1 : arow[r0 + 16 * i];
       // B's two 128-row boxes: GEMM1 the expert's gate rows and its up rows
       // (N further) for output columns ntile·128 + [0, 128); GEMM2 rows
       // ntile·256 + [0, 256). Rows past the expert's N belong to the next
@@ -345,12 +399,17 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         const int st = g % ST;
         if (g >= ST) mbar_wait(&empty[st], ((g / ST) - 1) & 1);
         bf16* b = sB + st * (BN * BK);
-        bf16* a = sA + st * (BM * BK);
+        bf16* a = sA + st * (TBM * BK);
         if (wl == 0) {
-          mbar_expect_tx(&full[st], (uint32_t)(TMA_A ? kStageA + kStageB : kStageB));
+          mbar_expect_tx(&full[st], (uint32_t)(TMA_A ? SA + kStageB : kStageB));
           if (TMA_A) tma_load_2d(a, &amap, kt * BK, (int32_t)m0, &full[st]);
           if (PAIR && shared) {  // box pair_c into both CTAs; the peer sends the other
             tma_load_2d_mc(b + pair_c * (BN / 2) * BK, &wmap, kt * BK, pair_c ? b1 : b0, &full[st], 0x3);
+          } else if (GATEUP && TBM == 64) {  // gate, up, gate + 64, up + 64: 64-row boxes
+            tma_load_2d(b, &wmap, kt * BK, b0, &full[st]);
+            tma_load_2d(b + 64 * BK, &wmap, kt * BK, b1, &full[st]);
+            tma_load_2d(b + 128 * BK, &wmap, kt * BK, b0 + 64, &full[st]);
+            tma_load_2d(b + 192 * BK, &wmap, kt * BK, b1 + 64, &full[st]);
           } else {
             tma_load_2d(b, &wmap, kt * BK, b0, &full[st]);
             tma_load_2d(b + (BN / 2) * BK, &wmap, kt * BK, b1, &full[st]);
@@ -360,7 +419,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         const int64_t k = (int64_t)kt * BK + ch * 8;
         const bool kv = k < Kd;
 #pragma unroll
-        for (int i = 0; i < BM / 16; i++) {
+        for (int i = 0; i < TBM / 16; i++) {
           const bool v = ri[i] >= 0 && kv;
           cp_async16(a + swz(r0 + 16 * i, ch), v ? p.A + (int64_t)ri[i] * Kd + k : p.A, v);
         }
@@ -381,6 +440,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     item(id, tile, ntile);
     if (tile >= ntiles) continue;
     float acc0[64], acc1[64];
+    if constexpr (TBM == 64) {
+      ws_consume<ST, MbarWait, MbarRelease, true>(acc0, acc1, sA0, sB0, SA, (uint32_t)kStageB, 0, full, empty, wl,
+                                                  KT, g, MbarWait(), MbarRelease(), cw * 128 * 128);
+      store_tile64<GATEUP>(p, acc0, p.tile_expert[tile], (int64_t)tile * TBM, ntile, cw, warp, lane);
+      continue;
+    }
     if (PAIR && shared)
       ws_consume<ST>(acc0, acc1, sA0, sB0, (uint32_t)kStageA, (uint32_t)kStageB, cw * 64 * 128, full, empty, wl, KT,
                      g, MbarWait(), PairRelease{(uint32_t)(pair_c ^ 1)});
@@ -398,9 +463,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
 // One warp a row, 16-byte copies (Kd % 8 == 0).
 __global__ void __launch_bounds__(256) permute_rows_kernel(bf16* ap, const bf16* x, const int32_t* sorted,
                                                            const int32_t* num_tiles, int topk, int64_t Kd,
-                                                           int64_t rows) {
+                                                           int64_t rows, int bm) {
   const int64_t m = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
-  if (m >= rows || m >= (int64_t)*num_tiles * BM) return;
+  if (m >= rows || m >= (int64_t)*num_tiles * bm) return;
   const int32_t a = sorted[m];
   if (a < 0) return;
   const uint4* src = reinterpret_cast<const uint4*>(x + (int64_t)(a / topk) * Kd);
@@ -520,6 +585,37 @@ bool g1_tma(int64_t inter) {
   return mkmoe::gather_by_copy(force, inter);
 }
 
+// launch64 runs the warp-specialised kernel on 64-row tiles (TBM 64): -1
+// where it cannot (no TMA map; the caller then runs the mma.sync tiles).
+template <bool GU>
+int launch64(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
+  constexpr int TBM = 64;
+  static int ok = 0, ok_a = 0, ok_g1a = 0;
+  TmaMap wm, am;
+  // GEMM1's weight boxes are 64 rows (gate and up halves), GEMM2's 128.
+  if (a.experts <= 0 || !tma_map_bf16(wm, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd, GU ? 64 : BN / 2)) return -1;
+  int64_t grid = tiles * ntiles;
+  if (persistent(a.Kd)) {
+    static const int sms = sm_count();
+    if (sms > 0) grid = std::min<int64_t>(grid, sms);
+  }
+  constexpr size_t smem = ws_smem(TBM);
+  if (!GU && tma_a() && tma_map_bf16(am, a.A, (int64_t)a.mt * TBM, a.Kd, TBM))
+    return launch_kern(moe_wgmma_ws_kernel<false, true, false, TBM>, WS_THREADS, smem,
+                       "moe_wgmma_ws64 (down, A by TMA)", grid, 1, s, ok_a, a, wm, am);
+  if (GU && g1_tma(a.N) && a.ascratch != nullptr && a.Kd % 8 == 0 &&
+      tma_map_bf16(am, a.ascratch, (int64_t)a.mt * TBM, a.Kd, TBM)) {
+    const int64_t rows = (int64_t)a.mt * TBM;
+    permute_rows_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(a.ascratch, a.A, a.sorted, a.num_tiles, a.topk,
+                                                                      a.Kd, rows, TBM);
+    MK_LAUNCHED("moe_wgmma permute_rows");
+    return launch_kern(moe_wgmma_ws_kernel<true, true, false, TBM>, WS_THREADS, smem,
+                       "moe_wgmma_ws64 (gate/up, A by TMA)", grid, 1, s, ok_g1a, a, wm, am);
+  }
+  return launch_kern(moe_wgmma_ws_kernel<GU, false, false, TBM>, WS_THREADS, smem,
+                     GU ? "moe_wgmma_ws64 (gate/up)" : "moe_wgmma_ws64 (down)", grid, 1, s, ok, a, wm, wm);
+}
+
 template <bool GU>
 int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
   static int ok = 0, ok_ws = 0, ok_ws_a = 0, ok_ws_g1a = 0, ok_p = 0, ok_p_a = 0, ok_p_g1a = 0;
@@ -534,7 +630,7 @@ int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
           weight_map(am, a.ascratch, (int64_t)a.mt * BM, a.Kd)) {
         const int64_t rows = (int64_t)a.mt * BM;
         permute_rows_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(a.ascratch, a.A, a.sorted, a.num_tiles,
-                                                                          a.topk, a.Kd, rows);
+                                                                          a.topk, a.Kd, rows, BM);
         MK_LAUNCHED("moe_wgmma permute_rows");
         return launch_pair(moe_wgmma_ws_kernel<true, true, true>, "moe_wgmma_ws pair (gate/up, A by TMA)", grid, s,
                            ok_p_g1a, a, wm, am);
@@ -554,7 +650,7 @@ int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
         weight_map(am, a.ascratch, (int64_t)a.mt * BM, a.Kd)) {
       const int64_t rows = (int64_t)a.mt * BM;
       permute_rows_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(a.ascratch, a.A, a.sorted, a.num_tiles, a.topk,
-                                                                        a.Kd, rows);
+                                                                        a.Kd, rows, BM);
       MK_LAUNCHED("moe_wgmma permute_rows");
       return launch_kern(moe_wgmma_ws_kernel<true, true>, WS_THREADS, kWsSmem, "moe_wgmma_ws (gate/up, A by TMA)",
                          grid, 1, s, ok_ws_g1a, a, wm, am);
@@ -570,8 +666,9 @@ int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
 
 namespace mkmoe {
 
-int wgmma_gemm(const GemmArgs& a, bool gateup, int64_t tiles, int64_t ntiles, cudaStream_t s) {
+int wgmma_gemm(const GemmArgs& a, bool gateup, int64_t tiles, int64_t ntiles, cudaStream_t s, int bm) {
 #ifndef MK_MOE_NO_WGMMA
+  if (bm == 64) return gateup ? launch64<true>(a, tiles, ntiles, s) : launch64<false>(a, tiles, ntiles, s);
   return gateup ? launch<true>(a, tiles, ntiles, s) : launch<false>(a, tiles, ntiles, s);
 #else
   return -1;

@@ -269,9 +269,20 @@ __device__ void find_crossing(const uint32_t* cnt, const double* dm, int nb, lon
 // (true) crosses target (>= target, or > with strict). Radix selection:
 // three histogram passes (11, 11, 10 bits of the key), then one pass to
 // find the id among elements with equal keys. Every thread gets the result.
+//
+// The first level's histogram does not depend on the target: with l0 set,
+// a call with l0->have takes it from l0's copy instead of a pass over the
+// row, and a call without stores it there (several selections on one row's
+// keys: the slow path's top-k, top-p, kept-set and draw cuts).
+struct L0Cache {
+  uint32_t* cnt;  // [NB]
+  double* dm;     // [NB]
+  bool have;
+};
+
 template <class K>
 __device__ Sel select_desc(const K& kf, int V, double target, bool by_mass, bool strict, uint32_t* cnt,
-                           double* dm, Shared& sh) {
+                           double* dm, Shared& sh, L0Cache* l0 = nullptr) {
   const int tid = threadIdx.x;
   const int shifts[3] = {21, 10, 0};
   const int widths[3] = {11, 11, 10};
@@ -283,16 +294,18 @@ __device__ Sel select_desc(const K& kf, int V, double target, bool by_mass, bool
   for (int l = 0; l < 3; l++) {
     const int sft = shifts[l], nb = 1 << widths[l];
     const int hs = sft + widths[l];
+    const bool cached = l == 0 && l0 != nullptr && l0->have;
     for (int b = tid; b < NB; b += NT) {
-      cnt[b] = 0;
-      dm[b] = 0;
+      cnt[b] = cached ? l0->cnt[b] : 0;
+      dm[b] = cached ? l0->dm[b] : 0;
     }
     __syncthreads();
-    for (int i0 = 0; i0 < V; i0 += NT) {
+    for (int i0 = cached ? V : 0; i0 < V; i0 += NT) {
       const int i = i0 + tid;
       uint32_t k = 0;
       bool ok = i < V && kf.get(i, k) && (l == 0 || (k >> hs) == (prefix >> hs));
       int b = ok ? (int)((k >> sft) & (uint32_t)(nb - 1)) : -1;
+      if (!__any_sync(FULL, ok)) continue;  // warp-uniform: no lane in the prefix (most tiles past level 0)
       // aggregate equal bins across the warp for the counts
       const unsigned peers = __match_any_sync(FULL, b);
       const bool leader = ok && (threadIdx.x & 31) == __ffs(peers) - 1;
@@ -310,6 +323,13 @@ __device__ Sel select_desc(const K& kf, int V, double target, bool by_mass, bool
       if (leader) atomicAdd(&cnt[b], (uint32_t)__popc(peers));
     }
     __syncthreads();
+    if (l == 0 && l0 != nullptr && !l0->have) {
+      for (int b = tid; b < NB; b += NT) {
+        l0->cnt[b] = cnt[b];
+        l0->dm[b] = dm[b];
+      }
+      l0->have = true;  // (every thread: l0 is per thread)
+    }
     if (tid < 32) find_crossing(cnt, dm, nb, cb, mb, target, by_mass, strict, sh);
     __syncthreads();
     if (!sh.sel_found) return res;
@@ -397,8 +417,23 @@ __device__ void bitonic_desc(uint64_t* c, int P) {
 // the candidates provably hold the kept set before min-p and top-p cut
 // it. Returns false when they may not (the caller then selects on the
 // whole row), else true with the drawn token in *token.
+//
+// Which cuts prove the kept set inside the candidates depends on what the
+// tokens outside them are. bound 0: the candidates are a prefix of the
+// row's order (sample_rows' bins), so a min-p cut among them or a top-p
+// crossing among them proves it. bound > 0 (topk_finish's cut rows: each
+// chunk's best kk, so a chunk's (kk+1)-th token may outrank another
+// chunk's candidates): every token outside has a key below bound, or none
+// is outside when bound is kNoneOutside; min-p then proves it when bound's
+// own mass is below min-p (every outside token is cut), top-p when its
+// crossing candidate's key is at least bound (every token before the
+// crossing is a candidate). The first version treated both like prefixes
+// (twenty-first pass: a min-p 0.01 row at temperature 1.75 drew a token
+// whose rank rested on a token outside the candidates).
+constexpr uint64_t kNoneOutside = 1;  // below every real key (fkey(z) > 0 for z > −40: a key is ≥ 2^32)
 __device__ bool pick_sorted(const uint64_t* cand, int nc, int nk, int topk, float topp, float minp, bool inside,
-                            double total, double U, Shared& sh, int* token) {
+                            double total, double U, Shared& sh, int* token, uint64_t bound = 0) {
+  if (bound == kNoneOutside) inside = true;
   const int tid = threadIdx.x;
   double q4[4];
   for (int e = 0; e < 4; e++) {
@@ -420,8 +455,9 @@ __device__ bool pick_sorted(const uint64_t* cand, int nc, int nk, int topk, floa
     const int cm = block_all<int>(c, Sum{}, sh.red_i);
     if (cm < n) {
       n = max(1, cm);
-      inside = true;
+      if (bound == 0) inside = true;
     }
+    if (bound > kNoneOutside && exp((double)kfloat((uint32_t)(bound >> 32))) < (double)minp) inside = true;
   }
   if (topp < 1.f) {
     double s = 0;
@@ -440,7 +476,7 @@ __device__ bool pick_sorted(const uint64_t* cand, int nc, int nk, int topk, floa
     const int f = block_first(first != 0x7fffffff, first, 0x7fffffff, sh);
     if (f != 0x7fffffff) {
       n = f + 1;
-      inside = true;
+      if (bound == 0 || cand[f] >= bound) inside = true;
     }
   }
   if (!inside) return false;
@@ -761,21 +797,42 @@ __global__ void __launch_bounds__(NT, 1)
       }
       if (!fast) {
         // ---- slow path: radix selection, no sort ----
+        // Its selections share the first level's histogram (l0, in the
+        // candidates' room, unused here), and the kept set's last element
+        // is taken from the top-k or top-p cut that set it where one did.
+        // Each selection is 3 histogram passes over the row and one for
+        // ties: top-p alone was 9 + 3 passes, now 5 + 2 (twenty-first
+        // pass, Qwen3-8l with temperature 0.7 and top-p 0.9 on random
+        // weights, whose flat rows all take this path: 2.70 → 1.86 ms a
+        // step at batch 1, 5.14 → 4.21 at 32).
+        __syncthreads();
+        L0Cache l0c{reinterpret_cast<uint32_t*>(cand), reinterpret_cast<double*>(cand + NB / 2), false};
+        L0Cache* const l0 = &l0c;
         const ZKeys zk{rc};
         double norm = total;
+        Sel last{false, 0, -1, 0, 0};  // the kept set's last element, if a cut found it
         if (topk > 0) {
-          const Sel s = select_desc(zk, V, (double)nk, false, false, cnt, dm, sh);
-          if (s.found) norm = s.mass;
+          const Sel s = select_desc(zk, V, (double)nk, false, false, cnt, dm, sh, l0);
+          if (s.found) {
+            norm = s.mass;
+            if (s.count == nk) last = s;
+          }
         }
         long long n = nk;
-        if (minp > 0.f) n = min(n, (long long)max(1, nminp));
-        if (topp < 1.f) {
-          const Sel s = select_desc(zk, V, (double)topp * norm, true, false, cnt, dm, sh);
-          if (s.found && s.count < n) n = s.count;
+        if (minp > 0.f && nminp < n) {
+          n = max(1, nminp);
+          last.found = false;
         }
-        const Sel last = select_desc(zk, V, (double)n, false, false, cnt, dm, sh);
+        if (topp < 1.f) {
+          const Sel s = select_desc(zk, V, (double)topp * norm, true, false, cnt, dm, sh, l0);
+          if (s.found && s.count < n) {
+            n = s.count;
+            last = s;
+          }
+        }
+        if (!(last.found && last.count == n)) last = select_desc(zk, V, (double)n, false, false, cnt, dm, sh, l0);
         const double mass = last.mass;
-        const Sel d = select_desc(zk, V, U * mass, true, true, cnt, dm, sh);
+        const Sel d = select_desc(zk, V, U * mass, true, true, cnt, dm, sh, l0);
         if (d.found && d.count <= n) {
           token = d.id;
         } else {
@@ -1274,6 +1331,7 @@ __global__ void __launch_bounds__(NT, 1) topk_finish(const float* __restrict__ l
   __shared__ uint64_t c[CAP];
   __shared__ int s_greedy, s_go;
   __shared__ double s_lse, s_total;
+  __shared__ unsigned long long s_bound;
   const int row = blockIdx.x, tid = threadIdx.x;
   const int32_t* m = meta + (int64_t)row * MK_SAMPLE_META_WORDS;
   const float T = __int_as_float(m[0]);
@@ -1304,6 +1362,16 @@ __global__ void __launch_bounds__(NT, 1) topk_finish(const float* __restrict__ l
     int P = 2;
     while (P < n) P <<= 1;
     const uint64_t* src = cands + (int64_t)row * n;
+    if (cut) {
+      // pick_sorted's bound: the largest of the full chunks' last (kk-th)
+      // candidates; a chunk's other tokens rank below its kk candidates.
+      if (tid == 0) s_bound = kNoneOutside;
+      __syncthreads();
+      for (int k = tid; k < splits; k += NT) {
+        const unsigned long long last = src[(int64_t)k * kk + kk - 1];
+        if (last != 0ull) atomicMax(&s_bound, last);
+      }
+    }
     for (int j = tid; j < P; j += NT) c[j] = j < n ? src[j] : 0ull;
     __syncthreads();
     bitonic_desc(c, P);
@@ -1312,7 +1380,7 @@ __global__ void __launch_bounds__(NT, 1) topk_finish(const float* __restrict__ l
     const int nc = block_all<int>(have, Sum{}, sh.red_i);
     if (nc > 0) {
       if (cut)  // the kept set is inside the candidates only when min-p or top-p cuts them
-        inside = pick_sorted(c, nc, 0x7fffffff, 0, topp, minp, false, s_total, U, sh, &token);
+        inside = pick_sorted(c, nc, 0x7fffffff, 0, topp, minp, false, s_total, U, sh, &token, s_bound);
       else
         pick_sorted(c, nc, topk, topk, topp, minp, true, 0.0, U, sh, &token);
     }

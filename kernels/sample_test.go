@@ -718,5 +718,35 @@ func TestSampleCutSplit(t *testing.T) {
 			rows += c.B
 		}
 	}
-	rareBoundaries(t, rows, boundary)
+	// A chunk's tokens past its candidates outrank another chunk's
+	// candidates: chunk 0 holds 1000 near-equal high logits (more than its
+	// candidates), chunk 1 one at 4 and the rest low. Min-p 0.3 cuts among
+	// the candidates (chunk 1's low ones) while ~1000 tokens are kept, and
+	// top-p 0.5 crosses inside chunk 0's candidates with more of chunk 0
+	// before it in the row's order: neither proves the kept set inside the
+	// candidates (the first version drew from them; twenty-first pass).
+	const V = 32 * 2048 // 32 chunks: 128 candidates a chunk
+	row := make([]float32, V)
+	for i := range row {
+		row[i] = -10 + 0.001*float32(r.IntN(1000))
+	}
+	for i := range 1000 {
+		row[i] = 5 + 0.0001*float32(r.IntN(1000))
+	}
+	row[2048] = 4
+	var logits []float32
+	var rs []SampleRow
+	var kinds []string
+	for _, c := range []struct {
+		minp, topp float32
+		u          float64
+	}{{0.3, 1, 0.9}, {0.3, 1, 0.5}, {0, 0.5, 0.7}, {0.3, 0.5, 0.2}} {
+		logits = append(logits, row...)
+		rs = append(rs, SampleRow{Temperature: 1, TopP: c.topp, MinP: c.minp, RepetitionPenalty: 1, U: c.u})
+		kinds = append(kinds, "chunk0 past its candidates")
+	}
+	boundary = checkDrawSplit(t, g, logits, rs, kinds, V, true, "outranked candidates")
+	if boundary > 0 {
+		t.Errorf("outranked candidates: %d boundary cases in 4 fixed rows", boundary)
+	}
 }

@@ -214,6 +214,15 @@ __device__ __forceinline__ void wgmma_k64_n256(float (&acc0)[64], float (&acc1)[
   wgmma_commit();
 }
 
+// wgmma_k64_n128 is wgmma_k64_n256's half: acc += A·B[0, 128)ᵀ, b the
+// address of the warpgroup's 128 B rows.
+__device__ __forceinline__ void wgmma_k64_n128(float (&acc)[64], uint32_t a, uint32_t b) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) wgmma_n128(acc, desc(a + kk * 32), desc(b + kk * 32));
+  wgmma_commit();
+}
+
 // ws_consume is a consumer warpgroup's k loop over an ST-stage ring filled
 // by a producer: KT steps of wgmma_k64_n256 from stage g % ST (phase
 // (g / ST) & 1 of full[]; g counts the CTA's k steps and is advanced), the
@@ -226,13 +235,18 @@ __device__ __forceinline__ void wgmma_k64_n256(float (&acc0)[64], float (&acc1)[
 // wgmmas in flight are done and returns false (the accumulators and the
 // ring's position are then unusable: the caller abandons its work).
 // release(b) gives a stage back (MbarRelease: to this CTA's producer).
-template <int ST, class Wait = MbarWait, class Release = MbarRelease>
+// HALF: a 64 × 128 block (wgmma_k64_n128 into acc0; acc1 untouched) of the
+// 128 B rows at b_off within each stage.
+template <int ST, class Wait = MbarWait, class Release = MbarRelease, bool HALF = false>
 __device__ __forceinline__ bool ws_consume(float (&acc0)[64], float (&acc1)[64], uint32_t sA0, uint32_t sB0,
                                            uint32_t stage_a, uint32_t stage_b, uint32_t a_off, uint64_t* full,
                                            uint64_t* empty, int wl, int KT, int& g, Wait wait = Wait(),
-                                           Release release = Release()) {
+                                           Release release = Release(), uint32_t b_off = 0) {
 #pragma unroll
-  for (int i = 0; i < 64; i++) acc0[i] = acc1[i] = 0.0f;
+  for (int i = 0; i < 64; i++) {
+    acc0[i] = 0.0f;
+    if (!HALF) acc1[i] = 0.0f;
+  }
   for (int kt = 0; kt < KT; kt++, g++) {
     const int st = g % ST;
     if (!wait(&full[st], (g / ST) & 1)) {
@@ -240,7 +254,10 @@ __device__ __forceinline__ bool ws_consume(float (&acc0)[64], float (&acc1)[64],
       return false;
     }
     fence_proxy_async();  // copies by cp.async (generic proxy) before the wgmmas' reads (async proxy)
-    wgmma_k64_n256(acc0, acc1, sA0 + st * stage_a + a_off, sB0 + st * stage_b);
+    if (HALF)
+      wgmma_k64_n128(acc0, sA0 + st * stage_a + a_off, sB0 + st * stage_b + b_off);
+    else
+      wgmma_k64_n256(acc0, acc1, sA0 + st * stage_a + a_off, sB0 + st * stage_b);
     wgmma_wait1();  // k step g-1's wgmmas are done: its stage goes back
     if (kt > 0 && wl == 0) release(&empty[(g - 1) % ST]);
   }

@@ -10,6 +10,8 @@
 #   VARIANTS  (required)
 #   CONFIGS   qwen3-30b-a3b-8l mixtral-8x7b-4l deepseek-v3-4l (configs/shapes/…)
 #   BATCH     1,32   CONTEXT 1024   STEPS 30   ROUNDS 2
+#   PREFILL   0: with N > 0 the table is of the N-token prefill (one row per
+#             config; STEPS/5 runs, the median) instead of the decode steps
 #   EXTRA     more bench model flags (e.g. --temperature 1)
 # Prints one line per (config, batch): each variant's step times (ms,
 # overlapped decode: the engine's default) over the rounds, its ratio of
@@ -22,6 +24,7 @@ BATCH=${BATCH:-1,32}
 CONTEXT=${CONTEXT:-1024}
 STEPS=${STEPS:-30}
 ROUNDS=${ROUNDS:-2}
+PREFILL=${PREFILL:-0}
 EXTRA=${EXTRA:-}
 export MKSERVE_KERNEL_LIB=${MKSERVE_KERNEL_LIB:-$PWD/.dev/libmkernel.so} MKSERVE_REQUIRE_GPU=1
 BIN=${BIN:-.dev/mkserve}
@@ -35,20 +38,26 @@ run() {
 		out="$RES/$name.$cfg.$round.json"
 		# shellcheck disable=SC2086
 		env ${assigns//,/ } timeout 300 "$BIN" bench model --config "configs/shapes/$cfg" --batch "$BATCH" \
-			--context "$CONTEXT" --prefill 0 --steps "$STEPS" --json $EXTRA >"$out" 2>"$out.err" ||
+			--context "$CONTEXT" --prefill "$PREFILL" --steps "$STEPS" --json $EXTRA >"$out" 2>"$out.err" ||
 			echo "ab_model.sh: $name $cfg round $round failed: $(grep -v '^{' "$out.err" | tail -1)"
 	done
 }
 ab_rotate run
-PYTHONPATH=scripts python3 - "$RES" "$VARIANTS" <<'PY'
+PYTHONPATH=scripts python3 - "$RES" "$VARIANTS" "$PREFILL" <<'PY'
 import sys
 from ab_table import results, table, variant_names
-variants, runs = variant_names(sys.argv[2]), {}
+variants, runs, prefill = variant_names(sys.argv[2]), {}, int(sys.argv[3])
 for (name, cfg, _), rows in results(sys.argv[1]):
     for r in rows:
-        if r.get("kind") == "decode":
+        if prefill > 0 and r.get("kind") == "prefill":
+            runs.setdefault((cfg, r["tokens"]), {}).setdefault(name, []).append(
+                (r["ms"], {"tps": r.get("tokens_per_s") or 0}))
+        elif prefill == 0 and r.get("kind") == "decode":
             runs.setdefault((cfg, r["batch"]), {}).setdefault(name, []).append(
                 (r["ms"], {"gpu": r.get("replay_gpu_ms") or 0, "floor": r.get("over_floor") or 0}))
-table(runs, variants, "%-18s %5d", "%-18s %5s" % ("config", "batch"), [("gpu", "gpu %.3f"), ("floor", "%.2f×fl")])
+if prefill > 0:
+    table(runs, variants, "%-18s %6d", "%-18s %6s" % ("config", "tokens"), [("tps", "%.0f tok/s")])
+else:
+    table(runs, variants, "%-18s %5d", "%-18s %5s" % ("config", "batch"), [("gpu", "gpu %.3f"), ("floor", "%.2f×fl")])
 PY
 rm -rf "$RES"
