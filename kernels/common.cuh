@@ -92,21 +92,13 @@ inline float float_from_bits(uint32_t b) {
 
 // pdl_begin waits for the previous kernel of the stream (a no-op without a
 // programmatic dependency), then lets the next kernel's CTAs launch.
-// Built with -DMK_PDL_EARLY=1 (an experiment, scripts/device.sh's
-// MK_LIB_VARIANTS) it lets them launch first, then waits: the next kernel's
-// CTAs can then be resident (and a GEMV's weight loads issued) while this
-// kernel still waits for the one before, so a chain of one-wave kernels
-// starts several links ahead. Correct either way: a dependent's
-// griddepcontrol.wait still waits for this kernel to complete.
+// (Launching them before the wait, so that a chain of one-wave kernels
+// starts several links ahead, made Qwen3-8l's batch-1 step 6 % slower:
+// docs/PERF.md, twenty-first pass.)
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#if defined(MK_PDL_EARLY) && MK_PDL_EARLY
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#else
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
 #endif
 }
 

@@ -104,11 +104,6 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
   uint4 w[kCH], nx[DB ? kCH : 1];
   // The first chunk's first pieces of B: weights, read before the wait.
   load_batch(w, row, 0, min(KC, K) / 8, active, lane);
-#if defined(MK_GEMV_PRE2) && MK_GEMV_PRE2
-  // (An experiment: the double-buffered kernel's second batch too, so that
-  // a row of up to 2 · 32 · kCH pieces is in flight before the wait.)
-  if constexpr (DB) load_batch(nx, row, 32 * kCH, min(KC, K) / 8, active, lane);
-#endif
   mk::pdl_begin();
   if constexpr (sizeof(TA) == 4) {  // float A: also round it to bf16 into ab, each 8 values by one thread of the grid
     if (ab != nullptr) {
@@ -140,12 +135,7 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
     __syncthreads();
     if (active) {
       for (int base = 0; base < P; base += 32 * kCH) {
-#if defined(MK_GEMV_PRE2) && MK_GEMV_PRE2
-        if constexpr (DB)
-          if (c0 > 0 || base > 0) load_batch(nx, rc, base + 32 * kCH, P, true, lane);  // (the first: before the wait)
-#else
         if constexpr (DB) load_batch(nx, rc, base + 32 * kCH, P, true, lane);  // the next batch in flight meanwhile
-#endif
 #pragma unroll
         for (int j = 0; j < kCH; j++) {
           const int p = base + lane + 32 * j;

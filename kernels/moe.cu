@@ -1310,10 +1310,11 @@ struct Layout {
 };
 
 // g1_splits is GEMM1's split of its reduction (kd = H columns) for the
-// mma.sync decode tiles (cfg 0): MK_MOE_G1_SPLIT=n (2 to 4), an experiment
-// written after the twentieth pass's device time (one Qwen3 token's GEMM1
-// runs 32 k steps a CTA for 18 µs of ncu time, where its 50 MB take 12);
-// else 1. A function of the shape alone, as g2_splits.
+// mma.sync decode tiles (cfg 0): MK_MOE_G1_SPLIT=n (2 to 4), else 1 (one
+// Qwen3 token's GEMM1 runs 32 k steps a CTA for 18 µs of ncu time, where
+// its 50 MB take 12, but splitting it moved nothing: Qwen3-8l's batch-1
+// step ×1.00 with 2 splits, ×1.03 with 4; twenty-first pass). A function
+// of the shape alone, as g2_splits.
 int g1_splits(int cfg, int64_t kd) {
   static const int forced = [] {
     const char* v = getenv("MK_MOE_G1_SPLIT");
