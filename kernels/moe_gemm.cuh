@@ -132,55 +132,51 @@ __device__ __forceinline__ void group_tile(int id, int group_m, int mt, int nt, 
   ntile = (id % span) / gsize;
 }
 
-// store_act_row writes row half h of a warpgroup's m64n128 gate and up
-// blocks (acc0, acc1; the wgmma layout: this lane holds columns 8i +
-// 2·(lane%4) and +1 of each 8-column block i, in d[4i + 2h + q]) as
-// act(gate + gb[j], up + gb[N + j]) rounded to bf16 into out[j] for the
-// columns j = j0 + 8i + 2·(lane%4) (+1) below N; gb is the expert's
-// gate/up bias row or null. The grouped wgmma GEMM1 (moe_wgmma.cu) and the
-// fused kernel's wgmma GEMM1 (moe_fused.cu) share it.
-__device__ __forceinline__ void store_act_row(bf16* out, const float (&acc0)[64], const float (&acc1)[64], int h,
-                                              int lane, int64_t j0, int64_t N, const float* gb, int act, float alpha,
-                                              float limit) {
+// store_act_cols writes ni 8-column blocks of one row as act(gate + gb[j],
+// up + gb[N + j]) rounded to bf16 into out[j], j = j0 + 8i + 2·(lane%4)
+// (+1) below N, where g(k) and u(k) give accumulator k of the gate and up
+// blocks (the wgmma layout: this lane holds columns 8i + 2·(lane%4) and +1
+// of block i in d[4i + 2h + q] for row half h); gb is the expert's gate/up
+// bias row or null.
+template <int NI, class G, class U>
+__device__ __forceinline__ void store_act_cols(bf16* out, G g, U u, int h, int lane, int64_t j0, int64_t N,
+                                               const float* gb, int act, float alpha, float limit) {
 #pragma unroll
-  for (int i = 0; i < 16; i++) {
+  for (int i = 0; i < NI; i++) {
     const int64_t j = j0 + 8 * i + 2 * (lane % 4);
     if (j >= N) continue;
     float r2[2];
 #pragma unroll
     for (int q = 0; q < 2; q++) {
-      float g = acc0[4 * i + 2 * h + q], u = acc1[4 * i + 2 * h + q];
+      float gv = g(4 * i + 2 * h + q), uv = u(4 * i + 2 * h + q);
       if (gb) {
-        g += gb[j + q];
-        u += gb[N + j + q];
+        gv += gb[j + q];
+        uv += gb[N + j + q];
       }
-      r2[q] = activation(g, u, act, alpha, limit);
+      r2[q] = activation(gv, uv, act, alpha, limit);
     }
     *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
   }
 }
 
+// store_act_row writes row half h of a warpgroup's m64n128 gate and up
+// blocks (acc0, acc1): 128 columns from j0. The grouped wgmma GEMM1
+// (moe_wgmma.cu) and the fused kernel's wgmma GEMM1 (moe_fused.cu) share
+// it.
+__device__ __forceinline__ void store_act_row(bf16* out, const float (&acc0)[64], const float (&acc1)[64], int h,
+                                              int lane, int64_t j0, int64_t N, const float* gb, int act, float alpha,
+                                              float limit) {
+  store_act_cols<16>(out, [&](int k) { return acc0[k]; }, [&](int k) { return acc1[k]; }, h, lane, j0, N, gb, act,
+                     alpha, limit);
+}
+
 // store_act_half is store_act_row for a warpgroup's m64n128 block whose
 // columns 0–63 are gate and 64–127 the matching up columns (the 64-row
-// wgmma GEMM1's layout): columns j = j0 + 8i + 2·(lane%4) (+1), i < 8.
+// wgmma GEMM1's layout): 64 columns from j0.
 __device__ __forceinline__ void store_act_half(bf16* out, const float (&acc)[64], int h, int lane, int64_t j0,
                                                int64_t N, const float* gb, int act, float alpha, float limit) {
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    const int64_t j = j0 + 8 * i + 2 * (lane % 4);
-    if (j >= N) continue;
-    float r2[2];
-#pragma unroll
-    for (int q = 0; q < 2; q++) {
-      float g = acc[4 * i + 2 * h + q], u = acc[32 + 4 * i + 2 * h + q];
-      if (gb) {
-        g += gb[j + q];
-        u += gb[N + j + q];
-      }
-      r2[q] = activation(g, u, act, alpha, limit);
-    }
-    *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
-  }
+  store_act_cols<8>(out, [&](int k) { return acc[k]; }, [&](int k) { return acc[32 + k]; }, h, lane, j0, N, gb, act,
+                    alpha, limit);
 }
 
 // group_m is the rasterisation group (row tiles) of group_tile;

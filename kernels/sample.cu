@@ -310,15 +310,37 @@ __device__ Sel select_desc(const K& kf, int V, double target, bool by_mass, bool
       const unsigned peers = __match_any_sync(FULL, b);
       const bool leader = ok && (threadIdx.x & 31) == __ffs(peers) - 1;
       if (K::weighted) {
-        // the group's mass, summed by every lane over its peers (equal bins
-        // are common: one contended double atomic per group, not per lane)
+        // The masses, by how the warp's lanes share bins: each lane's own
+        // atomic where no bin holds more than two (a flat row past level
+        // 0: shared-memory float64 atomics are compare-and-swap loops, so
+        // contended ones retry), one butterfly sum a bin where they fall
+        // in at most four, else every lane sums its peers' over 32
+        // shuffles and their leader adds it (one contended atomic a bin).
+        // Against that loop alone (twenty-first pass, flat Qwen3 rows with
+        // top-p 0.9): 1.87 → 1.64 ms a step at batch 1, 4.26 → 4.02 at 32.
         const double q = ok ? kf.weight(k) : 0.0;
-        double gs = 0;
-        for (int src = 0; src < 32; src++) {
-          const double y = __shfl_sync(FULL, q, src);
-          if ((peers >> src) & 1u) gs += y;
+        const unsigned leaders = __ballot_sync(FULL, leader);
+        const int most = __reduce_max_sync(FULL, ok ? (unsigned)__popc(peers) : 0u);
+        const bool own = most <= 2, fly = __popc(leaders) <= 4;
+        if (own) {
+          if (ok) atomicAdd(&dm[b], q);
+        } else if (fly) {
+          for (unsigned left = leaders; left != 0; left &= left - 1) {  // warp-uniform
+            const int ld = __ffs(left) - 1;
+            const int bl = __shfl_sync(FULL, b, ld);
+            double v = ok && b == bl ? q : 0.0;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+            if ((threadIdx.x & 31) == ld) atomicAdd(&dm[bl], v);
+          }
+        } else {
+          double gs = 0;
+          for (int src = 0; src < 32; src++) {
+            const double y = __shfl_sync(FULL, q, src);
+            if ((peers >> src) & 1u) gs += y;
+          }
+          if (leader) atomicAdd(&dm[b], gs);
         }
-        if (leader) atomicAdd(&dm[b], gs);
       }
       if (leader) atomicAdd(&cnt[b], (uint32_t)__popc(peers));
     }
