@@ -157,26 +157,29 @@ func (s *sampler) observe(t int32) {
 // returns its log-probability record (from the raw model distribution).
 func (s *sampler) sample(logits []float32, decode func(int32) string) (int32, *Logprob) {
 	p := s.p
-	w := append(s.work[:0], logits...)
-	s.work = w
-	for t, b := range p.LogitBias {
-		if int(t) < len(w) {
-			w[t] += b
-		}
-	}
-	// Penalties.
-	if s.seen != nil {
-		for t := range s.seen {
-			if w[t] > 0 {
-				w[t] /= p.RepetitionPenalty
-			} else {
-				w[t] *= p.RepetitionPenalty
+	w := logits // read only below, unless a bias or penalty applies to a copy
+	if len(p.LogitBias) > 0 || s.seen != nil || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+		w = append(s.work[:0], logits...)
+		s.work = w
+		for t, b := range p.LogitBias {
+			if int(t) < len(w) {
+				w[t] += b
 			}
 		}
-	}
-	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
-		for t, c := range s.counts {
-			w[t] -= p.FrequencyPenalty*float32(c) + p.PresencePenalty
+		// Penalties.
+		if s.seen != nil {
+			for t := range s.seen {
+				if w[t] > 0 {
+					w[t] /= p.RepetitionPenalty
+				} else {
+					w[t] *= p.RepetitionPenalty
+				}
+			}
+		}
+		if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+			for t, c := range s.counts {
+				w[t] -= p.FrequencyPenalty*float32(c) + p.PresencePenalty
+			}
 		}
 	}
 	var tok int32
