@@ -78,6 +78,9 @@ type opTime struct {
 	US    float64 `json:"us_per_step"`
 }
 
+// prefillWarmup is how long bench model runs its prefill before timing it.
+const prefillWarmup = 200 * time.Millisecond
+
 // benchModel times a model's prefill and decode steps at its real shapes:
 // a checkpoint (--model) or a config with random bf16 weights (--config).
 func benchModel(args []string, stdout io.Writer) error {
@@ -90,7 +93,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	ctxLen := fs.Int("context", 1024, "decode: tokens already in each sequence's KV cache")
 	contexts := fs.Int("contexts", 32, "decode: distinct prefilled contexts; sequence s reads context s mod N (1: every sequence shares one context, as before the eighth pass: the batch's attention outputs then agree and its tokens route to few experts)")
 	prefill := fs.Int("prefill", 8192, "prefill prompt length (0: no prefill run)")
-	steps := fs.Int("steps", 10, "timed decode steps (and prefill runs: steps/5, at least 2)")
+	steps := fs.Int("steps", 10, "timed decode steps (and prefill runs: steps/5, at least 3, after 200 ms of warm-up runs)")
 	blockSize := fs.Int("block-size", 16, "KV cache block size")
 	seed := fs.Uint64("seed", 1, "random weight seed")
 	bw := fs.Float64("hbm-gbps", 0, "bandwidth for the floor, GB/s (0: measure a device copy on cuda)")
@@ -283,16 +286,26 @@ func benchModel(args []string, stdout io.Writer) error {
 			}
 			b := backend.SingleSequence(1, ids(*prefill, 0), 0, false)
 			b.Seqs[0].Blocks = tbl
-			runs := max(2, *steps/5)
+			// Warm-up runs until prefillWarmup has passed (at least one):
+			// a 512-token prefill of Qwen3-8l is ~10 ms, and three runs timed
+			// after one warm-up gave medians up to 1.45× apart between
+			// processes of the same build (docs/PERF.md, twenty-first pass).
+			for t0 := time.Now(); ; {
+				if err := forward(b); err != nil {
+					return err
+				}
+				if time.Since(t0) >= prefillWarmup {
+					break
+				}
+			}
+			runs := max(3, *steps/5)
 			var ms []float64
-			for r := 0; r <= runs; r++ { // run 0 warms up
+			for r := 0; r < runs; r++ {
 				t := time.Now()
 				if err := forward(b); err != nil {
 					return err
 				}
-				if r > 0 {
-					ms = append(ms, float64(time.Since(t).Microseconds())/1e3)
-				}
+				ms = append(ms, float64(time.Since(t).Microseconds())/1e3)
 			}
 			if ctr != nil {
 				ctr.TakeExpertLoad()
