@@ -303,10 +303,11 @@ func TestMoEExperts(t *testing.T) {
 		{name: "E64_K4_T500_tile64", cfg: softmaxRouter(64, 4), T: 500, H: 136, I: 200, hot: -1, biases: true},
 		{name: "E32_K8_T160_tile64_hot_clamped", cfg: softmaxRouter(32, 8), T: 160, H: 64, I: 72, hot: 3, clamped: true},
 		{name: "E8_K2_T160_tile64_g1copy", cfg: softmaxRouter(8, 2), T: 160, H: 64, I: 4104, hot: -1, biases: true},
-		// More 64-row work items than SMs in both GEMMs (~32 row tiles × 5
-		// column tiles, reductions ≤ 1024: the persistent grid walks
-		// several items a CTA; GEMM1's rows by the producers' cp.async).
-		{name: "E32_K4_T320_tile64_many_items", cfg: softmaxRouter(32, 4), T: 320, H: 1280, I: 640, hot: -1},
+		// More 64-row work items than SMs in both GEMMs (~40 row tiles × 4
+		// column tiles, reductions of 1024 and 512: the persistent grid
+		// walks several items a CTA; GEMM1's rows by the producers'
+		// cp.async, GEMM2's by TMA).
+		{name: "E40_K4_T400_tile64_many_items", cfg: softmaxRouter(40, 4), T: 400, H: 1024, I: 512, hot: -1},
 		// GEMM2's reduction split (I ≥ 4096 on the mma.sync tiles, g2_splits):
 		// 16-, 32- and 64-row tiles, splits of unequal length (I not a
 		// multiple of 64), biases added once after the sum, a hot expert.
