@@ -828,13 +828,12 @@ __global__ void __launch_bounds__(NT, 1)
         // weights, whose flat rows all take this path: 2.70 → 1.86 ms a
         // step at batch 1, 5.14 → 4.21 at 32).
         __syncthreads();
-        L0Cache l0c{reinterpret_cast<uint32_t*>(cand), reinterpret_cast<double*>(cand + NB / 2), false};
-        L0Cache* const l0 = &l0c;
+        L0Cache l0{reinterpret_cast<uint32_t*>(cand), reinterpret_cast<double*>(cand + NB / 2), false};
         const ZKeys zk{rc};
         double norm = total;
         Sel last{false, 0, -1, 0, 0};  // the kept set's last element, if a cut found it
         if (topk > 0) {
-          const Sel s = select_desc(zk, V, (double)nk, false, false, cnt, dm, sh, l0);
+          const Sel s = select_desc(zk, V, (double)nk, false, false, cnt, dm, sh, &l0);
           if (s.found) {
             norm = s.mass;
             if (s.count == nk) last = s;
@@ -846,15 +845,15 @@ __global__ void __launch_bounds__(NT, 1)
           last.found = false;
         }
         if (topp < 1.f) {
-          const Sel s = select_desc(zk, V, (double)topp * norm, true, false, cnt, dm, sh, l0);
+          const Sel s = select_desc(zk, V, (double)topp * norm, true, false, cnt, dm, sh, &l0);
           if (s.found && s.count < n) {
             n = s.count;
             last = s;
           }
         }
-        if (!(last.found && last.count == n)) last = select_desc(zk, V, (double)n, false, false, cnt, dm, sh, l0);
+        if (!(last.found && last.count == n)) last = select_desc(zk, V, (double)n, false, false, cnt, dm, sh, &l0);
         const double mass = last.mass;
-        const Sel d = select_desc(zk, V, U * mass, true, true, cnt, dm, sh, l0);
+        const Sel d = select_desc(zk, V, U * mass, true, true, cnt, dm, sh, &l0);
         if (d.found && d.count <= n) {
           token = d.id;
         } else {
