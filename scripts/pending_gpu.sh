@@ -6,7 +6,8 @@
 # machine, from the repository root, with .dev/device.tar.xz carried (make
 # device-bins):  bash scripts/pending_gpu.sh
 #   1. build .dev/libmkernel.so;
-#   2. TestMoEExperts (with the new many-items 64-row case) and TestMoEFusedLayer;
+#   2. TestMoEExperts (with the new many-items 64-row case), TestMoEFusedLayer
+#      and TestSample* (a last tidy of the sampler's slow path);
 #   3. the prefill A/B of call 117 again with bench model's 200 ms warm-up:
 #      64-row tiles against MK_MOE_W64_MAX=0 at 512 / 768 Qwen3-8l tokens.
 set -uo pipefail
@@ -16,7 +17,7 @@ mkdir -p "$OUT"
 MK_MODE=none bash scripts/device.sh >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
 echo "== kernels: expert GEMMs, fused layer"
-timeout 240 .dev/kernels.test -test.count=1 -test.v -test.run 'TestMoEExperts|TestMoEFusedLayer' >"$OUT/kernels.log" 2>&1
+timeout 240 .dev/kernels.test -test.count=1 -test.v -test.run 'TestMoEExperts|TestMoEFusedLayer|TestSample' >"$OUT/kernels.log" 2>&1
 grep -E '^(--- FAIL|FAIL|ok|PASS)|^--- PASS: Test|panic|many_items' "$OUT/kernels.log" | head -20
 grep -B2 -A10 -E '^\s*--- FAIL' "$OUT/kernels.log" | head -30
 echo "== A/B: prefill on the 64-row tiles (200 ms warm-up)"
