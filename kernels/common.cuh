@@ -102,6 +102,20 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+// pdl_begin_early lets the next kernel's CTAs launch first, then waits
+// for the previous kernel: for a short one-wave kernel whose successor
+// issues constant loads before its own wait (a GEMV's weights), so that
+// they stream under this kernel's predecessor too. Correct like
+// pdl_begin: the successor's griddepcontrol.wait still waits for this
+// kernel to complete. (Done by every kernel, it made Qwen3-8l's batch-1
+// step 6 % slower: docs/PERF.md, twenty-first pass.)
+__device__ __forceinline__ void pdl_begin_early() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // warp_sum is the sum of v over the 32 lanes of a full warp, in every lane.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
