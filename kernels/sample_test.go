@@ -700,7 +700,7 @@ func TestSampleTopKSplit(t *testing.T) {
 }
 
 // TestSampleCutSplit: rows with top-p or min-p but no top-k (split mode 3,
-// written after the twentieth pass's device time) in calls with top-k,
+// opt-in) in calls with top-k,
 // whole-vocabulary and greedy rows, against the host sampler and the
 // general kernel: rows whose kept set lies inside their chunks' best tokens
 // are answered from them, the others (flat rows, top-p 0.99) by the
