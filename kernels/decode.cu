@@ -1553,14 +1553,7 @@ __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
 // batch 1 (kernels.test -bench PagedAttn, two alternations): warp 4k / 16k /
 // 32k 21.5 / 34.5 / 50.5 → 18.2 / 31.2 / 47.5 µs, mla 4k 31.0 → 28.6 µs.
 __global__ void __launch_bounds__(kNT) paged_attn_merge4(const AttnArgs a) {
-#if defined(MK_MERGE_EARLY) && MK_MERGE_EARLY
-  // (An experiment, written after the twenty-first pass's device time:
-  // the o GEMV after the merge launches while attention still runs and
-  // streams its first batch of weights under it.)
-  mk::pdl_begin_early();
-#else
   mk::pdl_begin();
-#endif
   __shared__ float w[kMaxSplits];
   __shared__ float inv;
   __shared__ float4 part[4][32];
