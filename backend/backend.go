@@ -436,6 +436,32 @@ func NormRoPE(be Backend, q, k, qw, kw Tensor, eps float32, heads, kvHeads, head
 	return one(q, qw, heads), one(k, kw, kvHeads)
 }
 
+// NormRoPEAttender is implemented by backends that run a decode step's
+// q/k norms, RoPE, KV-cache write and attention as one kernel.
+type NormRoPEAttender interface {
+	// NormRoPEAttention is Attention(NormRoPE(q, k, …), v) for a batch
+	// whose every span is one new token with a block table, with the
+	// values of those ops within the backend's precision profile. ok is
+	// false when the backend does not fuse this batch or these shapes
+	// (then nothing was done: the caller runs the ops one by one).
+	NormRoPEAttention(q, k, v, qw, kw Tensor, eps float32, rope *attention.RoPE, b *Batch,
+		p *AttnParams) (out Tensor, ok bool)
+}
+
+// NormRoPEAttention is be.Attention of NormRoPE's q and k (and v) over
+// batch b: through be's NormRoPEAttender when it fuses the batch, else op
+// by op.
+func NormRoPEAttention(be Backend, q, k, v, qw, kw Tensor, eps float32, rope *attention.RoPE, b *Batch,
+	p *AttnParams) Tensor {
+	if f, ok := be.(NormRoPEAttender); ok {
+		if o, ok := f.NormRoPEAttention(q, k, v, qw, kw, eps, rope, b, p); ok {
+			return o
+		}
+	}
+	q, k = NormRoPE(be, q, k, qw, kw, eps, p.NumHeads, p.NumKVHeads, p.HeadDim, rope, b.Positions)
+	return be.Attention(q, k, v, b, p)
+}
+
 // MultiLinear is implemented by backends that run several projections of
 // one input in one launch (q, k and v of a decode step).
 type MultiLinear interface {

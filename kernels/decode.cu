@@ -23,6 +23,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "normrope.cuh"
 
 namespace {
 
@@ -78,6 +79,21 @@ struct AttnArgs {
   int vhs;         // offset of kv head kh's value in a row: kh·vhs (Dv, or D inside the keys)
   int lg_tpr;  // log2 of the threads that load one K/V row
   float scale2;  // scale * log2(e)
+  // Decode rows with their new tokens (paged_attn_warp<KD, MV, true>,
+  // mk_paged_decode_bf16): q is then the raw projection; each CTA runs the
+  // per-head norm and RoPE of its q heads itself, and the CTAs whose key
+  // range ends at the row's new key (pos[b]) take that key and its value
+  // from knew / vnew (normed and rotated, rounded to bf16) instead of the
+  // pool, the first head chunk's storing them at slots[rows[b]].
+  const float* knew;      // [T, KV·D] raw keys
+  const float* vnew;      // [T, KV·Dv] values
+  const int32_t* slots;   // [T] pool rows of the new keys (< 0: not stored)
+  const float* qnw;       // [D] q's per-head norm weights, or null (no norm)
+  const float* knw;       // [D] k's
+  const int32_t* rpos;    // [T] RoPE positions
+  const float* inv_freq;  // [rot_half]
+  int rot_half, neox;
+  float attn_factor, eps;
 };
 
 // pool_row is the pool row of key j of a sequence with block table tab.
@@ -806,33 +822,40 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 
 // KD: 16-byte loads of one key's K per lane (D = 32·KD); MV: m tiles of 16
 // V columns (Dv = 16·MV, MV 4 or 8: one or two 16-byte loads per key).
-template <int KD, int MV>
+//
+// NEW (mk_paged_decode_bf16; one new token a row, at pos[b]): the CTA reads
+// its metadata and its warps' first K/V chunk from the pool before the
+// programmatic-launch wait — keys below the new one were written by earlier
+// steps, and the metadata is uploaded before the step's first kernel — so
+// those loads overlap the kernel before it (the q/k/v projection). After
+// the wait it normalises and rotates its q heads (mk::norm_rope_head, the
+// fast arithmetic of mk_norm_rope_f32), and a CTA whose range ends at the
+// new key does the same for that key, rounds key and value to bf16, stores
+// them (head chunk 0) and adds the key to warp 0's softmax from shared
+// memory; the pool is read for keys [kbeg, pos) only.
+template <int KD, int MV, bool NEW>
 __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
-  mk::pdl_begin();
+  if constexpr (!NEW) mk::pdl_begin();
   constexpr int D = 32 * KD, Dv = 16 * MV, KS = D / 16, VL = MV / 4;
   static_assert(MV == 4 || MV == 8, "Dv 64 or 128");
   __shared__ float red[4][kWG][Dv];  // the warps' outputs, rescaled to the CTA's max
   __shared__ float mls[4][kWG][2];   // the warps' (max, sum) per head
   __shared__ uint2 qf[KS][32];       // q's B fragments
+  // NEW: q's heads normed and rotated (row kWG: the new key, bf16-rounded),
+  // the new value (bf16-rounded), each warp's norm scratch.
+  __shared__ __align__(16) float nq[NEW ? kWG + 1 : 1][NEW ? D : 4];
+  __shared__ float nv[NEW ? Dv : 1];
+  __shared__ float scr[NEW ? 4 : 1][NEW ? D : 1];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const CtaWork w = cta_work(a, kWG);
-  const int split = w.split, b = w.b, kh = w.kh, h0 = w.h0, gc = w.gc, kbeg = w.kbeg, kend = w.kend;
+  const int split = w.split, b = w.b, kh = w.kh, h0 = w.h0, gc = w.gc, kbeg = w.kbeg;
   const int64_t row = w.row;
   const int32_t* tab = w.tab;
-  if (kbeg >= kend) return;  // past the row's used ranges (row_split)
-
-  // q's B fragments, scaled by scale·log2 e, in shared memory (every warp
-  // reads the same; registers are what limits the warps per SM): lane
-  // (g, t) of k step s takes head g, d = t·D/4 + 4s + {0, 1} and + {2, 3}.
-  for (int x = tid; x < KS * 32; x += kNT) {
-    const int s = x >> 5, gl = (x & 31) >> 2, tl = x & 3;
-    const float4 v = gl < gc ? *reinterpret_cast<const float4*>(a.q + (row * a.H + h0 + gl) * D + tl * (D / 4) + 4 * s)
-                             : make_float4(0.f, 0.f, 0.f, 0.f);
-    qf[s][x & 31] = make_uint2(pack_bf2(v.x * a.scale2, v.y * a.scale2), pack_bf2(v.z * a.scale2, v.w * a.scale2));
-  }
-  __syncthreads();
+  if (kbeg >= w.kend) return;  // past the row's used ranges (row_split)
+  const bool has_new = NEW && w.kend == w.i + 1;  // this range ends at the row's new key
+  const int kend = has_new ? w.kend - 1 : w.kend;  // keys read from the pool
 
   const int64_t ldpk = (int64_t)a.KV * D, ldpv = a.ldv;
   const bf16* pk = a.pk + (int64_t)kh * D + t * (D / 4);
@@ -851,17 +874,9 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
     rv[2] = prow(j0 + 2 * t + 8);
     rv[3] = prow(j0 + 2 * t + 9);
   };
-
-  const int n = kend - kbeg, nch = (n + 15) >> 4;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads 2t, 2t+1 (l: this lane's keys)
-  float o[MV][4];
-#pragma unroll
-  for (int mi = 0; mi < MV; mi++) o[mi][0] = o[mi][1] = o[mi][2] = o[mi][3] = 0.0f;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  int rk[2], rv[4];
-  if (warp < nch) rows_of(warp, rk, rv);
-  for (int c = warp; c < nch; c += 4) {
-    uint4 kr[2][KD], vr[4][VL];
+  uint4 kr[2][KD], vr[4][VL];
+  auto load_chunk = [&](const int (&rk)[2], const int (&rv)[4]) {
 #pragma unroll
     for (int e = 0; e < 2; e++)
 #pragma unroll
@@ -870,6 +885,77 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
     for (int e = 0; e < 4; e++)
 #pragma unroll
       for (int x = 0; x < VL; x++) vr[e][x] = rv[e] >= 0 ? mk::ld_stream(pv + (int64_t)rv[e] * ldpv + 8 * x) : zero;
+  };
+  const int n = kend - kbeg, nch = (n + 15) >> 4;
+  int rk[2], rv[4];
+  if constexpr (NEW) {
+    if (warp < nch) {  // the first chunk, under the previous kernel
+      rows_of(warp, rk, rv);
+      load_chunk(rk, rv);
+    }
+    mk::pdl_begin();
+    // q's heads, and the new key when this range ends at it: warp w takes
+    // heads w, w+4, … (index gc: the key).
+    const float fp = (float)a.rpos[row];
+    const int nh = gc + (has_new ? 1 : 0);
+    for (int hh = warp; hh < nh; hh += 4) {
+      const bool isk = hh == gc;
+      const float* x = isk ? a.knew + (row * a.KV + kh) * D : a.q + (row * a.H + h0 + hh) * D;
+      mk::norm_rope_head(x, isk ? a.knw : a.qnw, scr[warp], nq[isk ? kWG : hh], D, a.rot_half, a.neox != 0, fp,
+                         a.inv_freq, a.attn_factor, a.eps, true, lane);
+      __syncwarp();  // scr is the warp's next head's
+    }
+    if (has_new)
+      for (int c = tid; c < Dv; c += kNT) nv[c] = __bfloat162float(__float2bfloat16_rn(a.vnew[(row * a.KV + kh) * Dv + c]));
+    __syncthreads();
+    if (has_new) {
+      const int64_t slot = a.slots[row];
+      const bool writer = h0 == kh * a.G && slot >= 0;  // head chunk 0 stores the new key and value
+      bf16* sk = const_cast<bf16*>(a.pk) + slot * ldpk + (int64_t)kh * D;
+      bf16* sv = const_cast<bf16*>(a.pv) + slot * ldpv + (int64_t)kh * a.vhs;
+      for (int c = tid; c < D; c += kNT) {
+        const bf16 kb = __float2bfloat16_rn(nq[kWG][c]);
+        nq[kWG][c] = __bfloat162float(kb);
+        if (writer) sk[c] = kb;
+      }
+      if (writer)
+        for (int c = tid; c < Dv; c += kNT) sv[c] = __float2bfloat16_rn(nv[c]);
+    }
+  }
+
+  // q's B fragments, scaled by scale·log2 e, in shared memory (every warp
+  // reads the same; registers are what limits the warps per SM): lane
+  // (g, t) of k step s takes head g, d = t·D/4 + 4s + {0, 1} and + {2, 3}.
+  for (int x = tid; x < KS * 32; x += kNT) {
+    const int s = x >> 5, gl = (x & 31) >> 2, tl = x & 3;
+    const float* qh = NEW ? &nq[gl < gc ? gl : 0][0] : a.q + (row * a.H + h0 + gl) * D;
+    const float4 v = gl < gc ? *reinterpret_cast<const float4*>(qh + tl * (D / 4) + 4 * s)
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+    qf[s][x & 31] = make_uint2(pack_bf2(v.x * a.scale2, v.y * a.scale2), pack_bf2(v.z * a.scale2, v.w * a.scale2));
+  }
+  __syncthreads();
+  // NEW: the new key's scores in warp 0, heads 2t and 2t+1 in lane (g, t)
+  // (q rounded as the fragments round it: bf16 of q·scale·log2 e).
+  float snew[2] = {0.0f, 0.0f};
+  if (has_new && warp == 0) {
+    float part = 0.0f;
+    if (g < gc) {
+      for (int d = t * (D / 4); d < (t + 1) * (D / 4); d++)
+        part = fmaf(__bfloat162float(__float2bfloat16_rn(nq[g][d] * a.scale2)), nq[kWG][d], part);
+    }
+    part += __shfl_xor_sync(0xffffffffu, part, 1);
+    part += __shfl_xor_sync(0xffffffffu, part, 2);
+    snew[0] = __shfl_sync(0xffffffffu, part, (2 * t) * 4);
+    snew[1] = __shfl_sync(0xffffffffu, part, (2 * t + 1) * 4);
+  }
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads 2t, 2t+1 (l: this lane's keys)
+  float o[MV][4];
+#pragma unroll
+  for (int mi = 0; mi < MV; mi++) o[mi][0] = o[mi][1] = o[mi][2] = o[mi][3] = 0.0f;
+  if (!NEW && warp < nch) rows_of(warp, rk, rv);
+  for (int c = warp; c < nch; c += 4) {
+    if (!NEW || c != warp) load_chunk(rk, rv);
     if (c + 4 < nch) rows_of(c + 4, rk, rv);  // the next chunk's table lookups while these load
 
     // Sᵀ = K · Qᵀ: k step s takes words 2s (columns 2t, 2t+1) and 2s+1 (2t+8, 2t+9).
@@ -910,6 +996,23 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
       const uint32_t w2 = word(vr[2][mi >> 2], mi & 3), w3 = word(vr[3][mi >> 2], mi & 3);
       mma16816(o[mi], __byte_perm(w0, w1, 0x5410), __byte_perm(w0, w1, 0x7632), __byte_perm(w2, w3, 0x5410),
                __byte_perm(w2, w3, 0x7632), pb0, pb1);
+    }
+  }
+
+  // NEW: the new key joins warp 0's softmax (its value from shared memory:
+  // columns g·Dv/8 + 2mi and + 1 of heads 2t + e are o[mi][e], o[mi][e+2]).
+  if (has_new && warp == 0) {
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const float mn = fmaxf(m[e], snew[e]);
+      const float cr = exp2f(m[e] - mn), p = exp2f(snew[e] - mn);
+      l[e] = l[e] * cr + (g == 0 ? p : 0.0f);  // l is summed over g below: count p once
+      m[e] = mn;
+#pragma unroll
+      for (int mi = 0; mi < MV; mi++) {
+        o[mi][e] = fmaf(p, nv[g * (Dv / 8) + 2 * mi], o[mi][e] * cr);
+        o[mi][e + 2] = fmaf(p, nv[g * (Dv / 8) + 2 * mi + 1], o[mi][e + 2] * cr);
+      }
     }
   }
 
@@ -1703,7 +1806,7 @@ KernelInfo& info_mma() {
   return k;
 }
 
-template <int KD, int MV>
+template <int KD, int MV, bool NEW>
 KernelInfo& info_warp() {
   static KernelInfo k;
   return k;
@@ -1761,12 +1864,20 @@ int pick_stages(int NV, int D, int Dv) {
   return kMinStages;
 }
 
-// warp_kernel is paged_attn_warp for head_dim = 32·KD (warp_dims).
-MmaKernel warp_kernel(int KD) {
+// warp_kernel is paged_attn_warp for head_dim = 32·KD (warp_dims); fresh:
+// its form that takes the rows' new tokens (mk_paged_decode_bf16).
+MmaKernel warp_kernel(int KD, bool fresh = false) {
+  if (fresh) {
+    switch (KD) {
+      case 2: return {paged_attn_warp<2, 4, true>, &info_warp<2, 4, true>()};
+      case 6: return {paged_attn_warp<6, 8, true>, &info_warp<6, 8, true>()};
+      default: return {paged_attn_warp<4, 8, true>, &info_warp<4, 8, true>()};
+    }
+  }
   switch (KD) {
-    case 2: return {paged_attn_warp<2, 4>, &info_warp<2, 4>()};
-    case 6: return {paged_attn_warp<6, 8>, &info_warp<6, 8>()};
-    default: return {paged_attn_warp<4, 8>, &info_warp<4, 8>()};
+    case 2: return {paged_attn_warp<2, 4, false>, &info_warp<2, 4, false>()};
+    case 6: return {paged_attn_warp<6, 8, false>, &info_warp<6, 8, false>()};
+    default: return {paged_attn_warp<4, 8, false>, &info_warp<4, 8, false>()};
   }
 }
 
@@ -1863,7 +1974,7 @@ int launch_fn(Fn fn, KernelInfo& ki, const AttnArgs& a, size_t smem, int64_t n, 
   return MK_OK;
 }
 
-int launch(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st) {
+int launch(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st, bool fresh = false) {
   const size_t smem = plan_smem(p, a.D, a.Dv);
   if (p.mla) {
     MK_ARG(smem <= smem_optin(), "paged_attn: the MLA kernel needs %zu bytes of shared memory, the device offers %zu",
@@ -1878,7 +1989,7 @@ int launch(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st) {
     return launch_fn(paged_attn_big, info_big(), a, smem, n, st);
   }
   if (p.warp) {
-    const MmaKernel k = warp_kernel(p.KD);
+    const MmaKernel k = warp_kernel(p.KD, fresh);
     return launch_fn(k.fn, *k.ki, a, smem, n, st);
   }
   if (p.mma) {
@@ -1942,14 +2053,18 @@ int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_heads, int3
   return MK_OK;
 }
 
-int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uint64_t q, uint64_t pool_k,
-                           uint64_t pool_v,
-                           uint64_t rows, uint64_t pos, uint64_t table, uint64_t blocks, int64_t n,
-                           int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
-                           int32_t block_size, uint32_t scale_bits, int32_t window, uint64_t sinks,
-                           int32_t max_keys, uint64_t work, uint64_t work_size) {
-  const char* fn = "mk_paged_attn_bf16";
-  MK_THREAD(fn);
+}  // extern "C"
+
+namespace {
+
+// paged_setup checks the arguments mk_paged_attn_bf16 and
+// mk_paged_decode_bf16 share and fills the launch plan p and the kernels'
+// arguments a (MK_OK, or the error).
+int paged_setup(const char* fn, Plan& p, AttnArgs& a, uint64_t out, uint64_t out_bf16, uint64_t q, uint64_t pool_k,
+                uint64_t pool_v, uint64_t rows, uint64_t pos, uint64_t table, uint64_t blocks, int64_t n,
+                int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim, int32_t block_size,
+                uint32_t scale_bits, int32_t window, uint64_t sinks, int32_t max_keys, uint64_t work,
+                uint64_t work_size) {
   DEC_ARG(fn, n > 0 && n <= INT32_MAX && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 &&
                   block_size > 0 && window >= 0);
   MK_ARG(head_dim > 0 && head_dim <= kBigMaxD && head_dim % 8 == 0 && v_head_dim > 0 && v_head_dim <= kBigMaxDv &&
@@ -1963,7 +2078,7 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uin
   MK_ARG((pool_k | pool_v) % 16 == 0, "%s: pool_k and pool_v must be 16-byte aligned", fn);
   // The warp-split kernel reads q by 16 bytes (every caller's q is aligned;
   // one that is not gets another kernel, and perhaps fewer splits).
-  Plan p = plan(n, heads, kv_heads, head_dim, v_head_dim, max_keys, q % 16 == 0);
+  p = plan(n, heads, kv_heads, head_dim, v_head_dim, max_keys, q % 16 == 0);
   MK_ARG(!(g_variant == 2 && v_head_dim > 128), "%s: the tensor-core kernel needs v_head_dim <= 128, not %d",
          fn, v_head_dim);
   if (p.splits > 1) {
@@ -1979,7 +2094,7 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uin
       }
     }
   }
-  AttnArgs a{};
+  a = AttnArgs{};
   a.out = mk::dev<float>(out);
   a.outb = out_bf16 ? mk::dev<bf16>(out_bf16) : nullptr;
   a.q = mk::dev<float>(q);
@@ -2018,20 +2133,93 @@ int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uin
     a.wo = mk::dev<float>(work);
     a.wml = a.wo + (uint64_t)n * heads * p.splits * v_head_dim;
   }
-  const cudaStream_t st = mk::as_stream(stream);
-  const int rc = launch(p, a, n, st);
-  if (rc != MK_OK || p.splits == 1) return rc;
+  return MK_OK;
+}
+
+// launch_merge runs the merge of a split call (nothing when p.splits is 1).
+int launch_merge(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st) {
+  if (p.splits == 1) return MK_OK;
   // A CTA per (row, head, 128 value columns): at MLA's 128 heads × 512
   // columns one CTA per head left the loads too few in flight (H200, 64
   // splits at batch 1: 33 µs for 17 MB).
   static const bool merge1 = getenv("MK_PAGED_MERGE") != nullptr && atoi(getenv("MK_PAGED_MERGE")) == 1;
-  const dim3 mg((unsigned)n, (unsigned)heads, (unsigned)((v_head_dim + kNT - 1) / kNT));
-  if (!merge1 && v_head_dim % 4 == 0)  // 4 columns a lane: 128 columns a CTA, as the other's
+  const dim3 mg((unsigned)n, (unsigned)a.H, (unsigned)((a.Dv + kNT - 1) / kNT));
+  if (!merge1 && a.Dv % 4 == 0)  // 4 columns a lane: 128 columns a CTA, as the other's
     (void)(mk::launch(paged_attn_merge4, mg, dim3(kNT), 0, st, a));
   else
     (void)(mk::launch(paged_attn_merge, mg, dim3(kNT), 0, st, a));
   MK_LAUNCHED("paged_attn_merge");
   return MK_OK;
+}
+
+// decode_fits reports whether mk_paged_decode_bf16 takes these dims.
+bool decode_fits(int head_dim, int v_head_dim, int rot_dim) {
+  return use_warp(head_dim, v_head_dim) && rot_dim >= 0 && rot_dim % 2 == 0 && rot_dim <= head_dim;
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uint64_t q, uint64_t pool_k,
+                           uint64_t pool_v,
+                           uint64_t rows, uint64_t pos, uint64_t table, uint64_t blocks, int64_t n,
+                           int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
+                           int32_t block_size, uint32_t scale_bits, int32_t window, uint64_t sinks,
+                           int32_t max_keys, uint64_t work, uint64_t work_size) {
+  const char* fn = "mk_paged_attn_bf16";
+  MK_THREAD(fn);
+  Plan p;
+  AttnArgs a;
+  int rc = paged_setup(fn, p, a, out, out_bf16, q, pool_k, pool_v, rows, pos, table, blocks, n, heads, kv_heads,
+                       head_dim, v_head_dim, block_size, scale_bits, window, sinks, max_keys, work, work_size);
+  if (rc != MK_OK) return rc;
+  const cudaStream_t st = mk::as_stream(stream);
+  rc = launch(p, a, n, st);
+  if (rc != MK_OK) return rc;
+  return launch_merge(p, a, n, st);
+}
+
+int32_t mk_paged_decode_fits(int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
+                             int32_t rot_dim) {
+  return heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && decode_fits(head_dim, v_head_dim, rot_dim) ? 1 : 0;
+}
+
+int32_t mk_paged_decode_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uint64_t q, uint64_t pool_k,
+                             uint64_t pool_v, uint64_t rows, uint64_t pos, uint64_t table, uint64_t blocks, int64_t n,
+                             int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
+                             int32_t block_size, uint32_t scale_bits, int32_t window, uint64_t sinks,
+                             int32_t max_keys, uint64_t work, uint64_t work_size, const mk_decode_new* nw) {
+  const char* fn = "mk_paged_decode_bf16";
+  MK_THREAD(fn);
+  MK_ARG(nw != nullptr, "%s: no new tokens (nw is null)", fn);
+  const int rot = nw->rot_dim;
+  MK_ARG(decode_fits(head_dim, v_head_dim, rot) && q % 16 == 0,
+         "%s: head dims %d/%d with rot_dim %d (or q's alignment) are not the fused kernel's (mk_paged_decode_fits)",
+         fn, head_dim, v_head_dim, rot);
+  DEC_ARG(fn, nw->k && nw->v && nw->slots && nw->rope_pos && pool_v && (rot == 0 || nw->inv_freq) &&
+                  (nw->style == MK_ROPE_NEOX || nw->style == MK_ROPE_INTERLEAVED));
+  Plan p;
+  AttnArgs a;
+  int rc = paged_setup(fn, p, a, out, out_bf16, q, pool_k, pool_v, rows, pos, table, blocks, n, heads, kv_heads,
+                       head_dim, v_head_dim, block_size, scale_bits, window, sinks, max_keys, work, work_size);
+  if (rc != MK_OK) return rc;
+  MK_ARG(p.warp, "%s: the plan did not pick the warp-split kernel", fn);
+  a.knew = mk::dev<float>(nw->k);
+  a.vnew = mk::dev<float>(nw->v);
+  a.slots = mk::dev<int32_t>(nw->slots);
+  a.qnw = nw->q_norm ? mk::dev<float>(nw->q_norm) : nullptr;
+  a.knw = nw->k_norm ? mk::dev<float>(nw->k_norm) : nullptr;
+  a.rpos = mk::dev<int32_t>(nw->rope_pos);
+  a.inv_freq = rot ? mk::dev<float>(nw->inv_freq) : nullptr;
+  a.rot_half = rot / 2;
+  a.neox = nw->style == MK_ROPE_NEOX;
+  a.attn_factor = mk::float_from_bits(nw->attn_bits);
+  a.eps = mk::float_from_bits(nw->eps_bits);
+  const cudaStream_t st = mk::as_stream(stream);
+  rc = launch(p, a, n, st, true);
+  if (rc != MK_OK) return rc;
+  return launch_merge(p, a, n, st);
 }
 
 }  // extern "C"

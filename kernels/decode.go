@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"sync/atomic"
 )
 
@@ -19,6 +20,10 @@ var (
 	pagedAttnBF16      func(stream, out, outBF16, q, poolK, poolV, rows, pos, table, blocks uint64, n int64,
 		heads, kvHeads, headDim, vHeadDim, blockSize int32, scaleBits uint32, window int32, sinks uint64,
 		maxKeys int32, work, workSize uint64) int32
+	pagedDecodeFits func(heads, kvHeads, headDim, vHeadDim, rotDim int32) int32
+	pagedDecodeBF16 func(stream, out, outBF16, q, poolK, poolV, rows, pos, table, blocks uint64, n int64,
+		heads, kvHeads, headDim, vHeadDim, blockSize int32, scaleBits uint32, window int32, sinks uint64,
+		maxKeys int32, work, workSize uint64, nw *decodeNew) int32
 )
 
 func init() {
@@ -28,6 +33,8 @@ func init() {
 		symbol{"mk_paged_attn_stages", &pagedAttnStages},
 		symbol{"mk_paged_attn_workspace", &pagedAttnWorkspace},
 		symbol{"mk_paged_attn_bf16", &pagedAttnBF16},
+		symbol{"mk_paged_decode_fits", &pagedDecodeFits},
+		symbol{"mk_paged_decode_bf16", &pagedDecodeBF16},
 	)
 }
 
@@ -202,50 +209,165 @@ func (d *Device) PagedAttnBF16(s *Stream, out, outBF16, q, poolK, poolV, rows, p
 	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
-	if err := checkPaged(op, n, a); err != nil {
+	c, err := pagedCall(op, out, outBF16, q, poolK, poolV, rows, pos, table, blocks, sinks, work, n, maxKeys, a)
+	if err != nil {
 		return err
+	}
+	return d.lib.check("mk_paged_attn_bf16", pagedAttnBF16(s.handle(), c.out, c.ob, c.q, c.pk, c.pv,
+		c.rows, c.pos, c.table, c.blocks, c.n, c.heads, c.kvHeads, c.headDim, c.vHeadDim, c.bs, c.scale, c.window,
+		c.sinks, c.maxKeys, c.work, c.workN))
+}
+
+// pagedArgs are the flattened arguments of mk_paged_attn_bf16 (and of
+// mk_paged_decode_bf16, which takes the same and the new tokens).
+type pagedArgs struct {
+	out, ob, q, pk, pv, rows, pos, table, blocks, sinks, work, workN uint64
+	n                                                                int64
+	heads, kvHeads, headDim, vHeadDim, bs, window, maxKeys           int32
+	scale                                                            uint32
+}
+
+// pagedCall checks PagedAttnBF16's buffers against the shapes and
+// flattens them.
+func pagedCall(op string, out, outBF16, q, poolK, poolV, rows, pos, table, blocks, sinks, work *Buffer,
+	n, maxKeys int, a AttnArgs) (pagedArgs, error) {
+	var c pagedArgs
+	if err := checkPaged(op, n, a); err != nil {
+		return c, err
 	}
 	N := int64(n)
 	if err := needAll(op, 4, "q", q, int64(a.Heads*a.HeadDim), "out", out, int64(a.Heads*a.VHeadDim),
 		"rows", rows, N, "pos", pos, N, "table", table, N, "blocks", blocks, int64(1)); err != nil {
-		return err
+		return c, err
 	}
 	if err := needAll(op, 2, "poolK", poolK, int64(a.KVHeads*a.HeadDim)); err != nil {
-		return err
+		return c, err
 	}
-	var pv uint64
 	if poolV != nil {
 		if err := needAll(op, 2, "poolV", poolV, int64(a.KVHeads*a.VHeadDim)); err != nil {
-			return err
+			return c, err
 		}
-		pv = poolV.ptr
+		c.pv = poolV.ptr
 	} else if a.VHeadDim > a.HeadDim {
-		return fmt.Errorf("kernels: %s: values inside keys need VHeadDim %d ≤ HeadDim %d", op, a.VHeadDim, a.HeadDim)
+		return c, fmt.Errorf("kernels: %s: values inside keys need VHeadDim %d ≤ HeadDim %d", op, a.VHeadDim, a.HeadDim)
 	}
-	if poolK.ptr%16 != 0 || pv%16 != 0 {
-		return fmt.Errorf("kernels: %s: poolK and poolV must be 16-byte aligned", op)
+	if poolK.ptr%16 != 0 || c.pv%16 != 0 {
+		return c, fmt.Errorf("kernels: %s: poolK and poolV must be 16-byte aligned", op)
 	}
-	var sk, wp, wn, ob uint64
 	if sinks != nil {
 		if err := need(op, "sinks", sinks, int64(a.Heads), 4); err != nil {
-			return err
+			return c, err
 		}
-		sk = sinks.ptr
+		c.sinks = sinks.ptr
 	}
 	if outBF16 != nil {
 		if err := need(op, "outBF16", outBF16, int64(a.Heads*a.VHeadDim), 2); err != nil {
-			return err
+			return c, err
 		}
-		ob = outBF16.ptr
+		c.ob = outBF16.ptr
 	}
 	if work != nil {
-		if err := work.fits("PagedAttnBF16 workspace", 0); err != nil {
+		if err := work.fits(op+" workspace", 0); err != nil {
+			return c, err
+		}
+		c.work, c.workN = work.ptr, uint64(work.bytes)
+	}
+	c.out, c.q, c.pk, c.rows, c.pos, c.table, c.blocks = out.ptr, q.ptr, poolK.ptr, rows.ptr, pos.ptr, table.ptr, blocks.ptr
+	c.n = N
+	c.heads, c.kvHeads, c.headDim, c.vHeadDim = int32(a.Heads), int32(a.KVHeads), int32(a.HeadDim), int32(a.VHeadDim)
+	c.bs, c.window, c.maxKeys = int32(a.BlockSize), int32(a.Window), int32(max(0, min(maxKeys, math.MaxInt32)))
+	c.scale = math.Float32bits(a.Scale)
+	return c, nil
+}
+
+// decodeNew mirrors mk_decode_new (mk_decode.h).
+type decodeNew struct {
+	k, v, slots, qNorm, kNorm, ropePos, invFreq uint64
+	rotDim, style                               int32
+	attnBits, epsBits                           uint32
+}
+
+// DecodeNew says where PagedDecodeBF16's new tokens are and how their q
+// and k are normalised and rotated: K [T, KVHeads*HeadDim] and V
+// [T, KVHeads*VHeadDim] float32 as projected, Slots [T] int32 their pool
+// rows (negative: not stored), QNorm / KNorm [HeadDim] float32 the per-head
+// RMSNorm weights (nil: no norm), RoPEPos [T] int32 the rotation's
+// positions, InvFreq [RotDim/2] float32 its frequencies (RotDim 0: none),
+// Style its pairing, AttnFactor its scale (1 for none).
+type DecodeNew struct {
+	K, V, Slots, QNorm, KNorm, RoPEPos, InvFreq *Buffer
+	Tokens, RotDim                              int
+	Style                                       RoPEStyle
+	AttnFactor, Eps                             float32
+}
+
+// PagedDecodeFits reports whether PagedDecodeBF16 takes these shapes with
+// the kernel SetPagedVariant chose (the warp-split kernel's head dims 64/64,
+// 128/128 and 192/128; rotDim even, at most HeadDim).
+func (d *Device) PagedDecodeFits(a AttnArgs, rotDim int) bool {
+	if d.ready("PagedDecodeFits") != nil {
+		return false
+	}
+	return pagedDecodeFits(int32(a.Heads), int32(a.KVHeads), int32(a.HeadDim), int32(a.VHeadDim), int32(rotDim)) == 1
+}
+
+// PagedDecodeBF16 is a decode step's attention with its new tokens in one
+// kernel: the per-head RMSNorm and RoPE of q (NormRoPEF32, fast) and of the
+// new keys, KVWriteBF16 of the new keys and values, then PagedAttnBF16 —
+// with PagedAttnBF16's arguments, except that q is the raw projection. Every
+// row b must be a decode row: its token is row rows[b] of q and of nw's
+// buffers, and pos[b] is that token's position, the last key the row sees
+// (written by this call, not read from the pool). poolV must not be nil;
+// PagedDecodeFits must hold. The keys before each row's new one and the
+// metadata buffers may be read before the stream's previous kernel has
+// completed: it must not write them.
+func (d *Device) PagedDecodeBF16(s *Stream, out, outBF16, q, poolK, poolV, rows, pos, table, blocks, sinks, work *Buffer,
+	n, maxKeys int, a AttnArgs, nw DecodeNew) error {
+	const op = "PagedDecodeBF16"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	c, err := pagedCall(op, out, outBF16, q, poolK, poolV, rows, pos, table, blocks, sinks, work, n, maxKeys, a)
+	if err != nil {
+		return err
+	}
+	if poolV == nil {
+		return fmt.Errorf("kernels: %s: the values need their own pool (poolV is nil)", op)
+	}
+	if nw.Tokens < n || nw.RotDim < 0 || nw.RotDim%2 != 0 || nw.RotDim > a.HeadDim {
+		return fmt.Errorf("kernels: %s: %d tokens for %d rows, rotDim %d (head dim %d)", op, nw.Tokens, n, nw.RotDim,
+			a.HeadDim)
+	}
+	T := int64(nw.Tokens)
+	if err := needAll(op, 4, "K", nw.K, T*int64(a.KVHeads*a.HeadDim), "V", nw.V, T*int64(a.KVHeads*a.VHeadDim),
+		"Slots", nw.Slots, T, "RoPEPos", nw.RoPEPos, T); err != nil {
+		return err
+	}
+	if err := needAll(op, 4, "q", q, T*int64(a.Heads*a.HeadDim)); err != nil {
+		return err
+	}
+	dn := decodeNew{k: nw.K.ptr, v: nw.V.ptr, slots: nw.Slots.ptr, ropePos: nw.RoPEPos.ptr, rotDim: int32(nw.RotDim),
+		style: int32(nw.Style), attnBits: math.Float32bits(nw.AttnFactor), epsBits: math.Float32bits(nw.Eps)}
+	for _, x := range []struct {
+		b   *Buffer
+		dst *uint64
+		n   int64
+		nm  string
+	}{{nw.QNorm, &dn.qNorm, int64(a.HeadDim), "QNorm"}, {nw.KNorm, &dn.kNorm, int64(a.HeadDim), "KNorm"},
+		{nw.InvFreq, &dn.invFreq, int64(nw.RotDim / 2), "InvFreq"}} {
+		if x.b == nil {
+			continue
+		}
+		if err := need(op, x.nm, x.b, x.n, 4); err != nil {
 			return err
 		}
-		wp, wn = work.ptr, uint64(work.bytes)
+		*x.dst = x.b.ptr
 	}
-	return d.lib.check("mk_paged_attn_bf16", pagedAttnBF16(s.handle(), out.ptr, ob, q.ptr, poolK.ptr, pv,
-		rows.ptr, pos.ptr, table.ptr, blocks.ptr, N, int32(a.Heads), int32(a.KVHeads), int32(a.HeadDim),
-		int32(a.VHeadDim), int32(a.BlockSize), math.Float32bits(a.Scale), int32(a.Window), sk,
-		int32(max(0, min(maxKeys, math.MaxInt32))), wp, wn))
+	if nw.RotDim > 0 && dn.invFreq == 0 {
+		return fmt.Errorf("kernels: %s: rotDim %d without InvFreq", op, nw.RotDim)
+	}
+	rc := pagedDecodeBF16(s.handle(), c.out, c.ob, c.q, c.pk, c.pv, c.rows, c.pos, c.table, c.blocks, c.n, c.heads,
+		c.kvHeads, c.headDim, c.vHeadDim, c.bs, c.scale, c.window, c.sinks, c.maxKeys, c.work, c.workN, &dn)
+	runtime.KeepAlive(&dn)
+	return d.lib.check("mk_paged_decode_bf16", rc)
 }

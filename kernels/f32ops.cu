@@ -12,6 +12,7 @@
 
 #include "common.cuh"
 #include "norm.cuh"
+#include "normrope.cuh"
 
 namespace {
 
@@ -29,11 +30,7 @@ unsigned grid_n(int64_t n) {
 #define GRID_STRIDE(i, n) \
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
-__device__ __forceinline__ double warp_sum_d(double v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using mk::warp_sum_d;
 
 // rms_scale is 1 / sqrt(mean + eps) of a group's sum of squares, ss being
 // each thread's share: a warp sum, then one over the warps (part: 32
@@ -342,57 +339,8 @@ __global__ void __launch_bounds__(kNormRopeWarps * 32)
     if (rh >= t * p1.heads) return;
   }
   const int64_t r = rh / p.heads;
-  const float* xs = p.x + rh * head_dim;
-  float* v = buf[warp];
-  float rs = 1.0f;
-  if (fast) {
-    float ss = 0;
-    for (int64_t j = lane; j < head_dim; j += 32) {
-      const float a = xs[j];
-      v[j] = a;
-      ss = fmaf(a, a, ss);
-    }
-    rs = rsqrtf(mk::warp_sum(ss) / (float)head_dim + eps);
-  } else {
-    double ss = 0;
-    for (int64_t j = lane; j < head_dim; j += 32) {
-      const float a = xs[j];
-      v[j] = a;
-      ss += (double)__fmul_rn(a, a);
-    }
-    if (p.w) {
-      ss = warp_sum_d(ss);
-      const float mean = (float)(ss / (double)head_dim);
-      rs = (float)(1.0 / sqrt((double)(mean + eps)));
-    }
-  }
-  if (p.w) {
-    for (int64_t j = lane; j < head_dim; j += 32) v[j] = __fmul_rn(p.w[j], __fmul_rn(v[j], rs));
-  }
-  __syncwarp();
-  float* o = p.out + rh * head_dim;
-  const bool neox = style == MK_ROPE_NEOX;
-  const float fp = (float)pos[r];
-  for (int64_t j = lane; j < head_dim; j += 32) {
-    float y = v[j];
-    if (j < 2 * half) {
-      const int64_t i = neox ? (j < half ? j : j - half) : j / 2;
-      const bool second = neox ? j >= half : (j & 1);
-      const float a = __fmul_rn(inv[i], fp);
-      float c, sn;
-      if (fast) {
-        sincosf(a, &sn, &c);
-        c *= attn;
-        sn *= attn;
-      } else {
-        c = __fmul_rn((float)cos((double)a), attn);
-        sn = __fmul_rn((float)sin((double)a), attn);
-      }
-      const float x1 = neox ? v[i] : v[2 * i], x2 = neox ? v[half + i] : v[2 * i + 1];
-      y = second ? __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn)) : __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
-    }
-    o[j] = y;
-  }
+  mk::norm_rope_head(p.x + rh * head_dim, p.w, buf[warp], p.out + rh * head_dim, (int)head_dim, (int)half,
+                     style == MK_ROPE_NEOX, (float)pos[r], inv, attn, eps, fast, lane);
 }
 
 __global__ void copy_cols_f32(float* dst, int64_t dld, int64_t doff, int64_t dhs, const float* src,

@@ -67,6 +67,45 @@ MK_API int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf
                                   uint32_t scale_bits, int32_t window, uint64_t sinks, int32_t max_keys,
                                   uint64_t work, uint64_t work_size);
 
+/* The new tokens of decode rows (ABI 20, mk_paged_decode_bf16), T token
+ * rows: k [T, kv_heads*head_dim] and v [T, kv_heads*v_head_dim] float32 as
+ * projected (before the norm and RoPE), slots [T] int32 the pool rows they
+ * go to (< 0: not stored), q_norm / k_norm [head_dim] float32 the per-head
+ * RMSNorm weights (0: no norm; eps as float bits), rope_pos [T] int32 the
+ * rotation's positions, inv_freq [rot_dim/2] float32 its frequencies
+ * (rot_dim 0: no rotation), style an MK_ROPE_* value, attn_bits the
+ * rotation's scale (YaRN's attention factor; 1.0f for none). */
+typedef struct mk_decode_new {
+  uint64_t k, v, slots, q_norm, k_norm, rope_pos, inv_freq;
+  int32_t rot_dim, style;
+  uint32_t attn_bits, eps_bits;
+} mk_decode_new;
+
+/* 1 when mk_paged_decode_bf16 takes these shapes under the current
+ * mk_paged_attn_variant (the warp-split kernel's head dims: 64/64, 128/128,
+ * 192/128; rot_dim even and <= head_dim), else 0. */
+MK_API int32_t mk_paged_decode_fits(int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
+                                    int32_t rot_dim);
+
+/* A decode step's attention with its new tokens, in one kernel (ABI 20):
+ * mk_norm_rope_f32 (fast) of q and of the new keys, mk_kv_write_bf16 of
+ * the new keys and values, then mk_paged_attn_bf16, with the same
+ * arguments as that one except that q is the raw projection, and nw says
+ * where the new tokens are. Every row b must be a decode row: its token is
+ * row rows[b] of q, nw->k, nw->v, nw->slots and nw->rope_pos, and pos[b] is
+ * that token's position, the last key the row sees (the pool's row for it,
+ * slots[rows[b]], is written, not read). pool_v must be set and q 16-byte
+ * aligned; mk_paged_decode_fits must say 1. The keys before each row's new
+ * one and the step's metadata (rows, pos, table, blocks, slots, rope_pos)
+ * may be read before the previous kernel of the stream completes: nothing
+ * launched right before this call may write them. */
+MK_API int32_t mk_paged_decode_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uint64_t q, uint64_t pool_k,
+                                    uint64_t pool_v, uint64_t rows, uint64_t pos, uint64_t table, uint64_t blocks,
+                                    int64_t n, int32_t heads, int32_t kv_heads, int32_t head_dim,
+                                    int32_t v_head_dim, int32_t block_size, uint32_t scale_bits, int32_t window,
+                                    uint64_t sinks, int32_t max_keys, uint64_t work, uint64_t work_size,
+                                    const mk_decode_new* nw);
+
 #ifdef __cplusplus
 }
 #endif

@@ -65,8 +65,9 @@ extern "C" {
  *     mk_graph_mark, mk_event_query, mk_sample_greedy_f32 and
  *     mk_sample_draw_f32 (and their _work).
  * 19: mk_stamp, mk_kstamp_*; mk_sample_draw_f32 and mk_sample_draw_work take kmax (top-k rows),
- *     mk_sample_draw_kmax. */
-#define MK_ABI_VERSION 19
+ *     mk_sample_draw_kmax.
+ * 20: mk_paged_decode_bf16, mk_paged_decode_fits (mk_decode.h). */
+#define MK_ABI_VERSION 20
 
 /* Status codes. */
 enum {

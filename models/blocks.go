@@ -254,10 +254,10 @@ func (a *gqaAttention) forward(h backend.Tensor, b *backend.Batch) backend.Tenso
 		q, k, v = be.Clamp(q, a.clip), be.Clamp(k, a.clip), be.Clamp(v, a.clip)
 		q = be.RoPE(q, p.NumHeads, p.HeadDim, a.rope, b.Positions)
 		k = be.RoPE(k, p.NumKVHeads, p.HeadDim, a.rope, b.Positions)
-	} else { // the q/k norms (if any) and RoPE, fused where the backend can
-		q, k = backend.NormRoPE(be, q, k, a.qNorm, a.kNorm, a.eps, p.NumHeads, p.NumKVHeads, p.HeadDim, a.rope, b.Positions)
+		return be.Linear(be.Attention(q, k, v, b, p), a.wo, a.bo)
 	}
-	o := be.Attention(q, k, v, b, p) // [T, H*D]
+	// The q/k norms (if any), RoPE and attention, fused where the backend can.
+	o := backend.NormRoPEAttention(be, q, k, v, a.qNorm, a.kNorm, a.eps, a.rope, b, p) // [T, H*D]
 	return be.Linear(o, a.wo, a.bo)
 }
 

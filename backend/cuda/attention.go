@@ -2,7 +2,9 @@ package cuda
 
 import (
 	"fmt"
+	"os"
 	"slices"
+	"sync"
 
 	"github.com/mkserve/mkserve/attention"
 	"github.com/mkserve/mkserve/backend"
@@ -220,12 +222,98 @@ func (g *attnGroup) add(s backend.SeqSpan, blocks []int32, bs, pad int) {
 // call, a duplicated ID, a block table too short or with ids outside the
 // pool, an invalid batch or bad shapes panic.
 func (be *Backend) Attention(q, k, v backend.Tensor, b *backend.Batch, p *backend.AttnParams) backend.Tensor {
-	return be.attention(q, k, v, b, p, false)
+	out, _ := be.attention(q, k, v, b, p, false, nil)
+	return out
+}
+
+// normRoPEArgs are NormRoPEAttention's norms and rotation, for attention.
+type normRoPEArgs struct {
+	qw, kw *Tensor // [HeadDim] or nil
+	eps    float32
+	rope   *attention.RoPE
+	style  kernels.RoPEStyle
+}
+
+// NormRoPEAttention implements backend.NormRoPEAttender: in the fast
+// profile, a batch of decode spans (one new token each, all with block
+// tables, none context-parallel) on the bf16 cache runs q's and k's
+// per-head norms, RoPE, the KV write and attention as one kernel
+// (kernels.PagedDecodeBF16), which reads the cached keys before the q/k/v
+// projection has finished. Other batches and shapes (OLMoE's norms over
+// all heads, head dims the warp-split kernel lacks, MLA) return ok false.
+func (be *Backend) NormRoPEAttention(q, k, v, qw, kw backend.Tensor, eps float32, rope *attention.RoPE,
+	b *backend.Batch, p *backend.AttnParams) (backend.Tensor, bool) {
+	if be.split || be.kvF32 || !fusedDecodeOn() || b == nil || p == nil || rope == nil || rope.Validate() != nil ||
+		rope.Dim > p.HeadDim || p.ValuesInKeys || p.HeadDim > kernels.NormRoPEMaxHeadDim {
+		return nil, false
+	}
+	for _, s := range b.Seqs {
+		if s.Len != 1 || s.Blocks == nil {
+			return nil, false
+		}
+	}
+	headW := func(w backend.Tensor) (*Tensor, bool) {
+		if w == nil {
+			return nil, true
+		}
+		wt := tensorOf("NormRoPEAttention", "w", w)
+		r, _ := wt.dims()
+		return wt, r == 1 && wt.st.n == p.HeadDim
+	}
+	qwt, ok1 := headW(qw)
+	kwt, ok2 := headW(kw)
+	if !ok1 || !ok2 || !be.decodeFits(p, rope.Dim) {
+		return nil, false
+	}
+	_, _, style := ropeInput("NormRoPEAttention", q, p.NumHeads*p.HeadDim, rope, b.Positions)
+	out, ok := be.attention(q, k, v, b, p, false, &normRoPEArgs{qw: qwt, kw: kwt, eps: eps, rope: rope, style: style})
+	if !ok {
+		return nil, false
+	}
+	return out, true
+}
+
+// FusedDecodeEnv names the environment variable that, set to 0, runs a
+// decode step's q/k norms, RoPE, KV write and attention as separate
+// kernels (NormRoPE, then Attention) instead of one, for comparisons.
+const FusedDecodeEnv = "MKSERVE_FUSED_DECODE"
+
+var fusedDecodeOn = sync.OnceValue(func() bool { return os.Getenv(FusedDecodeEnv) != "0" })
+
+// decodeFits reports (and remembers) whether kernels.PagedDecodeFits
+// takes p's shapes with rotation dims rot.
+func (be *Backend) decodeFits(p *backend.AttnParams, rot int) bool {
+	key := [5]int{p.NumHeads, p.NumKVHeads, p.HeadDim, p.VHeadDim, rot}
+	be.ropeMu.Lock()
+	fits, ok := be.decodeFit[key]
+	be.ropeMu.Unlock()
+	if ok {
+		return fits
+	}
+	_ = be.g.Do(func(d *kernels.Device) error {
+		if err := pagedVariant(d); err != nil {
+			return err
+		}
+		fits = d.PagedDecodeFits(kernels.AttnArgs{Heads: p.NumHeads, KVHeads: p.NumKVHeads, HeadDim: p.HeadDim,
+			VHeadDim: p.VHeadDim}, rot)
+		return nil
+	})
+	be.ropeMu.Lock()
+	if be.decodeFit == nil {
+		be.decodeFit = map[[5]int]bool{}
+	}
+	be.decodeFit[key] = fits
+	be.ropeMu.Unlock()
+	return fits
 }
 
 // attention is Attention; with writeOnly it only appends k and v to the
-// cache (q is not read and may be nil) and returns nil.
-func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backend.AttnParams, writeOnly bool) *Tensor {
+// cache (q is not read and may be nil) and returns nil. With nr, q and k
+// are the raw projections, normed and rotated by the attention kernel
+// itself (NormRoPEAttention): ok is false, and nothing was done, when the
+// batch's groups do not allow that.
+func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backend.AttnParams, writeOnly bool,
+	nr *normRoPEArgs) (res *Tensor, ok bool) {
 	if b == nil || p == nil {
 		panicf("Attention", "nil batch or params")
 	}
@@ -350,6 +438,10 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		// attnMemo's when every span is paged (sig != nil or a hit).
 		be.attnMemo.stepBatch, be.attnMemo.stepPaged, be.attnMemo.stepRing = b, hit || sig != nil, paged.ring
 	}
+	if nr != nil && (writeOnly || priv.any || !paged.any || len(paged.rings) > 0 || len(paged.worldCP) > 0 ||
+		paged.maxLen != 1 || len(paged.rows) != T) {
+		return nil, false
+	}
 
 	var out *Tensor
 	be.do("Attention", func(d *kernels.Device) error {
@@ -422,8 +514,10 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 				}
 				continue
 			}
-			if err := d.KVWriteBF16(nil, pl.k, pl.v, kb, vb, m.slots, T, kw, vw); err != nil {
-				return err
+			if nr == nil {
+				if err := d.KVWriteBF16(nil, pl.k, pl.v, kb, vb, m.slots, T, kw, vw); err != nil {
+					return err
+				}
 			}
 			if writeOnly {
 				continue
@@ -502,8 +596,22 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 				outb = be.alloc.get(d, int64(T*H*Dv)*2)
 				be.attach(out, &out.st.bf16, outb)
 			}
-			err = d.PagedAttnBF16(nil, out.st.f32, outb, qb, pl.k, pl.v, m.rows, m.pos, m.table, m.blocks, sk, work,
-				len(g.rows), maxKeys, a)
+			if nr != nil { // q and k raw: normed, rotated and k/v stored by the kernel
+				f := be.freqs(d, nr.rope)
+				nw := kernels.DecodeNew{K: kb, V: vb, Slots: m.slots, RoPEPos: be.positions(d, b.Positions),
+					InvFreq: f.inv, Tokens: T, RotDim: nr.rope.Dim, Style: nr.style, AttnFactor: f.attn, Eps: nr.eps}
+				if nr.qw != nil {
+					nw.QNorm = be.f32(d, nr.qw)
+				}
+				if nr.kw != nil {
+					nw.KNorm = be.f32(d, nr.kw)
+				}
+				err = d.PagedDecodeBF16(nil, out.st.f32, outb, qb, pl.k, pl.v, m.rows, m.pos, m.table, m.blocks, sk,
+					work, len(g.rows), maxKeys, a, nw)
+			} else {
+				err = d.PagedAttnBF16(nil, out.st.f32, outb, qb, pl.k, pl.v, m.rows, m.pos, m.table, m.blocks, sk,
+					work, len(g.rows), maxKeys, a)
+			}
 			be.alloc.put(work)
 			if err != nil {
 				return err
@@ -514,7 +622,7 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	for _, u := range privs {
 		u.seq.tokens[p.Layer] = u.end
 	}
-	return out
+	return out, true
 }
 
 // addPaged adds span i of a batch, s (with a block table), to the paged

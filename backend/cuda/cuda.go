@@ -141,10 +141,13 @@ type Backend struct {
 	fused       fusedState
 	world       *world // Options.World, or nil
 
-	ropeMu   sync.Mutex
-	ropes    map[attention.RoPE]*ropeFreqs
-	attnMemo attnMemo // the paged attention group every layer of a step shares (be.kvMu)
-	posCache i32Cache // RoPE positions: every layer (q and k) of a step sends the same
+	ropeMu sync.Mutex
+	ropes  map[attention.RoPE]*ropeFreqs
+	// decodeFit remembers kernels.PagedDecodeFits per (heads, kv heads,
+	// head dims, rotation dims); under ropeMu.
+	decodeFit map[[5]int]bool
+	attnMemo  attnMemo // the paged attention group every layer of a step shares (be.kvMu)
+	posCache  i32Cache // RoPE positions: every layer (q and k) of a step sends the same
 
 	kvMu  sync.Mutex
 	paged *pagedKV   // after InitKV

@@ -47,9 +47,9 @@ func (be *Backend) LatentAttention(qNope, qPe, c, kPe backend.Tensor, b *backend
 	sizes := []int{L, R}
 	kFull := be.ConcatCols(1, []backend.Tensor{c, kPe}, sizes) // [T, L+R]: the cached keys
 	if be.freshPrefill(b) && !be.kvF32 && flashOn() && flashFits(w.Nope+R, w.V) {
-		be.attention(nil, kFull, c, b, p, true) // the cache only
-		kn := be.Linear(c, w.UK, nil)           // [T, H*nope]
-		vv := be.Linear(c, w.UV, nil)           // [T, H*v]
+		be.attention(nil, kFull, c, b, p, true, nil) // the cache only
+		kn := be.Linear(c, w.UK, nil)                // [T, H*nope]
+		vv := be.Linear(c, w.UV, nil)                // [T, H*v]
 		dsz := []int{w.Nope, R}
 		kf := be.ConcatCols(H, []backend.Tensor{kn, kPe}, dsz)    // [T, H*(nope+rope)]
 		qf := be.ConcatCols(H, []backend.Tensor{qNope, qPe}, dsz) // [T, H*(nope+rope)]
