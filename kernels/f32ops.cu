@@ -339,8 +339,10 @@ __global__ void __launch_bounds__(kNormRopeWarps * 32)
     if (rh >= t * p1.heads) return;
   }
   const int64_t r = rh / p.heads;
+  const float fp = (float)pos[r];
   mk::norm_rope_head(p.x + rh * head_dim, p.w, buf[warp], p.out + rh * head_dim, (int)head_dim, (int)half,
-                     style == MK_ROPE_NEOX, (float)pos[r], inv, attn, eps, fast, lane);
+                     style == MK_ROPE_NEOX, eps, fast, lane,
+                     [&](int i, float* c, float* sn) { mk::rope_cs(i, fp, inv, attn, fast, c, sn); });
 }
 
 __global__ void copy_cols_f32(float* dst, int64_t dld, int64_t doff, int64_t dhs, const float* src,

@@ -19,17 +19,34 @@ __device__ __forceinline__ double warp_sum_d(double v) {
   return v;
 }
 
+// rope_cs gives the rotation's scaled cosine and sine for pair i at
+// position fp: angle fp·inv[i] (float32), cos and sin by sincosf (fast) or
+// in float64 (exact), times attn.
+__device__ __forceinline__ void rope_cs(int i, float fp, const float* inv, float attn, bool fast, float* c,
+                                        float* sn) {
+  const float a = __fmul_rn(inv[i], fp);
+  if (fast) {
+    sincosf(a, sn, c);
+    *c *= attn;
+    *sn *= attn;
+  } else {
+    *c = __fmul_rn((float)cos((double)a), attn);
+    *sn = __fmul_rn((float)sin((double)a), attn);
+  }
+}
+
 // norm_rope_head: o[j] = RoPE(RMSNorm(x)·w)[j] for one head of head_dim
 // values, by one full warp (lane = its lane). w null skips the norm. v is
 // the warp's scratch of head_dim floats (shared memory); o may be global or
 // shared memory, not v. The rotation takes the first 2·half values: neox
-// pairs (i, half+i), else (2i, 2i+1), angle fp·inv[i], scaled by attn.
+// pairs (i, half+i), else (2i, 2i+1); cs(i, &c, &sn) gives pair i's scaled
+// cosine and sine (rope_cs, or a table of its values).
 // Exact (fast false): the arithmetic of rmsnorm_f32 then rope_f32 element
-// for element (float64 sum of squares, cos and sin); fast: float32 sums,
-// rsqrtf and sincosf (a few ulp from the exact values).
+// for element (float64 sum of squares; cs's cos and sin); fast: float32
+// sums and rsqrtf (a few ulp from the exact values).
+template <typename CS>
 __device__ __forceinline__ void norm_rope_head(const float* x, const float* w, float* v, float* o, int head_dim,
-                                               int half, bool neox, float fp, const float* inv, float attn, float eps,
-                                               bool fast, int lane) {
+                                               int half, bool neox, float eps, bool fast, int lane, CS cs) {
   float rs = 1.0f;
   if (fast) {
     float ss = 0;
@@ -61,16 +78,8 @@ __device__ __forceinline__ void norm_rope_head(const float* x, const float* w, f
     if (j < 2 * half) {
       const int i = neox ? (j < half ? j : j - half) : j / 2;
       const bool second = neox ? j >= half : (j & 1);
-      const float a = __fmul_rn(inv[i], fp);
       float c, sn;
-      if (fast) {
-        sincosf(a, &sn, &c);
-        c *= attn;
-        sn *= attn;
-      } else {
-        c = __fmul_rn((float)cos((double)a), attn);
-        sn = __fmul_rn((float)sin((double)a), attn);
-      }
+      cs(i, &c, &sn);
       const float x1 = neox ? v[i] : v[2 * i], x2 = neox ? v[half + i] : v[2 * i + 1];
       y = second ? __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn)) : __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
     }
