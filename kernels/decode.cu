@@ -94,10 +94,6 @@ struct AttnArgs {
   const float* inv_freq;  // [rot_half]
   int rot_half, neox;
   float attn_factor, eps;
-  // NEW with splits > 1 and cnt set: one arrival counter per (row, kv
-  // head, head chunk), zero between calls; the last CTA of a row's key
-  // ranges merges them (no merge kernel).
-  int* cnt;
 };
 
 // pool_row is the pool row of key j of a sequence with block table tab.
@@ -787,43 +783,6 @@ __global__ void __launch_bounds__(kNT) paged_attn_mma(const AttnArgs a) {
   }
 }
 
-// merge_weights_warp is the first step of every merge, by one full warp
-// (lane): for row b and head h it writes each used range's weight
-// exp2(max_s − max) to w and 1 / (Σ weight·sum, plus the sink) to *inv,
-// and returns the used ranges (row_split: the rest wrote nothing). The
-// caller syncs before others read w. Loads through L2 (__ldcg): a fused
-// merge reads what other CTAs of its own kernel wrote.
-__device__ __forceinline__ int merge_weights_warp(const AttnArgs& a, int b, int h, float* w, float* inv, int lane) {
-  const int S = row_split(a, a.pos[b]).used;
-  const float* ml = a.wml + ((int64_t)b * a.H + h) * a.splits * 2;
-  float m = -INFINITY;
-  for (int s = lane; s < S; s += 32) m = fmaxf(m, __ldcg(ml + 2 * s));
-  m = warp_max(m);
-  float sk = -INFINITY;
-  if (a.sinks) {
-    sk = a.sinks[h] * kLog2e;
-    m = fmaxf(m, sk);
-  }
-  float l = 0.0f;
-  for (int s = lane; s < S; s += 32) {
-    const float ms = __ldcg(ml + 2 * s);
-    const float ws = ms == -INFINITY ? 0.0f : exp2f(ms - m);
-    w[s] = ws;
-    l += ws * __ldcg(ml + 2 * s + 1);
-  }
-  l = warp_sum(l);
-  if (a.sinks) l += exp2f(sk - m);
-  if (lane == 0) *inv = 1.0f / l;
-  return S;
-}
-
-// merge_weights is merge_weights_warp by the CTA's first warp (the others
-// get S too).
-__device__ __forceinline__ int merge_weights(const AttnArgs& a, int b, int h, float* w, float* inv) {
-  if (threadIdx.x < 32) return merge_weights_warp(a, b, h, w, inv, threadIdx.x);
-  return row_split(a, a.pos[b]).used;
-}
-
 // ---- warp-split variant (PagedWarp) ----
 //
 // Built for bandwidth: no shared memory on the K/V path and few registers,
@@ -861,54 +820,6 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// fused_merge ends a split paged_attn_warp<…, true> CTA when a.cnt is set:
-// it counts itself in for its (row, kv head, head chunk), and the last of
-// the row's used ranges merges the chunk's heads (as paged_attn_merge4,
-// reading the others' partials through L2) and resets the counter.
-template <int Dv>
-__device__ __forceinline__ void fused_merge(const AttnArgs& a, const CtaWork& w, int tid, int lane, int warp) {
-  __shared__ float mw[kWG][kMaxSplits];
-  __shared__ float minv[kWG];
-  __shared__ int last;
-  __threadfence();  // this CTA's partials before its arrival
-  __syncthreads();
-  if (tid == 0) {
-    const int hc = (w.h0 - w.kh * a.G) / kWG;
-    int* c = a.cnt + ((int64_t)w.b * a.KV + w.kh) * a.hchunks + hc;
-    const int used = row_split(a, w.i).used;
-    last = atomicAdd(c, 1) == used - 1;
-    if (last) *c = 0;  // every range has arrived: ready for the next call
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  int S = 0;
-  for (int g = warp; g < w.gc; g += 4) S = merge_weights_warp(a, w.b, w.h0 + g, mw[g], &minv[g], lane);
-  S = row_split(a, w.i).used;
-  __syncthreads();
-  constexpr int C4 = Dv / 4;
-  for (int x = tid; x < w.gc * C4; x += kNT) {
-    const int g = x / C4, c = 4 * (x - g * C4);
-    const float* o = a.wo + ((int64_t)w.b * a.H + w.h0 + g) * a.splits * Dv + c;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-    for (int s = 0; s < S; s++) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(o + (int64_t)s * Dv));
-      const float ws = mw[g][s];
-      acc.x = fmaf(ws, v.x, acc.x);
-      acc.y = fmaf(ws, v.y, acc.y);
-      acc.z = fmaf(ws, v.z, acc.z);
-      acc.w = fmaf(ws, v.w, acc.w);
-    }
-    const float f = minv[g];
-    const int64_t i = (w.row * a.H + w.h0 + g) * Dv + c;
-    put_out(a, i, acc.x * f);
-    put_out(a, i + 1, acc.y * f);
-    put_out(a, i + 2, acc.z * f);
-    put_out(a, i + 3, acc.w * f);
-  }
-}
-
 // KD: 16-byte loads of one key's K per lane (D = 32·KD); MV: m tiles of 16
 // V columns (Dv = 16·MV, MV 4 or 8: one or two 16-byte loads per key).
 //
@@ -930,13 +841,14 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
   __shared__ float red[4][kWG][Dv];  // the warps' outputs, rescaled to the CTA's max
   __shared__ float mls[4][kWG][2];   // the warps' (max, sum) per head
   __shared__ uint2 qf[KS][32];       // q's B fragments
-  // NEW: q's heads normed and rotated (row kWG: the new key, bf16-rounded),
-  // the new value (bf16-rounded), each warp's norm scratch.
+  // NEW: q's heads, raw then normed and rotated in place (row kWG: the new
+  // key, then rounded to bf16), the new value (bf16-rounded), each warp's
+  // norm scratch.
   __shared__ __align__(16) float nq[NEW ? kWG + 1 : 1][NEW ? D : 4];
   __shared__ float nv[NEW ? Dv : 1];
   __shared__ float scr[NEW ? 4 : 1][NEW ? D : 1];
-  // NEW, read before the wait: the rotation's scaled cosines and sines at
-  // the row's position (rope_cs), the norm weights.
+  // NEW: the rotation's scaled cosines and sines at the row's position
+  // (rope_cs), the norm weights.
   __shared__ float rc[NEW ? D / 2 : 1], rsn[NEW ? D / 2 : 1];
   __shared__ float nwq[NEW ? D : 1], nwk[NEW ? D : 1];
 
@@ -986,32 +898,60 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
       rows_of(warp, rk, rv);
       load_chunk(rk, rv);
     }
-    // What the norm and rotation need besides q and k, also before the
-    // wait (the step's positions, constants): after it only q/k/v loads.
-    const float fp = (float)a.rpos[row];
-    for (int i = tid; i < a.rot_half; i += kNT) mk::rope_cs(i, fp, a.inv_freq, a.attn_factor, true, &rc[i], &rsn[i]);
-    for (int d = tid; d < D; d += kNT) {
-      if (a.qnw) nwq[d] = a.qnw[d];
-      if (a.knw && has_new) nwk[d] = a.knw[d];
+    // What the norm and rotation need besides q and k (the step's
+    // positions, constants): the rotation's scaled cosines and sines at
+    // the row's position, the norm weights — before the wait unless
+    // MK_DECODE_PRE=0 (a comparison build).
+    auto constants = [&] {
+      const float fp = (float)a.rpos[row];
+      for (int i = tid; i < a.rot_half; i += kNT) mk::rope_cs(i, fp, a.inv_freq, a.attn_factor, true, &rc[i], &rsn[i]);
+      for (int d = tid; d < D; d += kNT) {
+        if (a.qnw) nwq[d] = a.qnw[d];
+        if (a.knw && has_new) nwk[d] = a.knw[d];
+      }
+    };
+#if !defined(MK_DECODE_PRE) || MK_DECODE_PRE
+    constants();
+    mk::pdl_begin();
+#else
+    mk::pdl_begin();
+    constants();
+#endif
+    // All the prologue reads of the previous kernel's output, as one pass
+    // of independent 16-byte loads into shared memory: q's heads (rows
+    // 0..gc-1 of nq), and where this range ends at the new key, that key
+    // (row kWG) and its value (nv, rounded to bf16 as the pool holds it).
+    const int nh = gc + (has_new ? 1 : 0);
+    constexpr int D4 = D / 4, Dv4 = Dv / 4;
+    for (int x = tid; x < nh * D4; x += kNT) {
+      const int hh = x / D4, c = x - hh * D4;
+      const bool isk = hh == gc;
+      const float* src = isk ? a.knew + (row * a.KV + kh) * D : a.q + (row * a.H + h0 + hh) * D;
+      *reinterpret_cast<float4*>(&nq[isk ? kWG : hh][4 * c]) = *reinterpret_cast<const float4*>(src + 4 * c);
+    }
+    if (has_new) {
+      for (int c = tid; c < Dv4; c += kNT) {
+        const float4 v = *reinterpret_cast<const float4*>(a.vnew + (row * a.KV + kh) * Dv + 4 * c);
+        nv[4 * c] = __bfloat162float(__float2bfloat16_rn(v.x));
+        nv[4 * c + 1] = __bfloat162float(__float2bfloat16_rn(v.y));
+        nv[4 * c + 2] = __bfloat162float(__float2bfloat16_rn(v.z));
+        nv[4 * c + 3] = __bfloat162float(__float2bfloat16_rn(v.w));
+      }
     }
     __syncthreads();
-    mk::pdl_begin();
-    // q's heads, and the new key when this range ends at it: warp w takes
-    // heads w, w+4, … (index gc: the key).
-    const int nh = gc + (has_new ? 1 : 0);
+    // The norms and rotations, in place, from shared memory: warp w takes
+    // heads w, w+4, … (index gc: the key, row kWG).
     for (int hh = warp; hh < nh; hh += 4) {
       const bool isk = hh == gc;
-      const float* x = isk ? a.knew + (row * a.KV + kh) * D : a.q + (row * a.H + h0 + hh) * D;
+      float* r = nq[isk ? kWG : hh];
       const float* nw = isk ? (a.knw ? nwk : nullptr) : (a.qnw ? nwq : nullptr);
-      mk::norm_rope_head(x, nw, scr[warp], nq[isk ? kWG : hh], D, a.rot_half, a.neox != 0, a.eps, true, lane,
+      mk::norm_rope_head(r, nw, scr[warp], r, D, a.rot_half, a.neox != 0, a.eps, true, lane,
                          [&](int i, float* c, float* sn) {
                            *c = rc[i];
                            *sn = rsn[i];
                          });
       __syncwarp();  // scr is the warp's next head's
     }
-    if (has_new)
-      for (int c = tid; c < Dv; c += kNT) nv[c] = __bfloat162float(__float2bfloat16_rn(a.vnew[(row * a.KV + kh) * Dv + c]));
     __syncthreads();
     if (has_new) {
       const int64_t slot = a.slots[row];
@@ -1176,9 +1116,6 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
         ml[1] = L;
       }
     }
-  }
-  if constexpr (NEW) {
-    if (a.splits > 1 && a.cnt) fused_merge<Dv>(a, w, tid, lane, warp);
   }
 }
 
@@ -1702,6 +1639,36 @@ __global__ void __launch_bounds__(kMlaNT, 1) paged_attn_mla(const AttnArgs a) {
       }
     }
   }
+}
+
+// merge_weights is the first step of both merges: for row b and head h,
+// the first warp writes each used range's weight exp2(max_s − max) to w
+// and 1 / (Σ weight·sum, plus the sink) to inv. It returns the used ranges
+// (row_split: the rest wrote nothing); the caller syncs before reading.
+__device__ __forceinline__ int merge_weights(const AttnArgs& a, int b, int h, float* w, float* inv) {
+  const int S = row_split(a, a.pos[b]).used;
+  const float* ml = a.wml + ((int64_t)b * a.H + h) * a.splits * 2;
+  if (threadIdx.x < 32) {
+    float m = -INFINITY;
+    for (int s = threadIdx.x; s < S; s += 32) m = fmaxf(m, ml[2 * s]);
+    m = warp_max(m);
+    float sk = -INFINITY;
+    if (a.sinks) {
+      sk = a.sinks[h] * kLog2e;
+      m = fmaxf(m, sk);
+    }
+    float l = 0.0f;
+    for (int s = threadIdx.x; s < S; s += 32) {
+      const float ms = ml[2 * s];
+      const float ws = ms == -INFINITY ? 0.0f : exp2f(ms - m);
+      w[s] = ws;
+      l += ws * ml[2 * s + 1];
+    }
+    l = warp_sum(l);
+    if (a.sinks) l += exp2f(sk - m);
+    if (threadIdx.x == 0) *inv = 1.0f / l;
+  }
+  return S;
 }
 
 // merge: one CTA per (row, head, 128 value columns) combines the splits' partial outputs by
@@ -2272,8 +2239,8 @@ int32_t mk_paged_decode_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, u
   MK_THREAD(fn);
   MK_ARG(nw != nullptr, "%s: no new tokens (nw is null)", fn);
   const int rot = nw->rot_dim;
-  MK_ARG(decode_fits(head_dim, v_head_dim, rot) && q % 16 == 0,
-         "%s: head dims %d/%d with rot_dim %d (or q's alignment) are not the fused kernel's (mk_paged_decode_fits)",
+  MK_ARG(decode_fits(head_dim, v_head_dim, rot) && (q | nw->k | nw->v) % 16 == 0,
+         "%s: head dims %d/%d with rot_dim %d (or q, k, v not 16-byte aligned) are not the fused kernel's (mk_paged_decode_fits)",
          fn, head_dim, v_head_dim, rot);
   DEC_ARG(fn, nw->k && nw->v && nw->slots && nw->rope_pos && pool_v && (rot == 0 || nw->inv_freq) &&
                   (nw->style == MK_ROPE_NEOX || nw->style == MK_ROPE_INTERLEAVED));
@@ -2294,13 +2261,9 @@ int32_t mk_paged_decode_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, u
   a.neox = nw->style == MK_ROPE_NEOX;
   a.attn_factor = mk::float_from_bits(nw->attn_bits);
   a.eps = mk::float_from_bits(nw->eps_bits);
-  // MK_DECODE_FUSED_MERGE: the last CTA of a row's key ranges merges
-  // them (fused_merge) instead of a merge kernel.
-  MK_ARG((nw->flags & ~MK_DECODE_FUSED_MERGE) == 0, "%s: unknown flags %#x", fn, (unsigned)nw->flags);
-  if ((nw->flags & MK_DECODE_FUSED_MERGE) && p.splits > 1 && nw->cnt && n * kv_heads * p.hchunks <= nw->cnt_len) a.cnt = mk::dev<int>(nw->cnt);
   const cudaStream_t st = mk::as_stream(stream);
   rc = launch(p, a, n, st, true);
-  if (rc != MK_OK || a.cnt) return rc;
+  if (rc != MK_OK) return rc;
   return launch_merge(p, a, n, st);
 }
 

@@ -282,11 +282,9 @@ func pagedCall(op string, out, outBF16, q, poolK, poolV, rows, pos, table, block
 
 // decodeNew mirrors mk_decode_new (mk_decode.h).
 type decodeNew struct {
-	k, v, slots, qNorm, kNorm, ropePos, invFreq, cnt uint64
-	cntLen                                           int64
-	rotDim, style                                    int32
-	attnBits, epsBits                                uint32
-	flags, reserved                                  int32
+	k, v, slots, qNorm, kNorm, ropePos, invFreq uint64
+	rotDim, style                               int32
+	attnBits, epsBits                           uint32
 }
 
 // DecodeNew says where PagedDecodeBF16's new tokens are and how their q
@@ -295,17 +293,12 @@ type decodeNew struct {
 // rows (negative: not stored), QNorm / KNorm [HeadDim] float32 the per-head
 // RMSNorm weights (nil: no norm), RoPEPos [T] int32 the rotation's
 // positions, InvFreq [RotDim/2] float32 its frequencies (RotDim 0: none),
-// Style its pairing, AttnFactor its scale (1 for none). Counters (may be
-// nil) are int32 arrival counters, all zero, which the call leaves zero:
-// with FusedMerge and enough of them (rows × KVHeads × ⌈group/8⌉) the
-// attention kernel's last CTA of each row merges its key splits, instead of
-// a merge kernel.
+// Style its pairing, AttnFactor its scale (1 for none).
 type DecodeNew struct {
-	K, V, Slots, QNorm, KNorm, RoPEPos, InvFreq, Counters *Buffer
-	FusedMerge                                            bool
-	Tokens, RotDim                                        int
-	Style                                                 RoPEStyle
-	AttnFactor, Eps                                       float32
+	K, V, Slots, QNorm, KNorm, RoPEPos, InvFreq *Buffer
+	Tokens, RotDim                              int
+	Style                                       RoPEStyle
+	AttnFactor, Eps                             float32
 }
 
 // PagedDecodeFits reports whether PagedDecodeBF16 takes these shapes with
@@ -325,7 +318,7 @@ func (d *Device) PagedDecodeFits(a AttnArgs, rotDim int) bool {
 // row b must be a decode row: its token is row rows[b] of q and of nw's
 // buffers, and pos[b] is that token's position, the last key the row sees
 // (written by this call, not read from the pool). poolV must not be nil;
-// PagedDecodeFits must hold. The keys before each row's new one, the
+// q, K and V must be 16-byte aligned; PagedDecodeFits must hold. The keys before each row's new one, the
 // metadata buffers, the norm weights and InvFreq may be read before the
 // stream's previous kernel has completed: it must not write them.
 func (d *Device) PagedDecodeBF16(s *Stream, out, outBF16, q, poolK, poolV, rows, pos, table, blocks, sinks, work *Buffer,
@@ -369,15 +362,6 @@ func (d *Device) PagedDecodeBF16(s *Stream, out, outBF16, q, poolK, poolV, rows,
 			return err
 		}
 		*x.dst = x.b.ptr
-	}
-	if nw.Counters != nil {
-		if err := nw.Counters.fits(op+" Counters", 0); err != nil {
-			return err
-		}
-		dn.cnt, dn.cntLen = nw.Counters.ptr, nw.Counters.bytes/4
-		if nw.FusedMerge {
-			dn.flags = 1 // MK_DECODE_FUSED_MERGE
-		}
 	}
 	if nw.RotDim > 0 && dn.invFreq == 0 {
 		return fmt.Errorf("kernels: %s: rotDim %d without InvFreq", op, nw.RotDim)

@@ -49,10 +49,8 @@ var decodeCases = []decodeCase{
 // bf16) and values at their slots and be unchanged elsewhere.
 func TestPagedDecodeBF16(t *testing.T) {
 	g := testGPU(t)
-	for _, merge := range []bool{false, true} {
-		for _, c := range decodeCases {
-			t.Run(fmt.Sprintf("%s/fused_merge_%v", c.name, merge), func(t *testing.T) { testPagedDecode(t, g, c, merge) })
-		}
+	for _, c := range decodeCases {
+		t.Run(c.name, func(t *testing.T) { testPagedDecode(t, g, c) })
 	}
 	// Other kernels than the warp-split one do not fuse: Fits says so.
 	err := g.Do(func(d *Device) error {
@@ -83,7 +81,7 @@ func TestPagedDecodeBF16(t *testing.T) {
 	}
 }
 
-func testPagedDecode(t *testing.T, g *GPU, c decodeCase, merge bool) {
+func testPagedDecode(t *testing.T, g *GPU, c decodeCase) {
 	r := newRNG(t)
 	kw, vw := c.kv*c.d, c.kv*c.dv
 	n := len(c.ctx)
@@ -166,7 +164,6 @@ func testPagedDecode(t *testing.T, g *GPU, c decodeCase, merge bool) {
 
 	var got []float32
 	var gotB, kAfter, vAfter []uint16
-	var cnt []int32
 	onGPU(t, g, func(ar *arena) {
 		pk, pv := put(ar, kBits), put(ar, vBits)
 		qb, kb, vb := put(ar, q), put(ar, kn), put(ar, vn)
@@ -182,9 +179,6 @@ func testPagedDecode(t *testing.T, g *GPU, c decodeCase, merge bool) {
 		if c.norm {
 			nw.QNorm, nw.KNorm = put(ar, qw), put(ar, kwt)
 		}
-		// Arrival counters (zero, and zero again after the call), with room
-		// to spare: the merge in the kernel's last CTA of each row.
-		nw.Counters, nw.FusedMerge = put(ar, make([]int32, 4*n*c.h)), merge
 		var sb, wb *Buffer
 		if sinks != nil {
 			sb = put(ar, sinks)
@@ -215,13 +209,7 @@ func testPagedDecode(t *testing.T, g *GPU, c decodeCase, merge bool) {
 		gotB = get[uint16](ar, outb, n*c.h*c.dv)
 		kAfter = get[uint16](ar, pk, poolRows*kw)
 		vAfter = get[uint16](ar, pv, poolRows*vw)
-		cnt = get[int32](ar, nw.Counters, 4*n*c.h)
 	})
-	for i, x := range cnt {
-		if x != 0 {
-			t.Fatalf("counter %d left at %d", i, x)
-		}
-	}
 	for i, v := range got {
 		if w := tensor.F32ToBF16(v); gotB[i] != w {
 			t.Fatalf("outBF16[%d] = %#04x, out %g rounds to %#04x", i, gotB[i], v, w)

@@ -74,19 +74,12 @@ MK_API int32_t mk_paged_attn_bf16(uint64_t stream, uint64_t out, uint64_t out_bf
  * RMSNorm weights (0: no norm; eps as float bits), rope_pos [T] int32 the
  * rotation's positions, inv_freq [rot_dim/2] float32 its frequencies
  * (rot_dim 0: no rotation), style an MK_ROPE_* value, attn_bits the
- * rotation's scale (YaRN's attention factor; 1.0f for none). cnt (0 for
- * none) is cnt_len int32 counters, all zero, that the call leaves zero:
- * with flags & MK_DECODE_FUSED_MERGE and n·kv_heads·⌈group/8⌉ of them,
- * the last CTA of each row's key ranges merges them instead of a merge
- * kernel. */
+ * rotation's scale (YaRN's attention factor; 1.0f for none). */
 typedef struct mk_decode_new {
-  uint64_t k, v, slots, q_norm, k_norm, rope_pos, inv_freq, cnt;
-  int64_t cnt_len;
+  uint64_t k, v, slots, q_norm, k_norm, rope_pos, inv_freq;
   int32_t rot_dim, style;
   uint32_t attn_bits, eps_bits;
-  int32_t flags, reserved;
 } mk_decode_new;
-enum { MK_DECODE_FUSED_MERGE = 1 };
 
 /* 1 when mk_paged_decode_bf16 takes these shapes under the current
  * mk_paged_attn_variant (the warp-split kernel's head dims: 64/64, 128/128,

@@ -38,7 +38,7 @@ __device__ __forceinline__ void rope_cs(int i, float fp, const float* inv, float
 // norm_rope_head: o[j] = RoPE(RMSNorm(x)·w)[j] for one head of head_dim
 // values, by one full warp (lane = its lane). w null skips the norm. v is
 // the warp's scratch of head_dim floats (shared memory); o may be global or
-// shared memory, not v. The rotation takes the first 2·half values: neox
+// shared memory, x itself (in place) but not v. The rotation takes the first 2·half values: neox
 // pairs (i, half+i), else (2i, 2i+1); cs(i, &c, &sn) gives pair i's scaled
 // cosine and sine (rope_cs, or a table of its values).
 // Exact (fast false): the arithmetic of rmsnorm_f32 then rope_f32 element

@@ -280,13 +280,6 @@ const FusedDecodeEnv = "MKSERVE_FUSED_DECODE"
 
 var fusedDecodeOn = sync.OnceValue(func() bool { return os.Getenv(FusedDecodeEnv) != "0" })
 
-// FusedMergeEnv names the environment variable that, set to 1, lets the
-// fused decode attention merge its key splits in its last CTA of each row
-// (kernels.DecodeNew.FusedMerge) instead of a merge kernel.
-const FusedMergeEnv = "MKSERVE_FUSED_MERGE"
-
-var fusedMergeOn = sync.OnceValue(func() bool { return os.Getenv(FusedMergeEnv) == "1" })
-
 // decodeFits reports (and remembers) whether kernels.PagedDecodeFits
 // takes p's shapes with rotation dims rot.
 func (be *Backend) decodeFits(p *backend.AttnParams, rot int) bool {
@@ -606,8 +599,7 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			if nr != nil { // q and k raw: normed, rotated and k/v stored by the kernel
 				f := be.freqs(d, nr.rope)
 				nw := kernels.DecodeNew{K: kb, V: vb, Slots: m.slots, RoPEPos: be.positions(d, b.Positions),
-					InvFreq: f.inv, Counters: be.decodeCnt, FusedMerge: fusedMergeOn(), Tokens: T,
-					RotDim: nr.rope.Dim, Style: nr.style, AttnFactor: f.attn, Eps: nr.eps}
+					InvFreq: f.inv, Tokens: T, RotDim: nr.rope.Dim, Style: nr.style, AttnFactor: f.attn, Eps: nr.eps}
 				if nr.qw != nil {
 					nw.QNorm = be.f32(d, nr.qw)
 				}
@@ -774,35 +766,8 @@ func (be *Backend) InitKV(blockSize, numBlocks int) error {
 	}
 	be.paged = &pagedKV{blockSize: blockSize, numBlocks: numBlocks}
 	be.attnMemo = attnMemo{}
-	if be.decodeCnt == nil {
-		// The fused decode attention's arrival counters (kernels.DecodeNew),
-		// zeroed once here, outside any graph capture; every call leaves
-		// them zero. Kept for the backend's life, like the RoPE tables.
-		err := be.g.Do(func(d *kernels.Device) error {
-			b, err := d.Malloc(decodeCounters * 4)
-			if err != nil {
-				return err
-			}
-			if err := d.FillF32(nil, b, decodeCounters, 0); err != nil {
-				return err
-			}
-			if err := d.Sync(); err != nil {
-				return err
-			}
-			be.decodeCnt = b
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("cuda: InitKV: the decode attention's counters: %w", err)
-		}
-	}
 	return nil
 }
-
-// decodeCounters is how many arrival counters the fused decode attention
-// gets: rows × kv heads × head chunks of 8 query heads at most (8192 rows
-// of 8 kv heads).
-const decodeCounters = 1 << 16
 
 // KVElemBytes implements backend.KVAllocator: 4 with the float32 cache
 // (Options.KVCacheF32), else 2.

@@ -146,9 +146,8 @@ type Backend struct {
 	// decodeFit remembers kernels.PagedDecodeFits per (heads, kv heads,
 	// head dims, rotation dims); under ropeMu.
 	decodeFit map[[5]int]bool
-	decodeCnt *kernels.Buffer // the fused decode attention's counters (InitKV)
-	attnMemo  attnMemo        // the paged attention group every layer of a step shares (be.kvMu)
-	posCache  i32Cache        // RoPE positions: every layer (q and k) of a step sends the same
+	attnMemo  attnMemo // the paged attention group every layer of a step shares (be.kvMu)
+	posCache  i32Cache // RoPE positions: every layer (q and k) of a step sends the same
 
 	kvMu  sync.Mutex
 	paged *pagedKV   // after InitKV
