@@ -318,9 +318,9 @@ func (d *Device) PagedDecodeFits(a AttnArgs, rotDim int) bool {
 // row b must be a decode row: its token is row rows[b] of q and of nw's
 // buffers, and pos[b] is that token's position, the last key the row sees
 // (written by this call, not read from the pool). poolV must not be nil;
-// q, K and V must be 16-byte aligned; PagedDecodeFits must hold. The keys before each row's new one, the
-// metadata buffers, the norm weights and InvFreq may be read before the
-// stream's previous kernel has completed: it must not write them.
+// q, K and V must be 16-byte aligned; PagedDecodeFits must hold. The keys
+// before each row's new one and rows, pos, table and blocks may be read
+// before the stream's previous kernel has completed: it must not write them.
 func (d *Device) PagedDecodeBF16(s *Stream, out, outBF16, q, poolK, poolV, rows, pos, table, blocks, sinks, work *Buffer,
 	n, maxKeys int, a AttnArgs, nw DecodeNew) error {
 	const op = "PagedDecodeBF16"

@@ -94,11 +94,11 @@ MK_API int32_t mk_paged_decode_fits(int32_t heads, int32_t kv_heads, int32_t hea
  * where the new tokens are. Every row b must be a decode row: its token is
  * row rows[b] of q, nw->k, nw->v, nw->slots and nw->rope_pos, and pos[b] is
  * that token's position, the last key the row sees (the pool's row for it,
- * slots[rows[b]], is written, not read). pool_v must be set and q 16-byte
- * aligned; mk_paged_decode_fits must say 1. The keys before each row's new
- * one, the step's metadata (rows, pos, table, blocks, slots, rope_pos), the
- * norm weights and inv_freq may be read before the previous kernel of the
- * stream completes: that kernel must not write them. */
+ * slots[rows[b]], is written, not read). pool_v must be set, q, k and v
+ * 16-byte aligned; mk_paged_decode_fits must say 1. The keys before each
+ * row's new one and the step's metadata (rows, pos, table, blocks) may be
+ * read before the previous kernel of the stream completes: that kernel must
+ * not write them. */
 MK_API int32_t mk_paged_decode_bf16(uint64_t stream, uint64_t out, uint64_t out_bf16, uint64_t q, uint64_t pool_k,
                                     uint64_t pool_v, uint64_t rows, uint64_t pos, uint64_t table, uint64_t blocks,
                                     int64_t n, int32_t heads, int32_t kv_heads, int32_t head_dim,
