@@ -183,24 +183,11 @@ func testPagedDecode(t *testing.T, g *GPU, c decodeCase) {
 		if sinks != nil {
 			sb = put(ar, sinks)
 		}
-		hint := maxKeys
-		if c.work == "long" {
-			hint = 2
-			for hint < 2*maxKeys {
-				hint *= 2
-			}
-		}
+		hint := pagedHint(c.work, maxKeys)
 		if !ar.d.PagedDecodeFits(a, c.rot) {
 			ar.check(fmt.Errorf("PagedDecodeFits is false for %+v rot %d", a, c.rot))
 		}
-		if c.work != "none" && ar.err == nil {
-			ws, err := ar.d.PagedAttnWorkspace(n, hint, a)
-			ar.check(err)
-			t.Logf("%d rows, max keys %d (hint %d): workspace %d bytes", n, maxKeys, hint, ws)
-			if ws > 0 {
-				wb = put(ar, f32Fill(int(ws/4), float32(math.NaN())))
-			}
-		}
+		wb = pagedWork(t, ar, c.work, n, maxKeys, hint, a)
 		if ar.err != nil {
 			return
 		}

@@ -198,29 +198,10 @@ func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant, stages i
 		if sinks != nil {
 			sb = put(ar, sinks)
 		}
-		hint := maxKeys
-		switch c.work {
-		case "none":
-		case "short":
-			hint = max(1, maxKeys/4)
-		case "long":
-			hint = 2
-			for hint < 2*maxKeys {
-				hint *= 2
-			}
-		case "huge":
-			hint = 32768
-		}
+		hint := pagedHint(c.work, maxKeys)
 		ar.check(ar.d.SetPagedVariant(variant))
 		ar.check(ar.d.SetPagedStages(stages))
-		if c.work != "none" && ar.err == nil {
-			ws, err := ar.d.PagedAttnWorkspace(n, hint, a)
-			ar.check(err)
-			t.Logf("%d rows, max keys %d (hint %d): workspace %d bytes", n, maxKeys, hint, ws)
-			if ws > 0 {
-				wb = put(ar, f32Fill(int(ws/4), float32(math.NaN())))
-			}
-		}
+		wb = pagedWork(t, ar, c.work, n, maxKeys, hint, a)
 		if ar.err != nil {
 			return
 		}
@@ -288,6 +269,39 @@ func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant, stages i
 			return
 		}
 	}
+}
+
+// pagedHint is the maxKeys hint a test's work mode passes for rows whose
+// longest attends maxKeys keys.
+func pagedHint(mode string, maxKeys int) int {
+	switch mode {
+	case "short":
+		return max(1, maxKeys/4)
+	case "long":
+		hint := 2
+		for hint < 2*maxKeys {
+			hint *= 2
+		}
+		return hint
+	case "huge":
+		return 32768
+	}
+	return maxKeys
+}
+
+// pagedWork is a NaN-poisoned workspace of PagedAttnWorkspace's size for
+// the hint (nil for work mode "none", or when no split pays off).
+func pagedWork(t *testing.T, ar *arena, mode string, n, maxKeys, hint int, a AttnArgs) *Buffer {
+	if mode == "none" || ar.err != nil {
+		return nil
+	}
+	ws, err := ar.d.PagedAttnWorkspace(n, hint, a)
+	ar.check(err)
+	t.Logf("%d rows, max keys %d (hint %d): workspace %d bytes", n, maxKeys, hint, ws)
+	if ws <= 0 {
+		return nil
+	}
+	return put(ar, f32Fill(int(ws/4), float32(math.NaN())))
 }
 
 func f32Fill(n int, v float32) []float32 {
