@@ -9,7 +9,10 @@
 #
 # It unpacks the archive into .dev/, builds .dev/libmkernel.so with nvcc from
 # every kernels/*.cu (sm_90a), and then, by MK_MODE:
-#   quick  the kernel and CUDA-backend tests only;
+#   quick  the kernel and CUDA-backend tests only (and the MoE kernel tests
+#          again under opt-in switches: MK_SWITCH_TESTS=0 skips those, ~7
+#          minutes; with them quick and test need more than one 10-minute
+#          device call);
 #   test   quick + the serving tests on the GPU (cmd/mkserve's TestServe* with
 #          MKSERVE_TEST_BACKEND=cuda) + the `mkserve logits --backend cuda`
 #          contract (same output as the CPU form, within tolerance);
@@ -198,42 +201,50 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 	run_each .dev/kernels.test "$LOGS/test.log" . 120 || status=1
 	grep -E -- "--- FAIL|panic" "$LOGS/test.log" | head -40
 	echo "   took ${SECONDS}s"
-	# The opt-in one-launch routing and align (MK_MOE_ROUTE_ALIGN=1, read
-	# once per process): the MoE tests again in a process of their own.
-	echo "== MoE kernel tests with MK_MOE_ROUTE_ALIGN=1"
-	MK_MOE_ROUTE_ALIGN=1 run_each .dev/kernels.test "$LOGS/test_route_align.log" . 120 '^TestMoE(Experts|CombineAddRMSNorm)$' || status=1
-	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_route_align.log" | head -10
-	# The single-role wgmma grouped GEMM (MK_MOE_WGMMA=1; the default is the
-	# warp-specialised kernel): TestMoEExperts again in its own process.
-	echo "== MoE kernel tests with MK_MOE_WGMMA=1"
-	MK_MOE_WGMMA=1 run_each .dev/kernels.test "$LOGS/test_wgmma1.log" . 120 '^TestMoEExperts$' || status=1
-	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_wgmma1.log" | head -10
-	# GEMM1's rows copied into tile order and loaded by TMA: on by default
-	# only from intermediate 4096 (mkmoe::gather_by_copy), which the tests'
-	# shapes are below: forced on here for the grouped and fused kernels.
-	echo "== MoE kernel tests with MK_MOE_G1_TMA=1 MK_MOE_FUSED_COPY_LOCAL=1"
-	MK_MOE_G1_TMA=1 MK_MOE_FUSED_COPY_LOCAL=1 run_each .dev/kernels.test "$LOGS/test_copy_rows.log" . 120 \
-		'^TestMoE(Experts|FusedLayer|FusedWatchdog|FusedCapacity|FusedRankLocalStreams)$' || status=1
-	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_copy_rows.log" | head -10
-	# The grouped GEMM in clusters of two CTAs sharing weight tiles
-	# (MK_MOE_PAIR=1, off by default): with gathered and with TMA-loaded rows.
-	echo "== MoE kernel tests with MK_MOE_PAIR=1 (and with MK_MOE_G1_TMA=1)"
-	MK_MOE_PAIR=1 run_each .dev/kernels.test "$LOGS/test_pair.log" . 120 '^TestMoEExperts$' || status=1
-	MK_MOE_PAIR=1 MK_MOE_G1_TMA=1 run_each .dev/kernels.test "$LOGS/test_pair_tma.log" . 120 '^TestMoEExperts$' || status=1
-	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_pair.log" "$LOGS/test_pair_tma.log" | head -10
-	# The other side of two more switches: bf16 return rows in the fused
-	# kernel (MK_MOE_FUSED_RET_BF16=1, off by default) and the grouped GEMM
-	# with one CTA per item at every reduction size (MK_MOE_PERSIST=0).
-	echo "== MoE kernel tests with MK_MOE_FUSED_RET_BF16=1 MK_MOE_PERSIST=0"
-	MK_MOE_FUSED_RET_BF16=1 MK_MOE_PERSIST=0 run_each .dev/kernels.test "$LOGS/test_ret_bf16.log" . 120 \
-		'^TestMoE(Experts|FusedLayer|FusedRankLocalStreams)$' || status=1
-	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_ret_bf16.log" | head -10
-	# GEMM2's reduction split forced on every mma.sync tile (MK_MOE_G2_SPLIT=4;
-	# by default only from I = 4096).
-	echo "== MoE kernel tests with MK_MOE_G2_SPLIT=4"
-	MK_MOE_G2_SPLIT=4 run_each .dev/kernels.test "$LOGS/test_split.log" . 120 \
-		'^TestMoE(Experts|FusedLayer)$' || status=1
-	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_split.log" | head -10
+	# The MoE tests again under switches read once per process (each in
+	# processes of its own): ~7 minutes more; MK_SWITCH_TESTS=0 skips them,
+	# so that MK_MODE=test fits one 10-minute device call (2026-11-30: the
+	# whole of it took more than 560 s).
+	if [ "${MK_SWITCH_TESTS:-1}" = 1 ]; then
+		# The opt-in one-launch routing and align (MK_MOE_ROUTE_ALIGN=1, read
+		# once per process): the MoE tests again in a process of their own.
+		echo "== MoE kernel tests with MK_MOE_ROUTE_ALIGN=1"
+		MK_MOE_ROUTE_ALIGN=1 run_each .dev/kernels.test "$LOGS/test_route_align.log" . 120 '^TestMoE(Experts|CombineAddRMSNorm)$' || status=1
+		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_route_align.log" | head -10
+		# The single-role wgmma grouped GEMM (MK_MOE_WGMMA=1; the default is the
+		# warp-specialised kernel): TestMoEExperts again in its own process.
+		echo "== MoE kernel tests with MK_MOE_WGMMA=1"
+		MK_MOE_WGMMA=1 run_each .dev/kernels.test "$LOGS/test_wgmma1.log" . 120 '^TestMoEExperts$' || status=1
+		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_wgmma1.log" | head -10
+		# GEMM1's rows copied into tile order and loaded by TMA: on by default
+		# only from intermediate 4096 (mkmoe::gather_by_copy), which the tests'
+		# shapes are below: forced on here for the grouped and fused kernels.
+		echo "== MoE kernel tests with MK_MOE_G1_TMA=1 MK_MOE_FUSED_COPY_LOCAL=1"
+		MK_MOE_G1_TMA=1 MK_MOE_FUSED_COPY_LOCAL=1 run_each .dev/kernels.test "$LOGS/test_copy_rows.log" . 120 \
+			'^TestMoE(Experts|FusedLayer|FusedWatchdog|FusedCapacity|FusedRankLocalStreams)$' || status=1
+		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_copy_rows.log" | head -10
+		# The grouped GEMM in clusters of two CTAs sharing weight tiles
+		# (MK_MOE_PAIR=1, off by default): with gathered and with TMA-loaded rows.
+		echo "== MoE kernel tests with MK_MOE_PAIR=1 (and with MK_MOE_G1_TMA=1)"
+		MK_MOE_PAIR=1 run_each .dev/kernels.test "$LOGS/test_pair.log" . 120 '^TestMoEExperts$' || status=1
+		MK_MOE_PAIR=1 MK_MOE_G1_TMA=1 run_each .dev/kernels.test "$LOGS/test_pair_tma.log" . 120 '^TestMoEExperts$' || status=1
+		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_pair.log" "$LOGS/test_pair_tma.log" | head -10
+		# The other side of two more switches: bf16 return rows in the fused
+		# kernel (MK_MOE_FUSED_RET_BF16=1, off by default) and the grouped GEMM
+		# with one CTA per item at every reduction size (MK_MOE_PERSIST=0).
+		echo "== MoE kernel tests with MK_MOE_FUSED_RET_BF16=1 MK_MOE_PERSIST=0"
+		MK_MOE_FUSED_RET_BF16=1 MK_MOE_PERSIST=0 run_each .dev/kernels.test "$LOGS/test_ret_bf16.log" . 120 \
+			'^TestMoE(Experts|FusedLayer|FusedRankLocalStreams)$' || status=1
+		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_ret_bf16.log" | head -10
+		# GEMM2's reduction split forced on every mma.sync tile (MK_MOE_G2_SPLIT=4;
+		# by default only from I = 4096).
+		echo "== MoE kernel tests with MK_MOE_G2_SPLIT=4"
+		MK_MOE_G2_SPLIT=4 run_each .dev/kernels.test "$LOGS/test_split.log" . 120 \
+			'^TestMoE(Experts|FusedLayer)$' || status=1
+		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_split.log" | head -10
+	else
+		echo "== MoE switch tests skipped (MK_SWITCH_TESTS=0)"
+	fi
 	echo "== CUDA backend tests"
 	SECONDS=0
 	run_each "$ROOT/.dev/cuda.test" "$LOGS/cuda.log" backend/cuda 150 || status=1
