@@ -252,16 +252,8 @@ func (be *Backend) NormRoPEAttention(q, k, v, qw, kw backend.Tensor, eps float32
 			return nil, false
 		}
 	}
-	headW := func(w backend.Tensor) (*Tensor, bool) {
-		if w == nil {
-			return nil, true
-		}
-		wt := tensorOf("NormRoPEAttention", "w", w)
-		r, _ := wt.dims()
-		return wt, r == 1 && wt.st.n == p.HeadDim
-	}
-	qwt, ok1 := headW(qw)
-	kwt, ok2 := headW(kw)
+	qwt, ok1 := headNormWeight("NormRoPEAttention", qw, p.HeadDim)
+	kwt, ok2 := headNormWeight("NormRoPEAttention", kw, p.HeadDim)
 	if !ok1 || !ok2 || !be.decodeFits(p, rope.Dim) {
 		return nil, false
 	}

@@ -1242,16 +1242,8 @@ func (be *Backend) NormRoPE(q, k, qw, kw backend.Tensor, eps float32, heads, kvH
 		rope.Dim == 0 || rope.Dim > headDim || rope.Validate() != nil {
 		return nil, nil, false
 	}
-	headW := func(w backend.Tensor) (*Tensor, bool) {
-		if w == nil {
-			return nil, true
-		}
-		wt := tensorOf("NormRoPE", "w", w)
-		r, _ := wt.dims()
-		return wt, r == 1 && wt.st.n == headDim
-	}
-	qwt, ok1 := headW(qw)
-	kwt, ok2 := headW(kw)
+	qwt, ok1 := headNormWeight("NormRoPE", qw, headDim)
+	kwt, ok2 := headNormWeight("NormRoPE", kw, headDim)
 	if !ok1 || !ok2 {
 		return nil, nil, false
 	}
@@ -1279,6 +1271,18 @@ func (be *Backend) NormRoPE(q, k, qw, kw backend.Tensor, eps float32, heads, kvH
 		return d.NormRoPEF32(nil, parts, pb, T, headDim, rope.Dim, style, f.inv, f.attn, eps, !be.split)
 	}, qt, kt, qwt, kwt)
 	return qo, ko, true
+}
+
+// headNormWeight is w as a per-head norm weight of headDim values for op:
+// ok false when it is not one (a norm over all heads, OLMoE's); nil, true
+// for no norm.
+func headNormWeight(op string, w backend.Tensor, headDim int) (*Tensor, bool) {
+	if w == nil {
+		return nil, true
+	}
+	wt := tensorOf(op, "w", w)
+	r, _ := wt.dims()
+	return wt, r == 1 && wt.st.n == headDim
 }
 
 // LinearMulti implements backend.MultiLinear: in the fast profile, up to
