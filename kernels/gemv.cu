@@ -27,6 +27,7 @@
 #include <cstdlib>
 
 #include "common.cuh"
+#include "wgmma.cuh"
 
 namespace {
 
@@ -174,6 +175,154 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
   }
 }
 
+// ---- the weight-resident variant (MK_GEMV_SMEM=1; an experiment) ----
+//
+// The kernel above keeps one batch of 4 KB a warp in flight: 32 warps an SM
+// hold ~17 MB on 132 SMs, less than Qwen3's q/k/v (21 MB, 640 CTAs for 528
+// slots: 1.2 waves of loads). Here one CTA an SM owns R consecutive rows
+// of B (the segments' rows numbered through in order) and, before the
+// programmatic-launch wait, one thread issues a bulk copy (cp.async.bulk,
+// TMA's 1-D form) of each of them into shared memory, all completing on one
+// mbarrier: the whole projection is in flight at once, from while the
+// kernel before (which writes A) still runs. After the wait A is staged,
+// and warp w multiplies rows w, w+8, … from shared memory. M ≤ 2; taken
+// when the rows and A fit (smem_rows).
+constexpr int kResWarps = 8;
+
+// bulk_g2s copies bytes (a multiple of 16, both addresses 16-byte aligned)
+// from global memory to this CTA's shared memory, completing them on bar.
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   mkwg::sm_addr(dst)),
+               "l"(src), "r"(bytes), "r"(mkwg::sm_addr(bar))
+               : "memory");
+}
+
+template <typename TA, int MT>
+__global__ void __launch_bounds__(kResWarps * 32, 1)
+    gemv_res_kernel(const GemvSegs segs, const TA* A, bf16* ab, int M, int K, int R, int Ntot) {
+  extern __shared__ __align__(128) unsigned char rsm[];
+  uint64_t* bar = reinterpret_cast<uint64_t*>(rsm);
+  bf16* W = reinterpret_cast<bf16*>(rsm + 128);                  // [R][K]
+  TA* As = reinterpret_cast<TA*>(W + (int64_t)R * K);            // [M][K]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r0 = blockIdx.x * R, rn = max(0, min(R, Ntot - r0));
+  // row_of: segment and row within it of global row r.
+  auto seg_of = [&](int r, int& n) -> GemvSeg {
+    GemvSeg sg = segs.s[0];
+    int first = 0;
+#pragma unroll
+    for (int i = 0; i < kMaxSegs; i++) {
+      if (i < segs.n && r >= first) {
+        sg = segs.s[i];
+        n = r - first;
+      }
+      if (i < segs.n) first += segs.s[i].N;
+    }
+    return sg;
+  };
+  if (threadIdx.x == 0) {
+    mkwg::mbar_init(bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    // Weights are constants: their copies go out before the wait.
+    mkwg::mbar_expect_tx(bar, (uint32_t)rn * (uint32_t)K * 2u);
+    for (int i = 0; i < rn; i++) {
+      int n = 0;
+      const GemvSeg sg = seg_of(r0 + i, n);
+      bulk_g2s(W + (int64_t)i * K, sg.B + (int64_t)n * K, (uint32_t)K * 2u, bar);
+    }
+  }
+  mk::pdl_begin();
+  if constexpr (sizeof(TA) == 4) {  // float A: also round it to bf16 into ab, as gemv_kernel does
+    if (ab != nullptr) {
+      const int64_t pieces = (int64_t)M * (K / 8);
+      for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < pieces;
+           q += (int64_t)gridDim.x * blockDim.x) {
+        const float4 x = __ldg(reinterpret_cast<const float4*>(A + q * 8));
+        const float4 y = __ldg(reinterpret_cast<const float4*>(A + q * 8) + 1);
+        __nv_bfloat162 h[4] = {__floats2bfloat162_rn(x.x, x.y), __floats2bfloat162_rn(x.z, x.w),
+                               __floats2bfloat162_rn(y.x, y.y), __floats2bfloat162_rn(y.z, y.w)};
+        reinterpret_cast<uint4*>(ab)[q] = *reinterpret_cast<uint4*>(h);
+      }
+    }
+  }
+  constexpr int vec = 16 / sizeof(TA);
+  const int rowv = K / vec;
+  for (int q = threadIdx.x; q < M * rowv; q += blockDim.x)
+    reinterpret_cast<uint4*>(As)[q] = __ldg(reinterpret_cast<const uint4*>(A) + q);
+  __syncthreads();
+  mkwg::mbar_wait(bar, 0);
+  const int P = K / 8;
+  for (int i = warp; i < rn; i += kResWarps) {
+    const uint4* wr = reinterpret_cast<const uint4*>(W + (int64_t)i * K);
+    float acc[MT];
+#pragma unroll
+    for (int m = 0; m < MT; m++) acc[m] = 0.0f;
+    for (int p = lane; p < P; p += 32) {
+      float wf[8];
+      unpack8(wr[p], wf);
+#pragma unroll
+      for (int m = 0; m < MT; m++) {
+        if (m < M) {
+          float af[8];
+          a8(As + (int64_t)m * K, p, af);
+#pragma unroll
+          for (int j = 0; j < 8; j++) acc[m] = fmaf(af[j], wf[j], acc[m]);
+        }
+      }
+    }
+    int n = 0;
+    const GemvSeg sg = seg_of(r0 + i, n);
+    const float b = sg.bias != nullptr ? sg.bias[n] : 0.0f;
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+      if (m < M) {
+        const float v = mk::warp_sum(acc[m]);
+        if (lane == 0) sg.C[(int64_t)m * sg.N + n] = v + b;
+      }
+    }
+  }
+}
+
+// smem_rows is the rows a CTA of gemv_res_kernel owns for Ntot rows of K
+// columns and M rows of A of elem bytes on this GPU (one CTA an SM), or 0
+// when they do not fit in shared memory (the register-fed kernel then).
+int smem_rows(int64_t Ntot, int M, int K, size_t elem) {
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const int64_t R = (Ntot + mk::sm_count() - 1) / mk::sm_count();
+  const int64_t bytes = 128 + R * K * 2 + (int64_t)M * K * (int64_t)elem;
+  return bytes <= optin ? (int)R : 0;
+}
+
+// res_on: MK_GEMV_SMEM=1 (read once) takes the weight-resident kernel where
+// it fits, at M ≤ 2.
+bool res_on() {
+  static const bool on = mk::env_is("MK_GEMV_SMEM", '1');
+  return on;
+}
+
+template <typename TA, int MT>
+int launch_res(cudaStream_t s, GemvSegs g, const TA* A, bf16* ab, int M, int K, int R, int Ntot) {
+  auto kern = gemv_res_kernel<TA, MT>;
+  const size_t sm = 128 + (size_t)R * K * 2 + (size_t)M * K * sizeof(TA);
+  static size_t opted = 0;  // per instantiation; the library runs on one thread
+  if (sm > opted) {
+    MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    opted = sm;
+  }
+  const int grid = (Ntot + R - 1) / R;
+  (void)(mk::launch(kern, dim3((unsigned)grid), dim3(kResWarps * 32), sm, s, g, A, ab, M, K, R, Ntot));
+  return MK_OK;
+}
+
 template <typename TA, int MT, bool DB>
 int launch_mt(cudaStream_t s, GemvSegs g, const TA* A, bf16* ab, int M, int K) {
   auto kern = gemv_kernel<TA, MT, DB>;
@@ -206,6 +355,14 @@ int single_k() {
 
 template <typename TA>
 int launch_gemv(cudaStream_t s, const GemvSegs& g, const TA* A, bf16* ab, int M, int K) {
+  if (res_on() && M <= 2) {
+    int64_t Ntot = 0;
+    for (int i = 0; i < g.n; i++) Ntot += g.s[i].N;
+    if (const int R = smem_rows(Ntot, M, K, sizeof(TA)); R > 0 && Ntot <= INT32_MAX) {
+      if (M <= 1) return launch_res<TA, 1>(s, g, A, ab, M, K, R, (int)Ntot);
+      return launch_res<TA, 2>(s, g, A, ab, M, K, R, (int)Ntot);
+    }
+  }
   // At one or two rows the second batch in flight is left out up to
   // single_k() columns: without it the kernel fits 64 registers, 4 CTAs (32
   // warps, each with one batch of up to 4 KB in flight) per SM instead of 2
