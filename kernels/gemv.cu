@@ -291,12 +291,15 @@ __global__ void __launch_bounds__(kResWarps * 32, 1)
 // columns and M rows of A of elem bytes on this GPU (one CTA an SM), or 0
 // when they do not fit in shared memory (the register-fed kernel then).
 int smem_rows(int64_t Ntot, int M, int K, size_t elem) {
-  int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
+  static const int optin = [] {  // the library's one device (mk_init)
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return v;
+  }();
   const int64_t R = (Ntot + mk::sm_count() - 1) / mk::sm_count();
   const int64_t bytes = 128 + R * K * 2 + (int64_t)M * K * (int64_t)elem;
   return bytes <= optin ? (int)R : 0;
