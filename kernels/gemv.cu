@@ -70,6 +70,25 @@ __device__ __forceinline__ void a8(const float* row, int p, float (&f)[8]) {
   f[0] = x.x, f[1] = x.y, f[2] = x.z, f[3] = x.w, f[4] = y.x, f[5] = y.y, f[6] = y.z, f[7] = y.w;
 }
 
+// round_a writes float A [M, K] rounded to bf16 into ab (when ab is set),
+// each 8 values by one thread of the grid; bf16 A: nothing to do.
+template <typename TA>
+__device__ __forceinline__ void round_a(const TA* A, bf16* ab, int M, int K) {
+  if constexpr (sizeof(TA) == 4) {
+    if (ab != nullptr) {
+      const int64_t pieces = (int64_t)M * (K / 8);
+      for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < pieces;
+           q += (int64_t)gridDim.x * blockDim.x) {
+        const float4 x = __ldg(reinterpret_cast<const float4*>(A + q * 8));
+        const float4 y = __ldg(reinterpret_cast<const float4*>(A + q * 8) + 1);
+        __nv_bfloat162 h[4] = {__floats2bfloat162_rn(x.x, x.y), __floats2bfloat162_rn(x.z, x.w),
+                               __floats2bfloat162_rn(y.x, y.y), __floats2bfloat162_rn(y.z, y.w)};
+        reinterpret_cast<uint4*>(ab)[q] = *reinterpret_cast<uint4*>(h);
+      }
+    }
+  }
+}
+
 // One projection of a launch: C [M, N] (+ bias [N]) from B [N, K]; its CTAs
 // are [first, first + ceil(N / kWarps)).
 struct GemvSeg {
@@ -106,19 +125,7 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
   // The first chunk's first pieces of B: weights, read before the wait.
   load_batch(w, row, 0, min(KC, K) / 8, active, lane);
   mk::pdl_begin();
-  if constexpr (sizeof(TA) == 4) {  // float A: also round it to bf16 into ab, each 8 values by one thread of the grid
-    if (ab != nullptr) {
-      const int64_t pieces = (int64_t)M * (K / 8);
-      for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < pieces;
-           q += (int64_t)gridDim.x * blockDim.x) {
-        const float4 x = __ldg(reinterpret_cast<const float4*>(A + q * 8));
-        const float4 y = __ldg(reinterpret_cast<const float4*>(A + q * 8) + 1);
-        __nv_bfloat162 h[4] = {__floats2bfloat162_rn(x.x, x.y), __floats2bfloat162_rn(x.z, x.w),
-                               __floats2bfloat162_rn(y.x, y.y), __floats2bfloat162_rn(y.z, y.w)};
-        reinterpret_cast<uint4*>(ab)[q] = *reinterpret_cast<uint4*>(h);
-      }
-    }
-  }
+  round_a(A, ab, M, K);
   float acc[MT];
 #pragma unroll
   for (int m = 0; m < MT; m++) acc[m] = 0.0f;
@@ -236,19 +243,7 @@ __global__ void __launch_bounds__(kResWarps * 32, 1)
     }
   }
   mk::pdl_begin();
-  if constexpr (sizeof(TA) == 4) {  // float A: also round it to bf16 into ab, as gemv_kernel does
-    if (ab != nullptr) {
-      const int64_t pieces = (int64_t)M * (K / 8);
-      for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < pieces;
-           q += (int64_t)gridDim.x * blockDim.x) {
-        const float4 x = __ldg(reinterpret_cast<const float4*>(A + q * 8));
-        const float4 y = __ldg(reinterpret_cast<const float4*>(A + q * 8) + 1);
-        __nv_bfloat162 h[4] = {__floats2bfloat162_rn(x.x, x.y), __floats2bfloat162_rn(x.z, x.w),
-                               __floats2bfloat162_rn(y.x, y.y), __floats2bfloat162_rn(y.z, y.w)};
-        reinterpret_cast<uint4*>(ab)[q] = *reinterpret_cast<uint4*>(h);
-      }
-    }
-  }
+  round_a(A, ab, M, K);
   constexpr int vec = 16 / sizeof(TA);
   const int rowv = K / vec;
   for (int q = threadIdx.x; q < M * rowv; q += blockDim.x)

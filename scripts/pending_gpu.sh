@@ -19,6 +19,8 @@ mkdir -p "$OUT"
 MK_MODE=none bash scripts/device.sh >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 grep -E 'gemv_res_kernel' -A2 "$OUT/build.log" | grep -E 'registers|spill' | head -4
 export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
+echo "== kernels: GEMV and router (round_a, the float A's bf16 rounding, now a function both GEMVs call)"
+timeout 120 .dev/kernels.test -test.count=1 -test.run 'TestGemvBF16|TestMoERouterF32' 2>&1 | grep -E '^(--- FAIL|FAIL|ok|PASS)|panic' | head
 echo "== kernels with MK_GEMV_SMEM=1"
 MK_GEMV_SMEM=1 timeout 200 .dev/kernels.test -test.count=1 -test.v \
 	-test.run 'TestGemvBF16|TestMoERouterF32|TestMoEGemvOneLaunchSameBits|TestMarshalGemv' >"$OUT/kernels.log" 2>&1
