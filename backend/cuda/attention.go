@@ -244,7 +244,7 @@ type normRoPEArgs struct {
 func (be *Backend) NormRoPEAttention(q, k, v, qw, kw backend.Tensor, eps float32, rope *attention.RoPE,
 	b *backend.Batch, p *backend.AttnParams) (backend.Tensor, bool) {
 	if be.split || be.kvF32 || !fusedDecodeOn() || b == nil || p == nil || rope == nil || rope.Validate() != nil ||
-		rope.Dim > p.HeadDim || p.ValuesInKeys || p.HeadDim > kernels.NormRoPEMaxHeadDim {
+		rope.Dim > p.HeadDim || p.ValuesInKeys {
 		return nil, false
 	}
 	for _, s := range b.Seqs {

@@ -102,8 +102,8 @@ func (be *Backend) sampleOn(d *kernels.Device, out, logits, meta *kernels.Buffer
 // temperature 1 0.89 → 0.74 ms, with Qwen3's top-k 20 / top-p 0.95
 // 0.906 → 0.765 ms, docs/PERF.md). Set to 3 they also take rows with top-p
 // or min-p but no top-k (answered from each chunk's best tokens where
-// those hold the kept set, else by the general kernel in the same call):
-// written after the twentieth pass's device time, not yet run on a GPU.
+// those hold the kept set, else by the general kernel in the same call;
+// opt-in, its tests pass on the H200 since the twenty-first pass).
 const SampleSplitEnv = "MKSERVE_SAMPLE_SPLIT"
 
 var sampleSplitMode = sync.OnceValue(func() int {
