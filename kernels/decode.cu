@@ -1694,8 +1694,15 @@ __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
 // 128 splits); this one walks a quarter of them with 4× wider loads. H200,
 // batch 1 (kernels.test -bench PagedAttn, two alternations): warp 4k / 16k /
 // 32k 21.5 / 34.5 / 50.5 → 18.2 / 31.2 / 47.5 µs, mla 4k 31.0 → 28.6 µs.
+// EARLY (at ≤ 2 rows; MK_MERGE_EARLY=0 turns it off): the next kernel's
+// CTAs launch before this one waits, so a weight-resident o GEMV
+// (gemv.cu) streams its rows into shared memory under the attention kernel.
+template <bool EARLY>
 __global__ void __launch_bounds__(kNT) paged_attn_merge4(const AttnArgs a) {
-  mk::pdl_begin();
+  if constexpr (EARLY)
+    mk::pdl_begin_early();
+  else
+    mk::pdl_begin();
   __shared__ float w[kMaxSplits];
   __shared__ float inv;
   __shared__ float4 part[4][32];
@@ -2183,8 +2190,11 @@ int launch_merge(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st) {
   // splits at batch 1: 33 µs for 17 MB).
   static const bool merge1 = getenv("MK_PAGED_MERGE") != nullptr && atoi(getenv("MK_PAGED_MERGE")) == 1;
   const dim3 mg((unsigned)n, (unsigned)a.H, (unsigned)((a.Dv + kNT - 1) / kNT));
+  static const bool early_on = !mk::env_is("MK_MERGE_EARLY", '0');
+  const bool early = early_on && n <= 2;
   if (!merge1 && a.Dv % 4 == 0)  // 4 columns a lane: 128 columns a CTA, as the other's
-    (void)(mk::launch(paged_attn_merge4, mg, dim3(kNT), 0, st, a));
+    (void)(early ? mk::launch(paged_attn_merge4<true>, mg, dim3(kNT), 0, st, a)
+                 : mk::launch(paged_attn_merge4<false>, mg, dim3(kNT), 0, st, a));
   else
     (void)(mk::launch(paged_attn_merge, mg, dim3(kNT), 0, st, a));
   MK_LAUNCHED("paged_attn_merge");

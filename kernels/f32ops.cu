@@ -93,9 +93,13 @@ __global__ void rmsnorm_f32(float* out, const float* x, const float* r, float* s
 // Σ_k cb.w[g,k]·cb.y[cb.slot_of[g·K+k]] in k order with fmaf from 0, as
 // moe.cu's combine kernel sums it: the same bits as that kernel then this
 // one, without the round trip of the combined rows or the launch.
+//
+// early (at ≤ 2 rows; MK_NORM_EARLY=0 turns it off): the next kernel's
+// CTAs launch before this one waits, so a weight-resident GEMV after it
+// (gemv.cu) streams its rows under the kernel before this one.
 template <bool ADD, int VPT>
 __global__ void rmsnorm_f32_reg(float* out, const float* x, const float* r, float* sum, const float* w,
-                                int64_t group, float eps, bf16* ob, const mkf32::CombineIn cb) {
+                                int64_t group, float eps, bf16* ob, const mkf32::CombineIn cb, bool early) {
   const int64_t n4 = group / 4;
   const float4* w4 = reinterpret_cast<const float4*>(w);
   float4 wv[VPT];  // the weight is a constant: loaded before the wait
@@ -104,7 +108,10 @@ __global__ void rmsnorm_f32_reg(float* out, const float* x, const float* r, floa
     const int64_t j = threadIdx.x + (int64_t)i * blockDim.x;
     if (j < n4) wv[i] = w4[j];
   }
-  mk::pdl_begin();
+  if (early)
+    mk::pdl_begin_early();
+  else
+    mk::pdl_begin();
   __shared__ double part[32];
   constexpr int KC = 32;          // k staged at a time
   __shared__ int32_t c_slot[KC];  // cb's slots and weights of row g, k in [kc, kc + KC)
@@ -224,10 +231,12 @@ bool launch_rmsnorm(cudaStream_t s, float* out, const float* x, const float* r, 
     const int threads = (int)std::min<int64_t>(256, (n4 + 31) / 32 * 32);
     const int64_t vpt = (n4 + threads - 1) / threads;
     const unsigned grid = (unsigned)segs;
-    if (vpt <= 1) (void)(mk::launch(rmsnorm_f32_reg<ADD, 1>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb));
-    else if (vpt <= 2) (void)(mk::launch(rmsnorm_f32_reg<ADD, 2>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb));
-    else if (vpt <= 4) (void)(mk::launch(rmsnorm_f32_reg<ADD, 4>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb));
-    else (void)(mk::launch(rmsnorm_f32_reg<ADD, 8>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb));
+    static const bool early_on = !mk::env_is("MK_NORM_EARLY", '0');
+    const bool early = early_on && segs <= 2;
+    if (vpt <= 1) (void)(mk::launch(rmsnorm_f32_reg<ADD, 1>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb, early));
+    else if (vpt <= 2) (void)(mk::launch(rmsnorm_f32_reg<ADD, 2>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb, early));
+    else if (vpt <= 4) (void)(mk::launch(rmsnorm_f32_reg<ADD, 4>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb, early));
+    else (void)(mk::launch(rmsnorm_f32_reg<ADD, 8>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb, early));
     return true;
   }
   if (cb.y != nullptr) return false;

@@ -182,18 +182,18 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
   }
 }
 
-// ---- the weight-resident variant (MK_GEMV_SMEM=1; an experiment) ----
+// ---- the weight-resident variant (at M ≤ 2 where it fits; MK_GEMV_SMEM=0 turns it off) ----
 //
 // The kernel above keeps one batch of 4 KB a warp in flight: 32 warps an SM
 // hold ~17 MB on 132 SMs, less than Qwen3's q/k/v (21 MB, 640 CTAs for 528
 // slots: 1.2 waves of loads). Here one CTA an SM owns R consecutive rows
 // of B (the segments' rows numbered through in order) and, before the
-// programmatic-launch wait, one thread issues a bulk copy (cp.async.bulk,
-// TMA's 1-D form) of each of them into shared memory, all completing on one
+// programmatic-launch wait, warp 0 issues a bulk copy (cp.async.bulk, TMA's
+// 1-D form) of each of them into shared memory, each completing on its own
 // mbarrier: the whole projection is in flight at once, from while the
 // kernel before (which writes A) still runs. After the wait A is staged,
-// and warp w multiplies rows w, w+8, … from shared memory. M ≤ 2; taken
-// when the rows and A fit (smem_rows).
+// and warp w multiplies rows w, w+8, … from shared memory as each lands.
+// M ≤ 2; taken when the rows and A fit (smem_rows, MK_GEMV_SMEM_MAX).
 constexpr int kResWarps = 8;
 
 // bulk_g2s copies bytes (a multiple of 16, both addresses 16-byte aligned)
@@ -205,16 +205,20 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t by
                : "memory");
 }
 
+// res_bar_bytes is the shared memory of R rows' barriers, rounded up to 128
+// bytes so that the rows after them stay aligned for the bulk copies.
+__host__ __device__ constexpr int64_t res_bar_bytes(int64_t R) { return (R * 8 + 127) / 128 * 128; }
+
 template <typename TA, int MT>
 __global__ void __launch_bounds__(kResWarps * 32, 1)
     gemv_res_kernel(const GemvSegs segs, const TA* A, bf16* ab, int M, int K, int R, int Ntot) {
   extern __shared__ __align__(128) unsigned char rsm[];
-  uint64_t* bar = reinterpret_cast<uint64_t*>(rsm);
-  bf16* W = reinterpret_cast<bf16*>(rsm + 128);                  // [R][K]
-  TA* As = reinterpret_cast<TA*>(W + (int64_t)R * K);            // [M][K]
+  uint64_t* bar = reinterpret_cast<uint64_t*>(rsm);                   // [R]: one a row
+  bf16* W = reinterpret_cast<bf16*>(rsm + res_bar_bytes(R));          // [R][K]
+  TA* As = reinterpret_cast<TA*>(W + (int64_t)R * K);                 // [M][K]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int r0 = blockIdx.x * R, rn = max(0, min(R, Ntot - r0));
-  // row_of: segment and row within it of global row r.
+  // seg_of: segment and row within it (n) of global row r.
   auto seg_of = [&](int r, int& n) -> GemvSeg {
     GemvSeg sg = segs.s[0];
     int first = 0;
@@ -228,18 +232,19 @@ __global__ void __launch_bounds__(kResWarps * 32, 1)
     }
     return sg;
   };
-  if (threadIdx.x == 0) {
-    mkwg::mbar_init(bar, 1);
+  // Warp 0's lanes each own rows lane, lane+32, …: init their barriers, then
+  // (weights are constants) issue their copies before the wait. A barrier a
+  // row lets a warp start on its row when that row has landed, not when the
+  // whole projection has (one barrier for all: Qwen3's q/k/v 8.2 → 9.5 µs).
+  if (warp == 0) {
+    for (int i = lane; i < rn; i += 32) mkwg::mbar_init(bar + i, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    // Weights are constants: their copies go out before the wait.
-    mkwg::mbar_expect_tx(bar, (uint32_t)rn * (uint32_t)K * 2u);
-    for (int i = 0; i < rn; i++) {
+    __syncwarp();
+    for (int i = lane; i < rn; i += 32) {
       int n = 0;
       const GemvSeg sg = seg_of(r0 + i, n);
-      bulk_g2s(W + (int64_t)i * K, sg.B + (int64_t)n * K, (uint32_t)K * 2u, bar);
+      mkwg::mbar_expect_tx(bar + i, (uint32_t)K * 2u);
+      bulk_g2s(W + (int64_t)i * K, sg.B + (int64_t)n * K, (uint32_t)K * 2u, bar + i);
     }
   }
   mk::pdl_begin();
@@ -248,10 +253,10 @@ __global__ void __launch_bounds__(kResWarps * 32, 1)
   const int rowv = K / vec;
   for (int q = threadIdx.x; q < M * rowv; q += blockDim.x)
     reinterpret_cast<uint4*>(As)[q] = __ldg(reinterpret_cast<const uint4*>(A) + q);
-  __syncthreads();
-  mkwg::mbar_wait(bar, 0);
+  __syncthreads();  // A staged; the barriers' inits are visible to every warp
   const int P = K / 8;
   for (int i = warp; i < rn; i += kResWarps) {
+    mkwg::mbar_wait(bar + i, 0);
     const uint4* wr = reinterpret_cast<const uint4*>(W + (int64_t)i * K);
     float acc[MT];
 #pragma unroll
@@ -282,6 +287,16 @@ __global__ void __launch_bounds__(kResWarps * 32, 1)
   }
 }
 
+// res_max_bytes: MK_GEMV_SMEM_MAX (read once; comparisons) caps a CTA's
+// rows of B in shared memory, in bytes; default no cap.
+int64_t res_max_bytes() {
+  static const int64_t v = [] {
+    const char* e = getenv("MK_GEMV_SMEM_MAX");
+    return e ? atoll(e) : INT64_MAX;
+  }();
+  return v;
+}
+
 // smem_rows is the rows a CTA of gemv_res_kernel owns for Ntot rows of K
 // columns and M rows of A of elem bytes on this GPU (one CTA an SM), or 0
 // when they do not fit in shared memory (the register-fed kernel then).
@@ -296,21 +311,21 @@ int smem_rows(int64_t Ntot, int M, int K, size_t elem) {
     return v;
   }();
   const int64_t R = (Ntot + mk::sm_count() - 1) / mk::sm_count();
-  const int64_t bytes = 128 + R * K * 2 + (int64_t)M * K * (int64_t)elem;
-  return bytes <= optin ? (int)R : 0;
+  const int64_t bytes = res_bar_bytes(R) + R * K * 2 + (int64_t)M * K * (int64_t)elem;
+  return bytes <= optin && R * K * 2 <= res_max_bytes() ? (int)R : 0;
 }
 
-// res_on: MK_GEMV_SMEM=1 (read once) takes the weight-resident kernel where
-// it fits, at M ≤ 2.
+// res_on: the weight-resident kernel is taken where it fits, at M ≤ 2;
+// MK_GEMV_SMEM=0 (read once) turns it off.
 bool res_on() {
-  static const bool on = mk::env_is("MK_GEMV_SMEM", '1');
+  static const bool on = !mk::env_is("MK_GEMV_SMEM", '0');
   return on;
 }
 
 template <typename TA, int MT>
 int launch_res(cudaStream_t s, GemvSegs g, const TA* A, bf16* ab, int M, int K, int R, int Ntot) {
   auto kern = gemv_res_kernel<TA, MT>;
-  const size_t sm = 128 + (size_t)R * K * 2 + (size_t)M * K * sizeof(TA);
+  const size_t sm = (size_t)res_bar_bytes(R) + (size_t)R * K * 2 + (size_t)M * K * sizeof(TA);
   static size_t opted = 0;  // per instantiation; the library runs on one thread
   if (sm > opted) {
     MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));

@@ -201,6 +201,11 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 	run_each .dev/kernels.test "$LOGS/test.log" . 120 || status=1
 	grep -E -- "--- FAIL|panic" "$LOGS/test.log" | head -40
 	echo "   took ${SECONDS}s"
+	# The GEMVs' register-fed kernel at M ≤ 2 (the weight-resident one is
+	# taken there where it fits): their tests again in a process of their own.
+	echo "== GEMV tests with MK_GEMV_SMEM=0"
+	MK_GEMV_SMEM=0 run_each .dev/kernels.test "$LOGS/test_gemv_reg.log" . 120 '^(TestGemvBF16|TestGemvBF16Multi|TestMoERouterF32|TestMoEGemvOneLaunchSameBits)$' || status=1
+	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_gemv_reg.log" | head -10
 	# The MoE tests again under switches read once per process (each in
 	# processes of its own): ~7 minutes more; MK_SWITCH_TESTS=0 skips them,
 	# so that MK_MODE=test fits one 10-minute device call (2026-11-30: the
