@@ -211,7 +211,7 @@ __host__ __device__ constexpr int64_t res_bar_bytes(int64_t R) { return (R * 8 +
 
 template <typename TA, int MT>
 __global__ void __launch_bounds__(kResWarps * 32, 1)
-    gemv_res_kernel(const GemvSegs segs, const TA* A, bf16* ab, int M, int K, int R, int Ntot) {
+    gemv_res_kernel(const GemvSegs segs, const TA* A, bf16* ab, int M, int K, int R, int Ntot, bool split) {
   extern __shared__ __align__(128) unsigned char rsm[];
   uint64_t* bar = reinterpret_cast<uint64_t*>(rsm);                   // [R]: one a row
   bf16* W = reinterpret_cast<bf16*>(rsm + res_bar_bytes(R));          // [R][K]
@@ -255,34 +255,60 @@ __global__ void __launch_bounds__(kResWarps * 32, 1)
     reinterpret_cast<uint4*>(As)[q] = __ldg(reinterpret_cast<const uint4*>(A) + q);
   __syncthreads();  // A staged; the barriers' inits are visible to every warp
   const int P = K / 8;
-  for (int i = warp; i < rn; i += kResWarps) {
-    mkwg::mbar_wait(bar + i, 0);
-    const uint4* wr = reinterpret_cast<const uint4*>(W + (int64_t)i * K);
+  // G warps a row when the CTA has fewer rows than warps (a router's 1–2
+  // rows: one warp alone walked a 7168-column row while seven idled), each
+  // over its own part of the columns, the parts summed in warp order.
+  // (split: MK_GEMV_RES_SPLIT=0 turns it off, a kernel argument.)
+  const int G = !split || rn >= kResWarps ? 1 : rn >= 4 ? 2 : rn >= 2 ? 4 : 8;
+  const int groups = kResWarps / G, grp = warp / G, part = warp % G;
+  const int p0 = (int)((int64_t)part * P / G), p1 = (int)((int64_t)(part + 1) * P / G);
+  __shared__ float red[kResWarps][MT];
+  for (int i0 = 0; i0 < rn; i0 += groups) {  // the same trips in every warp (barriers below when G > 1)
+    const int i = i0 + grp;
     float acc[MT];
 #pragma unroll
     for (int m = 0; m < MT; m++) acc[m] = 0.0f;
-    for (int p = lane; p < P; p += 32) {
-      float wf[8];
-      unpack8(wr[p], wf);
+    if (i < rn) {
+      mkwg::mbar_wait(bar + i, 0);
+      const uint4* wr = reinterpret_cast<const uint4*>(W + (int64_t)i * K);
+      for (int p = p0 + lane; p < p1; p += 32) {
+        float wf[8];
+        unpack8(wr[p], wf);
 #pragma unroll
-      for (int m = 0; m < MT; m++) {
-        if (m < M) {
-          float af[8];
-          a8(As + (int64_t)m * K, p, af);
+        for (int m = 0; m < MT; m++) {
+          if (m < M) {
+            float af[8];
+            a8(As + (int64_t)m * K, p, af);
 #pragma unroll
-          for (int j = 0; j < 8; j++) acc[m] = fmaf(af[j], wf[j], acc[m]);
+            for (int j = 0; j < 8; j++) acc[m] = fmaf(af[j], wf[j], acc[m]);
+          }
         }
       }
-    }
-    int n = 0;
-    const GemvSeg sg = seg_of(r0 + i, n);
-    const float b = sg.bias != nullptr ? sg.bias[n] : 0.0f;
 #pragma unroll
-    for (int m = 0; m < MT; m++) {
-      if (m < M) {
-        const float v = mk::warp_sum(acc[m]);
-        if (lane == 0) sg.C[(int64_t)m * sg.N + n] = v + b;
+      for (int m = 0; m < MT; m++) acc[m] = mk::warp_sum(acc[m]);
+    }
+    if (G > 1) {
+      if (lane == 0) {
+#pragma unroll
+        for (int m = 0; m < MT; m++) red[warp][m] = acc[m];
       }
+      __syncthreads();
+      if (part == 0) {
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+          acc[m] = red[warp][m];
+          for (int q = 1; q < G; q++) acc[m] += red[warp + q][m];
+        }
+      }
+      __syncthreads();  // red is free for the next trip
+    }
+    if (i < rn && part == 0 && lane == 0) {
+      int n = 0;
+      const GemvSeg sg = seg_of(r0 + i, n);
+      const float b = sg.bias != nullptr ? sg.bias[n] : 0.0f;
+#pragma unroll
+      for (int m = 0; m < MT; m++)
+        if (m < M) sg.C[(int64_t)m * sg.N + n] = acc[m] + b;
     }
   }
 }
@@ -332,7 +358,8 @@ int launch_res(cudaStream_t s, GemvSegs g, const TA* A, bf16* ab, int M, int K, 
     opted = sm;
   }
   const int grid = (Ntot + R - 1) / R;
-  (void)(mk::launch(kern, dim3((unsigned)grid), dim3(kResWarps * 32), sm, s, g, A, ab, M, K, R, Ntot));
+  static const bool split = !mk::env_is("MK_GEMV_RES_SPLIT", '0');
+  (void)(mk::launch(kern, dim3((unsigned)grid), dim3(kResWarps * 32), sm, s, g, A, ab, M, K, R, Ntot, split));
   return MK_OK;
 }
 
