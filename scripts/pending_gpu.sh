@@ -3,20 +3,38 @@
 # pass: what that pass could not finish on the GPU (docs/PERF.md, "GPU,
 # twenty-third pass", last section). Delete or rewrite it once its results
 # are in PERF.md. On the GPU machine, from the repository root, with
-# .dev/device.tar.xz carried (make device-bins):  bash scripts/pending_gpu.sh
+# .dev/device.tar.xz carried (make device-bins), in two device calls:
+#   bash scripts/pending_gpu.sh 1   (items 1–3, ~8 minutes)
+#   bash scripts/pending_gpu.sh 2   (items 1, 4, 5)
 #   1. build .dev/libmkernel.so;
 #   2. A/B: the weight-resident GEMV's row split (G warps a row when a CTA
 #      holds fewer rows than warps: routers) against one warp a row
 #      (MK_GEMV_RES_SPLIT=0, never run) and against the register-fed GEMV
 #      (MK_GEMV_SMEM=0), DeepSeek-V3-4l and Qwen3-8l at batch 1;
 #   3. the CUDA backend's tests and the serving tests on the final tree
-#      (its kernel tests passed on the H200; these ran out of time).
+#      (its kernel tests passed on the H200; these ran out of time);
+#   4. A/B: the two-kernel MoE GEMV decode path (MK_MOE_GEMV=1, last
+#      measured in the seventh pass, before programmatic launch and the
+#      early launches) against the grouped GEMMs, Qwen3-8l and Mixtral-4l
+#      at batch 1 and 2;
+#   5. ncu of a batch-1 Qwen3-8l graph step's kernels with their DRAM
+#      bytes: the expert GEMMs' bandwidth in isolation (GEMM1 streams 50 MB
+#      at ~2.9 TB/s, GEMM2 25 MB at ~2.4 TB/s by kernel stamps).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-.dev/out}
 mkdir -p "$OUT"
 MK_MODE=none bash scripts/device.sh >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
+if [ "${1:-1}" = 2 ]; then
+	echo "== A/B: the MoE GEMV decode path"
+	CONFIGS="qwen3-30b-a3b-8l mixtral-8x7b-4l" BATCH=1,2 ROUNDS=2 VARIANTS="grouped: gemv:MK_MOE_GEMV=1" \
+		timeout 300 bash scripts/ab_model.sh >"$OUT/ab_gemv.txt" 2>&1
+	cat "$OUT/ab_gemv.txt"
+	echo "== ncu, Qwen3-8l batch 1, graph nodes with DRAM bytes"
+	GRAPHS=1 BYTES=1 timeout 200 bash scripts/ncu_step.sh configs/shapes/qwen3-30b-a3b-8l 1 2>&1 | tail -40
+	exit 0
+fi
 echo "== GEMV tests with MK_GEMV_RES_SPLIT=0"
 MK_GEMV_RES_SPLIT=0 timeout 60 .dev/kernels.test -test.count=1 \
 	-test.run '^(TestGemvBF16|TestGemvBF16Multi|TestMoERouterF32)$' 2>&1 | tail -3
