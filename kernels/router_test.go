@@ -93,6 +93,10 @@ func TestGemvBF16(t *testing.T) {
 	g := testGPU(t)
 	for _, c := range []struct{ M, N, K int }{
 		{1, 512, 2048}, {1, 2048, 4096}, {8, 4096, 2048}, {3, 1000, 7168}, {5, 7, 8}, {2, 151936 / 16, 2048}, {6, 33, 2056},
+		// On 132 SMs the weight-resident kernel gives these 3 and 2 rows a
+		// CTA (the first's last CTA 1), each row's columns split over 4
+		// warps (8 for the lone row; 512 rows above: 4 a CTA, 2 warps).
+		{1, 301, 1024}, {2, 264, 7168},
 	} {
 		t.Run(fmt.Sprintf("M%d_N%d_K%d", c.M, c.N, c.K), func(t *testing.T) {
 			r := newRNG(t)
