@@ -35,6 +35,8 @@ if [ "${1:-1}" = 2 ]; then
 	GRAPHS=1 BYTES=1 timeout 200 bash scripts/ncu_step.sh configs/shapes/qwen3-30b-a3b-8l 1 2>&1 | tail -40
 	exit 0
 fi
+echo "== GEMV tests (two shapes new: 1–3 resident rows a CTA)"
+timeout 60 .dev/kernels.test -test.count=1 -test.run '^(TestGemvBF16|TestGemvBF16Multi|TestMoERouterF32)$' 2>&1 | tail -3
 echo "== GEMV tests with MK_GEMV_RES_SPLIT=0"
 MK_GEMV_RES_SPLIT=0 timeout 60 .dev/kernels.test -test.count=1 \
 	-test.run '^(TestGemvBF16|TestGemvBF16Multi|TestMoERouterF32)$' 2>&1 | tail -3
