@@ -38,6 +38,10 @@ State& state();
 // asked).
 int sm_count();
 
+// smem_optin is how much shared memory one CTA may opt into on the current
+// device (48 KB while it cannot be asked).
+size_t smem_optin();
+
 // gemm_init creates the cuBLASLt/cuBLAS handles and workspace (gemm.cu).
 int gemm_init();
 

@@ -1758,19 +1758,7 @@ __global__ void kv_write_bf16(bf16* pk, bf16* pv, const float* k, const float* v
 
 using mk::sm_count;
 
-// smem_optin is how much shared memory one CTA may opt into on this device.
-size_t smem_optin() {
-  static size_t bytes = 0;
-  if (bytes == 0) {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess && v > 0)
-      bytes = (size_t)v;
-    else
-      return 48 * 1024;
-  }
-  return bytes;
-}
+using mk::smem_optin;
 
 // Variant selects the kernel: 0 auto, 1 CUDA cores, 2 tensor cores
 // (v_head_dim ≤ 128), 3 warp-split (head dims it has: warp_dims; other

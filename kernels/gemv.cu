@@ -196,15 +196,6 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
 // M ≤ 2; taken when the rows and A fit (smem_rows, MK_GEMV_SMEM_MAX).
 constexpr int kResWarps = 8;
 
-// bulk_g2s copies bytes (a multiple of 16, both addresses 16-byte aligned)
-// from global memory to this CTA's shared memory, completing them on bar.
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   mkwg::sm_addr(dst)),
-               "l"(src), "r"(bytes), "r"(mkwg::sm_addr(bar))
-               : "memory");
-}
-
 // res_bar_bytes is the shared memory of R rows' barriers, rounded up to 128
 // bytes so that the rows after them stay aligned for the bulk copies.
 __host__ __device__ constexpr int64_t res_bar_bytes(int64_t R) { return (R * 8 + 127) / 128 * 128; }
@@ -244,7 +235,7 @@ __global__ void __launch_bounds__(kResWarps * 32, 1)
       int n = 0;
       const GemvSeg sg = seg_of(r0 + i, n);
       mkwg::mbar_expect_tx(bar + i, (uint32_t)K * 2u);
-      bulk_g2s(W + (int64_t)i * K, sg.B + (int64_t)n * K, (uint32_t)K * 2u, bar + i);
+      mkwg::bulk_g2s(W + (int64_t)i * K, sg.B + (int64_t)n * K, (uint32_t)K * 2u, bar + i);
     }
   }
   mk::pdl_begin();
@@ -327,15 +318,7 @@ int64_t res_max_bytes() {
 // columns and M rows of A of elem bytes on this GPU (one CTA an SM), or 0
 // when they do not fit in shared memory (the register-fed kernel then).
 int smem_rows(int64_t Ntot, int M, int K, size_t elem) {
-  static const int optin = [] {  // the library's one device (mk_init)
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return v;
-  }();
+  const int64_t optin = (int64_t)mk::smem_optin();
   const int64_t R = (Ntot + mk::sm_count() - 1) / mk::sm_count();
   const int64_t bytes = res_bar_bytes(R) + R * K * 2 + (int64_t)M * K * (int64_t)elem;
   return bytes <= optin && R * K * 2 <= res_max_bytes() ? (int)R : 0;

@@ -246,7 +246,7 @@ func TestMarshalMoEGemvMode(t *testing.T) {
 	var set []int32
 	moeGemvSet = func(on int32) int32 { set = append(set, on); return 0 }
 	d := fakeDevice()
-	for _, m := range []MoEGemvMode{MoEGemvOneLaunch, MoEGemvTwo, MoEGemvOff} {
+	for _, m := range []MoEGemvMode{MoEGemvOneLaunch, MoEGemvResident, MoEGemvTwo, MoEGemvOff} {
 		if err := d.SetMoEGemvMode(m); err != nil {
 			t.Fatal(err)
 		}
@@ -260,11 +260,13 @@ func TestMarshalMoEGemvMode(t *testing.T) {
 			t.Errorf("mode %d: MoEGemvOneLaunchOn = %v", m, got)
 		}
 	}
-	if err := d.SetMoEGemvMode(3); err == nil {
-		t.Error("mode 3 accepted")
+	for _, bad := range []MoEGemvMode{4, -1} {
+		if err := d.SetMoEGemvMode(bad); err == nil {
+			t.Errorf("mode %d accepted", bad)
+		}
 	}
-	if !slices.Equal(set, []int32{2, 1, 0}) {
-		t.Errorf("mk_moe_gemv got %v, want [2 1 0]", set)
+	if !slices.Equal(set, []int32{2, 3, 1, 0}) {
+		t.Errorf("mk_moe_gemv got %v, want [2 3 1 0]", set)
 	}
 	rec := []int32{0, 0, 0, 0}
 	moeDecodeCheck = func(r *int32) int32 {

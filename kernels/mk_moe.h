@@ -116,8 +116,10 @@ MK_API int32_t mk_gemm_skinny_workspace(int64_t m, int64_t n, int64_t k, uint64_
 
 /* Turns mk_moe_experts's decode-sized GEMV kernels on (1: two launches; 2:
  * one launch, ABI 13, that with mk_moe_route_experts also routes, E <= 256,
- * K <= 32, and always combines: out must be set) or off (0, the default
- * unless MK_MOE_GEMV=1 or 2), process-wide. */
+ * K <= 32, and always combines: out must be set; 3, ABI 21: as 1, with the
+ * down kernel's rows of the chosen experts copied into shared memory
+ * before its programmatic-launch wait where they fit, else as 1) or off
+ * (0, the default unless MK_MOE_GEMV=1, 2 or 3), process-wide. */
 MK_API int32_t mk_moe_gemv(int32_t on);
 
 /* The one-launch GEMV kernel's watchdog (ABI 13): after all earlier work,

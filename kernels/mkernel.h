@@ -66,8 +66,9 @@ extern "C" {
  *     mk_sample_draw_f32 (and their _work).
  * 19: mk_stamp, mk_kstamp_*; mk_sample_draw_f32 and mk_sample_draw_work take kmax (top-k rows),
  *     mk_sample_draw_kmax.
- * 20: mk_paged_decode_bf16, mk_paged_decode_fits (mk_decode.h). */
-#define MK_ABI_VERSION 20
+ * 20: mk_paged_decode_bf16, mk_paged_decode_fits (mk_decode.h).
+ * 21: mk_moe_gemv(3), the resident down kernel. */
+#define MK_ABI_VERSION 21
 
 /* Status codes. */
 enum {

@@ -24,6 +24,7 @@
 #include "moe_gemm.cuh"
 #include "norm.cuh"
 #include "sysflag.cuh"
+#include "wgmma.cuh"
 
 namespace {
 
@@ -864,11 +865,13 @@ constexpr int kGemvTokens = 4, kGemvAssign = 32;
 constexpr int kGemvWarps = 8;
 
 // g_moe_gemv: 0 off, 1 the two GEMV kernels, 2 one launch for routing and
-// both (moe_decode_kernel), -1 (unset) MK_MOE_GEMV=1 or 2, else off. Off by
-// default: in `bench model` (CUDA graphs, PDL) the fused kernel's decode
-// steps were faster at 1-4 tokens on Qwen3-30B-A3B and DeepSeek-V3 shapes,
-// and on Mixtral-8x7B at 2 (docs/PERF.md, seventh pass); mode 2 is not
-// measured yet.
+// both (moe_decode_kernel), 3 the two GEMV kernels with the resident down
+// kernel where it fits (moe_gemv_down_res_kernel), -1 (unset)
+// MK_MOE_GEMV=1, 2 or 3, else off. Off by default: in `bench model` (CUDA
+// graphs, PDL) the fused kernel's decode steps were faster at 1-4 tokens on
+// Qwen3-30B-A3B and DeepSeek-V3 shapes, and on Mixtral-8x7B at 2
+// (docs/PERF.md, seventh pass); mode 2 lost to both (eleventh pass); mode 3
+// is not measured yet.
 int g_moe_gemv = -1;
 
 // gemv_mode is g_moe_gemv with the environment's default.
@@ -876,7 +879,7 @@ int gemv_mode() {
   if (g_moe_gemv >= 0) return g_moe_gemv;
   static int v = [] {
     const char* e = getenv("MK_MOE_GEMV");
-    return e && (e[0] == '1' || e[0] == '2') && e[1] == 0 ? e[0] - '0' : 0;
+    return e && e[0] >= '1' && e[0] <= '3' && e[1] == 0 ? e[0] - '0' : 0;
   }();
   return v;
 }
@@ -929,9 +932,9 @@ __device__ __forceinline__ void distinct_experts(const int32_t* ids, int n, int*
 
 // gemv_up_row is a warp's share of the GEMV up phase: gate row j and up
 // row j of expert e against the x rows of the expert's nt assignments qs
-// (shared memory: assignment i's row starts at xs + xo[i], 16-byte chunks),
+// (global or shared memory: assignment i's row starts at xs + xo[i], 16-byte chunks),
 // the activation rounded to bf16 into act[qs[i], j] (lane 0).
-__device__ __forceinline__ void gemv_up_row(bf16* act, const uint4* xs, const int64_t* xo, const int* qs, int nt,
+__device__ __forceinline__ void gemv_up_row(bf16* act, const uint4* xs, const int* xo, const int* qs, int nt,
                                             int e, int64_t j, const bf16* gu, const float* gub, int64_t H,
                                             int64_t I, int act_kind, float alpha, float limit) {
   const int lane = threadIdx.x & 31;
@@ -1003,11 +1006,19 @@ __device__ __forceinline__ void gemv_down_col(float* out, const bf16* act, int64
   }
 }
 
-// grid (ceil(I / kGemvWarps), T·K); dynamic shared memory T·H bf16.
+// grid (ceil(I / kGemvWarps), T·K); dynamic shared memory T·H bf16, or
+// none with RES (the resident down kernel follows, MK_MOE_GEMV=3): then x
+// is read from global memory (L1) rather than staged, so that this
+// kernel's CTAs leave an SM room for the down kernel's rows, and it lets
+// the down kernel launch once every CTA has passed its wait.
+template <bool RES>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     moe_gemv_up_kernel(bf16* act, const bf16* x, const int32_t* ids, const bf16* gu, const float* gub, int64_t H,
                        int64_t I, int T, int K, int act_kind, float alpha, float limit, unsigned long long* counts) {
-  mk::pdl_wait();  // many waves: no early launch of the down kernel
+  if (RES)
+    mk::pdl_begin();
+  else
+    mk::pdl_wait();  // many waves: no early launch of the down kernel
   extern __shared__ __align__(16) unsigned char xsm_raw[];
   __shared__ int first[kGemvAssign];
   const int p = blockIdx.y, n = T * K;
@@ -1022,17 +1033,28 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     if (first[q] == p) qs[nt++] = q;
   if (counts && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(counts + e, (unsigned long long)nt);
   const int64_t P = H / 8;  // 16-byte chunks of a row
-  uint4* xs = reinterpret_cast<uint4*>(xsm_raw);
-  for (int i = 0; i < nt; i++) {
-    const uint4* xr = reinterpret_cast<const uint4*>(x + (int64_t)(qs[i] / K) * H);
-    for (int64_t c = threadIdx.x; c < P; c += blockDim.x) xs[i * P + c] = xr[c];
-  }
-  __syncthreads();
   const int warp = threadIdx.x >> 5;
   const int64_t j = (int64_t)blockIdx.x * kGemvWarps + warp;
-  if (j >= I) return;
-  const int64_t xo[kGemvTokens] = {0, P, 2 * P, 3 * P};  // the staged rows, in qs order
-  gemv_up_row(act, xs, xo, qs, nt, e, j, gu, gub, H, I, act_kind, alpha, limit);
+  if constexpr (RES) {
+    // Rows j, j + 8·gridDim.x, …: the grid is one wave that leaves each SM
+    // room for a down CTA (up_res_grid), which can launch only once every
+    // CTA of this one has passed its wait.
+    int xo[kGemvTokens];  // the rows of x, in qs order (unrolled: registers)
+#pragma unroll
+    for (int i = 0; i < kGemvTokens; i++) xo[i] = i < nt ? (qs[i] / K) * (int)P : 0;
+    for (int64_t jj = j; jj < I; jj += (int64_t)gridDim.x * kGemvWarps)
+      gemv_up_row(act, reinterpret_cast<const uint4*>(x), xo, qs, nt, e, jj, gu, gub, H, I, act_kind, alpha, limit);
+  } else {
+    uint4* xs = reinterpret_cast<uint4*>(xsm_raw);
+    for (int i = 0; i < nt; i++) {
+      const uint4* xr = reinterpret_cast<const uint4*>(x + (int64_t)(qs[i] / K) * H);
+      for (int64_t c = threadIdx.x; c < P; c += blockDim.x) xs[i * P + c] = xr[c];
+    }
+    __syncthreads();
+    if (j >= I) return;
+    const int xo[kGemvTokens] = {0, (int)P, 2 * (int)P, 3 * (int)P};  // the staged rows, in qs order
+    gemv_up_row(act, xs, xo, qs, nt, e, j, gu, gub, H, I, act_kind, alpha, limit);
+  }
 }
 
 // grid ceil(H / kGemvWarps): one warp per output column, every token.
@@ -1054,6 +1076,89 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const int64_t c = (int64_t)blockIdx.x * kGemvWarps + warp;
   if (c >= H) return;
   gemv_down_col(out, act, c, ue, um, un, sw, ids, dn, db, H, I, T, K);
+}
+
+// moe_gemv_down_res_kernel (MK_MOE_GEMV=3, where down_res_cols fits): the
+// down phase with each CTA owning C consecutive output columns [c0, c0+C)
+// of every token. Before its wait it finds the distinct chosen experts (the
+// ids were written before the up kernel passed its own wait, which this
+// launch follows) and warp 0's lanes bulk-copy the experts' down rows of
+// its columns into shared memory, one mbarrier a column — so the down
+// weights stream in under the up kernel rather than after it. After the
+// wait it stages the activations [T·K, I] and each warp sums its columns:
+// Σ over the distinct experts g and their assignments q of w[q]·(row ·
+// act[q]), + the weighted biases, as gemv_down_col (in another order).
+// Dynamic shared memory: down_res_bytes(C, T·K, I).
+__host__ __device__ constexpr int64_t down_res_bar_bytes(int64_t C) { return (C * 8 + 127) / 128 * 128; }
+__host__ __device__ constexpr int64_t down_res_bytes(int64_t C, int64_t n, int64_t I) {
+  return down_res_bar_bytes(C) + (n * C + n) * I * 2;
+}
+__global__ void __launch_bounds__(kGemvWarps * 32, 1)
+    moe_gemv_down_res_kernel(float* out, const bf16* act, const int32_t* ids, const float* w, const bf16* dn,
+                             const float* db, int64_t H, int64_t I, int T, int K, int C) {
+  extern __shared__ __align__(128) unsigned char dres_sm[];
+  __shared__ int first[kGemvAssign], ue[kGemvAssign];
+  __shared__ unsigned um[kGemvAssign];
+  __shared__ int un;
+  const int n = T * K, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t c0 = (int64_t)blockIdx.x * C;
+  const int cn = (int)(H - c0 < C ? H - c0 : (int64_t)C);
+  uint64_t* bar = reinterpret_cast<uint64_t*>(dres_sm);                            // [C]
+  bf16* rows = reinterpret_cast<bf16*>(dres_sm + down_res_bar_bytes(C));            // [n][C][I]: expert g's row c
+  bf16* as = rows + (int64_t)n * C * I;                                              // [n][I]
+  if (warp == 0) {
+    distinct_experts(ids, n, first, ue, um, &un);  // ids: complete before this launch (above)
+    __syncwarp();
+    const int u = un;
+    for (int c = lane; c < cn; c += 32) mkwg::mbar_init(bar + c, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    __syncwarp();
+    // Weights are constants: the copies go out before the wait, column by
+    // column so that the first columns land first.
+    for (int c = lane; c < cn; c += 32) {
+      mkwg::mbar_expect_tx(bar + c, (uint32_t)(u * I * 2));
+      for (int g = 0; g < u; g++)
+        mkwg::bulk_g2s(rows + ((int64_t)g * C + c) * I, dn + ((int64_t)ue[g] * H + c0 + c) * I, (uint32_t)(I * 2),
+                       bar + c);
+    }
+  }
+  mk::pdl_begin();
+  const int64_t P = I / 8;  // 16-byte chunks of a row
+  for (int64_t q = threadIdx.x; q < (int64_t)n * P; q += blockDim.x)
+    reinterpret_cast<uint4*>(as)[q] = __ldcg(reinterpret_cast<const uint4*>(act) + q);
+  __syncthreads();  // act staged; ue, um, un and the barriers' inits visible to every warp
+  const int u = un;
+  for (int c = warp; c < cn; c += kGemvWarps) {
+    mkwg::mbar_wait(bar + c, 0);
+    float acc[kGemvTokens] = {0.f, 0.f, 0.f, 0.f};
+    for (int g = 0; g < u; g++) {
+      const uint4* rv = reinterpret_cast<const uint4*>(rows + ((int64_t)g * C + c) * I);
+      for (unsigned m = um[g]; m; m &= m - 1) {
+        const int q = __ffs(m) - 1;
+        const uint4* av = reinterpret_cast<const uint4*>(as + (int64_t)q * I);
+        float d = 0.0f;
+        for (int64_t p = lane; p < P; p += 32) d = dot8(rv[p], av[p], d);
+        const float wq = w[q];
+        const int t = q / K;
+#pragma unroll
+        for (int i = 0; i < kGemvTokens; i++)
+          if (i == t) acc[i] = fmaf(wq, d, acc[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kGemvTokens; i++) {
+      if (i >= T) break;
+      float v = mk::warp_sum(acc[i]);
+      if (lane == 0) {
+        if (db)
+          for (int k = 0; k < K; k++) {
+            const int e = ids[i * K + k];
+            if (e >= 0) v = fmaf(w[i * K + k], db[(int64_t)e * H + c0 + c], v);
+          }
+        out[i * H + c0 + c] = v;
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------- decode-sized experts, one launch
@@ -1175,10 +1280,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_decode_kernel(const __gri
     const int64_t j = (it - (int64_t)g * nbx) * kGemvWarps + warp;
     if (j >= p.I) continue;  // warp-uniform; nothing below waits on the block
     int qs[kGemvTokens], nt = 0;
-    int64_t xo[kGemvTokens] = {0, 0, 0, 0};
+    int xo[kGemvTokens] = {0, 0, 0, 0};
     for (unsigned m = um[g]; m != 0u && nt < kGemvTokens; m &= m - 1, nt++) {
       qs[nt] = __ffs(m) - 1;
-      xo[nt] = (int64_t)(qs[nt] / p.K) * P;  // its token's staged row
+      xo[nt] = (qs[nt] / p.K) * (int)P;  // its token's staged row
     }
     gemv_up_row(p.act, xs, xo, qs, nt, ue[g], j, p.gu, p.gub, p.H, p.I, p.act_kind, p.alpha, p.limit);
   }
@@ -1683,6 +1788,17 @@ struct RouteIn {
   float scale;
 };
 
+// down_res_cols is the output columns a CTA of moe_gemv_down_res_kernel
+// owns for n assignments (the most distinct experts) of H × I down
+// matrices — one CTA an SM — or 0 when its rows and activations do not fit
+// in shared memory with 16 KB to spare for the up kernel's CTAs that share
+// its SMs (the register-fed down kernel then).
+static int down_res_cols(int64_t n, int64_t H, int64_t I) {
+  const int64_t C = (H + mk::sm_count() - 1) / mk::sm_count();
+  const int64_t bytes = down_res_bytes(C, n, I) + 1024;  // + its static shared memory
+  return I % 8 == 0 && bytes + (16 << 10) <= (int64_t)mk::smem_optin() ? (int)C : 0;
+}
+
 // gemv_path reports whether mk_moe_experts takes the decode-sized GEMV kernels.
 static bool gemv_path(int64_t t, int32_t k) { return t <= kGemvTokens && t * k <= kGemvAssign && gemv_on(); }
 
@@ -1778,20 +1894,42 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   if (gemv_path(t, k)) {
     // Decode-sized: act (the workspace's, ≥ T·K rows) between two GEMV kernels.
     bf16* act = reinterpret_cast<bf16*>(w + L.act);
-    const size_t xsm = (size_t)t * h * 2;
+    const int C = gemv_mode() == 3 ? down_res_cols(t * k, h, i) : 0;  // > 0: the resident down kernel
+    const size_t xsm = C > 0 ? 0 : (size_t)t * h * 2;
     static size_t up_attr = 48 << 10;
     if (xsm > up_attr) {
-      MK_CUDA(cudaFuncSetAttribute(moe_gemv_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)xsm));
+      MK_CUDA(cudaFuncSetAttribute(moe_gemv_up_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)xsm));
       up_attr = xsm;
     }
     MK_ARG((i + kGemvWarps - 1) / kGemvWarps < (1ll << 31) && (h + kGemvWarps - 1) / kGemvWarps < (1ll << 31),
            "mk_moe_experts: H=%lld I=%lld too large", (long long)h, (long long)i);
-    (void)(mk::launch(moe_gemv_up_kernel, dim3((unsigned)((i + kGemvWarps - 1) / kGemvWarps), (unsigned)(t * k)),
+    // With the resident down kernel the up grid is at most 3 CTAs an SM
+    // (one wave beside a down CTA: 3 × 64 + 52 registers a thread of 256 fit
+    // an SM's 64 K, ptxas 12.4),
+    // its warps taking rows in a grid-stride loop.
+    const int64_t nbx = (i + kGemvWarps - 1) / kGemvWarps;
+    const int64_t upx = C > 0 ? std::max<int64_t>(1, std::min<int64_t>(nbx, 3 * mk::sm_count() / (t * k))) : nbx;
+    (void)(mk::launch(C > 0 ? moe_gemv_up_kernel<true> : moe_gemv_up_kernel<false>,
+        dim3((unsigned)upx, (unsigned)(t * k)),
         dim3(kGemvWarps * 32), xsm, s, act, mk::dev<const bf16>(x), mk::dev<const int32_t>(ids),
         mk::dev<const bf16>(gate_up), gate_up_bias ? mk::dev<const float>(gate_up_bias) : nullptr, h, i, (int)t,
         (int)k, (int)act_kind, mk::float_from_bits(alpha_bits), mk::float_from_bits(limit_bits),
         counts ? mk::dev<unsigned long long>(counts) : nullptr));
     MK_LAUNCHED("moe_gemv_up");
+    if (C > 0) {
+      const size_t dsm = (size_t)down_res_bytes(C, t * k, i);
+      static size_t down_attr = 48 << 10;
+      if (dsm > down_attr) {
+        MK_CUDA(cudaFuncSetAttribute(moe_gemv_down_res_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dsm));
+        down_attr = dsm;
+      }
+      (void)(mk::launch(moe_gemv_down_res_kernel, dim3((unsigned)((h + C - 1) / C)), dim3(kGemvWarps * 32), dsm, s,
+          mk::dev<float>(out), (const bf16*)act, mk::dev<const int32_t>(ids), mk::dev<const float>(weights),
+          mk::dev<const bf16>(down), down_bias ? mk::dev<const float>(down_bias) : nullptr, h, i, (int)t, (int)k,
+          C));
+      MK_LAUNCHED("moe_gemv_down_res");
+      return MK_OK;
+    }
     (void)(mk::launch(moe_gemv_down_kernel, dim3((unsigned)((h + kGemvWarps - 1) / kGemvWarps)),
         dim3(kGemvWarps * 32), 0, s, mk::dev<float>(out), (const bf16*)act, mk::dev<const int32_t>(ids),
         mk::dev<const float>(weights), mk::dev<const bf16>(down), down_bias ? mk::dev<const float>(down_bias) : nullptr,
@@ -2023,7 +2161,7 @@ int32_t mk_gemm_skinny_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t w,
 
 int32_t mk_moe_gemv(int32_t on) {
   MK_THREAD("mk_moe_gemv");
-  MK_ARG(on >= 0 && on <= 2, "mk_moe_gemv: %d is not 0, 1 or 2", on);
+  MK_ARG(on >= 0 && on <= 3, "mk_moe_gemv: %d is not 0, 1, 2 or 3", on);
   g_moe_gemv = on;
   return MK_OK;
 }

@@ -197,7 +197,7 @@ func (d *Device) MoEWorkspace(T, K int, ex *MoEExperts) (bytes int64, tileM int,
 const MoEGemvMaxTokens = 4
 
 // moeGemvNow mirrors the library's switch: -1 unset (the environment), 0,
-// 1 or 2 (MoEGemvMode).
+// 1, 2 or 3 (MoEGemvMode).
 var moeGemvNow atomic.Int32
 
 func init() { moeGemvNow.Store(-1) }
@@ -208,6 +208,8 @@ var moeGemvEnv = sync.OnceValue(func() int32 {
 		return 1
 	case "2":
 		return 2
+	case "3":
+		return 3
 	}
 	return 0
 })
@@ -220,9 +222,10 @@ const (
 	MoEGemvOff       MoEGemvMode = 0 // the grouped GEMMs (the default)
 	MoEGemvTwo       MoEGemvMode = 1 // two GEMV kernels: each chosen expert's rows streamed once
 	MoEGemvOneLaunch MoEGemvMode = 2 // routing (MoERouteExpertsRun, E ≤ 256, K ≤ 32) and both GEMV phases in one launch with a grid barrier; measured slower than both others (docs/PERF.md, eleventh pass)
+	MoEGemvResident  MoEGemvMode = 3 // as MoEGemvTwo, but the down kernel's rows of the chosen experts are bulk-copied into shared memory before its wait, under the up kernel, where they fit (else MoEGemvTwo's down kernel); not yet measured
 )
 
-// moeGemvMode is the switch now (SetMoEGemvMode, else MK_MOE_GEMV=1 or 2).
+// moeGemvMode is the switch now (SetMoEGemvMode, else MK_MOE_GEMV=1, 2 or 3).
 func moeGemvMode() MoEGemvMode {
 	if v := moeGemvNow.Load(); v >= 0 {
 		return MoEGemvMode(v)
@@ -233,7 +236,7 @@ func moeGemvMode() MoEGemvMode {
 // MoEGemv reports whether MoEExpertsRun runs T tokens of top-K on its
 // decode-sized GEMV kernels (when on, T ≤ MoEGemvMaxTokens and T·K ≤ 32)
 // rather than the grouped GEMMs. They are off unless SetMoEGemvMode or
-// MK_MOE_GEMV=1 (or 2) turns them on: measured in whole decode steps the
+// MK_MOE_GEMV=1 (2, 3) turns them on: measured in whole decode steps the
 // two-launch version lost to the fused kernel (docs/PERF.md, seventh pass).
 func MoEGemv(T, K int) bool {
 	return T <= MoEGemvMaxTokens && T*K <= 32 && moeGemvMode() != MoEGemvOff
@@ -258,7 +261,7 @@ func (d *Device) SetMoEGemvMode(m MoEGemvMode) error {
 	if err := d.ready("SetMoEGemvMode"); err != nil {
 		return err
 	}
-	if m < MoEGemvOff || m > MoEGemvOneLaunch {
+	if m < MoEGemvOff || m > MoEGemvResident {
 		return fmt.Errorf("kernels: SetMoEGemvMode: mode %d", m)
 	}
 	if err := d.lib.check("mk_moe_gemv", moeGemvSet(int32(m))); err != nil {

@@ -277,6 +277,14 @@ func TestMoEExperts(t *testing.T) {
 		{name: "gemv_E64_K8_T4_shared_experts", cfg: softmaxRouter(64, 8), T: 4, H: 256, I: 96, hot: -1, cold: 8, biases: true, gemv: MoEGemvTwo},
 		{name: "gemv_E64_K8_T3_rank_block", cfg: softmaxRouter(64, 8), T: 3, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40, gemv: MoEGemvTwo},
 		// One launch (routing inside when oneCall): the same cases.
+		// The resident down kernel: its rows fit at these shapes on an H200
+		// (Qwen3's one token: 16 columns × 8 experts × 768 a CTA), not at
+		// the T = 4, K = 8 ones (MoEGemvTwo's down kernel then).
+		{name: "gemvres_E128_K8_T1_qwen3", cfg: softmaxRouter(128, 8), T: 1, H: 2048, I: 768, hot: -1, gemv: MoEGemvResident},
+		{name: "gemvres_E8_K2_T3_clamped_bias", cfg: softmaxRouter(8, 2), T: 3, H: 136, I: 40, hot: -1, clamped: true, biases: true, gemv: MoEGemvResident},
+		{name: "gemvres_E64_K4_T4_hot", cfg: softmaxRouter(64, 4), T: 4, H: 200, I: 56, hot: 9, biases: true, gemv: MoEGemvResident},
+		{name: "gemvres_E64_K8_T3_rank_block", cfg: softmaxRouter(64, 8), T: 3, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40, gemv: MoEGemvResident},
+		{name: "gemvres_E32_K8_T4_qwen3_rows", cfg: softmaxRouter(32, 8), T: 4, H: 2048, I: 768, hot: -1, gemv: MoEGemvResident},
 		{name: "gemv1_E8_K1_T2", cfg: softmaxRouter(8, 1), T: 2, H: 64, I: 48, hot: -1, gemv: MoEGemvOneLaunch},
 		{name: "gemv1_E8_K2_T3_clamped_bias", cfg: softmaxRouter(8, 2), T: 3, H: 136, I: 40, hot: -1, clamped: true, biases: true, gemv: MoEGemvOneLaunch},
 		{name: "gemv1_E32_K8_T4_qwen3_rows", cfg: softmaxRouter(32, 8), T: 4, H: 2048, I: 768, hot: -1, gemv: MoEGemvOneLaunch},

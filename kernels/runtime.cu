@@ -42,6 +42,20 @@ int sm_count() {
   return n;
 }
 
+size_t smem_optin() {
+  static size_t bytes = 0;  // the library runs on one device
+  if (bytes == 0) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || v <= 0) {
+      cudaGetLastError();
+      return 48 * 1024;  // what every CTA may use, until the device answers
+    }
+    bytes = (size_t)v;
+  }
+  return bytes;
+}
+
 bool pdl_on() {
   static const bool on = [] {
     const char* v = getenv("MK_PDL");

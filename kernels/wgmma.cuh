@@ -129,6 +129,15 @@ __device__ __forceinline__ void tma_prefetch(const TmaMap* m) {
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* b, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sm_addr(b)), "r"(bytes) : "memory");
 }
+// bulk_g2s copies bytes (a multiple of 16, both addresses 16-byte aligned)
+// from global memory to this CTA's shared memory (cp.async.bulk, TMA's 1-D
+// form), completing them on b.
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* b) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   sm_addr(dst)),
+               "l"(src), "r"(bytes), "r"(sm_addr(b))
+               : "memory");
+}
 // tma_load_2d copies the box at (column x, row y) of m's tensor into dst
 // (1024-byte aligned, 128B-swizzled as m says), completing bytes on b.
 __device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* m, int x, int y, uint64_t* b) {

@@ -13,10 +13,11 @@
 #      (MK_GEMV_SMEM=0), DeepSeek-V3-4l and Qwen3-8l at batch 1;
 #   3. the CUDA backend's tests and the serving tests on the final tree
 #      (its kernel tests passed on the H200; these ran out of time);
-#   4. A/B: the two-kernel MoE GEMV decode path (MK_MOE_GEMV=1, last
-#      measured in the seventh pass, before programmatic launch and the
-#      early launches) against the grouped GEMMs, Qwen3-8l and Mixtral-4l
-#      at batch 1 and 2;
+#   4. the MoE expert tests (the resident down kernel, MK_MOE_GEMV=3, ABI
+#      21: never run), then A/B: the two-kernel MoE GEMV decode path
+#      (MK_MOE_GEMV=1, last measured in the seventh pass, before
+#      programmatic launch) and mode 3 against the grouped GEMMs, Qwen3-8l
+#      and Mixtral-4l at batch 1 and 2;
 #   5. ncu of a batch-1 Qwen3-8l graph step's kernels with their DRAM
 #      bytes: the expert GEMMs' bandwidth in isolation (GEMM1 streams 50 MB
 #      at ~2.9 TB/s, GEMM2 25 MB at ~2.4 TB/s by kernel stamps).
@@ -27,12 +28,17 @@ mkdir -p "$OUT"
 MK_MODE=none bash scripts/device.sh >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
 if [ "${1:-1}" = 2 ]; then
-	echo "== A/B: the MoE GEMV decode path"
-	CONFIGS="qwen3-30b-a3b-8l mixtral-8x7b-4l" BATCH=1,2 ROUNDS=2 VARIANTS="grouped: gemv:MK_MOE_GEMV=1" \
-		timeout 300 bash scripts/ab_model.sh >"$OUT/ab_gemv.txt" 2>&1
+	echo "== MoE expert tests (the resident down kernel's gemvres cases: never run)"
+	timeout 150 .dev/kernels.test -test.count=1 -test.v -test.run '^TestMoEExperts$' >"$OUT/moe.log" 2>&1
+	grep -E '^(--- FAIL|FAIL|ok|PASS)|panic|--- (PASS|FAIL): TestMoEExperts/gemvres' "$OUT/moe.log" | head -12
+	grep -B3 -A12 -E '^\s+--- FAIL' "$OUT/moe.log" | head -30
+	echo "== A/B: the MoE GEMV decode paths"
+	CONFIGS="qwen3-30b-a3b-8l mixtral-8x7b-4l" BATCH=1,2 ROUNDS=2 \
+		VARIANTS="grouped: gemv:MK_MOE_GEMV=1 gemvres:MK_MOE_GEMV=3" \
+		timeout 250 bash scripts/ab_model.sh >"$OUT/ab_gemv.txt" 2>&1
 	cat "$OUT/ab_gemv.txt"
 	echo "== ncu, Qwen3-8l batch 1, graph nodes with DRAM bytes"
-	GRAPHS=1 BYTES=1 timeout 200 bash scripts/ncu_step.sh configs/shapes/qwen3-30b-a3b-8l 1 2>&1 | tail -40
+	GRAPHS=1 BYTES=1 timeout 150 bash scripts/ncu_step.sh configs/shapes/qwen3-30b-a3b-8l 1 2>&1 | tail -40
 	exit 0
 fi
 echo "== GEMV tests (two shapes new: 1–3 resident rows a CTA)"

@@ -288,9 +288,10 @@ func (be *Backend) MoEAddRMSNorm(x, h backend.Tensor, l *backend.MoELayer, w bac
 // moeGemv reports whether a call of T tokens takes MoEExpertsRun's
 // decode-sized GEMV kernels instead of the fused kernel: on one rank (the
 // emulated expert-parallel ranks need the fused kernel) when they are on
-// (kernels.MoEGemv: off unless MK_MOE_GEMV=1, or 2 for the one-launch
-// kernel; in whole decode steps the two-launch version lost to the fused
-// kernel, docs/PERF.md, seventh pass; the one-launch one lost too, eleventh pass).
+// (kernels.MoEGemv: off unless MK_MOE_GEMV=1, 2 for the one-launch
+// kernel, or 3 for the resident down kernel; in whole decode steps the
+// two-launch version lost to the fused kernel, docs/PERF.md, seventh pass;
+// the one-launch one lost too, eleventh pass; 3 is not measured yet).
 func (be *Backend) moeGemv(T, K int) bool { return be.epRanks == 1 && kernels.MoEGemv(T, K) }
 
 // localExperts is ex restricted to experts [lo, hi): views of their weights
