@@ -968,6 +968,27 @@ __device__ __forceinline__ void gemv_up_row(bf16* act, const uint4* xs, const in
   }
 }
 
+// down_col_out ends a warp's output column c of the GEMV down phase: each
+// token's sum of the lanes' acc, + the weighted biases of its experts (ids
+// < 0: another rank's, none), into out[t, c] from lane 0.
+__device__ __forceinline__ void down_col_out(float* out, const float (&acc)[kGemvTokens], int64_t c, const float* w,
+                                             const int32_t* ids, const float* db, int64_t H, int T, int K) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < kGemvTokens; i++) {
+    if (i >= T) break;
+    float v = mk::warp_sum(acc[i]);
+    if (lane == 0) {
+      if (db)
+        for (int k = 0; k < K; k++) {
+          const int e = ids[i * K + k];
+          if (e >= 0) v = fmaf(w[i * K + k], db[(int64_t)e * H + c], v);
+        }
+      out[i * H + c] = v;
+    }
+  }
+}
+
 // gemv_down_col is a warp's share of the GEMV down phase: output column c
 // of every token, Σ over the un distinct experts ue[g] of its Down row c
 // against act of the assignments in um[g], weighted by w (the combine), +
@@ -991,19 +1012,7 @@ __device__ __forceinline__ void gemv_down_col(float* out, const bf16* act, int64
         if (i == t) acc[i] = fmaf(w[q], d, acc[i]);
     }
   }
-#pragma unroll
-  for (int i = 0; i < kGemvTokens; i++) {
-    if (i >= T) break;
-    float v = mk::warp_sum(acc[i]);
-    if (lane == 0) {
-      if (db)
-        for (int k = 0; k < K; k++) {
-          const int e = ids[i * K + k];
-          if (e >= 0) v = fmaf(w[i * K + k], db[(int64_t)e * H + c], v);
-        }
-      out[i * H + c] = v;
-    }
-  }
+  down_col_out(out, acc, c, w, ids, db, H, T, K);
 }
 
 // grid (ceil(I / kGemvWarps), T·K); dynamic shared memory T·H bf16, or
@@ -1145,19 +1154,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 1)
           if (i == t) acc[i] = fmaf(wq, d, acc[i]);
       }
     }
-#pragma unroll
-    for (int i = 0; i < kGemvTokens; i++) {
-      if (i >= T) break;
-      float v = mk::warp_sum(acc[i]);
-      if (lane == 0) {
-        if (db)
-          for (int k = 0; k < K; k++) {
-            const int e = ids[i * K + k];
-            if (e >= 0) v = fmaf(w[i * K + k], db[(int64_t)e * H + c0 + c], v);
-          }
-        out[i * H + c0 + c] = v;
-      }
-    }
+    down_col_out(out, acc, c0 + c, w, ids, db, H, T, K);
   }
 }
 
@@ -1904,8 +1901,9 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
     MK_ARG((i + kGemvWarps - 1) / kGemvWarps < (1ll << 31) && (h + kGemvWarps - 1) / kGemvWarps < (1ll << 31),
            "mk_moe_experts: H=%lld I=%lld too large", (long long)h, (long long)i);
     // With the resident down kernel the up grid is at most 3 CTAs an SM
-    // (one wave beside a down CTA: 3 × 64 + 52 registers a thread of 256 fit
-    // an SM's 64 K, ptxas 12.4),
+    // (one wave beside a down CTA: 3 × 64 + 60 registers a thread, 64 K
+    // for 256 threads each with the allocation rounded to 8: exactly an
+    // SM's file, ptxas 12.4),
     // its warps taking rows in a grid-stride loop.
     const int64_t nbx = (i + kGemvWarps - 1) / kGemvWarps;
     const int64_t upx = C > 0 ? std::max<int64_t>(1, std::min<int64_t>(nbx, 3 * mk::sm_count() / (t * k))) : nbx;
