@@ -28,32 +28,28 @@ State& state() {
   return s;
 }
 
-int sm_count() {
-  static int n = 0;  // the library runs on one device
-  if (n == 0) {
+// device_attr is attribute a of the current device, cached in *memo (the
+// library runs on one device), or fallback while the device cannot be asked.
+static int device_attr(cudaDeviceAttr a, int* memo, int fallback) {
+  if (*memo == 0) {
     int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, a, dev) != cudaSuccess || v <= 0) {
       cudaGetLastError();
-      return 132;  // an H200's, until the device answers
+      return fallback;
     }
-    n = v;
+    *memo = v;
   }
-  return n;
+  return *memo;
+}
+
+int sm_count() {
+  static int n = 0;
+  return device_attr(cudaDevAttrMultiProcessorCount, &n, 132);  // an H200's, until the device answers
 }
 
 size_t smem_optin() {
-  static size_t bytes = 0;  // the library runs on one device
-  if (bytes == 0) {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || v <= 0) {
-      cudaGetLastError();
-      return 48 * 1024;  // what every CTA may use, until the device answers
-    }
-    bytes = (size_t)v;
-  }
-  return bytes;
+  static int bytes = 0;
+  return (size_t)device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, &bytes, 48 * 1024);  // what every CTA may use
 }
 
 bool pdl_on() {
