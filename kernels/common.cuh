@@ -163,6 +163,12 @@ __device__ __forceinline__ int block_take(int* q, int* sh) {
 // pdl_on reports whether mk::launch sets the programmatic attribute.
 bool pdl_on();
 
+// res_rows is the most rows of A for which the GEMVs take their
+// weight-resident kernel and the kernels before them (the paged merge, the
+// add + norm) launch them before they wait: MK_GEMV_SMEM_ROWS (1–4, read
+// once), default 2 (measured: docs/PERF.md, twenty-third pass).
+int res_rows();
+
 // kstamps_on is set while mk_kstamp_begin's kernel stamps are on;
 // kstamp_after then queues a clock stamp after kern's launch on s (runtime.cu).
 extern bool kstamps_on;

@@ -1694,7 +1694,7 @@ __global__ void __launch_bounds__(kNT) paged_attn_merge(const AttnArgs a) {
 // 128 splits); this one walks a quarter of them with 4× wider loads. H200,
 // batch 1 (kernels.test -bench PagedAttn, two alternations): warp 4k / 16k /
 // 32k 21.5 / 34.5 / 50.5 → 18.2 / 31.2 / 47.5 µs, mla 4k 31.0 → 28.6 µs.
-// EARLY (at ≤ 2 rows; MK_MERGE_EARLY=0 turns it off): the next kernel's
+// EARLY (at ≤ mk::res_rows() rows; MK_MERGE_EARLY=0 turns it off): the next kernel's
 // CTAs launch before this one waits, so a weight-resident o GEMV
 // (gemv.cu) streams its rows into shared memory under the attention kernel.
 template <bool EARLY>
@@ -2179,7 +2179,7 @@ int launch_merge(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st) {
   static const bool merge1 = getenv("MK_PAGED_MERGE") != nullptr && atoi(getenv("MK_PAGED_MERGE")) == 1;
   const dim3 mg((unsigned)n, (unsigned)a.H, (unsigned)((a.Dv + kNT - 1) / kNT));
   static const bool early_on = !mk::env_is("MK_MERGE_EARLY", '0');
-  const bool early = early_on && n <= 2;
+  const bool early = early_on && n <= mk::res_rows();
   if (!merge1 && a.Dv % 4 == 0)  // 4 columns a lane: 128 columns a CTA, as the other's
     (void)(early ? mk::launch(paged_attn_merge4<true>, mg, dim3(kNT), 0, st, a)
                  : mk::launch(paged_attn_merge4<false>, mg, dim3(kNT), 0, st, a));

@@ -94,7 +94,7 @@ __global__ void rmsnorm_f32(float* out, const float* x, const float* r, float* s
 // moe.cu's combine kernel sums it: the same bits as that kernel then this
 // one, without the round trip of the combined rows or the launch.
 //
-// early (at ≤ 2 rows; MK_NORM_EARLY=0 turns it off): the next kernel's
+// early (at ≤ mk::res_rows() rows; MK_NORM_EARLY=0 turns it off): the next kernel's
 // CTAs launch before this one waits, so a weight-resident GEMV after it
 // (gemv.cu) streams its rows under the kernel before this one.
 template <bool ADD, int VPT>
@@ -232,7 +232,7 @@ bool launch_rmsnorm(cudaStream_t s, float* out, const float* x, const float* r, 
     const int64_t vpt = (n4 + threads - 1) / threads;
     const unsigned grid = (unsigned)segs;
     static const bool early_on = !mk::env_is("MK_NORM_EARLY", '0');
-    const bool early = early_on && segs <= 2;
+    const bool early = early_on && segs <= mk::res_rows();
     if (vpt <= 1) (void)(mk::launch(rmsnorm_f32_reg<ADD, 1>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb, early));
     else if (vpt <= 2) (void)(mk::launch(rmsnorm_f32_reg<ADD, 2>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb, early));
     else if (vpt <= 4) (void)(mk::launch(rmsnorm_f32_reg<ADD, 4>, dim3(grid), dim3(threads), 0, s, out, x, r, sum, w, group, eps, ob, cb, early));

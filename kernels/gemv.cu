@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
   }
 }
 
-// ---- the weight-resident variant (at M ≤ 2 where it fits; MK_GEMV_SMEM=0 turns it off) ----
+// ---- the weight-resident variant (at M ≤ res_rows() where it fits; MK_GEMV_SMEM=0 turns it off) ----
 //
 // The kernel above keeps one batch of 4 KB a warp in flight: 32 warps an SM
 // hold ~17 MB on 132 SMs, less than Qwen3's q/k/v (21 MB, 640 CTAs for 528
@@ -193,7 +193,8 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
 // mbarrier: the whole projection is in flight at once, from while the
 // kernel before (which writes A) still runs. After the wait A is staged,
 // and warp w multiplies rows w, w+8, … from shared memory as each lands.
-// M ≤ 2; taken when the rows and A fit (smem_rows, MK_GEMV_SMEM_MAX).
+// M ≤ mk::res_rows() (2; MK_GEMV_SMEM_ROWS up to 4); taken where the rows
+// and A fit (smem_rows, MK_GEMV_SMEM_MAX).
 constexpr int kResWarps = 8;
 
 // res_bar_bytes is the shared memory of R rows' barriers, rounded up to 128
@@ -324,7 +325,8 @@ int smem_rows(int64_t Ntot, int M, int K, size_t elem) {
   return bytes <= optin && R * K * 2 <= res_max_bytes() ? (int)R : 0;
 }
 
-// res_on: the weight-resident kernel is taken where it fits, at M ≤ 2;
+// res_on: the weight-resident kernel is taken where it fits, at M ≤
+// mk::res_rows() (2 unless MK_GEMV_SMEM_ROWS says otherwise);
 // MK_GEMV_SMEM=0 (read once) turns it off.
 bool res_on() {
   static const bool on = !mk::env_is("MK_GEMV_SMEM", '0');
@@ -378,12 +380,13 @@ int single_k() {
 
 template <typename TA>
 int launch_gemv(cudaStream_t s, const GemvSegs& g, const TA* A, bf16* ab, int M, int K) {
-  if (res_on() && M <= 2) {
+  if (res_on() && M <= mk::res_rows()) {
     int64_t Ntot = 0;
     for (int i = 0; i < g.n; i++) Ntot += g.s[i].N;
     if (const int R = smem_rows(Ntot, M, K, sizeof(TA)); R > 0 && Ntot <= INT32_MAX) {
       if (M <= 1) return launch_res<TA, 1>(s, g, A, ab, M, K, R, (int)Ntot);
-      return launch_res<TA, 2>(s, g, A, ab, M, K, R, (int)Ntot);
+      if (M <= 2) return launch_res<TA, 2>(s, g, A, ab, M, K, R, (int)Ntot);
+      return launch_res<TA, 4>(s, g, A, ab, M, K, R, (int)Ntot);
     }
   }
   // At one or two rows the second batch in flight is left out up to

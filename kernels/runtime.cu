@@ -60,6 +60,15 @@ bool pdl_on() {
   return on;
 }
 
+int res_rows() {
+  static const int n = [] {
+    const char* v = getenv("MK_GEMV_SMEM_ROWS");
+    const int r = v ? atoi(v) : 2;
+    return r >= 1 && r <= 4 ? r : 2;
+  }();
+  return n;
+}
+
 namespace {
 thread_local bool t_bound = false;  // the device is current on this thread
 }
