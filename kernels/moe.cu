@@ -1046,7 +1046,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const int64_t j = (int64_t)blockIdx.x * kGemvWarps + warp;
   if constexpr (RES) {
     // Rows j, j + 8·gridDim.x, …: the grid is one wave that leaves each SM
-    // room for a down CTA (up_res_grid), which can launch only once every
+    // room for a down CTA (experts_run's upx), which can launch only once every
     // CTA of this one has passed its wait.
     int xo[kGemvTokens];  // the rows of x, in qs order (unrolled: registers)
 #pragma unroll
