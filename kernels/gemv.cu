@@ -322,7 +322,8 @@ int smem_rows(int64_t Ntot, int M, int K, size_t elem) {
   const int64_t optin = (int64_t)mk::smem_optin();
   const int64_t R = (Ntot + mk::sm_count() - 1) / mk::sm_count();
   const int64_t bytes = res_bar_bytes(R) + R * K * 2 + (int64_t)M * K * (int64_t)elem;
-  return bytes <= optin && R * K * 2 <= res_max_bytes() ? (int)R : 0;
+  // (+ 256: the kernel's static shared memory, red, within the same limit)
+  return bytes + 256 <= optin && R * K * 2 <= res_max_bytes() ? (int)R : 0;
 }
 
 // res_on: the weight-resident kernel is taken where it fits, at M ≤
