@@ -11,6 +11,11 @@
 #   FIRST     15: the index of the first op printed in the step's sequence
 #   COUNT     15: how many ops (15 from 15: about one Qwen3 layer, the 2nd)
 # Prints, per variant, the stamped step time and the ops in step order.
+# Caution: a stamp is a kernel after every kernel, so a kernel launched
+# early under programmatic dependent launch (its constant loads before its
+# wait) now waits behind the stamp instead: stamps showed the weight-
+# resident q/k/v GEMV 8.2 → 9.5 µs where whole steps got faster (docs/
+# PERF.md, twenty-third pass). Judge early-launch changes by ab_model.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 : "${VARIANTS:?set VARIANTS, e.g. VARIANTS=\"base: sep:MKSERVE_FUSED_DECODE=0\"}"
