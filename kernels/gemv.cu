@@ -70,6 +70,24 @@ __device__ __forceinline__ void a8(const float* row, int p, float (&f)[8]) {
   f[0] = x.x, f[1] = x.y, f[2] = x.z, f[3] = x.w, f[4] = y.x, f[5] = y.y, f[6] = y.z, f[7] = y.w;
 }
 
+// fma8 adds the 8 weights in u (bf16) times A's 8 values at column 8p of
+// each of the M rows staged at As (a row every ld elements) to acc, in
+// column order.
+template <typename TA, int MT>
+__device__ __forceinline__ void fma8(float (&acc)[MT], const uint4& u, const TA* As, int64_t ld, int p, int M) {
+  float wf[8];
+  unpack8(u, wf);
+#pragma unroll
+  for (int m = 0; m < MT; m++) {
+    if (m < M) {
+      float af[8];
+      a8(As + (int64_t)m * ld, p, af);
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc[m] = fmaf(af[i], wf[i], acc[m]);
+    }
+  }
+}
+
 // round_a writes float A [M, K] rounded to bf16 into ab (when ab is set),
 // each 8 values by one thread of the grid; bf16 A: nothing to do.
 template <typename TA>
@@ -147,19 +165,7 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
 #pragma unroll
         for (int j = 0; j < kCH; j++) {
           const int p = base + lane + 32 * j;
-          if (p < P) {
-            float wf[8];
-            unpack8(w[j], wf);
-#pragma unroll
-            for (int m = 0; m < MT; m++) {
-              if (m < M) {
-                float af[8];
-                a8(As + (int64_t)m * KC, p, af);
-#pragma unroll
-                for (int i = 0; i < 8; i++) acc[m] = fmaf(af[i], wf[i], acc[m]);
-              }
-            }
-          }
+          if (p < P) fma8(acc, w[j], As, KC, p, M);
         }
         if constexpr (DB) {
 #pragma unroll
@@ -263,19 +269,7 @@ __global__ void __launch_bounds__(kResWarps * 32, 1)
     if (i < rn) {
       mkwg::mbar_wait(bar + i, 0);
       const uint4* wr = reinterpret_cast<const uint4*>(W + (int64_t)i * K);
-      for (int p = p0 + lane; p < p1; p += 32) {
-        float wf[8];
-        unpack8(wr[p], wf);
-#pragma unroll
-        for (int m = 0; m < MT; m++) {
-          if (m < M) {
-            float af[8];
-            a8(As + (int64_t)m * K, p, af);
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc[m] = fmaf(af[j], wf[j], acc[m]);
-          }
-        }
-      }
+      for (int p = p0 + lane; p < p1; p += 32) fma8(acc, wr[p], As, K, p, M);
 #pragma unroll
       for (int m = 0; m < MT; m++) acc[m] = mk::warp_sum(acc[m]);
     }
