@@ -203,16 +203,18 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
 // and A fit (smem_rows, MK_GEMV_SMEM_MAX).
 constexpr int kResWarps = 8;
 
-// res_bar_bytes is the shared memory of R rows' barriers, rounded up to 128
-// bytes so that the rows after them stay aligned for the bulk copies.
-__host__ __device__ constexpr int64_t res_bar_bytes(int64_t R) { return (R * 8 + 127) / 128 * 128; }
+// res_bytes is gemv_res_kernel's dynamic shared memory: R rows' barriers,
+// the R rows of K bf16, then M rows of A of elem bytes.
+constexpr int64_t res_bytes(int64_t R, int64_t M, int64_t K, int64_t elem) {
+  return mkwg::mbar_bytes(R) + R * K * 2 + M * K * elem;
+}
 
 template <typename TA, int MT>
 __global__ void __launch_bounds__(kResWarps * 32, 1)
     gemv_res_kernel(const GemvSegs segs, const TA* A, bf16* ab, int M, int K, int R, int Ntot, bool split) {
   extern __shared__ __align__(128) unsigned char rsm[];
   uint64_t* bar = reinterpret_cast<uint64_t*>(rsm);                   // [R]: one a row
-  bf16* W = reinterpret_cast<bf16*>(rsm + res_bar_bytes(R));          // [R][K]
+  bf16* W = reinterpret_cast<bf16*>(rsm + mkwg::mbar_bytes(R));       // [R][K]
   TA* As = reinterpret_cast<TA*>(W + (int64_t)R * K);                 // [M][K]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int r0 = blockIdx.x * R, rn = max(0, min(R, Ntot - r0));
@@ -315,9 +317,8 @@ int64_t res_max_bytes() {
 int smem_rows(int64_t Ntot, int M, int K, size_t elem) {
   const int64_t optin = (int64_t)mk::smem_optin();
   const int64_t R = (Ntot + mk::sm_count() - 1) / mk::sm_count();
-  const int64_t bytes = res_bar_bytes(R) + R * K * 2 + (int64_t)M * K * (int64_t)elem;
   // (+ 256: the kernel's static shared memory, red, within the same limit)
-  return bytes + 256 <= optin && R * K * 2 <= res_max_bytes() ? (int)R : 0;
+  return res_bytes(R, M, K, (int64_t)elem) + 256 <= optin && R * K * 2 <= res_max_bytes() ? (int)R : 0;
 }
 
 // res_on: the weight-resident kernel is taken where it fits, at M ≤
@@ -331,7 +332,7 @@ bool res_on() {
 template <typename TA, int MT>
 int launch_res(cudaStream_t s, GemvSegs g, const TA* A, bf16* ab, int M, int K, int R, int Ntot) {
   auto kern = gemv_res_kernel<TA, MT>;
-  const size_t sm = (size_t)res_bar_bytes(R) + (size_t)R * K * 2 + (size_t)M * K * sizeof(TA);
+  const size_t sm = (size_t)res_bytes(R, M, K, sizeof(TA));
   static size_t opted = 0;  // per instantiation; the library runs on one thread
   if (sm > opted) {
     MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));

@@ -1098,9 +1098,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // Σ over the distinct experts g and their assignments q of w[q]·(row ·
 // act[q]), + the weighted biases, as gemv_down_col (in another order).
 // Dynamic shared memory: down_res_bytes(C, T·K, I).
-__host__ __device__ constexpr int64_t down_res_bar_bytes(int64_t C) { return (C * 8 + 127) / 128 * 128; }
-__host__ __device__ constexpr int64_t down_res_bytes(int64_t C, int64_t n, int64_t I) {
-  return down_res_bar_bytes(C) + (n * C + n) * I * 2;
+constexpr int64_t down_res_bytes(int64_t C, int64_t n, int64_t I) {
+  return mkwg::mbar_bytes(C) + (n * C + n) * I * 2;  // barriers, rows [n][C][I], activations [n][I]
 }
 __global__ void __launch_bounds__(kGemvWarps * 32, 1)
     moe_gemv_down_res_kernel(float* out, const bf16* act, const int32_t* ids, const float* w, const bf16* dn,
@@ -1113,7 +1112,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 1)
   const int64_t c0 = (int64_t)blockIdx.x * C;
   const int cn = (int)(H - c0 < C ? H - c0 : (int64_t)C);
   uint64_t* bar = reinterpret_cast<uint64_t*>(dres_sm);                            // [C]
-  bf16* rows = reinterpret_cast<bf16*>(dres_sm + down_res_bar_bytes(C));            // [n][C][I]: expert g's row c
+  bf16* rows = reinterpret_cast<bf16*>(dres_sm + mkwg::mbar_bytes(C));              // [n][C][I]: expert g's row c
   bf16* as = rows + (int64_t)n * C * I;                                              // [n][I]
   if (warp == 0) {
     distinct_experts(ids, n, first, ue, um, &un);  // ids: complete before this launch (above)

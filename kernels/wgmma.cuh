@@ -75,6 +75,9 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 
 __device__ __forceinline__ uint32_t sm_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// mbar_bytes is the shared memory of n mbarriers in a row, rounded up to
+// 128 bytes so that what follows them stays aligned for bulk copies.
+__host__ __device__ constexpr int64_t mbar_bytes(int64_t n) { return (n * 8 + 127) / 128 * 128; }
 __device__ __forceinline__ void mbar_init(uint64_t* b, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(sm_addr(b)), "r"(count) : "memory");
 }
