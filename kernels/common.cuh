@@ -166,7 +166,8 @@ bool pdl_on();
 // res_rows is the most rows of A for which the GEMVs take their
 // weight-resident kernel and the kernels before them (the paged merge, the
 // add + norm) launch them before they wait: MK_GEMV_SMEM_ROWS (1–4, read
-// once), default 2 (measured: docs/PERF.md, twenty-third pass).
+// once), default 4 (measured: docs/PERF.md, twenty-fourth pass: 4 against
+// 2 rows at batch 3 ×0.988–0.990 on Qwen3, Mixtral and DeepSeek-V3).
 int res_rows();
 
 // kstamps_on is set while mk_kstamp_begin's kernel stamps are on;

@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kWarps * 32, DB ? 1 : 4)
 // mbarrier: the whole projection is in flight at once, from while the
 // kernel before (which writes A) still runs. After the wait A is staged,
 // and warp w multiplies rows w, w+8, … from shared memory as each lands.
-// M ≤ mk::res_rows() (2; MK_GEMV_SMEM_ROWS up to 4); taken where the rows
+// M ≤ mk::res_rows() (4; MK_GEMV_SMEM_ROWS 1–4); taken where the rows
 // and A fit (smem_rows, MK_GEMV_SMEM_MAX).
 constexpr int kResWarps = 8;
 
@@ -322,7 +322,7 @@ int smem_rows(int64_t Ntot, int M, int K, size_t elem) {
 }
 
 // res_on: the weight-resident kernel is taken where it fits, at M ≤
-// mk::res_rows() (2 unless MK_GEMV_SMEM_ROWS says otherwise);
+// mk::res_rows() (4 unless MK_GEMV_SMEM_ROWS says otherwise);
 // MK_GEMV_SMEM=0 (read once) turns it off.
 bool res_on() {
   static const bool on = !mk::env_is("MK_GEMV_SMEM", '0');

@@ -510,6 +510,19 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const int n = valid ? 16 : 0;  // 0: zero-fill, nothing read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
+// cp_async16_pf is cp_async16 with an L2 prefetch size: pf 256 asks L2 for
+// the whole aligned 256 bytes around gmem (the next k tile's 128 bytes of
+// a weight row too), 128 for its line; 0 for none. pf is uniform.
+__device__ __forceinline__ void cp_async16_pf(void* smem, const void* gmem, bool valid, int pf) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  const int n = valid ? 16 : 0;
+  if (pf == 256)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+  else if (pf == 128)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -650,7 +663,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     for (int i = 0; i < B_PER; i++) {
       const int64_t k = k0 + b_ch[i] * 8;
       const bool v = b_src[i] != nullptr && k < Kd;
-      cp_async16(b + b_dst[i], v ? b_src[i] + k : p.W, v);
+      cp_async16_pf(b + b_dst[i], v ? b_src[i] + k : p.W, v, p.l2pf);
     }
   };
   auto load = [&](int stage, int kt) {
@@ -870,8 +883,9 @@ constexpr int kGemvWarps = 8;
 // MK_MOE_GEMV=1, 2 or 3, else off. Off by default: in `bench model` (CUDA
 // graphs, PDL) the fused kernel's decode steps were faster at 1-4 tokens on
 // Qwen3-30B-A3B and DeepSeek-V3 shapes, and on Mixtral-8x7B at 2
-// (docs/PERF.md, seventh pass); mode 2 lost to both (eleventh pass); mode 3
-// is not measured yet.
+// (docs/PERF.md, seventh pass); mode 2 lost to both (eleventh pass); modes 1
+// and 3 lost to the grouped GEMMs again in the twenty-fourth pass (Qwen3-8l
+// batch 1 ×1.19 and ×1.02, batch 2 ×1.25; Mixtral-4l ×1.21–1.27).
 int g_moe_gemv = -1;
 
 // gemv_mode is g_moe_gemv with the environment's default.
@@ -1543,6 +1557,26 @@ int early_b() {
   return w;
 }
 
+// l2pf: the L2 prefetch size of the mma.sync tiles' weight copies: 256
+// (MK_MOE_L2PF=128 for 128, =0 for none). Written before measuring
+// (twenty-fourth pass): ncu puts one Qwen3 token's GEMM1 at 2.7 TB/s and
+// GEMM2 at 2.2 (50 and 25 MB): each k tile asks DRAM for 128 bytes of each
+// of a CTA's 64 weight rows; 256-byte requests halve the requests for the
+// same bytes and put twice the bytes in flight a request. Measured (H200,
+// grouped layers by graph replay at 1 / 16 / 64 / 256 tokens, against
+// none): Qwen3 ×0.989 / 0.994 / 0.987 / 0.983, Mixtral ×0.994 / 0.998 /
+// 0.968 / 0.998, DeepSeek-V3 ×1.003 / 1.001 / 0.993 / 0.958; decode steps
+// ×0.991–0.999 (docs/PERF.md, twenty-fourth pass).
+int l2pf() {
+  static int w = [] {
+    const char* v = getenv("MK_MOE_L2PF");
+    if (v == nullptr) return 256;
+    const int n = atoi(v);
+    return n == 128 || n == 256 ? n : 0;
+  }();
+  return w;
+}
+
 // use_wgmma: the prefill regime runs the sm_90a wgmma kernel when linked in;
 // MK_MOE_WGMMA=0 keeps mma.sync (measurements).
 bool use_wgmma() {
@@ -1591,6 +1625,7 @@ int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s
   g.nt = (int)ntiles;
   g.group_m = mkmoe::group_m();
   g.early_b = early_b();
+  g.l2pf = l2pf();
   (void)(mk::launch(kern, dim3((unsigned)(tiles * ntiles)), dim3((BM / WM) * (BN / WN) * 32), sm, s, g));
   MK_LAUNCHED(GU ? "moe_gemm (gate/up)" : "moe_gemm (down)");
   return MK_OK;

@@ -222,7 +222,7 @@ const (
 	MoEGemvOff       MoEGemvMode = 0 // the grouped GEMMs (the default)
 	MoEGemvTwo       MoEGemvMode = 1 // two GEMV kernels: each chosen expert's rows streamed once
 	MoEGemvOneLaunch MoEGemvMode = 2 // routing (MoERouteExpertsRun, E ≤ 256, K ≤ 32) and both GEMV phases in one launch with a grid barrier; measured slower than both others (docs/PERF.md, eleventh pass)
-	MoEGemvResident  MoEGemvMode = 3 // as MoEGemvTwo, but the down kernel's rows of the chosen experts are bulk-copied into shared memory before its wait, under the up kernel, where they fit (else MoEGemvTwo's down kernel); not yet measured
+	MoEGemvResident  MoEGemvMode = 3 // as MoEGemvTwo, but the down kernel's rows of the chosen experts are bulk-copied into shared memory before its wait, under the up kernel, where they fit (else MoEGemvTwo's down kernel); slower than the grouped GEMMs (Qwen3-8l batch 1 ×1.02, batch 2 ×1.25; docs/PERF.md, twenty-fourth pass)
 )
 
 // moeGemvMode is the switch now (SetMoEGemvMode, else MK_MOE_GEMV=1, 2 or 3).

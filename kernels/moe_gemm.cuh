@@ -31,6 +31,7 @@ struct GemmArgs {
   int mt, nt;   // row tiles (upper bound) and column tiles of the grid
   int group_m;  // rasterisation: blocks of group_m row tiles × all column tiles run together
   int early_b;  // GEMM2 of moe.cu: issue the first weight stages before the PDL wait (MK_MOE_EARLY_B=0: after)
+  int l2pf;     // moe.cu's mma.sync tiles: 0, or 128 / 256, the L2 prefetch size of their weight copies (MK_MOE_L2PF)
   // > 0 (GEMM2 of moe.cu only): a dense GEMM of dense_rows rows (mk_gemm_skinny_bf16): one expert (0),
   // row r of A is row r, rows from dense_rows on are padding; sorted, tile_expert and num_tiles unused.
   int dense_rows;

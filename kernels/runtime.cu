@@ -63,8 +63,8 @@ bool pdl_on() {
 int res_rows() {
   static const int n = [] {
     const char* v = getenv("MK_GEMV_SMEM_ROWS");
-    const int r = v ? atoi(v) : 2;
-    return r >= 1 && r <= 4 ? r : 2;
+    const int r = v ? atoi(v) : 4;
+    return r >= 1 && r <= 4 ? r : 4;
   }();
   return n;
 }

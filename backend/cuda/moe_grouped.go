@@ -291,7 +291,8 @@ func (be *Backend) MoEAddRMSNorm(x, h backend.Tensor, l *backend.MoELayer, w bac
 // (kernels.MoEGemv: off unless MK_MOE_GEMV=1, 2 for the one-launch
 // kernel, or 3 for the resident down kernel; in whole decode steps the
 // two-launch version lost to the fused kernel, docs/PERF.md, seventh pass;
-// the one-launch one lost too, eleventh pass; 3 is not measured yet).
+// the one-launch one lost too, eleventh pass; 1 and 3 lost to the grouped
+// GEMMs again in the twenty-fourth pass).
 func (be *Backend) moeGemv(T, K int) bool { return be.epRanks == 1 && kernels.MoEGemv(T, K) }
 
 // localExperts is ex restricted to experts [lo, hi): views of their weights
