@@ -52,39 +52,54 @@ func timeLaunches(b *testing.B, d *Device, s *Stream, warm int, launch func(i in
 			return 0, err
 		}
 	}
+	b.ResetTimer()
+	ms, issue, err := timeCalls(d, s, 0, b.N, launch)
+	b.StopTimer()
+	if err == nil {
+		b.ReportMetric(issue, "issue-us/op")
+	}
+	return ms, err
+}
+
+// timeCalls is timeLaunches without a testing.B: n calls after warm ones,
+// the mean device milliseconds and host issue microseconds per call.
+func timeCalls(d *Device, s *Stream, warm, n int, launch func(i int) error) (ms, issueUs float64, err error) {
+	for i := range warm {
+		if err := launch(i); err != nil {
+			return 0, 0, err
+		}
+	}
 	e0, err := d.NewEvent()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer e0.Destroy()
 	e1, err := d.NewEvent()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer e1.Destroy()
 	if err := s.Sync(d); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	b.ResetTimer()
 	if err := e0.Record(s); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	t0 := time.Now()
-	for i := 0; i < b.N; i++ {
+	for i := 0; i < n; i++ {
 		if err := launch(i); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
-	b.ReportMetric(float64(time.Since(t0).Nanoseconds())/1e3/float64(b.N), "issue-us/op")
+	issueUs = float64(time.Since(t0).Nanoseconds()) / 1e3 / float64(n)
 	if err := e1.Record(s); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := e1.Sync(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	b.StopTimer()
-	ms, err := Elapsed(e0, e1)
-	return float64(ms) / float64(b.N), err
+	el, err := Elapsed(e0, e1)
+	return float64(el) / float64(n), issueUs, err
 }
 
 // gemmShapesText lists the GEMM shapes (the models' projections); the

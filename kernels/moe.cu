@@ -510,19 +510,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const int n = valid ? 16 : 0;  // 0: zero-fill, nothing read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
-// cp_async16_pf is cp_async16 with an L2 prefetch size: pf 256 asks L2 for
-// the whole aligned 256 bytes around gmem (the next k tile's 128 bytes of
-// a weight row too), 128 for its line; 0 for none. pf is uniform.
-__device__ __forceinline__ void cp_async16_pf(void* smem, const void* gmem, bool valid, int pf) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  const int n = valid ? 16 : 0;
-  if (pf == 256)
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-  else if (pf == 128)
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-  else
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -663,7 +650,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     for (int i = 0; i < B_PER; i++) {
       const int64_t k = k0 + b_ch[i] * 8;
       const bool v = b_src[i] != nullptr && k < Kd;
-      cp_async16_pf(b + b_dst[i], v ? b_src[i] + k : p.W, v, p.l2pf);
+      mkmoe::cp_async16_pf(b + b_dst[i], v ? b_src[i] + k : p.W, v, p.l2pf);
     }
   };
   auto load = [&](int stage, int kt) {
@@ -1568,12 +1555,7 @@ int early_b() {
 // 0.968 / 0.998, DeepSeek-V3 ×1.003 / 1.001 / 0.993 / 0.958; decode steps
 // ×0.991–0.999 (docs/PERF.md, twenty-fourth pass).
 int l2pf() {
-  static int w = [] {
-    const char* v = getenv("MK_MOE_L2PF");
-    if (v == nullptr) return 256;
-    const int n = atoi(v);
-    return n == 128 || n == 256 ? n : 0;
-  }();
+  static const int w = mkmoe::l2pf_env("MK_MOE_L2PF", 256);
   return w;
 }
 

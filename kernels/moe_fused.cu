@@ -187,6 +187,10 @@ struct Params {
   // read by the combine); 0, the default: f32 rows, as the separate
   // path's y (bf16 measured 3-9 % slower on one GPU: ret_elem_bytes).
   int ret_bf16;
+  // l2pf (mma.sync tiles): the L2 prefetch size of the weight copies, 0 /
+  // 128 / 256 (MK_MOE_FUSED_L2PF; moe.cu's grouped tiles take 256 by
+  // default, measured there; here 0 until measured).
+  int l2pf;
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
   // are other launches, other processes or GPUs); -1: every rank (emulated).
@@ -680,7 +684,7 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
     for (int i = 0; i < B_PER; i++) {
       const int64_t k = k0 + b_ch[i] * 8;
       const bool v = b_src[i] != nullptr && k < Kd;
-      cp_async16(b + b_dst[i], v ? b_src[i] + k : W, v);
+      mkmoe::cp_async16_pf(b + b_dst[i], v ? b_src[i] + k : W, v, p.l2pf);
     }
   };
   float acc[MF][NF][4];
@@ -1649,6 +1653,8 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->separate = sep;
   p->copy_local = !sep && cfg == 2 && copy_local(i);
   p->ret_bf16 = ret_elem_bytes(tc.bm) == 2;
+  static const int l2pf = mkmoe::l2pf_env("MK_MOE_FUSED_L2PF", 0);
+  p->l2pf = l2pf;
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;

@@ -180,6 +180,31 @@ __device__ __forceinline__ void store_act_half(bf16* out, const float (&acc)[64]
                     alpha, limit);
 }
 
+// cp_async16_pf copies 16 bytes from global to shared memory through L2
+// (cp.async.cg; zero-fills them, reading nothing, when !valid) with an L2
+// prefetch size: pf 256 asks L2 for the aligned 256 bytes around gmem (a
+// weight row's next k tile too), 128 for its line, anything else for no
+// size. pf is the same for every thread.
+__device__ __forceinline__ void cp_async16_pf(void* smem, const void* gmem, bool valid, int pf) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  const int n = valid ? 16 : 0;
+  if (pf == 256)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+  else if (pf == 128)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
+}
+
+// l2pf_env is the L2 prefetch size the environment variable name asks for
+// (128 or 256; anything else: none), dflt when it is unset.
+inline int l2pf_env(const char* name, int dflt) {
+  const char* v = getenv(name);
+  if (v == nullptr) return dflt;
+  const int n = atoi(v);
+  return n == 128 || n == 256 ? n : 0;
+}
+
 // group_m is the rasterisation group (row tiles) of group_tile;
 // MK_MOE_GROUP_M overrides the default 8 (1: row tiles fastest, no
 // grouping) for measurements.
