@@ -239,9 +239,13 @@ __global__ void moe_route_kernel(int32_t* ids, float* wts, const float* logits, 
 //
 // route_token_reg routes token t on the calling warp; route_sm is the
 // block's shared memory, of which the warp uses slot warp (group-limited
-// routing only).
+// routing only). Lane j < K returns the expert it wrote and where (the
+// token's slot, 0..K-1); the other lanes {-1, -1}.
+struct RoutePick {
+  int id, slot;
+};
 template <int EPL>
-__device__ __forceinline__ void route_token_reg(int32_t* ids, float* wts, const float* logits, const float* bias,
+__device__ __forceinline__ RoutePick route_token_reg(int32_t* ids, float* wts, const float* logits, const float* bias,
                                                 int64_t t, int E, int K, int flags, int G, int TG, float scale,
                                                 unsigned char* route_sm, int warp) {
   const int lane = threadIdx.x % 32;
@@ -382,7 +386,9 @@ __device__ __forceinline__ void route_token_reg(int32_t* ids, float* wts, const 
   if (lane < K) {
     ids[t * K + rank] = my_id;
     wts[t * K + rank] = w;
+    return RoutePick{my_id, rank};
   }
+  return RoutePick{-1, -1};
 }
 
 template <int EPL>
@@ -497,6 +503,33 @@ __global__ void __launch_bounds__(1024, 1) moe_route_align_kernel(int32_t* ids, 
   __syncthreads();
   align_block(ids, T * K, E, BM, off_g, num_tiles, tile_expert, sorted, slot_of, counts_total,
               reinterpret_cast<int*>(ra_sm), zero, zero_n);
+}
+
+// moe_route_direct_kernel routes one token (one warp, as
+// moe_route_reg_kernel) and writes the grouped GEMMs' row layout itself, so
+// that no align launch runs between it and GEMM1: at one token the K
+// picks are K distinct experts, each one row tile of BM rows of which only
+// the first is real — tile j is the token's slot j (expert ids[j], rows
+// [j·BM, j·BM + BM), assignment j in the first, -1 in the rest), where the
+// align would order the tiles by expert. Every row's sums are the same in
+// either order, and so is the combine (by slot_of, in k order). The
+// experts' counters get their picks.
+template <int EPL>
+__global__ void __launch_bounds__(32) moe_route_direct_kernel(int32_t* ids, float* wts, const float* logits,
+    const float* bias, int E, int K, int flags, int G, int TG, float scale, int BM, int32_t* num_tiles,
+    int32_t* tile_expert, int32_t* sorted, int32_t* slot_of, unsigned long long* counts_total) {
+  mk::pdl_begin();
+  extern __shared__ __align__(16) unsigned char rd_sm[];
+  const RoutePick pk = route_token_reg<EPL>(ids, wts, logits, bias, 0, E, K, flags, G, TG, scale, rd_sm, 0);
+  if (pk.slot < 0) return;
+  const bool ok = pk.id >= 0 && pk.id < E;  // (a NaN router row still picks real experts; kept as the align's rule)
+  const int r0 = pk.slot * BM;
+  tile_expert[pk.slot] = ok ? pk.id : 0;
+  sorted[r0] = ok ? pk.slot : -1;
+  for (int r = 1; r < BM; r++) sorted[r0 + r] = -1;
+  slot_of[pk.slot] = ok ? r0 : -1;
+  if (ok && counts_total != nullptr) atomicAdd(counts_total + pk.id, 1ull);
+  if (pk.slot == 0) *num_tiles = K;
 }
 
 // ---------------------------------------------------------------- grouped GEMM
@@ -1526,6 +1559,16 @@ bool wide_tiles() {
 // 3 % slower at batch 1 (a block of 1024 threads waits for a whole SM's
 // thread slots, where the two small launches start early under
 // programmatic dependent launch).
+// route_direct_on: mk_moe_route_experts routes a single token with
+// moe_route_direct_kernel, which also writes the row layout, and runs no
+// align (MK_MOE_ROUTE_DIRECT=1; off until measured). Written in the
+// twenty-fourth pass: kernel stamps put the align at 3.4 µs of a Qwen3-8l
+// batch-1 layer, a dependent launch between the routing and GEMM1.
+bool route_direct_on() {
+  static const bool on = mk::env_is("MK_MOE_ROUTE_DIRECT", '1');
+  return on;
+}
+
 bool route_align_on() {
   static bool on = [] {
     const char* v = getenv("MK_MOE_ROUTE_ALIGN");
@@ -1892,12 +1935,14 @@ static int32_t decode_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t id
 
 // experts_run is mk_moe_experts after its checks; with route, the align
 // launch also routes the tokens (moe_route_align_kernel: t ≤ 32, E ≤ 256,
-// K ≤ 32, not the GEMV path), writing ids and weights first.
+// K ≤ 32, not the GEMV path), writing ids and weights first; with direct as
+// well (t = 1, no GEMM1 split), moe_route_direct_kernel routes the token and
+// lays out its rows instead, and no align runs.
 static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, uint64_t weights,
                            int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t gate_up,
                            uint64_t gate_up_bias, uint64_t down, uint64_t down_bias, int32_t act_kind,
                            uint32_t alpha_bits, uint32_t limit_bits, uint64_t counts, uint64_t ws,
-                           const RouteIn* route) {
+                           const RouteIn* route, bool direct = false) {
   const Layout L = layout(t, k, e, h, i);
   cudaStream_t s = mk::as_stream(stream);
   unsigned char* w = mk::dev<unsigned char>(ws);
@@ -1963,7 +2008,20 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   const int g1cnt_n = L.g1s > 1 ? (int)(L.tiles * L.g1nt) : 0;
 
   const size_t asm_bytes = (size_t)(3 * e + 1) * 4;
-  if (route != nullptr) {
+  if (route != nullptr && direct && t == 1 && L.g1s <= 1) {
+    const size_t rsm = route->groups > 0 ? (size_t)(e + 2 * route->groups) * 4 : 0;
+    const int epl = (e + 31) / 32;
+    auto go = [&](auto kern) {
+      (void)(mk::launch(kern, dim3(1), dim3(32), rsm, s, mk::dev<int32_t>(ids), mk::dev<float>(weights),
+          route->logits, route->bias, (int)e, (int)k, route->flags, route->groups, route->topk_groups, route->scale,
+          bm, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts)));
+    };
+    if (epl <= 1) go(moe_route_direct_kernel<1>);
+    else if (epl <= 2) go(moe_route_direct_kernel<2>);
+    else if (epl <= 4) go(moe_route_direct_kernel<4>);
+    else go(moe_route_direct_kernel<8>);
+    MK_LAUNCHED("moe_route_direct");
+  } else if (route != nullptr) {
     // Routing and align in one block (ids and weights written first; the
     // align's shared memory reuses the routing's after the barrier).
     const size_t rsm = std::max(asm_bytes, route->groups > 0 ? (size_t)32 * (e + 2 * route->groups) * 4 : 0);
@@ -2089,6 +2147,9 @@ int32_t mk_moe_route_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t
   if (gemv_path(t, k) && gemv_mode() == 2 && decode_route_in_kernel(e, k))
     return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias, act_kind,
                        alpha_bits, limit_bits, counts, ws, &r);  // one launch routes and runs the experts
+  if (t == 1 && e <= 256 && k <= 32 && !route_slow() && !gemv_path(t, k) && route_direct_on())
+    return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias, act_kind,
+                       alpha_bits, limit_bits, counts, ws, &r, true);  // routing lays out the rows: no align
   if (t > 32 || e > 256 || k > 32 || route_slow() || gemv_path(t, k) || !route_align_on()) {
     rc = mk_moe_route(stream, ids, weights, logits, score_bias, t, e, k, flags, num_groups, topk_groups, scaling_bits);
     if (rc != MK_OK) return rc;

@@ -511,6 +511,83 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 	checkClose(t, fmt.Sprintf("MoE T=%d E=%d K=%d H=%d I=%d", T, E, K, H, I), out, want, 1e-2)
 }
 
+// TestMoEWorkspaceReuse runs routing and the experts (MoERouteExpertsRun,
+// with the combine) at 4 tokens and then at 1 token in the same workspace,
+// as a decode step's layers reuse theirs, and checks the 1-token layer
+// against moe.Route plus the float64 loop: whatever the 1-token call
+// reads of its row layout it must have written (the 4-token call leaves
+// other, valid-looking layout words where the 1-token layout lies). With
+// MK_MOE_ROUTE_DIRECT=1 the 1-token call lays out its rows in the routing
+// kernel (scripts/device.sh runs this test so too).
+func TestMoEWorkspaceReuse(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	for _, cfg := range []moe.RouterConfig{softmaxRouter(32, 4), softmaxRouter(128, 8), deepSeekV3Router} {
+		t.Run(fmt.Sprintf("E%d_K%d", cfg.NumExperts, cfg.TopK), func(t *testing.T) {
+			E, K, H, I := cfg.NumExperts, cfg.TopK, 136, 72
+			act := moe.Activation{Kind: moe.SwiGLU}
+			gub16, gu := randBF16(r, E*2*I*H, 1/math.Sqrt(float64(H)))
+			db16, dn := randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))
+			var sbias []float32
+			if cfg.Scoring == moe.Sigmoid {
+				sbias = randF32(r, E, 0.3)
+			}
+			ex := &MoEExperts{E: E, H: H, I: I}
+			logits4, logits1 := randF32(r, 4*E, 1), randF32(r, E, 1)
+			xb4, _ := randBF16(r, 4*H, 1)
+			xb1, x1 := randBF16(r, H, 1)
+			var out, w []float32
+			var ids []int32
+			var counts []int64
+			onGPU(t, g, func(a *arena) {
+				ex.GateUp, ex.Down = put(a, gub16), put(a, db16)
+				var sb *Buffer
+				if sbias != nil {
+					sb = put(a, sbias)
+				}
+				l4, l1, x4b, x1b := put(a, logits4), put(a, logits1), put(a, xb4), put(a, xb1)
+				ib, wb := put(a, make([]int32, 4*K)), put(a, f32Fill(4*K, float32(math.NaN())))
+				ob := put(a, f32Fill(4*H, float32(math.NaN())))
+				cb := put(a, make([]int64, E))
+				if a.err != nil {
+					return
+				}
+				b4, _, err := a.d.MoEWorkspace(4, K, ex)
+				a.check(err)
+				b1, _, err := a.d.MoEWorkspace(1, K, ex)
+				a.check(err)
+				if a.err != nil {
+					return
+				}
+				ws := put(a, bf16Fill(int(max(b4, b1)/2), 0xffff))
+				a.check(a.d.MoERouteExpertsRun(nil, ob, x4b, ib, wb, l4, sb, 4, moeRouter(cfg), ex, cb, ws))
+				a.check(Upload(a.d, ob, f32Fill(4*H, float32(math.NaN()))))
+				a.check(Upload(a.d, cb, make([]int64, E)))
+				a.check(a.d.MoERouteExpertsRun(nil, ob, x1b, ib, wb, l1, sb, 1, moeRouter(cfg), ex, cb, ws))
+				out = get[float32](a, ob, H)
+				ids = get[int32](a, ib, K)
+				w = get[float32](a, wb, K)
+				counts = get[int64](a, cb, E)
+			})
+			wantIDs, _ := moe.Route(&cfg, logits1, sbias, 1)
+			if !slices.Equal(ids, wantIDs) {
+				t.Fatalf("routing: %v, moe.Route %v", ids, wantIDs)
+			}
+			for e := range E {
+				want := int64(0)
+				if slices.Contains(ids, int32(e)) {
+					want = 1
+				}
+				if counts[e] != want {
+					t.Fatalf("expert %d counter %d, want %d", e, counts[e], want)
+				}
+			}
+			want := moeRef(x1, gu, nil, dn, nil, ids, w, 1, K, H, I, act)
+			checkClose(t, fmt.Sprintf("MoE after a 4-token call, E=%d K=%d", E, K), out, want, 1e-2)
+		})
+	}
+}
+
 // TestMoEArgs: bad arguments are errors, not crashes.
 func TestMoEArgs(t *testing.T) {
 	g := testGPU(t)
