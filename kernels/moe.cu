@@ -543,11 +543,8 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const int n = valid ? 16 : 0;  // 0: zero-fill, nothing read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+using mkmoe::cp_async_commit;
+using mkmoe::cp_async_wait;
 
 
 using mkmoe::mma16816;
@@ -700,10 +697,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
       for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
 
   // Shared-memory rows of this warp's n fragments.
-  auto brow = [&](int nf) -> int {
-    if (GATEUP) return nf < NF / 2 ? wn * (WN / 2) + nf * 8 : BN / 2 + wn * (WN / 2) + (nf - NF / 2) * 8;
-    return wn * WN + nf * 8;
-  };
+  auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
 
   if (earlyB) {
     // The prologue's weights as one group before the wait, then its A
@@ -726,17 +720,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
       cp_async_commit();
     }
   }
-  for (int kt = 0; kt < KT; kt++) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    const int nk = kt + STAGES - 1;
-    if (nk < KT) load(nk % STAGES, nk);
-    cp_async_commit();
-    const bf16* a = sA + (kt % STAGES) * BM * BK;
-    const bf16* b = sB + (kt % STAGES) * BN * BK;
-    mkmoe::mma_stage<MF, NF, WM>(acc, a, b, wm, lane, brow);
-  }
-  cp_async_wait<0>();
+  mkmoe::mma_ring<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load, brow);
 
   // Epilogue.
 #pragma unroll

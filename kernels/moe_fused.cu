@@ -261,11 +261,8 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+using mkmoe::cp_async_commit;
+using mkmoe::cp_async_wait;
 using mkmoe::mma16816;
 // signal_add: the fence and release-add of a counter another CTA waits on,
 // at system scope in rank-local mode (the counter may be a peer's).
@@ -694,26 +691,13 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
     for (int j = 0; j < NF; j++)
 #pragma unroll
       for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
-  auto brow = [&](int nf) -> int {
-    if (GATEUP) return nf < NF / 2 ? wn * (WN / 2) + nf * 8 : BN / 2 + wn * (WN / 2) + (nf - NF / 2) * 8;
-    return wn * WN + nf * 8;
-  };
+  auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
 #pragma unroll
   for (int s = 0; s < STAGES - 1; s++) {
     if (s < KT) load(s, s);
     cp_async_commit();
   }
-  for (int kt = 0; kt < KT; kt++) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    const int nk = kt + STAGES - 1;
-    if (nk < KT) load(nk % STAGES, nk);
-    cp_async_commit();
-    const bf16* a = sA + (kt % STAGES) * BM * kBK;
-    const bf16* b = sB + (kt % STAGES) * BN * kBK;
-    mkmoe::mma_stage<MF, NF, WM>(acc, a, b, wm, lane, brow);
-  }
-  cp_async_wait<0>();
+  mkmoe::mma_ring<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load, brow);
 
 #pragma unroll
   for (int mf = 0; mf < MF; mf++) {

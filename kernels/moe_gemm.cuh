@@ -108,6 +108,43 @@ __device__ __forceinline__ void mma_stage(float (&acc)[MF][NF][4], const bf16* a
   }
 }
 
+// cp.async commit groups of the rings below.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// tile_brow is the first B row (in the CTA's BN-row tile) of n fragment nf
+// of warp column wn: GEMM1's (GATEUP) tile holds BN/2 gate rows then the
+// BN/2 matching up rows, and a warp's first NF/2 fragments are its gate
+// columns, the rest the same columns' up rows; GEMM2's rows are in order.
+template <bool GATEUP, int NF, int WN, int BN>
+__device__ __forceinline__ int tile_brow(int nf, int wn) {
+  if (GATEUP) return nf < NF / 2 ? wn * (WN / 2) + nf * 8 : BN / 2 + wn * (WN / 2) + (nf - NF / 2) * 8;
+  return wn * WN + nf * 8;
+}
+
+// mma_ring is the k loop of an mma.sync tile over a cp.async ring of
+// STAGES stages, sA [STAGES][BM·kTileK] and sB [STAGES][BN·kTileK], whose
+// first STAGES − 1 k tiles the caller has issued (one commit group each):
+// per k tile kt < KT it waits for kt's stage, issues k tile kt + STAGES − 1
+// (load(stage, k tile)) and multiplies kt's stage into acc (mma_stage,
+// brow as there); then it waits for every copy.
+template <int STAGES, int BM, int BN, int WM, int MF, int NF, class Load, class BRow>
+__device__ __forceinline__ void mma_ring(float (&acc)[MF][NF][4], const bf16* sA, const bf16* sB, int KT, int wm,
+                                         int lane, const Load& load, const BRow& brow) {
+  for (int kt = 0; kt < KT; kt++) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    const int nk = kt + STAGES - 1;
+    if (nk < KT) load(nk % STAGES, nk);
+    cp_async_commit();
+    mma_stage<MF, NF, WM>(acc, sA + (kt % STAGES) * BM * kTileK, sB + (kt % STAGES) * BN * kTileK, wm, lane, brow);
+  }
+  cp_async_wait<0>();
+}
+
 // activation is the expert's gated activation of gate g and up u (biases
 // added): silu(g)·u, or gpt-oss's clamped form (MK_MOE_SWIGLU_CLAMPED).
 __device__ __forceinline__ float activation(float g, float u, int act, float alpha, float limit) {
