@@ -1381,10 +1381,7 @@ double big_avg() {
 // bm32: the 32-row tiles for 8 < rows per expert ≤ 24 (MK_MOE_BM32=0: the
 // 16-row tiles there, for comparisons).
 bool bm32() {
-  static bool b = [] {
-    const char* v = getenv("MK_MOE_BM32");
-    return !(v && v[0] == '0');
-  }();
+  static const bool b = !mk::env_is("MK_MOE_BM32", '0');
   return b;
 }
 
@@ -1519,30 +1516,17 @@ Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
 // route_slow: MK_MOE_ROUTE_SLOW=1 keeps moe_route_kernel for every shape
 // (measurements against the register kernel).
 bool route_slow() {
-  static bool v = [] {
-    const char* e = getenv("MK_MOE_ROUTE_SLOW");
-    return e && e[0] == '1';
-  }();
+  static const bool v = mk::env_is("MK_MOE_ROUTE_SLOW", '1');
   return v;
 }
 
 // wide_tiles: the prefill regime uses 128×256 CTA tiles (64×64 per warp);
 // MK_MOE_WIDE=0 selects 128×128 (64×32 per warp) for measurements.
 bool wide_tiles() {
-  static bool w = [] {
-    const char* v = getenv("MK_MOE_WIDE");
-    return !(v && v[0] == '0');
-  }();
+  static const bool w = !mk::env_is("MK_MOE_WIDE", '0');
   return w;
 }
 
-// route_align_on: mk_moe_route_experts routes and aligns a decode step's
-// tokens in one launch when MK_MOE_ROUTE_ALIGN=1. Off by default: measured
-// in whole Qwen3-30B-A3B decode steps (ninth pass) the one launch took 10.9
-// µs a layer under ncu against 7.8 + 3.6 for the two, and the steps were
-// 3 % slower at batch 1 (a block of 1024 threads waits for a whole SM's
-// thread slots, where the two small launches start early under
-// programmatic dependent launch).
 // route_direct_on: mk_moe_route_experts routes a single token with
 // moe_route_direct_kernel, which also writes the row layout, and runs no
 // align (MK_MOE_ROUTE_DIRECT=1; off until measured). Written in the
@@ -1553,21 +1537,23 @@ bool route_direct_on() {
   return on;
 }
 
+// route_align_on: mk_moe_route_experts routes and aligns a decode step's
+// tokens in one launch when MK_MOE_ROUTE_ALIGN=1. Off by default: measured
+// in whole Qwen3-30B-A3B decode steps (ninth pass) the one launch took 10.9
+// µs a layer under ncu against 7.8 + 3.6 for the two, and the steps were
+// 3 % slower at batch 1 (a block of 1024 threads waits for a whole SM's
+// thread slots, where the two small launches start early under
+// programmatic dependent launch; twentieth and twenty-fourth passes: ×1.008
+// and ×1.007–1.014).
 bool route_align_on() {
-  static bool on = [] {
-    const char* v = getenv("MK_MOE_ROUTE_ALIGN");
-    return v && v[0] == '1';
-  }();
+  static const bool on = mk::env_is("MK_MOE_ROUTE_ALIGN", '1');
   return on;
 }
 
 // early_b: GEMM2 issues its first weight stages before the PDL wait
 // (MK_MOE_EARLY_B=0: after it, for comparisons).
 int early_b() {
-  static int w = [] {
-    const char* v = getenv("MK_MOE_EARLY_B");
-    return v && v[0] == '0' ? 0 : 1;
-  }();
+  static const int w = mk::env_is("MK_MOE_EARLY_B", '0') ? 0 : 1;
   return w;
 }
 
@@ -1589,10 +1575,7 @@ int l2pf() {
 // use_wgmma: the prefill regime runs the sm_90a wgmma kernel when linked in;
 // MK_MOE_WGMMA=0 keeps mma.sync (measurements).
 bool use_wgmma() {
-  static bool w = [] {
-    const char* v = getenv("MK_MOE_WGMMA");
-    return !(v && v[0] == '0');
-  }();
+  static const bool w = !mk::env_is("MK_MOE_WGMMA", '0');
   return w;
 }
 
