@@ -505,31 +505,46 @@ __global__ void __launch_bounds__(1024, 1) moe_route_align_kernel(int32_t* ids, 
               reinterpret_cast<int*>(ra_sm), zero, zero_n);
 }
 
-// moe_route_direct_kernel routes one token (one warp, as
-// moe_route_reg_kernel) and writes the grouped GEMMs' row layout itself, so
-// that no align launch runs between it and GEMM1: at one token the K
-// picks are K distinct experts, each one row tile of BM rows of which only
-// the first is real — tile j is the token's slot j (expert ids[j], rows
-// [j·BM, j·BM + BM), assignment j in the first, -1 in the rest), where the
-// align would order the tiles by expert. Every row's sums are the same in
-// either order, and so is the combine (by slot_of, in k order). The
-// experts' counters get their picks.
+// moe_route_direct_kernel routes T ≤ 4 tokens (warp t routes token t, as
+// moe_route_reg_kernel) and lays out the grouped GEMMs' rows itself, in
+// one warp, so that no align launch runs between it and GEMM1: with T·K ≤
+// 32 assignments every chosen expert has at most T ≤ BM rows, one row tile
+// of its own. Lane a holds assignment a; the lanes with the same expert
+// find each other (match.any), the first of them numbers the expert's tile
+// (tiles in order of first appearance, where the align orders them by
+// expert) and writes its expert, its padding rows (-1) and its counter;
+// every lane writes its row (its rank among its expert's lanes) and its
+// assignment's row. Every row's sums are the same in either tile order,
+// and so is the combine (by slot_of, in k order).
 template <int EPL>
-__global__ void __launch_bounds__(32) moe_route_direct_kernel(int32_t* ids, float* wts, const float* logits,
-    const float* bias, int E, int K, int flags, int G, int TG, float scale, int BM, int32_t* num_tiles,
+__global__ void __launch_bounds__(128) moe_route_direct_kernel(int32_t* ids, float* wts, const float* logits,
+    const float* bias, int T, int E, int K, int flags, int G, int TG, float scale, int BM, int32_t* num_tiles,
     int32_t* tile_expert, int32_t* sorted, int32_t* slot_of, unsigned long long* counts_total) {
   mk::pdl_begin();
   extern __shared__ __align__(16) unsigned char rd_sm[];
-  const RoutePick pk = route_token_reg<EPL>(ids, wts, logits, bias, 0, E, K, flags, G, TG, scale, rd_sm, 0);
-  if (pk.slot < 0) return;
-  const bool ok = pk.id >= 0 && pk.id < E;  // (a NaN router row still picks real experts; kept as the align's rule)
-  const int r0 = pk.slot * BM;
-  tile_expert[pk.slot] = ok ? pk.id : 0;
-  sorted[r0] = ok ? pk.slot : -1;
-  for (int r = 1; r < BM; r++) sorted[r0 + r] = -1;
-  slot_of[pk.slot] = ok ? r0 : -1;
-  if (ok && counts_total != nullptr) atomicAdd(counts_total + pk.id, 1ull);
-  if (pk.slot == 0) *num_tiles = K;
+  __shared__ int ids_sh[32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const RoutePick pk = route_token_reg<EPL>(ids, wts, logits, bias, warp, E, K, flags, G, TG, scale, rd_sm, warp);
+  if (pk.slot >= 0) ids_sh[warp * K + pk.slot] = pk.id;
+  __syncthreads();
+  if (warp != 0) return;
+  const unsigned full = 0xffffffffu;
+  const int n = T * K, a = lane;
+  const int e = a < n ? ids_sh[a] : -1;
+  const bool ok = e >= 0 && e < E;  // (routing picks real experts; kept as the align's rule)
+  const unsigned same = __match_any_sync(full, ok ? e : E + lane);  // lanes without a row: alone
+  const int first = __ffs(same) - 1;
+  const unsigned firsts = __ballot_sync(full, ok && lane == first);
+  const int tile = __popc(firsts & ((1u << first) - 1u));
+  const int row = tile * BM + __popc(same & ((1u << lane) - 1u));
+  if (ok) sorted[row] = a;
+  if (a < n) slot_of[a] = ok ? row : -1;
+  if (ok && lane == first) {
+    tile_expert[tile] = e;
+    for (int r = tile * BM + __popc(same); r < tile * BM + BM; r++) sorted[r] = -1;
+    if (counts_total != nullptr) atomicAdd(counts_total + e, (unsigned long long)__popc(same));
+  }
+  if (lane == 0) *num_tiles = __popc(firsts);
 }
 
 // ---------------------------------------------------------------- grouped GEMM
@@ -1537,6 +1552,11 @@ bool route_direct_on() {
   return on;
 }
 
+// direct_fits: moe_route_direct_kernel's limits — at most 4 tokens (a warp
+// each), T·K ≤ 32 assignments (a lane each), and an expert's rows (≤ T)
+// within one tile of bm rows.
+bool direct_fits(int64_t t, int k, int bm) { return t >= 1 && t <= 4 && t * k <= 32 && t <= bm; }
+
 // route_align_on: mk_moe_route_experts routes and aligns a decode step's
 // tokens in one launch when MK_MOE_ROUTE_ALIGN=1. Off by default: measured
 // in whole Qwen3-30B-A3B decode steps (ninth pass) the one launch took 10.9
@@ -1903,8 +1923,8 @@ static int32_t decode_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t id
 // experts_run is mk_moe_experts after its checks; with route, the align
 // launch also routes the tokens (moe_route_align_kernel: t ≤ 32, E ≤ 256,
 // K ≤ 32, not the GEMV path), writing ids and weights first; with direct as
-// well (t = 1, no GEMM1 split), moe_route_direct_kernel routes the token and
-// lays out its rows instead, and no align runs.
+// well (direct_fits, no GEMM1 split), moe_route_direct_kernel routes the
+// tokens and lays out their rows instead, and no align runs.
 static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, uint64_t weights,
                            int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t gate_up,
                            uint64_t gate_up_bias, uint64_t down, uint64_t down_bias, int32_t act_kind,
@@ -1975,13 +1995,14 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   const int g1cnt_n = L.g1s > 1 ? (int)(L.tiles * L.g1nt) : 0;
 
   const size_t asm_bytes = (size_t)(3 * e + 1) * 4;
-  if (route != nullptr && direct && t == 1 && L.g1s <= 1) {
-    const size_t rsm = route->groups > 0 ? (size_t)(e + 2 * route->groups) * 4 : 0;
+  if (route != nullptr && direct && direct_fits(t, k, bm) && L.g1s <= 1) {
+    const size_t rsm = route->groups > 0 ? (size_t)t * (e + 2 * route->groups) * 4 : 0;
     const int epl = (e + 31) / 32;
     auto go = [&](auto kern) {
-      (void)(mk::launch(kern, dim3(1), dim3(32), rsm, s, mk::dev<int32_t>(ids), mk::dev<float>(weights),
-          route->logits, route->bias, (int)e, (int)k, route->flags, route->groups, route->topk_groups, route->scale,
-          bm, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts)));
+      (void)(mk::launch(kern, dim3(1), dim3((unsigned)(32 * t)), rsm, s, mk::dev<int32_t>(ids),
+          mk::dev<float>(weights), route->logits, route->bias, (int)t, (int)e, (int)k, route->flags, route->groups,
+          route->topk_groups, route->scale, bm, num, tile_expert, sorted, slot_of,
+          mk::dev<unsigned long long>(counts)));
     };
     if (epl <= 1) go(moe_route_direct_kernel<1>);
     else if (epl <= 2) go(moe_route_direct_kernel<2>);
@@ -2114,7 +2135,8 @@ int32_t mk_moe_route_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t
   if (gemv_path(t, k) && gemv_mode() == 2 && decode_route_in_kernel(e, k))
     return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias, act_kind,
                        alpha_bits, limit_bits, counts, ws, &r);  // one launch routes and runs the experts
-  if (t == 1 && e <= 256 && k <= 32 && !route_slow() && !gemv_path(t, k) && route_direct_on())
+  if (direct_fits(t, k, kCfg[pick_cfg(t, k, e, h)].bm) && e <= 256 && !route_slow() && !gemv_path(t, k) &&
+      route_direct_on())
     return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias, act_kind,
                        alpha_bits, limit_bits, counts, ws, &r, true);  // routing lays out the rows: no align
   if (t > 32 || e > 256 || k > 32 || route_slow() || gemv_path(t, k) || !route_align_on()) {

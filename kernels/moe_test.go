@@ -517,7 +517,7 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 // against moe.Route plus the float64 loop: whatever the 1-token call
 // reads of its row layout it must have written (the 4-token call leaves
 // other, valid-looking layout words where the 1-token layout lies). With
-// MK_MOE_ROUTE_DIRECT=1 the 1-token call lays out its rows in the routing
+// MK_MOE_ROUTE_DIRECT=1 both calls lay out their rows in the routing
 // kernel (scripts/device.sh runs this test so too).
 func TestMoEWorkspaceReuse(t *testing.T) {
 	g := testGPU(t)

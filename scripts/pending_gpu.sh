@@ -7,11 +7,11 @@
 #   bash scripts/pending_gpu.sh 1   (items 1–4)
 #   bash scripts/pending_gpu.sh 2   (items 1, 5–7)
 #   1. build .dev/libmkernel.so;
-#   2. tests of the one-token routing that lays out its rows itself
-#      (MK_MOE_ROUTE_DIRECT=1, new, off by default: no align launch) —
+#   2. tests of the decode routing (≤ 4 tokens) that lays out its rows
+#      itself (MK_MOE_ROUTE_DIRECT=1, new, off by default: no align) —
 #      TestMoEExperts, the new TestMoEWorkspaceReuse (a 1-token call after
 #      a 4-token one in the same workspace) — and of MK_GEMV_RES_MAXK=4096;
-#   3. A/B at batch 1: route direct on Qwen3-8l and Mixtral-4l;
+#   3. A/B at batch 1, 2, 4: route direct on Qwen3-8l and Mixtral-4l;
 #   4. A/B DeepSeek-V3-4l batch 1: route direct, without the grouped tiles'
 #      L2 prefetch (MK_MOE_L2PF=0; the default since the twenty-fourth
 #      pass, whose DeepSeek-V3 step A/B ran out of time), and with the
@@ -58,9 +58,9 @@ timeout 60 .dev/kernels.test -test.count=1 -test.run '^TestMoEWorkspaceReuse$' 2
 echo "== GEMV tests, MK_GEMV_RES_MAXK=4096"
 MK_GEMV_RES_MAXK=4096 timeout 60 .dev/kernels.test -test.count=1 \
 	-test.run '^(TestGemvBF16|TestGemvBF16Multi|TestMoERouterF32)$' 2>&1 | tail -2
-echo "== A/B batch 1, route direct (t=${SECONDS}s)"
-CONFIGS="qwen3-30b-a3b-8l mixtral-8x7b-4l" BATCH=1 ROUNDS=2 VARIANTS="base: direct:MK_MOE_ROUTE_DIRECT=1" \
-	timeout 120 bash scripts/ab_model.sh >"$OUT/ab_direct.txt" 2>&1
+echo "== A/B batch 1, 2, 4, route direct (t=${SECONDS}s)"
+CONFIGS="qwen3-30b-a3b-8l mixtral-8x7b-4l" BATCH=1,2,4 ROUNDS=2 VARIANTS="base: direct:MK_MOE_ROUTE_DIRECT=1" \
+	timeout 140 bash scripts/ab_model.sh >"$OUT/ab_direct.txt" 2>&1
 cat "$OUT/ab_direct.txt"
 echo "== A/B DeepSeek-V3-4l batch 1 (t=${SECONDS}s)"
 CONFIGS="deepseek-v3-4l" BATCH=1 ROUNDS=2 \
