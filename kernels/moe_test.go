@@ -303,6 +303,10 @@ func TestMoEExperts(t *testing.T) {
 		{name: "E64_K6_T5_sigmoid_decode", cfg: moe.RouterConfig{NumExperts: 64, TopK: 6, Scoring: moe.Sigmoid, NormTopK: true, ScalingFactor: 2.5},
 			T: 5, H: 64, I: 48, hot: -1, biases: true},
 		{name: "E256_K8_T3_decode", cfg: softmaxRouter(256, 8), T: 3, H: 64, I: 32, hot: -1},
+		// Decode batches whose tokens share experts: a hot expert (one
+		// 4-row tile), and every expert picked by every token (3 rows each).
+		{name: "E16_K4_T4_hot_decode", cfg: softmaxRouter(16, 4), T: 4, H: 72, I: 40, hot: 5, biases: true},
+		{name: "E8_K8_T3_all_shared_decode", cfg: softmaxRouter(8, 8), T: 3, H: 64, I: 32, hot: -1},
 		// The 64-row wgmma tiles (24 < rows per expert ≤ 48): column tiles
 		// that end inside the 128 output columns of GEMM1 and the 256 of
 		// GEMM2, reductions that end inside a 64-wide chunk, a hot expert
