@@ -55,8 +55,7 @@ type Backend struct {
 	kv    map[uint64]*seqCache // sequence ID → its layers' KV caches (unpaged spans)
 	paged *pagedKV             // the paged pool (spans with a block table), after InitKV
 
-	loadMu sync.Mutex
-	load   map[int][]int64 // layer → tokens per expert since the last TakeExpertLoad
+	load backend.ExpertLoad // tokens per expert per layer since the last TakeExpertLoad
 
 	epMu sync.Mutex
 	eps  map[*backend.MoELayer]*epWorld // one EP world per MoE layer, kept for the backend's life

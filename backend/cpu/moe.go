@@ -39,7 +39,7 @@ func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
 	logits := linear(xt.data, gate.weights(), vector("MoE", "GateBias", l.GateBias, E), T, E, H)
 	ids, w := moe.Route(&l.Router, logits.data, vector("MoE", "ScoreBias", l.ScoreBias, E), T)
 	K := l.Router.TopK
-	be.countExperts(l.Layer, E, ids)
+	be.load.AddIDs(l.Layer, E, ids)
 	out := newTensor(T, H)
 	switch {
 	case be.opts.EPComm != nil:
@@ -231,28 +231,5 @@ func (be *Backend) PlaceExperts(layer int, p *moe.Placement) error {
 	return nil
 }
 
-// countExperts adds a step's routing to the per-layer expert counters.
-func (be *Backend) countExperts(layer, E int, ids []int32) {
-	be.loadMu.Lock()
-	defer be.loadMu.Unlock()
-	if be.load == nil {
-		be.load = map[int][]int64{}
-	}
-	c := be.load[layer]
-	if len(c) != E {
-		c = make([]int64, E)
-		be.load[layer] = c
-	}
-	for _, e := range ids {
-		c[e]++
-	}
-}
-
 // TakeExpertLoad implements backend.ExpertCounter.
-func (be *Backend) TakeExpertLoad() map[int][]int64 {
-	be.loadMu.Lock()
-	defer be.loadMu.Unlock()
-	out := be.load
-	be.load = nil
-	return out
-}
+func (be *Backend) TakeExpertLoad() map[int][]int64 { return be.load.Take() }

@@ -157,10 +157,9 @@ type Backend struct {
 	st   stamps     // per-op clock stamps of captured steps (stamps.go)
 	feed feedState  // overlapped decode: sampling picks kept on the device (feed.go)
 
-	loadMu sync.Mutex
-	load   map[int][]int64 // host-routed MoE layers' expert counts
-	moe    moeDevState     // device-routed MoE layers' expert counters
-	prof   opProfile       // ProfileOps
+	load backend.ExpertLoad // host-routed MoE layers' expert counts
+	moe  moeDevState        // device-routed MoE layers' expert counters
+	prof opProfile          // ProfileOps
 }
 
 var (

@@ -139,7 +139,7 @@ func (be *Backend) moeHost(xt *Tensor, l *backend.MoELayer, gate, gateBias *Tens
 
 	logits := be.ToHost(be.routerLinear(xt, gate, gateBias))
 	ids, w := moe.Route(&l.Router, logits, scoreBias, T)
-	be.countExperts(l.Layer, E, ids)
+	be.load.AddIDs(l.Layer, E, ids)
 
 	// Assignments to this rank's experts [lo, hi) (all of them without a
 	// world) sorted by expert: tok[a] is the token row, wt[a] its weight.
@@ -240,44 +240,13 @@ func (be *Backend) moeHost(xt *Tensor, l *backend.MoELayer, gate, gateBias *Tens
 	return out
 }
 
-// countExperts adds a step's routing to the per-layer expert counters.
-func (be *Backend) countExperts(layer, E int, ids []int32) {
-	be.loadMu.Lock()
-	defer be.loadMu.Unlock()
-	if be.load == nil {
-		be.load = map[int][]int64{}
-	}
-	c := be.load[layer]
-	if len(c) != E {
-		c = make([]int64, E)
-		be.load[layer] = c
-	}
-	for _, e := range ids {
-		c[e]++
-	}
-}
-
 // TakeExpertLoad implements backend.ExpertCounter: tokens per expert per
 // MoE layer since the previous call, from both paths (the grouped and fused
 // paths' device counters are read and zeroed here, not per layer; a placed
 // layer's per-slot counters are summed per expert).
 func (be *Backend) TakeExpertLoad() map[int][]int64 {
-	dev := be.takeDeviceLoad()
-	be.loadMu.Lock()
-	out := be.load
-	be.load = nil
-	be.loadMu.Unlock()
-	for layer, c := range dev {
-		if out == nil {
-			out = map[int][]int64{}
-		}
-		if h := out[layer]; len(h) == len(c) {
-			for e := range c {
-				h[e] += c[e]
-			}
-		} else {
-			out[layer] = c
-		}
+	for layer, c := range be.takeDeviceLoad() {
+		be.load.AddCounts(layer, c)
 	}
-	return out
+	return be.load.Take()
 }

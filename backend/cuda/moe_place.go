@@ -308,7 +308,7 @@ func (be *Backend) installPlacement(d *kernels.Device, layer int, pl *placedExpe
 			for i, e := range old.expert {
 				load[e] += v[i]
 			}
-			be.addLoad(layer, load)
+			be.load.AddCounts(layer, load)
 		}
 		old.expert = nil
 	}
@@ -332,21 +332,4 @@ func (be *Backend) installPlacement(d *kernels.Device, layer int, pl *placedExpe
 		fs.placed[layer] = pl
 	}
 	must("freeing the old expert placement", old.free())
-}
-
-// addLoad adds counts [E] to the layer's host-side expert loads.
-func (be *Backend) addLoad(layer int, counts []int64) {
-	be.loadMu.Lock()
-	defer be.loadMu.Unlock()
-	if be.load == nil {
-		be.load = map[int][]int64{}
-	}
-	c := be.load[layer]
-	if len(c) != len(counts) {
-		be.load[layer] = counts
-		return
-	}
-	for e, n := range counts {
-		c[e] += n
-	}
 }
