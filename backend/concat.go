@@ -2,6 +2,21 @@ package backend
 
 import "fmt"
 
+// SplitShape checks SplitCols's arguments and returns a head's width in x,
+// Σsizes.
+func SplitShape(heads int, sizes []int) (sum int, err error) {
+	for _, s := range sizes {
+		if s < 0 {
+			return 0, fmt.Errorf("negative size in %v", sizes)
+		}
+		sum += s
+	}
+	if heads <= 0 {
+		return 0, fmt.Errorf("heads = %d, want > 0", heads)
+	}
+	return sum, nil
+}
+
 // ConcatShape checks ConcatCols's arguments given each part's [rows, cols]
 // and returns the rows T, the output width heads·Σsizes, and which parts hold
 // a single head broadcast to every head. The error names the bad part.

@@ -29,3 +29,29 @@ func TestConcatShape(t *testing.T) {
 		}
 	}
 }
+
+func TestSplitShape(t *testing.T) {
+	for _, tc := range []struct {
+		heads   int
+		sizes   []int
+		sum     int
+		errWant string
+	}{
+		{heads: 4, sizes: []int{2, 5, 3}, sum: 10},
+		{heads: 1, sizes: []int{0, 7}, sum: 7},
+		{heads: 2, sizes: nil, sum: 0},
+		{heads: 4, sizes: []int{2, -1}, errWant: "negative size"},
+		{heads: 0, sizes: []int{2}, errWant: "heads = 0"},
+	} {
+		sum, err := SplitShape(tc.heads, tc.sizes)
+		if tc.errWant != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.errWant) {
+				t.Errorf("SplitShape(%d, %v) err %v, want %q", tc.heads, tc.sizes, err, tc.errWant)
+			}
+			continue
+		}
+		if err != nil || sum != tc.sum {
+			t.Errorf("SplitShape(%d, %v) = %d, %v; want %d", tc.heads, tc.sizes, sum, err, tc.sum)
+		}
+	}
+}

@@ -267,15 +267,9 @@ func swiglu(x []float32, T, I int) *Tensor {
 // SplitCols splits x [T, heads*Σsizes] by head: part i is [T, heads*sizes[i]]
 // taking, from every head's block, the columns of the i-th size.
 func (be *Backend) SplitCols(x backend.Tensor, heads int, sizes ...int) []backend.Tensor {
-	sum := 0
-	for _, s := range sizes {
-		if s < 0 {
-			panicf("SplitCols", "negative size in %v", sizes)
-		}
-		sum += s
-	}
-	if heads <= 0 {
-		panicf("SplitCols", "heads = %d, want > 0", heads)
+	sum, err := backend.SplitShape(heads, sizes)
+	if err != nil {
+		panicf("SplitCols", "%v", err)
 	}
 	xt, T := matrix("SplitCols", "x", x, heads*sum)
 	parts := make([]*Tensor, len(sizes))
