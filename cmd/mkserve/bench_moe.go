@@ -524,11 +524,15 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 	// Reference on sampled tokens of the last iteration.
 	row.Reference = fmt.Sprintf("CPU float64 on %d sampled tokens (bf16 x and weights, activation rounded to bf16), routing vs moe.Route on the GPU's logits", min(o.checkRows, T))
 	if o.checkRows > 0 {
-		e, mism, err := moeBenchCheck(d, o, w, ex, cfg, sbias, T, x, logits, ids, wts, out)
+		num, den, mism, err := moeCheckRows(d, o, cfg, sbias, T, moeCheckIn{x: x, logits: logits, ids: ids, wts: wts,
+			out: out, shGU: w.shGU, shDown: w.shDown,
+			expert: func(e int) (*kernels.Buffer, int64, *kernels.Buffer, int64) {
+				return ex.GateUp, int64(e) * int64(2*I*H), ex.Down, int64(e) * int64(H*I)
+			}})
 		if err != nil {
 			return row, err
 		}
-		row.RelErr, row.RouteMismatch = e, mism
+		row.RelErr, row.RouteMismatch = math.Sqrt(num/math.Max(den, 1e-300)), mism
 	}
 	return row, nil
 }
@@ -684,54 +688,67 @@ func mlpRef(x, gu, dn []float32, h, n int) []float64 {
 	return y
 }
 
-// moeBenchCheck compares sampled output rows with a CPU reference and the
-// GPU's routing of those tokens with moe.Route on the GPU's logits.
-func moeBenchCheck(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *kernels.MoEExperts, cfg moe.RouterConfig,
-	sbias []float32, T int, x, logits, ids, wts, out *kernels.Buffer) (float64, int, error) {
+// moeCheckIn is what moeCheckRows compares: a layer's tokens x [T, H]
+// bf16, router logits [T, E], routing (ids, wts [T, K]) and output out
+// [T, H] f32 on the device, the shared expert's weights (when the bench
+// has one) and where expert e's weights lie (buffer and element offset of
+// its gate/up [2I, H] and down [H, I] rows).
+type moeCheckIn struct {
+	x, logits, ids, wts, out *kernels.Buffer
+	shGU, shDown             *kernels.Buffer
+	expert                   func(e int) (gu *kernels.Buffer, guOff int64, dn *kernels.Buffer, dnOff int64)
+}
+
+// moeCheckRows compares up to o.checkRows sampled output rows with a CPU
+// reference, and the GPU's routing of those tokens with moe.Route on the
+// GPU's logits: the squared error and squared reference summed over the
+// rows (num +Inf, den 1 at a NaN or infinite output) and the tokens routed
+// otherwise.
+func moeCheckRows(d *kernels.Device, o *moeBenchOpts, cfg moe.RouterConfig, sbias []float32, T int,
+	in moeCheckIn) (num, den float64, mism int, err error) {
 	E, K, H, I := o.experts, o.topk, o.hidden, o.inter
 	SI := o.shared * I
 	if err := d.Sync(); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
+	n := min(o.checkRows, T)
 	samples := []int{0}
-	for i := 1; i < min(o.checkRows, T); i++ {
-		samples = append(samples, (T-1)*i/(min(o.checkRows, T)-1))
+	for i := 1; i < n; i++ {
+		samples = append(samples, (T-1)*i/(n-1))
 	}
 	var shGU, shDn []float32
 	if SI > 0 {
-		a, err := downloadRow[uint16](d, w.shGU, 0, int64(2*SI*H), 2)
+		a, err := downloadRow[uint16](d, in.shGU, 0, int64(2*SI*H), 2)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
-		b, err := downloadRow[uint16](d, w.shDown, 0, int64(H*SI), 2)
+		b, err := downloadRow[uint16](d, in.shDown, 0, int64(H*SI), 2)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		shGU, shDn = bf16s(a), bf16s(b)
 	}
-	var num, den float64
-	mism := 0
 	for _, t := range samples {
-		xb, err := downloadRow[uint16](d, x, int64(t*H), int64(H), 2)
+		xb, err := downloadRow[uint16](d, in.x, int64(t*H), int64(H), 2)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		xr := bf16s(xb)
-		lg, err := downloadRow[float32](d, logits, int64(t*E), int64(E), 4)
+		lg, err := downloadRow[float32](d, in.logits, int64(t*E), int64(E), 4)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
-		id, err := downloadRow[int32](d, ids, int64(t*K), int64(K), 4)
+		id, err := downloadRow[int32](d, in.ids, int64(t*K), int64(K), 4)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
-		wt, err := downloadRow[float32](d, wts, int64(t*K), int64(K), 4)
+		wt, err := downloadRow[float32](d, in.wts, int64(t*K), int64(K), 4)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
-		got, err := downloadRow[float32](d, out, int64(t*H), int64(H), 4)
+		got, err := downloadRow[float32](d, in.out, int64(t*H), int64(H), 4)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		wantIDs, _ := moe.Route(&cfg, lg, sbias, 1)
 		for k := range K {
@@ -742,17 +759,18 @@ func moeBenchCheck(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *kern
 		}
 		want := make([]float64, H)
 		for k := range K {
-			e := int64(id[k])
-			if e < 0 || e >= int64(E) {
-				return 0, 0, fmt.Errorf("token %d: expert id %d out of range", t, e)
+			e := int(id[k])
+			if e < 0 || e >= E {
+				return 0, 0, 0, fmt.Errorf("token %d: expert id %d out of range", t, e)
 			}
-			gu, err := downloadRow[uint16](d, ex.GateUp, e*int64(2*I*H), int64(2*I*H), 2)
+			gb, goff, db, doff := in.expert(e)
+			gu, err := downloadRow[uint16](d, gb, goff, int64(2*I*H), 2)
 			if err != nil {
-				return 0, 0, err
+				return 0, 0, 0, err
 			}
-			dn, err := downloadRow[uint16](d, ex.Down, e*int64(H*I), int64(H*I), 2)
+			dn, err := downloadRow[uint16](d, db, doff, int64(H*I), 2)
 			if err != nil {
-				return 0, 0, err
+				return 0, 0, 0, err
 			}
 			y := mlpRef(xr, bf16s(gu), bf16s(dn), H, I)
 			for c := range H {
@@ -768,11 +786,11 @@ func moeBenchCheck(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *kern
 		for c := range H {
 			g := float64(got[c])
 			if math.IsNaN(g) || math.IsInf(g, 0) {
-				return math.Inf(1), mism, nil
+				return math.Inf(1), 1, mism, nil
 			}
 			num += (g - want[c]) * (g - want[c])
 			den += want[c] * want[c]
 		}
 	}
-	return math.Sqrt(num / math.Max(den, 1e-300)), mism, nil
+	return num, den, mism, nil
 }

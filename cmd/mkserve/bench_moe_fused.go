@@ -422,7 +422,13 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 	if o.checkRows > 0 {
 		var num, den float64
 		for _, r := range []int{0, R - 1} {
-			n, dd, mism, err := b.check(d, cfg, sbias, T, &ranks[r], logits[r])
+			rk := &ranks[r]
+			n, dd, mism, err := moeCheckRows(d, o, cfg, sbias, T, moeCheckIn{x: rk.X, logits: logits[r], ids: rk.IDs,
+				wts: rk.Weights, out: rk.Out, shGU: b.shGU, shDown: b.shDown,
+				expert: func(e int) (*kernels.Buffer, int64, *kernels.Buffer, int64) {
+					c := b.place.Replicas[e][0] // the experts' weights read from a rank holding them
+					return b.gu[c.Rank], int64(c.Slot) * int64(2*I*H), b.dn[c.Rank], int64(c.Slot) * int64(H*I)
+				}})
 			if err != nil {
 				return row, err
 			}
@@ -435,101 +441,6 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 		row.RelErr = math.Sqrt(num / math.Max(den, 1e-300))
 	}
 	return row, nil
-}
-
-// check compares sampled rows of one rank's output with the CPU reference
-// (the experts' weights read from the ranks holding them): squared error,
-// squared reference and routing mismatches.
-func (b *moeFusedBench) check(d *kernels.Device, cfg moe.RouterConfig, sbias []float32, T int, rk *kernels.MoEFusedRank,
-	logits *kernels.Buffer) (num, den float64, mism int, err error) {
-	o := b.o
-	E, K, H, I := o.experts, o.topk, o.hidden, o.inter
-	SI := o.shared * I
-	if err := d.Sync(); err != nil {
-		return 0, 0, 0, err
-	}
-	n := min(o.checkRows, T)
-	samples := []int{0}
-	for i := 1; i < n; i++ {
-		samples = append(samples, (T-1)*i/(n-1))
-	}
-	var shGU, shDn []float32
-	if SI > 0 {
-		a, err := downloadRow[uint16](d, b.shGU, 0, int64(2*SI*H), 2)
-		if err != nil {
-			return 0, 0, 0, err
-		}
-		c, err := downloadRow[uint16](d, b.shDown, 0, int64(H*SI), 2)
-		if err != nil {
-			return 0, 0, 0, err
-		}
-		shGU, shDn = bf16s(a), bf16s(c)
-	}
-	for _, t := range samples {
-		xb, err := downloadRow[uint16](d, rk.X, int64(t*H), int64(H), 2)
-		if err != nil {
-			return 0, 0, 0, err
-		}
-		xr := bf16s(xb)
-		lg, err := downloadRow[float32](d, logits, int64(t*E), int64(E), 4)
-		if err != nil {
-			return 0, 0, 0, err
-		}
-		id, err := downloadRow[int32](d, rk.IDs, int64(t*K), int64(K), 4)
-		if err != nil {
-			return 0, 0, 0, err
-		}
-		wt, err := downloadRow[float32](d, rk.Weights, int64(t*K), int64(K), 4)
-		if err != nil {
-			return 0, 0, 0, err
-		}
-		got, err := downloadRow[float32](d, rk.Out, int64(t*H), int64(H), 4)
-		if err != nil {
-			return 0, 0, 0, err
-		}
-		wantIDs, _ := moe.Route(&cfg, lg, sbias, 1)
-		for k := range K {
-			if wantIDs[k] != id[k] {
-				mism++
-				break
-			}
-		}
-		want := make([]float64, H)
-		for k := range K {
-			e := int(id[k])
-			if e < 0 || e >= E {
-				return 0, 0, 0, fmt.Errorf("token %d: expert id %d out of range", t, e)
-			}
-			c := b.place.Replicas[e][0]
-			gu, err := downloadRow[uint16](d, b.gu[c.Rank], int64(c.Slot)*int64(2*I*H), int64(2*I*H), 2)
-			if err != nil {
-				return 0, 0, 0, err
-			}
-			dn, err := downloadRow[uint16](d, b.dn[c.Rank], int64(c.Slot)*int64(H*I), int64(H*I), 2)
-			if err != nil {
-				return 0, 0, 0, err
-			}
-			y := mlpRef(xr, bf16s(gu), bf16s(dn), H, I)
-			for c := range H {
-				want[c] += float64(wt[k]) * y[c]
-			}
-		}
-		if SI > 0 {
-			y := mlpRef(xr, shGU, shDn, H, SI)
-			for c := range H {
-				want[c] += y[c]
-			}
-		}
-		for c := range H {
-			g := float64(got[c])
-			if math.IsNaN(g) || math.IsInf(g, 0) {
-				return math.Inf(1), 1, mism, nil
-			}
-			num += (g - want[c]) * (g - want[c])
-			den += want[c] * want[c]
-		}
-	}
-	return num, den, mism, nil
 }
 
 // moeTraceRecords is the trace's room per launch (--trace): more than the
