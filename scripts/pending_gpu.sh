@@ -23,6 +23,7 @@
 #      is the engine's path), 1024 / 4096 tokens a rank, all three shapes
 #      (bench moe --path fused, which also times the separate launches:
 #      the #5 ratio, whose separate GEMMs already prefetch);
+#      (the grouped bench's reference check, now the same code, once too);
 #   7. BenchmarkPagedAttn's new graph-replay figures (graph-us/op,
 #      graph-GB/s) for the warp kernel at batch 1 and 32, 1k–32k: the #4
 #      paged-decode target as decode steps run the kernel.
@@ -41,6 +42,9 @@ if [ "${1:-1}" = 2 ]; then
 	PATHS=fused RANKS=8 TOKENS=1024,4096 ROUNDS=2 VARIANTS="base: pf256:MK_MOE_FUSED_L2PF=256" \
 		timeout 220 bash scripts/ab_moe.sh >"$OUT/ab_fused.txt" 2>&1
 	cat "$OUT/ab_fused.txt"
+	echo "== bench moe, grouped path (its reference check, shared with the fused path since the twenty-fourth pass)"
+	timeout 60 .dev/mkserve bench moe --path grouped --hidden 2048 --intermediate 768 --experts 128 --topk 8 \
+		--routing softmax --tokens 1,64 --ranks 1 --json 2>&1 | grep -oE '"(tokens|ms|rel_err|route_mismatch)":[^,]*' | paste -sd' '
 	left=$((560 - SECONDS))
 	echo "== paged decode, eager and graph replay (t=${SECONDS}s, ${left}s left)"
 	MK_DECODE_POOL_TOKENS=1048576 timeout "$left" .dev/kernels.test -test.run '^$' \
