@@ -1542,9 +1542,9 @@ bool wide_tiles() {
   return w;
 }
 
-// route_direct_on: mk_moe_route_experts routes a single token with
-// moe_route_direct_kernel, which also writes the row layout, and runs no
-// align (MK_MOE_ROUTE_DIRECT=1; off until measured). Written in the
+// route_direct_on: mk_moe_route_experts routes a decode step's tokens
+// (direct_fits) with moe_route_direct_kernel, which also writes the row
+// layout, and runs no align (MK_MOE_ROUTE_DIRECT=1; off until measured). Written in the
 // twenty-fourth pass: kernel stamps put the align at 3.4 µs of a Qwen3-8l
 // batch-1 layer, a dependent launch between the routing and GEMM1.
 bool route_direct_on() {
