@@ -553,11 +553,7 @@ constexpr int BK = mkmoe::kTileK;  // 128-byte rows of 8 16-byte chunks, XOR-swi
 
 __device__ __forceinline__ int swz(int row, int ch) { return mkmoe::swz64(row, ch); }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  const int n = valid ? 16 : 0;  // 0: zero-fill, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
+using mkmoe::cp_async16;
 using mkmoe::cp_async_commit;
 using mkmoe::cp_async_wait;
 

@@ -256,11 +256,7 @@ __device__ __forceinline__ float4 bf16x4_to_f32(uint2 u) {
 }
 
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
-}
+using mkmoe::cp_async16;
 using mkmoe::cp_async_commit;
 using mkmoe::cp_async_wait;
 using mkmoe::mma16816;

@@ -233,6 +233,11 @@ __device__ __forceinline__ void cp_async16_pf(void* smem, const void* gmem, bool
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n) : "memory");
 }
 
+// cp_async16 is cp_async16_pf without a prefetch size.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  cp_async16_pf(smem, gmem, valid, 0);
+}
+
 // l2pf_env is the L2 prefetch size the environment variable name asks for
 // (128 or 256; anything else: none), dflt when it is unset.
 inline int l2pf_env(const char* name, int dflt) {

@@ -55,11 +55,7 @@ constexpr size_t kSmem = ST * (kStageA + kStageB) + 1024;  // + alignment slack
 
 __device__ __forceinline__ int swz(int row, int ch) { return row * BK + ((ch ^ (row & 7)) << 3); }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
+using mkmoe::cp_async16;
 
 // tile_of maps work item id to its row tile and column tile (group_tile).
 __device__ __forceinline__ void tile_of(const GemmArgs& p, int id, int& tile, int& ntile) {
