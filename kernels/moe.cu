@@ -751,24 +751,9 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
               make_float2(acc[mf][nf + NF / 2][2 * h], acc[mf][nf + NF / 2][2 * h + 1]);
         }
       } else if (GATEUP) {
-        bf16* out = reinterpret_cast<bf16*>(p.out) + slot * N;
-        const float* gb = p.bias ? p.bias + (int64_t)e * 2 * N : nullptr;
-#pragma unroll
-        for (int nf = 0; nf < NF / 2; nf++) {
-          const int64_t j = (int64_t)ntile * (BN / 2) + wn * (WN / 2) + nf * 8 + (lane % 4) * 2;
-          if (j >= N) continue;
-          float r2[2];
-#pragma unroll
-          for (int q = 0; q < 2; q++) {
-            float g = acc[mf][nf][2 * h + q], u = acc[mf][nf + NF / 2][2 * h + q];
-            if (gb) {
-              g += gb[j + q];
-              u += gb[N + j + q];
-            }
-            r2[q] = activation(g, u, p.act, p.alpha, p.limit);
-          }
-          *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
-        }
+        mkmoe::store_act_frags<NF, WN, BN>(reinterpret_cast<bf16*>(p.out) + slot * N, acc[mf], h, ntile, wn, lane,
+                                           N, p.bias ? p.bias + (int64_t)e * 2 * N : nullptr, p.act, p.alpha,
+                                           p.limit);
       } else {
         const bool partial = p.ksplit > 1;
         const int64_t plane = dense > 0 ? dense : (int64_t)p.mt * BM;  // rows of one split's partial sums

@@ -703,19 +703,8 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
       const int32_t src = rk.row_src[row];
       if (src < 0) continue;
       if (GATEUP) {
-        bf16* out = rk.act + row * N;
-#pragma unroll
-        for (int nf = 0; nf < NF / 2; nf++) {
-          const int64_t j = (int64_t)ntile * (BN / 2) + wn * (WN / 2) + nf * 8 + (lane % 4) * 2;
-          if (j >= N) continue;
-          float r2[2];
-#pragma unroll
-          for (int q = 0; q < 2; q++) {
-            float g = acc[mf][nf][2 * h + q], u = acc[mf][nf + NF / 2][2 * h + q];
-            r2[q] = mkmoe::activation(g, u, p.act, p.alpha, p.limit);
-          }
-          *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
-        }
+        mkmoe::store_act_frags<NF, WN, BN>(rk.act + row * N, acc[mf], h, ntile, wn, lane, N, nullptr, p.act, p.alpha,
+                                           p.limit);
       } else {
         float* out = ret_row<float>(p, src, N);  // f32 rows: ret_bf16 is for the wgmma tiles only
 #pragma unroll

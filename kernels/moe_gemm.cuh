@@ -170,6 +170,33 @@ __device__ __forceinline__ void group_tile(int id, int group_m, int mt, int nt, 
   ntile = (id % span) / gsize;
 }
 
+// store_act_frags writes row half h of one m fragment of a warp's mma.sync
+// GEMM1 tile (acc: its NF n fragments, the first NF/2 gate, the rest the
+// same columns' up; tile_brow's layout) as the activation: out[j] =
+// act(gate + gb[j], up + gb[N + j]) rounded to bf16 for the warp's columns
+// j = ntile·BN/2 + wn·WN/2 + 8·nf + 2·(lane%4) (+1) below N; gb may be null.
+template <int NF, int WN, int BN>
+__device__ __forceinline__ void store_act_frags(bf16* out, const float (&acc)[NF][4], int h, int ntile, int wn,
+                                                int lane, int64_t N, const float* gb, int act, float alpha,
+                                                float limit) {
+#pragma unroll
+  for (int nf = 0; nf < NF / 2; nf++) {
+    const int64_t j = (int64_t)ntile * (BN / 2) + wn * (WN / 2) + nf * 8 + (lane % 4) * 2;
+    if (j >= N) continue;
+    float r2[2];
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+      float g = acc[nf][2 * h + q], u = acc[nf + NF / 2][2 * h + q];
+      if (gb) {
+        g += gb[j + q];
+        u += gb[N + j + q];
+      }
+      r2[q] = activation(g, u, act, alpha, limit);
+    }
+    *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
+  }
+}
+
 // store_act_cols writes ni 8-column blocks of one row as act(gate + gb[j],
 // up + gb[N + j]) rounded to bf16 into out[j], j = j0 + 8i + 2·(lane%4)
 // (+1) below N, where g(k) and u(k) give accumulator k of the gate and up
