@@ -655,18 +655,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     const int r = c / 8;
     b_ch[i] = c % 8;
     b_dst[i] = swz(r, b_ch[i]);
-    int64_t wrow;
-    bool ok;
-    if (GATEUP) {
-      const int64_t j = (int64_t)ntile * (BN / 2) + (r % (BN / 2));
-      ok = j < N;
-      wrow = (int64_t)e * 2 * N + (r < BN / 2 ? 0 : N) + j;
-    } else {
-      const int64_t n = (int64_t)ntile * BN + r;
-      ok = n < N;
-      wrow = (int64_t)e * N + n;
-    }
-    b_src[i] = ok ? p.W + wrow * Kd : nullptr;
+    b_src[i] = mkmoe::tile_b_row<GATEUP, BN>(p.W, (int64_t)e * (GATEUP ? 2 * N : N), r, ntile, N, Kd);
   }
 
   // k tiles [kt0, kt0 + KT): all of them, or this CTA's split's.

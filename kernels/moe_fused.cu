@@ -648,18 +648,7 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
     const int r = c / 8;
     b_ch[i] = c % 8;
     b_dst[i] = swz(r, b_ch[i]);
-    int64_t wrow;
-    bool ok;
-    if (GATEUP) {
-      const int64_t j = (int64_t)ntile * (BN / 2) + (r % (BN / 2));
-      ok = j < N;
-      wrow = (r < BN / 2 ? 0 : N) + j;
-    } else {
-      const int64_t n = (int64_t)ntile * BN + r;
-      ok = n < N;
-      wrow = n;
-    }
-    b_src[i] = ok ? W + wrow * Kd : nullptr;
+    b_src[i] = mkmoe::tile_b_row<GATEUP, BN>(W, 0, r, ntile, N, Kd);
   }
   const int KT = (int)((Kd + kBK - 1) / kBK);
   auto load = [&](int stage, int kt) {

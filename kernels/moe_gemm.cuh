@@ -125,6 +125,28 @@ __device__ __forceinline__ int tile_brow(int nf, int wn) {
   return wn * WN + nf * 8;
 }
 
+// tile_b_row is row r (< BN) of the weight tile of column tile ntile, in
+// W [rows, Kd] whose expert starts at row row0: for GEMM1 (GATEUP) its
+// BN/2 gate rows then the matching up rows (the expert's gate rows [0, N),
+// up rows [N, 2N)), for GEMM2 its rows [0, N); null past N (its copies
+// zero-fill).
+template <bool GATEUP, int BN>
+__device__ __forceinline__ const bf16* tile_b_row(const bf16* W, int64_t row0, int r, int ntile, int64_t N,
+                                                  int64_t Kd) {
+  int64_t wrow;
+  bool ok;
+  if (GATEUP) {
+    const int64_t j = (int64_t)ntile * (BN / 2) + (r % (BN / 2));
+    ok = j < N;
+    wrow = row0 + (r < BN / 2 ? 0 : N) + j;
+  } else {
+    const int64_t n = (int64_t)ntile * BN + r;
+    ok = n < N;
+    wrow = row0 + n;
+  }
+  return ok ? W + wrow * Kd : nullptr;
+}
+
 // mma_ring is the k loop of an mma.sync tile over a cp.async ring of
 // STAGES stages, sA [STAGES][BM·kTileK] and sB [STAGES][BN·kTileK], whose
 // first STAGES − 1 k tiles the caller has issued (one commit group each):

@@ -169,18 +169,7 @@ __global__ void __launch_bounds__(THREADS) moe_wgmma_kernel(const GemmArgs p) {
     const int c = tid + i * THREADS, r = c / 8;
     b_ch[i] = c % 8;
     b_dst[i] = swz(r, b_ch[i]);
-    int64_t wrow;
-    bool ok;
-    if (GATEUP) {
-      const int64_t j = (int64_t)ntile * (BN / 2) + (r % (BN / 2));
-      ok = j < N;
-      wrow = (int64_t)e * 2 * N + (r < BN / 2 ? 0 : N) + j;
-    } else {
-      const int64_t n = (int64_t)ntile * BN + r;
-      ok = n < N;
-      wrow = (int64_t)e * N + n;
-    }
-    b_src[i] = ok ? p.W + wrow * Kd : nullptr;
+    b_src[i] = mkmoe::tile_b_row<GATEUP, BN>(p.W, (int64_t)e * (GATEUP ? 2 * N : N), r, ntile, N, Kd);
   }
   const int KT = (int)((Kd + BK - 1) / BK);
   auto load = [&](int stage, int kt) {
