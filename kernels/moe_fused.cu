@@ -426,6 +426,18 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
   }
   // ids of source r as this CTA reads them.
   auto src_ids = [&](int r) -> const int32_t* { return local ? me.rids + par + p.ids_off[r] : p.rk[r].ids; };
+  // places4: the placements (p.place: rank << 16 | slot, or -1) of source
+  // r's assignments a0 + u·blockDim.x (u < 4) of n, loaded together so that
+  // their loads are in flight at once; -1 past n or for an id out of range.
+  auto places4 = [&](const int32_t* ids, int r, int64_t n, int64_t a0, int (&pl)[4]) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t a = a0 + (int64_t)u * blockDim.x;
+      pl[u] = a < n ? __ldcg(ids + a) : -1;  // rank-local: pushed by the peers
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
+  };
   if (S > 0) {
     // Destination side: counts.
     for (int s = threadIdx.x; s < S; s += blockDim.x) cnt[s] = cnt_loc[s] = cur_loc[s] = cur_rem[s] = 0;
@@ -436,13 +448,7 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
       const int64_t n = p.rk[r].T * K;
       for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
         int pl[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int64_t a = a0 + (int64_t)u * blockDim.x;
-          pl[u] = a < n ? __ldcg(ids + a) : -1;  // rank-local: pushed by the peers
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
+        places4(ids, r, n, a0, pl);
 #pragma unroll
         for (int u = 0; u < 4; ++u)
           if (pl[u] >= 0 && (pl[u] >> 16) == b && (pl[u] & 0xffff) < S) {
@@ -506,13 +512,7 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
       const int64_t n = p.rk[r].T * K;
       for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
         int pl[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const int64_t a = a0 + (int64_t)u * blockDim.x;
-          pl[u] = a < n ? __ldcg(ids + a) : -1;  // rank-local: pushed by the peers
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
+        places4(ids, r, n, a0, pl);
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
           if (pl[u] < 0 || (pl[u] >> 16) != b || (pl[u] & 0xffff) >= S) continue;
