@@ -689,12 +689,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   };
 
   float acc[MF][NF][4];
-#pragma unroll
-  for (int i = 0; i < MF; i++)
-#pragma unroll
-    for (int j = 0; j < NF; j++)
-#pragma unroll
-      for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+  mkmoe::zero_acc(acc);
 
   // Shared-memory rows of this warp's n fragments.
   auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
@@ -714,11 +709,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
       cp_async_commit();
     }
   } else {
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-      if (s < KT) load(s, s);
-      cp_async_commit();
-    }
+    mkmoe::ring_prologue<STAGES>(KT, load);
   }
   mkmoe::mma_ring<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load, brow);
 

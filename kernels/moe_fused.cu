@@ -670,18 +670,9 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
     }
   };
   float acc[MF][NF][4];
-#pragma unroll
-  for (int i = 0; i < MF; i++)
-#pragma unroll
-    for (int j = 0; j < NF; j++)
-#pragma unroll
-      for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+  mkmoe::zero_acc(acc);
   auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; s++) {
-    if (s < KT) load(s, s);
-    cp_async_commit();
-  }
+  mkmoe::ring_prologue<STAGES>(KT, load);
   mkmoe::mma_ring<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load, brow);
 
 #pragma unroll

@@ -147,6 +147,28 @@ __device__ __forceinline__ const bf16* tile_b_row(const bf16* W, int64_t row0, i
   return ok ? W + wrow * Kd : nullptr;
 }
 
+// zero_acc clears an mma.sync tile's accumulators.
+template <int MF, int NF>
+__device__ __forceinline__ void zero_acc(float (&acc)[MF][NF][4]) {
+#pragma unroll
+  for (int i = 0; i < MF; i++)
+#pragma unroll
+    for (int j = 0; j < NF; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+}
+
+// ring_prologue issues the first STAGES − 1 k tiles of mma_ring's ring
+// (load(stage, k tile) for those below KT), one commit group each.
+template <int STAGES, class Load>
+__device__ __forceinline__ void ring_prologue(int KT, const Load& load) {
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < KT) load(s, s);
+    cp_async_commit();
+  }
+}
+
 // mma_ring is the k loop of an mma.sync tile over a cp.async ring of
 // STAGES stages, sA [STAGES][BM·kTileK] and sB [STAGES][BN·kTileK], whose
 // first STAGES − 1 k tiles the caller has issued (one commit group each):
