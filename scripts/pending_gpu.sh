@@ -12,7 +12,7 @@
 #      TestMoEExperts, the new TestMoEWorkspaceReuse (a 1-token call after
 #      a 4-token one in the same workspace) — and of MK_GEMV_RES_MAXK=4096;
 #   3. A/B at batch 1, 2, 4: route direct on Qwen3-8l and Mixtral-4l;
-#   4. A/B DeepSeek-V3-4l batch 1: route direct, without the grouped tiles'
+#   4. A/B DeepSeek-V3-4l batch 1 (~30 s a run): without the grouped tiles'
 #      L2 prefetch (MK_MOE_L2PF=0; the default since the twenty-fourth
 #      pass, whose DeepSeek-V3 step A/B ran out of time), and with the
 #      resident GEMV kept to K ≤ 4096 (MK_GEMV_RES_MAXK=4096: DeepSeek-V3's
@@ -68,7 +68,7 @@ CONFIGS="qwen3-30b-a3b-8l mixtral-8x7b-4l" BATCH=1,2,4 ROUNDS=2 VARIANTS="base: 
 cat "$OUT/ab_direct.txt"
 echo "== A/B DeepSeek-V3-4l batch 1 (t=${SECONDS}s)"
 CONFIGS="deepseek-v3-4l" BATCH=1 ROUNDS=2 \
-	VARIANTS="base: direct:MK_MOE_ROUTE_DIRECT=1 nopf:MK_MOE_L2PF=0 maxk:MK_GEMV_RES_MAXK=4096" \
+	VARIANTS="base: nopf:MK_MOE_L2PF=0 maxk:MK_GEMV_RES_MAXK=4096" \
 	timeout $((580 - SECONDS)) bash scripts/ab_model.sh >"$OUT/ab_ds.txt" 2>&1
 cat "$OUT/ab_ds.txt"
 echo "done t=${SECONDS}s"
