@@ -42,22 +42,26 @@ run() {
 			echo "ab_model.sh: $name $cfg round $round failed: $(grep -v '^{' "$out.err" | tail -1)"
 	done
 }
-ab_rotate run
-PYTHONPATH=scripts python3 - "$RES" "$VARIANTS" "$PREFILL" <<'PY'
-import sys
-from ab_table import results, table, variant_names
-variants, runs, prefill = variant_names(sys.argv[2]), {}, int(sys.argv[3])
-for (name, cfg, _), rows in results(sys.argv[1]):
-    for r in rows:
-        if prefill > 0 and r.get("kind") == "prefill":
-            runs.setdefault((cfg, r["tokens"]), {}).setdefault(name, []).append(
-                (r["ms"], {"tps": r.get("tokens_per_s") or 0}))
-        elif prefill == 0 and r.get("kind") == "decode":
-            runs.setdefault((cfg, r["batch"]), {}).setdefault(name, []).append(
-                (r["ms"], {"gpu": r.get("replay_gpu_ms") or 0, "floor": r.get("over_floor") or 0}))
-if prefill > 0:
-    table(runs, variants, "%-18s %6d", "%-18s %6s" % ("config", "tokens"), [("tps", "%.0f tok/s")])
-else:
-    table(runs, variants, "%-18s %5d", "%-18s %5s" % ("config", "batch"), [("gpu", "gpu %.3f"), ("floor", "%.2f×fl")])
-PY
+# report prints the table of the runs so far.
+report() {
+	PYTHONPATH=scripts python3 - "$RES" "$VARIANTS" "$PREFILL" <<-'PY'
+	import sys
+	from ab_table import results, table, variant_names
+	variants, runs, prefill = variant_names(sys.argv[2]), {}, int(sys.argv[3])
+	for (name, cfg, _), rows in results(sys.argv[1]):
+	    for r in rows:
+	        if prefill > 0 and r.get("kind") == "prefill":
+	            runs.setdefault((cfg, r["tokens"]), {}).setdefault(name, []).append(
+	                (r["ms"], {"tps": r.get("tokens_per_s") or 0}))
+	        elif prefill == 0 and r.get("kind") == "decode":
+	            runs.setdefault((cfg, r["batch"]), {}).setdefault(name, []).append(
+	                (r["ms"], {"gpu": r.get("replay_gpu_ms") or 0, "floor": r.get("over_floor") or 0}))
+	if prefill > 0:
+	    table(runs, variants, "%-18s %6d", "%-18s %6s" % ("config", "tokens"), [("tps", "%.0f tok/s")])
+	else:
+	    table(runs, variants, "%-18s %5d", "%-18s %5s" % ("config", "batch"), [("gpu", "gpu %.3f"), ("floor", "%.2f×fl")])
+	PY
+}
+ab_rotate run report
+report
 rm -rf "$RES"

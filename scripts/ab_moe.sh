@@ -55,16 +55,20 @@ run() {
 		done
 	done
 }
-ab_rotate run
-PYTHONPATH=scripts python3 - "$RES" "$VARIANTS" <<'PY'
-import sys
-from ab_table import results, table, variant_names
-variants, runs = variant_names(sys.argv[2]), {}
-for (name, shape, path, _), rows in results(sys.argv[1]):
-    for r in rows:
-        runs.setdefault((shape, path, r["tokens"]), {}).setdefault(name, []).append(
-            (r["ms"], {"err": r["rel_err"], "sep": r.get("separate_ms") or 0}))
-table(runs, variants, "%-14s %-7s %6d", "%-14s %-7s %6s" % ("shape", "path", "tokens"),
-      [("err", "e%.0e", max), ("sep", "sep %.3f")], width=24)
-PY
+# report prints the table of the runs so far.
+report() {
+	PYTHONPATH=scripts python3 - "$RES" "$VARIANTS" <<-'PY'
+	import sys
+	from ab_table import results, table, variant_names
+	variants, runs = variant_names(sys.argv[2]), {}
+	for (name, shape, path, _), rows in results(sys.argv[1]):
+	    for r in rows:
+	        runs.setdefault((shape, path, r["tokens"]), {}).setdefault(name, []).append(
+	            (r["ms"], {"err": r["rel_err"], "sep": r.get("separate_ms") or 0}))
+	table(runs, variants, "%-14s %-7s %6d", "%-14s %-7s %6s" % ("shape", "path", "tokens"),
+	      [("err", "e%.0e", max), ("sep", "sep %.3f")], width=24)
+	PY
+}
+ab_rotate run report
+report
 rm -rf "$RES"
