@@ -21,7 +21,8 @@ func (l *ExpertLoad) AddIDs(layer, E int, ids []int32) {
 	}
 }
 
-// AddCounts adds counts [E] (tokens per expert) to layer's.
+// AddCounts adds counts [E] (tokens per expert) to layer's; a layer last
+// counted with another E starts again from counts.
 func (l *ExpertLoad) AddCounts(layer int, counts []int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
