@@ -329,19 +329,6 @@ bool res_on() {
   return on;
 }
 
-// res_max_k: MK_GEMV_RES_MAXK=n keeps the weight-resident kernel to
-// reductions of at most n columns (0, the default: any). Written for a
-// measurement (twenty-fourth pass): DeepSeek-V3's resident GEMVs (K = 7168,
-// the router's 2 rows a CTA against 28 KB of activations staged after the
-// wait) made its batch-1 step 0.9 % slower, where Qwen3's (K ≤ 4096) gain.
-int64_t res_max_k() {
-  static const int64_t k = [] {
-    const char* v = getenv("MK_GEMV_RES_MAXK");
-    return v ? (int64_t)atoll(v) : 0;
-  }();
-  return k;
-}
-
 template <typename TA, int MT>
 int launch_res(cudaStream_t s, GemvSegs g, const TA* A, bf16* ab, int M, int K, int R, int Ntot) {
   auto kern = gemv_res_kernel<TA, MT>;
@@ -389,7 +376,7 @@ int single_k() {
 
 template <typename TA>
 int launch_gemv(cudaStream_t s, const GemvSegs& g, const TA* A, bf16* ab, int M, int K) {
-  if (res_on() && M <= mk::res_rows() && (res_max_k() <= 0 || K <= res_max_k())) {
+  if (res_on() && M <= mk::res_rows()) {
     int64_t Ntot = 0;
     for (int i = 0; i < g.n; i++) Ntot += g.s[i].N;
     if (const int R = smem_rows(Ntot, M, K, sizeof(TA)); R > 0 && Ntot <= INT32_MAX) {

@@ -520,9 +520,10 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 // as a decode step's layers reuse theirs, and checks the 1-token layer
 // against moe.Route plus the float64 loop: whatever the 1-token call
 // reads of its row layout it must have written (the 4-token call leaves
-// other, valid-looking layout words where the 1-token layout lies). With
-// MK_MOE_ROUTE_DIRECT=1 both calls lay out their rows in the routing
-// kernel (scripts/device.sh runs this test so too).
+// other, valid-looking layout words where the 1-token layout lies). By
+// default both calls lay out their rows in the routing kernel; with
+// MK_MOE_ROUTE_DIRECT=0 the align kernel does (scripts/device.sh runs this
+// test so too).
 func TestMoEWorkspaceReuse(t *testing.T) {
 	g := testGPU(t)
 	r := newRNG(t)

@@ -214,13 +214,13 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 		# The opt-in one-launch routing and align (MK_MOE_ROUTE_ALIGN=1, read
 		# once per process): the MoE tests again in a process of their own.
 		echo "== MoE kernel tests with MK_MOE_ROUTE_ALIGN=1"
-		MK_MOE_ROUTE_ALIGN=1 run_each .dev/kernels.test "$LOGS/test_route_align.log" . 120 '^TestMoE(Experts|CombineAddRMSNorm)$' || status=1
+		MK_MOE_ROUTE_DIRECT=0 MK_MOE_ROUTE_ALIGN=1 run_each .dev/kernels.test "$LOGS/test_route_align.log" . 120 '^TestMoE(Experts|CombineAddRMSNorm)$' || status=1
 		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_route_align.log" | head -10
-		# One token's routing that lays out its rows itself (no align launch;
-		# MK_MOE_ROUTE_DIRECT=1, read once per process).
-		echo "== MoE kernel tests with MK_MOE_ROUTE_DIRECT=1"
-		MK_MOE_ROUTE_DIRECT=1 run_each .dev/kernels.test "$LOGS/test_route_direct.log" . 120 '^TestMoE(Experts|WorkspaceReuse|CombineAddRMSNorm)$' || status=1
-		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_route_direct.log" | head -10
+		# Decode routing with the align launch (MK_MOE_ROUTE_DIRECT=0, read
+		# once per process; by default ≤ 4 tokens' routing lays out its rows).
+		echo "== MoE kernel tests with MK_MOE_ROUTE_DIRECT=0"
+		MK_MOE_ROUTE_DIRECT=0 run_each .dev/kernels.test "$LOGS/test_route_nodirect.log" . 120 '^TestMoE(Experts|WorkspaceReuse|CombineAddRMSNorm)$' || status=1
+		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_route_nodirect.log" | head -10
 		# The single-role wgmma grouped GEMM (MK_MOE_WGMMA=1; the default is the
 		# warp-specialised kernel): TestMoEExperts again in its own process.
 		echo "== MoE kernel tests with MK_MOE_WGMMA=1"
