@@ -78,11 +78,6 @@ struct AttnArgs {
   int64_t ldv;     // pool row stride of the values: KV·Dv, or KV·D with the values inside the keys
   int vhs;         // offset of kv head kh's value in a row: kh·vhs (Dv, or D inside the keys)
   int lg_tpr;  // log2 of the threads that load one K/V row
-  // cluster (paged_attn_warp only): the splits of a (row, kv head, head
-  // chunk) run as one thread-block cluster of `splits` CTAs and merge their
-  // partial outputs through distributed shared memory (no wo / wml, no
-  // merge kernel); 0: the merge kernel.
-  int cluster;
   float scale2;  // scale * log2(e)
   // Decode rows with their new tokens (paged_attn_warp<KD, MV, true>,
   // mk_paged_decode_bf16): q is then the raw projection; each CTA runs the
@@ -124,8 +119,7 @@ __device__ __forceinline__ void put_out(const AttnArgs& a, int64_t i, float v) {
 // taken from the projection, not the pool) is not counted: it joins the
 // last range, so 1024 pool keys make 16 ranges of 64, not 17 of which the
 // last holds the new key alone. The ranges past `used` are empty: their
-// CTAs return at once (or, merging in a cluster, contribute nothing), the
-// merge reads only the first `used`.
+// CTAs return at once, the merge reads only the first `used`.
 struct RowSplit {
   int lo, chunk, used;
 };
@@ -145,9 +139,7 @@ __device__ __forceinline__ RowSplit row_split(const AttnArgs& a, int i) {
 // row row at position i), key range [kbeg, kend) of its split, and the gc
 // query heads from h0 of kv head kh, with the row's block table tab. The
 // grid is linear, kv head (and head chunk) fastest: the CTAs of one row and
-// key range run together and read neighbouring bytes of the same rows;
-// with a.cluster, split fastest (a cluster of a.splits CTAs merges its
-// ranges itself).
+// key range run together and read neighbouring bytes of the same rows.
 struct CtaWork {
   int split, b, kh, h0, gc, i, kbeg, kend;
   int64_t row;
@@ -159,18 +151,10 @@ __device__ __forceinline__ CtaWork cta_work(const AttnArgs& a, int GM) {
   CtaWork w;
   const int nkh = a.KV * a.hchunks;
   const int64_t lin = blockIdx.x;
-  int khc;
-  if (a.cluster) {  // a cluster is one (row, kv head, head chunk)'s splits: split fastest
-    w.split = (int)(lin % a.splits);
-    const int64_t rest = lin / a.splits;
-    khc = (int)(rest % nkh);
-    w.b = (int)(rest / nkh);
-  } else {
-    khc = (int)(lin % nkh);
-    const int64_t rest = lin / nkh;
-    w.split = (int)(rest % a.splits);
-    w.b = (int)(rest / a.splits);
-  }
+  const int khc = (int)(lin % nkh);
+  const int64_t rest = lin / nkh;
+  w.split = (int)(rest % a.splits);
+  w.b = (int)(rest / a.splits);
   w.kh = khc / a.hchunks;
   const int hc = khc - w.kh * a.hchunks;
   w.h0 = w.kh * a.G + hc * GM;
@@ -844,78 +828,6 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Distributed shared memory (thread-block clusters, sm_90): dsm_sync is a
-// barrier of every thread of the cluster (release / acquire: shared-memory
-// writes before it are seen by the peers' reads after it); dsm_ld reads
-// the float at a local shared-memory pointer's offset in cluster CTA cta.
-__device__ __forceinline__ void dsm_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ float dsm_ld(const float* p, uint32_t cta) {
-  float v = 0.0f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t loc = (uint32_t)__cvta_generic_to_shared(p);
-  uint32_t rem;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rem) : "r"(loc), "r"(cta));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(rem) : "memory");
-#endif
-  return v;
-}
-
-// kClusterMax is the most CTAs a cluster merge takes (16: the non-portable
-// cluster size Hopper allows).
-constexpr int kClusterMax = 16;
-
-// cluster_merge: the a.splits CTAs of one cluster (one row, kv head and
-// head chunk; cluster rank = split) have each left their range's output
-// o[h][c] (rescaled to its max) in shared memory at o, with (max, sum) per
-// head at ml; CTA r finishes outputs r·kNT + tid, + a.splits·kNT, … of the
-// gc·Dv, reading every CTA's partials through distributed shared memory —
-// the log-sum-exp merge of paged_attn_merge4, with the sink in the
-// denominator. A range of no keys has max −∞ and weighs nothing. The
-// second barrier keeps each CTA's shared memory alive until its peers
-// have read it.
-__device__ __forceinline__ void cluster_merge(const AttnArgs& a, const float* o, const float* ml, int64_t row, int h0,
-                                              int gc, int split, int Dv) {
-  dsm_sync();
-  const int S = a.splits;
-  for (int x = split * kNT + (int)threadIdx.x; x < gc * Dv; x += S * kNT) {
-    const int h = x / Dv, c = x - h * Dv;
-    float ms[kClusterMax], ls[kClusterMax], os[kClusterMax];
-#pragma unroll
-    for (int r = 0; r < kClusterMax; r++) {
-      if (r < S) {
-        ms[r] = dsm_ld(ml + 2 * h, r);
-        ls[r] = dsm_ld(ml + 2 * h + 1, r);
-        os[r] = dsm_ld(o + h * Dv + c, r);
-      }
-    }
-    float M = -INFINITY;
-#pragma unroll
-    for (int r = 0; r < kClusterMax; r++)
-      if (r < S) M = fmaxf(M, ms[r]);
-    float sk = -INFINITY;
-    if (a.sinks) {
-      sk = a.sinks[h0 + h] * kLog2e;
-      M = fmaxf(M, sk);
-    }
-    float L = a.sinks ? exp2f(sk - M) : 0.0f, v = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kClusterMax; r++) {
-      if (r < S && ms[r] != -INFINITY) {
-        const float w = exp2f(ms[r] - M);
-        L = fmaf(w, ls[r], L);
-        v = fmaf(w, os[r], v);
-      }
-    }
-    put_out(a, (row * a.H + h0 + h) * Dv + c, v / L);
-  }
-  dsm_sync();
-}
-
-
 // KD: 16-byte loads of one key's K per lane (D = 32·KD); MV: m tiles of 16
 // V columns (Dv = 16·MV, MV 4 or 8: one or two 16-byte loads per key).
 //
@@ -939,7 +851,6 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
   static_assert(MV == 4 || MV == 8, "Dv 64 or 128");
   __shared__ float red[4][kWG][Dv];  // the warps' outputs, rescaled to the CTA's max
   __shared__ float mls[4][kWG][2];   // the warps' (max, sum) per head
-  __shared__ float cml[kWG][2];      // cluster: the CTA's (max, sum) per head (its output: red[0])
   __shared__ uint2 qf[KS][32];       // q's B fragments
   // NEW: q's heads, raw then normed and rotated in place (row kWG: the new
   // key, then rounded to bf16), the new value (bf16-rounded), each warp's
@@ -958,11 +869,8 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
   const int split = w.split, b = w.b, kh = w.kh, h0 = w.h0, gc = w.gc, kbeg = w.kbeg;
   const int64_t row = w.row;
   const int32_t* tab = w.tab;
-  // Past the row's used ranges (row_split): nothing to do, but in a
-  // cluster the CTA still takes part in the merge (as a range of no keys).
-  const bool empty = kbeg >= w.kend;
-  if (empty && !a.cluster) return;
-  const bool has_new = NEW && !empty && w.kend == w.i + 1;  // this range ends at the row's new key
+  if (kbeg >= w.kend) return;  // past the row's used ranges (row_split)
+  const bool has_new = NEW && w.kend == w.i + 1;  // this range ends at the row's new key
   const int kend = has_new ? w.kend - 1 : w.kend;  // keys read from the pool
 
   const int64_t ldpk = (int64_t)a.KV * D, ldpv = a.ldv;
@@ -1202,12 +1110,6 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
         ov *= cr;
       }
       put_out(a, (row * a.H + h0 + h) * Dv + c, ov / L);
-    } else if (a.cluster) {  // only this thread reads red[·][h][c]
-      red[0][h][c] = ov;
-      if (c == 0) {
-        cml[h][0] = M;
-        cml[h][1] = L;
-      }
     } else {
       a.wo[(((int64_t)b * a.H + h0 + h) * a.splits + split) * Dv + c] = ov;
       if (c == 0) {
@@ -1217,7 +1119,6 @@ __global__ void __launch_bounds__(kNT, 4) paged_attn_warp(const AttnArgs a) {
       }
     }
   }
-  if (a.splits > 1 && a.cluster) cluster_merge(a, &red[0][0][0], &cml[0][0], row, h0, gc, split, Dv);
 }
 
 // ---------------------------------------------------------------- big head dims
@@ -1903,7 +1804,6 @@ struct Plan {
   int GM, NV, NS, hchunks, splits, chunk;
   int minc, gran;  // AttnArgs' (row_split)
   int KD;  // the warp-split kernel's head_dim / 32
-  int cluster;  // > 0: splits CTAs a cluster, merged in it (AttnArgs::cluster)
 };
 
 // KernelInfo caches a kernel's shared-memory opt-in and occupancy.
@@ -1911,7 +1811,6 @@ struct KernelInfo {
   size_t opted = 48 * 1024;
   size_t last = 0;
   int occ = 0;  // 0: not asked yet
-  bool nonportable = false;  // cluster sizes past 8 allowed
 };
 
 template <typename Fn>
@@ -2050,30 +1949,6 @@ size_t plan_smem(const Plan& p, int D, int Dv) {
   return p.mma ? smem_bytes_mma(D, Dv, p.NS) : smem_bytes(D, Dv, p.GM);
 }
 
-// g_cluster is the most CTAs of a cluster merge (0: off, else 2–16) and
-// g_cluster_keys the longest key count (a graph's bucket) it is taken for:
-// mk_paged_attn_cluster, or at start MK_PAGED_CLUSTER and
-// MK_PAGED_CLUSTER_KEYS (default 128 keys a cluster CTA: two 16-key chunks
-// a warp).
-int g_cluster = -1, g_cluster_keys = 0;
-// cluster_default sets the start settings (kept for mk_paged_attn_cluster's
-// size −1).
-void cluster_default() {
-  const char* v = getenv("MK_PAGED_CLUSTER");
-  const int c = v ? atoi(v) : 0;
-  g_cluster = c < 2 ? 0 : std::min(c, kClusterMax);
-  const char* k = getenv("MK_PAGED_CLUSTER_KEYS");
-  g_cluster_keys = k ? std::max(0, atoi(k)) : 0;
-}
-int cluster_size() {
-  if (g_cluster < 0) cluster_default();
-  return g_cluster;
-}
-int cluster_keys() {
-  const int c = cluster_size();
-  return g_cluster_keys > 0 ? g_cluster_keys : 128 * c;
-}
-
 // plan picks the kernel, the head chunking and the key split: among splits s
 // (ranges of at least kMinChunk keys, one tile for the warp-split kernel;
 // whole tiles), the one that fills the
@@ -2124,54 +1999,11 @@ Plan plan(int64_t n, int heads, int kv_heads, int head_dim, int v_head_dim, int 
     p.splits = 1;
     p.chunk = max_keys;
   }
-  // The warp-split kernel's splits of a short context as one cluster each,
-  // merged there (cluster_merge): at most cluster_size() ranges of whole
-  // 64-key tiles, for contexts of at most cluster_keys() keys, where the
-  // CTAs of all rows fit in one wave; no merge kernel after.
-  const int cmax = cluster_size();
-  if (p.warp && cmax >= 2 && max_keys <= cluster_keys()) {
-    const int cs = std::min(cmax, (max_keys + kTK - 1) / kTK);
-    if (cs >= 2 && base * cs <= slots) {
-      p.splits = cs;
-      p.cluster = cs;
-      p.chunk = ((max_keys + cs - 1) / cs + kTK - 1) / kTK * kTK;
-    }
-  }
   return p;
 }
 
 uint64_t work_bytes(int64_t n, int heads, int v_head_dim, int splits) {
   return splits <= 1 ? 0 : (uint64_t)n * heads * splits * ((uint64_t)v_head_dim + 2) * sizeof(float);
-}
-
-// launch_clustered launches the warp-split kernel fn (static shared memory
-// only) in clusters of cs CTAs (a.cluster), with the programmatic launch
-// attribute as mk::launch sets it.
-template <typename Fn>
-int launch_clustered(Fn fn, KernelInfo& ki, const AttnArgs& a, int64_t n, cudaStream_t st, int cs) {
-  if (cs > 8 && !ki.nonportable) {
-    MK_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    ki.nonportable = true;
-  }
-  const int64_t grid = n * a.splits * a.KV * a.hchunks;
-  MK_ARG(grid <= INT32_MAX && a.splits == cs, "paged_attn: %lld thread blocks in clusters of %d", (long long)grid, cs);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)grid);
-  cfg.blockDim = dim3(kNT);
-  cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = (st != nullptr && mk::pdl_on()) ? 1 : 0;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = (unsigned)cs;
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
-  MK_CUDA(cudaLaunchKernelEx(&cfg, fn, a));
-  if (mk::kstamps_on) mk::kstamp_after(reinterpret_cast<const void*>(fn), st);
-  MK_LAUNCHED("paged_attn (clusters)");
-  return MK_OK;
 }
 
 template <typename Fn>
@@ -2200,7 +2032,6 @@ int launch(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st, bool fr
   }
   if (p.warp) {
     const MmaKernel k = warp_kernel(p.KD, fresh);
-    if (p.cluster) return launch_clustered(k.fn, *k.ki, a, n, st, p.cluster);
     return launch_fn(k.fn, *k.ki, a, smem, n, st);
   }
   if (p.mma) {
@@ -2253,20 +2084,6 @@ int32_t mk_paged_attn_stages(int32_t stages) {
   return MK_OK;
 }
 
-int32_t mk_paged_attn_cluster(int32_t size, int32_t max_keys) {
-  const char* fn = "mk_paged_attn_cluster";
-  MK_THREAD(fn);
-  MK_ARG((size == -1 || size == 0 || (size >= 2 && size <= kClusterMax)) && max_keys >= 0,
-         "%s: size %d is not -1, 0 or 2..%d, or max_keys %d is negative", fn, size, kClusterMax, max_keys);
-  if (size < 0) {
-    cluster_default();
-    return MK_OK;
-  }
-  g_cluster = size;
-  g_cluster_keys = max_keys;
-  return MK_OK;
-}
-
 int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_heads, int32_t head_dim,
                                 int32_t v_head_dim, int32_t max_keys, uint64_t* bytes) {
   const char* fn = "mk_paged_attn_workspace";
@@ -2274,7 +2091,7 @@ int32_t mk_paged_attn_workspace(int64_t n, int32_t heads, int32_t kv_heads, int3
   DEC_ARG(fn, bytes && n > 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0 &&
                   head_dim <= kBigMaxD && v_head_dim > 0 && v_head_dim <= kBigMaxDv);
   const Plan p = plan(n, heads, kv_heads, head_dim, v_head_dim, max_keys);
-  *bytes = p.cluster ? 0 : work_bytes(n, heads, v_head_dim, p.splits);
+  *bytes = work_bytes(n, heads, v_head_dim, p.splits);
   return MK_OK;
 }
 
@@ -2306,7 +2123,7 @@ int paged_setup(const char* fn, Plan& p, AttnArgs& a, uint64_t out, uint64_t out
   p = plan(n, heads, kv_heads, head_dim, v_head_dim, max_keys, q % 16 == 0);
   MK_ARG(!(g_variant == 2 && v_head_dim > 128), "%s: the tensor-core kernel needs v_head_dim <= 128, not %d",
          fn, v_head_dim);
-  if (p.splits > 1 && !p.cluster) {
+  if (p.splits > 1) {
     const uint64_t per = work_bytes(n, heads, v_head_dim, 2) / 2;
     uint64_t s = work ? work_size / per : 0;
     if (s < (uint64_t)p.splits) {  // a smaller workspace: fewer, longer ranges
@@ -2354,8 +2171,7 @@ int paged_setup(const char* fn, Plan& p, AttnArgs& a, uint64_t out, uint64_t out
   while ((1 << lg) < cpr && lg < 4) lg++;
   a.lg_tpr = lg;
   a.scale2 = mk::float_from_bits(scale_bits) * kLog2e;
-  a.cluster = p.cluster;
-  if (p.splits > 1 && !p.cluster) {
+  if (p.splits > 1) {
     a.wo = mk::dev<float>(work);
     a.wml = a.wo + (uint64_t)n * heads * p.splits * v_head_dim;
   }
@@ -2364,7 +2180,7 @@ int paged_setup(const char* fn, Plan& p, AttnArgs& a, uint64_t out, uint64_t out
 
 // launch_merge runs the merge of a split call (nothing when p.splits is 1).
 int launch_merge(const Plan& p, const AttnArgs& a, int64_t n, cudaStream_t st) {
-  if (p.splits == 1 || p.cluster) return MK_OK;
+  if (p.splits == 1) return MK_OK;
   // A CTA per (row, head, 128 value columns): at MLA's 128 heads × 512
   // columns one CTA per head left the loads too few in flight (H200, 64
   // splits at batch 1: 33 µs for 17 MB).

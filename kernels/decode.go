@@ -16,7 +16,6 @@ var (
 	kvWriteBF16        func(stream, poolK, poolV, k, v, slots uint64, n, kw, vw int64) int32
 	pagedAttnVariant   func(variant int32) int32
 	pagedAttnStages    func(stages int32) int32
-	pagedAttnCluster   func(size, maxKeys int32) int32
 	pagedAttnWorkspace func(n int64, heads, kvHeads, headDim, vHeadDim, maxKeys int32, bytes *uint64) int32
 	pagedAttnBF16      func(stream, out, outBF16, q, poolK, poolV, rows, pos, table, blocks uint64, n int64,
 		heads, kvHeads, headDim, vHeadDim, blockSize int32, scaleBits uint32, window int32, sinks uint64,
@@ -32,7 +31,6 @@ func init() {
 		symbol{"mk_kv_write_bf16", &kvWriteBF16},
 		symbol{"mk_paged_attn_variant", &pagedAttnVariant},
 		symbol{"mk_paged_attn_stages", &pagedAttnStages},
-		symbol{"mk_paged_attn_cluster", &pagedAttnCluster},
 		symbol{"mk_paged_attn_workspace", &pagedAttnWorkspace},
 		symbol{"mk_paged_attn_bf16", &pagedAttnBF16},
 		symbol{"mk_paged_decode_fits", &pagedDecodeFits},
@@ -137,45 +135,10 @@ func (d *Device) SetPagedVariant(v PagedVariant) error {
 	return nil
 }
 
-// PagedClusterMax is the most thread blocks a cluster merge takes
-// (SetPagedCluster).
-const PagedClusterMax = 16
-
-// SetPagedCluster sets the cluster merge of PagedWarp for later
-// PagedAttnBF16, PagedDecodeBF16 and PagedAttnWorkspace calls: size 0 turns
-// it off (the default, unless MK_PAGED_CLUSTER set it at start); 2..16 runs
-// the key splits of a short context (at most size ranges of whole 64-key
-// tiles) as one thread-block cluster per row, kv head and head chunk,
-// merged through distributed shared memory instead of by a second kernel,
-// with no workspace. It is taken for calls whose maxKeys is at most
-// maxKeys (0: 128·size) and whose thread blocks fit in one wave. Size −1
-// goes back to the settings the process started with.
-func (d *Device) SetPagedCluster(size, maxKeys int) error {
-	if err := d.ready("SetPagedCluster"); err != nil {
-		return err
-	}
-	if (size > 0 && (size < 2 || size > PagedClusterMax)) || size < -1 || maxKeys < 0 || maxKeys > math.MaxInt32 {
-		return fmt.Errorf("kernels: SetPagedCluster: size %d is not -1, 0 or 2..%d, or maxKeys %d is out of range",
-			size, PagedClusterMax, maxKeys)
-	}
-	if err := d.lib.check("mk_paged_attn_cluster", pagedAttnCluster(int32(size), int32(maxKeys))); err != nil {
-		return err
-	}
-	if size < 0 {
-		pagedClusterNow.Store(0)
-	} else {
-		pagedClusterNow.Store(1<<62 | int64(size)<<32 | int64(maxKeys))
-	}
-	return nil
-}
-
-// pagedVariantNow, pagedStagesNow and pagedClusterNow mirror the library's
-// (process-wide) kernel choice, so that PagedAttnWorkspace's memo keys on
-// it: the plan, and with it the workspace, depends on the kernel.
-var (
-	pagedVariantNow, pagedStagesNow atomic.Int32
-	pagedClusterNow                 atomic.Int64 // 1<<62 | size<<32 | maxKeys; 0 until SetPagedCluster (the environment's)
-)
+// pagedVariantNow and pagedStagesNow mirror the library's (process-wide)
+// kernel choice, so that PagedAttnWorkspace's memo keys on it: the plan, and
+// with it the workspace, depends on the kernel.
+var pagedVariantNow, pagedStagesNow atomic.Int32
 
 // PagedMaxHeadDim and PagedMaxVHeadDim are the largest key and value head
 // dims PagedAttnBF16 takes (DeepSeek-V3's absorbed MLA: 576 and 512).
@@ -214,10 +177,8 @@ func (d *Device) PagedAttnWorkspace(n, maxKeys int, a AttnArgs) (int64, error) {
 	type key struct {
 		n, maxKeys, heads, kvHeads, headDim, vHeadDim int
 		variant, stages                               int32
-		cluster                                       int64
 	}
-	k := key{n, maxKeys, a.Heads, a.KVHeads, a.HeadDim, a.VHeadDim, pagedVariantNow.Load(), pagedStagesNow.Load(),
-		pagedClusterNow.Load()}
+	k := key{n, maxKeys, a.Heads, a.KVHeads, a.HeadDim, a.VHeadDim, pagedVariantNow.Load(), pagedStagesNow.Load()}
 	return query(d, op, k, func() (int64, error) {
 		var bytes uint64
 		err := d.lib.check("mk_paged_attn_workspace", pagedAttnWorkspace(int64(n), int32(a.Heads), int32(a.KVHeads),

@@ -23,9 +23,7 @@ import (
 // from a CUDA graph, as decode steps run them (no host issue time).
 // Then A/B rows: the tensor-core kernel with its ring forced to 2 stages
 // (mma_s2: the double-buffered pipeline of before) and 4 (mma_s4) at 32k,
-// and both kernels at groups of 1 and 2 (the choice of PagedAuto); the
-// warp-split kernel's cluster merge (SetPagedCluster) against its merge
-// kernel at batch 1 and 4, 1k and 2k context (warp_bucket_cluster*).
+// and both kernels at groups of 1 and 2 (the choice of PagedAuto).
 func BenchmarkPagedAttn(b *testing.B) {
 	g := testGPU(b)
 	const H, KV, D, bs = 32, 8, 128, 16
@@ -64,20 +62,17 @@ func BenchmarkPagedAttn(b *testing.B) {
 		b.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(3, 4))
-	hint := 0    // maxKeys past ctx (a decode graph plans for its bucket), 0: ctx
-	vk := false  // values inside the keys (no V pool)
-	cluster := 0 // SetPagedCluster's size for PagedWarp (any key count); 0: off
+	hint := 0   // maxKeys past ctx (a decode graph plans for its bucket), 0: ctx
+	vk := false // values inside the keys (no V pool)
 	run := func(name string, batch, ctx int, a AttnArgs, v PagedVariant, stages int) {
 		b.Run(name, func(b *testing.B) {
 			if batch*ctx > maxTokens {
 				b.Skipf("%d tokens, the pool holds %d", batch*ctx, maxTokens)
 			}
 			err := g.Do(func(d *Device) error {
-				if err := errors.Join(d.SetPagedVariant(v), d.SetPagedStages(stages),
-					d.SetPagedCluster(cluster, 1<<20)); err != nil {
+				if err := errors.Join(d.SetPagedVariant(v), d.SetPagedStages(stages)); err != nil {
 					return err
 				}
-				defer d.SetPagedCluster(-1, 0)
 				defer d.SetPagedStages(0)
 				defer d.SetPagedVariant(PagedAuto)
 				v := pv
@@ -146,18 +141,6 @@ func BenchmarkPagedAttn(b *testing.B) {
 		run(fmt.Sprintf("mla_hint4x/B=1_ctx=%d", ctx), 1, ctx, amla, PagedAuto, 0)
 		run(fmt.Sprintf("warp_hint4x/B=1_ctx=%d", ctx), 1, ctx, a, PagedWarp, 0)
 		hint = 0
-	}
-	// Short contexts at small batches with a graph's bucket (2x): the
-	// merge kernel against the cluster merge at 16 and 8 blocks a cluster.
-	for _, batch := range []int{1, 4} {
-		for _, ctx := range []int{1024, 2048} {
-			hint = 2 * ctx
-			for _, cl := range []int{0, 16, 8} {
-				cluster = cl
-				run(fmt.Sprintf("warp_bucket_cluster%d/B=%d_ctx=%d", cl, batch, ctx), batch, ctx, a, PagedWarp, 0)
-			}
-			hint, cluster = 0, 0
-		}
 	}
 	// gpt-oss's shape (64 q / 8 kv heads, d 64) on the warp-split kernel
 	// against the tensor-core one (the CUDA-core one's G = 8 is far behind).

@@ -39,10 +39,9 @@ var decodeCases = []decodeCase{
 		norm: true, bs: 16, sinks: true, noStore: 1, ctx: []int{700, 129, 16}},
 	{name: "d128_nowork_norot", h: 8, kv: 2, d: 128, dv: 128, rot: 0, style: RoPENeoX, attn: 1, norm: true, bs: 16,
 		work: "none", ctx: []int{4100, 3}},
-	// A graph's bucket hint over short rows (most ranges empty; in a
-	// cluster, CTAs that merge nothing), and rows whose pool keys are whole
-	// 64-key tiles (the new key joins the last range: 1024 + 1 keys in 16
-	// ranges of 64, not 17).
+	// A graph's bucket hint over short rows (most ranges empty), and rows
+	// whose pool keys are whole 64-key tiles (the new key joins the last
+	// range: 1024 + 1 keys in 16 ranges of 64, not 17).
 	{name: "qwen3_d128_g8_bucket_tiles", h: 32, kv: 4, d: 128, dv: 128, rot: 128, style: RoPENeoX, attn: 1,
 		norm: true, bs: 16, work: "long", ctx: []int{1025, 65, 1, 129, 2}},
 }
@@ -53,21 +52,10 @@ var decodeCases = []decodeCase{
 // poisoned with NaN first (reading it instead of the new key fails), the
 // outputs too; the pool afterwards must hold the new keys (normed, rotated,
 // bf16) and values at their slots and be unchanged elsewhere.
-//
-// Each case runs with the merge kernel and with the cluster merge
-// (SetPagedCluster) at 16 and 8 thread blocks a cluster.
 func TestPagedDecodeBF16(t *testing.T) {
 	g := testGPU(t)
-	defer g.Do(func(d *Device) error { return d.SetPagedCluster(-1, 0) })
-	for _, cl := range []int{0, 16, 8} {
-		for _, c := range decodeCases {
-			t.Run(fmt.Sprintf("cluster%d/%s", cl, c.name), func(t *testing.T) {
-				if err := g.Do(func(d *Device) error { return d.SetPagedCluster(cl, pagedClusterKeys) }); err != nil {
-					t.Fatal(err)
-				}
-				testPagedDecode(t, g, c)
-			})
-		}
+	for _, c := range decodeCases {
+		t.Run(c.name, func(t *testing.T) { testPagedDecode(t, g, c) })
 	}
 	// Other kernels than the warp-split one do not fuse: Fits says so.
 	err := g.Do(func(d *Device) error {

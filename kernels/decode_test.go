@@ -94,17 +94,10 @@ var pagedCases = []pagedCase{
 // choice). Past 256: "simt" runs paged_attn_big, "warp" (auto's choice)
 // paged_attn_mla at MLA's 576/512 and paged_attn_big at other dims.
 var pagedKernels = []struct {
-	name    string
-	v       PagedVariant
-	stages  int
-	cluster int // SetPagedCluster's size (for any key count); 0: off
-}{{"simt", PagedSIMT, 0, 0}, {"mma", PagedMMA, 0, 0}, {"mma_s2", PagedMMA, 2, 0}, {"mma_s4", PagedMMA, 4, 0},
-	{"warp", PagedWarp, 0, 0}, {"warp_cluster16", PagedWarp, 0, 16}, {"warp_cluster4", PagedWarp, 0, 4}}
-
-// pagedClusterKeys is the key bound the cluster kernels of the tests take
-// (every case's hint, so that every case that fits in a wave merges in
-// clusters).
-const pagedClusterKeys = 1 << 20
+	name   string
+	v      PagedVariant
+	stages int
+}{{"simt", PagedSIMT, 0}, {"mma", PagedMMA, 0}, {"mma_s2", PagedMMA, 2}, {"mma_s4", PagedMMA, 4}, {"warp", PagedWarp, 0}}
 
 // TestPagedAttnBF16 runs every case on every kernel of pagedKernels (the
 // tensor-core one only where VHeadDim ≤ 128) against a float64 reference on
@@ -112,19 +105,19 @@ const pagedClusterKeys = 1 << 20
 func TestPagedAttnBF16(t *testing.T) {
 	g := testGPU(t)
 	defer g.Do(func(d *Device) error {
-		return errors.Join(d.SetPagedVariant(PagedAuto), d.SetPagedStages(0), d.SetPagedCluster(-1, 0))
+		return errors.Join(d.SetPagedVariant(PagedAuto), d.SetPagedStages(0))
 	})
 	for _, k := range pagedKernels {
 		for _, c := range pagedCases {
 			if k.v == PagedMMA && c.dv > 128 {
 				continue
 			}
-			t.Run(k.name+"/"+c.name, func(t *testing.T) { testPaged(t, g, c, k.v, k.stages, k.cluster) })
+			t.Run(k.name+"/"+c.name, func(t *testing.T) { testPaged(t, g, c, k.v, k.stages) })
 		}
 	}
 }
 
-func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant, stages, cluster int) {
+func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant, stages int) {
 	r := newRNG(t)
 	kw, vw := c.kv*c.d, c.kv*c.dv
 	// Block tables of shuffled block ids, with spare blocks in the pool.
@@ -208,7 +201,6 @@ func testPaged(t *testing.T, g *GPU, c pagedCase, variant PagedVariant, stages, 
 		hint := pagedHint(c.work, maxKeys)
 		ar.check(ar.d.SetPagedVariant(variant))
 		ar.check(ar.d.SetPagedStages(stages))
-		ar.check(ar.d.SetPagedCluster(cluster, pagedClusterKeys))
 		wb = pagedWork(t, ar, c.work, n, maxKeys, hint, a)
 		if ar.err != nil {
 			return

@@ -37,17 +37,6 @@ MK_API int32_t mk_paged_attn_variant(int32_t variant);
  * mk_paged_attn_workspace calls follow it. */
 MK_API int32_t mk_paged_attn_stages(int32_t stages);
 
-/* Sets the cluster merge of the warp-split kernel (variant 3) for later
- * mk_paged_attn_bf16, mk_paged_decode_bf16 and mk_paged_attn_workspace
- * calls: size 0 turns it off (the default, unless MK_PAGED_CLUSTER sets it
- * at start); 2..16 runs a short context's key splits (at most size, of
- * whole 64-key tiles) as one thread-block cluster per row, kv head and
- * head chunk, merged through distributed shared memory instead of by a
- * second kernel (no workspace), for calls whose max_keys is at most
- * max_keys (0: 128 * size) and whose CTAs fit in one wave; size -1 goes
- * back to the settings at start. */
-MK_API int32_t mk_paged_attn_cluster(int32_t size, int32_t max_keys);
-
 /* The workspace (bytes) mk_paged_attn_bf16 needs to split every row's keys
  * across CTAs for these shapes, when max_keys is the most keys any row
  * attends (0 when no split pays off). Depends on the device (SM count,

@@ -67,10 +67,8 @@ extern "C" {
  * 19: mk_stamp, mk_kstamp_*; mk_sample_draw_f32 and mk_sample_draw_work take kmax (top-k rows),
  *     mk_sample_draw_kmax.
  * 20: mk_paged_decode_bf16, mk_paged_decode_fits (mk_decode.h).
- * 21: mk_moe_gemv(3), the resident down kernel.
- * 22: mk_paged_attn_cluster (mk_decode.h); a decode row's new key no
- *     longer counts in mk_paged_decode_bf16's key split. */
-#define MK_ABI_VERSION 22
+ * 21: mk_moe_gemv(3), the resident down kernel. */
+#define MK_ABI_VERSION 21
 
 /* Status codes. */
 enum {
