@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -192,7 +193,7 @@ func benchMoE(args []string, stdout io.Writer) error {
 	}
 	defer g.Close()
 	var rows []moeBenchRow
-	err = g.Do(func(d *kernels.Device) error {
+	runErr := g.Do(func(d *kernels.Device) error {
 		var err error
 		if o.path == "fused" {
 			rows, err = runMoEFusedBench(d, o)
@@ -204,16 +205,21 @@ func benchMoE(args []string, stdout io.Writer) error {
 		}
 		return err
 	})
-	if err != nil {
-		return err
+	// A token count that fails (one that does not fit in device memory at
+	// R emulated ranks, say) still prints the counts measured before it;
+	// the command then fails with that count's error.
+	if runErr != nil && len(rows) == 0 {
+		return runErr
 	}
 	if o.json {
 		b, err := json.Marshal(rows)
 		if err != nil {
 			return err
 		}
-		_, err = fmt.Fprintf(stdout, "%s\n", b)
-		return err
+		if _, err = fmt.Fprintf(stdout, "%s\n", b); err != nil {
+			return err
+		}
+		return runErr
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "tokens\tms\tmin ms\teager ms\texperts ms\tseparate ms\tTFLOP/s\tweight GB/s\texperts\trel err\troute diff\tpath\tranks\t\n")
@@ -235,7 +241,7 @@ func benchMoE(args []string, stdout io.Writer) error {
 		_, err = fmt.Fprintf(stdout, "H=%d I=%d E=%d K=%d routing=%s shared=%d; ms: median of %d, whole layer (router GEMM + routing + experts + combine), %s; rel err: %s\n",
 			o.hidden, o.inter, o.experts, o.topk, o.routing, o.shared, o.iters, timingNote(rows[0].Graph), rows[0].Reference)
 	}
-	return err
+	return errors.Join(err, runErr)
 }
 
 // moeBenchBufs are the layer's device buffers.
@@ -336,7 +342,7 @@ func runMoEBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error) {
 	for _, T := range o.tokens {
 		r, err := benchMoETokens(d, o, w, ex, cfg, sbias, T, ev)
 		if err != nil {
-			return nil, fmt.Errorf("tokens %d: %w", T, err)
+			return rows, fmt.Errorf("tokens %d: %w", T, err) // the counts measured before it, too
 		}
 		rows = append(rows, r)
 	}

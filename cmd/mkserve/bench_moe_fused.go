@@ -104,7 +104,7 @@ func runMoEFusedBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error)
 	for _, T := range o.tokens {
 		row, err := b.best(d, cfg, sbias, T, d.Info().SMs)
 		if err != nil {
-			return nil, fmt.Errorf("tokens %d: %w", T, err)
+			return rows, fmt.Errorf("tokens %d: %w", T, err) // the counts measured before it, too
 		}
 		rows = append(rows, row)
 	}

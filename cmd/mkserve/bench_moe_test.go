@@ -102,6 +102,36 @@ func TestBenchMoEFusedGPU(t *testing.T) {
 	}
 }
 
+// TestBenchMoEPartialGPU: a token count that cannot run (here one whose
+// buffers exceed any GPU's memory) fails the command, naming the count, but
+// the counts measured before it are still printed. Skipped without
+// libmkernel.so.
+func TestBenchMoEPartialGPU(t *testing.T) {
+	if _, err := kernels.LibraryPath(); err != nil {
+		t.Skipf("no libmkernel.so: %v", err)
+	}
+	var out, errb bytes.Buffer
+	rc := run([]string{"bench", "moe", "--path", "grouped", "--hidden", "8192", "--intermediate", "64", "--experts", "8",
+		"--topk", "2", "--routing", "softmax", "--tokens", "1,3000000", "--iters", "2", "--json"},
+		strings.NewReader(""), &out, &errb)
+	if strings.Contains(errb.String(), "needs a GPU") && os.Getenv("MKSERVE_REQUIRE_GPU") != "1" {
+		t.Skipf("a library but no GPU: %s", errb.String())
+	}
+	if rc == 0 {
+		t.Fatalf("exit 0 with a token count of 3000000 × 8192 (stdout %q)", out.String())
+	}
+	if !strings.Contains(errb.String(), "tokens 3000000") {
+		t.Errorf("stderr %q does not name the failing count", errb.String())
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal(out.Bytes(), &rows); err != nil || len(rows) != 1 || rows[0]["tokens"] != 1.0 {
+		t.Fatalf("stdout %q (%v), want the 1-token row alone", out.String(), err)
+	}
+	if ms, ok := rows[0]["ms"].(float64); !ok || !(ms > 0) {
+		t.Errorf("ms = %v", rows[0]["ms"])
+	}
+}
+
 // TestRecordMoETuning: --tune's table gets each token count's fastest
 // launch under the device and shape, merged with what the file held.
 func TestRecordMoETuning(t *testing.T) {
