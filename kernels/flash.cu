@@ -25,6 +25,7 @@
 #include <cmath>
 
 #include "attn_tile.cuh"
+#include "wgmma.cuh"
 
 namespace {
 
@@ -202,6 +203,307 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
   return MK_OK;
 }
 
+// ---------------------------------------------------------------- wgmma path
+//
+// flash_wg (sm_90a; MK_FLASH_WG=1, off until measured): the forward pass for
+// head dims 128/128 without a window or sinks, FlashAttention-3 style. A
+// CTA of three warpgroups owns 128 query rows of one head: warpgroup 0
+// copies Q once and then, tile after tile, 128 keys of K and V (cp.async
+// through the block table, zeros past the keys) into a 2-stage ring of
+// 128B-swizzled shared memory; warpgroups 1 and 2 own 64 rows each and per
+// tile run S = Q·Kᵀ as wgmma from shared memory (K-major, 8 k steps of 16),
+// the online softmax in registers, and O += P·V as wgmma with P from
+// registers (the S accumulators re-packed to bf16 in place: the m64 D
+// fragment of 16 columns is the A fragment of one k step) and V from
+// shared memory read N-major (imm-trans-b: V's rows are keys, so no
+// transpose is copied). Per-stage full barriers for K and V (the S wgmmas
+// start while V lands) and an empty barrier the consumers release after
+// the P·V wgmmas.
+namespace fwg {
+
+constexpr int kBM = 128, kBN = 128, kD = 128, kST = 2, kThreadsWG = 384;
+constexpr uint32_t kHalf = 128 * 128;  // bytes of a 128-row tile's 64-column half
+constexpr uint32_t kTile = 2 * kHalf;  // a 128 × 128 bf16 tile: two halves
+constexpr size_t kSmem = 1024 + (size_t)kTile * (1 + 2 * kST) + 128;
+
+// The N-major descriptor of V's k steps (imm-trans-b): the stride between
+// the two 64-column halves (N) and between 8-key groups (K).
+#ifndef MK_FWG_LBO
+#define MK_FWG_LBO 16384
+#endif
+#ifndef MK_FWG_SBO
+#define MK_FWG_SBO 1024
+#endif
+
+// toff is the byte offset of 16-byte chunk c (0..15: columns 8c..8c+7) of
+// row r in a 128 × 128 tile: half c / 8, chunk c % 8 swizzled by r % 8.
+__device__ __forceinline__ uint32_t toff(int r, int c) {
+  return (uint32_t)(c >> 3) * kHalf + (uint32_t)r * 128 + ((uint32_t)((c & 7) ^ (r & 7)) << 4);
+}
+
+__device__ __forceinline__ uint64_t desc_mn(uint32_t addr) {
+  uint64_t d = 0;
+  d |= (uint64_t)((addr & 0x3FFFF) >> 4);
+  d |= (uint64_t)((MK_FWG_LBO >> 4) & 0x3FFF) << 16;
+  d |= (uint64_t)((MK_FWG_SBO >> 4) & 0x3FFF) << 32;
+  d |= (uint64_t)1 << 62;  // 128-byte swizzle
+  return d;
+}
+
+// wgmma_ss: d (+)= A·Bᵀ, both from shared memory (K-major); zero: d = A·Bᵀ.
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b, int acc) {
+#ifdef MK_WGMMA
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(acc));
+#endif
+}
+
+// wgmma_rs: d += A·B, A (64 × 16 bf16) from registers a, B (16 × 128) from
+// shared memory N-major (desc_mn).
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+#ifdef MK_WGMMA
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, 1, 1, 1, 1;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+#endif
+}
+
+__global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
+  extern __shared__ unsigned char fwg_raw[];
+  unsigned char* base =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(fwg_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* sQ = base;                    // [2 halves][128 rows][128 B]
+  unsigned char* sK = sQ + kTile;              // kST tiles
+  unsigned char* sV = sK + kST * kTile;        // kST tiles
+  uint64_t* fullK = reinterpret_cast<uint64_t*>(sV + kST * kTile);
+  uint64_t* fullV = fullK + kST;
+  uint64_t* empty = fullV + kST;
+  uint64_t* qfull = empty + kST;
+
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int tile = gridDim.z - 1 - blockIdx.z;  // heaviest (last) tiles first
+  const int qs = p.q_start[b];
+  const int L = p.q_start[b + 1] - qs;
+  const int i0 = tile * kBM;
+  if (i0 >= L) return;
+  const int P = p.past[b];
+  const int nk = P + L;
+  const int kvh = h / p.group;
+  const int iend = min(i0 + kBM, L);
+  const int kmax = p.causal ? P + iend - 1 : nk - 1;
+  const int ntiles = kmax / kBN + 1;
+  const int tb = p.table[b];
+
+  const int tid = threadIdx.x, wg = tid / 128, wl = tid % 128;
+  if (tid == 0) {
+    for (int s = 0; s < kST; s++) {
+      mkwg::mbar_init(&fullK[s], 128);  // the producer's 128 cp.async arrivals
+      mkwg::mbar_init(&fullV[s], 128);
+      mkwg::mbar_init(&empty[s], 2);    // one arrival a consumer warpgroup
+    }
+    mkwg::mbar_init(qfull, 128);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer: thread wl copies chunk wl % 16 of rows wl / 16 + 8 i
+    mkwg::setmaxnreg_dec<56>();
+    const int c = wl % 16, r0 = wl / 16;
+    for (int i = 0; i < 16; i++) {
+      const int r = r0 + 8 * i, qi = i0 + r;
+      const bool v = qi < iend;
+      const bf16* src = v ? p.q + (int64_t)(qs + qi) * p.q_stride + (int64_t)h * kD + 8 * c : p.q;
+      cp_async16(sQ + toff(r, c), src, v ? 16 : 0);
+    }
+    mkwg::cp_async_arrive(qfull);
+    for (int t = 0; t < ntiles; t++) {
+      const int st = t % kST;
+      if (t >= kST) mkwg::mbar_wait(&empty[st], ((t / kST) - 1) & 1);
+      // Pool rows of this thread's 16 keys (-1: past the keys), then its K
+      // and V chunks of them (the producer has 56 registers: setmaxnreg).
+      int32_t row[16];
+#pragma unroll
+      for (int i = 0; i < 16; i++) {
+        const int j = t * kBN + r0 + 8 * i;
+        row[i] = j > kmax ? -1
+                 : p.block_size > 0 ? p.blocks[tb + j / p.block_size] * p.block_size + j % p.block_size
+                                    : tb + j;
+      }
+      const bf16* kp = p.k + (int64_t)kvh * kD + 8 * c;
+      unsigned char* k = sK + st * kTile + toff(r0, c);
+#pragma unroll
+      for (int i = 0; i < 16; i++) {
+        const bool v = row[i] >= 0;
+        cp_async16(k + i * 8 * 128, v ? kp + (int64_t)row[i] * p.k_stride : p.k, v ? 16 : 0);
+      }
+      mkwg::cp_async_arrive(&fullK[st]);
+      const bf16* vp = p.v + (int64_t)kvh * kD + 8 * c;
+      unsigned char* vv = sV + st * kTile + toff(r0, c);
+#pragma unroll
+      for (int i = 0; i < 16; i++) {
+        const bool v = row[i] >= 0;
+        cp_async16(vv + i * 8 * 128, v ? vp + (int64_t)row[i] * p.v_stride : p.v, v ? 16 : 0);
+      }
+      mkwg::cp_async_arrive(&fullV[st]);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  mkwg::setmaxnreg_inc<224>();
+  const int cw = wg - 1, warp = wl / 32, lane = tid % 32;
+  // This thread's rows (of the CTA's 128): ra and ra + 8; its columns of
+  // each 8-column group j: 8j + 2(lane % 4) + {0, 1}.
+  const int ra = cw * 64 + warp * 16 + lane / 4;
+  const int posa = P + i0 + ra, posb = posa + 8;
+  const int cl = 2 * (lane % 4);
+  const uint32_t q0 = mkwg::sm_addr(sQ) + (uint32_t)cw * 64 * 128;
+  const uint32_t k0 = mkwg::sm_addr(sK), v0 = mkwg::sm_addr(sV);
+  const float sl2 = p.scale_log2;
+
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; i++) o[i] = 0.f;
+  float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;  // running max (raw scores) and partial sums
+  mkwg::mbar_wait(qfull, 0);
+  for (int t = 0; t < ntiles; t++) {
+    const int st = t % kST;
+    const uint32_t par = (t / kST) & 1;
+    mkwg::mbar_wait(&fullK[st], par);
+    mkwg::fence_proxy_async();  // cp.async copies (generic proxy) before the wgmmas' reads (async proxy)
+    float s[64];
+    mkwg::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+      const uint32_t off = (uint32_t)(kk >> 2) * kHalf + (uint32_t)(kk & 3) * 32;
+      wgmma_ss(s, mkwg::desc(q0 + off), mkwg::desc(k0 + st * kTile + off), kk > 0);
+    }
+    mkwg::wgmma_commit();
+    mkwg::wgmma_wait0();
+
+    // Mask keys past a row's position (causal) or past the keys.
+    const int kb = t * kBN;
+    const int lim = kb + kBN - 1;
+    if (lim > kmax || (p.causal && lim > P + i0 + cw * 64)) {
+#pragma unroll
+      for (int j = 0; j < 16; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int key = kb + 8 * j + cl + (e & 1);
+          const int pos = (e & 2) ? posb : posa;
+          if (key >= nk || (p.causal && key > pos)) s[4 * j + e] = -INFINITY;
+        }
+      }
+    }
+    // Online softmax: the rows' max over this tile (4 lanes a row).
+    float xa = -INFINITY, xb = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      xa = fmaxf(xa, fmaxf(s[4 * j], s[4 * j + 1]));
+      xb = fmaxf(xb, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+    xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+    xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+    xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+    xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+    const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+    const float ra_ = na == -INFINITY ? 0.f : na * sl2, rb_ = nb == -INFINITY ? 0.f : nb * sl2;
+    const float ca = ma == -INFINITY ? 0.f : ex2(ma * sl2 - ra_), cb = mb == -INFINITY ? 0.f : ex2(mb * sl2 - rb_);
+    ma = na;
+    mb = nb;
+    la *= ca;
+    lb *= cb;
+    uint32_t pa[32];  // P as bf16 pairs: the A fragments of the 8 k steps
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      const float p0 = ex2(fmaf(s[4 * j], sl2, -ra_)), p1 = ex2(fmaf(s[4 * j + 1], sl2, -ra_));
+      const float p2 = ex2(fmaf(s[4 * j + 2], sl2, -rb_)), p3 = ex2(fmaf(s[4 * j + 3], sl2, -rb_));
+      la += p0 + p1;
+      lb += p2 + p3;
+      // k step j / 2: a0 (row a, cols 0-7 of the step's 16) from group 2ks,
+      // a1 (row b) likewise, a2 / a3 from group 2ks + 1.
+      pa[(j >> 1) * 4 + (j & 1) * 2] = pack_bf16(p0, p1);
+      pa[(j >> 1) * 4 + (j & 1) * 2 + 1] = pack_bf16(p2, p3);
+      o[4 * j] *= ca;
+      o[4 * j + 1] *= ca;
+      o[4 * j + 2] *= cb;
+      o[4 * j + 3] *= cb;
+    }
+    mkwg::mbar_wait(&fullV[st], par);
+    mkwg::fence_proxy_async();
+    mkwg::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 8; ks++) {
+      const uint32_t a[4] = {pa[4 * ks], pa[4 * ks + 1], pa[4 * ks + 2], pa[4 * ks + 3]};
+      wgmma_rs(o, a, desc_mn(v0 + st * kTile + (uint32_t)ks * 16 * 128));
+    }
+    mkwg::wgmma_commit();
+    mkwg::wgmma_wait0();
+    if (wl == 0) mkwg::mbar_arrive(&empty[st]);
+  }
+
+  // O / l, rows ra and ra + 8 of the CTA's (stored where they are real).
+  la += __shfl_xor_sync(0xffffffffu, la, 1);
+  la += __shfl_xor_sync(0xffffffffu, la, 2);
+  lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+  lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+  const float ia = 1.f / la, ib = 1.f / lb;
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int qi = i0 + ra + 8 * hh;
+    if (qi >= iend) continue;
+    const float inv = hh ? ib : ia;
+    const int64_t obase = (int64_t)(qs + qi) * p.o_stride + (int64_t)h * kD;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      const int col = 8 * j + cl;
+      const float x0 = o[4 * j + 2 * hh] * inv, x1 = o[4 * j + 2 * hh + 1] * inv;
+      if (p.out_f32)
+        *reinterpret_cast<float2*>(static_cast<float*>(p.out) + obase + col) = make_float2(x0, x1);
+      else
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(p.out) + obase + col) = __floats2bfloat162_rn(x0, x1);
+    }
+  }
+}
+
+// on: MK_FLASH_WG=1 (read once) takes flash_wg where it applies.
+bool on() {
+  static const bool v = mk::env_is("MK_FLASH_WG", '1');
+  return v;
+}
+
+// fits reports whether flash_wg takes a call: head dims 128/128, 16-byte
+// rows (p.vec, p.ovec), no window, no sinks.
+bool fits(const Params& p, int head_dim, int v_head_dim) {
+  return head_dim == kD && v_head_dim == kD && p.vec && p.ovec && p.window == 0 && p.sinks == nullptr;
+}
+
+int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
+  static bool attr_set = false;  // the library runs on its one owning thread
+  if (!attr_set) {
+    MK_CUDA(cudaFuncSetAttribute(flash_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
+    attr_set = true;
+  }
+  const int tiles = (max_q_len + kBM - 1) / kBM;
+  MK_ARG(tiles <= 65535, "mk_flash_attn_bf16: max_q_len=%d needs %d query tiles of %d rows, more than 65535",
+         max_q_len, tiles, kBM);
+  dim3 grid(p.heads, batch, tiles);
+  flash_wg<<<grid, kThreadsWG, kSmem, st>>>(p);
+  MK_LAUNCHED("flash_wg");
+  return MK_OK;
+}
+
+}  // namespace fwg
+
 int pad_dim(int d) {
   if (d <= 32) return 32;
   if (d <= 64) return 64;
@@ -268,6 +570,7 @@ extern "C" MK_API int32_t mk_flash_attn_bf16(uint64_t stream, uint64_t out, int3
   p.scale_log2 = scale * 1.4426950408889634f;
 
   cudaStream_t st = mk::as_stream(stream);
+  if (fwg::on() && fwg::fits(p, head_dim, v_head_dim)) return fwg::launch(p, batch, max_q_len, st);
   int d = pad_dim(head_dim), dv = pad_dim(v_head_dim);
   if (d == 192 && dv <= 128) dv = 128;
   else if (d != dv) d = dv = d > dv ? d : dv;

@@ -204,6 +204,11 @@ func runFlash(t *testing.T, g *GPU, c flashCase, in *flashInputs) []float32 {
 	return got
 }
 
+// TestFlashAttention runs FlashAttention over varlen batches (causal and
+// not, GQA, paged and contiguous keys, windows, sinks, head dims 16–256)
+// against a float64 reference. With MK_FLASH_WG=1 (scripts/device.sh runs
+// it so too) the head-dim-128 cases without a window or sinks run on the
+// wgmma kernel (flash_wg).
 func TestFlashAttention(t *testing.T) {
 	g := testGPU(t)
 	cases := []flashCase{
@@ -227,6 +232,10 @@ func TestFlashAttention(t *testing.T) {
 			headDim: 128, vHeadDim: 128, blockSize: 16, causal: true, out: F32},
 		{name: "d128_gqa4_bigtiles_paged7", lens: []int{1000, 1000, 300}, past: []int{0, 13, 500}, heads: 16,
 			kvHeads: 4, headDim: 128, vHeadDim: 128, blockSize: 7, causal: true, out: BF16},
+		{name: "d128_gqa8_noncausal_paged16_past", lens: []int{700, 129, 1}, past: []int{300, 0, 77}, heads: 16,
+			kvHeads: 2, headDim: 128, vHeadDim: 128, blockSize: 16, out: F32},
+		{name: "d128_mha_causal_paged32_past", lens: []int{257, 383}, past: []int{129, 1000}, heads: 3, kvHeads: 3,
+			headDim: 128, vHeadDim: 128, blockSize: 32, causal: true, out: BF16},
 		{name: "d128_gqa2_bigtiles_paged16", lens: []int{600, 300}, past: []int{0, 64}, heads: 32, kvHeads: 16,
 			headDim: 128, vHeadDim: 128, blockSize: 16, causal: true, sinks: true, out: F32},
 		{name: "d64_mha_bigtiles_contig", lens: []int{900}, past: []int{0}, heads: 40, kvHeads: 40,
