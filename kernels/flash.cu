@@ -218,10 +218,20 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
 // shared memory read N-major (imm-trans-b: V's rows are keys, so no
 // transpose is copied). Per-stage full barriers for K and V (the S wgmmas
 // start while V lands) and an empty barrier the consumers release after
-// the P·V wgmmas.
+// the P·V wgmmas. Each consumer issues S(t) and P·V(t − 1) together and
+// runs tile t's softmax while P·V(t − 1) is in flight (O is rescaled once
+// it is done); MK_FWG_ST sets the ring's depth (2 or 3) and MK_FWG_PP=1
+// makes the two consumers take turns issuing (FlashAttention-3's
+// ping-pong), both compile-time.
 namespace fwg {
 
-constexpr int kBM = 128, kBN = 128, kD = 128, kST = 2, kThreadsWG = 384;
+#ifndef MK_FWG_ST
+#define MK_FWG_ST 2
+#endif
+#ifndef MK_FWG_PP
+#define MK_FWG_PP 0
+#endif
+constexpr int kBM = 128, kBN = 128, kD = 128, kST = MK_FWG_ST, kThreadsWG = 384;
 constexpr uint32_t kHalf = 128 * 128;  // bytes of a 128-row tile's 64-column half
 constexpr uint32_t kTile = 2 * kHalf;  // a 128 × 128 bf16 tile: two halves
 constexpr size_t kSmem = 1024 + (size_t)kTile * (1 + 2 * kST) + 128;
@@ -374,13 +384,14 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
 #pragma unroll
   for (int i = 0; i < 64; i++) o[i] = 0.f;
   float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;  // running max (raw scores) and partial sums
-  mkwg::mbar_wait(qfull, 0);
-  for (int t = 0; t < ntiles; t++) {
+  uint32_t pc[32];  // P of the tile whose P·V is next, as bf16 pairs: the A fragments of its 8 k steps
+
+  // s_issue: S = Q·K(t) into s, committed, not waited for (after K(t)'s
+  // full barrier).
+  auto s_issue = [&](float(&s)[64], int t) {
     const int st = t % kST;
-    const uint32_t par = (t / kST) & 1;
-    mkwg::mbar_wait(&fullK[st], par);
+    mkwg::mbar_wait(&fullK[st], (t / kST) & 1);
     mkwg::fence_proxy_async();  // cp.async copies (generic proxy) before the wgmmas' reads (async proxy)
-    float s[64];
     mkwg::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; kk++) {
@@ -388,9 +399,24 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
       wgmma_ss(s, mkwg::desc(q0 + off), mkwg::desc(k0 + st * kTile + off), kk > 0);
     }
     mkwg::wgmma_commit();
-    mkwg::wgmma_wait0();
-
-    // Mask keys past a row's position (causal) or past the keys.
+  };
+  // pv_issue: O += P(t)·V(t) from pc, committed, not waited for.
+  auto pv_issue = [&](int t) {
+    const int st = t % kST;
+    mkwg::mbar_wait(&fullV[st], (t / kST) & 1);
+    mkwg::fence_proxy_async();
+    mkwg::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 8; ks++) {
+      const uint32_t a[4] = {pc[4 * ks], pc[4 * ks + 1], pc[4 * ks + 2], pc[4 * ks + 3]};
+      wgmma_rs(o, a, desc_mn(v0 + st * kTile + (uint32_t)ks * 16 * 128));
+    }
+    mkwg::wgmma_commit();
+  };
+  // softmax: masks tile t's scores s, raises the running max, writes P to
+  // pn and returns the factors (ca, cb) O must be scaled by before P·V(t)
+  // adds to it; l is scaled by them here.
+  auto softmax = [&](float(&s)[64], int t, uint32_t(&pn)[32], float& ca, float& cb) {
     const int kb = t * kBN;
     const int lim = kb + kBN - 1;
     if (lim > kmax || (p.causal && lim > P + i0 + cw * 64)) {
@@ -404,8 +430,7 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
         }
       }
     }
-    // Online softmax: the rows' max over this tile (4 lanes a row).
-    float xa = -INFINITY, xb = -INFINITY;
+    float xa = -INFINITY, xb = -INFINITY;  // the rows' max over this tile (4 lanes a row)
 #pragma unroll
     for (int j = 0; j < 16; j++) {
       xa = fmaxf(xa, fmaxf(s[4 * j], s[4 * j + 1]));
@@ -417,39 +442,87 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
     xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
     const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
     const float ra_ = na == -INFINITY ? 0.f : na * sl2, rb_ = nb == -INFINITY ? 0.f : nb * sl2;
-    const float ca = ma == -INFINITY ? 0.f : ex2(ma * sl2 - ra_), cb = mb == -INFINITY ? 0.f : ex2(mb * sl2 - rb_);
+    ca = ma == -INFINITY ? 0.f : ex2(ma * sl2 - ra_);
+    cb = mb == -INFINITY ? 0.f : ex2(mb * sl2 - rb_);
     ma = na;
     mb = nb;
     la *= ca;
     lb *= cb;
-    uint32_t pa[32];  // P as bf16 pairs: the A fragments of the 8 k steps
 #pragma unroll
     for (int j = 0; j < 16; j++) {
       const float p0 = ex2(fmaf(s[4 * j], sl2, -ra_)), p1 = ex2(fmaf(s[4 * j + 1], sl2, -ra_));
       const float p2 = ex2(fmaf(s[4 * j + 2], sl2, -rb_)), p3 = ex2(fmaf(s[4 * j + 3], sl2, -rb_));
       la += p0 + p1;
       lb += p2 + p3;
-      // k step j / 2: a0 (row a, cols 0-7 of the step's 16) from group 2ks,
-      // a1 (row b) likewise, a2 / a3 from group 2ks + 1.
-      pa[(j >> 1) * 4 + (j & 1) * 2] = pack_bf16(p0, p1);
-      pa[(j >> 1) * 4 + (j & 1) * 2 + 1] = pack_bf16(p2, p3);
+      // k step j / 2: a0 (row a, columns 0-7 of its 16) and a1 (row b)
+      // from group 2·ks, a2 / a3 from group 2·ks + 1.
+      pn[(j >> 1) * 4 + (j & 1) * 2] = pack_bf16(p0, p1);
+      pn[(j >> 1) * 4 + (j & 1) * 2 + 1] = pack_bf16(p2, p3);
+    }
+  };
+  auto scale_o = [&](float ca, float cb) {
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
       o[4 * j] *= ca;
       o[4 * j + 1] *= ca;
       o[4 * j + 2] *= cb;
       o[4 * j + 3] *= cb;
     }
-    mkwg::mbar_wait(&fullV[st], par);
-    mkwg::fence_proxy_async();
-    mkwg::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < 8; ks++) {
-      const uint32_t a[4] = {pa[4 * ks], pa[4 * ks + 1], pa[4 * ks + 2], pa[4 * ks + 3]};
-      wgmma_rs(o, a, desc_mn(v0 + st * kTile + (uint32_t)ks * 16 * 128));
-    }
-    mkwg::wgmma_commit();
+  };
+  // Ping-pong (MK_FWG_PP): the two consumer warpgroups take turns issuing
+  // their wgmmas (named barriers 1 and 2), so that one's softmax runs under
+  // the other's matrix products.
+  auto turn_wait = [&]() {
+#if MK_FWG_PP
+    asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory");
+#endif
+  };
+  auto turn_pass = [&]() {
+#if MK_FWG_PP
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
+#endif
+  };
+#if MK_FWG_PP
+  if (cw == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // the first turn is warpgroup 1's
+#endif
+
+  mkwg::mbar_wait(qfull, 0);
+  {  // tile 0: S, softmax (O is zero: no scaling)
+    float s[64];
+    turn_wait();
+    s_issue(s, 0);
+    turn_pass();
     mkwg::wgmma_wait0();
-    if (wl == 0) mkwg::mbar_arrive(&empty[st]);
+    float ca, cb;
+    softmax(s, 0, pc, ca, cb);
   }
+  // Tile t: S(t) and P·V(t − 1) issued together, then tile t's softmax
+  // under P·V(t − 1); O is scaled once P·V(t − 1) is done; the stage of
+  // tile t − 1 goes back then.
+  for (int t = 1; t < ntiles; t++) {
+    float s[64];
+    uint32_t pn[32];
+    turn_wait();
+    s_issue(s, t);
+    pv_issue(t - 1);
+    turn_pass();
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S(t) done; P·V(t − 1) may run on
+    float ca, cb;
+    softmax(s, t, pn, ca, cb);
+    mkwg::wgmma_wait0();
+    if (wl == 0) mkwg::mbar_arrive(&empty[(t - 1) % kST]);
+    scale_o(ca, cb);
+#pragma unroll
+    for (int i = 0; i < 32; i++) pc[i] = pn[i];
+  }
+  turn_wait();
+  pv_issue(ntiles - 1);
+  turn_pass();
+  mkwg::wgmma_wait0();
+  if (wl == 0) mkwg::mbar_arrive(&empty[(ntiles - 1) % kST]);
+#if MK_FWG_PP
+  if (cw == 0) turn_wait();  // warpgroup 2's last pass: no arrival left on a barrier at exit
+#endif
 
   // O / l, rows ra and ra + 8 of the CTA's (stored where they are real).
   la += __shfl_xor_sync(0xffffffffu, la, 1);
