@@ -205,11 +205,11 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
 
 // ---------------------------------------------------------------- wgmma path
 //
-// flash_wg (sm_90a; MK_FLASH_WG=1, off until measured): the forward pass for
+// flash_wg (sm_90a; the default, MK_FLASH_WG=0 turns it off): the forward pass for
 // head dims 128/128 without a window or sinks, FlashAttention-3 style. A
 // CTA of three warpgroups owns 128 query rows of one head: warpgroup 0
 // copies Q once and then, tile after tile, 128 keys of K and V (cp.async
-// through the block table, zeros past the keys) into a 2-stage ring of
+// through the block table, zeros past the keys) into a 3-stage ring of
 // 128B-swizzled shared memory; warpgroups 1 and 2 own 64 rows each and per
 // tile run S = Q·Kᵀ as wgmma from shared memory (K-major, 8 k steps of 16),
 // the online softmax in registers, and O += P·V as wgmma with P from
@@ -218,32 +218,27 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
 // shared memory read N-major (imm-trans-b: V's rows are keys, so no
 // transpose is copied). Per-stage full barriers for K and V (the S wgmmas
 // start while V lands) and an empty barrier the consumers release after
-// the P·V wgmmas. Each consumer issues S(t) and P·V(t − 1) together and
-// runs tile t's softmax while P·V(t − 1) is in flight (O is rescaled once
-// it is done); MK_FWG_ST sets the ring's depth (2 or 3) and MK_FWG_PP=1
-// makes the two consumers take turns issuing (FlashAttention-3's
-// ping-pong), both compile-time.
+// the P·V wgmmas (a 3-stage ring: 224 KB of shared memory with Q). Each
+// consumer issues S(t) and P·V(t − 1) together and runs tile t's softmax
+// while P·V(t − 1) is in flight (O is rescaled once it is done). H200,
+// causal, 32 / 8 heads: 212 / 351 / 407 TFLOP/s at 1k / 4k / 16k against
+// the mma.sync kernel's 157 / 294 / 332 (docs/PERF.md, twenty-fifth pass;
+// FlashAttention-3's ping-pong of the two consumers measured 5–6 % slower
+// and is not used).
 namespace fwg {
 
-#ifndef MK_FWG_ST
-#define MK_FWG_ST 2
-#endif
-#ifndef MK_FWG_PP
-#define MK_FWG_PP 0
-#endif
-constexpr int kBM = 128, kBN = 128, kD = 128, kST = MK_FWG_ST, kThreadsWG = 384;
+// kST = 3: a tile's stage goes back only once P·V of it is done (in the
+// next tile's step), so 2 stages left the producer one tile behind
+// (twenty-fifth pass: 307 against 407 TFLOP/s at 16k).
+constexpr int kBM = 128, kBN = 128, kD = 128, kST = 3, kThreadsWG = 384;
 constexpr uint32_t kHalf = 128 * 128;  // bytes of a 128-row tile's 64-column half
 constexpr uint32_t kTile = 2 * kHalf;  // a 128 × 128 bf16 tile: two halves
 constexpr size_t kSmem = 1024 + (size_t)kTile * (1 + 2 * kST) + 128;
 
-// The N-major descriptor of V's k steps (imm-trans-b): the stride between
-// the two 64-column halves (N) and between 8-key groups (K).
-#ifndef MK_FWG_LBO
-#define MK_FWG_LBO 16384
-#endif
-#ifndef MK_FWG_SBO
-#define MK_FWG_SBO 1024
-#endif
+// The N-major descriptor of V's k steps (imm-trans-b): LBO the stride
+// between the two 64-column halves (N), SBO between 8-key groups (K)
+// (twenty-fifth pass: the other way round fails every test).
+constexpr uint32_t kLBO = kHalf, kSBO = 1024;
 
 // toff is the byte offset of 16-byte chunk c (0..15: columns 8c..8c+7) of
 // row r in a 128 × 128 tile: half c / 8, chunk c % 8 swizzled by r % 8.
@@ -254,8 +249,8 @@ __device__ __forceinline__ uint32_t toff(int r, int c) {
 __device__ __forceinline__ uint64_t desc_mn(uint32_t addr) {
   uint64_t d = 0;
   d |= (uint64_t)((addr & 0x3FFFF) >> 4);
-  d |= (uint64_t)((MK_FWG_LBO >> 4) & 0x3FFF) << 16;
-  d |= (uint64_t)((MK_FWG_SBO >> 4) & 0x3FFF) << 32;
+  d |= (uint64_t)((kLBO >> 4) & 0x3FFF) << 16;
+  d |= (uint64_t)((kSBO >> 4) & 0x3FFF) << 32;
   d |= (uint64_t)1 << 62;  // 128-byte swizzle
   return d;
 }
@@ -469,29 +464,10 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
       o[4 * j + 3] *= cb;
     }
   };
-  // Ping-pong (MK_FWG_PP): the two consumer warpgroups take turns issuing
-  // their wgmmas (named barriers 1 and 2), so that one's softmax runs under
-  // the other's matrix products.
-  auto turn_wait = [&]() {
-#if MK_FWG_PP
-    asm volatile("bar.sync %0, 256;\n" ::"r"(1 + cw) : "memory");
-#endif
-  };
-  auto turn_pass = [&]() {
-#if MK_FWG_PP
-    asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - cw) : "memory");
-#endif
-  };
-#if MK_FWG_PP
-  if (cw == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");  // the first turn is warpgroup 1's
-#endif
-
   mkwg::mbar_wait(qfull, 0);
   {  // tile 0: S, softmax (O is zero: no scaling)
     float s[64];
-    turn_wait();
     s_issue(s, 0);
-    turn_pass();
     mkwg::wgmma_wait0();
     float ca, cb;
     softmax(s, 0, pc, ca, cb);
@@ -502,10 +478,8 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   for (int t = 1; t < ntiles; t++) {
     float s[64];
     uint32_t pn[32];
-    turn_wait();
     s_issue(s, t);
     pv_issue(t - 1);
-    turn_pass();
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S(t) done; P·V(t − 1) may run on
     float ca, cb;
     softmax(s, t, pn, ca, cb);
@@ -515,14 +489,9 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
 #pragma unroll
     for (int i = 0; i < 32; i++) pc[i] = pn[i];
   }
-  turn_wait();
   pv_issue(ntiles - 1);
-  turn_pass();
   mkwg::wgmma_wait0();
   if (wl == 0) mkwg::mbar_arrive(&empty[(ntiles - 1) % kST]);
-#if MK_FWG_PP
-  if (cw == 0) turn_wait();  // warpgroup 2's last pass: no arrival left on a barrier at exit
-#endif
 
   // O / l, rows ra and ra + 8 of the CTA's (stored where they are real).
   la += __shfl_xor_sync(0xffffffffu, la, 1);
@@ -548,9 +517,9 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   }
 }
 
-// on: MK_FLASH_WG=1 (read once) takes flash_wg where it applies.
+// on: flash_wg where it applies unless MK_FLASH_WG=0 (read once).
 bool on() {
-  static const bool v = mk::env_is("MK_FLASH_WG", '1');
+  static const bool v = !mk::env_is("MK_FLASH_WG", '0');
   return v;
 }
 

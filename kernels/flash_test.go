@@ -206,9 +206,9 @@ func runFlash(t *testing.T, g *GPU, c flashCase, in *flashInputs) []float32 {
 
 // TestFlashAttention runs FlashAttention over varlen batches (causal and
 // not, GQA, paged and contiguous keys, windows, sinks, head dims 16–256)
-// against a float64 reference. With MK_FLASH_WG=1 (scripts/device.sh runs
-// it so too) the head-dim-128 cases without a window or sinks run on the
-// wgmma kernel (flash_wg).
+// against a float64 reference. The head-dim-128 cases without a window or
+// sinks run on the wgmma kernel (flash_wg), or with MK_FLASH_WG=0
+// (scripts/device.sh runs it so too) on the mma.sync one.
 func TestFlashAttention(t *testing.T) {
 	g := testGPU(t)
 	cases := []flashCase{

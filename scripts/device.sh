@@ -216,6 +216,11 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 		echo "== MoE kernel tests with MK_MOE_ROUTE_ALIGN=1"
 		MK_MOE_ROUTE_DIRECT=0 MK_MOE_ROUTE_ALIGN=1 run_each .dev/kernels.test "$LOGS/test_route_align.log" . 120 '^TestMoE(Experts|CombineAddRMSNorm)$' || status=1
 		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_route_align.log" | head -10
+		# Prefill attention on the mma.sync kernel at head dims 128 too (the
+		# wgmma kernel, flash_wg, is the default there; MK_FLASH_WG=0, read once).
+		echo "== flash attention tests with MK_FLASH_WG=0"
+		MK_FLASH_WG=0 run_each .dev/kernels.test "$LOGS/test_flash_mma.log" . 120 '^TestFlashAttention$' || status=1
+		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_flash_mma.log" | head -10
 		# Decode routing with the align launch (MK_MOE_ROUTE_DIRECT=0, read
 		# once per process; by default ≤ 4 tokens' routing lays out its rows).
 		echo "== MoE kernel tests with MK_MOE_ROUTE_DIRECT=0"
