@@ -13,7 +13,8 @@
 #          again under opt-in switches: MK_SWITCH_TESTS=0 skips those, ~7
 #          minutes; with them quick and test need more than one 10-minute
 #          device call);
-#   test   quick + the serving tests on the GPU (cmd/mkserve's TestServe* with
+#   test   quick + the serving tests on the GPU (cmd/mkserve's TestServe* and
+#          TestBenchMoE{Fused,Grouped,Partial}GPU, each in its own process, with
 #          MKSERVE_TEST_BACKEND=cuda) + the `mkserve logits --backend cuda`
 #          contract (same output as the CPU form, within tolerance);
 #   bench  every benchmark with its baseline in the same run: GEMMs vs
@@ -269,7 +270,7 @@ fi
 if [ "$MODE" = test ] || [ "$MODE" = all ] || [ "$MODE" = serve ]; then
 	echo "== serving tests on the GPU (MKSERVE_TEST_BACKEND=cuda)"
 	SECONDS=0
-	MKSERVE_TEST_BACKEND=cuda run_each "$ROOT/.dev/mkserve.test" "$LOGS/serve.log" cmd/mkserve 240 '^Test(Serve|BenchServe)' || status=1
+	MKSERVE_TEST_BACKEND=cuda run_each "$ROOT/.dev/mkserve.test" "$LOGS/serve.log" cmd/mkserve 240 '^Test(Serve|BenchServe|BenchMoE(Fused|Grouped|Partial)GPU$)' || status=1
 	grep -E -- "--- (FAIL|PASS)|panic" "$LOGS/serve.log" | head -30
 	echo "   took ${SECONDS}s"
 	echo "== mkserve logits --backend cuda against --backend cpu"
