@@ -233,7 +233,7 @@ namespace fwg {
 constexpr int kBM = 128, kBN = 128, kD = 128, kST = 3, kThreadsWG = 384;
 constexpr uint32_t kHalf = 128 * 128;  // bytes of a 128-row tile's 64-column half
 constexpr uint32_t kTile = 2 * kHalf;  // a 128 × 128 bf16 tile: two halves
-constexpr size_t kSmem = 1024 + (size_t)kTile * (1 + 2 * kST) + 128;
+constexpr size_t kSmem = 1024 + (size_t)kTile * (1 + 2 * kST) + 128 + kBN * 4;  // + barriers, a tile's pool rows
 
 // The N-major descriptor of V's k steps (imm-trans-b): LBO the stride
 // between the two 64-column halves (N), SBO between 8-key groups (K)
@@ -255,21 +255,6 @@ __device__ __forceinline__ uint64_t desc_mn(uint32_t addr) {
   return d;
 }
 
-// wgmma_ss: d (+)= A·Bᵀ, both from shared memory (K-major); zero: d = A·Bᵀ.
-__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b, int acc) {
-#ifdef MK_WGMMA
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(a), "l"(b), "r"(acc));
-#endif
-}
-
 // wgmma_rs: d += A·B, A (64 × 16 bf16) from registers a, B (16 × 128) from
 // shared memory N-major (desc_mn).
 __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
@@ -282,6 +267,14 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4],
 #endif
 }
 
+// V2 (MK_FLASH_WG=2; written after the twenty-fifth pass's device time,
+// not yet run on a GPU): the producer looks a tile's pool rows up once
+// into shared memory and keeps to 40 registers, so the consumers get 232
+// (224 spilled with the two P arrays); P alternates between two register
+// arrays, because copying one into the other put register moves between
+// the wgmmas of a step and ptxas serialised them (warning C7513 on the
+// shipped version).
+template <bool V2>
 __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   extern __shared__ unsigned char fwg_raw[];
   unsigned char* base =
@@ -293,6 +286,7 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   uint64_t* fullV = fullK + kST;
   uint64_t* empty = fullV + kST;
   uint64_t* qfull = empty + kST;
+  int32_t* prow = reinterpret_cast<int32_t*>(reinterpret_cast<unsigned char*>(fullK) + 128);  // [kBN]
 
   const int h = blockIdx.x, b = blockIdx.y;
   const int tile = gridDim.z - 1 - blockIdx.z;  // heaviest (last) tiles first
@@ -321,7 +315,10 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   __syncthreads();
 
   if (wg == 0) {  // producer: thread wl copies chunk wl % 16 of rows wl / 16 + 8 i
-    mkwg::setmaxnreg_dec<56>();
+    if constexpr (V2)
+      mkwg::setmaxnreg_dec<40>();
+    else
+      mkwg::setmaxnreg_dec<56>();
     const int c = wl % 16, r0 = wl / 16;
     for (int i = 0; i < 16; i++) {
       const int r = r0 + 8 * i, qi = i0 + r;
@@ -330,33 +327,48 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
       cp_async16(sQ + toff(r, c), src, v ? 16 : 0);
     }
     mkwg::cp_async_arrive(qfull);
+    const bf16* kp = p.k + (int64_t)kvh * kD + 8 * c;
+    const bf16* vp = p.v + (int64_t)kvh * kD + 8 * c;
+    // lookup is key j's pool row, or -1 past the keys.
+    const auto lookup = [&](int j) -> int32_t {
+      return j > kmax ? -1
+             : p.block_size > 0 ? p.blocks[tb + j / p.block_size] * p.block_size + j % p.block_size
+                                : tb + j;
+    };
     for (int t = 0; t < ntiles; t++) {
       const int st = t % kST;
       if (t >= kST) mkwg::mbar_wait(&empty[st], ((t / kST) - 1) & 1);
-      // Pool rows of this thread's 16 keys (-1: past the keys), then its K
-      // and V chunks of them (the producer has 56 registers: setmaxnreg).
-      int32_t row[16];
-#pragma unroll
-      for (int i = 0; i < 16; i++) {
-        const int j = t * kBN + r0 + 8 * i;
-        row[i] = j > kmax ? -1
-                 : p.block_size > 0 ? p.blocks[tb + j / p.block_size] * p.block_size + j % p.block_size
-                                    : tb + j;
-      }
-      const bf16* kp = p.k + (int64_t)kvh * kD + 8 * c;
-      unsigned char* k = sK + st * kTile + toff(r0, c);
-#pragma unroll
-      for (int i = 0; i < 16; i++) {
-        const bool v = row[i] >= 0;
-        cp_async16(k + i * 8 * 128, v ? kp + (int64_t)row[i] * p.k_stride : p.k, v ? 16 : 0);
-      }
-      mkwg::cp_async_arrive(&fullK[st]);
-      const bf16* vp = p.v + (int64_t)kvh * kD + 8 * c;
+      unsigned char* k = sK + st * kTile + toff(r0, c);  // row r0 + 8 i is 8 i · 128 bytes on (same swizzle)
       unsigned char* vv = sV + st * kTile + toff(r0, c);
+      if constexpr (V2) {
+        // A tile's pool rows looked up once, a row a thread, into prow
+        // (named barrier 1 is the producer warpgroup's own); each copy
+        // reads its row from there.
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every producer thread is done with prow
+        prow[wl] = lookup(t * kBN + wl);
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");
+#pragma unroll 4
+        for (int i = 0; i < 16; i++) {
+          const int32_t row = prow[r0 + 8 * i];
+          cp_async16(k + i * 8 * 128, row >= 0 ? kp + (int64_t)row * p.k_stride : p.k, row >= 0 ? 16 : 0);
+        }
+        mkwg::cp_async_arrive(&fullK[st]);
+#pragma unroll 4
+        for (int i = 0; i < 16; i++) {
+          const int32_t row = prow[r0 + 8 * i];
+          cp_async16(vv + i * 8 * 128, row >= 0 ? vp + (int64_t)row * p.v_stride : p.v, row >= 0 ? 16 : 0);
+        }
+      } else {
+        int32_t row[16];  // this thread's 16 keys' pool rows (56 registers)
 #pragma unroll
-      for (int i = 0; i < 16; i++) {
-        const bool v = row[i] >= 0;
-        cp_async16(vv + i * 8 * 128, v ? vp + (int64_t)row[i] * p.v_stride : p.v, v ? 16 : 0);
+        for (int i = 0; i < 16; i++) row[i] = lookup(t * kBN + r0 + 8 * i);
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+          cp_async16(k + i * 8 * 128, row[i] >= 0 ? kp + (int64_t)row[i] * p.k_stride : p.k, row[i] >= 0 ? 16 : 0);
+        mkwg::cp_async_arrive(&fullK[st]);
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+          cp_async16(vv + i * 8 * 128, row[i] >= 0 ? vp + (int64_t)row[i] * p.v_stride : p.v, row[i] >= 0 ? 16 : 0);
       }
       mkwg::cp_async_arrive(&fullV[st]);
     }
@@ -364,7 +376,10 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
     return;
   }
 
-  mkwg::setmaxnreg_inc<224>();
+  if constexpr (V2)
+    mkwg::setmaxnreg_inc<232>();
+  else
+    mkwg::setmaxnreg_inc<224>();
   const int cw = wg - 1, warp = wl / 32, lane = tid % 32;
   // This thread's rows (of the CTA's 128): ra and ra + 8; its columns of
   // each 8-column group j: 8j + 2(lane % 4) + {0, 1}.
@@ -379,7 +394,6 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
 #pragma unroll
   for (int i = 0; i < 64; i++) o[i] = 0.f;
   float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;  // running max (raw scores) and partial sums
-  uint32_t pc[32];  // P of the tile whose P·V is next, as bf16 pairs: the A fragments of its 8 k steps
 
   // s_issue: S = Q·K(t) into s, committed, not waited for (after K(t)'s
   // full barrier).
@@ -391,12 +405,13 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
 #pragma unroll
     for (int kk = 0; kk < 8; kk++) {
       const uint32_t off = (uint32_t)(kk >> 2) * kHalf + (uint32_t)(kk & 3) * 32;
-      wgmma_ss(s, mkwg::desc(q0 + off), mkwg::desc(k0 + st * kTile + off), kk > 0);
+      mkwg::wgmma_n128(s, mkwg::desc(q0 + off), mkwg::desc(k0 + st * kTile + off), kk > 0);
     }
     mkwg::wgmma_commit();
   };
-  // pv_issue: O += P(t)·V(t) from pc, committed, not waited for.
-  auto pv_issue = [&](int t) {
+  // pv_issue: O += P(t)·V(t) from pc (P as bf16 pairs: the A fragments of
+  // its 8 k steps), committed, not waited for.
+  auto pv_issue = [&](int t, const uint32_t(&pc)[32]) {
     const int st = t % kST;
     mkwg::mbar_wait(&fullV[st], (t / kST) & 1);
     mkwg::fence_proxy_async();
@@ -464,32 +479,49 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
       o[4 * j + 3] *= cb;
     }
   };
-  mkwg::mbar_wait(qfull, 0);
-  {  // tile 0: S, softmax (O is zero: no scaling)
-    float s[64];
-    s_issue(s, 0);
-    mkwg::wgmma_wait0();
-    float ca, cb;
-    softmax(s, 0, pc, ca, cb);
-  }
   // Tile t: S(t) and P·V(t − 1) issued together, then tile t's softmax
-  // under P·V(t − 1); O is scaled once P·V(t − 1) is done; the stage of
-  // tile t − 1 goes back then.
-  for (int t = 1; t < ntiles; t++) {
+  // into pn under P·V(t − 1); O is scaled once P·V(t − 1) is done; the
+  // stage of tile t − 1 goes back then.
+  auto step = [&](int t, const uint32_t(&pc)[32], uint32_t(&pn)[32]) {
     float s[64];
-    uint32_t pn[32];
     s_issue(s, t);
-    pv_issue(t - 1);
+    pv_issue(t - 1, pc);
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S(t) done; P·V(t − 1) may run on
     float ca, cb;
     softmax(s, t, pn, ca, cb);
     mkwg::wgmma_wait0();
     if (wl == 0) mkwg::mbar_arrive(&empty[(t - 1) % kST]);
     scale_o(ca, cb);
-#pragma unroll
-    for (int i = 0; i < 32; i++) pc[i] = pn[i];
+  };
+  uint32_t pA[32], pB[32];  // P of a tile as bf16 pairs
+  mkwg::mbar_wait(qfull, 0);
+  {  // tile 0: S, softmax (O is zero: no scaling)
+    float s[64];
+    s_issue(s, 0);
+    mkwg::wgmma_wait0();
+    float ca, cb;
+    softmax(s, 0, pA, ca, cb);
   }
-  pv_issue(ntiles - 1);
+  if constexpr (V2) {  // P alternates between pA and pB: no copy between the wgmmas
+    int t = 1;
+    for (; t + 1 < ntiles; t += 2) {
+      step(t, pA, pB);
+      step(t + 1, pB, pA);
+    }
+    if (t < ntiles) {
+      step(t, pA, pB);
+      pv_issue(ntiles - 1, pB);
+    } else {
+      pv_issue(ntiles - 1, pA);
+    }
+  } else {  // tile t's P into pB, then copied to pA for the next step
+    for (int t = 1; t < ntiles; t++) {
+      step(t, pA, pB);
+#pragma unroll
+      for (int i = 0; i < 32; i++) pA[i] = pB[i];
+    }
+    pv_issue(ntiles - 1, pA);
+  }
   mkwg::wgmma_wait0();
   if (wl == 0) mkwg::mbar_arrive(&empty[(ntiles - 1) % kST]);
 
@@ -517,6 +549,12 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   }
 }
 
+// v2: MK_FLASH_WG=2 (read once) runs flash_wg<true> (not yet run on a GPU).
+bool v2() {
+  static const bool v = mk::env_is("MK_FLASH_WG", '2');
+  return v;
+}
+
 // on: flash_wg where it applies unless MK_FLASH_WG=0 (read once).
 bool on() {
   static const bool v = !mk::env_is("MK_FLASH_WG", '0');
@@ -532,14 +570,23 @@ bool fits(const Params& p, int head_dim, int v_head_dim) {
 int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
   static bool attr_set = false;  // the library runs on its one owning thread
   if (!attr_set) {
-    MK_CUDA(cudaFuncSetAttribute(flash_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
+    MK_CUDA(cudaFuncSetAttribute(flash_wg<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
     attr_set = true;
   }
   const int tiles = (max_q_len + kBM - 1) / kBM;
   MK_ARG(tiles <= 65535, "mk_flash_attn_bf16: max_q_len=%d needs %d query tiles of %d rows, more than 65535",
          max_q_len, tiles, kBM);
   dim3 grid(p.heads, batch, tiles);
-  flash_wg<<<grid, kThreadsWG, kSmem, st>>>(p);
+  if (v2()) {
+    static bool attr2 = false;
+    if (!attr2) {
+      MK_CUDA(cudaFuncSetAttribute(flash_wg<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
+      attr2 = true;
+    }
+    flash_wg<true><<<grid, kThreadsWG, kSmem, st>>>(p);
+  } else {
+    flash_wg<false><<<grid, kThreadsWG, kSmem, st>>>(p);
+  }
   MK_LAUNCHED("flash_wg");
   return MK_OK;
 }

@@ -222,6 +222,10 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 		echo "== flash attention tests with MK_FLASH_WG=0"
 		MK_FLASH_WG=0 run_each .dev/kernels.test "$LOGS/test_flash_mma.log" . 120 '^TestFlashAttention$' || status=1
 		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_flash_mma.log" | head -10
+		# flash_wg<true> (MK_FLASH_WG=2, opt-in until measured).
+		echo "== flash attention tests with MK_FLASH_WG=2"
+		MK_FLASH_WG=2 run_each .dev/kernels.test "$LOGS/test_flash_v2.log" . 120 '^TestFlashAttention$' || status=1
+		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_flash_v2.log" | head -10
 		# Decode routing with the align launch (MK_MOE_ROUTE_DIRECT=0, read
 		# once per process; by default ≤ 4 tokens' routing lays out its rows).
 		echo "== MoE kernel tests with MK_MOE_ROUTE_DIRECT=0"
