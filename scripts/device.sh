@@ -148,6 +148,18 @@ run_each() {
 	return "$rc"
 }
 
+# switch_test LOG PATTERN VAR=VALUE...: the kernel tests matching PATTERN
+# again, each in a process of its own (run_each), with the environment
+# switches given (the library reads them once per process); the log is
+# $LOGS/LOG.log, its failures and passes printed. Sets status on failure.
+switch_test() {
+	local log=$LOGS/$1.log pat=$2
+	shift 2
+	echo "== kernel tests $pat with $*"
+	(export "$@" && run_each .dev/kernels.test "$log" . 120 "$pat") || status=1
+	grep -E -- "--- FAIL|panic|^--- PASS" "$log" | head -10
+}
+
 # step NAME SECONDS CMD... runs one benchmark part unless MK_SKIP names it,
 # logging to $LOGS/NAME.log and noting its time.
 step() {
@@ -203,65 +215,42 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 	grep -E -- "--- FAIL|panic" "$LOGS/test.log" | head -40
 	echo "   took ${SECONDS}s"
 	# The GEMVs' register-fed kernel at M ≤ 2 (the weight-resident one is
-	# taken there where it fits): their tests again in a process of their own.
-	echo "== GEMV tests with MK_GEMV_SMEM=0"
-	MK_GEMV_SMEM=0 run_each .dev/kernels.test "$LOGS/test_gemv_reg.log" . 120 '^(TestGemvBF16|TestGemvBF16Multi|TestMoERouterF32|TestMoEGemvOneLaunchSameBits)$' || status=1
-	grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_gemv_reg.log" | head -10
-	# The MoE tests again under switches read once per process (each in
-	# processes of its own): ~7 minutes more; MK_SWITCH_TESTS=0 skips them,
-	# so that MK_MODE=test fits one 10-minute device call (2026-11-30: the
-	# whole of it took more than 560 s).
+	# taken there where it fits).
+	switch_test test_gemv_reg '^(TestGemvBF16|TestGemvBF16Multi|TestMoERouterF32|TestMoEGemvOneLaunchSameBits)$' MK_GEMV_SMEM=0
+	# The tests again under switches read once per process: ~7 minutes
+	# more; MK_SWITCH_TESTS=0 skips them, so that MK_MODE=test fits one
+	# 10-minute device call (2026-11-30: the whole of it took more than 560 s).
 	if [ "${MK_SWITCH_TESTS:-1}" = 1 ]; then
-		# The opt-in one-launch routing and align (MK_MOE_ROUTE_ALIGN=1, read
-		# once per process): the MoE tests again in a process of their own.
-		echo "== MoE kernel tests with MK_MOE_ROUTE_ALIGN=1"
-		MK_MOE_ROUTE_DIRECT=0 MK_MOE_ROUTE_ALIGN=1 run_each .dev/kernels.test "$LOGS/test_route_align.log" . 120 '^TestMoE(Experts|CombineAddRMSNorm)$' || status=1
-		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_route_align.log" | head -10
+		# The opt-in one-launch routing and align.
+		switch_test test_route_align '^TestMoE(Experts|CombineAddRMSNorm)$' MK_MOE_ROUTE_DIRECT=0 MK_MOE_ROUTE_ALIGN=1
 		# Prefill attention on the mma.sync kernel at head dims 128 too (the
-		# wgmma kernel, flash_wg, is the default there; MK_FLASH_WG=0, read once).
-		echo "== flash attention tests with MK_FLASH_WG=0"
-		MK_FLASH_WG=0 run_each .dev/kernels.test "$LOGS/test_flash_mma.log" . 120 '^TestFlashAttention$' || status=1
-		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_flash_mma.log" | head -10
-		# flash_wg<true> (MK_FLASH_WG=2, opt-in until measured).
-		echo "== flash attention tests with MK_FLASH_WG=2"
-		MK_FLASH_WG=2 run_each .dev/kernels.test "$LOGS/test_flash_v2.log" . 120 '^TestFlashAttention$' || status=1
-		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_flash_v2.log" | head -10
-		# Decode routing with the align launch (MK_MOE_ROUTE_DIRECT=0, read
-		# once per process; by default ≤ 4 tokens' routing lays out its rows).
-		echo "== MoE kernel tests with MK_MOE_ROUTE_DIRECT=0"
-		MK_MOE_ROUTE_DIRECT=0 run_each .dev/kernels.test "$LOGS/test_route_nodirect.log" . 120 '^TestMoE(Experts|WorkspaceReuse|CombineAddRMSNorm)$' || status=1
-		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_route_nodirect.log" | head -10
-		# The single-role wgmma grouped GEMM (MK_MOE_WGMMA=1; the default is the
-		# warp-specialised kernel): TestMoEExperts again in its own process.
-		echo "== MoE kernel tests with MK_MOE_WGMMA=1"
-		MK_MOE_WGMMA=1 run_each .dev/kernels.test "$LOGS/test_wgmma1.log" . 120 '^TestMoEExperts$' || status=1
-		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_wgmma1.log" | head -10
+		# wgmma kernel, flash_wg, is the default there).
+		switch_test test_flash_mma '^TestFlashAttention$' MK_FLASH_WG=0
+		# flash_wg<true> (opt-in until measured).
+		switch_test test_flash_v2 '^TestFlashAttention$' MK_FLASH_WG=2
+		# Decode routing with the align launch (by default ≤ 4 tokens'
+		# routing lays out its rows).
+		switch_test test_route_nodirect '^TestMoE(Experts|WorkspaceReuse|CombineAddRMSNorm)$' MK_MOE_ROUTE_DIRECT=0
+		# The single-role wgmma grouped GEMM (the default is the
+		# warp-specialised kernel).
+		switch_test test_wgmma1 '^TestMoEExperts$' MK_MOE_WGMMA=1
 		# GEMM1's rows copied into tile order and loaded by TMA: on by default
 		# only from intermediate 4096 (mkmoe::gather_by_copy), which the tests'
 		# shapes are below: forced on here for the grouped and fused kernels.
-		echo "== MoE kernel tests with MK_MOE_G1_TMA=1 MK_MOE_FUSED_COPY_LOCAL=1"
-		MK_MOE_G1_TMA=1 MK_MOE_FUSED_COPY_LOCAL=1 run_each .dev/kernels.test "$LOGS/test_copy_rows.log" . 120 \
-			'^TestMoE(Experts|FusedLayer|FusedWatchdog|FusedCapacity|FusedRankLocalStreams)$' || status=1
-		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_copy_rows.log" | head -10
-		# The grouped GEMM in clusters of two CTAs sharing weight tiles
-		# (MK_MOE_PAIR=1, off by default): with gathered and with TMA-loaded rows.
-		echo "== MoE kernel tests with MK_MOE_PAIR=1 (and with MK_MOE_G1_TMA=1)"
-		MK_MOE_PAIR=1 run_each .dev/kernels.test "$LOGS/test_pair.log" . 120 '^TestMoEExperts$' || status=1
-		MK_MOE_PAIR=1 MK_MOE_G1_TMA=1 run_each .dev/kernels.test "$LOGS/test_pair_tma.log" . 120 '^TestMoEExperts$' || status=1
-		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_pair.log" "$LOGS/test_pair_tma.log" | head -10
+		switch_test test_copy_rows '^TestMoE(Experts|FusedLayer|FusedWatchdog|FusedCapacity|FusedRankLocalStreams)$' \
+			MK_MOE_G1_TMA=1 MK_MOE_FUSED_COPY_LOCAL=1
+		# The grouped GEMM in clusters of two CTAs sharing weight tiles (off
+		# by default): with gathered and with TMA-loaded rows.
+		switch_test test_pair '^TestMoEExperts$' MK_MOE_PAIR=1
+		switch_test test_pair_tma '^TestMoEExperts$' MK_MOE_PAIR=1 MK_MOE_G1_TMA=1
 		# The other side of two more switches: bf16 return rows in the fused
-		# kernel (MK_MOE_FUSED_RET_BF16=1, off by default) and the grouped GEMM
-		# with one CTA per item at every reduction size (MK_MOE_PERSIST=0).
-		echo "== MoE kernel tests with MK_MOE_FUSED_RET_BF16=1 MK_MOE_PERSIST=0"
-		MK_MOE_FUSED_RET_BF16=1 MK_MOE_PERSIST=0 run_each .dev/kernels.test "$LOGS/test_ret_bf16.log" . 120 \
-			'^TestMoE(Experts|FusedLayer|FusedRankLocalStreams)$' || status=1
-		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_ret_bf16.log" | head -10
-		# GEMM2's reduction split forced on every mma.sync tile (MK_MOE_G2_SPLIT=4;
-		# by default only from I = 4096).
-		echo "== MoE kernel tests with MK_MOE_G2_SPLIT=4"
-		MK_MOE_G2_SPLIT=4 run_each .dev/kernels.test "$LOGS/test_split.log" . 120 \
-			'^TestMoE(Experts|FusedLayer)$' || status=1
-		grep -E -- "--- FAIL|panic|^--- PASS" "$LOGS/test_split.log" | head -10
+		# kernel (off by default) and the grouped GEMM with one CTA per item
+		# at every reduction size.
+		switch_test test_ret_bf16 '^TestMoE(Experts|FusedLayer|FusedRankLocalStreams)$' \
+			MK_MOE_FUSED_RET_BF16=1 MK_MOE_PERSIST=0
+		# GEMM2's reduction split forced on every mma.sync tile (by default
+		# only from I = 4096).
+		switch_test test_split '^TestMoE(Experts|FusedLayer)$' MK_MOE_G2_SPLIT=4
 	else
 		echo "== MoE switch tests skipped (MK_SWITCH_TESTS=0)"
 	fi
