@@ -3,7 +3,7 @@
 # time ran out (docs/PERF.md, "GPU, twenty-fifth pass", last section).
 # Delete or rewrite it once its results are in PERF.md. On the GPU machine,
 # from the repository root, with .dev/device.tar.xz carried (make
-# device-bins), one device call (~3 minutes):
+# device-bins), one device call (~4–5 minutes):
 #   1. build .dev/libmkernel.so;
 #   2. TestFlashAttention with MK_FLASH_WG=2 (flash_wg<true>: the producer's
 #      pool rows looked up once into shared memory, 40 / 232 registers, P
@@ -12,7 +12,10 @@
 #   3. bench attention, causal and non-causal, shipped (MK_FLASH_WG=1, the
 #      default) against MK_FLASH_WG=2, two rounds, and the mma.sync kernel
 #      (MK_FLASH_WG=0) once; torch SDPA for the same shapes;
-#   4. bench ring 16k R = 2 / 4 (its single_rank_ms is flash_wg).
+#   4. bench ring 16k R = 2 / 4 (its single_rank_ms is flash_wg);
+#   5. whole-model prefill of 8192 tokens (scripts/ab_model.sh PREFILL)
+#      with the mma.sync kernel, flash_wg and flash_wg<true>: what the
+#      attention kernels move end to end (never measured).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-.dev/out}
@@ -45,4 +48,8 @@ for v in 1 2; do
 	MK_FLASH_WG=$v timeout 60 .dev/mkserve bench ring --seq 16384 --ranks 2,4 --heads 32 --kv-heads 8 --head-dim 128 --causal --json 2>&1 |
 		grep -oE '"(ranks|ms|single_rank_ms|separate_ms)":[^,}]*' | paste -sd' '
 done
+echo "== prefill 8192 tokens, MK_FLASH_WG=0 / 1 / 2 (t=${SECONDS}s)"
+CONFIGS="qwen3-30b-a3b-8l mixtral-8x7b-4l" PREFILL=8192 STEPS=10 ROUNDS=2 \
+	VARIANTS="wg:MK_FLASH_WG=1 mma:MK_FLASH_WG=0 wg2:MK_FLASH_WG=2" \
+	timeout $((560 - SECONDS)) bash scripts/ab_model.sh 2>&1 | tail -8
 echo "done t=${SECONDS}s"
