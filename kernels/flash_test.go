@@ -208,7 +208,9 @@ func runFlash(t *testing.T, g *GPU, c flashCase, in *flashInputs) []float32 {
 // not, GQA, paged and contiguous keys, windows, sinks, head dims 16–256)
 // against a float64 reference. The head-dim-128 cases without a window or
 // sinks run on the wgmma kernel (flash_wg), or with MK_FLASH_WG=0
-// (scripts/device.sh runs it so too) on the mma.sync one.
+// (scripts/device.sh runs it so too) on the mma.sync one; with
+// MK_FLASH_WG=2 the wgmma kernel's second version takes every case of
+// head dims 64 or 128, windows and sinks included.
 func TestFlashAttention(t *testing.T) {
 	g := testGPU(t)
 	cases := []flashCase{
@@ -236,6 +238,10 @@ func TestFlashAttention(t *testing.T) {
 			kvHeads: 2, headDim: 128, vHeadDim: 128, blockSize: 16, out: F32},
 		{name: "d128_mha_causal_paged32_past", lens: []int{257, 383}, past: []int{129, 1000}, heads: 3, kvHeads: 3,
 			headDim: 128, vHeadDim: 128, blockSize: 32, causal: true, out: BF16},
+		{name: "d64_gqa8_gptoss_window128_sinks", lens: []int{700, 129, 5}, past: []int{300, 0, 1000}, heads: 16,
+			kvHeads: 2, headDim: 64, vHeadDim: 64, blockSize: 16, causal: true, window: 128, sinks: true, out: BF16},
+		{name: "d128_gqa4_window200_paged16", lens: []int{520, 77}, past: []int{0, 390}, heads: 8, kvHeads: 2,
+			headDim: 128, vHeadDim: 128, blockSize: 16, causal: true, window: 200, out: F32},
 		{name: "d128_gqa2_bigtiles_paged16", lens: []int{600, 300}, past: []int{0, 64}, heads: 32, kvHeads: 16,
 			headDim: 128, vHeadDim: 128, blockSize: 16, causal: true, sinks: true, out: F32},
 		{name: "d64_mha_bigtiles_contig", lens: []int{900}, past: []int{0}, heads: 40, kvHeads: 40,

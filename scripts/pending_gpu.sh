@@ -5,10 +5,12 @@
 # from the repository root, with .dev/device.tar.xz carried (make
 # device-bins), one device call (~4–5 minutes):
 #   1. build .dev/libmkernel.so;
-#   2. TestFlashAttention with MK_FLASH_WG=2 (flash_wg<true>: the producer's
-#      pool rows looked up once into shared memory, 40 / 232 registers, P
-#      alternating between two register arrays so that ptxas no longer
-#      serialises the wgmmas — warning C7513 on the shipped kernel);
+#   2. TestFlashAttention with MK_FLASH_WG=2 (flash_wg<D, true>: the
+#      producer's pool rows looked up once into shared memory, 40 / 232
+#      registers, P alternating between two register arrays so that ptxas
+#      no longer serialises the wgmmas — warning C7513 on the shipped
+#      kernel; and head dims 64, windows and sinks: every d-64 and d-128
+#      case of the test then runs on it);
 #   3. bench attention, causal and non-causal, shipped (MK_FLASH_WG=1, the
 #      default) against MK_FLASH_WG=2, two rounds, and the mma.sync kernel
 #      (MK_FLASH_WG=0) once; torch SDPA for the same shapes;
@@ -37,6 +39,14 @@ for r in 1 2; do
 			# shellcheck disable=SC2086
 			MK_FLASH_WG=$v timeout 60 .dev/mkserve bench attention $C $mode --json 2>&1 | grep -oE '"tflops":[^,}]*' | paste -sd' '
 		done
+	done
+done
+echo "== gpt-oss's shape (64 / 8 heads, d 64, sinks are not in bench attention), 4k / 16k, window 0 and 128"
+for v in 1 2; do
+	for w in 0 128; do
+		echo -n "MK_FLASH_WG=$v window $w: "
+		MK_FLASH_WG=$v timeout 60 .dev/mkserve bench attention --seq 4096,16384 --heads 64 --kv-heads 8 --head-dim 64 \
+			--causal --window "$w" --json 2>&1 | grep -oE '"tflops":[^,}]*' | paste -sd' '
 	done
 done
 echo "== torch SDPA (t=${SECONDS}s)"
