@@ -240,7 +240,7 @@ __host__ __device__ constexpr size_t smem_bytes(int D) { return 1024 + (size_t)t
 // The N-major descriptor of V's k steps (imm-trans-b): LBO the stride
 // between the two 64-column halves (N), SBO between 8-key groups (K)
 // (twenty-fifth pass: the other way round fails every test).
-constexpr uint32_t kLBO = kHalf, kSBO = 1024;
+__device__ __forceinline__ uint64_t desc_mn(uint32_t addr) { return mkwg::desc(addr, kHalf, 1024); }
 
 // toff is the byte offset of 16-byte chunk c (0..15: columns 8c..8c+7) of
 // row r in a 128 × 128 tile: half c / 8, chunk c % 8 swizzled by r % 8.
@@ -248,14 +248,6 @@ __device__ __forceinline__ uint32_t toff(int r, int c) {
   return (uint32_t)(c >> 3) * kHalf + (uint32_t)r * 128 + ((uint32_t)((c & 7) ^ (r & 7)) << 4);
 }
 
-__device__ __forceinline__ uint64_t desc_mn(uint32_t addr) {
-  uint64_t d = 0;
-  d |= (uint64_t)((addr & 0x3FFFF) >> 4);
-  d |= (uint64_t)((kLBO >> 4) & 0x3FFF) << 16;
-  d |= (uint64_t)((kSBO >> 4) & 0x3FFF) << 32;
-  d |= (uint64_t)1 << 62;  // 128-byte swizzle
-  return d;
-}
 
 // wgmma_rs: d += A·B, A (64 × 16 bf16) from registers a, B (16 × N) from
 // shared memory N-major (desc_mn); N = 128 (d[64]) or 64 (d[32]).
@@ -592,17 +584,15 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   }
 }
 
-// v2: MK_FLASH_WG=2 (read once) runs flash_wg<D, true> (not yet run on a GPU).
-bool v2() {
-  static const bool v = mk::env_is("MK_FLASH_WG", '2');
-  return v;
+// mode is MK_FLASH_WG (read once): 0 the mma.sync kernel everywhere, 1
+// (the default) flash_wg<128, false> where it applies, 2 flash_wg<D, true>
+// (not yet run on a GPU).
+int mode() {
+  static const int m = mk::env_is("MK_FLASH_WG", '0') ? 0 : mk::env_is("MK_FLASH_WG", '2') ? 2 : 1;
+  return m;
 }
-
-// on: flash_wg where it applies unless MK_FLASH_WG=0 (read once).
-bool on() {
-  static const bool v = !mk::env_is("MK_FLASH_WG", '0');
-  return v;
-}
+bool on() { return mode() != 0; }
+bool v2() { return mode() == 2; }
 
 // fits reports whether flash_wg takes a call: 16-byte rows (p.vec,
 // p.ovec) and head dims 128/128 without a window or sinks; with V2 also

@@ -23,14 +23,17 @@ namespace mkwg {
 #define MK_WGMMA 1
 #endif
 
-// desc is the wgmma shared-memory descriptor of a K-major tile at smem
-// address addr (1024-aligned atom base + k offset): 128B swizzle, SBO 1024.
-__device__ __forceinline__ uint64_t desc(uint32_t addr) {
+// desc is the wgmma shared-memory descriptor of a tile at smem address
+// addr (1024-aligned atom base + k offset), 128B swizzle. K-major (the
+// default): LBO unused, SBO 1024 (8 rows × 128 bytes). N-major (an
+// imm-trans-b operand): lbo the bytes between 64-column groups (N), sbo
+// between 8-row groups (K).
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo = 16, uint32_t sbo = 1024) {
   uint64_t d = 0;
   d |= (uint64_t)((addr & 0x3FFFF) >> 4);
-  d |= (uint64_t)1 << 16;                 // LBO (unused for swizzled K-major)
-  d |= (uint64_t)(1024 >> 4) << 32;       // SBO: 8 rows × 128 bytes
-  d |= (uint64_t)1 << 62;                 // 128-byte swizzle
+  d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
+  d |= (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
+  d |= (uint64_t)1 << 62;  // 128-byte swizzle
   return d;
 }
 
