@@ -25,6 +25,7 @@
 #include <cmath>
 
 #include "attn_tile.cuh"
+#include "flash_wg.cuh"
 #include "wgmma.cuh"
 
 namespace {
@@ -224,83 +225,13 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
 // causal, 32 / 8 heads: 212 / 351 / 407 TFLOP/s at 1k / 4k / 16k against
 // the mma.sync kernel's 157 / 294 / 332 (docs/PERF.md, twenty-fifth pass;
 // FlashAttention-3's ping-pong of the two consumers measured 5–6 % slower
-// and is not used).
+// and is not used). The producer's copies and the consumers' loop are
+// flash_wg.cuh's (ring.cu's ring_wg runs the same ones).
 namespace fwg {
 
-// kST = 3: a tile's stage goes back only once P·V of it is done (in the
-// next tile's step), so 2 stages left the producer one tile behind
-// (twenty-fifth pass: 307 against 407 TFLOP/s at 16k).
-constexpr int kBM = 128, kBN = 128, kST = 3, kThreadsWG = 384;
-constexpr uint32_t kHalf = 128 * 128;  // bytes of a 128-row tile's 64-column half
-// tile_bytes is a 128-row tile of head dim D (64 or 128): D / 64 halves.
-__host__ __device__ constexpr uint32_t tile_bytes(int D) { return (uint32_t)(D / 64) * kHalf; }
-// smem_bytes: alignment slack, Q, kST K and V tiles, barriers, a tile's pool rows.
-__host__ __device__ constexpr size_t smem_bytes(int D) { return 1024 + (size_t)tile_bytes(D) * (1 + 2 * kST) + 128 + kBN * 4; }
-
-// The N-major descriptor of V's k steps (imm-trans-b): LBO the stride
-// between the two 64-column halves (N), SBO between 8-key groups (K)
-// (twenty-fifth pass: the other way round fails every test).
-__device__ __forceinline__ uint64_t desc_mn(uint32_t addr) { return mkwg::desc(addr, kHalf, 1024); }
-
-// toff is the byte offset of 16-byte chunk c (0..15: columns 8c..8c+7) of
-// row r in a 128 × 128 tile: half c / 8, chunk c % 8 swizzled by r % 8.
-__device__ __forceinline__ uint32_t toff(int r, int c) {
-  return (uint32_t)(c >> 3) * kHalf + (uint32_t)r * 128 + ((uint32_t)((c & 7) ^ (r & 7)) << 4);
-}
-
-
-// wgmma_rs: d += A·B, A (64 × 16 bf16) from registers a, B (16 × N) from
-// shared memory N-major (desc_mn); N = 128 (d[64]) or 64 (d[32]).
-__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-#ifdef MK_WGMMA
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, 1, 1, 1, 1;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-#endif
-}
-__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-#ifdef MK_WGMMA
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, 1;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-#endif
-}
-
-// V2 (MK_FLASH_WG=2; written after the twenty-fifth pass's device time,
-// not yet run on a GPU): the producer looks a tile's pool rows up once
-// into shared memory and keeps to 40 registers, so the consumers get 232
-// (224 spilled with the two P arrays); P alternates between two register
-// arrays, because copying one into the other put register moves between
-// the wgmmas of a step and ptxas serialised them (warning C7513 on the
-// shipped version). V2 also takes head dims 64/64, sliding windows and
-// sinks (gpt-oss): tiles before a CTA's window are skipped, keys before a
-// row's window masked, and exp(sink − max) joins each row's denominator.
-// D is the head dim (and value head dim): 128, or 64 with V2.
-template <int D, bool V2>
 __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
-  static_assert(D == 128 || (D == 64 && V2), "flash_wg: head dims 128, or 64 with V2");
-  constexpr uint32_t kTile = tile_bytes(D);
-  constexpr int CPR = D / 8;      // 16-byte chunks a row
-  constexpr int RP = 128 / CPR;   // rows a producer pass covers (8 or 16)
-  constexpr int NP = kBN / RP;    // passes a tile (16 or 8)
-  constexpr int KS = D / 16;      // k steps of S = Q·Kᵀ
-  constexpr int NO = D / 2;       // O accumulators a thread
   extern __shared__ unsigned char fwg_raw[];
-  unsigned char* base =
-      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(fwg_raw) + 1023) & ~uintptr_t(1023));
-  unsigned char* sQ = base;                    // [D / 64 halves][128 rows][128 B]
-  unsigned char* sK = sQ + kTile;              // kST tiles
-  unsigned char* sV = sK + kST * kTile;        // kST tiles
-  uint64_t* fullK = reinterpret_cast<uint64_t*>(sV + kST * kTile);
-  uint64_t* fullV = fullK + kST;
-  uint64_t* empty = fullV + kST;
-  uint64_t* qfull = empty + kST;
-  int32_t* prow = reinterpret_cast<int32_t*>(reinterpret_cast<unsigned char*>(fullK) + 128);  // [kBN]
-
+  const Smem s = carve(fwg_raw);
   const int h = blockIdx.x, b = blockIdx.y;
   const int tile = gridDim.z - 1 - blockIdx.z;  // heaviest (last) tiles first
   const int qs = p.q_start[b];
@@ -312,270 +243,62 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   const int kvh = h / p.group;
   const int iend = min(i0 + kBM, L);
   const int kmax = p.causal ? P + iend - 1 : nk - 1;
-  // The window (V2, causal): the CTA's first row sees keys from P + i0 −
-  // window + 1, so the tiles before that one are never loaded.
-  const int win = V2 && p.causal ? p.window : 0;
-  const int kmin = win > 0 ? max(0, P + i0 - win + 1) : 0;
-  const int t0 = kmin / kBN;               // first key tile
-  const int ntiles = kmax / kBN + 1 - t0;  // tiles t0 .. t0 + ntiles − 1; g = t − t0 counts them
+  const int ntiles = kmax / kBN + 1;
   const int tb = p.table[b];
 
   const int tid = threadIdx.x, wg = tid / 128, wl = tid % 128;
-  if (tid == 0) {
-    for (int s = 0; s < kST; s++) {
-      mkwg::mbar_init(&fullK[s], 128);  // the producer's 128 cp.async arrivals
-      mkwg::mbar_init(&fullV[s], 128);
-      mkwg::mbar_init(&empty[s], 2);    // one arrival a consumer warpgroup
-    }
-    mkwg::mbar_init(qfull, 128);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (tid == 0) init_barriers(s, 0);
   __syncthreads();
 
-  if (wg == 0) {  // producer: thread wl copies chunk wl % CPR of rows wl / CPR + RP i
-    if constexpr (V2 && D == 128)
-      mkwg::setmaxnreg_dec<40>();
-    else
-      mkwg::setmaxnreg_dec<56>();
-    const int c = wl % CPR, r0 = wl / CPR;
-    for (int i = 0; i < NP; i++) {
-      const int r = r0 + RP * i, qi = i0 + r;
-      const bool v = qi < iend;
-      const bf16* src = v ? p.q + (int64_t)(qs + qi) * p.q_stride + (int64_t)h * D + 8 * c : p.q;
-      cp_async16(sQ + toff(r, c), src, v ? 16 : 0);
-    }
-    mkwg::cp_async_arrive(qfull);
-    const bf16* kp = p.k + (int64_t)kvh * D + 8 * c;
-    const bf16* vp = p.v + (int64_t)kvh * D + 8 * c;
-    // lookup is key j's pool row, or -1 outside [kmin, kmax].
-    const auto lookup = [&](int j) -> int32_t {
-      return j > kmax || (V2 && j < kmin) ? -1
-             : p.block_size > 0 ? p.blocks[tb + j / p.block_size] * p.block_size + j % p.block_size
-                                : tb + j;
-    };
-    for (int g = 0; g < ntiles; g++) {
-      const int st = g % kST, t = t0 + g;
-      if (g >= kST) mkwg::mbar_wait(&empty[st], ((g / kST) - 1) & 1);
-      unsigned char* k = sK + st * kTile + toff(r0, c);  // row r0 + RP i is RP i · 128 bytes on (same swizzle)
-      unsigned char* vv = sV + st * kTile + toff(r0, c);
-      if constexpr (V2) {
-        // A tile's pool rows looked up once, a row a thread, into prow
-        // (named barrier 1 is the producer warpgroup's own); each copy
-        // reads its row from there.
-        asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every producer thread is done with prow
-        prow[wl] = lookup(t * kBN + wl);
-        asm volatile("bar.sync 1, 128;\n" ::: "memory");
-#pragma unroll 4
-        for (int i = 0; i < NP; i++) {
-          const int32_t row = prow[r0 + RP * i];
-          cp_async16(k + i * RP * 128, row >= 0 ? kp + (int64_t)row * p.k_stride : p.k, row >= 0 ? 16 : 0);
-        }
-        mkwg::cp_async_arrive(&fullK[st]);
-#pragma unroll 4
-        for (int i = 0; i < NP; i++) {
-          const int32_t row = prow[r0 + RP * i];
-          cp_async16(vv + i * RP * 128, row >= 0 ? vp + (int64_t)row * p.v_stride : p.v, row >= 0 ? 16 : 0);
-        }
-      } else {
-        int32_t row[NP];  // this thread's keys' pool rows (56 registers)
+  if (wg == 0) {  // producer
+    mkwg::setmaxnreg_dec<56>();
+    load_q(s, wl, [&](int r) -> const bf16* {
+      const int qi = i0 + r;
+      return qi < iend ? p.q + (int64_t)(qs + qi) * p.q_stride + (int64_t)h * kD : nullptr;
+    }, p.q);
+    const bf16* kp = p.k + (int64_t)kvh * kD;
+    const bf16* vp = p.v + (int64_t)kvh * kD;
+    const int r0 = wl / 16;
+    for (int t = 0; t < ntiles; t++) {
+      const int st = t % kST;
+      wait_empty(s, t);
+      int32_t row[16];  // this thread's keys' pool rows, -1 past kmax
 #pragma unroll
-        for (int i = 0; i < NP; i++) row[i] = lookup(t * kBN + r0 + RP * i);
-#pragma unroll
-        for (int i = 0; i < NP; i++)
-          cp_async16(k + i * RP * 128, row[i] >= 0 ? kp + (int64_t)row[i] * p.k_stride : p.k, row[i] >= 0 ? 16 : 0);
-        mkwg::cp_async_arrive(&fullK[st]);
-#pragma unroll
-        for (int i = 0; i < NP; i++)
-          cp_async16(vv + i * RP * 128, row[i] >= 0 ? vp + (int64_t)row[i] * p.v_stride : p.v, row[i] >= 0 ? 16 : 0);
+      for (int i = 0; i < 16; i++) {
+        const int j = t * kBN + r0 + 8 * i;
+        row[i] = j > kmax ? -1
+                 : p.block_size > 0 ? p.blocks[tb + j / p.block_size] * p.block_size + j % p.block_size
+                                    : tb + j;
       }
-      mkwg::cp_async_arrive(&fullV[st]);
+      copy_k(s, st, wl, kp, p.k_stride, row);
+      copy_v(s, st, wl, vp, p.v_stride, row);
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
   }
 
-  if constexpr (V2 && D == 128)  // 40 / 232: the consumers' two P arrays and 64 O values
-    mkwg::setmaxnreg_inc<232>();
-  else
-    mkwg::setmaxnreg_inc<224>();
-  const int cw = wg - 1, warp = wl / 32, lane = tid % 32;
-  // This thread's rows (of the CTA's 128): ra and ra + 8; its columns of
-  // each 8-column group j: 8j + 2(lane % 4) + {0, 1}.
-  const int ra = cw * 64 + warp * 16 + lane / 4;
-  const int posa = P + i0 + ra, posb = posa + 8;
+  mkwg::setmaxnreg_inc<224>();
+  const int cw = wg - 1, lane = tid % 32;
+  const int ra = cw * 64 + (wl / 32) * 16 + lane / 4;  // this thread's rows: ra and ra + 8
+  Acc a;
+  consume(s, 0, ntiles, 0, [&](int g, int, int& kb, int& kend) {
+    kb = g * kBN;
+    kend = nk;
+  }, P + i0 + ra, p.causal, 0, p.scale_log2, cw, wl, a);
+
+  // O / l, rows ra and ra + 8 (stored where they are real).
+  const float ia = 1.f / a.la, ib = 1.f / a.lb;
   const int cl = 2 * (lane % 4);
-  const uint32_t q0 = mkwg::sm_addr(sQ) + (uint32_t)cw * 64 * 128;
-  const uint32_t k0 = mkwg::sm_addr(sK), v0 = mkwg::sm_addr(sV);
-  const float sl2 = p.scale_log2;
-
-  float o[NO];
-#pragma unroll
-  for (int i = 0; i < NO; i++) o[i] = 0.f;
-  float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;  // running max (raw scores) and partial sums
-
-  // s_issue: S = Q·K(g) into s, committed, not waited for (after K(g)'s
-  // full barrier).
-  auto s_issue = [&](float(&s)[64], int g) {
-    const int st = g % kST;
-    mkwg::mbar_wait(&fullK[st], (g / kST) & 1);
-    mkwg::fence_proxy_async();  // cp.async copies (generic proxy) before the wgmmas' reads (async proxy)
-    mkwg::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KS; kk++) {
-      const uint32_t off = (uint32_t)(kk >> 2) * kHalf + (uint32_t)(kk & 3) * 32;
-      mkwg::wgmma_n128(s, mkwg::desc(q0 + off), mkwg::desc(k0 + st * kTile + off), kk > 0);
-    }
-    mkwg::wgmma_commit();
-  };
-  // pv_issue: O += P(g)·V(g) from pc (P as bf16 pairs: the A fragments of
-  // its 8 k steps), committed, not waited for.
-  auto pv_issue = [&](int g, const uint32_t(&pc)[32]) {
-    const int st = g % kST;
-    mkwg::mbar_wait(&fullV[st], (g / kST) & 1);
-    mkwg::fence_proxy_async();
-    mkwg::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < 8; ks++) {
-      const uint32_t a[4] = {pc[4 * ks], pc[4 * ks + 1], pc[4 * ks + 2], pc[4 * ks + 3]};
-      wgmma_rs(o, a, desc_mn(v0 + st * kTile + (uint32_t)ks * 16 * 128));
-    }
-    mkwg::wgmma_commit();
-  };
-  // softmax: masks tile g's scores s, raises the running max, writes P to
-  // pn and returns the factors (ca, cb) O must be scaled by before P·V(g)
-  // adds to it; l is scaled by them here.
-  auto softmax = [&](float(&s)[64], int g, uint32_t(&pn)[32], float& ca, float& cb) {
-    const int kb = (t0 + g) * kBN;
-    const int lim = kb + kBN - 1;
-    const int pmin = P + i0 + cw * 64;  // the warpgroup's first row position
-    if (lim > kmax || (p.causal && lim > pmin) || (win > 0 && kb <= pmin + 63 - win)) {
-#pragma unroll
-      for (int j = 0; j < 16; j++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int key = kb + 8 * j + cl + (e & 1);
-          const int pos = (e & 2) ? posb : posa;
-          if (key >= nk || (p.causal && key > pos) || (win > 0 && key <= pos - win)) s[4 * j + e] = -INFINITY;
-        }
-      }
-    }
-    float xa = -INFINITY, xb = -INFINITY;  // the rows' max over this tile (4 lanes a row)
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-      xa = fmaxf(xa, fmaxf(s[4 * j], s[4 * j + 1]));
-      xb = fmaxf(xb, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-    }
-    xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
-    xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
-    xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
-    xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
-    const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
-    const float ra_ = na == -INFINITY ? 0.f : na * sl2, rb_ = nb == -INFINITY ? 0.f : nb * sl2;
-    ca = ma == -INFINITY ? 0.f : ex2(ma * sl2 - ra_);
-    cb = mb == -INFINITY ? 0.f : ex2(mb * sl2 - rb_);
-    ma = na;
-    mb = nb;
-    la *= ca;
-    lb *= cb;
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-      const float p0 = ex2(fmaf(s[4 * j], sl2, -ra_)), p1 = ex2(fmaf(s[4 * j + 1], sl2, -ra_));
-      const float p2 = ex2(fmaf(s[4 * j + 2], sl2, -rb_)), p3 = ex2(fmaf(s[4 * j + 3], sl2, -rb_));
-      la += p0 + p1;
-      lb += p2 + p3;
-      // k step j / 2: a0 (row a, columns 0-7 of its 16) and a1 (row b)
-      // from group 2·ks, a2 / a3 from group 2·ks + 1.
-      pn[(j >> 1) * 4 + (j & 1) * 2] = pack_bf16(p0, p1);
-      pn[(j >> 1) * 4 + (j & 1) * 2 + 1] = pack_bf16(p2, p3);
-    }
-  };
-  auto scale_o = [&](float ca, float cb) {
-#pragma unroll
-    for (int j = 0; j < NO / 4; j++) {
-      o[4 * j] *= ca;
-      o[4 * j + 1] *= ca;
-      o[4 * j + 2] *= cb;
-      o[4 * j + 3] *= cb;
-    }
-  };
-  // Tile g: S(g) and P·V(g − 1) issued together, then tile g's softmax
-  // into pn under P·V(g − 1); O is scaled once P·V(g − 1) is done; the
-  // stage of tile g − 1 goes back then.
-  auto step = [&](int g, const uint32_t(&pc)[32], uint32_t(&pn)[32]) {
-    float s[64];
-    s_issue(s, g);
-    pv_issue(g - 1, pc);
-    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S(g) done; P·V(g − 1) may run on
-    float ca, cb;
-    softmax(s, g, pn, ca, cb);
-    mkwg::wgmma_wait0();
-    if (wl == 0) mkwg::mbar_arrive(&empty[(g - 1) % kST]);
-    scale_o(ca, cb);
-  };
-  uint32_t pA[32], pB[32];  // P of a tile as bf16 pairs
-  mkwg::mbar_wait(qfull, 0);
-  {  // tile 0: S, softmax (O is zero: no scaling)
-    float s[64];
-    s_issue(s, 0);
-    mkwg::wgmma_wait0();
-    float ca, cb;
-    softmax(s, 0, pA, ca, cb);
-  }
-  if constexpr (V2) {  // P alternates between pA and pB: no copy between the wgmmas
-    int g = 1;
-    for (; g + 1 < ntiles; g += 2) {
-      step(g, pA, pB);
-      step(g + 1, pB, pA);
-    }
-    if (g < ntiles) {
-      step(g, pA, pB);
-      pv_issue(ntiles - 1, pB);
-    } else {
-      pv_issue(ntiles - 1, pA);
-    }
-  } else {  // tile g's P into pB, then copied to pA for the next step
-    for (int g = 1; g < ntiles; g++) {
-      step(g, pA, pB);
-#pragma unroll
-      for (int i = 0; i < 32; i++) pA[i] = pB[i];
-    }
-    pv_issue(ntiles - 1, pA);
-  }
-  mkwg::wgmma_wait0();
-  if (wl == 0) mkwg::mbar_arrive(&empty[(ntiles - 1) % kST]);
-
-  // O / l, rows ra and ra + 8 of the CTA's (stored where they are real);
-  // a sink (V2) joins the denominator as exp(sink − max).
-  la += __shfl_xor_sync(0xffffffffu, la, 1);
-  la += __shfl_xor_sync(0xffffffffu, la, 2);
-  lb += __shfl_xor_sync(0xffffffffu, lb, 1);
-  lb += __shfl_xor_sync(0xffffffffu, lb, 2);
-  float fa = 1.f, fb = 1.f;  // O's factor when the sink exceeds the row's max
-  if (V2 && p.sinks != nullptr) {
-    const float sk = p.sinks[h] * kLog2e;
-    const auto join = [&](float m, float& l, float& f) {
-      const float r = m == -INFINITY ? -INFINITY : m * sl2;
-      if (sk > r) {  // the sink is the max: rescale the keys' sum and O to it
-        f = r == -INFINITY ? 0.f : ex2(r - sk);
-        l = l * f + 1.f;
-      } else {
-        l += ex2(sk - r);
-      }
-    };
-    join(ma, la, fa);
-    join(mb, lb, fb);
-  }
-  const float ia = fa / la, ib = fb / lb;
 #pragma unroll
   for (int hh = 0; hh < 2; hh++) {
     const int qi = i0 + ra + 8 * hh;
     if (qi >= iend) continue;
     const float inv = hh ? ib : ia;
-    const int64_t obase = (int64_t)(qs + qi) * p.o_stride + (int64_t)h * D;
+    const int64_t obase = (int64_t)(qs + qi) * p.o_stride + (int64_t)h * kD;
 #pragma unroll
-    for (int j = 0; j < NO / 4; j++) {
+    for (int j = 0; j < 16; j++) {
       const int col = 8 * j + cl;
-      const float x0 = o[4 * j + 2 * hh] * inv, x1 = o[4 * j + 2 * hh + 1] * inv;
+      const float x0 = a.o[4 * j + 2 * hh] * inv, x1 = a.o[4 * j + 2 * hh + 1] * inv;
       if (p.out_f32)
         *reinterpret_cast<float2*>(static_cast<float*>(p.out) + obase + col) = make_float2(x0, x1);
       else
@@ -584,44 +307,31 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   }
 }
 
-// mode is MK_FLASH_WG (read once): 0 the mma.sync kernel everywhere, 1
-// (the default) flash_wg<128, false> where it applies, 2 flash_wg<D, true>
-// (not yet run on a GPU).
-int mode() {
-  static const int m = mk::env_is("MK_FLASH_WG", '0') ? 0 : mk::env_is("MK_FLASH_WG", '2') ? 2 : 1;
+// on reports MK_FLASH_WG (read once): 0 the mma.sync kernel everywhere,
+// else (the default) flash_wg where it applies.
+bool on() {
+  static const bool m = !mk::env_is("MK_FLASH_WG", '0');
   return m;
 }
-bool on() { return mode() != 0; }
-bool v2() { return mode() == 2; }
 
 // fits reports whether flash_wg takes a call: 16-byte rows (p.vec,
-// p.ovec) and head dims 128/128 without a window or sinks; with V2 also
-// 64/64, windows and sinks.
+// p.ovec) and head dims 128/128 without a window or sinks.
 bool fits(const Params& p, int head_dim, int v_head_dim) {
-  if (!p.vec || !p.ovec || head_dim != v_head_dim) return false;
-  if (v2()) return head_dim == 128 || head_dim == 64;
-  return head_dim == 128 && p.window == 0 && p.sinks == nullptr;
+  return p.vec && p.ovec && head_dim == 128 && v_head_dim == 128 && p.window == 0 && p.sinks == nullptr;
 }
 
-template <int D, bool V2>
-int launch_d(const Params& p, dim3 grid, cudaStream_t st) {
-  static bool attr_set = false;  // per instantiation; the library runs on its one owning thread
-  if (!attr_set) {
-    MK_CUDA(cudaFuncSetAttribute(flash_wg<D, V2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes(D)));
-    attr_set = true;
-  }
-  flash_wg<D, V2><<<grid, kThreadsWG, smem_bytes(D), st>>>(p);
-  MK_LAUNCHED("flash_wg");
-  return MK_OK;
-}
-
-int launch(const Params& p, int head_dim, int batch, int max_q_len, cudaStream_t st) {
+int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
   const int tiles = (max_q_len + kBM - 1) / kBM;
   MK_ARG(tiles <= 65535, "mk_flash_attn_bf16: max_q_len=%d needs %d query tiles of %d rows, more than 65535",
          max_q_len, tiles, kBM);
-  const dim3 grid(p.heads, batch, tiles);
-  if (!v2()) return launch_d<128, false>(p, grid, st);
-  return head_dim == 64 ? launch_d<64, true>(p, grid, st) : launch_d<128, true>(p, grid, st);
+  static bool attr_set = false;  // the library runs on its one owning thread
+  if (!attr_set) {
+    MK_CUDA(cudaFuncSetAttribute(flash_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
+    attr_set = true;
+  }
+  flash_wg<<<dim3(p.heads, batch, tiles), kThreadsWG, kSmem, st>>>(p);
+  MK_LAUNCHED("flash_wg");
+  return MK_OK;
 }
 
 }  // namespace fwg
@@ -692,7 +402,7 @@ extern "C" MK_API int32_t mk_flash_attn_bf16(uint64_t stream, uint64_t out, int3
   p.scale_log2 = scale * 1.4426950408889634f;
 
   cudaStream_t st = mk::as_stream(stream);
-  if (fwg::on() && fwg::fits(p, head_dim, v_head_dim)) return fwg::launch(p, head_dim, batch, max_q_len, st);
+  if (fwg::on() && fwg::fits(p, head_dim, v_head_dim)) return fwg::launch(p, batch, max_q_len, st);
   int d = pad_dim(head_dim), dv = pad_dim(v_head_dim);
   if (d == 192 && dv <= 128) dv = 128;
   else if (d != dv) d = dv = d > dv ? d : dv;

@@ -208,9 +208,7 @@ func runFlash(t *testing.T, g *GPU, c flashCase, in *flashInputs) []float32 {
 // not, GQA, paged and contiguous keys, windows, sinks, head dims 16–256)
 // against a float64 reference. The head-dim-128 cases without a window or
 // sinks run on the wgmma kernel (flash_wg), or with MK_FLASH_WG=0
-// (scripts/device.sh runs it so too) on the mma.sync one; with
-// MK_FLASH_WG=2 the wgmma kernel's second version takes every case of
-// head dims 64 or 128, windows and sinks included.
+// (scripts/device.sh runs it so too) on the mma.sync one.
 func TestFlashAttention(t *testing.T) {
 	g := testGPU(t)
 	cases := []flashCase{

@@ -18,6 +18,10 @@
 // attend_tile (flash.cu's too), run over one contiguous key span at a time
 // with the CTA-uniform values in shared memory (SpanSh).
 //
+// At head dims 128/128 the gather mode, one rank alone and the separate
+// baseline's steps run on ring_wg instead (flash_wg's CTA: wgmma, 128-row
+// tiles of one head; see its comment); MK_RING_WG=0 keeps them here.
+//
 // Gather mode (mode 2, mk_ring_attn_gather_bf16): every rank has a receive
 // slot per step (kb[0] / vb[0] hold gcap rows per step 1..R-1), so no
 // buffer is rewritten during the call: compute CTAs take whole slots from
@@ -88,6 +92,7 @@
 #include <cstring>
 
 #include "attn_tile.cuh"
+#include "flash_wg.cuh"
 
 #include "sysflag.cuh"
 
@@ -158,6 +163,10 @@ struct Params {
   int* rem_in;      // me's remote flags (its own workspace)
   int* rem_next;    // rank me+1's remote flags (mapped): arr written here
   int* rem_prev;    // rank me−1's remote flags (mapped): rel written here
+  // ring_wg (modes 1 and 2 at head dims 128/128): 128-row query tiles per
+  // rank and span, and the most per rank.
+  int wtc[kMaxRanks][2];
+  int wtmax;
 };
 static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
 
@@ -260,6 +269,7 @@ constexpr int kCopyDepth = 8;
 // copy_part copies part `part` of `parts` of n bytes from src to dst through
 // L2 (16-byte accesses when both are 16-byte aligned, else 2-byte ones).
 __device__ void copy_part(char* dst, const char* src, int64_t n, int part, int parts) {
+  const int nt = blockDim.x;  // 128 (ring_kernel) or 384 (ring_wg)
   const bool v16 = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0;
   if (v16) {
     const int64_t n16 = n / 16;
@@ -270,23 +280,23 @@ __device__ void copy_part(char* dst, const char* src, int64_t n, int part, int p
     int64_t i = lo + threadIdx.x;
     // kCopyDepth 16-byte loads in flight per thread: a comm CTA's copy is
     // bound by the bytes it keeps in flight (latency × rate).
-    for (; i + (kCopyDepth - 1) * kThreads < hi; i += kCopyDepth * kThreads) {
+    for (; i + (kCopyDepth - 1) * nt < hi; i += kCopyDepth * nt) {
       uint4 x[kCopyDepth];
 #pragma unroll
-      for (int u = 0; u < kCopyDepth; ++u) x[u] = __ldcg(s + i + u * kThreads);
+      for (int u = 0; u < kCopyDepth; ++u) x[u] = __ldcg(s + i + u * nt);
 #pragma unroll
-      for (int u = 0; u < kCopyDepth; ++u) __stcg(d + i + u * kThreads, x[u]);
+      for (int u = 0; u < kCopyDepth; ++u) __stcg(d + i + u * nt, x[u]);
     }
-    for (; i < hi; i += kThreads) __stcg(d + i, __ldcg(s + i));
+    for (; i < hi; i += nt) __stcg(d + i, __ldcg(s + i));
     if (part == parts - 1)
-      for (int64_t b = n16 * 16 + threadIdx.x; b < n; b += kThreads) dst[b] = __ldcg(src + b);
+      for (int64_t b = n16 * 16 + threadIdx.x; b < n; b += nt) dst[b] = __ldcg(src + b);
   } else {
     const int64_t n2 = n / 2;
     const int64_t per = (n2 + parts - 1) / parts;
     const int64_t lo = per * part, hi = min(n2, lo + per);
     const unsigned short* s = reinterpret_cast<const unsigned short*>(src);
     unsigned short* d = reinterpret_cast<unsigned short*>(dst);
-    for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) __stcg(d + i, __ldcg(s + i));
+    for (int64_t i = lo + threadIdx.x; i < hi; i += nt) __stcg(d + i, __ldcg(s + i));
   }
 }
 
@@ -315,16 +325,26 @@ __device__ __forceinline__ Slot slot_at(const Params& p, int r, int t, int hg) {
   return q;
 }
 
-// span_tiles is the number of key tiles of span [lo, hi) that slot q sees
-// (causal, window), the first of them in *nlo.
-__device__ __forceinline__ int span_tiles(const Params& p, const Slot& q, int lo, int hi, int* nlo) {
+// key_tiles is the number of bn-key tiles of span [lo, hi) that query
+// rows [qlo + i0, qlo + iend) see (causal, window), the first of them in
+// *nlo.
+__device__ __forceinline__ int key_tiles(const Params& p, int qlo, int i0, int iend, int lo, int hi, int bn, int* nlo) {
   *nlo = 0;
-  if (hi <= lo || q.iend <= q.i0) return 0;
-  const int jmax = p.causal ? min(hi - 1, q.qlo + q.iend - 1) : hi - 1;
-  const int jmin = (p.causal && p.window > 0) ? max(lo, q.qlo + q.i0 - p.window + 1) : lo;
+  if (hi <= lo || iend <= i0) return 0;
+  const int jmax = p.causal ? min(hi - 1, qlo + iend - 1) : hi - 1;
+  const int jmin = (p.causal && p.window > 0) ? max(lo, qlo + i0 - p.window + 1) : lo;
   if (jmax < jmin) return 0;
-  *nlo = (jmin - lo) / kBN;
-  return (jmax - lo) / kBN - *nlo + 1;
+  *nlo = (jmin - lo) / bn;
+  return (jmax - lo) / bn - *nlo + 1;
+}
+
+// chunk_span is half h (0 or 1) of the chunk rank r holds at step s: the
+// positions [*lo, *hi) it holds from buffer row *koff.
+__device__ __forceinline__ void chunk_span(const Params& p, int r, int s, int h, int* lo, int* hi, int* koff) {
+  const int src = (r - s + p.ranks) % p.ranks;
+  *lo = p.ks[src][2 * h];
+  *hi = p.ks[src][2 * h + 1];
+  *koff = h == 0 ? 0 : p.ks[src][1] - p.ks[src][0];
 }
 
 // span_at is half h (0 or 1) of step s's chunk as slot q sees it: the
@@ -332,11 +352,8 @@ __device__ __forceinline__ int span_tiles(const Params& p, const Slot& q, int lo
 // the slot sees in *nlo; returns how many tiles the slot sees.
 __device__ __forceinline__ int span_at(const Params& p, const Slot& q, int s, int h, int* lo, int* hi, int* koff,
                                        int* nlo) {
-  const int src = (q.r - s + p.ranks) % p.ranks;
-  *lo = p.ks[src][2 * h];
-  *hi = p.ks[src][2 * h + 1];
-  *koff = h == 0 ? 0 : p.ks[src][1] - p.ks[src][0];
-  return span_tiles(p, q, *lo, *hi, nlo);
+  chunk_span(p, q.r, s, h, lo, hi, koff);
+  return key_tiles(p, q.qlo, q.i0, q.iend, *lo, *hi, kBN, nlo);
 }
 
 // chunk_tiles is the number of key tiles of step s's chunk that slot q sees.
@@ -793,6 +810,200 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
   }
 }
 
+// ---- the ring on the wgmma kernel (ring_wg) ----
+//
+// ring_wg runs modes 2 (the gather ring) and 1 (one step of the separate
+// baseline) at head dims 128/128 on flash_wg's CTA (flash_wg.cuh: a
+// producer warpgroup copying K/V tiles of 128 keys into a 3-stage ring, two
+// consumer warpgroups of 64 query rows running wgmma). A slot is 128 query
+// positions of one span of one rank and ONE head (consecutive slots are the
+// heads of one tile, so a GQA group's K/V tiles are read from L2); CTAs
+// take slots from one queue, heaviest first, and keep their barrier
+// phases across slots (the ring index gb). The producer walks the slot's
+// key tiles step by step, span by span (a tile never crosses a span, so
+// its keys are consecutive positions and consecutive buffer rows), waits
+// (one thread, bounded: wait_arrival's watchdog) for each step's chunk
+// before its first tile, and publishes each tile's first position and end
+// in shared memory with one plain arrival on the stage's K barrier (release;
+// the consumers' wait acquires it); the masks use global positions, so the
+// zigzag split needs nothing else. A wait that gives up sets the CTA's
+// abort word: the producer still delivers (zero-filled) tiles so that the
+// consumers finish, and the CTA leaves after the slot. The comm CTAs are
+// the first ones of the grid, as in ring_kernel, all 384 threads copying.
+
+// WSlot is the slot a ring_wg CTA works on (shared memory): rank r, head h,
+// span rows [qlo, qlo + L) from query buffer row qrow0, this tile's rows
+// i0 .. iend − 1, its key tiles (ntiles; −1: no slot left), its watchdog id.
+struct WSlot {
+  int r, h, qlo, L, qrow0, i0, iend, ntiles, id;
+};
+
+// wslot_take (thread 0) takes the next slot of q with any query rows.
+__device__ WSlot wslot_take(const Params& p, int* q, int s_lo, int s_hi) {
+  const int per = p.wtmax * p.heads, nslots = per * p.ranks;
+  for (;;) {
+    WSlot w{};
+    const int idx = atomicAdd(q, 1);
+    if (idx >= nslots) {
+      w.ntiles = -1;
+      return w;
+    }
+    // idx = r · per + t · heads + h: one rank's slots after another (one
+    // chunk's K/V in flight at a time; see ring_kernel), heaviest first.
+    w.r = idx / per;
+    const int rest = idx % per, t = rest / p.heads;
+    w.h = rest % p.heads;
+    const int tc0 = p.wtc[w.r][0], tc1 = p.wtc[w.r][1];
+    if (t >= tc0 + tc1) continue;  // this rank has fewer tiles
+    const int seg = t < tc1 ? 1 : 0, ti = t < tc1 ? tc1 - 1 - t : tc0 - 1 - (t - tc1);
+    w.qlo = p.qs[w.r][2 * seg];
+    w.L = p.qs[w.r][2 * seg + 1] - w.qlo;
+    w.qrow0 = seg == 0 ? 0 : p.qs[w.r][1] - p.qs[w.r][0];
+    w.i0 = ti * fwg::kBM;
+    w.iend = min(w.i0 + fwg::kBM, w.L);
+    w.id = t * p.heads + w.h;
+    w.ntiles = 0;
+    for (int s = s_lo; s < s_hi; ++s)
+      for (int hh = 0; hh < 2; ++hh) {
+        int lo, hi, koff, nlo;
+        chunk_span(p, w.r, s, hh, &lo, &hi, &koff);
+        w.ntiles += key_tiles(p, w.qlo, w.i0, w.iend, lo, hi, fwg::kBN, &nlo);
+      }
+    return w;
+  }
+}
+
+__global__ void __launch_bounds__(fwg::kThreadsWG, 1) ring_wg(const __grid_constant__ Params p) {
+  using fwg::kD;
+  using fwg::kST;
+  constexpr int BN = fwg::kBN;  // keys a tile (attn_tile.cuh's kBN is ring_kernel's 64)
+  extern __shared__ unsigned char rwg_raw[];
+  const fwg::Smem sm = fwg::carve(rwg_raw);
+  __shared__ WSlot slot_sh;
+  int* abort_sh = sm.flag();
+  const int tid = threadIdx.x, wg = tid / 128, wl = tid % 128;
+  const int R = p.ranks;
+  if (tid == 0) {
+    fwg::init_barriers(sm, 1);  // + the producer's plain arrival with the tile's key bounds
+    *abort_sh = 0;
+  }
+  __syncthreads();
+  const int ncomm_all = p.mode == 2 ? p.ncomm * R : 0;
+  if ((int)blockIdx.x < ncomm_all) {
+    const int r = blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
+    if (r == p.fault_rank) return;  // fault injection: this rank never sends
+    if (!comm_role(p, r, part)) return;
+    // Sent everything: join the compute below.
+  }
+  const int s_lo = p.mode == 1 ? p.step : 0, s_hi = p.mode == 1 ? p.step + 1 : R;
+  int* queue = p.ctl + kQueue + (p.mode == 1 ? p.step : 0);
+
+  if (wg == 0) {  // producer
+    mkwg::setmaxnreg_dec<56>();
+    for (int gb = 0;;) {
+      if (tid == 0) slot_sh = wslot_take(p, queue, s_lo, s_hi);
+      __syncthreads();  // A: the slot is in slot_sh
+      const WSlot& w = slot_sh;  // read from shared memory where used (the producer has 56 registers)
+      if (w.ntiles < 0) break;
+      const RankPtrs& rk = p.rk[w.r];
+      fwg::load_q(sm, wl, [&](int r) -> const bf16* {
+        const int qi = w.i0 + r;
+        return qi < w.iend ? rk.q + (int64_t)(w.qrow0 + qi) * p.q_stride + (int64_t)w.h * kD : nullptr;
+      }, rk.q);
+      const int kvh = w.h / p.group, r0 = wl / 16;
+      int g = gb;
+      for (int s = s_lo; s < s_hi; ++s) {
+        bool waited = false;
+        for (int hh = 0; hh < 2; ++hh) {
+          int lo, hi, koff, nlo;
+          chunk_span(p, w.r, s, hh, &lo, &hi, &koff);
+          const int cnt = key_tiles(p, w.qlo, w.i0, w.iend, lo, hi, BN, &nlo);
+          if (cnt == 0) continue;
+          if (p.mode == 2 && s > 0 && !waited) {  // the chunk of step s has arrived
+            waited = true;
+            if (wl == 0 && *abort_sh == 0 && !wait_arrival(p, w.r, s, 0, w.id)) *abort_sh = 1;
+            asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the producer warpgroup's own barrier
+          }
+          const bool ok = *abort_sh == 0;
+          const bf16* kp = chunk_k(p, w.r, s) + (int64_t)kvh * kD;
+          const bf16* vp = chunk_v(p, w.r, s) + (int64_t)kvh * kD;
+          for (int i = 0; i < cnt; ++i, ++g) {
+            const int t = nlo + i, kb = lo + t * BN, n = min(BN, hi - kb), brow = koff + t * BN;
+            const int st = g % kST;
+            fwg::wait_empty(sm, g);
+            // Buffer rows of this thread's keys (tile rows r0 + 8 j), -1 past
+            // the span or after an abort.
+            const int nr = ok ? n - r0 : 0, br = brow + r0;
+            int32_t row[16];
+#pragma unroll
+            for (int j = 0; j < 16; j++) row[j] = 8 * j < nr ? br + 8 * j : -1;
+            fwg::copy_k(sm, st, wl, kp, p.k_stride, row);
+            if (wl == 0) {
+              sm.keys()[2 * st] = kb;
+              sm.keys()[2 * st + 1] = kb + n;
+              mkwg::mbar_arrive(sm.full_k(st));  // release: the bounds before the consumers' acquire
+            }
+            fwg::copy_v(sm, st, wl, vp, p.v_stride, row);
+          }
+        }
+      }
+      asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy into Q or a stage outlives the slot
+      gb = g;
+      __syncthreads();  // B: the consumers are done with Q and slot_sh
+      if (*abort_sh) return;
+    }
+    return;
+  }
+
+  mkwg::setmaxnreg_inc<224>();
+  const int cw = wg - 1, lane = tid % 32;
+  const int ra = cw * 64 + (wl / 32) * 16 + lane / 4;  // this thread's rows: ra and ra + 8
+  const bool f32 = p.mode == 1 || p.out_f32;          // mode 1: normalised f32 partials
+  for (int gb = 0, n = 0;; ++n) {
+    __syncthreads();  // A
+    const WSlot w = slot_sh;
+    if (w.ntiles < 0) break;
+    fwg::Acc a;
+    fwg::consume(sm, gb, w.ntiles, n & 1, [&](int, int st, int& kb, int& kend) {
+      kb = sm.keys()[2 * st];
+      kend = sm.keys()[2 * st + 1];
+    }, w.qlo + w.i0 + ra, p.causal, p.window, p.scale_log2, cw, wl, a);
+    gb += w.ntiles;
+    // O / l (sinks join the denominator when applied), rows ra and ra + 8
+    // where they are real, and the log-sum-exp of the scores (sinks
+    // excluded; natural log).
+    const RankPtrs& rk = p.rk[w.r];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int i = w.i0 + ra + 8 * hh;
+      if (i >= w.L) continue;
+      const float m = hh ? a.mb : a.ma, l = hh ? a.lb : a.la;
+      const float m2 = m == -INFINITY ? -INFINITY : m * p.scale_log2;
+      float f = 1.f, den = l;
+      if (p.apply_sinks && p.sinks != nullptr) {
+        const float sk = p.sinks[w.h] * kLog2e, mm = fmaxf(m2, sk);
+        f = ex2(m2 - mm);
+        den = l * f + ex2(sk - mm);
+      }
+      const float inv = den > 0.f ? f / den : 0.f;
+      const int64_t qrow = w.qrow0 + i;
+      if (rk.lse != nullptr && lane % 4 == 0) rk.lse[qrow * p.heads + w.h] = l > 0.f ? (m2 + log2f(l)) * kLn2 : -INFINITY;
+      const int64_t obase = qrow * p.o_stride + (int64_t)w.h * kD;
+#pragma unroll
+      for (int j = 0; j < 16; j++) {
+        const int col = 8 * j + 2 * (lane % 4);
+        const float x0 = a.o[4 * j + 2 * hh] * inv, x1 = a.o[4 * j + 2 * hh + 1] * inv;
+        if (f32)
+          *reinterpret_cast<float2*>(static_cast<float*>(rk.out) + obase + col) = make_float2(x0, x1);
+        else
+          *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(rk.out) + obase + col) = __floats2bfloat162_rn(x0, x1);
+      }
+    }
+    __syncthreads();  // B
+    if (*abort_sh) return;
+  }
+}
+
 // ---- merge (separate baseline) ----
 
 struct MergeParams {
@@ -1038,7 +1249,7 @@ KernelFn kernel_for(const Shape& sh, bool gather, size_t* smem) {
 
 // prepare sets the kernel's shared-memory attribute once and returns how
 // many CTAs of it fit on the device at once.
-int prepare(KernelFn fn, size_t smem, int* coresident) {
+int prepare(KernelFn fn, size_t smem, int* coresident, int threads = kThreads) {
   static KernelFn done[16];
   static int ndone = 0;
   bool seen = false;
@@ -1049,7 +1260,7 @@ int prepare(KernelFn fn, size_t smem, int* coresident) {
     if (ndone < 16) done[ndone++] = fn;
   }
   int occ = 0, dev = 0, sms = 0;
-  MK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, reinterpret_cast<const void*>(fn), kThreads, smem));
+  MK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, reinterpret_cast<const void*>(fn), threads, smem));
   MK_CUDA(cudaGetDevice(&dev));
   MK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   *coresident = occ * sms;
@@ -1080,6 +1291,44 @@ extern "C" MK_API int32_t mk_ring_workspace(int32_t ranks, const int32_t* qspans
 
 namespace {
 
+// wg_on reports MK_RING_WG (read once): 0 keeps modes 1 and 2 on
+// ring_kernel (mma.sync) at every head dim; else (the default) ring_wg
+// takes them where wg_fits.
+bool wg_on() {
+  static const bool on = !mk::env_is("MK_RING_WG", '0');
+  return on;
+}
+
+// wg_fits reports whether ring_wg takes a launch: head dims 128/128,
+// 16-byte aligned q/k/v and buffers (p.vec), and outputs aligned for its
+// paired stores (out_f32 here is what the kernel stores: f32 in mode 1).
+bool wg_fits(const Params& p, int ranks, int head_dim, int v_head_dim, bool out_f32) {
+  if (!wg_on() || head_dim != 128 || v_head_dim != 128 || !p.vec) return false;
+  for (int r = 0; r < ranks; ++r)
+    if (reinterpret_cast<uintptr_t>(p.rk[r].out) % (out_f32 ? 8 : 4) != 0) return false;
+  return true;
+}
+
+// wg_layout fills ring_wg's tiles of 128 query rows per rank and span, and
+// returns the slots (tiles × heads) of all ranks.
+int64_t wg_layout(Params* p, int ranks, const int32_t* qspans) {
+  p->wtmax = 0;
+  int64_t slots = 0;
+  for (int r = 0; r < ranks; ++r) {
+    for (int sp = 0; sp < 2; ++sp)
+      p->wtc[r][sp] = (qspans[4 * r + 2 * sp + 1] - qspans[4 * r + 2 * sp] + fwg::kBM - 1) / fwg::kBM;
+    const int t = p->wtc[r][0] + p->wtc[r][1];
+    p->wtmax = t > p->wtmax ? t : p->wtmax;
+    slots += (int64_t)t * p->heads;
+  }
+  return slots;
+}
+
+// wg_prepare is prepare for ring_wg.
+int wg_prepare(int* coresident) {
+  return prepare(ring_wg, fwg::kSmem, coresident, fwg::kThreadsWG);
+}
+
 // ring_launch is mk_ring_attn_bf16 (gather 0) and mk_ring_attn_gather_bf16
 // (gather 1): the emulated ring in one cooperative launch.
 int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, const uint64_t* ptrs,
@@ -1099,17 +1348,19 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   const uint64_t need = (uint64_t)(lo.ring_bytes > lo.sep_bytes ? lo.ring_bytes : lo.sep_bytes);
   MK_ARG(ws_bytes >= need, "%s: workspace of %llu bytes, %llu needed", fn, (unsigned long long)ws_bytes,
          (unsigned long long)need);
-  size_t smem = 0;
-  KernelFn kf = kernel_for(sh, gather != 0, &smem);
-  MK_ARG(kf != nullptr, "%s: no kernel for head dims %d/%d", fn, head_dim, v_head_dim);
-  int cores = 0;
-  rc = prepare(kf, smem, &cores);
-  if (rc != MK_OK) return rc;
-
   Params p;
   fill_params(&p, ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks,
               causal, ws, sh, lo);
-  p.mode = gather ? 2 : 0;
+  // The gather ring at head dims 128 runs on the wgmma CTA (ring_wg), and
+  // so does one rank alone (mode 2 without chunks to wait for).
+  const bool wg = (gather || ranks == 1) && wg_fits(p, ranks, head_dim, v_head_dim, out_dtype == MK_DTYPE_F32);
+  size_t smem = fwg::kSmem;
+  KernelFn kf = wg ? ring_wg : kernel_for(sh, gather != 0, &smem);
+  MK_ARG(kf != nullptr, "%s: no kernel for head dims %d/%d", fn, head_dim, v_head_dim);
+  int cores = 0;
+  rc = wg ? wg_prepare(&cores) : prepare(kf, smem, &cores);
+  if (rc != MK_OK) return rc;
+  p.mode = gather || wg ? 2 : 0;
   p.gcap = 0;
   for (int r = 0; r < ranks; ++r) {
     const int rows = (kvspans[4 * r + 1] - kvspans[4 * r]) + (kvspans[4 * r + 3] - kvspans[4 * r + 2]);
@@ -1132,6 +1383,7 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   p.timeout_ns = timeout_ns;
   int64_t slots = 0;
   for (int r = 0; r < ranks; ++r) slots += lo.items[r];
+  if (wg) slots = wg_layout(&p, ranks, qspans);
   const int comm = p.ncomm * ranks;
   MK_ARG(comm < cores, "%s: %d communication CTAs leave no room for compute (%d co-resident)", fn, comm, cores);
   int64_t grid = comm + (slots > 0 ? slots : 1);
@@ -1139,8 +1391,8 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   cudaStream_t st = mk::as_stream(stream);
   MK_CUDA(cudaMemsetAsync(p.ctl, 0, kStateOff - kCtlOff + lo.done_bytes, st));
   void* args[] = {&p};
-  MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kf), dim3((unsigned)grid), dim3(kThreads), args,
-                                      smem, st));
+  MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kf), dim3((unsigned)grid),
+                                      dim3(wg ? fwg::kThreadsWG : kThreads), args, smem, st));
   return MK_OK;
 }
 
@@ -1246,16 +1498,18 @@ extern "C" MK_API int32_t mk_ring_separate_bf16(uint64_t stream, int32_t ranks, 
   const uint64_t need = (uint64_t)(lo.ring_bytes > lo.sep_bytes ? lo.ring_bytes : lo.sep_bytes);
   MK_ARG(ws_bytes >= need, "mk_ring_separate_bf16: workspace of %llu bytes, %llu needed",
          (unsigned long long)ws_bytes, (unsigned long long)need);
-  size_t smem = 0;
-  KernelFn fn = kernel_for(sh, false, &smem);
-  MK_ARG(fn != nullptr, "mk_ring_separate_bf16: no kernel for head dims %d/%d", head_dim, v_head_dim);
-  int cores = 0;
-  rc = prepare(fn, smem, &cores);
-  if (rc != MK_OK) return rc;
-
   Params p;
   fill_params(&p, ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks,
               causal, ws, sh, lo);
+  // Each step on the same kernel as the ring's: ring_wg at head dims 128
+  // (its outputs here are the workspace's f32 partials).
+  const bool wg = wg_fits(p, 0, head_dim, v_head_dim, true);
+  size_t smem = fwg::kSmem;
+  KernelFn fn = wg ? ring_wg : kernel_for(sh, false, &smem);
+  MK_ARG(fn != nullptr, "mk_ring_separate_bf16: no kernel for head dims %d/%d", head_dim, v_head_dim);
+  int cores = 0;
+  rc = wg ? wg_prepare(&cores) : prepare(fn, smem, &cores);
+  if (rc != MK_OK) return rc;
   p.mode = 1;
   p.apply_sinks = 0;
   // Workspace regions: acc o, acc l, partial o, partial l (each rank's rows in order).
@@ -1292,6 +1546,7 @@ extern "C" MK_API int32_t mk_ring_separate_bf16(uint64_t stream, int32_t ranks, 
 
   int64_t slots = 0;
   for (int r = 0; r < ranks; ++r) slots += lo.items[r];
+  if (wg) slots = wg_layout(&p, ranks, qspans);
   int64_t grid = slots > 0 ? slots : 1;
   if (grid > cores) grid = cores;
   cudaStream_t st = mk::as_stream(stream);
@@ -1317,8 +1572,8 @@ extern "C" MK_API int32_t mk_ring_separate_bf16(uint64_t stream, int32_t ranks, 
       q.rk[r].out = s == 0 ? mp.acc_o[r] : const_cast<float*>(mp.po[r]);
       q.rk[r].lse = s == 0 ? mp.acc_l[r] : const_cast<float*>(mp.pl[r]);
     }
-    fn<<<dim3((unsigned)grid), kThreads, smem, st>>>(q);
-    MK_LAUNCHED("ring_kernel (one step)");
+    fn<<<dim3((unsigned)grid), wg ? fwg::kThreadsWG : kThreads, smem, st>>>(q);
+    MK_LAUNCHED(wg ? "ring_wg (one step)" : "ring_kernel (one step)");
     if (s == 0 && ranks > 1) continue;
     MergeParams m = mp;
     m.final_step = s == ranks - 1;

@@ -226,8 +226,9 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 		# Prefill attention on the mma.sync kernel at head dims 128 too (the
 		# wgmma kernel, flash_wg, is the default there).
 		switch_test test_flash_mma '^TestFlashAttention$' MK_FLASH_WG=0
-		# flash_wg<true> (opt-in until measured).
-		switch_test test_flash_v2 '^TestFlashAttention$' MK_FLASH_WG=2
+		# The ring's gather and separate modes on the mma.sync kernel at
+		# head dims 128 too (the wgmma kernel, ring_wg, is the default there).
+		switch_test test_ring_mma '^TestRing(Attention|Watchdog)$' MK_RING_WG=0
 		# Decode routing with the align launch (by default ≤ 4 tokens'
 		# routing lays out its rows).
 		switch_test test_route_nodirect '^TestMoE(Experts|WorkspaceReuse|CombineAddRMSNorm)$' MK_MOE_ROUTE_DIRECT=0
