@@ -43,6 +43,7 @@ struct Params {
   int64_t q_stride, k_stride, v_stride, o_stride;  // elements per row
   int block_size, heads, group, hd, vhd, window, causal, out_f32, vec, ovec;
   int hpb, rph_log2;  // query heads per block (one GQA group's), log2 of rows per head
+  int bs_log2;        // log2(block_size) when it is a power of two, else -1 (flash_wg's lookups)
   float scale_log2;
 };
 
@@ -261,15 +262,27 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
     const int r0 = wl / 16;
     for (int t = 0; t < ntiles; t++) {
       const int st = t % kST;
-      wait_empty(s, t);
-      int32_t row[16];  // this thread's keys' pool rows, -1 past kmax
+      // This thread's keys' pool rows (-1 past kmax), looked up before the
+      // wait for the stage, so that the block table's loads are in flight
+      // while the consumers still hold it.
+      int32_t row[16];
+      if (p.block_size > 0 && p.bs_log2 >= 0) {  // the engine's blocks (16): shifts, not divisions
+        const int sh = p.bs_log2, mask = p.block_size - 1;
 #pragma unroll
-      for (int i = 0; i < 16; i++) {
-        const int j = t * kBN + r0 + 8 * i;
-        row[i] = j > kmax ? -1
-                 : p.block_size > 0 ? p.blocks[tb + j / p.block_size] * p.block_size + j % p.block_size
-                                    : tb + j;
+        for (int i = 0; i < 16; i++) {
+          const int j = t * kBN + r0 + 8 * i;
+          row[i] = j > kmax ? -1 : (p.blocks[tb + (j >> sh)] << sh) + (j & mask);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+          const int j = t * kBN + r0 + 8 * i;
+          row[i] = j > kmax ? -1
+                   : p.block_size > 0 ? p.blocks[tb + j / p.block_size] * p.block_size + j % p.block_size
+                                      : tb + j;
+        }
       }
+      wait_empty(s, t);
       copy_k(s, st, wl, kp, p.k_stride, row);
       copy_v(s, st, wl, vp, p.v_stride, row);
     }
@@ -389,6 +402,7 @@ extern "C" MK_API int32_t mk_flash_attn_bf16(uint64_t stream, uint64_t out, int3
   p.v_stride = (int64_t)kv_heads * v_head_dim;
   p.o_stride = (int64_t)heads * v_head_dim;
   p.block_size = block_size;
+  p.bs_log2 = block_size > 0 && (block_size & (block_size - 1)) == 0 ? __builtin_ctz((unsigned)block_size) : -1;
   p.heads = heads;
   p.group = heads / kv_heads;
   p.hpb = p.group % 4 == 0 ? 4 : p.group % 2 == 0 ? 2 : 1;

@@ -19,6 +19,7 @@ func init() { benches["attention"] = benchAttention }
 type attnBenchOpts struct {
 	attnShape
 	batch, iters int
+	blockSize    int // > 0: paged keys and values (the engine's layout), blocks of this many rows
 	seqs         []int
 }
 
@@ -32,6 +33,7 @@ type attnBenchResult struct {
 	VHeadDim int     `json:"v_head_dim"`
 	Causal   bool    `json:"causal"`
 	Window   int     `json:"window"`
+	Block    int     `json:"block_size"` // 0: contiguous keys and values
 	Iters    int     `json:"iters"`
 	Ms       float64 `json:"ms"`     // median over Iters timed launches
 	MinMs    float64 `json:"min_ms"` // fastest launch
@@ -48,6 +50,7 @@ func parseAttnBench(args []string) (*attnBenchOpts, error) {
 	seq := fs.String("seq", "1024,4096,16384", "comma-separated sequence lengths (query rows = keys per sequence)")
 	o.register(fs)
 	fs.IntVar(&o.iters, "iters", 20, "timed launches per length (median reported; at least 10)")
+	fs.IntVar(&o.blockSize, "block-size", 0, "paged keys and values in blocks of this many rows, as the engine's cache (0: contiguous; each --seq a multiple of it)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return nil, err
@@ -80,10 +83,15 @@ func parseAttnBench(args []string) (*attnBenchOpts, error) {
 		return nil, fmt.Errorf("bench attention: --window %d must be >= 0 and needs --causal", o.window)
 	case o.iters < 10:
 		return nil, fmt.Errorf("bench attention: --iters %d: at least 10", o.iters)
+	case o.blockSize < 0:
+		return nil, fmt.Errorf("bench attention: --block-size %d must be >= 0", o.blockSize)
 	case o.device < 0:
 		return nil, fmt.Errorf("bench attention: --device %d", o.device)
 	}
 	for _, s := range o.seqs {
+		if o.blockSize > 0 && s%o.blockSize != 0 {
+			return nil, fmt.Errorf("bench attention: --seq %d is not a multiple of --block-size %d", s, o.blockSize)
+		}
 		if e := int64(o.batch) * int64(s) * int64(o.heads) * int64(max(o.headDim, o.vHeadDim)); e > 1<<32 {
 			return nil, fmt.Errorf("bench attention: --batch %d × --seq %d × --heads %d is too large", o.batch, s, o.heads)
 		}
@@ -156,7 +164,7 @@ func printAttnBench(w io.Writer, asJSON bool, res []attnBenchResult) error {
 // reference (rel_err).
 func attnBenchOne(d *kernels.Device, o *attnBenchOpts, seq int) (attnBenchResult, error) {
 	res := attnBenchResult{Seq: seq, Batch: o.batch, Heads: o.heads, KVHeads: o.kvHeads, HeadDim: o.headDim,
-		VHeadDim: o.vHeadDim, Causal: o.causal, Window: o.window, Iters: o.iters}
+		VHeadDim: o.vHeadDim, Causal: o.causal, Window: o.window, Block: o.blockSize, Iters: o.iters}
 	T := o.batch * seq
 	r := rand.New(rand.NewPCG(uint64(seq), 0x5eed))
 	qh := randomBF16s(r, T*o.heads*o.headDim)
@@ -168,6 +176,19 @@ func attnBenchOne(d *kernels.Device, o *attnBenchOpts, seq int) (attnBenchResult
 	for b := range o.batch {
 		qStart[b+1] = int32((b + 1) * seq)
 		kvStart[b] = int32(b * seq)
+	}
+	// Paged: sequence b's blocks start at entry b·seq/bs of the block list,
+	// whose blocks are in order, so key j is pool row b·seq + j as when
+	// contiguous (the same reference), reached through the block table.
+	var blockIDs []int32
+	if bs := o.blockSize; bs > 0 {
+		for b := range o.batch {
+			kvStart[b] = int32(b * seq / bs)
+		}
+		blockIDs = make([]int32, T/bs)
+		for i := range blockIDs {
+			blockIDs[i] = int32(i)
+		}
 	}
 	var bufs []*kernels.Buffer
 	defer func() {
@@ -218,15 +239,21 @@ func attnBenchOne(d *kernels.Device, o *attnBenchOpts, seq int) (attnBenchResult
 	if err != nil {
 		return res, err
 	}
+	var blocks *kernels.Buffer
+	if len(blockIDs) > 0 {
+		if blocks, err = up(int64(4*len(blockIDs)), func(b *kernels.Buffer) error { return kernels.Upload(d, b, blockIDs) }); err != nil {
+			return res, err
+		}
+	}
 	a := kernels.FlashArgs{Batch: o.batch, MaxQLen: seq, Tokens: T, Heads: o.heads, KVHeads: o.kvHeads,
 		HeadDim: o.headDim, VHeadDim: o.vHeadDim, PoolRows: T, Scale: float32(1 / math.Sqrt(float64(o.headDim))),
-		Window: o.window, Causal: o.causal, Out: kernels.BF16}
+		Window: o.window, Causal: o.causal, Out: kernels.BF16, BlockSize: o.blockSize, NumBlocks: len(blockIDs)}
 	s, err := d.NewStream()
 	if err != nil {
 		return res, err
 	}
 	defer s.Destroy()
-	launch := func() error { return d.FlashAttention(s, out, q, k, v, qs, ps, ks, nil, nil, a) }
+	launch := func() error { return d.FlashAttention(s, out, q, k, v, qs, ps, ks, blocks, nil, a) }
 	if err := launch(); err != nil {
 		return res, err
 	}

@@ -28,6 +28,8 @@ func TestBenchAttentionFlags(t *testing.T) {
 		{[]string{"--window", "64"}, "--causal"},
 		{[]string{"--iters", "3"}, "--iters"},
 		{[]string{"--batch", "0"}, "--batch"},
+		{[]string{"--block-size", "-16"}, "--block-size"},
+		{[]string{"--seq", "1000", "--block-size", "16"}, "multiple of --block-size"},
 		{[]string{"--nope"}, "nope"},
 		{[]string{"extra"}, "unexpected"},
 	} {
