@@ -73,6 +73,13 @@ inline int env_force(const char* name) {
   return env_is(name, '1') ? 1 : env_is(name, '0') ? 0 : -1;
 }
 
+// pack_bf16x2 rounds lo and hi to bf16 (RN) and packs them, lo in the low
+// half (the element at the lower address).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
 // float_from_bits reinterprets an IEEE-754 bit pattern.
 inline float float_from_bits(uint32_t b) {
   float f;

@@ -189,11 +189,31 @@ __global__ void rope(bf16* x, const int32_t* pos, int64_t t, int64_t heads, int6
 
 // ---- conversions ----
 
-__global__ void f32_to_bf16(bf16* dst, const float* src, int64_t n) {
+// f32_to_bf16: dst = bf16(src), RN. With 16-byte aligned pointers (vec),
+// 8 values a step: two float4 loads and one 16-byte store (the scalar
+// version, 4-byte loads and 2-byte stores, moved 1.3 TB/s at 8192 × 4096:
+// twenty-sixth pass, ncu); the scalar loop takes the tail and unaligned
+// calls.
+__global__ void f32_to_bf16(bf16* dst, const float* src, int64_t n, int vec) {
   mk::pdl_begin();
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x)
-    dst[i] = __float2bfloat16_rn(src[i]);
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x, tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t n8 = n / 8;
+    const float4* s4 = reinterpret_cast<const float4*>(src);
+    uint4* d4 = reinterpret_cast<uint4*>(dst);
+    for (int64_t i = tid; i < n8; i += stride) {
+      const float4 a = __ldcs(s4 + 2 * i), b = __ldcs(s4 + 2 * i + 1);
+      uint4 o;
+      o.x = mk::pack_bf16x2(a.x, a.y);
+      o.y = mk::pack_bf16x2(a.z, a.w);
+      o.z = mk::pack_bf16x2(b.x, b.y);
+      o.w = mk::pack_bf16x2(b.z, b.w);
+      d4[i] = o;
+    }
+    done = n8 * 8;
+  }
+  for (int64_t i = done + tid; i < n; i += stride) dst[i] = __float2bfloat16_rn(src[i]);
 }
 
 __global__ void bf16_to_f32(float* dst, const bf16* src, int64_t n) {
@@ -322,8 +342,9 @@ int32_t mk_convert_f32_to_bf16(uint64_t stream, uint64_t dst, uint64_t src, int6
   MK_THREAD("mk_convert_f32_to_bf16");
   MK_ARG(n > 0 && dst != 0 && src != 0, "mk_convert_f32_to_bf16: bad n=%lld or NULL pointer",
          (long long)n);
-  (void)(mk::launch(f32_to_bf16, dim3(grid_for(n, kThreads)), dim3(kThreads), 0, mk::as_stream(stream),
-      mk::dev<bf16>(dst), mk::dev<float>(src), n));
+  const int vec = (dst % 16 == 0 && src % 16 == 0) ? 1 : 0;
+  (void)(mk::launch(f32_to_bf16, dim3(grid_for(vec ? (n + 7) / 8 : n, kThreads)), dim3(kThreads), 0,
+      mk::as_stream(stream), mk::dev<bf16>(dst), mk::dev<float>(src), n, vec));
   MK_LAUNCHED("f32_to_bf16");
   return MK_OK;
 }

@@ -482,10 +482,14 @@ func TestRoPE(t *testing.T) {
 	}
 }
 
+// TestConvert: f32→bf16 (RN, specials included) and bf16→f32, bit for bit,
+// at lengths with and without a tail of the 8-value vector steps, and on
+// views off by a few elements (the unaligned, scalar path).
 func TestConvert(t *testing.T) {
 	g := testGPU(t)
-	for _, n := range []int{1, 1001, 1<<20 + 3} {
-		t.Run(fmt.Sprint(n), func(t *testing.T) {
+	for _, c := range []struct{ n, off int }{{1, 0}, {1001, 0}, {1<<20 + 3, 0}, {4096, 0}, {1001, 1}, {4099, 3}} {
+		n, off := c.n, c.off
+		t.Run(fmt.Sprintf("%d_off%d", n, off), func(t *testing.T) {
 			r := newRNG(t)
 			src := make([]float32, n)
 			for i := range src {
@@ -505,10 +509,21 @@ func TestConvert(t *testing.T) {
 			var toBF []uint16
 			var toF []float32
 			onGPU(t, g, func(a *arena) {
-				fs, bs := put(a, src), put(a, bsrc)
-				bo, fo := put(a, bf16Fill(n, bf16NaN)), put(a, fill32(n, float32(math.NaN())))
+				fs, bs := put(a, append(make([]float32, off), src...)), put(a, bsrc)
+				bo, fo := put(a, bf16Fill(n+off, bf16NaN)), put(a, fill32(n, float32(math.NaN())))
 				if a.err != nil {
 					return
+				}
+				if off > 0 { // views off by off elements: the scalar path
+					var err error
+					if fs, err = fs.View(int64(4*off), int64(4*n)); err != nil {
+						a.err = err
+						return
+					}
+					if bo, err = bo.View(int64(2*off), int64(2*n)); err != nil {
+						a.err = err
+						return
+					}
 				}
 				a.check(a.d.ConvertF32ToBF16(nil, bo, fs, n))
 				a.check(a.d.ConvertBF16ToF32(nil, fo, bs, n))

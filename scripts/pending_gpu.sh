@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# scripts/pending_gpu.sh — what the twenty-sixth pass wrote after its device
+# time ran out (docs/PERF.md, "GPU, twenty-sixth pass", last section).
+# Delete or rewrite it once its results are in PERF.md. On the GPU machine,
+# from the repository root, with .dev/device.tar.xz carried (make
+# device-bins), one device call (~3 minutes):
+#   1. build .dev/libmkernel.so (the vectorised f32_to_bf16 and split_bf16);
+#   2. TestConvert (bit for bit, tails and unaligned views) and
+#      TestGemmSplit (bit for bit), then every kernel test;
+#   3. the Qwen3-8l 8192-token prefill (39.0–41.3 ms before), twice, and
+#      ncu's durations of the two kernels (159 µs / 81 µs a call at
+#      8192 × 4096 / 8192 × 2048 before).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-.dev/out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+MK_MODE=none bash scripts/device.sh >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" .dev/logs/build.log | head -30; exit 1; }
+export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
+timeout 60 .dev/kernels.test -test.count=1 -test.v -test.timeout 55s -test.run '^(TestConvert|TestGemmSplit)$' >"$OUT/convert.log" 2>&1
+echo "convert rc=$? pass $(grep -c -- '--- PASS' "$OUT/convert.log") fail $(grep -c -- '--- FAIL' "$OUT/convert.log")"
+grep -E -- '--- FAIL|panic|_test.go' "$OUT/convert.log" | head -8
+timeout 240 .dev/kernels.test -test.count=1 -test.timeout 235s >"$OUT/kernels.log" 2>&1
+echo "kernels rc=$? $(tail -1 "$OUT/kernels.log")"
+grep -E -- '--- FAIL|panic' "$OUT/kernels.log" | head
+for r in 1 2; do
+	echo -n "prefill 8192 qwen3-8l, round $r (t=${SECONDS}s): "
+	timeout 60 .dev/mkserve bench model --backend cuda --config configs/shapes/qwen3-30b-a3b-8l --batch 1 --steps 5 \
+		--prefill 8192 --json 2>&1 | grep -oE '"(kind|ms)":[^,}]*' | paste -sd' '
+done
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+echo "== ncu (t=${SECONDS}s)"
+timeout 150 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 200 \
+	-k 'regex:f32_to_bf16|split_bf16' .dev/mkserve bench model --backend cuda --config configs/shapes/qwen3-30b-a3b-8l \
+	--batch 1 --steps 5 --prefill 8192 --json >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+python3 - "$OUT/ncu.csv" <<'PY'
+import csv, re, sys, collections
+lines = open(sys.argv[1]).read().split("\n")
+start = [i for i, l in enumerate(lines) if l.startswith('"ID"')]
+if not start:
+    sys.exit("no ncu rows")
+rows = list(csv.reader(lines[start[0]:]))
+h = rows[0]
+k, v, g = h.index("Kernel Name"), h.index("Metric Value"), h.index("Grid Size")
+agg = collections.defaultdict(list)
+for r in rows[1:]:
+    if len(r) == len(h):
+        agg[(re.sub(r"\(.*", "", r[k]).replace("void ", "").replace("<unnamed>::", ""), r[g])].append(float(r[v].replace(",", "")))
+for (n, grid), ds in sorted(agg.items()):
+    ds.sort()
+    print(f"{n:16s} grid {grid:>14s} calls {len(ds):4d} median {ds[len(ds) // 2] / 1e3:8.1f} us")
+PY
+echo "done t=${SECONDS}s"
