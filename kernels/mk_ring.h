@@ -105,6 +105,22 @@ MK_API int32_t mk_ring_attn_rank(uint64_t stream, int32_t ranks, int32_t me, con
                                  int32_t window, uint64_t sinks, int32_t causal, const uint64_t* wss,
                                  uint64_t ws_bytes, int32_t ctas, int64_t timeout_ns, int32_t epoch);
 
+/* mk_ring_attn_rank with gather buffers (ABI 22): per rank, KBUF0 and VBUF0
+ * hold (ranks-1)*maxLk rows as for mk_ring_attn_gather_bf16 (rank me's own,
+ * and rank me+1's as mapped in this process); KBUF1 and VBUF1 are ignored.
+ * Head dims 128/128 run on the wgmma kernel. No slot is rewritten during a
+ * call; across calls, before rank me's comm CTAs write rank me+1's slots in
+ * epoch e >= 2 they wait until rank me+1's launch of epoch e-1 has ended
+ * (its last CTA stamps that into me's workspace, system scope). Same
+ * arguments, workspace, epochs and watchdog as mk_ring_attn_rank; a rank
+ * calls one of the two for every epoch of a set of workspaces, not both. */
+MK_API int32_t mk_ring_attn_rank_gather(uint64_t stream, int32_t ranks, int32_t me, const uint64_t* ptrs,
+                                        const int32_t* qspans, const int32_t* kvspans, int32_t out_dtype,
+                                        int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
+                                        uint32_t scale_bits, int32_t window, uint64_t sinks, int32_t causal,
+                                        const uint64_t* wss, uint64_t ws_bytes, int32_t ctas, int64_t timeout_ns,
+                                        int32_t epoch);
+
 /* The same result from separate launches (the baseline): per step one
  * attention launch for all ranks writing normalised partial outputs and
  * their log-sum-exp, the chunk copies (cudaMemcpyAsync), and one merge

@@ -67,8 +67,10 @@ extern "C" {
  * 19: mk_stamp, mk_kstamp_*; mk_sample_draw_f32 and mk_sample_draw_work take kmax (top-k rows),
  *     mk_sample_draw_kmax.
  * 20: mk_paged_decode_bf16, mk_paged_decode_fits (mk_decode.h).
- * 21: mk_moe_gemv(3), the resident down kernel. */
-#define MK_ABI_VERSION 21
+ * 21: mk_moe_gemv(3), the resident down kernel.
+ * 22: mk_ring_attn_rank_gather; the ring workspace's control words hold the
+ *     launch's exit count and the remote flags kRemDone (ring.cu). */
+#define MK_ABI_VERSION 22
 
 /* Status codes. */
 enum {

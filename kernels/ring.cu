@@ -113,14 +113,16 @@ constexpr int64_t kStateOff = 4096;
 constexpr int kQueue = 0;                                  // [kMaxRanks] per step
 constexpr int kArrived = kQueue + kMaxRanks;               // [rank][step]
 constexpr int kConsumed = kArrived + kMaxRanks * kMaxRanks;  // [rank][step]
-constexpr int kCtlWords = kConsumed + kMaxRanks * kMaxRanks;
+constexpr int kExit = kConsumed + kMaxRanks * kMaxRanks;    // rank-local gather: CTAs of the launch that finished
+constexpr int kCtlWords = kExit + 1;
 // Rank-local mode: the remote flags (int32, written by the peers, never
 // zeroed by a launch): arr [kMaxRanks steps][kMaxComm parts], then rel [2].
 constexpr int kMaxComm = 4;
 constexpr int64_t kRemoteOff = 2048;
 constexpr int kRemArr = 0;
 constexpr int kRemRel = kMaxRanks * kMaxComm;
-constexpr int kRemWords = kRemRel + 2;
+constexpr int kRemDone = kRemRel + 2;  // rank-local gather: epoch whose launch rank me+1 finished (written by it)
+constexpr int kRemWords = kRemDone + 1;
 static_assert(kCtlOff + kCtlWords * 4 <= kRemoteOff && kRemoteOff + kRemWords * 4 <= kStateOff,
               "workspace control layout");
 
@@ -383,7 +385,12 @@ __device__ bool comm_role(const Params& p, int r, int part) {
   for (int s = 0; s + 1 < R; ++s) {
     if (threadIdx.x == 0) {
       bool ok = true;
-      if (s >= 1) ok = wait_arrival(p, r, s, 1, part);
+      // Rank-local gather: rank r+1's gather slots are rewritten each call,
+      // so its launch of the previous epoch must have finished reading them
+      // (its last CTA stamps kRemDone here: rank_exit).
+      if (s == 0 && p.mode == 2 && p.me >= 0 && p.epoch >= 2)
+        ok = wait_geq(p, p.rem_in + kRemDone, p.epoch - 1, r, 1, s, part, 1);
+      if (ok && s >= 1) ok = wait_arrival(p, r, s, 1, part);
       // Buffer (s+1)%2 of dst last served step s-1 (a receive buffer from step 1 on).
       if (ok && p.mode != 2) ok = wait_buffer_free(p, r, s, part);
       ok_sh = ok;
@@ -402,7 +409,7 @@ __device__ bool comm_role(const Params& p, int r, int part) {
       if (p.mode != 2) signal_consumed(p, r, s);  // done reading rank r's chunk of step s
     }
   }
-  if (p.me >= 0 && R > 1) {
+  if (p.me >= 0 && R > 1 && p.mode != 2) {
     // Rank-local: the last step's chunk is released across calls too, so
     // the comm CTAs read it "as forwarders": they wait for it, then count.
     if (threadIdx.x == 0) ok_sh = wait_arrival(p, r, R - 1, 1, part);
@@ -411,6 +418,20 @@ __device__ bool comm_role(const Params& p, int r, int part) {
     if (threadIdx.x == 0) signal_consumed(p, r, R - 1);
   }
   return true;
+}
+
+// rank_exit (thread 0 of a CTA of a rank-local gather launch, once every
+// read of the CTA is done and past a CTA barrier): counts the CTA out; the
+// last one stamps this epoch into rank me−1's workspace (kRemDone), which
+// lets me−1's comm CTAs write this rank's gather slots in the next call.
+// A CTA that gave up (watchdog) never counts: the workspaces must be
+// zeroed after an error anyway.
+__device__ void rank_exit(const Params& p) {
+  if (p.me < 0 || p.mode != 2 || p.ranks == 1) return;
+  if (atom_acq_rel_add(p.ctl + kExit, 1) == (int)gridDim.x - 1) {
+    __threadfence_system();
+    st_release_sys(p.rem_prev + kRemDone, p.epoch);
+  }
 }
 
 // load_q starts the copy of slot q's query tile into sq (one commit group).
@@ -754,12 +775,16 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
   const int nslots = p.tmax * p.hg * (local ? 1 : R);
   if constexpr (GATHER) {
     for (;;) {
-      const int idx = block_take(p.ctl + kQueue, &idx_sh);
-      if (idx >= nslots) return;
+      const int idx = block_take(p.ctl + kQueue, &idx_sh);  // (its barriers: every earlier read is done)
+      if (idx >= nslots) {
+        if (threadIdx.x == 0) rank_exit(p);
+        return;
+      }
       // idx = r * (tmax * hg) + t * hg + hg_i: one rank's slots after
-      // another, heaviest tiles first (see the mode-0 loop for why).
+      // another, heaviest tiles first (see the mode-0 loop for why);
+      // rank-local, idx = t * hg + hg_i of rank me.
       const int per = p.tmax * p.hg;
-      const int r = idx / per, rest = idx % per;
+      const int r = local ? p.me : idx / per, rest = local ? idx : idx % per;
       const int hg = rest % p.hg, t = rest / p.hg;
       if (t >= p.tc[r][0] + p.tc[r][1]) continue;
       if (!run_slot<D, DV, MT>(p, r, t, hg, sq, sk, sv)) return;
@@ -840,7 +865,8 @@ struct WSlot {
 
 // wslot_take (thread 0) takes the next slot of q with any query rows.
 __device__ WSlot wslot_take(const Params& p, int* q, int s_lo, int s_hi) {
-  const int per = p.wtmax * p.heads, nslots = per * p.ranks;
+  const bool local = p.me >= 0;
+  const int per = p.wtmax * p.heads, nslots = per * (local ? 1 : p.ranks);
   for (;;) {
     WSlot w{};
     const int idx = atomicAdd(q, 1);
@@ -849,9 +875,10 @@ __device__ WSlot wslot_take(const Params& p, int* q, int s_lo, int s_hi) {
       return w;
     }
     // idx = r · per + t · heads + h: one rank's slots after another (one
-    // chunk's K/V in flight at a time; see ring_kernel), heaviest first.
-    w.r = idx / per;
-    const int rest = idx % per, t = rest / p.heads;
+    // chunk's K/V in flight at a time; see ring_kernel), heaviest first;
+    // rank-local, idx = t · heads + h of rank me.
+    w.r = local ? p.me : idx / per;
+    const int rest = local ? idx : idx % per, t = rest / p.heads;
     w.h = rest % p.heads;
     const int tc0 = p.wtc[w.r][0], tc1 = p.wtc[w.r][1];
     if (t >= tc0 + tc1) continue;  // this rank has fewer tiles
@@ -888,9 +915,10 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1) ring_wg(const __grid_const
     *abort_sh = 0;
   }
   __syncthreads();
-  const int ncomm_all = p.mode == 2 ? p.ncomm * R : 0;
+  const bool local = p.me >= 0;  // rank-local: only rank me's comm CTAs and slots
+  const int ncomm_all = p.mode == 2 ? p.ncomm * (local ? 1 : R) : 0;
   if ((int)blockIdx.x < ncomm_all) {
-    const int r = blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
+    const int r = local ? p.me : blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
     if (r == p.fault_rank) return;  // fault injection: this rank never sends
     if (!comm_role(p, r, part)) return;
     // Sent everything: join the compute below.
@@ -904,7 +932,12 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1) ring_wg(const __grid_const
       if (tid == 0) slot_sh = wslot_take(p, queue, s_lo, s_hi);
       __syncthreads();  // A: the slot is in slot_sh
       const WSlot& w = slot_sh;  // read from shared memory where used (the producer has 56 registers)
-      if (w.ntiles < 0) break;
+      if (w.ntiles < 0) {
+        // Every copy of the CTA landed before B of its last slot (or the
+        // comm role's barriers): rank-local gather counts the CTA out.
+        if (tid == 0) rank_exit(p);
+        break;
+      }
       const RankPtrs& rk = p.rk[w.r];
       fwg::load_q(sm, wl, [&](int r) -> const bf16* {
         const int qi = w.i0 + r;
@@ -1419,14 +1452,16 @@ extern "C" MK_API int32_t mk_ring_attn_gather_bf16(uint64_t stream, int32_t rank
                      head_dim, v_head_dim, scale_bits, window, sinks, causal, ws, ws_bytes, timeout_ns, fault_rank);
 }
 
-extern "C" MK_API int32_t mk_ring_attn_rank(uint64_t stream, int32_t ranks, int32_t me, const uint64_t* ptrs,
-                                            const int32_t* qspans, const int32_t* kvspans, int32_t out_dtype,
-                                            int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
-                                            uint32_t scale_bits, int32_t window, uint64_t sinks, int32_t causal,
-                                            const uint64_t* wss, uint64_t ws_bytes, int32_t ctas, int64_t timeout_ns,
-                                            int32_t epoch) {
-  MK_THREAD("mk_ring_attn_rank");
-  const char* fn = "mk_ring_attn_rank";
+namespace {
+
+// rank_launch is mk_ring_attn_rank (gather 0: the two receive buffers,
+// ring_kernel's mode 0) and mk_ring_attn_rank_gather (gather 1: mode 2,
+// ring_wg at head dims 128/128, else ring_kernel's gather kind).
+int32_t rank_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, int32_t me, const uint64_t* ptrs,
+                    const int32_t* qspans, const int32_t* kvspans, int32_t out_dtype, int32_t heads, int32_t kv_heads,
+                    int32_t head_dim, int32_t v_head_dim, uint32_t scale_bits, int32_t window, uint64_t sinks,
+                    int32_t causal, const uint64_t* wss, uint64_t ws_bytes, int32_t ctas, int64_t timeout_ns,
+                    int32_t epoch) {
   MK_ARG(ranks >= 1 && ranks <= kMaxRanks && me >= 0 && me < ranks, "%s: me=%d of %d ranks", fn, me, ranks);
   MK_ARG(wss != nullptr, "%s: wss must be non-null", fn);
   const int prev = (me + ranks - 1) % ranks, next = (me + 1) % ranks;
@@ -1435,7 +1470,7 @@ extern "C" MK_API int32_t mk_ring_attn_rank(uint64_t stream, int32_t ranks, int3
            r);
   const float scale = mk::float_from_bits(scale_bits);
   int rc = check_common(fn, ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim, v_head_dim, scale,
-                        window, causal, wss[me], me);
+                        window, causal, wss[me], me, gather);
   if (rc != MK_OK) return rc;
   MK_ARG(timeout_ns > 0, "%s: timeout_ns=%lld must be > 0", fn, (long long)timeout_ns);
   MK_ARG(epoch >= 1 && epoch < INT32_MAX / kMaxRanks, "%s: epoch=%d must be in [1, %d)", fn, epoch,
@@ -1447,19 +1482,27 @@ extern "C" MK_API int32_t mk_ring_attn_rank(uint64_t stream, int32_t ranks, int3
   const uint64_t need = (uint64_t)(kStateOff + lo.done_bytes + lo.state_bytes[me]);
   MK_ARG(ws_bytes >= need, "%s: workspace of %llu bytes, %llu needed", fn, (unsigned long long)ws_bytes,
          (unsigned long long)need);
-  size_t smem = 0;
-  KernelFn kf = kernel_for(sh, false, &smem);
-  MK_ARG(kf != nullptr, "%s: no kernel for head dims %d/%d", fn, head_dim, v_head_dim);
-  int cores = 0;
-  rc = prepare(kf, smem, &cores);
-  if (rc != MK_OK) return rc;
-  MK_ARG(ctas >= 0 && ctas <= cores, "%s: ctas=%d, at most %d co-resident (0: all)", fn, ctas, cores);
 
   Params p;
   fill_params(&p, ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks,
               causal, wss[me], sh, lo, me);
-  p.mode = 0;
-  p.ncomm = ranks == 1 ? 0 : (4 / ranks > 1 ? 4 / ranks : 1);  // as mk_ring_attn_bf16: the same on every rank
+  const bool wg = gather && wg_fits(p, ranks, head_dim, v_head_dim, out_dtype == MK_DTYPE_F32);
+  size_t smem = fwg::kSmem;
+  KernelFn kf = wg ? ring_wg : kernel_for(sh, gather != 0, &smem);
+  MK_ARG(kf != nullptr, "%s: no kernel for head dims %d/%d", fn, head_dim, v_head_dim);
+  int cores = 0;
+  rc = wg ? wg_prepare(&cores) : prepare(kf, smem, &cores);
+  if (rc != MK_OK) return rc;
+  MK_ARG(ctas >= 0 && ctas <= cores, "%s: ctas=%d, at most %d co-resident (0: all)", fn, ctas, cores);
+  p.mode = gather ? 2 : 0;
+  // Comm CTAs a rank: a function of ranks alone, since a receiver waits for
+  // every part its sender has (as mk_ring_attn_bf16 / _gather_bf16).
+  p.ncomm = ranks == 1 ? 0 : gather ? kMaxComm : (4 / ranks > 1 ? 4 / ranks : 1);
+  p.gcap = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const int rows = (kvspans[4 * r + 1] - kvspans[4 * r]) + (kvspans[4 * r + 3] - kvspans[4 * r + 2]);
+    p.gcap = rows > p.gcap ? rows : p.gcap;
+  }
   p.apply_sinks = 1;
   p.timeout_ns = timeout_ns;
   p.epoch = epoch;
@@ -1468,17 +1511,49 @@ extern "C" MK_API int32_t mk_ring_attn_rank(uint64_t stream, int32_t ranks, int3
   p.rem_prev = reinterpret_cast<int*>(wss[prev] + kRemoteOff);
   const int cap = ctas > 0 ? ctas : cores;
   MK_ARG(p.ncomm < cap, "%s: %d communication CTAs leave no room for compute (%d CTAs)", fn, p.ncomm, cap);
-  int64_t grid = p.ncomm + (lo.items[me] > 0 ? lo.items[me] : 1);
+  int64_t items = lo.items[me];
+  if (wg) {
+    wg_layout(&p, ranks, qspans);
+    items = (int64_t)(p.wtc[me][0] + p.wtc[me][1]) * heads;
+  }
+  int64_t grid = p.ncomm + (items > 0 ? items : 1);
   if (grid > cap) grid = cap;
   cudaStream_t st = mk::as_stream(stream);
   // Only what this rank's own CTAs touch is zeroed (queues, consumed
-  // counters, slot flags); the remote flags are epochs, never reset here.
+  // counters, the exit count, slot flags); the remote flags are epochs,
+  // never reset here.
   MK_CUDA(cudaMemsetAsync(p.ctl, 0, kCtlWords * sizeof(int), st));
   MK_CUDA(cudaMemsetAsync(p.done, 0, lo.done_bytes, st));
   void* args[] = {&p};
-  MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kf), dim3((unsigned)grid), dim3(kThreads), args,
-                                      smem, st));
+  MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kf), dim3((unsigned)grid),
+                                      dim3(wg ? fwg::kThreadsWG : kThreads), args, smem, st));
   return MK_OK;
+}
+
+}  // namespace
+
+extern "C" MK_API int32_t mk_ring_attn_rank(uint64_t stream, int32_t ranks, int32_t me, const uint64_t* ptrs,
+                                            const int32_t* qspans, const int32_t* kvspans, int32_t out_dtype,
+                                            int32_t heads, int32_t kv_heads, int32_t head_dim, int32_t v_head_dim,
+                                            uint32_t scale_bits, int32_t window, uint64_t sinks, int32_t causal,
+                                            const uint64_t* wss, uint64_t ws_bytes, int32_t ctas, int64_t timeout_ns,
+                                            int32_t epoch) {
+  MK_THREAD("mk_ring_attn_rank");
+  return rank_launch("mk_ring_attn_rank", 0, stream, ranks, me, ptrs, qspans, kvspans, out_dtype, heads, kv_heads,
+                     head_dim, v_head_dim, scale_bits, window, sinks, causal, wss, ws_bytes, ctas, timeout_ns, epoch);
+}
+
+extern "C" MK_API int32_t mk_ring_attn_rank_gather(uint64_t stream, int32_t ranks, int32_t me, const uint64_t* ptrs,
+                                                   const int32_t* qspans, const int32_t* kvspans, int32_t out_dtype,
+                                                   int32_t heads, int32_t kv_heads, int32_t head_dim,
+                                                   int32_t v_head_dim, uint32_t scale_bits, int32_t window,
+                                                   uint64_t sinks, int32_t causal, const uint64_t* wss,
+                                                   uint64_t ws_bytes, int32_t ctas, int64_t timeout_ns,
+                                                   int32_t epoch) {
+  MK_THREAD("mk_ring_attn_rank_gather");
+  return rank_launch("mk_ring_attn_rank_gather", 1, stream, ranks, me, ptrs, qspans, kvspans, out_dtype, heads,
+                     kv_heads, head_dim, v_head_dim, scale_bits, window, sinks, causal, wss, ws_bytes, ctas,
+                     timeout_ns, epoch);
 }
 
 extern "C" MK_API int32_t mk_ring_separate_bf16(uint64_t stream, int32_t ranks, const uint64_t* ptrs,

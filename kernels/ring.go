@@ -24,6 +24,9 @@ var (
 	ringAttnRank func(s uint64, ranks, me int32, ptrs *uint64, qspans, kvspans *int32, outDType, heads, kvHeads,
 		headDim, vHeadDim int32, scale uint32, window int32, sinks uint64, causal int32, wss *uint64, wsBytes uint64,
 		ctas int32, timeoutNs int64, epoch int32) int32
+	ringAttnRankGather func(s uint64, ranks, me int32, ptrs *uint64, qspans, kvspans *int32, outDType, heads,
+		kvHeads, headDim, vHeadDim int32, scale uint32, window int32, sinks uint64, causal int32, wss *uint64,
+		wsBytes uint64, ctas int32, timeoutNs int64, epoch int32) int32
 	ringWorkspace func(ranks int32, qspans *int32, heads, kvHeads, headDim, vHeadDim int32, bytes *uint64) int32
 	ringCheck     func(ws uint64, rec *int32) int32
 )
@@ -34,6 +37,7 @@ func init() {
 		symbol{"mk_ring_attn_gather_bf16", &ringAttnGatherBF16},
 		symbol{"mk_ring_separate_bf16", &ringSeparateBF16},
 		symbol{"mk_ring_attn_rank", &ringAttnRank},
+		symbol{"mk_ring_attn_rank_gather", &ringAttnRankGather},
 		symbol{"mk_ring_workspace", &ringWorkspace},
 		symbol{"mk_ring_check", &ringCheck},
 	)
@@ -331,23 +335,33 @@ func (d *Device) ringCall(op string, ranks []RingRank, sinks, ws *Buffer, a *Rin
 // (R·(R−1) chunks of keys and values against two per rank).
 func RingPreferGather(keys, ranks int) bool { return ranks > 1 }
 
-// ringUsesGather says whether ranks hold gather buffers (every rank, R > 1)
-// rather than the two receive buffers; an error when only some do, or for
-// a rank-local call (me >= 0).
+// ringUsesGather says whether ranks hold gather buffers (R > 1) rather
+// than the two receive buffers: every rank's, or for a rank-local call (me
+// >= 0) rank me's and the next rank's (the only entries it reads); an error
+// when only some of those do.
 func ringUsesGather(op string, ranks []RingRank, me int) (bool, error) {
+	R := len(ranks)
+	idx := make([]int, 0, R)
+	if me >= 0 {
+		idx = append(idx, me)
+		if n := (me + 1) % R; n != me {
+			idx = append(idx, n)
+		}
+	} else {
+		for r := range ranks {
+			idx = append(idx, r)
+		}
+	}
 	ng := 0
-	for _, rk := range ranks {
-		if rk.KGather != nil || rk.VGather != nil {
+	for _, r := range idx {
+		if ranks[r].KGather != nil || ranks[r].VGather != nil {
 			ng++
 		}
 	}
-	switch {
-	case ng > 0 && ng != len(ranks):
-		return false, fmt.Errorf("kernels: %s: %d of %d ranks have gather buffers (all or none)", op, ng, len(ranks))
-	case ng > 0 && me >= 0:
-		return false, fmt.Errorf("kernels: %s: gather buffers are for the emulated ring only", op)
+	if ng > 0 && ng != len(idx) {
+		return false, fmt.Errorf("kernels: %s: %d of %d ranks have gather buffers (all or none)", op, ng, len(idx))
 	}
-	return ng > 0 && len(ranks) > 1, nil
+	return ng > 0 && R > 1, nil
 }
 
 // RingAttention runs ring attention over len(ranks) emulated ranks in one
@@ -386,7 +400,11 @@ func (d *Device) RingAttention(s *Stream, ranks []RingRank, sinks, ws *Buffer, a
 // calls it with the same a (spans, shapes, Scale, Window, Causal, Out) and
 // the same epoch. ranks[me] holds this rank's buffers (as for RingAttention)
 // and ranks[me+1 mod R] the next rank's receive buffers KBuf and VBuf as
-// this process maps them (OpenIPC); the other entries are ignored. ws[r] is
+// this process maps them (OpenIPC) — or, when ranks[me] and ranks[me+1]
+// hold KGather and VGather, their gather buffers (the ring of
+// RingAttention's gather kind: the wgmma kernel at head dims 128; every
+// rank makes the same choice for all epochs of a set of workspaces); the
+// other entries are ignored. ws[r] is
 // rank r's workspace as mapped here (ws[me] this rank's own, from
 // NewRingWorkspace; only me−1's, me's and me+1's are used). The launch holds
 // only me's communication CTAs, which write me's chunks into rank me+1's
@@ -423,18 +441,22 @@ func (d *Device) RingAttentionRankLocal(s *Stream, me int, ranks []RingRank, sin
 		}
 		wss[r] = ws[r].ptr
 	}
-	ptrs, qs, ks, sk, _, err := d.ringCall(op, ranks, sinks, ws[me], &a, me)
+	ptrs, qs, ks, sk, gather, err := d.ringCall(op, ranks, sinks, ws[me], &a, me)
 	if err != nil {
 		return err
 	}
-	rc := ringAttnRank(s.handle(), int32(R), int32(me), &ptrs[0], &qs[0], &ks[0], int32(a.Out), int32(a.Heads),
+	fn, name := ringAttnRank, "mk_ring_attn_rank"
+	if gather {
+		fn, name = ringAttnRankGather, "mk_ring_attn_rank_gather"
+	}
+	rc := fn(s.handle(), int32(R), int32(me), &ptrs[0], &qs[0], &ks[0], int32(a.Out), int32(a.Heads),
 		int32(a.KVHeads), int32(a.HeadDim), int32(a.VHeadDim), math.Float32bits(a.Scale), int32(a.Window), sk,
 		a.causal(), &wss[0], uint64(ws[me].bytes), int32(a.CTAs), a.timeoutNs(), int32(epoch))
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(qs)
 	runtime.KeepAlive(ks)
 	runtime.KeepAlive(wss)
-	return d.lib.check("mk_ring_attn_rank", rc)
+	return d.lib.check(name, rc)
 }
 
 // RingSeparate computes what RingAttention computes from separate launches

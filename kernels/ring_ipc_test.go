@@ -36,6 +36,7 @@ type ringIPCCase struct {
 	TimeN             int  // > 0: then time TimeN more calls, and the flash baseline (causal cases)
 	FlashRef          bool // check against FlashAttention with all keys local instead of the CPU reference (large N)
 	CTAs              int  // CTAs per launch (0: all co-resident)
+	Gather            bool // gather buffers (RingAttention's gather kind, mk_ring_attn_rank_gather) instead of two receive buffers
 	Seed              uint64
 }
 
@@ -66,8 +67,10 @@ func (c ringIPCCase) args() RingArgs {
 
 // ringSharedLayout places what a rank's peers write into it in ONE
 // allocation (one IPC handle): the workspace, then KBuf[0], KBuf[1],
-// VBuf[0], VBuf[1] (256-byte aligned); off are the parts' offsets.
-func ringSharedLayout(wsBytes int64, a RingArgs) (off [5]int64, sizes [5]int64, total int64) {
+// VBuf[0], VBuf[1] (256-byte aligned); off are the parts' offsets. With
+// gather, KBuf[0] and VBuf[0] are the gather buffers ((R−1)·maxLk rows)
+// and KBuf[1], VBuf[1] 256 unused bytes.
+func ringSharedLayout(wsBytes int64, a RingArgs, gather bool) (off [5]int64, sizes [5]int64, total int64) {
 	maxLk := 1
 	for _, s := range a.kv() {
 		maxLk = max(maxLk, spanRows(s))
@@ -75,6 +78,10 @@ func ringSharedLayout(wsBytes int64, a RingArgs) (off [5]int64, sizes [5]int64, 
 	kb := int64(maxLk * a.KVHeads * a.HeadDim * 2)
 	vb := int64(maxLk * a.KVHeads * a.VHeadDim * 2)
 	sizes = [5]int64{wsBytes, kb, kb, vb, vb}
+	if gather {
+		R := int64(max(len(a.QSpans)-1, 1))
+		sizes = [5]int64{wsBytes, R * kb, 256, R * vb, 256}
+	}
 	for i, n := range sizes {
 		off[i] = total
 		total += (n + 255) &^ 255
@@ -86,16 +93,17 @@ func ringSharedLayout(wsBytes int64, a RingArgs) (off [5]int64, sizes [5]int64, 
 type ringShared struct {
 	all        *Buffer
 	ws         *Buffer
-	kbuf, vbuf [2]*Buffer
+	kbuf, vbuf [2]*Buffer // with gather, [0] are the gather buffers
+	gather     bool
 }
 
 // ringSharedViews cuts b (a rank's shared allocation, its own or mapped) into its parts.
-func ringSharedViews(a *arena, b *Buffer, wsBytes int64, args RingArgs) ringShared {
-	sh := ringShared{all: b}
+func ringSharedViews(a *arena, b *Buffer, wsBytes int64, args RingArgs, gather bool) ringShared {
+	sh := ringShared{all: b, gather: gather}
 	if a.err != nil || b == nil {
 		return sh
 	}
-	off, sizes, _ := ringSharedLayout(wsBytes, args)
+	off, sizes, _ := ringSharedLayout(wsBytes, args, gather)
 	var v [5]*Buffer
 	for i := range v {
 		var err error
@@ -117,21 +125,24 @@ type ringLocalMem struct {
 
 func newRingLocalMem(a *arena, c ringIPCCase, args RingArgs, wsBytes int64, me int, ins []*ringInputs) *ringLocalMem {
 	m := &ringLocalMem{}
-	_, sizes, total := ringSharedLayout(wsBytes, args)
-	m.sh = ringSharedViews(a, a.alloc(total), wsBytes, args)
+	_, sizes, total := ringSharedLayout(wsBytes, args, c.Gather)
+	m.sh = ringSharedViews(a, a.alloc(total), wsBytes, args, c.Gather)
 	if a.err != nil {
 		return m
 	}
 	a.check(Upload(a.d, m.sh.ws, make([]byte, ringCtlBytes)))
 	for i := range 2 {
-		a.check(Upload(a.d, m.sh.kbuf[i], bf16Fill(int(sizes[1]/2), bf16NaN)))
-		a.check(Upload(a.d, m.sh.vbuf[i], bf16Fill(int(sizes[3]/2), bf16NaN)))
+		a.check(Upload(a.d, m.sh.kbuf[i], bf16Fill(int(sizes[1+i]/2), bf16NaN)))
+		a.check(Upload(a.d, m.sh.vbuf[i], bf16Fill(int(sizes[3+i]/2), bf16NaN)))
 	}
 	H, KV, D, DV := c.Heads, c.KVHeads, c.HeadDim, c.VHeadDim
 	sp := args.QSpans[me]
 	lq := spanRows(sp)
 	for _, in := range ins {
 		rk := RingRank{KBuf: m.sh.kbuf, VBuf: m.sh.vbuf}
+		if c.Gather {
+			rk = RingRank{KGather: m.sh.kbuf[0], VGather: m.sh.vbuf[0]}
+		}
 		rk.Q = put(a, gatherRows(in.qBits, H*D, sp))
 		rk.K = put(a, gatherRows(in.kBits, KV*D, sp))
 		rk.V = put(a, gatherRows(in.vBits, KV*DV, sp))
@@ -157,7 +168,11 @@ func ringRanksFor(R, me int, mine RingRank, next ringShared) []RingRank {
 	ranks := make([]RingRank, R)
 	ranks[me] = mine
 	n := (me + 1) % R
-	if n != me {
+	switch {
+	case n == me:
+	case next.gather:
+		ranks[n].KGather, ranks[n].VGather = next.kbuf[0], next.vbuf[0]
+	default:
 		ranks[n].KBuf, ranks[n].VBuf = next.kbuf, next.vbuf
 	}
 	return ranks
@@ -234,6 +249,18 @@ func TestRingRankLocalStreams(t *testing.T) {
 			Causal: true, Epochs: 4},
 		{Name: "R3_n500_mla_192_128_f32", N: 500, Ranks: 3, Heads: 4, KVHeads: 4, HeadDim: 192, VHeadDim: 128,
 			Causal: true, F32: true, Epochs: 2},
+		// Gather buffers (mk_ring_attn_rank_gather): the wgmma kernel at
+		// head dims 128, ring_kernel's gather kind otherwise; several
+		// epochs, so that a rank's slots are rewritten only after its
+		// previous launch ended.
+		{Name: "R2_n777_gqa4_d128_f32_gather", N: 777, Ranks: 2, Heads: 8, KVHeads: 2, HeadDim: 128, VHeadDim: 128,
+			Causal: true, F32: true, Epochs: 3, Gather: true},
+		{Name: "R4_n1500_window200_sinks_gqa4_d128_gather", N: 1500, Ranks: 4, Heads: 8, KVHeads: 2, HeadDim: 128,
+			VHeadDim: 128, Causal: true, Window: 200, Sinks: true, Epochs: 4, Gather: true},
+		{Name: "R3_n1000_noncausal_gqa8_d128_gather", N: 1000, Ranks: 3, Heads: 8, KVHeads: 1, HeadDim: 128,
+			VHeadDim: 128, Epochs: 3, Gather: true},
+		{Name: "R3_n1000_window300_sinks_gqa8_d64_gather", N: 1000, Ranks: 3, Heads: 8, KVHeads: 1, HeadDim: 64,
+			VHeadDim: 64, Causal: true, Window: 300, Sinks: true, Epochs: 3, Gather: true},
 	}
 	for _, c := range cases {
 		t.Run(c.Name, func(t *testing.T) {
@@ -363,6 +390,14 @@ func TestRingIPC(t *testing.T) {
 			F32: true, Epochs: 1, Idle: true, TimeoutMs: 200},
 		{Name: "n16384_gqa4_d128_timing", N: 16384, Ranks: 2, Heads: 16, KVHeads: 4, HeadDim: 128, VHeadDim: 128,
 			Causal: true, Epochs: 2, TimeN: 20, FlashRef: true},
+		// The gather kind (the wgmma kernel): the same checks, the watchdog
+		// and the timing against flash_wg with all keys local.
+		{Name: "n1000_gqa4_d128_f32_gather", N: 1000, Ranks: 2, Heads: 8, KVHeads: 2, HeadDim: 128, VHeadDim: 128,
+			Causal: true, F32: true, Epochs: 3, TimeN: 20, Gather: true},
+		{Name: "watchdog_gather", N: 500, Ranks: 2, Heads: 4, KVHeads: 1, HeadDim: 128, VHeadDim: 128, Causal: true,
+			F32: true, Epochs: 1, Idle: true, TimeoutMs: 200, Gather: true},
+		{Name: "n16384_gqa4_d128_timing_gather", N: 16384, Ranks: 2, Heads: 16, KVHeads: 4, HeadDim: 128,
+			VHeadDim: 128, Causal: true, Epochs: 2, TimeN: 20, FlashRef: true, Gather: true},
 	}
 	var cases []ringIPCCase
 	for _, dev := range []int{0, 1} {
@@ -438,12 +473,12 @@ func runRingIPCRank(t *testing.T, g *GPU, c ringIPCCase, me int, peer lineIO) {
 			return
 		}
 		mem := newRingLocalMem(a, c, args, wsBytes, me, ins)
-		_, _, total := ringSharedLayout(wsBytes, args)
+		_, _, total := ringSharedLayout(wsBytes, args, c.Gather)
 		mapped := swapIPC(a, peer, mem.sh.all, total)
 		if a.err != nil {
 			return
 		}
-		other := ringSharedViews(a, mapped, wsBytes, args)
+		other := ringSharedViews(a, mapped, wsBytes, args, c.Gather)
 		ws := make([]*Buffer, 2)
 		ws[me], ws[1-me] = mem.sh.ws, other.ws
 		s, err := a.d.NewStream()

@@ -392,7 +392,8 @@ func TestRingArgsCheck(t *testing.T) {
 			t.Errorf("got %v, want an error containing %q", err, c.want)
 		}
 	}
-	// Gather buffers: all ranks or none, emulated only.
+	// Gather buffers: all ranks or none (rank-local: me and me+1, the
+	// entries it reads).
 	b := &Buffer{}
 	for _, c := range []struct {
 		ranks []RingRank
@@ -405,7 +406,11 @@ func TestRingArgsCheck(t *testing.T) {
 		{[]RingRank{{KGather: b, VGather: b}}, -1, false, ""}, // one rank: nothing to receive
 		{[]RingRank{{KGather: b, VGather: b}, {}}, -1, false, "1 of 2 ranks"},
 		{[]RingRank{{VGather: b}, {}, {}}, -1, false, "1 of 3 ranks"},
-		{[]RingRank{{KGather: b, VGather: b}, {KGather: b, VGather: b}}, 0, false, "emulated ring only"},
+		{[]RingRank{{KGather: b, VGather: b}, {KGather: b, VGather: b}}, 0, true, ""},
+		{[]RingRank{{}, {KGather: b, VGather: b}, {KGather: b, VGather: b}}, 1, true, ""}, // rank 0's entry unread
+		{[]RingRank{{KGather: b, VGather: b}, {}, {}}, 1, false, ""},
+		{[]RingRank{{KGather: b, VGather: b}, {KGather: b, VGather: b}, {}}, 1, false, "1 of 2 ranks"},
+		{[]RingRank{{KGather: b, VGather: b}}, 0, false, ""}, // one rank: nothing to receive
 	} {
 		got, err := ringUsesGather("T", c.ranks, c.me)
 		switch {

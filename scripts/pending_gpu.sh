@@ -3,11 +3,18 @@
 # time ran out (docs/PERF.md, "GPU, twenty-sixth pass", last section).
 # Delete or rewrite it once its results are in PERF.md. On the GPU machine,
 # from the repository root, with .dev/device.tar.xz carried (make
-# device-bins), one device call (~3 minutes):
+# device-bins), one device call (~5 minutes):
 #   1. build .dev/libmkernel.so (the vectorised f32_to_bf16 and split_bf16);
 #   2. TestConvert (bit for bit, tails and unaligned views) and
 #      TestGemmSplit (bit for bit), then every kernel test;
-#   3. the Qwen3-8l 8192-token prefill (39.0–41.3 ms before), twice, and
+#   3. the rank-local ring with gather buffers (mk_ring_attn_rank_gather,
+#      ABI 22: ring_wg at head dims 128): TestRingRankLocalStreams (R = 2, 3,
+#      4 launches on streams, bit for bit against the emulated launch) and
+#      TestRingIPC (two processes; on nvidia-h200-x2 also one per GPU, with
+#      the TIMING lines against flash_wg with all keys local: #7's ring
+#      target) — the whole kernel suite of step 2 runs them too, this
+#      prints their lines;
+#   4. the Qwen3-8l 8192-token prefill (39.0–41.3 ms before), twice, and
 #      ncu's durations of the two kernels (159 µs / 81 µs a call at
 #      8192 × 4096 / 8192 × 2048 before).
 set -uo pipefail
@@ -20,9 +27,10 @@ export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
 timeout 60 .dev/kernels.test -test.count=1 -test.v -test.timeout 55s -test.run '^(TestConvert|TestGemmSplit)$' >"$OUT/convert.log" 2>&1
 echo "convert rc=$? pass $(grep -c -- '--- PASS' "$OUT/convert.log") fail $(grep -c -- '--- FAIL' "$OUT/convert.log")"
 grep -E -- '--- FAIL|panic|_test.go' "$OUT/convert.log" | head -8
-timeout 240 .dev/kernels.test -test.count=1 -test.timeout 235s >"$OUT/kernels.log" 2>&1
+timeout 300 .dev/kernels.test -test.count=1 -test.v -test.timeout 295s >"$OUT/kernels.log" 2>&1
 echo "kernels rc=$? $(tail -1 "$OUT/kernels.log")"
 grep -E -- '--- FAIL|panic' "$OUT/kernels.log" | head
+grep -E -- '--- (PASS|FAIL|SKIP): TestRing(RankLocalStreams|IPC)/|TIMING' "$OUT/kernels.log" | head -40
 for r in 1 2; do
 	echo -n "prefill 8192 qwen3-8l, round $r (t=${SECONDS}s): "
 	timeout 60 .dev/mkserve bench model --backend cuda --config configs/shapes/qwen3-30b-a3b-8l --batch 1 --steps 5 \
