@@ -1362,6 +1362,17 @@ int wg_prepare(int* coresident) {
   return prepare(ring_wg, fwg::kSmem, coresident, fwg::kThreadsWG);
 }
 
+// pick_kernel picks a launch's kernel — ring_wg when wg, else ring_kernel's
+// gather kind or its modes 0 / 1 — sets its shared-memory attribute once
+// and returns in *cores how many of its CTAs are co-resident.
+int pick_kernel(const char* fn, const Shape& sh, int head_dim, int v_head_dim, bool wg, bool gather, KernelFn* kf,
+                size_t* smem, int* cores) {
+  *smem = fwg::kSmem;
+  *kf = wg ? ring_wg : kernel_for(sh, gather, smem);
+  MK_ARG(*kf != nullptr, "%s: no kernel for head dims %d/%d", fn, head_dim, v_head_dim);
+  return wg ? wg_prepare(cores) : prepare(*kf, *smem, cores);
+}
+
 // ring_launch is mk_ring_attn_bf16 (gather 0) and mk_ring_attn_gather_bf16
 // (gather 1): the emulated ring in one cooperative launch.
 int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, const uint64_t* ptrs,
@@ -1387,11 +1398,10 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   // The gather ring at head dims 128 runs on the wgmma CTA (ring_wg), and
   // so does one rank alone (mode 2 without chunks to wait for).
   const bool wg = (gather || ranks == 1) && wg_fits(p, ranks, head_dim, v_head_dim, out_dtype == MK_DTYPE_F32);
-  size_t smem = fwg::kSmem;
-  KernelFn kf = wg ? ring_wg : kernel_for(sh, gather != 0, &smem);
-  MK_ARG(kf != nullptr, "%s: no kernel for head dims %d/%d", fn, head_dim, v_head_dim);
+  KernelFn kf = nullptr;
+  size_t smem = 0;
   int cores = 0;
-  rc = wg ? wg_prepare(&cores) : prepare(kf, smem, &cores);
+  rc = pick_kernel(fn, sh, head_dim, v_head_dim, wg, gather != 0, &kf, &smem, &cores);
   if (rc != MK_OK) return rc;
   p.mode = gather || wg ? 2 : 0;
   p.gcap = 0;
@@ -1487,11 +1497,10 @@ int32_t rank_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   fill_params(&p, ranks, ptrs, qspans, kvspans, out_dtype, heads, kv_heads, head_dim, v_head_dim, scale, window, sinks,
               causal, wss[me], sh, lo, me);
   const bool wg = gather && wg_fits(p, ranks, head_dim, v_head_dim, out_dtype == MK_DTYPE_F32);
-  size_t smem = fwg::kSmem;
-  KernelFn kf = wg ? ring_wg : kernel_for(sh, gather != 0, &smem);
-  MK_ARG(kf != nullptr, "%s: no kernel for head dims %d/%d", fn, head_dim, v_head_dim);
+  KernelFn kf = nullptr;
+  size_t smem = 0;
   int cores = 0;
-  rc = wg ? wg_prepare(&cores) : prepare(kf, smem, &cores);
+  rc = pick_kernel(fn, sh, head_dim, v_head_dim, wg, gather != 0, &kf, &smem, &cores);
   if (rc != MK_OK) return rc;
   MK_ARG(ctas >= 0 && ctas <= cores, "%s: ctas=%d, at most %d co-resident (0: all)", fn, ctas, cores);
   p.mode = gather ? 2 : 0;
@@ -1579,11 +1588,10 @@ extern "C" MK_API int32_t mk_ring_separate_bf16(uint64_t stream, int32_t ranks, 
   // Each step on the same kernel as the ring's: ring_wg at head dims 128
   // (its outputs here are the workspace's f32 partials).
   const bool wg = wg_fits(p, 0, head_dim, v_head_dim, true);
-  size_t smem = fwg::kSmem;
-  KernelFn fn = wg ? ring_wg : kernel_for(sh, false, &smem);
-  MK_ARG(fn != nullptr, "mk_ring_separate_bf16: no kernel for head dims %d/%d", head_dim, v_head_dim);
+  KernelFn fn = nullptr;
+  size_t smem = 0;
   int cores = 0;
-  rc = wg ? wg_prepare(&cores) : prepare(fn, smem, &cores);
+  rc = pick_kernel("mk_ring_separate_bf16", sh, head_dim, v_head_dim, wg, false, &fn, &smem, &cores);
   if (rc != MK_OK) return rc;
   p.mode = 1;
   p.apply_sinks = 0;
