@@ -14,9 +14,13 @@
 #      the TIMING lines against flash_wg with all keys local: #7's ring
 #      target) — the whole kernel suite of step 2 runs them too, this
 #      prints their lines;
-#   4. the Qwen3-8l 8192-token prefill (39.0–41.3 ms before), twice, and
-#      ncu's durations of the two kernels (159 µs / 81 µs a call at
-#      8192 × 4096 / 8192 × 2048 before).
+#   4. MKSERVE_PREFILL_BF16=1 (opt-in: a prefill's attention output in
+#      bf16 only, read by the o projection without a conversion): the
+#      backend's golden checkpoints and engine tests with it on;
+#   5. the Qwen3-8l 8192-token prefill (39.0–41.3 ms before), twice each
+#      without and with MKSERVE_PREFILL_BF16=1, and ncu's durations of the
+#      two conversion kernels (159 µs / 81 µs a call at 8192 × 4096 /
+#      8192 × 2048 before).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-.dev/out}
@@ -31,10 +35,16 @@ timeout 300 .dev/kernels.test -test.count=1 -test.v -test.timeout 295s >"$OUT/ke
 echo "kernels rc=$? $(tail -1 "$OUT/kernels.log")"
 grep -E -- '--- FAIL|panic' "$OUT/kernels.log" | head
 grep -E -- '--- (PASS|FAIL|SKIP): TestRing(RankLocalStreams|IPC)/|TIMING' "$OUT/kernels.log" | head -40
+(cd backend/cuda && MKSERVE_PREFILL_BF16=1 timeout 200 ../../.dev/cuda.test -test.count=1 -test.v \
+	-test.run '^(TestGolden|TestGoldenLatentMLA|TestEngineMatchesGreedy|TestEngineContextParallel)$' >"$OUT/prefill_bf16.log" 2>&1
+	echo "prefill bf16 tests rc=$? pass $(grep -c -- '--- PASS' "$OUT/prefill_bf16.log") fail $(grep -c -- '--- FAIL' "$OUT/prefill_bf16.log")")
+grep -E -- '--- FAIL|panic' "$OUT/prefill_bf16.log" | head
 for r in 1 2; do
-	echo -n "prefill 8192 qwen3-8l, round $r (t=${SECONDS}s): "
-	timeout 60 .dev/mkserve bench model --backend cuda --config configs/shapes/qwen3-30b-a3b-8l --batch 1 --steps 5 \
-		--prefill 8192 --json 2>&1 | grep -oE '"(kind|ms)":[^,}]*' | paste -sd' '
+	for v in 0 1; do
+		echo -n "prefill 8192 qwen3-8l, MKSERVE_PREFILL_BF16=$v, round $r (t=${SECONDS}s): "
+		MKSERVE_PREFILL_BF16=$v timeout 60 .dev/mkserve bench model --backend cuda --config configs/shapes/qwen3-30b-a3b-8l \
+			--batch 1 --steps 5 --prefill 8192 --json 2>&1 | grep -oE '"(kind|ms)":[^,}]*' | paste -sd' '
+	done
 done
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 echo "== ncu (t=${SECONDS}s)"

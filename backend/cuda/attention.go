@@ -435,12 +435,22 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		return nil, false
 	}
 
+	// A prefill whose rows all go through the flash kernel in one group
+	// may write its output in bf16 only (PrefillBF16Env): the o
+	// projection reads that, with no float32 output and no conversion.
+	bf16Out := prefillBF16() && !writeOnly && !be.split && !be.kvF32 && T > 0 && paged.any && !priv.any &&
+		len(paged.rings) == 0 && len(paged.worldCP) == 0 && paged.maxLen > 1 && !paged.gaps &&
+		len(paged.rows) == T && flashFits(D, Dv) && flashOn()
 	var out *Tensor
 	be.do("Attention", func(d *kernels.Device) error {
 		if err := pagedVariant(d); err != nil {
 			return err
 		}
-		if !writeOnly {
+		switch {
+		case writeOnly:
+		case bf16Out:
+			out = be.newBF16(d, T, H*Dv)
+		default:
 			out = be.newF32(d, T, H*Dv)
 		}
 		if T == 0 {
@@ -537,6 +547,11 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			if len(g.rows) == 0 {
 				continue
 			}
+			if bf16Out && pl.v == nil { // values inside keys: not the flash path; float32 after all
+				be.attach(out, &out.st.f32, be.alloc.get(d, int64(T*H*Dv)*4))
+				be.alloc.put(out.st.bf16)
+				out.st.bf16, bf16Out = nil, false
+			}
 			if g.maxLen > 1 && !g.gaps && flashFits(D, Dv) && flashOn() && pl.v != nil {
 				// A prefill step: every span of the group through the
 				// tensor-core prefill kernel (decode spans as 1-row sequences).
@@ -547,10 +562,14 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 					}
 				}
 				fm := mc.flash(be, d, g)
-				err := d.FlashAttention(nil, out.st.f32, qbf, pl.k, pl.v, fm.start, fm.past, fm.table, m.blocks, sk,
+				ob, odt := out.st.f32, kernels.F32
+				if bf16Out {
+					ob, odt = out.st.bf16, kernels.BF16
+				}
+				err := d.FlashAttention(nil, ob, qbf, pl.k, pl.v, fm.start, fm.past, fm.table, m.blocks, sk,
 					kernels.FlashArgs{Batch: len(g.seqStart), MaxQLen: g.maxLen, Tokens: T, Heads: H, KVHeads: KV,
 						HeadDim: D, VHeadDim: Dv, BlockSize: a.BlockSize, PoolRows: pl.blocks * a.BlockSize,
-						NumBlocks: len(g.blocks), Scale: p.Scale, Window: p.Window, Causal: true, Out: kernels.F32})
+						NumBlocks: len(g.blocks), Scale: p.Scale, Window: p.Window, Causal: true, Out: odt})
 				if err != nil {
 					return err
 				}

@@ -316,6 +316,13 @@ func (be *Backend) newF32(d *kernels.Device, rows, cols int) *Tensor {
 	return be.wrap([]int{rows, cols}, &store{n: rows * cols, f32: b})
 }
 
+// newBF16 allocates a [rows, cols] tensor held in bf16 only (contents
+// undefined): its bf16 values are the tensor; f32 converts on first use.
+func (be *Backend) newBF16(d *kernels.Device, rows, cols int) *Tensor {
+	b := be.alloc.get(d, int64(rows)*int64(cols)*2)
+	return be.wrap([]int{rows, cols}, &store{n: rows * cols, bf16: b})
+}
+
 // f32 returns t's float32 memory, converting from bf16 once.
 func (be *Backend) f32(d *kernels.Device, t *Tensor) *kernels.Buffer {
 	if t.st.f32 == nil {
@@ -928,6 +935,18 @@ func routerGEMVFits(x *Tensor, wb *kernels.Buffer, T, K int) bool {
 // instead of converting again, and a split (hi + lo) leaves hi, the same
 // rounding, with xt.
 func (be *Backend) linearT(d *kernels.Device, xt *Tensor, w *Tensor, b *Tensor, T, N, K int, split bool) *Tensor {
+	if xt.st.f32 == nil && xt.st.bf16 != nil && !split && !xt.st.weight {
+		// Held in bf16 only (newBF16, e.g. a prefill's attention output
+		// with PrefillBF16Env): its values are what the GEMM reads.
+		if wb, wF32 := weightMem(w); !wF32 && T*N*K > 0 {
+			out := be.newF32(d, T, N)
+			be.gemm(d, out.st.f32, gemmIn{hi: xt.st.bf16}, wb, T, N, K)
+			if b != nil {
+				must("bias", d.BiasAddF32(nil, out.st.f32, be.f32(d, b), T, N))
+			}
+			return out
+		}
+	}
 	x := be.f32(d, xt)
 	if _, wF32 := weightMem(w); wF32 || T*N*K == 0 || !memoOK(xt) {
 		return be.linearMode(d, x, w, b, T, N, K, split)

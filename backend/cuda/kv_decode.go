@@ -58,6 +58,16 @@ func (mc *metaCache) flash(be *Backend, d *kernels.Device, g *attnGroup) flashMe
 // comparisons.
 const FlashEnv = "MKSERVE_FLASH"
 
+// PrefillBF16Env names the environment variable that, set to 1, lets a
+// prefill's attention write its output in bf16 only (the flash kernel's
+// bf16 output; the o projection reads it as its GEMM operand) instead of
+// float32 rows converted to bf16 before the o projection. Opt-in until
+// measured on the GPU (written after the twenty-sixth pass's device time).
+const PrefillBF16Env = "MKSERVE_PREFILL_BF16"
+
+// prefillBF16 reports PrefillBF16Env.
+var prefillBF16 = sync.OnceValue(func() bool { return os.Getenv(PrefillBF16Env) == "1" })
+
 // flashOn reports whether prefill steps use the flash kernel (FlashEnv).
 var flashOn = sync.OnceValue(func() bool { return os.Getenv(FlashEnv) != "0" })
 
