@@ -155,7 +155,7 @@ struct Acc {
 // and P·V(g − 1) issued together, tile g's softmax under P·V(g − 1), O
 // rescaled once it is done and the stage of g − 1 released. keys(g, st,
 // kb, kend) gives tile g's first key position and the end of its keys (keys
-// kb + j ≥ kend are masked); it may read s.keys()[2 st ..] once S(g) is done.
+// kb + j ≥ kend are masked); it may read stage st's bounds (s.keys()) once K(g) has landed.
 template <class Keys>
 __device__ __forceinline__ void consume(const Smem& s, int gb, int ntiles, int qph, const Keys& keys, int posa,
                                         int causal, int win, float sl2, int cw, int wl, Acc& a) {

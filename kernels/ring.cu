@@ -1333,28 +1333,31 @@ bool wg_on() {
 }
 
 // wg_fits reports whether ring_wg takes a launch: head dims 128/128,
-// 16-byte aligned q/k/v and buffers (p.vec), and outputs aligned for its
-// paired stores (out_f32 here is what the kernel stores: f32 in mode 1).
-bool wg_fits(const Params& p, int ranks, int head_dim, int v_head_dim, bool out_f32) {
+// 16-byte aligned q/k/v and buffers (p.vec), and the outputs of ranks
+// 0..nout−1 aligned for its paired stores (out_f32: what the kernel stores;
+// nout 0 when the outputs are the workspace's, as in mode 1).
+bool wg_fits(const Params& p, int nout, int head_dim, int v_head_dim, bool out_f32) {
   if (!wg_on() || head_dim != 128 || v_head_dim != 128 || !p.vec) return false;
-  for (int r = 0; r < ranks; ++r)
+  for (int r = 0; r < nout; ++r)
     if (reinterpret_cast<uintptr_t>(p.rk[r].out) % (out_f32 ? 8 : 4) != 0) return false;
   return true;
 }
 
-// wg_layout fills ring_wg's tiles of 128 query rows per rank and span, and
-// returns the slots (tiles × heads) of all ranks.
-int64_t wg_layout(Params* p, int ranks, const int32_t* qspans) {
+// wg_layout fills ring_wg's tiles of 128 query rows per rank and span.
+void wg_layout(Params* p, int ranks, const int32_t* qspans) {
   p->wtmax = 0;
-  int64_t slots = 0;
   for (int r = 0; r < ranks; ++r) {
     for (int sp = 0; sp < 2; ++sp)
       p->wtc[r][sp] = (qspans[4 * r + 2 * sp + 1] - qspans[4 * r + 2 * sp] + fwg::kBM - 1) / fwg::kBM;
     const int t = p->wtc[r][0] + p->wtc[r][1];
     p->wtmax = t > p->wtmax ? t : p->wtmax;
-    slots += (int64_t)t * p->heads;
   }
-  return slots;
+}
+
+// rank_items is rank r's work items (slots) in the launch's kernel: ring_wg's
+// 128-row tiles × heads (after wg_layout), else the layout's.
+int64_t rank_items(const Params& p, const Layout& lo, bool wg, int r) {
+  return wg ? (int64_t)(p.wtc[r][0] + p.wtc[r][1]) * p.heads : lo.items[r];
 }
 
 // wg_prepare is prepare for ring_wg.
@@ -1424,9 +1427,9 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   p.fault_rank = fault_rank;
   p.apply_sinks = 1;
   p.timeout_ns = timeout_ns;
+  if (wg) wg_layout(&p, ranks, qspans);
   int64_t slots = 0;
-  for (int r = 0; r < ranks; ++r) slots += lo.items[r];
-  if (wg) slots = wg_layout(&p, ranks, qspans);
+  for (int r = 0; r < ranks; ++r) slots += rank_items(p, lo, wg, r);
   const int comm = p.ncomm * ranks;
   MK_ARG(comm < cores, "%s: %d communication CTAs leave no room for compute (%d co-resident)", fn, comm, cores);
   int64_t grid = comm + (slots > 0 ? slots : 1);
@@ -1520,11 +1523,8 @@ int32_t rank_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   p.rem_prev = reinterpret_cast<int*>(wss[prev] + kRemoteOff);
   const int cap = ctas > 0 ? ctas : cores;
   MK_ARG(p.ncomm < cap, "%s: %d communication CTAs leave no room for compute (%d CTAs)", fn, p.ncomm, cap);
-  int64_t items = lo.items[me];
-  if (wg) {
-    wg_layout(&p, ranks, qspans);
-    items = (int64_t)(p.wtc[me][0] + p.wtc[me][1]) * heads;
-  }
+  if (wg) wg_layout(&p, ranks, qspans);
+  const int64_t items = rank_items(p, lo, wg, me);
   int64_t grid = p.ncomm + (items > 0 ? items : 1);
   if (grid > cap) grid = cap;
   cudaStream_t st = mk::as_stream(stream);
@@ -1627,9 +1627,9 @@ extern "C" MK_API int32_t mk_ring_separate_bf16(uint64_t stream, int32_t ranks, 
   mp.vhd = v_head_dim;
   mp.out_f32 = out_dtype == MK_DTYPE_F32;
 
+  if (wg) wg_layout(&p, ranks, qspans);
   int64_t slots = 0;
-  for (int r = 0; r < ranks; ++r) slots += lo.items[r];
-  if (wg) slots = wg_layout(&p, ranks, qspans);
+  for (int r = 0; r < ranks; ++r) slots += rank_items(p, lo, wg, r);
   int64_t grid = slots > 0 ? slots : 1;
   if (grid > cores) grid = cores;
   cudaStream_t st = mk::as_stream(stream);

@@ -127,6 +127,13 @@ type attnGroup struct {
 	worldCP         []ringSpan
 }
 
+// flashes reports whether the group's rows can go through the flash
+// prefill kernel: a prefill group without gaps, head dims it takes,
+// FlashEnv not 0 (the layer's cache must also hold values apart from keys).
+func (g *attnGroup) flashes(D, Dv int) bool {
+	return g.maxLen > 1 && !g.gaps && flashFits(D, Dv) && flashOn()
+}
+
 // worldSplit reports whether span s is split over the world's processes.
 func (g *attnGroup) worldSplit(s backend.SeqSpan) bool {
 	return g.ring && g.worldR > 1 && s.ContextParallel > 1 && s.Len >= 2*g.worldR
@@ -439,8 +446,7 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 	// may write its output in bf16 only (PrefillBF16Env): the o
 	// projection reads that, with no float32 output and no conversion.
 	bf16Out := prefillBF16() && !writeOnly && !be.split && !be.kvF32 && T > 0 && paged.any && !priv.any &&
-		len(paged.rings) == 0 && len(paged.worldCP) == 0 && paged.maxLen > 1 && !paged.gaps &&
-		len(paged.rows) == T && flashFits(D, Dv) && flashOn()
+		len(paged.rings) == 0 && len(paged.worldCP) == 0 && len(paged.rows) == T && paged.flashes(D, Dv)
 	var out *Tensor
 	be.do("Attention", func(d *kernels.Device) error {
 		if err := pagedVariant(d); err != nil {
@@ -552,7 +558,7 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 				be.alloc.put(out.st.bf16)
 				out.st.bf16, bf16Out = nil, false
 			}
-			if g.maxLen > 1 && !g.gaps && flashFits(D, Dv) && flashOn() && pl.v != nil {
+			if g.flashes(D, Dv) && pl.v != nil {
 				// A prefill step: every span of the group through the
 				// tensor-core prefill kernel (decode spans as 1-row sequences).
 				if qbf == nil {

@@ -935,30 +935,21 @@ func routerGEMVFits(x *Tensor, wb *kernels.Buffer, T, K int) bool {
 // instead of converting again, and a split (hi + lo) leaves hi, the same
 // rounding, with xt.
 func (be *Backend) linearT(d *kernels.Device, xt *Tensor, w *Tensor, b *Tensor, T, N, K int, split bool) *Tensor {
-	if xt.st.f32 == nil && xt.st.bf16 != nil && !split && !xt.st.weight {
-		// Held in bf16 only (newBF16, e.g. a prefill's attention output
-		// with PrefillBF16Env): its values are what the GEMM reads.
-		if wb, wF32 := weightMem(w); !wF32 && T*N*K > 0 {
-			out := be.newF32(d, T, N)
-			be.gemm(d, out.st.f32, gemmIn{hi: xt.st.bf16}, wb, T, N, K)
-			if b != nil {
-				must("bias", d.BiasAddF32(nil, out.st.f32, be.f32(d, b), T, N))
-			}
-			return out
-		}
-	}
-	x := be.f32(d, xt)
-	if _, wF32 := weightMem(w); wF32 || T*N*K == 0 || !memoOK(xt) {
-		return be.linearMode(d, x, w, b, T, N, K, split)
+	// bf16Only: held in bf16 only (newBF16, e.g. a prefill's attention
+	// output with PrefillBF16Env): without a split its values are what the
+	// GEMM reads, no float32 copy made.
+	bf16Only := xt.st.f32 == nil && xt.st.bf16 != nil && !xt.st.weight && !split
+	if _, wF32 := weightMem(w); wF32 || T*N*K == 0 || !(memoOK(xt) || bf16Only) {
+		return be.linearMode(d, be.f32(d, xt), w, b, T, N, K, split)
 	}
 	var in gemmIn
 	switch {
 	case !split:
 		in.hi, in.owned = be.bf16Of(d, xt)
 	case xt.st.bf16 != nil: // hi is kept already; the split makes both halves again
-		in = be.prepareMode(d, x, T*K, false, true)
+		in = be.prepareMode(d, be.f32(d, xt), T*K, false, true)
 	default:
-		in = be.prepareMode(d, x, T*K, false, true)
+		in = be.prepareMode(d, be.f32(d, xt), T*K, false, true)
 		be.attach(xt, &xt.st.bf16, in.hi) // kept with xt (the same values as bf16Of)
 		in.hi = nil
 	}
