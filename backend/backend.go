@@ -16,6 +16,7 @@ package backend
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/mkserve/mkserve/attention"
 	"github.com/mkserve/mkserve/moe"
@@ -364,6 +365,36 @@ type StepGrapher interface {
 	GraphStep(b *Batch, f func() (Tensor, error)) (Tensor, error)
 }
 
+// Releaser is a Backend that can reuse a tensor's memory before the garbage
+// collector finds the tensor dead (the CUDA backend: an 8k prefill's
+// activations are 64–600 MB each, and a forward pass would otherwise hold
+// every one of them until a collection and allocate afresh for each).
+type Releaser interface {
+	// Release says that the caller will not use ts again: work queued
+	// before still reads their values, later work may reuse their memory.
+	// Nil entries are skipped, and so are tensors the backend does not own
+	// alone (weights, views of other tensors).
+	Release(ts ...Tensor)
+}
+
+// Release passes dead to be's Releaser, if it has one, leaving out any of
+// them that is also in live (an op may return its input as its output).
+func Release(be Backend, live []Tensor, dead ...Tensor) {
+	r, ok := be.(Releaser)
+	if !ok {
+		return
+	}
+	out := dead[:0:0]
+	for _, t := range dead {
+		if t != nil && !slices.Contains(live, t) && !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	if len(out) > 0 {
+		r.Release(out...)
+	}
+}
+
 // AddNormer is a Backend that fuses a residual add with the RMSNorm that
 // follows it (on the GPU one launch instead of two per pair).
 type AddNormer interface {
@@ -458,8 +489,10 @@ func NormRoPEAttention(be Backend, q, k, v, qw, kw Tensor, eps float32, rope *at
 			return o
 		}
 	}
-	q, k = NormRoPE(be, q, k, qw, kw, eps, p.NumHeads, p.NumKVHeads, p.HeadDim, rope, b.Positions)
-	return be.Attention(q, k, v, b, p)
+	qr, kr := NormRoPE(be, q, k, qw, kw, eps, p.NumHeads, p.NumKVHeads, p.HeadDim, rope, b.Positions)
+	o := be.Attention(qr, kr, v, b, p)
+	Release(be, []Tensor{o, q, k, v}, qr, kr) // the caller's q, k and v are the caller's
+	return o
 }
 
 // MultiLinear is implemented by backends that run several projections of

@@ -83,16 +83,24 @@ func (d *decoder) Forward(b *backend.Batch) (backend.Tensor, error) {
 		first = d.layers[0].inNorm
 	}
 	h := be.RMSNorm(x, first, d.eps) // [T, H]
+	// Each layer's residual, its normed input and its branches' outputs
+	// are dead once the next residual exists: released to the backend then
+	// (backend.Release), so that a long prefill reuses their memory.
 	for i, l := range d.layers {
-		x, h = backend.AddRMSNorm(be, x, l.attn.forward(h, b), l.postNorm, d.eps)
+		a := l.attn.forward(h, b) // [T, H]
+		x1, h1 := backend.AddRMSNorm(be, x, a, l.postNorm, d.eps)
+		backend.Release(be, []backend.Tensor{x1, h1}, x, h, a)
 		next := d.norm
 		if i+1 < len(d.layers) {
 			next = d.layers[i+1].inNorm
 		}
-		x, h = ffnAddNorm(be, l.ffn, x, h, b, next, d.eps)
+		x, h = ffnAddNorm(be, l.ffn, x1, h1, b, next, d.eps)
+		backend.Release(be, []backend.Tensor{x, h}, x1, h1)
 	}
 	if b.LogitRows != nil {
-		h = be.Rows(h, b.LogitRows) // [rows, H]
+		r := be.Rows(h, b.LogitRows) // [rows, H]
+		backend.Release(be, []backend.Tensor{r}, x, h)
+		h = r
 	}
 	return be.Linear(h, d.lmHead, nil), nil // [rows, V]
 }
@@ -258,7 +266,10 @@ func (a *gqaAttention) forward(h backend.Tensor, b *backend.Batch) backend.Tenso
 	}
 	// The q/k norms (if any), RoPE and attention, fused where the backend can.
 	o := backend.NormRoPEAttention(be, q, k, v, a.qNorm, a.kNorm, a.eps, a.rope, b, p) // [T, H*D]
-	return be.Linear(o, a.wo, a.bo)
+	backend.Release(be, []backend.Tensor{o}, q, k, v)
+	out := be.Linear(o, a.wo, a.bo)
+	backend.Release(be, []backend.Tensor{out}, o)
+	return out
 }
 
 // ───────────────────────────── feed-forward ─────────────────────────────

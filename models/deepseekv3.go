@@ -139,7 +139,15 @@ func (a *mlaAttention) forward(h backend.Tensor, b *backend.Batch) backend.Tenso
 	proj := backend.LinearMulti(be, h, []backend.Tensor{qFirst, a.kvA}, nil)
 	q, ckv := proj[0], proj[1] // [T, H*(nope+rope)] or [T, qLora]; [T, kvLora+rope]
 	if a.qProj == nil {
-		q = be.Linear(be.RMSNorm(q, a.qANorm, loraNormEps), a.qB, nil) // [T, H*(nope+rope)]
+		qa := q
+		qn := be.RMSNorm(qa, a.qANorm, loraNormEps)
+		q = be.Linear(qn, a.qB, nil) // [T, H*(nope+rope)]
+		backend.Release(be, []backend.Tensor{q}, qa, qn)
+	}
+	// dead releases the branch's intermediates once out exists.
+	dead := func(out backend.Tensor, ts ...backend.Tensor) backend.Tensor {
+		backend.Release(be, []backend.Tensor{out}, ts...)
+		return out
 	}
 	qParts := be.SplitCols(q, H, a.nope, a.ropeDim) // [T, H*nope], [T, H*rope]
 	kvParts := be.SplitCols(ckv, 1, a.kvLora, a.ropeDim)
@@ -148,7 +156,7 @@ func (a *mlaAttention) forward(h backend.Tensor, b *backend.Batch) backend.Tenso
 		qPe := be.RoPE(qParts[1], H, a.ropeDim, a.rope, b.Positions)         // [T, H*rope]
 		kPe := be.RoPE(kvParts[1], 1, a.ropeDim, a.rope, b.Positions)        // [T, rope]
 		o := a.la.LatentAttention(qParts[0], qPe, c, kPe, b, &a.p, a.latent) // [T, H*v]
-		return be.Linear(o, a.o, nil)
+		return dead(be.Linear(o, a.o, nil), q, ckv, qParts[0], qParts[1], kvParts[0], kvParts[1], c, qPe, kPe, o)
 	}
 	kv := be.Linear(be.RMSNorm(kvParts[0], a.kvANorm, loraNormEps), a.kvB, nil) // [T, H*(nope+v)]
 	kvSplit := be.SplitCols(kv, H, a.nope, a.vDim)                              // [T, H*nope], [T, H*v]
@@ -158,5 +166,6 @@ func (a *mlaAttention) forward(h backend.Tensor, b *backend.Batch) backend.Tenso
 	qFull := be.ConcatCols(H, []backend.Tensor{qParts[0], qPe}, sizes)  // [T, H*(nope+rope)]
 	kFull := be.ConcatCols(H, []backend.Tensor{kvSplit[0], kPe}, sizes) // [T, H*(nope+rope)]
 	o := be.Attention(qFull, kFull, kvSplit[1], b, &a.p)                // [T, H*v]
-	return be.Linear(o, a.o, nil)
+	return dead(be.Linear(o, a.o, nil), q, ckv, qParts[0], qParts[1], kvParts[0], kvParts[1], kv,
+		kvSplit[0], kvSplit[1], qPe, kPe, qFull, kFull, o)
 }

@@ -67,6 +67,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -242,7 +243,7 @@ func New(opts Options) (*Backend, error) {
 	if opts.KVCacheF32 != nil {
 		kvF32 = *opts.KVCacheF32
 	}
-	return &Backend{g: g, alloc: &allocator{pool: map[int64][]*kernels.Buffer{}}, split: split, kvF32: kvF32, noGraphs: opts.NoGraphs,
+	return &Backend{g: g, alloc: newAllocator(largePoolMax()), split: split, kvF32: kvF32, noGraphs: opts.NoGraphs,
 		moePath: path, epRanks: max(opts.EPRanks, 1), moeTuning: opts.MoETuning, world: wd,
 		ropes: map[attention.RoPE]*ropeFreqs{}, priv: newPrivateKV()}, nil
 }
@@ -272,6 +273,9 @@ type store struct {
 	bf16   *kernels.Buffer // [n] bf16, or nil
 	weight bool            // made by Weight: lives across steps
 	pooled bool            // a cleanup pools every buffer it holds when its tensor dies
+	// released: Release took its buffers back before its tensor died; any
+	// later use is a caller's error (tensorOf panics naming the op).
+	released bool
 }
 
 // Shape returns a copy of the tensor's dimensions.
@@ -521,7 +525,48 @@ func tensorOf(op, name string, x backend.Tensor) *Tensor {
 	if !ok || t == nil {
 		panicf(op, "%s is %T, want a non-nil *cuda.Tensor", name, x)
 	}
+	if t.st.released || (t.parent != nil && t.parent.st.released) {
+		panicf(op, "%s was released (Backend.Release) and is used again", name)
+	}
 	return t
+}
+
+// ReleaseEnv names the environment variable that, set to 0, makes Release
+// do nothing (tensors then return to the pool only when collected: the
+// behaviour before the twenty-seventh pass, for comparisons).
+const ReleaseEnv = "MKSERVE_RELEASE"
+
+var releaseOn = sync.OnceValue(func() bool { return os.Getenv(ReleaseEnv) != "0" })
+
+// Release implements backend.Releaser: the tensors' buffers go back to the
+// pool now, on the GPU goroutine after the work queued before (which still
+// reads them: all work runs in order on one stream). Only outside graph
+// steps: a captured step's buffers come from its arena and a replay's are
+// fixed, so there the call does nothing. Weights, views and tensors of a
+// replay are left to their owners.
+func (be *Backend) Release(ts ...backend.Tensor) {
+	if be.graphMode() != graphOff || !releaseOn() {
+		return
+	}
+	var sts []*store
+	for _, x := range ts {
+		t, ok := x.(*Tensor)
+		if !ok || t == nil || t.parent != nil || t.st.weight || !t.st.pooled || t.st.released {
+			continue
+		}
+		sts = append(sts, t.st)
+	}
+	if len(sts) == 0 {
+		return
+	}
+	be.do("Release", func(*kernels.Device) error {
+		for _, st := range sts {
+			be.alloc.put(st.f32)
+			be.alloc.put(st.bf16)
+			st.f32, st.bf16, st.released = nil, nil, true
+		}
+		return nil
+	})
 }
 
 func optional(op, name string, x backend.Tensor) *Tensor {
@@ -566,14 +611,17 @@ func flat(op, name string, x backend.Tensor, n int) *Tensor {
 
 // ---- device memory pool ----
 
-// allocator pools device buffers by size class (powers of two from 256
-// bytes up to poolMax); larger buffers are freed when released. Released
-// buffers may be reused by later work at once: all work runs in order on
-// the default stream.
+// allocator pools device buffers by size class (class): powers of two
+// from 256 bytes up to poolMax, eighths of an octave above it. Buffers
+// above poolMax are pooled up to largeMax bytes in all and freed beyond
+// that. Released buffers may be reused by later work at once: all work
+// runs in order on the default stream.
 type allocator struct {
-	mu      sync.Mutex
-	pool    map[int64][]*kernels.Buffer
-	pending []*kernels.Buffer // large buffers to free on the GPU goroutine
+	mu       sync.Mutex
+	pool     map[int64][]*kernels.Buffer
+	pending  []*kernels.Buffer // buffers to free on the GPU goroutine
+	large    int64             // bytes pooled in classes above poolMax
+	largeMax int64             // the most bytes pooled above poolMax (largePoolMax)
 
 	tape  *tapeState               // the running graph step's tape, or nil
 	owned map[*kernels.Buffer]bool // the graphs' arena (graph.go): never pooled again
@@ -588,6 +636,42 @@ type allocator struct {
 	// freed (pooled or held by tensors and caches): with the pool's length,
 	// what tests check for leaks.
 	made atomic.Int64
+	// mallocs and frees count the device allocations and frees (AllocCounts).
+	mallocs, frees atomic.Int64
+}
+
+// newAllocator returns an empty pool that keeps up to largeMax bytes of
+// buffers above poolMax.
+func newAllocator(largeMax int64) *allocator {
+	return &allocator{pool: map[int64][]*kernels.Buffer{}, largeMax: largeMax}
+}
+
+// LargePoolEnv names the environment variable that sets how many MiB of
+// buffers above 64 MiB the CUDA backend keeps for reuse (default 16384; 0
+// frees each when released, as before the twenty-seventh pass). A long
+// prefill's activations are such buffers (8192 tokens × 4096 × 4 bytes is
+// 128 MiB), and cudaFree synchronises the device while cudaMalloc of
+// hundreds of MiB costs host time, so freeing them made every layer of
+// an 8k prefill wait. The pool is freed whenever an allocation fails.
+const LargePoolEnv = "MKSERVE_LARGE_POOL_MB"
+
+// largePoolMax reads LargePoolEnv (bytes).
+func largePoolMax() int64 {
+	mb := int64(16384)
+	if v := os.Getenv(LargePoolEnv); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			panic(fmt.Sprintf("%s=%q: want a non-negative number of MiB", LargePoolEnv, v))
+		}
+		mb = n
+	}
+	return mb << 20
+}
+
+// AllocCounts reports how many device allocations and frees the backend's
+// pool has made so far (its buffers, not weights' or caches' own).
+func (be *Backend) AllocCounts() (mallocs, frees int64) {
+	return be.alloc.mallocs.Load(), be.alloc.frees.Load()
 }
 
 // outside is how many buffers of the allocator are held outside the pool
@@ -604,15 +688,19 @@ func (a *allocator) outside() int64 {
 
 const poolMax = 64 << 20
 
+// class is the size a request of bytes gets: the next power of two up to
+// poolMax, above it the next eighth of its octave (≤ 12.5 % more), so that
+// prefills of similar lengths reuse each other's buffers.
 func class(bytes int64) int64 {
-	if bytes > poolMax {
-		return bytes
-	}
 	c := int64(256)
 	for c < bytes {
 		c <<= 1
 	}
-	return c
+	if c <= poolMax {
+		return c
+	}
+	step := c / 16 // an eighth of the octave [c/2, c)
+	return (bytes + step - 1) / step * step
 }
 
 // put returns b to the pool (any goroutine; nil is ignored).
@@ -633,10 +721,13 @@ func (a *allocator) put(b *kernels.Buffer) {
 		a.mu.Unlock()
 		return
 	}
-	if b.Bytes() > poolMax {
+	if n := b.Bytes(); n > poolMax && a.large+n > a.largeMax {
 		a.pending = append(a.pending, b)
 	} else {
-		a.pool[b.Bytes()] = append(a.pool[b.Bytes()], b)
+		if n > poolMax {
+			a.large += n
+		}
+		a.pool[n] = append(a.pool[n], b)
 	}
 	a.mu.Unlock()
 }
@@ -657,6 +748,9 @@ func (a *allocator) get(d *kernels.Device, bytes int64) *kernels.Buffer {
 	if l := a.pool[c]; len(l) > 0 {
 		b := l[len(l)-1]
 		a.pool[c] = l[:len(l)-1]
+		if c > poolMax {
+			a.large -= c
+		}
 		a.mu.Unlock()
 		return b
 	}
@@ -672,6 +766,7 @@ func (a *allocator) get(d *kernels.Device, bytes int64) *kernels.Buffer {
 		panic(fmt.Sprintf("device memory: %v", err))
 	}
 	a.made.Add(1)
+	a.mallocs.Add(1)
 	return b
 }
 
@@ -685,6 +780,7 @@ func (a *allocator) freePending(all bool) {
 			fr = append(fr, l...)
 			delete(a.pool, c)
 		}
+		a.large = 0
 	}
 	a.mu.Unlock()
 	var errs []error
@@ -692,6 +788,7 @@ func (a *allocator) freePending(all bool) {
 		errs = append(errs, b.Free())
 	}
 	a.made.Add(-int64(len(fr)))
+	a.frees.Add(int64(len(fr)))
 	if err := errors.Join(errs...); err != nil {
 		panic(fmt.Sprintf("freeing device memory: %v", err))
 	}

@@ -46,6 +46,8 @@ type modelResult struct {
 	// Ops is the host-side time per backend op over the timed steps, per
 	// step, costliest first (cuda with --profile-ops).
 	Ops []opTime `json:"ops,omitempty"`
+	// Mallocs is the device allocations a timed prefill run made (cuda).
+	Mallocs *float64 `json:"mallocs_per_run,omitempty"`
 	// Stamps is the GPU time of each backend op of the last synchronous
 	// step's graph, summed by op (µs and calls per step, costliest first),
 	// and StampSeq the ops in the order they ran; cuda with
@@ -72,6 +74,21 @@ type modelResult struct {
 }
 
 // opTime is one op's share of a step's host time.
+// opTimes is the costliest 12 ops cb's profile gathered over n steps (or
+// prefill runs), per step; it turns the profile off.
+func opTimes(cb *cuda.Backend, n int) []opTime {
+	var ops []opTime
+	for i, o := range cb.OpProfile() {
+		if i == 12 {
+			break
+		}
+		ops = append(ops, opTime{Op: o.Op, Calls: float64(o.Calls) / float64(n),
+			US: float64(o.Total.Microseconds()) / float64(n)})
+	}
+	cb.ProfileOps(false)
+	return ops
+}
+
 type opTime struct {
 	Op    string  `json:"op"`
 	Calls float64 `json:"calls_per_step"`
@@ -102,7 +119,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	moeTuning := fs.String("moe-tuning", "", "cuda: the fused MoE launch table of `mkserve bench moe --tune` (empty: kernel defaults)")
 	ep := fs.Int("ep", 1, "cuda: expert-parallel ranks emulated on the GPU (needs --moe-path fused)")
 	graphs := fs.Bool("graphs", true, "cuda: run decode steps as CUDA graphs (captured per batch shape; the fast precision only)")
-	profile := fs.Bool("profile-ops", false, "cuda: time every backend op on the host during the decode steps (adds a clock read per op)")
+	profile := fs.Bool("profile-ops", false, "cuda: time every backend op on the host during the timed prefill runs and decode steps (adds a clock read per op)")
 	temperature := fs.Float64("temperature", 0, "decode: sampling temperature of every row on a device sampler (0: greedy; > 0 draws with a seeded uniform, over the whole vocabulary unless --top-k or --top-p)")
 	topK := fs.Int("top-k", 0, "decode, --temperature > 0: every row's top-k (0: off)")
 	topP := fs.Float64("top-p", 1, "decode, --temperature > 0: every row's top-p (1: off)")
@@ -299,6 +316,13 @@ func benchModel(args []string, stdout io.Writer) error {
 				}
 			}
 			runs := max(3, *steps/5)
+			if *profile && cb != nil {
+				cb.ProfileOps(true)
+			}
+			var m0 int64
+			if cb != nil {
+				m0, _ = cb.AllocCounts()
+			}
 			var ms []float64
 			for r := 0; r < runs; r++ {
 				t := time.Now()
@@ -311,8 +335,17 @@ func benchModel(args []string, stdout io.Writer) error {
 				ctr.TakeExpertLoad()
 			}
 			med := median(ms)
-			out = append(out, modelResult{Kind: "prefill", Batch: 1, Tokens: *prefill, MS: med,
-				TokensPS: float64(*prefill) / med * 1e3, WeightGB: float64(wb.total()) / 1e9})
+			r := modelResult{Kind: "prefill", Batch: 1, Tokens: *prefill, MS: med,
+				TokensPS: float64(*prefill) / med * 1e3, WeightGB: float64(wb.total()) / 1e9}
+			if cb != nil {
+				m1, _ := cb.AllocCounts()
+				per := float64(m1-m0) / float64(runs)
+				r.Mallocs = &per
+				if *profile {
+					r.Ops = opTimes(cb, runs)
+				}
+			}
+			out = append(out, r)
 		}
 
 		// Decode: nctx distinct contexts are prefilled (several to a forward
@@ -405,14 +438,7 @@ func benchModel(args []string, stdout io.Writer) error {
 				}
 			}
 			if *profile && cb != nil {
-				for i, o := range cb.OpProfile() {
-					if i == 12 {
-						break
-					}
-					r.Ops = append(r.Ops, opTime{Op: o.Op, Calls: float64(o.Calls) / float64(*steps),
-						US: float64(o.Total.Microseconds()) / float64(*steps)})
-				}
-				cb.ProfileOps(false)
+				r.Ops = opTimes(cb, *steps)
 			}
 			if cb != nil && *graphs && cb.Stamping() { // (graph steps only)
 				st, err := cb.StepStamps()

@@ -1,0 +1,125 @@
+package cuda
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/mkserve/mkserve/kernels"
+)
+
+// TestAllocClass: powers of two up to poolMax, eighths of an octave above
+// it, never less than asked and never more than 12.5 % over above poolMax.
+func TestAllocClass(t *testing.T) {
+	const mib = 1 << 20
+	for _, c := range []struct{ bytes, want int64 }{
+		{1, 256},
+		{256, 256},
+		{257, 512},
+		{3 << 20, 4 << 20},
+		{poolMax, poolMax},
+		{poolMax + 1, 72 * mib},          // octave (64, 128] MiB in 8 MiB steps
+		{128 * mib, 128 * mib},           // 8192 × 4096 float32
+		{128*mib + 1, 144 * mib},         // the next octave's 16 MiB steps
+		{537 * 1000 * 1000, 576 * mib},   // 512.1 MiB: (512, 1024] MiB in 64 MiB steps
+		{1 << 29, 1 << 29},               // 8192 tokens × 8 × 2048 float32 rows
+		{600 * mib, 640 * mib},           // (512, 1024] MiB in 64 MiB steps
+		{int64(3) << 30, int64(3) << 30}, // a multiple of its step
+		{int64(3)<<30 + 1, 3328 * mib},   // (2, 4] GiB in 256 MiB steps
+	} {
+		got := class(c.bytes)
+		if got != c.want {
+			t.Errorf("class(%d) = %d, want %d", c.bytes, got, c.want)
+		}
+		if got < c.bytes || (c.bytes > poolMax && float64(got) > 1.125*float64(c.bytes)) {
+			t.Errorf("class(%d) = %d: below the request or over 12.5 %% above it", c.bytes, got)
+		}
+	}
+}
+
+// TestAllocLargePool: buffers above poolMax are reused up to the pool's
+// byte cap and freed beyond it; a request of a nearby size (same eighth of
+// its octave) reuses a pooled buffer.
+func TestAllocLargePool(t *testing.T) {
+	be := gpuBackend(t)
+	const mib = 1 << 20
+	a := newAllocator(300 * mib)
+	err := be.g.Do(func(d *kernels.Device) error {
+		counts := func() (int64, int64) { return a.mallocs.Load(), a.frees.Load() }
+		b1 := a.get(d, 130*mib) // class 144 MiB
+		if m, _ := counts(); m != 1 || b1.Bytes() != 144*mib {
+			return fmt.Errorf("first get: %d mallocs, %d bytes", m, b1.Bytes())
+		}
+		a.put(b1)
+		b2 := a.get(d, 140*mib) // the same class: reused
+		if m, f := counts(); m != 1 || f != 0 || b2 != b1 {
+			return fmt.Errorf("second get: %d mallocs, %d frees, reused %v", m, f, b2 == b1)
+		}
+		b3 := a.get(d, 144*mib)
+		b4 := a.get(d, 144*mib)
+		a.put(b2)
+		a.put(b3)
+		a.put(b4) // 432 MiB > 300: b4 waits to be freed
+		if a.large != 288*mib || len(a.pending) != 1 {
+			return fmt.Errorf("after three puts: %d bytes pooled, %d pending", a.large, len(a.pending))
+		}
+		b5 := a.get(d, 100*mib) // another class: frees the pending one, mallocs
+		if m, f := counts(); m != 4 || f != 1 {
+			return fmt.Errorf("fifth get: %d mallocs (want 4), %d frees (want 1)", m, f)
+		}
+		a.put(b5) // 288 + 104 MiB > 300: pending
+		a.freePending(true)
+		if m, f := counts(); a.large != 0 || f != m || a.made.Load() != 0 {
+			return fmt.Errorf("after freeing all: %d bytes pooled, %d mallocs, %d frees, %d made", a.large, m, f, a.made.Load())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRelease: a released activation's buffer is back in the pool at once,
+// a later use panics naming the release, and weights are not released.
+func TestRelease(t *testing.T) {
+	be := gpuBackend(t)
+	g := newGen(7, false)
+	wa, err := be.Weight(g.f32(1, 64, 1024))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wb, err := be.Weight(g.f32(1, 64, 1024))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := be.Add(wa, wb).(*Tensor)
+	buf := sum.st.f32
+	want := be.ToHost(sum)
+	be.Release(sum, wa)
+	if !sum.st.released || sum.st.f32 != nil {
+		t.Fatalf("sum not released: released %v", sum.st.released)
+	}
+	if wa.(*Tensor).st.released || wa.(*Tensor).st.f32 == nil {
+		t.Fatalf("a weight was released")
+	}
+	be.alloc.mu.Lock()
+	pooled := slices.Contains(be.alloc.pool[buf.Bytes()], buf)
+	be.alloc.mu.Unlock()
+	if !pooled {
+		t.Errorf("the released buffer is not in the pool")
+	}
+	again := be.Add(wa, wb)
+	if got := be.ToHost(again); !slices.Equal(got, want) {
+		t.Errorf("recomputed sum differs")
+	}
+	func() {
+		defer func() {
+			r := recover()
+			if s, _ := r.(string); !strings.Contains(s, "released") {
+				t.Errorf("using a released tensor: recovered %v, want a panic naming the release", r)
+			}
+		}()
+		be.Add(sum, wb)
+	}()
+}
