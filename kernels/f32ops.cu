@@ -340,10 +340,14 @@ __global__ void rope_f32(float* x, const int32_t* pos, int64_t t, int64_t heads,
   }
 }
 
-// norm_rope_f32: out = RoPE(RMSNorm(x) per head) in one launch, one warp
-// per (row, head), for up to two tensors of the same rows (q and k: the
-// warps of the second follow the first's): the head's values in shared
-// memory, the sum of squares, then the rotation of the normalised values.
+// norm_rope_f32: out = RoPE(RMSNorm(x) per head) in one launch for up to
+// two tensors of the same rows (q and k: the second's heads follow the
+// first's). A CTA takes one row and up to hpb of its heads: its threads
+// first put the row's rotation factors (rope_cs, one per pair, shared by
+// every head of the row) in shared memory, then each warp runs heads
+// (norm_rope_head: the head's values in shared memory, the sum of squares,
+// the rotation of the normalised values). outb, where set, gets the
+// output rounded to bf16 as well (q for the prefill attention kernel).
 // Exact (fast false): the arithmetic of rmsnorm_f32 followed by rope_f32
 // element for element (the float64 sum's order aside: float64 sums, cos and
 // sin). Fast: float32 sums, rsqrtf and sincosf (within a few ulp of the
@@ -355,25 +359,36 @@ struct NormRopePart {
   const float* x;
   const float* w;
   int64_t heads;
+  bf16* outb;  // or null
 };
 __global__ void __launch_bounds__(kNormRopeWarps * 32)
-    norm_rope_f32(NormRopePart p0, NormRopePart p1, const int32_t* pos, int64_t t, int64_t head_dim, int64_t half,
-                  int style, const float* inv, float attn, float eps, bool fast) {
+    norm_rope_f32(NormRopePart p0, NormRopePart p1, const int32_t* pos, int64_t head_dim, int64_t half, int style,
+                  const float* inv, float attn, float eps, bool fast, int hpb) {
   mk::pdl_begin();
   __shared__ float buf[kNormRopeWarps][kNormRopeMaxD];
+  __shared__ float tab[kNormRopeMaxD];  // pair i's cosine at 2i, sine at 2i + 1
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int64_t rh = (int64_t)blockIdx.x * kNormRopeWarps + warp;
-  NormRopePart p = p0;
-  if (rh >= t * p0.heads) {
-    rh -= t * p0.heads;
-    p = p1;
-    if (rh >= t * p1.heads) return;
-  }
-  const int64_t r = rh / p.heads;
+  const int64_t r = blockIdx.x;
   const float fp = (float)pos[r];
-  mk::norm_rope_head(p.x + rh * head_dim, p.w, buf[warp], p.out + rh * head_dim, (int)head_dim, (int)half,
-                     style == MK_ROPE_NEOX, eps, fast, lane,
-                     [&](int i, float* c, float* sn) { mk::rope_cs(i, fp, inv, attn, fast, c, sn); });
+  for (int i = threadIdx.x; i < half; i += blockDim.x) mk::rope_cs(i, fp, inv, attn, fast, &tab[2 * i], &tab[2 * i + 1]);
+  __syncthreads();
+  const int64_t nh = p0.heads + p1.heads, h1 = min((int64_t)(blockIdx.y + 1) * hpb, nh);
+  for (int64_t hh = (int64_t)blockIdx.y * hpb + warp; hh < h1; hh += kNormRopeWarps) {
+    const bool second = hh >= p0.heads;  // (fields picked one by one: a reference to a parameter is a local copy)
+    const int64_t rh = second ? r * p1.heads + hh - p0.heads : r * p0.heads + hh;
+    const float* x = second ? p1.x : p0.x;
+    const float* w = second ? p1.w : p0.w;
+    float* out = second ? p1.out : p0.out;
+    bf16* outb = second ? nullptr : p0.outb;
+    mk::norm_rope_head(x + rh * head_dim, w, buf[warp], out + rh * head_dim, (int)head_dim, (int)half,
+                       style == MK_ROPE_NEOX, eps, fast, lane,
+                       [&](int i, float* c, float* sn) {
+                         *c = tab[2 * i];
+                         *sn = tab[2 * i + 1];
+                       },
+                       outb != nullptr ? outb + rh * head_dim : nullptr);
+    __syncwarp();  // the warp's scratch is read by other lanes before the next head writes it
+  }
 }
 
 __global__ void copy_cols_f32(float* dst, int64_t dld, int64_t doff, int64_t dhs, const float* src,
@@ -657,20 +672,24 @@ int32_t mk_rope_f32(uint64_t stream, uint64_t x, uint64_t pos, int64_t t, int64_
 int32_t mk_norm_rope_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, int64_t heads, uint64_t out2,
                          uint64_t x2, uint64_t w2, int64_t heads2, uint64_t pos, int64_t t, int64_t head_dim,
                          int64_t rot_dim, int32_t style, uint64_t inv_freq, uint32_t attn_bits, uint32_t eps_bits,
-                         int32_t flags) {
+                         int32_t flags, uint64_t out_bf16) {
   MK_THREAD("mk_norm_rope_f32");
   F32_ARG("mk_norm_rope_f32", t > 0 && heads > 0 && heads2 >= 0 && head_dim > 0 && head_dim <= kNormRopeMaxD &&
                                   rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= head_dim && out && x &&
                                   (heads2 == 0 || (out2 && x2)) && pos && inv_freq && (flags & ~1) == 0 &&
                                   (style == MK_ROPE_NEOX || style == MK_ROPE_INTERLEAVED));
-  const int64_t blocks = (t * (heads + heads2) + kNormRopeWarps - 1) / kNormRopeWarps;
-  F32_ARG("mk_norm_rope_f32", blocks < (1ll << 31));
-  const NormRopePart p0{mk::dev<float>(out), mk::dev<const float>(x), w ? mk::dev<const float>(w) : nullptr, heads};
+  F32_ARG("mk_norm_rope_f32", t < (1ll << 31));
+  // Up to 16 heads a CTA from 1024 rows on (the rotation factors computed
+  // once for 16 heads), else 4 (one a warp: enough CTAs for few rows).
+  const int hpb = t >= 1024 ? 16 : kNormRopeWarps;
+  const int64_t chunks = (heads + heads2 + hpb - 1) / hpb;
+  const NormRopePart p0{mk::dev<float>(out), mk::dev<const float>(x), w ? mk::dev<const float>(w) : nullptr, heads,
+                        out_bf16 ? mk::dev<bf16>(out_bf16) : nullptr};
   const NormRopePart p1{heads2 ? mk::dev<float>(out2) : nullptr, heads2 ? mk::dev<const float>(x2) : nullptr,
-                        heads2 && w2 ? mk::dev<const float>(w2) : nullptr, heads2};
-  (void)(mk::launch(norm_rope_f32, dim3((unsigned)blocks), dim3(kNormRopeWarps * 32), 0, mk::as_stream(stream), p0,
-      p1, mk::dev<int32_t>(pos), t, head_dim, rot_dim / 2, style, mk::dev<float>(inv_freq),
-      mk::float_from_bits(attn_bits), mk::float_from_bits(eps_bits), (flags & MK_NORM_ROPE_FAST) != 0));
+                        heads2 && w2 ? mk::dev<const float>(w2) : nullptr, heads2, nullptr};
+  (void)(mk::launch(norm_rope_f32, dim3((unsigned)t, (unsigned)chunks), dim3(kNormRopeWarps * 32), 0,
+      mk::as_stream(stream), p0, p1, mk::dev<int32_t>(pos), head_dim, rot_dim / 2, style, mk::dev<float>(inv_freq),
+      mk::float_from_bits(attn_bits), mk::float_from_bits(eps_bits), (flags & MK_NORM_ROPE_FAST) != 0, hpb));
   MK_LAUNCHED("norm_rope_f32");
   return MK_OK;
 }

@@ -219,10 +219,13 @@ func (d *Device) RoPEF32(s *Stream, x, pos *Buffer, t, heads, headDim, rotDim in
 const NormRoPEMaxHeadDim = 256
 
 // NormRoPEPart is one tensor of a NormRoPEF32 launch: Out and X [t,
-// Heads*headDim], and the norm weight W [headDim] (nil: no norm).
+// Heads*headDim], and the norm weight W [headDim] (nil: no norm). OutBF16
+// (the first part only; nil: none) [t, Heads*headDim] bf16 gets Out rounded
+// to bf16 as well.
 type NormRoPEPart struct {
 	Out, X, W *Buffer
 	Heads     int
+	OutBF16   *Buffer
 }
 
 // NormRoPEF32 is Out = RoPEF32 of RMSNormF32(X, W) with W applied to each
@@ -251,6 +254,7 @@ func (d *Device) NormRoPEF32(s *Stream, parts []NormRoPEPart, pos *Buffer, t, he
 	}
 	var ptr [2][3]uint64
 	var heads [2]int64
+	var outb uint64
 	for i, p := range parts {
 		name := fmt.Sprintf("part %d", i)
 		if err := positive(op, name+" heads", p.Heads); err != nil {
@@ -266,6 +270,15 @@ func (d *Device) NormRoPEF32(s *Stream, parts []NormRoPEPart, pos *Buffer, t, he
 			}
 			ptr[i][2] = p.W.ptr
 		}
+		if p.OutBF16 != nil {
+			if i > 0 {
+				return fmt.Errorf("kernels: %s: only the first part takes OutBF16", op)
+			}
+			if err := need(op, name+" outBF16", p.OutBF16, n, 2); err != nil {
+				return err
+			}
+			outb = p.OutBF16.ptr
+		}
 		ptr[i][0], ptr[i][1], heads[i] = p.Out.ptr, p.X.ptr, int64(p.Heads)
 	}
 	var flags int32
@@ -274,7 +287,7 @@ func (d *Device) NormRoPEF32(s *Stream, parts []NormRoPEPart, pos *Buffer, t, he
 	}
 	return d.lib.check("mk_norm_rope_f32", d.lib.normRopeF32(s.handle(), ptr[0][0], ptr[0][1], ptr[0][2], heads[0],
 		ptr[1][0], ptr[1][1], ptr[1][2], heads[1], pos.ptr, int64(t), int64(headDim), int64(rotDim), int32(style),
-		invFreq.ptr, math.Float32bits(attnFactor), math.Float32bits(eps), flags))
+		invFreq.ptr, math.Float32bits(attnFactor), math.Float32bits(eps), flags, outb))
 }
 
 // ColCopy describes one strided column copy: dst[r*DstLd + h*DstHead +

@@ -12,7 +12,7 @@ import (
 )
 
 // abiVersion is the MK_ABI_VERSION this package was written against.
-const abiVersion = 22
+const abiVersion = 23
 
 // LibraryEnv names the environment variable holding libmkernel.so's path.
 const LibraryEnv = "MKSERVE_KERNEL_LIB"
@@ -177,7 +177,7 @@ type lib struct {
 	biasAddF32    func(s, x, bias uint64, rows, cols int64) int32
 	swigluF32     func(s, out, in uint64, t, i int64, kind int32, alpha, limit uint32) int32
 	ropeF32       func(s, x, pos uint64, t, heads, headDim, rotDim int64, style int32, invFreq uint64, attn uint32) int32
-	normRopeF32   func(s, out, x, w uint64, heads int64, out2, x2, w2 uint64, heads2 int64, pos uint64, t, headDim, rotDim int64, style int32, invFreq uint64, attn, eps uint32, flags int32) int32
+	normRopeF32   func(s, out, x, w uint64, heads int64, out2, x2, w2 uint64, heads2 int64, pos uint64, t, headDim, rotDim int64, style int32, invFreq uint64, attn, eps uint32, flags int32, outBF16 uint64) int32
 	copyColsF32   func(s, dst uint64, dld, doff, dhs int64, src uint64, sld, soff, shs, rows, heads, width int64) int32
 	gatherRowsF32 func(s, dst, src uint64, srcDType int32, idx uint64, n, cols, srcRows int64) int32
 	gatherFeedF32 func(s, dst, src uint64, srcDType int32, idx, picks uint64, pickStride, pickRows, n, cols, srcRows int64) int32

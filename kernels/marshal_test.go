@@ -51,9 +51,9 @@ func TestMarshalNormRoPEF32(t *testing.T) {
 	var got []uint64
 	d := fakeDevice()
 	d.lib.normRopeF32 = func(s, out, x, w uint64, heads int64, out2, x2, w2 uint64, heads2 int64, pos uint64, tt, headDim,
-		rotDim int64, style int32, invFreq uint64, attn, eps uint32, flags int32) int32 {
+		rotDim int64, style int32, invFreq uint64, attn, eps uint32, flags int32, outBF16 uint64) int32 {
 		got = []uint64{s, out, x, w, uint64(heads), out2, x2, w2, uint64(heads2), pos, uint64(tt), uint64(headDim),
-			uint64(rotDim), uint64(style), invFreq, uint64(attn), uint64(eps), uint64(flags)}
+			uint64(rotDim), uint64(style), invFreq, uint64(attn), uint64(eps), uint64(flags), outBF16}
 		return 0
 	}
 	const T, D = 3, 128
@@ -71,13 +71,21 @@ func TestMarshalNormRoPEF32(t *testing.T) {
 			flags = 1
 		}
 		want := []uint64{0, 0x10, 0x20, 0x30, 32, 0x40, 0x50, 0, 4, 0x60, T, D, 128, uint64(RoPEInterleaved), 0x70,
-			uint64(math.Float32bits(1.5)), uint64(math.Float32bits(1e-6)), flags}
+			uint64(math.Float32bits(1.5)), uint64(math.Float32bits(1e-6)), flags, 0}
 		if !slices.Equal(got, want) {
 			t.Fatalf("fast %v: mk_norm_rope_f32 got %#x, want %#x", fast, got, want)
 		}
 	}
 	if err := d.NormRoPEF32(nil, parts[:1], pos, T, D, 128, RoPENeoX, inv, 1, 1e-6, false); err != nil || got[8] != 0 || got[5] != 0 {
 		t.Fatalf("one part: err %v, second part %#x heads %d", err, got[5], got[8])
+	}
+	parts[0].OutBF16 = fakeBuf(0x80, T*32*D*2)
+	if err := d.NormRoPEF32(nil, parts, pos, T, D, 128, RoPENeoX, inv, 1, 1e-6, true); err != nil || got[18] != 0x80 {
+		t.Fatalf("OutBF16: err %v, out_bf16 %#x", err, got[18])
+	}
+	parts[0].OutBF16 = fakeBuf(0x80, T*32*D*2-2)
+	if err := d.NormRoPEF32(nil, parts, pos, T, D, 128, RoPENeoX, inv, 1, 1e-6, true); err == nil {
+		t.Fatalf("OutBF16 one element short: no error")
 	}
 }
 

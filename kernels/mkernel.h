@@ -69,8 +69,9 @@ extern "C" {
  * 20: mk_paged_decode_bf16, mk_paged_decode_fits (mk_decode.h).
  * 21: mk_moe_gemv(3), the resident down kernel.
  * 22: mk_ring_attn_rank_gather; the ring workspace's control words hold the
- *     launch's exit count and the remote flags kRemDone (ring.cu). */
-#define MK_ABI_VERSION 22
+ *     launch's exit count and the remote flags kRemDone (ring.cu).
+ * 23: mk_norm_rope_f32 takes out_bf16. */
+#define MK_ABI_VERSION 23
 
 /* Status codes. */
 enum {
@@ -331,12 +332,13 @@ MK_API int32_t mk_rope_f32(uint64_t stream, uint64_t x, uint64_t pos, int64_t t,
  * head_dim <= 256. heads2 > 0 does the same for out2, x2, w2 [t,
  * heads2*head_dim] in the same launch (q and k; ABI 10). flags
  * MK_NORM_ROPE_FAST: float32 sums, rsqrtf and sincosf instead of the
- * float64 arithmetic (a few ulp from it). */
+ * float64 arithmetic (a few ulp from it). out_bf16 (or 0) [t,
+ * heads*head_dim] gets out rounded to bf16 too (ABI 23). */
 enum { MK_NORM_ROPE_FAST = 1 };
 MK_API int32_t mk_norm_rope_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, int64_t heads,
                                 uint64_t out2, uint64_t x2, uint64_t w2, int64_t heads2, uint64_t pos, int64_t t,
                                 int64_t head_dim, int64_t rot_dim, int32_t style, uint64_t inv_freq,
-                                uint32_t attn_bits, uint32_t eps_bits, int32_t flags);
+                                uint32_t attn_bits, uint32_t eps_bits, int32_t flags, uint64_t out_bf16);
 /* dst[r*dld + h*dhs + doff + c] = src[r*sld + h*shs + soff + c] for r < rows,
  * h < heads, c < width (shs = 0 broadcasts one source head). */
 MK_API int32_t mk_copy_cols_f32(uint64_t stream, uint64_t dst, int64_t dld, int64_t doff, int64_t dhs,

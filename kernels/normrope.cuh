@@ -36,7 +36,8 @@ __device__ __forceinline__ void rope_cs(int i, float fp, const float* inv, float
 }
 
 // norm_rope_head: o[j] = RoPE(RMSNorm(x)·w)[j] for one head of head_dim
-// values, by one full warp (lane = its lane). w null skips the norm. v is
+// values, by one full warp (lane = its lane), and ob[j] the same rounded
+// to bf16 (RN) when ob is not null. w null skips the norm. v is
 // the warp's scratch of head_dim floats (shared memory); o may be global or
 // shared memory, x itself (in place) but not v. The rotation takes the first 2·half values: neox
 // pairs (i, half+i), else (2i, 2i+1); cs(i, &c, &sn) gives pair i's scaled
@@ -46,7 +47,8 @@ __device__ __forceinline__ void rope_cs(int i, float fp, const float* inv, float
 // sums and rsqrtf (a few ulp from the exact values).
 template <typename CS>
 __device__ __forceinline__ void norm_rope_head(const float* x, const float* w, float* v, float* o, int head_dim,
-                                               int half, bool neox, float eps, bool fast, int lane, CS cs) {
+                                               int half, bool neox, float eps, bool fast, int lane, CS cs,
+                                               __nv_bfloat16* ob = nullptr) {
   float rs = 1.0f;
   if (fast) {
     float ss = 0;
@@ -84,6 +86,7 @@ __device__ __forceinline__ void norm_rope_head(const float* x, const float* w, f
       y = second ? __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn)) : __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
     }
     o[j] = y;
+    if (ob != nullptr) ob[j] = __float2bfloat16_rn(y);
   }
 }
 

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"testing"
+
+	"github.com/mkserve/mkserve/tensor"
 )
 
 // normRoPERef is the float64 reference of NormRoPEF32 for one part: the
@@ -48,7 +50,8 @@ func normRoPERef(x, w, inv []float32, pos []int32, heads, headDim, rotDim int, s
 // outputs: both styles, partial rotary, an attention factor, head dims that
 // are not multiples of 32, no norm (w nil), one part alone; the exact form
 // also against the two kernels it replaces (RMSNormF32 with group =
-// headDim, then RoPEF32).
+// headDim, then RoPEF32); the first part's bf16 copy (OutBF16) is its
+// float32 output rounded to nearest even, bit for bit.
 func TestNormRoPEF32(t *testing.T) {
 	g := testGPU(t)
 	cases := []struct {
@@ -63,6 +66,8 @@ func TestNormRoPEF32(t *testing.T) {
 		{2, 2, 1, 256, 256, RoPENeoX, 1, true},
 		{7, 3, 0, 80, 80, RoPENeoX, 0.9, true},
 		{4, 5, 3, 96, 32, RoPENeoX, 1, true},
+		{1100, 32, 4, 128, 128, RoPENeoX, 1, true},         // 16 heads a CTA from 1024 rows
+		{1030, 20, 3, 64, 48, RoPEInterleaved, 1.1, false}, // 23 heads: a partial last chunk
 	}
 	for _, c := range cases {
 		for _, fast := range []bool{false, true} {
@@ -93,6 +98,7 @@ func TestNormRoPEF32(t *testing.T) {
 				}
 				got := make([][]float32, len(heads))
 				var two []float32
+				var gotB []uint16
 				onGPU(t, g, func(a *arena) {
 					pb, ib := put(a, pos), put(a, inv)
 					parts := make([]NormRoPEPart, len(heads))
@@ -104,6 +110,7 @@ func TestNormRoPEF32(t *testing.T) {
 						}
 					}
 					n0 := c.t * c.heads * c.headDim
+					parts[0].OutBF16 = put(a, bf16Fill(n0, 0x7fc1)) // NaN
 					ref := put(a, f32Fill(n0, float32(math.NaN())))
 					if a.err != nil {
 						return
@@ -119,7 +126,13 @@ func TestNormRoPEF32(t *testing.T) {
 						got[i] = get[float32](a, parts[i].Out, c.t*h*c.headDim)
 					}
 					two = get[float32](a, ref, n0)
+					gotB = get[uint16](a, parts[0].OutBF16, n0)
 				})
+				for i, v := range got[0] {
+					if want := tensor.F32ToBF16(v); gotB[i] != want {
+						t.Fatalf("OutBF16[%d] = %#04x, want %#04x (float32 %g rounded)", i, gotB[i], want, v)
+					}
+				}
 				for i := range heads {
 					checkClose(t, fmt.Sprintf("part %d vs float64", i), got[i], wants[i], 1e-5)
 				}
@@ -144,6 +157,10 @@ func TestNormRoPEF32(t *testing.T) {
 			if err := a.d.NormRoPEF32(nil, parts, buf, 1, s[1], s[2], RoPENeoX, buf, 1, 1e-6, false); err == nil {
 				t.Errorf("heads %d headDim %d rotDim %d: no error", s[0], s[1], s[2])
 			}
+		}
+		second := []NormRoPEPart{{Out: buf, X: buf, Heads: 1}, {Out: buf, X: buf, Heads: 1, OutBF16: buf}}
+		if err := a.d.NormRoPEF32(nil, second, buf, 1, 64, 64, RoPENeoX, buf, 1, 1e-6, true); err == nil {
+			t.Errorf("OutBF16 on the second part: no error")
 		}
 		three := []NormRoPEPart{{Out: buf, X: buf, Heads: 1}, {Out: buf, X: buf, Heads: 1}, {Out: buf, X: buf, Heads: 1}}
 		for _, parts := range [][]NormRoPEPart{nil, three} {

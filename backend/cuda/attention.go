@@ -472,8 +472,27 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 		if !writeOnly {
 			qb = be.f32(d, qt)
 		}
-		var qbf *kernels.Buffer // q in bf16, for the prefill kernel
-		defer func() { be.alloc.put(qbf) }()
+		// q in bf16 for the prefill kernels: the rounding kept with q (the
+		// fast profile's NormRoPE writes it), else converted here into a
+		// buffer of this call's own.
+		var qbf *kernels.Buffer
+		qbfOwned := false
+		defer func() {
+			if qbfOwned {
+				be.alloc.put(qbf)
+			}
+		}()
+		qBF16 := func() error {
+			if qbf != nil {
+				return nil
+			}
+			if qt.st.bf16 != nil && !be.split {
+				qbf = qt.st.bf16
+				return nil
+			}
+			qbf, qbfOwned = be.alloc.get(d, int64(T*H*D)*2), true
+			return d.ConvertF32ToBF16(nil, qbf, qb, T*H*D)
+		}
 		for gi, g := range []*attnGroup{paged, priv} {
 			if !g.any {
 				continue
@@ -534,9 +553,8 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 				return fmt.Errorf("layer %d: context-parallel attention over a cache whose values live inside its keys is not built",
 					p.Layer)
 			}
-			if len(g.worldCP) > 0 && qbf == nil {
-				qbf = be.alloc.get(d, int64(T*H*D)*2)
-				if err := d.ConvertF32ToBF16(nil, qbf, qb, T*H*D); err != nil {
+			if len(g.worldCP) > 0 {
+				if err := qBF16(); err != nil {
 					return err
 				}
 			}
@@ -561,11 +579,8 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 			if g.flashes(D, Dv) && pl.v != nil {
 				// A prefill step: every span of the group through the
 				// tensor-core prefill kernel (decode spans as 1-row sequences).
-				if qbf == nil {
-					qbf = be.alloc.get(d, int64(T*H*D)*2)
-					if err := d.ConvertF32ToBF16(nil, qbf, qb, T*H*D); err != nil {
-						return err
-					}
+				if err := qBF16(); err != nil {
+					return err
 				}
 				fm := mc.flash(be, d, g)
 				ob, odt := out.st.f32, kernels.F32

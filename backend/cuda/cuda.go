@@ -1335,7 +1335,8 @@ func ropeInput(op string, x backend.Tensor, cols int, rope *attention.RoPE, pos 
 // other shapes (OLMoE's norms over all heads) return ok false. The fast
 // profile (no split activations) takes the kernel's float32 arithmetic
 // (sincosf, rsqrtf: a few ulp, before q and k are rounded to bf16), the
-// exact one its float64 arithmetic.
+// exact one its float64 arithmetic. In the fast profile the launch also
+// writes q rounded to bf16, kept with it for the attention's kernels.
 func (be *Backend) NormRoPE(q, k, qw, kw backend.Tensor, eps float32, heads, kvHeads, headDim int,
 	rope *attention.RoPE, pos []int32) (backend.Tensor, backend.Tensor, bool) {
 	if heads <= 0 || kvHeads <= 0 || headDim <= 0 || headDim > kernels.NormRoPEMaxHeadDim || rope == nil ||
@@ -1368,6 +1369,13 @@ func (be *Backend) NormRoPE(q, k, qw, kw backend.Tensor, eps float32, heads, kvH
 			return p
 		}
 		parts := []kernels.NormRoPEPart{part(qo, qt, qwt, heads), part(ko, kt, kwt, kvHeads)}
+		if !be.split {
+			// The fast profile's attention reads q in bf16 (bf16Of's
+			// rounding): written by the same launch, kept with qo.
+			b := be.alloc.get(d, int64(T*heads*headDim)*2)
+			be.attach(qo, &qo.st.bf16, b)
+			parts[0].OutBF16 = b
+		}
 		return d.NormRoPEF32(nil, parts, pb, T, headDim, rope.Dim, style, f.inv, f.attn, eps, !be.split)
 	}, qt, kt, qwt, kwt)
 	return qo, ko, true
