@@ -1764,6 +1764,32 @@ __global__ void kv_write_bf16(bf16* pk, bf16* pv, const float* k, const float* v
   }
 }
 
+// kv_write_bf16_v4 is kv_write_bf16 four values a thread (16-byte loads,
+// 8-byte stores), a CTA a row at a time: for widths that are multiples of 4
+// and 16-byte aligned tensors (kv_write_vec4). The same bits (RN).
+__global__ void kv_write_bf16_v4(bf16* pk, bf16* pv, const float* k, const float* v, const int32_t* slots,
+                                 int64_t n, int64_t kw, int64_t vw) {
+  mk::pdl_begin();
+  const int64_t q = (kw + vw) / 4;  // a row's float4s
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const int64_t s = slots[i];
+    if (s < 0) continue;  // a row of another pool
+    for (int64_t c4 = threadIdx.x; c4 < q; c4 += blockDim.x) {
+      const int64_t c = 4 * c4;
+      const bool key = c < kw;
+      const float4 x = key ? *reinterpret_cast<const float4*>(k + i * kw + c)
+                           : *reinterpret_cast<const float4*>(v + i * vw + (c - kw));
+      bf16* dst = key ? pk + s * kw + c : pv + s * vw + (c - kw);
+      *reinterpret_cast<uint2*>(dst) = make_uint2(mk::pack_bf16x2(x.x, x.y), mk::pack_bf16x2(x.z, x.w));
+    }
+  }
+}
+
+// kv_write_vec4 reports whether kv_write_bf16_v4 takes a call.
+bool kv_write_vec4(uint64_t pool_k, uint64_t pool_v, uint64_t k, uint64_t v, int64_t kw, int64_t vw) {
+  return kw % 4 == 0 && vw % 4 == 0 && k % 16 == 0 && v % 16 == 0 && pool_k % 8 == 0 && pool_v % 8 == 0;
+}
+
 using mk::sm_count;
 
 using mk::smem_optin;
@@ -2058,6 +2084,14 @@ int32_t mk_kv_write_bf16(uint64_t stream, uint64_t pool_k, uint64_t pool_v, uint
   MK_THREAD(fn);
   // vw 0: keys only (values inside them; v and pool_v unused, may be 0).
   DEC_ARG(fn, n > 0 && kw > 0 && vw >= 0 && pool_k && k && slots && (vw == 0 || (pool_v && v)));
+  if (kv_write_vec4(pool_k, pool_v, k, v, kw, vw)) {
+    const int64_t blocks = std::min<int64_t>(n, (int64_t)sm_count() * 16);
+    (void)(mk::launch(kv_write_bf16_v4, dim3((unsigned)blocks), dim3(128), 0, mk::as_stream(stream),
+        mk::dev<bf16>(pool_k), mk::dev<bf16>(pool_v), mk::dev<float>(k), mk::dev<float>(v),
+        mk::dev<int32_t>(slots), n, kw, vw));
+    MK_LAUNCHED("kv_write_bf16_v4");
+    return MK_OK;
+  }
   int64_t blocks = (n * (kw + vw) + 255) / 256;
   if (blocks > (1 << 20)) blocks = 1 << 20;
   (void)(mk::launch(kv_write_bf16, dim3((unsigned)blocks), dim3(256), 0, mk::as_stream(stream),

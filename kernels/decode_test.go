@@ -315,17 +315,19 @@ func f32Fill(n int, v float32) []float32 {
 // TestKVWriteBF16 writes random float32 rows into a poisoned bf16 pool at
 // shuffled slots (some skipped) and checks every written element bit for bit
 // (round to nearest even) and every other element untouched; with vw 0 (the
-// values inside the keys) only keys, without a V pool.
+// values inside the keys) only keys, without a V pool; widths that are
+// multiples of 4 (the kernel that moves four values a thread) and widths
+// that are not (one value a thread).
 func TestKVWriteBF16(t *testing.T) {
 	g := testGPU(t)
-	for _, vw := range []int{3 * 8, 0} {
-		t.Run(fmt.Sprintf("vw=%d", vw), func(t *testing.T) { testKVWrite(t, g, vw) })
+	for _, w := range [][2]int{{3 * 24, 3 * 8}, {3 * 24, 0}, {70, 6}, {66, 0}} {
+		t.Run(fmt.Sprintf("kw=%d_vw=%d", w[0], w[1]), func(t *testing.T) { testKVWrite(t, g, w[0], w[1]) })
 	}
 }
 
-func testKVWrite(t *testing.T, g *GPU, vw int) {
+func testKVWrite(t *testing.T, g *GPU, kw, vw int) {
 	r := newRNG(t)
-	const n, kw, poolRows = 37, 3 * 24, 100
+	const n, poolRows = 37, 100
 	k, v := make([]float32, n*kw), make([]float32, n*vw)
 	for i := range k {
 		k[i] = float32(r.NormFloat64() * 3)

@@ -52,6 +52,9 @@ __device__ __forceinline__ void norm_rope_head(const float* x, const float* w, f
   float rs = 1.0f;
   if (fast) {
     float ss = 0;
+    // Unrolled so that a head's loads (4 at head dim 128) are all in flight
+    // before the first sum waits for its value (the same order of sums).
+#pragma unroll 4
     for (int j = lane; j < head_dim; j += 32) {
       const float a = x[j];
       v[j] = a;
@@ -60,6 +63,7 @@ __device__ __forceinline__ void norm_rope_head(const float* x, const float* w, f
     rs = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
   } else {
     double ss = 0;
+#pragma unroll 4
     for (int j = lane; j < head_dim; j += 32) {
       const float a = x[j];
       v[j] = a;
@@ -72,9 +76,11 @@ __device__ __forceinline__ void norm_rope_head(const float* x, const float* w, f
     }
   }
   if (w) {
+#pragma unroll 4
     for (int j = lane; j < head_dim; j += 32) v[j] = __fmul_rn(w[j], __fmul_rn(v[j], rs));
   }
   __syncwarp();
+#pragma unroll 4
   for (int j = lane; j < head_dim; j += 32) {
     float y = v[j];
     if (j < 2 * half) {
