@@ -32,12 +32,19 @@ func readGolden(t testing.TB, family string) *golden.Data {
 func loadGolden(t *testing.T, family string, ep int) (*models.Loaded, backend.Backend) {
 	t.Helper()
 	be := cpu.New(cpu.Options{EPRanks: ep})
+	return loadGoldenOn(t, family, be), be
+}
+
+// loadGoldenOn loads a family's golden checkpoint onto be, closed at the
+// test's end.
+func loadGoldenOn(t *testing.T, family string, be backend.Backend) *models.Loaded {
+	t.Helper()
 	l, err := models.Load(filepath.Join(goldenDir, family), be, models.LoadOptions{})
 	if err != nil {
 		t.Fatalf("load %s: %v", family, err)
 	}
 	t.Cleanup(func() { l.Close() })
-	return l, be
+	return l
 }
 
 // relL2 is ‖got − want‖ / ‖want‖.

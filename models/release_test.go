@@ -3,7 +3,6 @@ package models_test
 import (
 	"context"
 	"math"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/engine"
 	"github.com/mkserve/mkserve/internal/golden"
-	"github.com/mkserve/mkserve/models"
 )
 
 // poisonReleaser is the cpu backend with a Release that overwrites each
@@ -44,17 +42,9 @@ func TestReleaseNeverUsedAgain(t *testing.T) {
 		t.Run(fam, func(t *testing.T) {
 			t.Parallel()
 			g := readGolden(t, fam)
-			load := func(be backend.Backend) *models.Loaded {
-				l, err := models.Load(filepath.Join(goldenDir, fam), be, models.LoadOptions{})
-				if err != nil {
-					t.Fatalf("load %s: %v", fam, err)
-				}
-				t.Cleanup(func() { l.Close() })
-				return l
-			}
 			plain := cpu.New(cpu.Options{})
 			pr := &poisonReleaser{Backend: cpu.New(cpu.Options{})}
-			lp, lr := load(plain), load(pr)
+			lp, lr := loadGoldenOn(t, fam, plain), loadGoldenOn(t, fam, pr)
 			want, err := engine.Logits(lp.Model, plain, g.IDs)
 			if err != nil {
 				t.Fatal(err)
