@@ -61,6 +61,9 @@ func TestAllocLargePool(t *testing.T) {
 		a.put(b2)
 		a.put(b3)
 		a.put(b4) // 432 MiB > 300: b4 waits to be freed
+		if err := checkLarge(a); err != nil {
+			return err
+		}
 		if a.large != 288*mib || len(a.pending) != 1 {
 			return fmt.Errorf("after three puts: %d bytes pooled, %d pending", a.large, len(a.pending))
 		}
@@ -69,6 +72,9 @@ func TestAllocLargePool(t *testing.T) {
 			return fmt.Errorf("fifth get: %d mallocs (want 4), %d frees (want 1)", m, f)
 		}
 		a.put(b5) // 288 + 104 MiB > 300: pending
+		if err := checkLarge(a); err != nil {
+			return err
+		}
 		a.freePending(true)
 		if m, f := counts(); a.large != 0 || f != m || a.made.Load() != 0 {
 			return fmt.Errorf("after freeing all: %d bytes pooled, %d mallocs, %d frees, %d made", a.large, m, f, a.made.Load())
@@ -122,4 +128,51 @@ func TestRelease(t *testing.T) {
 		}()
 		be.Add(sum, wb)
 	}()
+}
+
+// checkLarge reports an error unless a.large is the bytes of a's pooled
+// buffers above poolMax.
+func checkLarge(a *allocator) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var n int64
+	for c, l := range a.pool {
+		if c > poolMax {
+			n += c * int64(len(l))
+		}
+	}
+	if n != a.large {
+		return fmt.Errorf("the pool holds %d bytes above poolMax, its count says %d", n, a.large)
+	}
+	return nil
+}
+
+// TestLargePoolMax: an eighth of the device's memory, at most 16 GiB,
+// unless MKSERVE_LARGE_POOL_MB says otherwise; a bad value panics naming
+// the variable.
+func TestLargePoolMax(t *testing.T) {
+	const gib = 1 << 30
+	for _, c := range []struct {
+		total uint64
+		env   string
+		want  int64
+	}{
+		{150 * gib, "", 16 * gib}, // an H200: capped
+		{80 * gib, "", 10 * gib},
+		{24 * gib, "", 3 * gib},
+		{80 * gib, "0", 0},
+		{80 * gib, "512", 512 << 20},
+	} {
+		t.Setenv(LargePoolEnv, c.env)
+		if got := largePoolMax(c.total); got != c.want {
+			t.Errorf("total %d GiB, %s=%q: %d bytes, want %d", c.total/gib, LargePoolEnv, c.env, got, c.want)
+		}
+	}
+	t.Setenv(LargePoolEnv, "-1")
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), LargePoolEnv) {
+			t.Errorf("a negative size: recovered %v, want a panic naming %s", r, LargePoolEnv)
+		}
+	}()
+	largePoolMax(80 * gib)
 }

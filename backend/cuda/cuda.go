@@ -243,7 +243,7 @@ func New(opts Options) (*Backend, error) {
 	if opts.KVCacheF32 != nil {
 		kvF32 = *opts.KVCacheF32
 	}
-	return &Backend{g: g, alloc: newAllocator(largePoolMax()), split: split, kvF32: kvF32, noGraphs: opts.NoGraphs,
+	return &Backend{g: g, alloc: newAllocator(largePoolMax(g.Info().TotalMem)), split: split, kvF32: kvF32, noGraphs: opts.NoGraphs,
 		moePath: path, epRanks: max(opts.EPRanks, 1), moeTuning: opts.MoETuning, world: wd,
 		ropes: map[attention.RoPE]*ropeFreqs{}, priv: newPrivateKV()}, nil
 }
@@ -647,17 +647,19 @@ func newAllocator(largeMax int64) *allocator {
 }
 
 // LargePoolEnv names the environment variable that sets how many MiB of
-// buffers above 64 MiB the CUDA backend keeps for reuse (default 16384; 0
-// frees each when released, as before the twenty-seventh pass). A long
+// buffers above 64 MiB the CUDA backend keeps for reuse (default: an
+// eighth of the device's memory, at most 16384; 0 frees each when
+// released, as before the twenty-seventh pass). A long
 // prefill's activations are such buffers (8192 tokens × 4096 × 4 bytes is
 // 128 MiB), and cudaFree synchronises the device while cudaMalloc of
 // hundreds of MiB costs host time, so freeing them made every layer of
 // an 8k prefill wait. The pool is freed whenever an allocation fails.
 const LargePoolEnv = "MKSERVE_LARGE_POOL_MB"
 
-// largePoolMax reads LargePoolEnv (bytes).
-func largePoolMax() int64 {
-	mb := int64(16384)
+// largePoolMax reads LargePoolEnv (bytes); without it, an eighth of
+// total bytes of device memory, at most 16 GiB (an H200's 141 GB: 16 GiB).
+func largePoolMax(total uint64) int64 {
+	mb := min(int64(total>>20)/8, 16384)
 	if v := os.Getenv(LargePoolEnv); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {

@@ -692,6 +692,9 @@ func (a *allocator) tapeGet(d *kernels.Device, c int64) *kernels.Buffer {
 	} else if l := a.pool[c]; len(l) > 0 {
 		b = l[len(l)-1]
 		a.pool[c] = l[:len(l)-1]
+		if c > poolMax {
+			a.large -= c
+		}
 		a.made.Add(-1) // the arena's now
 	} else {
 		var err error

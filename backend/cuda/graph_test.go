@@ -375,6 +375,9 @@ func TestGraphStepsLeakNothing(t *testing.T) {
 	if gs.Replays == 0 {
 		t.Fatalf("no replays: %+v", gs)
 	}
+	if err := checkLarge(be.alloc); err != nil {
+		t.Error(err)
+	}
 	if seen[len(seen)-1] > seen[2] {
 		t.Errorf("buffers held after rounds 3..6 grew: %v (a leak)", seen)
 	}
