@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# scripts/pending_gpu.sh — what the twenty-seventh pass changed after its
+# device time ran out, and the profile its notes ask for first (docs/PERF.md,
+# "GPU, twenty-seventh pass"). Delete or rewrite it once its results are in
+# PERF.md. On the GPU machine, from the repository root, with
+# .dev/device.tar.xz carried (make device-bins), one device call (~4 min):
+#   1. build .dev/libmkernel.so;
+#   2. the backend's allocator and graph tests: the large-buffer pool's
+#      default cap (an eighth of the GPU's memory, at most 16 GiB) and its
+#      byte count when a graph capture takes a pooled large buffer
+#      (checkLarge in TestGraphStepsLeakNothing and TestAllocLargePool),
+#      then the golden and engine tests;
+#   3. the 8k prefills (Qwen3-8l 30.0 ms, Mixtral-4l 50.9 ms in call 152):
+#      the same after the cap change;
+#   4. ncu's full sections of flash_wg at 16k causal (32 / 8 heads, d 128:
+#      445–454 TFLOP/s against cuDNN's 671) — stall reasons, tensor-pipe
+#      and issue activity, to decide what closes the cuDNN gap (TMA for K
+#      and V, the consumers' softmax, or the producer).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-.dev/out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+MK_MODE=none bash scripts/device.sh >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" .dev/logs/build.log | head -30; exit 1; }
+export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
+(cd backend/cuda && timeout 150 ../../.dev/cuda.test -test.count=1 -test.v -test.timeout 145s \
+	-test.run '^(TestAlloc.*|TestLargePoolMax|TestRelease|TestGraph.*|TestEngine.*|TestGolden.*)$' >"$OUT/cuda.log" 2>&1
+	echo "cuda rc=$? pass $(grep -c -- '--- PASS' "$OUT/cuda.log") fail $(grep -c -- '--- FAIL' "$OUT/cuda.log") $(tail -1 "$OUT/cuda.log")")
+grep -E -- '--- FAIL|panic|pool holds' "$OUT/cuda.log" | head
+for cfg in qwen3-30b-a3b-8l mixtral-8x7b-4l; do
+	echo -n "prefill 8192 $cfg (t=${SECONDS}s): "
+	timeout 60 .dev/mkserve bench model --backend cuda --config "configs/shapes/$cfg" --batch 1 --steps 15 --prefill 8192 --json 2>&1 |
+		grep -oE '"(kind|ms|mallocs_per_run)":[^,}]*' | paste -sd' '
+done
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+echo "== ncu flash_wg 16k causal (t=${SECONDS}s)"
+timeout 200 "$NCU" --clock-control none --launch-skip 2 --launch-count 1 -k 'regex:flash_wg' \
+	--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \
+	--section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
+	.dev/mkserve bench attention --seq 16384 --heads 32 --kv-heads 8 --head-dim 128 --causal --iters 10 --json >"$OUT/ncu_flash.txt" 2>&1
+grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc|Warp Cycles Per Issued|Stall|Tensor|Registers Per|Achieved Occupancy|L1/TEX Hit|L2 Hit" \
+	"$OUT/ncu_flash.txt" | head -60
+echo "done t=${SECONDS}s"
