@@ -417,9 +417,23 @@ __device__ __forceinline__ void align_block(const int32_t* ids, int64_t n, int E
   int* cur = off + E + 1;
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = cur[e] = 0;
   __syncthreads();
-  for (int64_t a = threadIdx.x; a < n; a += blockDim.x) {
-    const int e = ids[a];
-    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+  // kAlignU ids a thread loaded before their atomics, so that a prefill's
+  // 64 ids a thread (8192 tokens × top-8 over 1024 threads) are not 64
+  // dependent load-then-atomic steps: the loads of a batch are in flight
+  // together. The slot an assignment gets within its expert was already
+  // the atomics' order, not the ids' (outputs do not depend on it).
+  constexpr int kAlignU = 8;
+  const int64_t bstep = (int64_t)blockDim.x * kAlignU;
+  for (int64_t a0 = threadIdx.x; a0 < n; a0 += bstep) {
+    int ev[kAlignU];
+#pragma unroll
+    for (int u = 0; u < kAlignU; u++) {
+      const int64_t a = a0 + (int64_t)u * blockDim.x;
+      ev[u] = a < n ? ids[a] : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kAlignU; u++)
+      if (ev[u] >= 0 && ev[u] < E) atomicAdd(&cnt[ev[u]], 1);
   }
   __syncthreads();
   {
@@ -467,14 +481,24 @@ __device__ __forceinline__ void align_block(const int32_t* ids, int64_t n, int E
     for (int tl = off[e] / BM; tl < off[e + 1] / BM; tl++) tile_expert[tl] = e;
     for (int p = off[e] + cnt[e]; p < off[e + 1]; p++) sorted[p] = -1;
   }
-  for (int64_t a = threadIdx.x; a < n; a += blockDim.x) {
-    const int e = ids[a];
-    if (e >= 0 && e < E) {
-      const int p = off[e] + atomicAdd(&cur[e], 1);
-      sorted[p] = (int32_t)a;
-      slot_of[a] = p;
-    } else {
-      slot_of[a] = -1;
+  for (int64_t a0 = threadIdx.x; a0 < n; a0 += bstep) {
+    int ev[kAlignU];
+#pragma unroll
+    for (int u = 0; u < kAlignU; u++) {
+      const int64_t a = a0 + (int64_t)u * blockDim.x;
+      ev[u] = a < n ? ids[a] : -2;  // -2: past the end
+    }
+#pragma unroll
+    for (int u = 0; u < kAlignU; u++) {
+      const int64_t a = a0 + (int64_t)u * blockDim.x;
+      const int e = ev[u];
+      if (e >= 0 && e < E) {
+        const int p = off[e] + atomicAdd(&cur[e], 1);
+        sorted[p] = (int32_t)a;
+        slot_of[a] = p;
+      } else if (e != -2) {
+        slot_of[a] = -1;
+      }
     }
   }
 }

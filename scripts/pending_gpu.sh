@@ -3,16 +3,20 @@
 # device time ran out, and the profile its notes ask for first (docs/PERF.md,
 # "GPU, twenty-seventh pass"). Delete or rewrite it once its results are in
 # PERF.md. On the GPU machine, from the repository root, with
-# .dev/device.tar.xz carried (make device-bins), one device call (~4 min):
+# .dev/device.tar.xz carried (make device-bins), one device call (~6 min):
 #   1. build .dev/libmkernel.so;
 #   2. the backend's allocator and graph tests: the large-buffer pool's
 #      default cap (an eighth of the GPU's memory, at most 16 GiB) and its
 #      byte count when a graph capture takes a pooled large buffer
 #      (checkLarge in TestGraphStepsLeakNothing and TestAllocLargePool),
 #      then the golden and engine tests;
-#   3. the 8k prefills (Qwen3-8l 30.0 ms, Mixtral-4l 50.9 ms in call 152):
-#      the same after the cap change;
-#   4. ncu's full sections of flash_wg at 16k causal (32 / 8 heads, d 128:
+#   3. the align's loops in batches of 8 ids a thread (align_block, on the
+#      default path: moe_align_kernel took 52 µs at 8192 Qwen3 tokens, 64
+#      dependent load-then-atomic steps a thread): the MoE kernel tests,
+#      then ncu's duration of the align at 8k (expected ~10–15 µs);
+#   4. the 8k prefills (Qwen3-8l 30.0 ms, Mixtral-4l 50.9 ms in call 152):
+#      after the cap change and the align;
+#   5. ncu's full sections of flash_wg at 16k causal (32 / 8 heads, d 128:
 #      445–454 TFLOP/s against cuDNN's 671) — stall reasons, tensor-pipe
 #      and issue activity, to decide what closes the cuDNN gap (TMA for K
 #      and V, the consumers' softmax, or the producer).
@@ -27,12 +31,19 @@ export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
 	-test.run '^(TestAlloc.*|TestLargePoolMax|TestRelease|TestGraph.*|TestEngine.*|TestGolden.*)$' >"$OUT/cuda.log" 2>&1
 	echo "cuda rc=$? pass $(grep -c -- '--- PASS' "$OUT/cuda.log") fail $(grep -c -- '--- FAIL' "$OUT/cuda.log") $(tail -1 "$OUT/cuda.log")")
 grep -E -- '--- FAIL|panic|pool holds' "$OUT/cuda.log" | head
+timeout 150 .dev/kernels.test -test.count=1 -test.v -test.timeout 145s \
+	-test.run '^(TestMoEExperts|TestMoEWorkspaceReuse|TestMoERoute|TestMoECombineAddRMSNorm|TestMoELocalize)$' >"$OUT/moe.log" 2>&1
+echo "moe kernels rc=$? pass $(grep -c -- '--- PASS' "$OUT/moe.log") fail $(grep -c -- '--- FAIL' "$OUT/moe.log") $(tail -1 "$OUT/moe.log")"
+grep -E -- '--- FAIL|panic' "$OUT/moe.log" | head
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+timeout 90 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 16 -k 'regex:moe_align' \
+	.dev/mkserve bench model --backend cuda --config configs/shapes/qwen3-30b-a3b-8l --batch 1 --steps 5 --prefill 8192 --json 2>/dev/null |
+	grep moe_align | awk -F'","' '{print $NF}' | tr -d '",' | sort -n | awk '{a[NR]=$1} END {print "moe_align at 8k: median " a[int((NR+1)/2)] " ns of " NR " calls"}'
 for cfg in qwen3-30b-a3b-8l mixtral-8x7b-4l; do
 	echo -n "prefill 8192 $cfg (t=${SECONDS}s): "
 	timeout 60 .dev/mkserve bench model --backend cuda --config "configs/shapes/$cfg" --batch 1 --steps 15 --prefill 8192 --json 2>&1 |
 		grep -oE '"(kind|ms|mallocs_per_run)":[^,}]*' | paste -sd' '
 done
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 echo "== ncu flash_wg 16k causal (t=${SECONDS}s)"
 timeout 200 "$NCU" --clock-control none --launch-skip 2 --launch-count 1 -k 'regex:flash_wg' \
 	--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \
