@@ -44,6 +44,7 @@ struct Params {
   int block_size, heads, group, hd, vhd, window, causal, out_f32, vec, ovec;
   int hpb, rph_log2;  // query heads per block (one GQA group's), log2 of rows per head
   int bs_log2;        // log2(block_size) when it is a power of two, else -1 (flash_wg's lookups)
+  int rescale_all;    // flash_wg: rescale O every tile (MK_FLASH_RESCALE_ALL=1), not only where a maximum moved
   float scale_log2;
 };
 
@@ -297,7 +298,7 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   consume(s, 0, ntiles, 0, [&](int g, int, int& kb, int& kend) {
     kb = g * kBN;
     kend = nk;
-  }, P + i0 + ra, p.causal, 0, p.scale_log2, cw, wl, a);
+  }, P + i0 + ra, p.causal, 0, p.scale_log2, cw, wl, a, !p.rescale_all);
 
   // O / l, rows ra and ra + 8 (stored where they are real).
   const float ia = 1.f / a.la, ib = 1.f / a.lb;
@@ -414,6 +415,8 @@ extern "C" MK_API int32_t mk_flash_attn_bf16(uint64_t stream, uint64_t out, int3
   p.vec = head_dim % 8 == 0 && v_head_dim % 8 == 0 && q % 16 == 0 && pool_k % 16 == 0 && pool_v % 16 == 0;
   p.ovec = v_head_dim % 2 == 0 && out % (p.out_f32 ? 8 : 4) == 0;
   p.scale_log2 = scale * 1.4426950408889634f;
+  static const bool rescale_all = mk::env_is("MK_FLASH_RESCALE_ALL", '1');
+  p.rescale_all = rescale_all;
 
   cudaStream_t st = mk::as_stream(stream);
   if (fwg::on() && fwg::fits(p, head_dim, v_head_dim)) return fwg::launch(p, batch, max_q_len, st);

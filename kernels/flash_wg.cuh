@@ -153,12 +153,13 @@ struct Acc {
 // position of the thread's row ra (row ra + 8 is posa + 8), causal and win
 // (0: none; only with causal) the mask's kind; per tile S(g)
 // and P·V(g − 1) issued together, tile g's softmax under P·V(g − 1), O
-// rescaled once it is done and the stage of g − 1 released. keys(g, st,
+// rescaled once it is done (lazy: only by a warp where a factor is not 1)
+// and the stage of g − 1 released. keys(g, st,
 // kb, kend) gives tile g's first key position and the end of its keys (keys
 // kb + j ≥ kend are masked); it may read stage st's bounds (s.keys()) once K(g) has landed.
 template <class Keys>
 __device__ __forceinline__ void consume(const Smem& s, int gb, int ntiles, int qph, const Keys& keys, int posa,
-                                        int causal, int win, float sl2, int cw, int wl, Acc& a) {
+                                        int causal, int win, float sl2, int cw, int wl, Acc& a, bool lazy = true) {
   const int lane = wl % 32;
   const int cl = 2 * (lane % 4);
   const uint32_t q0 = mkwg::sm_addr(s.q()) + (uint32_t)cw * 64 * 128;
@@ -283,7 +284,11 @@ __device__ __forceinline__ void consume(const Smem& s, int gb, int ntiles, int q
     softmax(sc, g, pB, ca, cb);
     mkwg::wgmma_wait0();
     release(g - 1);
-    scale_o(ca, cb);
+    // Lazy: a warp whose rows' maxima all stayed put (factors exactly 1:
+    // ex2(0)) skips the 64 multiplications by 1 — the same bits, since
+    // x · 1 = x. Past the first tiles of a long row the maximum rarely
+    // moves.
+    if (!lazy || __any_sync(0xffffffffu, ca != 1.f || cb != 1.f)) scale_o(ca, cb);
 #pragma unroll
     for (int i = 0; i < 32; i++) pA[i] = pB[i];
   }

@@ -16,7 +16,12 @@
 #      then ncu's duration of the align at 8k (expected ~10–15 µs);
 #   4. the 8k prefills (Qwen3-8l 30.0 ms, Mixtral-4l 50.9 ms in call 152):
 #      after the cap change and the align;
-#   5. ncu's full sections of flash_wg at 16k causal (32 / 8 heads, d 128:
+#   5. flash_wg's lazy rescale (a warp whose row maxima stayed put skips
+#      O's 64 multiplications by 1: the same bits): TestFlashAttention and
+#      the ring tests (ring_wg shares the loop), then `bench attention` at
+#      1k / 4k / 16k against MK_FLASH_RESCALE_ALL=1 (every tile, as
+#      before), alternating, two rounds;
+#   6. ncu's full sections of flash_wg at 16k causal (32 / 8 heads, d 128:
 #      445–454 TFLOP/s against cuDNN's 671) — stall reasons, tensor-pipe
 #      and issue activity, to decide what closes the cuDNN gap (TMA for K
 #      and V, the consumers' softmax, or the producer).
@@ -43,6 +48,17 @@ for cfg in qwen3-30b-a3b-8l mixtral-8x7b-4l; do
 	echo -n "prefill 8192 $cfg (t=${SECONDS}s): "
 	timeout 60 .dev/mkserve bench model --backend cuda --config "configs/shapes/$cfg" --batch 1 --steps 15 --prefill 8192 --json 2>&1 |
 		grep -oE '"(kind|ms|mallocs_per_run)":[^,}]*' | paste -sd' '
+done
+timeout 150 .dev/kernels.test -test.count=1 -test.v -test.timeout 145s \
+	-test.run '^(TestFlashAttention|TestRingAttention|TestRingWatchdog|TestRingRankLocalStreams)$' >"$OUT/flash.log" 2>&1
+echo "flash + ring rc=$? pass $(grep -c -- '--- PASS' "$OUT/flash.log") fail $(grep -c -- '--- FAIL' "$OUT/flash.log") $(tail -1 "$OUT/flash.log")"
+grep -E -- '--- FAIL|panic' "$OUT/flash.log" | head
+for r in 1 2; do
+	for v in 0 1; do
+		echo -n "bench attention MK_FLASH_RESCALE_ALL=$v round $r: "
+		MK_FLASH_RESCALE_ALL=$v timeout 60 .dev/mkserve bench attention --seq 1024,4096,16384 --heads 32 --kv-heads 8 \
+			--head-dim 128 --causal --json 2>&1 | grep -oE '"tflops":[^,}]*' | paste -sd' '
+	done
 done
 echo "== ncu flash_wg 16k causal (t=${SECONDS}s)"
 timeout 200 "$NCU" --clock-control none --launch-skip 2 --launch-count 1 -k 'regex:flash_wg' \
