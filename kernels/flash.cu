@@ -231,6 +231,7 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
 // flash_wg.cuh's (ring.cu's ring_wg runs the same ones).
 namespace fwg {
 
+template <bool ALT>
 __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   extern __shared__ unsigned char fwg_raw[];
   const Smem s = carve(fwg_raw);
@@ -295,7 +296,7 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   const int cw = wg - 1, lane = tid % 32;
   const int ra = cw * 64 + (wl / 32) * 16 + lane / 4;  // this thread's rows: ra and ra + 8
   Acc a;
-  consume(s, 0, ntiles, 0, [&](int g, int, int& kb, int& kend) {
+  consume<ALT>(s, 0, ntiles, 0, [&](int g, int, int& kb, int& kend) {
     kb = g * kBN;
     kend = nk;
   }, P + i0 + ra, p.causal, 0, p.scale_log2, cw, wl, a, !p.rescale_all);
@@ -338,12 +339,18 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
   const int tiles = (max_q_len + kBM - 1) / kBM;
   MK_ARG(tiles <= 65535, "mk_flash_attn_bf16: max_q_len=%d needs %d query tiles of %d rows, more than 65535",
          max_q_len, tiles, kBM);
+  // MK_FLASH_ALT=1: the consumers' loop that alternates P between two
+  // register arrays (no C7513: S and P·V in flight together as meant); not
+  // yet measured on a GPU, so the loop that copies P between steps (every
+  // wgmma serialised by ptxas) stays the default until it is.
+  static const bool alt = mk::env_is("MK_FLASH_ALT", '1');
+  auto kern = alt ? flash_wg<true> : flash_wg<false>;
   static bool attr_set = false;  // the library runs on its one owning thread
   if (!attr_set) {
-    MK_CUDA(cudaFuncSetAttribute(flash_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
+    MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
     attr_set = true;
   }
-  flash_wg<<<dim3(p.heads, batch, tiles), kThreadsWG, kSmem, st>>>(p);
+  kern<<<dim3(p.heads, batch, tiles), kThreadsWG, kSmem, st>>>(p);
   MK_LAUNCHED("flash_wg");
   return MK_OK;
 }

@@ -157,7 +157,7 @@ struct Acc {
 // and the stage of g − 1 released. keys(g, st,
 // kb, kend) gives tile g's first key position and the end of its keys (keys
 // kb + j ≥ kend are masked); it may read stage st's bounds (s.keys()) once K(g) has landed.
-template <class Keys>
+template <bool ALT = true, class Keys>
 __device__ __forceinline__ void consume(const Smem& s, int gb, int ntiles, int qph, const Keys& keys, int posa,
                                         int causal, int win, float sl2, int cw, int wl, Acc& a, bool lazy = true) {
   const int lane = wl % 32;
@@ -269,30 +269,51 @@ __device__ __forceinline__ void consume(const Smem& s, int gb, int ntiles, int q
     float ca, cb;
     softmax(sc, 0, pA, ca, cb);
   }
-  // Tile g: S(g) and P·V(g − 1) issued together, then tile g's softmax
-  // into pB under P·V(g − 1); O is scaled once P·V(g − 1) is done; the
-  // stage of tile g − 1 goes back then; pB is copied to pA for the next
-  // step. (Alternating pA / pB instead, so that no copy sits between the
-  // wgmmas, measured 21 % slower with the producer's row lookups through
-  // shared memory: twenty-sixth pass.)
-  for (int g = 1; g < ntiles; g++) {
+  // step: tile g's S and P·V(g − 1) from pin issued together, then tile
+  // g's softmax into pout under P·V(g − 1); O is scaled once P·V(g − 1) is
+  // done (lazy: only in a warp where a row's maximum moved — a factor of
+  // exactly 1, ex2(0), multiplies to the same bits), and the stage of tile
+  // g − 1 goes back then.
+  auto step = [&](int g, const uint32_t(&pin)[32], uint32_t(&pout)[32]) {
     float sc[64];
     s_issue(sc, g);
-    pv_issue(g - 1, pA);
+    pv_issue(g - 1, pin);
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S(g) done; P·V(g − 1) may run on
     float ca, cb;
-    softmax(sc, g, pB, ca, cb);
+    softmax(sc, g, pout, ca, cb);
     mkwg::wgmma_wait0();
     release(g - 1);
-    // Lazy: a warp whose rows' maxima all stayed put (factors exactly 1:
-    // ex2(0)) skips the 64 multiplications by 1 — the same bits, since
-    // x · 1 = x. Past the first tiles of a long row the maximum rarely
-    // moves.
     if (!lazy || __any_sync(0xffffffffu, ca != 1.f || cb != 1.f)) scale_o(ca, cb);
+  };
+  if constexpr (ALT) {
+    // P alternates between pA and pB, two steps a turn (MK_FLASH_ALT=1).
+    // Copying pB to pA after every step instead (ALT false, the default
+    // until this is measured) makes ptxas serialise every wgmma of the
+    // kernel (C7513, in the device's CUDA 13 build too: the copy defines
+    // registers a wgmma reads inside a pipeline stage), each 64×128×16
+    // waiting for the one before it; this form has no C7513 (ptxas 12.4).
+    // (The twenty-fifth pass's V2 kernel alternated too and measured
+    // slower, but with its producer's row lookups through shared memory
+    // and other changes at once; this is the alternation alone.)
+    int g = 1;
+    for (; g + 1 < ntiles; g += 2) {
+      step(g, pA, pB);
+      step(g + 1, pB, pA);
+    }
+    if (g < ntiles) {  // one step left: the last tile's P lands in pB
+      step(g, pA, pB);
+      pv_issue(ntiles - 1, pB);
+    } else {
+      pv_issue(ntiles - 1, pA);
+    }
+  } else {
+    for (int g = 1; g < ntiles; g++) {
+      step(g, pA, pB);
 #pragma unroll
-    for (int i = 0; i < 32; i++) pA[i] = pB[i];
+      for (int i = 0; i < 32; i++) pA[i] = pB[i];
+    }
+    pv_issue(ntiles - 1, pA);
   }
-  pv_issue(ntiles - 1, pA);
   mkwg::wgmma_wait0();
   release(ntiles - 1);
   // The rows' sums over their 4 lanes.

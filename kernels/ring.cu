@@ -900,6 +900,7 @@ __device__ WSlot wslot_take(const Params& p, int* q, int s_lo, int s_hi) {
   }
 }
 
+template <bool ALT>
 __global__ void __launch_bounds__(fwg::kThreadsWG, 1) ring_wg(const __grid_constant__ Params p) {
   using fwg::kD;
   using fwg::kST;
@@ -997,7 +998,7 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1) ring_wg(const __grid_const
     const WSlot w = slot_sh;
     if (w.ntiles < 0) break;
     fwg::Acc a;
-    fwg::consume(sm, gb, w.ntiles, n & 1, [&](int, int st, int& kb, int& kend) {
+    fwg::consume<ALT>(sm, gb, w.ntiles, n & 1, [&](int, int st, int& kb, int& kend) {
       kb = sm.keys()[2 * st];
       kend = sm.keys()[2 * st + 1];
     }, w.qlo + w.i0 + ra, p.causal, p.window, p.scale_log2, cw, wl, a);
@@ -1360,9 +1361,17 @@ int64_t rank_items(const Params& p, const Layout& lo, bool wg, int r) {
   return wg ? (int64_t)(p.wtc[r][0] + p.wtc[r][1]) * p.heads : lo.items[r];
 }
 
+// ring_wg_kernel is ring_wg with the consumers' loop flash_wg takes
+// (MK_FLASH_ALT=1: P alternating between two arrays; else copied between
+// steps).
+KernelFn ring_wg_kernel() {
+  static const bool alt = mk::env_is("MK_FLASH_ALT", '1');
+  return alt ? ring_wg<true> : ring_wg<false>;
+}
+
 // wg_prepare is prepare for ring_wg.
 int wg_prepare(int* coresident) {
-  return prepare(ring_wg, fwg::kSmem, coresident, fwg::kThreadsWG);
+  return prepare(ring_wg_kernel(), fwg::kSmem, coresident, fwg::kThreadsWG);
 }
 
 // pick_kernel picks a launch's kernel — ring_wg when wg, else ring_kernel's
@@ -1371,7 +1380,7 @@ int wg_prepare(int* coresident) {
 int pick_kernel(const char* fn, const Shape& sh, int head_dim, int v_head_dim, bool wg, bool gather, KernelFn* kf,
                 size_t* smem, int* cores) {
   *smem = fwg::kSmem;
-  *kf = wg ? ring_wg : kernel_for(sh, gather, smem);
+  *kf = wg ? ring_wg_kernel() : kernel_for(sh, gather, smem);
   MK_ARG(*kf != nullptr, "%s: no kernel for head dims %d/%d", fn, head_dim, v_head_dim);
   return wg ? wg_prepare(cores) : prepare(*kf, *smem, cores);
 }

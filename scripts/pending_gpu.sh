@@ -3,7 +3,7 @@
 # device time ran out, and the profile its notes ask for first (docs/PERF.md,
 # "GPU, twenty-seventh pass"). Delete or rewrite it once its results are in
 # PERF.md. On the GPU machine, from the repository root, with
-# .dev/device.tar.xz carried (make device-bins), one device call (~6 min):
+# .dev/device.tar.xz carried (make device-bins), one device call (~8 min):
 #   1. build .dev/libmkernel.so;
 #   2. the backend's allocator and graph tests: the large-buffer pool's
 #      default cap (an eighth of the GPU's memory, at most 16 GiB) and its
@@ -16,11 +16,16 @@
 #      then ncu's duration of the align at 8k (expected ~10–15 µs);
 #   4. the 8k prefills (Qwen3-8l 30.0 ms, Mixtral-4l 50.9 ms in call 152):
 #      after the cap change and the align;
-#   5. flash_wg's lazy rescale (a warp whose row maxima stayed put skips
-#      O's 64 multiplications by 1: the same bits): TestFlashAttention and
-#      the ring tests (ring_wg shares the loop), then `bench attention` at
-#      1k / 4k / 16k against MK_FLASH_RESCALE_ALL=1 (every tile, as
-#      before), alternating, two rounds;
+#   5. flash_wg's and ring_wg's consumer loop: the lazy rescale (a warp
+#      whose row maxima stayed put skips O's 64 multiplications by 1: the
+#      same bits; default) and MK_FLASH_ALT=1 (P alternating between two
+#      register arrays, so that ptxas does not serialise every wgmma:
+#      C7513 in the device build of the default loop): TestFlashAttention
+#      and the ring tests with and without MK_FLASH_ALT=1, then `bench
+#      attention` at 1k / 4k / 16k and `bench ring` at 16k for the default,
+#      MK_FLASH_RESCALE_ALL=1 (every tile, as before) and MK_FLASH_ALT=1,
+#      alternating, two rounds, and the 8k prefill with MK_FLASH_ALT=1.
+#      Flip MK_FLASH_ALT's default if it wins (kernels/flash.cu, ring.cu);
 #   6. ncu's full sections of flash_wg at 16k causal (32 / 8 heads, d 128:
 #      445–454 TFLOP/s against cuDNN's 671) — stall reasons, tensor-pipe
 #      and issue activity, to decide what closes the cuDNN gap (TMA for K
@@ -49,22 +54,33 @@ for cfg in qwen3-30b-a3b-8l mixtral-8x7b-4l; do
 	timeout 60 .dev/mkserve bench model --backend cuda --config "configs/shapes/$cfg" --batch 1 --steps 15 --prefill 8192 --json 2>&1 |
 		grep -oE '"(kind|ms|mallocs_per_run)":[^,}]*' | paste -sd' '
 done
-timeout 150 .dev/kernels.test -test.count=1 -test.v -test.timeout 145s \
-	-test.run '^(TestFlashAttention|TestRingAttention|TestRingWatchdog|TestRingRankLocalStreams)$' >"$OUT/flash.log" 2>&1
-echo "flash + ring rc=$? pass $(grep -c -- '--- PASS' "$OUT/flash.log") fail $(grep -c -- '--- FAIL' "$OUT/flash.log") $(tail -1 "$OUT/flash.log")"
-grep -E -- '--- FAIL|panic' "$OUT/flash.log" | head
+for alt in 0 1; do
+	MK_FLASH_ALT=$alt timeout 150 .dev/kernels.test -test.count=1 -test.v -test.timeout 145s \
+		-test.run '^(TestFlashAttention|TestRingAttention|TestRingWatchdog|TestRingRankLocalStreams)$' >"$OUT/flash$alt.log" 2>&1
+	echo "flash + ring, MK_FLASH_ALT=$alt: rc=$? pass $(grep -c -- '--- PASS' "$OUT/flash$alt.log") fail $(grep -c -- '--- FAIL' "$OUT/flash$alt.log") $(tail -1 "$OUT/flash$alt.log")"
+	grep -E -- '--- FAIL|panic' "$OUT/flash$alt.log" | head
+done
 for r in 1 2; do
-	for v in 0 1; do
-		echo -n "bench attention MK_FLASH_RESCALE_ALL=$v round $r: "
-		MK_FLASH_RESCALE_ALL=$v timeout 60 .dev/mkserve bench attention --seq 1024,4096,16384 --heads 32 --kv-heads 8 \
-			--head-dim 128 --causal --json 2>&1 | grep -oE '"tflops":[^,}]*' | paste -sd' '
+	for v in "MK_FLASH_ALT=0" "MK_FLASH_RESCALE_ALL=1" "MK_FLASH_ALT=1"; do
+		echo -n "$v round $r: attention "
+		env $v timeout 60 .dev/mkserve bench attention --seq 1024,4096,16384 --heads 32 --kv-heads 8 \
+			--head-dim 128 --causal --json 2>&1 | grep -oE '"tflops":[^,}]*' | paste -sd' ' | tr '\n' ' '
+		echo -n "; ring 16k R=4 "
+		env $v timeout 60 .dev/mkserve bench ring --seq 16384 --ranks 4 --heads 32 --kv-heads 8 --head-dim 128 \
+			--causal --iters 5 --json 2>&1 | grep -oE '"(ms|single_rank_ms|rel_err)":[^,}]*' | paste -sd' '
 	done
 done
-echo "== ncu flash_wg 16k causal (t=${SECONDS}s)"
-timeout 200 "$NCU" --clock-control none --launch-skip 2 --launch-count 1 -k 'regex:flash_wg' \
-	--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \
-	--section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
-	.dev/mkserve bench attention --seq 16384 --heads 32 --kv-heads 8 --head-dim 128 --causal --iters 10 --json >"$OUT/ncu_flash.txt" 2>&1
-grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc|Warp Cycles Per Issued|Stall|Tensor|Registers Per|Achieved Occupancy|L1/TEX Hit|L2 Hit" \
-	"$OUT/ncu_flash.txt" | head -60
+echo -n "prefill 8192 qwen3-8l MK_FLASH_ALT=1: "
+MK_FLASH_ALT=1 timeout 60 .dev/mkserve bench model --backend cuda --config configs/shapes/qwen3-30b-a3b-8l --batch 1 \
+	--steps 15 --prefill 8192 --json 2>&1 | grep -oE '"(kind|ms)":[^,}]*' | paste -sd' '
+for alt in 0 1; do
+	echo "== ncu flash_wg 16k causal, MK_FLASH_ALT=$alt (t=${SECONDS}s)"
+	MK_FLASH_ALT=$alt timeout 200 "$NCU" --clock-control none --launch-skip 2 --launch-count 1 -k 'regex:flash_wg' \
+		--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \
+		--section LaunchStats --section Occupancy \
+		.dev/mkserve bench attention --seq 16384 --heads 32 --kv-heads 8 --head-dim 128 --causal --iters 10 --json \
+		>"$OUT/ncu_flash$alt.txt" 2>&1
+	grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc|Warp Cycles Per Issued|Stall|Tensor|Registers Per|Achieved Occupancy" \
+		"$OUT/ncu_flash$alt.txt" | head -40
+done
 echo "done t=${SECONDS}s"
