@@ -231,7 +231,7 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
 // flash_wg.cuh's (ring.cu's ring_wg runs the same ones).
 namespace fwg {
 
-template <bool ALT>
+template <bool ALT, bool PP>
 __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   extern __shared__ unsigned char fwg_raw[];
   const Smem s = carve(fwg_raw);
@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   const int cw = wg - 1, lane = tid % 32;
   const int ra = cw * 64 + (wl / 32) * 16 + lane / 4;  // this thread's rows: ra and ra + 8
   Acc a;
-  consume<ALT>(s, 0, ntiles, 0, [&](int g, int, int& kb, int& kend) {
+  consume<ALT, PP>(s, 0, ntiles, 0, [&](int g, int, int& kb, int& kend) {
     kb = g * kBN;
     kend = nk;
   }, P + i0 + ra, p.causal, 0, p.scale_log2, cw, wl, a, !p.rescale_all);
@@ -343,8 +343,12 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
   // register arrays (no C7513: S and P·V in flight together as meant); not
   // yet measured on a GPU, so the loop that copies P between steps (every
   // wgmma serialised by ptxas) stays the default until it is.
-  static const bool alt = mk::env_is("MK_FLASH_ALT", '1');
-  auto kern = alt ? flash_wg<true> : flash_wg<false>;
+  // MK_FLASH_PINGPONG=1 (implies the alternating loop): the consumers take
+  // turns issuing their wgmmas (flash_wg.cuh's PP), to be measured again
+  // now that they can overlap (5–6 % slower with every wgmma serialised).
+  static const bool pp = mk::env_is("MK_FLASH_PINGPONG", '1');
+  static const bool alt = pp || mk::env_is("MK_FLASH_ALT", '1');
+  auto kern = pp ? flash_wg<true, true> : alt ? flash_wg<true, false> : flash_wg<false, false>;
   static bool attr_set = false;  // the library runs on its one owning thread
   if (!attr_set) {
     MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));

@@ -157,7 +157,7 @@ struct Acc {
 // and the stage of g − 1 released. keys(g, st,
 // kb, kend) gives tile g's first key position and the end of its keys (keys
 // kb + j ≥ kend are masked); it may read stage st's bounds (s.keys()) once K(g) has landed.
-template <bool ALT = true, class Keys>
+template <bool ALT = true, bool PP = false, class Keys>
 __device__ __forceinline__ void consume(const Smem& s, int gb, int ntiles, int qph, const Keys& keys, int posa,
                                         int causal, int win, float sl2, int cw, int wl, Acc& a, bool lazy = true) {
   const int lane = wl % 32;
@@ -274,10 +274,24 @@ __device__ __forceinline__ void consume(const Smem& s, int gb, int ntiles, int q
   // done (lazy: only in a warp where a row's maximum moved — a factor of
   // exactly 1, ex2(0), multiplies to the same bits), and the stage of tile
   // g − 1 goes back then.
+  // PP (with ALT): the two consumer warpgroups take turns issuing their
+  // steps' wgmmas (named barrier 2 + cw is warpgroup cw's turn), so that
+  // one's softmax runs under the other's GEMMs (FlashAttention-3's
+  // ping-pong). Warpgroup 1 opens warpgroup 0's first turn and does not
+  // pass on its own last one, so that each barrier gets as many arrivals
+  // as waits within a call (ring_wg calls this once a slot).
+  static_assert(!PP || ALT, "ping-pong runs on the alternating loop");
+  if constexpr (PP) {
+    if (cw == 1 && ntiles > 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+  }
   auto step = [&](int g, const uint32_t(&pin)[32], uint32_t(&pout)[32]) {
     float sc[64];
+    if constexpr (PP) asm volatile("bar.sync %0, 256;\n" ::"r"(2 + cw) : "memory");
     s_issue(sc, g);
     pv_issue(g - 1, pin);
+    if constexpr (PP) {
+      if (cw == 0 || g < ntiles - 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(3 - cw) : "memory");
+    }
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S(g) done; P·V(g − 1) may run on
     float ca, cb;
     softmax(sc, g, pout, ca, cb);

@@ -23,9 +23,11 @@
 #      C7513 in the device build of the default loop): TestFlashAttention
 #      and the ring tests with and without MK_FLASH_ALT=1, then `bench
 #      attention` at 1k / 4k / 16k and `bench ring` at 16k for the default,
-#      MK_FLASH_RESCALE_ALL=1 (every tile, as before) and MK_FLASH_ALT=1,
-#      alternating, two rounds, and the 8k prefill with MK_FLASH_ALT=1.
-#      Flip MK_FLASH_ALT's default if it wins (kernels/flash.cu, ring.cu);
+#      MK_FLASH_RESCALE_ALL=1 (every tile, as before), MK_FLASH_ALT=1 and
+#      MK_FLASH_PINGPONG=1 (the alternating loop with the two consumer
+#      warpgroups taking turns, flash_wg only), alternating, two rounds,
+#      and the 8k prefill with MK_FLASH_ALT=1. Flip the defaults that win
+#      (kernels/flash.cu, ring.cu);
 #   6. ncu's full sections of flash_wg at 16k causal (32 / 8 heads, d 128:
 #      445–454 TFLOP/s against cuDNN's 671) — stall reasons, tensor-pipe
 #      and issue activity, to decide what closes the cuDNN gap (TMA for K
@@ -54,14 +56,14 @@ for cfg in qwen3-30b-a3b-8l mixtral-8x7b-4l; do
 	timeout 60 .dev/mkserve bench model --backend cuda --config "configs/shapes/$cfg" --batch 1 --steps 15 --prefill 8192 --json 2>&1 |
 		grep -oE '"(kind|ms|mallocs_per_run)":[^,}]*' | paste -sd' '
 done
-for alt in 0 1; do
-	MK_FLASH_ALT=$alt timeout 150 .dev/kernels.test -test.count=1 -test.v -test.timeout 145s \
-		-test.run '^(TestFlashAttention|TestRingAttention|TestRingWatchdog|TestRingRankLocalStreams)$' >"$OUT/flash$alt.log" 2>&1
-	echo "flash + ring, MK_FLASH_ALT=$alt: rc=$? pass $(grep -c -- '--- PASS' "$OUT/flash$alt.log") fail $(grep -c -- '--- FAIL' "$OUT/flash$alt.log") $(tail -1 "$OUT/flash$alt.log")"
-	grep -E -- '--- FAIL|panic' "$OUT/flash$alt.log" | head
+for v in MK_FLASH_ALT=0 MK_FLASH_ALT=1 MK_FLASH_PINGPONG=1; do
+	env $v timeout 150 .dev/kernels.test -test.count=1 -test.v -test.timeout 145s \
+		-test.run '^(TestFlashAttention|TestRingAttention|TestRingWatchdog|TestRingRankLocalStreams)$' >"$OUT/flash_$v.log" 2>&1
+	echo "flash + ring, $v: rc=$? pass $(grep -c -- '--- PASS' "$OUT/flash_$v.log") fail $(grep -c -- '--- FAIL' "$OUT/flash_$v.log") $(tail -1 "$OUT/flash_$v.log")"
+	grep -E -- '--- FAIL|panic' "$OUT/flash_$v.log" | head
 done
 for r in 1 2; do
-	for v in "MK_FLASH_ALT=0" "MK_FLASH_RESCALE_ALL=1" "MK_FLASH_ALT=1"; do
+	for v in "MK_FLASH_ALT=0" "MK_FLASH_RESCALE_ALL=1" "MK_FLASH_ALT=1" "MK_FLASH_PINGPONG=1"; do
 		echo -n "$v round $r: attention "
 		env $v timeout 60 .dev/mkserve bench attention --seq 1024,4096,16384 --heads 32 --kv-heads 8 \
 			--head-dim 128 --causal --json 2>&1 | grep -oE '"tflops":[^,}]*' | paste -sd' ' | tr '\n' ' '
