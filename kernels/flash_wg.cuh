@@ -151,12 +151,16 @@ struct Acc {
 // consume runs a warpgroup over key tiles g = 0 .. ntiles − 1 (ring slots
 // gb + g) into a, after Q has landed (q_full's phase qph); posa is the
 // position of the thread's row ra (row ra + 8 is posa + 8), causal and win
-// (0: none; only with causal) the mask's kind; per tile S(g)
-// and P·V(g − 1) issued together, tile g's softmax under P·V(g − 1), O
+// (0: none; only with causal) the mask's kind; per tile S(g) and
+// P·V(g − 1) issued together, tile g's softmax under P·V(g − 1), O
 // rescaled once it is done (lazy: only by a warp where a factor is not 1)
-// and the stage of g − 1 released. keys(g, st,
-// kb, kend) gives tile g's first key position and the end of its keys (keys
-// kb + j ≥ kend are masked); it may read stage st's bounds (s.keys()) once K(g) has landed.
+// and the stage of g − 1 released. keys(g, st, kb, kend) gives tile g's
+// first key position and the end of its keys (keys kb + j ≥ kend are
+// masked); it may read stage st's bounds (s.keys()) once K(g) has landed.
+// ALT: P alternates between two register arrays (else it is copied
+// between steps, which serialises every wgmma); PP (with ALT): the two
+// consumer warpgroups take turns issuing their steps (both must call with
+// the same ntiles).
 template <bool ALT = true, bool PP = false, class Keys>
 __device__ __forceinline__ void consume(const Smem& s, int gb, int ntiles, int qph, const Keys& keys, int posa,
                                         int causal, int win, float sl2, int cw, int wl, Acc& a, bool lazy = true) {
