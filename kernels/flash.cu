@@ -226,9 +226,11 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
 // while P·V(t − 1) is in flight (O is rescaled once it is done). H200,
 // causal, 32 / 8 heads: 212 / 351 / 407 TFLOP/s at 1k / 4k / 16k against
 // the mma.sync kernel's 157 / 294 / 332 (docs/PERF.md, twenty-fifth pass;
-// FlashAttention-3's ping-pong of the two consumers measured 5–6 % slower
-// and is not used). The producer's copies and the consumers' loop are
-// flash_wg.cuh's (ring.cu's ring_wg runs the same ones).
+// FlashAttention-3's ping-pong of the two consumers measured 5–6 % slower;
+// both figures with every wgmma serialised by ptxas, C7513 — see
+// MK_FLASH_ALT and MK_FLASH_PINGPONG in launch, not yet measured). The
+// producer's copies and the consumers' loop are flash_wg.cuh's (ring.cu's
+// ring_wg runs the same ones).
 namespace fwg {
 
 template <bool ALT, bool PP>
