@@ -27,6 +27,7 @@ func TestAllocClass(t *testing.T) {
 		{600 * mib, 640 * mib},           // (512, 1024] MiB in 64 MiB steps
 		{int64(3) << 30, int64(3) << 30}, // a multiple of its step
 		{int64(3)<<30 + 1, 3328 * mib},   // (2, 4] GiB in 256 MiB steps
+		{1<<62 + 5, 1<<62 + 5},           // absurd: returned as is (no overflow)
 	} {
 		got := class(c.bytes)
 		if got != c.want {

@@ -64,6 +64,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"os"
 	"runtime"
 	"slices"
@@ -694,10 +695,13 @@ const poolMax = 64 << 20
 // poolMax, above it the next eighth of its octave (≤ 12.5 % more), so that
 // prefills of similar lengths reuse each other's buffers.
 func class(bytes int64) int64 {
-	c := int64(256)
-	for c < bytes {
-		c <<= 1
+	if bytes <= 256 {
+		return 256
 	}
+	if bytes > 1<<61 {
+		return bytes // no allocation of this size succeeds; no overflow below
+	}
+	c := int64(1) << bits.Len64(uint64(bytes-1)) // the next power of two
 	if c <= poolMax {
 		return c
 	}
