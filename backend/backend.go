@@ -491,7 +491,7 @@ func NormRoPEAttention(be Backend, q, k, v, qw, kw Tensor, eps float32, rope *at
 	}
 	qr, kr := NormRoPE(be, q, k, qw, kw, eps, p.NumHeads, p.NumKVHeads, p.HeadDim, rope, b.Positions)
 	o := be.Attention(qr, kr, v, b, p)
-	Release(be, []Tensor{o, q, k, v}, qr, kr) // the caller's q, k and v are the caller's
+	Release(be, []Tensor{o, q, k, v}, qr, kr) // q, k and v stay the caller's
 	return o
 }
 

@@ -158,14 +158,15 @@ func (a *mlaAttention) forward(h backend.Tensor, b *backend.Batch) backend.Tenso
 		o := a.la.LatentAttention(qParts[0], qPe, c, kPe, b, &a.p, a.latent) // [T, H*v]
 		return dead(be.Linear(o, a.o, nil), q, ckv, qParts[0], qParts[1], kvParts[0], kvParts[1], c, qPe, kPe, o)
 	}
-	kv := be.Linear(be.RMSNorm(kvParts[0], a.kvANorm, loraNormEps), a.kvB, nil) // [T, H*(nope+v)]
-	kvSplit := be.SplitCols(kv, H, a.nope, a.vDim)                              // [T, H*nope], [T, H*v]
+	kvn := be.RMSNorm(kvParts[0], a.kvANorm, loraNormEps) // [T, kvLora]
+	kv := be.Linear(kvn, a.kvB, nil)                      // [T, H*(nope+v)]
+	kvSplit := be.SplitCols(kv, H, a.nope, a.vDim)        // [T, H*nope], [T, H*v]
 	qPe := be.RoPE(qParts[1], H, a.ropeDim, a.rope, b.Positions)
 	kPe := be.RoPE(kvParts[1], 1, a.ropeDim, a.rope, b.Positions) // [T, rope], shared by all heads
 	sizes := []int{a.nope, a.ropeDim}
 	qFull := be.ConcatCols(H, []backend.Tensor{qParts[0], qPe}, sizes)  // [T, H*(nope+rope)]
 	kFull := be.ConcatCols(H, []backend.Tensor{kvSplit[0], kPe}, sizes) // [T, H*(nope+rope)]
 	o := be.Attention(qFull, kFull, kvSplit[1], b, &a.p)                // [T, H*v]
-	return dead(be.Linear(o, a.o, nil), q, ckv, qParts[0], qParts[1], kvParts[0], kvParts[1], kv,
+	return dead(be.Linear(o, a.o, nil), q, ckv, qParts[0], qParts[1], kvParts[0], kvParts[1], kvn, kv,
 		kvSplit[0], kvSplit[1], qPe, kPe, qFull, kFull, o)
 }

@@ -73,7 +73,6 @@ type modelResult struct {
 	ExpertsPerLayer float64 `json:"experts_per_layer,omitempty"`
 }
 
-// opTime is one op's share of a step's host time.
 // opTimes is the costliest 12 ops cb's profile gathered over n steps (or
 // prefill runs), per step; it turns the profile off.
 func opTimes(cb *cuda.Backend, n int) []opTime {
@@ -89,6 +88,7 @@ func opTimes(cb *cuda.Backend, n int) []opTime {
 	return ops
 }
 
+// opTime is one op's share of a step's host time.
 type opTime struct {
 	Op    string  `json:"op"`
 	Calls float64 `json:"calls_per_step"`
