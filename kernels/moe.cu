@@ -424,13 +424,17 @@ __device__ __forceinline__ void align_block(const int32_t* ids, int64_t n, int E
   // the atomics' order, not the ids' (outputs do not depend on it).
   constexpr int kAlignU = 8;
   const int64_t bstep = (int64_t)blockDim.x * kAlignU;
-  for (int64_t a0 = threadIdx.x; a0 < n; a0 += bstep) {
-    int ev[kAlignU];
+  // batch loads the ids of assignments a0 + u·blockDim.x (-1 past n).
+  auto batch = [&](int64_t a0, int (&ev)[kAlignU]) {
 #pragma unroll
     for (int u = 0; u < kAlignU; u++) {
       const int64_t a = a0 + (int64_t)u * blockDim.x;
       ev[u] = a < n ? ids[a] : -1;
     }
+  };
+  for (int64_t a0 = threadIdx.x; a0 < n; a0 += bstep) {
+    int ev[kAlignU];
+    batch(a0, ev);
 #pragma unroll
     for (int u = 0; u < kAlignU; u++)
       if (ev[u] >= 0 && ev[u] < E) atomicAdd(&cnt[ev[u]], 1);
@@ -483,20 +487,17 @@ __device__ __forceinline__ void align_block(const int32_t* ids, int64_t n, int E
   }
   for (int64_t a0 = threadIdx.x; a0 < n; a0 += bstep) {
     int ev[kAlignU];
+    batch(a0, ev);
 #pragma unroll
     for (int u = 0; u < kAlignU; u++) {
       const int64_t a = a0 + (int64_t)u * blockDim.x;
-      ev[u] = a < n ? ids[a] : -2;  // -2: past the end
-    }
-#pragma unroll
-    for (int u = 0; u < kAlignU; u++) {
-      const int64_t a = a0 + (int64_t)u * blockDim.x;
+      if (a >= n) break;
       const int e = ev[u];
       if (e >= 0 && e < E) {
         const int p = off[e] + atomicAdd(&cur[e], 1);
         sorted[p] = (int32_t)a;
         slot_of[a] = p;
-      } else if (e != -2) {
+      } else {
         slot_of[a] = -1;
       }
     }
