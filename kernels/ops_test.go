@@ -621,3 +621,65 @@ func TestGemmHeads(t *testing.T) {
 		}
 	})
 }
+
+// TestCopyColsF32: strided column copies against a Go reference, bit for
+// bit, with every other destination element left as it was (NaN-poisoned):
+// the four-wide row kernel (widths, strides and offsets multiples of 4),
+// the one-wide row kernel (a width, an offset or a view off by one), a
+// broadcast source head (SrcHead 0), and views whose pointers are not
+// 16-byte aligned.
+func TestCopyColsF32(t *testing.T) {
+	g := testGPU(t)
+	cases := []struct {
+		name    string
+		c       ColCopy
+		dstView int // elements the destination view starts in (0: none)
+	}{
+		{"v4", ColCopy{Rows: 37, Heads: 5, Width: 8, DstLd: 64, DstOff: 4, DstHead: 12, SrcLd: 40, SrcOff: 0, SrcHead: 8}, 0},
+		{"v4_broadcast", ColCopy{Rows: 9, Heads: 128, Width: 64, DstLd: 128 * 192, DstOff: 128, DstHead: 192, SrcLd: 64, SrcOff: 0, SrcHead: 0}, 0},
+		{"odd_width", ColCopy{Rows: 11, Heads: 3, Width: 6, DstLd: 20, DstOff: 2, DstHead: 6, SrcLd: 18, SrcOff: 0, SrcHead: 6}, 0},
+		{"odd_offset", ColCopy{Rows: 7, Heads: 4, Width: 8, DstLd: 40, DstOff: 1, DstHead: 9, SrcLd: 32, SrcOff: 0, SrcHead: 8}, 0},
+		{"unaligned_view", ColCopy{Rows: 5, Heads: 2, Width: 16, DstLd: 32, DstOff: 0, DstHead: 16, SrcLd: 32, SrcOff: 0, SrcHead: 16}, 1},
+		{"one_row", ColCopy{Rows: 1, Heads: 128, Width: 128, DstLd: 128 * 256, DstOff: 0, DstHead: 256, SrcLd: 128 * 128, SrcOff: 0, SrcHead: 128}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRNG(t)
+			c := tc.c
+			end := func(ld, off, hs int) int { return (c.Rows-1)*ld + (c.Heads-1)*hs + off + c.Width }
+			nd, ns := end(c.DstLd, c.DstOff, c.DstHead), end(c.SrcLd, c.SrcOff, c.SrcHead)
+			src := randF32(r, ns, 3)
+			want := fill32(nd, float32(math.NaN()))
+			for row := 0; row < c.Rows; row++ {
+				for h := 0; h < c.Heads; h++ {
+					for k := 0; k < c.Width; k++ {
+						want[row*c.DstLd+h*c.DstHead+c.DstOff+k] = src[row*c.SrcLd+h*c.SrcHead+c.SrcOff+k]
+					}
+				}
+			}
+			var got []float32
+			onGPU(t, g, func(a *arena) {
+				dst := put(a, fill32(nd+tc.dstView, float32(math.NaN())))
+				sb := put(a, src)
+				if a.err != nil {
+					return
+				}
+				dv := dst
+				if tc.dstView > 0 {
+					var err error
+					if dv, err = dst.View(int64(4*tc.dstView), int64(4*nd)); err != nil {
+						a.err = err
+						return
+					}
+				}
+				a.check(a.d.CopyColsF32(nil, dv, sb, c))
+				got = get[float32](a, dst, nd+tc.dstView)[tc.dstView:]
+			})
+			for i := range want {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(math.IsNaN(float64(got[i])) && math.IsNaN(float64(want[i]))) {
+					t.Fatalf("element %d: %g, want %g", i, got[i], want[i])
+				}
+			}
+		})
+	}
+}

@@ -14,8 +14,14 @@
 #      default path: moe_align_kernel took 52 µs at 8192 Qwen3 tokens, 64
 #      dependent load-then-atomic steps a thread): the MoE kernel tests,
 #      then ncu's duration of the align at 8k (expected ~10–15 µs);
-#   4. the 8k prefills (Qwen3-8l 30.0 ms, Mixtral-4l 50.9 ms in call 152):
-#      after the cap change and the align;
+#   4. the column copies of the MLA prefill (SplitCols / ConcatCols) a
+#      row at a time, four floats a thread where aligned (copy_cols_rows:
+#      one 32-bit division a unit instead of three 64-bit ones an
+#      element; ~900 M floats a DeepSeek-V3 layer at 8k): TestCopyColsF32
+#      with the MoE tests, the golden MLA checkpoints with the backend's;
+#      then the 8k prefills (Qwen3-8l 30.0 ms, Mixtral-4l 50.9 ms in call
+#      152, DeepSeek-V3-4l 154–159 ms in call 150) after the cap change,
+#      the align and the copies;
 #   5. flash_wg's and ring_wg's consumer loop: the lazy rescale (a warp
 #      whose row maxima stayed put skips O's 64 multiplications by 1: the
 #      same bits; default) and MK_FLASH_ALT=1 (P alternating between two
@@ -47,14 +53,14 @@ grep -h "C7513" .dev/logs/build.log | grep -oE "in the function '[^']*'" | c++fi
 	echo "cuda rc=$? pass $(grep -c -- '--- PASS' "$OUT/cuda.log") fail $(grep -c -- '--- FAIL' "$OUT/cuda.log") $(tail -1 "$OUT/cuda.log")")
 grep -E -- '--- FAIL|panic|pool holds' "$OUT/cuda.log" | head
 timeout 150 .dev/kernels.test -test.count=1 -test.v -test.timeout 145s \
-	-test.run '^(TestMoEExperts|TestMoEWorkspaceReuse|TestMoERoute|TestMoECombineAddRMSNorm|TestMoELocalize)$' >"$OUT/moe.log" 2>&1
-echo "moe kernels rc=$? pass $(grep -c -- '--- PASS' "$OUT/moe.log") fail $(grep -c -- '--- FAIL' "$OUT/moe.log") $(tail -1 "$OUT/moe.log")"
+	-test.run '^(TestMoEExperts|TestMoEWorkspaceReuse|TestMoERoute|TestMoECombineAddRMSNorm|TestMoELocalize|TestCopyColsF32)$' >"$OUT/moe.log" 2>&1
+echo "moe + copy-cols kernels rc=$? pass $(grep -c -- '--- PASS' "$OUT/moe.log") fail $(grep -c -- '--- FAIL' "$OUT/moe.log") $(tail -1 "$OUT/moe.log")"
 grep -E -- '--- FAIL|panic' "$OUT/moe.log" | head
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 timeout 90 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 16 -k 'regex:moe_align' \
 	.dev/mkserve bench model --backend cuda --config configs/shapes/qwen3-30b-a3b-8l --batch 1 --steps 5 --prefill 8192 --json 2>/dev/null |
 	grep moe_align | awk -F'","' '{print $NF}' | tr -d '",' | sort -n | awk '{a[NR]=$1} END {print "moe_align at 8k: median " a[int((NR+1)/2)] " ns of " NR " calls"}'
-for cfg in qwen3-30b-a3b-8l mixtral-8x7b-4l; do
+for cfg in qwen3-30b-a3b-8l mixtral-8x7b-4l deepseek-v3-4l; do
 	echo -n "prefill 8192 $cfg (t=${SECONDS}s): "
 	timeout 60 .dev/mkserve bench model --backend cuda --config "configs/shapes/$cfg" --batch 1 --steps 15 --prefill 8192 --json 2>&1 |
 		grep -oE '"(kind|ms|mallocs_per_run)":[^,}]*' | paste -sd' '
