@@ -233,10 +233,10 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
 // ring_wg runs the same ones).
 namespace fwg {
 
-template <bool ALT, bool PP>
+template <bool ALT, bool PP, int DQK>
 __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   extern __shared__ unsigned char fwg_raw[];
-  const Smem s = carve(fwg_raw);
+  const SmemT<DQK> s = carve<DQK>(fwg_raw);
   const int h = blockIdx.x, b = blockIdx.y;
   const int tile = gridDim.z - 1 - blockIdx.z;  // heaviest (last) tiles first
   const int qs = p.q_start[b];
@@ -255,6 +255,42 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   if (tid == 0) init_barriers(s, 0);
   __syncthreads();
 
+  if constexpr (DQK != 128) {
+  if (wg == 0) {  // producer, head dims 192 / 128: 8 rows a thread (copy_rows8)
+    mkwg::setmaxnreg_dec<56>();
+    constexpr int ST = Geo<DQK>::kST, QB = Geo<DQK>::kQB;
+    const int r0 = wl / 8;
+    copy_rows8<QB>(s.q(), wl, [&](int i) -> const bf16* {
+      const int qi = i0 + r0 + 16 * i;
+      return qi < iend ? p.q + (int64_t)(qs + qi) * p.q_stride + (int64_t)h * DQK : nullptr;
+    }, p.q, s.q_full());
+    const bf16* kp = p.k + (int64_t)kvh * DQK;
+    const bf16* vp = p.v + (int64_t)kvh * kD;  // values: 128
+    for (int t = 0; t < ntiles; t++) {
+      const int st = t % ST;
+      int32_t row[8];  // the pool rows of keys t·kBN + r0 + 16 i (-1 past kmax)
+#pragma unroll
+      for (int i = 0; i < 8; i++) {
+        const int j = t * kBN + r0 + 16 * i;
+        row[i] = j > kmax ? -1
+                 : p.block_size > 0 ? (p.bs_log2 >= 0 ? (p.blocks[tb + (j >> p.bs_log2)] << p.bs_log2) +
+                                                            (j & (p.block_size - 1))
+                                                      : p.blocks[tb + j / p.block_size] * p.block_size +
+                                                            j % p.block_size)
+                                    : tb + j;
+      }
+      wait_empty(s, t);
+      copy_rows8<QB>(s.k() + st * Geo<DQK>::kTileQK, wl, [&](int i) -> const bf16* {
+        return row[i] >= 0 ? kp + (int64_t)row[i] * p.k_stride : nullptr;
+      }, p.k, s.full_k(st));
+      copy_rows8<2>(s.v() + st * Geo<DQK>::kTileV, wl, [&](int i) -> const bf16* {
+        return row[i] >= 0 ? vp + (int64_t)row[i] * p.v_stride : nullptr;
+      }, p.v, s.full_v(st));
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+  } else {
   if (wg == 0) {  // producer
     mkwg::setmaxnreg_dec<56>();
     load_q(s, wl, [&](int r) -> const bf16* {
@@ -292,6 +328,7 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
+  }
   }
 
   mkwg::setmaxnreg_inc<224>();
@@ -331,10 +368,36 @@ bool on() {
   return m;
 }
 
+// mla_on reports MK_FLASH_WG192 (read once): 1 runs head dims 192/128
+// (DeepSeek-V3's decompressed MLA prefill) on flash_wg too — two stages,
+// 8 rows a producer thread; not yet measured, so off by default (the
+// mma.sync kernel: 218 TFLOP/s at 4k, fourth pass).
+bool mla_on() {
+  static const bool m = mk::env_is("MK_FLASH_WG192", '1');
+  return m;
+}
+
 // fits reports whether flash_wg takes a call: 16-byte rows (p.vec,
-// p.ovec) and head dims 128/128 without a window or sinks.
+// p.ovec) and head dims 128/128 (or 192/128 with mla_on) without a window
+// or sinks.
 bool fits(const Params& p, int head_dim, int v_head_dim) {
-  return p.vec && p.ovec && head_dim == 128 && v_head_dim == 128 && p.window == 0 && p.sinks == nullptr;
+  return p.vec && p.ovec && (head_dim == 128 || (head_dim == 192 && mla_on())) && v_head_dim == 128 &&
+         p.window == 0 && p.sinks == nullptr;
+}
+
+// go launches flash_wg<ALT, PP, DQK>, its shared-memory attribute set once.
+template <bool ALT, bool PP, int DQK>
+int go(const Params& p, int batch, int tiles, cudaStream_t st) {
+  auto kern = flash_wg<ALT, PP, DQK>;
+  constexpr size_t smem = Geo<DQK>::kSmem;
+  static bool attr_set = false;  // the library runs on its one owning thread
+  if (!attr_set) {
+    MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attr_set = true;
+  }
+  kern<<<dim3(p.heads, batch, tiles), kThreadsWG, smem, st>>>(p);
+  MK_LAUNCHED("flash_wg");
+  return MK_OK;
 }
 
 int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
@@ -350,15 +413,12 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
   // now that they can overlap (5–6 % slower with every wgmma serialised).
   static const bool pp = mk::env_is("MK_FLASH_PINGPONG", '1');
   static const bool alt = pp || mk::env_is("MK_FLASH_ALT", '1');
-  auto kern = pp ? flash_wg<true, true> : alt ? flash_wg<true, false> : flash_wg<false, false>;
-  static bool attr_set = false;  // the library runs on its one owning thread
-  if (!attr_set) {
-    MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
-    attr_set = true;
+  if (p.hd == 192) {
+    if (pp) return go<true, true, 192>(p, batch, tiles, st);
+    return alt ? go<true, false, 192>(p, batch, tiles, st) : go<false, false, 192>(p, batch, tiles, st);
   }
-  kern<<<dim3(p.heads, batch, tiles), kThreadsWG, kSmem, st>>>(p);
-  MK_LAUNCHED("flash_wg");
-  return MK_OK;
+  if (pp) return go<true, true, 128>(p, batch, tiles, st);
+  return alt ? go<true, false, 128>(p, batch, tiles, st) : go<false, false, 128>(p, batch, tiles, st);
 }
 
 }  // namespace fwg

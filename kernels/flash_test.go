@@ -208,7 +208,8 @@ func runFlash(t *testing.T, g *GPU, c flashCase, in *flashInputs) []float32 {
 // not, GQA, paged and contiguous keys, windows, sinks, head dims 16–256)
 // against a float64 reference. The head-dim-128 cases without a window or
 // sinks run on the wgmma kernel (flash_wg), or with MK_FLASH_WG=0
-// (scripts/device.sh runs it so too) on the mma.sync one.
+// (scripts/device.sh runs it so too) on the mma.sync one; with
+// MK_FLASH_WG192=1 the 192/128 (MLA) cases run on flash_wg too.
 func TestFlashAttention(t *testing.T) {
 	g := testGPU(t)
 	cases := []flashCase{
@@ -245,6 +246,12 @@ func TestFlashAttention(t *testing.T) {
 		{name: "d64_mha_bigtiles_contig", lens: []int{900}, past: []int{0}, heads: 40, kvHeads: 40,
 			headDim: 64, vHeadDim: 64, causal: true, out: BF16},
 		{name: "mla_192_128_paged16", lens: []int{150, 1}, past: []int{0, 300}, heads: 4, kvHeads: 4,
+			headDim: 192, vHeadDim: 128, blockSize: 16, causal: true, out: F32},
+		{name: "mla_192_128_bigtiles_contig", lens: []int{1000, 130}, past: []int{0, 0}, heads: 4, kvHeads: 4,
+			headDim: 192, vHeadDim: 128, causal: true, out: BF16},
+		{name: "mla_192_128_noncausal_paged7_past", lens: []int{300, 1, 129}, past: []int{200, 77, 0}, heads: 3,
+			kvHeads: 3, headDim: 192, vHeadDim: 128, blockSize: 7, out: F32},
+		{name: "mla_192_128_gqa2_paged16_prefix", lens: []int{700, 17}, past: []int{129, 1000}, heads: 8, kvHeads: 4,
 			headDim: 192, vHeadDim: 128, blockSize: 16, causal: true, out: F32},
 		{name: "d256_gqa2_paged16", lens: []int{130}, past: []int{7}, heads: 2, kvHeads: 1,
 			headDim: 256, vHeadDim: 256, blockSize: 16, causal: true, out: F32},

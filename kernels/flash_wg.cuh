@@ -28,39 +28,60 @@ namespace fwg {
 constexpr int kBM = 128, kBN = 128, kD = 128, kST = 3, kThreadsWG = 384;
 constexpr uint32_t kHalf = 128 * 128;  // bytes of a 128-row tile's 64-column half
 constexpr uint32_t kTile = 2 * kHalf;  // a 128 × 128 bf16 tile: two halves
-// kSmem: alignment slack, Q, kST K and V tiles, then 128 bytes of barriers
-// and 64 of per-stage key bounds and flags (Smem).
-constexpr size_t kSmem = 1024 + (size_t)kTile * (1 + 2 * kST) + 128 + 64;
 
-// Smem is a CTA's carved shared memory, every part an offset from one
+// Geo is a CTA's geometry for head dims DQK / 128 (q and k rows of DQK
+// values, v rows of 128; DQK 128, or 192 for MLA): tiles of 64-column
+// blocks (128 rows × 128 B, swizzled), and as many stages as fit — three
+// at 128 (224 KB with Q), two at 192 (208 KB: Q and a K tile are 48 KB).
+// kSmem: alignment slack, Q, the K and V stages, then 128 bytes of
+// barriers and 64 of per-stage key bounds and flags (SmemT).
+template <int DQK>
+struct Geo {
+  static_assert(DQK == 128 || DQK == 192, "flash_wg takes head dims 128 or 192 (values 128)");
+  static constexpr int kQB = DQK / 64;                // 64-column blocks of a q or k row
+  static constexpr int kST = DQK == 128 ? 3 : 2;      // stages
+  static constexpr uint32_t kTileQK = kQB * kHalf;    // a Q or K tile
+  static constexpr uint32_t kTileV = 2 * kHalf;       // a V tile
+  static constexpr size_t kSmem = 1024 + (size_t)kTileQK * (1 + kST) + (size_t)kTileV * kST + 128 + 64;
+};
+constexpr size_t kSmem = Geo<128>::kSmem;
+
+// SmemT is a CTA's carved shared memory, every part an offset from one
 // 1024-byte aligned base (so that no part holds a register of its own).
-struct Smem {
+template <int DQK>
+struct SmemT {
+  using G = Geo<DQK>;
   unsigned char* base;
-  __device__ __forceinline__ unsigned char* q() const { return base; }  // [2 halves][128 rows][128 B], swizzled
-  __device__ __forceinline__ unsigned char* k() const { return base + kTile; }             // kST tiles like q
-  __device__ __forceinline__ unsigned char* v() const { return base + (1 + kST) * kTile; }  // kST tiles like q
+  __device__ __forceinline__ unsigned char* q() const { return base; }  // [kQB blocks][128 rows][128 B], swizzled
+  __device__ __forceinline__ unsigned char* k() const { return base + G::kTileQK; }  // kST tiles like q
+  __device__ __forceinline__ unsigned char* v() const {  // kST tiles of 2 blocks
+    return base + (1 + G::kST) * G::kTileQK;
+  }
   __device__ __forceinline__ uint64_t* bar() const {
-    return reinterpret_cast<uint64_t*>(base + (1 + 2 * kST) * kTile);
+    return reinterpret_cast<uint64_t*>(base + (1 + G::kST) * G::kTileQK + G::kST * G::kTileV);
   }
   __device__ __forceinline__ uint64_t* full_k(int st) const { return bar() + st; }
-  __device__ __forceinline__ uint64_t* full_v(int st) const { return bar() + kST + st; }
-  __device__ __forceinline__ uint64_t* empty(int st) const { return bar() + 2 * kST + st; }
-  __device__ __forceinline__ uint64_t* q_full() const { return bar() + 3 * kST; }
+  __device__ __forceinline__ uint64_t* full_v(int st) const { return bar() + G::kST + st; }
+  __device__ __forceinline__ uint64_t* empty(int st) const { return bar() + 2 * G::kST + st; }
+  __device__ __forceinline__ uint64_t* q_full() const { return bar() + 3 * G::kST; }
   // keys: [kST][2], stage st's first key position and end (ring_wg).
   __device__ __forceinline__ int* keys() const { return reinterpret_cast<int*>(bar() + 16); }
   // flag: [4], the kernel's own CTA-wide words (ring_wg).
-  __device__ __forceinline__ int* flag() const { return keys() + 2 * kST; }
+  __device__ __forceinline__ int* flag() const { return keys() + 2 * G::kST; }
 };
+using Smem = SmemT<128>;
 
-__device__ __forceinline__ Smem carve(unsigned char* raw) {
-  return Smem{reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023))};
+template <int DQK = 128>
+__device__ __forceinline__ SmemT<DQK> carve(unsigned char* raw) {
+  return SmemT<DQK>{reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023))};
 }
 
 // init_barriers (thread 0; a __syncthreads must follow): the full barriers
 // expect the producer's 128 cp.async arrivals a phase, K's `extra_k` plain
 // ones more (ring_wg: the arrival that publishes the tile's key bounds).
-__device__ __forceinline__ void init_barriers(const Smem& s, int extra_k) {
-  for (int i = 0; i < kST; i++) {
+template <int DQK>
+__device__ __forceinline__ void init_barriers(const SmemT<DQK>& s, int extra_k) {
+  for (int i = 0; i < Geo<DQK>::kST; i++) {
     mkwg::mbar_init(s.full_k(i), 128 + extra_k);
     mkwg::mbar_init(s.full_v(i), 128);
     mkwg::mbar_init(s.empty(i), 2);  // one arrival a consumer warpgroup
@@ -109,8 +130,10 @@ __device__ __forceinline__ void load_q(const Smem& s, int wl, const Row& row, co
 }
 
 // wait_empty waits (producer) until ring slot gg's stage is free again.
-__device__ __forceinline__ void wait_empty(const Smem& s, int gg) {
-  if (gg >= kST) mkwg::mbar_wait(s.empty(gg % kST), ((gg / kST) - 1) & 1);
+template <int DQK>
+__device__ __forceinline__ void wait_empty(const SmemT<DQK>& s, int gg) {
+  constexpr int ST = Geo<DQK>::kST;
+  if (gg >= ST) mkwg::mbar_wait(s.empty(gg % ST), ((gg / ST) - 1) & 1);
 }
 
 // copy_k / copy_v copy this thread's 16 rows of a K / V tile into stage st:
@@ -138,6 +161,28 @@ __device__ __forceinline__ void copy_v(const Smem& s, int st, int wl, const bf16
   mkwg::cp_async_arrive(s.full_v(st));
 }
 
+// ---- producer for head dims 192 / 128 (thread wl copies chunks wl % 8 +
+// 8 j of rows wl / 8 + 16 i: 8 rows, one chunk in each 64-column block) ----
+
+// copy_rows8 copies nb 64-column blocks of this thread's 8 rows into the
+// tile at dst (a kQB-block Q or K tile, or a 2-block V tile): rows[i] is
+// row wl / 8 + 16 i's first element or nullptr (zeros; dummy is a valid
+// address), then arrives on bar.
+template <int NB, class Row>
+__device__ __forceinline__ void copy_rows8(unsigned char* dst, int wl, const Row& row, const bf16* dummy,
+                                           uint64_t* bar) {
+  const int c = wl % 8, r0 = wl / 8;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const bf16* src = row(i);
+    const int r = r0 + 16 * i;
+#pragma unroll
+    for (int j = 0; j < NB; j++)
+      cp_async16(dst + toff(r, c + 8 * j), src != nullptr ? src + 8 * (c + 8 * j) : dummy, src != nullptr ? 16 : 0);
+  }
+  mkwg::cp_async_arrive(bar);
+}
+
 // ---- consumers (warpgroups 1 and 2: 64 query rows each) ----
 
 // Acc is a consumer thread's part of its warpgroup's 64 rows: rows ra and
@@ -161,9 +206,11 @@ struct Acc {
 // between steps, which serialises every wgmma); PP (with ALT): the two
 // consumer warpgroups take turns issuing their steps (both must call with
 // the same ntiles).
-template <bool ALT = true, bool PP = false, class Keys>
-__device__ __forceinline__ void consume(const Smem& s, int gb, int ntiles, int qph, const Keys& keys, int posa,
+template <bool ALT = true, bool PP = false, int DQK, class Keys>
+__device__ __forceinline__ void consume(const SmemT<DQK>& s, int gb, int ntiles, int qph, const Keys& keys, int posa,
                                         int causal, int win, float sl2, int cw, int wl, Acc& a, bool lazy = true) {
+  constexpr int kST = Geo<DQK>::kST;                                          // (shadows the 128's)
+  constexpr uint32_t kTileK = Geo<DQK>::kTileQK, kTileV = Geo<DQK>::kTileV;  // stage strides
   const int lane = wl % 32;
   const int cl = 2 * (lane % 4);
   const uint32_t q0 = mkwg::sm_addr(s.q()) + (uint32_t)cw * 64 * 128;
@@ -183,9 +230,9 @@ __device__ __forceinline__ void consume(const Smem& s, int gb, int ntiles, int q
     mkwg::fence_proxy_async();  // cp.async copies (generic proxy) before the wgmmas' reads (async proxy)
     mkwg::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 8; kk++) {
+    for (int kk = 0; kk < DQK / 16; kk++) {
       const uint32_t off = (uint32_t)(kk >> 2) * kHalf + (uint32_t)(kk & 3) * 32;
-      mkwg::wgmma_n128(sc, mkwg::desc(q0 + off), mkwg::desc(k0 + st * kTile + off), kk > 0);
+      mkwg::wgmma_n128(sc, mkwg::desc(q0 + off), mkwg::desc(k0 + st * kTileK + off), kk > 0);
     }
     mkwg::wgmma_commit();
   };
@@ -199,7 +246,7 @@ __device__ __forceinline__ void consume(const Smem& s, int gb, int ntiles, int q
 #pragma unroll
     for (int ks = 0; ks < 8; ks++) {
       const uint32_t pa[4] = {pc[4 * ks], pc[4 * ks + 1], pc[4 * ks + 2], pc[4 * ks + 3]};
-      wgmma_rs(a.o, pa, desc_mn(v0 + st * kTile + (uint32_t)ks * 16 * 128));
+      wgmma_rs(a.o, pa, desc_mn(v0 + st * kTileV + (uint32_t)ks * 16 * 128));
     }
     mkwg::wgmma_commit();
   };

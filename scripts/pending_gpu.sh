@@ -3,7 +3,7 @@
 # device time ran out, and the profile its notes ask for first (docs/PERF.md,
 # "GPU, twenty-seventh pass"). Delete or rewrite it once its results are in
 # PERF.md. On the GPU machine, from the repository root, with
-# .dev/device.tar.xz carried (make device-bins), one device call (~8 min):
+# .dev/device.tar.xz carried (make device-bins), one device call (~10 min; split it if the machine's limit nears):
 #   1. build .dev/libmkernel.so;
 #   2. the backend's allocator and graph tests: the large-buffer pool's
 #      default cap (an eighth of the GPU's memory, at most 16 GiB) and its
@@ -34,7 +34,13 @@
 #      warpgroups taking turns, flash_wg only), alternating, two rounds,
 #      and the 8k prefill with MK_FLASH_ALT=1. Flip the defaults that win
 #      (kernels/flash.cu, ring.cu);
-#   6. ncu's full sections of flash_wg at 16k causal (32 / 8 heads, d 128:
+#   6. MK_FLASH_WG192=1: DeepSeek-V3's MLA prefill attention (head dims
+#      192 / 128) on flash_wg (two stages, 8 rows a producer thread;
+#      the mma.sync kernel ran 218 TFLOP/s at 4k): TestFlashAttention's
+#      four MLA cases with it (above), `bench attention` at DeepSeek-V3's
+#      128 heads and the DeepSeek-V3-4l 8k prefill, with and without
+#      MK_FLASH_ALT=1;
+#   7. ncu's full sections of flash_wg at 16k causal (32 / 8 heads, d 128:
 #      445–454 TFLOP/s against cuDNN's 671) — stall reasons, tensor-pipe
 #      and issue activity, to decide what closes the cuDNN gap (TMA for K
 #      and V, the consumers' softmax, or the producer).
@@ -65,11 +71,11 @@ for cfg in qwen3-30b-a3b-8l mixtral-8x7b-4l deepseek-v3-4l; do
 	timeout 60 .dev/mkserve bench model --backend cuda --config "configs/shapes/$cfg" --batch 1 --steps 15 --prefill 8192 --json 2>&1 |
 		grep -oE '"(kind|ms|mallocs_per_run)":[^,}]*' | paste -sd' '
 done
-for v in MK_FLASH_ALT=0 MK_FLASH_ALT=1 MK_FLASH_PINGPONG=1; do
-	env $v timeout 150 .dev/kernels.test -test.count=1 -test.v -test.timeout 145s \
-		-test.run '^(TestFlashAttention|TestRingAttention|TestRingWatchdog|TestRingRankLocalStreams)$' >"$OUT/flash_$v.log" 2>&1
-	echo "flash + ring, $v: rc=$? pass $(grep -c -- '--- PASS' "$OUT/flash_$v.log") fail $(grep -c -- '--- FAIL' "$OUT/flash_$v.log") $(tail -1 "$OUT/flash_$v.log")"
-	grep -E -- '--- FAIL|panic' "$OUT/flash_$v.log" | head
+for v in MK_FLASH_ALT=0 MK_FLASH_ALT=1 MK_FLASH_PINGPONG=1 MK_FLASH_WG192=1 MK_FLASH_WG192=1,MK_FLASH_ALT=1; do
+	env ${v//,/ } timeout 150 .dev/kernels.test -test.count=1 -test.v -test.timeout 145s \
+		-test.run '^(TestFlashAttention|TestRingAttention|TestRingWatchdog|TestRingRankLocalStreams)$' >"$OUT/flash_${v//[=,]/_}.log" 2>&1
+	echo "flash + ring, $v: rc=$? pass $(grep -c -- '--- PASS' "$OUT/flash_${v//[=,]/_}.log") fail $(grep -c -- '--- FAIL' "$OUT/flash_${v//[=,]/_}.log") $(tail -1 "$OUT/flash_${v//[=,]/_}.log")"
+	grep -E -- '--- FAIL|panic' "$OUT/flash_${v//[=,]/_}.log" | head
 done
 for r in 1 2; do
 	for v in "MK_FLASH_ALT=0" "MK_FLASH_RESCALE_ALL=1" "MK_FLASH_ALT=1" "MK_FLASH_PINGPONG=1"; do
@@ -80,6 +86,14 @@ for r in 1 2; do
 		env $v timeout 60 .dev/mkserve bench ring --seq 16384 --ranks 4 --heads 32 --kv-heads 8 --head-dim 128 \
 			--causal --iters 5 --json 2>&1 | grep -oE '"(ms|single_rank_ms|rel_err)":[^,}]*' | paste -sd' '
 	done
+done
+for v in MK_FLASH_WG192=0 MK_FLASH_WG192=1 MK_FLASH_WG192=1,MK_FLASH_ALT=1; do
+	echo -n "MLA attention (128 heads, 192/128, causal) $v: "
+	env ${v//,/ } timeout 60 .dev/mkserve bench attention --seq 4096,8192 --heads 128 --kv-heads 128 --head-dim 192 \
+		--v-head-dim 128 --causal --json 2>&1 | grep -oE '"(tflops|rel_err)":[^,}]*' | paste -sd' ' | tr '\n' ' '
+	echo -n "; deepseek-v3-4l prefill 8192: "
+	env ${v//,/ } timeout 90 .dev/mkserve bench model --backend cuda --config configs/shapes/deepseek-v3-4l --batch 1 \
+		--steps 15 --prefill 8192 --json 2>&1 | grep -oE '"(kind|ms)":[^,}]*' | head -2 | paste -sd' '
 done
 echo -n "prefill 8192 qwen3-8l MK_FLASH_ALT=1: "
 MK_FLASH_ALT=1 timeout 60 .dev/mkserve bench model --backend cuda --config configs/shapes/qwen3-30b-a3b-8l --batch 1 \
