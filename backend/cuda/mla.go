@@ -121,14 +121,17 @@ func (be *Backend) flashSpans(op string, q, k, v backend.Tensor, b *backend.Batc
 	if kr != T || vr != T || len(b.Tokens) != T {
 		panicf(op, "q %v, k %v, v %v for a batch of %d tokens", qt.shape, kt.shape, vt.shape, len(b.Tokens))
 	}
+	// meta is [start (B+1) | past (B, zeros) | table (B)], one upload a
+	// step through be.spanCache: every MLA layer of the step sends the same,
+	// and a synchronous upload waits for all the GPU work queued before it.
 	B := len(b.Seqs)
-	start, past, table := make([]int32, B+1), make([]int32, B), make([]int32, B)
+	meta := make([]int32, 3*B+1)
 	maxLen := 0
 	for i, s := range b.Seqs {
-		start[i], table[i] = int32(s.Offset), int32(s.Offset) // kv_start: the span's first row
+		meta[i], meta[2*B+1+i] = int32(s.Offset), int32(s.Offset) // kv_start: the span's first row
 		maxLen = max(maxLen, s.Len)
 	}
-	start[B] = int32(T)
+	meta[B] = int32(T)
 	var out *Tensor
 	be.do(op, func(d *kernels.Device) error {
 		out = be.newF32(d, T, heads*dv)
@@ -138,9 +141,10 @@ func (be *Backend) flashSpans(op string, q, k, v backend.Tensor, b *backend.Batc
 			return x
 		}
 		qb, kb, vb := bf(qt, T*heads*hd), bf(kt, T*heads*hd), bf(vt, T*heads*dv)
-		sb, pb, tb := upload(be, d, start), upload(be, d, past), upload(be, d, table)
+		mb := be.spanCache.get(be, d, meta)
+		sb, pb, tb := view(mb, 0, int64(B+1)*4), view(mb, int64(B+1)*4, int64(B)*4), view(mb, int64(2*B+1)*4, int64(B)*4)
 		defer func() {
-			for _, x := range []*kernels.Buffer{qb, kb, vb, sb, pb, tb} {
+			for _, x := range []*kernels.Buffer{qb, kb, vb} {
 				be.alloc.put(x)
 			}
 		}()
