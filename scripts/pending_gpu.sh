@@ -3,7 +3,10 @@
 # device time ran out, and the profile its notes ask for first (docs/PERF.md,
 # "GPU, twenty-seventh pass"). Delete or rewrite it once its results are in
 # PERF.md. On the GPU machine, from the repository root, with
-# .dev/device.tar.xz carried (make device-bins), one device call (~10 min; split it if the machine's limit nears):
+# .dev/device.tar.xz carried (make device-bins), three device calls of
+# ~4–6 minutes: `bash scripts/pending_gpu.sh 1` (steps 1–4), `… 2` (1 and
+# 5: the flash / ring tests of every variant, then their timings) and
+# `… 3` (1, 6 and 7); no argument runs all three in one call:
 #   1. build .dev/libmkernel.so;
 #   2. the backend's allocator and graph tests: the large-buffer pool's
 #      default cap (an eighth of the GPU's memory, at most 16 GiB) and its
@@ -46,6 +49,7 @@
 #      and V, the consumers' softmax, or the producer).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+PART=${1:-all}
 OUT=${OUT:-.dev/out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -54,6 +58,7 @@ export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
 # Which kernels ptxas serialised (C7513): flash_wg<false, false> and
 # ring_wg<false> are expected, the <true, …> ones not.
 grep -h "C7513" .dev/logs/build.log | grep -oE "in the function '[^']*'" | c++filt 2>/dev/null | sort | uniq -c
+if [ "$PART" = 1 ] || [ "$PART" = all ]; then
 (cd backend/cuda && timeout 150 ../../.dev/cuda.test -test.count=1 -test.v -test.timeout 145s \
 	-test.run '^(TestAlloc.*|TestLargePoolMax|TestRelease|TestGraph.*|TestEngine.*|TestGolden.*)$' >"$OUT/cuda.log" 2>&1
 	echo "cuda rc=$? pass $(grep -c -- '--- PASS' "$OUT/cuda.log") fail $(grep -c -- '--- FAIL' "$OUT/cuda.log") $(tail -1 "$OUT/cuda.log")")
@@ -71,6 +76,9 @@ for cfg in qwen3-30b-a3b-8l mixtral-8x7b-4l deepseek-v3-4l; do
 	timeout 60 .dev/mkserve bench model --backend cuda --config "configs/shapes/$cfg" --batch 1 --steps 15 --prefill 8192 --json 2>&1 |
 		grep -oE '"(kind|ms|mallocs_per_run)":[^,}]*' | paste -sd' '
 done
+fi
+if [ "$PART" = 2 ] || [ "$PART" = all ]; then
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for v in MK_FLASH_ALT=0 MK_FLASH_ALT=1 MK_FLASH_PINGPONG=1 MK_FLASH_WG192=1 MK_FLASH_WG192=1,MK_FLASH_ALT=1; do
 	env ${v//,/ } timeout 150 .dev/kernels.test -test.count=1 -test.v -test.timeout 145s \
 		-test.run '^(TestFlashAttention|TestRingAttention|TestRingWatchdog|TestRingRankLocalStreams)$' >"$OUT/flash_${v//[=,]/_}.log" 2>&1
@@ -87,6 +95,9 @@ for r in 1 2; do
 			--causal --iters 5 --json 2>&1 | grep -oE '"(ms|single_rank_ms|rel_err)":[^,}]*' | paste -sd' '
 	done
 done
+fi
+if [ "$PART" = 3 ] || [ "$PART" = all ]; then
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 for v in MK_FLASH_WG192=0 MK_FLASH_WG192=1 MK_FLASH_WG192=1,MK_FLASH_ALT=1; do
 	echo -n "MLA attention (128 heads, 192/128, causal) $v: "
 	env ${v//,/ } timeout 60 .dev/mkserve bench attention --seq 4096,8192 --heads 128 --kv-heads 128 --head-dim 192 \
@@ -108,4 +119,5 @@ for alt in 0 1; do
 	grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc|Warp Cycles Per Issued|Stall|Tensor|Registers Per|Achieved Occupancy" \
 		"$OUT/ncu_flash$alt.txt" | head -40
 done
+fi
 echo "done t=${SECONDS}s"
