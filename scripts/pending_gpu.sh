@@ -12,7 +12,9 @@
 #      default cap (an eighth of the GPU's memory, at most 16 GiB) and its
 #      byte count when a graph capture takes a pooled large buffer
 #      (checkLarge in TestGraphStepsLeakNothing and TestAllocLargePool),
-#      then the golden and engine tests;
+#      the per-step metadata caches (TestI32Caches; the MLA fresh prefill's
+#      and the world's context-parallel attention's uploads, once a step
+#      now), then the golden and engine tests and the world serving test;
 #   3. the align's loops in batches of 8 ids a thread (align_block, on the
 #      default path: moe_align_kernel took 52 µs at 8192 Qwen3 tokens, 64
 #      dependent load-then-atomic steps a thread): the MoE kernel tests,
@@ -60,9 +62,14 @@ export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
 grep -h "C7513" .dev/logs/build.log | grep -oE "in the function '[^']*'" | c++filt 2>/dev/null | sort | uniq -c
 if [ "$PART" = 1 ] || [ "$PART" = all ]; then
 (cd backend/cuda && timeout 150 ../../.dev/cuda.test -test.count=1 -test.v -test.timeout 145s \
-	-test.run '^(TestAlloc.*|TestLargePoolMax|TestRelease|TestGraph.*|TestEngine.*|TestGolden.*)$' >"$OUT/cuda.log" 2>&1
+	-test.run '^(TestAlloc.*|TestLargePoolMax|TestRelease|TestI32Caches|TestGraph.*|TestEngine.*|TestGolden.*)$' >"$OUT/cuda.log" 2>&1
 	echo "cuda rc=$? pass $(grep -c -- '--- PASS' "$OUT/cuda.log") fail $(grep -c -- '--- FAIL' "$OUT/cuda.log") $(tail -1 "$OUT/cuda.log")")
 grep -E -- '--- FAIL|panic|pool holds' "$OUT/cuda.log" | head
+# The world of processes with context-parallel prefill (worldCPAttention's
+# metadata through cpCache), on this GPU or two.
+(cd cmd/mkserve && MKSERVE_TEST_BACKEND=cuda timeout 100 ../../.dev/mkserve.test -test.v -test.count=1 -test.timeout 95s \
+	-test.run 'TestServeWorldProcesses$' >"$OUT/wserve.log" 2>&1; echo "world serving test rc=$?")
+grep -E -- '^(--- |    --- )' "$OUT/wserve.log" | head
 timeout 150 .dev/kernels.test -test.count=1 -test.v -test.timeout 145s \
 	-test.run '^(TestMoEExperts|TestMoEWorkspaceReuse|TestMoERoute|TestMoECombineAddRMSNorm|TestMoELocalize|TestCopyColsF32)$' >"$OUT/moe.log" 2>&1
 echo "moe + copy-cols kernels rc=$? pass $(grep -c -- '--- PASS' "$OUT/moe.log") fail $(grep -c -- '--- FAIL' "$OUT/moe.log") $(tail -1 "$OUT/moe.log")"

@@ -177,3 +177,54 @@ func TestLargePoolMax(t *testing.T) {
 	}()
 	largePoolMax(80 * gib)
 }
+
+// TestI32Caches: arrays already held are not uploaded again (a step's
+// layers sending the same few), a fifth distinct array replaces the oldest
+// entry, and the returned buffers hold the arrays.
+func TestI32Caches(t *testing.T) {
+	be := gpuBackend(t)
+	var cs i32Caches
+	uploads := func() (n int) {
+		for i := range cs.c {
+			n += cs.c[i].uploads
+		}
+		return n
+	}
+	arrays := [][]int32{{1, 2, 3}, {4, 5}, {6}, {7, 8, 9, 10}, {11, 12}}
+	err := be.g.Do(func(d *kernels.Device) error {
+		check := func(v []int32, wantUploads int) error {
+			b := cs.get(be, d, v)
+			got := make([]int32, len(v))
+			if err := kernels.Download(d, got, b); err != nil {
+				return err
+			}
+			if !slices.Equal(got, v) || uploads() != wantUploads {
+				return fmt.Errorf("get %v: buffer holds %v after %d uploads, want %d", v, got, uploads(), wantUploads)
+			}
+			return nil
+		}
+		steps := []struct {
+			v []int32
+			n int
+		}{
+			{arrays[0], 1}, {arrays[1], 2}, {arrays[0], 2}, {arrays[1], 2}, // a step's layers: two spans, two uploads
+			{arrays[2], 3}, {arrays[3], 4}, {arrays[4], 5}, // the fifth replaces arrays[0]'s entry
+			{arrays[1], 5}, {arrays[0], 6},
+		}
+		for _, s := range steps {
+			if err := check(s.v, s.n); err != nil {
+				return err
+			}
+		}
+		cs.reset(be)
+		for i := range cs.c {
+			if cs.c[i].buf != nil {
+				return fmt.Errorf("entry %d kept a buffer after reset", i)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -151,6 +151,7 @@ type Backend struct {
 	attnMemo  attnMemo // the paged attention group every layer of a step shares (be.kvMu)
 	posCache  i32Cache // RoPE positions: every layer (q and k) of a step sends the same
 	spanCache i32Cache // flashSpans' span starts, pasts and tables: every MLA layer of a fresh prefill sends the same
+	cpCache   i32Caches // worldCPAttention's block tables and chunk records, a span each
 
 	kvMu  sync.Mutex
 	paged *pagedKV   // after InitKV

@@ -96,6 +96,36 @@ func (c *i32Cache) get(be *Backend, d *kernels.Device, v []int32) *kernels.Buffe
 	return c.buf
 }
 
+// i32Caches is a few i32Caches looked up by their contents: a step whose
+// layers each send the same few arrays (one a context-parallel span)
+// uploads each once; a new array replaces the entries in turn. Used on the
+// GPU goroutine only; a caller takes one array a call (a later get may
+// replace an earlier one's buffer).
+type i32Caches struct {
+	c    [4]i32Cache
+	next int
+}
+
+// get returns v on the device (valid until the entry holding it is replaced).
+func (cs *i32Caches) get(be *Backend, d *kernels.Device, v []int32) *kernels.Buffer {
+	for i := range cs.c {
+		if c := &cs.c[i]; c.buf != nil && slices.Equal(c.host, v) {
+			return c.buf
+		}
+	}
+	c := &cs.c[cs.next]
+	cs.next = (cs.next + 1) % len(cs.c)
+	return c.get(be, d, v)
+}
+
+// reset drops every entry (their buffers back to the pool), keeping counts.
+func (cs *i32Caches) reset(be *Backend) {
+	for i := range cs.c {
+		be.alloc.put(cs.c[i].buf)
+		cs.c[i] = i32Cache{uploads: cs.c[i].uploads}
+	}
+}
+
 // attnMeta are views of a metaCache's buffer.
 type attnMeta struct{ slots, rows, pos, table, blocks *kernels.Buffer }
 

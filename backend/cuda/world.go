@@ -200,19 +200,28 @@ func (be *Backend) worldCPAttention(d *kernels.Device, out, q *kernels.Buffer, p
 	if err := d.FillF32(nil, rows, s.Len*width, 0); err != nil {
 		return err
 	}
-	blocks := upload(be, d, rs.blocks)
-	defer be.alloc.put(blocks)
-	for _, c := range kernels.RingZigzag(s.Len, w.R)[w.me] {
+	// The span's block table and, per chunk of this rank, one sequence's
+	// record (q rows [Offset+Lo, Offset+Hi) at positions from Past+Lo: start,
+	// end, past, table 0), in one array through be.cpCache: every layer of
+	// the step sends the same, and each synchronous upload would wait for
+	// all the GPU work queued before it.
+	chunks := kernels.RingZigzag(s.Len, w.R)[w.me]
+	meta := append([]int32(nil), rs.blocks...)
+	for _, c := range chunks {
+		meta = append(meta, int32(s.Offset+c.Lo), int32(s.Offset+c.Hi), int32(s.Past+c.Lo), 0)
+	}
+	mb := be.cpCache.get(be, d, meta)
+	nb := int64(len(rs.blocks))
+	blocks := view(mb, 0, max(nb, 1)*4)
+	for i, c := range chunks {
 		if c.Len() == 0 {
 			continue
 		}
-		// One sequence: q rows [Offset+Lo, Offset+Hi) at positions from Past+Lo.
-		meta := upload(be, d, []int32{int32(s.Offset + c.Lo), int32(s.Offset + c.Hi), int32(s.Past + c.Lo), 0})
-		err := d.FlashAttention(nil, out, q, pl.k, pl.v, view(meta, 0, 8), view(meta, 8, 4), view(meta, 12, 4), blocks,
+		rec := (nb + 4*int64(i)) * 4 // the chunk's record, bytes into mb
+		err := d.FlashAttention(nil, out, q, pl.k, pl.v, view(mb, rec, 8), view(mb, rec+8, 4), view(mb, rec+12, 4), blocks,
 			sinks, kernels.FlashArgs{Batch: 1, MaxQLen: c.Len(), Tokens: T, Heads: a.Heads, KVHeads: a.KVHeads,
 				HeadDim: a.HeadDim, VHeadDim: a.VHeadDim, BlockSize: a.BlockSize, PoolRows: pl.blocks * a.BlockSize,
 				NumBlocks: len(rs.blocks), Scale: a.Scale, Window: a.Window, Causal: true, Out: kernels.F32})
-		be.alloc.put(meta)
 		if err != nil {
 			return fmt.Errorf("context-parallel span %d, rows [%d, %d) of rank %d of %d: %w", s.ID, c.Lo, c.Hi, w.me, w.R, err)
 		}
