@@ -204,6 +204,19 @@ type Device struct {
 // Info describes the device.
 func (d *Device) Info() DeviceInfo { return d.info }
 
+// FreeMem reports the device memory free now (cudaMemGetInfo, through
+// mk_device_info). Not inside a graph capture.
+func (d *Device) FreeMem() (uint64, error) {
+	if err := d.ready("FreeMem"); err != nil {
+		return 0, err
+	}
+	var c deviceInfoC
+	if err := d.lib.check("mk_device_info", d.lib.deviceInfo(&c)); err != nil {
+		return 0, err
+	}
+	return c.FreeMem, nil
+}
+
 func (d *Device) ready(what string) error {
 	if d == nil || !d.active {
 		return fmt.Errorf("kernels: %s: Device used outside GPU.Do", what)

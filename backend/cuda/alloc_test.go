@@ -45,7 +45,7 @@ func TestAllocClass(t *testing.T) {
 func TestAllocLargePool(t *testing.T) {
 	be := gpuBackend(t)
 	const mib = 1 << 20
-	a := newAllocator(300 * mib)
+	a := newAllocator(300*mib, false)
 	err := be.g.Do(func(d *kernels.Device) error {
 		counts := func() (int64, int64) { return a.mallocs.Load(), a.frees.Load() }
 		b1 := a.get(d, 130*mib) // class 144 MiB
@@ -148,25 +148,60 @@ func checkLarge(a *allocator) error {
 	return nil
 }
 
+// TestLargePoolSettles: an automatic cap drops to at most half the free
+// memory at the first allocation above poolMax, once; an explicit one stays.
+func TestLargePoolSettles(t *testing.T) {
+	be := gpuBackend(t)
+	const huge = int64(1) << 50
+	err := be.g.Do(func(d *kernels.Device) error {
+		free, err := d.FreeMem()
+		if err != nil {
+			return err
+		}
+		for _, auto := range []bool{true, false} {
+			a := newAllocator(huge, auto)
+			a.put(a.get(d, 1<<10)) // small: nothing settles
+			if a.largeAuto != auto {
+				return fmt.Errorf("auto %v: settled on a small allocation", auto)
+			}
+			b := a.get(d, poolMax+1)
+			if auto && (a.largeAuto || a.largeMax > int64(free/2)) {
+				return fmt.Errorf("auto: cap %d after a large allocation, free %d", a.largeMax, free)
+			}
+			if !auto && a.largeMax != huge {
+				return fmt.Errorf("explicit cap changed to %d", a.largeMax)
+			}
+			a.put(b)
+			a.freePending(true)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestLargePoolMax: an eighth of the device's memory, at most 16 GiB,
 // unless MKSERVE_LARGE_POOL_MB says otherwise; a bad value panics naming
 // the variable.
 func TestLargePoolMax(t *testing.T) {
 	const gib = 1 << 30
 	for _, c := range []struct {
-		total uint64
-		env   string
-		want  int64
+		total    uint64
+		env      string
+		want     int64
+		wantAuto bool
 	}{
-		{150 * gib, "", 16 * gib}, // an H200: capped
-		{80 * gib, "", 10 * gib},
-		{24 * gib, "", 3 * gib},
-		{80 * gib, "0", 0},
-		{80 * gib, "512", 512 << 20},
+		{150 * gib, "", 16 * gib, true}, // an H200: capped
+		{80 * gib, "", 10 * gib, true},
+		{24 * gib, "", 3 * gib, true},
+		{80 * gib, "0", 0, false},
+		{80 * gib, "512", 512 << 20, false},
 	} {
 		t.Setenv(LargePoolEnv, c.env)
-		if got := largePoolMax(c.total); got != c.want {
-			t.Errorf("total %d GiB, %s=%q: %d bytes, want %d", c.total/gib, LargePoolEnv, c.env, got, c.want)
+		if got, auto := largePoolMax(c.total); got != c.want || auto != c.wantAuto {
+			t.Errorf("total %d GiB, %s=%q: %d bytes (auto %v), want %d (auto %v)", c.total/gib, LargePoolEnv, c.env,
+				got, auto, c.want, c.wantAuto)
 		}
 	}
 	t.Setenv(LargePoolEnv, "-1")

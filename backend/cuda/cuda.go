@@ -148,9 +148,9 @@ type Backend struct {
 	// decodeFit remembers kernels.PagedDecodeFits per (heads, kv heads,
 	// head dims, rotation dims); under ropeMu.
 	decodeFit map[[5]int]bool
-	attnMemo  attnMemo // the paged attention group every layer of a step shares (be.kvMu)
-	posCache  i32Cache // RoPE positions: every layer (q and k) of a step sends the same
-	spanCache i32Cache // flashSpans' span starts, pasts and tables: every MLA layer of a fresh prefill sends the same
+	attnMemo  attnMemo  // the paged attention group every layer of a step shares (be.kvMu)
+	posCache  i32Cache  // RoPE positions: every layer (q and k) of a step sends the same
+	spanCache i32Cache  // flashSpans' span starts, pasts and tables: every MLA layer of a fresh prefill sends the same
 	cpCache   i32Caches // worldCPAttention's block tables and chunk records, a span each
 
 	kvMu  sync.Mutex
@@ -625,6 +625,10 @@ type allocator struct {
 	pending  []*kernels.Buffer // buffers to free on the GPU goroutine
 	large    int64             // bytes pooled in classes above poolMax
 	largeMax int64             // the most bytes pooled above poolMax (largePoolMax)
+	// largeAuto: largeMax is the default, to be lowered to half the memory
+	// free at the first large allocation (weights and KV cache in place by
+	// then), so that the pool never takes what the device does not spare.
+	largeAuto bool
 
 	tape  *tapeState               // the running graph step's tape, or nil
 	owned map[*kernels.Buffer]bool // the graphs' arena (graph.go): never pooled again
@@ -644,33 +648,50 @@ type allocator struct {
 }
 
 // newAllocator returns an empty pool that keeps up to largeMax bytes of
-// buffers above poolMax.
-func newAllocator(largeMax int64) *allocator {
-	return &allocator{pool: map[int64][]*kernels.Buffer{}, largeMax: largeMax}
+// buffers above poolMax (with auto, at most half the memory free at its
+// first large allocation).
+func newAllocator(largeMax int64, auto bool) *allocator {
+	return &allocator{pool: map[int64][]*kernels.Buffer{}, largeMax: largeMax, largeAuto: auto}
+}
+
+// settleLargeMax lowers an automatic largeMax to half the memory free now
+// (once; on the GPU goroutine, outside graph captures).
+func (a *allocator) settleLargeMax(d *kernels.Device) {
+	free, err := d.FreeMem()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.largeAuto {
+		return
+	}
+	a.largeAuto = false
+	if err == nil {
+		a.largeMax = min(a.largeMax, int64(free/2))
+	}
 }
 
 // LargePoolEnv names the environment variable that sets how many MiB of
 // buffers above 64 MiB the CUDA backend keeps for reuse (default: an
-// eighth of the device's memory, at most 16384; 0 frees each when
-// released, as before the twenty-seventh pass). A long
+// eighth of the device's memory, at most 16384, and at most half of what
+// is free at the first such allocation; 0 frees each when released, as
+// before the twenty-seventh pass). A long
 // prefill's activations are such buffers (8192 tokens × 4096 × 4 bytes is
 // 128 MiB), and cudaFree synchronises the device while cudaMalloc of
 // hundreds of MiB costs host time, so freeing them made every layer of
 // an 8k prefill wait. The pool is freed whenever an allocation fails.
 const LargePoolEnv = "MKSERVE_LARGE_POOL_MB"
 
-// largePoolMax reads LargePoolEnv (bytes); without it, an eighth of
-// total bytes of device memory, at most 16 GiB (an H200's 141 GB: 16 GiB).
-func largePoolMax(total uint64) int64 {
-	mb := min(int64(total>>20)/8, 16384)
+// largePoolMax reads LargePoolEnv (bytes, auto false); without it, an
+// eighth of total bytes of device memory, at most 16 GiB (an H200's 141
+// GB: 16 GiB), and auto (settleLargeMax lowers it to half the free memory).
+func largePoolMax(total uint64) (bytes int64, auto bool) {
 	if v := os.Getenv(LargePoolEnv); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
 			panic(fmt.Sprintf("%s=%q: want a non-negative number of MiB", LargePoolEnv, v))
 		}
-		mb = n
+		return n << 20, false
 	}
-	return mb << 20
+	return min(int64(total>>20)/8, 16384) << 20, true
 }
 
 // AllocCounts reports how many device allocations and frees the backend's
@@ -750,7 +771,11 @@ func (a *allocator) get(d *kernels.Device, bytes int64) *kernels.Buffer {
 		defer a.mu.Unlock()
 		return a.tapeGet(d, c)
 	}
+	auto := a.largeAuto
 	a.mu.Unlock()
+	if auto && c > poolMax {
+		a.settleLargeMax(d)
+	}
 	a.freePending(false)
 	a.mu.Lock()
 	if l := a.pool[c]; len(l) > 0 {
