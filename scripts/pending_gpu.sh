@@ -66,7 +66,7 @@ if [ "$PART" = 1 ] || [ "$PART" = all ]; then
 	echo "cuda rc=$? pass $(grep -c -- '--- PASS' "$OUT/cuda.log") fail $(grep -c -- '--- FAIL' "$OUT/cuda.log") $(tail -1 "$OUT/cuda.log")")
 grep -E -- '--- FAIL|panic|pool holds' "$OUT/cuda.log" | head
 # The world of processes with context-parallel prefill (worldCPAttention's
-# metadata through cpCache), on this GPU or two.
+# metadata through stepArrays), on this GPU or two.
 (cd cmd/mkserve && MKSERVE_TEST_BACKEND=cuda timeout 100 ../../.dev/mkserve.test -test.v -test.count=1 -test.timeout 95s \
 	-test.run 'TestServeWorldProcesses$' >"$OUT/wserve.log" 2>&1; echo "world serving test rc=$?")
 grep -E -- '^(--- |    --- )' "$OUT/wserve.log" | head

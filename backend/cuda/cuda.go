@@ -148,10 +148,12 @@ type Backend struct {
 	// decodeFit remembers kernels.PagedDecodeFits per (heads, kv heads,
 	// head dims, rotation dims); under ropeMu.
 	decodeFit map[[5]int]bool
-	attnMemo  attnMemo  // the paged attention group every layer of a step shares (be.kvMu)
-	posCache  i32Cache  // RoPE positions: every layer (q and k) of a step sends the same
-	spanCache i32Cache  // flashSpans' span starts, pasts and tables: every MLA layer of a fresh prefill sends the same
-	cpCache   i32Caches // worldCPAttention's block tables and chunk records, a span each
+	attnMemo  attnMemo // the paged attention group every layer of a step shares (be.kvMu)
+	posCache  i32Cache // RoPE positions: every layer (q and k) of a step sends the same
+	// stepArrays: the int32 arrays every layer of a step sends alike
+	// (flashSpans' span records, worldCPAttention's block tables and chunk
+	// records, a span each), uploaded once a step.
+	stepArrays i32Caches
 
 	kvMu  sync.Mutex
 	paged *pagedKV   // after InitKV

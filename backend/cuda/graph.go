@@ -369,9 +369,7 @@ func (be *Backend) resetStepCaches() {
 	be.attnMemo.stepBatch, be.attnMemo.stepPaged = nil, false
 	be.alloc.put(be.posCache.buf)
 	be.posCache = i32Cache{uploads: be.posCache.uploads}
-	be.alloc.put(be.spanCache.buf)
-	be.spanCache = i32Cache{uploads: be.spanCache.uploads}
-	be.cpCache.reset(be)
+	be.stepArrays.reset(be)
 	for _, mc := range []*metaCache{be.pagedMeta(), &be.priv.meta} {
 		if mc != nil {
 			up := mc.uploads

@@ -122,7 +122,7 @@ func (be *Backend) flashSpans(op string, q, k, v backend.Tensor, b *backend.Batc
 		panicf(op, "q %v, k %v, v %v for a batch of %d tokens", qt.shape, kt.shape, vt.shape, len(b.Tokens))
 	}
 	// meta is [start (B+1) | past (B, zeros) | table (B)], one upload a
-	// step through be.spanCache: every MLA layer of the step sends the same,
+	// step through be.stepArrays: every MLA layer of the step sends the same,
 	// and a synchronous upload waits for all the GPU work queued before it.
 	B := len(b.Seqs)
 	meta := make([]int32, 3*B+1)
@@ -141,7 +141,7 @@ func (be *Backend) flashSpans(op string, q, k, v backend.Tensor, b *backend.Batc
 			return x
 		}
 		qb, kb, vb := bf(qt, T*heads*hd), bf(kt, T*heads*hd), bf(vt, T*heads*dv)
-		mb := be.spanCache.get(be, d, meta)
+		mb := be.stepArrays.get(be, d, meta)
 		sb, pb, tb := view(mb, 0, int64(B+1)*4), view(mb, int64(B+1)*4, int64(B)*4), view(mb, int64(2*B+1)*4, int64(B)*4)
 		defer func() {
 			for _, x := range []*kernels.Buffer{qb, kb, vb} {

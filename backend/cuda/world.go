@@ -202,7 +202,7 @@ func (be *Backend) worldCPAttention(d *kernels.Device, out, q *kernels.Buffer, p
 	}
 	// The span's block table and, per chunk of this rank, one sequence's
 	// record (q rows [Offset+Lo, Offset+Hi) at positions from Past+Lo: start,
-	// end, past, table 0), in one array through be.cpCache: every layer of
+	// end, past, table 0), in one array through be.stepArrays: every layer of
 	// the step sends the same, and each synchronous upload would wait for
 	// all the GPU work queued before it.
 	chunks := kernels.RingZigzag(s.Len, w.R)[w.me]
@@ -210,7 +210,7 @@ func (be *Backend) worldCPAttention(d *kernels.Device, out, q *kernels.Buffer, p
 	for _, c := range chunks {
 		meta = append(meta, int32(s.Offset+c.Lo), int32(s.Offset+c.Hi), int32(s.Past+c.Lo), 0)
 	}
-	mb := be.cpCache.get(be, d, meta)
+	mb := be.stepArrays.get(be, d, meta)
 	nb := int64(len(rs.blocks))
 	blocks := view(mb, 0, max(nb, 1)*4)
 	for i, c := range chunks {
