@@ -233,6 +233,21 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
 // ring_wg runs the same ones).
 namespace fwg {
 
+// pool_row_pow2 is key j's row in the pool through the block table from tb
+// for power-of-two blocks (sh = log2, mask = size − 1: shifts, not
+// divisions; the engine's 16), pool_row_any for any layout (paged blocks of
+// any size, or tb + j for contiguous keys), pool_row picks between them.
+__device__ __forceinline__ int32_t pool_row_pow2(const Params& p, int tb, int j, int sh, int mask) {
+  return (p.blocks[tb + (j >> sh)] << sh) + (j & mask);
+}
+__device__ __forceinline__ int32_t pool_row_any(const Params& p, int tb, int j) {
+  return p.block_size > 0 ? p.blocks[tb + j / p.block_size] * p.block_size + j % p.block_size : tb + j;
+}
+__device__ __forceinline__ int32_t pool_row(const Params& p, int tb, int j) {
+  return p.block_size > 0 && p.bs_log2 >= 0 ? pool_row_pow2(p, tb, j, p.bs_log2, p.block_size - 1)
+                                            : pool_row_any(p, tb, j);
+}
+
 template <bool ALT, bool PP, int DQK>
 __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   extern __shared__ unsigned char fwg_raw[];
@@ -272,12 +287,7 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
 #pragma unroll
       for (int i = 0; i < 8; i++) {
         const int j = t * kBN + r0 + 16 * i;
-        row[i] = j > kmax ? -1
-                 : p.block_size > 0 ? (p.bs_log2 >= 0 ? (p.blocks[tb + (j >> p.bs_log2)] << p.bs_log2) +
-                                                            (j & (p.block_size - 1))
-                                                      : p.blocks[tb + j / p.block_size] * p.block_size +
-                                                            j % p.block_size)
-                                    : tb + j;
+        row[i] = j > kmax ? -1 : pool_row(p, tb, j);
       }
       wait_empty(s, t);
       copy_rows8<QB>(s.k() + st * Geo<DQK>::kTileQK, wl, [&](int i) -> const bf16* {
@@ -311,15 +321,13 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
 #pragma unroll
         for (int i = 0; i < 16; i++) {
           const int j = t * kBN + r0 + 8 * i;
-          row[i] = j > kmax ? -1 : (p.blocks[tb + (j >> sh)] << sh) + (j & mask);
+          row[i] = j > kmax ? -1 : pool_row_pow2(p, tb, j, sh, mask);
         }
       } else {
 #pragma unroll
         for (int i = 0; i < 16; i++) {
           const int j = t * kBN + r0 + 8 * i;
-          row[i] = j > kmax ? -1
-                   : p.block_size > 0 ? p.blocks[tb + j / p.block_size] * p.block_size + j % p.block_size
-                                      : tb + j;
+          row[i] = j > kmax ? -1 : pool_row_any(p, tb, j);
         }
       }
       wait_empty(s, t);
