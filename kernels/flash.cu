@@ -224,11 +224,10 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
 // the P·V wgmmas (a 3-stage ring: 224 KB of shared memory with Q). Each
 // consumer issues S(t) and P·V(t − 1) together and runs tile t's softmax
 // while P·V(t − 1) is in flight (O is rescaled once it is done). H200,
-// causal, 32 / 8 heads: 212 / 351 / 407 TFLOP/s at 1k / 4k / 16k against
-// the mma.sync kernel's 157 / 294 / 332 (docs/PERF.md, twenty-fifth pass;
-// FlashAttention-3's ping-pong of the two consumers measured 5–6 % slower;
-// both figures with every wgmma serialised by ptxas, C7513 — see
-// MK_FLASH_ALT and MK_FLASH_PINGPONG in launch, not yet measured). The
+// causal, 32 / 8 heads: 240 / 423 / 474–507 TFLOP/s at 1k / 4k / 16k
+// against the mma.sync kernel's 157 / 294 / 332 (docs/PERF.md,
+// twenty-eighth pass; FlashAttention-3's ping-pong of the two consumers,
+// MK_FLASH_PINGPONG=1, is level to 4 % slower: see launch). The
 // producer's copies and the consumers' loop are flash_wg.cuh's (ring.cu's
 // ring_wg runs the same ones).
 namespace fwg {
@@ -248,7 +247,7 @@ __device__ __forceinline__ int32_t pool_row(const Params& p, int tb, int j) {
                                             : pool_row_any(p, tb, j);
 }
 
-template <bool ALT, bool PP, int DQK>
+template <bool PP, int DQK>
 __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   extern __shared__ unsigned char fwg_raw[];
   const SmemT<DQK> s = carve<DQK>(fwg_raw);
@@ -343,7 +342,7 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
   const int cw = wg - 1, lane = tid % 32;
   const int ra = cw * 64 + (wl / 32) * 16 + lane / 4;  // this thread's rows: ra and ra + 8
   Acc a;
-  consume<ALT, PP>(s, 0, ntiles, 0, [&](int g, int, int& kb, int& kend) {
+  consume<PP>(s, 0, ntiles, 0, [&](int g, int, int& kb, int& kend) {
     kb = g * kBN;
     kend = nk;
   }, P + i0 + ra, p.causal, 0, p.scale_log2, cw, wl, a, !p.rescale_all);
@@ -376,12 +375,13 @@ bool on() {
   return m;
 }
 
-// mla_on reports MK_FLASH_WG192 (read once): 1 runs head dims 192/128
-// (DeepSeek-V3's decompressed MLA prefill) on flash_wg too — two stages,
-// 8 rows a producer thread; not yet measured, so off by default (the
-// mma.sync kernel: 218 TFLOP/s at 4k, fourth pass).
+// mla_on reports MK_FLASH_WG192 (read once): head dims 192/128
+// (DeepSeek-V3's decompressed MLA prefill) run on flash_wg too — two
+// stages, 8 rows a producer thread — unless it is 0: 350–360 TFLOP/s at
+// 4k / 8k, 128 heads, against the mma.sync kernel's 217–223 (H200,
+// twenty-eighth pass).
 bool mla_on() {
-  static const bool m = mk::env_is("MK_FLASH_WG192", '1');
+  static const bool m = !mk::env_is("MK_FLASH_WG192", '0');
   return m;
 }
 
@@ -393,10 +393,10 @@ bool fits(const Params& p, int head_dim, int v_head_dim) {
          p.window == 0 && p.sinks == nullptr;
 }
 
-// go launches flash_wg<ALT, PP, DQK>, its shared-memory attribute set once.
-template <bool ALT, bool PP, int DQK>
+// go launches flash_wg<PP, DQK>, its shared-memory attribute set once.
+template <bool PP, int DQK>
 int go(const Params& p, int batch, int tiles, cudaStream_t st) {
-  auto kern = flash_wg<ALT, PP, DQK>;
+  auto kern = flash_wg<PP, DQK>;
   constexpr size_t smem = Geo<DQK>::kSmem;
   static bool attr_set = false;  // the library runs on its one owning thread
   if (!attr_set) {
@@ -412,21 +412,12 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
   const int tiles = (max_q_len + kBM - 1) / kBM;
   MK_ARG(tiles <= 65535, "mk_flash_attn_bf16: max_q_len=%d needs %d query tiles of %d rows, more than 65535",
          max_q_len, tiles, kBM);
-  // MK_FLASH_ALT=1: the consumers' loop that alternates P between two
-  // register arrays (no C7513: S and P·V in flight together as meant); not
-  // yet measured on a GPU, so the loop that copies P between steps (every
-  // wgmma serialised by ptxas) stays the default until it is.
-  // MK_FLASH_PINGPONG=1 (implies the alternating loop): the consumers take
-  // turns issuing their wgmmas (flash_wg.cuh's PP), to be measured again
-  // now that they can overlap (5–6 % slower with every wgmma serialised).
+  // MK_FLASH_PINGPONG=1: the consumers take turns issuing their wgmmas
+  // (flash_wg.cuh's PP, FlashAttention-3's ping-pong): +1 % at 1k / 4k,
+  // −2–4 % at 16k on the H200 (twenty-eighth pass), so off by default.
   static const bool pp = mk::env_is("MK_FLASH_PINGPONG", '1');
-  static const bool alt = pp || mk::env_is("MK_FLASH_ALT", '1');
-  if (p.hd == 192) {
-    if (pp) return go<true, true, 192>(p, batch, tiles, st);
-    return alt ? go<true, false, 192>(p, batch, tiles, st) : go<false, false, 192>(p, batch, tiles, st);
-  }
-  if (pp) return go<true, true, 128>(p, batch, tiles, st);
-  return alt ? go<true, false, 128>(p, batch, tiles, st) : go<false, false, 128>(p, batch, tiles, st);
+  if (p.hd == 192) return pp ? go<true, 192>(p, batch, tiles, st) : go<false, 192>(p, batch, tiles, st);
+  return pp ? go<true, 128>(p, batch, tiles, st) : go<false, 128>(p, batch, tiles, st);
 }
 
 }  // namespace fwg

@@ -202,11 +202,12 @@ struct Acc {
 // and the stage of g − 1 released. keys(g, st, kb, kend) gives tile g's
 // first key position and the end of its keys (keys kb + j ≥ kend are
 // masked); it may read stage st's bounds (s.keys()) once K(g) has landed.
-// ALT: P alternates between two register arrays (else it is copied
-// between steps, which serialises every wgmma); PP (with ALT): the two
+// P alternates between two register arrays, two steps a turn: copying it
+// between steps instead made ptxas serialise every wgmma of the kernel
+// (C7513; 7–12 % slower, docs/PERF.md, twenty-eighth pass). PP: the two
 // consumer warpgroups take turns issuing their steps (both must call with
 // the same ntiles).
-template <bool ALT = true, bool PP = false, int DQK, class Keys>
+template <bool PP = false, int DQK, class Keys>
 __device__ __forceinline__ void consume(const SmemT<DQK>& s, int gb, int ntiles, int qph, const Keys& keys, int posa,
                                         int causal, int win, float sl2, int cw, int wl, Acc& a, bool lazy = true) {
   constexpr int kST = Geo<DQK>::kST;                                          // (shadows the 128's)
@@ -325,13 +326,12 @@ __device__ __forceinline__ void consume(const SmemT<DQK>& s, int gb, int ntiles,
   // done (lazy: only in a warp where a row's maximum moved — a factor of
   // exactly 1, ex2(0), multiplies to the same bits), and the stage of tile
   // g − 1 goes back then.
-  // PP (with ALT): the two consumer warpgroups take turns issuing their
+  // PP: the two consumer warpgroups take turns issuing their
   // steps' wgmmas (named barrier 2 + cw is warpgroup cw's turn), so that
   // one's softmax runs under the other's GEMMs (FlashAttention-3's
   // ping-pong). Warpgroup 1 opens warpgroup 0's first turn and does not
   // pass on its own last one, so that each barrier gets as many arrivals
   // as waits within a call (ring_wg calls this once a slot).
-  static_assert(!PP || ALT, "ping-pong runs on the alternating loop");
   if constexpr (PP) {
     if (cw == 1 && ntiles > 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
   }
@@ -350,33 +350,20 @@ __device__ __forceinline__ void consume(const SmemT<DQK>& s, int gb, int ntiles,
     release(g - 1);
     if (!lazy || __any_sync(0xffffffffu, ca != 1.f || cb != 1.f)) scale_o(ca, cb);
   };
-  if constexpr (ALT) {
-    // P alternates between pA and pB, two steps a turn (MK_FLASH_ALT=1).
-    // Copying pB to pA after every step instead (ALT false, the default
-    // until this is measured) makes ptxas serialise every wgmma of the
-    // kernel (C7513, in the device's CUDA 13 build too: the copy defines
-    // registers a wgmma reads inside a pipeline stage), each 64×128×16
-    // waiting for the one before it; this form has no C7513 (ptxas 12.4).
-    // (The twenty-fifth pass's V2 kernel alternated too and measured
-    // slower, but with its producer's row lookups through shared memory
-    // and other changes at once; this is the alternation alone.)
-    int g = 1;
-    for (; g + 1 < ntiles; g += 2) {
-      step(g, pA, pB);
-      step(g + 1, pB, pA);
-    }
-    if (g < ntiles) {  // one step left: the last tile's P lands in pB
-      step(g, pA, pB);
-      pv_issue(ntiles - 1, pB);
-    } else {
-      pv_issue(ntiles - 1, pA);
-    }
+  // P alternates between pA and pB, two steps a turn. Copying pB to pA
+  // after every step instead defines registers a wgmma reads inside a
+  // pipeline stage, and ptxas then serialises every wgmma of the kernel
+  // (C7513), each 64×128×16 waiting for the one before it: 222 / 395 / 452
+  // TFLOP/s at 1k / 4k / 16k against this loop's 240 / 423 / 474–507.
+  int g = 1;
+  for (; g + 1 < ntiles; g += 2) {
+    step(g, pA, pB);
+    step(g + 1, pB, pA);
+  }
+  if (g < ntiles) {  // one step left: the last tile's P lands in pB
+    step(g, pA, pB);
+    pv_issue(ntiles - 1, pB);
   } else {
-    for (int g = 1; g < ntiles; g++) {
-      step(g, pA, pB);
-#pragma unroll
-      for (int i = 0; i < 32; i++) pA[i] = pB[i];
-    }
     pv_issue(ntiles - 1, pA);
   }
   mkwg::wgmma_wait0();

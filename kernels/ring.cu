@@ -900,7 +900,6 @@ __device__ WSlot wslot_take(const Params& p, int* q, int s_lo, int s_hi) {
   }
 }
 
-template <bool ALT>
 __global__ void __launch_bounds__(fwg::kThreadsWG, 1) ring_wg(const __grid_constant__ Params p) {
   using fwg::kD;
   using fwg::kST;
@@ -998,7 +997,7 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1) ring_wg(const __grid_const
     const WSlot w = slot_sh;
     if (w.ntiles < 0) break;
     fwg::Acc a;
-    fwg::consume<ALT>(sm, gb, w.ntiles, n & 1, [&](int, int st, int& kb, int& kend) {
+    fwg::consume(sm, gb, w.ntiles, n & 1, [&](int, int st, int& kb, int& kend) {
       kb = sm.keys()[2 * st];
       kend = sm.keys()[2 * st + 1];
     }, w.qlo + w.i0 + ra, p.causal, p.window, p.scale_log2, cw, wl, a);
@@ -1361,13 +1360,8 @@ int64_t rank_items(const Params& p, const Layout& lo, bool wg, int r) {
   return wg ? (int64_t)(p.wtc[r][0] + p.wtc[r][1]) * p.heads : lo.items[r];
 }
 
-// ring_wg_kernel is ring_wg with the consumers' loop flash_wg takes
-// (MK_FLASH_ALT=1: P alternating between two arrays; else copied between
-// steps).
-KernelFn ring_wg_kernel() {
-  static const bool alt = mk::env_is("MK_FLASH_ALT", '1');
-  return alt ? ring_wg<true> : ring_wg<false>;
-}
+// ring_wg_kernel is ring_wg.
+KernelFn ring_wg_kernel() { return ring_wg; }
 
 // wg_prepare is prepare for ring_wg.
 int wg_prepare(int* coresident) {
