@@ -206,10 +206,10 @@ func runFlash(t *testing.T, g *GPU, c flashCase, in *flashInputs) []float32 {
 
 // TestFlashAttention runs FlashAttention over varlen batches (causal and
 // not, GQA, paged and contiguous keys, windows, sinks, head dims 16–256)
-// against a float64 reference. The head-dim-128 cases without a window or
-// sinks run on the wgmma kernel (flash_wg), or with MK_FLASH_WG=0
-// (scripts/device.sh runs it so too) on the mma.sync one; with
-// MK_FLASH_WG192=1 the 192/128 (MLA) cases run on flash_wg too.
+// against a float64 reference. The head-dim-128 and 192/128 (MLA) cases
+// without a window or sinks run on the wgmma kernel (flash_wg), or with
+// MK_FLASH_WG=0 (scripts/device.sh runs it so too) on the mma.sync one;
+// MK_FLASH_WG192=0 keeps only the 192/128 ones on mma.sync.
 func TestFlashAttention(t *testing.T) {
 	g := testGPU(t)
 	cases := []flashCase{
