@@ -270,12 +270,22 @@ __device__ __forceinline__ void consume(const SmemT<DQK>& s, int gb, int ntiles,
         }
       }
     }
-    float xa = -INFINITY, xb = -INFINITY;  // the rows' max over this tile (4 lanes a row)
+    // The rows' max over this tile (4 lanes a row), in four independent
+    // chains a row: one chain of 16 dependent FMNMX left the consumers
+    // waiting on each one's latency (ncu: "wait" the largest stall).
+    float ma4[4], mb4[4];
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-      xa = fmaxf(xa, fmaxf(sc[4 * j], sc[4 * j + 1]));
-      xb = fmaxf(xb, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
+    for (int q = 0; q < 4; q++) {
+      ma4[q] = fmaxf(sc[4 * q], sc[4 * q + 1]);
+      mb4[q] = fmaxf(sc[4 * q + 2], sc[4 * q + 3]);
     }
+#pragma unroll
+    for (int j = 4; j < 16; j++) {
+      ma4[j & 3] = fmaxf(ma4[j & 3], fmaxf(sc[4 * j], sc[4 * j + 1]));
+      mb4[j & 3] = fmaxf(mb4[j & 3], fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
+    }
+    float xa = fmaxf(fmaxf(ma4[0], ma4[1]), fmaxf(ma4[2], ma4[3]));
+    float xb = fmaxf(fmaxf(mb4[0], mb4[1]), fmaxf(mb4[2], mb4[3]));
     xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
     xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
     xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
@@ -286,19 +296,21 @@ __device__ __forceinline__ void consume(const SmemT<DQK>& s, int gb, int ntiles,
     cb = a.mb == -INFINITY ? 0.f : ex2(a.mb * sl2 - rb_);
     a.ma = na;
     a.mb = nb;
-    a.la *= ca;
-    a.lb *= cb;
+    // The tile's sums, four independent chains a row as for the max.
+    float la4[4] = {0.f, 0.f, 0.f, 0.f}, lb4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < 16; j++) {
       const float p0 = ex2(fmaf(sc[4 * j], sl2, -ra_)), p1 = ex2(fmaf(sc[4 * j + 1], sl2, -ra_));
       const float p2 = ex2(fmaf(sc[4 * j + 2], sl2, -rb_)), p3 = ex2(fmaf(sc[4 * j + 3], sl2, -rb_));
-      a.la += p0 + p1;
-      a.lb += p2 + p3;
+      la4[j & 3] += p0 + p1;
+      lb4[j & 3] += p2 + p3;
       // k step j / 2: a0 (row a, columns 0-7 of its 16) and a1 (row b)
       // from group 2·ks, a2 / a3 from group 2·ks + 1.
       pn[(j >> 1) * 4 + (j & 1) * 2] = pack_bf16(p0, p1);
       pn[(j >> 1) * 4 + (j & 1) * 2 + 1] = pack_bf16(p2, p3);
     }
+    a.la = fmaf(a.la, ca, (la4[0] + la4[1]) + (la4[2] + la4[3]));
+    a.lb = fmaf(a.lb, cb, (lb4[0] + lb4[1]) + (lb4[2] + lb4[3]));
   };
   auto scale_o = [&](float ca, float cb) {
 #pragma unroll
