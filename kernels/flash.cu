@@ -45,6 +45,7 @@ struct Params {
   int hpb, rph_log2;  // query heads per block (one GQA group's), log2 of rows per head
   int bs_log2;        // log2(block_size) when it is a power of two, else -1 (flash_wg's lookups)
   int rescale_all;    // flash_wg: rescale O every tile (MK_FLASH_RESCALE_ALL=1), not only where a maximum moved
+  int tma;            // flash_wg at 128: whole key tiles by TMA (its km / vm maps), else cp.async
   float scale_log2;
 };
 
@@ -223,13 +224,17 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
 // start while V lands) and an empty barrier the consumers release after
 // the P·V wgmmas (a 3-stage ring: 224 KB of shared memory with Q). Each
 // consumer issues S(t) and P·V(t − 1) together and runs tile t's softmax
-// while P·V(t − 1) is in flight (O is rescaled once it is done). H200,
-// causal, 32 / 8 heads: 240 / 423 / 474–507 TFLOP/s at 1k / 4k / 16k
-// against the mma.sync kernel's 157 / 294 / 332 (docs/PERF.md,
-// twenty-eighth pass; FlashAttention-3's ping-pong of the two consumers,
-// MK_FLASH_PINGPONG=1, is level to 4 % slower: see launch). The
-// producer's copies and the consumers' loop are flash_wg.cuh's (ring.cu's
-// ring_wg runs the same ones).
+// while P·V(t − 1) is in flight (O is rescaled once it is done). At head
+// dim 128 the producer moves whole key tiles by TMA (tma_tile: 32 boxes of
+// 16 rows × 64 columns from one thread, the rows through the block table),
+// the last partial tile and head dim 192 by cp.async. H200, causal, 32 / 8
+// heads: 252 / 480 / 544–558 TFLOP/s at 1k / 4k / 16k contiguous, 462 /
+// 533–570 at 4k / 16k paged in blocks of 16, against the mma.sync
+// kernel's 157 / 294 / 332 (docs/PERF.md, twenty-eighth pass;
+// FlashAttention-3's ping-pong of the two consumers, MK_FLASH_PINGPONG=1,
+// measured level to 4 % slower before TMA: see launch). The cp.async
+// copies and the consumers' loop are flash_wg.cuh's (ring.cu's ring_wg
+// runs the same ones).
 namespace fwg {
 
 // pool_row_pow2 is key j's row in the pool through the block table from tb
@@ -247,8 +252,35 @@ __device__ __forceinline__ int32_t pool_row(const Params& p, int tb, int j) {
                                             : pool_row_any(p, tb, j);
 }
 
+// tma_tile (producer thread 0, after the stage is free): K and V of key
+// tile t into stage st by TMA — per 64-column half, 8 boxes of 16 rows,
+// each a group of 16 consecutive keys (one block of the pool when it is
+// paged in multiples of 16, or 16 contiguous rows) at the pool rows in
+// grp; the boxes land in the same 128-byte swizzle as toff, and complete
+// the stage's full barriers by their bytes (this thread's arrivals carry
+// the expected count).
+__device__ __forceinline__ void tma_tile(const Smem& s, int st, const mkwg::TmaMap* km, const mkwg::TmaMap* vm,
+                                         int col, const int32_t (&grp)[8]) {
+  mkwg::mbar_expect_tx(s.full_k(st), kTile);
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    unsigned char* d = s.k() + st * kTile + i * 16 * 128;
+    mkwg::tma_load_2d(d, km, col, grp[i], s.full_k(st));
+    mkwg::tma_load_2d(d + kHalf, km, col + 64, grp[i], s.full_k(st));
+  }
+  mkwg::mbar_expect_tx(s.full_v(st), kTile);
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    unsigned char* d = s.v() + st * kTile + i * 16 * 128;
+    mkwg::tma_load_2d(d, vm, col, grp[i], s.full_v(st));
+    mkwg::tma_load_2d(d + kHalf, vm, col + 64, grp[i], s.full_v(st));
+  }
+}
+
 template <bool PP, int DQK>
-__global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
+__global__ void __launch_bounds__(kThreadsWG, 1)
+    flash_wg(const __grid_constant__ Params p, const __grid_constant__ mkwg::TmaMap km,
+             const __grid_constant__ mkwg::TmaMap vm) {
   extern __shared__ unsigned char fwg_raw[];
   const SmemT<DQK> s = carve<DQK>(fwg_raw);
   const int h = blockIdx.x, b = blockIdx.y;
@@ -311,6 +343,31 @@ __global__ void __launch_bounds__(kThreadsWG, 1) flash_wg(const Params p) {
     const int r0 = wl / 16;
     for (int t = 0; t < ntiles; t++) {
       const int st = t % kST;
+      if (p.tma && (t + 1) * kBN - 1 <= kmax) {
+        // A whole tile by TMA: lanes 0-7 look up the 8 groups' pool rows
+        // before the wait (their loads in flight under it), thread 0 issues
+        // the 32 boxes after it, the other 127 threads arrive (the full
+        // barriers count 128 arrivals a phase either way). The wait comes
+        // before any branch on the lane: inside one (thread 0 apart from
+        // its warp), the warp ran the other lanes' wait first and only then
+        // thread 0's lookups, their latency exposed (paged keys 5 % slower
+        // than the cp.async producer).
+        int32_t g = 0;
+        if (wl < 8) g = pool_row(p, tb, t * kBN + 16 * wl);
+        wait_empty(s, t);
+        if (wl < 32) {
+          int32_t grp[8];
+#pragma unroll
+          for (int i = 0; i < 8; i++) grp[i] = __shfl_sync(0xffffffffu, g, i);
+          if (wl == 0) {
+            tma_tile(s, st, &km, &vm, kvh * kD, grp);
+            continue;
+          }
+        }
+        mkwg::mbar_arrive(s.full_k(st));
+        mkwg::mbar_arrive(s.full_v(st));
+        continue;
+      }
       // This thread's keys' pool rows (-1 past kmax), looked up before the
       // wait for the stage, so that the block table's loads are in flight
       // while the consumers still hold it.
@@ -395,7 +452,7 @@ bool fits(const Params& p, int head_dim, int v_head_dim) {
 
 // go launches flash_wg<PP, DQK>, its shared-memory attribute set once.
 template <bool PP, int DQK>
-int go(const Params& p, int batch, int tiles, cudaStream_t st) {
+int go(const Params& p, const mkwg::TmaMap& km, const mkwg::TmaMap& vm, int batch, int tiles, cudaStream_t st) {
   auto kern = flash_wg<PP, DQK>;
   constexpr size_t smem = Geo<DQK>::kSmem;
   static bool attr_set = false;  // the library runs on its one owning thread
@@ -403,7 +460,7 @@ int go(const Params& p, int batch, int tiles, cudaStream_t st) {
     MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     attr_set = true;
   }
-  kern<<<dim3(p.heads, batch, tiles), kThreadsWG, smem, st>>>(p);
+  kern<<<dim3(p.heads, batch, tiles), kThreadsWG, smem, st>>>(p, km, vm);
   MK_LAUNCHED("flash_wg");
   return MK_OK;
 }
@@ -416,8 +473,21 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
   // (flash_wg.cuh's PP, FlashAttention-3's ping-pong): +1 % at 1k / 4k,
   // −2–4 % at 16k on the H200 (twenty-eighth pass), so off by default.
   static const bool pp = mk::env_is("MK_FLASH_PINGPONG", '1');
-  if (p.hd == 192) return pp ? go<true, 192>(p, batch, tiles, st) : go<false, 192>(p, batch, tiles, st);
-  return pp ? go<true, 128>(p, batch, tiles, st) : go<false, 128>(p, batch, tiles, st);
+  mkwg::TmaMap km{}, vm{};
+  if (p.hd == 192) return pp ? go<true, 192>(p, km, vm, batch, tiles, st) : go<false, 192>(p, km, vm, batch, tiles, st);
+  // Whole key tiles by TMA (tma_tile; MK_FLASH_TMA=0: cp.async, for A/Bs)
+  // where the keys' rows come in groups of 16 (contiguous, or blocks of a
+  // multiple of 16 rows) and the driver makes the maps — over the pool's
+  // rows as far as a row index reaches (the block table names which; none
+  // past it is read). +5 / +13 / +10–15 % at 1k / 4k / 16k contiguous,
+  // +15 / +16–24 % paged (blocks of 16) at 4k / 16k, Qwen3-8l 8k prefill
+  // −4.5 % (twenty-eighth pass).
+  static const bool tma_env = !mk::env_is("MK_FLASH_TMA", '0');
+  Params q = p;
+  q.tma = tma_env && (p.block_size == 0 || p.block_size % 16 == 0) &&
+          mkwg::tma_map_bf16(km, p.k, (1ll << 31) - 1, p.k_stride, 16) &&
+          mkwg::tma_map_bf16(vm, p.v, (1ll << 31) - 1, p.v_stride, 16);
+  return pp ? go<true, 128>(q, km, vm, batch, tiles, st) : go<false, 128>(q, km, vm, batch, tiles, st);
 }
 
 }  // namespace fwg
