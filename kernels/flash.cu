@@ -252,31 +252,6 @@ __device__ __forceinline__ int32_t pool_row(const Params& p, int tb, int j) {
                                             : pool_row_any(p, tb, j);
 }
 
-// tma_tile (producer thread 0, after the stage is free): K and V of key
-// tile t into stage st by TMA — per 64-column half, 8 boxes of 16 rows,
-// each a group of 16 consecutive keys (one block of the pool when it is
-// paged in multiples of 16, or 16 contiguous rows) at the pool rows in
-// grp; the boxes land in the same 128-byte swizzle as toff, and complete
-// the stage's full barriers by their bytes (this thread's arrivals carry
-// the expected count).
-__device__ __forceinline__ void tma_tile(const Smem& s, int st, const mkwg::TmaMap* km, const mkwg::TmaMap* vm,
-                                         int col, const int32_t (&grp)[8]) {
-  mkwg::mbar_expect_tx(s.full_k(st), kTile);
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    unsigned char* d = s.k() + st * kTile + i * 16 * 128;
-    mkwg::tma_load_2d(d, km, col, grp[i], s.full_k(st));
-    mkwg::tma_load_2d(d + kHalf, km, col + 64, grp[i], s.full_k(st));
-  }
-  mkwg::mbar_expect_tx(s.full_v(st), kTile);
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    unsigned char* d = s.v() + st * kTile + i * 16 * 128;
-    mkwg::tma_load_2d(d, vm, col, grp[i], s.full_v(st));
-    mkwg::tma_load_2d(d + kHalf, vm, col + 64, grp[i], s.full_v(st));
-  }
-}
-
 template <bool PP, int DQK>
 __global__ void __launch_bounds__(kThreadsWG, 1)
     flash_wg(const __grid_constant__ Params p, const __grid_constant__ mkwg::TmaMap km,
@@ -360,7 +335,7 @@ __global__ void __launch_bounds__(kThreadsWG, 1)
 #pragma unroll
           for (int i = 0; i < 8; i++) grp[i] = __shfl_sync(0xffffffffu, g, i);
           if (wl == 0) {
-            tma_tile(s, st, &km, &vm, kvh * kD, grp);
+            tma_tile(s, st, &km, &vm, kvh * kD, [&](int i) { return grp[i]; });
             continue;
           }
         }

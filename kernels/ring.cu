@@ -169,8 +169,20 @@ struct Params {
   // rank and span, and the most per rank.
   int wtc[kMaxRanks][2];
   int wtmax;
+  int tma;  // ring_wg: whole key tiles by TMA through RingMaps, else cp.async
 };
 static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
+
+// RingMaps: ring_wg's TMA maps of each rank's keys and values (a second
+// kernel parameter, as CUDA 12.1+ allows 32 KB of them; zeros where a rank
+// is not computed by the launch): buffer 0 the rank's own shard, 1 its
+// kb[0] / vb[0] (the gather slots in mode 2), 2 kb[1] / vb[1]; rows of
+// k_stride / v_stride elements read in boxes of 16 rows × 64 columns.
+struct RingMaps {
+  mkwg::TmaMap k[kMaxRanks][3];
+  mkwg::TmaMap v[kMaxRanks][3];
+};
+static_assert(sizeof(Params) + sizeof(RingMaps) <= 32764, "ring_wg's parameters (32 KB)");
 
 // ---- flag access (the tile code is in attn_tile.cuh; the PTX in sysflag.cuh) ----
 
@@ -900,7 +912,8 @@ __device__ WSlot wslot_take(const Params& p, int* q, int s_lo, int s_hi) {
   }
 }
 
-__global__ void __launch_bounds__(fwg::kThreadsWG, 1) ring_wg(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(fwg::kThreadsWG, 1)
+    ring_wg(const __grid_constant__ Params p, const __grid_constant__ RingMaps maps) {
   using fwg::kD;
   using fwg::kST;
   constexpr int BN = fwg::kBN;  // keys a tile (attn_tile.cuh's kBN is ring_kernel's 64)
@@ -964,6 +977,29 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1) ring_wg(const __grid_const
             const int t = nlo + i, kb = lo + t * BN, n = min(BN, hi - kb), brow = koff + t * BN;
             const int st = g % kST;
             fwg::wait_empty(sm, g);
+            if (p.tma && ok && n == BN) {
+              // A whole tile by TMA (as flash_wg): thread 0 publishes the
+              // bounds and issues 32 boxes from the chunk's buffer (rows
+              // contiguous), the other 127 threads arrive; full_k counts
+              // 127 + the bounds' arrival + the expect_tx one. The chunk
+              // was written by generic stores (the comm CTAs, or a peer),
+              // seen through this thread's acquire in wait_arrival: the
+              // proxy fence orders them before the async proxy's reads.
+              if (wl == 0) {
+                sm.keys()[2 * st] = kb;
+                sm.keys()[2 * st + 1] = kb + n;
+                mkwg::mbar_arrive(sm.full_k(st));
+                const int mi = s == 0 ? 0 : p.mode == 2 ? 1 : 1 + (s & 1);
+                const int y0 = (p.mode == 2 && s > 0 ? (s - 1) * p.gcap : 0) + brow;
+                asm volatile("fence.proxy.async.global;\n" ::: "memory");
+                fwg::tma_tile(sm, st, &maps.k[w.r][mi], &maps.v[w.r][mi], kvh * kD,
+                              [&](int j) { return y0 + 16 * j; });
+              } else {
+                mkwg::mbar_arrive(sm.full_k(st));
+                mkwg::mbar_arrive(sm.full_v(st));
+              }
+              continue;
+            }
             // Buffer rows of this thread's keys (tile rows r0 + 8 j), -1 past
             // the span or after an abort.
             const int nr = ok ? n - r0 : 0, br = brow + r0;
@@ -1360,8 +1396,73 @@ int64_t rank_items(const Params& p, const Layout& lo, bool wg, int r) {
   return wg ? (int64_t)(p.wtc[r][0] + p.wtc[r][1]) * p.heads : lo.items[r];
 }
 
-// ring_wg_kernel is ring_wg.
-KernelFn ring_wg_kernel() { return ring_wg; }
+// ring_wg_kernel is ring_wg as a KernelFn (a handle for the attribute,
+// occupancy and launch calls; launch_ring passes its RingMaps).
+KernelFn ring_wg_kernel() { return reinterpret_cast<KernelFn>(ring_wg); }
+
+// ring_maps fills ring_wg's TMA maps for the ranks the launch computes
+// (me only when rank-local) and sets p->tma where every one of them could
+// be made (MK_RING_TMA=0: never, the cp.async copies for A/Bs).
+// The last launch's maps are kept with the buffers they were made for (the
+// library runs on its one owning thread): a ring over the same buffers
+// again (the engine's layers, a benchmark's iterations, the separate
+// baseline's steps) skips up to 48 driver calls.
+void ring_maps(Params* p, RingMaps* m) {
+  struct Key {
+    const void* b[kMaxRanks][6];
+    int64_t ks, vs;
+    int ranks, me;
+  };
+  static Key last_key;
+  static RingMaps last_maps;
+  static int last_ok = -1;
+  Key key;
+  std::memset(&key, 0, sizeof key);
+  for (int r = 0; r < p->ranks && r < kMaxRanks; ++r) {
+    const RankPtrs& rk = p->rk[r];
+    const void* b[6] = {rk.k, rk.kb[0], rk.kb[1], rk.v, rk.vb[0], rk.vb[1]};
+    std::memcpy(key.b[r], b, sizeof b);
+  }
+  key.ks = p->k_stride;
+  key.vs = p->v_stride;
+  key.ranks = p->ranks;
+  key.me = p->me;
+  if (last_ok >= 0 && std::memcmp(&key, &last_key, sizeof key) == 0) {
+    *m = last_maps;
+    p->tma = last_ok;
+    return;
+  }
+  std::memset(m, 0, sizeof *m);
+  static const bool env = !mk::env_is("MK_RING_TMA", '0');
+  bool ok = env && p->vec && p->hd == 128 && p->vhd == 128;
+  for (int r = 0; ok && r < p->ranks; ++r) {
+    if (p->me >= 0 && r != p->me) continue;
+    const RankPtrs& rk = p->rk[r];
+    const void* ks[3] = {rk.k, rk.kb[0], rk.kb[1]};
+    const void* vs[3] = {rk.v, rk.vb[0], rk.vb[1]};
+    for (int b = 0; ok && b < 3; ++b) {
+      if (ks[b] != nullptr) ok = mkwg::tma_map_bf16(m->k[r][b], ks[b], (1ll << 31) - 1, p->k_stride, 16);
+      if (ok && vs[b] != nullptr) ok = mkwg::tma_map_bf16(m->v[r][b], vs[b], (1ll << 31) - 1, p->v_stride, 16);
+    }
+  }
+  p->tma = ok;
+  last_key = key;
+  last_maps = *m;
+  last_ok = ok;
+}
+
+// launch_ring launches kf (ring_kernel, or ring_wg with p->tma and its maps
+// filled here) cooperatively, or as a plain launch for one step (mode 1).
+int launch_ring(KernelFn kf, bool wg, bool coop, int64_t grid, size_t smem, cudaStream_t st, Params* p) {
+  RingMaps m;
+  if (wg) ring_maps(p, &m);
+  else p->tma = 0;
+  void* args[] = {p, &m};  // ring_kernel reads the first only
+  const dim3 g((unsigned)grid), b(wg ? fwg::kThreadsWG : kThreads);
+  if (coop) MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kf), g, b, args, smem, st));
+  else MK_CUDA(cudaLaunchKernel(reinterpret_cast<const void*>(kf), g, b, args, smem, st));
+  return MK_OK;
+}
 
 // wg_prepare is prepare for ring_wg.
 int wg_prepare(int* coresident) {
@@ -1439,10 +1540,7 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   if (grid > cores) grid = cores;
   cudaStream_t st = mk::as_stream(stream);
   MK_CUDA(cudaMemsetAsync(p.ctl, 0, kStateOff - kCtlOff + lo.done_bytes, st));
-  void* args[] = {&p};
-  MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kf), dim3((unsigned)grid),
-                                      dim3(wg ? fwg::kThreadsWG : kThreads), args, smem, st));
-  return MK_OK;
+  return launch_ring(kf, wg, true, grid, smem, st, &p);
 }
 
 }  // namespace
@@ -1536,10 +1634,7 @@ int32_t rank_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   // never reset here.
   MK_CUDA(cudaMemsetAsync(p.ctl, 0, kCtlWords * sizeof(int), st));
   MK_CUDA(cudaMemsetAsync(p.done, 0, lo.done_bytes, st));
-  void* args[] = {&p};
-  MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kf), dim3((unsigned)grid),
-                                      dim3(wg ? fwg::kThreadsWG : kThreads), args, smem, st));
-  return MK_OK;
+  return launch_ring(kf, wg, true, grid, smem, st, &p);
 }
 
 }  // namespace
@@ -1658,7 +1753,8 @@ extern "C" MK_API int32_t mk_ring_separate_bf16(uint64_t stream, int32_t ranks, 
       q.rk[r].out = s == 0 ? mp.acc_o[r] : const_cast<float*>(mp.po[r]);
       q.rk[r].lse = s == 0 ? mp.acc_l[r] : const_cast<float*>(mp.pl[r]);
     }
-    fn<<<dim3((unsigned)grid), wg ? fwg::kThreadsWG : kThreads, smem, st>>>(q);
+    rc = launch_ring(fn, wg, false, grid, smem, st, &q);
+    if (rc != MK_OK) return rc;
     MK_LAUNCHED(wg ? "ring_wg (one step)" : "ring_kernel (one step)");
     if (s == 0 && ranks > 1) continue;
     MergeParams m = mp;

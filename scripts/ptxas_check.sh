@@ -44,7 +44,7 @@ trap 'rm -rf "$W"' EXIT
 d=$(dirname "$SRC")
 cp "$d"/*.cuh "$d"/*.h "$W"/ 2>/dev/null || true
 f=$(basename "$SRC")
-sed -e 's/gu\[kMaxRanks\]/gu[1]/; s/dn\[kMaxRanks\]/dn[1]/; s/act\[kMaxRanks\]/act[1]/; s/recv\[kMaxRanks\]/recv[1]/' "$SRC" >"$W/$f"
+sed -e 's/gu\[kMaxRanks\]/gu[1]/; s/dn\[kMaxRanks\]/dn[1]/; s/act\[kMaxRanks\]/act[1]/; s/recv\[kMaxRanks\]/recv[1]/; s/k\[kMaxRanks\]\[3\]/k[1][3]/; s/v\[kMaxRanks\]\[3\]/v[1][3]/' "$SRC" >"$W/$f"
 (cd "$W" && "$NVCC" -arch=sm_90 -ptx -std=c++17 -O3 "$f" -o k.ptx 2>&1 | grep -v "Wno-deprecated-gpu-targets" >&2 || true)
 [ -s "$W/k.ptx" ] || { echo "ptxas_check.sh: nvcc made no PTX" >&2; exit 1; }
 sed -e 's/^\.version .*/.version 8.4/' -e 's/^\.target sm_90$/.target sm_90a/' "$W/k.ptx" >"$W/k90a.ptx"
