@@ -289,6 +289,23 @@ __global__ void __launch_bounds__(kThreadsWG, 1)
     const bf16* vp = p.v + (int64_t)kvh * kD;  // values: 128
     for (int t = 0; t < ntiles; t++) {
       const int st = t % ST;
+      if (p.tma && (t + 1) * kBN - 1 <= kmax) {  // a whole tile by TMA, as at head dim 128 below
+        int32_t g = 0;
+        if (wl < 8) g = pool_row(p, tb, t * kBN + 16 * wl);
+        wait_empty(s, t);
+        if (wl < 32) {
+          int32_t grp[8];
+#pragma unroll
+          for (int i = 0; i < 8; i++) grp[i] = __shfl_sync(0xffffffffu, g, i);
+          if (wl == 0) {
+            tma_tile(s, st, &km, &vm, kvh * DQK, kvh * kD, [&](int i) { return grp[i]; });
+            continue;
+          }
+        }
+        mkwg::mbar_arrive(s.full_k(st));
+        mkwg::mbar_arrive(s.full_v(st));
+        continue;
+      }
       int32_t row[8];  // the pool rows of keys t·kBN + r0 + 16 i (-1 past kmax)
 #pragma unroll
       for (int i = 0; i < 8; i++) {
@@ -335,7 +352,7 @@ __global__ void __launch_bounds__(kThreadsWG, 1)
 #pragma unroll
           for (int i = 0; i < 8; i++) grp[i] = __shfl_sync(0xffffffffu, g, i);
           if (wl == 0) {
-            tma_tile(s, st, &km, &vm, kvh * kD, [&](int i) { return grp[i]; });
+            tma_tile(s, st, &km, &vm, kvh * kD, kvh * kD, [&](int i) { return grp[i]; });
             continue;
           }
         }
@@ -449,7 +466,20 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
   // −2–4 % at 16k on the H200 (twenty-eighth pass), so off by default.
   static const bool pp = mk::env_is("MK_FLASH_PINGPONG", '1');
   mkwg::TmaMap km{}, vm{};
-  if (p.hd == 192) return pp ? go<true, 192>(p, km, vm, batch, tiles, st) : go<false, 192>(p, km, vm, batch, tiles, st);
+  auto maps = [&](const Params& x) {
+    return (x.block_size == 0 || x.block_size % 16 == 0) &&
+           mkwg::tma_map_bf16(km, x.k, (1ll << 31) - 1, x.k_stride, 16) &&
+           mkwg::tma_map_bf16(vm, x.v, (1ll << 31) - 1, x.v_stride, 16);
+  };
+  Params q = p;
+  if (p.hd == 192) {
+    // MK_FLASH_TMA192=1: the MLA tiles by TMA too (three K boxes a group);
+    // written after the device time of the twenty-eighth pass, so opt-in
+    // until measured.
+    static const bool tma192 = mk::env_is("MK_FLASH_TMA192", '1');
+    q.tma = tma192 && maps(p);
+    return pp ? go<true, 192>(q, km, vm, batch, tiles, st) : go<false, 192>(q, km, vm, batch, tiles, st);
+  }
   // Whole key tiles by TMA (tma_tile; MK_FLASH_TMA=0: cp.async, for A/Bs)
   // where the keys' rows come in groups of 16 (contiguous, or blocks of a
   // multiple of 16 rows) and the driver makes the maps — over the pool's
@@ -458,10 +488,7 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
   // +15 / +16–24 % paged (blocks of 16) at 4k / 16k, Qwen3-8l 8k prefill
   // −4.5 % (twenty-eighth pass).
   static const bool tma_env = !mk::env_is("MK_FLASH_TMA", '0');
-  Params q = p;
-  q.tma = tma_env && (p.block_size == 0 || p.block_size % 16 == 0) &&
-          mkwg::tma_map_bf16(km, p.k, (1ll << 31) - 1, p.k_stride, 16) &&
-          mkwg::tma_map_bf16(vm, p.v, (1ll << 31) - 1, p.v_stride, 16);
+  q.tma = tma_env && maps(p);
   return pp ? go<true, 128>(q, km, vm, batch, tiles, st) : go<false, 128>(q, km, vm, batch, tiles, st);
 }
 

@@ -162,28 +162,31 @@ __device__ __forceinline__ void copy_v(const Smem& s, int st, int wl, const bf16
 }
 
 // tma_tile (producer thread 0, after the stage is free): K and V of a
-// whole key tile into stage st by TMA — per 64-column half, 8 boxes of 16 rows,
-// each a group of 16 consecutive keys (one block of the pool when it is
-// paged in multiples of 16, or 16 contiguous rows) whose first row is
-// grp(i), i = 0..7; the boxes land in the same 128-byte swizzle as toff,
-// and complete the stage's full barriers by their bytes (this thread's
+// whole key tile into stage st by TMA — per 64-column block (Geo<DQK>::kQB
+// of K, 2 of V), 8 boxes of 16 rows, each a group of 16 consecutive keys
+// (one block of the pool when it is paged in multiples of 16, or 16
+// contiguous rows) whose first row is grp(i), i = 0..7, from column kcol
+// of km's rows and vcol of vm's; the boxes land in the same 128-byte
+// swizzle as toff (destinations 2 KB apart keep its row phase), and
+// complete the stage's full barriers by their bytes (this thread's
 // arrivals carry the expected count).
-template <class Grp>
-__device__ __forceinline__ void tma_tile(const Smem& s, int st, const mkwg::TmaMap* km, const mkwg::TmaMap* vm,
-                                         int col, const Grp& grp) {
-  mkwg::mbar_expect_tx(s.full_k(st), kTile);
+template <int DQK, class Grp>
+__device__ __forceinline__ void tma_tile(const SmemT<DQK>& s, int st, const mkwg::TmaMap* km, const mkwg::TmaMap* vm,
+                                         int kcol, int vcol, const Grp& grp) {
+  using G = Geo<DQK>;
+  mkwg::mbar_expect_tx(s.full_k(st), G::kTileQK);
 #pragma unroll
   for (int i = 0; i < 8; i++) {
-    unsigned char* d = s.k() + st * kTile + i * 16 * 128;
-    mkwg::tma_load_2d(d, km, col, grp(i), s.full_k(st));
-    mkwg::tma_load_2d(d + kHalf, km, col + 64, grp(i), s.full_k(st));
+    unsigned char* d = s.k() + st * G::kTileQK + i * 16 * 128;
+#pragma unroll
+    for (int b = 0; b < G::kQB; b++) mkwg::tma_load_2d(d + b * kHalf, km, kcol + 64 * b, grp(i), s.full_k(st));
   }
-  mkwg::mbar_expect_tx(s.full_v(st), kTile);
+  mkwg::mbar_expect_tx(s.full_v(st), G::kTileV);
 #pragma unroll
   for (int i = 0; i < 8; i++) {
-    unsigned char* d = s.v() + st * kTile + i * 16 * 128;
-    mkwg::tma_load_2d(d, vm, col, grp(i), s.full_v(st));
-    mkwg::tma_load_2d(d + kHalf, vm, col + 64, grp(i), s.full_v(st));
+    unsigned char* d = s.v() + st * G::kTileV + i * 16 * 128;
+    mkwg::tma_load_2d(d, vm, vcol, grp(i), s.full_v(st));
+    mkwg::tma_load_2d(d + kHalf, vm, vcol + 64, grp(i), s.full_v(st));
   }
 }
 

@@ -992,7 +992,7 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
                 const int mi = s == 0 ? 0 : p.mode == 2 ? 1 : 1 + (s & 1);
                 const int y0 = (p.mode == 2 && s > 0 ? (s - 1) * p.gcap : 0) + brow;
                 asm volatile("fence.proxy.async.global;\n" ::: "memory");
-                fwg::tma_tile(sm, st, &maps.k[w.r][mi], &maps.v[w.r][mi], kvh * kD,
+                fwg::tma_tile(sm, st, &maps.k[w.r][mi], &maps.v[w.r][mi], kvh * kD, kvh * kD,
                               [&](int j) { return y0 + 16 * j; });
               } else {
                 mkwg::mbar_arrive(sm.full_k(st));

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# scripts/pending_gpu.sh — what the twenty-eighth pass wrote after its
+# device time ran out, and the profile its notes ask for (docs/PERF.md,
+# "GPU, twenty-eighth pass"). Delete or rewrite it once its results are in
+# PERF.md. On the GPU machine, from the repository root, with
+# .dev/device.tar.xz carried (make device-bins): one call of ~4–5 minutes.
+#   1. build .dev/libmkernel.so;
+#   2. MK_FLASH_TMA192=1 — DeepSeek-V3's MLA prefill tiles (head dims
+#      192 / 128) by TMA as the 128 ones (24 K boxes and 16 V boxes a tile
+#      from one thread): TestFlashAttention (its MLA cases: long, non-causal
+#      with a past, GQA 2 with a prefix) and the golden checkpoints with it,
+#      then `bench attention` at 128 heads and the DeepSeek-V3-4l 8k
+#      prefill, alternating with and without, two rounds. Expected from the
+#      128 kernel (+13–24 % at 4k–16k): 360 → ~400+ TFLOP/s, the prefill
+#      ~120 → ~116 ms. If it wins, make it the default (flash.cu, launch:
+#      `!mk::env_is("MK_FLASH_TMA192", '0')`);
+#   3. where the ring's fixed cost at 16k goes (R = 4 +11 %, R = 8 +19–25 %
+#      against one rank since both kernels load by TMA): ncu of one timed
+#      gather launch of ring_wg at R = 4 and 8 (the first 1 + R ring_wg
+#      launches are the correctness runs, then 2 warm-ups) — the SMs'
+#      active cycles min / mean / max (the tail), the tensor pipe, the
+#      warp states — and the ring table at 16k / 64k / 128k.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-.dev/out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+MK_MODE=none bash scripts/device.sh >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" .dev/logs/build.log | head -30; exit 1; }
+export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
+echo "built t=${SECONDS}s; C7513: $(grep -c C7513 .dev/logs/build.log)"
+MK_FLASH_TMA192=1 timeout 90 .dev/kernels.test -test.count=1 -test.v -test.timeout 85s -test.run '^TestFlashAttention$' >"$OUT/flash192.log" 2>&1
+rc=$?
+echo "TestFlashAttention, MK_FLASH_TMA192=1: rc=$rc pass $(grep -c -- '--- PASS' "$OUT/flash192.log") fail $(grep -c -- '--- FAIL' "$OUT/flash192.log")"
+grep -E -- '--- FAIL|panic' "$OUT/flash192.log" | head
+if [ $rc = 0 ]; then
+	(cd backend/cuda && MK_FLASH_TMA192=1 timeout 90 ../../.dev/cuda.test -test.count=1 -test.timeout 85s -test.run '^TestGolden.*$' >"$OUT/golden192.log" 2>&1
+		echo "golden, MK_FLASH_TMA192=1: rc=$? $(tail -1 "$OUT/golden192.log")")
+	for r in 1 2; do
+		for v in 0 1; do
+			echo -n "round $r MK_FLASH_TMA192=$v: MLA 4k / 8k TFLOP/s "
+			MK_FLASH_TMA192=$v timeout 60 .dev/mkserve bench attention --seq 4096,8192 --heads 128 --kv-heads 128 --head-dim 192 \
+				--v-head-dim 128 --causal --json 2>&1 | grep -oE '"(tflops|rel_err)":[^,}]*' | paste -sd' ' | tr '\n' ' '
+			echo -n "; deepseek-v3-4l prefill 8192: "
+			MK_FLASH_TMA192=$v timeout 90 .dev/mkserve bench model --backend cuda --config configs/shapes/deepseek-v3-4l --batch 1 \
+				--steps 10 --prefill 8192 --json 2>&1 | grep -oE '"(kind|ms)":[^,}]*' | head -2 | paste -sd' '
+		done
+	done
+fi
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+M=gpu__time_duration.sum,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max
+M=$M,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct
+for s in barrier long_scoreboard wait selected not_selected dispatch_stall mio_throttle math_pipe_throttle sleeping; do
+	M=$M,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio
+done
+for R in 4 8; do
+	echo "== ncu ring_wg gather, 16k, R=$R (t=${SECONDS}s)"
+	timeout 120 "$NCU" --clock-control none -k regex:ring_wg --launch-skip $((1 + R + 2)) --launch-count 1 --metrics "$M" \
+		.dev/mkserve bench ring --seq 16384 --ranks $R --heads 32 --kv-heads 8 --head-dim 128 --causal --iters 3 >"$OUT/ncu_ring$R.txt" 2>&1
+	grep -E "^\s+(gpu__|smsp__|sm__|lts__|dram__)" "$OUT/ncu_ring$R.txt" | awk '{print "   ", $1, $(NF-1), $NF}'
+done
+echo "== ncu flash_wg 16k, the one-rank baseline (t=${SECONDS}s)"
+timeout 120 "$NCU" --clock-control none -k regex:flash_wg --launch-skip 3 --launch-count 1 --metrics "$M" \
+	.dev/mkserve bench attention --seq 16384 --heads 32 --kv-heads 8 --head-dim 128 --causal --iters 10 >"$OUT/ncu_flash.txt" 2>&1
+grep -E "^\s+(gpu__|smsp__|sm__|lts__|dram__)" "$OUT/ncu_flash.txt" | awk '{print "   ", $1, $(NF-1), $NF}'
+echo "== bench ring (t=${SECONDS}s)"
+timeout 200 .dev/mkserve bench ring --seq 16384,65536,131072 --ranks 2,4,8 --heads 32 --kv-heads 8 --head-dim 128 --causal \
+	--iters 3 --json 2>&1 | grep -oE '"(seq|ranks|ms|single_rank_ms|separate_ms|tflops|rel_err)":[^,}]*' | paste -sd' ' |
+	sed 's/"seq"/\n"seq"/g'
+echo
+echo "done t=${SECONDS}s"
