@@ -19,7 +19,8 @@
 #      gather launch of ring_wg at R = 4 and 8 (the first 1 + R ring_wg
 #      launches are the correctness runs, then 2 warm-ups) — the SMs'
 #      active cycles min / mean / max (the tail), the tensor pipe, the
-#      warp states — and the ring table at 16k / 64k / 128k.
+#      warp states — the comm CTAs a rank (MK_RING_NCOMM 1 / 2 / 4: how
+#      much the hops matter now) and the ring table at 16k / 64k / 128k.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-.dev/out}
@@ -62,6 +63,11 @@ echo "== ncu flash_wg 16k, the one-rank baseline (t=${SECONDS}s)"
 timeout 120 "$NCU" --clock-control none -k regex:flash_wg --launch-skip 3 --launch-count 1 --metrics "$M" \
 	.dev/mkserve bench attention --seq 16384 --heads 32 --kv-heads 8 --head-dim 128 --causal --iters 10 >"$OUT/ncu_flash.txt" 2>&1
 grep -E "^\s+(gpu__|smsp__|sm__|lts__|dram__)" "$OUT/ncu_flash.txt" | awk '{print "   ", $1, $(NF-1), $NF}'
+for n in 1 2 4; do
+	echo -n "MK_RING_NCOMM=$n, 16k R=4,8: "
+	MK_RING_NCOMM=$n timeout 40 .dev/mkserve bench ring --seq 16384 --ranks 4,8 --heads 32 --kv-heads 8 --head-dim 128 \
+		--causal --iters 5 --json 2>&1 | grep -oE '"(ranks|ms|single_rank_ms)":[^,}]*' | paste -sd' '
+done
 echo "== bench ring (t=${SECONDS}s)"
 timeout 200 .dev/mkserve bench ring --seq 16384,65536,131072 --ranks 2,4,8 --heads 32 --kv-heads 8 --head-dim 128 --causal \
 	--iters 3 --json 2>&1 | grep -oE '"(seq|ranks|ms|single_rank_ms|separate_ms|tflops|rel_err)":[^,}]*' | paste -sd' ' |
