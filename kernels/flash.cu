@@ -252,6 +252,34 @@ __device__ __forceinline__ int32_t pool_row(const Params& p, int tb, int j) {
                                             : pool_row_any(p, tb, j);
 }
 
+// tma_table_tile (every producer thread): key tile t into stage st by TMA
+// through the block table from tb. Lanes 0-7 look up the 8 groups' pool
+// rows before the stage wait (their loads in flight under it), thread 0
+// issues the boxes after it (tma_tile), the other 127 threads arrive (the
+// full barriers count 128 arrivals a phase either way). The wait comes
+// before any branch on the lane: inside one (thread 0 apart from its
+// warp), the warp ran the other lanes' wait first and only then thread 0's
+// lookups, their latency exposed (paged keys 5 % slower than the cp.async
+// producer, twenty-eighth pass).
+template <int DQK>
+__device__ __forceinline__ void tma_table_tile(const Params& p, const SmemT<DQK>& s, int st, int t, int tb, int wl,
+                                               const mkwg::TmaMap* km, const mkwg::TmaMap* vm, int kcol, int vcol) {
+  int32_t g = 0;
+  if (wl < 8) g = pool_row(p, tb, t * kBN + 16 * wl);
+  wait_empty(s, t);
+  if (wl < 32) {
+    int32_t grp[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) grp[i] = __shfl_sync(0xffffffffu, g, i);
+    if (wl == 0) {
+      tma_tile(s, st, km, vm, kcol, vcol, [&](int i) { return grp[i]; });
+      return;
+    }
+  }
+  mkwg::mbar_arrive(s.full_k(st));
+  mkwg::mbar_arrive(s.full_v(st));
+}
+
 template <bool PP, int DQK>
 __global__ void __launch_bounds__(kThreadsWG, 1)
     flash_wg(const __grid_constant__ Params p, const __grid_constant__ mkwg::TmaMap km,
@@ -290,20 +318,7 @@ __global__ void __launch_bounds__(kThreadsWG, 1)
     for (int t = 0; t < ntiles; t++) {
       const int st = t % ST;
       if (p.tma && (t + 1) * kBN - 1 <= kmax) {  // a whole tile by TMA, as at head dim 128 below
-        int32_t g = 0;
-        if (wl < 8) g = pool_row(p, tb, t * kBN + 16 * wl);
-        wait_empty(s, t);
-        if (wl < 32) {
-          int32_t grp[8];
-#pragma unroll
-          for (int i = 0; i < 8; i++) grp[i] = __shfl_sync(0xffffffffu, g, i);
-          if (wl == 0) {
-            tma_tile(s, st, &km, &vm, kvh * DQK, kvh * kD, [&](int i) { return grp[i]; });
-            continue;
-          }
-        }
-        mkwg::mbar_arrive(s.full_k(st));
-        mkwg::mbar_arrive(s.full_v(st));
+        tma_table_tile(p, s, st, t, tb, wl, &km, &vm, kvh * DQK, kvh * kD);
         continue;
       }
       int32_t row[8];  // the pool rows of keys t·kBN + r0 + 16 i (-1 past kmax)
@@ -336,28 +351,7 @@ __global__ void __launch_bounds__(kThreadsWG, 1)
     for (int t = 0; t < ntiles; t++) {
       const int st = t % kST;
       if (p.tma && (t + 1) * kBN - 1 <= kmax) {
-        // A whole tile by TMA: lanes 0-7 look up the 8 groups' pool rows
-        // before the wait (their loads in flight under it), thread 0 issues
-        // the 32 boxes after it, the other 127 threads arrive (the full
-        // barriers count 128 arrivals a phase either way). The wait comes
-        // before any branch on the lane: inside one (thread 0 apart from
-        // its warp), the warp ran the other lanes' wait first and only then
-        // thread 0's lookups, their latency exposed (paged keys 5 % slower
-        // than the cp.async producer).
-        int32_t g = 0;
-        if (wl < 8) g = pool_row(p, tb, t * kBN + 16 * wl);
-        wait_empty(s, t);
-        if (wl < 32) {
-          int32_t grp[8];
-#pragma unroll
-          for (int i = 0; i < 8; i++) grp[i] = __shfl_sync(0xffffffffu, g, i);
-          if (wl == 0) {
-            tma_tile(s, st, &km, &vm, kvh * kD, kvh * kD, [&](int i) { return grp[i]; });
-            continue;
-          }
-        }
-        mkwg::mbar_arrive(s.full_k(st));
-        mkwg::mbar_arrive(s.full_v(st));
+        tma_table_tile(p, s, st, t, tb, wl, &km, &vm, kvh * kD, kvh * kD);
         continue;
       }
       // This thread's keys' pool rows (-1 past kmax), looked up before the
