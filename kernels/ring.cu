@@ -114,10 +114,11 @@ constexpr int kQueue = 0;                                  // [kMaxRanks] per st
 constexpr int kArrived = kQueue + kMaxRanks;               // [rank][step]
 constexpr int kConsumed = kArrived + kMaxRanks * kMaxRanks;  // [rank][step]
 constexpr int kExit = kConsumed + kMaxRanks * kMaxRanks;    // rank-local gather: CTAs of the launch that finished
-constexpr int kCtlWords = kExit + 1;
+constexpr int kMaxComm = 4;
+constexpr int kArrivedP = kExit + 1;  // [rank][step][part]: pieces of a part arrived (comm_pipe)
+constexpr int kCtlWords = kArrivedP + kMaxRanks * kMaxRanks * kMaxComm;
 // Rank-local mode: the remote flags (int32, written by the peers, never
 // zeroed by a launch): arr [kMaxRanks steps][kMaxComm parts], then rel [2].
-constexpr int kMaxComm = 4;
 constexpr int64_t kRemoteOff = 2048;
 constexpr int kRemArr = 0;
 constexpr int kRemRel = kMaxRanks * kMaxComm;
@@ -157,6 +158,7 @@ struct Params {
   int step;         // mode 1: the step
   int ncomm;        // mode 0: comm CTAs per rank (0 when ranks == 1)
   int fault_rank;   // rank whose comm CTAs do nothing, or -1
+  int nsub;         // pieces a comm part forwards its share of a chunk in (comm_pipe when > 1; else 1)
   int apply_sinks;  // finalisation applies sinks (mode 0; mode 1 never)
   float scale_log2;
   // Rank-local mode: me >= 0 is the one rank this launch serves; -1: every rank (emulated).
@@ -216,12 +218,15 @@ __device__ __forceinline__ int* arrived(const Params& p, int r, int s) { return 
 __device__ __forceinline__ int* consumed(const Params& p, int r, int s) {
   return p.ctl + kConsumed + r * kMaxRanks + s;
 }
+__device__ __forceinline__ int* arrivedp(const Params& p, int r, int s, int part) {
+  return p.ctl + kArrivedP + (r * kMaxRanks + s) * kMaxComm + part;
+}
 
 // wait_arrival (one thread) waits until rank r's chunk for step s is whole
 // in its receive buffer s%2: emulated, the arrived counter is full; rank-
 // local, every comm part of rank r−1 stamped this epoch into r's arr flags.
 __device__ bool wait_arrival(const Params& p, int r, int s, int role, int tile) {
-  if (p.me < 0) return wait_geq(p, arrived(p, r, s), p.ncomm, r, role, s, tile, 0);
+  if (p.me < 0) return wait_geq(p, arrived(p, r, s), p.ncomm * p.nsub, r, role, s, tile, 0);
   for (int part = 0; part < p.ncomm; ++part)
     if (!wait_geq(p, p.rem_in + kRemArr + s * kMaxComm + part, p.epoch, r, role, s, tile, 0)) return false;
   return true;
@@ -428,6 +433,41 @@ __device__ bool comm_role(const Params& p, int r, int part) {
     __syncthreads();
     if (!ok_sh) return false;
     if (threadIdx.x == 0) signal_consumed(p, r, R - 1);
+  }
+  return true;
+}
+
+// comm_pipe is comm_role for the emulated gather ring (mode 2, me < 0) in
+// p.nsub pieces a part (MK_RING_PIPE): piece q of part `part` of the chunk
+// of step s goes on to rank r+1 as soon as that piece has arrived here
+// (arrivedp: the upstream part of the same index copied the same bytes),
+// not once the whole chunk has, so a chunk crosses the R − 1 hops in about
+// one part's copy plus R − 2 pieces' instead of R − 1 parts'. The
+// consumers still wait for whole chunks (arrived: ncomm · nsub pieces).
+__device__ bool comm_pipe(const Params& p, int r, int part) {
+  const int R = p.ranks, dst = (r + 1) % R, pieces = p.ncomm * p.nsub;
+  __shared__ int ok_sh;
+  for (int s = 0; s + 1 < R; ++s) {
+    const int src = (r - s + R) % R;  // whose chunk rank r holds at step s
+    const int64_t rows = (p.ks[src][1] - p.ks[src][0]) + (p.ks[src][3] - p.ks[src][2]);
+    for (int q = 0; q < p.nsub; ++q) {
+      if (s >= 1) {
+        if (threadIdx.x == 0) ok_sh = wait_geq(p, arrivedp(p, r, s, part), q + 1, r, 1, s, part, 0);
+        __syncthreads();
+        if (!ok_sh) return false;
+      }
+      const int piece = part * p.nsub + q;
+      copy_part(reinterpret_cast<char*>(chunk_k(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_k(p, r, s)),
+                rows * p.k_stride * 2, piece, pieces);
+      copy_part(reinterpret_cast<char*>(chunk_v(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_v(p, r, s)),
+                rows * p.v_stride * 2, piece, pieces);
+      __syncthreads();  // every thread's stores (and its read of ok_sh) before thread 0 goes on
+      if (threadIdx.x == 0) {
+        __threadfence();
+        red_release_add(arrivedp(p, dst, s + 1, part), 1);
+        red_release_add(arrived(p, dst, s + 1), 1);
+      }
+    }
   }
   return true;
 }
@@ -781,7 +821,7 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
   if ((int)blockIdx.x < ncomm_all) {
     const int r = local ? p.me : blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
     if (r == p.fault_rank) return;  // fault injection: this rank never sends
-    if (!comm_role(p, r, part)) return;
+    if (!(p.nsub > 1 ? comm_pipe(p, r, part) : comm_role(p, r, part))) return;
     // Sent everything: join the compute below.
   }
   const int nslots = p.tmax * p.hg * (local ? 1 : R);
@@ -933,7 +973,7 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
   if ((int)blockIdx.x < ncomm_all) {
     const int r = local ? p.me : blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
     if (r == p.fault_rank) return;  // fault injection: this rank never sends
-    if (!comm_role(p, r, part)) return;
+    if (!(p.nsub > 1 ? comm_pipe(p, r, part) : comm_role(p, r, part))) return;
     // Sent everything: join the compute below.
   }
   const int s_lo = p.mode == 1 ? p.step : 0, s_hi = p.mode == 1 ? p.step + 1 : R;
@@ -1294,6 +1334,7 @@ void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* 
   p->hg = sh.hg;
   p->tmax = lo.tmax;
   p->fault_rank = -1;
+  p->nsub = 1;
   p->scale_log2 = scale * kLog2e;
   p->me = me;
 }
@@ -1528,6 +1569,15 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
     return n >= 1 && n <= kMaxComm ? n : 0;
   }();
   if (ranks > 1 && ncomm_env > 0) p.ncomm = ncomm_env;
+  // MK_RING_PIPE=2..16: the gather ring's hops forwarded in that many
+  // pieces a comm part (comm_pipe); written after the twenty-eighth pass's
+  // device time, so opt-in until measured.
+  static const int pipe_env = [] {
+    const char* v = getenv("MK_RING_PIPE");
+    const int n = v ? atoi(v) : 0;
+    return n >= 2 && n <= 16 ? n : 1;
+  }();
+  if (gather && ranks > 1) p.nsub = pipe_env;
   p.fault_rank = fault_rank;
   p.apply_sinks = 1;
   p.timeout_ns = timeout_ns;

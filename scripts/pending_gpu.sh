@@ -3,7 +3,9 @@
 # device time ran out, and the profile its notes ask for (docs/PERF.md,
 # "GPU, twenty-eighth pass"). Delete or rewrite it once its results are in
 # PERF.md. On the GPU machine, from the repository root, with
-# .dev/device.tar.xz carried (make device-bins): one call of ~4–5 minutes.
+# .dev/device.tar.xz carried (make device-bins): two calls of ~4 minutes,
+# `bash scripts/pending_gpu.sh 1` (steps 1–2) and `… 2` (1, 3 and 4); no
+# argument runs both in one call (~8–9 minutes).
 #   1. build .dev/libmkernel.so;
 #   2. MK_FLASH_TMA192=1 — DeepSeek-V3's MLA prefill tiles (head dims
 #      192 / 128) by TMA as the 128 ones (24 K boxes and 16 V boxes a tile
@@ -20,15 +22,26 @@
 #      launches are the correctness runs, then 2 warm-ups) — the SMs'
 #      active cycles min / mean / max (the tail), the tensor pipe, the
 #      warp states — the comm CTAs a rank (MK_RING_NCOMM 1 / 2 / 4: how
-#      much the hops matter now) and the ring table at 16k / 64k / 128k.
+#      much the hops matter now) and the ring table at 16k / 64k / 128k;
+#   4. MK_RING_PIPE=8: the gather ring's hops forwarded in 8 pieces a comm
+#      part (comm_pipe), each piece sent on as soon as it has arrived, so
+#      that the last step's chunk reaches a rank after about one part's
+#      copy plus R − 2 pieces' rather than R − 1 parts' (R = 8 at 16k: 7
+#      hops of an 8 MB chunk). The ring tests with it, then 16k R = 4 / 8
+#      and 64k R = 8 alternating with MK_RING_PIPE=1, two rounds. Expected,
+#      if the first slots' waits for chunks are what R = 8 adds: its 16k
+#      overhead from +19–25 % toward R = 4's +11 %; nothing at R = 2.
+#      Make it the default (ring.cu, ring_launch) if it wins.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+PART=${1:-all}
 OUT=${OUT:-.dev/out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 MK_MODE=none bash scripts/device.sh >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" .dev/logs/build.log | head -30; exit 1; }
 export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
 echo "built t=${SECONDS}s; C7513: $(grep -c C7513 .dev/logs/build.log)"
+if [ "$PART" = 1 ] || [ "$PART" = all ]; then
 MK_FLASH_TMA192=1 timeout 90 .dev/kernels.test -test.count=1 -test.v -test.timeout 85s -test.run '^TestFlashAttention$' >"$OUT/flash192.log" 2>&1
 rc=$?
 echo "TestFlashAttention, MK_FLASH_TMA192=1: rc=$rc pass $(grep -c -- '--- PASS' "$OUT/flash192.log") fail $(grep -c -- '--- FAIL' "$OUT/flash192.log")"
@@ -47,6 +60,8 @@ if [ $rc = 0 ]; then
 		done
 	done
 fi
+fi
+if [ "$PART" = 2 ] || [ "$PART" = all ]; then
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 M=gpu__time_duration.sum,sm__cycles_active.min,sm__cycles_active.avg,sm__cycles_active.max
 M=$M,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct
@@ -73,4 +88,22 @@ timeout 200 .dev/mkserve bench ring --seq 16384,65536,131072 --ranks 2,4,8 --hea
 	--iters 3 --json 2>&1 | grep -oE '"(seq|ranks|ms|single_rank_ms|separate_ms|tflops|rel_err)":[^,}]*' | paste -sd' ' |
 	sed 's/"seq"/\n"seq"/g'
 echo
+MK_RING_PIPE=8 timeout 90 .dev/kernels.test -test.count=1 -test.v -test.timeout 85s \
+	-test.run '^(TestRingAttention|TestRingWatchdog)$' >"$OUT/ringpipe.log" 2>&1
+rc=$?
+echo "ring tests, MK_RING_PIPE=8: rc=$rc pass $(grep -c -- '--- PASS' "$OUT/ringpipe.log") fail $(grep -c -- '--- FAIL' "$OUT/ringpipe.log")"
+grep -E -- '--- FAIL|panic' "$OUT/ringpipe.log" | head
+if [ $rc = 0 ]; then
+	for r in 1 2; do
+		for v in 1 8; do
+			echo -n "round $r MK_RING_PIPE=$v: "
+			MK_RING_PIPE=$v timeout 60 .dev/mkserve bench ring --seq 16384 --ranks 4,8 --heads 32 --kv-heads 8 --head-dim 128 \
+				--causal --iters 5 --json 2>&1 | grep -oE '"(ranks|ms|single_rank_ms)":[^,}]*' | paste -sd' ' | tr '\n' ' '
+			echo -n "; 64k: "
+			MK_RING_PIPE=$v timeout 60 .dev/mkserve bench ring --seq 65536 --ranks 8 --heads 32 --kv-heads 8 --head-dim 128 \
+				--causal --iters 3 --json 2>&1 | grep -oE '"(ms|single_rank_ms)":[^,}]*' | paste -sd' '
+		done
+	done
+fi
+fi
 echo "done t=${SECONDS}s"
