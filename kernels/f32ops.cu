@@ -407,19 +407,32 @@ __global__ void copy_cols_f32(float* dst, int64_t dld, int64_t doff, int64_t dhs
 // floats): one 32-bit division a unit instead of three 64-bit ones an
 // element (the MLA prefill's splits and concatenations move ~900 M floats
 // a DeepSeek-V3 layer at 8k tokens). V = 4 (float4) where every width,
-// stride and offset is a multiple of 4 and the pointers 16-byte aligned.
-template <int V>
-__global__ void copy_cols_rows(float* dst, int64_t dld, int64_t doff, int64_t dhs, const float* src, int64_t sld,
+// stride and offset is a multiple of 4 and the pointers 16-byte aligned
+// (an 8-byte aligned bf16 dst). TO: float, or bf16 (each value rounded to
+// nearest even: mk_copy_cols_bf16, ABI 24).
+template <int V, typename TO = float>
+__global__ void copy_cols_rows(TO* dst, int64_t dld, int64_t doff, int64_t dhs, const float* src, int64_t sld,
                                int64_t soff, int64_t shs, int64_t rows, int heads, int width) {
   mk::pdl_begin();
   using T = typename std::conditional<V == 4, float4, float>::type;
   const unsigned w = (unsigned)(width / V), n = (unsigned)heads * w;  // units a head, a row
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    float* drow = dst + r * dld + doff;
+    TO* drow = dst + r * dld + doff;
     const float* srow = src + r * sld + soff;
     for (unsigned u = blockIdx.x * blockDim.x + threadIdx.x; u < n; u += gridDim.x * blockDim.x) {
       const unsigned h = u / w, c = (u - h * w) * V;
-      *reinterpret_cast<T*>(drow + h * dhs + c) = *reinterpret_cast<const T*>(srow + h * shs + c);
+      const T x = *reinterpret_cast<const T*>(srow + h * shs + c);
+      if constexpr (std::is_same<TO, float>::value) {
+        *reinterpret_cast<T*>(drow + h * dhs + c) = x;
+      } else if constexpr (V == 4) {
+        __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+        uint2 v;
+        v.x = *reinterpret_cast<uint32_t*>(&lo);
+        v.y = *reinterpret_cast<uint32_t*>(&hi);
+        *reinterpret_cast<uint2*>(drow + h * dhs + c) = v;
+      } else {
+        drow[h * dhs + c] = __float2bfloat16_rn(x);
+      }
     }
   }
 }
@@ -714,6 +727,27 @@ int32_t mk_norm_rope_f32(uint64_t stream, uint64_t out, uint64_t x, uint64_t w, 
       mk::as_stream(stream), p0, p1, mk::dev<int32_t>(pos), head_dim, rot_dim / 2, style, mk::dev<float>(inv_freq),
       mk::float_from_bits(attn_bits), mk::float_from_bits(eps_bits), (flags & MK_NORM_ROPE_FAST) != 0, hpb));
   MK_LAUNCHED("norm_rope_f32");
+  return MK_OK;
+}
+
+int32_t mk_copy_cols_bf16(uint64_t stream, uint64_t dst, int64_t dld, int64_t doff, int64_t dhs,
+                          uint64_t src, int64_t sld, int64_t soff, int64_t shs, int64_t rows,
+                          int64_t heads, int64_t width) {
+  MK_THREAD("mk_copy_cols_bf16");
+  F32_ARG("mk_copy_cols_bf16", rows > 0 && heads > 0 && width > 0 && dst && src);
+  F32_ARG("mk_copy_cols_bf16", heads * width < (1ll << 31));
+  cudaStream_t st = mk::as_stream(stream);
+  const bool v4 = width % 4 == 0 && dld % 4 == 0 && doff % 4 == 0 && dhs % 4 == 0 && sld % 4 == 0 &&
+                  soff % 4 == 0 && shs % 4 == 0 && dst % 8 == 0 && src % 16 == 0;
+  const int64_t units = heads * (v4 ? width / 4 : width);
+  const dim3 grid((unsigned)std::min<int64_t>((units + kT - 1) / kT, 64), (unsigned)std::min<int64_t>(rows, 65535));
+  if (v4)
+    (void)(mk::launch(copy_cols_rows<4, bf16>, grid, dim3(kT), 0, st, mk::dev<bf16>(dst), dld, doff, dhs,
+        mk::dev<float>(src), sld, soff, shs, rows, (int)heads, (int)width));
+  else
+    (void)(mk::launch(copy_cols_rows<1, bf16>, grid, dim3(kT), 0, st, mk::dev<bf16>(dst), dld, doff, dhs,
+        mk::dev<float>(src), sld, soff, shs, rows, (int)heads, (int)width));
+  MK_LAUNCHED("copy_cols_rows (bf16)");
   return MK_OK;
 }
 

@@ -303,7 +303,21 @@ type ColCopy struct {
 // guarantees the index ranges fit the buffers (they are checked by the
 // largest index touched).
 func (d *Device) CopyColsF32(s *Stream, dst, src *Buffer, c ColCopy) error {
-	const op = "CopyColsF32"
+	return d.copyCols("CopyColsF32", s, dst, 4, src, c)
+}
+
+// CopyColsBF16 is CopyColsF32 into a bf16 dst, each value rounded to
+// nearest even (ABI 24): a concatenation built in bf16 for the tensor
+// cores without a float32 copy first.
+func (d *Device) CopyColsBF16(s *Stream, dst, src *Buffer, c ColCopy) error {
+	if int64(c.Heads)*int64(c.Width) >= 1<<31 {
+		return fmt.Errorf("kernels: CopyColsBF16: heads %d × width %d is 2^31 or more", c.Heads, c.Width)
+	}
+	return d.copyCols("CopyColsBF16", s, dst, 2, src, c)
+}
+
+// copyCols checks a ColCopy into dst of dsize-byte elements and runs it.
+func (d *Device) copyCols(op string, s *Stream, dst *Buffer, dsize int64, src *Buffer, c ColCopy) error {
 	if err := d.ready(op); err != nil || d.muted() {
 		return err
 	}
@@ -313,13 +327,20 @@ func (d *Device) CopyColsF32(s *Stream, dst, src *Buffer, c ColCopy) error {
 	last := func(ld, off, hs int) int64 {
 		return int64(c.Rows-1)*int64(ld) + int64(c.Heads-1)*int64(hs) + int64(off) + int64(c.Width)
 	}
-	if err := needAll(op, 4, "dst", dst, last(c.DstLd, c.DstOff, c.DstHead), "src", src,
-		last(c.SrcLd, c.SrcOff, c.SrcHead)); err != nil {
+	if err := need(op, "dst", dst, last(c.DstLd, c.DstOff, c.DstHead), dsize); err != nil {
 		return err
 	}
-	return d.lib.check("mk_copy_cols_f32", d.lib.copyColsF32(s.handle(), dst.ptr, int64(c.DstLd), int64(c.DstOff),
-		int64(c.DstHead), src.ptr, int64(c.SrcLd), int64(c.SrcOff), int64(c.SrcHead), int64(c.Rows),
-		int64(c.Heads), int64(c.Width)))
+	if err := need(op, "src", src, last(c.SrcLd, c.SrcOff, c.SrcHead), 4); err != nil {
+		return err
+	}
+	args := []int64{int64(c.DstLd), int64(c.DstOff), int64(c.DstHead), int64(c.SrcLd), int64(c.SrcOff),
+		int64(c.SrcHead), int64(c.Rows), int64(c.Heads), int64(c.Width)}
+	if dsize == 2 {
+		return d.lib.check("mk_copy_cols_bf16", d.lib.copyColsBF16(s.handle(), dst.ptr, args[0], args[1], args[2],
+			src.ptr, args[3], args[4], args[5], args[6], args[7], args[8]))
+	}
+	return d.lib.check("mk_copy_cols_f32", d.lib.copyColsF32(s.handle(), dst.ptr, args[0], args[1], args[2],
+		src.ptr, args[3], args[4], args[5], args[6], args[7], args[8]))
 }
 
 // GatherRowsF32 writes dst [n, cols] (float32) = rows idx [n] (int32) of

@@ -12,7 +12,7 @@ import (
 )
 
 // abiVersion is the MK_ABI_VERSION this package was written against.
-const abiVersion = 23
+const abiVersion = 24
 
 // LibraryEnv names the environment variable holding libmkernel.so's path.
 const LibraryEnv = "MKSERVE_KERNEL_LIB"
@@ -179,6 +179,7 @@ type lib struct {
 	ropeF32       func(s, x, pos uint64, t, heads, headDim, rotDim int64, style int32, invFreq uint64, attn uint32) int32
 	normRopeF32   func(s, out, x, w uint64, heads int64, out2, x2, w2 uint64, heads2 int64, pos uint64, t, headDim, rotDim int64, style int32, invFreq uint64, attn, eps uint32, flags int32, outBF16 uint64) int32
 	copyColsF32   func(s, dst uint64, dld, doff, dhs int64, src uint64, sld, soff, shs, rows, heads, width int64) int32
+	copyColsBF16  func(s, dst uint64, dld, doff, dhs int64, src uint64, sld, soff, shs, rows, heads, width int64) int32
 	gatherRowsF32 func(s, dst, src uint64, srcDType int32, idx uint64, n, cols, srcRows int64) int32
 	gatherFeedF32 func(s, dst, src uint64, srcDType int32, idx, picks uint64, pickStride, pickRows, n, cols, srcRows int64) int32
 	scatterAddF32 func(s, out, src, idx, w uint64, n, cols int64) int32
@@ -254,6 +255,7 @@ func (l *lib) symbols() []symbol {
 		{"mk_rope_f32", &l.ropeF32},
 		{"mk_norm_rope_f32", &l.normRopeF32},
 		{"mk_copy_cols_f32", &l.copyColsF32},
+		{"mk_copy_cols_bf16", &l.copyColsBF16},
 		{"mk_gather_rows_f32", &l.gatherRowsF32},
 		{"mk_gather_rows_feed_f32", &l.gatherFeedF32},
 		{"mk_scatter_add_rows_f32", &l.scatterAddF32},

@@ -70,8 +70,9 @@ extern "C" {
  * 21: mk_moe_gemv(3), the resident down kernel.
  * 22: mk_ring_attn_rank_gather; the ring workspace's control words hold the
  *     launch's exit count and the remote flags kRemDone (ring.cu).
- * 23: mk_norm_rope_f32 takes out_bf16. */
-#define MK_ABI_VERSION 23
+ * 23: mk_norm_rope_f32 takes out_bf16.
+ * 24: mk_copy_cols_bf16. */
+#define MK_ABI_VERSION 24
 
 /* Status codes. */
 enum {
@@ -344,6 +345,12 @@ MK_API int32_t mk_norm_rope_f32(uint64_t stream, uint64_t out, uint64_t x, uint6
 MK_API int32_t mk_copy_cols_f32(uint64_t stream, uint64_t dst, int64_t dld, int64_t doff, int64_t dhs,
                                 uint64_t src, int64_t sld, int64_t soff, int64_t shs, int64_t rows,
                                 int64_t heads, int64_t width);
+/* mk_copy_cols_f32 into a bf16 dst (each value rounded to nearest even; ABI
+ * 24): the MLA prefill's q and k built in bf16 for the flash kernel. heads
+ * * width < 2^31. */
+MK_API int32_t mk_copy_cols_bf16(uint64_t stream, uint64_t dst, int64_t dld, int64_t doff, int64_t dhs,
+                                 uint64_t src, int64_t sld, int64_t soff, int64_t shs, int64_t rows,
+                                 int64_t heads, int64_t width);
 /* dst [n, cols] f32 = rows idx [n] (int32) of src [src_rows, cols] (f32 or bf16
  * by src_dtype); an index outside [0, src_rows) gives a row of NaN. */
 MK_API int32_t mk_gather_rows_f32(uint64_t stream, uint64_t dst, uint64_t src, int32_t src_dtype,

@@ -627,7 +627,8 @@ func TestGemmHeads(t *testing.T) {
 // the four-wide row kernel (widths, strides and offsets multiples of 4),
 // the one-wide row kernel (a width, an offset or a view off by one), a
 // broadcast source head (SrcHead 0), and views whose pointers are not
-// 16-byte aligned.
+// 16-byte aligned — into float32 (CopyColsF32) and into bf16, each value
+// rounded to nearest even (CopyColsBF16).
 func TestCopyColsF32(t *testing.T) {
 	g := testGPU(t)
 	cases := []struct {
@@ -643,43 +644,62 @@ func TestCopyColsF32(t *testing.T) {
 		{"one_row", ColCopy{Rows: 1, Heads: 128, Width: 128, DstLd: 128 * 256, DstOff: 0, DstHead: 256, SrcLd: 128 * 128, SrcOff: 0, SrcHead: 128}, 0},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			r := newRNG(t)
-			c := tc.c
-			end := func(ld, off, hs int) int { return (c.Rows-1)*ld + (c.Heads-1)*hs + off + c.Width }
-			nd, ns := end(c.DstLd, c.DstOff, c.DstHead), end(c.SrcLd, c.SrcOff, c.SrcHead)
-			src := randF32(r, ns, 3)
-			want := fill32(nd, float32(math.NaN()))
-			for row := 0; row < c.Rows; row++ {
-				for h := 0; h < c.Heads; h++ {
-					for k := 0; k < c.Width; k++ {
-						want[row*c.DstLd+h*c.DstHead+c.DstOff+k] = src[row*c.SrcLd+h*c.SrcHead+c.SrcOff+k]
+		for _, out := range []DType{F32, BF16} {
+			t.Run(fmt.Sprintf("%s_%v", tc.name, out), func(t *testing.T) {
+				r := newRNG(t)
+				c := tc.c
+				end := func(ld, off, hs int) int { return (c.Rows-1)*ld + (c.Heads-1)*hs + off + c.Width }
+				nd, ns := end(c.DstLd, c.DstOff, c.DstHead), end(c.SrcLd, c.SrcOff, c.SrcHead)
+				src := randF32(r, ns, 3)
+				want := fill32(nd, float32(math.NaN()))
+				for row := 0; row < c.Rows; row++ {
+					for h := 0; h < c.Heads; h++ {
+						for k := 0; k < c.Width; k++ {
+							v := src[row*c.SrcLd+h*c.SrcHead+c.SrcOff+k]
+							if out == BF16 {
+								v = tensor.BF16ToF32(tensor.F32ToBF16(v))
+							}
+							want[row*c.DstLd+h*c.DstHead+c.DstOff+k] = v
+						}
 					}
 				}
-			}
-			var got []float32
-			onGPU(t, g, func(a *arena) {
-				dst := put(a, fill32(nd+tc.dstView, float32(math.NaN())))
-				sb := put(a, src)
-				if a.err != nil {
-					return
-				}
-				dv := dst
-				if tc.dstView > 0 {
-					var err error
-					if dv, err = dst.View(int64(4*tc.dstView), int64(4*nd)); err != nil {
-						a.err = err
+				got := make([]float32, nd)
+				onGPU(t, g, func(a *arena) {
+					var dst *Buffer
+					size := int64(4)
+					if out == BF16 {
+						dst, size = put(a, bf16Fill(nd+tc.dstView, bf16NaN)), 2
+					} else {
+						dst = put(a, fill32(nd+tc.dstView, float32(math.NaN())))
+					}
+					sb := put(a, src)
+					if a.err != nil {
 						return
 					}
+					dv := dst
+					if tc.dstView > 0 {
+						var err error
+						if dv, err = dst.View(size*int64(tc.dstView), size*int64(nd)); err != nil {
+							a.err = err
+							return
+						}
+					}
+					if out == BF16 {
+						a.check(a.d.CopyColsBF16(nil, dv, sb, c))
+						for i, b := range get[uint16](a, dst, nd+tc.dstView)[tc.dstView:] {
+							got[i] = tensor.BF16ToF32(b)
+						}
+						return
+					}
+					a.check(a.d.CopyColsF32(nil, dv, sb, c))
+					copy(got, get[float32](a, dst, nd+tc.dstView)[tc.dstView:])
+				})
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(math.IsNaN(float64(got[i])) && math.IsNaN(float64(want[i]))) {
+						t.Fatalf("element %d: %g, want %g", i, got[i], want[i])
+					}
 				}
-				a.check(a.d.CopyColsF32(nil, dv, sb, c))
-				got = get[float32](a, dst, nd+tc.dstView)[tc.dstView:]
 			})
-			for i := range want {
-				if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(math.IsNaN(float64(got[i])) && math.IsNaN(float64(want[i]))) {
-					t.Fatalf("element %d: %g, want %g", i, got[i], want[i])
-				}
-			}
-		})
+		}
 	}
 }

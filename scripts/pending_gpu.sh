@@ -16,6 +16,13 @@
 #      128 kernel (+13–24 % at 4k–16k): 360 → ~400+ TFLOP/s, the prefill
 #      ~120 → ~116 ms. If it wins, make it the default (flash.cu, launch:
 #      `!mk::env_is("MK_FLASH_TMA192", '0')`);
+#   2b. MKSERVE_MLA_BF16_CONCAT=1 — the same prefill's q and k built in bf16
+#      directly (kernels.CopyColsBF16, ABI 24) instead of float32 then
+#      rounded (~3.2 GB less traffic a layer at 8k): TestCopyColsF32 (its
+#      bf16 cases, bit for bit), the golden checkpoints with it, and the
+#      DeepSeek-V3-4l 8k prefill with it alone and with MK_FLASH_TMA192=1.
+#      Expected ~1 ms a layer: ~120 → ~116 ms. Default it if it wins
+#      (backend/cuda/mla.go, mlaConcatBF16);
 #   3. where the ring's fixed cost at 16k goes (R = 4 +11 %, R = 8 +19–25 %
 #      against one rank since both kernels load by TMA): ncu of one timed
 #      gather launch of ring_wg at R = 4 and 8 (the first 1 + R ring_wg
@@ -60,6 +67,17 @@ if [ $rc = 0 ]; then
 		done
 	done
 fi
+timeout 60 .dev/kernels.test -test.count=1 -test.v -test.timeout 55s -test.run '^TestCopyColsF32$' >"$OUT/copycols.log" 2>&1
+echo "TestCopyColsF32 (f32 and bf16): rc=$? pass $(grep -c -- '--- PASS' "$OUT/copycols.log") fail $(grep -c -- '--- FAIL' "$OUT/copycols.log")"
+(cd backend/cuda && MKSERVE_MLA_BF16_CONCAT=1 timeout 90 ../../.dev/cuda.test -test.count=1 -test.timeout 85s -test.run '^TestGolden.*$' >"$OUT/goldenbf.log" 2>&1
+	echo "golden, MKSERVE_MLA_BF16_CONCAT=1: rc=$? $(tail -1 "$OUT/goldenbf.log")")
+for r in 1 2; do
+	for v in "MKSERVE_MLA_BF16_CONCAT=0" "MKSERVE_MLA_BF16_CONCAT=1" "MKSERVE_MLA_BF16_CONCAT=1 MK_FLASH_TMA192=1"; do
+		echo -n "round $r $v: deepseek-v3-4l prefill 8192: "
+		env $v timeout 90 .dev/mkserve bench model --backend cuda --config configs/shapes/deepseek-v3-4l --batch 1 \
+			--steps 10 --prefill 8192 --json 2>&1 | grep -oE '"(kind|ms)":[^,}]*' | head -2 | paste -sd' '
+	done
+done
 fi
 if [ "$PART" = 2 ] || [ "$PART" = all ]; then
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

@@ -1261,6 +1261,13 @@ func (be *Backend) SplitCols(x backend.Tensor, heads int, sizes ...int) []backen
 // ConcatCols is the inverse of SplitCols: parts[i] is [T, h_i*sizes[i]]
 // where h_i is heads or 1 (a single head broadcast to every head).
 func (be *Backend) ConcatCols(heads int, parts []backend.Tensor, sizes []int) backend.Tensor {
+	return be.concatCols(heads, parts, sizes, false)
+}
+
+// concatCols is ConcatCols into float32, or with toBF16 into a tensor held
+// in bf16 only (each value rounded to nearest even; kernels.CopyColsBF16):
+// what the tensor cores read, without a float32 copy first.
+func (be *Backend) concatCols(heads int, parts []backend.Tensor, sizes []int, toBF16 bool) *Tensor {
 	pts := make([]*Tensor, len(parts))
 	dims := make([][2]int, len(parts))
 	for i, p := range parts {
@@ -1275,7 +1282,14 @@ func (be *Backend) ConcatCols(heads int, parts []backend.Tensor, sizes []int) ba
 	sum := width / heads
 	var out *Tensor
 	be.do("ConcatCols", func(d *kernels.Device) error {
-		out = be.newF32(d, T, heads*sum)
+		copyCols, dst := d.CopyColsF32, (*kernels.Buffer)(nil)
+		if toBF16 {
+			out = be.newBF16(d, T, heads*sum)
+			copyCols, dst = d.CopyColsBF16, out.st.bf16
+		} else {
+			out = be.newF32(d, T, heads*sum)
+			dst = out.st.f32
+		}
 		off := 0
 		for i, s := range sizes {
 			if T > 0 && s > 0 {
@@ -1284,7 +1298,7 @@ func (be *Backend) ConcatCols(heads int, parts []backend.Tensor, sizes []int) ba
 				if bcast[i] {
 					c.SrcLd, c.SrcHead = s, 0
 				}
-				if err := d.CopyColsF32(nil, out.st.f32, be.f32(d, pts[i]), c); err != nil {
+				if err := copyCols(nil, dst, be.f32(d, pts[i]), c); err != nil {
 					return err
 				}
 			}
