@@ -3,9 +3,10 @@
 # device time ran out, and the profile its notes ask for (docs/PERF.md,
 # "GPU, twenty-eighth pass"). Delete or rewrite it once its results are in
 # PERF.md. On the GPU machine, from the repository root, with
-# .dev/device.tar.xz carried (make device-bins): two calls of ~4 minutes,
-# `bash scripts/pending_gpu.sh 1` (steps 1–2) and `… 2` (1, 3 and 4); no
-# argument runs both in one call (~8–9 minutes).
+# .dev/device.tar.xz carried (make device-bins): calls of ~4–6 minutes,
+# `bash scripts/pending_gpu.sh 1` (steps 1–2b) and `… 2` (1, 3 and 4) on
+# nvidia-h200, `… 3` (1 and 5) on nvidia-h200-x2; no argument runs 1 and
+# 2 in one call (~9 minutes).
 #   1. build .dev/libmkernel.so;
 #   2. MK_FLASH_TMA192=1 — DeepSeek-V3's MLA prefill tiles (head dims
 #      192 / 128) by TMA as the 128 ones (24 K boxes and 16 V boxes a tile
@@ -38,7 +39,14 @@
 #      and 64k R = 8 alternating with MK_RING_PIPE=1, two rounds. Expected,
 #      if the first slots' waits for chunks are what R = 8 adds: its 16k
 #      overhead from +19–25 % toward R = 4's +11 %; nothing at R = 2.
-#      Make it the default (ring.cu, ring_launch) if it wins.
+#      Make it the default (ring.cu, ring_launch) if it wins;
+#   5. (two GPUs) the rank-local ring with its tiles by TMA (RingMaps for
+#      rank me only; the peer's chunk written over NVLink, seen through
+#      the producer's system-scope acquire, then the proxy fence):
+#      TestRingIPC (its timing against flash_wg with every key local, now
+#      also on TMA), the world serving tests, and DeepSeek-V3-4l over two
+#      GPUs against one (prefill 4096 with MLA on flash_wg now; decode
+#      batch 1 / 32 / 128), as call 153 of the twenty-seventh pass.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 PART=${1:-all}
@@ -123,5 +131,25 @@ if [ $rc = 0 ]; then
 		done
 	done
 fi
+fi
+if [ "$PART" = 3 ]; then
+export NCCL_NVLS_ENABLE=0
+nvidia-smi -L | head -2
+timeout 200 .dev/kernels.test -test.count=1 -test.v -test.timeout 195s -test.run '^(TestRingIPC|TestRingRankLocalStreams)$' >"$OUT/ringipc.log" 2>&1
+echo "TestRingIPC + rank-local streams: rc=$? pass $(grep -c -- '--- PASS' "$OUT/ringipc.log") fail $(grep -c -- '--- FAIL' "$OUT/ringipc.log")"
+grep -E -- '--- FAIL|panic|ms|overhead' "$OUT/ringipc.log" | head -20
+(cd cmd/mkserve && MKSERVE_TEST_BACKEND=cuda timeout 100 ../../.dev/mkserve.test -test.v -test.count=1 -test.timeout 95s \
+	-test.run 'TestServeWorldProcesses$' >"$OUT/wserve.log" 2>&1; echo "world serving test rc=$?")
+grep -E -- '^(--- |    --- )' "$OUT/wserve.log" | head
+for w in 2 1; do
+	echo "== world $w (t=${SECONDS}s)"
+	args=""
+	[ $w = 2 ] && args="--world 2"
+	# shellcheck disable=SC2086
+	timeout 110 .dev/mkserve bench model --backend cuda --config configs/shapes/deepseek-v3-4l --batch 1,32,128 --context 1024 \
+		--prefill 4096 --steps 5 $args --json 2>"$OUT/world$w.err" | python3 -c 'import json,sys
+for r in json.load(sys.stdin): print("  %-8s batch %4d ms %8.3f tokens/s %9.0f" % (r["kind"], r["batch"], r["ms"], r["tokens_per_s"]))' ||
+		tail -3 "$OUT/world$w.err"
+done
 fi
 echo "done t=${SECONDS}s"
