@@ -114,6 +114,9 @@ timeout 200 .dev/mkserve bench ring --seq 16384,65536,131072 --ranks 2,4,8 --hea
 	--iters 3 --json 2>&1 | grep -oE '"(seq|ranks|ms|single_rank_ms|separate_ms|tflops|rel_err)":[^,}]*' | paste -sd' ' |
 	sed 's/"seq"/\n"seq"/g'
 echo
+timeout 150 .dev/kernels.test -test.count=1 -test.v -test.timeout 145s -test.run '^TestRingIPC$' >"$OUT/ringipc1.log" 2>&1
+echo "TestRingIPC (two processes, this GPU; the rank-local ring on TMA): rc=$? pass $(grep -c -- '--- PASS' "$OUT/ringipc1.log") fail $(grep -c -- '--- FAIL' "$OUT/ringipc1.log")"
+grep -E -- '--- FAIL|panic' "$OUT/ringipc1.log" | head
 MK_RING_PIPE=8 timeout 90 .dev/kernels.test -test.count=1 -test.v -test.timeout 85s \
 	-test.run '^(TestRingAttention|TestRingWatchdog)$' >"$OUT/ringpipe.log" 2>&1
 rc=$?
