@@ -472,8 +472,7 @@ int launch(const Params& p, int batch, int max_q_len, cudaStream_t st) {
     static Last last{nullptr, nullptr, 0, 0, false, {}, {}};  // the library runs on its one owning thread
     if (x.block_size != 0 && x.block_size % 16 != 0) return false;
     if (last.k != x.k || last.v != x.v || last.ks != x.k_stride || last.vs != x.v_stride) {
-      last.ok = mkwg::tma_map_bf16(last.km, x.k, (1ll << 31) - 1, x.k_stride, 16) &&
-                mkwg::tma_map_bf16(last.vm, x.v, (1ll << 31) - 1, x.v_stride, 16);
+      last.ok = tile_map(last.km, x.k, x.k_stride) && tile_map(last.vm, x.v, x.v_stride);
       last.k = x.k;
       last.v = x.v;
       last.ks = x.k_stride;

@@ -170,6 +170,15 @@ __device__ __forceinline__ void copy_v(const Smem& s, int st, int wl, const bf16
 // swizzle as toff (destinations 2 KB apart keep its row phase), and
 // complete the stage's full barriers by their bytes (this thread's
 // arrivals carry the expected count).
+// tile_map fills m with the map tma_tile reads (host): rows of stride bf16
+// elements from ptr (a pool, a chunk buffer) in boxes of 16 rows × 64
+// columns, as far as a 32-bit row index reaches (the block table or the
+// chunk's bounds say which rows; none past them is read). False when the
+// driver cannot make it.
+inline bool tile_map(mkwg::TmaMap& m, const void* ptr, int64_t stride) {
+  return mkwg::tma_map_bf16(m, ptr, (1ll << 31) - 1, stride, 16);
+}
+
 template <int DQK, class Grp>
 __device__ __forceinline__ void tma_tile(const SmemT<DQK>& s, int st, const mkwg::TmaMap* km, const mkwg::TmaMap* vm,
                                          int kcol, int vcol, const Grp& grp) {

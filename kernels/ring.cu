@@ -1482,8 +1482,8 @@ void ring_maps(Params* p, RingMaps* m) {
     const void* ks[3] = {rk.k, rk.kb[0], rk.kb[1]};
     const void* vs[3] = {rk.v, rk.vb[0], rk.vb[1]};
     for (int b = 0; ok && b < 3; ++b) {
-      if (ks[b] != nullptr) ok = mkwg::tma_map_bf16(m->k[r][b], ks[b], (1ll << 31) - 1, p->k_stride, 16);
-      if (ok && vs[b] != nullptr) ok = mkwg::tma_map_bf16(m->v[r][b], vs[b], (1ll << 31) - 1, p->v_stride, 16);
+      if (ks[b] != nullptr) ok = fwg::tile_map(m->k[r][b], ks[b], p->k_stride);
+      if (ok && vs[b] != nullptr) ok = fwg::tile_map(m->v[r][b], vs[b], p->v_stride);
     }
   }
   p->tma = ok;
