@@ -157,7 +157,7 @@ func (be *Backend) flashSpans(op string, q, k, v backend.Tensor, b *backend.Batc
 			}
 		}()
 		bf := func(t *Tensor, n int) *kernels.Buffer {
-			if t.st.bf16 != nil && t.st.f32 == nil { // held in bf16 only: those are its values
+			if t.st.bf16 != nil { // held in bf16, or its rounding kept (bf16Of): the values the kernel reads
 				return t.st.bf16
 			}
 			x := be.alloc.get(d, int64(n)*2)
