@@ -114,9 +114,9 @@ constexpr int kQueue = 0;                                  // [kMaxRanks] per st
 constexpr int kArrived = kQueue + kMaxRanks;               // [rank][step]
 constexpr int kConsumed = kArrived + kMaxRanks * kMaxRanks;  // [rank][step]
 constexpr int kExit = kConsumed + kMaxRanks * kMaxRanks;    // rank-local gather: CTAs of the launch that finished
-constexpr int kMaxComm = 4;
-constexpr int kArrivedP = kExit + 1;  // [rank][step][part]: pieces of a part arrived (comm_pipe)
-constexpr int kCtlWords = kArrivedP + kMaxRanks * kMaxRanks * kMaxComm;
+constexpr int kMaxComm = 8;     // comm CTAs a rank at most (MK_RING_NCOMM)
+constexpr int kGatherComm = 4;  // the gather ring's default
+constexpr int kCtlWords = kExit + 1;
 // Rank-local mode: the remote flags (int32, written by the peers, never
 // zeroed by a launch): arr [kMaxRanks steps][kMaxComm parts], then rel [2].
 constexpr int64_t kRemoteOff = 2048;
@@ -158,7 +158,6 @@ struct Params {
   int step;         // mode 1: the step
   int ncomm;        // mode 0: comm CTAs per rank (0 when ranks == 1)
   int fault_rank;   // rank whose comm CTAs do nothing, or -1
-  int nsub;         // pieces a comm part forwards its share of a chunk in (comm_pipe when > 1; else 1)
   int apply_sinks;  // finalisation applies sinks (mode 0; mode 1 never)
   float scale_log2;
   // Rank-local mode: me >= 0 is the one rank this launch serves; -1: every rank (emulated).
@@ -172,6 +171,7 @@ struct Params {
   int wtc[kMaxRanks][2];
   int wtmax;
   int tma;  // ring_wg: whole key tiles by TMA through RingMaps, else cp.async
+  int nocopy;  // MK_RING_NOCOPY=1 (a measurement, wrong results): the comm CTAs signal without copying
 };
 static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
 
@@ -218,15 +218,12 @@ __device__ __forceinline__ int* arrived(const Params& p, int r, int s) { return 
 __device__ __forceinline__ int* consumed(const Params& p, int r, int s) {
   return p.ctl + kConsumed + r * kMaxRanks + s;
 }
-__device__ __forceinline__ int* arrivedp(const Params& p, int r, int s, int part) {
-  return p.ctl + kArrivedP + (r * kMaxRanks + s) * kMaxComm + part;
-}
 
 // wait_arrival (one thread) waits until rank r's chunk for step s is whole
 // in its receive buffer s%2: emulated, the arrived counter is full; rank-
 // local, every comm part of rank r−1 stamped this epoch into r's arr flags.
 __device__ bool wait_arrival(const Params& p, int r, int s, int role, int tile) {
-  if (p.me < 0) return wait_geq(p, arrived(p, r, s), p.ncomm * p.nsub, r, role, s, tile, 0);
+  if (p.me < 0) return wait_geq(p, arrived(p, r, s), p.ncomm, r, role, s, tile, 0);
   for (int part = 0; part < p.ncomm; ++part)
     if (!wait_geq(p, p.rem_in + kRemArr + s * kMaxComm + part, p.epoch, r, role, s, tile, 0)) return false;
   return true;
@@ -416,10 +413,12 @@ __device__ bool comm_role(const Params& p, int r, int part) {
     if (!ok_sh) return false;
     const int src = (r - s + R) % R;  // whose chunk rank r holds at step s
     const int rows = (p.ks[src][1] - p.ks[src][0]) + (p.ks[src][3] - p.ks[src][2]);
-    copy_part(reinterpret_cast<char*>(chunk_k(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_k(p, r, s)),
-              (int64_t)rows * p.k_stride * 2, part, p.ncomm);
-    copy_part(reinterpret_cast<char*>(chunk_v(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_v(p, r, s)),
-              (int64_t)rows * p.v_stride * 2, part, p.ncomm);
+    if (!p.nocopy) {
+      copy_part(reinterpret_cast<char*>(chunk_k(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_k(p, r, s)),
+                (int64_t)rows * p.k_stride * 2, part, p.ncomm);
+      copy_part(reinterpret_cast<char*>(chunk_v(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_v(p, r, s)),
+                (int64_t)rows * p.v_stride * 2, part, p.ncomm);
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
       signal_arrival(p, dst, s + 1, part);
@@ -433,41 +432,6 @@ __device__ bool comm_role(const Params& p, int r, int part) {
     __syncthreads();
     if (!ok_sh) return false;
     if (threadIdx.x == 0) signal_consumed(p, r, R - 1);
-  }
-  return true;
-}
-
-// comm_pipe is comm_role for the emulated gather ring (mode 2, me < 0) in
-// p.nsub pieces a part (MK_RING_PIPE): piece q of part `part` of the chunk
-// of step s goes on to rank r+1 as soon as that piece has arrived here
-// (arrivedp: the upstream part of the same index copied the same bytes),
-// not once the whole chunk has, so a chunk crosses the R − 1 hops in about
-// one part's copy plus R − 2 pieces' instead of R − 1 parts'. The
-// consumers still wait for whole chunks (arrived: ncomm · nsub pieces).
-__device__ bool comm_pipe(const Params& p, int r, int part) {
-  const int R = p.ranks, dst = (r + 1) % R, pieces = p.ncomm * p.nsub;
-  __shared__ int ok_sh;
-  for (int s = 0; s + 1 < R; ++s) {
-    const int src = (r - s + R) % R;  // whose chunk rank r holds at step s
-    const int64_t rows = (p.ks[src][1] - p.ks[src][0]) + (p.ks[src][3] - p.ks[src][2]);
-    for (int q = 0; q < p.nsub; ++q) {
-      if (s >= 1) {
-        if (threadIdx.x == 0) ok_sh = wait_geq(p, arrivedp(p, r, s, part), q + 1, r, 1, s, part, 0);
-        __syncthreads();
-        if (!ok_sh) return false;
-      }
-      const int piece = part * p.nsub + q;
-      copy_part(reinterpret_cast<char*>(chunk_k(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_k(p, r, s)),
-                rows * p.k_stride * 2, piece, pieces);
-      copy_part(reinterpret_cast<char*>(chunk_v(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_v(p, r, s)),
-                rows * p.v_stride * 2, piece, pieces);
-      __syncthreads();  // every thread's stores (and its read of ok_sh) before thread 0 goes on
-      if (threadIdx.x == 0) {
-        __threadfence();
-        red_release_add(arrivedp(p, dst, s + 1, part), 1);
-        red_release_add(arrived(p, dst, s + 1), 1);
-      }
-    }
   }
   return true;
 }
@@ -821,7 +785,7 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
   if ((int)blockIdx.x < ncomm_all) {
     const int r = local ? p.me : blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
     if (r == p.fault_rank) return;  // fault injection: this rank never sends
-    if (!(p.nsub > 1 ? comm_pipe(p, r, part) : comm_role(p, r, part))) return;
+    if (!comm_role(p, r, part)) return;
     // Sent everything: join the compute below.
   }
   const int nslots = p.tmax * p.hg * (local ? 1 : R);
@@ -952,6 +916,11 @@ __device__ WSlot wslot_take(const Params& p, int* q, int s_lo, int s_hi) {
   }
 }
 
+// WIN: a sliding window (p.window > 0). Without it the consumers' masks
+// know at compile time that there is none: a runtime window held a
+// register across their tile loop and made them spill there (ptxas: 41
+// spill instructions in the consumers' code, 17 without; flash_wg has 0).
+template <bool WIN>
 __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
     ring_wg(const __grid_constant__ Params p, const __grid_constant__ RingMaps maps) {
   using fwg::kD;
@@ -973,7 +942,7 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
   if ((int)blockIdx.x < ncomm_all) {
     const int r = local ? p.me : blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
     if (r == p.fault_rank) return;  // fault injection: this rank never sends
-    if (!(p.nsub > 1 ? comm_pipe(p, r, part) : comm_role(p, r, part))) return;
+    if (!comm_role(p, r, part)) return;
     // Sent everything: join the compute below.
   }
   const int s_lo = p.mode == 1 ? p.step : 0, s_hi = p.mode == 1 ? p.step + 1 : R;
@@ -1070,14 +1039,17 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
   const bool f32 = p.mode == 1 || p.out_f32;          // mode 1: normalised f32 partials
   for (int gb = 0, n = 0;; ++n) {
     __syncthreads();  // A
-    const WSlot w = slot_sh;
-    if (w.ntiles < 0) break;
+    const int ntiles = slot_sh.ntiles;
+    if (ntiles < 0) break;
     fwg::Acc a;
-    fwg::consume(sm, gb, w.ntiles, n & 1, [&](int, int st, int& kb, int& kend) {
+    fwg::consume(sm, gb, ntiles, n & 1, [&](int, int st, int& kb, int& kend) {
       kb = sm.keys()[2 * st];
       kend = sm.keys()[2 * st + 1];
-    }, w.qlo + w.i0 + ra, p.causal, p.window, p.scale_log2, cw, wl, a);
-    gb += w.ntiles;
+    }, slot_sh.qlo + slot_sh.i0 + ra, p.causal, WIN ? p.window : 0, p.scale_log2, cw, wl, a);
+    gb += ntiles;
+    // The slot read again from shared memory (valid until B): held in
+    // registers across the tile loop it made the consumers spill there.
+    const WSlot w = slot_sh;
     // O / l (sinks join the denominator when applied), rows ra and ra + 8
     // where they are real, and the log-sum-exp of the scores (sinks
     // excluded; natural log).
@@ -1334,7 +1306,6 @@ void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* 
   p->hg = sh.hg;
   p->tmax = lo.tmax;
   p->fault_rank = -1;
-  p->nsub = 1;
   p->scale_log2 = scale * kLog2e;
   p->me = me;
 }
@@ -1438,8 +1409,11 @@ int64_t rank_items(const Params& p, const Layout& lo, bool wg, int r) {
 }
 
 // ring_wg_kernel is ring_wg as a KernelFn (a handle for the attribute,
-// occupancy and launch calls; launch_ring passes its RingMaps).
-KernelFn ring_wg_kernel() { return reinterpret_cast<KernelFn>(ring_wg); }
+// occupancy and launch calls; launch_ring passes its RingMaps), with a
+// sliding window or without.
+KernelFn ring_wg_kernel(bool win) {
+  return win ? reinterpret_cast<KernelFn>(ring_wg<true>) : reinterpret_cast<KernelFn>(ring_wg<false>);
+}
 
 // ring_maps fills ring_wg's TMA maps for the ranks the launch computes
 // (me only when rank-local) and sets p->tma where every one of them could
@@ -1505,20 +1479,22 @@ int launch_ring(KernelFn kf, bool wg, bool coop, int64_t grid, size_t smem, cuda
   return MK_OK;
 }
 
-// wg_prepare is prepare for ring_wg.
-int wg_prepare(int* coresident) {
-  return prepare(ring_wg_kernel(), fwg::kSmem, coresident, fwg::kThreadsWG);
+// wg_prepare is prepare for ring_wg (win: its sliding-window form).
+int wg_prepare(bool win, int* coresident) {
+  return prepare(ring_wg_kernel(win), fwg::kSmem, coresident, fwg::kThreadsWG);
 }
 
 // pick_kernel picks a launch's kernel — ring_wg when wg, else ring_kernel's
 // gather kind or its modes 0 / 1 — sets its shared-memory attribute once
 // and returns in *cores how many of its CTAs are co-resident.
-int pick_kernel(const char* fn, const Shape& sh, int head_dim, int v_head_dim, bool wg, bool gather, KernelFn* kf,
-                size_t* smem, int* cores) {
+int pick_kernel(const char* fn, const Shape& sh, int head_dim, int v_head_dim, bool wg, bool gather, bool win,
+                KernelFn* kf, size_t* smem, int* cores) {
   *smem = fwg::kSmem;
-  *kf = wg ? ring_wg_kernel() : kernel_for(sh, gather, smem);
+  static const bool win_env = mk::env_is("MK_RING_WIN", '1');  // ring_wg's window form always (an A/B)
+  win = win || win_env;
+  *kf = wg ? ring_wg_kernel(win) : kernel_for(sh, gather, smem);
   MK_ARG(*kf != nullptr, "%s: no kernel for head dims %d/%d", fn, head_dim, v_head_dim);
-  return wg ? wg_prepare(cores) : prepare(*kf, *smem, cores);
+  return wg ? wg_prepare(win, cores) : prepare(*kf, *smem, cores);
 }
 
 // ring_launch is mk_ring_attn_bf16 (gather 0) and mk_ring_attn_gather_bf16
@@ -1549,7 +1525,7 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   KernelFn kf = nullptr;
   size_t smem = 0;
   int cores = 0;
-  rc = pick_kernel(fn, sh, head_dim, v_head_dim, wg, gather != 0, &kf, &smem, &cores);
+  rc = pick_kernel(fn, sh, head_dim, v_head_dim, wg, gather != 0, p.window > 0, &kf, &smem, &cores);
   if (rc != MK_OK) return rc;
   p.mode = gather || wg ? 2 : 0;
   p.gcap = 0;
@@ -1562,22 +1538,23 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   // once they have sent everything. Measured at 16k tokens (bench ring,
   // MK_RING_NCOMM): 4 per rank against 2 gave R = 8 8.59 ms against 9.16,
   // R = 2 and 4 the same; 1 per rank was 9-16 % slower.
-  p.ncomm = ranks == 1 ? 0 : gather ? kMaxComm : (4 / ranks > 1 ? 4 / ranks : 1);
-  static const int ncomm_env = [] {  // MK_RING_NCOMM=1..4: comm CTAs per rank (measurement)
+  p.ncomm = ranks == 1 ? 0 : gather ? kGatherComm : (4 / ranks > 1 ? 4 / ranks : 1);
+  static const int ncomm_env = [] {  // MK_RING_NCOMM=1..8: comm CTAs per rank (measurement)
     const char* v = getenv("MK_RING_NCOMM");
     const int n = v ? atoi(v) : 0;
     return n >= 1 && n <= kMaxComm ? n : 0;
   }();
   if (ranks > 1 && ncomm_env > 0) p.ncomm = ncomm_env;
-  // MK_RING_PIPE=2..16: the gather ring's hops forwarded in that many
-  // pieces a comm part (comm_pipe); written after the twenty-eighth pass's
-  // device time, so opt-in until measured.
-  static const int pipe_env = [] {
-    const char* v = getenv("MK_RING_PIPE");
-    const int n = v ? atoi(v) : 0;
-    return n >= 2 && n <= 16 ? n : 1;
+  // MK_RING_NOCOPY=1 (a measurement only: the gather slots keep whatever
+  // the previous call left, so results are wrong unless an identical call
+  // ran before): the comm CTAs signal each hop without copying, which
+  // separates what the emulated hops' copies cost from the ring's
+  // structure (steps, spans, waits).
+  static const int nocopy_env = [] {
+    const char* v = getenv("MK_RING_NOCOPY");
+    return v && v[0] == '1' ? 1 : 0;
   }();
-  if (gather && ranks > 1) p.nsub = pipe_env;
+  p.nocopy = nocopy_env;
   p.fault_rank = fault_rank;
   p.apply_sinks = 1;
   p.timeout_ns = timeout_ns;
@@ -1654,13 +1631,13 @@ int32_t rank_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   KernelFn kf = nullptr;
   size_t smem = 0;
   int cores = 0;
-  rc = pick_kernel(fn, sh, head_dim, v_head_dim, wg, gather != 0, &kf, &smem, &cores);
+  rc = pick_kernel(fn, sh, head_dim, v_head_dim, wg, gather != 0, p.window > 0, &kf, &smem, &cores);
   if (rc != MK_OK) return rc;
   MK_ARG(ctas >= 0 && ctas <= cores, "%s: ctas=%d, at most %d co-resident (0: all)", fn, ctas, cores);
   p.mode = gather ? 2 : 0;
   // Comm CTAs a rank: a function of ranks alone, since a receiver waits for
   // every part its sender has (as mk_ring_attn_bf16 / _gather_bf16).
-  p.ncomm = ranks == 1 ? 0 : gather ? kMaxComm : (4 / ranks > 1 ? 4 / ranks : 1);
+  p.ncomm = ranks == 1 ? 0 : gather ? kGatherComm : (4 / ranks > 1 ? 4 / ranks : 1);
   p.gcap = 0;
   for (int r = 0; r < ranks; ++r) {
     const int rows = (kvspans[4 * r + 1] - kvspans[4 * r]) + (kvspans[4 * r + 3] - kvspans[4 * r + 2]);
@@ -1739,7 +1716,7 @@ extern "C" MK_API int32_t mk_ring_separate_bf16(uint64_t stream, int32_t ranks, 
   KernelFn fn = nullptr;
   size_t smem = 0;
   int cores = 0;
-  rc = pick_kernel("mk_ring_separate_bf16", sh, head_dim, v_head_dim, wg, false, &fn, &smem, &cores);
+  rc = pick_kernel("mk_ring_separate_bf16", sh, head_dim, v_head_dim, wg, false, p.window > 0, &fn, &smem, &cores);
   if (rc != MK_OK) return rc;
   p.mode = 1;
   p.apply_sinks = 0;

@@ -114,15 +114,16 @@ func (be *Backend) freshPrefill(b *backend.Batch) bool {
 	return long
 }
 
-// MLAConcatBF16Env set to 1 builds DeepSeek-V3's fresh-prefill q and k
-// [T, heads*(nope+rope)] in bf16 directly (kernels.CopyColsBF16) instead
-// of in float32 then rounded: the same bits, ~3.2 GB less memory traffic a
-// layer at 8k tokens. Written after the twenty-eighth pass's device time:
-// off until measured.
+// MLAConcatBF16Env set to 0 builds DeepSeek-V3's fresh-prefill q and k
+// [T, heads*(nope+rope)] in float32 then rounds them for the tensor cores;
+// by default they are concatenated into bf16 directly
+// (kernels.CopyColsBF16): the same bits, ~3.2 GB less memory traffic a
+// layer at 8k tokens, DeepSeek-V3-4l 8k prefill 119–121 → 115–116 ms
+// (docs/PERF.md, twenty-ninth pass).
 const MLAConcatBF16Env = "MKSERVE_MLA_BF16_CONCAT"
 
 // mlaConcatBF16 reports MLAConcatBF16Env.
-var mlaConcatBF16 = sync.OnceValue(func() bool { return os.Getenv(MLAConcatBF16Env) == "1" })
+var mlaConcatBF16 = sync.OnceValue(func() bool { return os.Getenv(MLAConcatBF16Env) != "0" })
 
 // flashSpans is causal flash attention of each span of b over its own rows:
 // q and k [T, heads*d], v [T, heads*dv] float32 or held in bf16 only (those
