@@ -114,8 +114,8 @@ constexpr int kQueue = 0;                                  // [kMaxRanks] per st
 constexpr int kArrived = kQueue + kMaxRanks;               // [rank][step]
 constexpr int kConsumed = kArrived + kMaxRanks * kMaxRanks;  // [rank][step]
 constexpr int kExit = kConsumed + kMaxRanks * kMaxRanks;    // rank-local gather: CTAs of the launch that finished
-constexpr int kMaxComm = 8;     // comm CTAs a rank at most (MK_RING_NCOMM)
-constexpr int kGatherComm = 4;  // the gather ring's default
+constexpr int kMaxComm = 8;    // comm CTAs a rank at most: the emulated gather ring's (MK_RING_NCOMM fewer)
+constexpr int kLocalComm = 4;  // the rank-local gather ring's
 constexpr int kCtlWords = kExit + 1;
 // Rank-local mode: the remote flags (int32, written by the peers, never
 // zeroed by a launch): arr [kMaxRanks steps][kMaxComm parts], then rel [2].
@@ -918,8 +918,11 @@ __device__ WSlot wslot_take(const Params& p, int* q, int s_lo, int s_hi) {
 
 // WIN: a sliding window (p.window > 0). Without it the consumers' masks
 // know at compile time that there is none: a runtime window held a
-// register across their tile loop and made them spill there (ptxas: 41
-// spill instructions in the consumers' code, 17 without; flash_wg has 0).
+// register across their tile loop and made them spill there (ptxas proxy:
+// 41 spill instructions in the consumers' code, 17 without; flash_wg has
+// 0). Measured against the runtime window at 16k (H200, twenty-ninth
+// pass, two rounds): level within the ring's run-to-run spread (R = 4
+// +10.3 / +11.3 % against +17.5 / +12.4 %, R = 2 and 8 within ±2).
 template <bool WIN>
 __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
     ring_wg(const __grid_constant__ Params p, const __grid_constant__ RingMaps maps) {
@@ -1490,8 +1493,6 @@ int wg_prepare(bool win, int* coresident) {
 int pick_kernel(const char* fn, const Shape& sh, int head_dim, int v_head_dim, bool wg, bool gather, bool win,
                 KernelFn* kf, size_t* smem, int* cores) {
   *smem = fwg::kSmem;
-  static const bool win_env = mk::env_is("MK_RING_WIN", '1');  // ring_wg's window form always (an A/B)
-  win = win || win_env;
   *kf = wg ? ring_wg_kernel(win) : kernel_for(sh, gather, smem);
   MK_ARG(*kf != nullptr, "%s: no kernel for head dims %d/%d", fn, head_dim, v_head_dim);
   return wg ? wg_prepare(win, cores) : prepare(*kf, *smem, cores);
@@ -1536,9 +1537,13 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   // Comm CTAs per rank. Gather mode: a slot waits for each chunk in turn,
   // so the hops must keep ahead of the first slots; they join the compute
   // once they have sent everything. Measured at 16k tokens (bench ring,
-  // MK_RING_NCOMM): 4 per rank against 2 gave R = 8 8.59 ms against 9.16,
-  // R = 2 and 4 the same; 1 per rank was 9-16 % slower.
-  p.ncomm = ranks == 1 ? 0 : gather ? kGatherComm : (4 / ranks > 1 ? 4 / ranks : 1);
+  // MK_RING_NCOMM; H200, twenty-ninth pass, two rounds): 8 per rank
+  // against 4 gave 3.77 against 3.84–3.94 ms at R = 2, 3.91–4.04 against
+  // 4.07–4.09 at R = 4, 4.24–4.37 against 4.36–4.50 at R = 8; 2 and 1
+  // per rank were 4–23 % slower than 4 (one rank alone: 3.65–3.69). At
+  // most half the co-resident CTAs copy (a GPU with fewer SMs gets fewer).
+  const int gcomm = cores / (2 * ranks) < 1 ? 1 : cores / (2 * ranks) > kMaxComm ? kMaxComm : cores / (2 * ranks);
+  p.ncomm = ranks == 1 ? 0 : gather ? gcomm : (4 / ranks > 1 ? 4 / ranks : 1);
   static const int ncomm_env = [] {  // MK_RING_NCOMM=1..8: comm CTAs per rank (measurement)
     const char* v = getenv("MK_RING_NCOMM");
     const int n = v ? atoi(v) : 0;
@@ -1636,8 +1641,10 @@ int32_t rank_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   MK_ARG(ctas >= 0 && ctas <= cores, "%s: ctas=%d, at most %d co-resident (0: all)", fn, ctas, cores);
   p.mode = gather ? 2 : 0;
   // Comm CTAs a rank: a function of ranks alone, since a receiver waits for
-  // every part its sender has (as mk_ring_attn_bf16 / _gather_bf16).
-  p.ncomm = ranks == 1 ? 0 : gather ? kGatherComm : (4 / ranks > 1 ? 4 / ranks : 1);
+  // every part its sender has. Gather: 4 (one process a GPU, the hops
+  // over NVLink: −1.4 / −3.8 % against flash with every key local at 16k
+  // over two GPUs, twenty-ninth pass).
+  p.ncomm = ranks == 1 ? 0 : gather ? kLocalComm : (4 / ranks > 1 ? 4 / ranks : 1);
   p.gcap = 0;
   for (int r = 0; r < ranks; ++r) {
     const int rows = (kvspans[4 * r + 1] - kvspans[4 * r]) + (kvspans[4 * r + 3] - kvspans[4 * r + 2]);
