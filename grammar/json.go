@@ -1,0 +1,403 @@
+// Package grammar holds incremental validators that constrain generated
+// text: the engine asks one whether a token's bytes may come next and
+// samples only tokens it accepts (OpenAI's response_format).
+package grammar
+
+// JSON validates, a byte at a time, the prefixes of one JSON text (RFC
+// 8259): a single value — an object when made by NewJSON(true) — with
+// whitespace around it. Strings must be valid UTF-8 without raw control
+// characters. Two limits keep a model from running on forever inside the
+// grammar: at most MaxWhitespace whitespace bytes in a row, and containers
+// nested at most MaxDepth deep. The zero value is not usable; copy one
+// with Clone.
+type JSON struct {
+	stack      []byte // open containers, '{' or '['
+	st         state
+	objectOnly bool
+	lit        string // literal (true / false / null): the bytes still to come
+	n          int8   // hex digits of a \u escape, or UTF-8 continuation bytes, still to come
+	lo, hi     byte   // the next continuation byte's range (UTF-8 overlong / surrogate rules)
+	key        bool   // the string being read is an object key
+	ws         int    // whitespace bytes in a row
+	scratch    []byte // Accept's copy of the stack
+}
+
+// MaxWhitespace is the most whitespace bytes JSON accepts in a row.
+const MaxWhitespace = 64
+
+// MaxDepth is the deepest nesting of objects and arrays JSON accepts.
+const MaxDepth = 64
+
+type state uint8
+
+const (
+	stStart       state = iota // before the top-level value
+	stValue                    // a value must come (after ':' or ',' in an array)
+	stValueOrEnd               // after '[': a value or ']'
+	stKeyOrEnd                 // after '{': a key or '}'
+	stKey                      // after ',' in an object: a key
+	stColon                    // after a key: ':'
+	stCommaOrEnd               // after a value inside a container
+	stDone                     // the top-level value is complete
+	stString                   // inside a string
+	stEscape                   // after '\' in a string
+	stHex                      // inside \uXXXX (n digits to come)
+	stUTF8                     // inside a multi-byte UTF-8 sequence (n bytes to come)
+	stLiteral                  // inside true / false / null (lit to come)
+	stMinus                    // after '-': a digit must come
+	stZero                     // a number's integer part is 0
+	stInt                      // in a number's integer digits
+	stDot                      // after '.': a digit must come
+	stFrac                     // in a number's fraction digits
+	stExp                      // after 'e' / 'E': a sign or digit must come
+	stExpSign                  // after the exponent's sign: a digit must come
+	stExpInt                   // in the exponent's digits
+)
+
+// NewJSON returns a validator at the start of a JSON text; objectOnly
+// requires the top-level value to be an object.
+func NewJSON(objectOnly bool) *JSON {
+	return &JSON{st: stStart, objectOnly: objectOnly}
+}
+
+// Clone returns an independent copy of j.
+func (j *JSON) Clone() *JSON {
+	c := *j
+	c.stack = append([]byte(nil), j.stack...)
+	c.scratch = nil
+	return &c
+}
+
+// Complete reports whether the text so far is one whole JSON value (plus
+// whitespace): the end of the text may come now. After a closed object,
+// array, string or literal only whitespace may follow; a top-level number
+// may still grow.
+func (j *JSON) Complete() bool {
+	switch j.st {
+	case stDone:
+		return true
+	case stZero, stInt, stFrac, stExpInt:
+		return len(j.stack) == 0
+	}
+	return false
+}
+
+// Accept reports whether b may come next, leaving j unchanged. An empty b
+// is not accepted (it would not advance the text).
+func (j *JSON) Accept(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	t := *j
+	t.stack = append(j.scratch[:0], j.stack...)
+	ok := t.feed(b)
+	j.scratch = t.stack[:0] // keep the (possibly grown) buffer for the next call
+	return ok
+}
+
+// Advance appends b, which must be accepted; it reports whether it was
+// (j is unchanged when it was not).
+func (j *JSON) Advance(b []byte) bool {
+	if !j.Accept(b) {
+		return false
+	}
+	j.feed(b)
+	return true
+}
+
+// feed runs the bytes of b through j, stopping at the first one the
+// grammar rejects.
+func (j *JSON) feed(b []byte) bool {
+	for _, c := range b {
+		if !j.byte(c) {
+			return false
+		}
+	}
+	return true
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func isDigit(c byte) bool { return c >= '0' && c <= '9' }
+
+func isHex(c byte) bool { return isDigit(c) || (c|0x20) >= 'a' && (c|0x20) <= 'f' }
+
+// space takes a whitespace byte between tokens, within the limit.
+func (j *JSON) space() bool {
+	j.ws++
+	return j.ws <= MaxWhitespace
+}
+
+// open starts an object or array.
+func (j *JSON) open(c byte) bool {
+	if len(j.stack) >= MaxDepth {
+		return false
+	}
+	j.stack = append(j.stack, c)
+	if c == '{' {
+		j.st = stKeyOrEnd
+	} else {
+		j.st = stValueOrEnd
+	}
+	return true
+}
+
+// valueDone moves past a complete value: to the container's separator, or
+// to the end of the text.
+func (j *JSON) valueDone() {
+	if len(j.stack) == 0 {
+		j.st = stDone
+	} else {
+		j.st = stCommaOrEnd
+	}
+}
+
+// value starts a value with byte c (in a state where one must come).
+func (j *JSON) value(c byte) bool {
+	switch {
+	case c == '{' || c == '[':
+		return j.open(c)
+	case c == '"':
+		j.st, j.key = stString, false
+	case c == '-':
+		j.st = stMinus
+	case c == '0':
+		j.st = stZero
+	case isDigit(c):
+		j.st = stInt
+	case c == 't':
+		j.st, j.lit = stLiteral, "rue"
+	case c == 'f':
+		j.st, j.lit = stLiteral, "alse"
+	case c == 'n':
+		j.st, j.lit = stLiteral, "ull"
+	default:
+		return false
+	}
+	return true
+}
+
+// close ends the innermost container with c (']' or '}').
+func (j *JSON) close(c byte) bool {
+	n := len(j.stack)
+	if n == 0 || (c == '}') != (j.stack[n-1] == '{') {
+		return false
+	}
+	j.stack = j.stack[:n-1]
+	j.valueDone()
+	return true
+}
+
+// endNumber ends a number at byte c, which then runs in the state after
+// the value. A top-level number only ends at whitespace.
+func (j *JSON) endNumber(c byte) bool {
+	j.valueDone()
+	return j.byte(c)
+}
+
+// byte advances j by one byte.
+func (j *JSON) byte(c byte) bool {
+	if !isSpace(c) || j.st >= stString {
+		j.ws = 0
+	}
+	switch j.st {
+	case stStart:
+		if isSpace(c) {
+			return j.space()
+		}
+		if j.objectOnly && c != '{' {
+			return false
+		}
+		return j.value(c)
+	case stValue:
+		if isSpace(c) {
+			return j.space()
+		}
+		return j.value(c)
+	case stValueOrEnd:
+		if isSpace(c) {
+			return j.space()
+		}
+		if c == ']' {
+			return j.close(c)
+		}
+		return j.value(c)
+	case stKeyOrEnd, stKey:
+		if isSpace(c) {
+			return j.space()
+		}
+		if c == '}' && j.st == stKeyOrEnd {
+			return j.close(c)
+		}
+		if c != '"' {
+			return false
+		}
+		j.st, j.key = stString, true
+		return true
+	case stColon:
+		if isSpace(c) {
+			return j.space()
+		}
+		if c != ':' {
+			return false
+		}
+		j.st = stValue
+		return true
+	case stCommaOrEnd:
+		if isSpace(c) {
+			return j.space()
+		}
+		switch c {
+		case ',':
+			if j.stack[len(j.stack)-1] == '{' {
+				j.st = stKey
+			} else {
+				j.st = stValue
+			}
+			return true
+		case '}', ']':
+			return j.close(c)
+		}
+		return false
+	case stDone:
+		return isSpace(c) && j.space()
+	case stString:
+		switch {
+		case c == '"':
+			if j.key {
+				j.st = stColon
+			} else {
+				j.valueDone()
+			}
+		case c == '\\':
+			j.st = stEscape
+		case c < 0x20:
+			return false
+		case c < 0x80:
+		default:
+			return j.utf8Lead(c)
+		}
+		return true
+	case stEscape:
+		switch c {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			j.st = stString
+		case 'u':
+			j.st, j.n = stHex, 4
+		default:
+			return false
+		}
+		return true
+	case stHex:
+		if !isHex(c) {
+			return false
+		}
+		if j.n--; j.n == 0 {
+			j.st = stString
+		}
+		return true
+	case stUTF8:
+		if c < j.lo || c > j.hi {
+			return false
+		}
+		j.lo, j.hi = 0x80, 0xBF
+		if j.n--; j.n == 0 {
+			j.st = stString
+		}
+		return true
+	case stLiteral:
+		if c != j.lit[0] {
+			return false
+		}
+		if j.lit = j.lit[1:]; j.lit == "" {
+			j.valueDone()
+		}
+		return true
+	case stMinus:
+		switch {
+		case c == '0':
+			j.st = stZero
+		case isDigit(c):
+			j.st = stInt
+		default:
+			return false
+		}
+		return true
+	case stZero, stInt:
+		switch {
+		case isDigit(c) && j.st == stInt:
+		case c == '.':
+			j.st = stDot
+		case c == 'e' || c == 'E':
+			j.st = stExp
+		case isDigit(c): // a digit after a leading 0
+			return false
+		default:
+			return j.endNumber(c)
+		}
+		return true
+	case stDot:
+		if !isDigit(c) {
+			return false
+		}
+		j.st = stFrac
+		return true
+	case stFrac:
+		switch {
+		case isDigit(c):
+		case c == 'e' || c == 'E':
+			j.st = stExp
+		default:
+			return j.endNumber(c)
+		}
+		return true
+	case stExp:
+		switch {
+		case c == '+' || c == '-':
+			j.st = stExpSign
+		case isDigit(c):
+			j.st = stExpInt
+		default:
+			return false
+		}
+		return true
+	case stExpSign:
+		if !isDigit(c) {
+			return false
+		}
+		j.st = stExpInt
+		return true
+	case stExpInt:
+		if isDigit(c) {
+			return true
+		}
+		return j.endNumber(c)
+	}
+	return false
+}
+
+// utf8Lead starts a multi-byte UTF-8 sequence in a string with lead byte c
+// (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF).
+func (j *JSON) utf8Lead(c byte) bool {
+	j.lo, j.hi = 0x80, 0xBF
+	switch {
+	case c >= 0xC2 && c <= 0xDF:
+		j.n = 1
+	case c == 0xE0:
+		j.n, j.lo = 2, 0xA0
+	case c == 0xED:
+		j.n, j.hi = 2, 0x9F
+	case c >= 0xE1 && c <= 0xEF:
+		j.n = 2
+	case c == 0xF0:
+		j.n, j.lo = 3, 0x90
+	case c == 0xF4:
+		j.n, j.hi = 3, 0x8F
+	case c >= 0xF1 && c <= 0xF3:
+		j.n = 3
+	default:
+		return false
+	}
+	j.st = stUTF8
+	return true
+}
