@@ -27,6 +27,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	sugar "github.com/sugarme/tokenizer"
@@ -49,6 +50,9 @@ type Tokenizer struct {
 	vocabSize    int
 	byteFallback bool // the decoder has a ByteFallback stage
 	warnings     []string
+
+	bytesOnce sync.Once
+	tokBytes  [][]byte // TokenBytes' table
 }
 
 // Load reads a Hugging Face tokenizer.json.
