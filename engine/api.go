@@ -28,6 +28,19 @@ type SamplingParams struct {
 	// penalties and sampling (OpenAI's logit_bias; -100 in effect bans a
 	// token, 100 forces it). Log-probabilities stay those of the raw logits.
 	LogitBias map[int32]float32
+	// JSON (OpenAI's response_format {"type": "json_object"}) makes each
+	// choice one JSON object: only tokens that keep the text a prefix of one
+	// are sampled (package grammar; on the host), and the choice ends with
+	// an end-of-sequence token as soon as the object closes. Needs a
+	// tokenizer whose tokens' bytes are known (TokenByter).
+	JSON bool
+}
+
+// TokenByter is a Detokenizer that also gives each token's raw bytes
+// (tokenizer.Tokenizer): JSON-constrained requests need it.
+type TokenByter interface {
+	TokenBytes(id int32) []byte
+	HasTokenBytes() bool
 }
 
 // Request is one generation request as the engine sees it.
@@ -86,6 +99,10 @@ var (
 	ErrQueueFull = errors.New("engine: too many waiting requests")
 	ErrDraining  = errors.New("engine: shutting down, not accepting requests")
 	ErrTooLong   = errors.New("engine: prompt plus max_tokens exceeds the model's context")
+	// ErrJSONUnsupported: a JSON-constrained request (SamplingParams.JSON)
+	// for a model whose tokenizer gives no token bytes or that has no
+	// end-of-sequence token.
+	ErrJSONUnsupported = errors.New("response_format json_object is not supported for this model")
 )
 
 // Generator is what the server adapters need from the engine.

@@ -33,14 +33,17 @@ type Options struct {
 // One goroutine (the step loop) owns the model, the backend and all
 // scheduling state; Generate only queues work and wakes it.
 type Engine struct {
-	model  models.Model
-	be     backend.Backend
-	tok    Detokenizer
-	cfg    Config
-	opts   Options
-	vocab  int
-	blocks *blockManager
-	log    *zap.Logger
+	model models.Model
+	be    backend.Backend
+	tok   Detokenizer
+	// tokBytes gives each token's raw bytes (tok as a TokenByter that has
+	// them); nil: JSON-constrained requests are refused.
+	tokBytes func(int32) []byte
+	cfg      Config
+	opts     Options
+	vocab    int
+	blocks   *blockManager
+	log      *zap.Logger
 
 	mu       sync.Mutex
 	incoming []*request
@@ -123,6 +126,9 @@ func New(m models.Model, be backend.Backend, tok Detokenizer, cfg Config, o Opti
 		blocks: newBlockManager(numBlocks, cfg.BlockSize), log: o.Logger,
 		wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
+	if tb, ok := tok.(TokenByter); ok && tb.HasTokenBytes() {
+		e.tokBytes = tb.TokenBytes
+	}
 	e.stats.Store(&Stats{BlocksFree: numBlocks})
 	go e.loop()
 	return e, nil
@@ -200,6 +206,12 @@ func (e *Engine) Generate(ctx context.Context, r *Request) (<-chan Event, error)
 		if int(t) >= e.vocab {
 			return nil, fmt.Errorf("logit_bias: token id %d is outside the vocabulary [0, %d)", t, e.vocab)
 		}
+	}
+	if p.JSON && e.tokBytes == nil {
+		return nil, fmt.Errorf("%w: its tokenizer does not give its tokens' bytes", ErrJSONUnsupported)
+	}
+	if p.JSON && len(e.opts.EOS) == 0 {
+		return nil, fmt.Errorf("%w: it has no end-of-sequence token to end the object with", ErrJSONUnsupported)
 	}
 	if len(r.Prompt)+p.MaxTokens > e.cfg.MaxModelLen {
 		return nil, fmt.Errorf("%w: %d prompt tokens + max_tokens %d > %d", ErrTooLong, len(r.Prompt), p.MaxTokens, e.cfg.MaxModelLen)

@@ -8,6 +8,7 @@ import (
 	"sort"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/grammar"
 	"github.com/mkserve/mkserve/internal/logprob"
 )
 
@@ -35,6 +36,8 @@ func (p *SamplingParams) Validate() error {
 		return fmt.Errorf("repetition_penalty must be in (0, 10], got %v", p.RepetitionPenalty)
 	case p.TopLogprobs < 0 || p.TopLogprobs > 20:
 		return fmt.Errorf("top_logprobs must be in [0, 20], got %d", p.TopLogprobs)
+	case p.JSON && p.IgnoreEOS:
+		return fmt.Errorf("ignore_eos cannot be used with response_format json_object (the choice ends when the object closes)")
 	}
 	for i, s := range p.Stop {
 		if s == "" {
@@ -117,6 +120,11 @@ type sampler struct {
 	rng    *rand.Rand
 	counts map[int32]int  // output token → occurrences (presence/frequency)
 	seen   map[int32]bool // prompt and output tokens (repetition penalty)
+	// JSON-constrained choices (SamplingParams.JSON): the grammar's state,
+	// each token's bytes and the token that ends the text.
+	json     *grammar.JSON
+	tokBytes func(int32) []byte
+	eos      int32
 	// scratch
 	work  []float32
 	order []int32
@@ -157,8 +165,8 @@ func (s *sampler) observe(t int32) {
 // returns its log-probability record (from the raw model distribution).
 func (s *sampler) sample(logits []float32, decode func(int32) string) (int32, *Logprob) {
 	p := s.p
-	w := logits // read only below, unless a bias or penalty applies to a copy
-	if len(p.LogitBias) > 0 || s.seen != nil || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+	w := logits // read only below, unless a bias, penalty or constraint applies to a copy
+	if len(p.LogitBias) > 0 || s.seen != nil || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || s.json != nil {
 		w = append(s.work[:0], logits...)
 		s.work = w
 		for t, b := range p.LogitBias {
@@ -183,16 +191,73 @@ func (s *sampler) sample(logits []float32, decode func(int32) string) (int32, *L
 		}
 	}
 	var tok int32
-	if p.Temperature == 0 {
-		tok = int32(Argmax(w))
+	if s.json != nil {
+		tok = s.constrained(w)
 	} else {
-		tok = s.draw(w)
+		tok = s.pick(w)
 	}
 	var lp *Logprob
 	if p.Logprobs {
 		lp = logprobOf(logits, tok, p.TopLogprobs, decode)
 	}
 	return tok, lp
+}
+
+// pick is the argmax of w (greedy) or a draw from it.
+func (s *sampler) pick(w []float32) int32 {
+	if s.p.Temperature == 0 {
+		return int32(Argmax(w))
+	}
+	return s.draw(w)
+}
+
+// maxRejects is how many sampled tokens constrained rejects one by one
+// before it checks the whole vocabulary.
+const maxRejects = 16
+
+// constrained picks the next token of a JSON-constrained choice from w (a
+// copy it changes) and advances the grammar by it: the end-of-sequence
+// token once the object is complete; else a pick whose bytes the grammar
+// accepts, rejected picks set to −inf and picked again (greedy: exactly the
+// best acceptable token; sampled: the distribution renormalised over what
+// is left, which differs from masking every unacceptable token first only
+// in where top-p / top-k / min-p cut). After maxRejects rejections every
+// token is checked; with none acceptable the choice ends (EOS) with the
+// text as it is.
+func (s *sampler) constrained(w []float32) int32 {
+	if s.json.Complete() {
+		return s.eos
+	}
+	ninf := float32(math.Inf(-1))
+	accept := func(t int32) bool {
+		b := s.tokBytes(t)
+		return b != nil && s.json.Accept(b)
+	}
+	for range maxRejects {
+		t := s.pick(w)
+		if math.IsInf(float64(w[t]), -1) {
+			break // nothing left to draw from
+		}
+		if accept(t) {
+			s.json.Advance(s.tokBytes(t))
+			return t
+		}
+		w[t] = ninf
+	}
+	n := 0
+	for t := range w {
+		if w[t] != ninf && !accept(int32(t)) {
+			w[t] = ninf
+		} else if w[t] != ninf {
+			n++
+		}
+	}
+	if n == 0 {
+		return s.eos
+	}
+	t := s.pick(w)
+	s.json.Advance(s.tokBytes(t))
+	return t
 }
 
 // row is the device-sampler request equivalent to sample's work, taking

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/grammar"
 	"github.com/mkserve/mkserve/internal/par"
 )
 
@@ -22,10 +23,13 @@ func (e *Engine) admitRequest(r *request) {
 
 func (e *Engine) newSequence(r *request, index int, tokens []int32) *sequence {
 	e.seqNum++
+	sm := newSampler(&r.r.Sampling, index, r.r.Prompt)
+	if r.r.Sampling.JSON { // admission checked that the tokenizer gives bytes and an EOS exists
+		sm.json, sm.tokBytes, sm.eos = grammar.NewJSON(true), e.tokBytes, e.opts.EOS[0]
+	}
 	return &sequence{
 		id: NewSeqID(), req: r, index: index, tokens: tokens, prompt: len(r.r.Prompt),
-		sampler: newSampler(&r.r.Sampling, index, r.r.Prompt),
-		text:    newTextOut(e.tok, r.r.Sampling.Stop), order: e.seqNum,
+		sampler: sm, text: newTextOut(e.tok, r.r.Sampling.Stop), order: e.seqNum,
 	}
 }
 
@@ -183,7 +187,7 @@ func (e *Engine) step() {
 		if en.sample && s.forksNow(en.n) {
 			devSampler = nil
 		}
-		if en.sample && len(s.req.r.Sampling.LogitBias) > 0 { // the device sampler takes no biases
+		if en.sample && (len(s.req.r.Sampling.LogitBias) > 0 || s.sampler.json != nil) { // the device sampler takes no biases or grammars
 			devSampler = nil
 		}
 	}

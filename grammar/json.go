@@ -4,8 +4,9 @@
 package grammar
 
 // JSON validates, a byte at a time, the prefixes of one JSON text (RFC
-// 8259): a single value — an object when made by NewJSON(true) — with
-// whitespace around it. Strings must be valid UTF-8 without raw control
+// 8259): a single value with whitespace around it — or, made by
+// NewJSON(true), an object that starts the text (no whitespace before it:
+// a model would otherwise spend tokens on it). Strings must be valid UTF-8 without raw control
 // characters. Two limits keep a model from running on forever inside the
 // grammar: at most MaxWhitespace whitespace bytes in a row, and containers
 // nested at most MaxDepth deep. The zero value is not usable; copy one
@@ -31,31 +32,31 @@ const MaxDepth = 64
 type state uint8
 
 const (
-	stStart       state = iota // before the top-level value
-	stValue                    // a value must come (after ':' or ',' in an array)
-	stValueOrEnd               // after '[': a value or ']'
-	stKeyOrEnd                 // after '{': a key or '}'
-	stKey                      // after ',' in an object: a key
-	stColon                    // after a key: ':'
-	stCommaOrEnd               // after a value inside a container
-	stDone                     // the top-level value is complete
-	stString                   // inside a string
-	stEscape                   // after '\' in a string
-	stHex                      // inside \uXXXX (n digits to come)
-	stUTF8                     // inside a multi-byte UTF-8 sequence (n bytes to come)
-	stLiteral                  // inside true / false / null (lit to come)
-	stMinus                    // after '-': a digit must come
-	stZero                     // a number's integer part is 0
-	stInt                      // in a number's integer digits
-	stDot                      // after '.': a digit must come
-	stFrac                     // in a number's fraction digits
-	stExp                      // after 'e' / 'E': a sign or digit must come
-	stExpSign                  // after the exponent's sign: a digit must come
-	stExpInt                   // in the exponent's digits
+	stStart      state = iota // before the top-level value
+	stValue                   // a value must come (after ':' or ',' in an array)
+	stValueOrEnd              // after '[': a value or ']'
+	stKeyOrEnd                // after '{': a key or '}'
+	stKey                     // after ',' in an object: a key
+	stColon                   // after a key: ':'
+	stCommaOrEnd              // after a value inside a container
+	stDone                    // the top-level value is complete
+	stString                  // inside a string
+	stEscape                  // after '\' in a string
+	stHex                     // inside \uXXXX (n digits to come)
+	stUTF8                    // inside a multi-byte UTF-8 sequence (n bytes to come)
+	stLiteral                 // inside true / false / null (lit to come)
+	stMinus                   // after '-': a digit must come
+	stZero                    // a number's integer part is 0
+	stInt                     // in a number's integer digits
+	stDot                     // after '.': a digit must come
+	stFrac                    // in a number's fraction digits
+	stExp                     // after 'e' / 'E': a sign or digit must come
+	stExpSign                 // after the exponent's sign: a digit must come
+	stExpInt                  // in the exponent's digits
 )
 
 // NewJSON returns a validator at the start of a JSON text; objectOnly
-// requires the top-level value to be an object.
+// requires an object as the text's first byte.
 func NewJSON(objectOnly bool) *JSON {
 	return &JSON{st: stStart, objectOnly: objectOnly}
 }
@@ -202,11 +203,11 @@ func (j *JSON) byte(c byte) bool {
 	}
 	switch j.st {
 	case stStart:
+		if j.objectOnly {
+			return c == '{' && j.open(c)
+		}
 		if isSpace(c) {
 			return j.space()
-		}
-		if j.objectOnly && c != '{' {
-			return false
 		}
 		return j.value(c)
 	case stValue:

@@ -116,6 +116,7 @@ func (s *Server) sampling(p *pb.SamplingParams, promptLen int) (engine.SamplingP
 		IgnoreEOS:         p.IgnoreEos,
 		Logprobs:          p.Logprobs,
 		TopLogprobs:       int(opt(p.TopLogprobs, 0)),
+		JSON:              p.JsonObject,
 	}
 	if sp.TopK == -1 { // vLLM's "off"
 		sp.TopK = 0

@@ -123,6 +123,7 @@ func randSampling(r *rand.Rand, vocab int) *pb.SamplingParams {
 		MinP:        ptr(float32(r.IntN(100)) / 100),
 		Seed:        ptr(r.Uint64()),
 		Logprobs:    r.IntN(2) == 0,
+		JsonObject:  r.IntN(4) == 0,
 	}
 	if sp.Logprobs {
 		sp.TopLogprobs = ptr(int32(r.IntN(5)))
@@ -153,7 +154,7 @@ func engineSampling(sp *pb.SamplingParams) engine.SamplingParams {
 		N: n, MaxTokens: int(sp.GetMaxTokens()), Temperature: def(sp.Temperature, 1),
 		TopP: def(sp.TopP, 1), TopK: int(sp.GetTopK()), MinP: sp.GetMinP(), Seed: sp.Seed,
 		RepetitionPenalty: 1, StopTokenIDs: sp.StopTokenIds, Logprobs: sp.GetLogprobs(),
-		TopLogprobs: int(sp.GetTopLogprobs()),
+		TopLogprobs: int(sp.GetTopLogprobs()), JSON: sp.GetJsonObject(),
 	}
 }
 
@@ -237,7 +238,8 @@ func TestGenerate(t *testing.T) {
 		g, w := got.Sampling, esp
 		if g.N != w.N || g.MaxTokens != w.MaxTokens || g.Temperature != w.Temperature || g.TopP != w.TopP ||
 			g.TopK != w.TopK || g.MinP != w.MinP || *g.Seed != *w.Seed || g.RepetitionPenalty != 1 ||
-			!slices.Equal(g.StopTokenIDs, w.StopTokenIDs) || g.Logprobs != w.Logprobs || g.TopLogprobs != w.TopLogprobs {
+			!slices.Equal(g.StopTokenIDs, w.StopTokenIDs) || g.Logprobs != w.Logprobs || g.TopLogprobs != w.TopLogprobs ||
+			g.JSON != w.JSON {
 			t.Errorf("request %d: engine sampling %+v, want %+v", i, g, w)
 		}
 	}
@@ -271,6 +273,9 @@ func TestDefaults(t *testing.T) {
 			if got.N != want.N || got.MaxTokens != want.MaxTokens || got.Temperature != 1 || got.TopP != 1 || got.TopK != 0 ||
 				got.MinP != 0 || got.Seed != nil || got.RepetitionPenalty != 1 || got.PresencePenalty != 0 || got.Logprobs || len(got.Stop) != 0 {
 				t.Errorf("engine sampling %+v, want %+v", got, want)
+			}
+			if got.JSON {
+				t.Error("json_object defaulted to on")
 			}
 			if n := len(resp.Choices[0].TokenIds); n != c.maxTokens {
 				t.Errorf("%d tokens, want %d", n, c.maxTokens)
@@ -592,6 +597,7 @@ func TestErrorCodes(t *testing.T) {
 		{with(&pb.SamplingParams{StopTokenIds: []int32{int32(vocab + 5)}}), codes.InvalidArgument, "sampling.stop_token_ids[0]", ""},
 		{with(&pb.SamplingParams{TopLogprobs: ptr(int32(3))}), codes.InvalidArgument, "sampling.top_logprobs", "needs logprobs"},
 		{with(&pb.SamplingParams{TopLogprobs: ptr(int32(21)), Logprobs: true}), codes.InvalidArgument, "sampling.top_logprobs", ""},
+		{with(&pb.SamplingParams{JsonObject: true, IgnoreEos: true}), codes.InvalidArgument, "sampling.json_object", "ignore_eos"},
 		{withID("has space"), codes.InvalidArgument, "request_id", "printable"},
 		// Too long: checked here, and by the engine for what slips by.
 		{with(&pb.SamplingParams{MaxTokens: ptr(int32(62))}), codes.InvalidArgument, "", "exceeds the model's context"},
@@ -698,6 +704,7 @@ func TestCode(t *testing.T) {
 		{&FieldError{"n", "bad"}, codes.InvalidArgument},
 		{fmt.Errorf("requests[2]: %w", &FieldError{"n", "bad"}), codes.InvalidArgument},
 		{engine.ErrTooLong, codes.InvalidArgument},
+		{fmt.Errorf("%w: no bytes", engine.ErrJSONUnsupported), codes.InvalidArgument},
 		{fmt.Errorf("x: %w", engine.ErrQueueFull), codes.ResourceExhausted},
 		{engine.ErrDraining, codes.Unavailable},
 		{context.Canceled, codes.Canceled},

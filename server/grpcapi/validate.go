@@ -185,6 +185,7 @@ func ValidateSampling(p *engine.SamplingParams, vocab int) error {
 		CheckStop(p.Stop),
 		CheckStopTokenIDs(p.StopTokenIDs, vocab),
 		CheckTopLogprobs(p.TopLogprobs, p.Logprobs),
+		checkJSONObject(p.JSON, p.IgnoreEOS),
 	} {
 		if err != nil {
 			return err
@@ -199,4 +200,13 @@ func CheckStopTokenIDs(ids []int32, vocab int) error {
 		return fieldErr("stop_token_ids", "%d ids, at most %d", len(ids), MaxStopTokenIDs)
 	}
 	return CheckTokenIDs("stop_token_ids", ids, vocab)
+}
+
+// checkJSONObject refuses json_object with ignore_eos: a constrained choice
+// ends when its object closes.
+func checkJSONObject(json, ignoreEOS bool) error {
+	if json && ignoreEOS {
+		return fieldErr("json_object", "cannot be used with ignore_eos (the choice ends when the object closes)")
+	}
+	return nil
 }

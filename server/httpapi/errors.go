@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/mkserve/mkserve/engine"
 )
@@ -97,6 +98,8 @@ func generateError(err error, tooLongParam string) *apiError {
 		return errDraining
 	case errors.Is(err, engine.ErrTooLong):
 		return invalid(tooLongParam, "the prompt plus max_tokens exceeds the model's context length")
+	case errors.Is(err, engine.ErrJSONUnsupported):
+		return invalid("response_format", "%s", strings.TrimPrefix(err.Error(), "engine: "))
 	}
 	return errInternal
 }

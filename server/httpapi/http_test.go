@@ -151,7 +151,10 @@ func TestInvalidParams(t *testing.T) {
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}`, "top_logprobs"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}`, "tools"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"tool_choice":"auto"}`, "tool_choice"},
-		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}`, "response_format"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a"}}}`, "response_format"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}}`, "response_format"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"response_format":"json"}`, "response_format"},
+		{"/v1/completions", `{"prompt":"x","response_format":{"type":"json_object"},"ignore_eos":true}`, "response_format"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"messages":1}}`, "chat_template_kwargs"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[1]}`, "chat_template_kwargs"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":64}`, "max_tokens"},
@@ -202,6 +205,24 @@ func TestInvalidParams(t *testing.T) {
 	reqs = f.requests()
 	if got := reqs[len(reqs)-1].Sampling.LogitBias; !reflect.DeepEqual(got, map[int32]float32{5: -100, 17: 2.5}) {
 		t.Errorf("logit_bias reached the engine as %v", got)
+	}
+	// response_format json_object reaches the engine as Sampling.JSON, on
+	// both endpoints; text leaves it off.
+	for _, tc := range []struct {
+		path, body string
+		json       bool
+	}{
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":2,"response_format":{"type":"json_object"}}`, true},
+		{"/v1/completions", `{"prompt":"x","max_tokens":2,"response_format":{"type":"json_object"}}`, true},
+		{"/v1/completions", `{"prompt":"x","max_tokens":2,"response_format":{"type":"text"}}`, false},
+	} {
+		if resp, body := post(t, url, tc.path, tc.body); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s %s: %d %s", tc.path, tc.body, resp.StatusCode, body)
+		}
+		reqs = f.requests()
+		if got := reqs[len(reqs)-1].Sampling.JSON; got != tc.json {
+			t.Errorf("%s %s: Sampling.JSON %v, want %v", tc.path, tc.body, got, tc.json)
+		}
 	}
 }
 

@@ -49,7 +49,8 @@ type sampling struct {
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	User                *string         `json:"user"` // accepted and ignored
 	LogitBias           map[string]any  `json:"logit_bias"`
-	Priority            *int            `json:"priority"` // vLLM's extension: lower runs first
+	Priority            *int            `json:"priority"`        // vLLM's extension: lower runs first
+	ResponseFormat      json.RawMessage `json:"response_format"` // text or json_object (completions too, as vLLM)
 }
 
 type streamOptions struct {
@@ -76,7 +77,6 @@ type chatRequest struct {
 	AddGenerationPrompt *bool           `json:"add_generation_prompt"` // vLLM's extension; default true
 	Tools               json.RawMessage `json:"tools"`
 	ToolChoice          json.RawMessage `json:"tool_choice"`
-	ResponseFormat      json.RawMessage `json:"response_format"`
 }
 
 // chatMessage is one entry of messages. Content is a string, a list of
@@ -395,6 +395,26 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 		}
 		sp.LogitBias[int32(id)] = float32(b)
 	}
+	if !isNull(p.ResponseFormat) {
+		var rf struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(p.ResponseFormat, &rf) != nil {
+			return sp, invalid("response_format", `response_format must be an object such as {"type": "json_object"}`)
+		}
+		switch rf.Type {
+		case "text":
+		case "json_object":
+			if sp.IgnoreEOS {
+				return sp, invalid("response_format", "response_format json_object cannot be used with ignore_eos (the choice ends when the object closes)")
+			}
+			sp.JSON = true
+		case "json_schema":
+			return sp, invalid("response_format", `response_format json_schema is not supported; {"type": "json_object"} constrains the output to a JSON object`)
+		default:
+			return sp, invalid("response_format", `response_format type must be "text" or "json_object", got %q`, rf.Type)
+		}
+	}
 	if p.StreamOptions != nil && (p.Stream == nil || !*p.Stream) {
 		return sp, invalid("stream_options", "stream_options is only allowed when stream is true")
 	}
@@ -477,14 +497,6 @@ func (r *chatRequest) check() *apiError {
 		var s string
 		if json.Unmarshal(r.ToolChoice, &s) != nil || s != "none" {
 			return invalid("tool_choice", `tool_choice is not supported other than "none"`)
-		}
-	}
-	if !isNull(r.ResponseFormat) {
-		var rf struct {
-			Type string `json:"type"`
-		}
-		if json.Unmarshal(r.ResponseFormat, &rf) != nil || rf.Type != "text" {
-			return invalid("response_format", `response_format is not supported other than {"type": "text"}`)
 		}
 	}
 	return nil

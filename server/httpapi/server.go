@@ -13,8 +13,10 @@
 // server does not know are ignored, as OpenAI's and vLLM's servers do, so
 // clients that send newer optional fields keep working; known fields that
 // would change the output but are not implemented (echo=true, suffix,
-// best_of≠n, tools, response_format other than text) are rejected instead
-// of silently ignored.
+// best_of≠n, tools, response_format json_schema) are rejected instead of
+// silently ignored. response_format {"type": "json_object"} (on both
+// endpoints, as vLLM) constrains each choice to one JSON object
+// (engine.SamplingParams.JSON).
 package httpapi
 
 import (

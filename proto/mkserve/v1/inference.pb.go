@@ -88,8 +88,12 @@ type SamplingParams struct {
 	IgnoreEos         bool                   `protobuf:"varint,13,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`                                // keep going past end-of-sequence tokens
 	Logprobs          bool                   `protobuf:"varint,14,opt,name=logprobs,proto3" json:"logprobs,omitempty"`                                                   // return each chosen token's log-probability
 	TopLogprobs       *int32                 `protobuf:"varint,15,opt,name=top_logprobs,json=topLogprobs,proto3,oneof" json:"top_logprobs,omitempty"`                    // and this many alternatives, [0, 20]; needs logprobs
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// json_object constrains each choice to one JSON object, ended as soon
+	// as it closes (HTTP's response_format {"type": "json_object"}); not
+	// with ignore_eos.
+	JsonObject    bool `protobuf:"varint,16,opt,name=json_object,json=jsonObject,proto3" json:"json_object,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -225,6 +229,13 @@ func (x *SamplingParams) GetTopLogprobs() int32 {
 		return *x.TopLogprobs
 	}
 	return 0
+}
+
+func (x *SamplingParams) GetJsonObject() bool {
+	if x != nil {
+		return x.JsonObject
+	}
+	return false
 }
 
 // GenerateRequest is one prompt and its settings.
@@ -976,7 +987,7 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"\x1amkserve/v1/inference.proto\x12\n" +
 	"mkserve.v1\"\x1c\n" +
 	"\bTokenIds\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\xa7\x05\n" +
+	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\xc8\x05\n" +
 	"\x0eSamplingParams\x12\x11\n" +
 	"\x01n\x18\x01 \x01(\x05H\x00R\x01n\x88\x01\x01\x12\"\n" +
 	"\n" +
@@ -996,7 +1007,9 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"ignore_eos\x18\r \x01(\bR\tignoreEos\x12\x1a\n" +
 	"\blogprobs\x18\x0e \x01(\bR\blogprobs\x12&\n" +
 	"\ftop_logprobs\x18\x0f \x01(\x05H\n" +
-	"R\vtopLogprobs\x88\x01\x01B\x04\n" +
+	"R\vtopLogprobs\x88\x01\x01\x12\x1f\n" +
+	"\vjson_object\x18\x10 \x01(\bR\n" +
+	"jsonObjectB\x04\n" +
 	"\x02_nB\r\n" +
 	"\v_max_tokensB\x0e\n" +
 	"\f_temperatureB\b\n" +

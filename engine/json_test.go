@@ -1,0 +1,112 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/grammar"
+)
+
+// TestJSONConstrained runs response_format json_object through the engine
+// on the CPU model (trained on prose, so the grammar does the work): every
+// choice's text is a prefix of a JSON object, a choice that stops is a
+// whole object, the device sampler is bypassed, and a request the engine
+// cannot constrain is refused.
+func TestJSONConstrained(t *testing.T) {
+	f := load(t)
+	ds := &devSampler{Backend: f.be}
+	e, err := engine.New(f.m.Model, ds, f.tok, engine.Config{BlockSize: 4}, engine.Options{Name: "t", EOS: []int32{2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Shutdown(context.Background())
+	prompt, err := f.tok.Encode("And God said, Let there be light", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, okOpen := f.tok.TokenID("{")
+	closeTok, okClose := f.tok.TokenID("}")
+	if !okOpen || !okClose {
+		t.Skip("the test tokenizer has no single-byte { or } token")
+	}
+	check := func(name string, r result, n int) {
+		t.Helper()
+		for i := range n {
+			text := r.text[i]
+			if !grammar.NewJSON(true).Advance([]byte(text)) && text != "" {
+				t.Errorf("%s, choice %d: %q is not a prefix of a JSON object", name, i, text)
+			}
+			if r.reasons[i] == engine.FinishStop && !(json.Valid([]byte(text)) && strings.HasPrefix(strings.TrimSpace(text), "{")) {
+				t.Errorf("%s, choice %d stopped with %q, not a whole JSON object", name, i, text)
+			}
+		}
+	}
+	before := ds.rows.Load()
+	// Greedy, pushed toward "{}" by logit_bias: "}" first is refused, so the
+	// text must be exactly {} and end there.
+	forced := collect(t, mustGen(t, e, prompt, engine.SamplingParams{MaxTokens: 8, TopP: 1, RepetitionPenalty: 1,
+		JSON: true, LogitBias: map[int32]float32{open: 100, closeTok: 100}}))
+	if forced.text[0] != "{}" || forced.reasons[0] != engine.FinishStop {
+		t.Errorf("biased toward {}: %q (%s), want \"{}\" (stop)", forced.text[0], forced.reasons[0])
+	}
+	check("forced", forced, 1)
+	// Unbiased, greedy and sampled (several choices, seeded).
+	greedy := collect(t, mustGen(t, e, prompt, engine.SamplingParams{MaxTokens: 40, TopP: 1, RepetitionPenalty: 1, JSON: true}))
+	check("greedy", greedy, 1)
+	t.Logf("greedy: %q (%s)", greedy.text[0], greedy.reasons[0])
+	if !strings.HasPrefix(greedy.text[0], "{") {
+		t.Errorf("greedy: %q does not start the object", greedy.text[0])
+	}
+	seed := uint64(7)
+	sampled := collect(t, mustGen(t, e, prompt, engine.SamplingParams{N: 4, MaxTokens: 40, Temperature: 1, TopP: 0.95,
+		TopK: 40, RepetitionPenalty: 1, Seed: &seed, JSON: true}))
+	check("sampled", sampled, 4)
+	for i := range 4 {
+		t.Logf("sampled %d: %q (%s)", i, sampled.text[i], sampled.reasons[i])
+	}
+	again := collect(t, mustGen(t, e, prompt, engine.SamplingParams{N: 4, MaxTokens: 40, Temperature: 1, TopP: 0.95,
+		TopK: 40, RepetitionPenalty: 1, Seed: &seed, JSON: true}))
+	for i := range 4 {
+		if again.text[i] != sampled.text[i] {
+			t.Errorf("seeded choice %d differs between runs: %q, %q", i, sampled.text[i], again.text[i])
+		}
+	}
+	if ds.rows.Load() != before {
+		t.Error("a JSON-constrained request sampled on the device")
+	}
+	// Refused: ignore_eos with json, and an engine without token bytes or EOS.
+	if _, err := e.Generate(context.Background(), &engine.Request{Prompt: prompt,
+		Sampling: engine.SamplingParams{MaxTokens: 4, JSON: true, IgnoreEOS: true}}); err == nil || !strings.Contains(err.Error(), "ignore_eos") {
+		t.Errorf("json with ignore_eos: %v, want an error naming ignore_eos", err)
+	}
+	noEOS, err := engine.New(f.m.Model, f.be, f.tok, engine.Config{BlockSize: 4}, engine.Options{Name: "t2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer noEOS.Shutdown(context.Background())
+	if _, err := noEOS.Generate(context.Background(), &engine.Request{Prompt: prompt,
+		Sampling: engine.SamplingParams{MaxTokens: 4, JSON: true}}); err == nil || !errors.Is(err, engine.ErrJSONUnsupported) || !strings.Contains(err.Error(), "end-of-sequence") {
+		t.Errorf("json without an EOS token: %v, want an error", err)
+	}
+	plainTok, err := engine.New(f.m.Model, f.be, decodeOnly{f.tok}, engine.Config{BlockSize: 4}, engine.Options{Name: "t3", EOS: []int32{2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plainTok.Shutdown(context.Background())
+	if _, err := plainTok.Generate(context.Background(), &engine.Request{Prompt: prompt,
+		Sampling: engine.SamplingParams{MaxTokens: 4, JSON: true}}); err == nil || !errors.Is(err, engine.ErrJSONUnsupported) || !strings.Contains(err.Error(), "bytes") {
+		t.Errorf("json with a tokenizer without token bytes: %v, want an error", err)
+	}
+}
+
+// decodeOnly hides every method but Decode (a Detokenizer that is not a
+// TokenByter).
+type decodeOnly struct{ d engine.Detokenizer }
+
+func (d decodeOnly) Decode(ids []int32, skipSpecial bool) (string, error) {
+	return d.d.Decode(ids, skipSpecial)
+}
