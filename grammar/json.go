@@ -7,9 +7,11 @@ package grammar
 // 8259): a single value with whitespace around it — or, made by
 // NewJSON(true), an object that starts the text (no whitespace before it:
 // a model would otherwise spend tokens on it). Strings must be valid UTF-8 without raw control
-// characters. Two limits keep a model from running on forever inside the
-// grammar: at most MaxWhitespace whitespace bytes in a row, and containers
-// nested at most MaxDepth deep. The zero value is not usable; copy one
+// characters. Limits keep a model from running on forever inside the
+// grammar: at most MaxWhitespace whitespace bytes in a row, of which at
+// most one newline (pretty printing needs no more; a small model otherwise
+// fills max_tokens with blank lines), and containers nested at most
+// MaxDepth deep. The zero value is not usable; copy one
 // with Clone.
 type JSON struct {
 	stack      []byte // open containers, '{' or '['
@@ -20,11 +22,12 @@ type JSON struct {
 	lo, hi     byte   // the next continuation byte's range (UTF-8 overlong / surrogate rules)
 	key        bool   // the string being read is an object key
 	ws         int    // whitespace bytes in a row
+	nl         bool   // that run holds a newline
 	scratch    []byte // Accept's copy of the stack
 }
 
 // MaxWhitespace is the most whitespace bytes JSON accepts in a row.
-const MaxWhitespace = 64
+const MaxWhitespace = 32
 
 // MaxDepth is the deepest nesting of objects and arrays JSON accepts.
 const MaxDepth = 64
@@ -123,8 +126,14 @@ func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
 func isHex(c byte) bool { return isDigit(c) || (c|0x20) >= 'a' && (c|0x20) <= 'f' }
 
-// space takes a whitespace byte between tokens, within the limit.
-func (j *JSON) space() bool {
+// space takes a whitespace byte c between tokens, within the limits.
+func (j *JSON) space(c byte) bool {
+	if c == '\n' {
+		if j.nl {
+			return false
+		}
+		j.nl = true
+	}
 	j.ws++
 	return j.ws <= MaxWhitespace
 }
@@ -199,7 +208,7 @@ func (j *JSON) endNumber(c byte) bool {
 // byte advances j by one byte.
 func (j *JSON) byte(c byte) bool {
 	if !isSpace(c) || j.st >= stString {
-		j.ws = 0
+		j.ws, j.nl = 0, false
 	}
 	switch j.st {
 	case stStart:
@@ -207,17 +216,17 @@ func (j *JSON) byte(c byte) bool {
 			return c == '{' && j.open(c)
 		}
 		if isSpace(c) {
-			return j.space()
+			return j.space(c)
 		}
 		return j.value(c)
 	case stValue:
 		if isSpace(c) {
-			return j.space()
+			return j.space(c)
 		}
 		return j.value(c)
 	case stValueOrEnd:
 		if isSpace(c) {
-			return j.space()
+			return j.space(c)
 		}
 		if c == ']' {
 			return j.close(c)
@@ -225,7 +234,7 @@ func (j *JSON) byte(c byte) bool {
 		return j.value(c)
 	case stKeyOrEnd, stKey:
 		if isSpace(c) {
-			return j.space()
+			return j.space(c)
 		}
 		if c == '}' && j.st == stKeyOrEnd {
 			return j.close(c)
@@ -237,7 +246,7 @@ func (j *JSON) byte(c byte) bool {
 		return true
 	case stColon:
 		if isSpace(c) {
-			return j.space()
+			return j.space(c)
 		}
 		if c != ':' {
 			return false
@@ -246,7 +255,7 @@ func (j *JSON) byte(c byte) bool {
 		return true
 	case stCommaOrEnd:
 		if isSpace(c) {
-			return j.space()
+			return j.space(c)
 		}
 		switch c {
 		case ',':
@@ -261,7 +270,7 @@ func (j *JSON) byte(c byte) bool {
 		}
 		return false
 	case stDone:
-		return isSpace(c) && j.space()
+		return isSpace(c) && j.space(c)
 	case stString:
 		switch {
 		case c == '"':

@@ -29,6 +29,7 @@ func TestJSONTexts(t *testing.T) {
 	}{
 		{"empty object", true, `{}`, 2, true},
 		{"spaces around", false, " \n{ } \t", 7, true},
+		{"blank line", false, "\n\n{}", 1, false},
 		{"space before the object", true, " {}", 0, false},
 		{"spaces after the object", true, "{ } \t\n", 6, true},
 		{"nested", true, `{"a": [1, -2.5e+3, 0, true, false, null, {"b": "c"}], "d": {}}`, 62, true},
@@ -87,8 +88,16 @@ func TestJSONLimits(t *testing.T) {
 	if n, ok := feedAll(true, ws); n != len(ws) || !ok {
 		t.Fatalf("%d spaces: accepted %d of %d bytes", MaxWhitespace, n, len(ws))
 	}
-	if n, _ := feedAll(true, "{"+strings.Repeat("\n", MaxWhitespace+1)); n != MaxWhitespace+1 {
-		t.Fatalf("%d newlines: accepted %d bytes, want %d", MaxWhitespace+1, n, MaxWhitespace+1)
+	if n, _ := feedAll(true, "{"+strings.Repeat(" ", MaxWhitespace+1)); n != MaxWhitespace+1 {
+		t.Fatalf("%d spaces: accepted %d bytes, want %d", MaxWhitespace+1, n, MaxWhitespace+1)
+	}
+	// One newline a run: pretty printing passes, blank lines do not.
+	pretty := "{\n  \"a\": [\n    1,\n    2\n  ]\r\n}\n"
+	if n, ok := feedAll(true, pretty); n != len(pretty) || !ok {
+		t.Fatalf("pretty-printed: accepted %d of %d bytes", n, len(pretty))
+	}
+	if n, _ := feedAll(true, "{\n  \n"); n != 4 {
+		t.Fatalf("a blank line: accepted %d bytes, want 4", n)
 	}
 	// Whitespace inside strings does not count.
 	s := `{"a": "` + strings.Repeat(" ", 3*MaxWhitespace) + `"}`
@@ -169,10 +178,10 @@ func FuzzJSON(f *testing.F) {
 	})
 }
 
-// withinLimits reports whether a valid JSON text stays within MaxDepth and
-// MaxWhitespace (its structure, outside strings).
+// withinLimits reports whether a valid JSON text stays within MaxDepth,
+// MaxWhitespace and one newline a whitespace run (outside strings).
 func withinLimits(s string) bool {
-	depth, ws, inStr, esc := 0, 0, false, false
+	depth, ws, inStr, esc, nl := 0, 0, false, false, false
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if inStr {
@@ -187,12 +196,18 @@ func withinLimits(s string) bool {
 			continue
 		}
 		if isSpace(c) {
+			if c == '\n' {
+				if nl {
+					return false
+				}
+				nl = true
+			}
 			if ws++; ws > MaxWhitespace {
 				return false
 			}
 			continue
 		}
-		ws = 0
+		ws, nl = 0, false
 		switch c {
 		case '"':
 			inStr = true
