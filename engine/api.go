@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/mkserve/mkserve/grammar"
 )
 
 // SamplingParams are a request's decoding settings, already validated by
@@ -34,6 +36,10 @@ type SamplingParams struct {
 	// an end-of-sequence token as soon as the object closes. Needs a
 	// tokenizer whose tokens' bytes are known (TokenByter).
 	JSON bool
+	// JSONSchema (response_format {"type": "json_schema"}), with JSON set,
+	// further makes each object match the schema: its properties in the
+	// schema's order, values of their types (grammar.SchemaJSON).
+	JSONSchema *grammar.Schema
 }
 
 // TokenByter is a Detokenizer that also gives each token's raw bytes

@@ -110,3 +110,52 @@ type decodeOnly struct{ d engine.Detokenizer }
 func (d decodeOnly) Decode(ids []int32, skipSpecial bool) (string, error) {
 	return d.d.Decode(ids, skipSpecial)
 }
+
+// TestJSONSchemaConstrained: with a json_schema every choice is a prefix of
+// an object matching it (keys forced in order), and one that stops is a
+// whole instance.
+func TestJSONSchemaConstrained(t *testing.T) {
+	f := load(t)
+	e := newEngine(t, f, engine.Config{BlockSize: 4})
+	schema, err := grammar.CompileSchema([]byte(`{"type": "object", "properties": {
+		"ok": {"type": "boolean"}, "kind": {"enum": ["light", "dark"]}, "words": {"type": "array", "items": {"type": "string"}},
+		"n": {"type": ["integer", "null"]}}, "required": ["ok", "kind", "words", "n"], "additionalProperties": false}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt, err := f.tok.Encode("And God said, Let there be light", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := uint64(11)
+	for _, sp := range []engine.SamplingParams{
+		{MaxTokens: 48, TopP: 1, RepetitionPenalty: 1, JSON: true, JSONSchema: schema},
+		{N: 3, MaxTokens: 48, Temperature: 1, TopP: 1, RepetitionPenalty: 1, Seed: &seed, JSON: true, JSONSchema: schema},
+	} {
+		r := collect(t, mustGen(t, e, prompt, sp))
+		for i := range sp.N {
+			text := r.text[i]
+			t.Logf("choice %d: %q (%s)", i, text, r.reasons[i])
+			if !grammar.NewSchemaJSON(schema).Advance([]byte(text)) {
+				t.Errorf("choice %d: %q is not a prefix of an instance", i, text)
+			}
+			if !strings.HasPrefix(text, `{"ok"`) && !strings.HasPrefix(text, "{\n") && !strings.HasPrefix(text, "{ ") && len(text) > 5 {
+				t.Errorf("choice %d: %q does not start with the first key", i, text)
+			}
+			if r.reasons[i] == engine.FinishStop {
+				var v struct {
+					OK    *bool    `json:"ok"`
+					Kind  string   `json:"kind"`
+					Words []string `json:"words"`
+				}
+				if err := json.Unmarshal([]byte(text), &v); err != nil || v.OK == nil || (v.Kind != "light" && v.Kind != "dark") || v.Words == nil {
+					t.Errorf("choice %d stopped with %q: not an instance (%v)", i, text, err)
+				}
+			}
+		}
+	}
+	if _, err := e.Generate(context.Background(), &engine.Request{Prompt: prompt,
+		Sampling: engine.SamplingParams{MaxTokens: 4, JSONSchema: schema}}); err == nil || !strings.Contains(err.Error(), "JSON mode") {
+		t.Errorf("a schema without JSON mode: %v, want an error", err)
+	}
+}

@@ -36,6 +36,8 @@ func (p *SamplingParams) Validate() error {
 		return fmt.Errorf("repetition_penalty must be in (0, 10], got %v", p.RepetitionPenalty)
 	case p.TopLogprobs < 0 || p.TopLogprobs > 20:
 		return fmt.Errorf("top_logprobs must be in [0, 20], got %d", p.TopLogprobs)
+	case p.JSONSchema != nil && !p.JSON:
+		return fmt.Errorf("a json_schema needs JSON mode set too")
 	case p.JSON && p.IgnoreEOS:
 		return fmt.Errorf("ignore_eos cannot be used with response_format json_object (the choice ends when the object closes)")
 	}
@@ -122,7 +124,7 @@ type sampler struct {
 	seen   map[int32]bool // prompt and output tokens (repetition penalty)
 	// JSON-constrained choices (SamplingParams.JSON): the grammar's state,
 	// each token's bytes and the token that ends the text.
-	json     *grammar.JSON
+	json     grammar.Validator
 	tokBytes func(int32) []byte
 	eos      int32
 	// scratch

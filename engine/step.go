@@ -24,8 +24,13 @@ func (e *Engine) admitRequest(r *request) {
 func (e *Engine) newSequence(r *request, index int, tokens []int32) *sequence {
 	e.seqNum++
 	sm := newSampler(&r.r.Sampling, index, r.r.Prompt)
-	if r.r.Sampling.JSON { // admission checked that the tokenizer gives bytes and an EOS exists
-		sm.json, sm.tokBytes, sm.eos = grammar.NewJSON(true), e.tokBytes, e.opts.EOS[0]
+	if p := &r.r.Sampling; p.JSON { // admission checked that the tokenizer gives bytes and an EOS exists
+		sm.tokBytes, sm.eos = e.tokBytes, e.opts.EOS[0]
+		if p.JSONSchema != nil {
+			sm.json = grammar.NewSchemaJSON(p.JSONSchema)
+		} else {
+			sm.json = grammar.NewJSON(true)
+		}
 	}
 	return &sequence{
 		id: NewSeqID(), req: r, index: index, tokens: tokens, prompt: len(r.r.Prompt),

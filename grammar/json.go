@@ -3,6 +3,20 @@
 // samples only tokens it accepts (OpenAI's response_format).
 package grammar
 
+// Validator is what constrained sampling needs of a grammar: whether bytes
+// may come next, taking them, and whether the text may end. JSON and
+// SchemaJSON are Validators.
+type Validator interface {
+	Accept(b []byte) bool
+	Advance(b []byte) bool
+	Complete() bool
+}
+
+var (
+	_ Validator = (*JSON)(nil)
+	_ Validator = (*SchemaJSON)(nil)
+)
+
 // JSON validates, a byte at a time, the prefixes of one JSON text (RFC
 // 8259): a single value with whitespace around it — or, made by
 // NewJSON(true), an object that starts the text (no whitespace before it:

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/grammar"
 	pb "github.com/mkserve/mkserve/proto/mkserve/v1"
 )
 
@@ -116,7 +117,14 @@ func (s *Server) sampling(p *pb.SamplingParams, promptLen int) (engine.SamplingP
 		IgnoreEOS:         p.IgnoreEos,
 		Logprobs:          p.Logprobs,
 		TopLogprobs:       int(opt(p.TopLogprobs, 0)),
-		JSON:              p.JsonObject,
+		JSON:              p.JsonObject || p.JsonSchema != "",
+	}
+	if p.JsonSchema != "" {
+		schema, err := grammar.CompileSchema([]byte(p.JsonSchema))
+		if err != nil {
+			return sp, fieldErr("json_schema", "%v", err)
+		}
+		sp.JSONSchema = schema
 	}
 	if sp.TopK == -1 { // vLLM's "off"
 		sp.TopK = 0

@@ -125,6 +125,9 @@ func randSampling(r *rand.Rand, vocab int) *pb.SamplingParams {
 		Logprobs:    r.IntN(2) == 0,
 		JsonObject:  r.IntN(4) == 0,
 	}
+	if r.IntN(4) == 0 {
+		sp.JsonSchema = `{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}`
+	}
 	if sp.Logprobs {
 		sp.TopLogprobs = ptr(int32(r.IntN(5)))
 	}
@@ -154,7 +157,7 @@ func engineSampling(sp *pb.SamplingParams) engine.SamplingParams {
 		N: n, MaxTokens: int(sp.GetMaxTokens()), Temperature: def(sp.Temperature, 1),
 		TopP: def(sp.TopP, 1), TopK: int(sp.GetTopK()), MinP: sp.GetMinP(), Seed: sp.Seed,
 		RepetitionPenalty: 1, StopTokenIDs: sp.StopTokenIds, Logprobs: sp.GetLogprobs(),
-		TopLogprobs: int(sp.GetTopLogprobs()), JSON: sp.GetJsonObject(),
+		TopLogprobs: int(sp.GetTopLogprobs()), JSON: sp.GetJsonObject() || sp.GetJsonSchema() != "",
 	}
 }
 
@@ -239,7 +242,7 @@ func TestGenerate(t *testing.T) {
 		if g.N != w.N || g.MaxTokens != w.MaxTokens || g.Temperature != w.Temperature || g.TopP != w.TopP ||
 			g.TopK != w.TopK || g.MinP != w.MinP || *g.Seed != *w.Seed || g.RepetitionPenalty != 1 ||
 			!slices.Equal(g.StopTokenIDs, w.StopTokenIDs) || g.Logprobs != w.Logprobs || g.TopLogprobs != w.TopLogprobs ||
-			g.JSON != w.JSON {
+			g.JSON != w.JSON || (g.JSONSchema != nil) != (sp.GetJsonSchema() != "") {
 			t.Errorf("request %d: engine sampling %+v, want %+v", i, g, w)
 		}
 	}
@@ -598,6 +601,9 @@ func TestErrorCodes(t *testing.T) {
 		{with(&pb.SamplingParams{TopLogprobs: ptr(int32(3))}), codes.InvalidArgument, "sampling.top_logprobs", "needs logprobs"},
 		{with(&pb.SamplingParams{TopLogprobs: ptr(int32(21)), Logprobs: true}), codes.InvalidArgument, "sampling.top_logprobs", ""},
 		{with(&pb.SamplingParams{JsonObject: true, IgnoreEos: true}), codes.InvalidArgument, "sampling.json_object", "ignore_eos"},
+		{with(&pb.SamplingParams{JsonSchema: `{"type": "object", "properties": {"a": {"type": "string"}}}`}), codes.InvalidArgument,
+			"sampling.json_schema", "required"},
+		{with(&pb.SamplingParams{JsonSchema: `{"type":`}), codes.InvalidArgument, "sampling.json_schema", "schema"},
 		{withID("has space"), codes.InvalidArgument, "request_id", "printable"},
 		// Too long: checked here, and by the engine for what slips by.
 		{with(&pb.SamplingParams{MaxTokens: ptr(int32(62))}), codes.InvalidArgument, "", "exceeds the model's context"},

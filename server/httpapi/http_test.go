@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/grammar"
 	"github.com/mkserve/mkserve/tokenizer"
 )
 
@@ -152,6 +153,8 @@ func TestInvalidParams(t *testing.T) {
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}`, "tools"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"tool_choice":"auto"}`, "tool_choice"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a"}}}`, "response_format"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","properties":{"a":{"type":"string","format":"email"}},"required":["a"]}}}}`, "response_format"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"string"}}}}`, "response_format"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}}`, "response_format"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"response_format":"json"}`, "response_format"},
 		{"/v1/completions", `{"prompt":"x","response_format":{"type":"json_object"},"ignore_eos":true}`, "response_format"},
@@ -215,13 +218,21 @@ func TestInvalidParams(t *testing.T) {
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":2,"response_format":{"type":"json_object"}}`, true},
 		{"/v1/completions", `{"prompt":"x","max_tokens":2,"response_format":{"type":"json_object"}}`, true},
 		{"/v1/completions", `{"prompt":"x","max_tokens":2,"response_format":{"type":"text"}}`, false},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":2,"response_format":{"type":"json_schema","json_schema":{"name":"p","strict":true,"schema":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":false}}}}`, true},
 	} {
 		if resp, body := post(t, url, tc.path, tc.body); resp.StatusCode != http.StatusOK {
 			t.Fatalf("%s %s: %d %s", tc.path, tc.body, resp.StatusCode, body)
 		}
 		reqs = f.requests()
-		if got := reqs[len(reqs)-1].Sampling.JSON; got != tc.json {
-			t.Errorf("%s %s: Sampling.JSON %v, want %v", tc.path, tc.body, got, tc.json)
+		sp := reqs[len(reqs)-1].Sampling
+		if sp.JSON != tc.json {
+			t.Errorf("%s %s: Sampling.JSON %v, want %v", tc.path, tc.body, sp.JSON, tc.json)
+		}
+		if schema := strings.Contains(tc.body, "json_schema"); (sp.JSONSchema != nil) != schema {
+			t.Errorf("%s %s: Sampling.JSONSchema %v, want a schema: %v", tc.path, tc.body, sp.JSONSchema, schema)
+		}
+		if sp.JSONSchema != nil && !grammar.NewSchemaJSON(sp.JSONSchema).Advance([]byte(`{"a": 12}`)) {
+			t.Errorf("the compiled schema refuses {\"a\": 12}")
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/mkserve/mkserve/chat"
 	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/grammar"
 )
 
 // Limits on request parameters (OpenAI's where it has one).
@@ -397,22 +398,34 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 	}
 	if !isNull(p.ResponseFormat) {
 		var rf struct {
-			Type string `json:"type"`
+			Type       string `json:"type"`
+			JSONSchema *struct {
+				Schema json.RawMessage `json:"schema"`
+			} `json:"json_schema"`
 		}
 		if json.Unmarshal(p.ResponseFormat, &rf) != nil {
 			return sp, invalid("response_format", `response_format must be an object such as {"type": "json_object"}`)
 		}
 		switch rf.Type {
 		case "text":
-		case "json_object":
+		case "json_object", "json_schema":
 			if sp.IgnoreEOS {
-				return sp, invalid("response_format", "response_format json_object cannot be used with ignore_eos (the choice ends when the object closes)")
+				return sp, invalid("response_format", "response_format %s cannot be used with ignore_eos (the choice ends when the object closes)", rf.Type)
 			}
 			sp.JSON = true
-		case "json_schema":
-			return sp, invalid("response_format", `response_format json_schema is not supported; {"type": "json_object"} constrains the output to a JSON object`)
+			if rf.Type == "json_object" {
+				break
+			}
+			if rf.JSONSchema == nil || isNull(rf.JSONSchema.Schema) {
+				return sp, invalid("response_format", "response_format json_schema needs json_schema.schema")
+			}
+			s, err := grammar.CompileSchema(rf.JSONSchema.Schema)
+			if err != nil {
+				return sp, invalid("response_format", "response_format json_schema: %v", err)
+			}
+			sp.JSONSchema = s
 		default:
-			return sp, invalid("response_format", `response_format type must be "text" or "json_object", got %q`, rf.Type)
+			return sp, invalid("response_format", `response_format type must be "text", "json_object" or "json_schema", got %q`, rf.Type)
 		}
 	}
 	if p.StreamOptions != nil && (p.Stream == nil || !*p.Stream) {

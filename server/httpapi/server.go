@@ -13,10 +13,11 @@
 // server does not know are ignored, as OpenAI's and vLLM's servers do, so
 // clients that send newer optional fields keep working; known fields that
 // would change the output but are not implemented (echo=true, suffix,
-// best_of≠n, tools, response_format json_schema) are rejected instead of
-// silently ignored. response_format {"type": "json_object"} (on both
-// endpoints, as vLLM) constrains each choice to one JSON object
-// (engine.SamplingParams.JSON).
+// best_of≠n, tools, JSON Schema keywords grammar.Schema does not take) are
+// rejected instead of silently ignored. response_format {"type":
+// "json_object"} or {"type": "json_schema"} (on both endpoints, as vLLM)
+// constrains each choice to one JSON object, or to one matching the schema
+// (engine.SamplingParams.JSON / JSONSchema).
 package httpapi
 
 import (

@@ -91,7 +91,12 @@ type SamplingParams struct {
 	// json_object constrains each choice to one JSON object, ended as soon
 	// as it closes (HTTP's response_format {"type": "json_object"}); not
 	// with ignore_eos.
-	JsonObject    bool `protobuf:"varint,16,opt,name=json_object,json=jsonObject,proto3" json:"json_object,omitempty"`
+	JsonObject bool `protobuf:"varint,16,opt,name=json_object,json=jsonObject,proto3" json:"json_object,omitempty"`
+	// json_schema, a JSON Schema as text (the subset grammar.Schema takes:
+	// an object whose properties are all required), constrains each choice
+	// to an object matching it, properties in the schema's order (HTTP's
+	// response_format {"type": "json_schema"}); implies json_object.
+	JsonSchema    string `protobuf:"bytes,17,opt,name=json_schema,json=jsonSchema,proto3" json:"json_schema,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -236,6 +241,13 @@ func (x *SamplingParams) GetJsonObject() bool {
 		return x.JsonObject
 	}
 	return false
+}
+
+func (x *SamplingParams) GetJsonSchema() string {
+	if x != nil {
+		return x.JsonSchema
+	}
+	return ""
 }
 
 // GenerateRequest is one prompt and its settings.
@@ -987,7 +999,7 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"\x1amkserve/v1/inference.proto\x12\n" +
 	"mkserve.v1\"\x1c\n" +
 	"\bTokenIds\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\xc8\x05\n" +
+	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\xe9\x05\n" +
 	"\x0eSamplingParams\x12\x11\n" +
 	"\x01n\x18\x01 \x01(\x05H\x00R\x01n\x88\x01\x01\x12\"\n" +
 	"\n" +
@@ -1009,7 +1021,9 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"\ftop_logprobs\x18\x0f \x01(\x05H\n" +
 	"R\vtopLogprobs\x88\x01\x01\x12\x1f\n" +
 	"\vjson_object\x18\x10 \x01(\bR\n" +
-	"jsonObjectB\x04\n" +
+	"jsonObject\x12\x1f\n" +
+	"\vjson_schema\x18\x11 \x01(\tR\n" +
+	"jsonSchemaB\x04\n" +
 	"\x02_nB\r\n" +
 	"\v_max_tokensB\x0e\n" +
 	"\f_temperatureB\b\n" +

@@ -1,0 +1,284 @@
+package grammar
+
+// SchemaJSON validates, a byte at a time, the prefixes of one JSON object
+// that matches a Schema: every property in the schema's order and no other,
+// values of the allowed types or enum values, whitespace between tokens as
+// JSON allows it (the same limits). The object must start the text. Make
+// one with NewSchemaJSON; copy one with Clone.
+type SchemaJSON struct {
+	root    *Schema
+	stack   []sframe // open objects and arrays
+	started bool
+	leaf    JSON // the string, number or literal being read, when leafOn
+	leafOn  bool
+	leafNum bool     // the leaf is a number (it ends at the first byte that is not part of it)
+	leafInt bool     // an integer: no fraction or exponent
+	enum    [][]byte // the enum value being read: its candidates (nil: none)
+	alive   uint64   // candidates still matching
+	epos    int      // bytes of the value read
+	ws      int      // whitespace bytes in a row
+	nl      bool     // that run holds a newline
+	scratch []sframe // Accept's copy of the stack
+}
+
+// sframe is an open object or array.
+type sframe struct {
+	s    *Schema
+	i    int   // object: properties started; array: items started
+	st   uint8 // what comes next (oOpen…)
+	kpos int   // oKey: bytes of the key matched
+}
+
+const (
+	oOpen  uint8 = iota // after '{': the first key, or '}' when there are no properties
+	oNext               // after ',': the next key's '"'
+	oKey                // inside a key (kpos bytes matched)
+	oColon              // after a key
+	oValue              // a property's value must start
+	oAfter              // after a value: ',' or '}'
+	aOpen               // after '[': an item or ']'
+	aValue              // after ',': an item
+	aAfter              // after an item: ',' or ']'
+)
+
+// NewSchemaJSON returns a validator at the start of a text that must be
+// one object matching s (from CompileSchema).
+func NewSchemaJSON(s *Schema) *SchemaJSON { return &SchemaJSON{root: s} }
+
+// Clone returns an independent copy of j.
+func (j *SchemaJSON) Clone() *SchemaJSON {
+	c := *j
+	c.stack = append([]sframe(nil), j.stack...)
+	c.scratch = nil
+	return &c
+}
+
+// Complete reports whether the text is a whole object matching the schema
+// (only whitespace may follow).
+func (j *SchemaJSON) Complete() bool {
+	return j.started && len(j.stack) == 0 && !j.leafOn && j.enum == nil
+}
+
+// Accept reports whether b may come next, leaving j unchanged; an empty b
+// is not accepted.
+func (j *SchemaJSON) Accept(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	t := *j
+	t.stack = append(j.scratch[:0], j.stack...)
+	ok := true
+	for _, c := range b {
+		if !t.byte(c) {
+			ok = false
+			break
+		}
+	}
+	j.scratch = t.stack[:0]
+	return ok
+}
+
+// Advance appends b if it is accepted and reports whether it was.
+func (j *SchemaJSON) Advance(b []byte) bool {
+	if !j.Accept(b) {
+		return false
+	}
+	for _, c := range b {
+		j.byte(c)
+	}
+	return true
+}
+
+// space takes a whitespace byte between tokens, within JSON's limits.
+func (j *SchemaJSON) space(c byte) bool {
+	if c == '\n' {
+		if j.nl {
+			return false
+		}
+		j.nl = true
+	}
+	j.ws++
+	return j.ws <= MaxWhitespace
+}
+
+func (j *SchemaJSON) push(s *Schema, st uint8) bool {
+	if len(j.stack) >= MaxDepth {
+		return false
+	}
+	j.stack = append(j.stack, sframe{s: s, st: st})
+	return true
+}
+
+func (j *SchemaJSON) pop() { j.stack = j.stack[:len(j.stack)-1] }
+
+// byte advances j by one byte.
+func (j *SchemaJSON) byte(c byte) bool {
+	if j.leafOn {
+		return j.leafByte(c)
+	}
+	if j.enum != nil {
+		return j.enumByte(c)
+	}
+	if !j.started {
+		j.started = true
+		return c == '{' && j.push(j.root, oOpen)
+	}
+	if len(j.stack) == 0 { // the object is complete
+		return isSpace(c) && j.space(c)
+	}
+	top := &j.stack[len(j.stack)-1]
+	if top.st != oKey {
+		if isSpace(c) {
+			return j.space(c)
+		}
+		j.ws, j.nl = 0, false
+	}
+	props := top.s.props
+	switch top.st {
+	case oOpen, oNext:
+		if c == '}' && top.st == oOpen && len(props) == 0 {
+			j.pop()
+			return true
+		}
+		if c != '"' || top.i >= len(props) {
+			return false
+		}
+		top.st, top.kpos = oKey, 1
+		return true
+	case oKey:
+		key := props[top.i].key
+		if c != key[top.kpos] {
+			return false
+		}
+		if top.kpos++; top.kpos == len(key) {
+			top.st = oColon
+		}
+		return true
+	case oColon:
+		if c != ':' {
+			return false
+		}
+		top.st = oValue
+		return true
+	case oValue:
+		child := props[top.i].s
+		top.st = oAfter
+		top.i++
+		return j.value(child, c)
+	case oAfter:
+		switch {
+		case c == ',' && top.i < len(props):
+			top.st = oNext
+			return true
+		case c == '}' && top.i == len(props):
+			j.pop()
+			return true
+		}
+		return false
+	case aOpen, aValue:
+		if c == ']' && top.st == aOpen {
+			j.pop()
+			return true
+		}
+		top.st = aAfter
+		top.i++
+		return j.value(top.s.items, c)
+	case aAfter:
+		switch c {
+		case ',':
+			top.st = aValue
+			return true
+		case ']':
+			j.pop()
+			return true
+		}
+		return false
+	}
+	return false
+}
+
+// value starts a value of schema s with byte c.
+func (j *SchemaJSON) value(s *Schema, c byte) bool {
+	j.ws, j.nl = 0, false
+	if s.enum != nil {
+		j.enum, j.alive, j.epos = s.enum, 1<<len(s.enum)-1, 0
+		return j.enumByte(c)
+	}
+	k := s.kinds
+	switch {
+	case c == '{' && hasKind(k, kObject):
+		return j.push(s, oOpen)
+	case c == '[' && hasKind(k, kArray):
+		return j.push(s, aOpen)
+	case c == '"' && hasKind(k, kString),
+		(c == 't' || c == 'f') && hasKind(k, kBoolean),
+		c == 'n' && hasKind(k, kNull):
+		j.leafNum = false
+	case (c == '-' || isDigit(c)) && hasKind(k, kNumber|kInteger):
+		j.leafNum, j.leafInt = true, !hasKind(k, kNumber)
+	default:
+		return false
+	}
+	j.leaf, j.leafOn = JSON{st: stStart}, true
+	return j.leafByte(c)
+}
+
+// leafByte feeds a string, number or literal; the value ends after its
+// closing byte, or (a number) before the first byte that cannot extend it.
+func (j *SchemaJSON) leafByte(c byte) bool {
+	if j.leafNum {
+		num := isDigit(c) || c == '-' || c == '+' || (!j.leafInt && (c == '.' || c == 'e' || c == 'E'))
+		if num {
+			return j.leaf.byte(c)
+		}
+		if !j.leaf.Complete() {
+			return false
+		}
+		j.leafOn = false
+		return j.byte(c)
+	}
+	if !j.leaf.byte(c) {
+		return false
+	}
+	if j.leaf.st == stDone {
+		j.leafOn = false
+	}
+	return true
+}
+
+// enumByte matches byte c against the enum candidates still alive.
+func (j *SchemaJSON) enumByte(c byte) bool {
+	var next uint64
+	for k, e := range j.enum {
+		if j.alive&(1<<k) != 0 && len(e) > j.epos && e[j.epos] == c {
+			next |= 1 << k
+		}
+	}
+	if next == 0 {
+		// c does not continue any candidate: the value ended before it if
+		// one is whole (a number such as 1 among 1 and 12).
+		for k, e := range j.enum {
+			if j.alive&(1<<k) != 0 && len(e) == j.epos {
+				j.enum = nil
+				return j.byte(c)
+			}
+		}
+		return false
+	}
+	j.alive = next
+	j.epos++
+	whole, longer := false, false
+	for k, e := range j.enum {
+		if next&(1<<k) != 0 {
+			if len(e) == j.epos {
+				whole = true
+			} else {
+				longer = true
+			}
+		}
+	}
+	if whole && !longer {
+		j.enum = nil
+	}
+	return true
+}
