@@ -16,6 +16,13 @@
 #   cycles an issue against 1.13 at R = 1, the same instructions): R = 8's
 #   16k overhead without copies +14 % → ~+8 %, with copies ~−3 points.
 #   Make it the default if it wins (ring.cu, fill_params: noready).
+# Then `bench ring --repeat 6 --spacer-mb 40`: the same ring measured six
+# times in one process, each time with its buffers 40 MB further on (a
+# spacer allocated first). The ring's 16k timings have been bimodal from
+# run to run (R = 2: 4.46 or 4.8–4.9 ms, twenty-eighth pass); if the
+# modes follow the repetitions' placement, buffer placement (L2 slices /
+# the two L2 halves) decides them, and the engine's allocator could place
+# the ring's buffers on purpose.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-.dev/out}
@@ -38,4 +45,8 @@ for r in 1 2 3; do
 			--iters 5 --json 2>&1 | grep -oE '"(ranks|ms|single_rank_ms)":[^,}]*' | cut -c1-22 | paste -sd' '
 	done
 done
+echo "== placement: --repeat 6 --spacer-mb 40 (t=${SECONDS}s)"
+timeout 120 .dev/mkserve bench ring --seq 16384 --ranks 2,8 --heads 32 --kv-heads 8 --head-dim 128 --causal --iters 5 \
+	--repeat 6 --spacer-mb 40 --json 2>&1 | python3 -c 'import json,sys
+for r in json.load(sys.stdin): print("   R=%d spacer %4d MB: ring %.3f ms, one rank %.3f, separate %.3f" % (r["ranks"], r.get("spacer_mb", 0), r["ms"], r["single_rank_ms"], r["separate_ms"]))'
 echo "done t=${SECONDS}s"

@@ -20,6 +20,8 @@ type ringBenchOpts struct {
 	attnShape
 	seqs, ranks []int
 	iters       int
+	repeat      int // measurements of each (seq, ranks), each with its buffers elsewhere
+	spacerMB    int // repetition i allocates i·spacerMB MB before its buffers
 }
 
 // ringBenchResult is one (sequence length, ranks) measurement (one JSON object).
@@ -47,6 +49,8 @@ type ringBenchResult struct {
 	DoubleRelErr float64 `json:"double_buffer_rel_err"`
 	SepRelErr    float64 `json:"separate_rel_err"` // the same for the separate ring
 	Device       string  `json:"device"`
+	Rep          int     `json:"rep,omitempty"`       // --repeat: the repetition (0 first)
+	SpacerMB     int     `json:"spacer_mb,omitempty"` // --repeat: MB allocated before this repetition's buffers
 }
 
 // parseRingBench parses and checks the flags.
@@ -57,6 +61,8 @@ func parseRingBench(args []string) (*ringBenchOpts, error) {
 	ranks := fs.String("ranks", "4", "comma-separated emulated rank counts (1..8)")
 	o.register(fs)
 	fs.IntVar(&o.iters, "iters", 10, "timed launches per method (median reported; at least 3)")
+	fs.IntVar(&o.repeat, "repeat", 1, "measure each (seq, ranks) this many times, each with its buffers at other addresses (one JSON object each)")
+	fs.IntVar(&o.spacerMB, "spacer-mb", 40, "with --repeat: repetition i allocates i × this many MB before its buffers")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return nil, err
@@ -97,6 +103,10 @@ func parseRingBench(args []string) (*ringBenchOpts, error) {
 		return nil, fmt.Errorf("bench ring: --window %d must be >= 0 and needs --causal", o.window)
 	case o.iters < 3:
 		return nil, fmt.Errorf("bench ring: --iters %d: at least 3", o.iters)
+	case o.repeat < 1 || o.repeat > 64:
+		return nil, fmt.Errorf("bench ring: --repeat %d must be in [1, 64]", o.repeat)
+	case o.spacerMB < 0 || o.spacerMB > 4096:
+		return nil, fmt.Errorf("bench ring: --spacer-mb %d must be in [0, 4096]", o.spacerMB)
 	case o.device < 0:
 		return nil, fmt.Errorf("bench ring: --device %d", o.device)
 	}
@@ -121,16 +131,22 @@ func benchRing(args []string, stdout io.Writer) error {
 	var res []ringBenchResult
 	for _, s := range o.seqs {
 		for _, R := range o.ranks {
-			var r ringBenchResult
-			if err := g.Do(func(d *kernels.Device) error {
-				var err error
-				r, err = ringBenchOne(d, o, s, R)
-				return err
-			}); err != nil {
-				return fmt.Errorf("bench ring: seq %d ranks %d: %w", s, R, err)
+			for rep := range o.repeat {
+				var r ringBenchResult
+				spacer := int64(rep) * int64(o.spacerMB) << 20
+				if err := g.Do(func(d *kernels.Device) error {
+					var err error
+					r, err = ringBenchOne(d, o, s, R, spacer)
+					return err
+				}); err != nil {
+					return fmt.Errorf("bench ring: seq %d ranks %d: %w", s, R, err)
+				}
+				r.Device = g.Info().Name
+				if o.repeat > 1 {
+					r.Rep, r.SpacerMB = rep, rep*o.spacerMB
+				}
+				res = append(res, r)
 			}
-			r.Device = g.Info().Name
-			res = append(res, r)
 		}
 	}
 	return printRingBench(stdout, o.json, res)
@@ -151,8 +167,10 @@ func printRingBench(w io.Writer, asJSON bool, res []ringBenchResult) error {
 	return tw.Flush()
 }
 
-// ringBenchOne measures one (seq, ranks).
-func ringBenchOne(d *kernels.Device, o *ringBenchOpts, seq, R int) (ringBenchResult, error) {
+// ringBenchOne measures one (seq, ranks), its buffers allocated after a
+// spacer of that many bytes (0: none), which moves them to other addresses
+// (the ring's timings were bimodal from run to run: does placement decide?).
+func ringBenchOne(d *kernels.Device, o *ringBenchOpts, seq, R int, spacer int64) (ringBenchResult, error) {
 	res := ringBenchResult{Seq: seq, Ranks: R, Heads: o.heads, KVHeads: o.kvHeads, HeadDim: o.headDim,
 		VHeadDim: o.vHeadDim, Causal: o.causal, Window: o.window, Iters: o.iters}
 	H, KV, D, DV := o.heads, o.kvHeads, o.headDim, o.vHeadDim
@@ -169,6 +187,11 @@ func ringBenchOne(d *kernels.Device, o *ringBenchOpts, seq, R int) (ringBenchRes
 			bufs = append(bufs, b)
 		}
 		return b, err
+	}
+	if spacer > 0 {
+		if _, err := alloc(spacer); err != nil {
+			return res, err
+		}
 	}
 	upload := func(x []uint16) (*kernels.Buffer, error) {
 		b, err := alloc(int64(2 * len(x)))

@@ -13,8 +13,11 @@ func TestBenchRingFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(o.seqs) != 2 || o.seqs[1] != 65536 || len(o.ranks) != 1 || o.ranks[0] != 4 || o.vHeadDim != 128 ||
-		!o.causal || !o.json || o.iters < 3 {
+		!o.causal || !o.json || o.iters < 3 || o.repeat != 1 {
 		t.Fatalf("parsed %+v", o)
+	}
+	if o, err := parseRingBench([]string{"--repeat", "4", "--spacer-mb", "24"}); err != nil || o.repeat != 4 || o.spacerMB != 24 {
+		t.Fatalf("--repeat 4 --spacer-mb 24: %+v, %v", o, err)
 	}
 	for _, c := range []struct {
 		args []string
@@ -27,6 +30,8 @@ func TestBenchRingFlags(t *testing.T) {
 		{[]string{"--head-dim", "300"}, "--head-dim"},
 		{[]string{"--window", "64"}, "--causal"},
 		{[]string{"--iters", "2"}, "--iters"},
+		{[]string{"--repeat", "0"}, "--repeat"},
+		{[]string{"--repeat", "2", "--spacer-mb", "-1"}, "--spacer-mb"},
 		{[]string{"extra"}, "unexpected"},
 	} {
 		if _, err := parseRingBench(c.args); err == nil || !strings.Contains(err.Error(), c.want) {
