@@ -96,3 +96,53 @@ func TestDeviceSamplingMatchesHost(t *testing.T) {
 		})
 	}
 }
+
+// TestMixedSampling: in a batch where some requests need the host (a
+// grammar, logit_bias), the others still sample on the device — only the
+// host rows' logits come back — and every output equals the all-host run's.
+func TestMixedSampling(t *testing.T) {
+	f := load(t)
+	ds := &devSampler{Backend: f.be}
+	seed := uint64(5)
+	params := []engine.SamplingParams{
+		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true},
+		{MaxTokens: 7, Temperature: 0.9, TopP: 0.9, RepetitionPenalty: 1, Seed: &seed, IgnoreEOS: true},
+		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, JSON: true},
+		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true, LogitBias: map[int32]float32{11: 3}},
+		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true},
+	}
+	run := func(host bool) ([]result, int64) {
+		e, err := engine.New(f.m.Model, ds, f.tok, engine.Config{BlockSize: 4, HostSampling: host}, engine.Options{Name: "t", EOS: []int32{2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Shutdown(context.Background())
+		before := ds.rows.Load()
+		chans := make([]<-chan engine.Event, len(params))
+		for i, p := range params {
+			chans[i] = mustGen(t, e, []int32{3, 5, 7, 9 + int32(i)}, p)
+		}
+		out := make([]result, len(params))
+		for i, ch := range chans {
+			out[i] = collect(t, ch)
+		}
+		return out, ds.rows.Load() - before
+	}
+	hostRes, hostRows := run(true)
+	mixRes, devRows := run(false)
+	if hostRows != 0 {
+		t.Errorf("host sampling drew %d rows on the device", hostRows)
+	}
+	plain := int64(0)
+	for i, p := range params {
+		if !slices.Equal(mixRes[i].tokens[0], hostRes[i].tokens[0]) {
+			t.Errorf("request %d: mixed %v, host %v", i, mixRes[i].tokens[0], hostRes[i].tokens[0])
+		}
+		if !p.JSON && len(p.LogitBias) == 0 {
+			plain += int64(len(mixRes[i].tokens[0]))
+		}
+	}
+	if devRows != plain {
+		t.Errorf("the device sampled %d rows; the requests without a grammar or bias made %d tokens", devRows, plain)
+	}
+}

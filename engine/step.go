@@ -184,22 +184,21 @@ func (e *Engine) step() {
 		<-e.wake
 		return
 	}
-	// Sample on the device when the backend can and no choice forks this
-	// step (a fork emits its siblings from the same host logits).
+	// Sample on the device when the backend can; rows that need the host
+	// (needsHost: a fork, logit_bias, a grammar) are sampled there from
+	// their own logits rows, the others stay on the device.
 	devSampler, _ := e.be.(backend.Sampler)
-	for _, en := range plan {
-		s := en.s
-		if en.sample && s.forksNow(en.n) {
-			devSampler = nil
-		}
-		if en.sample && (len(s.req.r.Sampling.LogitBias) > 0 || s.sampler.json != nil) { // the device sampler takes no biases or grammars
-			devSampler = nil
-		}
-	}
 	if e.cfg.HostSampling {
 		devSampler = nil
 	}
-	async := e.overlapSampler(plan, devSampler)
+	hostRows := false
+	for _, en := range plan {
+		hostRows = hostRows || (en.sample && en.s.needsHost(en.n))
+	}
+	var async backend.AsyncSampler
+	if !hostRows { // an overlapped step samples every row on the device
+		async = e.overlapSampler(plan, devSampler)
+	}
 	if async == nil && e.inflight != nil {
 		// This step needs the previous one's tokens on the host.
 		e.resolveInflight()
@@ -268,7 +267,7 @@ func (e *Engine) step() {
 		}
 	}
 	if devSampler != nil {
-		if err := devicePicks(devSampler, logitsT, picks); err != nil {
+		if err := e.mixedPicks(devSampler, logitsT, picks); err != nil {
 			e.failStep(plan, "device sampling failed", err, len(b.Tokens))
 			return
 		}
@@ -446,6 +445,67 @@ func parallelPicks(picks []pick) {
 		pk := &picks[i]
 		pk.tok, pk.lp = pk.s.sampler.sample(pk.logits, pk.s.text.tokenText)
 	})
+}
+
+// needsHost reports whether s's next sample, after n more tokens are
+// computed, must be taken on the host: it forks (the siblings are drawn
+// from the same host logits), or its request has a logit_bias or a grammar,
+// which the device sampler does not take.
+func (s *sequence) needsHost(n int) bool {
+	p := &s.req.r.Sampling
+	return s.forksNow(n) || len(p.LogitBias) > 0 || s.sampler.json != nil
+}
+
+// mixedPicks samples the picks (logits rows of logitsT in pick order) on
+// the device, except those that need the host: only their rows are copied
+// back and sampled there, so one constrained request does not bring a whole
+// batch's logits to the host.
+func (e *Engine) mixedPicks(ds backend.Sampler, logitsT backend.Tensor, picks []pick) error {
+	var dev, host []int
+	for i := range picks {
+		if picks[i].s.needsHost(0) {
+			host = append(host, i)
+		} else {
+			dev = append(dev, i)
+		}
+	}
+	if len(host) == 0 {
+		return devicePicks(ds, logitsT, picks)
+	}
+	sub := func(idx []int) []pick {
+		out := make([]pick, len(idx))
+		for j, i := range idx {
+			out[j] = picks[i]
+		}
+		return out
+	}
+	if len(dev) > 0 {
+		var rows backend.Tensor
+		if err := safely(func() { rows = e.be.Rows(logitsT, dev) }); err != nil {
+			return err
+		}
+		dp := sub(dev)
+		if err := devicePicks(ds, rows, dp); err != nil {
+			return err
+		}
+		for j, i := range dev {
+			picks[i] = dp[j]
+		}
+	}
+	var hl []float32
+	if err := safely(func() { hl = e.be.ToHost(e.be.Rows(logitsT, host)) }); err != nil {
+		return err
+	}
+	V := e.vocab
+	hp := sub(host)
+	for j := range hp {
+		hp[j].logits = hl[j*V : (j+1)*V]
+	}
+	parallelPicks(hp)
+	for j, i := range host {
+		picks[i] = hp[j]
+	}
+	return nil
 }
 
 // devicePicks samples every pick on the device: one SampleRow per pick, in
