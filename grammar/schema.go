@@ -4,24 +4,31 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strings"
 )
 
-// Schema is a compiled subset of JSON Schema, the one OpenAI's strict
-// structured outputs take: typed objects whose properties are all required
-// (and generated in the schema's order, with no others), arrays of one item
+// Schema is a compiled subset of JSON Schema, the part structured outputs
+// use (OpenAI's strict mode, pydantic's models): typed objects whose
+// properties are generated in the schema's order with no others (required
+// ones always, optional ones when the model chooses), arrays of one item
 // schema, strings, numbers, integers, booleans, null, unions of those types
-// ("type": ["string", "null"]) and enum / const values. CompileSchema names
+// ("type": [...], or anyOf / oneOf whose alternatives differ in their first
+// byte: at most one object, one array, one string…), enum / const values,
+// and $ref into $defs / definitions (not recursive). CompileSchema names
 // any other keyword instead of ignoring it.
 type Schema struct {
-	kinds uint8    // allowed types (kObject…); 0 with enum
-	props []prop   // object: every property, in order
-	items *Schema  // array: each item
-	enum  [][]byte // the allowed values, JSON-encoded (enum / const)
+	kinds uint8      // allowed types (kObject…); 0 with enum or alts
+	props []prop     // object: every property, in order
+	items *Schema    // array: each item
+	enum  [][]byte   // the allowed values, JSON-encoded (enum / const)
+	alts  []*Schema  // anyOf / oneOf: alternatives told apart by their first byte
+	pick  *[256]int8 // alts: the alternative a value starting with byte b takes (-1: none)
 }
 
 type prop struct {
 	key []byte // the JSON-encoded name, quotes included
 	s   *Schema
+	opt bool // may be left out
 }
 
 const (
@@ -37,12 +44,16 @@ const (
 var kindNames = map[string]uint8{"object": kObject, "array": kArray, "string": kString, "number": kNumber,
 	"integer": kInteger, "boolean": kBoolean, "null": kNull}
 
-// maxEnum is the most enum values a schema may list.
-const maxEnum = 64
+// maxEnum is the most enum values a schema may list; maxOptRun the most
+// optional properties in a row (a key is matched against all of them).
+const (
+	maxEnum   = 64
+	maxOptRun = 63
+)
 
 // annotations are keywords that do not constrain the value.
 var annotations = map[string]bool{"title": true, "description": true, "$schema": true, "$id": true, "$comment": true,
-	"examples": true, "default": true, "strict": true}
+	"examples": true, "default": true, "strict": true, "$defs": true, "definitions": true}
 
 // CompileSchema compiles a JSON Schema (the subset Schema describes; the
 // top level must be an object) or says which part it does not support.
@@ -56,14 +67,34 @@ func CompileSchema(raw []byte) (*Schema, error) {
 	if _, err := d.Token(); err == nil {
 		return nil, fmt.Errorf("schema: more than one JSON value")
 	}
-	s, err := compile(v, "schema", 0)
+	c := &compiler{resolving: map[string]bool{}, done: map[string]*Schema{}}
+	if root, ok := v.(*object); ok {
+		for _, k := range []string{"$defs", "definitions"} {
+			if d, ok := root.vals[k].(*object); ok {
+				c.defs = append(c.defs, defs{"#/" + k + "/", d})
+			}
+		}
+	}
+	s, err := c.compile(v, "schema", 0)
 	if err != nil {
 		return nil, err
 	}
-	if s.kinds != kObject || s.enum != nil {
+	if s.kinds != kObject || s.enum != nil || s.alts != nil {
 		return nil, fmt.Errorf("schema: the top level must be {\"type\": \"object\", …}")
 	}
 	return s, nil
+}
+
+// compiler holds what $ref resolves against.
+type compiler struct {
+	defs      []defs
+	resolving map[string]bool    // refs being compiled (a cycle is an error)
+	done      map[string]*Schema // refs compiled
+}
+
+type defs struct {
+	prefix string // "#/$defs/" or "#/definitions/"
+	o      *object
 }
 
 // object is a decoded JSON object with its keys in written order.
@@ -121,7 +152,7 @@ func decodeOrdered(d *json.Decoder, depth int) (any, error) {
 	return t, nil
 }
 
-func compile(v any, at string, depth int) (*Schema, error) {
+func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 	if depth >= MaxDepth {
 		return nil, fmt.Errorf("%s: nested deeper than %d", at, MaxDepth)
 	}
@@ -130,16 +161,37 @@ func compile(v any, at string, depth int) (*Schema, error) {
 		return nil, fmt.Errorf("%s: a schema must be an object", at)
 	}
 	m := o.vals
-	s := &Schema{}
 	for _, k := range o.keys {
 		switch k {
-		case "type", "properties", "required", "additionalProperties", "items", "enum", "const":
+		case "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref":
 		default:
 			if !annotations[k] {
-				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties: false, items, enum, const)", at, k)
+				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties: false, items, enum, const, anyOf, oneOf, $ref)", at, k)
 			}
 		}
 	}
+	if r, ok := m["$ref"]; ok {
+		if len(o.keys) > 1 {
+			for _, k := range o.keys {
+				if k != "$ref" && !annotations[k] {
+					return nil, fmt.Errorf("%s: $ref with %q beside it", at, k)
+				}
+			}
+		}
+		ref, _ := r.(string)
+		return c.ref(ref, at, depth)
+	}
+	for _, k := range []string{"anyOf", "oneOf"} {
+		if alts, ok := m[k]; ok {
+			for _, x := range []string{"type", "properties", "items", "enum", "const"} {
+				if _, both := m[x]; both {
+					return nil, fmt.Errorf("%s: %s with %q beside it", at, k, x)
+				}
+			}
+			return c.union(alts, at+"."+k, depth)
+		}
+	}
+	s := &Schema{}
 	if t, ok := m["type"]; ok {
 		names, ok := t.([]any)
 		if !ok {
@@ -154,10 +206,10 @@ func compile(v any, at string, depth int) (*Schema, error) {
 			s.kinds |= k
 		}
 		if s.kinds&kObject != 0 && s.kinds != kObject|s.kinds&kNull {
-			return nil, fmt.Errorf("%s.type: an object can only be unioned with null", at)
+			return nil, fmt.Errorf("%s.type: an object can only be unioned with null here (anyOf takes more)", at)
 		}
 		if s.kinds&kArray != 0 && s.kinds != kArray|s.kinds&kNull {
-			return nil, fmt.Errorf("%s.type: an array can only be unioned with null", at)
+			return nil, fmt.Errorf("%s.type: an array can only be unioned with null here (anyOf takes more)", at)
 		}
 	}
 	if e, ok := m["enum"]; ok {
@@ -173,11 +225,11 @@ func compile(v any, at string, depth int) (*Schema, error) {
 			s.enum = append(s.enum, b)
 		}
 	}
-	if c, ok := m["const"]; ok {
+	if cv, ok := m["const"]; ok {
 		if s.enum != nil {
 			return nil, fmt.Errorf("%s: enum and const together", at)
 		}
-		b, err := literal(c)
+		b, err := literal(cv)
 		if err != nil {
 			return nil, fmt.Errorf("%s.const: %v", at, err)
 		}
@@ -191,10 +243,10 @@ func compile(v any, at string, depth int) (*Schema, error) {
 		return s, nil
 	}
 	if s.kinds == 0 {
-		return nil, fmt.Errorf("%s: needs \"type\" (or enum / const)", at)
+		return nil, fmt.Errorf("%s: needs \"type\" (or enum / const, anyOf, $ref)", at)
 	}
 	if s.kinds&kObject != 0 {
-		if err := s.compileObject(m, at, depth); err != nil {
+		if err := c.object(s, m, at, depth); err != nil {
 			return nil, err
 		}
 	} else if _, ok := m["properties"]; ok {
@@ -206,7 +258,7 @@ func compile(v any, at string, depth int) (*Schema, error) {
 			return nil, fmt.Errorf("%s.items: an array needs an item schema", at)
 		}
 		var err error
-		if s.items, err = compile(it, at+".items", depth+1); err != nil {
+		if s.items, err = c.compile(it, at+".items", depth+1); err != nil {
 			return nil, err
 		}
 	} else if _, ok := m["items"]; ok {
@@ -215,8 +267,109 @@ func compile(v any, at string, depth int) (*Schema, error) {
 	return s, nil
 }
 
-// compileObject reads properties, required and additionalProperties.
-func (s *Schema) compileObject(m map[string]any, at string, depth int) error {
+// ref compiles a local reference into $defs or definitions.
+func (c *compiler) ref(ref, at string, depth int) (*Schema, error) {
+	if s, ok := c.done[ref]; ok {
+		return s, nil
+	}
+	for _, d := range c.defs {
+		name, ok := strings.CutPrefix(ref, d.prefix)
+		if !ok {
+			continue
+		}
+		v, ok := d.o.vals[name]
+		if !ok {
+			break
+		}
+		if c.resolving[ref] {
+			return nil, fmt.Errorf("%s: $ref %q is recursive (not supported)", at, ref)
+		}
+		c.resolving[ref] = true
+		s, err := c.compile(v, ref, depth+1)
+		delete(c.resolving, ref)
+		if err != nil {
+			return nil, err
+		}
+		c.done[ref] = s
+		return s, nil
+	}
+	return nil, fmt.Errorf("%s: $ref %q is not a local #/$defs/… or #/definitions/… entry", at, ref)
+}
+
+// union compiles anyOf / oneOf: alternatives whose values start with
+// different bytes, so the first byte picks one (a nested union is merged).
+func (c *compiler) union(v any, at string, depth int) (*Schema, error) {
+	list, ok := v.([]any)
+	if !ok || len(list) == 0 {
+		return nil, fmt.Errorf("%s: must be a list of schemas", at)
+	}
+	u := &Schema{pick: new([256]int8)}
+	for b := range u.pick {
+		u.pick[b] = -1
+	}
+	for i, x := range list {
+		a, err := c.compile(x, fmt.Sprintf("%s[%d]", at, i), depth+1)
+		if err != nil {
+			return nil, err
+		}
+		alts := []*Schema{a}
+		if a.alts != nil {
+			alts = a.alts
+		}
+		for _, a := range alts {
+			for _, b := range firstBytes(a) {
+				if u.pick[b] >= 0 {
+					return nil, fmt.Errorf("%s[%d]: two alternatives can start with %q (they must differ in type)", at, i, b)
+				}
+				u.pick[b] = int8(len(u.alts))
+			}
+			u.alts = append(u.alts, a)
+		}
+		if len(u.alts) > 127 {
+			return nil, fmt.Errorf("%s: more than 127 alternatives", at)
+		}
+	}
+	if len(u.alts) == 1 {
+		return u.alts[0], nil
+	}
+	return u, nil
+}
+
+// firstBytes lists the bytes a value of s (not a union) can start with.
+func firstBytes(s *Schema) []byte {
+	if s.enum != nil {
+		var out []byte
+		for _, e := range s.enum {
+			if !bytes.Contains(out, e[:1]) {
+				out = append(out, e[0])
+			}
+		}
+		return out
+	}
+	var out []byte
+	if s.kinds&kObject != 0 {
+		out = append(out, '{')
+	}
+	if s.kinds&kArray != 0 {
+		out = append(out, '[')
+	}
+	if s.kinds&kString != 0 {
+		out = append(out, '"')
+	}
+	if s.kinds&(kNumber|kInteger) != 0 {
+		out = append(out, "-0123456789"...)
+	}
+	if s.kinds&kBoolean != 0 {
+		out = append(out, 't', 'f')
+	}
+	if s.kinds&kNull != 0 {
+		out = append(out, 'n')
+	}
+	return out
+}
+
+// object reads properties, required and additionalProperties into s.
+func (c *compiler) object(s *Schema, m map[string]any, at string, depth int) error {
 	if ap, ok := m["additionalProperties"]; ok && ap != false {
 		return fmt.Errorf("%s.additionalProperties: only false is supported", at)
 	}
@@ -241,16 +394,19 @@ func (s *Schema) compileObject(m map[string]any, at string, depth int) error {
 			req[name] = true
 		}
 	}
+	run := 0
 	for _, name := range props.keys { // generated in the order the schema writes them
-		if !req[name] {
-			return fmt.Errorf("%s.required: every property must be required (strict mode); %q is not", at, name)
-		}
-		c, err := compile(props.vals[name], at+".properties."+name, depth+1)
+		ps, err := c.compile(props.vals[name], at+".properties."+name, depth+1)
 		if err != nil {
 			return err
 		}
 		key, _ := json.Marshal(name)
-		s.props = append(s.props, prop{key: key, s: c})
+		s.props = append(s.props, prop{key: key, s: ps, opt: !req[name]})
+		if run++; req[name] {
+			run = 0
+		} else if run > maxOptRun {
+			return fmt.Errorf("%s.properties: more than %d optional properties in a row", at, maxOptRun)
+		}
 	}
 	return nil
 }

@@ -3,7 +3,6 @@ package grammar
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -53,9 +52,15 @@ func feedSchema(s *Schema, text string) (int, bool) {
 func TestCompileSchemaErrors(t *testing.T) {
 	for _, c := range []struct{ schema, want string }{
 		{`{"type": "array", "items": {"type": "string"}}`, "top level"},
-		{`{"type": "object", "properties": {"a": {"type": "string"}}}`, "every property must be required"},
 		{`{"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}, "required": ["a"]}`, `"pattern"`},
-		{`{"type": "object", "properties": {"a": {"anyOf": []}}, "required": ["a"]}`, `"anyOf"`},
+		{`{"type": "object", "properties": {"a": {"anyOf": []}}, "required": ["a"]}`, "list of schemas"},
+		{`{"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}}`, "start with"},
+		{`{"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"enum": ["x", 1]}]}}}`, "start with"},
+		{`{"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}], "type": "string"}}}`, "beside"},
+		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/T"}}, "$defs": {"T": {"type": "object", "properties": {"t": {"$ref": "#/$defs/T"}}}}}`, "recursive"},
+		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/U"}}, "$defs": {"T": {"type": "string"}}}`, "not a local"},
+		{`{"type": "object", "properties": {"a": {"$ref": "http://x/y"}}}`, "not a local"},
+		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/T", "type": "string"}}, "$defs": {"T": {"type": "string"}}}`, "beside"},
 		{`{"type": "object", "additionalProperties": true}`, "additionalProperties"},
 		{`{"type": "object", "properties": {"a": {"type": "strin"}}, "required": ["a"]}`, "not a JSON Schema type"},
 		{`{"type": "object", "properties": {"a": {"type": "array"}}, "required": ["a"]}`, "item schema"},
@@ -162,6 +167,9 @@ func TestSchemaJSONGenerated(t *testing.T) {
 // instance writes a random JSON text matching s.
 func instance(r *rand.Rand, s *Schema, depth int) string {
 	ws := func() string { return []string{"", " ", "\n  ", "\t"}[r.IntN(4)] }
+	if s.alts != nil {
+		return instance(r, s.alts[r.IntN(len(s.alts))], depth)
+	}
 	if s.enum != nil {
 		return string(s.enum[r.IntN(len(s.enum))])
 	}
@@ -175,11 +183,19 @@ func instance(r *rand.Rand, s *Schema, depth int) string {
 	case kObject:
 		var sb strings.Builder
 		sb.WriteString("{" + ws())
-		for i, p := range s.props {
-			if i > 0 {
+		n := 0
+		for _, p := range s.props {
+			if p.opt && r.IntN(2) == 0 {
+				continue
+			}
+			if n > 0 {
 				sb.WriteString("," + ws())
 			}
+			n++
 			sb.WriteString(string(p.key) + ws() + ":" + ws() + instance(r, p.s, depth+1) + ws())
+		}
+		if n == 0 {
+			return "{" + ws() + "}"
 		}
 		sb.WriteString("}")
 		return sb.String()
@@ -212,6 +228,14 @@ func instance(r *rand.Rand, s *Schema, depth int) string {
 // matches checks a decoded value (decodeOrdered) against s, properties in
 // order: the reference the validator is checked against.
 func matches(s *Schema, v any) bool {
+	if s.alts != nil {
+		for _, a := range s.alts {
+			if matches(a, v) {
+				return true
+			}
+		}
+		return false
+	}
 	if s.enum != nil {
 		b, err := literal(v)
 		if err != nil {
@@ -226,18 +250,21 @@ func matches(s *Schema, v any) bool {
 	}
 	switch v := v.(type) {
 	case *object:
-		if s.kinds&kObject == 0 || len(v.keys) != len(s.props) {
+		if s.kinds&kObject == 0 {
 			return false
 		}
-		for i, p := range s.props {
-			if fmt.Sprintf("%q", v.keys[i]) != string(p.key) && !keyEqual(v.keys[i], p.key) {
-				return false
-			}
-			if !matches(p.s, v.vals[v.keys[i]]) {
+		k := 0 // the keys must be the properties in order, optional ones maybe left out
+		for _, p := range s.props {
+			if k < len(v.keys) && keyEqual(v.keys[k], p.key) {
+				if !matches(p.s, v.vals[v.keys[k]]) {
+					return false
+				}
+				k++
+			} else if !p.opt {
 				return false
 			}
 		}
-		return true
+		return k == len(v.keys)
 	case []any:
 		if s.kinds&kArray == 0 {
 			return false
@@ -291,6 +318,86 @@ func FuzzSchemaJSON(f *testing.F) {
 		}
 		if !matches(s, v) {
 			t.Fatalf("%q accepted as complete but does not match the schema", text)
+		}
+	})
+}
+
+// pydanticSchema is what pydantic v2 writes for a model with an optional
+// field, a nested model by $ref and a literal union.
+const pydanticSchema = `{
+  "$defs": {
+    "Address": {"properties": {"city": {"title": "City", "type": "string"},
+                               "zip": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": null, "title": "Zip"}},
+                "required": ["city"], "title": "Address", "type": "object"}
+  },
+  "properties": {
+    "name": {"title": "Name", "type": "string"},
+    "nickname": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": null, "title": "Nickname"},
+    "age": {"anyOf": [{"type": "integer"}, {"type": "null"}], "default": null},
+    "home": {"$ref": "#/$defs/Address"},
+    "past": {"items": {"$ref": "#/$defs/Address"}, "type": "array", "default": []},
+    "kind": {"anyOf": [{"enum": ["a", "b"]}, {"type": "integer"}, {"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"]}]},
+    "note": {"type": "string"}
+  },
+  "required": ["name", "home", "kind"],
+  "title": "Person",
+  "type": "object"
+}`
+
+func TestSchemaPydantic(t *testing.T) {
+	s := mustSchema(t, pydanticSchema)
+	for _, c := range []struct {
+		text     string
+		accepted int // -1: all
+		complete bool
+	}{
+		{`{"name": "x", "home": {"city": "P"}, "kind": "a"}`, -1, true},
+		{`{"name": "x", "nickname": null, "age": 3, "home": {"city": "P", "zip": "1"}, "past": [{"city": "Q", "zip": null}], "kind": 7, "note": ""}`, -1, true},
+		{`{"name": "x", "home": {"city": "P"}, "kind": {"x": true}}`, -1, true},
+		{`{"name": "x", "age": null, "home": {"city": "P"}, "kind": "b", "past": []}`, 64, false}, // past after kind: out of order
+		{`{"name": "x", "kind": "a"}`, 15, false},                                                 // home is required before kind
+		{`{"name": "x", "home": {"zip": "1"}}`, 24, false},                                        // city is required
+		{`{"name": "x", "home": {"city": "P"}, "kind": "c"}`, 46, false},
+		{`{"name": "x", "home": {"city": "P"}, "kind": 1.5}`, 46, false},
+		{`{"name": "x", "home": {"city": "P"}}`, 35, false},
+		{`{"n`, -1, false},
+		{`{"nic`, 3, false}, // "name" is required first
+	} {
+		want := c.accepted
+		if want < 0 {
+			want = len(c.text)
+		}
+		n, complete := feedSchema(s, c.text)
+		if n != want || complete != c.complete {
+			t.Errorf("%q: accepted %d bytes (complete %v), want %d (complete %v)", c.text, n, complete, want, c.complete)
+		}
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := range 300 {
+		text := instance(r, s, 0)
+		if n, ok := feedSchema(s, text); n != len(text) || !ok {
+			t.Fatalf("instance %d %q: accepted %d bytes, complete %v", i, text, n, ok)
+		}
+	}
+}
+
+// FuzzSchemaPydantic: any text taken whole and complete matches the schema.
+func FuzzSchemaPydantic(f *testing.F) {
+	s := mustSchema(f, pydanticSchema)
+	r := rand.New(rand.NewPCG(7, 8))
+	for range 8 {
+		f.Add(instance(r, s, 0))
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		n, complete := feedSchema(s, text)
+		if n != len(text) || !complete {
+			return
+		}
+		d := json.NewDecoder(strings.NewReader(text))
+		d.UseNumber()
+		v, err := decodeOrdered(d, 0)
+		if err != nil || !json.Valid([]byte(text)) || !matches(s, v) {
+			t.Fatalf("%q accepted as complete but is not an instance (%v)", text, err)
 		}
 	})
 }

@@ -1,5 +1,7 @@
 package grammar
 
+import "math/bits"
+
 // SchemaJSON validates, a byte at a time, the prefixes of one JSON object
 // that matches a Schema: every property in the schema's order and no other,
 // values of the allowed types or enum values, whitespace between tokens as
@@ -23,10 +25,11 @@ type SchemaJSON struct {
 
 // sframe is an open object or array.
 type sframe struct {
-	s    *Schema
-	i    int   // object: properties started; array: items started
-	st   uint8 // what comes next (oOpen…)
-	kpos int   // oKey: bytes of the key matched
+	s     *Schema
+	i     int    // object: the next property that may come; array: items started
+	st    uint8  // what comes next (oOpen…)
+	kpos  int    // oKey: bytes of the key matched
+	kmask uint64 // oKey: the candidate properties i+j still matching (bit j)
 }
 
 const (
@@ -136,22 +139,42 @@ func (j *SchemaJSON) byte(c byte) bool {
 	props := top.s.props
 	switch top.st {
 	case oOpen, oNext:
-		if c == '}' && top.st == oOpen && len(props) == 0 {
+		if c == '}' && top.st == oOpen && optionalFrom(props, top.i) {
 			j.pop()
 			return true
 		}
 		if c != '"' || top.i >= len(props) {
 			return false
 		}
-		top.st, top.kpos = oKey, 1
+		// The key may be any property from i up to the next required one.
+		top.st, top.kpos, top.kmask = oKey, 1, 0
+		for k := top.i; k < len(props); k++ {
+			top.kmask |= 1 << (k - top.i)
+			if !props[k].opt {
+				break
+			}
+		}
 		return true
 	case oKey:
-		key := props[top.i].key
-		if c != key[top.kpos] {
+		var next uint64
+		done := -1
+		for m := top.kmask; m != 0; m &= m - 1 {
+			k := bits.TrailingZeros64(m)
+			key := props[top.i+k].key
+			if top.kpos < len(key) && key[top.kpos] == c {
+				next |= 1 << k
+				if top.kpos+1 == len(key) {
+					done = top.i + k // keys end with '"' and differ: one at most ends here
+				}
+			}
+		}
+		if next == 0 {
 			return false
 		}
-		if top.kpos++; top.kpos == len(key) {
-			top.st = oColon
+		top.kpos++
+		top.kmask = next
+		if done >= 0 {
+			top.i, top.st = done, oColon
 		}
 		return true
 	case oColon:
@@ -170,7 +193,7 @@ func (j *SchemaJSON) byte(c byte) bool {
 		case c == ',' && top.i < len(props):
 			top.st = oNext
 			return true
-		case c == '}' && top.i == len(props):
+		case c == '}' && optionalFrom(props, top.i):
 			j.pop()
 			return true
 		}
@@ -197,9 +220,25 @@ func (j *SchemaJSON) byte(c byte) bool {
 	return false
 }
 
+// optionalFrom reports whether props[i:] may all be left out.
+func optionalFrom(props []prop, i int) bool {
+	for _, p := range props[i:] {
+		if !p.opt {
+			return false
+		}
+	}
+	return true
+}
+
 // value starts a value of schema s with byte c.
 func (j *SchemaJSON) value(s *Schema, c byte) bool {
 	j.ws, j.nl = 0, false
+	if s.alts != nil { // the alternative whose values can start with c
+		if k := s.pick[c]; k >= 0 {
+			return j.value(s.alts[k], c)
+		}
+		return false
+	}
 	if s.enum != nil {
 		j.enum, j.alive, j.epos = s.enum, 1<<len(s.enum)-1, 0
 		return j.enumByte(c)

@@ -92,10 +92,10 @@ type SamplingParams struct {
 	// as it closes (HTTP's response_format {"type": "json_object"}); not
 	// with ignore_eos.
 	JsonObject bool `protobuf:"varint,16,opt,name=json_object,json=jsonObject,proto3" json:"json_object,omitempty"`
-	// json_schema, a JSON Schema as text (the subset grammar.Schema takes:
-	// an object whose properties are all required), constrains each choice
-	// to an object matching it, properties in the schema's order (HTTP's
-	// response_format {"type": "json_schema"}); implies json_object.
+	// json_schema, a JSON Schema as text (the subset grammar.Schema takes),
+	// constrains each choice to an object matching it, properties in the
+	// schema's order (HTTP's response_format {"type": "json_schema"});
+	// implies json_object.
 	JsonSchema    string `protobuf:"bytes,17,opt,name=json_schema,json=jsonSchema,proto3" json:"json_schema,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
