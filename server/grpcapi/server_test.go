@@ -601,8 +601,8 @@ func TestErrorCodes(t *testing.T) {
 		{with(&pb.SamplingParams{TopLogprobs: ptr(int32(3))}), codes.InvalidArgument, "sampling.top_logprobs", "needs logprobs"},
 		{with(&pb.SamplingParams{TopLogprobs: ptr(int32(21)), Logprobs: true}), codes.InvalidArgument, "sampling.top_logprobs", ""},
 		{with(&pb.SamplingParams{JsonObject: true, IgnoreEos: true}), codes.InvalidArgument, "sampling.json_object", "ignore_eos"},
-		{with(&pb.SamplingParams{JsonSchema: `{"type": "object", "properties": {"a": {"type": "string"}}}`}), codes.InvalidArgument,
-			"sampling.json_schema", "required"},
+		{with(&pb.SamplingParams{JsonSchema: `{"type": "object", "properties": {"a": {"type": "string", "format": "email"}}}`}), codes.InvalidArgument,
+			"sampling.json_schema", "format"},
 		{with(&pb.SamplingParams{JsonSchema: `{"type":`}), codes.InvalidArgument, "sampling.json_schema", "schema"},
 		{withID("has space"), codes.InvalidArgument, "request_id", "printable"},
 		// Too long: checked here, and by the engine for what slips by.
