@@ -83,23 +83,25 @@ func TestJSONConstrained(t *testing.T) {
 		Sampling: engine.SamplingParams{MaxTokens: 4, JSON: true, IgnoreEOS: true}}); err == nil || !strings.Contains(err.Error(), "ignore_eos") {
 		t.Errorf("json with ignore_eos: %v, want an error naming ignore_eos", err)
 	}
-	noEOS, err := engine.New(f.m.Model, f.be, f.tok, engine.Config{BlockSize: 4}, engine.Options{Name: "t2"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer noEOS.Shutdown(context.Background())
-	if _, err := noEOS.Generate(context.Background(), &engine.Request{Prompt: prompt,
-		Sampling: engine.SamplingParams{MaxTokens: 4, JSON: true}}); err == nil || !errors.Is(err, engine.ErrJSONUnsupported) || !strings.Contains(err.Error(), "end-of-sequence") {
-		t.Errorf("json without an EOS token: %v, want an error", err)
-	}
-	plainTok, err := engine.New(f.m.Model, f.be, decodeOnly{f.tok}, engine.Config{BlockSize: 4}, engine.Options{Name: "t3", EOS: []int32{2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plainTok.Shutdown(context.Background())
-	if _, err := plainTok.Generate(context.Background(), &engine.Request{Prompt: prompt,
-		Sampling: engine.SamplingParams{MaxTokens: 4, JSON: true}}); err == nil || !errors.Is(err, engine.ErrJSONUnsupported) || !strings.Contains(err.Error(), "bytes") {
-		t.Errorf("json with a tokenizer without token bytes: %v, want an error", err)
+	// Engines that cannot constrain: no EOS token, a tokenizer without bytes.
+	for _, c := range []struct {
+		name string
+		tok  engine.Detokenizer
+		eos  []int32
+		want string
+	}{
+		{"no EOS token", f.tok, nil, "end-of-sequence"},
+		{"no token bytes", decodeOnly{f.tok}, []int32{2}, "bytes"},
+	} {
+		e2, err := engine.New(f.m.Model, f.be, c.tok, engine.Config{BlockSize: 4}, engine.Options{Name: "t2", EOS: c.eos})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = e2.Generate(context.Background(), &engine.Request{Prompt: prompt, Sampling: engine.SamplingParams{MaxTokens: 4, JSON: true}})
+		if !errors.Is(err, engine.ErrJSONUnsupported) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrJSONUnsupported naming %q", c.name, err, c.want)
+		}
+		e2.Shutdown(context.Background())
 	}
 }
 

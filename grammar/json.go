@@ -35,9 +35,27 @@ type JSON struct {
 	n          int8   // hex digits of a \u escape, or UTF-8 continuation bytes, still to come
 	lo, hi     byte   // the next continuation byte's range (UTF-8 overlong / surrogate rules)
 	key        bool   // the string being read is an object key
-	ws         int    // whitespace bytes in a row
-	nl         bool   // that run holds a newline
+	ws         wsRun
 	scratch    []byte // Accept's copy of the stack
+}
+
+// wsRun counts a run of whitespace between tokens against the limits.
+type wsRun struct {
+	n  int  // bytes in the run
+	nl bool // the run holds a newline
+}
+
+// take adds whitespace byte c to the run: false past MaxWhitespace bytes
+// or at a second newline.
+func (w *wsRun) take(c byte) bool {
+	if c == '\n' {
+		if w.nl {
+			return false
+		}
+		w.nl = true
+	}
+	w.n++
+	return w.n <= MaxWhitespace
 }
 
 // MaxWhitespace is the most whitespace bytes JSON accepts in a row.
@@ -141,16 +159,7 @@ func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 func isHex(c byte) bool { return isDigit(c) || (c|0x20) >= 'a' && (c|0x20) <= 'f' }
 
 // space takes a whitespace byte c between tokens, within the limits.
-func (j *JSON) space(c byte) bool {
-	if c == '\n' {
-		if j.nl {
-			return false
-		}
-		j.nl = true
-	}
-	j.ws++
-	return j.ws <= MaxWhitespace
-}
+func (j *JSON) space(c byte) bool { return j.ws.take(c) }
 
 // open starts an object or array.
 func (j *JSON) open(c byte) bool {
@@ -222,7 +231,7 @@ func (j *JSON) endNumber(c byte) bool {
 // byte advances j by one byte.
 func (j *JSON) byte(c byte) bool {
 	if !isSpace(c) || j.st >= stString {
-		j.ws, j.nl = 0, false
+		j.ws = wsRun{}
 	}
 	switch j.st {
 	case stStart:

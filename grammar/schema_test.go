@@ -49,6 +49,23 @@ func feedSchema(s *Schema, text string) (int, bool) {
 	return len(text), j.Complete()
 }
 
+// checkText feeds text to a validator of s byte by byte and checks how many
+// bytes it took (accepted; -1: all) and whether the text is then complete
+// (and, if so, valid JSON).
+func checkText(t *testing.T, s *Schema, text string, accepted int, complete bool) {
+	t.Helper()
+	if accepted < 0 {
+		accepted = len(text)
+	}
+	n, ok := feedSchema(s, text)
+	if n != accepted || ok != complete {
+		t.Errorf("%q: accepted %d bytes (complete %v), want %d (complete %v)", text, n, ok, accepted, complete)
+	}
+	if ok && !json.Valid([]byte(text)) {
+		t.Errorf("%q accepted as complete; encoding/json rejects it", text)
+	}
+}
+
 func TestCompileSchemaErrors(t *testing.T) {
 	for _, c := range []struct{ schema, want string }{
 		{`{"type": "array", "items": {"type": "string"}}`, "top level"},
@@ -109,19 +126,7 @@ func TestSchemaJSONTexts(t *testing.T) {
 		{"property in empty object", strings.Replace(good, `"empty": {}`, `"empty": {"a": 1}`, 1), strings.Index(good, `"empty": {}`) + 10, false},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			want := c.accepted
-			if want < 0 {
-				want = len(c.text)
-			}
-			n, complete := feedSchema(s, c.text)
-			if n != want || complete != c.complete {
-				t.Fatalf("%q: accepted %d bytes (complete %v), want %d (complete %v)", c.text, n, complete, want, c.complete)
-			}
-			if complete && !json.Valid([]byte(c.text)) {
-				t.Fatalf("%q accepted as complete; encoding/json rejects it", c.text)
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { checkText(t, s, c.text, c.accepted, c.complete) })
 	}
 }
 
@@ -299,12 +304,21 @@ func keyEqual(k string, enc []byte) bool {
 // FuzzSchemaJSON: any text the validator takes whole and complete is valid
 // JSON that matches the person schema.
 func FuzzSchemaJSON(f *testing.F) {
-	s := mustSchema(f, personSchema)
-	r := rand.New(rand.NewPCG(3, 4))
+	fuzzSchema(f, personSchema, 3, `{"name": "x"`)
+}
+
+// fuzzSchema fuzzes a validator of schema: seeded with random instances and
+// extra texts, any text it takes whole and complete must be valid JSON that
+// matches the schema (the reference matcher).
+func fuzzSchema(f *testing.F, schema string, seed uint64, extra ...string) {
+	s := mustSchema(f, schema)
+	r := rand.New(rand.NewPCG(seed, seed+1))
 	for range 8 {
 		f.Add(instance(r, s, 0))
 	}
-	f.Add(`{"name": "x"`)
+	for _, x := range extra {
+		f.Add(x)
+	}
 	f.Fuzz(func(t *testing.T, text string) {
 		n, complete := feedSchema(s, text)
 		if n != len(text) || !complete {
@@ -313,11 +327,8 @@ func FuzzSchemaJSON(f *testing.F) {
 		d := json.NewDecoder(strings.NewReader(text))
 		d.UseNumber()
 		v, err := decodeOrdered(d, 0)
-		if err != nil || !json.Valid([]byte(text)) {
-			t.Fatalf("%q accepted as complete but is not JSON: %v", text, err)
-		}
-		if !matches(s, v) {
-			t.Fatalf("%q accepted as complete but does not match the schema", text)
+		if err != nil || !json.Valid([]byte(text)) || !matches(s, v) {
+			t.Fatalf("%q accepted as complete but is not an instance (%v)", text, err)
 		}
 	})
 }
@@ -363,14 +374,7 @@ func TestSchemaPydantic(t *testing.T) {
 		{`{"n`, -1, false},
 		{`{"nic`, 3, false}, // "name" is required first
 	} {
-		want := c.accepted
-		if want < 0 {
-			want = len(c.text)
-		}
-		n, complete := feedSchema(s, c.text)
-		if n != want || complete != c.complete {
-			t.Errorf("%q: accepted %d bytes (complete %v), want %d (complete %v)", c.text, n, complete, want, c.complete)
-		}
+		checkText(t, s, c.text, c.accepted, c.complete)
 	}
 	r := rand.New(rand.NewPCG(5, 6))
 	for i := range 300 {
@@ -383,21 +387,5 @@ func TestSchemaPydantic(t *testing.T) {
 
 // FuzzSchemaPydantic: any text taken whole and complete matches the schema.
 func FuzzSchemaPydantic(f *testing.F) {
-	s := mustSchema(f, pydanticSchema)
-	r := rand.New(rand.NewPCG(7, 8))
-	for range 8 {
-		f.Add(instance(r, s, 0))
-	}
-	f.Fuzz(func(t *testing.T, text string) {
-		n, complete := feedSchema(s, text)
-		if n != len(text) || !complete {
-			return
-		}
-		d := json.NewDecoder(strings.NewReader(text))
-		d.UseNumber()
-		v, err := decodeOrdered(d, 0)
-		if err != nil || !json.Valid([]byte(text)) || !matches(s, v) {
-			t.Fatalf("%q accepted as complete but is not an instance (%v)", text, err)
-		}
-	})
+	fuzzSchema(f, pydanticSchema, 7)
 }

@@ -18,8 +18,7 @@ type SchemaJSON struct {
 	enum    [][]byte // the enum value being read: its candidates (nil: none)
 	alive   uint64   // candidates still matching
 	epos    int      // bytes of the value read
-	ws      int      // whitespace bytes in a row
-	nl      bool     // that run holds a newline
+	ws      wsRun
 	scratch []sframe // Accept's copy of the stack
 }
 
@@ -93,16 +92,7 @@ func (j *SchemaJSON) Advance(b []byte) bool {
 }
 
 // space takes a whitespace byte between tokens, within JSON's limits.
-func (j *SchemaJSON) space(c byte) bool {
-	if c == '\n' {
-		if j.nl {
-			return false
-		}
-		j.nl = true
-	}
-	j.ws++
-	return j.ws <= MaxWhitespace
-}
+func (j *SchemaJSON) space(c byte) bool { return j.ws.take(c) }
 
 func (j *SchemaJSON) push(s *Schema, st uint8) bool {
 	if len(j.stack) >= MaxDepth {
@@ -134,7 +124,7 @@ func (j *SchemaJSON) byte(c byte) bool {
 		if isSpace(c) {
 			return j.space(c)
 		}
-		j.ws, j.nl = 0, false
+		j.ws = wsRun{}
 	}
 	props := top.s.props
 	switch top.st {
@@ -232,7 +222,7 @@ func optionalFrom(props []prop, i int) bool {
 
 // value starts a value of schema s with byte c.
 func (j *SchemaJSON) value(s *Schema, c byte) bool {
-	j.ws, j.nl = 0, false
+	j.ws = wsRun{}
 	if s.alts != nil { // the alternative whose values can start with c
 		if k := s.pick[c]; k >= 0 {
 			return j.value(s.alts[k], c)
