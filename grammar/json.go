@@ -15,6 +15,7 @@ type Validator interface {
 var (
 	_ Validator = (*JSON)(nil)
 	_ Validator = (*SchemaJSON)(nil)
+	_ Validator = (*Wrapped)(nil)
 )
 
 // JSON validates, a byte at a time, the prefixes of one JSON text (RFC

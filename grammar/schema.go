@@ -21,6 +21,7 @@ type Schema struct {
 	props []prop     // object: every property, in order
 	items *Schema    // array: each item
 	enum  [][]byte   // the allowed values, JSON-encoded (enum / const)
+	any   bool       // object: any JSON object (no properties listed, additional ones allowed)
 	alts  []*Schema  // anyOf / oneOf: alternatives told apart by their first byte
 	pick  *[256]int8 // alts: the alternative a value starting with byte b takes (-1: none)
 }
@@ -370,14 +371,19 @@ func firstBytes(s *Schema) []byte {
 
 // object reads properties, required and additionalProperties into s.
 func (c *compiler) object(s *Schema, m map[string]any, at string, depth int) error {
-	if ap, ok := m["additionalProperties"]; ok && ap != false {
-		return fmt.Errorf("%s.additionalProperties: only false is supported", at)
+	ap, hasAP := m["additionalProperties"]
+	if hasAP && ap != false && ap != true {
+		return fmt.Errorf("%s.additionalProperties: only true or false is supported", at)
 	}
 	props, _ := m["properties"].(*object)
 	if _, ok := m["properties"]; ok && props == nil {
 		return fmt.Errorf("%s.properties: must be an object", at)
 	}
 	if props == nil {
+		// No properties: any object, unless additional ones are refused
+		// ({} then). With properties, only those are generated (a valid
+		// subset of what additionalProperties: true allows).
+		s.any = ap != false
 		props = &object{vals: map[string]any{}}
 	}
 	req := map[string]bool{}

@@ -22,9 +22,10 @@ const personSchema = `{
     "address": {"type": ["object", "null"], "properties": {"city": {"type": "string"}, "zip": {"const": "75001"}},
                 "required": ["city", "zip"], "additionalProperties": false},
     "ok": {"type": "boolean"},
-    "empty": {"type": "object"}
+    "empty": {"type": "object", "additionalProperties": false},
+    "meta": {"type": "object"}
   },
-  "required": ["name", "age", "height", "role", "level", "tags", "address", "ok", "empty"],
+  "required": ["name", "age", "height", "role", "level", "tags", "address", "ok", "empty", "meta"],
   "additionalProperties": false
 }`
 
@@ -78,7 +79,7 @@ func TestCompileSchemaErrors(t *testing.T) {
 		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/U"}}, "$defs": {"T": {"type": "string"}}}`, "not a local"},
 		{`{"type": "object", "properties": {"a": {"$ref": "http://x/y"}}}`, "not a local"},
 		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/T", "type": "string"}}, "$defs": {"T": {"type": "string"}}}`, "beside"},
-		{`{"type": "object", "additionalProperties": true}`, "additionalProperties"},
+		{`{"type": "object", "additionalProperties": {"type": "string"}}`, "additionalProperties"},
 		{`{"type": "object", "properties": {"a": {"type": "strin"}}, "required": ["a"]}`, "not a JSON Schema type"},
 		{`{"type": "object", "properties": {"a": {"type": "array"}}, "required": ["a"]}`, "item schema"},
 		{`{"type": "object", "properties": {"a": {"enum": [{"x": 1}]}}, "required": ["a"]}`, "only strings, numbers"},
@@ -99,7 +100,7 @@ func TestCompileSchemaErrors(t *testing.T) {
 func TestSchemaJSONTexts(t *testing.T) {
 	s := mustSchema(t, personSchema)
 	good := `{"name": "Zoë \"Z\"", "age": -42, "height": 1.75e0, "role": "a", "level": 12, "tags": ["x", ""], ` +
-		`"address": {"city": "Paris", "zip": "75001"}, "ok": false, "empty": {}}`
+		`"address": {"city": "Paris", "zip": "75001"}, "ok": false, "empty": {}, "meta": {"k": [1, {"z": null}], "": "x"}}`
 	cases := []struct {
 		name     string
 		text     string
@@ -107,7 +108,9 @@ func TestSchemaJSONTexts(t *testing.T) {
 		complete bool
 	}{
 		{"good", good, -1, true},
-		{"nulls and pretty", "{\n  \"name\": \"\",\n  \"age\": 0,\n  \"height\": null,\n  \"role\": \"admin\",\n  \"level\": null,\n  \"tags\": [],\n  \"address\": null,\n  \"ok\": true,\n  \"empty\": { }\n}\n", -1, true},
+		{"nulls and pretty", "{\n  \"name\": \"\",\n  \"age\": 0,\n  \"height\": null,\n  \"role\": \"admin\",\n  \"level\": null,\n  \"tags\": [],\n  \"address\": null,\n  \"ok\": true,\n  \"empty\": { },\n  \"meta\": {}\n}\n", -1, true},
+		{"meta not an object", strings.Replace(good, `"meta": {"k"`, `"meta": ["k"`, 1), strings.Index(good, `"meta": {`) + 8, false},
+		{"meta bad inside", strings.Replace(good, `[1, {"z": null}]`, `[1, {"z": nul}]`, 1), strings.Index(good, `nul`) + 3, false},
 		{"level 1 then comma", strings.Replace(good, `"level": 12`, `"level": 1`, 1), -1, true},
 		{"prefix", good[:40], -1, false},
 		{"keys out of order", `{"age": 1`, 2, false},
@@ -186,6 +189,9 @@ func instance(r *rand.Rand, s *Schema, depth int) string {
 	}
 	switch kinds[r.IntN(len(kinds))] {
 	case kObject:
+		if s.any {
+			return []string{"{}", `{"k": [1, "x"]}`, "{ \"a\" : { } }"}[r.IntN(3)]
+		}
 		var sb strings.Builder
 		sb.WriteString("{" + ws())
 		n := 0
@@ -257,6 +263,9 @@ func matches(s *Schema, v any) bool {
 	case *object:
 		if s.kinds&kObject == 0 {
 			return false
+		}
+		if s.any {
+			return true
 		}
 		k := 0 // the keys must be the properties in order, optional ones maybe left out
 		for _, p := range s.props {
@@ -388,4 +397,50 @@ func TestSchemaPydantic(t *testing.T) {
 // FuzzSchemaPydantic: any text taken whole and complete matches the schema.
 func FuzzSchemaPydantic(f *testing.F) {
 	fuzzSchema(f, pydanticSchema, 7)
+}
+
+func TestWrapped(t *testing.T) {
+	s := mustSchema(t, `{"type": "object", "properties": {"name": {"const": "get_weather"},
+		"arguments": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+		"required": ["name", "arguments"]}`)
+	pre, suf := []byte("<tool_call>\n"), []byte("\n</tool_call>")
+	good := "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+	r := rand.New(rand.NewPCG(9, 10))
+	for range 200 {
+		w := NewWrapped(pre, s, suf)
+		for k := 0; k < len(good); {
+			end := min(k+1+r.IntN(8), len(good))
+			if w.Complete() {
+				t.Fatalf("complete before byte %d", k)
+			}
+			if !w.Advance([]byte(good[k:end])) {
+				t.Fatalf("bytes [%d, %d) %q refused", k, end, good[k:end])
+			}
+			k = end
+		}
+		if !w.Complete() {
+			t.Fatal("not complete after the suffix")
+		}
+		if w.Accept([]byte("\n")) || w.Accept([]byte("x")) {
+			t.Fatal("bytes accepted after the suffix")
+		}
+	}
+	for _, c := range []struct {
+		text string
+		n    int // bytes accepted one by one
+	}{
+		{"<tool_cal>", 9},
+		{"<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"P\"}} \n</tool_call>", 63},
+		{"<tool_call>\n{\"name\": \"get_time\"", 26},
+		{"<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}", 50},
+	} {
+		w := NewWrapped(pre, s, suf)
+		n := 0
+		for n < len(c.text) && w.Advance([]byte{c.text[n]}) {
+			n++
+		}
+		if n != c.n {
+			t.Errorf("%q: accepted %d bytes, want %d", c.text, n, c.n)
+		}
+	}
 }

@@ -1,6 +1,9 @@
 package grammar
 
-import "math/bits"
+import (
+	"bytes"
+	"math/bits"
+)
 
 // SchemaJSON validates, a byte at a time, the prefixes of one JSON object
 // that matches a Schema: every property in the schema's order and no other,
@@ -20,6 +23,7 @@ type SchemaJSON struct {
 	epos    int      // bytes of the value read
 	ws      wsRun
 	scratch []sframe // Accept's copy of the stack
+	lstack  []byte   // Accept's copy of the leaf's stack (an any-object leaf nests)
 }
 
 // sframe is an open object or array.
@@ -51,9 +55,21 @@ func NewSchemaJSON(s *Schema) *SchemaJSON { return &SchemaJSON{root: s} }
 func (j *SchemaJSON) Clone() *SchemaJSON {
 	c := *j
 	c.stack = append([]sframe(nil), j.stack...)
-	c.scratch = nil
+	c.leaf.stack = append([]byte(nil), j.leaf.stack...)
+	c.scratch, c.lstack = nil, nil
 	return &c
 }
+
+// scratchCopy is a copy of j to try bytes on (Accept, take), its stacks in
+// j's scratch buffers; keep gives the buffers back.
+func (j *SchemaJSON) scratchCopy() SchemaJSON {
+	t := *j
+	t.stack = append(j.scratch[:0], j.stack...)
+	t.leaf.stack = append(j.lstack[:0], j.leaf.stack...)
+	return t
+}
+
+func (j *SchemaJSON) keep(t *SchemaJSON) { j.scratch, j.lstack = t.stack[:0], t.leaf.stack[:0] }
 
 // Complete reports whether the text is a whole object matching the schema
 // (only whitespace may follow).
@@ -67,8 +83,7 @@ func (j *SchemaJSON) Accept(b []byte) bool {
 	if len(b) == 0 {
 		return false
 	}
-	t := *j
-	t.stack = append(j.scratch[:0], j.stack...)
+	t := j.scratchCopy()
 	ok := true
 	for _, c := range b {
 		if !t.byte(c) {
@@ -76,7 +91,7 @@ func (j *SchemaJSON) Accept(b []byte) bool {
 			break
 		}
 	}
-	j.scratch = t.stack[:0]
+	j.keep(&t)
 	return ok
 }
 
@@ -235,6 +250,9 @@ func (j *SchemaJSON) value(s *Schema, c byte) bool {
 	}
 	k := s.kinds
 	switch {
+	case c == '{' && hasKind(k, kObject) && s.any: // any object: JSON's grammar reads it
+		j.leaf, j.leafOn, j.leafNum = JSON{st: stStart, objectOnly: true}, true, false
+		return j.leafByte(c)
 	case c == '{' && hasKind(k, kObject):
 		return j.push(s, oOpen)
 	case c == '[' && hasKind(k, kArray):
@@ -310,4 +328,86 @@ func (j *SchemaJSON) enumByte(c byte) bool {
 		j.enum = nil
 	}
 	return true
+}
+
+// take feeds b to a copy of j, stopping as soon as the copy is complete:
+// the number of bytes that belong to the object, and false if one of them
+// was refused. j is unchanged.
+func (j *SchemaJSON) take(b []byte) (int, bool) {
+	t := j.scratchCopy()
+	defer j.keep(&t)
+	for i, c := range b {
+		if t.Complete() {
+			return i, true
+		}
+		if !t.byte(c) {
+			return i, false
+		}
+	}
+	return len(b), true
+}
+
+// Wrapped is a SchemaJSON object between fixed bytes: prefix, the object
+// (no whitespace after it), suffix — a tool call as a chat template asks
+// for it, "<tool_call>\n{…}\n</tool_call>". It is complete once the suffix
+// is.
+type Wrapped struct {
+	prefix, suffix []byte
+	p, s           int // bytes of prefix and suffix matched
+	inner          *SchemaJSON
+}
+
+// NewWrapped returns a validator of prefix, one object matching schema,
+// then suffix.
+func NewWrapped(prefix []byte, schema *Schema, suffix []byte) *Wrapped {
+	return &Wrapped{prefix: prefix, suffix: suffix, inner: NewSchemaJSON(schema)}
+}
+
+// Complete reports whether the suffix has been written.
+func (w *Wrapped) Complete() bool { return w.s == len(w.suffix) && w.inner.Complete() }
+
+// Accept reports whether b may come next, leaving w unchanged.
+func (w *Wrapped) Accept(b []byte) bool {
+	_, _, _, ok := w.split(b)
+	return ok && len(b) > 0
+}
+
+// Advance appends b if it is accepted and reports whether it was.
+func (w *Wrapped) Advance(b []byte) bool {
+	np, inner, ns, ok := w.split(b)
+	if !ok || len(b) == 0 {
+		return false
+	}
+	w.p += np
+	w.inner.Advance(inner)
+	w.s += ns
+	return true
+}
+
+// split cuts b into its prefix bytes (count), the object's bytes and its
+// suffix bytes (count), and reports whether all of b fits.
+func (w *Wrapped) split(b []byte) (int, []byte, int, bool) {
+	np := 0
+	for np < len(b) && w.p+np < len(w.prefix) {
+		if b[np] != w.prefix[w.p+np] {
+			return 0, nil, 0, false
+		}
+		np++
+	}
+	rest := b[np:]
+	if len(rest) == 0 {
+		return np, nil, 0, true
+	}
+	n := 0
+	if !w.inner.Complete() {
+		var ok bool
+		if n, ok = w.inner.take(rest); !ok {
+			return 0, nil, 0, false
+		}
+	}
+	inner, tail := rest[:n], rest[n:]
+	if w.s+len(tail) > len(w.suffix) || !bytes.Equal(tail, w.suffix[w.s:w.s+len(tail)]) {
+		return 0, nil, 0, false
+	}
+	return np, inner, len(tail), true
 }
