@@ -40,7 +40,14 @@ type SamplingParams struct {
 	// further makes each object match the schema: its properties in the
 	// schema's order, values of their types (grammar.SchemaJSON).
 	JSONSchema *grammar.Schema
+	// Grammar, when set, makes a fresh validator for each choice that the
+	// choice's text must satisfy (a tool call's shape, say), in place of
+	// JSON / JSONSchema; the choice ends once the validator is complete.
+	Grammar func() grammar.Validator
 }
+
+// constrained reports whether the choices' text is held to a grammar.
+func (p *SamplingParams) constrained() bool { return p.JSON || p.Grammar != nil }
 
 // TokenByter is a Detokenizer that also gives each token's raw bytes
 // (tokenizer.Tokenizer): JSON-constrained requests need it.

@@ -207,10 +207,10 @@ func (e *Engine) Generate(ctx context.Context, r *Request) (<-chan Event, error)
 			return nil, fmt.Errorf("logit_bias: token id %d is outside the vocabulary [0, %d)", t, e.vocab)
 		}
 	}
-	if p.JSON && e.tokBytes == nil {
+	if p.constrained() && e.tokBytes == nil {
 		return nil, fmt.Errorf("%w: its tokenizer does not give its tokens' bytes", ErrJSONUnsupported)
 	}
-	if p.JSON && len(e.opts.EOS) == 0 {
+	if p.constrained() && len(e.opts.EOS) == 0 {
 		return nil, fmt.Errorf("%w: it has no end-of-sequence token to end the object with", ErrJSONUnsupported)
 	}
 	if len(r.Prompt)+p.MaxTokens > e.cfg.MaxModelLen {

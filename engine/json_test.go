@@ -161,3 +161,43 @@ func TestJSONSchemaConstrained(t *testing.T) {
 		t.Errorf("a schema without JSON mode: %v, want an error", err)
 	}
 }
+
+// TestGrammarForcedCall: a Grammar (a tool call's shape) holds the model to
+// it: the text is a prefix of the call, and a choice that stops is whole.
+func TestGrammarForcedCall(t *testing.T) {
+	f := load(t)
+	e := newEngine(t, f, engine.Config{BlockSize: 4})
+	schema, err := grammar.CompileSchema([]byte(`{"type": "object", "properties": {"name": {"const": "get_weather"},
+		"arguments": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"]}},
+		"required": ["name", "arguments"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func() grammar.Validator {
+		return grammar.NewWrapped([]byte("<tool_call>\n"), schema, []byte("\n</tool_call>"))
+	}
+	prompt, err := f.tok.Encode("Where is it warm?", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := collect(t, mustGen(t, e, prompt, engine.SamplingParams{MaxTokens: 110, TopP: 1, RepetitionPenalty: 1, Grammar: mk}))
+	text := r.text[0]
+	t.Logf("%q (%s)", text, r.reasons[0])
+	if !mk().Advance([]byte(text)) {
+		t.Fatalf("%q is not a prefix of the call", text)
+	}
+	if r.reasons[0] != engine.FinishStop {
+		t.Fatalf("the call did not end within 110 tokens: %q", text)
+	}
+	{
+		body, ok := strings.CutPrefix(text, "<tool_call>\n")
+		body, ok2 := strings.CutSuffix(body, "\n</tool_call>")
+		var call struct {
+			Name      string
+			Arguments struct{ City string }
+		}
+		if !ok || !ok2 || json.Unmarshal([]byte(body), &call) != nil || call.Name != "get_weather" || call.Arguments.City == "" {
+			t.Fatalf("stopped with %q, not a whole call", text)
+		}
+	}
+}

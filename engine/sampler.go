@@ -38,8 +38,8 @@ func (p *SamplingParams) Validate() error {
 		return fmt.Errorf("top_logprobs must be in [0, 20], got %d", p.TopLogprobs)
 	case p.JSONSchema != nil && !p.JSON:
 		return fmt.Errorf("a json_schema needs JSON mode set too")
-	case p.JSON && p.IgnoreEOS:
-		return fmt.Errorf("ignore_eos cannot be used with response_format json_object (the choice ends when the object closes)")
+	case p.constrained() && p.IgnoreEOS:
+		return fmt.Errorf("ignore_eos cannot be used with a constrained output (response_format json_object / json_schema, a forced tool call): the choice ends when the text is complete")
 	}
 	for i, s := range p.Stop {
 		if s == "" {

@@ -24,11 +24,14 @@ func (e *Engine) admitRequest(r *request) {
 func (e *Engine) newSequence(r *request, index int, tokens []int32) *sequence {
 	e.seqNum++
 	sm := newSampler(&r.r.Sampling, index, r.r.Prompt)
-	if p := &r.r.Sampling; p.JSON { // admission checked that the tokenizer gives bytes and an EOS exists
+	if p := &r.r.Sampling; p.constrained() { // admission checked that the tokenizer gives bytes and an EOS exists
 		sm.tokBytes, sm.eos = e.tokBytes, e.opts.EOS[0]
-		if p.JSONSchema != nil {
+		switch {
+		case p.Grammar != nil:
+			sm.json = p.Grammar()
+		case p.JSONSchema != nil:
 			sm.json = grammar.NewSchemaJSON(p.JSONSchema)
-		} else {
+		default:
 			sm.json = grammar.NewJSON(true)
 		}
 	}

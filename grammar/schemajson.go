@@ -22,6 +22,7 @@ type SchemaJSON struct {
 	alive   uint64   // candidates still matching
 	epos    int      // bytes of the value read
 	ws      wsRun
+	compact bool     // between tokens at most one space, no other whitespace (NewWrapped)
 	scratch []sframe // Accept's copy of the stack
 	lstack  []byte   // Accept's copy of the leaf's stack (an any-object leaf nests)
 }
@@ -107,7 +108,12 @@ func (j *SchemaJSON) Advance(b []byte) bool {
 }
 
 // space takes a whitespace byte between tokens, within JSON's limits.
-func (j *SchemaJSON) space(c byte) bool { return j.ws.take(c) }
+func (j *SchemaJSON) space(c byte) bool {
+	if j.compact && (c != ' ' || j.ws.n > 0) {
+		return false
+	}
+	return j.ws.take(c)
+}
 
 func (j *SchemaJSON) push(s *Schema, st uint8) bool {
 	if len(j.stack) >= MaxDepth {
@@ -349,8 +355,10 @@ func (j *SchemaJSON) take(b []byte) (int, bool) {
 
 // Wrapped is a SchemaJSON object between fixed bytes: prefix, the object
 // (no whitespace after it), suffix — a tool call as a chat template asks
-// for it, "<tool_call>\n{…}\n</tool_call>". It is complete once the suffix
-// is.
+// for it, "<tool_call>\n{…}\n</tool_call>". Inside the object at most one
+// space separates tokens (every whitespace byte is a token a small model
+// would rather spend, and the arguments are compacted anyway). It is
+// complete once the suffix is.
 type Wrapped struct {
 	prefix, suffix []byte
 	p, s           int // bytes of prefix and suffix matched
@@ -360,7 +368,9 @@ type Wrapped struct {
 // NewWrapped returns a validator of prefix, one object matching schema,
 // then suffix.
 func NewWrapped(prefix []byte, schema *Schema, suffix []byte) *Wrapped {
-	return &Wrapped{prefix: prefix, suffix: suffix, inner: NewSchemaJSON(schema)}
+	inner := NewSchemaJSON(schema)
+	inner.compact = true
+	return &Wrapped{prefix: prefix, suffix: suffix, inner: inner}
 }
 
 // Complete reports whether the suffix has been written.

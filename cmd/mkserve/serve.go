@@ -84,10 +84,12 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 		return err
 	}
 	var tmpl *chat.Template
+	toolFormat := ""
 	if src := tok.Config().ChatTemplate; src != "" {
 		if tmpl, err = chat.Compile(src); err != nil {
 			return fmt.Errorf("%s: chat template: %w", cfg.Model, err)
 		}
+		toolFormat = httpapi.DetectToolFormat(src)
 	}
 	gc, err := models.LoadGenerationConfig(cfg.Model)
 	if err != nil {
@@ -102,6 +104,7 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	hs := httpapi.New(gen, tok, tmpl, httpapi.Options{
 		APIKey: cfg.APIKey, CORSOrigins: cfg.CORSOrigins, MaxBodyBytes: cfg.MaxBodyBytes,
 		Logger: log, LogPrompts: cfg.LogPrompts, Metrics: metrics.Handler(reg), Defaults: defaults,
+		ToolFormat: toolFormat,
 	})
 	hl, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {

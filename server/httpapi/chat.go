@@ -35,7 +35,12 @@ func (s *Server) chatCompletions(c *gin.Context) {
 			sp.TopLogprobs = *req.TopLogprobs
 		}
 	}
-	text, e := s.render(req)
+	ts, e := s.tools(req, &sp)
+	if e != nil {
+		k.fail(c, e)
+		return
+	}
+	text, e := s.render(req, ts)
 	if e != nil {
 		k.fail(c, e)
 		return
@@ -100,18 +105,50 @@ func (s *Server) chatCompletions(c *gin.Context) {
 				return
 			}
 		}
+		var streams []toolStream // function calling: content held back where a call may start
+		if ts != nil && ts.parse {
+			streams = make([]toolStream, sp.N)
+		}
 		usage, err := k.run(ctx, cancel, chans, sp.N, lens, func(i int, ev *engine.Event) error {
-			if ev.Text == "" && len(ev.Logprobs) == 0 && ev.FinishReason == "" {
+			text, reason := ev.Text, ev.FinishReason
+			var calls []toolCallJS
+			if streams != nil {
+				text = streams[i].push(text)
+				if reason != "" {
+					var rest string
+					rest, calls = streams[i].finish()
+					text += rest
+					if calls != nil && reason == engine.FinishStop {
+						reason = finishToolCalls
+					}
+				}
+			}
+			if text == "" && len(ev.Logprobs) == 0 && reason == "" {
 				return nil
 			}
-			ch := chatChunkChoice{Index: i, Delta: chatDelta{Content: &ev.Text}}
+			ch := chatChunkChoice{Index: i, Delta: chatDelta{Content: &text}}
 			if sp.Logprobs && len(ev.Logprobs) > 0 {
 				ch.Logprobs = &chatLogprobs{}
 				ch.Logprobs.add(ev.Logprobs)
 			}
-			if ev.FinishReason != "" {
-				ch.FinishReason = &ev.FinishReason
-				if ev.Text == "" {
+			if reason != "" && calls != nil {
+				// Content first (if any), then the calls, then the close.
+				if text != "" || ch.Logprobs != nil {
+					if err := out.send(chunk(ch)); err != nil {
+						return err
+					}
+				}
+				for j := range calls {
+					calls[j].Index = &j
+				}
+				if err := out.send(chunk(chatChunkChoice{Index: i, Delta: chatDelta{ToolCalls: calls}})); err != nil {
+					return err
+				}
+				ch = chatChunkChoice{Index: i}
+			}
+			if reason != "" {
+				ch.FinishReason = &reason
+				if text == "" || calls != nil {
 					ch.Delta.Content = nil // the closing chunk: an empty delta, as OpenAI sends
 				}
 			}
@@ -147,8 +184,22 @@ func (s *Server) chatCompletions(c *gin.Context) {
 	resp := chatResponse{ID: k.id, Object: "chat.completion", Created: created, Model: model,
 		Choices: make([]chatChoice, sp.N), Usage: toUsage(usage)}
 	for i := range resp.Choices {
-		resp.Choices[i] = chatChoice{Index: i, Message: chatMessageJS{Role: "assistant", Content: texts[i].String()},
-			FinishReason: k.finishes[i]}
+		content := texts[i].String()
+		msg := chatMessageJS{Role: "assistant", Content: &content}
+		reason := k.finishes[i]
+		if ts != nil && ts.parse {
+			if rest, calls := hermesCalls(content); calls != nil {
+				msg.ToolCalls = calls
+				msg.Content = nil
+				if rest != "" {
+					msg.Content = &rest
+				}
+				if reason == engine.FinishStop {
+					reason = finishToolCalls
+				}
+			}
+		}
+		resp.Choices[i] = chatChoice{Index: i, Message: msg, FinishReason: reason}
 		if lps != nil {
 			resp.Choices[i].Logprobs = lps[i]
 		}
@@ -156,8 +207,12 @@ func (s *Server) chatCompletions(c *gin.Context) {
 	writeJSON(c, http.StatusOK, resp)
 }
 
-// render applies the chat template to the request's messages.
-func (s *Server) render(req *chatRequest) (string, *apiError) {
+// finishToolCalls is the finish reason of a choice that ends in tool calls.
+const finishToolCalls = "tool_calls"
+
+// render applies the chat template to the request's messages (and its
+// tools, when ts is not nil).
+func (s *Server) render(req *chatRequest, ts *toolSetup) (string, *apiError) {
 	if s.tmpl == nil {
 		return "", invalid("messages", "this model has no chat template; use /v1/completions")
 	}
@@ -169,6 +224,9 @@ func (s *Server) render(req *chatRequest) (string, *apiError) {
 		}
 	}
 	opts := chat.Options{AddGenerationPrompt: req.AddGenerationPrompt == nil || *req.AddGenerationPrompt, Kwargs: req.ChatTemplateKwargs}
+	if ts != nil {
+		opts.Tools = ts.raw
+	}
 	if cfg := s.tok.Config(); cfg != nil {
 		opts.BOSToken, opts.EOSToken = cfg.BOSToken, cfg.EOSToken
 	}

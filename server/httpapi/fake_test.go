@@ -150,6 +150,7 @@ type fakeGen struct {
 	panics    bool
 	vocab     int            // ids the engine accepts (0: the test tokenizer's)
 	noRecord  bool           // keep no copies of requests (fuzzing)
+	reply     string         // when set, every choice's whole text, in events of 5 bytes, then stop
 	cancelled chan string    // IDs whose ctx ended before their last event
 	running   sync.WaitGroup // event goroutines
 }
@@ -241,6 +242,20 @@ func (f *fakeGen) Generate(ctx context.Context, req *engine.Request) (<-chan eng
 // script is the whole event sequence of req.
 func (f *fakeGen) script(req *engine.Request) []engine.Event {
 	sp := req.Sampling
+	if f.reply != "" {
+		var events []engine.Event
+		for i := range sp.N {
+			for k := 0; k < len(f.reply); k += 5 {
+				ev := engine.Event{Index: i, TokenIDs: []int32{1}, Text: f.reply[k:min(k+5, len(f.reply))]}
+				if k+5 >= len(f.reply) {
+					ev.FinishReason = engine.FinishStop
+				}
+				events = append(events, ev)
+			}
+		}
+		events[len(events)-1].Usage = &engine.Usage{PromptTokens: len(req.Prompt), CompletionTokens: len(events)}
+		return events
+	}
 	type state struct {
 		text    string
 		emitted int

@@ -503,16 +503,7 @@ func (r *chatRequest) check() *apiError {
 			return invalid("chat_template_kwargs", "chat_template_kwargs may not set %q", k)
 		}
 	}
-	if !isNull(r.Tools) && string(bytes.TrimSpace(r.Tools)) != "[]" {
-		return invalid("tools", "tools (function calling) are not supported")
-	}
-	if !isNull(r.ToolChoice) {
-		var s string
-		if json.Unmarshal(r.ToolChoice, &s) != nil || s != "none" {
-			return invalid("tool_choice", `tool_choice is not supported other than "none"`)
-		}
-	}
-	return nil
+	return nil // tools and tool_choice: Server.tools
 }
 
 // reservedKwargs are template variables the server sets itself.

@@ -104,9 +104,10 @@ type chatChoice struct {
 }
 
 type chatMessageJS struct {
-	Role    string  `json:"role"`
-	Content string  `json:"content"`
-	Refusal *string `json:"refusal"`
+	Role      string       `json:"role"`
+	Content   *string      `json:"content"` // null when the message is only tool calls
+	Refusal   *string      `json:"refusal"`
+	ToolCalls []toolCallJS `json:"tool_calls,omitempty"`
 }
 
 type chatChunk struct {
@@ -126,8 +127,9 @@ type chatChunkChoice struct {
 }
 
 type chatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string       `json:"role,omitempty"`
+	Content   *string      `json:"content,omitempty"`
+	ToolCalls []toolCallJS `json:"tool_calls,omitempty"`
 }
 
 type chatLogprobs struct {

@@ -13,11 +13,12 @@
 // server does not know are ignored, as OpenAI's and vLLM's servers do, so
 // clients that send newer optional fields keep working; known fields that
 // would change the output but are not implemented (echo=true, suffix,
-// best_of≠n, tools, JSON Schema keywords grammar.Schema does not take) are
-// rejected instead of silently ignored. response_format {"type":
-// "json_object"} or {"type": "json_schema"} (on both endpoints, as vLLM)
-// constrains each choice to one JSON object, or to one matching the schema
-// (engine.SamplingParams.JSON / JSONSchema).
+// best_of≠n, JSON Schema keywords grammar.Schema does not take, tools for
+// a template without a readable tool-call format) are rejected instead of
+// silently ignored. response_format {"type": "json_object"} or {"type":
+// "json_schema"} (on both endpoints, as vLLM) constrains each choice to one
+// JSON object, or to one matching the schema (engine.SamplingParams.JSON /
+// JSONSchema). Chat requests take tools and tool_choice (tools.go).
 package httpapi
 
 import (
@@ -73,6 +74,10 @@ type Options struct {
 	Defaults *engine.SamplingDefaults
 	// Metrics is served at /metrics; nil: 404.
 	Metrics http.Handler
+	// ToolFormat is the tool-call format the chat template teaches
+	// (DetectToolFormat; "": requests with tools other than tool_choice
+	// "none" get a 400).
+	ToolFormat string
 }
 
 // Server is the HTTP API. Its methods are safe for concurrent use.

@@ -1,0 +1,334 @@
+package httpapi
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"regexp"
+	"strings"
+
+	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/grammar"
+)
+
+// Function calling. The tools are rendered into the prompt by the chat
+// template; the model's calls are read back from its text in the format
+// the template teaches. One format is known: Hermes, which Qwen2, Qwen2.5
+// and Qwen3 templates use —
+//
+//	<tool_call>
+//	{"name": "get_weather", "arguments": {"city": "Paris"}}
+//	</tool_call>
+//
+// tool_choice "auto" parses whatever calls the text holds (text that does
+// not parse stays content); "required" and a named function force one call
+// by constraining the output to that shape (grammar.Wrapped over the
+// function's parameter schema), so even a model that would rather answer in
+// prose returns a call.
+
+// ToolFormatHermes is the <tool_call>…</tool_call> format.
+const ToolFormatHermes = "hermes"
+
+// DetectToolFormat is the tool-call format a chat template's source
+// teaches ("" when it shows none mkserve can read).
+func DetectToolFormat(src string) string {
+	if strings.Contains(src, "<tool_call>") {
+		return ToolFormatHermes
+	}
+	return ""
+}
+
+const (
+	maxTools      = 128
+	hermesOpen    = "<tool_call>"
+	hermesClose   = "</tool_call>"
+	hermesPrefix  = hermesOpen + "\n"
+	hermesSuffix  = "\n" + hermesClose
+	toolCallIDLen = 24 // hex digits after "call_"
+)
+
+var toolNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// toolDef is one entry of a request's tools.
+type toolDef struct {
+	Type     string `json:"type"`
+	Function *struct {
+		Name        string          `json:"name"`
+		Description json.RawMessage `json:"description"`
+		Parameters  json.RawMessage `json:"parameters"`
+	} `json:"function"`
+}
+
+// toolSetup is a chat request's function calling: the tools as given (for
+// the template) and whether calls are parsed from the output.
+type toolSetup struct {
+	raw   []json.RawMessage
+	parse bool // tool_choice auto, required or named: read calls from the text
+}
+
+// tools validates tools and tool_choice and, for a forced call, sets the
+// grammar that makes the output one call. nil: no function calling.
+func (s *Server) tools(r *chatRequest, sp *engine.SamplingParams) (*toolSetup, *apiError) {
+	hasTools := !isNull(r.Tools) && string(bytes.TrimSpace(r.Tools)) != "[]"
+	choice, named, e := toolChoice(r.ToolChoice)
+	if e != nil {
+		return nil, e
+	}
+	if !hasTools {
+		if !isNull(r.ToolChoice) && choice != "none" {
+			return nil, invalid("tool_choice", "tool_choice is only allowed with tools (got %q)", choice)
+		}
+		return nil, nil
+	}
+	var raw []json.RawMessage
+	if err := json.Unmarshal(r.Tools, &raw); err != nil {
+		return nil, invalid("tools", "tools must be a list of tool objects")
+	}
+	if len(raw) > maxTools {
+		return nil, invalid("tools", "at most %d tools, got %d", maxTools, len(raw))
+	}
+	defs := make([]toolDef, len(raw))
+	byName := map[string]int{}
+	for i, t := range raw {
+		if err := json.Unmarshal(t, &defs[i]); err != nil || defs[i].Type != "function" || defs[i].Function == nil {
+			return nil, invalid("tools", `tools[%d] must be {"type": "function", "function": {...}}`, i)
+		}
+		f := defs[i].Function
+		if !toolNameRE.MatchString(f.Name) {
+			return nil, invalid("tools", "tools[%d].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -; got %q", i, f.Name)
+		}
+		if _, dup := byName[f.Name]; dup {
+			return nil, invalid("tools", "tools[%d].function.name %q is given twice", i, f.Name)
+		}
+		byName[f.Name] = i
+		if !isNull(f.Parameters) && !bytes.HasPrefix(bytes.TrimSpace(f.Parameters), []byte("{")) {
+			return nil, invalid("tools", "tools[%d].function.parameters must be a JSON Schema object", i)
+		}
+	}
+	if choice == "none" {
+		return nil, nil // the model is not to call: the tools stay out of the prompt
+	}
+	if s.opts.ToolFormat != ToolFormatHermes {
+		return nil, invalid("tools", "this model's chat template shows no tool-call format mkserve can read (it reads Hermes <tool_call> blocks, as Qwen templates write them)")
+	}
+	if named != "" {
+		if _, ok := byName[named]; !ok {
+			return nil, invalid("tool_choice", "tool_choice names %q, which is not among the tools", named)
+		}
+	}
+	if choice == "required" || named != "" {
+		schema, e := callSchema(defs, named)
+		if e != nil {
+			return nil, e
+		}
+		if sp.IgnoreEOS {
+			return nil, invalid("tool_choice", "a forced tool call cannot be used with ignore_eos")
+		}
+		if sp.JSON {
+			return nil, invalid("tool_choice", "a forced tool call cannot be combined with response_format")
+		}
+		sp.Grammar = func() grammar.Validator {
+			return grammar.NewWrapped([]byte(hermesPrefix), schema, []byte(hermesSuffix))
+		}
+	}
+	return &toolSetup{raw: raw, parse: true}, nil
+}
+
+// toolChoice reads tool_choice: "none", "auto", "required", or a named
+// function (returned as named, with choice "function").
+func toolChoice(raw json.RawMessage) (choice, named string, e *apiError) {
+	if isNull(raw) {
+		return "auto", "", nil
+	}
+	if json.Unmarshal(raw, &choice) == nil {
+		switch choice {
+		case "none", "auto", "required":
+			return choice, "", nil
+		}
+		return "", "", invalid("tool_choice", `tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}; got %q`, choice)
+	}
+	var obj struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if json.Unmarshal(raw, &obj) != nil || obj.Type != "function" || obj.Function.Name == "" {
+		return "", "", invalid("tool_choice", `tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}`)
+	}
+	return "function", obj.Function.Name, nil
+}
+
+// callSchema is the schema of one forced call: {"name": the function,
+// "arguments": its parameters} — with several candidates (required), the
+// name among them and the arguments any object.
+func callSchema(defs []toolDef, named string) (*grammar.Schema, *apiError) {
+	var name, args json.RawMessage
+	pick := -1
+	for i, d := range defs {
+		if d.Function.Name == named || (named == "" && len(defs) == 1) {
+			pick = i
+		}
+	}
+	if pick >= 0 {
+		f := defs[pick].Function
+		name, _ = json.Marshal(map[string]any{"const": f.Name})
+		args = f.Parameters
+		if isNull(args) {
+			args = json.RawMessage(`{"type": "object"}`)
+		}
+	} else {
+		names := make([]string, len(defs))
+		for i, d := range defs {
+			names[i] = d.Function.Name
+		}
+		name, _ = json.Marshal(map[string]any{"enum": names})
+		args = json.RawMessage(`{"type": "object"}`)
+	}
+	src := `{"type": "object", "properties": {"name": ` + string(name) + `, "arguments": ` + string(args) +
+		`}, "required": ["name", "arguments"], "additionalProperties": false}`
+	schema, err := grammar.CompileSchema([]byte(src))
+	if err != nil {
+		return nil, invalid("tools", "the forced call's parameters: %v", err)
+	}
+	return schema, nil
+}
+
+// toolCallJS is a call in a response (message.tool_calls, or a streamed
+// delta's, which carries Index).
+type toolCallJS struct {
+	Index    *int   `json:"index,omitempty"`
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"` // JSON, as a string (OpenAI's shape)
+	} `json:"function"`
+}
+
+// hermesCalls splits a choice's text into its content (the text outside
+// the <tool_call> blocks, trimmed) and its calls. With a block that is not
+// a call ({"name": string, "arguments": object or JSON string}) or an
+// unclosed one, the whole text is content and there are no calls.
+func hermesCalls(text string) (string, []toolCallJS) {
+	var content strings.Builder
+	var calls []toolCallJS
+	rest := text
+	for {
+		i := strings.Index(rest, hermesOpen)
+		if i < 0 {
+			content.WriteString(rest)
+			break
+		}
+		content.WriteString(rest[:i])
+		body := rest[i+len(hermesOpen):]
+		j := strings.Index(body, hermesClose)
+		if j < 0 {
+			return text, nil
+		}
+		call, ok := parseCall(body[:j])
+		if !ok {
+			return text, nil
+		}
+		calls = append(calls, call)
+		rest = body[j+len(hermesClose):]
+	}
+	return strings.TrimSpace(content.String()), calls
+}
+
+// parseCall reads one block's {"name": ..., "arguments": ...}.
+func parseCall(body string) (toolCallJS, bool) {
+	var c struct {
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
+	}
+	var out toolCallJS
+	d := json.NewDecoder(strings.NewReader(body))
+	if err := d.Decode(&c); err != nil || c.Name == "" || d.More() {
+		return out, false
+	}
+	args := bytes.TrimSpace(c.Arguments)
+	switch {
+	case len(args) == 0 || string(args) == "null":
+		args = []byte("{}")
+	case args[0] == '"': // already a JSON string holding the arguments
+		var s string
+		if json.Unmarshal(args, &s) != nil {
+			return out, false
+		}
+		args = []byte(s)
+	case args[0] != '{':
+		return out, false
+	}
+	var compact bytes.Buffer
+	if json.Compact(&compact, args) != nil {
+		return out, false
+	}
+	out.ID, out.Type = newCallID(), "function"
+	out.Function.Name, out.Function.Arguments = c.Name, compact.String()
+	return out, true
+}
+
+// newCallID is a fresh "call_…" id.
+func newCallID() string {
+	b := make([]byte, toolCallIDLen/2)
+	_, _ = rand.Read(b)
+	return "call_" + hex.EncodeToString(b)
+}
+
+// toolStream is one streamed choice's text when calls are parsed: content
+// is passed on as it comes, except a tail that may be the start of a
+// <tool_call> block; from the first block on, everything is held and
+// read at the end.
+type toolStream struct {
+	all     strings.Builder // the whole text
+	pending string          // content not yet passed on
+	inCall  bool            // a block has started
+	sent    int             // bytes of content passed on
+}
+
+// push takes new text and returns the content that may be streamed now.
+func (t *toolStream) push(text string) string {
+	t.all.WriteString(text)
+	if t.inCall {
+		return ""
+	}
+	t.pending += text
+	if i := strings.Index(t.pending, hermesOpen); i >= 0 {
+		out := t.pending[:i]
+		t.inCall, t.pending = true, ""
+		t.sent += len(out)
+		return out
+	}
+	keep := 0 // the longest tail that begins hermesOpen
+	for k := min(len(t.pending), len(hermesOpen)-1); k > 0; k-- {
+		if strings.HasSuffix(t.pending, hermesOpen[:k]) {
+			keep = k
+			break
+		}
+	}
+	out := t.pending[:len(t.pending)-keep]
+	t.pending = t.pending[len(t.pending)-keep:]
+	t.sent += len(out)
+	return out
+}
+
+// finish returns the content still to stream and the calls. Without calls
+// that is everything held back; with them, the content after the first
+// block (what hermesCalls keeps beyond what was sent).
+func (t *toolStream) finish() (string, []toolCallJS) {
+	if !t.inCall {
+		out := t.pending
+		t.pending = ""
+		return out, nil
+	}
+	content, calls := hermesCalls(t.all.String())
+	if calls == nil {
+		return t.all.String()[t.sent:], nil
+	}
+	// Content before the first block was streamed already; what follows
+	// the blocks is the rest of the trimmed content.
+	sentTrim := strings.TrimSpace(t.all.String()[:t.sent])
+	return strings.TrimPrefix(content, sentTrim), calls
+}

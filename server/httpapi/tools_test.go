@@ -1,0 +1,338 @@
+package httpapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/shared"
+
+	"github.com/mkserve/mkserve/chat"
+)
+
+func TestHermesCalls(t *testing.T) {
+	for _, c := range []struct {
+		name, text, content string
+		calls               []string // name + " " + arguments
+	}{
+		{"one call", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"n\": [1, 2]}}\n</tool_call>", "",
+			[]string{`get_weather {"city":"Paris","n":[1,2]}`}},
+		{"content and two calls", "Let me check.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>{\"name\": \"b\", \"arguments\": \"{\\\"x\\\": 1}\"}</tool_call>", "Let me check.",
+			[]string{`a {}`, `b {"x":1}`}},
+		{"no arguments", `<tool_call>{"name": "now"}</tool_call>`, "", []string{`now {}`}},
+		{"plain text", "Just an answer.", "Just an answer.", nil},
+		{"unclosed", "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}", "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}", nil},
+		{"not JSON", "x <tool_call>\nget_weather(Paris)\n</tool_call>", "x <tool_call>\nget_weather(Paris)\n</tool_call>", nil},
+		{"arguments not an object", `<tool_call>{"name": "a", "arguments": [1]}</tool_call>`, `<tool_call>{"name": "a", "arguments": [1]}</tool_call>`, nil},
+		{"two values", `<tool_call>{"name": "a"} {"name": "b"}</tool_call>`, `<tool_call>{"name": "a"} {"name": "b"}</tool_call>`, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			content, calls := hermesCalls(c.text)
+			if content != c.content {
+				t.Errorf("content %q, want %q", content, c.content)
+			}
+			var got []string
+			for _, k := range calls {
+				got = append(got, k.Function.Name+" "+k.Function.Arguments)
+				if !strings.HasPrefix(k.ID, "call_") || k.Type != "function" {
+					t.Errorf("call %+v: id or type", k)
+				}
+			}
+			if strings.Join(got, "|") != strings.Join(c.calls, "|") {
+				t.Errorf("calls %q, want %q", got, c.calls)
+			}
+		})
+	}
+}
+
+// TestToolStream: streamed in random pieces, the content passed on plus
+// what finish returns is hermesCalls' content, and no piece of a call
+// leaks into the streamed content.
+func TestToolStream(t *testing.T) {
+	texts := []string{
+		"Sure. <tool_call>\n{\"name\": \"a\", \"arguments\": {\"q\": \"<tool\"}}\n</tool_call> done",
+		"plain <tool answer without calls <",
+		"<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>",
+		"<tool_call>broken</tool_call> tail",
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, text := range texts {
+		for range 50 {
+			var ts toolStream
+			var streamed strings.Builder
+			for k := 0; k < len(text); {
+				end := min(k+1+r.IntN(7), len(text))
+				streamed.WriteString(ts.push(text[k:end]))
+				k = end
+			}
+			if strings.Contains(streamed.String(), "<tool_call>") {
+				t.Fatalf("%q: a call leaked into the stream: %q", text, streamed.String())
+			}
+			rest, calls := ts.finish()
+			wantContent, wantCalls := hermesCalls(text)
+			if len(calls) != len(wantCalls) {
+				t.Fatalf("%q: %d calls, want %d", text, len(calls), len(wantCalls))
+			}
+			got := streamed.String() + rest
+			if calls != nil && strings.Join(strings.Fields(got), " ") != strings.Join(strings.Fields(wantContent), " ") {
+				t.Fatalf("%q: content %q, want %q", text, got, wantContent)
+			}
+			if calls == nil && got != text {
+				t.Fatalf("%q: content %q, want the whole text", text, got)
+			}
+		}
+	}
+}
+
+func FuzzHermesCalls(f *testing.F) {
+	f.Add("a <tool_call>{\"name\": \"x\", \"arguments\": {}}</tool_call> b")
+	f.Add("<tool_call>")
+	f.Fuzz(func(t *testing.T, text string) {
+		content, calls := hermesCalls(text)
+		if calls == nil && content != text {
+			t.Fatalf("no calls, but content %q is not the text", content)
+		}
+		for _, c := range calls {
+			if !json.Valid([]byte(c.Function.Arguments)) || c.Function.Name == "" {
+				t.Fatalf("call %+v", c)
+			}
+		}
+	})
+}
+
+// serveTools serves f with the test tokenizer, a Qwen-style chat template
+// that teaches <tool_call> (chat/testdata) and ToolFormat set from it.
+func serveTools(t *testing.T, f *fakeGen) string {
+	t.Helper()
+	tok, _ := loadTok(t)
+	src, err := os.ReadFile(filepath.Join("..", "..", "chat", "testdata", "templates", "qwen3.jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := chat.Compile(string(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(f, tok, tmpl, Options{ToolFormat: DetectToolFormat(string(src))})
+	s.SetReady(true)
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(func() {
+		ts.Close()
+		f.running.Wait()
+	})
+	return ts.URL
+}
+
+const weatherTools = `[{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+	"parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+	{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]`
+
+func TestChatTools(t *testing.T) {
+	f := newFake(4096)
+	f.reply = "I will look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+	url := serveTools(t, f)
+	body := `{"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 64, "tools": ` + weatherTools + `}`
+	resp, raw := post(t, url, "/v1/chat/completions", body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	var out struct {
+		Choices []struct {
+			Message struct {
+				Content   *string `json:"content"`
+				ToolCalls []struct {
+					ID       string `json:"id"`
+					Type     string `json:"type"`
+					Function struct{ Name, Arguments string }
+				} `json:"tool_calls"`
+			} `json:"message"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil {
+		t.Fatal(err)
+	}
+	ch := out.Choices[0]
+	if ch.FinishReason != "tool_calls" || len(ch.Message.ToolCalls) != 1 || ch.Message.Content == nil || *ch.Message.Content != "I will look." {
+		t.Fatalf("response %s", raw)
+	}
+	call := ch.Message.ToolCalls[0]
+	if call.Function.Name != "get_weather" || call.Function.Arguments != `{"city":"Paris"}` || call.Type != "function" || !strings.HasPrefix(call.ID, "call_") {
+		t.Fatalf("call %+v", call)
+	}
+	// The tools reached the prompt (rendered by the template).
+	reqs := f.requests()
+	tok, _ := loadTok(t)
+	prompt, err := tok.Decode(reqs[len(reqs)-1].Prompt, false)
+	if err != nil || !strings.Contains(prompt, "get_weather") || !strings.Contains(prompt, "<tools>") {
+		t.Fatalf("prompt %q (%v) does not show the tools", prompt, err)
+	}
+	if reqs[len(reqs)-1].Sampling.Grammar != nil {
+		t.Error("tool_choice auto forced a call")
+	}
+
+	// Streaming: the content, then one tool_calls delta, then finish tool_calls.
+	resp, raw = post(t, url, "/v1/chat/completions", strings.Replace(body, `"max_tokens": 64`, `"max_tokens": 64, "stream": true`, 1))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream: %d %s", resp.StatusCode, raw)
+	}
+	var content strings.Builder
+	var calls []string
+	finish := ""
+	sc := bufio.NewScanner(strings.NewReader(string(raw)))
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || line == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				Delta struct {
+					Content   *string `json:"content"`
+					ToolCalls []struct {
+						Index    *int `json:"index"`
+						ID       string
+						Function struct{ Name, Arguments string }
+					} `json:"tool_calls"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(line), &chunk); err != nil {
+			t.Fatalf("chunk %q: %v", line, err)
+		}
+		for _, c := range chunk.Choices {
+			if c.Delta.Content != nil {
+				content.WriteString(*c.Delta.Content)
+			}
+			for _, tc := range c.Delta.ToolCalls {
+				if tc.Index == nil || tc.ID == "" {
+					t.Errorf("tool call delta without index or id: %s", line)
+				}
+				calls = append(calls, tc.Function.Name+" "+tc.Function.Arguments)
+			}
+			if c.FinishReason != nil {
+				finish = *c.FinishReason
+			}
+		}
+	}
+	if strings.TrimSpace(content.String()) != "I will look." || strings.Join(calls, "|") != `get_weather {"city":"Paris"}` || finish != "tool_calls" {
+		t.Fatalf("stream: content %q, calls %q, finish %q\n%s", content.String(), calls, finish, raw)
+	}
+}
+
+func TestChatToolChoice(t *testing.T) {
+	f := newFake(4096)
+	url := serveTools(t, f)
+	msgs := `"messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 64, "tools": ` + weatherTools
+	// Named: the engine gets a grammar that takes exactly a call of it.
+	if resp, raw := post(t, url, "/v1/chat/completions", `{`+msgs+`, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}`); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	reqs := f.requests()
+	g := reqs[len(reqs)-1].Sampling.Grammar
+	if g == nil {
+		t.Fatal("a named tool_choice set no grammar")
+	}
+	good := "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+	if v := g(); !v.Advance([]byte(good)) || !v.Complete() {
+		t.Errorf("the grammar refuses %q", good)
+	}
+	for _, bad := range []string{"Sure", "<tool_call>\n{\"name\": \"get_time\"", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}"} {
+		if g().Advance([]byte(bad)) {
+			t.Errorf("the grammar takes %q", bad)
+		}
+	}
+	// Required with two tools: either name, any arguments object.
+	if resp, raw := post(t, url, "/v1/chat/completions", `{`+msgs+`, "tool_choice": "required"}`); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	reqs = f.requests()
+	g = reqs[len(reqs)-1].Sampling.Grammar
+	if g == nil || !g().Advance([]byte("<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"UTC\"}}\n</tool_call>")) {
+		t.Error("tool_choice required: no grammar, or it refuses a get_time call")
+	}
+	// none: the tools stay out of the prompt and nothing is forced.
+	if resp, raw := post(t, url, "/v1/chat/completions", `{`+msgs+`, "tool_choice": "none"}`); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	reqs = f.requests()
+	tok, _ := loadTok(t)
+	if p, _ := tok.Decode(reqs[len(reqs)-1].Prompt, false); strings.Contains(p, "get_weather") || reqs[len(reqs)-1].Sampling.Grammar != nil {
+		t.Errorf("tool_choice none: prompt %q, grammar %v", p, reqs[len(reqs)-1].Sampling.Grammar != nil)
+	}
+	// Refused.
+	for _, c := range []struct{ body, param string }{
+		{`{` + msgs + `, "tool_choice": {"type": "function", "function": {"name": "nope"}}}`, "tool_choice"},
+		{`{` + msgs + `, "tool_choice": "sometimes"}`, "tool_choice"},
+		{`{"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}`, "tool_choice"},
+		{`{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "bad name"}}]}`, "tools"},
+		{`{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "a"}}, {"type": "function", "function": {"name": "a"}}]}`, "tools"},
+		{`{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]}`, "tools"},
+		{`{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {"p": {"type": "string", "format": "uri"}}}}}], "tool_choice": "required"}`, "tools"},
+		{`{` + msgs + `, "tool_choice": "required", "response_format": {"type": "json_object"}}`, "tool_choice"},
+	} {
+		resp, raw := post(t, url, "/v1/chat/completions", c.body)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), `"param":"`+c.param+`"`) {
+			t.Errorf("%s: %d %s, want 400 naming %s", c.body, resp.StatusCode, raw, c.param)
+		}
+	}
+	// A template without a tool-call format: tools are refused (none is fine).
+	_, plain := serve(t, f, Options{})
+	if resp, raw := post(t, plain, "/v1/chat/completions", `{`+msgs+`}`); resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), "tool-call format") {
+		t.Errorf("tools without a format: %d %s", resp.StatusCode, raw)
+	}
+}
+
+// TestChatToolsSDK: the official OpenAI Go SDK reads the calls, streamed
+// (its accumulator) and not.
+func TestChatToolsSDK(t *testing.T) {
+	f := newFake(4096)
+	f.reply = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"
+	url := serveTools(t, f)
+	params := openai.ChatCompletionNewParams{
+		Model:     "fake-moe",
+		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Weather in Oslo?")},
+		MaxTokens: openai.Int(64),
+		Tools: []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
+			Name: "get_weather", Description: openai.String("Weather now"),
+			Parameters: shared.FunctionParameters{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}},
+				"required": []string{"city"}},
+		})},
+	}
+	resp, err := sdk(url, "").Chat.Completions.New(context.Background(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := resp.Choices[0].Message
+	if resp.Choices[0].FinishReason != "tool_calls" || len(m.ToolCalls) != 1 || m.ToolCalls[0].Function.Name != "get_weather" ||
+		m.ToolCalls[0].Function.Arguments != `{"city":"Oslo"}` || m.Content != "" {
+		t.Fatalf("message %+v, finish %q", m, resp.Choices[0].FinishReason)
+	}
+	stream := sdk(url, "").Chat.Completions.NewStreaming(context.Background(), params)
+	acc := openai.ChatCompletionAccumulator{}
+	finished := 0
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+		if tc, ok := acc.JustFinishedToolCall(); ok {
+			finished++
+			if tc.Name != "get_weather" || tc.Arguments != `{"city":"Oslo"}` {
+				t.Errorf("streamed call %+v", tc)
+			}
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := acc.Choices[0].Message.ToolCalls; len(got) != 1 || got[0].Function.Arguments != `{"city":"Oslo"}` || finished != 1 {
+		t.Fatalf("accumulated calls %+v (%d finished)", got, finished)
+	}
+}
