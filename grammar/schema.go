@@ -14,10 +14,13 @@ import (
 // schema, strings, numbers, integers, booleans, null, unions of those types
 // ("type": [...], or anyOf / oneOf whose alternatives differ in their first
 // byte: at most one object, one array, one string…), enum / const values,
-// and $ref into $defs / definitions (not recursive). CompileSchema names
-// any other keyword instead of ignoring it.
+// $ref into $defs / definitions (not recursive), minItems / maxItems and
+// minLength / maxLength (characters). CompileSchema names any other
+// keyword instead of ignoring it.
 type Schema struct {
 	kinds uint8      // allowed types (kObject…); 0 with enum or alts
+	minN  int        // array: items at least (minItems); string: characters at least (minLength)
+	maxN  int        // the same at most (maxItems / maxLength); -1: no bound
 	props []prop     // object: every property, in order
 	items *Schema    // array: each item
 	enum  [][]byte   // the allowed values, JSON-encoded (enum / const)
@@ -164,10 +167,11 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 	m := o.vals
 	for _, k := range o.keys {
 		switch k {
-		case "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref":
+		case "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref",
+			"minItems", "maxItems", "minLength", "maxLength":
 		default:
 			if !annotations[k] {
-				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties: false, items, enum, const, anyOf, oneOf, $ref)", at, k)
+				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, const, anyOf, oneOf, $ref)", at, k)
 			}
 		}
 	}
@@ -252,6 +256,29 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 		}
 	} else if _, ok := m["properties"]; ok {
 		return nil, fmt.Errorf("%s.properties: only for type object", at)
+	}
+	s.maxN = -1
+	for _, b := range []struct {
+		key  string
+		kind uint8
+		dst  *int
+	}{{"minItems", kArray, &s.minN}, {"maxItems", kArray, &s.maxN}, {"minLength", kString, &s.minN}, {"maxLength", kString, &s.maxN}} {
+		v, ok := m[b.key]
+		if !ok {
+			continue
+		}
+		if s.kinds&b.kind == 0 || s.kinds&(kArray|kString) == kArray|kString {
+			return nil, fmt.Errorf("%s.%s: only for type %s (alone)", at, b.key, map[uint8]string{kArray: "array", kString: "string"}[b.kind])
+		}
+		num, _ := v.(json.Number)
+		n, err := num.Int64()
+		if err != nil || n < 0 || n > 1<<20 {
+			return nil, fmt.Errorf("%s.%s: must be an integer in [0, %d]", at, b.key, 1<<20)
+		}
+		*b.dst = int(n)
+	}
+	if s.maxN >= 0 && s.minN > s.maxN {
+		return nil, fmt.Errorf("%s: the minimum %d is above the maximum %d", at, s.minN, s.maxN)
 	}
 	if s.kinds&kArray != 0 {
 		it, ok := m["items"]

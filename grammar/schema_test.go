@@ -444,3 +444,34 @@ func TestWrapped(t *testing.T) {
 		}
 	}
 }
+
+func TestSchemaBounds(t *testing.T) {
+	s := mustSchema(t, `{"type": "object", "properties": {"tags": {"type": "array", "minItems": 1, "maxItems": 2,
+		"items": {"type": "string", "minLength": 1, "maxLength": 3}}}, "required": ["tags"]}`)
+	for _, c := range []struct {
+		text     string
+		accepted int
+		complete bool
+	}{
+		{`{"tags": ["ab", "c"]}`, -1, true},
+		{`{"tags": ["é\u00e9x"]}`, -1, true},
+		{`{"tags": ["\n\t"]}`, -1, true},
+		{`{"tags": []}`, 10, false},
+		{`{"tags": ["a", "b", "c"]}`, 18, false},
+		{`{"tags": [""]}`, 11, false},
+		{`{"tags": ["abcd"]}`, 14, false},
+		{`{"tags": ["ab☃x"]}`, 16, false},
+	} {
+		checkText(t, s, c.text, c.accepted, c.complete)
+	}
+	for _, bad := range []string{
+		`{"type": "object", "properties": {"a": {"type": "string", "minItems": 1}}}`,
+		`{"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string"}, "minItems": 3, "maxItems": 2}}}`,
+		`{"type": "object", "properties": {"a": {"type": "string", "maxLength": -1}}}`,
+		`{"type": "object", "properties": {"a": {"type": "string", "maxLength": 1.5}}}`,
+	} {
+		if _, err := CompileSchema([]byte(bad)); err == nil {
+			t.Errorf("%s compiled", bad)
+		}
+	}
+}

@@ -18,6 +18,8 @@ type SchemaJSON struct {
 	leafOn  bool
 	leafNum bool     // the leaf is a number (it ends at the first byte that is not part of it)
 	leafInt bool     // an integer: no fraction or exponent
+	leafS   *Schema  // the string leaf's schema (its length bounds)
+	chars   int      // characters of the string leaf so far
 	enum    [][]byte // the enum value being read: its candidates (nil: none)
 	alive   uint64   // candidates still matching
 	epos    int      // bytes of the value read
@@ -210,7 +212,7 @@ func (j *SchemaJSON) byte(c byte) bool {
 		}
 		return false
 	case aOpen, aValue:
-		if c == ']' && top.st == aOpen {
+		if c == ']' && top.st == aOpen && top.s.minN == 0 {
 			j.pop()
 			return true
 		}
@@ -218,11 +220,11 @@ func (j *SchemaJSON) byte(c byte) bool {
 		top.i++
 		return j.value(top.s.items, c)
 	case aAfter:
-		switch c {
-		case ',':
+		switch {
+		case c == ',' && (top.s.maxN < 0 || top.i < top.s.maxN):
 			top.st = aValue
 			return true
-		case ']':
+		case c == ']' && top.i >= top.s.minN:
 			j.pop()
 			return true
 		}
@@ -263,10 +265,11 @@ func (j *SchemaJSON) value(s *Schema, c byte) bool {
 		return j.push(s, oOpen)
 	case c == '[' && hasKind(k, kArray):
 		return j.push(s, aOpen)
-	case c == '"' && hasKind(k, kString),
-		(c == 't' || c == 'f') && hasKind(k, kBoolean),
+	case c == '"' && hasKind(k, kString):
+		j.leafNum, j.leafS, j.chars = false, s, -1 // the opening quote is not a character
+	case (c == 't' || c == 'f') && hasKind(k, kBoolean),
 		c == 'n' && hasKind(k, kNull):
-		j.leafNum = false
+		j.leafNum, j.leafS = false, nil
 	case (c == '-' || isDigit(c)) && hasKind(k, kNumber|kInteger):
 		j.leafNum, j.leafInt = true, !hasKind(k, kNumber)
 	default:
@@ -289,6 +292,19 @@ func (j *SchemaJSON) leafByte(c byte) bool {
 		}
 		j.leafOn = false
 		return j.byte(c)
+	}
+	if s := j.leafS; s != nil && j.leaf.st == stString { // a character starts here, or the string ends
+		if c == '"' && j.chars >= 0 {
+			if j.chars < s.minN {
+				return false
+			}
+		} else if c&0xC0 != 0x80 { // not a UTF-8 continuation byte
+			if j.chars++; s.maxN >= 0 && j.chars > s.maxN {
+				return false
+			}
+		}
+	} else if j.leafS != nil && j.leaf.st == stStart {
+		j.chars = 0 // the opening quote
 	}
 	if !j.leaf.byte(c) {
 		return false
