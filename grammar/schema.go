@@ -10,8 +10,10 @@ import (
 // Schema is a compiled subset of JSON Schema, the part structured outputs
 // use (OpenAI's strict mode, pydantic's models): typed objects whose
 // properties are generated in the schema's order with no others (required
-// ones always, optional ones when the model chooses), arrays of one item
-// schema, strings, numbers, integers, booleans, null, unions of those types
+// ones always, optional ones when the model chooses; an object schema that
+// lists no properties and does not refuse additional ones takes any object),
+// arrays of one item schema, strings, numbers, integers, booleans, null,
+// unions of those types
 // ("type": [...], or anyOf / oneOf whose alternatives differ in their first
 // byte: at most one object, one array, one string…), enum / const values,
 // $ref into $defs / definitions (not recursive), minItems / maxItems and
