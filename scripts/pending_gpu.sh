@@ -16,6 +16,11 @@
 #   cycles an issue against 1.13 at R = 1, the same instructions): R = 8's
 #   16k overhead without copies +14 % → ~+8 %, with copies ~−3 points.
 #   Make it the default if it wins (ring.cu, fill_params: noready).
+# Then the serving test on the CUDA backend with requests that sample on
+# the host (JSON mode, n = 2, logit_bias) beside plain ones: since the
+# twenty-ninth pass only those rows' logits come back (backend Rows) while
+# the others stay on the device sampler (engine.mixedPicks) — written
+# without a GPU, so this is its first run there.
 # Then `bench ring --repeat 6 --spacer-mb 40`: the same ring measured six
 # times in one process, each time with its buffers 40 MB further on (a
 # spacer allocated first). The ring's 16k timings have been bimodal from
@@ -45,6 +50,8 @@ for r in 1 2 3; do
 			--iters 5 --json 2>&1 | grep -oE '"(ranks|ms|single_rank_ms)":[^,}]*' | cut -c1-22 | paste -sd' '
 	done
 done
+(cd cmd/mkserve && MKSERVE_TEST_BACKEND=cuda timeout 120 ../../.dev/mkserve.test -test.v -test.count=1 -test.timeout 115s \
+	-test.run '^TestServeEndToEnd$' >"$OUT/serve_mixed.log" 2>&1; echo "serving, mixed host/device sampling on cuda: rc=$? $(tail -1 "$OUT/serve_mixed.log")")
 echo "== placement: --repeat 6 --spacer-mb 40 (t=${SECONDS}s)"
 timeout 120 .dev/mkserve bench ring --seq 16384 --ranks 2,8 --heads 32 --kv-heads 8 --head-dim 128 --causal --iters 5 \
 	--repeat 6 --spacer-mb 40 --json 2>&1 | python3 -c 'import json,sys

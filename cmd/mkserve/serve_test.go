@@ -143,6 +143,83 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatalf("load test: %d completed, %d failed: %v", res.Completed, res.Failed, res.Errors)
 	}
 
+	// Requests that sample on the host (JSON mode, a schema, logit_bias, a
+	// fork) side by side with plain ones: each gets what it asked for (on
+	// a GPU backend the plain rows stay on the device sampler).
+	mixed := []struct {
+		path, body string
+		check      func(body []byte) error
+	}{
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"JSON please"}],"max_tokens":24,"response_format":{"type":"json_object"}}`, func(b []byte) error {
+			var r struct {
+				Choices []struct {
+					Message      struct{ Content string }
+					FinishReason string `json:"finish_reason"`
+				}
+			}
+			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {
+				return fmt.Errorf("response %s: %v", b, err)
+			}
+			c := r.Choices[0]
+			if !strings.HasPrefix(c.Message.Content, "{") || (c.FinishReason == "stop" && !json.Valid([]byte(c.Message.Content))) {
+				return fmt.Errorf("json_object content %q (%s)", c.Message.Content, c.FinishReason)
+			}
+			return nil
+		}},
+		{"/v1/completions", `{"prompt":"In the beginning","max_tokens":6,"n":2,"temperature":0.8,"seed":3}`, func(b []byte) error {
+			var r struct{ Choices []struct{ Text string } }
+			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 2 {
+				return fmt.Errorf("n=2: %s (%v)", b, err)
+			}
+			return nil
+		}},
+		{"/v1/completions", `{"prompt":"In the beginning","max_tokens":4,"temperature":0,"logit_bias":{"92":100},"ignore_eos":true}`, func(b []byte) error {
+			var r struct {
+				Choices []struct{ Text string }
+			}
+			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {
+				return fmt.Errorf("logit_bias: %s (%v)", b, err)
+			}
+			return nil
+		}},
+		{"/v1/completions", `{"prompt":"And God said","max_tokens":8,"temperature":0}`, func(b []byte) error {
+			var r struct{ Choices []struct{ Text string } }
+			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {
+				return fmt.Errorf("plain: %s (%v)", b, err)
+			}
+			return nil
+		}},
+	}
+	errs := make(chan error, 2*len(mixed))
+	var wg sync.WaitGroup
+	for range 2 {
+		for _, m := range mixed {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := http.Post("http://"+h+m.path, "application/json", strings.NewReader(m.body))
+				if err != nil {
+					errs <- err
+					return
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					errs <- fmt.Errorf("%s %s: %d %s", m.path, m.body, resp.StatusCode, b)
+					return
+				}
+				errs <- m.check(b)
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+
 	// Metrics moved.
 	mresp, err := http.Get("http://" + h + "/metrics")
 	if err != nil {
