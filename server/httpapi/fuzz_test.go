@@ -114,3 +114,38 @@ func FuzzChatRequest(f *testing.F) {
 		checkResponse(t, fuzzPost(h, "/v1/chat/completions", body), "chat.completion")
 	})
 }
+
+// FuzzTokenizeRequest: any body to /tokenize or /detokenize gets a 200 with
+// the endpoint's shape or a 4xx in OpenAI's error shape, never a 5xx.
+func FuzzTokenizeRequest(f *testing.F) {
+	h, _ := fuzzServer(f)
+	for _, s := range []string{`{"prompt": "hello"}`, `{"messages": [{"role": "user", "content": "x"}], "return_token_strs": true}`,
+		`{"tokens": [1, 2, 3]}`, `{"prompt": null}`, `{"tokens": [-1]}`, `[]`} {
+		f.Add(s, true)
+		f.Add(s, false)
+	}
+	f.Fuzz(func(t *testing.T, body string, detok bool) {
+		path := "/tokenize"
+		if detok {
+			path = "/detokenize"
+		}
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			if rec.Code < 400 || rec.Code >= 500 {
+				t.Fatalf("%s %q: status %d: %s", path, body, rec.Code, rec.Body.Bytes())
+			}
+			checkError(t, rec.Body.Bytes())
+			return
+		}
+		var v map[string]json.RawMessage
+		if err := json.Unmarshal(rec.Body.Bytes(), &v); err != nil {
+			t.Fatalf("%s %q: body %s", path, body, rec.Body.Bytes())
+		}
+		if _, ok := v[map[bool]string{true: "prompt", false: "tokens"}[detok]]; !ok {
+			t.Fatalf("%s %q: body %s lacks its field", path, body, rec.Body.Bytes())
+		}
+	})
+}

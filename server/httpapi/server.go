@@ -4,6 +4,8 @@
 //	POST /v1/completions       text or token prompts (one engine request each)
 //	POST /v1/chat/completions  messages rendered with the checkpoint's chat template
 //	GET  /v1/models            the served model (and /v1/models/{model})
+//	POST /tokenize             a prompt or chat messages to token ids (vLLM's)
+//	POST /detokenize           token ids to text (vLLM's)
 //	GET  /health               200 when ready, 503 while loading or draining
 //	GET  /metrics              Options.Metrics (404 when nil)
 //
@@ -134,6 +136,8 @@ func (s *Server) routes() http.Handler {
 	v1.GET("/models/*model", s.model)
 	v1.POST("/completions", s.completions)
 	v1.POST("/chat/completions", s.chatCompletions)
+	r.POST("/tokenize", s.auth, s.tokenize)
+	r.POST("/detokenize", s.auth, s.detokenize)
 	return r
 }
 
