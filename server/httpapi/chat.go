@@ -117,6 +117,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 				if reason != "" {
 					var rest string
 					rest, calls = streams[i].finish()
+					calls = ts.keep(calls)
 					text += rest
 					if calls != nil && reason == engine.FinishStop {
 						reason = finishToolCalls
@@ -189,7 +190,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		reason := k.finishes[i]
 		if ts != nil && ts.parse {
 			if rest, calls := hermesCalls(content); calls != nil {
-				msg.ToolCalls = calls
+				msg.ToolCalls = ts.keep(calls)
 				msg.Content = nil
 				if rest != "" {
 					msg.Content = &rest

@@ -78,6 +78,7 @@ type chatRequest struct {
 	AddGenerationPrompt *bool           `json:"add_generation_prompt"` // vLLM's extension; default true
 	Tools               json.RawMessage `json:"tools"`
 	ToolChoice          json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls   *bool           `json:"parallel_tool_calls"` // false: at most one call a choice
 }
 
 // chatMessage is one entry of messages. Content is a string, a list of

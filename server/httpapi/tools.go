@@ -65,6 +65,15 @@ type toolDef struct {
 type toolSetup struct {
 	raw   []json.RawMessage
 	parse bool // tool_choice auto, required or named: read calls from the text
+	one   bool // parallel_tool_calls false: keep the first call only
+}
+
+// keep applies parallel_tool_calls to a choice's calls.
+func (ts *toolSetup) keep(calls []toolCallJS) []toolCallJS {
+	if ts.one && len(calls) > 1 {
+		return calls[:1]
+	}
+	return calls
 }
 
 // tools validates tools and tool_choice and, for a forced call, sets the
@@ -132,7 +141,7 @@ func (s *Server) tools(r *chatRequest, sp *engine.SamplingParams) (*toolSetup, *
 			return grammar.NewWrapped([]byte(hermesPrefix), schema, []byte(hermesSuffix))
 		}
 	}
-	return &toolSetup{raw: raw, parse: true}, nil
+	return &toolSetup{raw: raw, parse: true, one: r.ParallelToolCalls != nil && !*r.ParallelToolCalls}, nil
 }
 
 // toolChoice reads tool_choice: "none", "auto", "required", or a named

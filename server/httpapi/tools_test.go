@@ -178,6 +178,25 @@ func TestChatTools(t *testing.T) {
 	if reqs[len(reqs)-1].Sampling.Grammar != nil {
 		t.Error("tool_choice auto forced a call")
 	}
+	// Two calls, then parallel_tool_calls false keeps the first only.
+	f.reply = "<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}</tool_call>"
+	for _, c := range []struct {
+		extra string
+		n     int
+	}{{"", 2}, {`, "parallel_tool_calls": false`, 1}} {
+		resp, raw := post(t, url, "/v1/chat/completions", strings.Replace(body, `"max_tokens": 64`, `"max_tokens": 64`+c.extra, 1))
+		var two struct {
+			Choices []struct {
+				Message struct {
+					ToolCalls []json.RawMessage `json:"tool_calls"`
+				}
+			}
+		}
+		if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, &two) != nil || len(two.Choices[0].Message.ToolCalls) != c.n {
+			t.Errorf("%q: %d %s, want %d calls", c.extra, resp.StatusCode, raw, c.n)
+		}
+	}
+	f.reply = "I will look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
 
 	// Streaming: the content, then one tool_calls delta, then finish tool_calls.
 	resp, raw = post(t, url, "/v1/chat/completions", strings.Replace(body, `"max_tokens": 64`, `"max_tokens": 64, "stream": true`, 1))
