@@ -24,6 +24,7 @@ type SamplingParams struct {
 	Stop              []string // stop strings: never part of the returned text
 	StopTokenIDs      []int32  // extra stop tokens (kept out of the text too)
 	IgnoreEOS         bool     // keep going past the model's end-of-sequence tokens
+	MinTokens         int      // new tokens per choice before an end-of-sequence or stop token may come (vLLM's min_tokens)
 	Logprobs          bool     // return the chosen token's log-probability
 	TopLogprobs       int      // and this many alternatives (0–20)
 	// LogitBias adds a bias in [-100, 100] to token ids' logits before the

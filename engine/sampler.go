@@ -20,6 +20,8 @@ func (p *SamplingParams) Validate() error {
 		return fmt.Errorf("n must be in [1, 128], got %d", p.N)
 	case p.MaxTokens < 1:
 		return fmt.Errorf("max_tokens must be at least 1, got %d", p.MaxTokens)
+	case p.MinTokens < 0 || p.MinTokens > p.MaxTokens:
+		return fmt.Errorf("min_tokens must be in [0, max_tokens %d], got %d", p.MaxTokens, p.MinTokens)
 	case !(p.Temperature >= 0 && p.Temperature <= 2):
 		return fmt.Errorf("temperature must be in [0, 2], got %v", p.Temperature)
 	case !(p.TopP > 0 && p.TopP <= 1):
@@ -127,6 +129,10 @@ type sampler struct {
 	json     grammar.Validator
 	tokBytes func(int32) []byte
 	eos      int32
+	// MinTokens: the tokens banned until n reaches it (end-of-sequence and
+	// stop tokens), and n, the tokens emitted so far.
+	banned []int32
+	n      int
 	// scratch
 	work  []float32
 	order []int32
@@ -157,6 +163,7 @@ func (s *sampler) fork(index int, prompt []int32) *sampler {
 
 // observe records an emitted token for the penalties.
 func (s *sampler) observe(t int32) {
+	s.n++
 	s.counts[t]++
 	if s.seen != nil {
 		s.seen[t] = true
@@ -167,8 +174,9 @@ func (s *sampler) observe(t int32) {
 // returns its log-probability record (from the raw model distribution).
 func (s *sampler) sample(logits []float32, decode func(int32) string) (int32, *Logprob) {
 	p := s.p
-	w := logits // read only below, unless a bias, penalty or constraint applies to a copy
-	if len(p.LogitBias) > 0 || s.seen != nil || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || s.json != nil {
+	w := logits // read only below, unless a bias, penalty, ban or constraint applies to a copy
+	ban := s.n < p.MinTokens && len(s.banned) > 0
+	if len(p.LogitBias) > 0 || s.seen != nil || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || s.json != nil || ban {
 		w = append(s.work[:0], logits...)
 		s.work = w
 		for t, b := range p.LogitBias {
@@ -189,6 +197,13 @@ func (s *sampler) sample(logits []float32, decode func(int32) string) (int32, *L
 		if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
 			for t, c := range s.counts {
 				w[t] -= p.FrequencyPenalty*float32(c) + p.PresencePenalty
+			}
+		}
+		if ban {
+			for _, t := range s.banned {
+				if int(t) < len(w) {
+					w[t] = float32(math.Inf(-1))
+				}
 			}
 		}
 	}

@@ -24,6 +24,12 @@ func (e *Engine) admitRequest(r *request) {
 func (e *Engine) newSequence(r *request, index int, tokens []int32) *sequence {
 	e.seqNum++
 	sm := newSampler(&r.r.Sampling, index, r.r.Prompt)
+	if p := &r.r.Sampling; p.MinTokens > 0 {
+		sm.banned = append(slices.Clone(p.StopTokenIDs), e.opts.EOS...)
+		if p.IgnoreEOS {
+			sm.banned = slices.Clone(p.StopTokenIDs)
+		}
+	}
 	if p := &r.r.Sampling; p.constrained() { // admission checked that the tokenizer gives bytes and an EOS exists
 		sm.tokBytes, sm.eos = e.tokBytes, e.opts.EOS[0]
 		switch {
@@ -452,11 +458,11 @@ func parallelPicks(picks []pick) {
 
 // needsHost reports whether s's next sample, after n more tokens are
 // computed, must be taken on the host: it forks (the siblings are drawn
-// from the same host logits), or its request has a logit_bias or a grammar,
-// which the device sampler does not take.
+// from the same host logits), or its request has a logit_bias, a grammar
+// or min_tokens not yet reached, which the device sampler does not take.
 func (s *sequence) needsHost(n int) bool {
 	p := &s.req.r.Sampling
-	return s.forksNow(n) || len(p.LogitBias) > 0 || s.sampler.json != nil
+	return s.forksNow(n) || len(p.LogitBias) > 0 || s.sampler.json != nil || s.sampler.n < p.MinTokens
 }
 
 // mixedPicks samples the picks (logits rows of logitsT in pick order) on

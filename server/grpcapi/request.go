@@ -118,6 +118,7 @@ func (s *Server) sampling(p *pb.SamplingParams, promptLen int) (engine.SamplingP
 		Logprobs:          p.Logprobs,
 		TopLogprobs:       int(opt(p.TopLogprobs, 0)),
 		JSON:              p.JsonObject || p.JsonSchema != "",
+		MinTokens:         int(p.MinTokens),
 	}
 	if p.JsonSchema != "" {
 		schema, err := grammar.CompileSchema([]byte(p.JsonSchema))

@@ -604,6 +604,8 @@ func TestErrorCodes(t *testing.T) {
 		{with(&pb.SamplingParams{JsonSchema: `{"type": "object", "properties": {"a": {"type": "string", "format": "email"}}}`}), codes.InvalidArgument,
 			"sampling.json_schema", "format"},
 		{with(&pb.SamplingParams{JsonSchema: `{"type":`}), codes.InvalidArgument, "sampling.json_schema", "schema"},
+		{with(&pb.SamplingParams{MaxTokens: ptr(int32(2)), MinTokens: 3}), codes.InvalidArgument, "sampling.min_tokens", "max_tokens"},
+		{with(&pb.SamplingParams{MinTokens: -1}), codes.InvalidArgument, "sampling.min_tokens", ""},
 		{withID("has space"), codes.InvalidArgument, "request_id", "printable"},
 		// Too long: checked here, and by the engine for what slips by.
 		{with(&pb.SamplingParams{MaxTokens: ptr(int32(62))}), codes.InvalidArgument, "", "exceeds the model's context"},

@@ -186,6 +186,7 @@ func ValidateSampling(p *engine.SamplingParams, vocab int) error {
 		CheckStopTokenIDs(p.StopTokenIDs, vocab),
 		CheckTopLogprobs(p.TopLogprobs, p.Logprobs),
 		checkJSONObject(p.JSON, p.IgnoreEOS),
+		checkMinTokens(p.MinTokens, p.MaxTokens),
 	} {
 		if err != nil {
 			return err
@@ -207,6 +208,14 @@ func CheckStopTokenIDs(ids []int32, vocab int) error {
 func checkJSONObject(json, ignoreEOS bool) error {
 	if json && ignoreEOS {
 		return fieldErr("json_object", "json_object and json_schema cannot be used with ignore_eos (the choice ends when the object closes)")
+	}
+	return nil
+}
+
+// checkMinTokens bounds min_tokens by max_tokens.
+func checkMinTokens(minTok, maxTok int) error {
+	if minTok < 0 || minTok > maxTok {
+		return fieldErr("min_tokens", "must be in [0, max_tokens %d], got %d", maxTok, minTok)
 	}
 	return nil
 }

@@ -62,6 +62,10 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		k.fail(c, e)
 		return
 	}
+	if e := checkMinTokens(&sp); e != nil {
+		k.fail(c, e)
+		return
+	}
 	tooLongParam := "messages"
 	if maxParam != "" {
 		tooLongParam = maxParam

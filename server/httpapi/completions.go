@@ -62,6 +62,10 @@ func (s *Server) completions(c *gin.Context) {
 			k.fail(c, e)
 			return
 		}
+		if e := checkMinTokens(&psp); e != nil {
+			k.fail(c, e)
+			return
+		}
 		reqs[i] = &engine.Request{ID: engineRequestID(k.id, i, len(prompts)), Prompt: ids, Sampling: psp, Arrival: k.start}
 		if req.Priority != nil {
 			reqs[i].Priority = *req.Priority

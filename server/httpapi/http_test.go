@@ -158,6 +158,9 @@ func TestInvalidParams(t *testing.T) {
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}}`, "response_format"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"response_format":"json"}`, "response_format"},
 		{"/v1/completions", `{"prompt":"x","response_format":{"type":"json_object"},"ignore_eos":true}`, "response_format"},
+		{"/v1/completions", `{"prompt":"x","max_tokens":4,"min_tokens":5}`, "min_tokens"},
+		{"/v1/completions", `{"prompt":"x","min_tokens":-1}`, "min_tokens"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":2,"min_tokens":3}`, "min_tokens"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"messages":1}}`, "chat_template_kwargs"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[1]}`, "chat_template_kwargs"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":64}`, "max_tokens"},
@@ -208,6 +211,13 @@ func TestInvalidParams(t *testing.T) {
 	reqs = f.requests()
 	if got := reqs[len(reqs)-1].Sampling.LogitBias; !reflect.DeepEqual(got, map[int32]float32{5: -100, 17: 2.5}) {
 		t.Errorf("logit_bias reached the engine as %v", got)
+	}
+	// min_tokens reaches the engine.
+	if resp, body := post(t, url, "/v1/completions", `{"prompt":"x","max_tokens":4,"min_tokens":3}`); resp.StatusCode != http.StatusOK {
+		t.Fatalf("min_tokens: %d %s", resp.StatusCode, body)
+	}
+	if reqs = f.requests(); reqs[len(reqs)-1].Sampling.MinTokens != 3 {
+		t.Errorf("min_tokens reached the engine as %d", reqs[len(reqs)-1].Sampling.MinTokens)
 	}
 	// response_format json_object reaches the engine as Sampling.JSON, on
 	// both endpoints; text leaves it off.

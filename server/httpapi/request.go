@@ -46,6 +46,7 @@ type sampling struct {
 	Stop                json.RawMessage `json:"stop"`
 	StopTokenIDs        []int64         `json:"stop_token_ids"`
 	IgnoreEOS           *bool           `json:"ignore_eos"`
+	MinTokens           *int            `json:"min_tokens"` // vLLM's extension
 	Stream              *bool           `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	User                *string         `json:"user"` // accepted and ignored
@@ -380,6 +381,12 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 	if p.IgnoreEOS != nil {
 		sp.IgnoreEOS = *p.IgnoreEOS
 	}
+	if p.MinTokens != nil {
+		if *p.MinTokens < 0 {
+			return sp, invalid("min_tokens", "min_tokens must not be negative, got %d", *p.MinTokens)
+		}
+		sp.MinTokens = *p.MinTokens
+	}
 	if len(p.LogitBias) > engine.MaxLogitBias {
 		return sp, invalid("logit_bias", "logit_bias has %d entries; at most %d are allowed", len(p.LogitBias), engine.MaxLogitBias)
 	}
@@ -441,6 +448,15 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 		}
 	}
 	return sp, nil
+}
+
+// checkMinTokens refuses min_tokens above the request's max_tokens (known
+// once the context has fixed it).
+func checkMinTokens(sp *engine.SamplingParams) *apiError {
+	if sp.MinTokens > sp.MaxTokens {
+		return invalid("min_tokens", "min_tokens %d is above max_tokens %d", sp.MinTokens, sp.MaxTokens)
+	}
+	return nil
 }
 
 // maxTokens is the requested completion length (max_completion_tokens

@@ -96,7 +96,10 @@ type SamplingParams struct {
 	// constrains each choice to an object matching it, properties in the
 	// schema's order (HTTP's response_format {"type": "json_schema"});
 	// implies json_object.
-	JsonSchema    string `protobuf:"bytes,17,opt,name=json_schema,json=jsonSchema,proto3" json:"json_schema,omitempty"`
+	JsonSchema string `protobuf:"bytes,17,opt,name=json_schema,json=jsonSchema,proto3" json:"json_schema,omitempty"`
+	// min_tokens: new tokens per choice before an end-of-sequence or stop
+	// token may come, [0, max_tokens]; default 0.
+	MinTokens     int32 `protobuf:"varint,18,opt,name=min_tokens,json=minTokens,proto3" json:"min_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -248,6 +251,13 @@ func (x *SamplingParams) GetJsonSchema() string {
 		return x.JsonSchema
 	}
 	return ""
+}
+
+func (x *SamplingParams) GetMinTokens() int32 {
+	if x != nil {
+		return x.MinTokens
+	}
+	return 0
 }
 
 // GenerateRequest is one prompt and its settings.
@@ -999,7 +1009,7 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"\x1amkserve/v1/inference.proto\x12\n" +
 	"mkserve.v1\"\x1c\n" +
 	"\bTokenIds\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\xe9\x05\n" +
+	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\x88\x06\n" +
 	"\x0eSamplingParams\x12\x11\n" +
 	"\x01n\x18\x01 \x01(\x05H\x00R\x01n\x88\x01\x01\x12\"\n" +
 	"\n" +
@@ -1023,7 +1033,9 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"\vjson_object\x18\x10 \x01(\bR\n" +
 	"jsonObject\x12\x1f\n" +
 	"\vjson_schema\x18\x11 \x01(\tR\n" +
-	"jsonSchemaB\x04\n" +
+	"jsonSchema\x12\x1d\n" +
+	"\n" +
+	"min_tokens\x18\x12 \x01(\x05R\tminTokensB\x04\n" +
 	"\x02_nB\r\n" +
 	"\v_max_tokensB\x0e\n" +
 	"\f_temperatureB\b\n" +
