@@ -15,7 +15,7 @@ func fuzzServer(f *testing.F) (http.Handler, *fakeGen) {
 	tok, tmpl := loadTok(f)
 	fake := newFake(48)
 	fake.noRecord = true
-	s := New(fake, tok, tmpl, Options{MaxBodyBytes: 1 << 16})
+	s := New(fake, tok, tmpl, Options{MaxBodyBytes: 1 << 16, ToolFormat: ToolFormatHermes})
 	s.SetReady(true)
 	return s.Handler(), fake
 }
@@ -106,6 +106,9 @@ func FuzzChatRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"enable_thinking":false,"n":[1,{"a":null}]},"add_generation_prompt":false,"max_tokens":2}`,
 		`{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]}`, `{"messages":[]}`, `{"messages":[{}]}`,
 		`{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"text"},"tool_choice":"none","seed":1}`,
+		`{"messages":[{"role":"user","content":"x"}],"max_tokens":4,"min_tokens":2,"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object","properties":{"a":{"anyOf":[{"type":"integer"},{"type":"null"}]},"b":{"type":"array","items":{"type":"string","maxLength":3},"maxItems":2}},"required":["a"]}}}}`,
+		`{"messages":[{"role":"user","content":"x"}],"max_tokens":4,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"x":{"type":"string"}},"required":["x"]}}}],"tool_choice":"required","parallel_tool_calls":false}`,
+		`{"messages":[{"role":"user","content":"x"}],"max_tokens":4,"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g"}}],"tool_choice":{"type":"function","function":{"name":"g"}},"stream":true}`,
 	} {
 		f.Add([]byte(s))
 	}
