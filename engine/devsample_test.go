@@ -146,3 +146,16 @@ func TestMixedSampling(t *testing.T) {
 		t.Errorf("the device sampled %d rows; the requests without a grammar or bias made %d tokens", devRows, plain)
 	}
 }
+
+// newDevEngine is an engine over f whose backend samples on the "device"
+// (devSampler counts the rows), EOS token 2, shut down with the test.
+func newDevEngine(t *testing.T, f fixture) (*engine.Engine, *devSampler) {
+	t.Helper()
+	ds := &devSampler{Backend: f.be}
+	e, err := engine.New(f.m.Model, ds, f.tok, engine.Config{BlockSize: 4}, engine.Options{Name: "t", EOS: []int32{2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Shutdown(context.Background()) })
+	return e, ds
+}

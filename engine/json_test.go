@@ -18,12 +18,7 @@ import (
 // cannot constrain is refused.
 func TestJSONConstrained(t *testing.T) {
 	f := load(t)
-	ds := &devSampler{Backend: f.be}
-	e, err := engine.New(f.m.Model, ds, f.tok, engine.Config{BlockSize: 4}, engine.Options{Name: "t", EOS: []int32{2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Shutdown(context.Background())
+	e, ds := newDevEngine(t, f)
 	prompt, err := f.tok.Encode("And God said, Let there be light", false)
 	if err != nil {
 		t.Fatal(err)

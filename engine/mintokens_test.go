@@ -14,12 +14,7 @@ import (
 // that many tokens (the stop token ids too), sampled on the host until then.
 func TestMinTokens(t *testing.T) {
 	f := load(t)
-	ds := &devSampler{Backend: f.be}
-	e, err := engine.New(f.m.Model, ds, f.tok, engine.Config{BlockSize: 4}, engine.Options{Name: "t", EOS: []int32{2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Shutdown(context.Background())
+	e, ds := newDevEngine(t, f)
 	prompt := []int32{5, 9, 13, 17}
 	run := func(p engine.SamplingParams) result { return collect(t, mustGen(t, e, prompt, p)) }
 	eos := map[int32]float32{2: 100}

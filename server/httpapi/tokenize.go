@@ -40,18 +40,8 @@ type detokenizeResponse struct {
 // add_special_tokens is false) or chat messages (rendered by the template,
 // encoded as chat completions encodes them) to token ids.
 func (s *Server) tokenize(c *gin.Context) {
-	body, e := s.readBody(c)
-	if e != nil {
-		writeError(c, e)
-		return
-	}
 	var req tokenizeRequest
-	if e := decodeBody(body, &req); e != nil {
-		writeError(c, e)
-		return
-	}
-	if e := s.checkModel(req.Model); e != nil {
-		writeError(c, e)
+	if !s.readRequest(c, &req, &req.Model) {
 		return
 	}
 	var ids []int32
@@ -95,18 +85,8 @@ func (s *Server) tokenize(c *gin.Context) {
 // detokenize serves POST /detokenize: token ids to text (special tokens
 // kept, as vLLM does).
 func (s *Server) detokenize(c *gin.Context) {
-	body, e := s.readBody(c)
-	if e != nil {
-		writeError(c, e)
-		return
-	}
 	var req detokenizeRequest
-	if e := decodeBody(body, &req); e != nil {
-		writeError(c, e)
-		return
-	}
-	if e := s.checkModel(req.Model); e != nil {
-		writeError(c, e)
+	if !s.readRequest(c, &req, &req.Model) {
 		return
 	}
 	if req.Tokens == nil {
@@ -128,4 +108,21 @@ func (s *Server) detokenize(c *gin.Context) {
 		return
 	}
 	writeJSON(c, http.StatusOK, detokenizeResponse{Prompt: text})
+}
+
+// readRequest reads and decodes the body into req and checks the model it
+// names (*model, once decoded); on failure it has written the error.
+func (s *Server) readRequest(c *gin.Context, req any, model *string) bool {
+	body, e := s.readBody(c)
+	if e == nil {
+		e = decodeBody(body, req)
+	}
+	if e == nil {
+		e = s.checkModel(*model)
+	}
+	if e != nil {
+		writeError(c, e)
+		return false
+	}
+	return true
 }
