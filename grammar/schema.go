@@ -16,8 +16,9 @@ import (
 // unions of those types
 // ("type": [...], or anyOf / oneOf whose alternatives differ in their first
 // byte: at most one object, one array, one string…), enum / const values,
-// $ref into $defs / definitions (not recursive), minItems / maxItems and
-// minLength / maxLength (characters). CompileSchema names any other
+// $ref into $defs / definitions (not recursive), maps (additionalProperties
+// as a schema), minItems / maxItems and minLength / maxLength
+// (characters). CompileSchema names any other
 // keyword instead of ignoring it.
 type Schema struct {
 	kinds uint8      // allowed types (kObject…); 0 with enum or alts
@@ -27,6 +28,7 @@ type Schema struct {
 	items *Schema    // array: each item
 	enum  [][]byte   // the allowed values, JSON-encoded (enum / const)
 	any   bool       // object: any JSON object (no properties listed, additional ones allowed)
+	mapV  *Schema    // object: a map, every value of this schema (additionalProperties: {schema})
 	alts  []*Schema  // anyOf / oneOf: alternatives told apart by their first byte
 	pick  *[256]int8 // alts: the alternative a value starting with byte b takes (-1: none)
 }
@@ -401,12 +403,20 @@ func firstBytes(s *Schema) []byte {
 // object reads properties, required and additionalProperties into s.
 func (c *compiler) object(s *Schema, m map[string]any, at string, depth int) error {
 	ap, hasAP := m["additionalProperties"]
-	if hasAP && ap != false && ap != true {
-		return fmt.Errorf("%s.additionalProperties: only true or false is supported", at)
-	}
 	props, _ := m["properties"].(*object)
 	if _, ok := m["properties"]; ok && props == nil {
 		return fmt.Errorf("%s.properties: must be an object", at)
+	}
+	if apo, ok := ap.(*object); ok { // a map: any keys, values of one schema
+		if props != nil || m["required"] != nil {
+			return fmt.Errorf("%s: additionalProperties as a schema only without properties (a map)", at)
+		}
+		var err error
+		s.mapV, err = c.compile(apo, at+".additionalProperties", depth+1)
+		return err
+	}
+	if hasAP && ap != false && ap != true {
+		return fmt.Errorf("%s.additionalProperties: must be true, false or a schema", at)
 	}
 	if props == nil {
 		// No properties: any object, unless additional ones are refused

@@ -79,7 +79,7 @@ func TestCompileSchemaErrors(t *testing.T) {
 		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/U"}}, "$defs": {"T": {"type": "string"}}}`, "not a local"},
 		{`{"type": "object", "properties": {"a": {"$ref": "http://x/y"}}}`, "not a local"},
 		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/T", "type": "string"}}, "$defs": {"T": {"type": "string"}}}`, "beside"},
-		{`{"type": "object", "additionalProperties": {"type": "string"}}`, "additionalProperties"},
+		{`{"type": "object", "additionalProperties": 3}`, "additionalProperties"},
 		{`{"type": "object", "properties": {"a": {"type": "strin"}}, "required": ["a"]}`, "not a JSON Schema type"},
 		{`{"type": "object", "properties": {"a": {"type": "array"}}, "required": ["a"]}`, "item schema"},
 		{`{"type": "object", "properties": {"a": {"enum": [{"x": 1}]}}, "required": ["a"]}`, "only strings, numbers"},
@@ -189,6 +189,15 @@ func instance(r *rand.Rand, s *Schema, depth int) string {
 	}
 	switch kinds[r.IntN(len(kinds))] {
 	case kObject:
+		if s.mapV != nil {
+			n := r.IntN(3)
+			parts := make([]string, n)
+			for i := range parts {
+				k, _ := json.Marshal([]string{"a", "b c", "ü", ""}[r.IntN(4)] + strconv.Itoa(i))
+				parts[i] = string(k) + ":" + ws() + instance(r, s.mapV, depth+1)
+			}
+			return "{" + strings.Join(parts, ", ") + "}"
+		}
 		if s.any {
 			return []string{"{}", `{"k": [1, "x"]}`, "{ \"a\" : { } }"}[r.IntN(3)]
 		}
@@ -265,6 +274,14 @@ func matches(s *Schema, v any) bool {
 			return false
 		}
 		if s.any {
+			return true
+		}
+		if s.mapV != nil {
+			for _, k := range v.keys {
+				if !matches(s.mapV, v.vals[k]) {
+					return false
+				}
+			}
 			return true
 		}
 		k := 0 // the keys must be the properties in order, optional ones maybe left out
@@ -357,7 +374,8 @@ const pydanticSchema = `{
     "home": {"$ref": "#/$defs/Address"},
     "past": {"items": {"$ref": "#/$defs/Address"}, "type": "array", "default": []},
     "kind": {"anyOf": [{"enum": ["a", "b"]}, {"type": "integer"}, {"type": "object", "properties": {"x": {"type": "boolean"}}, "required": ["x"]}]},
-    "note": {"type": "string"}
+    "note": {"type": "string"},
+    "attrs": {"additionalProperties": {"type": "integer"}, "title": "Attrs", "type": "object"}
   },
   "required": ["name", "home", "kind"],
   "title": "Person",
@@ -473,5 +491,30 @@ func TestSchemaBounds(t *testing.T) {
 		if _, err := CompileSchema([]byte(bad)); err == nil {
 			t.Errorf("%s compiled", bad)
 		}
+	}
+}
+
+func TestSchemaMap(t *testing.T) {
+	s := mustSchema(t, `{"type": "object", "properties": {"scores": {"type": "object", "additionalProperties": {"type": "integer"}},
+		"empty": {"type": "object", "additionalProperties": {"type": "string"}}}, "required": ["scores", "empty"]}`)
+	for _, c := range []struct {
+		text     string
+		accepted int
+		complete bool
+	}{
+		{`{"scores": {"alice": 3, "bob": -1, "Zoë \"z\"": 0}, "empty": {}}`, -1, true},
+		{`{"scores": {}, "empty": {"k": "v"}}`, -1, true},
+		{`{"scores": {"a": 1.5}}`, 18, false},
+		{`{"scores": {"a": "x"}}`, 17, false},
+		{`{"scores": {a: 1}}`, 12, false},
+		{`{"scores": {"a" 1}}`, 16, false},
+		{`{"scores": {"a": 1,}}`, 19, false},
+		{`{"scores": {"a": 1, "a": 2}}`, 22, false}, // a key twice: refused at its closing quote
+		{`{"scores": {"a": 1, "ab": 2}, "empty": {}}`, -1, true},
+	} {
+		checkText(t, s, c.text, c.accepted, c.complete)
+	}
+	if _, err := CompileSchema([]byte(`{"type": "object", "properties": {"a": {"type": "object", "properties": {"x": {"type": "string"}}, "additionalProperties": {"type": "string"}}}}`)); err == nil {
+		t.Error("properties beside a map schema compiled")
 	}
 }

@@ -3,6 +3,7 @@ package grammar
 import (
 	"bytes"
 	"math/bits"
+	"slices"
 )
 
 // SchemaJSON validates, a byte at a time, the prefixes of one JSON object
@@ -19,6 +20,8 @@ type SchemaJSON struct {
 	leafNum bool     // the leaf is a number (it ends at the first byte that is not part of it)
 	leafInt bool     // an integer: no fraction or exponent
 	leafS   *Schema  // the string leaf's schema (its length bounds)
+	leafKey bool     // the string leaf is a map's key
+	kh      uint64   // its FNV-1a hash so far
 	chars   int      // characters of the string leaf so far
 	enum    [][]byte // the enum value being read: its candidates (nil: none)
 	alive   uint64   // candidates still matching
@@ -36,6 +39,7 @@ type sframe struct {
 	st    uint8  // what comes next (oOpen…)
 	kpos  int    // oKey: bytes of the key matched
 	kmask uint64 // oKey: the candidate properties i+j still matching (bit j)
+	keys  []uint64 // map: hashes of the keys so far (a key may not come twice)
 }
 
 const (
@@ -48,6 +52,11 @@ const (
 	aOpen               // after '[': an item or ']'
 	aValue              // after ',': an item
 	aAfter              // after an item: ',' or ']'
+	mOpen               // map, after '{': a key or '}'
+	mNext               // map, after ',': a key
+	mColon              // map, after a key (read as a string leaf)
+	mValue              // map: a value must start
+	mAfter              // map, after a value: ',' or '}'
 )
 
 // NewSchemaJSON returns a validator at the start of a text that must be
@@ -58,6 +67,9 @@ func NewSchemaJSON(s *Schema) *SchemaJSON { return &SchemaJSON{root: s} }
 func (j *SchemaJSON) Clone() *SchemaJSON {
 	c := *j
 	c.stack = append([]sframe(nil), j.stack...)
+	for i := range c.stack {
+		c.stack[i].keys = append([]uint64(nil), c.stack[i].keys...)
+	}
 	c.leaf.stack = append([]byte(nil), j.leaf.stack...)
 	c.scratch, c.lstack = nil, nil
 	return &c
@@ -219,6 +231,37 @@ func (j *SchemaJSON) byte(c byte) bool {
 		top.st = aAfter
 		top.i++
 		return j.value(top.s.items, c)
+	case mOpen, mNext:
+		if c == '}' && top.st == mOpen {
+			j.pop()
+			return true
+		}
+		if c != '"' {
+			return false
+		}
+		top.st = mColon // once the key (a string leaf) has been read
+		j.leaf, j.leafOn, j.leafNum, j.leafS = JSON{st: stStart}, true, false, nil
+		j.leafKey, j.kh = true, fnvOffset
+		return j.leafByte(c)
+	case mColon:
+		if c != ':' {
+			return false
+		}
+		top.st = mValue
+		return true
+	case mValue:
+		top.st = mAfter
+		return j.value(top.s.mapV, c)
+	case mAfter:
+		switch c {
+		case ',':
+			top.st = mNext
+			return true
+		case '}':
+			j.pop()
+			return true
+		}
+		return false
 	case aAfter:
 		switch {
 		case c == ',' && (top.s.maxN < 0 || top.i < top.s.maxN):
@@ -261,6 +304,8 @@ func (j *SchemaJSON) value(s *Schema, c byte) bool {
 	case c == '{' && hasKind(k, kObject) && s.any: // any object: JSON's grammar reads it
 		j.leaf, j.leafOn, j.leafNum = JSON{st: stStart, objectOnly: true}, true, false
 		return j.leafByte(c)
+	case c == '{' && hasKind(k, kObject) && s.mapV != nil:
+		return j.push(s, mOpen)
 	case c == '{' && hasKind(k, kObject):
 		return j.push(s, oOpen)
 	case c == '[' && hasKind(k, kArray):
@@ -309,11 +354,28 @@ func (j *SchemaJSON) leafByte(c byte) bool {
 	if !j.leaf.byte(c) {
 		return false
 	}
+	if j.leafKey {
+		j.kh = (j.kh ^ uint64(c)) * fnvPrime
+	}
 	if j.leaf.st == stDone {
 		j.leafOn = false
+		if j.leafKey { // a map's key: not one it has had (compared as written, by hash)
+			j.leafKey = false
+			top := &j.stack[len(j.stack)-1]
+			if slices.Contains(top.keys, j.kh) {
+				return false
+			}
+			top.keys = append(top.keys, j.kh)
+		}
 	}
 	return true
 }
+
+// FNV-1a, for map keys.
+const (
+	fnvOffset uint64 = 14695981039346656037
+	fnvPrime  uint64 = 1099511628211
+)
 
 // enumByte matches byte c against the enum candidates still alive.
 func (j *SchemaJSON) enumByte(c byte) bool {
