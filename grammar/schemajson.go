@@ -35,10 +35,10 @@ type SchemaJSON struct {
 // sframe is an open object or array.
 type sframe struct {
 	s     *Schema
-	i     int    // object: the next property that may come; array: items started
-	st    uint8  // what comes next (oOpen…)
-	kpos  int    // oKey: bytes of the key matched
-	kmask uint64 // oKey: the candidate properties i+j still matching (bit j)
+	i     int      // object: the next property that may come; array: items started
+	st    uint8    // what comes next (oOpen…)
+	kpos  int      // oKey: bytes of the key matched
+	kmask uint64   // oKey: the candidate properties i+j still matching (bit j)
 	keys  []uint64 // map: hashes of the keys so far (a key may not come twice)
 }
 
