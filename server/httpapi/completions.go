@@ -37,6 +37,10 @@ func (s *Server) completions(c *gin.Context) {
 	maxTok, maxParam := req.maxTokens()
 	reqs := make([]*engine.Request, len(prompts))
 	lens := make([]int, len(prompts))
+	var echo []string // echo=true: each prompt's text, put before its choices' text
+	if req.Echo != nil && *req.Echo {
+		echo = make([]string, len(prompts))
+	}
 	for i, p := range prompts {
 		ids := p.ids
 		if p.isText {
@@ -48,6 +52,16 @@ func (s *Server) completions(c *gin.Context) {
 			if len(ids) == 0 {
 				k.fail(c, invalid("prompt", "prompt %d is empty", i))
 				return
+			}
+		}
+		if echo != nil {
+			echo[i] = p.text
+			if !p.isText {
+				var err error
+				if echo[i], err = s.tok.Decode(ids, false); err != nil {
+					k.fail(c, invalid("prompt", "prompt %d cannot be decoded for echo: %v", i, err))
+					return
+				}
 			}
 		}
 		if s.opts.LogPrompts {
@@ -99,11 +113,17 @@ func (s *Server) completions(c *gin.Context) {
 		if req.includeUsage() {
 			usageNull = new(*usageJSON)
 		}
+		echoed := make([]bool, choices)
 		usage, err := k.run(ctx, cancel, chans, sp.N, lens, func(i int, ev *engine.Event) error {
-			if ev.Text == "" && len(ev.Logprobs) == 0 && ev.FinishReason == "" {
+			text := ev.Text
+			if echo != nil && !echoed[i] { // the prompt first, with the choice's first text
+				echoed[i] = true
+				text = echo[i/sp.N] + text
+			}
+			if text == "" && len(ev.Logprobs) == 0 && ev.FinishReason == "" {
 				return nil
 			}
-			ch := completionChoice{Index: i, Text: ev.Text}
+			ch := completionChoice{Index: i, Text: text}
 			if sp.Logprobs && len(ev.Logprobs) > 0 {
 				ch.Logprobs = &completionLogprobs{}
 				offsets[i] = ch.Logprobs.add(ev.Logprobs, offsets[i])
@@ -144,7 +164,11 @@ func (s *Server) completions(c *gin.Context) {
 	resp := completionResponse{ID: k.id, Object: "text_completion", Created: created, Model: model,
 		Choices: make([]completionChoice, choices), Usage: toUsage(usage)}
 	for i := range resp.Choices {
-		resp.Choices[i] = completionChoice{Index: i, Text: texts[i].String(), FinishReason: &k.finishes[i]}
+		text := texts[i].String()
+		if echo != nil {
+			text = echo[i/sp.N] + text
+		}
+		resp.Choices[i] = completionChoice{Index: i, Text: text, FinishReason: &k.finishes[i]}
 		if lps != nil {
 			resp.Choices[i].Logprobs = lps[i]
 		}

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"context"
 	"encoding/json"
 	"io"
@@ -125,7 +126,7 @@ func TestInvalidParams(t *testing.T) {
 		{"/v1/completions", `{"prompt":"x","ignore_eos":1}`, "ignore_eos"},
 		{"/v1/completions", `{"prompt":"x","logprobs":6}`, "logprobs"},
 		{"/v1/completions", `{"prompt":"x","logprobs":true}`, "logprobs"},
-		{"/v1/completions", `{"prompt":"x","echo":true}`, "echo"},
+		{"/v1/completions", `{"prompt":"x","echo":true,"logprobs":1}`, "echo"},
 		{"/v1/completions", `{"prompt":"x","suffix":"end"}`, "suffix"},
 		{"/v1/completions", `{"prompt":"x","best_of":3}`, "best_of"},
 		{"/v1/completions", `{"prompt":"x","logit_bias":{"five":10}}`, "logit_bias"},
@@ -211,6 +212,61 @@ func TestInvalidParams(t *testing.T) {
 	reqs = f.requests()
 	if got := reqs[len(reqs)-1].Sampling.LogitBias; !reflect.DeepEqual(got, map[int32]float32{5: -100, 17: 2.5}) {
 		t.Errorf("logit_bias reached the engine as %v", got)
+	}
+	// echo: the prompt before each choice's text (a text prompt as given,
+	// token ids decoded), streamed or not.
+	tok, _ := loadTok(t)
+	decoded, _ := tok.Decode([]int32{5, 6, 7}, false)
+	for _, c := range []struct {
+		prompt string
+		want   [2]string
+		stream bool
+	}{
+		{`["say it", "and again"]`, [2]string{"say it", "and again"}, false},
+		{`["say it", "and again"]`, [2]string{"say it", "and again"}, true},
+		{`[[5, 6, 7], [5, 6, 7]]`, [2]string{decoded, decoded}, true},
+	} {
+		stream := c.stream
+		body := fmt.Sprintf(`{"prompt":%s,"max_tokens":3,"n":2,"echo":true,"stream":%v}`, c.prompt, stream)
+		resp, raw := post(t, url, "/v1/completions", body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("echo: %d %s", resp.StatusCode, raw)
+		}
+		texts := map[int]string{}
+		if stream {
+			for _, ev := range readSSE(t, bytes.NewReader(raw)) {
+				var ch struct {
+					Choices []struct {
+						Index int
+						Text  string
+					}
+				}
+				if json.Unmarshal(ev, &ch) == nil {
+					for _, c := range ch.Choices {
+						texts[c.Index] += c.Text
+					}
+				}
+			}
+		} else {
+			var r struct {
+				Choices []struct {
+					Index int
+					Text  string
+				}
+			}
+			if err := json.Unmarshal(raw, &r); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range r.Choices {
+				texts[c.Index] = c.Text
+			}
+		}
+		for i := range 4 {
+			want := c.want[i/2]
+			if !strings.HasPrefix(texts[i], want) || len(texts[i]) == len(want) {
+				t.Errorf("echo (stream %v), choice %d: %q does not start with %q and go on", stream, i, texts[i], want)
+			}
+		}
 	}
 	// min_tokens reaches the engine.
 	if resp, body := post(t, url, "/v1/completions", `{"prompt":"x","max_tokens":4,"min_tokens":3}`); resp.StatusCode != http.StatusOK {
