@@ -3,9 +3,9 @@ package httpapi
 import (
 	"bufio"
 	"bytes"
-	"fmt"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
