@@ -27,6 +27,11 @@ type SamplingParams struct {
 	MinTokens         int      // new tokens per choice before an end-of-sequence or stop token may come (vLLM's min_tokens)
 	Logprobs          bool     // return the chosen token's log-probability
 	TopLogprobs       int      // and this many alternatives (0–20)
+	// PromptLogprobs also returns the log-probability of each prompt token
+	// after the first (with TopLogprobs alternatives), on every choice's
+	// first event: the prompt is computed in full (no prefix-cache hits)
+	// and its steps sample on the host.
+	PromptLogprobs bool
 	// LogitBias adds a bias in [-100, 100] to token ids' logits before the
 	// penalties and sampling (OpenAI's logit_bias; -100 in effect bans a
 	// token, 100 forces it). Log-probabilities stay those of the raw logits.
@@ -102,6 +107,9 @@ type Event struct {
 	TokenIDs     []int32
 	Text         string
 	Logprobs     []Logprob // one per token in TokenIDs, when requested
+	// PromptLogprobs (SamplingParams.PromptLogprobs): the prompt's tokens
+	// 1 .. len−1 given the ones before, on each choice's first event.
+	PromptLogprobs []Logprob
 	FinishReason string    // non-empty on the choice's last event
 	// Usage is set on the request's very last event (after every choice finished).
 	Usage *Usage

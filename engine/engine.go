@@ -159,6 +159,9 @@ type request struct {
 	started  time.Time // first scheduled
 	firstTok time.Time
 	failure  error
+	// promptLPs: SamplingParams.PromptLogprobs' records, position j for
+	// prompt token j+1, filled as the prompt's chunks are computed.
+	promptLPs []*Logprob
 }
 
 // sequence is one choice being generated.
@@ -217,6 +220,9 @@ func (e *Engine) Generate(ctx context.Context, r *Request) (<-chan Event, error)
 		return nil, fmt.Errorf("%w: %d prompt tokens + max_tokens %d > %d", ErrTooLong, len(r.Prompt), p.MaxTokens, e.cfg.MaxModelLen)
 	}
 	req := &request{r: r, arrival: r.Arrival}
+	if p.PromptLogprobs {
+		req.promptLPs = make([]*Logprob, len(r.Prompt)-1)
+	}
 	if req.arrival.IsZero() {
 		req.arrival = time.Now()
 	}

@@ -70,17 +70,19 @@ func newEngine(t testing.TB, f fixture, cfg engine.Config) *engine.Engine {
 
 // result is everything a request streamed, per choice.
 type result struct {
-	tokens   map[int][]int32
-	text     map[int]string
-	reasons  map[int]string
-	logprobs map[int][]engine.Logprob
-	usage    *engine.Usage
-	events   int
+	tokens    map[int][]int32
+	text      map[int]string
+	reasons   map[int]string
+	logprobs  map[int][]engine.Logprob
+	promptLPs map[int][]engine.Logprob
+	usage     *engine.Usage
+	events    int
 }
 
 func collect(t testing.TB, ch <-chan engine.Event) result {
 	t.Helper()
-	r := result{tokens: map[int][]int32{}, text: map[int]string{}, reasons: map[int]string{}, logprobs: map[int][]engine.Logprob{}}
+	r := result{tokens: map[int][]int32{}, text: map[int]string{}, reasons: map[int]string{}, logprobs: map[int][]engine.Logprob{},
+		promptLPs: map[int][]engine.Logprob{}}
 	for ev := range ch {
 		r.events++
 		if ev.Err != nil {
@@ -89,6 +91,9 @@ func collect(t testing.TB, ch <-chan engine.Event) result {
 		r.tokens[ev.Index] = append(r.tokens[ev.Index], ev.TokenIDs...)
 		r.text[ev.Index] += ev.Text
 		r.logprobs[ev.Index] = append(r.logprobs[ev.Index], ev.Logprobs...)
+		if ev.PromptLogprobs != nil {
+			r.promptLPs[ev.Index] = ev.PromptLogprobs
+		}
 		if ev.FinishReason != "" {
 			if r.reasons[ev.Index] != "" {
 				t.Errorf("choice %d finished twice", ev.Index)

@@ -139,7 +139,7 @@ func (e *Engine) schedule() []entry {
 	for len(e.waiting) > 0 && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs {
 		s := e.waiting[0]
 		looked := false
-		if s.computed == 0 && e.cfg.PrefixCaching && len(s.blocks) == 0 {
+		if s.computed == 0 && e.cfg.PrefixCaching && len(s.blocks) == 0 && !s.req.r.Sampling.PromptLogprobs {
 			// Keep at least one token to compute so the step yields logits.
 			blocks, hashes := e.blocks.lookup(s.tokens, len(s.tokens)-1)
 			s.blocks, s.hashes, s.computed = blocks, hashes, len(blocks)*e.cfg.BlockSize
@@ -200,9 +200,13 @@ func (e *Engine) step() {
 	if e.cfg.HostSampling {
 		devSampler = nil
 	}
-	hostRows := false
+	hostRows, promptRows := false, false
 	for _, en := range plan {
 		hostRows = hostRows || (en.sample && en.s.needsHost(en.n))
+		promptRows = promptRows || en.s.wantsPromptLogprobs(en.n)
+	}
+	if promptRows { // the step's logits rows are not one a sample: all to the host
+		devSampler, hostRows = nil, true
 	}
 	var async backend.AsyncSampler
 	if !hostRows { // an overlapped step samples every row on the device
@@ -220,7 +224,9 @@ func (e *Engine) step() {
 	}
 	b := &backend.Batch{}
 	var fed [][2]int32 // overlapped decode: rows whose token is still on the device, and their picks
-	for _, en := range plan {
+	sampleRow := make([]int, len(plan)) // each sampling entry's logits row
+	var plRows []promptRow
+	for k, en := range plan {
 		s := en.s
 		span := backend.SeqSpan{ID: s.id, Offset: len(b.Tokens), Len: en.n, Past: s.computed, Blocks: s.blocks}
 		if cp := e.cfg.ContextParallel; cp > 1 && s.computed < s.prompt && s.prompt >= e.cfg.ContextParallelMin && en.n >= 2*cp {
@@ -238,8 +244,13 @@ func (e *Engine) step() {
 				b.Tokens = append(b.Tokens, s.tokens[pos])
 			}
 			b.Positions = append(b.Positions, int32(pos))
+			if lps := s.req.promptLPs; promptRows && lps != nil && s.index == 0 && pos < len(lps) && lps[pos] == nil {
+				plRows = append(plRows, promptRow{s: s, pos: pos, row: len(b.LogitRows)})
+				b.LogitRows = append(b.LogitRows, len(b.Tokens)-1)
+			}
 		}
 		if en.sample {
+			sampleRow[k] = len(b.LogitRows)
 			b.LogitRows = append(b.LogitRows, len(b.Tokens)-1)
 		}
 	}
@@ -260,14 +271,18 @@ func (e *Engine) step() {
 	}
 	V := e.vocab
 	now := time.Now()
+	for _, pr := range plRows { // the prompt tokens' log-probabilities
+		p := &pr.s.req.r.Sampling
+		pr.s.req.promptLPs[pr.pos] = logprobOf(logits[pr.row*V:(pr.row+1)*V], pr.s.tokens[pr.pos+1], p.TopLogprobs, pr.s.text.tokenText)
+	}
 	// Sample every sequence's next token in parallel (each sampler is
 	// independent), then deliver them in order.
 	var picks []pick
-	for _, en := range plan {
+	for k, en := range plan {
 		en.s.computed += en.n
 		e.commitBlocks(en.s)
 		if en.sample && !en.s.done {
-			row := len(picks)
+			row := sampleRow[k]
 			pk := pick{s: en.s}
 			if logits != nil {
 				pk.logits = logits[row*V : (row+1)*V]
@@ -456,6 +471,30 @@ func parallelPicks(picks []pick) {
 	})
 }
 
+// promptRow is a logits row whose log-probability of the next prompt token
+// is asked for (SamplingParams.PromptLogprobs): position pos predicts
+// token pos+1.
+type promptRow struct {
+	s        *sequence
+	pos, row int
+}
+
+// wantsPromptLogprobs reports whether a step of s computing its next n
+// positions computes prompt positions whose log-probabilities are still
+// wanted.
+func (s *sequence) wantsPromptLogprobs(n int) bool {
+	lps := s.req.promptLPs
+	if lps == nil || s.index != 0 {
+		return false
+	}
+	for pos := s.computed; pos < min(s.computed+n, len(lps)); pos++ {
+		if lps[pos] == nil {
+			return true
+		}
+	}
+	return false
+}
+
 // needsHost reports whether s's next sample, after n more tokens are
 // computed, must be taken on the host: it forks (the siblings are drawn
 // from the same host logits), or its request has a logit_bias, a grammar
@@ -576,6 +615,14 @@ func (e *Engine) deliverAt(s *sequence, pos int, lp *Logprob, now time.Time) {
 		ev.Logprobs = []Logprob{*lp}
 	}
 	out := pos + 1 - s.prompt
+	if out == 1 && r.promptLPs != nil { // the choice's first event carries the prompt's
+		ev.PromptLogprobs = make([]Logprob, len(r.promptLPs))
+		for j, x := range r.promptLPs {
+			if x != nil {
+				ev.PromptLogprobs[j] = *x
+			}
+		}
+	}
 	reason := ""
 	isStop := (!p.IgnoreEOS && slices.Contains(e.opts.EOS, tok)) || slices.Contains(p.StopTokenIDs, tok)
 	if isStop {

@@ -182,6 +182,31 @@ func TestServeEndToEnd(t *testing.T) {
 			}
 			return nil
 		}},
+		{"/v1/completions", `{"prompt":"In the beginning God created","max_tokens":1,"temperature":0,"echo":true,"logprobs":1}`, func(b []byte) error {
+			// As lm-evaluation-harness asks for a loglikelihood.
+			var r struct {
+				Choices []struct {
+					Text     string
+					Logprobs struct {
+						Tokens        []string   `json:"tokens"`
+						TokenLogprobs []*float64 `json:"token_logprobs"`
+					}
+				}
+			}
+			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {
+				return fmt.Errorf("echo with logprobs: %s (%v)", b, err)
+			}
+			lp := r.Choices[0].Logprobs
+			if len(lp.Tokens) < 3 || lp.TokenLogprobs[0] != nil || !strings.HasPrefix(r.Choices[0].Text, "In the beginning God created") {
+				return fmt.Errorf("echo with logprobs: %s", b)
+			}
+			for _, v := range lp.TokenLogprobs[1:] {
+				if v == nil || *v > 0 {
+					return fmt.Errorf("echo with logprobs: a log-probability %v in %s", v, b)
+				}
+			}
+			return nil
+		}},
 		{"/v1/completions", `{"prompt":"And God said","max_tokens":8,"temperature":0}`, func(b []byte) error {
 			var r struct{ Choices []struct{ Text string } }
 			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {

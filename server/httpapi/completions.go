@@ -28,6 +28,8 @@ func (s *Server) completions(c *gin.Context) {
 	k.n = sp.N
 	if req.Logprobs != nil {
 		sp.Logprobs, sp.TopLogprobs = true, *req.Logprobs
+		// echo with logprobs: the prompt's tokens too (the first one's null).
+		sp.PromptLogprobs = req.Echo != nil && *req.Echo
 	}
 	prompts, e := parsePrompt(req.Prompt, vocab)
 	if e != nil {
@@ -124,8 +126,11 @@ func (s *Server) completions(c *gin.Context) {
 				return nil
 			}
 			ch := completionChoice{Index: i, Text: text}
-			if sp.Logprobs && len(ev.Logprobs) > 0 {
+			if sp.Logprobs && (len(ev.Logprobs) > 0 || ev.PromptLogprobs != nil) {
 				ch.Logprobs = &completionLogprobs{}
+				if ev.PromptLogprobs != nil {
+					offsets[i] = s.addPrompt(ch.Logprobs, reqs[i/sp.N].Prompt, ev.PromptLogprobs, offsets[i])
+				}
 				offsets[i] = ch.Logprobs.add(ev.Logprobs, offsets[i])
 			}
 			if ev.FinishReason != "" {
@@ -147,12 +152,15 @@ func (s *Server) completions(c *gin.Context) {
 	if sp.Logprobs {
 		lps = make([]*completionLogprobs, choices)
 		for i := range lps {
-			lps[i] = &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
+			lps[i] = &completionLogprobs{Tokens: []string{}, TokenLogprobs: []*float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
 		}
 	}
 	usage, err := k.run(ctx, cancel, chans, sp.N, lens, func(i int, ev *engine.Event) error {
 		texts[i].WriteString(ev.Text)
 		if lps != nil {
+			if ev.PromptLogprobs != nil {
+				offsets[i] = s.addPrompt(lps[i], reqs[i/sp.N].Prompt, ev.PromptLogprobs, offsets[i])
+			}
 			offsets[i] = lps[i].add(ev.Logprobs, offsets[i])
 		}
 		return nil
@@ -197,4 +205,12 @@ func (k *call) endStream(c *gin.Context, out *sse, err error, usageChunk func() 
 	if werr := out.done(); werr != nil {
 		k.finishGeneration(c, werr)
 	}
+}
+
+// addPrompt appends an echoed prompt's tokens to l: the first without a
+// log-probability, the others with theirs (engine.Event.PromptLogprobs).
+func (s *Server) addPrompt(l *completionLogprobs, prompt []int32, lps []engine.Logprob, offset int) int {
+	first, _ := s.tok.Decode(prompt[:1], false)
+	offset = l.addFirst(first, offset)
+	return l.add(lps, offset)
 }

@@ -278,6 +278,11 @@ func (f *fakeGen) script(req *engine.Request) []engine.Event {
 			id := tokenAtHash(ph, i, k)
 			generated++
 			ev := engine.Event{Index: i, TokenIDs: []int32{id}}
+			if k == 0 && sp.PromptLogprobs { // each prompt token after the first, as the engine sends them
+				for j, p := range req.Prompt[1:] {
+					ev.PromptLogprobs = append(ev.PromptLogprobs, engine.Logprob{TokenLogprob: engine.TokenLogprob{ID: p, Text: tokText(p), Logprob: -float32(j+1) / 8}})
+				}
+			}
 			if sp.Logprobs {
 				lp := engine.Logprob{TokenLogprob: engine.TokenLogprob{ID: id, Text: tokText(id), Logprob: fakeLogprob(i, k, 0)}}
 				for j := range sp.TopLogprobs {

@@ -126,7 +126,6 @@ func TestInvalidParams(t *testing.T) {
 		{"/v1/completions", `{"prompt":"x","ignore_eos":1}`, "ignore_eos"},
 		{"/v1/completions", `{"prompt":"x","logprobs":6}`, "logprobs"},
 		{"/v1/completions", `{"prompt":"x","logprobs":true}`, "logprobs"},
-		{"/v1/completions", `{"prompt":"x","echo":true,"logprobs":1}`, "echo"},
 		{"/v1/completions", `{"prompt":"x","suffix":"end"}`, "suffix"},
 		{"/v1/completions", `{"prompt":"x","best_of":3}`, "best_of"},
 		{"/v1/completions", `{"prompt":"x","logit_bias":{"five":10}}`, "logit_bias"},
@@ -267,6 +266,30 @@ func TestInvalidParams(t *testing.T) {
 				t.Errorf("echo (stream %v), choice %d: %q does not start with %q and go on", stream, i, texts[i], want)
 			}
 		}
+	}
+	// echo with logprobs: the prompt's tokens first (the first one's
+	// log-probability null), then the completion's; offsets run on.
+	resp, raw := post(t, url, "/v1/completions", `{"prompt":[[5, 6, 7]],"max_tokens":2,"echo":true,"logprobs":0}`)
+	var el struct {
+		Choices []struct {
+			Text     string
+			Logprobs struct {
+				Tokens        []string   `json:"tokens"`
+				TokenLogprobs []*float32 `json:"token_logprobs"`
+				TextOffset    []int      `json:"text_offset"`
+			}
+		}
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, &el) != nil || len(el.Choices) != 1 {
+		t.Fatalf("echo with logprobs: %d %s", resp.StatusCode, raw)
+	}
+	lp := el.Choices[0].Logprobs
+	if len(lp.Tokens) != 5 || lp.TokenLogprobs[0] != nil || lp.TokenLogprobs[1] == nil || *lp.TokenLogprobs[2] != -0.25 ||
+		lp.TextOffset[0] != 0 || strings.Join(lp.Tokens, "") != el.Choices[0].Text {
+		t.Errorf("echo with logprobs: %s", raw)
+	}
+	if reqs = f.requests(); !reqs[len(reqs)-1].Sampling.PromptLogprobs {
+		t.Error("echo with logprobs did not ask the engine for the prompt's")
 	}
 	// min_tokens reaches the engine.
 	if resp, body := post(t, url, "/v1/completions", `{"prompt":"x","max_tokens":4,"min_tokens":3}`); resp.StatusCode != http.StatusOK {

@@ -483,9 +483,7 @@ func (p *sampling) includeUsage() bool {
 
 // checkCompletion validates what only completions have.
 func (r *completionRequest) check() *apiError {
-	if r.Echo != nil && *r.Echo && r.Logprobs != nil {
-		return invalid("echo", "echo with logprobs needs the prompt's log-probabilities, which mkserve does not compute; leave one of them out")
-	}
+
 	if r.Suffix != nil && *r.Suffix != "" {
 		return invalid("suffix", "suffix is not supported")
 	}

@@ -61,9 +61,19 @@ type completionChoice struct {
 // lists, one entry per token.
 type completionLogprobs struct {
 	Tokens        []string             `json:"tokens"`
-	TokenLogprobs []float32            `json:"token_logprobs"`
-	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
+	TokenLogprobs []*float32           `json:"token_logprobs"` // null for an echoed prompt's first token
+	TopLogprobs   []map[string]float32 `json:"top_logprobs"`   // the same
 	TextOffset    []int                `json:"text_offset"`
+}
+
+// addFirst appends a token without a log-probability (an echoed prompt's
+// first), text at offset; it returns offset advanced past it.
+func (l *completionLogprobs) addFirst(text string, offset int) int {
+	l.Tokens = append(l.Tokens, text)
+	l.TokenLogprobs = append(l.TokenLogprobs, nil)
+	l.TopLogprobs = append(l.TopLogprobs, nil)
+	l.TextOffset = append(l.TextOffset, offset)
+	return offset + utf8.RuneCountInString(text)
 }
 
 // add appends lps; offset is the text length (in characters) before them
@@ -71,7 +81,8 @@ type completionLogprobs struct {
 func (l *completionLogprobs) add(lps []engine.Logprob, offset int) int {
 	for _, lp := range lps {
 		l.Tokens = append(l.Tokens, lp.Text)
-		l.TokenLogprobs = append(l.TokenLogprobs, lp.Logprob)
+		v := lp.Logprob
+		l.TokenLogprobs = append(l.TokenLogprobs, &v)
 		top := make(map[string]float32, len(lp.Top))
 		for _, t := range lp.Top {
 			if _, dup := top[t.Text]; !dup { // the most likely of equal texts

@@ -466,11 +466,7 @@ func TestSDKErrors(t *testing.T) {
 		{"no key", "", good, nil, 401, "", "invalid_api_key", "API key"},
 		{"unknown model", testKey, func() openai.CompletionNewParams { p := good(); p.Model = "gpt-9"; return p }, nil, 404, "model", "model_not_found", "gpt-9"},
 		{"temperature", testKey, func() openai.CompletionNewParams { p := good(); p.Temperature = openai.Float(3); return p }, nil, 400, "temperature", "", "temperature"},
-		{"echo with logprobs", testKey, func() openai.CompletionNewParams {
-			p := good()
-			p.Echo, p.Logprobs = openai.Bool(true), openai.Int(1)
-			return p
-		}, nil, 400, "echo", "", "echo"},
+		{"suffix", testKey, func() openai.CompletionNewParams { p := good(); p.Suffix = openai.String("end"); return p }, nil, 400, "suffix", "", "suffix"},
 		{"too long", testKey, func() openai.CompletionNewParams { p := good(); p.MaxTokens = openai.Int(1000); return p }, nil, 400, "max_tokens", "", "context length"},
 		{"body too large", testKey, func() openai.CompletionNewParams {
 			p := good()

@@ -14,7 +14,7 @@
 // reaches the engine: every bad parameter is a 400 naming it. Fields the
 // server does not know are ignored, as OpenAI's and vLLM's servers do, so
 // clients that send newer optional fields keep working; known fields that
-// would change the output but are not implemented (echo with logprobs, suffix,
+// would change the output but are not implemented (suffix,
 // best_of≠n, JSON Schema keywords grammar.Schema does not take, tools for
 // a template without a readable tool-call format) are rejected instead of
 // silently ignored. response_format {"type": "json_object"} or {"type":
