@@ -103,14 +103,14 @@ const (
 // Event is a piece of output of one choice. Text is the newly completed,
 // stop-string-safe text since the previous event of that choice.
 type Event struct {
-	Index        int // choice index in [0, N)
-	TokenIDs     []int32
-	Text         string
-	Logprobs     []Logprob // one per token in TokenIDs, when requested
+	Index    int // choice index in [0, N)
+	TokenIDs []int32
+	Text     string
+	Logprobs []Logprob // one per token in TokenIDs, when requested
 	// PromptLogprobs (SamplingParams.PromptLogprobs): the prompt's tokens
 	// 1 .. len−1 given the ones before, on each choice's first event.
 	PromptLogprobs []Logprob
-	FinishReason string    // non-empty on the choice's last event
+	FinishReason   string // non-empty on the choice's last event
 	// Usage is set on the request's very last event (after every choice finished).
 	Usage *Usage
 	Err   error // set with FinishError

@@ -223,7 +223,7 @@ func (e *Engine) step() {
 		}
 	}
 	b := &backend.Batch{}
-	var fed [][2]int32 // overlapped decode: rows whose token is still on the device, and their picks
+	var fed [][2]int32                  // overlapped decode: rows whose token is still on the device, and their picks
 	sampleRow := make([]int, len(plan)) // each sampling entry's logits row
 	var plRows []promptRow
 	for k, en := range plan {
