@@ -36,24 +36,15 @@ type SamplingParams struct {
 	// penalties and sampling (OpenAI's logit_bias; -100 in effect bans a
 	// token, 100 forces it). Log-probabilities stay those of the raw logits.
 	LogitBias map[int32]float32
-	// JSON (OpenAI's response_format {"type": "json_object"}) makes each
-	// choice one JSON object: only tokens that keep the text a prefix of one
-	// are sampled (package grammar; on the host), and the choice ends with
-	// an end-of-sequence token as soon as the object closes. Needs a
-	// tokenizer whose tokens' bytes are known (TokenByter).
-	JSON bool
-	// JSONSchema (response_format {"type": "json_schema"}), with JSON set,
-	// further makes each object match the schema: its properties in the
-	// schema's order, values of their types (grammar.SchemaJSON).
-	JSONSchema *grammar.Schema
 	// Grammar, when set, makes a fresh validator for each choice that the
-	// choice's text must satisfy (a tool call's shape, say), in place of
-	// JSON / JSONSchema; the choice ends once the validator is complete.
+	// choice's text must satisfy (package grammar: one JSON object for
+	// response_format json_object, one matching a schema for json_schema, a
+	// tool call's shape): only tokens whose bytes keep the text a prefix are
+	// sampled (on the host), and the choice ends with an end-of-sequence
+	// token as soon as the validator is complete. Needs a tokenizer whose
+	// tokens' bytes are known (TokenByter).
 	Grammar func() grammar.Validator
 }
-
-// constrained reports whether the choices' text is held to a grammar.
-func (p *SamplingParams) constrained() bool { return p.JSON || p.Grammar != nil }
 
 // TokenByter is a Detokenizer that also gives each token's raw bytes
 // (tokenizer.Tokenizer): JSON-constrained requests need it.
@@ -121,10 +112,10 @@ var (
 	ErrQueueFull = errors.New("engine: too many waiting requests")
 	ErrDraining  = errors.New("engine: shutting down, not accepting requests")
 	ErrTooLong   = errors.New("engine: prompt plus max_tokens exceeds the model's context")
-	// ErrJSONUnsupported: a JSON-constrained request (SamplingParams.JSON)
+	// ErrGrammarUnsupported: a constrained request (SamplingParams.Grammar)
 	// for a model whose tokenizer gives no token bytes or that has no
 	// end-of-sequence token.
-	ErrJSONUnsupported = errors.New("response_format json_object is not supported for this model")
+	ErrGrammarUnsupported = errors.New("constrained output (response_format, a forced tool call) is not supported for this model")
 )
 
 // Generator is what the server adapters need from the engine.

@@ -107,7 +107,7 @@ func TestMixedSampling(t *testing.T) {
 	params := []engine.SamplingParams{
 		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true},
 		{MaxTokens: 7, Temperature: 0.9, TopP: 0.9, RepetitionPenalty: 1, Seed: &seed, IgnoreEOS: true},
-		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, JSON: true},
+		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, Grammar: jsonObject},
 		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true, LogitBias: map[int32]float32{11: 3}},
 		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true},
 	}
@@ -138,7 +138,7 @@ func TestMixedSampling(t *testing.T) {
 		if !slices.Equal(mixRes[i].tokens[0], hostRes[i].tokens[0]) {
 			t.Errorf("request %d: mixed %v, host %v", i, mixRes[i].tokens[0], hostRes[i].tokens[0])
 		}
-		if !p.JSON && len(p.LogitBias) == 0 {
+		if p.Grammar == nil && len(p.LogitBias) == 0 {
 			plain += int64(len(mixRes[i].tokens[0]))
 		}
 	}

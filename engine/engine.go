@@ -37,7 +37,7 @@ type Engine struct {
 	be    backend.Backend
 	tok   Detokenizer
 	// tokBytes gives each token's raw bytes (tok as a TokenByter that has
-	// them); nil: JSON-constrained requests are refused.
+	// them); nil: constrained requests are refused.
 	tokBytes func(int32) []byte
 	cfg      Config
 	opts     Options
@@ -210,11 +210,11 @@ func (e *Engine) Generate(ctx context.Context, r *Request) (<-chan Event, error)
 			return nil, fmt.Errorf("logit_bias: token id %d is outside the vocabulary [0, %d)", t, e.vocab)
 		}
 	}
-	if p.constrained() && e.tokBytes == nil {
-		return nil, fmt.Errorf("%w: its tokenizer does not give its tokens' bytes", ErrJSONUnsupported)
+	if p.Grammar != nil && e.tokBytes == nil {
+		return nil, fmt.Errorf("%w: its tokenizer does not give its tokens' bytes", ErrGrammarUnsupported)
 	}
-	if p.constrained() && len(e.opts.EOS) == 0 {
-		return nil, fmt.Errorf("%w: it has no end-of-sequence token to end the object with", ErrJSONUnsupported)
+	if p.Grammar != nil && len(e.opts.EOS) == 0 {
+		return nil, fmt.Errorf("%w: it has no end-of-sequence token to end the text with", ErrGrammarUnsupported)
 	}
 	if len(r.Prompt)+p.MaxTokens > e.cfg.MaxModelLen {
 		return nil, fmt.Errorf("%w: %d prompt tokens + max_tokens %d > %d", ErrTooLong, len(r.Prompt), p.MaxTokens, e.cfg.MaxModelLen)

@@ -38,9 +38,7 @@ func (p *SamplingParams) Validate() error {
 		return fmt.Errorf("repetition_penalty must be in (0, 10], got %v", p.RepetitionPenalty)
 	case p.TopLogprobs < 0 || p.TopLogprobs > 20:
 		return fmt.Errorf("top_logprobs must be in [0, 20], got %d", p.TopLogprobs)
-	case p.JSONSchema != nil && !p.JSON:
-		return fmt.Errorf("a json_schema needs JSON mode set too")
-	case p.constrained() && p.IgnoreEOS:
+	case p.Grammar != nil && p.IgnoreEOS:
 		return fmt.Errorf("ignore_eos cannot be used with a constrained output (response_format json_object / json_schema, a forced tool call): the choice ends when the text is complete")
 	}
 	for i, s := range p.Stop {
@@ -124,9 +122,9 @@ type sampler struct {
 	rng    *rand.Rand
 	counts map[int32]int  // output token → occurrences (presence/frequency)
 	seen   map[int32]bool // prompt and output tokens (repetition penalty)
-	// JSON-constrained choices (SamplingParams.JSON): the grammar's state,
+	// Constrained choices (SamplingParams.Grammar): the grammar's state,
 	// each token's bytes and the token that ends the text.
-	json     grammar.Validator
+	gram     grammar.Validator
 	tokBytes func(int32) []byte
 	eos      int32
 	// MinTokens: the tokens banned until n reaches it (end-of-sequence and
@@ -176,7 +174,7 @@ func (s *sampler) sample(logits []float32, decode func(int32) string) (int32, *L
 	p := s.p
 	w := logits // read only below, unless a bias, penalty, ban or constraint applies to a copy
 	ban := s.n < p.MinTokens && len(s.banned) > 0
-	if len(p.LogitBias) > 0 || s.seen != nil || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || s.json != nil || ban {
+	if len(p.LogitBias) > 0 || s.seen != nil || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || s.gram != nil || ban {
 		w = append(s.work[:0], logits...)
 		s.work = w
 		for t, b := range p.LogitBias {
@@ -208,7 +206,7 @@ func (s *sampler) sample(logits []float32, decode func(int32) string) (int32, *L
 		}
 	}
 	var tok int32
-	if s.json != nil {
+	if s.gram != nil {
 		tok = s.constrained(w)
 	} else {
 		tok = s.pick(w)
@@ -232,9 +230,9 @@ func (s *sampler) pick(w []float32) int32 {
 // before it checks the whole vocabulary.
 const maxRejects = 16
 
-// constrained picks the next token of a JSON-constrained choice from w (a
-// copy it changes) and advances the grammar by it: the end-of-sequence
-// token once the object is complete; else a pick whose bytes the grammar
+// constrained picks the next token of a constrained choice from w (a copy
+// it changes) and advances the grammar by it: the end-of-sequence token
+// once the text is complete; else a pick whose bytes the grammar
 // accepts, rejected picks set to −inf and picked again (greedy: exactly the
 // best acceptable token; sampled: the distribution renormalised over what
 // is left, which differs from masking every unacceptable token first only
@@ -242,13 +240,13 @@ const maxRejects = 16
 // token is checked; with none acceptable the choice ends (EOS) with the
 // text as it is.
 func (s *sampler) constrained(w []float32) int32 {
-	if s.json.Complete() {
+	if s.gram.Complete() {
 		return s.eos
 	}
 	ninf := float32(math.Inf(-1))
 	accept := func(t int32) bool {
 		b := s.tokBytes(t)
-		return b != nil && s.json.Accept(b)
+		return b != nil && s.gram.Accept(b)
 	}
 	for range maxRejects {
 		t := s.pick(w)
@@ -256,7 +254,7 @@ func (s *sampler) constrained(w []float32) int32 {
 			break // nothing left to draw from
 		}
 		if accept(t) {
-			s.json.Advance(s.tokBytes(t))
+			s.gram.Advance(s.tokBytes(t))
 			return t
 		}
 		w[t] = ninf
@@ -273,7 +271,7 @@ func (s *sampler) constrained(w []float32) int32 {
 		return s.eos
 	}
 	t := s.pick(w)
-	s.json.Advance(s.tokBytes(t))
+	s.gram.Advance(s.tokBytes(t))
 	return t
 }
 

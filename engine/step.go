@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/mkserve/mkserve/backend"
-	"github.com/mkserve/mkserve/grammar"
 	"github.com/mkserve/mkserve/internal/par"
 )
 
@@ -30,16 +29,8 @@ func (e *Engine) newSequence(r *request, index int, tokens []int32) *sequence {
 			sm.banned = slices.Clone(p.StopTokenIDs)
 		}
 	}
-	if p := &r.r.Sampling; p.constrained() { // admission checked that the tokenizer gives bytes and an EOS exists
-		sm.tokBytes, sm.eos = e.tokBytes, e.opts.EOS[0]
-		switch {
-		case p.Grammar != nil:
-			sm.json = p.Grammar()
-		case p.JSONSchema != nil:
-			sm.json = grammar.NewSchemaJSON(p.JSONSchema)
-		default:
-			sm.json = grammar.NewJSON(true)
-		}
+	if p := &r.r.Sampling; p.Grammar != nil { // admission checked that the tokenizer gives bytes and an EOS exists
+		sm.gram, sm.tokBytes, sm.eos = p.Grammar(), e.tokBytes, e.opts.EOS[0]
 	}
 	return &sequence{
 		id: NewSeqID(), req: r, index: index, tokens: tokens, prompt: len(r.r.Prompt),
@@ -501,7 +492,7 @@ func (s *sequence) wantsPromptLogprobs(n int) bool {
 // or min_tokens not yet reached, which the device sampler does not take.
 func (s *sequence) needsHost(n int) bool {
 	p := &s.req.r.Sampling
-	return s.forksNow(n) || len(p.LogitBias) > 0 || s.sampler.json != nil || s.sampler.n < p.MinTokens
+	return s.forksNow(n) || len(p.LogitBias) > 0 || s.sampler.gram != nil || s.sampler.n < p.MinTokens
 }
 
 // mixedPicks samples the picks (logits rows of logitsT in pick order) on

@@ -19,7 +19,7 @@ var errorCodes = []struct {
 }{
 	{isFieldError, codes.InvalidArgument},
 	{is(engine.ErrTooLong), codes.InvalidArgument},
-	{is(engine.ErrJSONUnsupported), codes.InvalidArgument},
+	{is(engine.ErrGrammarUnsupported), codes.InvalidArgument},
 	{is(engine.ErrQueueFull), codes.ResourceExhausted},
 	{is(engine.ErrDraining), codes.Unavailable},
 	{is(context.Canceled), codes.Canceled},

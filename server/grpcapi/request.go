@@ -117,15 +117,17 @@ func (s *Server) sampling(p *pb.SamplingParams, promptLen int) (engine.SamplingP
 		IgnoreEOS:         p.IgnoreEos,
 		Logprobs:          p.Logprobs,
 		TopLogprobs:       int(opt(p.TopLogprobs, 0)),
-		JSON:              p.JsonObject || p.JsonSchema != "",
 		MinTokens:         int(p.MinTokens),
 	}
-	if p.JsonSchema != "" {
+	switch {
+	case p.JsonSchema != "":
 		schema, err := grammar.CompileSchema([]byte(p.JsonSchema))
 		if err != nil {
 			return sp, fieldErr("json_schema", "%v", err)
 		}
-		sp.JSONSchema = schema
+		sp.Grammar = func() grammar.Validator { return grammar.NewSchemaJSON(schema) }
+	case p.JsonObject:
+		sp.Grammar = func() grammar.Validator { return grammar.NewJSON(true) }
 	}
 	if sp.TopK == -1 { // vLLM's "off"
 		sp.TopK = 0

@@ -157,7 +157,7 @@ func engineSampling(sp *pb.SamplingParams) engine.SamplingParams {
 		N: n, MaxTokens: int(sp.GetMaxTokens()), Temperature: def(sp.Temperature, 1),
 		TopP: def(sp.TopP, 1), TopK: int(sp.GetTopK()), MinP: sp.GetMinP(), Seed: sp.Seed,
 		RepetitionPenalty: 1, StopTokenIDs: sp.StopTokenIds, Logprobs: sp.GetLogprobs(),
-		TopLogprobs: int(sp.GetTopLogprobs()), JSON: sp.GetJsonObject() || sp.GetJsonSchema() != "",
+		TopLogprobs: int(sp.GetTopLogprobs()),
 	}
 }
 
@@ -242,7 +242,7 @@ func TestGenerate(t *testing.T) {
 		if g.N != w.N || g.MaxTokens != w.MaxTokens || g.Temperature != w.Temperature || g.TopP != w.TopP ||
 			g.TopK != w.TopK || g.MinP != w.MinP || *g.Seed != *w.Seed || g.RepetitionPenalty != 1 ||
 			!slices.Equal(g.StopTokenIDs, w.StopTokenIDs) || g.Logprobs != w.Logprobs || g.TopLogprobs != w.TopLogprobs ||
-			g.JSON != w.JSON || (g.JSONSchema != nil) != (sp.GetJsonSchema() != "") {
+			(g.Grammar != nil) != (sp.GetJsonObject() || sp.GetJsonSchema() != "") {
 			t.Errorf("request %d: engine sampling %+v, want %+v", i, g, w)
 		}
 	}
@@ -277,7 +277,7 @@ func TestDefaults(t *testing.T) {
 				got.MinP != 0 || got.Seed != nil || got.RepetitionPenalty != 1 || got.PresencePenalty != 0 || got.Logprobs || len(got.Stop) != 0 {
 				t.Errorf("engine sampling %+v, want %+v", got, want)
 			}
-			if got.JSON {
+			if got.Grammar != nil {
 				t.Error("json_object defaulted to on")
 			}
 			if n := len(resp.Choices[0].TokenIds); n != c.maxTokens {
@@ -712,7 +712,7 @@ func TestCode(t *testing.T) {
 		{&FieldError{"n", "bad"}, codes.InvalidArgument},
 		{fmt.Errorf("requests[2]: %w", &FieldError{"n", "bad"}), codes.InvalidArgument},
 		{engine.ErrTooLong, codes.InvalidArgument},
-		{fmt.Errorf("%w: no bytes", engine.ErrJSONUnsupported), codes.InvalidArgument},
+		{fmt.Errorf("%w: no bytes", engine.ErrGrammarUnsupported), codes.InvalidArgument},
 		{fmt.Errorf("x: %w", engine.ErrQueueFull), codes.ResourceExhausted},
 		{engine.ErrDraining, codes.Unavailable},
 		{context.Canceled, codes.Canceled},

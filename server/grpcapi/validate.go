@@ -185,7 +185,7 @@ func ValidateSampling(p *engine.SamplingParams, vocab int) error {
 		CheckStop(p.Stop),
 		CheckStopTokenIDs(p.StopTokenIDs, vocab),
 		CheckTopLogprobs(p.TopLogprobs, p.Logprobs),
-		checkJSONObject(p.JSON, p.IgnoreEOS),
+		checkJSONObject(p.Grammar != nil, p.IgnoreEOS),
 		checkMinTokens(p.MinTokens, p.MaxTokens),
 	} {
 		if err != nil {

@@ -98,7 +98,7 @@ func generateError(err error, tooLongParam string) *apiError {
 		return errDraining
 	case errors.Is(err, engine.ErrTooLong):
 		return invalid(tooLongParam, "the prompt plus max_tokens exceeds the model's context length")
-	case errors.Is(err, engine.ErrJSONUnsupported):
+	case errors.Is(err, engine.ErrGrammarUnsupported):
 		return invalid("response_format", "%s", strings.TrimPrefix(err.Error(), "engine: "))
 	}
 	return errInternal

@@ -20,7 +20,6 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/mkserve/mkserve/engine"
-	"github.com/mkserve/mkserve/grammar"
 	"github.com/mkserve/mkserve/tokenizer"
 )
 
@@ -298,7 +297,7 @@ func TestInvalidParams(t *testing.T) {
 	if reqs = f.requests(); reqs[len(reqs)-1].Sampling.MinTokens != 3 {
 		t.Errorf("min_tokens reached the engine as %d", reqs[len(reqs)-1].Sampling.MinTokens)
 	}
-	// response_format json_object reaches the engine as Sampling.JSON, on
+	// response_format json_object / json_schema reach the engine as a Grammar, on
 	// both endpoints; text leaves it off.
 	for _, tc := range []struct {
 		path, body string
@@ -314,14 +313,19 @@ func TestInvalidParams(t *testing.T) {
 		}
 		reqs = f.requests()
 		sp := reqs[len(reqs)-1].Sampling
-		if sp.JSON != tc.json {
-			t.Errorf("%s %s: Sampling.JSON %v, want %v", tc.path, tc.body, sp.JSON, tc.json)
+		if (sp.Grammar != nil) != tc.json {
+			t.Errorf("%s %s: a grammar %v, want %v", tc.path, tc.body, sp.Grammar != nil, tc.json)
 		}
-		if schema := strings.Contains(tc.body, "json_schema"); (sp.JSONSchema != nil) != schema {
-			t.Errorf("%s %s: Sampling.JSONSchema %v, want a schema: %v", tc.path, tc.body, sp.JSONSchema, schema)
+		if sp.Grammar == nil {
+			continue
 		}
-		if sp.JSONSchema != nil && !grammar.NewSchemaJSON(sp.JSONSchema).Advance([]byte(`{"a": 12}`)) {
-			t.Errorf("the compiled schema refuses {\"a\": 12}")
+		// json_object takes any object; the schema's grammar only {"a": integer}.
+		schema := strings.Contains(tc.body, "json_schema")
+		if g := sp.Grammar(); !g.Advance([]byte(`{"a": 12}`)) || !g.Complete() {
+			t.Errorf("%s: the grammar refuses {\"a\": 12}", tc.body)
+		}
+		if ok := sp.Grammar().Advance([]byte(`{"b": 1}`)); ok == schema {
+			t.Errorf("%s: the grammar takes {\"b\": 1}: %v", tc.body, ok)
 		}
 	}
 }

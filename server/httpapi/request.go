@@ -420,8 +420,8 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 			if sp.IgnoreEOS {
 				return sp, invalid("response_format", "response_format %s cannot be used with ignore_eos (the choice ends when the object closes)", rf.Type)
 			}
-			sp.JSON = true
 			if rf.Type == "json_object" {
+				sp.Grammar = func() grammar.Validator { return grammar.NewJSON(true) }
 				break
 			}
 			if rf.JSONSchema == nil || isNull(rf.JSONSchema.Schema) {
@@ -431,7 +431,7 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 			if err != nil {
 				return sp, invalid("response_format", "response_format json_schema: %v", err)
 			}
-			sp.JSONSchema = s
+			sp.Grammar = func() grammar.Validator { return grammar.NewSchemaJSON(s) }
 		default:
 			return sp, invalid("response_format", `response_format type must be "text", "json_object" or "json_schema", got %q`, rf.Type)
 		}

@@ -19,8 +19,8 @@
 // a template without a readable tool-call format) are rejected instead of
 // silently ignored. response_format {"type": "json_object"} or {"type":
 // "json_schema"} (on both endpoints, as vLLM) constrains each choice to one
-// JSON object, or to one matching the schema (engine.SamplingParams.JSON /
-// JSONSchema). Chat requests take tools and tool_choice (tools.go).
+// JSON object, or to one matching the schema (engine.SamplingParams.Grammar).
+// Chat requests take tools and tool_choice (tools.go).
 package httpapi
 
 import (

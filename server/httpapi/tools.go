@@ -134,7 +134,7 @@ func (s *Server) tools(r *chatRequest, sp *engine.SamplingParams) (*toolSetup, *
 		if sp.IgnoreEOS {
 			return nil, invalid("tool_choice", "a forced tool call cannot be used with ignore_eos")
 		}
-		if sp.JSON {
+		if sp.Grammar != nil {
 			return nil, invalid("tool_choice", "a forced tool call cannot be combined with response_format")
 		}
 		sp.Grammar = func() grammar.Validator {
