@@ -112,6 +112,9 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		var streams []toolStream // function calling: content held back where a call may start
 		if ts != nil && ts.parse {
 			streams = make([]toolStream, sp.N)
+			for i := range streams {
+				streams[i].f = ts.f
+			}
 		}
 		usage, err := k.run(ctx, cancel, chans, sp.N, lens, func(i int, ev *engine.Event) error {
 			text, reason := ev.Text, ev.FinishReason
@@ -193,8 +196,8 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		msg := chatMessageJS{Role: "assistant", Content: &content}
 		reason := k.finishes[i]
 		if ts != nil && ts.parse {
-			if rest, calls := hermesCalls(content); calls != nil {
-				msg.ToolCalls = ts.keep(calls)
+			if rest, calls := ts.calls(content); calls != nil {
+				msg.ToolCalls = calls
 				msg.Content = nil
 				if rest != "" {
 					msg.Content = &rest

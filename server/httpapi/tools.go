@@ -14,12 +14,20 @@ import (
 
 // Function calling. The tools are rendered into the prompt by the chat
 // template; the model's calls are read back from its text in the format
-// the template teaches. One format is known: Hermes, which Qwen2, Qwen2.5
+// the template teaches. Two formats are known: Hermes, which Qwen2, Qwen2.5
 // and Qwen3 templates use —
 //
 //	<tool_call>
 //	{"name": "get_weather", "arguments": {"city": "Paris"}}
 //	</tool_call>
+//
+// — and DeepSeek-V3's, between <｜tool▁calls▁begin｜> and
+// <｜tool▁calls▁end｜>, each call
+//
+//	<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather
+//	```json
+//	{"city": "Paris"}
+//	```<｜tool▁call▁end｜>
 //
 // tool_choice "auto" parses whatever calls the text holds (text that does
 // not parse stays content); "required" and a named function force one call
@@ -27,24 +35,53 @@ import (
 // function's parameter schema), so even a model that would rather answer in
 // prose returns a call.
 
-// ToolFormatHermes is the <tool_call>…</tool_call> format.
-const ToolFormatHermes = "hermes"
+// Tool-call formats (Options.ToolFormat).
+const (
+	ToolFormatHermes   = "hermes"
+	ToolFormatDeepSeek = "deepseek_v3"
+)
 
 // DetectToolFormat is the tool-call format a chat template's source
 // teaches ("" when it shows none mkserve can read).
 func DetectToolFormat(src string) string {
-	if strings.Contains(src, "<tool_call>") {
+	switch {
+	case strings.Contains(src, "<tool_call>"):
 		return ToolFormatHermes
+	case strings.Contains(src, dsCallsBegin):
+		return ToolFormatDeepSeek
 	}
 	return ""
+}
+
+// toolFormat is how one format's calls are written and read.
+type toolFormat struct {
+	open  string                                   // the text its calls start with
+	parse func(text string) (string, []toolCallJS) // content and calls (nil: none, the whole text is content)
+	// forced returns the bytes around a forced call of function name and
+	// whether the object between them is {"name", "arguments"} (else the
+	// arguments alone); ok false: this format cannot force a choice among
+	// several functions (name "").
+	forced func(name string) (prefix, suffix string, wrapped, ok bool)
+}
+
+var toolFormats = map[string]*toolFormat{
+	ToolFormatHermes: {open: hermesOpen, parse: hermesCalls, forced: func(string) (string, string, bool, bool) {
+		return hermesOpen + "\n", "\n" + hermesClose, true, true
+	}},
+	ToolFormatDeepSeek: {open: dsCallsBegin, parse: deepseekCalls, forced: func(name string) (string, string, bool, bool) {
+		return dsCallsBegin + dsCallBegin + "function" + dsSep + name + "\n```json\n", "\n```" + dsCallEnd + dsCallsEnd, false, name != ""
+	}},
 }
 
 const (
 	maxTools      = 128
 	hermesOpen    = "<tool_call>"
 	hermesClose   = "</tool_call>"
-	hermesPrefix  = hermesOpen + "\n"
-	hermesSuffix  = "\n" + hermesClose
+	dsCallsBegin  = "<｜tool▁calls▁begin｜>"
+	dsCallsEnd    = "<｜tool▁calls▁end｜>"
+	dsCallBegin   = "<｜tool▁call▁begin｜>"
+	dsCallEnd     = "<｜tool▁call▁end｜>"
+	dsSep         = "<｜tool▁sep｜>"
 	toolCallIDLen = 24 // hex digits after "call_"
 )
 
@@ -64,8 +101,16 @@ type toolDef struct {
 // the template) and whether calls are parsed from the output.
 type toolSetup struct {
 	raw   []json.RawMessage
-	parse bool // tool_choice auto, required or named: read calls from the text
-	one   bool // parallel_tool_calls false: keep the first call only
+	parse bool        // tool_choice auto, required or named: read calls from the text
+	one   bool        // parallel_tool_calls false: keep the first call only
+	f     *toolFormat // the template's format
+}
+
+// calls splits a choice's text into content and calls (parallel_tool_calls
+// applied).
+func (ts *toolSetup) calls(text string) (string, []toolCallJS) {
+	content, calls := ts.f.parse(text)
+	return content, ts.keep(calls)
 }
 
 // keep applies parallel_tool_calls to a choice's calls.
@@ -118,8 +163,9 @@ func (s *Server) tools(r *chatRequest, sp *engine.SamplingParams) (*toolSetup, *
 	if choice == "none" {
 		return nil, nil // the model is not to call: the tools stay out of the prompt
 	}
-	if s.opts.ToolFormat != ToolFormatHermes {
-		return nil, invalid("tools", "this model's chat template shows no tool-call format mkserve can read (it reads Hermes <tool_call> blocks, as Qwen templates write them)")
+	f := toolFormats[s.opts.ToolFormat]
+	if f == nil {
+		return nil, invalid("tools", "this model's chat template shows no tool-call format mkserve can read (it reads Hermes <tool_call> blocks, as Qwen templates write them, and DeepSeek-V3's)")
 	}
 	if named != "" {
 		if _, ok := byName[named]; !ok {
@@ -127,7 +173,14 @@ func (s *Server) tools(r *chatRequest, sp *engine.SamplingParams) (*toolSetup, *
 		}
 	}
 	if choice == "required" || named != "" {
-		schema, e := callSchema(defs, named)
+		if named == "" && len(defs) == 1 {
+			named = defs[0].Function.Name
+		}
+		prefix, suffix, wrapped, ok := f.forced(named)
+		if !ok {
+			return nil, invalid("tool_choice", `tool_choice "required" with several tools is not supported for this model's tool-call format; name the function`)
+		}
+		schema, e := callSchema(defs, named, wrapped)
 		if e != nil {
 			return nil, e
 		}
@@ -138,10 +191,10 @@ func (s *Server) tools(r *chatRequest, sp *engine.SamplingParams) (*toolSetup, *
 			return nil, invalid("tool_choice", "a forced tool call cannot be combined with response_format")
 		}
 		sp.Grammar = func() grammar.Validator {
-			return grammar.NewWrapped([]byte(hermesPrefix), schema, []byte(hermesSuffix))
+			return grammar.NewWrapped([]byte(prefix), schema, []byte(suffix))
 		}
 	}
-	return &toolSetup{raw: raw, parse: true, one: r.ParallelToolCalls != nil && !*r.ParallelToolCalls}, nil
+	return &toolSetup{raw: raw, parse: true, one: r.ParallelToolCalls != nil && !*r.ParallelToolCalls, f: f}, nil
 }
 
 // toolChoice reads tool_choice: "none", "auto", "required", or a named
@@ -169,14 +222,15 @@ func toolChoice(raw json.RawMessage) (choice, named string, e *apiError) {
 	return "function", obj.Function.Name, nil
 }
 
-// callSchema is the schema of one forced call: {"name": the function,
-// "arguments": its parameters} — with several candidates (required), the
-// name among them and the arguments any object.
-func callSchema(defs []toolDef, named string) (*grammar.Schema, *apiError) {
+// callSchema is the schema of one forced call: wrapped, {"name": the
+// function, "arguments": its parameters} — with several candidates
+// (required), the name among them and the arguments any object; else the
+// named function's parameters alone.
+func callSchema(defs []toolDef, named string, wrapped bool) (*grammar.Schema, *apiError) {
 	var name, args json.RawMessage
 	pick := -1
 	for i, d := range defs {
-		if d.Function.Name == named || (named == "" && len(defs) == 1) {
+		if d.Function.Name == named {
 			pick = i
 		}
 	}
@@ -197,6 +251,9 @@ func callSchema(defs []toolDef, named string) (*grammar.Schema, *apiError) {
 	}
 	src := `{"type": "object", "properties": {"name": ` + string(name) + `, "arguments": ` + string(args) +
 		`}, "required": ["name", "arguments"], "additionalProperties": false}`
+	if !wrapped {
+		src = string(args)
+	}
 	schema, err := grammar.CompileSchema([]byte(src))
 	if err != nil {
 		return nil, invalid("tools", "the forced call's parameters: %v", err)
@@ -252,12 +309,18 @@ func parseCall(body string) (toolCallJS, bool) {
 		Name      string          `json:"name"`
 		Arguments json.RawMessage `json:"arguments"`
 	}
-	var out toolCallJS
 	d := json.NewDecoder(strings.NewReader(body))
 	if err := d.Decode(&c); err != nil || c.Name == "" || d.More() {
-		return out, false
+		return toolCallJS{}, false
 	}
-	args := bytes.TrimSpace(c.Arguments)
+	return newCall(c.Name, c.Arguments)
+}
+
+// newCall is a call of name with arguments (a JSON object, or a JSON string
+// holding one; empty or null: {}), compacted.
+func newCall(name string, arguments []byte) (toolCallJS, bool) {
+	var out toolCallJS
+	args := bytes.TrimSpace(arguments)
 	switch {
 	case len(args) == 0 || string(args) == "null":
 		args = []byte("{}")
@@ -275,8 +338,55 @@ func parseCall(body string) (toolCallJS, bool) {
 		return out, false
 	}
 	out.ID, out.Type = newCallID(), "function"
-	out.Function.Name, out.Function.Arguments = c.Name, compact.String()
+	out.Function.Name, out.Function.Arguments = name, compact.String()
 	return out, true
+}
+
+// deepseekCalls splits a choice's text into its content (outside the
+// <｜tool▁calls▁begin｜> … <｜tool▁calls▁end｜> section, trimmed) and the
+// section's calls. A section that is not closed, or a call that does not
+// parse, leaves the whole text as content and no calls.
+func deepseekCalls(text string) (string, []toolCallJS) {
+	i := strings.Index(text, dsCallsBegin)
+	if i < 0 {
+		return text, nil
+	}
+	body := text[i+len(dsCallsBegin):]
+	j := strings.Index(body, dsCallsEnd)
+	if j < 0 {
+		return text, nil
+	}
+	content := strings.TrimSpace(text[:i] + body[j+len(dsCallsEnd):])
+	var calls []toolCallJS
+	for rest := strings.TrimSpace(body[:j]); rest != ""; rest = strings.TrimSpace(rest) {
+		// <｜tool▁call▁begin｜>TYPE<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>
+		after, ok := strings.CutPrefix(rest, dsCallBegin)
+		if !ok {
+			return text, nil
+		}
+		k := strings.Index(after, dsCallEnd)
+		if k < 0 {
+			return text, nil
+		}
+		call := after[:k]
+		rest = after[k+len(dsCallEnd):]
+		_, nameArgs, ok := strings.Cut(call, dsSep)
+		if !ok {
+			return text, nil
+		}
+		name, args, ok := strings.Cut(nameArgs, "\n")
+		if !ok {
+			return text, nil
+		}
+		args = strings.TrimSpace(args)
+		args = strings.TrimSuffix(strings.TrimPrefix(strings.TrimPrefix(args, "```json"), "```"), "```")
+		c, ok := newCall(strings.TrimSpace(name), []byte(args))
+		if !ok || !toolNameRE.MatchString(c.Function.Name) {
+			return text, nil
+		}
+		calls = append(calls, c)
+	}
+	return content, calls
 }
 
 // newCallID is a fresh "call_…" id.
@@ -291,6 +401,7 @@ func newCallID() string {
 // <tool_call> block; from the first block on, everything is held and
 // read at the end.
 type toolStream struct {
+	f       *toolFormat
 	all     strings.Builder // the whole text
 	pending string          // content not yet passed on
 	inCall  bool            // a block has started
@@ -304,15 +415,16 @@ func (t *toolStream) push(text string) string {
 		return ""
 	}
 	t.pending += text
-	if i := strings.Index(t.pending, hermesOpen); i >= 0 {
+	open := t.f.open
+	if i := strings.Index(t.pending, open); i >= 0 {
 		out := t.pending[:i]
 		t.inCall, t.pending = true, ""
 		t.sent += len(out)
 		return out
 	}
-	keep := 0 // the longest tail that begins hermesOpen
-	for k := min(len(t.pending), len(hermesOpen)-1); k > 0; k-- {
-		if strings.HasSuffix(t.pending, hermesOpen[:k]) {
+	keep := 0 // the longest tail that begins the calls
+	for k := min(len(t.pending), len(open)-1); k > 0; k-- {
+		if strings.HasSuffix(t.pending, open[:k]) {
 			keep = k
 			break
 		}
@@ -325,14 +437,14 @@ func (t *toolStream) push(text string) string {
 
 // finish returns the content still to stream and the calls. Without calls
 // that is everything held back; with them, the content after the first
-// block (what hermesCalls keeps beyond what was sent).
+// block (what the format's parse keeps beyond what was sent).
 func (t *toolStream) finish() (string, []toolCallJS) {
 	if !t.inCall {
 		out := t.pending
 		t.pending = ""
 		return out, nil
 	}
-	content, calls := hermesCalls(t.all.String())
+	content, calls := t.f.parse(t.all.String())
 	if calls == nil {
 		return t.all.String()[t.sent:], nil
 	}

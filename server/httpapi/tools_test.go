@@ -57,27 +57,30 @@ func TestHermesCalls(t *testing.T) {
 // what finish returns is hermesCalls' content, and no piece of a call
 // leaks into the streamed content.
 func TestToolStream(t *testing.T) {
-	texts := []string{
-		"Sure. <tool_call>\n{\"name\": \"a\", \"arguments\": {\"q\": \"<tool\"}}\n</tool_call> done",
-		"plain <tool answer without calls <",
-		"<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>",
-		"<tool_call>broken</tool_call> tail",
+	texts := []struct{ format, text string }{
+		{ToolFormatHermes, "Sure. <tool_call>\n{\"name\": \"a\", \"arguments\": {\"q\": \"<tool\"}}\n</tool_call> done"},
+		{ToolFormatHermes, "plain <tool answer without calls <"},
+		{ToolFormatHermes, "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>"},
+		{ToolFormatHermes, "<tool_call>broken</tool_call> tail"},
+		{ToolFormatDeepSeek, "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>a\n```json\n{\"x\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+		{ToolFormatDeepSeek, "no calls <｜tool▁ here"},
 	}
 	r := rand.New(rand.NewPCG(1, 2))
-	for _, text := range texts {
+	for _, tc := range texts {
+		text, f := tc.text, toolFormats[tc.format]
 		for range 50 {
-			var ts toolStream
+			ts := toolStream{f: f}
 			var streamed strings.Builder
 			for k := 0; k < len(text); {
 				end := min(k+1+r.IntN(7), len(text))
 				streamed.WriteString(ts.push(text[k:end]))
 				k = end
 			}
-			if strings.Contains(streamed.String(), "<tool_call>") {
+			if strings.Contains(streamed.String(), f.open) {
 				t.Fatalf("%q: a call leaked into the stream: %q", text, streamed.String())
 			}
 			rest, calls := ts.finish()
-			wantContent, wantCalls := hermesCalls(text)
+			wantContent, wantCalls := f.parse(text)
 			if len(calls) != len(wantCalls) {
 				t.Fatalf("%q: %d calls, want %d", text, len(calls), len(wantCalls))
 			}
@@ -88,6 +91,30 @@ func TestToolStream(t *testing.T) {
 			if calls == nil && got != text {
 				t.Fatalf("%q: content %q, want the whole text", text, got)
 			}
+		}
+	}
+}
+
+func TestDeepseekCalls(t *testing.T) {
+	one := "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>"
+	two := "<｜tool▁call▁begin｜>function<｜tool▁sep｜>now\n```json\n{}\n```<｜tool▁call▁end｜>"
+	for _, c := range []struct {
+		name, text, content string
+		calls               []string
+	}{
+		{"one", dsCallsBegin + one + dsCallsEnd, "", []string{`get_weather {"city":"Paris"}`}},
+		{"content and two", "Let me see." + dsCallsBegin + one + "\n" + two + dsCallsEnd, "Let me see.", []string{`get_weather {"city":"Paris"}`, `now {}`}},
+		{"unclosed", dsCallsBegin + one, dsCallsBegin + one, nil},
+		{"bad arguments", dsCallsBegin + strings.Replace(one, `{"city": "Paris"}`, `city=Paris`, 1) + dsCallsEnd, dsCallsBegin + strings.Replace(one, `{"city": "Paris"}`, `city=Paris`, 1) + dsCallsEnd, nil},
+		{"plain", "Just text.", "Just text.", nil},
+	} {
+		content, calls := deepseekCalls(c.text)
+		var got []string
+		for _, k := range calls {
+			got = append(got, k.Function.Name+" "+k.Function.Arguments)
+		}
+		if content != c.content || strings.Join(got, "|") != strings.Join(c.calls, "|") {
+			t.Errorf("%s: content %q calls %q, want %q %q", c.name, content, got, c.content, c.calls)
 		}
 	}
 }
@@ -112,8 +139,15 @@ func FuzzHermesCalls(f *testing.F) {
 // that teaches <tool_call> (chat/testdata) and ToolFormat set from it.
 func serveTools(t *testing.T, f *fakeGen) string {
 	t.Helper()
+	return serveTemplate(t, f, "qwen3.jinja")
+}
+
+// serveTemplate serves f with the test tokenizer and chat/testdata's
+// template name, its tool format detected.
+func serveTemplate(t *testing.T, f *fakeGen, name string) string {
+	t.Helper()
 	tok, _ := loadTok(t)
-	src, err := os.ReadFile(filepath.Join("..", "..", "chat", "testdata", "templates", "qwen3.jinja"))
+	src, err := os.ReadFile(filepath.Join("..", "..", "chat", "testdata", "templates", name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,5 +387,53 @@ func TestChatToolsSDK(t *testing.T) {
 	}
 	if got := acc.Choices[0].Message.ToolCalls; len(got) != 1 || got[0].Function.Arguments != `{"city":"Oslo"}` || finished != 1 {
 		t.Fatalf("accumulated calls %+v (%d finished)", got, finished)
+	}
+}
+
+// TestChatToolsDeepSeek: DeepSeek-V3's format, parsed and forced.
+func TestChatToolsDeepSeek(t *testing.T) {
+	f := newFake(4096)
+	f.reply = "On it." + dsCallsBegin + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Lima\"}\n```<｜tool▁call▁end｜>" + dsCallsEnd
+	url := serveTemplate(t, f, "deepseek3.jinja")
+	body := `{"messages": [{"role": "user", "content": "Weather in Lima?"}], "max_tokens": 64, "tools": ` + weatherTools + `}`
+	resp, raw := post(t, url, "/v1/chat/completions", body)
+	var out struct {
+		Choices []struct {
+			Message struct {
+				Content   *string
+				ToolCalls []struct {
+					Function struct{ Name, Arguments string }
+				} `json:"tool_calls"`
+			}
+			FinishReason string `json:"finish_reason"`
+		}
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, &out) != nil || len(out.Choices) != 1 {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	ch := out.Choices[0]
+	if ch.FinishReason != "tool_calls" || len(ch.Message.ToolCalls) != 1 || ch.Message.ToolCalls[0].Function.Arguments != `{"city":"Lima"}` ||
+		ch.Message.Content == nil || *ch.Message.Content != "On it." {
+		t.Fatalf("response %s", raw)
+	}
+	// Named: the grammar is the call's fixed text around the parameters.
+	if resp, raw := post(t, url, "/v1/chat/completions", strings.Replace(body, `"max_tokens": 64`, `"max_tokens": 64, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}`, 1)); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	reqs := f.requests()
+	g := reqs[len(reqs)-1].Sampling.Grammar
+	call := dsCallsBegin + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Lima\"}\n```<｜tool▁call▁end｜>" + dsCallsEnd
+	if g == nil {
+		t.Fatal("no grammar for a named tool_choice")
+	}
+	if v := g(); !v.Advance([]byte(call)) || !v.Complete() {
+		t.Errorf("the grammar refuses %q", call)
+	}
+	if _, calls := deepseekCalls(call); len(calls) != 1 {
+		t.Errorf("the forced shape does not parse back: %q", call)
+	}
+	// required with several tools cannot be forced in this format.
+	if resp, raw := post(t, url, "/v1/chat/completions", strings.Replace(body, `"max_tokens": 64`, `"max_tokens": 64, "tool_choice": "required"`, 1)); resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), "name the function") {
+		t.Errorf("required with two tools: %d %s", resp.StatusCode, raw)
 	}
 }
