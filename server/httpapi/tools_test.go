@@ -119,16 +119,24 @@ func TestDeepseekCalls(t *testing.T) {
 	}
 }
 
-func FuzzHermesCalls(f *testing.F) {
-	f.Add("a <tool_call>{\"name\": \"x\", \"arguments\": {}}</tool_call> b")
-	f.Add("<tool_call>")
-	f.Fuzz(func(t *testing.T, text string) {
-		content, calls := hermesCalls(text)
+// FuzzToolCalls: either format's parser, on any text, keeps the whole text
+// as content when it finds no calls, and gives calls with a name and
+// JSON-object arguments.
+func FuzzToolCalls(f *testing.F) {
+	f.Add("a <tool_call>{\"name\": \"x\", \"arguments\": {}}</tool_call> b", false)
+	f.Add("<tool_call>", false)
+	f.Add(dsCallsBegin+dsCallBegin+"function"+dsSep+"x\n```json\n{}\n```"+dsCallEnd+dsCallsEnd, true)
+	f.Fuzz(func(t *testing.T, text string, deepseek bool) {
+		parse := hermesCalls
+		if deepseek {
+			parse = deepseekCalls
+		}
+		content, calls := parse(text)
 		if calls == nil && content != text {
 			t.Fatalf("no calls, but content %q is not the text", content)
 		}
 		for _, c := range calls {
-			if !json.Valid([]byte(c.Function.Arguments)) || c.Function.Name == "" {
+			if !json.Valid([]byte(c.Function.Arguments)) || !strings.HasPrefix(c.Function.Arguments, "{") || c.Function.Name == "" {
 				t.Fatalf("call %+v", c)
 			}
 		}
