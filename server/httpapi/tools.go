@@ -300,6 +300,9 @@ func hermesCalls(text string) (string, []toolCallJS) {
 		calls = append(calls, call)
 		rest = body[j+len(hermesClose):]
 	}
+	if calls == nil {
+		return text, nil
+	}
 	return strings.TrimSpace(content.String()), calls
 }
 
@@ -385,6 +388,9 @@ func deepseekCalls(text string) (string, []toolCallJS) {
 			return text, nil
 		}
 		calls = append(calls, c)
+	}
+	if calls == nil {
+		return text, nil
 	}
 	return content, calls
 }
