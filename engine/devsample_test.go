@@ -8,9 +8,12 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/metrics"
 )
 
 // devSampler is the CPU backend plus a backend.Sampler that answers each
@@ -111,8 +114,14 @@ func TestMixedSampling(t *testing.T) {
 		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true, LogitBias: map[int32]float32{11: 3}},
 		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true},
 	}
+	reg := prometheus.NewRegistry()
+	met := metrics.New(reg, "t")
 	run := func(host bool) ([]result, int64) {
-		e, err := engine.New(f.m.Model, ds, f.tok, engine.Config{BlockSize: 4, HostSampling: host}, engine.Options{Name: "t", EOS: []int32{2}})
+		o := engine.Options{Name: "t", EOS: []int32{2}}
+		if !host {
+			o.Metrics = met
+		}
+		e, err := engine.New(f.m.Model, ds, f.tok, engine.Config{BlockSize: 4, HostSampling: host}, o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -145,6 +154,10 @@ func TestMixedSampling(t *testing.T) {
 	if devRows != plain {
 		t.Errorf("the device sampled %d rows; the requests without a grammar or bias made %d tokens", devRows, plain)
 	}
+	hostMade := len(mixRes[2].tokens[0]) + len(mixRes[3].tokens[0])
+	if got := gathered(t, reg, "mkserve:host_sampled_rows_total"); got != float64(hostMade) {
+		t.Errorf("host_sampled_rows_total %v, want %d (the grammar's and the bias's tokens)", got, hostMade)
+	}
 }
 
 // newDevEngine is an engine over f whose backend samples on the "device"
@@ -158,4 +171,20 @@ func newDevEngine(t *testing.T, f fixture) (*engine.Engine, *devSampler) {
 	}
 	t.Cleanup(func() { e.Shutdown(context.Background()) })
 	return e, ds
+}
+
+// gathered is the value of the one-series counter name in reg.
+func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no %s", name)
+	return 0
 }

@@ -191,6 +191,7 @@ func (e *Engine) step() {
 	if e.cfg.HostSampling {
 		devSampler = nil
 	}
+	canDevice := devSampler != nil
 	hostRows, promptRows := false, false
 	for _, en := range plan {
 		hostRows = hostRows || (en.sample && en.s.needsHost(en.n))
@@ -287,6 +288,9 @@ func (e *Engine) step() {
 			return
 		}
 	} else {
+		if canDevice { // prompt log-probabilities took the whole step to the host
+			e.opts.Metrics.HostSampledRows(len(picks))
+		}
 		parallelPicks(picks)
 	}
 	generated := 0
@@ -511,6 +515,7 @@ func (e *Engine) mixedPicks(ds backend.Sampler, logitsT backend.Tensor, picks []
 	if len(host) == 0 {
 		return devicePicks(ds, logitsT, picks)
 	}
+	e.opts.Metrics.HostSampledRows(len(host))
 	sub := func(idx []int) []pick {
 		out := make([]pick, len(idx))
 		for j, i := range idx {

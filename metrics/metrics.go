@@ -45,6 +45,7 @@ type Metrics struct {
 	cpTokens                  prometheus.Counter
 	placements                prometheus.Counter
 	overlapped                prometheus.Counter
+	hostRows                  prometheus.Counter
 	success                   *prometheus.CounterVec // {finished_reason}
 	ttft, itl, e2e, queue     prometheus.Histogram
 	expertTokens              *prometheus.CounterVec // {layer, expert}
@@ -87,6 +88,7 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		cpTokens:      counter("context_parallel_tokens_total", "Prompt tokens prefilled with context parallelism (engine.context_parallel)."),
 		placements:    counter("moe_expert_placements_total", "Expert placements of MoE layers installed by the rebalancer (engine.rebalance_every)."),
 		overlapped:    counter("overlapped_steps_total", "Engine steps launched while the previous step's sampled tokens were still on the device (overlapped decode; engine.sync_steps turns it off)."),
+		hostRows:      counter("host_sampled_rows_total", "Tokens sampled on the host though the backend samples on the device: rows with a grammar (response_format, a forced tool call), logit_bias, min_tokens not yet reached, a fork of n choices, or prompt log-probabilities in the step."),
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: prefix + "request_success_total", Help: "Count of finished requests by finish reason.", ConstLabels: labels,
 		}, []string{"finished_reason"}),
@@ -106,7 +108,7 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		m.success.WithLabelValues(r)
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.prefixQueries, m.prefixHits,
-		m.promptTokens, m.genTokens, m.preemptions, m.cpTokens, m.placements, m.overlapped, m.success,
+		m.promptTokens, m.genTokens, m.preemptions, m.cpTokens, m.placements, m.overlapped, m.hostRows, m.success,
 		m.ttft, m.itl, m.e2e, m.queue, m.expertTokens, m.imbalance)
 	return m
 }
@@ -220,6 +222,15 @@ func (m *Metrics) OverlappedStep() {
 		return
 	}
 	m.overlapped.Inc()
+}
+
+// HostSampledRows counts n rows sampled on the host in a step whose backend
+// samples on the device.
+func (m *Metrics) HostSampledRows(n int) {
+	if m == nil || n == 0 {
+		return
+	}
+	m.hostRows.Add(float64(n))
 }
 
 // ContextParallelTokens counts n prompt tokens of a context-parallel prefill chunk.

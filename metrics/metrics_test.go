@@ -30,6 +30,7 @@ var names = []string{
 	"mkserve:context_parallel_tokens_total",
 	"mkserve:moe_expert_placements_total",
 	"mkserve:overlapped_steps_total",
+	"mkserve:host_sampled_rows_total",
 	"mkserve:time_to_first_token_seconds",
 	"mkserve:inter_token_latency_seconds",
 	"mkserve:e2e_request_latency_seconds",
@@ -56,6 +57,7 @@ func exercise(m *Metrics, r *rand.Rand) {
 	m.InterTokenLatency(30 * time.Millisecond)
 	m.Preemption()
 	m.OverlappedStep()
+	m.HostSampledRows(1 + r.IntN(4))
 	m.ExpertPlacement()
 	m.ExpertLoad(r.IntN(3), []int64{int64(r.IntN(5)), int64(1 + r.IntN(5)), 3})
 }
@@ -331,10 +333,10 @@ func TestSeriesCounts(t *testing.T) {
 	if got := testutil.ToFloat64(m.success.WithLabelValues("unknown")); got != 1 {
 		t.Errorf("empty reason counted %v times as unknown, want 1", got)
 	}
-	// 15 single-series families, no expert series yet, and the success
+	// 16 single-series families, no expert series yet, and the success
 	// series of the four reasons plus "unknown".
-	if got, err := testutil.GatherAndCount(reg); err != nil || got != 15+len(finishReasons)+1 {
-		t.Errorf("%d series (%v), want %d", got, err, 15+len(finishReasons)+1)
+	if got, err := testutil.GatherAndCount(reg); err != nil || got != 16+len(finishReasons)+1 {
+		t.Errorf("%d series (%v), want %d", got, err, 16+len(finishReasons)+1)
 	}
 }
 
