@@ -173,6 +173,7 @@ struct Params {
   int tma;  // ring_wg: whole key tiles by TMA through RingMaps, else cp.async
   int nocopy;  // MK_RING_NOCOPY=1 (a measurement, wrong results): the comm CTAs signal without copying
   int noready;  // ring_wg waits for every step's chunk in every slot (unless MK_RING_READY=1: ready_steps)
+  int bulk;     // MK_RING_BULK=1: ring_wg's comm CTAs copy by TMA bulk copies (copy_bulk)
 };
 static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
 
@@ -317,6 +318,54 @@ __device__ void copy_part(char* dst, const char* src, int64_t n, int part, int p
   }
 }
 
+// copy_bulk is copy_part by TMA's 1-D bulk copies through shared memory
+// (MK_RING_BULK=1, ring_wg's comm CTAs): thread 0 streams the part's
+// 16-byte-aligned bytes through kCopyBufs buffers of kCopyBuf bytes at
+// stage (global → shared completing on bars[b], then shared → global as a
+// bulk group), so one thread keeps up to kCopyBufs × kCopyBuf bytes in
+// flight where copy_part's 384 threads keep 8 loads of 16 bytes each;
+// count carries the buffers' uses across calls (their mbarrier phases).
+// Its stores are complete and fenced for the generic release that
+// publishes them (signal_arrival) before it returns. Unaligned data goes
+// to copy_part.
+constexpr int kCopyBufs = 3;
+constexpr int kCopyBuf = 32768;
+__device__ void copy_bulk(char* dst, const char* src, int64_t n, int part, int parts, unsigned char* stage,
+                          uint64_t* bars, uint32_t& count) {
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) != 0) {
+    copy_part(dst, src, n, part, parts);
+    return;
+  }
+  const int64_t n16 = n / 16, per = (n16 + parts - 1) / parts;
+  const int64_t lo = per * part * 16, hi = min(n16, per * (part + 1)) * 16;
+  if (threadIdx.x == 0 && hi > lo) {
+    const int64_t pieces = (hi - lo + kCopyBuf - 1) / kCopyBuf;
+    auto bytes_of = [&](int64_t i) { return (uint32_t)min((int64_t)kCopyBuf, hi - lo - i * kCopyBuf); };
+    auto load = [&](int64_t i) {
+      const int b = (int)((count + i) % kCopyBufs);
+      mkwg::mbar_expect_tx(bars + b, bytes_of(i));
+      mkwg::bulk_g2s(stage + b * kCopyBuf, src + lo + i * kCopyBuf, bytes_of(i), bars + b);
+    };
+    for (int64_t i = 0; i < pieces && i < kCopyBufs; ++i) load(i);
+    for (int64_t i = 0; i < pieces; ++i) {
+      const uint32_t c = count + (uint32_t)i;
+      const int b = (int)(c % kCopyBufs);
+      mkwg::mbar_wait(bars + b, (c / kCopyBufs) & 1);
+      mkwg::bulk_s2g(dst + lo + i * kCopyBuf, stage + b * kCopyBuf, bytes_of(i));
+      mkwg::bulk_commit();
+      if (i + kCopyBufs < pieces) {
+        mkwg::bulk_wait_read();  // piece i's store has read buffer b: refill it
+        load(i + kCopyBufs);
+      }
+    }
+    count += (uint32_t)pieces;
+    mkwg::bulk_wait_all();
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the async proxy's stores before the generic release
+  }
+  if (part == parts - 1)
+    for (int64_t b = n16 * 16 + threadIdx.x; b < n; b += blockDim.x) dst[b] = __ldcg(src + b);
+}
+
 // Slot is one query tile: rank r's rows i0..iend-1 of query span [qlo, qlo+L)
 // (buffer rows from qrow0), query heads h0..h0+hpb-1 of kv head kvh.
 struct Slot {
@@ -394,9 +443,16 @@ __device__ __forceinline__ bf16* chunk_v(const Params& p, int r, int s) {
 // the chunk in hand at step s goes to rank r+1's buffer for step s+1
 // (receive buffer (s+1)%2 once its previous readers released it, or gather
 // slot s, which nobody else writes). False when a wait gave up.
-__device__ bool comm_role(const Params& p, int r, int part) {
+__device__ bool comm_role(const Params& p, int r, int part, unsigned char* stage) {
   const int R = p.ranks, dst = (r + 1) % R;
   __shared__ int ok_sh;
+  __shared__ uint64_t cbar[kCopyBufs];  // copy_bulk's buffers
+  uint32_t count = 0;                   // thread 0's: copy_bulk's buffer uses
+  const bool bulk = p.bulk && stage != nullptr;
+  if (bulk && threadIdx.x == 0) {
+    for (int b = 0; b < kCopyBufs; ++b) mkwg::mbar_init(cbar + b, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
   for (int s = 0; s + 1 < R; ++s) {
     if (threadIdx.x == 0) {
       bool ok = true;
@@ -414,7 +470,12 @@ __device__ bool comm_role(const Params& p, int r, int part) {
     if (!ok_sh) return false;
     const int src = (r - s + R) % R;  // whose chunk rank r holds at step s
     const int rows = (p.ks[src][1] - p.ks[src][0]) + (p.ks[src][3] - p.ks[src][2]);
-    if (!p.nocopy) {
+    if (!p.nocopy && bulk) {
+      copy_bulk(reinterpret_cast<char*>(chunk_k(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_k(p, r, s)),
+                (int64_t)rows * p.k_stride * 2, part, p.ncomm, stage, cbar, count);
+      copy_bulk(reinterpret_cast<char*>(chunk_v(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_v(p, r, s)),
+                (int64_t)rows * p.v_stride * 2, part, p.ncomm, stage, cbar, count);
+    } else if (!p.nocopy) {
       copy_part(reinterpret_cast<char*>(chunk_k(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_k(p, r, s)),
                 (int64_t)rows * p.k_stride * 2, part, p.ncomm);
       copy_part(reinterpret_cast<char*>(chunk_v(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_v(p, r, s)),
@@ -786,7 +847,7 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
   if ((int)blockIdx.x < ncomm_all) {
     const int r = local ? p.me : blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
     if (r == p.fault_rank) return;  // fault injection: this rank never sends
-    if (!comm_role(p, r, part)) return;
+    if (!comm_role(p, r, part, nullptr)) return;
     // Sent everything: join the compute below.
   }
   const int nslots = p.tmax * p.hg * (local ? 1 : R);
@@ -979,7 +1040,8 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
   if ((int)blockIdx.x < ncomm_all) {
     const int r = local ? p.me : blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
     if (r == p.fault_rank) return;  // fault injection: this rank never sends
-    if (!comm_role(p, r, part)) return;
+    // The K stages (3 × 32 KB, unused until the CTA joins the compute) stage copy_bulk's buffers.
+    if (!comm_role(p, r, part, reinterpret_cast<unsigned char*>(sm.k()))) return;
     // Sent everything: join the compute below.
   }
   const int s_lo = p.mode == 1 ? p.step : 0, s_hi = p.mode == 1 ? p.step + 1 : R;
@@ -1307,6 +1369,14 @@ void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* 
   // copies from +14 % toward +8 %).
   static const int noready_env = mk::env_is("MK_RING_READY", '1') ? 0 : 1;
   p->noready = noready_env;
+  // MK_RING_BULK=1: ring_wg's comm CTAs forward chunks by TMA bulk copies
+  // through shared memory, one thread keeping 96 KB in flight (copy_bulk).
+  // Written after the twenty-ninth pass's device time: opt-in until
+  // measured (expected: faster hops — going from 4 to 8 comm CTAs a rank
+  // gained 0.1–0.3 ms at 16k R = 8 — so R = 8's copy share (~half its
+  // overhead) shrinks).
+  static const int bulk_env = mk::env_is("MK_RING_BULK", '1') ? 1 : 0;
+  p->bulk = bulk_env;
   bool vec = head_dim % 8 == 0 && v_head_dim % 8 == 0;
   char* base = reinterpret_cast<char*>(ws);
   int64_t state_off = kStateOff + lo.done_bytes;

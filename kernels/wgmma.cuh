@@ -146,6 +146,19 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t by
                "l"(src), "r"(bytes), "r"(sm_addr(b))
                : "memory");
 }
+// bulk_s2g copies bytes (a multiple of 16, both addresses 16-byte aligned)
+// from this CTA's shared memory to global memory (cp.async.bulk, bulk-group
+// completion: bulk_commit, then bulk_wait_read / bulk_wait_all).
+__device__ __forceinline__ void bulk_s2g(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(sm_addr(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// bulk_wait_read returns once every committed bulk group has read its
+// shared memory (the buffers may be written again).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// bulk_wait_all returns once every committed bulk group has completed.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // tma_load_2d copies the box at (column x, row y) of m's tensor into dst
 // (1024-byte aligned, 128B-swizzled as m says), completing bytes on b.
 __device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* m, int x, int y, uint64_t* b) {

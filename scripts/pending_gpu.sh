@@ -16,6 +16,13 @@
 #   cycles an issue against 1.13 at R = 1, the same instructions): R = 8's
 #   16k overhead without copies +14 % → ~+8 %, with copies ~−3 points.
 #   Make it the default if it wins (ring.cu, fill_params: noready).
+#   MK_RING_BULK=1 — ring_wg's comm CTAs forward chunks by TMA bulk copies
+#   through shared memory (copy_bulk: one thread, 3 × 32 KB in flight)
+#   instead of 384 threads' 16-byte loads. The ring tests with it, then the
+#   same A/B rounds. Expected: the emulated hops faster (going from 4 to 8
+#   comm CTAs a rank gained 0.1–0.3 ms at 16k R = 8), so R = 8's copy share
+#   (~half its 16k overhead) shrinks. Make it the default if it wins (ring.cu,
+#   fill_params: bulk).
 # Then the serving test on the CUDA backend with requests that sample on
 # the host (JSON mode, n = 2, logit_bias) beside plain ones: since the
 # twenty-ninth pass only those rows' logits come back (backend Rows) while
@@ -42,8 +49,13 @@ rc=$?
 echo "ring tests, MK_RING_READY=1: rc=$rc pass $(grep -c -- '--- PASS' "$OUT/ringready.log") fail $(grep -c -- '--- FAIL' "$OUT/ringready.log")"
 grep -E -- '--- FAIL|panic' "$OUT/ringready.log" | head
 [ $rc = 0 ] || exit 1
+MK_RING_BULK=1 timeout 60 .dev/kernels.test -test.count=1 -test.v -test.timeout 55s \
+	-test.run '^(TestRingAttention|TestRingWatchdog|TestRingRankLocalStreams)$' >"$OUT/ringbulk.log" 2>&1
+rc=$?
+echo "ring tests, MK_RING_BULK=1: rc=$rc pass $(grep -c -- '--- PASS' "$OUT/ringbulk.log") fail $(grep -c -- '--- FAIL' "$OUT/ringbulk.log")"
+grep -E -- '--- FAIL|panic' "$OUT/ringbulk.log" | head
 for r in 1 2 3; do
-	for v in "MK_RING_READY=0" "MK_RING_READY=1" "MK_RING_READY=0 MK_RING_NOCOPY=1" "MK_RING_READY=1 MK_RING_NOCOPY=1"; do
+	for v in "MK_RING_READY=0" "MK_RING_READY=1" "MK_RING_READY=0 MK_RING_NOCOPY=1" "MK_RING_READY=1 MK_RING_NOCOPY=1" "MK_RING_BULK=1" "MK_RING_BULK=1 MK_RING_READY=1"; do
 		echo -n "round $r $v 16k: "
 		# shellcheck disable=SC2086
 		env $v timeout 30 .dev/mkserve bench ring --seq 16384 --ranks 2,4,8 --heads 32 --kv-heads 8 --head-dim 128 --causal \
