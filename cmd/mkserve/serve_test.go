@@ -207,6 +207,21 @@ func TestServeEndToEnd(t *testing.T) {
 			}
 			return nil
 		}},
+		{"/v1/completions", `{"prompt":"Is the light good? Answer:","max_tokens":8,"guided_choice":["yes","no","maybe"]}`, func(b []byte) error {
+			var r struct {
+				Choices []struct {
+					Text         string
+					FinishReason string `json:"finish_reason"`
+				}
+			}
+			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {
+				return fmt.Errorf("guided_choice: %s (%v)", b, err)
+			}
+			if c := r.Choices[0]; !slices.Contains([]string{"yes", "no", "maybe"}, c.Text) || c.FinishReason != "stop" {
+				return fmt.Errorf("guided_choice: %q (%s)", c.Text, c.FinishReason)
+			}
+			return nil
+		}},
 		{"/v1/completions", `{"prompt":"And God said","max_tokens":8,"temperature":0}`, func(b []byte) error {
 			var r struct{ Choices []struct{ Text string } }
 			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {

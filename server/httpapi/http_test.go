@@ -158,6 +158,11 @@ func TestInvalidParams(t *testing.T) {
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"response_format":"json"}`, "response_format"},
 		{"/v1/completions", `{"prompt":"x","response_format":{"type":"json_object"},"ignore_eos":true}`, "response_format"},
 		{"/v1/completions", `{"prompt":"x","max_tokens":4,"min_tokens":5}`, "min_tokens"},
+		{"/v1/completions", `{"prompt":"x","guided_choice":["yes","yes!"]}`, "guided_choice"},
+		{"/v1/completions", `{"prompt":"x","guided_choice":[]}`, "guided_choice"},
+		{"/v1/completions", `{"prompt":"x","guided_choice":["a"],"response_format":{"type":"json_object"}}`, "guided_choice"},
+		{"/v1/completions", `{"prompt":"x","guided_json":{"type":"object","properties":{"a":{"type":"string","pattern":"x"}}}}`, "guided_json"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"guided_choice":["a"],"guided_json":{"type":"object"}}`, "guided_choice"},
 		{"/v1/completions", `{"prompt":"x","min_tokens":-1}`, "min_tokens"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":2,"min_tokens":3}`, "min_tokens"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"messages":1}}`, "chat_template_kwargs"},
@@ -290,6 +295,16 @@ func TestInvalidParams(t *testing.T) {
 	if reqs = f.requests(); !reqs[len(reqs)-1].Sampling.PromptLogprobs {
 		t.Error("echo with logprobs did not ask the engine for the prompt's")
 	}
+	// guided_choice: a grammar of exactly those strings.
+	if resp, body := post(t, url, "/v1/completions", `{"prompt":"x","max_tokens":4,"guided_choice":["positive","negative"]}`); resp.StatusCode != http.StatusOK {
+		t.Fatalf("guided_choice: %d %s", resp.StatusCode, body)
+	}
+	reqs = f.requests()
+	if g := reqs[len(reqs)-1].Sampling.Grammar; g == nil || !g().Advance([]byte("negative")) || g().Advance([]byte("neutral")) {
+		t.Error("guided_choice: no grammar, or one that does not take exactly the choices")
+	} else if v := g(); !v.Advance([]byte("pos")) || v.Complete() || !v.Advance([]byte("itive")) || !v.Complete() {
+		t.Error("guided_choice: the grammar's completion is wrong")
+	}
 	// min_tokens reaches the engine.
 	if resp, body := post(t, url, "/v1/completions", `{"prompt":"x","max_tokens":4,"min_tokens":3}`); resp.StatusCode != http.StatusOK {
 		t.Fatalf("min_tokens: %d %s", resp.StatusCode, body)
@@ -307,6 +322,8 @@ func TestInvalidParams(t *testing.T) {
 		{"/v1/completions", `{"prompt":"x","max_tokens":2,"response_format":{"type":"json_object"}}`, true},
 		{"/v1/completions", `{"prompt":"x","max_tokens":2,"response_format":{"type":"text"}}`, false},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":2,"response_format":{"type":"json_schema","json_schema":{"name":"p","strict":true,"schema":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":false}}}}`, true},
+		{"/v1/completions", `{"prompt":"x","max_tokens":2,"guided_json":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}`, true},
+		{"/v1/completions", `{"prompt":"x","max_tokens":2,"guided_json":"{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}, \"required\": [\"a\"]}"}`, true},
 	} {
 		if resp, body := post(t, url, tc.path, tc.body); resp.StatusCode != http.StatusOK {
 			t.Fatalf("%s %s: %d %s", tc.path, tc.body, resp.StatusCode, body)
@@ -320,7 +337,7 @@ func TestInvalidParams(t *testing.T) {
 			continue
 		}
 		// json_object takes any object; the schema's grammar only {"a": integer}.
-		schema := strings.Contains(tc.body, "json_schema")
+		schema := strings.Contains(tc.body, "json_schema") || strings.Contains(tc.body, "guided_json")
 		if g := sp.Grammar(); !g.Advance([]byte(`{"a": 12}`)) || !g.Complete() {
 			t.Errorf("%s: the grammar refuses {\"a\": 12}", tc.body)
 		}

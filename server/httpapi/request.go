@@ -52,7 +52,9 @@ type sampling struct {
 	User                *string         `json:"user"` // accepted and ignored
 	LogitBias           map[string]any  `json:"logit_bias"`
 	Priority            *int            `json:"priority"`        // vLLM's extension: lower runs first
-	ResponseFormat      json.RawMessage `json:"response_format"` // text or json_object (completions too, as vLLM)
+	ResponseFormat      json.RawMessage `json:"response_format"` // text, json_object or json_schema (completions too, as vLLM)
+	GuidedJSON          json.RawMessage `json:"guided_json"`     // vLLM's: a JSON Schema (an object or its text)
+	GuidedChoice        []string        `json:"guided_choice"`   // vLLM's: the output is exactly one of these
 }
 
 type streamOptions struct {
@@ -436,6 +438,9 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 			return sp, invalid("response_format", `response_format type must be "text", "json_object" or "json_schema", got %q`, rf.Type)
 		}
 	}
+	if e := p.guided(&sp); e != nil {
+		return sp, e
+	}
 	if p.StreamOptions != nil && (p.Stream == nil || !*p.Stream) {
 		return sp, invalid("stream_options", "stream_options is only allowed when stream is true")
 	}
@@ -448,6 +453,44 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 		}
 	}
 	return sp, nil
+}
+
+// guided reads vLLM's guided_json and guided_choice into sp.Grammar (one
+// constraint a request: not with response_format json_* either).
+func (p *sampling) guided(sp *engine.SamplingParams) *apiError {
+	hasJSON, hasChoice := !isNull(p.GuidedJSON), p.GuidedChoice != nil
+	if !hasJSON && !hasChoice {
+		return nil
+	}
+	name := "guided_json"
+	if hasChoice {
+		name = "guided_choice"
+	}
+	if (hasJSON && hasChoice) || sp.Grammar != nil {
+		return invalid(name, "only one of response_format (json), guided_json and guided_choice may be given")
+	}
+	if sp.IgnoreEOS {
+		return invalid(name, "%s cannot be used with ignore_eos (the choice ends when the text is complete)", name)
+	}
+	if hasChoice {
+		c, err := grammar.NewChoice(p.GuidedChoice)
+		if err != nil {
+			return invalid(name, "guided_choice: %v", err)
+		}
+		sp.Grammar = func() grammar.Validator { return c.Clone() }
+		return nil
+	}
+	raw := []byte(p.GuidedJSON)
+	var text string
+	if json.Unmarshal(raw, &text) == nil { // the schema as a JSON string
+		raw = []byte(text)
+	}
+	schema, err := grammar.CompileSchema(raw)
+	if err != nil {
+		return invalid(name, "guided_json: %v", err)
+	}
+	sp.Grammar = func() grammar.Validator { return grammar.NewSchemaJSON(schema) }
+	return nil
 }
 
 // checkMinTokens refuses min_tokens above the request's max_tokens (known
