@@ -23,11 +23,12 @@ var (
 // NewJSON(true), an object that starts the text (no whitespace before it:
 // a model would otherwise spend tokens on it). Strings must be valid UTF-8 without raw control
 // characters. Limits keep a model from running on forever inside the
-// grammar: at most MaxWhitespace whitespace bytes in a row, of which at
-// most one newline (pretty printing needs no more; a small model otherwise
-// fills max_tokens with blank lines), and containers nested at most
-// MaxDepth deep. The zero value is not usable; copy one
-// with Clone.
+// grammar (a known failure of constrained decoding: whitespace without
+// end): between two tokens, one space — or one newline (after at most one
+// space or carriage return) and an indentation of at most IndentPerLevel
+// bytes a nesting level plus one level, as pretty printing writes it —
+// and containers nested at most MaxDepth deep. The zero value is not
+// usable; copy one with Clone.
 type JSON struct {
 	stack      []byte // open containers, '{' or '['
 	st         state
@@ -42,25 +43,34 @@ type JSON struct {
 
 // wsRun counts a run of whitespace between tokens against the limits.
 type wsRun struct {
-	n  int  // bytes in the run
+	n  int  // bytes in the run since its start or its newline
 	nl bool // the run holds a newline
 }
 
-// take adds whitespace byte c to the run: false past MaxWhitespace bytes
-// or at a second newline.
-func (w *wsRun) take(c byte) bool {
+// take adds whitespace byte c to the run at nesting depth: before a
+// newline one byte (a space, a tab or the '\r' of "\r\n"), then one
+// newline, then at most IndentPerLevel·(depth+1) bytes of indentation.
+func (w *wsRun) take(c byte, depth int) bool {
 	if c == '\n' {
 		if w.nl {
 			return false
 		}
-		w.nl = true
+		w.nl, w.n = true, 0
+		return true
+	}
+	if c == '\r' && w.nl {
+		return false
 	}
 	w.n++
-	return w.n <= MaxWhitespace
+	if w.nl {
+		return w.n <= IndentPerLevel*(depth+1)
+	}
+	return w.n <= 1
 }
 
-// MaxWhitespace is the most whitespace bytes JSON accepts in a row.
-const MaxWhitespace = 32
+// IndentPerLevel is the indentation a nesting level may add after a
+// newline (4: what json.dumps(indent=4) writes; 2 and tabs fit too).
+const IndentPerLevel = 4
 
 // MaxDepth is the deepest nesting of objects and arrays JSON accepts.
 const MaxDepth = 64
@@ -160,7 +170,7 @@ func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 func isHex(c byte) bool { return isDigit(c) || (c|0x20) >= 'a' && (c|0x20) <= 'f' }
 
 // space takes a whitespace byte c between tokens, within the limits.
-func (j *JSON) space(c byte) bool { return j.ws.take(c) }
+func (j *JSON) space(c byte) bool { return j.ws.take(c, len(j.stack)) }
 
 // open starts an object or array.
 func (j *JSON) open(c byte) bool {

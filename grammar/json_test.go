@@ -28,10 +28,10 @@ func TestJSONTexts(t *testing.T) {
 		complete   bool
 	}{
 		{"empty object", true, `{}`, 2, true},
-		{"spaces around", false, " \n{ } \t", 7, true},
+		{"spaces around", false, " \n{ } \n", 7, true},
 		{"blank line", false, "\n\n{}", 1, false},
 		{"space before the object", true, " {}", 0, false},
-		{"spaces after the object", true, "{ } \t\n", 6, true},
+		{"spaces after the object", true, "{ } \n", 5, true},
 		{"nested", true, `{"a": [1, -2.5e+3, 0, true, false, null, {"b": "c"}], "d": {}}`, 62, true},
 		{"escapes", true, `{"k": "\"\\\/\b\f\n\r\t\u00e9\uD83D"}`, 37, true},
 		{"utf8", true, `{"k": "héllo ☃ 😀"}`, len(`{"k": "héllo ☃ 😀"}`), true},
@@ -84,23 +84,32 @@ func TestJSONLimits(t *testing.T) {
 	if n, _ := feedAll(false, strings.Repeat("[", MaxDepth+1)); n != MaxDepth {
 		t.Fatalf("depth %d: accepted %d bytes, want %d", MaxDepth+1, n, MaxDepth)
 	}
-	ws := "{" + strings.Repeat(" ", MaxWhitespace) + "}"
-	if n, ok := feedAll(true, ws); n != len(ws) || !ok {
-		t.Fatalf("%d spaces: accepted %d of %d bytes", MaxWhitespace, n, len(ws))
+	// Between tokens: one space, or one newline and indentation.
+	for _, c := range []struct {
+		text     string
+		accepted int
+	}{
+		{"{ }", 3},
+		{"{  }", 2},
+		{"{\t}", 3},
+		{"{\n    }", 7},
+		{"{\n         }", 10}, // indentation inside one object: at most (1+1)·4 = 8 bytes
+		{"{\r\n}", 4},
+		{"{\n\r}", 2},
+		{"{ \n  }", 6},
+		{"{\n  \n", 4}, // a blank line
+		{"{\n  \"a\": [\n        1\n    ]\n}\n", 29},
+	} {
+		if n, _ := feedAll(true, c.text); n != c.accepted {
+			t.Errorf("%q: accepted %d bytes, want %d", c.text, n, c.accepted)
+		}
 	}
-	if n, _ := feedAll(true, "{"+strings.Repeat(" ", MaxWhitespace+1)); n != MaxWhitespace+1 {
-		t.Fatalf("%d spaces: accepted %d bytes, want %d", MaxWhitespace+1, n, MaxWhitespace+1)
-	}
-	// One newline a run: pretty printing passes, blank lines do not.
 	pretty := "{\n  \"a\": [\n    1,\n    2\n  ]\r\n}\n"
 	if n, ok := feedAll(true, pretty); n != len(pretty) || !ok {
 		t.Fatalf("pretty-printed: accepted %d of %d bytes", n, len(pretty))
 	}
-	if n, _ := feedAll(true, "{\n  \n"); n != 4 {
-		t.Fatalf("a blank line: accepted %d bytes, want 4", n)
-	}
 	// Whitespace inside strings does not count.
-	s := `{"a": "` + strings.Repeat(" ", 3*MaxWhitespace) + `"}`
+	s := `{"a": "` + strings.Repeat(" ", 100) + `"}`
 	if n, ok := feedAll(true, s); n != len(s) || !ok {
 		t.Fatalf("spaces in a string: accepted %d of %d bytes", n, len(s))
 	}
@@ -178,10 +187,11 @@ func FuzzJSON(f *testing.F) {
 	})
 }
 
-// withinLimits reports whether a valid JSON text stays within MaxDepth,
-// MaxWhitespace and one newline a whitespace run (outside strings).
+// withinLimits reports whether a valid JSON text stays within MaxDepth and
+// the whitespace rule (outside strings: one space, or one newline after at
+// most one byte and then IndentPerLevel·(depth+1) bytes).
 func withinLimits(s string) bool {
-	depth, ws, inStr, esc, nl := 0, 0, false, false, false
+	depth, n, inStr, esc, nl := 0, 0, false, false, false
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if inStr {
@@ -196,18 +206,23 @@ func withinLimits(s string) bool {
 			continue
 		}
 		if isSpace(c) {
-			if c == '\n' {
+			switch {
+			case c == '\n':
 				if nl {
 					return false
 				}
-				nl = true
-			}
-			if ws++; ws > MaxWhitespace {
+				nl, n = true, 0
+			case c == '\r' && nl:
 				return false
+			default:
+				n++
+				if (nl && n > IndentPerLevel*(depth+1)) || (!nl && n > 1) {
+					return false
+				}
 			}
 			continue
 		}
-		ws, nl = 0, false
+		n, nl = 0, false
 		switch c {
 		case '"':
 			inStr = true

@@ -228,7 +228,7 @@ func instance(r *rand.Rand, s *Schema, depth int) string {
 		for i := range parts {
 			parts[i] = instance(r, s.items, depth+1)
 		}
-		return "[" + ws() + strings.Join(parts, ","+ws()) + ws() + "]"
+		return "[" + ws() + strings.Join(parts, ","+ws()) + "]"
 	case kString:
 		b, _ := json.Marshal([]string{"", "a b", "Zoë", "line\nbreak", "q\"uote", "☃🙂"}[r.IntN(6)])
 		return string(b)

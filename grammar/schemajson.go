@@ -126,7 +126,7 @@ func (j *SchemaJSON) space(c byte) bool {
 	if j.compact && (c != ' ' || j.ws.n > 0) {
 		return false
 	}
-	return j.ws.take(c)
+	return j.ws.take(c, len(j.stack))
 }
 
 func (j *SchemaJSON) push(s *Schema, st uint8) bool {
