@@ -37,7 +37,7 @@ type fake struct {
 	promptWords []int // per request, as the server counted them
 	maxTokens   []int
 	models      []string
-	sampling    []string // per request: its temperature, top_p and top_k fields as sent ("-": absent)
+	sampling    []string // per request: its temperature, top_p, top_k and response_format fields as sent ("-": absent)
 }
 
 func (f *fake) start(t testing.TB) *httptest.Server {
@@ -85,9 +85,12 @@ func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		StreamOptions *struct {
 			IncludeUsage bool `json:"include_usage"`
 		} `json:"stream_options"`
-		Temperature *float64 `json:"temperature"`
-		TopP        *float64 `json:"top_p"`
-		TopK        *int     `json:"top_k"`
+		Temperature    *float64 `json:"temperature"`
+		TopP           *float64 `json:"top_p"`
+		TopK           *int     `json:"top_k"`
+		ResponseFormat *struct {
+			Type string `json:"type"`
+		} `json:"response_format"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
 		httpError(w, "bad body: "+err.Error(), http.StatusBadRequest)
@@ -112,8 +115,11 @@ func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case !body.Stream:
 		httpError(w, "stream must be true", http.StatusBadRequest)
 		return
-	case body.IgnoreEOS == nil || !*body.IgnoreEOS:
+	case body.ResponseFormat == nil && (body.IgnoreEOS == nil || !*body.IgnoreEOS):
 		httpError(w, "ignore_eos must be true", http.StatusBadRequest)
+		return
+	case body.ResponseFormat != nil && (body.ResponseFormat.Type != "json_object" || body.IgnoreEOS != nil):
+		httpError(w, "response_format json_object, without ignore_eos", http.StatusBadRequest)
 		return
 	case body.StreamOptions == nil || !body.StreamOptions.IncludeUsage:
 		httpError(w, "stream_options.include_usage must be true", http.StatusBadRequest)
@@ -135,7 +141,7 @@ func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	f.sampling = append(f.sampling, strings.Join([]string{
 		field(deref(body.Temperature), body.Temperature != nil), field(deref(body.TopP), body.TopP != nil),
-		field(deref(body.TopK), body.TopK != nil)}, " "))
+		field(deref(body.TopK), body.TopK != nil), field("json", body.ResponseFormat != nil)}, " "))
 	f.mu.Unlock()
 
 	if f.status != nil {

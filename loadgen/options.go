@@ -46,6 +46,12 @@ type Options struct {
 	Temperature *float64 // [0, 2]
 	TopP        *float64 // (0, 1]
 	TopK        *int     // >= 0 (0: off)
+
+	// JSONObject sends response_format {"type": "json_object"} (and no
+	// ignore_eos: a constrained choice ends when its object closes, so
+	// OutputLen is then an upper bound): the cost of constrained decoding
+	// against the same load without it.
+	JSONObject bool
 }
 
 // DistKind names a length distribution.

@@ -237,6 +237,10 @@ func requestBody(o *Options, r *request) ([]byte, error) {
 		"stream_options": map[string]any{"include_usage": true},
 		"ignore_eos":     true,
 	}
+	if o.JSONObject {
+		delete(m, "ignore_eos")
+		m["response_format"] = map[string]string{"type": "json_object"}
+	}
 	if o.Model != "" {
 		m["model"] = o.Model
 	}

@@ -99,9 +99,10 @@ func TestRunSampling(t *testing.T) {
 		set      func(o *Options)
 		want     string
 	}{
-		{"none", EndpointCompletions, func(o *Options) {}, "- - -"},
-		{"all", EndpointCompletions, func(o *Options) { o.Temperature, o.TopP, o.TopK = &temp, &topP, &topK }, "0.6 0.95 20"},
-		{"chat top-p", EndpointChat, func(o *Options) { o.TopP = &topP }, "- 0.95 -"},
+		{"none", EndpointCompletions, func(o *Options) {}, "- - - -"},
+		{"all", EndpointCompletions, func(o *Options) { o.Temperature, o.TopP, o.TopK = &temp, &topP, &topK }, "0.6 0.95 20 -"},
+		{"chat top-p", EndpointChat, func(o *Options) { o.TopP = &topP }, "- 0.95 - -"},
+		{"json object", EndpointChat, func(o *Options) { o.JSONObject = true }, "- - - json"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fake{}

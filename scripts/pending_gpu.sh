@@ -28,6 +28,10 @@
 # twenty-ninth pass only those rows' logits come back (backend Rows) while
 # the others stay on the device sampler (engine.mixedPicks) — written
 # without a GPU, so this is its first run there.
+# Then what constrained decoding costs on the GPU: `bench serve` against
+# `serve --backend cuda --precision fast` on the default model, plain and
+# with --json-object (rows with a grammar sample on the host, only their
+# logits rows copied back; the others stay on the device sampler).
 # Then `bench ring --repeat 6 --spacer-mb 40`: the same ring measured six
 # times in one process, each time with its buffers 40 MB further on (a
 # spacer allocated first). The ring's 16k timings have been bimodal from
@@ -64,6 +68,11 @@ for r in 1 2 3; do
 done
 (cd cmd/mkserve && MKSERVE_TEST_BACKEND=cuda timeout 120 ../../.dev/mkserve.test -test.v -test.count=1 -test.timeout 115s \
 	-test.run '^TestServeEndToEnd$' >"$OUT/serve_mixed.log" 2>&1; echo "serving, mixed host/device sampling on cuda: rc=$? $(tail -1 "$OUT/serve_mixed.log")")
+for b in "" "--json-object"; do
+	echo "== bench serve on cuda, fast, BENCH_ARGS='$b' (t=${SECONDS}s)"
+	BENCH_ARGS="$b" timeout 150 bash scripts/bench_serve_gpu.sh .dev/mkserve fast 2>&1 |
+		grep -oE '"(completed|failed|output_token_throughput|request_throughput)":[^,}]*' | paste -sd' '
+done
 echo "== placement: --repeat 6 --spacer-mb 40 (t=${SECONDS}s)"
 timeout 120 .dev/mkserve bench ring --seq 16384 --ranks 2,8 --heads 32 --kv-heads 8 --head-dim 128 --causal --iters 5 \
 	--repeat 6 --spacer-mb 40 --json 2>&1 | python3 -c 'import json,sys

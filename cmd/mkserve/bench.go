@@ -65,6 +65,7 @@ func benchServe(args []string, stdout io.Writer) error {
 	temp := fs.Float64("temperature", -1, "sampling temperature sent with every request (unset: the server's default)")
 	topP := fs.Float64("top-p", -1, "top-p sent with every request (unset: the server's default)")
 	topK := fs.Int("top-k", -1, "top-k sent with every request (0: off; unset: the server's default)")
+	fs.BoolVar(&o.JSONObject, "json-object", false, "send response_format json_object (without ignore_eos: the output length is then an upper bound)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
