@@ -128,6 +128,9 @@ func New(m models.Model, be backend.Backend, tok Detokenizer, cfg Config, o Opti
 	}
 	if tb, ok := tok.(TokenByter); ok && tb.HasTokenBytes() {
 		e.tokBytes = tb.TokenBytes
+		// Build the table now, off the step loop: the first constrained
+		// request would otherwise stall a step while it is made.
+		go tb.TokenBytes(0)
 	}
 	e.stats.Store(&Stats{BlocksFree: numBlocks})
 	go e.loop()
