@@ -59,9 +59,13 @@ const (
 	maxOptRun = 63
 )
 
-// annotations are keywords that do not constrain the value.
+// annotations are keywords that do not constrain the value. "format" is
+// one too: JSON Schema (2019-09 on) makes it an annotation unless the
+// format-assertion vocabulary is on, so a date-time or an email is
+// generated as a plain string.
 var annotations = map[string]bool{"title": true, "description": true, "$schema": true, "$id": true, "$comment": true,
-	"examples": true, "default": true, "strict": true, "$defs": true, "definitions": true}
+	"examples": true, "default": true, "strict": true, "$defs": true, "definitions": true, "format": true,
+	"readOnly": true, "writeOnly": true, "deprecated": true}
 
 // CompileSchema compiles a JSON Schema (the subset Schema describes; the
 // top level must be an object) or says which part it does not support.
@@ -172,7 +176,7 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 	for _, k := range o.keys {
 		switch k {
 		case "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref",
-			"minItems", "maxItems", "minLength", "maxLength":
+			"minItems", "maxItems", "minLength", "maxLength", "nullable":
 		default:
 			if !annotations[k] {
 				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, const, anyOf, oneOf, $ref)", at, k)
@@ -220,6 +224,9 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 		if s.kinds&kArray != 0 && s.kinds != kArray|s.kinds&kNull {
 			return nil, fmt.Errorf("%s.type: an array can only be unioned with null here (anyOf takes more)", at)
 		}
+	}
+	if m["nullable"] == true && s.kinds != 0 { // OpenAPI's nullable: null too
+		s.kinds |= kNull
 	}
 	if e, ok := m["enum"]; ok {
 		list, ok := e.([]any)

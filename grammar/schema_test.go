@@ -518,3 +518,11 @@ func TestSchemaMap(t *testing.T) {
 		t.Error("properties beside a map schema compiled")
 	}
 }
+
+func TestSchemaAnnotations(t *testing.T) {
+	s := mustSchema(t, `{"type": "object", "properties": {"when": {"type": "string", "format": "date-time", "readOnly": true},
+		"n": {"type": "integer", "nullable": true}}, "required": ["when", "n"]}`)
+	checkText(t, s, `{"when": "not a date, still a string", "n": null}`, -1, true)
+	checkText(t, s, `{"when": "x", "n": 3}`, -1, true)
+	checkText(t, s, `{"when": 1`, 9, false)
+}
