@@ -179,7 +179,7 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 			"minItems", "maxItems", "minLength", "maxLength", "nullable":
 		default:
 			if !annotations[k] {
-				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, const, anyOf, oneOf, $ref)", at, k)
+				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, nullable, enum, const, anyOf, oneOf, $ref; annotations such as format are ignored)", at, k)
 			}
 		}
 	}
