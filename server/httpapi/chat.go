@@ -110,7 +110,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 			}
 		}
 		var streams []toolStream // function calling: content held back where a call may start
-		if ts != nil && ts.parse {
+		if ts != nil {
 			streams = make([]toolStream, sp.N)
 			for i := range streams {
 				streams[i].f = ts.f
@@ -195,7 +195,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		content := texts[i].String()
 		msg := chatMessageJS{Role: "assistant", Content: &content}
 		reason := k.finishes[i]
-		if ts != nil && ts.parse {
+		if ts != nil {
 			if rest, calls := ts.calls(content); calls != nil {
 				msg.ToolCalls = calls
 				msg.Content = nil

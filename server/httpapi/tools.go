@@ -97,13 +97,13 @@ type toolDef struct {
 	} `json:"function"`
 }
 
-// toolSetup is a chat request's function calling: the tools as given (for
-// the template) and whether calls are parsed from the output.
+// toolSetup is a chat request's function calling (tool_choice auto,
+// required or named): the tools as given (for the template), and how calls
+// are read back from the output.
 type toolSetup struct {
-	raw   []json.RawMessage
-	parse bool        // tool_choice auto, required or named: read calls from the text
-	one   bool        // parallel_tool_calls false: keep the first call only
-	f     *toolFormat // the template's format
+	raw []json.RawMessage
+	one bool        // parallel_tool_calls false: keep the first call only
+	f   *toolFormat // the template's format
 }
 
 // calls splits a choice's text into content and calls (parallel_tool_calls
@@ -194,7 +194,7 @@ func (s *Server) tools(r *chatRequest, sp *engine.SamplingParams) (*toolSetup, *
 			return grammar.NewWrapped([]byte(prefix), schema, []byte(suffix))
 		}
 	}
-	return &toolSetup{raw: raw, parse: true, one: r.ParallelToolCalls != nil && !*r.ParallelToolCalls, f: f}, nil
+	return &toolSetup{raw: raw, one: r.ParallelToolCalls != nil && !*r.ParallelToolCalls, f: f}, nil
 }
 
 // toolChoice reads tool_choice: "none", "auto", "required", or a named
