@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 )
 
@@ -24,6 +25,8 @@ type Schema struct {
 	kinds uint8      // allowed types (kObject…); 0 with enum or alts
 	minN  int        // array: items at least (minItems); string: characters at least (minLength)
 	maxN  int        // the same at most (maxItems / maxLength); -1: no bound
+	ilo   int64      // integer: the least value (minimum, exclusiveMinimum); math.MinInt64: none
+	ihi   int64      // integer: the greatest (maximum, exclusiveMaximum); math.MaxInt64: none
 	props []prop     // object: every property, in order
 	items *Schema    // array: each item
 	enum  [][]byte   // the allowed values, JSON-encoded (enum / const)
@@ -176,10 +179,11 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 	for _, k := range o.keys {
 		switch k {
 		case "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref",
-			"minItems", "maxItems", "minLength", "maxLength", "nullable":
+			"minItems", "maxItems", "minLength", "maxLength", "nullable",
+			"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum":
 		default:
 			if !annotations[k] {
-				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, nullable, enum, const, anyOf, oneOf, $ref; annotations such as format are ignored)", at, k)
+				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, minimum / maximum and their exclusive forms on integers, nullable, enum, const, anyOf, oneOf, $ref; annotations such as format are ignored)", at, k)
 			}
 		}
 	}
@@ -267,6 +271,9 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 		}
 	} else if _, ok := m["properties"]; ok {
 		return nil, fmt.Errorf("%s.properties: only for type object", at)
+	}
+	if err := s.intBounds(m, at); err != nil {
+		return nil, err
 	}
 	s.maxN = -1
 	for _, b := range []struct {
@@ -476,3 +483,74 @@ func literal(x any) ([]byte, error) {
 
 // hasKind reports whether kinds allows k.
 func hasKind(kinds, k uint8) bool { return kinds&k != 0 }
+
+// intBounds reads minimum, maximum, exclusiveMinimum and exclusiveMaximum
+// (JSON Schema 2019 on: numbers) of an integer schema into ilo / ihi.
+func (s *Schema) intBounds(m map[string]any, at string) error {
+	s.ilo, s.ihi = math.MinInt64, math.MaxInt64
+	for _, k := range []string{"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} {
+		v, ok := m[k]
+		if !ok {
+			continue
+		}
+		if s.kinds&^kNull != kInteger {
+			return fmt.Errorf("%s.%s: bounds are supported on integers only", at, k)
+		}
+		num, _ := v.(json.Number)
+		f, err := num.Float64()
+		if err != nil || math.Abs(f) > 1e18 {
+			return fmt.Errorf("%s.%s: must be a number within ±1e18", at, k)
+		}
+		switch k {
+		case "minimum":
+			s.ilo = max(s.ilo, int64(math.Ceil(f)))
+		case "exclusiveMinimum":
+			s.ilo = max(s.ilo, int64(math.Floor(f))+1)
+		case "maximum":
+			s.ihi = min(s.ihi, int64(math.Floor(f)))
+		case "exclusiveMaximum":
+			s.ihi = min(s.ihi, int64(math.Ceil(f))-1)
+		}
+	}
+	if s.ilo > s.ihi {
+		return fmt.Errorf("%s: no integer lies within the bounds", at)
+	}
+	return nil
+}
+
+// bounded reports whether an integer schema has bounds.
+func (s *Schema) bounded() bool { return s.ilo != math.MinInt64 || s.ihi != math.MaxInt64 }
+
+// intFeasible reports whether an integer whose decimal form starts with
+// the prefix (neg: a minus sign; v: the value of digits digits, 0 for none)
+// can lie in [ilo, ihi] — exact (no more digits) when done.
+func (s *Schema) intFeasible(neg bool, v int64, digits int, done bool) bool {
+	if done {
+		if neg {
+			v = -v
+		}
+		return digits > 0 && v >= s.ilo && v <= s.ihi
+	}
+	if digits == 0 { // a sign alone: any negative number in range?
+		return neg && s.ilo <= -1
+	}
+	if v == 0 { // "0" or "-0" cannot grow
+		return s.ilo <= 0 && s.ihi >= 0
+	}
+	// Completions: v·10^j + r, 0 ≤ r < 10^j, for j = 0, 1, … (within int64).
+	lo, span := v, int64(1)
+	for j := 0; j <= 18 && lo <= math.MaxInt64/10; j++ {
+		a, b := lo, lo+span-1
+		if neg {
+			a, b = -b, -a
+		}
+		if b >= s.ilo && a <= s.ihi {
+			return true
+		}
+		if (!neg && a > s.ihi) || (neg && b < s.ilo) {
+			return false // growing only moves further out
+		}
+		lo, span = lo*10, span*10
+	}
+	return false
+}

@@ -526,3 +526,64 @@ func TestSchemaAnnotations(t *testing.T) {
 	checkText(t, s, `{"when": "x", "n": 3}`, -1, true)
 	checkText(t, s, `{"when": 1`, 9, false)
 }
+
+func TestSchemaIntBounds(t *testing.T) {
+	s := mustSchema(t, `{"type": "object", "properties": {"age": {"type": "integer", "minimum": 18, "maximum": 120},
+		"t": {"type": ["integer", "null"], "exclusiveMinimum": -5, "exclusiveMaximum": 0}}, "required": ["age", "t"]}`)
+	for _, c := range []struct {
+		text     string
+		accepted int
+		complete bool
+	}{
+		{`{"age": 18, "t": -1}`, -1, true},
+		{`{"age": 120, "t": -4}`, -1, true},
+		{`{"age": 99, "t": null}`, -1, true},
+		{`{"age": 121`, 10, false}, // 12 can still become 120; 121 cannot fit
+		{`{"age": 9,`, 9, false},   // 9 could grow into 90–99, but it ends at 9
+		{`{"age": 0`, 8, false},
+		{`{"age": -`, 8, false},
+		{`{"age": 50, "t": 0`, 17, false},
+		{`{"age": 50, "t": -5`, 18, false},
+		{`{"age": 1200`, 11, false},
+	} {
+		checkText(t, s, c.text, c.accepted, c.complete)
+	}
+	for _, bad := range []string{
+		`{"type": "object", "properties": {"a": {"type": "number", "minimum": 1}}}`,
+		`{"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 4}}}`,
+		`{"type": "object", "properties": {"a": {"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2}}}`,
+		`{"type": "object", "properties": {"a": {"type": "integer", "maximum": 1e30}}}`,
+	} {
+		if _, err := CompileSchema([]byte(bad)); err == nil {
+			t.Errorf("%s compiled", bad)
+		}
+	}
+}
+
+// TestIntFeasibleExhaustive checks intFeasible against brute force over
+// every prefix of every integer in a window, for a few ranges.
+func TestIntFeasibleExhaustive(t *testing.T) {
+	for _, r := range [][2]int64{{18, 120}, {-42, -7}, {-3, 3}, {0, 0}, {5, 1500}, {-300, 299}} {
+		s := &Schema{kinds: kInteger, ilo: r[0], ihi: r[1]}
+		for x := int64(-3000); x <= 3000; x++ {
+			str := strconv.FormatInt(x, 10)
+			for k := 1; k <= len(str); k++ {
+				p := str[:k]
+				neg := strings.HasPrefix(p, "-")
+				digits := strings.TrimPrefix(p, "-")
+				v, _ := strconv.ParseInt("0"+digits, 10, 64)
+				got := s.intFeasible(neg, v, len(digits), false)
+				want := false // some integer in range whose text starts with p
+				for y := r[0]; y <= r[1]; y++ {
+					if strings.HasPrefix(strconv.FormatInt(y, 10), p) {
+						want = true
+						break
+					}
+				}
+				if got != want {
+					t.Fatalf("range %v, prefix %q: feasible %v, want %v", r, p, got, want)
+				}
+			}
+		}
+	}
+}

@@ -19,6 +19,10 @@ type SchemaJSON struct {
 	leafOn  bool
 	leafNum bool     // the leaf is a number (it ends at the first byte that is not part of it)
 	leafInt bool     // an integer: no fraction or exponent
+	leafB   *Schema  // a bounded integer leaf's schema (its minimum / maximum)
+	ineg    bool     // that integer's sign
+	ival    int64    // and its digits' value so far
+	idig    int      // and their count
 	leafS   *Schema  // the string leaf's schema (its length bounds)
 	leafKey bool     // the string leaf is a map's key
 	kh      uint64   // its FNV-1a hash so far
@@ -317,6 +321,10 @@ func (j *SchemaJSON) value(s *Schema, c byte) bool {
 		j.leafNum, j.leafS = false, nil
 	case (c == '-' || isDigit(c)) && hasKind(k, kNumber|kInteger):
 		j.leafNum, j.leafInt = true, !hasKind(k, kNumber)
+		j.leafB, j.ineg, j.ival, j.idig = nil, false, 0, 0
+		if j.leafInt && s.bounded() {
+			j.leafB = s
+		}
 	default:
 		return false
 	}
@@ -330,9 +338,22 @@ func (j *SchemaJSON) leafByte(c byte) bool {
 	if j.leafNum {
 		num := isDigit(c) || c == '-' || c == '+' || (!j.leafInt && (c == '.' || c == 'e' || c == 'E'))
 		if num {
+			if b := j.leafB; b != nil { // a bounded integer: every prefix must still fit
+				switch {
+				case c == '-':
+					j.ineg = true
+				case isDigit(c) && j.idig < 18:
+					j.ival, j.idig = j.ival*10+int64(c-'0'), j.idig+1
+				default:
+					return false
+				}
+				if !b.intFeasible(j.ineg, j.ival, j.idig, false) {
+					return false
+				}
+			}
 			return j.leaf.byte(c)
 		}
-		if !j.leaf.Complete() {
+		if !j.leaf.Complete() || (j.leafB != nil && !j.leafB.intFeasible(j.ineg, j.ival, j.idig, true)) {
 			return false
 		}
 		j.leafOn = false
