@@ -24,7 +24,7 @@ type SamplingParams struct {
 	Stop              []string // stop strings: never part of the returned text
 	StopTokenIDs      []int32  // extra stop tokens (kept out of the text too)
 	IgnoreEOS         bool     // keep going past the model's end-of-sequence tokens
-	MinTokens         int      // new tokens per choice before an end-of-sequence or stop token may come (vLLM's min_tokens)
+	MinTokens         int      // new tokens per choice before an end-of-sequence or stop token may come (vLLM's min_tokens; a Grammar's complete text ends the choice regardless)
 	Logprobs          bool     // return the chosen token's log-probability
 	TopLogprobs       int      // and this many alternatives (0–20)
 	// PromptLogprobs also returns the log-probability of each prompt token
