@@ -13,6 +13,7 @@ import (
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/grammar"
 	"github.com/mkserve/mkserve/metrics"
 )
 
@@ -110,7 +111,7 @@ func TestMixedSampling(t *testing.T) {
 	params := []engine.SamplingParams{
 		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true},
 		{MaxTokens: 7, Temperature: 0.9, TopP: 0.9, RepetitionPenalty: 1, Seed: &seed, IgnoreEOS: true},
-		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, Grammar: jsonObject},
+		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, Grammar: grammar.JSONObject},
 		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true, LogitBias: map[int32]float32{11: 3}},
 		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true},
 	}

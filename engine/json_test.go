@@ -44,13 +44,13 @@ func TestJSONConstrained(t *testing.T) {
 	// Greedy, pushed toward "{}" by logit_bias: "}" first is refused, so the
 	// text must be exactly {} and end there.
 	forced := collect(t, mustGen(t, e, prompt, engine.SamplingParams{MaxTokens: 8, TopP: 1, RepetitionPenalty: 1,
-		Grammar: jsonObject, LogitBias: map[int32]float32{open: 100, closeTok: 100}}))
+		Grammar: grammar.JSONObject, LogitBias: map[int32]float32{open: 100, closeTok: 100}}))
 	if forced.text[0] != "{}" || forced.reasons[0] != engine.FinishStop {
 		t.Errorf("biased toward {}: %q (%s), want \"{}\" (stop)", forced.text[0], forced.reasons[0])
 	}
 	check("forced", forced, 1)
 	// Unbiased, greedy and sampled (several choices, seeded).
-	greedy := collect(t, mustGen(t, e, prompt, engine.SamplingParams{MaxTokens: 40, TopP: 1, RepetitionPenalty: 1, Grammar: jsonObject}))
+	greedy := collect(t, mustGen(t, e, prompt, engine.SamplingParams{MaxTokens: 40, TopP: 1, RepetitionPenalty: 1, Grammar: grammar.JSONObject}))
 	check("greedy", greedy, 1)
 	t.Logf("greedy: %q (%s)", greedy.text[0], greedy.reasons[0])
 	if !strings.HasPrefix(greedy.text[0], "{") {
@@ -58,13 +58,13 @@ func TestJSONConstrained(t *testing.T) {
 	}
 	seed := uint64(7)
 	sampled := collect(t, mustGen(t, e, prompt, engine.SamplingParams{N: 4, MaxTokens: 40, Temperature: 1, TopP: 0.95,
-		TopK: 40, RepetitionPenalty: 1, Seed: &seed, Grammar: jsonObject}))
+		TopK: 40, RepetitionPenalty: 1, Seed: &seed, Grammar: grammar.JSONObject}))
 	check("sampled", sampled, 4)
 	for i := range 4 {
 		t.Logf("sampled %d: %q (%s)", i, sampled.text[i], sampled.reasons[i])
 	}
 	again := collect(t, mustGen(t, e, prompt, engine.SamplingParams{N: 4, MaxTokens: 40, Temperature: 1, TopP: 0.95,
-		TopK: 40, RepetitionPenalty: 1, Seed: &seed, Grammar: jsonObject}))
+		TopK: 40, RepetitionPenalty: 1, Seed: &seed, Grammar: grammar.JSONObject}))
 	for i := range 4 {
 		if again.text[i] != sampled.text[i] {
 			t.Errorf("seeded choice %d differs between runs: %q, %q", i, sampled.text[i], again.text[i])
@@ -75,7 +75,7 @@ func TestJSONConstrained(t *testing.T) {
 	}
 	// Refused: ignore_eos with json, and an engine without token bytes or EOS.
 	if _, err := e.Generate(context.Background(), &engine.Request{Prompt: prompt,
-		Sampling: engine.SamplingParams{MaxTokens: 4, Grammar: jsonObject, IgnoreEOS: true}}); err == nil || !strings.Contains(err.Error(), "ignore_eos") {
+		Sampling: engine.SamplingParams{MaxTokens: 4, Grammar: grammar.JSONObject, IgnoreEOS: true}}); err == nil || !strings.Contains(err.Error(), "ignore_eos") {
 		t.Errorf("json with ignore_eos: %v, want an error naming ignore_eos", err)
 	}
 	// Engines that cannot constrain: no EOS token, a tokenizer without bytes.
@@ -92,7 +92,7 @@ func TestJSONConstrained(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = e2.Generate(context.Background(), &engine.Request{Prompt: prompt, Sampling: engine.SamplingParams{MaxTokens: 4, Grammar: jsonObject}})
+		_, err = e2.Generate(context.Background(), &engine.Request{Prompt: prompt, Sampling: engine.SamplingParams{MaxTokens: 4, Grammar: grammar.JSONObject}})
 		if !errors.Is(err, engine.ErrGrammarUnsupported) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want ErrGrammarUnsupported naming %q", c.name, err, c.want)
 		}
@@ -126,8 +126,8 @@ func TestJSONSchemaConstrained(t *testing.T) {
 	}
 	seed := uint64(11)
 	for _, sp := range []engine.SamplingParams{
-		{MaxTokens: 48, TopP: 1, RepetitionPenalty: 1, Grammar: schemaOf(schema)},
-		{N: 3, MaxTokens: 48, Temperature: 1, TopP: 1, RepetitionPenalty: 1, Seed: &seed, Grammar: schemaOf(schema)},
+		{MaxTokens: 48, TopP: 1, RepetitionPenalty: 1, Grammar: schema.New},
+		{N: 3, MaxTokens: 48, Temperature: 1, TopP: 1, RepetitionPenalty: 1, Seed: &seed, Grammar: schema.New},
 	} {
 		r := collect(t, mustGen(t, e, prompt, sp))
 		for i := range sp.N {
@@ -191,12 +191,4 @@ func TestGrammarForcedCall(t *testing.T) {
 			t.Fatalf("stopped with %q, not a whole call", text)
 		}
 	}
-}
-
-// jsonObject is response_format json_object's grammar.
-func jsonObject() grammar.Validator { return grammar.NewJSON(true) }
-
-// schemaOf is response_format json_schema's grammar for s.
-func schemaOf(s *grammar.Schema) func() grammar.Validator {
-	return func() grammar.Validator { return grammar.NewSchemaJSON(s) }
 }

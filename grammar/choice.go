@@ -46,6 +46,10 @@ func NewChoice(opts []string) (*Choice, error) {
 // request: NewChoice once, Clone per use).
 func (c *Choice) Clone() *Choice { d := *c; return &d }
 
+// New is a fresh copy as a Validator: a grammar factory for
+// engine.SamplingParams.Grammar (the method value c.New).
+func (c *Choice) New() Validator { return c.Clone() }
+
 // Complete reports whether the text is one of the choices.
 func (c *Choice) Complete() bool {
 	for k, o := range c.opts {

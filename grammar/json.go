@@ -101,6 +101,10 @@ const (
 	stExpInt                  // in the exponent's digits
 )
 
+// JSONObject is a fresh validator of one JSON object (response_format
+// json_object): a grammar factory for engine.SamplingParams.Grammar.
+func JSONObject() Validator { return NewJSON(true) }
+
 // NewJSON returns a validator at the start of a JSON text; objectOnly
 // requires an object as the text's first byte.
 func NewJSON(objectOnly bool) *JSON {

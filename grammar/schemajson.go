@@ -63,6 +63,10 @@ const (
 	mAfter              // map, after a value: ',' or '}'
 )
 
+// New is a fresh validator of one object matching s: a grammar factory for
+// engine.SamplingParams.Grammar (the method value s.New).
+func (s *Schema) New() Validator { return NewSchemaJSON(s) }
+
 // NewSchemaJSON returns a validator at the start of a text that must be
 // one object matching s (from CompileSchema).
 func NewSchemaJSON(s *Schema) *SchemaJSON { return &SchemaJSON{root: s} }

@@ -125,9 +125,9 @@ func (s *Server) sampling(p *pb.SamplingParams, promptLen int) (engine.SamplingP
 		if err != nil {
 			return sp, fieldErr("json_schema", "%v", err)
 		}
-		sp.Grammar = func() grammar.Validator { return grammar.NewSchemaJSON(schema) }
+		sp.Grammar = schema.New
 	case p.JsonObject:
-		sp.Grammar = func() grammar.Validator { return grammar.NewJSON(true) }
+		sp.Grammar = grammar.JSONObject
 	}
 	if sp.TopK == -1 { // vLLM's "off"
 		sp.TopK = 0

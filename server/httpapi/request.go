@@ -423,7 +423,7 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 				return sp, invalid("response_format", "response_format %s cannot be used with ignore_eos (the choice ends when the object closes)", rf.Type)
 			}
 			if rf.Type == "json_object" {
-				sp.Grammar = func() grammar.Validator { return grammar.NewJSON(true) }
+				sp.Grammar = grammar.JSONObject
 				break
 			}
 			if rf.JSONSchema == nil || isNull(rf.JSONSchema.Schema) {
@@ -433,7 +433,7 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 			if err != nil {
 				return sp, invalid("response_format", "response_format json_schema: %v", err)
 			}
-			sp.Grammar = func() grammar.Validator { return grammar.NewSchemaJSON(s) }
+			sp.Grammar = s.New
 		default:
 			return sp, invalid("response_format", `response_format type must be "text", "json_object" or "json_schema", got %q`, rf.Type)
 		}
@@ -477,7 +477,7 @@ func (p *sampling) guided(sp *engine.SamplingParams) *apiError {
 		if err != nil {
 			return invalid(name, "guided_choice: %v", err)
 		}
-		sp.Grammar = func() grammar.Validator { return c.Clone() }
+		sp.Grammar = c.New
 		return nil
 	}
 	raw := []byte(p.GuidedJSON)
@@ -489,7 +489,7 @@ func (p *sampling) guided(sp *engine.SamplingParams) *apiError {
 	if err != nil {
 		return invalid(name, "guided_json: %v", err)
 	}
-	sp.Grammar = func() grammar.Validator { return grammar.NewSchemaJSON(schema) }
+	sp.Grammar = schema.New
 	return nil
 }
 
