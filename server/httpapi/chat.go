@@ -113,7 +113,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		if ts != nil {
 			streams = make([]toolStream, sp.N)
 			for i := range streams {
-				streams[i].f = ts.f
+				streams[i].ts = ts
 			}
 		}
 		usage, err := k.run(ctx, cancel, chans, sp.N, lens, func(i int, ev *engine.Event) error {
@@ -124,7 +124,6 @@ func (s *Server) chatCompletions(c *gin.Context) {
 				if reason != "" {
 					var rest string
 					rest, calls = streams[i].finish()
-					calls = ts.keep(calls)
 					text += rest
 					if calls != nil && reason == engine.FinishStop {
 						reason = finishToolCalls

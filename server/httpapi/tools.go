@@ -107,18 +107,13 @@ type toolSetup struct {
 }
 
 // calls splits a choice's text into content and calls (parallel_tool_calls
-// applied).
+// false: the first call only).
 func (ts *toolSetup) calls(text string) (string, []toolCallJS) {
 	content, calls := ts.f.parse(text)
-	return content, ts.keep(calls)
-}
-
-// keep applies parallel_tool_calls to a choice's calls.
-func (ts *toolSetup) keep(calls []toolCallJS) []toolCallJS {
 	if ts.one && len(calls) > 1 {
-		return calls[:1]
+		calls = calls[:1]
 	}
-	return calls
+	return content, calls
 }
 
 // tools validates tools and tool_choice and, for a forced call, sets the
@@ -407,7 +402,7 @@ func newCallID() string {
 // <tool_call> block; from the first block on, everything is held and
 // read at the end.
 type toolStream struct {
-	f       *toolFormat
+	ts      *toolSetup
 	all     strings.Builder // the whole text
 	pending string          // content not yet passed on
 	inCall  bool            // a block has started
@@ -421,7 +416,7 @@ func (t *toolStream) push(text string) string {
 		return ""
 	}
 	t.pending += text
-	open := t.f.open
+	open := t.ts.f.open
 	if i := strings.Index(t.pending, open); i >= 0 {
 		out := t.pending[:i]
 		t.inCall, t.pending = true, ""
@@ -441,16 +436,17 @@ func (t *toolStream) push(text string) string {
 	return out
 }
 
-// finish returns the content still to stream and the calls. Without calls
-// that is everything held back; with them, the content after the first
-// block (what the format's parse keeps beyond what was sent).
+// finish returns the content still to stream and the calls (as
+// toolSetup.calls gives them). Without calls that is everything held back;
+// with them, the content after the first block (what the parse keeps
+// beyond what was sent).
 func (t *toolStream) finish() (string, []toolCallJS) {
 	if !t.inCall {
 		out := t.pending
 		t.pending = ""
 		return out, nil
 	}
-	content, calls := t.f.parse(t.all.String())
+	content, calls := t.ts.calls(t.all.String())
 	if calls == nil {
 		return t.all.String()[t.sent:], nil
 	}

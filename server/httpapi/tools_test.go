@@ -69,7 +69,7 @@ func TestToolStream(t *testing.T) {
 	for _, tc := range texts {
 		text, f := tc.text, toolFormats[tc.format]
 		for range 50 {
-			ts := toolStream{f: f}
+			ts := toolStream{ts: &toolSetup{f: f}}
 			var streamed strings.Builder
 			for k := 0; k < len(text); {
 				end := min(k+1+r.IntN(7), len(text))
