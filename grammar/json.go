@@ -146,6 +146,27 @@ func (j *JSON) Accept(b []byte) bool {
 	return ok
 }
 
+// TokenClass is StringBody inside a string with nothing pending (Classer).
+func (j *JSON) TokenClass() TokenClass {
+	if j.st == stString {
+		return StringBody
+	}
+	return NoClass
+}
+
+// AcceptLen is the length of b's longest prefix that may come next
+// (len(b): all of it), leaving j unchanged (Prefixer).
+func (j *JSON) AcceptLen(b []byte) int {
+	t := *j
+	t.stack = append(j.scratch[:0], j.stack...)
+	n := 0
+	for n < len(b) && t.byte(b[n]) {
+		n++
+	}
+	j.scratch = t.stack[:0]
+	return n
+}
+
 // Advance appends b, which must be accepted; it reports whether it was
 // (j is unchanged when it was not).
 func (j *JSON) Advance(b []byte) bool {

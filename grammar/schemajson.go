@@ -118,6 +118,27 @@ func (j *SchemaJSON) Accept(b []byte) bool {
 	return ok
 }
 
+// TokenClass is StringBody inside a string leaf with nothing pending and
+// no maximum length (Classer).
+func (j *SchemaJSON) TokenClass() TokenClass {
+	if j.leafOn && !j.leafNum && j.enum == nil && j.leaf.st == stString && (j.leafS == nil || j.leafS.maxN < 0) {
+		return StringBody
+	}
+	return NoClass
+}
+
+// AcceptLen is the length of b's longest prefix that may come next
+// (len(b): all of it), leaving j unchanged (Prefixer).
+func (j *SchemaJSON) AcceptLen(b []byte) int {
+	t := j.scratchCopy()
+	n := 0
+	for n < len(b) && t.byte(b[n]) {
+		n++
+	}
+	j.keep(&t)
+	return n
+}
+
 // Advance appends b if it is accepted and reports whether it was.
 func (j *SchemaJSON) Advance(b []byte) bool {
 	if !j.Accept(b) {
@@ -478,6 +499,15 @@ func NewWrapped(prefix []byte, schema *Schema, suffix []byte) *Wrapped {
 
 // Complete reports whether the suffix has been written.
 func (w *Wrapped) Complete() bool { return w.s == len(w.suffix) && w.inner.Complete() }
+
+// TokenClass is the object's, once the prefix is written and until the
+// object is complete (Classer).
+func (w *Wrapped) TokenClass() TokenClass {
+	if w.p == len(w.prefix) && !w.inner.Complete() {
+		return w.inner.TokenClass()
+	}
+	return NoClass
+}
 
 // Accept reports whether b may come next, leaving w unchanged.
 func (w *Wrapped) Accept(b []byte) bool {

@@ -1,0 +1,225 @@
+package grammar
+
+import (
+	"bytes"
+	"math/bits"
+	"slices"
+	"sync"
+	"unicode/utf8"
+)
+
+// Token masks: which tokens of a vocabulary a Validator accepts next, as a
+// bitmask the sampler applies to the logits (on the host, or on the device
+// before its sampling kernels) — the whole vocabulary is checked every
+// step, so a constrained draw is exactly a draw from the model's
+// distribution restricted to the acceptable tokens.
+
+// Prefixer is a Validator that says where it refuses: AcceptLen(b) is the
+// length of b's longest prefix that may come next (len(b) when all of b
+// may), leaving the validator unchanged. Vocab.Mask uses it to skip every
+// token that extends a refused prefix; JSON and SchemaJSON are Prefixers.
+type Prefixer interface {
+	AcceptLen(b []byte) int
+}
+
+// TokenClass names a kind of validator state in which a fixed set of
+// tokens is sure to be accepted whatever the rest of the state, so a mask
+// starts from that set and checks only the other tokens (what xgrammar
+// calls context-independent tokens).
+type TokenClass uint8
+
+const (
+	// NoClass: every token is checked.
+	NoClass TokenClass = iota
+	// StringBody: inside a JSON string, no escape or UTF-8 character
+	// pending and no length limit: a token of plain string characters
+	// (bytes 0x20–0x7F other than '"' and '\', and whole well-formed
+	// UTF-8 characters) is accepted.
+	StringBody
+	numClasses
+)
+
+// Classer is a Validator that names its state's TokenClass.
+type Classer interface {
+	TokenClass() TokenClass
+}
+
+var (
+	_ Prefixer = (*JSON)(nil)
+	_ Prefixer = (*SchemaJSON)(nil)
+	_ Classer  = (*JSON)(nil)
+	_ Classer  = (*SchemaJSON)(nil)
+	_ Classer  = (*Wrapped)(nil)
+)
+
+// inClass reports whether token bytes b are sure to be accepted in class c.
+func inClass(c TokenClass, b []byte) bool {
+	switch c {
+	case StringBody:
+		for i := 0; i < len(b); {
+			if b[i] < utf8.RuneSelf {
+				if b[i] < 0x20 || b[i] == '"' || b[i] == '\\' {
+					return false
+				}
+				i++
+				continue
+			}
+			r, n := utf8.DecodeRune(b[i:])
+			if r == utf8.RuneError && n <= 1 {
+				return false
+			}
+			i += n
+		}
+		return true
+	}
+	return false
+}
+
+// classSet is a TokenClass's sure tokens over a Vocab: their mask and
+// count, and the positions (in byte order) of the others.
+type classSet struct {
+	sure []uint64
+	n    int
+	rest []int32
+}
+
+// Vocab is a vocabulary arranged for masks: the tokens that have bytes,
+// sorted by them, each with the length of its common prefix with the one
+// before — so the tokens that extend a refused prefix are the run that
+// follows it. Safe for concurrent use once built.
+type Vocab struct {
+	size int      // tokens in the vocabulary (ids 0 … size−1)
+	ids  []int32  // tokens with bytes, in byte order
+	off  []uint32 // token i's bytes are data[off[i]:off[i+1]]
+	data []byte
+	lcp  []uint16 // lcp[i]: common prefix of tokens i−1 and i (capped at 65535)
+
+	classes [numClasses]struct {
+		once sync.Once
+		set  classSet
+	}
+}
+
+// class is c's sure set, built on first use.
+func (v *Vocab) class(c TokenClass) *classSet {
+	cl := &v.classes[c]
+	cl.once.Do(func() {
+		cl.set.sure = make([]uint64, v.MaskWords())
+		for i, id := range v.ids {
+			if inClass(c, v.data[v.off[i]:v.off[i+1]]) {
+				cl.set.sure[id>>6] |= 1 << (id & 63)
+				cl.set.n++
+			} else {
+				cl.set.rest = append(cl.set.rest, int32(i))
+			}
+		}
+	})
+	return &cl.set
+}
+
+// NewVocab arranges the size tokens whose bytes tokBytes gives (nil: a
+// token that has none, such as a special token; never accepted).
+func NewVocab(size int, tokBytes func(int32) []byte) *Vocab {
+	v := &Vocab{size: size}
+	for id := range int32(size) {
+		if len(tokBytes(id)) > 0 {
+			v.ids = append(v.ids, id)
+		}
+	}
+	slices.SortFunc(v.ids, func(a, b int32) int {
+		if c := bytes.Compare(tokBytes(a), tokBytes(b)); c != 0 {
+			return c
+		}
+		return int(a - b)
+	})
+	v.off = make([]uint32, 1, len(v.ids)+1)
+	v.lcp = make([]uint16, len(v.ids))
+	var prev []byte
+	for i, id := range v.ids {
+		b := tokBytes(id)
+		v.data = append(v.data, b...)
+		v.off = append(v.off, uint32(len(v.data)))
+		n := 0
+		for n < len(b) && n < len(prev) && b[n] == prev[n] && n < 65535 {
+			n++
+		}
+		v.lcp[i] = uint16(n)
+		prev = b
+	}
+	return v
+}
+
+// Size is the vocabulary's size (ids 0 … Size−1).
+func (v *Vocab) Size() int { return v.size }
+
+// MaskWords is the length of a mask over the vocabulary: one bit a token,
+// token t at bit t%64 of word t/64.
+func (v *Vocab) MaskWords() int { return (v.size + 63) / 64 }
+
+// Mask sets dst (at least MaskWords words) to the tokens g accepts next and
+// returns how many there are. In a TokenClass (Classer) it starts from the
+// class's sure tokens and checks the others one by one; otherwise it checks
+// the tokens in byte order, and with a Prefixer a refused token's whole run
+// of extensions is skipped unchecked (without one, the run that extends all
+// of a refused token's bytes).
+func (v *Vocab) Mask(g Validator, dst []uint64) int {
+	dst = dst[:v.MaskWords()]
+	if cg, ok := g.(Classer); ok {
+		if c := cg.TokenClass(); c != NoClass {
+			return v.classMask(g, v.class(c), dst)
+		}
+	}
+	clear(dst)
+	px, _ := g.(Prefixer)
+	n := 0
+	for i := 0; i < len(v.ids); {
+		b := v.data[v.off[i]:v.off[i+1]]
+		var k int // bytes of b accepted
+		if px != nil {
+			k = px.AcceptLen(b)
+		} else if g.Accept(b) {
+			k = len(b)
+		} else {
+			k = len(b) - 1 // refused somewhere: at worst at its last byte
+		}
+		if k == len(b) {
+			id := v.ids[i]
+			dst[id>>6] |= 1 << (id & 63)
+			n++
+			i++
+			continue
+		}
+		// b[:k+1] is refused, and so is every token that starts with it:
+		// the run after i whose common prefixes with their predecessors
+		// stay longer than k.
+		for i++; i < len(v.ids) && int(v.lcp[i]) > k; i++ {
+		}
+	}
+	return n
+}
+
+// classMask is Mask from class set cs.
+func (v *Vocab) classMask(g Validator, cs *classSet, dst []uint64) int {
+	copy(dst, cs.sure)
+	n := cs.n
+	for _, i := range cs.rest {
+		if g.Accept(v.data[v.off[i]:v.off[i+1]]) {
+			id := v.ids[i]
+			dst[id>>6] |= 1 << (id & 63)
+			n++
+		}
+	}
+	return n
+}
+
+// Count is the number of tokens set in mask.
+func Count(mask []uint64) int {
+	n := 0
+	for _, w := range mask {
+		n += bits.OnesCount64(w)
+	}
+	return n
+}
+
+// Allowed reports whether token t is set in mask.
+func Allowed(mask []uint64, t int32) bool { return mask[t>>6]&(1<<(t&63)) != 0 }
