@@ -165,9 +165,25 @@ type SampleRow struct {
 	U float64
 	// TopLogprobs > 0 returns that many alternatives (at most 20); the
 	// chosen token's log-probability is always returned. Log-probabilities
-	// are log-softmax of the raw logits (before penalties and temperature).
+	// are log-softmax of the raw logits (before penalties and temperature;
+	// after Allowed and the bias).
 	TopLogprobs int
+	// Allowed, when not nil, is a mask over the vocabulary (token t at bit
+	// t%64 of word t/64; ⌈V/64⌉ words): the tokens it clears are never
+	// picked (constrained decoding: the grammar's acceptable tokens). It
+	// allows at least one token.
+	Allowed []uint64
+	// BiasIDs and BiasVals add BiasVals[i] to the logit of token
+	// BiasIDs[i] (distinct ids; −Inf bans the token): OpenAI's logit_bias.
+	// Bias and Allowed apply first, before penalties and temperature; a row
+	// with either returns log-probabilities of the logits after them.
+	BiasIDs  []int32
+	BiasVals []float32
 }
+
+// Processed reports whether r changes logits before sampling (Allowed or
+// a bias).
+func (r *SampleRow) Processed() bool { return r.Allowed != nil || len(r.BiasIDs) > 0 }
 
 // SampleResult is the token a Sampler picked for one row.
 type SampleResult struct {

@@ -102,18 +102,30 @@ func TestDeviceSamplingMatchesHost(t *testing.T) {
 }
 
 // TestMixedSampling: in a batch where some requests need the host (a
-// grammar, logit_bias), the others still sample on the device — only the
-// host rows' logits come back — and every output equals the all-host run's.
+// grammar or logit_bias with log-probabilities), the others still sample
+// on the device — only the host rows' logits come back — and every output
+// equals the all-host run's. Without log-probabilities the grammar's,
+// bias's and min_tokens' rows sample on the device too (mask and bias with
+// the rows), with the same outputs.
 func TestMixedSampling(t *testing.T) {
+	t.Run("host rows", func(t *testing.T) { testMixedSampling(t, true) })
+	t.Run("all on the device", func(t *testing.T) { testMixedSampling(t, false) })
+}
+
+func testMixedSampling(t *testing.T, logprobs bool) {
 	f := load(t)
 	ds := &devSampler{Backend: f.be}
 	seed := uint64(5)
 	params := []engine.SamplingParams{
 		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true},
 		{MaxTokens: 7, Temperature: 0.9, TopP: 0.9, RepetitionPenalty: 1, Seed: &seed, IgnoreEOS: true},
-		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, Grammar: grammar.JSONObject},
-		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true, LogitBias: map[int32]float32{11: 3}},
+		{MaxTokens: 7, Temperature: 0.8, TopP: 1, RepetitionPenalty: 1, Seed: &seed, Grammar: grammar.JSONObject, Logprobs: logprobs},
+		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true, LogitBias: map[int32]float32{11: 3}, Logprobs: logprobs},
 		{MaxTokens: 7, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true},
+	}
+	if !logprobs {
+		params = append(params, engine.SamplingParams{MaxTokens: 7, MinTokens: 4, TopP: 1, RepetitionPenalty: 1,
+			LogitBias: map[int32]float32{2: 50}})
 	}
 	reg := prometheus.NewRegistry()
 	met := metrics.New(reg, "t")
@@ -148,16 +160,24 @@ func TestMixedSampling(t *testing.T) {
 		if !slices.Equal(mixRes[i].tokens[0], hostRes[i].tokens[0]) {
 			t.Errorf("request %d: mixed %v, host %v", i, mixRes[i].tokens[0], hostRes[i].tokens[0])
 		}
-		if p.Grammar == nil && len(p.LogitBias) == 0 {
+		if !p.Logprobs {
 			plain += int64(len(mixRes[i].tokens[0]))
 		}
 	}
 	if devRows != plain {
-		t.Errorf("the device sampled %d rows; the requests without a grammar or bias made %d tokens", devRows, plain)
+		t.Errorf("the device sampled %d rows; the requests without log-probabilities made %d tokens", devRows, plain)
 	}
-	hostMade := len(mixRes[2].tokens[0]) + len(mixRes[3].tokens[0])
+	hostMade := 0
+	if logprobs {
+		hostMade = len(mixRes[2].tokens[0]) + len(mixRes[3].tokens[0])
+	}
 	if got := gathered(t, reg, "mkserve:host_sampled_rows_total"); got != float64(hostMade) {
-		t.Errorf("host_sampled_rows_total %v, want %d (the grammar's and the bias's tokens)", got, hostMade)
+		t.Errorf("host_sampled_rows_total %v, want %d (the grammar's and the bias's tokens with log-probabilities)", got, hostMade)
+	}
+	if !logprobs {
+		if r := mixRes[5].tokens[0]; len(r) != 5 || r[4] != 2 {
+			t.Errorf("min_tokens 4 with EOS pushed up: %v, want 4 tokens then EOS 2", r)
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/grammar"
 	"github.com/mkserve/mkserve/metrics"
 	"github.com/mkserve/mkserve/models"
 )
@@ -39,6 +40,9 @@ type Engine struct {
 	// tokBytes gives each token's raw bytes (tok as a TokenByter that has
 	// them); nil: constrained requests are refused.
 	tokBytes func(int32) []byte
+	// gvocab is the vocabulary arranged for grammar masks, built once
+	// (off the step loop at start) when tokBytes is set.
+	gvocab   func() *grammar.Vocab
 	cfg      Config
 	opts     Options
 	vocab    int
@@ -128,9 +132,10 @@ func New(m models.Model, be backend.Backend, tok Detokenizer, cfg Config, o Opti
 	}
 	if tb, ok := tok.(TokenByter); ok && tb.HasTokenBytes() {
 		e.tokBytes = tb.TokenBytes
-		// Build the table now, off the step loop: the first constrained
-		// request would otherwise stall a step while it is made.
-		go tb.TokenBytes(0)
+		e.gvocab = sync.OnceValue(func() *grammar.Vocab { return grammar.NewVocab(e.vocab, tb.TokenBytes) })
+		// Build the tables now, off the step loop: the first constrained
+		// request would otherwise stall a step while they are made.
+		go e.gvocab()
 	}
 	e.stats.Store(&Stats{BlocksFree: numBlocks})
 	go e.loop()

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"math"
 	"math/rand/v2"
 
 	"github.com/mkserve/mkserve/backend"
@@ -29,6 +30,17 @@ func RefSample(logits []float32, r backend.SampleRow) backend.SampleResult {
 	}
 	for i, t := range r.Output {
 		s.counts[t] = int(r.Counts[i])
+	}
+	if r.Processed() { // the bias, then the mask, on a copy (backend.SampleRow's contract)
+		logits = append([]float32(nil), logits...)
+		for i, t := range r.BiasIDs {
+			logits[t] += r.BiasVals[i]
+		}
+		for t := range logits {
+			if r.Allowed != nil && r.Allowed[t>>6]&(1<<(t&63)) == 0 {
+				logits[t] = float32(math.Inf(-1))
+			}
+		}
 	}
 	tok, lp := s.sample(logits, func(int32) string { return "" })
 	out := backend.SampleResult{Token: tok, Logprob: lp.Logprob}

@@ -43,8 +43,15 @@ func TestLogitBias(t *testing.T) {
 	}
 	before = ds.rows.Load()
 	greedy(map[int32]float32{7: 1})
+	if ds.rows.Load()-before != 6 {
+		t.Errorf("%d of 6 tokens with logit_bias sampled on the device (the bias goes with the rows)", ds.rows.Load()-before)
+	}
+	// With log-probabilities (of the raw logits) the host samples.
+	before = ds.rows.Load()
+	collect(t, mustGen(t, e, prompt, engine.SamplingParams{MaxTokens: 6, IgnoreEOS: true, TopP: 1,
+		RepetitionPenalty: 1, LogitBias: map[int32]float32{7: 1}, Logprobs: true}))
 	if ds.rows.Load() != before {
-		t.Error("a request with logit_bias sampled on the device")
+		t.Error("a request with logit_bias and logprobs sampled on the device")
 	}
 	for _, bad := range []map[int32]float32{{3: 101}, {-1: 1}, {1 << 30: 1}} {
 		_, err := e.Generate(context.Background(), &engine.Request{Prompt: prompt,

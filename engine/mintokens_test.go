@@ -31,12 +31,18 @@ func TestMinTokens(t *testing.T) {
 	if len(r.tokens[0]) != 4 || r.tokens[0][3] != 42 || slices.Contains(r.tokens[0][:3], 42) {
 		t.Fatalf("min_tokens 3 with stop token 42: %v (%s)", r.tokens[0], r.reasons[0])
 	}
-	// Sampled on the host until min_tokens, on the device after.
+	// Sampled on the device (the ban goes with the rows), except with
+	// log-probabilities until min_tokens is reached.
 	seed := uint64(3)
 	before := ds.rows.Load()
 	r = run(engine.SamplingParams{MaxTokens: 6, MinTokens: 2, Temperature: 1, TopP: 1, RepetitionPenalty: 1, Seed: &seed, IgnoreEOS: true})
+	if got := ds.rows.Load() - before; got != int64(len(r.tokens[0])) {
+		t.Errorf("%d of %d tokens sampled on the device; want all", got, len(r.tokens[0]))
+	}
+	before = ds.rows.Load()
+	r = run(engine.SamplingParams{MaxTokens: 6, MinTokens: 2, Temperature: 1, TopP: 1, RepetitionPenalty: 1, Seed: &seed, Logprobs: true})
 	if got := ds.rows.Load() - before; got != int64(len(r.tokens[0])-2) {
-		t.Errorf("%d of %d tokens sampled on the device; want all but the first 2", got, len(r.tokens[0]))
+		t.Errorf("with logprobs, %d of %d tokens sampled on the device; want all but the first 2", got, len(r.tokens[0]))
 	}
 	if _, err := e.Generate(context.Background(), &engine.Request{Prompt: prompt, Sampling: engine.SamplingParams{MaxTokens: 2, MinTokens: 3}}); err == nil || !strings.Contains(err.Error(), "min_tokens") {
 		t.Errorf("min_tokens above max_tokens: %v", err)

@@ -32,7 +32,10 @@ import (
 //
 // Steps that need the previous tokens on the host run synchronously after
 // waiting for them: sampling with penalties (they read the output so far),
-// logit biases and forks (host sampling), and Config.SyncSteps.
+// forks and log-probabilities of changed logits (host sampling), and
+// Config.SyncSteps. Constrained rows (a grammar's mask) and min_tokens
+// (its ban) overlap too: their step resolves the previous one between its
+// forward launch and its sampling (overlapStep).
 
 // inflight is a launched step whose sampled tokens are still on the device.
 type inflight struct {
@@ -68,23 +71,13 @@ func (e *Engine) overlapSampler(plan []entry, devSampler backend.Sampler) backen
 }
 
 // overlapStep launches b's forward pass and its sampling without waiting
-// for the tokens, then resolves the previous overlapped step.
+// for the tokens, then resolves the previous overlapped step. When a row's
+// sampling depends on the previous tokens (needsResolved: a grammar's
+// mask, min_tokens' ban), the previous step is resolved between the
+// forward launch and the sampling's: the host delivers those tokens and
+// computes the masks while the GPU runs the forward pass.
 func (e *Engine) overlapStep(plan []entry, b *backend.Batch, as backend.AsyncSampler) {
 	_, logitsT, err := e.forward(b, false)
-	var pend backend.Pending
-	var picks []pick
-	if err == nil {
-		var rows []backend.SampleRow
-		for _, en := range plan {
-			if en.sample && !en.s.done {
-				picks = append(picks, pick{s: en.s})
-				rows = append(rows, en.s.sampler.row())
-			}
-		}
-		if len(rows) > 0 {
-			pend, err = recovered("device sampling", func() (backend.Pending, error) { return as.SampleAsync(logitsT, rows) })
-		}
-	}
 	if err != nil {
 		e.resolveInflight()
 		e.failStep(plan, "forward step failed", err, len(b.Tokens))
@@ -94,8 +87,45 @@ func (e *Engine) overlapStep(plan []entry, b *backend.Batch, as backend.AsyncSam
 		en.s.computed += en.n
 		e.commitBlocks(en.s)
 	}
+	prev := e.inflight
+	e.inflight = nil
+	resolved := false
+	for _, en := range plan {
+		if prev != nil && en.sample && en.s.needsResolved() {
+			e.resolve(prev)
+			resolved = true
+			break
+		}
+	}
+	var pend backend.Pending
+	var picks []pick
+	var rows []backend.SampleRow
+	for _, en := range plan {
+		if !en.sample {
+			continue
+		}
+		picks = append(picks, pick{s: en.s})
+		if en.s.done { // finished by the tokens just resolved: its row is sampled and dropped
+			rows = append(rows, backend.SampleRow{TopP: 1, RepetitionPenalty: 1})
+		} else {
+			rows = append(rows, en.s.sampler.row())
+		}
+	}
+	if len(rows) > 0 {
+		pend, err = recovered("device sampling", func() (backend.Pending, error) { return as.SampleAsync(logitsT, rows) })
+	}
+	if err != nil {
+		if !resolved && prev != nil {
+			e.resolve(prev)
+		}
+		e.failStep(plan, "device sampling failed", err, len(b.Tokens))
+		return
+	}
 	for i := range picks {
 		s := picks[i].s
+		if s.done {
+			continue
+		}
 		picks[i].pos = len(s.tokens)
 		s.tokens = append(s.tokens, 0) // placeholder until resolved
 		if s.pend == 0 {
@@ -103,8 +133,6 @@ func (e *Engine) overlapStep(plan []entry, b *backend.Batch, as backend.AsyncSam
 		}
 		s.fedRow = int32(i)
 	}
-	prev := e.inflight
-	e.inflight = nil
 	if len(picks) > 0 {
 		e.inflight = &inflight{picks: picks, pend: pend}
 	}
@@ -113,7 +141,9 @@ func (e *Engine) overlapStep(plan []entry, b *backend.Batch, as backend.AsyncSam
 		st.OverlappedSteps++
 		e.stats.Store(&st)
 		e.opts.Metrics.OverlappedStep()
-		e.resolve(prev)
+		if !resolved {
+			e.resolve(prev)
+		}
 	}
 	if e.rebal != nil || st.OverlappedSteps%overlapLoadEvery == 0 {
 		e.takeExpertLoad() // (the rebalancer counts steps in observations: every step)

@@ -123,15 +123,21 @@ type sampler struct {
 	counts map[int32]int  // output token → occurrences (presence/frequency)
 	seen   map[int32]bool // prompt and output tokens (repetition penalty)
 	// Constrained choices (SamplingParams.Grammar): the grammar's state,
-	// each token's bytes and the token that ends the text.
+	// each token's bytes, the vocabulary for its masks, the token that ends
+	// the text, and whether an emitted token was one the grammar refused
+	// (a device sampler that ignored the mask).
 	gram     grammar.Validator
 	tokBytes func(int32) []byte
+	gvocab   *grammar.Vocab
 	eos      int32
+	gramErr  bool
+	vocabN   int // logits a row (the model's vocabulary)
 	// MinTokens: the tokens banned until n reaches it (end-of-sequence and
 	// stop tokens), and n, the tokens emitted so far.
 	banned []int32
 	n      int
 	// scratch
+	mask  []uint64
 	work  []float32
 	order []int32
 	probs []float64
@@ -159,13 +165,74 @@ func (s *sampler) fork(index int, prompt []int32) *sampler {
 	return newSampler(s.p, index, prompt)
 }
 
-// observe records an emitted token for the penalties.
+// observe records an emitted token for the penalties, and advances the
+// grammar by it.
 func (s *sampler) observe(t int32) {
 	s.n++
 	s.counts[t]++
 	if s.seen != nil {
 		s.seen[t] = true
 	}
+	if s.gram != nil && t != s.eos && !s.gram.Advance(s.tokBytes(t)) {
+		s.gramErr = true
+	}
+}
+
+// allowed is the mask of the tokens a constrained choice may take next
+// (nil without a grammar): those whose bytes the grammar accepts; only the
+// end-of-sequence token once the text is complete, or when no token fits.
+func (s *sampler) allowed() []uint64 {
+	if s.gram == nil {
+		return nil
+	}
+	if s.mask == nil {
+		s.mask = make([]uint64, s.gvocab.MaskWords())
+	}
+	m := s.mask
+	if !s.gram.Complete() && s.gvocab.Mask(s.gram, m) > 0 {
+		m[s.eos>>6] &^= 1 << (s.eos & 63) // (an EOS with bytes still ends the text only when it is complete)
+		if grammar.Count(m) > 0 {
+			return m
+		}
+	}
+	clear(m)
+	m[s.eos>>6] |= 1 << (s.eos & 63)
+	return m
+}
+
+// banning reports whether min_tokens still bans the stop tokens.
+func (s *sampler) banning() bool { return s.n < s.p.MinTokens && len(s.banned) > 0 }
+
+// bias is the row's logit bias for a device sampler: logit_bias, and −Inf
+// on the tokens min_tokens still bans (ids sorted, distinct, in the
+// vocabulary).
+func (s *sampler) bias() (ids []int32, vals []float32) {
+	p := s.p
+	ban := s.banning()
+	if len(p.LogitBias) == 0 && !ban {
+		return nil, nil
+	}
+	for t := range p.LogitBias {
+		if int(t) < s.vocabN {
+			ids = append(ids, t)
+		}
+	}
+	if ban {
+		for _, t := range s.banned {
+			if int(t) < s.vocabN && !slices.Contains(ids, t) {
+				ids = append(ids, t)
+			}
+		}
+	}
+	slices.Sort(ids)
+	vals = make([]float32, len(ids))
+	for i, t := range ids {
+		vals[i] = p.LogitBias[t]
+		if ban && slices.Contains(s.banned, t) {
+			vals[i] = float32(math.Inf(-1))
+		}
+	}
+	return ids, vals
 }
 
 // sample picks the next token from logits [V] (not modified) and, when asked,
@@ -173,7 +240,7 @@ func (s *sampler) observe(t int32) {
 func (s *sampler) sample(logits []float32, decode func(int32) string) (int32, *Logprob) {
 	p := s.p
 	w := logits // read only below, unless a bias, penalty, ban or constraint applies to a copy
-	ban := s.n < p.MinTokens && len(s.banned) > 0
+	ban := s.banning()
 	if len(p.LogitBias) > 0 || s.seen != nil || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || s.gram != nil || ban {
 		w = append(s.work[:0], logits...)
 		s.work = w
@@ -205,12 +272,15 @@ func (s *sampler) sample(logits []float32, decode func(int32) string) (int32, *L
 			}
 		}
 	}
-	var tok int32
-	if s.gram != nil {
-		tok = s.constrained(w)
-	} else {
-		tok = s.pick(w)
+	if m := s.allowed(); m != nil {
+		ninf := float32(math.Inf(-1))
+		for t := range w {
+			if m[t>>6]&(1<<(t&63)) == 0 {
+				w[t] = ninf
+			}
+		}
 	}
+	tok := s.pick(w)
 	var lp *Logprob
 	if p.Logprobs {
 		lp = logprobOf(logits, tok, p.TopLogprobs, decode)
@@ -224,55 +294,6 @@ func (s *sampler) pick(w []float32) int32 {
 		return int32(Argmax(w))
 	}
 	return s.draw(w)
-}
-
-// maxRejects is how many sampled tokens constrained rejects one by one
-// before it checks the whole vocabulary.
-const maxRejects = 16
-
-// constrained picks the next token of a constrained choice from w (a copy
-// it changes) and advances the grammar by it: the end-of-sequence token
-// once the text is complete; else a pick whose bytes the grammar
-// accepts, rejected picks set to −inf and picked again (greedy: exactly the
-// best acceptable token; sampled: the distribution renormalised over what
-// is left, which differs from masking every unacceptable token first only
-// in where top-p / top-k / min-p cut). After maxRejects rejections every
-// token is checked; with none acceptable the choice ends (EOS) with the
-// text as it is.
-func (s *sampler) constrained(w []float32) int32 {
-	if s.gram.Complete() {
-		return s.eos
-	}
-	ninf := float32(math.Inf(-1))
-	accept := func(t int32) bool {
-		b := s.tokBytes(t)
-		return b != nil && s.gram.Accept(b)
-	}
-	for range maxRejects {
-		t := s.pick(w)
-		if math.IsInf(float64(w[t]), -1) {
-			break // nothing left to draw from
-		}
-		if accept(t) {
-			s.gram.Advance(s.tokBytes(t))
-			return t
-		}
-		w[t] = ninf
-	}
-	n := 0
-	for t := range w {
-		if w[t] != ninf && !accept(int32(t)) {
-			w[t] = ninf
-		} else if w[t] != ninf {
-			n++
-		}
-	}
-	if n == 0 {
-		return s.eos
-	}
-	t := s.pick(w)
-	s.gram.Advance(s.tokBytes(t))
-	return t
 }
 
 // row is the device-sampler request equivalent to sample's work, taking
@@ -306,6 +327,8 @@ func (s *sampler) row() backend.SampleRow {
 	if p.Logprobs {
 		r.TopLogprobs = p.TopLogprobs
 	}
+	r.Allowed = s.allowed()
+	r.BiasIDs, r.BiasVals = s.bias()
 	return r
 }
 

@@ -23,6 +23,7 @@ func (e *Engine) admitRequest(r *request) {
 func (e *Engine) newSequence(r *request, index int, tokens []int32) *sequence {
 	e.seqNum++
 	sm := newSampler(&r.r.Sampling, index, r.r.Prompt)
+	sm.vocabN = e.vocab
 	if p := &r.r.Sampling; p.MinTokens > 0 {
 		sm.banned = append(slices.Clone(p.StopTokenIDs), e.opts.EOS...)
 		if p.IgnoreEOS {
@@ -30,7 +31,7 @@ func (e *Engine) newSequence(r *request, index int, tokens []int32) *sequence {
 		}
 	}
 	if p := &r.r.Sampling; p.Grammar != nil { // admission checked that the tokenizer gives bytes and an EOS exists
-		sm.gram, sm.tokBytes, sm.eos = p.Grammar(), e.tokBytes, e.opts.EOS[0]
+		sm.gram, sm.tokBytes, sm.gvocab, sm.eos = p.Grammar(), e.tokBytes, e.gvocab(), e.opts.EOS[0]
 	}
 	return &sequence{
 		id: NewSeqID(), req: r, index: index, tokens: tokens, prompt: len(r.r.Prompt),
@@ -185,8 +186,8 @@ func (e *Engine) step() {
 		return
 	}
 	// Sample on the device when the backend can; rows that need the host
-	// (needsHost: a fork, logit_bias, a grammar) are sampled there from
-	// their own logits rows, the others stay on the device.
+	// (needsHost: a fork, log-probabilities of changed logits) are sampled
+	// there from their own logits rows, the others stay on the device.
 	devSampler, _ := e.be.(backend.Sampler)
 	if e.cfg.HostSampling {
 		devSampler = nil
@@ -492,11 +493,24 @@ func (s *sequence) wantsPromptLogprobs(n int) bool {
 
 // needsHost reports whether s's next sample, after n more tokens are
 // computed, must be taken on the host: it forks (the siblings are drawn
-// from the same host logits), or its request has a logit_bias, a grammar
-// or min_tokens not yet reached, which the device sampler does not take.
+// from the same host logits), or it asks for log-probabilities (of the
+// raw logits) while a logit_bias, a grammar or min_tokens changes its
+// logits — the device sampler would return those of the changed ones.
 func (s *sequence) needsHost(n int) bool {
-	p := &s.req.r.Sampling
-	return s.forksNow(n) || len(p.LogitBias) > 0 || s.sampler.gram != nil || s.sampler.n < p.MinTokens
+	return s.forksNow(n) || (s.req.r.Sampling.Logprobs && s.processed())
+}
+
+// processed reports whether s's logits change before sampling: a
+// logit_bias, a grammar, or min_tokens not yet reached.
+func (s *sequence) processed() bool {
+	return len(s.req.r.Sampling.LogitBias) > 0 || s.sampler.gram != nil || s.sampler.banning()
+}
+
+// needsResolved reports whether building s's next sampling row needs its
+// previous tokens on the host: its grammar's state (the mask), or
+// min_tokens' count (the ban).
+func (s *sequence) needsResolved() bool {
+	return s.sampler.gram != nil || s.req.r.Sampling.MinTokens > 0
 }
 
 // mixedPicks samples the picks (logits rows of logitsT in pick order) on

@@ -70,6 +70,18 @@ MK_API int32_t mk_sample_draw_f32(uint64_t stream, uint64_t out, uint64_t logits
 MK_API int64_t mk_sample_draw_work(int64_t rows, int64_t vocab, int64_t kmax);
 MK_API int32_t mk_sample_draw_kmax(int64_t vocab);
 
+/* mk_logits_process_f32 changes the logits of some rows of logits [rows,
+ * vocab] in place before sampling (constrained decoding, logit_bias): each
+ * listed row gets its bias added, then every token outside its mask set to
+ * -inf. proc (int32 words, device memory) holds nproc headers of 4 words,
+ * then the data they point at:
+ *   [0] row  [1] mask offset (words into proc; -1: no mask)
+ *   [2] bias offset: n_bias ids, then n_bias values (float bits)  [3] n_bias
+ * A mask is ceil(vocab/32) words, token t at bit t%32 of word t/32; bias
+ * ids are distinct and in [0, vocab). One launch. */
+MK_API int32_t mk_logits_process_f32(uint64_t stream, uint64_t logits, uint64_t proc, int64_t proc_words, int64_t nproc,
+                                     int64_t rows, int64_t vocab);
+
 #ifdef __cplusplus
 }
 #endif

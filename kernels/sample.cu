@@ -1527,3 +1527,47 @@ extern "C" MK_API int32_t mk_sample_f32(uint64_t stream, uint64_t out, uint64_t 
   MK_LAUNCHED("sample_rows");
   return MK_OK;
 }
+
+namespace {
+
+constexpr int PROC_CHUNK = 8192;  // tokens a CTA of logits_process covers
+constexpr int PROC_NT = 256;
+
+// logits_process: blockIdx.y a listed row, blockIdx.x a chunk of its
+// tokens. The bias goes first (each CTA adds the entries in its chunk),
+// then the mask; the barrier keeps a thread's bias add from racing another
+// thread's -inf on the same token.
+__global__ void __launch_bounds__(PROC_NT) logits_process(float* __restrict__ logits, int64_t vocab,
+                                                          const int32_t* __restrict__ proc) {
+  const int32_t* h = proc + 4 * blockIdx.y;
+  const int row = h[0], moff = h[1], boff = h[2], bn = h[3];
+  float* x = logits + (int64_t)row * vocab;
+  const int64_t lo = (int64_t)blockIdx.x * PROC_CHUNK, hi = min(lo + PROC_CHUNK, vocab);
+  for (int b = threadIdx.x; b < bn; b += PROC_NT) {
+    const int t = proc[boff + b];
+    if (t >= lo && t < hi) x[t] += __int_as_float(proc[boff + bn + b]);
+  }
+  __syncthreads();
+  if (moff < 0) return;
+  const uint32_t* m = reinterpret_cast<const uint32_t*>(proc + moff);
+  for (int64_t t = lo + threadIdx.x; t < hi; t += PROC_NT)
+    if (!((m[t >> 5] >> (t & 31)) & 1u)) x[t] = -INFINITY;
+}
+
+}  // namespace
+
+extern "C" MK_API int32_t mk_logits_process_f32(uint64_t stream, uint64_t logits, uint64_t proc, int64_t proc_words,
+                                                int64_t nproc, int64_t rows, int64_t vocab) {
+  MK_THREAD("mk_logits_process_f32");
+  MK_ARG(logits != 0 && proc != 0, "mk_logits_process_f32: null pointer");
+  MK_ARG(vocab >= 1 && vocab <= MAXV, "mk_logits_process_f32: vocab = %lld, want [1, %d]", (long long)vocab, MAXV);
+  MK_ARG(nproc >= 1 && nproc <= rows && nproc <= 65535, "mk_logits_process_f32: %lld rows listed of %lld (at most 65535)",
+         (long long)nproc, (long long)rows);
+  MK_ARG(proc_words >= 4 * nproc && proc_words <= 0x7fffffff, "mk_logits_process_f32: %lld words for %lld rows",
+         (long long)proc_words, (long long)nproc);
+  const unsigned chunks = (unsigned)((vocab + PROC_CHUNK - 1) / PROC_CHUNK);
+  logits_process<<<dim3(chunks, (unsigned)nproc), PROC_NT, 0, mk::as_stream(stream)>>>(mk::dev<float>(logits), vocab,
+                                                                                      mk::dev<const int32_t>(proc));
+  MK_LAUNCHED("logits_process");
+  return MK_OK;
+}

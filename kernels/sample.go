@@ -1,8 +1,10 @@
 package kernels
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 
 	"github.com/mkserve/mkserve/internal/logprob"
@@ -173,6 +175,9 @@ type SampleRow struct {
 	Counts            []int32
 	U                 float64
 	TopLogprobs       int
+	Allowed           []uint64
+	BiasIDs           []int32
+	BiasVals          []float32
 }
 
 // SampleOut is one row's result; its fields are those of
@@ -212,7 +217,39 @@ func (r *SampleRow) check(vocab int) error {
 	case r.TopLogprobs < 0 || r.TopLogprobs > SampleMaxTop:
 		return fmt.Errorf("top logprobs %d, want in [0, %d]", r.TopLogprobs, SampleMaxTop)
 	}
-	for _, l := range [][]int32{r.Seen, r.Output} {
+	if r.Allowed != nil {
+		if len(r.Allowed) != (vocab+63)/64 {
+			return fmt.Errorf("a mask of %d words for vocabulary %d (want %d)", len(r.Allowed), vocab, (vocab+63)/64)
+		}
+		any := false
+		for i, w := range r.Allowed {
+			if i == len(r.Allowed)-1 && vocab%64 != 0 {
+				w &= 1<<(vocab%64) - 1
+			}
+			any = any || w != 0
+		}
+		if !any {
+			return errors.New("a mask that allows no token")
+		}
+	}
+	if len(r.BiasVals) != len(r.BiasIDs) {
+		return fmt.Errorf("%d bias values for %d ids", len(r.BiasVals), len(r.BiasIDs))
+	}
+	if len(r.BiasIDs) > 1 {
+		ids := slices.Clone(r.BiasIDs)
+		slices.Sort(ids)
+		for i := 1; i < len(ids); i++ {
+			if ids[i] == ids[i-1] {
+				return fmt.Errorf("bias token id %d twice", ids[i])
+			}
+		}
+	}
+	for _, v := range r.BiasVals {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 1) {
+			return fmt.Errorf("bias %v, want finite or -Inf", v)
+		}
+	}
+	for _, l := range [][]int32{r.Seen, r.Output, r.BiasIDs} {
 		for _, t := range l {
 			if t < 0 || int(t) >= vocab {
 				return fmt.Errorf("token id %d outside the vocabulary [0, %d)", t, vocab)

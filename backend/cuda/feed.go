@@ -49,6 +49,7 @@ type feedState struct {
 // here) and its results (copied here), and the event after both.
 type feedSlot struct {
 	meta, words *kernels.Pinned
+	proc        *kernels.Pinned // the rows' logits processing (kernels.PackProcess), when any
 	ev          *kernels.Event
 	busy        bool   // ev recorded and not yet waited for
 	gen         uint64 // uses so far: a pending holds the use it was
@@ -128,6 +129,10 @@ func (be *Backend) SampleAsync(logits backend.Tensor, rows []backend.SampleRow) 
 	if err != nil {
 		return nil, fmt.Errorf("cuda: SampleAsync: %w", err)
 	}
+	proc, nproc, err := kernels.PackProcess(krows, V)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: SampleAsync: %w", err)
+	}
 	pd := &pending{be: be, rows: B, onDevice: true}
 	be.do("SampleAsync", func(d *kernels.Device) error {
 		f := &be.feed
@@ -164,7 +169,25 @@ func (be *Backend) SampleAsync(logits backend.Tensor, rows []backend.SampleRow) 
 				return err
 			}
 		}
-		if err := be.sampleOn(d, picks, be.f32(d, t), mb, len(meta), krows, pen, V); err != nil {
+		lg := be.f32(d, t)
+		if nproc > 0 {
+			if err := growPinned(d, &sl.proc, int64(len(proc))*4); err != nil {
+				return err
+			}
+			copy(unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(sl.proc.Bytes()))), len(proc)), proc)
+			pb := be.alloc.get(d, int64(len(proc))*4)
+			defer be.alloc.put(pb)
+			if err := d.UploadAsync(nil, pb, sl.proc, int64(len(proc))*4); err != nil {
+				return err
+			}
+			c, err := be.processCopy(d, lg, pb, len(proc), nproc, B, V)
+			if err != nil {
+				return err
+			}
+			defer be.alloc.put(c)
+			lg = c
+		}
+		if err := be.sampleOn(d, picks, lg, mb, len(meta), krows, pen, V); err != nil {
 			return err
 		}
 		if err := d.DownloadAsync(nil, sl.words, picks, nw); err != nil {

@@ -14,6 +14,8 @@ var _ backend.Sampler = (*Backend)(nil)
 // (kernels.SampleF32: one block per row, no full sort) with the host
 // sampler's semantics (backend.SampleRow). One upload carries every row's
 // parameters and token lists, one download the results (44 words a row).
+// Rows with a mask or a bias (backend.SampleRow.Allowed, BiasIDs) sample
+// from a copy of the logits changed first (processCopy).
 // It panics on programming errors: logits not [B, V] with len(rows) == B,
 // TopLogprobs outside [0, 20], token ids outside [0, V), bad parameters.
 func (be *Backend) Sample(logits backend.Tensor, rows []backend.SampleRow) []backend.SampleResult {
@@ -26,6 +28,10 @@ func (be *Backend) Sample(logits backend.Tensor, rows []backend.SampleRow) []bac
 	if err != nil {
 		panicf("Sample", "%v", err)
 	}
+	proc, nproc, err := kernels.PackProcess(krows, V)
+	if err != nil {
+		panicf("Sample", "%v", err)
+	}
 	words := make([]int32, B*kernels.SampleResultWords)
 	be.do("Sample", func(d *kernels.Device) error {
 		var mb *kernels.Buffer
@@ -35,7 +41,18 @@ func (be *Backend) Sample(logits backend.Tensor, rows []backend.SampleRow) []bac
 		}
 		ob := be.alloc.get(d, int64(len(words))*4)
 		defer be.alloc.put(ob)
-		if err := be.sampleOn(d, ob, be.f32(d, t), mb, len(meta), krows, pen, V); err != nil {
+		lg := be.f32(d, t)
+		if nproc > 0 {
+			pb := upload(be, d, proc)
+			defer be.alloc.put(pb)
+			c, err := be.processCopy(d, lg, pb, len(proc), nproc, B, V)
+			if err != nil {
+				return err
+			}
+			defer be.alloc.put(c)
+			lg = c
+		}
+		if err := be.sampleOn(d, ob, lg, mb, len(meta), krows, pen, V); err != nil {
 			return err
 		}
 		if err := kernels.Download(d, words, ob); err != nil {
@@ -52,6 +69,25 @@ func (be *Backend) Sample(logits backend.Tensor, rows []backend.SampleRow) []bac
 		res[i] = backend.SampleResult(o)
 	}
 	return res
+}
+
+// processCopy is a copy of logits [B, V] with the listed rows processed
+// (kernels.ProcessLogitsF32; pb holds words words of kernels.PackProcess
+// listing nproc rows): tensors are immutable, and a logits tensor sampled
+// twice must not get its bias twice. The copy is the caller's to put back
+// (stream-ordered, after the sampling that reads it).
+func (be *Backend) processCopy(d *kernels.Device, lg, pb *kernels.Buffer, words, nproc, B, V int) (*kernels.Buffer, error) {
+	n := int64(B) * int64(V) * 4
+	c := be.alloc.get(d, n)
+	if err := d.CopyAsync(nil, c, lg, n); err != nil {
+		be.alloc.put(c)
+		return nil, err
+	}
+	if err := d.ProcessLogitsF32(nil, c, pb, words, nproc, B, V); err != nil {
+		be.alloc.put(c)
+		return nil, err
+	}
+	return c, nil
 }
 
 // packRows converts rows to the kernels' form and packs their metadata for

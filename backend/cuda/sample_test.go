@@ -482,3 +482,73 @@ func TestSampleAsync(t *testing.T) {
 		t.Error("one row for two: no error")
 	}
 }
+
+// TestSampleProcessed: rows with a mask (backend.SampleRow.Allowed: one
+// token, a few, half) and a bias (some −Inf) beside rows without, by Sample
+// and SampleAsync, equal the reference on the processed logits
+// (kernels.ProcessHost, then SampleHost); the logits tensor itself is left
+// as it was (sampling it again gives the same picks).
+func TestSampleProcessed(t *testing.T) {
+	be := sampleBackend(t)
+	r := seededRNG(t)
+	boundary, n := 0, 0
+	for _, c := range []struct{ B, V int }{{1, 100}, {9, 4096}, {33, 50257}, {4, 151936}} {
+		flat := make([]float32, 0, c.B*c.V)
+		rows := make([]backend.SampleRow, c.B)
+		for b := range rows {
+			flat = append(flat, rowLogits(r, c.V, rowKinds[r.IntN(len(rowKinds))])...)
+			p := randParams(r)
+			h := newHistory(&p, []int32{int32(r.IntN(c.V))})
+			rows[b] = backend.SampleRow(h.row(nil))
+			rows[b].U = r.Float64()
+			if b%3 == 2 {
+				continue // unprocessed
+			}
+			if b%2 == 0 {
+				m := make([]uint64, (c.V+63)/64)
+				keep := []int{1, 1 + c.V/100, c.V / 2}[r.IntN(3)]
+				for range keep {
+					t := r.IntN(c.V)
+					m[t>>6] |= 1 << (t & 63)
+				}
+				rows[b].Allowed = m
+			}
+			for _, id := range r.Perm(c.V)[:1+r.IntN(20)] {
+				v := float32(r.NormFloat64() * 5)
+				if r.IntN(4) == 0 && rows[b].Allowed == nil { // (a ban could empty a small mask)
+					v = float32(math.Inf(-1))
+				}
+				rows[b].BiasIDs, rows[b].BiasVals = append(rows[b].BiasIDs, int32(id)), append(rows[b].BiasVals, v)
+			}
+		}
+		lt := be.FromFloat32([]int{c.B, c.V}, flat)
+		got := be.Sample(lt, rows)
+		again := be.Sample(lt, rows)
+		pd, err := be.SampleAsync(lt, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		async, err := pd.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(again) != fmt.Sprint(got) || fmt.Sprint(async) != fmt.Sprint(got) {
+			t.Errorf("B%d V%d: sampled again %v / async %v, first %v", c.B, c.V, again, async, got)
+		}
+		for b := range rows {
+			krow := kernels.SampleRow(rows[b])
+			x := append([]float32(nil), flat[b*c.V:(b+1)*c.V]...)
+			kernels.ProcessHost(x, &krow)
+			want, margin := kernels.SampleHost(x, &krow)
+			n++
+			name := fmt.Sprintf("B%d V%d row %d", c.B, c.V, b)
+			if compareOut(t, name, c.V, kernels.SampleOut(got[b]), want, margin) {
+				boundary++
+			}
+			if tok := got[b].Token; rows[b].Allowed != nil && rows[b].Allowed[tok>>6]&(1<<(tok&63)) == 0 {
+				t.Errorf("%s: token %d is outside the mask", name, tok)
+			}
+		}
+	}
+	t.Logf("%d rows, %d boundary cases", n, boundary)
+}
