@@ -39,10 +39,13 @@ type SamplingParams struct {
 	// Grammar, when set, makes a fresh validator for each choice that the
 	// choice's text must satisfy (package grammar: one JSON object for
 	// response_format json_object, one matching a schema for json_schema, a
-	// tool call's shape): only tokens whose bytes keep the text a prefix are
-	// sampled (on the host), and the choice ends with an end-of-sequence
-	// token as soon as the validator is complete. Needs a tokenizer whose
-	// tokens' bytes are known (TokenByter).
+	// tool call's shape): each step the whole vocabulary is masked to the
+	// tokens whose bytes keep the text a prefix (grammar.Vocab.Mask) and the
+	// token is drawn from the masked logits — on the device when the backend
+	// samples there (the mask goes with the row; overlapped steps compute it
+	// while the GPU runs the forward pass) — and the choice ends with an
+	// end-of-sequence token as soon as the validator is complete. Needs a
+	// tokenizer whose tokens' bytes are known (TokenByter).
 	Grammar func() grammar.Validator
 }
 
