@@ -100,6 +100,15 @@ func (e *Engine) overlapStep(plan []entry, b *backend.Batch, as backend.AsyncSam
 	var pend backend.Pending
 	var picks []pick
 	var rows []backend.SampleRow
+	if resolved {
+		seqs := make([]*sequence, 0, len(plan))
+		for _, en := range plan {
+			if en.sample {
+				seqs = append(seqs, en.s)
+			}
+		}
+		prepareMasks(seqs)
+	}
 	for _, en := range plan {
 		if !en.sample {
 			continue

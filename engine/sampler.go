@@ -131,7 +131,8 @@ type sampler struct {
 	gvocab   *grammar.Vocab
 	eos      int32
 	gramErr  bool
-	vocabN   int // logits a row (the model's vocabulary)
+	maskOK   bool // mask holds allowed()'s answer for the grammar's current state
+	vocabN   int  // logits a row (the model's vocabulary)
 	// MinTokens: the tokens banned until n reaches it (end-of-sequence and
 	// stop tokens), and n, the tokens emitted so far.
 	banned []int32
@@ -173,21 +174,29 @@ func (s *sampler) observe(t int32) {
 	if s.seen != nil {
 		s.seen[t] = true
 	}
-	if s.gram != nil && t != s.eos && !s.gram.Advance(s.tokBytes(t)) {
-		s.gramErr = true
+	if s.gram != nil {
+		s.maskOK = false
+		if t != s.eos && !s.gram.Advance(s.tokBytes(t)) {
+			s.gramErr = true
+		}
 	}
 }
 
 // allowed is the mask of the tokens a constrained choice may take next
 // (nil without a grammar): those whose bytes the grammar accepts; only the
 // end-of-sequence token once the text is complete, or when no token fits.
+// It is computed once for each state of the grammar (observe moves it on).
 func (s *sampler) allowed() []uint64 {
 	if s.gram == nil {
 		return nil
 	}
+	if s.maskOK {
+		return s.mask
+	}
 	if s.mask == nil {
 		s.mask = make([]uint64, s.gvocab.MaskWords())
 	}
+	s.maskOK = true
 	m := s.mask
 	if !s.gram.Complete() && s.gvocab.Mask(s.gram, m) > 0 {
 		m[s.eos>>6] &^= 1 << (s.eos & 63) // (an EOS with bytes still ends the text only when it is complete)

@@ -460,6 +460,22 @@ type pick struct {
 }
 
 // parallelPicks samples every pick, spread over the cores.
+// prepareMasks computes, in parallel, the grammar masks of the
+// constrained sequences among seqs (sampler.allowed, memoised until their
+// next token), before their sampling rows are built one by one.
+func prepareMasks(seqs []*sequence) {
+	var c []*sampler
+	for _, s := range seqs {
+		if s.sampler.gram != nil && !s.sampler.maskOK && !s.done {
+			c = append(c, s.sampler)
+		}
+	}
+	if len(c) < 2 {
+		return
+	}
+	par.Each(len(c), func(i int) { c[i].allowed() })
+}
+
 func parallelPicks(picks []pick) {
 	par.Each(len(picks), func(i int) {
 		pk := &picks[i]
@@ -578,6 +594,11 @@ func devicePicks(ds backend.Sampler, logits backend.Tensor, picks []pick) (err e
 			err = fmt.Errorf("engine: device sampling panicked: %v", r)
 		}
 	}()
+	seqs := make([]*sequence, len(picks))
+	for i := range picks {
+		seqs[i] = picks[i].s
+	}
+	prepareMasks(seqs)
 	rows := make([]backend.SampleRow, len(picks))
 	for i := range picks {
 		rows[i] = picks[i].s.sampler.row()

@@ -93,6 +93,11 @@ type Vocab struct {
 	off  []uint32 // token i's bytes are data[off[i]:off[i+1]]
 	data []byte
 	lcp  []uint16 // lcp[i]: common prefix of tokens i−1 and i (capped at 65535)
+	// end1[c] is the end of the run of tokens that start with byte c, and
+	// end2[c1<<8|c2] of those that start with c1 c2 (a refusal at the first
+	// or second byte — the usual ones — jumps there at once).
+	end1 [256]int32
+	end2 []int32
 
 	classes [numClasses]struct {
 		once sync.Once
@@ -146,6 +151,14 @@ func NewVocab(size int, tokBytes func(int32) []byte) *Vocab {
 		v.lcp[i] = uint16(n)
 		prev = b
 	}
+	v.end2 = make([]int32, 1<<16)
+	for i := range v.ids {
+		b := v.data[v.off[i]:v.off[i+1]]
+		v.end1[b[0]] = int32(i + 1)
+		if len(b) > 1 {
+			v.end2[int(b[0])<<8|int(b[1])] = int32(i + 1)
+		}
+	}
 	return v
 }
 
@@ -192,7 +205,14 @@ func (v *Vocab) Mask(g Validator, dst []uint64) int {
 		// b[:k+1] is refused, and so is every token that starts with it:
 		// the run after i whose common prefixes with their predecessors
 		// stay longer than k.
-		for i++; i < len(v.ids) && int(v.lcp[i]) > k; i++ {
+		switch k {
+		case 0:
+			i = int(v.end1[b[0]])
+		case 1:
+			i = int(v.end2[int(b[0])<<8|int(b[1])])
+		default:
+			for i++; i < len(v.ids) && int(v.lcp[i]) > k; i++ {
+			}
 		}
 	}
 	return n
