@@ -36,6 +36,11 @@ type SamplingParams struct {
 	// penalties and sampling (OpenAI's logit_bias; -100 in effect bans a
 	// token, 100 forces it). Log-probabilities stay those of the raw logits.
 	LogitBias map[int32]float32
+	// KeepSpecialTokens keeps special tokens' text in the output (vLLM's
+	// skip_special_tokens false): what a tool-call parser needs when the
+	// template's call markers are special tokens. An end-of-sequence or
+	// stop token still ends the text without appearing in it.
+	KeepSpecialTokens bool
 	// Grammar, when set, makes a fresh validator for each choice that the
 	// choice's text must satisfy (package grammar: one JSON object for
 	// response_format json_object, one matching a schema for json_schema, a

@@ -53,6 +53,19 @@ func TestLogitBias(t *testing.T) {
 	if ds.rows.Load() != before {
 		t.Error("a request with logit_bias and logprobs sampled on the device")
 	}
+	// A special token (1, <|im_start|>) forced: no text by default, its
+	// text with KeepSpecialTokens.
+	for _, keep := range []bool{false, true} {
+		r := collect(t, mustGen(t, e, prompt, engine.SamplingParams{MaxTokens: 2, IgnoreEOS: true, TopP: 1,
+			RepetitionPenalty: 1, LogitBias: map[int32]float32{1: 100}, KeepSpecialTokens: keep}))
+		want := ""
+		if keep {
+			want = "<|im_start|><|im_start|>"
+		}
+		if !slices.Equal(r.tokens[0], []int32{1, 1}) || r.text[0] != want {
+			t.Errorf("keep special %v: %v %q, want [1 1] %q", keep, r.tokens[0], r.text[0], want)
+		}
+	}
 	for _, bad := range []map[int32]float32{{3: 101}, {-1: 1}, {1 << 30: 1}} {
 		_, err := e.Generate(context.Background(), &engine.Request{Prompt: prompt,
 			Sampling: engine.SamplingParams{MaxTokens: 2, LogitBias: bad}})

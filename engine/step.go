@@ -35,7 +35,7 @@ func (e *Engine) newSequence(r *request, index int, tokens []int32) *sequence {
 	}
 	return &sequence{
 		id: NewSeqID(), req: r, index: index, tokens: tokens, prompt: len(r.r.Prompt),
-		sampler: sm, text: newTextOut(e.tok, r.r.Sampling.Stop), order: e.seqNum,
+		sampler: sm, text: newTextOut(e.tok, r.r.Sampling.Stop, r.r.Sampling.KeepSpecialTokens), order: e.seqNum,
 	}
 }
 

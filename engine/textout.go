@@ -23,10 +23,11 @@ type textOut struct {
 	emitted      int    // bytes of text already handed out
 	stops        []string
 	maxStop      int
+	skipSpecial  bool // special tokens leave no text (SamplingParams.KeepSpecialTokens unset)
 }
 
-func newTextOut(tok Detokenizer, stops []string) *textOut {
-	o := &textOut{tok: tok, stops: stops}
+func newTextOut(tok Detokenizer, stops []string, keepSpecial bool) *textOut {
+	o := &textOut{tok: tok, stops: stops, skipSpecial: !keepSpecial}
 	for _, s := range stops {
 		o.maxStop = max(o.maxStop, len(s))
 	}
@@ -38,11 +39,11 @@ func newTextOut(tok Detokenizer, stops []string) *textOut {
 // the stop string and anything after are dropped).
 func (o *textOut) add(id int32) (string, bool, error) {
 	o.ids = append(o.ids, id)
-	prev, err := o.tok.Decode(o.ids[o.prefix:o.read], true)
+	prev, err := o.tok.Decode(o.ids[o.prefix:o.read], o.skipSpecial)
 	if err != nil {
 		return "", false, err
 	}
-	cur, err := o.tok.Decode(o.ids[o.prefix:], true)
+	cur, err := o.tok.Decode(o.ids[o.prefix:], o.skipSpecial)
 	if err != nil {
 		return "", false, err
 	}

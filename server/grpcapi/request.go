@@ -118,6 +118,7 @@ func (s *Server) sampling(p *pb.SamplingParams, promptLen int) (engine.SamplingP
 		Logprobs:          p.Logprobs,
 		TopLogprobs:       int(opt(p.TopLogprobs, 0)),
 		MinTokens:         int(p.MinTokens),
+		KeepSpecialTokens: p.KeepSpecialTokens,
 	}
 	switch {
 	case p.JsonSchema != "":

@@ -124,6 +124,8 @@ func randSampling(r *rand.Rand, vocab int) *pb.SamplingParams {
 		Seed:        ptr(r.Uint64()),
 		Logprobs:    r.IntN(2) == 0,
 		JsonObject:  r.IntN(4) == 0,
+
+		KeepSpecialTokens: r.IntN(2) == 0,
 	}
 	if r.IntN(4) == 0 {
 		sp.JsonSchema = `{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}`
@@ -242,7 +244,7 @@ func TestGenerate(t *testing.T) {
 		if g.N != w.N || g.MaxTokens != w.MaxTokens || g.Temperature != w.Temperature || g.TopP != w.TopP ||
 			g.TopK != w.TopK || g.MinP != w.MinP || *g.Seed != *w.Seed || g.RepetitionPenalty != 1 ||
 			!slices.Equal(g.StopTokenIDs, w.StopTokenIDs) || g.Logprobs != w.Logprobs || g.TopLogprobs != w.TopLogprobs ||
-			(g.Grammar != nil) != (sp.GetJsonObject() || sp.GetJsonSchema() != "") {
+			(g.Grammar != nil) != (sp.GetJsonObject() || sp.GetJsonSchema() != "") || g.KeepSpecialTokens != sp.GetKeepSpecialTokens() {
 			t.Errorf("request %d: engine sampling %+v, want %+v", i, g, w)
 		}
 	}

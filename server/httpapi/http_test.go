@@ -216,6 +216,20 @@ func TestInvalidParams(t *testing.T) {
 	if got := reqs[len(reqs)-1].Sampling.LogitBias; !reflect.DeepEqual(got, map[int32]float32{5: -100, 17: 2.5}) {
 		t.Errorf("logit_bias reached the engine as %v", got)
 	}
+	// skip_special_tokens reaches the engine (false: keep their text).
+	for _, c := range []struct {
+		body string
+		keep bool
+	}{{`{"prompt":"x","max_tokens":2}`, false}, {`{"prompt":"x","max_tokens":2,"skip_special_tokens":true}`, false},
+		{`{"prompt":"x","max_tokens":2,"skip_special_tokens":false}`, true}} {
+		if resp, body := post(t, url, "/v1/completions", c.body); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", c.body, resp.StatusCode, body)
+		}
+		reqs = f.requests()
+		if got := reqs[len(reqs)-1].Sampling.KeepSpecialTokens; got != c.keep {
+			t.Errorf("%s: KeepSpecialTokens %v, want %v", c.body, got, c.keep)
+		}
+	}
 	// echo: the prompt before each choice's text (a text prompt as given,
 	// token ids decoded), streamed or not.
 	tok, _ := loadTok(t)

@@ -55,6 +55,7 @@ type sampling struct {
 	ResponseFormat      json.RawMessage `json:"response_format"` // text, json_object or json_schema (completions too, as vLLM)
 	GuidedJSON          json.RawMessage `json:"guided_json"`     // vLLM's: a JSON Schema (an object or its text)
 	GuidedChoice        []string        `json:"guided_choice"`   // vLLM's: the output is exactly one of these
+	SkipSpecialTokens   *bool           `json:"skip_special_tokens"` // vLLM's: false keeps special tokens' text
 }
 
 type streamOptions struct {
@@ -382,6 +383,9 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 	}
 	if p.IgnoreEOS != nil {
 		sp.IgnoreEOS = *p.IgnoreEOS
+	}
+	if p.SkipSpecialTokens != nil {
+		sp.KeepSpecialTokens = !*p.SkipSpecialTokens
 	}
 	if p.MinTokens != nil {
 		if *p.MinTokens < 0 {

@@ -189,6 +189,9 @@ func (s *Server) tools(r *chatRequest, sp *engine.SamplingParams) (*toolSetup, *
 			return grammar.NewWrapped([]byte(prefix), schema, []byte(suffix))
 		}
 	}
+	// The call markers may be special tokens of the tokenizer (as vLLM's
+	// tool parsers do, the text keeps them so the parser sees the calls).
+	sp.KeepSpecialTokens = true
 	return &toolSetup{raw: raw, one: r.ParallelToolCalls != nil && !*r.ParallelToolCalls, f: f}, nil
 }
 

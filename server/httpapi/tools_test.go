@@ -220,6 +220,9 @@ func TestChatTools(t *testing.T) {
 	if reqs[len(reqs)-1].Sampling.Grammar != nil {
 		t.Error("tool_choice auto forced a call")
 	}
+	if !reqs[len(reqs)-1].Sampling.KeepSpecialTokens {
+		t.Error("with tools the text drops special tokens (call markers may be special)")
+	}
 	// Two calls, then parallel_tool_calls false keeps the first only.
 	f.reply = "<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}</tool_call>"
 	for _, c := range []struct {

@@ -99,9 +99,13 @@ type SamplingParams struct {
 	JsonSchema string `protobuf:"bytes,17,opt,name=json_schema,json=jsonSchema,proto3" json:"json_schema,omitempty"`
 	// min_tokens: new tokens per choice before an end-of-sequence or stop
 	// token may come, [0, max_tokens]; default 0.
-	MinTokens     int32 `protobuf:"varint,18,opt,name=min_tokens,json=minTokens,proto3" json:"min_tokens,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MinTokens int32 `protobuf:"varint,18,opt,name=min_tokens,json=minTokens,proto3" json:"min_tokens,omitempty"`
+	// keep_special_tokens keeps special tokens' text in the output (vLLM's
+	// skip_special_tokens false); an end-of-sequence or stop token still
+	// ends the text without appearing in it.
+	KeepSpecialTokens bool `protobuf:"varint,19,opt,name=keep_special_tokens,json=keepSpecialTokens,proto3" json:"keep_special_tokens,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -258,6 +262,13 @@ func (x *SamplingParams) GetMinTokens() int32 {
 		return x.MinTokens
 	}
 	return 0
+}
+
+func (x *SamplingParams) GetKeepSpecialTokens() bool {
+	if x != nil {
+		return x.KeepSpecialTokens
+	}
+	return false
 }
 
 // GenerateRequest is one prompt and its settings.
@@ -1009,7 +1020,7 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"\x1amkserve/v1/inference.proto\x12\n" +
 	"mkserve.v1\"\x1c\n" +
 	"\bTokenIds\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\x88\x06\n" +
+	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\xb8\x06\n" +
 	"\x0eSamplingParams\x12\x11\n" +
 	"\x01n\x18\x01 \x01(\x05H\x00R\x01n\x88\x01\x01\x12\"\n" +
 	"\n" +
@@ -1035,7 +1046,8 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"\vjson_schema\x18\x11 \x01(\tR\n" +
 	"jsonSchema\x12\x1d\n" +
 	"\n" +
-	"min_tokens\x18\x12 \x01(\x05R\tminTokensB\x04\n" +
+	"min_tokens\x18\x12 \x01(\x05R\tminTokens\x12.\n" +
+	"\x13keep_special_tokens\x18\x13 \x01(\bR\x11keepSpecialTokensB\x04\n" +
 	"\x02_nB\r\n" +
 	"\v_max_tokensB\x0e\n" +
 	"\f_temperatureB\b\n" +
