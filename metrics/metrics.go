@@ -88,7 +88,7 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		cpTokens:      counter("context_parallel_tokens_total", "Prompt tokens prefilled with context parallelism (engine.context_parallel)."),
 		placements:    counter("moe_expert_placements_total", "Expert placements of MoE layers installed by the rebalancer (engine.rebalance_every)."),
 		overlapped:    counter("overlapped_steps_total", "Engine steps launched while the previous step's sampled tokens were still on the device (overlapped decode; engine.sync_steps turns it off)."),
-		hostRows:      counter("host_sampled_rows_total", "Tokens sampled on the host though the backend samples on the device: rows with a grammar (response_format, a forced tool call), logit_bias, min_tokens not yet reached, a fork of n choices, or prompt log-probabilities in the step."),
+		hostRows:      counter("host_sampled_rows_total", "Tokens sampled on the host though the backend samples on the device: a fork of n choices, prompt log-probabilities in the step, or log-probabilities asked of a row whose grammar (response_format, a forced tool call), logit_bias or min_tokens changes its logits."),
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: prefix + "request_success_total", Help: "Count of finished requests by finish reason.", ConstLabels: labels,
 		}, []string{"finished_reason"}),
