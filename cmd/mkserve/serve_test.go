@@ -143,9 +143,10 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatalf("load test: %d completed, %d failed: %v", res.Completed, res.Failed, res.Errors)
 	}
 
-	// Requests that sample on the host (JSON mode, a schema, logit_bias, a
-	// fork) side by side with plain ones: each gets what it asked for (on
-	// a GPU backend the plain rows stay on the device sampler).
+	// Requests whose logits change before sampling (JSON mode, logit_bias:
+	// on a GPU backend their mask and bias go with the rows to the device
+	// sampler; with log-probabilities they sample on the host), a fork, and
+	// plain ones side by side: each gets what it asked for.
 	mixed := []struct {
 		path, body string
 		check      func(body []byte) error
@@ -179,6 +180,31 @@ func TestServeEndToEnd(t *testing.T) {
 			}
 			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {
 				return fmt.Errorf("logit_bias: %s (%v)", b, err)
+			}
+			if t := r.Choices[0].Text; t == "" || strings.Repeat(t[:len(t)/4], 4) != t {
+				return fmt.Errorf("logit_bias +100 on token 92: %q is not one token's text four times", t)
+			}
+			return nil
+		}},
+		{"/v1/completions", `{"prompt":"In the beginning","max_tokens":4,"temperature":0,"logit_bias":{"92":100},"ignore_eos":true,"logprobs":1}`, func(b []byte) error {
+			var r struct {
+				Choices []struct {
+					Text     string
+					Logprobs struct {
+						TokenLogprobs []float64 `json:"token_logprobs"`
+					}
+				}
+			}
+			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 || len(r.Choices[0].Logprobs.TokenLogprobs) != 4 {
+				return fmt.Errorf("logit_bias with logprobs: %s (%v)", b, err)
+			}
+			if t := r.Choices[0].Text; t == "" || strings.Repeat(t[:len(t)/4], 4) != t {
+				return fmt.Errorf("logit_bias +100 on token 92 with logprobs: %q is not one token's text four times", t)
+			}
+			for _, lp := range r.Choices[0].Logprobs.TokenLogprobs { // of the raw logits: not the biased certainty
+				if lp > -0.01 {
+					return fmt.Errorf("logit_bias with logprobs: log-probability %v, want the unbiased model's", lp)
+				}
 			}
 			return nil
 		}},
