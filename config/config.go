@@ -46,6 +46,7 @@ type Config struct {
 	MaxBodyBytes    int64         // largest accepted HTTP request body (max_body_bytes)
 	DrainTimeout    time.Duration // how long shutdown waits for running requests (drain_timeout)
 	ServedModelName string        // model name clients use; "" is the model directory's base name (served_model_name)
+	ReasoningParser string        // chat output's reasoning: "auto" (from the chat template), "none", "think" or "harmony" (reasoning_parser)
 	EP              int           // expert-parallel ranks (ep)
 	WorldSize       int           // processes serving one model (world_size); rank 0 serves, `mkserve worker` runs the others
 	WorldTransport  string        // cuda world: "ipc" or "nccl" (world_transport)
@@ -87,19 +88,20 @@ const (
 func Default() *Config {
 	e := engine.DefaultConfig()
 	return &Config{
-		Model:          DefaultModel,
-		Backend:        "cpu",
-		Precision:      "exact",
-		MoEPath:        "grouped",
-		HTTPAddr:       DefaultHTTPAddr,
-		GRPCAddr:       DefaultGRPCAddr,
-		LogFormat:      "json",
-		LogLevel:       "info",
-		MaxBodyBytes:   DefaultMaxBodyBytes,
-		DrainTimeout:   DefaultDrainTimeout,
-		EP:             1,
-		WorldSize:      1,
-		WorldTransport: "ipc",
+		Model:           DefaultModel,
+		Backend:         "cpu",
+		Precision:       "exact",
+		MoEPath:         "grouped",
+		HTTPAddr:        DefaultHTTPAddr,
+		GRPCAddr:        DefaultGRPCAddr,
+		LogFormat:       "json",
+		ReasoningParser: "auto",
+		LogLevel:        "info",
+		MaxBodyBytes:    DefaultMaxBodyBytes,
+		DrainTimeout:    DefaultDrainTimeout,
+		EP:              1,
+		WorldSize:       1,
+		WorldTransport:  "ipc",
 		Engine: Engine{
 			MaxNumSeqs:          e.MaxNumSeqs,
 			MaxNumBatchedTokens: e.MaxNumBatchedTokens,
@@ -208,6 +210,11 @@ func (c *Config) Validate() error {
 	case "json", "console":
 	default:
 		return bad("log_format", "must be json or console, got %q", c.LogFormat)
+	}
+	switch c.ReasoningParser {
+	case "auto", "none", "think", "harmony":
+	default:
+		return bad("reasoning_parser", "must be auto, none, think or harmony, got %q", c.ReasoningParser)
 	}
 	if _, err := zapcore.ParseLevel(c.LogLevel); err != nil || c.LogLevel == "" {
 		return bad("log_level", "must be debug, info, warn or error, got %q", c.LogLevel)

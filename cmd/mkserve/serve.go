@@ -84,12 +84,18 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 		return err
 	}
 	var tmpl *chat.Template
-	toolFormat := ""
+	toolFormat, reasoning := "", ""
 	if src := tok.Config().ChatTemplate; src != "" {
 		if tmpl, err = chat.Compile(src); err != nil {
 			return fmt.Errorf("%s: chat template: %w", cfg.Model, err)
 		}
-		toolFormat = httpapi.DetectToolFormat(src)
+		toolFormat, reasoning = httpapi.DetectToolFormat(src), httpapi.DetectReasoning(src)
+	}
+	switch cfg.ReasoningParser {
+	case "none":
+		reasoning = ""
+	case "think", "harmony":
+		reasoning = cfg.ReasoningParser
 	}
 	gc, err := models.LoadGenerationConfig(cfg.Model)
 	if err != nil {
@@ -104,7 +110,7 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	hs := httpapi.New(gen, tok, tmpl, httpapi.Options{
 		APIKey: cfg.APIKey, CORSOrigins: cfg.CORSOrigins, MaxBodyBytes: cfg.MaxBodyBytes,
 		Logger: log, LogPrompts: cfg.LogPrompts, Metrics: metrics.Handler(reg), Defaults: defaults,
-		ToolFormat: toolFormat,
+		ToolFormat: toolFormat, Reasoning: reasoning,
 	})
 	hl, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {

@@ -45,6 +45,18 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		k.fail(c, e)
 		return
 	}
+	if s.opts.Reasoning == ReasoningHarmony {
+		sp.KeepSpecialTokens = true // the messages' markers are special tokens
+	}
+	// newOut makes a choice's reader of reasoning, content and calls.
+	harmonyCalls := ts != nil && s.opts.ToolFormat == ToolFormatHarmony
+	newOut := func() *choiceOut {
+		o := &choiceOut{sp: newSplitter(s.opts.Reasoning, text, harmonyCalls)}
+		if ts != nil && !harmonyCalls {
+			o.ts = &toolStream{ts: ts}
+		}
+		return o
+	}
 	if s.opts.LogPrompts {
 		k.prompts = []string{text}
 	}
@@ -109,38 +121,38 @@ func (s *Server) chatCompletions(c *gin.Context) {
 				return
 			}
 		}
-		var streams []toolStream // function calling: content held back where a call may start
-		if ts != nil {
-			streams = make([]toolStream, sp.N)
-			for i := range streams {
-				streams[i].ts = ts
-			}
+		outs := make([]*choiceOut, sp.N) // reasoning split off, content held back where a call may start
+		for i := range outs {
+			outs[i] = newOut()
 		}
 		usage, err := k.run(ctx, cancel, chans, sp.N, lens, func(i int, ev *engine.Event) error {
-			text, reason := ev.Text, ev.FinishReason
+			reason := ev.FinishReason
+			reasoning, text := outs[i].push(ev.Text)
 			var calls []toolCallJS
-			if streams != nil {
-				text = streams[i].push(text)
-				if reason != "" {
-					var rest string
-					rest, calls = streams[i].finish()
-					text += rest
-					if calls != nil && reason == engine.FinishStop {
-						reason = finishToolCalls
-					}
+			if reason != "" {
+				r, rest, cl := outs[i].finish()
+				reasoning, text, calls = reasoning+r, text+rest, cl
+				if calls != nil && reason == engine.FinishStop {
+					reason = finishToolCalls
 				}
 			}
-			if text == "" && len(ev.Logprobs) == 0 && reason == "" {
+			if text == "" && reasoning == "" && len(ev.Logprobs) == 0 && reason == "" {
 				return nil
 			}
 			ch := chatChunkChoice{Index: i, Delta: chatDelta{Content: &text}}
+			if reasoning != "" {
+				ch.Delta.ReasoningContent = &reasoning
+				if text == "" {
+					ch.Delta.Content = nil
+				}
+			}
 			if sp.Logprobs && len(ev.Logprobs) > 0 {
 				ch.Logprobs = &chatLogprobs{}
 				ch.Logprobs.add(ev.Logprobs)
 			}
 			if reason != "" && calls != nil {
 				// Content first (if any), then the calls, then the close.
-				if text != "" || ch.Logprobs != nil {
+				if text != "" || reasoning != "" || ch.Logprobs != nil {
 					if err := out.send(chunk(ch)); err != nil {
 						return err
 					}
@@ -192,18 +204,30 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		Choices: make([]chatChoice, sp.N), Usage: toUsage(usage)}
 	for i := range resp.Choices {
 		content := texts[i].String()
-		msg := chatMessageJS{Role: "assistant", Content: &content}
+		msg := chatMessageJS{Role: "assistant"}
 		reason := k.finishes[i]
-		if ts != nil {
-			if rest, calls := ts.calls(content); calls != nil {
-				msg.ToolCalls = calls
+		var calls []toolCallJS
+		if o := newOut(); o.sp != nil {
+			var reasoning string
+			reasoning, content, calls = splitAll(o.sp, content)
+			if reasoning != "" {
+				msg.ReasoningContent = &reasoning
+			}
+		}
+		if ts != nil && !harmonyCalls {
+			var rest string
+			if rest, calls = ts.calls(content); calls != nil {
+				content = rest
+			}
+		}
+		msg.Content = &content
+		if calls != nil {
+			msg.ToolCalls = calls
+			if content = strings.TrimSpace(content); content == "" {
 				msg.Content = nil
-				if rest != "" {
-					msg.Content = &rest
-				}
-				if reason == engine.FinishStop {
-					reason = finishToolCalls
-				}
+			}
+			if reason == engine.FinishStop {
+				reason = finishToolCalls
 			}
 		}
 		resp.Choices[i] = chatChoice{Index: i, Message: msg, FinishReason: reason}

@@ -51,10 +51,10 @@ type sampling struct {
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	User                *string         `json:"user"` // accepted and ignored
 	LogitBias           map[string]any  `json:"logit_bias"`
-	Priority            *int            `json:"priority"`        // vLLM's extension: lower runs first
-	ResponseFormat      json.RawMessage `json:"response_format"` // text, json_object or json_schema (completions too, as vLLM)
-	GuidedJSON          json.RawMessage `json:"guided_json"`     // vLLM's: a JSON Schema (an object or its text)
-	GuidedChoice        []string        `json:"guided_choice"`   // vLLM's: the output is exactly one of these
+	Priority            *int            `json:"priority"`            // vLLM's extension: lower runs first
+	ResponseFormat      json.RawMessage `json:"response_format"`     // text, json_object or json_schema (completions too, as vLLM)
+	GuidedJSON          json.RawMessage `json:"guided_json"`         // vLLM's: a JSON Schema (an object or its text)
+	GuidedChoice        []string        `json:"guided_choice"`       // vLLM's: the output is exactly one of these
 	SkipSpecialTokens   *bool           `json:"skip_special_tokens"` // vLLM's: false keeps special tokens' text
 }
 

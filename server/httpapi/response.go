@@ -115,10 +115,11 @@ type chatChoice struct {
 }
 
 type chatMessageJS struct {
-	Role      string       `json:"role"`
-	Content   *string      `json:"content"` // null when the message is only tool calls
-	Refusal   *string      `json:"refusal"`
-	ToolCalls []toolCallJS `json:"tool_calls,omitempty"`
+	Role             string       `json:"role"`
+	Content          *string      `json:"content"` // null when the message is only tool calls
+	ReasoningContent *string      `json:"reasoning_content,omitempty"`
+	Refusal          *string      `json:"refusal"`
+	ToolCalls        []toolCallJS `json:"tool_calls,omitempty"`
 }
 
 type chatChunk struct {
@@ -138,9 +139,10 @@ type chatChunkChoice struct {
 }
 
 type chatDelta struct {
-	Role      string       `json:"role,omitempty"`
-	Content   *string      `json:"content,omitempty"`
-	ToolCalls []toolCallJS `json:"tool_calls,omitempty"`
+	Role             string       `json:"role,omitempty"`
+	Content          *string      `json:"content,omitempty"`
+	ReasoningContent *string      `json:"reasoning_content,omitempty"`
+	ToolCalls        []toolCallJS `json:"tool_calls,omitempty"`
 }
 
 type chatLogprobs struct {

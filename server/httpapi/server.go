@@ -80,6 +80,11 @@ type Options struct {
 	// (DetectToolFormat; "": requests with tools other than tool_choice
 	// "none" get a 400).
 	ToolFormat string
+	// Reasoning is the reasoning format of the chat template's output
+	// (DetectReasoning; ReasoningThink or ReasoningHarmony): chat
+	// completions return the reasoning as reasoning_content. "": the text
+	// is all content.
+	Reasoning string
 }
 
 // Server is the HTTP API. Its methods are safe for concurrent use.

@@ -39,12 +39,17 @@ import (
 const (
 	ToolFormatHermes   = "hermes"
 	ToolFormatDeepSeek = "deepseek_v3"
+	// ToolFormatHarmony: gpt-oss's messages to=functions.NAME, read by the
+	// harmony reasoning splitter (reasoning.go) with the rest of the text.
+	ToolFormatHarmony = "harmony"
 )
 
 // DetectToolFormat is the tool-call format a chat template's source
 // teaches ("" when it shows none mkserve can read).
 func DetectToolFormat(src string) string {
 	switch {
+	case DetectReasoning(src) == ReasoningHarmony:
+		return ToolFormatHarmony
 	case strings.Contains(src, "<tool_call>"):
 		return ToolFormatHermes
 	case strings.Contains(src, dsCallsBegin):
@@ -71,6 +76,15 @@ var toolFormats = map[string]*toolFormat{
 	ToolFormatDeepSeek: {open: dsCallsBegin, parse: deepseekCalls, forced: func(name string) (string, string, bool, bool) {
 		return dsCallsBegin + dsCallBegin + "function" + dsSep + name + "\n```json\n", "\n```" + dsCallEnd + dsCallsEnd, false, name != ""
 	}},
+	// Harmony's markers are special tokens, which a grammar cannot emit
+	// (their bytes are no token's): no forced calls.
+	ToolFormatHarmony: {open: hChannel, parse: func(text string) (string, []toolCallJS) {
+		_, content, calls := splitAll(&harmonySplit{calls: true}, text)
+		if calls == nil {
+			return text, nil
+		}
+		return strings.TrimSpace(content), calls
+	}, forced: func(string) (string, string, bool, bool) { return "", "", false, false }},
 }
 
 const (
@@ -160,7 +174,7 @@ func (s *Server) tools(r *chatRequest, sp *engine.SamplingParams) (*toolSetup, *
 	}
 	f := toolFormats[s.opts.ToolFormat]
 	if f == nil {
-		return nil, invalid("tools", "this model's chat template shows no tool-call format mkserve can read (it reads Hermes <tool_call> blocks, as Qwen templates write them, and DeepSeek-V3's)")
+		return nil, invalid("tools", "this model's chat template shows no tool-call format mkserve can read (it reads Hermes <tool_call> blocks, as Qwen templates write them, DeepSeek-V3's and gpt-oss's harmony messages)")
 	}
 	if named != "" {
 		if _, ok := byName[named]; !ok {
@@ -172,6 +186,9 @@ func (s *Server) tools(r *chatRequest, sp *engine.SamplingParams) (*toolSetup, *
 			named = defs[0].Function.Name
 		}
 		prefix, suffix, wrapped, ok := f.forced(named)
+		if !ok && s.opts.ToolFormat == ToolFormatHarmony {
+			return nil, invalid("tool_choice", `tool_choice "required" or a named function is not supported for gpt-oss's harmony format (its call markers are special tokens, which constrained decoding cannot write); use "auto"`)
+		}
 		if !ok {
 			return nil, invalid("tool_choice", `tool_choice "required" with several tools is not supported for this model's tool-call format; name the function`)
 		}

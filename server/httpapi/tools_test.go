@@ -163,7 +163,7 @@ func serveTemplate(t *testing.T, f *fakeGen, name string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(f, tok, tmpl, Options{ToolFormat: DetectToolFormat(string(src))})
+	s := New(f, tok, tmpl, Options{ToolFormat: DetectToolFormat(string(src)), Reasoning: DetectReasoning(string(src))})
 	s.SetReady(true)
 	ts := httptest.NewServer(s.Handler())
 	t.Cleanup(func() {

@@ -1,0 +1,233 @@
+package httpapi
+
+import (
+	"bufio"
+	"encoding/json"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// splitCase is a text, the prompt before it and what its format splits it
+// into.
+type splitCase struct {
+	name, format, prompt, text string
+	calls                      bool
+	reasoning, content         string
+	callNames                  []string
+	callArgs                   []string
+}
+
+var splitCases = []splitCase{
+	{name: "think block", format: ReasoningThink, prompt: "<|im_start|>assistant\n",
+		text: "<think>\nI add 2 and 2.\n</think>\n\nIt is 4.", reasoning: "\nI add 2 and 2.\n", content: "It is 4."},
+	{name: "no block", format: ReasoningThink, prompt: "x", text: "Just 4. <think> is a tag.", content: "Just 4. <think> is a tag."},
+	{name: "opened by the prompt", format: ReasoningThink, prompt: "<|Assistant|><think>\n",
+		text: "hmm</think>four", reasoning: "hmm", content: "four"},
+	{name: "closed by the prompt", format: ReasoningThink, prompt: "<think>\n\n</think>\n\n", text: "four", content: "four"},
+	{name: "unterminated", format: ReasoningThink, prompt: "x", text: "<think>still thinking", reasoning: "still thinking"},
+	{name: "leading space then block", format: ReasoningThink, prompt: "x", text: "\n<think>a</think>b", reasoning: "a", content: "b"},
+	{name: "harmony", format: ReasoningHarmony, prompt: "<|start|>assistant",
+		text: "<|channel|>analysis<|message|>User asks 2+2.<|end|><|start|>assistant<|channel|>final<|message|>4.",
+		reasoning: "User asks 2+2.", content: "4."},
+	{name: "harmony call", format: ReasoningHarmony, prompt: "<|start|>assistant", calls: true,
+		text: "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Oslo\"}",
+		reasoning: "Need weather.", callNames: []string{"get_weather"}, callArgs: []string{`{"city":"Oslo"}`}},
+	{name: "harmony recipient after channel", format: ReasoningHarmony, prompt: "<|start|>assistant", calls: true,
+		text: "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|end|><|start|>assistant<|channel|>final<|message|>done",
+		content: "done", callNames: []string{"f"}, callArgs: []string{`{}`}},
+	{name: "harmony call without tools", format: ReasoningHarmony, prompt: "<|start|>assistant",
+		text: "<|channel|>commentary to=functions.f<|message|>{\"a\": 1}", content: `{"a": 1}`},
+	{name: "harmony bad arguments", format: ReasoningHarmony, prompt: "<|start|>assistant", calls: true,
+		text: "<|channel|>commentary to=functions.f<|message|>not json", callNames: []string{"f"}, callArgs: []string{"not json"}},
+	{name: "not harmony", format: ReasoningHarmony, prompt: "<|start|>assistant", text: "plain words, no channel", content: "plain words, no channel"},
+	{name: "harmony unterminated analysis", format: ReasoningHarmony, prompt: "<|start|>assistant",
+		text: "<|channel|>analysis<|message|>thinking <|en", reasoning: "thinking <|en"},
+}
+
+// TestSplitters: each case's text, whole and streamed in random pieces,
+// splits into the same reasoning, content and calls.
+func TestSplitters(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, c := range splitCases {
+		t.Run(c.name, func(t *testing.T) {
+			check := func(how, reasoning, content string, calls []toolCallJS) {
+				t.Helper()
+				if reasoning != c.reasoning || content != c.content {
+					t.Errorf("%s: reasoning %q content %q, want %q %q", how, reasoning, content, c.reasoning, c.content)
+				}
+				if len(calls) != len(c.callNames) {
+					t.Fatalf("%s: %d calls, want %d", how, len(calls), len(c.callNames))
+				}
+				for i, cl := range calls {
+					if cl.Function.Name != c.callNames[i] || cl.Function.Arguments != c.callArgs[i] || !strings.HasPrefix(cl.ID, "call_") {
+						t.Errorf("%s: call %d %+v, want %s(%s)", how, i, cl, c.callNames[i], c.callArgs[i])
+					}
+				}
+			}
+			rs, cs, calls := splitAll(newSplitter(c.format, c.prompt, c.calls), c.text)
+			check("whole", rs, cs, calls)
+			for range 30 {
+				s := newSplitter(c.format, c.prompt, c.calls)
+				var rb, cb strings.Builder
+				for k := 0; k < len(c.text); {
+					end := min(len(c.text), k+1+r.IntN(6))
+					x, y := s.push(c.text[k:end])
+					rb.WriteString(x)
+					cb.WriteString(y)
+					k = end
+				}
+				x, y, calls := s.finish()
+				check("streamed", rb.String()+x, cb.String()+y, calls)
+			}
+		})
+	}
+	if newSplitter("", "", false) != nil {
+		t.Error("a splitter for no format")
+	}
+}
+
+func TestDetectReasoning(t *testing.T) {
+	for _, c := range []struct{ src, want string }{
+		{"{{ '<|start|>assistant<|channel|>final<|message|>' }}", ReasoningHarmony},
+		{"{%- if '</think>' in content %}", ReasoningThink},
+		{"{{ '<|im_start|>' }}", ""},
+	} {
+		if got := DetectReasoning(c.src); got != c.want {
+			t.Errorf("DetectReasoning(%q) = %q, want %q", c.src, got, c.want)
+		}
+	}
+}
+
+// FuzzSplitters: any text streamed in any pieces splits as the whole text
+// does, and nothing is lost: reasoning and content together hold every
+// byte outside the markers (checked loosely: never longer than the text).
+func FuzzSplitters(f *testing.F) {
+	for _, c := range splitCases {
+		f.Add(c.format == ReasoningHarmony, c.prompt, c.text, uint64(len(c.text)))
+	}
+	f.Fuzz(func(t *testing.T, harmony bool, prompt, text string, seed uint64) {
+		format := ReasoningThink
+		if harmony {
+			format = ReasoningHarmony
+		}
+		wr, wc, wcalls := splitAll(newSplitter(format, prompt, true), text)
+		if len(wr)+len(wc) > len(text) {
+			t.Fatalf("%q split into %d + %d bytes", text, len(wr), len(wc))
+		}
+		r := rand.New(rand.NewPCG(seed, 3))
+		s := newSplitter(format, prompt, true)
+		var rb, cb strings.Builder
+		for k := 0; k < len(text); {
+			end := min(len(text), k+1+r.IntN(8))
+			x, y := s.push(text[k:end])
+			rb.WriteString(x)
+			cb.WriteString(y)
+			k = end
+		}
+		x, y, calls := s.finish()
+		if rb.String()+x != wr || cb.String()+y != wc || len(calls) != len(wcalls) {
+			t.Fatalf("%q streamed: %q %q %d calls; whole: %q %q %d calls", text, rb.String()+x, cb.String()+y, len(calls), wr, wc, len(wcalls))
+		}
+	})
+}
+
+// TestChatReasoning: chat completions return a thinking model's reasoning
+// as reasoning_content (whole and streamed), and gpt-oss's harmony
+// messages as reasoning, content and tool calls, its markers kept in the
+// text the engine returns.
+func TestChatReasoning(t *testing.T) {
+	type msg struct {
+		Content          *string `json:"content"`
+		ReasoningContent *string `json:"reasoning_content"`
+		ToolCalls        []struct {
+			Function struct{ Name, Arguments string }
+		} `json:"tool_calls"`
+	}
+	for _, c := range []struct {
+		template, reply, tools    string
+		reasoning, content, calls string
+		finish                    string
+	}{
+		{"qwen3.jinja", "<think>\nAdd them.\n</think>\n\nIt is 4.", "", "\nAdd them.\n", "It is 4.", "", "stop"},
+		{"qwen3.jinja", "<think>Weather needed.</think>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+			weatherTools, "Weather needed.", "", "get_weather", "tool_calls"},
+		{"gptoss.jinja", "<|channel|>analysis<|message|>Simple sum.<|end|><|start|>assistant<|channel|>final<|message|>It is 4.", "",
+			"Simple sum.", "It is 4.", "", "stop"},
+		{"gptoss.jinja", "<|channel|>analysis<|message|>Weather needed.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}",
+			weatherTools, "Weather needed.", "", "get_weather", "tool_calls"},
+	} {
+		f := newFake(4096)
+		f.reply = c.reply
+		url := serveTemplate(t, f, c.template)
+		body := `{"messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 64`
+		if c.tools != "" {
+			body += `, "tools": ` + c.tools
+		}
+		name := c.template + " " + c.reply[:20]
+		// Whole.
+		resp, raw := post(t, url, "/v1/chat/completions", body+`}`)
+		var out struct {
+			Choices []struct {
+				Message      msg
+				FinishReason string `json:"finish_reason"`
+			}
+		}
+		if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, &out) != nil || len(out.Choices) != 1 {
+			t.Fatalf("%s: %d %s", name, resp.StatusCode, raw)
+		}
+		m := out.Choices[0].Message
+		got := func(p *string) string {
+			if p == nil {
+				return ""
+			}
+			return *p
+		}
+		callName := ""
+		if len(m.ToolCalls) > 0 {
+			callName = m.ToolCalls[0].Function.Name
+		}
+		if got(m.ReasoningContent) != c.reasoning || got(m.Content) != c.content || callName != c.calls || out.Choices[0].FinishReason != c.finish {
+			t.Errorf("%s: %s", name, raw)
+		}
+		if reqs := f.requests(); reqs[len(reqs)-1].Sampling.KeepSpecialTokens != (c.template == "gptoss.jinja" || c.tools != "") {
+			t.Errorf("%s: KeepSpecialTokens %v", name, reqs[len(reqs)-1].Sampling.KeepSpecialTokens)
+		}
+		// Streamed: the deltas add up to the same.
+		resp, raw = post(t, url, "/v1/chat/completions", body+`, "stream": true}`)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s stream: %d %s", name, resp.StatusCode, raw)
+		}
+		var rs, cs, calls, finish string
+		sc := bufio.NewScanner(strings.NewReader(string(raw)))
+		for sc.Scan() {
+			line, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok || line == "[DONE]" {
+				continue
+			}
+			var ch struct {
+				Choices []struct {
+					Delta        msg
+					FinishReason *string `json:"finish_reason"`
+				}
+			}
+			if err := json.Unmarshal([]byte(line), &ch); err != nil {
+				t.Fatalf("%s: chunk %s: %v", name, line, err)
+			}
+			for _, x := range ch.Choices {
+				rs += got(x.Delta.ReasoningContent)
+				cs += got(x.Delta.Content)
+				for _, tc := range x.Delta.ToolCalls {
+					calls += tc.Function.Name
+				}
+				if x.FinishReason != nil {
+					finish = *x.FinishReason
+				}
+			}
+		}
+		if rs != c.reasoning || cs != c.content || calls != c.calls || finish != c.finish {
+			t.Errorf("%s streamed: reasoning %q content %q calls %q finish %q", name, rs, cs, calls, finish)
+		}
+	}
+}
