@@ -43,6 +43,14 @@ func maskStates(t *testing.T, every int) map[string]Validator {
 		"properties": {"city": {"type": "string"}}, "required": ["city"]}}, "required": ["name", "arguments"]}`)
 	add("wrapped", func() Validator { return NewWrapped([]byte("<tool_call>\n"), ws, []byte("\n</tool_call>")) },
 		"<tool_call>\n{\"name\": \"f\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>")
+	ps := mustSchema(t, `{"type": "object", "properties": {"id": {"type": "string", "pattern": "[A-Z]{2}-\\d{3}"},
+		"d": {"type": "string", "format": "date"}, "e": {"type": "string", "pattern": "é+x?"}}, "required": ["id", "d", "e"]}`)
+	add("pattern", ps.New, `{"id": "AB-123", "d": "2024-12-31", "e": "\u00e9éx"}`)
+	rx, err := CompileRegex(`(yes|no|[0-9]{1,3}( items)?)!?`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	add("regex", rx.New, "12 items!")
 	c, err := NewChoice([]string{"yes", "no", "yep sir!", "maybe"})
 	if err != nil {
 		t.Fatal(err)

@@ -34,6 +34,7 @@ type Schema struct {
 	mapV  *Schema    // object: a map, every value of this schema (additionalProperties: {schema})
 	alts  []*Schema  // anyOf / oneOf: alternatives told apart by their first byte
 	pick  *[256]int8 // alts: the alternative a value starting with byte b takes (-1: none)
+	re    *Regex     // string: its characters match this in full (pattern, or a known format)
 }
 
 type prop struct {
@@ -63,12 +64,26 @@ const (
 )
 
 // annotations are keywords that do not constrain the value. "format" is
-// one too: JSON Schema (2019-09 on) makes it an annotation unless the
-// format-assertion vocabulary is on, so a date-time or an email is
-// generated as a plain string.
+// one too, except for the formats in formatRegex: JSON Schema (2019-09 on)
+// makes it an annotation unless the format-assertion vocabulary is on, but
+// a generated date, time, date-time, uuid, ipv4 or email had better be one,
+// so those are constrained (as OpenAI's strict mode and xgrammar do);
+// others are generated as plain strings.
 var annotations = map[string]bool{"title": true, "description": true, "$schema": true, "$id": true, "$comment": true,
 	"examples": true, "default": true, "strict": true, "$defs": true, "definitions": true, "format": true,
 	"readOnly": true, "writeOnly": true, "deprecated": true}
+
+// formatRegex are the string formats generated to their shape (RFC 3339's
+// full-date, full-time and date-time; RFC 4122 UUIDs; dotted-quad IPv4; a
+// plain address@domain email).
+var formatRegex = map[string]string{
+	"date":      `\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])`,
+	"time":      `([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)`,
+	"date-time": `\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)`,
+	"uuid":      `[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}`,
+	"ipv4":      `((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)`,
+	"email":     `[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}`,
+}
 
 // CompileSchema compiles a JSON Schema (the subset Schema describes; the
 // top level must be an object) or says which part it does not support.
@@ -179,11 +194,11 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 	for _, k := range o.keys {
 		switch k {
 		case "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref",
-			"minItems", "maxItems", "minLength", "maxLength", "nullable",
+			"minItems", "maxItems", "minLength", "maxLength", "nullable", "pattern",
 			"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum":
 		default:
 			if !annotations[k] {
-				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, minimum / maximum and their exclusive forms on integers, nullable, enum, const, anyOf, oneOf, $ref; annotations such as format are ignored)", at, k)
+				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, pattern, minimum / maximum and their exclusive forms on integers, nullable, enum, const, anyOf, oneOf, $ref; format constrains date, time, date-time, uuid, ipv4 and email; other annotations are ignored)", at, k)
 			}
 		}
 	}
@@ -295,6 +310,9 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 		}
 		*b.dst = int(n)
 	}
+	if err := s.stringRegex(m, at); err != nil {
+		return nil, err
+	}
 	if s.maxN >= 0 && s.minN > s.maxN {
 		return nil, fmt.Errorf("%s: the minimum %d is above the maximum %d", at, s.minN, s.maxN)
 	}
@@ -311,6 +329,31 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 		return nil, fmt.Errorf("%s.items: only for type array", at)
 	}
 	return s, nil
+}
+
+// stringRegex compiles a string schema's pattern (in full: a leading ^
+// and trailing $ change nothing), else its format's regex when it has a
+// known one.
+func (s *Schema) stringRegex(m map[string]any, at string) error {
+	src := ""
+	if p, ok := m["pattern"]; ok {
+		ps, isStr := p.(string)
+		if !isStr || s.kinds&kString == 0 {
+			return fmt.Errorf("%s.pattern: a regular expression (a string), only for type string", at)
+		}
+		src = ps
+	} else if f, ok := m["format"].(string); ok && formatRegex[f] != "" && s.kinds&kString != 0 {
+		src = formatRegex[f]
+	}
+	if src == "" {
+		return nil
+	}
+	re, err := CompileRegex(src)
+	if err != nil {
+		return fmt.Errorf("%s.pattern: %v", at, err)
+	}
+	s.re = re
+	return nil
 }
 
 // ref compiles a local reference into $defs or definitions.

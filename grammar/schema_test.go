@@ -70,7 +70,7 @@ func checkText(t *testing.T, s *Schema, text string, accepted int, complete bool
 func TestCompileSchemaErrors(t *testing.T) {
 	for _, c := range []struct{ schema, want string }{
 		{`{"type": "array", "items": {"type": "string"}}`, "top level"},
-		{`{"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}, "required": ["a"]}`, `"pattern"`},
+		{`{"type": "object", "properties": {"a": {"type": "number", "multipleOf": 2}}, "required": ["a"]}`, `"multipleOf"`},
 		{`{"type": "object", "properties": {"a": {"anyOf": []}}, "required": ["a"]}`, "list of schemas"},
 		{`{"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}}`, "start with"},
 		{`{"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"enum": ["x", 1]}]}}}`, "start with"},
@@ -520,11 +520,54 @@ func TestSchemaMap(t *testing.T) {
 }
 
 func TestSchemaAnnotations(t *testing.T) {
-	s := mustSchema(t, `{"type": "object", "properties": {"when": {"type": "string", "format": "date-time", "readOnly": true},
-		"n": {"type": "integer", "nullable": true}}, "required": ["when", "n"]}`)
-	checkText(t, s, `{"when": "not a date, still a string", "n": null}`, -1, true)
-	checkText(t, s, `{"when": "x", "n": 3}`, -1, true)
-	checkText(t, s, `{"when": 1`, 9, false)
+	s := mustSchema(t, `{"type": "object", "properties": {"site": {"type": "string", "format": "hostname", "readOnly": true},
+		"n": {"type": "integer", "nullable": true}}, "required": ["site", "n"]}`)
+	checkText(t, s, `{"site": "not a host, still a string", "n": null}`, -1, true)
+	checkText(t, s, `{"site": "x", "n": 3}`, -1, true)
+	checkText(t, s, `{"site": 1`, 9, false)
+}
+
+// TestSchemaPattern: pattern and the known formats constrain a string's
+// characters in full — raw, escaped or \u-written — and refuse at the
+// first character that cannot lead to a match; the string must close on
+// a match. Bad patterns are refused at compile time naming the keyword.
+func TestSchemaPattern(t *testing.T) {
+	s := mustSchema(t, `{"type": "object", "properties": {
+		"id": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+		"when": {"type": "string", "format": "date-time"},
+		"day": {"type": ["string", "null"], "format": "date"},
+		"u": {"type": "string", "format": "uuid"},
+		"q": {"type": "string", "pattern": "a\"b|é+|\\\\n"}},
+		"required": ["id", "when", "day", "u", "q"]}`)
+	good := `{"id": "AB-123", "when": "2024-02-29T13:05:09.5+01:00", "day": "2024-12-31", "u": "123e4567-e89b-12d3-a456-426614174000", "q": "a\"b"}`
+	cases := []struct {
+		name     string
+		text     string
+		accepted int // -1: all
+		complete bool
+	}{
+		{"good", good, -1, true},
+		{"null day", strings.Replace(good, `"2024-12-31"`, `null`, 1), -1, true},
+		{"escaped letters", strings.Replace(good, `"AB-123"`, `"\u0041B-12\u0033"`, 1), -1, true},
+		{"é raw and escaped", strings.Replace(good, `"a\"b"`, `"é\u00e9"`, 1), -1, true},
+		{"backslash n", strings.Replace(good, `"a\"b"`, `"\\n"`, 1), -1, true},
+		{"lower case id", `{"id": "aB`, 8, false},
+		{"id too short", `{"id": "AB-12"`, 13, false},
+		{"id too long", `{"id": "AB-1234`, 14, false},
+		{"escaped digit where - must come", `{"id": "AB\u003`, 14, false},
+		{"month 13", strings.Replace(good, `2024-12-31`, `2024-13-31`, 1), strings.Index(good, `2024-12-31`) + 6, false},
+		{"no zone", strings.Replace(good, `09.5+01:00"`, `09.5"`, 1), strings.Index(good, `09.5+01:00"`) + 4, false},
+		{"uuid letter", strings.Replace(good, `123e4567`, `123g4567`, 1), strings.Index(good, `123e4567`) + 3, false},
+		{"surrogate escape", strings.Replace(good, `"a\"b"`, `"\ud83d\ude00"`, 1), strings.Index(good, `"a\"b"`) + 3, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { checkText(t, s, c.text, c.accepted, c.complete) })
+	}
+	for _, bad := range []string{`{"type": "string", "pattern": "("}`, `{"type": "integer", "pattern": "1"}`, `{"type": "string", "pattern": 3}`} {
+		if _, err := CompileSchema([]byte(`{"type": "object", "properties": {"a": ` + bad + `}}`)); err == nil || !strings.Contains(err.Error(), "pattern") {
+			t.Errorf("%s: %v, want an error naming pattern", bad, err)
+		}
+	}
 }
 
 func TestSchemaIntBounds(t *testing.T) {

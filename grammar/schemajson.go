@@ -27,6 +27,9 @@ type SchemaJSON struct {
 	leafKey bool     // the string leaf is a map's key
 	kh      uint64   // its FNV-1a hash so far
 	chars   int      // characters of the string leaf so far
+	lre     reText   // the string leaf's match so far, when its schema has a regex (leafS.re)
+	hexv    rune     // and a \u escape's value so far
+	hexn    int8     // and its digits so far
 	enum    [][]byte // the enum value being read: its candidates (nil: none)
 	alive   uint64   // candidates still matching
 	epos    int      // bytes of the value read
@@ -121,7 +124,7 @@ func (j *SchemaJSON) Accept(b []byte) bool {
 // TokenClass is StringBody inside a string leaf with nothing pending and
 // no maximum length (Classer).
 func (j *SchemaJSON) TokenClass() TokenClass {
-	if j.leafOn && !j.leafNum && j.enum == nil && j.leaf.st == stString && (j.leafS == nil || j.leafS.maxN < 0) {
+	if j.leafOn && !j.leafNum && j.enum == nil && j.leaf.st == stString && (j.leafS == nil || (j.leafS.maxN < 0 && j.leafS.re == nil)) {
 		return StringBody
 	}
 	return NoClass
@@ -341,6 +344,9 @@ func (j *SchemaJSON) value(s *Schema, c byte) bool {
 		return j.push(s, aOpen)
 	case c == '"' && hasKind(k, kString):
 		j.leafNum, j.leafS, j.chars = false, s, -1 // the opening quote is not a character
+		if s.re != nil {
+			j.lre = s.re.startText()
+		}
 	case (c == 't' || c == 'f') && hasKind(k, kBoolean),
 		c == 'n' && hasKind(k, kNull):
 		j.leafNum, j.leafS = false, nil
@@ -397,6 +403,9 @@ func (j *SchemaJSON) leafByte(c byte) bool {
 	} else if j.leafS != nil && j.leaf.st == stStart {
 		j.chars = 0 // the opening quote
 	}
+	if s := j.leafS; s != nil && s.re != nil && !j.patternByte(s.re, c) {
+		return false
+	}
 	if !j.leaf.byte(c) {
 		return false
 	}
@@ -415,6 +424,60 @@ func (j *SchemaJSON) leafByte(c byte) bool {
 		}
 	}
 	return true
+}
+
+// jsonEscapes are the characters of JSON's one-letter escapes.
+var jsonEscapes = [256]rune{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
+
+// patternByte runs byte c of a string leaf whose schema has a regex through
+// the match, by the leaf's state before c: a raw character (UTF-8, whole
+// or begun), an escape (its character once known; \uXXXX while its digits
+// come, as the range they still allow; no surrogates), or the closing
+// quote (the match must be complete). Bytes the leaf itself refuses pass
+// here (it refuses them next).
+func (j *SchemaJSON) patternByte(re *Regex, c byte) bool {
+	switch j.leaf.st {
+	case stString:
+		switch c {
+		case '"':
+			return re.done(&j.lre)
+		case '\\':
+			return re.anyChar(&j.lre)
+		}
+		return re.byte(&j.lre, c)
+	case stUTF8:
+		return re.byte(&j.lre, c)
+	case stEscape:
+		if c == 'u' {
+			j.hexv, j.hexn = 0, 0
+			return canRangeNoSurrogates(re, &j.lre, 0, 0xFFFF)
+		}
+		if r := jsonEscapes[c]; r != 0 {
+			return re.char(&j.lre, r)
+		}
+	case stHex:
+		if !isHex(c) {
+			return true
+		}
+		d := rune(c - '0')
+		if c > '9' {
+			d = rune(c|0x20-'a') + 10
+		}
+		j.hexv, j.hexn = j.hexv<<4|d, j.hexn+1
+		rest := 4 * (4 - int(j.hexn))
+		lo, hi := j.hexv<<rest, j.hexv<<rest|(1<<rest-1)
+		if j.hexn == 4 {
+			return (lo < 0xD800 || lo > 0xDFFF) && re.char(&j.lre, lo)
+		}
+		return canRangeNoSurrogates(re, &j.lre, lo, hi)
+	}
+	return true
+}
+
+// canRangeNoSurrogates is canRange over [lo, hi] less the surrogates.
+func canRangeNoSurrogates(re *Regex, t *reText, lo, hi rune) bool {
+	return (lo <= min(hi, 0xD7FF) && re.canRange(&t.set, lo, min(hi, 0xD7FF))) ||
+		(max(lo, 0xE000) <= hi && re.canRange(&t.set, max(lo, 0xE000), hi))
 }
 
 // FNV-1a, for map keys.

@@ -167,6 +167,21 @@ func TestServeEndToEnd(t *testing.T) {
 			}
 			return nil
 		}},
+		{"/v1/completions", `{"prompt":"In the beginning","max_tokens":16,"temperature":0.8,"seed":5,"guided_regex":"[0-9]{3}-(yes|no)!?"}`, func(b []byte) error {
+			var r struct {
+				Choices []struct {
+					Text         string
+					FinishReason string `json:"finish_reason"`
+				}
+			}
+			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {
+				return fmt.Errorf("guided_regex: %s (%v)", b, err)
+			}
+			if c := r.Choices[0]; c.FinishReason != "stop" || !regexp.MustCompile(`^[0-9]{3}-(yes|no)!?$`).MatchString(c.Text) {
+				return fmt.Errorf("guided_regex: %q (%s), want a whole match", c.Text, c.FinishReason)
+			}
+			return nil
+		}},
 		{"/v1/completions", `{"prompt":"In the beginning","max_tokens":6,"n":2,"temperature":0.8,"seed":3}`, func(b []byte) error {
 			var r struct{ Choices []struct{ Text string } }
 			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 2 {

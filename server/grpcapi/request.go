@@ -120,7 +120,16 @@ func (s *Server) sampling(p *pb.SamplingParams, promptLen int) (engine.SamplingP
 		MinTokens:         int(p.MinTokens),
 		KeepSpecialTokens: p.KeepSpecialTokens,
 	}
+	if p.Regex != "" && (p.JsonSchema != "" || p.JsonObject) {
+		return sp, fieldErr("regex", "regex cannot be combined with json_object or json_schema")
+	}
 	switch {
+	case p.Regex != "":
+		re, err := grammar.CompileRegex(p.Regex)
+		if err != nil {
+			return sp, fieldErr("regex", "%v", err)
+		}
+		sp.Grammar = re.New
 	case p.JsonSchema != "":
 		schema, err := grammar.CompileSchema([]byte(p.JsonSchema))
 		if err != nil {

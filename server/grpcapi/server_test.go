@@ -129,6 +129,8 @@ func randSampling(r *rand.Rand, vocab int) *pb.SamplingParams {
 	}
 	if r.IntN(4) == 0 {
 		sp.JsonSchema = `{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}`
+	} else if !sp.JsonObject && r.IntN(4) == 0 {
+		sp.Regex = `[0-9]+(yes|no)`
 	}
 	if sp.Logprobs {
 		sp.TopLogprobs = ptr(int32(r.IntN(5)))
@@ -244,7 +246,7 @@ func TestGenerate(t *testing.T) {
 		if g.N != w.N || g.MaxTokens != w.MaxTokens || g.Temperature != w.Temperature || g.TopP != w.TopP ||
 			g.TopK != w.TopK || g.MinP != w.MinP || *g.Seed != *w.Seed || g.RepetitionPenalty != 1 ||
 			!slices.Equal(g.StopTokenIDs, w.StopTokenIDs) || g.Logprobs != w.Logprobs || g.TopLogprobs != w.TopLogprobs ||
-			(g.Grammar != nil) != (sp.GetJsonObject() || sp.GetJsonSchema() != "") || g.KeepSpecialTokens != sp.GetKeepSpecialTokens() {
+			(g.Grammar != nil) != (sp.GetJsonObject() || sp.GetJsonSchema() != "" || sp.GetRegex() != "") || g.KeepSpecialTokens != sp.GetKeepSpecialTokens() {
 			t.Errorf("request %d: engine sampling %+v, want %+v", i, g, w)
 		}
 	}
@@ -603,8 +605,10 @@ func TestErrorCodes(t *testing.T) {
 		{with(&pb.SamplingParams{TopLogprobs: ptr(int32(3))}), codes.InvalidArgument, "sampling.top_logprobs", "needs logprobs"},
 		{with(&pb.SamplingParams{TopLogprobs: ptr(int32(21)), Logprobs: true}), codes.InvalidArgument, "sampling.top_logprobs", ""},
 		{with(&pb.SamplingParams{JsonObject: true, IgnoreEos: true}), codes.InvalidArgument, "sampling.json_object", "ignore_eos"},
-		{with(&pb.SamplingParams{JsonSchema: `{"type": "object", "properties": {"a": {"type": "string", "pattern": "^a"}}}`}), codes.InvalidArgument,
+		{with(&pb.SamplingParams{JsonSchema: `{"type": "object", "properties": {"a": {"type": "string", "pattern": "(a"}}}`}), codes.InvalidArgument,
 			"sampling.json_schema", "pattern"},
+		{with(&pb.SamplingParams{Regex: "("}), codes.InvalidArgument, "sampling.regex", "missing"},
+		{with(&pb.SamplingParams{Regex: "a+", JsonObject: true}), codes.InvalidArgument, "sampling.regex", "json_object"},
 		{with(&pb.SamplingParams{JsonSchema: `{"type":`}), codes.InvalidArgument, "sampling.json_schema", "schema"},
 		{with(&pb.SamplingParams{MaxTokens: ptr(int32(2)), MinTokens: 3}), codes.InvalidArgument, "sampling.min_tokens", "max_tokens"},
 		{with(&pb.SamplingParams{MinTokens: -1}), codes.InvalidArgument, "sampling.min_tokens", ""},

@@ -207,7 +207,7 @@ func CheckStopTokenIDs(ids []int32, vocab int) error {
 // ends when its object closes.
 func checkJSONObject(json, ignoreEOS bool) error {
 	if json && ignoreEOS {
-		return fieldErr("json_object", "json_object and json_schema cannot be used with ignore_eos (the choice ends when the object closes)")
+		return fieldErr("json_object", "json_object, json_schema and regex cannot be used with ignore_eos (the choice ends when the text is complete)")
 	}
 	return nil
 }

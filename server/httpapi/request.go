@@ -55,6 +55,7 @@ type sampling struct {
 	ResponseFormat      json.RawMessage `json:"response_format"`     // text, json_object or json_schema (completions too, as vLLM)
 	GuidedJSON          json.RawMessage `json:"guided_json"`         // vLLM's: a JSON Schema (an object or its text)
 	GuidedChoice        []string        `json:"guided_choice"`       // vLLM's: the output is exactly one of these
+	GuidedRegex         *string         `json:"guided_regex"`        // vLLM's: the whole output matches this
 	SkipSpecialTokens   *bool           `json:"skip_special_tokens"` // vLLM's: false keeps special tokens' text
 }
 
@@ -459,22 +460,38 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 	return sp, nil
 }
 
-// guided reads vLLM's guided_json and guided_choice into sp.Grammar (one
-// constraint a request: not with response_format json_* either).
+// guided reads vLLM's guided_json, guided_choice and guided_regex into
+// sp.Grammar (one constraint a request: not with response_format json_*
+// either).
 func (p *sampling) guided(sp *engine.SamplingParams) *apiError {
-	hasJSON, hasChoice := !isNull(p.GuidedJSON), p.GuidedChoice != nil
-	if !hasJSON && !hasChoice {
+	hasJSON, hasChoice, hasRegex := !isNull(p.GuidedJSON), p.GuidedChoice != nil, p.GuidedRegex != nil
+	n := 0
+	name := ""
+	for _, g := range []struct {
+		has  bool
+		name string
+	}{{hasJSON, "guided_json"}, {hasChoice, "guided_choice"}, {hasRegex, "guided_regex"}} {
+		if g.has {
+			n++
+			name = g.name
+		}
+	}
+	if n == 0 {
 		return nil
 	}
-	name := "guided_json"
-	if hasChoice {
-		name = "guided_choice"
-	}
-	if (hasJSON && hasChoice) || sp.Grammar != nil {
-		return invalid(name, "only one of response_format (json), guided_json and guided_choice may be given")
+	if n > 1 || sp.Grammar != nil {
+		return invalid(name, "only one of response_format (json), guided_json, guided_choice and guided_regex may be given")
 	}
 	if sp.IgnoreEOS {
 		return invalid(name, "%s cannot be used with ignore_eos (the choice ends when the text is complete)", name)
+	}
+	if hasRegex {
+		re, err := grammar.CompileRegex(*p.GuidedRegex)
+		if err != nil {
+			return invalid(name, "guided_regex: %v", err)
+		}
+		sp.Grammar = re.New
+		return nil
 	}
 	if hasChoice {
 		c, err := grammar.NewChoice(p.GuidedChoice)

@@ -341,7 +341,7 @@ func TestChatToolChoice(t *testing.T) {
 		{`{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "bad name"}}]}`, "tools"},
 		{`{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "a"}}, {"type": "function", "function": {"name": "a"}}]}`, "tools"},
 		{`{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "retrieval"}]}`, "tools"},
-		{`{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {"p": {"type": "string", "pattern": "^http"}}}}}], "tool_choice": "required"}`, "tools"},
+		{`{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {"p": {"type": "string", "pattern": "(http"}}}}}], "tool_choice": "required"}`, "tools"},
 		{`{` + msgs + `, "tool_choice": "required", "response_format": {"type": "json_object"}}`, "tool_choice"},
 	} {
 		resp, raw := post(t, url, "/v1/chat/completions", c.body)

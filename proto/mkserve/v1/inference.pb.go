@@ -104,8 +104,12 @@ type SamplingParams struct {
 	// skip_special_tokens false); an end-of-sequence or stop token still
 	// ends the text without appearing in it.
 	KeepSpecialTokens bool `protobuf:"varint,19,opt,name=keep_special_tokens,json=keepSpecialTokens,proto3" json:"keep_special_tokens,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// regex constrains each choice to a whole match of this regular
+	// expression (RE2 syntax; vLLM's guided_regex); not with json_object or
+	// json_schema, nor with ignore_eos.
+	Regex         string `protobuf:"bytes,20,opt,name=regex,proto3" json:"regex,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -269,6 +273,13 @@ func (x *SamplingParams) GetKeepSpecialTokens() bool {
 		return x.KeepSpecialTokens
 	}
 	return false
+}
+
+func (x *SamplingParams) GetRegex() string {
+	if x != nil {
+		return x.Regex
+	}
+	return ""
 }
 
 // GenerateRequest is one prompt and its settings.
@@ -1020,7 +1031,7 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"\x1amkserve/v1/inference.proto\x12\n" +
 	"mkserve.v1\"\x1c\n" +
 	"\bTokenIds\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\xb8\x06\n" +
+	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\xce\x06\n" +
 	"\x0eSamplingParams\x12\x11\n" +
 	"\x01n\x18\x01 \x01(\x05H\x00R\x01n\x88\x01\x01\x12\"\n" +
 	"\n" +
@@ -1047,7 +1058,8 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"jsonSchema\x12\x1d\n" +
 	"\n" +
 	"min_tokens\x18\x12 \x01(\x05R\tminTokens\x12.\n" +
-	"\x13keep_special_tokens\x18\x13 \x01(\bR\x11keepSpecialTokensB\x04\n" +
+	"\x13keep_special_tokens\x18\x13 \x01(\bR\x11keepSpecialTokens\x12\x14\n" +
+	"\x05regex\x18\x14 \x01(\tR\x05regexB\x04\n" +
 	"\x02_nB\r\n" +
 	"\v_max_tokensB\x0e\n" +
 	"\f_temperatureB\b\n" +
