@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 var regexCases = []struct {
@@ -120,4 +121,39 @@ func TestRegexMask(t *testing.T) {
 			t.Errorf("after %q: mask %b, want %b", step, dst[0], want[0])
 		}
 	}
+}
+
+// FuzzRegex: for the test patterns and any text, a text Go's regexp
+// matches whole is accepted and complete, and an accepted text is
+// complete exactly when it matches.
+func FuzzRegex(f *testing.F) {
+	for i, c := range regexCases {
+		for _, g := range c.good {
+			f.Add(uint8(i), g)
+		}
+	}
+	res := make([]*Regex, len(regexCases))
+	fulls := make([]*regexp.Regexp, len(regexCases))
+	for i, c := range regexCases {
+		res[i], _ = CompileRegex(c.pattern)
+		fulls[i] = regexp.MustCompile(`^(?:` + strings.TrimSuffix(strings.TrimPrefix(c.pattern, "^"), "$") + `)$`)
+	}
+	f.Fuzz(func(t *testing.T, which uint8, text string) {
+		i := int(which) % len(regexCases)
+		v := res[i].New()
+		ok := v.Advance([]byte(text)) || text == ""
+		if !utf8.ValidString(text) { // (Go's regexp reads bad bytes as U+FFFD; a generated text is never complete on them)
+			if ok && v.Complete() {
+				t.Fatalf("%s: invalid UTF-8 %q complete", regexCases[i].pattern, text)
+			}
+			return
+		}
+		m := fulls[i].MatchString(text)
+		if m && !ok {
+			t.Fatalf("%s: %q matches but is refused", regexCases[i].pattern, text)
+		}
+		if ok && v.Complete() != m {
+			t.Fatalf("%s: %q accepted, Complete %v, match %v", regexCases[i].pattern, text, v.Complete(), m)
+		}
+	})
 }
