@@ -184,15 +184,38 @@ func (v *Vocab) Mask(g Validator, dst []uint64) int {
 	}
 	clear(dst)
 	px, _ := g.(Prefixer)
+	// Inside a pattern-constrained string, a token of plain string
+	// characters is the regex's alone to judge: no copy of the whole
+	// validator for it.
+	var re *Regex
+	var rt reText
+	var plain *classSet
+	if pg, ok := g.(patterned); ok {
+		var in bool
+		if re, rt, in = pg.pattern(); in {
+			plain = v.class(StringBody)
+		} else {
+			re = nil
+		}
+	}
+	if re != nil && rt.d >= 0 {
+		return v.patternMask(g, re, rt.d, plain, dst)
+	}
 	n := 0
 	for i := 0; i < len(v.ids); {
 		b := v.data[v.off[i]:v.off[i+1]]
 		var k int // bytes of b accepted
-		if px != nil {
+		switch id := v.ids[i]; {
+		case re != nil && plain.sure[id>>6]&(1<<(id&63)) != 0:
+			t := rt
+			for k < len(b) && re.byte(&t, b[k]) {
+				k++
+			}
+		case px != nil:
 			k = px.AcceptLen(b)
-		} else if g.Accept(b) {
+		case g.Accept(b):
 			k = len(b)
-		} else {
+		default:
 			k = len(b) - 1 // refused somewhere: at worst at its last byte
 		}
 		if k == len(b) {
@@ -218,6 +241,74 @@ func (v *Vocab) Mask(g Validator, dst []uint64) int {
 	return n
 }
 
+// patternMask is Mask inside a pattern-constrained string whose match is
+// DFA state d of re: the plain tokens' mask for that state (computed once
+// and kept with re: the plain tokens depend on nothing else), and the
+// other tokens checked one by one.
+func (v *Vocab) patternMask(g Validator, re *Regex, d int32, plain *classSet, dst []uint64) int {
+	pm := re.plainMask(v, d, plain)
+	copy(dst, pm.mask)
+	n := pm.n
+	for _, i := range plain.rest {
+		if g.Accept(v.data[v.off[i]:v.off[i+1]]) {
+			id := v.ids[i]
+			dst[id>>6] |= 1 << (id & 63)
+			n++
+		}
+	}
+	return n
+}
+
+// plainMasks is a Regex's cache of plain-token masks, by vocabulary and
+// DFA state.
+type plainKey struct {
+	v *Vocab
+	d int32
+}
+
+type plainMask struct {
+	mask []uint64
+	n    int
+}
+
+// plainMask is the mask of the plain tokens (StringBody's) that the regex
+// takes from DFA state d, computed on first use.
+func (r *Regex) plainMask(v *Vocab, d int32, plain *classSet) *plainMask {
+	key := plainKey{v, d}
+	if pm, ok := r.plain.Load(key); ok {
+		return pm.(*plainMask)
+	}
+	pm := &plainMask{mask: make([]uint64, v.MaskWords())}
+	for i := 0; i < len(v.ids); {
+		id := v.ids[i]
+		if plain.sure[id>>6]&(1<<(id&63)) == 0 {
+			i++
+			continue
+		}
+		b := v.data[v.off[i]:v.off[i+1]]
+		t, k := reText{d: d}, 0
+		for k < len(b) && r.byte(&t, b[k]) {
+			k++
+		}
+		if k == len(b) {
+			pm.mask[id>>6] |= 1 << (id & 63)
+			pm.n++
+			i++
+			continue
+		}
+		for i++; i < len(v.ids) && int(v.lcp[i]) > k; i++ { // the run that extends the refused b[:k+1]
+		}
+	}
+	if r.plainN.Add(1) > maxPlainMasks { // (a bound on the memory a request's regex keeps)
+		return pm
+	}
+	got, _ := r.plain.LoadOrStore(key, pm)
+	return got.(*plainMask)
+}
+
+// maxPlainMasks is the most plain-token masks a Regex keeps.
+const maxPlainMasks = 256
+
 // classMask is Mask from class set cs.
 func (v *Vocab) classMask(g Validator, cs *classSet, dst []uint64) int {
 	copy(dst, cs.sure)
@@ -240,6 +331,20 @@ func Count(mask []uint64) int {
 	}
 	return n
 }
+
+// patterned is a validator that may be inside a string whose characters a
+// Regex constrains: pattern returns the regex and the match so far when it
+// is, with no escape or character pending and no length limit — a token
+// of plain string characters (StringBody's) is then accepted exactly when
+// the regex takes its bytes.
+type patterned interface {
+	pattern() (*Regex, reText, bool)
+}
+
+var (
+	_ patterned = (*SchemaJSON)(nil)
+	_ patterned = (*Wrapped)(nil)
+)
 
 // Allowed reports whether token t is set in mask.
 func Allowed(mask []uint64, t int32) bool { return mask[t>>6]&(1<<(t&63)) != 0 }

@@ -138,13 +138,23 @@ func BenchmarkMask(b *testing.B) {
 	}
 	v := NewVocab(tok.VocabSize(), tok.TokenBytes)
 	dst := make([]uint64, v.MaskWords())
-	for _, c := range []struct{ name, prefix string }{
-		{"in_string", `{"name": "Zo`},
-		{"value_start", `{"list": [1, `},
-		{"key_start", `{"a": 1, `},
+	ps, err := CompileSchema([]byte(`{"type": "object", "properties": {"id": {"type": "string", "pattern": "[A-Za-z ]{2,40}-[0-9]+"},
+		"d": {"type": "string", "format": "date-time"}}, "required": ["id", "d"]}`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, prefix string
+		g            func() Validator
+	}{
+		{"in_string", `{"name": "Zo`, JSONObject},
+		{"value_start", `{"list": [1, `, JSONObject},
+		{"key_start", `{"a": 1, `, JSONObject},
+		{"pattern_string", `{"id": "Zo`, ps.New},
+		{"date_time", `{"id": "ab-1", "d": "2024-1`, ps.New},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			j := NewJSON(true)
+			j := c.g()
 			if !j.Advance([]byte(c.prefix)) {
 				b.Fatalf("prefix %q refused", c.prefix)
 			}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/bits"
 	"regexp/syntax"
+	"sync"
+	"sync/atomic"
 	"unicode/utf8"
 )
 
@@ -60,7 +62,24 @@ type Regex struct {
 	start   reSet   // the states before the first character
 	after   []reSet // after[pc]: the states a character matched by rune instruction pc leads to
 	matchOK reSet   // states that match when the text ends here
+	// A DFA over ASCII characters, built at compile time from the start
+	// (at most maxDFA states): dfaSets[i] is state i's set of NFA states,
+	// dfaNext[128·i + c] the state after character c (dfaDead: no match
+	// possible; dfaUnbuilt: past the cap, the NFA steps), dfaOf a set's
+	// state. Read-only once built.
+	dfaSets []reSet
+	dfaNext []int32
+	dfaOf   map[reSet]int32
+	plain   sync.Map     // plainKey → *plainMask: masks of plain string tokens by DFA state (mask.go)
+	plainN  atomic.Int32 // masks computed (kept up to maxPlainMasks)
 }
+
+// DFA limits and markers.
+const (
+	maxDFA     = 4096
+	dfaDead    = -1
+	dfaUnbuilt = -2
+)
 
 // CompileRegex compiles pattern (RE2 syntax; the whole text must match:
 // a leading ^ and a trailing $ are allowed and change nothing). Word
@@ -95,7 +114,33 @@ func CompileRegex(pattern string) (*Regex, error) {
 			r.matchOK.add(pc)
 		}
 	}
+	r.buildDFA()
 	return r, nil
+}
+
+// buildDFA explores the ASCII transitions from the start set.
+func (r *Regex) buildDFA() {
+	r.dfaOf = map[reSet]int32{r.start: 0}
+	r.dfaSets = []reSet{r.start}
+	for i := 0; i < len(r.dfaSets); i++ {
+		row := make([]int32, 128)
+		for c := range rune(128) {
+			ns := r.step(&r.dfaSets[i], c)
+			switch id, ok := r.dfaOf[ns]; {
+			case ns.empty():
+				row[c] = dfaDead
+			case ok:
+				row[c] = id
+			case len(r.dfaSets) < maxDFA:
+				row[c] = int32(len(r.dfaSets))
+				r.dfaOf[ns] = row[c]
+				r.dfaSets = append(r.dfaSets, ns)
+			default:
+				row[c] = dfaUnbuilt
+			}
+		}
+		r.dfaNext = append(r.dfaNext, row...)
+	}
 }
 
 // String is the source pattern.
@@ -231,18 +276,45 @@ func (r *Regex) canRange(s *reSet, lo, hi rune) bool {
 // reText is the state of matching characters: the NFA states and a UTF-8
 // character still being assembled from its bytes.
 type reText struct {
+	d   int32 // the DFA state of the NFA states (Regex.dfaSets), or -1: they are set
 	set reSet
 	buf [utf8.UTFMax]byte
 	n   uint8 // bytes of buf in use
 }
 
 // startText is the state before any character.
-func (r *Regex) startText() reText { return reText{set: r.start} }
+func (r *Regex) startText() reText { return reText{d: 0} }
+
+// cur is t's set of NFA states.
+func (r *Regex) cur(t *reText) *reSet {
+	if t.d >= 0 {
+		return &r.dfaSets[t.d]
+	}
+	return &t.set
+}
 
 // char takes one whole character.
 func (r *Regex) char(t *reText, c rune) bool {
-	t.set = r.step(&t.set, c)
-	return !t.set.empty()
+	if c < 128 && t.d >= 0 {
+		switch nd := r.dfaNext[int(t.d)<<7|int(c)]; nd {
+		case dfaDead:
+			return false
+		case dfaUnbuilt:
+		default:
+			t.d = nd
+			return true
+		}
+	}
+	ns := r.step(r.cur(t), c)
+	if ns.empty() {
+		return false
+	}
+	if id, ok := r.dfaOf[ns]; ok {
+		t.d = id
+	} else {
+		t.d, t.set = -1, ns
+	}
+	return true
 }
 
 // byte takes one byte of UTF-8 text: a character once it is whole; a
@@ -263,14 +335,14 @@ func (r *Regex) byte(t *reText, b byte) bool {
 		return r.char(t, c)
 	}
 	lo, hi, ok := utf8Range(p)
-	return ok && r.canRange(&t.set, lo, hi)
+	return ok && r.canRange(r.cur(t), lo, hi)
 }
 
 // done reports whether the text may end here.
-func (r *Regex) done(t *reText) bool { return t.n == 0 && t.set.meets(&r.matchOK) }
+func (r *Regex) done(t *reText) bool { return t.n == 0 && r.cur(t).meets(&r.matchOK) }
 
 // anyChar reports whether some character may come next.
-func (r *Regex) anyChar(t *reText) bool { return r.canRange(&t.set, 0, utf8.MaxRune) }
+func (r *Regex) anyChar(t *reText) bool { return r.canRange(r.cur(t), 0, utf8.MaxRune) }
 
 // utf8Range is the range of characters whose encodings start with the
 // incomplete sequence p, and false when no valid encoding does.

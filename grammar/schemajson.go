@@ -130,6 +130,15 @@ func (j *SchemaJSON) TokenClass() TokenClass {
 	return NoClass
 }
 
+// pattern is the string leaf's regex and match (patterned).
+func (j *SchemaJSON) pattern() (*Regex, reText, bool) {
+	s := j.leafS
+	if !j.leafOn || j.leafNum || j.enum != nil || j.leaf.st != stString || s == nil || s.re == nil || s.maxN >= 0 || j.lre.n != 0 {
+		return nil, reText{}, false
+	}
+	return s.re, j.lre, true
+}
+
 // AcceptLen is the length of b's longest prefix that may come next
 // (len(b): all of it), leaving j unchanged (Prefixer).
 func (j *SchemaJSON) AcceptLen(b []byte) int {
@@ -476,8 +485,8 @@ func (j *SchemaJSON) patternByte(re *Regex, c byte) bool {
 
 // canRangeNoSurrogates is canRange over [lo, hi] less the surrogates.
 func canRangeNoSurrogates(re *Regex, t *reText, lo, hi rune) bool {
-	return (lo <= min(hi, 0xD7FF) && re.canRange(&t.set, lo, min(hi, 0xD7FF))) ||
-		(max(lo, 0xE000) <= hi && re.canRange(&t.set, max(lo, 0xE000), hi))
+	return (lo <= min(hi, 0xD7FF) && re.canRange(re.cur(t), lo, min(hi, 0xD7FF))) ||
+		(max(lo, 0xE000) <= hi && re.canRange(re.cur(t), max(lo, 0xE000), hi))
 }
 
 // FNV-1a, for map keys.
@@ -570,6 +579,14 @@ func (w *Wrapped) TokenClass() TokenClass {
 		return w.inner.TokenClass()
 	}
 	return NoClass
+}
+
+// pattern is the object's, once the prefix is written (patterned).
+func (w *Wrapped) pattern() (*Regex, reText, bool) {
+	if w.p == len(w.prefix) && !w.inner.Complete() {
+		return w.inner.pattern()
+	}
+	return nil, reText{}, false
 }
 
 // Accept reports whether b may come next, leaving w unchanged.
