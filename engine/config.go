@@ -40,6 +40,20 @@ type Config struct {
 	// with the previous step's tokens still on the device, and the host
 	// delivers those while the GPU runs (overlap.go).
 	SyncSteps bool
+	// SpeculativeTokens > 0 turns on prompt-lookup speculation (vLLM's
+	// "ngram" speculative decoding) for greedy requests: a decode step
+	// proposes up to that many draft tokens — those that followed the most
+	// recent earlier occurrence of the sequence's last tokens, in its
+	// prompt or output — verifies them in the same forward pass and keeps
+	// those the model picks itself, plus its own next token: greedy
+	// decoding's output in fewer steps when the text repeats (code edits,
+	// quoting, extraction). Requests that sample, or ask for penalties, a
+	// bias, a grammar, min_tokens, log-probabilities or several choices,
+	// decode as usual. Steps run synchronously while it is on. 0: off.
+	SpeculativeTokens int
+	// SpeculativeNgramMax and SpeculativeNgramMin bound the length of the
+	// suffix looked up, longest first (0: 4 and 2).
+	SpeculativeNgramMax, SpeculativeNgramMin int
 }
 
 // DefaultConfig is what `mkserve serve` uses without flags on a CPU.
@@ -78,8 +92,18 @@ func (c Config) withDefaults() Config {
 	if c.ContextParallelMin == 0 {
 		c.ContextParallelMin = DefaultContextParallelMin
 	}
+	if c.SpeculativeNgramMax == 0 {
+		c.SpeculativeNgramMax = 4
+	}
+	if c.SpeculativeNgramMin == 0 {
+		c.SpeculativeNgramMin = min(2, c.SpeculativeNgramMax)
+	}
 	return c
 }
+
+// MaxSpeculativeTokens is the most draft tokens a step may verify per
+// sequence.
+const MaxSpeculativeTokens = 16
 
 // DefaultContextParallelMin is the prompt length from which context
 // parallelism applies when ContextParallelMin is 0.
@@ -108,6 +132,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("rebalance_every must not be negative, got %d", c.RebalanceEvery)
 	case c.RebalanceSpare < 0:
 		return fmt.Errorf("rebalance_spare must not be negative, got %d", c.RebalanceSpare)
+	case c.SpeculativeTokens < 0 || c.SpeculativeTokens > MaxSpeculativeTokens:
+		return fmt.Errorf("speculative_tokens must be in [0, %d], got %d", MaxSpeculativeTokens, c.SpeculativeTokens)
+	case c.SpeculativeNgramMax < 0 || c.SpeculativeNgramMax > 64 || c.SpeculativeNgramMin < 0 ||
+		(c.SpeculativeNgramMax > 0 && c.SpeculativeNgramMin > c.SpeculativeNgramMax):
+		return fmt.Errorf("speculative n-gram lengths must satisfy 1 ≤ min ≤ max ≤ 64, got min %d max %d", c.SpeculativeNgramMin, c.SpeculativeNgramMax)
 	}
 	return nil
 }

@@ -78,6 +78,8 @@ type Stats struct {
 	ContextParallelTokens  int64 // prompt tokens prefilled with ring attention (Config.ContextParallel)
 	ExpertPlacements       int64 // per-layer expert placements installed by the rebalancer (Config.RebalanceEvery)
 	OverlappedSteps        int64 // steps launched before the previous step's tokens reached the host (Config.SyncSteps off)
+	SpecDrafted            int64 // draft tokens verified (Config.SpeculativeTokens)
+	SpecAccepted           int64 // of which were accepted
 }
 
 // New sizes the paged KV cache from cfg.KVCacheBytes, initialises it on be,

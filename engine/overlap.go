@@ -55,7 +55,7 @@ const overlapLoadEvery = 32
 // picks on the device, and no sampling sequence with penalties.
 func (e *Engine) overlapSampler(plan []entry, devSampler backend.Sampler) backend.AsyncSampler {
 	as, ok := devSampler.(backend.AsyncSampler)
-	if !ok || e.cfg.SyncSteps {
+	if !ok || e.cfg.SyncSteps || e.cfg.SpeculativeTokens > 0 { // (speculation drafts from tokens on the host)
 		return nil
 	}
 	for _, en := range plan {

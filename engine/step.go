@@ -62,8 +62,9 @@ func (e *Engine) reapAborted() {
 // entry is one sequence's share of a step.
 type entry struct {
 	s      *sequence
-	n      int  // tokens fed this step
-	sample bool // the step ends at the sequence's newest token: sample after it
+	n      int     // tokens fed this step (with draft: 1 + len(draft))
+	sample bool    // the step ends at the sequence's newest token: sample after it
+	draft  []int32 // speculation: draft tokens fed after the newest token (spec.go)
 }
 
 // ensureBlocks gives s blocks for its first upto tokens.
@@ -103,6 +104,8 @@ func (e *Engine) schedule() []entry {
 			continue // overlapped decode: its token on the device is its last
 		}
 		n := min(len(s.tokens)-s.computed, budget)
+		draft := e.draft(s, budget)
+		n += len(draft)
 		for !e.ensureBlocks(s, s.computed+n) {
 			// Take blocks from the newest running sequence.
 			last := e.running[len(e.running)-1]
@@ -117,7 +120,7 @@ func (e *Engine) schedule() []entry {
 		if n == 0 {
 			break
 		}
-		plan = append(plan, entry{s: s, n: n, sample: s.computed+n == len(s.tokens)})
+		plan = append(plan, entry{s: s, n: n, sample: s.computed+n-len(draft) == len(s.tokens), draft: draft})
 		budget -= n
 	}
 	if preempted {
@@ -230,10 +233,13 @@ func (e *Engine) step() {
 		b.Seqs = append(b.Seqs, span)
 		for j := 0; j < en.n; j++ {
 			pos := s.computed + j
-			if s.pend != 0 && pos == s.pend-1 { // still on the device: the in-flight step's pick
+			switch {
+			case s.pend != 0 && pos == s.pend-1: // still on the device: the in-flight step's pick
 				fed = append(fed, [2]int32{int32(len(b.Tokens)), s.fedRow})
 				b.Tokens = append(b.Tokens, 0)
-			} else {
+			case pos >= len(s.tokens): // speculation: a draft token
+				b.Tokens = append(b.Tokens, en.draft[pos-len(s.tokens)])
+			default:
 				b.Tokens = append(b.Tokens, s.tokens[pos])
 			}
 			b.Positions = append(b.Positions, int32(pos))
@@ -242,9 +248,11 @@ func (e *Engine) step() {
 				b.LogitRows = append(b.LogitRows, len(b.Tokens)-1)
 			}
 		}
-		if en.sample {
+		if en.sample { // (with a draft: a row after the newest token and after each draft token)
 			sampleRow[k] = len(b.LogitRows)
-			b.LogitRows = append(b.LogitRows, len(b.Tokens)-1)
+			for t := len(b.Tokens) - 1 - len(en.draft); t < len(b.Tokens); t++ {
+				b.LogitRows = append(b.LogitRows, t)
+			}
 		}
 	}
 	if len(fed) > 0 {
@@ -272,15 +280,20 @@ func (e *Engine) step() {
 	// independent), then deliver them in order.
 	var picks []pick
 	for k, en := range plan {
-		en.s.computed += en.n
+		en.s.computed += en.n - len(en.draft) // (the draft's KV counts once accepted)
 		e.commitBlocks(en.s)
 		if en.sample && !en.s.done {
-			row := sampleRow[k]
-			pk := pick{s: en.s}
-			if logits != nil {
-				pk.logits = logits[row*V : (row+1)*V]
+			for j := 0; j <= len(en.draft); j++ {
+				row := sampleRow[k] + j
+				pk := pick{s: en.s}
+				if j == 0 {
+					pk.draft = en.draft
+				}
+				if logits != nil {
+					pk.logits = logits[row*V : (row+1)*V]
+				}
+				picks = append(picks, pk)
 			}
-			picks = append(picks, pk)
 		}
 	}
 	if devSampler != nil {
@@ -294,9 +307,25 @@ func (e *Engine) step() {
 		}
 		parallelPicks(picks)
 	}
-	generated := 0
-	for _, pk := range picks {
+	generated, drafted, accepts := 0, 0, 0
+	for i := 0; i < len(picks); i++ {
+		pk := picks[i]
 		s := pk.s
+		if pk.draft != nil { // speculation: the accepted draft tokens, then the model's own pick
+			group := picks[i : i+len(pk.draft)+1]
+			a := accepted(pk.draft, group)
+			drafted, accepts = drafted+len(pk.draft), accepts+a
+			for j := 0; j <= a && !s.done; j++ {
+				e.deliver(s, group[j].tok, nil, now)
+				generated++
+			}
+			if !s.done {
+				s.computed += a
+				e.commitBlocks(s)
+			}
+			i += len(pk.draft)
+			continue
+		}
 		if s.forksNow(0) {
 			e.fork(s, pk.logits, now)
 		}
@@ -304,6 +333,13 @@ func (e *Engine) step() {
 		generated++
 	}
 	e.opts.Metrics.GenerationTokens(generated)
+	if drafted > 0 {
+		e.opts.Metrics.SpecDecode(drafted, accepts)
+		st := e.Stats()
+		st.SpecDrafted += int64(drafted)
+		st.SpecAccepted += int64(accepts)
+		e.stats.Store(&st)
+	}
 	e.takeExpertLoad()
 	e.dropFinished()
 	e.publish()
@@ -456,7 +492,8 @@ type pick struct {
 	logits []float32 // [V]
 	tok    int32
 	lp     *Logprob
-	pos    int // overlapped decode: the token's index in s.tokens
+	pos    int     // overlapped decode: the token's index in s.tokens
+	draft  []int32 // speculation: the step's draft, on the first of its 1+len(draft) picks
 }
 
 // parallelPicks samples every pick, spread over the cores.
@@ -756,7 +793,7 @@ func (e *Engine) publish() {
 		BlocksFree: e.blocks.available(), BlocksUsed: e.blocks.numBlocks() - e.blocks.available(),
 		PrefixQueries: e.blocks.queries, PrefixHits: e.blocks.hits,
 		Steps: old.Steps + 1, Preemptions: old.Preemptions, ContextParallelTokens: e.cpTokens,
-		OverlappedSteps: old.OverlappedSteps,
+		OverlappedSteps: old.OverlappedSteps, SpecDrafted: old.SpecDrafted, SpecAccepted: old.SpecAccepted,
 	}
 	if e.rebal != nil {
 		st.ExpertPlacements = e.rebal.moves

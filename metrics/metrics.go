@@ -46,6 +46,7 @@ type Metrics struct {
 	placements                prometheus.Counter
 	overlapped                prometheus.Counter
 	hostRows                  prometheus.Counter
+	specDraft, specAccepted   prometheus.Counter
 	success                   *prometheus.CounterVec // {finished_reason}
 	ttft, itl, e2e, queue     prometheus.Histogram
 	expertTokens              *prometheus.CounterVec // {layer, expert}
@@ -89,6 +90,8 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		placements:    counter("moe_expert_placements_total", "Expert placements of MoE layers installed by the rebalancer (engine.rebalance_every)."),
 		overlapped:    counter("overlapped_steps_total", "Engine steps launched while the previous step's sampled tokens were still on the device (overlapped decode; engine.sync_steps turns it off)."),
 		hostRows:      counter("host_sampled_rows_total", "Tokens sampled on the host though the backend samples on the device: a fork of n choices, prompt log-probabilities in the step, or log-probabilities asked of a row whose grammar (response_format, a forced tool call), logit_bias or min_tokens changes its logits."),
+		specDraft:     counter("spec_decode_num_draft_tokens_total", "Draft tokens proposed by prompt-lookup speculation (engine.speculative_tokens) and verified."),
+		specAccepted:  counter("spec_decode_num_accepted_tokens_total", "Draft tokens that matched the model's own greedy choice (accepted)."),
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: prefix + "request_success_total", Help: "Count of finished requests by finish reason.", ConstLabels: labels,
 		}, []string{"finished_reason"}),
@@ -108,7 +111,7 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		m.success.WithLabelValues(r)
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.prefixQueries, m.prefixHits,
-		m.promptTokens, m.genTokens, m.preemptions, m.cpTokens, m.placements, m.overlapped, m.hostRows, m.success,
+		m.promptTokens, m.genTokens, m.preemptions, m.cpTokens, m.placements, m.overlapped, m.hostRows, m.specDraft, m.specAccepted, m.success,
 		m.ttft, m.itl, m.e2e, m.queue, m.expertTokens, m.imbalance)
 	return m
 }
@@ -222,6 +225,16 @@ func (m *Metrics) OverlappedStep() {
 		return
 	}
 	m.overlapped.Inc()
+}
+
+// SpecDecode counts draft tokens verified in a step and how many of them
+// were accepted.
+func (m *Metrics) SpecDecode(drafted, accepted int) {
+	if m == nil || drafted == 0 {
+		return
+	}
+	m.specDraft.Add(float64(drafted))
+	m.specAccepted.Add(float64(accepted))
 }
 
 // HostSampledRows counts n rows sampled on the host in a step whose backend

@@ -1,0 +1,75 @@
+package engine
+
+import "slices"
+
+// Prompt-lookup speculation (Config.SpeculativeTokens): a greedy decode
+// step of a sequence whose last tokens occurred before feeds, after its
+// newest token, the tokens that followed that occurrence (the draft). The
+// step computes logits at every fed position; the draft is kept up to its
+// first token that differs from the model's own greedy pick at the
+// position before it, and that pick follows — one to 1+len(draft) tokens a
+// step, each exactly the one greedy decoding would emit (up to the
+// rounding of a multi-token step against a one-token one).
+
+// specWindow is how many of a sequence's latest tokens a draft lookup
+// searches: bounded work a step whatever the context.
+const specWindow = 4096
+
+// ngramDraft is up to k tokens after the most recent earlier occurrence of
+// toks' last n tokens, for n from maxN down to minN (the first that has
+// one), searching the last specWindow tokens; nil when none occurs.
+func ngramDraft(toks []int32, k, maxN, minN int) []int32 {
+	L := len(toks)
+	lo := max(0, L-specWindow)
+	for n := min(maxN, L-1); n >= minN && n >= 1; n-- {
+		suffix := toks[L-n:]
+		for start := L - n - 1; start >= lo; start-- {
+			if toks[start+n-1] != suffix[n-1] || !slices.Equal(toks[start:start+n], suffix) {
+				continue
+			}
+			if end := min(start+n+k, L); start+n < end {
+				return slices.Clone(toks[start+n : end])
+			}
+		}
+	}
+	return nil
+}
+
+// specOK reports whether s's decode steps may carry a draft: greedy
+// without anything that reads or changes the logits beyond the argmax
+// (penalties, a bias, a grammar, min_tokens' ban, log-probabilities), one
+// choice, its tokens all on the host.
+func (s *sequence) specOK() bool {
+	p := &s.req.r.Sampling
+	return p.Temperature == 0 && p.N == 1 && s.pend == 0 && s.sampler.seen == nil && p.PresencePenalty == 0 &&
+		p.FrequencyPenalty == 0 && len(p.LogitBias) == 0 && s.sampler.gram == nil && !s.sampler.banning() &&
+		!p.Logprobs && s.req.promptLPs == nil
+}
+
+// draft is s's draft for a decode step with budget tokens left in the
+// step: none when speculation is off or s does not qualify; never past
+// max_tokens or the model length (its own next token must still fit).
+func (e *Engine) draft(s *sequence, budget int) []int32 {
+	k := e.cfg.SpeculativeTokens
+	if k == 0 || !s.specOK() || s.computed+1 != len(s.tokens) {
+		return nil
+	}
+	left := min(s.req.r.Sampling.MaxTokens-(len(s.tokens)-s.prompt), e.cfg.MaxModelLen-len(s.tokens)) - 1
+	k = min(k, left, budget-1)
+	if k <= 0 {
+		return nil
+	}
+	return ngramDraft(s.tokens, k, e.cfg.SpeculativeNgramMax, e.cfg.SpeculativeNgramMin)
+}
+
+// accepted is how many of draft's tokens the step keeps: the run of them
+// each equal to the model's pick at the position before it (picks[j] is
+// the pick after the j-th fed token of the step: the newest token, then
+// the draft's).
+func accepted(draft []int32, picks []pick) int {
+	a := 0
+	for a < len(draft) && picks[a].tok == draft[a] {
+		a++
+	}
+	return a
+}

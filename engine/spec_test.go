@@ -1,0 +1,160 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/models"
+)
+
+// nextModel's greedy pick after token t is next(t) (a clear margin over
+// every other token); it counts the tokens it was fed.
+type nextModel struct {
+	cfg  *models.Config
+	next func(t int32) int32
+	mu   sync.Mutex
+	fed  int
+}
+
+func (m *nextModel) Config() *models.Config      { return m.cfg }
+func (m *nextModel) KVFloatsPerToken() int       { return 8 }
+func (m *nextModel) KVWidths() []backend.KVWidth { return []backend.KVWidth{{K: 4, V: 4}} }
+func (m *nextModel) Forward(b *backend.Batch) (backend.Tensor, error) {
+	m.mu.Lock()
+	m.fed += len(b.Tokens)
+	m.mu.Unlock()
+	V := m.cfg.VocabSize
+	rows := b.LogitRows
+	if rows == nil {
+		rows = make([]int, len(b.Tokens))
+		for i := range rows {
+			rows[i] = i
+		}
+	}
+	out := make(fakeTensor, len(rows)*V)
+	for r, i := range rows {
+		row := out[r*V : (r+1)*V]
+		for t := range row {
+			row[t] = float32((t*37)%11) / 11 // some spread below the pick
+		}
+		row[m.next(b.Tokens[i])] = 5
+	}
+	return out, nil
+}
+
+// TestNgramDraft: the draft follows the most recent earlier occurrence of
+// the longest suffix that has one, within the bounds.
+func TestNgramDraft(t *testing.T) {
+	for _, c := range []struct {
+		toks       []int32
+		k, max, mn int
+		want       []int32
+	}{
+		{[]int32{1, 2, 3, 4, 5, 1, 2}, 3, 4, 2, []int32{3, 4, 5}},
+		{[]int32{1, 2, 3, 9, 2, 3, 7, 1, 2, 3}, 2, 4, 2, []int32{9, 2}}, // "1 2 3" wins over the later "2 3"
+		{[]int32{5, 6, 7, 6, 7, 8, 6, 7}, 4, 3, 2, []int32{8, 6, 7}},    // most recent "6 7", cut at the end
+		{[]int32{1, 2, 3, 4}, 4, 4, 2, nil},                             // no repeat
+		{[]int32{1, 2, 1, 3, 1}, 2, 4, 1, []int32{3, 1}},                // unigram when allowed
+		{[]int32{1, 2, 1, 3, 1}, 2, 4, 2, nil},                          // … not when n ≥ 2
+		{[]int32{4, 4, 4, 4}, 3, 2, 2, []int32{4}},                      // overlapping occurrence, up to the end
+	} {
+		if got := ngramDraft(c.toks, c.k, c.max, c.mn); !slices.Equal(got, c.want) {
+			t.Errorf("ngramDraft(%v, k %d, n %d..%d) = %v, want %v", c.toks, c.k, c.mn, c.max, got, c.want)
+		}
+	}
+}
+
+// TestSpeculationMatchesGreedy: with prompt-lookup speculation on, every
+// request's tokens, text and finish reason equal those of plain greedy
+// decoding — with drafts that are right (a model that repeats a cycle the
+// prompt shows), mostly wrong (a model that does not), ended mid-draft by
+// max_tokens, an EOS token or a stop string, and beside requests that do
+// not qualify (sampled, logprobs) — while the repeating model needs fewer
+// steps, and the counts of drafted and accepted tokens add up.
+func TestSpeculationMatchesGreedy(t *testing.T) {
+	const V = 64
+	cycle := func(t int32) int32 { return (t + 1) % 7 } // 0 1 2 … 6 0 1 …
+	scramble := func(t int32) int32 { return (t*5 + 3) % V }
+	prompts := [][]int32{
+		{0, 1, 2, 3, 4, 5, 6, 0, 1, 2},
+		{3, 4, 5, 6, 0, 1, 2, 3, 4},
+		{9, 10, 11, 9, 10},
+		{20, 21, 22, 23},
+		{1, 8, 43, 0, 7, 1}, // scramble: 1 → 8 → 43 → 26: the draft after "1 8" is right once, then wrong
+	}
+	seed := uint64(3)
+	params := []SamplingParams{
+		{MaxTokens: 23, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true},
+		{MaxTokens: 5, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true},
+		{MaxTokens: 30, TopP: 1, RepetitionPenalty: 1},                                        // EOS (token 2) ends it
+		{MaxTokens: 30, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true, Stop: []string{"fa"}}, // stop string
+		{MaxTokens: 12, Temperature: 0.7, TopP: 1, RepetitionPenalty: 1, Seed: &seed, IgnoreEOS: true},
+		{MaxTokens: 12, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true, Logprobs: true},
+	}
+	for _, mc := range []struct {
+		name string
+		next func(int32) int32
+	}{{"cycle", cycle}, {"scramble", scramble}} {
+		t.Run(mc.name, func(t *testing.T) {
+			run := func(spec int) ([]string, Stats, int) {
+				m := &nextModel{cfg: &models.Config{VocabSize: V, MaxPositions: 4096}, next: mc.next}
+				e, err := New(m, fakeBackend{}, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 20, SpeculativeTokens: spec},
+					Options{Name: "t", EOS: []int32{2}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Shutdown(context.Background())
+				var chans []<-chan Event
+				for _, p := range prompts {
+					for _, sp := range params {
+						ch, err := e.Generate(context.Background(), &Request{Prompt: p, Sampling: sp})
+						if err != nil {
+							t.Fatal(err)
+						}
+						chans = append(chans, ch)
+					}
+				}
+				var out []string
+				for _, ch := range chans {
+					var toks []int32
+					var text, reason string
+					for ev := range ch {
+						toks = append(toks, ev.TokenIDs...)
+						text += ev.Text
+						if ev.FinishReason != "" {
+							reason = ev.FinishReason
+						}
+						if ev.Err != nil {
+							t.Fatal(ev.Err)
+						}
+					}
+					out = append(out, fmt.Sprintf("%v %q %s", toks, text, reason))
+				}
+				return out, e.Stats(), m.fed
+			}
+			want, plain, _ := run(0)
+			got, st, _ := run(4)
+			for i := range want {
+				if got[i] != want[i] {
+					t.Errorf("request %d (prompt %v, %+v):\nspeculative %s\ngreedy      %s", i, prompts[i/len(params)],
+						params[i%len(params)], got[i], want[i])
+				}
+			}
+			if st.SpecDrafted == 0 || st.SpecAccepted > st.SpecDrafted {
+				t.Errorf("drafted %d, accepted %d", st.SpecDrafted, st.SpecAccepted)
+			}
+			t.Logf("steps %d → %d, drafted %d, accepted %d", plain.Steps, st.Steps, st.SpecDrafted, st.SpecAccepted)
+			if mc.name == "cycle" && (st.Steps >= plain.Steps || st.SpecAccepted < st.SpecDrafted/2) {
+				t.Errorf("a repeating model: %d steps against %d, %d of %d drafts accepted", st.Steps, plain.Steps, st.SpecAccepted, st.SpecDrafted)
+			}
+			if strings.Contains(strings.Join(got, ""), "error") {
+				t.Error("an error finish")
+			}
+		})
+	}
+}
