@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/models"
 )
 
@@ -137,8 +138,14 @@ func TestSpeculationMatchesGreedy(t *testing.T) {
 				}
 				return out, e.Stats(), m.fed
 			}
-			want, plain, _ := run(0)
-			got, st, _ := run(4)
+			want, plain, plainFed := run(0)
+			got, st, fed := run(4)
+			// Accepted drafts are never fed again: the speculative run feeds
+			// the plain run's tokens plus the rejected drafts (and, per
+			// request, at most a draft cut off by its end).
+			if extra := int64(fed - plainFed); extra < 0 || extra > st.SpecDrafted-st.SpecAccepted+int64(4*len(prompts)*len(params)) {
+				t.Errorf("fed %d tokens against %d: %d more, with %d drafts rejected", fed, plainFed, extra, st.SpecDrafted-st.SpecAccepted)
+			}
 			for i := range want {
 				if got[i] != want[i] {
 					t.Errorf("request %d (prompt %v, %+v):\nspeculative %s\ngreedy      %s", i, prompts[i/len(params)],
@@ -148,7 +155,7 @@ func TestSpeculationMatchesGreedy(t *testing.T) {
 			if st.SpecDrafted == 0 || st.SpecAccepted > st.SpecDrafted {
 				t.Errorf("drafted %d, accepted %d", st.SpecDrafted, st.SpecAccepted)
 			}
-			t.Logf("steps %d → %d, drafted %d, accepted %d", plain.Steps, st.Steps, st.SpecDrafted, st.SpecAccepted)
+			t.Logf("steps %d → %d, drafted %d, accepted %d, fed %d → %d", plain.Steps, st.Steps, st.SpecDrafted, st.SpecAccepted, plainFed, fed)
 			if mc.name == "cycle" && (st.Steps >= plain.Steps || st.SpecAccepted < st.SpecDrafted/2) {
 				t.Errorf("a repeating model: %d steps against %d, %d of %d drafts accepted", st.Steps, plain.Steps, st.SpecAccepted, st.SpecDrafted)
 			}
@@ -157,4 +164,59 @@ func TestSpeculationMatchesGreedy(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSpeculationRealModel: on the CPU test model (its KV cache real: a
+// rejected draft leaves entries past the sequence that later steps must
+// overwrite, an accepted one must not be computed again), greedy outputs
+// with speculation equal those without, over prompts that repeat.
+func TestSpeculationRealModel(t *testing.T) {
+	dir := "../models/testdata/golden/qwen3_moe"
+	run := func(spec int) ([][]int32, Stats) {
+		be := cpu.New(cpu.Options{})
+		l, err := models.Load(dir, be, models.LoadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		e, err := New(l.Model, be, fakeDetok{}, Config{BlockSize: 4, SpeculativeTokens: spec, PrefixCaching: true}, Options{Name: "t", EOS: []int32{2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Shutdown(context.Background())
+		var chans []<-chan Event
+		for i := range 6 {
+			base := []int32{int32(10 + i), 40, 41, 42, 43, int32(50 + i), 44}
+			prompt := append(slices.Repeat(base, 3), base[:3]...)
+			ch, err := e.Generate(context.Background(), &Request{Prompt: prompt, Sampling: SamplingParams{MaxTokens: 24, TopP: 1,
+				RepetitionPenalty: 1, IgnoreEOS: true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			chans = append(chans, ch)
+		}
+		var out [][]int32
+		for _, ch := range chans {
+			var toks []int32
+			for ev := range ch {
+				if ev.Err != nil {
+					t.Fatal(ev.Err)
+				}
+				toks = append(toks, ev.TokenIDs...)
+			}
+			out = append(out, toks)
+		}
+		return out, e.Stats()
+	}
+	want, _ := run(0)
+	got, st := run(5)
+	for i := range want {
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("request %d:\nspeculative %v\ngreedy      %v", i, got[i], want[i])
+		}
+	}
+	if st.SpecDrafted == 0 {
+		t.Error("no drafts over repeating prompts")
+	}
+	t.Logf("drafted %d, accepted %d", st.SpecDrafted, st.SpecAccepted)
 }
