@@ -70,6 +70,9 @@ type Engine struct {
 	RebalanceSpare      int   // engine.rebalance_spare (extra expert slots per rank)
 	GraphWarmup         bool  // engine.graph_warmup (capture decode graphs at start)
 	SyncSteps           bool  // engine.sync_steps (overlapped decode off)
+	SpeculativeTokens   int   // engine.speculative_tokens (prompt-lookup draft tokens a step; 0: off)
+	SpeculativeNgramMax int   // engine.speculative_ngram_max (0: 4)
+	SpeculativeNgramMin int   // engine.speculative_ngram_min (0: 2)
 }
 
 // Defaults of the settings engine.DefaultConfig does not cover.
@@ -136,6 +139,9 @@ func (c *Config) EngineConfig() engine.Config {
 		RebalanceSpare:      e.RebalanceSpare,
 		GraphWarmup:         e.GraphWarmup,
 		SyncSteps:           e.SyncSteps,
+		SpeculativeTokens:   e.SpeculativeTokens,
+		SpeculativeNgramMax: e.SpeculativeNgramMax,
+		SpeculativeNgramMin: e.SpeculativeNgramMin,
 	}
 }
 
