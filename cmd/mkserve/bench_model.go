@@ -27,7 +27,7 @@ func init() { benches["model"] = benchModel }
 
 // modelResult is one line of `mkserve bench model`.
 type modelResult struct {
-	Kind    string `json:"kind"` // "prefill" or "decode"
+	Kind    string `json:"kind"` // "prefill", "decode" or "verify" (--verify-tokens)
 	Batch   int    `json:"batch"`
 	Context int    `json:"context"` // decode: tokens already cached per sequence
 	// Contexts is how many distinct contexts the decode batch's sequences
@@ -111,6 +111,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	contexts := fs.Int("contexts", 32, "decode: distinct prefilled contexts; sequence s reads context s mod N (1: every sequence shares one context, as before the eighth pass: the batch's attention outputs then agree and its tokens route to few experts)")
 	prefill := fs.Int("prefill", 8192, "prefill prompt length (0: no prefill run)")
 	steps := fs.Int("steps", 10, "timed decode steps (and prefill runs: steps/5, at least 3, after 200 ms of warm-up runs)")
+	verify := fs.Int("verify-tokens", 0, "decode: also time speculation's verify steps, each sequence feeding its newest token and this many draft tokens with a logits row after each (kind \"verify\"; engine.speculative_tokens; 0: not)")
 	blockSize := fs.Int("block-size", 16, "KV cache block size")
 	seed := fs.Uint64("seed", 1, "random weight seed")
 	bw := fs.Float64("hbm-gbps", 0, "bandwidth for the floor, GB/s (0: measure a device copy on cuda)")
@@ -233,7 +234,7 @@ func benchModel(args []string, stdout io.Writer) error {
 		}
 
 		maxB := slices.Max(bs)
-		perSeq := (*ctxLen + *steps + 4 + *blockSize - 1) / *blockSize
+		perSeq := (*ctxLen + (*steps+4)*(1+max(0, *verify)) + *blockSize - 1) / *blockSize
 		blocks := max(maxB*perSeq, (*prefill+*blockSize-1) / *blockSize + 1)
 		if err := be.InitKV(*blockSize, blocks); err != nil {
 			return err
@@ -458,12 +459,42 @@ func benchModel(args []string, stdout io.Writer) error {
 			if cb != nil {
 				prevGraphs = cb.Graphs()
 			}
+			var vr *modelResult
+			if *verify > 0 { // after the decode steps' positions: the same contexts, 1+K tokens a sequence a step
+				K := *verify
+				var vms []float64
+				for step := 0; step < *steps+2; step++ {
+					pos := *ctxLen + *steps + 2 + step*(K+1)
+					b := &backend.Batch{}
+					for s := 0; s < B; s++ {
+						off := len(b.Tokens)
+						for j := 0; j <= K; j++ {
+							b.Tokens = append(b.Tokens, int32((s*31+step*17+j*7+3)%cfg.VocabSize))
+							b.Positions = append(b.Positions, int32(pos+j))
+							b.LogitRows = append(b.LogitRows, off+j)
+						}
+						b.Seqs = append(b.Seqs, backend.SeqSpan{ID: uint64(s), Offset: off, Len: K + 1, Past: pos, Blocks: seqBlocks(s, perSeq)})
+					}
+					t := time.Now()
+					if err := forward(b); err != nil {
+						return err
+					}
+					if step >= 2 {
+						vms = append(vms, float64(time.Since(t).Microseconds())/1e3)
+					}
+				}
+				vr = &modelResult{Kind: "verify", Batch: B, Context: *ctxLen, Tokens: B * (K + 1), MS: median(vms), WeightGB: r.WeightGB}
+				vr.TokensPS = float64(vr.Tokens) / vr.MS * 1e3
+			}
 			r.TokensPS = float64(B) / r.MS * 1e3
 			if *bw > 0 {
 				r.FloorMS = r.WeightGB / *bw * 1e3
 				r.OverFloor = r.MS / r.FloorMS
 			}
 			out = append(out, r)
+			if vr != nil {
+				out = append(out, *vr)
+			}
 		}
 
 		if wd != nil {

@@ -34,6 +34,14 @@ func TestBenchModel(t *testing.T) {
 			t.Errorf("%+v: tokens_per_s %v, tokens/ms gives %v", r, r.TokensPS, got)
 		}
 	}
+	// --verify-tokens adds a verify row after each decode row.
+	code, out, errOut = runCLI([]string{"bench", "model", "--config", "../../models/testdata/golden/mixtral",
+		"--backend", "cpu", "--batch", "2", "--context", "20", "--prefill", "0", "--steps", "3", "--verify-tokens", "3", "--json"}, "")
+	var vrows []modelResult
+	if code != 0 || json.Unmarshal([]byte(out), &vrows) != nil || len(vrows) != 2 || vrows[1].Kind != "verify" ||
+		vrows[1].Tokens != 8 || vrows[1].MS <= 0 {
+		t.Fatalf("--verify-tokens: exit %d %s %s", code, out, errOut)
+	}
 	d := rows[1]
 	if d.FloorMS <= 0 || (d.OverFloor-d.MS/d.FloorMS) > 1e-9 || (d.FloorMS-d.WeightGB/10*1e3) > 1e-9 {
 		t.Errorf("decode floor arithmetic: %+v", d)
