@@ -234,7 +234,7 @@ func benchModel(args []string, stdout io.Writer) error {
 		}
 
 		maxB := slices.Max(bs)
-		perSeq := (*ctxLen + (*steps+4)*(1+max(0, *verify)) + *blockSize - 1) / *blockSize
+		perSeq := (*ctxLen + (*steps+4)*(2+max(0, *verify)) + *blockSize - 1) / *blockSize
 		blocks := max(maxB*perSeq, (*prefill+*blockSize-1) / *blockSize + 1)
 		if err := be.InitKV(*blockSize, blocks); err != nil {
 			return err
