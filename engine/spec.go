@@ -1,6 +1,10 @@
 package engine
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/mkserve/mkserve/backend"
+)
 
 // Prompt-lookup speculation (Config.SpeculativeTokens): a greedy decode
 // step of a sequence whose last tokens occurred before feeds, after its
@@ -10,6 +14,25 @@ import "slices"
 // position before it, and that pick follows — one to 1+len(draft) tokens a
 // step, each exactly the one greedy decoding would emit (up to the
 // rounding of a multi-token step against a one-token one).
+
+// verifySpans is a verify step's span of 1+len(draft) tokens as that many
+// one-token spans over the same block table, token j's with j more tokens
+// past: a batch of one-token spans is what backends run as a decode step
+// (the CUDA backend as a graph), and each span's attention sees the KV the
+// step writes for the tokens before it (a backend writes a batch's KV
+// before it attends; the CUDA backend's kernel that does both in one pass
+// is not used when spans share blocks). The spans after the first get IDs
+// derived from the sequence's.
+func verifySpans(span backend.SeqSpan) []backend.SeqSpan {
+	out := make([]backend.SeqSpan, span.Len)
+	for j := range out {
+		out[j] = backend.SeqSpan{ID: span.ID, Offset: span.Offset + j, Len: 1, Past: span.Past + j, Blocks: span.Blocks}
+		if j > 0 {
+			out[j].ID = span.ID ^ (uint64(j) << 56) ^ 0x9e3779b97f4a7c15
+		}
+	}
+	return out
+}
 
 // specWindow is how many of a sequence's latest tokens a draft lookup
 // searches: bounded work a step whatever the context.

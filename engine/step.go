@@ -230,7 +230,11 @@ func (e *Engine) step() {
 			e.cpTokens += int64(en.n)
 			e.opts.Metrics.ContextParallelTokens(en.n)
 		}
-		b.Seqs = append(b.Seqs, span)
+		if en.draft == nil {
+			b.Seqs = append(b.Seqs, span)
+		} else {
+			b.Seqs = append(b.Seqs, verifySpans(span)...)
+		}
 		for j := 0; j < en.n; j++ {
 			pos := s.computed + j
 			switch {

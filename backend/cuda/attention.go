@@ -259,6 +259,9 @@ func (be *Backend) NormRoPEAttention(q, k, v, qw, kw backend.Tensor, eps float32
 			return nil, false
 		}
 	}
+	if sharesBlocks(b) { // a verify step's spans: each must see the KV the others write first
+		return nil, false
+	}
 	qwt, ok1 := headNormWeight("NormRoPEAttention", qw, p.HeadDim)
 	kwt, ok2 := headNormWeight("NormRoPEAttention", kw, p.HeadDim)
 	if !ok1 || !ok2 || !be.decodeFits(p, rope.Dim) {
@@ -270,6 +273,30 @@ func (be *Backend) NormRoPEAttention(q, k, v, qw, kw backend.Tensor, eps float32
 		return nil, false
 	}
 	return out, true
+}
+
+// sharesBlocks reports whether two of b's spans have the same block table
+// (the engine's speculative verify steps: one-token spans of one sequence,
+// token j attending the KV of tokens before it in the same step). The
+// fused decode kernel writes each span's KV and attends in one pass, so
+// such a batch takes the separate kernels, which write every span's KV
+// first.
+func sharesBlocks(b *backend.Batch) bool {
+	var seen map[*int32]bool
+	for _, s := range b.Seqs {
+		if len(s.Blocks) == 0 {
+			continue
+		}
+		p := &s.Blocks[0]
+		if seen == nil {
+			seen = make(map[*int32]bool, len(b.Seqs))
+		}
+		if seen[p] {
+			return true
+		}
+		seen[p] = true
+	}
+	return false
 }
 
 // FusedDecodeEnv names the environment variable that, set to 0, runs a

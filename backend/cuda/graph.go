@@ -91,7 +91,10 @@ type GraphStats struct {
 }
 
 // graphKey identifies a captured step's shape.
-type graphKey struct{ rows, keys int }
+type graphKey struct {
+	rows, keys int
+	shared     bool // spans share block tables (speculative verify steps): the separate decode kernels (sharesBlocks)
+}
 
 // stepGraph is one key's graph and its tape.
 type stepGraph struct {
@@ -194,7 +197,7 @@ func (be *Backend) eligible(b *backend.Batch) (graphKey, bool) {
 		}
 		longest = max(longest, s.Past+1)
 	}
-	return graphKey{rows: padRows(T), keys: stepKeyBucket(longest)}, true
+	return graphKey{rows: padRows(T), keys: stepKeyBucket(longest), shared: sharesBlocks(b)}, true
 }
 
 // GraphWarmupRows implements backend.GraphWarmer: every padded row count

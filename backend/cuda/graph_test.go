@@ -447,3 +447,25 @@ func TestStepKernelStamps(t *testing.T) {
 		t.Errorf("stamps %v: want the step's kernels, the RMSNorms among them", st)
 	}
 }
+
+// TestEngineSpeculation: prompt-lookup speculation on the CUDA backend —
+// verify steps as one-token spans sharing a block table, run by the
+// separate decode kernels (each span sees the KV the step writes for the
+// tokens before it), eagerly and as graphs of their own key — gives
+// engine.Greedy's tokens.
+func TestEngineSpeculation(t *testing.T) {
+	for _, graphs := range []bool{false, true} {
+		t.Run(fmt.Sprintf("graphs=%v", graphs), func(t *testing.T) {
+			be := fastBackend(t, graphs)
+			st := engineMatchesGreedy(t, be, func(c *engine.Config) { c.SpeculativeTokens = 4; c.SpeculativeNgramMin = 1 })
+			gs := be.Graphs()
+			t.Logf("drafted %d, accepted %d; graph stats %+v", st.SpecDrafted, st.SpecAccepted, gs)
+			if st.SpecDrafted == 0 {
+				t.Error("no drafts were verified")
+			}
+			if graphs && (gs.Replays == 0 || gs.Failed != 0 || gs.Diverged != 0) {
+				t.Errorf("graph stats %+v: want replays and no failures", gs)
+			}
+		})
+	}
+}

@@ -466,14 +466,13 @@ func benchModel(args []string, stdout io.Writer) error {
 				for step := 0; step < *steps+2; step++ {
 					pos := *ctxLen + *steps + 2 + step*(K+1)
 					b := &backend.Batch{}
-					for s := 0; s < B; s++ {
-						off := len(b.Tokens)
+					for s := 0; s < B; s++ { // as the engine's verify steps: one-token spans sharing the sequence's blocks
+						blk := seqBlocks(s, perSeq)
 						for j := 0; j <= K; j++ {
+							b.Seqs = append(b.Seqs, backend.SeqSpan{ID: uint64(s) | uint64(j)<<56, Offset: len(b.Tokens), Len: 1, Past: pos + j, Blocks: blk})
 							b.Tokens = append(b.Tokens, int32((s*31+step*17+j*7+3)%cfg.VocabSize))
 							b.Positions = append(b.Positions, int32(pos+j))
-							b.LogitRows = append(b.LogitRows, off+j)
 						}
-						b.Seqs = append(b.Seqs, backend.SeqSpan{ID: uint64(s), Offset: off, Len: K + 1, Past: pos, Blocks: seqBlocks(s, perSeq)})
 					}
 					t := time.Now()
 					if err := forward(b); err != nil {
