@@ -101,9 +101,6 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	if err != nil {
 		return err
 	}
-	if cfg.Engine.SpeculativeTokens > 0 && cfg.Backend == "cuda" && cfg.Precision == "fast" {
-		log.Warn("engine.speculative_tokens with the fast precision: verify steps run without CUDA graphs (3-6x a graph decode step at batch 1, docs/PERF.md), so speculation is slower than plain decode unless most drafts are accepted")
-	}
 	defaults := samplingDefaults(gc)
 	reg := metrics.NewRegistry()
 	met := metrics.New(reg, cfg.ModelName())
