@@ -49,7 +49,8 @@ type Config struct {
 	// decoding's output in fewer steps when the text repeats (code edits,
 	// quoting, extraction). Requests that sample, or ask for penalties, a
 	// bias, a grammar, min_tokens, log-probabilities or several choices,
-	// decode as usual. Steps run synchronously while it is on. 0: off.
+	// decode as usual. A step with a request that qualifies runs
+	// synchronously (drafts come from tokens on the host). 0: off.
 	SpeculativeTokens int
 	// SpeculativeNgramMax and SpeculativeNgramMin bound the length of the
 	// suffix looked up, longest first (0: 4 and 2).

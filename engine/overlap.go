@@ -52,10 +52,11 @@ const overlapLoadEvery = 32
 
 // overlapSampler returns the backend's AsyncSampler when plan's step may
 // run overlapped, else nil: device sampling (devSampler) that can keep its
-// picks on the device, and no sampling sequence with penalties.
+// picks on the device, no sampling sequence with penalties, and none that
+// speculation may draft for.
 func (e *Engine) overlapSampler(plan []entry, devSampler backend.Sampler) backend.AsyncSampler {
 	as, ok := devSampler.(backend.AsyncSampler)
-	if !ok || e.cfg.SyncSteps || e.cfg.SpeculativeTokens > 0 { // (speculation drafts from tokens on the host)
+	if !ok || e.cfg.SyncSteps {
 		return nil
 	}
 	for _, en := range plan {
@@ -64,6 +65,9 @@ func (e *Engine) overlapSampler(plan []entry, devSampler backend.Sampler) backen
 		}
 		p := &en.s.req.r.Sampling
 		if en.s.sampler.seen != nil || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+			return nil
+		}
+		if e.cfg.SpeculativeTokens > 0 && en.s.specCandidate() { // (drafts come from tokens on the host)
 			return nil
 		}
 	}

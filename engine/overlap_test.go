@@ -170,6 +170,10 @@ func TestOverlapMatchesSync(t *testing.T) {
 		{"min_tokens", roomy, func(p *engine.SamplingParams, _ []result) {
 			p.IgnoreEOS, p.MinTokens, p.LogitBias, p.Temperature = false, 5, map[int32]float32{2: 4}, 1
 		}, true, true},
+		{"speculation on, sampled", engine.Config{MaxNumBatchedTokens: 4096, BlockSize: 4, PrefixCaching: true, SpeculativeTokens: 4},
+			func(p *engine.SamplingParams, _ []result) { p.Temperature = 0.9 }, true, false},
+		{"speculation on, greedy", engine.Config{MaxNumBatchedTokens: 4096, BlockSize: 4, PrefixCaching: true, SpeculativeTokens: 4,
+			SpeculativeNgramMin: 1}, func(p *engine.SamplingParams, _ []result) { p.Seed = nil }, false, false},
 		{"penalties", roomy, func(p *engine.SamplingParams, _ []result) {
 			p.Temperature = 0.7
 			p.RepetitionPenalty = 1.3
@@ -232,6 +236,9 @@ func TestOverlapMatchesSync(t *testing.T) {
 			}
 			if tc.name == "penalties" && (launched != 0 || st.OverlappedSteps != 0) {
 				t.Errorf("penalised sampling overlapped: %d async samplings", launched)
+			}
+			if tc.name == "speculation on, greedy" && (st.OverlappedSteps != 0 || st.SpecDrafted == 0) {
+				t.Errorf("greedy with speculation: %d overlapped steps, %d drafts", st.OverlappedSteps, st.SpecDrafted)
 			}
 			t.Logf("%d async samplings, %d overlapped waits, %d fed rows, %d overlapped steps", launched, overlapped, fed, st.OverlappedSteps)
 		})

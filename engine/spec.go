@@ -58,13 +58,17 @@ func ngramDraft(toks []int32, k, maxN, minN int) []int32 {
 	return nil
 }
 
-// specOK reports whether s's decode steps may carry a draft: greedy
+// specOK reports whether s's decode steps may carry a draft: a
+// speculation candidate with its tokens all on the host.
+func (s *sequence) specOK() bool { return s.pend == 0 && s.specCandidate() }
+
+// specCandidate reports whether s qualifies for speculation: greedy
 // without anything that reads or changes the logits beyond the argmax
 // (penalties, a bias, a grammar, min_tokens' ban, log-probabilities), one
-// choice, its tokens all on the host.
-func (s *sequence) specOK() bool {
+// choice.
+func (s *sequence) specCandidate() bool {
 	p := &s.req.r.Sampling
-	return p.Temperature == 0 && p.N == 1 && s.pend == 0 && s.sampler.seen == nil && p.PresencePenalty == 0 &&
+	return p.Temperature == 0 && p.N == 1 && s.sampler.seen == nil && p.PresencePenalty == 0 &&
 		p.FrequencyPenalty == 0 && len(p.LogitBias) == 0 && s.sampler.gram == nil && !s.sampler.banning() &&
 		!p.Logprobs && s.req.promptLPs == nil
 }
