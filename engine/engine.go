@@ -42,12 +42,12 @@ type Engine struct {
 	tokBytes func(int32) []byte
 	// gvocab is the vocabulary arranged for grammar masks, built once
 	// (off the step loop at start) when tokBytes is set.
-	gvocab   func() *grammar.Vocab
-	cfg      Config
-	opts     Options
-	vocab    int
-	blocks   *blockManager
-	log      *zap.Logger
+	gvocab func() *grammar.Vocab
+	cfg    Config
+	opts   Options
+	vocab  int
+	blocks *blockManager
+	log    *zap.Logger
 
 	mu       sync.Mutex
 	incoming []*request
