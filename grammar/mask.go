@@ -247,16 +247,7 @@ func (v *Vocab) Mask(g Validator, dst []uint64) int {
 // other tokens checked one by one.
 func (v *Vocab) patternMask(g Validator, re *Regex, d int32, plain *classSet, dst []uint64) int {
 	pm := re.plainMask(v, d, plain)
-	copy(dst, pm.mask)
-	n := pm.n
-	for _, i := range plain.rest {
-		if g.Accept(v.data[v.off[i]:v.off[i+1]]) {
-			id := v.ids[i]
-			dst[id>>6] |= 1 << (id & 63)
-			n++
-		}
-	}
-	return n
+	return v.fromSet(g, pm.mask, pm.n, plain.rest, dst)
 }
 
 // plainMasks is a Regex's cache of plain-token masks, by vocabulary and
@@ -311,9 +302,14 @@ const maxPlainMasks = 256
 
 // classMask is Mask from class set cs.
 func (v *Vocab) classMask(g Validator, cs *classSet, dst []uint64) int {
-	copy(dst, cs.sure)
-	n := cs.n
-	for _, i := range cs.rest {
+	return v.fromSet(g, cs.sure, cs.n, cs.rest, dst)
+}
+
+// fromSet is Mask from sure, n tokens known to be accepted, and rest, the
+// positions (in byte order) of the others, each checked.
+func (v *Vocab) fromSet(g Validator, sure []uint64, n int, rest []int32, dst []uint64) int {
+	copy(dst, sure)
+	for _, i := range rest {
 		if g.Accept(v.data[v.off[i]:v.off[i+1]]) {
 			id := v.ids[i]
 			dst[id>>6] |= 1 << (id & 63)
