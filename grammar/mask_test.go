@@ -44,8 +44,9 @@ func maskStates(t *testing.T, every int) map[string]Validator {
 	add("wrapped", func() Validator { return NewWrapped([]byte("<tool_call>\n"), ws, []byte("\n</tool_call>")) },
 		"<tool_call>\n{\"name\": \"f\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>")
 	ps := mustSchema(t, `{"type": "object", "properties": {"id": {"type": "string", "pattern": "[A-Z]{2}-\\d{3}"},
-		"d": {"type": "string", "format": "date"}, "e": {"type": "string", "pattern": "é+x?"}}, "required": ["id", "d", "e"]}`)
-	add("pattern", ps.New, `{"id": "AB-123", "d": "2024-12-31", "e": "\u00e9éx"}`)
+		"d": {"type": "string", "format": "date"}, "e": {"type": "string", "pattern": "é+x?"},
+		"nl": {"type": "string", "pattern": "a\\nb"}}, "required": ["id", "d", "e", "nl"]}`)
+	add("pattern", ps.New, `{"id": "AB-123", "d": "2024-12-31", "e": "ééx", "nl": "a\nb"}`)
 	rx, err := CompileRegex(`(yes|no|[0-9]{1,3}( items)?)!?`)
 	if err != nil {
 		t.Fatal(err)

@@ -537,7 +537,8 @@ func TestSchemaPattern(t *testing.T) {
 		"when": {"type": "string", "format": "date-time"},
 		"day": {"type": ["string", "null"], "format": "date"},
 		"u": {"type": "string", "format": "uuid"},
-		"q": {"type": "string", "pattern": "a\"b|é+|\\\\n"}},
+		"q": {"type": "string", "pattern": "a\"b|é+|\\\\n"},
+		"nl": {"type": "string", "pattern": "a\nb"}},
 		"required": ["id", "when", "day", "u", "q"]}`)
 	good := `{"id": "AB-123", "when": "2024-02-29T13:05:09.5+01:00", "day": "2024-12-31", "u": "123e4567-e89b-12d3-a456-426614174000", "q": "a\"b"}`
 	cases := []struct {
@@ -548,17 +549,21 @@ func TestSchemaPattern(t *testing.T) {
 	}{
 		{"good", good, -1, true},
 		{"null day", strings.Replace(good, `"2024-12-31"`, `null`, 1), -1, true},
-		{"escaped letters", strings.Replace(good, `"AB-123"`, `"\u0041B-12\u0033"`, 1), -1, true},
-		{"é raw and escaped", strings.Replace(good, `"a\"b"`, `"é\u00e9"`, 1), -1, true},
+		{"é raw", strings.Replace(good, `"a\"b"`, `"éé"`, 1), -1, true},
+		{"escaped newline", strings.Replace(good, `}`, `, "nl": "a\nb"}`, 1), -1, true},
+		{"newline by \\u", strings.Replace(good, `}`, `, "nl": "a\u000ab"}`, 1), -1, true},
+		{"a letter by \\u", `{"id": "\u0041`, 9, false},
+		{"é by \\u", strings.Replace(good, `"a\"b"`, `"é\u00e9"`, 1), strings.Index(good, `"a\"b"`) + 4, false},
+		{"escaped slash", strings.Replace(good, `}`, `, "nl": "a\/`, 1), len(good) + 10, false},
 		{"backslash n", strings.Replace(good, `"a\"b"`, `"\\n"`, 1), -1, true},
 		{"lower case id", `{"id": "aB`, 8, false},
 		{"id too short", `{"id": "AB-12"`, 13, false},
 		{"id too long", `{"id": "AB-1234`, 14, false},
-		{"escaped digit where - must come", `{"id": "AB\u003`, 14, false},
+		{"escaped digit where - must come", `{"id": "AB\u003`, 11, false},
 		{"month 13", strings.Replace(good, `2024-12-31`, `2024-13-31`, 1), strings.Index(good, `2024-12-31`) + 6, false},
 		{"no zone", strings.Replace(good, `09.5+01:00"`, `09.5"`, 1), strings.Index(good, `09.5+01:00"`) + 4, false},
 		{"uuid letter", strings.Replace(good, `123e4567`, `123g4567`, 1), strings.Index(good, `123e4567`) + 3, false},
-		{"surrogate escape", strings.Replace(good, `"a\"b"`, `"\ud83d\ude00"`, 1), strings.Index(good, `"a\"b"`) + 3, false},
+		{"surrogate escape", strings.Replace(good, `"a\"b"`, `"\ud83d\ude00"`, 1), strings.Index(good, `"a\"b"`) + 2, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { checkText(t, s, c.text, c.accepted, c.complete) })

@@ -440,10 +440,11 @@ var jsonEscapes = [256]rune{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f'
 
 // patternByte runs byte c of a string leaf whose schema has a regex through
 // the match, by the leaf's state before c: a raw character (UTF-8, whole
-// or begun), an escape (its character once known; \uXXXX while its digits
-// come, as the range they still allow; no surrogates), or the closing
-// quote (the match must be complete). Bytes the leaf itself refuses pass
-// here (it refuses them next).
+// or begun), an escape — only those JSON requires: \", \\ and control
+// characters (\n, \uXXXX below U+0020; a character that can be written
+// raw must be, so a model cannot wander off in \u escapes) — or the
+// closing quote (the match must be complete). Bytes the leaf itself
+// refuses pass here (it refuses them next).
 func (j *SchemaJSON) patternByte(re *Regex, c byte) bool {
 	switch j.leaf.st {
 	case stString:
@@ -456,14 +457,15 @@ func (j *SchemaJSON) patternByte(re *Regex, c byte) bool {
 		return re.byte(&j.lre, c)
 	case stUTF8:
 		return re.byte(&j.lre, c)
-	case stEscape:
+	case stEscape: // only the escapes JSON needs: \" \\ and control characters
 		if c == 'u' {
 			j.hexv, j.hexn = 0, 0
-			return canRangeNoSurrogates(re, &j.lre, 0, 0xFFFF)
+			return re.canRange(re.cur(&j.lre), 0, 0x1F)
 		}
-		if r := jsonEscapes[c]; r != 0 {
+		if r := jsonEscapes[c]; r != 0 && c != '/' {
 			return re.char(&j.lre, r)
 		}
+		return c != '/' // (others the leaf refuses)
 	case stHex:
 		if !isHex(c) {
 			return true
@@ -475,19 +477,17 @@ func (j *SchemaJSON) patternByte(re *Regex, c byte) bool {
 		j.hexv, j.hexn = j.hexv<<4|d, j.hexn+1
 		rest := 4 * (4 - int(j.hexn))
 		lo, hi := j.hexv<<rest, j.hexv<<rest|(1<<rest-1)
-		if j.hexn == 4 {
-			return (lo < 0xD800 || lo > 0xDFFF) && re.char(&j.lre, lo)
+		if lo > 0x1F {
+			return false
 		}
-		return canRangeNoSurrogates(re, &j.lre, lo, hi)
+		if j.hexn == 4 {
+			return re.char(&j.lre, lo)
+		}
+		return re.canRange(re.cur(&j.lre), lo, min(hi, 0x1F))
 	}
 	return true
 }
 
-// canRangeNoSurrogates is canRange over [lo, hi] less the surrogates.
-func canRangeNoSurrogates(re *Regex, t *reText, lo, hi rune) bool {
-	return (lo <= min(hi, 0xD7FF) && re.canRange(re.cur(t), lo, min(hi, 0xD7FF))) ||
-		(max(lo, 0xE000) <= hi && re.canRange(re.cur(t), max(lo, 0xE000), hi))
-}
 
 // FNV-1a, for map keys.
 const (
