@@ -341,8 +341,6 @@ func (r *Regex) byte(t *reText, b byte) bool {
 // done reports whether the text may end here.
 func (r *Regex) done(t *reText) bool { return t.n == 0 && r.cur(t).meets(&r.matchOK) }
 
-// anyChar reports whether some character may come next.
-func (r *Regex) anyChar(t *reText) bool { return r.canRange(r.cur(t), 0, utf8.MaxRune) }
 
 // utf8Range is the range of characters whose encodings start with the
 // incomplete sequence p, and false when no valid encoding does.

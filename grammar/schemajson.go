@@ -451,8 +451,9 @@ func (j *SchemaJSON) patternByte(re *Regex, c byte) bool {
 		switch c {
 		case '"':
 			return re.done(&j.lre)
-		case '\\':
-			return re.anyChar(&j.lre)
+		case '\\': // an escape must be able to write a character that may come
+			set := re.cur(&j.lre)
+			return re.canRange(set, 0, 0x1F) || re.canRange(set, '"', '"') || re.canRange(set, '\\', '\\')
 		}
 		return re.byte(&j.lre, c)
 	case stUTF8:
