@@ -81,7 +81,7 @@ func (c *Config) fields() []field {
 		{"engine.rebalance_spare", "extra expert slots per rank for replicas of hot experts (0: 1)", (*intValue)(&e.RebalanceSpare)},
 		{"engine.graph_warmup", "capture the CUDA decode graphs of every batch size at start (fast profile)", (*boolValue)(&e.GraphWarmup)},
 		{"engine.sync_steps", "wait for each step's sampled tokens before launching the next (turns overlapped decode off)", (*boolValue)(&e.SyncSteps)},
-		{"engine.speculative_tokens", "prompt-lookup speculation for greedy requests: draft tokens verified a step (0: off; steps with greedy requests then run synchronously)", (*intValue)(&e.SpeculativeTokens)},
+		{"engine.speculative_tokens", "prompt-lookup speculation: draft tokens verified a step (0: off; steps with requests that qualify then run synchronously)", (*intValue)(&e.SpeculativeTokens)},
 		{"engine.speculative_ngram_max", "speculation: the longest suffix looked up earlier in the sequence (0: 4)", (*intValue)(&e.SpeculativeNgramMax)},
 		{"engine.speculative_ngram_min", "speculation: the shortest suffix looked up (0: 2)", (*intValue)(&e.SpeculativeNgramMin)},
 	}

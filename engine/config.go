@@ -41,15 +41,15 @@ type Config struct {
 	// delivers those while the GPU runs (overlap.go).
 	SyncSteps bool
 	// SpeculativeTokens > 0 turns on prompt-lookup speculation (vLLM's
-	// "ngram" speculative decoding) for greedy requests: a decode step
-	// proposes up to that many draft tokens — those that followed the most
-	// recent earlier occurrence of the sequence's last tokens, in its
-	// prompt or output — verifies them in the same forward pass and keeps
-	// those the model picks itself, plus its own next token: greedy
-	// decoding's output in fewer steps when the text repeats (code edits,
-	// quoting, extraction). Requests that sample, or ask for penalties, a
-	// bias, a grammar, min_tokens, log-probabilities or several choices,
-	// decode as usual. A step with a request that qualifies runs
+	// "ngram" speculative decoding): a decode step proposes up to that many
+	// draft tokens — those that followed the most recent earlier occurrence
+	// of the sequence's last tokens, in its prompt or output — verifies
+	// them in the same forward pass and keeps those the model picks itself
+	// (greedy, or sampled with its own draw at each position), plus its own
+	// next token: the same output (greedy) or distribution (sampled) in
+	// fewer steps when the text repeats (code edits, quoting, extraction).
+	// Requests that ask for penalties, a bias, a grammar, min_tokens,
+	// log-probabilities or several choices decode as usual. A step with a request that qualifies runs
 	// synchronously (drafts come from tokens on the host). 0: off.
 	SpeculativeTokens int
 	// SpeculativeNgramMax and SpeculativeNgramMin bound the length of the

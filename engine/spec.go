@@ -6,14 +6,17 @@ import (
 	"github.com/mkserve/mkserve/backend"
 )
 
-// Prompt-lookup speculation (Config.SpeculativeTokens): a greedy decode
-// step of a sequence whose last tokens occurred before feeds, after its
-// newest token, the tokens that followed that occurrence (the draft). The
-// step computes logits at every fed position; the draft is kept up to its
-// first token that differs from the model's own greedy pick at the
-// position before it, and that pick follows — one to 1+len(draft) tokens a
-// step, each exactly the one greedy decoding would emit (up to the
-// rounding of a multi-token step against a one-token one).
+// Prompt-lookup speculation (Config.SpeculativeTokens): a decode step of a
+// sequence whose last tokens occurred before feeds, after its newest
+// token, the tokens that followed that occurrence (the draft). The step
+// computes logits at every fed position and picks a token at each as a
+// decode step would (greedy, or sampled with its own draw); the draft is
+// kept up to its first token that differs from the pick at the position
+// before it, and that pick follows — one to 1+len(draft) tokens a step.
+// Greedy output is exactly greedy decoding's (up to the rounding of a
+// multi-token step against a one-token one); sampled output follows the
+// model's distribution (specCandidate), though a seeded request draws
+// differently than without speculation.
 
 // verifySpans is a verify step's span of 1+len(draft) tokens as that many
 // one-token spans over the same block table, token j's with j more tokens
@@ -62,13 +65,19 @@ func ngramDraft(toks []int32, k, maxN, minN int) []int32 {
 // speculation candidate with its tokens all on the host.
 func (s *sequence) specOK() bool { return s.pend == 0 && s.specCandidate() }
 
-// specCandidate reports whether s qualifies for speculation: greedy
-// without anything that reads or changes the logits beyond the argmax
-// (penalties, a bias, a grammar, min_tokens' ban, log-probabilities), one
-// choice.
+// specCandidate reports whether s qualifies for speculation: one choice,
+// nothing that depends on the tokens before a row within the step or
+// changes the logits (penalties, a bias, a grammar, min_tokens' ban), no
+// log-probabilities. Greedy or sampled: each verify row is sampled as a
+// decode step would be (its own uniform draw), and a draft token is kept
+// when the token sampled at its position is that token — for a draft that
+// is one fixed token this is exactly speculative sampling's rule (kept
+// with the model's probability of it; otherwise the token sampled there,
+// a draw from the rest of the distribution, ends the step), so the output
+// follows the model's distribution.
 func (s *sequence) specCandidate() bool {
 	p := &s.req.r.Sampling
-	return p.Temperature == 0 && p.N == 1 && s.sampler.seen == nil && p.PresencePenalty == 0 &&
+	return p.N == 1 && s.sampler.seen == nil && p.PresencePenalty == 0 &&
 		p.FrequencyPenalty == 0 && len(p.LogitBias) == 0 && s.sampler.gram == nil && !s.sampler.banning() &&
 		!p.Logprobs && s.req.promptLPs == nil
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -71,8 +72,8 @@ func TestNgramDraft(t *testing.T) {
 }
 
 // TestSpeculationMatchesGreedy: with prompt-lookup speculation on, every
-// request's tokens, text and finish reason equal those of plain greedy
-// decoding — with drafts that are right (a model that repeats a cycle the
+// greedy request's tokens, text and finish reason equal those of plain
+// greedy decoding — with drafts that are right (a model that repeats a cycle the
 // prompt shows), mostly wrong (a model that does not), ended mid-draft by
 // max_tokens, an EOS token or a stop string, and beside requests that do
 // not qualify (sampled, logprobs) — while the repeating model needs fewer
@@ -147,6 +148,9 @@ func TestSpeculationMatchesGreedy(t *testing.T) {
 				t.Errorf("fed %d tokens against %d: %d more, with %d drafts rejected", fed, plainFed, extra, st.SpecDrafted-st.SpecAccepted)
 			}
 			for i := range want {
+				if sp := params[i%len(params)]; sp.Temperature > 0 && !sp.Logprobs {
+					continue // sampled with speculation: the same distribution, other draws (TestSpeculationSampled)
+				}
 				if got[i] != want[i] {
 					t.Errorf("request %d (prompt %v, %+v):\nspeculative %s\ngreedy      %s", i, prompts[i/len(params)],
 						params[i%len(params)], got[i], want[i])
@@ -219,4 +223,101 @@ func TestSpeculationRealModel(t *testing.T) {
 		t.Error("no drafts over repeating prompts")
 	}
 	t.Logf("drafted %d, accepted %d", st.SpecDrafted, st.SpecAccepted)
+}
+
+// probModel's next-token distribution after token t puts probability
+// probs[k] on token (t+k+1) % V for k < len(probs), none elsewhere: a
+// model whose draws a test can count.
+type probModel struct {
+	cfg   *models.Config
+	probs []float64
+}
+
+func (m *probModel) Config() *models.Config      { return m.cfg }
+func (m *probModel) KVFloatsPerToken() int       { return 8 }
+func (m *probModel) KVWidths() []backend.KVWidth { return []backend.KVWidth{{K: 4, V: 4}} }
+func (m *probModel) Forward(b *backend.Batch) (backend.Tensor, error) {
+	V := m.cfg.VocabSize
+	rows := b.LogitRows
+	if rows == nil {
+		rows = make([]int, len(b.Tokens))
+		for i := range rows {
+			rows[i] = i
+		}
+	}
+	out := make(fakeTensor, len(rows)*V)
+	for r, i := range rows {
+		row := out[r*V : (r+1)*V]
+		for t := range row {
+			row[t] = -1e9
+		}
+		for k, p := range m.probs {
+			row[(int(b.Tokens[i])+k+1)%V] = float32(math.Log(p))
+		}
+	}
+	return out, nil
+}
+
+// TestSpeculationSampled: sampled requests with speculation draw from the
+// model's distribution. A model whose next token is t+1 with probability
+// 0.7, t+2 with 0.2 and t+3 with 0.1 runs 400 seeded requests over a
+// prompt that repeats (so drafts exist and are partly right): the counts
+// of each step size over all their tokens match 0.7 / 0.2 / 0.1 within
+// 4 % absolute, as they do without speculation, and drafts were both
+// accepted and rejected.
+func TestSpeculationSampled(t *testing.T) {
+	const V = 16
+	run := func(spec int) ([3]int, Stats) {
+		m := &probModel{cfg: &models.Config{VocabSize: V, MaxPositions: 4096}, probs: []float64{0.7, 0.2, 0.1}}
+		e, err := New(m, fakeBackend{}, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 22, SpeculativeTokens: spec, SpeculativeNgramMin: 1},
+			Options{Name: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Shutdown(context.Background())
+		var counts [3]int
+		var chans []<-chan Event
+		prompts := make([][]int32, 400)
+		for i := range prompts {
+			seed := uint64(i + 1)
+			prompts[i] = []int32{0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3}
+			ch, err := e.Generate(context.Background(), &Request{Prompt: prompts[i], Sampling: SamplingParams{MaxTokens: 20,
+				Temperature: 1, TopP: 1, RepetitionPenalty: 1, Seed: &seed, IgnoreEOS: true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			chans = append(chans, ch)
+		}
+		for i, ch := range chans {
+			prev := prompts[i][len(prompts[i])-1]
+			for ev := range ch {
+				if ev.Err != nil {
+					t.Fatal(ev.Err)
+				}
+				for _, tok := range ev.TokenIDs {
+					d := (int(tok) - int(prev) - 1 + V) % V
+					if d > 2 {
+						t.Fatalf("token %d after %d: a step the model never takes", tok, prev)
+					}
+					counts[d]++
+					prev = tok
+				}
+			}
+		}
+		return counts, e.Stats()
+	}
+	for _, spec := range []int{0, 4} {
+		c, st := run(spec)
+		n := float64(c[0] + c[1] + c[2])
+		t.Logf("speculative %d: steps of 1 / 2 / 3: %.3f / %.3f / %.3f over %d tokens; drafted %d, accepted %d",
+			spec, float64(c[0])/n, float64(c[1])/n, float64(c[2])/n, int(n), st.SpecDrafted, st.SpecAccepted)
+		for k, want := range []float64{0.7, 0.2, 0.1} {
+			if got := float64(c[k]) / n; math.Abs(got-want) > 0.04 {
+				t.Errorf("speculative %d: step %d has frequency %.3f, want %.2f", spec, k+1, got, want)
+			}
+		}
+		if spec > 0 && (st.SpecAccepted == 0 || st.SpecAccepted == st.SpecDrafted) {
+			t.Errorf("drafted %d, accepted %d: want some of each", st.SpecDrafted, st.SpecAccepted)
+		}
+	}
 }
