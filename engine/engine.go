@@ -195,6 +195,10 @@ type sequence struct {
 	// fedRow is the row of the newest one in the in-flight step's picks.
 	pend   int
 	fedRow int32
+	// Speculation (spec.go): draft tokens verified and accepted since the
+	// last look at the acceptance rate, and decode steps to go without
+	// drafting (after a poor rate, or no draft found).
+	specDrafted, specAccepted, specPause int
 }
 
 // Generate implements Generator.

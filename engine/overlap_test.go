@@ -237,8 +237,8 @@ func TestOverlapMatchesSync(t *testing.T) {
 			if tc.name == "penalties" && (launched != 0 || st.OverlappedSteps != 0) {
 				t.Errorf("penalised sampling overlapped: %d async samplings", launched)
 			}
-			if tc.name == "speculation on, greedy" && (st.OverlappedSteps != 0 || st.SpecDrafted == 0) {
-				t.Errorf("greedy with speculation: %d overlapped steps, %d drafts", st.OverlappedSteps, st.SpecDrafted)
+			if tc.name == "speculation on, greedy" && st.SpecDrafted == 0 {
+				t.Errorf("greedy with speculation: no drafts (%d overlapped steps)", st.OverlappedSteps)
 			}
 			t.Logf("%d async samplings, %d overlapped waits, %d fed rows, %d overlapped steps", launched, overlapped, fed, st.OverlappedSteps)
 		})

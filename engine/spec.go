@@ -87,7 +87,14 @@ func (s *sequence) specCandidate() bool {
 // max_tokens or the model length (its own next token must still fit).
 func (e *Engine) draft(s *sequence, budget int) []int32 {
 	k := e.cfg.SpeculativeTokens
-	if k == 0 || !s.specOK() || s.computed+1 != len(s.tokens) {
+	if k == 0 || !s.specCandidate() || s.computed+1 != len(s.tokens) {
+		return nil
+	}
+	if s.specPause > 0 { // (overlapped decode meanwhile: see Engine.overlapSampler)
+		s.specPause--
+		return nil
+	}
+	if s.pend != 0 {
 		return nil
 	}
 	left := min(s.req.r.Sampling.MaxTokens-(len(s.tokens)-s.prompt), e.cfg.MaxModelLen-len(s.tokens)) - 1
@@ -95,7 +102,39 @@ func (e *Engine) draft(s *sequence, budget int) []int32 {
 	if k <= 0 {
 		return nil
 	}
-	return ngramDraft(s.tokens, k, e.cfg.SpeculativeNgramMax, e.cfg.SpeculativeNgramMin)
+	d := ngramDraft(s.tokens, k, e.cfg.SpeculativeNgramMax, e.cfg.SpeculativeNgramMin)
+	if d == nil {
+		s.specPause = specRetry
+	}
+	return d
+}
+
+// Speculation backs off where it does not pay: a sequence whose drafts
+// were accepted at less than specMinRate over the last specWindowDrafts
+// draft tokens, or that found no draft, decodes specBackoff (specRetry)
+// steps without drafting — and, on a backend that can, overlapped — before
+// it tries again. (A verify step of 1+K tokens costs 1.9–2.9 decode steps
+// on the H200's MoE shapes, docs/PERF.md: below about half the drafts
+// accepted it loses.)
+const (
+	specWindowDrafts = 16
+	specMinRate      = 0.4
+	specBackoff      = 32
+	specRetry        = 4
+)
+
+// specResult records a verify step's draft length and accepted count, and
+// backs off when the rate over the window is poor.
+func (s *sequence) specResult(drafted, accepted int) {
+	s.specDrafted += drafted
+	s.specAccepted += accepted
+	if s.specDrafted < specWindowDrafts {
+		return
+	}
+	if float64(s.specAccepted) < specMinRate*float64(s.specDrafted) {
+		s.specPause = specBackoff
+	}
+	s.specDrafted, s.specAccepted = 0, 0
 }
 
 // accepted is how many of draft's tokens the step keeps: the run of them

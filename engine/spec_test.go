@@ -321,3 +321,25 @@ func TestSpeculationSampled(t *testing.T) {
 		}
 	}
 }
+
+// TestSpecBackoff: a sequence whose drafts are mostly rejected over a
+// window stops drafting for specBackoff steps; a good rate keeps it on.
+func TestSpecBackoff(t *testing.T) {
+	for _, c := range []struct {
+		drafts, accepts []int
+		pause           int
+	}{
+		{[]int{4, 4, 4, 4}, []int{4, 2, 1, 1}, 0},           // 8 of 16
+		{[]int{4, 4, 4, 4}, []int{1, 0, 2, 0}, specBackoff}, // 3 of 16
+		{[]int{4, 4, 4}, []int{0, 0, 0}, 0},                 // window not full yet
+		{[]int{8, 8}, []int{3, 3}, specBackoff},             // 6 of 16
+	} {
+		s := &sequence{}
+		for i := range c.drafts {
+			s.specResult(c.drafts[i], c.accepts[i])
+		}
+		if s.specPause != c.pause {
+			t.Errorf("drafts %v accepted %v: pause %d, want %d", c.drafts, c.accepts, s.specPause, c.pause)
+		}
+	}
+}

@@ -319,6 +319,7 @@ func (e *Engine) step() {
 			group := picks[i : i+len(pk.draft)+1]
 			a := accepted(pk.draft, group)
 			drafted, accepts = drafted+len(pk.draft), accepts+a
+			s.specResult(len(pk.draft), a)
 			for j := 0; j <= a && !s.done; j++ {
 				e.deliver(s, group[j].tok, nil, now)
 				generated++
