@@ -1,6 +1,9 @@
 package engine
 
-import "fmt"
+import (
+	"cmp"
+	"fmt"
+)
 
 // Config sizes the engine. Zero fields take the defaults of DefaultConfig.
 type Config struct {
@@ -94,7 +97,7 @@ func (c Config) withDefaults() Config {
 		c.ContextParallelMin = DefaultContextParallelMin
 	}
 	if c.SpeculativeNgramMax == 0 {
-		c.SpeculativeNgramMax = 4
+		c.SpeculativeNgramMax = DefaultSpeculativeNgramMax
 	}
 	if c.SpeculativeNgramMin == 0 {
 		c.SpeculativeNgramMin = min(2, c.SpeculativeNgramMax)
@@ -103,8 +106,12 @@ func (c Config) withDefaults() Config {
 }
 
 // MaxSpeculativeTokens is the most draft tokens a step may verify per
-// sequence.
-const MaxSpeculativeTokens = 16
+// sequence; DefaultSpeculativeNgramMax the longest suffix looked up when
+// SpeculativeNgramMax is 0.
+const (
+	MaxSpeculativeTokens       = 16
+	DefaultSpeculativeNgramMax = 4
+)
 
 // DefaultContextParallelMin is the prompt length from which context
 // parallelism applies when ContextParallelMin is 0.
@@ -136,8 +143,9 @@ func (c Config) Validate() error {
 	case c.SpeculativeTokens < 0 || c.SpeculativeTokens > MaxSpeculativeTokens:
 		return fmt.Errorf("speculative_tokens must be in [0, %d], got %d", MaxSpeculativeTokens, c.SpeculativeTokens)
 	case c.SpeculativeNgramMax < 0 || c.SpeculativeNgramMax > 64 || c.SpeculativeNgramMin < 0 ||
-		(c.SpeculativeNgramMax > 0 && c.SpeculativeNgramMin > c.SpeculativeNgramMax):
-		return fmt.Errorf("speculative n-gram lengths must satisfy 1 ≤ min ≤ max ≤ 64, got min %d max %d", c.SpeculativeNgramMin, c.SpeculativeNgramMax)
+		c.SpeculativeNgramMin > cmp.Or(c.SpeculativeNgramMax, DefaultSpeculativeNgramMax):
+		return fmt.Errorf("speculative n-gram lengths must satisfy 1 ≤ min ≤ max ≤ 64 (max 0: %d), got min %d max %d",
+			DefaultSpeculativeNgramMax, c.SpeculativeNgramMin, c.SpeculativeNgramMax)
 	}
 	return nil
 }

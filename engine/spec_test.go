@@ -343,3 +343,24 @@ func TestSpecBackoff(t *testing.T) {
 		}
 	}
 }
+
+// TestSpecConfig: the speculation settings' bounds, the n-gram minimum
+// checked against the default maximum when that is 0.
+func TestSpecConfig(t *testing.T) {
+	for _, c := range []struct {
+		cfg Config
+		ok  bool
+	}{
+		{Config{SpeculativeTokens: 4}, true},
+		{Config{SpeculativeTokens: MaxSpeculativeTokens + 1}, false},
+		{Config{SpeculativeTokens: -1}, false},
+		{Config{SpeculativeTokens: 4, SpeculativeNgramMin: 5}, false}, // above the default maximum 4
+		{Config{SpeculativeTokens: 4, SpeculativeNgramMin: 5, SpeculativeNgramMax: 6}, true},
+		{Config{SpeculativeTokens: 4, SpeculativeNgramMin: 3, SpeculativeNgramMax: 2}, false},
+		{Config{SpeculativeNgramMax: 65}, false},
+	} {
+		if err := c.cfg.Validate(); (err == nil) != c.ok {
+			t.Errorf("%+v: %v, want ok %v", c.cfg, err, c.ok)
+		}
+	}
+}
