@@ -217,7 +217,7 @@ func (h *harmonySplit) push(text string) (reasoning, content string) {
 			h.pending = h.pending[i+len(hMessage):]
 		default: // a body, up to the marker that ends it
 			end, n := -1, 0
-			for _, m := range []string{hEnd, hStart, hCall, hReturn} {
+			for _, m := range []string{hEnd, hStart, hChannel, hCall, hReturn} {
 				if j := strings.Index(h.pending, m); j >= 0 && (end < 0 || j < end) {
 					end, n = j, len(m)
 				}
@@ -226,7 +226,7 @@ func (h *harmonySplit) push(text string) (reasoning, content string) {
 			if end >= 0 {
 				body = h.pending[:end]
 			} else {
-				body = h.pending[:len(h.pending)-heldTail(h.pending, hEnd, hStart, hCall, hReturn)]
+				body = h.pending[:len(h.pending)-heldTail(h.pending, hEnd, hStart, hChannel, hCall, hReturn)]
 			}
 			switch h.dest {
 			case hReasoning:
@@ -243,7 +243,7 @@ func (h *harmonySplit) push(text string) (reasoning, content string) {
 			if h.dest == hTool {
 				h.endCall()
 			}
-			if h.pending[:n] == hStart {
+			if m := h.pending[:n]; m == hStart || m == hChannel {
 				n = 0 // the next header starts with it
 			}
 			h.pending, h.dest = h.pending[n:], hHeader

@@ -41,6 +41,8 @@ var splitCases = []splitCase{
 		text: "<|channel|>commentary to=functions.f<|message|>{\"a\": 1}", content: `{"a": 1}`},
 	{name: "harmony bad arguments", format: ReasoningHarmony, prompt: "<|start|>assistant", calls: true,
 		text: "<|channel|>commentary to=functions.f<|message|>not json", callNames: []string{"f"}, callArgs: []string{"not json"}},
+	{name: "harmony without end and start", format: ReasoningHarmony, prompt: "<|start|>assistant",
+		text: "<|channel|>analysis<|message|>Think.<|channel|>final<|message|>Done.", reasoning: "Think.", content: "Done."},
 	{name: "not harmony", format: ReasoningHarmony, prompt: "<|start|>assistant", text: "plain words, no channel", content: "plain words, no channel"},
 	{name: "harmony unterminated analysis", format: ReasoningHarmony, prompt: "<|start|>assistant",
 		text: "<|channel|>analysis<|message|>thinking <|en", reasoning: "thinking <|en"},
