@@ -501,7 +501,6 @@ type pick struct {
 	draft  []int32 // speculation: the step's draft, on the first of its 1+len(draft) picks
 }
 
-// parallelPicks samples every pick, spread over the cores.
 // prepareMasks computes, in parallel, the grammar masks of the
 // constrained sequences among seqs (sampler.allowed, memoised until their
 // next token), before their sampling rows are built one by one.
@@ -518,10 +517,26 @@ func prepareMasks(seqs []*sequence) {
 	par.Each(len(c), func(i int) { c[i].allowed() })
 }
 
+// parallelPicks samples every pick, spread over the cores.
 func parallelPicks(picks []pick) {
-	par.Each(len(picks), func(i int) {
-		pk := &picks[i]
-		pk.tok, pk.lp = pk.s.sampler.sample(pk.logits, pk.s.text.tokenText)
+	// A speculative verify step's picks (consecutive, one sequence) share a
+	// sampler: they run in order in one goroutine (its scratch, and its
+	// random stream in row order).
+	var starts []int
+	for i := range picks {
+		if i == 0 || picks[i].s != picks[i-1].s {
+			starts = append(starts, i)
+		}
+	}
+	par.Each(len(starts), func(g int) {
+		end := len(picks)
+		if g+1 < len(starts) {
+			end = starts[g+1]
+		}
+		for i := starts[g]; i < end; i++ {
+			pk := &picks[i]
+			pk.tok, pk.lp = pk.s.sampler.sample(pk.logits, pk.s.text.tokenText)
+		}
 	})
 }
 
