@@ -507,7 +507,7 @@ type pick struct {
 func prepareMasks(seqs []*sequence) {
 	var c []*sampler
 	for _, s := range seqs {
-		if s.sampler.gram != nil && !s.sampler.maskOK && !s.done {
+		if s.sampler.gram != nil && !s.sampler.maskOK && !s.done && !slices.Contains(c, s.sampler) {
 			c = append(c, s.sampler)
 		}
 	}
