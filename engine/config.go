@@ -51,8 +51,8 @@ type Config struct {
 	// (greedy, or sampled with its own draw at each position), plus its own
 	// next token: the same output (greedy) or distribution (sampled) in
 	// fewer steps when the text repeats (code edits, quoting, extraction).
-	// Requests that ask for penalties, a bias, a grammar, min_tokens,
-	// log-probabilities or several choices decode as usual. A step with a request that qualifies runs
+	// Requests that ask for penalties, a bias, a grammar, min_tokens or
+	// prompt log-probabilities decode as usual. A step with a request that qualifies runs
 	// synchronously (drafts come from tokens on the host). 0: off.
 	SpeculativeTokens int
 	// SpeculativeNgramMax and SpeculativeNgramMin bound the length of the

@@ -65,10 +65,11 @@ func ngramDraft(toks []int32, k, maxN, minN int) []int32 {
 // speculation candidate with its tokens all on the host.
 func (s *sequence) specOK() bool { return s.pend == 0 && s.specCandidate() }
 
-// specCandidate reports whether s qualifies for speculation: one choice,
-// nothing that depends on the tokens before a row within the step or
-// changes the logits (penalties, a bias, a grammar, min_tokens' ban), no
-// log-probabilities. Greedy or sampled: each verify row is sampled as a
+// specCandidate reports whether s qualifies for speculation: not about to
+// fork its choices, nothing that depends on the tokens before a row within
+// the step or changes the logits (penalties, a bias, a grammar,
+// min_tokens' ban), no prompt log-probabilities. (Each row's own
+// log-probabilities are those of its position.) Greedy or sampled: each verify row is sampled as a
 // decode step would be (its own uniform draw), and a draft token is kept
 // when the token sampled at its position is that token — for a draft that
 // is one fixed token this is exactly speculative sampling's rule (kept
@@ -77,9 +78,9 @@ func (s *sequence) specOK() bool { return s.pend == 0 && s.specCandidate() }
 // follows the model's distribution.
 func (s *sequence) specCandidate() bool {
 	p := &s.req.r.Sampling
-	return p.N == 1 && s.sampler.seen == nil && p.PresencePenalty == 0 &&
+	return !s.forksNow(0) && s.sampler.seen == nil && p.PresencePenalty == 0 &&
 		p.FrequencyPenalty == 0 && len(p.LogitBias) == 0 && s.sampler.gram == nil && !s.sampler.banning() &&
-		!p.Logprobs && s.req.promptLPs == nil
+		s.req.promptLPs == nil
 }
 
 // draft is s's draft for a decode step with budget tokens left in the

@@ -96,7 +96,8 @@ func TestSpeculationMatchesGreedy(t *testing.T) {
 		{MaxTokens: 30, TopP: 1, RepetitionPenalty: 1},                                        // EOS (token 2) ends it
 		{MaxTokens: 30, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true, Stop: []string{"fa"}}, // stop string
 		{MaxTokens: 12, Temperature: 0.7, TopP: 1, RepetitionPenalty: 1, Seed: &seed, IgnoreEOS: true},
-		{MaxTokens: 12, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true, Logprobs: true},
+		{MaxTokens: 12, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true, Logprobs: true, TopLogprobs: 2},
+		{N: 2, MaxTokens: 9, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true}, // choices fork after the prompt, then speculate
 	}
 	for _, mc := range []struct {
 		name string
@@ -123,19 +124,24 @@ func TestSpeculationMatchesGreedy(t *testing.T) {
 				}
 				var out []string
 				for _, ch := range chans {
-					var toks []int32
-					var text, reason string
+					toks := map[int][]int32{} // by choice
+					text, reason := map[int]string{}, map[int]string{}
+					lps := map[int][]string{}
 					for ev := range ch {
-						toks = append(toks, ev.TokenIDs...)
-						text += ev.Text
+						i := ev.Index
+						toks[i] = append(toks[i], ev.TokenIDs...)
+						text[i] += ev.Text
+						for _, lp := range ev.Logprobs {
+							lps[i] = append(lps[i], fmt.Sprintf("%d:%.4f", lp.ID, lp.Logprob))
+						}
 						if ev.FinishReason != "" {
-							reason = ev.FinishReason
+							reason[i] = ev.FinishReason
 						}
 						if ev.Err != nil {
 							t.Fatal(ev.Err)
 						}
 					}
-					out = append(out, fmt.Sprintf("%v %q %s", toks, text, reason))
+					out = append(out, fmt.Sprintf("%v %v %v %v", toks, text, reason, lps))
 				}
 				return out, e.Stats(), m.fed
 			}

@@ -321,7 +321,7 @@ func (e *Engine) step() {
 			drafted, accepts = drafted+len(pk.draft), accepts+a
 			s.specResult(len(pk.draft), a)
 			for j := 0; j <= a && !s.done; j++ {
-				e.deliver(s, group[j].tok, nil, now)
+				e.deliver(s, group[j].tok, group[j].lp, now)
 				generated++
 			}
 			if !s.done {
