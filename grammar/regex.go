@@ -341,7 +341,6 @@ func (r *Regex) byte(t *reText, b byte) bool {
 // done reports whether the text may end here.
 func (r *Regex) done(t *reText) bool { return t.n == 0 && r.cur(t).meets(&r.matchOK) }
 
-
 // utf8Range is the range of characters whose encodings start with the
 // incomplete sequence p, and false when no valid encoding does.
 func utf8Range(p []byte) (lo, hi rune, ok bool) {

@@ -27,6 +27,7 @@ type Schema struct {
 	maxN  int        // the same at most (maxItems / maxLength); -1: no bound
 	ilo   int64      // integer: the least value (minimum, exclusiveMinimum); math.MinInt64: none
 	ihi   int64      // integer: the greatest (maximum, exclusiveMaximum); math.MaxInt64: none
+	nb    *numBounds // number: its bounds (nil: none)
 	props []prop     // object: every property, in order
 	items *Schema    // array: each item
 	enum  [][]byte   // the allowed values, JSON-encoded (enum / const)
@@ -198,7 +199,7 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 			"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum":
 		default:
 			if !annotations[k] {
-				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, pattern, minimum / maximum and their exclusive forms on integers, nullable, enum, const, anyOf, oneOf, $ref; format constrains date, time, date-time, uuid, ipv4 and email; other annotations are ignored)", at, k)
+				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, pattern, minimum / maximum and their exclusive forms on integers and numbers, nullable, enum, const, anyOf, oneOf, $ref; format constrains date, time, date-time, uuid, ipv4 and email; other annotations are ignored)", at, k)
 			}
 		}
 	}
@@ -531,13 +532,16 @@ func hasKind(kinds, k uint8) bool { return kinds&k != 0 }
 // (JSON Schema 2019 on: numbers) of an integer schema into ilo / ihi.
 func (s *Schema) intBounds(m map[string]any, at string) error {
 	s.ilo, s.ihi = math.MinInt64, math.MaxInt64
+	if s.kinds&^kNull == kNumber {
+		return s.numberBounds(m, at)
+	}
 	for _, k := range []string{"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} {
 		v, ok := m[k]
 		if !ok {
 			continue
 		}
 		if s.kinds&^kNull != kInteger {
-			return fmt.Errorf("%s.%s: bounds are supported on integers only", at, k)
+			return fmt.Errorf("%s.%s: bounds are supported on integers and numbers alone (with null)", at, k)
 		}
 		num, _ := v.(json.Number)
 		f, err := num.Float64()
@@ -567,6 +571,110 @@ func (s *Schema) bounded() bool { return s.ilo != math.MinInt64 || s.ihi != math
 // intFeasible reports whether an integer whose decimal form starts with
 // the prefix (neg: a minus sign; v: the value of digits digits, 0 for none)
 // can lie in [ilo, ihi] — exact (no more digits) when done.
+// numBounds are a number's minimum and maximum (±Inf: none) and whether
+// each is exclusive.
+type numBounds struct {
+	lo, hi     float64
+	loEx, hiEx bool
+}
+
+// numberBounds reads a number's bounds. Bounded numbers are generated
+// without an exponent and with at most maxNumDigits digits, so that every
+// prefix's reachable values are an interval numFeasible can test.
+func (s *Schema) numberBounds(m map[string]any, at string) error {
+	b := numBounds{lo: math.Inf(-1), hi: math.Inf(1)}
+	any := false
+	for _, k := range []string{"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} {
+		v, ok := m[k]
+		if !ok {
+			continue
+		}
+		num, _ := v.(json.Number)
+		f, err := num.Float64()
+		if err != nil || math.Abs(f) > 1e15 {
+			return fmt.Errorf("%s.%s: must be a number within ±1e15", at, k)
+		}
+		any = true
+		switch k {
+		case "minimum":
+			if f > b.lo || (f == b.lo && b.loEx) {
+				b.lo, b.loEx = f, false
+			}
+		case "exclusiveMinimum":
+			if f >= b.lo {
+				b.lo, b.loEx = f, true
+			}
+		case "maximum":
+			if f < b.hi || (f == b.hi && b.hiEx) {
+				b.hi, b.hiEx = f, false
+			}
+		case "exclusiveMaximum":
+			if f <= b.hi {
+				b.hi, b.hiEx = f, true
+			}
+		}
+	}
+	if !any {
+		return nil
+	}
+	if b.lo > b.hi || (b.lo == b.hi && (b.loEx || b.hiEx)) {
+		return fmt.Errorf("%s: no number lies within the bounds", at)
+	}
+	s.nb = &b
+	return nil
+}
+
+// maxNumDigits is the most digits a bounded number may have.
+const maxNumDigits = 15
+
+// meets reports whether the values between x0 and x1 (each end open or
+// closed) include one within the bounds.
+func (b *numBounds) meets(x0, x1 float64, open0, open1 bool) bool {
+	lo, loOpen := x0, open0
+	if b.lo > lo || (b.lo == lo && b.loEx) {
+		lo, loOpen = b.lo, b.loEx
+	}
+	hi, hiOpen := x1, open1
+	if b.hi < hi || (b.hi == hi && b.hiEx) {
+		hi, hiOpen = b.hi, b.hiEx
+	}
+	return lo < hi || (lo == hi && !loOpen && !hiOpen)
+}
+
+// numFeasible reports whether a number that starts with the digits read so
+// far — sign neg, integer part p (k digits), then, after a dot, fraction
+// f (kf digits, f < 1) — can end within the bounds; done: it ends here.
+func (b *numBounds) numFeasible(neg bool, p float64, k int, dot bool, f float64, kf int, done bool) bool {
+	// mag reports whether magnitudes in [a, z) are reachable in range.
+	mag := func(a, z float64) bool {
+		if neg {
+			return b.meets(-z, -a, true, false)
+		}
+		return b.meets(a, z, false, true)
+	}
+	switch {
+	case done:
+		v := p + f
+		if neg {
+			v = -v
+		}
+		return k > 0 && (!dot || kf > 0) && b.meets(v, v, false, false)
+	case k == 0: // a sign alone
+		return mag(0, math.Inf(1))
+	case dot:
+		v := p + f
+		return mag(v, v+math.Pow(10, -float64(kf)))
+	case p == 0: // "0" cannot take more integer digits
+		return mag(0, 1)
+	}
+	for m, scale := 0, 1.0; m+k <= maxNumDigits; m, scale = m+1, scale*10 {
+		if mag(p*scale, (p+1)*scale) {
+			return true
+		}
+	}
+	return false
+}
+
 func (s *Schema) intFeasible(neg bool, v int64, digits int, done bool) bool {
 	if done {
 		if neg {

@@ -597,7 +597,7 @@ func TestSchemaIntBounds(t *testing.T) {
 		checkText(t, s, c.text, c.accepted, c.complete)
 	}
 	for _, bad := range []string{
-		`{"type": "object", "properties": {"a": {"type": "number", "minimum": 1}}}`,
+		`{"type": "object", "properties": {"a": {"type": ["number", "string"], "minimum": 1}}}`,
 		`{"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 4}}}`,
 		`{"type": "object", "properties": {"a": {"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2}}}`,
 		`{"type": "object", "properties": {"a": {"type": "integer", "maximum": 1e30}}}`,
@@ -632,6 +632,72 @@ func TestIntFeasibleExhaustive(t *testing.T) {
 					t.Fatalf("range %v, prefix %q: feasible %v, want %v", r, p, got, want)
 				}
 			}
+		}
+	}
+}
+
+// TestSchemaNumberBounds checks bounded numbers against brute force: every
+// JSON number of up to 5 characters (no exponent) is accepted whole and
+// complete exactly when it lies within the bounds, and every prefix of up
+// to 4 characters the grammar accepts extends, by at most 3 more
+// characters, to a number that does.
+func TestSchemaNumberBounds(t *testing.T) {
+	type bound struct {
+		schema string
+		in     func(v float64) bool
+	}
+	for _, b := range []bound{
+		{`"minimum": 0, "maximum": 1`, func(v float64) bool { return v >= 0 && v <= 1 }},
+		{`"exclusiveMinimum": 0, "maximum": 10`, func(v float64) bool { return v > 0 && v <= 10 }},
+		{`"minimum": -2.5, "exclusiveMaximum": 3.75`, func(v float64) bool { return v >= -2.5 && v < 3.75 }},
+		{`"minimum": 100`, func(v float64) bool { return v >= 100 }},
+		{`"exclusiveMaximum": -1`, func(v float64) bool { return v < -1 }},
+		{`"minimum": 0.25, "maximum": 0.25`, func(v float64) bool { return v == 0.25 }},
+	} {
+		s := mustSchema(t, `{"type": "object", "properties": {"x": {"type": ["number", "null"], `+b.schema+`}}, "required": ["x"]}`)
+		const alphabet = "-0123456789."
+		valid := func(n string) bool {
+			var v float64
+			return json.Unmarshal([]byte(n), &v) == nil && b.in(v)
+		}
+		var walk func(n string)
+		walk = func(n string) {
+			g := s.New()
+			acc := g.Advance([]byte(`{"x": ` + n))
+			whole := acc && g.Advance([]byte("}")) && g.Complete()
+			if whole != valid(n) {
+				t.Fatalf("%s: %q accepted whole %v, in range %v", b.schema, n, whole, valid(n))
+			}
+			if acc && len(n) <= 4 {
+				var extends func(p string, more int) bool
+				extends = func(p string, more int) bool {
+					if valid(p) {
+						return true
+					}
+					for _, c := range alphabet {
+						if more > 0 && extends(p+string(c), more-1) {
+							return true
+						}
+					}
+					return false
+				}
+				if !extends(n, 3) {
+					t.Fatalf("%s: prefix %q accepted, but no number 3 characters longer at most is in range", b.schema, n)
+				}
+			}
+			if len(n) < 5 {
+				for _, c := range alphabet {
+					walk(n + string(c))
+				}
+			}
+		}
+		for _, c := range alphabet {
+			walk(string(c))
+		}
+	}
+	for _, bad := range []string{`"minimum": 2, "maximum": 1`, `"exclusiveMinimum": 1, "maximum": 1`, `"minimum": 1e16`} {
+		if _, err := CompileSchema([]byte(`{"type": "object", "properties": {"x": {"type": "number", ` + bad + `}}}`)); err == nil {
+			t.Errorf("%s compiled", bad)
 		}
 	}
 }

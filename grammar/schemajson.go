@@ -2,6 +2,7 @@ package grammar
 
 import (
 	"bytes"
+	"math"
 	"math/bits"
 	"slices"
 )
@@ -17,9 +18,15 @@ type SchemaJSON struct {
 	started bool
 	leaf    JSON // the string, number or literal being read, when leafOn
 	leafOn  bool
-	leafNum bool     // the leaf is a number (it ends at the first byte that is not part of it)
-	leafInt bool     // an integer: no fraction or exponent
-	leafB   *Schema  // a bounded integer leaf's schema (its minimum / maximum)
+	leafNum bool       // the leaf is a number (it ends at the first byte that is not part of it)
+	leafInt bool       // an integer: no fraction or exponent
+	leafB   *Schema    // a bounded integer leaf's schema (its minimum / maximum)
+	leafNB  *numBounds // a bounded number leaf's bounds, and its digits so far:
+	nneg    bool       //   sign,
+	ndot    bool       //   a dot read,
+	nint    int8       //   integer digits (count, value)
+	nfrac   int8       //   fraction digits (count, value)
+	nP, nF  float64
 	ineg    bool     // that integer's sign
 	ival    int64    // and its digits' value so far
 	idig    int      // and their count
@@ -365,6 +372,10 @@ func (j *SchemaJSON) value(s *Schema, c byte) bool {
 		if j.leafInt && s.bounded() {
 			j.leafB = s
 		}
+		j.leafNB, j.nneg, j.ndot, j.nint, j.nfrac, j.nP, j.nF = nil, false, false, 0, 0, 0, 0
+		if !j.leafInt && s.nb != nil {
+			j.leafNB = s.nb
+		}
 	default:
 		return false
 	}
@@ -391,9 +402,13 @@ func (j *SchemaJSON) leafByte(c byte) bool {
 					return false
 				}
 			}
+			if nb := j.leafNB; nb != nil && !j.numberByte(nb, c) {
+				return false
+			}
 			return j.leaf.byte(c)
 		}
-		if !j.leaf.Complete() || (j.leafB != nil && !j.leafB.intFeasible(j.ineg, j.ival, j.idig, true)) {
+		if !j.leaf.Complete() || (j.leafB != nil && !j.leafB.intFeasible(j.ineg, j.ival, j.idig, true)) ||
+			(j.leafNB != nil && !j.leafNB.numFeasible(j.nneg, j.nP, int(j.nint), j.ndot, j.nF, int(j.nfrac), true)) {
 			return false
 		}
 		j.leafOn = false
@@ -433,6 +448,33 @@ func (j *SchemaJSON) leafByte(c byte) bool {
 		}
 	}
 	return true
+}
+
+// numberByte takes byte c of a bounded number: no exponent, at most
+// maxNumDigits digits, and every prefix must still reach a value within
+// the bounds (numBounds.numFeasible).
+func (j *SchemaJSON) numberByte(nb *numBounds, c byte) bool {
+	switch {
+	case c == '-':
+		j.nneg = true
+	case c == '.':
+		j.ndot = true
+	case isDigit(c):
+		if int(j.nint)+int(j.nfrac) >= maxNumDigits {
+			return false
+		}
+		d := float64(c - '0')
+		if j.ndot {
+			j.nfrac++
+			j.nF += d * math.Pow(10, -float64(j.nfrac))
+		} else {
+			j.nint++
+			j.nP = j.nP*10 + d
+		}
+	default: // an exponent
+		return false
+	}
+	return nb.numFeasible(j.nneg, j.nP, int(j.nint), j.ndot, j.nF, int(j.nfrac), false)
 }
 
 // jsonEscapes are the characters of JSON's one-letter escapes.
@@ -488,7 +530,6 @@ func (j *SchemaJSON) patternByte(re *Regex, c byte) bool {
 	}
 	return true
 }
-
 
 // FNV-1a, for map keys.
 const (
