@@ -194,12 +194,12 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 	m := o.vals
 	for _, k := range o.keys {
 		switch k {
-		case "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "$ref",
+		case "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
 			"minItems", "maxItems", "minLength", "maxLength", "nullable", "pattern",
 			"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum":
 		default:
 			if !annotations[k] {
-				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, pattern, minimum / maximum and their exclusive forms on integers and numbers, nullable, enum, const, anyOf, oneOf, $ref; format constrains date, time, date-time, uuid, ipv4 and email; other annotations are ignored)", at, k)
+				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, pattern, minimum / maximum and their exclusive forms on integers and numbers, nullable, enum, const, anyOf, oneOf, allOf of one schema, $ref; format constrains date, time, date-time, uuid, ipv4 and email; other annotations are ignored)", at, k)
 			}
 		}
 	}
@@ -213,6 +213,18 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 		}
 		ref, _ := r.(string)
 		return c.ref(ref, at, depth)
+	}
+	if all, ok := m["allOf"]; ok { // one schema (older pydantic wraps a $ref so): that schema
+		list, isList := all.([]any)
+		if !isList || len(list) != 1 {
+			return nil, fmt.Errorf("%s.allOf: only a list of one schema is supported", at)
+		}
+		for _, k := range o.keys {
+			if k != "allOf" && !annotations[k] {
+				return nil, fmt.Errorf("%s: allOf with %q beside it", at, k)
+			}
+		}
+		return c.compile(list[0], at+".allOf[0]", depth+1)
 	}
 	for _, k := range []string{"anyOf", "oneOf"} {
 		if alts, ok := m[k]; ok {

@@ -701,3 +701,17 @@ func TestSchemaNumberBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestSchemaAllOfOne: allOf of a single schema (with annotations beside
+// it) is that schema; longer lists and other keywords beside it are refused.
+func TestSchemaAllOfOne(t *testing.T) {
+	s := mustSchema(t, `{"type": "object", "$defs": {"P": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+		"properties": {"p": {"allOf": [{"$ref": "#/$defs/P"}], "description": "a point"}}, "required": ["p"]}`)
+	checkText(t, s, `{"p": {"x": 3}}`, -1, true)
+	checkText(t, s, `{"p": {"y": 3}}`, 8, false)
+	for _, bad := range []string{`{"allOf": [{"type": "integer"}, {"type": "integer"}]}`, `{"allOf": [{"type": "integer"}], "type": "integer"}`, `{"allOf": {"type": "integer"}}`} {
+		if _, err := CompileSchema([]byte(`{"type": "object", "properties": {"a": ` + bad + `}}`)); err == nil || !strings.Contains(err.Error(), "allOf") {
+			t.Errorf("%s: %v, want an error naming allOf", bad, err)
+		}
+	}
+}
