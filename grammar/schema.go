@@ -22,20 +22,21 @@ import (
 // (characters). CompileSchema names any other
 // keyword instead of ignoring it.
 type Schema struct {
-	kinds uint8      // allowed types (kObject…); 0 with enum or alts
-	minN  int        // array: items at least (minItems); string: characters at least (minLength)
-	maxN  int        // the same at most (maxItems / maxLength); -1: no bound
-	ilo   int64      // integer: the least value (minimum, exclusiveMinimum); math.MinInt64: none
-	ihi   int64      // integer: the greatest (maximum, exclusiveMaximum); math.MaxInt64: none
-	nb    *numBounds // number: its bounds (nil: none)
-	props []prop     // object: every property, in order
-	items *Schema    // array: each item
-	enum  [][]byte   // the allowed values, JSON-encoded (enum / const)
-	any   bool       // object: any JSON object (no properties listed, additional ones allowed)
-	mapV  *Schema    // object: a map, every value of this schema (additionalProperties: {schema})
-	alts  []*Schema  // anyOf / oneOf: alternatives told apart by their first byte
-	pick  *[256]int8 // alts: the alternative a value starting with byte b takes (-1: none)
-	re    *Regex     // string: its characters match this in full (pattern, or a known format)
+	kinds  uint8      // allowed types (kObject…); 0 with enum or alts
+	minN   int        // array: items at least (minItems); string: characters at least (minLength)
+	maxN   int        // the same at most (maxItems / maxLength); -1: no bound
+	ilo    int64      // integer: the least value (minimum, exclusiveMinimum); math.MinInt64: none
+	ihi    int64      // integer: the greatest (maximum, exclusiveMaximum); math.MaxInt64: none
+	nb     *numBounds // number: its bounds (nil: none)
+	props  []prop     // object: every property, in order
+	items  *Schema    // array: each item (after prefix's; nil with prefix: none)
+	prefix []*Schema  // array: the first items' schemas, one each (prefixItems: a tuple)
+	enum   [][]byte   // the allowed values, JSON-encoded (enum / const)
+	any    bool       // object: any JSON object (no properties listed, additional ones allowed)
+	mapV   *Schema    // object: a map, every value of this schema (additionalProperties: {schema})
+	alts   []*Schema  // anyOf / oneOf: alternatives told apart by their first byte
+	pick   *[256]int8 // alts: the alternative a value starting with byte b takes (-1: none)
+	re     *Regex     // string: its characters match this in full (pattern, or a known format)
 }
 
 type prop struct {
@@ -194,12 +195,12 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 	m := o.vals
 	for _, k := range o.keys {
 		switch k {
-		case "type", "properties", "required", "additionalProperties", "items", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
+		case "type", "properties", "required", "additionalProperties", "items", "prefixItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
 			"minItems", "maxItems", "minLength", "maxLength", "nullable", "pattern",
 			"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum":
 		default:
 			if !annotations[k] {
-				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, minLength, maxLength, pattern, minimum / maximum and their exclusive forms on integers and numbers, nullable, enum, const, anyOf, oneOf, allOf of one schema, $ref; format constrains date, time, date-time, uuid, ipv4 and email; other annotations are ignored)", at, k)
+				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, minLength, maxLength, pattern, minimum / maximum and their exclusive forms on integers and numbers, nullable, enum, const, anyOf, oneOf, allOf of one schema, $ref; format constrains date, time, date-time, uuid, ipv4 and email; other annotations are ignored)", at, k)
 			}
 		}
 	}
@@ -330,18 +331,49 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 		return nil, fmt.Errorf("%s: the minimum %d is above the maximum %d", at, s.minN, s.maxN)
 	}
 	if s.kinds&kArray != 0 {
+		if pi, ok := m["prefixItems"]; ok { // a tuple: item i of prefixItems[i], then of items (if any)
+			list, isList := pi.([]any)
+			if !isList || len(list) == 0 || len(list) > maxEnum {
+				return nil, fmt.Errorf("%s.prefixItems: must be a list of 1 to %d schemas", at, maxEnum)
+			}
+			for i, x := range list {
+				sub, err := c.compile(x, fmt.Sprintf("%s.prefixItems[%d]", at, i), depth+1)
+				if err != nil {
+					return nil, err
+				}
+				s.prefix = append(s.prefix, sub)
+			}
+		}
 		it, ok := m["items"]
-		if !ok {
+		switch {
+		case ok && it == false && s.prefix != nil: // no items past the tuple's
+		case ok:
+			var err error
+			if s.items, err = c.compile(it, at+".items", depth+1); err != nil {
+				return nil, err
+			}
+		case s.prefix == nil:
 			return nil, fmt.Errorf("%s.items: an array needs an item schema", at)
 		}
-		var err error
-		if s.items, err = c.compile(it, at+".items", depth+1); err != nil {
-			return nil, err
+		if s.items == nil && s.minN > len(s.prefix) {
+			return nil, fmt.Errorf("%s: minItems %d with %d prefixItems and no items", at, s.minN, len(s.prefix))
 		}
-	} else if _, ok := m["items"]; ok {
-		return nil, fmt.Errorf("%s.items: only for type array", at)
+	} else {
+		for _, k := range []string{"items", "prefixItems"} {
+			if _, ok := m[k]; ok {
+				return nil, fmt.Errorf("%s.%s: only for type array", at, k)
+			}
+		}
 	}
 	return s, nil
+}
+
+// itemAt is array item i's schema (nil: no item i may come).
+func (s *Schema) itemAt(i int) *Schema {
+	if i < len(s.prefix) {
+		return s.prefix[i]
+	}
+	return s.items
 }
 
 // stringRegex compiles a string schema's pattern (in full: a leading ^

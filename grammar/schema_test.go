@@ -715,3 +715,35 @@ func TestSchemaAllOfOne(t *testing.T) {
 		}
 	}
 }
+
+// TestSchemaTuple: prefixItems give the first items' schemas (pydantic's
+// Tuple[int, str]); past them, items' schema or (none, or items false) no
+// more items.
+func TestSchemaTuple(t *testing.T) {
+	s := mustSchema(t, `{"type": "object", "properties": {
+		"pair": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "minItems": 2, "maxItems": 2},
+		"head": {"type": "array", "prefixItems": [{"type": "boolean"}], "items": {"type": "null"}},
+		"opt": {"type": "array", "prefixItems": [{"type": "integer"}], "items": false}},
+		"required": ["pair", "head", "opt"]}`)
+	for _, c := range []struct {
+		name, text string
+		accepted   int
+		complete   bool
+	}{
+		{"good", `{"pair": [1, "a"], "head": [true, null, null], "opt": []}`, -1, true},
+		{"tuple head only", `{"pair": [1, "a"], "head": [false], "opt": [7]}`, -1, true},
+		{"second item of the wrong type", `{"pair": [1, 2`, 13, false},
+		{"a third pair item", `{"pair": [1, "a",`, 16, false},
+		{"pair too short", `{"pair": [1]`, 11, false},
+		{"extra after items false", `{"pair": [1, "a"], "head": [true], "opt": [1,`, 44, false},
+		{"head's items", `{"pair": [1, "a"], "head": [true, 1`, 34, false},
+	} {
+		t.Run(c.name, func(t *testing.T) { checkText(t, s, c.text, c.accepted, c.complete) })
+	}
+	for _, bad := range []string{`{"type": "array", "prefixItems": []}`, `{"type": "string", "prefixItems": [{"type": "null"}]}`,
+		`{"type": "array", "prefixItems": [{"type": "null"}], "minItems": 2}`} {
+		if _, err := CompileSchema([]byte(`{"type": "object", "properties": {"a": ` + bad + `}}`)); err == nil {
+			t.Errorf("%s compiled", bad)
+		}
+	}
+}

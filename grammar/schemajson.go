@@ -276,9 +276,13 @@ func (j *SchemaJSON) byte(c byte) bool {
 			j.pop()
 			return true
 		}
+		it := top.s.itemAt(top.i)
+		if it == nil {
+			return false
+		}
 		top.st = aAfter
 		top.i++
-		return j.value(top.s.items, c)
+		return j.value(it, c)
 	case mOpen, mNext:
 		if c == '}' && top.st == mOpen {
 			j.pop()
@@ -312,7 +316,7 @@ func (j *SchemaJSON) byte(c byte) bool {
 		return false
 	case aAfter:
 		switch {
-		case c == ',' && (top.s.maxN < 0 || top.i < top.s.maxN):
+		case c == ',' && (top.s.maxN < 0 || top.i < top.s.maxN) && top.s.itemAt(top.i) != nil:
 			top.st = aValue
 			return true
 		case c == ']' && top.i >= top.s.minN:
