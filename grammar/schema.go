@@ -31,6 +31,7 @@ type Schema struct {
 	props  []prop     // object: every property, in order
 	items  *Schema    // array: each item (after prefix's; nil with prefix: none)
 	prefix []*Schema  // array: the first items' schemas, one each (prefixItems: a tuple)
+	unique bool       // array: no item twice (uniqueItems; items of strings or numbers, compared as written)
 	enum   [][]byte   // the allowed values, JSON-encoded (enum / const)
 	any    bool       // object: any JSON object (no properties listed, additional ones allowed)
 	mapV   *Schema    // object: a map, every value of this schema (additionalProperties: {schema})
@@ -195,12 +196,12 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 	m := o.vals
 	for _, k := range o.keys {
 		switch k {
-		case "type", "properties", "required", "additionalProperties", "items", "prefixItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
+		case "type", "properties", "required", "additionalProperties", "items", "prefixItems", "uniqueItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
 			"minItems", "maxItems", "minLength", "maxLength", "nullable", "pattern",
 			"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum":
 		default:
 			if !annotations[k] {
-				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, minLength, maxLength, pattern, minimum / maximum and their exclusive forms on integers and numbers, nullable, enum, const, anyOf, oneOf, allOf of one schema, $ref; format constrains date, time, date-time, uuid, ipv4 and email; other annotations are ignored)", at, k)
+				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, prefixItems, uniqueItems (of strings and numbers), minItems, maxItems, minLength, maxLength, pattern, minimum / maximum and their exclusive forms on integers and numbers, nullable, enum, const, anyOf, oneOf, allOf of one schema, $ref; format constrains date, time, date-time, uuid, ipv4 and email; other annotations are ignored)", at, k)
 			}
 		}
 	}
@@ -355,11 +356,18 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 		case s.prefix == nil:
 			return nil, fmt.Errorf("%s.items: an array needs an item schema", at)
 		}
+		if u, _ := m["uniqueItems"].(bool); u {
+			if s.prefix != nil || s.items == nil || s.items.enum != nil || s.items.alts != nil ||
+				s.items.kinds&^(kString|kInteger|kNumber) != 0 {
+				return nil, fmt.Errorf("%s.uniqueItems: supported on arrays whose items are strings, integers or numbers", at)
+			}
+			s.unique = true
+		}
 		if s.items == nil && s.minN > len(s.prefix) {
 			return nil, fmt.Errorf("%s: minItems %d with %d prefixItems and no items", at, s.minN, len(s.prefix))
 		}
 	} else {
-		for _, k := range []string{"items", "prefixItems"} {
+		for _, k := range []string{"items", "prefixItems", "uniqueItems"} {
 			if _, ok := m[k]; ok {
 				return nil, fmt.Errorf("%s.%s: only for type array", at, k)
 			}

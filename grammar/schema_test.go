@@ -747,3 +747,31 @@ func TestSchemaTuple(t *testing.T) {
 		}
 	}
 }
+
+// TestSchemaUniqueItems: uniqueItems arrays of strings and numbers refuse
+// an item they already hold (compared as written) where it would end, so
+// the item must go on instead; other item types are refused at compile.
+func TestSchemaUniqueItems(t *testing.T) {
+	s := mustSchema(t, `{"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": true},
+		"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": true}, "any": {"type": "array", "items": {"type": "string"}, "uniqueItems": false}},
+		"required": ["tags", "ids", "any"]}`)
+	for _, c := range []struct {
+		name, text string
+		accepted   int
+		complete   bool
+	}{
+		{"distinct", `{"tags": ["a", "b", "ab"], "ids": [1, 12, 2], "any": ["x", "x"]}`, -1, true},
+		{"a string twice", `{"tags": ["a", "b", "a"`, 22, false},
+		{"a string twice goes on", `{"tags": ["a", "b", "ab"], "ids": [], "any": []}`, -1, true},
+		{"an integer twice", `{"tags": [], "ids": [7, 7,`, 25, false},
+		{"an integer twice at the end", `{"tags": [], "ids": [7, 7]`, 25, false},
+	} {
+		t.Run(c.name, func(t *testing.T) { checkText(t, s, c.text, c.accepted, c.complete) })
+	}
+	for _, bad := range []string{`{"type": "array", "items": {"type": "object", "properties": {}}, "uniqueItems": true}`,
+		`{"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": true}`, `{"type": "string", "uniqueItems": true}`} {
+		if _, err := CompileSchema([]byte(`{"type": "object", "properties": {"a": ` + bad + `}}`)); err == nil || !strings.Contains(err.Error(), "uniqueItems") {
+			t.Errorf("%s: %v, want an error naming uniqueItems", bad, err)
+		}
+	}
+}

@@ -13,37 +13,38 @@ import (
 // JSON allows it (the same limits). The object must start the text. Make
 // one with NewSchemaJSON; copy one with Clone.
 type SchemaJSON struct {
-	root    *Schema
-	stack   []sframe // open objects and arrays
-	started bool
-	leaf    JSON // the string, number or literal being read, when leafOn
-	leafOn  bool
-	leafNum bool       // the leaf is a number (it ends at the first byte that is not part of it)
-	leafInt bool       // an integer: no fraction or exponent
-	leafB   *Schema    // a bounded integer leaf's schema (its minimum / maximum)
-	leafNB  *numBounds // a bounded number leaf's bounds, and its digits so far:
-	nneg    bool       //   sign,
-	ndot    bool       //   a dot read,
-	nint    int8       //   integer digits (count, value)
-	nfrac   int8       //   fraction digits (count, value)
-	nP, nF  float64
-	ineg    bool     // that integer's sign
-	ival    int64    // and its digits' value so far
-	idig    int      // and their count
-	leafS   *Schema  // the string leaf's schema (its length bounds)
-	leafKey bool     // the string leaf is a map's key
-	kh      uint64   // its FNV-1a hash so far
-	chars   int      // characters of the string leaf so far
-	lre     reText   // the string leaf's match so far, when its schema has a regex (leafS.re)
-	hexv    rune     // and a \u escape's value so far
-	hexn    int8     // and its digits so far
-	enum    [][]byte // the enum value being read: its candidates (nil: none)
-	alive   uint64   // candidates still matching
-	epos    int      // bytes of the value read
-	ws      wsRun
-	compact bool     // between tokens at most one space, no other whitespace (NewWrapped)
-	scratch []sframe // Accept's copy of the stack
-	lstack  []byte   // Accept's copy of the leaf's stack (an any-object leaf nests)
+	root     *Schema
+	stack    []sframe // open objects and arrays
+	started  bool
+	leaf     JSON // the string, number or literal being read, when leafOn
+	leafOn   bool
+	leafNum  bool       // the leaf is a number (it ends at the first byte that is not part of it)
+	leafInt  bool       // an integer: no fraction or exponent
+	leafB    *Schema    // a bounded integer leaf's schema (its minimum / maximum)
+	leafNB   *numBounds // a bounded number leaf's bounds, and its digits so far:
+	nneg     bool       //   sign,
+	ndot     bool       //   a dot read,
+	nint     int8       //   integer digits (count, value)
+	nfrac    int8       //   fraction digits (count, value)
+	nP, nF   float64
+	ineg     bool     // that integer's sign
+	ival     int64    // and its digits' value so far
+	idig     int      // and their count
+	leafS    *Schema  // the string leaf's schema (its length bounds)
+	leafKey  bool     // the string leaf is a map's key
+	leafUniq bool     // the leaf is an item of a uniqueItems array (hashed in kh as written)
+	kh       uint64   // its FNV-1a hash so far
+	chars    int      // characters of the string leaf so far
+	lre      reText   // the string leaf's match so far, when its schema has a regex (leafS.re)
+	hexv     rune     // and a \u escape's value so far
+	hexn     int8     // and its digits so far
+	enum     [][]byte // the enum value being read: its candidates (nil: none)
+	alive    uint64   // candidates still matching
+	epos     int      // bytes of the value read
+	ws       wsRun
+	compact  bool     // between tokens at most one space, no other whitespace (NewWrapped)
+	scratch  []sframe // Accept's copy of the stack
+	lstack   []byte   // Accept's copy of the leaf's stack (an any-object leaf nests)
 }
 
 // sframe is an open object or array.
@@ -282,6 +283,7 @@ func (j *SchemaJSON) byte(c byte) bool {
 		}
 		top.st = aAfter
 		top.i++
+		j.kh, j.leafUniq = fnvOffset, top.s.unique
 		return j.value(it, c)
 	case mOpen, mNext:
 		if c == '}' && top.st == mOpen {
@@ -409,10 +411,14 @@ func (j *SchemaJSON) leafByte(c byte) bool {
 			if nb := j.leafNB; nb != nil && !j.numberByte(nb, c) {
 				return false
 			}
+			if j.leafUniq {
+				j.kh = (j.kh ^ uint64(c)) * fnvPrime
+			}
 			return j.leaf.byte(c)
 		}
 		if !j.leaf.Complete() || (j.leafB != nil && !j.leafB.intFeasible(j.ineg, j.ival, j.idig, true)) ||
-			(j.leafNB != nil && !j.leafNB.numFeasible(j.nneg, j.nP, int(j.nint), j.ndot, j.nF, int(j.nfrac), true)) {
+			(j.leafNB != nil && !j.leafNB.numFeasible(j.nneg, j.nP, int(j.nint), j.ndot, j.nF, int(j.nfrac), true)) ||
+			(j.leafUniq && !j.uniqueItem()) {
 			return false
 		}
 		j.leafOn = false
@@ -437,10 +443,13 @@ func (j *SchemaJSON) leafByte(c byte) bool {
 	if !j.leaf.byte(c) {
 		return false
 	}
-	if j.leafKey {
+	if j.leafKey || j.leafUniq {
 		j.kh = (j.kh ^ uint64(c)) * fnvPrime
 	}
 	if j.leaf.st == stDone {
+		if j.leafUniq && !j.uniqueItem() { // (the closing quote: the string must go on)
+			return false
+		}
 		j.leafOn = false
 		if j.leafKey { // a map's key: not one it has had (compared as written, by hash)
 			j.leafKey = false
@@ -451,6 +460,18 @@ func (j *SchemaJSON) leafByte(c byte) bool {
 			top.keys = append(top.keys, j.kh)
 		}
 	}
+	return true
+}
+
+// uniqueItem records a uniqueItems array's item that ends here (its hash
+// in kh), refusing one the array has had (compared as written).
+func (j *SchemaJSON) uniqueItem() bool {
+	top := &j.stack[len(j.stack)-1]
+	if slices.Contains(top.keys, j.kh) {
+		return false
+	}
+	top.keys = append(top.keys, j.kh)
+	j.leafUniq = false
 	return true
 }
 
