@@ -47,6 +47,13 @@ func maskStates(t *testing.T, every int) map[string]Validator {
 		"d": {"type": "string", "format": "date"}, "e": {"type": "string", "pattern": "é+x?"},
 		"nl": {"type": "string", "pattern": "a\\nb"}}, "required": ["id", "d", "e", "nl"]}`)
 	add("pattern", ps.New, `{"id": "AB-123", "d": "2024-12-31", "e": "ééx", "nl": "a\nb"}`)
+	us := mustSchema(t, `{"type": "object", "properties": {"pet": {"anyOf": [
+		{"type": "object", "properties": {"kind": {"const": "cat"}, "name": {"type": "string"}}, "required": ["kind", "name"]},
+		{"type": "object", "properties": {"kind": {"const": "dog"}, "tag": {"type": "string", "pattern": "[a-z]{3}-\\d+"}}, "required": ["kind", "tag"]},
+		{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}]}}, "required": ["pet"]}`)
+	add("union", us.New, `{"pet": {"kind": "dog", "tag": "abc-12"}}`)
+	add("union cat", us.New, `{"pet": {"kind": "cat", "name": "Tom \"T\""}}`)
+	add("union name", us.New, `{"pet": {"name": "Rex é"}}`)
 	rx, err := CompileRegex(`(yes|no|[0-9]{1,3}( items)?)!?`)
 	if err != nil {
 		t.Fatal(err)

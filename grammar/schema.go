@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -36,6 +37,7 @@ type Schema struct {
 	any    bool       // object: any JSON object (no properties listed, additional ones allowed)
 	mapV   *Schema    // object: a map, every value of this schema (additionalProperties: {schema})
 	alts   []*Schema  // anyOf / oneOf: alternatives told apart by their first byte
+	objs   []*Schema  // anyOf / oneOf: objects with properties, all starting with { (pick[{] is objUnion)
 	pick   *[256]int8 // alts: the alternative a value starting with byte b takes (-1: none)
 	re     *Regex     // string: its characters match this in full (pattern, or a known format)
 }
@@ -74,7 +76,8 @@ const (
 // others are generated as plain strings.
 var annotations = map[string]bool{"title": true, "description": true, "$schema": true, "$id": true, "$comment": true,
 	"examples": true, "default": true, "strict": true, "$defs": true, "definitions": true, "format": true,
-	"readOnly": true, "writeOnly": true, "deprecated": true}
+	"readOnly": true, "writeOnly": true, "deprecated": true,
+	"discriminator": true} // (OpenAPI's: a union's objects are read side by side anyway)
 
 // formatRegex are the string formats generated to their shape (RFC 3339's
 // full-date, full-time and date-time; RFC 4122 UUIDs; dotted-quad IPv4; a
@@ -449,32 +452,66 @@ func (c *compiler) union(v any, at string, depth int) (*Schema, error) {
 	for b := range u.pick {
 		u.pick[b] = -1
 	}
+	var objs []*Schema // alternatives that are objects with properties: told apart as the text goes on
 	for i, x := range list {
 		a, err := c.compile(x, fmt.Sprintf("%s[%d]", at, i), depth+1)
 		if err != nil {
 			return nil, err
 		}
 		alts := []*Schema{a}
-		if a.alts != nil {
-			alts = a.alts
+		if a.pick != nil { // a nested union: merged
+			alts = append(slices.Clone(a.alts), a.objs...)
 		}
 		for _, a := range alts {
+			added := false
 			for _, b := range firstBytes(a) {
-				if u.pick[b] >= 0 {
-					return nil, fmt.Errorf("%s[%d]: two alternatives can start with %q (they must differ in type)", at, i, b)
+				if b == '{' && plainObject(a) {
+					if !slices.Contains(objs, a) {
+						objs = append(objs, a)
+					}
+					continue
 				}
-				u.pick[b] = int8(len(u.alts))
+				if u.pick[b] >= 0 {
+					return nil, fmt.Errorf("%s[%d]: two alternatives can start with %q (they must differ in type, or be objects with properties)", at, i, b)
+				}
+				if !added {
+					u.alts, added = append(u.alts, a), true
+				}
+				u.pick[b] = int8(len(u.alts) - 1)
 			}
-			u.alts = append(u.alts, a)
 		}
-		if len(u.alts) > 127 {
+		if len(u.alts)+len(objs) > 127 {
 			return nil, fmt.Errorf("%s: more than 127 alternatives", at)
 		}
 	}
-	if len(u.alts) == 1 {
+	switch {
+	case len(objs) == 1 && u.pick['{'] >= 0:
+		return nil, fmt.Errorf("%s: two alternatives can start with '{' (an object with properties and a map or any object)", at)
+	case len(objs) == 1: // one object: an ordinary alternative
+		if !slices.Contains(u.alts, objs[0]) {
+			u.alts = append(u.alts, objs[0])
+		}
+		u.pick['{'] = int8(slices.Index(u.alts, objs[0]))
+	case len(objs) > 1:
+		if u.pick['{'] >= 0 {
+			return nil, fmt.Errorf("%s: objects with properties beside a map or any object", at)
+		}
+		u.pick['{'], u.objs = objUnion, objs
+	}
+	if len(u.alts) == 1 && u.objs == nil {
 		return u.alts[0], nil
 	}
 	return u, nil
+}
+
+// objUnion in a union's pick table: the value is one of its objects
+// (Schema.objs), all read side by side until the object closes.
+const objUnion = -2
+
+// plainObject reports whether a is an object with listed properties (a
+// union's objects are told apart by them), not a map or any object.
+func plainObject(a *Schema) bool {
+	return a.kinds&kObject != 0 && !a.any && a.mapV == nil && a.enum == nil
 }
 
 // firstBytes lists the bytes a value of s (not a union) can start with.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -248,8 +249,8 @@ func instance(r *rand.Rand, s *Schema, depth int) string {
 // matches checks a decoded value (decodeOrdered) against s, properties in
 // order: the reference the validator is checked against.
 func matches(s *Schema, v any) bool {
-	if s.alts != nil {
-		for _, a := range s.alts {
+	if s.pick != nil {
+		for _, a := range append(slices.Clone(s.alts), s.objs...) {
 			if matches(a, v) {
 				return true
 			}
@@ -773,5 +774,42 @@ func TestSchemaUniqueItems(t *testing.T) {
 		if _, err := CompileSchema([]byte(`{"type": "object", "properties": {"a": ` + bad + `}}`)); err == nil || !strings.Contains(err.Error(), "uniqueItems") {
 			t.Errorf("%s: %v, want an error naming uniqueItems", bad, err)
 		}
+	}
+}
+
+// TestSchemaObjectUnion: anyOf / oneOf of objects with properties (a
+// pydantic Union of models, discriminated or not) reads the object against
+// every alternative side by side, keeps those that still match and ends
+// the value when the object closes; nested unions and nullable objects
+// merge; whitespace keeps its nesting limits inside.
+func TestSchemaObjectUnion(t *testing.T) {
+	s := mustSchema(t, `{"type": "object", "$defs": {
+		"Cat": {"type": "object", "properties": {"pet_type": {"const": "cat"}, "meows": {"type": "integer"}}, "required": ["pet_type", "meows"]},
+		"Dog": {"type": "object", "properties": {"pet_type": {"const": "dog"}, "barks": {"type": "number"}}, "required": ["pet_type", "barks"]},
+		"Lizard": {"type": "object", "properties": {"pet_type": {"const": "lizard"}}, "required": ["pet_type"]}},
+		"properties": {
+			"pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}, {"$ref": "#/$defs/Lizard"}], "discriminator": {"propertyName": "pet_type"}},
+			"pets": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/Cat"}, {"anyOf": [{"$ref": "#/$defs/Dog"}, {"type": "null"}]}]}},
+			"n": {"type": "integer"}},
+		"required": ["pet", "pets", "n"]}`)
+	good := `{"pet": {"pet_type": "dog", "barks": 2.5}, "pets": [{"pet_type": "cat", "meows": 3}, null, {"pet_type": "dog", "barks": 1}], "n": 1}`
+	for _, c := range []struct {
+		name, text string
+		accepted   int
+		complete   bool
+	}{
+		{"good", good, -1, true},
+		{"lizard", strings.Replace(good, `{"pet_type": "dog", "barks": 2.5}`, `{"pet_type": "lizard"}`, 1), -1, true},
+		{"pretty", "{\n  \"pet\": {\n    \"pet_type\": \"cat\",\n    \"meows\": 1\n  },\n  \"pets\": [],\n  \"n\": 0\n}", -1, true},
+		{"unknown tag", `{"pet": {"pet_type": "cow"`, 23, false},
+		{"cat with barks", `{"pet": {"pet_type": "cat", "barks"`, 29, false},
+		{"lizard with more", `{"pet": {"pet_type": "lizard", "meows"`, 29, false},
+		{"dog without barks", `{"pet": {"pet_type": "dog"}`, 26, false},
+	} {
+		t.Run(c.name, func(t *testing.T) { checkText(t, s, c.text, c.accepted, c.complete) })
+	}
+	if _, err := CompileSchema([]byte(`{"type": "object", "properties": {"a": {"anyOf": [{"type": "object", "properties": {"x": {"type": "null"}}},
+		{"type": "object", "additionalProperties": {"type": "null"}}]}}}`)); err == nil {
+		t.Error("a union of an object and a map compiled")
 	}
 }

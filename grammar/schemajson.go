@@ -43,6 +43,7 @@ type SchemaJSON struct {
 	epos     int      // bytes of the value read
 	ws       wsRun
 	compact  bool     // between tokens at most one space, no other whitespace (NewWrapped)
+	depth0   int      // nesting depth of the root object (a union object\'s validator: where the union is)
 	scratch  []sframe // Accept's copy of the stack
 	lstack   []byte   // Accept's copy of the leaf's stack (an any-object leaf nests)
 }
@@ -50,11 +51,12 @@ type SchemaJSON struct {
 // sframe is an open object or array.
 type sframe struct {
 	s     *Schema
-	i     int      // object: the next property that may come; array: items started
-	st    uint8    // what comes next (oOpen…)
-	kpos  int      // oKey: bytes of the key matched
-	kmask uint64   // oKey: the candidate properties i+j still matching (bit j)
-	keys  []uint64 // map: hashes of the keys so far (a key may not come twice)
+	i     int           // object: the next property that may come; array: items started
+	st    uint8         // what comes next (oOpen…)
+	kpos  int           // oKey: bytes of the key matched
+	kmask uint64        // oKey: the candidate properties i+j still matching (bit j)
+	keys  []uint64      // map: hashes of the keys so far (a key may not come twice)
+	subs  []*SchemaJSON // uUnion: a validator of each union object still matching the text (never changed in place)
 }
 
 const (
@@ -72,6 +74,7 @@ const (
 	mColon              // map, after a key (read as a string leaf)
 	mValue              // map: a value must start
 	mAfter              // map, after a value: ',' or '}'
+	uUnion              // inside an object of a union of objects (its subs read it)
 )
 
 // New is a fresh validator of one object matching s: a grammar factory for
@@ -132,6 +135,14 @@ func (j *SchemaJSON) Accept(b []byte) bool {
 // TokenClass is StringBody inside a string leaf with nothing pending and
 // no maximum length (Classer).
 func (j *SchemaJSON) TokenClass() TokenClass {
+	if n := len(j.stack); n > 0 && j.stack[n-1].st == uUnion { // every object read so far inside a string
+		for _, v := range j.stack[n-1].subs {
+			if v.TokenClass() != StringBody {
+				return NoClass
+			}
+		}
+		return StringBody
+	}
 	if j.leafOn && !j.leafNum && j.enum == nil && j.leaf.st == stString && (j.leafS == nil || (j.leafS.maxN < 0 && j.leafS.re == nil)) {
 		return StringBody
 	}
@@ -175,11 +186,11 @@ func (j *SchemaJSON) space(c byte) bool {
 	if j.compact && (c != ' ' || j.ws.n > 0) {
 		return false
 	}
-	return j.ws.take(c, len(j.stack))
+	return j.ws.take(c, j.depth0+len(j.stack))
 }
 
 func (j *SchemaJSON) push(s *Schema, st uint8) bool {
-	if len(j.stack) >= MaxDepth {
+	if j.depth0+len(j.stack) >= MaxDepth {
 		return false
 	}
 	j.stack = append(j.stack, sframe{s: s, st: st})
@@ -190,6 +201,9 @@ func (j *SchemaJSON) pop() { j.stack = j.stack[:len(j.stack)-1] }
 
 // byte advances j by one byte.
 func (j *SchemaJSON) byte(c byte) bool {
+	if n := len(j.stack); n > 0 && j.stack[n-1].st == uUnion {
+		return j.unionByte(c)
+	}
 	if j.leafOn {
 		return j.leafByte(c)
 	}
@@ -343,9 +357,12 @@ func optionalFrom(props []prop, i int) bool {
 // value starts a value of schema s with byte c.
 func (j *SchemaJSON) value(s *Schema, c byte) bool {
 	j.ws = wsRun{}
-	if s.alts != nil { // the alternative whose values can start with c
-		if k := s.pick[c]; k >= 0 {
+	if s.pick != nil { // the alternative whose values can start with c
+		switch k := s.pick[c]; {
+		case k >= 0:
 			return j.value(s.alts[k], c)
+		case k == objUnion:
+			return j.startUnion(s.objs, c)
 		}
 		return false
 	}
@@ -459,6 +476,54 @@ func (j *SchemaJSON) leafByte(c byte) bool {
 			}
 			top.keys = append(top.keys, j.kh)
 		}
+	}
+	return true
+}
+
+// startUnion starts a value of a union of objects with its '{': one
+// validator per object (at this nesting depth, with this whitespace rule)
+// in a uUnion frame.
+func (j *SchemaJSON) startUnion(objs []*Schema, c byte) bool {
+	if j.depth0+len(j.stack) >= MaxDepth {
+		return false
+	}
+	var subs []*SchemaJSON
+	for _, o := range objs {
+		v := &SchemaJSON{root: o, compact: j.compact, depth0: j.depth0 + len(j.stack)}
+		if v.byte(c) {
+			subs = append(subs, v)
+		}
+	}
+	if len(subs) == 0 {
+		return false
+	}
+	j.stack = append(j.stack, sframe{st: uUnion, subs: subs})
+	return true
+}
+
+// unionByte feeds c to a copy of each union object's validator still
+// matching, keeps those that take it, and ends the union's value when its
+// object closes. The validators are copied, never changed: a frame's subs
+// may be shared with the copy Accept works on.
+func (j *SchemaJSON) unionByte(c byte) bool {
+	top := &j.stack[len(j.stack)-1]
+	var alive []*SchemaJSON
+	closed := false
+	for _, v := range top.subs {
+		t := v.Clone()
+		if t.byte(c) {
+			alive = append(alive, t)
+			closed = closed || t.Complete()
+		}
+	}
+	switch {
+	case len(alive) == 0:
+		return false
+	case closed: // the object's '}': the value is done (the parent's state was set before it began)
+		j.pop()
+		j.ws = wsRun{}
+	default:
+		top.subs = alive
 	}
 	return true
 }
