@@ -151,6 +151,13 @@ func BenchmarkMask(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	us, err := CompileSchema([]byte(`{"type": "object", "properties": {"pet": {"anyOf": [
+		{"type": "object", "properties": {"kind": {"const": "cat"}, "name": {"type": "string"}}, "required": ["kind", "name"]},
+		{"type": "object", "properties": {"kind": {"const": "dog"}, "tag": {"type": "string"}}, "required": ["kind", "tag"]},
+		{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}]}}, "required": ["pet"]}`))
+	if err != nil {
+		b.Fatal(err)
+	}
 	for _, c := range []struct {
 		name, prefix string
 		g            func() Validator
@@ -159,6 +166,8 @@ func BenchmarkMask(b *testing.B) {
 		{"value_start", `{"list": [1, `, JSONObject},
 		{"key_start", `{"a": 1, `, JSONObject},
 		{"pattern_string", `{"id": "Zo`, ps.New},
+		{"union_key", `{"pet": {"`, us.New},
+		{"union_string", `{"pet": {"name": "Re`, us.New},
 		{"date_time", `{"id": "ab-1", "d": "2024-1`, ps.New},
 	} {
 		b.Run(c.name, func(b *testing.B) {
