@@ -29,6 +29,7 @@ type Schema struct {
 	ilo    int64      // integer: the least value (minimum, exclusiveMinimum); math.MinInt64: none
 	ihi    int64      // integer: the greatest (maximum, exclusiveMaximum); math.MaxInt64: none
 	nb     *numBounds // number: its bounds (nil: none)
+	mult   int64      // integer: a value must be a multiple of it (multipleOf; 0: none)
 	props  []prop     // object: every property, in order
 	items  *Schema    // array: each item (after prefix's; nil with prefix: none)
 	prefix []*Schema  // array: the first items' schemas, one each (prefixItems: a tuple)
@@ -200,11 +201,11 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 	for _, k := range o.keys {
 		switch k {
 		case "type", "properties", "required", "additionalProperties", "items", "prefixItems", "uniqueItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
-			"minItems", "maxItems", "minLength", "maxLength", "nullable", "pattern",
+			"minItems", "maxItems", "minLength", "maxLength", "nullable", "pattern", "multipleOf",
 			"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum":
 		default:
 			if !annotations[k] {
-				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, prefixItems, uniqueItems (of strings and numbers), minItems, maxItems, minLength, maxLength, pattern, minimum / maximum and their exclusive forms on integers and numbers, nullable, enum, const, anyOf, oneOf, allOf of one schema, $ref; format constrains date, time, date-time, uuid, ipv4 and email; other annotations are ignored)", at, k)
+				return nil, fmt.Errorf("%s: keyword %q is not supported (supported: type, properties, required, additionalProperties, items, prefixItems, uniqueItems (of strings and numbers), minItems, maxItems, minLength, maxLength, pattern, minimum / maximum and their exclusive forms on integers and numbers, multipleOf on integers, nullable, enum, const, anyOf, oneOf, allOf of one schema, $ref; format constrains date, time, date-time, uuid, ipv4 and email; other annotations are ignored)", at, k)
 			}
 		}
 	}
@@ -621,6 +622,9 @@ func hasKind(kinds, k uint8) bool { return kinds&k != 0 }
 // (JSON Schema 2019 on: numbers) of an integer schema into ilo / ihi.
 func (s *Schema) intBounds(m map[string]any, at string) error {
 	s.ilo, s.ihi = math.MinInt64, math.MaxInt64
+	if _, ok := m["multipleOf"]; ok && s.kinds&^kNull != kInteger {
+		return fmt.Errorf("%s.multipleOf: supported on integers only", at)
+	}
 	if s.kinds&^kNull == kNumber {
 		return s.numberBounds(m, at)
 	}
@@ -648,14 +652,40 @@ func (s *Schema) intBounds(m map[string]any, at string) error {
 			s.ihi = min(s.ihi, int64(math.Ceil(f))-1)
 		}
 	}
-	if s.ilo > s.ihi {
+	if v, ok := m["multipleOf"]; ok {
+		num, _ := v.(json.Number)
+		n, err := num.Int64()
+		if s.kinds&^kNull != kInteger || err != nil || n < 1 || n > 1e15 {
+			return fmt.Errorf("%s.multipleOf: supported on integers, as an integer in [1, 1e15]", at)
+		}
+		s.mult = n
+	}
+	if !s.hasMultiple(s.ilo, s.ihi) {
 		return fmt.Errorf("%s: no integer lies within the bounds", at)
 	}
 	return nil
 }
 
 // bounded reports whether an integer schema has bounds.
-func (s *Schema) bounded() bool { return s.ilo != math.MinInt64 || s.ihi != math.MaxInt64 }
+func (s *Schema) bounded() bool {
+	return s.ilo != math.MinInt64 || s.ihi != math.MaxInt64 || s.mult > 1
+}
+
+// hasMultiple reports whether [a, b] holds a multiple of s.mult (any
+// integer when mult ≤ 1).
+func (s *Schema) hasMultiple(a, b int64) bool {
+	if a > b {
+		return false
+	}
+	if s.mult <= 1 {
+		return true
+	}
+	first := a / s.mult * s.mult // toward zero
+	if first < a {
+		first += s.mult
+	}
+	return first <= b
+}
 
 // intFeasible reports whether an integer whose decimal form starts with
 // the prefix (neg: a minus sign; v: the value of digits digits, 0 for none)
@@ -769,10 +799,10 @@ func (s *Schema) intFeasible(neg bool, v int64, digits int, done bool) bool {
 		if neg {
 			v = -v
 		}
-		return digits > 0 && v >= s.ilo && v <= s.ihi
+		return digits > 0 && v >= s.ilo && v <= s.ihi && (s.mult <= 1 || v%s.mult == 0)
 	}
 	if digits == 0 { // a sign alone: any negative number in range?
-		return neg && s.ilo <= -1
+		return neg && s.hasMultiple(s.ilo, min(s.ihi, -1))
 	}
 	if v == 0 { // "0" or "-0" cannot grow
 		return s.ilo <= 0 && s.ihi >= 0
@@ -784,7 +814,7 @@ func (s *Schema) intFeasible(neg bool, v int64, digits int, done bool) bool {
 		if neg {
 			a, b = -b, -a
 		}
-		if b >= s.ilo && a <= s.ihi {
+		if s.hasMultiple(max(a, s.ilo), min(b, s.ihi)) {
 			return true
 		}
 		if (!neg && a > s.ihi) || (neg && b < s.ilo) {

@@ -3,6 +3,7 @@ package grammar
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -71,7 +72,7 @@ func checkText(t *testing.T, s *Schema, text string, accepted int, complete bool
 func TestCompileSchemaErrors(t *testing.T) {
 	for _, c := range []struct{ schema, want string }{
 		{`{"type": "array", "items": {"type": "string"}}`, "top level"},
-		{`{"type": "object", "properties": {"a": {"type": "number", "multipleOf": 2}}, "required": ["a"]}`, `"multipleOf"`},
+		{`{"type": "object", "properties": {"a": {"type": "number", "multipleOf": 2}}, "required": ["a"]}`, `multipleOf: supported on integers`},
 		{`{"type": "object", "properties": {"a": {"anyOf": []}}, "required": ["a"]}`, "list of schemas"},
 		{`{"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}}`, "start with"},
 		{`{"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"enum": ["x", 1]}]}}}`, "start with"},
@@ -811,5 +812,56 @@ func TestSchemaObjectUnion(t *testing.T) {
 	if _, err := CompileSchema([]byte(`{"type": "object", "properties": {"a": {"anyOf": [{"type": "object", "properties": {"x": {"type": "null"}}},
 		{"type": "object", "additionalProperties": {"type": "null"}}]}}}`)); err == nil {
 		t.Error("a union of an object and a map compiled")
+	}
+}
+
+// TestSchemaMultipleOf: integers with multipleOf, alone and with bounds,
+// checked against brute force: every integer of up to 4 characters is
+// accepted whole exactly when it is a multiple within the bounds, and
+// every accepted prefix of up to 3 characters extends, by at most 3 more
+// digits, to one.
+func TestSchemaMultipleOf(t *testing.T) {
+	for _, c := range []struct {
+		schema string
+		in     func(v int64) bool
+	}{
+		{`"multipleOf": 5`, func(v int64) bool { return v%5 == 0 }},
+		{`"multipleOf": 7, "minimum": 10, "maximum": 60`, func(v int64) bool { return v%7 == 0 && v >= 10 && v <= 60 }},
+		{`"multipleOf": 25, "minimum": -60, "exclusiveMaximum": 0`, func(v int64) bool { return v%25 == 0 && v >= -60 && v < 0 }},
+	} {
+		s := mustSchema(t, `{"type": "object", "properties": {"x": {"type": "integer", `+c.schema+`}}, "required": ["x"]}`)
+		valid := func(n string) bool {
+			v, err := strconv.ParseInt(n, 10, 64)
+			d := strings.TrimPrefix(n, "-")
+			return err == nil && d != "" && (d == "0" || d[0] != '0') && c.in(v) // JSON: -?(0|[1-9][0-9]*)
+		}
+		var walk func(n string)
+		walk = func(n string) {
+			g := s.New()
+			acc := g.Advance([]byte(`{"x": ` + n))
+			whole := acc && g.Advance([]byte("}")) && g.Complete()
+			if whole != valid(n) {
+				t.Fatalf("%s: %q accepted whole %v, valid %v", c.schema, n, whole, valid(n))
+			}
+			if acc && len(n) <= 3 {
+				ok := valid(n)
+				for d := 0; d < 1000 && !ok; d++ {
+					for _, w := range []string{fmt.Sprint(d), fmt.Sprintf("%02d", d), fmt.Sprintf("%03d", d)} {
+						ok = ok || (len(w) <= 3 && valid(n+w))
+					}
+				}
+				if !ok {
+					t.Fatalf("%s: prefix %q accepted, but no valid integer extends it by 3 digits", c.schema, n)
+				}
+			}
+			if len(n) < 4 {
+				for _, ch := range "-0123456789" {
+					walk(n + string(ch))
+				}
+			}
+		}
+		for _, ch := range "-0123456789" {
+			walk(string(ch))
+		}
 	}
 }
