@@ -14,19 +14,19 @@ import (
 	"github.com/mkserve/mkserve/models"
 )
 
-// nextModel's greedy pick after token t is next(t) (a clear margin over
-// every other token); it counts the tokens it was fed.
-type nextModel struct {
+// rowModel is a fake model: its logits row after token t is what fill
+// writes; it counts the tokens it was fed.
+type rowModel struct {
 	cfg  *models.Config
-	next func(t int32) int32
+	fill func(t int32, row []float32)
 	mu   sync.Mutex
 	fed  int
 }
 
-func (m *nextModel) Config() *models.Config      { return m.cfg }
-func (m *nextModel) KVFloatsPerToken() int       { return 8 }
-func (m *nextModel) KVWidths() []backend.KVWidth { return []backend.KVWidth{{K: 4, V: 4}} }
-func (m *nextModel) Forward(b *backend.Batch) (backend.Tensor, error) {
+func (m *rowModel) Config() *models.Config      { return m.cfg }
+func (m *rowModel) KVFloatsPerToken() int       { return 8 }
+func (m *rowModel) KVWidths() []backend.KVWidth { return []backend.KVWidth{{K: 4, V: 4}} }
+func (m *rowModel) Forward(b *backend.Batch) (backend.Tensor, error) {
 	m.mu.Lock()
 	m.fed += len(b.Tokens)
 	m.mu.Unlock()
@@ -40,13 +40,34 @@ func (m *nextModel) Forward(b *backend.Batch) (backend.Tensor, error) {
 	}
 	out := make(fakeTensor, len(rows)*V)
 	for r, i := range rows {
-		row := out[r*V : (r+1)*V]
-		for t := range row {
-			row[t] = float32((t*37)%11) / 11 // some spread below the pick
-		}
-		row[m.next(b.Tokens[i])] = 5
+		m.fill(b.Tokens[i], out[r*V:(r+1)*V])
 	}
 	return out, nil
+}
+
+// nextModel's greedy pick after token t is next(t), with a clear margin
+// over every other token.
+func nextModel(V int, next func(t int32) int32) *rowModel {
+	return &rowModel{cfg: &models.Config{VocabSize: V, MaxPositions: 4096}, fill: func(t int32, row []float32) {
+		for k := range row {
+			row[k] = float32((k*37)%11) / 11 // some spread below the pick
+		}
+		row[next(t)] = 5
+	}}
+}
+
+// probModel's next-token distribution after token t puts probability
+// probs[k] on token (t+k+1) % V for k < len(probs), none elsewhere: a
+// model whose draws a test can count.
+func probModel(V int, probs []float64) *rowModel {
+	return &rowModel{cfg: &models.Config{VocabSize: V, MaxPositions: 4096}, fill: func(t int32, row []float32) {
+		for k := range row {
+			row[k] = -1e9
+		}
+		for k, p := range probs {
+			row[(int(t)+k+1)%V] = float32(math.Log(p))
+		}
+	}}
 }
 
 // TestNgramDraft: the draft follows the most recent earlier occurrence of
@@ -105,7 +126,7 @@ func TestSpeculationMatchesGreedy(t *testing.T) {
 	}{{"cycle", cycle}, {"scramble", scramble}} {
 		t.Run(mc.name, func(t *testing.T) {
 			run := func(spec int) ([]string, Stats, int) {
-				m := &nextModel{cfg: &models.Config{VocabSize: V, MaxPositions: 4096}, next: mc.next}
+				m := nextModel(V, mc.next)
 				e, err := New(m, fakeBackend{}, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 20, SpeculativeTokens: spec},
 					Options{Name: "t", EOS: []int32{2}})
 				if err != nil {
@@ -231,39 +252,6 @@ func TestSpeculationRealModel(t *testing.T) {
 	t.Logf("drafted %d, accepted %d", st.SpecDrafted, st.SpecAccepted)
 }
 
-// probModel's next-token distribution after token t puts probability
-// probs[k] on token (t+k+1) % V for k < len(probs), none elsewhere: a
-// model whose draws a test can count.
-type probModel struct {
-	cfg   *models.Config
-	probs []float64
-}
-
-func (m *probModel) Config() *models.Config      { return m.cfg }
-func (m *probModel) KVFloatsPerToken() int       { return 8 }
-func (m *probModel) KVWidths() []backend.KVWidth { return []backend.KVWidth{{K: 4, V: 4}} }
-func (m *probModel) Forward(b *backend.Batch) (backend.Tensor, error) {
-	V := m.cfg.VocabSize
-	rows := b.LogitRows
-	if rows == nil {
-		rows = make([]int, len(b.Tokens))
-		for i := range rows {
-			rows[i] = i
-		}
-	}
-	out := make(fakeTensor, len(rows)*V)
-	for r, i := range rows {
-		row := out[r*V : (r+1)*V]
-		for t := range row {
-			row[t] = -1e9
-		}
-		for k, p := range m.probs {
-			row[(int(b.Tokens[i])+k+1)%V] = float32(math.Log(p))
-		}
-	}
-	return out, nil
-}
-
 // TestSpeculationSampled: sampled requests with speculation draw from the
 // model's distribution. A model whose next token is t+1 with probability
 // 0.7, t+2 with 0.2 and t+3 with 0.1 runs 400 seeded requests over a
@@ -274,7 +262,7 @@ func (m *probModel) Forward(b *backend.Batch) (backend.Tensor, error) {
 func TestSpeculationSampled(t *testing.T) {
 	const V = 16
 	run := func(spec int) ([3]int, Stats) {
-		m := &probModel{cfg: &models.Config{VocabSize: V, MaxPositions: 4096}, probs: []float64{0.7, 0.2, 0.1}}
+		m := probModel(V, []float64{0.7, 0.2, 0.1})
 		e, err := New(m, fakeBackend{}, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 22, SpeculativeTokens: spec, SpeculativeNgramMin: 1},
 			Options{Name: "t"})
 		if err != nil {
