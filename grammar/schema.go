@@ -116,8 +116,9 @@ func CompileSchema(raw []byte) (*Schema, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.kinds != kObject || s.enum != nil || s.alts != nil {
-		return nil, fmt.Errorf("schema: the top level must be {\"type\": \"object\", …}")
+	rootUnion := s.pick != nil && len(s.alts) == 0 && len(s.objs) > 1 // anyOf of objects: one of them
+	if !rootUnion && (s.kinds != kObject || s.enum != nil || s.alts != nil) {
+		return nil, fmt.Errorf("schema: the top level must be {\"type\": \"object\", …} (or anyOf objects)")
 	}
 	return s, nil
 }

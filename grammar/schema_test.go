@@ -865,3 +865,20 @@ func TestSchemaMultipleOf(t *testing.T) {
 		}
 	}
 }
+
+// TestSchemaRootUnion: a top-level anyOf of objects (a forced call of one
+// of several tools) takes exactly one of them; a top-level union with a
+// non-object alternative is refused.
+func TestSchemaRootUnion(t *testing.T) {
+	s := mustSchema(t, `{"anyOf": [
+		{"type": "object", "properties": {"name": {"const": "a"}, "arguments": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}, "required": ["name", "arguments"]},
+		{"type": "object", "properties": {"name": {"const": "b"}, "arguments": {"type": "object", "properties": {}}}, "required": ["name", "arguments"]}]}`)
+	checkText(t, s, `{"name": "a", "arguments": {"x": 1}}`, -1, true)
+	checkText(t, s, `{"name": "b", "arguments": {}}`, -1, true)
+	checkText(t, s, `{"name": "b", "arguments": {"x"`, 28, false)
+	checkText(t, s, `{"name": "c"`, 10, false)
+	checkText(t, s, ` {}`, 0, false)
+	if _, err := CompileSchema([]byte(`{"anyOf": [{"type": "object", "properties": {"a": {"type": "null"}}}, {"type": "integer"}]}`)); err == nil {
+		t.Error("a top-level union with an integer compiled")
+	}
+}

@@ -212,6 +212,9 @@ func (j *SchemaJSON) byte(c byte) bool {
 	}
 	if !j.started {
 		j.started = true
+		if j.root.objs != nil { // a union of objects at the top
+			return c == '{' && j.startUnion(j.root.objs, c)
+		}
 		return c == '{' && j.push(j.root, oOpen)
 	}
 	if len(j.stack) == 0 { // the object is complete

@@ -256,18 +256,30 @@ func callSchema(defs []toolDef, named string, wrapped bool) (*grammar.Schema, *a
 		if isNull(args) {
 			args = json.RawMessage(`{"type": "object"}`)
 		}
-	} else {
-		names := make([]string, len(defs))
-		for i, d := range defs {
-			names[i] = d.Function.Name
-		}
-		name, _ = json.Marshal(map[string]any{"enum": names})
-		args = json.RawMessage(`{"type": "object"}`)
 	}
-	src := `{"type": "object", "properties": {"name": ` + string(name) + `, "arguments": ` + string(args) +
-		`}, "required": ["name", "arguments"], "additionalProperties": false}`
-	if !wrapped {
+	call := func(name, args json.RawMessage) string {
+		if isNull(args) {
+			args = json.RawMessage(`{"type": "object"}`)
+		}
+		return `{"type": "object", "properties": {"name": ` + string(name) + `, "arguments": ` + string(args) +
+			`}, "required": ["name", "arguments"], "additionalProperties": false}`
+	}
+	var src string
+	switch {
+	case !wrapped:
 		src = string(args)
+	case pick >= 0:
+		src = call(name, args)
+	default: // "required" with several tools: one call of any, its arguments its own schema's
+		alts := make([]string, len(defs))
+		for i, d := range defs {
+			n, _ := json.Marshal(map[string]any{"const": d.Function.Name})
+			alts[i] = call(n, d.Function.Parameters)
+		}
+		src = `{"anyOf": [` + strings.Join(alts, ", ") + `]}`
+		if len(defs) == 1 {
+			src = alts[0]
+		}
 	}
 	schema, err := grammar.CompileSchema([]byte(src))
 	if err != nil {

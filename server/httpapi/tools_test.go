@@ -315,14 +315,26 @@ func TestChatToolChoice(t *testing.T) {
 			t.Errorf("the grammar takes %q", bad)
 		}
 	}
-	// Required with two tools: either name, any arguments object.
+	// Required with two tools: a call of either, its arguments held to that
+	// tool's own parameters (a union of the calls' objects).
 	if resp, raw := post(t, url, "/v1/chat/completions", `{`+msgs+`, "tool_choice": "required"}`); resp.StatusCode != http.StatusOK {
 		t.Fatalf("%d %s", resp.StatusCode, raw)
 	}
 	reqs = f.requests()
 	g = reqs[len(reqs)-1].Sampling.Grammar
-	if g == nil || !g().Advance([]byte("<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"UTC\"}}\n</tool_call>")) {
-		t.Error("tool_choice required: no grammar, or it refuses a get_time call")
+	if g == nil {
+		t.Fatal("tool_choice required: no grammar")
+	}
+	for _, ok := range []string{"<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>", good} {
+		if v := g(); !v.Advance([]byte(ok)) || !v.Complete() {
+			t.Errorf("tool_choice required refuses %q", ok)
+		}
+	}
+	for _, bad := range []string{"<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}", "<tool_call>\n{\"name\": \"get_date\"",
+		"<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"city\""} {
+		if g().Advance([]byte(bad)) {
+			t.Errorf("tool_choice required takes %q", bad)
+		}
 	}
 	// none: the tools stay out of the prompt and nothing is forced.
 	if resp, raw := post(t, url, "/v1/chat/completions", `{`+msgs+`, "tool_choice": "none"}`); resp.StatusCode != http.StatusOK {
