@@ -61,6 +61,14 @@ type TokenByter interface {
 	HasTokenBytes() bool
 }
 
+// SpecialTokenByter is a TokenByter that also gives special tokens' bytes
+// (their content): a constrained request that keeps special tokens
+// (SamplingParams.KeepSpecialTokens) may then write them — gpt-oss's
+// harmony markers in a forced tool call.
+type SpecialTokenByter interface {
+	SpecialTokenBytes(id int32) []byte
+}
+
 // Request is one generation request as the engine sees it.
 type Request struct {
 	ID       string // unique; used in logs and metrics

@@ -43,6 +43,11 @@ type Engine struct {
 	// gvocab is the vocabulary arranged for grammar masks, built once
 	// (off the step loop at start) when tokBytes is set.
 	gvocab func() *grammar.Vocab
+	// specialBytes and gvocabSpecial are tokBytes and gvocab with special
+	// tokens' bytes too (but never an end-of-sequence token's), for
+	// constrained requests that keep special tokens; built on first use.
+	specialBytes  func(int32) []byte
+	gvocabSpecial func() *grammar.Vocab
 	cfg    Config
 	opts   Options
 	vocab  int
@@ -135,6 +140,15 @@ func New(m models.Model, be backend.Backend, tok Detokenizer, cfg Config, o Opti
 	if tb, ok := tok.(TokenByter); ok && tb.HasTokenBytes() {
 		e.tokBytes = tb.TokenBytes
 		e.gvocab = sync.OnceValue(func() *grammar.Vocab { return grammar.NewVocab(e.vocab, tb.TokenBytes) })
+		if st, ok := tok.(SpecialTokenByter); ok {
+			e.specialBytes = func(id int32) []byte {
+				if slices.Contains(e.opts.EOS, id) {
+					return nil
+				}
+				return st.SpecialTokenBytes(id)
+			}
+			e.gvocabSpecial = sync.OnceValue(func() *grammar.Vocab { return grammar.NewVocab(e.vocab, e.specialBytes) })
+		}
 		// Build the tables now, off the step loop: the first constrained
 		// request would otherwise stall a step while they are made.
 		go e.gvocab()
@@ -229,6 +243,9 @@ func (e *Engine) Generate(ctx context.Context, r *Request) (<-chan Event, error)
 	}
 	if p.Grammar != nil && len(e.opts.EOS) == 0 {
 		return nil, fmt.Errorf("%w: it has no end-of-sequence token to end the text with", ErrGrammarUnsupported)
+	}
+	if p.Grammar != nil && p.KeepSpecialTokens && e.gvocabSpecial != nil {
+		e.gvocabSpecial() // built here, on the caller's goroutine, not in a step
 	}
 	if len(r.Prompt)+p.MaxTokens > e.cfg.MaxModelLen {
 		return nil, fmt.Errorf("%w: %d prompt tokens + max_tokens %d > %d", ErrTooLong, len(r.Prompt), p.MaxTokens, e.cfg.MaxModelLen)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -189,6 +190,37 @@ func TestGrammarForcedCall(t *testing.T) {
 		}
 		if !ok || !ok2 || json.Unmarshal([]byte(body), &call) != nil || call.Name != "get_weather" || call.Arguments.City == "" {
 			t.Fatalf("stopped with %q, not a whole call", text)
+		}
+	}
+}
+
+// TestGrammarSpecialTokens: a constrained request that keeps special
+// tokens may write them as tokens (their content is their bytes); one
+// that does not spells the same text with ordinary tokens. The end-of-
+// sequence token never stands in for text.
+func TestGrammarSpecialTokens(t *testing.T) {
+	f := load(t)
+	e, _ := newDevEngine(t, f)
+	prompt, err := f.tok.Encode("And God said", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := grammar.NewChoice([]string{"<|im_start|>x", "<|im_start|>yz"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, keep := range []bool{true, false} {
+		r := collect(t, mustGen(t, e, prompt, engine.SamplingParams{MaxTokens: 16, TopP: 1, RepetitionPenalty: 1,
+			Grammar: c.New, KeepSpecialTokens: keep, LogitBias: map[int32]float32{1: 50, 2: 50}}))
+		text, toks := r.text[0], r.tokens[0]
+		if !strings.HasPrefix(text, "<|im_start|>") || r.reasons[0] != engine.FinishStop {
+			t.Fatalf("keep %v: %q (%s), want a choice", keep, text, r.reasons[0])
+		}
+		if got := toks[0] == 1; got != keep {
+			t.Errorf("keep %v: first token %d (the special token written as one: %v)", keep, toks[0], got)
+		}
+		if slices.Contains(toks[:len(toks)-1], 2) {
+			t.Errorf("keep %v: the EOS token inside the text: %v", keep, toks)
 		}
 	}
 }

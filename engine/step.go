@@ -32,6 +32,9 @@ func (e *Engine) newSequence(r *request, index int, tokens []int32) *sequence {
 	}
 	if p := &r.r.Sampling; p.Grammar != nil { // admission checked that the tokenizer gives bytes and an EOS exists
 		sm.gram, sm.tokBytes, sm.gvocab, sm.eos = p.Grammar(), e.tokBytes, e.gvocab(), e.opts.EOS[0]
+		if p.KeepSpecialTokens && e.gvocabSpecial != nil { // it may write special tokens
+			sm.tokBytes, sm.gvocab = e.specialBytes, e.gvocabSpecial()
+		}
 	}
 	return &sequence{
 		id: NewSeqID(), req: r, index: index, tokens: tokens, prompt: len(r.r.Prompt),

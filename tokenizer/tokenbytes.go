@@ -17,6 +17,17 @@ func (t *Tokenizer) TokenBytes(id int32) []byte {
 	return t.tokBytes[id]
 }
 
+// SpecialTokenBytes is TokenBytes, except that a special token gives its
+// content (what Decode writes for it when special tokens are kept): for
+// constrained output whose text holds special tokens (gpt-oss's harmony
+// markers in a forced tool call).
+func (t *Tokenizer) SpecialTokenBytes(id int32) []byte {
+	if tok, special, ok := t.IDToken(id); ok && special {
+		return []byte(tok)
+	}
+	return t.TokenBytes(id)
+}
+
 // HasTokenBytes reports whether TokenBytes knows this tokenizer's decoder
 // (byte-level, byte fallback, metaspace, replace, strip and fuse stages
 // and sequences of them; not a tokenizer without a decoder, whose Decode

@@ -233,3 +233,37 @@ func TestChatReasoning(t *testing.T) {
 		}
 	}
 }
+
+// TestHarmonyForcedCall: a named tool_choice on gpt-oss's template forces
+// one harmony message to the function — its markers written as special
+// tokens (the request keeps them) — whose body the parameters constrain,
+// and the reply parses back into the call.
+func TestHarmonyForcedCall(t *testing.T) {
+	f := newFake(4096)
+	call := "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}"
+	f.reply = call
+	url := serveTemplate(t, f, "gptoss.jinja")
+	body := `{"messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 64, "tools": ` + weatherTools +
+		`, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}`
+	resp, raw := post(t, url, "/v1/chat/completions", body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(raw), `"tool_calls"`) || !strings.Contains(string(raw), `{\"city\":\"Paris\"}`) {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	reqs := f.requests()
+	sp := reqs[len(reqs)-1].Sampling
+	if sp.Grammar == nil || !sp.KeepSpecialTokens {
+		t.Fatalf("grammar %v, keep special tokens %v", sp.Grammar != nil, sp.KeepSpecialTokens)
+	}
+	if v := sp.Grammar(); !v.Advance([]byte(call)) || !v.Complete() {
+		t.Errorf("the grammar refuses %q", call)
+	}
+	for _, bad := range []string{"<|channel|>analysis", "<|channel|>commentary to=functions.get_time", call[:len(call)-10] + "\"x\": 1"} {
+		if sp.Grammar().Advance([]byte(bad)) {
+			t.Errorf("the grammar takes %q", bad)
+		}
+	}
+	// required with several tools: the name is in the prefix, so it needs one.
+	if resp, raw := post(t, url, "/v1/chat/completions", strings.Replace(body, `{"type": "function", "function": {"name": "get_weather"}}`, `"required"`, 1)); resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), "name the function") {
+		t.Errorf("required with two tools: %d %s", resp.StatusCode, raw)
+	}
+}

@@ -76,15 +76,19 @@ var toolFormats = map[string]*toolFormat{
 	ToolFormatDeepSeek: {open: dsCallsBegin, parse: deepseekCalls, forced: func(name string) (string, string, bool, bool) {
 		return dsCallsBegin + dsCallBegin + "function" + dsSep + name + "\n```json\n", "\n```" + dsCallEnd + dsCallsEnd, false, name != ""
 	}},
-	// Harmony's markers are special tokens, which a grammar cannot emit
-	// (their bytes are no token's): no forced calls.
+	// Harmony's markers are special tokens: a forced call writes them as
+	// such (the request keeps special tokens, so the grammar's vocabulary
+	// has them); the call ends at <|call|>, an end-of-sequence token. One
+	// named function only (the name is in the prefix).
 	ToolFormatHarmony: {open: hChannel, parse: func(text string) (string, []toolCallJS) {
 		_, content, calls := splitAll(&harmonySplit{calls: true}, text)
 		if calls == nil {
 			return text, nil
 		}
 		return strings.TrimSpace(content), calls
-	}, forced: func(string) (string, string, bool, bool) { return "", "", false, false }},
+	}, forced: func(name string) (string, string, bool, bool) {
+		return hChannel + "commentary to=functions." + name + " <|constrain|>json" + hMessage, "", false, name != ""
+	}},
 }
 
 const (
@@ -186,9 +190,6 @@ func (s *Server) tools(r *chatRequest, sp *engine.SamplingParams) (*toolSetup, *
 			named = defs[0].Function.Name
 		}
 		prefix, suffix, wrapped, ok := f.forced(named)
-		if !ok && s.opts.ToolFormat == ToolFormatHarmony {
-			return nil, invalid("tool_choice", `tool_choice "required" or a named function is not supported for gpt-oss's harmony format (its call markers are special tokens, which constrained decoding cannot write); use "auto"`)
-		}
 		if !ok {
 			return nil, invalid("tool_choice", `tool_choice "required" with several tools is not supported for this model's tool-call format; name the function`)
 		}
