@@ -135,16 +135,7 @@ func (j *JSON) Complete() bool {
 
 // Accept reports whether b may come next, leaving j unchanged. An empty b
 // is not accepted (it would not advance the text).
-func (j *JSON) Accept(b []byte) bool {
-	if len(b) == 0 {
-		return false
-	}
-	t := *j
-	t.stack = append(j.scratch[:0], j.stack...)
-	ok := t.feed(b)
-	j.scratch = t.stack[:0] // keep the (possibly grown) buffer for the next call
-	return ok
-}
+func (j *JSON) Accept(b []byte) bool { return len(b) > 0 && j.AcceptLen(b) == len(b) }
 
 // TokenClass is StringBody inside a string with nothing pending (Classer).
 func (j *JSON) TokenClass() TokenClass {
@@ -163,7 +154,7 @@ func (j *JSON) AcceptLen(b []byte) int {
 	for n < len(b) && t.byte(b[n]) {
 		n++
 	}
-	j.scratch = t.stack[:0]
+	j.scratch = t.stack[:0] // keep the (possibly grown) buffer for the next call
 	return n
 }
 

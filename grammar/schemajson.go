@@ -116,21 +116,7 @@ func (j *SchemaJSON) Complete() bool {
 
 // Accept reports whether b may come next, leaving j unchanged; an empty b
 // is not accepted.
-func (j *SchemaJSON) Accept(b []byte) bool {
-	if len(b) == 0 {
-		return false
-	}
-	t := j.scratchCopy()
-	ok := true
-	for _, c := range b {
-		if !t.byte(c) {
-			ok = false
-			break
-		}
-	}
-	j.keep(&t)
-	return ok
-}
+func (j *SchemaJSON) Accept(b []byte) bool { return len(b) > 0 && j.AcceptLen(b) == len(b) }
 
 // TokenClass is StringBody inside a string leaf with nothing pending and
 // no maximum length (Classer).
