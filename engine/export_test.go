@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/grammar"
 )
 
 // fixedU is a rand.Source whose Float64 is u.
@@ -37,7 +38,7 @@ func RefSample(logits []float32, r backend.SampleRow) backend.SampleResult {
 			logits[t] += r.BiasVals[i]
 		}
 		for t := range logits {
-			if r.Allowed != nil && r.Allowed[t>>6]&(1<<(t&63)) == 0 {
+			if r.Allowed != nil && !grammar.Allowed(r.Allowed, int32(t)) {
 				logits[t] = float32(math.Inf(-1))
 			}
 		}

@@ -289,7 +289,7 @@ func (s *sampler) sample(logits []float32, decode func(int32) string) (int32, *L
 	if m := s.allowed(); m != nil {
 		ninf := float32(math.Inf(-1))
 		for t := range w {
-			if m[t>>6]&(1<<(t&63)) == 0 {
+			if !grammar.Allowed(m, int32(t)) {
 				w[t] = ninf
 			}
 		}

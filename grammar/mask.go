@@ -206,7 +206,7 @@ func (v *Vocab) Mask(g Validator, dst []uint64) int {
 		b := v.data[v.off[i]:v.off[i+1]]
 		var k int // bytes of b accepted
 		switch id := v.ids[i]; {
-		case re != nil && plain.sure[id>>6]&(1<<(id&63)) != 0:
+		case re != nil && Allowed(plain.sure, id):
 			t := rt
 			for k < len(b) && re.byte(&t, b[k]) {
 				k++
@@ -272,7 +272,7 @@ func (r *Regex) plainMask(v *Vocab, d int32, plain *classSet) *plainMask {
 	pm := &plainMask{mask: make([]uint64, v.MaskWords())}
 	for i := 0; i < len(v.ids); {
 		id := v.ids[i]
-		if plain.sure[id>>6]&(1<<(id&63)) == 0 {
+		if !Allowed(plain.sure, id) {
 			i++
 			continue
 		}
