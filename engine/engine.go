@@ -48,11 +48,11 @@ type Engine struct {
 	// constrained requests that keep special tokens; built on first use.
 	specialBytes  func(int32) []byte
 	gvocabSpecial func() *grammar.Vocab
-	cfg    Config
-	opts   Options
-	vocab  int
-	blocks *blockManager
-	log    *zap.Logger
+	cfg           Config
+	opts          Options
+	vocab         int
+	blocks        *blockManager
+	log           *zap.Logger
 
 	mu       sync.Mutex
 	incoming []*request

@@ -199,7 +199,7 @@ func (s *sampler) allowed() []uint64 {
 	s.maskOK = true
 	m := s.mask
 	if !s.gram.Complete() && s.gvocab.Mask(s.gram, m) > 0 {
-		m[s.eos>>6] &^= 1 << (s.eos & 63) // (an EOS with bytes still ends the text only when it is complete)
+		m[s.eos>>6] &^= 1 << (s.eos & 63)    // (an EOS with bytes still ends the text only when it is complete)
 		for _, t := range s.p.StopTokenIDs { // (nor does a stop token)
 			if int(t) < s.vocabN {
 				m[t>>6] &^= 1 << (t & 63)
