@@ -12,8 +12,10 @@ build:
 
 vet:
 	$(GO) vet ./...
+	@unformatted="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.dev/*'))"; \
+	if [ -n "$$unformatted" ]; then echo "gofmt -l: not formatted:"; echo "$$unformatted"; exit 1; fi
 
-# What CI runs (.ci/run): vet, then every test under the race detector.
+# What CI runs (.ci/run): vet and gofmt, then every test under the race detector.
 # The race detector's runtime needs cgo (gcc); the code itself never does.
 test: vet
 	CGO_ENABLED=1 $(GO) test -race -timeout 30m ./...
