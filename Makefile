@@ -1,6 +1,7 @@
 # mkserve — build, test and run.
 GO      ?= go
 BIN     := bin/mkserve
+GOFMT   ?= $(shell $(GO) env GOROOT)/bin/gofmt
 export CGO_ENABLED := 0
 
 .PHONY: all build test vet run bench fuzz proto kernels device-bins clean
@@ -12,7 +13,7 @@ build:
 
 vet:
 	$(GO) vet ./...
-	@unformatted="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.dev/*'))"; \
+	@unformatted="$$($(GOFMT) -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.dev/*'))" || exit 1; \
 	if [ -n "$$unformatted" ]; then echo "gofmt -l: not formatted:"; echo "$$unformatted"; exit 1; fi
 
 # What CI runs (.ci/run): vet and gofmt, then every test under the race detector.
