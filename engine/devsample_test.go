@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -208,4 +209,55 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("no %s", name)
 	return 0
+}
+
+// wrongSampler is a device sampler that ignores masks: it always picks
+// token pick.
+type wrongSampler struct {
+	*cpu.Backend
+	pick int32
+}
+
+func (d *wrongSampler) Sample(logits backend.Tensor, rows []backend.SampleRow) []backend.SampleResult {
+	out := make([]backend.SampleResult, len(rows))
+	for i := range out {
+		out[i].Token = d.pick
+	}
+	return out
+}
+
+// TestGrammarRefusedToken: a sampler that returns a token the grammar
+// refuses fails that request with an error naming it, instead of
+// streaming text outside the grammar; the engine goes on serving.
+func TestGrammarRefusedToken(t *testing.T) {
+	f := load(t)
+	bad, ok := f.tok.TokenID("x")
+	if !ok {
+		t.Skip("the test tokenizer has no single-byte x token")
+	}
+	ds := &wrongSampler{Backend: f.be, pick: bad}
+	e, err := engine.New(f.m.Model, ds, f.tok, engine.Config{BlockSize: 4}, engine.Options{Name: "t", EOS: []int32{2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Shutdown(context.Background())
+	ch, err := e.Generate(context.Background(), &engine.Request{Prompt: []int32{5, 6, 7}, Sampling: engine.SamplingParams{MaxTokens: 4,
+		TopP: 1, RepetitionPenalty: 1, Grammar: grammar.JSONObject}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last engine.Event
+	var text string
+	for ev := range ch {
+		text += ev.Text
+		last = ev
+	}
+	if last.FinishReason != engine.FinishError || last.Err == nil || !strings.Contains(last.Err.Error(), "grammar") || text != "" {
+		t.Errorf("finish %q, err %v, text %q; want an error naming the grammar and no text", last.FinishReason, last.Err, text)
+	}
+	// A plain request still gets its tokens.
+	r := collect(t, mustGen(t, e, []int32{5, 6, 7}, engine.SamplingParams{MaxTokens: 3, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true}))
+	if len(r.tokens[0]) != 3 {
+		t.Errorf("the next request: %v", r.tokens[0])
+	}
 }
