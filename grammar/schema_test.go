@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 const personSchema = `{
@@ -177,8 +179,9 @@ func TestSchemaJSONGenerated(t *testing.T) {
 // instance writes a random JSON text matching s.
 func instance(r *rand.Rand, s *Schema, depth int) string {
 	ws := func() string { return []string{"", " ", "\n  ", "\t"}[r.IntN(4)] }
-	if s.alts != nil {
-		return instance(r, s.alts[r.IntN(len(s.alts))], depth)
+	if s.pick != nil {
+		all := append(slices.Clone(s.alts), s.objs...)
+		return instance(r, all[r.IntN(len(all))], depth)
 	}
 	if s.enum != nil {
 		return string(s.enum[r.IntN(len(s.enum))])
@@ -226,9 +229,12 @@ func instance(r *rand.Rand, s *Schema, depth int) string {
 		if n == 0 {
 			return "[" + ws() + "]"
 		}
-		parts := make([]string, n)
-		for i := range parts {
-			parts[i] = instance(r, s.items, depth+1)
+		var parts []string
+		for i := range n {
+			if s.itemAt(i) == nil {
+				break
+			}
+			parts = append(parts, instance(r, s.itemAt(i), depth+1))
 		}
 		return "[" + ws() + strings.Join(parts, ","+ws()) + "]"
 	case kString:
@@ -299,23 +305,43 @@ func matches(s *Schema, v any) bool {
 		}
 		return k == len(v.keys)
 	case []any:
-		if s.kinds&kArray == 0 {
+		if s.kinds&kArray == 0 || len(v) < s.minN || (s.maxN >= 0 && len(v) > s.maxN) {
 			return false
 		}
-		for _, x := range v {
-			if !matches(s.items, x) {
+		seen := map[string]bool{}
+		for i, x := range v {
+			it := s.itemAt(i)
+			if it == nil || !matches(it, x) {
 				return false
+			}
+			if s.unique {
+				b, _ := json.Marshal(x) // (items are strings or numbers: their text)
+				if seen[string(b)] {
+					return false
+				}
+				seen[string(b)] = true
 			}
 		}
 		return true
 	case string:
-		return s.kinds&kString != 0
+		if s.kinds&kString == 0 {
+			return false
+		}
+		n := utf8.RuneCountInString(v)
+		if n < s.minN || (s.maxN >= 0 && n > s.maxN) {
+			return false
+		}
+		return s.re == nil || regexp.MustCompile(`^(?:`+strings.TrimSuffix(strings.TrimPrefix(s.re.String(), "^"), "$")+`)$`).MatchString(v)
 	case json.Number:
 		if s.kinds&kNumber != 0 {
+			f, err := v.Float64()
+			if b := s.nb; b != nil && (err != nil || !b.meets(f, f, false, false)) {
+				return false
+			}
 			return true
 		}
-		_, err := strconv.ParseInt(v.String(), 10, 64)
-		return s.kinds&kInteger != 0 && err == nil
+		n, err := strconv.ParseInt(v.String(), 10, 64)
+		return s.kinds&kInteger != 0 && err == nil && n >= s.ilo && n <= s.ihi && (s.mult <= 1 || n%s.mult == 0)
 	case bool:
 		return s.kinds&kBoolean != 0
 	case nil:
@@ -417,6 +443,22 @@ func TestSchemaPydantic(t *testing.T) {
 // FuzzSchemaPydantic: any text taken whole and complete matches the schema.
 func FuzzSchemaPydantic(f *testing.F) {
 	fuzzSchema(f, pydanticSchema, 7)
+}
+
+// featureSchema uses the keywords added in the thirtieth pass: a union of
+// objects, a tuple, uniqueItems, number bounds, multipleOf and pattern.
+const featureSchema = `{"type": "object", "properties": {
+	"pet": {"anyOf": [{"type": "object", "properties": {"k": {"const": "cat"}, "n": {"type": "integer", "multipleOf": 3, "minimum": -9, "maximum": 30}}, "required": ["k", "n"]},
+		{"type": "object", "properties": {"k": {"const": "dog"}, "w": {"type": "number", "exclusiveMinimum": 0, "maximum": 2.5}}, "required": ["k"]},
+		{"type": "null"}]},
+	"pair": {"type": "array", "prefixItems": [{"type": "string", "pattern": "[a-c]+-\\d"}, {"type": "boolean"}], "items": false},
+	"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": true, "maxItems": 3},
+	"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": true}},
+	"required": ["pet", "pair", "tags", "ids"]}`
+
+func FuzzSchemaFeatures(f *testing.F) {
+	fuzzSchema(f, featureSchema, 11, `{"pet": {"k": "cat", "n": 27}, "pair": ["ab-1", true], "tags": ["a", "b"], "ids": [1, 2, 3]}`,
+		`{"pet": {"k": "dog", "w": 2.5}, "pair": ["c-0"], "tags": [], "ids": []}`, `{"pet": null, "pair": [], "tags": ["x"], "ids": [10, 1]}`)
 }
 
 func TestWrapped(t *testing.T) {
