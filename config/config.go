@@ -47,6 +47,7 @@ type Config struct {
 	DrainTimeout    time.Duration // how long shutdown waits for running requests (drain_timeout)
 	ServedModelName string        // model name clients use; "" is the model directory's base name (served_model_name)
 	ReasoningParser string        // chat output's reasoning: "auto" (from the chat template), "none", "think" or "harmony" (reasoning_parser)
+	JSONWhitespace  string        // JSON-constrained output's layout: "pretty" (newlines and indentation allowed) or "compact" (json_whitespace)
 	EP              int           // expert-parallel ranks (ep)
 	WorldSize       int           // processes serving one model (world_size); rank 0 serves, `mkserve worker` runs the others
 	WorldTransport  string        // cuda world: "ipc" or "nccl" (world_transport)
@@ -99,6 +100,7 @@ func Default() *Config {
 		GRPCAddr:        DefaultGRPCAddr,
 		LogFormat:       "json",
 		ReasoningParser: "auto",
+		JSONWhitespace:  "pretty",
 		LogLevel:        "info",
 		MaxBodyBytes:    DefaultMaxBodyBytes,
 		DrainTimeout:    DefaultDrainTimeout,
@@ -216,6 +218,11 @@ func (c *Config) Validate() error {
 	case "json", "console":
 	default:
 		return bad("log_format", "must be json or console, got %q", c.LogFormat)
+	}
+	switch c.JSONWhitespace {
+	case "pretty", "compact":
+	default:
+		return bad("json_whitespace", "must be pretty or compact, got %q", c.JSONWhitespace)
 	}
 	switch c.ReasoningParser {
 	case "auto", "none", "think", "harmony":

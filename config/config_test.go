@@ -275,6 +275,7 @@ func TestValidate(t *testing.T) {
 		{"cors_origins[0]", func(c *Config) { c.CORSOrigins = []string{"http://a/path"} }},
 		{"log_format", func(c *Config) { c.LogFormat = "xml" }},
 		{"reasoning_parser", func(c *Config) { c.ReasoningParser = "qwen3" }},
+		{"json_whitespace", func(c *Config) { c.JSONWhitespace = "tight" }},
 		{"log_level", func(c *Config) { c.LogLevel = "loud" }},
 		{"log_level", func(c *Config) { c.LogLevel = "" }},
 		{"max_body_bytes", func(c *Config) { c.MaxBodyBytes = 0 }},

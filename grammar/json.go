@@ -33,6 +33,7 @@ type JSON struct {
 	stack      []byte // open containers, '{' or '['
 	st         state
 	objectOnly bool
+	compact    bool   // between tokens at most one space (SetCompact)
 	lit        string // literal (true / false / null): the bytes still to come
 	n          int8   // hex digits of a \u escape, or UTF-8 continuation bytes, still to come
 	lo, hi     byte   // the next continuation byte's range (UTF-8 overlong / surrogate rules)
@@ -186,7 +187,34 @@ func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 func isHex(c byte) bool { return isDigit(c) || (c|0x20) >= 'a' && (c|0x20) <= 'f' }
 
 // space takes a whitespace byte c between tokens, within the limits.
-func (j *JSON) space(c byte) bool { return j.ws.take(c, len(j.stack)) }
+func (j *JSON) space(c byte) bool {
+	if j.compact && (c != ' ' || j.ws.n > 0) {
+		return false
+	}
+	return j.ws.take(c, len(j.stack))
+}
+
+// Compacter is a Validator that can be held to compact whitespace: at
+// most one space between tokens, no newlines (fewer tokens spent on
+// layout; a small model otherwise likes to indent).
+type Compacter interface {
+	SetCompact()
+}
+
+// SetCompact holds j to compact whitespace (Compacter).
+func (j *JSON) SetCompact() { j.compact = true }
+
+// Compact is factory's validators held to compact whitespace where they
+// can be (Compacter); others as they are.
+func Compact(factory func() Validator) func() Validator {
+	return func() Validator {
+		v := factory()
+		if c, ok := v.(Compacter); ok {
+			c.SetCompact()
+		}
+		return v
+	}
+}
 
 // open starts an object or array.
 func (j *JSON) open(c byte) bool {

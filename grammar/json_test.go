@@ -236,3 +236,31 @@ func withinLimits(s string) bool {
 	}
 	return true
 }
+
+// TestCompact: compact validators take one space between tokens and no
+// newline, in JSON objects, schema objects and their any-object values.
+func TestCompact(t *testing.T) {
+	s := mustSchema(t, `{"type": "object", "properties": {"a": {"type": "object"}, "b": {"type": "integer"}}, "required": ["a", "b"]}`)
+	for _, c := range []struct {
+		name string
+		f    func() Validator
+		ok   string
+		bad  []string
+	}{
+		{"json", Compact(JSONObject), `{"a": [1, {"b": null}]}`, []string{"{\n", `{"a":  1`, "{\"a\": [1,\n"}},
+		{"schema", Compact(s.New), `{"a": {"x": [1, 2]}, "b": 3}`, []string{"{\n", `{"a": {"x":  1`, "{\"a\": {\"x\": [1,\n"}},
+	} {
+		v := c.f()
+		if !v.Advance([]byte(c.ok)) || !v.Complete() {
+			t.Errorf("%s: %q refused", c.name, c.ok)
+		}
+		for _, b := range c.bad {
+			if c.f().Advance([]byte(b)) {
+				t.Errorf("%s: %q taken", c.name, b)
+			}
+		}
+	}
+	if rx, err := CompileRegex("a b"); err != nil || !Compact(rx.New)().Advance([]byte("a b")) {
+		t.Errorf("a regex through Compact: %v", err)
+	}
+}

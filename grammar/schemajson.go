@@ -97,6 +97,9 @@ func (j *SchemaJSON) Clone() *SchemaJSON {
 	return &c
 }
 
+// SetCompact holds j to compact whitespace (Compacter).
+func (j *SchemaJSON) SetCompact() { j.compact = true }
+
 // scratchCopy is a copy of j to try bytes on (Accept, take), its stacks in
 // j's scratch buffers; keep gives the buffers back.
 func (j *SchemaJSON) scratchCopy() SchemaJSON {
@@ -362,7 +365,7 @@ func (j *SchemaJSON) value(s *Schema, c byte) bool {
 	k := s.kinds
 	switch {
 	case c == '{' && hasKind(k, kObject) && s.any: // any object: JSON's grammar reads it
-		j.leaf, j.leafOn, j.leafNum = JSON{st: stStart, objectOnly: true}, true, false
+		j.leaf, j.leafOn, j.leafNum = JSON{st: stStart, objectOnly: true, compact: j.compact}, true, false
 		return j.leafByte(c)
 	case c == '{' && hasKind(k, kObject) && s.mapV != nil:
 		return j.push(s, mOpen)

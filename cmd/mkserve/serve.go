@@ -110,7 +110,7 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	hs := httpapi.New(gen, tok, tmpl, httpapi.Options{
 		APIKey: cfg.APIKey, CORSOrigins: cfg.CORSOrigins, MaxBodyBytes: cfg.MaxBodyBytes,
 		Logger: log, LogPrompts: cfg.LogPrompts, Metrics: metrics.Handler(reg), Defaults: defaults,
-		ToolFormat: toolFormat, Reasoning: reasoning,
+		ToolFormat: toolFormat, Reasoning: reasoning, CompactJSON: cfg.JSONWhitespace == "compact",
 	})
 	hl, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
@@ -124,7 +124,8 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	var gapi *grpcapi.Server
 	grpcAddr := ""
 	if cfg.GRPCAddr != "" {
-		gapi = grpcapi.New(gen, tok, grpcapi.Options{Logger: log, Registerer: reg, Defaults: defaults})
+		gapi = grpcapi.New(gen, tok, grpcapi.Options{Logger: log, Registerer: reg, Defaults: defaults,
+			CompactJSON: cfg.JSONWhitespace == "compact"})
 		gs = grpc.NewServer(gapi.ServerOptions()...)
 		gapi.Register(gs)
 		gl, err := net.Listen("tcp", cfg.GRPCAddr)

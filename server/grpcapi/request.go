@@ -139,6 +139,9 @@ func (s *Server) sampling(p *pb.SamplingParams, promptLen int) (engine.SamplingP
 	case p.JsonObject:
 		sp.Grammar = grammar.JSONObject
 	}
+	if s.opts.CompactJSON && sp.Grammar != nil {
+		sp.Grammar = grammar.Compact(sp.Grammar)
+	}
 	if sp.TopK == -1 { // vLLM's "off"
 		sp.TopK = 0
 	}

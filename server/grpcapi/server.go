@@ -43,6 +43,9 @@ type Options struct {
 	// DefaultMaxTokens is max_tokens when a request leaves it unset,
 	// capped by what the context has left (0: what the context has left).
 	DefaultMaxTokens int
+	// CompactJSON holds JSON-constrained output to compact whitespace (at
+	// most one space between tokens, no newlines; json_whitespace compact).
+	CompactJSON bool
 	// MaxBatch bounds the requests of one BatchGenerate (0 or more than
 	// the package's MaxBatch: MaxBatch).
 	MaxBatch int

@@ -40,6 +40,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		k.fail(c, e)
 		return
 	}
+	s.layout(&sp)
 	text, e := s.render(req, ts)
 	if e != nil {
 		k.fail(c, e)

@@ -25,6 +25,7 @@ func (s *Server) completions(c *gin.Context) {
 		k.fail(c, e)
 		return
 	}
+	s.layout(&sp)
 	k.n = sp.N
 	if req.Logprobs != nil {
 		sp.Logprobs, sp.TopLogprobs = true, *req.Logprobs

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -265,5 +266,34 @@ func TestHarmonyForcedCall(t *testing.T) {
 	// required with several tools: the name is in the prefix, so it needs one.
 	if resp, raw := post(t, url, "/v1/chat/completions", strings.Replace(body, `{"type": "function", "function": {"name": "get_weather"}}`, `"required"`, 1)); resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), "name the function") {
 		t.Errorf("required with two tools: %d %s", resp.StatusCode, raw)
+	}
+}
+
+// TestCompactJSON: with Options.CompactJSON a JSON-constrained request's
+// grammar takes no newline between tokens; without it, it does.
+func TestCompactJSON(t *testing.T) {
+	tok, _ := loadTok(t)
+	for _, compact := range []bool{false, true} {
+		f := newFake(4096)
+		s := New(f, tok, nil, Options{CompactJSON: compact})
+		s.SetReady(true)
+		ts := httptest.NewServer(s.Handler())
+		resp, raw := post(t, ts.URL, "/v1/completions", `{"prompt": "x", "max_tokens": 4, "response_format": {"type": "json_object"}}`)
+		ts.Close()
+		f.running.Wait()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, raw)
+		}
+		reqs := f.requests()
+		g := reqs[len(reqs)-1].Sampling.Grammar
+		if g == nil {
+			t.Fatal("no grammar")
+		}
+		if got := g().Advance([]byte("{\n")); got == compact {
+			t.Errorf("compact %v: a newline after { taken: %v", compact, got)
+		}
+		if !g().Advance([]byte(`{"a": 1}`)) {
+			t.Errorf("compact %v: one space refused", compact)
+		}
 	}
 }

@@ -44,6 +44,7 @@ import (
 
 	"github.com/mkserve/mkserve/chat"
 	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/grammar"
 	"github.com/mkserve/mkserve/tokenizer"
 )
 
@@ -85,6 +86,10 @@ type Options struct {
 	// completions return the reasoning as reasoning_content. "": the text
 	// is all content.
 	Reasoning string
+	// CompactJSON holds JSON-constrained output (response_format,
+	// guided_json, forced tool calls) to compact whitespace: at most one
+	// space between tokens, no newlines (json_whitespace compact).
+	CompactJSON bool
 }
 
 // Server is the HTTP API. Its methods are safe for concurrent use.
@@ -320,4 +325,11 @@ func newID(prefix string) string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return prefix + hex.EncodeToString(b[:])
+}
+
+// layout applies the server's JSON whitespace rule to a request's grammar.
+func (s *Server) layout(sp *engine.SamplingParams) {
+	if s.opts.CompactJSON && sp.Grammar != nil {
+		sp.Grammar = grammar.Compact(sp.Grammar)
+	}
 }
