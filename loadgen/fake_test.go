@@ -85,12 +85,10 @@ func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		StreamOptions *struct {
 			IncludeUsage bool `json:"include_usage"`
 		} `json:"stream_options"`
-		Temperature    *float64 `json:"temperature"`
-		TopP           *float64 `json:"top_p"`
-		TopK           *int     `json:"top_k"`
-		ResponseFormat *struct {
-			Type string `json:"type"`
-		} `json:"response_format"`
+		Temperature    *float64        `json:"temperature"`
+		TopP           *float64        `json:"top_p"`
+		TopK           *int            `json:"top_k"`
+		ResponseFormat *responseFormat `json:"response_format"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
 		httpError(w, "bad body: "+err.Error(), http.StatusBadRequest)
@@ -118,8 +116,8 @@ func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case body.ResponseFormat == nil && (body.IgnoreEOS == nil || !*body.IgnoreEOS):
 		httpError(w, "ignore_eos must be true", http.StatusBadRequest)
 		return
-	case body.ResponseFormat != nil && (body.ResponseFormat.Type != "json_object" || body.IgnoreEOS != nil):
-		httpError(w, "response_format json_object, without ignore_eos", http.StatusBadRequest)
+	case body.ResponseFormat != nil && ((body.ResponseFormat.Type != "json_object" && body.ResponseFormat.Type != "json_schema") || body.IgnoreEOS != nil):
+		httpError(w, "response_format json_object or json_schema, without ignore_eos", http.StatusBadRequest)
 		return
 	case body.StreamOptions == nil || !body.StreamOptions.IncludeUsage:
 		httpError(w, "stream_options.include_usage must be true", http.StatusBadRequest)
@@ -141,7 +139,7 @@ func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	f.sampling = append(f.sampling, strings.Join([]string{
 		field(deref(body.Temperature), body.Temperature != nil), field(deref(body.TopP), body.TopP != nil),
-		field(deref(body.TopK), body.TopK != nil), field("json", body.ResponseFormat != nil)}, " "))
+		field(deref(body.TopK), body.TopK != nil), field(rfType(body.ResponseFormat), body.ResponseFormat != nil)}, " "))
 	f.mu.Unlock()
 
 	if f.status != nil {
@@ -235,4 +233,23 @@ func deref[T any](p *T) T {
 		return z
 	}
 	return *p
+}
+
+// responseFormat is a request's response_format as the fake reads it.
+type responseFormat struct {
+	Type       string `json:"type"`
+	JSONSchema *struct {
+		Schema json.RawMessage `json:"schema"`
+	} `json:"json_schema"`
+}
+
+// rfType is "json" for json_object and "schema" for json_schema with a schema.
+func rfType(r *responseFormat) string {
+	if r == nil || r.Type == "json_object" {
+		return "json"
+	}
+	if r.JSONSchema != nil && len(r.JSONSchema.Schema) > 0 {
+		return "schema"
+	}
+	return "bad"
 }

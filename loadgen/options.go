@@ -1,6 +1,8 @@
 package loadgen
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -52,6 +54,9 @@ type Options struct {
 	// OutputLen is then an upper bound): the cost of constrained decoding
 	// against the same load without it.
 	JSONObject bool
+	// JSONSchema, when set (a JSON Schema object), sends response_format
+	// {"type": "json_schema"} with it instead (and no ignore_eos).
+	JSONSchema json.RawMessage
 }
 
 // DistKind names a length distribution.
@@ -227,6 +232,12 @@ func (o *Options) validate() error {
 	}
 	if k := o.TopK; k != nil && *k < 0 {
 		return fmt.Errorf("top-k %d: want >= 0 (0: off)", *k)
+	}
+	if o.JSONSchema != nil {
+		var m map[string]any
+		if o.JSONObject || json.Unmarshal(o.JSONSchema, &m) != nil {
+			return errors.New("json schema: want one JSON object, and not with json_object")
+		}
 	}
 	return nil
 }

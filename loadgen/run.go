@@ -237,9 +237,13 @@ func requestBody(o *Options, r *request) ([]byte, error) {
 		"stream_options": map[string]any{"include_usage": true},
 		"ignore_eos":     true,
 	}
-	if o.JSONObject {
+	switch {
+	case o.JSONObject:
 		delete(m, "ignore_eos")
 		m["response_format"] = map[string]string{"type": "json_object"}
+	case o.JSONSchema != nil:
+		delete(m, "ignore_eos")
+		m["response_format"] = map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "bench", "schema": o.JSONSchema}}
 	}
 	if o.Model != "" {
 		m["model"] = o.Model

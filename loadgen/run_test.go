@@ -103,6 +103,7 @@ func TestRunSampling(t *testing.T) {
 		{"all", EndpointCompletions, func(o *Options) { o.Temperature, o.TopP, o.TopK = &temp, &topP, &topK }, "0.6 0.95 20 -"},
 		{"chat top-p", EndpointChat, func(o *Options) { o.TopP = &topP }, "- 0.95 - -"},
 		{"json object", EndpointChat, func(o *Options) { o.JSONObject = true }, "- - - json"},
+		{"json schema", EndpointCompletions, func(o *Options) { o.JSONSchema = json.RawMessage(`{"type": "object"}`) }, "- - - schema"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fake{}
@@ -453,5 +454,27 @@ func BenchmarkRun(b *testing.B) {
 		if res, err := Run(context.Background(), o); err != nil || res.Completed != 32 {
 			b.Fatal(err, res)
 		}
+	}
+}
+
+// TestRunRefusesBadSchema: a JSON schema option that is not one JSON
+// object, or comes with json_object, is refused before any request.
+func TestRunRefusesBadSchema(t *testing.T) {
+	for _, set := range []func(o *Options){
+		func(o *Options) { o.JSONSchema = json.RawMessage(`[1]`) },
+		func(o *Options) { o.JSONSchema, o.JSONObject = json.RawMessage(`{"type": "object"}`), true },
+	} {
+		f := &fake{}
+		srv := f.start(t)
+		o := opts(srv.URL)
+		set(&o)
+		if _, err := Run(context.Background(), o); err == nil || !strings.Contains(err.Error(), "json schema") {
+			t.Errorf("%v, want an error naming the json schema", err)
+		}
+		f.mu.Lock()
+		if len(f.sampling) != 0 {
+			t.Errorf("%d requests sent", len(f.sampling))
+		}
+		f.mu.Unlock()
 	}
 }

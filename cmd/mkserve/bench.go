@@ -66,6 +66,7 @@ func benchServe(args []string, stdout io.Writer) error {
 	topP := fs.Float64("top-p", -1, "top-p sent with every request (unset: the server's default)")
 	topK := fs.Int("top-k", -1, "top-k sent with every request (0: off; unset: the server's default)")
 	fs.BoolVar(&o.JSONObject, "json-object", false, "send response_format json_object (without ignore_eos: the output length is then an upper bound)")
+	schemaFile := fs.String("json-schema", "", "send response_format json_schema with the JSON Schema in this file (without ignore_eos)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -98,6 +99,13 @@ func benchServe(args []string, stdout io.Writer) error {
 	}
 	if o.OutputLen, err = loadgen.ParseDist(*out); err != nil {
 		return fmt.Errorf("--random-output-len: %w", err)
+	}
+	if *schemaFile != "" {
+		b, err := os.ReadFile(*schemaFile)
+		if err != nil {
+			return fmt.Errorf("--json-schema: %w", err)
+		}
+		o.JSONSchema = b
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), serveSignals...)
 	defer stop()
