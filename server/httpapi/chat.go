@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/http"
 	"strings"
 
@@ -255,7 +256,17 @@ func (s *Server) render(req *chatRequest, ts *toolSetup) (string, *apiError) {
 			return "", e
 		}
 	}
-	opts := chat.Options{AddGenerationPrompt: req.AddGenerationPrompt == nil || *req.AddGenerationPrompt, Kwargs: req.ChatTemplateKwargs}
+	kwargs := req.ChatTemplateKwargs
+	if e := req.ReasoningEffort; e != nil { // (chat_template_kwargs wins when it sets it too)
+		kwargs = maps.Clone(kwargs)
+		if kwargs == nil {
+			kwargs = map[string]any{}
+		}
+		if _, set := kwargs["reasoning_effort"]; !set {
+			kwargs["reasoning_effort"] = *e
+		}
+	}
+	opts := chat.Options{AddGenerationPrompt: req.AddGenerationPrompt == nil || *req.AddGenerationPrompt, Kwargs: kwargs}
 	if ts != nil {
 		opts.Tools = ts.raw
 	}

@@ -297,3 +297,25 @@ func TestCompactJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestReasoningEffort: reasoning_effort reaches the chat template (gpt-oss
+// writes it into its system message); a bad value is a 400 naming it.
+func TestReasoningEffort(t *testing.T) {
+	f := newFake(4096)
+	f.reply = "<|channel|>final<|message|>ok"
+	url := serveTemplate(t, f, "gptoss.jinja")
+	tok, _ := loadTok(t)
+	for _, effort := range []string{"low", "high"} {
+		resp, raw := post(t, url, "/v1/chat/completions", `{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "reasoning_effort": "`+effort+`"}`)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, raw)
+		}
+		reqs := f.requests()
+		if p, _ := tok.Decode(reqs[len(reqs)-1].Prompt, false); !strings.Contains(p, "Reasoning: "+effort) {
+			t.Errorf("effort %s: the prompt does not say it: %q", effort, p)
+		}
+	}
+	if resp, raw := post(t, url, "/v1/chat/completions", `{"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "max"}`); resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), "reasoning_effort") {
+		t.Errorf("bad effort: %d %s", resp.StatusCode, raw)
+	}
+}

@@ -80,6 +80,7 @@ type chatRequest struct {
 	Logprobs            *bool           `json:"logprobs"`
 	TopLogprobs         *int            `json:"top_logprobs"`
 	ChatTemplateKwargs  map[string]any  `json:"chat_template_kwargs"`
+	ReasoningEffort     *string         `json:"reasoning_effort"`      // low, medium or high: the template's reasoning_effort (gpt-oss)
 	AddGenerationPrompt *bool           `json:"add_generation_prompt"` // vLLM's extension; default true
 	Tools               json.RawMessage `json:"tools"`
 	ToolChoice          json.RawMessage `json:"tool_choice"`
@@ -581,6 +582,9 @@ func (r *chatRequest) check() *apiError {
 		if reservedKwargs[k] || strings.HasPrefix(k, "__") {
 			return invalid("chat_template_kwargs", "chat_template_kwargs may not set %q", k)
 		}
+	}
+	if e := r.ReasoningEffort; e != nil && *e != "low" && *e != "medium" && *e != "high" {
+		return invalid("reasoning_effort", "reasoning_effort must be low, medium or high, got %q", *e)
 	}
 	return nil // tools and tool_choice: Server.tools
 }
