@@ -52,6 +52,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 	}
 	// newOut makes a choice's reader of reasoning, content and calls.
 	harmonyCalls := ts != nil && s.opts.ToolFormat == ToolFormatHarmony
+	withReasoning := req.IncludeReasoning == nil || *req.IncludeReasoning
 	newOut := func() *choiceOut {
 		o := &choiceOut{sp: newSplitter(s.opts.Reasoning, text, harmonyCalls)}
 		if ts != nil && !harmonyCalls {
@@ -138,6 +139,9 @@ func (s *Server) chatCompletions(c *gin.Context) {
 					reason = finishToolCalls
 				}
 			}
+			if !withReasoning {
+				reasoning = ""
+			}
 			if text == "" && reasoning == "" && len(ev.Logprobs) == 0 && reason == "" {
 				return nil
 			}
@@ -212,7 +216,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		if o := newOut(); o.sp != nil {
 			var reasoning string
 			reasoning, content, calls = splitAll(o.sp, content)
-			if reasoning != "" {
+			if reasoning != "" && withReasoning {
 				msg.ReasoningContent = &reasoning
 			}
 		}

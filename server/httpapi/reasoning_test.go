@@ -319,3 +319,18 @@ func TestReasoningEffort(t *testing.T) {
 		t.Errorf("bad effort: %d %s", resp.StatusCode, raw)
 	}
 }
+
+// TestIncludeReasoning: include_reasoning false leaves reasoning_content
+// out, whole and streamed; the content is the same.
+func TestIncludeReasoning(t *testing.T) {
+	f := newFake(4096)
+	f.reply = "<think>hidden</think>shown"
+	url := serveTemplate(t, f, "qwen3.jinja")
+	for _, stream := range []string{"false", "true"} {
+		resp, raw := post(t, url, "/v1/chat/completions", `{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "include_reasoning": false, "stream": `+stream+`}`)
+		if resp.StatusCode != http.StatusOK || strings.Contains(string(raw), "reasoning_content") || strings.Contains(string(raw), "hidden") ||
+			!strings.Contains(string(raw), "shown") {
+			t.Errorf("stream %s: %d %s", stream, resp.StatusCode, raw)
+		}
+	}
+}

@@ -81,6 +81,7 @@ type chatRequest struct {
 	TopLogprobs         *int            `json:"top_logprobs"`
 	ChatTemplateKwargs  map[string]any  `json:"chat_template_kwargs"`
 	ReasoningEffort     *string         `json:"reasoning_effort"`      // low, medium or high: the template's reasoning_effort (gpt-oss)
+	IncludeReasoning    *bool           `json:"include_reasoning"`     // vLLM's: false leaves reasoning_content out
 	AddGenerationPrompt *bool           `json:"add_generation_prompt"` // vLLM's extension; default true
 	Tools               json.RawMessage `json:"tools"`
 	ToolChoice          json.RawMessage `json:"tool_choice"`
