@@ -107,13 +107,10 @@ func (s *Server) chatCompletions(c *gin.Context) {
 
 	if req.streaming() {
 		out := startSSE(c)
-		var usageNull **usageJSON
-		if req.includeUsage() {
-			usageNull = new(*usageJSON)
-		}
+		cu := req.newChunkUsage(lens)
 		chunk := func(ch chatChunkChoice) chatChunk {
 			return chatChunk{ID: k.id, Object: "chat.completion.chunk", Created: created, Model: model,
-				Choices: []chatChunkChoice{ch}, Usage: usageNull}
+				Choices: []chatChunkChoice{ch}, Usage: cu.field()}
 		}
 		// Every choice's first chunk carries the role, sent before any token.
 		empty := ""
@@ -129,6 +126,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 			outs[i] = newOut()
 		}
 		usage, err := k.run(ctx, cancel, chans, sp.N, lens, func(i int, ev *engine.Event) error {
+			cu.add(ev)
 			reason := ev.FinishReason
 			reasoning, text := outs[i].push(ev.Text)
 			var calls []toolCallJS

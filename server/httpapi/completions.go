@@ -112,12 +112,10 @@ func (s *Server) completions(c *gin.Context) {
 
 	if req.streaming() {
 		out := startSSE(c)
-		var usageNull **usageJSON
-		if req.includeUsage() {
-			usageNull = new(*usageJSON)
-		}
+		cu := req.newChunkUsage(lens)
 		echoed := make([]bool, choices)
 		usage, err := k.run(ctx, cancel, chans, sp.N, lens, func(i int, ev *engine.Event) error {
+			cu.add(ev)
 			text := ev.Text
 			if echo != nil && !echoed[i] { // the prompt first, with the choice's first text
 				echoed[i] = true
@@ -138,7 +136,7 @@ func (s *Server) completions(c *gin.Context) {
 				ch.FinishReason = &ev.FinishReason
 			}
 			return out.send(completionChunk{ID: k.id, Object: "text_completion", Created: created, Model: model,
-				Choices: []completionChoice{ch}, Usage: usageNull})
+				Choices: []completionChoice{ch}, Usage: cu.field()})
 		})
 		k.endStream(c, out, err, func() any {
 			u := toUsage(usage)

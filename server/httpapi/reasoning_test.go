@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -333,6 +334,63 @@ func TestIncludeReasoning(t *testing.T) {
 		if resp.StatusCode != http.StatusOK || strings.Contains(string(raw), "reasoning_content") || strings.Contains(string(raw), "hidden") ||
 			strings.ReplaceAll(strings.ReplaceAll(content, `"content":`, ""), `"`, "") != "shown" {
 			t.Errorf("stream %s: %d %s", stream, resp.StatusCode, raw)
+		}
+	}
+}
+
+// TestContinuousUsage: stream_options.continuous_usage_stats (vLLM's) puts
+// the usage so far in every chunk — prompt tokens fixed, completion tokens
+// never decreasing and ending at the final usage's — on both endpoints;
+// with include_usage alone the chunks carry null.
+func TestContinuousUsage(t *testing.T) {
+	f := newFake(4096)
+	_, url := serve(t, f, Options{})
+	for _, c := range []struct{ path, body string }{
+		{"/v1/completions", `{"prompt": "a b c", "max_tokens": 6`},
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6`},
+	} {
+		for _, continuous := range []bool{false, true} {
+			body := c.body + fmt.Sprintf(`, "stream": true, "stream_options": {"include_usage": true, "continuous_usage_stats": %v}}`, continuous)
+			resp, raw := post(t, url, c.path, body)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%s: %d %s", c.path, resp.StatusCode, raw)
+			}
+			var last, final int
+			prompt, chunks := -1, 0
+			sc := bufio.NewScanner(strings.NewReader(string(raw)))
+			for sc.Scan() {
+				line, ok := strings.CutPrefix(sc.Text(), "data: ")
+				if !ok || line == "[DONE]" {
+					continue
+				}
+				var ch struct {
+					Choices []json.RawMessage `json:"choices"`
+					Usage   *usageJSON        `json:"usage"`
+				}
+				if err := json.Unmarshal([]byte(line), &ch); err != nil {
+					t.Fatal(err)
+				}
+				if len(ch.Choices) == 0 { // the usage chunk
+					final = ch.Usage.CompletionTokens
+					continue
+				}
+				chunks++
+				switch {
+				case !continuous && ch.Usage != nil:
+					t.Errorf("%s: include_usage alone, a chunk with usage %+v", c.path, ch.Usage)
+				case continuous && ch.Usage == nil:
+					t.Errorf("%s: continuous, a chunk without usage", c.path)
+				case continuous:
+					if ch.Usage.CompletionTokens < last || (prompt >= 0 && ch.Usage.PromptTokens != prompt) ||
+						ch.Usage.TotalTokens != ch.Usage.PromptTokens+ch.Usage.CompletionTokens {
+						t.Errorf("%s: usage %+v after %d completion tokens", c.path, ch.Usage, last)
+					}
+					last, prompt = ch.Usage.CompletionTokens, ch.Usage.PromptTokens
+				}
+			}
+			if chunks == 0 || final == 0 || (continuous && last != final) {
+				t.Errorf("%s continuous %v: %d chunks, last %d, final %d", c.path, continuous, chunks, last, final)
+			}
 		}
 	}
 }

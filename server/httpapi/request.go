@@ -60,7 +60,8 @@ type sampling struct {
 }
 
 type streamOptions struct {
-	IncludeUsage *bool `json:"include_usage"`
+	IncludeUsage         *bool `json:"include_usage"`
+	ContinuousUsageStats *bool `json:"continuous_usage_stats"` // vLLM's: every chunk carries the usage so far
 }
 
 // completionRequest is the body of POST /v1/completions.
@@ -545,6 +546,41 @@ func (r *chatRequest) common() *sampling       { return &r.sampling }
 
 func (p *sampling) includeUsage() bool {
 	return p.StreamOptions != nil && p.StreamOptions.IncludeUsage != nil && *p.StreamOptions.IncludeUsage
+}
+
+// chunkUsage is the usage field of a streamed response's chunks: absent
+// (nil), null until the last chunk (stream_options.include_usage), or,
+// with continuous_usage_stats as well, the tokens so far in every chunk.
+type chunkUsage struct {
+	null       **usageJSON
+	continuous bool
+	prompt     int
+	completion int
+}
+
+// newChunkUsage is p's chunk usage for prompts of lens tokens.
+func (p *sampling) newChunkUsage(lens []int) *chunkUsage {
+	u := &chunkUsage{}
+	if p.includeUsage() {
+		u.null = new(*usageJSON)
+		u.continuous = p.StreamOptions.ContinuousUsageStats != nil && *p.StreamOptions.ContinuousUsageStats
+		for _, n := range lens {
+			u.prompt += n
+		}
+	}
+	return u
+}
+
+// add counts an event's tokens.
+func (u *chunkUsage) add(ev *engine.Event) { u.completion += len(ev.TokenIDs) }
+
+// field is the usage field of the next chunk.
+func (u *chunkUsage) field() **usageJSON {
+	if !u.continuous {
+		return u.null
+	}
+	x := &usageJSON{PromptTokens: u.prompt, CompletionTokens: u.completion, TotalTokens: u.prompt + u.completion}
+	return &x
 }
 
 // checkCompletion validates what only completions have.
