@@ -265,9 +265,24 @@ func TestHarmonyForcedCall(t *testing.T) {
 			t.Errorf("the grammar takes %q", bad)
 		}
 	}
-	// required with several tools: the name is in the prefix, so it needs one.
-	if resp, raw := post(t, url, "/v1/chat/completions", strings.Replace(body, `{"type": "function", "function": {"name": "get_weather"}}`, `"required"`, 1)); resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), "name the function") {
-		t.Errorf("required with two tools: %d %s", resp.StatusCode, raw)
+	// required with several tools: the name is in the fixed text, so the
+	// grammar takes a whole call of either function, each with its own
+	// parameters, and refuses a mix.
+	if resp, raw := post(t, url, "/v1/chat/completions", strings.Replace(body, `{"type": "function", "function": {"name": "get_weather"}}`, `"required"`, 1)); resp.StatusCode != http.StatusOK {
+		t.Fatalf("required with two tools: %d %s", resp.StatusCode, raw)
+	}
+	reqs = f.requests()
+	g := reqs[len(reqs)-1].Sampling.Grammar
+	timeCall := "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}"
+	for _, good := range []string{call, timeCall} {
+		if v := g(); !v.Advance([]byte(good)) || !v.Complete() {
+			t.Errorf("required: the grammar refuses %q", good)
+		}
+	}
+	for _, bad := range []string{"<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{\"city\"", "<|channel|>commentary to=functions.get_date", "<|channel|>final"} {
+		if g().Advance([]byte(bad)) {
+			t.Errorf("required: the grammar takes %q", bad)
+		}
 	}
 }
 

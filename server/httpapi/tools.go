@@ -78,8 +78,9 @@ var toolFormats = map[string]*toolFormat{
 	}},
 	// Harmony's markers are special tokens: a forced call writes them as
 	// such (the request keeps special tokens, so the grammar's vocabulary
-	// has them); the call ends at <|call|>, an end-of-sequence token. One
-	// named function only (the name is in the prefix).
+	// has them); the call ends at <|call|>, an end-of-sequence token. The
+	// name is in the prefix, so "required" with several tools reads each
+	// tool's whole call side by side (grammar.AnyOf).
 	ToolFormatHarmony: {open: hChannel, parse: func(text string) (string, []toolCallJS) {
 		_, content, calls := splitAll(&harmonySplit{calls: true}, text)
 		if calls == nil {
@@ -189,22 +190,42 @@ func (s *Server) tools(r *chatRequest, sp *engine.SamplingParams) (*toolSetup, *
 		if named == "" && len(defs) == 1 {
 			named = defs[0].Function.Name
 		}
-		prefix, suffix, wrapped, ok := f.forced(named)
-		if !ok {
-			return nil, invalid("tool_choice", `tool_choice "required" with several tools is not supported for this model's tool-call format; name the function`)
-		}
-		schema, e := callSchema(defs, named, wrapped)
-		if e != nil {
-			return nil, e
-		}
 		if sp.IgnoreEOS {
 			return nil, invalid("tool_choice", "a forced tool call cannot be used with ignore_eos")
 		}
 		if sp.Grammar != nil {
 			return nil, invalid("tool_choice", "a forced tool call cannot be combined with response_format")
 		}
-		sp.Grammar = func() grammar.Validator {
-			return grammar.NewWrapped([]byte(prefix), schema, []byte(suffix))
+		// One call: of the named function, or (required) of any, each
+		// call's arguments held to its own function's schema.
+		names := []string{named}
+		if _, _, _, ok := f.forced(named); !ok { // the format puts the name in fixed text: each call's own
+			names = names[:0]
+			for _, d := range defs {
+				names = append(names, d.Function.Name)
+			}
+		}
+		calls := make([]func() grammar.Validator, len(names))
+		for i, n := range names {
+			prefix, suffix, wrapped, ok := f.forced(n)
+			if !ok {
+				return nil, invalid("tool_choice", "a forced call of %q cannot be written in this model's tool-call format", n)
+			}
+			schema, e := callSchema(defs, n, wrapped)
+			if e != nil {
+				return nil, e
+			}
+			calls[i] = func() grammar.Validator { return grammar.NewWrapped([]byte(prefix), schema, []byte(suffix)) }
+		}
+		sp.Grammar = calls[0]
+		if len(calls) > 1 {
+			sp.Grammar = func() grammar.Validator {
+				vs := make([]grammar.Validator, len(calls))
+				for i, c := range calls {
+					vs[i] = c()
+				}
+				return grammar.NewAnyOf(vs...)
+			}
 		}
 	}
 	// The call markers may be special tokens of the tokenizer (as vLLM's

@@ -455,8 +455,22 @@ func TestChatToolsDeepSeek(t *testing.T) {
 	if _, calls := deepseekCalls(call); len(calls) != 1 {
 		t.Errorf("the forced shape does not parse back: %q", call)
 	}
-	// required with several tools cannot be forced in this format.
-	if resp, raw := post(t, url, "/v1/chat/completions", strings.Replace(body, `"max_tokens": 64`, `"max_tokens": 64, "tool_choice": "required"`, 1)); resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), "name the function") {
-		t.Errorf("required with two tools: %d %s", resp.StatusCode, raw)
+	// required with several tools: a call of either function, each held
+	// to its own parameters.
+	if resp, raw := post(t, url, "/v1/chat/completions", strings.Replace(body, `"max_tokens": 64`, `"max_tokens": 64, "tool_choice": "required"`, 1)); resp.StatusCode != http.StatusOK {
+		t.Fatalf("required with two tools: %d %s", resp.StatusCode, raw)
+	}
+	reqs = f.requests()
+	g = reqs[len(reqs)-1].Sampling.Grammar
+	timeCall := dsCallsBegin + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜>" + dsCallsEnd
+	for _, good := range []string{call, timeCall} {
+		if v := g(); !v.Advance([]byte(good)) || !v.Complete() {
+			t.Errorf("required: the grammar refuses %q", good)
+		}
+	}
+	for _, bad := range []string{dsCallsBegin + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{\"city\"", dsCallsBegin + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_date", "Sure"} {
+		if g().Advance([]byte(bad)) {
+			t.Errorf("required: the grammar takes %q", bad)
+		}
 	}
 }
