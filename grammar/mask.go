@@ -177,6 +177,31 @@ func (v *Vocab) MaskWords() int { return (v.size + 63) / 64 }
 // of a refused token's bytes).
 func (v *Vocab) Mask(g Validator, dst []uint64) int {
 	dst = dst[:v.MaskWords()]
+	if mc, ok := g.(maskCacher); ok {
+		if m, n, ok := mc.cachedMask(v); ok {
+			copy(dst, m)
+			return n
+		}
+		n := v.mask(g, dst)
+		mc.keepMask(v, dst, n)
+		return n
+	}
+	return v.mask(g, dst)
+}
+
+// maskCacher is a Validator that keeps the masks of the states it has been
+// in (GrammarText: a context-free grammar's states recur, and its masks
+// cost the most to compute).
+type maskCacher interface {
+	cachedMask(v *Vocab) ([]uint64, int, bool)
+	keepMask(v *Vocab, m []uint64, n int)
+}
+
+// mask is Mask without a cache.
+func (v *Vocab) mask(g Validator, dst []uint64) int {
+	if gt, ok := g.(*GrammarText); ok {
+		return v.grammarMask(gt, dst)
+	}
 	if cg, ok := g.(Classer); ok {
 		if c := cg.TokenClass(); c != NoClass {
 			return v.classMask(g, v.class(c), dst)
@@ -228,6 +253,45 @@ func (v *Vocab) Mask(g Validator, dst []uint64) int {
 		// b[:k+1] is refused, and so is every token that starts with it:
 		// the run after i whose common prefixes with their predecessors
 		// stay longer than k.
+		switch k {
+		case 0:
+			i = int(v.end1[b[0]])
+		case 1:
+			i = int(v.end2[int(b[0])<<8|int(b[1])])
+		default:
+			for i++; i < len(v.ids) && int(v.lcp[i]) > k; i++ {
+			}
+		}
+	}
+	return n
+}
+
+// grammarMask is Mask for a context-free grammar: the vocabulary walked
+// as a trie, each token stepped on from the parse state its common prefix
+// with the token before left (so most tokens cost a byte or two of cached
+// transitions), a refused prefix's run skipped.
+func (v *Vocab) grammarMask(g *GrammarText, dst []uint64) int {
+	clear(dst)
+	c := g.c
+	states := append(make([]*gState, 0, 64), g.cur) // states[d]: after the first d bytes of the last token walked
+	n := 0
+	for i := 0; i < len(v.ids); {
+		b := v.data[v.off[i]:v.off[i+1]]
+		k := min(int(v.lcp[i]), len(states)-1)
+		states = states[:k+1]
+		for st := states[k]; k < len(b); k++ {
+			if st = c.step(st, b[k]); st == c.dead {
+				break
+			}
+			states = append(states, st)
+		}
+		if k == len(b) {
+			id := v.ids[i]
+			dst[id>>6] |= 1 << (id & 63)
+			n++
+			i++
+			continue
+		}
 		switch k {
 		case 0:
 			i = int(v.end1[b[0]])

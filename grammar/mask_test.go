@@ -64,6 +64,16 @@ func maskStates(t *testing.T, every int) map[string]Validator {
 		t.Fatal(err)
 	}
 	add("choice", c.New, "yep sir!")
+	jg, err := CompileGrammar(jsonGBNF)
+	if err != nil {
+		t.Fatal(err)
+	}
+	add("gbnf json", jg.New, "{\"name\": \"Zoë\", \"list\": [1, -2.5e3, true, null, {\"a\": []}],\n    \"x\": \"\\u00e9\\n\"}")
+	ag, err := CompileGrammar("root ::= item (\", \" item)* \".\"\nitem ::= [A-Z] [a-zé]* | [0-9]{1,3} (\" items\")?")
+	if err != nil {
+		t.Fatal(err)
+	}
+	add("gbnf list", ag.New, "Zoé, 12 items, Abc.")
 	return out
 }
 

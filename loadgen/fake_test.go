@@ -89,6 +89,7 @@ func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		TopP           *float64        `json:"top_p"`
 		TopK           *int            `json:"top_k"`
 		ResponseFormat *responseFormat `json:"response_format"`
+		GuidedGrammar  *string         `json:"guided_grammar"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
 		httpError(w, "bad body: "+err.Error(), http.StatusBadRequest)
@@ -113,6 +114,10 @@ func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case !body.Stream:
 		httpError(w, "stream must be true", http.StatusBadRequest)
 		return
+	case body.GuidedGrammar != nil && (body.ResponseFormat != nil || body.IgnoreEOS != nil || *body.GuidedGrammar == ""):
+		httpError(w, "guided_grammar alone, without ignore_eos", http.StatusBadRequest)
+		return
+	case body.GuidedGrammar != nil:
 	case body.ResponseFormat == nil && (body.IgnoreEOS == nil || !*body.IgnoreEOS):
 		httpError(w, "ignore_eos must be true", http.StatusBadRequest)
 		return
@@ -139,7 +144,7 @@ func (f *fake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	f.sampling = append(f.sampling, strings.Join([]string{
 		field(deref(body.Temperature), body.Temperature != nil), field(deref(body.TopP), body.TopP != nil),
-		field(deref(body.TopK), body.TopK != nil), field(rfType(body.ResponseFormat), body.ResponseFormat != nil)}, " "))
+		field(deref(body.TopK), body.TopK != nil), field(rfType(body.ResponseFormat), body.ResponseFormat != nil) + field("grammar", body.GuidedGrammar != nil)}, " "))
 	f.mu.Unlock()
 
 	if f.status != nil {

@@ -57,6 +57,9 @@ type Options struct {
 	// JSONSchema, when set (a JSON Schema object), sends response_format
 	// {"type": "json_schema"} with it instead (and no ignore_eos).
 	JSONSchema json.RawMessage
+	// Grammar, when set (GBNF source), sends vLLM's guided_grammar with it
+	// instead (and no ignore_eos).
+	Grammar string
 }
 
 // DistKind names a length distribution.
@@ -238,6 +241,9 @@ func (o *Options) validate() error {
 		if o.JSONObject || json.Unmarshal(o.JSONSchema, &m) != nil {
 			return errors.New("json schema: want one JSON object, and not with json_object")
 		}
+	}
+	if o.Grammar != "" && (o.JSONObject || o.JSONSchema != nil) {
+		return errors.New("grammar: not with json_object or json_schema")
 	}
 	return nil
 }

@@ -244,6 +244,9 @@ func requestBody(o *Options, r *request) ([]byte, error) {
 	case o.JSONSchema != nil:
 		delete(m, "ignore_eos")
 		m["response_format"] = map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "bench", "schema": o.JSONSchema}}
+	case o.Grammar != "":
+		delete(m, "ignore_eos")
+		m["guided_grammar"] = o.Grammar
 	}
 	if o.Model != "" {
 		m["model"] = o.Model

@@ -99,11 +99,12 @@ func TestRunSampling(t *testing.T) {
 		set      func(o *Options)
 		want     string
 	}{
-		{"none", EndpointCompletions, func(o *Options) {}, "- - - -"},
-		{"all", EndpointCompletions, func(o *Options) { o.Temperature, o.TopP, o.TopK = &temp, &topP, &topK }, "0.6 0.95 20 -"},
-		{"chat top-p", EndpointChat, func(o *Options) { o.TopP = &topP }, "- 0.95 - -"},
-		{"json object", EndpointChat, func(o *Options) { o.JSONObject = true }, "- - - json"},
-		{"json schema", EndpointCompletions, func(o *Options) { o.JSONSchema = json.RawMessage(`{"type": "object"}`) }, "- - - schema"},
+		{"none", EndpointCompletions, func(o *Options) {}, "- - - --"},
+		{"all", EndpointCompletions, func(o *Options) { o.Temperature, o.TopP, o.TopK = &temp, &topP, &topK }, "0.6 0.95 20 --"},
+		{"chat top-p", EndpointChat, func(o *Options) { o.TopP = &topP }, "- 0.95 - --"},
+		{"json object", EndpointChat, func(o *Options) { o.JSONObject = true }, "- - - json-"},
+		{"json schema", EndpointCompletions, func(o *Options) { o.JSONSchema = json.RawMessage(`{"type": "object"}`) }, "- - - schema-"},
+		{"grammar", EndpointChat, func(o *Options) { o.Grammar = `root ::= "a"+` }, "- - - -grammar"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fake{}
@@ -458,18 +459,23 @@ func BenchmarkRun(b *testing.B) {
 }
 
 // TestRunRefusesBadSchema: a JSON schema option that is not one JSON
-// object, or comes with json_object, is refused before any request.
+// object, or comes with json_object, and a grammar with either, are
+// refused before any request, naming the option.
 func TestRunRefusesBadSchema(t *testing.T) {
-	for _, set := range []func(o *Options){
-		func(o *Options) { o.JSONSchema = json.RawMessage(`[1]`) },
-		func(o *Options) { o.JSONSchema, o.JSONObject = json.RawMessage(`{"type": "object"}`), true },
+	for _, c := range []struct {
+		set  func(o *Options)
+		want string
+	}{
+		{func(o *Options) { o.JSONSchema = json.RawMessage(`[1]`) }, "json schema"},
+		{func(o *Options) { o.JSONSchema, o.JSONObject = json.RawMessage(`{"type": "object"}`), true }, "json schema"},
+		{func(o *Options) { o.Grammar, o.JSONObject = `root ::= "a"`, true }, "grammar"},
 	} {
 		f := &fake{}
 		srv := f.start(t)
 		o := opts(srv.URL)
-		set(&o)
-		if _, err := Run(context.Background(), o); err == nil || !strings.Contains(err.Error(), "json schema") {
-			t.Errorf("%v, want an error naming the json schema", err)
+		c.set(&o)
+		if _, err := Run(context.Background(), o); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v, want an error naming the %s", err, c.want)
 		}
 		f.mu.Lock()
 		if len(f.sampling) != 0 {

@@ -67,6 +67,7 @@ func benchServe(args []string, stdout io.Writer) error {
 	topK := fs.Int("top-k", -1, "top-k sent with every request (0: off; unset: the server's default)")
 	fs.BoolVar(&o.JSONObject, "json-object", false, "send response_format json_object (without ignore_eos: the output length is then an upper bound)")
 	schemaFile := fs.String("json-schema", "", "send response_format json_schema with the JSON Schema in this file (without ignore_eos)")
+	grammarFile := fs.String("grammar", "", "send guided_grammar with the GBNF grammar in this file (without ignore_eos)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -106,6 +107,13 @@ func benchServe(args []string, stdout io.Writer) error {
 			return fmt.Errorf("--json-schema: %w", err)
 		}
 		o.JSONSchema = b
+	}
+	if *grammarFile != "" {
+		b, err := os.ReadFile(*grammarFile)
+		if err != nil {
+			return fmt.Errorf("--grammar: %w", err)
+		}
+		o.Grammar = string(b)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), serveSignals...)
 	defer stop()

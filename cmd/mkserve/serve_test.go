@@ -182,6 +182,22 @@ func TestServeEndToEnd(t *testing.T) {
 			}
 			return nil
 		}},
+		{"/v1/completions", `{"prompt":"In the beginning","max_tokens":40,"temperature":0.8,"seed":5,
+			"guided_grammar":"root ::= name (\", \" name){1,2} \".\"\nname ::= [A-Z] [a-z]{1,8}"}`, func(b []byte) error {
+			var r struct {
+				Choices []struct {
+					Text         string
+					FinishReason string `json:"finish_reason"`
+				}
+			}
+			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {
+				return fmt.Errorf("guided_grammar: %s (%v)", b, err)
+			}
+			if c := r.Choices[0]; c.FinishReason != "stop" || !regexp.MustCompile(`^[A-Z][a-z]{1,8}(, [A-Z][a-z]{1,8}){1,2}\.$`).MatchString(c.Text) {
+				return fmt.Errorf("guided_grammar: %q (%s), want a whole match", c.Text, c.FinishReason)
+			}
+			return nil
+		}},
 		{"/v1/completions", `{"prompt":"In the beginning","max_tokens":6,"n":2,"temperature":0.8,"seed":3}`, func(b []byte) error {
 			var r struct{ Choices []struct{ Text string } }
 			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 2 {

@@ -123,7 +123,16 @@ func (s *Server) sampling(p *pb.SamplingParams, promptLen int) (engine.SamplingP
 	if p.Regex != "" && (p.JsonSchema != "" || p.JsonObject) {
 		return sp, fieldErr("regex", "regex cannot be combined with json_object or json_schema")
 	}
+	if p.Grammar != "" && (p.Regex != "" || p.JsonSchema != "" || p.JsonObject) {
+		return sp, fieldErr("grammar", "grammar cannot be combined with regex, json_object or json_schema")
+	}
 	switch {
+	case p.Grammar != "":
+		g, err := grammar.CompileGrammar(p.Grammar)
+		if err != nil {
+			return sp, fieldErr("grammar", "%v", err)
+		}
+		sp.Grammar = g.New
 	case p.Regex != "":
 		re, err := grammar.CompileRegex(p.Regex)
 		if err != nil {

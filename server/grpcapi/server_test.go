@@ -609,6 +609,8 @@ func TestErrorCodes(t *testing.T) {
 			"sampling.json_schema", "pattern"},
 		{with(&pb.SamplingParams{Regex: "("}), codes.InvalidArgument, "sampling.regex", "missing"},
 		{with(&pb.SamplingParams{Regex: "a+", JsonObject: true}), codes.InvalidArgument, "sampling.regex", "json_object"},
+		{with(&pb.SamplingParams{Grammar: "root ::= x"}), codes.InvalidArgument, "sampling.grammar", "never defined"},
+		{with(&pb.SamplingParams{Grammar: `root ::= "a"`, Regex: "a"}), codes.InvalidArgument, "sampling.grammar", "regex"},
 		{with(&pb.SamplingParams{JsonSchema: `{"type":`}), codes.InvalidArgument, "sampling.json_schema", "schema"},
 		{with(&pb.SamplingParams{MaxTokens: ptr(int32(2)), MinTokens: 3}), codes.InvalidArgument, "sampling.min_tokens", "max_tokens"},
 		{with(&pb.SamplingParams{MinTokens: -1}), codes.InvalidArgument, "sampling.min_tokens", ""},

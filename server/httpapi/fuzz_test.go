@@ -83,6 +83,7 @@ func FuzzCompletionRequest(f *testing.F) {
 		`{"prompt":"hello","max_tokens":3}`,
 		`{"prompt":"hello","max_tokens":3,"guided_choice":["yes","no"],"echo":true,"logprobs":1}`,
 		`{"prompt":"hello","max_tokens":3,"guided_regex":"[0-9]{3}-(a|b)+"}`,
+		`{"prompt":"hello","max_tokens":3,"guided_grammar":"root ::= item (\",\" item)*\nitem ::= [a-z]+ | \"(\" root \")\""}`,
 		`{"prompt":[1,2],"max_tokens":3,"guided_json":{"type":"object","properties":{"a":{"type":"object","additionalProperties":{"type":"integer"}}}},"min_tokens":1}`,
 		`{"model":"fake-moe","prompt":["a","b"],"n":2,"max_tokens":4,"stop":["x"],"logprobs":2}`,
 		`{"prompt":[1,2,3],"stream":true,"stream_options":{"include_usage":true},"max_tokens":2}`,

@@ -163,6 +163,9 @@ func TestInvalidParams(t *testing.T) {
 		{"/v1/completions", `{"prompt":"x","guided_regex":"("}`, "guided_regex"},
 		{"/v1/completions", `{"prompt":"x","guided_regex":"\\bword"}`, "guided_regex"},
 		{"/v1/completions", `{"prompt":"x","guided_regex":"a","guided_choice":["a"]}`, "guided_regex"},
+		{"/v1/completions", `{"prompt":"x","guided_grammar":"root ::= root \"a\" | \"b\""}`, "guided_grammar"},
+		{"/v1/completions", `{"prompt":"x","guided_grammar":"start ::= [a-"}`, "guided_grammar"},
+		{"/v1/completions", `{"prompt":"x","guided_grammar":"root ::= \"a\"","guided_regex":"a"}`, "guided_grammar"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"guided_regex":"a+","ignore_eos":true}`, "guided_regex"},
 		{"/v1/completions", `{"prompt":"x","guided_choice":["a"],"response_format":{"type":"json_object"}}`, "guided_choice"},
 		{"/v1/completions", `{"prompt":"x","guided_json":{"type":"object","properties":{"a":{"type":"string","pattern":"(x"}}}}`, "guided_json"},
@@ -322,6 +325,16 @@ func TestInvalidParams(t *testing.T) {
 		t.Error("guided_choice: no grammar, or one that does not take exactly the choices")
 	} else if v := g(); !v.Advance([]byte("pos")) || v.Complete() || !v.Advance([]byte("itive")) || !v.Complete() {
 		t.Error("guided_choice: the grammar's completion is wrong")
+	}
+	// guided_grammar: a GBNF grammar matched in full.
+	if resp, body := post(t, url, "/v1/completions", `{"prompt":"x","max_tokens":8,"guided_grammar":"root ::= (\"ab\" | [0-9])+ \"!\""}`); resp.StatusCode != http.StatusOK {
+		t.Fatalf("guided_grammar: %d %s", resp.StatusCode, body)
+	}
+	reqs = f.requests()
+	if g := reqs[len(reqs)-1].Sampling.Grammar; g == nil {
+		t.Error("guided_grammar: no grammar")
+	} else if v := g(); !v.Advance([]byte("ab7")) || v.Complete() || !v.Advance([]byte("!")) || !v.Complete() || g().Advance([]byte("a!")) {
+		t.Error("guided_grammar: the grammar does not match its language")
 	}
 	// min_tokens reaches the engine.
 	if resp, body := post(t, url, "/v1/completions", `{"prompt":"x","max_tokens":4,"min_tokens":3}`); resp.StatusCode != http.StatusOK {

@@ -56,6 +56,7 @@ type sampling struct {
 	GuidedJSON          json.RawMessage `json:"guided_json"`         // vLLM's: a JSON Schema (an object or its text)
 	GuidedChoice        []string        `json:"guided_choice"`       // vLLM's: the output is exactly one of these
 	GuidedRegex         *string         `json:"guided_regex"`        // vLLM's: the whole output matches this
+	GuidedGrammar       *string         `json:"guided_grammar"`      // vLLM\'s: the whole output matches this GBNF grammar
 	SkipSpecialTokens   *bool           `json:"skip_special_tokens"` // vLLM's: false keeps special tokens' text
 }
 
@@ -463,17 +464,17 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 	return sp, nil
 }
 
-// guided reads vLLM's guided_json, guided_choice and guided_regex into
-// sp.Grammar (one constraint a request: not with response_format json_*
-// either).
+// guided reads vLLM's guided_json, guided_choice, guided_regex and
+// guided_grammar into sp.Grammar (one constraint a request: not with
+// response_format json_* either).
 func (p *sampling) guided(sp *engine.SamplingParams) *apiError {
-	hasJSON, hasChoice, hasRegex := !isNull(p.GuidedJSON), p.GuidedChoice != nil, p.GuidedRegex != nil
+	hasJSON, hasChoice, hasRegex, hasGrammar := !isNull(p.GuidedJSON), p.GuidedChoice != nil, p.GuidedRegex != nil, p.GuidedGrammar != nil
 	n := 0
 	name := ""
 	for _, g := range []struct {
 		has  bool
 		name string
-	}{{hasJSON, "guided_json"}, {hasChoice, "guided_choice"}, {hasRegex, "guided_regex"}} {
+	}{{hasJSON, "guided_json"}, {hasChoice, "guided_choice"}, {hasRegex, "guided_regex"}, {hasGrammar, "guided_grammar"}} {
 		if g.has {
 			n++
 			name = g.name
@@ -483,10 +484,18 @@ func (p *sampling) guided(sp *engine.SamplingParams) *apiError {
 		return nil
 	}
 	if n > 1 || sp.Grammar != nil {
-		return invalid(name, "only one of response_format (json), guided_json, guided_choice and guided_regex may be given")
+		return invalid(name, "only one of response_format (json), guided_json, guided_choice, guided_regex and guided_grammar may be given")
 	}
 	if sp.IgnoreEOS {
 		return invalid(name, "%s cannot be used with ignore_eos (the choice ends when the text is complete)", name)
+	}
+	if hasGrammar {
+		g, err := grammar.CompileGrammar(*p.GuidedGrammar)
+		if err != nil {
+			return invalid(name, "guided_grammar: %v", err)
+		}
+		sp.Grammar = g.New
+		return nil
 	}
 	if hasRegex {
 		re, err := grammar.CompileRegex(*p.GuidedRegex)

@@ -107,7 +107,12 @@ type SamplingParams struct {
 	// regex constrains each choice to a whole match of this regular
 	// expression (RE2 syntax; vLLM's guided_regex); not with json_object or
 	// json_schema, nor with ignore_eos.
-	Regex         string `protobuf:"bytes,20,opt,name=regex,proto3" json:"regex,omitempty"`
+	Regex string `protobuf:"bytes,20,opt,name=regex,proto3" json:"regex,omitempty"`
+	// grammar constrains each choice to a whole match of this context-free
+	// grammar (GBNF, llama.cpp's EBNF dialect; vLLM's guided_grammar): rule
+	// root matches the text; not with regex, json_object or json_schema, nor
+	// with ignore_eos.
+	Grammar       string `protobuf:"bytes,21,opt,name=grammar,proto3" json:"grammar,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -278,6 +283,13 @@ func (x *SamplingParams) GetKeepSpecialTokens() bool {
 func (x *SamplingParams) GetRegex() string {
 	if x != nil {
 		return x.Regex
+	}
+	return ""
+}
+
+func (x *SamplingParams) GetGrammar() string {
+	if x != nil {
+		return x.Grammar
 	}
 	return ""
 }
@@ -1031,7 +1043,7 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"\x1amkserve/v1/inference.proto\x12\n" +
 	"mkserve.v1\"\x1c\n" +
 	"\bTokenIds\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\xce\x06\n" +
+	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\xe8\x06\n" +
 	"\x0eSamplingParams\x12\x11\n" +
 	"\x01n\x18\x01 \x01(\x05H\x00R\x01n\x88\x01\x01\x12\"\n" +
 	"\n" +
@@ -1059,7 +1071,8 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"\n" +
 	"min_tokens\x18\x12 \x01(\x05R\tminTokens\x12.\n" +
 	"\x13keep_special_tokens\x18\x13 \x01(\bR\x11keepSpecialTokens\x12\x14\n" +
-	"\x05regex\x18\x14 \x01(\tR\x05regexB\x04\n" +
+	"\x05regex\x18\x14 \x01(\tR\x05regex\x12\x18\n" +
+	"\agrammar\x18\x15 \x01(\tR\agrammarB\x04\n" +
 	"\x02_nB\r\n" +
 	"\v_max_tokensB\x0e\n" +
 	"\f_temperatureB\b\n" +

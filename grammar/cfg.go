@@ -1,0 +1,344 @@
+package grammar
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// Recognising a Grammar's prefixes. The parse state is the set of stacks
+// that the text so far can have left (as llama.cpp's grammar sampler
+// keeps it): a stack is the next element to match in an alternative, then
+// where to go on when that alternative ends, and so on out to the root.
+// Stacks are interned nodes of shared linked lists, a rule that is the
+// last element of its alternative does not push a frame (so x* stays flat),
+// and sets of stacks are interned too, with their transitions on each byte
+// cached as they are found: a lazily built DFA whose states are parse
+// states, so a mask's Accept calls are mostly table lookups. Each
+// validator keeps its own cache (bounded; rebuilt from the current state
+// when it grows too big), so validators of one Grammar share nothing.
+
+// Cache bounds: nodes and states a validator keeps before rebuilding, the
+// most stacks a parse state may hold (an ambiguous grammar can multiply
+// them; past this the text is refused), and the masks a validator keeps.
+const (
+	maxGNodes    = 1 << 18
+	maxGStates   = 1 << 15
+	MaxGStacks   = 1024
+	maxGMasks    = 64
+	gDoneID      = 0
+	gStateNoByte = 256
+)
+
+// gNode is a stack: pos, the element to match next (an index into
+// Grammar.elems), over parent; the done node is the empty stack (the text
+// may end).
+type gNode struct {
+	pos    int32
+	id     uint32
+	parent *gNode
+	tops   []*gNode // the closure: the stacks whose next elements are characters (or done) it expands to; nil until computed
+}
+
+// gSet is an interned set of stacks, each at a character element (or the
+// done node), sorted by id.
+type gSet struct {
+	tops []*gNode
+	done bool
+}
+
+// gState is a parse state at a byte boundary: a set of stacks and the
+// bytes of a character begun but not finished.
+type gState struct {
+	set   *gSet
+	pend  string
+	trans *[gStateNoByte]*gState // the state after each byte (the dead state: refused); nil entries not yet computed
+	mask  []uint64               // the accepted tokens over maskOf, once computed
+	maskN int
+	maskV *Vocab
+}
+
+type gNodeKey struct {
+	pos    int32
+	parent *gNode
+}
+
+type gStateKey struct {
+	set  *gSet
+	pend string
+}
+
+// gCache is one validator's interned nodes, sets and states.
+type gCache struct {
+	g      *Grammar
+	done   *gNode
+	nodes  map[gNodeKey]*gNode
+	sets   map[string]*gSet
+	states map[gStateKey]*gState
+	dead   *gState
+	masks  int
+	// scratch for closures and steps
+	seen map[*gNode]struct{}
+	buf  []*gNode
+}
+
+func newGCache(g *Grammar) *gCache {
+	c := &gCache{g: g, done: &gNode{pos: -1, id: gDoneID}, dead: &gState{}}
+	c.nodes = map[gNodeKey]*gNode{}
+	c.sets = map[string]*gSet{}
+	c.states = map[gStateKey]*gState{}
+	c.seen = map[*gNode]struct{}{}
+	return c
+}
+
+// node interns stack (pos, parent).
+func (c *gCache) node(pos int32, parent *gNode) *gNode {
+	k := gNodeKey{pos, parent}
+	if n, ok := c.nodes[k]; ok {
+		return n
+	}
+	n := &gNode{pos: pos, id: uint32(len(c.nodes) + 1), parent: parent}
+	c.nodes[k] = n
+	return n
+}
+
+// cont is where stack n goes on once its element at pos is matched: the
+// next element, or — past the alternative's end — its parent (no frame
+// for an element that ends an alternative).
+func (c *gCache) cont(pos int32, parent *gNode) *gNode {
+	if c.g.elems[pos+1].kind == gEnd {
+		return parent
+	}
+	return c.node(pos+1, parent)
+}
+
+// closure is the stacks n expands to before its next character: rules
+// entered, ended alternatives left. Memoised on n.
+func (c *gCache) closure(n *gNode) []*gNode {
+	if n.tops != nil {
+		return n.tops
+	}
+	clear(c.seen)
+	var out []*gNode
+	work := append(c.buf[:0], n)
+	for len(work) > 0 {
+		x := work[len(work)-1]
+		work = work[:len(work)-1]
+		if _, ok := c.seen[x]; ok {
+			continue
+		}
+		c.seen[x] = struct{}{}
+		if x == c.done {
+			out = append(out, x)
+			continue
+		}
+		switch e := &c.g.elems[x.pos]; e.kind {
+		case gChar:
+			out = append(out, x)
+		case gEnd:
+			work = append(work, x.parent)
+		case gRef:
+			next := c.cont(x.pos, x.parent)
+			alts := c.g.alts[e.ref]
+			for i := len(alts) - 1; i >= 0; i-- {
+				work = append(work, c.node(alts[i], next))
+			}
+		}
+	}
+	c.buf = work[:0]
+	if out == nil {
+		out = []*gNode{} // (never: every stack ends at done) non-nil marks it computed
+	}
+	n.tops = out
+	return out
+}
+
+// set interns the set of the stacks in tops (any order, repeats allowed),
+// nil when there are none or too many.
+func (c *gCache) set(tops []*gNode) *gSet {
+	if len(tops) == 0 {
+		return nil
+	}
+	slices.SortFunc(tops, func(a, b *gNode) int { return int(a.id) - int(b.id) })
+	tops = slices.Compact(tops)
+	if len(tops) > MaxGStacks {
+		return nil
+	}
+	var kb strings.Builder
+	for _, t := range tops {
+		kb.WriteString(strconv.FormatUint(uint64(t.id), 36))
+		kb.WriteByte(',')
+	}
+	k := kb.String()
+	if s, ok := c.sets[k]; ok {
+		return s
+	}
+	s := &gSet{tops: slices.Clone(tops)}
+	s.done = s.tops[0] == c.done
+	c.sets[k] = s
+	return s
+}
+
+// state interns (set, pend).
+func (c *gCache) state(s *gSet, pend string) *gState {
+	k := gStateKey{s, pend}
+	if st, ok := c.states[k]; ok {
+		return st
+	}
+	st := &gState{set: s, pend: pend}
+	c.states[k] = st
+	return st
+}
+
+// start is the state before any text.
+func (c *gCache) start() *gState {
+	var tops []*gNode
+	for _, a := range c.g.alts[c.g.root] {
+		tops = append(tops, c.closure(c.node(a, c.done))...)
+	}
+	return c.state(c.set(tops), "")
+}
+
+// char is the set after character r from s (nil: refused).
+func (c *gCache) char(s *gSet, r rune) *gSet {
+	var tops []*gNode
+	for _, t := range s.tops {
+		if t == c.done || !c.g.elems[t.pos].matches(r) {
+			continue
+		}
+		tops = append(tops, c.closure(c.cont(t.pos, t.parent))...)
+	}
+	return c.set(tops)
+}
+
+// meets reports whether some stack of s takes a character in [lo, hi].
+func (c *gCache) meets(s *gSet, lo, hi rune) bool {
+	for _, t := range s.tops {
+		if t != c.done && c.g.elems[t.pos].meets(lo, hi) {
+			return true
+		}
+	}
+	return false
+}
+
+// step is the state after byte b from st (c.dead: refused), cached.
+func (c *gCache) step(st *gState, b byte) *gState {
+	if st.trans == nil {
+		st.trans = new([gStateNoByte]*gState)
+	} else if nx := st.trans[b]; nx != nil {
+		return nx
+	}
+	nx := c.dead
+	if st.pend == "" && b < utf8.RuneSelf {
+		if s := c.char(st.set, rune(b)); s != nil {
+			nx = c.state(s, "")
+		}
+	} else {
+		p := st.pend + string([]byte{b})
+		if utf8.FullRuneInString(p) {
+			if r, size := utf8.DecodeRuneInString(p); !(r == utf8.RuneError && size <= 1) {
+				if s := c.char(st.set, r); s != nil {
+					nx = c.state(s, "")
+				}
+			}
+		} else if lo, hi, ok := utf8Range([]byte(p)); ok && c.meets(st.set, lo, hi) {
+			nx = c.state(st.set, p)
+		}
+	}
+	st.trans[b] = nx
+	return nx
+}
+
+// full reports whether the cache should be rebuilt.
+func (c *gCache) full() bool { return len(c.nodes) > maxGNodes || len(c.states) > maxGStates }
+
+// rebuilt is a fresh cache holding state st's equivalent (its stacks
+// interned anew).
+func (c *gCache) rebuilt(st *gState) (*gCache, *gState) {
+	nc := newGCache(c.g)
+	var copyNode func(n *gNode) *gNode
+	copyNode = func(n *gNode) *gNode {
+		if n == c.done {
+			return nc.done
+		}
+		return nc.node(n.pos, copyNode(n.parent))
+	}
+	tops := make([]*gNode, len(st.set.tops))
+	for i, t := range st.set.tops {
+		tops[i] = copyNode(t)
+	}
+	return nc, nc.state(nc.set(tops), st.pend)
+}
+
+// GrammarText validates a text against a Grammar: a Validator and a
+// Prefixer, whose masks are kept with its parse states.
+type GrammarText struct {
+	c   *gCache
+	cur *gState
+}
+
+var (
+	_ Validator  = (*GrammarText)(nil)
+	_ Prefixer   = (*GrammarText)(nil)
+	_ maskCacher = (*GrammarText)(nil)
+)
+
+// New is a fresh validator at the start of a text: a grammar factory for
+// engine.SamplingParams.Grammar (the method value g.New).
+func (g *Grammar) New() Validator {
+	c := newGCache(g)
+	return &GrammarText{c: c, cur: c.start()}
+}
+
+// Accept reports whether b may come next; an empty b is not accepted.
+func (v *GrammarText) Accept(b []byte) bool { return len(b) > 0 && v.AcceptLen(b) == len(b) }
+
+// AcceptLen is the length of b's longest prefix that may come next (Prefixer).
+func (v *GrammarText) AcceptLen(b []byte) int {
+	st := v.cur
+	for i, x := range b {
+		if st = v.c.step(st, x); st == v.c.dead {
+			return i
+		}
+	}
+	return len(b)
+}
+
+// Advance appends b if it is accepted and reports whether it was.
+func (v *GrammarText) Advance(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	st := v.cur
+	for _, x := range b {
+		if st = v.c.step(st, x); st == v.c.dead {
+			return false
+		}
+	}
+	v.cur = st
+	if v.c.full() {
+		v.c, v.cur = v.c.rebuilt(v.cur)
+	}
+	return true
+}
+
+// Complete reports whether the text so far matches the grammar in full.
+func (v *GrammarText) Complete() bool { return v.cur.pend == "" && v.cur.set.done }
+
+// cachedMask is the current state's mask over vocab, if kept.
+func (v *GrammarText) cachedMask(vocab *Vocab) ([]uint64, int, bool) {
+	if v.cur.maskV == vocab && v.cur.mask != nil {
+		return v.cur.mask, v.cur.maskN, true
+	}
+	return nil, 0, false
+}
+
+// keepMask keeps the current state's mask (up to maxGMasks a validator).
+func (v *GrammarText) keepMask(vocab *Vocab, m []uint64, n int) {
+	if v.c.masks >= maxGMasks || v.cur.mask != nil {
+		return
+	}
+	v.c.masks++
+	v.cur.mask, v.cur.maskN, v.cur.maskV = slices.Clone(m), n, vocab
+}

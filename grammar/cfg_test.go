@@ -1,0 +1,500 @@
+package grammar
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/mkserve/mkserve/tokenizer"
+)
+
+func mustGrammar(t testing.TB, src string) *Grammar {
+	t.Helper()
+	g, err := CompileGrammar(src)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, src)
+	}
+	return g
+}
+
+// acceptLen feeds text to a fresh validator byte by byte: the bytes taken
+// and whether the text is then complete.
+func acceptLen(mk func() Validator, text string) (int, bool) {
+	v := mk()
+	for i := 0; i < len(text); i++ {
+		if !v.Advance([]byte{text[i]}) {
+			return i, false
+		}
+	}
+	return len(text), v.Complete()
+}
+
+func TestGrammarCompileErrors(t *testing.T) {
+	for _, c := range []struct{ src, want string }{
+		{``, "no rule named root"},
+		{`start ::= "a"`, "no rule named root"},
+		{`root ::= a`, `"a" is used but never defined`},
+		{"root ::= \"a\"\nroot ::= \"b\"", "defined twice"},
+		{`root ::= root "a" | "b"`, `"root" is left-recursive`},
+		{"root ::= x\nx ::= y \"a\"\ny ::= \"\" | x \"b\"", "left-recursive"},
+		{`root ::= "a" root`, "can never finish"},
+		{"root ::= \"a\" x\nx ::= \"b\" x", `"x" can never finish`},
+		{`root ::= "abc`, "unclosed string"},
+		{`root ::= [a-`, "unclosed ["},
+		{`root ::= []`, "empty character class"},
+		{`root ::= [z-a]`, "backwards"},
+		{`root ::= ("a"`, "unclosed ("},
+		{`root ::= "a")`, "unmatched )"},
+		{`root ::= "\q"`, `unknown escape \q`},
+		{`root ::= "\uD800"`, "not a character"},
+		{`root ::= "a"{2,1}`, "below the minimum"},
+		{`root ::= "a"{1001}`, "want an integer"},
+		{`root ::= "a"**`, "two repetitions"},
+		{`root "a"`, "expected ::="},
+		{`root ::= @`, `unexpected '@'`},
+		{manyRules(70, `"a"{1000}`) + "root ::= x0", "more than 65536 elements"},
+		{"root ::= \"a\"\n\xff", "not valid UTF-8"},
+	} {
+		_, err := CompileGrammar(c.src)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want one containing %q", c.src, err, c.want)
+		}
+	}
+	if _, err := CompileGrammar(`root ::= "a"` + strings.Repeat(" ", MaxGrammarBytes)); err == nil {
+		t.Error("an oversized grammar compiled")
+	}
+}
+
+// manyRules is n rules x0 … x(n−1) with the same body.
+func manyRules(n int, body string) string {
+	var sb strings.Builder
+	for i := range n {
+		fmt.Fprintf(&sb, "x%d ::= %s\n", i, body)
+	}
+	return sb.String()
+}
+
+// TestGrammarCases: whole texts accepted and refused, across the syntax.
+func TestGrammarCases(t *testing.T) {
+	for _, c := range []struct {
+		src       string
+		good, bad []string
+	}{
+		{`root ::= "yes" | "no"`, []string{"yes", "no"}, []string{"", "ye", "yess", "n o"}},
+		{"# answers\nroot ::= answer (\",\" ws answer)*  # a list\nanswer ::= \"yes\" | \"no\" | [0-9]+\nws ::= [ \\t]?",
+			[]string{"yes", "1,no", "yes, 22,\tno"}, []string{"yes,", "1,,2", "yes,  no", "maybe"}},
+		{"root ::= greeting\n  | farewell\ngreeting ::= \"hi\"\nfarewell ::=\n  \"bye\"", []string{"hi", "bye"}, []string{"hibye"}},
+		{`root ::= [^"\\]* "\""`, []string{`"`, `abc é"`}, []string{`a\"`, `""`}},
+		{`root ::= "a"{3}`, []string{"aaa"}, []string{"aa", "aaaa"}},
+		{`root ::= "ab"{2,}`, []string{"abab", "ababab"}, []string{"ab", "aba"}},
+		{`root ::= "a"{,2} "b"{1,3}`, []string{"b", "aab", "abbb"}, []string{"aaab", "abbbb", "a"}},
+		{`root ::= . "\x41\u00e9\U0001F600" [\n\t]`, []string{"xAé😀\n", "中Aé😀\t"}, []string{"Aé😀\n", "xAé😀 "}},
+		{`root ::= ("(" root ")" | "[" root "]")*`, []string{"", "()", "([])[]", "[[()]]"}, []string{"(", "(]", "())"}},
+		{`root ::= "" | "x" root "y"`, []string{"", "xy", "xxxyyy"}, []string{"x", "xyy", "yx"}},
+		{"root ::= a? b\na ::= (\"\")* \"a\"\nb ::= ws \"b\"\nws ::= \" \"*", []string{"b", "ab", "a  b"}, []string{"aa b", "a"}},
+		{`root ::= [a-c\-]+ [^a-z0-9]`, []string{"a-c!", "bb-É"}, []string{"ab", "abz"}},
+		{`root ::= [\]\[]+`, []string{"][", "]"}, []string{"a"}},
+	} {
+		g := mustGrammar(t, c.src)
+		for _, s := range c.good {
+			if n, ok := acceptLen(g.New, s); n != len(s) || !ok {
+				t.Errorf("%q: %q refused at byte %d (complete %v)", c.src, s, n, ok)
+			}
+		}
+		for _, s := range c.bad {
+			if n, ok := acceptLen(g.New, s); n == len(s) && ok {
+				t.Errorf("%q: %q accepted", c.src, s)
+			}
+		}
+	}
+}
+
+// reNode is a random regular expression, rendered both as GBNF and as RE2.
+type reNode struct {
+	kind     string // lit, class, cat, alt, rep, rule
+	s        string
+	neg      bool
+	kids     []*reNode
+	min, max int
+}
+
+const reAlpha = "abcé中"
+
+func randRe(r *rand.Rand, depth int) *reNode {
+	k := r.IntN(6)
+	if depth <= 0 {
+		k = r.IntN(2)
+	}
+	alpha := []rune(reAlpha)
+	switch k {
+	case 0:
+		var sb strings.Builder
+		for range r.IntN(3) {
+			sb.WriteRune(alpha[r.IntN(len(alpha))])
+		}
+		return &reNode{kind: "lit", s: sb.String()}
+	case 1:
+		var sb strings.Builder
+		for range 1 + r.IntN(2) {
+			sb.WriteRune(alpha[r.IntN(len(alpha))])
+		}
+		return &reNode{kind: "class", s: sb.String(), neg: r.IntN(4) == 0}
+	case 2:
+		return &reNode{kind: "cat", kids: []*reNode{randRe(r, depth-1), randRe(r, depth-1)}}
+	case 3:
+		return &reNode{kind: "alt", kids: []*reNode{randRe(r, depth-1), randRe(r, depth-1)}}
+	case 4:
+		n := &reNode{kind: "rep", kids: []*reNode{randRe(r, depth-1)}}
+		switch r.IntN(4) {
+		case 0:
+			n.min, n.max = 0, -1
+		case 1:
+			n.min, n.max = 1, -1
+		case 2:
+			n.min, n.max = 0, 1
+		default:
+			n.min = r.IntN(3)
+			n.max = n.min + r.IntN(3)
+		}
+		return n
+	}
+	return &reNode{kind: "rule", kids: []*reNode{randRe(r, depth-1)}}
+}
+
+// gbnf renders n; rules it names are appended to rules.
+func (n *reNode) gbnf(rules *[]string) string {
+	switch n.kind {
+	case "lit":
+		return `"` + n.s + `"`
+	case "class":
+		if n.neg {
+			return "[^" + n.s + "]"
+		}
+		return "[" + n.s + "]"
+	case "cat":
+		return n.kids[0].gbnf(rules) + " " + n.kids[1].gbnf(rules)
+	case "alt":
+		return "(" + n.kids[0].gbnf(rules) + " | " + n.kids[1].gbnf(rules) + ")"
+	case "rep":
+		x := "(" + n.kids[0].gbnf(rules) + ")"
+		switch {
+		case n.min == 0 && n.max < 0:
+			return x + "*"
+		case n.min == 1 && n.max < 0:
+			return x + "+"
+		case n.min == 0 && n.max == 1:
+			return x + "?"
+		}
+		return fmt.Sprintf("%s{%d,%d}", x, n.min, n.max)
+	}
+	name := fmt.Sprintf("r%d", len(*rules))
+	*rules = append(*rules, "")
+	i := len(*rules) - 1
+	(*rules)[i] = name + " ::= " + n.kids[0].gbnf(rules)
+	return name
+}
+
+func (n *reNode) re2() string {
+	switch n.kind {
+	case "lit":
+		return "(?:" + n.s + ")"
+	case "class":
+		if n.neg {
+			return "[^" + n.s + "]"
+		}
+		return "[" + n.s + "]"
+	case "cat":
+		return n.kids[0].re2() + n.kids[1].re2()
+	case "alt":
+		return "(?:" + n.kids[0].re2() + "|" + n.kids[1].re2() + ")"
+	case "rep":
+		x := "(?:" + n.kids[0].re2() + ")"
+		switch {
+		case n.min == 0 && n.max < 0:
+			return x + "*"
+		case n.min == 1 && n.max < 0:
+			return x + "+"
+		}
+		return fmt.Sprintf("%s{%d,%d}", x, n.min, n.max)
+	}
+	return n.kids[0].re2()
+}
+
+// TestGrammarAgainstRegex: random regular grammars, written both in GBNF
+// and as a regular expression, accept the same prefixes of random texts
+// byte for byte (both validators are exact about prefixes, so their
+// refusals must fall on the same byte) and complete the same texts.
+func TestGrammarAgainstRegex(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	alpha := []rune(reAlpha + "x")
+	compared := 0
+	for range 300 {
+		n := randRe(r, 4)
+		var rules []string
+		root := "root ::= " + n.gbnf(&rules)
+		src := strings.Join(append([]string{root}, rules...), "\n")
+		re, err := CompileRegex(n.re2())
+		if err != nil {
+			continue // too many NFA states for the regex side
+		}
+		g := mustGrammar(t, src)
+		for k := range 60 {
+			var sb strings.Builder
+			for range r.IntN(8) {
+				sb.WriteRune(alpha[r.IntN(len(alpha))])
+			}
+			text := sb.String()
+			if k%3 == 0 { // a text the regex takes, extended at random
+				v := re.New()
+				sb.Reset()
+				for range 12 {
+					c := string(alpha[r.IntN(len(alpha))])
+					if v.Advance([]byte(c)) {
+						sb.WriteString(c)
+					}
+				}
+				text = sb.String()
+			}
+			gn, gok := acceptLen(g.New, text)
+			rn, rok := acceptLen(re.New, text)
+			if gn != rn || gok != rok {
+				t.Fatalf("grammar\n%s\nregex %s\ntext %q: grammar takes %d bytes (complete %v), regex %d (%v)", src, n.re2(), text, gn, gok, rn, rok)
+			}
+			compared++
+		}
+	}
+	if compared < 5000 {
+		t.Errorf("only %d texts compared", compared)
+	}
+}
+
+// TestGrammarBrackets: a context-free language (nested brackets) against
+// its reference: a prefix is fine while every closer matches the opener
+// on top, and whole when none is left open; nested 500 deep.
+func TestGrammarBrackets(t *testing.T) {
+	g := mustGrammar(t, `root ::= ("(" root ")" | "[" root "]" | "x")*`)
+	r := rand.New(rand.NewPCG(7, 8))
+	ref := func(s string) (int, bool) {
+		var open []byte
+		for i := 0; i < len(s); i++ {
+			switch c := s[i]; c {
+			case '(', '[':
+				open = append(open, c)
+			case ')', ']':
+				if len(open) == 0 || open[len(open)-1] != map[byte]byte{')': '(', ']': '['}[c] {
+					return i, false
+				}
+				open = open[:len(open)-1]
+			case 'x':
+			default:
+				return i, false
+			}
+		}
+		return len(s), len(open) == 0
+	}
+	for range 3000 {
+		var sb strings.Builder
+		depth := 0
+		for range r.IntN(30) {
+			switch r.IntN(7) {
+			case 0, 1:
+				sb.WriteByte("(["[r.IntN(2)])
+				depth++
+			case 2, 3:
+				sb.WriteByte(")]"[r.IntN(2)])
+			case 4:
+				sb.WriteByte('x')
+			case 5:
+				if depth > 0 {
+					sb.WriteByte(')')
+				}
+			default:
+				sb.WriteByte("y("[r.IntN(2)])
+			}
+		}
+		s := sb.String()
+		gn, gok := acceptLen(g.New, s)
+		rn, rok := ref(s)
+		if gn != rn || gok != rok {
+			t.Fatalf("%q: grammar %d %v, reference %d %v", s, gn, gok, rn, rok)
+		}
+	}
+	deep := strings.Repeat("([", 250) + strings.Repeat("])", 250)
+	if n, ok := acceptLen(g.New, deep); n != len(deep) || !ok {
+		t.Errorf("500 deep: %d %v", n, ok)
+	}
+}
+
+// jsonGBNF is JSON (RFC 8259) as a GBNF grammar, the value first.
+const jsonGBNF = `root   ::= value
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws (member ("," ws member)*)? "}" ws
+member ::= string ":" ws value
+array  ::= "[" ws (value ("," ws value)*)? "]" ws
+string ::= "\"" ([^"\\\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))* "\"" ws
+number ::= "-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)? ws
+ws     ::= [ \t\n\r]*
+`
+
+// TestGrammarJSON: the JSON grammar completes exactly the texts
+// encoding/json calls valid and are UTF-8 (texts without leading whitespace), and takes
+// every prefix of a valid one.
+func TestGrammarJSON(t *testing.T) {
+	g := mustGrammar(t, jsonGBNF)
+	r := rand.New(rand.NewPCG(9, 10))
+	docs := []string{`{"a": [1, -2.5e+3, true, null, {"b": "\u00e9\n"}], "c": {}}`, `[]`, `"x\"y"`, `0`, `-0.0e0`, `{"":[[],{}]}` + " \n"}
+	for range 200 {
+		v := map[string]any{"n": r.Float64() * 1e6, "s": strings.Repeat("é\"\\", r.IntN(3)), "l": []any{r.IntN(100), nil, r.IntN(2) == 0}}
+		b, _ := json.MarshalIndent(v, "", strings.Repeat(" ", r.IntN(3)))
+		docs = append(docs, string(b))
+	}
+	valid := 0
+	for k := range 4000 {
+		doc := []byte(docs[r.IntN(len(docs))])
+		if k%2 == 0 && len(doc) > 0 { // a near miss
+			const near = "{}[],:\" 01-.eE\\tfnux"
+			doc[r.IntN(len(doc))] = near[r.IntN(len(near))]
+		}
+		s := string(doc)
+		if s != "" && strings.ContainsRune(" \t\n\r", rune(s[0])) {
+			continue
+		}
+		n, ok := acceptLen(g.New, s)
+		want := json.Valid(doc) && utf8.Valid(doc) // (encoding/json lets invalid UTF-8 through)
+		if want {
+			valid++
+		}
+		if want && (n != len(s) || !ok) || !want && ok {
+			t.Fatalf("%q: grammar takes %d of %d bytes (complete %v); encoding/json valid %v", s, n, len(s), ok, want)
+		}
+	}
+	if valid < 1000 {
+		t.Errorf("only %d valid documents tried", valid)
+	}
+}
+
+// TestGrammarCacheRebuild: a long text through a grammar whose states keep
+// changing outgrows the cache; it is rebuilt and the text still validates.
+func TestGrammarCacheRebuild(t *testing.T) {
+	g := mustGrammar(t, `root ::= ("(" root ")" | "x")*`)
+	v := g.New().(*GrammarText)
+	text := strings.Repeat("(", 40000) + strings.Repeat(")", 40000)
+	rebuilt := false
+	for i := 0; i < len(text); i++ {
+		c := v.c
+		if !v.Advance([]byte{text[i]}) {
+			t.Fatalf("byte %d refused", i)
+		}
+		rebuilt = rebuilt || v.c != c
+	}
+	if !v.Complete() || !rebuilt {
+		t.Errorf("complete %v, cache rebuilt %v", v.Complete(), rebuilt)
+	}
+}
+
+// TestGrammarAmbiguityBound: a grammar whose stacks double with each
+// character is refused once they pass MaxGStacks, not followed forever.
+func TestGrammarAmbiguityBound(t *testing.T) {
+	g := mustGrammar(t, `root ::= "a" root "b" | "a" root "c" | ""`)
+	n, _ := acceptLen(g.New, strings.Repeat("a", 20))
+	if n < 8 || n >= 20 {
+		t.Errorf("took %d of 20 a's; want refusal once 2^n passes %d", n, MaxGStacks)
+	}
+	if n, ok := acceptLen(g.New, "aabc"); n != 4 || !ok {
+		t.Errorf("aabc: %d %v", n, ok)
+	}
+}
+
+// TestGrammarMaskCache: a kept mask is the one computed, and states met
+// again reuse it.
+func TestGrammarMaskCache(t *testing.T) {
+	toks := [][]byte{[]byte("a"), []byte(","), []byte("a,"), []byte(",a"), []byte("b"), []byte("a,a,")}
+	tb := func(id int32) []byte { return toks[id] }
+	voc := NewVocab(len(toks), tb)
+	g := mustGrammar(t, `root ::= "a" ("," "a")*`)
+	v := g.New()
+	dst := make([]uint64, voc.MaskWords())
+	for i, step := range []string{"", "a", ",", "a", ",", "a"} {
+		if step != "" && !v.Advance([]byte(step)) {
+			t.Fatalf("%q refused", step)
+		}
+		voc.Mask(v, dst)
+		if want := naiveMask(v, len(toks), tb); dst[0] != want[0] {
+			t.Fatalf("step %d: mask %b, want %b", i, dst[0], want[0])
+		}
+	}
+	if m := v.(*GrammarText).c.masks; m != 3 {
+		t.Errorf("%d masks kept over 3 distinct states", m)
+	}
+}
+
+// FuzzGrammar: any source either fails to compile with an error or gives
+// a validator that survives any text, with AcceptLen agreeing with Accept.
+func FuzzGrammar(f *testing.F) {
+	f.Add(jsonGBNF, `{"a": [1, 2]}`)
+	f.Add(`root ::= ("(" root ")")* "x"{1,3}`, "(()xx")
+	f.Add(`root ::= [^a-z]+ | "é"?`, "AB")
+	f.Add("root ::= a\na ::= \"\" | \"b\" a", "bbb")
+	f.Fuzz(func(t *testing.T, src, text string) {
+		g, err := CompileGrammar(src)
+		if err != nil {
+			return
+		}
+		v := g.New()
+		px := v.(Prefixer)
+		for i := 0; i < len(text) && i < 200; i++ {
+			rest := []byte(text[i:min(len(text), i+6)])
+			k := px.AcceptLen(rest)
+			if (k == len(rest)) != v.Accept(rest) || (k > 0 && !v.Accept(rest[:k])) {
+				t.Fatalf("AcceptLen(%q) = %d disagrees with Accept", rest, k)
+			}
+			if !v.Advance([]byte{text[i]}) {
+				return
+			}
+		}
+		_ = v.Complete()
+	})
+}
+
+// BenchmarkGrammarMask is one mask over GPT-2's vocabulary for the JSON
+// grammar: cold (a fresh validator: its states and transitions built as
+// the vocabulary is walked) and warm (the state's mask kept).
+func BenchmarkGrammarMask(b *testing.B) {
+	tok, err := tokenizer.Load(gpt2Path)
+	if err != nil {
+		b.Skipf("GPT-2 tokenizer not available: %v", err)
+	}
+	voc := NewVocab(tok.VocabSize(), tok.TokenBytes)
+	dst := make([]uint64, voc.MaskWords())
+	g := mustGrammar(b, jsonGBNF)
+	for _, c := range []struct{ name, prefix string }{
+		{"value_start", `{"list": [1, `},
+		{"in_string", `{"name": "Zo`},
+		{"key_start", `{"a": 1, `},
+	} {
+		b.Run(c.name+"/cold", func(b *testing.B) {
+			n := 0
+			for b.Loop() {
+				v := g.New()
+				v.Advance([]byte(c.prefix))
+				n = voc.Mask(v, dst)
+			}
+			b.ReportMetric(float64(n), "tokens")
+		})
+		b.Run(c.name+"/second_state", func(b *testing.B) {
+			// The validator has been through the vocabulary once from a
+			// neighbouring state: transitions are cached, the mask is not.
+			v := g.New().(*GrammarText)
+			v.Advance([]byte(c.prefix))
+			voc.mask(v, dst)
+			n := 0
+			for b.Loop() {
+				n = voc.mask(v, dst)
+			}
+			b.ReportMetric(float64(n), "tokens")
+		})
+	}
+}
