@@ -116,11 +116,11 @@ type gItem struct {
 
 // gAtom is a literal's characters, a class, a rule reference or a group.
 type gAtom struct {
-	lit   []rune  // a string literal (each character an element)
-	class *gElem  // a character class or '.'
-	ref   int32   // a rule reference, when lit, class and group are nil (−1 otherwise)
-	group []gAlt  // a parenthesised group
-	isLit bool    // lit holds a literal (possibly empty: "")
+	lit   []rune // a string literal (each character an element)
+	class *gElem // a character class or '.'
+	ref   int32  // a rule reference, when lit, class and group are nil (−1 otherwise)
+	group []gAlt // a parenthesised group
+	isLit bool   // lit holds a literal (possibly empty: "")
 }
 
 // CompileGrammar compiles GBNF source (see the comment above MaxGrammarBytes).
