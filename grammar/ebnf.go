@@ -670,32 +670,66 @@ func (g *Grammar) check() error {
 			}
 		}
 	}
-	// A cycle with a growing edge: for each growing edge r → s, is r
-	// reachable from s?
+	// A cycle with a growing edge: an edge inside one strongly connected
+	// component (Tarjan's algorithm).
+	comp := g.components(n, func(r int32, f func(int32)) {
+		for _, e := range edges[r] {
+			f(e.to)
+		}
+	})
 	for r := range n {
 		for _, e := range edges[r] {
-			if !e.grows {
-				continue
-			}
-			reach := make([]bool, n)
-			q := []int32{e.to}
-			reach[e.to] = true
-			for len(q) > 0 {
-				x := q[len(q)-1]
-				q = q[:len(q)-1]
-				if int(x) == r {
-					return fmt.Errorf("grammar rule %q is left-recursive (it can reach itself before matching a character); write it as a repetition", g.ruleName(int32(r)))
-				}
-				for _, f := range edges[x] {
-					if !reach[f.to] {
-						reach[f.to] = true
-						q = append(q, f.to)
-					}
-				}
+			if e.grows && comp[r] == comp[e.to] {
+				return fmt.Errorf("grammar rule %q is left-recursive (it can reach itself before matching a character); write it as a repetition", g.ruleName(int32(r)))
 			}
 		}
 	}
 	return nil
+}
+
+// components numbers the strongly connected components of the graph of n
+// nodes whose edges out of r each calls f with.
+func (g *Grammar) components(n int, each func(r int32, f func(int32))) []int32 {
+	index := make([]int32, n) // 0: unvisited; else visit order + 1
+	low := make([]int32, n)
+	comp := make([]int32, n)
+	onStack := make([]bool, n)
+	var stack []int32
+	var next, ncomp int32
+	var visit func(r int32)
+	visit = func(r int32) {
+		next++
+		index[r], low[r] = next, next
+		stack = append(stack, r)
+		onStack[r] = true
+		each(r, func(s int32) {
+			switch {
+			case index[s] == 0:
+				visit(s)
+				low[r] = min(low[r], low[s])
+			case onStack[s]:
+				low[r] = min(low[r], index[s])
+			}
+		})
+		if low[r] == index[r] {
+			for {
+				s := stack[len(stack)-1]
+				stack = stack[:len(stack)-1]
+				onStack[s] = false
+				comp[s] = ncomp
+				if s == r {
+					break
+				}
+			}
+			ncomp++
+		}
+	}
+	for r := range int32(n) {
+		if index[r] == 0 {
+			visit(r)
+		}
+	}
+	return comp
 }
 
 // ruleName is a rule's name for errors (a generated rule's: the rule it is in).
