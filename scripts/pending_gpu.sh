@@ -40,7 +40,7 @@ for spec in 0 4; do
 	wait $pid 2>/dev/null
 done
 serve --json-whitespace compact || exit 1
-for a in "" "--json-object" "--json-schema scripts/bench_schema.json"; do
+for a in "" "--json-object" "--json-schema scripts/bench_schema.json" "--grammar scripts/bench_grammar.gbnf"; do
 	echo -n "bench serve chat '$a': "
 	# shellcheck disable=SC2086
 	timeout 100 .dev/mkserve bench serve --json --base-url http://127.0.0.1:8290 --endpoint chat --num-prompts 64 \
