@@ -24,86 +24,16 @@ func (s *Server) chatCompletions(c *gin.Context) {
 	if !ok {
 		return
 	}
-	sp, e := req.params(s.tok.VocabSize(), s.opts.Defaults.Base())
+	run, e := s.startChat(c, k, req)
 	if e != nil {
 		k.fail(c, e)
 		return
 	}
-	k.n = sp.N
-	if req.Logprobs != nil && *req.Logprobs {
-		sp.Logprobs = true
-		if req.TopLogprobs != nil {
-			sp.TopLogprobs = *req.TopLogprobs
-		}
-	}
-	ts, e := s.tools(req, &sp)
-	if e != nil {
-		k.fail(c, e)
-		return
-	}
-	s.layout(&sp)
-	text, e := s.render(req, ts)
-	if e != nil {
-		k.fail(c, e)
-		return
-	}
-	if s.opts.Reasoning == ReasoningHarmony {
-		sp.KeepSpecialTokens = true // the messages' markers are special tokens
-	}
-	// newOut makes a choice's reader of reasoning, content and calls.
-	harmonyCalls := ts != nil && s.opts.ToolFormat == ToolFormatHarmony
-	withReasoning := req.IncludeReasoning == nil || *req.IncludeReasoning
-	newOut := func() *choiceOut {
-		o := &choiceOut{sp: newSplitter(s.opts.Reasoning, text, harmonyCalls)}
-		if ts != nil && !harmonyCalls {
-			o.ts = &toolStream{ts: ts}
-		}
-		return o
-	}
-	if s.opts.LogPrompts {
-		k.prompts = []string{text}
-	}
-	ids, err := s.tok.Encode(text, false)
-	if err != nil {
-		k.fail(c, invalid("messages", "the rendered conversation cannot be tokenized: %v", err))
-		return
-	}
-	if len(ids) == 0 {
-		k.fail(c, invalid("messages", "the rendered conversation is empty"))
-		return
-	}
-	maxTok, maxParam := req.maxTokens()
-	if sp.MaxTokens, e = s.fitContext(len(ids), maxTok, 0, "messages", maxParam); e != nil {
-		k.fail(c, e)
-		return
-	}
-	if e := checkMinTokens(&sp); e != nil {
-		k.fail(c, e)
-		return
-	}
-	tooLongParam := "messages"
-	if maxParam != "" {
-		tooLongParam = maxParam
-	}
-	r := &engine.Request{ID: k.id, Prompt: ids, Sampling: sp, Arrival: k.start}
-	if req.Priority != nil {
-		r.Priority = *req.Priority
-	}
-
-	ctx, cancel := context.WithCancel(c.Request.Context())
-	defer cancel()
-	chans, err := s.submit(ctx, cancel, []*engine.Request{r})
-	if err != nil {
-		ae := generateError(err, tooLongParam)
-		if ae == errInternal {
-			k.cause = err
-		}
-		k.fail(c, ae)
-		return
-	}
+	defer run.cancel()
+	sp, ts, ctx, cancel, chans, newOut, withReasoning, harmonyCalls := run.sp, run.ts, run.ctx, run.cancel, run.chans, run.newOut, run.withReasoning, run.harmonyCalls
 	created := k.start.Unix()
 	model := s.gen.ModelName()
-	lens := []int{len(ids)}
+	lens := run.lens
 
 	if req.streaming() {
 		out := startSSE(c)
@@ -240,6 +170,98 @@ func (s *Server) chatCompletions(c *gin.Context) {
 		}
 	}
 	writeJSON(c, http.StatusOK, resp)
+}
+
+// chatRun is a chat request on its way through the engine: its sampling
+// parameters, tools, rendered prompt and the engine's events. cancel ends
+// it (the caller defers it).
+type chatRun struct {
+	sp            engine.SamplingParams
+	ts            *toolSetup // nil: no tools
+	text          string     // the rendered prompt
+	lens          []int      // its length in tokens
+	ctx           context.Context
+	cancel        context.CancelFunc
+	chans         []<-chan engine.Event
+	newOut        func() *choiceOut // a choice's reader of reasoning, content and calls
+	withReasoning bool              // reasoning is returned (include_reasoning)
+	harmonyCalls  bool              // calls are read by the harmony splitter, not a toolStream
+}
+
+// startChat checks a decoded chat request's parameters, renders and
+// tokenizes its conversation and submits it to the engine (POST
+// /v1/chat/completions and /v1/responses).
+func (s *Server) startChat(c *gin.Context, k *call, req *chatRequest) (*chatRun, *apiError) {
+	sp, e := req.params(s.tok.VocabSize(), s.opts.Defaults.Base())
+	if e != nil {
+		return nil, e
+	}
+	k.n = sp.N
+	if req.Logprobs != nil && *req.Logprobs {
+		sp.Logprobs = true
+		if req.TopLogprobs != nil {
+			sp.TopLogprobs = *req.TopLogprobs
+		}
+	}
+	ts, e := s.tools(req, &sp)
+	if e != nil {
+		return nil, e
+	}
+	s.layout(&sp)
+	text, e := s.render(req, ts)
+	if e != nil {
+		return nil, e
+	}
+	if s.opts.Reasoning == ReasoningHarmony {
+		sp.KeepSpecialTokens = true // the messages' markers are special tokens
+	}
+	run := &chatRun{ts: ts, text: text, harmonyCalls: ts != nil && s.opts.ToolFormat == ToolFormatHarmony,
+		withReasoning: req.IncludeReasoning == nil || *req.IncludeReasoning}
+	run.newOut = func() *choiceOut {
+		o := &choiceOut{sp: newSplitter(s.opts.Reasoning, text, run.harmonyCalls)}
+		if ts != nil && !run.harmonyCalls {
+			o.ts = &toolStream{ts: ts}
+		}
+		return o
+	}
+	if s.opts.LogPrompts {
+		k.prompts = []string{text}
+	}
+	ids, err := s.tok.Encode(text, false)
+	if err != nil {
+		return nil, invalid("messages", "the rendered conversation cannot be tokenized: %v", err)
+	}
+	if len(ids) == 0 {
+		return nil, invalid("messages", "the rendered conversation is empty")
+	}
+	maxTok, maxParam := req.maxTokens()
+	if sp.MaxTokens, e = s.fitContext(len(ids), maxTok, 0, "messages", maxParam); e != nil {
+		return nil, e
+	}
+	if e := checkMinTokens(&sp); e != nil {
+		return nil, e
+	}
+	tooLongParam := "messages"
+	if maxParam != "" {
+		tooLongParam = maxParam
+	}
+	r := &engine.Request{ID: k.id, Prompt: ids, Sampling: sp, Arrival: k.start}
+	if req.Priority != nil {
+		r.Priority = *req.Priority
+	}
+	run.sp, run.lens = sp, []int{len(ids)}
+	run.ctx, run.cancel = context.WithCancel(c.Request.Context())
+	chans, err := s.submit(run.ctx, run.cancel, []*engine.Request{r})
+	if err != nil {
+		run.cancel()
+		ae := generateError(err, tooLongParam)
+		if ae == errInternal {
+			k.cause = err
+		}
+		return nil, ae
+	}
+	run.chans = chans
+	return run, nil
 }
 
 // finishToolCalls is the finish reason of a choice that ends in tool calls.
