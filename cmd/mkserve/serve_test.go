@@ -198,6 +198,28 @@ func TestServeEndToEnd(t *testing.T) {
 			}
 			return nil
 		}},
+		{"/v1/responses", `{"instructions":"Answer in the words of scripture.","input":"Who made the light?","max_output_tokens":12,"temperature":0}`, func(b []byte) error {
+			var r struct {
+				Object, Status string
+				Output         []struct {
+					Type    string
+					Content []struct{ Text string }
+				}
+				Usage struct {
+					InputTokens  int `json:"input_tokens"`
+					OutputTokens int `json:"output_tokens"`
+				}
+			}
+			if err := json.Unmarshal(b, &r); err != nil || r.Object != "response" || len(r.Output) == 0 {
+				return fmt.Errorf("responses: %s (%v)", b, err)
+			}
+			m := r.Output[len(r.Output)-1]
+			if m.Type != "message" || len(m.Content) != 1 || m.Content[0].Text == "" || r.Usage.InputTokens < 5 ||
+				r.Usage.OutputTokens < 1 || r.Usage.OutputTokens > 12 || (r.Status != "completed" && r.Status != "incomplete") {
+				return fmt.Errorf("responses: %s", b)
+			}
+			return nil
+		}},
 		{"/v1/completions", `{"prompt":"In the beginning","max_tokens":6,"n":2,"temperature":0.8,"seed":3}`, func(b []byte) error {
 			var r struct{ Choices []struct{ Text string } }
 			if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 2 {

@@ -158,3 +158,53 @@ func FuzzTokenizeRequest(f *testing.F) {
 		}
 	})
 }
+
+// FuzzResponsesRequest: any body to /v1/responses gets a 4xx in OpenAI's
+// error shape, or a response object whose output holds items, or a stream
+// of typed events numbered from 0 that ends in completed or incomplete.
+func FuzzResponsesRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"input":"hi","max_output_tokens":3}`,
+		`{"input":"hi","instructions":"be brief","max_output_tokens":3,"stream":true}`,
+		`{"input":[{"role":"user","content":[{"type":"input_text","text":"a"}]},{"role":"assistant","content":"b"}],"max_output_tokens":2,"temperature":0.5,"top_p":0.9}`,
+		`{"input":[{"role":"user","content":"x"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"r"}],"max_output_tokens":2,"tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":{}}}]}`,
+		`{"input":"x","max_output_tokens":4,"tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":{"a":{"type":"string"}},"required":["a"]}}],"tool_choice":"required","stream":true}`,
+		`{"input":"x","max_output_tokens":4,"text":{"format":{"type":"json_schema","name":"s","schema":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}}}`,
+		`{"input":"x","max_output_tokens":3,"include":["message.output_text.logprobs"],"top_logprobs":2,"stream":true}`,
+		`{"input":[{"type":"reasoning","summary":[{"type":"summary_text","text":"t"}]},{"role":"assistant","content":[{"type":"output_text","text":"a"}]}],"reasoning":{"effort":"low"}}`,
+		`{"input":"x","previous_response_id":"r"}`, `{"input":null}`, `{"input":[{}]}`, `[]`, ``,
+	} {
+		f.Add([]byte(s))
+	}
+	h, _ := fuzzServer(f)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		rec := fuzzPost(h, "/v1/responses", body)
+		raw := rec.Body.Bytes()
+		if rec.Code != http.StatusOK {
+			if rec.Code < 400 || rec.Code >= 500 {
+				t.Fatalf("status %d: %s", rec.Code, raw)
+			}
+			checkError(t, raw)
+			return
+		}
+		if strings.HasPrefix(rec.Header().Get("Content-Type"), "text/event-stream") {
+			evs := respEvents(t, raw)
+			for i, ev := range evs {
+				if n, _ := ev["sequence_number"].(float64); int(n) != i || ev["type"] == "error" {
+					t.Fatalf("event %d: %v", i, ev)
+				}
+			}
+			if last := evs[len(evs)-1]["type"]; last != "response.completed" && last != "response.incomplete" {
+				t.Fatalf("stream ends with %v", last)
+			}
+			return
+		}
+		var r struct {
+			Object, Status string
+			Output         []struct{ Type string }
+		}
+		if err := json.Unmarshal(raw, &r); err != nil || r.Object != "response" || len(r.Output) == 0 || (r.Status != "completed" && r.Status != "incomplete") {
+			t.Fatalf("response %s (%v)", raw, err)
+		}
+	})
+}

@@ -146,6 +146,7 @@ func (s *Server) routes() http.Handler {
 	v1.GET("/models/*model", s.model)
 	v1.POST("/completions", s.completions)
 	v1.POST("/chat/completions", s.chatCompletions)
+	v1.POST("/responses", s.responses)
 	r.POST("/tokenize", s.auth, s.tokenize)
 	r.POST("/detokenize", s.auth, s.detokenize)
 	return r

@@ -43,6 +43,20 @@ func (s *sse) send(v any) error {
 	return s.write()
 }
 
+// event writes one named event holding v as JSON ("event: typ" before
+// its data, as the Responses API streams).
+func (s *sse) event(typ string, v any) error {
+	s.buf.Reset()
+	s.buf.WriteString("event: ")
+	s.buf.WriteString(typ)
+	s.buf.WriteString("\ndata: ")
+	if err := s.enc.Encode(v); err != nil {
+		return err
+	}
+	s.buf.WriteByte('\n')
+	return s.write()
+}
+
 // done writes the final [DONE] event.
 func (s *sse) done() error {
 	s.buf.Reset()

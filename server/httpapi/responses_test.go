@@ -1,0 +1,309 @@
+package httpapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/responses"
+)
+
+// respEvents reads a Responses stream: each event's type line and data.
+func respEvents(t *testing.T, raw []byte) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	sc := bufio.NewScanner(strings.NewReader(string(raw)))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	typ := ""
+	for sc.Scan() {
+		line := sc.Text()
+		if v, ok := strings.CutPrefix(line, "event: "); ok {
+			typ = v
+			continue
+		}
+		v, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(v), &m); err != nil {
+			t.Fatalf("event data %s: %v", v, err)
+		}
+		if m["type"] != typ {
+			t.Fatalf("event line %q, data type %v", typ, m["type"])
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestResponsesSDK: the official OpenAI Go SDK's Responses client, whole
+// and streamed, on a template that reasons in <think>: a reasoning item
+// then the message, instructions rendered as the system turn, usage with
+// reasoning tokens; the stream's events numbered in order, from created to
+// completed, their deltas adding up to the final items.
+func TestResponsesSDK(t *testing.T) {
+	f := newFake(4096)
+	f.reply = "<think>Let me see.</think>The answer is 4."
+	url := serveTemplate(t, f, "qwen3.jinja")
+	cl := sdk(url, "")
+	params := responses.ResponseNewParams{
+		Model:           "fake-moe",
+		Instructions:    openai.String("Answer briefly."),
+		Input:           responses.ResponseNewParamsInputUnion{OfString: openai.String("What is 2+2?")},
+		MaxOutputTokens: openai.Int(64),
+	}
+	resp, err := cl.Responses.New(context.Background(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.OutputText() != "The answer is 4." || resp.Status != "completed" || !strings.HasPrefix(resp.ID, "resp_") || len(resp.Output) != 2 {
+		t.Fatalf("response %s", resp.RawJSON())
+	}
+	if r := resp.Output[0]; r.Type != "reasoning" || len(r.Content) != 1 || r.Content[0].Text != "Let me see." {
+		t.Errorf("reasoning item %s", r.RawJSON())
+	}
+	if m := resp.Output[1]; m.Type != "message" || m.Role != "assistant" || m.Status != "completed" {
+		t.Errorf("message item %s", m.RawJSON())
+	}
+	events := (len(f.reply) + 4) / 5
+	u := resp.Usage
+	if u.InputTokens < 5 || u.OutputTokens != int64(events) || u.TotalTokens != u.InputTokens+u.OutputTokens ||
+		u.OutputTokensDetails.ReasoningTokens < 2 || u.OutputTokensDetails.ReasoningTokens >= int64(events) {
+		t.Errorf("usage %s", u.RawJSON())
+	}
+	reqs := f.requests()
+	prompt, _ := testTok.Decode(reqs[len(reqs)-1].Prompt, false)
+	if !strings.Contains(prompt, "<|im_start|>system\nAnswer briefly.") || !strings.Contains(prompt, "What is 2+2?") {
+		t.Errorf("rendered prompt %q", prompt)
+	}
+
+	stream := cl.Responses.NewStreaming(context.Background(), params)
+	var types []string
+	var text, reasoning strings.Builder
+	var final responses.Response
+	seq := int64(-1)
+	for stream.Next() {
+		ev := stream.Current()
+		if ev.SequenceNumber != seq+1 {
+			t.Fatalf("event %s: sequence %d after %d", ev.Type, ev.SequenceNumber, seq)
+		}
+		seq = ev.SequenceNumber
+		types = append(types, ev.Type)
+		switch ev.Type {
+		case "response.output_text.delta":
+			text.WriteString(ev.Delta)
+		case "response.reasoning_text.delta":
+			reasoning.WriteString(ev.Delta)
+		case "response.completed":
+			final = ev.Response
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(types) < 6 || types[0] != "response.created" || types[1] != "response.in_progress" || types[len(types)-1] != "response.completed" {
+		t.Fatalf("event types %v", types)
+	}
+	if text.String() != "The answer is 4." || reasoning.String() != "Let me see." || final.OutputText() != text.String() ||
+		len(final.Output) != 2 || final.Usage.OutputTokens != int64(events) {
+		t.Errorf("streamed text %q reasoning %q, final %s", text.String(), reasoning.String(), final.RawJSON())
+	}
+	want := []string{"response.output_item.added", "response.content_part.added", "response.reasoning_text.delta"}
+	if strings.Join(types[2:5], " ") != strings.Join(want, " ") {
+		t.Errorf("events after in_progress: %v, want %v", types[2:5], want)
+	}
+}
+
+// respWeatherTools are weatherTools in the Responses API's flat shape.
+const respWeatherTools = `[{"type": "function", "name": "get_weather", "description": "Weather now",
+	"parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+	{"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}]`
+
+// TestResponsesTools: function tools are rendered by the template, a call
+// in the reply comes back as a function_call item after the message
+// (whole and streamed), a named tool_choice constrains the output, and a
+// second turn's function_call and function_call_output items render as
+// the template's call and tool response.
+func TestResponsesTools(t *testing.T) {
+	f := newFake(4096)
+	f.reply = "I will look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+	url := serveTools(t, f)
+	body := `{"input": "Weather in Paris?", "max_output_tokens": 64, "tools": ` + respWeatherTools
+	resp, raw := post(t, url, "/v1/responses", body+`}`)
+	var r struct {
+		Status string
+		Output []struct {
+			Type, Name, Arguments, Status string
+			CallID                        string `json:"call_id"`
+			Content                       []struct{ Text string }
+		}
+		Tools []json.RawMessage
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, &r) != nil || len(r.Output) != 2 || len(r.Tools) != 2 {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	if m := r.Output[0]; m.Type != "message" || len(m.Content) != 1 || strings.TrimSpace(m.Content[0].Text) != "I will look." {
+		t.Errorf("message %s", raw)
+	}
+	if c := r.Output[1]; c.Type != "function_call" || c.Name != "get_weather" || c.Arguments != `{"city":"Paris"}` ||
+		!strings.HasPrefix(c.CallID, "call_") || c.Status != "completed" {
+		t.Errorf("call %s", raw)
+	}
+	reqs := f.requests()
+	if prompt, _ := testTok.Decode(reqs[len(reqs)-1].Prompt, false); !strings.Contains(prompt, `"name": "get_weather"`) {
+		t.Errorf("tools not rendered: %q", prompt)
+	}
+	// Streamed: the call's arguments in function_call_arguments events.
+	resp, raw = post(t, url, "/v1/responses", body+`, "stream": true}`)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	evs := respEvents(t, raw)
+	var args string
+	for _, ev := range evs {
+		if ev["type"] == "response.function_call_arguments.done" {
+			args, _ = ev["arguments"].(string)
+		}
+	}
+	if args != `{"city":"Paris"}` || evs[len(evs)-1]["type"] != "response.completed" {
+		t.Errorf("streamed call arguments %q, last event %v", args, evs[len(evs)-1]["type"])
+	}
+	// Named tool_choice: a grammar of one call.
+	if resp, raw := post(t, url, "/v1/responses", body+`, "tool_choice": {"type": "function", "name": "get_weather"}}`); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	reqs = f.requests()
+	if g := reqs[len(reqs)-1].Sampling.Grammar; g == nil || !g().Advance([]byte("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}")) {
+		t.Error("a named tool_choice did not constrain the output to its call")
+	}
+	// The next turn: the call and its output as input items.
+	turn := `{"max_output_tokens": 8, "tools": ` + respWeatherTools + `, "input": [
+		{"role": "user", "content": "Weather in Paris?"},
+		{"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+		{"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 21 C"}]}`
+	if resp, raw := post(t, url, "/v1/responses", turn); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	reqs = f.requests()
+	prompt, _ := testTok.Decode(reqs[len(reqs)-1].Prompt, false)
+	if !strings.Contains(prompt, "<tool_call>") || !strings.Contains(prompt, "get_weather") || !strings.Contains(prompt, "<tool_response>\nSunny, 21 C") {
+		t.Errorf("second turn rendered as %q", prompt)
+	}
+}
+
+// TestResponsesIncomplete: an output cut by max_output_tokens is
+// "incomplete" with its reason, the text the engine produced; include asks
+// for log-probabilities, one a token, top alternatives as asked; the
+// stream ends with response.incomplete.
+func TestResponsesIncomplete(t *testing.T) {
+	f := newFake(4096)
+	_, url := serve(t, f, Options{})
+	body := `{"input": "a b c", "max_output_tokens": 3, "include": ["message.output_text.logprobs"], "top_logprobs": 2`
+	resp, raw := post(t, url, "/v1/responses", body+`}`)
+	var r struct {
+		Status            string
+		IncompleteDetails *struct{ Reason string } `json:"incomplete_details"`
+		Output            []struct {
+			Status  string
+			Content []struct {
+				Text     string
+				Logprobs []struct {
+					Token       string
+					TopLogprobs []json.RawMessage `json:"top_logprobs"`
+				}
+			}
+		}
+		Usage struct {
+			OutputTokens int `json:"output_tokens"`
+		}
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, &r) != nil || len(r.Output) != 1 || len(r.Output[0].Content) != 1 {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	reqs := f.requests()
+	last := reqs[len(reqs)-1]
+	want, _, _ := expect(last.Prompt, 0, last.Sampling)
+	c := r.Output[0].Content[0]
+	if r.Status != "incomplete" || r.IncompleteDetails == nil || r.IncompleteDetails.Reason != "max_output_tokens" ||
+		r.Output[0].Status != "incomplete" || c.Text != want || r.Usage.OutputTokens != 3 {
+		t.Errorf("response %s (want text %q)", raw, want)
+	}
+	if len(c.Logprobs) != 3 || len(c.Logprobs[0].TopLogprobs) != 2 {
+		t.Errorf("logprobs %s", raw)
+	}
+	resp, raw = post(t, url, "/v1/responses", body+`, "stream": true}`)
+	evs := respEvents(t, raw)
+	if resp.StatusCode != http.StatusOK || evs[len(evs)-1]["type"] != "response.incomplete" {
+		t.Errorf("stream %d %s", resp.StatusCode, raw)
+	}
+}
+
+// TestResponsesTextFormat: text.format json_schema reaches the engine as
+// a grammar of the schema; json_object as a JSON grammar; and it is echoed.
+func TestResponsesTextFormat(t *testing.T) {
+	f := newFake(4096)
+	_, url := serve(t, f, Options{})
+	for _, c := range []struct{ format, good, bad string }{
+		{`{"type": "json_schema", "name": "p", "schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}`, `{"n": 1}`, `{"m": 1}`},
+		{`{"type": "json_object"}`, `{"m": 1}`, `[1]`},
+	} {
+		resp, raw := post(t, url, "/v1/responses", `{"input": "x", "max_output_tokens": 4, "text": {"format": `+c.format+`}}`)
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(raw), `"text":{"format":`) {
+			t.Fatalf("%d %s", resp.StatusCode, raw)
+		}
+		reqs := f.requests()
+		g := reqs[len(reqs)-1].Sampling.Grammar
+		if g == nil {
+			t.Fatalf("%s: no grammar", c.format)
+		}
+		if v := g(); !v.Advance([]byte(c.good)) || !v.Complete() || g().Advance([]byte(c.bad)) {
+			t.Errorf("%s: the grammar takes %q: false, or %q: true", c.format, c.good, c.bad)
+		}
+	}
+}
+
+// TestResponsesErrors: what the server cannot do, or a malformed request,
+// is a 400 naming the Responses API's parameter.
+func TestResponsesErrors(t *testing.T) {
+	f := newFake(64)
+	_, url := serve(t, f, Options{})
+	for _, c := range []struct{ body, param, text string }{
+		{`{}`, "input", "required"},
+		{`{"input": []}`, "input", "empty"},
+		{`{"input": 5}`, "input", "string or a list"},
+		{`{"input": [{"type": "input_image", "image_url": "x"}]}`, "input", `"input_image" is not supported`},
+		{`{"input": [{"role": "tool", "content": "x"}]}`, "input", "role"},
+		{`{"input": [{"role": "user", "content": [{"type": "input_image"}]}]}`, "input", "input_image"},
+		{`{"input": [{"type": "function_call", "name": "f"}]}`, "input", "call_id"},
+		{`{"input": "x", "previous_response_id": "resp_1"}`, "previous_response_id", "stores no responses"},
+		{`{"input": "x", "background": true}`, "background", ""},
+		{`{"input": "x", "truncation": "auto"}`, "truncation", ""},
+		{`{"input": "x", "n": 2}`, "n", ""},
+		{`{"input": "x", "max_tokens": 2}`, "max_output_tokens", ""},
+		{`{"input": "x", "max_output_tokens": 0}`, "max_output_tokens", ""},
+		{`{"input": "x", "max_output_tokens": 100}`, "max_output_tokens", "max_output_tokens"},
+		{`{"input": "x", "response_format": {"type": "json_object"}}`, "text.format", ""},
+		{`{"input": "x", "text": {"format": {"type": "xml"}}}`, "text.format", ""},
+		{`{"input": "x", "tools": [{"type": "web_search"}]}`, "tools", "only function tools"},
+		{`{"input": "x", "tool_choice": {"type": "file_search"}}`, "tool_choice", ""},
+		{`{"input": "x", "reasoning": {"effort": "extreme"}}`, "reasoning.effort", ""},
+		{`{"input": "x", "top_logprobs": 30}`, "top_logprobs", ""},
+		{`{"input": "x", "temperature": 3}`, "temperature", ""},
+		{`{"input": "` + strings.Repeat("word ", 80) + `"}`, "input", ""},
+	} {
+		resp, raw := post(t, url, "/v1/responses", c.body)
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s: %d %s", c.body, resp.StatusCode, raw)
+			continue
+		}
+		e := checkError(t, raw)
+		if e.Error.Param == nil || *e.Error.Param != c.param || !strings.Contains(e.Error.Message, c.text) {
+			t.Errorf("%.60s: param %v message %q, want %q containing %q", c.body, e.Error.Param, e.Error.Message, c.param, c.text)
+		}
+	}
+}
