@@ -48,6 +48,7 @@ type Config struct {
 	ServedModelName string        // model name clients use; "" is the model directory's base name (served_model_name)
 	ReasoningParser string        // chat output's reasoning: "auto" (from the chat template), "none", "think" or "harmony" (reasoning_parser)
 	JSONWhitespace  string        // JSON-constrained output's layout: "pretty" (newlines and indentation allowed) or "compact" (json_whitespace)
+	ResponsesStore  int           // finished /v1/responses responses kept in memory for previous_response_id (responses_store; 0: none)
 	EP              int           // expert-parallel ranks (ep)
 	WorldSize       int           // processes serving one model (world_size); rank 0 serves, `mkserve worker` runs the others
 	WorldTransport  string        // cuda world: "ipc" or "nccl" (world_transport)
@@ -101,6 +102,7 @@ func Default() *Config {
 		LogFormat:       "json",
 		ReasoningParser: "auto",
 		JSONWhitespace:  "pretty",
+		ResponsesStore:  256,
 		LogLevel:        "info",
 		MaxBodyBytes:    DefaultMaxBodyBytes,
 		DrainTimeout:    DefaultDrainTimeout,
@@ -231,6 +233,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := zapcore.ParseLevel(c.LogLevel); err != nil || c.LogLevel == "" {
 		return bad("log_level", "must be debug, info, warn or error, got %q", c.LogLevel)
+	}
+	if c.ResponsesStore < 0 {
+		return bad("responses_store", "must be at least 0, got %d", c.ResponsesStore)
 	}
 	if c.MaxBodyBytes < 1 {
 		return bad("max_body_bytes", "must be positive, got %d", c.MaxBodyBytes)

@@ -63,6 +63,7 @@ func (c *Config) fields() []field {
 		{"drain_timeout", "how long shutdown waits for running requests (e.g. 30s)", (*durationValue)(&c.DrainTimeout)},
 		{"served_model_name", "model name clients use (empty: the model directory's name)", (*stringValue)(&c.ServedModelName)},
 		{"json_whitespace", "JSON-constrained output's layout: pretty (a newline and indentation allowed between tokens) or compact (at most one space: fewer tokens)", (*stringValue)(&c.JSONWhitespace)},
+		{"responses_store", "finished /v1/responses responses kept in memory for previous_response_id and GET /v1/responses/{id} (least recently used dropped; 0: none)", (*intValue)(&c.ResponsesStore)},
 		{"reasoning_parser", "chat completions' reasoning_content: auto (the chat template's format), none (all content), think (<think>…</think>) or harmony (gpt-oss's channels)", (*stringValue)(&c.ReasoningParser)},
 		{"ep", "expert-parallel ranks", (*intValue)(&c.EP)},
 		{"world_size", "processes serving the model: this one (rank 0) and world_size−1 `mkserve worker`s, experts split among them", (*intValue)(&c.WorldSize)},

@@ -111,6 +111,7 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 		APIKey: cfg.APIKey, CORSOrigins: cfg.CORSOrigins, MaxBodyBytes: cfg.MaxBodyBytes,
 		Logger: log, LogPrompts: cfg.LogPrompts, Metrics: metrics.Handler(reg), Defaults: defaults,
 		ToolFormat: toolFormat, Reasoning: reasoning, CompactJSON: cfg.JSONWhitespace == "compact",
+		ResponsesStore: cfg.ResponsesStore,
 	})
 	hl, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {

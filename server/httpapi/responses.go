@@ -19,9 +19,10 @@ import (
 // text.format, reasoning.effort, max_output_tokens) is translated into a
 // chat request; the output comes back as items — reasoning, an assistant
 // message, function calls — whole or streamed as typed server-sent
-// events. Nothing is stored: previous_response_id and background are
-// refused, and a conversation is sent whole in input (as vLLM's server
-// without a store). One output a request.
+// events. Finished responses are kept in memory (Options.ResponsesStore
+// of them: respstore.go) for previous_response_id and GET / DELETE
+// /v1/responses/{id}; background responses are refused. One output a
+// request.
 
 // responsesRequest is the body of POST /v1/responses. The embedded
 // sampling carries model, temperature, top_p, stream and vLLM's extensions
@@ -68,8 +69,6 @@ func (r *responsesRequest) check() *apiError {
 	switch {
 	case isNull(r.Input):
 		return invalid("input", "input is required: a string or a list of input items")
-	case r.PreviousResponseID != nil:
-		return invalid("previous_response_id", "previous_response_id is not supported: this server stores no responses; send the whole conversation in input")
 	case r.Background != nil && *r.Background:
 		return invalid("background", "background responses are not supported")
 	case r.Truncation != nil && *r.Truncation != "disabled":
@@ -142,7 +141,7 @@ func respText(raw json.RawMessage, what string, kinds ...string) (string, *apiEr
 // toChat translates the request into a chat request: instructions as a
 // system message, input items as messages, tools and tool_choice into
 // chat's shapes, text.format into response_format.
-func (r *responsesRequest) toChat() (*chatRequest, *apiError) {
+func (r *responsesRequest) toChat(history []respInputItem) (*chatRequest, []respInputItem, *apiError) {
 	cr := &chatRequest{sampling: r.sampling}
 	cr.MaxCompletionTokens = r.MaxOutputTokens
 	cr.ParallelToolCalls = r.ParallelToolCalls
@@ -159,24 +158,30 @@ func (r *responsesRequest) toChat() (*chatRequest, *apiError) {
 	if r.Instructions != nil && *r.Instructions != "" {
 		cr.Messages = append(cr.Messages, chatMessage{Role: "system", Content: str(*r.Instructions)})
 	}
+	var items []respInputItem
 	var text string
 	if json.Unmarshal(r.Input, &text) == nil {
-		cr.Messages = append(cr.Messages, chatMessage{Role: "user", Content: str(text)})
+		items = []respInputItem{{Role: "user", Content: str(text)}}
 	} else {
-		var items []respInputItem
 		if err := json.Unmarshal(r.Input, &items); err != nil {
-			return nil, invalid("input", "input must be a string or a list of input items")
+			return nil, nil, invalid("input", "input must be a string or a list of input items")
 		}
 		if len(items) == 0 {
-			return nil, invalid("input", "input must not be an empty list")
+			return nil, nil, invalid("input", "input must not be an empty list")
 		}
+	}
+	{
 		reasoning := "" // an earlier turn's reasoning, for the assistant message after it
-		for i, it := range items {
-			where := "input[" + itoa(i) + "]"
+		all := append(slices.Clip(history), items...)
+		for i, it := range all {
+			where := "input[" + itoa(i-len(history)) + "]"
+			if i < len(history) {
+				where = "the stored conversation's item " + itoa(i)
+			}
 			switch it.Type {
 			case "", "message":
 				if it.Role != "user" && it.Role != "system" && it.Role != "developer" && it.Role != "assistant" {
-					return nil, invalid("input", "%s.role must be user, system, developer or assistant; got %q", where, it.Role)
+					return nil, nil, invalid("input", "%s.role must be user, system, developer or assistant; got %q", where, it.Role)
 				}
 				kinds := []string{"input_text", "text"}
 				if it.Role == "assistant" {
@@ -184,7 +189,7 @@ func (r *responsesRequest) toChat() (*chatRequest, *apiError) {
 				}
 				c, e := respText(it.Content, where+".content", kinds...)
 				if e != nil {
-					return nil, e
+					return nil, nil, e
 				}
 				m := chatMessage{Role: it.Role, Content: str(c)}
 				if it.Role == "assistant" {
@@ -193,7 +198,7 @@ func (r *responsesRequest) toChat() (*chatRequest, *apiError) {
 				cr.Messages = append(cr.Messages, m)
 			case "function_call":
 				if it.Name == "" || it.CallID == "" || it.Arguments == nil {
-					return nil, invalid("input", "%s: a function_call needs call_id, name and arguments", where)
+					return nil, nil, invalid("input", "%s: a function_call needs call_id, name and arguments", where)
 				}
 				// Calls join the assistant turn before them (its text, if any).
 				if n := len(cr.Messages); n == 0 || cr.Messages[n-1].Role != "assistant" {
@@ -207,18 +212,18 @@ func (r *responsesRequest) toChat() (*chatRequest, *apiError) {
 				last.ToolCalls = append(last.ToolCalls, tc)
 			case "function_call_output":
 				if it.CallID == "" || isNull(it.Output) {
-					return nil, invalid("input", "%s: a function_call_output needs call_id and output", where)
+					return nil, nil, invalid("input", "%s: a function_call_output needs call_id and output", where)
 				}
 				out, e := respText(it.Output, where+".output", "input_text", "output_text", "text")
 				if e != nil {
-					return nil, e
+					return nil, nil, e
 				}
 				cr.Messages = append(cr.Messages, chatMessage{Role: "tool", ToolCallID: it.CallID, Content: str(out)})
 			case "reasoning":
 				var parts []respPartIn
 				if !isNull(it.Content) {
 					if err := json.Unmarshal(it.Content, &parts); err != nil {
-						return nil, invalid("input", "%s.content must be a list of reasoning_text parts", where)
+						return nil, nil, invalid("input", "%s.content must be a list of reasoning_text parts", where)
 					}
 				}
 				if len(parts) == 0 {
@@ -230,7 +235,7 @@ func (r *responsesRequest) toChat() (*chatRequest, *apiError) {
 					}
 				}
 			default:
-				return nil, invalid("input", "%s.type %q is not supported (message, function_call, function_call_output, reasoning)", where, it.Type)
+				return nil, nil, invalid("input", "%s.type %q is not supported (message, function_call, function_call_output, reasoning)", where, it.Type)
 			}
 		}
 	}
@@ -245,10 +250,10 @@ func (r *responsesRequest) toChat() (*chatRequest, *apiError) {
 				Strict      *bool           `json:"strict"`
 			}
 			if err := json.Unmarshal(raw, &t); err != nil {
-				return nil, invalid("tools", "tools[%d] must be an object", i)
+				return nil, nil, invalid("tools", "tools[%d] must be an object", i)
 			}
 			if t.Type != "function" {
-				return nil, invalid("tools", "tools[%d].type %q is not supported (only function tools)", i, t.Type)
+				return nil, nil, invalid("tools", "tools[%d].type %q is not supported (only function tools)", i, t.Type)
 			}
 			fn := map[string]any{"name": t.Name}
 			if t.Description != nil {
@@ -276,7 +281,7 @@ func (r *responsesRequest) toChat() (*chatRequest, *apiError) {
 		case json.Unmarshal(r.ToolChoice, &named) == nil && named.Type == "function":
 			cr.ToolChoice, _ = json.Marshal(map[string]any{"type": "function", "function": map[string]string{"name": named.Name}})
 		default:
-			return nil, invalid("tool_choice", `tool_choice must be "none", "auto", "required" or {"type": "function", "name": …}`)
+			return nil, nil, invalid("tool_choice", `tool_choice must be "none", "auto", "required" or {"type": "function", "name": …}`)
 		}
 	}
 	if r.Text != nil && !isNull(r.Text.Format) {
@@ -288,7 +293,7 @@ func (r *responsesRequest) toChat() (*chatRequest, *apiError) {
 			Description *string         `json:"description"`
 		}
 		if err := json.Unmarshal(r.Text.Format, &f); err != nil {
-			return nil, invalid("text.format", "text.format must be an object")
+			return nil, nil, invalid("text.format", "text.format must be an object")
 		}
 		switch f.Type {
 		case "text":
@@ -298,10 +303,13 @@ func (r *responsesRequest) toChat() (*chatRequest, *apiError) {
 			cr.ResponseFormat, _ = json.Marshal(map[string]any{"type": "json_schema",
 				"json_schema": map[string]any{"name": f.Name, "schema": f.Schema, "strict": f.Strict}})
 		default:
-			return nil, invalid("text.format", "text.format.type must be text, json_object or json_schema, got %q", f.Type)
+			return nil, nil, invalid("text.format", "text.format.type must be text, json_object or json_schema, got %q", f.Type)
 		}
 	}
-	return cr, cr.check()
+	if e := cr.check(); e != nil {
+		return nil, nil, e
+	}
+	return cr, items, nil
 }
 
 func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
@@ -582,11 +590,23 @@ func (s *Server) responses(c *gin.Context) {
 	if !ok {
 		return
 	}
-	cr, e := req.toChat()
+	var history []respInputItem
+	if id := req.PreviousResponseID; id != nil {
+		prev := s.store.get(*id)
+		if prev == nil {
+			e := errNoResponse(*id, s.opts.ResponsesStore)
+			e.Status, e.Param, e.Code = http.StatusBadRequest, "previous_response_id", "previous_response_not_found"
+			k.fail(c, e)
+			return
+		}
+		history = prev.history
+	}
+	cr, items, e := req.toChat(history)
 	if e != nil {
 		k.fail(c, asResponses(e))
 		return
 	}
+	store := s.opts.ResponsesStore > 0 && (req.Store == nil || *req.Store)
 	run, e := s.startChat(c, k, cr)
 	if e != nil {
 		k.fail(c, asResponses(e))
@@ -594,6 +614,7 @@ func (s *Server) responses(c *gin.Context) {
 	}
 	defer run.cancel()
 	resp := s.newResponse(k, req, &run.sp)
+	resp.Store = store
 	withLogprobs := run.sp.Logprobs
 	o := &respOut{}
 	seq := 0
@@ -663,6 +684,11 @@ func (s *Server) responses(c *gin.Context) {
 	u.InputTokensDetails.CachedTokens = usage.CachedTokens
 	u.OutputTokensDetails.ReasoningTokens = o.reasonTok
 	resp.Usage = u
+	if store {
+		body, _ := encodeJSON(resp)
+		s.store.put(&storedResp{id: resp.ID, body: body,
+			history: append(append(slices.Clip(history), items...), outputItems(o.items)...)})
+	}
 	if out == nil {
 		writeJSON(c, http.StatusOK, resp)
 		return
@@ -681,7 +707,7 @@ func (s *Server) responses(c *gin.Context) {
 func (s *Server) newResponse(k *call, req *responsesRequest, sp *engine.SamplingParams) *responseJS {
 	r := &responseJS{ID: k.id, Object: "response", CreatedAt: k.start.Unix(), Status: "in_progress",
 		Instructions: req.Instructions, MaxOutputTokens: req.MaxOutputTokens, Model: s.gen.ModelName(),
-		Output: []any{}, ParallelToolCalls: req.ParallelToolCalls == nil || *req.ParallelToolCalls,
+		Output: []any{}, ParallelToolCalls: req.ParallelToolCalls == nil || *req.ParallelToolCalls, PreviousResponseID: req.PreviousResponseID,
 		Temperature: sp.Temperature, TopP: sp.TopP, Truncation: "disabled", Tools: req.Tools,
 		ToolChoice: req.ToolChoice, Metadata: req.Metadata}
 	if r.Tools == nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -280,7 +281,7 @@ func TestResponsesErrors(t *testing.T) {
 		{`{"input": [{"role": "tool", "content": "x"}]}`, "input", "role"},
 		{`{"input": [{"role": "user", "content": [{"type": "input_image"}]}]}`, "input", "input_image"},
 		{`{"input": [{"type": "function_call", "name": "f"}]}`, "input", "call_id"},
-		{`{"input": "x", "previous_response_id": "resp_1"}`, "previous_response_id", "stores no responses"},
+		{`{"input": "x", "previous_response_id": "resp_1"}`, "previous_response_id", "no stored response resp_1"},
 		{`{"input": "x", "background": true}`, "background", ""},
 		{`{"input": "x", "truncation": "auto"}`, "truncation", ""},
 		{`{"input": "x", "n": 2}`, "n", ""},
@@ -305,5 +306,91 @@ func TestResponsesErrors(t *testing.T) {
 		if e.Error.Param == nil || *e.Error.Param != c.param || !strings.Contains(e.Error.Message, c.text) {
 			t.Errorf("%.60s: param %v message %q, want %q containing %q", c.body, e.Error.Param, e.Error.Message, c.param, c.text)
 		}
+	}
+}
+
+// TestResponsesStore: finished responses are kept (GET returns them as
+// sent, streamed ones too); previous_response_id continues a kept
+// conversation — its input and output rendered before the new input, its
+// instructions not — ; store false keeps nothing; DELETE drops one; past
+// the limit the least recently used goes.
+func TestResponsesStore(t *testing.T) {
+	f := newFake(4096)
+	f.reply = "Paris is sunny."
+	_, url := serve(t, f, Options{ResponsesStore: 2})
+	get := func(id string) (int, string) {
+		resp, err := http.Get(url + "/v1/responses/" + id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var b strings.Builder
+		_, _ = io.Copy(&b, resp.Body)
+		return resp.StatusCode, b.String()
+	}
+	idOf := func(raw []byte) string {
+		var r struct {
+			ID    string
+			Store bool
+		}
+		if json.Unmarshal(raw, &r) != nil || !strings.HasPrefix(r.ID, "resp_") {
+			t.Fatalf("response %s", raw)
+		}
+		return r.ID
+	}
+	_, raw := post(t, url, "/v1/responses", `{"instructions": "Be terse.", "input": "Weather in Paris?", "max_output_tokens": 16}`)
+	first := idOf(raw)
+	if code, body := get(first); code != http.StatusOK || body != string(raw) || !strings.Contains(body, `"store":true`) {
+		t.Fatalf("GET %s: %d %s", first, code, body)
+	}
+	// The next turn sees the first's input and output, not its instructions.
+	resp, raw := post(t, url, "/v1/responses", `{"previous_response_id": "`+first+`", "input": "And tomorrow?", "max_output_tokens": 16, "stream": true}`)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	evs := respEvents(t, raw)
+	done, _ := evs[len(evs)-1]["response"].(map[string]any)
+	second, _ := done["id"].(string)
+	if done["previous_response_id"] != first || done["store"] != true {
+		t.Errorf("second response %v", done)
+	}
+	reqs := f.requests()
+	prompt, _ := testTok.Decode(reqs[len(reqs)-1].Prompt, false)
+	i, j, k := strings.Index(prompt, "Weather in Paris?"), strings.Index(prompt, "Paris is sunny."), strings.Index(prompt, "And tomorrow?")
+	if i < 0 || j < i || k < j || strings.Contains(prompt, "Be terse.") {
+		t.Errorf("continued prompt %q", prompt)
+	}
+	if code, _ := get(second); code != http.StatusOK {
+		t.Errorf("the streamed response was not kept: %d", code)
+	}
+	// A third turn from the second: the whole chain.
+	_, raw = post(t, url, "/v1/responses", `{"previous_response_id": "`+second+`", "input": "Thanks.", "max_output_tokens": 4}`)
+	third := idOf(raw)
+	reqs = f.requests()
+	prompt, _ = testTok.Decode(reqs[len(reqs)-1].Prompt, false)
+	if strings.Count(prompt, "Paris is sunny.") != 2 || !strings.Contains(prompt, "Weather in Paris?") {
+		t.Errorf("third prompt %q", prompt)
+	}
+	// The limit is 2: the first is gone, and continuing it is a 400.
+	if code, body := get(first); code != http.StatusNotFound || !strings.Contains(body, "no stored response") {
+		t.Errorf("GET evicted: %d %s", code, body)
+	}
+	if resp, raw := post(t, url, "/v1/responses", `{"previous_response_id": "`+first+`", "input": "x"}`); resp.StatusCode != http.StatusBadRequest ||
+		!strings.Contains(string(raw), "previous_response_not_found") {
+		t.Errorf("continuing an evicted response: %d %s", resp.StatusCode, raw)
+	}
+	// store false keeps nothing; DELETE drops.
+	_, raw = post(t, url, "/v1/responses", `{"input": "x", "max_output_tokens": 2, "store": false}`)
+	if code, _ := get(idOf(raw)); code != http.StatusNotFound || strings.Contains(string(raw), `"store":true`) {
+		t.Errorf("store false: kept (%d) %s", code, raw)
+	}
+	req, _ := http.NewRequest(http.MethodDelete, url+"/v1/responses/"+third, nil)
+	dr, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dr.Body.Close()
+	if code, _ := get(third); dr.StatusCode != http.StatusOK || code != http.StatusNotFound {
+		t.Errorf("DELETE: %d, then GET %d", dr.StatusCode, code)
 	}
 }

@@ -90,6 +90,10 @@ type Options struct {
 	// guided_json, forced tool calls) to compact whitespace: at most one
 	// space between tokens, no newlines (json_whitespace compact).
 	CompactJSON bool
+	// ResponsesStore is how many finished /v1/responses responses are
+	// kept in memory for previous_response_id and GET /v1/responses/{id}
+	// (least recently used dropped first; 0: none).
+	ResponsesStore int
 }
 
 // Server is the HTTP API. Its methods are safe for concurrent use.
@@ -102,6 +106,8 @@ type Server struct {
 	created int64 // for /v1/models
 	handler http.Handler
 
+	store *respStore // finished responses (/v1/responses)
+
 	ready    atomic.Bool
 	draining atomic.Bool
 }
@@ -111,7 +117,8 @@ type Server struct {
 // template (nil: chat completions answer 400). The server starts not
 // ready: call SetReady(true) once it may take requests.
 func New(gen engine.Generator, tok *tokenizer.Tokenizer, tmpl *chat.Template, opts Options) *Server {
-	s := &Server{gen: gen, tok: tok, tmpl: tmpl, opts: opts, log: opts.Logger, created: time.Now().Unix()}
+	s := &Server{gen: gen, tok: tok, tmpl: tmpl, opts: opts, log: opts.Logger, created: time.Now().Unix(),
+		store: newRespStore(max(opts.ResponsesStore, 0))}
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
@@ -147,6 +154,8 @@ func (s *Server) routes() http.Handler {
 	v1.POST("/completions", s.completions)
 	v1.POST("/chat/completions", s.chatCompletions)
 	v1.POST("/responses", s.responses)
+	v1.GET("/responses/:id", s.getResponse)
+	v1.DELETE("/responses/:id", s.deleteResponse)
 	r.POST("/tokenize", s.auth, s.tokenize)
 	r.POST("/detokenize", s.auth, s.detokenize)
 	return r
@@ -307,16 +316,24 @@ func (s *Server) checkModel(name string) *apiError {
 }
 
 func writeJSON(c *gin.Context, status int, v any) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		status, buf = http.StatusInternalServerError, bytes.Buffer{}
-		_ = json.NewEncoder(&buf).Encode(errInternal.body())
+	b, err := encodeJSON(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b, _ = encodeJSON(errInternal.body())
 	}
 	c.Header("Content-Type", "application/json")
 	c.Status(status)
-	_, _ = c.Writer.Write(buf.Bytes())
+	_, _ = c.Writer.Write(b)
+}
+
+// encodeJSON is v as the responses carry it: HTML characters unescaped,
+// a newline at the end.
+func encodeJSON(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	err := enc.Encode(v)
+	return buf.Bytes(), err
 }
 
 func writeError(c *gin.Context, e *apiError) { writeJSON(c, e.Status, e.body()) }
