@@ -18,7 +18,7 @@ import (
 // unions of those types
 // ("type": [...], or anyOf / oneOf whose alternatives differ in their first
 // byte: at most one object, one array, one string…), enum / const values,
-// $ref into $defs / definitions (not recursive), maps (additionalProperties
+// $ref into $defs / definitions (recursive too), maps (additionalProperties
 // as a schema), minItems / maxItems and minLength / maxLength
 // (characters). CompileSchema names any other
 // keyword instead of ignoring it.
@@ -104,7 +104,7 @@ func CompileSchema(raw []byte) (*Schema, error) {
 	if _, err := d.Token(); err == nil {
 		return nil, fmt.Errorf("schema: more than one JSON value")
 	}
-	c := &compiler{resolving: map[string]bool{}, done: map[string]*Schema{}}
+	c := &compiler{resolving: map[string]*Schema{}, done: map[string]*Schema{}, cyclic: map[*Schema]string{}}
 	if root, ok := v.(*object); ok {
 		for _, k := range []string{"$defs", "definitions"} {
 			if d, ok := root.vals[k].(*object); ok {
@@ -116,6 +116,9 @@ func CompileSchema(raw []byte) (*Schema, error) {
 	if err != nil {
 		return nil, err
 	}
+	if len(c.cyclic) > 0 && !finite(s) {
+		return nil, fmt.Errorf("schema: no finite value matches it (a $ref recurses through required properties or minItems)")
+	}
 	rootUnion := s.pick != nil && len(s.alts) == 0 && len(s.objs) > 1 // anyOf of objects: one of them
 	if !rootUnion && (s.kinds != kObject || s.enum != nil || s.alts != nil) {
 		return nil, fmt.Errorf("schema: the top level must be {\"type\": \"object\", …} (or anyOf objects)")
@@ -126,8 +129,9 @@ func CompileSchema(raw []byte) (*Schema, error) {
 // compiler holds what $ref resolves against.
 type compiler struct {
 	defs      []defs
-	resolving map[string]bool    // refs being compiled (a cycle is an error)
+	resolving map[string]*Schema // refs being compiled: their placeholders (nil: none), which a recursive $ref returns
 	done      map[string]*Schema // refs compiled
+	cyclic    map[*Schema]string // placeholders a recursive $ref returned, and their refs
 }
 
 type defs struct {
@@ -414,7 +418,12 @@ func (s *Schema) stringRegex(m map[string]any, at string) error {
 	return nil
 }
 
-// ref compiles a local reference into $defs or definitions.
+// ref compiles a local reference into $defs or definitions. A reference
+// met again while its definition compiles (a recursive schema: a tree, a
+// linked list) gets a placeholder that the compiled definition fills in —
+// one made from the definition's type alone, which is what the schemas
+// around it may look at before it is filled; a definition without a plain
+// type (a union, another $ref) cannot refer to itself.
 func (c *compiler) ref(ref, at string, depth int) (*Schema, error) {
 	if s, ok := c.done[ref]; ok {
 		return s, nil
@@ -428,19 +437,142 @@ func (c *compiler) ref(ref, at string, depth int) (*Schema, error) {
 		if !ok {
 			break
 		}
-		if c.resolving[ref] {
-			return nil, fmt.Errorf("%s: $ref %q is recursive (not supported)", at, ref)
+		if ph, ok := c.resolving[ref]; ok {
+			if ph == nil {
+				return nil, fmt.Errorf("%s: $ref %q refers to itself, but only a definition with a plain \"type\" (not anyOf / oneOf / allOf / $ref / enum) may", at, ref)
+			}
+			c.cyclic[ph] = ref
+			return ph, nil
 		}
-		c.resolving[ref] = true
+		ph := shape(v)
+		c.resolving[ref] = ph
 		s, err := c.compile(v, ref, depth+1)
 		delete(c.resolving, ref)
 		if err != nil {
 			return nil, err
 		}
+		if ph != nil {
+			if _, used := c.cyclic[ph]; used && (!bytes.Equal(firstBytes(ph), firstBytes(s)) || plainObject(ph) != plainObject(s)) {
+				return nil, fmt.Errorf("%s: $ref %q: its definition compiles to another shape than its type says", at, ref)
+			}
+			*ph = *s
+			s = ph
+		}
 		c.done[ref] = s
 		return s, nil
 	}
 	return nil, fmt.Errorf("%s: $ref %q is not a local #/$defs/… or #/definitions/… entry", at, ref)
+}
+
+// shape is the placeholder of a definition that may refer to itself: a
+// schema with its kinds, and for an object whether it is a map or any
+// object (what firstBytes and plainObject read) — nil when the definition
+// has no plain type.
+func shape(v any) *Schema {
+	o, ok := v.(*object)
+	if !ok {
+		return nil
+	}
+	for _, k := range []string{"$ref", "allOf", "anyOf", "oneOf", "enum", "const"} {
+		if _, ok := o.vals[k]; ok {
+			return nil
+		}
+	}
+	t, ok := o.vals["type"]
+	if !ok {
+		return nil
+	}
+	names, ok := t.([]any)
+	if !ok {
+		names = []any{t}
+	}
+	s := &Schema{}
+	for _, n := range names {
+		name, _ := n.(string)
+		s.kinds |= kindNames[name]
+	}
+	if o.vals["nullable"] == true {
+		s.kinds |= kNull
+	}
+	if s.kinds&kObject != 0 {
+		ap := o.vals["additionalProperties"]
+		if _, isSchema := ap.(*object); isSchema {
+			s.mapV = &Schema{}
+		} else if _, has := o.vals["properties"]; !has {
+			s.any = ap != false
+		}
+	}
+	return s
+}
+
+// finite reports whether every schema within root is matched by some
+// finite JSON value: a recursive schema must leave a way out (an optional
+// property, an empty array, a null alternative), or a model that enters it
+// could never finish.
+func finite(root *Schema) bool {
+	var all []*Schema
+	seen := map[*Schema]bool{}
+	var walk func(s *Schema)
+	walk = func(s *Schema) {
+		if s == nil || seen[s] {
+			return
+		}
+		seen[s] = true
+		all = append(all, s)
+		for _, p := range s.props {
+			walk(p.s)
+		}
+		for _, x := range append(append(append([]*Schema{s.items, s.mapV}, s.prefix...), s.alts...), s.objs...) {
+			walk(x)
+		}
+	}
+	walk(root)
+	fin := map[*Schema]bool{}
+	ok := func(s *Schema) bool {
+		switch {
+		case s.enum != nil || s.kinds&(kString|kNumber|kInteger|kBoolean|kNull) != 0:
+			return true
+		case s.pick != nil:
+			for _, a := range append(slices.Clone(s.alts), s.objs...) {
+				if fin[a] {
+					return true
+				}
+			}
+			return false
+		case s.kinds&kArray != 0:
+			for i := range s.minN {
+				if it := s.itemAt(i); it == nil || !fin[it] {
+					return false
+				}
+			}
+			return true
+		case s.kinds&kObject != 0:
+			if s.any || s.mapV != nil {
+				return true
+			}
+			for _, p := range s.props {
+				if !p.opt && !fin[p.s] {
+					return false
+				}
+			}
+			return true
+		}
+		return false
+	}
+	for changed := true; changed; {
+		changed = false
+		for _, s := range all {
+			if !fin[s] && ok(s) {
+				fin[s], changed = true, true
+			}
+		}
+	}
+	for _, s := range all {
+		if !fin[s] {
+			return false
+		}
+	}
+	return true
 }
 
 // union compiles anyOf / oneOf: alternatives whose values start with

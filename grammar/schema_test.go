@@ -79,7 +79,9 @@ func TestCompileSchemaErrors(t *testing.T) {
 		{`{"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}}`, "start with"},
 		{`{"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"enum": ["x", 1]}]}}}`, "start with"},
 		{`{"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}], "type": "string"}}}`, "beside"},
-		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/T"}}, "$defs": {"T": {"type": "object", "properties": {"t": {"$ref": "#/$defs/T"}}}}}`, "recursive"},
+		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/T"}}, "$defs": {"T": {"type": "object", "properties": {"t": {"$ref": "#/$defs/T"}}, "required": ["t"]}}}`, "no finite value"},
+		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/T"}}, "$defs": {"T": {"type": "object", "properties": {"t": {"type": "array", "items": {"$ref": "#/$defs/T"}, "minItems": 1}}, "required": ["t"]}}}`, "no finite value"},
+		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/V"}}, "$defs": {"V": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"$ref": "#/$defs/V"}}]}}}`, "refers to itself"},
 		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/U"}}, "$defs": {"T": {"type": "string"}}}`, "not a local"},
 		{`{"type": "object", "properties": {"a": {"$ref": "http://x/y"}}}`, "not a local"},
 		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/T", "type": "string"}}, "$defs": {"T": {"type": "string"}}}`, "beside"},
@@ -179,8 +181,16 @@ func TestSchemaJSONGenerated(t *testing.T) {
 // instance writes a random JSON text matching s.
 func instance(r *rand.Rand, s *Schema, depth int) string {
 	ws := func() string { return []string{"", " ", "\n  ", "\t"}[r.IntN(4)] }
+	deep := depth > 6 // (a recursive schema: head for the shortest way out)
 	if s.pick != nil {
 		all := append(slices.Clone(s.alts), s.objs...)
+		if deep {
+			for _, a := range all {
+				if a.kinds&(kObject|kArray) == 0 {
+					return instance(r, a, depth)
+				}
+			}
+		}
 		return instance(r, all[r.IntN(len(all))], depth)
 	}
 	if s.enum != nil {
@@ -188,7 +198,7 @@ func instance(r *rand.Rand, s *Schema, depth int) string {
 	}
 	var kinds []uint8
 	for _, k := range []uint8{kObject, kArray, kString, kNumber, kInteger, kBoolean, kNull} {
-		if s.kinds&k != 0 {
+		if s.kinds&k != 0 && !(deep && k&(kObject|kArray) != 0 && s.kinds&^(kObject|kArray) != 0) {
 			kinds = append(kinds, k)
 		}
 	}
@@ -210,7 +220,7 @@ func instance(r *rand.Rand, s *Schema, depth int) string {
 		sb.WriteString("{" + ws())
 		n := 0
 		for _, p := range s.props {
-			if p.opt && r.IntN(2) == 0 {
+			if p.opt && (deep || r.IntN(2) == 0) {
 				continue
 			}
 			if n > 0 {
@@ -226,6 +236,9 @@ func instance(r *rand.Rand, s *Schema, depth int) string {
 		return sb.String()
 	case kArray:
 		n := r.IntN(4)
+		if deep {
+			n = s.minN
+		}
 		if n == 0 {
 			return "[" + ws() + "]"
 		}
@@ -922,5 +935,84 @@ func TestSchemaRootUnion(t *testing.T) {
 	checkText(t, s, ` {}`, 0, false)
 	if _, err := CompileSchema([]byte(`{"anyOf": [{"type": "object", "properties": {"a": {"type": "null"}}}, {"type": "integer"}]}`)); err == nil {
 		t.Error("a top-level union with an integer compiled")
+	}
+}
+
+// treeSchema is what pydantic writes for recursive models: a tree whose
+// nodes hold a list of nodes, and a linked list through an optional field.
+const treeSchema = `{
+  "$defs": {
+    "Node": {"properties": {"name": {"type": "string"}, "children": {"items": {"$ref": "#/$defs/Node"}, "type": "array"},
+             "next": {"anyOf": [{"$ref": "#/$defs/Link"}, {"type": "null"}]}},
+             "required": ["name", "children"], "title": "Node", "type": "object"},
+    "Link": {"properties": {"v": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#/$defs/Link"}, {"type": "null"}]}},
+             "required": ["v", "next"], "type": "object"}
+  },
+  "$ref": "#/$defs/Node"
+}`
+
+// TestSchemaRecursive: recursive $refs (a tree, a linked list, two
+// definitions through each other) validate nested texts to any depth the
+// validator allows, and refuse what the definitions do not take.
+func TestSchemaRecursive(t *testing.T) {
+	s := mustSchema(t, treeSchema)
+	for _, c := range []struct {
+		text     string
+		accepted int // -1: all
+		complete bool
+	}{
+		{`{"name": "a", "children": []}`, -1, true},
+		{`{"name": "a", "children": [{"name": "b", "children": []}, {"name": "c", "children": [{"name": "d", "children": [], "next": null}]}]}`, -1, true},
+		{`{"name": "a", "children": [], "next": {"v": 1, "next": {"v": 2, "next": null}}}`, -1, true},
+		{`{"name": "a", "children": [{"name": "b"}]}`, len(`{"name": "a", "children": [{"name": "b"`), false},
+		{`{"name": "a", "children": [], "next": {"v": 1, "next": {"name": "x"`, len(`{"name": "a", "children": [], "next": {"v": 1, "next": {"`), false},
+		{`{"name": "a", "children": [], "next": {"v": 1}}`, len(`{"name": "a", "children": [], "next": {"v": 1`), false},
+	} {
+		want := c.accepted
+		if want < 0 {
+			want = len(c.text)
+		}
+		checkText(t, s, c.text, want, c.complete)
+	}
+	// Two definitions through each other.
+	m := mustSchema(t, `{"$defs": {"A": {"type": "object", "properties": {"b": {"$ref": "#/$defs/B"}}},
+		"B": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}, "n": {"type": "integer"}}, "required": ["n"]}},
+		"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "required": ["a"]}`)
+	checkText(t, m, `{"a": {"b": {"a": {"b": {"n": 2}}, "n": 1}}}`, len(`{"a": {"b": {"a": {"b": {"n": 2}}, "n": 1}}}`), true)
+	checkText(t, m, `{"a": {"b": {"a": {"n": 1`, len(`{"a": {"b": {"a": {"`), false)
+	// As deep as the validator nests: then the list must close.
+	deep := strings.Repeat(`{"v": 1, "next": `, 40) + "null" + strings.Repeat("}", 40)
+	text := `{"name": "a", "children": [], "next": ` + deep + `}`
+	checkText(t, s, text, len(text), true)
+	r := rand.New(rand.NewPCG(21, 22))
+	for range 200 {
+		text := instance(r, s, 0)
+		if n, ok := feedSchema(s, text); n != len(text) || !ok {
+			t.Fatalf("instance %q: %d bytes taken, complete %v", text, n, ok)
+		}
+	}
+}
+
+func FuzzSchemaRecursive(f *testing.F) {
+	fuzzSchema(f, treeSchema, 9, `{"name": "x", "children": [{"name": "y", "children": []`)
+}
+
+// TestSchemaRecursiveDepthLimit: past MaxDepth a recursive list can no
+// longer open another object, but null still closes it: the way out stays.
+func TestSchemaRecursiveDepthLimit(t *testing.T) {
+	s := mustSchema(t, treeSchema)
+	j := NewSchemaJSON(s)
+	if !j.Advance([]byte(`{"name": "a", "children": [], "next": `)) {
+		t.Fatal("prefix refused")
+	}
+	depth := 0
+	for ; depth < 2*MaxDepth && j.Accept([]byte(`{"v": 1, "next": `)); depth++ {
+		j.Advance([]byte(`{"v": 1, "next": `))
+	}
+	if depth >= 2*MaxDepth || depth < MaxDepth/2 {
+		t.Fatalf("nested %d objects", depth)
+	}
+	if !j.Advance([]byte("null" + strings.Repeat("}", depth) + "}")) || !j.Complete() {
+		t.Errorf("at depth %d, null and the closing braces refused", depth)
 	}
 }
