@@ -1012,7 +1012,7 @@ func TestSchemaRecursiveDepthLimit(t *testing.T) {
 	if depth >= 2*MaxDepth || depth < MaxDepth/2 {
 		t.Fatalf("nested %d objects", depth)
 	}
-	if !j.Advance([]byte("null" + strings.Repeat("}", depth) + "}")) || !j.Complete() {
+	if !j.Advance([]byte("null"+strings.Repeat("}", depth)+"}")) || !j.Complete() {
 		t.Errorf("at depth %d, null and the closing braces refused", depth)
 	}
 }
