@@ -128,19 +128,19 @@ func (s *Server) sampling(p *pb.SamplingParams, promptLen int) (engine.SamplingP
 	}
 	switch {
 	case p.Grammar != "":
-		g, err := grammar.CompileGrammar(p.Grammar)
+		g, err := grammar.Shared.Grammar(p.Grammar)
 		if err != nil {
 			return sp, fieldErr("grammar", "%v", err)
 		}
 		sp.Grammar = g.New
 	case p.Regex != "":
-		re, err := grammar.CompileRegex(p.Regex)
+		re, err := grammar.Shared.Regex(p.Regex)
 		if err != nil {
 			return sp, fieldErr("regex", "%v", err)
 		}
 		sp.Grammar = re.New
 	case p.JsonSchema != "":
-		schema, err := grammar.CompileSchema([]byte(p.JsonSchema))
+		schema, err := grammar.Shared.Schema([]byte(p.JsonSchema))
 		if err != nil {
 			return sp, fieldErr("json_schema", "%v", err)
 		}

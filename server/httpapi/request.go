@@ -438,7 +438,7 @@ func (p *sampling) params(vocab int, base engine.SamplingParams) (engine.Samplin
 			if rf.JSONSchema == nil || isNull(rf.JSONSchema.Schema) {
 				return sp, invalid("response_format", "response_format json_schema needs json_schema.schema")
 			}
-			s, err := grammar.CompileSchema(rf.JSONSchema.Schema)
+			s, err := grammar.Shared.Schema(rf.JSONSchema.Schema)
 			if err != nil {
 				return sp, invalid("response_format", "response_format json_schema: %v", err)
 			}
@@ -490,7 +490,7 @@ func (p *sampling) guided(sp *engine.SamplingParams) *apiError {
 		return invalid(name, "%s cannot be used with ignore_eos (the choice ends when the text is complete)", name)
 	}
 	if hasGrammar {
-		g, err := grammar.CompileGrammar(*p.GuidedGrammar)
+		g, err := grammar.Shared.Grammar(*p.GuidedGrammar)
 		if err != nil {
 			return invalid(name, "guided_grammar: %v", err)
 		}
@@ -498,7 +498,7 @@ func (p *sampling) guided(sp *engine.SamplingParams) *apiError {
 		return nil
 	}
 	if hasRegex {
-		re, err := grammar.CompileRegex(*p.GuidedRegex)
+		re, err := grammar.Shared.Regex(*p.GuidedRegex)
 		if err != nil {
 			return invalid(name, "guided_regex: %v", err)
 		}
@@ -518,7 +518,7 @@ func (p *sampling) guided(sp *engine.SamplingParams) *apiError {
 	if json.Unmarshal(raw, &text) == nil { // the schema as a JSON string
 		raw = []byte(text)
 	}
-	schema, err := grammar.CompileSchema(raw)
+	schema, err := grammar.Shared.Schema(raw)
 	if err != nil {
 		return invalid(name, "guided_json: %v", err)
 	}

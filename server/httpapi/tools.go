@@ -303,7 +303,7 @@ func callSchema(defs []toolDef, named string, wrapped bool) (*grammar.Schema, *a
 			src = alts[0]
 		}
 	}
-	schema, err := grammar.CompileSchema([]byte(src))
+	schema, err := grammar.Shared.Schema([]byte(src))
 	if err != nil {
 		return nil, invalid("tools", "the forced call's parameters: %v", err)
 	}

@@ -1,0 +1,105 @@
+package grammar
+
+import (
+	"container/list"
+	"sync"
+)
+
+// Cache keeps compiled schemas, regular expressions and grammars by their
+// source (a bounded LRU; safe for concurrent use). Compiled forms are
+// read-only and shared by every validator made from them, so a request
+// that sends what an earlier one sent — an agent's tools each turn, a
+// service's one response schema — skips compiling, and a Regex keeps the
+// plain-token masks its DFA states have cost (mask.go) across requests.
+// Errors are not kept.
+type Cache struct {
+	mu    sync.Mutex
+	limit int
+	lru   *list.List // of *cached, most recent first
+	byKey map[cacheKey]*list.Element
+}
+
+type cacheKey struct {
+	kind byte // 's' schema, 'r' regex, 'g' grammar
+	src  string
+}
+
+type cached struct {
+	key cacheKey
+	v   any
+}
+
+// NewCache keeps up to limit compiled sources.
+func NewCache(limit int) *Cache {
+	return &Cache{limit: limit, lru: list.New(), byKey: map[cacheKey]*list.Element{}}
+}
+
+// Shared is the servers' cache.
+var Shared = NewCache(256)
+
+// maxCachedSource is the longest source a Cache keeps (longer ones are
+// compiled each time: the cache's memory stays bounded).
+const maxCachedSource = 64 << 10
+
+// get is the compiled k, compiling it with compile on a miss.
+func (c *Cache) get(k cacheKey, compile func() (any, error)) (any, error) {
+	if len(k.src) > maxCachedSource {
+		return compile()
+	}
+	c.mu.Lock()
+	if el, ok := c.byKey[k]; ok {
+		c.lru.MoveToFront(el)
+		c.mu.Unlock()
+		return el.Value.(*cached).v, nil
+	}
+	c.mu.Unlock()
+	v, err := compile() // (outside the lock: two requests may compile one source at once; both results are good)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.byKey[k]; ok { // compiled meanwhile: keep the first
+		return el.Value.(*cached).v, nil
+	}
+	c.byKey[k] = c.lru.PushFront(&cached{k, v})
+	for c.lru.Len() > c.limit {
+		old := c.lru.Remove(c.lru.Back()).(*cached)
+		delete(c.byKey, old.key)
+	}
+	return v, nil
+}
+
+// Schema is CompileSchema(raw), kept.
+func (c *Cache) Schema(raw []byte) (*Schema, error) {
+	v, err := c.get(cacheKey{'s', string(raw)}, func() (any, error) { return CompileSchema(raw) })
+	if err != nil {
+		return nil, err
+	}
+	return v.(*Schema), nil
+}
+
+// Regex is CompileRegex(pattern), kept.
+func (c *Cache) Regex(pattern string) (*Regex, error) {
+	v, err := c.get(cacheKey{'r', pattern}, func() (any, error) { return CompileRegex(pattern) })
+	if err != nil {
+		return nil, err
+	}
+	return v.(*Regex), nil
+}
+
+// Grammar is CompileGrammar(src), kept.
+func (c *Cache) Grammar(src string) (*Grammar, error) {
+	v, err := c.get(cacheKey{'g', src}, func() (any, error) { return CompileGrammar(src) })
+	if err != nil {
+		return nil, err
+	}
+	return v.(*Grammar), nil
+}
+
+// Len is how many compiled sources the cache holds.
+func (c *Cache) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lru.Len()
+}
