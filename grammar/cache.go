@@ -1,9 +1,6 @@
 package grammar
 
-import (
-	"container/list"
-	"sync"
-)
+import "github.com/mkserve/mkserve/internal/lru"
 
 // Cache keeps compiled schemas, regular expressions and grammars by their
 // source (a bounded LRU; safe for concurrent use). Compiled forms are
@@ -13,10 +10,7 @@ import (
 // plain-token masks its DFA states have cost (mask.go) across requests.
 // Errors are not kept.
 type Cache struct {
-	mu    sync.Mutex
-	limit int
-	lru   *list.List // of *cached, most recent first
-	byKey map[cacheKey]*list.Element
+	lru *lru.Cache[cacheKey, any]
 }
 
 type cacheKey struct {
@@ -24,15 +18,8 @@ type cacheKey struct {
 	src  string
 }
 
-type cached struct {
-	key cacheKey
-	v   any
-}
-
 // NewCache keeps up to limit compiled sources.
-func NewCache(limit int) *Cache {
-	return &Cache{limit: limit, lru: list.New(), byKey: map[cacheKey]*list.Element{}}
-}
+func NewCache(limit int) *Cache { return &Cache{lru: lru.New[cacheKey, any](limit)} }
 
 // Shared is the servers' cache.
 var Shared = NewCache(256)
@@ -41,33 +28,21 @@ var Shared = NewCache(256)
 // compiled each time: the cache's memory stays bounded).
 const maxCachedSource = 64 << 10
 
-// get is the compiled k, compiling it with compile on a miss.
+// get is the compiled k, compiling it with compile on a miss (outside any
+// lock: two requests may compile one source at once, and the first kept
+// wins).
 func (c *Cache) get(k cacheKey, compile func() (any, error)) (any, error) {
 	if len(k.src) > maxCachedSource {
 		return compile()
 	}
-	c.mu.Lock()
-	if el, ok := c.byKey[k]; ok {
-		c.lru.MoveToFront(el)
-		c.mu.Unlock()
-		return el.Value.(*cached).v, nil
+	if v, ok := c.lru.Get(k); ok {
+		return v, nil
 	}
-	c.mu.Unlock()
-	v, err := compile() // (outside the lock: two requests may compile one source at once; both results are good)
+	v, err := compile()
 	if err != nil {
 		return nil, err
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if el, ok := c.byKey[k]; ok { // compiled meanwhile: keep the first
-		return el.Value.(*cached).v, nil
-	}
-	c.byKey[k] = c.lru.PushFront(&cached{k, v})
-	for c.lru.Len() > c.limit {
-		old := c.lru.Remove(c.lru.Back()).(*cached)
-		delete(c.byKey, old.key)
-	}
-	return v, nil
+	return c.lru.Add(k, v), nil
 }
 
 // Schema is CompileSchema(raw), kept.
@@ -98,8 +73,4 @@ func (c *Cache) Grammar(src string) (*Grammar, error) {
 }
 
 // Len is how many compiled sources the cache holds.
-func (c *Cache) Len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.lru.Len()
-}
+func (c *Cache) Len() int { return c.lru.Len() }

@@ -253,17 +253,24 @@ func (v *Vocab) mask(g Validator, dst []uint64) int {
 		// b[:k+1] is refused, and so is every token that starts with it:
 		// the run after i whose common prefixes with their predecessors
 		// stay longer than k.
-		switch k {
-		case 0:
-			i = int(v.end1[b[0]])
-		case 1:
-			i = int(v.end2[int(b[0])<<8|int(b[1])])
-		default:
-			for i++; i < len(v.ids) && int(v.lcp[i]) > k; i++ {
-			}
-		}
+		i = v.pastRun(i, b, k)
 	}
 	return n
+}
+
+// pastRun is the position after token i (bytes b) and every token after it
+// that extends b[:k+1], a refused prefix: the run whose common prefixes with
+// their predecessors stay longer than k (jump tables for k 0 and 1).
+func (v *Vocab) pastRun(i int, b []byte, k int) int {
+	switch k {
+	case 0:
+		return int(v.end1[b[0]])
+	case 1:
+		return int(v.end2[int(b[0])<<8|int(b[1])])
+	}
+	for i++; i < len(v.ids) && int(v.lcp[i]) > k; i++ {
+	}
+	return i
 }
 
 // grammarMask is Mask for a context-free grammar: the vocabulary walked
@@ -292,15 +299,7 @@ func (v *Vocab) grammarMask(g *GrammarText, dst []uint64) int {
 			i++
 			continue
 		}
-		switch k {
-		case 0:
-			i = int(v.end1[b[0]])
-		case 1:
-			i = int(v.end2[int(b[0])<<8|int(b[1])])
-		default:
-			for i++; i < len(v.ids) && int(v.lcp[i]) > k; i++ {
-			}
-		}
+		i = v.pastRun(i, b, k)
 	}
 	return n
 }

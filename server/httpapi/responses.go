@@ -592,8 +592,8 @@ func (s *Server) responses(c *gin.Context) {
 	}
 	var history []respInputItem
 	if id := req.PreviousResponseID; id != nil {
-		prev := s.store.get(*id)
-		if prev == nil {
+		prev, ok := s.store.Get(*id)
+		if !ok {
 			e := errNoResponse(*id, s.opts.ResponsesStore)
 			e.Status, e.Param, e.Code = http.StatusBadRequest, "previous_response_id", "previous_response_not_found"
 			k.fail(c, e)
@@ -686,7 +686,7 @@ func (s *Server) responses(c *gin.Context) {
 	resp.Usage = u
 	if store {
 		body, _ := encodeJSON(resp)
-		s.store.put(&storedResp{id: resp.ID, body: body,
+		s.store.Add(resp.ID, &storedResp{body: body,
 			history: append(append(slices.Clip(history), items...), outputItems(o.items)...)})
 	}
 	if out == nil {

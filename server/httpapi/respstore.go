@@ -1,12 +1,12 @@
 package httpapi
 
 import (
-	"container/list"
 	"encoding/json"
 	"net/http"
-	"sync"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/mkserve/mkserve/internal/lru"
 )
 
 // respStore keeps the latest finished responses in memory (Options.
@@ -15,60 +15,14 @@ import (
 // without instructions, then the output as input items — which a request
 // naming one as previous_response_id continues. Lost on restart, as
 // vLLM's in-memory store.
-type respStore struct {
-	mu    sync.Mutex
-	limit int
-	lru   *list.List // of *storedResp, most recent first
-	byID  map[string]*list.Element
-}
+type respStore = lru.Cache[string, *storedResp]
 
 type storedResp struct {
-	id      string
 	body    []byte          // the response object as returned
 	history []respInputItem // the conversation it ends
 }
 
-func newRespStore(limit int) *respStore {
-	return &respStore{limit: limit, lru: list.New(), byID: map[string]*list.Element{}}
-}
-
-// put keeps a response, dropping the least recently used past the limit.
-func (st *respStore) put(r *storedResp) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if el, ok := st.byID[r.id]; ok {
-		st.lru.Remove(el)
-	}
-	st.byID[r.id] = st.lru.PushFront(r)
-	for st.lru.Len() > st.limit {
-		old := st.lru.Remove(st.lru.Back()).(*storedResp)
-		delete(st.byID, old.id)
-	}
-}
-
-// get is the response id (nil: not kept), now the most recently used.
-func (st *respStore) get(id string) *storedResp {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	el, ok := st.byID[id]
-	if !ok {
-		return nil
-	}
-	st.lru.MoveToFront(el)
-	return el.Value.(*storedResp)
-}
-
-// remove drops response id and reports whether it was kept.
-func (st *respStore) remove(id string) bool {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	el, ok := st.byID[id]
-	if ok {
-		st.lru.Remove(el)
-		delete(st.byID, id)
-	}
-	return ok
-}
+func newRespStore(limit int) *respStore { return lru.New[string, *storedResp](limit) }
 
 // outputItems are a response's output as input items of the next turn.
 func outputItems(items []any) []respInputItem {
@@ -102,8 +56,8 @@ func errNoResponse(id string, limit int) *apiError {
 // getResponse serves GET /v1/responses/{id}.
 func (s *Server) getResponse(c *gin.Context) {
 	id := c.Param("id")
-	r := s.store.get(id)
-	if r == nil {
+	r, ok := s.store.Get(id)
+	if !ok {
 		writeError(c, errNoResponse(id, s.opts.ResponsesStore))
 		return
 	}
@@ -113,7 +67,7 @@ func (s *Server) getResponse(c *gin.Context) {
 // deleteResponse serves DELETE /v1/responses/{id}.
 func (s *Server) deleteResponse(c *gin.Context) {
 	id := c.Param("id")
-	if !s.store.remove(id) {
+	if !s.store.Remove(id) {
 		writeError(c, errNoResponse(id, s.opts.ResponsesStore))
 		return
 	}
