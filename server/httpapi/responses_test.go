@@ -394,3 +394,65 @@ func TestResponsesStore(t *testing.T) {
 		t.Errorf("DELETE: %d, then GET %d", dr.StatusCode, code)
 	}
 }
+
+// TestResponsesHarmony: gpt-oss's harmony channels through the Responses
+// API — analysis as a reasoning item, a message to functions.NAME as a
+// function_call item, final as the message — whole and streamed alike;
+// and a second turn's items render back into harmony.
+func TestResponsesHarmony(t *testing.T) {
+	f := newFake(4096)
+	f.reply = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>"
+	url := serveTemplate(t, f, "gptoss.jinja")
+	body := `{"input": "Weather in Paris?", "max_output_tokens": 64, "reasoning": {"effort": "low"}, "tools": ` + respWeatherTools
+	type item struct {
+		Type, Name, Arguments string
+		CallID                string `json:"call_id"`
+		Content               []struct{ Text string }
+	}
+	var whole []item
+	for _, stream := range []bool{false, true} {
+		b := body + `}`
+		if stream {
+			b = body + `, "stream": true}`
+		}
+		resp, raw := post(t, url, "/v1/responses", b)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, raw)
+		}
+		if stream {
+			evs := respEvents(t, raw)
+			raw, _ = json.Marshal(evs[len(evs)-1]["response"])
+		}
+		var r struct{ Output []item }
+		if err := json.Unmarshal(raw, &r); err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Output) != 2 || r.Output[0].Type != "reasoning" || r.Output[0].Content[0].Text != "Need weather." ||
+			r.Output[1].Type != "function_call" || r.Output[1].Name != "get_weather" || r.Output[1].Arguments != `{"city":"Paris"}` {
+			t.Fatalf("stream %v: output %s", stream, raw)
+		}
+		if !stream {
+			whole = r.Output
+		} else if r.Output[1].Arguments != whole[1].Arguments || r.Output[0].Content[0].Text != whole[0].Content[0].Text {
+			t.Errorf("streamed output differs from whole: %+v against %+v", r.Output, whole)
+		}
+	}
+	reqs := f.requests()
+	prompt, _ := testTok.Decode(reqs[len(reqs)-1].Prompt, true)
+	if !strings.Contains(prompt, "Reasoning: low") || !strings.Contains(prompt, "get_weather") {
+		t.Errorf("rendered prompt %q", prompt)
+	}
+	turn := `{"max_output_tokens": 8, "tools": ` + respWeatherTools + `, "input": [
+		{"role": "user", "content": "Weather in Paris?"},
+		{"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Need weather."}]},
+		{"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+		{"type": "function_call_output", "call_id": "call_1", "output": "Sunny"}]}`
+	if resp, raw := post(t, url, "/v1/responses", turn); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	reqs = f.requests()
+	prompt, _ = testTok.Decode(reqs[len(reqs)-1].Prompt, true)
+	if !strings.Contains(prompt, "to=functions.get_weather") || !strings.Contains(prompt, "Sunny") {
+		t.Errorf("second turn rendered as %q", prompt)
+	}
+}
