@@ -104,7 +104,7 @@ func CompileSchema(raw []byte) (*Schema, error) {
 	if _, err := d.Token(); err == nil {
 		return nil, fmt.Errorf("schema: more than one JSON value")
 	}
-	c := &compiler{resolving: map[string]*Schema{}, done: map[string]*Schema{}, cyclic: map[*Schema]string{}}
+	c := &compiler{resolving: map[string]*Schema{}, done: map[string]*Schema{}, cyclic: map[*Schema]string{}, unknown: map[*Schema]string{}}
 	if root, ok := v.(*object); ok {
 		for _, k := range []string{"$defs", "definitions"} {
 			if d, ok := root.vals[k].(*object); ok {
@@ -132,6 +132,7 @@ type compiler struct {
 	resolving map[string]*Schema // refs being compiled: their placeholders (nil: none), which a recursive $ref returns
 	done      map[string]*Schema // refs compiled
 	cyclic    map[*Schema]string // placeholders a recursive $ref returned, and their refs
+	unknown   map[*Schema]string // placeholders of definitions without a plain type, until filled: nothing may look inside them
 }
 
 type defs struct {
@@ -366,7 +367,7 @@ func (c *compiler) compile(v any, at string, depth int) (*Schema, error) {
 			return nil, fmt.Errorf("%s.items: an array needs an item schema", at)
 		}
 		if u, _ := m["uniqueItems"].(bool); u {
-			if s.prefix != nil || s.items == nil || s.items.enum != nil || s.items.alts != nil ||
+			if _, unknown := c.unknown[s.items]; unknown || s.prefix != nil || s.items == nil || s.items.enum != nil || s.items.alts != nil ||
 				s.items.kinds&^(kString|kInteger|kNumber) != 0 {
 				return nil, fmt.Errorf("%s.uniqueItems: supported on arrays whose items are strings, integers or numbers", at)
 			}
@@ -420,10 +421,12 @@ func (s *Schema) stringRegex(m map[string]any, at string) error {
 
 // ref compiles a local reference into $defs or definitions. A reference
 // met again while its definition compiles (a recursive schema: a tree, a
-// linked list) gets a placeholder that the compiled definition fills in —
-// one made from the definition's type alone, which is what the schemas
-// around it may look at before it is filled; a definition without a plain
-// type (a union, another $ref) cannot refer to itself.
+// linked list, a JSON-like value) gets a placeholder that the compiled
+// definition fills in. A definition with a plain type gets one made from
+// that type, which the schemas around it may look at before it is filled
+// (a union of it and null); one without (a union itself) gets an empty
+// placeholder, which may sit in items, properties or maps, not be looked
+// at (be an alternative of a union) before it is filled.
 func (c *compiler) ref(ref, at string, depth int) (*Schema, error) {
 	if s, ok := c.done[ref]; ok {
 		return s, nil
@@ -438,28 +441,28 @@ func (c *compiler) ref(ref, at string, depth int) (*Schema, error) {
 			break
 		}
 		if ph, ok := c.resolving[ref]; ok {
-			if ph == nil {
-				return nil, fmt.Errorf("%s: $ref %q refers to itself, but only a definition with a plain \"type\" (not anyOf / oneOf / allOf / $ref / enum) may", at, ref)
-			}
 			c.cyclic[ph] = ref
 			return ph, nil
 		}
 		ph := shape(v)
+		known := ph != nil
+		if !known {
+			ph = &Schema{}
+			c.unknown[ph] = ref
+		}
 		c.resolving[ref] = ph
 		s, err := c.compile(v, ref, depth+1)
 		delete(c.resolving, ref)
+		delete(c.unknown, ph)
 		if err != nil {
 			return nil, err
 		}
-		if ph != nil {
-			if _, used := c.cyclic[ph]; used && (!bytes.Equal(firstBytes(ph), firstBytes(s)) || plainObject(ph) != plainObject(s)) {
-				return nil, fmt.Errorf("%s: $ref %q: its definition compiles to another shape than its type says", at, ref)
-			}
-			*ph = *s
-			s = ph
+		if _, used := c.cyclic[ph]; used && known && (!bytes.Equal(firstBytes(ph), firstBytes(s)) || plainObject(ph) != plainObject(s)) {
+			return nil, fmt.Errorf("%s: $ref %q: its definition compiles to another shape than its type says", at, ref)
 		}
-		c.done[ref] = s
-		return s, nil
+		*ph = *s
+		c.done[ref] = ph
+		return ph, nil
 	}
 	return nil, fmt.Errorf("%s: $ref %q is not a local #/$defs/… or #/definitions/… entry", at, ref)
 }
@@ -591,6 +594,9 @@ func (c *compiler) union(v any, at string, depth int) (*Schema, error) {
 		a, err := c.compile(x, fmt.Sprintf("%s[%d]", at, i), depth+1)
 		if err != nil {
 			return nil, err
+		}
+		if ref, ok := c.unknown[a]; ok {
+			return nil, fmt.Errorf("%s[%d]: $ref %q is an alternative of a union inside its own definition (not supported: give the definition a plain type)", at, i, ref)
 		}
 		alts := []*Schema{a}
 		if a.pick != nil { // a nested union: merged

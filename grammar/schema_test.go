@@ -81,7 +81,7 @@ func TestCompileSchemaErrors(t *testing.T) {
 		{`{"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}], "type": "string"}}}`, "beside"},
 		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/T"}}, "$defs": {"T": {"type": "object", "properties": {"t": {"$ref": "#/$defs/T"}}, "required": ["t"]}}}`, "no finite value"},
 		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/T"}}, "$defs": {"T": {"type": "object", "properties": {"t": {"type": "array", "items": {"$ref": "#/$defs/T"}, "minItems": 1}}, "required": ["t"]}}}`, "no finite value"},
-		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/V"}}, "$defs": {"V": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"$ref": "#/$defs/V"}}]}}}`, "refers to itself"},
+		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/V"}}, "$defs": {"V": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/V"}]}}}`, "alternative of a union inside its own definition"},
 		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/U"}}, "$defs": {"T": {"type": "string"}}}`, "not a local"},
 		{`{"type": "object", "properties": {"a": {"$ref": "http://x/y"}}}`, "not a local"},
 		{`{"type": "object", "properties": {"a": {"$ref": "#/$defs/T", "type": "string"}}, "$defs": {"T": {"type": "string"}}}`, "beside"},
@@ -980,6 +980,14 @@ func TestSchemaRecursive(t *testing.T) {
 		"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "required": ["a"]}`)
 	checkText(t, m, `{"a": {"b": {"a": {"b": {"n": 2}}, "n": 1}}}`, len(`{"a": {"b": {"a": {"b": {"n": 2}}, "n": 1}}}`), true)
 	checkText(t, m, `{"a": {"b": {"a": {"n": 1`, len(`{"a": {"b": {"a": {"`), false)
+	// A JSON-like value: a union whose alternatives hold it (pydantic's
+	// recursive type aliases).
+	jv := mustSchema(t, `{"$defs": {"JSON": {"anyOf": [{"type": "object", "additionalProperties": {"$ref": "#/$defs/JSON"}},
+		{"type": "array", "items": {"$ref": "#/$defs/JSON"}}, {"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}]}},
+		"type": "object", "properties": {"v": {"$ref": "#/$defs/JSON"}}, "required": ["v"]}`)
+	ok := `{"v": {"a": [1, "x", {"b": null, "c": [true, []]}], "d": {}}}`
+	checkText(t, jv, ok, len(ok), true)
+	checkText(t, jv, `{"v": [1, }`, len(`{"v": [1, `), false)
 	// As deep as the validator nests: then the list must close.
 	deep := strings.Repeat(`{"v": 1, "next": `, 40) + "null" + strings.Repeat("}", 40)
 	text := `{"name": "a", "children": [], "next": ` + deep + `}`
