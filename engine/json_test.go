@@ -224,3 +224,52 @@ func TestGrammarSpecialTokens(t *testing.T) {
 		}
 	}
 }
+
+// quitter is a validator that takes anything for a few tokens, then gives
+// up (grammar.Failer), as a GrammarText does past its work limit.
+type quitter struct {
+	n, after int
+	err      error
+}
+
+func (q *quitter) Accept(b []byte) bool { return q.err == nil && len(b) > 0 }
+func (q *quitter) Advance(b []byte) bool {
+	if !q.Accept(b) {
+		return false
+	}
+	if q.n++; q.n >= q.after {
+		q.err = grammar.ErrGrammarTooComplex
+	}
+	return true
+}
+func (q *quitter) Complete() bool { return false }
+func (q *quitter) Err() error     { return q.err }
+
+// TestGrammarGivesUp: a grammar that gives up mid-text fails its choice
+// with its error (not a silent end-of-sequence), after the tokens it took;
+// the engine's other requests go on.
+func TestGrammarGivesUp(t *testing.T) {
+	f := load(t)
+	e := newEngine(t, f, engine.Config{BlockSize: 4})
+	prompt, _ := f.tok.Encode("And God said", false)
+	ch := mustGen(t, e, prompt, engine.SamplingParams{MaxTokens: 20, TopP: 1, RepetitionPenalty: 1,
+		Grammar: func() grammar.Validator { return &quitter{after: 3} }})
+	other := mustGen(t, e, prompt, engine.SamplingParams{MaxTokens: 6, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true})
+	var toks int
+	var failed error
+	for ev := range ch {
+		toks += len(ev.TokenIDs)
+		if ev.Err != nil {
+			failed = ev.Err
+			if ev.FinishReason != engine.FinishError {
+				t.Errorf("finish %q with an error", ev.FinishReason)
+			}
+		}
+	}
+	if !errors.Is(failed, grammar.ErrGrammarTooComplex) || toks != 3 {
+		t.Errorf("error %v after %d tokens, want ErrGrammarTooComplex after 3", failed, toks)
+	}
+	if r := collect(t, other); len(r.tokens[0]) != 6 || r.reasons[0] != engine.FinishLength {
+		t.Errorf("the other request: %d tokens, %q", len(r.tokens[0]), r.reasons[0])
+	}
+}

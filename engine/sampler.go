@@ -131,6 +131,7 @@ type sampler struct {
 	gvocab   *grammar.Vocab
 	eos      int32
 	gramErr  bool
+	gramFail error // the grammar gave up (grammar.Failer): the choice fails with it
 	maskOK   bool // mask holds allowed()'s answer for the grammar's current state
 	vocabN   int  // logits a row (the model's vocabulary)
 	// MinTokens: the tokens banned until n reaches it (end-of-sequence and
@@ -208,6 +209,9 @@ func (s *sampler) allowed() []uint64 {
 		if grammar.Count(m) > 0 {
 			return m
 		}
+	}
+	if f, ok := s.gram.(grammar.Failer); ok && f.Err() != nil {
+		s.gramFail = f.Err()
 	}
 	clear(m)
 	m[s.eos>>6] |= 1 << (s.eos & 63)

@@ -693,6 +693,11 @@ func (e *Engine) deliverAt(s *sequence, pos int, lp *Logprob, now time.Time) {
 	p := &s.req.r.Sampling
 	tok := s.tokens[pos]
 	s.sampler.observe(tok)
+	if err := s.sampler.gramFail; err != nil {
+		s.tokens = s.tokens[:pos]
+		e.finish(s, FinishError, fmt.Errorf("engine: %w", err))
+		return
+	}
 	if s.sampler.gramErr && !slices.Contains(e.opts.EOS, tok) && !slices.Contains(p.StopTokenIDs, tok) {
 		// A token the grammar's mask excluded: a sampler that ignored it.
 		s.tokens = s.tokens[:pos]

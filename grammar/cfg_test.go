@@ -2,6 +2,7 @@ package grammar
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -496,5 +497,41 @@ func BenchmarkGrammarMask(b *testing.B) {
 			}
 			b.ReportMetric(float64(n), "tokens")
 		})
+	}
+}
+
+// TestGrammarWorkLimit: a grammar whose every character means gathering
+// thousands of stacks gives up (ErrGrammarTooComplex) within the work
+// limit, with an empty mask, instead of stalling; ordinary grammars over
+// GPT-2 stay far below the limit.
+func TestGrammarWorkLimit(t *testing.T) {
+	toks := make([][]byte, 0, 2000)
+	for a := 'a'; a <= 'z'; a++ {
+		for b := 'a'; b <= 'z'; b++ {
+			toks = append(toks, []byte{byte(a)}, []byte{byte(a), byte(b)}, []byte{byte(a), byte(b), 'x'})
+		}
+	}
+	voc := NewVocab(len(toks), func(id int32) []byte { return toks[id] })
+	dst := make([]uint64, voc.MaskWords())
+	if _, err := CompileGrammar(`root ::= ([a-z]?){1000} ([a-z]?){1000} "."`); err == nil || !strings.Contains(err.Error(), "start in more than") {
+		t.Errorf("a grammar with 2000 ways to start: %v", err)
+	}
+	g := mustGrammar(t, `root ::= "b" ([a-z]?){400} ([a-z]? [a-z]?){300}  "."`)
+	v := g.New().(*GrammarText)
+	if !v.Advance([]byte("b")) {
+		t.Fatal("b refused")
+	}
+	n := voc.Mask(v, dst)
+	if n != 0 || !errors.Is(v.Err(), ErrGrammarTooComplex) || v.Accept([]byte("a")) || v.Complete() {
+		t.Fatalf("mask %d tokens, err %v", n, v.Err())
+	}
+	if v.c.work > 3*MaxGrammarWork {
+		t.Errorf("gave up after %d units of work (limit %d)", v.c.work, MaxGrammarWork)
+	}
+	j := mustGrammar(t, jsonGBNF).New().(*GrammarText)
+	j.Advance([]byte(`{"a": [1, "x`))
+	voc.Mask(j, dst)
+	if j.Err() != nil || j.c.work > MaxGrammarWork/20 {
+		t.Errorf("the JSON grammar: err %v, %d units", j.Err(), j.c.work)
 	}
 }

@@ -181,6 +181,9 @@ func CompileGrammar(src string) (*Grammar, error) {
 	if err := g.check(); err != nil {
 		return nil, err
 	}
+	if newGCache(g).start().set == nil {
+		return nil, fmt.Errorf("grammar: the text can start in more than %d ways at once (long runs of optional items); write them as bounded repetitions {m,n}", MaxGStacks)
+	}
 	return g, nil
 }
 

@@ -12,6 +12,12 @@ type Validator interface {
 	Complete() bool
 }
 
+// Failer is a Validator that can give up on a text (GrammarText: a grammar
+// too costly to follow); Err says why, nil while it has not.
+type Failer interface {
+	Err() error
+}
+
 var (
 	_ Validator = (*JSON)(nil)
 	_ Validator = (*SchemaJSON)(nil)

@@ -280,6 +280,10 @@ func (v *Vocab) pastRun(i int, b []byte, k int) int {
 func (v *Vocab) grammarMask(g *GrammarText, dst []uint64) int {
 	clear(dst)
 	c := g.c
+	if g.err != nil {
+		return 0
+	}
+	start := c.work
 	states := append(make([]*gState, 0, 64), g.cur) // states[d]: after the first d bytes of the last token walked
 	n := 0
 	for i := 0; i < len(v.ids); {
@@ -292,6 +296,10 @@ func (v *Vocab) grammarMask(g *GrammarText, dst []uint64) int {
 			}
 			states = append(states, st)
 		}
+		if g.overBudget(start) {
+			clear(dst)
+			return 0
+		}
 		if k == len(b) {
 			id := v.ids[i]
 			dst[id>>6] |= 1 << (id & 63)
@@ -300,6 +308,9 @@ func (v *Vocab) grammarMask(g *GrammarText, dst []uint64) int {
 			continue
 		}
 		i = v.pastRun(i, b, k)
+	}
+	if n == 0 && c.overflow && !g.Complete() { // nothing left but paths cut for their stacks: give up, not a silent end
+		g.err = ErrGrammarTooComplex
 	}
 	return n
 }

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/grammar"
 )
 
 // errorCodes is the one table mapping errors to gRPC codes: the first row
@@ -20,6 +21,7 @@ var errorCodes = []struct {
 	{isFieldError, codes.InvalidArgument},
 	{is(engine.ErrTooLong), codes.InvalidArgument},
 	{is(engine.ErrGrammarUnsupported), codes.InvalidArgument},
+	{is(grammar.ErrGrammarTooComplex), codes.InvalidArgument},
 	{is(engine.ErrQueueFull), codes.ResourceExhausted},
 	{is(engine.ErrDraining), codes.Unavailable},
 	{is(context.Canceled), codes.Canceled},

@@ -191,7 +191,7 @@ func (k *call) endStream(c *gin.Context, out *sse, err error, usageChunk func() 
 		if k.status == statusClientClosed {
 			return
 		}
-		_ = out.send(errInternal.body())
+		_ = out.send(runError(err).body())
 		_ = out.done()
 		return
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/grammar"
 )
 
 // apiError is an error as OpenAI's API reports it: an HTTP status and the
@@ -100,6 +101,8 @@ func generateError(err error, tooLongParam string) *apiError {
 		return invalid(tooLongParam, "the prompt plus max_tokens exceeds the model's context length")
 	case errors.Is(err, engine.ErrGrammarUnsupported):
 		return invalid("response_format", "%s", strings.TrimPrefix(err.Error(), "engine: "))
+	case errors.Is(err, grammar.ErrGrammarTooComplex):
+		return invalid("guided_grammar", "%s", grammar.ErrGrammarTooComplex.Error())
 	}
 	return errInternal
 }

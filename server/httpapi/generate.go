@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/grammar"
 )
 
 // statusClientClosed is logged for requests whose client went away
@@ -302,8 +303,18 @@ func (k *call) finishGeneration(c *gin.Context, err error) {
 		k.status, k.errMsg = statusClientClosed, errClientGone.Error()
 	default:
 		k.cause = err
-		k.fail(c, errInternal)
+		k.fail(c, runError(err))
 	}
+}
+
+// runError is what a client is told of a generation that failed once
+// running: the grammar's fault (a 400) or the server's (a 500 that reveals
+// nothing).
+func runError(err error) *apiError {
+	if errors.Is(err, grammar.ErrGrammarTooComplex) {
+		return generateError(err, "")
+	}
+	return errInternal
 }
 
 // engineRequestID names prompt p's engine request.

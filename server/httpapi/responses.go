@@ -668,7 +668,12 @@ func (s *Server) responses(c *gin.Context) {
 	if err != nil {
 		k.finishGeneration(c, err)
 		if out != nil && k.status != statusClientClosed {
-			_ = o.emit("error", map[string]any{"code": "server_error", "message": errInternal.Message, "param": nil})
+			ae := runError(err)
+			code := "server_error"
+			if ae != errInternal {
+				code = "invalid_request_error"
+			}
+			_ = o.emit("error", map[string]any{"code": code, "message": ae.Message, "param": nil})
 		}
 		return
 	}
