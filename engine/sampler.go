@@ -132,8 +132,8 @@ type sampler struct {
 	eos      int32
 	gramErr  bool
 	gramFail error // the grammar gave up (grammar.Failer): the choice fails with it
-	maskOK   bool // mask holds allowed()'s answer for the grammar's current state
-	vocabN   int  // logits a row (the model's vocabulary)
+	maskOK   bool  // mask holds allowed()'s answer for the grammar's current state
+	vocabN   int   // logits a row (the model's vocabulary)
 	// MinTokens: the tokens banned until n reaches it (end-of-sequence and
 	// stop tokens), and n, the tokens emitted so far.
 	banned []int32
