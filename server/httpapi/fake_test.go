@@ -147,6 +147,7 @@ type fakeGen struct {
 	err       error // Generate returns it
 	hold      bool  // after the first event, wait for ctx to end
 	failAt    int   // > 0: choice 0 fails with FinishError at this token
+	failErr   error // its error (nil: an internal one)
 	panics    bool
 	vocab     int            // ids the engine accepts (0: the test tokenizer's)
 	noRecord  bool           // keep no copies of requests (fuzzing)
@@ -298,6 +299,9 @@ func (f *fakeGen) script(req *engine.Request) []engine.Event {
 			switch {
 			case i == 0 && f.failAt > 0 && k == f.failAt:
 				ev.FinishReason, ev.Err = engine.FinishError, fmt.Errorf("fake: device lost (secret-internal-detail)")
+				if f.failErr != nil {
+					ev.Err = f.failErr
+				}
 				s.done = true
 			case stopID:
 				ev.Text, ev.FinishReason = s.text[s.emitted:], engine.FinishStop

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/grammar"
 	"github.com/mkserve/mkserve/tokenizer"
 )
 
@@ -710,6 +711,30 @@ func TestPanicAndEngineFailure(t *testing.T) {
 	}
 	if failed != 2 {
 		t.Errorf("%d failed requests logged, want 2", failed)
+	}
+}
+
+// TestGrammarGaveUp: a choice whose grammar gave up mid-text (too costly
+// to follow) is the client's 400 with the reason, whole or streamed, on
+// every generation endpoint — not a 500.
+func TestGrammarGaveUp(t *testing.T) {
+	f := newFake(4096)
+	f.failAt, f.failErr = 3, fmt.Errorf("engine: %w", grammar.ErrGrammarTooComplex)
+	_, url := serve(t, f, Options{})
+	for _, c := range []struct{ path, body string }{
+		{"/v1/completions", `{"prompt": "x", "max_tokens": 10, "guided_grammar": "root ::= [a-z]+"}`},
+		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "x"}], "max_tokens": 10, "guided_grammar": "root ::= [a-z]+"}`},
+		{"/v1/responses", `{"input": "x", "max_output_tokens": 10, "guided_grammar": "root ::= [a-z]+"}`},
+	} {
+		resp, raw := post(t, url, c.path, c.body)
+		e := checkError(t, raw)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(e.Error.Message, "too costly to follow") {
+			t.Errorf("%s: %d %s", c.path, resp.StatusCode, raw)
+		}
+		resp, raw = post(t, url, c.path, strings.TrimSuffix(c.body, "}")+`, "stream": true}`)
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(raw), "too costly to follow") {
+			t.Errorf("%s streamed: %d %s", c.path, resp.StatusCode, raw)
+		}
 	}
 }
 
