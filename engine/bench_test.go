@@ -76,26 +76,31 @@ func BenchmarkStepOverhead(b *testing.B) {
 			steps := b.N
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			var chans []<-chan Event
-			for i := 0; i < R; i++ {
-				ch, err := e.Generate(ctx, &Request{Prompt: []int32{1, 2, 3, 4}, Sampling: SamplingParams{
-					MaxTokens: steps + 1, Temperature: 0.8, TopP: 0.9, IgnoreEOS: true, Stop: []string{"zzzz"}}})
-				if err != nil {
-					b.Fatal(err)
-				}
-				chans = append(chans, ch)
-			}
 			b.ResetTimer()
-			done := make(chan struct{})
-			for _, ch := range chans {
-				go func() {
-					for range ch {
+			// Rounds of at most 4096 steps: the sequences' KV stays within
+			// the cache however large b.N grows.
+			for left := steps; left > 0; left -= min(left, 4096) {
+				n := min(left, 4096)
+				var chans []<-chan Event
+				for i := 0; i < R; i++ {
+					ch, err := e.Generate(ctx, &Request{Prompt: []int32{1, 2, 3, 4}, Sampling: SamplingParams{
+						MaxTokens: n, Temperature: 0.8, TopP: 0.9, IgnoreEOS: true, Stop: []string{"zzzz"}}})
+					if err != nil {
+						b.Fatal(err)
 					}
-					done <- struct{}{}
-				}()
-			}
-			for range chans {
-				<-done
+					chans = append(chans, ch)
+				}
+				done := make(chan struct{})
+				for _, ch := range chans {
+					go func() {
+						for range ch {
+						}
+						done <- struct{}{}
+					}()
+				}
+				for range chans {
+					<-done
+				}
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(steps), "µs/step")
