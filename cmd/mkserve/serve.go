@@ -126,7 +126,7 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	grpcAddr := ""
 	if cfg.GRPCAddr != "" {
 		gapi = grpcapi.New(gen, tok, grpcapi.Options{Logger: log, Registerer: reg, Defaults: defaults,
-			CompactJSON: cfg.JSONWhitespace == "compact"})
+			CompactJSON: cfg.JSONWhitespace == "compact", Template: tmpl})
 		gs = grpc.NewServer(gapi.ServerOptions()...)
 		gapi.Register(gs)
 		gl, err := net.Listen("tcp", cfg.GRPCAddr)

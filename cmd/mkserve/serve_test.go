@@ -132,6 +132,14 @@ func TestServeEndToEnd(t *testing.T) {
 	if len(gr.GetChoices()) != 1 {
 		t.Fatalf("gRPC Generate returned %d choices", len(gr.GetChoices()))
 	}
+	// gRPC with a conversation, rendered by the model's chat template.
+	cr, err := pb.NewInferenceClient(conn).Generate(ctx, &pb.GenerateRequest{
+		Prompt:   &pb.GenerateRequest_Chat{Chat: &pb.Chat{Messages: []*pb.ChatMessage{{Role: "user", Content: "Quote a verse about light."}}}},
+		Sampling: &pb.SamplingParams{MaxTokens: &maxTok},
+	})
+	if err != nil || len(cr.GetChoices()) != 1 || cr.GetUsage().GetPromptTokens() < 5 {
+		t.Fatalf("gRPC Generate with a chat: %v %v", cr, err)
+	}
 
 	// A short load test through loadgen.
 	res, err := loadgen.Run(ctx, loadgen.Options{BaseURL: "http://" + h, NumPrompts: 16, MaxConcurrency: 8,

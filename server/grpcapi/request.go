@@ -1,11 +1,14 @@
 package grpcapi
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/mkserve/mkserve/chat"
 	"github.com/mkserve/mkserve/engine"
 	"github.com/mkserve/mkserve/grammar"
 	pb "github.com/mkserve/mkserve/proto/mkserve/v1"
@@ -75,6 +78,8 @@ func (s *Server) prompt(req *pb.GenerateRequest) ([]int32, error) {
 			return nil, fieldErr("text", "the prompt has no tokens")
 		}
 		return ids, nil
+	case *pb.GenerateRequest_Chat:
+		return s.chatPrompt(p.Chat)
 	case *pb.GenerateRequest_TokenIds:
 		ids := p.TokenIds.GetIds()
 		if len(ids) == 0 {
@@ -85,8 +90,55 @@ func (s *Server) prompt(req *pb.GenerateRequest) ([]int32, error) {
 		}
 		return append([]int32(nil), ids...), nil
 	default:
-		return nil, fieldErr("prompt", "missing: set text or token_ids")
+		return nil, fieldErr("prompt", "missing: set text, token_ids or chat")
 	}
+}
+
+// chatRoles are the roles a chat message may have.
+var chatRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
+
+// chatPrompt renders c with the model's chat template and tokenizes it
+// (without added special tokens: the template writes them).
+func (s *Server) chatPrompt(c *pb.Chat) ([]int32, error) {
+	if s.opts.Template == nil || s.tok == nil {
+		return nil, fieldErr("chat", "this model has no chat template; send text or token_ids")
+	}
+	if len(c.GetMessages()) == 0 {
+		return nil, fieldErr("chat.messages", "no messages")
+	}
+	msgs := make([]chat.Message, len(c.Messages))
+	for i, m := range c.Messages {
+		if !chatRoles[m.GetRole()] {
+			return nil, fieldErr(fmt.Sprintf("chat.messages[%d].role", i), "must be system, developer, user, assistant or tool; got %q", m.GetRole())
+		}
+		msgs[i] = chat.Message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallId}
+	}
+	opts := chat.Options{AddGenerationPrompt: c.AddGenerationPrompt == nil || *c.AddGenerationPrompt}
+	if k := c.GetChatTemplateKwargsJson(); k != "" {
+		if err := json.Unmarshal([]byte(k), &opts.Kwargs); err != nil || opts.Kwargs == nil {
+			return nil, fieldErr("chat.chat_template_kwargs_json", "must be one JSON object")
+		}
+		for name := range opts.Kwargs {
+			if name == "messages" || name == "tools" || name == "add_generation_prompt" || strings.HasPrefix(name, "__") {
+				return nil, fieldErr("chat.chat_template_kwargs_json", "may not set %q", name)
+			}
+		}
+	}
+	if cfg := s.tok.Config(); cfg != nil {
+		opts.BOSToken, opts.EOSToken = cfg.BOSToken, cfg.EOSToken
+	}
+	text, err := s.opts.Template.Render(msgs, opts)
+	if err != nil {
+		return nil, fieldErr("chat.messages", "the chat template refused the messages: %v", err)
+	}
+	ids, err := s.tok.Encode(text, false)
+	if err != nil {
+		return nil, fieldErr("chat", "tokenizing the rendered conversation: %v", err)
+	}
+	if len(ids) == 0 {
+		return nil, fieldErr("chat", "the rendered conversation has no tokens")
+	}
+	return ids, nil
 }
 
 func (s *Server) vocab() int {

@@ -25,6 +25,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/mkserve/mkserve/chat"
 	"github.com/mkserve/mkserve/engine"
 	pb "github.com/mkserve/mkserve/proto/mkserve/v1"
 	"github.com/mkserve/mkserve/tokenizer"
@@ -53,6 +54,9 @@ type Options struct {
 	// the engine at once (0: 256); the rest wait in the server, not in the
 	// engine's queue.
 	BatchParallel int
+	// Template is the checkpoint's chat template, for requests that send a
+	// Chat (nil: they get InvalidArgument).
+	Template *chat.Template
 }
 
 // Server implements pb.InferenceServer.

@@ -301,6 +301,7 @@ type GenerateRequest struct {
 	//
 	//	*GenerateRequest_Text
 	//	*GenerateRequest_TokenIds
+	//	*GenerateRequest_Chat
 	Prompt   isGenerateRequest_Prompt `protobuf_oneof:"prompt"`
 	Sampling *SamplingParams          `protobuf:"bytes,3,opt,name=sampling,proto3" json:"sampling,omitempty"`
 	// request_id names the request in logs and responses; the server makes
@@ -370,6 +371,15 @@ func (x *GenerateRequest) GetTokenIds() *TokenIds {
 	return nil
 }
 
+func (x *GenerateRequest) GetChat() *Chat {
+	if x != nil {
+		if x, ok := x.Prompt.(*GenerateRequest_Chat); ok {
+			return x.Chat
+		}
+	}
+	return nil
+}
+
 func (x *GenerateRequest) GetSampling() *SamplingParams {
 	if x != nil {
 		return x.Sampling
@@ -410,9 +420,150 @@ type GenerateRequest_TokenIds struct {
 	TokenIds *TokenIds `protobuf:"bytes,2,opt,name=token_ids,json=tokenIds,proto3,oneof"` // used as is
 }
 
+type GenerateRequest_Chat struct {
+	Chat *Chat `protobuf:"bytes,7,opt,name=chat,proto3,oneof"` // rendered with the model's chat template, then tokenized
+}
+
 func (*GenerateRequest_Text) isGenerateRequest_Prompt() {}
 
 func (*GenerateRequest_TokenIds) isGenerateRequest_Prompt() {}
+
+func (*GenerateRequest_Chat) isGenerateRequest_Prompt() {}
+
+// Chat is a conversation for the model's chat template (as HTTP's chat
+// completions render it; the output is the raw text, reasoning included).
+type Chat struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Messages []*ChatMessage         `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	// add_generation_prompt ends the rendering with the assistant's turn
+	// opening; default true.
+	AddGenerationPrompt *bool `protobuf:"varint,2,opt,name=add_generation_prompt,json=addGenerationPrompt,proto3,oneof" json:"add_generation_prompt,omitempty"`
+	// chat_template_kwargs_json: extra template variables as one JSON object
+	// (e.g. {"enable_thinking": false}); empty for none.
+	ChatTemplateKwargsJson string `protobuf:"bytes,3,opt,name=chat_template_kwargs_json,json=chatTemplateKwargsJson,proto3" json:"chat_template_kwargs_json,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
+}
+
+func (x *Chat) Reset() {
+	*x = Chat{}
+	mi := &file_mkserve_v1_inference_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Chat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Chat) ProtoMessage() {}
+
+func (x *Chat) ProtoReflect() protoreflect.Message {
+	mi := &file_mkserve_v1_inference_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Chat.ProtoReflect.Descriptor instead.
+func (*Chat) Descriptor() ([]byte, []int) {
+	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Chat) GetMessages() []*ChatMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *Chat) GetAddGenerationPrompt() bool {
+	if x != nil && x.AddGenerationPrompt != nil {
+		return *x.AddGenerationPrompt
+	}
+	return false
+}
+
+func (x *Chat) GetChatTemplateKwargsJson() string {
+	if x != nil {
+		return x.ChatTemplateKwargsJson
+	}
+	return ""
+}
+
+// ChatMessage is one message of a Chat.
+type ChatMessage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Role          string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"` // system, developer, user, assistant or tool
+	Content       string                 `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`                                 // optional
+	ToolCallId    string                 `protobuf:"bytes,4,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"` // a tool message's call
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChatMessage) Reset() {
+	*x = ChatMessage{}
+	mi := &file_mkserve_v1_inference_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChatMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChatMessage) ProtoMessage() {}
+
+func (x *ChatMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_mkserve_v1_inference_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
+func (*ChatMessage) Descriptor() ([]byte, []int) {
+	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ChatMessage) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ChatMessage) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
+func (x *ChatMessage) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ChatMessage) GetToolCallId() string {
+	if x != nil {
+		return x.ToolCallId
+	}
+	return ""
+}
 
 // TopLogprob is a candidate token and its log-probability.
 type TopLogprob struct {
@@ -426,7 +577,7 @@ type TopLogprob struct {
 
 func (x *TopLogprob) Reset() {
 	*x = TopLogprob{}
-	mi := &file_mkserve_v1_inference_proto_msgTypes[3]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -438,7 +589,7 @@ func (x *TopLogprob) String() string {
 func (*TopLogprob) ProtoMessage() {}
 
 func (x *TopLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_mkserve_v1_inference_proto_msgTypes[3]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -451,7 +602,7 @@ func (x *TopLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopLogprob.ProtoReflect.Descriptor instead.
 func (*TopLogprob) Descriptor() ([]byte, []int) {
-	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{3}
+	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TopLogprob) GetTokenId() int32 {
@@ -488,7 +639,7 @@ type Logprob struct {
 
 func (x *Logprob) Reset() {
 	*x = Logprob{}
-	mi := &file_mkserve_v1_inference_proto_msgTypes[4]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +651,7 @@ func (x *Logprob) String() string {
 func (*Logprob) ProtoMessage() {}
 
 func (x *Logprob) ProtoReflect() protoreflect.Message {
-	mi := &file_mkserve_v1_inference_proto_msgTypes[4]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +664,7 @@ func (x *Logprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Logprob.ProtoReflect.Descriptor instead.
 func (*Logprob) Descriptor() ([]byte, []int) {
-	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{4}
+	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Logprob) GetTokenId() int32 {
@@ -556,7 +707,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_mkserve_v1_inference_proto_msgTypes[5]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -568,7 +719,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_mkserve_v1_inference_proto_msgTypes[5]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -581,7 +732,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{5}
+	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Usage) GetPromptTokens() int32 {
@@ -621,7 +772,7 @@ type Choice struct {
 
 func (x *Choice) Reset() {
 	*x = Choice{}
-	mi := &file_mkserve_v1_inference_proto_msgTypes[6]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -633,7 +784,7 @@ func (x *Choice) String() string {
 func (*Choice) ProtoMessage() {}
 
 func (x *Choice) ProtoReflect() protoreflect.Message {
-	mi := &file_mkserve_v1_inference_proto_msgTypes[6]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -646,7 +797,7 @@ func (x *Choice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Choice.ProtoReflect.Descriptor instead.
 func (*Choice) Descriptor() ([]byte, []int) {
-	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{6}
+	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Choice) GetIndex() int32 {
@@ -696,7 +847,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_mkserve_v1_inference_proto_msgTypes[7]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +859,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mkserve_v1_inference_proto_msgTypes[7]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +872,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{7}
+	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GenerateResponse) GetRequestId() string {
@@ -761,7 +912,7 @@ type GenerateStreamResponse struct {
 
 func (x *GenerateStreamResponse) Reset() {
 	*x = GenerateStreamResponse{}
-	mi := &file_mkserve_v1_inference_proto_msgTypes[8]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +924,7 @@ func (x *GenerateStreamResponse) String() string {
 func (*GenerateStreamResponse) ProtoMessage() {}
 
 func (x *GenerateStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mkserve_v1_inference_proto_msgTypes[8]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +937,7 @@ func (x *GenerateStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateStreamResponse.ProtoReflect.Descriptor instead.
 func (*GenerateStreamResponse) Descriptor() ([]byte, []int) {
-	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{8}
+	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GenerateStreamResponse) GetRequestId() string {
@@ -850,7 +1001,7 @@ type BatchGenerateRequest struct {
 
 func (x *BatchGenerateRequest) Reset() {
 	*x = BatchGenerateRequest{}
-	mi := &file_mkserve_v1_inference_proto_msgTypes[9]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -862,7 +1013,7 @@ func (x *BatchGenerateRequest) String() string {
 func (*BatchGenerateRequest) ProtoMessage() {}
 
 func (x *BatchGenerateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_mkserve_v1_inference_proto_msgTypes[9]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -875,7 +1026,7 @@ func (x *BatchGenerateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGenerateRequest.ProtoReflect.Descriptor instead.
 func (*BatchGenerateRequest) Descriptor() ([]byte, []int) {
-	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{9}
+	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BatchGenerateRequest) GetRequests() []*GenerateRequest {
@@ -903,7 +1054,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_mkserve_v1_inference_proto_msgTypes[10]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1066,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_mkserve_v1_inference_proto_msgTypes[10]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1079,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{10}
+	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Error) GetCode() int32 {
@@ -960,7 +1111,7 @@ type BatchGenerateResponse struct {
 
 func (x *BatchGenerateResponse) Reset() {
 	*x = BatchGenerateResponse{}
-	mi := &file_mkserve_v1_inference_proto_msgTypes[11]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -972,7 +1123,7 @@ func (x *BatchGenerateResponse) String() string {
 func (*BatchGenerateResponse) ProtoMessage() {}
 
 func (x *BatchGenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_mkserve_v1_inference_proto_msgTypes[11]
+	mi := &file_mkserve_v1_inference_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -985,7 +1136,7 @@ func (x *BatchGenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGenerateResponse.ProtoReflect.Descriptor instead.
 func (*BatchGenerateResponse) Descriptor() ([]byte, []int) {
-	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{11}
+	return file_mkserve_v1_inference_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BatchGenerateResponse) GetIndex() int32 {
@@ -1083,17 +1234,29 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"\x11_presence_penaltyB\x14\n" +
 	"\x12_frequency_penaltyB\x15\n" +
 	"\x13_repetition_penaltyB\x0f\n" +
-	"\r_top_logprobs\"\xa3\x02\n" +
+	"\r_top_logprobs\"\xcb\x02\n" +
 	"\x0fGenerateRequest\x12\x14\n" +
 	"\x04text\x18\x01 \x01(\tH\x00R\x04text\x123\n" +
-	"\ttoken_ids\x18\x02 \x01(\v2\x14.mkserve.v1.TokenIdsH\x00R\btokenIds\x126\n" +
+	"\ttoken_ids\x18\x02 \x01(\v2\x14.mkserve.v1.TokenIdsH\x00R\btokenIds\x12&\n" +
+	"\x04chat\x18\a \x01(\v2\x10.mkserve.v1.ChatH\x00R\x04chat\x126\n" +
 	"\bsampling\x18\x03 \x01(\v2\x1a.mkserve.v1.SamplingParamsR\bsampling\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x04 \x01(\tR\trequestId\x12\x1a\n" +
 	"\bpriority\x18\x05 \x01(\x05R\bpriority\x121\n" +
 	"\x12add_special_tokens\x18\x06 \x01(\bH\x01R\x10addSpecialTokens\x88\x01\x01B\b\n" +
 	"\x06promptB\x15\n" +
-	"\x13_add_special_tokens\"U\n" +
+	"\x13_add_special_tokens\"\xc9\x01\n" +
+	"\x04Chat\x123\n" +
+	"\bmessages\x18\x01 \x03(\v2\x17.mkserve.v1.ChatMessageR\bmessages\x127\n" +
+	"\x15add_generation_prompt\x18\x02 \x01(\bH\x00R\x13addGenerationPrompt\x88\x01\x01\x129\n" +
+	"\x19chat_template_kwargs_json\x18\x03 \x01(\tR\x16chatTemplateKwargsJsonB\x18\n" +
+	"\x16_add_generation_prompt\"q\n" +
+	"\vChatMessage\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
+	"\acontent\x18\x02 \x01(\tR\acontent\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12 \n" +
+	"\ftool_call_id\x18\x04 \x01(\tR\n" +
+	"toolCallId\"U\n" +
 	"\n" +
 	"TopLogprob\x12\x19\n" +
 	"\btoken_id\x18\x01 \x01(\x05R\atokenId\x12\x12\n" +
@@ -1156,45 +1319,49 @@ func file_mkserve_v1_inference_proto_rawDescGZIP() []byte {
 	return file_mkserve_v1_inference_proto_rawDescData
 }
 
-var file_mkserve_v1_inference_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_mkserve_v1_inference_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_mkserve_v1_inference_proto_goTypes = []any{
 	(*TokenIds)(nil),               // 0: mkserve.v1.TokenIds
 	(*SamplingParams)(nil),         // 1: mkserve.v1.SamplingParams
 	(*GenerateRequest)(nil),        // 2: mkserve.v1.GenerateRequest
-	(*TopLogprob)(nil),             // 3: mkserve.v1.TopLogprob
-	(*Logprob)(nil),                // 4: mkserve.v1.Logprob
-	(*Usage)(nil),                  // 5: mkserve.v1.Usage
-	(*Choice)(nil),                 // 6: mkserve.v1.Choice
-	(*GenerateResponse)(nil),       // 7: mkserve.v1.GenerateResponse
-	(*GenerateStreamResponse)(nil), // 8: mkserve.v1.GenerateStreamResponse
-	(*BatchGenerateRequest)(nil),   // 9: mkserve.v1.BatchGenerateRequest
-	(*Error)(nil),                  // 10: mkserve.v1.Error
-	(*BatchGenerateResponse)(nil),  // 11: mkserve.v1.BatchGenerateResponse
+	(*Chat)(nil),                   // 3: mkserve.v1.Chat
+	(*ChatMessage)(nil),            // 4: mkserve.v1.ChatMessage
+	(*TopLogprob)(nil),             // 5: mkserve.v1.TopLogprob
+	(*Logprob)(nil),                // 6: mkserve.v1.Logprob
+	(*Usage)(nil),                  // 7: mkserve.v1.Usage
+	(*Choice)(nil),                 // 8: mkserve.v1.Choice
+	(*GenerateResponse)(nil),       // 9: mkserve.v1.GenerateResponse
+	(*GenerateStreamResponse)(nil), // 10: mkserve.v1.GenerateStreamResponse
+	(*BatchGenerateRequest)(nil),   // 11: mkserve.v1.BatchGenerateRequest
+	(*Error)(nil),                  // 12: mkserve.v1.Error
+	(*BatchGenerateResponse)(nil),  // 13: mkserve.v1.BatchGenerateResponse
 }
 var file_mkserve_v1_inference_proto_depIdxs = []int32{
 	0,  // 0: mkserve.v1.GenerateRequest.token_ids:type_name -> mkserve.v1.TokenIds
-	1,  // 1: mkserve.v1.GenerateRequest.sampling:type_name -> mkserve.v1.SamplingParams
-	3,  // 2: mkserve.v1.Logprob.top:type_name -> mkserve.v1.TopLogprob
-	4,  // 3: mkserve.v1.Choice.logprobs:type_name -> mkserve.v1.Logprob
-	6,  // 4: mkserve.v1.GenerateResponse.choices:type_name -> mkserve.v1.Choice
-	5,  // 5: mkserve.v1.GenerateResponse.usage:type_name -> mkserve.v1.Usage
-	4,  // 6: mkserve.v1.GenerateStreamResponse.logprobs:type_name -> mkserve.v1.Logprob
-	5,  // 7: mkserve.v1.GenerateStreamResponse.usage:type_name -> mkserve.v1.Usage
-	2,  // 8: mkserve.v1.BatchGenerateRequest.requests:type_name -> mkserve.v1.GenerateRequest
-	1,  // 9: mkserve.v1.BatchGenerateRequest.sampling:type_name -> mkserve.v1.SamplingParams
-	7,  // 10: mkserve.v1.BatchGenerateResponse.response:type_name -> mkserve.v1.GenerateResponse
-	10, // 11: mkserve.v1.BatchGenerateResponse.error:type_name -> mkserve.v1.Error
-	2,  // 12: mkserve.v1.Inference.Generate:input_type -> mkserve.v1.GenerateRequest
-	2,  // 13: mkserve.v1.Inference.GenerateStream:input_type -> mkserve.v1.GenerateRequest
-	9,  // 14: mkserve.v1.Inference.BatchGenerate:input_type -> mkserve.v1.BatchGenerateRequest
-	7,  // 15: mkserve.v1.Inference.Generate:output_type -> mkserve.v1.GenerateResponse
-	8,  // 16: mkserve.v1.Inference.GenerateStream:output_type -> mkserve.v1.GenerateStreamResponse
-	11, // 17: mkserve.v1.Inference.BatchGenerate:output_type -> mkserve.v1.BatchGenerateResponse
-	15, // [15:18] is the sub-list for method output_type
-	12, // [12:15] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	3,  // 1: mkserve.v1.GenerateRequest.chat:type_name -> mkserve.v1.Chat
+	1,  // 2: mkserve.v1.GenerateRequest.sampling:type_name -> mkserve.v1.SamplingParams
+	4,  // 3: mkserve.v1.Chat.messages:type_name -> mkserve.v1.ChatMessage
+	5,  // 4: mkserve.v1.Logprob.top:type_name -> mkserve.v1.TopLogprob
+	6,  // 5: mkserve.v1.Choice.logprobs:type_name -> mkserve.v1.Logprob
+	8,  // 6: mkserve.v1.GenerateResponse.choices:type_name -> mkserve.v1.Choice
+	7,  // 7: mkserve.v1.GenerateResponse.usage:type_name -> mkserve.v1.Usage
+	6,  // 8: mkserve.v1.GenerateStreamResponse.logprobs:type_name -> mkserve.v1.Logprob
+	7,  // 9: mkserve.v1.GenerateStreamResponse.usage:type_name -> mkserve.v1.Usage
+	2,  // 10: mkserve.v1.BatchGenerateRequest.requests:type_name -> mkserve.v1.GenerateRequest
+	1,  // 11: mkserve.v1.BatchGenerateRequest.sampling:type_name -> mkserve.v1.SamplingParams
+	9,  // 12: mkserve.v1.BatchGenerateResponse.response:type_name -> mkserve.v1.GenerateResponse
+	12, // 13: mkserve.v1.BatchGenerateResponse.error:type_name -> mkserve.v1.Error
+	2,  // 14: mkserve.v1.Inference.Generate:input_type -> mkserve.v1.GenerateRequest
+	2,  // 15: mkserve.v1.Inference.GenerateStream:input_type -> mkserve.v1.GenerateRequest
+	11, // 16: mkserve.v1.Inference.BatchGenerate:input_type -> mkserve.v1.BatchGenerateRequest
+	9,  // 17: mkserve.v1.Inference.Generate:output_type -> mkserve.v1.GenerateResponse
+	10, // 18: mkserve.v1.Inference.GenerateStream:output_type -> mkserve.v1.GenerateStreamResponse
+	13, // 19: mkserve.v1.Inference.BatchGenerate:output_type -> mkserve.v1.BatchGenerateResponse
+	17, // [17:20] is the sub-list for method output_type
+	14, // [14:17] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_mkserve_v1_inference_proto_init() }
@@ -1206,8 +1373,10 @@ func file_mkserve_v1_inference_proto_init() {
 	file_mkserve_v1_inference_proto_msgTypes[2].OneofWrappers = []any{
 		(*GenerateRequest_Text)(nil),
 		(*GenerateRequest_TokenIds)(nil),
+		(*GenerateRequest_Chat)(nil),
 	}
-	file_mkserve_v1_inference_proto_msgTypes[11].OneofWrappers = []any{
+	file_mkserve_v1_inference_proto_msgTypes[3].OneofWrappers = []any{}
+	file_mkserve_v1_inference_proto_msgTypes[13].OneofWrappers = []any{
 		(*BatchGenerateResponse_Response)(nil),
 		(*BatchGenerateResponse_Error)(nil),
 	}
@@ -1217,7 +1386,7 @@ func file_mkserve_v1_inference_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mkserve_v1_inference_proto_rawDesc), len(file_mkserve_v1_inference_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
