@@ -175,6 +175,10 @@ func testMixedSampling(t *testing.T, logprobs bool) {
 	if got := gathered(t, reg, "mkserve:host_sampled_rows_total"); got != float64(hostMade) {
 		t.Errorf("host_sampled_rows_total %v, want %d (the grammar's and the bias's tokens with log-probabilities)", got, hostMade)
 	}
+	// One mask timed for each token of the JSON request (a state each).
+	if got := gatheredCount(t, reg, "mkserve:grammar_mask_seconds"); got < uint64(len(mixRes[2].tokens[0])) {
+		t.Errorf("grammar_mask_seconds counted %d masks for %d constrained tokens", got, len(mixRes[2].tokens[0]))
+	}
 	if !logprobs {
 		if r := mixRes[5].tokens[0]; len(r) != 5 || r[4] != 2 {
 			t.Errorf("min_tokens 4 with EOS pushed up: %v, want 4 tokens then EOS 2", r)
@@ -205,6 +209,22 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	for _, mf := range mfs {
 		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
 			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no %s", name)
+	return 0
+}
+
+// gatheredCount is the sample count of histogram name in reg.
+func gatheredCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
 		}
 	}
 	t.Fatalf("no %s", name)

@@ -6,10 +6,12 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/grammar"
 	"github.com/mkserve/mkserve/internal/logprob"
+	"github.com/mkserve/mkserve/metrics"
 )
 
 // Validate checks sampling parameters, naming the first bad one with its
@@ -131,9 +133,10 @@ type sampler struct {
 	gvocab   *grammar.Vocab
 	eos      int32
 	gramErr  bool
-	gramFail error // the grammar gave up (grammar.Failer): the choice fails with it
-	maskOK   bool  // mask holds allowed()'s answer for the grammar's current state
-	vocabN   int   // logits a row (the model's vocabulary)
+	gramFail error            // the grammar gave up (grammar.Failer): the choice fails with it
+	met      *metrics.Metrics // mask times (nil: none)
+	maskOK   bool             // mask holds allowed()'s answer for the grammar's current state
+	vocabN   int              // logits a row (the model's vocabulary)
 	// MinTokens: the tokens banned until n reaches it (end-of-sequence and
 	// stop tokens), and n, the tokens emitted so far.
 	banned []int32
@@ -199,6 +202,9 @@ func (s *sampler) allowed() []uint64 {
 	}
 	s.maskOK = true
 	m := s.mask
+	if s.met != nil {
+		defer func(t0 time.Time) { s.met.GrammarMask(time.Since(t0)) }(time.Now())
+	}
 	if !s.gram.Complete() && s.gvocab.Mask(s.gram, m) > 0 {
 		m[s.eos>>6] &^= 1 << (s.eos & 63)    // (an EOS with bytes still ends the text only when it is complete)
 		for _, t := range s.p.StopTokenIDs { // (nor does a stop token)

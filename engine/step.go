@@ -31,7 +31,7 @@ func (e *Engine) newSequence(r *request, index int, tokens []int32) *sequence {
 		}
 	}
 	if p := &r.r.Sampling; p.Grammar != nil { // admission checked that the tokenizer gives bytes and an EOS exists
-		sm.gram, sm.tokBytes, sm.gvocab, sm.eos = p.Grammar(), e.tokBytes, e.gvocab(), e.opts.EOS[0]
+		sm.gram, sm.tokBytes, sm.gvocab, sm.eos, sm.met = p.Grammar(), e.tokBytes, e.gvocab(), e.opts.EOS[0], e.opts.Metrics
 		if p.KeepSpecialTokens && e.gvocabSpecial != nil { // it may write special tokens
 			sm.tokBytes, sm.gvocab = e.specialBytes, e.gvocabSpecial()
 		}

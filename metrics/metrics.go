@@ -26,6 +26,7 @@ var (
 		0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}
 	interTokenBuckets = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
 		0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}
+	gramMaskBuckets       = []float64{1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1}
 	requestLatencyBuckets = []float64{0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
 		20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}
 )
@@ -49,6 +50,7 @@ type Metrics struct {
 	specDraft, specAccepted   prometheus.Counter
 	success                   *prometheus.CounterVec // {finished_reason}
 	ttft, itl, e2e, queue     prometheus.Histogram
+	gramMask                  prometheus.Histogram
 	expertTokens              *prometheus.CounterVec // {layer, expert}
 	imbalance                 *prometheus.GaugeVec   // {layer}
 	layersMu                  sync.RWMutex
@@ -95,10 +97,11 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: prefix + "request_success_total", Help: "Count of finished requests by finish reason.", ConstLabels: labels,
 		}, []string{"finished_reason"}),
-		ttft:  histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets),
-		itl:   histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", interTokenBuckets),
-		e2e:   histogram("e2e_request_latency_seconds", "Histogram of end-to-end request latency in seconds.", requestLatencyBuckets),
-		queue: histogram("request_queue_time_seconds", "Histogram of time spent waiting in the queue in seconds.", requestLatencyBuckets),
+		ttft:     histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets),
+		itl:      histogram("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", interTokenBuckets),
+		e2e:      histogram("e2e_request_latency_seconds", "Histogram of end-to-end request latency in seconds.", requestLatencyBuckets),
+		queue:    histogram("request_queue_time_seconds", "Histogram of time spent waiting in the queue in seconds.", requestLatencyBuckets),
+		gramMask: histogram("grammar_mask_seconds", "Histogram of the time to compute one constrained choice's vocabulary mask (structured output: a JSON schema, regex, grammar or forced tool call), in seconds.", gramMaskBuckets),
 		expertTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: prefix + "moe_expert_tokens_total", Help: "Tokens routed to each expert of each MoE layer.", ConstLabels: labels,
 		}, []string{"layer", "expert"}),
@@ -112,7 +115,7 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.prefixQueries, m.prefixHits,
 		m.promptTokens, m.genTokens, m.preemptions, m.cpTokens, m.placements, m.overlapped, m.hostRows, m.specDraft, m.specAccepted, m.success,
-		m.ttft, m.itl, m.e2e, m.queue, m.expertTokens, m.imbalance)
+		m.ttft, m.itl, m.e2e, m.queue, m.gramMask, m.expertTokens, m.imbalance)
 	return m
 }
 
@@ -235,6 +238,14 @@ func (m *Metrics) SpecDecode(drafted, accepted int) {
 	}
 	m.specDraft.Add(float64(drafted))
 	m.specAccepted.Add(float64(accepted))
+}
+
+// GrammarMask records the time one vocabulary mask took.
+func (m *Metrics) GrammarMask(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.gramMask.Observe(d.Seconds())
 }
 
 // HostSampledRows counts n rows sampled on the host in a step whose backend

@@ -37,6 +37,7 @@ var names = []string{
 	"mkserve:inter_token_latency_seconds",
 	"mkserve:e2e_request_latency_seconds",
 	"mkserve:request_queue_time_seconds",
+	"mkserve:grammar_mask_seconds",
 	"mkserve:moe_expert_tokens_total",
 	"mkserve:moe_load_imbalance",
 }
@@ -61,6 +62,7 @@ func exercise(m *Metrics, r *rand.Rand) {
 	m.OverlappedStep()
 	m.HostSampledRows(1 + r.IntN(4))
 	m.SpecDecode(4+r.IntN(4), r.IntN(4))
+	m.GrammarMask(time.Duration(1+r.IntN(1000)) * time.Microsecond)
 	m.ExpertPlacement()
 	m.ExpertLoad(r.IntN(3), []int64{int64(r.IntN(5)), int64(1 + r.IntN(5)), 3})
 }
@@ -336,10 +338,10 @@ func TestSeriesCounts(t *testing.T) {
 	if got := testutil.ToFloat64(m.success.WithLabelValues("unknown")); got != 1 {
 		t.Errorf("empty reason counted %v times as unknown, want 1", got)
 	}
-	// 18 single-series families, no expert series yet, and the success
+	// 19 single-series families, no expert series yet, and the success
 	// series of the four reasons plus "unknown".
-	if got, err := testutil.GatherAndCount(reg); err != nil || got != 18+len(finishReasons)+1 {
-		t.Errorf("%d series (%v), want %d", got, err, 18+len(finishReasons)+1)
+	if got, err := testutil.GatherAndCount(reg); err != nil || got != 19+len(finishReasons)+1 {
+		t.Errorf("%d series (%v), want %d", got, err, 19+len(finishReasons)+1)
 	}
 }
 
