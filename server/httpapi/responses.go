@@ -433,6 +433,7 @@ type respOut struct {
 	items     []any
 	reasoning *respReasoningJS // open reasoning item
 	message   *respMessageJS   // open message item
+	rIdx, mIdx int             // their output indexes
 	text      strings.Builder
 	reasonBuf strings.Builder
 	lps       []chatTokenLogprob
@@ -451,7 +452,9 @@ func (o *respOut) send(typ string, fields map[string]any) error {
 func (o *respOut) openReasoning() error {
 	o.reasoning = &respReasoningJS{Type: "reasoning", ID: respID("rs_"), Status: "in_progress", Summary: []any{}, Content: []respReasonTextJS{}}
 	o.items = append(o.items, o.reasoning)
-	idx := len(o.items) - 1
+	o.rIdx = len(o.items) - 1
+	o.reasonBuf.Reset()
+	idx := o.rIdx
 	if err := o.send("response.output_item.added", map[string]any{"output_index": idx, "item": o.reasoning}); err != nil {
 		return err
 	}
@@ -466,7 +469,7 @@ func (o *respOut) closeReasoning() error {
 		return nil
 	}
 	o.reasoning = nil
-	idx := slices.IndexFunc(o.items, func(it any) bool { return it == any(r) })
+	idx := o.rIdx
 	part := respReasonTextJS{Type: "reasoning_text", Text: o.reasonBuf.String()}
 	r.Content, r.Status = []respReasonTextJS{part}, "completed"
 	if err := o.send("response.reasoning_text.done", map[string]any{"item_id": r.ID, "output_index": idx, "content_index": 0, "text": part.Text}); err != nil {
@@ -485,7 +488,8 @@ func (o *respOut) openMessage() error {
 	}
 	o.message = &respMessageJS{Type: "message", ID: respID("msg_"), Status: "in_progress", Role: "assistant", Content: []respOutTextJS{}}
 	o.items = append(o.items, o.message)
-	idx := len(o.items) - 1
+	o.mIdx = len(o.items) - 1
+	idx := o.mIdx
 	if err := o.send("response.output_item.added", map[string]any{"output_index": idx, "item": o.message}); err != nil {
 		return err
 	}
@@ -503,8 +507,7 @@ func (o *respOut) add(reasoning, text string, lps []chatTokenLogprob, tokens int
 			}
 		}
 		o.reasonBuf.WriteString(reasoning)
-		idx := len(o.items) - 1
-		if err := o.send("response.reasoning_text.delta", map[string]any{"item_id": o.reasoning.ID, "output_index": idx, "content_index": 0, "delta": reasoning}); err != nil {
+		if err := o.send("response.reasoning_text.delta", map[string]any{"item_id": o.reasoning.ID, "output_index": o.rIdx, "content_index": 0, "delta": reasoning}); err != nil {
 			return err
 		}
 	}
@@ -527,7 +530,7 @@ func (o *respOut) add(reasoning, text string, lps []chatTokenLogprob, tokens int
 	if lps == nil {
 		lps = []chatTokenLogprob{}
 	}
-	return o.send("response.output_text.delta", map[string]any{"item_id": o.message.ID, "output_index": len(o.items) - 1, "content_index": 0,
+	return o.send("response.output_text.delta", map[string]any{"item_id": o.message.ID, "output_index": o.mIdx, "content_index": 0,
 		"delta": text, "logprobs": lps})
 }
 
@@ -543,7 +546,7 @@ func (o *respOut) finish(calls []toolCallJS, status string, withLogprobs bool) e
 		return err
 	}
 	if m := o.message; m != nil {
-		idx := slices.IndexFunc(o.items, func(it any) bool { return it == any(m) })
+		idx := o.mIdx
 		part := respOutTextJS{Type: "output_text", Text: o.text.String(), Annotations: []any{}, Logprobs: []chatTokenLogprob{}}
 		if withLogprobs && o.lps != nil {
 			part.Logprobs = o.lps

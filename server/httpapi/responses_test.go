@@ -456,3 +456,49 @@ func TestResponsesHarmony(t *testing.T) {
 		t.Errorf("second turn rendered as %q", prompt)
 	}
 }
+
+// TestRespOutInterleaved: reasoning that resumes after the answer began
+// opens a second reasoning item; every delta and done event names the
+// output index of its own item, and the items hold their own text.
+func TestRespOutInterleaved(t *testing.T) {
+	type ev struct {
+		typ string
+		idx int
+	}
+	var evs []ev
+	o := &respOut{emit: func(typ string, f map[string]any) error {
+		if i, ok := f["output_index"].(int); ok {
+			evs = append(evs, ev{typ, i})
+		}
+		return nil
+	}}
+	for _, step := range []struct{ reasoning, text string }{{"a", ""}, {"", "x"}, {"b", ""}, {"", "y"}} {
+		if err := o.add(step.reasoning, step.text, nil, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := o.finish(nil, "completed", false); err != nil {
+		t.Fatal(err)
+	}
+	if len(o.items) != 3 {
+		t.Fatalf("%d items", len(o.items))
+	}
+	r1, m, r2 := o.items[0].(*respReasoningJS), o.items[1].(*respMessageJS), o.items[2].(*respReasoningJS)
+	if r1.Content[0].Text != "a" || m.Content[0].Text != "xy" || r2.Content[0].Text != "b" {
+		t.Errorf("items: %q %q %q", r1.Content[0].Text, m.Content[0].Text, r2.Content[0].Text)
+	}
+	for _, e := range evs {
+		want := 1
+		switch {
+		case strings.Contains(e.typ, "reasoning") && e.idx != 2:
+			want = 0
+		case strings.Contains(e.typ, "reasoning"):
+			want = 2
+		case strings.Contains(e.typ, "output_item") || strings.Contains(e.typ, "content_part"):
+			want = e.idx // (both kinds: checked through the others)
+		}
+		if e.idx != want {
+			t.Errorf("%s at output_index %d, want %d", e.typ, e.idx, want)
+		}
+	}
+}
