@@ -429,16 +429,16 @@ func respID(prefix string) string {
 // respOut builds a response's output items from its choice's text as it
 // arrives, and — streaming — sends the events that announce them.
 type respOut struct {
-	emit      func(typ string, fields map[string]any) error // nil: not streaming
-	items     []any
-	reasoning *respReasoningJS // open reasoning item
-	message   *respMessageJS   // open message item
-	rIdx, mIdx int             // their output indexes
-	text      strings.Builder
-	reasonBuf strings.Builder
-	lps       []chatTokenLogprob
-	reasonTok int // output tokens while only reasoning had come
-	answered  bool
+	emit       func(typ string, fields map[string]any) error // nil: not streaming
+	items      []any
+	reasoning  *respReasoningJS // open reasoning item
+	message    *respMessageJS   // open message item
+	rIdx, mIdx int              // their output indexes
+	text       strings.Builder
+	reasonBuf  strings.Builder
+	lps        []chatTokenLogprob
+	reasonTok  int // output tokens while only reasoning had come
+	answered   bool
 }
 
 func (o *respOut) send(typ string, fields map[string]any) error {
