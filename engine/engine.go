@@ -213,6 +213,10 @@ type sequence struct {
 	// last look at the acceptance rate, and decode steps to go without
 	// drafting (after a poor rate, or no draft found).
 	specDrafted, specAccepted, specPause int
+	// draftStates are a constrained sequence's grammar after each token
+	// of its step's draft (draftStates[j]: after draft[:j+1]), for the
+	// masks of the verify rows after them.
+	draftStates []grammar.Validator
 }
 
 // Generate implements Generator.

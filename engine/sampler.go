@@ -135,6 +135,7 @@ type sampler struct {
 	gramErr  bool
 	gramFail error            // the grammar gave up (grammar.Failer): the choice fails with it
 	met      *metrics.Metrics // mask times (nil: none)
+	override []uint64         // a speculative verify row's mask, while it is sampled (nil: the grammar's own)
 	maskOK   bool             // mask holds allowed()'s answer for the grammar's current state
 	vocabN   int              // logits a row (the model's vocabulary)
 	// MinTokens: the tokens banned until n reaches it (end-of-sequence and
@@ -194,6 +195,9 @@ func (s *sampler) allowed() []uint64 {
 	if s.gram == nil {
 		return nil
 	}
+	if s.override != nil {
+		return s.override
+	}
 	if s.maskOK {
 		return s.mask
 	}
@@ -201,11 +205,16 @@ func (s *sampler) allowed() []uint64 {
 		s.mask = make([]uint64, s.gvocab.MaskWords())
 	}
 	s.maskOK = true
-	m := s.mask
+	return s.maskOf(s.gram, s.mask)
+}
+
+// maskOf fills m with the tokens a choice whose grammar is at g may take
+// next (what allowed keeps for the grammar's own state) and returns it.
+func (s *sampler) maskOf(g grammar.Validator, m []uint64) []uint64 {
 	if s.met != nil {
 		defer func(t0 time.Time) { s.met.GrammarMask(time.Since(t0)) }(time.Now())
 	}
-	if !s.gram.Complete() && s.gvocab.Mask(s.gram, m) > 0 {
+	if !g.Complete() && s.gvocab.Mask(g, m) > 0 {
 		m[s.eos>>6] &^= 1 << (s.eos & 63)    // (an EOS with bytes still ends the text only when it is complete)
 		for _, t := range s.p.StopTokenIDs { // (nor does a stop token)
 			if int(t) < s.vocabN {
@@ -216,7 +225,7 @@ func (s *sampler) allowed() []uint64 {
 			return m
 		}
 	}
-	if f, ok := s.gram.(grammar.Failer); ok && f.Err() != nil {
+	if f, ok := g.(grammar.Failer); ok && f.Err() != nil && g == s.gram {
 		s.gramFail = f.Err()
 	}
 	clear(m)

@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/grammar"
 )
 
 // Prompt-lookup speculation (Config.SpeculativeTokens): a decode step of a
@@ -79,8 +80,46 @@ func (s *sequence) specOK() bool { return s.pend == 0 && s.specCandidate() }
 func (s *sequence) specCandidate() bool {
 	p := &s.req.r.Sampling
 	return !s.forksNow(0) && s.sampler.seen == nil && p.PresencePenalty == 0 &&
-		p.FrequencyPenalty == 0 && len(p.LogitBias) == 0 && s.sampler.gram == nil && !s.sampler.banning() &&
+		p.FrequencyPenalty == 0 && len(p.LogitBias) == 0 && s.gramClonable() && !s.sampler.banning() &&
 		s.req.promptLPs == nil
+}
+
+// gramClonable reports whether s has no grammar, or one whose state can be
+// copied: each verify row after a draft token is then sampled under the
+// mask of the grammar after the draft so far (its draftStates), which is
+// exactly the mask a decode step would use there.
+func (s *sequence) gramClonable() bool {
+	if s.sampler.gram == nil {
+		return true
+	}
+	_, ok := grammar.Clone(s.sampler.gram)
+	return ok
+}
+
+// grammarDraft cuts a constrained sequence's draft before its first token
+// the grammar refuses (or an end-of-sequence or stop token, or once the
+// text is complete: only the end can follow) and keeps the grammar's state
+// after each token kept (s.draftStates).
+func (s *sequence) grammarDraft(d []int32, eos []int32) []int32 {
+	s.draftStates = s.draftStates[:0]
+	if s.sampler.gram == nil {
+		return d
+	}
+	g, _ := grammar.Clone(s.sampler.gram)
+	for j, t := range d {
+		if g.Complete() || slices.Contains(eos, t) || slices.Contains(s.req.r.Sampling.StopTokenIDs, t) || !g.Advance(s.sampler.tokBytes(t)) {
+			d = d[:j]
+			break
+		}
+		s.draftStates = append(s.draftStates, g)
+		if j+1 < len(d) {
+			g, _ = grammar.Clone(g)
+		}
+	}
+	if len(d) == 0 {
+		return nil
+	}
+	return d
 }
 
 // draft is s's draft for a decode step with budget tokens left in the
@@ -103,7 +142,7 @@ func (e *Engine) draft(s *sequence, budget int) []int32 {
 	if k <= 0 {
 		return nil
 	}
-	d := ngramDraft(s.tokens, k, e.cfg.SpeculativeNgramMax, e.cfg.SpeculativeNgramMin)
+	d := s.grammarDraft(ngramDraft(s.tokens, k, e.cfg.SpeculativeNgramMax, e.cfg.SpeculativeNgramMin), e.opts.EOS)
 	if d == nil {
 		s.specPause = specRetry
 	}

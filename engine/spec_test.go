@@ -11,6 +11,7 @@ import (
 
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
+	"github.com/mkserve/mkserve/grammar"
 	"github.com/mkserve/mkserve/models"
 )
 
@@ -355,6 +356,171 @@ func TestSpecConfig(t *testing.T) {
 	} {
 		if err := c.cfg.Validate(); (err == nil) != c.ok {
 			t.Errorf("%+v: %v, want ok %v", c.cfg, err, c.ok)
+		}
+	}
+}
+
+// letterTok is a detokenizer with token bytes: token t is the letter
+// 'a'+t (t < 26), then digits.
+type letterTok struct{}
+
+func (letterTok) tok(id int32) []byte {
+	if id < 26 {
+		return []byte{byte('a' + id)}
+	}
+	return []byte{byte('0' + id - 26)}
+}
+func (l letterTok) Decode(ids []int32, _ bool) (string, error) {
+	var b []byte
+	for _, id := range ids {
+		b = append(b, l.tok(id)...)
+	}
+	return string(b), nil
+}
+func (l letterTok) TokenBytes(id int32) []byte { return l.tok(id) }
+func (letterTok) HasTokenBytes() bool          { return true }
+
+// TestSpeculationConstrained: constrained requests speculate too, each
+// verify row sampled under the grammar's mask after the draft before it —
+// greedy output equals plain constrained greedy decoding exactly and
+// matches the grammar, and drafts are made and accepted. The model's pick
+// is the lowest id a mask allows, so a verify row sampled under another
+// position's mask picks a token its grammar refuses there.
+func TestSpeculationConstrained(t *testing.T) {
+	const V, eos = 32, 31
+	re, err := grammar.CompileRegex(`(ab|ba)+0`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr, err := grammar.CompileGrammar(`root ::= ("ac" "b"?)+ "0"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(spec int, device bool) ([][]int32, Stats) {
+		// The model prefers lower ids whatever came before: under a mask
+		// the pick is the lowest id the grammar allows there, so each
+		// position's pick depends on its own mask.
+		m := &rowModel{cfg: &models.Config{VocabSize: V, MaxPositions: 4096}, fill: func(_ int32, row []float32) {
+			for k := range row {
+				row[k] = -float32(k) / V
+			}
+		}}
+		var be backend.Backend = fakeBackend{}
+		if device {
+			be = maskSampler{}
+		}
+		e, err := New(m, be, letterTok{}, Config{BlockSize: 4, SpeculativeTokens: spec, KVCacheBytes: 1 << 24},
+			Options{Name: "t", EOS: []int32{eos}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Shutdown(context.Background())
+		var chans []<-chan Event
+		for i, g := range []func() grammar.Validator{re.New, gr.New, re.New, gr.New} {
+			// Prompts that repeat what the outputs will (so drafts match)
+			// and letters the grammars refuse (so drafts must be cut).
+			base := []int32{0, 1, 0, 2, 0, 9, int32(4 + i)}
+			prompt := slices.Repeat(base, 4)
+			ch, err := e.Generate(context.Background(), &Request{Prompt: prompt, Sampling: SamplingParams{MaxTokens: 40, TopP: 1,
+				RepetitionPenalty: 1, Grammar: g}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			chans = append(chans, ch)
+		}
+		var out [][]int32
+		for _, ch := range chans {
+			var toks []int32
+			for ev := range ch {
+				if ev.Err != nil {
+					t.Fatal(ev.Err)
+				}
+				toks = append(toks, ev.TokenIDs...)
+			}
+			out = append(out, toks)
+		}
+		return out, e.Stats()
+	}
+	want, _ := run(0, false)
+	for _, device := range []bool{false, true} {
+		got, st := run(4, device)
+		for i := range want {
+			if !slices.Equal(got[i], want[i]) {
+				t.Errorf("device sampler %v, request %d:\nspeculative %v\nplain       %v", device, i, got[i], want[i])
+			}
+			text, _ := letterTok{}.Decode(got[i], false)
+			v := []func() grammar.Validator{re.New, gr.New, re.New, gr.New}[i]()
+			if !v.Advance([]byte(strings.TrimSuffix(text, string(letterTok{}.tok(eos))))) {
+				t.Errorf("request %d: %q does not follow its grammar", i, text)
+			}
+		}
+		if st.SpecDrafted == 0 || st.SpecAccepted == 0 {
+			t.Errorf("drafted %d, accepted %d: the test exercises nothing", st.SpecDrafted, st.SpecAccepted)
+		}
+		t.Logf("device sampler %v: drafted %d, accepted %d", device, st.SpecDrafted, st.SpecAccepted)
+	}
+}
+
+// maskSampler is a fake backend whose "device" sampler picks each row's
+// greedy token among the tokens its mask allows (what the engine sends a
+// device sampler of a constrained row).
+type maskSampler struct{ fakeBackend }
+
+func (maskSampler) Sample(logits backend.Tensor, rows []backend.SampleRow) []backend.SampleResult {
+	l := logits.(fakeTensor)
+	V := len(l) / len(rows)
+	out := make([]backend.SampleResult, len(rows))
+	for i, r := range rows {
+		best := int32(-1)
+		for k := range V {
+			if (r.Allowed == nil || r.Allowed[k>>6]&(1<<(k&63)) != 0) && (best < 0 || l[i*V+k] > l[i*V+int(best)]) {
+				best = int32(k)
+			}
+		}
+		out[i] = backend.SampleResult{Token: best}
+	}
+	return out
+}
+
+// TestGrammarDraft: a constrained sequence's draft is cut before the first
+// token its grammar refuses, an end-of-sequence or stop token, or once the
+// text is complete; the grammar's state after each kept token is kept, and
+// the sequence's own grammar does not move.
+func TestGrammarDraft(t *testing.T) {
+	re, err := grammar.CompileRegex(`(ab)+c`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := letterTok{}
+	for _, c := range []struct {
+		prefix      string
+		draft, want []int32
+	}{
+		{"", []int32{0, 1, 0, 1}, []int32{0, 1, 0, 1}},     // a b a b
+		{"", []int32{0, 1, 1, 0}, []int32{0, 1}},           // a b | b: refused
+		{"a", []int32{1, 0, 1, 2, 0}, []int32{1, 0, 1, 2}}, // b a b c | complete: nothing after
+		{"ab", []int32{0, 31, 1}, []int32{0}},              // a | EOS
+		{"ab", []int32{0, 1, 7}, []int32{0, 1}},            // a b | a stop token
+		{"", []int32{2}, nil},                              // c first: refused, no draft
+	} {
+		g := re.New()
+		g.Advance([]byte(c.prefix))
+		s := &sequence{req: &request{r: &Request{Sampling: SamplingParams{StopTokenIDs: []int32{7}}}},
+			sampler: &sampler{gram: g, tokBytes: l.TokenBytes}}
+		got := s.grammarDraft(slices.Clone(c.draft), []int32{31})
+		if !slices.Equal(got, c.want) || len(s.draftStates) != len(c.want) {
+			t.Errorf("after %q, draft %v: %v (%d states), want %v", c.prefix, c.draft, got, len(s.draftStates), c.want)
+			continue
+		}
+		text := c.prefix
+		for j, tok := range got {
+			text += string(l.tok(tok))
+			if v := re.New(); !v.Advance([]byte(text)) || v.Complete() != s.draftStates[j].Complete() {
+				t.Errorf("state %d after %q does not match the text", j, text)
+			}
+		}
+		if g.Complete() != (c.prefix == "abc") || (c.prefix != "" && !g.Accept([]byte("a")) && !g.Accept([]byte("b"))) {
+			t.Errorf("the sequence's own grammar moved")
 		}
 	}
 }

@@ -295,6 +295,8 @@ func (e *Engine) step() {
 				pk := pick{s: en.s}
 				if j == 0 {
 					pk.draft = en.draft
+				} else if sm := en.s.sampler; sm.gram != nil { // after draft token j: the grammar's mask there
+					pk.mask = sm.maskOf(en.s.draftStates[j-1], make([]uint64, sm.gvocab.MaskWords()))
 				}
 				if logits != nil {
 					pk.logits = logits[row*V : (row+1)*V]
@@ -498,6 +500,7 @@ func safely(f func()) (err error) {
 type pick struct {
 	s      *sequence
 	logits []float32 // [V]
+	mask   []uint64  // a verify row's grammar mask (nil: the sampler's own)
 	tok    int32
 	lp     *Logprob
 	pos    int     // overlapped decode: the token's index in s.tokens
@@ -538,7 +541,9 @@ func parallelPicks(picks []pick) {
 		}
 		for i := starts[g]; i < end; i++ {
 			pk := &picks[i]
+			pk.s.sampler.override = pk.mask
 			pk.tok, pk.lp = pk.s.sampler.sample(pk.logits, pk.s.text.tokenText)
+			pk.s.sampler.override = nil
 		}
 	})
 }
@@ -661,7 +666,10 @@ func devicePicks(ds backend.Sampler, logits backend.Tensor, picks []pick) (err e
 	prepareMasks(seqs)
 	rows := make([]backend.SampleRow, len(picks))
 	for i := range picks {
-		rows[i] = picks[i].s.sampler.row()
+		sm := picks[i].s.sampler
+		sm.override = picks[i].mask
+		rows[i] = sm.row()
+		sm.override = nil
 	}
 	res := ds.Sample(logits, rows)
 	if len(res) != len(picks) {

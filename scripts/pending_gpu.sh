@@ -49,4 +49,16 @@ for a in "" "--json-object" "--json-schema scripts/bench_schema.json" "--grammar
 done
 kill $pid
 wait $pid 2>/dev/null
+# Constrained requests speculate too (thirty-first pass, CPU-tested only):
+# a schema's outputs repeat their keys, so drafts should pay on the GPU.
+for spec in 0 4; do
+	serve --json-whitespace compact --speculative-tokens "$spec" || exit 1
+	echo -n "bench serve chat json-schema, speculative_tokens $spec: "
+	timeout 100 .dev/mkserve bench serve --json --base-url http://127.0.0.1:8290 --endpoint chat --num-prompts 64 \
+		--max-concurrency 4 --random-input-len 64 --random-output-len 128 --seed 1 --json-schema scripts/bench_schema.json 2>&1 |
+		grep -oE '"(completed|failed|request_throughput|output_token_throughput)":[^,}]*' | paste -sd' '
+	curl -s http://127.0.0.1:8290/metrics | grep -E "^mkserve:spec_decode_num_(draft|accepted)_tokens_total"
+	kill $pid
+	wait $pid 2>/dev/null
+done
 echo "done t=${SECONDS}s"
