@@ -57,7 +57,8 @@ for spec in 0 4; do
 	timeout 100 .dev/mkserve bench serve --json --base-url http://127.0.0.1:8290 --endpoint chat --num-prompts 64 \
 		--max-concurrency 4 --random-input-len 64 --random-output-len 128 --seed 1 --json-schema scripts/bench_schema.json 2>&1 |
 		grep -oE '"(completed|failed|request_throughput|output_token_throughput)":[^,}]*' | paste -sd' '
-	curl -s http://127.0.0.1:8290/metrics | grep -E "^mkserve:spec_decode_num_(draft|accepted)_tokens_total"
+	python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:8290/metrics").read().decode())' |
+		grep -E "^mkserve:spec_decode_num_(draft|accepted)_tokens_total"
 	kill $pid
 	wait $pid 2>/dev/null
 done
