@@ -15,8 +15,9 @@ import (
 	"time"
 )
 
-// cmdChat is `mkserve chat`: a conversation with a running server in the
-// terminal (what `ollama run` is to ollama's server). Each line of stdin is
+// cmdChat is `mkserve chat`: a conversation in the terminal with a running
+// server, or with --model a checkpoint served in this process (what `ollama
+// run` is to ollama). Each line of stdin is
 // a user turn; the reply streams to stdout as it is generated, the
 // reasoning (if the model thinks) to stderr; the conversation is kept and
 // sent whole each turn, so the server's prefix cache reuses its earlier
@@ -24,7 +25,8 @@ import (
 func cmdChat(args []string, stdin io.Reader, stdout io.Writer) error {
 	fs := newFlags("chat")
 	baseURL := fs.String("base-url", "http://127.0.0.1:8000", "the running server (mkserve serve / make run)")
-	model := fs.String("model", "", "model name to send (empty: the server's)")
+	modelDir := fs.String("model", "", "a checkpoint directory to serve in this process instead of talking to --base-url (as `ollama run`)")
+	backendName := fs.String("backend", "cpu", "with --model: cpu or cuda")
 	apiKey := fs.String("api-key", os.Getenv("MKSERVE_API_KEY"), "bearer token, when the server has api_key set (default $MKSERVE_API_KEY)")
 	system := fs.String("system", "", "a system message to start the conversation with")
 	maxTokens := fs.Int("max-tokens", 512, "new tokens a reply at most")
@@ -40,7 +42,18 @@ func cmdChat(args []string, stdin io.Reader, stdout io.Writer) error {
 	if *maxTokens < 1 {
 		return fmt.Errorf("--max-tokens must be at least 1, got %d", *maxTokens)
 	}
-	c := &chatClient{url: strings.TrimRight(*baseURL, "/") + "/v1/chat/completions", key: *apiKey, model: *model,
+	sigs, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	base := strings.TrimRight(*baseURL, "/")
+	if *modelDir != "" {
+		b, stopServe, err := serveInProcess(sigs, []string{"--model", *modelDir, "--backend", *backendName})
+		if err != nil {
+			return err
+		}
+		defer stopServe()
+		base = b
+	}
+	c := &chatClient{url: base + "/v1/chat/completions", key: *apiKey,
 		maxTokens: *maxTokens, out: stdout, reasoningOut: io.Discard}
 	if *showReasoning {
 		c.reasoningOut = os.Stderr
@@ -55,8 +68,6 @@ func cmdChat(args []string, stdin io.Reader, stdout io.Writer) error {
 		}
 	}
 	reset()
-	sigs, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
 	in := bufio.NewScanner(stdin)
 	in.Buffer(make([]byte, 1<<20), 1<<20)
 	for in.Scan() {
@@ -90,12 +101,12 @@ type chatTurn struct {
 }
 
 type chatClient struct {
-	url, key, model string
-	maxTokens       int
-	temperature     *float64
-	history         []chatTurn
-	out             io.Writer
-	reasoningOut    io.Writer
+	url, key     string
+	maxTokens    int
+	temperature  *float64
+	history      []chatTurn
+	out          io.Writer
+	reasoningOut io.Writer
 }
 
 // turn sends the conversation with the user's line, streams the reply and
@@ -103,9 +114,6 @@ type chatClient struct {
 func (c *chatClient) turn(ctx context.Context, line string) error {
 	c.history = append(c.history, chatTurn{Role: "user", Content: line})
 	body := map[string]any{"messages": c.history, "stream": true, "max_tokens": c.maxTokens}
-	if c.model != "" {
-		body["model"] = c.model
-	}
 	if c.temperature != nil {
 		body["temperature"] = *c.temperature
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -80,5 +81,17 @@ func TestChatCommand(t *testing.T) {
 	}
 	if err := cmdChat([]string{"--base-url", "http://127.0.0.1:1"}, strings.NewReader("hi\n"), &out); err == nil || !strings.Contains(err.Error(), "is the server running") {
 		t.Errorf("no server: %v", err)
+	}
+	// --model: the checkpoint served in this process.
+	out.Reset()
+	args := []string{"--model", "../../models/default", "--max-tokens", "8", "--temperature", "0"}
+	if b := os.Getenv(testBackendEnv); b != "" {
+		args = append(args, "--backend", b)
+	}
+	if err := cmdChat(args, strings.NewReader("Who made the light?\n"), &out); err != nil || strings.TrimSpace(out.String()) == "" {
+		t.Errorf("in process: %q, %v", out.String(), err)
+	}
+	if err := cmdChat([]string{"--model", "/nonexistent"}, strings.NewReader("hi\n"), &out); err == nil {
+		t.Error("a missing checkpoint: no error")
 	}
 }

@@ -158,28 +158,12 @@ var batchURLs = map[string]bool{"/v1/chat/completions": true, "/v1/completions":
 // runBatch serves the model in process, runs lines through it (up to conc
 // at once) and writes one output line per input line, in order.
 func runBatch(ctx context.Context, lines [][]byte, w io.Writer, conc int, serveArgs []string) (ok, failed int, err error) {
-	sctx, stopServe := context.WithCancel(ctx)
-	ready := make(chan string, 1)
-	served := make(chan error, 1)
-	go func() {
-		// Quiet unless asked otherwise; a loopback port of its own, no gRPC,
-		// no API key (nothing but this process reaches it).
-		args := append(append([]string{"--log-level", "warn"}, serveArgs...), "--http-addr", "127.0.0.1:0", "--grpc-addr", "", "--api-key", "")
-		served <- serve(sctx, args, os.LookupEnv, func(h, _ string) { ready <- h })
-	}()
-	var base string
-	select {
-	case base = <-ready:
-	case err := <-served:
-		stopServe()
-		if err == nil {
-			err = errors.New("interrupted before the model was ready")
-		}
+	base, stopServe, err := serveInProcess(ctx, serveArgs)
+	if err != nil {
 		return 0, 0, err
 	}
 	defer func() {
-		stopServe()
-		if serr := <-served; serr != nil && err == nil {
+		if serr := stopServe(); serr != nil && err == nil {
 			err = serr
 		}
 	}()
@@ -196,7 +180,7 @@ func runBatch(ctx context.Context, lines [][]byte, w io.Writer, conc int, serveA
 			wg.Add(1)
 			go func() {
 				defer func() { <-sem; wg.Done() }()
-				results[i] <- runBatchLine(ctx, "http://"+base, l)
+				results[i] <- runBatchLine(ctx, base, l)
 			}()
 		}
 	}()
@@ -216,6 +200,30 @@ func runBatch(ctx context.Context, lines [][]byte, w io.Writer, conc int, serveA
 	}
 	wg.Wait()
 	return ok, failed, bw.Flush()
+}
+
+// serveInProcess runs `mkserve serve` with serveArgs in this process on a
+// loopback port — quiet unless asked otherwise, no gRPC, no API key
+// (nothing but this process reaches it) — and returns its base URL once
+// the model is ready, and a stop that shuts it down and returns its error.
+func serveInProcess(ctx context.Context, serveArgs []string) (string, func() error, error) {
+	sctx, cancel := context.WithCancel(ctx)
+	ready := make(chan string, 1)
+	served := make(chan error, 1)
+	go func() {
+		args := append(append([]string{"--log-level", "warn"}, serveArgs...), "--http-addr", "127.0.0.1:0", "--grpc-addr", "", "--api-key", "")
+		served <- serve(sctx, args, os.LookupEnv, func(h, _ string) { ready <- h })
+	}()
+	select {
+	case h := <-ready:
+		return "http://" + h, func() error { cancel(); return <-served }, nil
+	case err := <-served:
+		cancel()
+		if err == nil {
+			err = errors.New("interrupted before the model was ready")
+		}
+		return "", nil, err
+	}
 }
 
 // runBatchLine runs one input line against the server at base.
