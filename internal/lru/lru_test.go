@@ -44,3 +44,22 @@ func TestCache(t *testing.T) {
 		t.Errorf("len %d after concurrent use", c.Len())
 	}
 }
+
+func TestSized(t *testing.T) {
+	c := NewSized[string, string](10, 10, func(v string) int64 { return int64(len(v)) })
+	c.Add("a", "1234")
+	c.Add("b", "1234")
+	c.Get("a")
+	c.Add("c", "123") // 11 bytes: b (least recently used) goes
+	if _, ok := c.Get("b"); ok || c.Bytes() != 7 || c.Len() != 2 {
+		t.Errorf("b kept %v, %d bytes, %d entries", ok, c.Bytes(), c.Len())
+	}
+	c.Add("big", "12345678901") // larger than the limit: nothing else survives, nor it
+	if c.Len() != 0 || c.Bytes() != 0 {
+		t.Errorf("%d entries, %d bytes after an oversized entry", c.Len(), c.Bytes())
+	}
+	c.Add("d", "12")
+	if !c.Remove("d") || c.Bytes() != 0 {
+		t.Errorf("Remove left %d bytes", c.Bytes())
+	}
+}

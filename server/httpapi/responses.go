@@ -594,15 +594,16 @@ func (s *Server) responses(c *gin.Context) {
 		return
 	}
 	var history []respInputItem
+	var prev *storedResp
 	if id := req.PreviousResponseID; id != nil {
-		prev, ok := s.store.Get(*id)
-		if !ok {
+		var ok bool
+		if prev, ok = s.store.Get(*id); !ok {
 			e := errNoResponse(*id, s.opts.ResponsesStore)
 			e.Status, e.Param, e.Code = http.StatusBadRequest, "previous_response_id", "previous_response_not_found"
 			k.fail(c, e)
 			return
 		}
-		history = prev.history
+		history = prev.history()
 	}
 	cr, items, e := req.toChat(history)
 	if e != nil {
@@ -694,8 +695,7 @@ func (s *Server) responses(c *gin.Context) {
 	resp.Usage = u
 	if store {
 		body, _ := encodeJSON(resp)
-		s.store.Add(resp.ID, &storedResp{body: body,
-			history: append(append(slices.Clip(history), items...), outputItems(o.items)...)})
+		s.store.Add(resp.ID, newStored(body, prev, append(slices.Clip(items), outputItems(o.items)...)))
 	}
 	if out == nil {
 		writeJSON(c, http.StatusOK, resp)

@@ -502,3 +502,28 @@ func TestRespOutInterleaved(t *testing.T) {
 		}
 	}
 }
+
+// TestStoredChain: a conversation is its turns' items in order, and each
+// turn counts the whole conversation against the store's byte limit.
+func TestStoredChain(t *testing.T) {
+	item := func(s string) respInputItem { b, _ := json.Marshal(s); return respInputItem{Role: "user", Content: b} }
+	a := newStored([]byte("{}"), nil, []respInputItem{item("one"), item("two")})
+	b := newStored([]byte("{}"), a, []respInputItem{item("three")})
+	c := newStored([]byte("{}"), b, []respInputItem{item("four"), item("five")})
+	var got []string
+	for _, it := range c.history() {
+		var s string
+		_ = json.Unmarshal(it.Content, &s)
+		got = append(got, s)
+	}
+	if strings.Join(got, " ") != "one two three four five" || !(a.size < b.size && b.size < c.size) {
+		t.Errorf("history %v, sizes %d %d %d", got, a.size, b.size, c.size)
+	}
+	st := newRespStore(10)
+	st.Add("a", a)
+	st.Add("b", b)
+	st.Add("c", c)
+	if st.Bytes() != a.size+b.size+c.size {
+		t.Errorf("store counts %d bytes", st.Bytes())
+	}
+}
