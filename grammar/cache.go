@@ -21,8 +21,11 @@ type cacheKey struct {
 // NewCache keeps up to limit compiled sources.
 func NewCache(limit int) *Cache { return &Cache{lru: lru.New[cacheKey, any](limit)} }
 
-// Shared is the servers' cache.
-var Shared = NewCache(256)
+// Shared is the servers' cache: 64 sources. (A kept Regex keeps up to
+// maxPlainMasks masks of the vocabulary — 19 KB each at 152k tokens — so
+// the cache's worst case is about 300 MB; in practice a few patterns visit
+// a few dozen DFA states.)
+var Shared = NewCache(64)
 
 // maxCachedSource is the longest source a Cache keeps (longer ones are
 // compiled each time: the cache's memory stays bounded).
