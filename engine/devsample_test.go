@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
@@ -201,22 +202,16 @@ func newDevEngine(t *testing.T, f fixture) (*engine.Engine, *devSampler) {
 
 // gathered is the value of the one-series counter name in reg.
 func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no %s", name)
-	return 0
+	return metricOf(t, reg, name).GetCounter().GetValue()
 }
 
 // gatheredCount is the sample count of histogram name in reg.
 func gatheredCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
+	return metricOf(t, reg, name).GetHistogram().GetSampleCount()
+}
+
+// metricOf is the one series of family name in reg.
+func metricOf(t *testing.T, reg *prometheus.Registry, name string) *dto.Metric {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -224,11 +219,11 @@ func gatheredCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+			return mf.GetMetric()[0]
 		}
 	}
 	t.Fatalf("no %s", name)
-	return 0
+	return nil
 }
 
 // wrongSampler is a device sampler that ignores masks: it always picks

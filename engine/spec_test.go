@@ -227,18 +227,7 @@ func TestSpeculationRealModel(t *testing.T) {
 			}
 			chans = append(chans, ch)
 		}
-		var out [][]int32
-		for _, ch := range chans {
-			var toks []int32
-			for ev := range ch {
-				if ev.Err != nil {
-					t.Fatal(ev.Err)
-				}
-				toks = append(toks, ev.TokenIDs...)
-			}
-			out = append(out, toks)
-		}
-		return out, e.Stats()
+		return tokensOf(t, chans), e.Stats()
 	}
 	want, _ := run(0)
 	got, st := run(5)
@@ -428,18 +417,7 @@ func TestSpeculationConstrained(t *testing.T) {
 			}
 			chans = append(chans, ch)
 		}
-		var out [][]int32
-		for _, ch := range chans {
-			var toks []int32
-			for ev := range ch {
-				if ev.Err != nil {
-					t.Fatal(ev.Err)
-				}
-				toks = append(toks, ev.TokenIDs...)
-			}
-			out = append(out, toks)
-		}
-		return out, e.Stats()
+		return tokensOf(t, chans), e.Stats()
 	}
 	want, _ := run(0, false)
 	for _, device := range []bool{false, true} {
@@ -523,4 +501,21 @@ func TestGrammarDraft(t *testing.T) {
 			t.Errorf("the sequence's own grammar moved")
 		}
 	}
+}
+
+// tokensOf is each request's tokens, failing the test on an error event.
+func tokensOf(t *testing.T, chans []<-chan Event) [][]int32 {
+	t.Helper()
+	var out [][]int32
+	for _, ch := range chans {
+		var toks []int32
+		for ev := range ch {
+			if ev.Err != nil {
+				t.Fatal(ev.Err)
+			}
+			toks = append(toks, ev.TokenIDs...)
+		}
+		out = append(out, toks)
+	}
+	return out
 }
