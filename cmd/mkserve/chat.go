@@ -13,6 +13,8 @@ import (
 	"os/signal"
 	"strings"
 	"time"
+
+	"golang.org/x/term"
 )
 
 // cmdChat is `mkserve chat`: a conversation in the terminal with a running
@@ -70,7 +72,11 @@ func cmdChat(args []string, stdin io.Reader, stdout io.Writer) error {
 	reset()
 	in := bufio.NewScanner(stdin)
 	in.Buffer(make([]byte, 1<<20), 1<<20)
-	for in.Scan() {
+	prompt := func() {} // a ">>> " before each line when a person types them
+	if f, ok := stdin.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		prompt = func() { fmt.Fprint(os.Stderr, ">>> ") }
+	}
+	for prompt(); in.Scan(); prompt() {
 		line := strings.TrimSpace(in.Text())
 		switch line {
 		case "":
