@@ -96,6 +96,7 @@ func (r *responsesRequest) check() *apiError {
 // type), a function call of an earlier turn, a function call's output, or
 // earlier reasoning.
 type respInputItem struct {
+	ID        string          `json:"id"` // (given or, once stored, made)
 	Type      string          `json:"type"`
 	Role      string          `json:"role"`
 	Content   json.RawMessage `json:"content"`
@@ -695,7 +696,7 @@ func (s *Server) responses(c *gin.Context) {
 	resp.Usage = u
 	if store {
 		body, _ := encodeJSON(resp)
-		s.store.Add(resp.ID, newStored(body, prev, append(slices.Clip(items), outputItems(o.items)...)))
+		s.store.Add(resp.ID, newStored(body, prev, withIDs(items), outputItems(o.items)))
 	}
 	if out == nil {
 		writeJSON(c, http.StatusOK, resp)

@@ -507,9 +507,9 @@ func TestRespOutInterleaved(t *testing.T) {
 // turn counts the whole conversation against the store's byte limit.
 func TestStoredChain(t *testing.T) {
 	item := func(s string) respInputItem { b, _ := json.Marshal(s); return respInputItem{Role: "user", Content: b} }
-	a := newStored([]byte("{}"), nil, []respInputItem{item("one"), item("two")})
-	b := newStored([]byte("{}"), a, []respInputItem{item("three")})
-	c := newStored([]byte("{}"), b, []respInputItem{item("four"), item("five")})
+	a := newStored([]byte("{}"), nil, []respInputItem{item("one")}, []respInputItem{item("two")})
+	b := newStored([]byte("{}"), a, []respInputItem{item("three")}, nil)
+	c := newStored([]byte("{}"), b, []respInputItem{item("four")}, []respInputItem{item("five")})
 	var got []string
 	for _, it := range c.history() {
 		var s string
@@ -525,5 +525,68 @@ func TestStoredChain(t *testing.T) {
 	st.Add("c", c)
 	if st.Bytes() != a.size+b.size+c.size {
 		t.Errorf("store counts %d bytes", st.Bytes())
+	}
+}
+
+// TestResponsesInputItems: the official SDK lists a stored response's
+// input — the conversation before it and its own input, not its output —
+// newest first by default, oldest first with order asc, a page at a time.
+func TestResponsesInputItems(t *testing.T) {
+	f := newFake(4096)
+	f.reply = "Sunny."
+	_, url := serve(t, f, Options{ResponsesStore: 8})
+	cl := sdk(url, "")
+	ctx := context.Background()
+	first, err := cl.Responses.New(ctx, responses.ResponseNewParams{Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Weather?")},
+		MaxOutputTokens: openai.Int(8)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := cl.Responses.New(ctx, responses.ResponseNewParams{Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Tomorrow?")},
+		PreviousResponseID: openai.String(first.ID), MaxOutputTokens: openai.Int(8)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := cl.Responses.InputItems.List(ctx, second.ID, responses.InputItemListParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	textOf := func(it responses.ResponseItemUnion) string {
+		var m struct{ Content []struct{ Text string } }
+		if json.Unmarshal([]byte(it.RawJSON()), &m) != nil || len(m.Content) != 1 {
+			return "?"
+		}
+		return m.Content[0].Text
+	}
+	var got []string
+	for _, it := range page.Data {
+		got = append(got, it.Type+":"+it.Role+":"+textOf(it))
+	}
+	want := "message:user:Tomorrow? message:assistant:Sunny. message:user:Weather?"
+	if strings.Join(got, " ") != want || page.Data[1].ID != first.Output[0].ID || page.HasMore {
+		t.Errorf("items %v (ids %s / %s), want %s", got, page.Data[1].ID, first.Output[0].ID, want)
+	}
+	asc, err := cl.Responses.InputItems.List(ctx, second.ID, responses.InputItemListParams{Order: responses.InputItemListParamsOrderAsc,
+		Limit: openai.Int(2)})
+	if err != nil || len(asc.Data) != 2 || textOf(asc.Data[0]) != "Weather?" || !asc.HasMore {
+		t.Fatalf("asc, limit 2: %+v %v", asc, err)
+	}
+	next, err := cl.Responses.InputItems.List(ctx, second.ID, responses.InputItemListParams{Order: responses.InputItemListParamsOrderAsc,
+		After: openai.String(asc.Data[1].ID)})
+	if err != nil || len(next.Data) != 1 || textOf(next.Data[0]) != "Tomorrow?" {
+		t.Errorf("after %s: %+v %v", asc.Data[1].ID, next, err)
+	}
+	if resp, raw := post(t, url, "/v1/responses", `{"input": "x", "max_output_tokens": 2}`); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	for _, q := range []string{"limit=0", "order=sideways", "after=nope"} {
+		r, err := http.Get(url + "/v1/responses/" + second.ID + "/input_items?" + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		if r.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s: %d", q, r.StatusCode)
+		}
 	}
 }

@@ -3,6 +3,9 @@ package httpapi
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 
@@ -28,6 +31,7 @@ type storedResp struct {
 	body  []byte          // the response object as returned
 	prev  *storedResp     // the turn before (nil: the conversation starts here)
 	items []respInputItem // this turn's input items, then its output as input items
+	nIn   int             // of which input items
 	size  int64           // body and the whole conversation's items, in bytes
 }
 
@@ -35,9 +39,10 @@ func newRespStore(limit int) *respStore {
 	return lru.NewSized[string](limit, respStoreBytes, func(r *storedResp) int64 { return r.size })
 }
 
-// newStored is a turn after prev (nil: none) with its items.
-func newStored(body []byte, prev *storedResp, items []respInputItem) *storedResp {
-	r := &storedResp{body: body, prev: prev, items: items, size: int64(len(body))}
+// newStored is a turn after prev (nil: none) with its input and output items.
+func newStored(body []byte, prev *storedResp, in, out []respInputItem) *storedResp {
+	items := append(slices.Clip(in), out...)
+	r := &storedResp{body: body, prev: prev, items: items, nIn: len(in), size: int64(len(body))}
 	for _, it := range items {
 		r.size += int64(len(it.Content) + len(it.Output) + len(it.Name) + len(it.CallID) + 64)
 		if it.Arguments != nil {
@@ -63,6 +68,32 @@ func (r *storedResp) history() []respInputItem {
 	return out
 }
 
+// inputs is what r's request sent the model: the conversation before it
+// and its own input items (not its output).
+func (r *storedResp) inputs() []respInputItem {
+	var before []respInputItem
+	if r.prev != nil {
+		before = r.prev.history()
+	}
+	return append(before, r.items[:r.nIn]...)
+}
+
+// withIDs gives items without an id one (msg_, fc_, fco_, rs_ …).
+func withIDs(items []respInputItem) []respInputItem {
+	out := slices.Clone(items)
+	for i := range out {
+		if out[i].ID != "" {
+			continue
+		}
+		prefix := map[string]string{"function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}[out[i].Type]
+		if prefix == "" {
+			prefix = "msg_"
+		}
+		out[i].ID = respID(prefix)
+	}
+	return out
+}
+
 // outputItems are a response's output as input items of the next turn.
 func outputItems(items []any) []respInputItem {
 	str := func(s string) json.RawMessage { b, _ := json.Marshal(s); return b }
@@ -71,16 +102,16 @@ func outputItems(items []any) []respInputItem {
 		switch v := it.(type) {
 		case *respReasoningJS:
 			b, _ := json.Marshal(v.Content)
-			out = append(out, respInputItem{Type: "reasoning", Content: b})
+			out = append(out, respInputItem{ID: v.ID, Type: "reasoning", Content: b})
 		case *respMessageJS:
 			text := ""
 			for _, c := range v.Content {
 				text += c.Text
 			}
-			out = append(out, respInputItem{Type: "message", Role: "assistant", Content: str(text)})
+			out = append(out, respInputItem{ID: v.ID, Type: "message", Role: "assistant", Content: str(text)})
 		case *respCallJS:
 			args := v.Arguments
-			out = append(out, respInputItem{Type: "function_call", CallID: v.CallID, Name: v.Name, Arguments: &args})
+			out = append(out, respInputItem{ID: v.ID, Type: "function_call", CallID: v.CallID, Name: v.Name, Arguments: &args})
 		}
 	}
 	return out
@@ -111,4 +142,90 @@ func (s *Server) deleteResponse(c *gin.Context) {
 		return
 	}
 	writeJSON(c, http.StatusOK, map[string]any{"id": id, "object": "response", "deleted": true})
+}
+
+// inputItems serves GET /v1/responses/{id}/input_items: the items the
+// response's request sent the model, as OpenAI lists them (order desc by
+// default; limit 1–100, default 20; after an item id).
+func (s *Server) inputItems(c *gin.Context) {
+	id := c.Param("id")
+	r, ok := s.store.Get(id)
+	if !ok {
+		writeError(c, errNoResponse(id, s.opts.ResponsesStore))
+		return
+	}
+	limit := 20
+	if q := c.Query("limit"); q != "" {
+		n, err := strconv.Atoi(q)
+		if err != nil || n < 1 || n > 100 {
+			writeError(c, invalid("limit", "limit must be an integer in [1, 100], got %q", q))
+			return
+		}
+		limit = n
+	}
+	items := r.inputs()
+	switch c.DefaultQuery("order", "desc") {
+	case "desc":
+		slices.Reverse(items)
+	case "asc":
+	default:
+		writeError(c, invalid("order", "order must be asc or desc, got %q", c.Query("order")))
+		return
+	}
+	if after := c.Query("after"); after != "" {
+		i := slices.IndexFunc(items, func(it respInputItem) bool { return it.ID == after })
+		if i < 0 {
+			writeError(c, invalid("after", "no item %q in this response's input", after))
+			return
+		}
+		items = items[i+1:]
+	}
+	more := len(items) > limit
+	items = items[:min(limit, len(items))]
+	data := make([]any, len(items))
+	for i, it := range items {
+		data[i] = listedItem(it)
+	}
+	resp := map[string]any{"object": "list", "data": data, "has_more": more, "first_id": nil, "last_id": nil}
+	if len(items) > 0 {
+		resp["first_id"], resp["last_id"] = items[0].ID, items[len(items)-1].ID
+	}
+	writeJSON(c, http.StatusOK, resp)
+}
+
+// listedItem is an input item as the Responses API lists it.
+func listedItem(it respInputItem) any {
+	text := func(raw json.RawMessage) string {
+		var s string
+		if json.Unmarshal(raw, &s) == nil {
+			return s
+		}
+		var parts []respPartIn
+		_ = json.Unmarshal(raw, &parts)
+		var out []string
+		for _, p := range parts {
+			if p.Text != nil {
+				out = append(out, *p.Text)
+			}
+		}
+		return strings.Join(out, "\n")
+	}
+	switch it.Type {
+	case "function_call":
+		args := ""
+		if it.Arguments != nil {
+			args = *it.Arguments
+		}
+		return map[string]any{"type": "function_call", "id": it.ID, "call_id": it.CallID, "name": it.Name, "arguments": args, "status": "completed"}
+	case "function_call_output":
+		return map[string]any{"type": "function_call_output", "id": it.ID, "call_id": it.CallID, "output": text(it.Output), "status": "completed"}
+	case "reasoning":
+		return map[string]any{"type": "reasoning", "id": it.ID, "summary": []any{}, "content": []map[string]string{{"type": "reasoning_text", "text": text(it.Content)}}}
+	}
+	kind := "input_text"
+	if it.Role == "assistant" {
+		kind = "output_text"
+	}
+	return map[string]any{"type": "message", "id": it.ID, "role": it.Role, "status": "completed",
+		"content": []map[string]string{{"type": kind, "text": text(it.Content)}}}
 }
