@@ -29,7 +29,7 @@ func commands() []command {
 		{"logits", "print float32 logits of every position as JSON", cmdLogits},
 		{"generate", "greedy-decode a prompt and print the text", cmdGenerate},
 		{"run-batch", "run an OpenAI batch file (JSONL requests in, JSONL responses out) offline, with serve's settings", cmdRunBatch},
-		{"chat", "chat with a running server in the terminal (each stdin line a turn; the reply streams)", cmdChat},
+		{"chat", "chat in the terminal with a running server, or --model DIR served in process (each stdin line a turn; the reply streams)", cmdChat},
 		{"tokenize", "print the token ids of stdin as JSON", cmdTokenize},
 		{"bench", "benchmarks: serve (load test of a running server), model (whole-model prefill/decode), attention, moe, ring (GPU kernels)", cmdBench},
 	}
