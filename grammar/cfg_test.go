@@ -535,3 +535,35 @@ func TestGrammarWorkLimit(t *testing.T) {
 		t.Errorf("the JSON grammar: err %v, %d units", j.Err(), j.c.work)
 	}
 }
+
+// TestGrammarLoopMask: in a state that loops on plain characters (inside
+// a string), the mask is the vocabulary's kept set of tokens made of them
+// plus the others walked: equal to the naive scan, with the set built once
+// and reused by a later state that loops on the same bytes.
+func TestGrammarLoopMask(t *testing.T) {
+	var toks [][]byte
+	for _, s := range []string{"ab", "a b", "abc\"", "\"", "x", "zz", "é", "a\\", "q r s", "A", "b\"c", "\" ", "ba"} {
+		toks = append(toks, []byte(s))
+	}
+	for c := byte('a'); c <= 'z'; c++ {
+		toks = append(toks, []byte{c, c, c})
+	}
+	tb := func(id int32) []byte { return toks[id] }
+	voc := NewVocab(len(toks), tb)
+	dst := make([]uint64, voc.MaskWords())
+	g := mustGrammar(t, `root ::= "\"" [a-z ]* "\"" " " "\"" [a-z ]* "\""`)
+	for _, prefix := range []string{`"ab`, `"ab c`, `"ab" "x`} {
+		v := g.New()
+		if !v.Advance([]byte(prefix)) {
+			t.Fatalf("%q refused", prefix)
+		}
+		n := voc.Mask(v, dst)
+		want := naiveMask(v, len(toks), tb)
+		if dst[0] != want[0] || n != Count(want) {
+			t.Errorf("after %q: mask %b (%d), want %b", prefix, dst[0], n, want[0])
+		}
+	}
+	if got := voc.loopsN.Load(); got != 1 {
+		t.Errorf("%d loop sets built, want 1 (the same bytes loop in both strings)", got)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"unicode/utf8"
 )
 
@@ -103,6 +104,58 @@ type Vocab struct {
 		once sync.Once
 		set  classSet
 	}
+	// loops caches, by a set of ASCII bytes (grammarMask's self-loop set),
+	// the tokens made of those bytes alone and the positions of the others.
+	loops  sync.Map // [2]uint64 → *loopSet
+	loopsN atomic.Int32
+}
+
+// loopSet is the tokens made of a set of ASCII bytes alone (sure, n of
+// them) and the positions of the others, in byte order, each with its
+// common prefix with the one before it in rest.
+type loopSet struct {
+	sure    []uint64
+	n       int
+	rest    []int32
+	restLCP []uint16
+}
+
+// maxLoopSets is the most loop sets a Vocab keeps.
+const maxLoopSets = 64
+
+// loopSet is the loopSet of the bytes in loop, built on first use.
+func (v *Vocab) loopSet(loop [2]uint64) *loopSet {
+	if ls, ok := v.loops.Load(loop); ok {
+		return ls.(*loopSet)
+	}
+	ls := &loopSet{sure: make([]uint64, v.MaskWords())}
+	run := uint16(65535) // the common prefix since the last rest token
+	for i, id := range v.ids {
+		run = min(run, v.lcp[i])
+		in := true
+		for _, c := range v.data[v.off[i]:v.off[i+1]] {
+			if c >= utf8.RuneSelf || loop[c>>6]&(1<<(c&63)) == 0 {
+				in = false
+				break
+			}
+		}
+		if in {
+			ls.sure[id>>6] |= 1 << (id & 63)
+			ls.n++
+			continue
+		}
+		if len(ls.rest) == 0 {
+			run = 0
+		}
+		ls.rest = append(ls.rest, int32(i))
+		ls.restLCP = append(ls.restLCP, run)
+		run = 65535
+	}
+	if v.loopsN.Add(1) > maxLoopSets {
+		return ls
+	}
+	got, _ := v.loops.LoadOrStore(loop, ls)
+	return got.(*loopSet)
 }
 
 // class is c's sure set, built on first use.
@@ -258,6 +311,36 @@ func (v *Vocab) mask(g Validator, dst []uint64) int {
 	return n
 }
 
+// loopMask is grammarMask from a loop set: its sure tokens, then the
+// others walked from the states their common prefixes share.
+func (v *Vocab) loopMask(g *GrammarText, ls *loopSet, dst []uint64, start int64) int {
+	c := g.c
+	copy(dst, ls.sure)
+	n := ls.n
+	states := append(make([]*gState, 0, 64), g.cur)
+	for r, i := range ls.rest {
+		b := v.data[v.off[i]:v.off[i+1]]
+		k := min(int(ls.restLCP[r]), len(states)-1)
+		states = states[:k+1]
+		for st := states[k]; k < len(b); k++ {
+			if st = c.step(st, b[k]); st == c.dead {
+				break
+			}
+			states = append(states, st)
+		}
+		if g.overBudget(start) {
+			clear(dst)
+			return 0
+		}
+		if k == len(b) {
+			id := v.ids[i]
+			dst[id>>6] |= 1 << (id & 63)
+			n++
+		}
+	}
+	return n
+}
+
 // pastRun is the position after token i (bytes b) and every token after it
 // that extends b[:k+1], a refused prefix: the run whose common prefixes with
 // their predecessors stay longer than k (jump tables for k 0 and 1).
@@ -284,6 +367,24 @@ func (v *Vocab) grammarMask(g *GrammarText, dst []uint64) int {
 		return 0
 	}
 	start := c.work
+	// The ASCII bytes that lead from the state back to itself (inside a
+	// string of the grammar, say): the tokens made of them alone are all
+	// taken (a set kept with the vocabulary), and only the others walked.
+	if g.cur.pend == "" && len(g.cur.set.tops) <= 64 && (c.step(g.cur, 'e') == g.cur || c.step(g.cur, 'a') == g.cur) { // (a probe first: states that loop on text loop on these)
+		var loop [2]uint64
+		for b := range byte(utf8.RuneSelf) {
+			if c.step(g.cur, b) == g.cur {
+				loop[b>>6] |= 1 << (b & 63)
+			}
+			if g.overBudget(start) {
+				clear(dst)
+				return 0
+			}
+		}
+		if bits.OnesCount64(loop[0])+bits.OnesCount64(loop[1]) >= 16 {
+			return v.loopMask(g, v.loopSet(loop), dst, start)
+		}
+	}
 	states := append(make([]*gState, 0, 64), g.cur) // states[d]: after the first d bytes of the last token walked
 	n := 0
 	for i := 0; i < len(v.ids); {
