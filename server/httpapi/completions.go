@@ -37,6 +37,19 @@ func (s *Server) completions(c *gin.Context) {
 		k.fail(c, e)
 		return
 	}
+	if req.Suffix != nil && *req.Suffix != "" {
+		if s.fim == nil {
+			k.fail(c, invalid("suffix", "suffix (fill-in-the-middle) needs a tokenizer with FIM tokens (<|fim_prefix|> …, <｜fim▁begin｜> …, <fim_prefix> …); this model's has none"))
+			return
+		}
+		for i := range prompts {
+			if !prompts[i].isText {
+				k.fail(c, invalid("suffix", "suffix needs text prompts; prompt %d is token ids", i))
+				return
+			}
+			prompts[i].text = s.fim.render(prompts[i].text, *req.Suffix)
+		}
+	}
 	maxTok, maxParam := req.maxTokens()
 	reqs := make([]*engine.Request, len(prompts))
 	lens := make([]int, len(prompts))

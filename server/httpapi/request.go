@@ -69,7 +69,7 @@ type streamOptions struct {
 type completionRequest struct {
 	sampling
 	Prompt   json.RawMessage `json:"prompt"`
-	Suffix   *string         `json:"suffix"`
+	Suffix   *string         `json:"suffix"` // fill-in-the-middle, for tokenizers with FIM tokens (fim.go)
 	Echo     *bool           `json:"echo"`
 	BestOf   *int            `json:"best_of"`
 	Logprobs *int            `json:"logprobs"`
@@ -595,8 +595,8 @@ func (u *chunkUsage) field() **usageJSON {
 // checkCompletion validates what only completions have.
 func (r *completionRequest) check() *apiError {
 
-	if r.Suffix != nil && *r.Suffix != "" {
-		return invalid("suffix", "suffix is not supported")
+	if r.Suffix != nil && *r.Suffix != "" && r.Echo != nil && *r.Echo {
+		return invalid("suffix", "suffix cannot be combined with echo")
 	}
 	n := 1
 	if r.N != nil {

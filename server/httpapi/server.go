@@ -107,6 +107,7 @@ type Server struct {
 	handler http.Handler
 
 	store *respStore // finished responses (/v1/responses)
+	fim   *fimFormat // the tokenizer's fill-in-the-middle tokens (nil: none)
 
 	ready    atomic.Bool
 	draining atomic.Bool
@@ -118,7 +119,7 @@ type Server struct {
 // ready: call SetReady(true) once it may take requests.
 func New(gen engine.Generator, tok *tokenizer.Tokenizer, tmpl *chat.Template, opts Options) *Server {
 	s := &Server{gen: gen, tok: tok, tmpl: tmpl, opts: opts, log: opts.Logger, created: time.Now().Unix(),
-		store: newRespStore(max(opts.ResponsesStore, 0))}
+		store: newRespStore(max(opts.ResponsesStore, 0)), fim: detectFIM(tok)}
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
