@@ -264,7 +264,7 @@ fi
 if [ "$MODE" = test ] || [ "$MODE" = all ] || [ "$MODE" = serve ]; then
 	echo "== serving tests on the GPU (MKSERVE_TEST_BACKEND=cuda)"
 	SECONDS=0
-	MKSERVE_TEST_BACKEND=cuda run_each "$ROOT/.dev/mkserve.test" "$LOGS/serve.log" cmd/mkserve 240 '^Test(Serve|BenchServe|BenchMoE(Fused|Grouped|Partial)GPU$)' || status=1
+	MKSERVE_TEST_BACKEND=cuda run_each "$ROOT/.dev/mkserve.test" "$LOGS/serve.log" cmd/mkserve 240 '^Test(Serve|BenchServe|RunBatch$|ChatCommand$|BenchMoE(Fused|Grouped|Partial)GPU$)' || status=1
 	grep -E -- "--- (FAIL|PASS)|panic" "$LOGS/serve.log" | head -30
 	echo "   took ${SECONDS}s"
 	echo "== mkserve logits --backend cuda against --backend cpu"
