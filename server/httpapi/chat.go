@@ -24,7 +24,7 @@ func (s *Server) chatCompletions(c *gin.Context) {
 	if !ok {
 		return
 	}
-	run, e := s.startChat(c, k, req)
+	run, e := s.startChat(c.Request.Context(), k, req)
 	if e != nil {
 		k.fail(c, e)
 		return
@@ -190,8 +190,9 @@ type chatRun struct {
 
 // startChat checks a decoded chat request's parameters, renders and
 // tokenizes its conversation and submits it to the engine (POST
-// /v1/chat/completions and /v1/responses).
-func (s *Server) startChat(c *gin.Context, k *call, req *chatRequest) (*chatRun, *apiError) {
+// /v1/chat/completions and /v1/responses), under ctx (the client's
+// request, or a background response's own).
+func (s *Server) startChat(ctx context.Context, k *call, req *chatRequest) (*chatRun, *apiError) {
 	sp, e := req.params(s.tok.VocabSize(), s.opts.Defaults.Base())
 	if e != nil {
 		return nil, e
@@ -250,7 +251,7 @@ func (s *Server) startChat(c *gin.Context, k *call, req *chatRequest) (*chatRun,
 		r.Priority = *req.Priority
 	}
 	run.sp, run.lens = sp, []int{len(ids)}
-	run.ctx, run.cancel = context.WithCancel(c.Request.Context())
+	run.ctx, run.cancel = context.WithCancel(ctx)
 	chans, err := s.submit(run.ctx, run.cancel, []*engine.Request{r})
 	if err != nil {
 		run.cancel()

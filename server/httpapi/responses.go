@@ -1,9 +1,11 @@
 package httpapi
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"slices"
 	"strings"
@@ -69,8 +71,6 @@ func (r *responsesRequest) check() *apiError {
 	switch {
 	case isNull(r.Input):
 		return invalid("input", "input is required: a string or a list of input items")
-	case r.Background != nil && *r.Background:
-		return invalid("background", "background responses are not supported")
 	case r.Truncation != nil && *r.Truncation != "disabled":
 		return invalid("truncation", "truncation %q is not supported (only disabled)", *r.Truncation)
 	case r.N != nil && *r.N != 1:
@@ -346,6 +346,7 @@ type responseJS struct {
 	PreviousResponseID *string           `json:"previous_response_id"`
 	Reasoning          respReasoning     `json:"reasoning"`
 	Store              bool              `json:"store"`
+	Background         bool              `json:"background"`
 	Temperature        float32           `json:"temperature"`
 	Text               respTextJS        `json:"text"`
 	ToolChoice         json.RawMessage   `json:"tool_choice"`
@@ -589,7 +590,12 @@ func (o *respOut) finish(calls []toolCallJS, status string, withLogprobs bool) e
 // responses serves POST /v1/responses.
 func (s *Server) responses(c *gin.Context) {
 	k := s.newCall(c, "responses", "resp_")
-	defer k.done()
+	background := false // (a background response logs its line when it ends)
+	defer func() {
+		if !background {
+			k.done()
+		}
+	}()
 	req, ok := begin[responsesRequest](s, c, k)
 	if !ok {
 		return
@@ -604,6 +610,10 @@ func (s *Server) responses(c *gin.Context) {
 			k.fail(c, e)
 			return
 		}
+		if prev.running() {
+			k.fail(c, invalid("previous_response_id", "response %s is still in progress; continue it once it has finished", *id))
+			return
+		}
 		history = prev.history()
 	}
 	cr, items, e := req.toChat(history)
@@ -612,15 +622,38 @@ func (s *Server) responses(c *gin.Context) {
 		return
 	}
 	store := s.opts.ResponsesStore > 0 && (req.Store == nil || *req.Store)
-	run, e := s.startChat(c, k, cr)
+	bg := req.Background != nil && *req.Background
+	switch {
+	case bg && !store:
+		k.fail(c, invalid("background", "a background response needs the response store (store not false, and the server's responses_store above 0)"))
+		return
+	case bg && req.streaming():
+		k.fail(c, invalid("background", "a background response cannot be streamed; poll GET /v1/responses/{id}"))
+		return
+	}
+	ctx := c.Request.Context()
+	if bg {
+		ctx = context.Background() // (it outlives the request; POST …/cancel ends it)
+	}
+	run, e := s.startChat(ctx, k, cr)
 	if e != nil {
 		k.fail(c, asResponses(e))
 		return
 	}
-	defer run.cancel()
 	resp := s.newResponse(k, req, &run.sp)
-	resp.Store = store
-	withLogprobs := run.sp.Logprobs
+	resp.Store, resp.Background = store, bg
+	if bg {
+		resp.Status = "queued"
+		body, _ := encodeJSON(resp)
+		entry := newStored(body, prev, withIDs(items), nil)
+		entry.cancel = run.cancel
+		s.store.Add(resp.ID, entry)
+		background = true
+		c.Data(http.StatusOK, "application/json", body)
+		go s.background(k, run, resp, entry) // (resp is the goroutine's from here)
+		return
+	}
+	defer run.cancel()
 	o := &respOut{}
 	seq := 0
 	var out *sse
@@ -639,6 +672,39 @@ func (s *Server) responses(c *gin.Context) {
 			}
 		}
 	}
+	if err := s.generateResponse(k, run, resp, o); err != nil {
+		k.finishGeneration(c, err)
+		if out != nil && k.status != statusClientClosed {
+			ae := runError(err)
+			code := "server_error"
+			if ae != errInternal {
+				code = "invalid_request_error"
+			}
+			_ = o.emit("error", map[string]any{"code": code, "message": ae.Message, "param": nil})
+		}
+		return
+	}
+	if store {
+		body, _ := encodeJSON(resp)
+		s.store.Add(resp.ID, newStored(body, prev, withIDs(items), outputItems(o.items)))
+	}
+	if out == nil {
+		writeJSON(c, http.StatusOK, resp)
+		return
+	}
+	typ := "response.completed"
+	if resp.Status == "incomplete" {
+		typ = "response.incomplete"
+	}
+	if err := o.emit(typ, map[string]any{"response": resp}); err != nil {
+		k.finishGeneration(c, err)
+	}
+}
+
+// generateResponse runs a response's generation through o (its items, and
+// its events when streaming) and fills resp's output, status and usage.
+func (s *Server) generateResponse(k *call, run *chatRun, resp *responseJS, o *respOut) error {
+	withLogprobs := run.sp.Logprobs
 	co := run.newOut()
 	var finish string
 	usage, err := k.run(run.ctx, run.cancel, run.chans, 1, run.lens, func(_ int, ev *engine.Event) error {
@@ -671,16 +737,7 @@ func (s *Server) responses(c *gin.Context) {
 		return o.finish(calls, status, withLogprobs)
 	})
 	if err != nil {
-		k.finishGeneration(c, err)
-		if out != nil && k.status != statusClientClosed {
-			ae := runError(err)
-			code := "server_error"
-			if ae != errInternal {
-				code = "invalid_request_error"
-			}
-			_ = o.emit("error", map[string]any{"code": code, "message": ae.Message, "param": nil})
-		}
-		return
+		return err
 	}
 	resp.Output = o.items
 	resp.Status = "completed"
@@ -694,21 +751,37 @@ func (s *Server) responses(c *gin.Context) {
 	u.InputTokensDetails.CachedTokens = usage.CachedTokens
 	u.OutputTokensDetails.ReasoningTokens = o.reasonTok
 	resp.Usage = u
-	if store {
-		body, _ := encodeJSON(resp)
-		s.store.Add(resp.ID, newStored(body, prev, withIDs(items), outputItems(o.items)))
+	return nil
+}
+
+// background runs a background response to its end and keeps the result
+// in its store entry: completed or incomplete with its output, cancelled
+// (POST …/cancel), or failed with the reason.
+func (s *Server) background(k *call, run *chatRun, resp *responseJS, entry *storedResp) {
+	defer k.done()
+	defer run.cancel()
+	o := &respOut{}
+	err := s.generateResponse(k, run, resp, o)
+	switch {
+	case entry.wasCancelled(): // (the engine ends a cancelled request with aborts, not an error)
+		resp.Status, resp.Output, resp.CompletedAt, resp.IncompleteDetails = "cancelled", o.items, nil, nil
+		k.status, k.errMsg = statusClientClosed, "cancelled"
+	case err == nil:
+		k.status = http.StatusOK
+	case errors.Is(err, errClientGone):
+		resp.Status, resp.Output = "cancelled", o.items
+		k.status, k.errMsg = statusClientClosed, "cancelled"
+	default:
+		ae := runError(err)
+		resp.Status, resp.Output = "failed", o.items
+		resp.Error = &respErrorJS{Code: "server_error", Message: ae.Message}
+		if ae != errInternal {
+			resp.Error.Code = "invalid_prompt"
+		}
+		k.status, k.errMsg, k.cause = ae.Status, ae.Message, err
 	}
-	if out == nil {
-		writeJSON(c, http.StatusOK, resp)
-		return
-	}
-	typ := "response.completed"
-	if resp.Status == "incomplete" {
-		typ = "response.incomplete"
-	}
-	if err := o.emit(typ, map[string]any{"response": resp}); err != nil {
-		k.finishGeneration(c, err)
-	}
+	body, _ := encodeJSON(resp)
+	entry.finish(body, outputItems(o.items))
 }
 
 // newResponse is the response object before any output: what the request

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/responses"
@@ -588,5 +589,85 @@ func TestResponsesInputItems(t *testing.T) {
 		if r.StatusCode != http.StatusBadRequest {
 			t.Errorf("%s: %d", q, r.StatusCode)
 		}
+	}
+}
+
+// TestResponsesBackground: a background response answers at once
+// ("queued"), runs on after the request, and GET shows it completed with
+// its output; continuing it before it ends is refused; a running one is
+// cancelled by POST …/cancel ("cancelled"); background needs the store
+// and is not streamed; a foreground response cannot be cancelled.
+func TestResponsesBackground(t *testing.T) {
+	f := newFake(4096)
+	f.reply = "Let there be light."
+	_, url := serve(t, f, Options{ResponsesStore: 8})
+	status := func(raw []byte) (string, string) {
+		var r struct {
+			ID, Status string
+			Output     []struct{ Content []struct{ Text string } }
+		}
+		if err := json.Unmarshal(raw, &r); err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		text := ""
+		if len(r.Output) > 0 && len(r.Output[0].Content) > 0 {
+			text = r.Output[0].Content[0].Text
+		}
+		return r.Status, text
+	}
+	get := func(id string) []byte {
+		resp, err := http.Get(url + "/v1/responses/" + id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return b
+	}
+	wait := func(id string) []byte {
+		for range 500 {
+			b := get(id)
+			if st, _ := status(b); st != "queued" && st != "in_progress" {
+				return b
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Fatalf("%s never ended", id)
+		return nil
+	}
+	resp, raw := post(t, url, "/v1/responses", `{"input": "Light?", "max_output_tokens": 16, "background": true}`)
+	var r struct{ ID string }
+	_ = json.Unmarshal(raw, &r)
+	if st, _ := status(raw); resp.StatusCode != http.StatusOK || st != "queued" || !strings.Contains(string(raw), `"background":true`) {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	if st, text := status(wait(r.ID)); st != "completed" || text != f.reply {
+		t.Errorf("ended %s with %q", st, text)
+	}
+	// Cancelled while it runs (the fake engine holds after its first token).
+	f.reply, f.hold = "", true
+	_, raw = post(t, url, "/v1/responses", `{"input": "Light?", "max_output_tokens": 16, "background": true}`)
+	_ = json.Unmarshal(raw, &r)
+	if resp, raw := post(t, url, "/v1/responses", `{"input": "x", "previous_response_id": "`+r.ID+`"}`); resp.StatusCode != http.StatusBadRequest ||
+		!strings.Contains(string(raw), "still in progress") {
+		t.Errorf("continuing a running response: %d %s", resp.StatusCode, raw)
+	}
+	resp, raw = post(t, url, "/v1/responses/"+r.ID+"/cancel", ``)
+	if st, _ := status(raw); resp.StatusCode != http.StatusOK || st != "cancelled" {
+		t.Errorf("cancel: %d %s", resp.StatusCode, raw)
+	}
+	f.hold = false
+	for _, c := range []struct{ body, text string }{
+		{`{"input": "x", "background": true, "store": false}`, "response store"},
+		{`{"input": "x", "background": true, "stream": true}`, "cannot be streamed"},
+	} {
+		if resp, raw := post(t, url, "/v1/responses", c.body); resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), c.text) {
+			t.Errorf("%s: %d %s", c.body, resp.StatusCode, raw)
+		}
+	}
+	_, raw = post(t, url, "/v1/responses", `{"input": "x", "max_output_tokens": 2}`)
+	_ = json.Unmarshal(raw, &r)
+	if resp, raw := post(t, url, "/v1/responses/"+r.ID+"/cancel", ``); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("cancelling a foreground response: %d %s", resp.StatusCode, raw)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/gin-gonic/gin"
 
@@ -28,11 +30,43 @@ type respStore = lru.Cache[string, *storedResp]
 const respStoreBytes = 256 << 20
 
 type storedResp struct {
-	body  []byte          // the response object as returned
-	prev  *storedResp     // the turn before (nil: the conversation starts here)
-	items []respInputItem // this turn's input items, then its output as input items
-	nIn   int             // of which input items
-	size  int64           // body and the whole conversation's items, in bytes
+	prev *storedResp // the turn before (nil: the conversation starts here)
+	nIn  int         // input items (the first of items)
+	size int64       // body and the whole conversation's items, in bytes (at creation)
+	// A background response's entry changes once, when it ends.
+	mu        sync.Mutex
+	body      []byte          // the response object as it stands
+	items     []respInputItem // this turn's input items, then its output as input items
+	cancel    func()          // a running background response's (nil: not running)
+	cancelled bool            // POST …/cancel stopped it
+}
+
+// wasCancelled reports whether POST …/cancel stopped r.
+func (r *storedResp) wasCancelled() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cancelled
+}
+
+// running reports whether r is a background response still generating.
+func (r *storedResp) running() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cancel != nil
+}
+
+// current is r's response object as it stands.
+func (r *storedResp) current() []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.body
+}
+
+// finish records a background response's end: its final object and output.
+func (r *storedResp) finish(body []byte, out []respInputItem) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.body, r.items, r.cancel = body, append(r.items, out...), nil
 }
 
 func newRespStore(limit int) *respStore {
@@ -63,7 +97,9 @@ func (r *storedResp) history() []respInputItem {
 	}
 	var out []respInputItem
 	for i := len(turns) - 1; i >= 0; i-- {
+		turns[i].mu.Lock()
 		out = append(out, turns[i].items...)
+		turns[i].mu.Unlock()
 	}
 	return out
 }
@@ -75,6 +111,8 @@ func (r *storedResp) inputs() []respInputItem {
 	if r.prev != nil {
 		before = r.prev.history()
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	return append(before, r.items[:r.nIn]...)
 }
 
@@ -131,7 +169,37 @@ func (s *Server) getResponse(c *gin.Context) {
 		writeError(c, errNoResponse(id, s.opts.ResponsesStore))
 		return
 	}
-	c.Data(http.StatusOK, "application/json", r.body)
+	c.Data(http.StatusOK, "application/json", r.current())
+}
+
+// cancelResponse serves POST /v1/responses/{id}/cancel: a running
+// background response stops (status "cancelled" once it has); the
+// response object is returned as it then stands.
+func (s *Server) cancelResponse(c *gin.Context) {
+	id := c.Param("id")
+	r, ok := s.store.Get(id)
+	if !ok {
+		writeError(c, errNoResponse(id, s.opts.ResponsesStore))
+		return
+	}
+	r.mu.Lock()
+	cancel := r.cancel
+	r.cancelled = r.cancelled || cancel != nil
+	r.mu.Unlock()
+	if cancel == nil {
+		var st struct{ Background bool }
+		if json.Unmarshal(r.current(), &st); !st.Background {
+			writeError(c, invalid("response_id", "only background responses can be cancelled"))
+			return
+		}
+		c.Data(http.StatusOK, "application/json", r.current()) // (already ended)
+		return
+	}
+	cancel()
+	for deadline := time.Now().Add(5 * time.Second); r.running() && time.Now().Before(deadline); {
+		time.Sleep(2 * time.Millisecond)
+	}
+	c.Data(http.StatusOK, "application/json", r.current())
 }
 
 // deleteResponse serves DELETE /v1/responses/{id}.

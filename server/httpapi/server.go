@@ -157,6 +157,7 @@ func (s *Server) routes() http.Handler {
 	v1.POST("/responses", s.responses)
 	v1.GET("/responses/:id", s.getResponse)
 	v1.GET("/responses/:id/input_items", s.inputItems)
+	v1.POST("/responses/:id/cancel", s.cancelResponse)
 	v1.DELETE("/responses/:id", s.deleteResponse)
 	r.POST("/tokenize", s.auth, s.tokenize)
 	r.POST("/detokenize", s.auth, s.detokenize)
