@@ -320,14 +320,8 @@ func (v *Vocab) loopMask(g *GrammarText, ls *loopSet, dst []uint64, start int64)
 	states := append(make([]*gState, 0, 64), g.cur)
 	for r, i := range ls.rest {
 		b := v.data[v.off[i]:v.off[i+1]]
-		k := min(int(ls.restLCP[r]), len(states)-1)
-		states = states[:k+1]
-		for st := states[k]; k < len(b); k++ {
-			if st = c.step(st, b[k]); st == c.dead {
-				break
-			}
-			states = append(states, st)
-		}
+		var k int
+		states, k = walkToken(c, states, b, int(ls.restLCP[r]))
 		if g.overBudget(start) {
 			clear(dst)
 			return 0
@@ -339,6 +333,22 @@ func (v *Vocab) loopMask(g *GrammarText, ls *loopSet, dst []uint64, start int64)
 		}
 	}
 	return n
+}
+
+// walkToken steps a token's bytes b on from the state after the first lcp
+// of them (states[d]: the state after d bytes of the token walked before,
+// which shares lcp bytes with this one), extending states with each byte
+// taken; k is how many were.
+func walkToken(c *gCache, states []*gState, b []byte, lcp int) (_ []*gState, k int) {
+	k = min(lcp, len(states)-1)
+	states = states[:k+1]
+	for st := states[k]; k < len(b); k++ {
+		if st = c.step(st, b[k]); st == c.dead {
+			break
+		}
+		states = append(states, st)
+	}
+	return states, k
 }
 
 // pastRun is the position after token i (bytes b) and every token after it
@@ -389,14 +399,8 @@ func (v *Vocab) grammarMask(g *GrammarText, dst []uint64) int {
 	n := 0
 	for i := 0; i < len(v.ids); {
 		b := v.data[v.off[i]:v.off[i+1]]
-		k := min(int(v.lcp[i]), len(states)-1)
-		states = states[:k+1]
-		for st := states[k]; k < len(b); k++ {
-			if st = c.step(st, b[k]); st == c.dead {
-				break
-			}
-			states = append(states, st)
-		}
+		var k int
+		states, k = walkToken(c, states, b, int(v.lcp[i]))
 		if g.overBudget(start) {
 			clear(dst)
 			return 0

@@ -161,12 +161,20 @@ func errNoResponse(id string, limit int) *apiError {
 		Message: "no stored response " + id + " (the server keeps its latest " + itoa(limit) + " responses in memory; this one was not stored, was dropped, or the server restarted)"}
 }
 
-// getResponse serves GET /v1/responses/{id}.
-func (s *Server) getResponse(c *gin.Context) {
+// stored is the response the path names, or false once a 404 is written.
+func (s *Server) stored(c *gin.Context) (*storedResp, bool) {
 	id := c.Param("id")
 	r, ok := s.store.Get(id)
 	if !ok {
 		writeError(c, errNoResponse(id, s.opts.ResponsesStore))
+	}
+	return r, ok
+}
+
+// getResponse serves GET /v1/responses/{id}.
+func (s *Server) getResponse(c *gin.Context) {
+	r, ok := s.stored(c)
+	if !ok {
 		return
 	}
 	c.Data(http.StatusOK, "application/json", r.current())
@@ -176,10 +184,8 @@ func (s *Server) getResponse(c *gin.Context) {
 // background response stops (status "cancelled" once it has); the
 // response object is returned as it then stands.
 func (s *Server) cancelResponse(c *gin.Context) {
-	id := c.Param("id")
-	r, ok := s.store.Get(id)
+	r, ok := s.stored(c)
 	if !ok {
-		writeError(c, errNoResponse(id, s.opts.ResponsesStore))
 		return
 	}
 	r.mu.Lock()
@@ -216,10 +222,8 @@ func (s *Server) deleteResponse(c *gin.Context) {
 // response's request sent the model, as OpenAI lists them (order desc by
 // default; limit 1–100, default 20; after an item id).
 func (s *Server) inputItems(c *gin.Context) {
-	id := c.Param("id")
-	r, ok := s.store.Get(id)
+	r, ok := s.stored(c)
 	if !ok {
-		writeError(c, errNoResponse(id, s.opts.ResponsesStore))
 		return
 	}
 	limit := 20
