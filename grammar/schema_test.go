@@ -1024,3 +1024,53 @@ func TestSchemaRecursiveDepthLimit(t *testing.T) {
 		t.Errorf("at depth %d, null and the closing braces refused", depth)
 	}
 }
+
+// unionSchema nests unions of objects: discriminated pets in a list, a
+// union inside a union's object, and objects that share their first keys.
+const unionSchema = `{"type": "object", "$defs": {
+	"Cat": {"type": "object", "properties": {"t": {"const": "cat"}, "name": {"type": "string"}, "toy": {"$ref": "#/$defs/Toy"}}, "required": ["t", "name"]},
+	"Dog": {"type": "object", "properties": {"t": {"const": "dog"}, "name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["t", "name"]},
+	"Toy": {"anyOf": [{"type": "object", "properties": {"ball": {"type": "integer"}}, "required": ["ball"]},
+		{"type": "object", "properties": {"bone": {"type": "boolean"}, "size": {"enum": ["s", "m"]}}, "required": ["bone"]}]},
+	"Named": {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name"]}},
+	"properties": {
+		"pets": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}, {"$ref": "#/$defs/Named"}]}},
+		"best": {"anyOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}, {"type": "null"}]}},
+	"required": ["pets", "best"]}`
+
+// TestSchemaUnionsGenerated: random instances of nested unions are taken
+// whole and complete in random pieces, and a text with one byte changed
+// that is still taken whole matches the schema (the reference matcher) —
+// through unions that collapse to their one matching object as they read.
+func TestSchemaUnionsGenerated(t *testing.T) {
+	s := mustSchema(t, unionSchema)
+	r := rand.New(rand.NewPCG(31, 32))
+	for i := range 1500 {
+		text := instance(r, s, 0)
+		j := NewSchemaJSON(s)
+		for k := 0; k < len(text); {
+			end := min(k+1+r.IntN(6), len(text))
+			if !j.Advance([]byte(text[k:end])) {
+				t.Fatalf("instance %d %q: bytes [%d, %d) refused", i, text, k, end)
+			}
+			k = end
+		}
+		if !j.Complete() {
+			t.Fatalf("instance %d %q: not complete", i, text)
+		}
+		b := []byte(text)
+		b[r.IntN(len(b))] = " {}[],:\"0an-.etd"[r.IntN(16)]
+		if n, complete := feedSchema(s, string(b)); n == len(b) && complete {
+			d := json.NewDecoder(bytes.NewReader(b))
+			d.UseNumber()
+			ov, err := decodeOrdered(d, 0)
+			if err != nil || !matches(s, ov) {
+				t.Fatalf("instance %d changed: %q accepted whole but is not an instance (%v)", i, b, err)
+			}
+		}
+	}
+}
+
+func FuzzSchemaUnions(f *testing.F) {
+	fuzzSchema(f, unionSchema, 13, `{"pets": [{"t": "cat", "name": "Tom", "toy": {"bone": true, "size": "m"}}, {"name": "x"}], "best": null}`)
+}

@@ -514,10 +514,28 @@ func (j *SchemaJSON) unionByte(c byte) bool {
 	case closed: // the object's '}': the value is done (the parent's state was set before it began)
 		j.pop()
 		j.ws = wsRun{}
+	case len(alive) == 1: // decided: read on as that object, in place of the union
+		j.collapse(alive[0])
 	default:
 		top.subs = alive
 	}
 	return true
+}
+
+// collapse replaces the union frame on top of j's stack by v, the one
+// alternative still matching: v's frames go on j's stack and its leaf
+// state becomes j's, so the rest of the object is read as any object is
+// (no copy of a validator a byte). When v's object closes, its frame pops
+// and the parent's state, set before the union began, goes on — as the
+// union frame's would have.
+func (j *SchemaJSON) collapse(v *SchemaJSON) {
+	base := j.stack[:len(j.stack)-1]
+	root, depth0, scratch, lstack, compact := j.root, j.depth0, j.scratch, j.lstack, j.compact
+	*j = *v
+	j.root, j.depth0, j.scratch, j.lstack, j.compact = root, depth0, scratch, lstack, compact
+	j.started = true
+	j.stack = append(append(make([]sframe, 0, len(base)+len(v.stack)+4), base...), v.stack...)
+	j.leaf.stack = append([]byte(nil), v.leaf.stack...)
 }
 
 // uniqueItem records a uniqueItems array's item that ends here (its hash
