@@ -22,6 +22,9 @@ type Options struct {
 	EOS     []int32          // end-of-sequence tokens (generation_config / config)
 	Metrics *metrics.Metrics // nil: none
 	Logger  *zap.Logger      // nil: none
+	// Clock times steps for speculation's cost check (spec.go's
+	// specMeter); nil: time.Now. Tests give a fake one.
+	Clock func() time.Time
 }
 
 // Engine runs continuous batching over one model: requests join and leave
@@ -69,6 +72,7 @@ type Engine struct {
 	cpTokens int64       // prompt tokens prefilled with context parallelism
 	rebal    *rebalancer // nil: expert rebalancing off
 	inflight *inflight   // overlapped decode: the step whose tokens are still on the device
+	spec     specMeter   // speculation's measured cost (spec.go)
 	stats    atomic.Pointer[Stats]
 }
 
@@ -85,6 +89,7 @@ type Stats struct {
 	OverlappedSteps        int64 // steps launched before the previous step's tokens reached the host (Config.SyncSteps off)
 	SpecDrafted            int64 // draft tokens verified (Config.SpeculativeTokens)
 	SpecAccepted           int64 // of which were accepted
+	SpecPauses             int64 // times every sequence stopped drafting because steps with drafts measured slower
 }
 
 // New sizes the paged KV cache from cfg.KVCacheBytes, initialises it on be,
@@ -124,6 +129,9 @@ func New(m models.Model, be backend.Backend, tok Detokenizer, cfg Config, o Opti
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
 	}
 	if cfg.GraphWarmup {
 		warmGraphs(m, be, cfg.MaxNumSeqs, o.Logger)

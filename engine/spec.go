@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"math/bits"
 	"slices"
+	"time"
 
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/grammar"
@@ -134,6 +136,9 @@ func (e *Engine) draft(s *sequence, budget int) []int32 {
 		s.specPause--
 		return nil
 	}
+	if e.spec.pause > 0 { // the meter's verdict: drafts do not pay now
+		return nil
+	}
 	if s.pend != 0 {
 		return nil
 	}
@@ -187,4 +192,108 @@ func accepted(draft []int32, picks []pick) int {
 		a++
 	}
 	return a
+}
+
+// Speculation also backs off for every sequence at once when it does not
+// pay in time: a verify step runs synchronously (drafts come from tokens
+// on the host, so it cannot overlap the previous step), computes 1+K rows
+// for each drafting sequence and, for a constrained one, a grammar mask
+// for each row — costs that the acceptance rate alone does not see (on the
+// H200, JSON-schema requests at concurrency 4 served 0.83× as many
+// requests with K = 4 as without, half of the drafts accepted; docs/PERF.md).
+// The engine therefore measures its output rate — tokens delivered per
+// second of step time — over decode steps with drafts and over decode
+// steps without, by batch size. When steps with drafts are measured
+// slower, no sequence drafts for specMeterPause steps (doubled after each
+// verdict in a row, up to 16×), after which steps with drafts are measured
+// afresh. Steps without drafts are measured by
+// probes: when there are too few of them, or every specMeterStale steps
+// with drafts, no sequence drafts for specMeterMin+2 steps. (The first
+// step after a change of kind is not counted: its time holds the switch
+// between overlapped and synchronous steps.)
+const (
+	specMeterBuckets = 10    // batch sizes 1, 2–3, 4–7, … 512+
+	specMeterMin     = 8     // steps of each kind before a verdict
+	specMeterAlpha   = 0.125 // weight of the newest step in the averages
+	specMeterPause   = 64
+	specMeterStale   = 1024
+)
+
+// specMeter is the engine's record of decode steps' time and output, with
+// and without drafts (index 1 and 0), by batch-size bucket.
+type specMeter struct {
+	secs, toks [2][specMeterBuckets]float64 // moving averages a step
+	n          [2][specMeterBuckets]int
+	since      [specMeterBuckets]int // steps with drafts since the last probe
+	last       int                   // the kind of the latest decode step
+	pause      int                   // steps to go without any draft
+	streak     int                   // verdicts against speculation in a row
+	pauses     int64                 // verdicts against speculation so far
+}
+
+// meterBucket is the bucket of a step of seqs sequences.
+func meterBucket(seqs int) int {
+	return min(bits.Len(uint(seqs))-1, specMeterBuckets-1)
+}
+
+// observe records a decode step of seqs sequences that delivered tokens
+// in d (with drafts when verify), and pauses speculation to probe or when
+// steps with drafts deliver fewer tokens a second than steps without.
+func (m *specMeter) observe(seqs int, verify bool, tokens int, d time.Duration) {
+	if seqs <= 0 || tokens <= 0 || d <= 0 {
+		return
+	}
+	k, b := 0, meterBucket(seqs)
+	if verify {
+		k = 1
+	}
+	if k != m.last {
+		m.last = k
+		return
+	}
+	if m.n[k][b] == 0 {
+		m.secs[k][b], m.toks[k][b] = d.Seconds(), float64(tokens)
+	} else {
+		m.secs[k][b] += specMeterAlpha * (d.Seconds() - m.secs[k][b])
+		m.toks[k][b] += specMeterAlpha * (float64(tokens) - m.toks[k][b])
+	}
+	m.n[k][b]++
+	if !verify {
+		return
+	}
+	m.since[b]++
+	switch {
+	case m.n[1][b] < specMeterMin:
+	case m.n[0][b] < specMeterMin || m.since[b] >= specMeterStale:
+		m.pause = specMeterMin + 2
+		m.since[b] = 0
+		m.n[0][b] = 0 // (a probe's steps replace the older ones)
+	case m.toks[1][b]/m.secs[1][b] < m.toks[0][b]/m.secs[0][b]:
+		m.pause = specMeterPause << min(m.streak, 4)
+		m.streak++
+		m.pauses++
+		m.n[1][b] = 0
+	default:
+		m.streak = 0
+	}
+}
+
+// tick starts a step: one fewer to go in a pause.
+func (m *specMeter) tick() {
+	if m.pause > 0 {
+		m.pause--
+	}
+}
+
+// decodeKind reports whether plan is a decode step (every entry samples
+// after its newest token and its draft, nothing prefilled) and whether
+// any entry carries a draft.
+func decodeKind(plan []entry) (decode, verify bool) {
+	for _, en := range plan {
+		if !en.sample || en.n != 1+len(en.draft) {
+			return false, false
+		}
+		verify = verify || len(en.draft) > 0
+	}
+	return len(plan) > 0, verify
 }

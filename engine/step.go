@@ -170,6 +170,9 @@ func (e *Engine) schedule() []entry {
 
 // step schedules, runs one forward pass and samples.
 func (e *Engine) step() {
+	t0 := e.opts.Clock()
+	e.spec.tick()
+	stepTokens := 0 // tokens this step delivers, for speculation's meter
 	plan := e.schedule()
 	if len(plan) == 0 {
 		// Everything running was preempted this round: admit again from
@@ -221,6 +224,20 @@ func (e *Engine) step() {
 			return
 		}
 	}
+	if e.cfg.SpeculativeTokens > 0 {
+		if decode, verify := decodeKind(plan); decode {
+			defer func(seqs int) {
+				before := e.spec.pauses
+				if e.spec.observe(seqs, verify, stepTokens, e.opts.Clock().Sub(t0)); e.spec.pauses > before {
+					st := e.Stats()
+					st.SpecPauses = e.spec.pauses
+					e.stats.Store(&st)
+					e.opts.Metrics.SpecPause()
+					e.log.Debug("speculation paused: steps with drafts deliver fewer tokens a second", zap.Int("sequences", seqs))
+				}
+			}(len(plan))
+		}
+	}
 	b := &backend.Batch{}
 	var fed [][2]int32                  // overlapped decode: rows whose token is still on the device, and their picks
 	sampleRow := make([]int, len(plan)) // each sampling entry's logits row
@@ -269,6 +286,11 @@ func (e *Engine) step() {
 		}
 	}
 	if async != nil {
+		for _, en := range plan {
+			if en.sample {
+				stepTokens++ // (delivered when the next step resolves it)
+			}
+		}
 		e.overlapStep(plan, b, async)
 		return
 	}
@@ -286,17 +308,19 @@ func (e *Engine) step() {
 	// Sample every sequence's next token in parallel (each sampler is
 	// independent), then deliver them in order.
 	var picks []pick
+	var masked []int // constrained verify groups' first picks
 	for k, en := range plan {
 		en.s.computed += en.n - len(en.draft) // (the draft's KV counts once accepted)
 		e.commitBlocks(en.s)
 		if en.sample && !en.s.done {
+			if len(en.draft) > 0 && en.s.sampler.gram != nil {
+				masked = append(masked, len(picks))
+			}
 			for j := 0; j <= len(en.draft); j++ {
 				row := sampleRow[k] + j
 				pk := pick{s: en.s}
 				if j == 0 {
 					pk.draft = en.draft
-				} else if sm := en.s.sampler; sm.gram != nil { // after draft token j: the grammar's mask there
-					pk.mask = sm.maskOf(en.s.draftStates[j-1], make([]uint64, sm.gvocab.MaskWords()))
 				}
 				if logits != nil {
 					pk.logits = logits[row*V : (row+1)*V]
@@ -305,6 +329,16 @@ func (e *Engine) step() {
 			}
 		}
 	}
+	// The grammar's mask after each draft token, for the verify row there:
+	// sequences in parallel, each one's rows in order.
+	par.Each(len(masked), func(g int) {
+		i := masked[g]
+		s := picks[i].s
+		sm := s.sampler
+		for j := 1; j <= len(picks[i].draft); j++ {
+			picks[i+j].mask = sm.maskOf(s.draftStates[j-1], make([]uint64, sm.gvocab.MaskWords()))
+		}
+	})
 	if devSampler != nil {
 		if err := e.mixedPicks(devSampler, logitsT, picks); err != nil {
 			e.failStep(plan, "device sampling failed", err, len(b.Tokens))
@@ -343,6 +377,7 @@ func (e *Engine) step() {
 		generated++
 	}
 	e.opts.Metrics.GenerationTokens(generated)
+	stepTokens = generated
 	if drafted > 0 {
 		e.opts.Metrics.SpecDecode(drafted, accepts)
 		st := e.Stats()
@@ -835,7 +870,7 @@ func (e *Engine) publish() {
 		BlocksFree: e.blocks.available(), BlocksUsed: e.blocks.numBlocks() - e.blocks.available(),
 		PrefixQueries: e.blocks.queries, PrefixHits: e.blocks.hits,
 		Steps: old.Steps + 1, Preemptions: old.Preemptions, ContextParallelTokens: e.cpTokens,
-		OverlappedSteps: old.OverlappedSteps, SpecDrafted: old.SpecDrafted, SpecAccepted: old.SpecAccepted,
+		OverlappedSteps: old.OverlappedSteps, SpecDrafted: old.SpecDrafted, SpecAccepted: old.SpecAccepted, SpecPauses: e.spec.pauses,
 	}
 	if e.rebal != nil {
 		st.ExpertPlacements = e.rebal.moves

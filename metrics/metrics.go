@@ -48,6 +48,7 @@ type Metrics struct {
 	overlapped                prometheus.Counter
 	hostRows                  prometheus.Counter
 	specDraft, specAccepted   prometheus.Counter
+	specPauses                prometheus.Counter
 	success                   *prometheus.CounterVec // {finished_reason}
 	ttft, itl, e2e, queue     prometheus.Histogram
 	gramMask                  prometheus.Histogram
@@ -94,6 +95,7 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		hostRows:      counter("host_sampled_rows_total", "Tokens sampled on the host though the backend samples on the device: a fork of n choices, prompt log-probabilities in the step, or log-probabilities asked of a row whose grammar (response_format, a forced tool call), logit_bias or min_tokens changes its logits."),
 		specDraft:     counter("spec_decode_num_draft_tokens_total", "Draft tokens proposed by prompt-lookup speculation (engine.speculative_tokens) and verified."),
 		specAccepted:  counter("spec_decode_num_accepted_tokens_total", "Draft tokens that matched the model's own greedy choice (accepted)."),
+		specPauses:    counter("spec_decode_pauses_total", "Times speculation paused for every sequence because decode steps with drafts were measured to deliver fewer tokens a second than steps without."),
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: prefix + "request_success_total", Help: "Count of finished requests by finish reason.", ConstLabels: labels,
 		}, []string{"finished_reason"}),
@@ -114,7 +116,7 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		m.success.WithLabelValues(r)
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.prefixQueries, m.prefixHits,
-		m.promptTokens, m.genTokens, m.preemptions, m.cpTokens, m.placements, m.overlapped, m.hostRows, m.specDraft, m.specAccepted, m.success,
+		m.promptTokens, m.genTokens, m.preemptions, m.cpTokens, m.placements, m.overlapped, m.hostRows, m.specDraft, m.specAccepted, m.specPauses, m.success,
 		m.ttft, m.itl, m.e2e, m.queue, m.gramMask, m.expertTokens, m.imbalance)
 	return m
 }
@@ -238,6 +240,14 @@ func (m *Metrics) SpecDecode(drafted, accepted int) {
 	}
 	m.specDraft.Add(float64(drafted))
 	m.specAccepted.Add(float64(accepted))
+}
+
+// SpecPause counts one pause of speculation by its cost check.
+func (m *Metrics) SpecPause() {
+	if m == nil {
+		return
+	}
+	m.specPauses.Inc()
 }
 
 // GrammarMask records the time one vocabulary mask took.
