@@ -195,40 +195,42 @@ func accepted(draft []int32, picks []pick) int {
 }
 
 // Speculation also backs off for every sequence at once when it does not
-// pay in time: a verify step runs synchronously (drafts come from tokens
-// on the host, so it cannot overlap the previous step), computes 1+K rows
-// for each drafting sequence and, for a constrained one, a grammar mask
-// for each row — costs that the acceptance rate alone does not see (on the
-// H200, JSON-schema requests at concurrency 4 served 0.83× as many
-// requests with K = 4 as without, half of the drafts accepted; docs/PERF.md).
-// The engine therefore measures its output rate — tokens delivered per
-// second of step time — over decode steps with drafts and over decode
-// steps without, by batch size. When steps with drafts are measured
-// slower, no sequence drafts for specMeterPause steps (doubled after each
-// verdict in a row, up to 16×), after which steps with drafts are measured
-// afresh. Steps without drafts are measured by
-// probes: when there are too few of them, or every specMeterStale steps
-// with drafts, no sequence drafts for specMeterMin+2 steps. (The first
-// step after a change of kind is not counted: its time holds the switch
-// between overlapped and synchronous steps.)
+// pay in time. Its costs are more than the rejected drafts: a step whose
+// sequences may draft runs synchronously (drafts come from tokens on the
+// host, so it cannot overlap the previous step), even when no draft is
+// found; a verify step computes 1+K rows for each drafting sequence and,
+// for a constrained one, a grammar mask for each row. (On the H200,
+// JSON-schema requests at concurrency 4 served 0.83× as many requests
+// with K = 4 as without, half the drafts accepted, and plain chat at
+// concurrency 16 0.76×; docs/PERF.md.) The engine therefore measures its
+// output rate — tokens delivered per second of decode steps — while
+// speculation is on and while it is paused, by batch size, and compares
+// the current period of speculation with the latest pause: when
+// speculation is slower, no sequence drafts for specMeterPause steps
+// (doubled after each such verdict in a row, up to 16×). Verdicts are
+// taken after 8, 16, 32 … steps of a batch size; with no pause measured
+// at that size, or after specMeterStale steps of speculation, the engine
+// pauses for specMeterMin+2 steps to measure one (a probe). The first
+// step of each period is not counted: it holds the switch between
+// overlapped and synchronous steps.
 const (
-	specMeterBuckets = 10    // batch sizes 1, 2–3, 4–7, … 512+
-	specMeterMin     = 8     // steps of each kind before a verdict
-	specMeterAlpha   = 0.125 // weight of the newest step in the averages
+	specMeterBuckets = 10 // batch sizes 1, 2–3, 4–7, … 512+
+	specMeterMin     = 8  // steps of a period before a verdict
 	specMeterPause   = 64
 	specMeterStale   = 1024
 )
 
-// specMeter is the engine's record of decode steps' time and output, with
-// and without drafts (index 1 and 0), by batch-size bucket.
+// specMeter is the engine's record of decode steps' time and output while
+// speculation is paused and on (index 0 and 1), by batch-size bucket: the
+// latest pause's and the current period's sums.
 type specMeter struct {
-	secs, toks [2][specMeterBuckets]float64 // moving averages a step
+	secs, toks [2][specMeterBuckets]float64
 	n          [2][specMeterBuckets]int
-	since      [specMeterBuckets]int // steps with drafts since the last probe
-	last       int                   // the kind of the latest decode step
-	pause      int                   // steps to go without any draft
-	streak     int                   // verdicts against speculation in a row
-	pauses     int64                 // verdicts against speculation so far
+	on         bool  // the latest step counted ran with speculation on
+	run        int   // steps of the current period of speculation
+	pause      int   // steps to go without any draft
+	streak     int   // verdicts against speculation in a row
+	pauses     int64 // verdicts against speculation so far
 }
 
 // meterBucket is the bucket of a step of seqs sequences.
@@ -237,42 +239,37 @@ func meterBucket(seqs int) int {
 }
 
 // observe records a decode step of seqs sequences that delivered tokens
-// in d (with drafts when verify), and pauses speculation to probe or when
-// steps with drafts deliver fewer tokens a second than steps without.
-func (m *specMeter) observe(seqs int, verify bool, tokens int, d time.Duration) {
+// in d, with speculation on or paused, and pauses speculation to probe or
+// when it is measured slower than without.
+func (m *specMeter) observe(seqs int, on bool, tokens int, d time.Duration) {
 	if seqs <= 0 || tokens <= 0 || d <= 0 {
 		return
 	}
 	k, b := 0, meterBucket(seqs)
-	if verify {
+	if on {
 		k = 1
 	}
-	if k != m.last {
-		m.last = k
+	if on != m.on { // a new period
+		m.on, m.run = on, 0
+		m.secs[k], m.toks[k], m.n[k] = [specMeterBuckets]float64{}, [specMeterBuckets]float64{}, [specMeterBuckets]int{}
 		return
 	}
-	if m.n[k][b] == 0 {
-		m.secs[k][b], m.toks[k][b] = d.Seconds(), float64(tokens)
-	} else {
-		m.secs[k][b] += specMeterAlpha * (d.Seconds() - m.secs[k][b])
-		m.toks[k][b] += specMeterAlpha * (float64(tokens) - m.toks[k][b])
-	}
+	m.secs[k][b] += d.Seconds()
+	m.toks[k][b] += float64(tokens)
 	m.n[k][b]++
-	if !verify {
+	if !on {
 		return
 	}
-	m.since[b]++
+	m.run++
+	n := m.n[1][b]
 	switch {
-	case m.n[1][b] < specMeterMin:
-	case m.n[0][b] < specMeterMin || m.since[b] >= specMeterStale:
-		m.pause = specMeterMin + 2
-		m.since[b] = 0
-		m.n[0][b] = 0 // (a probe's steps replace the older ones)
+	case m.n[0][b] < specMeterMin && n >= specMeterMin, m.run >= specMeterStale:
+		m.pause = specMeterMin + 2 // a probe
+	case n < specMeterMin || n&(n-1) != 0:
 	case m.toks[1][b]/m.secs[1][b] < m.toks[0][b]/m.secs[0][b]:
 		m.pause = specMeterPause << min(m.streak, 4)
 		m.streak++
 		m.pauses++
-		m.n[1][b] = 0
 	default:
 		m.streak = 0
 	}
@@ -285,15 +282,13 @@ func (m *specMeter) tick() {
 	}
 }
 
-// decodeKind reports whether plan is a decode step (every entry samples
-// after its newest token and its draft, nothing prefilled) and whether
-// any entry carries a draft.
-func decodeKind(plan []entry) (decode, verify bool) {
+// decodeStep reports whether plan is a decode step: every entry samples
+// after its newest token and its draft, nothing is prefilled.
+func decodeStep(plan []entry) bool {
 	for _, en := range plan {
 		if !en.sample || en.n != 1+len(en.draft) {
-			return false, false
+			return false
 		}
-		verify = verify || len(en.draft) > 0
 	}
-	return len(plan) > 0, verify
+	return len(plan) > 0
 }

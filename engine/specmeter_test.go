@@ -10,13 +10,15 @@ import (
 	"github.com/mkserve/mkserve/backend"
 )
 
-// TestSpecMeter: the meter probes for steps without drafts when it has
-// too few, pauses speculation when steps with drafts deliver fewer tokens
-// a second, and not when they deliver more; the first step after a change
-// of kind is not counted.
+// TestSpecMeter: the meter compares a period of speculation with the
+// latest pause at the same batch size, after 8, 16, 32 … steps: it pauses
+// when speculation delivers fewer tokens a second, not when it delivers
+// more, probes for a pause's rate when it has none or it is stale, does
+// not count a period's first step, and doubles the pause after verdicts
+// in a row.
 func TestSpecMeter(t *testing.T) {
 	type obs struct {
-		verify bool
+		on     bool
 		tokens int
 		ms     int
 	}
@@ -33,35 +35,34 @@ func TestSpecMeter(t *testing.T) {
 		}
 		return out
 	}
-	plain := obs{false, 4, 1} // 4 tokens a ms
-	slow := obs{true, 8, 4}   // 2 tokens a ms
-	fast := obs{true, 12, 2}  // 6 tokens a ms
+	off := obs{false, 4, 1}  // 4 tokens a ms
+	slow := obs{true, 8, 4}  // 2 tokens a ms
+	fast := obs{true, 12, 2} // 6 tokens a ms
 	for _, c := range []struct {
 		name          string
 		steps         []obs
 		pause, pauses int
 	}{
-		{"too few with drafts", cat(steps(10, plain), steps(5, slow)), 0, 0},
-		{"no baseline: probe", steps(1+specMeterMin, slow), specMeterMin + 2, 0},
-		{"slower with drafts", cat(steps(10, plain), steps(1+specMeterMin, slow)), specMeterPause, 1},
-		{"faster with drafts", cat(steps(10, plain), steps(40, fast)), 0, 0},
-		// the first plain step after drafts is skipped: 8 plain steps give 7
-		// samples, too few for a verdict, so the meter probes again
-		{"transition skipped", cat(steps(1+specMeterMin, slow), steps(8, plain), steps(2, slow)), specMeterMin + 2, 0},
-		{"stale baseline: probe", cat(steps(10, plain), steps(1+specMeterStale, fast)), specMeterMin + 2, 0},
+		{"too few steps on", cat(steps(10, off), steps(5, slow)), 0, 0},
+		{"no pause measured: probe", steps(1+specMeterMin, slow), specMeterMin + 2, 0},
+		{"slower on", cat(steps(10, off), steps(1+specMeterMin, slow)), specMeterPause, 1},
+		{"faster on", cat(steps(10, off), steps(40, fast)), 0, 0},
+		{"first step of a period not counted", cat(steps(10, off), []obs{{true, 1, 1000}}, steps(specMeterMin, fast)), 0, 0},
+		{"slower only from the 16th", cat(steps(10, off), steps(1+specMeterMin, fast), steps(specMeterMin, slow)), specMeterPause, 1},
+		{"stale pause: probe", cat(steps(10, off), steps(1+specMeterStale, fast)), specMeterMin + 2, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var m specMeter
 			for _, o := range c.steps {
 				m.tick()
-				m.observe(4, o.verify, o.tokens, time.Duration(o.ms)*time.Millisecond)
+				m.observe(4, o.on, o.tokens, time.Duration(o.ms)*time.Millisecond)
 			}
 			if m.pause != c.pause || m.pauses != int64(c.pauses) {
 				t.Errorf("pause %d, pauses %d; want %d, %d", m.pause, m.pauses, c.pause, c.pauses)
 			}
 		})
 	}
-	// Buckets: a baseline at one batch size says nothing of another.
+	// Buckets: a pause measured at one batch size says nothing of another.
 	var m specMeter
 	for range 10 {
 		m.observe(4, false, 4, time.Millisecond)
@@ -72,26 +73,28 @@ func TestSpecMeter(t *testing.T) {
 	if m.pauses != 0 || m.pause != specMeterMin+2 {
 		t.Errorf("another batch size: pause %d, pauses %d; want a probe", m.pause, m.pauses)
 	}
-	// Verdicts in a row double the pause; a step with drafts measured
-	// faster ends the streak.
+	// Verdicts in a row double the pause; speculation measured faster ends
+	// the streak.
 	m = specMeter{}
-	for range 10 {
-		m.observe(4, false, 4, time.Millisecond)
-	}
-	m.observe(4, true, 8, 4*time.Millisecond) // (the change of kind: not counted)
 	for i, want := range []int{specMeterPause, 2 * specMeterPause, 4 * specMeterPause} {
-		for range specMeterMin {
+		for range 10 {
+			m.observe(4, false, 4, time.Millisecond)
+		}
+		for range 1 + specMeterMin {
 			m.observe(4, true, 8, 4*time.Millisecond)
 		}
 		if m.pause != want {
 			t.Errorf("verdict %d: pause %d, want %d", i+1, m.pause, want)
 		}
 	}
-	for range specMeterMin {
+	for range 10 {
+		m.observe(4, false, 4, time.Millisecond)
+	}
+	for range 1 + specMeterMin {
 		m.observe(4, true, 80, time.Millisecond)
 	}
 	if m.streak != 0 {
-		t.Errorf("faster steps with drafts: streak %d, want 0", m.streak)
+		t.Errorf("faster with speculation: streak %d, want 0", m.streak)
 	}
 }
 
@@ -166,6 +169,117 @@ func TestSpeculationMeteredEngine(t *testing.T) {
 	for i := range cheapOut {
 		if cheapOut[i] != dearOut[i] {
 			t.Errorf("request %d: outputs differ", i)
+		}
+	}
+}
+
+// asyncFake is fakeBackend with a device sampler whose picks can stay on
+// the device (backend.AsyncSampler) and graph steps that read them: a
+// synchronous Sample advances the clock by hostWait (the step waits for
+// the device and the host's delivery), an overlapped one does not.
+type asyncFake struct {
+	fakeBackend
+	now      *atomic.Int64
+	hostWait time.Duration
+	last     []int32
+}
+
+type fakePending []backend.SampleResult
+
+func (p fakePending) Wait() ([]backend.SampleResult, error) { return p, nil }
+
+func (d *asyncFake) pick(logits backend.Tensor, rows []backend.SampleRow) []backend.SampleResult {
+	v := logits.(fakeTensor)
+	V := len(v) / len(rows)
+	out := make([]backend.SampleResult, len(rows))
+	for i := range rows {
+		row := v[i*V : (i+1)*V]
+		for k := range row {
+			if row[k] > row[out[i].Token] {
+				out[i].Token = int32(k)
+			}
+		}
+	}
+	return out
+}
+
+func (d *asyncFake) Sample(logits backend.Tensor, rows []backend.SampleRow) []backend.SampleResult {
+	d.now.Add(int64(d.hostWait))
+	return d.pick(logits, rows)
+}
+
+func (d *asyncFake) SampleAsync(logits backend.Tensor, rows []backend.SampleRow) (backend.Pending, error) {
+	res := d.pick(logits, rows)
+	d.last = d.last[:0]
+	for _, r := range res {
+		d.last = append(d.last, r.Token)
+	}
+	return fakePending(res), nil
+}
+
+func (d *asyncFake) GraphStep(b *backend.Batch, f func() (backend.Tensor, error)) (backend.Tensor, error) {
+	for i, r := range b.Feed {
+		if r >= 0 {
+			b.Tokens[i] = d.last[r]
+		}
+	}
+	b.Feed = nil
+	return f()
+}
+
+// TestSpeculationMeteredSync: with a device sampler that overlaps steps,
+// speculation costs even where it finds no draft — a step whose sequences
+// may draft runs synchronously — and the meter, which times periods of
+// speculation against pauses, stops it; the output is that of decoding
+// without speculation.
+func TestSpeculationMeteredSync(t *testing.T) {
+	const V = 1024
+	run := func(spec int) ([]string, Stats) {
+		var now atomic.Int64
+		m := &clockedModel{rowModel: nextModel(V, func(t int32) int32 { return (t + 1) % V }), now: &now,
+			cost: func(*backend.Batch) time.Duration { return time.Millisecond }}
+		be := &asyncFake{now: &now, hostWait: time.Millisecond}
+		e, err := New(m, be, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 20, SpeculativeTokens: spec},
+			Options{Name: "t", Clock: func() time.Time { return time.Unix(0, now.Load()) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Shutdown(context.Background())
+		var chans []<-chan Event
+		for i := range 4 {
+			ch, err := e.Generate(context.Background(), &Request{Prompt: []int32{int32(250 * i), int32(250*i + 1)}, // no token repeats: no drafts
+				Sampling: SamplingParams{MaxTokens: 240, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			chans = append(chans, ch)
+		}
+		var out []string
+		for _, ch := range chans {
+			var toks []int32
+			for ev := range ch {
+				if ev.Err != nil {
+					t.Fatal(ev.Err)
+				}
+				toks = append(toks, ev.TokenIDs...)
+			}
+			out = append(out, fmt.Sprint(toks))
+		}
+		return out, e.Stats()
+	}
+	want, plain := run(0)
+	got, st := run(4)
+	t.Logf("without speculation: %d steps, %d overlapped; with: %d steps, %d overlapped, %d drafted, %d pauses",
+		plain.Steps, plain.OverlappedSteps, st.Steps, st.OverlappedSteps, st.SpecDrafted, st.SpecPauses)
+	if st.SpecDrafted != 0 {
+		t.Errorf("%d tokens drafted where no token repeats", st.SpecDrafted)
+	}
+	if st.SpecPauses == 0 {
+		t.Error("speculation that only made steps synchronous was never paused")
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("request %d: %s, want %s", i, got[i], want[i])
 		}
 	}
 }

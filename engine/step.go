@@ -224,19 +224,18 @@ func (e *Engine) step() {
 			return
 		}
 	}
-	if e.cfg.SpeculativeTokens > 0 {
-		if decode, verify := decodeKind(plan); decode {
-			defer func(seqs int) {
-				before := e.spec.pauses
-				if e.spec.observe(seqs, verify, stepTokens, e.opts.Clock().Sub(t0)); e.spec.pauses > before {
-					st := e.Stats()
-					st.SpecPauses = e.spec.pauses
-					e.stats.Store(&st)
-					e.opts.Metrics.SpecPause()
-					e.log.Debug("speculation paused: steps with drafts deliver fewer tokens a second", zap.Int("sequences", seqs))
-				}
-			}(len(plan))
-		}
+	if e.cfg.SpeculativeTokens > 0 && decodeStep(plan) {
+		on := e.spec.pause == 0
+		defer func(seqs int) {
+			before := e.spec.pauses
+			if e.spec.observe(seqs, on, stepTokens, e.opts.Clock().Sub(t0)); e.spec.pauses > before {
+				st := e.Stats()
+				st.SpecPauses = e.spec.pauses
+				e.stats.Store(&st)
+				e.opts.Metrics.SpecPause()
+				e.log.Debug("speculation paused: fewer tokens a second with it than without", zap.Int("sequences", seqs))
+			}
+		}(len(plan))
 	}
 	b := &backend.Batch{}
 	var fed [][2]int32                  // overlapped decode: rows whose token is still on the device, and their picks
