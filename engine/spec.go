@@ -206,16 +206,20 @@ func accepted(draft []int32, picks []pick) int {
 // output rate — tokens delivered per second of decode steps — while
 // speculation is on and while it is paused, by batch size, and compares
 // the current period of speculation with the latest pause: when
-// speculation is slower, no sequence drafts for specMeterPause steps
-// (doubled after each such verdict in a row, up to 16×). Verdicts are
-// taken after 8, 16, 32 … steps of a batch size; with no pause measured
-// at that size, or after specMeterStale steps of speculation, the engine
-// pauses for specMeterMin+2 steps to measure one (a probe). The first
+// speculation is more than specMeterMargin slower, no sequence drafts for
+// specMeterPause steps (doubled after each such verdict in a row, up to
+// 16×). Verdicts are taken after 16, 32, 64 … steps of a batch size
+// (fewer are too noisy: at batch 1 a step of the default model on the
+// H200 takes ~0.25 ms, and its steps jitter by more than the 5–10 %
+// being judged); with no pause measured at that size, or after
+// specMeterStale steps of speculation, the engine pauses for
+// specMeterMin+2 steps to measure one (a probe). The first
 // step of each period is not counted: it holds the switch between
 // overlapped and synchronous steps.
 const (
-	specMeterBuckets = 10 // batch sizes 1, 2–3, 4–7, … 512+
-	specMeterMin     = 8  // steps of a period before a verdict
+	specMeterBuckets = 10   // batch sizes 1, 2–3, 4–7, … 512+
+	specMeterMin     = 16   // steps of a period before a verdict
+	specMeterMargin  = 0.03 // how much slower speculation may be measured without a verdict against it
 	specMeterPause   = 64
 	specMeterStale   = 1024
 )
@@ -266,7 +270,7 @@ func (m *specMeter) observe(seqs int, on bool, tokens int, d time.Duration) {
 	case m.n[0][b] < specMeterMin && n >= specMeterMin, m.run >= specMeterStale:
 		m.pause = specMeterMin + 2 // a probe
 	case n < specMeterMin || n&(n-1) != 0:
-	case m.toks[1][b]/m.secs[1][b] < m.toks[0][b]/m.secs[0][b]:
+	case m.toks[1][b]/m.secs[1][b] < (1-specMeterMargin)*m.toks[0][b]/m.secs[0][b]:
 		m.pause = specMeterPause << min(m.streak, 4)
 		m.streak++
 		m.pauses++
