@@ -43,13 +43,13 @@ func TestSpecMeter(t *testing.T) {
 		steps         []obs
 		pause, pauses int
 	}{
-		{"too few steps on", cat(steps(10, off), steps(5, slow)), 0, 0},
+		{"too few steps on", cat(steps(specMeterMin+2, off), steps(5, slow)), 0, 0},
 		{"no pause measured: probe", steps(1+specMeterMin, slow), specMeterMin + 2, 0},
-		{"slower on", cat(steps(10, off), steps(1+specMeterMin, slow)), specMeterPause, 1},
-		{"faster on", cat(steps(10, off), steps(40, fast)), 0, 0},
-		{"first step of a period not counted", cat(steps(10, off), []obs{{true, 1, 1000}}, steps(specMeterMin, fast)), 0, 0},
-		{"slower only from the 16th", cat(steps(10, off), steps(1+specMeterMin, fast), steps(specMeterMin, slow)), specMeterPause, 1},
-		{"stale pause: probe", cat(steps(10, off), steps(1+specMeterStale, fast)), specMeterMin + 2, 0},
+		{"slower on", cat(steps(specMeterMin+2, off), steps(1+specMeterMin, slow)), specMeterPause, 1},
+		{"faster on", cat(steps(specMeterMin+2, off), steps(40, fast)), 0, 0},
+		{"first step of a period not counted", cat(steps(specMeterMin+2, off), []obs{{true, 1, 1000}}, steps(specMeterMin, fast)), 0, 0},
+		{"slower only from the 16th", cat(steps(specMeterMin+2, off), steps(1+specMeterMin, fast), steps(specMeterMin, slow)), specMeterPause, 1},
+		{"stale pause: probe", cat(steps(specMeterMin+2, off), steps(1+specMeterStale, fast)), specMeterMin + 2, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var m specMeter
@@ -64,7 +64,7 @@ func TestSpecMeter(t *testing.T) {
 	}
 	// Buckets: a pause measured at one batch size says nothing of another.
 	var m specMeter
-	for range 10 {
+	for range specMeterMin + 2 {
 		m.observe(4, false, 4, time.Millisecond)
 	}
 	for range 1 + specMeterMin {
@@ -77,7 +77,7 @@ func TestSpecMeter(t *testing.T) {
 	// the streak.
 	m = specMeter{}
 	for i, want := range []int{specMeterPause, 2 * specMeterPause, 4 * specMeterPause} {
-		for range 10 {
+		for range specMeterMin + 2 {
 			m.observe(4, false, 4, time.Millisecond)
 		}
 		for range 1 + specMeterMin {
@@ -87,7 +87,7 @@ func TestSpecMeter(t *testing.T) {
 			t.Errorf("verdict %d: pause %d, want %d", i+1, m.pause, want)
 		}
 	}
-	for range 10 {
+	for range specMeterMin + 2 {
 		m.observe(4, false, 4, time.Millisecond)
 	}
 	for range 1 + specMeterMin {

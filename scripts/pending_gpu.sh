@@ -18,8 +18,9 @@ OUT=${OUT:-.dev/out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
-OUT=$OUT MK_MODE=serve timeout 330 bash scripts/device.sh >"$OUT/serve_mode.log" 2>&1
-echo "MK_MODE=serve rc=$? t=${SECONDS}s"
+# PENDING_MODE=none: only the build (the serving tests passed in calls 185-186).
+OUT=$OUT MK_MODE=${PENDING_MODE:-serve} timeout 330 bash scripts/device.sh >"$OUT/serve_mode.log" 2>&1
+echo "MK_MODE=${PENDING_MODE:-serve} rc=$? t=${SECONDS}s"
 grep -E "serving tests on cuda" "$OUT/serve_mode.log" | head -2
 serve() { # serve ARGS...: the default model on cuda, fast precision, until killed
 	.dev/mkserve serve --backend cuda --precision fast --http-addr 127.0.0.1:8290 --grpc-addr "" --log-level error "$@" >"$OUT/srv.log" 2>&1 &
@@ -38,7 +39,7 @@ bench() { # bench LABEL ARGS...: bench serve against the running server
 		--random-input-len 64 --seed 1 "$@" 2>&1 |
 		grep -oE '"(completed|failed|request_throughput|output_token_throughput)":[^,}]*' | paste -sd' '
 }
-for round in 1 2; do
+for round in $(seq 1 "${ROUNDS:-2}"); do
 	for spec in 0 4; do
 		serve --json-whitespace compact --speculative-tokens "$spec" || { echo "server did not start"; exit 1; }
 		echo "round $round, speculative_tokens $spec:"
