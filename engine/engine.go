@@ -23,7 +23,8 @@ type Options struct {
 	Metrics *metrics.Metrics // nil: none
 	Logger  *zap.Logger      // nil: none
 	// Clock times steps for speculation's cost check (spec.go's
-	// specMeter); nil: time.Now. Tests give a fake one.
+	// specMeter); nil: time.Now. Tests give a fake one (one that stands
+	// still turns the check off).
 	Clock func() time.Time
 }
 

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/engine"
@@ -187,7 +188,7 @@ func TestOverlapMatchesSync(t *testing.T) {
 				d := &asyncDev{devSampler: devSampler{Backend: f.be}}
 				cfg := tc.cfg
 				cfg.SyncSteps = syncSteps
-				e, err := engine.New(f.m.Model, d, f.tok, cfg, engine.Options{Name: "t", EOS: []int32{2}})
+				e, err := engine.New(f.m.Model, d, f.tok, cfg, engine.Options{Name: "t", EOS: []int32{2}, Clock: func() time.Time { return time.Time{} }}) // (speculation's meter off: a clock standing still)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
@@ -45,6 +46,10 @@ func (m *rowModel) Forward(b *backend.Batch) (backend.Tensor, error) {
 	}
 	return out, nil
 }
+
+// stillClock stands still: speculation's meter sees no step time and
+// never pauses (the tests that count drafts and steps use it).
+func stillClock() time.Time { return time.Time{} }
 
 // nextModel's greedy pick after token t is next(t), with a clear margin
 // over every other token.
@@ -129,7 +134,7 @@ func TestSpeculationMatchesGreedy(t *testing.T) {
 			run := func(spec int) ([]string, Stats, int) {
 				m := nextModel(V, mc.next)
 				e, err := New(m, fakeBackend{}, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 20, SpeculativeTokens: spec},
-					Options{Name: "t", EOS: []int32{2}})
+					Options{Name: "t", EOS: []int32{2}, Clock: stillClock})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -211,7 +216,7 @@ func TestSpeculationRealModel(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer l.Close()
-		e, err := New(l.Model, be, fakeDetok{}, Config{BlockSize: 4, SpeculativeTokens: spec, PrefixCaching: true}, Options{Name: "t", EOS: []int32{2}})
+		e, err := New(l.Model, be, fakeDetok{}, Config{BlockSize: 4, SpeculativeTokens: spec, PrefixCaching: true}, Options{Name: "t", EOS: []int32{2}, Clock: stillClock})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -254,7 +259,7 @@ func TestSpeculationSampled(t *testing.T) {
 	run := func(spec int) ([3]int, Stats) {
 		m := probModel(V, []float64{0.7, 0.2, 0.1})
 		e, err := New(m, fakeBackend{}, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 22, SpeculativeTokens: spec, SpeculativeNgramMin: 1},
-			Options{Name: "t"})
+			Options{Name: "t", Clock: stillClock})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -399,7 +404,7 @@ func TestSpeculationConstrained(t *testing.T) {
 			be = maskSampler{}
 		}
 		e, err := New(m, be, letterTok{}, Config{BlockSize: 4, SpeculativeTokens: spec, KVCacheBytes: 1 << 24},
-			Options{Name: "t", EOS: []int32{eos}})
+			Options{Name: "t", EOS: []int32{eos}, Clock: stillClock})
 		if err != nil {
 			t.Fatal(err)
 		}
