@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -16,18 +17,26 @@ import (
 // last element of its alternative does not push a frame (so x* stays flat),
 // and sets of stacks are interned too, with their transitions on each byte
 // cached as they are found: a lazily built DFA whose states are parse
-// states, so a mask's Accept calls are mostly table lookups. Each
-// validator keeps its own cache (bounded; rebuilt from the current state
-// when it grows too big), so validators of one Grammar share nothing.
+// states, so a mask's Accept calls are mostly table lookups. The
+// validators of one Grammar share one cache (under its lock), masks
+// included: a state's transitions and its mask over a vocabulary are
+// computed once for every request that reaches it — a request's first
+// pass through the bench grammar's states cost 0.5–0.8 ms a mask over
+// GPT-2's vocabulary, a later request's ~1 µs. The cache is bounded; a
+// validator whose cache grew too big rebuilds it from its current state,
+// and the fresh cache becomes the Grammar's for the validators after it.
 
-// Cache bounds: nodes and states a validator keeps before rebuilding, the
-// most stacks a parse state may hold (an ambiguous grammar can multiply
-// them; past this the text is refused), and the masks a validator keeps.
+// Cache bounds: nodes and states a cache keeps before it is rebuilt (a
+// state's transitions take 2 KiB once stepped from), the most stacks a
+// parse state may hold (an ambiguous grammar can multiply them; past this
+// the text is refused), and the bytes of masks a cache keeps. A cache
+// lives as long as its Grammar (grammar.Cache keeps 64 sources), so it
+// stays within about 16 MiB.
 const (
-	maxGNodes  = 1 << 18
-	maxGStates = 1 << 15
-	MaxGStacks = 1024
-	maxGMasks  = 64
+	maxGNodes     = 1 << 17
+	maxGStates    = 1 << 12
+	MaxGStacks    = 1024
+	maxGMaskBytes = 8 << 20
 	// MaxGrammarWork bounds the parsing work (stacks visited and gathered)
 	// of one mask or one appended token: a grammar that needs more — long
 	// runs of optional items read all at once, heavy ambiguity — fails its
@@ -78,15 +87,17 @@ type gStateKey struct {
 	pend string
 }
 
-// gCache is one validator's interned nodes, sets and states.
+// gCache is interned nodes, sets and states, shared by the validators of
+// a Grammar: every use holds mu.
 type gCache struct {
+	mu       sync.Mutex
 	g        *Grammar
 	done     *gNode
 	nodes    map[gNodeKey]*gNode
 	sets     map[string]*gSet
 	states   map[gStateKey]*gState
 	dead     *gState
-	masks    int
+	maskB    int    // bytes of the masks kept
 	overflow bool   // a byte was refused for needing more than MaxGStacks stacks
 	gen      uint32 // char's pass (gNode.mark)
 	work     int64  // units of parsing work done: stacks visited and gathered (bounded a mask or step: MaxGrammarWork)
@@ -329,9 +340,17 @@ var (
 )
 
 // New is a fresh validator at the start of a text: a grammar factory for
-// engine.SamplingParams.Grammar (the method value g.New).
+// engine.SamplingParams.Grammar (the method value g.New). Validators of
+// one Grammar share its parse-state cache: each may be used from its own
+// goroutine.
 func (g *Grammar) New() Validator {
-	c := newGCache(g)
+	c := g.shared.Load()
+	if c == nil {
+		g.shared.CompareAndSwap(nil, newGCache(g))
+		c = g.shared.Load()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	v := &GrammarText{c: c, cur: c.start()}
 	if v.cur.set == nil { // (CompileGrammar refuses such grammars)
 		v.err, v.cur = ErrGrammarTooComplex, c.dead
@@ -347,6 +366,8 @@ func (v *GrammarText) AcceptLen(b []byte) int {
 	if v.err != nil {
 		return 0
 	}
+	v.c.mu.Lock()
+	defer v.c.mu.Unlock()
 	st, start := v.cur, v.c.work
 	for i, x := range b {
 		if st = v.c.step(st, x); st == v.c.dead || v.overBudget(start) {
@@ -361,15 +382,19 @@ func (v *GrammarText) Advance(b []byte) bool {
 	if len(b) == 0 || v.err != nil {
 		return false
 	}
-	st, start := v.cur, v.c.work
+	c := v.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st, start := v.cur, c.work
 	for _, x := range b {
-		if st = v.c.step(st, x); st == v.c.dead || v.overBudget(start) {
+		if st = c.step(st, x); st == c.dead || v.overBudget(start) {
 			return false
 		}
 	}
 	v.cur = st
-	if v.c.full() {
-		v.c, v.cur = v.c.rebuilt(v.cur)
+	if c.full() {
+		v.c, v.cur = c.rebuilt(v.cur)
+		c.g.shared.CompareAndSwap(c, v.c) // (the validators after this one start in the fresh cache)
 	}
 	return true
 }
@@ -379,7 +404,7 @@ func (v *GrammarText) Complete() bool {
 	return v.err == nil && v.cur.pend == "" && v.cur.set.done
 }
 
-// cachedMask is the current state's mask over vocab, if kept.
+// cachedMask is the current state's mask over vocab, if kept (under v.c.mu).
 func (v *GrammarText) cachedMask(vocab *Vocab) ([]uint64, int, bool) {
 	if v.cur.maskV == vocab && v.cur.mask != nil {
 		return v.cur.mask, v.cur.maskN, true
@@ -387,11 +412,12 @@ func (v *GrammarText) cachedMask(vocab *Vocab) ([]uint64, int, bool) {
 	return nil, 0, false
 }
 
-// keepMask keeps the current state's mask (up to maxGMasks a validator).
+// keepMask keeps the current state's mask (up to maxGMaskBytes a cache;
+// under v.c.mu).
 func (v *GrammarText) keepMask(vocab *Vocab, m []uint64, n int) {
-	if v.err != nil || v.c.masks >= maxGMasks || v.cur.mask != nil {
+	if v.err != nil || v.c.maskB+8*len(m) > maxGMaskBytes || v.cur.mask != nil {
 		return
 	}
-	v.c.masks++
+	v.c.maskB += 8 * len(m)
 	v.cur.mask, v.cur.maskN, v.cur.maskV = slices.Clone(m), n, vocab
 }

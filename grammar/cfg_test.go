@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 	"unicode/utf8"
 
@@ -427,8 +429,8 @@ func TestGrammarMaskCache(t *testing.T) {
 			t.Fatalf("step %d: mask %b, want %b", i, dst[0], want[0])
 		}
 	}
-	if m := v.(*GrammarText).c.masks; m != 3 {
-		t.Errorf("%d masks kept over 3 distinct states", m)
+	if m := v.(*GrammarText).c.maskB; m != 3*8*voc.MaskWords() {
+		t.Errorf("%d bytes of masks kept over 3 distinct states", m)
 	}
 }
 
@@ -565,5 +567,132 @@ func TestGrammarLoopMask(t *testing.T) {
 	}
 	if got := voc.loopsN.Load(); got != 1 {
 		t.Errorf("%d loop sets built, want 1 (the same bytes loop in both strings)", got)
+	}
+}
+
+// TestGrammarSharedCache: validators of one Grammar share its parse-state
+// cache — a second request through the same states computes no mask —
+// from many goroutines at once (masks equal the naive scan's; run with
+// -race), and a cache grown past its bound is rebuilt and becomes the
+// Grammar's for later validators.
+func TestGrammarSharedCache(t *testing.T) {
+	var toks [][]byte
+	for _, s := range []string{"1", "2", ":", "3:", " ", ".", "\n", "a", "b", "ab", "ba", " a", "a.", ",", "b,", "9:1", "12", "\n1"} {
+		toks = append(toks, []byte(s))
+	}
+	tb := func(id int32) []byte { return toks[id] }
+	voc := NewVocab(len(toks), tb)
+	g := mustGrammar(t, `root  ::= verse ("\n" verse){0,3}
+verse ::= ref " " words "."
+ref   ::= [1-9] [0-9]? ":" [1-9] [0-9]?
+words ::= word (" " word){2,9}
+word  ::= [a-b]+ ","?`)
+	text := "12:3 ab ba, a.\n9:1 b a b."
+	follow := func(t *testing.T) *gCache {
+		v := g.New()
+		dst := make([]uint64, voc.MaskWords())
+		for i := 0; i <= len(text); i++ {
+			voc.Mask(v, dst)
+			if want := naiveMask(v, len(toks), tb); dst[0] != want[0] {
+				t.Errorf("after %q: mask %b, want %b", text[:i], dst[0], want[0])
+				return nil
+			}
+			if i < len(text) && !v.Advance([]byte{text[i]}) {
+				t.Errorf("%q refused after %q", text[i], text[:i])
+				return nil
+			}
+		}
+		return v.(*GrammarText).c
+	}
+	c1 := follow(t)
+	kept := c1.maskB
+	if c2 := follow(t); c2 != c1 || c2.maskB != kept || kept == 0 {
+		t.Errorf("a second request through the same states: cache %p (the first's %p), %d bytes of masks kept (after the first: %d)", c2, c1, c2.maskB, kept)
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				follow(t)
+			}
+		}()
+	}
+	wg.Wait()
+
+	long := mustGrammar(t, `root ::= ("a" [a-b]{999}){0,6}`)
+	c0 := long.New().(*GrammarText).c
+	v := long.New()
+	for i := range 5000 {
+		if !v.Advance([]byte{"ab"[i%2]}) {
+			t.Fatalf("refused at %d", i)
+		}
+	}
+	if c := v.(*GrammarText).c; c == c0 || long.shared.Load() != c || len(c.states) > maxGStates {
+		t.Errorf("after 5000 states: the validator's cache %p (first %p, the grammar's %p), %d states", c, c0, long.shared.Load(), len(c.states))
+	}
+	if !v.Advance([]byte("a")) || !long.New().Accept([]byte("ab")) {
+		t.Error("refused after the rebuild")
+	}
+}
+
+// BenchmarkGrammarRequest is a request's masks over GPT-2's vocabulary
+// following a text of scripts/bench_grammar.gbnf (two verses, a token a
+// step, the longest the mask allows): with a Grammar of its own (every
+// state's transitions and mask computed afresh, as each request's
+// validator did before validators shared their Grammar's cache) and with
+// one Grammar for every request (its cache warm).
+func BenchmarkGrammarRequest(b *testing.B) {
+	tok, err := tokenizer.Load(gpt2Path)
+	if err != nil {
+		b.Skipf("GPT-2 tokenizer not available: %v", err)
+	}
+	src, err := os.ReadFile("../scripts/bench_grammar.gbnf")
+	if err != nil {
+		b.Fatal(err)
+	}
+	voc := NewVocab(tok.VocabSize(), tok.TokenBytes)
+	dst := make([]uint64, voc.MaskWords())
+	text := "12:3 And God said unto Moses, let there be light.\n4:15 The waters were gathered together; and it was good."
+	// The request's tokens: at each step the longest the grammar allows
+	// that prefixes the rest of the text.
+	var ids []int32
+	{
+		v := mustGrammar(b, string(src)).New()
+		for rest := text; rest != ""; {
+			voc.Mask(v, dst)
+			best := int32(-1)
+			for id := range int32(tok.VocabSize()) {
+				t := tok.TokenBytes(id)
+				if len(t) > 0 && strings.HasPrefix(rest, string(t)) && Allowed(dst, id) && (best < 0 || len(t) > len(tok.TokenBytes(best))) {
+					best = id
+				}
+			}
+			if best < 0 || !v.Advance(tok.TokenBytes(best)) {
+				b.Fatalf("no token for %q", rest)
+			}
+			ids = append(ids, best)
+			rest = rest[len(tok.TokenBytes(best)):]
+		}
+	}
+	shared := mustGrammar(b, string(src))
+	for _, c := range []struct {
+		name string
+		g    func() *Grammar
+	}{
+		{"own_grammar", func() *Grammar { return mustGrammar(b, string(src)) }},
+		{"shared_grammar", func() *Grammar { return shared }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				v := c.g().New()
+				for _, id := range ids {
+					voc.Mask(v, dst)
+					v.Advance(tok.TokenBytes(id))
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*len(ids)), "µs/mask")
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 )
 
@@ -86,13 +87,14 @@ func (e *gElem) meets(lo, hi rune) bool {
 }
 
 // Grammar is a compiled context-free grammar. Safe for concurrent use: its
-// validators (New) keep their own caches.
+// validators (New) share one parse-state cache under its lock.
 type Grammar struct {
-	src   string
-	elems []gElem
-	alts  [][]int32 // alts[r]: rule r's alternatives, each its first element's index in elems
-	names []string  // rule names (generated ones in brackets, for errors)
-	root  int32
+	src    string
+	elems  []gElem
+	alts   [][]int32 // alts[r]: rule r's alternatives, each its first element's index in elems
+	names  []string  // rule names (generated ones in brackets, for errors)
+	root   int32
+	shared atomic.Pointer[gCache] // the validators' cache (cfg.go); nil until the first
 }
 
 // gbnfParser reads GBNF source into rules.

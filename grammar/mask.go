@@ -230,6 +230,10 @@ func (v *Vocab) MaskWords() int { return (v.size + 63) / 64 }
 // of a refused token's bytes).
 func (v *Vocab) Mask(g Validator, dst []uint64) int {
 	dst = dst[:v.MaskWords()]
+	if gt, ok := g.(*GrammarText); ok { // (its cache is shared with other validators)
+		gt.c.mu.Lock()
+		defer gt.c.mu.Unlock()
+	}
 	if mc, ok := g.(maskCacher); ok {
 		if m, n, ok := mc.cachedMask(v); ok {
 			copy(dst, m)
