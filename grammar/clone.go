@@ -2,8 +2,8 @@ package grammar
 
 // Clone is an independent copy of v, at the same place in its text, for
 // the validators that can be copied (all of this package's); false for
-// others. A GrammarText's copy shares its parse-state cache: use the copy
-// and the original from one goroutine at a time.
+// others. A GrammarText's copy shares its parse-state cache, as every
+// validator of its Grammar does (under the cache's lock).
 func Clone(v Validator) (Validator, bool) {
 	switch v := v.(type) {
 	case *JSON:
