@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/models"
 )
 
 // TestSpecMeter: the meter compares a period of speculation with the
@@ -98,6 +99,39 @@ func TestSpecMeter(t *testing.T) {
 	}
 }
 
+// clockedEngine is an engine over m and be with speculation (spec tokens)
+// whose clock reads now (ns), shut down with the test.
+func clockedEngine(t *testing.T, m models.Model, be backend.Backend, spec int, now *atomic.Int64) *Engine {
+	t.Helper()
+	e, err := New(m, be, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 20, SpeculativeTokens: spec},
+		Options{Name: "t", Clock: func() time.Time { return time.Unix(0, now.Load()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Shutdown(context.Background()) })
+	return e
+}
+
+// greedyTokens sends every prompt at once (greedy, maxTokens, EOS
+// ignored) and returns each one's tokens as text.
+func greedyTokens(t *testing.T, e *Engine, prompts [][]int32, maxTokens int) []string {
+	t.Helper()
+	var chans []<-chan Event
+	for _, p := range prompts {
+		ch, err := e.Generate(context.Background(), &Request{Prompt: p,
+			Sampling: SamplingParams{MaxTokens: maxTokens, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		chans = append(chans, ch)
+	}
+	var out []string
+	for _, toks := range tokensOf(t, chans) {
+		out = append(out, fmt.Sprint(toks))
+	}
+	return out
+}
+
 // clockedModel is a rowModel whose forward passes advance a fake clock by
 // cost(batch).
 type clockedModel struct {
@@ -123,32 +157,12 @@ func TestSpeculationMeteredEngine(t *testing.T) {
 		m := &clockedModel{rowModel: nextModel(V, cycle), now: &now, cost: func(b *backend.Batch) time.Duration {
 			return time.Millisecond + perDraft*time.Duration(max(0, len(b.Tokens)-4)) // (4 sequences decode)
 		}}
-		e, err := New(m, fakeBackend{}, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 20, SpeculativeTokens: 4},
-			Options{Name: "t", Clock: func() time.Time { return time.Unix(0, now.Load()) }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Shutdown(context.Background())
-		var chans []<-chan Event
+		e := clockedEngine(t, m, fakeBackend{}, 4, &now)
+		var prompts [][]int32
 		for i := range 4 {
-			ch, err := e.Generate(context.Background(), &Request{Prompt: []int32{int32(i), int32(i + 1), 0, 1, 2, 3, 4, 5, 6},
-				Sampling: SamplingParams{MaxTokens: 1000, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			chans = append(chans, ch)
+			prompts = append(prompts, []int32{int32(i), int32(i + 1), 0, 1, 2, 3, 4, 5, 6})
 		}
-		var out []string
-		for _, ch := range chans {
-			var toks []int32
-			for ev := range ch {
-				if ev.Err != nil {
-					t.Fatal(ev.Err)
-				}
-				toks = append(toks, ev.TokenIDs...)
-			}
-			out = append(out, fmt.Sprint(toks))
-		}
+		out := greedyTokens(t, e, prompts, 1000)
 		return out, e.Stats(), time.Duration(now.Load())
 	}
 	cheapOut, cheap, _ := run(0)
@@ -239,33 +253,12 @@ func TestSpeculationMeteredSync(t *testing.T) {
 		m := &clockedModel{rowModel: nextModel(V, func(t int32) int32 { return (t + 1) % V }), now: &now,
 			cost: func(*backend.Batch) time.Duration { return time.Millisecond }}
 		be := &asyncFake{now: &now, hostWait: time.Millisecond}
-		e, err := New(m, be, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 20, SpeculativeTokens: spec},
-			Options{Name: "t", Clock: func() time.Time { return time.Unix(0, now.Load()) }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Shutdown(context.Background())
-		var chans []<-chan Event
+		e := clockedEngine(t, m, be, spec, &now)
+		var prompts [][]int32
 		for i := range 4 {
-			ch, err := e.Generate(context.Background(), &Request{Prompt: []int32{int32(250 * i), int32(250*i + 1)}, // no token repeats: no drafts
-				Sampling: SamplingParams{MaxTokens: 240, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			chans = append(chans, ch)
+			prompts = append(prompts, []int32{int32(250 * i), int32(250*i + 1)}) // no token repeats: no drafts
 		}
-		var out []string
-		for _, ch := range chans {
-			var toks []int32
-			for ev := range ch {
-				if ev.Err != nil {
-					t.Fatal(ev.Err)
-				}
-				toks = append(toks, ev.TokenIDs...)
-			}
-			out = append(out, fmt.Sprint(toks))
-		}
-		return out, e.Stats()
+		return greedyTokens(t, e, prompts, 240), e.Stats()
 	}
 	want, plain := run(0)
 	got, st := run(4)
