@@ -75,6 +75,13 @@ type Request struct {
 	Prompt   []int32
 	Sampling SamplingParams
 	Priority int // lower runs first among waiting requests; FCFS within a priority
+	// Prediction is text the output is expected to repeat, as tokens
+	// (OpenAI's predicted outputs: a file being edited, say). Decode steps
+	// draft up to PredictionTokens tokens from it where the output follows
+	// it, verified as speculation's drafts are (spec.go): the output is
+	// the model's own; only the number of steps changes. Used when the
+	// request qualifies for speculation (no penalties, no logit_bias).
+	Prediction []int32
 	// Arrival is when the server received the request (zero: now).
 	Arrival time.Time
 }
@@ -97,6 +104,9 @@ type Usage struct {
 	PromptTokens     int
 	CompletionTokens int // summed over all choices
 	CachedTokens     int // prompt tokens served from the prefix cache
+	// Draft tokens from Request.Prediction that the model kept, and that
+	// it refused (verified and replaced: not part of CompletionTokens).
+	AcceptedPredictionTokens, RejectedPredictionTokens int
 }
 
 // Finish reasons, as OpenAI names them.

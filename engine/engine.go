@@ -222,6 +222,11 @@ type sequence struct {
 	// last look at the acceptance rate, and decode steps to go without
 	// drafting (after a poor rate, or no draft found).
 	specDrafted, specAccepted, specPause int
+	// A request's prediction (Request.Prediction): this step's draft came
+	// from it (draftPred), and the last such draft started at
+	// prediction[predAt] when the output was predOut tokens long.
+	draftPred       bool
+	predAt, predOut int
 	// draftStates are a constrained sequence's grammar after each token
 	// of its step's draft (draftStates[j]: after draft[:j+1]), for the
 	// masks of the verify rows after them.

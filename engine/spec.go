@@ -124,11 +124,81 @@ func (s *sequence) grammarDraft(d []int32, eos []int32) []int32 {
 	return d
 }
 
+// PredictionTokens is the most tokens a decode step drafts from a
+// request's prediction (Request.Prediction), whatever the engine's
+// speculative_tokens (0 included).
+const PredictionTokens = 8
+
+// specK is the most draft tokens s may carry a step: the engine's
+// speculative_tokens, or PredictionTokens with a prediction if more.
+func (e *Engine) specK(s *sequence) int {
+	k := e.cfg.SpeculativeTokens
+	if len(s.req.r.Prediction) > 0 {
+		k = max(k, PredictionTokens)
+	}
+	return k
+}
+
+// predictionDraft is up to k tokens of s's prediction from where its
+// output has reached in it: where the last draft from the prediction left
+// off, when the output has followed the prediction since; else after the
+// occurrence of the output's last tokens (4 down to 2; the first token
+// alone at the start) nearest after that place, or failing that the
+// first anywhere. nil when the output's end occurs nowhere in it.
+func (s *sequence) predictionDraft(k int) []int32 {
+	pred, out := s.req.r.Prediction, s.tokens[s.prompt:]
+	if len(out) == 0 || k <= 0 {
+		return nil
+	}
+	from := func(at int) []int32 {
+		if at >= len(pred) {
+			return nil
+		}
+		s.predAt, s.predOut = at, len(out)
+		return slices.Clone(pred[at:min(at+k, len(pred))])
+	}
+	minN := 2
+	if len(out) == 1 {
+		minN = 1
+	}
+	if s.predOut > 0 {
+		c := s.predAt + len(out) - s.predOut // (the output followed the draft this far)
+		if n := min(len(out), 4); c >= n && c <= len(pred) && slices.Equal(pred[c-n:c], out[len(out)-n:]) {
+			return from(c)
+		}
+	}
+	for n := min(len(out), 4); n >= minN; n-- {
+		suffix := out[len(out)-n:]
+		first, after := -1, -1 // the first occurrence, and the first ending at or past predAt
+		for i := 0; i+n <= len(pred); i++ {
+			if pred[i] == suffix[0] && slices.Equal(pred[i:i+n], suffix) {
+				if first < 0 {
+					first = i
+				}
+				if i+n >= s.predAt {
+					after = i
+					break
+				}
+			}
+		}
+		if after >= 0 {
+			return from(after + n)
+		}
+		if first >= 0 {
+			return from(first + n)
+		}
+	}
+	return nil
+}
+
 // draft is s's draft for a decode step with budget tokens left in the
 // step: none when speculation is off or s does not qualify; never past
 // max_tokens or the model length (its own next token must still fit).
+// With a prediction the draft comes from it, or, where the output has
+// left it, from the prompt lookup when speculation is on.
 func (e *Engine) draft(s *sequence, budget int) []int32 {
-	k := e.cfg.SpeculativeTokens
+	s.draftPred = false
+	k := e.specK(s)
 	if k == 0 || !s.specCandidate() || s.computed+1 != len(s.tokens) {
 		return nil
 	}
@@ -147,9 +217,18 @@ func (e *Engine) draft(s *sequence, budget int) []int32 {
 	if k <= 0 {
 		return nil
 	}
-	d := s.grammarDraft(ngramDraft(s.tokens, k, e.cfg.SpeculativeNgramMax, e.cfg.SpeculativeNgramMin), e.opts.EOS)
+	var d []int32
+	if len(s.req.r.Prediction) > 0 {
+		d = s.predictionDraft(k)
+		s.draftPred = d != nil
+	}
+	if d == nil && e.cfg.SpeculativeTokens > 0 {
+		d = ngramDraft(s.tokens, min(k, e.cfg.SpeculativeTokens), e.cfg.SpeculativeNgramMax, e.cfg.SpeculativeNgramMin)
+	}
+	d = s.grammarDraft(d, e.opts.EOS)
 	if d == nil {
 		s.specPause = specRetry
+		s.draftPred = false
 	}
 	return d
 }

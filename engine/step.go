@@ -224,7 +224,7 @@ func (e *Engine) step() {
 			return
 		}
 	}
-	if e.cfg.SpeculativeTokens > 0 && decodeStep(plan) {
+	if decodeStep(plan) && slices.ContainsFunc(plan, func(en entry) bool { return e.specK(en.s) > 0 }) {
 		on := e.spec.pause == 0
 		defer func(seqs int) {
 			before := e.spec.pauses
@@ -358,6 +358,10 @@ func (e *Engine) step() {
 			a := accepted(pk.draft, group)
 			drafted, accepts = drafted+len(pk.draft), accepts+a
 			s.specResult(len(pk.draft), a)
+			if s.draftPred {
+				s.req.usage.AcceptedPredictionTokens += a
+				s.req.usage.RejectedPredictionTokens += len(pk.draft) - a
+			}
 			for j := 0; j <= a && !s.done; j++ {
 				e.deliver(s, group[j].tok, group[j].lp, now)
 				generated++

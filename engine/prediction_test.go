@@ -1,0 +1,120 @@
+package engine
+
+import (
+	"context"
+	"slices"
+	"testing"
+)
+
+// TestPredictionDraft: a draft from the prediction continues where the
+// last one left off while the output follows it, finds the output's end
+// again after an insertion or a deletion (nearest past the last place),
+// starts from the first token, and is nil where the output's end occurs
+// nowhere in the prediction.
+func TestPredictionDraft(t *testing.T) {
+	pred := []int32{10, 11, 12, 13, 14, 15, 16, 17, 11, 12, 20, 21, 22}
+	for _, c := range []struct {
+		name            string
+		out             []int32
+		predAt, predOut int // the sequence's record of the last draft
+		k               int
+		want            []int32
+		wantAt          int
+	}{
+		{"first token", []int32{10}, 0, 0, 3, []int32{11, 12, 13}, 1},
+		{"continues", []int32{10, 11, 12, 13}, 1, 1, 3, []int32{14, 15, 16}, 4},
+		{"cut at the end", []int32{10, 11, 12, 13, 14, 15, 16, 17, 11, 12, 20, 21}, 9, 9, 4, []int32{22}, 12},
+		{"insertion, rejoined", []int32{10, 11, 12, 13, 99, 98, 14, 15}, 4, 4, 2, []int32{16, 17}, 6},
+		{"deletion: skipped ahead", []int32{10, 11, 12, 13, 20, 21}, 4, 4, 2, []int32{22}, 12},
+		{"the later occurrence, past the last place", []int32{10, 11, 12, 13, 14, 15, 16, 17, 11, 12}, 5, 5, 2, []int32{20, 21}, 10},
+		{"the first occurrence when none is past it", []int32{5, 11, 12}, 12, 12, 2, []int32{13, 14}, 3},
+		{"nowhere", []int32{10, 11, 77, 78}, 2, 2, 3, nil, 2},
+		{"the output ran past the prediction", []int32{10, 11, 12, 13, 14, 15, 16, 17, 11, 12, 20, 21, 22}, 12, 12, 3, nil, 12},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			prompt := []int32{1, 2, 3}
+			s := &sequence{req: &request{r: &Request{Prediction: pred}}, tokens: append(slices.Clone(prompt), c.out...), prompt: len(prompt),
+				predAt: c.predAt, predOut: c.predOut}
+			got := s.predictionDraft(c.k)
+			if !slices.Equal(got, c.want) || (got != nil && s.predAt != c.wantAt) {
+				t.Errorf("draft %v from %d, want %v from %d", got, s.predAt, c.want, c.wantAt)
+			}
+		})
+	}
+}
+
+// TestSpeculationPrediction: a request's prediction drafts its steps with
+// speculation otherwise off — the output is the model's greedy output
+// whatever the prediction, in far fewer steps when the prediction is the
+// output or an edit of it, the accepted and rejected draft tokens counted
+// in its usage — and is not used by a request that does not qualify.
+func TestSpeculationPrediction(t *testing.T) {
+	const V, N = 1024, 200
+	next := func(t int32) int32 { return (t*17 + 5) % 1021 } // a long cycle: no n-gram repeats within N
+	prompt := []int32{7, 8, 9}
+	run := func(pred []int32, presence float32) ([]int32, *Usage, Stats) {
+		e, err := New(nextModel(V, next), fakeBackend{}, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 20},
+			Options{Name: "t", Clock: stillClock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Shutdown(context.Background())
+		ch, err := e.Generate(context.Background(), &Request{Prompt: prompt, Prediction: pred,
+			Sampling: SamplingParams{MaxTokens: N, TopP: 1, RepetitionPenalty: 1, PresencePenalty: presence, IgnoreEOS: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var toks []int32
+		var u *Usage
+		for ev := range ch {
+			if ev.Err != nil {
+				t.Fatal(ev.Err)
+			}
+			toks = append(toks, ev.TokenIDs...)
+			if ev.Usage != nil {
+				u = ev.Usage
+			}
+		}
+		return toks, u, e.Stats()
+	}
+	want, u0, plain := run(nil, 0)
+	if len(want) != N || u0.AcceptedPredictionTokens != 0 || plain.SpecDrafted != 0 {
+		t.Fatalf("without a prediction: %d tokens, usage %+v, %d drafted", len(want), u0, plain.SpecDrafted)
+	}
+	junk := []int32{1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009} // (never generated: next maps into [0, 1021) from ids below 1021, 1000+ appear only here)
+	edited := slices.Concat(want[:50], junk, want[50:150], want[165:])
+	for _, c := range []struct {
+		name          string
+		pred          []int32
+		presence      float32
+		maxSteps      int64
+		minAccepted   int
+		someRejected  bool
+		usesPredicted bool
+	}{
+		// (a step keeps at most PredictionTokens drafts, then the model's own
+		// token: 8 of 9 output tokens at best come from the prediction)
+		{"the output itself", want, 0, plain.Steps / 4, N*PredictionTokens/(PredictionTokens+1) - 8, false, true},
+		{"an edit of it (insertion, deletion)", edited, 0, plain.Steps / 2, 140, true, true},
+		{"unrelated", junk, 0, plain.Steps, 0, false, true},
+		{"with a presence penalty: not used", want, 0.1, plain.Steps, 0, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, u, st := run(c.pred, c.presence)
+			t.Logf("%d steps (without: %d), drafted %d, usage %+v", st.Steps, plain.Steps, st.SpecDrafted, *u)
+			if c.presence == 0 && !slices.Equal(got, want) {
+				t.Errorf("output differs from greedy decoding:\n%v\n%v", got, want)
+			}
+			if st.Steps > c.maxSteps || u.AcceptedPredictionTokens < c.minAccepted || (u.RejectedPredictionTokens > 0) != c.someRejected {
+				t.Errorf("%d steps (at most %d), %d accepted (at least %d), %d rejected", st.Steps, c.maxSteps,
+					u.AcceptedPredictionTokens, c.minAccepted, u.RejectedPredictionTokens)
+			}
+			if int64(u.AcceptedPredictionTokens+u.RejectedPredictionTokens) != st.SpecDrafted {
+				t.Errorf("usage counts %d prediction tokens, the engine drafted %d", u.AcceptedPredictionTokens+u.RejectedPredictionTokens, st.SpecDrafted)
+			}
+			if !c.usesPredicted && st.SpecDrafted != 0 {
+				t.Errorf("%d tokens drafted for a request that does not qualify", st.SpecDrafted)
+			}
+		})
+	}
+}
