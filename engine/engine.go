@@ -251,6 +251,11 @@ func (e *Engine) Generate(ctx context.Context, r *Request) (<-chan Event, error)
 			return nil, fmt.Errorf("prompt token %d at position %d is outside the vocabulary [0, %d)", t, i, e.vocab)
 		}
 	}
+	for i, t := range r.Prediction {
+		if t < 0 || int(t) >= e.vocab {
+			return nil, fmt.Errorf("prediction token %d at position %d is outside the vocabulary [0, %d)", t, i, e.vocab)
+		}
+	}
 	for t := range p.LogitBias {
 		if int(t) >= e.vocab {
 			return nil, fmt.Errorf("logit_bias: token id %d is outside the vocabulary [0, %d)", t, e.vocab)

@@ -77,6 +77,14 @@ func TestSpeculationPrediction(t *testing.T) {
 		}
 		return toks, u, e.Stats()
 	}
+	e, err := New(nextModel(V, next), fakeBackend{}, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 20}, Options{Name: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Shutdown(context.Background())
+	if _, err := e.Generate(context.Background(), &Request{Prompt: prompt, Prediction: []int32{3, V}, Sampling: SamplingParams{MaxTokens: 4}}); err == nil {
+		t.Error("a prediction token outside the vocabulary was taken")
+	}
 	want, u0, plain := run(nil, 0)
 	if len(want) != N || u0.AcceptedPredictionTokens != 0 || plain.SpecDrafted != 0 {
 		t.Fatalf("without a prediction: %d tokens, usage %+v, %d drafted", len(want), u0, plain.SpecDrafted)

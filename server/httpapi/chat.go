@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"maps"
 	"net/http"
@@ -250,6 +251,11 @@ func (s *Server) startChat(ctx context.Context, k *call, req *chatRequest) (*cha
 	if req.Priority != nil {
 		r.Priority = *req.Priority
 	}
+	if req.Prediction != nil {
+		if r.Prediction, e = s.prediction(req.Prediction, &sp); e != nil {
+			return nil, e
+		}
+	}
 	run.sp, run.lens = sp, []int{len(ids)}
 	run.ctx, run.cancel = context.WithCancel(ctx)
 	chans, err := s.submit(run.ctx, run.cancel, []*engine.Request{r})
@@ -263,6 +269,54 @@ func (s *Server) startChat(ctx context.Context, k *call, req *chatRequest) (*cha
 	}
 	run.chans = chans
 	return run, nil
+}
+
+// prediction checks and tokenizes a chat request's prediction (OpenAI's
+// predicted outputs): {"type": "content", "content": a string or a list of
+// text parts}. Its tokens become drafts the engine verifies, so it cannot
+// change the output; a request whose sampling rules out speculation
+// (penalties, logit_bias) is refused rather than given a prediction that
+// would go unused.
+func (s *Server) prediction(p *predictionJSON, sp *engine.SamplingParams) ([]int32, *apiError) {
+	if p.Type != "content" {
+		return nil, invalid("prediction.type", "prediction.type must be \"content\", got %q", p.Type)
+	}
+	var text string
+	if err := json.Unmarshal(p.Content, &text); err != nil {
+		var parts []contentPart
+		if err := json.Unmarshal(p.Content, &parts); err != nil || len(p.Content) == 0 {
+			return nil, invalid("prediction.content", "prediction.content must be a string or a list of text parts")
+		}
+		var b strings.Builder
+		for i, part := range parts {
+			if part.Type != "text" || part.Text == nil {
+				return nil, invalid("prediction.content", "prediction.content[%d] must be a text part ({\"type\": \"text\", \"text\": …})", i)
+			}
+			b.WriteString(*part.Text)
+		}
+		text = b.String()
+	}
+	for _, c := range []struct {
+		name string
+		set  bool
+	}{
+		{"presence_penalty", sp.PresencePenalty != 0},
+		{"frequency_penalty", sp.FrequencyPenalty != 0},
+		{"repetition_penalty", sp.RepetitionPenalty != 1},
+		{"logit_bias", len(sp.LogitBias) > 0},
+	} {
+		if c.set {
+			return nil, invalid("prediction", "prediction cannot be combined with %s: its drafts could not be verified against penalised or biased logits", c.name)
+		}
+	}
+	ids, err := s.tok.Encode(text, false)
+	if err != nil {
+		return nil, invalid("prediction.content", "prediction.content cannot be tokenized: %v", err)
+	}
+	if len(ids) > MaxPredictionTokens {
+		return nil, invalid("prediction.content", "prediction.content is %d tokens; at most %d are allowed", len(ids), MaxPredictionTokens)
+	}
+	return ids, nil
 }
 
 // finishToolCalls is the finish reason of a choice that ends in tool calls.

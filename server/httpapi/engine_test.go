@@ -2,6 +2,8 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
@@ -135,4 +137,129 @@ func TestRealEngine(t *testing.T) {
 			t.Errorf("stop %q: %q %s, want %q stop", stop, c.Text, c.FinishReason, want)
 		}
 	}
+}
+
+// TestRealEnginePrediction: a chat request's prediction (OpenAI's
+// predicted outputs, sent with the official SDK) leaves the reply the
+// model's greedy one — given the reply itself, an edit of it, or text
+// that shares nothing with it — and its usage counts the prediction's
+// draft tokens kept and refused; malformed predictions and ones combined
+// with penalties are 400s naming the field.
+func TestRealEnginePrediction(t *testing.T) {
+	dir := filepath.Join("..", "..", "models", "default")
+	tok, err := tokenizer.LoadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := chat.Compile(tok.Config().ChatTemplate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := cpu.New(cpu.Options{})
+	l, err := models.Load(dir, be, models.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var eos []int32
+	for _, id := range l.Generation.EOSTokenIDs {
+		eos = append(eos, int32(id))
+	}
+	eng, err := engine.New(l.Model, be, tok, engine.Config{KVCacheBytes: 32 << 20, MaxNumSeqs: 8}, engine.Options{Name: "default", EOS: eos})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = eng.Shutdown(ctx)
+	}()
+	s := New(eng, tok, tmpl, Options{})
+	s.SetReady(true)
+	ts := httptest.NewServer(s.Handler())
+	defer ts.Close()
+	client := sdk(ts.URL, "")
+	ctx := context.Background()
+	msgs := []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me of the waters and the light.")}
+	ask := func(pred *string, parts []string) *openai.ChatCompletion {
+		t.Helper()
+		p := openai.ChatCompletionNewParams{Model: "default", Messages: msgs, MaxTokens: openai.Int(64), Temperature: openai.Float(0)}
+		switch {
+		case pred != nil:
+			p.Prediction = openai.ChatCompletionPredictionContentParam{Content: openai.ChatCompletionPredictionContentContentUnionParam{OfString: openai.String(*pred)}}
+		case parts != nil:
+			var ps []openai.ChatCompletionContentPartTextParam
+			for _, x := range parts {
+				ps = append(ps, openai.ChatCompletionContentPartTextParam{Text: x})
+			}
+			p.Prediction = openai.ChatCompletionPredictionContentParam{Content: openai.ChatCompletionPredictionContentContentUnionParam{OfArrayOfContentParts: ps}}
+		}
+		cc, err := client.Chat.Completions.New(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cc
+	}
+	plain := ask(nil, nil)
+	want := plain.Choices[0].Message.Content
+	if len(want) < 40 {
+		t.Fatalf("a reply too short to predict: %q", want)
+	}
+	edited := want[:len(want)/3] + " and lo, a thing unforeseen, " + want[len(want)/2:]
+	for _, c := range []struct {
+		name        string
+		pred        *string
+		parts       []string
+		minAccepted int64
+	}{
+		{"the reply", &want, nil, plain.Usage.CompletionTokens / 2},
+		{"the reply in parts", nil, []string{want[:10], want[10:]}, plain.Usage.CompletionTokens / 2},
+		{"an edit of it", &edited, nil, 4},
+		{"unrelated", openai.Ptr("Zebras quietly juggle violet umbrellas."), nil, 0},
+	} {
+		cc := ask(c.pred, c.parts)
+		d := cc.Usage.CompletionTokensDetails
+		t.Logf("%s: accepted %d, rejected %d of %d completion tokens", c.name, d.AcceptedPredictionTokens, d.RejectedPredictionTokens, cc.Usage.CompletionTokens)
+		if got := cc.Choices[0].Message.Content; got != want {
+			t.Errorf("%s: reply %q, without a prediction %q", c.name, got, want)
+		}
+		if d.AcceptedPredictionTokens < c.minAccepted || d.AcceptedPredictionTokens >= cc.Usage.CompletionTokens {
+			t.Errorf("%s: %d prediction tokens accepted of %d completion tokens (want at least %d)", c.name, d.AcceptedPredictionTokens,
+				cc.Usage.CompletionTokens, c.minAccepted)
+		}
+	}
+	for _, c := range []struct{ body, param string }{
+		{`"prediction": {"type": "text", "content": "x"}`, "prediction.type"},
+		{`"prediction": {"type": "content", "content": 5}`, "prediction.content"},
+		{`"prediction": {"type": "content", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}`, "prediction.content"},
+		{`"prediction": {"type": "content", "content": "x"}, "presence_penalty": 0.5`, "prediction"},
+		{`"prediction": {"type": "content", "content": "x"}, "logit_bias": {"5": 1}`, "prediction"},
+		{`"prediction": "x"`, "prediction"},
+	} {
+		code, param := postStatus(t, ts.URL+"/v1/chat/completions",
+			`{"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, `+c.body+`}`)
+		if code != 400 || param != c.param {
+			t.Errorf("%s: status %d param %q, want 400 %q", c.body, code, param, c.param)
+		}
+	}
+}
+
+// postStatus posts body to url and returns the status and the error's param.
+func postStatus(t *testing.T, url, body string) (int, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var e struct {
+		Error struct {
+			Param *string `json:"param"`
+		} `json:"error"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&e)
+	if e.Error.Param == nil {
+		return resp.StatusCode, ""
+	}
+	return resp.StatusCode, *e.Error.Param
 }

@@ -274,6 +274,8 @@ func (k *call) run(ctx context.Context, cancel context.CancelFunc, chans []<-cha
 			total.PromptTokens += u.PromptTokens
 			total.CompletionTokens += u.CompletionTokens
 			total.CachedTokens += u.CachedTokens
+			total.AcceptedPredictionTokens += u.AcceptedPredictionTokens
+			total.RejectedPredictionTokens += u.RejectedPredictionTokens
 		} else {
 			total.PromptTokens += promptLens[p]
 			total.CompletionTokens += counted[p]

@@ -88,7 +88,18 @@ type chatRequest struct {
 	Tools               json.RawMessage `json:"tools"`
 	ToolChoice          json.RawMessage `json:"tool_choice"`
 	ParallelToolCalls   *bool           `json:"parallel_tool_calls"` // false: at most one call a choice
+	Prediction          *predictionJSON `json:"prediction"`          // OpenAI's predicted outputs
 }
+
+// predictionJSON is a chat request's prediction: {"type": "content",
+// "content": text or a list of text parts}.
+type predictionJSON struct {
+	Type    string          `json:"type"`
+	Content json.RawMessage `json:"content"`
+}
+
+// MaxPredictionTokens bounds a prediction's length in tokens.
+const MaxPredictionTokens = 65536
 
 // chatMessage is one entry of messages. Content is a string, a list of
 // parts, or null (an assistant message without text).

@@ -9,14 +9,23 @@ import (
 // The response bodies, in OpenAI's shapes (field order as OpenAI's).
 
 type usageJSON struct {
-	PromptTokens        int                 `json:"prompt_tokens"`
-	CompletionTokens    int                 `json:"completion_tokens"`
-	TotalTokens         int                 `json:"total_tokens"`
-	PromptTokensDetails *promptTokenDetails `json:"prompt_tokens_details,omitempty"`
+	PromptTokens            int                     `json:"prompt_tokens"`
+	CompletionTokens        int                     `json:"completion_tokens"`
+	TotalTokens             int                     `json:"total_tokens"`
+	PromptTokensDetails     *promptTokenDetails     `json:"prompt_tokens_details,omitempty"`
+	CompletionTokensDetails *completionTokenDetails `json:"completion_tokens_details,omitempty"`
 }
 
 type promptTokenDetails struct {
 	CachedTokens int `json:"cached_tokens"`
+}
+
+// completionTokenDetails: a prediction's draft tokens that the model kept
+// and refused (engine.Usage; OpenAI's names). Refused ones are not in
+// completion_tokens (OpenAI bills them): they were verified, not output.
+type completionTokenDetails struct {
+	AcceptedPredictionTokens int `json:"accepted_prediction_tokens"`
+	RejectedPredictionTokens int `json:"rejected_prediction_tokens"`
 }
 
 func toUsage(u engine.Usage) *usageJSON {
@@ -25,6 +34,8 @@ func toUsage(u engine.Usage) *usageJSON {
 		CompletionTokens:    u.CompletionTokens,
 		TotalTokens:         u.PromptTokens + u.CompletionTokens,
 		PromptTokensDetails: &promptTokenDetails{CachedTokens: u.CachedTokens},
+		CompletionTokensDetails: &completionTokenDetails{AcceptedPredictionTokens: u.AcceptedPredictionTokens,
+			RejectedPredictionTokens: u.RejectedPredictionTokens},
 	}
 }
 
