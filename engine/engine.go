@@ -251,6 +251,9 @@ func (e *Engine) Generate(ctx context.Context, r *Request) (<-chan Event, error)
 			return nil, fmt.Errorf("prompt token %d at position %d is outside the vocabulary [0, %d)", t, i, e.vocab)
 		}
 	}
+	if len(r.Prediction) > MaxPredictionTokens {
+		return nil, fmt.Errorf("prediction of %d tokens; at most %d are allowed", len(r.Prediction), MaxPredictionTokens)
+	}
 	for i, t := range r.Prediction {
 		if t < 0 || int(t) >= e.vocab {
 			return nil, fmt.Errorf("prediction token %d at position %d is outside the vocabulary [0, %d)", t, i, e.vocab)

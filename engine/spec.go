@@ -129,6 +129,26 @@ func (s *sequence) grammarDraft(d []int32, eos []int32) []int32 {
 // speculative_tokens (0 included).
 const PredictionTokens = 8
 
+// MaxPredictionTokens bounds a request's prediction (Request.Prediction).
+const MaxPredictionTokens = 65536
+
+// Unpredictable names the parameter of p that rules out drafts (and so a
+// prediction): a presence, frequency or repetition penalty, or a logit
+// bias; "" when none does.
+func (p *SamplingParams) Unpredictable() string {
+	switch {
+	case p.PresencePenalty != 0:
+		return "presence_penalty"
+	case p.FrequencyPenalty != 0:
+		return "frequency_penalty"
+	case p.RepetitionPenalty != 1 && p.RepetitionPenalty != 0:
+		return "repetition_penalty"
+	case len(p.LogitBias) > 0:
+		return "logit_bias"
+	}
+	return ""
+}
+
 // specK is the most draft tokens s may carry a step: the engine's
 // speculative_tokens, or PredictionTokens with a prediction if more.
 func (e *Engine) specK(s *sequence) int {

@@ -136,6 +136,9 @@ func (f *fakeGen) run(ctx context.Context, req *engine.Request, out chan<- engin
 					total += c
 				}
 				ev.Usage = &engine.Usage{PromptTokens: len(req.Prompt), CompletionTokens: total, CachedTokens: len(req.Prompt) / 2}
+				if len(req.Prediction) > 0 { // (counts the tests can predict)
+					ev.Usage.AcceptedPredictionTokens, ev.Usage.RejectedPredictionTokens = len(req.Prediction), 1
+				}
 			}
 			if !send(ev) {
 				note(f.cancelled, req.ID)

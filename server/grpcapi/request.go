@@ -51,13 +51,39 @@ func (s *Server) prepare(req *pb.GenerateRequest, sampling *pb.SamplingParams, a
 		id = fmt.Sprintf("grpc-%016x", rand.Uint64())
 		engineID = fmt.Sprintf("%s-%d", id, seq)
 	}
+	var pred []int32
+	if text := req.GetPrediction(); text != "" {
+		if pred, err = s.prediction(text, &sp); err != nil {
+			return nil, err
+		}
+	}
 	return &prepared{clientID: id, req: &engine.Request{
-		ID:       engineID,
-		Prompt:   prompt,
-		Sampling: sp,
-		Priority: int(req.GetPriority()),
-		Arrival:  arrival,
+		ID:         engineID,
+		Prompt:     prompt,
+		Sampling:   sp,
+		Priority:   int(req.GetPriority()),
+		Arrival:    arrival,
+		Prediction: pred,
 	}}, nil
+}
+
+// prediction tokenizes a request's prediction (OpenAI's predicted
+// outputs: drafts the engine verifies), refusing one that sp rules out.
+func (s *Server) prediction(text string, sp *engine.SamplingParams) ([]int32, error) {
+	if name := sp.Unpredictable(); name != "" {
+		return nil, fieldErr("prediction", "cannot be combined with %s: its drafts could not be verified against penalised or biased logits", name)
+	}
+	if s.tok == nil {
+		return nil, fieldErr("prediction", "this server has no tokenizer")
+	}
+	ids, err := s.tok.Encode(text, false)
+	if err != nil {
+		return nil, fieldErr("prediction", "tokenizing: %v", err)
+	}
+	if len(ids) > engine.MaxPredictionTokens {
+		return nil, fieldErr("prediction", "%d tokens; at most %d are allowed", len(ids), engine.MaxPredictionTokens)
+	}
+	return ids, nil
 }
 
 // prompt returns req's prompt token ids.

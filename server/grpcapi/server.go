@@ -341,5 +341,8 @@ func usage(u *engine.Usage) *pb.Usage {
 		PromptTokens:     int32(u.PromptTokens),
 		CompletionTokens: int32(u.CompletionTokens),
 		CachedTokens:     int32(u.CachedTokens),
+
+		AcceptedPredictionTokens: int32(u.AcceptedPredictionTokens),
+		RejectedPredictionTokens: int32(u.RejectedPredictionTokens),
 	}
 }

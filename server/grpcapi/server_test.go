@@ -252,6 +252,37 @@ func TestGenerate(t *testing.T) {
 	}
 }
 
+// predicting is r with a prediction.
+func predicting(r *pb.GenerateRequest) *pb.GenerateRequest {
+	r.Prediction = "the text the output should repeat"
+	return r
+}
+
+// TestPrediction: a request's prediction reaches the engine as its
+// tokens (no special tokens added), and the engine's counts of accepted
+// and rejected prediction tokens come back in the usage.
+func TestPrediction(t *testing.T) {
+	tok := loadTok(t)
+	h := start(t, newFake(4096, tok.VocabSize()), Options{})
+	text := "func main() {\n\tfmt.Println(\"hello\")\n}\n"
+	resp, err := h.client.Generate(ctxT(t), &pb.GenerateRequest{Prompt: &pb.GenerateRequest_TokenIds{TokenIds: &pb.TokenIds{Ids: []int32{5, 6}}},
+		Prediction: text})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := tok.Encode(text, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := h.fake.requests()
+	if got := seen[len(seen)-1].Prediction; !slices.Equal(got, want) {
+		t.Errorf("engine prediction %v, want %v", got, want)
+	}
+	if u := resp.Usage; u.AcceptedPredictionTokens != int32(len(want)) || u.RejectedPredictionTokens != 1 {
+		t.Errorf("usage %v: want %d accepted (the fake's count), 1 rejected", u, len(want))
+	}
+}
+
 func TestDefaults(t *testing.T) {
 	tok := loadTok(t)
 	fake := newFake(40, tok.VocabSize())
@@ -598,6 +629,8 @@ func TestErrorCodes(t *testing.T) {
 		{with(&pb.SamplingParams{TopK: ptr(int32(-2))}), codes.InvalidArgument, "sampling.top_k", ""},
 		{with(&pb.SamplingParams{MinP: ptr(float32(1.5))}), codes.InvalidArgument, "sampling.min_p", ""},
 		{with(&pb.SamplingParams{PresencePenalty: ptr(float32(2.5))}), codes.InvalidArgument, "sampling.presence_penalty", ""},
+		{predicting(with(&pb.SamplingParams{PresencePenalty: ptr(float32(0.5))})), codes.InvalidArgument, "prediction", "presence_penalty"},
+		{predicting(with(&pb.SamplingParams{RepetitionPenalty: ptr(float32(1.2))})), codes.InvalidArgument, "prediction", "repetition_penalty"},
 		{with(&pb.SamplingParams{FrequencyPenalty: ptr(float32(-2.5))}), codes.InvalidArgument, "sampling.frequency_penalty", ""},
 		{with(&pb.SamplingParams{RepetitionPenalty: ptr(float32(0))}), codes.InvalidArgument, "sampling.repetition_penalty", ""},
 		{with(&pb.SamplingParams{Stop: []string{"a", ""}}), codes.InvalidArgument, "sampling.stop[1]", "empty"},

@@ -296,25 +296,15 @@ func (s *Server) prediction(p *predictionJSON, sp *engine.SamplingParams) ([]int
 		}
 		text = b.String()
 	}
-	for _, c := range []struct {
-		name string
-		set  bool
-	}{
-		{"presence_penalty", sp.PresencePenalty != 0},
-		{"frequency_penalty", sp.FrequencyPenalty != 0},
-		{"repetition_penalty", sp.RepetitionPenalty != 1},
-		{"logit_bias", len(sp.LogitBias) > 0},
-	} {
-		if c.set {
-			return nil, invalid("prediction", "prediction cannot be combined with %s: its drafts could not be verified against penalised or biased logits", c.name)
-		}
+	if name := sp.Unpredictable(); name != "" {
+		return nil, invalid("prediction", "prediction cannot be combined with %s: its drafts could not be verified against penalised or biased logits", name)
 	}
 	ids, err := s.tok.Encode(text, false)
 	if err != nil {
 		return nil, invalid("prediction.content", "prediction.content cannot be tokenized: %v", err)
 	}
-	if len(ids) > MaxPredictionTokens {
-		return nil, invalid("prediction.content", "prediction.content is %d tokens; at most %d are allowed", len(ids), MaxPredictionTokens)
+	if len(ids) > engine.MaxPredictionTokens {
+		return nil, invalid("prediction.content", "prediction.content is %d tokens; at most %d are allowed", len(ids), engine.MaxPredictionTokens)
 	}
 	return ids, nil
 }

@@ -98,9 +98,6 @@ type predictionJSON struct {
 	Content json.RawMessage `json:"content"`
 }
 
-// MaxPredictionTokens bounds a prediction's length in tokens.
-const MaxPredictionTokens = 65536
-
 // chatMessage is one entry of messages. Content is a string, a list of
 // parts, or null (an assistant message without text).
 type chatMessage struct {

@@ -312,8 +312,13 @@ type GenerateRequest struct {
 	// add_special_tokens adds the tokenizer's special tokens (e.g. BOS) to a
 	// text prompt; default true.
 	AddSpecialTokens *bool `protobuf:"varint,6,opt,name=add_special_tokens,json=addSpecialTokens,proto3,oneof" json:"add_special_tokens,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// prediction: text the output is expected to repeat (OpenAI's predicted
+	// outputs: a file being edited); decode steps draft from it and verify
+	// the drafts, so the output is the model's own. Refused with presence,
+	// frequency or repetition penalties or logit_bias; empty for none.
+	Prediction    string `protobuf:"bytes,8,opt,name=prediction,proto3" json:"prediction,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -406,6 +411,13 @@ func (x *GenerateRequest) GetAddSpecialTokens() bool {
 		return *x.AddSpecialTokens
 	}
 	return false
+}
+
+func (x *GenerateRequest) GetPrediction() string {
+	if x != nil {
+		return x.Prediction
+	}
+	return ""
 }
 
 type isGenerateRequest_Prompt interface {
@@ -701,8 +713,12 @@ type Usage struct {
 	PromptTokens     int32                  `protobuf:"varint,1,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	CompletionTokens int32                  `protobuf:"varint,2,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"` // over all choices
 	CachedTokens     int32                  `protobuf:"varint,3,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`             // prompt tokens served from the prefix cache
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The prediction's draft tokens kept and refused (refused ones are not
+	// in completion_tokens).
+	AcceptedPredictionTokens int32 `protobuf:"varint,4,opt,name=accepted_prediction_tokens,json=acceptedPredictionTokens,proto3" json:"accepted_prediction_tokens,omitempty"`
+	RejectedPredictionTokens int32 `protobuf:"varint,5,opt,name=rejected_prediction_tokens,json=rejectedPredictionTokens,proto3" json:"rejected_prediction_tokens,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *Usage) Reset() {
@@ -752,6 +768,20 @@ func (x *Usage) GetCompletionTokens() int32 {
 func (x *Usage) GetCachedTokens() int32 {
 	if x != nil {
 		return x.CachedTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetAcceptedPredictionTokens() int32 {
+	if x != nil {
+		return x.AcceptedPredictionTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetRejectedPredictionTokens() int32 {
+	if x != nil {
+		return x.RejectedPredictionTokens
 	}
 	return 0
 }
@@ -1234,7 +1264,7 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"\x11_presence_penaltyB\x14\n" +
 	"\x12_frequency_penaltyB\x15\n" +
 	"\x13_repetition_penaltyB\x0f\n" +
-	"\r_top_logprobs\"\xcb\x02\n" +
+	"\r_top_logprobs\"\xeb\x02\n" +
 	"\x0fGenerateRequest\x12\x14\n" +
 	"\x04text\x18\x01 \x01(\tH\x00R\x04text\x123\n" +
 	"\ttoken_ids\x18\x02 \x01(\v2\x14.mkserve.v1.TokenIdsH\x00R\btokenIds\x12&\n" +
@@ -1243,7 +1273,10 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x04 \x01(\tR\trequestId\x12\x1a\n" +
 	"\bpriority\x18\x05 \x01(\x05R\bpriority\x121\n" +
-	"\x12add_special_tokens\x18\x06 \x01(\bH\x01R\x10addSpecialTokens\x88\x01\x01B\b\n" +
+	"\x12add_special_tokens\x18\x06 \x01(\bH\x01R\x10addSpecialTokens\x88\x01\x01\x12\x1e\n" +
+	"\n" +
+	"prediction\x18\b \x01(\tR\n" +
+	"predictionB\b\n" +
 	"\x06promptB\x15\n" +
 	"\x13_add_special_tokens\"\xc9\x01\n" +
 	"\x04Chat\x123\n" +
@@ -1266,11 +1299,13 @@ const file_mkserve_v1_inference_proto_rawDesc = "" +
 	"\btoken_id\x18\x01 \x01(\x05R\atokenId\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x18\n" +
 	"\alogprob\x18\x03 \x01(\x02R\alogprob\x12(\n" +
-	"\x03top\x18\x04 \x03(\v2\x16.mkserve.v1.TopLogprobR\x03top\"~\n" +
+	"\x03top\x18\x04 \x03(\v2\x16.mkserve.v1.TopLogprobR\x03top\"\xfa\x01\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\x12#\n" +
-	"\rcached_tokens\x18\x03 \x01(\x05R\fcachedTokens\"\xa5\x01\n" +
+	"\rcached_tokens\x18\x03 \x01(\x05R\fcachedTokens\x12<\n" +
+	"\x1aaccepted_prediction_tokens\x18\x04 \x01(\x05R\x18acceptedPredictionTokens\x12<\n" +
+	"\x1arejected_prediction_tokens\x18\x05 \x01(\x05R\x18rejectedPredictionTokens\"\xa5\x01\n" +
 	"\x06Choice\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1b\n" +
 	"\ttoken_ids\x18\x02 \x03(\x05R\btokenIds\x12\x12\n" +
