@@ -114,6 +114,8 @@ func FuzzChatRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":"x"}],"max_tokens":4,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"x":{"type":"string"}},"required":["x"]}}}],"tool_choice":"required","parallel_tool_calls":false}`,
 		`{"messages":[{"role":"user","content":"x"}],"max_tokens":4,"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g"}}],"tool_choice":{"type":"function","function":{"name":"g"}},"stream":true}`,
 		`{"messages":[{"role":"user","content":"x"}],"max_tokens":4,"reasoning_effort":"low","skip_special_tokens":false,"guided_regex":"[a-z]{2,3}"}`,
+		`{"messages":[{"role":"user","content":"x"}],"max_tokens":4,"prediction":{"type":"content","content":[{"type":"text","text":"ab"},{"type":"text","text":"c"}]},"n":2}`,
+		`{"messages":[{"role":"user","content":"x"}],"max_tokens":4,"prediction":{"type":"content","content":"abc"},"frequency_penalty":0.1}`,
 		`{"messages":[{"role":"user","content":"x"}],"max_tokens":4,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"integer","multipleOf":3}}}}},{"type":"function","function":{"name":"g","parameters":{"type":"object","properties":{"b":{"type":"array","prefixItems":[{"type":"number","minimum":0}]}}}}}],"tool_choice":"required"}`,
 	} {
 		f.Add([]byte(s))
