@@ -119,6 +119,10 @@ func (k *call) done() {
 		zap.Duration("latency", time.Since(k.start)),
 		zap.Strings("finish_reasons", k.finishes),
 	}
+	if u := k.usage; u.AcceptedPredictionTokens+u.RejectedPredictionTokens > 0 {
+		f = append(f, zap.Int("accepted_prediction_tokens", u.AcceptedPredictionTokens),
+			zap.Int("rejected_prediction_tokens", u.RejectedPredictionTokens))
+	}
 	if !k.first.IsZero() {
 		f = append(f, zap.Duration("ttft", k.first.Sub(k.start)))
 	}
