@@ -195,6 +195,10 @@ type request struct {
 	// promptLPs: SamplingParams.PromptLogprobs' records, position j for
 	// prompt token j+1, filled as the prompt's chunks are computed.
 	promptLPs []*Logprob
+	// pt is the prediction's text (spec.go predText), built at the first
+	// draft from it (ptDone); nil without token bytes.
+	pt     *predText
+	ptDone bool
 }
 
 // sequence is one choice being generated.
@@ -227,6 +231,12 @@ type sequence struct {
 	// prediction[predAt] when the output was predOut tokens long.
 	draftPred       bool
 	predAt, predOut int
+	// Where the output has reached in the prediction's text: predByte
+	// bytes, its first predTok tokens accounted for; predOff once its
+	// bytes left the text (until a draft finds the prediction again).
+	predByte, predTok int
+	predOff           bool
+	predInside        bool // this step's output ends inside a token of the prediction
 	// draftStates are a constrained sequence's grammar after each token
 	// of its step's draft (draftStates[j]: after draft[:j+1]), for the
 	// masks of the verify rows after them.

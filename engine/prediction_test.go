@@ -35,7 +35,7 @@ func TestPredictionDraft(t *testing.T) {
 			prompt := []int32{1, 2, 3}
 			s := &sequence{req: &request{r: &Request{Prediction: pred}}, tokens: append(slices.Clone(prompt), c.out...), prompt: len(prompt),
 				predAt: c.predAt, predOut: c.predOut}
-			got := s.predictionDraft(c.k)
+			got := s.predictionDraft(c.k, nil)
 			if !slices.Equal(got, c.want) || (got != nil && s.predAt != c.wantAt) {
 				t.Errorf("draft %v from %d, want %v from %d", got, s.predAt, c.want, c.wantAt)
 			}
@@ -122,6 +122,44 @@ func TestSpeculationPrediction(t *testing.T) {
 			}
 			if !c.usesPredicted && st.SpecDrafted != 0 {
 				t.Errorf("%d tokens drafted for a request that does not qualify", st.SpecDrafted)
+			}
+		})
+	}
+}
+
+// TestPredictionDraftText: with the tokens' bytes, a reply that writes the
+// predicted text in other tokens than the prediction's stays in place —
+// no draft inside one of the prediction's tokens, a draft from the next
+// boundary the two share — and one that leaves the text is found again
+// by its tokens, its place in the text with it.
+func TestPredictionDraftText(t *testing.T) {
+	vocab := []string{"a", "b", "ab", "c", "abc", "x", " ", "d"}
+	tb := func(id int32) []byte { return []byte(vocab[id]) }
+	pred := []int32{2, 3, 6, 7} // "ab" "c" " " "d"
+	for _, c := range []struct {
+		name     string
+		out      []int32
+		want     []int32
+		wantByte int
+	}{
+		{"inside the prediction's first token", []int32{0}, nil, 1},
+		{"its end reached in two tokens", []int32{0, 1}, []int32{3, 6, 7}, 2},
+		{"two of its tokens in one", []int32{4}, []int32{6, 7}, 3},
+		{"in step with its tokens", []int32{2, 3, 6}, []int32{7}, 4},
+		{"off the text, found again by tokens", []int32{5, 2, 3}, []int32{6, 7}, 3},
+		{"off the text, nowhere", []int32{5, 5}, nil, -1},
+		{"at the text's end", []int32{4, 6, 7}, nil, 5},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			prompt := []int32{1, 1}
+			s := &sequence{req: &request{r: &Request{Prediction: pred}}, tokens: append(slices.Clone(prompt), c.out...), prompt: len(prompt)}
+			got := s.predictionDraft(8, tb)
+			byteAt := s.predByte
+			if s.predOff {
+				byteAt = -1
+			}
+			if !slices.Equal(got, c.want) || byteAt != c.wantByte {
+				t.Errorf("draft %v at byte %d, want %v at byte %d", got, byteAt, c.want, c.wantByte)
 			}
 		})
 	}

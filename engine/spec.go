@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"math/bits"
 	"slices"
 	"time"
@@ -165,17 +166,38 @@ func (e *Engine) specK(s *sequence) int {
 // occurrence of the output's last tokens (4 down to 2; the first token
 // alone at the start) nearest after that place, or failing that the
 // first anywhere. nil when the output's end occurs nowhere in it.
-func (s *sequence) predictionDraft(k int) []int32 {
+//
+// With the tokens' bytes (tb not nil) the output is first followed through
+// the prediction's text: a reply that writes the predicted text in other
+// tokens than the prediction's own ("Go"+"d" for "God") stays in place,
+// and drafts resume at the next token boundary the two share.
+func (s *sequence) predictionDraft(k int, tb func(int32) []byte) []int32 {
 	pred, out := s.req.r.Prediction, s.tokens[s.prompt:]
 	if len(out) == 0 || k <= 0 {
 		return nil
 	}
+	pt := s.req.predictionText(tb)
 	from := func(at int) []int32 {
 		if at >= len(pred) {
 			return nil
 		}
 		s.predAt, s.predOut = at, len(out)
+		if pt != nil && !s.predOff && s.predTok == len(out) && s.predByte == pt.starts[at] {
+			return slices.Clone(pred[at:min(at+k, len(pred))])
+		}
+		if pt != nil { // found by tokens: the text's place is that token's start
+			s.predByte, s.predTok, s.predOff = pt.starts[at], len(out), false
+		}
 		return slices.Clone(pred[at:min(at+k, len(pred))])
+	}
+	if pt != nil && !s.predOff {
+		if at, ok := s.followText(pt, out, tb); ok {
+			if at < 0 {
+				s.predInside = at == -1 // (not at the text's end)
+				return nil              // inside a token of the prediction: the next token may reach its end
+			}
+			return from(at)
+		}
 	}
 	minN := 2
 	if len(out) == 1 {
@@ -211,6 +233,60 @@ func (s *sequence) predictionDraft(k int) []int32 {
 	return nil
 }
 
+// predText is a prediction's text and where each of its tokens starts
+// (starts[len(prediction)] is the text's length).
+type predText struct {
+	text   []byte
+	starts []int
+}
+
+// predictionText is r's prediction as text, built on first use; nil when
+// tb is nil or a token of the prediction has no bytes (a special token).
+func (r *request) predictionText(tb func(int32) []byte) *predText {
+	if r.ptDone {
+		return r.pt
+	}
+	r.ptDone = true
+	if tb == nil {
+		return nil
+	}
+	pt := &predText{starts: make([]int, 0, len(r.r.Prediction)+1)}
+	for _, t := range r.r.Prediction {
+		b := tb(t)
+		if len(b) == 0 {
+			return nil
+		}
+		pt.starts = append(pt.starts, len(pt.text))
+		pt.text = append(pt.text, b...)
+	}
+	pt.starts = append(pt.starts, len(pt.text))
+	r.pt = pt
+	return pt
+}
+
+// followText carries s's place in the prediction's text over the output
+// tokens since the last call. ok: the output's bytes have matched the text
+// all along; at is then the prediction's token that starts where the
+// output has reached, −1 inside one, −2 at the text's end.
+func (s *sequence) followText(pt *predText, out []int32, tb func(int32) []byte) (at int, ok bool) {
+	for ; s.predTok < len(out); s.predTok++ {
+		b := tb(out[s.predTok])
+		if len(b) == 0 || !bytes.HasPrefix(pt.text[s.predByte:], b) {
+			s.predOff = true
+			return 0, false
+		}
+		s.predByte += len(b)
+	}
+	i, found := slices.BinarySearch(pt.starts, s.predByte)
+	switch {
+	case i >= len(pt.starts)-1:
+		return -2, true // the text's end
+	case !found:
+		return -1, true
+	}
+	return i, true
+}
+
 // draft is s's draft for a decode step with budget tokens left in the
 // step: none when speculation is off or s does not qualify; never past
 // max_tokens or the model length (its own next token must still fit).
@@ -238,8 +314,9 @@ func (e *Engine) draft(s *sequence, budget int) []int32 {
 		return nil
 	}
 	var d []int32
+	s.predInside = false
 	if len(s.req.r.Prediction) > 0 {
-		d = s.predictionDraft(k)
+		d = s.predictionDraft(k, e.tokBytes)
 		s.draftPred = d != nil
 	}
 	if d == nil && e.cfg.SpeculativeTokens > 0 {
@@ -248,6 +325,9 @@ func (e *Engine) draft(s *sequence, budget int) []int32 {
 	d = s.grammarDraft(d, e.opts.EOS)
 	if d == nil {
 		s.specPause = specRetry
+		if s.predInside { // (the output is inside a token of its prediction: the next token most likely ends it)
+			s.specPause = 0
+		}
 		s.draftPred = false
 	}
 	return d
