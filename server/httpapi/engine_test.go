@@ -20,11 +20,10 @@ import (
 	"github.com/mkserve/mkserve/tokenizer"
 )
 
-// TestRealEngine serves the repository's default model through the real
-// engine and checks greedy output against the single-sequence decoder
-// (engine.Greedy), which shares no code with the server or the scheduler's
-// streaming path: completions, chat, streaming and a stop string.
-func TestRealEngine(t *testing.T) {
+// defaultModel loads the repository's default model on the CPU backend
+// (closed with the test), with its tokenizer, chat template and EOS ids.
+func defaultModel(t *testing.T) (*tokenizer.Tokenizer, *chat.Template, *cpu.Backend, *models.Loaded, []int32) {
+	t.Helper()
 	dir := filepath.Join("..", "..", "models", "default")
 	tok, err := tokenizer.LoadDir(dir)
 	if err != nil {
@@ -39,11 +38,40 @@ func TestRealEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
+	t.Cleanup(func() { l.Close() })
 	var eos []int32
 	for _, id := range l.Generation.EOSTokenIDs {
 		eos = append(eos, int32(id))
 	}
+	return tok, tmpl, be, l, eos
+}
+
+// serveEngine serves l through the real engine on an httptest server;
+// both stop with the test.
+func serveEngine(t *testing.T, tok *tokenizer.Tokenizer, tmpl *chat.Template, be *cpu.Backend, l *models.Loaded, eos []int32) *httptest.Server {
+	t.Helper()
+	eng, err := engine.New(l.Model, be, tok, engine.Config{KVCacheBytes: 32 << 20, MaxNumSeqs: 8}, engine.Options{Name: "default", EOS: eos})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(eng, tok, tmpl, Options{})
+	s.SetReady(true)
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(func() {
+		ts.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = eng.Shutdown(ctx)
+	})
+	return ts
+}
+
+// TestRealEngine serves the repository's default model through the real
+// engine and checks greedy output against the single-sequence decoder
+// (engine.Greedy), which shares no code with the server or the scheduler's
+// streaming path: completions, chat, streaming and a stop string.
+func TestRealEngine(t *testing.T) {
+	tok, tmpl, be, l, eos := defaultModel(t)
 	const maxTok = 12
 	prompt := "And the LORD spake unto Moses, saying,"
 	chatText := "<|im_start|>user\nWho made the light?<|im_end|>\n<|im_start|>assistant\n" // the ChatML template by hand
@@ -72,19 +100,7 @@ func TestRealEngine(t *testing.T) {
 		t.Fatalf("empty greedy references %q %q", wantComp, wantChat)
 	}
 
-	eng, err := engine.New(l.Model, be, tok, engine.Config{KVCacheBytes: 32 << 20, MaxNumSeqs: 8}, engine.Options{Name: "default", EOS: eos})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = eng.Shutdown(ctx)
-	}()
-	s := New(eng, tok, tmpl, Options{})
-	s.SetReady(true)
-	ts := httptest.NewServer(s.Handler())
-	defer ts.Close()
+	ts := serveEngine(t, tok, tmpl, be, l, eos)
 	client := sdk(ts.URL, "")
 	ctx := context.Background()
 
@@ -146,38 +162,8 @@ func TestRealEngine(t *testing.T) {
 // draft tokens kept and refused; malformed predictions and ones combined
 // with penalties are 400s naming the field.
 func TestRealEnginePrediction(t *testing.T) {
-	dir := filepath.Join("..", "..", "models", "default")
-	tok, err := tokenizer.LoadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl, err := chat.Compile(tok.Config().ChatTemplate)
-	if err != nil {
-		t.Fatal(err)
-	}
-	be := cpu.New(cpu.Options{})
-	l, err := models.Load(dir, be, models.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	var eos []int32
-	for _, id := range l.Generation.EOSTokenIDs {
-		eos = append(eos, int32(id))
-	}
-	eng, err := engine.New(l.Model, be, tok, engine.Config{KVCacheBytes: 32 << 20, MaxNumSeqs: 8}, engine.Options{Name: "default", EOS: eos})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = eng.Shutdown(ctx)
-	}()
-	s := New(eng, tok, tmpl, Options{})
-	s.SetReady(true)
-	ts := httptest.NewServer(s.Handler())
-	defer ts.Close()
+	tok, tmpl, be, l, eos := defaultModel(t)
+	ts := serveEngine(t, tok, tmpl, be, l, eos)
 	client := sdk(ts.URL, "")
 	ctx := context.Background()
 	msgs := []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me of the waters and the light.")}
