@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 )
@@ -160,6 +161,79 @@ func TestPredictionDraftText(t *testing.T) {
 			}
 			if !slices.Equal(got, c.want) || byteAt != c.wantByte {
 				t.Errorf("draft %v at byte %d, want %v at byte %d", got, byteAt, c.want, c.wantByte)
+			}
+		})
+	}
+}
+
+// TestPredictionWithOptions: with the output itself as its prediction, a
+// request's choices, text, finish reasons and log-probabilities are those
+// it has without one — n = 2, a stop string inside a drafted run,
+// max_tokens short of the prediction, log-probabilities — and usage sums
+// the choices' prediction tokens.
+func TestPredictionWithOptions(t *testing.T) {
+	const V = 1024
+	next := func(t int32) int32 { return (t*17 + 5) % 1021 }
+	prompt := []int32{7, 8, 9}
+	type out struct {
+		toks    map[int][]int32
+		text    map[int]string
+		reasons map[int]string
+		lps     map[int][]string
+		usage   Usage
+	}
+	run := func(sp SamplingParams, pred []int32) out {
+		e, err := New(nextModel(V, next), fakeBackend{}, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 22},
+			Options{Name: "t", Clock: stillClock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Shutdown(context.Background())
+		ch, err := e.Generate(context.Background(), &Request{Prompt: prompt, Prediction: pred, Sampling: sp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := out{toks: map[int][]int32{}, text: map[int]string{}, reasons: map[int]string{}, lps: map[int][]string{}}
+		for ev := range ch {
+			if ev.Err != nil {
+				t.Fatal(ev.Err)
+			}
+			o.toks[ev.Index] = append(o.toks[ev.Index], ev.TokenIDs...)
+			o.text[ev.Index] += ev.Text
+			for _, lp := range ev.Logprobs {
+				o.lps[ev.Index] = append(o.lps[ev.Index], fmt.Sprintf("%d:%.4f:%d", lp.ID, lp.Logprob, len(lp.Top)))
+			}
+			if ev.FinishReason != "" {
+				o.reasons[ev.Index] = ev.FinishReason
+			}
+			if ev.Usage != nil {
+				o.usage = *ev.Usage
+			}
+		}
+		return o
+	}
+	base := SamplingParams{MaxTokens: 120, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true}
+	full := run(base, nil).toks[0]
+	stop, _ := fakeDetok{}.Decode(full[70:72], false)
+	for _, c := range []struct {
+		name string
+		edit func(*SamplingParams)
+	}{
+		{"n = 2", func(p *SamplingParams) { p.N = 2 }},
+		{"a stop string inside a drafted run", func(p *SamplingParams) { p.Stop = []string{stop} }},
+		{"max_tokens short of the prediction", func(p *SamplingParams) { p.MaxTokens = 37 }},
+		{"log-probabilities", func(p *SamplingParams) { p.Logprobs, p.TopLogprobs = true, 2 }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sp := base
+			c.edit(&sp)
+			want, got := run(sp, nil), run(sp, full)
+			if fmt.Sprint(got.toks, got.text, got.reasons, got.lps) != fmt.Sprint(want.toks, want.text, want.reasons, want.lps) {
+				t.Errorf("with the prediction:\n%v %v %v\nwithout:\n%v %v %v", got.toks, got.text, got.reasons, want.toks, want.text, want.reasons)
+			}
+			if got.usage.CompletionTokens != want.usage.CompletionTokens || got.usage.AcceptedPredictionTokens == 0 ||
+				got.usage.AcceptedPredictionTokens > got.usage.CompletionTokens {
+				t.Errorf("usage %+v, without the prediction %+v", got.usage, want.usage)
 			}
 		})
 	}
