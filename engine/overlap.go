@@ -67,7 +67,7 @@ func (e *Engine) overlapSampler(plan []entry, devSampler backend.Sampler) backen
 		if en.s.sampler.seen != nil || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
 			return nil
 		}
-		if e.specK(en.s) > 0 && e.spec.pause == 0 && en.s.specCandidate() && en.s.specPause == 0 { // (drafts come from tokens on the host)
+		if e.specK(en.s) > 0 && (e.spec.pause == 0 || len(en.s.req.r.Prediction) > 0) && en.s.specCandidate() && en.s.specPause == 0 { // (drafts come from tokens on the host)
 			return nil
 		}
 	}

@@ -302,7 +302,7 @@ func (e *Engine) draft(s *sequence, budget int) []int32 {
 		s.specPause--
 		return nil
 	}
-	if e.spec.pause > 0 { // the meter's verdict: drafts do not pay now
+	if e.spec.pause > 0 && len(s.req.r.Prediction) == 0 { // the meter's verdict: prompt lookup does not pay now
 		return nil
 	}
 	if s.pend != 0 {
@@ -394,7 +394,10 @@ func accepted(draft []int32, picks []pick) int {
 // specMeterStale steps of speculation, the engine pauses for
 // specMeterMin+2 steps to measure one (a probe). The first
 // step of each period is not counted: it holds the switch between
-// overlapped and synchronous steps.
+// overlapped and synchronous steps. The meter governs prompt lookup only:
+// a request's prediction is the client's own ask and drafts through the
+// pauses (its per-sequence back-off still stops a prediction the output
+// has left), and the meter runs where prompt lookup is on.
 const (
 	specMeterBuckets = 10   // batch sizes 1, 2–3, 4–7, … 512+
 	specMeterMin     = 16   // steps of a period before a verdict

@@ -224,7 +224,7 @@ func (e *Engine) step() {
 			return
 		}
 	}
-	if decodeStep(plan) && slices.ContainsFunc(plan, func(en entry) bool { return e.specK(en.s) > 0 }) {
+	if e.cfg.SpeculativeTokens > 0 && decodeStep(plan) {
 		on := e.spec.pause == 0
 		defer func(seqs int) {
 			before := e.spec.pauses
