@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mkserve/mkserve/metrics"
 )
 
 // TestPredictionDraft: a draft from the prediction continues where the
@@ -53,9 +57,11 @@ func TestSpeculationPrediction(t *testing.T) {
 	const V, N = 1024, 200
 	next := func(t int32) int32 { return (t*17 + 5) % 1021 } // a long cycle: no n-gram repeats within N
 	prompt := []int32{7, 8, 9}
+	var reg *prometheus.Registry
 	run := func(pred []int32, presence float32) ([]int32, *Usage, Stats) {
+		reg = prometheus.NewRegistry()
 		e, err := New(nextModel(V, next), fakeBackend{}, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 20},
-			Options{Name: "t", Clock: stillClock})
+			Options{Name: "t", Clock: stillClock, Metrics: metrics.New(reg, "t")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,6 +127,9 @@ func TestSpeculationPrediction(t *testing.T) {
 			if int64(u.AcceptedPredictionTokens+u.RejectedPredictionTokens) != st.SpecDrafted {
 				t.Errorf("usage counts %d prediction tokens, the engine drafted %d", u.AcceptedPredictionTokens+u.RejectedPredictionTokens, st.SpecDrafted)
 			}
+			if a, r := counterValue(t, reg, "mkserve:prediction_accepted_tokens_total"), counterValue(t, reg, "mkserve:prediction_rejected_tokens_total"); a != float64(u.AcceptedPredictionTokens) || r != float64(u.RejectedPredictionTokens) {
+				t.Errorf("metrics count %v accepted and %v rejected prediction tokens, usage %d and %d", a, r, u.AcceptedPredictionTokens, u.RejectedPredictionTokens)
+			}
 			if !c.usesPredicted && st.SpecDrafted != 0 {
 				t.Errorf("%d tokens drafted for a request that does not qualify", st.SpecDrafted)
 			}
@@ -164,6 +173,22 @@ func TestPredictionDraftText(t *testing.T) {
 			}
 		})
 	}
+}
+
+// counterValue is the value of the one-series counter name in reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
 }
 
 // TestPredictionWithOptions: with the output itself as its prediction, a

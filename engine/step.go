@@ -361,6 +361,7 @@ func (e *Engine) step() {
 			if s.draftPred {
 				s.req.usage.AcceptedPredictionTokens += a
 				s.req.usage.RejectedPredictionTokens += len(pk.draft) - a
+				e.opts.Metrics.Prediction(a, len(pk.draft)-a)
 			}
 			for j := 0; j <= a && !s.done; j++ {
 				e.deliver(s, group[j].tok, group[j].lp, now)

@@ -39,23 +39,24 @@ var finishReasons = []string{"stop", "length", "abort", "error"}
 // Metrics records the engine's metrics. A nil *Metrics is valid and
 // records nothing. All methods are safe for concurrent use.
 type Metrics struct {
-	running, waiting, kvUsage prometheus.Gauge
-	prefixQueries, prefixHits prometheus.Counter
-	promptTokens, genTokens   prometheus.Counter
-	preemptions               prometheus.Counter
-	cpTokens                  prometheus.Counter
-	placements                prometheus.Counter
-	overlapped                prometheus.Counter
-	hostRows                  prometheus.Counter
-	specDraft, specAccepted   prometheus.Counter
-	specPauses                prometheus.Counter
-	success                   *prometheus.CounterVec // {finished_reason}
-	ttft, itl, e2e, queue     prometheus.Histogram
-	gramMask                  prometheus.Histogram
-	expertTokens              *prometheus.CounterVec // {layer, expert}
-	imbalance                 *prometheus.GaugeVec   // {layer}
-	layersMu                  sync.RWMutex
-	layers                    map[int]*layerSeries
+	running, waiting, kvUsage  prometheus.Gauge
+	prefixQueries, prefixHits  prometheus.Counter
+	promptTokens, genTokens    prometheus.Counter
+	preemptions                prometheus.Counter
+	cpTokens                   prometheus.Counter
+	placements                 prometheus.Counter
+	overlapped                 prometheus.Counter
+	hostRows                   prometheus.Counter
+	specDraft, specAccepted    prometheus.Counter
+	specPauses                 prometheus.Counter
+	predAccepted, predRejected prometheus.Counter
+	success                    *prometheus.CounterVec // {finished_reason}
+	ttft, itl, e2e, queue      prometheus.Histogram
+	gramMask                   prometheus.Histogram
+	expertTokens               *prometheus.CounterVec // {layer, expert}
+	imbalance                  *prometheus.GaugeVec   // {layer}
+	layersMu                   sync.RWMutex
+	layers                     map[int]*layerSeries
 }
 
 // layerSeries caches one MoE layer's children so ExpertLoad does no label
@@ -93,9 +94,11 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		placements:    counter("moe_expert_placements_total", "Expert placements of MoE layers installed by the rebalancer (engine.rebalance_every)."),
 		overlapped:    counter("overlapped_steps_total", "Engine steps launched while the previous step's sampled tokens were still on the device (overlapped decode; engine.sync_steps turns it off)."),
 		hostRows:      counter("host_sampled_rows_total", "Tokens sampled on the host though the backend samples on the device: a fork of n choices, prompt log-probabilities in the step, or log-probabilities asked of a row whose grammar (response_format, a forced tool call), logit_bias or min_tokens changes its logits."),
-		specDraft:     counter("spec_decode_num_draft_tokens_total", "Draft tokens proposed by prompt-lookup speculation (engine.speculative_tokens) and verified."),
+		specDraft:     counter("spec_decode_num_draft_tokens_total", "Draft tokens verified: from prompt lookup (engine.speculative_tokens) or a request's prediction."),
 		specAccepted:  counter("spec_decode_num_accepted_tokens_total", "Draft tokens that matched the model's own greedy choice (accepted)."),
-		specPauses:    counter("spec_decode_pauses_total", "Times speculation paused for every sequence because decode steps with drafts were measured to deliver fewer tokens a second than steps without."),
+		specPauses:    counter("spec_decode_pauses_total", "Times prompt lookup paused for every sequence because decode steps delivered fewer tokens a second with it than during its latest pause."),
+		predAccepted:  counter("prediction_accepted_tokens_total", "Draft tokens from requests' predictions (OpenAI's predicted outputs) that the model kept."),
+		predRejected:  counter("prediction_rejected_tokens_total", "Draft tokens from requests' predictions that the model refused."),
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: prefix + "request_success_total", Help: "Count of finished requests by finish reason.", ConstLabels: labels,
 		}, []string{"finished_reason"}),
@@ -116,7 +119,7 @@ func New(reg prometheus.Registerer, model string) *Metrics {
 		m.success.WithLabelValues(r)
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.prefixQueries, m.prefixHits,
-		m.promptTokens, m.genTokens, m.preemptions, m.cpTokens, m.placements, m.overlapped, m.hostRows, m.specDraft, m.specAccepted, m.specPauses, m.success,
+		m.promptTokens, m.genTokens, m.preemptions, m.cpTokens, m.placements, m.overlapped, m.hostRows, m.specDraft, m.specAccepted, m.specPauses, m.predAccepted, m.predRejected, m.success,
 		m.ttft, m.itl, m.e2e, m.queue, m.gramMask, m.expertTokens, m.imbalance)
 	return m
 }
@@ -240,6 +243,16 @@ func (m *Metrics) SpecDecode(drafted, accepted int) {
 	}
 	m.specDraft.Add(float64(drafted))
 	m.specAccepted.Add(float64(accepted))
+}
+
+// Prediction counts a verify step's draft tokens from a request's
+// prediction: kept and refused.
+func (m *Metrics) Prediction(accepted, rejected int) {
+	if m == nil {
+		return
+	}
+	m.predAccepted.Add(float64(accepted))
+	m.predRejected.Add(float64(rejected))
 }
 
 // SpecPause counts one pause of speculation by its cost check.

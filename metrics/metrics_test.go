@@ -33,6 +33,7 @@ var names = []string{
 	"mkserve:host_sampled_rows_total",
 	"mkserve:spec_decode_num_draft_tokens_total",
 	"mkserve:spec_decode_num_accepted_tokens_total", "mkserve:spec_decode_pauses_total",
+	"mkserve:prediction_accepted_tokens_total", "mkserve:prediction_rejected_tokens_total",
 	"mkserve:time_to_first_token_seconds",
 	"mkserve:inter_token_latency_seconds",
 	"mkserve:e2e_request_latency_seconds",
@@ -63,6 +64,7 @@ func exercise(m *Metrics, r *rand.Rand) {
 	m.HostSampledRows(1 + r.IntN(4))
 	m.SpecDecode(4+r.IntN(4), r.IntN(4))
 	m.SpecPause()
+	m.Prediction(r.IntN(8), r.IntN(3))
 	m.GrammarMask(time.Duration(1+r.IntN(1000)) * time.Microsecond)
 	m.ExpertPlacement()
 	m.ExpertLoad(r.IntN(3), []int64{int64(r.IntN(5)), int64(1 + r.IntN(5)), 3})
@@ -339,10 +341,10 @@ func TestSeriesCounts(t *testing.T) {
 	if got := testutil.ToFloat64(m.success.WithLabelValues("unknown")); got != 1 {
 		t.Errorf("empty reason counted %v times as unknown, want 1", got)
 	}
-	// 20 single-series families, no expert series yet, and the success
+	// 22 single-series families, no expert series yet, and the success
 	// series of the four reasons plus "unknown".
-	if got, err := testutil.GatherAndCount(reg); err != nil || got != 20+len(finishReasons)+1 {
-		t.Errorf("%d series (%v), want %d", got, err, 20+len(finishReasons)+1)
+	if got, err := testutil.GatherAndCount(reg); err != nil || got != 22+len(finishReasons)+1 {
+		t.Errorf("%d series (%v), want %d", got, err, 22+len(finishReasons)+1)
 	}
 }
 
