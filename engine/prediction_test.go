@@ -263,3 +263,23 @@ func TestPredictionWithOptions(t *testing.T) {
 		})
 	}
 }
+
+// TestUnpredictable: the sampling parameters that rule a prediction out
+// are named; the others, defaults included, are not.
+func TestUnpredictable(t *testing.T) {
+	for _, c := range []struct {
+		p    SamplingParams
+		want string
+	}{
+		{SamplingParams{}, ""},
+		{SamplingParams{RepetitionPenalty: 1, Temperature: 0.7, TopK: 5, MinTokens: 3, Logprobs: true}, ""},
+		{SamplingParams{PresencePenalty: 0.1}, "presence_penalty"},
+		{SamplingParams{FrequencyPenalty: -0.2}, "frequency_penalty"},
+		{SamplingParams{RepetitionPenalty: 1.1}, "repetition_penalty"},
+		{SamplingParams{RepetitionPenalty: 1, LogitBias: map[int32]float32{3: 1}}, "logit_bias"},
+	} {
+		if got := c.p.Unpredictable(); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.p, got, c.want)
+		}
+	}
+}

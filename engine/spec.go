@@ -65,10 +65,6 @@ func ngramDraft(toks []int32, k, maxN, minN int) []int32 {
 	return nil
 }
 
-// specOK reports whether s's decode steps may carry a draft: a
-// speculation candidate with its tokens all on the host.
-func (s *sequence) specOK() bool { return s.pend == 0 && s.specCandidate() }
-
 // specCandidate reports whether s qualifies for speculation: not about to
 // fork its choices, nothing that depends on the tokens before a row within
 // the step or changes the logits (penalties, a bias, a grammar,
