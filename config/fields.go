@@ -89,15 +89,6 @@ func (c *Config) fields() []field {
 	}
 }
 
-// Keys lists every YAML key, engine keys as "engine.max_num_seqs".
-func Keys() []string {
-	var out []string
-	for _, f := range new(Config).fields() {
-		out = append(out, f.key)
-	}
-	return out
-}
-
 // BindFlags registers one flag per setting on fs, bound to c: parsing fs
 // overwrites exactly the settings whose flags are given. Flag defaults are
 // c's values at the time of the call.

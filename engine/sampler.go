@@ -166,11 +166,6 @@ func newSampler(p *SamplingParams, index int, prompt []int32) *sampler {
 	return s
 }
 
-// fork copies the sampler for another choice of the same request.
-func (s *sampler) fork(index int, prompt []int32) *sampler {
-	return newSampler(s.p, index, prompt)
-}
-
 // observe records an emitted token for the penalties, and advances the
 // grammar by it.
 func (s *sampler) observe(t int32) {

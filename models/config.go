@@ -6,7 +6,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
 
 	"github.com/mkserve/mkserve/attention"
 )
@@ -404,14 +403,4 @@ func (r *reader) rope() (float64, attention.RoPEScaling) {
 		}
 	}
 	return theta, s
-}
-
-// SortedKeys lists a map's keys in order (for error messages).
-func SortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

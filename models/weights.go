@@ -116,16 +116,6 @@ func (w *Weights) Optional(name string, shape ...int) (backend.Tensor, error) {
 	return w.Get(name, shape...)
 }
 
-// First loads the first of several alternative names that exists.
-func (w *Weights) First(names []string, shape ...int) (backend.Tensor, error) {
-	for _, n := range names {
-		if w.Has(n) {
-			return w.Get(n, shape...)
-		}
-	}
-	return nil, fmt.Errorf("checkpoint has no tensor %q", strings.Join(names, `" or "`))
-}
-
 // stack concatenates host tensors along their first dimension into one
 // upload named name; same-dtype inputs are joined byte-wise, mixed ones are
 // widened to F32.

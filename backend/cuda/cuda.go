@@ -1103,11 +1103,6 @@ func (in gemmIn) withHi(h *kernels.Buffer) gemmIn {
 	return in
 }
 
-// linear is x [T, K] (float32) · w [N, K]ᵀ + b → [T, N]; on the GPU goroutine.
-func (be *Backend) linear(d *kernels.Device, x *kernels.Buffer, w *Tensor, b *Tensor, T, N, K int) *Tensor {
-	return be.linearMode(d, x, w, b, T, N, K, be.split)
-}
-
 // linearMode is linear with the activation split chosen by the caller.
 func (be *Backend) linearMode(d *kernels.Device, x *kernels.Buffer, w *Tensor, b *Tensor, T, N, K int, split bool) *Tensor {
 	out := be.newF32(d, T, N)
