@@ -9,7 +9,7 @@ export CGO_ENABLED := 0
 all: build
 
 build:
-	$(GO) build -trimpath -o $(BIN) ./cmd/mkserve
+	$(GO) build -trimpath -buildvcs=auto -o $(BIN) ./cmd/mkserve
 
 vet:
 	$(GO) vet ./...
@@ -37,7 +37,7 @@ kernels:
 DEVBIN := .dev/device
 device-bins:
 	@mkdir -p $(DEVBIN)
-	$(GO) build -trimpath -ldflags='-s -w' -o $(DEVBIN)/mkserve ./cmd/mkserve
+	$(GO) build -trimpath -buildvcs=auto -ldflags='-s -w' -o $(DEVBIN)/mkserve ./cmd/mkserve
 	$(GO) test -c -trimpath -ldflags='-s -w' -o $(DEVBIN)/kernels.test ./kernels
 	$(GO) test -c -trimpath -ldflags='-s -w' -o $(DEVBIN)/cuda.test ./backend/cuda
 	$(GO) test -c -trimpath -ldflags='-s -w' -o $(DEVBIN)/mkserve.test ./cmd/mkserve

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -74,6 +75,7 @@ func TestCommandErrorsAreOneLine(t *testing.T) {
 		{[]string{"tokenize", "--tokenizer", badTok}, "tokenizer.json"},
 		{[]string{"tokenize"}, "--tokenizer"},
 		{[]string{"frobnicate"}, "frobnicate"},
+		{[]string{"version", "extra"}, "no arguments"},
 		{[]string{"logits", "--nope"}, "nope"},
 	} {
 		code, out, errOut := runCLI(tc.args, "text")
@@ -87,6 +89,15 @@ func TestCommandErrorsAreOneLine(t *testing.T) {
 		if strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, tc.want) {
 			t.Errorf("%v: stderr %q, want one line mentioning %q", tc.args, errOut, tc.want)
 		}
+	}
+}
+
+// TestVersion: `mkserve version` prints one line naming the build's Go
+// version (the test binary's build information).
+func TestVersion(t *testing.T) {
+	code, out, errOut := runCLI([]string{"version"}, "")
+	if code != 0 || !strings.HasPrefix(out, "mkserve ") || !strings.Contains(out, runtime.Version()) || strings.Count(out, "\n") != 1 {
+		t.Errorf("version: exit %d, %q (stderr %q)", code, out, errOut)
 	}
 }
 

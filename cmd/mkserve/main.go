@@ -8,8 +8,11 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"os"
+
+	"github.com/mkserve/mkserve/internal/version"
 )
 
 func main() {
@@ -32,5 +35,15 @@ func commands() []command {
 		{"chat", "chat in the terminal with a running server, or --model DIR served in process (each stdin line a turn; the reply streams)", cmdChat},
 		{"tokenize", "print the token ids of stdin as JSON", cmdTokenize},
 		{"bench", "benchmarks: serve (load test of a running server), model (whole-model prefill/decode), attention, moe, ring (GPU kernels)", cmdBench},
+		{"version", "print the build: module version, revision, commit time, Go version", cmdVersion},
 	}
+}
+
+// cmdVersion prints the build information (GET /version serves the same).
+func cmdVersion(args []string, _ io.Reader, stdout io.Writer) error {
+	if len(args) > 0 {
+		return fmt.Errorf("version takes no arguments, got %q", args)
+	}
+	_, err := fmt.Fprintln(stdout, version.Get())
+	return err
 }

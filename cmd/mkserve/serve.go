@@ -22,6 +22,7 @@ import (
 	"github.com/mkserve/mkserve/config"
 	"github.com/mkserve/mkserve/dist"
 	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/internal/version"
 	"github.com/mkserve/mkserve/metrics"
 	"github.com/mkserve/mkserve/models"
 	"github.com/mkserve/mkserve/server/grpcapi"
@@ -111,7 +112,7 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 		APIKey: cfg.APIKey, CORSOrigins: cfg.CORSOrigins, MaxBodyBytes: cfg.MaxBodyBytes,
 		Logger: log, LogPrompts: cfg.LogPrompts, Metrics: metrics.Handler(reg), Defaults: defaults,
 		ToolFormat: toolFormat, Reasoning: reasoning, CompactJSON: cfg.JSONWhitespace == "compact",
-		ResponsesStore: cfg.ResponsesStore,
+		ResponsesStore: cfg.ResponsesStore, Version: version.Get(),
 	})
 	hl, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
@@ -228,7 +229,7 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 		gapi.SetServing(true)
 	}
 	ec := eng.Config()
-	log.Info("ready", zap.Duration("load_time", time.Since(start)), zap.String("architecture", loaded.Config.Architecture),
+	log.Info("ready", zap.String("version", version.Get().String()), zap.Duration("load_time", time.Since(start)), zap.String("architecture", loaded.Config.Architecture),
 		zap.Int("max_model_len", ec.MaxModelLen), zap.Int("kv_blocks", eng.Stats().BlocksFree), zap.Int("block_size", ec.BlockSize),
 		zap.Int("kv_tokens", eng.Stats().BlocksFree*ec.BlockSize),
 		zap.Int("kv_values_per_token", loaded.Model.KVFloatsPerToken())) // all layers: MLA's latent cache shows here

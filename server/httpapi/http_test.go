@@ -21,6 +21,7 @@ import (
 
 	"github.com/mkserve/mkserve/engine"
 	"github.com/mkserve/mkserve/grammar"
+	"github.com/mkserve/mkserve/internal/version"
 	"github.com/mkserve/mkserve/tokenizer"
 )
 
@@ -466,7 +467,8 @@ func TestHealthAndMetrics(t *testing.T) {
 	metrics := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "mkserve_requests_total 7\n")
 	})
-	s := New(f, tok, tmpl, Options{APIKey: testKey, Metrics: metrics})
+	s := New(f, tok, tmpl, Options{APIKey: testKey, Metrics: metrics,
+		Version: version.Info{Version: "v1.2.3", Revision: "abc123+dirty", Time: "2026-12-01T00:00:00Z", Go: "go1.26.8"}})
 	ts := httptest.NewServer(s.Handler())
 	defer ts.Close()
 	get := func(path string) (int, string) {
@@ -491,6 +493,20 @@ func TestHealthAndMetrics(t *testing.T) {
 	}
 	if st, body := get("/metrics"); st != 200 || body != "mkserve_requests_total 7\n" {
 		t.Errorf("metrics (no auth needed): %d %q", st, body)
+	}
+	if st, body := get("/version"); st != 200 || strings.TrimSpace(body) != `{"version":"v1.2.3","revision":"abc123+dirty","time":"2026-12-01T00:00:00Z","go":"go1.26.8"}` {
+		t.Errorf("version (no auth needed): %d %s", st, body)
+	}
+	bare := httptest.NewServer(New(f, tok, tmpl, Options{}).Handler())
+	defer bare.Close()
+	if resp, err := http.Get(bare.URL + "/version"); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.TrimSpace(string(b)) != `{"version":"unknown"}` {
+			t.Errorf("version without build information: %s", b)
+		}
 	}
 }
 

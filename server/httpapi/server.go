@@ -45,6 +45,7 @@ import (
 	"github.com/mkserve/mkserve/chat"
 	"github.com/mkserve/mkserve/engine"
 	"github.com/mkserve/mkserve/grammar"
+	"github.com/mkserve/mkserve/internal/version"
 	"github.com/mkserve/mkserve/tokenizer"
 )
 
@@ -94,6 +95,10 @@ type Options struct {
 	// kept in memory for previous_response_id and GET /v1/responses/{id}
 	// (least recently used dropped first; 0: none).
 	ResponsesStore int
+	// Version is served at GET /version (vLLM's {"version": …}, with the
+	// build's revision, time and Go version beside it); zero: the version
+	// reads "unknown".
+	Version version.Info
 }
 
 // Server is the HTTP API. Its methods are safe for concurrent use.
@@ -148,6 +153,7 @@ func (s *Server) routes() http.Handler {
 	r.NoRoute(func(c *gin.Context) { writeError(c, errNotFound) })
 	r.NoMethod(func(c *gin.Context) { writeError(c, errMethod) })
 	r.GET("/health", s.health)
+	r.GET("/version", s.version)
 	r.GET("/metrics", s.metrics)
 	v1 := r.Group("/v1", s.auth)
 	v1.GET("/models", s.models)
@@ -253,6 +259,15 @@ func (s *Server) health(c *gin.Context) {
 	default:
 		writeJSON(c, http.StatusOK, map[string]string{"status": "ok"})
 	}
+}
+
+// version answers GET /version: the build the server runs.
+func (s *Server) version(c *gin.Context) {
+	v := s.opts.Version
+	if v.Version == "" {
+		v.Version = "unknown"
+	}
+	writeJSON(c, http.StatusOK, v)
 }
 
 func (s *Server) metrics(c *gin.Context) {
