@@ -59,6 +59,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime 30s ./server/grpcapi
 	$(GO) test -run '^$$' -fuzz FuzzCompletionRequest -fuzztime 30s ./server/httpapi
 	$(GO) test -run '^$$' -fuzz FuzzChatRequest -fuzztime 30s ./server/httpapi
+	$(GO) test -run '^$$' -fuzz FuzzOllamaRequest -fuzztime 30s ./server/httpapi
 	$(GO) test -run '^$$' -fuzz FuzzDecodePut -fuzztime 30s ./transport
 	$(GO) test -run '^$$' -fuzz FuzzDecodeBatch -fuzztime 30s ./dist
 

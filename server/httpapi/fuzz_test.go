@@ -210,3 +210,47 @@ func FuzzResponsesRequest(f *testing.F) {
 		}
 	})
 }
+
+// FuzzOllamaRequest: any body to /api/chat or /api/generate gets a 200
+// whose body is NDJSON objects, each with a model, the last one done, or
+// a 4xx with ollama's {"error": "…"}; never a 5xx.
+func FuzzOllamaRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"fake-moe","messages":[{"role":"user","content":"hi"}],"options":{"num_predict":3}}`,
+		`{"messages":[{"role":"user","content":"hi"}],"stream":false,"format":"json","options":{"num_predict":4,"temperature":0.5,"stop":["x"],"seed":3}}`,
+		`{"messages":[{"role":"user","content":"hi"}],"format":{"type":"object","properties":{"a":{"type":"integer"}}},"think":false}`,
+		`{"messages":[{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":{"x":1}}}]},{"role":"tool","content":"r","tool_name":"f"}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
+		`{"prompt":"hello","raw":true,"options":{"num_predict":2,"repeat_penalty":1.1}}`,
+		`{"prompt":"hello","system":"s","suffix":"x","stream":false}`,
+		`{"messages":[{"role":"user","content":"x","images":["aGk="]}]}`, `{"options":{"num_predict":-7}}`, `{`, ``, `[]`,
+	} {
+		f.Add([]byte(s), true)
+		f.Add([]byte(s), false)
+	}
+	h, _ := fuzzServer(f)
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		path := "/api/generate"
+		if chat {
+			path = "/api/chat"
+		}
+		rec := fuzzPost(h, path, body)
+		b := rec.Body.Bytes()
+		if rec.Code != http.StatusOK {
+			var e struct{ Error string }
+			if rec.Code < 400 || rec.Code >= 500 || json.Unmarshal(b, &e) != nil || e.Error == "" {
+				t.Fatalf("status %d: %s", rec.Code, b)
+			}
+			return
+		}
+		objs := bytes.Split(bytes.TrimSuffix(b, []byte("\n")), []byte("\n"))
+		for i, o := range objs {
+			var r struct {
+				Model string
+				Done  bool
+			}
+			if err := json.Unmarshal(o, &r); err != nil || r.Model == "" || r.Done != (i == len(objs)-1) {
+				t.Fatalf("object %d of %d: %s", i, len(objs), o)
+			}
+		}
+	})
+}

@@ -166,6 +166,11 @@ func (s *Server) routes() http.Handler {
 	v1.POST("/responses/:id/cancel", s.cancelResponse)
 	v1.DELETE("/responses/:id", s.deleteResponse)
 	r.POST("/tokenize", s.auth, s.tokenize)
+	api := r.Group("/api", s.auth) // ollama's API (ollama.go)
+	api.POST("/chat", s.ollamaChat)
+	api.POST("/generate", s.ollamaGenerate)
+	api.GET("/tags", s.ollamaTags)
+	api.GET("/version", s.ollamaVersion)
 	r.POST("/detokenize", s.auth, s.detokenize)
 	return r
 }

@@ -1,0 +1,416 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/mkserve/mkserve/engine"
+)
+
+// Ollama's API (POST /api/chat, /api/generate; GET /api/tags,
+// /api/version), so that ollama's clients (its CLI's HTTP API users, its
+// Python and JavaScript libraries, Open WebUI in ollama mode) talk to
+// mkserve as they are. A request is turned into a chat completion (with
+// /api/generate's "raw": true, a completion of the prompt as written) and
+// runs through the same checks and engine; the reply comes as
+// newline-delimited JSON objects (stream, the default) or as one object.
+// Sampling options map to OpenAI's parameters (num_predict → max_tokens,
+// repeat_penalty → repetition_penalty); options for the runtime
+// (num_ctx, num_gpu, …) are accepted and ignored, and unset ones take the
+// checkpoint's generation_config.json defaults, as the OpenAI endpoints
+// do (not ollama's own defaults). Errors are ollama's {"error": "…"}.
+
+// ollamaOptions are the options ollama's requests carry.
+type ollamaOptions struct {
+	Temperature      *float64 `json:"temperature"`
+	TopP             *float64 `json:"top_p"`
+	TopK             *int     `json:"top_k"`
+	MinP             *float64 `json:"min_p"`
+	NumPredict       *int     `json:"num_predict"` // -1, -2: until the context is full
+	Stop             []string `json:"stop"`
+	Seed             *int64   `json:"seed"`
+	RepeatPenalty    *float64 `json:"repeat_penalty"`
+	PresencePenalty  *float64 `json:"presence_penalty"`
+	FrequencyPenalty *float64 `json:"frequency_penalty"`
+}
+
+// ollamaMessage is one message of /api/chat.
+type ollamaMessage struct {
+	Role      string           `json:"role"`
+	Content   string           `json:"content"`
+	Thinking  string           `json:"thinking,omitempty"`
+	Images    []string         `json:"images,omitempty"`
+	ToolCalls []ollamaToolCall `json:"tool_calls,omitempty"`
+	ToolName  string           `json:"tool_name,omitempty"` // a tool message's tool
+}
+
+type ollamaToolCall struct {
+	Function struct {
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"` // an object
+	} `json:"function"`
+}
+
+// ollamaRequest is the body of /api/chat and /api/generate (each uses its
+// own fields).
+type ollamaRequest struct {
+	Model    string          `json:"model"`
+	Messages []ollamaMessage `json:"messages"` // chat
+	Prompt   string          `json:"prompt"`   // generate
+	Suffix   string          `json:"suffix"`   // generate
+	System   string          `json:"system"`   // generate
+	Raw      bool            `json:"raw"`      // generate: the prompt as written, no template
+	Images   []string        `json:"images"`   // generate
+	Tools    json.RawMessage `json:"tools"`
+	Format   json.RawMessage `json:"format"` // "json" or a JSON schema
+	Options  ollamaOptions   `json:"options"`
+	Stream   *bool           `json:"stream"` // default true
+	Think    *bool           `json:"think"`
+}
+
+func (r *ollamaRequest) streaming() bool { return r.Stream == nil || *r.Stream }
+
+// sampling maps the request's options and format to OpenAI's parameters.
+func (r *ollamaRequest) sampling() (sampling, *apiError) {
+	o := r.Options
+	sp := sampling{Model: r.Model, Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK, MinP: o.MinP, Seed: o.Seed,
+		RepetitionPenalty: o.RepeatPenalty, PresencePenalty: o.PresencePenalty, FrequencyPenalty: o.FrequencyPenalty}
+	if n := o.NumPredict; n != nil && *n > 0 {
+		sp.MaxTokens = n
+	} else if n != nil && *n != -1 && *n != -2 {
+		return sp, invalid("options.num_predict", "options.num_predict must be positive, or -1 / -2 (until the context is full); got %d", *n)
+	}
+	if len(o.Stop) > 0 {
+		sp.Stop, _ = json.Marshal(o.Stop)
+	}
+	switch f := bytes.TrimSpace(r.Format); {
+	case len(f) == 0 || isNull(f) || string(f) == `""`:
+	case string(f) == `"json"`:
+		sp.ResponseFormat = json.RawMessage(`{"type":"json_object"}`)
+	case f[0] == '{':
+		sp.ResponseFormat, _ = json.Marshal(map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "format", "schema": json.RawMessage(f)}})
+	default:
+		return sp, invalid("format", `format must be "json" or a JSON schema object`)
+	}
+	return sp, nil
+}
+
+// chatRequest is the request as a chat completion: /api/chat's messages,
+// or /api/generate's system and prompt.
+func (r *ollamaRequest) chatRequest(generate bool) (*chatRequest, *apiError) {
+	sp, e := r.sampling()
+	if e != nil {
+		return nil, e
+	}
+	req := &chatRequest{sampling: sp, Tools: r.Tools}
+	if r.Think != nil {
+		req.ChatTemplateKwargs = map[string]any{"enable_thinking": *r.Think}
+		req.IncludeReasoning = r.Think
+	}
+	msgs := r.Messages
+	if generate {
+		msgs = nil
+		if r.System != "" {
+			msgs = append(msgs, ollamaMessage{Role: "system", Content: r.System})
+		}
+		msgs = append(msgs, ollamaMessage{Role: "user", Content: r.Prompt, Images: r.Images})
+	}
+	for i, m := range msgs {
+		if len(m.Images) > 0 {
+			return nil, invalid("messages", "messages[%d].images: this model takes text only", i)
+		}
+		content, _ := json.Marshal(m.Content)
+		cm := chatMessage{Role: m.Role, Content: content, Name: m.ToolName, ReasoningContent: m.Thinking}
+		for _, tc := range m.ToolCalls {
+			var c toolCall
+			c.Type, c.Function.Name, c.Function.Arguments = "function", tc.Function.Name, tc.Function.Arguments
+			cm.ToolCalls = append(cm.ToolCalls, c)
+		}
+		req.Messages = append(req.Messages, cm)
+	}
+	return req, nil
+}
+
+// ollamaReply is one object of a reply: a piece of the message (done
+// false) or the last one, with the counts and durations (done true).
+type ollamaReply struct {
+	Model     string         `json:"model"`
+	CreatedAt string         `json:"created_at"`
+	Message   *ollamaMessage `json:"message,omitempty"`  // chat
+	Response  *string        `json:"response,omitempty"` // generate
+	Thinking  string         `json:"thinking,omitempty"` // generate
+	Done      bool           `json:"done"`
+	// On the last object:
+	DoneReason         string `json:"done_reason,omitempty"`
+	TotalDuration      int64  `json:"total_duration,omitempty"` // ns
+	LoadDuration       int64  `json:"load_duration,omitempty"`
+	PromptEvalCount    int    `json:"prompt_eval_count,omitempty"`
+	PromptEvalDuration int64  `json:"prompt_eval_duration,omitempty"`
+	EvalCount          int    `json:"eval_count,omitempty"`
+	EvalDuration       int64  `json:"eval_duration,omitempty"`
+}
+
+// ollamaFail answers with ollama's error shape (unless the reply has
+// started).
+func ollamaFail(c *gin.Context, k *call, e *apiError) {
+	k.status, k.errMsg = e.Status, e.Message
+	if !c.Writer.Written() {
+		writeJSON(c, e.Status, map[string]string{"error": e.Message})
+	}
+}
+
+func (s *Server) ollamaChat(c *gin.Context)     { s.ollama(c, false) }
+func (s *Server) ollamaGenerate(c *gin.Context) { s.ollama(c, true) }
+
+// ollama answers POST /api/chat (generate false) and /api/generate.
+func (s *Server) ollama(c *gin.Context, generate bool) {
+	endpoint := "ollama_chat"
+	if generate {
+		endpoint = "ollama_generate"
+	}
+	k := s.newCall(c, endpoint, "chatcmpl-")
+	defer k.done()
+	if e := s.admit(); e != nil {
+		ollamaFail(c, k, e)
+		return
+	}
+	body, e := s.readBody(c)
+	if e != nil {
+		ollamaFail(c, k, e)
+		return
+	}
+	var oreq ollamaRequest
+	if e := decodeBody(body, &oreq); e != nil {
+		ollamaFail(c, k, e)
+		return
+	}
+	k.model, k.stream = oreq.Model, oreq.streaming()
+	if e := s.checkModel(oreq.Model); e != nil {
+		ollamaFail(c, k, &apiError{Status: http.StatusNotFound, Message: "model \"" + oreq.Model + "\" not found"})
+		return
+	}
+	if generate && oreq.Raw {
+		s.ollamaRaw(c, k, &oreq)
+		return
+	}
+	req, e := oreq.chatRequest(generate)
+	if e == nil {
+		e = req.check()
+	}
+	if e != nil {
+		ollamaFail(c, k, e)
+		return
+	}
+	run, e := s.startChat(c.Request.Context(), k, req)
+	if e != nil {
+		ollamaFail(c, k, e)
+		return
+	}
+	defer run.cancel()
+	out := run.newOut()
+	w := newOllamaWriter(c, k, s.gen.ModelName(), generate, oreq.streaming())
+	var calls []toolCallJS
+	usage, err := k.run(run.ctx, run.cancel, run.chans, 1, run.lens, func(_ int, ev *engine.Event) error {
+		reasoning, text := out.push(ev.Text)
+		if ev.FinishReason != "" {
+			r, rest, cl := out.finish()
+			reasoning, text, calls = reasoning+r, text+rest, cl
+			w.reason = ev.FinishReason
+		}
+		if !run.withReasoning {
+			reasoning = ""
+		}
+		return w.piece(reasoning, text)
+	})
+	if err != nil {
+		ollamaRunFailed(c, k, err)
+		return
+	}
+	w.finish(usage, calls)
+}
+
+// ollamaRunFailed ends a call whose generation failed: recorded only when
+// the client left or the reply had started, else answered in ollama's
+// error shape.
+func ollamaRunFailed(c *gin.Context, k *call, err error) {
+	if errors.Is(err, errClientGone) || c.Request.Context().Err() != nil || c.Writer.Written() {
+		k.finishGeneration(c, err)
+		return
+	}
+	k.cause = err
+	ollamaFail(c, k, runError(err))
+}
+
+// ollamaRaw is /api/generate with "raw": true: the prompt (and suffix, for
+// fill-in-the-middle) completed as written, as /v1/completions would.
+func (s *Server) ollamaRaw(c *gin.Context, k *call, oreq *ollamaRequest) {
+	sp, e := oreq.sampling()
+	if e != nil {
+		ollamaFail(c, k, e)
+		return
+	}
+	if len(oreq.Images) > 0 {
+		ollamaFail(c, k, invalid("images", "images: this model takes text only"))
+		return
+	}
+	cr := &completionRequest{sampling: sp}
+	cr.Prompt, _ = json.Marshal(oreq.Prompt)
+	if e := cr.check(); e != nil {
+		ollamaFail(c, k, e)
+		return
+	}
+	params, e := cr.params(s.tok.VocabSize(), s.opts.Defaults.Base())
+	if e != nil {
+		ollamaFail(c, k, e)
+		return
+	}
+	s.layout(&params)
+	text := oreq.Prompt
+	if oreq.Suffix != "" {
+		if s.fim == nil {
+			ollamaFail(c, k, invalid("suffix", "suffix (fill-in-the-middle) needs a tokenizer with FIM tokens; this model's has none"))
+			return
+		}
+		text = s.fim.render(text, oreq.Suffix)
+	}
+	ids, err := s.tok.Encode(text, true)
+	if err != nil || len(ids) == 0 {
+		ollamaFail(c, k, invalid("prompt", "the prompt is empty or cannot be tokenized"))
+		return
+	}
+	maxTok, maxParam := cr.maxTokens()
+	if params.MaxTokens, e = s.fitContext(len(ids), maxTok, 0, "prompt", maxParam); e != nil {
+		ollamaFail(c, k, e)
+		return
+	}
+	ctx, cancel := context.WithCancel(c.Request.Context())
+	defer cancel()
+	chans, err := s.submit(ctx, cancel, []*engine.Request{{ID: k.id, Prompt: ids, Sampling: params, Arrival: k.start}})
+	if err != nil {
+		ollamaFail(c, k, generateError(err, "prompt"))
+		return
+	}
+	w := newOllamaWriter(c, k, s.gen.ModelName(), true, oreq.streaming())
+	usage, err := k.run(ctx, cancel, chans, 1, []int{len(ids)}, func(_ int, ev *engine.Event) error {
+		if ev.FinishReason != "" {
+			w.reason = ev.FinishReason
+		}
+		return w.piece("", ev.Text)
+	})
+	if err != nil {
+		ollamaRunFailed(c, k, err)
+		return
+	}
+	w.finish(usage, nil)
+}
+
+// ollamaWriter writes a reply: NDJSON objects as the text comes, or the
+// whole text in one object at the end.
+type ollamaWriter struct {
+	c                  *gin.Context
+	k                  *call
+	model              string
+	generate, stream   bool
+	reason             string
+	text, thinking     bytes.Buffer // (whole replies)
+	first              time.Time    // the first token's arrival
+	wroteHeader, began bool
+}
+
+func newOllamaWriter(c *gin.Context, k *call, model string, generate, stream bool) *ollamaWriter {
+	return &ollamaWriter{c: c, k: k, model: model, generate: generate, stream: stream}
+}
+
+func (w *ollamaWriter) reply(thinking, text string) ollamaReply {
+	r := ollamaReply{Model: w.model, CreatedAt: time.Now().UTC().Format(time.RFC3339Nano)}
+	if w.generate {
+		r.Response, r.Thinking = &text, thinking
+	} else {
+		r.Message = &ollamaMessage{Role: "assistant", Content: text, Thinking: thinking}
+	}
+	return r
+}
+
+// piece takes the next reasoning and text of the reply.
+func (w *ollamaWriter) piece(thinking, text string) error {
+	if w.first.IsZero() {
+		w.first = time.Now()
+	}
+	if !w.stream {
+		w.thinking.WriteString(thinking)
+		w.text.WriteString(text)
+		return nil
+	}
+	if thinking == "" && text == "" {
+		return nil
+	}
+	return w.write(w.reply(thinking, text))
+}
+
+// write sends one NDJSON object and flushes it.
+func (w *ollamaWriter) write(r ollamaReply) error {
+	if !w.wroteHeader {
+		w.c.Header("Content-Type", "application/x-ndjson")
+		w.c.Status(http.StatusOK)
+		w.wroteHeader = true
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if _, err := w.c.Writer.Write(append(b, '\n')); err != nil {
+		return errClientGone
+	}
+	w.c.Writer.Flush()
+	return nil
+}
+
+// finish sends the last object: the whole reply when not streaming, the
+// tool calls, the finish reason and ollama's counts and durations.
+func (w *ollamaWriter) finish(u engine.Usage, calls []toolCallJS) {
+	r := w.reply(w.thinking.String(), w.text.String())
+	r.Done, r.DoneReason = true, w.reason
+	if r.DoneReason == "" {
+		r.DoneReason = engine.FinishStop
+	}
+	if r.Message != nil {
+		for _, tc := range calls {
+			var oc ollamaToolCall
+			oc.Function.Name, oc.Function.Arguments = tc.Function.Name, json.RawMessage(tc.Function.Arguments)
+			r.Message.ToolCalls = append(r.Message.ToolCalls, oc)
+		}
+	}
+	now := time.Now()
+	r.TotalDuration = now.Sub(w.k.start).Nanoseconds()
+	r.PromptEvalCount, r.EvalCount = u.PromptTokens, u.CompletionTokens
+	if !w.first.IsZero() {
+		r.PromptEvalDuration, r.EvalDuration = w.first.Sub(w.k.start).Nanoseconds(), now.Sub(w.first).Nanoseconds()
+	}
+	if err := w.write(r); err != nil {
+		w.k.finishGeneration(w.c, err)
+	}
+}
+
+// ollamaTags answers GET /api/tags: the served model, in ollama's list.
+func (s *Server) ollamaTags(c *gin.Context) {
+	name := s.gen.ModelName()
+	writeJSON(c, http.StatusOK, map[string]any{"models": []map[string]any{{
+		"name": name, "model": name, "modified_at": time.Unix(s.created, 0).UTC().Format(time.RFC3339),
+		"size": 0, "digest": "", "details": map[string]any{"format": "safetensors"},
+	}}})
+}
+
+// ollamaVersion answers GET /api/version.
+func (s *Server) ollamaVersion(c *gin.Context) {
+	v := s.opts.Version.Version
+	if v == "" {
+		v = "unknown"
+	}
+	writeJSON(c, http.StatusOK, map[string]string{"version": v})
+}
