@@ -212,18 +212,7 @@ func gatheredCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
 
 // metricOf is the one series of family name in reg.
 func metricOf(t *testing.T, reg *prometheus.Registry, name string) *dto.Metric {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0]
-		}
-	}
-	t.Fatalf("no %s", name)
-	return nil
+	return engine.MetricOf(t, reg, name)
 }
 
 // wrongSampler is a device sampler that ignores masks: it always picks

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/mkserve/mkserve/metrics"
 )
@@ -175,8 +176,9 @@ func TestPredictionDraftText(t *testing.T) {
 	}
 }
 
-// counterValue is the value of the one-series counter name in reg.
-func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+// MetricOf is the one series of family name in reg (for this package's
+// tests, internal and external).
+func MetricOf(t *testing.T, reg *prometheus.Registry, name string) *dto.Metric {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -184,11 +186,16 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
+			return mf.GetMetric()[0]
 		}
 	}
-	t.Fatalf("no counter %s", name)
-	return 0
+	t.Fatalf("no %s", name)
+	return nil
+}
+
+// counterValue is the value of the one-series counter name in reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	return MetricOf(t, reg, name).GetCounter().GetValue()
 }
 
 // TestPredictionWithOptions: with the output itself as its prediction, a
