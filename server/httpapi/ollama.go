@@ -13,8 +13,8 @@ import (
 	"github.com/mkserve/mkserve/engine"
 )
 
-// Ollama's API (POST /api/chat, /api/generate; GET /api/tags,
-// /api/version), so that ollama's clients (its CLI's HTTP API users, its
+// Ollama's API (POST /api/chat, /api/generate, /api/show; GET /api/tags,
+// /api/ps, /api/version), so that ollama's clients (its CLI's HTTP API users, its
 // Python and JavaScript libraries, Open WebUI in ollama mode) talk to
 // mkserve as they are. A request is turned into a chat completion (with
 // /api/generate's "raw": true, a completion of the prompt as written) and
@@ -399,11 +399,63 @@ func (w *ollamaWriter) finish(u engine.Usage, calls []toolCallJS) {
 
 // ollamaTags answers GET /api/tags: the served model, in ollama's list.
 func (s *Server) ollamaTags(c *gin.Context) {
+	writeJSON(c, http.StatusOK, map[string]any{"models": []map[string]any{s.ollamaModel()}})
+}
+
+// ollamaModel is the served model as ollama describes one.
+func (s *Server) ollamaModel() map[string]any {
 	name := s.gen.ModelName()
-	writeJSON(c, http.StatusOK, map[string]any{"models": []map[string]any{{
-		"name": name, "model": name, "modified_at": time.Unix(s.created, 0).UTC().Format(time.RFC3339),
-		"size": 0, "digest": "", "details": map[string]any{"format": "safetensors"},
-	}}})
+	return map[string]any{"name": name, "model": name, "modified_at": time.Unix(s.created, 0).UTC().Format(time.RFC3339),
+		"size": 0, "digest": "", "details": map[string]any{"format": "safetensors"}}
+}
+
+// ollamaPS answers GET /api/ps: the model loaded (always, while serving).
+func (s *Server) ollamaPS(c *gin.Context) {
+	m := s.ollamaModel()
+	m["expires_at"], m["size_vram"], m["context_length"] = "0001-01-01T00:00:00Z", 0, s.gen.MaxContext()
+	writeJSON(c, http.StatusOK, map[string]any{"models": []map[string]any{m}})
+}
+
+// ollamaShow answers POST /api/show ({"model": name}): the model's
+// details, its context length and what it can do.
+func (s *Server) ollamaShow(c *gin.Context) {
+	body, e := s.readBody(c)
+	if e != nil {
+		writeJSON(c, e.Status, map[string]string{"error": e.Message})
+		return
+	}
+	var req struct {
+		Model string `json:"model"`
+		Name  string `json:"name"` // (older clients)
+	}
+	if e := decodeBody(body, &req); e != nil {
+		writeJSON(c, e.Status, map[string]string{"error": e.Message})
+		return
+	}
+	name := req.Model
+	if name == "" {
+		name = req.Name
+	}
+	if name != s.gen.ModelName() {
+		writeJSON(c, http.StatusNotFound, map[string]string{"error": "model \"" + name + "\" not found"})
+		return
+	}
+	caps := []string{"completion"}
+	if s.opts.ToolFormat != "" {
+		caps = append(caps, "tools")
+	}
+	if s.opts.Reasoning != "" {
+		caps = append(caps, "thinking")
+	}
+	if s.fim != nil {
+		caps = append(caps, "insert")
+	}
+	writeJSON(c, http.StatusOK, map[string]any{
+		"details":      map[string]any{"format": "safetensors"},
+		"model_info":   map[string]any{"context_length": s.gen.MaxContext()},
+		"capabilities": caps,
+		"modified_at":  time.Unix(s.created, 0).UTC().Format(time.RFC3339),
+	})
 }
 
 // ollamaVersion answers GET /api/version.

@@ -135,6 +135,10 @@ func TestOllamaAPI(t *testing.T) {
 	}{
 		{"GET", "/api/tags", "", 200, `"name":"default"`},
 		{"GET", "/api/version", "", 200, `"version":`},
+		{"GET", "/api/ps", "", 200, `"context_length":`},
+		{"POST", "/api/show", `{"model":"default"}`, 200, `"capabilities":["completion"`},
+		{"POST", "/api/show", `{"model":"llama3"}`, 404, `{"error":"model \"llama3\" not found"}`},
+		{"POST", "/api/show", `{`, 400, `"error":`},
 		{"POST", "/api/chat", `{"model":"llama3","messages":[{"role":"user","content":"x"}]}`, 404, `{"error":"model \"llama3\" not found"}`},
 		{"POST", "/api/chat", `{"model":"default","messages":[{"role":"user","content":"x","images":["aGk="]}]}`, 400, `"error":"messages[0].images`},
 		{"POST", "/api/chat", `{"model":"default","messages":[{"role":"user","content":"x"}],"format":"yaml"}`, 400, `"error":"format must be`},

@@ -170,6 +170,8 @@ func (s *Server) routes() http.Handler {
 	api.POST("/chat", s.ollamaChat)
 	api.POST("/generate", s.ollamaGenerate)
 	api.GET("/tags", s.ollamaTags)
+	api.GET("/ps", s.ollamaPS)
+	api.POST("/show", s.ollamaShow)
 	api.GET("/version", s.ollamaVersion)
 	r.POST("/detokenize", s.auth, s.detokenize)
 	return r
