@@ -60,6 +60,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzCompletionRequest -fuzztime 30s ./server/httpapi
 	$(GO) test -run '^$$' -fuzz FuzzChatRequest -fuzztime 30s ./server/httpapi
 	$(GO) test -run '^$$' -fuzz FuzzOllamaRequest -fuzztime 30s ./server/httpapi
+	$(GO) test -run '^$$' -fuzz FuzzAnthropicRequest -fuzztime 30s ./server/httpapi
 	$(GO) test -run '^$$' -fuzz FuzzDecodePut -fuzztime 30s ./transport
 	$(GO) test -run '^$$' -fuzz FuzzDecodeBatch -fuzztime 30s ./dist
 

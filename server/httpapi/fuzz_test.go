@@ -254,3 +254,46 @@ func FuzzOllamaRequest(f *testing.F) {
 		}
 	})
 }
+
+// FuzzAnthropicRequest: any body to /v1/messages gets a 200 (a message,
+// or an event stream ending in message_stop) or a 4xx in Anthropic's
+// error shape; never a 5xx.
+func FuzzAnthropicRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"fake-moe","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"max_tokens":4,"stream":true,"system":"s","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"stop_sequences":["x"],"top_k":3}`,
+		`{"max_tokens":4,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":[{"type":"thinking","thinking":"t"},{"type":"tool_use","id":"a","name":"f","input":{"x":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"r"}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"any"}}`,
+		`{"max_tokens":4,"messages":[{"role":"user","content":[{"type":"image"}]}]}`, `{"messages":[]}`, `{`, ``,
+		`{"max_tokens":4,"thinking":{"type":"enabled","budget_tokens":10},"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"tool","name":"f"}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	h, _ := fuzzServer(f)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		rec := fuzzPost(h, "/v1/messages", body)
+		b := rec.Body.Bytes()
+		if rec.Code != http.StatusOK {
+			var e struct {
+				Type  string
+				Error struct{ Type, Message string }
+			}
+			if rec.Code < 400 || rec.Code >= 500 || json.Unmarshal(b, &e) != nil || e.Type != "error" || e.Error.Type == "" || e.Error.Message == "" {
+				t.Fatalf("status %d: %s", rec.Code, b)
+			}
+			return
+		}
+		if strings.HasPrefix(rec.Header().Get("Content-Type"), "text/event-stream") {
+			if !bytes.Contains(b, []byte("event: message_start\n")) || !bytes.HasSuffix(b, []byte("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")) {
+				t.Fatalf("stream: %s", b)
+			}
+			return
+		}
+		var m struct {
+			Type, Role string
+			Content    []struct{ Type string }
+		}
+		if err := json.Unmarshal(b, &m); err != nil || m.Type != "message" || m.Role != "assistant" || len(m.Content) == 0 {
+			t.Fatalf("message: %s", b)
+		}
+	})
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -222,6 +223,9 @@ func (s *Server) ollama(c *gin.Context, generate bool) {
 			r, rest, cl := out.finish()
 			reasoning, text, calls = reasoning+r, text+rest, cl
 			w.reason = ev.FinishReason
+			if len(calls) > 0 {
+				text = strings.TrimRight(text, " \t\r\n") // (the text before the calls ends trimmed)
+			}
 		}
 		if !run.withReasoning {
 			reasoning = ""
@@ -380,6 +384,9 @@ func (w *ollamaWriter) finish(u engine.Usage, calls []toolCallJS) {
 		r.DoneReason = engine.FinishStop
 	}
 	if r.Message != nil {
+		if len(calls) > 0 {
+			r.Message.Content = strings.TrimSpace(r.Message.Content) // (the text around the calls, as chat completions trim it)
+		}
 		for _, tc := range calls {
 			var oc ollamaToolCall
 			oc.Function.Name, oc.Function.Arguments = tc.Function.Name, json.RawMessage(tc.Function.Arguments)

@@ -161,6 +161,7 @@ func (s *Server) routes() http.Handler {
 	v1.POST("/completions", s.completions)
 	v1.POST("/chat/completions", s.chatCompletions)
 	v1.POST("/responses", s.responses)
+	v1.POST("/messages", s.anthropicMessages) // Anthropic's Messages API (anthropic.go)
 	v1.GET("/responses/:id", s.getResponse)
 	v1.GET("/responses/:id/input_items", s.inputItems)
 	v1.POST("/responses/:id/cancel", s.cancelResponse)
@@ -245,6 +246,9 @@ func (s *Server) auth(c *gin.Context) {
 	}
 	h := c.GetHeader("Authorization")
 	scheme, key, ok := strings.Cut(h, " ")
+	if x := c.GetHeader("X-Api-Key"); x != "" && h == "" { // (Anthropic's clients send the key so)
+		scheme, key, ok = "Bearer", x, true
+	}
 	if !ok || !strings.EqualFold(scheme, "Bearer") ||
 		subtle.ConstantTimeCompare([]byte(strings.TrimSpace(key)), []byte(s.opts.APIKey)) != 1 {
 		c.Header("WWW-Authenticate", "Bearer")
