@@ -16,7 +16,8 @@ import (
 // A request is turned into a chat completion — system, messages of text,
 // tool_use, tool_result and thinking blocks, tools with input_schema,
 // tool_choice (auto, any, tool, none), max_tokens, stop_sequences,
-// temperature, top_p, top_k, thinking — runs through the same checks and
+// temperature, top_p, top_k, thinking, output_config (a JSON schema the
+// reply must match; effort as reasoning_effort) — runs through the same checks and
 // engine, and the reply comes back as content blocks (thinking, text,
 // tool_use), whole or streamed as Anthropic's named events
 // (message_start … message_stop). Errors are Anthropic's
@@ -69,7 +70,14 @@ type anthropicRequest struct {
 	Tools         []anthropicTool        `json:"tools"`
 	ToolChoice    *anthropicToolChoice   `json:"tool_choice"`
 	Thinking      *struct{ Type string } `json:"thinking"`
-	Metadata      json.RawMessage        `json:"metadata"` // accepted and ignored
+	OutputConfig  *struct {
+		Effort string `json:"effort"` // low, medium, high, xhigh, max
+		Format *struct {
+			Type   string          `json:"type"` // json_schema
+			Schema json.RawMessage `json:"schema"`
+		} `json:"format"`
+	} `json:"output_config"`
+	Metadata json.RawMessage `json:"metadata"` // accepted and ignored
 }
 
 type anthropicTool struct {
@@ -111,6 +119,24 @@ func (r *anthropicRequest) chatRequest() (*chatRequest, *apiError) {
 		req.IncludeReasoning = &on
 	}
 	str := func(s string) json.RawMessage { b, _ := json.Marshal(s); return b }
+	if oc := r.OutputConfig; oc != nil {
+		if f := oc.Format; f != nil {
+			if f.Type != "json_schema" || len(f.Schema) == 0 {
+				return nil, invalid("output_config.format", "output_config.format must be {\"type\": \"json_schema\", \"schema\": {…}}")
+			}
+			req.ResponseFormat, _ = json.Marshal(map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "output", "schema": f.Schema}})
+		}
+		switch oc.Effort {
+		case "":
+		case "low", "medium", "high":
+			req.ReasoningEffort = &oc.Effort
+		case "xhigh", "max":
+			high := "high"
+			req.ReasoningEffort = &high
+		default:
+			return nil, invalid("output_config.effort", "output_config.effort must be low, medium, high, xhigh or max, got %q", oc.Effort)
+		}
+	}
 	if r.System != nil {
 		text, e := blocksText("system", *r.System)
 		if e != nil {

@@ -84,10 +84,29 @@ func TestAnthropicMessages(t *testing.T) {
 		}
 	}
 
+	// output_config.format: the reply is the schema's JSON.
+	js, err := client.Messages.New(ctx, anthropic.MessageNewParams{Model: "default", MaxTokens: 60,
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("Give a number."))},
+		OutputConfig: anthropic.OutputConfigParam{Format: anthropic.JSONOutputFormatParam{Schema: map[string]any{
+			"type": "object", "properties": map[string]any{"n": map[string]any{"type": "integer"}}, "required": []string{"n"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(js.Content) != 1 || !strings.HasPrefix(strings.TrimSpace(js.Content[0].Text), "{") {
+		t.Errorf("output_config.format: %+v", js.Content)
+	} else if js.StopReason == anthropic.StopReasonEndTurn {
+		var v struct{ N *int }
+		if err := json.Unmarshal([]byte(js.Content[0].Text), &v); err != nil || v.N == nil {
+			t.Errorf("output_config.format: %q is not the schema's object (%v)", js.Content[0].Text, err)
+		}
+	}
+
 	for _, c := range []struct {
 		body, typ, msg string
 		code           int
 	}{
+		{`{"model":"default","max_tokens":4,"messages":[{"role":"user","content":"x"}],"output_config":{"format":{"type":"text"}}}`, "invalid_request_error", "output_config.format", 400},
+		{`{"model":"default","max_tokens":4,"messages":[{"role":"user","content":"x"}],"output_config":{"effort":"huge"}}`, "invalid_request_error", "effort", 400},
 		{`{"model":"claude-x","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`, "not_found_error", "claude-x", 404},
 		{`{"model":"default","max_tokens":4,"messages":[{"role":"user","content":[{"type":"image","source":{}}]}]}`, "invalid_request_error", `"image"`, 400},
 		{`{"model":"default","max_tokens":4,"messages":[{"role":"system","content":"x"}]}`, "invalid_request_error", "user or assistant", 400},
