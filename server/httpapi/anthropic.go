@@ -262,17 +262,8 @@ func anthropicStop(reason string, calls bool) string {
 func (s *Server) anthropicMessages(c *gin.Context) {
 	k := s.newCall(c, "messages", "msg_")
 	defer k.done()
-	if e := s.admit(); e != nil {
-		anthropicFail(c, k, e)
-		return
-	}
-	body, e := s.readBody(c)
-	if e != nil {
-		anthropicFail(c, k, e)
-		return
-	}
 	var areq anthropicRequest
-	if e := decodeBody(body, &areq); e != nil {
+	if e := s.admitBody(c, &areq); e != nil {
 		anthropicFail(c, k, e)
 		return
 	}

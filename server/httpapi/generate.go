@@ -58,17 +58,8 @@ func begin[T any, R interface {
 	*T
 	apiRequest
 }](s *Server, c *gin.Context, k *call) (R, bool) {
-	if e := s.admit(); e != nil {
-		k.fail(c, e)
-		return nil, false
-	}
-	body, e := s.readBody(c)
-	if e != nil {
-		k.fail(c, e)
-		return nil, false
-	}
 	req := R(new(T))
-	if e := decodeBody(body, req); e != nil {
+	if e := s.admitBody(c, req); e != nil {
 		k.fail(c, e)
 		return nil, false
 	}
@@ -83,6 +74,18 @@ func begin[T any, R interface {
 		return nil, false
 	}
 	return req, true
+}
+
+// admitBody admits a generation request and decodes its body into v.
+func (s *Server) admitBody(c *gin.Context, v any) *apiError {
+	if e := s.admit(); e != nil {
+		return e
+	}
+	body, e := s.readBody(c)
+	if e != nil {
+		return e
+	}
+	return decodeBody(body, v)
 }
 
 func (k *call) fail(c *gin.Context, e *apiError) {

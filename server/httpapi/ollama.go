@@ -177,17 +177,8 @@ func (s *Server) ollama(c *gin.Context, generate bool) {
 	}
 	k := s.newCall(c, endpoint, "chatcmpl-")
 	defer k.done()
-	if e := s.admit(); e != nil {
-		ollamaFail(c, k, e)
-		return
-	}
-	body, e := s.readBody(c)
-	if e != nil {
-		ollamaFail(c, k, e)
-		return
-	}
 	var oreq ollamaRequest
-	if e := decodeBody(body, &oreq); e != nil {
+	if e := s.admitBody(c, &oreq); e != nil {
 		ollamaFail(c, k, e)
 		return
 	}
