@@ -222,13 +222,8 @@ func (r *anthropicRequest) chatRequest() (*chatRequest, *apiError) {
 	return req, nil
 }
 
-// anthropicFail answers with Anthropic's error shape (unless the reply
-// has started).
-func anthropicFail(c *gin.Context, k *call, e *apiError) {
-	k.status, k.errMsg = e.Status, e.Message
-	if c.Writer.Written() {
-		return
-	}
+// anthropicError is an error in Anthropic's shape (call.errBody).
+func anthropicError(e *apiError) any {
 	typ := "invalid_request_error"
 	switch {
 	case e.Status == http.StatusNotFound:
@@ -244,7 +239,7 @@ func anthropicFail(c *gin.Context, k *call, e *apiError) {
 	case e.Status >= 500:
 		typ = "api_error"
 	}
-	writeJSON(c, e.Status, map[string]any{"type": "error", "error": map[string]string{"type": typ, "message": e.Message}})
+	return map[string]any{"type": "error", "error": map[string]string{"type": typ, "message": e.Message}}
 }
 
 // anthropicStop is the stop reason of a finish reason.
@@ -261,16 +256,17 @@ func anthropicStop(reason string, calls bool) string {
 // anthropicMessages answers POST /v1/messages.
 func (s *Server) anthropicMessages(c *gin.Context) {
 	k := s.newCall(c, "messages", "msg_")
+	k.errBody = anthropicError
 	defer k.done()
 	var areq anthropicRequest
 	if e := s.admitBody(c, &areq); e != nil {
-		anthropicFail(c, k, e)
+		k.fail(c, e)
 		return
 	}
 	stream := areq.Stream != nil && *areq.Stream
 	k.model, k.stream = areq.Model, stream
 	if e := s.checkModel(areq.Model); e != nil {
-		anthropicFail(c, k, e)
+		k.fail(c, e)
 		return
 	}
 	req, e := areq.chatRequest()
@@ -278,12 +274,12 @@ func (s *Server) anthropicMessages(c *gin.Context) {
 		e = req.check()
 	}
 	if e != nil {
-		anthropicFail(c, k, e)
+		k.fail(c, e)
 		return
 	}
 	run, e := s.startChat(c.Request.Context(), k, req)
 	if e != nil {
-		anthropicFail(c, k, e)
+		k.fail(c, e)
 		return
 	}
 	defer run.cancel()
@@ -309,7 +305,7 @@ func (s *Server) anthropicMessages(c *gin.Context) {
 			return nil
 		})
 		if err != nil {
-			s.anthropicRunFailed(c, k, err)
+			k.finishGeneration(c, err)
 			return
 		}
 		content := []anthropicBlock{}
@@ -422,14 +418,4 @@ func anthropicToolUses(calls []toolCallJS) []anthropicBlock {
 		out = append(out, anthropicBlock{Type: "tool_use", ID: id, Name: tc.Function.Name, Input: json.RawMessage(tc.Function.Arguments)})
 	}
 	return out
-}
-
-// anthropicRunFailed ends a call whose generation failed before any reply.
-func (s *Server) anthropicRunFailed(c *gin.Context, k *call, err error) {
-	if errors.Is(err, errClientGone) || c.Request.Context().Err() != nil {
-		k.finishGeneration(c, err)
-		return
-	}
-	k.cause = err
-	anthropicFail(c, k, runError(err))
 }

@@ -36,6 +36,9 @@ type call struct {
 	first    time.Time
 	usage    engine.Usage
 	finishes []string
+	// errBody shapes an error the call answers with (nil: OpenAI's;
+	// ollama's and Anthropic's endpoints set their own).
+	errBody func(*apiError) any
 }
 
 func (s *Server) newCall(c *gin.Context, endpoint, idPrefix string) *call {
@@ -90,7 +93,11 @@ func (s *Server) admitBody(c *gin.Context, v any) *apiError {
 
 func (k *call) fail(c *gin.Context, e *apiError) {
 	k.status, k.errMsg = e.Status, e.Message
-	if !c.Writer.Written() {
+	switch {
+	case c.Writer.Written():
+	case k.errBody != nil:
+		writeJSON(c, e.Status, k.errBody(e))
+	default:
 		writeError(c, e)
 	}
 }

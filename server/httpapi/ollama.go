@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"strings"
 	"time"
@@ -157,14 +156,8 @@ type ollamaReply struct {
 	EvalDuration       int64  `json:"eval_duration,omitempty"`
 }
 
-// ollamaFail answers with ollama's error shape (unless the reply has
-// started).
-func ollamaFail(c *gin.Context, k *call, e *apiError) {
-	k.status, k.errMsg = e.Status, e.Message
-	if !c.Writer.Written() {
-		writeJSON(c, e.Status, map[string]string{"error": e.Message})
-	}
-}
+// ollamaError is an error in ollama's shape (call.errBody).
+func ollamaError(e *apiError) any { return map[string]string{"error": e.Message} }
 
 func (s *Server) ollamaChat(c *gin.Context)     { s.ollama(c, false) }
 func (s *Server) ollamaGenerate(c *gin.Context) { s.ollama(c, true) }
@@ -176,15 +169,16 @@ func (s *Server) ollama(c *gin.Context, generate bool) {
 		endpoint = "ollama_generate"
 	}
 	k := s.newCall(c, endpoint, "chatcmpl-")
+	k.errBody = ollamaError
 	defer k.done()
 	var oreq ollamaRequest
 	if e := s.admitBody(c, &oreq); e != nil {
-		ollamaFail(c, k, e)
+		k.fail(c, e)
 		return
 	}
 	k.model, k.stream = oreq.Model, oreq.streaming()
 	if e := s.checkModel(oreq.Model); e != nil {
-		ollamaFail(c, k, &apiError{Status: http.StatusNotFound, Message: "model \"" + oreq.Model + "\" not found"})
+		k.fail(c, &apiError{Status: http.StatusNotFound, Message: "model \"" + oreq.Model + "\" not found"})
 		return
 	}
 	if generate && oreq.Raw {
@@ -196,12 +190,12 @@ func (s *Server) ollama(c *gin.Context, generate bool) {
 		e = req.check()
 	}
 	if e != nil {
-		ollamaFail(c, k, e)
+		k.fail(c, e)
 		return
 	}
 	run, e := s.startChat(c.Request.Context(), k, req)
 	if e != nil {
-		ollamaFail(c, k, e)
+		k.fail(c, e)
 		return
 	}
 	defer run.cancel()
@@ -224,22 +218,10 @@ func (s *Server) ollama(c *gin.Context, generate bool) {
 		return w.piece(reasoning, text)
 	})
 	if err != nil {
-		ollamaRunFailed(c, k, err)
-		return
-	}
-	w.finish(usage, calls)
-}
-
-// ollamaRunFailed ends a call whose generation failed: recorded only when
-// the client left or the reply had started, else answered in ollama's
-// error shape.
-func ollamaRunFailed(c *gin.Context, k *call, err error) {
-	if errors.Is(err, errClientGone) || c.Request.Context().Err() != nil || c.Writer.Written() {
 		k.finishGeneration(c, err)
 		return
 	}
-	k.cause = err
-	ollamaFail(c, k, runError(err))
+	w.finish(usage, calls)
 }
 
 // ollamaRaw is /api/generate with "raw": true: the prompt (and suffix, for
@@ -247,48 +229,48 @@ func ollamaRunFailed(c *gin.Context, k *call, err error) {
 func (s *Server) ollamaRaw(c *gin.Context, k *call, oreq *ollamaRequest) {
 	sp, e := oreq.sampling()
 	if e != nil {
-		ollamaFail(c, k, e)
+		k.fail(c, e)
 		return
 	}
 	if len(oreq.Images) > 0 {
-		ollamaFail(c, k, invalid("images", "images: this model takes text only"))
+		k.fail(c, invalid("images", "images: this model takes text only"))
 		return
 	}
 	cr := &completionRequest{sampling: sp}
 	cr.Prompt, _ = json.Marshal(oreq.Prompt)
 	if e := cr.check(); e != nil {
-		ollamaFail(c, k, e)
+		k.fail(c, e)
 		return
 	}
 	params, e := cr.params(s.tok.VocabSize(), s.opts.Defaults.Base())
 	if e != nil {
-		ollamaFail(c, k, e)
+		k.fail(c, e)
 		return
 	}
 	s.layout(&params)
 	text := oreq.Prompt
 	if oreq.Suffix != "" {
 		if s.fim == nil {
-			ollamaFail(c, k, invalid("suffix", "suffix (fill-in-the-middle) needs a tokenizer with FIM tokens; this model's has none"))
+			k.fail(c, invalid("suffix", "suffix (fill-in-the-middle) needs a tokenizer with FIM tokens; this model's has none"))
 			return
 		}
 		text = s.fim.render(text, oreq.Suffix)
 	}
 	ids, err := s.tok.Encode(text, true)
 	if err != nil || len(ids) == 0 {
-		ollamaFail(c, k, invalid("prompt", "the prompt is empty or cannot be tokenized"))
+		k.fail(c, invalid("prompt", "the prompt is empty or cannot be tokenized"))
 		return
 	}
 	maxTok, maxParam := cr.maxTokens()
 	if params.MaxTokens, e = s.fitContext(len(ids), maxTok, 0, "prompt", maxParam); e != nil {
-		ollamaFail(c, k, e)
+		k.fail(c, e)
 		return
 	}
 	ctx, cancel := context.WithCancel(c.Request.Context())
 	defer cancel()
 	chans, err := s.submit(ctx, cancel, []*engine.Request{{ID: k.id, Prompt: ids, Sampling: params, Arrival: k.start}})
 	if err != nil {
-		ollamaFail(c, k, generateError(err, "prompt"))
+		k.fail(c, generateError(err, "prompt"))
 		return
 	}
 	w := newOllamaWriter(c, k, s.gen.ModelName(), true, oreq.streaming())
@@ -299,7 +281,7 @@ func (s *Server) ollamaRaw(c *gin.Context, k *call, oreq *ollamaRequest) {
 		return w.piece("", ev.Text)
 	})
 	if err != nil {
-		ollamaRunFailed(c, k, err)
+		k.finishGeneration(c, err)
 		return
 	}
 	w.finish(usage, nil)
