@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -112,19 +113,19 @@ func clockedEngine(t *testing.T, m models.Model, be backend.Backend, spec int, n
 	return e
 }
 
-// greedyTokens sends every prompt at once (greedy, maxTokens, EOS
+// greedyTokens sends every prompt through g (greedy, maxTokens, EOS
 // ignored) and returns each one's tokens as text.
-func greedyTokens(t *testing.T, e *Engine, prompts [][]int32, maxTokens int) []string {
+func greedyTokens(t *testing.T, e *Engine, g *gate, prompts [][]int32, maxTokens int) []string {
 	t.Helper()
-	var chans []<-chan Event
-	for _, p := range prompts {
-		ch, err := e.Generate(context.Background(), &Request{Prompt: p,
+	chans := make([]<-chan Event, len(prompts))
+	g.send(len(prompts), func(i int) {
+		ch, err := e.Generate(context.Background(), &Request{Prompt: prompts[i],
 			Sampling: SamplingParams{MaxTokens: maxTokens, TopP: 1, RepetitionPenalty: 1, IgnoreEOS: true}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		chans = append(chans, ch)
-	}
+		chans[i] = ch
+	})
 	var out []string
 	for _, toks := range tokensOf(t, chans) {
 		out = append(out, fmt.Sprint(toks))
@@ -133,14 +134,46 @@ func greedyTokens(t *testing.T, e *Engine, prompts [][]int32, maxTokens int) []s
 }
 
 // clockedModel is a rowModel whose forward passes advance a fake clock by
-// cost(batch).
+// cost(batch), held at its gate.
 type clockedModel struct {
 	*rowModel
 	now  *atomic.Int64 // ns
 	cost func(b *backend.Batch) time.Duration
+	gate *gate
+}
+
+// gate holds an engine's first forward pass until a test has sent all of
+// its requests, so that the steps — and the batch sizes the meter buckets
+// them by — are the same however the test's goroutines are scheduled: the
+// first request is prefilled alone, the rest are admitted together at the
+// next step.
+type gate struct {
+	entered, open chan struct{}
+	once          sync.Once
+}
+
+func newGate() *gate { return &gate{entered: make(chan struct{}), open: make(chan struct{})} }
+
+// wait is a forward pass's: the first one signals it has begun and waits
+// for the gate to open.
+func (g *gate) wait() {
+	g.once.Do(func() { close(g.entered) })
+	<-g.open
+}
+
+// send sends request 0, waits for its forward pass to begin, sends
+// requests 1 … n-1 and opens the gate.
+func (g *gate) send(n int, send func(i int)) {
+	send(0)
+	<-g.entered
+	for i := 1; i < n; i++ {
+		send(i)
+	}
+	close(g.open)
 }
 
 func (m *clockedModel) Forward(b *backend.Batch) (backend.Tensor, error) {
+	m.gate.wait()
 	m.now.Add(int64(m.cost(b)))
 	return m.rowModel.Forward(b)
 }
@@ -154,7 +187,7 @@ func TestSpeculationMeteredEngine(t *testing.T) {
 	cycle := func(t int32) int32 { return (t + 1) % 7 }
 	run := func(perDraft time.Duration) ([]string, Stats, time.Duration) {
 		var now atomic.Int64
-		m := &clockedModel{rowModel: nextModel(V, cycle), now: &now, cost: func(b *backend.Batch) time.Duration {
+		m := &clockedModel{rowModel: nextModel(V, cycle), now: &now, gate: newGate(), cost: func(b *backend.Batch) time.Duration {
 			return time.Millisecond + perDraft*time.Duration(max(0, len(b.Tokens)-4)) // (4 sequences decode)
 		}}
 		e := clockedEngine(t, m, fakeBackend{}, 4, &now)
@@ -162,7 +195,7 @@ func TestSpeculationMeteredEngine(t *testing.T) {
 		for i := range 4 {
 			prompts = append(prompts, []int32{int32(i), int32(i + 1), 0, 1, 2, 3, 4, 5, 6})
 		}
-		out := greedyTokens(t, e, prompts, 1000)
+		out := greedyTokens(t, e, m.gate, prompts, 1000)
 		return out, e.Stats(), time.Duration(now.Load())
 	}
 	cheapOut, cheap, _ := run(0)
@@ -250,7 +283,7 @@ func TestSpeculationMeteredSync(t *testing.T) {
 	const V = 1024
 	run := func(spec int) ([]string, Stats) {
 		var now atomic.Int64
-		m := &clockedModel{rowModel: nextModel(V, func(t int32) int32 { return (t + 1) % V }), now: &now,
+		m := &clockedModel{rowModel: nextModel(V, func(t int32) int32 { return (t + 1) % V }), now: &now, gate: newGate(),
 			cost: func(*backend.Batch) time.Duration { return time.Millisecond }}
 		be := &asyncFake{now: &now, hostWait: time.Millisecond}
 		e := clockedEngine(t, m, be, spec, &now)
@@ -258,7 +291,7 @@ func TestSpeculationMeteredSync(t *testing.T) {
 		for i := range 4 {
 			prompts = append(prompts, []int32{int32(250 * i), int32(250*i + 1)}) // no token repeats: no drafts
 		}
-		return greedyTokens(t, e, prompts, 240), e.Stats()
+		return greedyTokens(t, e, m.gate, prompts, 240), e.Stats()
 	}
 	want, plain := run(0)
 	got, st := run(4)
@@ -291,7 +324,7 @@ func TestSpeculationMeterSparesPredictions(t *testing.T) {
 	}
 	run := func(clocked bool) (Usage, Stats) {
 		var now atomic.Int64
-		m := &clockedModel{rowModel: nextModel(V, next), now: &now, cost: func(b *backend.Batch) time.Duration {
+		m := &clockedModel{rowModel: nextModel(V, next), now: &now, gate: newGate(), cost: func(b *backend.Batch) time.Duration {
 			return time.Millisecond + 5*time.Millisecond*time.Duration(max(0, len(b.Tokens)-4))
 		}}
 		opts := Options{Name: "t", Clock: stillClock}
@@ -310,19 +343,20 @@ func TestSpeculationMeterSparesPredictions(t *testing.T) {
 			tok = next(tok)
 			pred = append(pred, tok)
 		}
-		var chans []<-chan Event
-		for i := range 3 { // prompts that repeat: prompt lookup drafts for them
-			ch, err := e.Generate(context.Background(), &Request{Prompt: []int32{int32(i), int32(i + 1), int32(i + 2)}, Sampling: sp})
+		chans := make([]<-chan Event, 4)
+		m.gate.send(4, func(i int) {
+			r := &Request{Prompt: []int32{int32(i), int32(i + 1), int32(i + 2)}, Sampling: sp} // prompts that repeat: prompt lookup drafts for them
+			if i == 3 {
+				r = &Request{Prompt: []int32{100}, Prediction: pred, Sampling: sp}
+			}
+			ch, err := e.Generate(context.Background(), r)
 			if err != nil {
 				t.Fatal(err)
 			}
-			chans = append(chans, ch)
-		}
-		ch, err := e.Generate(context.Background(), &Request{Prompt: []int32{100}, Prediction: pred, Sampling: sp})
-		if err != nil {
-			t.Fatal(err)
-		}
-		tokensOf(t, chans)
+			chans[i] = ch
+		})
+		ch := chans[3]
+		tokensOf(t, chans[:3])
 		var u Usage
 		for ev := range ch {
 			if ev.Usage != nil {
