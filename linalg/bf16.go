@@ -67,36 +67,49 @@ func WidenBF16(dst []float32, src []uint16) {
 	}
 }
 
-// Weights is a row-major matrix held as float32 values (F32) or as bf16
+// Weights is a row-major matrix held as float32 values (F32), as bf16
 // values (BF16, the upper halves of float32s, as BF16 checkpoints store
-// them): exactly one is set.
+// them) or as a Q8 matrix (Q8, its rows of Q8RowBytes(K) bytes): exactly
+// one is set.
 type Weights struct {
 	F32  []float32
 	BF16 []uint16
+	Q8   []byte
 }
 
 // Len is the number of values.
 func (w Weights) Len() int {
-	if w.BF16 != nil {
+	switch {
+	case w.BF16 != nil:
 		return len(w.BF16)
+	case w.Q8 != nil:
+		return len(w.Q8) / (Q8RowBytes(Q8Group)) * Q8Group
 	}
 	return len(w.F32)
 }
 
-// Block is values [i·n, i·n+n), capped so it cannot reach the next block.
+// Block is values [i·n, i·n+n), capped so it cannot reach the next block
+// (for Q8, n is a whole number of rows).
 func (w Weights) Block(i, n int) Weights {
-	if w.BF16 != nil {
+	switch {
+	case w.BF16 != nil:
 		return Weights{BF16: w.BF16[i*n : i*n+n : i*n+n]}
+	case w.Q8 != nil:
+		nb := n / Q8Group * Q8RowBytes(Q8Group)
+		return Weights{Q8: w.Q8[i*nb : i*nb+nb : i*nb+nb]}
 	}
 	return Weights{F32: w.F32[i*n : i*n+n : i*n+n]}
 }
 
-// MulT sets dst = a·wᵀ for a [M, K] and w [N, K]: MatMulT, or MatMulTBF16
-// (the same values, bit for bit, reading half the bytes).
+// MulT sets dst = a·wᵀ for a [M, K] and w [N, K]: MatMulT, MatMulTBF16
+// (the same values, bit for bit, reading half the bytes) or MatMulTQ8.
 func (w Weights) MulT(dst, a []float32, M, N, K int) {
-	if w.BF16 != nil {
+	switch {
+	case w.BF16 != nil:
 		MatMulTBF16(dst, a, w.BF16, M, N, K)
-		return
+	case w.Q8 != nil:
+		MatMulTQ8(dst, a, w.Q8, M, N, K)
+	default:
+		MatMulT(dst, a, w.F32, M, N, K)
 	}
-	MatMulT(dst, a, w.F32, M, N, K)
 }

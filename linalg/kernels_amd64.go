@@ -112,6 +112,54 @@ func dot4x3bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc in
 //go:noescape
 func dot1x4bf(a *float32, lda int, b *uint16, ldb int, n int, c *float32, ldc int, nt int)
 
+// The q8 dot kernels: b's rows are linalg.Q8 rows (ldb bytes apart), n
+// is their whole length in values, a multiple of 32.
+
+//go:noescape
+func dot1x1q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot1x2q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot1x3q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot2x1q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot2x2q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot2x3q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot3x1q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot3x2q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot3x3q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot4x1q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot4x2q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot4x3q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot1x4q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+// widenq8 sets dst[i] to the value of element i of the Q8 row src of n
+// values (n a positive multiple of 32).
+//
+//go:noescape
+func widenq8(dst *float32, src *byte, n int)
+
 // widenbf16 sets dst[i] to the float32 of bf16 src[i] for i < n, n a
 // positive multiple of 32.
 //
@@ -148,6 +196,18 @@ var avx2DotBF = &dotSet[uint16]{
 		{dot4x1bf, dot4x2bf, dot4x3bf},
 	},
 	gemv: dot1x4bf, gemvN: 4,
+}
+
+// avx2DotQ8 is avx2Kernels' dot set for Q8 b.
+var avx2DotQ8 = &dotSet[byte]{
+	mr: 4, nr: 3,
+	k: [][]kernelOf[byte]{
+		{dot1x1q8, dot1x2q8, dot1x3q8},
+		{dot2x1q8, dot2x2q8, dot2x3q8},
+		{dot3x1q8, dot3x2q8, dot3x3q8},
+		{dot4x1q8, dot4x2q8, dot4x3q8},
+	},
+	gemv: dot1x4q8, gemvN: 4,
 }
 
 // hasAVX2 reports whether the assembly kernels can run on this CPU.

@@ -7,6 +7,7 @@ var (
 	hasAVX2     = false
 	avx2Kernels *tileKernels
 	avx2DotBF   *dotSet[uint16]
+	avx2DotQ8   *dotSet[byte]
 	avx2Accum   []struct {
 		n int
 		f func(y *float32, p *float32, x *float32, ldx int, m int)
@@ -16,4 +17,9 @@ var (
 // widenbf16 is never called here (avx2DotBF is nil).
 func widenbf16(dst *float32, src *uint16, n int) {
 	panic("linalg: no widenbf16 kernel on this platform")
+}
+
+// widenq8 is never called here (avx2DotQ8 is nil).
+func widenq8(dst *float32, src *byte, n int) {
+	panic("linalg: no widenq8 kernel on this platform")
 }

@@ -31,13 +31,14 @@ import (
 // are fixed per kernel; n is a positive multiple of 8 and nt ≥ 1.
 type kernel = kernelOf[float32]
 
-// kernelOf is kernel for b of element type E: float32, or uint16 holding
-// bf16 values (MatMulTBF16).
-type kernelOf[E float32 | uint16] func(a *float32, lda int, b *E, ldb int, n int, c *float32, ldc int, nt int)
+// kernelOf is kernel for b of element type E: float32, uint16 holding
+// bf16 values (MatMulTBF16), or byte holding Q8 rows (MatMulTQ8: ldb in
+// bytes, n a whole row).
+type kernelOf[E float32 | uint16 | byte] func(a *float32, lda int, b *E, ldb int, n int, c *float32, ldc int, nt int)
 
 // dotSet is the dot path's kernels for b of element type E: the full mr×nr
 // tile and its edges, and the M = 1 kernel.
-type dotSet[E float32 | uint16] struct {
+type dotSet[E float32 | uint16 | byte] struct {
 	mr, nr int             // full tile: rows of a, rows of b
 	k      [][]kernelOf[E] // [i-1][j-1] is the i×j kernel, i ≤ mr, j ≤ nr
 	gemv   kernelOf[E]     // 1×gemvN kernel for M = 1

@@ -1,0 +1,294 @@
+package linalg
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/bits"
+
+	"github.com/mkserve/mkserve/tensor"
+)
+
+// Q8 matrices: a row-major [N, K] matrix of int8 values in groups of
+// Q8Group along each row, every group scaled by a float32. A row is
+// Q8RowBytes(K) bytes: its K int8 values, then its K/Q8Group scales
+// (little-endian float32), so a row is one contiguous stream for the dot
+// kernels. Element (n, k) is float32(q[n][k]) · scale[n][k/Q8Group], the
+// product rounded to float32; K must be a multiple of Q8Group.
+//
+// A group is quantized exactly where it can be: when every value is an
+// integer multiple of one power of two 2^s with |value| ≤ 127·2^s, the
+// scale is 2^s and the values are kept bit for bit. MXFP4 checkpoints
+// (gpt-oss's experts: E2M1 values, which are multiples of ½, times a
+// power-of-two scale per 32) are exact throughout, at half the bytes of
+// bf16. Other groups are scaled by absmax/127 and rounded to nearest: an
+// element's error is at most absmax/254 of its group.
+
+// Q8Group is the number of consecutive values of a row that share a scale.
+const Q8Group = 32
+
+// Q8RowBytes is the size of a Q8 row of k values (k a multiple of Q8Group).
+func Q8RowBytes(k int) int { return k + k/Q8Group*4 }
+
+// q8BlockBytes bounds the bytes of b the dot path streams per block of
+// rows for all of a's row tiles (half of a Zen 3 core's L2).
+const q8BlockBytes = 256 << 10
+
+// oddPow2 writes a nonzero finite v as m·2^p with m an odd integer (sign
+// dropped).
+func oddPow2(v float32) (m uint32, p int) {
+	b := math.Float32bits(v)
+	e, f := int(b>>23&0xFF), b&(1<<23-1)
+	if e == 0 { // subnormal
+		m, p = f, -149
+	} else {
+		m, p = f|1<<23, e-150
+	}
+	tz := bits.TrailingZeros32(m)
+	return m >> tz, p + tz
+}
+
+// exactScale reports whether the group g can be held exactly, and the
+// power of two it would be scaled by: the smallest p of its values' m·2^p,
+// with every |value| at most 127 of it. An all-zero group is exact.
+func exactScale(g []float32) (s int, ok bool) {
+	s = math.MaxInt
+	for _, v := range g {
+		if v != 0 {
+			if math.IsInf(float64(v), 0) || v != v {
+				return 0, false
+			}
+			_, p := oddPow2(v)
+			s = min(s, p)
+		}
+	}
+	if s == math.MaxInt {
+		return 0, true
+	}
+	if s < -149 || s > 127 {
+		return 0, false
+	}
+	for _, v := range g {
+		if v != 0 {
+			m, p := oddPow2(v)
+			if p-s > 7 || m<<(p-s) > 127 {
+				return 0, false
+			}
+		}
+	}
+	return s, true
+}
+
+// quantizeGroup writes group g's int8 values to q and returns its scale,
+// and whether the group is exact.
+func quantizeGroup(q []byte, g []float32) (scale float32, exact bool) {
+	if s, ok := exactScale(g); ok {
+		scale = float32(math.Ldexp(1, s))
+		for i, v := range g {
+			q[i] = byte(int8(v / scale))
+		}
+		return scale, true
+	}
+	amax := float32(0)
+	for _, v := range g {
+		if v != v || math.IsInf(float64(v), 0) {
+			amax = float32(math.Inf(1))
+			break
+		}
+		amax = max(amax, float32(math.Abs(float64(v))))
+	}
+	scale = amax / 127
+	for i, v := range g {
+		r := math.RoundToEven(float64(v / scale))
+		if r != r { // a NaN or infinite group: no int8 holds it
+			r = 0
+		}
+		q[i] = byte(int8(max(-127, min(127, r))))
+	}
+	return scale, false
+}
+
+// QuantizeQ8 fills dst (N·Q8RowBytes(K) bytes) with the Q8 form of src
+// [N, K] and reports whether every group was exact. It panics if K is not
+// a multiple of Q8Group or a slice is short.
+func QuantizeQ8(dst []byte, src []float32, N, K int) (exact bool) {
+	checkQ8("QuantizeQ8", len(dst), len(src), N, K)
+	ld := Q8RowBytes(K)
+	exact = true
+	for n := range N {
+		row, q := src[n*K:(n+1)*K], dst[n*ld:(n+1)*ld]
+		for g := 0; g < K; g += Q8Group {
+			s, ok := quantizeGroup(q[g:g+Q8Group], row[g:g+Q8Group])
+			binary.LittleEndian.PutUint32(q[K+g/Q8Group*4:], math.Float32bits(s))
+			exact = exact && ok
+		}
+	}
+	return exact
+}
+
+// QuantizeQ8BF16 is QuantizeQ8 for bf16 src (the upper halves of float32s).
+func QuantizeQ8BF16(dst []byte, src []uint16, N, K int) (exact bool) {
+	checkQ8("QuantizeQ8BF16", len(dst), len(src), N, K)
+	ld := Q8RowBytes(K)
+	var g [Q8Group]float32
+	exact = true
+	for n := range N {
+		row, q := src[n*K:(n+1)*K], dst[n*ld:(n+1)*ld]
+		for k := 0; k < K; k += Q8Group {
+			for i, b := range row[k : k+Q8Group] {
+				g[i] = tensor.BF16ToF32(b)
+			}
+			s, ok := quantizeGroup(q[k:k+Q8Group], g[:])
+			binary.LittleEndian.PutUint32(q[K+k/Q8Group*4:], math.Float32bits(s))
+			exact = exact && ok
+		}
+	}
+	return exact
+}
+
+// Q8ExactBF16 reports whether QuantizeQ8BF16 would hold every value of
+// the bf16 matrix src [N, K] exactly; it stops at the first group that it
+// would not (a plain bf16 weight fails at once). K must be a multiple of
+// Q8Group.
+func Q8ExactBF16(src []uint16, N, K int) bool {
+	if K%Q8Group != 0 || len(src) < N*K {
+		return false
+	}
+	var g [Q8Group]float32
+	for k := 0; k < N*K; k += Q8Group {
+		for i, b := range src[k : k+Q8Group] {
+			g[i] = tensor.BF16ToF32(b)
+		}
+		if _, ok := exactScale(g[:]); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// checkQ8 panics unless a Q8 matrix of dstLen bytes and srcLen values can
+// hold [N, K].
+func checkQ8(op string, qLen, vLen, N, K int) {
+	if N < 0 || K < 0 || K%Q8Group != 0 || qLen < N*Q8RowBytes(K) || vLen < N*K {
+		panic(fmt.Sprintf("linalg.%s: N=%d K=%d (a multiple of %d) with %d Q8 bytes and %d values", op, N, K, Q8Group, qLen, vLen))
+	}
+}
+
+// DequantQ8 writes the float32 values of the Q8 matrix q [N, K] to dst.
+func DequantQ8(dst []float32, q []byte, N, K int) {
+	checkQ8("DequantQ8", len(q), len(dst), N, K)
+	ld := Q8RowBytes(K)
+	for n := range N {
+		dequantRow(dst[n*K:(n+1)*K], q[n*ld:(n+1)*ld], K)
+	}
+}
+
+// dequantRow writes the K values of the Q8 row q to dst.
+func dequantRow(dst []float32, q []byte, K int) {
+	if K == 0 {
+		return
+	}
+	if useAsm && avx2DotQ8 != nil {
+		widenq8(&dst[0], &q[0], K)
+		return
+	}
+	for g := 0; g < K; g += Q8Group {
+		s := math.Float32frombits(binary.LittleEndian.Uint32(q[K+g/Q8Group*4:]))
+		for i := g; i < g+Q8Group; i++ {
+			dst[i] = float32(int8(q[i])) * s
+		}
+	}
+}
+
+// MatMulTQ8 computes dst = a·bᵀ like MatMulT, with b [N, K] a Q8 matrix
+// (K a multiple of Q8Group): the result is MatMulT's on the dequantized b —
+// bit for bit where MatMulT does not split K into blocks (M ≤ 4 or K ≤
+// 1024; otherwise to rounding) — while b's bytes read are 9/32 of float32's
+// (9/16 of bf16's). Below panelMinM rows of a (decode) the AVX2 dot kernels
+// dequantize b as they stream it, whole rows at a time; from there on
+// (prefill) each goroutine dequantizes bfBlock rows of b at a time into a
+// float32 buffer that the packed kernels read.
+func MatMulTQ8(dst, a []float32, b []byte, M, N, K int) {
+	if K%Q8Group != 0 {
+		panic(fmt.Sprintf("linalg.MatMulTQ8: K=%d is not a multiple of %d", K, Q8Group))
+	}
+	ld := Q8RowBytes(K)
+	bRows := N
+	if ld > 0 {
+		bRows = len(b) / ld
+	}
+	g, w, mAlign, ok := begin("MatMulTQ8", dst, a, bRows*K, M, N, K)
+	if !ok {
+		return
+	}
+	defer g.done()
+	packed := g.mf > 0
+	// run computes dst[m0:m1, n0:n1] (MatMulT's gemm.run).
+	run := func(m0, m1, n0, n1 int) {
+		if !packed && useAsm && avx2DotQ8 != nil {
+			runDotQ8(g, b, avx2DotQ8, m0, m1, n0, n1)
+			return
+		}
+		buf := getBuf(min(bfBlock, n1-n0) * K)
+		defer putBuf(buf)
+		for nb := n0; nb < n1; nb += bfBlock {
+			ne := min(nb+bfBlock, n1)
+			DequantQ8(buf[:(ne-nb)*K], b[nb*ld:ne*ld], ne-nb, K)
+			h := *g
+			h.b, h.bOff = buf, nb
+			h.run(m0, m1, nb, ne)
+		}
+	}
+	switch {
+	case w <= 1:
+		run(0, M, 0, N)
+	case N >= 24*w || M < 2*mAlign*w:
+		parallelFor(N, 12, w, func(n0, n1 int) { run(0, M, n0, n1) })
+	default: // rows split over the goroutines: each reads all of b, so dequantize it once
+		buf := getBuf(N * K)
+		defer putBuf(buf)
+		parallelFor(N, 1, w, func(n0, n1 int) { DequantQ8(buf[n0*K:n1*K], b[n0*ld:n1*ld], n1-n0, K) })
+		g.b = buf
+		parallelFor(M, mAlign, w, func(m0, m1 int) { g.run(m0, m1, 0, N) })
+	}
+}
+
+// runDotQ8 computes dst[m0:m1, n0:n1] with the Q8 dot kernels ks, whole
+// rows at a time (their scales follow the row); the rows of b are taken in
+// blocks of at most q8BlockBytes for all of a's row tiles.
+func runDotQ8(g *gemm, b []byte, ks *dotSet[byte], m0, m1, n0, n1 int) {
+	if m0 >= m1 || n0 >= n1 {
+		return
+	}
+	N, K := g.N, g.K
+	ld := Q8RowBytes(K)
+	mr, nr := ks.mr, ks.nr
+	if m1-m0 == 1 {
+		ap, c := &g.a[m0*K], g.dst[m0*N:]
+		n := n0
+		if nt := (n1 - n0) / ks.gemvN; nt > 0 {
+			ks.gemv(ap, K, &b[n*ld], ld, K, &c[n], N, nt)
+			n += nt * ks.gemvN
+		}
+		for ; n < n1; n += nr {
+			ks.k[0][min(nr, n1-n)-1](ap, K, &b[n*ld], ld, K, &c[n], N, 1)
+		}
+		return
+	}
+	bn := max(nr, min(blockN, q8BlockBytes/ld/nr*nr))
+	for nb := n0; nb < n1; nb += bn {
+		ne := min(nb+bn, n1)
+		for m := m0; m < m1; m += mr {
+			row := ks.k[min(mr, m1-m)-1]
+			ap, c := &g.a[m*K], g.dst[m*N:]
+			n := nb
+			if nt := (ne - nb) / nr; nt > 0 {
+				row[nr-1](ap, K, &b[n*ld], ld, K, &c[n], N, nt)
+				n += nt * nr
+			}
+			if n < ne {
+				row[ne-n-1](ap, K, &b[n*ld], ld, K, &c[n], N, 1)
+			}
+		}
+	}
+}
