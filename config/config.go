@@ -36,6 +36,7 @@ type Config struct {
 	Precision       string        // cuda: "exact" or "fast" (precision)
 	MoEPath         string        // cuda: "grouped" or "fused" (moe_path)
 	MoETuning       string        // cuda: fused MoE launch table, a JSON file (moe_tuning)
+	CPUWeights      string        // cpu: how matrices are held: "auto", "stored" or "q8" (cpu_weights; cpu.WeightFormat)
 	HTTPAddr        string        // OpenAI-compatible HTTP listen address (http_addr)
 	GRPCAddr        string        // gRPC listen address; "" disables gRPC (grpc_addr)
 	APIKey          string        // bearer token clients must send; "" allows all (api_key)
@@ -97,6 +98,7 @@ func Default() *Config {
 		Backend:         "cpu",
 		Precision:       "exact",
 		MoEPath:         "grouped",
+		CPUWeights:      "auto",
 		HTTPAddr:        DefaultHTTPAddr,
 		GRPCAddr:        DefaultGRPCAddr,
 		LogFormat:       "json",
@@ -199,6 +201,11 @@ func (c *Config) Validate() error {
 	case "exact", "fast":
 	default:
 		return bad("precision", "must be exact or fast, got %q", c.Precision)
+	}
+	switch c.CPUWeights {
+	case "auto", "stored", "q8":
+	default:
+		return bad("cpu_weights", "must be auto, stored or q8, got %q", c.CPUWeights)
 	}
 	if err := checkAddr(c.HTTPAddr); err != nil {
 		return bad("http_addr", "%v", err)

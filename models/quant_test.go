@@ -141,7 +141,12 @@ func bf16Host(name string, shape []int, v []float32) *tensor.Host {
 
 func logitsOf(t *testing.T, dir string) []float32 {
 	t.Helper()
-	be := cpu.New(cpu.Options{})
+	return logitsOn(t, dir, cpu.New(cpu.Options{}))
+}
+
+// logitsOn is logitsOf on be.
+func logitsOn(t *testing.T, dir string, be *cpu.Backend) []float32 {
+	t.Helper()
 	l, err := Load(dir, be, LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -216,9 +221,21 @@ func TestLoadMXFP4(t *testing.T) {
 	}
 	qcfg := maps(cfg)
 	qcfg["quantization_config"] = map[string]any{"quant_method": "mxfp4", "modules_to_not_convert": []any{}}
-	got, want := logitsOf(t, writeDir(t, qcfg, quant)), logitsOf(t, writeDir(t, cfg, plain))
+	qdir := writeDir(t, qcfg, quant)
+	got, want := logitsOf(t, qdir), logitsOf(t, writeDir(t, cfg, plain))
 	if !slices.Equal(got, want) {
 		t.Errorf("MXFP4 checkpoint's logits differ from the dequantized bf16 checkpoint's (relative L2 %.3g)", relL2(got, want))
+	}
+	// The CPU backend holds the experts as Q8 by default (exact for MXFP4's
+	// values): the same logits as holding them in bf16, in fewer bytes.
+	auto, stored := cpu.New(cpu.Options{}), cpu.New(cpu.Options{Weights: cpu.WeightsStored})
+	if a, s := logitsOn(t, qdir, auto), logitsOn(t, qdir, stored); !slices.Equal(a, s) {
+		t.Errorf("experts held as Q8: logits differ from bf16's (relative L2 %.3g)", relL2(a, s))
+	}
+	ab, sb := auto.WeightBytes(), stored.WeightBytes()
+	t.Logf("weights held: auto %+v, stored %+v", ab, sb)
+	if ab.Q8 == 0 || sb.Q8 != 0 || ab.Total() >= sb.Total() || ab.BF16+ab.Q8*16/9 != sb.BF16 {
+		t.Errorf("weights held: auto %+v, stored %+v; want the experts' bf16 bytes as Q8 (9/16 of them)", ab, sb)
 	}
 	// Without the quantization_config the blocks are refused, naming them.
 	if _, err := Load(writeDir(t, cfg, quant), cpu.New(cpu.Options{}), LoadOptions{}); err == nil || !strings.Contains(err.Error(), "MXFP4") {

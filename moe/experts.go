@@ -24,13 +24,29 @@ type Experts struct {
 	// are the same, bit for bit (linalg.MatMulTBF16), and half the bytes
 	// stream per token. Each weight is given one way or the other.
 	GateUpBF16, DownBF16 []uint16
+	// GateUpQ8 and DownQ8 hold them as linalg.Q8 matrices (rows of H and
+	// I values: both multiples of linalg.Q8Group).
+	GateUpQ8, DownQ8 []byte
 }
 
 // gateUp and down are the expert matrices whichever way they are held.
 func (ex *Experts) gateUp() linalg.Weights {
-	return linalg.Weights{F32: ex.GateUp, BF16: ex.GateUpBF16}
+	return linalg.Weights{F32: ex.GateUp, BF16: ex.GateUpBF16, Q8: ex.GateUpQ8}
 }
-func (ex *Experts) down() linalg.Weights { return linalg.Weights{F32: ex.Down, BF16: ex.DownBF16} }
+func (ex *Experts) down() linalg.Weights {
+	return linalg.Weights{F32: ex.Down, BF16: ex.DownBF16, Q8: ex.DownQ8}
+}
+
+// held reports whether exactly one of a matrix's three forms is set.
+func held(f32 []float32, bf []uint16, q []byte) bool {
+	n := 0
+	for _, set := range []bool{f32 != nil, bf != nil, q != nil} {
+		if set {
+			n++
+		}
+	}
+	return n == 1
+}
 
 // Validate reports the first field whose size does not match E, H, I.
 func (ex *Experts) Validate() error {
@@ -41,8 +57,11 @@ func (ex *Experts) Validate() error {
 		return fmt.Errorf("moe: experts: E, H, I = %d, %d, %d, want all > 0", ex.E, ex.H, ex.I)
 	}
 	E, H, I := ex.E, ex.H, ex.I
-	if (ex.GateUp != nil) == (ex.GateUpBF16 != nil) || (ex.Down != nil) == (ex.DownBF16 != nil) {
-		return fmt.Errorf("moe: experts: give each of GateUp and Down once, in float32 or in bf16")
+	if !held(ex.GateUp, ex.GateUpBF16, ex.GateUpQ8) || !held(ex.Down, ex.DownBF16, ex.DownQ8) {
+		return fmt.Errorf("moe: experts: give each of GateUp and Down once, in float32, bf16 or Q8")
+	}
+	if (ex.GateUpQ8 != nil && H%linalg.Q8Group != 0) || (ex.DownQ8 != nil && I%linalg.Q8Group != 0) {
+		return fmt.Errorf("moe: experts: Q8 rows must be a multiple of %d values long (H = %d, I = %d)", linalg.Q8Group, H, I)
 	}
 	if n := ex.gateUp().Len(); n != E*2*I*H {
 		return fmt.Errorf("moe: experts: GateUp has %d values, want [E, 2*I, H] = %d", n, E*2*I*H)

@@ -98,9 +98,11 @@ func (be *Backend) experts(l *backend.MoELayer, E, H int) *moe.Experts {
 		E: E, H: H, I: I,
 		GateUp:     gu.data,
 		GateUpBF16: gu.bf,
+		GateUpQ8:   gu.q8,
 		GateUpBias: flat("MoE", "GateUpBias", l.GateUpBias, E*2*I),
 		Down:       down.data,
 		DownBF16:   down.bf,
+		DownQ8:     down.q8,
 		DownBias:   flat("MoE", "DownBias", l.DownBias, E*H),
 		Act:        l.Act,
 	}
@@ -126,7 +128,7 @@ func flat(op, name string, x backend.Tensor, n int) []float32 {
 // built on.
 type epWorld struct {
 	ep        *moe.EP
-	weights   [4]unsafe.Pointer // first elements of GateUp, GateUpBias, Down, DownBias (float32 or bf16)
+	weights   [4]unsafe.Pointer // first elements of GateUp, GateUpBias, Down, DownBias (float32, bf16 or Q8)
 	placement *moe.Placement    // nil: the contiguous table
 }
 
@@ -142,6 +144,12 @@ func weightKey(ex *moe.Experts) (k [4]unsafe.Pointer) {
 	}
 	if len(ex.DownBF16) > 0 {
 		k[2] = unsafe.Pointer(&ex.DownBF16[0])
+	}
+	if len(ex.GateUpQ8) > 0 {
+		k[0] = unsafe.Pointer(&ex.GateUpQ8[0])
+	}
+	if len(ex.DownQ8) > 0 {
+		k[2] = unsafe.Pointer(&ex.DownQ8[0])
 	}
 	return k
 }

@@ -17,10 +17,15 @@ import (
 // data is nil): the ops that read weights (Linear, MLP, MoE, Embed) compute
 // with them directly (linalg.MatMulTBF16, the same sums as on the widened
 // values), every other op sees a widened copy (tensorOf).
+//
+// A matrix weight may be held as a linalg.Q8 matrix instead (q8; data is
+// nil; Options.Weights): the same ops read it directly
+// (linalg.MatMulTQ8), every other op sees a dequantized copy.
 type Tensor struct {
 	shape []int
 	data  []float32
 	bf    []uint16
+	q8    []byte
 }
 
 // FromFloat32 wraps v as a tensor of the given shape (no copy: v must not be
@@ -44,26 +49,36 @@ func (t *Tensor) Shape() []int { return slices.Clone(t.shape) }
 // Data returns the tensor's values, row-major; they alias the tensor and
 // must not be modified (a bf16 weight's are a widened copy).
 func (t *Tensor) Data() []float32 {
-	if t.bf != nil {
+	if t.data == nil {
 		return t.widened().data
 	}
 	return t.data
 }
 
-// widened is t with float32 values: t itself, or a bf16 weight's copy.
+// widened is t with float32 values: t itself, or a bf16 or Q8 weight's
+// copy.
 func (t *Tensor) widened() *Tensor {
-	if t.bf == nil {
-		return t
+	switch {
+	case t.bf != nil:
+		w := &Tensor{shape: t.shape, data: make([]float32, len(t.bf))}
+		linalg.WidenBF16(w.data, t.bf)
+		return w
+	case t.q8 != nil:
+		N, K := t.dims()
+		w := &Tensor{shape: t.shape, data: make([]float32, N*K)}
+		linalg.DequantQ8(w.data, t.q8, N, K)
+		return w
 	}
-	w := &Tensor{shape: t.shape, data: make([]float32, len(t.bf))}
-	linalg.WidenBF16(w.data, t.bf)
-	return w
+	return t
 }
 
-// weights is t's values as a linalg matrix, float32 or bf16.
+// weights is t's values as a linalg matrix, float32, bf16 or Q8.
 func (t *Tensor) weights() linalg.Weights {
-	if t.bf != nil {
+	switch {
+	case t.bf != nil:
 		return linalg.Weights{BF16: t.bf}
+	case t.q8 != nil:
+		return linalg.Weights{Q8: t.q8}
 	}
 	return linalg.Weights{F32: t.data}
 }

@@ -11,20 +11,37 @@ import (
 	"github.com/mkserve/mkserve/tuning"
 )
 
-// newBackend makes the compute backend a command asked for. "cuda" opens
-// the first GPU through libmkernel.so in the given precision profile
-// ("exact" or "fast", see cuda.Options); without a GPU or the library the
-// error says what is missing (it wraps kernels.ErrUnavailable). moePath is
-// cuda's MoE path ("" reads MKSERVE_MOE_PATH, else grouped); moeTuning, a
-// table of `mkserve bench moe --tune` ("" for none).
-//
-// world, when set, makes the backend one rank of an expert-parallel world
-// of processes: on cuda it opens GPU rank % (GPUs on the host) and sums the
-// ranks' MoE outputs over worldTransport ("ipc", the default, or "nccl").
-func newBackend(name string, epRanks int, precision, moePath, moeTuning string, world transport.Comm, worldTransport string) (backend.Backend, error) {
+// backendSpec is a command's backend settings (newBackend, worldProfile).
+type backendSpec struct {
+	name       string // cpu or cuda
+	ep         int    // expert-parallel ranks emulated in process (0 or 1: none)
+	precision  string // cuda: exact ("" too) or fast (see cuda.Options)
+	moePath    string // cuda: grouped or fused ("" reads MKSERVE_MOE_PATH, else grouped)
+	moeTuning  string // cuda: a table of `mkserve bench moe --tune` ("" for none)
+	cpuWeights string // cpu: auto ("" too), stored or q8 (cpu.WeightFormat)
+	// world, when set, makes the backend one rank of an expert-parallel
+	// world of processes: on cuda it opens GPU rank % (GPUs on the host)
+	// and sums the ranks' MoE outputs over worldTransport ("ipc", the
+	// default, or "nccl").
+	world          transport.Comm
+	worldTransport string
+}
+
+// newBackend makes the compute backend s asks for. "cuda" opens the first
+// GPU through libmkernel.so; without a GPU or the library the error says
+// what is missing (it wraps kernels.ErrUnavailable).
+func newBackend(s backendSpec) (backend.Backend, error) {
+	name, epRanks, precision, moePath, moeTuning, world, worldTransport := s.name, s.ep, s.precision, s.moePath, s.moeTuning, s.world, s.worldTransport
 	switch name {
 	case "cpu":
-		return cpu.New(cpu.Options{EPRanks: epRanks, EPComm: world}), nil
+		wf := cpu.WeightsAuto
+		if s.cpuWeights != "" {
+			var err error
+			if wf, err = cpu.ParseWeightFormat(s.cpuWeights); err != nil {
+				return nil, err
+			}
+		}
+		return cpu.New(cpu.Options{EPRanks: epRanks, EPComm: world, Weights: wf}), nil
 	case "cuda":
 		var split bool
 		switch precision {

@@ -106,6 +106,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	cfgDir := fs.String("config", "", "directory holding only a config.json: random bf16 weights in its shapes (see configs/shapes)")
 	backendName := fs.String("backend", "cuda", "cpu or cuda")
 	precision := fs.String("precision", "fast", "cuda: exact or fast (see mkserve serve --help)")
+	cpuWeights := fs.String("cpu-weights", "auto", "cpu: how matrices are held: auto, stored or q8 (see mkserve serve --help)")
 	batches := fs.String("batch", "1,32,256", "decode batch sizes, comma-separated")
 	ctxLen := fs.Int("context", 1024, "decode: tokens already in each sequence's KV cache")
 	contexts := fs.Int("contexts", 32, "decode: distinct prefilled contexts; sequence s reads context s mod N (1: every sequence shares one context, as before the eighth pass: the batch's attention outputs then agree and its tokens route to few experts)")
@@ -174,9 +175,13 @@ func benchModel(args []string, stdout io.Writer) error {
 		var be backend.Backend
 		switch *backendName {
 		case "cpu":
-			be = cpu.New(cpu.Options{EPComm: comm})
+			wf, err := cpu.ParseWeightFormat(*cpuWeights)
+			if err != nil {
+				return err
+			}
+			be = cpu.New(cpu.Options{EPComm: comm, Weights: wf})
 		case "cuda":
-			b, err := newBackend("cuda", *ep, *precision, *moePath, *moeTuning, comm, "")
+			b, err := newBackend(backendSpec{name: "cuda", ep: *ep, precision: *precision, moePath: *moePath, moeTuning: *moeTuning, world: comm})
 			if err != nil {
 				return err
 			}

@@ -75,6 +75,7 @@ type modelFlags struct {
 	backend   string
 	precision string
 	moePath   string
+	weights   string
 	ep        int
 }
 
@@ -84,6 +85,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.precision, "precision", "exact", "cuda: exact or fast (see mkserve serve --help)")
 	fs.StringVar(&m.moePath, "moe-path", "", "cuda: grouped or fused MoE kernels (default: $MKSERVE_MOE_PATH, else grouped)")
 	fs.IntVar(&m.ep, "ep", 1, "expert-parallel ranks (emulated in process on the CPU; on cuda through the fused MoE kernel)")
+	fs.StringVar(&m.weights, "cpu-weights", "auto", "cpu: how matrices are held: auto, stored or q8 (see mkserve serve --help)")
 }
 
 func (m *modelFlags) load() (*models.Loaded, backend.Backend, error) {
@@ -93,7 +95,7 @@ func (m *modelFlags) load() (*models.Loaded, backend.Backend, error) {
 	if m.ep < 1 {
 		return nil, nil, fmt.Errorf("--ep must be at least 1, got %d", m.ep)
 	}
-	be, err := newBackend(m.backend, m.ep, m.precision, m.moePath, "", nil, "")
+	be, err := newBackend(backendSpec{name: m.backend, ep: m.ep, precision: m.precision, moePath: m.moePath, cpuWeights: m.weights})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -151,6 +151,8 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	}
 	var be backend.Backend
 	var leader *dist.Leader
+	spec := backendSpec{name: cfg.Backend, ep: cfg.EP, precision: cfg.Precision, moePath: cfg.MoEPath, moeTuning: cfg.MoETuning,
+		cpuWeights: cfg.CPUWeights}
 	if cfg.WorldSize > 1 {
 		joinCtx, cancelJoin := context.WithCancelCause(ctx)
 		joined := make(chan struct{})
@@ -177,16 +179,17 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 		}
 		defer cancelJoin(nil)
 		defer comm.Close()
-		if err := worldAgree(ctx, comm, worldProfile(cfg.Backend, cfg.Precision, cfg.MoEPath, cfg.WorldTransport)); err != nil {
+		spec.ep, spec.world, spec.worldTransport = 1, comm, cfg.WorldTransport
+		if err := worldAgree(ctx, comm, worldProfile(spec)); err != nil {
 			return fail(err)
 		}
-		if be, err = newBackend(cfg.Backend, 1, cfg.Precision, cfg.MoEPath, cfg.MoETuning, comm, cfg.WorldTransport); err != nil {
+		if be, err = newBackend(spec); err != nil {
 			return fail(err)
 		}
 		if leader, err = dist.NewLeader(comm); err != nil {
 			return fail(err)
 		}
-	} else if be, err = newBackend(cfg.Backend, cfg.EP, cfg.Precision, cfg.MoEPath, cfg.MoETuning, nil, ""); err != nil {
+	} else if be, err = newBackend(spec); err != nil {
 		return fail(err)
 	}
 	if cb, ok := be.(*cuda.Backend); ok {

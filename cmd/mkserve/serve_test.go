@@ -882,11 +882,14 @@ func TestWorldAgree(t *testing.T) {
 		profiles [2]string
 		fail     bool
 	}{
-		{[2]string{worldProfile("cuda", "fast", "grouped", ""), worldProfile("cuda", "fast", "", "ipc")}, false},
-		{[2]string{worldProfile("cpu", "", "", ""), worldProfile("cpu", "fast", "x", "")}, false},
-		{[2]string{worldProfile("cuda", "", "", ""), worldProfile("cuda", "fast", "", "")}, true},
-		{[2]string{worldProfile("cuda", "exact", "", ""), worldProfile("cpu", "exact", "", "")}, true},
-		{[2]string{worldProfile("cuda", "fast", "", "nccl"), worldProfile("cuda", "fast", "", "ipc")}, true},
+		{[2]string{worldProfile(backendSpec{name: "cuda", precision: "fast", moePath: "grouped"}),
+			worldProfile(backendSpec{name: "cuda", precision: "fast", worldTransport: "ipc"})}, false},
+		{[2]string{worldProfile(backendSpec{name: "cpu"}), worldProfile(backendSpec{name: "cpu", precision: "fast", moePath: "x", cpuWeights: "auto"})}, false},
+		{[2]string{worldProfile(backendSpec{name: "cpu", cpuWeights: "q8"}), worldProfile(backendSpec{name: "cpu"})}, true},
+		{[2]string{worldProfile(backendSpec{name: "cuda"}), worldProfile(backendSpec{name: "cuda", precision: "fast"})}, true},
+		{[2]string{worldProfile(backendSpec{name: "cuda", precision: "exact"}), worldProfile(backendSpec{name: "cpu", precision: "exact"})}, true},
+		{[2]string{worldProfile(backendSpec{name: "cuda", precision: "fast", worldTransport: "nccl"}),
+			worldProfile(backendSpec{name: "cuda", precision: "fast", worldTransport: "ipc"})}, true},
 	} {
 		comms := transport.LoopbackForTest(t, 2)
 		errs := make([]error, 2)

@@ -38,6 +38,7 @@ func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 	precision := fs.String("precision", "exact", "the cuda backend's precision profile (exact or fast): as rank 0's")
 	moePath := fs.String("moe-path", "", "the cuda backend's MoE path (grouped; empty reads MKSERVE_MOE_PATH): as rank 0's")
 	worldTransport := fs.String("world-transport", "ipc", "cuda: how the ranks sum their MoE outputs, ipc or nccl: as rank 0's")
+	cpuWeights := fs.String("cpu-weights", "auto", "cpu: how matrices are held (auto, stored or q8): as rank 0's")
 	size := fs.Int("world-size", 0, "processes in the world (rank 0 included)")
 	rank := fs.Int("rank", 0, "this worker's rank, 1 … world-size−1")
 	coord := fs.String("coordinator", "", "rank 0's host:port")
@@ -62,10 +63,12 @@ func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer comm.Close()
-	if err := worldAgree(ctx, comm, worldProfile(*backendName, *precision, *moePath, *worldTransport)); err != nil {
+	spec := backendSpec{name: *backendName, ep: 1, precision: *precision, moePath: *moePath, cpuWeights: *cpuWeights,
+		world: comm, worldTransport: *worldTransport}
+	if err := worldAgree(ctx, comm, worldProfile(spec)); err != nil {
 		return err
 	}
-	be, err := newBackend(*backendName, 1, *precision, *moePath, "", comm, *worldTransport)
+	be, err := newBackend(spec)
 	if err != nil {
 		return err
 	}
@@ -85,10 +88,15 @@ func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 // worldProfile is what every rank of a world must agree on: the ranks are
 // replicas whose arithmetic must match bit for bit, or they would route
 // the same token to different experts.
-func worldProfile(backendName, precision, moePath, worldTransport string) string {
-	if backendName == "cpu" {
-		return "backend cpu"
+func worldProfile(s backendSpec) string {
+	if s.name == "cpu" {
+		w := s.cpuWeights
+		if w == "" {
+			w = "auto"
+		}
+		return "backend cpu, weights " + w
 	}
+	precision, moePath, worldTransport := s.precision, s.moePath, s.worldTransport
 	if precision == "" {
 		precision = "exact"
 	}
@@ -101,7 +109,7 @@ func worldProfile(backendName, precision, moePath, worldTransport string) string
 	if worldTransport == "" {
 		worldTransport = "ipc"
 	}
-	return fmt.Sprintf("backend %s, precision %s, moe path %q, world transport %s", backendName, precision, moePath, worldTransport)
+	return fmt.Sprintf("backend %s, precision %s, moe path %q, world transport %s", s.name, precision, moePath, worldTransport)
 }
 
 // worldAgree checks, with every rank of the world, that all have the same

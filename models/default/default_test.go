@@ -199,3 +199,79 @@ func TestBF16WeightsSameLogits(t *testing.T) {
 		}
 	}
 }
+
+// TestQ8Quality: held as Q8 (cpu.WeightsQ8: every matrix but the routers
+// in int8 groups of 32), this trained checkpoint's perplexity on
+// transformers' own continuations stays within 2 % of the stored bf16
+// weights', and its greedy choices agree at ≥ 95 % of positions.
+func TestQ8Quality(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(dir, "testdata", "hf_greedy.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct {
+		Greedy []struct{ Prompt, Continuation string }
+	}
+	if err := json.Unmarshal(data, &ref); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.LoadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each case's text, scored as one sequence: [prompt ‖ continuation].
+	var texts [][]int32
+	for _, c := range ref.Greedy {
+		ids, err := tok.Encode(c.Prompt+c.Continuation, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		texts = append(texts, ids)
+	}
+	score := func(w cpu.WeightFormat) (nll float64, n int, picks []int, held cpu.WeightBytes) {
+		be := cpu.New(cpu.Options{Weights: w})
+		l, err := models.Load(dir, be, models.LoadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		for _, ids := range texts {
+			rows, err := engine.Logits(l.Model, be, ids)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i+1 < len(ids); i++ {
+				row := rows[i]
+				m := float64(row[engine.Argmax(row)])
+				var z float64
+				for _, x := range row {
+					z += math.Exp(float64(x) - m)
+				}
+				nll += m + math.Log(z) - float64(row[ids[i+1]])
+				n++
+				picks = append(picks, engine.Argmax(row))
+			}
+		}
+		return nll, n, picks, be.WeightBytes()
+	}
+	nllS, n, pickS, heldS := score(cpu.WeightsStored)
+	nllQ, _, pickQ, heldQ := score(cpu.WeightsQ8)
+	pplS, pplQ := math.Exp(nllS/float64(n)), math.Exp(nllQ/float64(n))
+	same := 0
+	for i := range pickS {
+		if pickS[i] == pickQ[i] {
+			same++
+		}
+	}
+	t.Logf("%d tokens: perplexity %.4f stored, %.4f Q8 (×%.4f); greedy choices agree at %d of %d; weights %d → %d bytes",
+		n, pplS, pplQ, pplQ/pplS, same, len(pickS), heldS.Total(), heldQ.Total())
+	if pplQ > 1.02*pplS || pplQ == pplS {
+		t.Errorf("perplexity %.4f with Q8 weights against %.4f stored: want a change within 2 %%", pplQ, pplS)
+	}
+	if float64(same) < 0.95*float64(len(pickS)) {
+		t.Errorf("greedy choices agree at %d of %d positions", same, len(pickS))
+	}
+	if heldQ.Total()*3 > heldS.Total()*2 {
+		t.Errorf("Q8 holds %d bytes against %d stored: want at most 2/3", heldQ.Total(), heldS.Total())
+	}
+}
