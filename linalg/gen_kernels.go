@@ -80,15 +80,15 @@ const (
 // kernel's on the widened b, bit for bit. DX then counts bytes of b (2 per
 // element) and a is addressed with scale 2.
 //
-// With q8, b's rows are linalg.Q8 rows: n int8 values, then their n/32
-// float32 scales. n is a multiple of 32 and the whole row (k starts at 0),
-// so a group's scale lies at n + DX/8 from a row's pointer; each pass of the
-// loop is one group (u = 4 steps), its scale offset in AX. Each step widens
-// 8 bytes (VPMOVSXBD, VCVTDQ2PS) and multiplies by the broadcast scale —
-// the float32 value linalg.Q8 defines — into the register the float32
-// kernel loads b into, so the sums are again the float32 kernel's on the
+// With q8, b's rows are linalg.Q8 rows: groups of 32 int8 values, each
+// followed by its float32 scale (36 bytes). n is a multiple of 32; each
+// pass of the loop is one group (u = 4 steps), DX counting bytes of b (36 a
+// pass) and AX bytes of a (128 a pass). Each step widens 8 bytes
+// (VPMOVSXBD, VCVTDQ2PS) and multiplies by the broadcast scale — the
+// float32 value linalg.Q8 defines — into the register the float32 kernel
+// loads b into, so the sums are again the float32 kernel's on the
 // dequantized b, bit for bit (its accumulator copies alternate the same
-// way with u = 2 or 4). DX counts bytes of b; a is addressed with scale 4.
+// way with u = 2 or 4).
 func gen(w *strings.Builder, mr, nr, u, ua int, bk bKind) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
 	acc := func(r, i, j int) int { return ((r%ua)*mr+i)*nr + j }
@@ -117,8 +117,8 @@ func gen(w *strings.Builder, mr, nr, u, ua int, bk bKind) {
 		panic(fmt.Sprintf("tile %dx%d needs %d ymm registers", mr, nr, nacc+bregs+1))
 	}
 	tmp := 15
-	if mr+nr+1 > len(regPool) {
-		panic(fmt.Sprintf("tile %dx%d needs %d general registers", mr, nr, mr+nr+1))
+	if mr+nr+2 > len(regPool) {
+		panic(fmt.Sprintf("tile %dx%d needs %d general registers", mr, nr, mr+nr+2))
 	}
 	aReg, bReg, cReg := regPool[:mr], regPool[mr:mr+nr], regPool[mr+nr]
 	name := fmt.Sprintf("dot%dx%d", mr, nr)
@@ -135,6 +135,11 @@ func gen(w *strings.Builder, mr, nr, u, ua int, bk bKind) {
 	if bshift > 0 {
 		p("SHLQ $%d, CX", bshift) // DX and CX count bytes of b
 	}
+	if bk == q8 { // n/32 groups of 36 bytes
+		p("MOVQ CX, AX")
+		p("SHRQ $3, AX")
+		p("ADDQ AX, CX")
+	}
 	// One pass of the tile loop per group of nr rows of b; b and c advance
 	// in their argument slots.
 	fmt.Fprintf(w, "tile%s:\n", name)
@@ -150,6 +155,16 @@ func gen(w *strings.Builder, mr, nr, u, ua int, bk bKind) {
 		p("VXORPS Y%d, Y%d, Y%d", r, r, r)
 	}
 	p("XORQ DX, DX")
+	// pfReg: DX + the tile's rows of b, for the next tile's prefetches
+	// (bf16 and q8: short rows, as an expert's are, whose streams the
+	// hardware prefetchers find too late).
+	pfReg, pf := regPool[mr+nr+1], bk != f32
+	if pf {
+		p("IMUL3Q $%d, AX, %s", nr, pfReg)
+	}
+	if bk == q8 {
+		p("XORQ AX, AX") // a's byte index
+	}
 	if u > 1 && bk != q8 { // (q8: n is a multiple of the pass)
 		// Peel single steps until the rest is a multiple of u steps.
 		p("MOVQ CX, AX")
@@ -158,26 +173,37 @@ func gen(w *strings.Builder, mr, nr, u, ua int, bk bKind) {
 		fmt.Fprintf(w, "peel%s:\n", name)
 		step(p, aReg, bReg, 0, 0, acc, tmp, nacc, bk)
 		p("ADDQ $%d, DX", 8*bsz)
+		if pf {
+			p("ADDQ $%d, %s", 8*bsz, pfReg)
+		}
 		p("CMPQ DX, AX")
 		p("JLT peel%s", name)
 		p("CMPQ DX, CX")
 		p("JGE reduce%s", name)
 	}
 	fmt.Fprintf(w, "loop%s:\n", name)
-	if bk == q8 { // AX: the offset of this group's scale from a row's pointer
-		p("MOVQ DX, AX")
-		p("SHRQ $3, AX")
-		p("ADDQ CX, AX")
-		if mr == 1 { // (mr > 1: no registers to spare; broadcast at each step)
-			for j := 0; j < nr; j++ {
-				p("VBROADCASTSS (%s)(AX*1), Y%d", bReg[j], nacc+j)
-			}
+	if pf { // the same columns of the next tile's rows, into L2
+		for j := 0; j < nr; j++ {
+			p("PREFETCHT1 (%s)(%s*1)", bReg[j], pfReg)
+		}
+	}
+	if bk == q8 && mr == 1 { // the pass's scales (mr > 1: no registers to spare; broadcast at each step)
+		for j := 0; j < nr; j++ {
+			p("VBROADCASTSS 32(%s)(DX*1), Y%d", bReg[j], nacc+j)
 		}
 	}
 	for r := 0; r < u; r++ {
 		step(p, aReg, bReg, r, 8*bsz*r, acc, tmp, nacc, bk)
 	}
-	p("ADDQ $%d, DX", 8*bsz*u)
+	if bk == q8 {
+		p("ADDQ $128, AX")
+		p("ADDQ $36, DX")
+	} else {
+		p("ADDQ $%d, DX", 8*bsz*u)
+	}
+	if pf {
+		p("ADDQ $%d, %s", map[bool]int{true: 36, false: 8 * bsz * u}[bk == q8], pfReg)
+	}
 	p("CMPQ DX, CX")
 	p("JLT loop%s", name)
 	fmt.Fprintf(w, "reduce%s:\n", name)
@@ -246,17 +272,17 @@ func step(p func(string, ...any), aReg, bReg []string, r, off int, acc func(r, i
 		}
 		return fmt.Sprintf("%d(%s)(DX*1)", off, base)
 	}
-	if bk == q8 { // a: float32 at four times b's byte offset; b: 8 int8 widened and scaled into a register
+	if bk == q8 { // a: float32 at AX; b: 8 int8 widened and scaled into a register
 		amem := func(base string) string {
 			if off == 0 {
-				return fmt.Sprintf("(%s)(DX*4)", base)
+				return fmt.Sprintf("(%s)(AX*1)", base)
 			}
-			return fmt.Sprintf("%d(%s)(DX*4)", 4*off, base)
+			return fmt.Sprintf("%d(%s)(AX*1)", 4*off, base)
 		}
 		widen := func(j, reg, scale int) {
 			p("VPMOVSXBD %s, Y%d", mem(bReg[j]), reg)
 			p("VCVTDQ2PS Y%d, Y%d", reg, reg)
-			p("VBROADCASTSS (%s)(AX*1), Y%d", bReg[j], scale)
+			p("VBROADCASTSS 32(%s)(DX*1), Y%d", bReg[j], scale)
 			p("VMULPS Y%d, Y%d, Y%d", scale, reg, reg)
 		}
 		if mr == 1 { // the scales are in Y(nacc+j) for the pass
@@ -401,9 +427,10 @@ func genPanel(w *strings.Builder, nr int) {
 }
 
 // genWidenQ8 emits widenq8(dst *float32, src *byte, n int): dst[i] = the
-// value of element i of the linalg.Q8 row src (n int8 values, then n/32
-// float32 scales): float32(int8) × scale, as the q8 dot kernels compute it;
-// n is a positive multiple of 32 (one group a pass).
+// value of element i of the linalg.Q8 row src (groups of 32 int8 values,
+// each followed by its float32 scale): float32(int8) × scale, as the q8
+// dot kernels compute it; n is a positive multiple of 32 (one group a
+// pass).
 func genWidenQ8(w *strings.Builder) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
 	fmt.Fprintf(w, "\n// func widenq8(dst *float32, src *byte, n int)\n")
@@ -411,20 +438,20 @@ func genWidenQ8(w *strings.Builder) {
 	p("MOVQ dst+0(FP), DI")
 	p("MOVQ src+8(FP), SI")
 	p("MOVQ n+16(FP), CX")
-	p("LEAQ (SI)(CX*1), BX") // the scales
+	p("SHLQ $2, CX") // bytes of dst
 	p("XORQ DX, DX")
 	fmt.Fprintf(w, "loopwidenq8:\n")
-	p("VBROADCASTSS (BX), Y4")
+	p("VBROADCASTSS 32(SI), Y4")
 	for u := 0; u < 4; u++ {
-		p("VPMOVSXBD %d(SI)(DX*1), Y%d", 8*u, u)
+		p("VPMOVSXBD %d(SI), Y%d", 8*u, u)
 	}
 	for u := 0; u < 4; u++ {
 		p("VCVTDQ2PS Y%d, Y%d", u, u)
 		p("VMULPS Y4, Y%d, Y%d", u, u)
-		p("VMOVUPS Y%d, %d(DI)(DX*4)", u, 32*u)
+		p("VMOVUPS Y%d, %d(DI)(DX*1)", u, 32*u)
 	}
-	p("ADDQ $4, BX")
-	p("ADDQ $32, DX")
+	p("ADDQ $36, SI")
+	p("ADDQ $128, DX")
 	p("CMPQ DX, CX")
 	p("JLT loopwidenq8")
 	p("VZEROUPPER")

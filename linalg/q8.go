@@ -11,10 +11,12 @@ import (
 
 // Q8 matrices: a row-major [N, K] matrix of int8 values in groups of
 // Q8Group along each row, every group scaled by a float32. A row is
-// Q8RowBytes(K) bytes: its K int8 values, then its K/Q8Group scales
-// (little-endian float32), so a row is one contiguous stream for the dot
-// kernels. Element (n, k) is float32(q[n][k]) · scale[n][k/Q8Group], the
-// product rounded to float32; K must be a multiple of Q8Group.
+// Q8RowBytes(K) bytes: its K/Q8Group groups, each Q8Group int8 values
+// followed by their scale (little-endian float32, 36 bytes a group), so a
+// row is one contiguous stream for the dot kernels and any whole number of
+// groups can be cut from it. Element (n, k) is float32(q[n][k]) ·
+// scale[n][k/Q8Group], the product rounded to float32; K must be a
+// multiple of Q8Group.
 //
 // A group is quantized exactly where it can be: when every value is an
 // integer multiple of one power of two 2^s with |value| ≤ 127·2^s, the
@@ -28,11 +30,10 @@ import (
 const Q8Group = 32
 
 // Q8RowBytes is the size of a Q8 row of k values (k a multiple of Q8Group).
-func Q8RowBytes(k int) int { return k + k/Q8Group*4 }
+func Q8RowBytes(k int) int { return k / Q8Group * q8GroupBytes }
 
-// q8BlockBytes bounds the bytes of b the dot path streams per block of
-// rows for all of a's row tiles (half of a Zen 3 core's L2).
-const q8BlockBytes = 256 << 10
+// q8GroupBytes is the size of a group: its values and its scale.
+const q8GroupBytes = Q8Group + 4
 
 // oddPow2 writes a nonzero finite v as m·2^p with m an odd integer (sign
 // dropped).
@@ -113,15 +114,12 @@ func quantizeGroup(q []byte, g []float32) (scale float32, exact bool) {
 // a multiple of Q8Group or a slice is short.
 func QuantizeQ8(dst []byte, src []float32, N, K int) (exact bool) {
 	checkQ8("QuantizeQ8", len(dst), len(src), N, K)
-	ld := Q8RowBytes(K)
 	exact = true
-	for n := range N {
-		row, q := src[n*K:(n+1)*K], dst[n*ld:(n+1)*ld]
-		for g := 0; g < K; g += Q8Group {
-			s, ok := quantizeGroup(q[g:g+Q8Group], row[g:g+Q8Group])
-			binary.LittleEndian.PutUint32(q[K+g/Q8Group*4:], math.Float32bits(s))
-			exact = exact && ok
-		}
+	for g := 0; g < N*K/Q8Group; g++ {
+		q := dst[g*q8GroupBytes : (g+1)*q8GroupBytes]
+		s, ok := quantizeGroup(q, src[g*Q8Group:(g+1)*Q8Group])
+		binary.LittleEndian.PutUint32(q[Q8Group:], math.Float32bits(s))
+		exact = exact && ok
 	}
 	return exact
 }
@@ -129,19 +127,16 @@ func QuantizeQ8(dst []byte, src []float32, N, K int) (exact bool) {
 // QuantizeQ8BF16 is QuantizeQ8 for bf16 src (the upper halves of float32s).
 func QuantizeQ8BF16(dst []byte, src []uint16, N, K int) (exact bool) {
 	checkQ8("QuantizeQ8BF16", len(dst), len(src), N, K)
-	ld := Q8RowBytes(K)
-	var g [Q8Group]float32
+	var v [Q8Group]float32
 	exact = true
-	for n := range N {
-		row, q := src[n*K:(n+1)*K], dst[n*ld:(n+1)*ld]
-		for k := 0; k < K; k += Q8Group {
-			for i, b := range row[k : k+Q8Group] {
-				g[i] = tensor.BF16ToF32(b)
-			}
-			s, ok := quantizeGroup(q[k:k+Q8Group], g[:])
-			binary.LittleEndian.PutUint32(q[K+k/Q8Group*4:], math.Float32bits(s))
-			exact = exact && ok
+	for g := 0; g < N*K/Q8Group; g++ {
+		for i, b := range src[g*Q8Group : (g+1)*Q8Group] {
+			v[i] = tensor.BF16ToF32(b)
 		}
+		q := dst[g*q8GroupBytes : (g+1)*q8GroupBytes]
+		s, ok := quantizeGroup(q, v[:])
+		binary.LittleEndian.PutUint32(q[Q8Group:], math.Float32bits(s))
+		exact = exact && ok
 	}
 	return exact
 }
@@ -192,22 +187,22 @@ func dequantRow(dst []float32, q []byte, K int) {
 		widenq8(&dst[0], &q[0], K)
 		return
 	}
-	for g := 0; g < K; g += Q8Group {
-		s := math.Float32frombits(binary.LittleEndian.Uint32(q[K+g/Q8Group*4:]))
-		for i := g; i < g+Q8Group; i++ {
-			dst[i] = float32(int8(q[i])) * s
+	for g := 0; g < K/Q8Group; g++ {
+		grp := q[g*q8GroupBytes : (g+1)*q8GroupBytes]
+		s := math.Float32frombits(binary.LittleEndian.Uint32(grp[Q8Group:]))
+		for i, b := range grp[:Q8Group] {
+			dst[g*Q8Group+i] = float32(int8(b)) * s
 		}
 	}
 }
 
 // MatMulTQ8 computes dst = a·bᵀ like MatMulT, with b [N, K] a Q8 matrix
-// (K a multiple of Q8Group): the result is MatMulT's on the dequantized b —
-// bit for bit where MatMulT does not split K into blocks (M ≤ 4 or K ≤
-// 1024; otherwise to rounding) — while b's bytes read are 9/32 of float32's
-// (9/16 of bf16's). Below panelMinM rows of a (decode) the AVX2 dot kernels
-// dequantize b as they stream it, whole rows at a time; from there on
-// (prefill) each goroutine dequantizes bfBlock rows of b at a time into a
-// float32 buffer that the packed kernels read.
+// (K a multiple of Q8Group): the result is MatMulT's on the dequantized b,
+// bit for bit, while b's bytes read are 9/32 of float32's (9/16 of
+// bf16's). Below panelMinM rows of a (decode) the AVX2 dot kernels
+// dequantize b as they stream it; from there on (prefill) each goroutine
+// dequantizes bfBlock rows of b at a time into a float32 buffer that the
+// packed kernels read.
 func MatMulTQ8(dst, a []float32, b []byte, M, N, K int) {
 	if K%Q8Group != 0 {
 		panic(fmt.Sprintf("linalg.MatMulTQ8: K=%d is not a multiple of %d", K, Q8Group))
@@ -253,9 +248,8 @@ func MatMulTQ8(dst, a []float32, b []byte, M, N, K int) {
 	}
 }
 
-// runDotQ8 computes dst[m0:m1, n0:n1] with the Q8 dot kernels ks, whole
-// rows at a time (their scales follow the row); the rows of b are taken in
-// blocks of at most q8BlockBytes for all of a's row tiles.
+// runDotQ8 computes dst[m0:m1, n0:n1] with the Q8 dot kernels ks, blocked
+// as runDotOf blocks the float32 kernels (so the sums are theirs).
 func runDotQ8(g *gemm, b []byte, ks *dotSet[byte], m0, m1, n0, n1 int) {
 	if m0 >= m1 || n0 >= n1 {
 		return
@@ -263,31 +257,39 @@ func runDotQ8(g *gemm, b []byte, ks *dotSet[byte], m0, m1, n0, n1 int) {
 	N, K := g.N, g.K
 	ld := Q8RowBytes(K)
 	mr, nr := ks.mr, ks.nr
-	if m1-m0 == 1 {
-		ap, c := &g.a[m0*K], g.dst[m0*N:]
-		n := n0
-		if nt := (n1 - n0) / ks.gemvN; nt > 0 {
-			ks.gemv(ap, K, &b[n*ld], ld, K, &c[n], N, nt)
-			n += nt * ks.gemvN
-		}
-		for ; n < n1; n += nr {
-			ks.k[0][min(nr, n1-n)-1](ap, K, &b[n*ld], ld, K, &c[n], N, 1)
-		}
-		return
+	kc := blockK // a multiple of Q8Group
+	if m1-m0 <= mr {
+		kc = K // b is read once: no reuse to block for
 	}
-	bn := max(nr, min(blockN, q8BlockBytes/ld/nr*nr))
-	for nb := n0; nb < n1; nb += bn {
-		ne := min(nb+bn, n1)
-		for m := m0; m < m1; m += mr {
-			row := ks.k[min(mr, m1-m)-1]
-			ap, c := &g.a[m*K], g.dst[m*N:]
-			n := nb
-			if nt := (ne - nb) / nr; nt > 0 {
-				row[nr-1](ap, K, &b[n*ld], ld, K, &c[n], N, nt)
-				n += nt * nr
+	// at is row n of b from column k (a group boundary).
+	at := func(n, k int) *byte { return &b[n*ld+k/Q8Group*q8GroupBytes] }
+	for k0 := 0; k0 < K; k0 += kc {
+		kk := min(kc, K-k0)
+		if m1-m0 == 1 {
+			ap, c := &g.a[m0*K+k0], g.dst[m0*N:]
+			n := n0
+			if nt := (n1 - n0) / ks.gemvN; nt > 0 {
+				ks.gemv(ap, K, at(n, k0), ld, kk, &c[n], N, nt)
+				n += nt * ks.gemvN
 			}
-			if n < ne {
-				row[ne-n-1](ap, K, &b[n*ld], ld, K, &c[n], N, 1)
+			for ; n < n1; n += nr {
+				ks.k[0][min(nr, n1-n)-1](ap, K, at(n, k0), ld, kk, &c[n], N, 1)
+			}
+			continue
+		}
+		for nb := n0; nb < n1; nb += blockN {
+			ne := min(nb+blockN, n1)
+			for m := m0; m < m1; m += mr {
+				row := ks.k[min(mr, m1-m)-1]
+				ap, c := &g.a[m*K+k0], g.dst[m*N:]
+				n := nb
+				if nt := (ne - nb) / nr; nt > 0 {
+					row[nr-1](ap, K, at(n, k0), ld, kk, &c[n], N, nt)
+					n += nt * nr
+				}
+				if n < ne {
+					row[ne-n-1](ap, K, at(n, k0), ld, kk, &c[n], N, 1)
+				}
 			}
 		}
 	}

@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/mkserve/mkserve/linalg"
 )
 
 func TestExpertsForwardAgainstNaive(t *testing.T) {
@@ -225,5 +228,93 @@ func TestExpertsBF16SameBits(t *testing.T) {
 	ex.GateUpBF16 = toBF16(append([]float32(nil), ex.GateUp...))
 	if err := ex.Validate(); err == nil || !strings.Contains(err.Error(), "once") {
 		t.Fatalf("GateUp given twice: Validate() = %v", err)
+	}
+}
+
+// toQ8 quantizes v [N, K] to a linalg.Q8 matrix and sets v to its
+// dequantized values.
+func toQ8(v []float32, N, K int) []byte {
+	q := make([]byte, N*linalg.Q8RowBytes(K))
+	linalg.QuantizeQ8(q, v, N, K)
+	linalg.DequantQ8(v, q, N, K)
+	return q
+}
+
+// TestExpertsQ8SameBits: experts held as Q8 give the float32 experts'
+// output on the dequantized values bit for bit, alone and over an
+// expert-parallel world, at decode and prefill token counts (H and I ≤
+// 1024, where the Q8 kernels sum as the float32 ones do); Q8 rows must be
+// whole groups.
+func TestExpertsQ8SameBits(t *testing.T) {
+	r := rand.New(rand.NewPCG(32, 8))
+	for _, T := range []int{1, 3, 40, 300} {
+		ex := randExperts(r, 8, 96, 64, Activation{Kind: SwiGLU}, true)
+		q := *ex
+		q.GateUpQ8, q.DownQ8 = toQ8(ex.GateUp, 8*2*64, 96), toQ8(ex.Down, 8*96, 64)
+		q.GateUp, q.Down = nil, nil
+		if err := q.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		x := randn(r, T*ex.H, 1)
+		ids, w := randRouting(r, T, 2, ex.E)
+		want, got := make([]float32, T*ex.H), make([]float32, T*ex.H)
+		ex.Forward(want, x, T, 2, ids, w)
+		q.Forward(got, x, T, 2, ids, w)
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("T=%d: out[%d] = %g, float32 experts %g", T, i, got[i], want[i])
+			}
+		}
+		ep, err := NewEP(NewTable(ex.E, 3), &q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clear(got)
+		if err := ep.Forward(got, x, T, 2, ids, w); err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("T=%d, 3 ranks: out[%d] = %g, float32 experts %g", T, i, got[i], want[i])
+			}
+		}
+	}
+	ex := randExperts(r, 2, 40, 32, Activation{Kind: SwiGLU}, false) // H = 40: not whole groups
+	ex.GateUpQ8, ex.GateUp = make([]byte, 2*64*linalg.Q8RowBytes(32)), nil
+	if err := ex.Validate(); err == nil || !strings.Contains(err.Error(), "multiple of 32") {
+		t.Fatalf("Q8 rows of 40 values: Validate() = %v", err)
+	}
+}
+
+// BenchmarkExpertsForms times a decode step's experts (top-8 of 16 with
+// Qwen3-30B-A3B's H and I, 75 MB of weights in bf16, past the caches)
+// held in bf16 and as Q8.
+func BenchmarkExpertsForms(b *testing.B) {
+	r := rand.New(rand.NewPCG(9, 10))
+	const E, H, I = 16, 2048, 768
+	ex := randExperts(r, E, H, I, Activation{Kind: SwiGLU}, false)
+	bf, q := *ex, *ex
+	bf.GateUpBF16, bf.DownBF16, bf.GateUp, bf.Down = toBF16(slices.Clone(ex.GateUp)), toBF16(slices.Clone(ex.Down)), nil, nil
+	q.GateUpQ8, q.DownQ8, q.GateUp, q.Down = toQ8(slices.Clone(ex.GateUp), E*2*I, H), toQ8(slices.Clone(ex.Down), E*H, I), nil, nil
+	for _, T := range []int{1, 4} {
+		x := randn(r, T*H, 1)
+		ids, w := randRouting(r, T, 8, E)
+		out := make([]float32, T*H)
+		for _, c := range []struct {
+			name  string
+			ex    *Experts
+			bytes float64 // per expert
+		}{{"bf16", &bf, 2 * 3 * H * I}, {"q8", &q, 3 * float64(H*I) * 9 / 8}} {
+			b.Run(fmt.Sprintf("T%d/%s", T, c.name), func(b *testing.B) {
+				touched := map[int32]bool{}
+				for _, e := range ids {
+					touched[e] = true
+				}
+				for b.Loop() {
+					c.ex.Forward(out, x, T, 8, ids, w)
+				}
+				b.ReportMetric(float64(len(touched))*c.bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			})
+		}
 	}
 }
