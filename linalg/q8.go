@@ -35,49 +35,38 @@ func Q8RowBytes(k int) int { return k / Q8Group * q8GroupBytes }
 // q8GroupBytes is the size of a group: its values and its scale.
 const q8GroupBytes = Q8Group + 4
 
-// oddPow2 writes a nonzero finite v as m·2^p with m an odd integer (sign
-// dropped).
-func oddPow2(v float32) (m uint32, p int) {
-	b := math.Float32bits(v)
-	e, f := int(b>>23&0xFF), b&(1<<23-1)
-	if e == 0 { // subnormal
-		m, p = f, -149
-	} else {
-		m, p = f|1<<23, e-150
-	}
-	tz := bits.TrailingZeros32(m)
-	return m >> tz, p + tz
-}
-
 // exactScale reports whether the group g can be held exactly, and the
-// power of two it would be scaled by: the smallest p of its values' m·2^p,
-// with every |value| at most 127 of it. An all-zero group is exact.
+// power of two 2^s it would be scaled by. Writing each nonzero value as
+// m·2^p with m odd, s is the smallest p, and the group is exact when every
+// |value|/2^s = m·2^(p−s) is at most 127: when the highest bit of any
+// value lies at most 7 above s. An all-zero group is exact; one holding an
+// infinity or a NaN is not.
 func exactScale(g []float32) (s int, ok bool) {
-	s = math.MaxInt
+	lo, hi := math.MaxInt, math.MinInt
 	for _, v := range g {
-		if v != 0 {
-			if math.IsInf(float64(v), 0) || v != v {
-				return 0, false
-			}
-			_, p := oddPow2(v)
-			s = min(s, p)
+		b := math.Float32bits(v)
+		e, m := int(b>>23&0xFF), b&(1<<23-1)
+		switch {
+		case e == 0xFF:
+			return 0, false
+		case e == 0 && m == 0: // ±0
+			continue
+		case e == 0: // subnormal: m·2^-149
+			e = 1
+		default:
+			m |= 1 << 23
+		}
+		p := e - 150
+		lo = min(lo, p+bits.TrailingZeros32(m))
+		hi = max(hi, p+bits.Len32(m)) // one above the highest bit
+		if hi-lo > 7 {
+			return 0, false
 		}
 	}
-	if s == math.MaxInt {
+	if lo == math.MaxInt {
 		return 0, true
 	}
-	if s < -149 || s > 127 {
-		return 0, false
-	}
-	for _, v := range g {
-		if v != 0 {
-			m, p := oddPow2(v)
-			if p-s > 7 || m<<(p-s) > 127 {
-				return 0, false
-			}
-		}
-	}
-	return s, true
+	return lo, true
 }
 
 // quantizeGroup writes group g's int8 values to q and returns its scale,
@@ -85,26 +74,32 @@ func exactScale(g []float32) (s int, ok bool) {
 func quantizeGroup(q []byte, g []float32) (scale float32, exact bool) {
 	if s, ok := exactScale(g); ok {
 		scale = float32(math.Ldexp(1, s))
+		if s < -126 { // 1/scale is past float32's range
+			for i, v := range g {
+				q[i] = byte(int8(v / scale))
+			}
+			return scale, true
+		}
+		inv := float32(math.Ldexp(1, -s)) // v·inv is exact: a small integer
 		for i, v := range g {
-			q[i] = byte(int8(v / scale))
+			q[i] = byte(int8(v * inv))
 		}
 		return scale, true
 	}
-	amax := float32(0)
+	var bmax uint32 // the largest |value|'s bits (bit order is magnitude order; a NaN's are above all)
 	for _, v := range g {
-		if v != v || math.IsInf(float64(v), 0) {
-			amax = float32(math.Inf(1))
-			break
-		}
-		amax = max(amax, float32(math.Abs(float64(v))))
+		bmax = max(bmax, math.Float32bits(v)&^(1<<31))
 	}
-	scale = amax / 127
+	amax := math.Float32frombits(bmax)
+	if bmax >= 0x7F800000 { // an infinity or a NaN: no int8 holds the group
+		clear(q[:len(g)])
+		return amax, false
+	}
+	scale, inv := amax/127, 127/amax
 	for i, v := range g {
-		r := math.RoundToEven(float64(v / scale))
-		if r != r { // a NaN or infinite group: no int8 holds it
-			r = 0
-		}
-		q[i] = byte(int8(max(-127, min(127, r))))
+		r := v * inv
+		half := math.Float32frombits(0x3F000000 | math.Float32bits(r)&(1<<31)) // ±½ with r's sign: to nearest, halves away from zero (no branch on the sign)
+		q[i] = byte(int8(min(127, max(-127, int32(r+half)))))
 	}
 	return scale, false
 }

@@ -63,6 +63,10 @@ func TestQuantizeQ8(t *testing.T) {
 		ints[i] = float32(r.IntN(255)-127) * 0x1p-20
 	}
 	check("int8 × 2^-20", ints, true)
+	for i := range ints {
+		ints[i] = float32(r.IntN(255)-127) * 0x1p-140 // subnormal: the scale's inverse is past float32's range
+	}
+	check("int8 × 2^-140", ints, true)
 	check("zeros", make([]float32, N*K), true)
 	check("random", randSlice(r, N*K), false)
 	// One value too many bits (255 = 11111111₂): the group falls back to absmax.
@@ -208,5 +212,31 @@ func BenchmarkMatMulTQ8(b *testing.B) {
 				})
 			}
 		}
+	}
+}
+
+// BenchmarkQuantizeQ8BF16 times converting a bf16 matrix to Q8 (as the
+// CPU backend does at load with cpu_weights q8): random values (absmax
+// groups) and MXFP4 values (exact groups).
+func BenchmarkQuantizeQ8BF16(b *testing.B) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const N, K = 1024, 2048
+	rb, _ := randBF16(r, N*K)
+	mx := randMXFP4(r, N, K)
+	mb := make([]uint16, len(mx))
+	for i, v := range mx {
+		mb[i] = uint16(math.Float32bits(v) >> 16)
+	}
+	q := make([]byte, N*Q8RowBytes(K))
+	for _, c := range []struct {
+		name string
+		src  []uint16
+	}{{"random", rb}, {"mxfp4", mb}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				QuantizeQ8BF16(q, c.src, N, K)
+			}
+			b.ReportMetric(float64(N*K)*float64(b.N)/b.Elapsed().Seconds()/1e6, "Mvalues/s")
+		})
 	}
 }

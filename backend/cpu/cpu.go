@@ -22,6 +22,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/mkserve/mkserve/attention"
 	"github.com/mkserve/mkserve/backend"
@@ -160,6 +161,10 @@ func New(opts Options) *Backend {
 // Name is "cpu".
 func (be *Backend) Name() string { return "cpu" }
 
+// littleEndian reports whether this machine stores a uint16 as safetensors
+// does (little-endian), so that bf16 weights load by copying.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
 // weightChunk is the number of elements converted per goroutine in Weight.
 const weightChunk = 1 << 20
 
@@ -180,7 +185,12 @@ func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
 		}
 		bf := make([]uint16, n)
 		parallelRows((n+weightChunk-1)/weightChunk, weightChunk, func(lo, hi int) {
-			for i := lo * weightChunk; i < min(hi*weightChunk, n); i++ {
+			lo, hi = lo*weightChunk, min(hi*weightChunk, n)
+			if littleEndian { // the file's bytes are the values' memory: a copy
+				copy(unsafe.Slice((*byte)(unsafe.Pointer(&bf[0])), 2*n)[2*lo:2*hi], h.Data[2*lo:2*hi])
+				return
+			}
+			for i := lo; i < hi; i++ {
 				bf[i] = binary.LittleEndian.Uint16(h.Data[2*i:])
 			}
 		})

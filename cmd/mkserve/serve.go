@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/backend/cuda"
 	"github.com/mkserve/mkserve/chat"
 	"github.com/mkserve/mkserve/config"
@@ -232,6 +233,11 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 		gapi.SetServing(true)
 	}
 	ec := eng.Config()
+	if cb, ok := be.(*cpu.Backend); ok {
+		wb := cb.WeightBytes()
+		log.Info("weights held", zap.String("cpu_weights", cfg.CPUWeights), zap.Int64("bytes", wb.Total()),
+			zap.Int64("q8_bytes", wb.Q8), zap.Int64("bf16_bytes", wb.BF16), zap.Int64("f32_bytes", wb.F32))
+	}
 	log.Info("ready", zap.String("version", version.Get().String()), zap.Duration("load_time", time.Since(start)), zap.String("architecture", loaded.Config.Architecture),
 		zap.Int("max_model_len", ec.MaxModelLen), zap.Int("kv_blocks", eng.Stats().BlocksFree), zap.Int("block_size", ec.BlockSize),
 		zap.Int("kv_tokens", eng.Stats().BlocksFree*ec.BlockSize),

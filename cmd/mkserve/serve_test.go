@@ -931,13 +931,18 @@ func TestServeWorldLocal(t *testing.T) {
 		}
 		return r.Choices[0].Text
 	}
-	h, _, stop := startServe(t, "--model", model, "--world-size", "2")
-	got := complete(h)
-	stop() // waits for serve, which waits for its worker
-	h1, _, stop1 := startServe(t, "--model", model)
-	defer stop1()
-	if want := complete(h1); got != want || got == "" {
-		t.Errorf("a local world of 2 completed %q, one process %q", got, want)
+	// (q8: the workers get serve's cpu_weights, or the world's profiles
+	// would differ and it would not form.)
+	for _, weights := range []string{"auto", "q8"} {
+		h, _, stop := startServe(t, "--model", model, "--world-size", "2", "--cpu-weights", weights)
+		got := complete(h)
+		stop() // waits for serve, which waits for its worker
+		h1, _, stop1 := startServe(t, "--model", model, "--cpu-weights", weights)
+		want := complete(h1)
+		stop1()
+		if got != want || got == "" {
+			t.Errorf("cpu weights %s: a local world of 2 completed %q, one process %q", weights, got, want)
+		}
 	}
 }
 
