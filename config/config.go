@@ -207,6 +207,9 @@ func (c *Config) Validate() error {
 	default:
 		return bad("cpu_weights", "must be auto, stored or q8, got %q", c.CPUWeights)
 	}
+	if c.CPUWeights != "auto" && c.Backend != "cpu" {
+		return bad("cpu_weights", "%s applies to the cpu backend; backend is %s", c.CPUWeights, c.Backend)
+	}
 	if err := checkAddr(c.HTTPAddr); err != nil {
 		return bad("http_addr", "%v", err)
 	}

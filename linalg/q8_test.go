@@ -240,3 +240,43 @@ func BenchmarkQuantizeQ8BF16(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMatMulTQ8Experts times decode-sized products against 48
+// different expert-sized matrices in turn (Qwen3-30B-A3B's gate-up [1536,
+// 2048] and down [2048, 768]), so that each streams from DRAM as a decode
+// step's experts do, held as bf16 and as Q8.
+func BenchmarkMatMulTQ8Experts(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const n = 48
+	for _, s := range []struct{ N, K int }{{1536, 2048}, {2048, 768}} {
+		var bfs [][]uint16
+		var qs [][]byte
+		for range n {
+			bf, f := randBF16(r, s.N*s.K)
+			q := make([]byte, s.N*Q8RowBytes(s.K))
+			QuantizeQ8(q, f, s.N, s.K)
+			bfs, qs = append(bfs, bf), append(qs, q)
+		}
+		for _, M := range []int{1, 2} {
+			a := randSlice(r, M*s.K)
+			dst := make([]float32, M*s.N)
+			for _, c := range []struct {
+				name  string
+				bytes int
+				f     func(i int)
+			}{
+				{"bf16", 2 * s.N * s.K, func(i int) { MatMulTBF16(dst, a, bfs[i%n], M, s.N, s.K) }},
+				{"q8", len(qs[0]), func(i int) { MatMulTQ8(dst, a, qs[i%n], M, s.N, s.K) }},
+			} {
+				b.Run(fmt.Sprintf("N=%d/K=%d/M=%d/%s", s.N, s.K, M, c.name), func(b *testing.B) {
+					i := 0
+					for b.Loop() {
+						c.f(i)
+						i++
+					}
+					b.ReportMetric(float64(c.bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
+			}
+		}
+	}
+}
