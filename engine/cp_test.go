@@ -50,7 +50,7 @@ func TestContextParallelPrefill(t *testing.T) {
 				p := engine.SamplingParams{MaxTokens: tc.gen, IgnoreEOS: true, TopP: 1, RepetitionPenalty: 1}
 				long = collect(t, mustGen(t, e, prompt, p)).tokens[0]
 				shortOut = collect(t, mustGen(t, e, short, p)).tokens[0]
-				st = e.Stats()
+				st = waitIdle(t, e)
 				shutdown(t, e)
 				return long, shortOut, st
 			}

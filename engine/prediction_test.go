@@ -83,7 +83,7 @@ func TestSpeculationPrediction(t *testing.T) {
 				u = ev.Usage
 			}
 		}
-		return toks, u, e.Stats()
+		return toks, u, settled(t, e)
 	}
 	e, err := New(nextModel(V, next), fakeBackend{}, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 20}, Options{Name: "t"})
 	if err != nil {

@@ -34,7 +34,7 @@ func TestExpertRebalancing(t *testing.T) {
 		for _, pr := range prompts {
 			out = append(out, collect(t, mustGen(t, e, pr, p)).tokens[0])
 		}
-		return out, e.Stats()
+		return out, waitIdle(t, e)
 	}
 	plain, st0 := run(0)
 	moved, st := run(2)

@@ -47,6 +47,21 @@ func (m *rowModel) Forward(b *backend.Batch) (backend.Tensor, error) {
 	return out, nil
 }
 
+// settled is e's stats once its last step has published them: a request's
+// final event reaches its caller before the step that produced it counts
+// its drafts and steps.
+func settled(t testing.TB, e *Engine) Stats {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := e.Stats()
+		if st.Running == 0 && st.Waiting == 0 || time.Now().After(deadline) {
+			return st
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // stillClock stands still: speculation's meter sees no step time and
 // never pauses (the tests that count drafts and steps use it).
 func stillClock() time.Time { return time.Time{} }
@@ -170,7 +185,7 @@ func TestSpeculationMatchesGreedy(t *testing.T) {
 					}
 					out = append(out, fmt.Sprintf("%v %v %v %v", toks, text, reason, lps))
 				}
-				return out, e.Stats(), m.fed
+				return out, settled(t, e), m.fed
 			}
 			want, plain, plainFed := run(0)
 			got, st, fed := run(4)
@@ -232,7 +247,7 @@ func TestSpeculationRealModel(t *testing.T) {
 			}
 			chans = append(chans, ch)
 		}
-		return tokensOf(t, chans), e.Stats()
+		return tokensOf(t, chans), settled(t, e)
 	}
 	want, _ := run(0)
 	got, st := run(5)
@@ -293,7 +308,7 @@ func TestSpeculationSampled(t *testing.T) {
 				}
 			}
 		}
-		return counts, e.Stats()
+		return counts, settled(t, e)
 	}
 	for _, spec := range []int{0, 4} {
 		c, st := run(spec)
@@ -422,7 +437,7 @@ func TestSpeculationConstrained(t *testing.T) {
 			}
 			chans = append(chans, ch)
 		}
-		return tokensOf(t, chans), e.Stats()
+		return tokensOf(t, chans), settled(t, e)
 	}
 	want, _ := run(0, false)
 	for _, device := range []bool{false, true} {

@@ -196,7 +196,7 @@ func TestSpeculationMeteredEngine(t *testing.T) {
 			prompts = append(prompts, []int32{int32(i), int32(i + 1), 0, 1, 2, 3, 4, 5, 6})
 		}
 		out := greedyTokens(t, e, m.gate, prompts, 1000)
-		return out, e.Stats(), time.Duration(now.Load())
+		return out, settled(t, e), time.Duration(now.Load())
 	}
 	cheapOut, cheap, _ := run(0)
 	const perDraft = 5 * time.Millisecond
@@ -291,7 +291,8 @@ func TestSpeculationMeteredSync(t *testing.T) {
 		for i := range 4 {
 			prompts = append(prompts, []int32{int32(250 * i), int32(250*i + 1)}) // no token repeats: no drafts
 		}
-		return greedyTokens(t, e, m.gate, prompts, 240), e.Stats()
+		out := greedyTokens(t, e, m.gate, prompts, 240)
+		return out, settled(t, e)
 	}
 	want, plain := run(0)
 	got, st := run(4)
@@ -363,7 +364,7 @@ func TestSpeculationMeterSparesPredictions(t *testing.T) {
 				u = *ev.Usage
 			}
 		}
-		return u, e.Stats()
+		return u, settled(t, e)
 	}
 	still, _ := run(false)
 	metered, st := run(true)
