@@ -81,9 +81,9 @@ type Engine struct {
 type Stats struct {
 	Running, Waiting       int
 	BlocksUsed, BlocksFree int
-	PrefixQueries          int // prompt tokens looked up in the prefix cache
-	PrefixHits             int // of which were found
-	Steps                  int64
+	PrefixQueries          int   // prompt tokens looked up in the prefix cache
+	PrefixHits             int   // of which were found
+	Steps                  int64 // forward passes (failed ones too)
 	Preemptions            int64
 	ContextParallelTokens  int64 // prompt tokens prefilled with ring attention (Config.ContextParallel)
 	ExpertPlacements       int64 // per-layer expert placements installed by the rebalancer (Config.RebalanceEvery)
@@ -373,7 +373,7 @@ func (e *Engine) loop() {
 					e.failAll(err)
 				}
 			}
-			e.publish()
+			e.publish(false)
 			if draining {
 				e.mu.Lock()
 				empty := len(e.incoming) == 0
@@ -406,5 +406,5 @@ func (e *Engine) failAll(err error) {
 	e.dropFinished()
 	e.running, e.waiting = nil, nil
 	e.inflight = nil
-	e.publish()
+	e.publish(false)
 }

@@ -162,7 +162,7 @@ func (e *Engine) overlapStep(plan []entry, b *backend.Batch, as backend.AsyncSam
 		e.takeExpertLoad() // (the rebalancer counts steps in observations: every step)
 	}
 	e.dropFinished()
-	e.publish()
+	e.publish(true)
 }
 
 // recovered is f() with a panic turned into an error naming what.

@@ -184,13 +184,13 @@ func (e *Engine) step() {
 		// ends them (by length): deliver it.
 		e.resolveInflight()
 		e.dropFinished()
-		e.publish()
+		e.publish(false)
 		return
 	}
 	if len(plan) == 0 {
 		// Nothing fits (e.g. every block is held by waiting forks): should
 		// not happen with at least one running sequence; wait for a wake-up.
-		e.publish()
+		e.publish(false)
 		<-e.wake
 		return
 	}
@@ -220,7 +220,7 @@ func (e *Engine) step() {
 		plan = slices.DeleteFunc(plan, func(en entry) bool { return en.s.done })
 		if len(plan) == 0 {
 			e.dropFinished()
-			e.publish()
+			e.publish(false)
 			return
 		}
 	}
@@ -391,7 +391,7 @@ func (e *Engine) step() {
 	}
 	e.takeExpertLoad()
 	e.dropFinished()
-	e.publish()
+	e.publish(true)
 }
 
 // endsAtPending reports whether s's newest token is still on the device
@@ -414,7 +414,7 @@ func (e *Engine) failStep(plan []entry, msg string, err error, tokens int) {
 		e.finish(en.s, FinishError, err)
 	}
 	e.dropFinished()
-	e.publish()
+	e.publish(true)
 }
 
 // takeExpertLoad passes the expert loads the backend counted to the
@@ -866,14 +866,18 @@ func (e *Engine) dropFinished() {
 	e.waiting = slices.DeleteFunc(e.waiting, func(s *sequence) bool { return s.done })
 }
 
-// publish updates Stats and the gauges.
-func (e *Engine) publish() {
+// publish updates Stats and the gauges; stepped counts a forward pass.
+func (e *Engine) publish(stepped bool) {
 	old := e.Stats()
+	steps := old.Steps
+	if stepped {
+		steps++
+	}
 	st := Stats{
 		Running: len(e.running), Waiting: len(e.waiting) + int(e.queuedIncoming()),
 		BlocksFree: e.blocks.available(), BlocksUsed: e.blocks.numBlocks() - e.blocks.available(),
 		PrefixQueries: e.blocks.queries, PrefixHits: e.blocks.hits,
-		Steps: old.Steps + 1, Preemptions: old.Preemptions, ContextParallelTokens: e.cpTokens,
+		Steps: steps, Preemptions: old.Preemptions, ContextParallelTokens: e.cpTokens,
 		OverlappedSteps: old.OverlappedSteps, SpecDrafted: old.SpecDrafted, SpecAccepted: old.SpecAccepted, SpecPauses: e.spec.pauses,
 	}
 	if e.rebal != nil {
