@@ -69,12 +69,13 @@ func WidenBF16(dst []float32, src []uint16) {
 
 // Weights is a row-major matrix held as float32 values (F32), as bf16
 // values (BF16, the upper halves of float32s, as BF16 checkpoints store
-// them) or as a Q8 matrix (Q8, its rows of Q8RowBytes(K) bytes): exactly
-// one is set.
+// them), as a Q8 matrix (Q8) or as an FP4 matrix (FP4): exactly one is
+// set.
 type Weights struct {
 	F32  []float32
 	BF16 []uint16
 	Q8   []byte
+	FP4  []byte
 }
 
 // Len is the number of values.
@@ -83,32 +84,55 @@ func (w Weights) Len() int {
 	case w.BF16 != nil:
 		return len(w.BF16)
 	case w.Q8 != nil:
-		return len(w.Q8) / (Q8RowBytes(Q8Group)) * Q8Group
+		return len(w.Q8) / q8GroupBytes * Q8Group
+	case w.FP4 != nil:
+		return len(w.FP4) / fp4GroupBytes * Q8Group
 	}
 	return len(w.F32)
 }
 
+// Forms is the number of forms set (1 for a valid matrix).
+func (w Weights) Forms() int {
+	n := 0
+	for _, set := range []bool{w.F32 != nil, w.BF16 != nil, w.Q8 != nil, w.FP4 != nil} {
+		if set {
+			n++
+		}
+	}
+	return n
+}
+
+// Grouped reports whether w is held in groups of Q8Group values along its
+// rows (Q8 or FP4), whose rows must be whole groups.
+func (w Weights) Grouped() bool { return w.Q8 != nil || w.FP4 != nil }
+
 // Block is values [i·n, i·n+n), capped so it cannot reach the next block
-// (for Q8, n is a whole number of rows).
+// (for Q8 and FP4, n is a whole number of rows).
 func (w Weights) Block(i, n int) Weights {
 	switch {
 	case w.BF16 != nil:
 		return Weights{BF16: w.BF16[i*n : i*n+n : i*n+n]}
 	case w.Q8 != nil:
-		nb := n / Q8Group * Q8RowBytes(Q8Group)
+		nb := n / Q8Group * q8GroupBytes
 		return Weights{Q8: w.Q8[i*nb : i*nb+nb : i*nb+nb]}
+	case w.FP4 != nil:
+		nb := n / Q8Group * fp4GroupBytes
+		return Weights{FP4: w.FP4[i*nb : i*nb+nb : i*nb+nb]}
 	}
 	return Weights{F32: w.F32[i*n : i*n+n : i*n+n]}
 }
 
 // MulT sets dst = a·wᵀ for a [M, K] and w [N, K]: MatMulT, MatMulTBF16
-// (the same values, bit for bit, reading half the bytes) or MatMulTQ8.
+// (the same values, bit for bit, reading half the bytes), MatMulTQ8 or
+// MatMulTFP4.
 func (w Weights) MulT(dst, a []float32, M, N, K int) {
 	switch {
 	case w.BF16 != nil:
 		MatMulTBF16(dst, a, w.BF16, M, N, K)
 	case w.Q8 != nil:
 		MatMulTQ8(dst, a, w.Q8, M, N, K)
+	case w.FP4 != nil:
+		MatMulTFP4(dst, a, w.FP4, M, N, K)
 	default:
 		MatMulT(dst, a, w.F32, M, N, K)
 	}

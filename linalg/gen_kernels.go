@@ -52,11 +52,17 @@ func main() {
 	for _, t := range tiles {
 		gen(&w, t[0], t[1], 4, t[3], q8)
 	}
+	// The FP4 kernels (MatMulTFP4) on their own tile set.
+	genFP4Consts(&w)
+	for _, t := range fp4Tiles {
+		genFP4(&w, t[0], t[1], t[2])
+	}
 	for nr := 1; nr <= 6; nr++ {
 		genPanel(&w, nr)
 	}
 	genWiden(&w)
 	genWidenQ8(&w)
+	genWidenFP4(&w)
 	for _, nv := range []int{1, 2, 4, 8} {
 		genAccum(&w, nv)
 	}
@@ -517,6 +523,205 @@ func genAccum(w *strings.Builder, nv int) {
 	for v := 0; v < nv; v++ {
 		p("VMOVUPS Y%d, %d(DI)", v, 32*v)
 	}
+	p("VZEROUPPER")
+	p("RET")
+}
+
+// fp4Tiles lists the (mr, nr, ua) FP4 kernels: at most 9 accumulators,
+// the other 7 registers holding the codebook, the nibble mask, a group's
+// decoded halves, the widened values, the scale and a piece of a.
+var fp4Tiles = [][3]int{
+	{1, 1, 2}, {1, 2, 2}, {2, 1, 2}, {2, 2, 2}, {3, 1, 2}, {3, 2, 1}, {4, 1, 2}, {4, 2, 1},
+	{1, 4, 2},
+}
+
+// genFP4Consts emits the FP4 kernels' constants: the codebook (E2M1
+// values doubled, as int8: 0, 1, 2, 3, 4, 6, 8, 12 and their negatives,
+// by nibble) and the low-nibble mask.
+func genFP4Consts(w *strings.Builder) {
+	fmt.Fprintf(w, "\nDATA fp4codes<>+0(SB)/8, $0x0c08060403020100\n")
+	fmt.Fprintf(w, "DATA fp4codes<>+8(SB)/8, $0xf4f8fafcfdfeff00\n")
+	fmt.Fprintf(w, "GLOBL fp4codes<>(SB), RODATA|NOPTR, $16\n")
+	fmt.Fprintf(w, "DATA fp4mask<>+0(SB)/8, $0x0f0f0f0f0f0f0f0f\n")
+	fmt.Fprintf(w, "DATA fp4mask<>+8(SB)/8, $0x0f0f0f0f0f0f0f0f\n")
+	fmt.Fprintf(w, "GLOBL fp4mask<>(SB), RODATA|NOPTR, $16\n")
+}
+
+// genFP4 emits dotMxNfp4: the dot kernel for b's rows in linalg.FP4 (groups
+// of 32 values: 16 bytes of nibbles, the even element in the low one, then
+// the group's float32 scale; 20 bytes). n is a multiple of 32; each pass of
+// the loop is one group, DX counting bytes of b (20 a pass) and AX bytes of
+// a (128). For each row j of b a pass decodes the group — nibbles through
+// the codebook (VPSHUFB) into int8, interleaved back into order
+// (VPUNPCKL/HBW) — then runs its four 8-wide steps: widen (VPMOVSXBD,
+// VCVTDQ2PS), scale (VMULPS), and an FMA into each row of a's accumulator
+// of copy step%ua, as the float32 kernels order their sums.
+func genFP4(w *strings.Builder, mr, nr, ua int) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
+	acc := func(r, i, j int) int { return ((r%ua)*mr+i)*nr + j }
+	nacc := mr * nr * ua
+	if nacc > 9 {
+		panic(fmt.Sprintf("fp4 tile %dx%d needs %d accumulators", mr, nr, nacc))
+	}
+	if mr+nr+2 > len(regPool) {
+		panic(fmt.Sprintf("fp4 tile %dx%d needs %d general registers", mr, nr, mr+nr+2))
+	}
+	// Vector registers: accumulators from Y0; Y9 the widened piece, X10 the
+	// group's second half, Y11 the scale, X12 its first half, X13 the mask,
+	// X14 the codebook, Y15 a piece of a.
+	aReg, bReg, cReg, pfReg := regPool[:mr], regPool[mr:mr+nr], regPool[mr+nr], regPool[mr+nr+1]
+	name := fmt.Sprintf("dot%dx%dfp4", mr, nr)
+	fmt.Fprintf(w, "\n// func %s(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)\n", name)
+	fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-64\n", name)
+	p("MOVQ a+0(FP), R8")
+	p("MOVQ lda+8(FP), AX")
+	p("SHLQ $2, AX")
+	for i := 1; i < mr; i++ {
+		p("LEAQ (%s)(AX*1), %s", aReg[i-1], aReg[i])
+	}
+	p("MOVQ n+32(FP), CX") // n/32 groups of 20 bytes: CX = 5n/8
+	p("SHRQ $3, CX")
+	p("LEAQ (CX)(CX*4), CX")
+	p("VMOVDQU fp4codes<>(SB), X14")
+	p("VMOVDQU fp4mask<>(SB), X13")
+	fmt.Fprintf(w, "tile%s:\n", name)
+	p("MOVQ b+16(FP), %s", bReg[0])
+	p("MOVQ ldb+24(FP), AX")
+	for j := 1; j < nr; j++ {
+		p("LEAQ (%s)(AX*1), %s", bReg[j-1], bReg[j])
+	}
+	for r := 0; r < nacc; r++ {
+		p("VXORPS Y%d, Y%d, Y%d", r, r, r)
+	}
+	p("XORQ DX, DX")
+	p("IMUL3Q $%d, AX, %s", nr, pfReg) // the next tile's rows, for prefetches
+	p("XORQ AX, AX")
+	fmt.Fprintf(w, "loop%s:\n", name)
+	for j := 0; j < nr; j++ {
+		p("PREFETCHT1 (%s)(%s*1)", bReg[j], pfReg)
+		p("VMOVDQU (%s)(DX*1), X10", bReg[j])
+		p("VPSRLW $4, X10, X9")
+		p("VPAND X13, X10, X10")
+		p("VPAND X13, X9, X9")
+		p("VPSHUFB X10, X14, X10")   // the even elements' values
+		p("VPSHUFB X9, X14, X9")     // the odd elements'
+		p("VPUNPCKLBW X9, X10, X12") // elements 0-15
+		p("VPUNPCKHBW X9, X10, X10") // elements 16-31
+		p("VBROADCASTSS 16(%s)(DX*1), Y11", bReg[j])
+		for r := 0; r < 4; r++ {
+			src := []string{"X12", "X9", "X10", "X9"}[r]
+			switch r {
+			case 1:
+				p("VPSHUFD $0xEE, X12, X9")
+			case 3:
+				p("VPSHUFD $0xEE, X10, X9")
+			}
+			p("VPMOVSXBD %s, Y9", src)
+			p("VCVTDQ2PS Y9, Y9")
+			p("VMULPS Y11, Y9, Y9")
+			for i := 0; i < mr; i++ {
+				if r == 0 {
+					p("VMOVUPS (%s)(AX*1), Y15", aReg[i])
+				} else {
+					p("VMOVUPS %d(%s)(AX*1), Y15", 32*r, aReg[i])
+				}
+				p("VFMADD231PS Y9, Y15, Y%d", acc(r, i, j))
+			}
+		}
+	}
+	p("ADDQ $128, AX")
+	p("ADDQ $20, DX")
+	p("ADDQ $20, %s", pfReg)
+	p("CMPQ DX, CX")
+	p("JLT loop%s", name)
+	// Fold the copies and add the sums to c, as gen does.
+	for r := 1; r < ua; r++ {
+		for i := 0; i < mr; i++ {
+			for j := 0; j < nr; j++ {
+				p("VADDPS Y%d, Y%d, Y%d", acc(r, i, j), acc(0, i, j), acc(0, i, j))
+			}
+		}
+	}
+	p("MOVQ c+40(FP), %s", cReg)
+	p("MOVQ ldc+48(FP), AX")
+	p("SHLQ $2, AX")
+	for i := 0; i < mr; i++ {
+		v := make([]int, 4)
+		for j := range v {
+			v[j] = acc(0, i, min(j, nr-1))
+		}
+		p("VHADDPS Y%d, Y%d, Y13", v[1], v[0])
+		p("VHADDPS Y%d, Y%d, Y14", v[3], v[2])
+		p("VHADDPS Y14, Y13, Y13")
+		p("VEXTRACTF128 $1, Y13, X14")
+		p("VADDPS X14, X13, X13")
+		switch nr {
+		case 1:
+			p("VADDSS (%s), X13, X13", cReg)
+			p("VMOVSS X13, (%s)", cReg)
+		case 2:
+			p("VMOVSD (%s), X14", cReg)
+			p("VADDPS X14, X13, X13")
+			p("VMOVSD X13, (%s)", cReg)
+		case 4:
+			p("VADDPS (%s), X13, X13", cReg)
+			p("VMOVUPS X13, (%s)", cReg)
+		default:
+			panic("fp4 tiles are 1, 2 or 4 wide")
+		}
+		if i+1 < mr {
+			p("ADDQ AX, %s", cReg)
+		}
+	}
+	// The reduction used X13 and X14: reload the mask and codebook.
+	p("VMOVDQU fp4codes<>(SB), X14")
+	p("VMOVDQU fp4mask<>(SB), X13")
+	p("ADDQ $%d, c+40(FP)", 4*nr)
+	p("MOVQ ldb+24(FP), AX")
+	p("IMULQ $%d, AX", nr)
+	p("ADDQ AX, b+16(FP)")
+	p("DECQ nt+56(FP)")
+	p("JNZ tile%s", name)
+	p("VZEROUPPER")
+	p("RET")
+}
+
+// genWidenFP4 emits widenfp4(dst *float32, src *byte, n int): dst[i] = the
+// value of element i of the linalg.FP4 row src, as the FP4 dot kernels
+// compute it; n is a positive multiple of 32 (one group a pass).
+func genWidenFP4(w *strings.Builder) {
+	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
+	fmt.Fprintf(w, "\n// func widenfp4(dst *float32, src *byte, n int)\n")
+	fmt.Fprintf(w, "TEXT ·widenfp4(SB), NOSPLIT, $0-24\n")
+	p("MOVQ dst+0(FP), DI")
+	p("MOVQ src+8(FP), SI")
+	p("MOVQ n+16(FP), CX")
+	p("SHLQ $2, CX") // bytes of dst
+	p("XORQ DX, DX")
+	p("VMOVDQU fp4codes<>(SB), X14")
+	p("VMOVDQU fp4mask<>(SB), X13")
+	fmt.Fprintf(w, "loopwidenfp4:\n")
+	p("VMOVDQU (SI), X10")
+	p("VPSRLW $4, X10, X9")
+	p("VPAND X13, X10, X10")
+	p("VPAND X13, X9, X9")
+	p("VPSHUFB X10, X14, X10")
+	p("VPSHUFB X9, X14, X9")
+	p("VPUNPCKLBW X9, X10, X12")
+	p("VPUNPCKHBW X9, X10, X10")
+	p("VBROADCASTSS 16(SI), Y11")
+	p("VPSHUFD $0xEE, X12, X1")
+	p("VPSHUFD $0xEE, X10, X3")
+	for u, src := range []string{"X12", "X1", "X10", "X3"} {
+		p("VPMOVSXBD %s, Y%d", src, 4+u)
+		p("VCVTDQ2PS Y%d, Y%d", 4+u, 4+u)
+		p("VMULPS Y11, Y%d, Y%d", 4+u, 4+u)
+		p("VMOVUPS Y%d, %d(DI)(DX*1)", 4+u, 32*u)
+	}
+	p("ADDQ $20, SI")
+	p("ADDQ $128, DX")
+	p("CMPQ DX, CX")
+	p("JLT loopwidenfp4")
 	p("VZEROUPPER")
 	p("RET")
 }

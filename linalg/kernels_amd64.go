@@ -154,6 +154,42 @@ func dot4x3q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int,
 //go:noescape
 func dot1x4q8(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
 
+// The FP4 dot kernels: b's rows are linalg.FP4 rows (ldb bytes apart), n
+// a multiple of 32 values from a group boundary.
+
+//go:noescape
+func dot1x1fp4(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot1x2fp4(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot2x1fp4(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot2x2fp4(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot3x1fp4(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot3x2fp4(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot4x1fp4(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot4x2fp4(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+//go:noescape
+func dot1x4fp4(a *float32, lda int, b *byte, ldb int, n int, c *float32, ldc int, nt int)
+
+// widenfp4 sets dst[i] to the value of element i of the FP4 row src of n
+// values (n a positive multiple of 32).
+//
+//go:noescape
+func widenfp4(dst *float32, src *byte, n int)
+
 // widenq8 sets dst[i] to the value of element i of the Q8 row src of n
 // values (n a positive multiple of 32).
 //
@@ -208,6 +244,19 @@ var avx2DotQ8 = &dotSet[byte]{
 		{dot4x1q8, dot4x2q8, dot4x3q8},
 	},
 	gemv: dot1x4q8, gemvN: 4,
+}
+
+// avx2DotFP4 is avx2Kernels' dot set for FP4 b: 4×2 tiles (the decoding
+// leaves registers for no more accumulators).
+var avx2DotFP4 = &dotSet[byte]{
+	mr: 4, nr: 2,
+	k: [][]kernelOf[byte]{
+		{dot1x1fp4, dot1x2fp4},
+		{dot2x1fp4, dot2x2fp4},
+		{dot3x1fp4, dot3x2fp4},
+		{dot4x1fp4, dot4x2fp4},
+	},
+	gemv: dot1x4fp4, gemvN: 4,
 }
 
 // hasAVX2 reports whether the assembly kernels can run on this CPU.

@@ -8,6 +8,7 @@ var (
 	avx2Kernels *tileKernels
 	avx2DotBF   *dotSet[uint16]
 	avx2DotQ8   *dotSet[byte]
+	avx2DotFP4  *dotSet[byte]
 	avx2Accum   []struct {
 		n int
 		f func(y *float32, p *float32, x *float32, ldx int, m int)
@@ -22,4 +23,9 @@ func widenbf16(dst *float32, src *uint16, n int) {
 // widenq8 is never called here (avx2DotQ8 is nil).
 func widenq8(dst *float32, src *byte, n int) {
 	panic("linalg: no widenq8 kernel on this platform")
+}
+
+// widenfp4 is never called here (avx2DotFP4 is nil).
+func widenfp4(dst *float32, src *byte, n int) {
+	panic("linalg: no widenfp4 kernel on this platform")
 }

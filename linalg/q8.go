@@ -199,15 +199,23 @@ func dequantRow(dst []float32, q []byte, K int) {
 // dequantizes bfBlock rows of b at a time into a float32 buffer that the
 // packed kernels read.
 func MatMulTQ8(dst, a []float32, b []byte, M, N, K int) {
+	matMulGrouped("MatMulTQ8", dst, a, b, M, N, K, q8GroupBytes, avx2DotQ8, DequantQ8)
+}
+
+// matMulGrouped is MatMulTQ8 and MatMulTFP4: b [N, K] in groups of
+// Q8Group values of groupBytes bytes each, ks its dot kernels (nil: none
+// on this machine), dequant its rows' float32 values.
+func matMulGrouped(op string, dst, a []float32, b []byte, M, N, K, groupBytes int, ks *dotSet[byte],
+	dequant func(dst []float32, b []byte, N, K int)) {
 	if K%Q8Group != 0 {
-		panic(fmt.Sprintf("linalg.MatMulTQ8: K=%d is not a multiple of %d", K, Q8Group))
+		panic(fmt.Sprintf("linalg.%s: K=%d is not a multiple of %d", op, K, Q8Group))
 	}
-	ld := Q8RowBytes(K)
+	ld := K / Q8Group * groupBytes
 	bRows := N
 	if ld > 0 {
 		bRows = len(b) / ld
 	}
-	g, w, mAlign, ok := begin("MatMulTQ8", dst, a, bRows*K, M, N, K)
+	g, w, mAlign, ok := begin(op, dst, a, bRows*K, M, N, K)
 	if !ok {
 		return
 	}
@@ -215,15 +223,15 @@ func MatMulTQ8(dst, a []float32, b []byte, M, N, K int) {
 	packed := g.mf > 0
 	// run computes dst[m0:m1, n0:n1] (MatMulT's gemm.run).
 	run := func(m0, m1, n0, n1 int) {
-		if !packed && useAsm && avx2DotQ8 != nil {
-			runDotQ8(g, b, avx2DotQ8, m0, m1, n0, n1)
+		if !packed && useAsm && ks != nil {
+			runDotGrouped(g, b, groupBytes, ks, m0, m1, n0, n1)
 			return
 		}
 		buf := getBuf(min(bfBlock, n1-n0) * K)
 		defer putBuf(buf)
 		for nb := n0; nb < n1; nb += bfBlock {
 			ne := min(nb+bfBlock, n1)
-			DequantQ8(buf[:(ne-nb)*K], b[nb*ld:ne*ld], ne-nb, K)
+			dequant(buf[:(ne-nb)*K], b[nb*ld:ne*ld], ne-nb, K)
 			h := *g
 			h.b, h.bOff = buf, nb
 			h.run(m0, m1, nb, ne)
@@ -237,27 +245,28 @@ func MatMulTQ8(dst, a []float32, b []byte, M, N, K int) {
 	default: // rows split over the goroutines: each reads all of b, so dequantize it once
 		buf := getBuf(N * K)
 		defer putBuf(buf)
-		parallelFor(N, 1, w, func(n0, n1 int) { DequantQ8(buf[n0*K:n1*K], b[n0*ld:n1*ld], n1-n0, K) })
+		parallelFor(N, 1, w, func(n0, n1 int) { dequant(buf[n0*K:n1*K], b[n0*ld:n1*ld], n1-n0, K) })
 		g.b = buf
 		parallelFor(M, mAlign, w, func(m0, m1 int) { g.run(m0, m1, 0, N) })
 	}
 }
 
-// runDotQ8 computes dst[m0:m1, n0:n1] with the Q8 dot kernels ks, blocked
-// as runDotOf blocks the float32 kernels (so the sums are theirs).
-func runDotQ8(g *gemm, b []byte, ks *dotSet[byte], m0, m1, n0, n1 int) {
+// runDotGrouped computes dst[m0:m1, n0:n1] with the dot kernels ks of a
+// grouped format (groups of Q8Group values in groupBytes bytes), blocked as
+// runDotOf blocks the float32 kernels (so that the Q8 sums are theirs).
+func runDotGrouped(g *gemm, b []byte, groupBytes int, ks *dotSet[byte], m0, m1, n0, n1 int) {
 	if m0 >= m1 || n0 >= n1 {
 		return
 	}
 	N, K := g.N, g.K
-	ld := Q8RowBytes(K)
+	ld := K / Q8Group * groupBytes
 	mr, nr := ks.mr, ks.nr
 	kc := blockK // a multiple of Q8Group
 	if m1-m0 <= mr {
 		kc = K // b is read once: no reuse to block for
 	}
 	// at is row n of b from column k (a group boundary).
-	at := func(n, k int) *byte { return &b[n*ld+k/Q8Group*q8GroupBytes] }
+	at := func(n, k int) *byte { return &b[n*ld+k/Q8Group*groupBytes] }
 	for k0 := 0; k0 < K; k0 += kc {
 		kk := min(kc, K-k0)
 		if m1-m0 == 1 {

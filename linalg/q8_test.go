@@ -185,14 +185,16 @@ func TestWeightsQ8(t *testing.T) {
 }
 
 // BenchmarkMatMulTQ8 times decode-sized products (M rows of a) against a
-// weight matrix [N, K] held as bf16 and as Q8: the gpt-oss expert and
-// Mixtral down-projection shapes.
+// weight matrix [N, K] held as bf16, as Q8 and as FP4: the gpt-oss expert
+// and Mixtral down-projection shapes.
 func BenchmarkMatMulTQ8(b *testing.B) {
 	r := rand.New(rand.NewPCG(5, 6))
 	for _, s := range []struct{ N, K int }{{5760, 2880}, {4096, 14336}} {
 		bf, f := randBF16(r, s.N*s.K)
 		q := make([]byte, s.N*Q8RowBytes(s.K))
 		QuantizeQ8(q, f, s.N, s.K)
+		f4 := make([]byte, s.N*FP4RowBytes(s.K))
+		QuantizeFP4BF16(f4, toBF16Bits(randMXFP4(r, s.N, s.K)), s.N, s.K)
 		for _, M := range []int{1, 4, 16} {
 			a := randSlice(r, M*s.K)
 			dst := make([]float32, M*s.N)
@@ -203,6 +205,7 @@ func BenchmarkMatMulTQ8(b *testing.B) {
 			}{
 				{"bf16", 2 * s.N * s.K, func() { MatMulTBF16(dst, a, bf, M, s.N, s.K) }},
 				{"q8", len(q), func() { MatMulTQ8(dst, a, q, M, s.N, s.K) }},
+				{"fp4", len(f4), func() { MatMulTFP4(dst, a, f4, M, s.N, s.K) }},
 			} {
 				b.Run(fmt.Sprintf("N=%d/K=%d/M=%d/%s", s.N, s.K, M, c.name), func(b *testing.B) {
 					for b.Loop() {
@@ -244,18 +247,20 @@ func BenchmarkQuantizeQ8BF16(b *testing.B) {
 // BenchmarkMatMulTQ8Experts times decode-sized products against 48
 // different expert-sized matrices in turn (Qwen3-30B-A3B's gate-up [1536,
 // 2048] and down [2048, 768]), so that each streams from DRAM as a decode
-// step's experts do, held as bf16 and as Q8.
+// step's experts do, held as bf16, as Q8 and as FP4.
 func BenchmarkMatMulTQ8Experts(b *testing.B) {
 	r := rand.New(rand.NewPCG(5, 6))
 	const n = 48
 	for _, s := range []struct{ N, K int }{{1536, 2048}, {2048, 768}} {
 		var bfs [][]uint16
-		var qs [][]byte
+		var qs, fs [][]byte
 		for range n {
 			bf, f := randBF16(r, s.N*s.K)
 			q := make([]byte, s.N*Q8RowBytes(s.K))
 			QuantizeQ8(q, f, s.N, s.K)
-			bfs, qs = append(bfs, bf), append(qs, q)
+			f4 := make([]byte, s.N*FP4RowBytes(s.K))
+			QuantizeFP4BF16(f4, toBF16Bits(randMXFP4(r, s.N, s.K)), s.N, s.K)
+			bfs, qs, fs = append(bfs, bf), append(qs, q), append(fs, f4)
 		}
 		for _, M := range []int{1, 2} {
 			a := randSlice(r, M*s.K)
@@ -267,6 +272,7 @@ func BenchmarkMatMulTQ8Experts(b *testing.B) {
 			}{
 				{"bf16", 2 * s.N * s.K, func(i int) { MatMulTBF16(dst, a, bfs[i%n], M, s.N, s.K) }},
 				{"q8", len(qs[0]), func(i int) { MatMulTQ8(dst, a, qs[i%n], M, s.N, s.K) }},
+				{"fp4", len(fs[0]), func(i int) { MatMulTFP4(dst, a, fs[i%n], M, s.N, s.K) }},
 			} {
 				b.Run(fmt.Sprintf("N=%d/K=%d/M=%d/%s", s.N, s.K, M, c.name), func(b *testing.B) {
 					i := 0

@@ -19,33 +19,34 @@ type Experts struct {
 	Down       []float32 // [E, H, I]
 	DownBias   []float32 // [E, H] or nil
 	Act        Activation
-	// GateUpBF16 and DownBF16 hold the same matrices in bf16 (the upper
-	// halves of float32 values) instead of GateUp and Down: the products
-	// are the same, bit for bit (linalg.MatMulTBF16), and half the bytes
-	// stream per token. Each weight is given one way or the other.
-	GateUpBF16, DownBF16 []uint16
-	// GateUpQ8 and DownQ8 hold them as linalg.Q8 matrices (rows of H and
-	// I values: both multiples of linalg.Q8Group).
-	GateUpQ8, DownQ8 []byte
+	// GateUpW and DownW hold the same matrices in another form instead
+	// of GateUp and Down (bf16, Q8 or FP4, whose rows of H and I values
+	// must then be whole groups of linalg.Q8Group): the products are
+	// linalg's for that form (bf16: the float32 ones bit for bit) and
+	// fewer bytes stream per token. Each matrix is given one way or the
+	// other.
+	GateUpW, DownW linalg.Weights
 }
 
 // gateUp and down are the expert matrices whichever way they are held.
 func (ex *Experts) gateUp() linalg.Weights {
-	return linalg.Weights{F32: ex.GateUp, BF16: ex.GateUpBF16, Q8: ex.GateUpQ8}
+	if ex.GateUp != nil {
+		return linalg.Weights{F32: ex.GateUp}
+	}
+	return ex.GateUpW
 }
 func (ex *Experts) down() linalg.Weights {
-	return linalg.Weights{F32: ex.Down, BF16: ex.DownBF16, Q8: ex.DownQ8}
+	if ex.Down != nil {
+		return linalg.Weights{F32: ex.Down}
+	}
+	return ex.DownW
 }
 
-// held reports whether exactly one of a matrix's three forms is set.
-func held(f32 []float32, bf []uint16, q []byte) bool {
-	n := 0
-	for _, set := range []bool{f32 != nil, bf != nil, q != nil} {
-		if set {
-			n++
-		}
+func btoi(b bool) int {
+	if b {
+		return 1
 	}
-	return n == 1
+	return 0
 }
 
 // Validate reports the first field whose size does not match E, H, I.
@@ -57,11 +58,11 @@ func (ex *Experts) Validate() error {
 		return fmt.Errorf("moe: experts: E, H, I = %d, %d, %d, want all > 0", ex.E, ex.H, ex.I)
 	}
 	E, H, I := ex.E, ex.H, ex.I
-	if !held(ex.GateUp, ex.GateUpBF16, ex.GateUpQ8) || !held(ex.Down, ex.DownBF16, ex.DownQ8) {
-		return fmt.Errorf("moe: experts: give each of GateUp and Down once, in float32, bf16 or Q8")
+	if ex.GateUpW.Forms()+btoi(ex.GateUp != nil) != 1 || ex.DownW.Forms()+btoi(ex.Down != nil) != 1 {
+		return fmt.Errorf("moe: experts: give each of GateUp and Down once, in float32 or in one form of GateUpW and DownW")
 	}
-	if (ex.GateUpQ8 != nil && H%linalg.Q8Group != 0) || (ex.DownQ8 != nil && I%linalg.Q8Group != 0) {
-		return fmt.Errorf("moe: experts: Q8 rows must be a multiple of %d values long (H = %d, I = %d)", linalg.Q8Group, H, I)
+	if (ex.GateUpW.Grouped() && H%linalg.Q8Group != 0) || (ex.DownW.Grouped() && I%linalg.Q8Group != 0) {
+		return fmt.Errorf("moe: experts: Q8 and FP4 rows must be a multiple of %d values long (H = %d, I = %d)", linalg.Q8Group, H, I)
 	}
 	if n := ex.gateUp().Len(); n != E*2*I*H {
 		return fmt.Errorf("moe: experts: GateUp has %d values, want [E, 2*I, H] = %d", n, E*2*I*H)

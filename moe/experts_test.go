@@ -195,7 +195,7 @@ func TestExpertsBF16SameBits(t *testing.T) {
 	for _, T := range []int{1, 3, 40, 300} {
 		ex := randExperts(r, 8, 72, 40, Activation{Kind: SwiGLU}, true)
 		bf := *ex
-		bf.GateUpBF16, bf.DownBF16 = toBF16(ex.GateUp), toBF16(ex.Down)
+		bf.GateUpW, bf.DownW = linalg.Weights{BF16: toBF16(ex.GateUp)}, linalg.Weights{BF16: toBF16(ex.Down)}
 		bf.GateUp, bf.Down = nil, nil
 		if err := bf.Validate(); err != nil {
 			t.Fatal(err)
@@ -225,7 +225,7 @@ func TestExpertsBF16SameBits(t *testing.T) {
 		}
 	}
 	ex := randExperts(r, 4, 8, 4, Activation{Kind: SwiGLU}, false)
-	ex.GateUpBF16 = toBF16(append([]float32(nil), ex.GateUp...))
+	ex.GateUpW = linalg.Weights{BF16: toBF16(append([]float32(nil), ex.GateUp...))}
 	if err := ex.Validate(); err == nil || !strings.Contains(err.Error(), "once") {
 		t.Fatalf("GateUp given twice: Validate() = %v", err)
 	}
@@ -250,7 +250,7 @@ func TestExpertsQ8SameBits(t *testing.T) {
 	for _, T := range []int{1, 3, 40, 300} {
 		ex := randExperts(r, 8, 96, 64, Activation{Kind: SwiGLU}, true)
 		q := *ex
-		q.GateUpQ8, q.DownQ8 = toQ8(ex.GateUp, 8*2*64, 96), toQ8(ex.Down, 8*96, 64)
+		q.GateUpW, q.DownW = linalg.Weights{Q8: toQ8(ex.GateUp, 8*2*64, 96)}, linalg.Weights{Q8: toQ8(ex.Down, 8*96, 64)}
 		q.GateUp, q.Down = nil, nil
 		if err := q.Validate(); err != nil {
 			t.Fatal(err)
@@ -280,7 +280,7 @@ func TestExpertsQ8SameBits(t *testing.T) {
 		}
 	}
 	ex := randExperts(r, 2, 40, 32, Activation{Kind: SwiGLU}, false) // H = 40: not whole groups
-	ex.GateUpQ8, ex.GateUp = make([]byte, 2*64*linalg.Q8RowBytes(32)), nil
+	ex.GateUpW, ex.GateUp = linalg.Weights{Q8: make([]byte, 2*64*linalg.Q8RowBytes(32))}, nil
 	if err := ex.Validate(); err == nil || !strings.Contains(err.Error(), "multiple of 32") {
 		t.Fatalf("Q8 rows of 40 values: Validate() = %v", err)
 	}
@@ -294,8 +294,8 @@ func BenchmarkExpertsForms(b *testing.B) {
 	const E, H, I = 16, 2048, 768
 	ex := randExperts(r, E, H, I, Activation{Kind: SwiGLU}, false)
 	bf, q := *ex, *ex
-	bf.GateUpBF16, bf.DownBF16, bf.GateUp, bf.Down = toBF16(slices.Clone(ex.GateUp)), toBF16(slices.Clone(ex.Down)), nil, nil
-	q.GateUpQ8, q.DownQ8, q.GateUp, q.Down = toQ8(slices.Clone(ex.GateUp), E*2*I, H), toQ8(slices.Clone(ex.Down), E*H, I), nil, nil
+	bf.GateUpW, bf.DownW, bf.GateUp, bf.Down = linalg.Weights{BF16: toBF16(slices.Clone(ex.GateUp))}, linalg.Weights{BF16: toBF16(slices.Clone(ex.Down))}, nil, nil
+	q.GateUpW, q.DownW, q.GateUp, q.Down = linalg.Weights{Q8: toQ8(slices.Clone(ex.GateUp), E*2*I, H)}, linalg.Weights{Q8: toQ8(slices.Clone(ex.Down), E*H, I)}, nil, nil
 	for _, T := range []int{1, 4} {
 		x := randn(r, T*H, 1)
 		ids, w := randRouting(r, T, 8, E)
@@ -316,5 +316,65 @@ func BenchmarkExpertsForms(b *testing.B) {
 				b.ReportMetric(float64(len(touched))*c.bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 			})
 		}
+	}
+}
+
+// TestExpertsFP4: experts held as FP4 (MXFP4's values) give the float32
+// experts' output on the same values to float32 rounding, alone and over
+// an expert-parallel world, at decode and prefill token counts.
+func TestExpertsFP4(t *testing.T) {
+	r := rand.New(rand.NewPCG(33, 9))
+	e2m1 := []float32{0, 0.5, 1, 1.5, 2, 3, 4, 6}
+	mxfp4 := func(n int) ([]float32, []uint16) { // values an MXFP4 checkpoint holds, and their bf16 bits
+		v, b := make([]float32, n), make([]uint16, n)
+		for g := 0; g < n; g += 32 {
+			s := float32(math.Ldexp(1, r.IntN(6)-8))
+			for i := g; i < g+32; i++ {
+				v[i] = e2m1[r.IntN(len(e2m1))] * s * float32(1-2*r.IntN(2))
+				b[i] = uint16(math.Float32bits(v[i]) >> 16)
+			}
+		}
+		return v, b
+	}
+	const E, H, I = 8, 96, 64
+	for _, T := range []int{1, 3, 40, 300} {
+		gu, gub := mxfp4(E * 2 * I * H)
+		dn, dnb := mxfp4(E * H * I)
+		ex := &Experts{E: E, H: H, I: I, GateUp: gu, Down: dn, Act: Activation{Kind: SwiGLU}}
+		f4 := *ex
+		f4.GateUp, f4.Down = nil, nil
+		f4.GateUpW.FP4, f4.DownW.FP4 = make([]byte, E*2*I*linalg.FP4RowBytes(H)), make([]byte, E*H*linalg.FP4RowBytes(I))
+		if !linalg.QuantizeFP4BF16(f4.GateUpW.FP4, gub, E*2*I, H) || !linalg.QuantizeFP4BF16(f4.DownW.FP4, dnb, E*H, I) {
+			t.Fatal("MXFP4 values refused")
+		}
+		if err := f4.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		x := randn(r, T*H, 1)
+		ids, w := randRouting(r, T, 2, E)
+		want, got := make([]float32, T*H), make([]float32, T*H)
+		ex.Forward(want, x, T, 2, ids, w)
+		check := func(what string) {
+			t.Helper()
+			var num, den float64
+			for i := range want {
+				d := float64(got[i] - want[i])
+				num, den = num+d*d, den+float64(want[i])*float64(want[i])
+			}
+			if e := math.Sqrt(num / den); e > 1e-6 || got[0] != got[0] {
+				t.Fatalf("T=%d %s: relative L2 %.3g from the float32 experts", T, what, e)
+			}
+		}
+		f4.Forward(got, x, T, 2, ids, w)
+		check("direct")
+		ep, err := NewEP(NewTable(E, 3), &f4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clear(got)
+		if err := ep.Forward(got, x, T, 2, ids, w); err != nil {
+			t.Fatal(err)
+		}
+		check("3 ranks")
 	}
 }

@@ -57,10 +57,12 @@ type Options struct {
 type WeightFormat int
 
 const (
-	// WeightsAuto holds a bf16 matrix as linalg.Q8 where Q8 holds every
-	// value exactly — an MXFP4 checkpoint's experts (gpt-oss), which
-	// dequantize to bf16 as they load: 9/16 of the bytes, the same results
-	// — and every other matrix as the checkpoint stores it.
+	// WeightsAuto holds a bf16 matrix in the smallest form that holds
+	// every value exactly — linalg.FP4 (5/16 of the bytes: an MXFP4
+	// checkpoint's experts, gpt-oss's, which dequantize to bf16 as they
+	// load), else linalg.Q8 (9/16) — and every other matrix as the
+	// checkpoint stores it. The results are the stored weights' (to
+	// float32 rounding for FP4).
 	WeightsAuto WeightFormat = iota
 	// WeightsStored holds every matrix as stored: bf16 as bf16, any other
 	// dtype as float32.
@@ -117,26 +119,28 @@ type Backend struct {
 	// epRanks are the layers' ranks of the process world (Options.EPComm).
 	epRanks map[*backend.MoELayer]*epRankWorld
 
-	held [3]atomic.Int64 // bytes of the weights Weight made: float32, bf16, Q8
+	held [4]atomic.Int64 // bytes of the weights Weight made: float32, bf16, Q8, FP4
 }
 
 // WeightBytes is the memory of the weights a backend holds, by form.
 type WeightBytes struct {
-	F32, BF16, Q8 int64
+	F32, BF16, Q8, FP4 int64
 }
 
 // Total is the bytes of all forms.
-func (w WeightBytes) Total() int64 { return w.F32 + w.BF16 + w.Q8 }
+func (w WeightBytes) Total() int64 { return w.F32 + w.BF16 + w.Q8 + w.FP4 }
 
 // WeightBytes reports the bytes of the weights Weight has made so far, by
 // the form Options.Weights chose for each.
 func (be *Backend) WeightBytes() WeightBytes {
-	return WeightBytes{F32: be.held[0].Load(), BF16: be.held[1].Load(), Q8: be.held[2].Load()}
+	return WeightBytes{F32: be.held[0].Load(), BF16: be.held[1].Load(), Q8: be.held[2].Load(), FP4: be.held[3].Load()}
 }
 
 // count adds t's bytes to the weights held.
 func (be *Backend) count(t *Tensor) *Tensor {
 	switch {
+	case t.fp4 != nil:
+		be.held[3].Add(int64(len(t.fp4)))
 	case t.q8 != nil:
 		be.held[2].Add(int64(len(t.q8)))
 	case t.bf != nil:
@@ -197,7 +201,11 @@ func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
 		t := &Tensor{shape: shape, bf: bf}
 		switch {
 		case !q8able || be.opts.Weights == WeightsStored:
-		case be.opts.Weights == WeightsQ8 && !isRouter(h.Name), linalg.Q8ExactBF16(bf, shape[0], shape[1]):
+		case be.opts.Weights == WeightsQ8 && !isRouter(h.Name):
+			t = quantized(t)
+		case be.opts.Weights == WeightsAuto && linalg.FP4ExactBF16(bf, shape[0], shape[1]):
+			t = toFP4(t)
+		case be.opts.Weights == WeightsAuto && linalg.Q8ExactBF16(bf, shape[0], shape[1]):
 			t = quantized(t)
 		}
 		return be.count(t), nil
@@ -224,6 +232,20 @@ func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
 		t = quantized(t)
 	}
 	return be.count(t), nil
+}
+
+// toFP4 is the bf16 matrix t, every value of which linalg.FP4 holds
+// (FP4ExactBF16), as an FP4 matrix, converted on all cores.
+func toFP4(t *Tensor) *Tensor {
+	N, K := t.dims()
+	ld := linalg.FP4RowBytes(K)
+	q := make([]byte, N*ld)
+	parallelRows(N, K, func(lo, hi int) {
+		if !linalg.QuantizeFP4BF16(q[lo*ld:hi*ld], t.bf[lo*K:hi*K], hi-lo, K) {
+			panic("cpu: an FP4-exact matrix refused by QuantizeFP4BF16")
+		}
+	})
+	return &Tensor{shape: t.shape, fp4: q}
 }
 
 // quantized is the matrix t (bf16 or float32, rows a multiple of
@@ -263,6 +285,9 @@ func (be *Backend) Embed(table backend.Tensor, ids []int32) backend.Tensor {
 		case t.q8 != nil:
 			ld := linalg.Q8RowBytes(H)
 			linalg.DequantQ8(out.data[i*H:(i+1)*H], t.q8[int(id)*ld:(int(id)+1)*ld], 1, H)
+		case t.fp4 != nil:
+			ld := linalg.FP4RowBytes(H)
+			linalg.DequantFP4(out.data[i*H:(i+1)*H], t.fp4[int(id)*ld:(int(id)+1)*ld], 1, H)
 		default:
 			copy(out.data[i*H:(i+1)*H], t.data[int(id)*H:])
 		}

@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/linalg"
 	"github.com/mkserve/mkserve/moe"
 )
 
@@ -97,12 +98,10 @@ func (be *Backend) experts(l *backend.MoELayer, E, H int) *moe.Experts {
 	ex := &moe.Experts{
 		E: E, H: H, I: I,
 		GateUp:     gu.data,
-		GateUpBF16: gu.bf,
-		GateUpQ8:   gu.q8,
+		GateUpW:    gu.form(),
 		GateUpBias: flat("MoE", "GateUpBias", l.GateUpBias, E*2*I),
 		Down:       down.data,
-		DownBF16:   down.bf,
-		DownQ8:     down.q8,
+		DownW:      down.form(),
 		DownBias:   flat("MoE", "DownBias", l.DownBias, E*H),
 		Act:        l.Act,
 	}
@@ -132,6 +131,22 @@ type epWorld struct {
 	placement *moe.Placement    // nil: the contiguous table
 }
 
+// firstOf is the address of w's first element in whichever form it is
+// held (nil: none).
+func firstOf(w linalg.Weights) unsafe.Pointer {
+	switch {
+	case len(w.F32) > 0:
+		return unsafe.Pointer(&w.F32[0])
+	case len(w.BF16) > 0:
+		return unsafe.Pointer(&w.BF16[0])
+	case len(w.Q8) > 0:
+		return unsafe.Pointer(&w.Q8[0])
+	case len(w.FP4) > 0:
+		return unsafe.Pointer(&w.FP4[0])
+	}
+	return nil
+}
+
 // weightKey identifies the weight slices of ex.
 func weightKey(ex *moe.Experts) (k [4]unsafe.Pointer) {
 	for i, s := range [][]float32{ex.GateUp, ex.GateUpBias, ex.Down, ex.DownBias} {
@@ -139,17 +154,10 @@ func weightKey(ex *moe.Experts) (k [4]unsafe.Pointer) {
 			k[i] = unsafe.Pointer(&s[0])
 		}
 	}
-	if len(ex.GateUpBF16) > 0 {
-		k[0] = unsafe.Pointer(&ex.GateUpBF16[0])
-	}
-	if len(ex.DownBF16) > 0 {
-		k[2] = unsafe.Pointer(&ex.DownBF16[0])
-	}
-	if len(ex.GateUpQ8) > 0 {
-		k[0] = unsafe.Pointer(&ex.GateUpQ8[0])
-	}
-	if len(ex.DownQ8) > 0 {
-		k[2] = unsafe.Pointer(&ex.DownQ8[0])
+	for i, w := range []linalg.Weights{ex.GateUpW, ex.DownW} {
+		if p := firstOf(w); p != nil {
+			k[2*i] = p
+		}
 	}
 	return k
 }

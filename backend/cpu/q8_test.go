@@ -44,6 +44,8 @@ func randBF16Host(r *rand.Rand, name string, N, K int) *tensor.Host {
 func form(x backend.Tensor) string {
 	t := x.(*Tensor)
 	switch {
+	case t.fp4 != nil:
+		return "fp4"
 	case t.q8 != nil:
 		return "q8"
 	case t.bf != nil:
@@ -52,10 +54,11 @@ func form(x backend.Tensor) string {
 	return "f32"
 }
 
-// TestWeightFormats: which matrices each Options.Weights holds as Q8 —
-// auto only those Q8 holds exactly, q8 every matrix with rows a multiple
-// of 32 long but the routers, stored none — and that every Q8 weight reads
-// back as its values (exactly, or within 1/254 of its group's largest).
+// TestWeightFormats: which matrices each Options.Weights holds as FP4 or
+// Q8 — auto only those they hold exactly (FP4 first), q8 every matrix with
+// rows a multiple of 32 long but the routers, stored none — and that every
+// such weight reads back as its values (exactly, or within 1/254 of its
+// group's largest).
 func TestWeightFormats(t *testing.T) {
 	r := newRand(t)
 	f32 := &tensor.Host{Name: "f", DType: tensor.F32, Shape: []int{2, 32}, Data: make([]byte, 4*64)}
@@ -65,8 +68,14 @@ func TestWeightFormats(t *testing.T) {
 	}
 	vec := randBF16Host(r, "norm.weight", 1, 64)
 	vec.Shape = []int{64}
+	ints := randBF16Host(r, "int8s", 6, 64) // small integers times 2^-10: Q8-exact, not FP4
+	for i := 0; i < len(ints.Data); i += 2 {
+		b := math.Float32bits(float32(r.IntN(255)-127)*0x1p-10) >> 16
+		ints.Data[i], ints.Data[i+1] = byte(b), byte(b>>8)
+	}
 	hosts := map[string]*tensor.Host{
 		"mxfp4":     mxfp4BF16(r, "model.layers.0.mlp.experts.down_proj", 6, 64),
+		"int8s":     ints,
 		"random":    randBF16Host(r, "model.layers.0.self_attn.q_proj.weight", 6, 64),
 		"router":    randBF16Host(r, "model.layers.0.mlp.gate.weight", 4, 64),
 		"gptrouter": randBF16Host(r, "model.layers.0.mlp.router.weight", 4, 64),
@@ -80,11 +89,11 @@ func TestWeightFormats(t *testing.T) {
 		format WeightFormat
 		want   map[string]string
 	}{
-		{WeightsAuto, map[string]string{"mxfp4": "q8", "random": "bf16", "router": "bf16", "gptrouter": "bf16", "shared": "bf16",
+		{WeightsAuto, map[string]string{"mxfp4": "fp4", "int8s": "q8", "random": "bf16", "router": "bf16", "gptrouter": "bf16", "shared": "bf16",
 			"gate_proj": "bf16", "K40": "bf16", "vector": "f32", "f32": "f32"}},
-		{WeightsQ8, map[string]string{"mxfp4": "q8", "random": "q8", "router": "bf16", "gptrouter": "bf16", "shared": "bf16",
+		{WeightsQ8, map[string]string{"mxfp4": "q8", "int8s": "q8", "random": "q8", "router": "bf16", "gptrouter": "bf16", "shared": "bf16",
 			"gate_proj": "q8", "K40": "bf16", "vector": "f32", "f32": "q8"}},
-		{WeightsStored, map[string]string{"mxfp4": "bf16", "random": "bf16", "router": "bf16", "gptrouter": "bf16", "shared": "bf16",
+		{WeightsStored, map[string]string{"mxfp4": "bf16", "int8s": "bf16", "random": "bf16", "router": "bf16", "gptrouter": "bf16", "shared": "bf16",
 			"gate_proj": "bf16", "K40": "bf16", "vector": "f32", "f32": "f32"}},
 	} {
 		t.Run(c.format.String(), func(t *testing.T) {
@@ -104,7 +113,7 @@ func TestWeightFormats(t *testing.T) {
 					amax := slices.Max(g)
 					amax = max(amax, -slices.Min(g))
 					if d := math.Abs(float64(got[i] - want[i])); d > float64(amax)/254*(1+1e-5) ||
-						(name == "mxfp4" && got[i] != want[i]) {
+						((name == "mxfp4" || name == "int8s") && got[i] != want[i]) {
 						t.Fatalf("%s: value %d reads back %g, stored %g", name, i, got[i], want[i])
 					}
 				}
@@ -121,10 +130,11 @@ func TestWeightFormats(t *testing.T) {
 	}
 }
 
-// TestQ8ExactSameResults: weights Q8 holds exactly (MXFP4's values) give
-// the stored bf16 weights' results bit for bit — Linear, Embed, and a MoE
-// layer directly and over emulated expert-parallel ranks — and lossy Q8
-// weights stay close to them.
+// TestQ8ExactSameResults: weights FP4 and Q8 hold exactly (MXFP4's
+// values) give the stored bf16 weights' results — bit for bit as Q8
+// (cpu_weights q8: the Q8 kernels sum as the float32 ones do), to float32
+// rounding as FP4 (auto) — for Linear, Embed, and a MoE layer directly and
+// over emulated expert-parallel ranks; lossy Q8 weights stay close.
 func TestQ8ExactSameResults(t *testing.T) {
 	r := newRand(t)
 	const E, H, I, T = 4, 64, 32, 5
@@ -149,36 +159,46 @@ func TestQ8ExactSameResults(t *testing.T) {
 		}
 	}
 	x := randT(r, T, H)
-	run := func(opts Options) (moeOut, lin, emb []float32, forms string) {
+	run := func(opts Options) (outs [3][]float32, forms string) {
 		be := New(opts)
 		l := layer(be)
 		forms = form(l.GateUp) + "," + form(l.Down)
-		return be.ToHost(be.MoE(x, l)), be.ToHost(be.Linear(x, l.GateUp, nil)),
-			be.ToHost(be.Embed(layerEmbed(t, be, hosts["embed"]), []int32{3, 9, 0})), forms
+		return [3][]float32{be.ToHost(be.MoE(x, l)), be.ToHost(be.Linear(x, l.GateUp, nil)),
+			be.ToHost(be.Embed(layerEmbed(t, be, hosts["embed"]), []int32{3, 9, 0}))}, forms
 	}
-	wantMoE, wantLin, wantEmb, forms := run(Options{Weights: WeightsStored})
+	want, forms := run(Options{Weights: WeightsStored})
 	if forms != "bf16,bf16" {
 		t.Fatalf("stored: experts held as %s", forms)
 	}
-	for _, opts := range []Options{{}, {EPRanks: 2}} {
-		gotMoE, gotLin, gotEmb, forms := run(opts)
-		if forms != "q8,q8" {
-			t.Fatalf("auto: experts held as %s, want q8", forms)
+	for _, c := range []struct {
+		opts  Options
+		forms string
+		exact bool
+	}{
+		{Options{Weights: WeightsQ8}, "q8,q8", true},
+		{Options{Weights: WeightsQ8, EPRanks: 2}, "q8,q8", true},
+		{Options{}, "fp4,fp4", false},
+		{Options{EPRanks: 2}, "fp4,fp4", false},
+	} {
+		got, forms := run(c.opts)
+		if forms != c.forms {
+			t.Fatalf("%+v: experts held as %s, want %s", c.opts, forms, c.forms)
 		}
-		if !slices.Equal(gotMoE, wantMoE) || !slices.Equal(gotLin, wantLin) || !slices.Equal(gotEmb, wantEmb) {
-			t.Errorf("EP ranks %d: Q8 results differ from bf16's (MoE equal %v, Linear %v, Embed %v)", opts.EPRanks,
-				slices.Equal(gotMoE, wantMoE), slices.Equal(gotLin, wantLin), slices.Equal(gotEmb, wantEmb))
+		for i, name := range []string{"MoE", "Linear", "Embed"} {
+			if d := maxRelDiff(got[i], want[i]); (c.exact && !slices.Equal(got[i], want[i])) || d > 1e-5 {
+				t.Errorf("%+v: %s differs from bf16's (max relative difference %g)", c.opts, name, d)
+			}
 		}
 	}
 	// Lossy: random weights rounded to Q8 stay within a few per mille.
 	hosts["gateup"] = randBF16Host(r, "experts.gate_up_proj", E*2*I, H)
 	hosts["down"] = randBF16Host(r, "experts.down_proj", E*H, I)
-	wantMoE, _, _, _ = run(Options{Weights: WeightsStored})
-	gotMoE, _, _, forms := run(Options{Weights: WeightsQ8})
+	want, _ = run(Options{Weights: WeightsStored})
+	got, forms := run(Options{Weights: WeightsQ8})
 	if forms != "q8,q8" {
 		t.Fatalf("q8: experts held as %s", forms)
 	}
-	if d := maxRelDiff(gotMoE, wantMoE); d > 2e-2 || d == 0 {
+	if d := maxRelDiff(got[0], want[0]); d > 2e-2 || d == 0 {
 		t.Errorf("q8 MoE against bf16: max relative difference %g, want (0, 2e-2]", d)
 	}
 }

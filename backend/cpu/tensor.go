@@ -18,14 +18,15 @@ import (
 // with them directly (linalg.MatMulTBF16, the same sums as on the widened
 // values), every other op sees a widened copy (tensorOf).
 //
-// A matrix weight may be held as a linalg.Q8 matrix instead (q8; data is
-// nil; Options.Weights): the same ops read it directly
-// (linalg.MatMulTQ8), every other op sees a dequantized copy.
+// A matrix weight may be held as a linalg.Q8 or linalg.FP4 matrix instead
+// (q8, fp4; data is nil; Options.Weights): the same ops read it directly
+// (linalg.MatMulTQ8, MatMulTFP4), every other op sees a dequantized copy.
 type Tensor struct {
 	shape []int
 	data  []float32
 	bf    []uint16
 	q8    []byte
+	fp4   []byte // a linalg.FP4 matrix (Options.Weights)
 }
 
 // FromFloat32 wraps v as a tensor of the given shape (no copy: v must not be
@@ -68,8 +69,19 @@ func (t *Tensor) widened() *Tensor {
 		w := &Tensor{shape: t.shape, data: make([]float32, N*K)}
 		linalg.DequantQ8(w.data, t.q8, N, K)
 		return w
+	case t.fp4 != nil:
+		N, K := t.dims()
+		w := &Tensor{shape: t.shape, data: make([]float32, N*K)}
+		linalg.DequantFP4(w.data, t.fp4, N, K)
+		return w
 	}
 	return t
+}
+
+// form is t's values as a linalg matrix in a form other than float32
+// (the zero Weights for a float32 tensor).
+func (t *Tensor) form() linalg.Weights {
+	return linalg.Weights{BF16: t.bf, Q8: t.q8, FP4: t.fp4}
 }
 
 // weights is t's values as a linalg matrix, float32, bf16 or Q8.
@@ -79,6 +91,8 @@ func (t *Tensor) weights() linalg.Weights {
 		return linalg.Weights{BF16: t.bf}
 	case t.q8 != nil:
 		return linalg.Weights{Q8: t.q8}
+	case t.fp4 != nil:
+		return linalg.Weights{FP4: t.fp4}
 	}
 	return linalg.Weights{F32: t.data}
 }

@@ -236,7 +236,7 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	if cb, ok := be.(*cpu.Backend); ok {
 		wb := cb.WeightBytes()
 		log.Info("weights held", zap.String("cpu_weights", cfg.CPUWeights), zap.Int64("bytes", wb.Total()),
-			zap.Int64("q8_bytes", wb.Q8), zap.Int64("bf16_bytes", wb.BF16), zap.Int64("f32_bytes", wb.F32))
+			zap.Int64("fp4_bytes", wb.FP4), zap.Int64("q8_bytes", wb.Q8), zap.Int64("bf16_bytes", wb.BF16), zap.Int64("f32_bytes", wb.F32))
 	}
 	log.Info("ready", zap.String("version", version.Get().String()), zap.Duration("load_time", time.Since(start)), zap.String("architecture", loaded.Config.Architecture),
 		zap.Int("max_model_len", ec.MaxModelLen), zap.Int("kv_blocks", eng.Stats().BlocksFree), zap.Int("block_size", ec.BlockSize),
