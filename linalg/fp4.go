@@ -4,8 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-
-	"github.com/mkserve/mkserve/tensor"
+	"math/bits"
 )
 
 // FP4 matrices: a row-major [N, K] matrix of E2M1 values (MXFP4's
@@ -34,46 +33,68 @@ const fp4GroupBytes = Q8Group/2 + 4
 // Q8Group).
 func FP4RowBytes(k int) int { return k / Q8Group * fp4GroupBytes }
 
-// fp4Scale reports whether every value of group g is an E2M1 value times
-// one power of two, and that power halved (the scale of the doubled
-// codes): writing each nonzero value as m·2^p with m odd, s is the
-// smallest p, and each value must be 1, 2, 4 or 8 (m = 1) or 3, 6 or 12
-// (m = 3) times 2^s.
-func fp4Scale(g []float32) (s int, ok bool) {
-	s, ok = exactScale(g) // the smallest p, with every value within 7 bits of it
-	if !ok {
-		return 0, false
+// fp4Group writes the FP4 group of the 32 bf16 values src (the upper
+// halves of float32s) to q (fp4GroupBytes) and reports true, or reports
+// false if FP4 cannot hold them exactly. Writing each nonzero value as
+// m·2^p with m odd, the scale is 2^s for the smallest p, s, and every
+// value must be 1, 2, 4 or 8 (m = 1) or 3, 6 or 12 (m = 3) times it: a
+// doubled E2M1 value.
+func fp4Group(q []byte, src []uint16) bool {
+	var m [Q8Group]uint32
+	var p [Q8Group]int
+	s := math.MaxInt
+	for i, b := range src {
+		e, f := int(b>>7&0xFF), uint32(b&0x7F)
+		switch {
+		case e == 0xFF: // an infinity or a NaN
+			return false
+		case e == 0 && f == 0: // ±0
+			continue
+		case e == 0: // subnormal: f·2^-133
+			e = 1
+		default:
+			f |= 0x80
+		}
+		tz := bits.TrailingZeros32(f)
+		m[i], p[i] = f>>tz, e-134+tz
+		s = min(s, p[i])
 	}
-	for _, v := range g {
-		if v == 0 {
+	if s == math.MaxInt { // all zero
+		s = 0
+	}
+	var codes [Q8Group]byte
+	for i, mi := range m {
+		if mi == 0 {
 			continue
 		}
-		c := math.Abs(float64(v)) / math.Ldexp(1, s)
-		switch c {
-		case 1, 2, 3, 4, 6, 8, 12:
-		default:
-			return 0, false
+		sh := p[i] - s
+		if mi > 3 || mi == 2 || sh > 3 || (mi == 3 && sh > 2) {
+			return false
+		}
+		codes[i] = fp4Code(int(mi << sh))
+		if src[i]&0x8000 != 0 {
+			codes[i] |= 8
 		}
 	}
-	return s, true
+	for i := 0; i < Q8Group; i += 2 {
+		q[i/2] = codes[i] | codes[i+1]<<4
+	}
+	binary.LittleEndian.PutUint32(q[Q8Group/2:], math.Float32bits(float32(math.Ldexp(1, s))))
+	return true
 }
 
-// fp4Code is the code of the doubled E2M1 value c (an integer, |c| ≤ 12,
-// one of the codebook's).
+// fp4Code is the code of the doubled E2M1 magnitude c (1, 2, 3, 4, 6, 8
+// or 12), its sign bit clear.
 func fp4Code(c int) byte {
-	var code byte
-	if c < 0 {
-		code, c = 8, -c
-	}
 	switch c {
-	case 0, 1, 2, 3, 4:
-		return code | byte(c)
 	case 6:
-		return code | 5
+		return 5
 	case 8:
-		return code | 6
+		return 6
+	case 12:
+		return 7
 	}
-	return code | 7 // 12
+	return byte(c)
 }
 
 // QuantizeFP4BF16 fills dst (N·FP4RowBytes(K) bytes) with the FP4 form of
@@ -85,21 +106,10 @@ func QuantizeFP4BF16(dst []byte, src []uint16, N, K int) bool {
 	if N < 0 || K < 0 || K%Q8Group != 0 || len(dst) < N*FP4RowBytes(K) || len(src) < N*K {
 		panic(fmt.Sprintf("linalg.QuantizeFP4BF16: N=%d K=%d (a multiple of %d) with %d FP4 bytes and %d values", N, K, Q8Group, len(dst), len(src)))
 	}
-	var v [Q8Group]float32
 	for g := 0; g < N*K/Q8Group; g++ {
-		for i, b := range src[g*Q8Group : (g+1)*Q8Group] {
-			v[i] = tensor.BF16ToF32(b)
-		}
-		s, ok := fp4Scale(v[:])
-		if !ok {
+		if !fp4Group(dst[g*fp4GroupBytes:(g+1)*fp4GroupBytes], src[g*Q8Group:(g+1)*Q8Group]) {
 			return false
 		}
-		q := dst[g*fp4GroupBytes : (g+1)*fp4GroupBytes]
-		scale := math.Ldexp(1, s)
-		for i := 0; i < Q8Group; i += 2 {
-			q[i/2] = fp4Code(int(float64(v[i])/scale)) | fp4Code(int(float64(v[i+1])/scale))<<4
-		}
-		binary.LittleEndian.PutUint32(q[Q8Group/2:], math.Float32bits(float32(scale)))
 	}
 	return true
 }
@@ -111,12 +121,9 @@ func FP4ExactBF16(src []uint16, N, K int) bool {
 	if K%Q8Group != 0 || len(src) < N*K {
 		return false
 	}
-	var v [Q8Group]float32
+	var q [fp4GroupBytes]byte
 	for g := 0; g < N*K; g += Q8Group {
-		for i, b := range src[g : g+Q8Group] {
-			v[i] = tensor.BF16ToF32(b)
-		}
-		if _, ok := fp4Scale(v[:]); !ok {
+		if !fp4Group(q[:], src[g:g+Q8Group]) {
 			return false
 		}
 	}

@@ -3,6 +3,7 @@ package models
 import (
 	"fmt"
 	"math"
+	"runtime"
 
 	"github.com/mkserve/mkserve/attention"
 	"github.com/mkserve/mkserve/backend"
@@ -159,6 +160,10 @@ func loadDecoder(cfg *Config, w *Weights, be backend.Backend, blocks layerBlocks
 			f.l.Layer = i
 		}
 		d.layers = append(d.layers, l)
+		// A layer's host copies (converted, permuted, dequantized from
+		// FP8 or MXFP4) are garbage now: collect them before the next
+		// layer makes its own, or the heap grows to twice the weights.
+		runtime.GC()
 	}
 	return d, nil
 }

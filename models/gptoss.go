@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/internal/par"
 	"github.com/mkserve/mkserve/moe"
 	"github.com/mkserve/mkserve/tensor"
 )
@@ -48,56 +49,21 @@ func buildGptOss(cfg *Config, w *Weights, be backend.Backend) (Model, error) {
 // loadGptOssExperts converts gate_up_proj [E, H, 2I] (gate and up
 // interleaved along the last dim) and down_proj [E, I, H] into the stacked
 // backend layout: GateUp [E, 2I, H] (gate rows then up rows), Down [E, H, I].
+// The elements move in their own dtype (a permutation: bf16 stays bf16),
+// and only the backend's shard of the experts (backend.ExpertSharder) is
+// built, so loading holds one more copy of the shard's bytes, not a
+// float32 one of every expert.
 func loadGptOssExperts(w *Weights, p string, E, H, I int, l *backend.MoELayer) error {
-	hosts := map[string][]int{
+	hosts := map[string]*tensor.Host{}
+	for name, shape := range map[string][]int{
 		"gate_up_proj": {E, H, 2 * I}, "gate_up_proj_bias": {E, 2 * I},
 		"down_proj": {E, I, H}, "down_proj_bias": {E, H},
-	}
-	v := map[string][]float32{}
-	dtype := map[string]tensor.DType{}
-	for name, shape := range hosts {
+	} {
 		h, err := w.host(p+name, shape...)
 		if err != nil {
 			return err
 		}
-		if v[name], err = h.Float32(); err != nil {
-			return err
-		}
-		dtype[name] = h.DType
-	}
-	gu, gub, down := v["gate_up_proj"], v["gate_up_proj_bias"], v["down_proj"]
-	gateUp := make([]float32, E*2*I*H) // [E, 2I, H]
-	gateUpBias := make([]float32, E*2*I)
-	downT := make([]float32, E*H*I) // [E, H, I]
-	for e := 0; e < E; e++ {
-		src := gu[e*H*2*I:]
-		dst := gateUp[e*2*I*H:]
-		for j := 0; j < I; j++ {
-			for h := 0; h < H; h++ {
-				dst[j*H+h] = src[h*2*I+2*j]       // gate j
-				dst[(I+j)*H+h] = src[h*2*I+2*j+1] // up j
-			}
-			gateUpBias[e*2*I+j] = gub[e*2*I+2*j]
-			gateUpBias[e*2*I+I+j] = gub[e*2*I+2*j+1]
-		}
-		for i := 0; i < I; i++ {
-			for h := 0; h < H; h++ {
-				downT[e*H*I+h*I+i] = down[e*I*H+i*H+h]
-			}
-		}
-	}
-	var err error
-	up := func(name string, shape []int, data []float32) backend.Tensor {
-		if err != nil {
-			return nil
-		}
-		var t backend.Tensor
-		h := tensor.FromFloat32(p+name, shape, data)
-		if dtype[name] == tensor.BF16 { // rearranged bf16 values: exact in bf16, half the memory
-			h = tensor.ToBF16(h)
-		}
-		t, err = w.upload(h)
-		return t
+		hosts[name] = h
 	}
 	// A backend.ExpertSharder keeps only its block [lo, hi) of the experts.
 	lo, hi := 0, E
@@ -110,10 +76,50 @@ func loadGptOssExperts(w *Weights, p string, E, H, I int, l *backend.MoELayer) e
 		}
 	}
 	n := hi - lo
-	db := v["down_proj_bias"]
-	l.GateUp = up("gate_up_proj", []int{n * 2 * I, H}, gateUp[lo*2*I*H:hi*2*I*H])
-	l.GateUpBias = up("gate_up_proj_bias", []int{n, 2 * I}, gateUpBias[lo*2*I:hi*2*I])
-	l.Down = up("down_proj", []int{n * H, I}, downT[lo*H*I:hi*H*I])
-	l.DownBias = up("down_proj_bias", []int{n, H}, db[lo*H:hi*H])
+	// permuted is h's experts [lo, hi) with element (e, i) of the result
+	// taken from element from(e, i) of h's expert e: n experts of size
+	// elements each, in h's dtype.
+	permuted := func(h *tensor.Host, shape []int, size int, from func(i int) int) *tensor.Host {
+		sz := h.DType.Size()
+		out := make([]byte, n*size*sz)
+		par.For(n*size, 1<<16, func() func(a, b int) {
+			return func(a, b int) {
+				for k := a; k < b; k++ {
+					e, i := k/size, k%size
+					src := (lo+e)*size + from(i)
+					copy(out[k*sz:(k+1)*sz], h.Data[src*sz:(src+1)*sz])
+				}
+			}
+		})
+		return &tensor.Host{Name: h.Name, DType: h.DType, Shape: shape, Data: out}
+	}
+	// GateUp row j < I is gate j (source column 2j), row I+j up j (2j+1);
+	// source [H, 2I] of an expert, destination [2I, H].
+	deinterleave := func(j int) int {
+		if j < I {
+			return 2 * j
+		}
+		return 2*(j-I) + 1
+	}
+	gateUp := permuted(hosts["gate_up_proj"], []int{n * 2 * I, H}, 2*I*H, func(i int) int {
+		j, h := i/H, i%H
+		return h*2*I + deinterleave(j)
+	})
+	gateUpBias := permuted(hosts["gate_up_proj_bias"], []int{n, 2 * I}, 2*I, deinterleave)
+	down := permuted(hosts["down_proj"], []int{n * H, I}, H*I, func(i int) int { // [I, H] → [H, I]
+		h, j := i/I, i%I
+		return j*H + h
+	})
+	downBias := permuted(hosts["down_proj_bias"], []int{n, H}, H, func(i int) int { return i })
+	var err error
+	up := func(h *tensor.Host) backend.Tensor {
+		if err != nil {
+			return nil
+		}
+		var t backend.Tensor
+		t, err = w.upload(h)
+		return t
+	}
+	l.GateUp, l.GateUpBias, l.Down, l.DownBias = up(gateUp), up(gateUpBias), up(down), up(downBias)
 	return err
 }

@@ -22,7 +22,10 @@ import (
 // a pure function of (Seed, tensor name, index), so two loads agree.
 //
 // Experts use the fused layout (experts.gate_up_proj [E, 2I, H]) and the
-// LM head is present unless the config ties it to the embeddings.
+// LM head is present unless the config ties it to the embeddings. Where
+// the config's quantization_config is MXFP4 (gpt-oss), the experts hold
+// values an MXFP4 checkpoint holds: E2M1 values, each group of 32 along
+// the input dimension scaled by one power of two (of RMS ≈ Std).
 type RandomSource struct {
 	Config *Config
 	Seed   uint64
@@ -31,6 +34,17 @@ type RandomSource struct {
 	mu     sync.Mutex
 	names  []string
 	shapes map[string][]int
+}
+
+// mxfp4Expert reports whether tensor name of shape holds MXFP4 values: a
+// fused expert matrix [E, in, out] of a checkpoint quantized with MXFP4.
+func (r *RandomSource) mxfp4Expert(name string, shape []int) bool {
+	if len(shape) != 3 || shape[1]%32 != 0 ||
+		!(strings.HasSuffix(name, "experts.gate_up_proj") || strings.HasSuffix(name, "experts.down_proj")) {
+		return false
+	}
+	q, err := parseQuant(r.Config.Raw)
+	return err == nil && q.method == "mxfp4"
 }
 
 var _ shapedSource = (*RandomSource)(nil)
@@ -92,14 +106,34 @@ func (r *RandomSource) TensorOfShape(name string, shape []int) (*tensor.Host, er
 	}
 	seed := r.Seed ^ hashName(name)
 	data := make([]byte, 2*n)
-	par.For(n, 1<<16, func() func(lo, hi int) {
-		return func(lo, hi int) {
-			for i := lo; i < hi; i++ {
-				u := float32(mix64(seed+uint64(i))>>40) / (1 << 24) // [0, 1)
-				binary.LittleEndian.PutUint16(data[2*i:], tensor.F32ToBF16(center+half*(2*u-1)))
+	if r.mxfp4Expert(name, shape) {
+		// Element (e, k, c) of [E, in, out]: an E2M1 value (code from its
+		// hash) times the power of two of its group (e, k/32, c). E2M1's
+		// codes have RMS 2.95, so the scales sit around std/2.95.
+		out := shape[2]
+		base := math.Round(math.Log2(float64(std) / 2.95))
+		par.For(n, 1<<16, func() func(lo, hi int) {
+			return func(lo, hi int) {
+				for i := lo; i < hi; i++ {
+					ek, c := i/out, i%out
+					group := (ek/32)*out + c // (e·in + k)/32 = e·in/32 + k/32, in a multiple of 32
+					scale := math.Ldexp(1, int(base)+int(mix64(seed^0x5ca1e^uint64(group))%3)-1)
+					code := mix64(seed + uint64(i))
+					v := fp4Values[code&15] * float32(scale)
+					binary.LittleEndian.PutUint16(data[2*i:], tensor.F32ToBF16(v))
+				}
 			}
-		}
-	})
+		})
+	} else {
+		par.For(n, 1<<16, func() func(lo, hi int) {
+			return func(lo, hi int) {
+				for i := lo; i < hi; i++ {
+					u := float32(mix64(seed+uint64(i))>>40) / (1 << 24) // [0, 1)
+					binary.LittleEndian.PutUint16(data[2*i:], tensor.F32ToBF16(center+half*(2*u-1)))
+				}
+			}
+		})
+	}
 	r.mu.Lock()
 	r.names = append(r.names, name)
 	if r.shapes == nil {

@@ -203,10 +203,12 @@ func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
 		case !q8able || be.opts.Weights == WeightsStored:
 		case be.opts.Weights == WeightsQ8 && !isRouter(h.Name):
 			t = quantized(t)
-		case be.opts.Weights == WeightsAuto && linalg.FP4ExactBF16(bf, shape[0], shape[1]):
-			t = toFP4(t)
-		case be.opts.Weights == WeightsAuto && linalg.Q8ExactBF16(bf, shape[0], shape[1]):
-			t = quantized(t)
+		case be.opts.Weights == WeightsAuto:
+			if f := exactFP4(t); f != nil {
+				t = f
+			} else if q := exactQ8(t); q != nil {
+				t = q
+			}
 		}
 		return be.count(t), nil
 	}
@@ -234,18 +236,47 @@ func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
 	return be.count(t), nil
 }
 
-// toFP4 is the bf16 matrix t, every value of which linalg.FP4 holds
-// (FP4ExactBF16), as an FP4 matrix, converted on all cores.
-func toFP4(t *Tensor) *Tensor {
+// exactFP4 is the bf16 matrix t as an FP4 matrix if FP4 holds every value
+// exactly, else nil; converted on all cores (a matrix whose first row
+// fails, as a plain bf16 weight's does at once, costs nothing more).
+func exactFP4(t *Tensor) *Tensor {
 	N, K := t.dims()
+	if N == 0 || !linalg.FP4ExactBF16(t.bf[:K], 1, K) {
+		return nil
+	}
 	ld := linalg.FP4RowBytes(K)
 	q := make([]byte, N*ld)
+	var inexact atomic.Bool
 	parallelRows(N, K, func(lo, hi int) {
-		if !linalg.QuantizeFP4BF16(q[lo*ld:hi*ld], t.bf[lo*K:hi*K], hi-lo, K) {
-			panic("cpu: an FP4-exact matrix refused by QuantizeFP4BF16")
+		if !inexact.Load() && !linalg.QuantizeFP4BF16(q[lo*ld:hi*ld], t.bf[lo*K:hi*K], hi-lo, K) {
+			inexact.Store(true)
 		}
 	})
+	if inexact.Load() {
+		return nil
+	}
 	return &Tensor{shape: t.shape, fp4: q}
+}
+
+// exactQ8 is the bf16 matrix t as a Q8 matrix if Q8 holds every value
+// exactly, else nil (as exactFP4).
+func exactQ8(t *Tensor) *Tensor {
+	N, K := t.dims()
+	if N == 0 || !linalg.Q8ExactBF16(t.bf[:K], 1, K) {
+		return nil
+	}
+	ld := linalg.Q8RowBytes(K)
+	q := make([]byte, N*ld)
+	var inexact atomic.Bool
+	parallelRows(N, K, func(lo, hi int) {
+		if !inexact.Load() && !linalg.QuantizeQ8BF16(q[lo*ld:hi*ld], t.bf[lo*K:hi*K], hi-lo, K) {
+			inexact.Store(true)
+		}
+	})
+	if inexact.Load() {
+		return nil
+	}
+	return &Tensor{shape: t.shape, q8: q}
 }
 
 // quantized is the matrix t (bf16 or float32, rows a multiple of
