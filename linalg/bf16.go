@@ -21,19 +21,37 @@ func MatMulTBF16(dst, a []float32, b []uint16, M, N, K int) {
 		return
 	}
 	defer g.done()
+	var dot func(m0, m1, n0, n1 int)
+	if useAsm && avx2DotBF != nil {
+		dot = func(m0, m1, n0, n1 int) {
+			runDotOf(g, b, avx2DotBF, m0, m1, n0, n1)
+			tailKOf(g, b, tensor.BF16ToF32, m0, m1, n0, n1)
+		}
+	}
+	g.runWidened(w, mAlign, dot, func(dst []float32, n0, n1 int) { WidenBF16(dst, b[n0*K:n1*K]) })
+}
+
+// runWidened computes g (begun by begin, on w goroutines) for a b held in
+// another form than float32: dot (nil: none here) computes dst[m0:m1,
+// n0:n1] straight from that form on the dot path; widen writes rows [n0,
+// n1) of b as float32 to dst. Below panelMinM rows of a the dot path runs;
+// from there on each goroutine widens bfBlock rows of b at a time into a
+// float32 buffer that the packed kernels read, once for all of a's panels
+// (or, when the rows of a are split over the goroutines, all of b at once).
+func (g *gemm) runWidened(w, mAlign int, dot func(m0, m1, n0, n1 int), widen func(dst []float32, n0, n1 int)) {
+	M, N, K := g.M, g.N, g.K
 	packed := g.mf > 0
 	// run computes dst[m0:m1, n0:n1] (MatMulT's gemm.run).
 	run := func(m0, m1, n0, n1 int) {
-		if !packed && useAsm && avx2DotBF != nil {
-			runDotOf(g, b, avx2DotBF, m0, m1, n0, n1)
-			tailKOf(g, b, tensor.BF16ToF32, m0, m1, n0, n1)
+		if !packed && dot != nil {
+			dot(m0, m1, n0, n1)
 			return
 		}
 		buf := getBuf(min(bfBlock, n1-n0) * K)
 		defer putBuf(buf)
 		for nb := n0; nb < n1; nb += bfBlock {
 			ne := min(nb+bfBlock, n1)
-			WidenBF16(buf[:(ne-nb)*K], b[nb*K:ne*K])
+			widen(buf[:(ne-nb)*K], nb, ne)
 			h := *g
 			h.b, h.bOff = buf, nb
 			h.run(m0, m1, nb, ne)
@@ -47,7 +65,7 @@ func MatMulTBF16(dst, a []float32, b []uint16, M, N, K int) {
 	default: // rows split over the goroutines: each reads all of b, so widen it once
 		buf := getBuf(N * K)
 		defer putBuf(buf)
-		WidenBF16(buf[:N*K], b[:N*K])
+		parallelFor(N, 1, w, func(n0, n1 int) { widen(buf[n0*K:n1*K], n0, n1) })
 		g.b = buf
 		parallelFor(M, mAlign, w, func(m0, m1 int) { g.run(m0, m1, 0, N) })
 	}

@@ -213,6 +213,21 @@ func gen(w *strings.Builder, mr, nr, u, ua int, bk bKind) {
 	p("CMPQ DX, CX")
 	p("JLT loop%s", name)
 	fmt.Fprintf(w, "reduce%s:\n", name)
+	genReduce(p, mr, nr, ua, acc, cReg)
+	p("ADDQ $%d, c+40(FP)", esz*nr)
+	p("MOVQ ldb+24(FP), AX")
+	p("IMULQ $%d, AX", bsz*nr)
+	p("ADDQ AX, b+16(FP)")
+	p("DECQ nt+56(FP)")
+	p("JNZ tile%s", name)
+	p("VZEROUPPER")
+	p("RET")
+}
+
+// genReduce emits a dot kernel's end of tile: the accumulator copies folded
+// into copy 0, each accumulator's eight lanes summed (Y13, Y14) and added
+// to c's row of the tile (cReg, rows ldc apart).
+func genReduce(p func(string, ...any), mr, nr, ua int, acc func(r, i, j int) int, cReg string) {
 	// Fold the accumulator copies into copy 0.
 	for r := 1; r < ua; r++ {
 		for i := 0; i < mr; i++ {
@@ -259,14 +274,6 @@ func gen(w *strings.Builder, mr, nr, u, ua int, bk bKind) {
 			p("ADDQ AX, %s", cReg)
 		}
 	}
-	p("ADDQ $%d, c+40(FP)", esz*nr)
-	p("MOVQ ldb+24(FP), AX")
-	p("IMULQ $%d, AX", bsz*nr)
-	p("ADDQ AX, b+16(FP)")
-	p("DECQ nt+56(FP)")
-	p("JNZ tile%s", name)
-	p("VZEROUPPER")
-	p("RET")
 }
 
 // step emits one 8-wide k step of copy r at byte offset off (of b) from DX.
@@ -634,45 +641,7 @@ func genFP4(w *strings.Builder, mr, nr, ua int) {
 	p("ADDQ $20, %s", pfReg)
 	p("CMPQ DX, CX")
 	p("JLT loop%s", name)
-	// Fold the copies and add the sums to c, as gen does.
-	for r := 1; r < ua; r++ {
-		for i := 0; i < mr; i++ {
-			for j := 0; j < nr; j++ {
-				p("VADDPS Y%d, Y%d, Y%d", acc(r, i, j), acc(0, i, j), acc(0, i, j))
-			}
-		}
-	}
-	p("MOVQ c+40(FP), %s", cReg)
-	p("MOVQ ldc+48(FP), AX")
-	p("SHLQ $2, AX")
-	for i := 0; i < mr; i++ {
-		v := make([]int, 4)
-		for j := range v {
-			v[j] = acc(0, i, min(j, nr-1))
-		}
-		p("VHADDPS Y%d, Y%d, Y13", v[1], v[0])
-		p("VHADDPS Y%d, Y%d, Y14", v[3], v[2])
-		p("VHADDPS Y14, Y13, Y13")
-		p("VEXTRACTF128 $1, Y13, X14")
-		p("VADDPS X14, X13, X13")
-		switch nr {
-		case 1:
-			p("VADDSS (%s), X13, X13", cReg)
-			p("VMOVSS X13, (%s)", cReg)
-		case 2:
-			p("VMOVSD (%s), X14", cReg)
-			p("VADDPS X14, X13, X13")
-			p("VMOVSD X13, (%s)", cReg)
-		case 4:
-			p("VADDPS (%s), X13, X13", cReg)
-			p("VMOVUPS X13, (%s)", cReg)
-		default:
-			panic("fp4 tiles are 1, 2 or 4 wide")
-		}
-		if i+1 < mr {
-			p("ADDQ AX, %s", cReg)
-		}
-	}
+	genReduce(p, mr, nr, ua, acc, cReg)
 	// The reduction used X13 and X14: reload the mask and codebook.
 	p("VMOVDQU fp4codes<>(SB), X14")
 	p("VMOVDQU fp4mask<>(SB), X13")

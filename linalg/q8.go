@@ -220,35 +220,11 @@ func matMulGrouped(op string, dst, a []float32, b []byte, M, N, K, groupBytes in
 		return
 	}
 	defer g.done()
-	packed := g.mf > 0
-	// run computes dst[m0:m1, n0:n1] (MatMulT's gemm.run).
-	run := func(m0, m1, n0, n1 int) {
-		if !packed && useAsm && ks != nil {
-			runDotGrouped(g, b, groupBytes, ks, m0, m1, n0, n1)
-			return
-		}
-		buf := getBuf(min(bfBlock, n1-n0) * K)
-		defer putBuf(buf)
-		for nb := n0; nb < n1; nb += bfBlock {
-			ne := min(nb+bfBlock, n1)
-			dequant(buf[:(ne-nb)*K], b[nb*ld:ne*ld], ne-nb, K)
-			h := *g
-			h.b, h.bOff = buf, nb
-			h.run(m0, m1, nb, ne)
-		}
+	var dot func(m0, m1, n0, n1 int)
+	if useAsm && ks != nil {
+		dot = func(m0, m1, n0, n1 int) { runDotGrouped(g, b, groupBytes, ks, m0, m1, n0, n1) }
 	}
-	switch {
-	case w <= 1:
-		run(0, M, 0, N)
-	case N >= 24*w || M < 2*mAlign*w:
-		parallelFor(N, 12, w, func(n0, n1 int) { run(0, M, n0, n1) })
-	default: // rows split over the goroutines: each reads all of b, so dequantize it once
-		buf := getBuf(N * K)
-		defer putBuf(buf)
-		parallelFor(N, 1, w, func(n0, n1 int) { dequant(buf[n0*K:n1*K], b[n0*ld:n1*ld], n1-n0, K) })
-		g.b = buf
-		parallelFor(M, mAlign, w, func(m0, m1 int) { g.run(m0, m1, 0, N) })
-	}
+	g.runWidened(w, mAlign, dot, func(dst []float32, n0, n1 int) { dequant(dst, b[n0*ld:n1*ld], n1-n0, K) })
 }
 
 // runDotGrouped computes dst[m0:m1, n0:n1] with the dot kernels ks of a

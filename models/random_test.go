@@ -1,7 +1,9 @@
 package models_test
 
 import (
+	"encoding/json"
 	"math"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -113,4 +115,79 @@ func TestRandomSourceErrors(t *testing.T) {
 	if _, err := models.LoadRandom(t.TempDir(), cpu.New(cpu.Options{}), 1); err == nil {
 		t.Error("LoadRandom on a directory without config.json: no error")
 	}
+}
+
+// TestRandomSourceMXFP4: with an MXFP4 quantization_config, random gpt-oss
+// experts hold values an MXFP4 checkpoint holds — the CPU backend takes
+// every expert matrix as FP4 (5/16 of bf16's bytes) — with about the
+// configured spread; without it they are plain bf16.
+func TestRandomSourceMXFP4(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(goldenDir, "gpt_oss", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, quant := range []bool{false, true} {
+		if quant {
+			cfg["quantization_config"] = map[string]any{"quant_method": "mxfp4"}
+		}
+		dir := t.TempDir()
+		b, _ := json.Marshal(cfg)
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		be := cpu.New(cpu.Options{})
+		l, err := models.LoadRandom(dir, be, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wb := be.WeightBytes()
+		E, H, I, L := l.Config.NumExperts, l.Config.HiddenSize, l.Config.IntermediateSize, l.Config.NumLayers
+		experts := int64(L * E * 3 * H * I) // values of every expert matrix
+		t.Logf("mxfp4 %v: weights held %+v", quant, wb)
+		if quant && wb.FP4 != experts*5/8 || !quant && wb.FP4 != 0 {
+			t.Errorf("mxfp4 %v: %d bytes held as FP4, want %d", quant, wb.FP4, map[bool]int64{true: experts * 5 / 8}[quant])
+		}
+		out, err := l.Model.Forward(backend.SingleSequence(1, []int32{1, 2, 3}, 0, true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range be.ToHost(out) {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				t.Fatalf("mxfp4 %v: logit %g", quant, v)
+			}
+		}
+	}
+	// The values' spread: RMS within a factor 2 of the default 0.02.
+	src := &models.RandomSource{Config: mustConfig(t, cfg), Seed: 1}
+	h, err := src.TensorOfShape("model.layers.0.mlp.experts.down_proj", []int{2, 64, 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := h.Float32()
+	var ss float64
+	for _, x := range v {
+		ss += float64(x) * float64(x)
+	}
+	if rms := math.Sqrt(ss / float64(len(v))); rms < 0.01 || rms > 0.04 {
+		t.Errorf("MXFP4 random experts: RMS %.4f, want about 0.02", rms)
+	}
+}
+
+// mustConfig parses a config.json object.
+func mustConfig(t *testing.T, raw map[string]any) *models.Config {
+	t.Helper()
+	dir := t.TempDir()
+	b, _ := json.Marshal(raw)
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := models.LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

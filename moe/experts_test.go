@@ -187,40 +187,51 @@ func toBF16(v []float32) []uint16 {
 	return b
 }
 
-// TestExpertsBF16SameBits: experts held in bf16 give the float32 experts'
-// output on the same (bf16-exact) values bit for bit, alone and over an
-// expert-parallel world, at decode and prefill token counts.
-func TestExpertsBF16SameBits(t *testing.T) {
+// TestExpertsFormsSameBits: experts held in bf16 or as Q8 give the
+// float32 experts' output on the same (bf16-exact, or dequantized) values
+// bit for bit, alone and over an expert-parallel world, at decode and
+// prefill token counts (H and I ≤ 1024); a matrix given twice, or Q8 rows
+// that are not whole groups, are refused.
+func TestExpertsFormsSameBits(t *testing.T) {
 	r := rand.New(rand.NewPCG(31, 7))
-	for _, T := range []int{1, 3, 40, 300} {
-		ex := randExperts(r, 8, 72, 40, Activation{Kind: SwiGLU}, true)
-		bf := *ex
-		bf.GateUpW, bf.DownW = linalg.Weights{BF16: toBF16(ex.GateUp)}, linalg.Weights{BF16: toBF16(ex.Down)}
-		bf.GateUp, bf.Down = nil, nil
-		if err := bf.Validate(); err != nil {
-			t.Fatal(err)
-		}
-		x := randn(r, T*ex.H, 1)
-		ids, w := randRouting(r, T, 2, ex.E)
-		want, got := make([]float32, T*ex.H), make([]float32, T*ex.H)
-		ex.Forward(want, x, T, 2, ids, w)
-		bf.Forward(got, x, T, 2, ids, w)
-		for i := range want {
-			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				t.Fatalf("T=%d: out[%d] = %g, float32 experts %g", T, i, got[i], want[i])
+	for _, f := range []struct {
+		name string
+		H, I int
+		form func(v []float32, N, K int) linalg.Weights // sets v to the values it holds
+	}{
+		{"bf16", 72, 40, func(v []float32, _, _ int) linalg.Weights { return linalg.Weights{BF16: toBF16(v)} }},
+		{"q8", 96, 64, func(v []float32, N, K int) linalg.Weights { return linalg.Weights{Q8: toQ8(v, N, K)} }},
+	} {
+		for _, T := range []int{1, 3, 40, 300} {
+			ex := randExperts(r, 8, f.H, f.I, Activation{Kind: SwiGLU}, true)
+			held := *ex
+			held.GateUpW, held.DownW = f.form(ex.GateUp, 8*2*f.I, f.H), f.form(ex.Down, 8*f.H, f.I)
+			held.GateUp, held.Down = nil, nil
+			if err := held.Validate(); err != nil {
+				t.Fatal(err)
 			}
-		}
-		ep, err := NewEP(NewTable(ex.E, 3), &bf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		clear(got)
-		if err := ep.Forward(got, x, T, 2, ids, w); err != nil {
-			t.Fatal(err)
-		}
-		for i := range want {
-			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				t.Fatalf("T=%d, 3 ranks: out[%d] = %g, float32 experts %g", T, i, got[i], want[i])
+			x := randn(r, T*ex.H, 1)
+			ids, w := randRouting(r, T, 2, ex.E)
+			want, got := make([]float32, T*ex.H), make([]float32, T*ex.H)
+			ex.Forward(want, x, T, 2, ids, w)
+			held.Forward(got, x, T, 2, ids, w)
+			for i := range want {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("%s, T=%d: out[%d] = %g, float32 experts %g", f.name, T, i, got[i], want[i])
+				}
+			}
+			ep, err := NewEP(NewTable(ex.E, 3), &held)
+			if err != nil {
+				t.Fatal(err)
+			}
+			clear(got)
+			if err := ep.Forward(got, x, T, 2, ids, w); err != nil {
+				t.Fatal(err)
+			}
+			for i := range want {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("%s, T=%d, 3 ranks: out[%d] = %g, float32 experts %g", f.name, T, i, got[i], want[i])
+				}
 			}
 		}
 	}
@@ -228,6 +239,11 @@ func TestExpertsBF16SameBits(t *testing.T) {
 	ex.GateUpW = linalg.Weights{BF16: toBF16(append([]float32(nil), ex.GateUp...))}
 	if err := ex.Validate(); err == nil || !strings.Contains(err.Error(), "once") {
 		t.Fatalf("GateUp given twice: Validate() = %v", err)
+	}
+	ex = randExperts(r, 2, 40, 32, Activation{Kind: SwiGLU}, false) // H = 40: not whole groups
+	ex.GateUpW, ex.GateUp = linalg.Weights{Q8: make([]byte, 2*64*linalg.Q8RowBytes(32))}, nil
+	if err := ex.Validate(); err == nil || !strings.Contains(err.Error(), "multiple of 32") {
+		t.Fatalf("Q8 rows of 40 values: Validate() = %v", err)
 	}
 }
 
@@ -238,52 +254,6 @@ func toQ8(v []float32, N, K int) []byte {
 	linalg.QuantizeQ8(q, v, N, K)
 	linalg.DequantQ8(v, q, N, K)
 	return q
-}
-
-// TestExpertsQ8SameBits: experts held as Q8 give the float32 experts'
-// output on the dequantized values bit for bit, alone and over an
-// expert-parallel world, at decode and prefill token counts (H and I ≤
-// 1024, where the Q8 kernels sum as the float32 ones do); Q8 rows must be
-// whole groups.
-func TestExpertsQ8SameBits(t *testing.T) {
-	r := rand.New(rand.NewPCG(32, 8))
-	for _, T := range []int{1, 3, 40, 300} {
-		ex := randExperts(r, 8, 96, 64, Activation{Kind: SwiGLU}, true)
-		q := *ex
-		q.GateUpW, q.DownW = linalg.Weights{Q8: toQ8(ex.GateUp, 8*2*64, 96)}, linalg.Weights{Q8: toQ8(ex.Down, 8*96, 64)}
-		q.GateUp, q.Down = nil, nil
-		if err := q.Validate(); err != nil {
-			t.Fatal(err)
-		}
-		x := randn(r, T*ex.H, 1)
-		ids, w := randRouting(r, T, 2, ex.E)
-		want, got := make([]float32, T*ex.H), make([]float32, T*ex.H)
-		ex.Forward(want, x, T, 2, ids, w)
-		q.Forward(got, x, T, 2, ids, w)
-		for i := range want {
-			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				t.Fatalf("T=%d: out[%d] = %g, float32 experts %g", T, i, got[i], want[i])
-			}
-		}
-		ep, err := NewEP(NewTable(ex.E, 3), &q)
-		if err != nil {
-			t.Fatal(err)
-		}
-		clear(got)
-		if err := ep.Forward(got, x, T, 2, ids, w); err != nil {
-			t.Fatal(err)
-		}
-		for i := range want {
-			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				t.Fatalf("T=%d, 3 ranks: out[%d] = %g, float32 experts %g", T, i, got[i], want[i])
-			}
-		}
-	}
-	ex := randExperts(r, 2, 40, 32, Activation{Kind: SwiGLU}, false) // H = 40: not whole groups
-	ex.GateUpW, ex.GateUp = linalg.Weights{Q8: make([]byte, 2*64*linalg.Q8RowBytes(32))}, nil
-	if err := ex.Validate(); err == nil || !strings.Contains(err.Error(), "multiple of 32") {
-		t.Fatalf("Q8 rows of 40 values: Validate() = %v", err)
-	}
 }
 
 // BenchmarkExpertsForms times a decode step's experts (top-8 of 16 with

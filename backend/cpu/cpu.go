@@ -237,46 +237,46 @@ func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
 }
 
 // exactFP4 is the bf16 matrix t as an FP4 matrix if FP4 holds every value
-// exactly, else nil; converted on all cores (a matrix whose first row
-// fails, as a plain bf16 weight's does at once, costs nothing more).
+// exactly, else nil.
 func exactFP4(t *Tensor) *Tensor {
-	N, K := t.dims()
-	if N == 0 || !linalg.FP4ExactBF16(t.bf[:K], 1, K) {
-		return nil
-	}
-	ld := linalg.FP4RowBytes(K)
-	q := make([]byte, N*ld)
-	var inexact atomic.Bool
-	parallelRows(N, K, func(lo, hi int) {
-		if !inexact.Load() && !linalg.QuantizeFP4BF16(q[lo*ld:hi*ld], t.bf[lo*K:hi*K], hi-lo, K) {
-			inexact.Store(true)
-		}
-	})
-	if inexact.Load() {
+	q := exactForm(t, linalg.FP4RowBytes, linalg.FP4ExactBF16, linalg.QuantizeFP4BF16)
+	if q == nil {
 		return nil
 	}
 	return &Tensor{shape: t.shape, fp4: q}
 }
 
 // exactQ8 is the bf16 matrix t as a Q8 matrix if Q8 holds every value
-// exactly, else nil (as exactFP4).
+// exactly, else nil.
 func exactQ8(t *Tensor) *Tensor {
-	N, K := t.dims()
-	if N == 0 || !linalg.Q8ExactBF16(t.bf[:K], 1, K) {
+	q := exactForm(t, linalg.Q8RowBytes, linalg.Q8ExactBF16, linalg.QuantizeQ8BF16)
+	if q == nil {
 		return nil
 	}
-	ld := linalg.Q8RowBytes(K)
+	return &Tensor{shape: t.shape, q8: q}
+}
+
+// exactForm is the bf16 matrix t [N, K] converted by convert (rows of
+// rowBytes(K) bytes) if it holds every value exactly, else nil; converted
+// on all cores. A matrix whose first row exact refuses — a plain bf16
+// weight's, at its first group — costs nothing more.
+func exactForm(t *Tensor, rowBytes func(int) int, exact func([]uint16, int, int) bool, convert func([]byte, []uint16, int, int) bool) []byte {
+	N, K := t.dims()
+	if N == 0 || !exact(t.bf[:K], 1, K) {
+		return nil
+	}
+	ld := rowBytes(K)
 	q := make([]byte, N*ld)
 	var inexact atomic.Bool
 	parallelRows(N, K, func(lo, hi int) {
-		if !inexact.Load() && !linalg.QuantizeQ8BF16(q[lo*ld:hi*ld], t.bf[lo*K:hi*K], hi-lo, K) {
+		if !inexact.Load() && !convert(q[lo*ld:hi*ld], t.bf[lo*K:hi*K], hi-lo, K) {
 			inexact.Store(true)
 		}
 	})
 	if inexact.Load() {
 		return nil
 	}
-	return &Tensor{shape: t.shape, q8: q}
+	return q
 }
 
 // quantized is the matrix t (bf16 or float32, rows a multiple of
