@@ -407,6 +407,43 @@ func (s *Server) anthropicMessages(c *gin.Context) {
 	}
 }
 
+// anthropicCountTokens serves POST /v1/messages/count_tokens: the input
+// tokens a /v1/messages request with the same system prompt, messages,
+// tools and thinking setting would take, as {"input_tokens": n} (the
+// rendered conversation tokenized, exactly as the request would run it).
+func (s *Server) anthropicCountTokens(c *gin.Context) {
+	k := s.newCall(c, "messages/count_tokens", "")
+	k.errBody = anthropicError
+	defer k.done()
+	var areq anthropicRequest
+	if e := s.admitBody(c, &areq); e != nil {
+		k.fail(c, e)
+		return
+	}
+	k.model = areq.Model
+	if e := s.checkModel(areq.Model); e != nil {
+		k.fail(c, e)
+		return
+	}
+	req, e := areq.chatRequest()
+	if e == nil {
+		e = req.check()
+	}
+	var ids []int32
+	if e == nil {
+		var sp engine.SamplingParams
+		if sp, e = req.params(s.tok.VocabSize(), s.opts.Defaults.Base()); e == nil {
+			_, _, ids, e = s.chatPrompt(req, &sp)
+		}
+	}
+	if e != nil {
+		k.fail(c, e)
+		return
+	}
+	k.usage.PromptTokens = len(ids)
+	writeJSON(c, http.StatusOK, map[string]int{"input_tokens": len(ids)})
+}
+
 // anthropicToolUses are a reply's calls as tool_use blocks.
 func anthropicToolUses(calls []toolCallJS) []anthropicBlock {
 	var out []anthropicBlock

@@ -277,3 +277,62 @@ func TestAnthropicAndOllamaToolUse(t *testing.T) {
 		t.Errorf("ollama chat: %d %s", resp.StatusCode, raw)
 	}
 }
+
+// TestAnthropicCountTokens: POST /v1/messages/count_tokens, through
+// Anthropic's Go SDK, counts the input tokens /v1/messages then reports
+// for the same system prompt and messages, more with tools, and refuses a
+// bad request in Anthropic's error shape.
+func TestAnthropicCountTokens(t *testing.T) {
+	tok, tmpl, be, l, eos := defaultModel(t)
+	ts := serveEngine(t, tok, tmpl, be, l, eos)
+	client := anthropic.NewClient(option.WithBaseURL(ts.URL), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	ctx := context.Background()
+	system := []anthropic.TextBlockParam{{Text: "Answer briefly."}}
+	msgs := []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("Who made the light?"))}
+	msg, err := client.Messages.New(ctx, anthropic.MessageNewParams{Model: "default", MaxTokens: 2, System: system, Messages: msgs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count, err := client.Messages.CountTokens(ctx, anthropic.MessageCountTokensParams{Model: "default",
+		System: anthropic.MessageCountTokensParamsSystemUnion{OfTextBlockArray: system}, Messages: msgs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if count.InputTokens != msg.Usage.InputTokens || count.InputTokens == 0 {
+		t.Errorf("count_tokens %d, /v1/messages used %d input tokens", count.InputTokens, msg.Usage.InputTokens)
+	}
+	// Tools: their descriptions go into the prompt (a model whose template
+	// writes Hermes tool calls).
+	url := serveTools(t, newFake(4096))
+	fc := anthropic.NewClient(option.WithBaseURL(url), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	counts := map[bool]int64{}
+	for _, tools := range []bool{false, true} {
+		p := anthropic.MessageCountTokensParams{Model: "fake-moe", Messages: msgs}
+		if tools {
+			p.Tools = []anthropic.MessageCountTokensToolUnionParam{anthropic.MessageCountTokensToolParamOfTool(
+				anthropic.ToolInputSchemaParam{Properties: map[string]any{"book": map[string]any{"type": "string"}}}, "find_verse")}
+		}
+		n, err := fc.Messages.CountTokens(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[tools] = n.InputTokens
+	}
+	if counts[true] <= counts[false] || counts[false] == 0 {
+		t.Errorf("with a tool: %d input tokens, without %d", counts[true], counts[false])
+	}
+	resp, err := http.Post(ts.URL+"/v1/messages/count_tokens", "application/json",
+		strings.NewReader(`{"model":"default","messages":[{"role":"robot","content":"x"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var e struct {
+		Type  string
+		Error struct{ Type, Message string }
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil || resp.StatusCode != 400 || e.Type != "error" ||
+		e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, "role") {
+		t.Errorf("a bad role: status %d, %+v (%v)", resp.StatusCode, e, err)
+	}
+}

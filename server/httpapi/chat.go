@@ -189,6 +189,29 @@ type chatRun struct {
 	harmonyCalls  bool              // calls are read by the harmony splitter, not a toolStream
 }
 
+// chatPrompt sets up req's tools (their grammar in sp) and renders and
+// tokenizes its conversation: the prompt a chat request runs, which POST
+// /v1/messages/count_tokens counts.
+func (s *Server) chatPrompt(req *chatRequest, sp *engine.SamplingParams) (*toolSetup, string, []int32, *apiError) {
+	ts, e := s.tools(req, sp)
+	if e != nil {
+		return nil, "", nil, e
+	}
+	s.layout(sp)
+	text, e := s.render(req, ts)
+	if e != nil {
+		return nil, "", nil, e
+	}
+	ids, err := s.tok.Encode(text, false)
+	if err != nil {
+		return nil, "", nil, invalid("messages", "the rendered conversation cannot be tokenized: %v", err)
+	}
+	if len(ids) == 0 {
+		return nil, "", nil, invalid("messages", "the rendered conversation is empty")
+	}
+	return ts, text, ids, nil
+}
+
 // startChat checks a decoded chat request's parameters, renders and
 // tokenizes its conversation and submits it to the engine (POST
 // /v1/chat/completions and /v1/responses), under ctx (the client's
@@ -205,12 +228,7 @@ func (s *Server) startChat(ctx context.Context, k *call, req *chatRequest) (*cha
 			sp.TopLogprobs = *req.TopLogprobs
 		}
 	}
-	ts, e := s.tools(req, &sp)
-	if e != nil {
-		return nil, e
-	}
-	s.layout(&sp)
-	text, e := s.render(req, ts)
+	ts, text, ids, e := s.chatPrompt(req, &sp)
 	if e != nil {
 		return nil, e
 	}
@@ -228,13 +246,6 @@ func (s *Server) startChat(ctx context.Context, k *call, req *chatRequest) (*cha
 	}
 	if s.opts.LogPrompts {
 		k.prompts = []string{text}
-	}
-	ids, err := s.tok.Encode(text, false)
-	if err != nil {
-		return nil, invalid("messages", "the rendered conversation cannot be tokenized: %v", err)
-	}
-	if len(ids) == 0 {
-		return nil, invalid("messages", "the rendered conversation is empty")
 	}
 	maxTok, maxParam := req.maxTokens()
 	if sp.MaxTokens, e = s.fitContext(len(ids), maxTok, 0, "messages", maxParam); e != nil {

@@ -162,6 +162,7 @@ func (s *Server) routes() http.Handler {
 	v1.POST("/chat/completions", s.chatCompletions)
 	v1.POST("/responses", s.responses)
 	v1.POST("/messages", s.anthropicMessages) // Anthropic's Messages API (anthropic.go)
+	v1.POST("/messages/count_tokens", s.anthropicCountTokens)
 	v1.GET("/responses/:id", s.getResponse)
 	v1.GET("/responses/:id/input_items", s.inputItems)
 	v1.POST("/responses/:id/cancel", s.cancelResponse)
