@@ -467,3 +467,27 @@ func BenchmarkRequestFinished(b *testing.B) {
 		m.GenerationTokens(1)
 	}
 }
+
+// TestRegisterWeights: the weights' bytes by form, forms without bytes
+// left out.
+func TestRegisterWeights(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	RegisterWeights(reg, "m", map[string]int64{"bf16": 1000, "fp4": 250, "q8": 0})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "form" {
+					got[l.GetValue()] = m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	if len(got) != 2 || got["bf16"] != 1000 || got["fp4"] != 250 {
+		t.Errorf("weights_bytes by form: %v", got)
+	}
+}

@@ -233,11 +233,15 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 		gapi.SetServing(true)
 	}
 	ec := eng.Config()
+	info := httpapi.ModelInfo{Family: loaded.Config.ModelType}
 	if cb, ok := be.(*cpu.Backend); ok {
 		wb := cb.WeightBytes()
 		log.Info("weights held", zap.String("cpu_weights", cfg.CPUWeights), zap.Int64("bytes", wb.Total()),
 			zap.Int64("fp4_bytes", wb.FP4), zap.Int64("q8_bytes", wb.Q8), zap.Int64("bf16_bytes", wb.BF16), zap.Int64("f32_bytes", wb.F32))
+		metrics.RegisterWeights(reg, cfg.ModelName(), map[string]int64{"f32": wb.F32, "bf16": wb.BF16, "q8": wb.Q8, "fp4": wb.FP4})
+		info.Bytes, info.Parameters, info.Quantization = wb.Total(), wb.Values(), wb.Dominant()
 	}
+	hs.SetModelInfo(info)
 	log.Info("ready", zap.String("version", version.Get().String()), zap.Duration("load_time", time.Since(start)), zap.String("architecture", loaded.Config.Architecture),
 		zap.Int("max_model_len", ec.MaxModelLen), zap.Int("kv_blocks", eng.Stats().BlocksFree), zap.Int("block_size", ec.BlockSize),
 		zap.Int("kv_tokens", eng.Stats().BlocksFree*ec.BlockSize),

@@ -963,3 +963,50 @@ func TestServeWorldLocalWorkerDies(t *testing.T) {
 		t.Errorf("serve took %v to notice", d)
 	}
 }
+
+// TestServeModelInfo: the loaded model's weights reach ollama's model
+// list (size, parameter count, quantization level) and /metrics
+// (mkserve:weights_bytes by form), as held by cpu_weights.
+func TestServeModelInfo(t *testing.T) {
+	if b := os.Getenv(testBackendEnv); b != "" && b != "cpu" {
+		t.Skipf("cpu_weights is the cpu backend's (%s=%s)", testBackendEnv, b)
+	}
+	for _, c := range []struct{ weights, level string }{{"auto", "BF16"}, {"q8", "Q8"}} {
+		h, _, stop := startServe(t, "--model", "../../models/default", "--cpu-weights", c.weights)
+		resp, err := http.Get("http://" + h + "/api/tags")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tags struct {
+			Models []struct {
+				Size    int64
+				Details struct {
+					Family            string
+					ParameterSize     string `json:"parameter_size"`
+					QuantizationLevel string `json:"quantization_level"`
+				}
+			}
+		}
+		err = json.NewDecoder(resp.Body).Decode(&tags)
+		resp.Body.Close()
+		if err != nil || len(tags.Models) != 1 {
+			t.Fatalf("%s: /api/tags: %v", c.weights, err)
+		}
+		m := tags.Models[0]
+		// The bundled model: 11.5M parameters (models/default/README.md).
+		if m.Details.ParameterSize != "11.5M" || m.Details.QuantizationLevel != c.level || m.Details.Family != "qwen3_moe" || m.Size <= 0 {
+			t.Errorf("%s: /api/tags model %+v", c.weights, m)
+		}
+		resp, err = http.Get("http://" + h + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		want := `mkserve:weights_bytes{form="` + strings.ToLower(c.level) + `",model_name="default"}`
+		if !strings.Contains(string(body), want) {
+			t.Errorf("%s: /metrics has no %s", c.weights, want)
+		}
+		stop()
+	}
+}

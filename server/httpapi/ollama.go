@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -386,7 +387,36 @@ func (s *Server) ollamaTags(c *gin.Context) {
 func (s *Server) ollamaModel() map[string]any {
 	name := s.gen.ModelName()
 	return map[string]any{"name": name, "model": name, "modified_at": time.Unix(s.created, 0).UTC().Format(time.RFC3339),
-		"size": 0, "digest": "", "details": map[string]any{"format": "safetensors"}}
+		"size": s.modelInfo().Bytes, "digest": "", "details": s.ollamaDetails()}
+}
+
+// ollamaDetails is the model's details as ollama gives them: format,
+// family, parameter size ("20.9B") and quantization level (the form that
+// holds most of the weights' bytes), those known.
+func (s *Server) ollamaDetails() map[string]any {
+	m := s.modelInfo()
+	d := map[string]any{"format": "safetensors"}
+	if m.Family != "" {
+		d["family"], d["families"] = m.Family, []string{m.Family}
+	}
+	if m.Parameters > 0 {
+		d["parameter_size"] = paramSize(m.Parameters)
+	}
+	if m.Quantization != "" {
+		d["quantization_level"] = m.Quantization
+	}
+	return d
+}
+
+// paramSize writes a parameter count as ollama does: "11.5M", "20.9B".
+func paramSize(n int64) string {
+	switch {
+	case n >= 1e9:
+		return strconv.FormatFloat(float64(n)/1e9, 'f', 1, 64) + "B"
+	case n >= 1e6:
+		return strconv.FormatFloat(float64(n)/1e6, 'f', 1, 64) + "M"
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 // ollamaPS answers GET /api/ps: the model loaded (always, while serving).
@@ -430,9 +460,13 @@ func (s *Server) ollamaShow(c *gin.Context) {
 	if s.fim != nil {
 		caps = append(caps, "insert")
 	}
+	info := map[string]any{"context_length": s.gen.MaxContext()}
+	if m := s.modelInfo(); m.Parameters > 0 {
+		info["general.parameter_count"] = m.Parameters
+	}
 	writeJSON(c, http.StatusOK, map[string]any{
-		"details":      map[string]any{"format": "safetensors"},
-		"model_info":   map[string]any{"context_length": s.gen.MaxContext()},
+		"details":      s.ollamaDetails(),
+		"model_info":   info,
 		"capabilities": caps,
 		"modified_at":  time.Unix(s.created, 0).UTC().Format(time.RFC3339),
 	})

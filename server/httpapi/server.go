@@ -115,6 +115,7 @@ type Server struct {
 	fim   *fimFormat // the tokenizer's fill-in-the-middle tokens (nil: none)
 
 	ready    atomic.Bool
+	info     atomic.Pointer[ModelInfo] // SetModelInfo
 	draining atomic.Bool
 }
 
@@ -141,6 +142,26 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // SetReady marks the server ready (or not) to take generation requests;
 // /health follows it.
 func (s *Server) SetReady(ready bool) { s.ready.Store(ready) }
+
+// ModelInfo describes the loaded model to the APIs that report it
+// (ollama's /api/tags, /api/ps and /api/show).
+type ModelInfo struct {
+	Family       string // config.json's model_type, e.g. "qwen3_moe"
+	Parameters   int64  // values held in the weights
+	Bytes        int64  // the weights' memory
+	Quantization string // the form that holds most of the bytes: "F32", "BF16", "Q8" or "FP4"
+}
+
+// SetModelInfo records what the model loaded is (once it has loaded).
+func (s *Server) SetModelInfo(m ModelInfo) { s.info.Store(&m) }
+
+// modelInfo is what SetModelInfo recorded, or the zero ModelInfo.
+func (s *Server) modelInfo() ModelInfo {
+	if m := s.info.Load(); m != nil {
+		return *m
+	}
+	return ModelInfo{}
+}
 
 // SetDraining makes the server refuse new generation requests with 503
 // (and /health answer 503) while running ones finish.
