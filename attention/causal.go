@@ -79,20 +79,59 @@ func Causal(out, q, k, v []float32, Tq, past int, p *Params) {
 // ValuesInKeys, the first VHeadDim columns of each kv head's key in that
 // row of K (V unused): MLA's latent cache, where the latent is both the
 // value and the first part of the key.
+//
+// K16 and V16, when K16 is set, hold the pool in bf16 instead (the upper
+// halves of float32s; K and V unused): the same sums on the widened
+// values, half the bytes read.
 type Pool struct {
 	K, V         []float32
+	K16, V16     []uint16
 	Blocks       []int32
 	BlockSize    int
 	ValuesInKeys bool
 }
 
-// values returns the slice holding kv head kh's value of pool row r0 and
-// the stride between rows (KV heads, head dims D / Dv).
-func (kv *Pool) values(r0, kh, KV, D, Dv int) ([]float32, int) {
-	if kv.ValuesInKeys {
-		return kv.K[(r0*KV+kh)*D:], KV * D
+// keyLen and valueLen are the elements of the pool's keys and values.
+func (kv *Pool) keyLen() int {
+	if kv.K16 != nil {
+		return len(kv.K16)
 	}
-	return kv.V[(r0*KV+kh)*Dv:], KV * Dv
+	return len(kv.K)
+}
+func (kv *Pool) valueLen() int {
+	if kv.K16 != nil {
+		return len(kv.V16)
+	}
+	return len(kv.V)
+}
+
+// dot sets dst[j] to q's dot product with the key at element offset off
+// of the pool plus j·ld, j < n (linalg.DotRow).
+func (kv *Pool) dot(dst, q []float32, off, ld, n, D int) {
+	if kv.K16 != nil {
+		linalg.DotRowBF16(dst, q, kv.K16[off:], ld, n, D)
+		return
+	}
+	linalg.DotRow(dst, q, kv.K[off:], ld, n, D)
+}
+
+// accum adds the n value rows of kv head kh from pool row r0, weighted by
+// w, to o (linalg.AccumRows; KV heads, head dims D / Dv).
+func (kv *Pool) accum(o, w []float32, r0, kh, KV, D, Dv, n int) {
+	off, ld, k := (r0*KV+kh)*Dv, KV*Dv, false
+	if kv.ValuesInKeys {
+		off, ld, k = (r0*KV+kh)*D, KV*D, true
+	}
+	switch {
+	case kv.K16 != nil && k:
+		linalg.AccumRowsBF16(o, w, kv.K16[off:], ld, n, Dv)
+	case kv.K16 != nil:
+		linalg.AccumRowsBF16(o, w, kv.V16[off:], ld, n, Dv)
+	case k:
+		linalg.AccumRows(o, w, kv.K[off:], ld, n, Dv)
+	default:
+		linalg.AccumRows(o, w, kv.V[off:], ld, n, Dv)
+	}
 }
 
 // CausalPaged is Causal reading keys and values in place from a paged pool
@@ -128,13 +167,13 @@ func CausalPaged(out, q []float32, kv *Pool, Tq, past int, p *Params) {
 	if bs <= 0 || (n+bs-1)/bs > len(kv.Blocks) {
 		panic(fmt.Sprintf("attention.Causal: %d positions in blocks of %d, a table of %d blocks", n, bs, len(kv.Blocks)))
 	}
-	rows := len(kv.K) / (KV * D)
+	rows := kv.keyLen() / (KV * D)
 	if kv.ValuesInKeys {
 		if Dv > D {
 			panic(fmt.Sprintf("attention.Causal: values in keys need VHeadDim %d ≤ HeadDim %d", Dv, D))
 		}
 	} else {
-		rows = min(rows, len(kv.V)/(KV*Dv))
+		rows = min(rows, kv.valueLen()/(KV*Dv))
 	}
 	nb := (n + bs - 1) / bs
 	for bi, b := range kv.Blocks[:nb] {
@@ -192,17 +231,27 @@ func (kv *Pool) Gather(n, kw, vw int) (k, v []float32) {
 	k, v = make([]float32, n*kw), make([]float32, n*vw)
 	if n > 0 {
 		kv.runs(0, n-1, func(j0, r0, c int) {
-			copy(k[j0*kw:(j0+c)*kw], kv.K[r0*kw:(r0+c)*kw])
+			rowsOf(k[j0*kw:(j0+c)*kw], kv.K, kv.K16, r0*kw)
 			if !kv.ValuesInKeys {
-				copy(v[j0*vw:(j0+c)*vw], kv.V[r0*vw:(r0+c)*vw])
+				rowsOf(v[j0*vw:(j0+c)*vw], kv.V, kv.V16, r0*vw)
 				return
 			}
 			for j := range c {
-				copy(v[(j0+j)*vw:(j0+j+1)*vw], kv.K[(r0+j)*kw:])
+				rowsOf(v[(j0+j)*vw:(j0+j+1)*vw], kv.K, kv.K16, (r0+j)*kw)
 			}
 		})
 	}
 	return k, v
+}
+
+// rowsOf fills dst with the elements of f (or, when f is nil, the widened
+// bf16 elements of b) from off on.
+func rowsOf(dst, f []float32, b []uint16, off int) {
+	if f != nil {
+		copy(dst, f[off:])
+		return
+	}
+	linalg.WidenBF16(dst, b[off:off+len(dst)])
 }
 
 // attendRow computes query row t for heads h0..h1-1, all of kv head kh.
@@ -221,7 +270,7 @@ func attendRow(out, q []float32, kv *Pool, t, past, kh, h0, h1 int, p *Params, s
 		s := sc[hh*m : (hh+1)*m]
 		qr := q[(t*H+h0+hh)*D:][:D]
 		kv.runs(lo, i, func(j0, r0, c int) {
-			linalg.DotRow(s[j0-lo:], qr, kv.K[(r0*KV+kh)*D:], KV*D, c, D)
+			kv.dot(s[j0-lo:], qr, (r0*KV+kh)*D, KV*D, c, D)
 		})
 		for j := range s {
 			s[j] *= p.Scale
@@ -256,8 +305,7 @@ func attendRow(out, q []float32, kv *Pool, t, past, kh, h0, h1 int, p *Params, s
 		o := out[(t*H+h0+hh)*Dv:][:Dv]
 		clear(o)
 		kv.runs(lo, i, func(j0, r0, c int) {
-			vals, ld := kv.values(r0, kh, KV, D, Dv)
-			linalg.AccumRows(o, s[j0-lo:], vals, ld, c, Dv)
+			kv.accum(o, s[j0-lo:], r0, kh, KV, D, Dv, c)
 		})
 	}
 }

@@ -368,3 +368,68 @@ func slicesEqual(a, b []float32) bool {
 	}
 	return true
 }
+
+// toBF16Pool is p's keys and values rounded to bf16 (nearest even): the
+// bf16 pool and the float32 pool of the same (widened) values.
+func toBF16Pool(p *Pool) (bf, widened *Pool) {
+	round := func(x []float32) ([]uint16, []float32) {
+		if x == nil {
+			return nil, nil
+		}
+		b, w := make([]uint16, len(x)), make([]float32, len(x))
+		for i, v := range x {
+			u := math.Float32bits(v)
+			u += 0x7fff + (u>>16)&1
+			b[i] = uint16(u >> 16)
+			w[i] = math.Float32frombits(uint32(b[i]) << 16)
+		}
+		return b, w
+	}
+	bf, widened = &Pool{Blocks: p.Blocks, BlockSize: p.BlockSize, ValuesInKeys: p.ValuesInKeys}, &Pool{Blocks: p.Blocks, BlockSize: p.BlockSize, ValuesInKeys: p.ValuesInKeys}
+	bf.K16, widened.K = round(p.K)
+	bf.V16, widened.V = round(p.V)
+	return bf, widened
+}
+
+// TestCausalPagedBF16: a pool held in bf16 (Pool.K16, V16) gives the
+// results of the float32 pool of the widened values bit for bit — values
+// apart and in the keys — and Gather widens it.
+func TestCausalPagedBF16(t *testing.T) {
+	for _, c := range append(causalCases, causalCase{name: "mla-like decode", H: 8, KV: 1, D: 40, Dv: 32, Tq: 1, past: 37}) {
+		for _, inKeys := range []bool{false, true} {
+			if inKeys && c.Dv > c.D {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/inKeys=%v", c.name, inKeys), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(31, uint64(c.D)))
+				q, _, _, p := c.inputs(rng)
+				n := c.past + c.Tq
+				const bs = 4
+				nb := (n + bs - 1) / bs
+				blocks := make([]int32, nb)
+				for i, b := range rng.Perm(nb + 2)[:nb] {
+					blocks[i] = int32(b)
+				}
+				kw, vw := c.KV*c.D, c.KV*c.Dv
+				pool := &Pool{K: randVec(rng, (nb+2)*bs*kw, 1), Blocks: blocks, BlockSize: bs, ValuesInKeys: inKeys}
+				if !inKeys {
+					pool.V = randVec(rng, (nb+2)*bs*vw, 1)
+				}
+				bf, wide := toBF16Pool(pool)
+				want, got := make([]float32, c.Tq*c.H*c.Dv), make([]float32, c.Tq*c.H*c.Dv)
+				CausalPaged(want, q, wide, c.Tq, c.past, p)
+				CausalPaged(got, q, bf, c.Tq, c.past, p)
+				if !slicesEqual(got, want) {
+					t.Fatal("bf16 pool: not the widened float32 pool's bits")
+				}
+				if c.KV == 1 || !inKeys {
+					gk, gv := bf.Gather(n, kw, vw)
+					wk, wv := wide.Gather(n, kw, vw)
+					if !slicesEqual(gk, wk) || !slicesEqual(gv, wv) {
+						t.Fatal("Gather of the bf16 pool differs from the widened pool's")
+					}
+				}
+			})
+		}
+	}
+}

@@ -37,6 +37,7 @@ type Config struct {
 	MoEPath         string        // cuda: "grouped" or "fused" (moe_path)
 	MoETuning       string        // cuda: fused MoE launch table, a JSON file (moe_tuning)
 	CPUWeights      string        // cpu: how matrices are held: "auto", "stored" or "q8" (cpu_weights; cpu.WeightFormat)
+	KVCacheDtype    string        // cpu: the paged KV cache's element type, "auto" (float32) or "bf16" (kv_cache_dtype)
 	HTTPAddr        string        // OpenAI-compatible HTTP listen address (http_addr)
 	GRPCAddr        string        // gRPC listen address; "" disables gRPC (grpc_addr)
 	APIKey          string        // bearer token clients must send; "" allows all (api_key)
@@ -99,6 +100,7 @@ func Default() *Config {
 		Precision:       "exact",
 		MoEPath:         "grouped",
 		CPUWeights:      "auto",
+		KVCacheDtype:    "auto",
 		HTTPAddr:        DefaultHTTPAddr,
 		GRPCAddr:        DefaultGRPCAddr,
 		LogFormat:       "json",
@@ -209,6 +211,14 @@ func (c *Config) Validate() error {
 	}
 	if c.CPUWeights != "auto" && c.Backend != "cpu" {
 		return bad("cpu_weights", "%s applies to the cpu backend; backend is %s", c.CPUWeights, c.Backend)
+	}
+	switch c.KVCacheDtype {
+	case "auto", "bf16":
+	default:
+		return bad("kv_cache_dtype", "must be auto or bf16, got %q", c.KVCacheDtype)
+	}
+	if c.KVCacheDtype != "auto" && c.Backend != "cpu" {
+		return bad("kv_cache_dtype", "%s applies to the cpu backend (on cuda, precision fast keeps the cache in bf16); backend is %s", c.KVCacheDtype, c.Backend)
 	}
 	if err := checkAddr(c.HTTPAddr); err != nil {
 		return bad("http_addr", "%v", err)

@@ -277,6 +277,8 @@ func TestValidate(t *testing.T) {
 		{"reasoning_parser", func(c *Config) { c.ReasoningParser = "qwen3" }},
 		{"json_whitespace", func(c *Config) { c.JSONWhitespace = "tight" }},
 		{"cpu_weights", func(c *Config) { c.CPUWeights = "int4" }},
+		{"kv_cache_dtype", func(c *Config) { c.KVCacheDtype = "fp8" }},
+		{"kv_cache_dtype", func(c *Config) { c.KVCacheDtype, c.Backend = "bf16", "cuda" }},
 		{"cpu_weights", func(c *Config) { c.CPUWeights, c.Backend = "q8", "cuda" }},
 		{"responses_store", func(c *Config) { c.ResponsesStore = -1 }},
 		{"log_level", func(c *Config) { c.LogLevel = "loud" }},

@@ -50,6 +50,7 @@ func (c *Config) fields() []field {
 		{"model", "Hugging Face checkpoint directory", (*stringValue)(&c.Model)},
 		{"backend", "compute backend: cpu or cuda", (*stringValue)(&c.Backend)},
 		{"cpu_weights", "cpu: how matrices are held: auto (the smallest exact form: FP4 groups for an MXFP4 checkpoint's experts, 5/16 of bf16's memory; int8 groups (Q8) where they are exact; the rest as stored), stored (bf16 as bf16), or q8 (every matrix but the routers in Q8: 9/16 of bf16's memory and bytes a decode step reads, each value within 1/254 of its group of 32's largest)", (*stringValue)(&c.CPUWeights)},
+		{"kv_cache_dtype", "cpu: the paged KV cache's element type: auto (float32) or bf16 (half the memory: twice the tokens in kv_cache_bytes, and half the bytes long-context attention reads; keys and values rounded to bf16)", (*stringValue)(&c.KVCacheDtype)},
 		{"precision", "cuda: exact (float32 activations into split bf16 GEMMs, float32 KV cache) or fast (bf16 activations and KV cache)", (*stringValue)(&c.Precision)},
 		{"moe_tuning", "cuda, moe_path fused: JSON table of launch choices measured by `mkserve bench moe --tune` (empty: the kernel's defaults)", (*stringValue)(&c.MoETuning)},
 		{"moe_path", "cuda, fast precision: grouped (routing, grouped expert GEMMs, combine as separate launches) or fused (one persistent kernel per MoE layer; needed for ep > 1)", (*stringValue)(&c.MoEPath)},

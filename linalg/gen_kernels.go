@@ -64,7 +64,8 @@ func main() {
 	genWidenQ8(&w)
 	genWidenFP4(&w)
 	for _, nv := range []int{1, 2, 4, 8} {
-		genAccum(&w, nv)
+		genAccum(&w, nv, false)
+		genAccum(&w, nv, true)
 	}
 	os.Stdout.WriteString(w.String())
 }
@@ -503,17 +504,21 @@ func genWiden(w *strings.Builder) {
 // genAccum emits accum{8·nv}(y *float32, p *float32, x *float32, ldx int, m
 // int): y[c] += Σ_{j<m} p[j]·x[j·ldx+c] for c < 8·nv, m ≥ 1: nv 8-lane
 // accumulators (Y0..) stay in registers over the m rows of x, each column
-// summed in row order with one FMA a row (AccumRows).
-func genAccum(w *strings.Builder, nv int) {
+// summed in row order with one FMA a row (AccumRows); with bf, x holds
+// bf16 values, each widened as it loads (AccumRowsBF16).
+func genAccum(w *strings.Builder, nv int, bf bool) {
 	p := func(format string, args ...any) { fmt.Fprintf(w, "\t"+format+"\n", args...) }
-	name := fmt.Sprintf("accum%d", 8*nv)
-	fmt.Fprintf(w, "\n// func %s(y *float32, p *float32, x *float32, ldx int, m int)\n", name)
+	name, xt, shift := fmt.Sprintf("accum%d", 8*nv), "float32", 2
+	if bf { // x in bf16: each 8 values widened (VPMOVZXWD, VPSLLD $16) into Y14
+		name, xt, shift = name+"bf", "uint16", 1
+	}
+	fmt.Fprintf(w, "\n// func %s(y *float32, p *float32, x *%s, ldx int, m int)\n", name, xt)
 	fmt.Fprintf(w, "TEXT ·%s(SB), NOSPLIT, $0-40\n", name)
 	p("MOVQ y+0(FP), DI")
 	p("MOVQ p+8(FP), SI")
 	p("MOVQ x+16(FP), DX")
 	p("MOVQ ldx+24(FP), BX")
-	p("SHLQ $2, BX") // bytes between rows of x
+	p("SHLQ $%d, BX", shift) // bytes between rows of x
 	p("MOVQ m+32(FP), CX")
 	for v := 0; v < nv; v++ {
 		p("VMOVUPS %d(DI), Y%d", 32*v, v)
@@ -521,7 +526,13 @@ func genAccum(w *strings.Builder, nv int) {
 	fmt.Fprintf(w, "loop%s:\n", name)
 	p("VBROADCASTSS (SI), Y15")
 	for v := 0; v < nv; v++ {
-		p("VFMADD231PS %d(DX), Y15, Y%d", 32*v, v)
+		if bf {
+			p("VPMOVZXWD %d(DX), Y14", 16*v)
+			p("VPSLLD $16, Y14, Y14")
+			p("VFMADD231PS Y14, Y15, Y%d", v)
+		} else {
+			p("VFMADD231PS %d(DX), Y15, Y%d", 32*v, v)
+		}
 	}
 	p("ADDQ $4, SI")
 	p("ADDQ BX, DX")

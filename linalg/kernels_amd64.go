@@ -216,6 +216,26 @@ func accum32(y *float32, p *float32, x *float32, ldx int, m int)
 //go:noescape
 func accum64(y *float32, p *float32, x *float32, ldx int, m int)
 
+// accumNbf are accumN with x in bf16.
+//
+//go:noescape
+func accum8bf(y *float32, p *float32, x *uint16, ldx int, m int)
+
+//go:noescape
+func accum16bf(y *float32, p *float32, x *uint16, ldx int, m int)
+
+//go:noescape
+func accum32bf(y *float32, p *float32, x *uint16, ldx int, m int)
+
+//go:noescape
+func accum64bf(y *float32, p *float32, x *uint16, ldx int, m int)
+
+// avx2AccumBF are the accumNbf kernels, widest first, with their widths.
+var avx2AccumBF = []struct {
+	n int
+	f func(y *float32, p *float32, x *uint16, ldx int, m int)
+}{{64, accum64bf}, {32, accum32bf}, {16, accum16bf}, {8, accum8bf}}
+
 // avx2Accum are the accumN kernels, widest first, with their widths.
 var avx2Accum = []struct {
 	n int

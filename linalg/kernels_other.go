@@ -13,6 +13,10 @@ var (
 		n int
 		f func(y *float32, p *float32, x *float32, ldx int, m int)
 	}
+	avx2AccumBF []struct {
+		n int
+		f func(y *float32, p *float32, x *uint16, ldx int, m int)
+	}
 )
 
 // widenbf16 is never called here (avx2DotBF is nil).

@@ -109,3 +109,39 @@ func BenchmarkAccumRows(b *testing.B) {
 		AccumRows(y, p, x, ld, M, n)
 	}
 }
+
+// TestRowsBF16SameBits: DotRowBF16 and AccumRowsBF16 give DotRow's and
+// AccumRows' results on the widened rows bit for bit, on both kernel
+// paths, with tails past every kernel width.
+func TestRowsBF16SameBits(t *testing.T) {
+	for _, p := range paths() {
+		withPath(t, p.asm, func() {
+			r := rand.New(rand.NewPCG(41, 42))
+			for _, c := range []struct{ N, K, ld int }{{1, 8, 8}, {5, 128, 512}, {17, 100, 130}, {3, 7, 9}, {33, 64, 64}} {
+				a := randSlice(r, c.K)
+				b16, b := randBF16(r, (c.N-1)*c.ld+c.K)
+				want, got := make([]float32, c.N), make([]float32, c.N)
+				DotRow(want, a, b, c.ld, c.N, c.K)
+				DotRowBF16(got, a, b16, c.ld, c.N, c.K)
+				for j := range want {
+					if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+						t.Fatalf("%s: DotRowBF16 N=%d K=%d: [%d] = %g, DotRow %g", p.name, c.N, c.K, j, got[j], want[j])
+					}
+				}
+			}
+			for _, c := range []struct{ M, n, ld int }{{1, 8, 8}, {40, 128, 512}, {7, 100, 130}, {3, 5, 9}, {200, 64, 64}} {
+				w := randSlice(r, c.M)
+				x16, x := randBF16(r, (c.M-1)*c.ld+c.n)
+				want, got := randSlice(r, c.n), make([]float32, c.n)
+				copy(got, want)
+				AccumRows(want, w, x, c.ld, c.M, c.n)
+				AccumRowsBF16(got, w, x16, c.ld, c.M, c.n)
+				for j := range want {
+					if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+						t.Fatalf("%s: AccumRowsBF16 M=%d n=%d: [%d] = %g, AccumRows %g", p.name, c.M, c.n, j, got[j], want[j])
+					}
+				}
+			}
+		})
+	}
+}

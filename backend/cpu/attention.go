@@ -134,7 +134,7 @@ func (be *Backend) appendKV(op string, b *backend.Batch, layer int, k, v []float
 			}
 			pl := be.paged.layer(layer, kw, vw)
 			be.paged.write(pl, s, k[s.Offset*kw:(s.Offset+s.Len)*kw], v[s.Offset*vw:(s.Offset+s.Len)*vw])
-			hist[i] = attention.Pool{K: pl.k, V: pl.v, Blocks: s.Blocks, BlockSize: be.paged.blockSize, ValuesInKeys: vw == 0}
+			hist[i] = be.paged.pool(pl, s.Blocks, vw == 0)
 			continue
 		}
 		sc := be.kv[s.ID]

@@ -51,6 +51,11 @@ type Options struct {
 	// Weights is how matrices are held (WeightsAuto, the zero value, by
 	// default); F32Weights overrides it.
 	Weights WeightFormat
+	// KVBF16 keeps the paged KV cache in bf16 (keys and values rounded to
+	// nearest even as they are written): half the memory — twice the
+	// tokens in the same kv_cache_bytes — and half the bytes long-context
+	// attention reads; float32 otherwise.
+	KVBF16 bool
 }
 
 // WeightFormat chooses how the backend holds a checkpoint's matrices.
@@ -176,6 +181,7 @@ var (
 	_ backend.Backend       = (*Backend)(nil)
 	_ backend.ExpertCounter = (*Backend)(nil)
 	_ backend.ExpertPlacer  = (*Backend)(nil)
+	_ backend.KVAllocator   = (*Backend)(nil)
 )
 
 // New returns a CPU backend.

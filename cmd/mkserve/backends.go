@@ -19,6 +19,7 @@ type backendSpec struct {
 	moePath    string // cuda: grouped or fused ("" reads MKSERVE_MOE_PATH, else grouped)
 	moeTuning  string // cuda: a table of `mkserve bench moe --tune` ("" for none)
 	cpuWeights string // cpu: auto ("" too), stored or q8 (cpu.WeightFormat)
+	kvDtype    string // cpu: the KV cache's element type, auto ("" too: float32) or bf16
 	// world, when set, makes the backend one rank of an expert-parallel
 	// world of processes: on cuda it opens GPU rank % (GPUs on the host)
 	// and sums the ranks' MoE outputs over worldTransport ("ipc", the
@@ -41,7 +42,15 @@ func newBackend(s backendSpec) (backend.Backend, error) {
 				return nil, err
 			}
 		}
-		return cpu.New(cpu.Options{EPRanks: epRanks, EPComm: world, Weights: wf}), nil
+		var kvBF16 bool
+		switch s.kvDtype {
+		case "", "auto":
+		case "bf16":
+			kvBF16 = true
+		default:
+			return nil, fmt.Errorf("kv cache dtype %q is not known (auto or bf16)", s.kvDtype)
+		}
+		return cpu.New(cpu.Options{EPRanks: epRanks, EPComm: world, Weights: wf, KVBF16: kvBF16}), nil
 	case "cuda":
 		var split bool
 		switch precision {

@@ -107,6 +107,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	backendName := fs.String("backend", "cuda", "cpu or cuda")
 	precision := fs.String("precision", "fast", "cuda: exact or fast (see mkserve serve --help)")
 	cpuWeights := fs.String("cpu-weights", "auto", "cpu: how matrices are held: auto, stored or q8 (see mkserve serve --help)")
+	kvDtype := fs.String("kv-cache-dtype", "auto", "cpu: the KV cache's element type, auto (float32) or bf16")
 	batches := fs.String("batch", "1,32,256", "decode batch sizes, comma-separated")
 	ctxLen := fs.Int("context", 1024, "decode: tokens already in each sequence's KV cache")
 	contexts := fs.Int("contexts", 32, "decode: distinct prefilled contexts; sequence s reads context s mod N (1: every sequence shares one context, as before the eighth pass: the batch's attention outputs then agree and its tokens route to few experts)")
@@ -179,7 +180,10 @@ func benchModel(args []string, stdout io.Writer) error {
 			if err != nil {
 				return err
 			}
-			be = cpu.New(cpu.Options{EPComm: comm, Weights: wf})
+			if *kvDtype != "auto" && *kvDtype != "bf16" {
+				return fmt.Errorf("--kv-cache-dtype %q: auto or bf16", *kvDtype)
+			}
+			be = cpu.New(cpu.Options{EPComm: comm, Weights: wf, KVBF16: *kvDtype == "bf16"})
 		case "cuda":
 			b, err := newBackend(backendSpec{name: "cuda", ep: *ep, precision: *precision, moePath: *moePath, moeTuning: *moeTuning, world: comm})
 			if err != nil {

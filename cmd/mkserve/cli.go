@@ -76,6 +76,7 @@ type modelFlags struct {
 	precision string
 	moePath   string
 	weights   string
+	kvDtype   string
 	ep        int
 }
 
@@ -86,6 +87,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.moePath, "moe-path", "", "cuda: grouped or fused MoE kernels (default: $MKSERVE_MOE_PATH, else grouped)")
 	fs.IntVar(&m.ep, "ep", 1, "expert-parallel ranks (emulated in process on the CPU; on cuda through the fused MoE kernel)")
 	fs.StringVar(&m.weights, "cpu-weights", "auto", "cpu: how matrices are held: auto, stored or q8 (see mkserve serve --help)")
+	fs.StringVar(&m.kvDtype, "kv-cache-dtype", "auto", "cpu: the KV cache's element type, auto (float32) or bf16")
 }
 
 func (m *modelFlags) load() (*models.Loaded, backend.Backend, error) {
@@ -95,7 +97,7 @@ func (m *modelFlags) load() (*models.Loaded, backend.Backend, error) {
 	if m.ep < 1 {
 		return nil, nil, fmt.Errorf("--ep must be at least 1, got %d", m.ep)
 	}
-	be, err := newBackend(backendSpec{name: m.backend, ep: m.ep, precision: m.precision, moePath: m.moePath, cpuWeights: m.weights})
+	be, err := newBackend(backendSpec{name: m.backend, ep: m.ep, precision: m.precision, moePath: m.moePath, cpuWeights: m.weights, kvDtype: m.kvDtype})
 	if err != nil {
 		return nil, nil, err
 	}

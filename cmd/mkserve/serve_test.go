@@ -886,6 +886,7 @@ func TestWorldAgree(t *testing.T) {
 			worldProfile(backendSpec{name: "cuda", precision: "fast", worldTransport: "ipc"})}, false},
 		{[2]string{worldProfile(backendSpec{name: "cpu"}), worldProfile(backendSpec{name: "cpu", precision: "fast", moePath: "x", cpuWeights: "auto"})}, false},
 		{[2]string{worldProfile(backendSpec{name: "cpu", cpuWeights: "q8"}), worldProfile(backendSpec{name: "cpu"})}, true},
+		{[2]string{worldProfile(backendSpec{name: "cpu", kvDtype: "bf16"}), worldProfile(backendSpec{name: "cpu", kvDtype: "auto"})}, true},
 		{[2]string{worldProfile(backendSpec{name: "cuda"}), worldProfile(backendSpec{name: "cuda", precision: "fast"})}, true},
 		{[2]string{worldProfile(backendSpec{name: "cuda", precision: "exact"}), worldProfile(backendSpec{name: "cpu", precision: "exact"})}, true},
 		{[2]string{worldProfile(backendSpec{name: "cuda", precision: "fast", worldTransport: "nccl"}),

@@ -39,6 +39,7 @@ func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 	moePath := fs.String("moe-path", "", "the cuda backend's MoE path (grouped; empty reads MKSERVE_MOE_PATH): as rank 0's")
 	worldTransport := fs.String("world-transport", "ipc", "cuda: how the ranks sum their MoE outputs, ipc or nccl: as rank 0's")
 	cpuWeights := fs.String("cpu-weights", "auto", "cpu: how matrices are held (auto, stored or q8): as rank 0's")
+	kvDtype := fs.String("kv-cache-dtype", "auto", "cpu: the KV cache's element type (auto or bf16): as rank 0's")
 	size := fs.Int("world-size", 0, "processes in the world (rank 0 included)")
 	rank := fs.Int("rank", 0, "this worker's rank, 1 … world-size−1")
 	coord := fs.String("coordinator", "", "rank 0's host:port")
@@ -64,7 +65,7 @@ func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	defer comm.Close()
 	spec := backendSpec{name: *backendName, ep: 1, precision: *precision, moePath: *moePath, cpuWeights: *cpuWeights,
-		world: comm, worldTransport: *worldTransport}
+		kvDtype: *kvDtype, world: comm, worldTransport: *worldTransport}
 	if err := worldAgree(ctx, comm, worldProfile(spec)); err != nil {
 		return err
 	}
@@ -90,11 +91,14 @@ func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 // the same token to different experts.
 func worldProfile(s backendSpec) string {
 	if s.name == "cpu" {
-		w := s.cpuWeights
+		w, kv := s.cpuWeights, s.kvDtype
 		if w == "" {
 			w = "auto"
 		}
-		return "backend cpu, weights " + w
+		if kv == "" {
+			kv = "auto"
+		}
+		return "backend cpu, weights " + w + ", kv cache " + kv
 	}
 	precision, moePath, worldTransport := s.precision, s.moePath, s.worldTransport
 	if precision == "" {
