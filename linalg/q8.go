@@ -24,7 +24,8 @@ import (
 // (gpt-oss's experts: E2M1 values, which are multiples of ½, times a
 // power-of-two scale per 32) are exact throughout, at half the bytes of
 // bf16. Other groups are scaled by absmax/127 and rounded to nearest: an
-// element's error is at most absmax/254 of its group.
+// element's error is at most absmax/254 of its group (plus the rounding of
+// the scale itself, where it is a subnormal float32).
 
 // Q8Group is the number of consecutive values of a row that share a scale.
 const Q8Group = 32
@@ -96,6 +97,13 @@ func quantizeGroup(q []byte, g []float32) (scale float32, exact bool) {
 		return amax, false
 	}
 	scale, inv := amax/127, 127/amax
+	if math.IsInf(float64(inv), 0) { // a group of tiny values (amax below 127/MaxFloat32): in float64
+		inv64 := 127 / float64(amax)
+		for i, v := range g {
+			q[i] = byte(int8(math.Round(float64(v) * inv64)))
+		}
+		return scale, false
+	}
 	for i, v := range g {
 		r := v * inv
 		half := math.Float32frombits(0x3F000000 | math.Float32bits(r)&(1<<31)) // ±½ with r's sign: to nearest, halves away from zero (no branch on the sign)

@@ -286,3 +286,60 @@ func BenchmarkMatMulTQ8Experts(b *testing.B) {
 		}
 	}
 }
+
+// FuzzQuantizeGroups: for any 32 values, Q8 reads each finite one back
+// within 1/254 of the group's largest (exactly when it reports the group
+// exact), and FP4 either refuses the group or reads every value back
+// exactly; neither panics on infinities or NaNs.
+func FuzzQuantizeGroups(f *testing.F) {
+	f.Add(make([]byte, 128))
+	seed := make([]byte, 128)
+	for i := range seed {
+		seed[i] = byte(i * 37)
+	}
+	f.Add(seed)
+	f.Add([]byte{0, 0, 0x80, 0x7f, 0, 0, 0xc0, 0x7f, 0, 0, 0, 0x3f}) // +Inf, NaN, 0.5
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var v [Q8Group]float32
+		var b [Q8Group]uint16
+		for i := range v {
+			var u uint32
+			for k := range 4 {
+				if j := 4*i + k; j < len(raw) {
+					u |= uint32(raw[j]) << (8 * k)
+				}
+			}
+			b[i] = uint16(u >> 16)
+			v[i] = math.Float32frombits(uint32(b[i]) << 16) // bf16 values, so FP4 sees the same ones
+		}
+		q := make([]byte, Q8RowBytes(Q8Group))
+		exact := QuantizeQ8(q, v[:], 1, Q8Group)
+		got := make([]float32, Q8Group)
+		DequantQ8(got, q, 1, Q8Group)
+		amax, finite := float32(0), true
+		for _, x := range v {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				finite = false
+			}
+			amax = max(amax, float32(math.Abs(float64(x))))
+		}
+		for i, x := range v {
+			if exact && got[i] != x && !(got[i] == 0 && x == 0) {
+				t.Fatalf("exact group: %g back as %g", x, got[i])
+			}
+			// (plus the rounding of the scale itself where it is subnormal: 127·2^-149)
+			if finite && math.Abs(float64(got[i]-x)) > float64(amax)/254*(1+1e-5)+0x1p-142 {
+				t.Fatalf("%g back as %g (group largest %g)", x, got[i], amax)
+			}
+		}
+		f4 := make([]byte, FP4RowBytes(Q8Group))
+		if QuantizeFP4BF16(f4, b[:], 1, Q8Group) {
+			DequantFP4(got, f4, 1, Q8Group)
+			for i, x := range v {
+				if got[i] != x && !(got[i] == 0 && x == 0) {
+					t.Fatalf("FP4 took the group: %g back as %g", x, got[i])
+				}
+			}
+		}
+	})
+}
