@@ -523,6 +523,11 @@ func benchModel(args []string, stdout io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "model %s on %s: %.1f GB of weights, loaded in %.1f s; bandwidth for the floor %.0f GB/s; decode sequences read %d distinct contexts\n",
 			name, be.Name(), float64(wb.total())/1e9, loadTime.Seconds(), *bw, max(1, min(slices.Max(bs), *contexts)))
+		if cb, ok := be.(*cpu.Backend); ok { // (the columns count weights in bf16; this is what the backend holds)
+			h := cb.WeightBytes()
+			fmt.Fprintf(stdout, "cpu weights held (--cpu-weights %s): %.2f GB: fp4 %.2f, q8 %.2f, bf16 %.2f, f32 %.2f GB; kv cache %s\n",
+				*cpuWeights, float64(h.Total())/1e9, float64(h.FP4)/1e9, float64(h.Q8)/1e9, float64(h.BF16)/1e9, float64(h.F32)/1e9, *kvDtype)
+		}
 		fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s %12s %12s %14s %10s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor", "replay host", "replay GPU", "experts/layer", "sync ms")
 		for _, r := range out {
 			fmt.Fprintf(stdout, "%-8s %6d %8d %8d %10.2f %12.1f %10.3f %10.3f %8.2f %12.2f %12.2f %14.1f %10.2f\n", r.Kind, r.Batch, r.Context, r.Tokens, r.MS, r.TokensPS, r.WeightGB, r.FloorMS, r.OverFloor, r.ReplayHostMS, r.ReplayGPUMS, r.ExpertsPerLayer, r.SyncMS)
