@@ -18,8 +18,18 @@ import (
 // MatMulT's dot path run (8-lane accumulators, two copies), then the K&^7
 // tail; elsewhere a Go loop. It panics if a slice is shorter than its shape.
 func DotRow(dst, a, b []float32, ldb, N, K int) {
+	var ks *dotSet[float32]
+	if avx2Kernels != nil {
+		ks = &avx2Kernels.dotSet
+	}
+	dotRowOf("DotRow", dst, a, b, ldb, N, K, ks, func(row []float32) []float32 { return row })
+}
+
+// dotRowOf is DotRow for b of element type E: ks its 1-row dot kernels
+// (nil: none here), widen a tail of a row of b as float32.
+func dotRowOf[E float32 | uint16](op string, dst, a []float32, b []E, ldb, N, K int, ks *dotSet[E], widen func(row []E) []float32) {
 	if N < 0 || K < 0 || ldb < K || len(dst) < N || len(a) < K || (N > 0 && len(b) < (N-1)*ldb+K) {
-		panic(fmt.Sprintf("linalg.DotRow: N=%d K=%d ldb=%d with len(dst)=%d len(a)=%d len(b)=%d", N, K, ldb,
+		panic(fmt.Sprintf("linalg.%s: N=%d K=%d ldb=%d with len(dst)=%d len(a)=%d len(b)=%d", op, N, K, ldb,
 			len(dst), len(a), len(b)))
 	}
 	if N == 0 {
@@ -27,9 +37,8 @@ func DotRow(dst, a, b []float32, ldb, N, K int) {
 	}
 	clear(dst[:N])
 	K8 := 0
-	if useAsm && K >= 8 {
+	if useAsm && ks != nil && K >= 8 {
 		K8 = K &^ 7
-		ks := &avx2Kernels.dotSet
 		j := 0
 		if nt := N / ks.gemvN; nt > 0 {
 			ks.gemv(&a[0], K, &b[0], ldb, K8, &dst[0], N, nt)
@@ -46,7 +55,7 @@ func DotRow(dst, a, b []float32, ldb, N, K int) {
 	}
 	ar := a[K8:K]
 	for j := range N {
-		dst[j] += Dot(ar, b[j*ldb+K8:j*ldb+K])
+		dst[j] += Dot(ar, widen(b[j*ldb+K8:j*ldb+K]))
 	}
 }
 
@@ -55,8 +64,17 @@ func DotRow(dst, a, b []float32, ldb, N, K int) {
 // with one FMA a row, the columns in 8-lane registers for all M rows). It
 // panics if a slice is shorter than its shape.
 func AccumRows(y, p, x []float32, ldx, M, n int) {
+	accumRowsOf("AccumRows", y, p, x, ldx, M, n, avx2Accum, func(x float32) float32 { return x })
+}
+
+// accumRowsOf is AccumRows for x of element type E: ks its kernels by
+// width, widest first (empty: none here), f an element's float32 value.
+func accumRowsOf[E float32 | uint16](op string, y, p []float32, x []E, ldx, M, n int, ks []struct {
+	n int
+	f func(y *float32, p *float32, x *E, ldx int, m int)
+}, f func(E) float32) {
 	if M < 0 || n < 0 || ldx < n || len(y) < n || len(p) < M || (M > 0 && len(x) < (M-1)*ldx+n) {
-		panic(fmt.Sprintf("linalg.AccumRows: M=%d n=%d ldx=%d with len(y)=%d len(p)=%d len(x)=%d", M, n, ldx,
+		panic(fmt.Sprintf("linalg.%s: M=%d n=%d ldx=%d with len(y)=%d len(p)=%d len(x)=%d", op, M, n, ldx,
 			len(y), len(p), len(x)))
 	}
 	if M == 0 || n == 0 {
@@ -64,7 +82,7 @@ func AccumRows(y, p, x []float32, ldx, M, n int) {
 	}
 	c := 0
 	if useAsm {
-		for _, k := range avx2Accum {
+		for _, k := range ks {
 			for ; c+k.n <= n; c += k.n {
 				k.f(&y[c], &p[0], &x[c], ldx, M)
 			}
@@ -73,7 +91,7 @@ func AccumRows(y, p, x []float32, ldx, M, n int) {
 	for ; c < n; c++ {
 		s := y[c]
 		for j := range M {
-			s += p[j] * x[j*ldx+c]
+			s += p[j] * f(x[j*ldx+c])
 		}
 		y[c] = s
 	}
@@ -83,63 +101,19 @@ func AccumRows(y, p, x []float32, ldx, M, n int) {
 // same sums as DotRow on the widened rows, bit for bit, reading half the
 // bytes (MatMulTBF16's 1-row dot kernels).
 func DotRowBF16(dst, a []float32, b []uint16, ldb, N, K int) {
-	if N < 0 || K < 0 || ldb < K || len(dst) < N || len(a) < K || (N > 0 && len(b) < (N-1)*ldb+K) {
-		panic(fmt.Sprintf("linalg.DotRowBF16: N=%d K=%d ldb=%d with len(dst)=%d len(a)=%d len(b)=%d", N, K, ldb,
-			len(dst), len(a), len(b)))
-	}
-	if N == 0 {
-		return
-	}
-	clear(dst[:N])
-	K8 := 0
-	if useAsm && avx2DotBF != nil && K >= 8 {
-		K8 = K &^ 7
-		ks := avx2DotBF
-		j := 0
-		if nt := N / ks.gemvN; nt > 0 {
-			ks.gemv(&a[0], K, &b[0], ldb, K8, &dst[0], N, nt)
-			j = nt * ks.gemvN
+	var row []float32 // (the Go path: every column is the tail)
+	dotRowOf("DotRowBF16", dst, a, b, ldb, N, K, avx2DotBF, func(r []uint16) []float32 {
+		if cap(row) < len(r) {
+			row = make([]float32, len(r))
 		}
-		for j < N {
-			r := min(ks.nr, N-j)
-			ks.k[0][r-1](&a[0], K, &b[j*ldb], ldb, K8, &dst[j], N, 1)
-			j += r
-		}
-	}
-	if K8 == K {
-		return
-	}
-	row := make([]float32, K-K8) // (the Go path: every column is the tail)
-	ar := a[K8:K]
-	for j := range N {
-		WidenBF16(row, b[j*ldb+K8:j*ldb+K])
-		dst[j] += Dot(ar, row)
-	}
+		row = row[:len(r)]
+		WidenBF16(row, r)
+		return row
+	})
 }
 
 // AccumRowsBF16 is AccumRows with x in bf16: the same sums as AccumRows on
 // the widened rows, bit for bit, reading half the bytes.
 func AccumRowsBF16(y, p []float32, x []uint16, ldx, M, n int) {
-	if M < 0 || n < 0 || ldx < n || len(y) < n || len(p) < M || (M > 0 && len(x) < (M-1)*ldx+n) {
-		panic(fmt.Sprintf("linalg.AccumRowsBF16: M=%d n=%d ldx=%d with len(y)=%d len(p)=%d len(x)=%d", M, n, ldx,
-			len(y), len(p), len(x)))
-	}
-	if M == 0 || n == 0 {
-		return
-	}
-	c := 0
-	if useAsm {
-		for _, k := range avx2AccumBF {
-			for ; c+k.n <= n; c += k.n {
-				k.f(&y[c], &p[0], &x[c], ldx, M)
-			}
-		}
-	}
-	for ; c < n; c++ {
-		s := y[c]
-		for j := range M {
-			s += p[j] * tensor.BF16ToF32(x[j*ldx+c])
-		}
-		y[c] = s
-	}
+	accumRowsOf("AccumRowsBF16", y, p, x, ldx, M, n, avx2AccumBF, tensor.BF16ToF32)
 }

@@ -200,11 +200,10 @@ func TestBF16WeightsSameLogits(t *testing.T) {
 	}
 }
 
-// TestQ8Quality: held as Q8 (cpu.WeightsQ8: every matrix but the routers
-// in int8 groups of 32), this trained checkpoint's perplexity on
-// transformers' own continuations stays within 2 % of the stored bf16
-// weights', and its greedy choices agree at ≥ 95 % of positions.
-func TestQ8Quality(t *testing.T) {
+// refTexts is each case of testdata/hf_greedy.json as one token sequence,
+// [prompt ‖ transformers' continuation]: text to score a model on.
+func refTexts(t *testing.T) [][]int32 {
+	t.Helper()
 	data, err := os.ReadFile(filepath.Join(dir, "testdata", "hf_greedy.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +218,6 @@ func TestQ8Quality(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Each case's text, scored as one sequence: [prompt ‖ continuation].
 	var texts [][]int32
 	for _, c := range ref.Greedy {
 		ids, err := tok.Encode(c.Prompt+c.Continuation, false)
@@ -228,6 +226,15 @@ func TestQ8Quality(t *testing.T) {
 		}
 		texts = append(texts, ids)
 	}
+	return texts
+}
+
+// TestQ8Quality: held as Q8 (cpu.WeightsQ8: every matrix but the routers
+// in int8 groups of 32), this trained checkpoint's perplexity on
+// transformers' own continuations stays within 2 % of the stored bf16
+// weights', and its greedy choices agree at ≥ 95 % of positions.
+func TestQ8Quality(t *testing.T) {
+	texts := refTexts(t)
 	score := func(w cpu.WeightFormat) (nll float64, n int, picks []int, held cpu.WeightBytes) {
 		be := cpu.New(cpu.Options{Weights: w})
 		l, err := models.Load(dir, be, models.LoadOptions{})
@@ -283,20 +290,7 @@ func TestQ8Quality(t *testing.T) {
 // choices agree at ≥ 95 % of positions, and an engine given the same
 // kv_cache_bytes holds twice the blocks.
 func TestKVBF16Quality(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(dir, "testdata", "hf_greedy.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ref struct {
-		Greedy []struct{ Prompt, Continuation string }
-	}
-	if err := json.Unmarshal(data, &ref); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.LoadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	texts := refTexts(t)
 	const bs = 16
 	score := func(bf bool) (nll float64, n int, picks []int) {
 		be := cpu.New(cpu.Options{KVBF16: bf})
@@ -308,11 +302,7 @@ func TestKVBF16Quality(t *testing.T) {
 		if err := be.InitKV(bs, 64); err != nil {
 			t.Fatal(err)
 		}
-		for i, c := range ref.Greedy {
-			ids, err := tok.Encode(c.Prompt+c.Continuation, false)
-			if err != nil {
-				t.Fatal(err)
-			}
+		for i, ids := range texts {
 			blocks := make([]int32, (len(ids)+bs-1)/bs)
 			for b := range blocks {
 				blocks[b] = int32(b)

@@ -258,25 +258,12 @@ func (s *Server) anthropicMessages(c *gin.Context) {
 	k := s.newCall(c, "messages", "msg_")
 	k.errBody = anthropicError
 	defer k.done()
-	var areq anthropicRequest
-	if e := s.admitBody(c, &areq); e != nil {
-		k.fail(c, e)
+	areq, req, ok := s.anthropicRequest(c, k)
+	if !ok {
 		return
 	}
 	stream := areq.Stream != nil && *areq.Stream
-	k.model, k.stream = areq.Model, stream
-	if e := s.checkModel(areq.Model); e != nil {
-		k.fail(c, e)
-		return
-	}
-	req, e := areq.chatRequest()
-	if e == nil {
-		e = req.check()
-	}
-	if e != nil {
-		k.fail(c, e)
-		return
-	}
+	k.stream = stream
 	run, e := s.startChat(c.Request.Context(), k, req)
 	if e != nil {
 		k.fail(c, e)
@@ -407,6 +394,31 @@ func (s *Server) anthropicMessages(c *gin.Context) {
 	}
 }
 
+// anthropicRequest admits, reads and decodes an Anthropic Messages
+// request and turns it into a chat request, checked; on an error it has
+// answered it (ok false).
+func (s *Server) anthropicRequest(c *gin.Context, k *call) (areq *anthropicRequest, req *chatRequest, ok bool) {
+	areq = &anthropicRequest{}
+	if e := s.admitBody(c, areq); e != nil {
+		k.fail(c, e)
+		return nil, nil, false
+	}
+	k.model = areq.Model
+	if e := s.checkModel(areq.Model); e != nil {
+		k.fail(c, e)
+		return nil, nil, false
+	}
+	req, e := areq.chatRequest()
+	if e == nil {
+		e = req.check()
+	}
+	if e != nil {
+		k.fail(c, e)
+		return nil, nil, false
+	}
+	return areq, req, true
+}
+
 // anthropicCountTokens serves POST /v1/messages/count_tokens: the input
 // tokens a /v1/messages request with the same system prompt, messages,
 // tools and thinking setting would take, as {"input_tokens": n} (the
@@ -415,26 +427,14 @@ func (s *Server) anthropicCountTokens(c *gin.Context) {
 	k := s.newCall(c, "messages/count_tokens", "")
 	k.errBody = anthropicError
 	defer k.done()
-	var areq anthropicRequest
-	if e := s.admitBody(c, &areq); e != nil {
-		k.fail(c, e)
+	_, req, ok := s.anthropicRequest(c, k)
+	if !ok {
 		return
-	}
-	k.model = areq.Model
-	if e := s.checkModel(areq.Model); e != nil {
-		k.fail(c, e)
-		return
-	}
-	req, e := areq.chatRequest()
-	if e == nil {
-		e = req.check()
 	}
 	var ids []int32
+	sp, e := req.params(s.tok.VocabSize(), s.opts.Defaults.Base())
 	if e == nil {
-		var sp engine.SamplingParams
-		if sp, e = req.params(s.tok.VocabSize(), s.opts.Defaults.Base()); e == nil {
-			_, _, ids, e = s.chatPrompt(req, &sp)
-		}
+		_, _, ids, e = s.chatPrompt(req, &sp)
 	}
 	if e != nil {
 		k.fail(c, e)
