@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -148,22 +149,23 @@ func TestSpeculationMatchesGreedy(t *testing.T) {
 		t.Run(mc.name, func(t *testing.T) {
 			run := func(spec int) ([]string, Stats, int) {
 				m := nextModel(V, mc.next)
-				e, err := New(m, fakeBackend{}, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 20, SpeculativeTokens: spec},
+				// (through a gate: the requests are admitted together, so the
+				// steps — compared below — do not depend on scheduling)
+				gm := &clockedModel{rowModel: m, now: new(atomic.Int64), cost: func(*backend.Batch) time.Duration { return 0 }, gate: newGate()}
+				e, err := New(gm, fakeBackend{}, fakeDetok{}, Config{BlockSize: 4, KVCacheBytes: 1 << 20, SpeculativeTokens: spec},
 					Options{Name: "t", EOS: []int32{2}, Clock: stillClock})
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer e.Shutdown(context.Background())
-				var chans []<-chan Event
-				for _, p := range prompts {
-					for _, sp := range params {
-						ch, err := e.Generate(context.Background(), &Request{Prompt: p, Sampling: sp})
-						if err != nil {
-							t.Fatal(err)
-						}
-						chans = append(chans, ch)
+				chans := make([]<-chan Event, len(prompts)*len(params))
+				gm.gate.send(len(chans), func(i int) {
+					ch, err := e.Generate(context.Background(), &Request{Prompt: prompts[i/len(params)], Sampling: params[i%len(params)]})
+					if err != nil {
+						t.Fatal(err)
 					}
-				}
+					chans[i] = ch
+				})
 				var out []string
 				for _, ch := range chans {
 					toks := map[int][]int32{} // by choice
