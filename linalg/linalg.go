@@ -32,8 +32,8 @@ import (
 type kernel = kernelOf[float32]
 
 // kernelOf is kernel for b of element type E: float32, uint16 holding
-// bf16 values (MatMulTBF16), or byte holding Q8 rows (MatMulTQ8: ldb in
-// bytes, n a whole row).
+// bf16 values (MatMulTBF16), or byte holding Q8 or FP4 rows (MatMulTQ8,
+// MatMulTFP4: ldb in bytes, b at a group boundary, n a multiple of 32).
 type kernelOf[E float32 | uint16 | byte] func(a *float32, lda int, b *E, ldb int, n int, c *float32, ldc int, nt int)
 
 // dotSet is the dot path's kernels for b of element type E: the full mr×nr
