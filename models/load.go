@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
@@ -151,6 +152,69 @@ func Load(dir string, be backend.Backend, opts LoadOptions) (*Loaded, error) {
 		return nil, err
 	}
 	return &Loaded{Model: m, Config: cfg, Generation: gen, Dir: dir, ckpt: ck}, nil
+}
+
+// TensorInfo is one tensor of a checkpoint as the model binds it, without
+// its data.
+type TensorInfo struct {
+	Name  string
+	Shape []int // as bound: a quantized tensor's dequantized shape
+	// Stored is how the checkpoint holds it: its dtype ("BF16", "F32",
+	// ...), "FP8" (E4M3 with block scales) or "MXFP4".
+	Stored string
+}
+
+// Inventory is a checkpoint's configuration, tensors and size on disk.
+type Inventory struct {
+	Config    *Config
+	Tensors   []TensorInfo // by name
+	FileBytes int64        // the safetensors files
+}
+
+// Inspect lists the checkpoint in dir — its config and every tensor the
+// model binds, quantized ones under their plain names — without reading
+// the tensors' data.
+func Inspect(dir string) (*Inventory, error) {
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	q, err := parseQuant(cfg.Raw)
+	if err != nil {
+		return nil, err
+	}
+	ck, err := safetensors.OpenDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer ck.Close()
+	src, err := newQuantSource(ck, q)
+	if err != nil {
+		return nil, err
+	}
+	shapes, err := CheckpointShapes(dir)
+	if err != nil {
+		return nil, err
+	}
+	inv := &Inventory{Config: cfg, FileBytes: ck.TotalBytes()}
+	for _, n := range src.Names() {
+		ti := TensorInfo{Name: n, Shape: shapes[n]}
+		switch {
+		case src.mxfp4[n]:
+			ti.Stored = "MXFP4"
+		case src.fp8[n]:
+			ti.Stored = "FP8"
+		default:
+			dt, _, err := ck.Info(n)
+			if err != nil {
+				return nil, err
+			}
+			ti.Stored = string(dt)
+		}
+		inv.Tensors = append(inv.Tensors, ti)
+	}
+	slices.SortFunc(inv.Tensors, func(a, b TensorInfo) int { return strings.Compare(a.Name, b.Name) })
+	return inv, nil
 }
 
 // CheckpointShapes returns the shape of every tensor of the checkpoint in

@@ -101,9 +101,9 @@ func ParseWeightFormat(s string) (WeightFormat, error) {
 	return 0, fmt.Errorf("cpu weights %q: want one of %s", s, strings.Join(weightFormats, ", "))
 }
 
-// isRouter reports whether the weight named name is a router, which
+// IsRouter reports whether the weight named name is a router, which
 // WeightsQ8 leaves as stored.
-func isRouter(name string) bool {
+func IsRouter(name string) bool {
 	return strings.HasSuffix(name, "gate.weight") || strings.HasSuffix(name, "router.weight")
 }
 
@@ -228,7 +228,7 @@ func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
 		t := &Tensor{shape: shape, bf: bf}
 		switch {
 		case !q8able || be.opts.Weights == WeightsStored:
-		case be.opts.Weights == WeightsQ8 && !isRouter(h.Name):
+		case be.opts.Weights == WeightsQ8 && !IsRouter(h.Name):
 			t = quantized(t)
 		case be.opts.Weights == WeightsAuto:
 			if f := exactFP4(t); f != nil {
@@ -257,7 +257,7 @@ func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
 		}
 	}
 	t := &Tensor{shape: shape, data: data}
-	if q8able && be.opts.Weights == WeightsQ8 && !isRouter(h.Name) {
+	if q8able && be.opts.Weights == WeightsQ8 && !IsRouter(h.Name) {
 		t = quantized(t)
 	}
 	return be.count(t), nil

@@ -34,6 +34,7 @@ func commands() []command {
 		{"run-batch", "run an OpenAI batch file (JSONL requests in, JSONL responses out) offline, with serve's settings", cmdRunBatch},
 		{"chat", "chat in the terminal with a running server, or --model DIR served in process (each stdin line a turn; the reply streams)", cmdChat},
 		{"tokenize", "print the token ids of stdin as JSON", cmdTokenize},
+		{"inspect", "print a checkpoint's parameters and the memory it takes served (cpu weight forms, KV cache a token), from its headers alone", cmdInspect},
 		{"bench", "benchmarks: serve (load test of a running server), model (whole-model prefill/decode), attention, moe, ring (GPU kernels)", cmdBench},
 		{"version", "print the build: module version, revision, commit time, Go version", cmdVersion},
 	}
