@@ -13,8 +13,8 @@ import (
 // TestInspect: `mkserve inspect`'s estimates, from the headers alone, are
 // the bytes the cpu backend then holds for each cpu_weights it can
 // foresee (stored and q8) on the bundled model and every golden family,
-// its parameter count the values the model binds; an MXFP4 expert counts
-// 20 bytes a group of 32 under auto.
+// its parameter count the values the model binds and its KV bytes a token
+// the model's; an MXFP4 expert counts 20 bytes a group of 32 under auto.
 func TestInspect(t *testing.T) {
 	dirs := []string{"../../models/default"}
 	for _, fam := range []string{"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss"} {
@@ -40,6 +40,9 @@ func TestInspect(t *testing.T) {
 					t.Fatal(err)
 				}
 				held := be.WeightBytes()
+				if kv := int64(l.Model.KVFloatsPerToken()) * 4; kv != r.KVBytesPerToken["float32"] {
+					t.Errorf("inspect says %d KV bytes a token, the model caches %d", r.KVBytesPerToken["float32"], kv)
+				}
 				l.Close()
 				if r.CPUBytes[c.name] != held.Total() {
 					t.Errorf("%s: inspect says %d bytes, the backend holds %d (%+v)", c.name, r.CPUBytes[c.name], held.Total(), held)
