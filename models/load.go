@@ -172,8 +172,8 @@ type Inventory struct {
 }
 
 // Inspect lists the checkpoint in dir — its config and every tensor the
-// model binds, quantized ones under their plain names — without reading
-// the tensors' data.
+// model binds, quantized ones under their plain names in their
+// dequantized shapes — without reading the tensors' data.
 func Inspect(dir string) (*Inventory, error) {
 	cfg, err := LoadConfig(dir)
 	if err != nil {
@@ -192,24 +192,26 @@ func Inspect(dir string) (*Inventory, error) {
 	if err != nil {
 		return nil, err
 	}
-	shapes, err := CheckpointShapes(dir)
-	if err != nil {
-		return nil, err
-	}
 	inv := &Inventory{Config: cfg, FileBytes: ck.TotalBytes()}
 	for _, n := range src.Names() {
-		ti := TensorInfo{Name: n, Shape: shapes[n]}
+		ti := TensorInfo{Name: n}
 		switch {
 		case src.mxfp4[n]:
-			ti.Stored = "MXFP4"
-		case src.fp8[n]:
-			ti.Stored = "FP8"
-		default:
-			dt, _, err := ck.Info(n)
+			_, sh, err := ck.Info(n + "_blocks") // [..., rows, G, 16] → [..., G·32, rows]
 			if err != nil {
 				return nil, err
 			}
-			ti.Stored = string(dt)
+			k := len(sh)
+			ti.Shape, ti.Stored = append(slices.Clone(sh[:k-3]), sh[k-2]*32, sh[k-3]), "MXFP4"
+		default:
+			dt, sh, err := ck.Info(n)
+			if err != nil {
+				return nil, err
+			}
+			ti.Shape, ti.Stored = sh, string(dt)
+			if src.fp8[n] {
+				ti.Stored = "FP8"
+			}
 		}
 		inv.Tensors = append(inv.Tensors, ti)
 	}
@@ -221,39 +223,13 @@ func Inspect(dir string) (*Inventory, error) {
 // dir, by name, as the model binds it (quantized tensors under their plain
 // names, in their dequantized shapes), without reading the data.
 func CheckpointShapes(dir string) (map[string][]int, error) {
-	cfg, err := LoadConfig(dir)
+	inv, err := Inspect(dir)
 	if err != nil {
 		return nil, err
 	}
-	q, err := parseQuant(cfg.Raw)
-	if err != nil {
-		return nil, err
-	}
-	ck, err := safetensors.OpenDir(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer ck.Close()
-	src, err := newQuantSource(ck, q)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string][]int{}
-	for _, n := range src.Names() {
-		if src.mxfp4[n] {
-			_, sh, err := ck.Info(n + "_blocks") // [..., rows, G, 16] → [..., G·32, rows]
-			if err != nil {
-				return nil, err
-			}
-			k := len(sh)
-			out[n] = append(slices.Clone(sh[:k-3]), sh[k-2]*32, sh[k-3])
-			continue
-		}
-		_, sh, err := ck.Info(n)
-		if err != nil {
-			return nil, err
-		}
-		out[n] = sh
+	out := make(map[string][]int, len(inv.Tensors))
+	for _, t := range inv.Tensors {
+		out[t.Name] = t.Shape
 	}
 	return out, nil
 }
