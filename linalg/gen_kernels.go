@@ -617,15 +617,7 @@ func genFP4(w *strings.Builder, mr, nr, ua int) {
 	fmt.Fprintf(w, "loop%s:\n", name)
 	for j := 0; j < nr; j++ {
 		p("PREFETCHT1 (%s)(%s*1)", bReg[j], pfReg)
-		p("VMOVDQU (%s)(DX*1), X10", bReg[j])
-		p("VPSRLW $4, X10, X9")
-		p("VPAND X13, X10, X10")
-		p("VPAND X13, X9, X9")
-		p("VPSHUFB X10, X14, X10")   // the even elements' values
-		p("VPSHUFB X9, X14, X9")     // the odd elements'
-		p("VPUNPCKLBW X9, X10, X12") // elements 0-15
-		p("VPUNPCKHBW X9, X10, X10") // elements 16-31
-		p("VBROADCASTSS 16(%s)(DX*1), Y11", bReg[j])
+		decodeFP4(p, fmt.Sprintf("(%s)(DX*1)", bReg[j]), fmt.Sprintf("16(%s)(DX*1)", bReg[j]))
 		for r := 0; r < 4; r++ {
 			src := []string{"X12", "X9", "X10", "X9"}[r]
 			switch r {
@@ -666,6 +658,22 @@ func genFP4(w *strings.Builder, mr, nr, ua int) {
 	p("RET")
 }
 
+// decodeFP4 emits the decoding of the FP4 group whose 16 bytes of codes
+// are at codes and whose scale is at scale: the codebook (X14) through the
+// low and high nibbles (mask X13), interleaved back into order — elements
+// 0-15 as int8 in X12, 16-31 in X10 — and the scale broadcast into Y11.
+func decodeFP4(p func(string, ...any), codes, scale string) {
+	p("VMOVDQU %s, X10", codes)
+	p("VPSRLW $4, X10, X9")
+	p("VPAND X13, X10, X10")
+	p("VPAND X13, X9, X9")
+	p("VPSHUFB X10, X14, X10")   // the even elements' values
+	p("VPSHUFB X9, X14, X9")     // the odd elements'
+	p("VPUNPCKLBW X9, X10, X12") // elements 0-15
+	p("VPUNPCKHBW X9, X10, X10") // elements 16-31
+	p("VBROADCASTSS %s, Y11", scale)
+}
+
 // genWidenFP4 emits widenfp4(dst *float32, src *byte, n int): dst[i] = the
 // value of element i of the linalg.FP4 row src, as the FP4 dot kernels
 // compute it; n is a positive multiple of 32 (one group a pass).
@@ -681,15 +689,7 @@ func genWidenFP4(w *strings.Builder) {
 	p("VMOVDQU fp4codes<>(SB), X14")
 	p("VMOVDQU fp4mask<>(SB), X13")
 	fmt.Fprintf(w, "loopwidenfp4:\n")
-	p("VMOVDQU (SI), X10")
-	p("VPSRLW $4, X10, X9")
-	p("VPAND X13, X10, X10")
-	p("VPAND X13, X9, X9")
-	p("VPSHUFB X10, X14, X10")
-	p("VPSHUFB X9, X14, X9")
-	p("VPUNPCKLBW X9, X10, X12")
-	p("VPUNPCKHBW X9, X10, X10")
-	p("VBROADCASTSS 16(SI), Y11")
+	decodeFP4(p, "(SI)", "16(SI)")
 	p("VPSHUFD $0xEE, X12, X1")
 	p("VPSHUFD $0xEE, X10, X3")
 	for u, src := range []string{"X12", "X1", "X10", "X3"} {
