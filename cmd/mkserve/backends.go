@@ -32,8 +32,7 @@ type backendSpec struct {
 // GPU through libmkernel.so; without a GPU or the library the error says
 // what is missing (it wraps kernels.ErrUnavailable).
 func newBackend(s backendSpec) (backend.Backend, error) {
-	name, epRanks, precision, moePath, moeTuning, world, worldTransport := s.name, s.ep, s.precision, s.moePath, s.moeTuning, s.world, s.worldTransport
-	switch name {
+	switch s.name {
 	case "cpu":
 		wf := cpu.WeightsAuto
 		if s.cpuWeights != "" {
@@ -50,37 +49,37 @@ func newBackend(s backendSpec) (backend.Backend, error) {
 		default:
 			return nil, fmt.Errorf("kv cache dtype %q is not known (auto or bf16)", s.kvDtype)
 		}
-		return cpu.New(cpu.Options{EPRanks: epRanks, EPComm: world, Weights: wf, KVBF16: kvBF16}), nil
+		return cpu.New(cpu.Options{EPRanks: s.ep, EPComm: s.world, Weights: wf, KVBF16: kvBF16}), nil
 	case "cuda":
 		var split bool
-		switch precision {
+		switch s.precision {
 		case "exact", "":
 			split = true
 		case "fast":
 		default:
-			return nil, fmt.Errorf("precision %q is not known (exact or fast)", precision)
+			return nil, fmt.Errorf("precision %q is not known (exact or fast)", s.precision)
 		}
 		var tune *tuning.MoETable
-		if moeTuning != "" {
+		if s.moeTuning != "" {
 			var err error
-			if tune, err = tuning.LoadMoE(moeTuning); err != nil {
+			if tune, err = tuning.LoadMoE(s.moeTuning); err != nil {
 				return nil, fmt.Errorf("moe_tuning: %w", err)
 			}
 		}
 		dev := 0
-		if world != nil {
+		if s.world != nil {
 			n, err := kernels.DeviceCount()
 			if err != nil {
 				return nil, fmt.Errorf("backend cuda cannot start: %w", err)
 			}
-			dev = world.Rank() % max(n, 1)
+			dev = s.world.Rank() % max(n, 1)
 		}
-		be, err := cuda.New(cuda.Options{Device: dev, EPRanks: epRanks, SplitActivations: &split, MoEPath: moePath,
-			MoETuning: tune, World: world, WorldTransport: worldTransport})
+		be, err := cuda.New(cuda.Options{Device: dev, EPRanks: s.ep, SplitActivations: &split, MoEPath: s.moePath,
+			MoETuning: tune, World: s.world, WorldTransport: s.worldTransport})
 		if err != nil {
 			return nil, fmt.Errorf("backend cuda cannot start: %w", err)
 		}
 		return be, nil
 	}
-	return nil, fmt.Errorf("backend %q is not available (available: cpu, cuda)", name)
+	return nil, fmt.Errorf("backend %q is not available (available: cpu, cuda)", s.name)
 }

@@ -176,14 +176,11 @@ func benchModel(args []string, stdout io.Writer) error {
 		var be backend.Backend
 		switch *backendName {
 		case "cpu":
-			wf, err := cpu.ParseWeightFormat(*cpuWeights)
+			b, err := newBackend(backendSpec{name: "cpu", cpuWeights: *cpuWeights, kvDtype: *kvDtype, world: comm})
 			if err != nil {
 				return err
 			}
-			if *kvDtype != "auto" && *kvDtype != "bf16" {
-				return fmt.Errorf("--kv-cache-dtype %q: auto or bf16", *kvDtype)
-			}
-			be = cpu.New(cpu.Options{EPComm: comm, Weights: wf, KVBF16: *kvDtype == "bf16"})
+			be = b
 		case "cuda":
 			b, err := newBackend(backendSpec{name: "cuda", ep: *ep, precision: *precision, moePath: *moePath, moeTuning: *moeTuning, world: comm})
 			if err != nil {
