@@ -141,6 +141,39 @@ MK_API int32_t mk_moe_localize(uint64_t stream, uint64_t ids, int64_t n, int32_t
 MK_API int32_t mk_moe_fill_bf16(uint64_t stream, uint64_t dst, int64_t n, uint64_t seed,
                                 uint32_t scale_bits);
 
+/* FP4 expert weights (ABI 25): MXFP4's values at 4.25 bits a value. A
+ * matrix [N, K] (K a multiple of 64) is codes [N, K/2] bytes (E2M1 nibbles,
+ * bit 3 the sign; each row in blocks of 64 values whose 32 bytes are
+ * ordered for the tensor cores: moe_fp4.cuh, kernels.PackFP4) and scales
+ * [N, K/32] bytes (E8M0, 1..240: group g of a row is scaled by
+ * 2^(scales[g] - 127)). codes 16-byte, scales 2-byte aligned.
+ *
+ * mk_fp4_dequant_bf16 writes the bf16 values of such a matrix (exact) to
+ * dst [N, K] (16-byte aligned). */
+MK_API int32_t mk_fp4_dequant_bf16(uint64_t stream, uint64_t dst, uint64_t codes, uint64_t scales, int64_t n,
+                                   int64_t k);
+
+/* Bytes of workspace mk_moe_experts_fp4 needs for these sizes: with T <= 8
+ * and T*K <= 32 (its GEMV kernels; MK_FP4_GEMV=0 turns them off) the
+ * activations, else mk_moe_workspace's layout plus a bf16 copy of every
+ * expert (E·3·H·I·2 bytes), which the chosen experts are dequantized into
+ * before the grouped GEMMs. */
+MK_API int32_t mk_moe_workspace_fp4(int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t* bytes);
+
+/* mk_moe_experts with FP4 expert weights: GateUp [E*2I, H] and Down [E*H,
+ * I] each as codes and scales (above; H and I multiples of 64), the same
+ * semantics otherwise (biases, activations, counts, ids < 0 skipped, out
+ * fully written). A few tokens run two GEMV kernels on the codes (f16
+ * tensor-core products of the decoded codes and the rows scaled into f16
+ * by a power of two each: the products exact, sums in fp32); larger
+ * batches dequantize the chosen experts and run mk_moe_experts's grouped
+ * GEMMs on them. */
+MK_API int32_t mk_moe_experts_fp4(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, uint64_t weights,
+                                  int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t gu_codes,
+                                  uint64_t gu_scales, uint64_t gate_up_bias, uint64_t dn_codes, uint64_t dn_scales,
+                                  uint64_t down_bias, int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits,
+                                  uint64_t counts, uint64_t ws, uint64_t ws_bytes);
+
 #ifdef __cplusplus
 }
 #endif

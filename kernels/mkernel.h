@@ -72,7 +72,7 @@ extern "C" {
  *     launch's exit count and the remote flags kRemDone (ring.cu).
  * 23: mk_norm_rope_f32 takes out_bf16.
  * 24: mk_copy_cols_bf16. */
-#define MK_ABI_VERSION 24
+#define MK_ABI_VERSION 25
 
 /* Status codes. */
 enum {

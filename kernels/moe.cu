@@ -1703,6 +1703,8 @@ __global__ void skinny_reduce_kernel(float* c, const float* part, const float* b
   }
 }
 
+#include "moe_fp4.cuh"
+
 }  // namespace
 
 extern "C" {
@@ -1812,6 +1814,11 @@ static int32_t experts_check(uint64_t x, uint64_t ids, uint64_t weights, int64_t
   return MK_OK;
 }
 
+// Fp4Src is the FP4 experts experts_run dequantizes after its align.
+struct Fp4Src {
+  const uint8_t *gu_codes, *gu_scales, *dn_codes, *dn_scales;
+};
+
 // RouteIn is the routing of mk_moe_route_experts's fused launch.
 struct RouteIn {
   const float* logits;
@@ -1918,14 +1925,14 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
                            int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t gate_up,
                            uint64_t gate_up_bias, uint64_t down, uint64_t down_bias, int32_t act_kind,
                            uint32_t alpha_bits, uint32_t limit_bits, uint64_t counts, uint64_t ws,
-                           const RouteIn* route, bool direct = false) {
+                           const RouteIn* route, bool direct = false, const Fp4Src* fp4 = nullptr) {
   const Layout L = layout(t, k, e, h, i);
   cudaStream_t s = mk::as_stream(stream);
   unsigned char* w = mk::dev<unsigned char>(ws);
-  if (gemv_path(t, k) && gemv_mode() == 2) return decode_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up,
+  if (fp4 == nullptr && gemv_path(t, k) && gemv_mode() == 2) return decode_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up,
                                                         gate_up_bias, down, down_bias, act_kind, alpha_bits,
                                                         limit_bits, counts, w, L, route);
-  if (gemv_path(t, k)) {
+  if (fp4 == nullptr && gemv_path(t, k)) {
     // Decode-sized: act (the workspace's, ≥ T·K rows) between two GEMV kernels.
     bf16* act = reinterpret_cast<bf16*>(w + L.act);
     const int C = gemv_mode() == 3 ? down_res_cols(t * k, h, i) : 0;  // > 0: the resident down kernel
@@ -2023,6 +2030,20 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
     (void)(mk::launch(moe_align_kernel, dim3(1), dim3(1024), asm_bytes, s, mk::dev<const int32_t>(ids), t * k, e, bm,
         off, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts), g1cnt, g1cnt_n));
     MK_LAUNCHED("moe_align");
+  }
+  if (fp4 != nullptr) {
+    // FP4 weights: the experts with rows, dequantized into gate_up and down
+    // (the workspace's scratch) for the grouped GEMMs.
+    auto deq = [&](uint64_t dst, const uint8_t* codes, const uint8_t* scales, int64_t rpe, int64_t kd) {
+      const int64_t units = rpe * (kd / 64);
+      const unsigned gx = (unsigned)std::min<int64_t>((units + 255) / 256, 64);
+      return mk::launch(fp4_dequant_kernel, dim3(gx, (unsigned)e), dim3(256), 0, s, mk::dev<bf16>(dst), codes,
+                        scales, rpe, kd, (const int32_t*)off);
+    };
+    (void)deq(gate_up, fp4->gu_codes, fp4->gu_scales, 2 * i, h);
+    MK_LAUNCHED("fp4_dequant");
+    (void)deq(down, fp4->dn_codes, fp4->dn_scales, h, i);
+    MK_LAUNCHED("fp4_dequant");
   }
 
   GemmArgs g1{};
@@ -2240,6 +2261,98 @@ int32_t mk_moe_fill_bf16(uint64_t stream, uint64_t dst, int64_t n, uint64_t seed
                                                                        mk::float_from_bits(scale_bits));
   MK_LAUNCHED("moe_fill");
   return MK_OK;
+}
+
+// ------------------------------------------------------------- FP4 experts
+
+static int32_t fp4_check(const char* fn, uint64_t codes, uint64_t scales, int64_t n, int64_t k) {
+  MK_ARG(codes && scales, "%s: null codes or scales", fn);
+  MK_ARG(n > 0 && k > 0 && k % 64 == 0, "%s: [%lld, %lld] (K a positive multiple of 64)", fn, (long long)n,
+         (long long)k);
+  MK_ARG(codes % 16 == 0 && scales % 2 == 0, "%s: codes must be 16-byte and scales 2-byte aligned", fn);
+  return MK_OK;
+}
+
+int32_t mk_fp4_dequant_bf16(uint64_t stream, uint64_t dst, uint64_t codes, uint64_t scales, int64_t n, int64_t k) {
+  MK_THREAD("mk_fp4_dequant_bf16");
+  const int32_t rc = fp4_check("mk_fp4_dequant_bf16", codes, scales, n, k);
+  if (rc != MK_OK) return rc;
+  MK_ARG(dst && dst % 16 == 0, "mk_fp4_dequant_bf16: dst null or not 16-byte aligned");
+  const int64_t units = n * (k / 64);
+  const unsigned gx = (unsigned)std::min<int64_t>((units + 255) / 256, 1 << 16);
+  (void)(mk::launch(fp4_dequant_kernel, dim3(gx, 1), dim3(256), 0, mk::as_stream(stream), mk::dev<bf16>(dst),
+                    mk::dev<const uint8_t>(codes), mk::dev<const uint8_t>(scales), n, k, (const int32_t*)nullptr));
+  MK_LAUNCHED("fp4_dequant");
+  return MK_OK;
+}
+
+// fp4_scratch is the bf16 copy of every expert the GEMM path dequantizes
+// into, at the end of the workspace.
+static size_t fp4_scratch(int32_t e, int64_t h, int64_t i) { return (size_t)e * 3 * h * i * 2; }
+
+int32_t mk_moe_workspace_fp4(int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t* bytes) {
+  MK_ARG(t > 0 && k > 0 && e > 0 && k <= e && h > 0 && i > 0,
+         "mk_moe_workspace_fp4: T=%lld K=%d E=%d H=%lld I=%lld", (long long)t, k, e, (long long)h, (long long)i);
+  MK_ARG(bytes, "mk_moe_workspace_fp4: null result pointer");
+  if (fp4_gemv_path(t, k)) {
+    *bytes = up256((size_t)t * k * i * 2);
+    return MK_OK;
+  }
+  *bytes = up256(layout(t, k, e, h, i).total) + fp4_scratch(e, h, i);
+  return MK_OK;
+}
+
+int32_t mk_moe_experts_fp4(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, uint64_t weights, int64_t t,
+                           int32_t k, int32_t e, int64_t h, int64_t i, uint64_t gu_codes, uint64_t gu_scales,
+                           uint64_t gate_up_bias, uint64_t dn_codes, uint64_t dn_scales, uint64_t down_bias,
+                           int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t counts, uint64_t ws,
+                           uint64_t ws_bytes) {
+  MK_THREAD("mk_moe_experts_fp4");
+  MK_ARG(out && x && ids && weights && ws, "mk_moe_experts_fp4: null pointer argument");
+  MK_ARG(t > 0 && k > 0 && e > 0 && k <= e && e <= 12000, "mk_moe_experts_fp4: T=%lld K=%d E=%d", (long long)t, k,
+         e);
+  int32_t rc = fp4_check("mk_moe_experts_fp4 (gate_up)", gu_codes, gu_scales, (int64_t)e * 2 * i, h);
+  if (rc != MK_OK) return rc;
+  rc = fp4_check("mk_moe_experts_fp4 (down)", dn_codes, dn_scales, (int64_t)e * h, i);
+  if (rc != MK_OK) return rc;
+  MK_ARG(act_kind == MK_MOE_SWIGLU || act_kind == MK_MOE_SWIGLU_CLAMPED, "mk_moe_experts_fp4: act_kind %d", act_kind);
+  uint64_t need = 0;
+  rc = mk_moe_workspace_fp4(t, k, e, h, i, &need);
+  if (rc != MK_OK) return rc;
+  MK_ARG(ws_bytes >= need, "mk_moe_experts_fp4: workspace of %llu bytes, %llu needed", (unsigned long long)ws_bytes,
+         (unsigned long long)need);
+  cudaStream_t s = mk::as_stream(stream);
+  if (fp4_gemv_path(t, k)) {
+    bf16* act = mk::dev<bf16>(ws);
+    const size_t xsm = (size_t)t * h * 2, asm_ = (size_t)t * i * 2;
+    static size_t up_attr = 48 << 10, down_attr = 48 << 10;
+    if (xsm > up_attr) {
+      MK_CUDA(cudaFuncSetAttribute(moe_fp4_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)xsm));
+      up_attr = xsm;
+    }
+    if (asm_ > down_attr) {
+      MK_CUDA(cudaFuncSetAttribute(moe_fp4_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asm_));
+      down_attr = asm_;
+    }
+    (void)(mk::launch(moe_fp4_up_kernel, dim3((unsigned)(i / 16), (unsigned)(t * k)), dim3(kF4Warps * 32), xsm, s,
+        act, mk::dev<const bf16>(x), mk::dev<const int32_t>(ids), mk::dev<const uint8_t>(gu_codes),
+        mk::dev<const uint8_t>(gu_scales), gate_up_bias ? mk::dev<const float>(gate_up_bias) : nullptr, h, i, (int)t,
+        (int)k, (int)act_kind, mk::float_from_bits(alpha_bits), mk::float_from_bits(limit_bits),
+        counts ? mk::dev<unsigned long long>(counts) : nullptr));
+    MK_LAUNCHED("moe_fp4_up");
+    (void)(mk::launch(moe_fp4_down_kernel, dim3((unsigned)(h / 16)), dim3(kF4Warps * 32), asm_, s,
+        mk::dev<float>(out), (const bf16*)act, mk::dev<const int32_t>(ids), mk::dev<const float>(weights),
+        mk::dev<const uint8_t>(dn_codes), mk::dev<const uint8_t>(dn_scales),
+        down_bias ? mk::dev<const float>(down_bias) : nullptr, h, i, (int)t, (int)k));
+    MK_LAUNCHED("moe_fp4_down");
+    return MK_OK;
+  }
+  const size_t base = up256(layout(t, k, e, h, i).total);
+  const uint64_t gu = ws + base, dn = gu + (uint64_t)e * 2 * i * h * 2;
+  const Fp4Src src{mk::dev<const uint8_t>(gu_codes), mk::dev<const uint8_t>(gu_scales),
+                   mk::dev<const uint8_t>(dn_codes), mk::dev<const uint8_t>(dn_scales)};
+  return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gu, gate_up_bias, dn, down_bias, act_kind,
+                     alpha_bits, limit_bits, counts, ws, nullptr, false, &src);
 }
 
 }  // extern "C"

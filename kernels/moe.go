@@ -167,7 +167,14 @@ type MoEExperts struct {
 	// Clamped selects gpt-oss's clamped SwiGLU with Alpha and Limit; else silu(gate)*up.
 	Clamped      bool
 	Alpha, Limit float32
+	// GateUpFP4 and DownFP4, when set (with GateUp and Down nil), hold the
+	// experts as FP4 (fp4.go): [E*2I, H] and [E*H, I], H and I multiples
+	// of FP4BlockValues; MoEExpertsRun then runs mk_moe_experts_fp4.
+	GateUpFP4, DownFP4 *FP4
 }
+
+// fp4 reports whether ex holds its experts as FP4.
+func (ex *MoEExperts) fp4() bool { return ex.GateUpFP4 != nil || ex.DownFP4 != nil }
 
 // MoEWorkspace is the device scratch MoEExpertsRun needs for T tokens of
 // top-K over ex, and the row tile it pads each expert's rows to.
@@ -178,6 +185,15 @@ func (d *Device) MoEWorkspace(T, K int, ex *MoEExperts) (bytes int64, tileM int,
 	}
 	if err := dims(op, "T", T, "K", K, "E", ex.E, "H", ex.H, "I", ex.I); err != nil {
 		return 0, 0, err
+	}
+	if ex.fp4() {
+		type key4 struct{ T, K, E, H, I int }
+		b, err := query(d, op, key4{T, K, ex.E, ex.H, ex.I}, func() (int64, error) {
+			var b uint64
+			err := d.lib.check("mk_moe_workspace_fp4", moeWorkspaceFP4(int64(T), int32(K), int32(ex.E), int64(ex.H), int64(ex.I), &b))
+			return int64(b), err
+		})
+		return b, 0, err
 	}
 	type key struct{ T, K, E, H, I int }
 	v, err := query(d, op, key{T, K, ex.E, ex.H, ex.I}, func() ([2]int64, error) {
@@ -324,6 +340,13 @@ func (d *Device) MoEExpertsRun(s *Stream, out, x, ids, weights *Buffer, T, K int
 	if err != nil {
 		return err
 	}
+	if ex.fp4() {
+		gu, dn := ex.GateUpFP4, ex.DownFP4
+		return d.lib.check("mk_moe_experts_fp4", moeExpertsFP4(s.handle(), out.ptr, x.ptr, ids.ptr, weights.ptr, int64(T),
+			int32(K), int32(ex.E), int64(ex.H), int64(ex.I), gu.Codes.ptr, gu.Scales.ptr, a.gub, dn.Codes.ptr,
+			dn.Scales.ptr, a.db, a.act, math.Float32bits(ex.Alpha), math.Float32bits(ex.Limit), a.cnt, ws.ptr,
+			uint64(ws.bytes)))
+	}
 	return d.lib.check("mk_moe_experts", moeExperts(s.handle(), out.ptr, x.ptr, ids.ptr, weights.ptr, int64(T),
 		int32(K), int32(ex.E), int64(ex.H), int64(ex.I), ex.GateUp.ptr, a.gub, ex.Down.ptr, a.db, a.act,
 		math.Float32bits(ex.Alpha), math.Float32bits(ex.Limit), a.cnt, ws.ptr, uint64(ws.bytes)))
@@ -348,6 +371,16 @@ func (d *Device) MoERouteExpertsRun(s *Stream, out, x, ids, weights, logits, sco
 	}
 	if ex != nil && r.Experts != ex.E {
 		return fmt.Errorf("kernels: %s: the router has %d experts, the weights %d", op, r.Experts, ex.E)
+	}
+	if ex != nil && ex.fp4() {
+		// FP4 experts: routing, then the FP4 run (which always combines).
+		if out == nil {
+			return fmt.Errorf("kernels: %s: FP4 experts need an out (their GEMV kernels combine)", op)
+		}
+		if err := d.MoERoute(s, ids, weights, logits, scoreBias, T, r); err != nil {
+			return err
+		}
+		return d.MoEExpertsRun(s, out, x, ids, weights, T, r.TopK, ex, counts, ws)
 	}
 	a, err := expertsArgs(op, out, x, ids, weights, T, r.TopK, ex, counts, ws)
 	if err != nil {
@@ -430,7 +463,20 @@ func expertsArgs(op string, out, x, ids, weights *Buffer, T, K int, ex *MoEExper
 			return a, err
 		}
 	}
-	if err := needAll(op, 2, "x", x, int64(T)*H, "GateUp", ex.GateUp, E*2*I*H, "Down", ex.Down, E*H*I); err != nil {
+	if ex.fp4() {
+		if ex.GateUp != nil || ex.Down != nil {
+			return a, fmt.Errorf("kernels: %s: experts in both bf16 and FP4", op)
+		}
+		if err := ex.GateUpFP4.check(op, "GateUpFP4", ex.E*2*ex.I, ex.H); err != nil {
+			return a, err
+		}
+		if err := ex.DownFP4.check(op, "DownFP4", ex.E*ex.H, ex.I); err != nil {
+			return a, err
+		}
+		if err := need(op, "x", x, int64(T)*H, 2); err != nil {
+			return a, err
+		}
+	} else if err := needAll(op, 2, "x", x, int64(T)*H, "GateUp", ex.GateUp, E*2*I*H, "Down", ex.Down, E*H*I); err != nil {
 		return a, err
 	}
 	opt := func(name string, b *Buffer, elems, size int64) (uint64, error) {

@@ -1,0 +1,195 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sync/atomic"
+
+	"github.com/mkserve/mkserve/internal/par"
+	"github.com/mkserve/mkserve/linalg"
+)
+
+// FP4 expert weights (moe_fp4.cuh, mk_moe.h): MXFP4's values — E2M1
+// nibbles in groups of 32 with a power-of-two (E8M0) scale — held at 4.25
+// bits a value on the device. A matrix [N, K] (K a multiple of
+// FP4BlockValues) is two arrays:
+//
+//	codes  [N, K/2] bytes: each row in blocks of 64 values (32 bytes),
+//	       ordered inside a block for the tensor cores' A fragments;
+//	scales [N, K/32] bytes: group g of a row (values 32g … 32g+31) is
+//	       scaled by 2^(scales[g] − 127), 1 ≤ scales[g] ≤ 240.
+//
+// Inside a block, bytes 8c … 8c+7 (c = 0 … 3) are two little-endian words
+// w = 0, 1; word w holds the block's values 16q + 4c + j for q = 2w, 2w+1
+// and j = 0 … 3 at nibbles 0: (2w, 0), 1: (2w, 2), 2: (2w+1, 0),
+// 3: (2w+1, 2), 4: (2w, 1), 5: (2w, 3), 6: (2w+1, 1), 7: (2w+1, 3). A
+// nibble is an E2M1 code: bit 3 the sign, bits 2 … 0 the magnitude 0, ½,
+// 1, 1½, 2, 3, 4 or 6.
+
+// FP4BlockValues is the block of values FP4 rows are stored in; K must be
+// a multiple of it.
+const FP4BlockValues = 64
+
+// fp4GroupValues is the values one scale covers.
+const fp4GroupValues = 32
+
+// e2m1 are the E2M1 magnitudes by code (bits 2 … 0).
+var e2m1 = [8]float32{0, 0.5, 1, 1.5, 2, 3, 4, 6}
+
+// fp4Slot maps value v (0 … 63) of a block to its byte (0 … 31) and the
+// nibble's shift within it.
+func fp4Slot(v int) (byteIdx, shift int) {
+	q, c, j := v/16, v%16/4, v%4
+	w := q / 2
+	p := map[[2]int]int{{0, 0}: 0, {0, 2}: 1, {1, 0}: 2, {1, 2}: 3, {0, 1}: 4, {0, 3}: 5, {1, 1}: 6, {1, 3}: 7}[[2]int{q % 2, j}]
+	return 8*c + 4*w + p/2, 4 * (p % 2)
+}
+
+// fp4Slots is fp4Slot of every value of a block.
+var fp4Slots = func() (s [FP4BlockValues][2]int) {
+	for v := range s {
+		b, sh := fp4Slot(v)
+		s[v] = [2]int{b, sh}
+	}
+	return s
+}()
+
+// FP4Sizes are the bytes of an FP4 matrix [n, k]'s codes and scales.
+func FP4Sizes(n, k int) (codes, scales int64) {
+	return int64(n) * int64(k) / 2, int64(n) * int64(k) / fp4GroupValues
+}
+
+// PackFP4 converts the bf16 matrix src [n, k] (the upper halves of
+// float32s) to FP4 codes and scales and reports true, or reports false when
+// FP4 cannot hold it exactly (a value that is not an E2M1 value times its
+// group's power of two, a scale out of range, or k not a multiple of
+// FP4BlockValues): an MXFP4 checkpoint's experts convert back without loss.
+// Rows are converted on every core.
+func PackFP4(src []uint16, n, k int) (codes, scales []byte, ok bool) {
+	if n <= 0 || k <= 0 || k%FP4BlockValues != 0 || len(src) < n*k {
+		return nil, nil, false
+	}
+	cb, sb := FP4Sizes(n, k)
+	codes, scales = make([]byte, cb), make([]byte, sb)
+	// The first row alone first: a plain bf16 matrix fails there at once.
+	row := make([]byte, linalg.FP4RowBytes(k)) // the CPU form: per group 16 code bytes and a float32 scale
+	if !packRow(codes[:k/2], scales[:k/fp4GroupValues], row, src[:k]) {
+		return nil, nil, false
+	}
+	var bad atomic.Bool
+	par.For(n-1, 16, func() func(a, b int) {
+		row := make([]byte, linalg.FP4RowBytes(k))
+		return func(a, b int) {
+			for r := a + 1; r < b+1 && !bad.Load(); r++ {
+				if !packRow(codes[r*k/2:(r+1)*k/2], scales[r*k/fp4GroupValues:(r+1)*k/fp4GroupValues], row, src[r*k:(r+1)*k]) {
+					bad.Store(true)
+				}
+			}
+		}
+	})
+	if bad.Load() {
+		return nil, nil, false
+	}
+	return codes, scales, true
+}
+
+// packRow packs one row; row is scratch of linalg.FP4RowBytes(len(src)).
+func packRow(codes, scales, row []byte, src []uint16) bool {
+	k := len(src)
+	if !linalg.QuantizeFP4BF16(row, src, 1, k) {
+		return false
+	}
+	const gb = fp4GroupValues/2 + 4 // linalg's FP4 group: 16 code bytes, a float32 scale
+	for g := 0; g < k/fp4GroupValues; g++ {
+		// linalg's codes stand for doubled E2M1 values: its scale is half
+		// the E2M1 scale.
+		bits := binary.LittleEndian.Uint32(row[g*gb+16:])
+		e := int(bits>>23&0xFF) + 1
+		if bits&0x7FFFFF != 0 || bits>>23&0xFF == 0 || e < 1 || e > 240 {
+			return false
+		}
+		scales[g] = byte(e)
+	}
+	clear(codes)
+	for v := 0; v < k; v++ {
+		g, i := v/fp4GroupValues, v%fp4GroupValues
+		nib := row[g*gb+i/2] >> (4 * (i % 2)) & 0xF
+		s := fp4Slots[v%FP4BlockValues]
+		codes[v/FP4BlockValues*32+s[0]] |= nib << s[1]
+	}
+	return true
+}
+
+// UnpackFP4 is the bf16 matrix [n, k] (bits) of FP4 codes and scales: the
+// reference the device's dequantization and tests check against.
+func UnpackFP4(codes, scales []byte, n, k int) []uint16 {
+	out := make([]uint16, n*k)
+	for r := 0; r < n; r++ {
+		for v := 0; v < k; v++ {
+			s := fp4Slots[v%FP4BlockValues]
+			nib := codes[r*k/2+v/FP4BlockValues*32+s[0]] >> s[1] & 0xF
+			f := e2m1[nib&7] * float32(math.Ldexp(1, int(scales[r*k/fp4GroupValues+v/fp4GroupValues])-127))
+			if nib&8 != 0 {
+				f = -f
+			}
+			out[r*k+v] = uint16(math.Float32bits(f) >> 16)
+		}
+	}
+	return out
+}
+
+// FP4 is an FP4 matrix [N, K] on the device.
+type FP4 struct {
+	Codes  *Buffer // [N, K/2] bytes, 16-byte aligned
+	Scales *Buffer // [N, K/32] bytes
+	N, K   int
+}
+
+// check reports whether m is a well-formed FP4 matrix of n rows of k.
+func (m *FP4) check(op, name string, n, k int) error {
+	if m == nil {
+		return fmt.Errorf("kernels: %s: nil %s", op, name)
+	}
+	if m.N != n || m.K != k || k%FP4BlockValues != 0 {
+		return fmt.Errorf("kernels: %s: %s is FP4 [%d, %d], want [%d, %d] with K a multiple of %d", op, name, m.N, m.K, n, k, FP4BlockValues)
+	}
+	cb, sb := FP4Sizes(n, k)
+	if err := need(op, name+" codes", m.Codes, cb, 1); err != nil {
+		return err
+	}
+	return need(op, name+" scales", m.Scales, sb, 1)
+}
+
+var (
+	fp4Dequant      func(s, dst, codes, scales uint64, n, k int64) int32
+	moeWorkspaceFP4 func(t int64, k, e int32, h, i int64, bytes *uint64) int32
+	moeExpertsFP4   func(s, out, x, ids, weights uint64, t int64, k, e int32, h, i int64, guCodes, guScales, gateUpBias,
+		dnCodes, dnScales, downBias uint64, act int32, alpha, limit uint32, counts, ws, wsBytes uint64) int32
+)
+
+func init() {
+	registerSymbols(
+		symbol{"mk_fp4_dequant_bf16", &fp4Dequant},
+		symbol{"mk_moe_workspace_fp4", &moeWorkspaceFP4},
+		symbol{"mk_moe_experts_fp4", &moeExpertsFP4},
+	)
+}
+
+// FP4DequantBF16 writes the bf16 values of m to dst [m.N, m.K] (exact).
+func (d *Device) FP4DequantBF16(s *Stream, dst *Buffer, m *FP4) error {
+	const op = "FP4DequantBF16"
+	if err := d.ready(op); err != nil || d.muted() {
+		return err
+	}
+	if m == nil {
+		return fmt.Errorf("kernels: %s: nil matrix", op)
+	}
+	if err := m.check(op, "m", m.N, m.K); err != nil {
+		return err
+	}
+	if err := need(op, "dst", dst, int64(m.N)*int64(m.K), 2); err != nil {
+		return err
+	}
+	return d.lib.check("mk_fp4_dequant_bf16", fp4Dequant(s.handle(), dst.ptr, m.Codes.ptr, m.Scales.ptr, int64(m.N), int64(m.K)))
+}

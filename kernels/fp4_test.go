@@ -1,0 +1,243 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/mkserve/mkserve/moe"
+	"github.com/mkserve/mkserve/tensor"
+)
+
+// randMXFP4 draws an [n, k] bf16 matrix of MXFP4 values: every E2M1 code
+// (both zeros included) times a power of two per group of 32, scales
+// around 2^-4 ± 6 (some groups all zero).
+func randMXFP4(r *rand.Rand, n, k int) []uint16 {
+	out := make([]uint16, n*k)
+	for g := 0; g < n*k/32; g++ {
+		s := math.Ldexp(1, -4+r.IntN(13)-6)
+		zero := r.IntN(50) == 0
+		for i := range 32 {
+			v := float32(0)
+			if !zero {
+				c := r.IntN(16)
+				v = e2m1[c&7] * float32(s)
+				if c&8 != 0 {
+					v = -v
+				}
+			}
+			out[g*32+i] = tensor.F32ToBF16(v)
+		}
+	}
+	return out
+}
+
+// TestPackFP4 packs MXFP4-valued matrices and unpacks them bit for bit;
+// values FP4 cannot hold, and shapes it does not take, are refused.
+func TestPackFP4(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, uint64(len(t.Name()))))
+	for _, sh := range [][2]int{{1, 64}, {3, 128}, {17, 2880}, {64, 192}} {
+		n, k := sh[0], sh[1]
+		src := randMXFP4(r, n, k)
+		codes, scales, ok := PackFP4(src, n, k)
+		if !ok {
+			t.Fatalf("[%d, %d]: an MXFP4 matrix was refused", n, k)
+		}
+		if cb, sb := FP4Sizes(n, k); int64(len(codes)) != cb || int64(len(scales)) != sb {
+			t.Fatalf("[%d, %d]: %d code and %d scale bytes, want %d and %d", n, k, len(codes), len(scales), cb, sb)
+		}
+		got := UnpackFP4(codes, scales, n, k)
+		for i := range src {
+			// ±0 both unpack as +0 or -0 by the code; compare values.
+			if tensor.BF16ToF32(got[i]) != tensor.BF16ToF32(src[i]) {
+				t.Fatalf("[%d, %d] element %d: %v, packed from %v", n, k, i, tensor.BF16ToF32(got[i]), tensor.BF16ToF32(src[i]))
+			}
+		}
+	}
+	// Every value of a block lands in its own nibble.
+	seen := map[[2]int]bool{}
+	for v := range FP4BlockValues {
+		s := fp4Slots[v]
+		if seen[s] || s[0] >= 32 || (s[1] != 0 && s[1] != 4) {
+			t.Fatalf("value %d at byte %d shift %d: taken or out of the block", v, s[0], s[1])
+		}
+		seen[s] = true
+	}
+	src := randMXFP4(r, 4, 128)
+	bad := slices.Clone(src)
+	bad[200] = tensor.F32ToBF16(tensor.BF16ToF32(bad[200])*1.25 + 0.01) // not E2M1 times the group's scale
+	for _, c := range []struct {
+		name string
+		src  []uint16
+		n, k int
+	}{
+		{"not E2M1", bad, 4, 128},
+		{"K not a multiple of 64", src[:4*96], 4, 96},
+		{"short source", src[:100], 4, 128},
+		{"scale too small", []uint16(slices.Repeat([]uint16{tensor.F32ToBF16(float32(math.Ldexp(1, -127)))}, 64)), 1, 64},
+	} {
+		if _, _, ok := PackFP4(c.src, c.n, c.k); ok {
+			t.Errorf("%s: packed", c.name)
+		}
+	}
+}
+
+// TestFP4Dequant dequantizes packed matrices on the GPU: the bf16 values
+// bit for bit (dst poisoned first).
+func TestFP4Dequant(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	for _, sh := range [][2]int{{1, 64}, {33, 2880}, {256, 768}} {
+		n, k := sh[0], sh[1]
+		src := randMXFP4(r, n, k)
+		codes, scales, ok := PackFP4(src, n, k)
+		if !ok {
+			t.Fatal("refused")
+		}
+		var got []uint16
+		onGPU(t, g, func(a *arena) {
+			m := &FP4{Codes: put(a, codes), Scales: put(a, scales), N: n, K: k}
+			dst := put(a, bf16Fill(n*k, 0x7fc1))
+			a.check(a.d.FP4DequantBF16(nil, dst, m))
+			got = get[uint16](a, dst, n*k)
+		})
+		want := UnpackFP4(codes, scales, n, k)
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("[%d, %d] element %d: %#04x, want %#04x", n, k, i, got[i], want[i])
+			}
+		}
+	}
+}
+
+// TestMoEExpertsFP4 runs the routed experts with FP4 weights (both the
+// GEMV kernels of a few tokens and the dequantized grouped GEMMs) against
+// the float64 loop on the same values: relative L2 ≤ 1e-2, out and
+// workspace poisoned, counters checked; with biases, gpt-oss's clamped
+// SwiGLU, a hot expert, experts no token picks, and a rank's block.
+func TestMoEExpertsFP4(t *testing.T) {
+	g := testGPU(t)
+	r := newRNG(t)
+	oss := moe.Activation{Kind: moe.ClampedSwiGLU, Alpha: 1.702, Limit: 7}
+	cases := []moeCase{
+		{name: "E8_K2_T1", cfg: softmaxRouter(8, 2), T: 1, H: 64, I: 64, hot: -1},
+		{name: "E32_K4_T3_oss", cfg: softmaxRouter(32, 4), T: 3, H: 128, I: 192, hot: -1, biases: true, clamped: true},
+		{name: "E16_K4_T8_hot", cfg: softmaxRouter(16, 4), T: 8, H: 256, I: 128, hot: 5},
+		{name: "E128_K8_T4", cfg: softmaxRouter(128, 8), T: 4, H: 320, I: 64, hot: -1, cold: 100},
+		{name: "E32_K4_T9_gemm", cfg: softmaxRouter(32, 4), T: 9, H: 128, I: 192, hot: -1, biases: true, clamped: true},
+		{name: "E16_K2_T300_gemm", cfg: softmaxRouter(16, 2), T: 300, H: 192, I: 128, hot: -1, cold: 12},
+		{name: "E32_K4_T5_block", cfg: softmaxRouter(32, 4), T: 5, H: 128, I: 64, hot: -1, biases: true, lo: 8, hi: 24},
+		{name: "E32_K4_T40_block", cfg: softmaxRouter(32, 4), T: 40, H: 128, I: 64, hot: -1, lo: 8, hi: 24},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			act := moe.Activation{Kind: moe.SwiGLU}
+			if c.clamped {
+				act = oss
+			}
+			runMoEFP4Case(t, g, r, c, act)
+		})
+	}
+}
+
+func runMoEFP4Case(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activation) {
+	E, K, T, H, I := c.cfg.NumExperts, c.cfg.TopK, c.T, c.H, c.I
+	logits, sbias := moeLogits(r, c)
+	xb, x := randBF16(r, T*H, 1)
+	gu16, dn16 := randMXFP4(r, E*2*I, H), randMXFP4(r, E*H, I)
+	guC, guS, ok1 := PackFP4(gu16, E*2*I, H)
+	dnC, dnS, ok2 := PackFP4(dn16, E*H, I)
+	if !ok1 || !ok2 {
+		t.Fatal("packing refused")
+	}
+	gu, dn := bf16ToF32s(gu16), bf16ToF32s(dn16)
+	var gub, db []float32
+	if c.biases {
+		gub, db = randF32(r, E*2*I, 0.3), randF32(r, E*H, 0.3)
+	}
+	local := c.lo < c.hi
+	ex := &MoEExperts{E: E, H: H, I: I, Clamped: c.clamped, Alpha: act.Alpha, Limit: act.Limit}
+	countsIn := make([]int64, E)
+	var out, w []float32
+	var ids []int32
+	var counts []int64
+	var wsBytes int64
+	onGPU(t, g, func(a *arena) {
+		ex.GateUpFP4 = &FP4{Codes: put(a, guC), Scales: put(a, guS), N: E * 2 * I, K: H}
+		ex.DownFP4 = &FP4{Codes: put(a, dnC), Scales: put(a, dnS), N: E * H, K: I}
+		if c.biases {
+			ex.GateUpBias, ex.DownBias = put(a, gub), put(a, db)
+		}
+		lb, xbuf := put(a, logits), put(a, xb)
+		var sb *Buffer
+		if sbias != nil {
+			sb = put(a, sbias)
+		}
+		ib, wb := put(a, make([]int32, T*K)), put(a, f32Fill(T*K, float32(math.NaN())))
+		ob := put(a, f32Fill(T*H, float32(math.NaN())))
+		cb := put(a, countsIn)
+		if a.err != nil {
+			return
+		}
+		run, runCounts := ex, cb
+		if local {
+			l := *ex
+			l.E = c.hi - c.lo
+			view := func(b *Buffer, off, bytes int64) *Buffer {
+				v, err := b.View(off, bytes)
+				a.check(err)
+				return v
+			}
+			n := int64(l.E)
+			l.GateUpFP4 = &FP4{Codes: view(ex.GateUpFP4.Codes, int64(c.lo)*int64(2*I*H)/2, n*int64(2*I*H)/2),
+				Scales: view(ex.GateUpFP4.Scales, int64(c.lo)*int64(2*I*H)/32, n*int64(2*I*H)/32), N: l.E * 2 * I, K: H}
+			l.DownFP4 = &FP4{Codes: view(ex.DownFP4.Codes, int64(c.lo)*int64(H*I)/2, n*int64(H*I)/2),
+				Scales: view(ex.DownFP4.Scales, int64(c.lo)*int64(H*I)/32, n*int64(H*I)/32), N: l.E * H, K: I}
+			if c.biases {
+				l.GateUpBias = view(ex.GateUpBias, int64(c.lo)*int64(2*I)*4, n*int64(2*I)*4)
+				l.DownBias = view(ex.DownBias, int64(c.lo)*int64(H)*4, n*int64(H)*4)
+			}
+			run, runCounts = &l, nil
+		}
+		var err error
+		wsBytes, _, err = a.d.MoEWorkspace(T, K, run)
+		a.check(err)
+		if a.err != nil {
+			return
+		}
+		ws := put(a, bf16Fill(int(wsBytes/2), 0xffff))
+		a.check(a.d.MoERoute(nil, ib, wb, lb, sb, T, moeRouter(c.cfg)))
+		ids = get[int32](a, ib, T*K)
+		if local {
+			a.check(a.d.MoELocalize(nil, ib, T*K, c.lo, c.hi, nil, 0))
+		}
+		a.check(a.d.MoEExpertsRun(nil, ob, xbuf, ib, wb, T, K, run, runCounts, ws))
+		out = get[float32](a, ob, T*H)
+		w = get[float32](a, wb, T*K)
+		counts = get[int64](a, cb, E)
+	})
+	t.Logf("workspace %d bytes", wsBytes)
+	hist := make([]int64, E)
+	for _, e := range ids {
+		hist[e]++
+	}
+	if !local {
+		for e := range E {
+			if counts[e] != countsIn[e]+hist[e] {
+				t.Fatalf("expert %d counter %d, want %d", e, counts[e], countsIn[e]+hist[e])
+			}
+		}
+	}
+	refIDs := slices.Clone(ids)
+	if local {
+		for i, e := range refIDs {
+			if int(e) < c.lo || int(e) >= c.hi {
+				refIDs[i] = -1
+			}
+		}
+	}
+	want := moeRef(x, gu, gub, dn, db, refIDs, w, T, K, H, I, act)
+	checkClose(t, fmt.Sprintf("FP4 MoE T=%d E=%d K=%d H=%d I=%d", T, E, K, H, I), out, want, 1e-2)
+}

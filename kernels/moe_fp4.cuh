@@ -1,0 +1,389 @@
+// moe_fp4.cuh — internal to moe.cu (included inside its anonymous
+// namespace): FP4 expert weights, MXFP4's values held at 4.25 bits.
+//
+// Format (mk_moe.h, kernels.PackFP4): a matrix [N, K], K a multiple of 64,
+// is two arrays —
+//   codes  [N, K/2] bytes, each row in blocks of 64 values (32 bytes);
+//   scales [N, K/32] bytes, E8M0: group g of a row (values 32g … 32g+31)
+//          is scaled by 2^(scales[g] − 127), 1 ≤ scales[g] ≤ 240.
+// A code is an E2M1 nibble (bit 3 the sign, bits 2…0 the magnitude: 0, ½,
+// 1, 1½, 2, 3, 4, 6). Inside a block the codes are ordered for the
+// tensor cores' A fragment (mma m16n8k16): thread c (0…3) of a quad reads
+// bytes 8c … 8c+7, two little-endian words w = 0, 1; word w holds the
+// values 16q + 4c + j of the block for q = 2w, 2w+1 (the block's k16
+// chunks) and j = 0…3, at nibbles
+//   0: (2w, 0)  1: (2w, 2)  2: (2w+1, 0)  3: (2w+1, 2)
+//   4: (2w, 1)  5: (2w, 3)  6: (2w+1, 1)  7: (2w+1, 3)
+// so that nibbles p and p + 4 are a pair of neighbouring values, which one
+// shift and two masks turn into an f16x2 (fp4_pair). Word w of a block is
+// exactly group 2b + w's share of thread c.
+//
+// The GEMV kernels (a few tokens) run f16 mma.sync on the decoded codes:
+// an f16 with the E2M1 bits placed in its exponent's low two bits and its
+// mantissa's top bit is the E2M1 value · 2^-14 (0.5 becomes a subnormal,
+// which the tensor cores keep), and the rows of x are staged in shared
+// memory as f16 scaled by a power of two per row (its largest magnitude
+// in [2^14, 2^15)), so no product is rounded: sums of products in fp32,
+// each group's sum times 2^(scale − 127 + 14), each row's times its
+// power of two. Larger batches dequantize the chosen experts to bf16
+// (exact) into the workspace and run the grouped bf16 GEMMs.
+
+#include <cuda_fp16.h>
+
+constexpr int kF4Warps = 8;   // warps of a GEMV CTA; they split the reduction
+constexpr int kF4Tokens = 8;  // the mma's N: tokens (up) or tokens (down) a CTA serves
+constexpr int kF4Assign = 32; // assignments T·K the GEMV path serves (warp-wide masks)
+
+// fp4_pair is the f16x2 (values · 2^-14) of nibbles k and k + 4 of w.
+__device__ __forceinline__ uint32_t fp4_pair(uint32_t w, int k) {
+  const uint32_t t = w >> (4 * k);
+  return ((t << 9) & 0x0E000E00u) | ((t << 12) & 0x80008000u);
+}
+
+// fp4_factor is the float 2^(s − 127 + 14) of a group's E8M0 scale s (the
+// f16 codes' 2^-14 undone).
+__device__ __forceinline__ float fp4_factor(uint32_t s) { return __uint_as_float((s + 14u) << 23); }
+
+__device__ __forceinline__ void mma16816_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint2 ld_stream8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// f16_shift is the power of two a row of largest magnitude m is divided by
+// on its way into f16: m · 2^-s in [2^14, 2^15) (0 for 0, inf or NaN).
+__device__ __forceinline__ int f16_shift(float m) {
+  if (!(m > 0.0f) || !isfinite(m)) return 0;
+  int ex;
+  (void)frexpf(m, &ex);  // m = f · 2^ex, f in [0.5, 1)
+  return ex - 1 - 14;
+}
+
+// stage_f16 writes the bf16 row src [n] (n a multiple of 8, 16-byte
+// aligned) to dst as f16 times 2^-s (s = f16_shift of its largest
+// magnitude), by one warp, and returns 2^s.
+__device__ __forceinline__ float stage_f16(__half* dst, const bf16* src, int64_t n) {
+  const int lane = threadIdx.x & 31;
+  float m = 0.0f;
+  for (int64_t c = lane * 8; c < n; c += 256) {
+    const uint4 v = *reinterpret_cast<const uint4*>(src + c);
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      m = fmaxf(m, fmaxf(fabsf(__uint_as_float(u[i] << 16)), fabsf(__uint_as_float(u[i] & 0xffff0000u))));
+  }
+  m = warp_max(m);
+  const int s = f16_shift(m);
+  const float mul = ldexpf(1.0f, -s);
+  for (int64_t c = lane * 8; c < n; c += 256) {
+    const uint4 v = *reinterpret_cast<const uint4*>(src + c);
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const __half2 h = __floats2half2_rn(__uint_as_float(u[i] << 16) * mul, __uint_as_float(u[i] & 0xffff0000u) * mul);
+      o[i] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    *reinterpret_cast<uint4*>(dst + c) = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+  return ldexpf(1.0f, s);
+}
+
+// F4Rows is a warp's m16 tile of one FP4 matrix: rows r0 + g and r0 + g + 8
+// (g = lane / 4) as thread c = lane % 4 reads them.
+struct F4Rows {
+  const uint8_t* c0;  // codes of row r0 + g, at this thread's 8 bytes of block 0
+  const uint8_t* c8;
+  const uint8_t* s0;  // scales of row r0 + g
+  const uint8_t* s8;
+};
+
+__device__ __forceinline__ F4Rows f4_rows(const uint8_t* codes, const uint8_t* scales, int64_t r0, int64_t K) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int64_t rb = K / 2, rs = K / 32;
+  return F4Rows{codes + (r0 + g) * rb + 8 * c, codes + (r0 + g + 8) * rb + 8 * c, scales + (r0 + g) * rs,
+                scales + (r0 + g + 8) * rs};
+}
+
+// F4Block is one block of an F4Rows tile in registers.
+struct F4Block {
+  uint2 w0, w8;       // the thread's code words of rows g and g + 8
+  uint32_t s0, s8;    // the block's two group scales of each row (byte 0: group 2b, byte 1: 2b + 1)
+};
+
+__device__ __forceinline__ F4Block f4_load(const F4Rows& r, int64_t b) {
+  F4Block k;
+  k.w0 = ld_stream8(r.c0 + b * 32);
+  k.w8 = ld_stream8(r.c8 + b * 32);
+  k.s0 = *reinterpret_cast<const uint16_t*>(r.s0 + 2 * b);
+  k.s8 = *reinterpret_cast<const uint16_t*>(r.s8 + 2 * b);
+  return k;
+}
+
+// f4_mma_block adds one block of the tile times the f16 columns xv (the
+// B fragments of the block's four k16 chunks: x[n][16q + 4c … + 3], n =
+// lane / 4) to acc, group by group with each group's factor.
+__device__ __forceinline__ void f4_mma_block(float (&acc)[4], const F4Block& k, const uint2 (&xv)[4]) {
+#pragma unroll
+  for (int wd = 0; wd < 2; wd++) {
+    const uint32_t a0w = wd ? k.w0.y : k.w0.x, a8w = wd ? k.w8.y : k.w8.x;
+    float t[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const uint32_t a[4] = {fp4_pair(a0w, 2 * h), fp4_pair(a8w, 2 * h), fp4_pair(a0w, 2 * h + 1),
+                             fp4_pair(a8w, 2 * h + 1)};
+      mma16816_f16(t, a, xv[2 * wd + h].x, xv[2 * wd + h].y);
+    }
+    const float f0 = fp4_factor((k.s0 >> (8 * wd)) & 0xFFu), f8 = fp4_factor((k.s8 >> (8 * wd)) & 0xFFu);
+    acc[0] = fmaf(t[0], f0, acc[0]);
+    acc[1] = fmaf(t[1], f0, acc[1]);
+    acc[2] = fmaf(t[2], f8, acc[2]);
+    acc[3] = fmaf(t[3], f8, acc[3]);
+  }
+}
+
+// f4_x loads the B fragments of block b from the staged f16 row xrow (or
+// zeros when the thread's column is absent).
+__device__ __forceinline__ void f4_x(uint2 (&xv)[4], const __half* xrow, bool present, int64_t b) {
+  const int c = threadIdx.x & 3;
+#pragma unroll
+  for (int q = 0; q < 4; q++)
+    xv[q] = present ? *reinterpret_cast<const uint2*>(xrow + b * 64 + 16 * q + 4 * c) : make_uint2(0u, 0u);
+}
+
+// f4_reduce sums the warps' fragments acc (nacc of them) in warp order
+// into warp 0's, through red [kF4Warps][nacc][32][4] floats. Ends with the
+// block synchronised; only warp 0's acc holds the sums.
+template <int NACC>
+__device__ __forceinline__ void f4_reduce(float (&acc)[NACC][4], float* red) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int a = 0; a < NACC; a++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) red[((warp * NACC + a) * 32 + lane) * 4 + i] = acc[a][i];
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int a = 0; a < NACC; a++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        float s = red[(a * 32 + lane) * 4 + i];
+        for (int v = 1; v < kF4Warps; v++) s += red[((v * NACC + a) * 32 + lane) * 4 + i];
+        acc[a][i] = s;
+      }
+  }
+}
+
+// moe_fp4_up_kernel: grid (I / 16, T·K), kF4Warps warps; dynamic shared
+// memory nt · H f16 (nt ≤ T the expert's tokens). CTA (x, p) serves the
+// expert of assignment p if p is its first assignment: gate rows 16x … and
+// the same up rows, against the rows of x of the expert's tokens (at most
+// kF4Tokens: a token's experts differ), the activation into act[q, j] in
+// bf16 as the bf16 GEMV kernels write it.
+__global__ void __launch_bounds__(kF4Warps * 32)
+    moe_fp4_up_kernel(bf16* act, const bf16* x, const int32_t* ids, const uint8_t* codes, const uint8_t* scales,
+                      const float* gub, int64_t H, int64_t I, int T, int K, int act_kind, float alpha, float limit,
+                      unsigned long long* counts) {
+  mk::pdl_begin();
+  extern __shared__ __align__(16) unsigned char f4sm[];
+  __shared__ int first[kF4Assign], sq[kF4Tokens], snt;
+  __shared__ float xs_scale[kF4Tokens];
+  __shared__ float red[kF4Warps * 2 * 32 * 4];
+  const int p = blockIdx.y, n = T * K;
+  const int e = ids[p];
+  if (e < 0) return;  // not this rank's expert
+  if (threadIdx.x < 32) {
+    expert_groups(ids, n, first);
+    __syncwarp();
+    if (threadIdx.x == 0) {
+      int nt = 0;
+      for (int q = p; q < n && nt < kF4Tokens; q++)
+        if (first[q] == p) sq[nt++] = q;
+      snt = nt;
+    }
+  }
+  __syncthreads();
+  if (first[p] != p) return;  // the expert's first assignment does the work
+  const int nt = snt;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  if (counts && blockIdx.x == 0 && threadIdx.x == 0) ::atomicAdd(counts + e, (unsigned long long)nt);
+  __half* xs = reinterpret_cast<__half*>(f4sm);
+  for (int i = warp; i < nt; i += kF4Warps) {
+    const float sc = stage_f16(xs + (int64_t)i * H, x + (int64_t)(sq[i] / K) * H, H);
+    if (lane == 0) xs_scale[i] = sc;
+  }
+  __syncthreads();
+  const int64_t j0 = (int64_t)blockIdx.x * 16, nb = H / 64;
+  const F4Rows gr = f4_rows(codes, scales, (int64_t)e * 2 * I + j0, H);
+  const F4Rows ur = f4_rows(codes, scales, (int64_t)e * 2 * I + I + j0, H);
+  const bool present = g < nt;
+  const __half* xrow = xs + (int64_t)(present ? g : 0) * H;
+  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  int64_t b = warp;
+  F4Block ng, nu;
+  if (b < nb) ng = f4_load(gr, b), nu = f4_load(ur, b);
+  for (; b < nb; b += kF4Warps) {
+    const F4Block kg = ng, ku = nu;
+    if (b + kF4Warps < nb) ng = f4_load(gr, b + kF4Warps), nu = f4_load(ur, b + kF4Warps);
+    uint2 xv[4];
+    f4_x(xv, xrow, present, b);
+    f4_mma_block(acc[0], kg, xv);
+    f4_mma_block(acc[1], ku, xv);
+  }
+  f4_reduce<2>(acc, red);
+  if (warp != 0) return;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int64_t j = j0 + g + (i >= 2 ? 8 : 0);
+    const int tok = 2 * c + (i & 1);
+    if (tok >= nt || j >= I) continue;
+    float a = acc[0][i] * xs_scale[tok], u = acc[1][i] * xs_scale[tok];
+    if (gub) {
+      a += gub[(int64_t)e * 2 * I + j];
+      u += gub[(int64_t)e * 2 * I + I + j];
+    }
+    act[(int64_t)sq[tok] * I + j] = __float2bfloat16_rn(activation(a, u, act_kind, alpha, limit));
+  }
+}
+
+// moe_fp4_down_kernel: grid H / 16, kF4Warps warps; dynamic shared memory
+// T · I f16. CTA x owns output columns 16x … 16x + 15 of every token: for
+// each distinct chosen expert, its Down rows against the activations of
+// the expert's assignments (the mma's column n is token n), each token's
+// column times its weight (the combine), + the weighted biases; out[t, c]
+// fully written for t < T.
+__global__ void __launch_bounds__(kF4Warps * 32)
+    moe_fp4_down_kernel(float* out, const bf16* act, const int32_t* ids, const float* w, const uint8_t* codes,
+                        const uint8_t* scales, const float* db, int64_t H, int64_t I, int T, int K) {
+  mk::pdl_begin();
+  extern __shared__ __align__(16) unsigned char f4sm[];
+  __shared__ int first[kF4Assign], ue[kF4Assign];
+  __shared__ unsigned um[kF4Assign];
+  __shared__ int un;
+  __shared__ float fac[kF4Tokens];  // the current expert's weight · 2^s per token (0: absent)
+  __shared__ float red[kF4Warps * 32 * 4];
+  const int n = T * K;
+  if (threadIdx.x < 32) distinct_experts(ids, n, first, ue, um, &un);
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int64_t r0 = (int64_t)blockIdx.x * 16, nb = I / 64;
+  __half* xs = reinterpret_cast<__half*>(f4sm);
+  float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  for (int gi = 0; gi < un; gi++) {
+    const int e = ue[gi];
+    const unsigned m = um[gi];
+    for (int t = warp; t < T; t += kF4Warps) {
+      int q = -1;
+      for (unsigned mm = m; mm; mm &= mm - 1) {
+        const int qq = __ffs(mm) - 1;
+        if (qq / K == t) q = qq;
+      }
+      float f = 0.0f;
+      if (q >= 0) f = w[q] * stage_f16(xs + (int64_t)t * I, act + (int64_t)q * I, I);
+      if (lane == 0) fac[t] = f;
+    }
+    __syncthreads();
+    const bool present = g < T && fac[g] != 0.0f;
+    const __half* xrow = xs + (int64_t)(g < T ? g : 0) * I;
+    const F4Rows dr = f4_rows(codes, scales, (int64_t)e * H + r0, I);
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+    int64_t b = warp;
+    F4Block nx;
+    if (b < nb) nx = f4_load(dr, b);
+    for (; b < nb; b += kF4Warps) {
+      const F4Block k = nx;
+      if (b + kF4Warps < nb) nx = f4_load(dr, b + kF4Warps);
+      uint2 xv[4];
+      f4_x(xv, xrow, present, b);
+      f4_mma_block(part, k, xv);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int tok = 2 * c + (i & 1);
+      const float f = tok < T ? fac[tok] : 0.0f;
+      if (f != 0.0f) acc[0][i] = fmaf(part[i], f, acc[0][i]);
+    }
+    __syncthreads();  // xs and fac are restaged for the next expert
+  }
+  f4_reduce<1>(acc, red);
+  if (warp != 0) return;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int64_t col = r0 + g + (i >= 2 ? 8 : 0);
+    const int tok = 2 * c + (i & 1);
+    if (tok >= T || col >= H) continue;
+    float v = acc[0][i];
+    if (db)
+      for (int k = 0; k < K; k++) {
+        const int e = ids[tok * K + k];
+        if (e >= 0) v = fmaf(w[tok * K + k], db[(int64_t)e * H + col], v);
+      }
+    out[(int64_t)tok * H + col] = v;
+  }
+}
+
+// fp4_dequant_kernel writes bf16 rows from FP4 rows: one thread a block
+// of 64 values. Grid (·, E): blockIdx.y is the expert, whose rows are
+// [e · rpe, (e + 1) · rpe); with off (the align's [E + 1] row offsets) an
+// expert with no rows is skipped. Exact: every FP4 value is a bf16.
+__global__ void __launch_bounds__(256)
+    fp4_dequant_kernel(bf16* dst, const uint8_t* codes, const uint8_t* scales, int64_t rpe, int64_t K,
+                       const int32_t* off) {
+  mk::pdl_wait();
+  const int e = blockIdx.y;
+  if (off && off[e + 1] == off[e]) return;
+  const int64_t nb = K / 64, units = rpe * nb;
+  for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = (int64_t)e * rpe + u / nb, b = u % nb;
+    const uint4* src = reinterpret_cast<const uint4*>(codes + r * (K / 2) + b * 32);
+    const uint4 lo = __ldg(src), hi = __ldg(src + 1);
+    const uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};  // word 2c + wd
+    const uint32_t sc = *reinterpret_cast<const uint16_t*>(scales + r * (K / 32) + 2 * b);
+    uint32_t o[32];  // bf16 pairs: o[i] = values 2i, 2i + 1
+#pragma unroll
+    for (int cc = 0; cc < 4; cc++)
+#pragma unroll
+      for (int wd = 0; wd < 2; wd++) {
+        const uint32_t wv = words[2 * cc + wd];
+        const float f = fp4_factor((sc >> (8 * wd)) & 0xFFu);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const int v0 = 16 * (2 * wd + h) + 4 * cc;  // value index of j = 0
+#pragma unroll
+          for (int half = 0; half < 2; half++) {  // pair (j0, j1) then (j2, j3)
+            const uint32_t pr = fp4_pair(wv, 2 * h + half);
+            const float2 fv = __half22float2(*reinterpret_cast<const __half2*>(&pr));
+            const __nv_bfloat162 bv = __floats2bfloat162_rn(fv.x * f, fv.y * f);
+            o[v0 / 2 + half] = *reinterpret_cast<const uint32_t*>(&bv);
+          }
+        }
+      }
+    uint4* d = reinterpret_cast<uint4*>(dst + r * K + b * 64);
+#pragma unroll
+    for (int i = 0; i < 8; i++) d[i] = make_uint4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+  }
+}
+
+// fp4_gemv_on: MK_FP4_GEMV=0 sends every batch through the dequantized
+// grouped GEMMs (measurements).
+bool fp4_gemv_on() {
+  static const bool v = !mk::env_is("MK_FP4_GEMV", '0');
+  return v;
+}
+
+// fp4_gemv_path reports whether mk_moe_experts_fp4 takes the GEMV kernels.
+bool fp4_gemv_path(int64_t t, int32_t k) { return t <= kF4Tokens && t * k <= kF4Assign && fp4_gemv_on(); }
