@@ -37,6 +37,7 @@ type Config struct {
 	MoEPath         string        // cuda: "grouped" or "fused" (moe_path)
 	MoETuning       string        // cuda: fused MoE launch table, a JSON file (moe_tuning)
 	CPUWeights      string        // cpu: how matrices are held: "auto", "stored" or "q8" (cpu_weights; cpu.WeightFormat)
+	CUDAWeights     string        // cuda: how expert matrices are held: "auto", "stored" or "fp4" (cuda_weights; cuda.Options.Weights)
 	KVCacheDtype    string        // cpu: the paged KV cache's element type, "auto" (float32) or "bf16" (kv_cache_dtype)
 	HTTPAddr        string        // OpenAI-compatible HTTP listen address (http_addr)
 	GRPCAddr        string        // gRPC listen address; "" disables gRPC (grpc_addr)
@@ -100,6 +101,7 @@ func Default() *Config {
 		Precision:       "exact",
 		MoEPath:         "grouped",
 		CPUWeights:      "auto",
+		CUDAWeights:     "auto",
 		KVCacheDtype:    "auto",
 		HTTPAddr:        DefaultHTTPAddr,
 		GRPCAddr:        DefaultGRPCAddr,
@@ -211,6 +213,14 @@ func (c *Config) Validate() error {
 	}
 	if c.CPUWeights != "auto" && c.Backend != "cpu" {
 		return bad("cpu_weights", "%s applies to the cpu backend; backend is %s", c.CPUWeights, c.Backend)
+	}
+	switch c.CUDAWeights {
+	case "auto", "stored", "fp4":
+	default:
+		return bad("cuda_weights", "must be auto, stored or fp4, got %q", c.CUDAWeights)
+	}
+	if c.CUDAWeights != "auto" && c.Backend != "cuda" {
+		return bad("cuda_weights", "%s applies to the cuda backend; backend is %s", c.CUDAWeights, c.Backend)
 	}
 	switch c.KVCacheDtype {
 	case "auto", "bf16":

@@ -280,6 +280,8 @@ func TestValidate(t *testing.T) {
 		{"kv_cache_dtype", func(c *Config) { c.KVCacheDtype = "fp8" }},
 		{"kv_cache_dtype", func(c *Config) { c.KVCacheDtype, c.Backend = "bf16", "cuda" }},
 		{"cpu_weights", func(c *Config) { c.CPUWeights, c.Backend = "q8", "cuda" }},
+		{"cuda_weights", func(c *Config) { c.CUDAWeights, c.Backend = "int4", "cuda" }},
+		{"cuda_weights", func(c *Config) { c.CUDAWeights = "fp4" }},
 		{"responses_store", func(c *Config) { c.ResponsesStore = -1 }},
 		{"log_level", func(c *Config) { c.LogLevel = "loud" }},
 		{"log_level", func(c *Config) { c.LogLevel = "" }},

@@ -1,13 +1,12 @@
 package kernels
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 	"sync/atomic"
 
 	"github.com/mkserve/mkserve/internal/par"
-	"github.com/mkserve/mkserve/linalg"
 )
 
 // FP4 expert weights (moe_fp4.cuh, mk_moe.h): MXFP4's values — E2M1
@@ -47,10 +46,10 @@ func fp4Slot(v int) (byteIdx, shift int) {
 }
 
 // fp4Slots is fp4Slot of every value of a block.
-var fp4Slots = func() (s [FP4BlockValues][2]int) {
+var fp4Slots = func() (s [FP4BlockValues][2]uint8) {
 	for v := range s {
 		b, sh := fp4Slot(v)
-		s[v] = [2]int{b, sh}
+		s[v] = [2]uint8{uint8(b), uint8(sh)}
 	}
 	return s
 }()
@@ -73,16 +72,14 @@ func PackFP4(src []uint16, n, k int) (codes, scales []byte, ok bool) {
 	cb, sb := FP4Sizes(n, k)
 	codes, scales = make([]byte, cb), make([]byte, sb)
 	// The first row alone first: a plain bf16 matrix fails there at once.
-	row := make([]byte, linalg.FP4RowBytes(k)) // the CPU form: per group 16 code bytes and a float32 scale
-	if !packRow(codes[:k/2], scales[:k/fp4GroupValues], row, src[:k]) {
+	if !packRow(codes[:k/2], scales[:k/fp4GroupValues], src[:k]) {
 		return nil, nil, false
 	}
 	var bad atomic.Bool
 	par.For(n-1, 16, func() func(a, b int) {
-		row := make([]byte, linalg.FP4RowBytes(k))
 		return func(a, b int) {
 			for r := a + 1; r < b+1 && !bad.Load(); r++ {
-				if !packRow(codes[r*k/2:(r+1)*k/2], scales[r*k/fp4GroupValues:(r+1)*k/fp4GroupValues], row, src[r*k:(r+1)*k]) {
+				if !packRow(codes[r*k/2:(r+1)*k/2], scales[r*k/fp4GroupValues:(r+1)*k/fp4GroupValues], src[r*k:(r+1)*k]) {
 					bad.Store(true)
 				}
 			}
@@ -94,29 +91,89 @@ func PackFP4(src []uint16, n, k int) (codes, scales []byte, ok bool) {
 	return codes, scales, true
 }
 
-// packRow packs one row; row is scratch of linalg.FP4RowBytes(len(src)).
-func packRow(codes, scales, row []byte, src []uint16) bool {
-	k := len(src)
-	if !linalg.QuantizeFP4BF16(row, src, 1, k) {
-		return false
-	}
-	const gb = fp4GroupValues/2 + 4 // linalg's FP4 group: 16 code bytes, a float32 scale
-	for g := 0; g < k/fp4GroupValues; g++ {
-		// linalg's codes stand for doubled E2M1 values: its scale is half
-		// the E2M1 scale.
-		bits := binary.LittleEndian.Uint32(row[g*gb+16:])
-		e := int(bits>>23&0xFF) + 1
-		if bits&0x7FFFFF != 0 || bits>>23&0xFF == 0 || e < 1 || e > 240 {
-			return false
+// fp4Parts maps a bf16 magnitude (bits & 0x7FFF) to its value as m·2^p,
+// m odd: p<<8 | m for m = 1 or 3 (the E2M1 mantissas), 0 for zero, and
+// fp4Bad for anything FP4 cannot hold (another m, an infinity, a NaN).
+var fp4Parts = func() (t [1 << 15]int32) {
+	for b := range t {
+		e, f := b>>7, b&0x7F
+		switch {
+		case e == 0xFF:
+			t[b] = fp4Bad
+			continue
+		case e == 0 && f == 0:
+			continue
+		case e == 0: // subnormal: f·2^-133
+			e = 1
+		default:
+			f |= 0x80
 		}
-		scales[g] = byte(e)
+		tz := bits.TrailingZeros32(uint32(f))
+		m, p := f>>tz, e-134+tz
+		if m != 1 && m != 3 {
+			t[b] = fp4Bad
+			continue
+		}
+		t[b] = int32(p)<<8 | int32(m)
 	}
-	clear(codes)
-	for v := 0; v < k; v++ {
-		g, i := v/fp4GroupValues, v%fp4GroupValues
-		nib := row[g*gb+i/2] >> (4 * (i % 2)) & 0xF
-		s := fp4Slots[v%FP4BlockValues]
-		codes[v/FP4BlockValues*32+s[0]] |= nib << s[1]
+	return t
+}()
+
+const fp4Bad = int32(0xFF)
+
+// fp4Code is the E2M1 code (sign clear) of m·2^sh, m = 1 or 3, over a
+// group scale of 2^s: the doubled E2M1 values 1, 2, 4, 8 (m = 1) and 3,
+// 6, 12 (m = 3); 0xFF where sh is out of reach.
+var fp4CodeOf = [4][4]byte{1: {1, 2, 4, 6}, 3: {3, 5, 7, 0xFF}}
+
+// packRow packs one row of src into codes and scales; false if FP4 cannot
+// hold it. A group's scale is the smallest power of two among its values'
+// (writing each as m·2^p, m odd), so that every value is a doubled E2M1
+// value times it.
+func packRow(codes, scales []byte, src []uint16) bool {
+	for blk := 0; blk < len(src)/FP4BlockValues; blk++ {
+		var out [32]byte
+		for h := 0; h < 2; h++ { // the block's two groups
+			g := 2*blk + h
+			vals := src[g*fp4GroupValues : (g+1)*fp4GroupValues : (g+1)*fp4GroupValues]
+			var parts [fp4GroupValues]int32
+			s := int32(math.MaxInt32)
+			for i, b := range vals {
+				v := fp4Parts[b&0x7FFF]
+				if v == fp4Bad {
+					return false
+				}
+				parts[i] = v
+				if v != 0 && v>>8 < s {
+					s = v >> 8
+				}
+			}
+			if s == math.MaxInt32 { // all zero
+				s = -1
+			}
+			// The doubled values' scale 2^s is E2M1's 2^(s+1): E8M0 s + 128.
+			if e := s + 128; e < 1 || e > 240 {
+				return false
+			}
+			scales[g] = byte(s + 128)
+			for i, v := range parts {
+				if v == 0 {
+					continue
+				}
+				sh := v>>8 - s
+				if sh > 3 {
+					return false
+				}
+				c := fp4CodeOf[v&3][sh]
+				if c == 0xFF {
+					return false
+				}
+				c |= byte(vals[i]>>12) & 8 // the sign
+				sl := &fp4Slots[h*fp4GroupValues+i]
+				out[sl[0]] |= c << sl[1]
+			}
+		}
+		copy(codes[blk*32:], out[:])
 	}
 	return true
 }
@@ -128,7 +185,7 @@ func UnpackFP4(codes, scales []byte, n, k int) []uint16 {
 	for r := 0; r < n; r++ {
 		for v := 0; v < k; v++ {
 			s := fp4Slots[v%FP4BlockValues]
-			nib := codes[r*k/2+v/FP4BlockValues*32+s[0]] >> s[1] & 0xF
+			nib := codes[r*k/2+v/FP4BlockValues*32+int(s[0])] >> s[1] & 0xF
 			f := e2m1[nib&7] * float32(math.Ldexp(1, int(scales[r*k/fp4GroupValues+v/fp4GroupValues])-127))
 			if nib&8 != 0 {
 				f = -f

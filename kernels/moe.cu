@@ -2035,10 +2035,8 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
     // FP4 weights: the experts with rows, dequantized into gate_up and down
     // (the workspace's scratch) for the grouped GEMMs.
     auto deq = [&](uint64_t dst, const uint8_t* codes, const uint8_t* scales, int64_t rpe, int64_t kd) {
-      const int64_t units = rpe * (kd / 64);
-      const unsigned gx = (unsigned)std::min<int64_t>((units + 255) / 256, 64);
-      return mk::launch(fp4_dequant_kernel, dim3(gx, (unsigned)e), dim3(256), 0, s, mk::dev<bf16>(dst), codes,
-                        scales, rpe, kd, (const int32_t*)off);
+      return mk::launch(fp4_dequant_kernel, dim3((unsigned)(4 * mk::sm_count())), dim3(256), (size_t)e * 4, s,
+                        mk::dev<bf16>(dst), codes, scales, rpe, kd, (const int32_t*)off, (int)e);
     };
     (void)deq(gate_up, fp4->gu_codes, fp4->gu_scales, 2 * i, h);
     MK_LAUNCHED("fp4_dequant");
@@ -2279,11 +2277,27 @@ int32_t mk_fp4_dequant_bf16(uint64_t stream, uint64_t dst, uint64_t codes, uint6
   if (rc != MK_OK) return rc;
   MK_ARG(dst && dst % 16 == 0, "mk_fp4_dequant_bf16: dst null or not 16-byte aligned");
   const int64_t units = n * (k / 64);
-  const unsigned gx = (unsigned)std::min<int64_t>((units + 255) / 256, 1 << 16);
-  (void)(mk::launch(fp4_dequant_kernel, dim3(gx, 1), dim3(256), 0, mk::as_stream(stream), mk::dev<bf16>(dst),
-                    mk::dev<const uint8_t>(codes), mk::dev<const uint8_t>(scales), n, k, (const int32_t*)nullptr));
+  const unsigned gx = (unsigned)std::min<int64_t>((units + 255) / 256, 8 * mk::sm_count());
+  (void)(mk::launch(fp4_dequant_kernel, dim3(gx), dim3(256), 4, mk::as_stream(stream), mk::dev<bf16>(dst),
+                    mk::dev<const uint8_t>(codes), mk::dev<const uint8_t>(scales), n, k, (const int32_t*)nullptr, 1));
   MK_LAUNCHED("fp4_dequant");
   return MK_OK;
+}
+
+// Fp4GemvWs is the GEMV path's workspace: the activations [T·K, I] bf16,
+// the down kernel's parts [G][T][H] f32 (G = min(T·K, E)) and its
+// column-tile counters [H/16].
+struct Fp4GemvWs {
+  size_t part, cnt, total;
+  int64_t groups;
+};
+static Fp4GemvWs fp4_gemv_ws(int64_t t, int32_t k, int32_t e, int64_t h, int64_t i) {
+  Fp4GemvWs w;
+  w.groups = std::min<int64_t>(t * k, e);
+  w.part = up256((size_t)t * k * i * 2);
+  w.cnt = w.part + up256((size_t)w.groups * t * h * 4);
+  w.total = w.cnt + up256((size_t)(h / 16) * 4);
+  return w;
 }
 
 // fp4_scratch is the bf16 copy of every expert the GEMM path dequantizes
@@ -2295,7 +2309,7 @@ int32_t mk_moe_workspace_fp4(int64_t t, int32_t k, int32_t e, int64_t h, int64_t
          "mk_moe_workspace_fp4: T=%lld K=%d E=%d H=%lld I=%lld", (long long)t, k, e, (long long)h, (long long)i);
   MK_ARG(bytes, "mk_moe_workspace_fp4: null result pointer");
   if (fp4_gemv_path(t, k)) {
-    *bytes = up256((size_t)t * k * i * 2);
+    *bytes = fp4_gemv_ws(t, k, e, h, i).total;
     return MK_OK;
   }
   *bytes = up256(layout(t, k, e, h, i).total) + fp4_scratch(e, h, i);
@@ -2323,9 +2337,15 @@ int32_t mk_moe_experts_fp4(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
          (unsigned long long)need);
   cudaStream_t s = mk::as_stream(stream);
   if (fp4_gemv_path(t, k)) {
-    bf16* act = mk::dev<bf16>(ws);
+    const Fp4GemvWs W = fp4_gemv_ws(t, k, e, h, i);
+    unsigned char* wsb = mk::dev<unsigned char>(ws);
+    bf16* act = reinterpret_cast<bf16*>(wsb);
+    float* part = reinterpret_cast<float*>(wsb + W.part);
+    int* cnt = reinterpret_cast<int*>(wsb + W.cnt);
+    // Dynamic shared memory beside each kernel's static (up to ~12 KB): the
+    // opt-in is set to what the call needs once it passes 32 KB.
     const size_t xsm = (size_t)t * h * 2, asm_ = (size_t)t * i * 2;
-    static size_t up_attr = 48 << 10, down_attr = 48 << 10;
+    static size_t up_attr = 32 << 10, down_attr = 32 << 10;
     if (xsm > up_attr) {
       MK_CUDA(cudaFuncSetAttribute(moe_fp4_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)xsm));
       up_attr = xsm;
@@ -2335,13 +2355,13 @@ int32_t mk_moe_experts_fp4(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
       down_attr = asm_;
     }
     (void)(mk::launch(moe_fp4_up_kernel, dim3((unsigned)(i / 16), (unsigned)(t * k)), dim3(kF4Warps * 32), xsm, s,
-        act, mk::dev<const bf16>(x), mk::dev<const int32_t>(ids), mk::dev<const uint8_t>(gu_codes),
+        act, cnt, (int)(h / 16), mk::dev<const bf16>(x), mk::dev<const int32_t>(ids), mk::dev<const uint8_t>(gu_codes),
         mk::dev<const uint8_t>(gu_scales), gate_up_bias ? mk::dev<const float>(gate_up_bias) : nullptr, h, i, (int)t,
         (int)k, (int)act_kind, mk::float_from_bits(alpha_bits), mk::float_from_bits(limit_bits),
         counts ? mk::dev<unsigned long long>(counts) : nullptr));
     MK_LAUNCHED("moe_fp4_up");
-    (void)(mk::launch(moe_fp4_down_kernel, dim3((unsigned)(h / 16)), dim3(kF4Warps * 32), asm_, s,
-        mk::dev<float>(out), (const bf16*)act, mk::dev<const int32_t>(ids), mk::dev<const float>(weights),
+    (void)(mk::launch(moe_fp4_down_kernel, dim3((unsigned)(h / 16), (unsigned)W.groups), dim3(kF4Warps * 32), asm_, s,
+        mk::dev<float>(out), part, cnt, (const bf16*)act, mk::dev<const int32_t>(ids), mk::dev<const float>(weights),
         mk::dev<const uint8_t>(dn_codes), mk::dev<const uint8_t>(dn_scales),
         down_bias ? mk::dev<const float>(down_bias) : nullptr, h, i, (int)t, (int)k));
     MK_LAUNCHED("moe_fp4_down");

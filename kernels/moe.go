@@ -173,8 +173,8 @@ type MoEExperts struct {
 	GateUpFP4, DownFP4 *FP4
 }
 
-// fp4 reports whether ex holds its experts as FP4.
-func (ex *MoEExperts) fp4() bool { return ex.GateUpFP4 != nil || ex.DownFP4 != nil }
+// IsFP4 reports whether ex holds its experts as FP4.
+func (ex *MoEExperts) IsFP4() bool { return ex.GateUpFP4 != nil || ex.DownFP4 != nil }
 
 // MoEWorkspace is the device scratch MoEExpertsRun needs for T tokens of
 // top-K over ex, and the row tile it pads each expert's rows to.
@@ -186,7 +186,7 @@ func (d *Device) MoEWorkspace(T, K int, ex *MoEExperts) (bytes int64, tileM int,
 	if err := dims(op, "T", T, "K", K, "E", ex.E, "H", ex.H, "I", ex.I); err != nil {
 		return 0, 0, err
 	}
-	if ex.fp4() {
+	if ex.IsFP4() {
 		type key4 struct{ T, K, E, H, I int }
 		b, err := query(d, op, key4{T, K, ex.E, ex.H, ex.I}, func() (int64, error) {
 			var b uint64
@@ -340,7 +340,7 @@ func (d *Device) MoEExpertsRun(s *Stream, out, x, ids, weights *Buffer, T, K int
 	if err != nil {
 		return err
 	}
-	if ex.fp4() {
+	if ex.IsFP4() {
 		gu, dn := ex.GateUpFP4, ex.DownFP4
 		return d.lib.check("mk_moe_experts_fp4", moeExpertsFP4(s.handle(), out.ptr, x.ptr, ids.ptr, weights.ptr, int64(T),
 			int32(K), int32(ex.E), int64(ex.H), int64(ex.I), gu.Codes.ptr, gu.Scales.ptr, a.gub, dn.Codes.ptr,
@@ -372,7 +372,7 @@ func (d *Device) MoERouteExpertsRun(s *Stream, out, x, ids, weights, logits, sco
 	if ex != nil && r.Experts != ex.E {
 		return fmt.Errorf("kernels: %s: the router has %d experts, the weights %d", op, r.Experts, ex.E)
 	}
-	if ex != nil && ex.fp4() {
+	if ex != nil && ex.IsFP4() {
 		// FP4 experts: routing, then the FP4 run (which always combines).
 		if out == nil {
 			return fmt.Errorf("kernels: %s: FP4 experts need an out (their GEMV kernels combine)", op)
@@ -463,7 +463,7 @@ func expertsArgs(op string, out, x, ids, weights *Buffer, T, K int, ex *MoEExper
 			return a, err
 		}
 	}
-	if ex.fp4() {
+	if ex.IsFP4() {
 		if ex.GateUp != nil || ex.Down != nil {
 			return a, fmt.Errorf("kernels: %s: experts in both bf16 and FP4", op)
 		}

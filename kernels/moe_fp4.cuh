@@ -58,12 +58,6 @@ __device__ __forceinline__ uint2 ld_stream8(const void* p) {
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 // f16_shift is the power of two a row of largest magnitude m is divided by
 // on its way into f16: m · 2^-s in [2^14, 2^15) (0 for 0, inf or NaN).
 __device__ __forceinline__ int f16_shift(float m) {
@@ -71,36 +65,6 @@ __device__ __forceinline__ int f16_shift(float m) {
   int ex;
   (void)frexpf(m, &ex);  // m = f · 2^ex, f in [0.5, 1)
   return ex - 1 - 14;
-}
-
-// stage_f16 writes the bf16 row src [n] (n a multiple of 8, 16-byte
-// aligned) to dst as f16 times 2^-s (s = f16_shift of its largest
-// magnitude), by one warp, and returns 2^s.
-__device__ __forceinline__ float stage_f16(__half* dst, const bf16* src, int64_t n) {
-  const int lane = threadIdx.x & 31;
-  float m = 0.0f;
-  for (int64_t c = lane * 8; c < n; c += 256) {
-    const uint4 v = *reinterpret_cast<const uint4*>(src + c);
-    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-      m = fmaxf(m, fmaxf(fabsf(__uint_as_float(u[i] << 16)), fabsf(__uint_as_float(u[i] & 0xffff0000u))));
-  }
-  m = warp_max(m);
-  const int s = f16_shift(m);
-  const float mul = ldexpf(1.0f, -s);
-  for (int64_t c = lane * 8; c < n; c += 256) {
-    const uint4 v = *reinterpret_cast<const uint4*>(src + c);
-    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-    uint32_t o[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const __half2 h = __floats2half2_rn(__uint_as_float(u[i] << 16) * mul, __uint_as_float(u[i] & 0xffff0000u) * mul);
-      o[i] = *reinterpret_cast<const uint32_t*>(&h);
-    }
-    *reinterpret_cast<uint4*>(dst + c) = make_uint4(o[0], o[1], o[2], o[3]);
-  }
-  return ldexpf(1.0f, s);
 }
 
 // F4Rows is a warp's m16 tile of one FP4 matrix: rows r0 + g and r0 + g + 8
@@ -188,20 +152,67 @@ __device__ __forceinline__ void f4_reduce(float (&acc)[NACC][4], float* red) {
   }
 }
 
+// stage_rows writes n ≤ kF4Tokens bf16 rows of len values (rows[i] the
+// source row of staged row i, or null: left unwritten) into dst [n][len]
+// as f16, each times 2^-s_i (s_i = f16_shift of its largest magnitude),
+// with every thread of the block, and leaves 2^s_i in mul[i]. smax:
+// kF4Tokens words of shared memory. Ends with the block synchronised.
+__device__ __forceinline__ void stage_rows(__half* dst, const bf16* const* rows, int n, int64_t len, float* mul,
+                                           unsigned* smax) {
+  if (threadIdx.x < kF4Tokens) smax[threadIdx.x] = 0u;
+  __syncthreads();
+  const int64_t per = len / 8, total = n * per;
+  for (int64_t idx = threadIdx.x; idx < total; idx += blockDim.x) {
+    const int i = (int)(idx / per);
+    if (rows[i] == nullptr) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(rows[i] + (idx - i * per) * 8);
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+    float m = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+      m = fmaxf(m, fmaxf(fabsf(__uint_as_float(u[k] << 16)), fabsf(__uint_as_float(u[k] & 0xffff0000u))));
+    if (m > 0.0f) ::atomicMax(smax + i, __float_as_uint(m));  // non-negative floats order as their bits
+  }
+  __syncthreads();
+  if (threadIdx.x < n) mul[threadIdx.x] = ldexpf(1.0f, f16_shift(__uint_as_float(smax[threadIdx.x])));
+  __syncthreads();
+  for (int64_t idx = threadIdx.x; idx < total; idx += blockDim.x) {
+    const int i = (int)(idx / per);
+    if (rows[i] == nullptr) continue;
+    const int64_t c = (idx - i * per) * 8;
+    const uint4 v = *reinterpret_cast<const uint4*>(rows[i] + c);
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+    const float inv = 1.0f / mul[i];  // a power of two: exact
+    uint32_t o[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const __half2 h = __floats2half2_rn(__uint_as_float(u[k] << 16) * inv, __uint_as_float(u[k] & 0xffff0000u) * inv);
+      o[k] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    *reinterpret_cast<uint4*>(dst + (int64_t)i * len + c) = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+  __syncthreads();
+}
+
 // moe_fp4_up_kernel: grid (I / 16, T·K), kF4Warps warps; dynamic shared
 // memory nt · H f16 (nt ≤ T the expert's tokens). CTA (x, p) serves the
 // expert of assignment p if p is its first assignment: gate rows 16x … and
 // the same up rows, against the rows of x of the expert's tokens (at most
 // kF4Tokens: a token's experts differ), the activation into act[q, j] in
-// bf16 as the bf16 GEMV kernels write it.
+// bf16 as the bf16 GEMV kernels write it. The CTAs of row 0 first zero the
+// down kernel's ncnt column-tile counters.
 __global__ void __launch_bounds__(kF4Warps * 32)
-    moe_fp4_up_kernel(bf16* act, const bf16* x, const int32_t* ids, const uint8_t* codes, const uint8_t* scales,
-                      const float* gub, int64_t H, int64_t I, int T, int K, int act_kind, float alpha, float limit,
-                      unsigned long long* counts) {
+    moe_fp4_up_kernel(bf16* act, int* cnt, int ncnt, const bf16* x, const int32_t* ids, const uint8_t* codes,
+                      const uint8_t* scales, const float* gub, int64_t H, int64_t I, int T, int K, int act_kind,
+                      float alpha, float limit, unsigned long long* counts) {
   mk::pdl_begin();
+  if (blockIdx.y == 0)
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < ncnt; i += gridDim.x * blockDim.x) cnt[i] = 0;
   extern __shared__ __align__(16) unsigned char f4sm[];
   __shared__ int first[kF4Assign], sq[kF4Tokens], snt;
+  __shared__ const bf16* srows[kF4Tokens];
   __shared__ float xs_scale[kF4Tokens];
+  __shared__ unsigned smax[kF4Tokens];
   __shared__ float red[kF4Warps * 2 * 32 * 4];
   const int p = blockIdx.y, n = T * K;
   const int e = ids[p];
@@ -212,7 +223,10 @@ __global__ void __launch_bounds__(kF4Warps * 32)
     if (threadIdx.x == 0) {
       int nt = 0;
       for (int q = p; q < n && nt < kF4Tokens; q++)
-        if (first[q] == p) sq[nt++] = q;
+        if (first[q] == p) {
+          sq[nt] = q;
+          srows[nt++] = x + (int64_t)(q / K) * H;
+        }
       snt = nt;
     }
   }
@@ -221,24 +235,23 @@ __global__ void __launch_bounds__(kF4Warps * 32)
   const int nt = snt;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   if (counts && blockIdx.x == 0 && threadIdx.x == 0) ::atomicAdd(counts + e, (unsigned long long)nt);
-  __half* xs = reinterpret_cast<__half*>(f4sm);
-  for (int i = warp; i < nt; i += kF4Warps) {
-    const float sc = stage_f16(xs + (int64_t)i * H, x + (int64_t)(sq[i] / K) * H, H);
-    if (lane == 0) xs_scale[i] = sc;
-  }
-  __syncthreads();
   const int64_t j0 = (int64_t)blockIdx.x * 16, nb = H / 64;
   const F4Rows gr = f4_rows(codes, scales, (int64_t)e * 2 * I + j0, H);
   const F4Rows ur = f4_rows(codes, scales, (int64_t)e * 2 * I + I + j0, H);
+  // The first two blocks' weights in flight while x is staged.
+  int64_t b = warp;
+  F4Block g1, u1, g2, u2;
+  if (b < nb) g1 = f4_load(gr, b), u1 = f4_load(ur, b);
+  if (b + kF4Warps < nb) g2 = f4_load(gr, b + kF4Warps), u2 = f4_load(ur, b + kF4Warps);
+  __half* xs = reinterpret_cast<__half*>(f4sm);
+  stage_rows(xs, srows, nt, H, xs_scale, smax);
   const bool present = g < nt;
   const __half* xrow = xs + (int64_t)(present ? g : 0) * H;
   float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-  int64_t b = warp;
-  F4Block ng, nu;
-  if (b < nb) ng = f4_load(gr, b), nu = f4_load(ur, b);
   for (; b < nb; b += kF4Warps) {
-    const F4Block kg = ng, ku = nu;
-    if (b + kF4Warps < nb) ng = f4_load(gr, b + kF4Warps), nu = f4_load(ur, b + kF4Warps);
+    const F4Block kg = g1, ku = u1;
+    g1 = g2, u1 = u2;
+    if (b + 2 * kF4Warps < nb) g2 = f4_load(gr, b + 2 * kF4Warps), u2 = f4_load(ur, b + 2 * kF4Warps);
     uint2 xv[4];
     f4_x(xv, xrow, present, b);
     f4_mma_block(acc[0], kg, xv);
@@ -260,95 +273,126 @@ __global__ void __launch_bounds__(kF4Warps * 32)
   }
 }
 
-// moe_fp4_down_kernel: grid H / 16, kF4Warps warps; dynamic shared memory
-// T · I f16. CTA x owns output columns 16x … 16x + 15 of every token: for
-// each distinct chosen expert, its Down rows against the activations of
-// the expert's assignments (the mma's column n is token n), each token's
-// column times its weight (the combine), + the weighted biases; out[t, c]
-// fully written for t < T.
+// moe_fp4_down_kernel: grid (H / 16, G) with G ≥ the distinct chosen
+// experts (T·K capped at E), kF4Warps warps; dynamic shared memory T · I
+// f16. CTA (x, g) multiplies the g-th distinct expert's Down rows 16x …
+// 16x + 15 by the activations of its tokens (the mma's column n is token
+// n) and writes each token's column times its weight (the combine) to
+// part [G][T][H]; the last CTA of column tile x to finish (cnt[x], zeroed
+// by the up kernel) sums the experts' parts in expert order with the
+// weighted biases into out[t, c] for every token t.
 __global__ void __launch_bounds__(kF4Warps * 32)
-    moe_fp4_down_kernel(float* out, const bf16* act, const int32_t* ids, const float* w, const uint8_t* codes,
-                        const uint8_t* scales, const float* db, int64_t H, int64_t I, int T, int K) {
-  mk::pdl_begin();
+    moe_fp4_down_kernel(float* out, float* part, int* cnt, const bf16* act, const int32_t* ids, const float* w,
+                        const uint8_t* codes, const uint8_t* scales, const float* db, int64_t H, int64_t I, int T,
+                        int K) {
   extern __shared__ __align__(16) unsigned char f4sm[];
   __shared__ int first[kF4Assign], ue[kF4Assign];
   __shared__ unsigned um[kF4Assign];
-  __shared__ int un;
-  __shared__ float fac[kF4Tokens];  // the current expert's weight · 2^s per token (0: absent)
+  __shared__ int un, last;
+  __shared__ const bf16* srows[kF4Tokens];
+  __shared__ float mul[kF4Tokens];
+  __shared__ unsigned smax[kF4Tokens];
   __shared__ float red[kF4Warps * 32 * 4];
   const int n = T * K;
+  // ids and w are the routing's, complete before the up kernel passed its
+  // wait (which launched this kernel): read before this kernel's own wait,
+  // with the first weights, so that they stream under the up kernel.
   if (threadIdx.x < 32) distinct_experts(ids, n, first, ue, um, &un);
   __syncthreads();
+  const int gi = blockIdx.y;
+  if (gi >= un) {
+    mk::pdl_wait();
+    return;
+  }
+  const int e = ue[gi];
+  const unsigned m = um[gi];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int64_t r0 = (int64_t)blockIdx.x * 16, nb = I / 64;
+  const F4Rows dr = f4_rows(codes, scales, (int64_t)e * H + r0, I);
+  int64_t b = warp;
+  F4Block k1, k2;
+  if (b < nb) k1 = f4_load(dr, b);
+  if (b + kF4Warps < nb) k2 = f4_load(dr, b + kF4Warps);
+  if (threadIdx.x < kF4Tokens) {
+    const int t = threadIdx.x;
+    int q = -1;
+    for (unsigned mm = m; mm; mm &= mm - 1) {
+      const int qq = __ffs(mm) - 1;
+      if (qq / K == t) q = qq;
+    }
+    srows[t] = t < T && q >= 0 ? act + (int64_t)q * I : nullptr;
+  }
+  mk::pdl_wait();  // act is the up kernel's
+  __syncthreads();
   __half* xs = reinterpret_cast<__half*>(f4sm);
+  stage_rows(xs, srows, T, I, mul, smax);
+  const bool present = g < T && srows[g] != nullptr;
+  const __half* xrow = xs + (int64_t)(g < T ? g : 0) * I;
   float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-  for (int gi = 0; gi < un; gi++) {
-    const int e = ue[gi];
-    const unsigned m = um[gi];
-    for (int t = warp; t < T; t += kF4Warps) {
-      int q = -1;
-      for (unsigned mm = m; mm; mm &= mm - 1) {
-        const int qq = __ffs(mm) - 1;
-        if (qq / K == t) q = qq;
-      }
-      float f = 0.0f;
-      if (q >= 0) f = w[q] * stage_f16(xs + (int64_t)t * I, act + (int64_t)q * I, I);
-      if (lane == 0) fac[t] = f;
-    }
-    __syncthreads();
-    const bool present = g < T && fac[g] != 0.0f;
-    const __half* xrow = xs + (int64_t)(g < T ? g : 0) * I;
-    const F4Rows dr = f4_rows(codes, scales, (int64_t)e * H + r0, I);
-    float part[4] = {0.f, 0.f, 0.f, 0.f};
-    int64_t b = warp;
-    F4Block nx;
-    if (b < nb) nx = f4_load(dr, b);
-    for (; b < nb; b += kF4Warps) {
-      const F4Block k = nx;
-      if (b + kF4Warps < nb) nx = f4_load(dr, b + kF4Warps);
-      uint2 xv[4];
-      f4_x(xv, xrow, present, b);
-      f4_mma_block(part, k, xv);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const int tok = 2 * c + (i & 1);
-      const float f = tok < T ? fac[tok] : 0.0f;
-      if (f != 0.0f) acc[0][i] = fmaf(part[i], f, acc[0][i]);
-    }
-    __syncthreads();  // xs and fac are restaged for the next expert
+  for (; b < nb; b += kF4Warps) {
+    const F4Block k = k1;
+    k1 = k2;
+    if (b + 2 * kF4Warps < nb) k2 = f4_load(dr, b + 2 * kF4Warps);
+    uint2 xv[4];
+    f4_x(xv, xrow, present, b);
+    f4_mma_block(acc[0], k, xv);
   }
   f4_reduce<1>(acc, red);
-  if (warp != 0) return;
+  if (warp == 0) {
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const int64_t col = r0 + g + (i >= 2 ? 8 : 0);
-    const int tok = 2 * c + (i & 1);
-    if (tok >= T || col >= H) continue;
-    float v = acc[0][i];
+    for (int i = 0; i < 4; i++) {
+      const int64_t col = r0 + g + (i >= 2 ? 8 : 0);
+      const int tok = 2 * c + (i & 1);
+      if (tok >= T || col >= H || srows[tok] == nullptr) continue;
+      int q = 0;
+      for (unsigned mm = m; mm; mm &= mm - 1)
+        if ((__ffs(mm) - 1) / K == tok) q = __ffs(mm) - 1;
+      part[((int64_t)gi * T + tok) * H + col] = acc[0][i] * mul[tok] * w[q];
+    }
+    __threadfence();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) last = ::atomicAdd(cnt + blockIdx.x, 1) == un - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < T * 16; idx += blockDim.x) {
+    const int t = idx / 16;
+    const int64_t col = r0 + idx % 16;
+    if (col >= H) continue;
+    float v = 0.0f;
+    const unsigned long long tm = ((1ull << K) - 1ull) << (t * K);  // token t's assignments
+    for (int g2 = 0; g2 < un; g2++)
+      if ((unsigned long long)um[g2] & tm) v += ::__ldcg(part + ((int64_t)g2 * T + t) * H + col);
     if (db)
       for (int k = 0; k < K; k++) {
-        const int e = ids[tok * K + k];
-        if (e >= 0) v = fmaf(w[tok * K + k], db[(int64_t)e * H + col], v);
+        const int ek = ids[t * K + k];
+        if (ek >= 0) v = fmaf(w[t * K + k], db[(int64_t)ek * H + col], v);
       }
-    out[(int64_t)tok * H + col] = v;
+    out[(int64_t)t * H + col] = v;
   }
 }
 
-// fp4_dequant_kernel writes bf16 rows from FP4 rows: one thread a block
-// of 64 values. Grid (·, E): blockIdx.y is the expert, whose rows are
-// [e · rpe, (e + 1) · rpe); with off (the align's [E + 1] row offsets) an
-// expert with no rows is skipped. Exact: every FP4 value is a bf16.
+// fp4_dequant_kernel writes bf16 rows from FP4 rows, one block of 64
+// values a thread, over a grid-stride loop. The matrix is E experts of rpe
+// rows; with off (the align's [E + 1] row offsets) only the experts with
+// rows are written. Dynamic shared memory: E ints (the experts' list).
+// Exact: every FP4 value is a bf16.
 __global__ void __launch_bounds__(256)
     fp4_dequant_kernel(bf16* dst, const uint8_t* codes, const uint8_t* scales, int64_t rpe, int64_t K,
-                       const int32_t* off) {
+                       const int32_t* off, int E) {
   mk::pdl_wait();
-  const int e = blockIdx.y;
-  if (off && off[e + 1] == off[e]) return;
-  const int64_t nb = K / 64, units = rpe * nb;
-  for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t r = (int64_t)e * rpe + u / nb, b = u % nb;
+  extern __shared__ int elist[];
+  __shared__ int ne;
+  if (threadIdx.x == 0) ne = 0;
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    if (off == nullptr || off[e + 1] != off[e]) elist[::atomicAdd(&ne, 1)] = e;  // any order: each expert whole
+  __syncthreads();
+  const int64_t nb = K / 64, units = rpe * nb, total = (int64_t)ne * units;
+  for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < total; it += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t j = it / units, u = it - j * units;
+    const int64_t r = (int64_t)elist[j] * rpe + u / nb, b = u % nb;
     const uint4* src = reinterpret_cast<const uint4*>(codes + r * (K / 2) + b * 32);
     const uint4 lo = __ldg(src), hi = __ldg(src + 1);
     const uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};  // word 2c + wd

@@ -127,6 +127,13 @@ type Options struct {
 	// see GraphStep). The environment variable MKSERVE_CUDA_GRAPHS=0 does
 	// the same for every backend of the process.
 	NoGraphs bool
+	// Weights is how expert matrices are held (WeightsAuto when empty; see
+	// fp4.go): WeightsStored keeps every weight as the checkpoint gives it
+	// (bf16); WeightsFP4 holds an MXFP4 checkpoint's experts as FP4 (4.25
+	// bits a value, exact) in either precision profile; WeightsAuto does
+	// so in the fast profile only (the exact profile's experts then keep
+	// their split activations).
+	Weights string
 }
 
 // Backend is the CUDA backend. The zero value is not usable; call New.
@@ -138,6 +145,7 @@ type Backend struct {
 	noGraphs    bool   // Options.NoGraphs
 	slowReplays bool   // every replay runs the model's Go code again (tests; GraphFastEnv for everyone)
 	moePath     string // "grouped" or "fused" (Options.MoEPath)
+	weights     string // Options.Weights (parsed: never empty)
 	epRanks     int    // emulated expert-parallel ranks of the fused path (≥ 1)
 	moeTuning   *tuning.MoETable
 	fused       fusedState
@@ -244,12 +252,16 @@ func New(opts Options) (*Backend, error) {
 		opts.NoGraphs = true // NCCL's collectives are not captured here
 	}
 	split := opts.SplitActivations == nil || *opts.SplitActivations
+	weights, err := parseWeights(opts.Weights)
+	if err != nil {
+		return nil, err
+	}
 	kvF32 := split
 	if opts.KVCacheF32 != nil {
 		kvF32 = *opts.KVCacheF32
 	}
 	return &Backend{g: g, alloc: newAllocator(largePoolMax(g.Info().TotalMem)), split: split, kvF32: kvF32, noGraphs: opts.NoGraphs,
-		moePath: path, epRanks: max(opts.EPRanks, 1), moeTuning: opts.MoETuning, world: wd,
+		moePath: path, epRanks: max(opts.EPRanks, 1), moeTuning: opts.MoETuning, world: wd, weights: weights,
 		ropes: map[attention.RoPE]*ropeFreqs{}, priv: newPrivateKV()}, nil
 }
 
@@ -276,6 +288,7 @@ type store struct {
 	n      int             // elements
 	f32    *kernels.Buffer // [n] float32, or nil
 	bf16   *kernels.Buffer // [n] bf16, or nil
+	fp4    *kernels.FP4    // an expert weight held as FP4 (fp4.go), or nil
 	weight bool            // made by Weight: lives across steps
 	pooled bool            // a cleanup pools every buffer it holds when its tensor dies
 	// released: Release took its buffers back before its tensor died; any
@@ -302,7 +315,14 @@ func (be *Backend) wrap(shape []int, st *store) *Tensor {
 	if be.graphMode() != graphReplaying {
 		a := be.alloc
 		st.pooled = true
-		runtime.AddCleanup(t, func(s *store) { a.put(s.f32); a.put(s.bf16) }, st)
+		runtime.AddCleanup(t, func(s *store) {
+			a.put(s.f32)
+			a.put(s.bf16)
+			if s.fp4 != nil {
+				a.put(s.fp4.Codes)
+				a.put(s.fp4.Scales)
+			}
+		}, st)
 	}
 	return t
 }
@@ -338,6 +358,7 @@ func (be *Backend) f32(d *kernels.Device, t *Tensor) *kernels.Buffer {
 		if t.st.weight {
 			be.graphGuard("a float32 copy of a weight")
 		}
+		be.fp4Values(d, t)
 		b := be.alloc.get(d, int64(t.st.n)*4)
 		if t.st.n > 0 {
 			must("convert", d.ConvertBF16ToF32(nil, b, t.st.bf16, t.st.n))
@@ -845,6 +866,12 @@ func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
 		if f32, err = h.Float32(); err != nil {
 			return nil, fmt.Errorf("cuda: weight %q: %w", h.Name, err)
 		}
+	}
+	if st, err := be.fp4Weight(h, shape); st != nil || err != nil {
+		if err != nil {
+			return nil, err
+		}
+		return be.wrap(shape, st), nil
 	}
 	st := &store{n: n, weight: true}
 	err = be.g.Do(func(d *kernels.Device) (err error) {

@@ -35,7 +35,15 @@ func (be *Backend) moeChecked(m moeOperands, l *backend.MoELayer) *Tensor {
 	xt, gate, gateBias, gu, gub, down, db, sg := m.xt, m.gate, m.gateBias, m.gu, m.gub, m.down, m.db, m.sg
 	T, H, E, I, base, Ew := m.T, m.H, m.E, m.I, m.base, m.Ew
 	var out *Tensor
-	if be.grouped(gu, down, H, I, E) {
+	if isFP4(gu) != isFP4(down) || ((isFP4(gu) || isFP4(down)) && (H%8 != 0 || I%8 != 0 || E > 2048)) {
+		// One projection in FP4 but not the other: both as bf16.
+		be.do("MoE", func(d *kernels.Device) error {
+			be.fp4Values(d, gu)
+			be.fp4Values(d, down)
+			return nil
+		}, gu, down)
+	}
+	if isFP4(gu) || be.grouped(gu, down, H, I, E) {
 		out = be.moeGrouped(xt, l, gate, gateBias, vector("MoE", "ScoreBias", l.ScoreBias, E), gu, gub, down, db, T, H, E, I, base, Ew, nil)
 	} else {
 		var scoreBias []float32

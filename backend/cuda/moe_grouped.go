@@ -202,8 +202,14 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 		if temp {
 			defer a.put(xb)
 		}
-		ex := &kernels.MoEExperts{E: Ew, H: H, I: I, GateUp: gu.st.bf16, Down: down.st.bf16,
-			Clamped: l.Act.Kind == moe.ClampedSwiGLU, Alpha: l.Act.Alpha, Limit: l.Act.Limit}
+		ex := &kernels.MoEExperts{E: Ew, H: H, I: I, Clamped: l.Act.Kind == moe.ClampedSwiGLU, Alpha: l.Act.Alpha,
+			Limit: l.Act.Limit}
+		if isFP4(gu) { // the FP4 path (fp4.go); never folded or fused
+			ex.GateUpFP4, ex.DownFP4 = gu.st.fp4, down.st.fp4
+			moeFP4Calls.Add(1)
+		} else {
+			ex.GateUp, ex.Down = gu.st.bf16, down.st.bf16
+		}
 		if gub != nil {
 			ex.GateUpBias = be.f32(d, gub)
 		}
@@ -226,7 +232,7 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 				ex = localExperts(ex, lo, hi)
 			}
 			counts = nil
-		} else if !be.moeGemv(T, K) && be.fusedFits(E, gub, db) {
+		} else if !be.moeGemv(T, K) && be.fusedFits(E, gub, db) && !ex.IsFP4() {
 			route()
 			return be.moeFusedRun(d, out.st.f32, xb, ids, w, T, K, ex, counts, l.Layer, gu, down)
 		}
@@ -267,7 +273,7 @@ type moeFold struct {
 func (be *Backend) MoEAddRMSNorm(x, h backend.Tensor, l *backend.MoELayer, w backend.Tensor,
 	eps float32) (backend.Tensor, backend.Tensor) {
 	m := be.moeOperands(h, l)
-	if be.world != nil || l.Shared != nil || m.T == 0 || m.Ew != m.E || m.H%4 != 0 || m.H > 8192 ||
+	if be.world != nil || l.Shared != nil || m.T == 0 || m.Ew != m.E || m.H%4 != 0 || m.H > 8192 || isFP4(m.gu) || isFP4(m.down) ||
 		!be.grouped(m.gu, m.down, m.H, m.I, m.E) || be.moeGemv(m.T, l.Router.TopK) || be.fusedFits(m.E, m.gub, m.db) {
 		return be.AddRMSNorm(x, be.moeChecked(m, l), w, eps)
 	}
@@ -301,8 +307,17 @@ func localExperts(ex *kernels.MoEExperts, lo, hi int) *kernels.MoEExperts {
 	E, H, I := int64(hi-lo), int64(ex.H), int64(ex.I)
 	l := *ex
 	l.E = hi - lo
-	l.GateUp = view(ex.GateUp, int64(lo)*2*I*H*2, E*2*I*H*2)
-	l.Down = view(ex.Down, int64(lo)*H*I*2, E*H*I*2)
+	if ex.IsFP4() {
+		sub := func(m *kernels.FP4, rows int64) *kernels.FP4 {
+			k := int64(m.K)
+			return &kernels.FP4{Codes: view(m.Codes, int64(lo)*rows*k/2, E*rows*k/2),
+				Scales: view(m.Scales, int64(lo)*rows*k/32, E*rows*k/32), N: int(E * rows), K: m.K}
+		}
+		l.GateUpFP4, l.DownFP4 = sub(ex.GateUpFP4, 2*I), sub(ex.DownFP4, H)
+	} else {
+		l.GateUp = view(ex.GateUp, int64(lo)*2*I*H*2, E*2*I*H*2)
+		l.Down = view(ex.Down, int64(lo)*H*I*2, E*H*I*2)
+	}
 	if ex.GateUpBias != nil {
 		l.GateUpBias = view(ex.GateUpBias, int64(lo)*2*I*4, E*2*I*4)
 	}

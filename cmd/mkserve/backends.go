@@ -13,13 +13,14 @@ import (
 
 // backendSpec is a command's backend settings (newBackend, worldProfile).
 type backendSpec struct {
-	name       string // cpu or cuda
-	ep         int    // expert-parallel ranks emulated in process (0 or 1: none)
-	precision  string // cuda: exact ("" too) or fast (see cuda.Options)
-	moePath    string // cuda: grouped or fused ("" reads MKSERVE_MOE_PATH, else grouped)
-	moeTuning  string // cuda: a table of `mkserve bench moe --tune` ("" for none)
-	cpuWeights string // cpu: auto ("" too), stored or q8 (cpu.WeightFormat)
-	kvDtype    string // cpu: the KV cache's element type, auto ("" too: float32) or bf16
+	name        string // cpu or cuda
+	ep          int    // expert-parallel ranks emulated in process (0 or 1: none)
+	precision   string // cuda: exact ("" too) or fast (see cuda.Options)
+	moePath     string // cuda: grouped or fused ("" reads MKSERVE_MOE_PATH, else grouped)
+	moeTuning   string // cuda: a table of `mkserve bench moe --tune` ("" for none)
+	cpuWeights  string // cpu: auto ("" too), stored or q8 (cpu.WeightFormat)
+	cudaWeights string // cuda: auto ("" too), stored or fp4 (cuda.Options.Weights)
+	kvDtype     string // cpu: the KV cache's element type, auto ("" too: float32) or bf16
 	// world, when set, makes the backend one rank of an expert-parallel
 	// world of processes: on cuda it opens GPU rank % (GPUs on the host)
 	// and sums the ranks' MoE outputs over worldTransport ("ipc", the
@@ -75,7 +76,7 @@ func newBackend(s backendSpec) (backend.Backend, error) {
 			dev = s.world.Rank() % max(n, 1)
 		}
 		be, err := cuda.New(cuda.Options{Device: dev, EPRanks: s.ep, SplitActivations: &split, MoEPath: s.moePath,
-			MoETuning: tune, World: s.world, WorldTransport: s.worldTransport})
+			MoETuning: tune, World: s.world, WorldTransport: s.worldTransport, Weights: s.cudaWeights})
 		if err != nil {
 			return nil, fmt.Errorf("backend cuda cannot start: %w", err)
 		}

@@ -107,6 +107,7 @@ func benchModel(args []string, stdout io.Writer) error {
 	backendName := fs.String("backend", "cuda", "cpu or cuda")
 	precision := fs.String("precision", "fast", "cuda: exact or fast (see mkserve serve --help)")
 	cpuWeights := fs.String("cpu-weights", "auto", "cpu: how matrices are held: auto, stored or q8 (see mkserve serve --help)")
+	cudaWeights := fs.String("cuda-weights", "auto", "cuda: how an MXFP4 checkpoint's experts are held: auto, stored or fp4 (see mkserve serve --help)")
 	kvDtype := fs.String("kv-cache-dtype", "auto", "cpu: the KV cache's element type, auto (float32) or bf16")
 	batches := fs.String("batch", "1,32,256", "decode batch sizes, comma-separated")
 	ctxLen := fs.Int("context", 1024, "decode: tokens already in each sequence's KV cache")
@@ -182,7 +183,7 @@ func benchModel(args []string, stdout io.Writer) error {
 			}
 			be = b
 		case "cuda":
-			b, err := newBackend(backendSpec{name: "cuda", ep: *ep, precision: *precision, moePath: *moePath, moeTuning: *moeTuning, world: comm})
+			b, err := newBackend(backendSpec{name: "cuda", ep: *ep, precision: *precision, moePath: *moePath, moeTuning: *moeTuning, cudaWeights: *cudaWeights, world: comm})
 			if err != nil {
 				return err
 			}

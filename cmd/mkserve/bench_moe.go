@@ -35,6 +35,7 @@ type moeBenchOpts struct {
 	tuneOut                      string  // fused path: sweep the launch choices and record the best in this table
 	traceOut                     string  // fused path: trace the last launch's tasks per token count into this file (JSON lines)
 	sameToken                    bool    // grouped path: all tokens one row (every token routes alike)
+	weights                      string  // grouped path: bf16 or fp4 expert weights
 	graph                        bool    // time each layer as one CUDA graph replay (ms); eager launches go to eager_ms
 	iters, checkRows             int
 	seed                         uint64
@@ -65,6 +66,7 @@ type moeBenchRow struct {
 	Reference      string                   `json:"reference"`
 	RouteMismatch  int                      `json:"route_mismatch"` // sampled tokens whose ids differ from moe.Route on the GPU's logits
 	Path           string                   `json:"path"`
+	Weights        string                   `json:"weights"` // bf16, or fp4 (codes and E8M0 scales: 4.25 bits a value)
 	Ranks          int                      `json:"ranks"`
 	MinMS          float64                  `json:"min_ms"`
 	Iters          int                      `json:"iters"`
@@ -96,6 +98,7 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 	fs.IntVar(&o.shared, "shared-experts", 0, "shared experts (one dense MLP of N*intermediate), timed with the layer")
 	fs.IntVar(&o.iters, "iters", 10, "timed iterations per token count (the median is reported)")
 	fs.BoolVar(&o.graph, "graph", true, "time the layer as one CUDA graph replay per iteration, as decode steps run (vLLM's benchmark_moe times graphs too); the op-by-op launches are reported as eager_ms")
+	fs.StringVar(&o.weights, "weights", "bf16", "grouped path: expert weights in bf16 or fp4 (MXFP4's values: E2M1 codes with a power-of-two scale per 32, random codes; the CUDA backend holds gpt-oss's experts so)")
 	fs.BoolVar(&o.sameToken, "same-token", false, "grouped path: every token of an iteration is the same random row, so all route to the same top-k experts (the worst skew; random-weight models come close to it)")
 	fs.IntVar(&o.checkRows, "check-rows", 2, "tokens per count checked against the CPU reference")
 	seed := fs.Uint64("seed", 1, "random seed")
@@ -139,6 +142,10 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 		return nil, fmt.Errorf("--ranks %d: want 1..%d emulated ranks", o.ranks, kernels.MoEFusedMaxRanks)
 	case o.path != "fused" && o.path != "grouped":
 		return nil, fmt.Errorf("--path must be fused or grouped, got %q", o.path)
+	case o.weights != "bf16" && o.weights != "fp4":
+		return nil, fmt.Errorf("--weights must be bf16 or fp4, got %q", o.weights)
+	case o.weights == "fp4" && (o.path != "grouped" || o.hidden%kernels.FP4BlockValues != 0 || o.inter%kernels.FP4BlockValues != 0):
+		return nil, fmt.Errorf("--weights fp4 needs --path grouped and --hidden, --intermediate multiples of %d", kernels.FP4BlockValues)
 	case o.sameToken && o.path != "grouped":
 		return nil, fmt.Errorf("--same-token needs --path grouped")
 	case o.path == "grouped" && o.ranks != 1:
@@ -285,15 +292,40 @@ func runMoEBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error) {
 	if ex.Down, err = w.alloc(d, int64(E)*int64(H)*int64(I)*2); err != nil {
 		return nil, err
 	}
+	if o.weights == "fp4" {
+		// Random codes (the bytes of random bf16s), a scale of 2^-7 per
+		// group; GateUp and Down keep the values in bf16 for the check.
+		if ex.GateUpFP4, err = benchFP4(d, w, E*2*I, H, o.seed+101); err != nil {
+			return nil, err
+		}
+		if ex.DownFP4, err = benchFP4(d, w, E*H, I, o.seed+102); err != nil {
+			return nil, err
+		}
+	}
 	for _, f := range []struct {
 		b     *kernels.Buffer
 		n     int64
 		scale float64
 	}{{w.gate, int64(E * H), 1 / math.Sqrt(float64(H))}, {ex.GateUp, int64(E) * int64(2*I) * int64(H), 1 / math.Sqrt(float64(H))},
 		{ex.Down, int64(E) * int64(H) * int64(I), 1 / math.Sqrt(float64(I))}} {
+		if o.weights == "fp4" && f.b != w.gate {
+			continue
+		}
 		if err := fill(f.b, f.n, o.seed+uint64(len(w.all))*7919, f.scale); err != nil {
 			return nil, err
 		}
+	}
+	if o.weights == "fp4" {
+		if err := d.FP4DequantBF16(nil, ex.GateUp, ex.GateUpFP4); err != nil {
+			return nil, err
+		}
+		if err := d.FP4DequantBF16(nil, ex.Down, ex.DownFP4); err != nil {
+			return nil, err
+		}
+	}
+	bf16GU, bf16Down := ex.GateUp, ex.Down
+	if o.weights == "fp4" {
+		ex.GateUp, ex.Down = nil, nil // the layer reads the FP4 codes only
 	}
 	SI := o.shared * I
 	if SI > 0 {
@@ -340,7 +372,7 @@ func runMoEBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error) {
 
 	var rows []moeBenchRow
 	for _, T := range o.tokens {
-		r, err := benchMoETokens(d, o, w, ex, cfg, sbias, T, ev)
+		r, err := benchMoETokens(d, o, w, ex, bf16GU, bf16Down, cfg, sbias, T, ev)
 		if err != nil {
 			return rows, fmt.Errorf("tokens %d: %w", T, err) // the counts measured before it, too
 		}
@@ -349,11 +381,31 @@ func runMoEBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error) {
 	return rows, nil
 }
 
-func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *kernels.MoEExperts, cfg moe.RouterConfig,
-	sbias []float32, T int, ev [4]*kernels.Event) (moeBenchRow, error) {
+// benchFP4 allocates an FP4 matrix [n, k] in w with random codes and
+// every group's scale 2^-7.
+func benchFP4(d *kernels.Device, w *moeBenchBufs, n, k int, seed uint64) (*kernels.FP4, error) {
+	cb, sb := kernels.FP4Sizes(n, k)
+	m := &kernels.FP4{N: n, K: k}
+	var err error
+	if m.Codes, err = w.alloc(d, cb); err != nil {
+		return nil, err
+	}
+	if m.Scales, err = w.alloc(d, sb); err != nil {
+		return nil, err
+	}
+	if err := d.FillRandomBF16(nil, m.Codes, cb/2, seed, 1); err != nil {
+		return nil, err
+	}
+	return m, kernels.Upload(d, m.Scales, slices.Repeat([]byte{127 - 7}, int(sb)))
+}
+
+// benchMoETokens times one token count; gu and dn are the experts' bf16
+// values (ex's own, or those of its FP4 codes) for the check.
+func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *kernels.MoEExperts, gu, dn *kernels.Buffer,
+	cfg moe.RouterConfig, sbias []float32, T int, ev [4]*kernels.Event) (moeBenchRow, error) {
 	E, K, H, I := o.experts, o.topk, o.hidden, o.inter
 	SI := o.shared * I
-	row := moeBenchRow{Tokens: T, Path: "grouped", Ranks: 1, Iters: o.iters}
+	row := moeBenchRow{Tokens: T, Path: "grouped", Ranks: 1, Iters: o.iters, Weights: o.weights}
 	b := &moeBenchBufs{}
 	defer b.free()
 	x, err := b.alloc(d, int64(T*H)*2)
@@ -524,7 +576,11 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 	row.ExpertsTouched = touched / float64(o.iters)
 	sec := row.MS / 1e3
 	row.TFLOPS = 2 * 3 * float64(T) * float64(K) * float64(H) * float64(I) / sec / 1e12
-	wbytes := row.ExpertsTouched*3*float64(H)*float64(I)*2 + float64(2*3*SI*H)
+	perValue := 2.0
+	if ex.IsFP4() {
+		perValue = 0.5 + 1.0/32 // codes and scales
+	}
+	wbytes := row.ExpertsTouched*3*float64(H)*float64(I)*perValue + float64(2*3*SI*H)
 	row.WeightGBps = wbytes / sec / 1e9
 
 	// Reference on sampled tokens of the last iteration.
@@ -533,7 +589,7 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 		num, den, mism, err := moeCheckRows(d, o, cfg, sbias, T, moeCheckIn{x: x, logits: logits, ids: ids, wts: wts,
 			out: out, shGU: w.shGU, shDown: w.shDown,
 			expert: func(e int) (*kernels.Buffer, int64, *kernels.Buffer, int64) {
-				return ex.GateUp, int64(e) * int64(2*I*H), ex.Down, int64(e) * int64(H*I)
+				return gu, int64(e) * int64(2*I*H), dn, int64(e) * int64(H*I)
 			}})
 		if err != nil {
 			return row, err

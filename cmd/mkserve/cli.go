@@ -71,13 +71,14 @@ func newFlags(name string) *flag.FlagSet {
 
 // modelFlags are shared by the commands that run a model.
 type modelFlags struct {
-	dir       string
-	backend   string
-	precision string
-	moePath   string
-	weights   string
-	kvDtype   string
-	ep        int
+	dir         string
+	backend     string
+	precision   string
+	moePath     string
+	weights     string
+	cudaWeights string
+	kvDtype     string
+	ep          int
 }
 
 func (m *modelFlags) register(fs *flag.FlagSet) {
@@ -87,6 +88,7 @@ func (m *modelFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.moePath, "moe-path", "", "cuda: grouped or fused MoE kernels (default: $MKSERVE_MOE_PATH, else grouped)")
 	fs.IntVar(&m.ep, "ep", 1, "expert-parallel ranks (emulated in process on the CPU; on cuda through the fused MoE kernel)")
 	fs.StringVar(&m.weights, "cpu-weights", "auto", "cpu: how matrices are held: auto, stored or q8 (see mkserve serve --help)")
+	fs.StringVar(&m.cudaWeights, "cuda-weights", "auto", "cuda: how an MXFP4 checkpoint's experts are held: auto, stored or fp4 (see mkserve serve --help)")
 	fs.StringVar(&m.kvDtype, "kv-cache-dtype", "auto", "cpu: the KV cache's element type, auto (float32) or bf16")
 }
 
@@ -97,7 +99,7 @@ func (m *modelFlags) load() (*models.Loaded, backend.Backend, error) {
 	if m.ep < 1 {
 		return nil, nil, fmt.Errorf("--ep must be at least 1, got %d", m.ep)
 	}
-	be, err := newBackend(backendSpec{name: m.backend, ep: m.ep, precision: m.precision, moePath: m.moePath, cpuWeights: m.weights, kvDtype: m.kvDtype})
+	be, err := newBackend(backendSpec{name: m.backend, ep: m.ep, precision: m.precision, moePath: m.moePath, cpuWeights: m.weights, cudaWeights: m.cudaWeights, kvDtype: m.kvDtype})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -51,7 +51,7 @@ func startLocalWorkers(cfg *config.Config, logOut io.Writer, log *zap.Logger) (*
 	var mu sync.Mutex
 	for r := 1; r < cfg.WorldSize; r++ {
 		args := []string{"worker", "--model", model, "--backend", cfg.Backend, "--precision", cfg.Precision,
-			"--moe-path", cfg.MoEPath, "--cpu-weights", cfg.CPUWeights, "--kv-cache-dtype", cfg.KVCacheDtype, "--world-transport", cfg.WorldTransport, "--world-size", strconv.Itoa(cfg.WorldSize), "--rank", strconv.Itoa(r),
+			"--moe-path", cfg.MoEPath, "--cpu-weights", cfg.CPUWeights, "--cuda-weights", cfg.CUDAWeights, "--kv-cache-dtype", cfg.KVCacheDtype, "--world-transport", cfg.WorldTransport, "--world-size", strconv.Itoa(cfg.WorldSize), "--rank", strconv.Itoa(r),
 			"--coordinator", cfg.Coordinator}
 		cmd := exec.Command(exe, args...)
 		// A test binary re-run as a worker acts as mkserve (TestMain); the

@@ -153,7 +153,7 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	var be backend.Backend
 	var leader *dist.Leader
 	spec := backendSpec{name: cfg.Backend, ep: cfg.EP, precision: cfg.Precision, moePath: cfg.MoEPath, moeTuning: cfg.MoETuning,
-		cpuWeights: cfg.CPUWeights, kvDtype: cfg.KVCacheDtype}
+		cpuWeights: cfg.CPUWeights, cudaWeights: cfg.CUDAWeights, kvDtype: cfg.KVCacheDtype}
 	if cfg.WorldSize > 1 {
 		joinCtx, cancelJoin := context.WithCancelCause(ctx)
 		joined := make(chan struct{})

@@ -889,6 +889,8 @@ func TestWorldAgree(t *testing.T) {
 		{[2]string{worldProfile(backendSpec{name: "cpu", kvDtype: "bf16"}), worldProfile(backendSpec{name: "cpu", kvDtype: "auto"})}, true},
 		{[2]string{worldProfile(backendSpec{name: "cuda"}), worldProfile(backendSpec{name: "cuda", precision: "fast"})}, true},
 		{[2]string{worldProfile(backendSpec{name: "cuda", precision: "exact"}), worldProfile(backendSpec{name: "cpu", precision: "exact"})}, true},
+		{[2]string{worldProfile(backendSpec{name: "cuda", precision: "fast", cudaWeights: "fp4"}), worldProfile(backendSpec{name: "cuda", precision: "fast"})}, true},
+		{[2]string{worldProfile(backendSpec{name: "cuda", cudaWeights: "auto"}), worldProfile(backendSpec{name: "cuda"})}, false},
 		{[2]string{worldProfile(backendSpec{name: "cuda", precision: "fast", worldTransport: "nccl"}),
 			worldProfile(backendSpec{name: "cuda", precision: "fast", worldTransport: "ipc"})}, true},
 	} {

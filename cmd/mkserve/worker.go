@@ -39,6 +39,7 @@ func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 	moePath := fs.String("moe-path", "", "the cuda backend's MoE path (grouped; empty reads MKSERVE_MOE_PATH): as rank 0's")
 	worldTransport := fs.String("world-transport", "ipc", "cuda: how the ranks sum their MoE outputs, ipc or nccl: as rank 0's")
 	cpuWeights := fs.String("cpu-weights", "auto", "cpu: how matrices are held (auto, stored or q8): as rank 0's")
+	cudaWeights := fs.String("cuda-weights", "auto", "cuda: how an MXFP4 checkpoint's experts are held (auto, stored or fp4): as rank 0's")
 	kvDtype := fs.String("kv-cache-dtype", "auto", "cpu: the KV cache's element type (auto or bf16): as rank 0's")
 	size := fs.Int("world-size", 0, "processes in the world (rank 0 included)")
 	rank := fs.Int("rank", 0, "this worker's rank, 1 … world-size−1")
@@ -64,7 +65,7 @@ func runWorker(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer comm.Close()
-	spec := backendSpec{name: *backendName, ep: 1, precision: *precision, moePath: *moePath, cpuWeights: *cpuWeights,
+	spec := backendSpec{name: *backendName, ep: 1, precision: *precision, moePath: *moePath, cpuWeights: *cpuWeights, cudaWeights: *cudaWeights,
 		kvDtype: *kvDtype, world: comm, worldTransport: *worldTransport}
 	if err := worldAgree(ctx, comm, worldProfile(spec)); err != nil {
 		return err
@@ -113,7 +114,11 @@ func worldProfile(s backendSpec) string {
 	if worldTransport == "" {
 		worldTransport = "ipc"
 	}
-	return fmt.Sprintf("backend %s, precision %s, moe path %q, world transport %s", s.name, precision, moePath, worldTransport)
+	weights := s.cudaWeights
+	if weights == "" {
+		weights = "auto"
+	}
+	return fmt.Sprintf("backend %s, precision %s, moe path %q, world transport %s, weights %s", s.name, precision, moePath, worldTransport, weights)
 }
 
 // worldAgree checks, with every rank of the world, that all have the same

@@ -1,0 +1,102 @@
+package cuda
+
+import (
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/mkserve/mkserve/kernels"
+	"github.com/mkserve/mkserve/tensor"
+)
+
+// FP4 expert weights: an MXFP4 checkpoint's experts (gpt-oss), which
+// arrive dequantized to bf16, go back to FP4 on upload (kernels.PackFP4:
+// exact, 4.25 bits a value instead of 16), so that gpt-oss-120b's ~117
+// billion expert parameters take ~62 GB of an H200 rather than ~234. The
+// MoE layers run them through kernels.MoEExpertsRun's FP4 path (GEMV
+// kernels on the codes for a few tokens, the chosen experts dequantized
+// for the grouped GEMMs beyond). Anything else that needs such a weight's
+// values (ToHost, the host MoE path) gets a bf16 copy made once
+// (fp4Values).
+
+// Weight forms (Options.Weights).
+const (
+	WeightsAuto   = "auto"
+	WeightsStored = "stored"
+	WeightsFP4    = "fp4"
+)
+
+// parseWeights checks Options.Weights ("" is WeightsAuto).
+func parseWeights(s string) (string, error) {
+	switch s {
+	case "", WeightsAuto:
+		return WeightsAuto, nil
+	case WeightsStored, WeightsFP4:
+		return s, nil
+	}
+	return "", fmt.Errorf("cuda: weights %q is not known (auto, stored or fp4)", s)
+}
+
+// expertMatrix reports whether a checkpoint tensor name is a layer's
+// stacked expert gate/up or down projection (not a bias).
+func expertMatrix(name string) bool {
+	return strings.Contains(name, "experts.") &&
+		(strings.HasSuffix(name, "gate_up_proj") || strings.HasSuffix(name, "down_proj"))
+}
+
+// fp4Weight uploads h as FP4 when the backend holds experts so, h is a 2-D
+// bf16 expert matrix and FP4 holds it exactly; (nil, nil) otherwise.
+func (be *Backend) fp4Weight(h *tensor.Host, shape []int) (*store, error) {
+	if be.weights == WeightsStored || (be.weights == WeightsAuto && be.split) || h.DType != tensor.BF16 ||
+		len(shape) != 2 || shape[1]%kernels.FP4BlockValues != 0 || !expertMatrix(h.Name) {
+		return nil, nil
+	}
+	n, k := shape[0], shape[1]
+	if n == 0 || len(h.Data) < 2*n*k {
+		return nil, nil
+	}
+	bits := unsafe.Slice((*uint16)(unsafe.Pointer(&h.Data[0])), n*k)
+	codes, scales, ok := kernels.PackFP4(bits, n, k)
+	if !ok {
+		return nil, nil
+	}
+	fp4Uploads.Add(1)
+	st := &store{n: n * k, weight: true, fp4: &kernels.FP4{N: n, K: k}}
+	err := be.g.Do(func(d *kernels.Device) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("%v", r)
+			}
+		}()
+		st.fp4.Codes = upload(be, d, codes)
+		st.fp4.Scales = upload(be, d, scales)
+		return nil
+	})
+	if err != nil {
+		be.alloc.put(st.fp4.Codes)
+		be.alloc.put(st.fp4.Scales)
+		return nil, fmt.Errorf("cuda: weight %q: %w", h.Name, err)
+	}
+	return st, nil
+}
+
+// fp4Uploads counts weights uploaded as FP4, moeFP4Calls MoE layers run
+// on them (tests).
+var fp4Uploads, moeFP4Calls atomic.Int64
+
+// isFP4 reports whether t is a weight held as FP4 (and nothing else yet).
+func isFP4(t *Tensor) bool { return t != nil && t.st.fp4 != nil && t.st.bf16 == nil }
+
+// fp4Values gives an FP4 weight a bf16 copy of its values (exact), kept
+// with it from then on, for the ops that read weights as bf16; on the GPU
+// goroutine.
+func (be *Backend) fp4Values(d *kernels.Device, t *Tensor) {
+	if t.st.fp4 == nil || t.st.bf16 != nil {
+		return
+	}
+	be.graphGuard("a bf16 copy of an FP4 weight")
+	b := be.alloc.get(d, int64(t.st.n)*2)
+	must("FP4 weight", d.FP4DequantBF16(nil, b, t.st.fp4))
+	be.attach(t, &t.st.bf16, b)
+}

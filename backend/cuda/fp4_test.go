@@ -1,0 +1,130 @@
+package cuda
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/mkserve/mkserve/backend"
+	"github.com/mkserve/mkserve/backend/cpu"
+	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/models"
+)
+
+// fp4Config is a small gpt-oss with MXFP4 experts (hidden and intermediate
+// multiples of 64: FP4's blocks), sliding and full layers, sinks, biases
+// and the clamped SwiGLU.
+const fp4Config = `{
+  "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+  "hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+  "num_local_experts": 16, "num_experts_per_tok": 4, "experts_per_token": 4,
+  "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8,
+  "attention_bias": true, "hidden_act": "silu", "swiglu_limit": 7.0,
+  "rms_norm_eps": 1e-05, "rope_theta": 150000, "max_position_embeddings": 256,
+  "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+    "original_max_position_embeddings": 64, "truncate": false},
+  "vocab_size": 256, "tie_word_embeddings": false, "eos_token_id": 2, "pad_token_id": 0,
+  "quantization_config": {"quant_method": "mxfp4",
+    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+}`
+
+// TestFP4Weights loads a random MXFP4 gpt-oss on the CUDA backend with its
+// experts held as FP4 and as bf16, in the fast and the exact profile, and
+// compares the logits of a prompt of 6 tokens (the FP4 GEMV kernels: T·K =
+// 24) and of 40 (the experts dequantized for the grouped GEMMs): FP4
+// against bf16 in the same profile, relative L2 ≤ 1e-2 (fast; the two may
+// agree to the bit, their MoE outputs differing below bf16's resolution)
+// and ≤ 2e-2 (exact: there the FP4 experts read x rounded to bf16, the bf16
+// ones its split halves), argmax at ≥ 95 % of positions; the CPU's logits
+// are logged beside.
+func TestFP4Weights(t *testing.T) {
+	gpuBackend(t) // skips without a GPU
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(fp4Config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	load := func(be backend.Backend) *models.Loaded {
+		l, err := models.LoadRandom(dir, be, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	type run struct {
+		be backend.Backend
+		l  *models.Loaded
+	}
+	mk := func(split bool, weights string, wantFP4 int64) run {
+		before := fp4Uploads.Load()
+		be, err := New(Options{SplitActivations: &split, Weights: weights})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := load(be)
+		if n := fp4Uploads.Load() - before; n != wantFP4 {
+			t.Fatalf("split %v, weights %s: %d weights uploaded as FP4, want %d", split, weights, n, wantFP4)
+		}
+		return run{be, l}
+	}
+	// Two layers' gate_up and down each; the exact profile keeps bf16 under auto.
+	fastFP4, fastBF16 := mk(false, WeightsAuto, 4), mk(false, WeightsStored, 0)
+	exactFP4, exactBF16 := mk(true, WeightsFP4, 4), mk(true, WeightsAuto, 0)
+	cbe := cpu.New(cpu.Options{Weights: cpu.WeightsStored})
+	cl := load(cbe)
+	flat := func(r [][]float32) (v []float32) {
+		for _, x := range r {
+			v = append(v, x...)
+		}
+		return v
+	}
+	for _, n := range []int{6, 40} {
+		ids := make([]int32, n)
+		for i := range ids {
+			ids[i] = int32((i*37 + 11) % 256)
+		}
+		logits := func(l *models.Loaded, be backend.Backend) [][]float32 {
+			rows, err := engine.Logits(l.Model, be, ids)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rows
+		}
+		calls := moeFP4Calls.Load()
+		ff, fb := logits(fastFP4.l, fastFP4.be), logits(fastBF16.l, fastBF16.be)
+		ef, eb := logits(exactFP4.l, exactFP4.be), logits(exactBF16.l, exactBF16.be)
+		if d := moeFP4Calls.Load() - calls; d != 4 {
+			t.Fatalf("%d tokens: %d MoE layers ran on FP4 experts, want 4", n, d)
+		}
+		c := logits(cl, cbe)
+		for _, k := range []struct {
+			name     string
+			got, ref [][]float32
+			tol      float64
+		}{{"fast: FP4 against bf16 experts", ff, fb, 1e-2}, {"exact: FP4 against bf16 experts", ef, eb, 2e-2},
+			{"fast FP4 against the CPU", ff, c, -1}, {"exact FP4 against the CPU", ef, c, -1}, {"exact bf16 against the CPU", eb, c, -1}} {
+			e := relL2(flat(k.got), flat(k.ref))
+			same := 0
+			for i := range k.got {
+				if argmax(k.got[i]) == argmax(k.ref[i]) {
+					same++
+				}
+			}
+			if k.tol > 0 && (!(e <= k.tol) || same*100 < 95*n) {
+				t.Errorf("%d tokens, %s: relative L2 %.3g (bound %g), argmax %d of %d", n, k.name, e, k.tol, same, n)
+			} else {
+				t.Logf("%d tokens, %s: relative L2 %.3g, argmax %d of %d", n, k.name, e, same, n)
+			}
+		}
+	}
+}
+
+func argmax(v []float32) int {
+	b := 0
+	for i, x := range v {
+		if x > v[b] {
+			b = i
+		}
+	}
+	return b
+}
