@@ -140,13 +140,14 @@ type Options struct {
 type Backend struct {
 	g           *kernels.GPU
 	alloc       *allocator
-	split       bool   // Options.SplitActivations
-	kvF32       bool   // Options.KVCacheF32
-	noGraphs    bool   // Options.NoGraphs
-	slowReplays bool   // every replay runs the model's Go code again (tests; GraphFastEnv for everyone)
-	moePath     string // "grouped" or "fused" (Options.MoEPath)
-	weights     string // Options.Weights (parsed: never empty)
-	epRanks     int    // emulated expert-parallel ranks of the fused path (≥ 1)
+	split       bool         // Options.SplitActivations
+	kvF32       bool         // Options.KVCacheF32
+	noGraphs    bool         // Options.NoGraphs
+	slowReplays bool         // every replay runs the model's Go code again (tests; GraphFastEnv for everyone)
+	moePath     string       // "grouped" or "fused" (Options.MoEPath)
+	weights     string       // Options.Weights (parsed: never empty)
+	fp4Held     atomic.Int64 // weights uploaded as FP4
+	epRanks     int          // emulated expert-parallel ranks of the fused path (≥ 1)
 	moeTuning   *tuning.MoETable
 	fused       fusedState
 	world       *world // Options.World, or nil

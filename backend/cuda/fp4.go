@@ -62,6 +62,7 @@ func (be *Backend) fp4Weight(h *tensor.Host, shape []int) (*store, error) {
 		return nil, nil
 	}
 	fp4Uploads.Add(1)
+	be.fp4Held.Add(1)
 	st := &store{n: n * k, weight: true, fp4: &kernels.FP4{N: n, K: k}}
 	err := be.g.Do(func(d *kernels.Device) (err error) {
 		defer func() {
@@ -84,6 +85,9 @@ func (be *Backend) fp4Weight(h *tensor.Host, shape []int) (*store, error) {
 // fp4Uploads counts weights uploaded as FP4, moeFP4Calls MoE layers run
 // on them (tests).
 var fp4Uploads, moeFP4Calls atomic.Int64
+
+// FP4Weights is how many weights this backend holds as FP4.
+func (be *Backend) FP4Weights() int { return int(be.fp4Held.Load()) }
 
 // isFP4 reports whether t is a weight held as FP4 (and nothing else yet).
 func isFP4(t *Tensor) bool { return t != nil && t.st.fp4 != nil && t.st.bf16 == nil }

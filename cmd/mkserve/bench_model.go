@@ -222,10 +222,12 @@ func benchModel(args []string, stdout io.Writer) error {
 				return err
 			}
 		}
-		wb := classifyWeights(shapes)
 		loadTime := time.Since(t0)
 		cfg := l.Config
 		cb, _ := be.(*cuda.Backend)
+		// Expert matrices the CUDA backend holds as FP4 read 17/32 of a
+		// byte a value (codes and scales) instead of bf16's 2.
+		wb := classifyWeights(shapes, cb != nil && cb.FP4Weights() > 0)
 		model := l.Model
 		if wd != nil {
 			// Ranks 1.. mirror rank 0's calls (dist); rank 0 runs the benchmark.
@@ -660,12 +662,17 @@ func (w weightBytes) touched(load map[int][]int64, B int) int64 {
 
 // classifyWeights sorts bf16 weights by name: "….layers.N.….experts.…"
 // tensors are routed experts (stacked [E, …]), "embed_tokens" the table.
-func classifyWeights(shapes map[string][]int) weightBytes {
+// With fp4 the routed experts' matrices count as FP4 (17/32 of a byte a
+// value: kernels.FP4Sizes).
+func classifyWeights(shapes map[string][]int, fp4 bool) weightBytes {
 	w := weightBytes{perLayer: map[int]int64{}, experts: map[int]int{}}
 	for name, shape := range shapes {
 		n := int64(2)
 		for _, d := range shape {
 			n *= int64(d)
+		}
+		if fp4 && (strings.HasSuffix(name, "experts.gate_up_proj") || strings.HasSuffix(name, "experts.down_proj")) {
+			n = n / 2 * 17 / 32
 		}
 		switch {
 		case strings.Contains(name, "embed_tokens"):
