@@ -2277,7 +2277,7 @@ int32_t mk_fp4_dequant_bf16(uint64_t stream, uint64_t dst, uint64_t codes, uint6
   if (rc != MK_OK) return rc;
   MK_ARG(dst && dst % 16 == 0, "mk_fp4_dequant_bf16: dst null or not 16-byte aligned");
   const int64_t units = n * (k / 64);
-  const unsigned gx = (unsigned)std::min<int64_t>((units + 255) / 256, 8 * mk::sm_count());
+  const unsigned gx = (unsigned)std::min<int64_t>((4 * units + 255) / 256, 8 * mk::sm_count());
   (void)(mk::launch(fp4_dequant_kernel, dim3(gx), dim3(256), 4, mk::as_stream(stream), mk::dev<bf16>(dst),
                     mk::dev<const uint8_t>(codes), mk::dev<const uint8_t>(scales), n, k, (const int32_t*)nullptr, 1));
   MK_LAUNCHED("fp4_dequant");

@@ -30,7 +30,11 @@
 
 #include <cuda_fp16.h>
 
-constexpr int kF4Warps = 8;   // warps of a GEMV CTA; they split the reduction
+// Warps of a GEMV CTA (they split the reduction). Four, so that a layer
+// of one token's CTAs (gpt-oss-120b: 720 each kernel) are resident at once:
+// with eight, the up kernel's 98 registers a thread left two CTAs an SM
+// and ran in ~3 waves (call 197).
+constexpr int kF4Warps = 4;
 constexpr int kF4Tokens = 8;  // the mma's N: tokens (up) or tokens (down) a CTA serves
 constexpr int kF4Assign = 32; // assignments T·K the GEMV path serves (warp-wide masks)
 
@@ -201,7 +205,7 @@ __device__ __forceinline__ void stage_rows(__half* dst, const bf16* const* rows,
 // kF4Tokens: a token's experts differ), the activation into act[q, j] in
 // bf16 as the bf16 GEMV kernels write it. The CTAs of row 0 first zero the
 // down kernel's ncnt column-tile counters.
-__global__ void __launch_bounds__(kF4Warps * 32)
+__global__ void __launch_bounds__(kF4Warps * 32, 6)
     moe_fp4_up_kernel(bf16* act, int* cnt, int ncnt, const bf16* x, const int32_t* ids, const uint8_t* codes,
                       const uint8_t* scales, const float* gub, int64_t H, int64_t I, int T, int K, int act_kind,
                       float alpha, float limit, unsigned long long* counts) {
@@ -281,7 +285,7 @@ __global__ void __launch_bounds__(kF4Warps * 32)
 // part [G][T][H]; the last CTA of column tile x to finish (cnt[x], zeroed
 // by the up kernel) sums the experts' parts in expert order with the
 // weighted biases into out[t, c] for every token t.
-__global__ void __launch_bounds__(kF4Warps * 32)
+__global__ void __launch_bounds__(kF4Warps * 32, 8)
     moe_fp4_down_kernel(float* out, float* part, int* cnt, const bf16* act, const int32_t* ids, const float* w,
                         const uint8_t* codes, const uint8_t* scales, const float* db, int64_t H, int64_t I, int T,
                         int K) {
@@ -373,52 +377,57 @@ __global__ void __launch_bounds__(kF4Warps * 32)
   }
 }
 
-// fp4_dequant_kernel writes bf16 rows from FP4 rows, one block of 64
-// values a thread, over a grid-stride loop. The matrix is E experts of rpe
+// fp4_dequant_kernel writes bf16 rows from FP4 rows over a grid-stride
+// loop, a quad of threads a block of 64 values: thread c reads its 8 code
+// bytes (a warp 256 contiguous bytes) and writes its four runs of 4
+// values (a quad one 32-byte sector a run). The matrix is E experts of rpe
 // rows; with off (the align's [E + 1] row offsets) only the experts with
-// rows are written. Dynamic shared memory: E ints (the experts' list).
-// Exact: every FP4 value is a bf16.
+// rows are written. Dynamic shared memory: E ints (the experts with rows,
+// in expert order in every CTA). Exact: every FP4 value is a bf16.
 __global__ void __launch_bounds__(256)
     fp4_dequant_kernel(bf16* dst, const uint8_t* codes, const uint8_t* scales, int64_t rpe, int64_t K,
                        const int32_t* off, int E) {
   mk::pdl_wait();
   extern __shared__ int elist[];
   __shared__ int ne;
-  if (threadIdx.x == 0) ne = 0;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int base = 0;
+    for (int e0 = 0; e0 < E; e0 += 32) {
+      const int e = e0 + lane;
+      const bool has = e < E && (off == nullptr || off[e + 1] != off[e]);
+      const unsigned bal = __ballot_sync(0xffffffffu, has);
+      if (has) elist[base + __popc(bal & ((1u << lane) - 1u))] = e;
+      base += __popc(bal);
+    }
+    if (lane == 0) ne = base;
+  }
   __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x)
-    if (off == nullptr || off[e + 1] != off[e]) elist[::atomicAdd(&ne, 1)] = e;  // any order: each expert whole
-  __syncthreads();
-  const int64_t nb = K / 64, units = rpe * nb, total = (int64_t)ne * units;
+  const int64_t nb = K / 64, units = rpe * nb * 4, total = (int64_t)ne * units;
   for (int64_t it = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; it < total; it += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t j = it / units, u = it - j * units;
+    const int64_t j = it / units, u = (it - j * units) >> 2;
+    const int c = (int)(it & 3);
     const int64_t r = (int64_t)elist[j] * rpe + u / nb, b = u % nb;
-    const uint4* src = reinterpret_cast<const uint4*>(codes + r * (K / 2) + b * 32);
-    const uint4 lo = __ldg(src), hi = __ldg(src + 1);
-    const uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};  // word 2c + wd
+    const uint2 wv = __ldg(reinterpret_cast<const uint2*>(codes + r * (K / 2) + b * 32 + 8 * c));
     const uint32_t sc = *reinterpret_cast<const uint16_t*>(scales + r * (K / 32) + 2 * b);
-    uint32_t o[32];  // bf16 pairs: o[i] = values 2i, 2i + 1
+    bf16* d = dst + r * K + b * 64 + 4 * c;
 #pragma unroll
-    for (int cc = 0; cc < 4; cc++)
+    for (int wd = 0; wd < 2; wd++) {
+      const uint32_t w = wd ? wv.y : wv.x;
+      const float f = fp4_factor((sc >> (8 * wd)) & 0xFFu);
 #pragma unroll
-      for (int wd = 0; wd < 2; wd++) {
-        const uint32_t wv = words[2 * cc + wd];
-        const float f = fp4_factor((sc >> (8 * wd)) & 0xFFu);
+      for (int h = 0; h < 2; h++) {  // chunk q = 2wd + h: values 16q + 4c + (0 … 3)
+        uint32_t o[2];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-          const int v0 = 16 * (2 * wd + h) + 4 * cc;  // value index of j = 0
-#pragma unroll
-          for (int half = 0; half < 2; half++) {  // pair (j0, j1) then (j2, j3)
-            const uint32_t pr = fp4_pair(wv, 2 * h + half);
-            const float2 fv = __half22float2(*reinterpret_cast<const __half2*>(&pr));
-            const __nv_bfloat162 bv = __floats2bfloat162_rn(fv.x * f, fv.y * f);
-            o[v0 / 2 + half] = *reinterpret_cast<const uint32_t*>(&bv);
-          }
+        for (int half = 0; half < 2; half++) {
+          const uint32_t pr = fp4_pair(w, 2 * h + half);
+          const float2 fv = __half22float2(*reinterpret_cast<const __half2*>(&pr));
+          const __nv_bfloat162 bv = __floats2bfloat162_rn(fv.x * f, fv.y * f);
+          o[half] = *reinterpret_cast<const uint32_t*>(&bv);
         }
+        *reinterpret_cast<uint2*>(d + 16 * (2 * wd + h)) = make_uint2(o[0], o[1]);
       }
-    uint4* d = reinterpret_cast<uint4*>(dst + r * K + b * 64);
-#pragma unroll
-    for (int i = 0; i < 8; i++) d[i] = make_uint4(o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]);
+    }
   }
 }
 
