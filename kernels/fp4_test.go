@@ -128,6 +128,9 @@ func TestMoEExpertsFP4(t *testing.T) {
 		{name: "E128_K8_T4", cfg: softmaxRouter(128, 8), T: 4, H: 320, I: 64, hot: -1, cold: 100},
 		{name: "E32_K4_T9_gemm", cfg: softmaxRouter(32, 4), T: 9, H: 128, I: 192, hot: -1, biases: true, clamped: true},
 		{name: "E16_K2_T300_gemm", cfg: softmaxRouter(16, 2), T: 300, H: 192, I: 128, hot: -1, cold: 12},
+		// More experts than a warp: the dequantization's expert list spans warps.
+		{name: "E128_K4_T12_gemm", cfg: softmaxRouter(128, 4), T: 12, H: 128, I: 64, hot: -1},
+		{name: "E512_K8_T64_gemm", cfg: softmaxRouter(512, 8), T: 64, H: 64, I: 128, hot: -1, biases: true},
 		{name: "E32_K4_T5_block", cfg: softmaxRouter(32, 4), T: 5, H: 128, I: 64, hot: -1, biases: true, lo: 8, hi: 24},
 		{name: "E32_K4_T40_block", cfg: softmaxRouter(32, 4), T: 40, H: 128, I: 64, hot: -1, lo: 8, hi: 24},
 	}
