@@ -303,6 +303,24 @@ type ExpertSharder interface {
 	ExpertShard(E int) (lo, hi int)
 }
 
+// ExpertPlan is what a model's loader knows about its routed experts before
+// it uploads any: their quantization in the checkpoint ("mxfp4", "fp8" or
+// "") and their bytes in bf16 over every layer and expert (before a
+// sharder's split), E experts a layer.
+type ExpertPlan struct {
+	Quant     string
+	BF16Bytes int64
+	E         int
+}
+
+// ExpertPlanner is implemented by backends that choose how to hold expert
+// weights from the whole model's size (the CUDA backend holds an MXFP4
+// checkpoint's experts as FP4 when their bf16 form would not leave room):
+// models.Build calls PlanExperts once, before the first upload.
+type ExpertPlanner interface {
+	PlanExperts(p ExpertPlan)
+}
+
 // ErrNotPlaceable is wrapped by PlaceExperts errors for a layer whose
 // experts the backend cannot move at all (on the CUDA backend: a layer
 // outside the fused MoE path).

@@ -7,6 +7,7 @@ package models
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -60,6 +61,9 @@ func Build(cfg *Config, w *Weights, be backend.Backend) (Model, error) {
 	if !ok {
 		return nil, fmt.Errorf("architecture %q is not supported (supported: %s)", cfg.Architecture, strings.Join(Architectures(), ", "))
 	}
+	if p, ok := be.(backend.ExpertPlanner); ok {
+		p.PlanExperts(expertPlan(cfg))
+	}
 	m, err := b(cfg, w, be)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", cfg.Architecture, err)
@@ -68,4 +72,28 @@ func Build(cfg *Config, w *Weights, be backend.Backend) (Model, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// expertPlan is cfg's routed experts as backend.ExpertPlan: bf16 bytes of
+// every MoE layer's E experts (gate, up and down: 3·H·I values each). The
+// MoE layers are counted as the families lay them out: all but the first
+// FirstKDense, every DecoderSparseStep-th, none of MLPOnlyLayers.
+func expertPlan(cfg *Config) backend.ExpertPlan {
+	q, _ := parseQuant(cfg.Raw)
+	p := backend.ExpertPlan{Quant: q.method, E: cfg.NumExperts}
+	if cfg.NumExperts == 0 {
+		return p
+	}
+	I := cfg.MoEIntermediateSize
+	if I == 0 {
+		I = cfg.IntermediateSize
+	}
+	step := max(cfg.DecoderSparseStep, 1)
+	for l := 0; l < cfg.NumLayers; l++ {
+		if l < cfg.FirstKDense || (l+1)%step != 0 || slices.Contains(cfg.MLPOnlyLayers, l) {
+			continue
+		}
+		p.BF16Bytes += int64(cfg.NumExperts) * 3 * int64(cfg.HiddenSize) * int64(I) * 2
+	}
+	return p
 }

@@ -130,9 +130,9 @@ type Options struct {
 	// Weights is how expert matrices are held (WeightsAuto when empty; see
 	// fp4.go): WeightsStored keeps every weight as the checkpoint gives it
 	// (bf16); WeightsFP4 holds an MXFP4 checkpoint's experts as FP4 (4.25
-	// bits a value, exact) in either precision profile; WeightsAuto does
-	// so in the fast profile only (the exact profile's experts then keep
-	// their split activations).
+	// bits a value, exact); WeightsAuto does so when their bf16 form would
+	// take more than 60 % of the GPU's memory (gpt-oss-120b on an H200, not
+	// gpt-oss-20b). FP4 experts read x rounded to bf16 in either profile.
 	Weights string
 }
 
@@ -147,6 +147,7 @@ type Backend struct {
 	moePath     string       // "grouped" or "fused" (Options.MoEPath)
 	weights     string       // Options.Weights (parsed: never empty)
 	fp4Held     atomic.Int64 // weights uploaded as FP4
+	fp4Auto     atomic.Bool  // PlanExperts: WeightsAuto holds this model's MXFP4 experts as FP4
 	epRanks     int          // emulated expert-parallel ranks of the fused path (≥ 1)
 	moeTuning   *tuning.MoETable
 	fused       fusedState

@@ -6,14 +6,15 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/kernels"
 	"github.com/mkserve/mkserve/tensor"
 )
 
 // FP4 expert weights: an MXFP4 checkpoint's experts (gpt-oss), which
 // arrive dequantized to bf16, go back to FP4 on upload (kernels.PackFP4:
-// exact, 4.25 bits a value instead of 16), so that gpt-oss-120b's ~117
-// billion expert parameters take ~62 GB of an H200 rather than ~234. The
+// exact, 4.25 bits a value instead of 16), so that gpt-oss-120b's ~115
+// billion expert parameters take ~61 GB of an H200 rather than ~229. The
 // MoE layers run them through kernels.MoEExpertsRun's FP4 path (GEMV
 // kernels on the codes for a few tokens, the chosen experts dequantized
 // for the grouped GEMMs beyond). Anything else that needs such a weight's
@@ -45,10 +46,28 @@ func expertMatrix(name string) bool {
 		(strings.HasSuffix(name, "gate_up_proj") || strings.HasSuffix(name, "down_proj"))
 }
 
-// fp4Weight uploads h as FP4 when the backend holds experts so, h is a 2-D
-// bf16 expert matrix and FP4 holds it exactly; (nil, nil) otherwise.
+// fp4AutoShare is the share of the GPU's memory above which WeightsAuto
+// holds an MXFP4 checkpoint's experts as FP4: gpt-oss-120b's 229 GB of bf16
+// experts, not gpt-oss-20b's 38 GB (whose bf16 experts run faster beyond
+// four tokens a step today: docs/PERF.md, thirty-fourth pass).
+const fp4AutoShare = 0.6
+
+// PlanExperts implements backend.ExpertPlanner: under WeightsAuto, an
+// MXFP4 checkpoint whose experts (this backend's share of them) would take
+// more than fp4AutoShare of the GPU's memory in bf16 has them held as FP4.
+func (be *Backend) PlanExperts(p backend.ExpertPlan) {
+	bytes := p.BF16Bytes
+	if lo, hi := be.ExpertShard(max(p.E, 1)); p.E > 0 && hi-lo < p.E {
+		bytes = bytes / int64(p.E) * int64(hi-lo)
+	}
+	be.fp4Auto.Store(p.Quant == "mxfp4" && float64(bytes) > fp4AutoShare*float64(be.g.Info().TotalMem))
+}
+
+// fp4Weight uploads h as FP4 when the backend holds experts so (Weights
+// fp4, or auto with PlanExperts's verdict), h is a 2-D bf16 expert matrix
+// and FP4 holds it exactly; (nil, nil) otherwise.
 func (be *Backend) fp4Weight(h *tensor.Host, shape []int) (*store, error) {
-	if be.weights == WeightsStored || (be.weights == WeightsAuto && be.split) || h.DType != tensor.BF16 ||
+	if be.weights == WeightsStored || (be.weights == WeightsAuto && !be.fp4Auto.Load()) || h.DType != tensor.BF16 ||
 		len(shape) != 2 || shape[1]%kernels.FP4BlockValues != 0 || !expertMatrix(h.Name) {
 		return nil, nil
 	}

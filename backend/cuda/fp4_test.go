@@ -30,13 +30,15 @@ const fp4Config = `{
 }`
 
 // TestFP4Weights loads a random MXFP4 gpt-oss on the CUDA backend with its
-// experts held as FP4 and as bf16, in the fast and the exact profile, and
+// experts held as FP4 and as bf16 (WeightsFP4 against WeightsAuto, which
+// keeps so small a model in bf16, and WeightsStored), in the fast and the
+// exact profile, and
 // compares the logits of a prompt of 6 tokens (the FP4 GEMV kernels: T·K =
 // 24) and of 40 (the experts dequantized for the grouped GEMMs): FP4
 // against bf16 in the fast profile, relative L2 ≤ 1e-2 and argmax at ≥ 95 %
 // of positions (the two may agree to the bit: their MoE outputs differ
-// below bf16's resolution, where every activation is rounded). The exact
-// profile runs FP4 experts only when asked (WeightsFP4); there the experts
+// below bf16's resolution, where every activation is rounded). In the exact
+// profile the FP4 experts
 // read x rounded to bf16 where the bf16 experts read its split halves, to
 // which this random model is sensitive (logged: 0.118 and 0.046 relative
 // L2 against the CPU on the H200, as the fast profile's, while exact bf16
@@ -70,9 +72,10 @@ func TestFP4Weights(t *testing.T) {
 		}
 		return run{be, l}
 	}
-	// Two layers' gate_up and down each; the exact profile keeps bf16 under auto.
-	fastFP4, fastBF16 := mk(false, WeightsAuto, 4), mk(false, WeightsStored, 0)
-	exactFP4, exactBF16 := mk(true, WeightsFP4, 4), mk(true, WeightsAuto, 0)
+	// Two layers' gate_up and down each; auto keeps this small model's
+	// experts in bf16 (PlanExperts: far below 60 % of the GPU).
+	fastFP4, fastBF16 := mk(false, WeightsFP4, 4), mk(false, WeightsAuto, 0)
+	exactFP4, exactBF16 := mk(true, WeightsFP4, 4), mk(true, WeightsStored, 0)
 	cbe := cpu.New(cpu.Options{Weights: cpu.WeightsStored})
 	cl := load(cbe)
 	flat := func(r [][]float32) (v []float32) {
@@ -130,4 +133,27 @@ func argmax(v []float32) int {
 		}
 	}
 	return b
+}
+
+// TestPlanExperts: WeightsAuto holds an MXFP4 checkpoint's experts as FP4
+// when their bf16 bytes pass 60 % of the GPU's memory, never another
+// checkpoint's; the plan of a gpt-oss-120b-shaped config says so.
+func TestPlanExperts(t *testing.T) {
+	be := gpuBackend(t)
+	mem := int64(be.Info().TotalMem)
+	for _, c := range []struct {
+		p    backend.ExpertPlan
+		want bool
+	}{
+		{backend.ExpertPlan{Quant: "mxfp4", BF16Bytes: mem, E: 128}, true},
+		{backend.ExpertPlan{Quant: "mxfp4", BF16Bytes: mem / 2, E: 128}, false},
+		{backend.ExpertPlan{Quant: "", BF16Bytes: 2 * mem, E: 128}, false},
+		{backend.ExpertPlan{Quant: "fp8", BF16Bytes: 2 * mem, E: 128}, false},
+	} {
+		be.PlanExperts(c.p)
+		if got := be.fp4Auto.Load(); got != c.want {
+			t.Errorf("%+v: FP4 %v, want %v", c.p, got, c.want)
+		}
+	}
+	be.PlanExperts(backend.ExpertPlan{})
 }
