@@ -49,7 +49,7 @@ func (c *Config) fields() []field {
 	return []field{
 		{"model", "Hugging Face checkpoint directory", (*stringValue)(&c.Model)},
 		{"backend", "compute backend: cpu or cuda", (*stringValue)(&c.Backend)},
-		{"cuda_weights", "cuda: how an MXFP4 checkpoint's experts (gpt-oss) are held: auto (as FP4 — E2M1 codes with a power-of-two scale per 32 values, 4.25 bits a value, exact — in the fast precision; as stored in the exact one), stored (bf16), or fp4 (FP4 in either precision)", (*stringValue)(&c.CUDAWeights)},
+		{"cuda_weights", "cuda: how an MXFP4 checkpoint's experts (gpt-oss) are held: auto (as FP4 — E2M1 codes with a power-of-two scale per 32 values, 4.25 bits a value, exact — when their bf16 form would take more than 60% of the GPU's memory, as for gpt-oss-120b on an H200; else bf16, faster beyond four tokens a step today), stored (bf16), or fp4 (always FP4)", (*stringValue)(&c.CUDAWeights)},
 		{"cpu_weights", "cpu: how matrices are held: auto (the smallest exact form: FP4 groups for an MXFP4 checkpoint's experts, 5/16 of bf16's memory; int8 groups (Q8) where they are exact; the rest as stored), stored (bf16 as bf16), or q8 (every matrix but the routers in Q8: 9/16 of bf16's memory and bytes a decode step reads, each value within 1/254 of its group of 32's largest)", (*stringValue)(&c.CPUWeights)},
 		{"kv_cache_dtype", "cpu: the paged KV cache's element type: auto (float32) or bf16 (half the memory: twice the tokens in kv_cache_bytes, and half the bytes long-context attention reads; keys and values rounded to bf16)", (*stringValue)(&c.KVCacheDtype)},
 		{"precision", "cuda: exact (float32 activations into split bf16 GEMMs, float32 KV cache) or fast (bf16 activations and KV cache)", (*stringValue)(&c.Precision)},
