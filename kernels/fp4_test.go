@@ -112,8 +112,9 @@ func TestFP4Dequant(t *testing.T) {
 	}
 }
 
-// TestMoEExpertsFP4 runs the routed experts with FP4 weights (both the
-// GEMV kernels of a few tokens and the dequantized grouped GEMMs) against
+// TestMoEExpertsFP4 runs the routed experts with FP4 weights (the GEMV
+// kernels of up to 32 tokens, in chunks of at most 8 tokens and 32
+// assignments, and the dequantized grouped GEMMs beyond) against
 // the float64 loop on the same values: relative L2 ≤ 1e-2, out and
 // workspace poisoned, counters checked; with biases, gpt-oss's clamped
 // SwiGLU, a hot expert, experts no token picks, and a rank's block.
@@ -126,10 +127,12 @@ func TestMoEExpertsFP4(t *testing.T) {
 		{name: "E32_K4_T3_oss", cfg: softmaxRouter(32, 4), T: 3, H: 128, I: 192, hot: -1, biases: true, clamped: true},
 		{name: "E16_K4_T8_hot", cfg: softmaxRouter(16, 4), T: 8, H: 256, I: 128, hot: 5},
 		{name: "E128_K8_T4", cfg: softmaxRouter(128, 8), T: 4, H: 320, I: 64, hot: -1, cold: 100},
-		{name: "E32_K4_T9_gemm", cfg: softmaxRouter(32, 4), T: 9, H: 128, I: 192, hot: -1, biases: true, clamped: true},
+		{name: "E32_K4_T9_chunks", cfg: softmaxRouter(32, 4), T: 9, H: 128, I: 192, hot: -1, biases: true, clamped: true},
+		{name: "E64_K8_T30_chunks", cfg: softmaxRouter(64, 8), T: 30, H: 128, I: 64, hot: 3},
+		{name: "E32_K4_T33_gemm", cfg: softmaxRouter(32, 4), T: 33, H: 128, I: 192, hot: -1, biases: true, clamped: true},
 		{name: "E16_K2_T300_gemm", cfg: softmaxRouter(16, 2), T: 300, H: 192, I: 128, hot: -1, cold: 12},
 		// More experts than a warp: the dequantization's expert list spans warps.
-		{name: "E128_K4_T12_gemm", cfg: softmaxRouter(128, 4), T: 12, H: 128, I: 64, hot: -1},
+		{name: "E128_K4_T48_gemm", cfg: softmaxRouter(128, 4), T: 48, H: 128, I: 64, hot: -1},
 		{name: "E512_K8_T64_gemm", cfg: softmaxRouter(512, 8), T: 64, H: 64, I: 128, hot: -1, biases: true},
 		{name: "E32_K4_T5_block", cfg: softmaxRouter(32, 4), T: 5, H: 128, I: 64, hot: -1, biases: true, lo: 8, hi: 24},
 		{name: "E32_K4_T40_block", cfg: softmaxRouter(32, 4), T: 40, H: 128, I: 64, hot: -1, lo: 8, hi: 24},

@@ -153,17 +153,19 @@ MK_API int32_t mk_moe_fill_bf16(uint64_t stream, uint64_t dst, int64_t n, uint64
 MK_API int32_t mk_fp4_dequant_bf16(uint64_t stream, uint64_t dst, uint64_t codes, uint64_t scales, int64_t n,
                                    int64_t k);
 
-/* Bytes of workspace mk_moe_experts_fp4 needs for these sizes: with T <= 8
- * and T*K <= 32 (its GEMV kernels; MK_FP4_GEMV=0 turns them off) the
- * activations, else mk_moe_workspace's layout plus a bf16 copy of every
- * expert (E·3·H·I·2 bytes), which the chosen experts are dequantized into
- * before the grouped GEMMs. */
+/* Bytes of workspace mk_moe_experts_fp4 needs for these sizes: with T <= 32
+ * (its GEMV kernels, in chunks of at most 8 tokens and 32 assignments;
+ * MK_FP4_GEMV=0 turns them off) a chunk's activations and parts, else
+ * mk_moe_workspace's layout plus a bf16 copy of every expert (E·3·H·I·2
+ * bytes), which the chosen experts are dequantized into before the grouped
+ * GEMMs. */
 MK_API int32_t mk_moe_workspace_fp4(int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t* bytes);
 
 /* mk_moe_experts with FP4 expert weights: GateUp [E*2I, H] and Down [E*H,
  * I] each as codes and scales (above; H and I multiples of 64), the same
  * semantics otherwise (biases, activations, counts, ids < 0 skipped, out
- * fully written). A few tokens run two GEMV kernels on the codes (f16
+ * fully written). Up to 32 tokens run two GEMV kernels on the codes a
+ * chunk of at most 8 tokens and 32 assignments (f16
  * tensor-core products of the decoded codes and the rows scaled into f16
  * by a power of two each: the products exact, sums in fp32); larger
  * batches dequantize the chosen experts and run mk_moe_experts's grouped

@@ -2309,7 +2309,7 @@ int32_t mk_moe_workspace_fp4(int64_t t, int32_t k, int32_t e, int64_t h, int64_t
          "mk_moe_workspace_fp4: T=%lld K=%d E=%d H=%lld I=%lld", (long long)t, k, e, (long long)h, (long long)i);
   MK_ARG(bytes, "mk_moe_workspace_fp4: null result pointer");
   if (fp4_gemv_path(t, k)) {
-    *bytes = fp4_gemv_ws(t, k, e, h, i).total;
+    *bytes = fp4_gemv_ws(std::min(t, fp4_chunk(k)), k, e, h, i).total;  // reused by every chunk
     return MK_OK;
   }
   *bytes = up256(layout(t, k, e, h, i).total) + fp4_scratch(e, h, i);
@@ -2337,14 +2337,17 @@ int32_t mk_moe_experts_fp4(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
          (unsigned long long)need);
   cudaStream_t s = mk::as_stream(stream);
   if (fp4_gemv_path(t, k)) {
-    const Fp4GemvWs W = fp4_gemv_ws(t, k, e, h, i);
+    // Chunks of at most fp4_chunk(k) tokens, one GEMV pair each, in one
+    // workspace: each up kernel waits for the down kernel before it.
+    const int64_t tc = std::min(t, fp4_chunk(k));
+    const Fp4GemvWs W = fp4_gemv_ws(tc, k, e, h, i);
     unsigned char* wsb = mk::dev<unsigned char>(ws);
     bf16* act = reinterpret_cast<bf16*>(wsb);
     float* part = reinterpret_cast<float*>(wsb + W.part);
     int* cnt = reinterpret_cast<int*>(wsb + W.cnt);
     // Dynamic shared memory beside each kernel's static (up to ~12 KB): the
     // opt-in is set to what the call needs once it passes 32 KB.
-    const size_t xsm = (size_t)t * h * 2, asm_ = (size_t)t * i * 2;
+    const size_t xsm = (size_t)tc * h * 2, asm_ = (size_t)tc * i * 2;
     static size_t up_attr = 32 << 10, down_attr = 32 << 10;
     if (xsm > up_attr) {
       MK_CUDA(cudaFuncSetAttribute(moe_fp4_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)xsm));
@@ -2354,17 +2357,22 @@ int32_t mk_moe_experts_fp4(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
       MK_CUDA(cudaFuncSetAttribute(moe_fp4_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asm_));
       down_attr = asm_;
     }
-    (void)(mk::launch(moe_fp4_up_kernel, dim3((unsigned)(i / 16), (unsigned)(t * k)), dim3(kF4Warps * 32), xsm, s,
-        act, cnt, (int)(h / 16), mk::dev<const bf16>(x), mk::dev<const int32_t>(ids), mk::dev<const uint8_t>(gu_codes),
-        mk::dev<const uint8_t>(gu_scales), gate_up_bias ? mk::dev<const float>(gate_up_bias) : nullptr, h, i, (int)t,
-        (int)k, (int)act_kind, mk::float_from_bits(alpha_bits), mk::float_from_bits(limit_bits),
-        counts ? mk::dev<unsigned long long>(counts) : nullptr));
-    MK_LAUNCHED("moe_fp4_up");
-    (void)(mk::launch(moe_fp4_down_kernel, dim3((unsigned)(h / 16), (unsigned)W.groups), dim3(kF4Warps * 32), asm_, s,
-        mk::dev<float>(out), part, cnt, (const bf16*)act, mk::dev<const int32_t>(ids), mk::dev<const float>(weights),
-        mk::dev<const uint8_t>(dn_codes), mk::dev<const uint8_t>(dn_scales),
-        down_bias ? mk::dev<const float>(down_bias) : nullptr, h, i, (int)t, (int)k));
-    MK_LAUNCHED("moe_fp4_down");
+    for (int64_t t0 = 0; t0 < t; t0 += tc) {
+      const int64_t n = std::min(tc, t - t0);
+      const int32_t* cids = mk::dev<const int32_t>(ids) + t0 * k;
+      const float* cw = mk::dev<const float>(weights) + t0 * k;
+      (void)(mk::launch(moe_fp4_up_kernel, dim3((unsigned)(i / 16), (unsigned)(n * k)), dim3(kF4Warps * 32), xsm, s,
+          act, cnt, (int)(h / 16), mk::dev<const bf16>(x) + t0 * h, cids, mk::dev<const uint8_t>(gu_codes),
+          mk::dev<const uint8_t>(gu_scales), gate_up_bias ? mk::dev<const float>(gate_up_bias) : nullptr, h, i,
+          (int)n, (int)k, (int)act_kind, mk::float_from_bits(alpha_bits), mk::float_from_bits(limit_bits),
+          counts ? mk::dev<unsigned long long>(counts) : nullptr));
+      MK_LAUNCHED("moe_fp4_up");
+      (void)(mk::launch(moe_fp4_down_kernel, dim3((unsigned)(h / 16), (unsigned)std::min<int64_t>(n * k, e)),
+          dim3(kF4Warps * 32), asm_, s, mk::dev<float>(out) + t0 * h, part, cnt, (const bf16*)act, cids, cw,
+          mk::dev<const uint8_t>(dn_codes), mk::dev<const uint8_t>(dn_scales),
+          down_bias ? mk::dev<const float>(down_bias) : nullptr, h, i, (int)n, (int)k));
+      MK_LAUNCHED("moe_fp4_down");
+    }
     return MK_OK;
   }
   const size_t base = up256(layout(t, k, e, h, i).total);

@@ -438,5 +438,15 @@ bool fp4_gemv_on() {
   return v;
 }
 
+// kF4GemvMax is the most tokens mk_moe_experts_fp4 serves with the GEMV
+// kernels, in launches of fp4_chunk tokens each (at gpt-oss-120b's layer
+// the dequantized path took 1.52 ms at 16 tokens where a GEMV pair of 8
+// took 0.48: docs/PERF.md, thirty-fourth pass).
+constexpr int kF4GemvMax = 32;
+
+// fp4_chunk is the tokens one pair of GEMV launches serves: at most
+// kF4Tokens, with at most kF4Assign assignments.
+int64_t fp4_chunk(int32_t k) { return std::min<int64_t>(kF4Tokens, kF4Assign / k); }
+
 // fp4_gemv_path reports whether mk_moe_experts_fp4 takes the GEMV kernels.
-bool fp4_gemv_path(int64_t t, int32_t k) { return t <= kF4Tokens && t * k <= kF4Assign && fp4_gemv_on(); }
+bool fp4_gemv_path(int64_t t, int32_t k) { return k <= kF4Assign && t <= kF4GemvMax && fp4_gemv_on(); }
