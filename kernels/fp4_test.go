@@ -128,7 +128,8 @@ func TestMoEExpertsFP4(t *testing.T) {
 		{name: "E16_K4_T8_hot", cfg: softmaxRouter(16, 4), T: 8, H: 256, I: 128, hot: 5},
 		{name: "E128_K8_T4", cfg: softmaxRouter(128, 8), T: 4, H: 320, I: 64, hot: -1, cold: 100},
 		{name: "E32_K4_T9_chunks", cfg: softmaxRouter(32, 4), T: 9, H: 128, I: 192, hot: -1, biases: true, clamped: true},
-		{name: "E64_K8_T30_chunks", cfg: softmaxRouter(64, 8), T: 30, H: 128, I: 64, hot: 3},
+		{name: "E512_K8_T30_chunks", cfg: softmaxRouter(512, 8), T: 30, H: 128, I: 64, hot: 3},
+		{name: "E32_K4_T32_gemm", cfg: softmaxRouter(32, 4), T: 32, H: 128, I: 64, hot: -1}, // chunks would read 4× 32 experts
 		{name: "E32_K4_T33_gemm", cfg: softmaxRouter(32, 4), T: 33, H: 128, I: 192, hot: -1, biases: true, clamped: true},
 		{name: "E16_K2_T300_gemm", cfg: softmaxRouter(16, 2), T: 300, H: 192, I: 128, hot: -1, cold: 12},
 		// More experts than a warp: the dequantization's expert list spans warps.

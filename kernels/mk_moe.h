@@ -154,8 +154,10 @@ MK_API int32_t mk_fp4_dequant_bf16(uint64_t stream, uint64_t dst, uint64_t codes
                                    int64_t k);
 
 /* Bytes of workspace mk_moe_experts_fp4 needs for these sizes: with T <= 32
- * (its GEMV kernels, in chunks of at most 8 tokens and 32 assignments;
- * MK_FP4_GEMV=0 turns them off) a chunk's activations and parts, else
+ * (its GEMV kernels, in chunks of at most 8 tokens and 32 assignments,
+ * while the chunks' expert reads stay within twice the dequantized path's:
+ * moe_fp4.cuh; MK_FP4_GEMV=0 turns them off) a chunk's activations and
+ * parts, else
  * mk_moe_workspace's layout plus a bf16 copy of every expert (E·3·H·I·2
  * bytes), which the chosen experts are dequantized into before the grouped
  * GEMMs. */

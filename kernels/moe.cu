@@ -2308,7 +2308,7 @@ int32_t mk_moe_workspace_fp4(int64_t t, int32_t k, int32_t e, int64_t h, int64_t
   MK_ARG(t > 0 && k > 0 && e > 0 && k <= e && h > 0 && i > 0,
          "mk_moe_workspace_fp4: T=%lld K=%d E=%d H=%lld I=%lld", (long long)t, k, e, (long long)h, (long long)i);
   MK_ARG(bytes, "mk_moe_workspace_fp4: null result pointer");
-  if (fp4_gemv_path(t, k)) {
+  if (fp4_gemv_path(t, k, e)) {
     *bytes = fp4_gemv_ws(std::min(t, fp4_chunk(k)), k, e, h, i).total;  // reused by every chunk
     return MK_OK;
   }
@@ -2336,7 +2336,7 @@ int32_t mk_moe_experts_fp4(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   MK_ARG(ws_bytes >= need, "mk_moe_experts_fp4: workspace of %llu bytes, %llu needed", (unsigned long long)ws_bytes,
          (unsigned long long)need);
   cudaStream_t s = mk::as_stream(stream);
-  if (fp4_gemv_path(t, k)) {
+  if (fp4_gemv_path(t, k, e)) {
     // Chunks of at most fp4_chunk(k) tokens, one GEMV pair each, in one
     // workspace: each up kernel waits for the down kernel before it.
     const int64_t tc = std::min(t, fp4_chunk(k));
