@@ -261,3 +261,36 @@ func BenchmarkPackFP4(b *testing.B) {
 		}
 	}
 }
+
+// FuzzPackFP4: whatever bf16 bits come in, PackFP4 either refuses them or
+// packs values that UnpackFP4 gives back exactly (a zero's sign aside).
+func FuzzPackFP4(f *testing.F) {
+	r := rand.New(rand.NewPCG(3, 4))
+	seed := randMXFP4(r, 1, 64)
+	b := make([]byte, 128)
+	for i, v := range seed {
+		b[2*i], b[2*i+1] = byte(v), byte(v>>8)
+	}
+	f.Add(b)
+	f.Add(make([]byte, 128))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		n := len(data) / 128
+		if n == 0 {
+			return
+		}
+		src := make([]uint16, n*64)
+		for i := range src {
+			src[i] = uint16(data[2*i]) | uint16(data[2*i+1])<<8
+		}
+		codes, scales, ok := PackFP4(src, n, 64)
+		if !ok {
+			return
+		}
+		got := UnpackFP4(codes, scales, n, 64)
+		for i := range src {
+			if tensor.BF16ToF32(got[i]) != tensor.BF16ToF32(src[i]) {
+				t.Fatalf("element %d: %#04x packed, %#04x unpacked", i, src[i], got[i])
+			}
+		}
+	})
+}

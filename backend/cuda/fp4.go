@@ -75,7 +75,11 @@ func (be *Backend) fp4Weight(h *tensor.Host, shape []int) (*store, error) {
 	if n == 0 || len(h.Data) < 2*n*k {
 		return nil, nil
 	}
-	bits := unsafe.Slice((*uint16)(unsafe.Pointer(&h.Data[0])), n*k)
+	data := h.Data
+	if uintptr(unsafe.Pointer(&data[0]))%2 != 0 { // (a mapped file's odd offset)
+		data = append([]byte(nil), data[:2*n*k]...)
+	}
+	bits := unsafe.Slice((*uint16)(unsafe.Pointer(&data[0])), n*k)
 	codes, scales, ok := kernels.PackFP4(bits, n, k)
 	if !ok {
 		return nil, nil

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/mkserve/mkserve/backend/cpu"
+	"github.com/mkserve/mkserve/kernels"
 	"github.com/mkserve/mkserve/linalg"
 	"github.com/mkserve/mkserve/models"
 )
@@ -33,6 +34,10 @@ type inspectReport struct {
 	// CPUBytes is the weights' memory on the cpu backend by cpu_weights
 	// (stored, auto, q8).
 	CPUBytes map[string]int64 `json:"cpu_bytes"`
+	// CUDABytes is the weights' device memory on the cuda backend by
+	// cuda_weights (stored: bf16 matrices, float32 vectors; fp4: an MXFP4
+	// checkpoint's experts as FP4, 17/32 of a byte a value).
+	CUDABytes map[string]int64 `json:"cuda_bytes"`
 	// KVBytesPerToken is the paged KV cache's bytes a token, all layers,
 	// by element type (float32, bf16).
 	KVBytesPerToken map[string]int64 `json:"kv_bytes_per_token"`
@@ -84,6 +89,8 @@ func cmdInspect(args []string, _ io.Reader, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "             + %s held beside them (MLA's W_UK transposed, for absorbed decode)\n", count(r.DerivedParameters))
 	}
 	fmt.Fprintf(stdout, "cpu weights  stored %s, auto %s, q8 %s (--cpu-weights)\n", gb(r.CPUBytes["stored"]), gb(r.CPUBytes["auto"]), gb(r.CPUBytes["q8"]))
+	fmt.Fprintf(stdout, "cuda weights stored %s, fp4 %s (--cuda-weights; auto takes fp4 where the bf16 experts would fill over 60%% of the GPU)\n",
+		gb(r.CUDABytes["stored"]), gb(r.CUDABytes["fp4"]))
 	fmt.Fprintf(stdout, "kv cache     %d bytes a token in float32, %d in bf16 (--kv-cache-dtype); %s for one sequence of %d tokens in bf16\n",
 		r.KVBytesPerToken["float32"], r.KVBytesPerToken["bf16"], gb(r.KVBytesPerToken["bf16"]*int64(r.MaxModelLen)), r.MaxModelLen)
 	return nil
@@ -99,7 +106,7 @@ func inspect(inv *models.Inventory) inspectReport {
 	c := inv.Config
 	r := inspectReport{Architecture: c.Architecture, Layers: c.NumLayers, Experts: c.NumExperts, TopK: c.NumExpertsPerTok,
 		Tensors: len(inv.Tensors), FileBytes: inv.FileBytes, MaxModelLen: c.MaxPositions,
-		CPUBytes: map[string]int64{}, KVBytesPerToken: map[string]int64{}}
+		CPUBytes: map[string]int64{}, CUDABytes: map[string]int64{}, KVBytesPerToken: map[string]int64{}}
 	// add counts n values held as stored bytes each, or as FP4 (mxfp4) or
 	// Q8 (grouped) where auto or q8 takes them so.
 	add := func(name string, n, stored int64, grouped, mxfp4 bool) {
@@ -133,6 +140,21 @@ func inspect(inv *models.Inventory) inspectReport {
 		}
 		grouped := matrix && t.Shape[len(t.Shape)-1]%linalg.Q8Group == 0
 		add(t.Name, n, stored, grouped, t.Stored == "MXFP4")
+		// The cuda backend holds bf16 matrices as bf16, everything else in
+		// float32; under fp4 an MXFP4 expert matrix whose rows and columns
+		// are whole FP4 blocks is packed (kernels.FP4Sizes).
+		cudaStored := int64(4)
+		if matrix && t.Stored != "F32" && t.Stored != "F16" {
+			cudaStored = 2
+		}
+		r.CUDABytes["stored"] += n * cudaStored
+		if t.Stored == "MXFP4" && matrix && t.Shape[len(t.Shape)-1]%kernels.FP4BlockValues == 0 &&
+			t.Shape[len(t.Shape)-2]%kernels.FP4BlockValues == 0 {
+			codes, scales := kernels.FP4Sizes(int(n/int64(t.Shape[len(t.Shape)-1])), t.Shape[len(t.Shape)-1])
+			r.CUDABytes["fp4"] += codes + scales
+		} else {
+			r.CUDABytes["fp4"] += n * cudaStored
+		}
 		if strings.HasSuffix(t.Name, ".kv_b_proj.weight") && c.KVLoraRank > 0 {
 			// MLA: the backend also holds W_UK transposed, [heads·L, N].
 			d := int64(c.NumHeads * c.QKNopeHeadDim * c.KVLoraRank)

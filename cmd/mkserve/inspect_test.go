@@ -67,4 +67,9 @@ func TestInspect(t *testing.T) {
 		r.ActiveParameters != int64(64*128+4*64+64) {
 		t.Errorf("MXFP4 inventory: %+v; want auto %d bytes", r, want)
 	}
+	// The cuda backend: bf16 matrices, float32 vectors; under fp4 the
+	// experts at 17/32 of a byte a value (codes and E8M0 scales).
+	if stored, fp4 := int64(4*64*128*2+4*64*2+64*4), int64(4*64*128*17/32+4*64*2+64*4); r.CUDABytes["stored"] != stored || r.CUDABytes["fp4"] != fp4 {
+		t.Errorf("MXFP4 inventory on cuda: %v, want stored %d, fp4 %d", r.CUDABytes, stored, fp4)
+	}
 }

@@ -241,6 +241,9 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 		metrics.RegisterWeights(reg, cfg.ModelName(), map[string]int64{"f32": wb.F32, "bf16": wb.BF16, "q8": wb.Q8, "fp4": wb.FP4})
 		info.Bytes, info.Parameters, info.Quantization = wb.Total(), wb.Values(), wb.Dominant()
 	}
+	if cb, ok := be.(*cuda.Backend); ok {
+		log.Info("weights held", zap.String("cuda_weights", cfg.CUDAWeights), zap.Int("fp4_matrices", cb.FP4Weights()))
+	}
 	hs.SetModelInfo(info)
 	log.Info("ready", zap.String("version", version.Get().String()), zap.Duration("load_time", time.Since(start)), zap.String("architecture", loaded.Config.Architecture),
 		zap.Int("max_model_len", ec.MaxModelLen), zap.Int("kv_blocks", eng.Stats().BlocksFree), zap.Int("block_size", ec.BlockSize),
