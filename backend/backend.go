@@ -313,6 +313,19 @@ type ExpertPlan struct {
 	E         int
 }
 
+// FP4Loader is implemented by backends that can take an MXFP4 checkpoint's
+// expert matrices as they are stored, with no bf16 copy on the way: model
+// loaders ask WantFP4 (after ExpertPlanner.PlanExperts, if implemented) and
+// then hand each expert matrix [n, k] to WeightMXFP4 as MXFP4 — blocks
+// (n·k/32 groups of 16 bytes along each row, element 2i of a group in the
+// low nibble of byte i, an E2M1 code with the sign in bit 3) and scales
+// (n·k/32 E8M0 bytes, 2^(s−127)) — where a row is one output of the
+// matrix (Weight's row), k its inputs (a multiple of 32).
+type FP4Loader interface {
+	WantFP4() bool
+	WeightMXFP4(name string, blocks, scales []byte, n, k int) (Tensor, error)
+}
+
 // ExpertPlanner is implemented by backends that choose how to hold expert
 // weights from the whole model's size (the CUDA backend holds an MXFP4
 // checkpoint's experts as FP4 when their bf16 form would not leave room):

@@ -178,6 +178,62 @@ func packRow(codes, scales []byte, src []uint16) bool {
 	return true
 }
 
+// RepackMXFP4 converts an MXFP4 matrix [n, k] as checkpoints store it —
+// blocks (n·k/32 groups of 16 bytes, element 2i of a group in the low
+// nibble of byte i) and E8M0 scales — to this package's FP4 codes and
+// scales (the same values; the nibbles reordered within each block of
+// 64), and reports false where this form cannot take it (k not a multiple
+// of FP4BlockValues, a scale outside 1 … 240).
+func RepackMXFP4(blocks, scales []byte, n, k int) (codes, sc []byte, ok bool) {
+	if n <= 0 || k <= 0 || k%FP4BlockValues != 0 || len(blocks) < n*k/2 || len(scales) < n*k/fp4GroupValues {
+		return nil, nil, false
+	}
+	g := n * k / fp4GroupValues
+	for _, s := range scales[:g] {
+		if s < 1 || s > 240 {
+			return nil, nil, false
+		}
+	}
+	cb, _ := FP4Sizes(n, k)
+	codes = make([]byte, cb)
+	par.For(n*k/FP4BlockValues, 1024, func() func(a, b int) {
+		return func(a, b int) {
+			for blk := a; blk < b; blk++ {
+				src, dst := blocks[blk*32:blk*32+32], codes[blk*32:blk*32+32]
+				for v := range FP4BlockValues {
+					nib := src[v/2] >> (4 * (v % 2)) & 0xF // groups of 32: bytes 0…15, 16…31 of the block
+					sl := &fp4Slots[v]
+					dst[sl[0]] |= nib << sl[1]
+				}
+			}
+		}
+	})
+	return codes, append([]byte(nil), scales[:g]...), true
+}
+
+// DecodeMXFP4 is the bf16 matrix [n, k] (bits) of MXFP4 blocks and scales
+// (RepackMXFP4's input): exact where the scale keeps the values in bf16's
+// range.
+func DecodeMXFP4(blocks, scales []byte, n, k int) []uint16 {
+	out := make([]uint16, n*k)
+	par.For(n*k/fp4GroupValues, 1024, func() func(a, b int) {
+		return func(a, b int) {
+			for g := a; g < b; g++ {
+				sc := float32(math.Ldexp(1, int(scales[g])-127))
+				for i := range fp4GroupValues {
+					nib := blocks[g*16+i/2] >> (4 * (i % 2)) & 0xF
+					f := e2m1[nib&7] * sc
+					if nib&8 != 0 {
+						f = -f
+					}
+					out[g*fp4GroupValues+i] = uint16(math.Float32bits(f) >> 16)
+				}
+			}
+		}
+	})
+	return out
+}
+
 // UnpackFP4 is the bf16 matrix [n, k] (bits) of FP4 codes and scales: the
 // reference the device's dequantization and tests check against.
 func UnpackFP4(codes, scales []byte, n, k int) []uint16 {

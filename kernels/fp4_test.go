@@ -294,3 +294,44 @@ func FuzzPackFP4(f *testing.F) {
 		}
 	})
 }
+
+// TestRepackMXFP4: an MXFP4 matrix as checkpoints store it, repacked,
+// unpacks to the values its own decoding gives (every code, scales from
+// 1 to 240); scales outside that range and K not a multiple of 64 are
+// refused.
+func TestRepackMXFP4(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, sh := range [][2]int{{1, 64}, {7, 2880}, {33, 192}} {
+		n, k := sh[0], sh[1]
+		blocks := make([]byte, n*k/2)
+		scales := make([]byte, n*k/32)
+		for i := range blocks {
+			blocks[i] = byte(r.IntN(256))
+		}
+		for i := range scales {
+			scales[i] = byte(1 + r.IntN(240))
+		}
+		codes, sc, ok := RepackMXFP4(blocks, scales, n, k)
+		if !ok {
+			t.Fatalf("[%d, %d]: refused", n, k)
+		}
+		want, got := DecodeMXFP4(blocks, scales, n, k), UnpackFP4(codes, sc, n, k)
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("[%d, %d] element %d: %#04x, want %#04x", n, k, i, got[i], want[i])
+			}
+		}
+	}
+	blocks, scales := make([]byte, 64), []byte{127, 127, 127, 127}
+	if _, _, ok := RepackMXFP4(blocks, scales, 2, 64); !ok {
+		t.Error("a zero matrix was refused")
+	}
+	for name, c := range map[string]struct {
+		sc   []byte
+		n, k int
+	}{"scale 0": {[]byte{127, 0, 127, 127}, 2, 64}, "scale 241": {[]byte{241, 127, 127, 127}, 2, 64}, "K 32": {scales, 4, 32}} {
+		if _, _, ok := RepackMXFP4(blocks, c.sc, c.n, c.k); ok {
+			t.Errorf("%s: repacked", name)
+		}
+	}
+}

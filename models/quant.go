@@ -208,6 +208,22 @@ func (s *quantSource) Tensor(name string) (*tensor.Host, error) {
 	return s.ck.Tensor(name)
 }
 
+// mxfp4Raw returns name's MXFP4 blocks and scales as the checkpoint stores
+// them (U8, [..., rows, G, 16] and [..., rows, G]); ok is false when name
+// is not an MXFP4 tensor.
+func (s *quantSource) mxfp4Raw(name string) (blocks, scales *tensor.Host, ok bool, err error) {
+	if !s.mxfp4[name] {
+		return nil, nil, false, nil
+	}
+	if blocks, err = s.ck.Tensor(name + "_blocks"); err != nil {
+		return nil, nil, false, err
+	}
+	if scales, err = s.ck.Tensor(name + "_scales"); err != nil {
+		return nil, nil, false, err
+	}
+	return blocks, scales, true, nil
+}
+
 // dequantFP8 is w [rows, cols] (F8_E4M3) times its block's scale
 // [⌈rows/b0⌉, ⌈cols/b1⌉], in bf16.
 func dequantFP8(name string, w *tensor.Host, scale []float32, block [2]int) *tensor.Host {

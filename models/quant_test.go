@@ -145,7 +145,7 @@ func logitsOf(t *testing.T, dir string) []float32 {
 }
 
 // logitsOn is logitsOf on be.
-func logitsOn(t *testing.T, dir string, be *cpu.Backend) []float32 {
+func logitsOn(t *testing.T, dir string, be backend.Backend) []float32 {
 	t.Helper()
 	l, err := Load(dir, be, LoadOptions{})
 	if err != nil {
@@ -232,6 +232,17 @@ func TestLoadMXFP4(t *testing.T) {
 	auto, stored := cpu.New(cpu.Options{}), cpu.New(cpu.Options{Weights: cpu.WeightsStored})
 	if a, s := logitsOn(t, qdir, auto), logitsOn(t, qdir, stored); relL2(a, s) > 1e-5 {
 		t.Errorf("experts held as FP4: logits differ from bf16's by relative L2 %.3g", relL2(a, s))
+	}
+	// auto takes the experts as stored (backend.FP4Loader: the blocks
+	// handed over, no bf16 on the way), to the same logits as from their
+	// bf16 values (FP4 again, by exactFP4).
+	direct := &countFP4{Backend: cpu.New(cpu.Options{})}
+	viaBF16 := cpu.New(cpu.Options{})
+	if d, v := logitsOn(t, qdir, direct), logitsOn(t, writeDir(t, cfg, plain), viaBF16); !slices.Equal(d, v) || direct.n != quantized {
+		t.Errorf("MXFP4 handed over as stored: %d matrices of %d, logits at relative L2 %.3g from those of the bf16 values", direct.n, quantized, relL2(d, v))
+	}
+	if d, v := direct.WeightBytes(), viaBF16.WeightBytes(); d != v {
+		t.Errorf("weights held from the blocks %+v, from bf16 %+v", d, v)
 	}
 	ab, sb := auto.WeightBytes(), stored.WeightBytes()
 	t.Logf("weights held: auto %+v, stored %+v", ab, sb)
@@ -369,4 +380,15 @@ func TestCheckpointShapesQuantized(t *testing.T) {
 	if len(got) != 2 || !slices.Equal(got["m.experts.down_proj"], []int{2, 64, 6}) || !slices.Equal(got["m.norm.weight"], []int{6}) {
 		t.Errorf("shapes %v", got)
 	}
+}
+
+// countFP4 is a CPU backend counting the matrices handed to it as MXFP4.
+type countFP4 struct {
+	*cpu.Backend
+	n int
+}
+
+func (c *countFP4) WeightMXFP4(name string, blocks, scales []byte, n, k int) (backend.Tensor, error) {
+	c.n++
+	return c.Backend.WeightMXFP4(name, blocks, scales, n, k)
 }

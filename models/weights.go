@@ -71,6 +71,26 @@ func (w *Weights) host(name string, want ...int) (*tensor.Host, error) {
 	return h, nil
 }
 
+// mxfp4 returns name's MXFP4 blocks and scales as stored when the source is
+// a checkpoint holding it so, checked against the shapes the config
+// implies (blocks [E, rows, G, 16], scales [E, rows, G]) and marked used;
+// ok false otherwise.
+func (w *Weights) mxfp4(name string, E, rows, G int) (blocks, scales *tensor.Host, ok bool, err error) {
+	q, isQ := w.src.(*quantSource)
+	if !isQ {
+		return nil, nil, false, nil
+	}
+	if blocks, scales, ok, err = q.mxfp4Raw(name); !ok || err != nil {
+		return nil, nil, false, err
+	}
+	if !slices.Equal(blocks.Shape, []int{E, rows, G, 16}) || !slices.Equal(scales.Shape, []int{E, rows, G}) {
+		return nil, nil, false, fmt.Errorf("%s: MXFP4 tensor %q has blocks %v and scales %v, the config implies %v and %v",
+			w.src.FileOf(name), name, blocks.Shape, scales.Shape, []int{E, rows, G, 16}, []int{E, rows, G})
+	}
+	w.used[name] = true
+	return blocks, scales, true, nil
+}
+
 // upload hands a host tensor to the backend.
 func (w *Weights) upload(h *tensor.Host) (backend.Tensor, error) {
 	t, err := w.be.Weight(h)

@@ -178,6 +178,7 @@ func (be *Backend) count(t *Tensor) *Tensor {
 }
 
 var (
+	_ backend.FP4Loader     = (*Backend)(nil)
 	_ backend.Backend       = (*Backend)(nil)
 	_ backend.ExpertCounter = (*Backend)(nil)
 	_ backend.ExpertPlacer  = (*Backend)(nil)
@@ -608,4 +609,29 @@ func (be *Backend) Rows(x backend.Tensor, rows []int) backend.Tensor {
 		copy(out.data[i*C:(i+1)*C], xt.data[r*C:])
 	}
 	return out
+}
+
+// WantFP4 implements backend.FP4Loader: under WeightsAuto an MXFP4
+// checkpoint's experts are held as FP4 (what exactFP4 would make of their
+// bf16 values, without the bf16 on the way).
+func (be *Backend) WantFP4() bool { return be.opts.Weights == WeightsAuto && !be.opts.F32Weights }
+
+// WeightMXFP4 implements backend.FP4Loader: the MXFP4 matrix [n, k] as
+// linalg's FP4 — a group's 16 code bytes as they are (the same nibble
+// order and codes; linalg's codes stand for doubled E2M1 values, so its
+// scale is the E8M0 one halved).
+func (be *Backend) WeightMXFP4(name string, blocks, scales []byte, n, k int) (backend.Tensor, error) {
+	g := n * k / linalg.Q8Group
+	if n <= 0 || k <= 0 || k%linalg.Q8Group != 0 || len(blocks) != g*16 || len(scales) != g {
+		return nil, fmt.Errorf("cpu: weight %s: MXFP4 [%d, %d] with %d block and %d scale bytes", name, n, k, len(blocks), len(scales))
+	}
+	const gb = linalg.Q8Group/2 + 4
+	q := make([]byte, g*gb)
+	parallelRows(n, k, func(lo, hi int) {
+		for i := lo * k / linalg.Q8Group; i < hi*k/linalg.Q8Group; i++ {
+			copy(q[i*gb:], blocks[i*16:i*16+16])
+			binary.LittleEndian.PutUint32(q[i*gb+16:], math.Float32bits(float32(math.Ldexp(1, int(scales[i])-128))))
+		}
+	})
+	return be.count(&Tensor{shape: []int{n, k}, fp4: q}), nil
 }

@@ -84,6 +84,12 @@ func (be *Backend) fp4Weight(h *tensor.Host, shape []int) (*store, error) {
 	if !ok {
 		return nil, nil
 	}
+	return be.uploadFP4(h.Name, n, k, codes, scales)
+}
+
+// uploadFP4 makes the store of an FP4 weight [n, k] from its codes and
+// scales.
+func (be *Backend) uploadFP4(name string, n, k int, codes, scales []byte) (*store, error) {
 	fp4Uploads.Add(1)
 	be.fp4Held.Add(1)
 	st := &store{n: n * k, weight: true, fp4: &kernels.FP4{N: n, K: k}}
@@ -100,7 +106,7 @@ func (be *Backend) fp4Weight(h *tensor.Host, shape []int) (*store, error) {
 	if err != nil {
 		be.alloc.put(st.fp4.Codes)
 		be.alloc.put(st.fp4.Scales)
-		return nil, fmt.Errorf("cuda: weight %q: %w", h.Name, err)
+		return nil, fmt.Errorf("cuda: weight %q: %w", name, err)
 	}
 	return st, nil
 }
@@ -126,4 +132,32 @@ func (be *Backend) fp4Values(d *kernels.Device, t *Tensor) {
 	b := be.alloc.get(d, int64(t.st.n)*2)
 	must("FP4 weight", d.FP4DequantBF16(nil, b, t.st.fp4))
 	be.attach(t, &t.st.bf16, b)
+}
+
+// WantFP4 implements backend.FP4Loader: Weights fp4, or auto where
+// PlanExperts found the bf16 experts too large.
+func (be *Backend) WantFP4() bool {
+	return be.weights == WeightsFP4 || (be.weights == WeightsAuto && be.fp4Auto.Load())
+}
+
+// WeightMXFP4 implements backend.FP4Loader: the MXFP4 matrix [n, k]
+// repacked into the kernels' FP4 (kernels.RepackMXFP4: no bf16 on the
+// way) and uploaded; where that form cannot take it (k not a multiple of
+// 64, a scale outside 1 … 240) its bf16 values go through Weight.
+func (be *Backend) WeightMXFP4(name string, blocks, scales []byte, n, k int) (backend.Tensor, error) {
+	g := n * k / 32
+	if n <= 0 || k <= 0 || k%32 != 0 || len(blocks) != g*16 || len(scales) != g {
+		return nil, fmt.Errorf("cuda: weight %s: MXFP4 [%d, %d] with %d block and %d scale bytes", name, n, k, len(blocks), len(scales))
+	}
+	codes, sc, ok := kernels.RepackMXFP4(blocks, scales, n, k)
+	if !ok {
+		bits := kernels.DecodeMXFP4(blocks, scales, n, k)
+		return be.Weight(&tensor.Host{Name: name, DType: tensor.BF16, Shape: []int{n, k},
+			Data: unsafe.Slice((*byte)(unsafe.Pointer(&bits[0])), 2*len(bits))})
+	}
+	st, err := be.uploadFP4(name, n, k, codes, sc)
+	if err != nil {
+		return nil, err
+	}
+	return be.wrap([]int{n, k}, st), nil
 }
