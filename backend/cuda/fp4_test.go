@@ -1,14 +1,19 @@
 package cuda
 
 import (
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/engine"
 	"github.com/mkserve/mkserve/models"
+	"github.com/mkserve/mkserve/models/safetensors"
+	"github.com/mkserve/mkserve/tensor"
 )
 
 // fp4Config is a small gpt-oss with MXFP4 experts (hidden and intermediate
@@ -156,4 +161,135 @@ func TestPlanExperts(t *testing.T) {
 		}
 	}
 	be.PlanExperts(backend.ExpertPlan{})
+}
+
+// TestFP4FromMXFP4Checkpoint writes the random MXFP4 gpt-oss of
+// TestFP4Weights as an MXFP4 checkpoint (experts as blocks and E8M0
+// scales, [E, out, in/32, 16]) and loads it with the experts held as FP4
+// — handed over as stored (backend.FP4Loader, kernels.RepackMXFP4) — and
+// as bf16: the same logits as the bf16 checkpoint of the same values
+// loaded with FP4 experts by PackFP4 (bit for bit: the same FP4 values),
+// within 1e-2 of the bf16 experts.
+func TestFP4FromMXFP4Checkpoint(t *testing.T) {
+	gpuBackend(t)
+	cfgDir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(cfgDir, "config.json"), []byte(fp4Config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := models.LoadConfig(cfgDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every tensor the model binds, made by a load on the CPU.
+	src := &models.RandomSource{Config: cfg, Seed: 3}
+	if _, err := models.Build(cfg, models.NewWeights(src, cpu.New(cpu.Options{})), cpu.New(cpu.Options{})); err != nil {
+		t.Fatal(err)
+	}
+	var plain, quant []*tensor.Host
+	for name, shape := range src.Shapes() {
+		h, err := src.TensorOfShape(name, shape)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain = append(plain, h)
+		if !strings.HasSuffix(name, "experts.gate_up_proj") && !strings.HasSuffix(name, "experts.down_proj") {
+			quant = append(quant, h)
+			continue
+		}
+		quant = append(quant, mxfp4Of(t, h)...)
+	}
+	write := func(ts []*tensor.Host, q bool) string {
+		dir := t.TempDir()
+		raw := fp4Config
+		if !q {
+			raw = strings.Replace(fp4Config, `"quantization_config"`, `"unused_quantization_config"`, 1)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(raw), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := safetensors.Write(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	qdir, pdir := write(quant, true), write(plain, false)
+	off := false
+	ids := []int32{11, 48, 85, 122, 159, 196, 233, 14, 51}
+	logits := func(dir, weights string) ([]float32, int64) {
+		be, err := New(Options{SplitActivations: &off, Weights: weights})
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := fp4Uploads.Load()
+		l, err := models.Load(dir, be, models.LoadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		rows, err := engine.Logits(l.Model, be, ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v []float32
+		for _, r := range rows {
+			v = append(v, r...)
+		}
+		return v, fp4Uploads.Load() - before
+	}
+	direct, n1 := logits(qdir, WeightsFP4)
+	packed, n2 := logits(pdir, WeightsFP4)
+	bf, n3 := logits(qdir, WeightsStored)
+	if n1 != 4 || n2 != 4 || n3 != 0 {
+		t.Fatalf("FP4 uploads: %d from the blocks, %d packed from bf16, %d stored; want 4, 4, 0", n1, n2, n3)
+	}
+	if !slices.Equal(direct, packed) {
+		t.Errorf("FP4 from the blocks against FP4 packed from bf16: relative L2 %.3g, want equal", relL2(direct, packed))
+	}
+	if e := relL2(direct, bf); !(e <= 1e-2) {
+		t.Errorf("FP4 from the blocks against bf16 experts: relative L2 %.3g", e)
+	}
+}
+
+// mxfp4Of is the MXFP4 blocks and scales of an expert tensor h [E, in,
+// out] holding MXFP4's values (RandomSource's): [E, out, in/32, 16] and
+// [E, out, in/32], as gpt-oss checkpoints store them.
+func mxfp4Of(t *testing.T, h *tensor.Host) []*tensor.Host {
+	v, err := h.Float32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	E, in, out := h.Shape[0], h.Shape[1], h.Shape[2]
+	G := in / 32
+	blocks, scales := make([]byte, E*out*G*16), make([]byte, E*out*G)
+	codes := []float64{0, 0.5, 1, 1.5, 2, 3, 4, 6}
+	for e := range E {
+		for o := range out {
+			for g := range G {
+				amax := 0.0
+				for k := range 32 {
+					amax = math.Max(amax, math.Abs(float64(v[(e*in+g*32+k)*out+o])))
+				}
+				s := 0
+				if amax > 0 {
+					s = int(math.Ceil(math.Log2(amax / 6)))
+				}
+				scales[(e*out+o)*G+g] = byte(s + 127)
+				for k := range 32 {
+					x := float64(v[(e*in+g*32+k)*out+o]) / math.Ldexp(1, s)
+					c := slices.Index(codes, math.Abs(x))
+					if c < 0 {
+						t.Fatalf("%s: %v is not an E2M1 value times 2^%d", h.Name, x, s)
+					}
+					if x < 0 {
+						c |= 8
+					}
+					blocks[((e*out+o)*G+g)*16+k/2] |= byte(c) << (4 * (k % 2))
+				}
+			}
+		}
+	}
+	return []*tensor.Host{
+		{Name: h.Name + "_blocks", DType: tensor.U8, Shape: []int{E, out, G, 16}, Data: blocks},
+		{Name: h.Name + "_scales", DType: tensor.U8, Shape: []int{E, out, G}, Data: scales},
+	}
 }
