@@ -211,7 +211,7 @@ func (s *quantSource) Tensor(name string) (*tensor.Host, error) {
 // mxfp4Raw returns name's MXFP4 blocks and scales as the checkpoint stores
 // them (U8, [..., rows, G, 16] and [..., rows, G]); ok is false when name
 // is not an MXFP4 tensor.
-func (s *quantSource) mxfp4Raw(name string) (blocks, scales *tensor.Host, ok bool, err error) {
+func (s *quantSource) mxfp4Raw(name string, _, _, _ int) (blocks, scales *tensor.Host, ok bool, err error) {
 	if !s.mxfp4[name] {
 		return nil, nil, false, nil
 	}

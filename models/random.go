@@ -117,7 +117,7 @@ func (r *RandomSource) TensorOfShape(name string, shape []int) (*tensor.Host, er
 				for i := lo; i < hi; i++ {
 					ek, c := i/out, i%out
 					group := (ek/32)*out + c // (e·in + k)/32 = e·in/32 + k/32, in a multiple of 32
-					scale := math.Ldexp(1, int(base)+int(mix64(seed^0x5ca1e^uint64(group))%3)-1)
+					scale := math.Ldexp(1, r.mxfp4Exponent(seed, int(base), group))
 					code := mix64(seed + uint64(i))
 					v := fp4Values[code&15] * float32(scale)
 					binary.LittleEndian.PutUint16(data[2*i:], tensor.F32ToBF16(v))
@@ -134,15 +134,66 @@ func (r *RandomSource) TensorOfShape(name string, shape []int) (*tensor.Host, er
 			}
 		})
 	}
+	r.made(name, shape)
+	return &tensor.Host{Name: name, DType: tensor.BF16, Shape: slices.Clone(shape), Data: data}, nil
+}
+
+// made records tensor name of shape as made.
+func (r *RandomSource) made(name string, shape []int) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.names = append(r.names, name)
 	if r.shapes == nil {
 		r.shapes = map[string][]int{}
 	}
 	r.shapes[name] = slices.Clone(shape)
-	r.mu.Unlock()
-	return &tensor.Host{Name: name, DType: tensor.BF16, Shape: slices.Clone(shape), Data: data}, nil
 }
+
+// mxfp4Exponent is the power of two of group (e·in/32 + k/32)·out + c of
+// an MXFP4 expert tensor name (TensorOfShape's scales).
+func (r *RandomSource) mxfp4Exponent(seed uint64, base, group int) int {
+	return base + int(mix64(seed^0x5ca1e^uint64(group))%3) - 1
+}
+
+// mxfp4Raw makes an MXFP4 expert tensor [E, in, out] (in = 32·G, out =
+// rows) as an MXFP4 checkpoint stores it, blocks [E, out, G, 16] and
+// scales [E, out, G], holding the values TensorOfShape gives it in bf16
+// (mxfp4Source): a backend.FP4Loader then takes it without a bf16 copy.
+func (r *RandomSource) mxfp4Raw(name string, E, rows, G int) (blocks, scales *tensor.Host, ok bool, err error) {
+	shape := []int{E, 32 * G, rows}
+	if E <= 0 || rows <= 0 || G <= 0 || !r.mxfp4Expert(name, shape) {
+		return nil, nil, false, nil
+	}
+	std := r.Std
+	if std == 0 {
+		std = 0.02
+	}
+	seed := r.Seed ^ hashName(name)
+	base := int(math.Round(math.Log2(float64(std) / 2.95)))
+	in, out := 32*G, rows
+	b, sc := make([]byte, E*out*G*16), make([]byte, E*out*G)
+	par.For(E*out*G, 256, func() func(lo, hi int) {
+		return func(lo, hi int) {
+			for q := lo; q < hi; q++ { // q = (e·out + c)·G + g
+				g, ec := q%G, q/G
+				e, c := ec/out, ec%out
+				sc[q] = byte(r.mxfp4Exponent(seed, base, (e*in/32+g)*out+c) + 127)
+				for k := 0; k < 32; k += 2 {
+					i := (e*in+32*g+k)*out + c // element (e, 32g+k, c) of [E, in, out]
+					lo4, hi4 := fp4Nibble(mix64(seed+uint64(i))), fp4Nibble(mix64(seed+uint64(i+out)))
+					b[q*16+k/2] = lo4 | hi4<<4
+				}
+			}
+		}
+	})
+	r.made(name, shape)
+	return &tensor.Host{Name: name + "_blocks", DType: tensor.U8, Shape: []int{E, out, G, 16}, Data: b},
+		&tensor.Host{Name: name + "_scales", DType: tensor.U8, Shape: []int{E, out, G}, Data: sc}, true, nil
+}
+
+// fp4Nibble is the E2M1 code of fp4Values[h&15]: the same magnitude index
+// and sign bit (fp4Values is ordered as E2M1's codes).
+func fp4Nibble(h uint64) byte { return byte(h & 15) }
 
 // hashName is FNV-1a of name, mixed.
 func hashName(name string) uint64 {

@@ -71,16 +71,23 @@ func (w *Weights) host(name string, want ...int) (*tensor.Host, error) {
 	return h, nil
 }
 
+// mxfp4Source is a TensorSource that can give an MXFP4 tensor as its blocks
+// and scales (quantSource, RandomSource); ok false for other names. E,
+// rows and G are the shape the config implies ([E, rows, G, 16] blocks).
+type mxfp4Source interface {
+	mxfp4Raw(name string, E, rows, G int) (blocks, scales *tensor.Host, ok bool, err error)
+}
+
 // mxfp4 returns name's MXFP4 blocks and scales as stored when the source is
 // a checkpoint holding it so, checked against the shapes the config
 // implies (blocks [E, rows, G, 16], scales [E, rows, G]) and marked used;
 // ok false otherwise.
 func (w *Weights) mxfp4(name string, E, rows, G int) (blocks, scales *tensor.Host, ok bool, err error) {
-	q, isQ := w.src.(*quantSource)
+	q, isQ := w.src.(mxfp4Source)
 	if !isQ {
 		return nil, nil, false, nil
 	}
-	if blocks, scales, ok, err = q.mxfp4Raw(name); !ok || err != nil {
+	if blocks, scales, ok, err = q.mxfp4Raw(name, E, rows, G); !ok || err != nil {
 		return nil, nil, false, err
 	}
 	if !slices.Equal(blocks.Shape, []int{E, rows, G, 16}) || !slices.Equal(scales.Shape, []int{E, rows, G}) {
