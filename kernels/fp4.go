@@ -211,6 +211,42 @@ func RepackMXFP4(blocks, scales []byte, n, k int) (codes, sc []byte, ok bool) {
 	return codes, append([]byte(nil), scales[:g]...), true
 }
 
+// QuantizeMXFP4 is the MXFP4 form (blocks and E8M0 scales, as checkpoints
+// store it; DecodeMXFP4's input) of the row-major matrix v [n, k] (k a
+// multiple of 32): each group of 32 scaled by the power of two that brings
+// its largest magnitude to at most 6, each value rounded to the nearest
+// E2M1 value (ties to the lower code). Values MXFP4 holds come back exactly.
+func QuantizeMXFP4(v []float32, n, k int) (blocks, scales []byte) {
+	g := n * k / fp4GroupValues
+	blocks, scales = make([]byte, g*16), make([]byte, g)
+	for q := range g {
+		grp := v[q*fp4GroupValues : (q+1)*fp4GroupValues]
+		amax := 0.0
+		for _, x := range grp {
+			amax = math.Max(amax, math.Abs(float64(x)))
+		}
+		s := 0
+		if amax > 0 {
+			s = int(math.Ceil(math.Log2(amax / 6)))
+		}
+		scales[q] = byte(s + 127)
+		for i, x := range grp {
+			y := math.Abs(float64(x)) / math.Ldexp(1, s)
+			c := 0
+			for j, m := range e2m1 {
+				if math.Abs(y-float64(m)) < math.Abs(y-float64(e2m1[c])) {
+					c = j
+				}
+			}
+			if x < 0 || math.Signbit(float64(x)) {
+				c |= 8
+			}
+			blocks[q*16+i/2] |= byte(c) << (4 * (i % 2))
+		}
+	}
+	return blocks, scales
+}
+
 // DecodeMXFP4 is the bf16 matrix [n, k] (bits) of MXFP4 blocks and scales
 // (RepackMXFP4's input): exact where the scale keeps the values in bf16's
 // range.

@@ -335,3 +335,25 @@ func TestRepackMXFP4(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantizeMXFP4: MXFP4's own values come back exactly through
+// QuantizeMXFP4 and DecodeMXFP4; another value goes to its nearest
+// neighbour of the group's scale.
+func TestQuantizeMXFP4(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 9))
+	src := randMXFP4(r, 5, 128)
+	v := bf16ToF32s(src)
+	blocks, scales := QuantizeMXFP4(v, 5, 128)
+	for i, b := range DecodeMXFP4(blocks, scales, 5, 128) {
+		if tensor.BF16ToF32(b) != v[i] {
+			t.Fatalf("element %d: %v, want %v", i, tensor.BF16ToF32(b), v[i])
+		}
+	}
+	g := make([]float32, 32)
+	g[0], g[1], g[2] = 6, 2.4, -0.3 // scale 1: 2.4 → 2, -0.3 → -0.5 (0.2 from it, 0.3 from 0)
+	blocks, scales = QuantizeMXFP4(g, 1, 32)
+	d := DecodeMXFP4(blocks, scales, 1, 32)
+	if scales[0] != 127 || tensor.BF16ToF32(d[0]) != 6 || tensor.BF16ToF32(d[1]) != 2 || tensor.BF16ToF32(d[2]) != -0.5 {
+		t.Errorf("scale %d, values %v %v %v", scales[0], tensor.BF16ToF32(d[0]), tensor.BF16ToF32(d[1]), tensor.BF16ToF32(d[2]))
+	}
+}

@@ -48,14 +48,6 @@ __device__ __forceinline__ uint32_t fp4_pair(uint32_t w, int k) {
 // f16 codes' 2^-14 undone).
 __device__ __forceinline__ float fp4_factor(uint32_t s) { return __uint_as_float((s + 14u) << 23); }
 
-__device__ __forceinline__ void mma16816_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint2 ld_stream8(const void* p) {
   uint2 v;
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
@@ -114,7 +106,7 @@ __device__ __forceinline__ void f4_mma_block(float (&acc)[4], const F4Block& k, 
     for (int h = 0; h < 2; h++) {
       const uint32_t a[4] = {fp4_pair(a0w, 2 * h), fp4_pair(a8w, 2 * h), fp4_pair(a0w, 2 * h + 1),
                              fp4_pair(a8w, 2 * h + 1)};
-      mma16816_f16(t, a, xv[2 * wd + h].x, xv[2 * wd + h].y);
+      mk::mma16816<true>(t, a, xv[2 * wd + h].x, xv[2 * wd + h].y);
     }
     const float f0 = fp4_factor((k.s0 >> (8 * wd)) & 0xFFu), f8 = fp4_factor((k.s8 >> (8 * wd)) & 0xFFu);
     acc[0] = fmaf(t[0], f0, acc[0]);

@@ -12,6 +12,7 @@ import (
 
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
+	"github.com/mkserve/mkserve/kernels"
 	"github.com/mkserve/mkserve/models/safetensors"
 	"github.com/mkserve/mkserve/tensor"
 )
@@ -175,38 +176,24 @@ func TestLoadMXFP4(t *testing.T) {
 		v, _ := h.Float32()
 		E, in, out := h.Shape[0], h.Shape[1], h.Shape[2] // bf16 layout [E, in, out]
 		G := in / 32
-		blocks := make([]byte, E*out*G*16)
-		scales := make([]byte, E*out*G)
+		// MXFP4 stores [E, out, in]: each output's inputs in groups of 32.
+		rows := make([]float32, len(v))
+		for e := range E {
+			for k := range in {
+				for o := range out {
+					rows[(e*out+o)*in+k] = v[(e*in+k)*out+o]
+				}
+			}
+		}
+		blocks, scales := kernels.QuantizeMXFP4(rows, E*out, in)
+		// The values the blocks stand for, by the spec's table.
 		deq := make([]float32, len(v))
 		for e := range E {
 			for o := range out {
-				for g := range G {
-					amax := 0.0
-					for k := range 32 {
-						amax = math.Max(amax, math.Abs(float64(v[(e*in+g*32+k)*out+o])))
-					}
-					s := 0
-					if amax > 0 {
-						s = int(math.Ceil(math.Log2(amax / 6)))
-					}
-					scales[(e*out+o)*G+g] = byte(s + 127)
-					for k := range 32 {
-						x := float64(v[(e*in+g*32+k)*out+o]) / math.Ldexp(1, s)
-						best := 0
-						for i, f := range fp4Spec {
-							if math.Abs(x-f) < math.Abs(x-fp4Spec[best]) {
-								best = i
-							}
-						}
-						nib := byte(best)
-						bi := ((e*out+o)*G+g)*16 + k/2
-						if k%2 == 0 {
-							blocks[bi] |= nib
-						} else {
-							blocks[bi] |= nib << 4
-						}
-						deq[(e*in+g*32+k)*out+o] = float32(fp4Spec[best] * math.Ldexp(1, s))
-					}
+				for k := range in {
+					q := (e*out+o)*G + k/32
+					nib := blocks[q*16+k%32/2] >> (4 * (k % 2)) & 0xF
+					deq[(e*in+k)*out+o] = float32(fp4Spec[nib] * math.Ldexp(1, int(scales[q])-127))
 				}
 			}
 		}

@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +10,7 @@ import (
 	"github.com/mkserve/mkserve/backend"
 	"github.com/mkserve/mkserve/backend/cpu"
 	"github.com/mkserve/mkserve/engine"
+	"github.com/mkserve/mkserve/kernels"
 	"github.com/mkserve/mkserve/models"
 	"github.com/mkserve/mkserve/models/safetensors"
 	"github.com/mkserve/mkserve/tensor"
@@ -260,32 +260,18 @@ func mxfp4Of(t *testing.T, h *tensor.Host) []*tensor.Host {
 	}
 	E, in, out := h.Shape[0], h.Shape[1], h.Shape[2]
 	G := in / 32
-	blocks, scales := make([]byte, E*out*G*16), make([]byte, E*out*G)
-	codes := []float64{0, 0.5, 1, 1.5, 2, 3, 4, 6}
+	rows := make([]float32, len(v)) // [E, out, in]: each output's inputs in groups of 32
 	for e := range E {
-		for o := range out {
-			for g := range G {
-				amax := 0.0
-				for k := range 32 {
-					amax = math.Max(amax, math.Abs(float64(v[(e*in+g*32+k)*out+o])))
-				}
-				s := 0
-				if amax > 0 {
-					s = int(math.Ceil(math.Log2(amax / 6)))
-				}
-				scales[(e*out+o)*G+g] = byte(s + 127)
-				for k := range 32 {
-					x := float64(v[(e*in+g*32+k)*out+o]) / math.Ldexp(1, s)
-					c := slices.Index(codes, math.Abs(x))
-					if c < 0 {
-						t.Fatalf("%s: %v is not an E2M1 value times 2^%d", h.Name, x, s)
-					}
-					if x < 0 {
-						c |= 8
-					}
-					blocks[((e*out+o)*G+g)*16+k/2] |= byte(c) << (4 * (k % 2))
-				}
+		for k := range in {
+			for o := range out {
+				rows[(e*out+o)*in+k] = v[(e*in+k)*out+o]
 			}
+		}
+	}
+	blocks, scales := kernels.QuantizeMXFP4(rows, E*out, in)
+	for i, b := range kernels.DecodeMXFP4(blocks, scales, E*out, in) {
+		if tensor.BF16ToF32(b) != rows[i] {
+			t.Fatalf("%s: %v is not an MXFP4 value", h.Name, rows[i])
 		}
 	}
 	return []*tensor.Host{
