@@ -1,7 +1,6 @@
 package kernels
 
 import (
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -226,27 +225,8 @@ func runMoEFP4Case(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activa
 		counts = get[int64](a, cb, E)
 	})
 	t.Logf("workspace %d bytes", wsBytes)
-	hist := make([]int64, E)
-	for _, e := range ids {
-		hist[e]++
-	}
-	if !local {
-		for e := range E {
-			if counts[e] != countsIn[e]+hist[e] {
-				t.Fatalf("expert %d counter %d, want %d", e, counts[e], countsIn[e]+hist[e])
-			}
-		}
-	}
-	refIDs := slices.Clone(ids)
-	if local {
-		for i, e := range refIDs {
-			if int(e) < c.lo || int(e) >= c.hi {
-				refIDs[i] = -1
-			}
-		}
-	}
-	want := moeRef(x, gu, gub, dn, db, refIDs, w, T, K, H, I, act)
-	checkClose(t, fmt.Sprintf("FP4 MoE T=%d E=%d K=%d H=%d I=%d", T, E, K, H, I), out, want, 1e-2)
+	checkMoERun(t, "FP4 MoE", c, moeRun{logits: logits, sbias: sbias, ids: ids, w: w, counts: counts, countsIn: countsIn,
+		out: out, x: x, gu: gu, gub: gub, dn: dn, db: db}, act)
 }
 
 // BenchmarkPackFP4 packs a gpt-oss expert's gate/up matrix [5760, 2880].

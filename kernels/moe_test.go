@@ -474,7 +474,29 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 		}
 		counts = get[int64](a, cb, E)
 	})
-	wantIDs, _ := moe.Route(&c.cfg, logits, sbias, T)
+	checkMoERun(t, "MoE", c, moeRun{logits: logits, sbias: sbias, ids: ids, w: w, counts: counts, countsIn: countsIn,
+		out: out, x: x, gu: gu, gub: gub, dn: dn, db: db}, act)
+}
+
+// moeRun is what a MoE test's run read back, and its inputs.
+type moeRun struct {
+	logits, sbias      []float32
+	ids                []int32 // the global ids (before a rank's localisation)
+	w                  []float32
+	counts, countsIn   []int64
+	out                []float32
+	x, gu, gub, dn, db []float32
+}
+
+// checkMoERun checks a run of case c: the routing against moe.Route, the
+// expert counters (one process), the hot and cold experts, and out against
+// the float64 loop on the same values (relative L2 ≤ 1e-2).
+func checkMoERun(t *testing.T, what string, c moeCase, r moeRun, act moe.Activation) {
+	t.Helper()
+	E, K, T, H, I := c.cfg.NumExperts, c.cfg.TopK, c.T, c.H, c.I
+	local := c.lo < c.hi
+	ids, w, counts, countsIn := r.ids, r.w, r.counts, r.countsIn
+	wantIDs, _ := moe.Route(&c.cfg, r.logits, r.sbias, T)
 	for i := range wantIDs {
 		if ids[i] != wantIDs[i] {
 			t.Fatalf("routing: token %d slot %d expert %d, moe.Route %d", i/K, i%K, ids[i], wantIDs[i])
@@ -511,8 +533,8 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 			}
 		}
 	}
-	want := moeRef(x, gu, gub, dn, db, refIDs, w, T, K, H, I, act)
-	checkClose(t, fmt.Sprintf("MoE T=%d E=%d K=%d H=%d I=%d", T, E, K, H, I), out, want, 1e-2)
+	want := moeRef(r.x, r.gu, r.gub, r.dn, r.db, refIDs, w, T, K, H, I, act)
+	checkClose(t, fmt.Sprintf("%s T=%d E=%d K=%d H=%d I=%d", what, T, E, K, H, I), r.out, want, 1e-2)
 }
 
 // TestMoEWorkspaceReuse runs routing and the experts (MoERouteExpertsRun,
