@@ -2031,7 +2031,7 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
         off, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts), g1cnt, g1cnt_n));
     MK_LAUNCHED("moe_align");
   }
-  if (fp4 != nullptr) {
+  if (fp4 != nullptr && !fp4_gemm_on()) {
     // FP4 weights: the experts with rows, dequantized into gate_up and down
     // (the workspace's scratch) for the grouped GEMMs.
     auto deq = [&](uint64_t dst, const uint8_t* codes, const uint8_t* scales, int64_t rpe, int64_t kd) {
@@ -2068,7 +2068,10 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
     g1.split_cnt_n = (int)(L.tiles * L.g2nt);
   }
   int rc;
-  if (L.g1s > 1) {
+  const bool fp4_gemm = fp4 != nullptr && fp4_gemm_on();
+  if (fp4_gemm) {
+    rc = run_gemm_fp4<true>(bm, g1, fp4->gu_codes, fp4->gu_scales, L.tiles, s);
+  } else if (L.g1s > 1) {
     const int64_t kt = (h + BK - 1) / BK;
     g1.ksplit = L.g1s;
     g1.ktc = (int)((kt + L.g1s - 1) / L.g1s);
@@ -2089,7 +2092,9 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   g2.out = y;
   g2.Kd = i;
   g2.N = h;
-  if (L.g2s > 1) {
+  if (fp4_gemm) {
+    rc = run_gemm_fp4<false>(bm, g2, fp4->dn_codes, fp4->dn_scales, L.tiles, s);
+  } else if (L.g2s > 1) {
     const int64_t kt = (i + BK - 1) / BK;
     g2.ksplit = L.g2s;
     g2.ktc = (int)((kt + L.g2s - 1) / L.g2s);
@@ -2312,7 +2317,7 @@ int32_t mk_moe_workspace_fp4(int64_t t, int32_t k, int32_t e, int64_t h, int64_t
     *bytes = fp4_gemv_ws(std::min(t, fp4_chunk(k)), k, e, h, i).total;  // reused by every chunk
     return MK_OK;
   }
-  *bytes = up256(layout(t, k, e, h, i).total) + fp4_scratch(e, h, i);
+  *bytes = up256(layout(t, k, e, h, i).total) + (fp4_gemm_on() ? 0 : fp4_scratch(e, h, i));
   return MK_OK;
 }
 

@@ -423,6 +423,210 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// moe_gemm_fp4_kernel is moe_gemm_kernel's grouped GEMM (no split, no
+// dense mode) with FP4 weights, the decoding done in shared memory: each
+// k tile of 64 columns is one FP4 block of each weight row, so the cp.async
+// ring stages the rows' 32 code bytes (a quarter of bf16's) beside A's
+// rows, and after the stage lands the CTA decodes it (exactly: E2M1 ·
+// 2^(scale − 127) is a bf16) into one bf16 tile in moe_gemm_kernel's
+// swizzled layout, which mma_stage reads as it reads bf16 weights. The
+// rows' scales ([BN][Kd/32] bytes) are loaded once, before the ring. An
+// experiment (MK_FP4_GEMM=1; written after the device time ran out in the
+// thirty-fourth pass, not yet run): the dequantized path writes and reads
+// every chosen expert in bf16 instead. Dynamic shared memory:
+// fp4_gemm_smem.
+template <int BM, int BN>
+constexpr size_t fp4_gemm_smem(int stages, int64_t Kd) {
+  return (size_t)stages * BM * BK * 2 + (size_t)BN * BK * 2 + (size_t)stages * BN * 32 + (size_t)BN * (Kd / 32);
+}
+template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
+    moe_gemm_fp4_kernel(const GemmArgs p, const uint8_t* Wc, const uint8_t* Ws) {
+  mk::pdl_begin();
+  constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
+  constexpr int MF = WM / 16, NF = WN / 8;
+  constexpr int A_CH = BM * 8, A_PER = (A_CH + THREADS - 1) / THREADS;
+  constexpr int C_CH = BN * 2, C_PER = (C_CH + THREADS - 1) / THREADS;  // 16-byte chunks of codes a stage
+  constexpr int U = BN * 4, U_PER = (U + THREADS - 1) / THREADS;        // decoding units: (row, quad thread)
+  int tile, ntile;
+  mkmoe::group_tile((int)blockIdx.x, p.group_m, p.mt, p.nt, tile, ntile);
+  if (tile >= ::__ldcg(p.num_tiles)) return;
+  extern __shared__ __align__(128) unsigned char gemm_sm[];
+  bf16* sA = reinterpret_cast<bf16*>(gemm_sm);  // [STAGES][BM·BK]
+  bf16* sB = sA + STAGES * BM * BK;              // [BN·BK]: the decoded k tile
+  uint8_t* sC = reinterpret_cast<uint8_t*>(sB + BN * BK);  // [STAGES][BN·32]: codes
+  uint8_t* sS = sC + STAGES * BN * 32;                     // [BN][Kd/32]: scales
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+  const int e = ::__ldcg(p.tile_expert + tile);
+  const int64_t m0 = (int64_t)tile * BM, Kd = p.Kd, N = p.N, rb = Kd / 2, rs = Kd / 32;
+  const bf16* a_src[A_PER];
+  int a_dst[A_PER], a_ch[A_PER];
+#pragma unroll
+  for (int i = 0; i < A_PER; i++) {
+    const int c = tid + i * THREADS, r = c / 8;
+    a_ch[i] = c % 8;
+    a_dst[i] = c < A_CH ? swz(r, a_ch[i]) : -1;
+    a_src[i] = nullptr;
+    if (c < A_CH) {
+      const int32_t asg = ::__ldcg(p.sorted + m0 + r);
+      if (asg >= 0) a_src[i] = GATEUP ? p.A + (int64_t)(asg / p.topk) * Kd : p.A + (m0 + r) * Kd;
+    }
+  }
+  // The weight row of tile row r (tile_b_row's), or -1 past N.
+  auto wrow = [&](int r) -> int64_t {
+    const int64_t row0 = (int64_t)e * (GATEUP ? 2 * N : N);
+    if (GATEUP) {
+      const int64_t j = (int64_t)ntile * (BN / 2) + (r % (BN / 2));
+      return j < N ? row0 + (r < BN / 2 ? 0 : N) + j : -1;
+    }
+    const int64_t n = (int64_t)ntile * BN + r;
+    return n < N ? row0 + n : -1;
+  };
+  const uint8_t* c_src[C_PER];
+#pragma unroll
+  for (int i = 0; i < C_PER; i++) {
+    const int c = tid + i * THREADS;
+    const int64_t w = c < C_CH ? wrow(c / 2) : -1;
+    c_src[i] = w >= 0 ? Wc + w * rb + (c % 2) * 16 : nullptr;
+  }
+  for (int i = tid; i < BN * rs; i += THREADS) {
+    const int64_t w = wrow(i / (int)rs);
+    sS[i] = w >= 0 ? Ws[w * rs + i % rs] : (uint8_t)127;
+  }
+  const int KT = (int)(Kd / BK);
+  auto load = [&](int stage, int kt) {
+    const int64_t k0 = (int64_t)kt * BK;
+    bf16* a = sA + stage * BM * BK;
+#pragma unroll
+    for (int i = 0; i < A_PER; i++) {
+      if (a_dst[i] < 0) continue;
+      const bool v = a_src[i] != nullptr;
+      cp_async16(a + a_dst[i], v ? a_src[i] + k0 + a_ch[i] * 8 : p.A, v);
+    }
+    uint8_t* cs = sC + stage * BN * 32;
+#pragma unroll
+    for (int i = 0; i < C_PER; i++) {
+      const int c = tid + i * THREADS;
+      if (c >= C_CH) continue;
+      const bool v = c_src[i] != nullptr;
+      cp_async16(cs + c * 16, v ? c_src[i] + (int64_t)kt * 32 : Wc, v);
+    }
+  };
+  // decode writes stage's codes (k tile kt) as bf16 into sB: unit (r, c)
+  // is quad thread c's 8 bytes of row r, the values 16q + 4c + j.
+  auto decode = [&](int stage, int kt) {
+    const uint8_t* cs = sC + stage * BN * 32;
+#pragma unroll
+    for (int i = 0; i < U_PER; i++) {
+      const int u = tid + i * THREADS;
+      if (u >= U) continue;
+      const int r = u / 4, c = u % 4;
+      const uint2 wv = *reinterpret_cast<const uint2*>(cs + r * 32 + 8 * c);
+#pragma unroll
+      for (int wd = 0; wd < 2; wd++) {
+        const uint32_t w = wd ? wv.y : wv.x;
+        const float f = fp4_factor(sS[r * rs + 2 * kt + wd]);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          uint32_t o[2];
+#pragma unroll
+          for (int half = 0; half < 2; half++) {
+            const uint32_t pr = fp4_pair(w, 2 * h + half);
+            const float2 fv = __half22float2(*reinterpret_cast<const __half2*>(&pr));
+            const __nv_bfloat162 bv = __floats2bfloat162_rn(fv.x * f, fv.y * f);
+            o[half] = *reinterpret_cast<const uint32_t*>(&bv);
+          }
+          const int q = 2 * wd + h;  // values 16q + 4c … 16q + 4c + 3: chunk 2q + c/2, from element 4·(c%2)
+          *reinterpret_cast<uint2*>(sB + swz(r, 2 * q + c / 2) + 4 * (c % 2)) = make_uint2(o[0], o[1]);
+        }
+      }
+    }
+  };
+  float acc[MF][NF][4];
+  mkmoe::zero_acc(acc);
+  auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
+  mkmoe::ring_prologue<STAGES>(KT, load);
+  for (int kt = 0; kt < KT; kt++) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage kt landed; every warp is done with sB and the stage load() refills
+    const int nk = kt + STAGES - 1;
+    if (nk < KT) load(nk % STAGES, nk);
+    cp_async_commit();
+    decode(kt % STAGES, kt);
+    __syncthreads();
+    mkmoe::mma_stage<MF, NF, WM>(acc, sA + (kt % STAGES) * BM * BK, sB, wm, lane, brow);
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int mf = 0; mf < MF; mf++) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int64_t slot = m0 + wm * WM + mf * 16 + lane / 4 + 8 * h;
+      if (p.sorted[slot] < 0) continue;
+      if (GATEUP) {
+        mkmoe::store_act_frags<NF, WN, BN>(reinterpret_cast<bf16*>(p.out) + slot * N, acc[mf], h, ntile, wn, lane, N,
+                                           p.bias ? p.bias + (int64_t)e * 2 * N : nullptr, p.act, p.alpha, p.limit);
+        continue;
+      }
+      float* out = reinterpret_cast<float*>(p.out) + slot * N;
+      const float* db = p.bias ? p.bias + (int64_t)e * N : nullptr;
+#pragma unroll
+      for (int nf = 0; nf < NF; nf++) {
+        const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
+        if (n >= N) continue;
+        float2 v = make_float2(acc[mf][nf][2 * h], acc[mf][nf][2 * h + 1]);
+        if (db) {
+          v.x += db[n];
+          v.y += db[n + 1];
+        }
+        *reinterpret_cast<float2*>(out + n) = v;
+      }
+    }
+  }
+}
+
+// fp4_gemm_on: MK_FP4_GEMM=1 runs the FP4 grouped GEMMs (moe_gemm_fp4_kernel)
+// where the dequantized path would.
+bool fp4_gemm_on() {
+  static const bool v = mk::env_is("MK_FP4_GEMM", '1');
+  return v;
+}
+
+// launch_gemm_fp4 runs moe_gemm_fp4_kernel over a's tiles.
+template <int BM, int BN, int WM, int WN, bool GU>
+int launch_gemm_fp4(const GemmArgs& a, const uint8_t* Wc, const uint8_t* Ws, int64_t tiles, cudaStream_t s) {
+  constexpr int ST = 4;
+  auto kern = moe_gemm_fp4_kernel<BM, BN, WM, WN, ST, GU>;
+  const size_t sm = fp4_gemm_smem<BM, BN>(ST, a.Kd);
+  static size_t attr = 48 << 10;  // per instantiation; the library runs on one thread
+  if (sm > attr) {
+    MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attr = sm;
+  }
+  const int64_t cols = GU ? BN / 2 : BN, nt = (a.N + cols - 1) / cols;
+  MK_ARG(tiles * nt < (1ll << 31), "mk_moe_experts_fp4: %lld × %lld tiles", (long long)tiles, (long long)nt);
+  GemmArgs g = a;
+  g.mt = (int)tiles;
+  g.nt = (int)nt;
+  g.group_m = mkmoe::group_m();
+  (void)(mk::launch(kern, dim3((unsigned)(tiles * nt)), dim3((BM / WM) * (BN / WN) * 32), sm, s, g, Wc, Ws));
+  MK_LAUNCHED(GU ? "moe_gemm_fp4 (gate/up)" : "moe_gemm_fp4 (down)");
+  return MK_OK;
+}
+
+// run_gemm_fp4 picks moe_gemm_fp4_kernel's tile for the align's row tile bm
+// (the same row tiles as the bf16 configurations).
+template <bool GU>
+int run_gemm_fp4(int bm, const GemmArgs& a, const uint8_t* Wc, const uint8_t* Ws, int64_t tiles, cudaStream_t s) {
+  switch (bm) {
+    case 16: return launch_gemm_fp4<16, 64, 16, 16, GU>(a, Wc, Ws, tiles, s);
+    case 32: return launch_gemm_fp4<32, 64, 32, 16, GU>(a, Wc, Ws, tiles, s);
+    case 64: return launch_gemm_fp4<64, 128, 32, 64, GU>(a, Wc, Ws, tiles, s);
+    default: return launch_gemm_fp4<128, 128, 64, 32, GU>(a, Wc, Ws, tiles, s);
+  }
+}
+
 // fp4_gemv_on: MK_FP4_GEMV=0 sends every batch through the dequantized
 // grouped GEMMs (measurements).
 bool fp4_gemv_on() {

@@ -15,3 +15,12 @@ for wt in fp4 stored; do
 	timeout 200 .dev/mkserve bench model --config configs/shapes/gpt-oss-20b --cuda-weights $wt --batch 1,8,16,32 --context 1024 --prefill 8192 --steps 10 >"$OUT/model_$wt.log" 2>&1
 	echo "bench model gpt-oss-20b --cuda-weights $wt rc=$? t=${SECONDS}s"; tail -6 "$OUT/model_$wt.log"
 done
+# MK_FP4_GEMM=1: the FP4 grouped GEMM decoding in shared memory (written after the device time ran out)
+(cd kernels && MK_FP4_GEMM=1 timeout 60 ../.dev/kernels.test -test.v -test.count=1 -test.run '^TestMoEExpertsFP4$' >"$OUT/ktest_gemm.log" 2>&1); echo "MK_FP4_GEMM=1 kernel tests rc=$?"
+grep -E "^(--- |FAIL|ok|PASS)|FP4 MoE|panic|error" "$OUT/ktest_gemm.log" | head -16
+for v in 0 1; do
+	MK_FP4_GEMM=$v timeout 120 .dev/mkserve bench moe --path grouped --weights fp4 $sh --tokens 64,256,1024,4096,16384 --json >"$OUT/moe_gemm$v.json" 2>&1
+	echo "MK_FP4_GEMM=$v bench moe rc=$?"; python3 -c 'import json,sys
+for r in json.load(open(sys.argv[1])): print(r["tokens"], "%.4f ms"%r["ms"], "%.0f TF"%r["tflops"], "err %.2g"%r["rel_err"])' "$OUT/moe_gemm$v.json"
+done
+echo "done t=${SECONDS}s"
