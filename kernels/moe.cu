@@ -764,17 +764,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
         const int64_t plane = dense > 0 ? dense : (int64_t)p.mt * BM;  // rows of one split's partial sums
         float* out = partial ? p.part + ((int64_t)split * plane + slot) * N : reinterpret_cast<float*>(p.out) + slot * N;
         const float* db = p.bias && !partial ? p.bias + (int64_t)e * N : nullptr;
-#pragma unroll
-        for (int nf = 0; nf < NF; nf++) {
-          const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
-          if (n >= N) continue;
-          float2 v = make_float2(acc[mf][nf][2 * h], acc[mf][nf][2 * h + 1]);
-          if (db) {
-            v.x += db[n];
-            v.y += db[n + 1];
-          }
-          *reinterpret_cast<float2*>(out + n) = v;
-        }
+        mkmoe::store_y_frags<NF, WN, BN>(out, acc[mf], h, ntile, wn, lane, N, db);
       }
     }
   }

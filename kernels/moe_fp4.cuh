@@ -48,6 +48,20 @@ __device__ __forceinline__ uint32_t fp4_pair(uint32_t w, int k) {
 // f16 codes' 2^-14 undone).
 __device__ __forceinline__ float fp4_factor(uint32_t s) { return __uint_as_float((s + 14u) << 23); }
 
+// fp4_bf16x4 is chunk h's four values (pairs 2h and 2h + 1 of word w) as
+// bf16, times f (a group's fp4_factor: exact), packed in order.
+__device__ __forceinline__ uint2 fp4_bf16x4(uint32_t w, int h, float f) {
+  uint32_t o[2];
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    const uint32_t pr = fp4_pair(w, 2 * h + half);
+    const float2 fv = __half22float2(*reinterpret_cast<const __half2*>(&pr));
+    const __nv_bfloat162 bv = __floats2bfloat162_rn(fv.x * f, fv.y * f);
+    o[half] = *reinterpret_cast<const uint32_t*>(&bv);
+  }
+  return make_uint2(o[0], o[1]);
+}
+
 __device__ __forceinline__ uint2 ld_stream8(const void* p) {
   uint2 v;
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
@@ -408,17 +422,8 @@ __global__ void __launch_bounds__(256)
       const uint32_t w = wd ? wv.y : wv.x;
       const float f = fp4_factor((sc >> (8 * wd)) & 0xFFu);
 #pragma unroll
-      for (int h = 0; h < 2; h++) {  // chunk q = 2wd + h: values 16q + 4c + (0 … 3)
-        uint32_t o[2];
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-          const uint32_t pr = fp4_pair(w, 2 * h + half);
-          const float2 fv = __half22float2(*reinterpret_cast<const __half2*>(&pr));
-          const __nv_bfloat162 bv = __floats2bfloat162_rn(fv.x * f, fv.y * f);
-          o[half] = *reinterpret_cast<const uint32_t*>(&bv);
-        }
-        *reinterpret_cast<uint2*>(d + 16 * (2 * wd + h)) = make_uint2(o[0], o[1]);
-      }
+      for (int h = 0; h < 2; h++)  // chunk q = 2wd + h: values 16q + 4c + (0 … 3)
+        *reinterpret_cast<uint2*>(d + 16 * (2 * wd + h)) = fp4_bf16x4(w, h, f);
     }
   }
 }
@@ -529,16 +534,8 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
         const float f = fp4_factor(sS[r * rs + 2 * kt + wd]);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-          uint32_t o[2];
-#pragma unroll
-          for (int half = 0; half < 2; half++) {
-            const uint32_t pr = fp4_pair(w, 2 * h + half);
-            const float2 fv = __half22float2(*reinterpret_cast<const __half2*>(&pr));
-            const __nv_bfloat162 bv = __floats2bfloat162_rn(fv.x * f, fv.y * f);
-            o[half] = *reinterpret_cast<const uint32_t*>(&bv);
-          }
           const int q = 2 * wd + h;  // values 16q + 4c … 16q + 4c + 3: chunk 2q + c/2, from element 4·(c%2)
-          *reinterpret_cast<uint2*>(sB + swz(r, 2 * q + c / 2) + 4 * (c % 2)) = make_uint2(o[0], o[1]);
+          *reinterpret_cast<uint2*>(sB + swz(r, 2 * q + c / 2) + 4 * (c % 2)) = fp4_bf16x4(w, h, f);
         }
       }
     }
@@ -569,19 +566,8 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
                                            p.bias ? p.bias + (int64_t)e * 2 * N : nullptr, p.act, p.alpha, p.limit);
         continue;
       }
-      float* out = reinterpret_cast<float*>(p.out) + slot * N;
-      const float* db = p.bias ? p.bias + (int64_t)e * N : nullptr;
-#pragma unroll
-      for (int nf = 0; nf < NF; nf++) {
-        const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
-        if (n >= N) continue;
-        float2 v = make_float2(acc[mf][nf][2 * h], acc[mf][nf][2 * h + 1]);
-        if (db) {
-          v.x += db[n];
-          v.y += db[n + 1];
-        }
-        *reinterpret_cast<float2*>(out + n) = v;
-      }
+      mkmoe::store_y_frags<NF, WN, BN>(reinterpret_cast<float*>(p.out) + slot * N, acc[mf], h, ntile, wn, lane, N,
+                                       p.bias ? p.bias + (int64_t)e * N : nullptr);
     }
   }
 }

@@ -214,6 +214,26 @@ __device__ __forceinline__ void group_tile(int id, int group_m, int mt, int nt, 
   ntile = (id % span) / gsize;
 }
 
+// store_y_frags writes row half h of one m fragment of a warp's mma.sync
+// GEMM2 tile (acc: its NF n fragments) to the float32 row out: out[n] =
+// acc + db[n] (db may be null) for the warp's columns n = ntile·BN +
+// wn·WN + 8·nf + 2·(lane%4) (+1) below N.
+template <int NF, int WN, int BN>
+__device__ __forceinline__ void store_y_frags(float* out, const float (&acc)[NF][4], int h, int ntile, int wn,
+                                              int lane, int64_t N, const float* db) {
+#pragma unroll
+  for (int nf = 0; nf < NF; nf++) {
+    const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
+    if (n >= N) continue;
+    float2 v = make_float2(acc[nf][2 * h], acc[nf][2 * h + 1]);
+    if (db) {
+      v.x += db[n];
+      v.y += db[n + 1];
+    }
+    *reinterpret_cast<float2*>(out + n) = v;
+  }
+}
+
 // store_act_frags writes row half h of one m fragment of a warp's mma.sync
 // GEMM1 tile (acc: its NF n fragments, the first NF/2 gate, the rest the
 // same columns' up; tile_brow's layout) as the activation: out[j] =
