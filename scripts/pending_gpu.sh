@@ -1,12 +1,12 @@
 #!/bin/bash
-# thirty-fourth pass, written after the device time ran out (run it first next session): the FP4 path rule, the MXFP4 hand-over and the FP4 grouped GEMM (MK_FP4_GEMM=1) — kernel and backend tests, bench moe, gpt-oss-20b A/B. Carry .dev/device.tar.xz (make device-bins).
+# thirty-fourth pass, written after the device time ran out (run it first next session; the grouped GEMM2 epilogue and the dequantization were refactored after the last GPU run): the FP4 path rule, the MXFP4 hand-over and the FP4 grouped GEMM (MK_FP4_GEMM=1) — kernel and backend tests, bench moe, gpt-oss-20b A/B. Carry .dev/device.tar.xz (make device-bins).
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-.dev/out}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 MK_MODE=none bash scripts/device.sh >"$OUT/build.log" 2>&1 || { grep -iE "error" "$OUT/build.log" | head -30; exit 1; }
 echo "built t=${SECONDS}s"
 export MKSERVE_KERNEL_LIB=$PWD/.dev/libmkernel.so MKSERVE_REQUIRE_GPU=1
-(cd kernels && timeout 40 ../.dev/kernels.test -test.v -test.count=1 -test.run '^Test(FP4Dequant|MoEExpertsFP4)$' >"$OUT/ktest.log" 2>&1); echo "kernel tests rc=$? t=${SECONDS}s"
-grep -E "^(--- |FAIL|ok|PASS)|FP4 MoE|panic|error" "$OUT/ktest.log" | head -20
+(cd kernels && timeout 150 ../.dev/kernels.test -test.v -test.count=1 -test.run '^Test(FP4Dequant|MoEExpertsFP4|MoEExperts|MoEWorkspaceReuse|GemmSkinny.*)$' >"$OUT/ktest.log" 2>&1); echo "kernel tests rc=$? t=${SECONDS}s"
+grep -E "^(--- |FAIL|ok|PASS)|panic|error" "$OUT/ktest.log" | grep -v "^    --- PASS" | head -20
 (cd backend/cuda && timeout 100 ../../.dev/cuda.test -test.v -test.count=1 -test.run '^Test(FP4Weights|FP4FromMXFP4Checkpoint|PlanExperts)$' >"$OUT/ctest.log" 2>&1); echo "cuda tests rc=$? t=${SECONDS}s"
 grep -E "^(--- |FAIL|ok|PASS)|relative L2|FP4 uploads|panic" "$OUT/ctest.log" | head -20
 sh="--hidden 2880 --intermediate 2880 --experts 128 --topk 4 --routing softmax"
