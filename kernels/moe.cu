@@ -2345,7 +2345,8 @@ int32_t mk_moe_experts_fp4(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
     const size_t xsm = (size_t)tc * h * 2, asm_ = (size_t)tc * i * 2;
     static size_t up_attr = 32 << 10, down_attr = 32 << 10;
     if (xsm > up_attr) {
-      MK_CUDA(cudaFuncSetAttribute(moe_fp4_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)xsm));
+      MK_CUDA(cudaFuncSetAttribute(moe_fp4_up_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)xsm));
+      MK_CUDA(cudaFuncSetAttribute(moe_fp4_up_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)xsm));
       up_attr = xsm;
     }
     if (asm_ > down_attr) {
@@ -2356,7 +2357,8 @@ int32_t mk_moe_experts_fp4(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
       const int64_t n = std::min(tc, t - t0);
       const int32_t* cids = mk::dev<const int32_t>(ids) + t0 * k;
       const float* cw = mk::dev<const float>(weights) + t0 * k;
-      (void)(mk::launch(moe_fp4_up_kernel, dim3((unsigned)(i / 16), (unsigned)(n * k)), dim3(kF4Warps * 32), xsm, s,
+      (void)(mk::launch(fp4_unroll() ? moe_fp4_up_kernel<true> : moe_fp4_up_kernel<false>,
+          dim3((unsigned)(i / 16), (unsigned)(n * k)), dim3(kF4Warps * 32), xsm, s,
           act, cnt, (int)(h / 16), mk::dev<const bf16>(x) + t0 * h, cids, mk::dev<const uint8_t>(gu_codes),
           mk::dev<const uint8_t>(gu_scales), gate_up_bias ? mk::dev<const float>(gate_up_bias) : nullptr, h, i,
           (int)n, (int)k, (int)act_kind, mk::float_from_bits(alpha_bits), mk::float_from_bits(limit_bits),

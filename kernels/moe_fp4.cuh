@@ -211,6 +211,9 @@ __device__ __forceinline__ void stage_rows(__half* dst, const bf16* const* rows,
 // kF4Tokens: a token's experts differ), the activation into act[q, j] in
 // bf16 as the bf16 GEMV kernels write it. The CTAs of row 0 first zero the
 // down kernel's ncnt column-tile counters.
+// U2 (MK_FP4_UNROLL=1, written after the thirty-fourth pass's device time
+// ran out, not yet measured): the weight loop two blocks a trip.
+template <bool U2>
 __global__ void __launch_bounds__(kF4Warps * 32, 6)
     moe_fp4_up_kernel(bf16* act, int* cnt, int ncnt, const bf16* x, const int32_t* ids, const uint8_t* codes,
                       const uint8_t* scales, const float* gub, int64_t H, int64_t I, int T, int K, int act_kind,
@@ -258,14 +261,31 @@ __global__ void __launch_bounds__(kF4Warps * 32, 6)
   const bool present = g < nt;
   const __half* xrow = xs + (int64_t)(present ? g : 0) * H;
   float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-  for (; b < nb; b += kF4Warps) {
-    const F4Block kg = g1, ku = u1;
-    g1 = g2, u1 = u2;
-    if (b + 2 * kF4Warps < nb) g2 = f4_load(gr, b + 2 * kF4Warps), u2 = f4_load(ur, b + 2 * kF4Warps);
-    uint2 xv[4];
-    f4_x(xv, xrow, present, b);
-    f4_mma_block(acc[0], kg, xv);
-    f4_mma_block(acc[1], ku, xv);
+  if constexpr (U2) {
+    // Two blocks a trip, each buffer refilled right after its use: the
+    // same two loads in flight without moving blocks between registers.
+    for (; b < nb; b += 2 * kF4Warps) {
+      uint2 xv[4];
+      f4_x(xv, xrow, present, b);
+      f4_mma_block(acc[0], g1, xv);
+      f4_mma_block(acc[1], u1, xv);
+      if (b + 2 * kF4Warps < nb) g1 = f4_load(gr, b + 2 * kF4Warps), u1 = f4_load(ur, b + 2 * kF4Warps);
+      if (b + kF4Warps >= nb) break;
+      f4_x(xv, xrow, present, b + kF4Warps);
+      f4_mma_block(acc[0], g2, xv);
+      f4_mma_block(acc[1], u2, xv);
+      if (b + 3 * kF4Warps < nb) g2 = f4_load(gr, b + 3 * kF4Warps), u2 = f4_load(ur, b + 3 * kF4Warps);
+    }
+  } else {
+    for (; b < nb; b += kF4Warps) {
+      const F4Block kg = g1, ku = u1;
+      g1 = g2, u1 = u2;
+      if (b + 2 * kF4Warps < nb) g2 = f4_load(gr, b + 2 * kF4Warps), u2 = f4_load(ur, b + 2 * kF4Warps);
+      uint2 xv[4];
+      f4_x(xv, xrow, present, b);
+      f4_mma_block(acc[0], kg, xv);
+      f4_mma_block(acc[1], ku, xv);
+    }
   }
   f4_reduce<2>(acc, red);
   if (warp != 0) return;
@@ -611,6 +631,12 @@ int run_gemm_fp4(int bm, const GemmArgs& a, const uint8_t* Wc, const uint8_t* Ws
     case 64: return launch_gemm_fp4<64, 128, 32, 64, GU>(a, Wc, Ws, tiles, s);
     default: return launch_gemm_fp4<128, 128, 64, 32, GU>(a, Wc, Ws, tiles, s);
   }
+}
+
+// fp4_unroll: MK_FP4_UNROLL=1 runs moe_fp4_up_kernel<true>.
+bool fp4_unroll() {
+  static const bool v = mk::env_is("MK_FP4_UNROLL", '1');
+  return v;
 }
 
 // fp4_gemv_on: MK_FP4_GEMV=0 sends every batch through the dequantized
