@@ -313,6 +313,43 @@ type ExpertPlan struct {
 	E         int
 }
 
+// WeightBytes is the memory of the weights a backend holds, by form.
+type WeightBytes struct {
+	F32, BF16, Q8, FP4 int64
+	// FP4Group is the bytes of an FP4 group of 32 values in this backend's
+	// form (the cpu's: 20, codes and a float32 scale; cuda's: 17, codes and
+	// an E8M0 byte).
+	FP4Group int64
+}
+
+// Total is the bytes of all forms.
+func (w WeightBytes) Total() int64 { return w.F32 + w.BF16 + w.Q8 + w.FP4 }
+
+// Values is the number of values the weights hold (4 bytes a float32, 2 a
+// bf16, 36 a group of 32 in Q8, FP4Group in FP4).
+func (w WeightBytes) Values() int64 {
+	v := w.F32/4 + w.BF16/2 + w.Q8/36*32
+	if w.FP4Group > 0 {
+		v += w.FP4 / w.FP4Group * 32
+	}
+	return v
+}
+
+// Dominant names the form that holds the most bytes: "F32", "BF16", "Q8"
+// or "FP4" ("" for none).
+func (w WeightBytes) Dominant() string {
+	best, name := int64(0), ""
+	for _, f := range []struct {
+		n    int64
+		name string
+	}{{w.F32, "F32"}, {w.BF16, "BF16"}, {w.Q8, "Q8"}, {w.FP4, "FP4"}} {
+		if f.n > best {
+			best, name = f.n, f.name
+		}
+	}
+	return name
+}
+
 // FP4Loader is implemented by backends that can take an MXFP4 checkpoint's
 // expert matrices as they are stored, with no bf16 copy on the way: model
 // loaders ask WantFP4 (after ExpertPlanner.PlanExperts, if implemented) and

@@ -127,39 +127,14 @@ type Backend struct {
 	held [4]atomic.Int64 // bytes of the weights Weight made: float32, bf16, Q8, FP4
 }
 
-// WeightBytes is the memory of the weights a backend holds, by form.
-type WeightBytes struct {
-	F32, BF16, Q8, FP4 int64
-}
-
-// Total is the bytes of all forms.
-func (w WeightBytes) Total() int64 { return w.F32 + w.BF16 + w.Q8 + w.FP4 }
-
-// Values is the number of values the weights hold (4 bytes a float32, 2 a
-// bf16, 36 a group of 32 in Q8, 20 in FP4).
-func (w WeightBytes) Values() int64 {
-	return w.F32/4 + w.BF16/2 + w.Q8/36*32 + w.FP4/20*32
-}
-
-// Dominant names the form that holds the most bytes: "F32", "BF16", "Q8"
-// or "FP4" ("" for none).
-func (w WeightBytes) Dominant() string {
-	best, name := int64(0), ""
-	for _, f := range []struct {
-		n    int64
-		name string
-	}{{w.F32, "F32"}, {w.BF16, "BF16"}, {w.Q8, "Q8"}, {w.FP4, "FP4"}} {
-		if f.n > best {
-			best, name = f.n, f.name
-		}
-	}
-	return name
-}
+// WeightBytes is the memory of the weights a backend holds, by form (an
+// FP4 group here: 16 code bytes and a float32 scale, 20 bytes).
+type WeightBytes = backend.WeightBytes
 
 // WeightBytes reports the bytes of the weights Weight has made so far, by
 // the form Options.Weights chose for each.
 func (be *Backend) WeightBytes() WeightBytes {
-	return WeightBytes{F32: be.held[0].Load(), BF16: be.held[1].Load(), Q8: be.held[2].Load(), FP4: be.held[3].Load()}
+	return WeightBytes{F32: be.held[0].Load(), BF16: be.held[1].Load(), Q8: be.held[2].Load(), FP4: be.held[3].Load(), FP4Group: 20}
 }
 
 // count adds t's bytes to the weights held.

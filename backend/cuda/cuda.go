@@ -140,15 +140,16 @@ type Options struct {
 type Backend struct {
 	g           *kernels.GPU
 	alloc       *allocator
-	split       bool         // Options.SplitActivations
-	kvF32       bool         // Options.KVCacheF32
-	noGraphs    bool         // Options.NoGraphs
-	slowReplays bool         // every replay runs the model's Go code again (tests; GraphFastEnv for everyone)
-	moePath     string       // "grouped" or "fused" (Options.MoEPath)
-	weights     string       // Options.Weights (parsed: never empty)
-	fp4Held     atomic.Int64 // weights uploaded as FP4
-	fp4Auto     atomic.Bool  // PlanExperts: WeightsAuto holds this model's MXFP4 experts as FP4
-	epRanks     int          // emulated expert-parallel ranks of the fused path (≥ 1)
+	split       bool            // Options.SplitActivations
+	kvF32       bool            // Options.KVCacheF32
+	noGraphs    bool            // Options.NoGraphs
+	slowReplays bool            // every replay runs the model's Go code again (tests; GraphFastEnv for everyone)
+	moePath     string          // "grouped" or "fused" (Options.MoEPath)
+	weights     string          // Options.Weights (parsed: never empty)
+	fp4Held     atomic.Int64    // weights uploaded as FP4
+	held        [3]atomic.Int64 // bytes of the weights made: float32, bf16, FP4 (codes and scales)
+	fp4Auto     atomic.Bool     // PlanExperts: WeightsAuto holds this model's MXFP4 experts as FP4
+	epRanks     int             // emulated expert-parallel ranks of the fused path (≥ 1)
 	moeTuning   *tuning.MoETable
 	fused       fusedState
 	world       *world // Options.World, or nil
@@ -893,6 +894,11 @@ func (be *Backend) Weight(h *tensor.Host) (backend.Tensor, error) {
 		be.alloc.put(st.f32)
 		be.alloc.put(st.bf16)
 		return nil, fmt.Errorf("cuda: weight %q: %w", h.Name, err)
+	}
+	if st.f32 != nil {
+		be.held[0].Add(int64(n) * 4)
+	} else {
+		be.held[1].Add(int64(n) * 2)
 	}
 	return be.wrap(shape, st), nil
 }

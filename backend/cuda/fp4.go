@@ -108,7 +108,14 @@ func (be *Backend) uploadFP4(name string, n, k int, codes, scales []byte) (*stor
 		be.alloc.put(st.fp4.Scales)
 		return nil, fmt.Errorf("cuda: weight %q: %w", name, err)
 	}
+	be.held[2].Add(int64(len(codes) + len(scales)))
 	return st, nil
+}
+
+// WeightBytes reports the device memory of the weights made so far, by
+// form (an FP4 group: 16 code bytes and an E8M0 byte).
+func (be *Backend) WeightBytes() backend.WeightBytes {
+	return backend.WeightBytes{F32: be.held[0].Load(), BF16: be.held[1].Load(), FP4: be.held[2].Load(), FP4Group: 17}
 }
 
 // fp4Uploads counts weights uploaded as FP4, moeFP4Calls MoE layers run

@@ -81,6 +81,12 @@ func TestFP4Weights(t *testing.T) {
 	// experts in bf16 (PlanExperts: far below 60 % of the GPU).
 	fastFP4, fastBF16 := mk(false, WeightsFP4, 4), mk(false, WeightsAuto, 0)
 	exactFP4, exactBF16 := mk(true, WeightsFP4, 4), mk(true, WeightsStored, 0)
+	// Two layers of 16 experts, gate/up [2·192, 128] and down [128, 192],
+	// at 17/32 of a byte a value; the bf16 backend holds none.
+	fb, sb := fastFP4.be.(*Backend).WeightBytes(), fastBF16.be.(*Backend).WeightBytes()
+	if want := int64(2*16*(2*192*128+128*192)) * 17 / 32; fb.FP4 != want || sb.FP4 != 0 || fb.BF16+want*32/17*2 != sb.BF16 {
+		t.Errorf("weights held: FP4 backend %+v, bf16 backend %+v; want %d FP4 bytes in place of their bf16", fb, sb, want)
+	}
 	cbe := cpu.New(cpu.Options{Weights: cpu.WeightsStored})
 	cl := load(cbe)
 	flat := func(r [][]float32) (v []float32) {

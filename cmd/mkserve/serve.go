@@ -242,7 +242,12 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 		info.Bytes, info.Parameters, info.Quantization = wb.Total(), wb.Values(), wb.Dominant()
 	}
 	if cb, ok := be.(*cuda.Backend); ok {
-		log.Info("weights held", zap.String("cuda_weights", cfg.CUDAWeights), zap.Int("fp4_matrices", cb.FP4Weights()))
+		wb := cb.WeightBytes()
+		log.Info("weights held", zap.String("cuda_weights", cfg.CUDAWeights), zap.Int64("bytes", wb.Total()),
+			zap.Int64("fp4_bytes", wb.FP4), zap.Int64("bf16_bytes", wb.BF16), zap.Int64("f32_bytes", wb.F32),
+			zap.Int("fp4_matrices", cb.FP4Weights()))
+		metrics.RegisterWeights(reg, cfg.ModelName(), map[string]int64{"f32": wb.F32, "bf16": wb.BF16, "fp4": wb.FP4})
+		info.Bytes, info.Parameters, info.Quantization = wb.Total(), wb.Values(), wb.Dominant()
 	}
 	hs.SetModelInfo(info)
 	log.Info("ready", zap.String("version", version.Get().String()), zap.Duration("load_time", time.Since(start)), zap.String("architecture", loaded.Config.Architecture),
