@@ -515,6 +515,9 @@ func benchModel(args []string, stdout io.Writer) error {
 			return enc.Encode(out)
 		}
 		name := *cfgDir + " (random bf16 weights)"
+		if _, ok := cfg.Raw["quantization_config"]; ok {
+			name = *cfgDir + " (random weights; the experts MXFP4's values)"
+		}
 		if *modelDir != "" {
 			name = *modelDir
 		}
@@ -527,6 +530,11 @@ func benchModel(args []string, stdout io.Writer) error {
 			h := cb.WeightBytes()
 			fmt.Fprintf(stdout, "cpu weights held (--cpu-weights %s): %.2f GB: fp4 %.2f, q8 %.2f, bf16 %.2f, f32 %.2f GB; kv cache %s\n",
 				*cpuWeights, float64(h.Total())/1e9, float64(h.FP4)/1e9, float64(h.Q8)/1e9, float64(h.BF16)/1e9, float64(h.F32)/1e9, *kvDtype)
+		}
+		if cb != nil {
+			h := cb.WeightBytes()
+			fmt.Fprintf(stdout, "cuda weights held (--cuda-weights %s): %.2f GB: fp4 %.2f, bf16 %.2f, f32 %.2f GB\n",
+				*cudaWeights, float64(h.Total())/1e9, float64(h.FP4)/1e9, float64(h.BF16)/1e9, float64(h.F32)/1e9)
 		}
 		fmt.Fprintf(stdout, "%-8s %6s %8s %8s %10s %12s %10s %10s %8s %12s %12s %14s %10s\n", "kind", "batch", "context", "tokens", "ms", "tokens/s", "weight GB", "floor ms", "×floor", "replay host", "replay GPU", "experts/layer", "sync ms")
 		for _, r := range out {
