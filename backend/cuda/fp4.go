@@ -67,7 +67,7 @@ func (be *Backend) PlanExperts(p backend.ExpertPlan) {
 // fp4, or auto with PlanExperts's verdict), h is a 2-D bf16 expert matrix
 // and FP4 holds it exactly; (nil, nil) otherwise.
 func (be *Backend) fp4Weight(h *tensor.Host, shape []int) (*store, error) {
-	if be.weights == WeightsStored || (be.weights == WeightsAuto && !be.fp4Auto.Load()) || h.DType != tensor.BF16 ||
+	if !be.WantFP4() || h.DType != tensor.BF16 ||
 		len(shape) != 2 || shape[1]%kernels.FP4BlockValues != 0 || !expertMatrix(h.Name) {
 		return nil, nil
 	}
@@ -90,7 +90,6 @@ func (be *Backend) fp4Weight(h *tensor.Host, shape []int) (*store, error) {
 // uploadFP4 makes the store of an FP4 weight [n, k] from its codes and
 // scales.
 func (be *Backend) uploadFP4(name string, n, k int, codes, scales []byte) (*store, error) {
-	fp4Uploads.Add(1)
 	be.fp4Held.Add(1)
 	st := &store{n: n * k, weight: true, fp4: &kernels.FP4{N: n, K: k}}
 	err := be.g.Do(func(d *kernels.Device) (err error) {
@@ -118,9 +117,8 @@ func (be *Backend) WeightBytes() backend.WeightBytes {
 	return backend.WeightBytes{F32: be.held[0].Load(), BF16: be.held[1].Load(), FP4: be.held[2].Load(), FP4Group: 17}
 }
 
-// fp4Uploads counts weights uploaded as FP4, moeFP4Calls MoE layers run
-// on them (tests).
-var fp4Uploads, moeFP4Calls atomic.Int64
+// moeFP4Calls counts MoE layers run on FP4 experts (tests).
+var moeFP4Calls atomic.Int64
 
 // FP4Weights is how many weights this backend holds as FP4.
 func (be *Backend) FP4Weights() int { return int(be.fp4Held.Load()) }

@@ -65,14 +65,13 @@ func TestFP4Weights(t *testing.T) {
 		be backend.Backend
 		l  *models.Loaded
 	}
-	mk := func(split bool, weights string, wantFP4 int64) run {
-		before := fp4Uploads.Load()
+	mk := func(split bool, weights string, wantFP4 int) run {
 		be, err := New(Options{SplitActivations: &split, Weights: weights})
 		if err != nil {
 			t.Fatal(err)
 		}
 		l := load(be)
-		if n := fp4Uploads.Load() - before; n != wantFP4 {
+		if n := be.FP4Weights(); n != wantFP4 {
 			t.Fatalf("split %v, weights %s: %d weights uploaded as FP4, want %d", split, weights, n, wantFP4)
 		}
 		return run{be, l}
@@ -221,12 +220,11 @@ func TestFP4FromMXFP4Checkpoint(t *testing.T) {
 	qdir, pdir := write(quant, true), write(plain, false)
 	off := false
 	ids := []int32{11, 48, 85, 122, 159, 196, 233, 14, 51}
-	logits := func(dir, weights string) ([]float32, int64) {
+	logits := func(dir, weights string) ([]float32, int) {
 		be, err := New(Options{SplitActivations: &off, Weights: weights})
 		if err != nil {
 			t.Fatal(err)
 		}
-		before := fp4Uploads.Load()
 		l, err := models.Load(dir, be, models.LoadOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -240,7 +238,7 @@ func TestFP4FromMXFP4Checkpoint(t *testing.T) {
 		for _, r := range rows {
 			v = append(v, r...)
 		}
-		return v, fp4Uploads.Load() - before
+		return v, be.FP4Weights()
 	}
 	direct, n1 := logits(qdir, WeightsFP4)
 	packed, n2 := logits(pdir, WeightsFP4)
