@@ -189,23 +189,9 @@ func runMoEFP4Case(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activa
 		}
 		run, runCounts := ex, cb
 		if local {
-			l := *ex
-			l.E = c.hi - c.lo
-			view := func(b *Buffer, off, bytes int64) *Buffer {
-				v, err := b.View(off, bytes)
-				a.check(err)
-				return v
-			}
-			n := int64(l.E)
-			l.GateUpFP4 = &FP4{Codes: view(ex.GateUpFP4.Codes, int64(c.lo)*int64(2*I*H)/2, n*int64(2*I*H)/2),
-				Scales: view(ex.GateUpFP4.Scales, int64(c.lo)*int64(2*I*H)/32, n*int64(2*I*H)/32), N: l.E * 2 * I, K: H}
-			l.DownFP4 = &FP4{Codes: view(ex.DownFP4.Codes, int64(c.lo)*int64(H*I)/2, n*int64(H*I)/2),
-				Scales: view(ex.DownFP4.Scales, int64(c.lo)*int64(H*I)/32, n*int64(H*I)/32), N: l.E * H, K: I}
-			if c.biases {
-				l.GateUpBias = view(ex.GateUpBias, int64(c.lo)*int64(2*I)*4, n*int64(2*I)*4)
-				l.DownBias = view(ex.DownBias, int64(c.lo)*int64(H)*4, n*int64(H)*4)
-			}
-			run, runCounts = &l, nil
+			l, err := ex.Block(c.lo, c.hi)
+			a.check(err)
+			run, runCounts = l, nil
 		}
 		var err error
 		wsBytes, _, err = a.d.MoEWorkspace(T, K, run)
@@ -335,5 +321,40 @@ func TestQuantizeMXFP4(t *testing.T) {
 	d := DecodeMXFP4(blocks, scales, 1, 32)
 	if scales[0] != 127 || tensor.BF16ToF32(d[0]) != 6 || tensor.BF16ToF32(d[1]) != 2 || tensor.BF16ToF32(d[2]) != -0.5 {
 		t.Errorf("scale %d, values %v %v %v", scales[0], tensor.BF16ToF32(d[0]), tensor.BF16ToF32(d[1]), tensor.BF16ToF32(d[2]))
+	}
+}
+
+// TestMoEExpertsBlock: a rank's block of experts views each buffer at the
+// block's first expert, one expert's bytes times the block's size, in
+// both forms (no device: the views' addresses alone).
+func TestMoEExpertsBlock(t *testing.T) {
+	const E, H, I, lo, hi = 8, 128, 64, 2, 5
+	buf := func(bytes int64) *Buffer { return &Buffer{ptr: 1 << 20, bytes: bytes} }
+	at := func(b *Buffer) [2]int64 { return [2]int64{int64(b.ptr - 1<<20), b.bytes} }
+	bf := &MoEExperts{E: E, H: H, I: I, GateUp: buf(E * 2 * I * H * 2), Down: buf(E * H * I * 2), DownBias: buf(E * H * 4)}
+	l, err := bf.Block(lo, hi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := int64(hi - lo)
+	if l.E != hi-lo || at(l.GateUp) != [2]int64{lo * 2 * I * H * 2, n * 2 * I * H * 2} ||
+		at(l.Down) != [2]int64{lo * H * I * 2, n * H * I * 2} || at(l.DownBias) != [2]int64{lo * H * 4, n * H * 4} || l.GateUpBias != nil {
+		t.Errorf("bf16 block: %+v", l)
+	}
+	gc, gs := FP4Sizes(E*2*I, H)
+	dc, ds := FP4Sizes(E*H, I)
+	f := &MoEExperts{E: E, H: H, I: I, GateUpFP4: &FP4{Codes: buf(gc), Scales: buf(gs), N: E * 2 * I, K: H},
+		DownFP4: &FP4{Codes: buf(dc), Scales: buf(ds), N: E * H, K: I}}
+	if l, err = f.Block(lo, hi); err != nil {
+		t.Fatal(err)
+	}
+	if at(l.GateUpFP4.Codes) != [2]int64{lo * 2 * I * H / 2, n * 2 * I * H / 2} || at(l.GateUpFP4.Scales) != [2]int64{lo * 2 * I * H / 32, n * 2 * I * H / 32} ||
+		l.GateUpFP4.N != int(n)*2*I || at(l.DownFP4.Codes) != [2]int64{lo * H * I / 2, n * H * I / 2} || l.DownFP4.N != int(n)*H {
+		t.Errorf("FP4 block: %+v %+v", l.GateUpFP4, l.DownFP4)
+	}
+	for _, r := range [][2]int{{-1, 2}, {3, 3}, {0, 9}} {
+		if _, err := f.Block(r[0], r[1]); err == nil {
+			t.Errorf("block %v of %d experts: no error", r, E)
+		}
 	}
 }

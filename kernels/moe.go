@@ -173,6 +173,38 @@ type MoEExperts struct {
 	GateUpFP4, DownFP4 *FP4
 }
 
+// Block is ex's experts [lo, hi) (a rank's block) as views of its buffers:
+// the weights in their form (bf16 or FP4) and the biases.
+func (ex *MoEExperts) Block(lo, hi int) (*MoEExperts, error) {
+	if lo < 0 || hi > ex.E || hi <= lo {
+		return nil, fmt.Errorf("kernels: experts [%d, %d) of %d", lo, hi, ex.E)
+	}
+	E, H, I := int64(hi-lo), int64(ex.H), int64(ex.I)
+	l := *ex
+	l.E = hi - lo
+	var err error
+	// view is experts [lo, hi) of b, each expert bytes long (nil for nil).
+	view := func(b *Buffer, bytes int64) *Buffer {
+		if b == nil || err != nil {
+			return nil
+		}
+		var v *Buffer
+		v, err = b.View(int64(lo)*bytes, E*bytes)
+		return v
+	}
+	if ex.IsFP4() {
+		fp4 := func(m *FP4, rows int64) *FP4 {
+			codes, scales := FP4Sizes(int(rows), m.K) // an expert's
+			return &FP4{Codes: view(m.Codes, codes), Scales: view(m.Scales, scales), N: int(E * rows), K: m.K}
+		}
+		l.GateUpFP4, l.DownFP4 = fp4(ex.GateUpFP4, 2*I), fp4(ex.DownFP4, H)
+	} else {
+		l.GateUp, l.Down = view(ex.GateUp, 2*I*H*2), view(ex.Down, H*I*2)
+	}
+	l.GateUpBias, l.DownBias = view(ex.GateUpBias, 2*I*4), view(ex.DownBias, H*4)
+	return &l, err
+}
+
 // IsFP4 reports whether ex holds its experts as FP4.
 func (ex *MoEExperts) IsFP4() bool { return ex.GateUpFP4 != nil || ex.DownFP4 != nil }
 

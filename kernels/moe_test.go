@@ -434,21 +434,9 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 		if local {
 			ids = get[int32](a, ib, T*K) // the global ids, for the checks
 			a.check(a.d.MoELocalize(nil, ib, T*K, c.lo, c.hi, nil, 0))
-			n := int64(c.hi - c.lo)
-			l := *ex
-			l.E = c.hi - c.lo
-			view := func(b *Buffer, off, bytes int64) *Buffer {
-				v, err := b.View(off, bytes)
-				a.check(err)
-				return v
-			}
-			l.GateUp = view(ex.GateUp, int64(c.lo)*int64(2*I*H)*2, n*int64(2*I*H)*2)
-			l.Down = view(ex.Down, int64(c.lo)*int64(H*I)*2, n*int64(H*I)*2)
-			if c.biases {
-				l.GateUpBias = view(ex.GateUpBias, int64(c.lo)*int64(2*I)*4, n*int64(2*I)*4)
-				l.DownBias = view(ex.DownBias, int64(c.lo)*int64(H)*4, n*int64(H)*4)
-			}
-			run, runCounts = &l, nil
+			l, err := ex.Block(c.lo, c.hi)
+			a.check(err)
+			run, runCounts = l, nil
 		}
 		if a.err != nil {
 			return

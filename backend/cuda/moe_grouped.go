@@ -229,7 +229,9 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 			// the ids become local, and the local run counts nothing more.
 			must("localize", d.MoELocalize(nil, ids, T*K, lo, hi, counts, E))
 			if Ew == E { // every expert uploaded: this rank's are a view
-				ex = localExperts(ex, lo, hi)
+				l, err := ex.Block(lo, hi)
+				must("experts", err)
+				ex = l
 			}
 			counts = nil
 		} else if !be.moeGemv(T, K) && be.fusedFits(E, gub, db) && !ex.IsFP4() {
@@ -300,29 +302,3 @@ func (be *Backend) MoEAddRMSNorm(x, h backend.Tensor, l *backend.MoELayer, w bac
 // the one-launch one lost too, eleventh pass; 1 and 3 lost to the grouped
 // GEMMs again in the twenty-fourth pass).
 func (be *Backend) moeGemv(T, K int) bool { return be.epRanks == 1 && kernels.MoEGemv(T, K) }
-
-// localExperts is ex restricted to experts [lo, hi): views of their weights
-// and biases (a world rank's block).
-func localExperts(ex *kernels.MoEExperts, lo, hi int) *kernels.MoEExperts {
-	E, H, I := int64(hi-lo), int64(ex.H), int64(ex.I)
-	l := *ex
-	l.E = hi - lo
-	if ex.IsFP4() {
-		sub := func(m *kernels.FP4, rows int64) *kernels.FP4 {
-			k := int64(m.K)
-			return &kernels.FP4{Codes: view(m.Codes, int64(lo)*rows*k/2, E*rows*k/2),
-				Scales: view(m.Scales, int64(lo)*rows*k/32, E*rows*k/32), N: int(E * rows), K: m.K}
-		}
-		l.GateUpFP4, l.DownFP4 = sub(ex.GateUpFP4, 2*I), sub(ex.DownFP4, H)
-	} else {
-		l.GateUp = view(ex.GateUp, int64(lo)*2*I*H*2, E*2*I*H*2)
-		l.Down = view(ex.Down, int64(lo)*H*I*2, E*H*I*2)
-	}
-	if ex.GateUpBias != nil {
-		l.GateUpBias = view(ex.GateUpBias, int64(lo)*2*I*4, E*2*I*4)
-	}
-	if ex.DownBias != nil {
-		l.DownBias = view(ex.DownBias, int64(lo)*H*4, E*H*4)
-	}
-	return &l
-}
