@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -206,29 +207,20 @@ func (c *Config) Validate() error {
 	default:
 		return bad("precision", "must be exact or fast, got %q", c.Precision)
 	}
-	switch c.CPUWeights {
-	case "auto", "stored", "q8":
-	default:
-		return bad("cpu_weights", "must be auto, stored or q8, got %q", c.CPUWeights)
-	}
-	if c.CPUWeights != "auto" && c.Backend != "cpu" {
-		return bad("cpu_weights", "%s applies to the cpu backend; backend is %s", c.CPUWeights, c.Backend)
-	}
-	switch c.CUDAWeights {
-	case "auto", "stored", "fp4":
-	default:
-		return bad("cuda_weights", "must be auto, stored or fp4, got %q", c.CUDAWeights)
-	}
-	if c.CUDAWeights != "auto" && c.Backend != "cuda" {
-		return bad("cuda_weights", "%s applies to the cuda backend; backend is %s", c.CUDAWeights, c.Backend)
-	}
-	switch c.KVCacheDtype {
-	case "auto", "bf16":
-	default:
-		return bad("kv_cache_dtype", "must be auto or bf16, got %q", c.KVCacheDtype)
-	}
-	if c.KVCacheDtype != "auto" && c.Backend != "cpu" {
-		return bad("kv_cache_dtype", "%s applies to the cpu backend (on cuda, precision fast keeps the cache in bf16); backend is %s", c.KVCacheDtype, c.Backend)
+	for _, s := range []struct {
+		field, v, only, note string
+		values               []string // "auto" first: the one value every backend takes
+	}{
+		{"cpu_weights", c.CPUWeights, "cpu", "", []string{"auto", "stored", "q8"}},
+		{"cuda_weights", c.CUDAWeights, "cuda", "", []string{"auto", "stored", "fp4"}},
+		{"kv_cache_dtype", c.KVCacheDtype, "cpu", " (on cuda, precision fast keeps the cache in bf16)", []string{"auto", "bf16"}},
+	} {
+		if !slices.Contains(s.values, s.v) {
+			return bad(s.field, "must be %s or %s, got %q", strings.Join(s.values[:len(s.values)-1], ", "), s.values[len(s.values)-1], s.v)
+		}
+		if s.v != "auto" && c.Backend != s.only {
+			return bad(s.field, "%s applies to the %s backend%s; backend is %s", s.v, s.only, s.note, c.Backend)
+		}
 	}
 	if err := checkAddr(c.HTTPAddr); err != nil {
 		return bad("http_addr", "%v", err)
