@@ -312,6 +312,7 @@ func (m *FP4) check(op, name string, n, k int) error {
 
 var (
 	fp4Dequant      func(s, dst, codes, scales uint64, n, k int64) int32
+	moeFP4Path      func(t int64, k, e int32, path *int32) int32
 	moeWorkspaceFP4 func(t int64, k, e int32, h, i int64, bytes *uint64) int32
 	moeExpertsFP4   func(s, out, x, ids, weights uint64, t int64, k, e int32, h, i int64, guCodes, guScales, gateUpBias,
 		dnCodes, dnScales, downBias uint64, act int32, alpha, limit uint32, counts, ws, wsBytes uint64) int32
@@ -320,9 +321,49 @@ var (
 func init() {
 	registerSymbols(
 		symbol{"mk_fp4_dequant_bf16", &fp4Dequant},
+		symbol{"mk_moe_fp4_path", &moeFP4Path},
 		symbol{"mk_moe_workspace_fp4", &moeWorkspaceFP4},
 		symbol{"mk_moe_experts_fp4", &moeExpertsFP4},
 	)
+}
+
+// FP4Path is how MoEExpertsRun runs a batch on FP4 experts (mk_moe.h).
+type FP4Path int32
+
+// The FP4 paths: two GEMV kernels on the codes (one chunk of tokens), the
+// grouped GEMMs decoding each weight tile in shared memory, or the chosen
+// experts dequantized to bf16 for the bf16 grouped GEMMs.
+const (
+	FP4Gemv    FP4Path = 0
+	FP4Gemm    FP4Path = 1
+	FP4Dequant FP4Path = 2
+)
+
+func (p FP4Path) String() string {
+	switch p {
+	case FP4Gemv:
+		return "gemv"
+	case FP4Gemm:
+		return "gemm"
+	case FP4Dequant:
+		return "dequant"
+	}
+	return fmt.Sprintf("FP4Path(%d)", int32(p))
+}
+
+// MoEFP4Path reports the path MoEExpertsRun takes for T tokens of top-K
+// over E FP4 experts (MK_FP4_PATH forces one).
+func (d *Device) MoEFP4Path(T, K, E int) (FP4Path, error) {
+	const op = "MoEFP4Path"
+	if err := d.ready(op); err != nil {
+		return 0, err
+	}
+	if err := dims(op, "T", T, "K", K, "E", E); err != nil {
+		return 0, err
+	}
+	var p int32
+	err := d.lib.check("mk_moe_fp4_path", moeFP4Path(int64(T), int32(K), int32(E), &p))
+	return FP4Path(p), err
 }
 
 // FP4DequantBF16 writes the bf16 values of m to dst [m.N, m.K] (exact).

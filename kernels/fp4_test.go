@@ -3,6 +3,7 @@ package kernels
 import (
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"testing"
 
@@ -121,34 +122,90 @@ func TestMoEExpertsFP4(t *testing.T) {
 	g := testGPU(t)
 	r := newRNG(t)
 	oss := moe.Activation{Kind: moe.ClampedSwiGLU, Alpha: 1.702, Limit: 7}
-	cases := []moeCase{
-		{name: "E8_K2_T1", cfg: softmaxRouter(8, 2), T: 1, H: 64, I: 64, hot: -1},
-		{name: "E32_K4_T3_oss", cfg: softmaxRouter(32, 4), T: 3, H: 128, I: 192, hot: -1, biases: true, clamped: true},
-		{name: "E16_K4_T8_hot", cfg: softmaxRouter(16, 4), T: 8, H: 256, I: 128, hot: 5},
-		{name: "E128_K8_T4", cfg: softmaxRouter(128, 8), T: 4, H: 320, I: 64, hot: -1, cold: 100},
-		{name: "E32_K4_T9_chunks", cfg: softmaxRouter(32, 4), T: 9, H: 128, I: 192, hot: -1, biases: true, clamped: true},
-		{name: "E512_K8_T30_chunks", cfg: softmaxRouter(512, 8), T: 30, H: 128, I: 64, hot: 3},
-		{name: "E32_K4_T32_gemm", cfg: softmaxRouter(32, 4), T: 32, H: 128, I: 64, hot: -1}, // chunks would read 4× 32 experts
-		{name: "E32_K4_T33_gemm", cfg: softmaxRouter(32, 4), T: 33, H: 128, I: 192, hot: -1, biases: true, clamped: true},
-		{name: "E16_K2_T300_gemm", cfg: softmaxRouter(16, 2), T: 300, H: 192, I: 128, hot: -1, cold: 12},
+	// path: the one fp4_path picks (checked unless MK_FP4_PATH forces one).
+	cases := []struct {
+		moeCase
+		path FP4Path
+	}{
+		{moeCase{name: "E8_K2_T1", cfg: softmaxRouter(8, 2), T: 1, H: 64, I: 64, hot: -1}, FP4Gemv},
+		{moeCase{name: "E32_K4_T3_oss", cfg: softmaxRouter(32, 4), T: 3, H: 128, I: 192, hot: -1, biases: true, clamped: true}, FP4Gemv},
+		{moeCase{name: "E16_K4_T8_hot", cfg: softmaxRouter(16, 4), T: 8, H: 256, I: 128, hot: 5}, FP4Gemv},
+		{moeCase{name: "E128_K8_T4", cfg: softmaxRouter(128, 8), T: 4, H: 320, I: 64, hot: -1, cold: 100}, FP4Gemv},
+		{moeCase{name: "E32_K4_T9_oss", cfg: softmaxRouter(32, 4), T: 9, H: 128, I: 192, hot: -1, biases: true, clamped: true}, FP4Gemm},
+		{moeCase{name: "E512_K8_T30_hot", cfg: softmaxRouter(512, 8), T: 30, H: 128, I: 64, hot: 3}, FP4Gemm},
+		{moeCase{name: "E32_K4_T32", cfg: softmaxRouter(32, 4), T: 32, H: 128, I: 64, hot: -1}, FP4Gemm},
+		{moeCase{name: "E32_K4_T33_oss", cfg: softmaxRouter(32, 4), T: 33, H: 128, I: 192, hot: -1, biases: true, clamped: true}, FP4Gemm},
+		{moeCase{name: "E16_K2_T300_cold", cfg: softmaxRouter(16, 2), T: 300, H: 192, I: 128, hot: -1, cold: 12}, FP4Dequant},
+		{moeCase{name: "E8_K2_T200_oss", cfg: softmaxRouter(8, 2), T: 200, H: 128, I: 128, hot: -1, biases: true, clamped: true}, FP4Dequant},
 		// More experts than a warp: the dequantization's expert list spans warps.
-		{name: "E128_K4_T48_gemm", cfg: softmaxRouter(128, 4), T: 48, H: 128, I: 64, hot: -1},
-		{name: "E512_K8_T64_gemm", cfg: softmaxRouter(512, 8), T: 64, H: 64, I: 128, hot: -1, biases: true},
-		{name: "E32_K4_T5_block", cfg: softmaxRouter(32, 4), T: 5, H: 128, I: 64, hot: -1, biases: true, lo: 8, hi: 24},
-		{name: "E32_K4_T40_block", cfg: softmaxRouter(32, 4), T: 40, H: 128, I: 64, hot: -1, lo: 8, hi: 24},
+		{moeCase{name: "E128_K4_T48", cfg: softmaxRouter(128, 4), T: 48, H: 128, I: 64, hot: -1}, FP4Gemm},
+		{moeCase{name: "E128_K4_T600", cfg: softmaxRouter(128, 4), T: 600, H: 64, I: 128, hot: -1, biases: true}, FP4Dequant},
+		{moeCase{name: "E512_K8_T64", cfg: softmaxRouter(512, 8), T: 64, H: 64, I: 128, hot: -1, biases: true}, FP4Gemm},
+		{moeCase{name: "E32_K4_T5_block", cfg: softmaxRouter(32, 4), T: 5, H: 128, I: 64, hot: -1, biases: true, lo: 8, hi: 24}, FP4Gemv},
+		{moeCase{name: "E32_K4_T40_block", cfg: softmaxRouter(32, 4), T: 40, H: 128, I: 64, hot: -1, lo: 8, hi: 24}, FP4Gemm},
 	}
+	_, forced := os.LookupEnv("MK_FP4_PATH")
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			act := moe.Activation{Kind: moe.SwiGLU}
 			if c.clamped {
 				act = oss
 			}
-			runMoEFP4Case(t, g, r, c, act)
+			if got := runMoEFP4Case(t, g, r, c.moeCase, act); !forced && got != c.path {
+				t.Errorf("path %v, want %v", got, c.path)
+			}
 		})
 	}
 }
 
-func runMoEFP4Case(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activation) {
+// TestMoEFP4Path: the path rule (moe_fp4.cuh's fp4_path) at its edges, or
+// with MK_FP4_PATH set, the forced path wherever it is allowed.
+func TestMoEFP4Path(t *testing.T) {
+	g := testGPU(t)
+	forced := map[string]FP4Path{"gemv": FP4Gemv, "gemm": FP4Gemm, "dequant": FP4Dequant}
+	f, isForced := forced[os.Getenv("MK_FP4_PATH")]
+	cases := []struct {
+		T, K, E int
+		want    FP4Path
+	}{
+		{1, 4, 128, FP4Gemv}, // gpt-oss-120b decoding one token
+		{8, 4, 128, FP4Gemv}, // one chunk: 8 tokens, 32 assignments
+		{4, 8, 128, FP4Gemv},
+		{5, 8, 128, FP4Gemm}, // 40 assignments: two chunks
+		{9, 4, 128, FP4Gemm},
+		{32, 4, 32, FP4Gemm},
+		{512, 4, 128, FP4Gemm}, // 16 rows an expert on average
+		{513, 4, 128, FP4Dequant},
+		{1, 33, 256, FP4Gemm}, // top-k beyond a warp's mask: no GEMV
+		{16384, 4, 128, FP4Dequant},
+	}
+	got := make([]FP4Path, len(cases))
+	var bad error
+	onGPU(t, g, func(a *arena) {
+		for i, c := range cases {
+			var err error
+			got[i], err = a.d.MoEFP4Path(c.T, c.K, c.E)
+			a.check(err)
+		}
+		_, bad = a.d.MoEFP4Path(1, 5, 4)
+	})
+	for i, c := range cases {
+		want := c.want
+		if isForced && (f != FP4Gemv || c.K <= 32 && c.T <= min(8, 32/c.K)) {
+			want = f
+		}
+		if got[i] != want {
+			t.Errorf("T=%d K=%d E=%d: path %v, want %v", c.T, c.K, c.E, got[i], want)
+		}
+	}
+	if bad == nil {
+		t.Error("top-5 of 4 experts: no error")
+	}
+}
+
+// runMoEFP4Case runs c on FP4 experts against the float64 loop and
+// returns the path the device took.
+func runMoEFP4Case(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activation) FP4Path {
 	E, K, T, H, I := c.cfg.NumExperts, c.cfg.TopK, c.T, c.H, c.I
 	logits, sbias := moeLogits(r, c)
 	xb, x := randBF16(r, T*H, 1)
@@ -170,6 +227,7 @@ func runMoEFP4Case(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activa
 	var ids []int32
 	var counts []int64
 	var wsBytes int64
+	var path FP4Path
 	onGPU(t, g, func(a *arena) {
 		ex.GateUpFP4 = &FP4{Codes: put(a, guC), Scales: put(a, guS), N: E * 2 * I, K: H}
 		ex.DownFP4 = &FP4{Codes: put(a, dnC), Scales: put(a, dnS), N: E * H, K: I}
@@ -196,6 +254,8 @@ func runMoEFP4Case(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activa
 		var err error
 		wsBytes, _, err = a.d.MoEWorkspace(T, K, run)
 		a.check(err)
+		path, err = a.d.MoEFP4Path(T, K, run.E)
+		a.check(err)
 		if a.err != nil {
 			return
 		}
@@ -210,9 +270,10 @@ func runMoEFP4Case(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activa
 		w = get[float32](a, wb, T*K)
 		counts = get[int64](a, cb, E)
 	})
-	t.Logf("workspace %d bytes", wsBytes)
+	t.Logf("path %v, workspace %d bytes", path, wsBytes)
 	checkMoERun(t, "FP4 MoE", c, moeRun{logits: logits, sbias: sbias, ids: ids, w: w, counts: counts, countsIn: countsIn,
 		out: out, x: x, gu: gu, gub: gub, dn: dn, db: db}, act)
+	return path
 }
 
 // BenchmarkPackFP4 packs a gpt-oss expert's gate/up matrix [5760, 2880].

@@ -153,25 +153,31 @@ MK_API int32_t mk_moe_fill_bf16(uint64_t stream, uint64_t dst, int64_t n, uint64
 MK_API int32_t mk_fp4_dequant_bf16(uint64_t stream, uint64_t dst, uint64_t codes, uint64_t scales, int64_t n,
                                    int64_t k);
 
-/* Bytes of workspace mk_moe_experts_fp4 needs for these sizes: with T <= 32
- * (its GEMV kernels, in chunks of at most 8 tokens and 32 assignments,
- * while the chunks' expert reads stay within twice the dequantized path's:
- * moe_fp4.cuh; MK_FP4_GEMV=0 turns them off) a chunk's activations and
- * parts, else
- * mk_moe_workspace's layout plus a bf16 copy of every expert (E·3·H·I·2
- * bytes), which the chosen experts are dequantized into before the grouped
- * GEMMs. */
+/* The paths mk_moe_experts_fp4 takes (ABI 26). GEMV: T at most 8 and
+ * T*K at most 32, two GEMV kernels on the codes (f16
+ * tensor-core products of the decoded codes and the rows scaled into f16
+ * by a power of two each: exact products, fp32 sums). GEMM: the experts
+ * average at most 16 rows (T*K <= 16*E), grouped GEMMs decoding each FP4
+ * weight tile in shared memory. DEQUANT: beyond, the chosen experts
+ * written in bf16 into the workspace, then mk_moe_experts's grouped
+ * GEMMs. MK_FP4_PATH=gemv|gemm|dequant forces one (gemv only where it
+ * is allowed; measurements). mk_moe_fp4_path reports the path for these
+ * sizes. */
+#define MK_FP4_PATH_GEMV 0
+#define MK_FP4_PATH_GEMM 1
+#define MK_FP4_PATH_DEQUANT 2
+MK_API int32_t mk_moe_fp4_path(int64_t t, int32_t k, int32_t e, int32_t* path);
+
+/* Bytes of workspace mk_moe_experts_fp4 needs for these sizes: on the GEMV
+ * path the activations and the down kernel's parts; on the GEMM path
+ * mk_moe_workspace's layout; on the dequantized path that plus a bf16
+ * copy of every expert (E*3*H*I*2 bytes). */
 MK_API int32_t mk_moe_workspace_fp4(int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t* bytes);
 
 /* mk_moe_experts with FP4 expert weights: GateUp [E*2I, H] and Down [E*H,
  * I] each as codes and scales (above; H and I multiples of 64), the same
  * semantics otherwise (biases, activations, counts, ids < 0 skipped, out
- * fully written). Up to 32 tokens run two GEMV kernels on the codes a
- * chunk of at most 8 tokens and 32 assignments (f16
- * tensor-core products of the decoded codes and the rows scaled into f16
- * by a power of two each: the products exact, sums in fp32); larger
- * batches dequantize the chosen experts and run mk_moe_experts's grouped
- * GEMMs on them. */
+ * fully written), by the path mk_moe_fp4_path reports. */
 MK_API int32_t mk_moe_experts_fp4(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids, uint64_t weights,
                                   int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t gu_codes,
                                   uint64_t gu_scales, uint64_t gate_up_bias, uint64_t dn_codes, uint64_t dn_scales,

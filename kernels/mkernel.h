@@ -71,8 +71,12 @@ extern "C" {
  * 22: mk_ring_attn_rank_gather; the ring workspace's control words hold the
  *     launch's exit count and the remote flags kRemDone (ring.cu).
  * 23: mk_norm_rope_f32 takes out_bf16.
- * 24: mk_copy_cols_bf16. */
-#define MK_ABI_VERSION 25
+ * 24: mk_copy_cols_bf16.
+ * 25: FP4 expert weights (mk_fp4_dequant_bf16, mk_moe_workspace_fp4,
+ *     mk_moe_experts_fp4).
+ * 26: mk_moe_fp4_path; mk_moe_experts_fp4 takes the FP4 grouped GEMM
+ *     path. */
+#define MK_ABI_VERSION 26
 
 /* Status codes. */
 enum {

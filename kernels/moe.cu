@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "common.cuh"
 #include "moe_gemm.cuh"
@@ -2021,7 +2022,8 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
         off, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts), g1cnt, g1cnt_n));
     MK_LAUNCHED("moe_align");
   }
-  if (fp4 != nullptr && !fp4_gemm_on()) {
+  const bool fp4_gemm = fp4 != nullptr && fp4_path(t, k, e) == kFp4Gemm;
+  if (fp4 != nullptr && !fp4_gemm) {
     // FP4 weights: the experts with rows, dequantized into gate_up and down
     // (the workspace's scratch) for the grouped GEMMs.
     auto deq = [&](uint64_t dst, const uint8_t* codes, const uint8_t* scales, int64_t rpe, int64_t kd) {
@@ -2058,7 +2060,6 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
     g1.split_cnt_n = (int)(L.tiles * L.g2nt);
   }
   int rc;
-  const bool fp4_gemm = fp4 != nullptr && fp4_gemm_on();
   if (fp4_gemm) {
     rc = run_gemm_fp4<true>(bm, g1, fp4->gu_codes, fp4->gu_scales, L.tiles, s);
   } else if (L.g1s > 1) {
@@ -2299,15 +2300,23 @@ static Fp4GemvWs fp4_gemv_ws(int64_t t, int32_t k, int32_t e, int64_t h, int64_t
 // into, at the end of the workspace.
 static size_t fp4_scratch(int32_t e, int64_t h, int64_t i) { return (size_t)e * 3 * h * i * 2; }
 
+int32_t mk_moe_fp4_path(int64_t t, int32_t k, int32_t e, int32_t* path) {
+  MK_ARG(t > 0 && k > 0 && e > 0 && k <= e, "mk_moe_fp4_path: T=%lld K=%d E=%d", (long long)t, k, e);
+  MK_ARG(path, "mk_moe_fp4_path: null result pointer");
+  *path = fp4_path(t, k, e);
+  return MK_OK;
+}
+
 int32_t mk_moe_workspace_fp4(int64_t t, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t* bytes) {
   MK_ARG(t > 0 && k > 0 && e > 0 && k <= e && h > 0 && i > 0,
          "mk_moe_workspace_fp4: T=%lld K=%d E=%d H=%lld I=%lld", (long long)t, k, e, (long long)h, (long long)i);
   MK_ARG(bytes, "mk_moe_workspace_fp4: null result pointer");
-  if (fp4_gemv_path(t, k, e)) {
-    *bytes = fp4_gemv_ws(std::min(t, fp4_chunk(k)), k, e, h, i).total;  // reused by every chunk
+  const int32_t path = fp4_path(t, k, e);
+  if (path == kFp4Gemv) {
+    *bytes = fp4_gemv_ws(t, k, e, h, i).total;
     return MK_OK;
   }
-  *bytes = up256(layout(t, k, e, h, i).total) + (fp4_gemm_on() ? 0 : fp4_scratch(e, h, i));
+  *bytes = up256(layout(t, k, e, h, i).total) + (path == kFp4Gemm ? 0 : fp4_scratch(e, h, i));
   return MK_OK;
 }
 
@@ -2331,45 +2340,36 @@ int32_t mk_moe_experts_fp4(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   MK_ARG(ws_bytes >= need, "mk_moe_experts_fp4: workspace of %llu bytes, %llu needed", (unsigned long long)ws_bytes,
          (unsigned long long)need);
   cudaStream_t s = mk::as_stream(stream);
-  if (fp4_gemv_path(t, k, e)) {
-    // Chunks of at most fp4_chunk(k) tokens, one GEMV pair each, in one
-    // workspace: each up kernel waits for the down kernel before it.
-    const int64_t tc = std::min(t, fp4_chunk(k));
-    const Fp4GemvWs W = fp4_gemv_ws(tc, k, e, h, i);
+  if (fp4_path(t, k, e) == kFp4Gemv) {
+    const Fp4GemvWs W = fp4_gemv_ws(t, k, e, h, i);
     unsigned char* wsb = mk::dev<unsigned char>(ws);
     bf16* act = reinterpret_cast<bf16*>(wsb);
     float* part = reinterpret_cast<float*>(wsb + W.part);
     int* cnt = reinterpret_cast<int*>(wsb + W.cnt);
     // Dynamic shared memory beside each kernel's static (up to ~12 KB): the
     // opt-in is set to what the call needs once it passes 32 KB.
-    const size_t xsm = (size_t)tc * h * 2, asm_ = (size_t)tc * i * 2;
+    const size_t xsm = (size_t)t * h * 2, asm_ = (size_t)t * i * 2;
     static size_t up_attr = 32 << 10, down_attr = 32 << 10;
     if (xsm > up_attr) {
-      MK_CUDA(cudaFuncSetAttribute(moe_fp4_up_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)xsm));
-      MK_CUDA(cudaFuncSetAttribute(moe_fp4_up_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)xsm));
+      MK_CUDA(cudaFuncSetAttribute(moe_fp4_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)xsm));
       up_attr = xsm;
     }
     if (asm_ > down_attr) {
       MK_CUDA(cudaFuncSetAttribute(moe_fp4_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asm_));
       down_attr = asm_;
     }
-    for (int64_t t0 = 0; t0 < t; t0 += tc) {
-      const int64_t n = std::min(tc, t - t0);
-      const int32_t* cids = mk::dev<const int32_t>(ids) + t0 * k;
-      const float* cw = mk::dev<const float>(weights) + t0 * k;
-      (void)(mk::launch(fp4_unroll() ? moe_fp4_up_kernel<true> : moe_fp4_up_kernel<false>,
-          dim3((unsigned)(i / 16), (unsigned)(n * k)), dim3(kF4Warps * 32), xsm, s,
-          act, cnt, (int)(h / 16), mk::dev<const bf16>(x) + t0 * h, cids, mk::dev<const uint8_t>(gu_codes),
-          mk::dev<const uint8_t>(gu_scales), gate_up_bias ? mk::dev<const float>(gate_up_bias) : nullptr, h, i,
-          (int)n, (int)k, (int)act_kind, mk::float_from_bits(alpha_bits), mk::float_from_bits(limit_bits),
-          counts ? mk::dev<unsigned long long>(counts) : nullptr));
-      MK_LAUNCHED("moe_fp4_up");
-      (void)(mk::launch(moe_fp4_down_kernel, dim3((unsigned)(h / 16), (unsigned)std::min<int64_t>(n * k, e)),
-          dim3(kF4Warps * 32), asm_, s, mk::dev<float>(out) + t0 * h, part, cnt, (const bf16*)act, cids, cw,
-          mk::dev<const uint8_t>(dn_codes), mk::dev<const uint8_t>(dn_scales),
-          down_bias ? mk::dev<const float>(down_bias) : nullptr, h, i, (int)n, (int)k));
-      MK_LAUNCHED("moe_fp4_down");
-    }
+    const int32_t* pids = mk::dev<const int32_t>(ids);
+    (void)(mk::launch(moe_fp4_up_kernel, dim3((unsigned)(i / 16), (unsigned)(t * k)), dim3(kF4Warps * 32), xsm, s,
+        act, cnt, (int)(h / 16), mk::dev<const bf16>(x), pids, mk::dev<const uint8_t>(gu_codes),
+        mk::dev<const uint8_t>(gu_scales), gate_up_bias ? mk::dev<const float>(gate_up_bias) : nullptr, h, i, (int)t,
+        (int)k, (int)act_kind, mk::float_from_bits(alpha_bits), mk::float_from_bits(limit_bits),
+        counts ? mk::dev<unsigned long long>(counts) : nullptr));
+    MK_LAUNCHED("moe_fp4_up");
+    (void)(mk::launch(moe_fp4_down_kernel, dim3((unsigned)(h / 16), (unsigned)std::min<int64_t>(t * k, e)),
+        dim3(kF4Warps * 32), asm_, s, mk::dev<float>(out), part, cnt, (const bf16*)act, pids,
+        mk::dev<const float>(weights), mk::dev<const uint8_t>(dn_codes), mk::dev<const uint8_t>(dn_scales),
+        down_bias ? mk::dev<const float>(down_bias) : nullptr, h, i, (int)t, (int)k));
+    MK_LAUNCHED("moe_fp4_down");
     return MK_OK;
   }
   const size_t base = up256(layout(t, k, e, h, i).total);

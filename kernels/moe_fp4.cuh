@@ -211,9 +211,6 @@ __device__ __forceinline__ void stage_rows(__half* dst, const bf16* const* rows,
 // kF4Tokens: a token's experts differ), the activation into act[q, j] in
 // bf16 as the bf16 GEMV kernels write it. The CTAs of row 0 first zero the
 // down kernel's ncnt column-tile counters.
-// U2 (MK_FP4_UNROLL=1, written after the thirty-fourth pass's device time
-// ran out, not yet measured): the weight loop two blocks a trip.
-template <bool U2>
 __global__ void __launch_bounds__(kF4Warps * 32, 6)
     moe_fp4_up_kernel(bf16* act, int* cnt, int ncnt, const bf16* x, const int32_t* ids, const uint8_t* codes,
                       const uint8_t* scales, const float* gub, int64_t H, int64_t I, int T, int K, int act_kind,
@@ -261,31 +258,20 @@ __global__ void __launch_bounds__(kF4Warps * 32, 6)
   const bool present = g < nt;
   const __half* xrow = xs + (int64_t)(present ? g : 0) * H;
   float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-  if constexpr (U2) {
-    // Two blocks a trip, each buffer refilled right after its use: the
-    // same two loads in flight without moving blocks between registers.
-    for (; b < nb; b += 2 * kF4Warps) {
-      uint2 xv[4];
-      f4_x(xv, xrow, present, b);
-      f4_mma_block(acc[0], g1, xv);
-      f4_mma_block(acc[1], u1, xv);
-      if (b + 2 * kF4Warps < nb) g1 = f4_load(gr, b + 2 * kF4Warps), u1 = f4_load(ur, b + 2 * kF4Warps);
-      if (b + kF4Warps >= nb) break;
-      f4_x(xv, xrow, present, b + kF4Warps);
-      f4_mma_block(acc[0], g2, xv);
-      f4_mma_block(acc[1], u2, xv);
-      if (b + 3 * kF4Warps < nb) g2 = f4_load(gr, b + 3 * kF4Warps), u2 = f4_load(ur, b + 3 * kF4Warps);
-    }
-  } else {
-    for (; b < nb; b += kF4Warps) {
-      const F4Block kg = g1, ku = u1;
-      g1 = g2, u1 = u2;
-      if (b + 2 * kF4Warps < nb) g2 = f4_load(gr, b + 2 * kF4Warps), u2 = f4_load(ur, b + 2 * kF4Warps);
-      uint2 xv[4];
-      f4_x(xv, xrow, present, b);
-      f4_mma_block(acc[0], kg, xv);
-      f4_mma_block(acc[1], ku, xv);
-    }
+  // Two blocks a trip, each buffer refilled right after its use: two
+  // loads in flight without moving blocks between registers (2–3 % faster
+  // than rotating them at 4–8 tokens, call 201).
+  for (; b < nb; b += 2 * kF4Warps) {
+    uint2 xv[4];
+    f4_x(xv, xrow, present, b);
+    f4_mma_block(acc[0], g1, xv);
+    f4_mma_block(acc[1], u1, xv);
+    if (b + 2 * kF4Warps < nb) g1 = f4_load(gr, b + 2 * kF4Warps), u1 = f4_load(ur, b + 2 * kF4Warps);
+    if (b + kF4Warps >= nb) break;
+    f4_x(xv, xrow, present, b + kF4Warps);
+    f4_mma_block(acc[0], g2, xv);
+    f4_mma_block(acc[1], u2, xv);
+    if (b + 3 * kF4Warps < nb) g2 = f4_load(gr, b + 3 * kF4Warps), u2 = f4_load(ur, b + 3 * kF4Warps);
   }
   f4_reduce<2>(acc, red);
   if (warp != 0) return;
@@ -452,14 +438,14 @@ __global__ void __launch_bounds__(256)
 // dense mode) with FP4 weights, the decoding done in shared memory: each
 // k tile of 64 columns is one FP4 block of each weight row, so the cp.async
 // ring stages the rows' 32 code bytes (a quarter of bf16's) beside A's
-// rows, and after the stage lands the CTA decodes it (exactly: E2M1 ·
-// 2^(scale − 127) is a bf16) into one bf16 tile in moe_gemm_kernel's
-// swizzled layout, which mma_stage reads as it reads bf16 weights. The
-// rows' scales ([BN][Kd/32] bytes) are loaded once, before the ring. An
-// experiment (MK_FP4_GEMM=1; written after the device time ran out in the
-// thirty-fourth pass, not yet run): the dequantized path writes and reads
-// every chosen expert in bf16 instead. Dynamic shared memory:
-// fp4_gemm_smem.
+// rows, and once a stage lands the CTA decodes it (exactly: E2M1 ·
+// 2^(scale − 127) is a bf16) into a bf16 tile in moe_gemm_kernel's
+// swizzled layout, which mma_stage reads as it reads
+// bf16 weights. The rows' scales ([BN][Kd/32] bytes) are loaded once,
+// before the ring. The path for experts of up to 16 rows on average
+// (fp4_path): it decodes each weight tile once a row tile, where the
+// dequantized path writes and reads every chosen expert in bf16. Dynamic
+// shared memory: fp4_gemm_smem.
 template <int BM, int BN>
 constexpr size_t fp4_gemm_smem(int stages, int64_t Kd) {
   return (size_t)stages * BM * BK * 2 + (size_t)BN * BK * 2 + (size_t)stages * BN * 32 + (size_t)BN * (Kd / 32);
@@ -540,7 +526,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   };
   // decode writes stage's codes (k tile kt) as bf16 into sB: unit (r, c)
   // is quad thread c's 8 bytes of row r, the values 16q + 4c + j.
-  auto decode = [&](int stage, int kt) {
+  auto decode = [&](int stage, int kt, bf16* dst) {
     const uint8_t* cs = sC + stage * BN * 32;
 #pragma unroll
     for (int i = 0; i < U_PER; i++) {
@@ -555,7 +541,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
           const int q = 2 * wd + h;  // values 16q + 4c … 16q + 4c + 3: chunk 2q + c/2, from element 4·(c%2)
-          *reinterpret_cast<uint2*>(sB + swz(r, 2 * q + c / 2) + 4 * (c % 2)) = fp4_bf16x4(w, h, f);
+          *reinterpret_cast<uint2*>(dst + swz(r, 2 * q + c / 2) + 4 * (c % 2)) = fp4_bf16x4(w, h, f);
         }
       }
     }
@@ -563,6 +549,10 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   float acc[MF][NF][4];
   mkmoe::zero_acc(acc);
   auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
+  // One decoded tile, two barriers a k tile. Decoding tile k + 1 into a
+  // second tile while tile k is multiplied, one barrier a k tile, ran 15–20
+  // % slower (call 203): the codes then ran two k tiles ahead of the
+  // decoding instead of three, and the second tile cost occupancy.
   mkmoe::ring_prologue<STAGES>(KT, load);
   for (int kt = 0; kt < KT; kt++) {
     cp_async_wait<STAGES - 2>();
@@ -570,7 +560,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     const int nk = kt + STAGES - 1;
     if (nk < KT) load(nk % STAGES, nk);
     cp_async_commit();
-    decode(kt % STAGES, kt);
+    decode(kt % STAGES, kt, sB);
     __syncthreads();
     mkmoe::mma_stage<MF, NF, WM>(acc, sA + (kt % STAGES) * BM * BK, sB, wm, lane, brow);
   }
@@ -590,13 +580,6 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
                                        p.bias ? p.bias + (int64_t)e * N : nullptr);
     }
   }
-}
-
-// fp4_gemm_on: MK_FP4_GEMM=1 runs the FP4 grouped GEMMs (moe_gemm_fp4_kernel)
-// where the dequantized path would.
-bool fp4_gemm_on() {
-  static const bool v = mk::env_is("MK_FP4_GEMM", '1');
-  return v;
 }
 
 // launch_gemm_fp4 runs moe_gemm_fp4_kernel over a's tiles.
@@ -633,40 +616,45 @@ int run_gemm_fp4(int bm, const GemmArgs& a, const uint8_t* Wc, const uint8_t* Ws
   }
 }
 
-// fp4_unroll: MK_FP4_UNROLL=1 runs moe_fp4_up_kernel<true>.
-bool fp4_unroll() {
-  static const bool v = mk::env_is("MK_FP4_UNROLL", '1');
-  return v;
-}
-
-// fp4_gemv_on: MK_FP4_GEMV=0 sends every batch through the dequantized
-// grouped GEMMs (measurements).
-bool fp4_gemv_on() {
-  static const bool v = !mk::env_is("MK_FP4_GEMV", '0');
-  return v;
-}
-
-// kF4GemvMax is the most tokens mk_moe_experts_fp4 serves with the GEMV
-// kernels, in launches of fp4_chunk tokens each (at gpt-oss-120b's layer
-// the dequantized path took 1.52 ms at 16 tokens where a GEMV pair of 8
-// took 0.48: docs/PERF.md, thirty-fourth pass).
-constexpr int kF4GemvMax = 32;
-
-// fp4_chunk is the tokens one pair of GEMV launches serves: at most
-// kF4Tokens, with at most kF4Assign assignments.
+// fp4_chunk is the most tokens the GEMV kernels serve: kF4Tokens, with at
+// most kF4Assign assignments. (Chunks of that for up to 32 tokens ran
+// slower than the FP4 grouped GEMM at every size from 9 tokens, call 202:
+// docs/PERF.md.)
 int64_t fp4_chunk(int32_t k) { return std::min<int64_t>(kF4Tokens, kF4Assign / k); }
 
-// fp4_gemv_path reports whether mk_moe_experts_fp4 takes the GEMV kernels
-// for t tokens of top-k over e experts: up to kF4GemvMax tokens, and only
-// while the chunks' expert reads (each chunk reads its distinct experts,
-// at most min(chunk·k, e)) stay within twice the dequantized path's
-// experts (min(t·k, e), each written and read again in bf16). Measured
-// (docs/PERF.md, thirty-fourth pass): at 128 experts 32 tokens took 1.79
-// ms in four GEMV chunks against ~2.5 ms dequantized; gpt-oss-20b's 32
-// experts at 32 tokens a step took 36.5 ms in chunks against 25.3 ms
-// dequantized.
-bool fp4_gemv_path(int64_t t, int32_t k, int32_t e) {
-  if (k > kF4Assign || t > kF4GemvMax || !fp4_gemv_on()) return false;
-  const int64_t tc = fp4_chunk(k), chunks = (t + tc - 1) / tc;
-  return chunks * std::min<int64_t>(tc * k, e) <= 2 * std::min<int64_t>(t * k, e);
+// Fp4Path is how mk_moe_experts_fp4 runs a batch (mk_moe.h's MK_FP4_PATH_*).
+enum Fp4Path : int32_t { kFp4Gemv = 0, kFp4Gemm = 1, kFp4Dequant = 2 };
+
+// fp4_forced is MK_FP4_PATH (gemv, gemm or dequant: measurements), or -1.
+int32_t fp4_forced() {
+  static const int32_t v = [] {
+    const char* s = std::getenv("MK_FP4_PATH");
+    if (s == nullptr) return -1;
+    return !std::strcmp(s, "gemv") ? (int32_t)kFp4Gemv
+           : !std::strcmp(s, "gemm") ? (int32_t)kFp4Gemm
+           : !std::strcmp(s, "dequant") ? (int32_t)kFp4Dequant
+                                         : -1;
+  }();
+  return v;
+}
+
+// kF4GemmRows is the most rows an expert (t·k ÷ e on average) the FP4
+// grouped GEMM serves: it decodes every weight tile once for each row tile
+// of its expert, so past a row tile or two the dequantized path (each
+// chosen expert written once in bf16, then the bf16 GEMMs) is faster.
+constexpr int64_t kF4GemmRows = 16;
+
+// fp4_path picks the path for t tokens of top-k over e experts: the GEMV
+// kernels up to fp4_chunk(k) tokens (at 8 tokens they tie with the GEMM);
+// the FP4 grouped GEMM while the experts average at most kF4GemmRows rows;
+// the dequantized path beyond. At gpt-oss-120b's and gpt-oss-20b's layers
+// (call 202, docs/PERF.md "FP4 experts on the H200") each boundary is
+// where the faster path changes. MK_FP4_PATH forces one (gemv only where
+// it is allowed).
+int32_t fp4_path(int64_t t, int32_t k, int32_t e) {
+  const bool gemv_ok = k <= kF4Assign && t <= fp4_chunk(k);
+  const int32_t f = fp4_forced();
+  if (f == kFp4Gemm || f == kFp4Dequant || (f == kFp4Gemv && gemv_ok)) return f;
+  if (gemv_ok) return kFp4Gemv;
+  return t * k <= kF4GemmRows * e ? kFp4Gemm : kFp4Dequant;
 }

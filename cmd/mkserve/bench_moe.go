@@ -66,7 +66,8 @@ type moeBenchRow struct {
 	Reference      string                   `json:"reference"`
 	RouteMismatch  int                      `json:"route_mismatch"` // sampled tokens whose ids differ from moe.Route on the GPU's logits
 	Path           string                   `json:"path"`
-	Weights        string                   `json:"weights"` // bf16, or fp4 (codes and E8M0 scales: 4.25 bits a value)
+	Weights        string                   `json:"weights"`            // bf16, or fp4 (codes and E8M0 scales: 4.25 bits a value)
+	FP4Path        string                   `json:"fp4_path,omitempty"` // fp4: gemv, gemm or dequant (kernels.MoEFP4Path)
 	Ranks          int                      `json:"ranks"`
 	MinMS          float64                  `json:"min_ms"`
 	Iters          int                      `json:"iters"`
@@ -238,8 +239,12 @@ func benchMoE(args []string, stdout io.Writer) error {
 		if r.EagerMS != nil {
 			eager = fmt.Sprintf("%.4f", *r.EagerMS)
 		}
+		path := r.Path
+		if r.FP4Path != "" {
+			path += " (fp4 " + r.FP4Path + ")"
+		}
 		fmt.Fprintf(tw, "%d\t%.4f\t%.4f\t%s\t%.4f\t%s\t%.1f\t%.0f\t%.1f\t%.2g\t%d\t%s\t%d\t\n", r.Tokens, r.MS, r.MinMS, eager, r.ExpertsMS, sep, r.TFLOPS,
-			r.WeightGBps, r.ExpertsTouched, r.RelErr, r.RouteMismatch, r.Path, r.Ranks)
+			r.WeightGBps, r.ExpertsTouched, r.RelErr, r.RouteMismatch, path, r.Ranks)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -406,6 +411,13 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 	E, K, H, I := o.experts, o.topk, o.hidden, o.inter
 	SI := o.shared * I
 	row := moeBenchRow{Tokens: T, Path: "grouped", Ranks: 1, Iters: o.iters, Weights: o.weights}
+	if ex.IsFP4() {
+		p, err := d.MoEFP4Path(T, K, E)
+		if err != nil {
+			return row, err
+		}
+		row.FP4Path = p.String()
+	}
 	b := &moeBenchBufs{}
 	defer b.free()
 	x, err := b.alloc(d, int64(T*H)*2)
