@@ -330,23 +330,21 @@ func init() {
 // FP4Path is how MoEExpertsRun runs a batch on FP4 experts (mk_moe.h).
 type FP4Path int32
 
-// The FP4 paths: two GEMV kernels on the codes (one chunk of tokens), the
-// grouped GEMMs decoding each weight tile in shared memory, or the chosen
-// experts dequantized to bf16 for the bf16 grouped GEMMs.
+// The FP4 paths: two GEMV kernels on the codes (up to 8 tokens, 32
+// assignments), the grouped GEMMs decoding each weight tile in shared
+// memory (experts of up to 16 rows on average), or the chosen experts
+// dequantized to bf16 for the bf16 grouped GEMMs.
 const (
 	FP4Gemv    FP4Path = 0
 	FP4Gemm    FP4Path = 1
 	FP4Dequant FP4Path = 2
 )
 
+var fp4PathNames = [...]string{FP4Gemv: "gemv", FP4Gemm: "gemm", FP4Dequant: "dequant"}
+
 func (p FP4Path) String() string {
-	switch p {
-	case FP4Gemv:
-		return "gemv"
-	case FP4Gemm:
-		return "gemm"
-	case FP4Dequant:
-		return "dequant"
+	if p >= 0 && int(p) < len(fp4PathNames) {
+		return fp4PathNames[p]
 	}
 	return fmt.Sprintf("FP4Path(%d)", int32(p))
 }
