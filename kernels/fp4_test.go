@@ -419,3 +419,15 @@ func TestMoEExpertsBlock(t *testing.T) {
 		}
 	}
 }
+
+// TestFP4PathString: the names bench moe prints, and an unknown path.
+func TestFP4PathString(t *testing.T) {
+	for _, c := range []struct {
+		p    FP4Path
+		want string
+	}{{FP4Gemv, "gemv"}, {FP4Gemm, "gemm"}, {FP4Dequant, "dequant"}, {3, "FP4Path(3)"}, {-1, "FP4Path(-1)"}} {
+		if got := c.p.String(); got != c.want {
+			t.Errorf("%d: %q, want %q", int32(c.p), got, c.want)
+		}
+	}
+}
