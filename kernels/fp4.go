@@ -295,6 +295,23 @@ type FP4 struct {
 	N, K   int
 }
 
+// Rows is rows [lo, hi) of m as views of its buffers.
+func (m *FP4) Rows(lo, hi int) (*FP4, error) {
+	if lo < 0 || hi > m.N || hi <= lo {
+		return nil, fmt.Errorf("kernels: rows [%d, %d) of an FP4 matrix of %d", lo, hi, m.N)
+	}
+	cb, sb := FP4Sizes(1, m.K)
+	codes, err := m.Codes.View(int64(lo)*cb, int64(hi-lo)*cb)
+	if err != nil {
+		return nil, err
+	}
+	scales, err := m.Scales.View(int64(lo)*sb, int64(hi-lo)*sb)
+	if err != nil {
+		return nil, err
+	}
+	return &FP4{Codes: codes, Scales: scales, N: hi - lo, K: m.K}, nil
+}
+
 // check reports whether m is a well-formed FP4 matrix of n rows of k.
 func (m *FP4) check(op, name string, n, k int) error {
 	if m == nil {

@@ -417,6 +417,13 @@ func TestMoEExpertsBlock(t *testing.T) {
 		if _, err := f.Block(r[0], r[1]); err == nil {
 			t.Errorf("block %v of %d experts: no error", r, E)
 		}
+		if _, err := f.DownFP4.Rows(r[0]*H, r[1]*H); err == nil {
+			t.Errorf("rows %v·%d of %d: no error", r, H, E*H)
+		}
+	}
+	if r, err := f.DownFP4.Rows(H+3, 2*H); err != nil || r.N != H-3 || at(r.Codes) != [2]int64{(H + 3) * I / 2, (H - 3) * I / 2} ||
+		at(r.Scales) != [2]int64{(H + 3) * I / 32, (H - 3) * I / 32} {
+		t.Errorf("rows [%d, %d): %+v, %v", H+3, 2*H, r, err)
 	}
 }
 

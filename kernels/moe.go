@@ -193,11 +193,15 @@ func (ex *MoEExperts) Block(lo, hi int) (*MoEExperts, error) {
 		return v
 	}
 	if ex.IsFP4() {
-		fp4 := func(m *FP4, rows int64) *FP4 {
-			codes, scales := FP4Sizes(int(rows), m.K) // an expert's
-			return &FP4{Codes: view(m.Codes, codes), Scales: view(m.Scales, scales), N: int(E * rows), K: m.K}
+		fp4 := func(m *FP4, rows int) *FP4 { // an expert's rows
+			if m == nil || err != nil {
+				return nil
+			}
+			var r *FP4
+			r, err = m.Rows(lo*rows, hi*rows)
+			return r
 		}
-		l.GateUpFP4, l.DownFP4 = fp4(ex.GateUpFP4, 2*I), fp4(ex.DownFP4, H)
+		l.GateUpFP4, l.DownFP4 = fp4(ex.GateUpFP4, 2*ex.I), fp4(ex.DownFP4, ex.H)
 	} else {
 		l.GateUp, l.Down = view(ex.GateUp, 2*I*H*2), view(ex.Down, H*I*2)
 	}

@@ -23,7 +23,8 @@ import (
 //     TakeExpertLoad. x is rounded to bf16 once, the activation once.
 //   - host (moeHost: float32 weights, split mode, other shapes): logits copied
 //     to the host, moe.Route, per expert a gather, two (split) GEMMs and a
-//     scatter-add.
+//     scatter-add. FP4 experts (split mode) are dequantized an expert at a
+//     time into a bf16 scratch for its GEMMs.
 //
 // E and I come from the shapes: Gate is [E, H], GateUp [E*2I, H], Down [E*H, I].
 func (be *Backend) MoE(x backend.Tensor, l *backend.MoELayer) backend.Tensor {
@@ -43,7 +44,7 @@ func (be *Backend) moeChecked(m moeOperands, l *backend.MoELayer) *Tensor {
 			return nil
 		}, gu, down)
 	}
-	if isFP4(gu) || be.grouped(gu, down, H, I, E) {
+	if (isFP4(gu) && !be.split) || be.grouped(gu, down, H, I, E) {
 		out = be.moeGrouped(xt, l, gate, gateBias, vector("MoE", "ScoreBias", l.ScoreBias, E), gu, gub, down, db, T, H, E, I, base, Ew, nil)
 	} else {
 		var scoreBias []float32
@@ -192,6 +193,25 @@ func (be *Backend) moeHost(xt *Tensor, l *backend.MoELayer, gate, gateBias *Tens
 		must("gather", d.GatherRowsF32(nil, xg, be.f32(d, xt), kernels.F32, tb, N, H, T))
 		guw, guF32 := weightMem(gu)
 		dw, dF32 := weightMem(down)
+		// expert is expert we's rows of w (rows of n values each): a view of
+		// w's memory, or of FP4 rows dequantized into scratch.
+		var scratch *kernels.Buffer
+		if isFP4(gu) || isFP4(down) {
+			moeFP4Calls.Add(1)
+			scratch = a.get(d, int64(2*I*H)*2) // an expert's gate/up, or its down
+
+			defer a.put(scratch)
+		}
+		expert := func(w *Tensor, mem *kernels.Buffer, size int64, we, rows, n int) *kernels.Buffer {
+			if !isFP4(w) {
+				return view(mem, int64(we*rows*n)*size, int64(rows*n)*size)
+			}
+			m, err := w.st.fp4.Rows(we*rows, (we+1)*rows)
+			must("FP4 expert", err)
+			sv := view(scratch, 0, int64(rows*n)*2)
+			must("FP4 expert", d.FP4DequantBF16(nil, sv, m))
+			return sv
+		}
 		xin := be.prepare(d, xg, N*H, guF32)
 		h := a.get(d, int64(N*2*I)*4)
 		var gubb, dbb *kernels.Buffer
@@ -215,7 +235,7 @@ func (be *Backend) moeHost(xt *Tensor, l *backend.MoELayer, gate, gateBias *Tens
 			}
 			hv := view(h, int64(r0*2*I)*4, int64(n*2*I)*4)
 			we := e - base // its place in the weights
-			be.gemm(d, hv, xin.rows(r0, n, H), view(guw, int64(we*2*I*H)*gs, int64(2*I*H)*gs), n, 2*I, H)
+			be.gemm(d, hv, xin.rows(r0, n, H), expert(gu, guw, gs, we, 2*I, H), n, 2*I, H)
 			if gubb != nil {
 				must("bias", d.BiasAddF32(nil, hv, view(gubb, int64(we*2*I)*4, int64(2*I)*4), n, 2*I))
 			}
@@ -233,7 +253,7 @@ func (be *Backend) moeHost(xt *Tensor, l *backend.MoELayer, gate, gateBias *Tens
 			}
 			yv := view(y, int64(r0*H)*4, int64(n*H)*4)
 			we := e - base
-			be.gemm(d, yv, ain.rows(r0, n, I), view(dw, int64(we*H*I)*ds, int64(H*I)*ds), n, H, I)
+			be.gemm(d, yv, ain.rows(r0, n, I), expert(down, dw, ds, we, H, I), n, H, I)
 			if dbb != nil {
 				must("bias", d.BiasAddF32(nil, yv, view(dbb, int64(we*H)*4, int64(H)*4), n, H))
 			}
