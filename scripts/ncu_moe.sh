@@ -3,7 +3,9 @@
 # grouped expert GEMMs (the first GEMM1 and GEMM2 launches of `mkserve bench
 # moe --path grouped`) at one token count, for the kernel MK_MOE_WGMMA picks
 # (unset: the warp-specialised wgmma kernel; 1: the single-role one; 0:
-# mma.sync). SHAPE: deepseek_v3, qwen3_30b_a3b or mixtral_8x7b. SOURCE=DIR
+# mma.sync). SHAPE: deepseek_v3, qwen3_30b_a3b, mixtral_8x7b, gpt_oss_120b
+# or gpt_oss_20b; WEIGHTS=fp4 profiles the FP4 experts' kernels instead
+# (the path MK_FP4_PATH forces, or the one the rule picks). SOURCE=DIR
 # also writes ncu's per-SASS-line stall samples of the first launch to
 # DIR/moe_source.csv. On the GPU machine, after `MK_MODE=none bash
 # scripts/device.sh`:
@@ -16,6 +18,8 @@ case "$SHAPE" in
 deepseek_v3) F="--hidden 7168 --intermediate 2048 --experts 256 --topk 8 --routing grouped" ;;
 qwen3_30b_a3b) F="--hidden 2048 --intermediate 768 --experts 128 --topk 8 --routing softmax" ;;
 mixtral_8x7b) F="--hidden 4096 --intermediate 14336 --experts 8 --topk 2 --routing softmax" ;;
+gpt_oss_120b) F="--hidden 2880 --intermediate 2880 --experts 128 --topk 4 --routing softmax" ;;
+gpt_oss_20b) F="--hidden 2880 --intermediate 2880 --experts 32 --topk 4 --routing softmax" ;;
 *) echo "ncu_moe.sh: unknown shape $SHAPE"; exit 2 ;;
 esac
 export PATH="$PATH:/usr/local/cuda/bin"
@@ -31,10 +35,15 @@ for r in barrier long_scoreboard short_scoreboard math_pipe_throttle wait mio_th
 	M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
 done
 K='regex:moe_wgmma|moe_gemm'
+W=bf16
+if [ "${WEIGHTS:-bf16}" = fp4 ]; then
+	K='regex:moe_fp4|moe_gemm_fp4|fp4_dequant'
+	W=fp4
+fi
 SRC=()
 [ -n "${SOURCE:-}" ] && SRC=(--section SourceCounters -f -o /tmp/ncu_moe)
 "$NCU" --clock-control none --kernel-name "$K" --launch-count 2 --section LaunchStats --metrics "$M" "${SRC[@]}" \
-	.dev/mkserve bench moe --path grouped $F --tokens "$T" --iters 1 --check-rows 0 2>&1 |
+	.dev/mkserve bench moe --path grouped --weights $W $F --tokens "$T" --iters 1 --check-rows 0 2>&1 |
 	grep -vE '^==PROF==|^ *tokens|^H=' | sed -n '/moe_/,$p'
 if [ -n "${SOURCE:-}" ]; then
 	"$NCU" --import /tmp/ncu_moe.ncu-rep --print-units base --page details --metrics "$M" 2>/dev/null | grep -vE '^==PROF==' | head -120
