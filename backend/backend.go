@@ -335,6 +335,12 @@ func (w WeightBytes) Values() int64 {
 	return v
 }
 
+// Forms is the bytes by form, keyed as /metrics labels them: "f32",
+// "bf16", "q8" and "fp4".
+func (w WeightBytes) Forms() map[string]int64 {
+	return map[string]int64{"f32": w.F32, "bf16": w.BF16, "q8": w.Q8, "fp4": w.FP4}
+}
+
 // Dominant names the form that holds the most bytes: "F32", "BF16", "Q8"
 // or "FP4" ("" for none).
 func (w WeightBytes) Dominant() string {

@@ -36,6 +36,19 @@ const fp4GroupValues = 32
 // e2m1 are the E2M1 magnitudes by code (bits 2 … 0).
 var e2m1 = [8]float32{0, 0.5, 1, 1.5, 2, 3, 4, 6}
 
+// fp4Scale is the factor 2^(s − 127) of an E8M0 scale s.
+func fp4Scale(s byte) float32 { return float32(math.Ldexp(1, int(s)-127)) }
+
+// fp4BF16 is the bf16 bits of E2M1 code nib (bit 3 the sign) times sc
+// (exact where the product stays in bf16's range).
+func fp4BF16(nib byte, sc float32) uint16 {
+	f := e2m1[nib&7] * sc
+	if nib&8 != 0 {
+		f = -f
+	}
+	return uint16(math.Float32bits(f) >> 16)
+}
+
 // fp4Slot maps value v (0 … 63) of a block to its byte (0 … 31) and the
 // nibble's shift within it.
 func fp4Slot(v int) (byteIdx, shift int) {
@@ -255,14 +268,9 @@ func DecodeMXFP4(blocks, scales []byte, n, k int) []uint16 {
 	par.For(n*k/fp4GroupValues, 1024, func() func(a, b int) {
 		return func(a, b int) {
 			for g := a; g < b; g++ {
-				sc := float32(math.Ldexp(1, int(scales[g])-127))
+				sc := fp4Scale(scales[g])
 				for i := range fp4GroupValues {
-					nib := blocks[g*16+i/2] >> (4 * (i % 2)) & 0xF
-					f := e2m1[nib&7] * sc
-					if nib&8 != 0 {
-						f = -f
-					}
-					out[g*fp4GroupValues+i] = uint16(math.Float32bits(f) >> 16)
+					out[g*fp4GroupValues+i] = fp4BF16(blocks[g*16+i/2]>>(4*(i%2))&0xF, sc)
 				}
 			}
 		}
@@ -278,11 +286,7 @@ func UnpackFP4(codes, scales []byte, n, k int) []uint16 {
 		for v := 0; v < k; v++ {
 			s := fp4Slots[v%FP4BlockValues]
 			nib := codes[r*k/2+v/FP4BlockValues*32+int(s[0])] >> s[1] & 0xF
-			f := e2m1[nib&7] * float32(math.Ldexp(1, int(scales[r*k/fp4GroupValues+v/fp4GroupValues])-127))
-			if nib&8 != 0 {
-				f = -f
-			}
-			out[r*k+v] = uint16(math.Float32bits(f) >> 16)
+			out[r*k+v] = fp4BF16(nib, fp4Scale(scales[r*k/fp4GroupValues+v/fp4GroupValues]))
 		}
 	}
 	return out

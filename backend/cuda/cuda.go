@@ -132,7 +132,8 @@ type Options struct {
 	// (bf16); WeightsFP4 holds an MXFP4 checkpoint's experts as FP4 (4.25
 	// bits a value, exact); WeightsAuto does so when their bf16 form would
 	// take more than 60 % of the GPU's memory (gpt-oss-120b on an H200, not
-	// gpt-oss-20b). FP4 experts read x rounded to bf16 in either profile.
+	// gpt-oss-20b). The fast profile's FP4 experts read x rounded to bf16;
+	// the exact profile's run an expert at a time dequantized (moeHost).
 	Weights string
 }
 

@@ -11,15 +11,16 @@ import (
 	"github.com/mkserve/mkserve/tensor"
 )
 
-// FP4 expert weights: an MXFP4 checkpoint's experts (gpt-oss), which
-// arrive dequantized to bf16, go back to FP4 on upload (kernels.PackFP4:
-// exact, 4.25 bits a value instead of 16), so that gpt-oss-120b's ~115
+// FP4 expert weights: an MXFP4 checkpoint's experts (gpt-oss) are held as
+// FP4 — handed over as the checkpoint's blocks (WeightMXFP4,
+// kernels.RepackMXFP4) or packed from bf16 on upload (kernels.PackFP4):
+// exact, 4.25 bits a value instead of 16 — so that gpt-oss-120b's ~115
 // billion expert parameters take ~61 GB of an H200 rather than ~229. The
-// MoE layers run them through kernels.MoEExpertsRun's FP4 path (GEMV
-// kernels on the codes for a few tokens, the chosen experts dequantized
-// for the grouped GEMMs beyond). Anything else that needs such a weight's
-// values (ToHost, the host MoE path) gets a bf16 copy made once
-// (fp4Values).
+// fast profile's MoE layers run them through kernels.MoEExpertsRun's FP4
+// paths (kernels.FP4Path); the exact profile's host path dequantizes one
+// expert at a time (moeHost). Anything else that needs such a weight's
+// values (ToHost, a layer with one projection in FP4) gets a bf16 copy
+// made once (fp4Values).
 
 // Weight forms (Options.Weights).
 const (
@@ -48,8 +49,8 @@ func expertMatrix(name string) bool {
 
 // fp4AutoShare is the share of the GPU's memory above which WeightsAuto
 // holds an MXFP4 checkpoint's experts as FP4: gpt-oss-120b's 229 GB of bf16
-// experts, not gpt-oss-20b's 38 GB (whose bf16 experts run faster beyond
-// four tokens a step today: docs/PERF.md, thirty-fourth pass).
+// experts, not gpt-oss-20b's 38 GB (whose bf16 experts run faster from
+// eight tokens a step: docs/PERF.md, "FP4 experts on the H200").
 const fp4AutoShare = 0.6
 
 // PlanExperts implements backend.ExpertPlanner: under WeightsAuto, an

@@ -140,12 +140,13 @@ func (be *Backend) takeDeviceLoad() map[int][]int64 {
 	return out
 }
 
-// grouped reports whether the routed experts can take the grouped path:
-// bf16 expert weights, split mode off, shapes the kernels accept.
+// grouped reports whether the routed experts can take the grouped path
+// with bf16 weights: bf16 expert weights (not float32, not FP4), split mode
+// off, shapes the kernels accept.
 func (be *Backend) grouped(gu, down *Tensor, H, I, E int) bool {
 	_, guF32 := weightMem(gu)
 	_, dF32 := weightMem(down)
-	return !be.split && !guF32 && !dF32 && H%8 == 0 && I%8 == 0 && H > 0 && I > 0 && E <= 2048
+	return !be.split && !guF32 && !dF32 && !isFP4(gu) && !isFP4(down) && H%8 == 0 && I%8 == 0 && H > 0 && I > 0 && E <= 2048
 }
 
 // moeRouterOf converts the layer's router to the kernels' form.
@@ -275,7 +276,7 @@ type moeFold struct {
 func (be *Backend) MoEAddRMSNorm(x, h backend.Tensor, l *backend.MoELayer, w backend.Tensor,
 	eps float32) (backend.Tensor, backend.Tensor) {
 	m := be.moeOperands(h, l)
-	if be.world != nil || l.Shared != nil || m.T == 0 || m.Ew != m.E || m.H%4 != 0 || m.H > 8192 || isFP4(m.gu) || isFP4(m.down) ||
+	if be.world != nil || l.Shared != nil || m.T == 0 || m.Ew != m.E || m.H%4 != 0 || m.H > 8192 ||
 		!be.grouped(m.gu, m.down, m.H, m.I, m.E) || be.moeGemv(m.T, l.Router.TopK) || be.fusedFits(m.E, m.gub, m.db) {
 		return be.AddRMSNorm(x, be.moeChecked(m, l), w, eps)
 	}

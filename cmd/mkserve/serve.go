@@ -234,19 +234,18 @@ func serve(ctx context.Context, args []string, lookup func(string) (string, bool
 	}
 	ec := eng.Config()
 	info := httpapi.ModelInfo{Family: loaded.Config.ModelType}
-	if cb, ok := be.(*cpu.Backend); ok {
-		wb := cb.WeightBytes()
-		log.Info("weights held", zap.String("cpu_weights", cfg.CPUWeights), zap.Int64("bytes", wb.Total()),
-			zap.Int64("fp4_bytes", wb.FP4), zap.Int64("q8_bytes", wb.Q8), zap.Int64("bf16_bytes", wb.BF16), zap.Int64("f32_bytes", wb.F32))
-		metrics.RegisterWeights(reg, cfg.ModelName(), map[string]int64{"f32": wb.F32, "bf16": wb.BF16, "q8": wb.Q8, "fp4": wb.FP4})
-		info.Bytes, info.Parameters, info.Quantization = wb.Total(), wb.Values(), wb.Dominant()
-	}
-	if cb, ok := be.(*cuda.Backend); ok {
-		wb := cb.WeightBytes()
-		log.Info("weights held", zap.String("cuda_weights", cfg.CUDAWeights), zap.Int64("bytes", wb.Total()),
-			zap.Int64("fp4_bytes", wb.FP4), zap.Int64("bf16_bytes", wb.BF16), zap.Int64("f32_bytes", wb.F32),
-			zap.Int("fp4_matrices", cb.FP4Weights()))
-		metrics.RegisterWeights(reg, cfg.ModelName(), map[string]int64{"f32": wb.F32, "bf16": wb.BF16, "fp4": wb.FP4})
+	if wh, ok := be.(interface{ WeightBytes() backend.WeightBytes }); ok {
+		wb := wh.WeightBytes()
+		fields := []zap.Field{zap.Int64("bytes", wb.Total()), zap.Int64("fp4_bytes", wb.FP4), zap.Int64("q8_bytes", wb.Q8),
+			zap.Int64("bf16_bytes", wb.BF16), zap.Int64("f32_bytes", wb.F32)}
+		switch b := be.(type) {
+		case *cpu.Backend:
+			fields = append(fields, zap.String("cpu_weights", cfg.CPUWeights))
+		case *cuda.Backend:
+			fields = append(fields, zap.String("cuda_weights", cfg.CUDAWeights), zap.Int("fp4_matrices", b.FP4Weights()))
+		}
+		log.Info("weights held", fields...)
+		metrics.RegisterWeights(reg, cfg.ModelName(), wb.Forms()) // (forms without bytes left out)
 		info.Bytes, info.Parameters, info.Quantization = wb.Total(), wb.Values(), wb.Dominant()
 	}
 	hs.SetModelInfo(info)
