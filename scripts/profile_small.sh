@@ -3,7 +3,9 @@
 # kernels spend their time (thirty-sixth pass): the grouped layer at 1 / 16 /
 # 256 tokens on the issue's three shapes (graph replay, eager, experts
 # alone), ncu's per-kernel GPU time and DRAM bytes of one eager 1-token
-# layer per shape, and the FP4 kernels' stall reasons (scripts/ncu_moe.sh).
+# layer per shape. (The FP4 kernels' stall reasons: scripts/ncu_moe.sh with
+# WEIGHTS=fp4; in call 1 of the thirty-sixth pass it printed nothing, not
+# yet looked into.)
 # Carry .dev/device.tar.xz (make device-bins) and this script.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -42,9 +44,5 @@ for s in deepseek_v3 mixtral_8x7b qwen3_30b_a3b; do
 	timeout 200 ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum \
 		.dev/mkserve bench moe --path grouped ${F[$s]} --tokens 1 --iters 1 --graph=false --check-rows 0 >"$OUT/ncu_$s.csv" 2>"$OUT/ncu_$s.err"
 	echo "== ncu $s 1 token rc=$? t=${SECONDS}s (the last 12 kernels)"; python3 -c "$q" "$OUT/ncu_$s.csv" 12 || tail -5 "$OUT/ncu_$s.err"
-done
-for t in 1 64; do
-	echo "== ncu fp4 gpt_oss_120b $t t=${SECONDS}s"
-	WEIGHTS=fp4 timeout 150 bash scripts/ncu_moe.sh gpt_oss_120b $t 2>&1 | grep -vE "^ *-+ *$" | head -90
 done
 echo "done t=${SECONDS}s"
