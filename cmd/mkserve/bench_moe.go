@@ -50,7 +50,8 @@ type moeBenchOpts struct {
 // expert MLP), then mk_moe_fused over all ranks; separate_ms is the same
 // layer with mk_moe_fused_separate (baseline (a): dispatch launch, grouped
 // experts per rank, combine launch). With --path grouped (one rank): router
-// GEMM → routing → grouped experts → combine, no separate_ms.
+// GEMM → routing and grouped experts → combine (MoERouteExpertsRun, as the
+// CUDA backend runs it), no separate_ms.
 type moeBenchRow struct {
 	Tokens         int                      `json:"tokens"`
 	MS             float64                  `json:"ms"`                    // median over iterations, CUDA events, whole layer
@@ -58,7 +59,7 @@ type moeBenchRow struct {
 	Graph          bool                     `json:"graph"`                 // ms and separate_ms are CUDA graph replays of the layer (--graph)
 	EagerMS        *float64                 `json:"eager_ms,omitempty"`    // --graph: the same layer launched op by op from the host
 	EagerSepMS     *float64                 `json:"eager_separate_ms,omitempty"`
-	ExpertsMS      float64                  `json:"experts_ms"`      // median of the expert part alone (fused: plan + persistent launch; grouped: align + GEMM1 + GEMM2 + combine)
+	ExpertsMS      float64                  `json:"experts_ms"`      // median of the expert part alone (fused: plan + persistent launch; grouped: routing + align + GEMM1 + GEMM2 + combine, one MoERouteExpertsRun)
 	TFLOPS         float64                  `json:"tflops"`          // 2·3·tokens·topk·hidden·intermediate / ms
 	WeightGBps     float64                  `json:"weight_gbps"`     // bytes of touched experts' weights / ms
 	ExpertsTouched float64                  `json:"experts_touched"` // mean over iterations
@@ -458,12 +459,12 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 		}
 	}
 	// layer queues the layer; timed records ev[1] and ev[2] around the
-	// experts (not inside a graph capture).
+	// routing and experts (not inside a graph capture). Routing and experts
+	// are one MoERouteExpertsRun, as the CUDA backend runs a layer on one
+	// GPU (at a decode step's few tokens the routing lays out the GEMMs'
+	// rows itself, with no align launch between it and GEMM1).
 	layer := func(timed bool) error {
 		if err := benchRouter(d, logits, x, w.gate, T, E, H); err != nil {
-			return err
-		}
-		if err := d.MoERoute(nil, ids, wts, logits, w.scoreBias, T, moeRouterKernels(cfg)); err != nil {
 			return err
 		}
 		if timed {
@@ -471,7 +472,7 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 				return err
 			}
 		}
-		if err := d.MoEExpertsRun(nil, out, x, ids, wts, T, K, ex, nil, ws); err != nil {
+		if err := d.MoERouteExpertsRun(nil, out, x, ids, wts, logits, w.scoreBias, T, moeRouterKernels(cfg), ex, nil, ws); err != nil {
 			return err
 		}
 		if timed {
