@@ -827,25 +827,50 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 
 // ---------------------------------------------------------------- combine
 
-// out [T, H] = Σ_k w[t,k] · y[slot_of[t*K+k]], k in order; blockIdx.x is
-// the token, blockIdx.y a slice of its columns (several CTAs per token, so
-// that a decode step's few tokens still spread over many SMs).
+// out [T, H] = Σ_k w[t,k] · y[slot_of[t*K+k]], k in order (fmaf from 0);
+// blockIdx.x is the token, blockIdx.y a slice of its columns (several CTAs
+// per token, so that a decode step's few tokens still spread over many
+// SMs). The token's slots and weights are staged in shared memory once and
+// each column's K expert rows are loaded kU at a time before they are
+// summed: the loop of one slot load, then one row load, per k cost a
+// dependent round trip each (ncu, one token: 8.0 µs at K = 8 on
+// DeepSeek-V3's 7168 columns, 5.1 on Qwen3's, 3.4 at K = 2 on Mixtral).
 __global__ void moe_combine_kernel(float* out, const float* y, const int32_t* slot_of, const float* w,
                                    int K, int64_t H) {
   mk::pdl_begin();
+  constexpr int kC = 64, kU = 8;  // k staged in shared memory; rows in flight a column
+  __shared__ int32_t c_slot[kC];
+  __shared__ float c_w[kC];
   const int64_t t = blockIdx.x;
   const int64_t H4 = H / 4;
+  const int kn = K < kC ? K : kC;
+  for (int k = threadIdx.x; k < kn; k += blockDim.x) {
+    c_slot[k] = slot_of[t * K + k];
+    c_w[k] = w[t * K + k];
+  }
+  __syncthreads();
+  const float4* y4 = reinterpret_cast<const float4*>(y);
   for (int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; c < H4; c += (int64_t)gridDim.y * blockDim.x) {
     float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int k = 0; k < K; k++) {
-      const int32_t slot = slot_of[t * K + k];
-      if (slot < 0) continue;
-      const float wk = w[t * K + k];
-      const float4 v = reinterpret_cast<const float4*>(y + (int64_t)slot * H)[c];
-      s.x = fmaf(wk, v.x, s.x);
-      s.y = fmaf(wk, v.y, s.y);
-      s.z = fmaf(wk, v.z, s.z);
-      s.w = fmaf(wk, v.w, s.w);
+    for (int k0 = 0; k0 < K; k0 += kU) {
+      int32_t sl[kU];
+      float4 v[kU];
+#pragma unroll
+      for (int u = 0; u < kU; u++) {
+        const int k = k0 + u;
+        sl[u] = k >= K ? -1 : k < kC ? c_slot[k] : slot_of[t * K + k];
+        v[u] = sl[u] >= 0 ? y4[(int64_t)sl[u] * H4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < kU; u++) {
+        if (sl[u] < 0) continue;
+        const int k = k0 + u;
+        const float wk = k < kC ? c_w[k] : w[t * K + k];
+        s.x = fmaf(wk, v[u].x, s.x);
+        s.y = fmaf(wk, v[u].y, s.y);
+        s.z = fmaf(wk, v[u].z, s.z);
+        s.w = fmaf(wk, v[u].w, s.w);
+      }
     }
     reinterpret_cast<float4*>(out + t * H)[c] = s;
   }
@@ -2099,9 +2124,9 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   MK_ARG(t < (1ll << 31), "mk_moe_experts: T=%lld too large", (long long)t);
   if (!out) return MK_OK;  // the caller combines (mk_moe_combine_add_rmsnorm_f32)
   {
-    // Column slices of 128 float4s; up to 8 per token, fewer when the tokens
-    // alone fill the GPU.
-    const int64_t slices = std::max<int64_t>(1, std::min<int64_t>((h / 4 + 127) / 128, t >= 256 ? 1 : 8));
+    // Column slices of 128 float4s; up to 16 per token (one float4 a thread
+    // up to 8192 columns), fewer when the tokens alone fill the GPU.
+    const int64_t slices = std::max<int64_t>(1, std::min<int64_t>((h / 4 + 127) / 128, t >= 256 ? 1 : 16));
     (void)(mk::launch(moe_combine_kernel, dim3((unsigned)t, (unsigned)slices), dim3(128), 0, s,
         mk::dev<float>(out), y, slot_of, mk::dev<const float>(weights), k, h));
   }
