@@ -31,16 +31,6 @@ for v in "" "MK_MOE_WALK_RUN=3" "MK_MOE_WALK_RUN=4 MK_MOE_WALK_FIT=1"; do
 done
 (cd kernels && MK_MOE_WALK=1 MK_MOE_WALK_RUN=3 MK_MOE_WALK_FIT=1 timeout 200 ../.dev/kernels.test -test.count=1 -test.run '^Test(MoEExperts|MoERouteExperts)$' >"$OUT/moe_walk_on.log" 2>&1)
 echo "MoE tests with the walk on (runs of 3, fit) rc=$? t=${SECONDS}s"; grep -E "^(--- FAIL|FAIL|ok)|panic" "$OUT/moe_walk_on.log" | head -12
-q='import csv,sys
-h=None; ks={}
-for r in csv.reader(open(sys.argv[1])):
-  if r and r[0]=="ID": h=r; continue
-  if not h or len(r)!=len(h): continue
-  d=dict(zip(h,r)); k=(int(d["ID"]),d["Kernel Name"][:48],d["Grid Size"])
-  ks.setdefault(k,{})[d["Metric Name"]]=d["Metric Value"].replace(",","")
-for (i,n,gs),m in sorted(ks.items())[-3:-1]:
-  t=float(m.get("gpu__time_duration.sum",0)); b=float(m.get("dram__bytes_read.sum",0))
-  print("%4d %-48s %-14s %7.1f us %7.1f MB %5.2f TB/s" % (i,n,gs,t/1e3,b/1e6,b/t/1e3 if t else 0))'
 declare -A F
 F[deepseek_v3]="--hidden 7168 --intermediate 2048 --experts 256 --topk 8 --routing grouped"
 F[mixtral_8x7b]="--hidden 4096 --intermediate 14336 --experts 8 --topk 2 --routing softmax"
@@ -49,7 +39,7 @@ for s in deepseek_v3 mixtral_8x7b; do
 		# shellcheck disable=SC2086
 		env $v timeout 100 ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum \
 			.dev/mkserve bench moe --path grouped ${F[$s]} --tokens 1 --iters 1 --graph=false --check-rows 0 >"$OUT/ncu_$s.csv" 2>"$OUT/ncu_$s.err"
-		echo "== ncu $s 1 token [$v] rc=$? (GEMM1, GEMM2)"; python3 -c "$q" "$OUT/ncu_$s.csv" || tail -3 "$OUT/ncu_$s.err"
+		echo "== ncu $s 1 token [$v] rc=$? (GEMM1, GEMM2, combine)"; python3 scripts/ncu_kernels.py "$OUT/ncu_$s.csv" 3 || tail -3 "$OUT/ncu_$s.err"
 	done
 done
 echo "== grouped layers t=${SECONDS}s"

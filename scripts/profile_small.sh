@@ -24,25 +24,10 @@ for s in deepseek_v3 mixtral_8x7b qwen3_30b_a3b; do
 	timeout 120 .dev/mkserve bench moe --path grouped ${F[$s]} --tokens 1,16,256 --iters 20 --json >"$OUT/moe_$s.json" 2>"$OUT/moe_$s.err"
 	echo "== $s rc=$? t=${SECONDS}s"; python3 -c "$p" "$OUT/moe_$s.json" || tail -3 "$OUT/moe_$s.err"
 done
-q='import csv,sys
-rows=list(csv.reader(open(sys.argv[1])))
-h=None; ks={}
-for r in rows:
-  if r and r[0]=="ID": h=r; continue
-  if not h or len(r)!=len(h): continue
-  d=dict(zip(h,r)); k=(int(d["ID"]),d["Kernel Name"][:60])
-  ks.setdefault(k,{})[d["Metric Name"]]=d["Metric Value"].replace(",","")
-items=sorted(ks.items())
-tail=items[-int(sys.argv[2]):]
-tot=0
-for (i,n),m in tail:
-  t=float(m.get("gpu__time_duration.sum",0)); b=float(m.get("dram__bytes_read.sum",0)); tot+=t
-  print("%4d %-60s %8.1f us %8.1f MB" % (i,n,t/1e3,b/1e6))
-print("sum %.1f us" % (tot/1e3))'
 for s in deepseek_v3 mixtral_8x7b qwen3_30b_a3b; do
 	# shellcheck disable=SC2086
 	timeout 200 ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum \
 		.dev/mkserve bench moe --path grouped ${F[$s]} --tokens 1 --iters 1 --graph=false --check-rows 0 >"$OUT/ncu_$s.csv" 2>"$OUT/ncu_$s.err"
-	echo "== ncu $s 1 token rc=$? t=${SECONDS}s (the last 12 kernels)"; python3 -c "$q" "$OUT/ncu_$s.csv" 12 || tail -5 "$OUT/ncu_$s.err"
+	echo "== ncu $s 1 token rc=$? t=${SECONDS}s (the last 12 kernels)"; python3 scripts/ncu_kernels.py "$OUT/ncu_$s.csv" 12 || tail -5 "$OUT/ncu_$s.err"
 done
 echo "done t=${SECONDS}s"
