@@ -526,7 +526,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   };
   // decode writes stage's codes (k tile kt) as bf16 into sB: unit (r, c)
   // is quad thread c's 8 bytes of row r, the values 16q + 4c + j.
-  auto decode = [&](int stage, int kt, bf16* dst) {
+  auto decode = [&](int stage, int kt) {
     const uint8_t* cs = sC + stage * BN * 32;
 #pragma unroll
     for (int i = 0; i < U_PER; i++) {
@@ -541,7 +541,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
           const int q = 2 * wd + h;  // values 16q + 4c … 16q + 4c + 3: chunk 2q + c/2, from element 4·(c%2)
-          *reinterpret_cast<uint2*>(dst + swz(r, 2 * q + c / 2) + 4 * (c % 2)) = fp4_bf16x4(w, h, f);
+          *reinterpret_cast<uint2*>(sB + swz(r, 2 * q + c / 2) + 4 * (c % 2)) = fp4_bf16x4(w, h, f);
         }
       }
     }
@@ -560,7 +560,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     const int nk = kt + STAGES - 1;
     if (nk < KT) load(nk % STAGES, nk);
     cp_async_commit();
-    decode(kt % STAGES, kt, sB);
+    decode(kt % STAGES, kt);
     __syncthreads();
     mkmoe::mma_stage<MF, NF, WM>(acc, sA + (kt % STAGES) * BM * BK, sB, wm, lane, brow);
   }
