@@ -127,9 +127,9 @@ MK_API int32_t mk_moe_gemv(int32_t on);
  * work item would take more than one wave: one CTA a slot, each taking
  * (tile, column tile) items from a counter as it frees up (MK_MOE_WALK_RUN
  * consecutive ones at a time) and walking them with one copy ring (1), or
- * one CTA per item (0, the default); -1 restores the
- * start-up default (MK_MOE_WALK=1 or 0). The sums are the same bit for bit
- * either way (ABI 27). */
+ * one CTA per item (0, the default); -1 restores the start-up default
+ * (MK_MOE_WALK=1 or 0). The sums are the same bit for bit either way
+ * (ABI 27). */
 MK_API int32_t mk_moe_walk(int32_t on);
 
 /* The one-launch GEMV kernel's watchdog (ABI 13): after all earlier work,

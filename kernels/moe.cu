@@ -827,27 +827,25 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 }
 
 // moe_gemm_walk_kernel is moe_gemm_kernel's grouped mode (ksplit 1, no
-// dense rows) for the decode tiles (config 0) on a persistent grid: the
-// live work items (tile t, column tile n), numbered t·nt + n, are handed
-// out in runs of p.walk_run consecutive items by an atomic counter
-// (p.walk_next, zeroed by the routing / align launch before GEMM1), and
-// each CTA walks the items it takes with one cp.async ring across them (the next item's stages load
+// dense rows) for the decode tiles (config 0) on a persistent grid, OFF BY
+// DEFAULT (MK_MOE_WALK=1, mk_moe_walk): the live work items (tile t, column
+// tile n), numbered t·nt + n, are handed out in runs of p.walk_run
+// consecutive items by an atomic counter (p.walk_next, zeroed by the
+// routing / align launch before GEMM1), and each CTA walks the items it
+// takes with one cp.async ring across them (the next item's stages load
 // while this one's last stages multiply; its number is taken an item
-// ahead, so the atomic's round trip hides under the ring). Each item's sums are those
-// of moe_gemm_kernel's CTA for it, bit for bit: the same k order, the same
-// epilogue. Why (thirty-sixth pass, ncu, one token): one CTA per item ran
-// DeepSeek-V3's GEMM2 (896 items of 256 KB, three CTAs an SM) in 2.26
-// waves at 3.34 TB/s and Mixtral's GEMM1 (896 of 512 KB, two an SM) in
-// 3.4 waves at 3.6 TB/s, where GEMM1s in about two whole waves read at
-// 4.0 TB/s: the last partial wave's CTAs, each bounded by its own ring,
-// cannot keep HBM busy. (Equal static runs per CTA were 1–25 % slower in
-// graph replays, though faster under ncu: under programmatic launch the
-// CTAs start at different times, and a static run cannot give the late
-// ones less.) The host sizes the grid (walk_grid). OFF BY DEFAULT: every
-// form measured so far (thirty-sixth pass, docs/PERF.md) was level or
-// slower in graph replays; runs of consecutive items taken dynamically
-// (MK_MOE_WALK_RUN > 1, MK_MOE_WALK_FIT) were written after the pass's
-// device time ran out and are not yet run (scripts/pending_gpu.sh).
+// ahead, so the atomic's round trip hides under the ring). Each item's
+// sums are those of moe_gemm_kernel's CTA for it, bit for bit: the same k
+// order, the same epilogue.
+// Written (thirty-sixth pass) to fill the partial last wave of one CTA per
+// item — DeepSeek-V3's one-token GEMM2 ran 2.26 waves at 3.34 TB/s under
+// ncu, Mixtral's GEMM1 3.4 waves at 3.6 — and measured (docs/PERF.md):
+// items one at a time read exactly as before, so the waves were not the
+// cost; equal static runs of 3–4 neighbouring items per CTA read those two
+// GEMMs 6–11 % faster under ncu but lost 1–25 % in graph replays (under
+// programmatic launch CTAs start at different times and a static run
+// cannot give the late ones less). Runs taken dynamically (MK_MOE_WALK_RUN
+// > 1, MK_MOE_WALK_FIT=1) are not yet run (scripts/pending_gpu.sh).
 template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     moe_gemm_walk_kernel(const GemmArgs p) {
@@ -2537,7 +2535,7 @@ int32_t mk_moe_gemv(int32_t on) {
 int32_t mk_moe_walk(int32_t on) {
   MK_THREAD("mk_moe_walk");
   MK_ARG(on >= -1 && on <= 1, "mk_moe_walk: %d is not -1, 0 or 1", on);
-  g_moe_walk = on < 0 ? -1 : on;
+  g_moe_walk = on;
   (void)walk_on();  // -1: the environment's default again
   return MK_OK;
 }
