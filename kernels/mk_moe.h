@@ -122,16 +122,6 @@ MK_API int32_t mk_gemm_skinny_workspace(int64_t m, int64_t n, int64_t k, uint64_
  * (0, the default unless MK_MOE_GEMV=1, 2 or 3), process-wide. */
 MK_API int32_t mk_moe_gemv(int32_t on);
 
-/* Runs mk_moe_experts's decode-tile expert GEMMs (16-row tiles: up to 16
- * tokens, or up to 8 rows an expert) on a persistent grid where one CTA per
- * work item would take more than one wave: one CTA a slot, each taking
- * (tile, column tile) items from a counter as it frees up (MK_MOE_WALK_RUN
- * consecutive ones at a time) and walking them with one copy ring (1), or
- * one CTA per item (0, the default); -1 restores the start-up default
- * (MK_MOE_WALK=1 or 0). The sums are the same bit for bit either way
- * (ABI 27). */
-MK_API int32_t mk_moe_walk(int32_t on);
-
 /* The one-launch GEMV kernel's watchdog (ABI 13): after all earlier work,
  * copies its record into rec [4] = {set, CTA, arrivals seen, grid size} and
  * clears it; set 1 means a CTA waited at the grid barrier longer than 1 s

@@ -75,9 +75,8 @@ extern "C" {
  * 25: FP4 expert weights (mk_fp4_dequant_bf16, mk_moe_workspace_fp4,
  *     mk_moe_experts_fp4).
  * 26: mk_moe_fp4_path; mk_moe_experts_fp4 takes the FP4 grouped GEMM
- *     path.
- * 27: mk_moe_walk (the decode tiles' expert GEMMs on a persistent grid). */
-#define MK_ABI_VERSION 27
+ *     path. */
+#define MK_ABI_VERSION 26
 
 /* Status codes. */
 enum {

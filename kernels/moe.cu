@@ -545,9 +545,8 @@ __global__ void __launch_bounds__(1024, 1) moe_route_align_kernel(int32_t* ids, 
 template <int EPL>
 __global__ void __launch_bounds__(128) moe_route_direct_kernel(int32_t* ids, float* wts, const float* logits,
     const float* bias, int T, int E, int K, int flags, int G, int TG, float scale, int BM, int32_t* num_tiles,
-    int32_t* tile_expert, int32_t* sorted, int32_t* slot_of, unsigned long long* counts_total, int* walk) {
+    int32_t* tile_expert, int32_t* sorted, int32_t* slot_of, unsigned long long* counts_total) {
   mk::pdl_begin();
-  if (threadIdx.x < 2) walk[threadIdx.x] = 0;  // the walking grids' item counters (moe_gemm_walk_kernel)
   extern __shared__ __align__(16) unsigned char rd_sm[];
   __shared__ int ids_sh[32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -824,211 +823,6 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
       }
     }
   }
-}
-
-// moe_gemm_walk_kernel is moe_gemm_kernel's grouped mode (ksplit 1, no
-// dense rows) for the decode tiles (config 0) on a persistent grid, OFF BY
-// DEFAULT (MK_MOE_WALK=1, mk_moe_walk): the live work items (tile t, column
-// tile n), numbered t·nt + n, are handed out in runs of p.walk_run
-// consecutive items by an atomic counter (p.walk_next, zeroed by the
-// routing / align launch before GEMM1), and each CTA walks the items it
-// takes with one cp.async ring across them (the next item's stages load
-// while this one's last stages multiply; its number is taken an item
-// ahead, so the atomic's round trip hides under the ring). Each item's
-// sums are those of moe_gemm_kernel's CTA for it, bit for bit: the same k
-// order, the same epilogue.
-// Written (thirty-sixth pass) to fill the partial last wave of one CTA per
-// item — DeepSeek-V3's one-token GEMM2 ran 2.26 waves at 3.34 TB/s under
-// ncu, Mixtral's GEMM1 3.4 waves at 3.6 — and measured (docs/PERF.md):
-// items one at a time read exactly as before, so the waves were not the
-// cost; equal static runs of 3–4 neighbouring items per CTA read those two
-// GEMMs 6–11 % faster under ncu but lost 1–25 % in graph replays (under
-// programmatic launch CTAs start at different times and a static run
-// cannot give the late ones less). Runs taken dynamically (MK_MOE_WALK_RUN
-// > 1, MK_MOE_WALK_FIT=1) are not yet run (scripts/pending_gpu.sh).
-template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
-    moe_gemm_walk_kernel(const GemmArgs p) {
-  const bool earlyB = !GATEUP && p.early_b;
-  if (!earlyB) mk::pdl_begin();
-  if (GATEUP && p.split_cnt != nullptr && blockIdx.x == 0)  // GEMM2's split counters, for this call
-    for (int i = threadIdx.x; i < p.split_cnt_n; i += blockDim.x) p.split_cnt[i] = 0;
-  constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
-  constexpr int MF = WM / 16, NF = WN / 8;
-  static_assert(NF % 2 == 0, "n fragments come in pairs");
-  constexpr int A_CH = BM * 8, B_CH = BN * 8;  // 16-byte chunks per stage
-  constexpr int A_PER = (A_CH + THREADS - 1) / THREADS, B_PER = B_CH / THREADS;
-  static_assert(B_CH % THREADS == 0, "B chunks split evenly");
-
-  const int nt = p.nt;
-  const int live = __ldcg(p.num_tiles) * nt;  // items
-  // s_item[j & 1]: the number of the CTA's j-th item, taken by thread 0 when
-  // the load cursor starts item j − 1 (the first two at the start).
-  __shared__ int s_item[2];
-  // Thread 0 takes the numbers in runs of p.walk_run consecutive items, one
-  // atomic a run (a CTA then streams neighbouring column tiles: under ncu
-  // equal static runs of 3–4 read DeepSeek-V3's GEMM2 and Mixtral's GEMM1
-  // 6–11 % faster, thirty-sixth pass).
-  int run_next = 0, run_left = 0;  // thread 0's current run
-  auto take = [&]() -> int {
-    if (run_left == 0) {
-      run_next = atomicAdd(p.walk_next, 1) * p.walk_run;
-      run_left = p.walk_run;
-    }
-    run_left--;
-    return run_next++;
-  };
-  if (threadIdx.x == 0) {
-    s_item[0] = take();
-    s_item[1] = take();
-  }
-  __syncthreads();
-  if (s_item[0] >= live) return;
-  extern __shared__ __align__(128) unsigned char gemm_sm[];
-  bf16* sA = reinterpret_cast<bf16*>(gemm_sm);
-  bf16* sB = sA + STAGES * BM * BK;
-
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-  const int64_t Kd = p.Kd, N = p.N;
-  const int KT = (int)((Kd + BK - 1) / BK);  // ≥ STAGES (launch_gemm)
-
-  // The load cursor (item li, k tile lk) and its item's chunk sources.
-  const bf16* a_src[A_PER];
-  int a_dst[A_PER], a_ch[A_PER];
-  const bf16* b_src[B_PER];
-  int b_dst[B_PER], b_ch[B_PER];
-#pragma unroll
-  for (int i = 0; i < A_PER; i++) {
-    const int c = tid + i * THREADS;
-    a_ch[i] = c % 8;
-    a_dst[i] = c < A_CH ? swz(c / 8, a_ch[i]) : -1;
-  }
-#pragma unroll
-  for (int i = 0; i < B_PER; i++) {
-    const int c = tid + i * THREADS;
-    b_ch[i] = c % 8;
-    b_dst[i] = swz(c / 8, b_ch[i]);
-  }
-  auto point = [&](int item) {  // the sources of item's chunks
-    const int tile = item / nt, ntile = item % nt;
-    const int e = __ldcg(p.tile_expert + tile);
-    const int64_t m0 = (int64_t)tile * BM;
-#pragma unroll
-    for (int i = 0; i < A_PER; i++) {
-      a_src[i] = nullptr;
-      if (a_dst[i] < 0) continue;
-      const int r = (tid + i * THREADS) / 8;
-      const int32_t asg = __ldcg(p.sorted + m0 + r);
-      if (asg >= 0) a_src[i] = GATEUP ? p.A + (int64_t)(asg / p.topk) * Kd : p.A + (m0 + r) * Kd;
-    }
-#pragma unroll
-    for (int i = 0; i < B_PER; i++)
-      b_src[i] = mkmoe::tile_b_row<GATEUP, BN>(p.W, (int64_t)e * (GATEUP ? 2 * N : N), (tid + i * THREADS) / 8,
-                                               ntile, N, Kd);
-  };
-  auto loadA = [&](int stage, int kt) {
-    const int64_t k0 = (int64_t)kt * BK;
-    bf16* a = sA + stage * BM * BK;
-#pragma unroll
-    for (int i = 0; i < A_PER; i++) {
-      if (a_dst[i] < 0) continue;
-      const int64_t k = k0 + a_ch[i] * 8;
-      const bool v = a_src[i] != nullptr && k < Kd;
-      cp_async16(a + a_dst[i], v ? a_src[i] + k : p.A, v);
-    }
-  };
-  auto loadB = [&](int stage, int kt) {
-    const int64_t k0 = (int64_t)kt * BK;
-    bf16* b = sB + stage * BN * BK;
-#pragma unroll
-    for (int i = 0; i < B_PER; i++) {
-      const int64_t k = k0 + b_ch[i] * 8;
-      const bool v = b_src[i] != nullptr && k < Kd;
-      mkmoe::cp_async16_pf(b + b_dst[i], v ? b_src[i] + k : p.W, v, p.l2pf);
-    }
-  };
-  int lj = 0, li = s_item[0], lk = 0;  // the load cursor: the CTA's lj-th item, number li, k tile lk
-  point(li);
-  // advance moves the load cursor one k tile on; past its item's last, to
-  // the CTA's next item (li ≥ live: none, the loads stop), whose successor's
-  // number thread 0 then takes into the slot just read out a whole item ago.
-  auto advance = [&]() {
-    if (++lk < KT) return;
-    lk = 0;
-    lj++;
-    li = s_item[lj & 1];
-    if (li >= live) return;
-    point(li);
-    if (threadIdx.x == 0) s_item[(lj + 1) & 1] = take();
-  };
-
-  // Prologue: the first STAGES − 1 k tiles, all of the first item (KT ≥ STAGES).
-  if (earlyB) {  // weights before the PDL wait, as moe_gemm_kernel
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) loadB(s, s);
-    cp_async_commit();
-    mk::pdl_begin();
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-      loadA(s, s);
-      cp_async_commit();
-    }
-  } else {
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-      loadA(s, s);
-      loadB(s, s);
-      cp_async_commit();
-    }
-  }
-  lk = STAGES - 1;
-
-  auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
-  float acc[MF][NF][4];
-  mkmoe::zero_acc(acc);
-  // The compute cursor (item ci, k tile ck) runs STAGES − 1 < KT k tiles
-  // behind the load cursor: when it finishes an item, the load cursor is in
-  // the CTA's next one (or past the last).
-  int ci = li, ck = 0;
-  for (int g = 0;; g++) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    if (li < live) {
-      const int st = (g + STAGES - 1) % STAGES;
-      loadA(st, lk);
-      loadB(st, lk);
-      advance();
-    }
-    cp_async_commit();
-    mkmoe::mma_stage<MF, NF, WM>(acc, sA + (g % STAGES) * BM * BK, sB + (g % STAGES) * BN * BK, wm, lane, brow);
-    if (++ck < KT) continue;
-    // Item ci is summed: moe_gemm_kernel's epilogue (ksplit 1).
-    const int tile = ci / nt, ntile = ci % nt;
-    const int e = __ldcg(p.tile_expert + tile);
-    const int64_t m0 = (int64_t)tile * BM;
-#pragma unroll
-    for (int mf = 0; mf < MF; mf++) {
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int64_t slot = m0 + wm * WM + mf * 16 + lane / 4 + 8 * h;
-        if (__ldcg(p.sorted + slot) < 0) continue;
-        if (GATEUP) {
-          mkmoe::store_act_frags<NF, WN, BN>(reinterpret_cast<bf16*>(p.out) + slot * N, acc[mf], h, ntile, wn, lane,
-                                             N, p.bias ? p.bias + (int64_t)e * 2 * N : nullptr, p.act, p.alpha,
-                                             p.limit);
-        } else {
-          mkmoe::store_y_frags<NF, WN, BN>(reinterpret_cast<float*>(p.out) + slot * N, acc[mf], h, ntile, wn, lane,
-                                           N, p.bias ? p.bias + (int64_t)e * N : nullptr);
-        }
-      }
-    }
-    mkmoe::zero_acc(acc);
-    ck = 0;
-    ci = li;
-    if (ci >= live) break;
-  }
-  cp_async_wait<0>();
 }
 
 // ---------------------------------------------------------------- combine
@@ -1645,7 +1439,7 @@ int pick_cfg(int64_t T, int K, int E, int64_t H) {
 struct Layout {
   int cfg, g2s, g1s;
   int64_t rows, tiles, g2nt, g1nt;
-  size_t off, num, tile_expert, sorted, slot_of, act, y, bar, part, g2cnt, part1, walk, g1cnt, total;
+  size_t off, num, tile_expert, sorted, slot_of, act, y, bar, part, g2cnt, part1, g1cnt, total;
 };
 
 // g1_splits is GEMM1's split of its reduction (kd = H columns) for the
@@ -1730,8 +1524,6 @@ Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   L.g1nt = (I + kCfg[L.cfg].bn / 2 - 1) / (kCfg[L.cfg].bn / 2);
   L.part1 = o;
   if (L.g1s > 1) o = up256(o + (size_t)L.g1s * L.rows * 2 * I * 4);
-  L.walk = o;  // the walking grids' item counters (GEMM1, GEMM2), zeroed with g1cnt by the routing / align
-  o = up256(o + 2 * 4);
   L.g1cnt = o;
   if (L.g1s > 1) o = up256(o + (size_t)L.tiles * L.g1nt * 4);
   L.total = o;
@@ -1835,46 +1627,10 @@ int dec_stages(int64_t kd) {
   return kd >= 4096 ? 8 : 6;
 }
 
-// walk_on: the decode tiles' grouped GEMMs run moe_gemm_walk_kernel where
-// its grid walks more than one item a CTA (mk_moe_walk; MK_MOE_WALK=0 / 1
-// sets the start-up default, which is 0 until measured).
-int g_moe_walk = -1;
-bool walk_on() {
-  if (g_moe_walk < 0) g_moe_walk = mk::env_is("MK_MOE_WALK", '1') ? 1 : 0;
-  return g_moe_walk == 1;
-}
-
-// walk_grid is moe_gemm_walk_kernel's grid for items work items (the host's
-// bound: every row tile live) when slots CTAs fit on the GPU at once: one
-// CTA a slot, which take the items as they free up (0: one CTA an item
-// already fits in one wave, run moe_gemm_kernel).
-// With MK_MOE_WALK_FIT=1 it is the fewest CTAs that take m = ⌈items /
-// slots⌉ items each instead (the first form's grid, measured with equal
-// static runs).
-int64_t walk_grid(int64_t items, int64_t slots) {
-  static const bool fit = mk::env_is("MK_MOE_WALK_FIT", '1');
-  if (slots <= 0 || items <= slots) return 0;
-  if (!fit) return slots;
-  const int64_t m = (items + slots - 1) / slots;
-  return (items + m - 1) / m;
-}
-
-// walk_run is the consecutive items a walking CTA takes at once
-// (MK_MOE_WALK_RUN, 1 to 64; default 1).
-int walk_run() {
-  static const int r = [] {
-    const char* v = getenv("MK_MOE_WALK_RUN");
-    const int n = v ? atoi(v) : 1;
-    return n >= 1 && n <= 64 ? n : 1;
-  }();
-  return r;
-}
-
 template <int BM, int BN, int WM, int WN, int ST, bool GU>
 int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s, int64_t mt = 0) {
   auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
   const size_t sm = (size_t)ST * (BM + BN) * BK * 2;
-  constexpr int threads = (BM / WM) * (BN / WN) * 32;
   static bool attr = false;  // per instantiation; the library runs on one thread
   if (!attr) {
     MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
@@ -1887,31 +1643,7 @@ int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s
   g.group_m = mkmoe::group_m();
   g.early_b = early_b();
   g.l2pf = l2pf();
-  if constexpr (BM == 16) {
-    if (walk_on() && a.walk_next != nullptr && a.ksplit <= 1 && a.dense_rows == 0 && (a.Kd + BK - 1) / BK >= ST) {
-      auto wk = moe_gemm_walk_kernel<BM, BN, WM, WN, ST, GU>;
-      static int per_sm = -1;  // co-resident walk CTAs an SM
-      if (per_sm < 0) {
-        MK_CUDA(cudaFuncSetAttribute(wk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        int n = 0;
-        MK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, wk, threads, sm));
-        per_sm = n;
-      }
-      static const int cap = [] {  // MK_MOE_WALK_PER_SM=n: at most n walk CTAs an SM (measurements)
-        const char* v = getenv("MK_MOE_WALK_PER_SM");
-        return v ? atoi(v) : 0;
-      }();
-      const int n = cap > 0 && cap < per_sm ? cap : per_sm;
-      const int64_t grid = walk_grid(tiles * ntiles, (int64_t)n * mk::sm_count());
-      if (grid > 0) {
-        g.walk_run = walk_run();
-        (void)(mk::launch(wk, dim3((unsigned)grid), dim3(threads), sm, s, g));
-        MK_LAUNCHED(GU ? "moe_gemm_walk (gate/up)" : "moe_gemm_walk (down)");
-        return MK_OK;
-      }
-    }
-  }
-  (void)(mk::launch(kern, dim3((unsigned)(tiles * ntiles)), dim3(threads), sm, s, g));
+  (void)(mk::launch(kern, dim3((unsigned)(tiles * ntiles)), dim3((BM / WM) * (BN / WN) * 32), sm, s, g));
   MK_LAUNCHED(GU ? "moe_gemm (gate/up)" : "moe_gemm (down)");
   return MK_OK;
 }
@@ -2271,11 +2003,8 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   bf16* act = reinterpret_cast<bf16*>(w + L.act);
   float* y = reinterpret_cast<float*>(w + L.y);
   const int bm = kCfg[L.cfg].bm;
-  int* g1cnt = L.g1s > 1 ? reinterpret_cast<int*>(w + L.g1cnt) : nullptr;
-  // The routing / align launch zeroes the walk counters and GEMM1's split
-  // counters after them (one run of words from L.walk).
-  int* zero = reinterpret_cast<int*>(w + L.walk);
-  const int zero_n = (int)((L.g1cnt - L.walk) / 4) + (L.g1s > 1 ? (int)(L.tiles * L.g1nt) : 0);
+  int* g1cnt = L.g1s > 1 ? reinterpret_cast<int*>(w + L.g1cnt) : nullptr;  // zeroed by the align
+  const int g1cnt_n = L.g1s > 1 ? (int)(L.tiles * L.g1nt) : 0;
 
   const size_t asm_bytes = (size_t)(3 * e + 1) * 4;
   if (route != nullptr && direct && direct_fits(t, k, bm) && L.g1s <= 1) {
@@ -2285,7 +2014,7 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
       (void)(mk::launch(kern, dim3(1), dim3((unsigned)(32 * t)), rsm, s, mk::dev<int32_t>(ids),
           mk::dev<float>(weights), route->logits, route->bias, (int)t, (int)e, (int)k, route->flags, route->groups,
           route->topk_groups, route->scale, bm, num, tile_expert, sorted, slot_of,
-          mk::dev<unsigned long long>(counts), zero));
+          mk::dev<unsigned long long>(counts)));
     };
     if (epl <= 1) go(moe_route_direct_kernel<1>);
     else if (epl <= 2) go(moe_route_direct_kernel<2>);
@@ -2300,8 +2029,8 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
     auto go = [&](auto kern) {
       (void)(mk::launch(kern, dim3(1), dim3(1024), rsm, s, mk::dev<int32_t>(ids), mk::dev<float>(weights),
           route->logits, route->bias, t, (int)e, (int)k, route->flags, route->groups, route->topk_groups,
-          route->scale, bm, off, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts), zero,
-          zero_n));
+          route->scale, bm, off, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts), g1cnt,
+          g1cnt_n));
     };
     if (epl <= 1) go(moe_route_align_kernel<1>);
     else if (epl <= 2) go(moe_route_align_kernel<2>);
@@ -2315,7 +2044,7 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
       align_attr = asm_bytes;
     }
     (void)(mk::launch(moe_align_kernel, dim3(1), dim3(1024), asm_bytes, s, mk::dev<const int32_t>(ids), t * k, e, bm,
-        off, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts), zero, zero_n));
+        off, num, tile_expert, sorted, slot_of, mk::dev<unsigned long long>(counts), g1cnt, g1cnt_n));
     MK_LAUNCHED("moe_align");
   }
   const bool fp4_gemm = fp4 != nullptr && fp4_path(t, k, e) == kFp4Gemm;
@@ -2351,7 +2080,6 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   // (MK_MOE_G1_TMA=1): into y, which GEMM2 writes only after GEMM1 is done
   // ([rows, H] f32 holds [rows, H] bf16 twice over).
   g1.ascratch = reinterpret_cast<bf16*>(y);
-  g1.walk_next = zero;
   if (L.g2s > 1) {  // GEMM1 zeroes GEMM2's split counters
     g1.split_cnt = reinterpret_cast<int*>(w + L.g2cnt);
     g1.split_cnt_n = (int)(L.tiles * L.g2nt);
@@ -2373,7 +2101,6 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
 
   GemmArgs g2 = g1;
   g2.ascratch = nullptr;
-  g2.walk_next = zero + 1;
   g2.ksplit = 1, g2.ktc = 0, g2.part = nullptr, g2.g1_cnt = nullptr;  // (GEMM1's split is its own)
   g2.A = act;
   g2.W = mk::dev<const bf16>(down);
@@ -2529,14 +2256,6 @@ int32_t mk_moe_gemv(int32_t on) {
   MK_THREAD("mk_moe_gemv");
   MK_ARG(on >= 0 && on <= 3, "mk_moe_gemv: %d is not 0, 1, 2 or 3", on);
   g_moe_gemv = on;
-  return MK_OK;
-}
-
-int32_t mk_moe_walk(int32_t on) {
-  MK_THREAD("mk_moe_walk");
-  MK_ARG(on >= -1 && on <= 1, "mk_moe_walk: %d is not -1, 0 or 1", on);
-  g_moe_walk = on;
-  (void)walk_on();  // -1: the environment's default again
   return MK_OK;
 }
 

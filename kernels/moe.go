@@ -30,7 +30,6 @@ var (
 	gemvMulti      func(s, a uint64, m, k int64, c0, b0, bias0 uint64, n0 int64, c1, b1, bias1 uint64, n1 int64, c2, b2, bias2 uint64, n2 int64) int32
 	moeGemvSet     func(on int32) int32
 	moeDecodeCheck func(rec *int32) int32
-	moeWalkSet     func(on int32) int32
 )
 
 func init() {
@@ -49,7 +48,6 @@ func init() {
 		symbol{"mk_gemv_bf16_multi", &gemvMulti},
 		symbol{"mk_moe_gemv", &moeGemvSet},
 		symbol{"mk_moe_decode_check", &moeDecodeCheck},
-		symbol{"mk_moe_walk", &moeWalkSet},
 	)
 }
 
@@ -323,21 +321,6 @@ func (d *Device) SetMoEGemvMode(m MoEGemvMode) error {
 	}
 	moeGemvNow.Store(int32(m))
 	return nil
-}
-
-// SetMoEWalk picks how MoEExpertsRun runs the decode tiles' expert GEMMs
-// (16-row tiles: up to 16 tokens, or up to 8 rows an expert) where one CTA
-// per work item would need more than one wave: 1 on a persistent grid whose
-// CTAs take the items from a counter as they free up, 0 one CTA per item,
-// -1 the start-up default (MK_MOE_WALK). The sums are the same bit for bit.
-func (d *Device) SetMoEWalk(on int) error {
-	if err := d.ready("SetMoEWalk"); err != nil {
-		return err
-	}
-	if on < -1 || on > 1 {
-		return fmt.Errorf("kernels: SetMoEWalk: %d is not -1, 0 or 1", on)
-	}
-	return d.lib.check("mk_moe_walk", moeWalkSet(int32(on)))
 }
 
 // MoEDecodeError is the one-launch GEMV kernel's watchdog report: a CTA

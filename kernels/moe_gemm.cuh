@@ -51,11 +51,6 @@ struct GemmArgs {
   // kernel); the last split sums them in s order, adds the biases and
   // writes the activation.
   int* g1_cnt;
-  // moe.cu's walking grid (moe_gemm_walk_kernel): the counter that hands out
-  // work items, zero before the launch (GEMM1 the first of moe.cu's two
-  // walk words, GEMM2 the second; both zeroed by the routing / align launch).
-  int* walk_next;
-  int walk_run;  // consecutive items taken at once (MK_MOE_WALK_RUN)
   // GEMM1 of the wgmma kernel (MK_MOE_G1_TMA=1): room for [mt·128, Kd] bf16
   // rows, where A's gathered rows are copied in tile order so that the
   // GEMM loads them by TMA; null: the producer gathers them by cp.async.
