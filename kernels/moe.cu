@@ -1438,6 +1438,8 @@ int pick_cfg(int64_t T, int K, int E, int64_t H) {
 // holds the partial sums, g2cnt a counter per GEMM2 work item: tiles × g2nt).
 struct Layout {
   int cfg, g2s, g1s;
+  double avg;     // expected rows per active expert (dec_wide)
+  int64_t active;  // experts expected to get rows: min(T·K, E)
   int64_t rows, tiles, g2nt, g1nt;
   size_t off, num, tile_expert, sorted, slot_of, act, y, bar, part, g2cnt, part1, g1cnt, total;
 };
@@ -1495,6 +1497,8 @@ Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   L.cfg = pick_cfg(T, K, E, H);
   const int64_t bm = kCfg[L.cfg].bm, n = T * K;
   const int64_t active = n < E ? n : E;
+  L.avg = (double)n / (double)(active > 0 ? active : 1);
+  L.active = active;
   L.rows = (n + active * (bm - 1) + bm - 1) / bm * bm;
   L.tiles = L.rows / bm;
   size_t o = 0;
@@ -1624,7 +1628,36 @@ int dec_stages(int64_t kd) {
     return n == 6 || n == 8 ? n : 0;
   }();
   if (forced) return forced;
+  if (kd == 0) return 4;  // the wide tiles (dec_wide): 4 unless forced
   return kd >= 4096 ? 8 : 6;
+}
+
+// dec_wide says whether the decode tiles (config 0) of a layer with avg
+// expected rows per active expert, over active experts, run 128 columns a
+// CTA (4 warps of 16×32, 4 stages: three CTAs an SM) instead of 64: from 6
+// rows over at least 64 experts. Measured (thirty-seventh pass, graph
+// replays): DeepSeek-V3 at 256 tokens (8 rows × 256 experts) ×0.944,
+// Mixtral at 32 (8 rows × 8 experts) ×1.066, 1-token layers ×1.13–1.24;
+// so wide tiles only where the narrow ones make tens of thousands of
+// short CTAs. MK_MOE_DEC_BN=64
+// or 128 forces one (measurements; MK_MOE_DEC_ST=6 gives the wide tiles 6
+// stages, two CTAs an SM), MK_MOE_DEC_BN_G=1 or 2 keeps the wide tiles to
+// that GEMM.
+bool dec_wide(double avg, int64_t active, bool gu) {
+  static const int forced = [] {
+    const char* v = getenv("MK_MOE_DEC_BN");
+    const int n = v ? atoi(v) : 0;
+    return n == 64 || n == 128 ? n : 0;
+  }();
+  static const int only = [] {
+    const char* v = getenv("MK_MOE_DEC_BN_G");
+    return v ? atoi(v) : 0;
+  }();
+  if (only == 1 || only == 2) {
+    if (gu != (only == 1)) return false;
+  }
+  if (forced) return forced == 128;
+  return avg >= 6 && active >= 64;
 }
 
 template <int BM, int BN, int WM, int WN, int ST, bool GU>
@@ -1652,8 +1685,8 @@ int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s
 // mt (when > 0) is the row tiles of one K split when tiles counts them
 // over every split (dense mode).
 template <bool GU>
-int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t mt = 0) {
-  const int bn = kCfg[cfg].bn;
+int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t mt = 0, bool wide = false) {
+  const int bn = cfg == 0 && wide ? 128 : kCfg[cfg].bn;
   const int64_t cols = GU ? bn / 2 : bn;
   const int64_t nt = (a.N + cols - 1) / cols;
   if ((cfg == 3 || cfg == 5) && use_wgmma() && mkmoe::wgmma_gemm != nullptr) {
@@ -1670,6 +1703,9 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t 
   }
   switch (cfg) {
     case 0:  // decode-sized tiles
+      if (bn == 128)
+        return dec_stages(0) == 6 ? launch_gemm<16, 128, 16, 32, 6, GU>(a, tiles, nt, s, mt)
+                                  : launch_gemm<16, 128, 16, 32, 4, GU>(a, tiles, nt, s, mt);
       switch (dec_stages(a.ksplit > 1 ? (int64_t)a.ktc * BK : a.Kd)) {  // a split's k columns (dense mode)
         case 8: return launch_gemm<16, 64, 16, 16, 8, GU>(a, tiles, nt, s, mt);
         default: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s, mt);
@@ -2093,9 +2129,9 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
     g1.ktc = (int)((kt + L.g1s - 1) / L.g1s);
     g1.part = reinterpret_cast<float*>(w + L.part1);
     g1.g1_cnt = g1cnt;
-    rc = run_gemm<true>(L.cfg, g1, L.tiles * L.g1s, s, L.tiles);
+    rc = run_gemm<true>(L.cfg, g1, L.tiles * L.g1s, s, L.tiles, dec_wide(L.avg, L.active, true));
   } else {
-    rc = run_gemm<true>(L.cfg, g1, L.tiles, s);
+    rc = run_gemm<true>(L.cfg, g1, L.tiles, s, 0, dec_wide(L.avg, L.active, true));
   }
   if (rc != MK_OK) return rc;
 
@@ -2115,9 +2151,9 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
     g2.ksplit = L.g2s;
     g2.ktc = (int)((kt + L.g2s - 1) / L.g2s);
     g2.part = reinterpret_cast<float*>(w + L.part);
-    rc = run_gemm<false>(L.cfg, g2, L.tiles * L.g2s, s, L.tiles);
+    rc = run_gemm<false>(L.cfg, g2, L.tiles * L.g2s, s, L.tiles, dec_wide(L.avg, L.active, false));
   } else {
-    rc = run_gemm<false>(L.cfg, g2, L.tiles, s);
+    rc = run_gemm<false>(L.cfg, g2, L.tiles, s, 0, dec_wide(L.avg, L.active, false));
   }
   if (rc != MK_OK) return rc;
 

@@ -307,6 +307,12 @@ func TestMoEExperts(t *testing.T) {
 		// 4-row tile), and every expert picked by every token (3 rows each).
 		{name: "E16_K4_T4_hot_decode", cfg: softmaxRouter(16, 4), T: 4, H: 72, I: 40, hot: 5, biases: true},
 		{name: "E8_K8_T3_all_shared_decode", cfg: softmaxRouter(8, 8), T: 3, H: 64, I: 32, hot: -1},
+		// The wide decode tiles (128 columns a CTA: 6–8 rows per expert over
+		// ≥ 64 experts, dec_wide): column tiles that end inside GEMM1's 64
+		// gate + 64 up columns and GEMM2's 128, biases, the clamped
+		// activation; a hot expert of many 16-row tiles.
+		{name: "E64_K8_T56_wide_decode_clamped", cfg: softmaxRouter(64, 8), T: 56, H: 136, I: 200, hot: -1, clamped: true, biases: true},
+		{name: "E256_K8_T200_wide_decode_hot", cfg: softmaxRouter(256, 8), T: 200, H: 72, I: 40, hot: 7},
 		// The 64-row wgmma tiles (24 < rows per expert ≤ 48): column tiles
 		// that end inside the 128 output columns of GEMM1 and the 256 of
 		// GEMM2, reductions that end inside a 64-wide chunk, a hot expert
