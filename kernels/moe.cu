@@ -1628,7 +1628,6 @@ int dec_stages(int64_t kd) {
     return n == 6 || n == 8 ? n : 0;
   }();
   if (forced) return forced;
-  if (kd == 0) return 4;  // the wide tiles (dec_wide): 4 unless forced
   return kd >= 4096 ? 8 : 6;
 }
 
@@ -1704,8 +1703,8 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t 
   switch (cfg) {
     case 0:  // decode-sized tiles
       if (bn == 128)
-        return dec_stages(0) == 6 ? launch_gemm<16, 128, 16, 32, 6, GU>(a, tiles, nt, s, mt)
-                                  : launch_gemm<16, 128, 16, 32, 4, GU>(a, tiles, nt, s, mt);
+        return mk::env_is("MK_MOE_DEC_ST", '6') ? launch_gemm<16, 128, 16, 32, 6, GU>(a, tiles, nt, s, mt)
+                                               : launch_gemm<16, 128, 16, 32, 4, GU>(a, tiles, nt, s, mt);
       switch (dec_stages(a.ksplit > 1 ? (int64_t)a.ktc * BK : a.Kd)) {  // a split's k columns (dense mode)
         case 8: return launch_gemm<16, 64, 16, 16, 8, GU>(a, tiles, nt, s, mt);
         default: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s, mt);
