@@ -1702,9 +1702,11 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t 
   }
   switch (cfg) {
     case 0:  // decode-sized tiles
-      if (bn == 128)
-        return mk::env_is("MK_MOE_DEC_ST", '6') ? launch_gemm<16, 128, 16, 32, 6, GU>(a, tiles, nt, s, mt)
-                                               : launch_gemm<16, 128, 16, 32, 4, GU>(a, tiles, nt, s, mt);
+      if (bn == 128) {
+        static const bool st6 = mk::env_is("MK_MOE_DEC_ST", '6');  // read once, as dec_stages does
+        return st6 ? launch_gemm<16, 128, 16, 32, 6, GU>(a, tiles, nt, s, mt)
+                   : launch_gemm<16, 128, 16, 32, 4, GU>(a, tiles, nt, s, mt);
+      }
       switch (dec_stages(a.ksplit > 1 ? (int64_t)a.ktc * BK : a.Kd)) {  // a split's k columns (dense mode)
         case 8: return launch_gemm<16, 64, 16, 16, 8, GU>(a, tiles, nt, s, mt);
         default: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s, mt);

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# scripts/profile_small.sh — where the small-token MoE layers and the FP4
-# kernels spend their time (thirty-sixth pass): the grouped layer at 1 / 16 /
-# 256 tokens on the issue's three shapes (graph replay, eager, experts
-# alone), ncu's per-kernel GPU time and DRAM bytes of one eager 1-token
-# layer per shape. (The FP4 kernels' stall reasons: scripts/ncu_moe.sh with
-# WEIGHTS=fp4; in call 1 of the thirty-sixth pass it printed nothing, not
-# yet looked into.)
+# scripts/profile_small.sh — where the small-token MoE layers spend their
+# time (thirty-sixth pass): the grouped layer at 1 / 16 / 256 tokens on the
+# issue's three shapes (graph replay, eager, experts alone), ncu's
+# per-kernel GPU time and DRAM bytes of one eager 1-token layer per shape.
+# (The FP4 kernels' stall reasons are scripts/ncu_moe.sh's, WEIGHTS=fp4; its
+# FP4 part here printed nothing in the thirty-sixth pass and was dropped.)
 # Carry .dev/device.tar.xz (make device-bins) and this script.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
