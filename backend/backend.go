@@ -613,6 +613,33 @@ func LinearMulti(be Backend, x Tensor, ws, biases []Tensor) []Tensor {
 	return out
 }
 
+// DecodeLayer is a pre-norm decoder layer in the form a LayerDecoder runs
+// whole: grouped-query attention without biases (per-head q/k norms or
+// none, RoPE) and routed experts (MoE.Shared nil).
+type DecodeLayer struct {
+	InNorm, PostNorm Tensor // [H]
+	Eps              float32
+	Q, K, V, O       Tensor // [HQ*D, H], [KVH*D, H], [KVH*D, H], [H, HQ*D]
+	QNorm, KNorm     Tensor // [D] per-head RMSNorm weights, or nil
+	RoPE             *attention.RoPE
+	Attn             *AttnParams
+	MoE              *MoELayer
+}
+
+// LayerDecoder is a Backend that runs a whole decoder layer of a decode
+// step in one launch (the CUDA backend's persistent layer kernel at one
+// token).
+type LayerDecoder interface {
+	// DecodesLayers reports whether DecodeLayer may take batch b.
+	DecodesLayers(b *Batch) bool
+	// DecodeLayer returns x + a + f for a = attention(RMSNorm(x)·InNorm)
+	// over b and f = MoE(RMSNorm(x + a)·PostNorm): the layer's residual
+	// sum, with the values of those ops within the backend's precision
+	// profile (the KV cache written as Attention writes it). ok is false
+	// when it does not take this layer (then nothing was done).
+	DecodeLayer(x Tensor, l *DecodeLayer, b *Batch) (sum Tensor, ok bool)
+}
+
 // GraphWarmer is a StepGrapher that can say which decode batch shapes are
 // worth capturing before serving starts (as vLLM captures its batch sizes
 // at start-up), so that no request waits for a first eager step and a

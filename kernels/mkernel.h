@@ -75,8 +75,9 @@ extern "C" {
  * 25: FP4 expert weights (mk_fp4_dequant_bf16, mk_moe_workspace_fp4,
  *     mk_moe_experts_fp4).
  * 26: mk_moe_fp4_path; mk_moe_experts_fp4 takes the FP4 grouped GEMM
- *     path. */
-#define MK_ABI_VERSION 26
+ *     path.
+ * 27: the persistent decode layer (mk_layer.h). */
+#define MK_ABI_VERSION 27
 
 /* Status codes. */
 enum {
@@ -402,5 +403,6 @@ MK_API int32_t mk_attention_f32(uint64_t stream, uint64_t out, uint64_t q, uint6
 #include "mk_moe_fused.h" /* the persistent fused MoE layer over emulated expert-parallel ranks */
 #include "mk_allreduce.h" /* all-reduce over ranks in separate processes (CUDA IPC) */
 #include "mk_nccl.h"   /* NCCL, loaded at run time: the fallback and baseline transport */
+#include "mk_layer.h"  /* the persistent decode layer */
 
 #endif /* MKERNEL_H */

@@ -24,6 +24,9 @@ type layer struct {
 	postNorm backend.Tensor // [H]
 	attn     block
 	ffn      block
+	// whole is the layer as a backend.LayerDecoder runs it in one launch
+	// (wholeLayer), or nil when its form is not one it takes.
+	whole *backend.DecodeLayer
 }
 
 // decoder is the transformer stack every supported family shares.
@@ -79,15 +82,26 @@ func (d *decoder) Forward(b *backend.Batch) (backend.Tensor, error) {
 	// Each residual add is fused with the norm after it (the next branch's,
 	// or the final one): backend.AddRMSNorm. RMSNorm works row by row, so
 	// picking the logit rows after the final norm gives the same values.
-	first := d.norm
-	if len(d.layers) > 0 {
-		first = d.layers[0].inNorm
-	}
-	h := be.RMSNorm(x, first, d.eps) // [T, H]
+	// A layer the backend runs whole (backend.LayerDecoder: a decode step's
+	// layer in one launch) takes the residual alone and norms it itself, so
+	// h, x's normed form, is made only where a layer run op by op needs it.
+	ld, _ := be.(backend.LayerDecoder)
+	whole := ld != nil && ld.DecodesLayers(b)
+	var h backend.Tensor // [T, H] or nil: not made yet
 	// Each layer's residual, its normed input and its branches' outputs
 	// are dead once the next residual exists: released to the backend then
 	// (backend.Release), so that a long prefill reuses their memory.
 	for i, l := range d.layers {
+		if whole && l.whole != nil {
+			if x2, ok := ld.DecodeLayer(x, l.whole, b); ok {
+				backend.Release(be, []backend.Tensor{x2}, x, h)
+				x, h = x2, nil
+				continue
+			}
+		}
+		if h == nil {
+			h = be.RMSNorm(x, l.inNorm, d.eps)
+		}
 		a := l.attn.forward(h, b) // [T, H]
 		x1, h1 := backend.AddRMSNorm(be, x, a, l.postNorm, d.eps)
 		backend.Release(be, []backend.Tensor{x1, h1}, x, h, a)
@@ -97,6 +111,9 @@ func (d *decoder) Forward(b *backend.Batch) (backend.Tensor, error) {
 		}
 		x, h = ffnAddNorm(be, l.ffn, x1, h1, b, next, d.eps)
 		backend.Release(be, []backend.Tensor{x, h}, x1, h1)
+	}
+	if h == nil {
+		h = be.RMSNorm(x, d.norm, d.eps)
 	}
 	if b.LogitRows != nil {
 		r := be.Rows(h, b.LogitRows) // [rows, H]
@@ -159,6 +176,7 @@ func loadDecoder(cfg *Config, w *Weights, be backend.Backend, blocks layerBlocks
 		if f, ok := l.ffn.(*moeFFN); ok {
 			f.l.Layer = i
 		}
+		l.whole = wholeLayer(&l, d.eps)
 		d.layers = append(d.layers, l)
 		// A layer's host copies (converted, permuted, dequantized from
 		// FP8 or MXFP4) are garbage now: collect them before the next
@@ -166,6 +184,31 @@ func loadDecoder(cfg *Config, w *Weights, be backend.Backend, blocks layerBlocks
 		runtime.GC()
 	}
 	return d, nil
+}
+
+// wholeLayer is l as a backend.DecodeLayer, or nil when its form is not
+// one: grouped-query attention without biases, clipping, sinks or a
+// sliding window, its q/k norms per head or none, and routed softmax experts
+// with SwiGLU and no biases, shared experts or score bias. The backend
+// checks the shapes.
+func wholeLayer(l *layer, eps float32) *backend.DecodeLayer {
+	a, ok := l.attn.(*gqaAttention)
+	f, ok2 := l.ffn.(*moeFFN)
+	if !ok || !ok2 || a.bq != nil || a.bk != nil || a.bv != nil || a.bo != nil || a.clip > 0 || a.p.Sinks != nil ||
+		a.p.Window > 0 || a.p.HeadDim != a.p.VHeadDim || a.p.ValuesInKeys {
+		return nil
+	}
+	if a.qNorm != nil && (a.kNorm == nil || len(a.qNorm.Shape()) != 1 || a.qNorm.Shape()[0] != a.p.HeadDim) {
+		return nil // OLMoE's norms over whole projections
+	}
+	m := &f.l
+	if m.Shared != nil || m.SharedGate != nil || m.GateBias != nil || m.ScoreBias != nil || m.GateUpBias != nil ||
+		m.DownBias != nil || m.Act.Kind != moe.SwiGLU || m.Router.Scoring != moe.Softmax || m.Router.NumGroups > 0 ||
+		m.LocalExperts > 0 {
+		return nil
+	}
+	return &backend.DecodeLayer{InNorm: l.inNorm, PostNorm: l.postNorm, Eps: eps, Q: a.wq, K: a.wk, V: a.wv, O: a.wo,
+		QNorm: a.qNorm, KNorm: a.kNorm, RoPE: a.rope, Attn: &a.p, MoE: m}
 }
 
 // ropeFor is the config's rotary embedding over dim dimensions of a head.

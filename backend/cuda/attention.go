@@ -239,6 +239,10 @@ type normRoPEArgs struct {
 	eps    float32
 	rope   *attention.RoPE
 	style  kernels.RoPEStyle
+	// whole, when set, runs instead of the decode attention kernel (the
+	// persistent layer, DecodeLayer): with the layer's pool, the group's
+	// metadata, the block size, the RoPE positions and frequencies.
+	whole func(d *kernels.Device, pl *kvLayer, m attnMeta, blockSize int, ropePos *kernels.Buffer, f *ropeFreqs) error
 }
 
 // NormRoPEAttention implements backend.NormRoPEAttender: in the fast
@@ -596,6 +600,12 @@ func (be *Backend) attention(q, k, v backend.Tensor, b *backend.Batch, p *backen
 				}
 			}
 			if len(g.rows) == 0 {
+				continue
+			}
+			if nr != nil && nr.whole != nil {
+				if err := nr.whole(d, pl, m, a.BlockSize, be.positions(d, b.Positions), be.freqs(d, nr.rope)); err != nil {
+					return err
+				}
 				continue
 			}
 			if bf16Out && pl.v == nil { // values inside keys: not the flash path; float32 after all

@@ -1,0 +1,801 @@
+// layer.cu — the persistent decode layer (mk_layer.h): one pre-norm decoder
+// layer of one decode token in one launch of one CTA per SM.
+//
+// Why: at batch 1 a Qwen3-30B-A3B layer reads 114 MB of weights (27 µs at
+// 4.24 TB/s) but took ~67 µs as a chain of ~10 kernels (docs/PERF.md,
+// "GPU, thirty-eighth pass"): every kernel ramps its DRAM stream up from
+// nothing and drains it at its end, and the phases that read little (the
+// attention, the routing) leave HBM idle. Here every CTA streams the
+// weights it will need through one ring of shared-memory slots filled by
+// bulk copies (cp.async.bulk) from a producer warp, in the order the layer
+// uses them: its q/k/v rows, its o rows and its router rows from the start
+// (they are constants: the copies start before the previous kernel ends,
+// under programmatic dependent launch), then, once the routing is known,
+// its gate/up row pairs and its down rows of the chosen experts. The
+// attention and routing phases run while the o and router rows land; the
+// experts' 75 MB are one stream with no kernel boundary inside.
+//
+// Phases and their dependencies (counters in `sync`, one a phase, each
+// reaching gridDim.x — or the kv heads — before the next phase reads what
+// every CTA wrote; a CTA's 8 consumer warps take the ring's chunks in
+// turn, chunk i by warp i % 8):
+//   Q  h = RMSNorm(x) in every CTA; its q/k/v rows → qkv (global)
+//   A  attention unit (kv head g, key range part): q/k norms and RoPE of the
+//      new token, its key and value stored by part 0, a partial softmax
+//      over its keys; the last unit of kv head g merges the partials → attn
+//   O  its o rows: x1 = x + attn·woᵀ
+//   R  h1 = RMSNorm(x1) in every CTA; its router rows → logits
+//   T  top-k in every CTA (the same bits everywhere); CTA 0 counts
+//   E1 its (expert, row) pairs of gate and up: act = silu(g)·u
+//   E2 its output rows of every chosen expert's down: out = x1 + Σ w·(down·act)
+// The last CTA to finish zeroes the counters for the next launch.
+//
+// Every CTA must be resident at once (they wait for each other): one CTA
+// an SM (its shared memory allows no second), gridDim.x = the SM count.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+
+#include "common.cuh"
+#include "mk_layer.h"
+#include "normrope.cuh"
+#include "wgmma.cuh"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// dp is a device address of the ABI as a pointer (host and device code).
+template <typename T>
+__host__ __device__ __forceinline__ T* dp(uint64_t p) {
+  return reinterpret_cast<T*>(p);
+}
+
+constexpr int kCW = 8;                     // consumer warps
+constexpr int kCT = kCW * 32;              // consumer threads
+constexpr int kThreads = kCT + 32;         // + the producer warp
+constexpr uint32_t kSlot = 8192;           // bytes of one ring slot
+constexpr int kTK = 64;                    // keys of one attention tile
+constexpr int kD = 128;                    // head dim
+constexpr int kMaxG = 16;                  // query heads a kv head
+constexpr int kMaxK = 16;                  // experts a token
+constexpr int kMaxE = 1024;                // experts
+constexpr int kMaxSlots = 32;
+enum : int { kSQ = 0, kSA = 1, kSO = 2, kSR = 3, kSE1 = 4, kSExit = 5, kSGrp = 8, kSyncWords = 256 };
+
+// LayerK is the kernel's parameter: the caller's mk_layer plus what the
+// launch derived (ring depth, units a kv head, workspace and shared-memory
+// offsets).
+struct LayerK {
+  mk_layer a;
+  int S;   // ring slots
+  int U;   // attention units a kv head
+  int RN;  // most output rows a CTA owns (O and E2)
+  int vecN;
+  float *qkv, *part_o, *part_ml, *attn, *x1, *logits, *act;
+  uint32_t o_ring, o_vec, o_qs, o_tmp, o_kv, o_ml, o_yk, o_rsc, o_rt, o_red;
+};
+
+struct RouteSm {
+  int ids[kMaxK];
+  float w[kMaxK];
+  volatile int ready;
+};
+
+// Chunk is one bulk copy (or two, E1's gate and up rows) into one slot: n
+// rows starting at row r of its phase.
+struct Chunk {
+  const bf16 *s0, *s1;
+  uint32_t b0, b1;
+  int r, n, k;
+};
+
+__device__ __forceinline__ void cbar() { asm volatile("bar.sync 1, %0;\n" ::"n"(kCT) : "memory"); }
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ int atom_add_acq_rel(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
+// cwait: every consumer thread returns once *p >= target (thread 0 polls).
+__device__ __forceinline__ void cwait(const int* p, int target) {
+  if (threadIdx.x == 0) {
+    while (ld_acquire(p) < target) __nanosleep(32);
+  }
+  cbar();
+}
+// csignal: every consumer thread's writes so far, then one count on *p.
+__device__ __forceinline__ void csignal(int* p) {
+  __threadfence();
+  cbar();
+  if (threadIdx.x == 0) atom_add_acq_rel(p, 1);
+}
+
+__device__ __forceinline__ void fma8(float& acc, const uint4& u, const float* v) {
+  const float4 a = *reinterpret_cast<const float4*>(v);
+  const float4 b = *reinterpret_cast<const float4*>(v + 4);
+  acc = fmaf(__uint_as_float(u.x << 16), a.x, acc);
+  acc = fmaf(__uint_as_float(u.x & 0xffff0000u), a.y, acc);
+  acc = fmaf(__uint_as_float(u.y << 16), a.z, acc);
+  acc = fmaf(__uint_as_float(u.y & 0xffff0000u), a.w, acc);
+  acc = fmaf(__uint_as_float(u.z << 16), b.x, acc);
+  acc = fmaf(__uint_as_float(u.z & 0xffff0000u), b.y, acc);
+  acc = fmaf(__uint_as_float(u.w << 16), b.z, acc);
+  acc = fmaf(__uint_as_float(u.w & 0xffff0000u), b.w, acc);
+}
+
+// dot_row is row w [K] (bf16, shared memory) · v [K] (float32, shared
+// memory) by one warp, in every lane.
+__device__ __forceinline__ float dot_row(const bf16* w, const float* v, int K, int lane) {
+  const uint4* wr = reinterpret_cast<const uint4*>(w);
+  float a0 = 0, a1 = 0;
+  const int P = K / 8;
+  int p = lane;
+  for (; p + 32 < P; p += 64) {
+    fma8(a0, wr[p], v + 8 * p);
+    fma8(a1, wr[p + 32], v + 8 * (p + 32));
+  }
+  if (p < P) fma8(a0, wr[p], v + 8 * p);
+  return mk::warp_sum(a0 + a1);
+}
+
+// The chunk walks: each calls f(chunk) for this CTA's chunks of a phase in
+// order and returns their count; the producer and the consumers walk the
+// same sequence. E1 and E2 need the routed ids (rt) for their addresses
+// only: their counts do not depend on them.
+template <typename F>
+__device__ int walk_q(const LayerK& p, int c, int G, F&& f) {
+  const mk_layer& a = p.a;
+  const int H = a.hidden, Nq = a.heads * kD, Nk = a.kv_heads * kD, N = Nq + 2 * Nk;
+  const int rpc = (int)(kSlot / (uint32_t)(H * 2));
+  const int r0 = (int)((int64_t)c * N / G), r1 = (int)((int64_t)(c + 1) * N / G);
+  int i = 0;
+  for (int r = r0; r < r1; i++) {
+    const int end = min(r1, r < Nq ? Nq : r < Nq + Nk ? Nq + Nk : N);
+    const int n = min(rpc, end - r);
+    const bf16* base = r < Nq             ? dp<const bf16>(a.wq) + (int64_t)r * H
+                       : r < Nq + Nk      ? dp<const bf16>(a.wk) + (int64_t)(r - Nq) * H
+                                          : dp<const bf16>(a.wv) + (int64_t)(r - Nq - Nk) * H;
+    f(Chunk{base, nullptr, (uint32_t)(n * H * 2), 0, r, n, 0});
+    r += n;
+  }
+  return i;
+}
+
+// rows_of: a CTA's share [r0, r1) of N rows.
+__device__ __forceinline__ void rows_of(int N, int c, int G, int& r0, int& r1) {
+  r0 = (int)((int64_t)c * N / G);
+  r1 = (int)((int64_t)(c + 1) * N / G);
+}
+
+// walk_rows: rows [r0, r1) of a weight [*, K] in chunks of whole rows.
+template <typename F>
+__device__ int walk_rows(const bf16* w, int K, int r0, int r1, int k, F&& f) {
+  const int rpc = (int)(kSlot / (uint32_t)(K * 2));
+  int i = 0;
+  for (int r = r0; r < r1; i++) {
+    const int n = min(rpc, r1 - r);
+    f(Chunk{w + (int64_t)r * K, nullptr, (uint32_t)(n * K * 2), 0, r, n, k});
+    r += n;
+  }
+  return i;
+}
+
+template <typename F>
+__device__ int walk_o(const LayerK& p, int c, int G, F&& f) {
+  int r0, r1;
+  rows_of(p.a.hidden, c, G, r0, r1);
+  return walk_rows(dp<const bf16>(p.a.wo), p.a.heads * kD, r0, r1, 0, f);
+}
+
+template <typename F>
+__device__ int walk_r(const LayerK& p, int c, int G, F&& f) {
+  int r0, r1;
+  rows_of(p.a.experts, c, G, r0, r1);
+  return walk_rows(dp<const bf16>(p.a.gate), p.a.hidden, r0, r1, 0, f);
+}
+
+// walk_e1: pairs [p0, p1) of the K·I (chosen expert k, row j) pairs: gate
+// rows j.. and up rows j.. of expert ids[k] in one slot.
+template <typename F>
+__device__ int walk_e1(const LayerK& p, const int* ids, int c, int G, F&& f) {
+  const mk_layer& a = p.a;
+  const int H = a.hidden, I = a.inter;
+  const int rpc = (int)(kSlot / (uint32_t)(4 * H));
+  int p0, p1;
+  rows_of(a.top_k * I, c, G, p0, p1);
+  const bf16* gu = dp<const bf16>(a.gate_up);
+  int i = 0;
+  for (int q = p0; q < p1; i++) {
+    const int k = q / I, j = q % I;
+    const int n = min(rpc, min(I - j, p1 - q));
+    const bf16* e = gu + (ids ? (int64_t)ids[k] : 0) * 2 * I * H;
+    f(Chunk{e + (int64_t)j * H, e + (int64_t)(I + j) * H, (uint32_t)(n * H * 2), (uint32_t)(n * H * 2), q, n, k});
+    q += n;
+  }
+  return i;
+}
+
+// walk_e2: this CTA's output rows of every chosen expert's down.
+template <typename F>
+__device__ int walk_e2(const LayerK& p, const int* ids, int c, int G, F&& f) {
+  const mk_layer& a = p.a;
+  const int H = a.hidden, I = a.inter;
+  int r0, r1;
+  rows_of(H, c, G, r0, r1);
+  int i = 0;
+  for (int k = 0; k < a.top_k; k++) {
+    const bf16* e = dp<const bf16>(a.down) + (ids ? (int64_t)ids[k] : 0) * H * I;
+    i += walk_rows(e, I, r0, r1, k, f);
+  }
+  return i;
+}
+
+// ConsumerWalk hands chunk i of a phase to warp i % 8 (counting from the
+// phase's first chunk index): f(chunk, slot) after the slot has landed,
+// then gives the slot back.
+struct Ring {
+  uint64_t* full;
+  uint64_t* empty;
+  unsigned char* ring;
+  int S;
+};
+
+template <typename F>
+struct Consume {
+  Ring r;
+  int base;  // the phase's first chunk index
+  int warp, lane;
+  F f;
+  int i = 0;
+  __device__ void operator()(const Chunk& ch) {
+    const int idx = base + i++;
+    if ((idx % kCW) != warp) return;
+    const int s = idx % r.S;
+    mkwg::mbar_wait(r.full + s, (unsigned)((idx / r.S) & 1));
+    f(ch, reinterpret_cast<const bf16*>(r.ring + (size_t)s * kSlot));
+    __syncwarp();
+    if (lane == 0) mkwg::mbar_arrive(r.empty + s);
+  }
+};
+template <typename F>
+__device__ Consume<F> consume(Ring r, int base, int warp, int lane, F f) {
+  return Consume<F>{r, base, warp, lane, f};
+}
+
+// block_norm: v[i] = v[i]·rsqrt(mean(v²) + eps)·w[i] over n values in
+// shared memory, by the consumer threads.
+__device__ void block_norm(float* v, const float* w, int n, float eps, float* red) {
+  const int t = threadIdx.x;
+  float ss = 0;
+  for (int i = t; i < n; i += kCT) ss = fmaf(v[i], v[i], ss);
+  ss = mk::warp_sum(ss);
+  if (t % 32 == 0) red[t / 32] = ss;
+  cbar();
+  float tot = 0;
+#pragma unroll
+  for (int i = 0; i < kCW; i++) tot += red[i];
+  const float rs = rsqrtf(tot / (float)n + eps);
+  for (int i = t; i < n; i += kCT) v[i] = v[i] * rs * w[i];
+  cbar();
+}
+
+__device__ __forceinline__ float bf16r(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+__global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constant__ LayerK p) {
+  extern __shared__ __align__(128) unsigned char sm[];
+  const mk_layer& a = p.a;
+  const int G = gridDim.x, c = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int H = a.hidden, HQ = a.heads, KV = a.kv_heads, Gq = HQ / KV, E = a.experts, K = a.top_k, I = a.inter;
+  const int S = p.S;
+  Ring ring{reinterpret_cast<uint64_t*>(sm), reinterpret_cast<uint64_t*>(sm) + S, sm + p.o_ring, S};
+  float* vec = reinterpret_cast<float*>(sm + p.o_vec);
+  RouteSm* rt = reinterpret_cast<RouteSm*>(sm + p.o_rt);
+  int* sync = dp<int>(a.sync);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; s++) {
+      mkwg::mbar_init(ring.full + s, 1);
+      mkwg::mbar_init(ring.empty + s, 1);
+    }
+    rt->ready = 0;
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  // ---- the producer: weights into the ring, in the consumers' order ----
+  if (warp == kCW) {
+    if (lane == 0) {
+      int i = 0;
+      auto issue = [&](const Chunk& ch) {
+        const int s = i % S, round = i / S;
+        if (round > 0) mkwg::mbar_wait(ring.empty + s, (unsigned)((round - 1) & 1));
+        unsigned char* dst = ring.ring + (size_t)s * kSlot;
+        mkwg::mbar_expect_tx(ring.full + s, ch.b0 + ch.b1);
+        mkwg::bulk_g2s(dst, ch.s0, ch.b0, ring.full + s);
+        if (ch.b1) mkwg::bulk_g2s(dst + ch.b0, ch.s1, ch.b1, ring.full + s);
+        i++;
+      };
+      walk_q(p, c, G, issue);
+      walk_o(p, c, G, issue);
+      walk_r(p, c, G, issue);
+      while (rt->ready == 0) __nanosleep(64);
+      __threadfence_block();
+      walk_e1(p, rt->ids, c, G, issue);
+      walk_e2(p, rt->ids, c, G, issue);
+    }
+    return;
+  }
+
+  // ---- the consumers ----
+  const int tid = threadIdx.x;
+  const float eps = __uint_as_float(a.eps_bits);
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  const float* x = dp<const float>(a.x);
+  // Q: h = RMSNorm(x)·in_norm, then this CTA's q/k/v rows.
+  for (int i = tid; i < H; i += kCT) vec[i] = __ldcg(x + i);
+  cbar();
+  block_norm(vec, dp<const float>(a.in_norm), H, eps, reinterpret_cast<float*>(sm + p.o_red));
+  const int nq = walk_q(p, c, G, consume(ring, 0, warp, lane, [&](const Chunk& ch, const bf16* w) {
+    for (int r = 0; r < ch.n; r++) {
+      const float v = dot_row(w + (size_t)r * H, vec, H, lane);
+      if (lane == 0) p.qkv[ch.r + r] = v;
+    }
+  }));
+  csignal(sync + kSQ);
+
+  // A: attention units (kv head g, part of its keys).
+  {
+    cwait(sync + kSQ, G);
+    const int pos = __ldcg(dp<const int>(a.pos)), slot = __ldcg(dp<const int>(a.slot));
+    const int rpos = __ldcg(dp<const int>(a.rope_pos)), tab = __ldcg(dp<const int>(a.table));
+    const int* blocks = dp<const int>(a.blocks);
+    const int kw = KV * kD, bs = a.block_size;
+    const float scale = __uint_as_float(a.scale_bits), attnf = __uint_as_float(a.attn_bits);
+    const float* invf = dp<const float>(a.inv_freq);
+    const bool neox = a.style == MK_ROPE_NEOX;
+    const int half = a.rot_dim / 2;
+    float* qs = reinterpret_cast<float*>(sm + p.o_qs);    // [Gq][D]
+    float* tmp = reinterpret_cast<float*>(sm + p.o_tmp);  // [kCW][D] warp scratch, then [Gq][kTK] scores
+    float* ks = reinterpret_cast<float*>(sm + p.o_kv);    // [D] the new key (bf16 values)
+    float* vs = ks + kD;                                  // [D] the new value (bf16 values)
+    float* ml = reinterpret_cast<float*>(sm + p.o_ml);    // [Gq][4]: m, l, corr
+    const bf16* pk = dp<const bf16>(a.pool_k);
+    const bf16* pv = dp<const bf16>(a.pool_v);
+    auto cs = [&](int i, float* co, float* sn) { mk::rope_cs(i, (float)rpos, invf, attnf, true, co, sn); };
+    const int n = pos + 1;
+    for (int u = c; u < KV * p.U; u += G) {
+      const int g = u / p.U, part = u % p.U;
+      const int L = (n + p.U - 1) / p.U;
+      const int j0 = min(n, part * L), j1 = min(n, j0 + L);
+      // q heads of this kv head, normed and rotated; the new key and value
+      // (read through L2: other CTAs wrote them).
+      for (int i = tid; i < Gq * kD; i += kCT) qs[i] = __ldcg(p.qkv + (size_t)g * Gq * kD + i);
+      if (tid < kD) {
+        ks[tid] = __ldcg(p.qkv + (size_t)HQ * kD + g * kD + tid);
+        vs[tid] = bf16r(__ldcg(p.qkv + (size_t)(HQ + KV) * kD + g * kD + tid));
+      }
+      cbar();
+      for (int h = warp; h < Gq; h += kCW)
+        mk::norm_rope_head(qs + h * kD, dp<const float>(a.q_norm), tmp + warp * kD, qs + h * kD, kD, half, neox,
+                           eps, true, lane, cs);
+      if (warp == kCW - 1) {
+        mk::norm_rope_head(ks, dp<const float>(a.k_norm), tmp + warp * kD, ks, kD, half, neox, eps, true, lane,
+                           cs);
+        __syncwarp();
+        for (int d = lane; d < kD; d += 32) ks[d] = bf16r(ks[d]);
+      }
+      if (tid < Gq) {
+        ml[tid * 4 + 0] = -INFINITY;
+        ml[tid * 4 + 1] = 0.0f;
+      }
+      cbar();
+      if (part == 0 && slot >= 0 && tid < kD) {
+        bf16* dk = dp<bf16>(a.pool_k) + (int64_t)slot * kw + g * kD;
+        bf16* dv = dp<bf16>(a.pool_v) + (int64_t)slot * kw + g * kD;
+        dk[tid] = __float2bfloat16_rn(ks[tid]);
+        dv[tid] = __float2bfloat16_rn(vs[tid]);
+      }
+      // Thread t accumulates dims 4·(t%32).. of heads t/32 and t/32 + 8.
+      const int hA = tid / 32, hB = hA + 8, d4 = (tid % 32) * 4;
+      float accA[4] = {0, 0, 0, 0}, accB[4] = {0, 0, 0, 0};
+      float* sc = tmp;                                          // [Gq][kTK]
+      int* krow = reinterpret_cast<int*>(tmp + Gq * kTK);       // [kTK] the tile's pool rows
+      for (int jt = j0; jt < j1; jt += kTK) {
+        const int nk = min(kTK, j1 - jt);
+        {  // scores: 4 threads a key, 32 dims each
+          const int kk = tid / 4, qd = tid % 4;
+          float kv[32];
+          if (kk < nk) {
+            const int j = jt + kk;
+            if (j == pos) {
+#pragma unroll
+              for (int d = 0; d < 32; d++) kv[d] = ks[qd * 32 + d];
+            } else {
+              const int row = __ldcg(blocks + tab + j / bs) * bs + j % bs;
+              if (qd == 0) krow[kk] = row;
+              const uint4* kr = reinterpret_cast<const uint4*>(pk + (int64_t)row * kw + g * kD + qd * 32);
+#pragma unroll
+              for (int q = 0; q < 4; q++) {
+                const uint4 u4 = mk::ld_stream(kr + q);
+                kv[8 * q + 0] = __uint_as_float(u4.x << 16);
+                kv[8 * q + 1] = __uint_as_float(u4.x & 0xffff0000u);
+                kv[8 * q + 2] = __uint_as_float(u4.y << 16);
+                kv[8 * q + 3] = __uint_as_float(u4.y & 0xffff0000u);
+                kv[8 * q + 4] = __uint_as_float(u4.z << 16);
+                kv[8 * q + 5] = __uint_as_float(u4.z & 0xffff0000u);
+                kv[8 * q + 6] = __uint_as_float(u4.w << 16);
+                kv[8 * q + 7] = __uint_as_float(u4.w & 0xffff0000u);
+              }
+            }
+          } else {
+#pragma unroll
+            for (int d = 0; d < 32; d++) kv[d] = 0.0f;
+          }
+          for (int h = 0; h < Gq; h++) {
+            const float* qh = qs + h * kD + qd * 32;
+            float s = 0;
+#pragma unroll
+            for (int d = 0; d < 32; d++) s = fmaf(qh[d], kv[d], s);
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            if (qd == 0 && kk < nk) sc[h * kTK + kk] = s * scale;
+          }
+        }
+        cbar();
+        for (int h = warp; h < Gq; h += kCW) {  // the running softmax of head h
+          const float s0 = lane < nk ? sc[h * kTK + lane] : -INFINITY;
+          const float s1 = lane + 32 < nk ? sc[h * kTK + lane + 32] : -INFINITY;
+          float mt = fmaxf(s0, s1);
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
+          const float mo = ml[h * 4 + 0], mn = fmaxf(mo, mt);
+          const float corr = mo == -INFINITY ? 0.0f : expf(mo - mn);
+          const float e0 = lane < nk ? expf(s0 - mn) : 0.0f, e1 = lane + 32 < nk ? expf(s1 - mn) : 0.0f;
+          if (lane < nk) sc[h * kTK + lane] = e0;
+          if (lane + 32 < nk) sc[h * kTK + lane + 32] = e1;
+          const float ls = mk::warp_sum(e0 + e1);
+          __syncwarp();
+          if (lane == 0) {
+            ml[h * 4 + 0] = mn;
+            ml[h * 4 + 1] = ml[h * 4 + 1] * corr + ls;
+            ml[h * 4 + 2] = corr;
+          }
+        }
+        cbar();
+        {  // P·V
+          const bool onA = hA < Gq, onB = hB < Gq;
+          const float cA = onA ? ml[hA * 4 + 2] : 0.0f, cB = onB ? ml[hB * 4 + 2] : 0.0f;
+#pragma unroll
+          for (int q = 0; q < 4; q++) {
+            accA[q] *= cA;
+            accB[q] *= cB;
+          }
+          if (onA) {
+#pragma unroll 4
+            for (int kk = 0; kk < nk; kk++) {
+              const int j = jt + kk;
+              float v4[4];
+              if (j == pos) {
+#pragma unroll
+                for (int q = 0; q < 4; q++) v4[q] = vs[d4 + q];
+              } else {
+                const uint2 u2 = __ldg(reinterpret_cast<const uint2*>(pv + (int64_t)krow[kk] * kw + g * kD + d4));
+                v4[0] = __uint_as_float(u2.x << 16);
+                v4[1] = __uint_as_float(u2.x & 0xffff0000u);
+                v4[2] = __uint_as_float(u2.y << 16);
+                v4[3] = __uint_as_float(u2.y & 0xffff0000u);
+              }
+              const float pa = sc[hA * kTK + kk], pb = onB ? sc[hB * kTK + kk] : 0.0f;
+#pragma unroll
+              for (int q = 0; q < 4; q++) {
+                accA[q] = fmaf(pa, v4[q], accA[q]);
+                accB[q] = fmaf(pb, v4[q], accB[q]);
+              }
+            }
+          }
+        }
+        cbar();  // sc and ml's corr are free for the next tile
+      }
+      // This unit's partial: unnormalised sums, the running max and sum.
+      const size_t pu = (size_t)(g * p.U + part) * Gq;
+      if (hA < Gq)
+        for (int q = 0; q < 4; q++) p.part_o[(pu + hA) * kD + d4 + q] = accA[q];
+      if (hB < Gq)
+        for (int q = 0; q < 4; q++) p.part_o[(pu + hB) * kD + d4 + q] = accB[q];
+      if (tid < Gq) {
+        p.part_ml[(pu + tid) * 2 + 0] = ml[tid * 4 + 0];
+        p.part_ml[(pu + tid) * 2 + 1] = ml[tid * 4 + 1];
+      }
+      __threadfence();
+      cbar();
+      int* last = reinterpret_cast<int*>(sm + p.o_red) + kCW;
+      if (tid == 0) *last = atom_add_acq_rel(sync + kSGrp + g, 1) == p.U - 1;
+      cbar();
+      if (*last) {  // every unit of kv head g is in: merge them
+        __threadfence();
+        for (int o = tid; o < Gq * kD; o += kCT) {
+          const int h = o / kD, d = o % kD;
+          float M = -INFINITY;
+          for (int q = 0; q < p.U; q++) M = fmaxf(M, __ldcg(p.part_ml + ((size_t)(g * p.U + q) * Gq + h) * 2));
+          float num = 0, den = 0;
+          for (int q = 0; q < p.U; q++) {
+            const size_t b = (size_t)(g * p.U + q) * Gq + h;
+            const float m = __ldcg(p.part_ml + b * 2);
+            if (m == -INFINITY) continue;
+            const float e = expf(m - M);
+            num = fmaf(e, __ldcg(p.part_o + b * kD + d), num);
+            den = fmaf(e, __ldcg(p.part_ml + b * 2 + 1), den);
+          }
+          p.attn[(size_t)(g * Gq + h) * kD + d] = num / den;
+        }
+        csignal(sync + kSA);
+      }
+      cbar();
+    }
+  }
+
+  // O: x1 = x + attn·woᵀ over this CTA's rows.
+  int r0, r1;
+  rows_of(H, c, G, r0, r1);
+  cwait(sync + kSA, KV);
+  const int HD = HQ * kD;
+  for (int i = tid * 4; i < HD; i += kCT * 4)
+    *reinterpret_cast<float4*>(vec + i) = __ldcg(reinterpret_cast<const float4*>(p.attn + i));
+  cbar();
+  const int no = walk_o(p, c, G, consume(ring, nq, warp, lane, [&](const Chunk& ch, const bf16* w) {
+    for (int r = 0; r < ch.n; r++) {
+      const float v = dot_row(w + (size_t)r * HD, vec, HD, lane);
+      if (lane == 0) p.x1[ch.r + r] = __ldcg(x + ch.r + r) + v;
+    }
+  }));
+  csignal(sync + kSO);
+
+  // R: h1 = RMSNorm(x1)·post_norm, then this CTA's router rows.
+  cwait(sync + kSO, G);
+  for (int i = tid; i < H; i += kCT) vec[i] = __ldcg(p.x1 + i);
+  cbar();
+  block_norm(vec, dp<const float>(a.post_norm), H, eps, reinterpret_cast<float*>(sm + p.o_red));
+  const int nr = walk_r(p, c, G, consume(ring, nq + no, warp, lane, [&](const Chunk& ch, const bf16* w) {
+    for (int r = 0; r < ch.n; r++) {
+      const float v = dot_row(w + (size_t)r * H, vec, H, lane);
+      if (lane == 0) p.logits[ch.r + r] = v;
+    }
+  }));
+  csignal(sync + kSR);
+
+  // T: the top k, the same in every CTA (moe.Route's rules: softmax in
+  // float64 rounded once, ties to the lower index, output by descending
+  // weight).
+  cwait(sync + kSR, G);
+  if (warp == 0) {
+    float* sc = reinterpret_cast<float*>(sm + p.o_rsc);  // [E]
+    double m = -INFINITY;
+    for (int e = lane; e < E; e += 32) {
+      const float l = __ldcg(p.logits + e);
+      sc[e] = l;
+      m = fmax(m, (double)l);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (!a.softmax_topk) {
+      double sum = 0;
+      for (int e = lane; e < E; e += 32) sum += exp((double)sc[e] - m);
+      sum = mk::warp_sum_d(sum);
+      __syncwarp();
+      for (int e = lane; e < E; e += 32) sc[e] = (float)(exp((double)sc[e] - m) / sum);
+    }
+    __syncwarp();
+    unsigned taken[kMaxE / 32] = {};
+    float w[kMaxK];
+    int ids[kMaxK];
+    for (int k = 0; k < K; k++) {
+      float bv = -INFINITY;
+      int bi = 0x7fffffff;
+      for (int e = lane; e < E; e += 32) {
+        if (taken[e / 32] >> (e % 32) & 1u) continue;
+        const float v = sc[e];
+        if (v > bv || (v == bv && e < bi)) {
+          bv = v;
+          bi = e;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) {
+          bv = ov;
+          bi = oi;
+        }
+      }
+      if (bi == 0x7fffffff) bi = 0;  // fewer finite scores than k: any expert
+      ids[k] = bi;
+      w[k] = bv;
+      taken[bi / 32] |= 1u << (bi % 32);
+    }
+    if (a.softmax_topk) {
+      double mm = w[0], s = 0;
+      for (int k = 1; k < K; k++) mm = fmax(mm, (double)w[k]);
+      double ex[kMaxK];
+      for (int k = 0; k < K; k++) s += (ex[k] = exp((double)w[k] - mm));
+      for (int k = 0; k < K; k++) w[k] = (float)(ex[k] / s);
+    }
+    if (a.norm_topk) {
+      float s = 0;
+      for (int k = 0; k < K; k++) s += w[k];
+      for (int k = 0; k < K; k++) w[k] /= s;
+    }
+    const float f = __uint_as_float(a.scaling_bits);
+    if (f != 0.0f && f != 1.0f)
+      for (int k = 0; k < K; k++) w[k] *= f;
+    if (lane == 0) {
+      for (int k = 0; k < K; k++) {
+        rt->ids[k] = ids[k];
+        rt->w[k] = w[k];
+        if (c == 0 && a.counts) atomicAdd(dp<unsigned long long>(a.counts) + ids[k], 1ull);
+      }
+      __threadfence_block();
+      rt->ready = 1;
+    }
+  }
+  cbar();
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
+  // E1: act[k, j] = silu(gate_j·h1)·(up_j·h1) over this CTA's pairs.
+  const int ne1 = walk_e1(p, rt->ids, c, G, consume(ring, nq + no + nr, warp, lane, [&](const Chunk& ch, const bf16* w) {
+    const bf16* up = w + (size_t)ch.n * H;
+    for (int r = 0; r < ch.n; r++) {
+      const float gv = dot_row(w + (size_t)r * H, vec, H, lane);
+      const float uv = dot_row(up + (size_t)r * H, vec, H, lane);
+      if (lane == 0) p.act[ch.r + r] = gv / (1.0f + expf(-gv)) * uv;
+    }
+  }));
+  csignal(sync + kSE1);
+
+  // E2: out = x1 + Σ_k w_k·(down_k·act_k) over this CTA's rows.
+  cwait(sync + kSE1, G);
+  for (int i = tid * 4; i < K * I; i += kCT * 4)
+    *reinterpret_cast<float4*>(vec + i) = __ldcg(reinterpret_cast<const float4*>(p.act + i));
+  float* yk = reinterpret_cast<float*>(sm + p.o_yk);  // [K][RN]
+  cbar();
+  walk_e2(p, rt->ids, c, G, consume(ring, nq + no + nr + ne1, warp, lane, [&](const Chunk& ch, const bf16* w) {
+    for (int r = 0; r < ch.n; r++) {
+      const float v = dot_row(w + (size_t)r * I, vec + (size_t)ch.k * I, I, lane);
+      if (lane == 0) yk[ch.k * p.RN + ch.r + r - r0] = rt->w[ch.k] * v;
+    }
+  }));
+  cbar();
+  for (int r = tid; r < r1 - r0; r += kCT) {
+    float y = 0;
+    for (int k = 0; k < K; k++) y += yk[k * p.RN + r];
+    dp<float>(a.out)[r0 + r] = __ldcg(p.x1 + r0 + r) + y;
+  }
+  // The last CTA out zeroes the counters for the next launch.
+  cbar();
+  if (tid == 0 && atom_add_acq_rel(sync + kSExit, 1) == G - 1) {
+    for (int i = 0; i < kSGrp + KV; i++) sync[i] = 0;
+    __threadfence();
+  }
+}
+
+// plan fills the launch's derived values; false when the shapes do not fit.
+bool plan(const mk_layer& a, LayerK& k, size_t& smem, uint64_t& work) {
+  const int G = mk::sm_count();
+  const int H = a.hidden, HQ = a.heads, KV = a.kv_heads, E = a.experts, K = a.top_k, I = a.inter;
+  if (H < 8 || H % 8 || I < 8 || I % 8 || a.head_dim != kD || KV < 1 || HQ % KV || HQ / KV > kMaxG ||
+      E < K || E > kMaxE || K < 1 || K > kMaxK || a.block_size < 1 || a.rot_dim < 0 || a.rot_dim % 2 ||
+      a.rot_dim > kD || kSGrp + KV > kSyncWords)
+    return false;
+  if ((int64_t)H * 2 > kSlot / 2 || (int64_t)HQ * kD * 2 > kSlot || (int64_t)I * 2 > kSlot) return false;
+  k = LayerK{};
+  k.a = a;
+  k.U = std::max(1, G / KV);
+  k.RN = (H + G - 1) / G;
+  k.vecN = std::max({H, HQ * kD, K * I});
+  const int Gq = HQ / KV;
+  // Workspace (floats, each part 128-byte aligned).
+  int64_t off = 0;
+  auto wpart = [&](int64_t n) {
+    const int64_t o = off;
+    off += (n + 31) / 32 * 32;
+    return o;
+  };
+  const int64_t oq = wpart((int64_t)(HQ + 2 * KV) * kD), opo = wpart((int64_t)KV * k.U * Gq * kD),
+                opm = wpart((int64_t)KV * k.U * Gq * 2), oa = wpart((int64_t)HQ * kD), ox = wpart(H),
+                ol = wpart(E), oact = wpart((int64_t)K * I);
+  work = (uint64_t)off * 4;
+  float* w = dp<float>(a.work);
+  k.qkv = w + oq;
+  k.part_o = w + opo;
+  k.part_ml = w + opm;
+  k.attn = w + oa;
+  k.x1 = w + ox;
+  k.logits = w + ol;
+  k.act = w + oact;
+  // Shared memory: the fixed parts, then as many ring slots as fit.
+  uint32_t o = 0;
+  auto spart = [&](uint32_t bytes) {
+    const uint32_t r = o;
+    o += (bytes + 127) / 128 * 128;
+    return r;
+  };
+  const uint32_t fvec = spart((uint32_t)k.vecN * 4), fqs = spart((uint32_t)Gq * kD * 4),
+                 ftmp = spart((uint32_t)std::max(kCW * kD, (Gq + 1) * kTK) * 4), fkv = spart(2 * kD * 4),
+                 fml = spart((uint32_t)Gq * 16), fyk = spart((uint32_t)K * k.RN * 4), frsc = spart((uint32_t)E * 4),
+                 frt = spart(sizeof(RouteSm)), fred = spart(64);
+  const size_t optin = mk::smem_optin();
+  const int64_t left = (int64_t)optin - (int64_t)o - 1024;  // - the barriers and alignment
+  int S = (int)std::min<int64_t>(kMaxSlots, left / kSlot);
+  if (S < 4) return false;
+  const uint32_t bars = (uint32_t)mkwg::mbar_bytes(2 * S);
+  const uint32_t ringo = bars, fixed0 = ringo + (uint32_t)S * kSlot;
+  k.S = S;
+  k.o_ring = ringo;
+  k.o_vec = fixed0 + fvec;
+  k.o_qs = fixed0 + fqs;
+  k.o_tmp = fixed0 + ftmp;
+  k.o_kv = fixed0 + fkv;
+  k.o_ml = fixed0 + fml;
+  k.o_yk = fixed0 + fyk;
+  k.o_rsc = fixed0 + frsc;
+  k.o_rt = fixed0 + frt;
+  k.o_red = fixed0 + fred;
+  smem = fixed0 + o;
+  return smem <= optin;
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t mk_layer_workspace(const mk_layer* l, uint64_t* bytes) {
+  const char* fn = "mk_layer_workspace";
+  MK_THREAD(fn);
+  MK_ARG(l && bytes, "%s: null argument", fn);
+  *bytes = 0;
+  LayerK k;
+  size_t smem = 0;
+  uint64_t work = 0;
+  MK_ARG(plan(*l, k, smem, work),
+         "%s: shapes the layer kernel does not take (hidden %d heads %d/%d head dim %d experts %d top %d inter %d)",
+         fn, l->hidden, l->heads, l->kv_heads, l->head_dim, l->experts, l->top_k, l->inter);
+  *bytes = work;
+  return MK_OK;
+}
+
+int32_t mk_layer_decode(uint64_t stream, const mk_layer* l) {
+  const char* fn = "mk_layer_decode";
+  MK_THREAD(fn);
+  MK_ARG(l, "%s: null argument", fn);
+  LayerK k;
+  size_t smem = 0;
+  uint64_t work = 0;
+  MK_ARG(plan(*l, k, smem, work),
+         "%s: shapes the layer kernel does not take (hidden %d heads %d/%d head dim %d experts %d top %d inter %d)",
+         fn, l->hidden, l->heads, l->kv_heads, l->head_dim, l->experts, l->top_k, l->inter);
+  const mk_layer& a = *l;
+  MK_ARG(a.x && a.out && a.in_norm && a.post_norm && a.wq && a.wk && a.wv && a.wo && a.pool_k && a.pool_v &&
+             a.blocks && a.pos && a.table && a.slot && a.rope_pos && a.gate && a.gate_up && a.down && a.work &&
+             a.sync && (a.rot_dim == 0 || a.inv_freq),
+         "%s: a null operand", fn);
+  const uint64_t al[] = {a.wq, a.wk, a.wv, a.wo, a.gate, a.gate_up, a.down, a.pool_k, a.pool_v, a.work};
+  for (uint64_t v : al) MK_ARG((v & 15) == 0, "%s: weights, pools and work must be 16-byte aligned", fn);
+  static size_t opted = 0;
+  if (smem > opted) {
+    MK_CUDA(cudaFuncSetAttribute(layer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    opted = smem;
+  }
+  (void)mk::launch(layer_kernel, dim3((unsigned)mk::sm_count()), dim3(kThreads), smem, mk::as_stream(stream), k);
+  MK_LAUNCHED("layer_decode");
+  return MK_OK;
+}
+
+}  // extern "C"
