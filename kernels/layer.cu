@@ -34,7 +34,10 @@
 // an SM (its shared memory allows no second), gridDim.x = the SM count.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "common.cuh"
 #include "mk_layer.h"
@@ -73,6 +76,7 @@ struct LayerK {
   int RN;  // most output rows a CTA owns (O and E2)
   int vecN;
   float *qkv, *part_o, *part_ml, *attn, *x1, *logits, *act;
+  unsigned long long* st;  // [gridDim.x][16] phase stamps (MK_LAYER_STAMPS), or null
   uint32_t o_ring, o_vec, o_qs, o_tmp, o_kv, o_ml, o_yk, o_rsc, o_rt, o_red;
 };
 
@@ -286,6 +290,17 @@ __device__ void block_norm(float* v, const float* w, int n, float eps, float* re
   cbar();
 }
 
+__device__ __forceinline__ unsigned long long gtime() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+// STAMP records phase point i of this CTA (thread 0) when stamps are on.
+#define STAMP(i)                                                                   \
+  do {                                                                             \
+    if (p.st != nullptr && threadIdx.x == 0) p.st[blockIdx.x * 16 + (i)] = gtime(); \
+  } while (0)
+
 __device__ __forceinline__ float bf16r(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constant__ LayerK p) {
@@ -295,6 +310,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int H = a.hidden, HQ = a.heads, KV = a.kv_heads, Gq = HQ / KV, E = a.experts, K = a.top_k, I = a.inter;
   const int S = p.S;
+  STAMP(13);
   Ring ring{reinterpret_cast<uint64_t*>(sm), reinterpret_cast<uint64_t*>(sm) + S, sm + p.o_ring, S};
   float* vec = reinterpret_cast<float*>(sm + p.o_vec);
   RouteSm* rt = reinterpret_cast<RouteSm*>(sm + p.o_rt);
@@ -338,6 +354,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   const int tid = threadIdx.x;
   const float eps = __uint_as_float(a.eps_bits);
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  STAMP(0);
   const float* x = dp<const float>(a.x);
   // Q: h = RMSNorm(x)·in_norm, then this CTA's q/k/v rows.
   for (int i = tid; i < H; i += kCT) vec[i] = __ldcg(x + i);
@@ -349,11 +366,13 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       if (lane == 0) p.qkv[ch.r + r] = v;
     }
   }));
+  STAMP(1);
   csignal(sync + kSQ);
 
   // A: attention units (kv head g, part of its keys).
   {
     cwait(sync + kSQ, G);
+    STAMP(2);
     const int pos = __ldcg(dp<const int>(a.pos)), slot = __ldcg(dp<const int>(a.slot));
     const int rpos = __ldcg(dp<const int>(a.rope_pos)), tab = __ldcg(dp<const int>(a.table));
     const int* blocks = dp<const int>(a.blocks);
@@ -406,33 +425,42 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       // Thread t accumulates dims 4·(t%32).. of heads t/32 and t/32 + 8.
       const int hA = tid / 32, hB = hA + 8, d4 = (tid % 32) * 4;
       float accA[4] = {0, 0, 0, 0}, accB[4] = {0, 0, 0, 0};
-      float* sc = tmp;                                          // [Gq][kTK]
-      int* krow = reinterpret_cast<int*>(tmp + Gq * kTK);       // [kTK] the tile's pool rows
+      float* sc = tmp;                         // [Gq][kTK]
+      bf16* vt = reinterpret_cast<bf16*>(vec);  // [kTK][D] the tile's values
       for (int jt = j0; jt < j1; jt += kTK) {
         const int nk = min(kTK, j1 - jt);
-        {  // scores: 4 threads a key, 32 dims each
+        {  // scores: 4 threads a key, 32 dims each; the key's values staged in vt
           const int kk = tid / 4, qd = tid % 4;
           float kv[32];
           if (kk < nk) {
             const int j = jt + kk;
+            uint4* vd = reinterpret_cast<uint4*>(vt + kk * kD + qd * 32);
             if (j == pos) {
 #pragma unroll
               for (int d = 0; d < 32; d++) kv[d] = ks[qd * 32 + d];
+#pragma unroll
+              for (int d = 0; d < 32; d++) vt[kk * kD + qd * 32 + d] = __float2bfloat16_rn(vs[qd * 32 + d]);
             } else {
-              const int row = __ldcg(blocks + tab + j / bs) * bs + j % bs;
-              if (qd == 0) krow[kk] = row;
-              const uint4* kr = reinterpret_cast<const uint4*>(pk + (int64_t)row * kw + g * kD + qd * 32);
+              const int64_t row = (int64_t)__ldcg(blocks + tab + j / bs) * bs + j % bs;
+              const uint4* kr = reinterpret_cast<const uint4*>(pk + row * kw + g * kD + qd * 32);
+              const uint4* vr = reinterpret_cast<const uint4*>(pv + row * kw + g * kD + qd * 32);
+              uint4 ku[4], vu[4];
 #pragma unroll
               for (int q = 0; q < 4; q++) {
-                const uint4 u4 = mk::ld_stream(kr + q);
-                kv[8 * q + 0] = __uint_as_float(u4.x << 16);
-                kv[8 * q + 1] = __uint_as_float(u4.x & 0xffff0000u);
-                kv[8 * q + 2] = __uint_as_float(u4.y << 16);
-                kv[8 * q + 3] = __uint_as_float(u4.y & 0xffff0000u);
-                kv[8 * q + 4] = __uint_as_float(u4.z << 16);
-                kv[8 * q + 5] = __uint_as_float(u4.z & 0xffff0000u);
-                kv[8 * q + 6] = __uint_as_float(u4.w << 16);
-                kv[8 * q + 7] = __uint_as_float(u4.w & 0xffff0000u);
+                ku[q] = mk::ld_stream(kr + q);
+                vu[q] = mk::ld_stream(vr + q);
+              }
+#pragma unroll
+              for (int q = 0; q < 4; q++) {
+                vd[q] = vu[q];
+                kv[8 * q + 0] = __uint_as_float(ku[q].x << 16);
+                kv[8 * q + 1] = __uint_as_float(ku[q].x & 0xffff0000u);
+                kv[8 * q + 2] = __uint_as_float(ku[q].y << 16);
+                kv[8 * q + 3] = __uint_as_float(ku[q].y & 0xffff0000u);
+                kv[8 * q + 4] = __uint_as_float(ku[q].z << 16);
+                kv[8 * q + 5] = __uint_as_float(ku[q].z & 0xffff0000u);
+                kv[8 * q + 6] = __uint_as_float(ku[q].w << 16);
+                kv[8 * q + 7] = __uint_as_float(ku[q].w & 0xffff0000u);
               }
             }
           } else {
@@ -481,18 +509,9 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
           if (onA) {
 #pragma unroll 4
             for (int kk = 0; kk < nk; kk++) {
-              const int j = jt + kk;
-              float v4[4];
-              if (j == pos) {
-#pragma unroll
-                for (int q = 0; q < 4; q++) v4[q] = vs[d4 + q];
-              } else {
-                const uint2 u2 = __ldg(reinterpret_cast<const uint2*>(pv + (int64_t)krow[kk] * kw + g * kD + d4));
-                v4[0] = __uint_as_float(u2.x << 16);
-                v4[1] = __uint_as_float(u2.x & 0xffff0000u);
-                v4[2] = __uint_as_float(u2.y << 16);
-                v4[3] = __uint_as_float(u2.y & 0xffff0000u);
-              }
+              const uint2 u2 = *reinterpret_cast<const uint2*>(vt + kk * kD + d4);
+              const float v4[4] = {__uint_as_float(u2.x << 16), __uint_as_float(u2.x & 0xffff0000u),
+                                   __uint_as_float(u2.y << 16), __uint_as_float(u2.y & 0xffff0000u)};
               const float pa = sc[hA * kTK + kk], pb = onB ? sc[hB * kTK + kk] : 0.0f;
 #pragma unroll
               for (int q = 0; q < 4; q++) {
@@ -504,6 +523,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
         }
         cbar();  // sc and ml's corr are free for the next tile
       }
+      STAMP(3);
       // This unit's partial: unnormalised sums, the running max and sum.
       const size_t pu = (size_t)(g * p.U + part) * Gq;
       if (hA < Gq)
@@ -521,20 +541,36 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       cbar();
       if (*last) {  // every unit of kv head g is in: merge them
         __threadfence();
+        float* ew = vec;  // [U][Gq] each unit's weight, then [Gq] the denominators at ew + U·Gq
+        const int UG = p.U * Gq;
+        for (int i = tid; i < UG; i += kCT) ew[i] = __ldcg(p.part_ml + ((size_t)g * UG + i) * 2);
+        cbar();
+        if (tid < Gq) {
+          float M = -INFINITY;
+          for (int q = 0; q < p.U; q++) M = fmaxf(M, ew[q * Gq + tid]);
+          float den = 0;
+          for (int q = 0; q < p.U; q++) {
+            const float m = ew[q * Gq + tid];
+            const float e = m == -INFINITY ? 0.0f : expf(m - M);
+            den = fmaf(e, __ldcg(p.part_ml + ((size_t)g * UG + q * Gq + tid) * 2 + 1), den);
+            ew[q * Gq + tid] = e;
+          }
+          ew[UG + tid] = den;
+        }
+        cbar();
         for (int o = tid; o < Gq * kD; o += kCT) {
           const int h = o / kD, d = o % kD;
-          float M = -INFINITY;
-          for (int q = 0; q < p.U; q++) M = fmaxf(M, __ldcg(p.part_ml + ((size_t)(g * p.U + q) * Gq + h) * 2));
-          float num = 0, den = 0;
-          for (int q = 0; q < p.U; q++) {
-            const size_t b = (size_t)(g * p.U + q) * Gq + h;
-            const float m = __ldcg(p.part_ml + b * 2);
-            if (m == -INFINITY) continue;
-            const float e = expf(m - M);
-            num = fmaf(e, __ldcg(p.part_o + b * kD + d), num);
-            den = fmaf(e, __ldcg(p.part_ml + b * 2 + 1), den);
+          float num = 0;
+          int q = 0;
+          for (; q + 8 <= p.U; q += 8) {
+            float v[8];
+#pragma unroll
+            for (int z = 0; z < 8; z++) v[z] = __ldcg(p.part_o + ((size_t)g * UG + (q + z) * Gq + h) * kD + d);
+#pragma unroll
+            for (int z = 0; z < 8; z++) num = fmaf(ew[(q + z) * Gq + h], v[z], num);
           }
-          p.attn[(size_t)(g * Gq + h) * kD + d] = num / den;
+          for (; q < p.U; q++) num = fmaf(ew[q * Gq + h], __ldcg(p.part_o + ((size_t)g * UG + q * Gq + h) * kD + d), num);
+          p.attn[(size_t)(g * Gq + h) * kD + d] = num / ew[UG + h];
         }
         csignal(sync + kSA);
       }
@@ -546,6 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   int r0, r1;
   rows_of(H, c, G, r0, r1);
   cwait(sync + kSA, KV);
+  STAMP(4);
   const int HD = HQ * kD;
   for (int i = tid * 4; i < HD; i += kCT * 4)
     *reinterpret_cast<float4*>(vec + i) = __ldcg(reinterpret_cast<const float4*>(p.attn + i));
@@ -556,10 +593,12 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       if (lane == 0) p.x1[ch.r + r] = __ldcg(x + ch.r + r) + v;
     }
   }));
+  STAMP(5);
   csignal(sync + kSO);
 
   // R: h1 = RMSNorm(x1)·post_norm, then this CTA's router rows.
   cwait(sync + kSO, G);
+  STAMP(6);
   for (int i = tid; i < H; i += kCT) vec[i] = __ldcg(p.x1 + i);
   cbar();
   block_norm(vec, dp<const float>(a.post_norm), H, eps, reinterpret_cast<float*>(sm + p.o_red));
@@ -569,12 +608,14 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       if (lane == 0) p.logits[ch.r + r] = v;
     }
   }));
+  STAMP(7);
   csignal(sync + kSR);
 
   // T: the top k, the same in every CTA (moe.Route's rules: softmax in
   // float64 rounded once, ties to the lower index, output by descending
   // weight).
   cwait(sync + kSR, G);
+  STAMP(8);
   if (warp == 0) {
     float* sc = reinterpret_cast<float*>(sm + p.o_rsc);  // [E]
     double m = -INFINITY;
@@ -647,6 +688,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     }
   }
   cbar();
+  STAMP(9);
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   // E1: act[k, j] = silu(gate_j·h1)·(up_j·h1) over this CTA's pairs.
@@ -658,10 +700,12 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       if (lane == 0) p.act[ch.r + r] = gv / (1.0f + expf(-gv)) * uv;
     }
   }));
+  STAMP(10);
   csignal(sync + kSE1);
 
   // E2: out = x1 + Σ_k w_k·(down_k·act_k) over this CTA's rows.
   cwait(sync + kSE1, G);
+  STAMP(11);
   for (int i = tid * 4; i < K * I; i += kCT * 4)
     *reinterpret_cast<float4*>(vec + i) = __ldcg(reinterpret_cast<const float4*>(p.act + i));
   float* yk = reinterpret_cast<float*>(sm + p.o_yk);  // [K][RN]
@@ -678,6 +722,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     for (int k = 0; k < K; k++) y += yk[k * p.RN + r];
     dp<float>(a.out)[r0 + r] = __ldcg(p.x1 + r0 + r) + y;
   }
+  STAMP(12);
   // The last CTA out zeroes the counters for the next launch.
   cbar();
   if (tid == 0 && atom_add_acq_rel(sync + kSExit, 1) == G - 1) {
@@ -699,7 +744,7 @@ bool plan(const mk_layer& a, LayerK& k, size_t& smem, uint64_t& work) {
   k.a = a;
   k.U = std::max(1, G / KV);
   k.RN = (H + G - 1) / G;
-  k.vecN = std::max({H, HQ * kD, K * I});
+  k.vecN = std::max({H, HQ * kD, K * I, kTK * kD / 2, k.U * (HQ / KV) + HQ / KV});
   const int Gq = HQ / KV;
   // Workspace (floats, each part 128-byte aligned).
   int64_t off = 0;
@@ -793,8 +838,45 @@ int32_t mk_layer_decode(uint64_t stream, const mk_layer* l) {
     MK_CUDA(cudaFuncSetAttribute(layer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     opted = smem;
   }
-  (void)mk::launch(layer_kernel, dim3((unsigned)mk::sm_count()), dim3(kThreads), smem, mk::as_stream(stream), k);
+  // MK_LAYER_STAMPS (read once): eager launches record each CTA's phase
+  // times and print their medians and maxima to stderr (a measurement aid;
+  // synchronises after every launch).
+  static const bool stamps = getenv("MK_LAYER_STAMPS") != nullptr;
+  static unsigned long long* st = nullptr;
+  const int G = mk::sm_count();
+  cudaStream_t s = mk::as_stream(stream);
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  MK_CUDA(cudaStreamIsCapturing(s, &cap));
+  const bool stamp = stamps && cap == cudaStreamCaptureStatusNone;
+  if (stamp) {
+    if (!st) MK_CUDA(cudaMalloc(&st, (size_t)G * 16 * sizeof(unsigned long long)));
+    MK_CUDA(cudaMemsetAsync(st, 0, (size_t)G * 16 * sizeof(unsigned long long), s));
+    k.st = st;
+  }
+  (void)mk::launch(layer_kernel, dim3((unsigned)G), dim3(kThreads), smem, s, k);
   MK_LAUNCHED("layer_decode");
+  if (stamp) {
+    std::vector<unsigned long long> h((size_t)G * 16);
+    MK_CUDA(cudaStreamSynchronize(s));
+    MK_CUDA(cudaMemcpy(h.data(), st, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost));
+    unsigned long long t0 = ~0ull;
+    for (int c = 0; c < G; c++) t0 = std::min(t0, h[(size_t)c * 16 + 13]);
+    static const int order[] = {13, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    static const char* names[16] = {"start", "Qdone", "Aready", "unit", "Oready", "Odone", "Rready", "Rdone",
+                                    "Tready", "routed", "E1done", "E2ready", "end", "entry", "", ""};
+    std::string line = "layer stamps µs (median/max over CTAs from the first entry):";
+    for (int i : order) {
+      std::vector<double> v;
+      for (int c = 0; c < G; c++)
+        if (h[(size_t)c * 16 + i]) v.push_back((double)(h[(size_t)c * 16 + i] - t0) / 1000.0);
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      char b[64];
+      snprintf(b, sizeof b, " %s %.1f/%.1f", names[i], v[v.size() / 2], v.back());
+      line += b;
+    }
+    fprintf(stderr, "%s\n", line.c_str());
+  }
   return MK_OK;
 }
 
