@@ -62,7 +62,7 @@ constexpr int kTK = 64;                    // keys of one attention tile
 constexpr int kD = 128;                    // head dim
 constexpr int kMaxG = 16;                  // query heads a kv head
 constexpr int kMaxK = 16;                  // experts a token
-constexpr int kMaxE = 1024;                // experts
+constexpr int kMaxE = 256;                 // experts (the routing holds 8 a lane)
 constexpr int kMaxSlots = 32;
 enum : int { kSQ = 0, kSA = 1, kSO = 2, kSR = 3, kSE1 = 4, kSExit = 5, kSGrp = 8, kSyncWords = 256 };
 
@@ -72,12 +72,13 @@ enum : int { kSQ = 0, kSA = 1, kSO = 2, kSR = 3, kSE1 = 4, kSExit = 5, kSGrp = 8
 struct LayerK {
   mk_layer a;
   int S;   // ring slots
+  int N;   // most chunks in flight (issued, not landed)
   int U;   // attention units a kv head
   int RN;  // most output rows a CTA owns (O and E2)
   int vecN;
   float *qkv, *part_o, *part_ml, *attn, *x1, *logits, *act;
   unsigned long long* st;  // [gridDim.x][16] phase stamps (MK_LAYER_STAMPS), or null
-  uint32_t o_ring, o_vec, o_qs, o_tmp, o_kv, o_ml, o_yk, o_rsc, o_rt, o_red;
+  uint32_t o_ring, o_vec, o_qs, o_tmp, o_kv, o_ml, o_yk, o_kvt, o_rt, o_red;
 };
 
 struct RouteSm {
@@ -110,7 +111,8 @@ __device__ __forceinline__ int atom_add_acq_rel(int* p, int v) {
 // cwait: every consumer thread returns once *p >= target (thread 0 polls).
 __device__ __forceinline__ void cwait(const int* p, int target) {
   if (threadIdx.x == 0) {
-    while (ld_acquire(p) < target) __nanosleep(32);
+    while (ld_acquire(p) < target) {
+    }
   }
   cbar();
 }
@@ -119,6 +121,31 @@ __device__ __forceinline__ void csignal(int* p) {
   __threadfence();
   cbar();
   if (threadIdx.x == 0) atom_add_acq_rel(p, 1);
+}
+
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(mkwg::sm_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// load_tile: this thread's part of keys [jt, jt+nk) of kv head g (all but
+// the new one at pos) copied into kt and vt [kTK][D] by cp.async: key
+// tid/4, dims 32·(tid%4)…, 64 bytes of each.
+__device__ __forceinline__ void load_tile(bf16* kt, bf16* vt, const bf16* pk, const bf16* pv, const int* blocks,
+                                          int tab, int bs, int kw, int g, int jt, int nk, int pos, int tid) {
+  const int kk = tid / 4, qd = tid % 4, j = jt + kk;
+  if (kk < nk && j != pos) {
+    const int64_t row = (int64_t)__ldcg(blocks + tab + j / bs) * bs + j % bs;
+    const bf16* ks = pk + row * kw + g * kD + qd * 32;
+    const bf16* vs = pv + row * kw + g * kD + qd * 32;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      cp16(kt + kk * kD + qd * 32 + 8 * q, ks + 8 * q);
+      cp16(vt + kk * kD + qd * 32 + 8 * q, vs + 8 * q);
+    }
+  }
+  cp_commit();
 }
 
 __device__ __forceinline__ void fma8(float& acc, const uint4& u, const float* v) {
@@ -333,6 +360,10 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       auto issue = [&](const Chunk& ch) {
         const int s = i % S, round = i / S;
         if (round > 0) mkwg::mbar_wait(ring.empty + s, (unsigned)((round - 1) & 1));
+        if (i >= p.N) {  // chunk i − N has landed: at most N in flight
+          const int j = i - p.N;
+          mkwg::mbar_wait(ring.full + j % S, (unsigned)((j / S) & 1));
+        }
         unsigned char* dst = ring.ring + (size_t)s * kSlot;
         mkwg::mbar_expect_tx(ring.full + s, ch.b0 + ch.b1);
         mkwg::bulk_g2s(dst, ch.s0, ch.b0, ring.full + s);
@@ -342,7 +373,8 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       walk_q(p, c, G, issue);
       walk_o(p, c, G, issue);
       walk_r(p, c, G, issue);
-      while (rt->ready == 0) __nanosleep(64);
+      while (rt->ready == 0) {
+      }
       __threadfence_block();
       walk_e1(p, rt->ids, c, G, issue);
       walk_e2(p, rt->ids, c, G, issue);
@@ -353,6 +385,20 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   // ---- the consumers ----
   const int tid = threadIdx.x;
   const float eps = __uint_as_float(a.eps_bits);
+  // The first key tile of this CTA's attention unit, in flight from now:
+  // the cache's older keys and the step's metadata are not written by the
+  // kernel before this one (mk_decode.h's rule for the decode kernel).
+  bf16* kt = reinterpret_cast<bf16*>(sm + p.o_kvt);  // [kTK][D]
+  bf16* vt = kt + kTK * kD;                          // [kTK][D]
+  const int pos = __ldcg(dp<const int>(a.pos)), tab = __ldcg(dp<const int>(a.table));
+  const int* blocks = dp<const int>(a.blocks);
+  const int kw = KV * kD, bs = a.block_size, nkeys = pos + 1, L = (nkeys + p.U - 1) / p.U;
+  const bf16* pk = dp<const bf16>(a.pool_k);
+  const bf16* pv = dp<const bf16>(a.pool_v);
+  if (c < KV * p.U) {
+    const int j0 = min(nkeys, (c % p.U) * L), j1 = min(nkeys, j0 + L);
+    load_tile(kt, vt, pk, pv, blocks, tab, bs, kw, c / p.U, j0, min(kTK, j1 - j0), pos, tid);
+  }
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   STAMP(0);
   const float* x = dp<const float>(a.x);
@@ -373,10 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   {
     cwait(sync + kSQ, G);
     STAMP(2);
-    const int pos = __ldcg(dp<const int>(a.pos)), slot = __ldcg(dp<const int>(a.slot));
-    const int rpos = __ldcg(dp<const int>(a.rope_pos)), tab = __ldcg(dp<const int>(a.table));
-    const int* blocks = dp<const int>(a.blocks);
-    const int kw = KV * kD, bs = a.block_size;
+    const int slot = __ldcg(dp<const int>(a.slot)), rpos = __ldcg(dp<const int>(a.rope_pos));
     const float scale = __uint_as_float(a.scale_bits), attnf = __uint_as_float(a.attn_bits);
     const float* invf = dp<const float>(a.inv_freq);
     const bool neox = a.style == MK_ROPE_NEOX;
@@ -386,14 +429,10 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
     float* ks = reinterpret_cast<float*>(sm + p.o_kv);    // [D] the new key (bf16 values)
     float* vs = ks + kD;                                  // [D] the new value (bf16 values)
     float* ml = reinterpret_cast<float*>(sm + p.o_ml);    // [Gq][4]: m, l, corr
-    const bf16* pk = dp<const bf16>(a.pool_k);
-    const bf16* pv = dp<const bf16>(a.pool_v);
     auto cs = [&](int i, float* co, float* sn) { mk::rope_cs(i, (float)rpos, invf, attnf, true, co, sn); };
-    const int n = pos + 1;
     for (int u = c; u < KV * p.U; u += G) {
       const int g = u / p.U, part = u % p.U;
-      const int L = (n + p.U - 1) / p.U;
-      const int j0 = min(n, part * L), j1 = min(n, j0 + L);
+      const int j0 = min(nkeys, part * L), j1 = min(nkeys, j0 + L);
       // q heads of this kv head, normed and rotated; the new key and value
       // (read through L2: other CTAs wrote them).
       for (int i = tid; i < Gq * kD; i += kCT) qs[i] = __ldcg(p.qkv + (size_t)g * Gq * kD + i);
@@ -425,43 +464,33 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       // Thread t accumulates dims 4·(t%32).. of heads t/32 and t/32 + 8.
       const int hA = tid / 32, hB = hA + 8, d4 = (tid % 32) * 4;
       float accA[4] = {0, 0, 0, 0}, accB[4] = {0, 0, 0, 0};
-      float* sc = tmp;                         // [Gq][kTK]
-      bf16* vt = reinterpret_cast<bf16*>(vec);  // [kTK][D] the tile's values
+      float* sc = tmp;  // [Gq][kTK]
       for (int jt = j0; jt < j1; jt += kTK) {
         const int nk = min(kTK, j1 - jt);
-        {  // scores: 4 threads a key, 32 dims each; the key's values staged in vt
+        if (u != c || jt != j0) load_tile(kt, vt, pk, pv, blocks, tab, bs, kw, g, jt, nk, pos, tid);
+        cp_wait_all();
+        cbar();
+        {  // scores: 4 threads a key, 32 dims each (the new key from ks, its value into vt)
           const int kk = tid / 4, qd = tid % 4;
           float kv[32];
-          if (kk < nk) {
-            const int j = jt + kk;
-            uint4* vd = reinterpret_cast<uint4*>(vt + kk * kD + qd * 32);
-            if (j == pos) {
+          if (kk < nk && jt + kk == pos) {
 #pragma unroll
-              for (int d = 0; d < 32; d++) kv[d] = ks[qd * 32 + d];
+            for (int d = 0; d < 32; d++) kv[d] = ks[qd * 32 + d];
 #pragma unroll
-              for (int d = 0; d < 32; d++) vt[kk * kD + qd * 32 + d] = __float2bfloat16_rn(vs[qd * 32 + d]);
-            } else {
-              const int64_t row = (int64_t)__ldcg(blocks + tab + j / bs) * bs + j % bs;
-              const uint4* kr = reinterpret_cast<const uint4*>(pk + row * kw + g * kD + qd * 32);
-              const uint4* vr = reinterpret_cast<const uint4*>(pv + row * kw + g * kD + qd * 32);
-              uint4 ku[4], vu[4];
+            for (int d = 0; d < 32; d++) vt[kk * kD + qd * 32 + d] = __float2bfloat16_rn(vs[qd * 32 + d]);
+          } else if (kk < nk) {
+            const uint4* kr = reinterpret_cast<const uint4*>(kt + kk * kD + qd * 32);
 #pragma unroll
-              for (int q = 0; q < 4; q++) {
-                ku[q] = mk::ld_stream(kr + q);
-                vu[q] = mk::ld_stream(vr + q);
-              }
-#pragma unroll
-              for (int q = 0; q < 4; q++) {
-                vd[q] = vu[q];
-                kv[8 * q + 0] = __uint_as_float(ku[q].x << 16);
-                kv[8 * q + 1] = __uint_as_float(ku[q].x & 0xffff0000u);
-                kv[8 * q + 2] = __uint_as_float(ku[q].y << 16);
-                kv[8 * q + 3] = __uint_as_float(ku[q].y & 0xffff0000u);
-                kv[8 * q + 4] = __uint_as_float(ku[q].z << 16);
-                kv[8 * q + 5] = __uint_as_float(ku[q].z & 0xffff0000u);
-                kv[8 * q + 6] = __uint_as_float(ku[q].w << 16);
-                kv[8 * q + 7] = __uint_as_float(ku[q].w & 0xffff0000u);
-              }
+            for (int q = 0; q < 4; q++) {
+              const uint4 k4 = kr[q];
+              kv[8 * q + 0] = __uint_as_float(k4.x << 16);
+              kv[8 * q + 1] = __uint_as_float(k4.x & 0xffff0000u);
+              kv[8 * q + 2] = __uint_as_float(k4.y << 16);
+              kv[8 * q + 3] = __uint_as_float(k4.y & 0xffff0000u);
+              kv[8 * q + 4] = __uint_as_float(k4.z << 16);
+              kv[8 * q + 5] = __uint_as_float(k4.z & 0xffff0000u);
+              kv[8 * q + 6] = __uint_as_float(k4.w << 16);
+              kv[8 * q + 7] = __uint_as_float(k4.w & 0xffff0000u);
             }
           } else {
 #pragma unroll
@@ -617,71 +646,92 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   cwait(sync + kSR, G);
   STAMP(8);
   if (warp == 0) {
-    float* sc = reinterpret_cast<float*>(sm + p.o_rsc);  // [E]
-    double m = -INFINITY;
-    for (int e = lane; e < E; e += 32) {
-      const float l = __ldcg(p.logits + e);
-      sc[e] = l;
-      m = fmax(m, (double)l);
+    constexpr int kPer = kMaxE / 32;
+    float sv[kPer];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPer; i++) {
+      const int e = lane + 32 * i;
+      sv[i] = e < E ? __ldcg(p.logits + e) : -INFINITY;
+      mx = fmaxf(mx, sv[i]);
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     if (!a.softmax_topk) {
-      double sum = 0;
-      for (int e = lane; e < E; e += 32) sum += exp((double)sc[e] - m);
+      double ex[kPer], sum = 0;
+#pragma unroll
+      for (int i = 0; i < kPer; i++) {
+        ex[i] = lane + 32 * i < E ? exp((double)sv[i] - (double)mx) : 0.0;
+        sum += ex[i];
+      }
       sum = mk::warp_sum_d(sum);
-      __syncwarp();
-      for (int e = lane; e < E; e += 32) sc[e] = (float)(exp((double)sc[e] - m) / sum);
+#pragma unroll
+      for (int i = 0; i < kPer; i++)
+        if (lane + 32 * i < E) sv[i] = (float)(ex[i] / sum);
     }
-    __syncwarp();
-    unsigned taken[kMaxE / 32] = {};
+    unsigned taken = 0;  // bit i: sv[i] chosen
     float w[kMaxK];
     int ids[kMaxK];
-    for (int k = 0; k < K; k++) {
-      float bv = -INFINITY;
-      int bi = 0x7fffffff;
-      for (int e = lane; e < E; e += 32) {
-        if (taken[e / 32] >> (e % 32) & 1u) continue;
-        const float v = sc[e];
-        if (v > bv || (v == bv && e < bi)) {
-          bv = v;
-          bi = e;
-        }
-      }
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) {
-          bv = ov;
-          bi = oi;
+    for (int k = 0; k < kMaxK; k++) {
+      w[k] = 0.0f;
+      ids[k] = 0;
+      if (k < K) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < kPer; i++) {
+          const int e = lane + 32 * i;
+          if (e < E && !(taken >> i & 1u) && (sv[i] > bv || (sv[i] == bv && e < bi))) {
+            bv = sv[i];
+            bi = e;
+          }
         }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+          const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+          if (ov > bv || (ov == bv && oi < bi)) {
+            bv = ov;
+            bi = oi;
+          }
+        }
+        if (bi == 0x7fffffff) bi = k;  // fewer finite scores than k (NaN logits): any expert
+        if (bi % 32 == lane) taken |= 1u << (bi / 32);
+        ids[k] = bi;
+        w[k] = bv;
       }
-      if (bi == 0x7fffffff) bi = 0;  // fewer finite scores than k: any expert
-      ids[k] = bi;
-      w[k] = bv;
-      taken[bi / 32] |= 1u << (bi % 32);
     }
     if (a.softmax_topk) {
-      double mm = w[0], s = 0;
-      for (int k = 1; k < K; k++) mm = fmax(mm, (double)w[k]);
-      double ex[kMaxK];
-      for (int k = 0; k < K; k++) s += (ex[k] = exp((double)w[k] - mm));
-      for (int k = 0; k < K; k++) w[k] = (float)(ex[k] / s);
+      double ex[kMaxK], s = 0;
+#pragma unroll
+      for (int k = 0; k < kMaxK; k++) {
+        ex[k] = k < K ? exp((double)w[k] - (double)w[0]) : 0.0;
+        s += ex[k];
+      }
+#pragma unroll
+      for (int k = 0; k < kMaxK; k++) w[k] = (float)(ex[k] / s);
     }
     if (a.norm_topk) {
       float s = 0;
-      for (int k = 0; k < K; k++) s += w[k];
-      for (int k = 0; k < K; k++) w[k] /= s;
+#pragma unroll
+      for (int k = 0; k < kMaxK; k++) s += k < K ? w[k] : 0.0f;
+#pragma unroll
+      for (int k = 0; k < kMaxK; k++) w[k] /= s;
     }
     const float f = __uint_as_float(a.scaling_bits);
-    if (f != 0.0f && f != 1.0f)
-      for (int k = 0; k < K; k++) w[k] *= f;
+    if (f != 0.0f && f != 1.0f) {
+#pragma unroll
+      for (int k = 0; k < kMaxK; k++) w[k] *= f;
+    }
     if (lane == 0) {
-      for (int k = 0; k < K; k++) {
-        rt->ids[k] = ids[k];
-        rt->w[k] = w[k];
-        if (c == 0 && a.counts) atomicAdd(dp<unsigned long long>(a.counts) + ids[k], 1ull);
+#pragma unroll
+      for (int k = 0; k < kMaxK; k++) {
+        if (k < K) {
+          rt->ids[k] = ids[k];
+          rt->w[k] = w[k];
+          if (c == 0 && a.counts) atomicAdd(dp<unsigned long long>(a.counts) + ids[k], 1ull);
+        }
       }
       __threadfence_block();
       rt->ready = 1;
@@ -731,6 +781,18 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   }
 }
 
+// inflight is the most ring chunks a CTA keeps in flight: MK_LAYER_INFLIGHT
+// (read once), default 10 (80 KB an SM, ~10 MB over the GPU: DRAM's rate
+// times its latency, without queueing every other load of the layer
+// behind a full ring).
+int inflight() {
+  static const int v = [] {
+    const char* e = getenv("MK_LAYER_INFLIGHT");
+    return e && atoi(e) > 0 ? atoi(e) : 10;
+  }();
+  return v;
+}
+
 // plan fills the launch's derived values; false when the shapes do not fit.
 bool plan(const mk_layer& a, LayerK& k, size_t& smem, uint64_t& work) {
   const int G = mk::sm_count();
@@ -744,7 +806,7 @@ bool plan(const mk_layer& a, LayerK& k, size_t& smem, uint64_t& work) {
   k.a = a;
   k.U = std::max(1, G / KV);
   k.RN = (H + G - 1) / G;
-  k.vecN = std::max({H, HQ * kD, K * I, kTK * kD / 2, k.U * (HQ / KV) + HQ / KV});
+  k.vecN = std::max({H, HQ * kD, K * I, k.U * (HQ / KV) + HQ / KV});
   const int Gq = HQ / KV;
   // Workspace (floats, each part 128-byte aligned).
   int64_t off = 0;
@@ -774,7 +836,7 @@ bool plan(const mk_layer& a, LayerK& k, size_t& smem, uint64_t& work) {
   };
   const uint32_t fvec = spart((uint32_t)k.vecN * 4), fqs = spart((uint32_t)Gq * kD * 4),
                  ftmp = spart((uint32_t)std::max(kCW * kD, (Gq + 1) * kTK) * 4), fkv = spart(2 * kD * 4),
-                 fml = spart((uint32_t)Gq * 16), fyk = spart((uint32_t)K * k.RN * 4), frsc = spart((uint32_t)E * 4),
+                 fml = spart((uint32_t)Gq * 16), fyk = spart((uint32_t)K * k.RN * 4), fkvt = spart((uint32_t)kTK * kD * 2 * 2),
                  frt = spart(sizeof(RouteSm)), fred = spart(64);
   const size_t optin = mk::smem_optin();
   const int64_t left = (int64_t)optin - (int64_t)o - 1024;  // - the barriers and alignment
@@ -783,6 +845,7 @@ bool plan(const mk_layer& a, LayerK& k, size_t& smem, uint64_t& work) {
   const uint32_t bars = (uint32_t)mkwg::mbar_bytes(2 * S);
   const uint32_t ringo = bars, fixed0 = ringo + (uint32_t)S * kSlot;
   k.S = S;
+  k.N = std::min(S, inflight());
   k.o_ring = ringo;
   k.o_vec = fixed0 + fvec;
   k.o_qs = fixed0 + fqs;
@@ -790,7 +853,7 @@ bool plan(const mk_layer& a, LayerK& k, size_t& smem, uint64_t& work) {
   k.o_kv = fixed0 + fkv;
   k.o_ml = fixed0 + fml;
   k.o_yk = fixed0 + fyk;
-  k.o_rsc = fixed0 + frsc;
+  k.o_kvt = fixed0 + fkvt;
   k.o_rt = fixed0 + frt;
   k.o_red = fixed0 + fred;
   smem = fixed0 + o;
