@@ -62,7 +62,7 @@ constexpr int kTK = 64;                    // keys of one attention tile
 constexpr int kD = 128;                    // head dim
 constexpr int kMaxG = 16;                  // query heads a kv head
 constexpr int kMaxK = 16;                  // experts a token
-constexpr int kMaxE = 256;                 // experts (the routing holds 8 a lane)
+constexpr int kMaxE = 1024;                // experts
 constexpr int kMaxSlots = 32;
 enum : int { kSQ = 0, kSA = 1, kSO = 2, kSR = 3, kSE1 = 4, kSExit = 5, kSGrp = 8, kSyncWords = 256 };
 
@@ -97,6 +97,12 @@ struct Chunk {
 
 __device__ __forceinline__ void cbar() { asm volatile("bar.sync 1, %0;\n" ::"n"(kCT) : "memory"); }
 
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -123,8 +129,26 @@ __device__ __forceinline__ void csignal(int* p) {
   if (threadIdx.x == 0) atom_add_acq_rel(p, 1);
 }
 
-__device__ __forceinline__ void cp16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(mkwg::sm_addr(dst)), "l"(src) : "memory");
+// evict_first is an L2 policy for bytes read once (weights, the KV
+// cache): without it the layer's 114 MB stream evicts the kernel's own
+// code and small shared data from L2 every layer, and the one-shot phases
+// (attention, routing) then fetch their instructions from DRAM.
+__device__ __forceinline__ uint64_t evict_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ void bulk_g2s_ef(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
+          mkwg::sm_addr(dst)),
+      "l"(src), "r"(bytes), "r"(mkwg::sm_addr(bar)), "l"(pol)
+      : "memory");
+}
+__device__ __forceinline__ void cp16(void* dst, const void* src, uint64_t pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(mkwg::sm_addr(dst)), "l"(src),
+               "l"(pol)
+               : "memory");
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
@@ -133,7 +157,8 @@ __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;
 // the new one at pos) copied into kt and vt [kTK][D] by cp.async: key
 // tid/4, dims 32·(tid%4)…, 64 bytes of each.
 __device__ __forceinline__ void load_tile(bf16* kt, bf16* vt, const bf16* pk, const bf16* pv, const int* blocks,
-                                          int tab, int bs, int kw, int g, int jt, int nk, int pos, int tid) {
+                                          int tab, int bs, int kw, int g, int jt, int nk, int pos, int tid,
+                                          uint64_t pol) {
   const int kk = tid / 4, qd = tid % 4, j = jt + kk;
   if (kk < nk && j != pos) {
     const int64_t row = (int64_t)__ldcg(blocks + tab + j / bs) * bs + j % bs;
@@ -141,8 +166,8 @@ __device__ __forceinline__ void load_tile(bf16* kt, bf16* vt, const bf16* pk, co
     const bf16* vs = pv + row * kw + g * kD + qd * 32;
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-      cp16(kt + kk * kD + qd * 32 + 8 * q, ks + 8 * q);
-      cp16(vt + kk * kD + qd * 32 + 8 * q, vs + 8 * q);
+      cp16(kt + kk * kD + qd * 32 + 8 * q, ks + 8 * q, pol);
+      cp16(vt + kk * kD + qd * 32 + 8 * q, vs + 8 * q, pol);
     }
   }
   cp_commit();
@@ -357,6 +382,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   if (warp == kCW) {
     if (lane == 0) {
       int i = 0;
+      const uint64_t pol = evict_first();
       auto issue = [&](const Chunk& ch) {
         const int s = i % S, round = i / S;
         if (round > 0) mkwg::mbar_wait(ring.empty + s, (unsigned)((round - 1) & 1));
@@ -366,8 +392,8 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
         }
         unsigned char* dst = ring.ring + (size_t)s * kSlot;
         mkwg::mbar_expect_tx(ring.full + s, ch.b0 + ch.b1);
-        mkwg::bulk_g2s(dst, ch.s0, ch.b0, ring.full + s);
-        if (ch.b1) mkwg::bulk_g2s(dst + ch.b0, ch.s1, ch.b1, ring.full + s);
+        bulk_g2s_ef(dst, ch.s0, ch.b0, ring.full + s, pol);
+        if (ch.b1) bulk_g2s_ef(dst + ch.b0, ch.s1, ch.b1, ring.full + s, pol);
         i++;
       };
       walk_q(p, c, G, issue);
@@ -385,6 +411,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   // ---- the consumers ----
   const int tid = threadIdx.x;
   const float eps = __uint_as_float(a.eps_bits);
+  const uint64_t pol = evict_first();
   // The first key tile of this CTA's attention unit, in flight from now:
   // the cache's older keys and the step's metadata are not written by the
   // kernel before this one (mk_decode.h's rule for the decode kernel).
@@ -397,7 +424,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   const bf16* pv = dp<const bf16>(a.pool_v);
   if (c < KV * p.U) {
     const int j0 = min(nkeys, (c % p.U) * L), j1 = min(nkeys, j0 + L);
-    load_tile(kt, vt, pk, pv, blocks, tab, bs, kw, c / p.U, j0, min(kTK, j1 - j0), pos, tid);
+    load_tile(kt, vt, pk, pv, blocks, tab, bs, kw, c / p.U, j0, min(kTK, j1 - j0), pos, tid, pol);
   }
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   STAMP(0);
@@ -467,7 +494,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       float* sc = tmp;  // [Gq][kTK]
       for (int jt = j0; jt < j1; jt += kTK) {
         const int nk = min(kTK, j1 - jt);
-        if (u != c || jt != j0) load_tile(kt, vt, pk, pv, blocks, tab, bs, kw, g, jt, nk, pos, tid);
+        if (u != c || jt != j0) load_tile(kt, vt, pk, pv, blocks, tab, bs, kw, g, jt, nk, pos, tid, pol);
         cp_wait_all();
         cbar();
         {  // scores: 4 threads a key, 32 dims each (the new key from ks, its value into vt)
@@ -645,93 +672,66 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   // weight).
   cwait(sync + kSR, G);
   STAMP(8);
-  if (warp == 0) {
-    constexpr int kPer = kMaxE / 32;
-    float sv[kPer];
+  if (warp == 0) {  // compact loops: this code runs once a layer (instruction fetch, not arithmetic, is its cost)
+    float* sv = reinterpret_cast<float*>(sm + p.o_tmp);  // [E] scores
     float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < kPer; i++) {
-      const int e = lane + 32 * i;
-      sv[i] = e < E ? __ldcg(p.logits + e) : -INFINITY;
-      mx = fmaxf(mx, sv[i]);
+#pragma unroll 1
+    for (int e = lane; e < E; e += 32) {
+      sv[e] = __ldcg(p.logits + e);
+      mx = fmaxf(mx, sv[e]);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    mx = warp_max(mx);
     if (!a.softmax_topk) {
-      double ex[kPer], sum = 0;
-#pragma unroll
-      for (int i = 0; i < kPer; i++) {
-        ex[i] = lane + 32 * i < E ? exp((double)sv[i] - (double)mx) : 0.0;
-        sum += ex[i];
-      }
+      double sum = 0;
+#pragma unroll 1
+      for (int e = lane; e < E; e += 32) sum += exp((double)sv[e] - (double)mx);
       sum = mk::warp_sum_d(sum);
-#pragma unroll
-      for (int i = 0; i < kPer; i++)
-        if (lane + 32 * i < E) sv[i] = (float)(ex[i] / sum);
+#pragma unroll 1
+      for (int e = lane; e < E; e += 32) sv[e] = (float)(exp((double)sv[e] - (double)mx) / sum);
     }
-    unsigned taken = 0;  // bit i: sv[i] chosen
-    float w[kMaxK];
-    int ids[kMaxK];
-#pragma unroll
-    for (int k = 0; k < kMaxK; k++) {
-      w[k] = 0.0f;
-      ids[k] = 0;
-      if (k < K) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < kPer; i++) {
-          const int e = lane + 32 * i;
-          if (e < E && !(taken >> i & 1u) && (sv[i] > bv || (sv[i] == bv && e < bi))) {
-            bv = sv[i];
-            bi = e;
-          }
+    __syncwarp();
+    float wsum = 0, w0 = 0;
+#pragma unroll 1
+    for (int k = 0; k < K; k++) {
+      float bv = -INFINITY;
+      int bi = 0x7fffffff;
+#pragma unroll 1
+      for (int e = lane; e < E; e += 32) {
+        const float v = sv[e];
+        if (v == v && (v > bv || (v == bv && e < bi))) {  // chosen ones are NaN
+          bv = v;
+          bi = e;
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-          const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-          const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-          if (ov > bv || (ov == bv && oi < bi)) {
-            bv = ov;
-            bi = oi;
-          }
+      }
+#pragma unroll 1
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) {
+          bv = ov;
+          bi = oi;
         }
-        if (bi == 0x7fffffff) bi = k;  // fewer finite scores than k (NaN logits): any expert
-        if (bi % 32 == lane) taken |= 1u << (bi / 32);
-        ids[k] = bi;
-        w[k] = bv;
       }
-    }
-    if (a.softmax_topk) {
-      double ex[kMaxK], s = 0;
-#pragma unroll
-      for (int k = 0; k < kMaxK; k++) {
-        ex[k] = k < K ? exp((double)w[k] - (double)w[0]) : 0.0;
-        s += ex[k];
+      if (bi == 0x7fffffff) bi = k;  // fewer numbers than k (NaN logits): any expert
+      if (k == 0) w0 = bv;
+      if (lane == 0) {
+        rt->ids[k] = bi;
+        rt->w[k] = a.softmax_topk ? (float)exp((double)bv - (double)w0) : bv;
+        wsum += rt->w[k];
+        sv[bi] = NAN;
       }
-#pragma unroll
-      for (int k = 0; k < kMaxK; k++) w[k] = (float)(ex[k] / s);
-    }
-    if (a.norm_topk) {
-      float s = 0;
-#pragma unroll
-      for (int k = 0; k < kMaxK; k++) s += k < K ? w[k] : 0.0f;
-#pragma unroll
-      for (int k = 0; k < kMaxK; k++) w[k] /= s;
-    }
-    const float f = __uint_as_float(a.scaling_bits);
-    if (f != 0.0f && f != 1.0f) {
-#pragma unroll
-      for (int k = 0; k < kMaxK; k++) w[k] *= f;
+      __syncwarp();
     }
     if (lane == 0) {
-#pragma unroll
-      for (int k = 0; k < kMaxK; k++) {
-        if (k < K) {
-          rt->ids[k] = ids[k];
-          rt->w[k] = w[k];
-          if (c == 0 && a.counts) atomicAdd(dp<unsigned long long>(a.counts) + ids[k], 1ull);
-        }
+      const float f = __uint_as_float(a.scaling_bits);
+      // Mixtral: softmax over the k logits; then NormTopK; then the scale.
+      const float div = a.softmax_topk || a.norm_topk ? wsum : 1.0f;
+#pragma unroll 1
+      for (int k = 0; k < K; k++) {
+        float w = rt->w[k] / div;
+        if (f != 0.0f && f != 1.0f) w *= f;
+        rt->w[k] = w;
+        if (c == 0 && a.counts) atomicAdd(dp<unsigned long long>(a.counts) + rt->ids[k], 1ull);
       }
       __threadfence_block();
       rt->ready = 1;
@@ -835,7 +835,7 @@ bool plan(const mk_layer& a, LayerK& k, size_t& smem, uint64_t& work) {
     return r;
   };
   const uint32_t fvec = spart((uint32_t)k.vecN * 4), fqs = spart((uint32_t)Gq * kD * 4),
-                 ftmp = spart((uint32_t)std::max(kCW * kD, (Gq + 1) * kTK) * 4), fkv = spart(2 * kD * 4),
+                 ftmp = spart((uint32_t)std::max({kCW * kD, (Gq + 1) * kTK, E}) * 4), fkv = spart(2 * kD * 4),
                  fml = spart((uint32_t)Gq * 16), fyk = spart((uint32_t)K * k.RN * 4), fkvt = spart((uint32_t)kTK * kD * 2 * 2),
                  frt = spart(sizeof(RouteSm)), fred = spart(64);
   const size_t optin = mk::smem_optin();
