@@ -175,11 +175,11 @@ type Backend struct {
 	st   stamps     // per-op clock stamps of captured steps (stamps.go)
 	feed feedState  // overlapped decode: sampling picks kept on the device (feed.go)
 
-	load    backend.ExpertLoad // host-routed MoE layers' expert counts
-	moe     moeDevState        // device-routed MoE layers' expert counters
-	layer   layerState         // the persistent decode layer's counters and shapes (layer.go)
-	noLayer bool               // decode layers op by op (tests; LayerEnv=0 for everyone)
-	prof    opProfile          // ProfileOps
+	load      backend.ExpertLoad // host-routed MoE layers' expert counts
+	moe       moeDevState        // device-routed MoE layers' expert counters
+	layer     layerState         // the persistent decode layer's counters and shapes (layer.go)
+	layerMode int8               // 0: LayerEnv decides (off unless 1); 1: layer kernel on; -1: off (tests)
+	prof      opProfile          // ProfileOps
 }
 
 var (

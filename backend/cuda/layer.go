@@ -14,12 +14,21 @@ import (
 // whole layer of grouped-query attention and routed experts in one launch
 // (backend.LayerDecoder), instead of the ~10 kernels of its ops.
 
-// LayerEnv names the environment variable that, set to 0, runs decode
-// layers op by op instead of through the persistent layer kernel (for
-// comparisons).
+// LayerEnv names the environment variable that, set to 1, runs batch-1
+// decode layers through the persistent layer kernel instead of op by op.
+// It is off by default: on the H200 it is still slower than the ops
+// (docs/PERF.md, "GPU, thirty-eighth pass").
 const LayerEnv = "MKSERVE_LAYER_KERNEL"
 
-var layerOn = sync.OnceValue(func() bool { return os.Getenv(LayerEnv) != "0" })
+var layerEnvOn = sync.OnceValue(func() bool { return os.Getenv(LayerEnv) == "1" })
+
+// layerOn reports whether be decodes layers through the layer kernel.
+func (be *Backend) layerOn() bool {
+	if be.layerMode != 0 {
+		return be.layerMode > 0
+	}
+	return layerEnvOn()
+}
 
 var _ backend.LayerDecoder = (*Backend)(nil)
 
@@ -38,7 +47,7 @@ type layerState struct {
 // decode token with a block table, on the bf16 cache, one process, no
 // emulated expert-parallel ranks.
 func (be *Backend) DecodesLayers(b *backend.Batch) bool {
-	if !layerOn() || be.noLayer || be.split || be.kvF32 || be.world != nil || be.epRanks != 1 || b == nil || len(b.Tokens) != 1 ||
+	if !be.layerOn() || be.split || be.kvF32 || be.world != nil || be.epRanks != 1 || b == nil || len(b.Tokens) != 1 ||
 		len(b.Seqs) != 1 {
 		return false
 	}

@@ -49,7 +49,10 @@ func TestDecodeLayerMatchesOps(t *testing.T) {
 			runs := make([]*graphRun, 2) // the layer kernel, op by op
 			for i := range runs {
 				be := fastBackend(t, c.graphs)
-				be.noLayer = i == 1
+				be.layerMode = 1
+				if i == 1 {
+					be.layerMode = -1
+				}
 				if err := be.InitKV(bs, perSeq); err != nil {
 					t.Fatal(err)
 				}
