@@ -211,9 +211,9 @@ constexpr int64_t res_bytes(int64_t R, int64_t M, int64_t K, int64_t elem) {
 
 template <typename TA, int MT>
 __global__ void __launch_bounds__(kResWarps * 32, 1)
-    gemv_res_kernel(const GemvSegs segs, const TA* A, bf16* ab, int M, int K, int R, int Ntot, bool split) {
+    gemv_res_kernel(const GemvSegs segs, const TA* A, bf16* ab, int M, int K, int R, int Ntot, bool split, int cb) {
   extern __shared__ __align__(128) unsigned char rsm[];
-  uint64_t* bar = reinterpret_cast<uint64_t*>(rsm);                   // [R]: one a row
+  uint64_t* bar = reinterpret_cast<uint64_t*>(rsm);                   // [R]: one a group of cb rows
   bf16* W = reinterpret_cast<bf16*>(rsm + mkwg::mbar_bytes(R));       // [R][K]
   TA* As = reinterpret_cast<TA*>(W + (int64_t)R * K);                 // [M][K]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -232,19 +232,28 @@ __global__ void __launch_bounds__(kResWarps * 32, 1)
     }
     return sg;
   };
-  // Warp 0's lanes each own rows lane, lane+32, …: init their barriers, then
-  // (weights are constants) issue their copies before the wait. A barrier a
-  // row lets a warp start on its row when that row has landed, not when the
-  // whole projection has (one barrier for all: Qwen3's q/k/v 8.2 → 9.5 µs).
+  // Warp 0's lanes each own groups lane, lane+32, … of cb consecutive rows
+  // (one bulk copy a group, two where a segment ends inside it): init their
+  // barriers, then (weights are constants) issue their copies before the
+  // wait. A barrier a group lets a warp start on its row when that group
+  // has landed, not when the whole projection has (one barrier for all:
+  // Qwen3's q/k/v 8.2 → 9.5 µs). Groups, not rows: the H200's bulk copies
+  // of 4 KB stream at 2.6 TB/s, of 8–16 KB at 4.4 (scripts/bulk_probe.cu).
+  const int ng = (rn + cb - 1) / cb;
   if (warp == 0) {
-    for (int i = lane; i < rn; i += 32) mkwg::mbar_init(bar + i, 1);
+    for (int q = lane; q < ng; q += 32) mkwg::mbar_init(bar + q, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     __syncwarp();
-    for (int i = lane; i < rn; i += 32) {
-      int n = 0;
-      const GemvSeg sg = seg_of(r0 + i, n);
-      mkwg::mbar_expect_tx(bar + i, (uint32_t)K * 2u);
-      mkwg::bulk_g2s(W + (int64_t)i * K, sg.B + (int64_t)n * K, (uint32_t)K * 2u, bar + i);
+    for (int q = lane; q < ng; q += 32) {
+      const int i0 = q * cb, i1 = min(rn, i0 + cb);
+      mkwg::mbar_expect_tx(bar + q, (uint32_t)(i1 - i0) * (uint32_t)K * 2u);
+      for (int i = i0; i < i1;) {
+        int n = 0;
+        const GemvSeg sg = seg_of(r0 + i, n);
+        const int run = min(i1 - i, sg.N - n);
+        mkwg::bulk_g2s(W + (int64_t)i * K, sg.B + (int64_t)n * K, (uint32_t)run * (uint32_t)K * 2u, bar + q);
+        i += run;
+      }
     }
   }
   mk::pdl_begin();
@@ -269,7 +278,7 @@ __global__ void __launch_bounds__(kResWarps * 32, 1)
 #pragma unroll
     for (int m = 0; m < MT; m++) acc[m] = 0.0f;
     if (i < rn) {
-      mkwg::mbar_wait(bar + i, 0);
+      mkwg::mbar_wait(bar + i / cb, 0);
       const uint4* wr = reinterpret_cast<const uint4*>(W + (int64_t)i * K);
       for (int p = p0 + lane; p < p1; p += 32) fma8(acc, wr[p], As, K, p, M);
 #pragma unroll
@@ -321,6 +330,17 @@ int smem_rows(int64_t Ntot, int M, int K, size_t elem) {
   return res_bytes(R, M, K, (int64_t)elem) + 256 <= optin && R * K * 2 <= res_max_bytes() ? (int)R : 0;
 }
 
+// copy_bytes: the most bytes of one bulk copy of gemv_res_kernel's rows,
+// whole rows (at least one): MK_GEMV_COPY_KB (read once; 0 = a row a
+// copy, as before the thirty-ninth pass), default 16.
+int64_t copy_bytes() {
+  static const int64_t v = [] {
+    const char* e = getenv("MK_GEMV_COPY_KB");
+    return e ? (int64_t)atoi(e) * 1024 : (int64_t)16384;
+  }();
+  return v;
+}
+
 // res_on: the weight-resident kernel is taken where it fits, at M ≤
 // mk::res_rows() (4 unless MK_GEMV_SMEM_ROWS says otherwise);
 // MK_GEMV_SMEM=0 (read once) turns it off.
@@ -340,7 +360,8 @@ int launch_res(cudaStream_t s, GemvSegs g, const TA* A, bf16* ab, int M, int K, 
   }
   const int grid = (Ntot + R - 1) / R;
   static const bool split = !mk::env_is("MK_GEMV_RES_SPLIT", '0');
-  (void)(mk::launch(kern, dim3((unsigned)grid), dim3(kResWarps * 32), sm, s, g, A, ab, M, K, R, Ntot, split));
+  const int cb = std::max(1, (int)(copy_bytes() / ((int64_t)K * 2)));
+  (void)(mk::launch(kern, dim3((unsigned)grid), dim3(kResWarps * 32), sm, s, g, A, ab, M, K, R, Ntot, split, cb));
   return MK_OK;
 }
 

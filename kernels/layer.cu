@@ -16,16 +16,17 @@
 // experts' 75 MB are one stream with no kernel boundary inside.
 //
 // Phases and their dependencies (counters in `sync`, one a phase, each
-// reaching gridDim.x — or the kv heads — before the next phase reads what
+// reaching gridDim.x — or the attention units — before the next phase reads what
 // every CTA wrote; a CTA's 8 consumer warps take the ring's chunks in
 // turn, chunk i by warp i % 8):
 //   Q  h = RMSNorm(x) in every CTA; its q/k/v rows → qkv (global)
 //   A  attention unit (kv head g, key range part): q/k norms and RoPE of the
 //      new token, its key and value stored by part 0, a partial softmax
-//      over its keys; the last unit of kv head g merges the partials → attn
+//      over its keys; once every unit of kv head g is in, each merges a
+//      slice of the partials → attn
 //   O  its o rows: x1 = x + attn·woᵀ
 //   R  h1 = RMSNorm(x1) in every CTA; its router rows → logits
-//   T  top-k in every CTA (the same bits everywhere); CTA 0 counts
+//   T  top-k by ranks in every CTA (the same bits everywhere); CTA 0 counts
 //   E1 its (expert, row) pairs of gate and up: act = silu(g)·u
 //   E2 its output rows of every chosen expert's down: out = x1 + Σ w·(down·act)
 // The last CTA to finish zeroes the counters for the next launch.
@@ -57,13 +58,17 @@ __host__ __device__ __forceinline__ T* dp(uint64_t p) {
 constexpr int kCW = 8;                     // consumer warps
 constexpr int kCT = kCW * 32;              // consumer threads
 constexpr int kThreads = kCT + 32;         // + the producer warp
-constexpr uint32_t kSlot = 8192;           // bytes of one ring slot
+// Bytes of one ring slot: bulk copies of 4 KB stream at most 2.6 TB/s on
+// the H200, 8–16 KB ones 4.4 (scripts/bulk_probe.cu; docs/PERF.md, "GPU,
+// thirty-ninth pass"), so a slot holds two rows of gate and two of up.
+constexpr uint32_t kSlot = 16384;
 constexpr int kTK = 64;                    // keys of one attention tile
 constexpr int kD = 128;                    // head dim
 constexpr int kMaxG = 16;                  // query heads a kv head
 constexpr int kMaxK = 16;                  // experts a token
 constexpr int kMaxE = 1024;                // experts
 constexpr int kMaxSlots = 32;
+constexpr int kHR = 2048 / kCT;         // most hidden values a consumer thread holds (hidden <= 2048)
 enum : int { kSQ = 0, kSA = 1, kSO = 2, kSR = 3, kSE1 = 4, kSExit = 5, kSGrp = 8, kSyncWords = 256 };
 
 // LayerK is the kernel's parameter: the caller's mk_layer plus what the
@@ -78,7 +83,8 @@ struct LayerK {
   int vecN;
   float *qkv, *part_o, *part_ml, *attn, *x1, *logits, *act;
   unsigned long long* st;  // [gridDim.x][16] phase stamps (MK_LAYER_STAMPS), or null
-  uint32_t o_ring, o_vec, o_qs, o_tmp, o_kv, o_ml, o_yk, o_kvt, o_rt, o_red;
+  int twice;               // MK_LAYER_TWICE: the merge and the routing run twice (stamps 15, 14 after the first)
+  uint32_t o_ring, o_vec, o_qs, o_tmp, o_kv, o_ml, o_yk, o_kvt, o_rt, o_red, o_cst, o_xr;
 };
 
 struct RouteSm {
@@ -325,12 +331,15 @@ __device__ Consume<F> consume(Ring r, int base, int warp, int lane, F f) {
   return Consume<F>{r, base, warp, lane, f};
 }
 
-// block_norm: v[i] = v[i]·rsqrt(mean(v²) + eps)·w[i] over n values in
-// shared memory, by the consumer threads.
-__device__ void block_norm(float* v, const float* w, int n, float eps, float* red) {
+// block_norm: v[i] = v[i]·rsqrt(mean(v²) + eps)·w[i] over n <= 2048
+// values in shared memory, by the consumer threads; thread t holds w[i] for
+// i = t + j·kCT in w[j] (loaded before the kernel's wait: a constant).
+__device__ void block_norm(float* v, const float (&w)[kHR], int n, float eps, float* red) {
   const int t = threadIdx.x;
   float ss = 0;
-  for (int i = t; i < n; i += kCT) ss = fmaf(v[i], v[i], ss);
+#pragma unroll
+  for (int j = 0; j < kHR; j++)
+    if (t + j * kCT < n) ss = fmaf(v[t + j * kCT], v[t + j * kCT], ss);
   ss = mk::warp_sum(ss);
   if (t % 32 == 0) red[t / 32] = ss;
   cbar();
@@ -338,8 +347,24 @@ __device__ void block_norm(float* v, const float* w, int n, float eps, float* re
 #pragma unroll
   for (int i = 0; i < kCW; i++) tot += red[i];
   const float rs = rsqrtf(tot / (float)n + eps);
-  for (int i = t; i < n; i += kCT) v[i] = v[i] * rs * w[i];
+#pragma unroll
+  for (int j = 0; j < kHR; j++)
+    if (t + j * kCT < n) v[t + j * kCT] = v[t + j * kCT] * rs * w[j];
   cbar();
+}
+
+// load_h: v[i] = src[i] for i < n <= 2048 (through L2: other CTAs wrote
+// it), every load in flight at once.
+__device__ __forceinline__ void load_h(float* v, const float* src, int n) {
+  float r[kHR];
+#pragma unroll
+  for (int j = 0; j < kHR; j++) {
+    const int i = threadIdx.x + j * kCT;
+    r[j] = i < n ? __ldcg(src + i) : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kHR; j++)
+    if (threadIdx.x + j * kCT < n) v[threadIdx.x + j * kCT] = r[j];
 }
 
 __device__ __forceinline__ unsigned long long gtime() {
@@ -422,17 +447,47 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   const int kw = KV * kD, bs = a.block_size, nkeys = pos + 1, L = (nkeys + p.U - 1) / p.U;
   const bf16* pk = dp<const bf16>(a.pool_k);
   const bf16* pv = dp<const bf16>(a.pool_v);
-  if (c < KV * p.U) {
+  const bool unit = c < KV * p.U;  // this CTA runs attention unit c: kv head c / U, part c % U
+  if (unit) {
     const int j0 = min(nkeys, (c % p.U) * L), j1 = min(nkeys, j0 + L);
     load_tile(kt, vt, pk, pv, blocks, tab, bs, kw, c / p.U, j0, min(kTK, j1 - j0), pos, tid, pol);
   }
+  // The layer's constants, before the wait (every dependent load later on
+  // the critical path costs an L2 round trip under a saturated DRAM
+  // stream): the norm weights in registers, the q/k norms and the RoPE
+  // frequencies in shared memory.
+  const int half = a.rot_dim / 2;
+  float* cst = reinterpret_cast<float*>(sm + p.o_cst);  // [D] q norm, [D] k norm, [D/2] inv freq
+  float inw[kHR], pnw[kHR];
+  {
+    const float* qn = dp<const float>(a.q_norm);
+    const float* kn = dp<const float>(a.k_norm);
+    const float* ivf = dp<const float>(a.inv_freq);
+    if (tid < kD) {
+      cst[tid] = qn ? qn[tid] : 0.0f;
+      cst[kD + tid] = kn ? kn[tid] : 0.0f;
+      if (tid < half) cst[2 * kD + tid] = ivf[tid];
+    }
+    const float* iw = dp<const float>(a.in_norm);
+    const float* pw = dp<const float>(a.post_norm);
+#pragma unroll
+    for (int j = 0; j < kHR; j++) {
+      const int i = tid + j * kCT;
+      inw[j] = i < H ? iw[i] : 0.0f;
+      pnw[j] = i < H ? pw[i] : 0.0f;
+    }
+  }
+  int r0, r1;  // this CTA's output rows (O and E2)
+  rows_of(H, c, G, r0, r1);
+  float* xr = reinterpret_cast<float*>(sm + p.o_xr);  // [RN] x, then x1, of rows r0..r1
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   STAMP(0);
   const float* x = dp<const float>(a.x);
   // Q: h = RMSNorm(x)·in_norm, then this CTA's q/k/v rows.
-  for (int i = tid; i < H; i += kCT) vec[i] = __ldcg(x + i);
+  load_h(vec, x, H);
+  for (int i = tid; i < r1 - r0; i += kCT) xr[i] = __ldcg(x + r0 + i);
   cbar();
-  block_norm(vec, dp<const float>(a.in_norm), H, eps, reinterpret_cast<float*>(sm + p.o_red));
+  block_norm(vec, inw, H, eps, reinterpret_cast<float*>(sm + p.o_red));
   const int nq = walk_q(p, c, G, consume(ring, 0, warp, lane, [&](const Chunk& ch, const bf16* w) {
     for (int r = 0; r < ch.n; r++) {
       const float v = dot_row(w + (size_t)r * H, vec, H, lane);
@@ -442,202 +497,207 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   STAMP(1);
   csignal(sync + kSQ);
 
-  // A: attention units (kv head g, part of its keys).
-  {
+  // A: attention unit (kv head g, part of its keys), then its slice of
+  // kv head g's merge once every unit of g is in.
+  if (unit) {
     cwait(sync + kSQ, G);
     STAMP(2);
     const int slot = __ldcg(dp<const int>(a.slot)), rpos = __ldcg(dp<const int>(a.rope_pos));
     const float scale = __uint_as_float(a.scale_bits), attnf = __uint_as_float(a.attn_bits);
-    const float* invf = dp<const float>(a.inv_freq);
+    const float* invf = cst + 2 * kD;
+    const float* qnw = a.q_norm ? cst : nullptr;
+    const float* knw = a.k_norm ? cst + kD : nullptr;
     const bool neox = a.style == MK_ROPE_NEOX;
-    const int half = a.rot_dim / 2;
     float* qs = reinterpret_cast<float*>(sm + p.o_qs);    // [Gq][D]
     float* tmp = reinterpret_cast<float*>(sm + p.o_tmp);  // [kCW][D] warp scratch, then [Gq][kTK] scores
     float* ks = reinterpret_cast<float*>(sm + p.o_kv);    // [D] the new key (bf16 values)
     float* vs = ks + kD;                                  // [D] the new value (bf16 values)
     float* ml = reinterpret_cast<float*>(sm + p.o_ml);    // [Gq][4]: m, l, corr
     auto cs = [&](int i, float* co, float* sn) { mk::rope_cs(i, (float)rpos, invf, attnf, true, co, sn); };
-    for (int u = c; u < KV * p.U; u += G) {
-      const int g = u / p.U, part = u % p.U;
-      const int j0 = min(nkeys, part * L), j1 = min(nkeys, j0 + L);
-      // q heads of this kv head, normed and rotated; the new key and value
-      // (read through L2: other CTAs wrote them).
-      for (int i = tid; i < Gq * kD; i += kCT) qs[i] = __ldcg(p.qkv + (size_t)g * Gq * kD + i);
+    const int g = c / p.U, part = c % p.U;
+    const int j0 = min(nkeys, part * L), j1 = min(nkeys, j0 + L);
+    {  // q heads of this kv head, the new key and value: every load in flight at once (L2: other CTAs wrote them)
+      constexpr int kQR = kMaxG * kD / kCT;
+      float qv[kQR];
+#pragma unroll
+      for (int j = 0; j < kQR; j++) {
+        const int i = tid + j * kCT;
+        qv[j] = i < Gq * kD ? __ldcg(p.qkv + (size_t)g * Gq * kD + i) : 0.0f;
+      }
+      const float kx = tid < kD ? __ldcg(p.qkv + (size_t)HQ * kD + g * kD + tid) : 0.0f;
+      const float vx = tid < kD ? __ldcg(p.qkv + (size_t)(HQ + KV) * kD + g * kD + tid) : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kQR; j++)
+        if (tid + j * kCT < Gq * kD) qs[tid + j * kCT] = qv[j];
       if (tid < kD) {
-        ks[tid] = __ldcg(p.qkv + (size_t)HQ * kD + g * kD + tid);
-        vs[tid] = bf16r(__ldcg(p.qkv + (size_t)(HQ + KV) * kD + g * kD + tid));
+        ks[tid] = kx;
+        vs[tid] = bf16r(vx);
       }
+    }
+    cbar();
+    for (int h = warp; h < Gq; h += kCW)
+      mk::norm_rope_head(qs + h * kD, qnw, tmp + warp * kD, qs + h * kD, kD, half, neox, eps, true, lane, cs);
+    if (warp == kCW - 1) {
+      mk::norm_rope_head(ks, knw, tmp + warp * kD, ks, kD, half, neox, eps, true, lane, cs);
+      __syncwarp();
+      for (int d = lane; d < kD; d += 32) ks[d] = bf16r(ks[d]);
+    }
+    if (tid < Gq) {
+      ml[tid * 4 + 0] = -INFINITY;
+      ml[tid * 4 + 1] = 0.0f;
+    }
+    cbar();
+    if (part == 0 && slot >= 0 && tid < kD) {
+      bf16* dk = dp<bf16>(a.pool_k) + (int64_t)slot * kw + g * kD;
+      bf16* dv = dp<bf16>(a.pool_v) + (int64_t)slot * kw + g * kD;
+      dk[tid] = __float2bfloat16_rn(ks[tid]);
+      dv[tid] = __float2bfloat16_rn(vs[tid]);
+    }
+    // Thread t accumulates dims 4·(t%32).. of heads t/32 and t/32 + 8.
+    const int hA = tid / 32, hB = hA + 8, d4 = (tid % 32) * 4;
+    float accA[4] = {0, 0, 0, 0}, accB[4] = {0, 0, 0, 0};
+    float* sc = tmp;  // [Gq][kTK]
+    for (int jt = j0; jt < j1; jt += kTK) {
+      const int nk = min(kTK, j1 - jt);
+      if (jt != j0) load_tile(kt, vt, pk, pv, blocks, tab, bs, kw, g, jt, nk, pos, tid, pol);
+      cp_wait_all();
       cbar();
-      for (int h = warp; h < Gq; h += kCW)
-        mk::norm_rope_head(qs + h * kD, dp<const float>(a.q_norm), tmp + warp * kD, qs + h * kD, kD, half, neox,
-                           eps, true, lane, cs);
-      if (warp == kCW - 1) {
-        mk::norm_rope_head(ks, dp<const float>(a.k_norm), tmp + warp * kD, ks, kD, half, neox, eps, true, lane,
-                           cs);
-        __syncwarp();
-        for (int d = lane; d < kD; d += 32) ks[d] = bf16r(ks[d]);
-      }
-      if (tid < Gq) {
-        ml[tid * 4 + 0] = -INFINITY;
-        ml[tid * 4 + 1] = 0.0f;
-      }
-      cbar();
-      if (part == 0 && slot >= 0 && tid < kD) {
-        bf16* dk = dp<bf16>(a.pool_k) + (int64_t)slot * kw + g * kD;
-        bf16* dv = dp<bf16>(a.pool_v) + (int64_t)slot * kw + g * kD;
-        dk[tid] = __float2bfloat16_rn(ks[tid]);
-        dv[tid] = __float2bfloat16_rn(vs[tid]);
-      }
-      // Thread t accumulates dims 4·(t%32).. of heads t/32 and t/32 + 8.
-      const int hA = tid / 32, hB = hA + 8, d4 = (tid % 32) * 4;
-      float accA[4] = {0, 0, 0, 0}, accB[4] = {0, 0, 0, 0};
-      float* sc = tmp;  // [Gq][kTK]
-      for (int jt = j0; jt < j1; jt += kTK) {
-        const int nk = min(kTK, j1 - jt);
-        if (u != c || jt != j0) load_tile(kt, vt, pk, pv, blocks, tab, bs, kw, g, jt, nk, pos, tid, pol);
-        cp_wait_all();
-        cbar();
-        {  // scores: 4 threads a key, 32 dims each (the new key from ks, its value into vt)
-          const int kk = tid / 4, qd = tid % 4;
-          float kv[32];
-          if (kk < nk && jt + kk == pos) {
+      {  // scores: 4 threads a key, 32 dims each (the new key from ks, its value into vt)
+        const int kk = tid / 4, qd = tid % 4;
+        float kv[32];
+        if (kk < nk && jt + kk == pos) {
 #pragma unroll
-            for (int d = 0; d < 32; d++) kv[d] = ks[qd * 32 + d];
+          for (int d = 0; d < 32; d++) kv[d] = ks[qd * 32 + d];
 #pragma unroll
-            for (int d = 0; d < 32; d++) vt[kk * kD + qd * 32 + d] = __float2bfloat16_rn(vs[qd * 32 + d]);
-          } else if (kk < nk) {
-            const uint4* kr = reinterpret_cast<const uint4*>(kt + kk * kD + qd * 32);
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-              const uint4 k4 = kr[q];
-              kv[8 * q + 0] = __uint_as_float(k4.x << 16);
-              kv[8 * q + 1] = __uint_as_float(k4.x & 0xffff0000u);
-              kv[8 * q + 2] = __uint_as_float(k4.y << 16);
-              kv[8 * q + 3] = __uint_as_float(k4.y & 0xffff0000u);
-              kv[8 * q + 4] = __uint_as_float(k4.z << 16);
-              kv[8 * q + 5] = __uint_as_float(k4.z & 0xffff0000u);
-              kv[8 * q + 6] = __uint_as_float(k4.w << 16);
-              kv[8 * q + 7] = __uint_as_float(k4.w & 0xffff0000u);
-            }
-          } else {
-#pragma unroll
-            for (int d = 0; d < 32; d++) kv[d] = 0.0f;
-          }
-          for (int h = 0; h < Gq; h++) {
-            const float* qh = qs + h * kD + qd * 32;
-            float s = 0;
-#pragma unroll
-            for (int d = 0; d < 32; d++) s = fmaf(qh[d], kv[d], s);
-            s += __shfl_xor_sync(0xffffffffu, s, 1);
-            s += __shfl_xor_sync(0xffffffffu, s, 2);
-            if (qd == 0 && kk < nk) sc[h * kTK + kk] = s * scale;
-          }
-        }
-        cbar();
-        for (int h = warp; h < Gq; h += kCW) {  // the running softmax of head h
-          const float s0 = lane < nk ? sc[h * kTK + lane] : -INFINITY;
-          const float s1 = lane + 32 < nk ? sc[h * kTK + lane + 32] : -INFINITY;
-          float mt = fmaxf(s0, s1);
-#pragma unroll
-          for (int o = 16; o > 0; o >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
-          const float mo = ml[h * 4 + 0], mn = fmaxf(mo, mt);
-          const float corr = mo == -INFINITY ? 0.0f : expf(mo - mn);
-          const float e0 = lane < nk ? expf(s0 - mn) : 0.0f, e1 = lane + 32 < nk ? expf(s1 - mn) : 0.0f;
-          if (lane < nk) sc[h * kTK + lane] = e0;
-          if (lane + 32 < nk) sc[h * kTK + lane + 32] = e1;
-          const float ls = mk::warp_sum(e0 + e1);
-          __syncwarp();
-          if (lane == 0) {
-            ml[h * 4 + 0] = mn;
-            ml[h * 4 + 1] = ml[h * 4 + 1] * corr + ls;
-            ml[h * 4 + 2] = corr;
-          }
-        }
-        cbar();
-        {  // P·V
-          const bool onA = hA < Gq, onB = hB < Gq;
-          const float cA = onA ? ml[hA * 4 + 2] : 0.0f, cB = onB ? ml[hB * 4 + 2] : 0.0f;
+          for (int d = 0; d < 32; d++) vt[kk * kD + qd * 32 + d] = __float2bfloat16_rn(vs[qd * 32 + d]);
+        } else if (kk < nk) {
+          const uint4* kr = reinterpret_cast<const uint4*>(kt + kk * kD + qd * 32);
 #pragma unroll
           for (int q = 0; q < 4; q++) {
-            accA[q] *= cA;
-            accB[q] *= cB;
+            const uint4 k4 = kr[q];
+            kv[8 * q + 0] = __uint_as_float(k4.x << 16);
+            kv[8 * q + 1] = __uint_as_float(k4.x & 0xffff0000u);
+            kv[8 * q + 2] = __uint_as_float(k4.y << 16);
+            kv[8 * q + 3] = __uint_as_float(k4.y & 0xffff0000u);
+            kv[8 * q + 4] = __uint_as_float(k4.z << 16);
+            kv[8 * q + 5] = __uint_as_float(k4.z & 0xffff0000u);
+            kv[8 * q + 6] = __uint_as_float(k4.w << 16);
+            kv[8 * q + 7] = __uint_as_float(k4.w & 0xffff0000u);
           }
-          if (onA) {
-#pragma unroll 4
-            for (int kk = 0; kk < nk; kk++) {
-              const uint2 u2 = *reinterpret_cast<const uint2*>(vt + kk * kD + d4);
-              const float v4[4] = {__uint_as_float(u2.x << 16), __uint_as_float(u2.x & 0xffff0000u),
-                                   __uint_as_float(u2.y << 16), __uint_as_float(u2.y & 0xffff0000u)};
-              const float pa = sc[hA * kTK + kk], pb = onB ? sc[hB * kTK + kk] : 0.0f;
+        } else {
 #pragma unroll
-              for (int q = 0; q < 4; q++) {
-                accA[q] = fmaf(pa, v4[q], accA[q]);
-                accB[q] = fmaf(pb, v4[q], accB[q]);
-              }
+          for (int d = 0; d < 32; d++) kv[d] = 0.0f;
+        }
+        for (int h = 0; h < Gq; h++) {
+          const float* qh = qs + h * kD + qd * 32;
+          float s = 0;
+#pragma unroll
+          for (int d = 0; d < 32; d++) s = fmaf(qh[d], kv[d], s);
+          s += __shfl_xor_sync(0xffffffffu, s, 1);
+          s += __shfl_xor_sync(0xffffffffu, s, 2);
+          if (qd == 0 && kk < nk) sc[h * kTK + kk] = s * scale;
+        }
+      }
+      cbar();
+      for (int h = warp; h < Gq; h += kCW) {  // the running softmax of head h
+        const float s0 = lane < nk ? sc[h * kTK + lane] : -INFINITY;
+        const float s1 = lane + 32 < nk ? sc[h * kTK + lane + 32] : -INFINITY;
+        float mt = fmaxf(s0, s1);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
+        const float mo = ml[h * 4 + 0], mn = fmaxf(mo, mt);
+        const float corr = mo == -INFINITY ? 0.0f : expf(mo - mn);
+        const float e0 = lane < nk ? expf(s0 - mn) : 0.0f, e1 = lane + 32 < nk ? expf(s1 - mn) : 0.0f;
+        if (lane < nk) sc[h * kTK + lane] = e0;
+        if (lane + 32 < nk) sc[h * kTK + lane + 32] = e1;
+        const float ls = mk::warp_sum(e0 + e1);
+        __syncwarp();
+        if (lane == 0) {
+          ml[h * 4 + 0] = mn;
+          ml[h * 4 + 1] = ml[h * 4 + 1] * corr + ls;
+          ml[h * 4 + 2] = corr;
+        }
+      }
+      cbar();
+      {  // P·V
+        const bool onA = hA < Gq, onB = hB < Gq;
+        const float cA = onA ? ml[hA * 4 + 2] : 0.0f, cB = onB ? ml[hB * 4 + 2] : 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+          accA[q] *= cA;
+          accB[q] *= cB;
+        }
+        if (onA) {
+#pragma unroll 4
+          for (int kk = 0; kk < nk; kk++) {
+            const uint2 u2 = *reinterpret_cast<const uint2*>(vt + kk * kD + d4);
+            const float v4[4] = {__uint_as_float(u2.x << 16), __uint_as_float(u2.x & 0xffff0000u),
+                                 __uint_as_float(u2.y << 16), __uint_as_float(u2.y & 0xffff0000u)};
+            const float pa = sc[hA * kTK + kk], pb = onB ? sc[hB * kTK + kk] : 0.0f;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+              accA[q] = fmaf(pa, v4[q], accA[q]);
+              accB[q] = fmaf(pb, v4[q], accB[q]);
             }
           }
         }
-        cbar();  // sc and ml's corr are free for the next tile
       }
-      STAMP(3);
-      // This unit's partial: unnormalised sums, the running max and sum.
-      const size_t pu = (size_t)(g * p.U + part) * Gq;
-      if (hA < Gq)
-        for (int q = 0; q < 4; q++) p.part_o[(pu + hA) * kD + d4 + q] = accA[q];
-      if (hB < Gq)
-        for (int q = 0; q < 4; q++) p.part_o[(pu + hB) * kD + d4 + q] = accB[q];
-      if (tid < Gq) {
-        p.part_ml[(pu + tid) * 2 + 0] = ml[tid * 4 + 0];
-        p.part_ml[(pu + tid) * 2 + 1] = ml[tid * 4 + 1];
-      }
-      __threadfence();
-      cbar();
-      int* last = reinterpret_cast<int*>(sm + p.o_red) + kCW;
-      if (tid == 0) *last = atom_add_acq_rel(sync + kSGrp + g, 1) == p.U - 1;
-      cbar();
-      if (*last) {  // every unit of kv head g is in: merge them
-        __threadfence();
-        float* ew = vec;  // [U][Gq] each unit's weight, then [Gq] the denominators at ew + U·Gq
-        const int UG = p.U * Gq;
-        for (int i = tid; i < UG; i += kCT) ew[i] = __ldcg(p.part_ml + ((size_t)g * UG + i) * 2);
-        cbar();
-        if (tid < Gq) {
-          float M = -INFINITY;
-          for (int q = 0; q < p.U; q++) M = fmaxf(M, ew[q * Gq + tid]);
-          float den = 0;
-          for (int q = 0; q < p.U; q++) {
-            const float m = ew[q * Gq + tid];
-            const float e = m == -INFINITY ? 0.0f : expf(m - M);
-            den = fmaf(e, __ldcg(p.part_ml + ((size_t)g * UG + q * Gq + tid) * 2 + 1), den);
-            ew[q * Gq + tid] = e;
-          }
-          ew[UG + tid] = den;
-        }
-        cbar();
-        for (int o = tid; o < Gq * kD; o += kCT) {
-          const int h = o / kD, d = o % kD;
-          float num = 0;
-          int q = 0;
-          for (; q + 8 <= p.U; q += 8) {
-            float v[8];
-#pragma unroll
-            for (int z = 0; z < 8; z++) v[z] = __ldcg(p.part_o + ((size_t)g * UG + (q + z) * Gq + h) * kD + d);
-#pragma unroll
-            for (int z = 0; z < 8; z++) num = fmaf(ew[(q + z) * Gq + h], v[z], num);
-          }
-          for (; q < p.U; q++) num = fmaf(ew[q * Gq + h], __ldcg(p.part_o + ((size_t)g * UG + q * Gq + h) * kD + d), num);
-          p.attn[(size_t)(g * Gq + h) * kD + d] = num / ew[UG + h];
-        }
-        csignal(sync + kSA);
-      }
-      cbar();
+      cbar();  // sc and ml's corr are free for the next tile
     }
+    STAMP(3);
+    // This unit's partial: unnormalised sums, the running max and sum.
+    const size_t pu = (size_t)(g * p.U + part) * Gq;
+    if (hA < Gq)
+      for (int q = 0; q < 4; q++) p.part_o[(pu + hA) * kD + d4 + q] = accA[q];
+    if (hB < Gq)
+      for (int q = 0; q < 4; q++) p.part_o[(pu + hB) * kD + d4 + q] = accB[q];
+    if (tid < Gq) {
+      p.part_ml[(pu + tid) * 2 + 0] = ml[tid * 4 + 0];
+      p.part_ml[(pu + tid) * 2 + 1] = ml[tid * 4 + 1];
+    }
+    csignal(sync + kSGrp + g);
+    // The merge, split over kv head g's units: unit `part` merges outputs
+    // [o0, o1) of the head's Gq·D, 8 threads an output (thread sub takes
+    // units sub, sub + 8, …: every load of the thread in flight at once),
+    // a running max and rescaled sums, combined over the 8 by shuffles.
+    cwait(sync + kSGrp + g, p.U);
+    const int NO = Gq * kD, sl = (NO + p.U - 1) / p.U, o0 = min(NO, part * sl), o1 = min(NO, o0 + sl);
+    const size_t gb = (size_t)g * p.U * Gq;  // kv head g's first (unit, head) row
+#pragma unroll 1
+    for (int rep = 0; rep < 1 + p.twice; rep++) {
+      if (rep) STAMP(15);
+      for (int ob = o0; ob < o1; ob += kCT / 8) {
+        const int o = ob + tid / 8, sub = tid % 8, h = min(o, NO - 1) / kD, d = min(o, NO - 1) % kD;
+        float M = -INFINITY, den = 0.0f, num = 0.0f;
+#pragma unroll 4
+        for (int q = sub; q < p.U; q += 8) {
+          const size_t r = gb + (size_t)q * Gq + h;
+          const float m = __ldcg(p.part_ml + r * 2), l = __ldcg(p.part_ml + r * 2 + 1);
+          const float v = __ldcg(p.part_o + r * kD + d);
+          if (m == -INFINITY) continue;  // a unit with no keys
+          const float Mn = fmaxf(M, m), ca = M == -INFINITY ? 0.0f : expf(M - Mn), cb = expf(m - Mn);
+          den = fmaf(den, ca, l * cb);
+          num = fmaf(num, ca, v * cb);
+          M = Mn;
+        }
+#pragma unroll
+        for (int s = 1; s < 8; s <<= 1) {
+          const float Mo = __shfl_xor_sync(0xffffffffu, M, s), Do = __shfl_xor_sync(0xffffffffu, den, s),
+                      No = __shfl_xor_sync(0xffffffffu, num, s);
+          const float Mn = fmaxf(M, Mo);
+          const float ca = M == -INFINITY ? 0.0f : expf(M - Mn), cb = Mo == -INFINITY ? 0.0f : expf(Mo - Mn);
+          den = den * ca + Do * cb;
+          num = num * ca + No * cb;
+          M = Mn;
+        }
+        if (sub == 0 && o < o1) p.attn[(size_t)g * NO + o] = num / den;
+      }
+    }
+    csignal(sync + kSA);
   }
 
   // O: x1 = x + attn·woᵀ over this CTA's rows.
-  int r0, r1;
-  rows_of(H, c, G, r0, r1);
-  cwait(sync + kSA, KV);
+  cwait(sync + kSA, KV * p.U);
   STAMP(4);
   const int HD = HQ * kD;
   for (int i = tid * 4; i < HD; i += kCT * 4)
@@ -646,7 +706,11 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   const int no = walk_o(p, c, G, consume(ring, nq, warp, lane, [&](const Chunk& ch, const bf16* w) {
     for (int r = 0; r < ch.n; r++) {
       const float v = dot_row(w + (size_t)r * HD, vec, HD, lane);
-      if (lane == 0) p.x1[ch.r + r] = __ldcg(x + ch.r + r) + v;
+      if (lane == 0) {
+        const float y = xr[ch.r + r - r0] + v;
+        xr[ch.r + r - r0] = y;
+        p.x1[ch.r + r] = y;
+      }
     }
   }));
   STAMP(5);
@@ -655,9 +719,9 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   // R: h1 = RMSNorm(x1)·post_norm, then this CTA's router rows.
   cwait(sync + kSO, G);
   STAMP(6);
-  for (int i = tid; i < H; i += kCT) vec[i] = __ldcg(p.x1 + i);
+  load_h(vec, p.x1, H);
   cbar();
-  block_norm(vec, dp<const float>(a.post_norm), H, eps, reinterpret_cast<float*>(sm + p.o_red));
+  block_norm(vec, pnw, H, eps, reinterpret_cast<float*>(sm + p.o_red));
   const int nr = walk_r(p, c, G, consume(ring, nq + no, warp, lane, [&](const Chunk& ch, const bf16* w) {
     for (int r = 0; r < ch.n; r++) {
       const float v = dot_row(w + (size_t)r * H, vec, H, lane);
@@ -669,72 +733,110 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
 
   // T: the top k, the same in every CTA (moe.Route's rules: softmax in
   // float64 rounded once, ties to the lower index, output by descending
-  // weight).
+  // weight), by ranks: each thread counts the experts that beat its own
+  // (NaN scores rank below every number, among themselves by index).
   cwait(sync + kSR, G);
   STAMP(8);
-  if (warp == 0) {  // compact loops: this code runs once a layer (instruction fetch, not arithmetic, is its cost)
-    float* sv = reinterpret_cast<float*>(sm + p.o_tmp);  // [E] scores
-    float mx = -INFINITY;
 #pragma unroll 1
-    for (int e = lane; e < E; e += 32) {
-      sv[e] = __ldcg(p.logits + e);
-      mx = fmaxf(mx, sv[e]);
+  for (int rep = 0; rep < 1 + p.twice; rep++) {
+    if (rep) {
+      cbar();
+      STAMP(14);
+    }
+    float* sv = reinterpret_cast<float*>(sm + p.o_tmp);  // [E] scores
+    float* red = reinterpret_cast<float*>(sm + p.o_red);  // [kCW] floats, then [kCW] doubles at red + 16
+    constexpr int kER = kMaxE / kCT;
+    float lv[kER];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kER; j++) {
+      const int e = tid + j * kCT;
+      lv[j] = e < E ? __ldcg(p.logits + e) : -INFINITY;
+      mx = fmaxf(mx, lv[j]);
     }
     mx = warp_max(mx);
+    if (lane == 0) red[warp] = mx;
+    cbar();
+    mx = red[0];
+#pragma unroll
+    for (int i = 1; i < kCW; i++) mx = fmaxf(mx, red[i]);
     if (!a.softmax_topk) {
-      double sum = 0;
-#pragma unroll 1
-      for (int e = lane; e < E; e += 32) sum += exp((double)sv[e] - (double)mx);
+      double* rd = reinterpret_cast<double*>(red + 16);
+      double ev[kER], sum = 0;
+#pragma unroll
+      for (int j = 0; j < kER; j++) {
+        ev[j] = tid + j * kCT < E ? exp((double)lv[j] - (double)mx) : 0.0;
+        sum += ev[j];
+      }
       sum = mk::warp_sum_d(sum);
-#pragma unroll 1
-      for (int e = lane; e < E; e += 32) sv[e] = (float)(exp((double)sv[e] - (double)mx) / sum);
+      if (lane == 0) rd[warp] = sum;
+      cbar();
+      sum = 0;
+#pragma unroll
+      for (int i = 0; i < kCW; i++) sum += rd[i];
+#pragma unroll
+      for (int j = 0; j < kER; j++) lv[j] = (float)(ev[j] / sum);
     }
-    __syncwarp();
-    float wsum = 0, w0 = 0;
-#pragma unroll 1
-    for (int k = 0; k < K; k++) {
-      float bv = -INFINITY;
-      int bi = 0x7fffffff;
-#pragma unroll 1
-      for (int e = lane; e < E; e += 32) {
-        const float v = sv[e];
-        if (v == v && (v > bv || (v == bv && e < bi))) {  // chosen ones are NaN
-          bv = v;
-          bi = e;
-        }
+    // Keys, larger first: the score's order-preserving bits (NaN lowest),
+    // then the lower index; an expert's rank is the count of larger keys.
+    unsigned long long* keys = reinterpret_cast<unsigned long long*>(sv + ((E + 1) & ~1));  // [E]
+#pragma unroll
+    for (int j = 0; j < kER; j++) {
+      const int e = tid + j * kCT;
+      if (e < E) {
+        const float v = lv[j];
+        unsigned u = __float_as_uint(v);
+        u = v != v ? 0u : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+        sv[e] = v;
+        keys[e] = ((unsigned long long)u << 32) | (unsigned)(0x7fffffff - e);
       }
-#pragma unroll 1
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) {
-          bv = ov;
-          bi = oi;
-        }
-      }
-      if (bi == 0x7fffffff) bi = k;  // fewer numbers than k (NaN logits): any expert
-      if (k == 0) w0 = bv;
-      if (lane == 0) {
-        rt->ids[k] = bi;
-        rt->w[k] = a.softmax_topk ? (float)exp((double)bv - (double)w0) : bv;
-        wsum += rt->w[k];
-        sv[bi] = NAN;
-      }
-      __syncwarp();
     }
-    if (lane == 0) {
+    cbar();
+    float* rw = red + 32;                                // [K] the chosen scores
+    int* ri = reinterpret_cast<int*>(red + 32 + kMaxK);  // [K] their ids
+    // Two threads an expert (each over every other key, branch-free), the
+    // counts summed by a shuffle.
+#pragma unroll 1
+    for (int e0 = 0; e0 < E; e0 += kCT / 2) {
+      const int e = e0 + tid / 2;
+      const unsigned long long me = e < E ? keys[e] : ~0ull;
+      int n0 = 0, n1 = 0;
+      int q = tid & 1;
+#pragma unroll 4
+      for (; q + 2 < E; q += 4) {
+        n0 += keys[q] > me;
+        n1 += keys[q + 2] > me;
+      }
+      if (q < E) n0 += keys[q] > me;
+      int rank = n0 + n1;
+      rank += __shfl_xor_sync(0xffffffffu, rank, 1);
+      if ((tid & 1) == 0 && e < E && rank < K) {
+        rw[rank] = sv[e];
+        ri[rank] = e;
+      }
+    }
+    cbar();
+    if (warp == 0) {
+      const float w0 = rw[0];
+      const float bv = lane < K ? rw[lane] : 0.0f;
+      const float wk = lane < K ? (a.softmax_topk ? (float)exp((double)bv - (double)w0) : bv) : 0.0f;
+      float wsum = 0;  // in k order, as moe.Route sums
+      for (int k = 0; k < K; k++) wsum += __shfl_sync(0xffffffffu, wk, k);
       const float f = __uint_as_float(a.scaling_bits);
       // Mixtral: softmax over the k logits; then NormTopK; then the scale.
       const float div = a.softmax_topk || a.norm_topk ? wsum : 1.0f;
-#pragma unroll 1
-      for (int k = 0; k < K; k++) {
-        float w = rt->w[k] / div;
+      if (lane < K) {
+        float w = wk / div;
         if (f != 0.0f && f != 1.0f) w *= f;
-        rt->w[k] = w;
-        if (c == 0 && a.counts) atomicAdd(dp<unsigned long long>(a.counts) + rt->ids[k], 1ull);
+        rt->w[lane] = w;
+        rt->ids[lane] = ri[lane];
+        if (c == 0 && a.counts && rep == 0) atomicAdd(dp<unsigned long long>(a.counts) + ri[lane], 1ull);
       }
-      __threadfence_block();
-      rt->ready = 1;
+      __syncwarp();
+      if (lane == 0) {
+        __threadfence_block();
+        rt->ready = 1;
+      }
     }
   }
   cbar();
@@ -770,7 +872,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   for (int r = tid; r < r1 - r0; r += kCT) {
     float y = 0;
     for (int k = 0; k < K; k++) y += yk[k * p.RN + r];
-    dp<float>(a.out)[r0 + r] = __ldcg(p.x1 + r0 + r) + y;
+    dp<float>(a.out)[r0 + r] = xr[r] + y;
   }
   STAMP(12);
   // The last CTA out zeroes the counters for the next launch.
@@ -801,12 +903,13 @@ bool plan(const mk_layer& a, LayerK& k, size_t& smem, uint64_t& work) {
       E < K || E > kMaxE || K < 1 || K > kMaxK || a.block_size < 1 || a.rot_dim < 0 || a.rot_dim % 2 ||
       a.rot_dim > kD || kSGrp + KV > kSyncWords)
     return false;
-  if ((int64_t)H * 2 > kSlot / 2 || (int64_t)HQ * kD * 2 > kSlot || (int64_t)I * 2 > kSlot) return false;
+  if (H > kHR * kCT || (int64_t)H * 2 > kSlot / 2 || (int64_t)HQ * kD * 2 > kSlot || (int64_t)I * 2 > kSlot)
+    return false;
   k = LayerK{};
   k.a = a;
   k.U = std::max(1, G / KV);
   k.RN = (H + G - 1) / G;
-  k.vecN = std::max({H, HQ * kD, K * I, k.U * (HQ / KV) + HQ / KV});
+  k.vecN = std::max({H, HQ * kD, K * I});
   const int Gq = HQ / KV;
   // Workspace (floats, each part 128-byte aligned).
   int64_t off = 0;
@@ -835,9 +938,10 @@ bool plan(const mk_layer& a, LayerK& k, size_t& smem, uint64_t& work) {
     return r;
   };
   const uint32_t fvec = spart((uint32_t)k.vecN * 4), fqs = spart((uint32_t)Gq * kD * 4),
-                 ftmp = spart((uint32_t)std::max({kCW * kD, (Gq + 1) * kTK, E}) * 4), fkv = spart(2 * kD * 4),
+                 ftmp = spart((uint32_t)std::max({kCW * kD, (Gq + 1) * kTK, 3 * E + 2}) * 4), fkv = spart(2 * kD * 4),
                  fml = spart((uint32_t)Gq * 16), fyk = spart((uint32_t)K * k.RN * 4), fkvt = spart((uint32_t)kTK * kD * 2 * 2),
-                 frt = spart(sizeof(RouteSm)), fred = spart(64);
+                 frt = spart(sizeof(RouteSm)), fred = spart(256),
+                 fcst = spart((2 * kD + kD / 2) * 4), fxr = spart((uint32_t)k.RN * 4);
   const size_t optin = mk::smem_optin();
   const int64_t left = (int64_t)optin - (int64_t)o - 1024;  // - the barriers and alignment
   int S = (int)std::min<int64_t>(kMaxSlots, left / kSlot);
@@ -856,6 +960,8 @@ bool plan(const mk_layer& a, LayerK& k, size_t& smem, uint64_t& work) {
   k.o_kvt = fixed0 + fkvt;
   k.o_rt = fixed0 + frt;
   k.o_red = fixed0 + fred;
+  k.o_cst = fixed0 + fcst;
+  k.o_xr = fixed0 + fxr;
   smem = fixed0 + o;
   return smem <= optin;
 }
@@ -905,6 +1011,8 @@ int32_t mk_layer_decode(uint64_t stream, const mk_layer* l) {
   // times and print their medians and maxima to stderr (a measurement aid;
   // synchronises after every launch).
   static const bool stamps = getenv("MK_LAYER_STAMPS") != nullptr;
+  static const bool twice = getenv("MK_LAYER_TWICE") != nullptr;
+  k.twice = twice ? 1 : 0;
   static unsigned long long* st = nullptr;
   const int G = mk::sm_count();
   cudaStream_t s = mk::as_stream(stream);
@@ -924,9 +1032,9 @@ int32_t mk_layer_decode(uint64_t stream, const mk_layer* l) {
     MK_CUDA(cudaMemcpy(h.data(), st, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost));
     unsigned long long t0 = ~0ull;
     for (int c = 0; c < G; c++) t0 = std::min(t0, h[(size_t)c * 16 + 13]);
-    static const int order[] = {13, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    static const int order[] = {13, 0, 1, 2, 3, 15, 4, 5, 6, 7, 8, 14, 9, 10, 11, 12};
     static const char* names[16] = {"start", "Qdone", "Aready", "unit", "Oready", "Odone", "Rready", "Rdone",
-                                    "Tready", "routed", "E1done", "E2ready", "end", "entry", "", ""};
+                                    "Tready", "routed", "E1done", "E2ready", "end", "entry", "routed1", "merged1"};
     std::string line = "layer stamps µs (median/max over CTAs from the first entry):";
     for (int i : order) {
       std::vector<double> v;
