@@ -192,19 +192,40 @@ __device__ __forceinline__ void fma8(float& acc, const uint4& u, const float* v)
   acc = fmaf(__uint_as_float(u.w & 0xffff0000u), b.w, acc);
 }
 
-// dot_row is row w [K] (bf16, shared memory) · v [K] (float32, shared
-// memory) by one warp, in every lane.
-__device__ __forceinline__ float dot_row(const bf16* w, const float* v, int K, int lane) {
-  const uint4* wr = reinterpret_cast<const uint4*>(w);
-  float a0 = 0, a1 = 0;
+// dot_rows4: out[j] = w[j] · v [K] for the n <= 4 rows w[j] (bf16, shared
+// memory) by one warp, in every lane: lane l sums the 8-value pieces l,
+// l + 64, … and l + 32, l + 96, … of a row in two chains, then the warp
+// adds its lanes' sums by shuffles. The rows' chains interleave and v's
+// values are read once for all of them: one row after another was one
+// long chain of dependent FMAs and shuffles per warp (~1.8 µs for ten
+// 768-column rows, estimated), which bounded how fast a CTA freed its
+// ring slots.
+__device__ __forceinline__ void dot_rows4(const bf16* const (&w)[4], int n, const float* v, int K, int lane,
+                                          float (&out)[4]) {
+  float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
   const int P = K / 8;
   int p = lane;
   for (; p + 32 < P; p += 64) {
-    fma8(a0, wr[p], v + 8 * p);
-    fma8(a1, wr[p + 32], v + 8 * (p + 32));
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      if (j < n) {
+        const uint4* wr = reinterpret_cast<const uint4*>(w[j]);
+        fma8(a0[j], wr[p], v + 8 * p);
+        fma8(a1[j], wr[p + 32], v + 8 * (p + 32));
+      }
   }
-  if (p < P) fma8(a0, wr[p], v + 8 * p);
-  return mk::warp_sum(a0 + a1);
+  if (p < P) {
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      if (j < n) fma8(a0[j], reinterpret_cast<const uint4*>(w[j])[p], v + 8 * p);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; j++) out[j] = a0[j] + a1[j];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) out[j] += __shfl_xor_sync(0xffffffffu, out[j], o);
+  }
 }
 
 // The chunk walks: each calls f(chunk) for this CTA's chunks of a phase in
@@ -367,6 +388,27 @@ __device__ __forceinline__ void load_h(float* v, const float* src, int n) {
     if (threadIdx.x + j * kCT < n) v[threadIdx.x + j * kCT] = r[j];
 }
 
+// load_vec4: v[i] = src[i] for i < n (n a multiple of 4; through L2:
+// other CTAs wrote it), 8 float4 loads a thread in flight at a time — one
+// L2 round trip for up to 8192 values (a loop of dependent 4-value loads
+// cost one round trip each, ~1 µs apiece under the weight stream).
+__device__ __forceinline__ void load_vec4(float* v, const float* src, int n) {
+  constexpr int kB = 8;
+  for (int base = 0; base < n; base += kB * kCT * 4) {
+    float4 r[kB];
+#pragma unroll
+    for (int j = 0; j < kB; j++) {
+      const int i = base + (threadIdx.x + j * kCT) * 4;
+      r[j] = i < n ? __ldcg(reinterpret_cast<const float4*>(src + i)) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kB; j++) {
+      const int i = base + (threadIdx.x + j * kCT) * 4;
+      if (i < n) *reinterpret_cast<float4*>(v + i) = r[j];
+    }
+  }
+}
+
 __device__ __forceinline__ unsigned long long gtime() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
@@ -489,9 +531,13 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   cbar();
   block_norm(vec, inw, H, eps, reinterpret_cast<float*>(sm + p.o_red));
   const int nq = walk_q(p, c, G, consume(ring, 0, warp, lane, [&](const Chunk& ch, const bf16* w) {
-    for (int r = 0; r < ch.n; r++) {
-      const float v = dot_row(w + (size_t)r * H, vec, H, lane);
-      if (lane == 0) p.qkv[ch.r + r] = v;
+    for (int r = 0; r < ch.n; r += 4) {
+      const int n = min(4, ch.n - r);
+      const bf16* const rows[4] = {w + (size_t)r * H, w + (size_t)(r + 1) * H, w + (size_t)(r + 2) * H,
+                                   w + (size_t)(r + 3) * H};
+      float v[4];
+      dot_rows4(rows, n, vec, H, lane, v);
+      if (lane < n) p.qkv[ch.r + r + lane] = lane == 0 ? v[0] : lane == 1 ? v[1] : lane == 2 ? v[2] : v[3];
     }
   }));
   STAMP(1);
@@ -700,16 +746,20 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   cwait(sync + kSA, KV * p.U);
   STAMP(4);
   const int HD = HQ * kD;
-  for (int i = tid * 4; i < HD; i += kCT * 4)
-    *reinterpret_cast<float4*>(vec + i) = __ldcg(reinterpret_cast<const float4*>(p.attn + i));
+  load_vec4(vec, p.attn, HD);
   cbar();
   const int no = walk_o(p, c, G, consume(ring, nq, warp, lane, [&](const Chunk& ch, const bf16* w) {
-    for (int r = 0; r < ch.n; r++) {
-      const float v = dot_row(w + (size_t)r * HD, vec, HD, lane);
-      if (lane == 0) {
-        const float y = xr[ch.r + r - r0] + v;
-        xr[ch.r + r - r0] = y;
-        p.x1[ch.r + r] = y;
+    for (int r = 0; r < ch.n; r += 4) {
+      const int n = min(4, ch.n - r);
+      const bf16* const rows[4] = {w + (size_t)r * HD, w + (size_t)(r + 1) * HD, w + (size_t)(r + 2) * HD,
+                                   w + (size_t)(r + 3) * HD};
+      float v[4];
+      dot_rows4(rows, n, vec, HD, lane, v);
+      if (lane < n) {
+        const int i = ch.r + r + lane;
+        const float y = xr[i - r0] + (lane == 0 ? v[0] : lane == 1 ? v[1] : lane == 2 ? v[2] : v[3]);
+        xr[i - r0] = y;
+        p.x1[i] = y;
       }
     }
   }));
@@ -723,9 +773,13 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   cbar();
   block_norm(vec, pnw, H, eps, reinterpret_cast<float*>(sm + p.o_red));
   const int nr = walk_r(p, c, G, consume(ring, nq + no, warp, lane, [&](const Chunk& ch, const bf16* w) {
-    for (int r = 0; r < ch.n; r++) {
-      const float v = dot_row(w + (size_t)r * H, vec, H, lane);
-      if (lane == 0) p.logits[ch.r + r] = v;
+    for (int r = 0; r < ch.n; r += 4) {
+      const int n = min(4, ch.n - r);
+      const bf16* const rows[4] = {w + (size_t)r * H, w + (size_t)(r + 1) * H, w + (size_t)(r + 2) * H,
+                                   w + (size_t)(r + 3) * H};
+      float v[4];
+      dot_rows4(rows, n, vec, H, lane, v);
+      if (lane < n) p.logits[ch.r + r + lane] = lane == 0 ? v[0] : lane == 1 ? v[1] : lane == 2 ? v[2] : v[3];
     }
   }));
   STAMP(7);
@@ -846,10 +900,16 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   // E1: act[k, j] = silu(gate_j·h1)·(up_j·h1) over this CTA's pairs.
   const int ne1 = walk_e1(p, rt->ids, c, G, consume(ring, nq + no + nr, warp, lane, [&](const Chunk& ch, const bf16* w) {
     const bf16* up = w + (size_t)ch.n * H;
-    for (int r = 0; r < ch.n; r++) {
-      const float gv = dot_row(w + (size_t)r * H, vec, H, lane);
-      const float uv = dot_row(up + (size_t)r * H, vec, H, lane);
-      if (lane == 0) p.act[ch.r + r] = gv / (1.0f + expf(-gv)) * uv;
+    for (int r = 0; r < ch.n; r += 2) {  // two (gate, up) pairs at a time
+      const int n = min(2, ch.n - r);
+      const bf16* const rows[4] = {w + (size_t)r * H, up + (size_t)r * H, w + (size_t)(r + 1) * H,
+                                   up + (size_t)(r + 1) * H};
+      float v[4];
+      dot_rows4(rows, 2 * n, vec, H, lane, v);
+      if (lane < n) {
+        const float gv = lane == 0 ? v[0] : v[2], uv = lane == 0 ? v[1] : v[3];
+        p.act[ch.r + r + lane] = gv / (1.0f + expf(-gv)) * uv;
+      }
     }
   }));
   STAMP(10);
@@ -858,14 +918,19 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   // E2: out = x1 + Σ_k w_k·(down_k·act_k) over this CTA's rows.
   cwait(sync + kSE1, G);
   STAMP(11);
-  for (int i = tid * 4; i < K * I; i += kCT * 4)
-    *reinterpret_cast<float4*>(vec + i) = __ldcg(reinterpret_cast<const float4*>(p.act + i));
+  load_vec4(vec, p.act, K * I);
   float* yk = reinterpret_cast<float*>(sm + p.o_yk);  // [K][RN]
   cbar();
   walk_e2(p, rt->ids, c, G, consume(ring, nq + no + nr + ne1, warp, lane, [&](const Chunk& ch, const bf16* w) {
-    for (int r = 0; r < ch.n; r++) {
-      const float v = dot_row(w + (size_t)r * I, vec + (size_t)ch.k * I, I, lane);
-      if (lane == 0) yk[ch.k * p.RN + ch.r + r - r0] = rt->w[ch.k] * v;
+    const float wk = rt->w[ch.k];
+    for (int r = 0; r < ch.n; r += 4) {
+      const int n = min(4, ch.n - r);
+      const bf16* const rows[4] = {w + (size_t)r * I, w + (size_t)(r + 1) * I, w + (size_t)(r + 2) * I,
+                                   w + (size_t)(r + 3) * I};
+      float v[4];
+      dot_rows4(rows, n, vec + (size_t)ch.k * I, I, lane, v);
+      if (lane < n)
+        yk[ch.k * p.RN + ch.r + r + lane - r0] = wk * (lane == 0 ? v[0] : lane == 1 ? v[1] : lane == 2 ? v[2] : v[3]);
     }
   }));
   cbar();
@@ -884,9 +949,8 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
 }
 
 // inflight is the most ring chunks a CTA keeps in flight: MK_LAYER_INFLIGHT
-// (read once), default 10 (80 KB an SM, ~10 MB over the GPU: DRAM's rate
-// times its latency, without queueing every other load of the layer
-// behind a full ring).
+// (read once), default 10 (chosen with 8 KB slots; with 16 KB slots the
+// ring has about 10 slots on the H200, so the ring's size bounds it).
 int inflight() {
   static const int v = [] {
     const char* e = getenv("MK_LAYER_INFLIGHT");
