@@ -624,10 +624,6 @@ type DecodeLayer struct {
 	RoPE             *attention.RoPE
 	Attn             *AttnParams
 	MoE              *MoELayer
-	// Next is the layer after this one when it too is a DecodeLayer, or
-	// nil: a hint (the CUDA backend prefetches its q/k/v weights into L2
-	// while this layer's attention and routing leave HBM idle).
-	Next *DecodeLayer
 }
 
 // LayerDecoder is a Backend that runs a whole decoder layer of a decode

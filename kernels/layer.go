@@ -34,7 +34,6 @@ type mkLayer struct {
 	poolK, poolV, blocks, pos, table, slot, ropePos                  uint64
 	gate, gateUp, down, counts                                       uint64
 	work, sync                                                       uint64
-	nextWQ, nextWK, nextWV                                           uint64
 }
 
 // LayerSyncBytes is the size of a LayerDecode counter buffer (zeroed once
@@ -58,11 +57,6 @@ const LayerSyncBytes = 256 * 4
 // scalars Pos, Table, Slot and RoPEPos (read by the kernel: a captured
 // graph replays with new values). Work holds LayerWorkspace bytes; Sync is
 // a zeroed LayerSyncBytes buffer that one launch at a time uses.
-//
-// NextWQ, NextWK and NextWV (all three or none) are the next layer's q/k/v
-// weights in this layer's shapes: a hint, prefetched into L2 while this
-// layer's attention and routing leave HBM idle, so that the next launch's
-// first phase reads them from L2 (MK_LAYER_PF=0 turns it off).
 type Layer struct {
 	Hidden, Heads, KVHeads, HeadDim, Experts, TopK, Inter, BlockSize int
 	RotDim                                                           int
@@ -74,7 +68,6 @@ type Layer struct {
 	PoolK, PoolV, Blocks, Pos, Table, Slot, RoPEPos                  *Buffer
 	Gate, GateUp, Down, Counts                                       *Buffer
 	Work, Sync                                                       *Buffer
-	NextWQ, NextWK, NextWV                                           *Buffer
 }
 
 // abi converts l to mk_layer, checking the buffers' sizes (work only when
@@ -117,11 +110,6 @@ func (l *Layer) abi(op string, withWork bool) (mkLayer, error) {
 		{l.Gate, &m.gate, E * H, 2, "Gate", false}, {l.GateUp, &m.gateUp, E * 2 * I * H, 2, "GateUp", false},
 		{l.Down, &m.down, E * H * I, 2, "Down", false}, {l.Counts, &m.counts, E, 8, "Counts", true},
 		{l.Work, &m.work, 1, 1, "Work", false}, {l.Sync, &m.sync, LayerSyncBytes / 4, 4, "Sync", false},
-		{l.NextWQ, &m.nextWQ, HD * H, 2, "NextWQ", true}, {l.NextWK, &m.nextWK, KD * H, 2, "NextWK", true},
-		{l.NextWV, &m.nextWV, KD * H, 2, "NextWV", true},
-	}
-	if (l.NextWQ == nil) != (l.NextWK == nil) || (l.NextWQ == nil) != (l.NextWV == nil) {
-		return m, fmt.Errorf("kernels: %s: NextWQ, NextWK and NextWV are all set or all nil", op)
 	}
 	for _, a := range args {
 		if a.b == nil && a.maybe {

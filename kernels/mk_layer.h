@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-/* One layer of one decode token (ABI 27; next_w* ABI 28). Shapes: hidden H, heads HQ,
+/* One layer of one decode token (ABI 27). Shapes: hidden H, heads HQ,
  * kv_heads KV (HQ % KV == 0, HQ/KV <= 16), head_dim D (128), experts E
  * (<= 1024), top_k K (<= 16), inter I (the experts' intermediate size).
  * Rows of every weight fit the kernel's 8 KB copies: H*2, HQ*D*2 and I*2
@@ -38,13 +38,7 @@ extern "C" {
  *
  * work: mk_layer_workspace bytes of scratch; sync: 256 int32 zeroed once
  * by the caller and left zeroed by every launch (the kernel's counters);
- * one launch at a time may use a sync buffer.
- *
- * next_wq / next_wk / next_wv (ABI 28; all three or none, 0: none): the
- * next layer's q/k/v weights, of this layer's shapes. A hint: each CTA
- * prefetches the rows it will read in that layer into L2 while this
- * layer's attention and routing leave HBM idle (MK_LAYER_PF=0 turns it
- * off, 2 makes the lines evict-last). Nothing is read from them. */
+ * one launch at a time may use a sync buffer. */
 typedef struct mk_layer {
   int32_t hidden, heads, kv_heads, head_dim, experts, top_k, inter, block_size;
   int32_t rot_dim, style, softmax_topk, norm_topk;
@@ -54,7 +48,6 @@ typedef struct mk_layer {
   uint64_t pool_k, pool_v, blocks, pos, table, slot, rope_pos;
   uint64_t gate, gate_up, down, counts;
   uint64_t work, sync;
-  uint64_t next_wq, next_wk, next_wv;
 } mk_layer;
 
 /* The workspace bytes mk_layer_decode needs for these shapes on this GPU,

@@ -76,10 +76,8 @@ extern "C" {
  *     mk_moe_experts_fp4).
  * 26: mk_moe_fp4_path; mk_moe_experts_fp4 takes the FP4 grouped GEMM
  *     path.
- * 27: the persistent decode layer (mk_layer.h).
- * 28: mk_layer's next_wq / next_wk / next_wv (the next layer's q/k/v
- *     prefetched into L2). */
-#define MK_ABI_VERSION 28
+ * 27: the persistent decode layer (mk_layer.h). */
+#define MK_ABI_VERSION 27
 
 /* Status codes. */
 enum {

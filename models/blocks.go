@@ -183,11 +183,6 @@ func loadDecoder(cfg *Config, w *Weights, be backend.Backend, blocks layerBlocks
 		// layer makes its own, or the heap grows to twice the weights.
 		runtime.GC()
 	}
-	for i := 0; i+1 < len(d.layers); i++ {
-		if w := d.layers[i].whole; w != nil {
-			w.Next = d.layers[i+1].whole
-		}
-	}
 	return d, nil
 }
 

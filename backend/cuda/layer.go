@@ -32,9 +32,8 @@ func (be *Backend) layerOn() bool {
 
 var _ backend.LayerDecoder = (*Backend)(nil)
 
-// layerCalls counts layers run by the layer kernel, layerPrefetches those
-// of them given the next layer's q/k/v to prefetch (for tests).
-var layerCalls, layerPrefetches atomic.Int64
+// layerCalls counts layers run by the layer kernel (for tests).
+var layerCalls atomic.Int64
 
 // layerState is the layer kernel's device state: its counter buffer
 // (zeroed once, left zeroed by every launch) and which shapes it takes.
@@ -113,25 +112,6 @@ func bf16Weight(t backend.Tensor) *kernels.Buffer {
 	return b
 }
 
-// nextQKV is the bf16 q/k/v weights of l.Next when that layer has l's
-// shapes (key), for the kernel's L2 prefetch; else nil.
-func nextQKV(l *backend.DecodeLayer, key [7]int) *[3]*kernels.Buffer {
-	n := l.Next
-	if n == nil || n.Attn == nil || n.MoE == nil {
-		return nil
-	}
-	if nk, _ := layerShape(n); nk != key {
-		return nil
-	}
-	var w [3]*kernels.Buffer
-	for i, t := range []backend.Tensor{n.Q, n.K, n.V} {
-		if w[i] = bf16Weight(t); w[i] == nil {
-			return nil
-		}
-	}
-	return &w
-}
-
 // DecodeLayer implements backend.LayerDecoder through kernels.LayerDecode.
 // It takes the layer when DecodesLayers(b) holds, its weights are bf16, its
 // router a softmax one without groups and its shapes fit the kernel; else
@@ -163,8 +143,7 @@ func (be *Backend) DecodeLayer(x backend.Tensor, l *backend.DecodeLayer, b *back
 	if !ok {
 		return nil, false
 	}
-	key, k := layerShape(l)
-	next := nextQKV(l, key)
+	_, k := layerShape(l)
 	xt, _ := matrix("DecodeLayer", "x", x, k.Hidden)
 	inN := vector("DecodeLayer", "InNorm", l.InNorm, k.Hidden)
 	postN := vector("DecodeLayer", "PostNorm", l.PostNorm, k.Hidden)
@@ -207,9 +186,6 @@ func (be *Backend) DecodeLayer(x backend.Tensor, l *backend.DecodeLayer, b *back
 		k.Pos, k.Table, k.Slot, k.RoPEPos = meta.pos, meta.table, meta.slots, ropePos
 		k.Counts = be.counterBuffer(d, c)
 		k.Work, k.Sync = wk, be.layerSync(d)
-		if next != nil {
-			k.NextWQ, k.NextWK, k.NextWV = next[0], next[1], next[2]
-		}
 		return d.LayerDecode(nil, &k)
 	}
 	out, ok := be.attention(q, kk, v, b, p, false, nr)
@@ -221,9 +197,6 @@ func (be *Backend) DecodeLayer(x backend.Tensor, l *backend.DecodeLayer, b *back
 		return nil, false
 	}
 	layerCalls.Add(1)
-	if next != nil {
-		layerPrefetches.Add(1)
-	}
 	return sum, true
 }
 
