@@ -84,7 +84,6 @@ struct LayerK {
   float *qkv, *part_o, *part_ml, *attn, *x1, *logits, *act;
   unsigned long long* st;  // [gridDim.x][16] phase stamps (MK_LAYER_STAMPS), or null
   int twice;               // MK_LAYER_TWICE: the merge and the routing run twice (stamps 15, 14 after the first)
-  int pf;                  // MK_LAYER_PF: the next layer's q/k/v into L2 (0 off, 1 evict-normal, 2 evict-last)
   uint32_t o_ring, o_vec, o_qs, o_tmp, o_kv, o_ml, o_yk, o_kvt, o_rt, o_red, o_cst, o_xr;
 };
 
@@ -151,20 +150,6 @@ __device__ __forceinline__ void bulk_g2s_ef(void* dst, const void* src, uint32_t
           mkwg::sm_addr(dst)),
       "l"(src), "r"(bytes), "r"(mkwg::sm_addr(bar)), "l"(pol)
       : "memory");
-}
-// prefetch_l2: bytes at src into L2 (a hint: nothing waits for it), with
-// the L2 policy pol.
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes, uint64_t pol) {
-  asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(src), "r"(bytes), "l"(pol)
-               : "memory");
-}
-__device__ __forceinline__ uint64_t l2_policy(int pf) {
-  uint64_t p;
-  if (pf == 2)
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
-  else
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
 }
 __device__ __forceinline__ void cp16(void* dst, const void* src, uint64_t pol) {
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(mkwg::sm_addr(dst)), "l"(src),
@@ -247,9 +232,9 @@ __device__ __forceinline__ void dot_rows4(const bf16* const (&w)[4], int n, cons
 // order and returns their count; the producer and the consumers walk the
 // same sequence. E1 and E2 need the routed ids (rt) for their addresses
 // only: their counts do not depend on them.
-// walk_qkv: this CTA's rows of q/k/v (weights wq, wk, wv in a's shapes).
 template <typename F>
-__device__ int walk_qkv(const mk_layer& a, uint64_t wq, uint64_t wk, uint64_t wv, int c, int G, F&& f) {
+__device__ int walk_q(const LayerK& p, int c, int G, F&& f) {
+  const mk_layer& a = p.a;
   const int H = a.hidden, Nq = a.heads * kD, Nk = a.kv_heads * kD, N = Nq + 2 * Nk;
   const int rpc = (int)(kSlot / (uint32_t)(H * 2));
   const int r0 = (int)((int64_t)c * N / G), r1 = (int)((int64_t)(c + 1) * N / G);
@@ -257,18 +242,13 @@ __device__ int walk_qkv(const mk_layer& a, uint64_t wq, uint64_t wk, uint64_t wv
   for (int r = r0; r < r1; i++) {
     const int end = min(r1, r < Nq ? Nq : r < Nq + Nk ? Nq + Nk : N);
     const int n = min(rpc, end - r);
-    const bf16* base = r < Nq             ? dp<const bf16>(wq) + (int64_t)r * H
-                       : r < Nq + Nk      ? dp<const bf16>(wk) + (int64_t)(r - Nq) * H
-                                          : dp<const bf16>(wv) + (int64_t)(r - Nq - Nk) * H;
+    const bf16* base = r < Nq             ? dp<const bf16>(a.wq) + (int64_t)r * H
+                       : r < Nq + Nk      ? dp<const bf16>(a.wk) + (int64_t)(r - Nq) * H
+                                          : dp<const bf16>(a.wv) + (int64_t)(r - Nq - Nk) * H;
     f(Chunk{base, nullptr, (uint32_t)(n * H * 2), 0, r, n, 0});
     r += n;
   }
   return i;
-}
-
-template <typename F>
-__device__ int walk_q(const LayerK& p, int c, int G, F&& f) {
-  return walk_qkv(p.a, p.a.wq, p.a.wk, p.a.wv, c, G, f);
 }
 
 // rows_of: a CTA's share [r0, r1) of N rows.
@@ -486,15 +466,6 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
       walk_q(p, c, G, issue);
       walk_o(p, c, G, issue);
       walk_r(p, c, G, issue);
-      // The next layer's q/k/v rows of this CTA (the same rows: the same
-      // shapes and grid) into L2 while this layer's attention and routing
-      // leave HBM idle; its Q phase then streams them from L2 instead of
-      // ramping a fresh DRAM stream up (~10 µs for 21 MB at Qwen3-30B-A3B's
-      // shapes, docs/PERF.md, "GPU, fortieth pass").
-      if (p.pf != 0 && a.next_wq != 0) {
-        const uint64_t pp = l2_policy(p.pf);
-        walk_qkv(a, a.next_wq, a.next_wk, a.next_wv, c, G, [&](const Chunk& ch) { prefetch_l2(ch.s0, ch.b0, pp); });
-      }
       while (rt->ready == 0) {
       }
       __threadfence_block();
@@ -559,7 +530,10 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   for (int i = tid; i < r1 - r0; i += kCT) xr[i] = __ldcg(x + r0 + i);
   cbar();
   block_norm(vec, inw, H, eps, reinterpret_cast<float*>(sm + p.o_red));
+  bool land = !p.twice;  // stamp 14: warp 0's first q/k/v chunk landed (stamps 14 and 15 are the merge's and routing's repeats with MK_LAYER_TWICE)
   const int nq = walk_q(p, c, G, consume(ring, 0, warp, lane, [&](const Chunk& ch, const bf16* w) {
+    if (land) STAMP(14);
+    land = false;
     for (int r = 0; r < ch.n; r += 4) {
       const int n = min(4, ch.n - r);
       const bf16* const rows[4] = {w + (size_t)r * H, w + (size_t)(r + 1) * H, w + (size_t)(r + 2) * H,
@@ -927,7 +901,10 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   // E1: act[k, j] = silu(gate_j·h1)·(up_j·h1) over this CTA's pairs.
+  land = !p.twice;  // stamp 15: warp 0's first E1 chunk landed
   const int ne1 = walk_e1(p, rt->ids, c, G, consume(ring, nq + no + nr, warp, lane, [&](const Chunk& ch, const bf16* w) {
+    if (land) STAMP(15);
+    land = false;
     const bf16* up = w + (size_t)ch.n * H;
     for (int r = 0; r < ch.n; r += 2) {  // two (gate, up) pairs at a time
       const int n = min(2, ch.n - r);
@@ -1093,10 +1070,7 @@ int32_t mk_layer_decode(uint64_t stream, const mk_layer* l) {
              a.blocks && a.pos && a.table && a.slot && a.rope_pos && a.gate && a.gate_up && a.down && a.work &&
              a.sync && (a.rot_dim == 0 || a.inv_freq),
          "%s: a null operand", fn);
-  MK_ARG((a.next_wq == 0) == (a.next_wk == 0) && (a.next_wq == 0) == (a.next_wv == 0),
-         "%s: next_wq, next_wk and next_wv are all set or all 0", fn);
-  const uint64_t al[] = {a.wq,   a.wk,     a.wv,   a.wo,      a.gate,    a.gate_up, a.down,
-                         a.pool_k, a.pool_v, a.work, a.next_wq, a.next_wk, a.next_wv};
+  const uint64_t al[] = {a.wq, a.wk, a.wv, a.wo, a.gate, a.gate_up, a.down, a.pool_k, a.pool_v, a.work};
   for (uint64_t v : al) MK_ARG((v & 15) == 0, "%s: weights, pools and work must be 16-byte aligned", fn);
   static size_t opted = 0;
   if (smem > opted) {
@@ -1109,13 +1083,6 @@ int32_t mk_layer_decode(uint64_t stream, const mk_layer* l) {
   static const bool stamps = getenv("MK_LAYER_STAMPS") != nullptr;
   static const bool twice = getenv("MK_LAYER_TWICE") != nullptr;
   k.twice = twice ? 1 : 0;
-  // MK_LAYER_PF (read once): 0 turns the next layer's L2 prefetch off, 2
-  // makes its lines evict-last (default 1: evict-normal).
-  static const int pf = [] {
-    const char* e = getenv("MK_LAYER_PF");
-    return e ? atoi(e) : 1;
-  }();
-  k.pf = pf;
   static unsigned long long* st = nullptr;
   const int G = mk::sm_count();
   cudaStream_t s = mk::as_stream(stream);
@@ -1135,11 +1102,15 @@ int32_t mk_layer_decode(uint64_t stream, const mk_layer* l) {
     MK_CUDA(cudaMemcpy(h.data(), st, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost));
     unsigned long long t0 = ~0ull;
     for (int c = 0; c < G; c++) t0 = std::min(t0, h[(size_t)c * 16 + 13]);
-    static const int order[] = {13, 0, 1, 2, 3, 15, 4, 5, 6, 7, 8, 14, 9, 10, 11, 12};
-    static const char* names[16] = {"start", "Qdone", "Aready", "unit", "Oready", "Odone", "Rready", "Rdone",
-                                    "Tready", "routed", "E1done", "E2ready", "end", "entry", "routed1", "merged1"};
+    static const int order2[] = {13, 0, 1, 2, 3, 15, 4, 5, 6, 7, 8, 14, 9, 10, 11, 12};
+    static const int order1[] = {13, 0, 14, 1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 10, 11, 12};
+    const int* order = twice ? order2 : order1;
+    const char* names[16] = {"start", "Qdone", "Aready", "unit",   "Oready", "Odone",  "Rready", "Rdone",
+                             "Tready", "routed", "E1done", "E2ready", "end", "entry", "routed1", "merged1"};
+    if (!twice) names[14] = "Qland", names[15] = "E1land";
     std::string line = "layer stamps µs (median/max over CTAs from the first entry):";
-    for (int i : order) {
+    for (int oi = 0; oi < 16; oi++) {
+      const int i = order[oi];
       std::vector<double> v;
       for (int c = 0; c < G; c++)
         if (h[(size_t)c * 16 + i]) v.push_back((double)(h[(size_t)c * 16 + i] - t0) / 1000.0);
