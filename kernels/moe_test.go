@@ -276,6 +276,9 @@ func TestMoEExperts(t *testing.T) {
 		{name: "gemv_E256_K8_T2_deepseek_bias", cfg: deepSeekV3Router, T: 2, H: 7168, I: 32, hot: -1, biases: true, gemv: MoEGemvTwo},
 		{name: "gemv_E64_K8_T4_shared_experts", cfg: softmaxRouter(64, 8), T: 4, H: 256, I: 96, hot: -1, cold: 8, biases: true, gemv: MoEGemvTwo},
 		{name: "gemv_E64_K8_T3_rank_block", cfg: softmaxRouter(64, 8), T: 3, H: 128, I: 72, hot: -1, biases: true, lo: 16, hi: 40, gemv: MoEGemvTwo},
+		// Down rows longer than one batch of a lane's loads (kDownB · 32 · 8 = 2048 values), ending mid-batch.
+		{name: "gemv_E8_K2_T1_long_rows", cfg: softmaxRouter(8, 2), T: 1, H: 96, I: 2088, hot: -1, gemv: MoEGemvTwo},
+		{name: "gemv_E16_K4_T4_long_rows_hot", cfg: softmaxRouter(16, 4), T: 4, H: 64, I: 4104, hot: 3, biases: true, gemv: MoEGemvTwo},
 		// One launch (routing inside when oneCall): the same cases.
 		// The resident down kernel: its rows fit at these shapes on an H200
 		// (Qwen3's one token: 16 columns × 8 experts × 768 a CTA), not at
