@@ -254,27 +254,38 @@ func TestMarshalMoEGemvMode(t *testing.T) {
 	var set []int32
 	moeGemvSet = func(on int32) int32 { set = append(set, on); return 0 }
 	d := fakeDevice()
-	for _, m := range []MoEGemvMode{MoEGemvOneLaunch, MoEGemvResident, MoEGemvTwo, MoEGemvOff} {
+	for _, m := range []MoEGemvMode{MoEGemvOneLaunch, MoEGemvResident, MoEGemvTwo, MoEGemvOff, MoEGemvAuto} {
 		if err := d.SetMoEGemvMode(m); err != nil {
 			t.Fatal(err)
 		}
-		if got := MoEGemv(1, 8); got != (m != MoEGemvOff) {
-			t.Errorf("mode %d: MoEGemv(1, 8) = %v", m, got)
+		forced := m != MoEGemvOff && m != MoEGemvAuto
+		if got := MoEGemv(1, 8, 768); got != forced {
+			t.Errorf("mode %d: MoEGemv(1, 8, 768) = %v", m, got)
 		}
-		if MoEGemv(5, 1) || MoEGemv(4, 9) {
+		if got := MoEGemv(2, 2, MoEGemvAutoInter); got != forced {
+			t.Errorf("mode %d: MoEGemv(2, 2, %d) = %v", m, MoEGemvAutoInter, got)
+		}
+		// Auto: one token over long expert rows only.
+		if got := MoEGemv(1, 2, MoEGemvAutoInter); got != (m != MoEGemvOff) {
+			t.Errorf("mode %d: MoEGemv(1, 2, %d) = %v", m, MoEGemvAutoInter, got)
+		}
+		if got := MoEGemv(1, 2, MoEGemvAutoInter-8); got != forced {
+			t.Errorf("mode %d: MoEGemv(1, 2, %d) = %v", m, MoEGemvAutoInter-8, got)
+		}
+		if MoEGemv(5, 1, 1<<14) || MoEGemv(4, 9, 1<<14) || MoEGemv(1, 33, 1<<14) {
 			t.Errorf("mode %d: MoEGemv beyond 4 tokens or 32 assignments", m)
 		}
 		if got := MoEGemvOneLaunchOn(); got != (m == MoEGemvOneLaunch) {
 			t.Errorf("mode %d: MoEGemvOneLaunchOn = %v", m, got)
 		}
 	}
-	for _, bad := range []MoEGemvMode{4, -1} {
+	for _, bad := range []MoEGemvMode{4, -2} {
 		if err := d.SetMoEGemvMode(bad); err == nil {
 			t.Errorf("mode %d accepted", bad)
 		}
 	}
-	if !slices.Equal(set, []int32{2, 3, 1, 0}) {
-		t.Errorf("mk_moe_gemv got %v, want [2 3 1 0]", set)
+	if !slices.Equal(set, []int32{2, 3, 1, 0, -1}) {
+		t.Errorf("mk_moe_gemv got %v, want [2 3 1 0 -1]", set)
 	}
 	rec := []int32{0, 0, 0, 0}
 	moeDecodeCheck = func(r *int32) int32 {

@@ -57,7 +57,8 @@ MK_API int32_t mk_moe_workspace(int64_t t, int32_t k, int32_t e, int64_t h, int6
  * Biases are f32 [E, 2I] / [E, H] or 0. H and I must be multiples of 8.
  * ws: mk_moe_workspace bytes of device memory. out is fully written.
  * With mk_moe_gemv(1) (or MK_MOE_GEMV=1), up to 4 tokens with T*K <= 32
- * take two GEMV-style kernels instead (each chosen expert's gate/up rows,
+ * (by default one token with I >= 8192: mk_moe_gemv) take two GEMV-style
+ * kernels instead (each chosen expert's gate/up rows,
  * then its down rows with the combine folded in, streamed once per step);
  * the same semantics. */
 MK_API int32_t mk_moe_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t ids,
@@ -118,8 +119,10 @@ MK_API int32_t mk_gemm_skinny_workspace(int64_t m, int64_t n, int64_t k, uint64_
  * one launch, ABI 13, that with mk_moe_route_experts also routes, E <= 256,
  * K <= 32, and always combines: out must be set; 3, ABI 21: as 1, with the
  * down kernel's rows of the chosen experts copied into shared memory
- * before its programmatic-launch wait where they fit, else as 1) or off
- * (0, the default unless MK_MOE_GEMV=1, 2 or 3), process-wide. */
+ * before its programmatic-launch wait where they fit, else as 1), off (0)
+ * or auto (-1, ABI 28: the two launches of 1 for one token whose experts'
+ * intermediate size is at least 8192, e.g. Mixtral-8x7B, else off),
+ * process-wide. Until it is called: MK_MOE_GEMV=0, 1, 2 or 3, else auto. */
 MK_API int32_t mk_moe_gemv(int32_t on);
 
 /* The one-launch GEMV kernel's watchdog (ABI 13): after all earlier work,

@@ -76,8 +76,10 @@ extern "C" {
  *     mk_moe_experts_fp4).
  * 26: mk_moe_fp4_path; mk_moe_experts_fp4 takes the FP4 grouped GEMM
  *     path.
- * 27: the persistent decode layer (mk_layer.h). */
-#define MK_ABI_VERSION 27
+ * 27: the persistent decode layer (mk_layer.h).
+ * 28: mk_moe_gemv(-1), auto: the GEMV kernels for one token over experts of
+ *     intermediate size >= 8192, the default. */
+#define MK_ABI_VERSION 28
 
 /* Status codes. */
 enum {

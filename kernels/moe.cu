@@ -898,28 +898,36 @@ __global__ void moe_combine_kernel(float* out, const float* y, const int32_t* sl
 constexpr int kGemvTokens = 4, kGemvAssign = 32;
 constexpr int kGemvWarps = 8;
 
-// g_moe_gemv: 0 off, 1 the two GEMV kernels, 2 one launch for routing and
-// both (moe_decode_kernel), 3 the two GEMV kernels with the resident down
-// kernel where it fits (moe_gemv_down_res_kernel), -1 (unset)
-// MK_MOE_GEMV=1, 2 or 3, else off. Off by default: in `bench model` (CUDA
-// graphs, PDL) the fused kernel's decode steps were faster at 1-4 tokens on
-// Qwen3-30B-A3B and DeepSeek-V3 shapes, and on Mixtral-8x7B at 2
-// (docs/PERF.md, seventh pass); mode 2 lost to both (eleventh pass); modes 1
-// and 3 lost to the grouped GEMMs again in the twenty-fourth pass (Qwen3-8l
-// batch 1 ×1.19 and ×1.02, batch 2 ×1.25; Mixtral-4l ×1.21–1.27).
-int g_moe_gemv = -1;
+// g_moe_gemv: -1 auto (gemv_path's rule), 0 off, 1 the two GEMV kernels,
+// 2 one launch for routing and both (moe_decode_kernel), 3 the two GEMV
+// kernels with the resident down kernel where it fits
+// (moe_gemv_down_res_kernel); -2 (never set by mk_moe_gemv): MK_MOE_GEMV=0,
+// 1, 2 or 3, else auto. History: in `bench model` (CUDA graphs, PDL) the
+// fused kernel's decode steps were faster at 1-4 tokens on Qwen3-30B-A3B
+// and DeepSeek-V3 shapes, and on Mixtral-8x7B at 2 (docs/PERF.md, seventh
+// pass); mode 2 lost to both (eleventh pass); modes 1 and 3 lost to the
+// grouped GEMMs again in the twenty-fourth pass (Qwen3-8l batch 1 ×1.19
+// and ×1.02, batch 2 ×1.25; Mixtral-4l ×1.21–1.27); the forty-first pass's
+// down kernel (batched loads) made mode 1 faster than the grouped GEMMs at
+// one token on Mixtral's long expert rows only, which auto takes.
+int g_moe_gemv = -2;
 
 // gemv_mode is g_moe_gemv with the environment's default.
 int gemv_mode() {
-  if (g_moe_gemv >= 0) return g_moe_gemv;
+  if (g_moe_gemv >= -1) return g_moe_gemv;
   static int v = [] {
     const char* e = getenv("MK_MOE_GEMV");
-    return e && e[0] >= '1' && e[0] <= '3' && e[1] == 0 ? e[0] - '0' : 0;
+    return e && e[0] >= '0' && e[0] <= '3' && e[1] == 0 ? e[0] - '0' : -1;
   }();
   return v;
 }
 
-bool gemv_on() { return gemv_mode() != 0; }
+// kGemvAutoI: auto takes the GEMV kernels for one token whose experts have
+// at least this intermediate size (Mixtral-8x7B's 14336; Qwen3-30B-A3B's
+// 768, DeepSeek-V3's 2048 and gpt-oss's 2880 stay on the grouped GEMMs,
+// where the GEMV kernels measured 1.04–1.14× slower, forty-first pass).
+// kernels.MoEGemvAutoInter mirrors it.
+constexpr int64_t kGemvAutoI = 8192;
 
 __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float s) {
   const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
@@ -1127,10 +1135,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 }
 
 // grid ceil(H / kGemvWarps): one warp per output column, every token.
+//
+// early: the grid is one wave (every CTA resident at once), so the next
+// kernel may launch as soon as every CTA has passed its wait (it cannot
+// take an SM slot one of these CTAs still needs).
 __global__ void __launch_bounds__(kGemvWarps * 32)
     moe_gemv_down_kernel(float* out, const bf16* act, const int32_t* ids, const float* w, const bf16* dn,
-                         const float* db, int64_t H, int64_t I, int T, int K) {
+                         const float* db, int64_t H, int64_t I, int T, int K, bool early) {
   mk::pdl_wait();
+  if (early) mk::pdl_begin();
   __shared__ int first[kGemvAssign], ue[kGemvAssign];
   __shared__ unsigned um[kGemvAssign];  // per distinct expert: its assignments
   __shared__ float sw[kGemvAssign];
@@ -1916,8 +1929,13 @@ static int down_res_cols(int64_t n, int64_t H, int64_t I) {
   return I % 8 == 0 && bytes + (16 << 10) <= (int64_t)mk::smem_optin() ? (int)C : 0;
 }
 
-// gemv_path reports whether mk_moe_experts takes the decode-sized GEMV kernels.
-static bool gemv_path(int64_t t, int32_t k) { return t <= kGemvTokens && t * k <= kGemvAssign && gemv_on(); }
+// gemv_path reports whether mk_moe_experts takes the decode-sized GEMV
+// kernels for t tokens of top-k over experts of intermediate size i.
+static bool gemv_path(int64_t t, int32_t k, int64_t i) {
+  if (t > kGemvTokens || t * k > kGemvAssign) return false;
+  const int m = gemv_mode();
+  return m < 0 ? t == 1 && i >= kGemvAutoI : m != 0;
+}
 
 // decode_timeout_ns bounds moe_decode_kernel's barrier wait.
 constexpr long long kDecodeTimeoutNs = 1000000000ll;
@@ -2007,10 +2025,10 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   const Layout L = layout(t, k, e, h, i);
   cudaStream_t s = mk::as_stream(stream);
   unsigned char* w = mk::dev<unsigned char>(ws);
-  if (fp4 == nullptr && gemv_path(t, k) && gemv_mode() == 2) return decode_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up,
+  if (fp4 == nullptr && gemv_path(t, k, i) && gemv_mode() == 2) return decode_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up,
                                                         gate_up_bias, down, down_bias, act_kind, alpha_bits,
                                                         limit_bits, counts, w, L, route);
-  if (fp4 == nullptr && gemv_path(t, k)) {
+  if (fp4 == nullptr && gemv_path(t, k, i)) {
     // Decode-sized: act (the workspace's, ≥ T·K rows) between two GEMV kernels.
     bf16* act = reinterpret_cast<bf16*>(w + L.act);
     const int C = gemv_mode() == 3 ? down_res_cols(t * k, h, i) : 0;  // > 0: the resident down kernel
@@ -2050,10 +2068,12 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
       MK_LAUNCHED("moe_gemv_down_res");
       return MK_OK;
     }
-    (void)(mk::launch(moe_gemv_down_kernel, dim3((unsigned)((h + kGemvWarps - 1) / kGemvWarps)),
+    const int64_t nbd = (h + kGemvWarps - 1) / kGemvWarps;
+    const bool early = nbd <= (int64_t)(2048 / (kGemvWarps * 32)) * mk::sm_count();  // one wave (threads bound it)
+    (void)(mk::launch(moe_gemv_down_kernel, dim3((unsigned)nbd),
         dim3(kGemvWarps * 32), 0, s, mk::dev<float>(out), (const bf16*)act, mk::dev<const int32_t>(ids),
         mk::dev<const float>(weights), mk::dev<const bf16>(down), down_bias ? mk::dev<const float>(down_bias) : nullptr,
-        h, i, (int)t, (int)k));
+        h, i, (int)t, (int)k, early));
     MK_LAUNCHED("moe_gemv_down");
     return MK_OK;
   }
@@ -2220,17 +2240,17 @@ int32_t mk_moe_route_experts(uint64_t stream, uint64_t out, uint64_t x, uint64_t
   if (rc != MK_OK) return rc;
   rc = experts_check(x, ids, weights, t, k, e, h, i, gate_up, down, act_kind, ws, ws_bytes);
   if (rc != MK_OK) return rc;
-  MK_ARG(out || !gemv_path(t, k), "mk_moe_route_experts: out 0 (no combine) on the GEMV path, which combines itself");
+  MK_ARG(out || !gemv_path(t, k, i), "mk_moe_route_experts: out 0 (no combine) on the GEMV path, which combines itself");
   const RouteIn r{mk::dev<const float>(logits), score_bias ? mk::dev<const float>(score_bias) : nullptr, flags,
                   num_groups, topk_groups, mk::float_from_bits(scaling_bits)};
-  if (gemv_path(t, k) && gemv_mode() == 2 && decode_route_in_kernel(e, k))
+  if (gemv_path(t, k, i) && gemv_mode() == 2 && decode_route_in_kernel(e, k))
     return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias, act_kind,
                        alpha_bits, limit_bits, counts, ws, &r);  // one launch routes and runs the experts
-  if (direct_fits(t, k, kCfg[pick_cfg(t, k, e, h)].bm) && e <= 256 && !route_slow() && !gemv_path(t, k) &&
+  if (direct_fits(t, k, kCfg[pick_cfg(t, k, e, h)].bm) && e <= 256 && !route_slow() && !gemv_path(t, k, i) &&
       route_direct_on())
     return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias, act_kind,
                        alpha_bits, limit_bits, counts, ws, &r, true);  // routing lays out the rows: no align
-  if (t > 32 || e > 256 || k > 32 || route_slow() || gemv_path(t, k) || !route_align_on()) {
+  if (t > 32 || e > 256 || k > 32 || route_slow() || gemv_path(t, k, i) || !route_align_on()) {
     rc = mk_moe_route(stream, ids, weights, logits, score_bias, t, e, k, flags, num_groups, topk_groups, scaling_bits);
     if (rc != MK_OK) return rc;
     return experts_run(stream, out, x, ids, weights, t, k, e, h, i, gate_up, gate_up_bias, down, down_bias,
@@ -2249,7 +2269,7 @@ int32_t mk_moe_combine_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uint64_t o
          "mk_moe_combine_add_rmsnorm_f32: T=%lld K=%d E=%d H=%lld I=%lld", (long long)t, k, e, (long long)h,
          (long long)i);
   MK_ARG(sum && out && x && weights && ws && norm_w, "mk_moe_combine_add_rmsnorm_f32: null pointer argument");
-  MK_ARG(!gemv_path(t, k), "mk_moe_combine_add_rmsnorm_f32: the GEMV path leaves no expert rows to combine");
+  MK_ARG(!gemv_path(t, k, i), "mk_moe_combine_add_rmsnorm_f32: the GEMV path leaves no expert rows to combine");
   const Layout L = layout(t, k, e, h, i);
   MK_ARG(ws_bytes >= L.total, "mk_moe_combine_add_rmsnorm_f32: workspace of %llu bytes, %llu needed",
          (unsigned long long)ws_bytes, (unsigned long long)L.total);
@@ -2316,7 +2336,7 @@ int32_t mk_gemm_skinny_bf16(uint64_t stream, uint64_t c, uint64_t a, uint64_t w,
 
 int32_t mk_moe_gemv(int32_t on) {
   MK_THREAD("mk_moe_gemv");
-  MK_ARG(on >= 0 && on <= 3, "mk_moe_gemv: %d is not 0, 1, 2 or 3", on);
+  MK_ARG(on >= -1 && on <= 3, "mk_moe_gemv: %d is not -1, 0, 1, 2 or 3", on);
   g_moe_gemv = on;
   return MK_OK;
 }

@@ -248,14 +248,16 @@ func (d *Device) MoEWorkspace(T, K int, ex *MoEExperts) (bytes int64, tileM int,
 // decode-sized GEMV kernels (see MoEGemv).
 const MoEGemvMaxTokens = 4
 
-// moeGemvNow mirrors the library's switch: -1 unset (the environment), 0,
-// 1, 2 or 3 (MoEGemvMode).
+// moeGemvNow mirrors the library's switch: -2 unset (the environment),
+// else a MoEGemvMode (SetMoEGemvMode).
 var moeGemvNow atomic.Int32
 
-func init() { moeGemvNow.Store(-1) }
+func init() { moeGemvNow.Store(-2) }
 
 var moeGemvEnv = sync.OnceValue(func() int32 {
 	switch os.Getenv("MK_MOE_GEMV") {
+	case "0":
+		return 0
 	case "1":
 		return 1
 	case "2":
@@ -263,7 +265,7 @@ var moeGemvEnv = sync.OnceValue(func() int32 {
 	case "3":
 		return 3
 	}
-	return 0
+	return int32(MoEGemvAuto)
 })
 
 // MoEGemvMode is how MoEExpertsRun serves decode-sized calls (T ≤
@@ -271,41 +273,49 @@ var moeGemvEnv = sync.OnceValue(func() int32 {
 type MoEGemvMode int32
 
 const (
-	MoEGemvOff       MoEGemvMode = 0 // the grouped GEMMs (the default)
-	MoEGemvTwo       MoEGemvMode = 1 // two GEMV kernels: each chosen expert's rows streamed once
-	MoEGemvOneLaunch MoEGemvMode = 2 // routing (MoERouteExpertsRun, E ≤ 256, K ≤ 32) and both GEMV phases in one launch with a grid barrier; measured slower than both others (docs/PERF.md, eleventh pass)
-	MoEGemvResident  MoEGemvMode = 3 // as MoEGemvTwo, but the down kernel's rows of the chosen experts are bulk-copied into shared memory before its wait, under the up kernel, where they fit (else MoEGemvTwo's down kernel); slower than the grouped GEMMs (Qwen3-8l batch 1 ×1.02, batch 2 ×1.25; docs/PERF.md, twenty-fourth pass)
+	MoEGemvAuto      MoEGemvMode = -1 // the default: MoEGemvTwo for one token over experts of at least MoEGemvAutoInter intermediate size, else the grouped GEMMs
+	MoEGemvOff       MoEGemvMode = 0  // the grouped GEMMs
+	MoEGemvTwo       MoEGemvMode = 1  // two GEMV kernels: each chosen expert's rows streamed once
+	MoEGemvOneLaunch MoEGemvMode = 2  // routing (MoERouteExpertsRun, E ≤ 256, K ≤ 32) and both GEMV phases in one launch with a grid barrier; measured slower than both others (docs/PERF.md, eleventh pass)
+	MoEGemvResident  MoEGemvMode = 3  // as MoEGemvTwo, but the down kernel's rows of the chosen experts are bulk-copied into shared memory before its wait, under the up kernel, where they fit (else MoEGemvTwo's down kernel); slower than the grouped GEMMs (Qwen3-8l batch 1 ×1.02, batch 2 ×1.25; docs/PERF.md, twenty-fourth pass)
 )
 
-// moeGemvMode is the switch now (SetMoEGemvMode, else MK_MOE_GEMV=1, 2 or 3).
+// MoEGemvAutoInter is the smallest expert intermediate size for which
+// MoEGemvAuto takes the GEMV kernels at one token (the library's
+// kGemvAutoI): Mixtral-8x7B's 14336 does, Qwen3-30B-A3B's 768,
+// DeepSeek-V3's 2048 and gpt-oss's 2880 do not (docs/PERF.md, forty-first
+// pass).
+const MoEGemvAutoInter = 8192
+
+// moeGemvMode is the switch now (SetMoEGemvMode, else MK_MOE_GEMV=0, 1, 2
+// or 3, else auto).
 func moeGemvMode() MoEGemvMode {
-	if v := moeGemvNow.Load(); v >= 0 {
+	if v := moeGemvNow.Load(); v >= -1 {
 		return MoEGemvMode(v)
 	}
 	return MoEGemvMode(moeGemvEnv())
 }
 
-// MoEGemv reports whether MoEExpertsRun runs T tokens of top-K on its
-// decode-sized GEMV kernels (when on, T ≤ MoEGemvMaxTokens and T·K ≤ 32)
-// rather than the grouped GEMMs. They are off unless SetMoEGemvMode or
-// MK_MOE_GEMV=1 (2, 3) turns them on: measured in whole decode steps the
-// two-launch version lost to the fused kernel (docs/PERF.md, seventh pass).
-func MoEGemv(T, K int) bool {
-	return T <= MoEGemvMaxTokens && T*K <= 32 && moeGemvMode() != MoEGemvOff
+// MoEGemv reports whether MoEExpertsRun runs T tokens of top-K over
+// experts of intermediate size I on its decode-sized GEMV kernels rather
+// than the grouped GEMMs: never beyond MoEGemvMaxTokens tokens or 32
+// assignments; in MoEGemvAuto (the default) for one token with I ≥
+// MoEGemvAutoInter; in MoEGemvOff never; in the other modes always.
+func MoEGemv(T, K, I int) bool {
+	if T > MoEGemvMaxTokens || T*K > 32 {
+		return false
+	}
+	switch m := moeGemvMode(); m {
+	case MoEGemvAuto:
+		return T == 1 && I >= MoEGemvAutoInter
+	default:
+		return m != MoEGemvOff
+	}
 }
 
 // MoEGemvOneLaunchOn reports whether decode-sized calls take the one-launch
 // kernel (MoEDecodeCheck then reports its watchdog).
 func MoEGemvOneLaunchOn() bool { return moeGemvMode() == MoEGemvOneLaunch }
-
-// SetMoEGemv turns MoEExpertsRun's two-launch GEMV kernels on or off,
-// process-wide (tests and comparisons).
-func (d *Device) SetMoEGemv(on bool) error {
-	if on {
-		return d.SetMoEGemvMode(MoEGemvTwo)
-	}
-	return d.SetMoEGemvMode(MoEGemvOff)
-}
 
 // SetMoEGemvMode sets how MoEExpertsRun serves decode-sized calls,
 // process-wide (tests and comparisons).
@@ -313,7 +323,7 @@ func (d *Device) SetMoEGemvMode(m MoEGemvMode) error {
 	if err := d.ready("SetMoEGemvMode"); err != nil {
 		return err
 	}
-	if m < MoEGemvOff || m > MoEGemvResident {
+	if m < MoEGemvAuto || m > MoEGemvResident {
 		return fmt.Errorf("kernels: SetMoEGemvMode: mode %d", m)
 	}
 	if err := d.lib.check("mk_moe_gemv", moeGemvSet(int32(m))); err != nil {

@@ -164,7 +164,7 @@ type moeCase struct {
 	biases  bool
 	hot     int         // ≥ 0: add 30 to this expert's logits (every token picks it)
 	cold    int         // > 0: subtract 30 from the logits of experts ≥ cold (they get no tokens)
-	gemv    MoEGemvMode // the decode-sized GEMV kernels' mode for the run (SetMoEGemvMode)
+	gemv    MoEGemvMode // the decode-sized GEMV kernels' mode for the run (SetMoEGemvMode; zero: the grouped GEMMs)
 	// lo < hi: one rank's block of experts [lo, hi) (a world's): the routed
 	// ids are localized (MoELocalize: the others become −1), the weights are
 	// views of the block, and the counters are not checked.
@@ -279,6 +279,10 @@ func TestMoEExperts(t *testing.T) {
 		// Down rows longer than one batch of a lane's loads (kDownB · 32 · 8 = 2048 values), ending mid-batch.
 		{name: "gemv_E8_K2_T1_long_rows", cfg: softmaxRouter(8, 2), T: 1, H: 96, I: 2088, hot: -1, gemv: MoEGemvTwo},
 		{name: "gemv_E16_K4_T4_long_rows_hot", cfg: softmaxRouter(16, 4), T: 4, H: 64, I: 4104, hot: 3, biases: true, gemv: MoEGemvTwo},
+		// The default (auto): the GEMV kernels for one token over experts of
+		// intermediate size ≥ MoEGemvAutoInter, the grouped GEMMs at two.
+		{name: "auto_E8_K2_T1_long_rows", cfg: softmaxRouter(8, 2), T: 1, H: 64, I: 8200, hot: -1, biases: true, gemv: MoEGemvAuto},
+		{name: "auto_E8_K2_T2_long_rows", cfg: softmaxRouter(8, 2), T: 2, H: 64, I: 8200, hot: -1, gemv: MoEGemvAuto},
 		// One launch (routing inside when oneCall): the same cases.
 		// The resident down kernel: its rows fit at these shapes on an H200
 		// (Qwen3's one token: 16 columns × 8 experts × 768 a CTA), not at
@@ -450,19 +454,17 @@ func runMoECase(t *testing.T, g *GPU, r *rand.Rand, c moeCase, act moe.Activatio
 		if a.err != nil {
 			return
 		}
-		if c.gemv != MoEGemvOff {
-			a.check(a.d.SetMoEGemvMode(c.gemv))
-		}
+		// Every case sets its mode (the zero value: the grouped GEMMs, whatever
+		// the default would pick) and leaves the default (auto) behind.
+		a.check(a.d.SetMoEGemvMode(c.gemv))
 		if c.oneCall {
 			a.check(a.d.MoERouteExpertsRun(nil, ob, xbuf, ib, wb, lb, sb, T, moeRouter(c.cfg), run, runCounts, ws))
 		} else {
 			a.check(a.d.MoEExpertsRun(nil, ob, xbuf, ib, wb, T, K, run, runCounts, ws))
 		}
-		if c.gemv != MoEGemvOff {
-			a.check(a.d.SetMoEGemvMode(MoEGemvOff))
-			if c.gemv == MoEGemvOneLaunch {
-				a.check(a.d.MoEDecodeCheck()) // the barrier's watchdog stayed quiet
-			}
+		a.check(a.d.SetMoEGemvMode(MoEGemvAuto))
+		if c.gemv == MoEGemvOneLaunch {
+			a.check(a.d.MoEDecodeCheck()) // the barrier's watchdog stayed quiet
 		}
 		out = get[float32](a, ob, T*H)
 		w = get[float32](a, wb, T*K)
@@ -821,7 +823,7 @@ func TestMoEGemvOneLaunchSameBits(t *testing.T) {
 					}
 					a.check(a.d.SetMoEGemvMode(mode))
 					a.check(a.d.MoERouteExpertsRun(nil, ob, xbuf, ib, wb, lb, sb, T, moeRouter(c.cfg), ex, cb, ws))
-					a.check(a.d.SetMoEGemvMode(MoEGemvOff))
+					a.check(a.d.SetMoEGemvMode(MoEGemvAuto))
 					a.check(a.d.MoEDecodeCheck())
 					res[i] = result{get[float32](a, ob, T*H), get[float32](a, wb, T*K), get[int32](a, ib, T*K),
 						get[int64](a, cb, E)}

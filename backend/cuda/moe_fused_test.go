@@ -66,7 +66,7 @@ func TestMoEFusedMatchesCPU(t *testing.T) {
 				// One rank's decode-sized calls take the GEMV kernels (moeGemv).
 				fused := 0
 				for _, T := range c.T {
-					if !gb.moeGemv(T, c.r.TopK) {
+					if !gb.moeGemv(T, c.r.TopK, c.I) {
 						fused++
 					}
 				}

@@ -235,7 +235,7 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 				ex = l
 			}
 			counts = nil
-		} else if !be.moeGemv(T, K) && be.fusedFits(E, gub, db) && !ex.IsFP4() {
+		} else if !be.moeGemv(T, K, I) && be.fusedFits(E, gub, db) && !ex.IsFP4() {
 			route()
 			return be.moeFusedRun(d, out.st.f32, xb, ids, w, T, K, ex, counts, l.Layer, gu, down)
 		}
@@ -277,7 +277,7 @@ func (be *Backend) MoEAddRMSNorm(x, h backend.Tensor, l *backend.MoELayer, w bac
 	eps float32) (backend.Tensor, backend.Tensor) {
 	m := be.moeOperands(h, l)
 	if be.world != nil || l.Shared != nil || m.T == 0 || m.Ew != m.E || m.H%4 != 0 || m.H > 8192 ||
-		!be.grouped(m.gu, m.down, m.H, m.I, m.E) || be.moeGemv(m.T, l.Router.TopK) || be.fusedFits(m.E, m.gub, m.db) {
+		!be.grouped(m.gu, m.down, m.H, m.I, m.E) || be.moeGemv(m.T, l.Router.TopK, m.I) || be.fusedFits(m.E, m.gub, m.db) {
 		return be.AddRMSNorm(x, be.moeChecked(m, l), w, eps)
 	}
 	xt := tensorOf("MoEAddRMSNorm", "x", x)
@@ -294,12 +294,11 @@ func (be *Backend) MoEAddRMSNorm(x, h backend.Tensor, l *backend.MoELayer, w bac
 	return f.sum, f.out
 }
 
-// moeGemv reports whether a call of T tokens takes MoEExpertsRun's
-// decode-sized GEMV kernels instead of the fused kernel: on one rank (the
-// emulated expert-parallel ranks need the fused kernel) when they are on
-// (kernels.MoEGemv: off unless MK_MOE_GEMV=1, 2 for the one-launch
-// kernel, or 3 for the resident down kernel; in whole decode steps the
-// two-launch version lost to the fused kernel, docs/PERF.md, seventh pass;
-// the one-launch one lost too, eleventh pass; 1 and 3 lost to the grouped
-// GEMMs again in the twenty-fourth pass).
-func (be *Backend) moeGemv(T, K int) bool { return be.epRanks == 1 && kernels.MoEGemv(T, K) }
+// moeGemv reports whether a call of T tokens of top-K over experts of
+// intermediate size I takes MoEExpertsRun's decode-sized GEMV kernels
+// instead of the fused kernel: on one rank (the emulated expert-parallel
+// ranks need the fused kernel) where kernels.MoEGemv says so (by default
+// one token over experts of intermediate size ≥ kernels.MoEGemvAutoInter,
+// Mixtral-8x7B's; MK_MOE_GEMV=0 turns them off, 1–3 on for up to four
+// tokens; docs/PERF.md, forty-first pass).
+func (be *Backend) moeGemv(T, K, I int) bool { return be.epRanks == 1 && kernels.MoEGemv(T, K, I) }
