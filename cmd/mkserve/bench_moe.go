@@ -69,6 +69,7 @@ type moeBenchRow struct {
 	Path           string                   `json:"path"`
 	Weights        string                   `json:"weights"`            // bf16, or fp4 (codes and E8M0 scales: 4.25 bits a value)
 	FP4Path        string                   `json:"fp4_path,omitempty"` // fp4: gemv, gemm or dequant (kernels.MoEFP4Path)
+	Kernels        string                   `json:"kernels,omitempty"`  // grouped path, bf16: "gemv" where the decode-sized GEMV kernels run the experts (kernels.MoEGemv: by default one token over experts of intermediate ≥ 8192), else the grouped GEMMs
 	Ranks          int                      `json:"ranks"`
 	MinMS          float64                  `json:"min_ms"`
 	Iters          int                      `json:"iters"`
@@ -244,6 +245,9 @@ func benchMoE(args []string, stdout io.Writer) error {
 		if r.FP4Path != "" {
 			path += " (fp4 " + r.FP4Path + ")"
 		}
+		if r.Kernels != "" {
+			path += " (" + r.Kernels + ")"
+		}
 		fmt.Fprintf(tw, "%d\t%.4f\t%.4f\t%s\t%.4f\t%s\t%.1f\t%.0f\t%.1f\t%.2g\t%d\t%s\t%d\t\n", r.Tokens, r.MS, r.MinMS, eager, r.ExpertsMS, sep, r.TFLOPS,
 			r.WeightGBps, r.ExpertsTouched, r.RelErr, r.RouteMismatch, path, r.Ranks)
 	}
@@ -418,6 +422,8 @@ func benchMoETokens(d *kernels.Device, o *moeBenchOpts, w *moeBenchBufs, ex *ker
 			return row, err
 		}
 		row.FP4Path = p.String()
+	} else if kernels.MoEGemv(T, K, ex.I) {
+		row.Kernels = "gemv"
 	}
 	b := &moeBenchBufs{}
 	defer b.free()
