@@ -228,6 +228,21 @@ __device__ __forceinline__ void dot_rows4(const bf16* const (&w)[4], int n, cons
   }
 }
 
+// dot_chunk: a chunk's nrows rows (w [nrows][K], shared memory) against v,
+// four at a time (dot_rows4); put(r, y) takes row r's value y, in lane
+// r % 4 of the warp.
+template <typename F>
+__device__ __forceinline__ void dot_chunk(const bf16* w, int nrows, const float* v, int K, int lane, F&& put) {
+  for (int r = 0; r < nrows; r += 4) {
+    const int n = min(4, nrows - r);
+    const bf16* const rows[4] = {w + (size_t)r * K, w + (size_t)(r + 1) * K, w + (size_t)(r + 2) * K,
+                                 w + (size_t)(r + 3) * K};
+    float y[4];
+    dot_rows4(rows, n, v, K, lane, y);
+    if (lane < n) put(r + lane, lane == 0 ? y[0] : lane == 1 ? y[1] : lane == 2 ? y[2] : y[3]);
+  }
+}
+
 // The chunk walks: each calls f(chunk) for this CTA's chunks of a phase in
 // order and returns their count; the producer and the consumers walk the
 // same sequence. E1 and E2 need the routed ids (rt) for their addresses
@@ -534,14 +549,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   const int nq = walk_q(p, c, G, consume(ring, 0, warp, lane, [&](const Chunk& ch, const bf16* w) {
     if (land) STAMP(14);
     land = false;
-    for (int r = 0; r < ch.n; r += 4) {
-      const int n = min(4, ch.n - r);
-      const bf16* const rows[4] = {w + (size_t)r * H, w + (size_t)(r + 1) * H, w + (size_t)(r + 2) * H,
-                                   w + (size_t)(r + 3) * H};
-      float v[4];
-      dot_rows4(rows, n, vec, H, lane, v);
-      if (lane < n) p.qkv[ch.r + r + lane] = lane == 0 ? v[0] : lane == 1 ? v[1] : lane == 2 ? v[2] : v[3];
-    }
+    dot_chunk(w, ch.n, vec, H, lane, [&](int r, float y) { p.qkv[ch.r + r] = y; });
   }));
   STAMP(1);
   csignal(sync + kSQ);
@@ -752,19 +760,12 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   load_vec4(vec, p.attn, HD);
   cbar();
   const int no = walk_o(p, c, G, consume(ring, nq, warp, lane, [&](const Chunk& ch, const bf16* w) {
-    for (int r = 0; r < ch.n; r += 4) {
-      const int n = min(4, ch.n - r);
-      const bf16* const rows[4] = {w + (size_t)r * HD, w + (size_t)(r + 1) * HD, w + (size_t)(r + 2) * HD,
-                                   w + (size_t)(r + 3) * HD};
-      float v[4];
-      dot_rows4(rows, n, vec, HD, lane, v);
-      if (lane < n) {
-        const int i = ch.r + r + lane;
-        const float y = xr[i - r0] + (lane == 0 ? v[0] : lane == 1 ? v[1] : lane == 2 ? v[2] : v[3]);
-        xr[i - r0] = y;
-        p.x1[i] = y;
-      }
-    }
+    dot_chunk(w, ch.n, vec, HD, lane, [&](int r, float y) {
+      const int i = ch.r + r;
+      const float s = xr[i - r0] + y;
+      xr[i - r0] = s;
+      p.x1[i] = s;
+    });
   }));
   STAMP(5);
   csignal(sync + kSO);
@@ -776,14 +777,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   cbar();
   block_norm(vec, pnw, H, eps, reinterpret_cast<float*>(sm + p.o_red));
   const int nr = walk_r(p, c, G, consume(ring, nq + no, warp, lane, [&](const Chunk& ch, const bf16* w) {
-    for (int r = 0; r < ch.n; r += 4) {
-      const int n = min(4, ch.n - r);
-      const bf16* const rows[4] = {w + (size_t)r * H, w + (size_t)(r + 1) * H, w + (size_t)(r + 2) * H,
-                                   w + (size_t)(r + 3) * H};
-      float v[4];
-      dot_rows4(rows, n, vec, H, lane, v);
-      if (lane < n) p.logits[ch.r + r + lane] = lane == 0 ? v[0] : lane == 1 ? v[1] : lane == 2 ? v[2] : v[3];
-    }
+    dot_chunk(w, ch.n, vec, H, lane, [&](int r, float y) { p.logits[ch.r + r] = y; });
   }));
   STAMP(7);
   csignal(sync + kSR);
@@ -929,15 +923,8 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const __grid_constan
   cbar();
   walk_e2(p, rt->ids, c, G, consume(ring, nq + no + nr + ne1, warp, lane, [&](const Chunk& ch, const bf16* w) {
     const float wk = rt->w[ch.k];
-    for (int r = 0; r < ch.n; r += 4) {
-      const int n = min(4, ch.n - r);
-      const bf16* const rows[4] = {w + (size_t)r * I, w + (size_t)(r + 1) * I, w + (size_t)(r + 2) * I,
-                                   w + (size_t)(r + 3) * I};
-      float v[4];
-      dot_rows4(rows, n, vec + (size_t)ch.k * I, I, lane, v);
-      if (lane < n)
-        yk[ch.k * p.RN + ch.r + r + lane - r0] = wk * (lane == 0 ? v[0] : lane == 1 ? v[1] : lane == 2 ? v[2] : v[3]);
-    }
+    dot_chunk(w, ch.n, vec + (size_t)ch.k * I, I, lane,
+              [&](int r, float y) { yk[ch.k * p.RN + ch.r + r - r0] = wk * y; });
   }));
   cbar();
   for (int r = tid; r < r1 - r0; r += kCT) {
