@@ -1037,10 +1037,10 @@ __device__ __forceinline__ void down_col_out(float* out, const float (&acc)[kGem
 // against act of the assignments in um[g] (at most one a token, so at most
 // kGemvTokens), weighted by w (the combine), + the weighted biases of ids'
 // experts; out[t, c] from lane 0. Each lane issues kDownB loads of the row
-// before it uses any (the row streams from HBM; act comes from L2): one
-// load at a time per lane, with the assignments' loop between them, kept
-// the down phase at ~2 TB/s (Mixtral's one token: 117 µs for 235 MB, ncu,
-// forty-first pass).
+// before it uses any (the row streams from HBM; act comes from L2). Before
+// the forty-first pass a lane had one row load in flight at a time, the
+// assignments' loop between two loads, and the down phase ran at ~2 TB/s
+// (Mixtral's one token: 117 µs for 235 MB, ncu).
 constexpr int kDownB = 8;
 __device__ __forceinline__ void gemv_down_col(float* out, const bf16* act, int64_t c, const int* ue,
                                               const unsigned* um, int un, const float* w, const int32_t* ids,
