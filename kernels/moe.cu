@@ -1034,6 +1034,8 @@ __device__ __forceinline__ void down_col_out(float* out, const float (&acc)[kGem
 
 // down_pre: the GEMV down phase loads the first assignment's activations
 // with each batch of its row (MK_MOE_DOWN_PRE=0: after it; read once).
+// Measured (forty-third pass, ab_moe.sh): 10–13 % off every GEMV layer at
+// 1–4 tokens; Mixtral's one-token layer 0.211 → 0.186 ms.
 static bool down_pre() {
   static const bool v = [] {
     const char* e = getenv("MK_MOE_DOWN_PRE");
