@@ -1668,6 +1668,16 @@ bool use_wgmma() {
   return w;
 }
 
+// dec_stages_forced is MK_MOE_DEC_ST (3, 4, 6 or 8), else 0.
+int dec_stages_forced() {
+  static const int n = [] {
+    const char* v = getenv("MK_MOE_DEC_ST");
+    const int x = v ? atoi(v) : 0;
+    return x == 3 || x == 4 || x == 6 || x == 8 ? x : 0;
+  }();
+  return n;
+}
+
 // dec_stages is the cp.async ring depth of the decode-sized tiles (16×64,
 // config 0) for a reduction over kd columns (per CTA: a split's in dense
 // mode). At a few tokens a layer's
@@ -1679,17 +1689,64 @@ bool use_wgmma() {
 // lost on Qwen3 (k = 2048 and 768: 0.073 / 0.126 / 0.255 against 0.066 /
 // 0.114 / 0.246); 12 stages (one CTA an SM) lost everywhere, by 14–40 %.
 // So 8 stages for long reductions (kd ≥ 4096: 64 or more k steps, where the
-// deeper prologue pays for itself), 6 otherwise. MK_MOE_DEC_ST=6 or 8
-// forces a depth (measurements).
+// deeper prologue pays for itself), 6 otherwise; dec_fit may take fewer.
+// MK_MOE_DEC_ST=3, 4, 6 or 8 forces a depth (measurements).
 int dec_stages(int64_t kd) {
-  static const int forced = [] {
-    const char* v = getenv("MK_MOE_DEC_ST");
-    const int n = v ? atoi(v) : 0;
-    return n == 6 || n == 8 ? n : 0;
-  }();
-  if (forced) return forced;
+  if (const int f = dec_stages_forced()) return f;
   return kd >= 4096 ? 8 : 6;
 }
+
+// dec_fit: the 16×64 decode tiles of a short reduction (kd < 4096: the
+// 6-stage ring) take a shallower one (4 or 3 stages: 5 and 7 CTAs an SM
+// instead of 3, by shared memory) when that runs their grid in fewer waves
+// and the default takes at most kFitWaves: a grid of a few waves spends
+// its last one with most SMs idle or part-filled while the HBM stream
+// drains (ncu, thirty-sixth pass: DeepSeek-V3's one-token GEMM2, 896 CTAs
+// in 2.26 waves, 3.34 TB/s where its GEMM1 in 1.94 read 4.03). Of the
+// depths with the fewest waves the deepest is taken. Measured (forty-third
+// pass, whole layers by graph replay, against MK_MOE_DEC_FIT=0):
+// DeepSeek-V3 at 1 token ×0.947 (0.199 → 0.188 ms; its GEMM2 alone under
+// ncu 70.9 → 59.4 µs), Qwen3 at 2 / 4 tokens ×0.933 / ×0.946, level
+// elsewhere; DeepSeek-V3-4l's batch-1 decode step ×0.984. Cutting the
+// 8-stage rings of long reductions too (MK_MOE_DEC_FIT=2) lost 2–6 % on
+// DeepSeek-V3 and Mixtral at 1–4 tokens (DeepSeek-V3's one-token layer
+// ×1.046), though ncu timed those GEMMs alone as fast or faster.
+// MK_MOE_DEC_FIT=0 keeps the default depth; MK_MOE_DEC_ST (3, 4, 6 or 8)
+// forces one either way.
+constexpr int64_t kFitWaves = 4;
+int dec_fit() {
+  static const int v = [] {
+    const char* e = getenv("MK_MOE_DEC_FIT");
+    return e && (e[0] == '0' || e[0] == '2') && e[1] == 0 ? e[0] - '0' : 1;
+  }();
+  return v;
+}
+
+// fit_stages is dec_fit's choice for a grid of ncta CTAs whose default
+// depth is st; occ(s) is the CTAs an SM at depth s.
+template <typename Occ>
+int fit_stages(int st, int64_t ncta, Occ occ) {
+  if (dec_stages_forced() || dec_fit() == 0 || (st > 6 && dec_fit() != 2)) return st;
+  const int64_t sms = mk::sm_count();
+  auto waves = [&](int s) {
+    const int64_t slots = (int64_t)occ(s) * sms;
+    return slots > 0 ? (ncta + slots - 1) / slots : INT64_MAX;
+  };
+  const int64_t w0 = waves(st);
+  if (w0 <= 1 || w0 > kFitWaves) return st;
+  int best = st;
+  int64_t bw = w0;
+  for (const int s : {6, 4, 3}) {
+    if (s >= st) continue;
+    const int64_t w = waves(s);
+    if (w < bw) {
+      bw = w;
+      best = s;
+    }
+  }
+  return best;
+}
+
 
 // dec_wide says whether the decode tiles (config 0) of a layer with avg
 // expected rows per active expert, over active experts, run 128 columns a
@@ -1719,15 +1776,28 @@ bool dec_wide(double avg, int64_t active, bool gu) {
   return avg >= 6 && active >= 64;
 }
 
+// gemm_prep sets the instantiation's shared-memory limit (once; the library
+// runs on one thread) and returns its CTAs an SM (0 if it cannot run).
+template <int BM, int BN, int WM, int WN, int ST, bool GU>
+int gemm_prep() {
+  static const int occ = [] {
+    auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
+    const int sm = ST * (BM + BN) * BK * 2;
+    int n = 0;
+    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, sm) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, (BM / WM) * (BN / WN) * 32, sm) != cudaSuccess)
+      return 0;
+    return n;
+  }();
+  return occ;
+}
+
 template <int BM, int BN, int WM, int WN, int ST, bool GU>
 int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s, int64_t mt = 0) {
   auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
   const size_t sm = (size_t)ST * (BM + BN) * BK * 2;
-  static bool attr = false;  // per instantiation; the library runs on one thread
-  if (!attr) {
-    MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    attr = true;
-  }
+  const int occ = gemm_prep<BM, BN, WM, WN, ST, GU>();
+  MK_ARG(occ > 0, "mk_moe_experts: the %dx%d tile kernel (%d stages) cannot run here", BM, BN, ST);
   MK_ARG(tiles * ntiles < (1ll << 31), "mk_moe_experts: %lld × %lld tiles", (long long)tiles, (long long)ntiles);
   GemmArgs g = a;
   g.mt = (int)(mt > 0 ? mt : tiles);
@@ -1767,9 +1837,23 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t 
         return st6 ? launch_gemm<16, 128, 16, 32, 6, GU>(a, tiles, nt, s, mt)
                    : launch_gemm<16, 128, 16, 32, 4, GU>(a, tiles, nt, s, mt);
       }
-      switch (dec_stages(a.ksplit > 1 ? (int64_t)a.ktc * BK : a.Kd)) {  // a split's k columns (dense mode)
-        case 8: return launch_gemm<16, 64, 16, 16, 8, GU>(a, tiles, nt, s, mt);
-        default: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s, mt);
+      {
+        int st = dec_stages(a.ksplit > 1 ? (int64_t)a.ktc * BK : a.Kd);  // a split's k columns (dense mode)
+        if (a.dense_rows == 0)
+          st = fit_stages(st, tiles * nt, [](int d) {
+            switch (d) {
+              case 8: return gemm_prep<16, 64, 16, 16, 8, GU>();
+              case 6: return gemm_prep<16, 64, 16, 16, 6, GU>();
+              case 4: return gemm_prep<16, 64, 16, 16, 4, GU>();
+              default: return gemm_prep<16, 64, 16, 16, 3, GU>();
+            }
+          });
+        switch (st) {
+          case 8: return launch_gemm<16, 64, 16, 16, 8, GU>(a, tiles, nt, s, mt);
+          case 4: return launch_gemm<16, 64, 16, 16, 4, GU>(a, tiles, nt, s, mt);
+          case 3: return launch_gemm<16, 64, 16, 16, 3, GU>(a, tiles, nt, s, mt);
+          default: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s, mt);
+        }
       }
     case 4: return launch_gemm<32, 64, 32, 16, 6, GU>(a, tiles, nt, s, mt);
     case 1: return launch_gemm<64, 128, 32, 64, 4, GU>(a, tiles, nt, s, mt);

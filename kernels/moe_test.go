@@ -267,6 +267,11 @@ func TestMoEExperts(t *testing.T) {
 		{name: "E64_K4_T16_stream_clamped", cfg: softmaxRouter(64, 4), T: 16, H: 72, I: 24, hot: -1, clamped: true, biases: true},
 		{name: "E32_K8_T80_stream_nt4", cfg: softmaxRouter(32, 8), T: 80, H: 200, I: 56, hot: -1},
 		{name: "E16_K4_T40_stream_nt2", cfg: softmaxRouter(16, 4), T: 40, H: 104, I: 48, hot: -1},
+		// One token over wide layers: the 16-row tiles' grids of 2–4 waves at
+		// their default ring depth take a shallower one (dec_fit; on an H200
+		// GEMM2 here 896 CTAs, 3 stages, and GEMM1 below 512 CTAs, 4 stages).
+		{name: "E8_K8_T1_fit_down", cfg: softmaxRouter(8, 8), T: 1, H: 7168, I: 200, hot: -1, biases: true},
+		{name: "E8_K8_T1_fit_up", cfg: softmaxRouter(8, 8), T: 1, H: 1000, I: 2048, hot: -1},
 		// The decode-sized GEMV kernels (T ≤ 4): every token count, biases,
 		// the clamped activation, one expert for every token, a rank's block.
 		{name: "gemv_E8_K1_T2", cfg: softmaxRouter(8, 1), T: 2, H: 64, I: 48, hot: -1, gemv: MoEGemvTwo},
