@@ -1785,8 +1785,10 @@ int gemm_prep() {
     const int sm = ST * (BM + BN) * BK * 2;
     int n = 0;
     if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, sm) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, (BM / WM) * (BN / WN) * 32, sm) != cudaSuccess)
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, (BM / WM) * (BN / WN) * 32, sm) != cudaSuccess) {
+      (void)cudaGetLastError();  // not left for a later launch check to report
       return 0;
+    }
     return n;
   }();
   return occ;
