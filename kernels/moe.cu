@@ -1712,8 +1712,18 @@ int dec_stages(int64_t kd) {
 // DeepSeek-V3 and Mixtral at 1–4 tokens (DeepSeek-V3's one-token layer
 // ×1.046), though ncu timed those GEMMs alone as fast or faster.
 // MK_MOE_DEC_FIT=0 keeps the default depth; MK_MOE_DEC_ST (3, 4, 6 or 8)
-// forces one either way.
+// forces one either way; MK_MOE_DEC_FIT_WAVES=n (2 to 16) moves the
+// kFitWaves bound (not measured past 4 yet: Qwen3's 16-token layer, whose
+// GEMM1 grid bound is 3072 CTAs, ~8 waves, is the case to try).
 constexpr int64_t kFitWaves = 4;
+int64_t fit_waves() {
+  static const int64_t n = [] {
+    const char* v = getenv("MK_MOE_DEC_FIT_WAVES");
+    const int x = v ? atoi(v) : 0;
+    return x >= 2 && x <= 16 ? (int64_t)x : kFitWaves;
+  }();
+  return n;
+}
 int dec_fit() {
   static const int v = [] {
     const char* e = getenv("MK_MOE_DEC_FIT");
@@ -1733,7 +1743,7 @@ int fit_stages(int st, int64_t ncta, Occ occ) {
     return slots > 0 ? (ncta + slots - 1) / slots : INT64_MAX;
   };
   const int64_t w0 = waves(st);
-  if (w0 <= 1 || w0 > kFitWaves) return st;
+  if (w0 <= 1 || w0 > fit_waves()) return st;
   int best = st;
   int64_t bw = w0;
   for (const int s : {6, 4, 3}) {
