@@ -1715,6 +1715,16 @@ int dec_stages(int64_t kd) {
 // forces one either way; MK_MOE_DEC_FIT_WAVES=n (2 to 16) moves the
 // kFitWaves bound (not measured past 4 yet: Qwen3's 16-token layer, whose
 // GEMM1 grid bound is 3072 CTAs, ~8 waves, is the case to try).
+int dec_fit() {
+  static const int v = [] {
+    const char* e = getenv("MK_MOE_DEC_FIT");
+    return e && (e[0] == '0' || e[0] == '2') && e[1] == 0 ? e[0] - '0' : 1;
+  }();
+  return v;
+}
+
+// fit_waves is dec_fit's bound on the default depth's waves: kFitWaves, or
+// MK_MOE_DEC_FIT_WAVES.
 constexpr int64_t kFitWaves = 4;
 int64_t fit_waves() {
   static const int64_t n = [] {
@@ -1723,13 +1733,6 @@ int64_t fit_waves() {
     return x >= 2 && x <= 16 ? (int64_t)x : kFitWaves;
   }();
   return n;
-}
-int dec_fit() {
-  static const int v = [] {
-    const char* e = getenv("MK_MOE_DEC_FIT");
-    return e && (e[0] == '0' || e[0] == '2') && e[1] == 0 ? e[0] - '0' : 1;
-  }();
-  return v;
 }
 
 // fit_stages is dec_fit's choice for a grid of ncta CTAs whose default
@@ -1756,7 +1759,6 @@ int fit_stages(int st, int64_t ncta, Occ occ) {
   }
   return best;
 }
-
 
 // dec_wide says whether the decode tiles (config 0) of a layer with avg
 // expected rows per active expert, over active experts, run 128 columns a
