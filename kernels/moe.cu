@@ -15,6 +15,7 @@
 // Three tile shapes (rows per CTA 16, 64, 128) are picked from the expected
 // rows per active expert: decode-sized batches stream expert weights with
 // 16-row tiles and many small CTAs; prefill-sized ones use 128×128 tiles.
+#include <type_traits>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -1806,6 +1807,18 @@ int gemm_prep() {
   return occ;
 }
 
+// dec_depth calls f with the 16×64 decode tiles' ring depth st (8, 4 or 3;
+// anything else 6) as a compile-time constant (std::integral_constant).
+template <typename F>
+int dec_depth(int st, F f) {
+  switch (st) {
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    default: return f(std::integral_constant<int, 6>{});
+  }
+}
+
 template <int BM, int BN, int WM, int WN, int ST, bool GU>
 int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s, int64_t mt = 0) {
   auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
@@ -1855,19 +1868,11 @@ int run_gemm(int cfg, const GemmArgs& a, int64_t tiles, cudaStream_t s, int64_t 
         int st = dec_stages(a.ksplit > 1 ? (int64_t)a.ktc * BK : a.Kd);  // a split's k columns (dense mode)
         if (a.dense_rows == 0)
           st = fit_stages(st, tiles * nt, [](int d) {
-            switch (d) {
-              case 8: return gemm_prep<16, 64, 16, 16, 8, GU>();
-              case 6: return gemm_prep<16, 64, 16, 16, 6, GU>();
-              case 4: return gemm_prep<16, 64, 16, 16, 4, GU>();
-              default: return gemm_prep<16, 64, 16, 16, 3, GU>();
-            }
+            return dec_depth(d, [](auto D) { return gemm_prep<16, 64, 16, 16, decltype(D)::value, GU>(); });
           });
-        switch (st) {
-          case 8: return launch_gemm<16, 64, 16, 16, 8, GU>(a, tiles, nt, s, mt);
-          case 4: return launch_gemm<16, 64, 16, 16, 4, GU>(a, tiles, nt, s, mt);
-          case 3: return launch_gemm<16, 64, 16, 16, 3, GU>(a, tiles, nt, s, mt);
-          default: return launch_gemm<16, 64, 16, 16, 6, GU>(a, tiles, nt, s, mt);
-        }
+        return dec_depth(st, [&](auto D) {
+          return launch_gemm<16, 64, 16, 16, decltype(D)::value, GU>(a, tiles, nt, s, mt);
+        });
       }
     case 4: return launch_gemm<32, 64, 32, 16, 6, GU>(a, tiles, nt, s, mt);
     case 1: return launch_gemm<64, 128, 32, 64, 4, GU>(a, tiles, nt, s, mt);
