@@ -1502,7 +1502,7 @@ struct Layout {
   double avg;     // expected rows per active expert (dec_wide)
   int64_t active;  // experts expected to get rows: min(T·K, E)
   int64_t rows, tiles, g2nt, g1nt;
-  size_t off, num, tile_expert, sorted, slot_of, act, y, bar, part, g2cnt, part1, g1cnt, total;
+  size_t off, num, tile_expert, sorted, slot_of, act, y, bar, wctr, part, g2cnt, part1, g1cnt, total;
 };
 
 // g1_splits is GEMM1's split of its reduction (kd = H columns) for the
@@ -1579,6 +1579,8 @@ Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   o = up256(o + (size_t)L.rows * H * 4);
   L.bar = o;  // moe_decode_kernel's grid barrier
   o = up256(o + 4);
+  L.wctr = o;  // the persistent wgmma grids' work-item counters (GemmArgs.tile_ctr): GEMM1's, GEMM2's
+  o = up256(o + 2 * 4);
   L.g2s = g2_splits(L.cfg, I);
   L.g2nt = (H + kCfg[L.cfg].bn - 1) / kCfg[L.cfg].bn;
   L.part = o;
@@ -2291,6 +2293,12 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
     g1.split_cnt = reinterpret_cast<int*>(w + L.g2cnt);
     g1.split_cnt_n = (int)(L.tiles * L.g2nt);
   }
+  int* wctr = nullptr;  // MK_MOE_DYN: the 128-row wgmma tiles' counters, zeroed for this call
+  if (L.cfg == 3 && !fp4_gemm && mkmoe::dyn_sched()) {
+    wctr = reinterpret_cast<int*>(w + L.wctr);
+    MK_CUDA(cudaMemsetAsync(wctr, 0, 2 * sizeof(int), s));
+    g1.tile_ctr = wctr;
+  }
   int rc;
   if (fp4_gemm) {
     rc = run_gemm_fp4<true>(bm, g1, fp4->gu_codes, fp4->gu_scales, L.tiles, s);
@@ -2315,6 +2323,7 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   g2.out = y;
   g2.Kd = i;
   g2.N = h;
+  g2.tile_ctr = wctr ? wctr + 1 : nullptr;
   if (fp4_gemm) {
     rc = run_gemm_fp4<false>(bm, g2, fp4->dn_codes, fp4->dn_scales, L.tiles, s);
   } else if (L.g2s > 1) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "common.cuh"
 #include "mk_moe.h"
 #include "mma.cuh"
 
@@ -55,6 +56,12 @@ struct GemmArgs {
   // rows, where A's gathered rows are copied in tile order so that the
   // GEMM loads them by TMA; null: the producer gathers them by cp.async.
   bf16* ascratch;
+  // Persistent wgmma grids (moe_wgmma.cu, MK_MOE_DYN=1): two counters in
+  // the workspace, GEMM1's and GEMM2's, zeroed by a memset before GEMM1;
+  // a CTA's first work item is blockIdx.x, each later one gridDim.x plus
+  // the count it takes from its GEMM's counter. Null: the CTAs walk fixed
+  // strides of gridDim.x.
+  int* tile_ctr;
 };
 
 using mk::mma16816;
@@ -192,6 +199,9 @@ __device__ __forceinline__ void mma_ring(float (&acc)[MF][NF][4], const bf16* sA
 // activation is the expert's gated activation of gate g and up u (biases
 // added): silu(g)·u, or gpt-oss's clamped form (MK_MOE_SWIGLU_CLAMPED).
 __device__ __forceinline__ float activation(float g, float u, int act, float alpha, float limit) {
+#if defined(MK_ACT_FAST) && MK_ACT_FAST
+  if (act == MK_MOE_SWIGLU) return __fdividef(g, 1.0f + __expf(-g)) * u;
+#endif
   if (act == MK_MOE_SWIGLU) return g / (1.0f + __expf(-g)) * u;
   if (g > limit) g = limit;
   if (u > limit) u = limit;
@@ -362,6 +372,15 @@ inline int group_m() {
 constexpr int64_t kCopyMinI = 4096;
 inline bool gather_by_copy(int force, int64_t inter) {
   return force >= 0 ? force == 1 : inter >= kCopyMinI;
+}
+
+// dyn_sched: the persistent wgmma grids take their work items from a
+// counter (GemmArgs.tile_ctr) in the order of the grouped rasterisation, as
+// the hardware hands out the CTAs of a grid of one CTA an item, instead of
+// each CTA walking a fixed stride (MK_MOE_DYN=1; read once).
+inline bool dyn_sched() {
+  static const bool v = mk::env_is("MK_MOE_DYN", '1');
+  return v;
 }
 
 // wgmma_gemm launches the sm_90a wgmma grouped GEMM (bm×256 CTA tiles) when

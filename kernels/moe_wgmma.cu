@@ -226,9 +226,11 @@ __global__ void __launch_bounds__(THREADS) moe_wgmma_kernel(const GemmArgs p) {
 constexpr int WS_THREADS = 384;  // warpgroup 0 loads, 1 and 2 compute
 static_assert(BN / 2 == BM, "one TMA box shape (BK columns × 128 rows) serves the weight halves and the A tile");
 // ws_smem is the warp-specialised kernel's shared memory for row tiles of
-// TBM rows: the ring, alignment slack, the barriers, the A rows' indices.
+// TBM rows: the ring, alignment slack, the ring's barriers, the work-item
+// slots and their barriers (DYN), the A rows' indices.
 constexpr size_t ws_smem(int TBM) {
-  return ST * ((size_t)TBM * BK * 2 + kStageB) + 1024 + 2 * ST * sizeof(uint64_t) + (size_t)TBM * sizeof(int64_t);
+  return ST * ((size_t)TBM * BK * 2 + kStageB) + 1024 + 2 * ST * sizeof(uint64_t) + 4 * sizeof(uint64_t) +
+         2 * sizeof(int32_t) + (size_t)TBM * sizeof(int64_t);
 }
 constexpr size_t kWsSmem = ws_smem(BM);
 
@@ -277,6 +279,15 @@ __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;
 // copy inside both CTAs' lifetimes. Otherwise (different experts, or the
 // second tile past the real ones) the two CTAs run as unpaired ones.
 //
+// DYN (a persistent grid, p.tile_ctr set: mkmoe::dyn_sched): a CTA's
+// first item is blockIdx.x, each later one gridDim.x + atomicAdd(p.tile_ctr,
+// 1), taken by producer thread 0, so the items run in the rasterised order
+// whatever each SM's pace. Thread 0 publishes each id in one of two slots
+// (nid) and arrives on its idf barrier; every consumer thread (and, without
+// TMA_A, every producer thread, after a producer barrier) reads it from
+// there, the consumers arriving on ide, which thread 0 waits for before it
+// writes that slot again. An id past the grid's items ends every role.
+//
 // TBM 64 (the 64-row tiles, mkmoe::wgmma_gemm's bm): the A tile is 64 rows
 // and each consumer warpgroup takes all of them against its 128 of the
 // stage's 256 B rows (wgmma_k64_n128). GEMM2: consumer c the output
@@ -285,10 +296,11 @@ __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;
 // tile's 128 output columns (four 64-row TMA boxes; wmap's boxes are 64
 // rows), so consumer c's block is gate and up of the columns 64·c + [0,
 // 64) (store_act_half). With TMA_A, amap's boxes are TBM rows.
-template <bool GATEUP, bool TMA_A, bool PAIR = false, int TBM = BM>
+template <bool GATEUP, bool TMA_A, bool PAIR = false, int TBM = BM, bool DYN = false>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     moe_wgmma_ws_kernel(const GemmArgs p, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap amap) {
   static_assert(TBM == BM || (TBM == 64 && !PAIR), "64-row tiles run unpaired");
+  static_assert(!(DYN && PAIR), "paired CTAs run one item each");
   constexpr uint32_t SA = (uint32_t)TBM * BK * 2;  // A bytes a stage
   const int items = PAIR ? 1 : p.mt * p.nt, ntiles = *p.num_tiles;
   int pair_tile = 0, pair_ntile = 0, pair_c = 0;
@@ -326,13 +338,22 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
   bf16* sB = reinterpret_cast<bf16*>(base + ST * SA);             // [ST][BN][BK] swizzled
   uint64_t* full = reinterpret_cast<uint64_t*>(base + ST * (SA + kStageB));
   uint64_t* empty = full + ST;
-  int32_t* arow = reinterpret_cast<int32_t*>(empty + ST);  // [TBM]: the row of p.A each A row reads, -1 padding
+  uint64_t* idf = empty + ST;  // DYN: [2] slot q % 2 holds item q's id
+  uint64_t* ide = idf + 2;     // DYN: [2] every consumer thread has read it
+  int32_t* nid = reinterpret_cast<int32_t*>(ide + 2);  // DYN: [2] the slots
+  int32_t* arow = nid + 2;  // [TBM]: the row of p.A each A row reads, -1 padding
 
   const int tid = threadIdx.x, wg = tid / 128, wl = tid % 128;
   if (tid == 0) {
     for (int st = 0; st < ST; st++) {
       mbar_init(&full[st], TMA_A ? 1 : 129);  // the producer's 128 cp.async arrivals (unless TMA_A) + the TMA issuer's expect_tx
       mbar_init(&empty[st], shared ? 4 : 2);  // shared: the peer's two consumer warpgroups too
+    }
+    if (DYN) {
+      for (int q = 0; q < 2; q++) {
+        mbar_init(&idf[q], 1);
+        mbar_init(&ide[q], WS_THREADS - 128);
+      }
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -355,7 +376,22 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
       if (TMA_A) tma_prefetch(&amap);
     }
     int g = 0;
-    for (int id = id0; id < items && (!TMA_A || wl == 0); id += id_step) {
+    for (int q = 0;; q++) {
+      if (TMA_A && wl != 0) break;  // one thread loads
+      int id = id0 + q * id_step;
+      if (DYN) {
+        if (wl == 0) {
+          if (q > 0) id = (int)gridDim.x + atomicAdd(p.tile_ctr, 1);
+          if (q >= 2) mbar_wait(&ide[q & 1], ((q >> 1) - 1) & 1);
+          nid[q & 1] = id;
+          mbar_arrive(&idf[q & 1]);
+        }
+        if (!TMA_A) {
+          producer_sync();  // thread 0 wrote the slot (it writes it again only after the next producer barrier)
+          id = nid[q & 1];
+        }
+      }
+      if (id >= items) break;
       int tile, ntile;
       item(id, tile, ntile);
       if (tile >= ntiles) continue;
@@ -420,7 +456,14 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
   const int cw = wg - 1, warp = wl / 32, lane = tid % 32;
   const uint32_t sA0 = sm_addr(sA), sB0 = sm_addr(sB);
   int g = 0;
-  for (int id = id0; id < items; id += id_step) {
+  for (int q = 0;; q++) {
+    int id = id0 + q * id_step;
+    if (DYN) {
+      mbar_wait(&idf[q & 1], (q >> 1) & 1);
+      id = nid[q & 1];
+      mbar_arrive(&ide[q & 1]);
+    }
+    if (id >= items) break;
     int tile, ntile;
     item(id, tile, ntile);
     if (tile >= ntiles) continue;
@@ -604,6 +647,7 @@ int launch64(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
 template <bool GU>
 int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
   static int ok = 0, ok_ws = 0, ok_ws_a = 0, ok_ws_g1a = 0, ok_p = 0, ok_p_a = 0, ok_p_g1a = 0;
+  static int ok_ws_d = 0, ok_ws_a_d = 0, ok_ws_g1a_d = 0;
   TmaMap wm, am;
   if (warp_specialised() && a.experts > 0 && weight_map(wm, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd)) {
     if (pair()) {  // clusters of two CTAs, one item each: pairs of row tiles × column tiles
@@ -624,22 +668,35 @@ int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
                          GU ? "moe_wgmma_ws pair (gate/up)" : "moe_wgmma_ws pair (down)", grid, s, ok_p, a, wm, wm);
     }
     int64_t grid = tiles * ntiles;  // one CTA per work item, or one per SM walking them
+    bool dyn = false;  // the persistent CTAs take their items from a.tile_ctr
     if (persistent(a.Kd)) {
       static const int sms = sm_count();
       if (sms > 0) grid = std::min<int64_t>(grid, sms);
+      dyn = a.tile_ctr != nullptr && grid < tiles * ntiles;
     }
-    if (!GU && tma_a() && weight_map(am, a.A, (int64_t)a.mt * BM, a.Kd))
+    if (!GU && tma_a() && weight_map(am, a.A, (int64_t)a.mt * BM, a.Kd)) {
+      if (dyn)
+        return launch_kern(moe_wgmma_ws_kernel<false, true, false, BM, true>, WS_THREADS, kWsSmem,
+                           "moe_wgmma_ws (down, A by TMA, items by counter)", grid, 1, s, ok_ws_a_d, a, wm, am);
       return launch_kern(moe_wgmma_ws_kernel<false, true>, WS_THREADS, kWsSmem, "moe_wgmma_ws (down, A by TMA)", grid,
                          1, s, ok_ws_a, a, wm, am);
+    }
     if (GU && g1_tma(a.N) && a.ascratch != nullptr && a.Kd % 8 == 0 &&
         weight_map(am, a.ascratch, (int64_t)a.mt * BM, a.Kd)) {
       const int64_t rows = (int64_t)a.mt * BM;
       permute_rows_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(a.ascratch, a.A, a.sorted, a.num_tiles, a.topk,
                                                                         a.Kd, rows, BM);
       MK_LAUNCHED("moe_wgmma permute_rows");
+      if (dyn)
+        return launch_kern(moe_wgmma_ws_kernel<true, true, false, BM, true>, WS_THREADS, kWsSmem,
+                           "moe_wgmma_ws (gate/up, A by TMA, items by counter)", grid, 1, s, ok_ws_g1a_d, a, wm, am);
       return launch_kern(moe_wgmma_ws_kernel<true, true>, WS_THREADS, kWsSmem, "moe_wgmma_ws (gate/up, A by TMA)",
                          grid, 1, s, ok_ws_g1a, a, wm, am);
     }
+    if (dyn)
+      return launch_kern(moe_wgmma_ws_kernel<GU, false, false, BM, true>, WS_THREADS, kWsSmem,
+                         GU ? "moe_wgmma_ws (gate/up, items by counter)" : "moe_wgmma_ws (down, items by counter)",
+                         grid, 1, s, ok_ws_d, a, wm, wm);
     return launch_kern(moe_wgmma_ws_kernel<GU, false>, WS_THREADS, kWsSmem,
                        GU ? "moe_wgmma_ws (gate/up)" : "moe_wgmma_ws (down)", grid, 1, s, ok_ws, a, wm, wm);
   }

@@ -53,6 +53,28 @@ __device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t a, uint64_t 
 #endif
 }
 
+// wgmma_n256: [d0 | d1] += A·Bᵀ for a 64 × 256 block, k 16, both operands in
+// shared memory (K-major descriptors a, b: b's 256 rows contiguous, 8-row
+// atoms 1024 bytes apart); acc 0: d = A·Bᵀ. d0 holds columns [0, 128), d1
+// [128, 256): the m64n256 accumulator fragment is the two m64n128 fragments
+// one after the other (register 4c + q: column chunk c of 8), so this is
+// wgmma_n128 on b and on b's row 128 in one instruction, reading A from
+// shared memory once instead of twice.
+__device__ __forceinline__ void wgmma_n256(float (&d0)[64], float (&d1)[64], uint64_t a, uint64_t b, int acc = 1) {
+#ifdef MK_WGMMA
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d0[0]), "+f"(d0[1]), "+f"(d0[2]), "+f"(d0[3]), "+f"(d0[4]), "+f"(d0[5]), "+f"(d0[6]), "+f"(d0[7]), "+f"(d0[8]), "+f"(d0[9]), "+f"(d0[10]), "+f"(d0[11]), "+f"(d0[12]), "+f"(d0[13]), "+f"(d0[14]), "+f"(d0[15]), "+f"(d0[16]), "+f"(d0[17]), "+f"(d0[18]), "+f"(d0[19]), "+f"(d0[20]), "+f"(d0[21]), "+f"(d0[22]), "+f"(d0[23]), "+f"(d0[24]), "+f"(d0[25]), "+f"(d0[26]), "+f"(d0[27]), "+f"(d0[28]), "+f"(d0[29]), "+f"(d0[30]), "+f"(d0[31]), "+f"(d0[32]), "+f"(d0[33]), "+f"(d0[34]), "+f"(d0[35]), "+f"(d0[36]), "+f"(d0[37]), "+f"(d0[38]), "+f"(d0[39]), "+f"(d0[40]), "+f"(d0[41]), "+f"(d0[42]), "+f"(d0[43]), "+f"(d0[44]), "+f"(d0[45]), "+f"(d0[46]), "+f"(d0[47]), "+f"(d0[48]), "+f"(d0[49]), "+f"(d0[50]), "+f"(d0[51]), "+f"(d0[52]), "+f"(d0[53]), "+f"(d0[54]), "+f"(d0[55]), "+f"(d0[56]), "+f"(d0[57]), "+f"(d0[58]), "+f"(d0[59]), "+f"(d0[60]), "+f"(d0[61]), "+f"(d0[62]), "+f"(d0[63]),
+        "+f"(d1[0]), "+f"(d1[1]), "+f"(d1[2]), "+f"(d1[3]), "+f"(d1[4]), "+f"(d1[5]), "+f"(d1[6]), "+f"(d1[7]), "+f"(d1[8]), "+f"(d1[9]), "+f"(d1[10]), "+f"(d1[11]), "+f"(d1[12]), "+f"(d1[13]), "+f"(d1[14]), "+f"(d1[15]), "+f"(d1[16]), "+f"(d1[17]), "+f"(d1[18]), "+f"(d1[19]), "+f"(d1[20]), "+f"(d1[21]), "+f"(d1[22]), "+f"(d1[23]), "+f"(d1[24]), "+f"(d1[25]), "+f"(d1[26]), "+f"(d1[27]), "+f"(d1[28]), "+f"(d1[29]), "+f"(d1[30]), "+f"(d1[31]), "+f"(d1[32]), "+f"(d1[33]), "+f"(d1[34]), "+f"(d1[35]), "+f"(d1[36]), "+f"(d1[37]), "+f"(d1[38]), "+f"(d1[39]), "+f"(d1[40]), "+f"(d1[41]), "+f"(d1[42]), "+f"(d1[43]), "+f"(d1[44]), "+f"(d1[45]), "+f"(d1[46]), "+f"(d1[47]), "+f"(d1[48]), "+f"(d1[49]), "+f"(d1[50]), "+f"(d1[51]), "+f"(d1[52]), "+f"(d1[53]), "+f"(d1[54]), "+f"(d1[55]), "+f"(d1[56]), "+f"(d1[57]), "+f"(d1[58]), "+f"(d1[59]), "+f"(d1[60]), "+f"(d1[61]), "+f"(d1[62]), "+f"(d1[63])
+      : "l"(a), "l"(b), "r"(acc));
+#endif
+}
+
 __device__ __forceinline__ void wgmma_fence() {
 #ifdef MK_WGMMA
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -234,12 +256,21 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 // 256)ᵀ, a the shared-memory address of the warpgroup's 64 A rows and b of
 // the stage's 256 B rows (64 bf16 a row, the swizzled layout above; a k
 // step of 16 is 32 bytes).
+//
+// One m64n256k16 a 16 of k (wgmma_n256): the A rows are read from shared
+// memory once per 256 columns. Built with -DMK_WG_N128=1 it issues two
+// m64n128k16 instead, A read twice (the form before the forty-fourth pass,
+// kept for same-call A/Bs; the same products and sums either way).
 __device__ __forceinline__ void wgmma_k64_n256(float (&acc0)[64], float (&acc1)[64], uint32_t a, uint32_t b) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; kk++) {
+#if defined(MK_WG_N128) && MK_WG_N128
     wgmma_n128(acc0, desc(a + kk * 32), desc(b + kk * 32));
     wgmma_n128(acc1, desc(a + kk * 32), desc(b + 128 * 128 + kk * 32));
+#else
+    wgmma_n256(acc0, acc1, desc(a + kk * 32), desc(b + kk * 32));
+#endif
   }
   wgmma_commit();
 }
