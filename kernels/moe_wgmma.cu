@@ -67,15 +67,17 @@ __device__ __forceinline__ void tile_of(const GemmArgs& p, int id, int& tile, in
 // (GEMM1: gate and up of the same 128 columns, activated and stored as bf16;
 // GEMM2: f32). d[4i + q] is row 16·warp + lane/4 + 8·(q/2), column
 // 8i + 2·(lane%4) + q%2 of a warpgroup's m64n128 block. Rows whose
-// assignment is padding (sorted < 0) are skipped.
+// assignment is padding (asg[h] = sorted[row] < 0: tile_rows, read before
+// the k loop so that the epilogue does not wait for it) are skipped.
 template <bool GATEUP>
 __device__ __forceinline__ void store_tile(const GemmArgs& p, const float (&acc0)[64], const float (&acc1)[64], int e,
-                                           int64_t m0, int ntile, int wg, int warp, int lane) {
+                                           int64_t m0, int ntile, int wg, int warp, int lane,
+                                           const int32_t (&asg)[2]) {
   const int64_t N = p.N;
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int64_t slot = m0 + wg * 64 + warp * 16 + lane / 4 + 8 * h;
-    if (p.sorted[slot] < 0) continue;
+    if (asg[h] < 0) continue;
     if (GATEUP) {
       mkmoe::store_act_row(reinterpret_cast<bf16*>(p.out) + slot * N, acc0, acc1, h, lane, (int64_t)ntile * (BN / 2),
                            N, p.bias ? p.bias + (int64_t)e * 2 * N : nullptr, p.act, p.alpha, p.limit);
@@ -107,12 +109,12 @@ __device__ __forceinline__ void store_tile(const GemmArgs& p, const float (&acc0
 // 64–127); GEMM2 the columns ntile·256 + 128·cw + [0, 128).
 template <bool GATEUP>
 __device__ __forceinline__ void store_tile64(const GemmArgs& p, const float (&acc)[64], int e, int64_t m0, int ntile,
-                                             int cw, int warp, int lane) {
+                                             int cw, int warp, int lane, const int32_t (&asg)[2]) {
   const int64_t N = p.N;
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int64_t slot = m0 + warp * 16 + lane / 4 + 8 * h;
-    if (p.sorted[slot] < 0) continue;
+    if (asg[h] < 0) continue;
     if (GATEUP) {
       mkmoe::store_act_half(reinterpret_cast<bf16*>(p.out) + slot * N, acc, h, lane,
                             (int64_t)ntile * (BN / 2) + 64 * cw, N, p.bias ? p.bias + (int64_t)e * 2 * N : nullptr,
@@ -133,6 +135,15 @@ __device__ __forceinline__ void store_tile64(const GemmArgs& p, const float (&ac
       }
     }
   }
+}
+
+// tile_rows reads the assignments of the two rows whose outputs this
+// thread stores (store_tile, store_tile64): rows r0 + lane / 4 and 8 more
+// of the tile from m0, r0 the warp's first row. Issued before the k loop,
+// they land while it runs.
+__device__ __forceinline__ void tile_rows(int32_t (&asg)[2], const GemmArgs& p, int64_t m0, int r0, int lane) {
+  asg[0] = p.sorted[m0 + r0 + lane / 4];
+  asg[1] = p.sorted[m0 + r0 + lane / 4 + 8];
 }
 
 template <bool GATEUP>
@@ -190,6 +201,8 @@ __global__ void __launch_bounds__(THREADS) moe_wgmma_kernel(const GemmArgs p) {
     }
   };
 
+  int32_t asg[2];
+  tile_rows(asg, p, m0, wg * 64 + warp * 16, lane);
   float acc0[64], acc1[64];
 #pragma unroll
   for (int i = 0; i < 64; i++) acc0[i] = acc1[i] = 0.0f;
@@ -218,7 +231,7 @@ __global__ void __launch_bounds__(THREADS) moe_wgmma_kernel(const GemmArgs p) {
   wgmma_wait0();
   asm volatile("cp.async.wait_group 0;\n" ::);
 
-  store_tile<GATEUP>(p, acc0, acc1, e, m0, ntile, wg, warp, lane);
+  store_tile<GATEUP>(p, acc0, acc1, e, m0, ntile, wg, warp, lane, asg);
 }
 
 // ─────────────── warp-specialised variant (producer + 2 consumer warpgroups) ───────────────
@@ -467,11 +480,15 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     int tile, ntile;
     item(id, tile, ntile);
     if (tile >= ntiles) continue;
+    // The expert and the stored rows' assignments, read before the k loop.
+    const int e = p.tile_expert[tile];
+    int32_t asg[2];
+    tile_rows(asg, p, (int64_t)tile * TBM, (TBM == 64 ? 0 : cw * 64) + warp * 16, lane);
     float acc0[64], acc1[64];
     if constexpr (TBM == 64) {
       ws_consume<ST, MbarWait, MbarRelease, true>(acc0, acc1, sA0, sB0, SA, (uint32_t)kStageB, 0, full, empty, wl,
                                                   KT, g, MbarWait(), MbarRelease(), cw * 128 * 128);
-      store_tile64<GATEUP>(p, acc0, p.tile_expert[tile], (int64_t)tile * TBM, ntile, cw, warp, lane);
+      store_tile64<GATEUP>(p, acc0, e, (int64_t)tile * TBM, ntile, cw, warp, lane, asg);
       continue;
     }
     if (PAIR && shared)
@@ -480,7 +497,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     else
       ws_consume<ST>(acc0, acc1, sA0, sB0, (uint32_t)kStageA, (uint32_t)kStageB, cw * 64 * 128, full, empty, wl, KT,
                      g);
-    store_tile<GATEUP>(p, acc0, acc1, p.tile_expert[tile], (int64_t)tile * BM, ntile, cw, warp, lane);
+    store_tile<GATEUP>(p, acc0, acc1, e, (int64_t)tile * BM, ntile, cw, warp, lane, asg);
   }
   if (shared) cluster_sync();  // the peer's arrivals on this CTA's barriers are done
 }

@@ -252,6 +252,9 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 		# GEMM2's reduction split forced on every mma.sync tile (by default
 		# only from I = 4096).
 		switch_test test_split '^TestMoE(Experts|FusedLayer)$' MK_MOE_G2_SPLIT=4
+		# Persistent wgmma grids at every reduction size, their items taken
+		# from a counter (MK_MOE_DYN, off by default; forty-fourth pass).
+		switch_test test_dyn '^TestMoE(Experts|WorkspaceReuse)$' MK_MOE_PERSIST=1 MK_MOE_DYN=1
 	else
 		echo "== MoE switch tests skipped (MK_SWITCH_TESTS=0)"
 	fi
