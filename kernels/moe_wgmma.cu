@@ -3,8 +3,9 @@
 // through 128-byte-swizzle descriptors. Same contract as moe.cu's mma.sync
 // kernel (GemmArgs, 128-row tiles of one expert, grouped rasterisation, the
 // activation fused into GEMM1's epilogue); CTA tile 128×256, BK 64, 4 cp.async
-// stages; 2 warpgroups, each 64 rows × 256 columns as two m64n128k16 wgmmas
-// per 16-wide k step (GEMM1: the gate half and the up half). The
+// stages; 2 warpgroups, each 64 rows × 256 columns as one m64n256k16 wgmma
+// per 16-wide k step (GEMM1: the gate half in accumulators 0–63, the up
+// half in 64–127; wgmma_k64_n256). The
 // warp-specialised kernel also runs 64×256 tiles (TBM 64, moe.cu's cfg 5:
 // 25–48 rows an expert), each consumer warpgroup 64 rows × 128 columns.
 //
@@ -49,7 +50,7 @@ using mkmoe::GemmArgs;
 using namespace mkwg;
 
 constexpr int BM = 128, BN = 256, BK = 64, ST = 4, THREADS = 256;
-static_assert(BK == 64 && BN == 256, "a k step is wgmma_k64_n256 (two m64n128k16 per 16 of k)");
+static_assert(BK == 64 && BN == 256, "a k step is wgmma_k64_n256 (one m64n256k16 per 16 of k)");
 constexpr size_t kStageA = BM * BK * 2, kStageB = BN * BK * 2;
 constexpr size_t kSmem = ST * (kStageA + kStageB) + 1024;  // + alignment slack
 
