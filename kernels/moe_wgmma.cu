@@ -662,10 +662,22 @@ int launch64(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
                      GU ? "moe_wgmma_ws64 (gate/up)" : "moe_wgmma_ws64 (down)", grid, 1, s, ok, a, wm, wm);
 }
 
+// launch_ws launches the warp-specialised kernel <G, A> (128-row tiles,
+// unpaired) on grid CTAs, taking its items from a.tile_ctr when dyn;
+// ok[dyn] is that kernel's kernel_ready state.
+template <bool G, bool A>
+int launch_ws(bool dyn, const char* name, int64_t grid, cudaStream_t s, int (&ok)[2], const GemmArgs& a,
+              const TmaMap& wm, const TmaMap& am) {
+  if (dyn)
+    return launch_kern(moe_wgmma_ws_kernel<G, A, false, BM, true>, WS_THREADS, kWsSmem, name, grid, 1, s, ok[1], a,
+                       wm, am);
+  return launch_kern(moe_wgmma_ws_kernel<G, A>, WS_THREADS, kWsSmem, name, grid, 1, s, ok[0], a, wm, am);
+}
+
 template <bool GU>
 int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
-  static int ok = 0, ok_ws = 0, ok_ws_a = 0, ok_ws_g1a = 0, ok_p = 0, ok_p_a = 0, ok_p_g1a = 0;
-  static int ok_ws_d = 0, ok_ws_a_d = 0, ok_ws_g1a_d = 0;
+  static int ok = 0, ok_p = 0, ok_p_a = 0, ok_p_g1a = 0;
+  static int ok_ws[2] = {}, ok_ws_a[2] = {}, ok_ws_g1a[2] = {};  // [dyn]
   TmaMap wm, am;
   if (warp_specialised() && a.experts > 0 && weight_map(wm, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd)) {
     if (pair()) {  // clusters of two CTAs, one item each: pairs of row tiles × column tiles
@@ -692,31 +704,18 @@ int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
       if (sms > 0) grid = std::min<int64_t>(grid, sms);
       dyn = a.tile_ctr != nullptr && grid < tiles * ntiles;
     }
-    if (!GU && tma_a() && weight_map(am, a.A, (int64_t)a.mt * BM, a.Kd)) {
-      if (dyn)
-        return launch_kern(moe_wgmma_ws_kernel<false, true, false, BM, true>, WS_THREADS, kWsSmem,
-                           "moe_wgmma_ws (down, A by TMA, items by counter)", grid, 1, s, ok_ws_a_d, a, wm, am);
-      return launch_kern(moe_wgmma_ws_kernel<false, true>, WS_THREADS, kWsSmem, "moe_wgmma_ws (down, A by TMA)", grid,
-                         1, s, ok_ws_a, a, wm, am);
-    }
+    if (!GU && tma_a() && weight_map(am, a.A, (int64_t)a.mt * BM, a.Kd))
+      return launch_ws<false, true>(dyn, "moe_wgmma_ws (down, A by TMA)", grid, s, ok_ws_a, a, wm, am);
     if (GU && g1_tma(a.N) && a.ascratch != nullptr && a.Kd % 8 == 0 &&
         weight_map(am, a.ascratch, (int64_t)a.mt * BM, a.Kd)) {
       const int64_t rows = (int64_t)a.mt * BM;
       permute_rows_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(a.ascratch, a.A, a.sorted, a.num_tiles, a.topk,
                                                                         a.Kd, rows, BM);
       MK_LAUNCHED("moe_wgmma permute_rows");
-      if (dyn)
-        return launch_kern(moe_wgmma_ws_kernel<true, true, false, BM, true>, WS_THREADS, kWsSmem,
-                           "moe_wgmma_ws (gate/up, A by TMA, items by counter)", grid, 1, s, ok_ws_g1a_d, a, wm, am);
-      return launch_kern(moe_wgmma_ws_kernel<true, true>, WS_THREADS, kWsSmem, "moe_wgmma_ws (gate/up, A by TMA)",
-                         grid, 1, s, ok_ws_g1a, a, wm, am);
+      return launch_ws<true, true>(dyn, "moe_wgmma_ws (gate/up, A by TMA)", grid, s, ok_ws_g1a, a, wm, am);
     }
-    if (dyn)
-      return launch_kern(moe_wgmma_ws_kernel<GU, false, false, BM, true>, WS_THREADS, kWsSmem,
-                         GU ? "moe_wgmma_ws (gate/up, items by counter)" : "moe_wgmma_ws (down, items by counter)",
-                         grid, 1, s, ok_ws_d, a, wm, wm);
-    return launch_kern(moe_wgmma_ws_kernel<GU, false>, WS_THREADS, kWsSmem,
-                       GU ? "moe_wgmma_ws (gate/up)" : "moe_wgmma_ws (down)", grid, 1, s, ok_ws, a, wm, wm);
+    return launch_ws<GU, false>(dyn, GU ? "moe_wgmma_ws (gate/up)" : "moe_wgmma_ws (down)", grid, s, ok_ws, a, wm,
+                                wm);
   }
   return launch_kern(moe_wgmma_kernel<GU>, THREADS, kSmem, GU ? "moe_wgmma (gate/up)" : "moe_wgmma (down)", tiles,
                      ntiles, s, ok, a);
