@@ -242,11 +242,15 @@ static_assert(BN / 2 == BM, "one TMA box shape (BK columns × 128 rows) serves t
 // ws_smem is the warp-specialised kernel's shared memory for row tiles of
 // TBM rows: the ring, alignment slack, the ring's barriers, the work-item
 // slots and their barriers (DYN), the A rows' indices.
-constexpr size_t ws_smem(int TBM) {
-  return ST * ((size_t)TBM * BK * 2 + kStageB) + 1024 + 2 * ST * sizeof(uint64_t) + 4 * sizeof(uint64_t) +
-         2 * sizeof(int32_t) + (size_t)TBM * sizeof(int64_t);
+// STC: GEMM1's two 16 KB output staging buffers (one a consumer
+// warpgroup) sit between the ring and the barriers.
+constexpr size_t kStcStage = 64 * 128 * 2;  // a consumer warpgroup's 64 rows × 128 bf16 columns
+constexpr size_t ws_smem(int TBM, bool stc = false) {
+  return ST * ((size_t)TBM * BK * 2 + kStageB) + (stc ? 2 * kStcStage : 0) + 1024 + 2 * ST * sizeof(uint64_t) +
+         4 * sizeof(uint64_t) + 2 * sizeof(int32_t) + (size_t)TBM * sizeof(int64_t);
 }
 constexpr size_t kWsSmem = ws_smem(BM);
+static_assert(ws_smem(BM, true) <= 232448, "the ring and GEMM1's staging fit in an sm_90 CTA's shared memory");
 
 // full[s] completes when the producer's 128 threads' copies into stage s
 // and the stage's two weight boxes (TMA, 2·16 KB of transaction bytes) have
@@ -264,6 +268,61 @@ struct PairRelease {
 
 // producer_sync is a barrier among the producer warpgroup's 128 threads only.
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
+
+// consumer_sync is a barrier among consumer warpgroup cw's 128 threads.
+__device__ __forceinline__ void consumer_sync(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(2 + cw) : "memory"); }
+
+// stage_store_act is store_tile's GEMM1 form through shared memory (STC,
+// MK_MOE_TMA_C=1): consumer warpgroup cw writes the activation of its 64
+// rows × the tile's 128 output columns, rounded to bf16, into stg (two
+// 64 × 64 boxes in the 128-byte swizzle: 16-byte chunk c of row r at
+// c ^ (r & 7), so a warp's 32 four-byte writes hit 32 banks), and its
+// thread 0 stores both boxes by TMA (cmap: the output [mt·128, N], boxes
+// of 64 × 64; columns past N are clipped, padding rows written as they
+// are and never read). The warpgroup goes on to its next item's k loop
+// while the copy runs; the buffer is written again only after thread 0
+// has seen the copy read it (bulk_wait_read). Every row is written,
+// padding too, so no row flags are needed.
+__device__ __forceinline__ void stage_store_act(const GemmArgs& p, const TmaMap& cmap, unsigned char* stg,
+                                                const float (&acc0)[64], const float (&acc1)[64], int e, int64_t m0,
+                                                int ntile, int cw, int warp, int lane, int wl) {
+  const int64_t N = p.N, j0 = (int64_t)ntile * (BN / 2);
+  const float* gb = p.bias ? p.bias + (int64_t)e * 2 * N : nullptr;
+  if (wl == 0) bulk_wait_read();  // the previous item's copy has read stg
+  consumer_sync(cw);
+  const uint32_t s0 = sm_addr(stg);
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int r = warp * 16 + lane / 4 + 8 * h;  // row of the warpgroup's 64
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+      const int64_t j = j0 + 8 * i + 2 * (lane % 4);
+      float r2[2] = {0.0f, 0.0f};
+      if (j < N) {
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+          float gv = acc0[4 * i + 2 * h + q], uv = acc1[4 * i + 2 * h + q];
+          if (gb) {
+            gv += gb[j + q];
+            uv += gb[N + j + q];
+          }
+          r2[q] = mkmoe::activation(gv, uv, p.act, p.alpha, p.limit);
+        }
+      }
+      const __nv_bfloat162 v = __floats2bfloat162_rn(r2[0], r2[1]);
+      const uint32_t addr = s0 + (uint32_t)((i / 8) * 8192 + r * 128 + (((i % 8) ^ (r & 7)) << 4) + 4 * (lane % 4));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
+    }
+  }
+  fence_proxy_async();  // the generic-proxy writes before the TMA (async proxy) reads them
+  consumer_sync(cw);
+  if (wl == 0) {
+    const int y = (int)(m0 + 64 * cw);
+    tma_store_2d(&cmap, stg, (int)j0, y);
+    tma_store_2d(&cmap, stg + 8192, (int)j0 + 64, y);
+    bulk_commit();
+  }
+}
 
 // The CTA takes work items blockIdx.x, blockIdx.x + gridDim.x, ... of the
 // p.mt × p.nt grid (one each when the grid covers them all; a persistent
@@ -310,11 +369,13 @@ __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, 128;
 // tile's 128 output columns (four 64-row TMA boxes; wmap's boxes are 64
 // rows), so consumer c's block is gate and up of the columns 64·c + [0,
 // 64) (store_act_half). With TMA_A, amap's boxes are TBM rows.
-template <bool GATEUP, bool TMA_A, bool PAIR = false, int TBM = BM, bool DYN = false>
+template <bool GATEUP, bool TMA_A, bool PAIR = false, int TBM = BM, bool DYN = false, bool STC = false>
 __global__ void __launch_bounds__(WS_THREADS, 1)
-    moe_wgmma_ws_kernel(const GemmArgs p, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap amap) {
+    moe_wgmma_ws_kernel(const GemmArgs p, const __grid_constant__ TmaMap wmap, const __grid_constant__ TmaMap amap,
+                        const __grid_constant__ TmaMap cmap) {
   static_assert(TBM == BM || (TBM == 64 && !PAIR), "64-row tiles run unpaired");
   static_assert(!(DYN && PAIR), "paired CTAs run one item each");
+  static_assert(!STC || (GATEUP && TBM == BM && !PAIR), "the staged store is GEMM1's, 128-row tiles, unpaired");
   constexpr uint32_t SA = (uint32_t)TBM * BK * 2;  // A bytes a stage
   const int items = PAIR ? 1 : p.mt * p.nt, ntiles = *p.num_tiles;
   int pair_tile = 0, pair_ntile = 0, pair_c = 0;
@@ -350,7 +411,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
       (reinterpret_cast<uintptr_t>(wg_sm_raw) + 1023) & ~uintptr_t(1023));
   bf16* sA = reinterpret_cast<bf16*>(base);                       // [ST][TBM][BK] swizzled
   bf16* sB = reinterpret_cast<bf16*>(base + ST * SA);             // [ST][BN][BK] swizzled
-  uint64_t* full = reinterpret_cast<uint64_t*>(base + ST * (SA + kStageB));
+  unsigned char* stc = base + ST * (SA + kStageB);  // STC: [2 warpgroups][2 boxes][64][64] bf16 swizzled
+  uint64_t* full = reinterpret_cast<uint64_t*>(stc + (STC ? 2 * kStcStage : 0));
   uint64_t* empty = full + ST;
   uint64_t* idf = empty + ST;  // DYN: [2] slot q % 2 holds item q's id
   uint64_t* ide = idf + 2;     // DYN: [2] every consumer thread has read it
@@ -388,6 +450,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     if (wl == 0) {
       tma_prefetch(&wmap);
       if (TMA_A) tma_prefetch(&amap);
+      if (STC) tma_prefetch(&cmap);
     }
     int g = 0;
     for (int q = 0;; q++) {
@@ -498,8 +561,14 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     else
       ws_consume<ST>(acc0, acc1, sA0, sB0, (uint32_t)kStageA, (uint32_t)kStageB, cw * 64 * 128, full, empty, wl, KT,
                      g);
-    store_tile<GATEUP>(p, acc0, acc1, e, (int64_t)tile * BM, ntile, cw, warp, lane, asg);
+    if constexpr (STC)
+      stage_store_act(p, cmap, stc + cw * kStcStage, acc0, acc1, e, (int64_t)tile * BM, ntile, cw, warp, lane, wl);
+    else
+      store_tile<GATEUP>(p, acc0, acc1, e, (int64_t)tile * BM, ntile, cw, warp, lane, asg);
   }
+  // STC: the last copy has read the staging buffer before the CTA's shared
+  // memory goes (its global writes complete with the grid, as a store's do).
+  if (STC && wl == 0) bulk_wait_read();
   if (shared) cluster_sync();  // the peer's arrivals on this CTA's barriers are done
 }
 
@@ -648,7 +717,7 @@ int launch64(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
   constexpr size_t smem = ws_smem(TBM);
   if (!GU && tma_a() && tma_map_bf16(am, a.A, (int64_t)a.mt * TBM, a.Kd, TBM))
     return launch_kern(moe_wgmma_ws_kernel<false, true, false, TBM>, WS_THREADS, smem,
-                       "moe_wgmma_ws64 (down, A by TMA)", grid, 1, s, ok_a, a, wm, am);
+                       "moe_wgmma_ws64 (down, A by TMA)", grid, 1, s, ok_a, a, wm, am, wm);
   if (GU && g1_tma(a.N) && a.ascratch != nullptr && a.Kd % 8 == 0 &&
       tma_map_bf16(am, a.ascratch, (int64_t)a.mt * TBM, a.Kd, TBM)) {
     const int64_t rows = (int64_t)a.mt * TBM;
@@ -656,35 +725,54 @@ int launch64(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
                                                                       a.Kd, rows, TBM);
     MK_LAUNCHED("moe_wgmma permute_rows");
     return launch_kern(moe_wgmma_ws_kernel<true, true, false, TBM>, WS_THREADS, smem,
-                       "moe_wgmma_ws64 (gate/up, A by TMA)", grid, 1, s, ok_g1a, a, wm, am);
+                       "moe_wgmma_ws64 (gate/up, A by TMA)", grid, 1, s, ok_g1a, a, wm, am, wm);
   }
   return launch_kern(moe_wgmma_ws_kernel<GU, false, false, TBM>, WS_THREADS, smem,
-                     GU ? "moe_wgmma_ws64 (gate/up)" : "moe_wgmma_ws64 (down)", grid, 1, s, ok, a, wm, wm);
+                     GU ? "moe_wgmma_ws64 (gate/up)" : "moe_wgmma_ws64 (down)", grid, 1, s, ok, a, wm, wm, wm);
+}
+
+// tma_c: GEMM1's activated tiles staged in shared memory and stored by TMA
+// (STC in moe_wgmma_ws_kernel; MK_MOE_TMA_C=1, off until measured).
+bool tma_c() {
+  static const bool w = mk::env_is("MK_MOE_TMA_C", '1');
+  return w;
 }
 
 // launch_ws launches the warp-specialised kernel <G, A> (128-row tiles,
-// unpaired) on grid CTAs, taking its items from a.tile_ctr when dyn;
-// ok[dyn] is that kernel's kernel_ready state.
+// unpaired) on grid CTAs, taking its items from a.tile_ctr when dyn and,
+// GEMM1 with tma_c() and a map of its output, storing its tiles by TMA;
+// ok[dyn + 2·stc] is that kernel's kernel_ready state.
 template <bool G, bool A>
-int launch_ws(bool dyn, const char* name, int64_t grid, cudaStream_t s, int (&ok)[2], const GemmArgs& a,
+int launch_ws(bool dyn, const char* name, int64_t grid, cudaStream_t s, int (&ok)[4], const GemmArgs& a,
               const TmaMap& wm, const TmaMap& am) {
+  if constexpr (G) {
+    TmaMap cm;  // the output [mt·128, N] bf16 in 64 × 64 boxes
+    if (tma_c() && tma_map_bf16(cm, a.out, (int64_t)a.mt * BM, a.N, 64)) {
+      constexpr size_t smem = ws_smem(BM, true);
+      if (dyn)
+        return launch_kern(moe_wgmma_ws_kernel<G, A, false, BM, true, true>, WS_THREADS, smem, name, grid, 1, s,
+                           ok[3], a, wm, am, cm);
+      return launch_kern(moe_wgmma_ws_kernel<G, A, false, BM, false, true>, WS_THREADS, smem, name, grid, 1, s, ok[2],
+                         a, wm, am, cm);
+    }
+  }
   if (dyn)
     return launch_kern(moe_wgmma_ws_kernel<G, A, false, BM, true>, WS_THREADS, kWsSmem, name, grid, 1, s, ok[1], a,
-                       wm, am);
-  return launch_kern(moe_wgmma_ws_kernel<G, A>, WS_THREADS, kWsSmem, name, grid, 1, s, ok[0], a, wm, am);
+                       wm, am, wm);
+  return launch_kern(moe_wgmma_ws_kernel<G, A>, WS_THREADS, kWsSmem, name, grid, 1, s, ok[0], a, wm, am, wm);
 }
 
 template <bool GU>
 int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
   static int ok = 0, ok_p = 0, ok_p_a = 0, ok_p_g1a = 0;
-  static int ok_ws[2] = {}, ok_ws_a[2] = {}, ok_ws_g1a[2] = {};  // [dyn]
+  static int ok_ws[4] = {}, ok_ws_a[4] = {}, ok_ws_g1a[4] = {};  // [dyn + 2·stc]
   TmaMap wm, am;
   if (warp_specialised() && a.experts > 0 && weight_map(wm, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd)) {
     if (pair()) {  // clusters of two CTAs, one item each: pairs of row tiles × column tiles
       const int64_t grid = 2 * ((tiles + 1) / 2) * ntiles;
       if (!GU && tma_a() && weight_map(am, a.A, (int64_t)a.mt * BM, a.Kd))
         return launch_pair(moe_wgmma_ws_kernel<false, true, true>, "moe_wgmma_ws pair (down, A by TMA)", grid, s,
-                           ok_p_a, a, wm, am);
+                           ok_p_a, a, wm, am, wm);
       if (GU && g1_tma(a.N) && a.ascratch != nullptr && a.Kd % 8 == 0 &&
           weight_map(am, a.ascratch, (int64_t)a.mt * BM, a.Kd)) {
         const int64_t rows = (int64_t)a.mt * BM;
@@ -692,10 +780,10 @@ int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
                                                                           a.topk, a.Kd, rows, BM);
         MK_LAUNCHED("moe_wgmma permute_rows");
         return launch_pair(moe_wgmma_ws_kernel<true, true, true>, "moe_wgmma_ws pair (gate/up, A by TMA)", grid, s,
-                           ok_p_g1a, a, wm, am);
+                           ok_p_g1a, a, wm, am, wm);
       }
       return launch_pair(moe_wgmma_ws_kernel<GU, false, true>,
-                         GU ? "moe_wgmma_ws pair (gate/up)" : "moe_wgmma_ws pair (down)", grid, s, ok_p, a, wm, wm);
+                         GU ? "moe_wgmma_ws pair (gate/up)" : "moe_wgmma_ws pair (down)", grid, s, ok_p, a, wm, wm, wm);
     }
     int64_t grid = tiles * ntiles;  // one CTA per work item, or one per SM walking them
     bool dyn = false;  // the persistent CTAs take their items from a.tile_ctr

@@ -193,6 +193,20 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* m, int x, i
 #endif
 }
 
+// tma_store_2d copies src (1024-byte aligned, laid out as m's box with
+// its swizzle) to the box at (column x, row y) of m's tensor; elements past
+// the tensor are not written. Bulk-group completion (bulk_commit, then
+// bulk_wait_read / bulk_wait_all); the writers of src fence_proxy_async
+// before it is issued.
+__device__ __forceinline__ void tma_store_2d(const TmaMap* m, const void* src, int x, int y) {
+#ifdef MK_WGMMA
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(m)),
+               "r"(x), "r"(y), "r"(sm_addr(src))
+               : "memory");
+#endif
+}
+
 // Two-CTA clusters (the grouped GEMM's paired tiles, MK_MOE_PAIR):
 // cluster_ctarank is this CTA's rank in its cluster; cluster_sync a barrier
 // of every thread of the cluster (release / acquire; not .aligned, so

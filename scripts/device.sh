@@ -255,6 +255,12 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 		# Persistent wgmma grids at every reduction size, their items taken
 		# from a counter (MK_MOE_DYN, off by default; forty-fourth pass).
 		switch_test test_dyn '^TestMoE(Experts|WorkspaceReuse)$' MK_MOE_PERSIST=1 MK_MOE_DYN=1
+		# GEMM1's tiles staged in shared memory and stored by TMA (MK_MOE_TMA_C,
+		# off by default; forty-fifth pass): one CTA an item, and persistent
+		# with items by counter and the gathered rows copied for TMA.
+		switch_test test_tma_c '^TestMoE(Experts|WorkspaceReuse)$' MK_MOE_TMA_C=1
+		switch_test test_tma_c_dyn '^TestMoE(Experts|WorkspaceReuse)$' MK_MOE_TMA_C=1 MK_MOE_PERSIST=1 MK_MOE_DYN=1 \
+			MK_MOE_G1_TMA=1
 	else
 		echo "== MoE switch tests skipped (MK_SWITCH_TESTS=0)"
 	fi
