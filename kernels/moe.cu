@@ -2293,8 +2293,8 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
     g1.split_cnt = reinterpret_cast<int*>(w + L.g2cnt);
     g1.split_cnt_n = (int)(L.tiles * L.g2nt);
   }
-  int* wctr = nullptr;  // MK_MOE_DYN: the 128-row wgmma tiles' counters, zeroed for this call
-  if (L.cfg == 3 && !fp4_gemm && mkmoe::dyn_sched()) {
+  int* wctr = nullptr;  // dyn_sched: the 128-row wgmma tiles' counters, zeroed for this call
+  if (L.cfg == 3 && !fp4_gemm && mkmoe::dyn_sched(i)) {
     wctr = reinterpret_cast<int*>(w + L.wctr);
     MK_CUDA(cudaMemsetAsync(wctr, 0, 2 * sizeof(int), s));
     g1.tile_ctr = wctr;

@@ -378,13 +378,22 @@ inline bool gather_by_copy(int force, int64_t inter) {
   return force >= 0 ? force == 1 : inter >= kCopyMinI;
 }
 
-// dyn_sched: the persistent wgmma grids take their work items from a
-// counter (GemmArgs.tile_ctr) in the order of the grouped rasterisation, as
-// the hardware hands out the CTAs of a grid of one CTA an item, instead of
-// each CTA walking a fixed stride (MK_MOE_DYN=1; read once).
-inline bool dyn_sched() {
-  static const bool v = mk::env_is("MK_MOE_DYN", '1');
-  return v;
+// kPersistMaxI: layers of intermediate size up to this run both 128-row
+// wgmma GEMMs on persistent grids with their items by counter (dyn_sched,
+// moe_wgmma.cu's persist_grid) and GEMM1's tiles stored by TMA (STC).
+// Measured on an H200 (forty-fifth pass, docs/PERF.md): Qwen3-30B-A3B's
+// grouped layer ×0.974–0.978 at 1024 and 16384 tokens, level at 4096;
+// Mixtral and DeepSeek-V3 level or noisy, so they keep one CTA an item.
+constexpr int64_t kPersistMaxI = 1024;
+
+// dyn_sched: the persistent wgmma grids of a layer of intermediate size
+// inter take their work items from a counter (GemmArgs.tile_ctr) in the
+// order of the grouped rasterisation, as the hardware hands out the CTAs
+// of a grid of one CTA an item, instead of each CTA walking a fixed
+// stride: by default up to kPersistMaxI; MK_MOE_DYN=1 / 0 forces (read once).
+inline bool dyn_sched(int64_t inter) {
+  static const int force = mk::env_force("MK_MOE_DYN");
+  return force >= 0 ? force == 1 : inter <= kPersistMaxI;
 }
 
 // wgmma_gemm launches the sm_90a wgmma grouped GEMM (bm×256 CTA tiles) when

@@ -683,6 +683,19 @@ bool persistent(int64_t kd) {
   return force >= 0 ? force == 1 : kd <= 1024;
 }
 
+// persist_grid: whether the 128-row GEMM (gu: GEMM1) of a layer runs
+// persistent. GEMM2 by persistent(kd) (kd = I); GEMM1 by persistent(kd)
+// (kd = H) too, and also for layers of intermediate size N up to
+// mkmoe::kPersistMaxI when its items come by counter (a.tile_ctr), where
+// its tiles are stored by TMA (tma_c): forty-fifth pass, Qwen3-30B-A3B's
+// grouped layer 2.2–2.6 % faster at 1024 and 16384 tokens. MK_MOE_PERSIST
+// forces both.
+bool persist_grid(bool gu, const GemmArgs& a) {
+  static const int force = mk::env_force("MK_MOE_PERSIST");
+  if (force >= 0) return force == 1;
+  return persistent(a.Kd) || (gu && a.N <= mkmoe::kPersistMaxI && a.tile_ctr != nullptr);
+}
+
 using mk::sm_count;
 
 // tma_a: GEMM2's activation rows by TMA (default since session 13: 7 % faster
@@ -732,22 +745,25 @@ int launch64(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
 }
 
 // tma_c: GEMM1's activated tiles staged in shared memory and stored by TMA
-// (STC in moe_wgmma_ws_kernel; MK_MOE_TMA_C=1, off until measured).
-bool tma_c() {
-  static const bool w = mk::env_is("MK_MOE_TMA_C", '1');
-  return w;
+// (STC in moe_wgmma_ws_kernel): by default on the persistent grids with
+// items by counter (dyn), where a warpgroup goes on to its next item while
+// the copy runs; with one CTA an item it was level or slower (forty-fifth
+// pass: Qwen3 ×1.006–1.014, Mixtral ×0.975–0.991). MK_MOE_TMA_C=1 / 0 forces.
+bool tma_c(bool dyn) {
+  static const int force = mk::env_force("MK_MOE_TMA_C");
+  return force >= 0 ? force == 1 : dyn;
 }
 
 // launch_ws launches the warp-specialised kernel <G, A> (128-row tiles,
 // unpaired) on grid CTAs, taking its items from a.tile_ctr when dyn and,
-// GEMM1 with tma_c() and a map of its output, storing its tiles by TMA;
+// GEMM1 with tma_c(dyn) and a map of its output, storing its tiles by TMA;
 // ok[dyn + 2·stc] is that kernel's kernel_ready state.
 template <bool G, bool A>
 int launch_ws(bool dyn, const char* name, int64_t grid, cudaStream_t s, int (&ok)[4], const GemmArgs& a,
               const TmaMap& wm, const TmaMap& am) {
   if constexpr (G) {
     TmaMap cm;  // the output [mt·128, N] bf16 in 64 × 64 boxes
-    if (tma_c() && tma_map_bf16(cm, a.out, (int64_t)a.mt * BM, a.N, 64)) {
+    if (tma_c(dyn) && tma_map_bf16(cm, a.out, (int64_t)a.mt * BM, a.N, 64)) {
       constexpr size_t smem = ws_smem(BM, true);
       if (dyn)
         return launch_kern(moe_wgmma_ws_kernel<G, A, false, BM, true, true>, WS_THREADS, smem, name, grid, 1, s,
@@ -787,7 +803,7 @@ int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
     }
     int64_t grid = tiles * ntiles;  // one CTA per work item, or one per SM walking them
     bool dyn = false;  // the persistent CTAs take their items from a.tile_ctr
-    if (persistent(a.Kd)) {
+    if (persist_grid(GU, a)) {
       static const int sms = sm_count();
       if (sms > 0) grid = std::min<int64_t>(grid, sms);
       dyn = a.tile_ctr != nullptr && grid < tiles * ntiles;

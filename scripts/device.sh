@@ -253,12 +253,14 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 		# only from I = 4096).
 		switch_test test_split '^TestMoE(Experts|FusedLayer)$' MK_MOE_G2_SPLIT=4
 		# Persistent wgmma grids at every reduction size, their items taken
-		# from a counter (MK_MOE_DYN, off by default; forty-fourth pass).
+		# from a counter (MK_MOE_DYN: by default for I <= 1024, forty-fifth
+		# pass), and with fixed strides (the earlier form).
 		switch_test test_dyn '^TestMoE(Experts|WorkspaceReuse)$' MK_MOE_PERSIST=1 MK_MOE_DYN=1
-		# GEMM1's tiles staged in shared memory and stored by TMA (MK_MOE_TMA_C,
-		# off by default; forty-fifth pass): one CTA an item, and persistent
+		switch_test test_strides '^TestMoE(Experts|WorkspaceReuse)$' MK_MOE_PERSIST=1 MK_MOE_DYN=0 MK_MOE_TMA_C=0
+		# GEMM1's tiles staged in shared memory and stored by TMA (MK_MOE_TMA_C;
+		# by default with items by counter): one CTA an item, and persistent
 		# with items by counter and the gathered rows copied for TMA.
-		switch_test test_tma_c '^TestMoE(Experts|WorkspaceReuse)$' MK_MOE_TMA_C=1
+		switch_test test_tma_c '^TestMoE(Experts|WorkspaceReuse)$' MK_MOE_TMA_C=1 MK_MOE_PERSIST=0
 		switch_test test_tma_c_dyn '^TestMoE(Experts|WorkspaceReuse)$' MK_MOE_TMA_C=1 MK_MOE_PERSIST=1 MK_MOE_DYN=1 \
 			MK_MOE_G1_TMA=1
 	else
