@@ -56,7 +56,7 @@ struct GemmArgs {
   // rows, where A's gathered rows are copied in tile order so that the
   // GEMM loads them by TMA; null: the producer gathers them by cp.async.
   bf16* ascratch;
-  // Persistent wgmma grids (moe_wgmma.cu, MK_MOE_DYN=1): two counters in
+  // Persistent wgmma grids (moe_wgmma.cu, dyn_sched): two counters in
   // the workspace, GEMM1's and GEMM2's, zeroed by a memset before GEMM1;
   // a CTA's first work item is blockIdx.x, each later one gridDim.x plus
   // the count it takes from its GEMM's counter. Null: the CTAs walk fixed

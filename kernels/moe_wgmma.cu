@@ -326,10 +326,10 @@ __device__ __forceinline__ void stage_store_act(const GemmArgs& p, const TmaMap&
 
 // The CTA takes work items blockIdx.x, blockIdx.x + gridDim.x, ... of the
 // p.mt × p.nt grid (one each when the grid covers them all; a persistent
-// grid of one CTA per SM with MK_MOE_PERSIST=1, so that a tile's epilogue
-// runs while the producer already loads the next tile's first stages; it
-// wins only on Qwen3's short k loops, 3.17 -> 3.02 ms at 16384 tokens, and
-// loses 1-3 % on Mixtral and DeepSeek-V3, so it stays off by default).
+// grid of one CTA per SM, so that a tile's epilogue runs while the
+// producer already loads the next tile's first stages: persist_grid says
+// where; it pays on short k loops, Qwen3's, not on Mixtral's or
+// DeepSeek-V3's).
 // Both roles walk the same items and skip row tiles past *num_tiles, and
 // count k steps across items (g): stage g % ST, phase (g / ST) & 1.
 // TMA_A: the A tile comes by TMA too (amap) and one producer thread does
