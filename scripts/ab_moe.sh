@@ -9,7 +9,7 @@
 # "old:MKSERVE_KERNEL_LIB=$PWD/.dev/oldk/libmkernel.so" for another library
 # (it must have the same ABI as .dev/mkserve). Environment:
 #   VARIANTS  (required) the variants; the first is the baseline
-#   SHAPES    qwen3_30b_a3b mixtral_8x7b deepseek_v3 (default: all three)
+#   SHAPES    qwen3_30b_a3b mixtral_8x7b deepseek_v3 (default: all three; also olmoe)
 #   PATHS     fused grouped (default: both); fused runs --ranks $RANKS
 #   TOKENS    1024,4096,16384   ROUNDS 2   ITERS 8   RANKS 1
 #   EXTRA     more bench moe flags (e.g. --max-rows-factor 2)
@@ -34,6 +34,7 @@ shape_flags() {
 	deepseek_v3) echo "--hidden 7168 --intermediate 2048 --experts 256 --topk 8 --routing grouped" ;;
 	qwen3_30b_a3b) echo "--hidden 2048 --intermediate 768 --experts 128 --topk 8 --routing softmax" ;;
 	mixtral_8x7b) echo "--hidden 4096 --intermediate 14336 --experts 8 --topk 2 --routing softmax" ;;
+	olmoe) echo "--hidden 2048 --intermediate 1024 --experts 64 --topk 8 --routing softmax" ;;
 	*) echo "ab_moe.sh: unknown shape $1" >&2; return 1 ;;
 	esac
 }
