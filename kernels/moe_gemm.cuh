@@ -213,6 +213,32 @@ __device__ __forceinline__ float activation(float g, float u, int act, float alp
   return (u + 1.0f) * __fdividef(g, 1.0f + __expf(-alpha * g));
 }
 
+// act_pair_f is the activation of output columns j and j + 1 from their
+// gate (g0, g1) and up (u0, u1) sums, plus gb's gate and up biases when gb
+// (the expert's [2N] bias row) is set: every GEMM1 epilogue's element pair
+// (store_act_frags, store_act_cols, moe_wgmma.cu's staged store); act_pair
+// rounds it to bf16.
+__device__ __forceinline__ float2 act_pair_f(float g0, float g1, float u0, float u1, const float* gb, int64_t j,
+                                             int64_t N, int act, float alpha, float limit) {
+  const float g[2] = {g0, g1}, u[2] = {u0, u1};
+  float r2[2];
+#pragma unroll
+  for (int q = 0; q < 2; q++) {
+    float gv = g[q], uv = u[q];
+    if (gb) {
+      gv += gb[j + q];
+      uv += gb[N + j + q];
+    }
+    r2[q] = activation(gv, uv, act, alpha, limit);
+  }
+  return make_float2(r2[0], r2[1]);
+}
+__device__ __forceinline__ __nv_bfloat162 act_pair(float g0, float g1, float u0, float u1, const float* gb, int64_t j,
+                                                   int64_t N, int act, float alpha, float limit) {
+  const float2 r = act_pair_f(g0, g1, u0, u1, gb, j, N, act, alpha, limit);
+  return __floats2bfloat162_rn(r.x, r.y);
+}
+
 
 // group_tile maps work item id of an mt × nt grid of (row tile, column
 // tile) to its tile, rasterised in groups of group_m row tiles × every
@@ -261,17 +287,8 @@ __device__ __forceinline__ void store_act_frags(bf16* out, const float (&acc)[NF
   for (int nf = 0; nf < NF / 2; nf++) {
     const int64_t j = (int64_t)ntile * (BN / 2) + wn * (WN / 2) + nf * 8 + (lane % 4) * 2;
     if (j >= N) continue;
-    float r2[2];
-#pragma unroll
-    for (int q = 0; q < 2; q++) {
-      float g = acc[nf][2 * h + q], u = acc[nf + NF / 2][2 * h + q];
-      if (gb) {
-        g += gb[j + q];
-        u += gb[N + j + q];
-      }
-      r2[q] = activation(g, u, act, alpha, limit);
-    }
-    *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
+    *reinterpret_cast<__nv_bfloat162*>(out + j) = act_pair(acc[nf][2 * h], acc[nf][2 * h + 1], acc[nf + NF / 2][2 * h],
+                                                            acc[nf + NF / 2][2 * h + 1], gb, j, N, act, alpha, limit);
   }
 }
 
@@ -288,17 +305,9 @@ __device__ __forceinline__ void store_act_cols(bf16* out, G g, U u, int h, int l
   for (int i = 0; i < NI; i++) {
     const int64_t j = j0 + 8 * i + 2 * (lane % 4);
     if (j >= N) continue;
-    float r2[2];
-#pragma unroll
-    for (int q = 0; q < 2; q++) {
-      float gv = g(4 * i + 2 * h + q), uv = u(4 * i + 2 * h + q);
-      if (gb) {
-        gv += gb[j + q];
-        uv += gb[N + j + q];
-      }
-      r2[q] = activation(gv, uv, act, alpha, limit);
-    }
-    *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(r2[0], r2[1]);
+    *reinterpret_cast<__nv_bfloat162*>(out + j) =
+        act_pair(g(4 * i + 2 * h), g(4 * i + 2 * h + 1), u(4 * i + 2 * h), u(4 * i + 2 * h + 1), gb, j, N, act, alpha,
+                 limit);
   }
 }
 

@@ -297,19 +297,11 @@ __device__ __forceinline__ void stage_store_act(const GemmArgs& p, const TmaMap&
 #pragma unroll
     for (int i = 0; i < 16; i++) {
       const int64_t j = j0 + 8 * i + 2 * (lane % 4);
-      float r2[2] = {0.0f, 0.0f};
-      if (j < N) {
-#pragma unroll
-        for (int q = 0; q < 2; q++) {
-          float gv = acc0[4 * i + 2 * h + q], uv = acc1[4 * i + 2 * h + q];
-          if (gb) {
-            gv += gb[j + q];
-            uv += gb[N + j + q];
-          }
-          r2[q] = mkmoe::activation(gv, uv, p.act, p.alpha, p.limit);
-        }
-      }
-      const __nv_bfloat162 v = __floats2bfloat162_rn(r2[0], r2[1]);
+      float2 a2 = make_float2(0.0f, 0.0f);  // past N: clipped by the store
+      if (j < N)
+        a2 = mkmoe::act_pair_f(acc0[4 * i + 2 * h], acc0[4 * i + 2 * h + 1], acc1[4 * i + 2 * h], acc1[4 * i + 2 * h + 1],
+                               gb, j, N, p.act, p.alpha, p.limit);
+      const __nv_bfloat162 v = __floats2bfloat162_rn(a2.x, a2.y);
       const uint32_t addr = s0 + (uint32_t)((i / 8) * 8192 + r * 128 + (((i % 8) ^ (r & 7)) << 4) + 4 * (lane % 4));
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
     }
