@@ -391,7 +391,7 @@ inline bool gather_by_copy(int force, int64_t inter) {
 // wgmma GEMMs on persistent grids with their items by counter (dyn_sched,
 // moe_wgmma.cu's persist_grid) and GEMM1's tiles stored by TMA (STC).
 // Measured on an H200 (forty-fifth pass, docs/PERF.md): Qwen3-30B-A3B's
-// grouped layer ×0.974–0.978 at 1024 and 16384 tokens, level at 4096;
+// grouped layer ×0.974–0.984 at 1024 and 16384 tokens, level at 2048–4096;
 // Mixtral and DeepSeek-V3 level or noisy, so they keep one CTA an item.
 constexpr int64_t kPersistMaxI = 1024;
 

@@ -538,8 +538,8 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     if (tile >= ntiles) continue;
     // The expert and the stored rows' assignments, read before the k loop.
     const int e = p.tile_expert[tile];
-    int32_t asg[2];
-    tile_rows(asg, p, (int64_t)tile * TBM, (TBM == 64 ? 0 : cw * 64) + warp * 16, lane);
+    int32_t asg[2] = {0, 0};  // STC writes every row: no flags
+    if constexpr (!STC) tile_rows(asg, p, (int64_t)tile * TBM, (TBM == 64 ? 0 : cw * 64) + warp * 16, lane);
     float acc0[64], acc1[64];
     if constexpr (TBM == 64) {
       ws_consume<ST, MbarWait, MbarRelease, true>(acc0, acc1, sA0, sB0, SA, (uint32_t)kStageB, 0, full, empty, wl,
@@ -739,8 +739,9 @@ int launch64(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
 // tma_c: GEMM1's activated tiles staged in shared memory and stored by TMA
 // (STC in moe_wgmma_ws_kernel): by default on the persistent grids with
 // items by counter (dyn), where a warpgroup goes on to its next item while
-// the copy runs; with one CTA an item it was level or slower (forty-fifth
-// pass: Qwen3 ×1.006–1.014, Mixtral ×0.975–0.991). MK_MOE_TMA_C=1 / 0 forces.
+// the copy runs; with one CTA an item it was not clearly better in two
+// rounds (forty-fifth pass: Qwen3 ×1.006–1.014, Mixtral ×0.975–0.991,
+// DeepSeek-V3 ×0.977–0.998; unconfirmed). MK_MOE_TMA_C=1 / 0 forces.
 bool tma_c(bool dyn) {
   static const int force = mk::env_force("MK_MOE_TMA_C");
   return force >= 0 ? force == 1 : dyn;
