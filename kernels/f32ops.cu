@@ -155,8 +155,7 @@ __global__ void rmsnorm_f32_reg(float* out, const float* x, const float* r, floa
 #pragma unroll
             for (int i = 0; i < VPT; i++) {
               const int64_t j = threadIdx.x + (int64_t)i * blockDim.x;
-              yv[u][i] = slot >= 0 && j < n4 ? reinterpret_cast<const float4*>(cb.y + (int64_t)slot * group)[j]
-                                             : make_float4(0.f, 0.f, 0.f, 0.f);
+              yv[u][i] = slot >= 0 && j < n4 ? mkf32::y4_at(cb.y, slot, n4, j, cb.ybf) : make_float4(0.f, 0.f, 0.f, 0.f);
             }
           }
 #pragma unroll

@@ -406,6 +406,44 @@ __global__ void moe_route_reg_kernel(int32_t* ids, float* wts, const float* logi
 
 // ---------------------------------------------------------------- align
 
+// padded_scan writes off[e] = the sum over experts e' < e of cnt[e']
+// rounded up to BM, and off[E] = the total (one block; every thread calls
+// it; off is in shared memory and complete when it returns). Thread i owns
+// experts [i·c, i·c + c): a warp scan, then one over the warps' totals (a
+// loop on one thread took ~4 µs of the align's 10 at E = 128).
+__device__ __forceinline__ void padded_scan(const int* cnt, int* off, int E, int BM) {
+  __shared__ int wsum[32];
+  const int c = (E + (int)blockDim.x - 1) / (int)blockDim.x;
+  const int e0 = (int)threadIdx.x * c, e1 = min(E, e0 + c);
+  int mine = 0;
+  for (int e = e0; e < e1; e++) mine += (cnt[e] + BM - 1) / BM * BM;
+  const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  int inc = mine;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += y;
+  }
+  if (lane == 31) wsum[wp] = inc;
+  __syncthreads();
+  if (wp == 0) {
+    const int nw = (int)blockDim.x >> 5;
+    int x = lane < nw ? wsum[lane] : 0;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    if (lane < nw) wsum[lane] = x;  // inclusive over warps
+  }
+  __syncthreads();
+  int o = inc - mine + (wp > 0 ? wsum[wp - 1] : 0);
+  for (int e = e0; e < e1; e++) {
+    off[e] = o;
+    o += (cnt[e] + BM - 1) / BM * BM;
+  }
+  if (threadIdx.x == blockDim.x - 1) off[E] = o;  // o is the total here (later threads own no experts)
+  __syncthreads();
+}
+
 // One block: counts per expert, offsets padded to BM, the expert of every
 // row tile, the padded row list (assignment a = t*K + k, or -1) and each
 // assignment's row; counts_total += counts.
@@ -442,43 +480,10 @@ __device__ __forceinline__ void align_block(const int32_t* ids, int64_t n, int E
       if (ev[u] >= 0 && ev[u] < E) atomicAdd(&cnt[ev[u]], 1);
   }
   __syncthreads();
-  {
-    // Exclusive scan of the padded counts: thread i owns experts
-    // [i·c, i·c + c), a warp scan, then one over the warps' totals (a loop
-    // on one thread took ~4 µs of this kernel's 10 at E = 128).
-    __shared__ int wsum[32];
-    const int c = (E + (int)blockDim.x - 1) / (int)blockDim.x;
-    const int e0 = (int)threadIdx.x * c, e1 = min(E, e0 + c);
-    int mine = 0;
-    for (int e = e0; e < e1; e++) mine += (cnt[e] + BM - 1) / BM * BM;
-    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
-    int inc = mine;
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, inc, o);
-      if (lane >= o) inc += y;
-    }
-    if (lane == 31) wsum[wp] = inc;
-    __syncthreads();
-    if (wp == 0) {
-      const int nw = (int)blockDim.x >> 5;
-      int x = lane < nw ? wsum[lane] : 0;
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-      }
-      if (lane < nw) wsum[lane] = x;  // inclusive over warps
-    }
-    __syncthreads();
-    int o = inc - mine + (wp > 0 ? wsum[wp - 1] : 0);
-    for (int e = e0; e < e1; e++) {
-      off[e] = o;
-      o += (cnt[e] + BM - 1) / BM * BM;
-    }
-    if (threadIdx.x == blockDim.x - 1) {  // o is the total here (later threads own no experts)
-      off[E] = o;
-      *num_tiles = o / BM;
-      off_g[E] = o;
-    }
+  padded_scan(cnt, off, E, BM);
+  if (threadIdx.x == 0) {
+    *num_tiles = off[E] / BM;
+    off_g[E] = off[E];
   }
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -512,6 +517,121 @@ __global__ void moe_align_kernel(const int32_t* ids, int64_t n, int E, int BM, i
   mk::pdl_begin();
   extern __shared__ int align_sm[];
   align_block(ids, n, E, BM, off_g, num_tiles, tile_expert, sorted, slot_of, counts_total, align_sm, zero, zero_n);
+}
+
+// ---- the align over many blocks (prefill: n ≥ kAlignMultiMin assignments)
+//
+// One block took 156 µs for Qwen3's 16384 tokens × top-8 (ncu, forty-sixth
+// pass: 5.6 % of the layer) and 21 µs for 1024 tokens. Two launches of
+// align_blocks(n) blocks instead, each block owning chunk consecutive
+// assignments: moe_align_count_kernel counts its chunk's ids per expert
+// into hist[b][e]; moe_align_place_kernel, in every block, sums hist
+// (totals, and the blocks before it per expert), scans the padded offsets
+// as the one-block align does, and places its own chunk's assignments from
+// its first row of each expert on. So an expert's rows hold the blocks'
+// assignments in block order (within a block in the shared atomics' order,
+// as before: no output depends on it). Block b also writes the offsets,
+// tile experts, padding rows and counts of experts b, b + nb, ...; block 0
+// the totals and the split counters' zeros. No state survives a call.
+constexpr int64_t kAlignMultiMin = 4096;  // from here on two launches of many blocks beat one block
+constexpr int kAlignChunk = 1024;         // assignments a block owns (one a thread), up to kAlignMaxBlocks blocks
+constexpr int kAlignMaxBlocks = 256;
+constexpr int kAlignMultiMaxE = 1024;  // every block reads all of hist: [blocks][E]
+
+// align_multi: whether n assignments over E experts take the align over
+// many blocks; MK_MOE_ALIGN_MULTI=1 / 0 forces it (where E allows) or the
+// one-block kernel (read once).
+inline bool align_multi(int64_t n, int E) {
+  static const int force = mk::env_force("MK_MOE_ALIGN_MULTI");
+  if (E > kAlignMultiMaxE) return false;
+  return force >= 0 ? force == 1 : n >= kAlignMultiMin;
+}
+__host__ __device__ inline int align_blocks(int64_t n) {
+  const int64_t b = (n + kAlignChunk - 1) / kAlignChunk;
+  return (int)(b < kAlignMaxBlocks ? b : kAlignMaxBlocks);
+}
+__host__ __device__ inline int64_t align_chunk(int64_t n) {
+  const int nb = align_blocks(n);
+  return (n + nb - 1) / nb;
+}
+
+// hist: [gridDim.x][E]; shared: E ints.
+__global__ void __launch_bounds__(1024) moe_align_count_kernel(const int32_t* ids, int64_t n, int E, int64_t chunk,
+                                                               int32_t* hist) {
+  mk::pdl_begin();
+  extern __shared__ int cnt_sm[];  // [E]
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt_sm[e] = 0;
+  __syncthreads();
+  const int64_t a0 = (int64_t)blockIdx.x * chunk, a1 = min(n, a0 + chunk);
+  for (int64_t a = a0 + threadIdx.x; a < a1; a += blockDim.x) {
+    const int e = ids[a];
+    if (e >= 0 && e < E) atomicAdd(&cnt_sm[e], 1);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) hist[(int64_t)blockIdx.x * E + e] = cnt_sm[e];
+}
+
+// shared: 3·E + 1 ints (tot, cur, off).
+__global__ void __launch_bounds__(1024) moe_align_place_kernel(const int32_t* ids, int64_t n, int E, int BM,
+    int64_t chunk, const int32_t* hist, int32_t* off_g, int32_t* num_tiles, int32_t* tile_expert, int32_t* sorted,
+    int32_t* slot_of, unsigned long long* counts_total, int* zero, int zero_n) {
+  mk::pdl_begin();
+  extern __shared__ int place_sm[];
+  int* tot = place_sm;  // [E] every block's assignments of expert e
+  int* cur = tot + E;   // [E] the blocks' before this one, then this block's next row of e
+  int* off = cur + E;   // [E + 1] padded offsets
+  const int b = (int)blockIdx.x, nb = (int)gridDim.x;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) tot[e] = cur[e] = 0;
+  __syncthreads();
+  const int64_t hn = (int64_t)nb * E, below = (int64_t)b * E;  // hist entries: all, and the blocks' before b
+  constexpr int U = 4;  // loads in flight before their atomics
+  for (int64_t j0 = threadIdx.x; j0 < hn; j0 += (int64_t)U * blockDim.x) {
+    int v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t j = j0 + (int64_t)u * blockDim.x;
+      v[u] = j < hn ? hist[j] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t j = j0 + (int64_t)u * blockDim.x;
+      if (j >= hn || v[u] == 0) continue;
+      const int e = (int)(j % E);
+      atomicAdd(&tot[e], v[u]);
+      if (j < below) atomicAdd(&cur[e], v[u]);
+    }
+  }
+  __syncthreads();
+  padded_scan(tot, off, E, BM);
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cur[e] += off[e];
+  for (int e = b; e < E; e += nb) {  // this block's experts
+    const int t0 = off[e] / BM, t1 = off[e + 1] / BM;
+    for (int tl = t0 + (int)threadIdx.x; tl < t1; tl += blockDim.x) tile_expert[tl] = e;
+    for (int p = off[e] + tot[e] + (int)threadIdx.x; p < off[e + 1]; p += blockDim.x) sorted[p] = -1;
+    if (threadIdx.x == 0) {
+      off_g[e] = off[e];
+      if (counts_total) counts_total[e] += (unsigned long long)tot[e];
+    }
+  }
+  if (b == 0) {
+    if (threadIdx.x == 0) {
+      off_g[E] = off[E];
+      *num_tiles = off[E] / BM;
+    }
+    for (int i = threadIdx.x; i < zero_n; i += blockDim.x) zero[i] = 0;  // GEMM1's split counters, if any
+  }
+  __syncthreads();
+  const int64_t a0 = (int64_t)b * chunk, a1 = min(n, a0 + chunk);
+  for (int64_t a = a0 + threadIdx.x; a < a1; a += blockDim.x) {
+    const int e = ids[a];
+    if (e >= 0 && e < E) {
+      const int p = atomicAdd(&cur[e], 1);
+      sorted[p] = (int32_t)a;
+      slot_of[a] = p;
+    } else {
+      slot_of[a] = -1;
+    }
+  }
 }
 
 // moe_route_align_kernel routes T ≤ 32 tokens (one warp each, as
@@ -764,9 +884,12 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
       } else {
         const bool partial = p.ksplit > 1;
         const int64_t plane = dense > 0 ? dense : (int64_t)p.mt * BM;  // rows of one split's partial sums
-        float* out = partial ? p.part + ((int64_t)split * plane + slot) * N : reinterpret_cast<float*>(p.out) + slot * N;
+        const bool ybf = !partial && p.ybf;
+        void* out = partial ? static_cast<void*>(p.part + ((int64_t)split * plane + slot) * N)
+                  : ybf     ? static_cast<void*>(reinterpret_cast<bf16*>(p.out) + slot * N)
+                            : static_cast<void*>(reinterpret_cast<float*>(p.out) + slot * N);
         const float* db = p.bias && !partial ? p.bias + (int64_t)e * N : nullptr;
-        mkmoe::store_y_frags<NF, WN, BN>(out, acc[mf], h, ntile, wn, lane, N, db);
+        mkmoe::store_y_frags<NF, WN, BN>(out, acc[mf], h, ntile, wn, lane, N, db, ybf);
       }
     }
   }
@@ -820,7 +943,7 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
           v.x += db[n];
           v.y += db[n + 1];
         }
-        *reinterpret_cast<float2*>(reinterpret_cast<float*>(p.out) + slot * N + n) = v;
+        mkmoe::store_y2(p.out, slot * N + n, v, p.ybf);
       }
     }
   }
@@ -836,44 +959,56 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 // summed: the loop of one slot load, then one row load, per k cost a
 // dependent round trip each (ncu, one token: 8.0 µs at K = 8 on
 // DeepSeek-V3's 7168 columns, 5.1 on Qwen3's, 3.4 at K = 2 on Mixtral).
-__global__ void moe_combine_kernel(float* out, const float* y, const int32_t* slot_of, const float* w,
-                                   int K, int64_t H) {
+// YBF: y holds bf16 rows and a thread sums 8 columns a step, each row's
+// 16 bytes one load (4 columns, 8 bytes a load, kept the load count of the
+// f32 rows and read them at 2.0 TB/s: Qwen3 at 16384 tokens, ncu,
+// forty-sixth pass).
+template <bool YBF>
+__global__ void moe_combine_kernel(float* out, const void* y, const int32_t* slot_of, const float* w, int K,
+                                   int64_t H) {
   mk::pdl_begin();
   constexpr int kC = 64, kU = 8;  // k staged in shared memory; rows in flight a column
+  constexpr int C = YBF ? 8 : 4;  // columns a thread sums a step
   __shared__ int32_t c_slot[kC];
   __shared__ float c_w[kC];
   const int64_t t = blockIdx.x;
-  const int64_t H4 = H / 4;
+  const int64_t HC = H / C;  // H % 8 == 0
   const int kn = K < kC ? K : kC;
   for (int k = threadIdx.x; k < kn; k += blockDim.x) {
     c_slot[k] = slot_of[t * K + k];
     c_w[k] = w[t * K + k];
   }
   __syncthreads();
-  const float4* y4 = reinterpret_cast<const float4*>(y);
-  for (int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; c < H4; c += (int64_t)gridDim.y * blockDim.x) {
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; c < HC; c += (int64_t)gridDim.y * blockDim.x) {
+    float s[C];
+#pragma unroll
+    for (int j = 0; j < C; j++) s[j] = 0.f;
     for (int k0 = 0; k0 < K; k0 += kU) {
       int32_t sl[kU];
-      float4 v[kU];
+      uint4 v[kU];  // f32: one float4's bits; bf16: 8 values
 #pragma unroll
       for (int u = 0; u < kU; u++) {
         const int k = k0 + u;
         sl[u] = k >= K ? -1 : k < kC ? c_slot[k] : slot_of[t * K + k];
-        v[u] = sl[u] >= 0 ? y4[(int64_t)sl[u] * H4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[u] = sl[u] >= 0 ? reinterpret_cast<const uint4*>(y)[(int64_t)sl[u] * HC + c] : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int u = 0; u < kU; u++) {
         if (sl[u] < 0) continue;
         const int k = k0 + u;
         const float wk = k < kC ? c_w[k] : w[t * K + k];
-        s.x = fmaf(wk, v[u].x, s.x);
-        s.y = fmaf(wk, v[u].y, s.y);
-        s.z = fmaf(wk, v[u].z, s.z);
-        s.w = fmaf(wk, v[u].w, s.w);
+        const uint32_t b[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+        for (int j = 0; j < C; j++) {
+          const float yv = YBF ? __uint_as_float(j % 2 ? b[j / 2] & 0xffff0000u : b[j / 2] << 16)
+                               : __uint_as_float(b[j]);
+          s[j] = fmaf(wk, yv, s[j]);
+        }
       }
     }
-    reinterpret_cast<float4*>(out + t * H)[c] = s;
+    float4* o4 = reinterpret_cast<float4*>(out + t * H + c * C);
+#pragma unroll
+    for (int j = 0; j < C / 4; j++) o4[j] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
   }
 }
 
@@ -1499,10 +1634,11 @@ int pick_cfg(int64_t T, int K, int E, int64_t H) {
 // holds the partial sums, g2cnt a counter per GEMM2 work item: tiles × g2nt).
 struct Layout {
   int cfg, g2s, g1s;
+  bool ybf;       // y holds bf16 rows (y_bf16)
   double avg;     // expected rows per active expert (dec_wide)
   int64_t active;  // experts expected to get rows: min(T·K, E)
   int64_t rows, tiles, g2nt, g1nt;
-  size_t off, num, tile_expert, sorted, slot_of, act, y, bar, wctr, part, g2cnt, part1, g1cnt, total;
+  size_t off, num, tile_expert, sorted, slot_of, act, y, bar, wctr, ahist, part, g2cnt, part1, g1cnt, total;
 };
 
 // g1_splits is GEMM1's split of its reduction (kd = H columns) for the
@@ -1553,6 +1689,19 @@ int g2_splits(int cfg, int64_t kd) {
   return (int)((kt + ktc - 1) / ktc);  // no empty split
 }
 
+// y_bf16 says whether GEMM2 writes its rows (y) in bf16 for tiles of
+// configuration cfg: the 128×256 prefill tiles (cfg 3), where GEMM2's
+// f32 writes and the combine's reads of them are a large share of a layer
+// (Qwen3-30B-A3B at 16384 tokens, ncu, forty-sixth pass: the combine 336
+// µs reading 1.07 GB of a 2.8 ms layer). Rounding each expert's output to
+// bf16 before the weighted sum is what vLLM's fused_moe does too (its
+// GEMM2 writes bf16). MK_MOE_Y_BF16=1 / 0 forces (every configuration /
+// none); read once.
+bool y_bf16(int cfg) {
+  static const int force = mk::env_force("MK_MOE_Y_BF16");
+  return force >= 0 ? force == 1 : cfg == 3;
+}
+
 Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   Layout L;
   L.cfg = pick_cfg(T, K, E, H);
@@ -1576,11 +1725,14 @@ Layout layout(int64_t T, int K, int E, int64_t H, int64_t I) {
   L.act = o;
   o = up256(o + (size_t)L.rows * I * 2);
   L.y = o;
-  o = up256(o + (size_t)L.rows * H * 4);
+  L.ybf = y_bf16(L.cfg);
+  o = up256(o + (size_t)L.rows * H * 4);  // f32 either way: GEMM1's row copy (ascratch) uses it too
   L.bar = o;  // moe_decode_kernel's grid barrier
   o = up256(o + 4);
   L.wctr = o;  // the persistent wgmma grids' work-item counters (GemmArgs.tile_ctr): GEMM1's, GEMM2's
   o = up256(o + 2 * 4);
+  L.ahist = o;  // the align over many blocks: [align_blocks(n)][E] counts
+  if (align_multi(n, E)) o = up256(o + (size_t)align_blocks(n) * E * 4);
   L.g2s = g2_splits(L.cfg, I);
   L.g2nt = (H + kCfg[L.cfg].bn - 1) / kCfg[L.cfg].bn;
   L.part = o;
@@ -2246,6 +2398,18 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
     else if (epl <= 4) go(moe_route_align_kernel<4>);
     else go(moe_route_align_kernel<8>);
     MK_LAUNCHED("moe_route_align");
+  } else if (align_multi(t * k, e)) {
+    const int nb = align_blocks(t * k);
+    const int64_t chunk = align_chunk(t * k);
+    int32_t* hist = reinterpret_cast<int32_t*>(w + L.ahist);
+    // E ≤ kAlignMultiMaxE: (3·E + 1) ints fit the default 48 KB.
+    (void)(mk::launch(moe_align_count_kernel, dim3((unsigned)nb), dim3(1024), (size_t)e * 4, s,
+        mk::dev<const int32_t>(ids), t * k, e, chunk, hist));
+    MK_LAUNCHED("moe_align_count");
+    (void)(mk::launch(moe_align_place_kernel, dim3((unsigned)nb), dim3(1024), asm_bytes, s, mk::dev<const int32_t>(ids),
+        t * k, e, bm, chunk, (const int32_t*)hist, off, num, tile_expert, sorted, slot_of,
+        mk::dev<unsigned long long>(counts), g1cnt, g1cnt_n));
+    MK_LAUNCHED("moe_align_place");
   } else {
     static size_t align_attr = 48 << 10;
     if (asm_bytes > align_attr) {
@@ -2321,6 +2485,7 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   g2.W = mk::dev<const bf16>(down);
   g2.bias = down_bias ? mk::dev<const float>(down_bias) : nullptr;
   g2.out = y;
+  g2.ybf = L.ybf;
   g2.Kd = i;
   g2.N = h;
   g2.tile_ctr = wctr ? wctr + 1 : nullptr;
@@ -2340,11 +2505,14 @@ static int32_t experts_run(uint64_t stream, uint64_t out, uint64_t x, uint64_t i
   MK_ARG(t < (1ll << 31), "mk_moe_experts: T=%lld too large", (long long)t);
   if (!out) return MK_OK;  // the caller combines (mk_moe_combine_add_rmsnorm_f32)
   {
-    // Column slices of 128 float4s; up to 16 per token (one float4 a thread
-    // up to 8192 columns), fewer when the tokens alone fill the GPU.
-    const int64_t slices = std::max<int64_t>(1, std::min<int64_t>((h / 4 + 127) / 128, t >= 256 ? 1 : 16));
-    (void)(mk::launch(moe_combine_kernel, dim3((unsigned)t, (unsigned)slices), dim3(128), 0, s,
-        mk::dev<float>(out), y, slot_of, mk::dev<const float>(weights), k, h));
+    // Column slices of 128 threads' steps (4 columns a step, 8 from bf16
+    // rows); up to 16 per token (one step a thread up to 8192 columns),
+    // fewer when the tokens alone fill the GPU.
+    const int64_t cols = L.ybf ? 8 : 4;  // a thread's columns a step
+    const int64_t slices = std::max<int64_t>(1, std::min<int64_t>((h / cols + 127) / 128, t >= 256 ? 1 : 16));
+    (void)(mk::launch(L.ybf ? moe_combine_kernel<true> : moe_combine_kernel<false>, dim3((unsigned)t,
+        (unsigned)slices), dim3(128), 0, s, mk::dev<float>(out), (const void*)y, slot_of,
+        mk::dev<const float>(weights), k, h));
   }
   MK_LAUNCHED("moe_combine");
   return MK_OK;
@@ -2408,8 +2576,8 @@ int32_t mk_moe_combine_add_rmsnorm_f32(uint64_t stream, uint64_t sum, uint64_t o
   MK_ARG(ws_bytes >= L.total, "mk_moe_combine_add_rmsnorm_f32: workspace of %llu bytes, %llu needed",
          (unsigned long long)ws_bytes, (unsigned long long)L.total);
   unsigned char* w = mk::dev<unsigned char>(ws);
-  const mkf32::CombineIn cb{reinterpret_cast<const float*>(w + L.y), reinterpret_cast<const int32_t*>(w + L.slot_of),
-                            mk::dev<const float>(weights), (int)k};
+  const mkf32::CombineIn cb{w + L.y, reinterpret_cast<const int32_t*>(w + L.slot_of), mk::dev<const float>(weights),
+                            (int)k, L.ybf};
   MK_ARG(mkf32::combine_add_rmsnorm(mk::as_stream(stream), mk::dev<float>(sum), mk::dev<float>(out),
                                     out_bf16 ? mk::dev<bf16>(out_bf16) : nullptr, mk::dev<const float>(x), cb, t, h,
                                     mk::dev<const float>(norm_w), mk::float_from_bits(eps_bits)),

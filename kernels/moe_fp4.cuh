@@ -576,8 +576,10 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
                                            p.bias ? p.bias + (int64_t)e * 2 * N : nullptr, p.act, p.alpha, p.limit);
         continue;
       }
-      mkmoe::store_y_frags<NF, WN, BN>(reinterpret_cast<float*>(p.out) + slot * N, acc[mf], h, ntile, wn, lane, N,
-                                       p.bias ? p.bias + (int64_t)e * N : nullptr);
+      void* out = p.ybf ? static_cast<void*>(reinterpret_cast<bf16*>(p.out) + slot * N)
+                        : static_cast<void*>(reinterpret_cast<float*>(p.out) + slot * N);
+      mkmoe::store_y_frags<NF, WN, BN>(out, acc[mf], h, ntile, wn, lane, N, p.bias ? p.bias + (int64_t)e * N : nullptr,
+                                       p.ybf);
     }
   }
 }

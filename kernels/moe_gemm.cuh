@@ -22,7 +22,7 @@ struct GemmArgs {
   const int32_t* sorted;       // [rows]: assignment of each row, -1 for padding
   const int32_t* tile_expert;  // [tiles]
   const int32_t* num_tiles;    // [1]
-  void* out;                   // GEMM1: act bf16 [rows, N]; GEMM2: y f32 [rows, N]
+  void* out;                   // GEMM1: act bf16 [rows, N]; GEMM2: y f32 [rows, N], or bf16 when ybf
   int64_t Kd;                  // reduction length (H or I), multiple of 8
   int64_t N;                   // GEMM1: I (gate columns); GEMM2: H
   int64_t experts;             // E: W holds E·2N (GEMM1) or E·N (GEMM2) rows (0: unknown, no TMA)
@@ -62,7 +62,20 @@ struct GemmArgs {
   // the count it takes from its GEMM's counter. Null: the CTAs walk fixed
   // strides of gridDim.x.
   int* tile_ctr;
+  // GEMM2 (grouped, not dense): y is bf16 [rows, N], the f32 sums rounded
+  // (moe.cu's y_bf16: the 128-row prefill tiles), so that GEMM2 writes and
+  // the combine reads half the bytes. Split partial sums stay f32.
+  int ybf;
 };
+
+// store_y2 writes a GEMM2 output pair: elements idx, idx + 1 of y, f32 or
+// (ybf) bf16 (idx is even: a bf16 pair is 4-byte aligned).
+__device__ __forceinline__ void store_y2(void* y, int64_t idx, float2 v, bool ybf) {
+  if (ybf)
+    *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<__nv_bfloat16*>(y) + idx) = __floats2bfloat162_rn(v.x, v.y);
+  else
+    *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + idx) = v;
+}
 
 using mk::mma16816;
 
@@ -255,12 +268,12 @@ __device__ __forceinline__ void group_tile(int id, int group_m, int mt, int nt, 
 }
 
 // store_y_frags writes row half h of one m fragment of a warp's mma.sync
-// GEMM2 tile (acc: its NF n fragments) to the float32 row out: out[n] =
-// acc + db[n] (db may be null) for the warp's columns n = ntile·BN +
-// wn·WN + 8·nf + 2·(lane%4) (+1) below N.
+// GEMM2 tile (acc: its NF n fragments) to the row out (f32, or bf16 when
+// ybf: store_y2): out[n] = acc + db[n] (db may be null) for the warp's
+// columns n = ntile·BN + wn·WN + 8·nf + 2·(lane%4) (+1) below N.
 template <int NF, int WN, int BN>
-__device__ __forceinline__ void store_y_frags(float* out, const float (&acc)[NF][4], int h, int ntile, int wn,
-                                              int lane, int64_t N, const float* db) {
+__device__ __forceinline__ void store_y_frags(void* out, const float (&acc)[NF][4], int h, int ntile, int wn,
+                                              int lane, int64_t N, const float* db, bool ybf) {
 #pragma unroll
   for (int nf = 0; nf < NF; nf++) {
     const int64_t n = (int64_t)ntile * BN + wn * WN + nf * 8 + (lane % 4) * 2;
@@ -270,7 +283,7 @@ __device__ __forceinline__ void store_y_frags(float* out, const float (&acc)[NF]
       v.x += db[n];
       v.y += db[n + 1];
     }
-    *reinterpret_cast<float2*>(out + n) = v;
+    store_y2(out, n, v, ybf);
   }
 }
 

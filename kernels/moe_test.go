@@ -344,6 +344,14 @@ func TestMoEExperts(t *testing.T) {
 		{name: "E8_K2_T1_g2split", cfg: softmaxRouter(8, 2), T: 1, H: 72, I: 4104, hot: -1, biases: true},
 		{name: "E8_K2_T64_tile32_g2split", cfg: softmaxRouter(8, 2), T: 64, H: 136, I: 8200, hot: -1, biases: true},
 		{name: "E8_K2_T160_tile64_g2split_hot_clamped", cfg: softmaxRouter(8, 2), T: 160, H: 64, I: 4104, hot: 3, clamped: true},
+		// The align over many blocks (≥ 4096 assignments, moe.cu's
+		// align_multi): every token on one expert (the others empty), a
+		// chunk that is not a multiple of the block (5600 over 6 blocks),
+		// cold experts, and more chunks than blocks (264000 assignments
+		// over 256 blocks of 1032).
+		{name: "E8_K1_T5000_one_expert_align_multi", cfg: softmaxRouter(8, 1), T: 5000, H: 64, I: 32, hot: 2},
+		{name: "E128_K8_T700_cold_align_multi", cfg: softmaxRouter(128, 8), T: 700, H: 64, I: 40, cold: 40, hot: -1, biases: true},
+		{name: "E64_K8_T33000_align_max_blocks", cfg: softmaxRouter(64, 8), T: 33000, H: 64, I: 32, hot: -1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -11,11 +11,24 @@ namespace mkf32 {
 // CombineIn is a MoE layer's combine as the row added before an RMSNorm:
 // row g adds Σ_k w[g·K+k]·y[slot_of[g·K+k]] (slots < 0 add nothing).
 struct CombineIn {
-  const float* y;          // [rows, H] expert outputs, or null: no combine
+  const void* y;           // [rows, H] expert outputs (f32, or bf16 when ybf), or null: no combine
   const int32_t* slot_of;  // [T·K]
   const float* w;          // [T·K] routing weights
   int K;
+  bool ybf;
 };
+
+#ifdef __CUDACC__
+// y4_at reads values 4c .. 4c + 3 of row `row` of the expert outputs y
+// [rows, H] (H4 = H / 4 float4s a row): f32 rows, or bf16 rows (ybf: 8
+// bytes, widened exactly).
+__device__ __forceinline__ float4 y4_at(const void* y, int64_t row, int64_t H4, int64_t c, bool ybf) {
+  if (!ybf) return reinterpret_cast<const float4*>(y)[row * H4 + c];
+  const uint2 u = reinterpret_cast<const uint2*>(y)[row * H4 + c];
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                     __uint_as_float(u.y & 0xffff0000u));
+}
+#endif
 
 // combine_add_rmsnorm launches, for T rows of H: sum = x + the combine cb,
 // out = RMSNorm(sum)·w (float32 products, float64 sum of squares, as

@@ -263,6 +263,14 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 		switch_test test_tma_c '^TestMoE(Experts|WorkspaceReuse)$' MK_MOE_TMA_C=1 MK_MOE_PERSIST=0
 		switch_test test_tma_c_dyn '^TestMoE(Experts|WorkspaceReuse)$' MK_MOE_TMA_C=1 MK_MOE_PERSIST=1 MK_MOE_DYN=1 \
 			MK_MOE_G1_TMA=1
+		# The other side of the forty-sixth pass's two rules: the one-block
+		# align at every size and the many-block align forced wherever E
+		# allows; GEMM2's rows in f32 everywhere and in bf16 on every tile
+		# (split sums, FP4 experts, the combine + add + norm).
+		switch_test test_align1 '^TestMoE(Experts|WorkspaceReuse)$' MK_MOE_ALIGN_MULTI=0
+		switch_test test_align_multi '^TestMoE(Experts|WorkspaceReuse|CombineAddRMSNorm)$' MK_MOE_ALIGN_MULTI=1
+		switch_test test_y_f32 '^TestMoE(Experts|CombineAddRMSNorm)$' MK_MOE_Y_BF16=0
+		switch_test test_y_bf16 '^TestMoE(Experts|WorkspaceReuse|CombineAddRMSNorm|ExpertsFP4|FP4Path)$' MK_MOE_Y_BF16=1 MK_MOE_G2_SPLIT=2
 	else
 		echo "== MoE switch tests skipped (MK_SWITCH_TESTS=0)"
 	fi
