@@ -86,6 +86,12 @@ func TestMoEFusedLayer(t *testing.T) {
 		// More k than the combine stages at once (32): the sums go on in chunks.
 		{name: "R2_E64_K40_T9_shared", E: 64, K: 40, tokens: []int{9, 4}, H: 256, I: 128, hot: -1, shared: true},
 		{name: "R1_E48_K36_T130_tile128", E: 48, K: 36, tokens: []int{130}, H: 256, I: 128, hot: -1, tile: 128},
+		// The plan over many blocks (from 4096 assignments in all: moe_fused.cu's
+		// plan_blocks): one rank's 16000 over 4 CTAs, and four ranks of uneven
+		// counts whose tokens all pick one expert (every CTA's rows land in the
+		// same slots, after the CTAs' before it).
+		{name: "R1_E64_K8_T2000_tile128_plan_multi", E: 64, K: 8, tokens: []int{2000}, H: 256, I: 128, hot: -1, tile: 128},
+		{name: "R4_E32_K4_hot_tile128_plan_multi", E: 32, K: 4, tokens: []int{1500, 1, 1500, 1024}, H: 256, I: 128, hot: 3, tile: 128},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { runFusedCase(t, g, r, c) })

@@ -270,6 +270,10 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 		switch_test test_align1 '^TestMoE(Experts|WorkspaceReuse)$' MK_MOE_ALIGN_MULTI=0
 		switch_test test_align_multi '^TestMoE(Experts|WorkspaceReuse|CombineAddRMSNorm)$' MK_MOE_ALIGN_MULTI=1
 		switch_test test_y_f32 '^TestMoE(Experts|CombineAddRMSNorm)$' MK_MOE_Y_BF16=0
+		# The fused layer's plan in one CTA a destination at every size, and
+		# over many blocks (forced: two or more CTAs a destination) at every size.
+		switch_test test_plan1 '^TestMoEFused(Layer|Capacity|Watchdog)$' MK_MOE_PLAN_MULTI=0
+		switch_test test_plan_multi '^TestMoEFused(Layer|Capacity|Watchdog|RankLocalStreams)$' MK_MOE_PLAN_MULTI=1
 		switch_test test_y_bf16 '^TestMoE(Experts|WorkspaceReuse|CombineAddRMSNorm|ExpertsFP4|FP4Path)$' MK_MOE_Y_BF16=1 MK_MOE_G2_SPLIT=2
 	else
 		echo "== MoE switch tests skipped (MK_SWITCH_TESTS=0)"
