@@ -377,6 +377,98 @@ __device__ void block_scan_tiles(const int* cnt, int* off, int S, int BM) {
   if (tid == nt - 1) off[S] = o;
 }
 
+// ---- plan pieces shared by plan_kernel and the many-block plan
+
+// plan_drop marks source b's assignment a dropped (dest_row -1) when the
+// table places its expert nowhere valid (E = p.E, R = p.R).
+__device__ __forceinline__ void plan_drop(const Params& p, const RankP& me, int b, int64_t a, int E, int R) {
+  const int e = me.ids[a];
+  const int pl = (e >= 0 && e < E) ? p.place[b * E + e] : -1;
+  const int d = pl >> 16, s = pl & 0xffff;
+  if (pl < 0 || d >= R || s >= p.rk[d].S) me.dest_row[a] = -1;
+}
+
+// plan_count4 counts, for destination b of S slots, the placements pl of
+// four of source r's assignments: rows per slot, and local ones (r == b).
+__device__ __forceinline__ void plan_count4(const int (&pl)[4], int r, int b, int S, int* cnt, int* cnt_loc) {
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+    if (pl[u] >= 0 && (pl[u] >> 16) == b && (pl[u] & 0xffff) < S) {
+      atomicAdd(&cnt[pl[u] & 0xffff], 1);
+      if (r == b) atomicAdd(&cnt_loc[pl[u] & 0xffff], 1);
+    }
+}
+
+// plan_overflow handles destination b's plan when its rows (padded) are
+// more than its workspace holds (MoEFusedArgs.MaxRows): an error of the
+// layer (record role 6), not a write past the buffers: nothing of this
+// rank is planned, the separate path's rows are all padding (threads t0,
+// t0 + step, ... of the rank's), and the persistent launch sees the record
+// and does nothing (rank-local: the peers' waits for this plan time out).
+// writer: the one thread that writes the record. True: the caller returns.
+__device__ __forceinline__ bool plan_overflow(const Params& p, const RankP& me, int b, int rows, bool writer,
+                                              int64_t t0, int64_t step) {
+  if (rows <= me.rows_cap) return false;
+  if (writer) {
+    *me.num_tiles = 0;
+    int* err = p.ctl;
+    if (atomicCAS(err, 0, 1) == 0) {
+      err[MK_MOE_FUSED_ERR_RANK] = b;
+      err[MK_MOE_FUSED_ERR_ROLE] = 6;
+      err[MK_MOE_FUSED_ERR_TILE] = -1;
+      err[MK_MOE_FUSED_ERR_SEEN] = rows;
+      err[MK_MOE_FUSED_ERR_WANT] = (int)me.rows_cap;
+      __threadfence();
+    }
+  }
+  if (p.separate)
+    for (int64_t q = t0; q < me.rows_cap; q += step) me.row_slot[q] = -1;
+  return true;
+}
+
+// plan_fill writes destination me's tile count (writer), its tiles'
+// counters, slots and wanted rows, its slots' expert-load counts and
+// padding rows, and (separate path) every row's slot and weight, from the
+// rows per slot (cnt, local cnt_loc) and padded offsets off [S + 1] of
+// tiles of BM rows: threads t0, t0 + step, ... of the rank's (Ix: their
+// index type).
+template <typename Ix>
+__device__ __forceinline__ void plan_fill(const Params& p, const RankP& me, const int* cnt, const int* cnt_loc,
+                                          const int* off, int S, int BM, bool writer, Ix t0, Ix step) {
+  const int ntiles = off[S] / BM;
+  if (writer) *me.num_tiles = ntiles;
+  for (Ix tl = t0; tl < ntiles; tl += step) {
+    me.arrive[tl] = 0;
+    me.g1done[tl] = 0;
+  }
+  for (Ix s = t0; s < S; s += step) {
+    if (me.counts && !p.separate) atomicAdd(&me.counts[s], (unsigned long long)cnt[s]);
+    // The slot's rows that arrive by dispatch, [rem0, rem1): the remote
+    // ones, or every one with copy_local.
+    const int rem0 = off[s] + (p.copy_local ? 0 : cnt_loc[s]), rem1 = off[s] + cnt[s];
+    for (int tl = off[s] / BM; tl < off[s + 1] / BM; ++tl) {
+      me.tile_slot[tl] = (int32_t)s;
+      me.tile_want[tl] = max(0, min(tl * BM + BM, rem1) - max(tl * BM, rem0));
+    }
+    for (int q = off[s] + cnt[s]; q < off[s + 1]; ++q) {
+      me.row_src[q] = -1;
+      if (p.separate) me.row_slot[q] = -1;
+    }
+  }
+  if (p.separate) {
+    for (int64_t q = off[S] + (int64_t)t0; q < me.rows_cap; q += step) me.row_slot[q] = -1;
+    for (int64_t q = t0; q < me.rows_cap; q += step) me.row_w[q] = 1.0f;
+  }
+}
+
+// plan_put records source r's assignment a in destination b's row q of
+// slot s (both directions: the row's source, the assignment's row).
+__device__ __forceinline__ void plan_put(const Params& p, const RankP& me, int r, int b, int64_t a, int s, int q) {
+  me.row_src[q] = (int32_t)(a * 8 + r);
+  if (p.separate) me.row_slot[q] = s;
+  p.rk[r].dest_row[a] = q * 8 + b;  // rank-local: a store into source r's (peer) workspace
+}
+
 // One CTA per rank b: b's source side (dropped assignments, token flags)
 // and b's destination side (slot counts, padded offsets, tiles, rows). A
 // slot's rows from b itself (local) come first, then the rows from other
@@ -406,12 +498,7 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
   if (blockIdx.x == 0 && threadIdx.x < (int)(kCtlBytes / 4) - 16) p.ctl[16 + threadIdx.x] = 0;
   // Source side.
   for (int64_t t = threadIdx.x; t < me.T; t += blockDim.x) me.tokdone[t] = 0;
-  for (int64_t a = threadIdx.x; a < me.T * K; a += blockDim.x) {
-    const int e = me.ids[a];
-    const int pl = (e >= 0 && e < E) ? p.place[b * E + e] : -1;
-    const int d = pl >> 16, s = pl & 0xffff;
-    if (pl < 0 || d >= R || s >= p.rk[d].S) me.dest_row[a] = -1;
-  }
+  for (int64_t a = threadIdx.x; a < me.T * K; a += blockDim.x) plan_drop(p, me, b, a, E, R);
   const int64_t par = (int64_t)(p.epoch & 1) * p.ids_off[R];
   if (local) {
     for (int d = 0; d < R; ++d) {
@@ -456,63 +543,14 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
       for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
         int pl[4];
         places4(ids, r, n, a0, pl);
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          if (pl[u] >= 0 && (pl[u] >> 16) == b && (pl[u] & 0xffff) < S) {
-            atomicAdd(&cnt[pl[u] & 0xffff], 1);
-            if (r == b) atomicAdd(&cnt_loc[pl[u] & 0xffff], 1);
-          }
+        plan_count4(pl, r, b, S, cnt, cnt_loc);
       }
     }
     __syncthreads();
     block_scan_tiles(cnt, off, S, BM);
     __syncthreads();
-    // Capacity: more rows than the workspace holds (MoEFusedArgs.MaxRows)
-    // is an error of the layer (record role 6), not a write past the
-    // buffers: nothing of this rank is planned, the separate path's rows
-    // are all padding, and the persistent launch sees the record and does
-    // nothing (rank-local: the peers' waits for this plan time out).
-    if (off[S] > me.rows_cap) {
-      if (threadIdx.x == 0) {
-        *me.num_tiles = 0;
-        int* err = p.ctl;
-        if (atomicCAS(err, 0, 1) == 0) {
-          err[MK_MOE_FUSED_ERR_RANK] = b;
-          err[MK_MOE_FUSED_ERR_ROLE] = 6;
-          err[MK_MOE_FUSED_ERR_TILE] = -1;
-          err[MK_MOE_FUSED_ERR_SEEN] = off[S];
-          err[MK_MOE_FUSED_ERR_WANT] = (int)me.rows_cap;
-          __threadfence();
-        }
-      }
-      if (p.separate)
-        for (int64_t q = threadIdx.x; q < me.rows_cap; q += blockDim.x) me.row_slot[q] = -1;
-      return;
-    }
-    const int ntiles = off[S] / BM;
-    if (threadIdx.x == 0) *me.num_tiles = ntiles;
-    for (int tl = threadIdx.x; tl < ntiles; tl += blockDim.x) {
-      me.arrive[tl] = 0;
-      me.g1done[tl] = 0;
-    }
-    for (int s = threadIdx.x; s < S; s += blockDim.x) {
-      if (me.counts && !p.separate) atomicAdd(&me.counts[s], (unsigned long long)cnt[s]);
-      // The slot's rows that arrive by dispatch, [rem0, rem1): the remote
-      // ones, or every one with copy_local.
-      const int rem0 = off[s] + (p.copy_local ? 0 : cnt_loc[s]), rem1 = off[s] + cnt[s];
-      for (int tl = off[s] / BM; tl < off[s + 1] / BM; ++tl) {
-        me.tile_slot[tl] = s;
-        me.tile_want[tl] = max(0, min(tl * BM + BM, rem1) - max(tl * BM, rem0));
-      }
-      for (int q = off[s] + cnt[s]; q < off[s + 1]; ++q) {
-        me.row_src[q] = -1;
-        if (p.separate) me.row_slot[q] = -1;
-      }
-    }
-    if (p.separate) {
-      for (int64_t q = off[S] + threadIdx.x; q < me.rows_cap; q += blockDim.x) me.row_slot[q] = -1;
-      for (int64_t q = threadIdx.x; q < me.rows_cap; q += blockDim.x) me.row_w[q] = 1.0f;
-    }
+    if (plan_overflow(p, me, b, off[S], threadIdx.x == 0, threadIdx.x, blockDim.x)) return;
+    plan_fill<int>(p, me, cnt, cnt_loc, off, S, BM, threadIdx.x == 0, threadIdx.x, blockDim.x);
     // Rows.
     for (int r = 0; r < R; ++r) {
       const int32_t* ids = src_ids(r);
@@ -526,9 +564,7 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
           const int64_t a = a0 + (int64_t)u * blockDim.x;
           const int s = pl[u] & 0xffff;
           const int q = r == b ? off[s] + atomicAdd(&cur_loc[s], 1) : off[s] + cnt_loc[s] + atomicAdd(&cur_rem[s], 1);
-          me.row_src[q] = (int32_t)(a * 8 + r);
-          if (p.separate) me.row_slot[q] = s;
-          p.rk[r].dest_row[a] = q * 8 + b;  // rank-local: a store into source r's (peer) workspace
+          plan_put(p, me, r, b, a, s, q);
         }
       }
     }
@@ -581,6 +617,24 @@ __device__ __forceinline__ void plan_places4(const Params& p, int r, int64_t j0,
   for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < p.E) ? p.place[r * p.E + pl[u]] : -1;
 }
 
+// plan_walk calls f(r, j0, pl) over CTA g of G's part (plan_range) of the
+// concatenated assignments, four a thread at a time: their source r, the
+// first one's concatenated number j0 (the others j0 + u·blockDim.x) and
+// their placements pl (plan_places4).
+template <class F>
+__device__ __forceinline__ void plan_walk(const Params& p, int g, int G, F&& f) {
+  int64_t a0, a1;
+  plan_range(p, g, G, a0, a1);
+  for (int r = 0; r < p.R; ++r) {
+    const int64_t lo = max(a0, p.ids_off[r]), hi = min(a1, p.ids_off[r + 1]);
+    for (int64_t j0 = lo + threadIdx.x; j0 < hi; j0 += 4 * (int64_t)blockDim.x) {
+      int pl[4];
+      plan_places4(p, r, j0, hi, pl);
+      f(r, j0, pl);
+    }
+  }
+}
+
 // shared: 2·S ints.
 __global__ void __launch_bounds__(1024) plan_count_kernel(const __grid_constant__ Params p) {
   extern __shared__ int pc_sm[];
@@ -592,33 +646,14 @@ __global__ void __launch_bounds__(1024) plan_count_kernel(const __grid_constant_
     const int64_t ct = (me.T + G - 1) / G, t1 = min(me.T, (int64_t)(g + 1) * ct);
     for (int64_t t = (int64_t)g * ct + threadIdx.x; t < t1; t += blockDim.x) me.tokdone[t] = 0;
     const int64_t n = me.T * K, ca = (n + G - 1) / G, e1 = min(n, (int64_t)(g + 1) * ca);
-    for (int64_t a = (int64_t)g * ca + threadIdx.x; a < e1; a += blockDim.x) {
-      const int e = me.ids[a];
-      const int pl = (e >= 0 && e < E) ? p.place[b * E + e] : -1;
-      const int d = pl >> 16, s = pl & 0xffff;
-      if (pl < 0 || d >= R || s >= p.rk[d].S) me.dest_row[a] = -1;
-    }
+    for (int64_t a = (int64_t)g * ca + threadIdx.x; a < e1; a += blockDim.x) plan_drop(p, me, b, a, E, R);
   }
   if (S == 0) return;
   int* cnt = pc_sm;        // [S]
   int* cnt_loc = cnt + S;  // [S]
   for (int s = threadIdx.x; s < S; s += blockDim.x) cnt[s] = cnt_loc[s] = 0;
   __syncthreads();
-  int64_t a0, a1;
-  plan_range(p, g, G, a0, a1);
-  for (int r = 0; r < R; ++r) {
-    const int64_t lo = max(a0, p.ids_off[r]), hi = min(a1, p.ids_off[r + 1]);
-    for (int64_t j0 = lo + threadIdx.x; j0 < hi; j0 += 4 * (int64_t)blockDim.x) {
-      int pl[4];
-      plan_places4(p, r, j0, hi, pl);
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        if (pl[u] >= 0 && (pl[u] >> 16) == b && (pl[u] & 0xffff) < S) {
-          atomicAdd(&cnt[pl[u] & 0xffff], 1);
-          if (r == b) atomicAdd(&cnt_loc[pl[u] & 0xffff], 1);
-        }
-    }
-  }
+  plan_walk(p, g, G, [&](int r, int64_t, const int(&pl)[4]) { plan_count4(pl, r, b, S, cnt, cnt_loc); });
   __syncthreads();
   for (int s = threadIdx.x; s < S; s += blockDim.x) {
     me.phist[(int64_t)g * S + s] = cnt[s];
@@ -629,7 +664,7 @@ __global__ void __launch_bounds__(1024) plan_count_kernel(const __grid_constant_
 // shared: 5·S + 1 ints.
 __global__ void __launch_bounds__(1024) plan_place_kernel(const __grid_constant__ Params p) {
   extern __shared__ int pp_sm[];
-  const int g = (int)blockIdx.x, G = (int)gridDim.x, b = (int)blockIdx.y, R = p.R, BM = p.BM;
+  const int g = (int)blockIdx.x, G = (int)gridDim.x, b = (int)blockIdx.y, BM = p.BM;
   const RankP& me = p.rk[b];
   const int S = me.S;
   if (S == 0) return;
@@ -656,69 +691,22 @@ __global__ void __launch_bounds__(1024) plan_place_kernel(const __grid_constant_
   block_scan_tiles(cnt, off, S, BM);
   __syncthreads();
   const int64_t gt = (int64_t)g * blockDim.x + threadIdx.x, gstep = (int64_t)G * blockDim.x;  // this rank's threads
-  if (off[S] > me.rows_cap) {  // capacity: as plan_kernel
-    if (g == 0 && threadIdx.x == 0) {
-      *me.num_tiles = 0;
-      int* err = p.ctl;
-      if (atomicCAS(err, 0, 1) == 0) {
-        err[MK_MOE_FUSED_ERR_RANK] = b;
-        err[MK_MOE_FUSED_ERR_ROLE] = 6;
-        err[MK_MOE_FUSED_ERR_TILE] = -1;
-        err[MK_MOE_FUSED_ERR_SEEN] = off[S];
-        err[MK_MOE_FUSED_ERR_WANT] = (int)me.rows_cap;
-        __threadfence();
-      }
-    }
-    if (p.separate)
-      for (int64_t q = gt; q < me.rows_cap; q += gstep) me.row_slot[q] = -1;
-    return;
-  }
-  const int ntiles = off[S] / BM;
-  if (g == 0 && threadIdx.x == 0) *me.num_tiles = ntiles;
-  for (int64_t tl = gt; tl < ntiles; tl += gstep) {
-    me.arrive[tl] = 0;
-    me.g1done[tl] = 0;
-  }
-  for (int64_t s = gt; s < S; s += gstep) {
-    if (me.counts && !p.separate) atomicAdd(&me.counts[s], (unsigned long long)cnt[s]);
-    const int rem0 = off[s] + (p.copy_local ? 0 : cnt_loc[s]), rem1 = off[s] + cnt[s];
-    for (int tl = off[s] / BM; tl < off[s + 1] / BM; ++tl) {
-      me.tile_slot[tl] = (int32_t)s;
-      me.tile_want[tl] = max(0, min(tl * BM + BM, rem1) - max(tl * BM, rem0));
-    }
-    for (int q = off[s] + cnt[s]; q < off[s + 1]; ++q) {
-      me.row_src[q] = -1;
-      if (p.separate) me.row_slot[q] = -1;
-    }
-  }
-  if (p.separate) {
-    for (int64_t q = off[S] + gt; q < me.rows_cap; q += gstep) me.row_slot[q] = -1;
-    for (int64_t q = gt; q < me.rows_cap; q += gstep) me.row_w[q] = 1.0f;
-  }
+  if (plan_overflow(p, me, b, off[S], g == 0 && threadIdx.x == 0, gt, gstep)) return;
+  plan_fill<int64_t>(p, me, cnt, cnt_loc, off, S, BM, g == 0 && threadIdx.x == 0, gt, gstep);
   for (int s = threadIdx.x; s < S; s += blockDim.x) {
     cur_loc[s] += off[s];
     cur_rem[s] += off[s] + cnt_loc[s];
   }
   __syncthreads();
-  int64_t a0, a1;
-  plan_range(p, g, G, a0, a1);
-  for (int r = 0; r < R; ++r) {
-    const int64_t lo = max(a0, p.ids_off[r]), hi = min(a1, p.ids_off[r + 1]);
-    for (int64_t j0 = lo + threadIdx.x; j0 < hi; j0 += 4 * (int64_t)blockDim.x) {
-      int pl[4];
-      plan_places4(p, r, j0, hi, pl);
+  plan_walk(p, g, G, [&](int r, int64_t j0, const int(&pl)[4]) {
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        if (pl[u] < 0 || (pl[u] >> 16) != b || (pl[u] & 0xffff) >= S) continue;
-        const int64_t a = j0 + (int64_t)u * blockDim.x - p.ids_off[r];
-        const int s = pl[u] & 0xffff;
-        const int q = atomicAdd(r == b ? &cur_loc[s] : &cur_rem[s], 1);
-        me.row_src[q] = (int32_t)(a * 8 + r);
-        if (p.separate) me.row_slot[q] = s;
-        p.rk[r].dest_row[a] = q * 8 + b;
-      }
+    for (int u = 0; u < 4; ++u) {
+      if (pl[u] < 0 || (pl[u] >> 16) != b || (pl[u] & 0xffff) >= S) continue;
+      const int64_t a = j0 + (int64_t)u * blockDim.x - p.ids_off[r];
+      const int s = pl[u] & 0xffff;
+      plan_put(p, me, r, b, a, s, atomicAdd(r == b ? &cur_loc[s] : &cur_rem[s], 1));
     }
-  }
+  });
 }
 
 // ---- roles ----
