@@ -202,6 +202,15 @@ cudaError_t launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, c
   return e;
 }
 
+#ifdef __CUDACC__
+// bf16x4_to_f32 widens four bf16 values (the first in the low half of
+// u.x), exactly.
+__device__ __forceinline__ float4 bf16x4_to_f32(uint2 u) {
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                     __uint_as_float(u.y & 0xffff0000u));
+}
+#endif
+
 }  // namespace mk
 
 // MK_CUDA returns MK_ERR_CUDA from the enclosing function when call fails,

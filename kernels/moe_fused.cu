@@ -256,12 +256,6 @@ __device__ __forceinline__ void ret_bf16_row(const Params& p, int32_t src, int64
   }
 }
 
-// bf16x4_to_f32 widens four bf16 values (first in the low half of u.x).
-__device__ __forceinline__ float4 bf16x4_to_f32(uint2 u) {
-  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
-                     __uint_as_float(u.y & 0xffff0000u));
-}
-
 
 using mkmoe::cp_async16;
 using mkmoe::cp_async_commit;
@@ -933,7 +927,7 @@ __device__ void combine_rows_t(const Params& p, int r, int64_t t0, int64_t t1, b
           for (int uk = 0; uk < KU; uk++) {
             const void* src = on[g] && k0 + uk < kn ? c_src[t[g] * KS + k0 + uk] : nullptr;
             if (BF)  // 4 columns of a bf16 row: 8 bytes
-              v[g][uk] = src ? bf16x4_to_f32(__ldcg(static_cast<const uint2*>(src) + c[g]))
+              v[g][uk] = src ? mk::bf16x4_to_f32(__ldcg(static_cast<const uint2*>(src) + c[g]))
                              : make_float4(0.f, 0.f, 0.f, 0.f);
             else
               v[g][uk] = src ? __ldcg(static_cast<const float4*>(src) + c[g]) : make_float4(0.f, 0.f, 0.f, 0.f);

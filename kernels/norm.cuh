@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "common.cuh"
+
 namespace mkf32 {
 
 // CombineIn is a MoE layer's combine as the row added before an RMSNorm:
@@ -24,9 +26,7 @@ struct CombineIn {
 // bytes, widened exactly).
 __device__ __forceinline__ float4 y4_at(const void* y, int64_t row, int64_t H4, int64_t c, bool ybf) {
   if (!ybf) return reinterpret_cast<const float4*>(y)[row * H4 + c];
-  const uint2 u = reinterpret_cast<const uint2*>(y)[row * H4 + c];
-  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
-                     __uint_as_float(u.y & 0xffff0000u));
+  return mk::bf16x4_to_f32(reinterpret_cast<const uint2*>(y)[row * H4 + c]);
 }
 #endif
 
