@@ -20,8 +20,9 @@
 // Local rows are never copied: GEMM1 gathers a row whose source is its own
 // rank straight from x (as moe.cu's GEMM1 gathers from x), so a tile waits
 // only for its remote rows (tile_want of them; none: no wait), and with one
-// rank there is no dispatch task at all. GEMM2 writes every row once, f32,
-// straight into the source rank's return rows, where combine reads it.
+// rank there is no dispatch task at all. GEMM2 writes every row once (bf16
+// on the wgmma tiles, else f32) straight into the source rank's return
+// rows, where combine reads it.
 //
 // Persistent kernel. CTAs [0, dispatch_ctas) start with the dispatch queue;
 // when it is empty they, and from the start all other CTAs, take tasks from
@@ -38,7 +39,7 @@
 //             buffer) with SwiGLU in the epilogue → act_d rows (bf16), then
 //             +1 on g1done_d[tile] (release);
 //   GEMM2     (d, tile, block n): waits for g1done_d[tile] == GEMM1 blocks,
-//             down GEMM → f32 rows written to the source rank's return
+//             down GEMM → rows (bf16, or f32) written to the source rank's return
 //             buffer ret_r[a] (a = t*K + k), then +1 per row on tokdone_r[t];
 //   combine   (r, block of CT tokens): waits for tokdone_r[t] == (GEMM2
 //             blocks) × (routed k of t), out_r[t] = Σ_k w[t,k]·ret_r[t*K+k]
@@ -188,10 +189,9 @@ struct Params {
   // dispatched into the receive buffer too, so that every GEMM1 tile's rows
   // are contiguous there and load by TMA instead of the row gather.
   int copy_local;
-  // ret_bf16 (wgmma tiles, MK_MOE_FUSED_RET_BF16=1): GEMM2 returns its
+  // ret_bf16 (wgmma tiles, unless MK_MOE_FUSED_RET_BF16=0): GEMM2 returns its
   // rows rounded to bf16 (half the bytes written, sent to the source and
-  // read by the combine); 0, the default: f32 rows, as the separate
-  // path's y (bf16 measured 3-9 % slower on one GPU: ret_elem_bytes).
+  // read by the combine), the default; 0: f32 rows (ret_elem_bytes).
   int ret_bf16;
   // l2pf (mma.sync tiles): the L2 prefetch size of the weight copies, 0 /
   // 128 / 256 (MK_MOE_FUSED_L2PF; moe.cu's grouped tiles take 256 by
@@ -866,23 +866,19 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
   }
 }
 
-// combine_rows: source rank r's tokens [t0, t1) (at most kCT): out = Σ_k
-// w·ret (k order) + shared, ret's bf16 rows widened to f32 (p.ret_bf16).
-// from_y: read the expert outputs from the destination ranks' y rows (f32;
-// separate path) instead of the returned rows.
-// The task's row addresses and weights are staged in shared memory first
-// (one round trip), then each thread takes two (token, 4-column) units at
-// a time and loads the rows of eight k of both together: 16 loads in
-// flight a thread, where the one-unit loop waited for a dest_row load
-// before each row load (Qwen3's combine read at 1.5 TB/s, PERF.md
-// sixteenth pass). Same sums in the same order: the same bits.
-// NT threads with barrier BAR (0: __syncthreads) call it together.
-// BF: the rows are bf16 (returned rows with p.ret_bf16; combine_rows picks).
-template <int NT, int BAR, bool BF>
-__device__ void combine_rows_t(const Params& p, int r, int64_t t0, int64_t t1, bool from_y) {
+// combine_y: the separate path's combine (combine_kernel): source rank r's
+// tokens [t0, t1) (at most kCT): out = Σ_k w·y (k order) + shared, y the
+// expert output rows (f32) at the destination ranks, found through
+// dest_row. The task's row addresses and weights are staged in shared
+// memory first (one round trip), then each thread takes two (token,
+// 4-column) units at a time and loads the rows of eight k of both
+// together: 16 loads in flight a thread. NT threads with barrier BAR (0:
+// __syncthreads) call it together.
+template <int NT, int BAR>
+__device__ void combine_y(const Params& p, int r, int64_t t0, int64_t t1) {
   constexpr int KS = 32;  // k staged per token (larger K: chunks of KS)
   constexpr int KU = 8;   // k rows loaded together per unit
-  __shared__ const void* c_src[kCT * KS];  // [token][k]: the expert output row, null when dropped
+  __shared__ const float* c_src[kCT * KS];  // [token][k]: the expert output row, null when dropped
   __shared__ float c_w[kCT * KS];
   const RankP& rk = p.rk[r];
   const int K = p.K;
@@ -894,11 +890,7 @@ __device__ void combine_rows_t(const Params& p, int r, int64_t t0, int64_t t1, b
     for (int i = threadIdx.x; i < nt * kn; i += NT) {
       const int64_t a = (t0 + i / kn) * K + kb + i % kn;
       const int dr = __ldcg(rk.dest_row + a);  // written by the plan launch(es)
-      const void* src = dr < 0   ? nullptr
-                        : from_y ? static_cast<const void*>(p.rk[dr & 7].y + (int64_t)(dr >> 3) * p.H)
-                        : BF     ? static_cast<const void*>(static_cast<const bf16*>(rk.ret) + a * p.H)
-                                 : static_cast<const void*>(static_cast<const float*>(rk.ret) + a * p.H);
-      c_src[(i / kn) * KS + i % kn] = src;
+      c_src[(i / kn) * KS + i % kn] = dr < 0 ? nullptr : p.rk[dr & 7].y + (int64_t)(dr >> 3) * p.H;
       c_w[(i / kn) * KS + i % kn] = dr < 0 ? 0.0f : __ldg(rk.w + a);
     }
     role_sync<NT, BAR>();
@@ -925,12 +917,8 @@ __device__ void combine_rows_t(const Params& p, int r, int64_t t0, int64_t t1, b
         for (int g = 0; g < 2; g++) {
 #pragma unroll
           for (int uk = 0; uk < KU; uk++) {
-            const void* src = on[g] && k0 + uk < kn ? c_src[t[g] * KS + k0 + uk] : nullptr;
-            if (BF)  // 4 columns of a bf16 row: 8 bytes
-              v[g][uk] = src ? mk::bf16x4_to_f32(__ldcg(static_cast<const uint2*>(src) + c[g]))
-                             : make_float4(0.f, 0.f, 0.f, 0.f);
-            else
-              v[g][uk] = src ? __ldcg(static_cast<const float4*>(src) + c[g]) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float* src = on[g] && k0 + uk < kn ? c_src[t[g] * KS + k0 + uk] : nullptr;
+            v[g][uk] = src ? __ldcg(reinterpret_cast<const float4*>(src) + c[g]) : make_float4(0.f, 0.f, 0.f, 0.f);
           }
         }
 #pragma unroll
@@ -963,12 +951,129 @@ __device__ void combine_rows_t(const Params& p, int r, int64_t t0, int64_t t1, b
   }
 }
 
+// RetCols<BF, VC>: VC columns of a returned row as one load (Raw: bf16 8
+// columns in 16 bytes or 4 in 8, f32 4 in 16) and their exact widening.
+template <bool BF, int VC>
+struct RetCols;
+template <>
+struct RetCols<true, 8> {
+  using Raw = uint4;
+  __device__ static void widen(const Raw& u, float (&f)[8]) {
+    const float4 a = mk::bf16x4_to_f32(make_uint2(u.x, u.y)), b = mk::bf16x4_to_f32(make_uint2(u.z, u.w));
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  }
+};
+template <>
+struct RetCols<true, 4> {
+  using Raw = uint2;
+  __device__ static void widen(const Raw& u, float (&f)[4]) {
+    const float4 a = mk::bf16x4_to_f32(u);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w;
+  }
+};
+template <>
+struct RetCols<false, 4> {
+  using Raw = float4;
+  __device__ static void widen(const Raw& u, float (&f)[4]) { f[0] = u.x, f[1] = u.y, f[2] = u.z, f[3] = u.w; }
+};
+
+// combine_ret: the fused launches' combine, source rank r's tokens [t0,
+// t1) (at most kCT): out = Σ_k w·ret (k order, fmaf from 0, dropped k
+// skipped) + shared, ret's rows widened to f32 (bf16 with p.ret_bf16). A
+// returned row's address does not depend on the plan (row t·K + k of
+// ret), so each thread loads the KU rows of each of its two (token,
+// VC-column) units together with their dest_row entries (< 0: dropped, no
+// term) and weights: one round trip a chunk of KU k, no shared memory and
+// no barrier. A dropped k's row is loaded and not used (it lies inside
+// ret's [T·K, H]). The form that staged dest_row through shared memory
+// first took 9.1 µs a 2-token task in f32 and 13.7 in bf16 (Qwen3 at 16384
+// tokens, the task trace of the forty-seventh pass). Same sums in the same
+// order as that form: the same bits.
+template <int NT, bool BF, int VC>
+__device__ void combine_ret(const Params& p, int r, int64_t t0, int64_t t1) {
+  using C = RetCols<BF, VC>;
+  using Raw = typename C::Raw;
+  constexpr int KU = 8;
+  const RankP& rk = p.rk[r];
+  const int K = p.K;
+  const int64_t HU = p.H / VC, units = (t1 - t0) * HU;
+  const Raw* ret = static_cast<const Raw*>(rk.ret);  // row a: ret + a·HU
+  for (int64_t u0 = threadIdx.x; u0 < units; u0 += 2 * NT) {
+    int64_t tt[2], c[2];
+    bool on[2];
+#pragma unroll
+    for (int g = 0; g < 2; g++) {
+      const int64_t u = u0 + g * NT;
+      on[g] = u < units;
+      tt[g] = t0 + (on[g] ? u / HU : 0);
+      c[g] = on[g] ? u % HU : 0;
+    }
+    float s[2][VC];
+#pragma unroll
+    for (int g = 0; g < 2; g++)
+#pragma unroll
+      for (int i = 0; i < VC; i++) s[g][i] = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += KU) {
+      Raw v[2][KU];
+      float wk[2][KU];
+      int dr[2][KU];
+#pragma unroll
+      for (int g = 0; g < 2; g++) {
+#pragma unroll
+        for (int uk = 0; uk < KU; uk++) {
+          const bool ok = on[g] && k0 + uk < K;
+          const int64_t a = tt[g] * K + k0 + uk;
+          dr[g][uk] = ok ? __ldcg(rk.dest_row + a) : -1;  // written by the plan launch(es)
+          wk[g][uk] = ok ? __ldg(rk.w + a) : 0.0f;
+          v[g][uk] = ok ? __ldcg(ret + a * HU + c[g]) : Raw{};
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < 2; g++) {
+#pragma unroll
+        for (int uk = 0; uk < KU; uk++) {
+          if (dr[g][uk] < 0) continue;
+          float f[VC];
+          C::widen(v[g][uk], f);
+#pragma unroll
+          for (int i = 0; i < VC; i++) s[g][i] = fmaf(wk[g][uk], f[i], s[g][i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < 2; g++) {
+      if (!on[g]) continue;
+      float4* o = reinterpret_cast<float4*>(rk.out + tt[g] * p.H + c[g] * VC);
+      const float4* sh = rk.shared ? reinterpret_cast<const float4*>(rk.shared + tt[g] * p.H + c[g] * VC) : nullptr;
+#pragma unroll
+      for (int q = 0; q < VC / 4; q++) {
+        float4 v = make_float4(s[g][4 * q], s[g][4 * q + 1], s[g][4 * q + 2], s[g][4 * q + 3]);
+        if (sh) {
+          const float4 e = sh[q];
+          v.x += e.x;
+          v.y += e.y;
+          v.z += e.z;
+          v.w += e.w;
+        }
+        o[q] = v;
+      }
+    }
+  }
+}
+
+// combine_rows: the combine of source rank r's tokens [t0, t1): from_y the
+// separate path's (combine_y), else the fused launches' (combine_ret; bf16
+// rows 8 columns a load where H % 8 == 0).
 template <int NT = kThreads, int BAR = 0>
 __device__ void combine_rows(const Params& p, int r, int64_t t0, int64_t t1, bool from_y) {
-  if (!from_y && p.ret_bf16)
-    combine_rows_t<NT, BAR, true>(p, r, t0, t1, from_y);
+  if (from_y)
+    combine_y<NT, BAR>(p, r, t0, t1);
+  else if (!p.ret_bf16)
+    combine_ret<NT, false, 4>(p, r, t0, t1);
+  else if (p.H % 8 == 0)
+    combine_ret<NT, true, 8>(p, r, t0, t1);
   else
-    combine_rows_t<NT, BAR, false>(p, r, t0, t1, from_y);
+    combine_ret<NT, true, 4>(p, r, t0, t1);
 }
 
 // task_tile maps GEMM task rel of a rank (ntiles row tiles × n column
@@ -1635,22 +1740,23 @@ int pick_tile(int ranks, const int64_t* tokens, const int32_t* slots, int k, int
 
 size_t up256(size_t x) { return (x + 255) / 256 * 256; }
 
-// ret_elem_bytes: a returned row's element, f32 (4) unless
-// MK_MOE_FUSED_RET_BF16=1 (2; wgmma tiles only, the mma.sync tiles keep
+// ret_elem_bytes: a returned row's element, bf16 (2) on the wgmma tiles
+// unless MK_MOE_FUSED_RET_BF16=0 (f32, 4; the mma.sync tiles always keep
 // f32 in the larger workspace). Read once: the workspace sizes and the
 // launches of a process agree (every process of an IPC group must be
 // started with the same setting). bf16 halves GEMM2's writes, the bytes
 // sent back to the source rank and the combine's reads (Qwen3-30B-A3B at
-// 4096 tokens: 268 → 134 MB), as DeepEP's and vLLM's bf16 combine inputs,
-// and rounds each expert output once before the weighted sum (relative
-// error ≤ 2^-9 an element). Measured on one H200 (seventeenth pass,
-// same-call A/B), it was 3-9 % slower than f32 at 1024-16384 tokens
-// (Qwen3 16384: 3.65 against 3.34 ms) and at R = 8; not explained yet
-// (the stores are 16 of a sector's 32 bytes per four lanes). Kept as an
-// option for links where bytes cost more than on one GPU.
+// 4096 tokens: 268 → 134 MB), as DeepEP's and vLLM's bf16 combine inputs
+// and our grouped path's GEMM2 rows, and rounds each expert output once
+// before the weighted sum (relative error ≤ 2^-9 an element; layers ~2e-3
+// against the CPU reference). It measured 1-9 % slower than f32 until the
+// forty-seventh pass, whose task trace put the cost in the combine (13.7
+// µs a task against 9.1): with combine_ret's one round trip a chunk bf16
+// is the faster (Qwen3 at 16384 tokens 2.46–2.64 ms against 2.76–2.82 in
+// f32, PERF.md "GPU, forty-seventh pass").
 // bm is the launch's row tile (128: the wgmma tiles).
 size_t ret_elem_bytes(int bm) {
-  static const bool bf = mk::env_is("MK_MOE_FUSED_RET_BF16", '1');
+  static const bool bf = !mk::env_is("MK_MOE_FUSED_RET_BF16", '0');
   return bf && bm == kTiles[2].bm ? 2 : 4;
 }
 

@@ -244,11 +244,11 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 		# by default): with gathered and with TMA-loaded rows.
 		switch_test test_pair '^TestMoEExperts$' MK_MOE_PAIR=1
 		switch_test test_pair_tma '^TestMoEExperts$' MK_MOE_PAIR=1 MK_MOE_G1_TMA=1
-		# The other side of two more switches: bf16 return rows in the fused
-		# kernel (off by default) and the grouped GEMM with one CTA per item
+		# The other side of two more switches: f32 return rows in the fused
+		# kernel (bf16 by default) and the grouped GEMM with one CTA per item
 		# at every reduction size.
-		switch_test test_ret_bf16 '^TestMoE(Experts|FusedLayer|FusedRankLocalStreams)$' \
-			MK_MOE_FUSED_RET_BF16=1 MK_MOE_PERSIST=0
+		switch_test test_ret_f32 '^TestMoE(Experts|FusedLayer|FusedRankLocalStreams)$' \
+			MK_MOE_FUSED_RET_BF16=0 MK_MOE_PERSIST=0
 		# GEMM2's reduction split forced on every mma.sync tile (by default
 		# only from I = 4096).
 		switch_test test_split '^TestMoE(Experts|FusedLayer)$' MK_MOE_G2_SPLIT=4
