@@ -39,8 +39,9 @@
 //             buffer) with SwiGLU in the epilogue → act_d rows (bf16), then
 //             +1 on g1done_d[tile] (release);
 //   GEMM2     (d, tile, block n): waits for g1done_d[tile] == GEMM1 blocks,
-//             down GEMM → rows (bf16, or f32) written to the source rank's return
-//             buffer ret_r[a] (a = t*K + k), then +1 per row on tokdone_r[t];
+//             down GEMM → rows (bf16, or f32) written to the source rank's
+//             return buffer ret_r[a] (a = t*K + k), then +1 per row on
+//             tokdone_r[t];
 //   combine   (r, block of CT tokens): waits for tokdone_r[t] == (GEMM2
 //             blocks) × (routed k of t), out_r[t] = Σ_k w[t,k]·ret_r[t*K+k]
 //             in k order (+ shared_r[t]): deterministic.
