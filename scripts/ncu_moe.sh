@@ -7,9 +7,12 @@
 # or gpt_oss_20b; WEIGHTS=fp4 profiles the FP4 experts' kernels instead
 # (the path MK_FP4_PATH forces, or the one the rule picks). SOURCE=DIR
 # also writes ncu's per-SASS-line stall samples of the first launch to
-# DIR/moe_source.csv. On the GPU machine, after `MK_MODE=none bash
-# scripts/device.sh`:
+# DIR/moe_source.csv and prints its 40 SASS lines with the most stall
+# samples. MOE_PATH=fused profiles the fused layer's persistent kernel
+# (fused_wg_kernel or fused_kernel; RANKS emulated ranks, default 1)
+# instead. On the GPU machine, after `MK_MODE=none bash scripts/device.sh`:
 #   bash scripts/ncu_moe.sh qwen3_30b_a3b 16384
+#   MOE_PATH=fused SOURCE=$OUT bash scripts/ncu_moe.sh qwen3_30b_a3b 16384
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 SHAPE=${1:-qwen3_30b_a3b}
@@ -40,12 +43,38 @@ if [ "${WEIGHTS:-bf16}" = fp4 ]; then
 	K='regex:moe_fp4|moe_gemm_fp4|fp4_dequant'
 	W=fp4
 fi
+P=(--path grouped --weights "$W")
+N=2
+if [ "${MOE_PATH:-grouped}" = fused ]; then
+	K='regex:fused_wg_kernel|fused_kernel'
+	P=(--path fused --ranks "${RANKS:-1}")
+	N=1
+fi
 SRC=()
 [ -n "${SOURCE:-}" ] && SRC=(--section SourceCounters -f -o /tmp/ncu_moe)
-"$NCU" --clock-control none --kernel-name "$K" --launch-count 2 --section LaunchStats --metrics "$M" "${SRC[@]}" \
-	.dev/mkserve bench moe --path grouped --weights $W $F --tokens "$T" --iters 1 --check-rows 0 2>&1 |
-	grep -vE '^==PROF==|^ *tokens|^H=' | sed -n '/moe_/,$p'
+"$NCU" --clock-control none --kernel-name "$K" --launch-count "$N" --section LaunchStats --metrics "$M" "${SRC[@]}" \
+	.dev/mkserve bench moe "${P[@]}" $F --tokens "$T" --iters 1 --check-rows 0 2>&1 |
+	grep -vE '^==PROF==|^ *tokens|^H=' | sed -n '/moe_\|fused_/,$p'
 if [ -n "${SOURCE:-}" ]; then
 	"$NCU" --import /tmp/ncu_moe.ncu-rep --print-units base --page details --metrics "$M" 2>/dev/null | grep -vE '^==PROF==' | head -120
 	"$NCU" --import /tmp/ncu_moe.ncu-rep --launch-count 1 --page source --csv --print-source sass >"$SOURCE/moe_source.csv" 2>/dev/null
+	python3 - "$SOURCE/moe_source.csv" <<-'PY'
+	import csv, sys
+	rows = [r for r in csv.reader(open(sys.argv[1])) if r]
+	head = next((i for i, r in enumerate(rows) if any("Sampling" in c for c in r)), None)
+	if head is None:
+	    sys.exit("ncu_moe.sh: no stall-sample column in the source page")
+	h = rows[head]
+	col = next(i for i, c in enumerate(h) if "Warp Stall Sampling (All" in c or "Sampling" in c)
+	src = next((i for i, c in enumerate(h) if c.strip() == "Source"), 1)
+	def num(v):
+	    try:
+	        return float(v.replace(",", ""))
+	    except ValueError:
+	        return 0.0
+	body = [r for r in rows[head + 1:] if len(r) == len(h)]
+	total = sum(num(r[col]) for r in body) or 1.0
+	for r in sorted(body, key=lambda r: -num(r[col]))[:40]:
+	    print("%6.2f %%  %s" % (100 * num(r[col]) / total, r[src][:110]))
+	PY
 fi
