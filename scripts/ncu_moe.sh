@@ -65,7 +65,9 @@ if [ -n "${SOURCE:-}" ]; then
 	if head is None:
 	    sys.exit("ncu_moe.sh: no stall-sample column in the source page")
 	h = rows[head]
-	col = next(i for i, c in enumerate(h) if "Warp Stall Sampling (All" in c or "Sampling" in c)
+	col = next((i for i, c in enumerate(h) if "Sampling (All" in c), None)
+	if col is None:
+	    col = next(i for i, c in enumerate(h) if "Sampling" in c)
 	src = next((i for i, c in enumerate(h) if c.strip() == "Source"), 1)
 	def num(v):
 	    try:
