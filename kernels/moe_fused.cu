@@ -199,6 +199,9 @@ struct Params {
   // default, measured there). 0 here: 256 measured ×1.000–1.013 (slower)
   // on fused layers at R = 8, 1024 / 4096 tokens (twenty-fifth pass).
   int l2pf;
+  // early_b (mma.sync tiles): a GEMM task issues its first weight stages
+  // before its input wait (gemm_task); MK_MOE_FUSED_EARLY_B=0 waits first.
+  int early_b;
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
   // are other launches, other processes or GPUs); -1: every rank (emulated).
@@ -775,8 +778,15 @@ __device__ __forceinline__ int swz(int row, int ch) { return mkmoe::swz64(row, c
 // gemm_task runs one (row tile, column block) of GEMM1 (GATEUP: A = receive
 // rows, B = the slot's gate and matching up rows, SwiGLU → act) or GEMM2
 // (A = act rows, B = the slot's down rows, rows → the source's ret).
-template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP>
-__device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned char* smem) {
+// ready() is the task's input wait (every thread calls it; false: the
+// watchdog gave up, nothing is computed or stored and gemm_task returns
+// false). With p.early_b the prologue's weight stages are issued before
+// it, as moe.cu's GEMM2 does before griddepcontrol.wait: weights are
+// constants, so a CTA that took a GEMM2 task (or, with R > 1, a GEMM1 task
+// whose rows are still arriving) streams its first weights while the
+// GEMM1 blocks it waits for still run.
+template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP, class Ready>
+__device__ bool gemm_task(const Params& p, int d, int tile, int ntile, unsigned char* smem, const Ready& ready) {
   constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
   static_assert(THREADS == kThreads, "tile shape uses the kernel's 128 threads");
   constexpr int MF = WM / 16, NF = WN / 8;
@@ -820,10 +830,9 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
     b_src[i] = mkmoe::tile_b_row<GATEUP, BN>(W, 0, r, ntile, N, Kd);
   }
   const int KT = (int)((Kd + kBK - 1) / kBK);
-  auto load = [&](int stage, int kt) {
+  auto loadA = [&](int stage, int kt) {
     const int64_t k0 = (int64_t)kt * kBK;
     bf16* a = sA + stage * BM * kBK;
-    bf16* b = sB + stage * BN * kBK;
 #pragma unroll
     for (int i = 0; i < A_PER; i++) {
       if (a_dst[i] < 0) continue;
@@ -831,6 +840,10 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
       const bool v = a_src[i] != nullptr && k < Kd;
       cp_async16(a + a_dst[i], v ? a_src[i] + k : A, v);
     }
+  };
+  auto loadB = [&](int stage, int kt) {
+    const int64_t k0 = (int64_t)kt * kBK;
+    bf16* b = sB + stage * BN * kBK;
 #pragma unroll
     for (int i = 0; i < B_PER; i++) {
       const int64_t k = k0 + b_ch[i] * 8;
@@ -838,10 +851,34 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
       mkmoe::cp_async16_pf(b + b_dst[i], v ? b_src[i] + k : W, v, p.l2pf);
     }
   };
+  auto load = [&](int stage, int kt) {
+    loadA(stage, kt);
+    loadB(stage, kt);
+  };
   float acc[MF][NF][4];
   mkmoe::zero_acc(acc);
   auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
-  mkmoe::ring_prologue<STAGES>(KT, load);
+  if (p.early_b) {
+    // The prologue's weights as one group, the wait, then its A stages one
+    // group each: mma_ring's first wait (for A's stage 0) also waits for
+    // the older weight group.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++)
+      if (s < KT) loadB(s, s);
+    mkmoe::cp_async_commit();
+    if (!ready()) {
+      mkmoe::cp_async_wait<0>();  // no copy into shared memory outlives the task
+      return false;
+    }
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+      if (s < KT) loadA(s, s);
+      mkmoe::cp_async_commit();
+    }
+  } else {
+    if (!ready()) return false;
+    mkmoe::ring_prologue<STAGES>(KT, load);
+  }
   mkmoe::mma_ring<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load, brow);
 
 #pragma unroll
@@ -865,6 +902,7 @@ __device__ void gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
       }
     }
   }
+  return true;
 }
 
 // combine_y: the separate path's combine (combine_kernel): source rank r's
@@ -1173,9 +1211,9 @@ template <int BM_, int BN_, int WM, int WN, int ST>
 struct MmaTiles {
   static constexpr int kThreads = ::kThreads, BM = BM_, BN = BN_;
   static constexpr size_t kSmem = (size_t)ST * (BM + BN) * kBK * 2;
-  template <bool GATEUP>
-  __device__ static void gemm(const Params& p, int d, int tile, int nb, unsigned char* smem) {
-    gemm_task<BM, BN, WM, WN, ST, GATEUP>(p, d, tile, nb, smem);
+  template <bool GATEUP, class Ready>
+  __device__ static bool gemm(const Params& p, int d, int tile, int nb, unsigned char* smem, const Ready& ready) {
+    return gemm_task<BM, BN, WM, WN, ST, GATEUP>(p, d, tile, nb, smem, ready);
   }
 };
 
@@ -1413,13 +1451,15 @@ __global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constan
       const int d = find_rank(g1pre, R, idx);
       int tile, nb;
       task_tile(p, idx - g1pre[d], (g1pre[d + 1] - g1pre[d]) / p.n1t, p.n1t, tile, nb);
-      if (threadIdx.x == 0) {
-        const int want = p.rk[d].tile_want[tile];  // remote rows; local ones are read from x
-        ok_sh = want == 0 || wait_geq(p, p.rk[d].arrive + tile, want, d, 1, tile);
-      }
-      __syncthreads();
-      if (!ok_sh) return;
-      C::template gemm<true>(p, d, tile, nb, fused_sm);
+      const bool ok = C::template gemm<true>(p, d, tile, nb, fused_sm, [&]() {
+        if (threadIdx.x == 0) {
+          const int want = p.rk[d].tile_want[tile];  // remote rows; local ones are read from x
+          ok_sh = want == 0 || wait_geq(p, p.rk[d].arrive + tile, want, d, 1, tile);
+        }
+        __syncthreads();
+        return ok_sh != 0;
+      });
+      if (!ok) return;
       __syncthreads();
       if (threadIdx.x == 0) {
         __threadfence();
@@ -1429,10 +1469,12 @@ __global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constan
       const int d = find_rank(g2pre, R, idx);
       int tile, nb;
       task_tile(p, idx - g2pre[d], (g2pre[d + 1] - g2pre[d]) / p.n2t, p.n2t, tile, nb);
-      if (threadIdx.x == 0) ok_sh = wait_geq(p, p.rk[d].g1done + tile, p.n1t, d, 2, tile);
-      __syncthreads();
-      if (!ok_sh) return;
-      C::template gemm<false>(p, d, tile, nb, fused_sm);
+      const bool ok = C::template gemm<false>(p, d, tile, nb, fused_sm, [&]() {
+        if (threadIdx.x == 0) ok_sh = wait_geq(p, p.rk[d].g1done + tile, p.n1t, d, 2, tile);
+        __syncthreads();
+        return ok_sh != 0;
+      });
+      if (!ok) return;
       __syncthreads();
       if (threadIdx.x < C::BM) {
         const int32_t src = p.rk[d].row_src[(int64_t)tile * C::BM + threadIdx.x];
@@ -1679,7 +1721,24 @@ struct KernelOf<WgTiles> {
   static constexpr void (*fn)(Params, FusedMaps) = fused_wg_kernel;
 };
 using MmaSmall = MmaTiles<16, 64, 16, 16, 6>;
+using MmaSmall8 = MmaTiles<16, 64, 16, 16, 8>;
 using MmaLarge = MmaTiles<64, 128, 32, 64, 4>;
+
+// small_stages is the cp.async ring depth of the 16-row decode tiles: 6
+// (three CTAs an SM), or 8 (two) where GEMM1's reduction is long (hidden
+// ≥ 4096), as moe.cu's dec_stages picks for the grouped decode tiles
+// (8 stages won there on Mixtral and DeepSeek-V3 by up to 16 %, lost on
+// Qwen3). One depth serves both GEMMs of the persistent launch; GEMM1
+// holds two thirds of the weights. MK_MOE_FUSED_DEC_ST=6 or 8 forces one.
+int small_stages(int64_t h) {
+  static const int forced = [] {
+    const char* v = getenv("MK_MOE_FUSED_DEC_ST");
+    const int n = v ? atoi(v) : 0;
+    return n == 6 || n == 8 ? n : 0;
+  }();
+  if (forced) return forced;
+  return h >= 4096 ? 8 : 6;
+}
 
 // wg_ok: the wgmma tiles can run here (the kernel is built for this
 // device's architecture and the driver encodes TMA maps).
@@ -1893,6 +1952,8 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->ret_bf16 = ret_elem_bytes(tc.bm) == 2;
   static const int l2pf = mkmoe::l2pf_env("MK_MOE_FUSED_L2PF", 0);
   p->l2pf = l2pf;
+  static const bool early = !mk::env_is("MK_MOE_FUSED_EARLY_B", '0');
+  p->early_b = early;
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;
@@ -2043,7 +2104,9 @@ int launch_fused(const Params& p, int ctas, int dispatch_ctas, cudaStream_t st, 
 
 // launch_tiles runs the persistent launch with p.BM's tiles.
 int launch_tiles(const Params& p, int ctas, int dispatch_ctas, cudaStream_t st) {
-  if (p.BM == 16) return launch_fused<MmaSmall>(p, ctas, dispatch_ctas, st);
+  if (p.BM == 16)
+    return small_stages(p.H) == 8 ? launch_fused<MmaSmall8>(p, ctas, dispatch_ctas, st)
+                                  : launch_fused<MmaSmall>(p, ctas, dispatch_ctas, st);
   if (p.BM == 64) return launch_fused<MmaLarge>(p, ctas, dispatch_ctas, st);
   FusedMaps m;
   const int rc = maps_for(p, &m);
