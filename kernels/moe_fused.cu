@@ -202,6 +202,7 @@ struct Params {
   // early_b (mma.sync tiles): a GEMM task issues its first weight stages
   // before its input wait (gemm_task); MK_MOE_FUSED_EARLY_B=0 waits first.
   int early_b;
+  int comb_ready_old;  // MEASUREMENT ONLY (pass 48): MK_MOE_FUSED_COMB_READY_OLD=1
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
   // are other launches, other processes or GPUs); -1: every rank (emulated).
@@ -1159,6 +1160,15 @@ __device__ bool combine_ready(const Params& p, int c) {
   const RankP& rk = p.rk[r];
   const int K = p.K;
   const int64_t t0 = (int64_t)(c - p.comb_pre[r]) * kCT, t1 = min(rk.T, t0 + kCT);
+  if (p.comb_ready_old) {  // MEASUREMENT ONLY (pass 48): the per-token acquire form
+    bool ok = true;
+    for (int64_t t = t0; ok && t < t1; ++t) {
+      int routed = 0;
+      for (int k = 0; k < K; ++k) routed += __ldcg(rk.dest_row + t * K + k) >= 0;
+      ok = wait_geq(p, rk.tokdone + t, routed * p.n2t, r, 3, (int)t);
+    }
+    return ok;
+  }
   const bool sys = p.me >= 0;
   int seen[kCT], routed[kCT];
 #pragma unroll
@@ -1174,22 +1184,14 @@ __device__ bool combine_ready(const Params& p, int c) {
 #pragma unroll 8
     for (int k = 0; k < K; ++k) routed[i] += __ldcg(dr + k) >= 0;
   }
-  bool all = true;
-#pragma unroll
-  for (int i = 0; i < kCT; ++i) all = all && seen[i] >= routed[i] * p.n2t;
-  if (all) {
-    if (sys) __threadfence_system();
-    else __threadfence();
-    return true;
-  }
   bool ok = true;
 #pragma unroll
   for (int i = 0; i < kCT; ++i)
     if (ok && t0 + i < t1 && seen[i] < routed[i] * p.n2t)
       ok = wait_geq(p, rk.tokdone + t0 + i, routed[i] * p.n2t, r, 3, (int)(t0 + i));
-  if (ok) {  // a token seen complete by the relaxed loads is ordered by the fence
-    if (sys) __threadfence_system();
-    else __threadfence();
+  if (ok) {  // the tokens seen complete by the relaxed loads are ordered by the fence
+    if (sys) fence_acq_rel_sys();
+    else fence_acq_rel();
   }
   return ok;
 }
@@ -1759,20 +1761,24 @@ using MmaSmall = MmaTiles<16, 64, 16, 16, 6>;
 using MmaSmall8 = MmaTiles<16, 64, 16, 16, 8>;
 using MmaLarge = MmaTiles<64, 128, 32, 64, 4>;
 
-// small_stages is the cp.async ring depth of the 16-row decode tiles: 6
-// (three CTAs an SM), or 8 (two) where GEMM1's reduction is long (hidden
-// ≥ 4096), as moe.cu's dec_stages picks for the grouped decode tiles
-// (8 stages won there on Mixtral and DeepSeek-V3 by up to 16 %, lost on
-// Qwen3). One depth serves both GEMMs of the persistent launch; GEMM1
-// holds two thirds of the weights. MK_MOE_FUSED_DEC_ST=6 or 8 forces one.
-int small_stages(int64_t h) {
+// small_stages is the cp.async ring depth of the 16-row decode tiles for
+// a launch whose largest rank has tmax tokens: 6 (three CTAs an SM), or 8
+// (two) at one or two tokens where GEMM1's reduction is long (hidden ≥
+// 4096). One depth serves both GEMMs of the persistent launch. Measured
+// (H200, forty-eighth pass, fused layers by graph replay, 8 against 6
+// stages): one token DeepSeek-V3 ×0.91 (0.231 against 0.252 ms), Mixtral
+// ×0.89 (0.257 against 0.289); but 4–256 tokens DeepSeek-V3 ×1.03–1.12,
+// Mixtral at 4–64 ×1.08–1.21: fewer, deeper CTAs stream one token's
+// weights faster and lose where a CTA's tile has several rows to feed.
+// MK_MOE_FUSED_DEC_ST=6 or 8 forces one.
+int small_stages(int64_t h, int64_t tmax) {
   static const int forced = [] {
     const char* v = getenv("MK_MOE_FUSED_DEC_ST");
     const int n = v ? atoi(v) : 0;
     return n == 6 || n == 8 ? n : 0;
   }();
   if (forced) return forced;
-  return h >= 4096 ? 8 : 6;
+  return h >= 4096 && tmax <= 2 ? 8 : 6;
 }
 
 // wg_ok: the wgmma tiles can run here (the kernel is built for this
@@ -1989,6 +1995,8 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->l2pf = l2pf;
   static const bool early = !mk::env_is("MK_MOE_FUSED_EARLY_B", '0');
   p->early_b = early;
+  static const bool crold = mk::env_is("MK_MOE_FUSED_COMB_READY_OLD", '1');
+  p->comb_ready_old = crold;
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;
@@ -2139,8 +2147,10 @@ int launch_fused(const Params& p, int ctas, int dispatch_ctas, cudaStream_t st, 
 
 // launch_tiles runs the persistent launch with p.BM's tiles.
 int launch_tiles(const Params& p, int ctas, int dispatch_ctas, cudaStream_t st) {
+  int64_t tmax = 0;
+  for (int r = 0; r < p.R; ++r) tmax = p.rk[r].T > tmax ? p.rk[r].T : tmax;
   if (p.BM == 16)
-    return small_stages(p.H) == 8 ? launch_fused<MmaSmall8>(p, ctas, dispatch_ctas, st)
+    return small_stages(p.H, tmax) == 8 ? launch_fused<MmaSmall8>(p, ctas, dispatch_ctas, st)
                                   : launch_fused<MmaSmall>(p, ctas, dispatch_ctas, st);
   if (p.BM == 64) return launch_fused<MmaLarge>(p, ctas, dispatch_ctas, st);
   FusedMaps m;
