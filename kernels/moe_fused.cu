@@ -202,7 +202,6 @@ struct Params {
   // early_b (mma.sync tiles): a GEMM task issues its first weight stages
   // before its input wait (gemm_task); MK_MOE_FUSED_EARLY_B=0 waits first.
   int early_b;
-  int comb_ready_old;  // MEASUREMENT ONLY (pass 48): MK_MOE_FUSED_COMB_READY_OLD=1
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
   // are other launches, other processes or GPUs); -1: every rank (emulated).
@@ -1145,53 +1144,20 @@ __device__ __forceinline__ int find_rank(const int* pre, int R, int idx) {
 
 // combine_ready waits (one thread) until every routed row of combine task
 // c's tokens has come back from GEMM2 (its tokdone counts); false when a
-// wait gave up (the error record names it). The usual case, rows already
-// back, costs one round trip: the tokens' tokdone counts and dest_row
-// entries are loaded together (relaxed, all in flight at once), and when
-// every count is reached one fence makes those loads an acquire (PTX's
-// fence-based acquire pattern). The per-token loop of acquire loads it
-// replaces took four dependent round trips for a 2-token task (dest_row,
-// then tokdone, per token): the wgmma kernel's producer, which waits for
-// the combine tasks one at a time, so fed its consumers a task every ~4
-// µs (Qwen3 at 16384 tokens, forty-seventh pass). Otherwise the tokens
-// not yet complete are waited for as before (bounded).
+// wait gave up (the error record names it). (A form that loads every
+// token's counts and dest_row entries at once and fences once measured
+// level, ×0.99–1.01, on all three shapes at R = 1 and R = 8: forty-eighth
+// pass; the combine task's ~4 µs is not this wait's round trips.)
 __device__ bool combine_ready(const Params& p, int c) {
   const int r = find_rank(p.comb_pre, p.R, c);
   const RankP& rk = p.rk[r];
   const int K = p.K;
   const int64_t t0 = (int64_t)(c - p.comb_pre[r]) * kCT, t1 = min(rk.T, t0 + kCT);
-  if (p.comb_ready_old) {  // MEASUREMENT ONLY (pass 48): the per-token acquire form
-    bool ok = true;
-    for (int64_t t = t0; ok && t < t1; ++t) {
-      int routed = 0;
-      for (int k = 0; k < K; ++k) routed += __ldcg(rk.dest_row + t * K + k) >= 0;
-      ok = wait_geq(p, rk.tokdone + t, routed * p.n2t, r, 3, (int)t);
-    }
-    return ok;
-  }
-  const bool sys = p.me >= 0;
-  int seen[kCT], routed[kCT];
-#pragma unroll
-  for (int i = 0; i < kCT; ++i) {
-    const bool on = t0 + i < t1;
-    seen[i] = !on ? 0 : sys ? ld_relaxed_sys(rk.tokdone + t0 + i) : ld_relaxed(rk.tokdone + t0 + i);
-  }
-#pragma unroll
-  for (int i = 0; i < kCT; ++i) {
-    routed[i] = 0;
-    if (t0 + i >= t1) continue;
-    const int32_t* dr = rk.dest_row + (t0 + i) * K;
-#pragma unroll 8
-    for (int k = 0; k < K; ++k) routed[i] += __ldcg(dr + k) >= 0;
-  }
   bool ok = true;
-#pragma unroll
-  for (int i = 0; i < kCT; ++i)
-    if (ok && t0 + i < t1 && seen[i] < routed[i] * p.n2t)
-      ok = wait_geq(p, rk.tokdone + t0 + i, routed[i] * p.n2t, r, 3, (int)(t0 + i));
-  if (ok) {  // the tokens seen complete by the relaxed loads are ordered by the fence
-    if (sys) fence_acq_rel_sys();
-    else fence_acq_rel();
+  for (int64_t t = t0; ok && t < t1; ++t) {
+    int routed = 0;
+    for (int k = 0; k < K; ++k) routed += __ldcg(rk.dest_row + t * K + k) >= 0;
+    ok = wait_geq(p, rk.tokdone + t, routed * p.n2t, r, 3, (int)t);
   }
   return ok;
 }
@@ -1995,8 +1961,6 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->l2pf = l2pf;
   static const bool early = !mk::env_is("MK_MOE_FUSED_EARLY_B", '0');
   p->early_b = early;
-  static const bool crold = mk::env_is("MK_MOE_FUSED_COMB_READY_OLD", '1');
-  p->comb_ready_old = crold;
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;

@@ -44,11 +44,6 @@ __device__ __forceinline__ void st_release_sys(int* p, int v) {
 __device__ __forceinline__ void red_release_add_sys(int* p, int v) {
   asm volatile("red.release.sys.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-// fence_acq_rel: after relaxed loads that saw a release (a flag or a
-// counter), makes them an acquire (PTX's fence-based acquire pattern);
-// lighter than __threadfence's fence.sc.
-__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
-__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;\n" ::: "memory"); }
 __device__ __forceinline__ unsigned long long globaltimer() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
