@@ -100,7 +100,11 @@
 // (fused_wg_kernel, 384-thread CTAs, one a multiprocessor).
 // The caller may force a tile (the tile argument; the tuner stores it).
 #include <cmath>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "common.cuh"
 #include "moe_gemm.cuh"
@@ -151,6 +155,13 @@ struct RankP {
   float* row_w;        // [rows_cap] (separate path)
   bf16* recv;          // [rows_cap, H]
   bf16* act;           // [rows_cap, I]
+  // split reductions (the 16-row tiles, Params.ks1 / ks2 > 1): each split's
+  // f32 partial of a (tile, block), GEMM1's [tiles_cap·n1t][ks1] then
+  // GEMM2's [tiles_cap·n2t][ks2] (kPartFloats each, only where that GEMM
+  // splits), and the splits done per (tile, block): GEMM1's
+  // [tiles_cap·n1t] then GEMM2's [tiles_cap·n2t] (zeroed by the plan)
+  float* part;
+  int32_t* kdone;
   // source side
   int32_t* dest_row;  // [T*K]
   int32_t* tokdone;   // [T]
@@ -177,6 +188,11 @@ struct Params {
   int act;
   float alpha, limit;
   int n1t, n2t;  // column blocks of GEMM1 (over I) and GEMM2 (over H)
+  // ks1, ks2: the splits of GEMM1's and GEMM2's reduction (k) per (tile,
+  // block) task (ksplit; 1: none; the 16-row tiles only). Each split is a
+  // task of its own; the last of a block's splits to finish sums every
+  // split's partial in split order (deterministic) and runs the epilogue.
+  int ks1, ks2;
   int disp_pre[kMaxRanks + 1];  // prefix sums of dispatch tasks per source rank
   int comb_pre[kMaxRanks + 1];  // prefix sums of combine tasks per source rank
   int dt;  // tokens per dispatch task
@@ -439,6 +455,11 @@ __device__ __forceinline__ void plan_fill(const Params& p, const RankP& me, cons
     me.arrive[tl] = 0;
     me.g1done[tl] = 0;
   }
+  // The split reductions' counters of this launch's (tile, block)s.
+  if (p.ks1 > 1)
+    for (Ix j = t0; j < (Ix)ntiles * p.n1t; j += step) me.kdone[j] = 0;
+  if (p.ks2 > 1)
+    for (Ix j = t0; j < (Ix)ntiles * p.n2t; j += step) me.kdone[(int64_t)me.tiles_cap * p.n1t + j] = 0;
   for (Ix s = t0; s < S; s += step) {
     if (me.counts && !p.separate) atomicAdd(&me.counts[s], (unsigned long long)cnt[s]);
     // The slot's rows that arrive by dispatch, [rem0, rem1): the remote
@@ -775,18 +796,94 @@ __device__ void dispatch_task(const Params& p, int r, int64_t t0, int64_t t1, bo
 
 __device__ __forceinline__ int swz(int row, int ch) { return mkmoe::swz64(row, ch); }
 
+// What gemm_task did: its input wait gave up (nothing computed or stored),
+// it finished its block (the caller signals), or it left a split's
+// partial for the block's last split.
+constexpr int kTaskFailed = 0, kTaskDone = 1, kTaskPartial = 2;
+// kPartFloats: one (tile, block) split's partial, the 128 threads' 16×64
+// accumulator fragments (ksplit_sum).
+constexpr int kPartFloats = 16 * 64;
+
+// ksplit_sum: split ks of nks of (tile, ntile)'s reduction is done (acc,
+// [MF][NF][4] a thread). Every split stores its partial (float4s in
+// thread order, coalesced), then one thread fences and counts it on
+// kdone; the split that counts last (after a fence) sums every split's
+// partial into acc in split order — its own from registers — and returns
+// true: the block's sum does not depend on which split came last, so the
+// launch is deterministic. The others return false. 128 threads call it.
+template <int MF, int NF>
+__device__ bool ksplit_sum(const Params& p, const RankP& rk, bool gateup, int tile, int ntile, int ks, int nks,
+                           float (&acc)[MF][NF][4]) {
+  constexpr int V = MF * NF;  // float4s a thread
+  static_assert(V * 4 * kThreads == kPartFloats, "a partial is the 16x64 tile");
+  __shared__ int last_sh;
+  const int tid = threadIdx.x;
+  int64_t blk = (int64_t)tile * (gateup ? p.n1t : p.n2t) + ntile;  // this (tile, block)'s counter
+  int64_t part_at = blk * p.ks1;                                   // its first partial
+  if (!gateup) {
+    part_at = (p.ks1 > 1 ? (int64_t)rk.tiles_cap * p.n1t * p.ks1 : 0) + blk * p.ks2;
+    blk += (int64_t)rk.tiles_cap * p.n1t;
+  }
+  float4* part = reinterpret_cast<float4*>(rk.part + part_at * kPartFloats);  // [nks][V][kThreads]
+#pragma unroll
+  for (int mf = 0; mf < MF; mf++)
+#pragma unroll
+    for (int nf = 0; nf < NF; nf++) {
+      const float* a = acc[mf][nf];
+      __stcg(part + ((int64_t)ks * V + mf * NF + nf) * kThreads + tid, make_float4(a[0], a[1], a[2], a[3]));
+    }
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    const int before = atomicAdd(rk.kdone + blk, 1);
+    __threadfence();
+    last_sh = before == nks - 1;
+  }
+  __syncthreads();
+  if (!last_sh) return false;
+#pragma unroll
+  for (int mf = 0; mf < MF; mf++)
+#pragma unroll
+    for (int nf = 0; nf < NF; nf++) {
+      float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int q = 0; q < nks; q++) {
+        const float* a = acc[mf][nf];
+        const float4 v =
+            q == ks ? make_float4(a[0], a[1], a[2], a[3]) : __ldcg(part + ((int64_t)q * V + mf * NF + nf) * kThreads + tid);
+        if (q == 0) {
+          t = v;
+        } else {
+          t.x += v.x;
+          t.y += v.y;
+          t.z += v.z;
+          t.w += v.w;
+        }
+      }
+      acc[mf][nf][0] = t.x;
+      acc[mf][nf][1] = t.y;
+      acc[mf][nf][2] = t.z;
+      acc[mf][nf][3] = t.w;
+    }
+  return true;
+}
+
 // gemm_task runs one (row tile, column block) of GEMM1 (GATEUP: A = receive
 // rows, B = the slot's gate and matching up rows, SwiGLU → act) or GEMM2
 // (A = act rows, B = the slot's down rows, rows → the source's ret).
 // ready() is the task's input wait (every thread calls it; false: the
 // watchdog gave up, nothing is computed or stored and gemm_task returns
-// false). With p.early_b the prologue's weight stages are issued before
+// kTaskFailed). Split ks of the block's reduction (ks = p.ks1 or p.ks2)
+// is the task's k tiles [ks·KT/nks, (ks+1)·KT/nks); when the block is
+// split, ksplit_sum decides whether this task finishes the block
+// (kTaskDone: epilogue and stores ran, the caller signals) or only left
+// its partial (kTaskPartial: nothing to signal). With p.early_b the prologue's weight stages are issued before
 // it, as moe.cu's GEMM2 does before griddepcontrol.wait: weights are
 // constants, so a CTA that took a GEMM2 task (or, with R > 1, a GEMM1 task
 // whose rows are still arriving) streams its first weights while the
 // GEMM1 blocks it waits for still run.
 template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP, class Ready>
-__device__ bool gemm_task(const Params& p, int d, int tile, int ntile, unsigned char* smem, const Ready& ready) {
+__device__ int gemm_task(const Params& p, int d, int tile, int ntile, int ks, unsigned char* smem,
+                         const Ready& ready) {
   constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
   static_assert(THREADS == kThreads, "tile shape uses the kernel's 128 threads");
   constexpr int MF = WM / 16, NF = WN / 8;
@@ -829,9 +926,11 @@ __device__ bool gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
     b_dst[i] = swz(r, b_ch[i]);
     b_src[i] = mkmoe::tile_b_row<GATEUP, BN>(W, 0, r, ntile, N, Kd);
   }
-  const int KT = (int)((Kd + kBK - 1) / kBK);
+  const int nks = GATEUP ? p.ks1 : p.ks2;
+  const int KTall = (int)((Kd + kBK - 1) / kBK);
+  const int kt0 = (int)((int64_t)ks * KTall / nks), KT = (int)((int64_t)(ks + 1) * KTall / nks) - kt0;
   auto loadA = [&](int stage, int kt) {
-    const int64_t k0 = (int64_t)kt * kBK;
+    const int64_t k0 = (int64_t)(kt0 + kt) * kBK;
     bf16* a = sA + stage * BM * kBK;
 #pragma unroll
     for (int i = 0; i < A_PER; i++) {
@@ -842,7 +941,7 @@ __device__ bool gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
     }
   };
   auto loadB = [&](int stage, int kt) {
-    const int64_t k0 = (int64_t)kt * kBK;
+    const int64_t k0 = (int64_t)(kt0 + kt) * kBK;
     bf16* b = sB + stage * BN * kBK;
 #pragma unroll
     for (int i = 0; i < B_PER; i++) {
@@ -868,7 +967,7 @@ __device__ bool gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
     mkmoe::cp_async_commit();
     if (!ready()) {
       mkmoe::cp_async_wait<0>();  // no copy into shared memory outlives the task
-      return false;
+      return kTaskFailed;
     }
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
@@ -876,10 +975,13 @@ __device__ bool gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
       mkmoe::cp_async_commit();
     }
   } else {
-    if (!ready()) return false;
+    if (!ready()) return kTaskFailed;
     mkmoe::ring_prologue<STAGES>(KT, load);
   }
   mkmoe::mma_ring<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load, brow);
+  if constexpr (BM * BN == kPartFloats) {  // the 16-row tiles (the host splits no other)
+    if (nks > 1 && !ksplit_sum(p, rk, GATEUP, tile, ntile, ks, nks, acc)) return kTaskPartial;
+  }
 
 #pragma unroll
   for (int mf = 0; mf < MF; mf++) {
@@ -902,7 +1004,7 @@ __device__ bool gemm_task(const Params& p, int d, int tile, int ntile, unsigned 
       }
     }
   }
-  return true;
+  return kTaskDone;
 }
 
 // combine_y: the separate path's combine (combine_kernel): source rank r's
@@ -1124,14 +1226,14 @@ __device__ __forceinline__ void task_tile(const Params& p, int rel, int ntiles, 
 }
 
 // gemm_prefix writes the prefix sums over ranks of the GEMM1 and GEMM2
-// tasks (row tiles × column blocks) this launch runs: every rank's
+// tasks (row tiles × column blocks × splits) this launch runs: every rank's
 // planned tiles, rank-local only its own (the peers' num_tiles are theirs).
 __device__ void gemm_prefix(const Params& p, int* g1pre, int* g2pre) {
   g1pre[0] = g2pre[0] = 0;
   for (int d = 0; d < p.R; ++d) {
     const int nt = p.rk[d].S > 0 && (p.me < 0 || d == p.me) ? *p.rk[d].num_tiles : 0;
-    g1pre[d + 1] = g1pre[d] + nt * p.n1t;
-    g2pre[d + 1] = g2pre[d] + nt * p.n2t;
+    g1pre[d + 1] = g1pre[d] + nt * p.n1t * p.ks1;
+    g2pre[d + 1] = g2pre[d] + nt * p.n2t * p.ks2;
   }
 }
 
@@ -1174,8 +1276,15 @@ __device__ __forceinline__ int trace_room(const Params& p) {
 // trace_now is %globaltimer when the launch traces (room > 0), else 0.
 __device__ __forceinline__ unsigned long long trace_now(int room) { return room > 0 ? globaltimer() : 0; }
 
-// trace_rec writes one record (one thread): kind, task index, the four
-// times and the task's position (a = tile << 32 | block, or a token).
+// trace_pos is a GEMM task's position in its record: tile << 32 | block,
+// and for a split reduction (nks > 1) split << 16 | nks << 24 besides.
+__device__ __forceinline__ unsigned long long trace_pos(int tile, int nb, int ks, int nks) {
+  const unsigned lo = (unsigned)nb | (nks > 1 ? (unsigned)ks << 16 | (unsigned)nks << 24 : 0u);
+  return (unsigned long long)(unsigned)tile << 32 | lo;
+}
+
+// trace_rec writes one record (one thread): kind, task index, the CTA, the
+// four times and the task's position (a = trace_pos, or a token).
 __device__ __forceinline__ void trace_rec(const Params& p, int room, int kind, int idx, unsigned long long t_take,
                                           unsigned long long t_ready, unsigned long long t_start, unsigned long long a) {
   if (room <= 0) return;
@@ -1184,7 +1293,8 @@ __device__ __forceinline__ void trace_rec(const Params& p, int room, int kind, i
   unsigned sm;
   asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
   unsigned long long* r = p.trace + (size_t)n * kTraceWords;
-  r[0] = (unsigned long long)(unsigned)idx | (unsigned long long)kind << 32 | (unsigned long long)sm << 40;
+  r[0] = (unsigned long long)(unsigned)idx | (unsigned long long)kind << 32 | (unsigned long long)(sm & 0xff) << 40 |
+         (unsigned long long)(blockIdx.x & 0xffff) << 48;
   r[1] = t_take;
   r[2] = t_ready;
   r[3] = t_start;
@@ -1215,8 +1325,9 @@ struct MmaTiles {
   static constexpr int kThreads = ::kThreads, BM = BM_, BN = BN_;
   static constexpr size_t kSmem = (size_t)ST * (BM + BN) * kBK * 2;
   template <bool GATEUP, class Ready>
-  __device__ static bool gemm(const Params& p, int d, int tile, int nb, unsigned char* smem, const Ready& ready) {
-    return gemm_task<BM, BN, WM, WN, ST, GATEUP>(p, d, tile, nb, smem, ready);
+  __device__ static int gemm(const Params& p, int d, int tile, int nb, int ks, unsigned char* smem,
+                             const Ready& ready) {
+    return gemm_task<BM, BN, WM, WN, ST, GATEUP>(p, d, tile, nb, ks, smem, ready);
   }
 };
 
@@ -1417,9 +1528,13 @@ __global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constan
   static_assert(C::BM <= NT, "one thread per row signals GEMM2's tokens");
   extern __shared__ __align__(128) unsigned char fused_sm[];
   __shared__ int task_sh, ok_sh;
+  // The trace's times (thread 0's; in shared memory, not registers).
+  __shared__ unsigned long long t_entry, t_setup, t_take, t_ready;
   __shared__ int g1pre[kMaxRanks + 1], g2pre[kMaxRanks + 1];
   const int R = p.R, K = p.K;
   const bool local = p.me >= 0;
+  const int room = trace_room(p);
+  if (threadIdx.x == 0) t_entry = trace_now(room);
   if (threadIdx.x == 0) {
     // Rank-local: only this rank's tiles (the peers' num_tiles are theirs).
     // Nothing at all when the error record is set: a plan's wait timed out
@@ -1429,6 +1544,8 @@ __global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constan
   }
   __syncthreads();
   if (!ok_sh) return;
+  if (threadIdx.x == 0) t_setup = trace_now(room);
+  int ntasks = 0;  // trace: this CTA's tasks
   bool planned = !local;  // rank-local: plans_done, once
   auto wait_planned = [&]() -> bool { return planned || (planned = plans_done<NT, 0>(p, &ok_sh)); };
   const int n_disp = p.disp_pre[R];
@@ -1438,51 +1555,70 @@ __global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constan
   if ((int)blockIdx.x < p.ndisp_ctas) {
     for (;;) {
       const int idx = block_take(p.ctl + kQDisp, &task_sh);
+      if (threadIdx.x == 0) t_take = trace_now(room);
       if (idx >= n_disp) break;
       if (!wait_planned()) return;
       const int r = find_rank(p.disp_pre, R, idx);
       if (r == p.fault_rank) continue;  // fault injection: this rank never sends
       const int64_t t0 = (int64_t)(idx - p.disp_pre[r]) * p.dt;
       dispatch_task<NT>(p, r, t0, min(p.rk[r].T, t0 + p.dt), false);
+      if (threadIdx.x == 0) trace_rec(p, room, 4, idx, t_take, t_take, t_take, (unsigned long long)t0);
+      ntasks++;
     }
   }
   // Compute and combine.
   for (;;) {
     int idx = block_take(p.ctl + kQMain, &task_sh);
+    if (threadIdx.x == 0) t_take = trace_now(room);
     if (idx >= n_main) break;
+    const int task = idx;
+    ntasks++;
     if (idx < n_g1) {
       const int d = find_rank(g1pre, R, idx);
+      const int rel = idx - g1pre[d];
       int tile, nb;
-      task_tile(p, idx - g1pre[d], (g1pre[d + 1] - g1pre[d]) / p.n1t, p.n1t, tile, nb);
-      const bool ok = C::template gemm<true>(p, d, tile, nb, fused_sm, [&]() {
+      // A block's splits are neighbours in the queue: taken together.
+      task_tile(p, rel / p.ks1, (g1pre[d + 1] - g1pre[d]) / (p.n1t * p.ks1), p.n1t, tile, nb);
+      const int got = C::template gemm<true>(p, d, tile, nb, rel % p.ks1, fused_sm, [&]() {
         if (threadIdx.x == 0) {
           const int want = p.rk[d].tile_want[tile];  // remote rows; local ones are read from x
           ok_sh = want == 0 || wait_geq(p, p.rk[d].arrive + tile, want, d, 1, tile);
+          t_ready = trace_now(room);
         }
         __syncthreads();
         return ok_sh != 0;
       });
-      if (!ok) return;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        __threadfence();
-        red_release_add(p.rk[d].g1done + tile, 1);
+      if (got == kTaskFailed) return;
+      if (got == kTaskDone) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          __threadfence();
+          red_release_add(p.rk[d].g1done + tile, 1);
+        }
       }
+      if (threadIdx.x == 0) trace_rec(p, room, 1, task, t_take, t_ready, t_ready, trace_pos(tile, nb, rel % p.ks1, p.ks1));
     } else if ((idx -= n_g1) < n_g2) {
       const int d = find_rank(g2pre, R, idx);
+      const int rel = idx - g2pre[d];
       int tile, nb;
-      task_tile(p, idx - g2pre[d], (g2pre[d + 1] - g2pre[d]) / p.n2t, p.n2t, tile, nb);
-      const bool ok = C::template gemm<false>(p, d, tile, nb, fused_sm, [&]() {
-        if (threadIdx.x == 0) ok_sh = wait_geq(p, p.rk[d].g1done + tile, p.n1t, d, 2, tile);
+      task_tile(p, rel / p.ks2, (g2pre[d + 1] - g2pre[d]) / (p.n2t * p.ks2), p.n2t, tile, nb);
+      const int got = C::template gemm<false>(p, d, tile, nb, rel % p.ks2, fused_sm, [&]() {
+        if (threadIdx.x == 0) {
+          ok_sh = wait_geq(p, p.rk[d].g1done + tile, p.n1t, d, 2, tile);
+          t_ready = trace_now(room);
+        }
         __syncthreads();
         return ok_sh != 0;
       });
-      if (!ok) return;
-      __syncthreads();
-      if (threadIdx.x < C::BM) {
-        const int32_t src = p.rk[d].row_src[(int64_t)tile * C::BM + threadIdx.x];
-        if (src >= 0) signal_add(p, p.rk[src & 7].tokdone + (src >> 3) / K, 1);
+      if (got == kTaskFailed) return;
+      if (got == kTaskDone) {
+        __syncthreads();
+        if (threadIdx.x < C::BM) {
+          const int32_t src = p.rk[d].row_src[(int64_t)tile * C::BM + threadIdx.x];
+          if (src >= 0) signal_add(p, p.rk[src & 7].tokdone + (src >> 3) / K, 1);
+        }
       }
+      if (threadIdx.x == 0) trace_rec(p, room, 2, task, t_take, t_ready, t_ready, trace_pos(tile, nb, rel % p.ks2, p.ks2));
     } else {
       idx -= n_g2;
       const int r = find_rank(p.comb_pre, R, idx);
@@ -1491,9 +1627,12 @@ __global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constan
       if (threadIdx.x == 0) ok_sh = combine_ready(p, idx);
       __syncthreads();
       if (!ok_sh) return;
+      if (threadIdx.x == 0) t_ready = trace_now(room);
       combine_rows<NT>(p, r, t0, t1, false);
+      if (threadIdx.x == 0) trace_rec(p, room, 3, task, t_take, t_ready, t_ready, (unsigned long long)t0);
     }
   }
+  if (threadIdx.x == 0) trace_rec(p, room, 0, blockIdx.x, t_entry, t_setup, t_setup, (unsigned long long)ntasks);
 }
 
 // fused_wg_kernel: the persistent launch with the wgmma tiles (WgTiles),
@@ -1543,6 +1682,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
   const int n_main = n_g1 + n_g2 + p.comb_pre[R];
   // task_at maps a main-queue index of a GEMM task to its rank, row tile
   // and column block; false for a combine task or the end.
+  // (The host never splits these tiles' reductions: ks1 = ks2 = 1.)
   auto task_at = [&](int idx, bool& gateup, int& d, int& tile, int& nb) -> bool {
     gateup = idx < n_g1;
     if (!gateup && (idx -= n_g1) >= n_g2) return false;
@@ -1666,9 +1806,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
         const int32_t src = p.rk[d].row_src[(int64_t)tile * WgTiles::BM + threadIdx.x];
         if (src >= 0) signal_add(p, p.rk[src & 7].tokdone + (src >> 3) / K, 1);
       }
-      if (threadIdx.x == 0)
-        trace_rec(p, room, gu ? 1 : 2, idx, t_take, t_ready, t_start,
-                  (unsigned long long)(unsigned)tile << 32 | (unsigned)nb);
+      if (threadIdx.x == 0) trace_rec(p, room, gu ? 1 : 2, idx, t_take, t_ready, t_start, trace_pos(tile, nb, 0, 1));
       continue;
     }
     // Combine.
@@ -1840,11 +1978,79 @@ int plan_blocks(int64_t n, int R) {
   return force == 1 ? (int)std::max<int64_t>(g, 2) : g >= 2 ? (int)g : 0;
 }
 
+// fused_cores is how many CTAs of tile policy C's persistent kernel are
+// co-resident on this device (its shared memory attribute set once here);
+// 0 with the CUDA error pending where the query failed.
+template <class C>
+int fused_cores() {
+  auto fn = KernelOf<C>::fn;
+  static bool attr = false;
+  if (!attr) {
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::kSmem) != cudaSuccess) return 0;
+    attr = true;
+  }
+  int occ = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, C::kThreads, C::kSmem) != cudaSuccess) return 0;
+  return occ * mk::sm_count();
+}
+
+// KSplit: the splits of GEMM1's and GEMM2's reductions (Params.ks1, ks2).
+struct KSplit {
+  int g1 = 1, g2 = 1;
+};
+constexpr int kMaxSplit = 8;
+
+// ksplit picks the splits of a launch of bm-row tiles: none but for the
+// 16-row tiles, where a reduction is split in two (then four, eight)
+// while its GEMM's tasks (about one row tile a routed row at these sizes
+// — min(rows, slots) tiles — times its column blocks) stay below 90 % of
+// the co-resident CTAs and each split keeps ≥ 4 k steps of 64. At one
+// token that splits Qwen3-30B-A3B's both GEMMs in two (GEMM1: 192 tasks of
+// 32 k steps for 396 CTAs) and Mixtral's GEMM2 (128 tasks of 224 k steps
+// for 264 CTAs), whose tasks would otherwise leave SMs idle while the
+// weights stream; DeepSeek-V3's GEMMs have their 512 and 896 tasks. A
+// function of the shapes and the device only: the workspace sizes and the
+// launches agree. MK_MOE_FUSED_KSPLIT="a,b" forces GEMM1's and GEMM2's
+// (1..8 each, capped at their k steps; 0: the rule).
+KSplit ksplit(int ranks, const int64_t* tokens, const int32_t* slots, int k, int64_t h, int64_t i, int bm) {
+  KSplit ks;
+  if (bm != 16) return ks;
+  static const std::pair<int, int> forced = [] {
+    const char* v = getenv("MK_MOE_FUSED_KSPLIT");
+    int a = 0, b = 0;
+    if (v == nullptr || sscanf(v, "%d,%d", &a, &b) != 2) return std::pair<int, int>(0, 0);
+    return std::pair<int, int>(std::clamp(a, 0, kMaxSplit), std::clamp(b, 0, kMaxSplit));
+  }();
+  int64_t n = 0, sl = 0, tmax = 0;
+  for (int r = 0; r < ranks; ++r) {
+    n += tokens[r] * k;
+    sl += slots[r];
+    tmax = std::max(tmax, tokens[r]);
+  }
+  // The 16-row tiles' co-resident CTAs (2 or 3 an SM on the H200).
+  int64_t cores = small_stages(h, tmax) == 8 ? fused_cores<MmaSmall8>() : fused_cores<MmaSmall>();
+  if (cores <= 0) {
+    cudaGetLastError();  // the launch reports it
+    return ks;
+  }
+  const int64_t tiles = std::min(n, sl);
+  auto pick = [&](int force, int64_t blocks, int64_t kt) {
+    if (force > 0) return (int)std::min<int64_t>(force, std::max<int64_t>(kt, 1));
+    int sp = 1;
+    while (sp < kMaxSplit && tiles * blocks * sp * 10 < cores * 9 && kt >= 8 * sp) sp *= 2;
+    return sp;
+  };
+  const int64_t bn = kTiles[0].bn;
+  ks.g1 = pick(forced.first, (i + bn / 2 - 1) / (bn / 2), (h + kBK - 1) / kBK);
+  ks.g2 = pick(forced.second, (h + bn - 1) / bn, (i + kBK - 1) / kBK);
+  return ks;
+}
+
 // RankLayout: byte offsets of one rank's workspace regions.
 struct RankLayout {
   int64_t rows_cap, tiles_cap;
   size_t num_tiles, tile_slot, tile_want, arrive, g1done, row_src, row_slot, row_w, recv, act, dest_row, tokdone,
-      ret, flags, rids, phist, y, moews, moews_bytes, total;
+      ret, flags, rids, phist, part, kdone, y, moews, moews_bytes, total;
 };
 
 int rank_layout(int ranks, const int64_t* tokens, const int32_t* slots, int r, int k, int e, int64_t h, int64_t i,
@@ -1880,6 +2086,13 @@ int rank_layout(int ranks, const int64_t* tokens, const int32_t* slots, int r, i
   L->flags = take(2 * kMaxRanks * 4);
   L->rids = take((size_t)2 * n * 4);
   L->phist = take((size_t)2 * kPlanMaxG * S * 4);  // the many-block plan's counts (plan_count_kernel)
+  // The split reductions' partials and counters (RankP.part, kdone).
+  const KSplit ks = ksplit(ranks, tokens, slots, k, h, i, bm);
+  const int64_t bn = bm == kTiles[0].bm ? kTiles[0].bn : 0;
+  const int64_t n1t = bn ? (i + bn / 2 - 1) / (bn / 2) : 0, n2t = bn ? (h + bn - 1) / bn : 0;
+  const int64_t parts = (ks.g1 > 1 ? n1t * ks.g1 : 0) + (ks.g2 > 1 ? n2t * ks.g2 : 0);
+  L->part = take((size_t)L->tiles_cap * parts * kPartFloats * 4);
+  L->kdone = take(parts > 0 ? (size_t)L->tiles_cap * (n1t + n2t) * 4 : 0);
   L->y = L->moews = L->moews_bytes = 0;
   if (sep && L->rows_cap > 0) {
     L->y = take((size_t)L->rows_cap * h * 4);
@@ -1949,6 +2162,9 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->limit = mk::float_from_bits(limit_bits);
   p->n1t = (int)((i + tc.bn / 2 - 1) / (tc.bn / 2));
   p->n2t = (int)((h + tc.bn - 1) / tc.bn);
+  const KSplit ks = ksplit(ranks, tokens, slots, k, h, i, tc.bm);
+  p->ks1 = ks.g1;
+  p->ks2 = ks.g2;
   p->place = mk::dev<const int32_t>(place);
   p->ctl = mk::dev<int32_t>(ctl);
   p->fault_rank = -1;
@@ -2017,6 +2233,8 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
     q.pflag = q.rflag + kMaxRanks;
     q.rids = reinterpret_cast<int32_t*>(w + L.rids);
     q.phist = reinterpret_cast<int32_t*>(w + L.phist);
+    q.part = reinterpret_cast<float*>(w + L.part);
+    q.kdone = reinterpret_cast<int32_t*>(w + L.kdone);
     q.y = sep ? reinterpret_cast<float*>(w + L.y) : nullptr;
     q.moews = sep ? reinterpret_cast<void*>(w + L.moews) : nullptr;
     q.moews_bytes = L.moews_bytes;
@@ -2027,7 +2245,8 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
     p->disp_pre[r + 1] = (int)dsum;
     p->comb_pre[r + 1] = (int)csum;
   }
-  MK_ARG(tiles_all * (p->n1t + p->n2t) + csum < (1ll << 30), "%s: too many tasks", fn);
+  MK_ARG(tiles_all * ((int64_t)p->n1t * p->ks1 + (int64_t)p->n2t * p->ks2) + csum < (1ll << 30), "%s: too many tasks",
+         fn);
   return MK_OK;
 }
 
@@ -2085,17 +2304,11 @@ template <class C, class... Extra>
 int launch_fused(const Params& p, int ctas, int dispatch_ctas, cudaStream_t st, Extra... extra) {
   auto fn = KernelOf<C>::fn;
   const size_t sm = C::kSmem;
-  static bool attr = false;
-  if (!attr) {
-    MK_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    attr = true;
+  const int cores = fused_cores<C>();
+  if (cores <= 0) {
+    MK_CUDA(cudaGetLastError());
+    return mk::fail(MK_ERR_CUDA, "mk_moe_fused: no CTA of the kernel fits on a multiprocessor");
   }
-  int occ = 0, dev = 0, sms = 0;
-  MK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, C::kThreads, sm));
-  MK_CUDA(cudaGetDevice(&dev));
-  MK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int cores = occ * sms;
-  if (cores <= 0) return mk::fail(MK_ERR_CUDA, "mk_moe_fused: no CTA of the kernel fits on a multiprocessor");
   MK_ARG(ctas >= 0 && ctas <= cores, "mk_moe_fused: ctas=%d, at most %d co-resident with %d-row tiles (0: all)", ctas,
          cores, C::BM);
   const int grid = ctas > 0 ? ctas : cores;

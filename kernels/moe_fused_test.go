@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +31,11 @@ type fusedCase struct {
 	// (30: every row local when K ≤ its experts; ~2: mostly local, some remote).
 	local float32
 	tile  int // MoEFusedArgs.Tile (0: picked); the name says which tile to expect (tile64, tile128; else 16)
+	// split: GEMM1's and GEMM2's splits of a block's reduction that
+	// moe_fused.cu's ksplit picks on a 132-SM device (checked through the
+	// launch's trace: exactly there, > 1 elsewhere, not when
+	// MK_MOE_FUSED_KSPLIT forces them); zero: not checked.
+	split [2]int
 }
 
 // TestMoEFusedLayer runs the persistent fused MoE layer (and its separate
@@ -92,6 +98,15 @@ func TestMoEFusedLayer(t *testing.T) {
 		// same slots, after the CTAs' before it).
 		{name: "R1_E64_K8_T2000_tile128_plan_multi", E: 64, K: 8, tokens: []int{2000}, H: 256, I: 128, hot: -1, tile: 128},
 		{name: "R4_E32_K4_hot_tile128_plan_multi", E: 32, K: 4, tokens: []int{1500, 1, 1500, 1024}, H: 256, I: 128, hot: 3, tile: 128},
+		// Split reductions (one token's few tasks; the trace says which
+		// splits ran): Qwen3-30B-A3B's widths, both GEMMs in two; a
+		// Mixtral-like GEMM2 in eight of 63 k steps (uneven splits, and
+		// GEMM1 in two); the same at two ranks (dispatched rows).
+		{name: "R1_E16_K8_T1_ksplit_qwen3", E: 16, K: 8, tokens: []int{1}, H: 2048, I: 768, hot: -1, shared: true,
+			split: [2]int{2, 2}},
+		{name: "R1_E8_K2_T1_ksplit_odd", E: 8, K: 2, tokens: []int{1}, H: 1024, I: 4000, hot: -1, split: [2]int{2, 8}},
+		{name: "R2_E8_K2_T1_ksplit_remote_clamped", E: 8, K: 2, tokens: []int{1, 1}, H: 1024, I: 4000, hot: -1,
+			clamped: true, split: [2]int{1, 8}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { runFusedCase(t, g, r, c) })
@@ -234,8 +249,14 @@ func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
 			t.Errorf("row tile %d for case %s, want %d", tileM, c.name, wantTile)
 		}
 		args.Table = put(a, table)
-		ctl := a.alloc(ctlBytes)
-		if ctl != nil {
+		var ctl *Buffer
+		if c.split != [2]int{} {
+			var err error
+			if ctl, err = a.d.NewMoEFusedTracedControl(ctlBytes, 1<<14); err == nil {
+				a.bufs = append(a.bufs, ctl)
+			}
+			a.check(err)
+		} else if ctl = a.alloc(ctlBytes); ctl != nil {
 			a.check(Upload(a.d, ctl, make([]int32, ctlBytes/4)))
 		}
 		ranks := make([]MoEFusedRank, R)
@@ -297,6 +318,9 @@ func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
 				outs2 = download()
 			}
 		}
+		if c.split != [2]int{} && a.err == nil {
+			checkSplits(t, a.d, ctl, c.split)
+		}
 		counts = make([][]int64, R)
 		for q := range R {
 			if pl.Slots[q] > 0 {
@@ -323,6 +347,38 @@ func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
 				break
 			}
 		}
+	}
+}
+
+// checkSplits reads the trace of the last launch on ctl and checks the
+// splits its GEMM tasks ran with against want (the rule's on 132 SMs).
+func checkSplits(t *testing.T, d *Device, ctl *Buffer, want [2]int) {
+	t.Helper()
+	recs, wanted, err := d.MoEFusedTrace(ctl)
+	if err != nil {
+		t.Errorf("trace: %v", err)
+		return
+	}
+	sum, err := SummarizeMoETrace(recs, wanted)
+	if err != nil {
+		t.Errorf("trace: %v", err)
+		return
+	}
+	t.Logf("k splits %v (%d records); %s", sum.Splits, len(recs), sum)
+	if v := os.Getenv("MK_MOE_FUSED_KSPLIT"); v != "" {
+		t.Logf("MK_MOE_FUSED_KSPLIT=%s forces the splits: not checked against the rule", v)
+		return
+	}
+	if sms := d.Info().SMs; sms != 132 {
+		for i, n := range sum.Splits {
+			if want[i] > 1 && n < 2 {
+				t.Errorf("GEMM%d ran unsplit on %d SMs; want a split", i+1, sms)
+			}
+		}
+		return
+	}
+	if sum.Splits != want {
+		t.Errorf("k splits %v, want %v", sum.Splits, want)
 	}
 }
 

@@ -9,9 +9,11 @@ import (
 )
 
 // The fused MoE kernel's task trace (mk_moe_fused.h, MK_MOE_FUSED_TRACE_*):
-// a diagnostic that records, per task of one launch of the wgmma tiles'
-// kernel, when its producer took it, when its inputs were there, and when
-// the consumers started and finished it. Off unless the control workspace
+// a diagnostic that records, per task of one persistent launch (either
+// kernel: the wgmma tiles' or the mma.sync tiles'), when its CTA took it,
+// when its inputs were there, and when its compute started and finished.
+// In the mma.sync tiles' kernel every thread takes every role: a task
+// starts when its input wait ends. Off unless the control workspace
 // was made by NewMoEFusedTracedControl.
 
 // Layout of the trace in the control workspace (mk_moe_fused.h).
@@ -56,11 +58,21 @@ type MoETraceRec struct {
 	Kind  MoETraceKind
 	Task  int    // the task's index in its queue; a CTA record: the block
 	SM    int    // the multiprocessor that ran it
+	Block int    // the CTA that ran it
 	Take  uint64 // the producer took the task (CTA: kernel entry)
 	Ready uint64 // its inputs were there (the producer's wait ended)
 	Start uint64 // the consumers started it (CTA: set-up done)
 	End   uint64 // they finished it, signals included (CTA: exit)
-	Pos   uint64 // GEMM: row tile << 32 | column block; combine, dispatch: first token; CTA: its tasks
+	Pos   uint64 // GEMM: row tile << 32 | split << 16 | splits << 24 | column block (splits 0: unsplit); combine, dispatch: first token; CTA: its tasks
+}
+
+// Split is a GEMM record's split of its block's reduction and the splits
+// of that block (0, 1 when the reduction is not split).
+func (r MoETraceRec) Split() (split, splits int) {
+	if n := int(r.Pos >> 24 & 0xff); n > 1 {
+		return int(r.Pos >> 16 & 0xff), n
+	}
+	return 0, 1
 }
 
 // NewMoEFusedTracedControl is NewMoEFusedControl with room for a trace of
@@ -85,8 +97,8 @@ func (d *Device) NewMoEFusedTracedControl(bytes int64, records int) (*Buffer, er
 
 // MoEFusedTrace waits for the device and reads the trace of the last
 // launch on ctl: its records, and how many the launch wanted to write
-// (more than returned when the room was too small). Only the wgmma tiles'
-// kernel traces; other launches leave no records.
+// (more than returned when the room was too small). The persistent
+// kernels trace; the separate path's launches leave no records.
 func (d *Device) MoEFusedTrace(ctl *Buffer) ([]MoETraceRec, int, error) {
 	const op = "MoEFusedTrace"
 	if err := d.ready(op); err != nil {
@@ -114,8 +126,8 @@ func parseMoETrace(words []uint64) ([]MoETraceRec, int, error) {
 	recs := make([]MoETraceRec, 0, max(n, 0))
 	for i := range max(n, 0) {
 		w := words[moeFusedTraceOffset/8+i*moeFusedTraceWords:]
-		r := MoETraceRec{Kind: MoETraceKind(w[0] >> 32 & 0xff), Task: int(int32(uint32(w[0]))), SM: int(w[0] >> 40),
-			Take: w[1], Ready: w[2], Start: w[3], End: w[4], Pos: w[5]}
+		r := MoETraceRec{Kind: MoETraceKind(w[0] >> 32 & 0xff), Task: int(int32(uint32(w[0]))), SM: int(w[0] >> 40 & 0xff),
+			Block: int(w[0] >> 48), Take: w[1], Ready: w[2], Start: w[3], End: w[4], Pos: w[5]}
 		if r.Kind >= moeTraceKinds {
 			return nil, wanted, fmt.Errorf("kernels: MoEFusedTrace: record %d has kind %d", i, r.Kind)
 		}
@@ -135,9 +147,11 @@ type MoETraceKindStats struct {
 	FirstUS   float64 `json:"first_us"`   // the first start, from the launch's first entry
 	LastUS    float64 `json:"last_us"`    // the last end, from the launch's first entry
 	BusyShare float64 `json:"busy_share"` // BusyUS ÷ (CTAs × launch span)
-	// TFLOPSPerSM is a GEMM task's rate on its multiprocessor (SetTaskFLOP:
-	// the tile's FLOP, padding rows included, over the mean task time).
+	// TFLOPSPerSM is a GEMM task's rate on its CTA (SetTaskFLOP: the
+	// tile's FLOP, padding rows included, over its splits, over the mean
+	// task time); several CTAs may share a multiprocessor.
 	TFLOPSPerSM float64 `json:"tflops_per_sm,omitempty"`
+	splits      int     // GEMM: the splits of a block's reduction (1: none)
 }
 
 // MoETraceSummary is where one traced launch's time went.
@@ -151,6 +165,7 @@ type MoETraceSummary struct {
 	Kinds    []MoETraceKindStats `json:"kinds"`    // GEMM1, GEMM2, combine, dispatch (those present)
 	Missing  int                 `json:"missing"`  // records the room could not hold
 	Overlaps int                 `json:"overlaps"` // tasks of one CTA that overlap (a clock or trace error)
+	Splits   [2]int              `json:"splits"`   // GEMM1's and GEMM2's splits of a block's reduction (1: none)
 }
 
 // SummarizeMoETrace sums a launch's records; wanted is the count the
@@ -192,9 +207,10 @@ func SummarizeMoETrace(recs []MoETraceRec, wanted int) (MoETraceSummary, error) 
 		wait        float64
 		first, last uint64
 		seen        bool
+		splits      int
 	}
 	var by [moeTraceKinds]acc
-	perSM := map[int][]MoETraceRec{}
+	perCTA := map[int][]MoETraceRec{}
 	busyCTA := map[int]float64{}
 	for _, r := range recs {
 		if r.Kind == MoETraceCTA {
@@ -210,10 +226,13 @@ func SummarizeMoETrace(recs []MoETraceRec, wanted int) (MoETraceSummary, error) 
 			a.last = r.End
 		}
 		a.seen = true
-		perSM[r.SM] = append(perSM[r.SM], r)
-		busyCTA[r.SM] += us(r.Start, r.End)
+		if _, n := r.Split(); n > a.splits {
+			a.splits = n
+		}
+		perCTA[r.Block] = append(perCTA[r.Block], r)
+		busyCTA[r.Block] += us(r.Start, r.End)
 	}
-	for _, rs := range perSM {
+	for _, rs := range perCTA {
 		slices.SortFunc(rs, func(a, b MoETraceRec) int { return cmp.Compare(a.Start, b.Start) })
 		for i := 1; i < len(rs); i++ {
 			if rs[i].Start < rs[i-1].End {
@@ -223,7 +242,7 @@ func SummarizeMoETrace(recs []MoETraceRec, wanted int) (MoETraceSummary, error) 
 	}
 	for _, r := range recs {
 		if r.Kind == MoETraceCTA {
-			s.IdleUS += us(r.Start, r.End) - busyCTA[r.SM]
+			s.IdleUS += us(r.Start, r.End) - busyCTA[r.Block]
 		}
 	}
 	for k := MoETraceGEMM1; k < moeTraceKinds; k++ {
@@ -242,17 +261,22 @@ func SummarizeMoETrace(recs []MoETraceRec, wanted int) (MoETraceSummary, error) 
 		if s.SpanUS > 0 {
 			st.BusyShare = sum / (float64(s.CTAs) * s.SpanUS)
 		}
+		st.splits = max(a.splits, 1)
+		if k == MoETraceGEMM1 || k == MoETraceGEMM2 {
+			s.Splits[k-MoETraceGEMM1] = st.splits
+		}
 		s.Kinds = append(s.Kinds, st)
 	}
 	return s, nil
 }
 
-// SetTaskFLOP sets the TFLOP/s a multiprocessor of kind's tasks ("gemm1",
-// "gemm2") from the FLOP of one task (2 · tile rows · tile columns · k).
+// SetTaskFLOP sets the TFLOP/s a CTA of kind's tasks ("gemm1", "gemm2")
+// from the FLOP of one unsplit block (2 · tile rows · tile columns · k):
+// a split task does its share.
 func (s *MoETraceSummary) SetTaskFLOP(kind string, flop float64) {
 	for i := range s.Kinds {
 		if k := &s.Kinds[i]; k.Kind == kind && k.MeanUS > 0 {
-			k.TFLOPSPerSM = flop / k.MeanUS / 1e6
+			k.TFLOPSPerSM = flop / float64(max(k.splits, 1)) / k.MeanUS / 1e6
 		}
 	}
 }
@@ -272,8 +296,11 @@ func (s MoETraceSummary) String() string {
 	for _, k := range s.Kinds {
 		fmt.Fprintf(&b, "  %-8s %6d tasks, busy %5.1f%%, mean %7.2f µs, p90 %7.2f, input wait %9.1f µs, from %8.1f to %8.1f µs",
 			k.Kind, k.Tasks, 100*k.BusyShare, k.MeanUS, k.P90US, k.WaitUS, k.FirstUS, k.LastUS)
+		if k.splits > 1 {
+			fmt.Fprintf(&b, ", k split %d", k.splits)
+		}
 		if k.TFLOPSPerSM > 0 {
-			fmt.Fprintf(&b, ", %.2f TFLOP/s an SM (%.0f over %d)", k.TFLOPSPerSM, k.TFLOPSPerSM*float64(s.CTAs), s.CTAs)
+			fmt.Fprintf(&b, ", %.2f TFLOP/s a CTA (%.0f over %d)", k.TFLOPSPerSM, k.TFLOPSPerSM*float64(s.CTAs), s.CTAs)
 		}
 		b.WriteString("\n")
 	}

@@ -13,7 +13,7 @@ func traceWords(room, wanted int, recs []MoETraceRec) []uint64 {
 	w[moeFusedTraceCount/2] |= uint64(uint32(wanted)) << (32 * (moeFusedTraceCount % 2))
 	for i, r := range recs[:min(len(recs), room)] {
 		o := moeFusedTraceOffset/8 + i*moeFusedTraceWords
-		w[o] = uint64(uint32(r.Task)) | uint64(r.Kind)<<32 | uint64(r.SM)<<40
+		w[o] = uint64(uint32(r.Task)) | uint64(r.Kind)<<32 | uint64(r.SM)<<40 | uint64(r.Block)<<48
 		w[o+1], w[o+2], w[o+3], w[o+4], w[o+5] = r.Take, r.Ready, r.Start, r.End, r.Pos
 	}
 	return w
@@ -26,9 +26,12 @@ func TestMoETraceParseAndSummary(t *testing.T) {
 		{Kind: MoETraceCTA, Task: 0, SM: 3, Take: T, Start: T + 1000, End: T + 20000, Pos: 2},
 		{Kind: MoETraceGEMM1, Task: 5, SM: 3, Take: T + 500, Ready: T + 1500, Start: T + 2000, End: T + 12000, Pos: 7<<32 | 2},
 		{Kind: MoETraceCombine, Task: 9, SM: 3, Take: T + 11000, Ready: T + 13000, Start: T + 13000, End: T + 17000},
-		// CTA 1 on SM 4: entry T+2 µs, exit T+30 µs; a GEMM2 of 20 µs.
-		{Kind: MoETraceCTA, Task: 1, SM: 4, Take: T + 2000, Start: T + 3000, End: T + 30000, Pos: 1},
-		{Kind: MoETraceGEMM2, Task: 6, SM: 4, Take: T + 2500, Ready: T + 2500, Start: T + 4000, End: T + 24000},
+		// CTA 1, on the same SM (the mma.sync tiles' kernel runs several
+		// an SM): entry T+2 µs, exit T+30 µs; split 1 of 2 of a GEMM2
+		// block, 20 µs, overlapping CTA 0's tasks (not an overlap: another CTA).
+		{Kind: MoETraceCTA, Task: 1, SM: 3, Block: 1, Take: T + 2000, Start: T + 3000, End: T + 30000, Pos: 1},
+		{Kind: MoETraceGEMM2, Task: 6, SM: 3, Block: 1, Take: T + 2500, Ready: T + 2500, Start: T + 4000, End: T + 24000,
+			Pos: 6<<32 | 1<<16 | 2<<24 | 5},
 	}
 	got, wanted, err := parseMoETrace(traceWords(8, len(recs), recs))
 	if err != nil {
@@ -81,7 +84,21 @@ func TestMoETraceParseAndSummary(t *testing.T) {
 	if s.Kinds[1].TFLOPSPerSM != 0 {
 		t.Errorf("gemm2 got a rate without its FLOP: %v", s.Kinds[1].TFLOPSPerSM)
 	}
-	if !strings.Contains(s.String(), "gemm2") || !strings.Contains(s.String(), "TFLOP/s an SM") {
+	if sp, n := got[4].Split(); sp != 1 || n != 2 {
+		t.Errorf("gemm2 record: split %d of %d, want 1 of 2", sp, n)
+	}
+	if sp, n := got[1].Split(); sp != 0 || n != 1 {
+		t.Errorf("gemm1 record: split %d of %d, want 0 of 1", sp, n)
+	}
+	if s.Splits != [2]int{1, 2} {
+		t.Errorf("splits %v, want [1 2]", s.Splits)
+	}
+	s.SetTaskFLOP("gemm2", 2*16*64*4096) // half of 8.4 MFLOP (its split) in 20 µs: 0.21 TFLOP/s
+	if got := s.Kinds[1].TFLOPSPerSM; math.Abs(got-0.2097152) > 1e-9 {
+		t.Errorf("gemm2 TFLOP/s a CTA = %v", got)
+	}
+	if !strings.Contains(s.String(), "gemm2") || !strings.Contains(s.String(), "TFLOP/s a CTA") ||
+		!strings.Contains(s.String(), "k split 2") {
 		t.Errorf("String() lacks the kinds:\n%s", s)
 	}
 }

@@ -97,7 +97,7 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 	fs.Float64Var(&o.maxRowsFactor, "max-rows-factor", 0, "fused path: size each rank's receive side for this multiple of its balanced share of rows (tokens·topk; ≥ 1), not for every row of every rank; a layer over it fails with a capacity error (0: every row)")
 	fs.IntVar(&o.tile, "tile", 0, "fused path: row tile, 16 or 64 (mma.sync tiles) or 128 (sm_90a wgmma tiles, TMA); 0 picks by rows per expert")
 	fs.StringVar(&o.tuneOut, "tune", "", "fused path: try the launch choices (--ctas × --dispatch-ctas candidates) per token count, report the fastest and record it in this JSON table (package tuning; the CUDA backend reads it through moe_tuning)")
-	fs.StringVar(&o.traceOut, "trace", "", "fused path, wgmma tiles: record when each task of the last launch per token count was taken, ready, started and finished; write the records and a summary per count to this file (JSON lines) and the summary into the result")
+	fs.StringVar(&o.traceOut, "trace", "", "fused path: record when each task of the last launch per token count was taken, ready, started and finished; write the records and a summary per count to this file (JSON lines) and the summary into the result")
 	fs.IntVar(&o.shared, "shared-experts", 0, "shared experts (one dense MLP of N*intermediate), timed with the layer")
 	fs.IntVar(&o.iters, "iters", 10, "timed iterations per token count (the median is reported)")
 	fs.BoolVar(&o.graph, "graph", true, "time the layer as one CUDA graph replay per iteration, as decode steps run (vLLM's benchmark_moe times graphs too); the op-by-op launches are reported as eager_ms")

@@ -392,8 +392,9 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 		touched += float64(n)
 	}
 	if o.traceOut != "" {
-		// The wgmma tiles: 128 rows × 256 columns (GEMM1: 128 gate + 128 up).
-		flop := map[string]float64{"gemm1": 2 * 128 * 256 * float64(H), "gemm2": 2 * 128 * 256 * float64(I)}
+		// A task's tile: rows × columns (GEMM1's columns half gate, half up).
+		tm, tn := float64(row.Tile), float64(moeFusedTileCols(row.Tile))
+		flop := map[string]float64{"gemm1": 2 * tm * tn * float64(H), "gemm2": 2 * tm * tn * float64(I)}
 		if row.Trace, err = writeMoETrace(d, ctl, o.traceOut, T, flop); err != nil {
 			return row, err
 		}
@@ -443,6 +444,18 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 	return row, nil
 }
 
+// moeFusedTileCols is the fused kernel's task columns for its row tile
+// (moe_fused.cu's kTiles: 16 × 64, 64 × 128, 128 × 256).
+func moeFusedTileCols(tileM int) int {
+	switch tileM {
+	case 16:
+		return 64
+	case 64:
+		return 128
+	}
+	return 256
+}
+
 // moeTraceRecords is the trace's room per launch (--trace): more than the
 // tasks of DeepSeek-V3's layer at 16384 tokens (~65 000).
 const moeTraceRecords = 1 << 18
@@ -456,7 +469,7 @@ func writeMoETrace(d *kernels.Device, ctl *kernels.Buffer, path string, T int, f
 		return nil, err
 	}
 	if len(recs) == 0 {
-		return nil, fmt.Errorf("--trace: the launch wrote no records (only the wgmma tiles trace: --tile 128)")
+		return nil, fmt.Errorf("--trace: the launch wrote no records")
 	}
 	sum, err := kernels.SummarizeMoETrace(recs, wanted)
 	if err != nil {
