@@ -195,6 +195,9 @@ struct Params {
   int ks1, ks2;
   int disp_pre[kMaxRanks + 1];  // prefix sums of dispatch tasks per source rank
   int comb_pre[kMaxRanks + 1];  // prefix sums of combine tasks per source rank
+  // comb_nc: combine tasks per block of kCT tokens, each comb_cols of the
+  // H columns (a multiple of 8; the last one shorter): comb_split.
+  int comb_nc, comb_cols;
   int dt;  // tokens per dispatch task
   int group_m;  // GEMM tasks: row tiles per rasterisation group (task_tile)
   int ndisp_ctas;
@@ -929,24 +932,34 @@ __device__ int gemm_task(const Params& p, int d, int tile, int ntile, int ks, un
   const int nks = GATEUP ? p.ks1 : p.ks2;
   const int KTall = (int)((Kd + kBK - 1) / kBK);
   const int kt0 = (int)((int64_t)ks * KTall / nks), KT = (int)((int64_t)(ks + 1) * KTall / nks) - kt0;
+  // The split's first k folded into the row pointers once (a k offset in
+  // every copy's address cost the 6-stage kernel ~70 registers, H200
+  // build: two CTAs an SM instead of three); Kr: the k left from there.
+  const int64_t Kr = Kd - (int64_t)kt0 * kBK;
+#pragma unroll
+  for (int i = 0; i < A_PER; i++)
+    if (a_src[i] != nullptr) a_src[i] += (int64_t)kt0 * kBK;
+#pragma unroll
+  for (int i = 0; i < B_PER; i++)
+    if (b_src[i] != nullptr) b_src[i] += (int64_t)kt0 * kBK;
   auto loadA = [&](int stage, int kt) {
-    const int64_t k0 = (int64_t)(kt0 + kt) * kBK;
+    const int64_t k0 = (int64_t)kt * kBK;
     bf16* a = sA + stage * BM * kBK;
 #pragma unroll
     for (int i = 0; i < A_PER; i++) {
       if (a_dst[i] < 0) continue;
       const int64_t k = k0 + a_ch[i] * 8;
-      const bool v = a_src[i] != nullptr && k < Kd;
+      const bool v = a_src[i] != nullptr && k < Kr;
       cp_async16(a + a_dst[i], v ? a_src[i] + k : A, v);
     }
   };
   auto loadB = [&](int stage, int kt) {
-    const int64_t k0 = (int64_t)(kt0 + kt) * kBK;
+    const int64_t k0 = (int64_t)kt * kBK;
     bf16* b = sB + stage * BN * kBK;
 #pragma unroll
     for (int i = 0; i < B_PER; i++) {
       const int64_t k = k0 + b_ch[i] * 8;
-      const bool v = b_src[i] != nullptr && k < Kd;
+      const bool v = b_src[i] != nullptr && k < Kr;
       mkmoe::cp_async16_pf(b + b_dst[i], v ? b_src[i] + k : W, v, p.l2pf);
     }
   };
@@ -1006,6 +1019,13 @@ __device__ int gemm_task(const Params& p, int d, int tile, int ntile, int ks, un
   }
   return kTaskDone;
 }
+
+// CombTask is a combine task's part of the work: source rank r's tokens
+// [t0, t1) (at most kCT) and output columns [c0, c1) (comb_task).
+struct CombTask {
+  int r;
+  int64_t t0, t1, c0, c1;
+};
 
 // combine_y: the separate path's combine (combine_kernel): source rank r's
 // tokens [t0, t1) (at most kCT): out = Σ_k w·y (k order) + shared, y the
@@ -1118,8 +1138,8 @@ struct RetCols<false, 4> {
   __device__ static void widen(const Raw& u, float (&f)[4]) { f[0] = u.x, f[1] = u.y, f[2] = u.z, f[3] = u.w; }
 };
 
-// combine_ret: the fused launches' combine, source rank r's tokens [t0,
-// t1) (at most kCT): out = Σ_k w·ret (k order, fmaf from 0, dropped k
+// combine_ret: the fused launches' combine of task ct, source rank r's
+// tokens [t0, t1) (at most kCT), columns [c0, c1): out = Σ_k w·ret (k order, fmaf from 0, dropped k
 // skipped) + shared, ret's rows widened to f32 (bf16 with p.ret_bf16). A
 // returned row's address does not depend on the plan (row t·K + k of
 // ret), so each thread loads the KU rows of each of its two (token,
@@ -1131,13 +1151,15 @@ struct RetCols<false, 4> {
 // tokens, the task trace of the forty-seventh pass). Same sums in the same
 // order as that form: the same bits.
 template <int NT, bool BF, int VC>
-__device__ void combine_ret(const Params& p, int r, int64_t t0, int64_t t1) {
+__device__ void combine_ret(const Params& p, const CombTask& ct) {
   using C = RetCols<BF, VC>;
   using Raw = typename C::Raw;
   constexpr int KU = 8;
-  const RankP& rk = p.rk[r];
+  const RankP& rk = p.rk[ct.r];
   const int K = p.K;
-  const int64_t HU = p.H / VC, units = (t1 - t0) * HU;
+  const int64_t t0 = ct.t0, t1 = ct.t1;
+  // Units of VC columns: the row's HU, of which the task's CU from cu0.
+  const int64_t HU = p.H / VC, cu0 = ct.c0 / VC, CU = (ct.c1 - ct.c0) / VC, units = (t1 - t0) * CU;
   const Raw* ret = static_cast<const Raw*>(rk.ret);  // row a: ret + a·HU
   for (int64_t u0 = threadIdx.x; u0 < units; u0 += 2 * NT) {
     int64_t tt[2], c[2];
@@ -1146,8 +1168,8 @@ __device__ void combine_ret(const Params& p, int r, int64_t t0, int64_t t1) {
     for (int g = 0; g < 2; g++) {
       const int64_t u = u0 + g * NT;
       on[g] = u < units;
-      tt[g] = t0 + (on[g] ? u / HU : 0);
-      c[g] = on[g] ? u % HU : 0;
+      tt[g] = t0 + (on[g] ? u / CU : 0);
+      c[g] = cu0 + (on[g] ? u % CU : 0);
     }
     float s[2][VC];
 #pragma unroll
@@ -1202,19 +1224,19 @@ __device__ void combine_ret(const Params& p, int r, int64_t t0, int64_t t1) {
   }
 }
 
-// combine_rows: the combine of source rank r's tokens [t0, t1): from_y the
-// separate path's (combine_y), else the fused launches' (combine_ret; bf16
-// rows 8 columns a load where H % 8 == 0).
+// combine_rows: combine task ct (its tokens and columns): from_y the
+// separate path's (combine_y; whole rows: comb_nc is 1 there), else the
+// fused launches' (combine_ret; bf16 rows 8 columns a load where H % 8 == 0).
 template <int NT = kThreads, int BAR = 0>
-__device__ void combine_rows(const Params& p, int r, int64_t t0, int64_t t1, bool from_y) {
+__device__ void combine_rows(const Params& p, const CombTask& ct, bool from_y) {
   if (from_y)
-    combine_y<NT, BAR>(p, r, t0, t1);
+    combine_y<NT, BAR>(p, ct.r, ct.t0, ct.t1);
   else if (!p.ret_bf16)
-    combine_ret<NT, false, 4>(p, r, t0, t1);
+    combine_ret<NT, false, 4>(p, ct);
   else if (p.H % 8 == 0)
-    combine_ret<NT, true, 8>(p, r, t0, t1);
+    combine_ret<NT, true, 8>(p, ct);
   else
-    combine_ret<NT, true, 4>(p, r, t0, t1);
+    combine_ret<NT, true, 4>(p, ct);
 }
 
 // task_tile maps GEMM task rel of a rank (ntiles row tiles × n column
@@ -1244,6 +1266,18 @@ __device__ __forceinline__ int find_rank(const int* pre, int R, int idx) {
   return r;
 }
 
+// comb_task is combine task c's part of the work (CombTask).
+__device__ __forceinline__ CombTask comb_task(const Params& p, int c) {
+  CombTask k;
+  k.r = find_rank(p.comb_pre, p.R, c);
+  const int rel = c - p.comb_pre[k.r];
+  k.t0 = (int64_t)(rel / p.comb_nc) * kCT;
+  k.t1 = min(p.rk[k.r].T, k.t0 + kCT);
+  k.c0 = (int64_t)(rel % p.comb_nc) * p.comb_cols;
+  k.c1 = min(p.H, k.c0 + p.comb_cols);
+  return k;
+}
+
 // combine_ready waits (one thread) until every routed row of combine task
 // c's tokens has come back from GEMM2 (its tokdone counts); false when a
 // wait gave up (the error record names it). (A form that loads every
@@ -1251,12 +1285,12 @@ __device__ __forceinline__ int find_rank(const int* pre, int R, int idx) {
 // level, ×0.99–1.01, on all three shapes at R = 1 and R = 8: forty-eighth
 // pass; the combine task's ~4 µs is not this wait's round trips.)
 __device__ bool combine_ready(const Params& p, int c) {
-  const int r = find_rank(p.comb_pre, p.R, c);
+  const CombTask ct = comb_task(p, c);
+  const int r = ct.r;
   const RankP& rk = p.rk[r];
   const int K = p.K;
-  const int64_t t0 = (int64_t)(c - p.comb_pre[r]) * kCT, t1 = min(rk.T, t0 + kCT);
   bool ok = true;
-  for (int64_t t = t0; ok && t < t1; ++t) {
+  for (int64_t t = ct.t0; ok && t < ct.t1; ++t) {
     int routed = 0;
     for (int k = 0; k < K; ++k) routed += __ldcg(rk.dest_row + t * K + k) >= 0;
     ok = wait_geq(p, rk.tokdone + t, routed * p.n2t, r, 3, (int)t);
@@ -1324,6 +1358,11 @@ template <int BM_, int BN_, int WM, int WN, int ST>
 struct MmaTiles {
   static constexpr int kThreads = ::kThreads, BM = BM_, BN = BN_;
   static constexpr size_t kSmem = (size_t)ST * (BM + BN) * kBK * 2;
+  // kMinCTAs: the CTAs an SM that its shared memory allows (228 KB an SM,
+  // 1 KB reserved a CTA), passed to __launch_bounds__ so that registers
+  // never lower that occupancy: 3 for the 6-stage 16-row tiles (168
+  // registers a thread), 2 for the 8-stage ones.
+  static constexpr int kMinCTAs = (int)((228u << 10) / (kSmem + 1024 + 256)) < 1 ? 1 : (int)((228u << 10) / (kSmem + 1024 + 256));
   template <bool GATEUP, class Ready>
   __device__ static int gemm(const Params& p, int d, int tile, int nb, int ks, unsigned char* smem,
                              const Ready& ready) {
@@ -1523,7 +1562,7 @@ struct WgTiles {
 };
 
 template <class C>
-__global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const __grid_constant__ Params p) {
   constexpr int NT = C::kThreads;
   static_assert(C::BM <= NT, "one thread per row signals GEMM2's tokens");
   extern __shared__ __align__(128) unsigned char fused_sm[];
@@ -1621,15 +1660,14 @@ __global__ void __launch_bounds__(C::kThreads) fused_kernel(const __grid_constan
       if (threadIdx.x == 0) trace_rec(p, room, 2, task, t_take, t_ready, t_ready, trace_pos(tile, nb, rel % p.ks2, p.ks2));
     } else {
       idx -= n_g2;
-      const int r = find_rank(p.comb_pre, R, idx);
-      const int64_t t0 = (int64_t)(idx - p.comb_pre[r]) * kCT, t1 = min(p.rk[r].T, t0 + kCT);
+      const CombTask ct = comb_task(p, idx);
       if (!wait_planned()) return;
       if (threadIdx.x == 0) ok_sh = combine_ready(p, idx);
       __syncthreads();
       if (!ok_sh) return;
       if (threadIdx.x == 0) t_ready = trace_now(room);
-      combine_rows<NT>(p, r, t0, t1, false);
-      if (threadIdx.x == 0) trace_rec(p, room, 3, task, t_take, t_ready, t_ready, (unsigned long long)t0);
+      combine_rows<NT>(p, ct, false);
+      if (threadIdx.x == 0) trace_rec(p, room, 3, task, t_take, t_ready, t_ready, (unsigned long long)ct.t0);
     }
   }
   if (threadIdx.x == 0) trace_rec(p, room, 0, blockIdx.x, t_entry, t_setup, t_setup, (unsigned long long)ntasks);
@@ -1811,8 +1849,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
     }
     // Combine.
     const int c = idx - n_g1 - n_g2;
-    const int r = find_rank(p.comb_pre, R, c);
-    const int64_t t0 = (int64_t)(c - p.comb_pre[r]) * kCT, t1 = min(p.rk[r].T, t0 + kCT);
+    const CombTask ct = comb_task(p, c);
     if (local) {  // the producer waited for the inputs unless rank-local (the plans come first)
       if (!wait_planned()) continue;
       if (threadIdx.x == 0) {
@@ -1823,8 +1860,8 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
       role_sync<NC, 1>();
       if (!ok_sh) continue;
     }
-    combine_rows<NC, 1>(p, r, t0, t1, false);
-    if (threadIdx.x == 0) trace_rec(p, room, 3, idx, t_take, t_ready, t_start, (unsigned long long)t0);
+    combine_rows<NC, 1>(p, ct, false);
+    if (threadIdx.x == 0) trace_rec(p, room, 3, idx, t_take, t_ready, t_start, (unsigned long long)ct.t0);
   }
   if (threadIdx.x == 0) trace_rec(p, room, 0, blockIdx.x, t_entry, t_setup, t_setup, (unsigned long long)ntasks);
 }
@@ -1839,10 +1876,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(const __grid_constan
 }
 __global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ Params p) {
   if (ld_relaxed(p.ctl) != 0) return;
-  const int idx = blockIdx.x;
-  const int r = find_rank(p.comb_pre, p.R, idx);
-  const int64_t t0 = (int64_t)(idx - p.comb_pre[r]) * kCT;
-  combine_rows(p, r, t0, min(p.rk[r].T, t0 + kCT), true);
+  combine_rows(p, comb_task(p, blockIdx.x), true);
 }
 
 // ---- host side ----
@@ -2010,15 +2044,15 @@ constexpr int kMaxSplit = 8;
 // for 264 CTAs), whose tasks would otherwise leave SMs idle while the
 // weights stream; DeepSeek-V3's GEMMs have their 512 and 896 tasks. A
 // function of the shapes and the device only: the workspace sizes and the
-// launches agree. MK_MOE_FUSED_KSPLIT="a,b" forces GEMM1's and GEMM2's
-// (1..8 each, capped at their k steps; 0: the rule).
+// launches agree. MK_MOE_FUSED_KSPLIT="a,b" (or a/b, axb) forces GEMM1's
+// and GEMM2's (1..8 each, capped at their k steps; 0: the rule).
 KSplit ksplit(int ranks, const int64_t* tokens, const int32_t* slots, int k, int64_t h, int64_t i, int bm) {
   KSplit ks;
   if (bm != 16) return ks;
   static const std::pair<int, int> forced = [] {
     const char* v = getenv("MK_MOE_FUSED_KSPLIT");
     int a = 0, b = 0;
-    if (v == nullptr || sscanf(v, "%d,%d", &a, &b) != 2) return std::pair<int, int>(0, 0);
+    if (v == nullptr || sscanf(v, "%d%*[,/x]%d", &a, &b) != 2) return std::pair<int, int>(0, 0);
     return std::pair<int, int>(std::clamp(a, 0, kMaxSplit), std::clamp(b, 0, kMaxSplit));
   }();
   int64_t n = 0, sl = 0, tmax = 0;
@@ -2044,6 +2078,26 @@ KSplit ksplit(int ranks, const int64_t* tokens, const int32_t* slots, int k, int
   ks.g1 = pick(forced.first, (i + bn / 2 - 1) / (bn / 2), (h + kBK - 1) / kBK);
   ks.g2 = pick(forced.second, (h + bn - 1) / bn, (i + kBK - 1) / kBK);
   return ks;
+}
+
+// comb_cols is the output columns of one combine task (Params.comb_cols)
+// for hidden size h and row tile bm: whole rows but for the fused 16-row
+// tiles (decode sizes), whose tasks take 1024 columns — one round trip of
+// combine_ret's loads, 128 threads × 2 units × 4 f32 columns — so that a
+// token's combine runs on ceil(h / 1024) CTAs at once instead of looping
+// on one: after GEMM2 (whose weights have streamed through L2 since) each
+// round trip reads the returned rows at ~2.5 µs (task trace at one token,
+// this pass: DeepSeek-V3's one combine task 17.9 µs for 7 round trips,
+// Qwen3's 6.6 µs for 2). MK_MOE_FUSED_COMB_COLS=N (a multiple of 8; 0:
+// whole rows) forces it.
+int64_t comb_cols(int64_t h, int bm, bool sep) {
+  static const int64_t forced = [] {
+    const char* v = getenv("MK_MOE_FUSED_COMB_COLS");
+    return v ? (int64_t)atoll(v) : (int64_t)-1;
+  }();
+  if (sep || bm != kTiles[0].bm) return h;
+  const int64_t c = forced >= 0 ? forced : 1024;
+  return c <= 0 || c % 8 != 0 || c >= h ? h : c;
 }
 
 // RankLayout: byte offsets of one rank's workspace regions.
@@ -2169,6 +2223,8 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->ctl = mk::dev<int32_t>(ctl);
   p->fault_rank = -1;
   p->dt = k < kDR ? kDR / k : 1;
+  p->comb_cols = (int)comb_cols(h, tc.bm, sep);
+  p->comb_nc = (int)((h + p->comb_cols - 1) / p->comb_cols);
   p->group_m = mkmoe::group_m();
   p->separate = sep;
   p->copy_local = !sep && cfg == 2 && copy_local(i);
@@ -2240,7 +2296,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
     q.moews_bytes = L.moews_bytes;
     // One rank has no remote rows: the fused path has nothing to dispatch.
     if ((sep || ranks > 1 || p->copy_local) && mine) dsum += (q.T + p->dt - 1) / p->dt;
-    if (mine) csum += (q.T + kCT - 1) / kCT;
+    if (mine) csum += (q.T + kCT - 1) / kCT * p->comb_nc;
     tiles_all += L.tiles_cap;
     p->disp_pre[r + 1] = (int)dsum;
     p->comb_pre[r + 1] = (int)csum;
