@@ -2037,14 +2037,16 @@ constexpr int kMaxSplit = 8;
 // ksplit picks the splits of a launch of bm-row tiles: none but for the
 // 16-row tiles, where a reduction is split in two (then four, eight)
 // while its GEMM's tasks (about one row tile a routed row at these sizes
-// — min(rows, slots) tiles — times its column blocks) stay below 90 % of
+// — min(rows, slots) tiles — times its column blocks), doubled, still fit
 // the co-resident CTAs and each split keeps ≥ 4 k steps of 64. At one
-// token that splits Qwen3-30B-A3B's both GEMMs in two (GEMM1: 192 tasks of
-// 32 k steps for 396 CTAs) and Mixtral's GEMM2 (128 tasks of 224 k steps
-// for 264 CTAs), whose tasks would otherwise leave SMs idle while the
-// weights stream; DeepSeek-V3's GEMMs have their 512 and 896 tasks. A
-// function of the shapes and the device only: the workspace sizes and the
-// launches agree. MK_MOE_FUSED_KSPLIT="a,b" (or a/b, axb) forces GEMM1's
+// token that splits Mixtral's GEMM2 in two (128 tasks of 224 k steps for
+// 264 CTAs: one token ×0.84, H200, PERF.md "GPU, forty-ninth pass") and
+// Qwen3-30B-A3B's GEMM1 (192 tasks of 32 k steps for 396 CTAs); a split
+// of Qwen3's GEMM2 too (512 tasks of 6 k steps) measured slower than
+// none, its tasks two waves of short latency-bound tasks that no longer
+// load their weights while GEMM1 runs; DeepSeek-V3's GEMMs have their 512
+// and 896 tasks. A function of the shapes and the device only: the
+// workspace sizes and the launches agree. MK_MOE_FUSED_KSPLIT="a,b" (or a/b, axb) forces GEMM1's
 // and GEMM2's (1..8 each, capped at their k steps; 0: the rule).
 KSplit ksplit(int ranks, const int64_t* tokens, const int32_t* slots, int k, int64_t h, int64_t i, int bm) {
   KSplit ks;
@@ -2071,7 +2073,7 @@ KSplit ksplit(int ranks, const int64_t* tokens, const int32_t* slots, int k, int
   auto pick = [&](int force, int64_t blocks, int64_t kt) {
     if (force > 0) return (int)std::min<int64_t>(force, std::max<int64_t>(kt, 1));
     int sp = 1;
-    while (sp < kMaxSplit && tiles * blocks * sp * 10 < cores * 9 && kt >= 8 * sp) sp *= 2;
+    while (sp < kMaxSplit && tiles * blocks * sp * 2 <= cores && kt >= 8 * sp) sp *= 2;
     return sp;
   };
   const int64_t bn = kTiles[0].bn;

@@ -40,14 +40,14 @@ type fusedCase struct {
 
 // wantKSplit is moe_fused.cu's ksplit rule for the 16-row tiles, restated
 // as the test's oracle: each GEMM's reduction is halved again while its
-// tasks (min(rows, slots) row tiles × column blocks × splits) stay below
-// 90 % of the launch's CTAs and every split keeps ≥ 4 k steps of 64, at
-// most 8 splits.
+// tasks (min(rows, slots) row tiles × column blocks × splits), doubled,
+// fit the launch's CTAs and every split keeps ≥ 4 k steps of 64, at most
+// 8 splits.
 func wantKSplit(ctas, rows, slots, H, I int) [2]int {
 	tiles := min(rows, slots)
 	pick := func(blocks, kt int) int {
 		sp := 1
-		for sp < 8 && tiles*blocks*sp*10 < ctas*9 && kt >= 8*sp {
+		for sp < 8 && tiles*blocks*sp*2 <= ctas && kt >= 8*sp {
 			sp *= 2
 		}
 		return sp
