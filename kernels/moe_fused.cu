@@ -214,8 +214,9 @@ struct Params {
   // read by the combine), the default; 0: f32 rows (ret_elem_bytes).
   int ret_bf16;
   // l2pf (mma.sync tiles): the L2 prefetch size of the weight copies, 0 /
-  // 128 / 256 (MK_MOE_FUSED_L2PF forces; moe.cu's grouped tiles take 256
-  // by default, measured there): fused_l2pf.
+  // 128 / 256 (MK_MOE_FUSED_L2PF; moe.cu's grouped tiles take 256 by
+  // default, measured there). 0 here: 256 measured ×1.000–1.013 (slower)
+  // on fused layers at R = 8, 1024 / 4096 tokens (twenty-fifth pass).
   int l2pf;
   // early_b (mma.sync tiles): a GEMM task issues its first weight stages
   // before its input wait (gemm_task); MK_MOE_FUSED_EARLY_B=0 waits first.
@@ -2081,23 +2082,6 @@ KSplit ksplit(int ranks, const int64_t* tokens, const int32_t* slots, int k, int
   return ks;
 }
 
-// fused_l2pf is the L2 prefetch size of the mma.sync tiles' weight copies
-// (Params.l2pf) for hidden size h: 256 for the 16-row tiles where h ≥
-// 4096 and the largest rank has ≥ 4 tokens, else none. H200, this pass
-// (call 3, 256 against none): Mixtral at 4 / 16 tokens ×0.99 / ×0.98,
-// DeepSeek-V3 ×0.99 / ×0.99, but Qwen3-30B-A3B (h 2048) at 2 / 4 tokens
-// ×1.03 / ×1.02 and both h ≥ 4096 shapes at 1–2 tokens level or slower;
-// the 64-row tiles: 256 measured ×1.000–1.013 (slower) on fused layers at
-// R = 8, 1024 / 4096 tokens (twenty-fifth pass). MK_MOE_FUSED_L2PF=0,
-// 128 or 256 forces it.
-int fused_l2pf(int64_t h, const int64_t* tokens, int ranks, int bm) {
-  static const int forced = mkmoe::l2pf_env("MK_MOE_FUSED_L2PF", -1);
-  if (forced >= 0) return forced;
-  int64_t tmax = 0;
-  for (int r = 0; r < ranks; ++r) tmax = std::max(tmax, tokens[r]);
-  return bm == kTiles[0].bm && h >= 4096 && tmax >= 4 ? 256 : 0;
-}
-
 // comb_cols is the output columns of one combine task (Params.comb_cols)
 // for hidden size h and row tile bm: whole rows but for the fused 16-row
 // tiles (decode sizes), whose tasks take 1024 columns — one round trip of
@@ -2247,7 +2231,8 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->separate = sep;
   p->copy_local = !sep && cfg == 2 && copy_local(i);
   p->ret_bf16 = ret_elem_bytes(tc.bm) == 2;
-  p->l2pf = fused_l2pf(h, tokens, ranks, tc.bm);
+  static const int l2pf = mkmoe::l2pf_env("MK_MOE_FUSED_L2PF", 0);
+  p->l2pf = l2pf;
   static const bool early = !mk::env_is("MK_MOE_FUSED_EARLY_B", '0');
   p->early_b = early;
   p->me = me;
