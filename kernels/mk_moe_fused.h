@@ -41,21 +41,23 @@ enum {
   MK_MOE_FUSED_ERR_WANT,    /* the value it waited for (role 6: the rows its workspace holds) */
   MK_MOE_FUSED_ERR_WORDS = 8
 };
-/* The task trace (diagnostics; the wgmma tiles' kernel only). int32 word
+/* The task trace (diagnostics; both persistent kernels). int32 word
  * MK_MOE_FUSED_TRACE_CAP of the control workspace is the room for records
  * that the caller set (0, the default: no trace); word
  * MK_MOE_FUSED_TRACE_COUNT is how many records the last launch wanted to
  * write (the plan zeroes it; it may exceed the room). Records start at
  * byte MK_MOE_FUSED_TRACE_OFFSET, MK_MOE_FUSED_TRACE_WORDS uint64 each
  * (times are %globaltimer, ns):
- *   [0] task index (bits 0-31) | kind << 32 | SM << 40; kind 0: a CTA
- *       (the task index is the block), 1 GEMM1, 2 GEMM2, 3 combine,
- *       4 dispatch
+ *   [0] task index (bits 0-31) | kind << 32 | SM << 40 (8 bits) | block
+ *       << 48; kind 0: a CTA (the task index is the block), 1 GEMM1,
+ *       2 GEMM2, 3 combine, 4 dispatch
  *   [1] when the producer took the task from the queue (kind 0: entry)
  *   [2] when its inputs were there (the producer's wait ended)
- *   [3] when the consumers started it (kind 0: set-up done)
+ *   [3] when the consumers started it (kind 0: set-up done); the mma.sync
+ *       tiles' kernel, whose every thread takes every role: [2] again
  *   [4] when they finished it, signals included (kind 0: exit)
- *   [5] GEMM: row tile << 32 | column block; combine and dispatch: the
+ *   [5] GEMM: row tile << 32 | column block, and for a split reduction
+ *       split << 16 | splits << 24 besides; combine and dispatch: the
  *       first token; kind 0: the CTA's tasks
  * The room must fit the control workspace: ctl_bytes >= OFFSET + room ×
  * WORDS × 8. */

@@ -42,9 +42,10 @@
 //             down GEMM → rows (bf16, or f32) written to the source rank's
 //             return buffer ret_r[a] (a = t*K + k), then +1 per row on
 //             tokdone_r[t];
-//   combine   (r, block of CT tokens): waits for tokdone_r[t] == (GEMM2
-//             blocks) × (routed k of t), out_r[t] = Σ_k w[t,k]·ret_r[t*K+k]
-//             in k order (+ shared_r[t]): deterministic.
+//   combine   (r, block of CT tokens, block of comb_cols columns — whole
+//             rows but for the 16-row tiles): waits for tokdone_r[t] ==
+//             (GEMM2 blocks) × (routed k of t), out_r[t] = Σ_k
+//             w[t,k]·ret_r[t*K+k] in k order (+ shared_r[t]): deterministic.
 // Protocol (as ring.cu): writers store, synchronise (bar.sync, or each lane
 // fences then bar.warp.sync), one thread does fence.acq_rel.gpu and
 // red.release.gpu.add; readers spin on one thread with ld.acquire.gpu, then
@@ -93,7 +94,10 @@
 // GEMM tiles (a compute policy of the one task loop; see "compute tiles"):
 // the mma.sync m16n8k16 tile of moe.cu (cp.async multi-stage pipeline,
 // XOR-swizzled shared memory, ldmatrix), as a device function on 128-thread
-// CTAs: 16×64 tiles (6 stages) for decode-sized batches, 64×128 (4 stages)
+// CTAs: 16×64 tiles (6 stages; 8 at 1–2 tokens with h ≥ 4096) for
+// decode-sized batches, whose few tasks may split a reduction over k
+// (ksplit; the block's last split sums the partials in split order),
+// 64×128 (4 stages)
 // above ~24 rows per active expert where sm_90a is missing; on sm_90a above
 // 24 rows a slot (MK_MOE_FUSED_WG_ROWS) the wgmma tiles of moe_wgmma.cu,
 // 128×256 with TMA and a producer warpgroup, in their own kernel
@@ -216,7 +220,10 @@ struct Params {
   // l2pf (mma.sync tiles): the L2 prefetch size of the weight copies, 0 /
   // 128 / 256 (MK_MOE_FUSED_L2PF; moe.cu's grouped tiles take 256 by
   // default, measured there). 0 here: 256 measured ×1.000–1.013 (slower)
-  // on fused layers at R = 8, 1024 / 4096 tokens (twenty-fifth pass).
+  // on fused layers at R = 8, 1024 / 4096 tokens (twenty-fifth pass), and
+  // on the 16-row tiles at 1–32 tokens level or slower (none against 256:
+  // DeepSeek-V3 ×0.98–1.00, Mixtral ×0.99–1.00, Qwen3 ×1.00–1.01; forty-
+  // ninth pass, three rounds).
   int l2pf;
   // early_b (mma.sync tiles): a GEMM task issues its first weight stages
   // before its input wait (gemm_task); MK_MOE_FUSED_EARLY_B=0 waits first.

@@ -39,11 +39,17 @@ type modelRank struct {
 	destRow                 []int
 	ret                     [][]float64 // [T*K][n2]
 	out                     [][]float64 // [T][n2]
+	// split reductions: per GEMM, the splits done per (tile, block) and
+	// each split's partial per row, [(tile·n + block)·ks + split][BM]
+	kdone [2][]atomic.Int32
+	part  [2][][]float64
 }
 
 type fusedModel struct {
 	R, K, E, BM, n1, n2, DT, CT int
 	group                       int // task_tile's rasterisation group (row tiles)
+	ks1, ks2                    int // splits of GEMM1's and GEMM2's reductions (Params.ks1, ks2)
+	nc                          int // combine tasks per block of CT tokens (Params.comb_nc), each ceil(n2/nc) columns
 	place                       []int32
 	rk                          []*modelRank
 	qDisp, qMain                atomic.Int32
@@ -77,6 +83,13 @@ func (m *fusedModel) plan() {
 		rows := off[me.S]
 		me.tileSlot, me.tileWant = make([]int, me.numTiles), make([]int, me.numTiles)
 		me.arrive, me.g1done = make([]atomic.Int32, me.numTiles), make([]atomic.Int32, me.numTiles)
+		for g, n := range [2][2]int{{m.n1, m.ks1}, {m.n2, m.ks2}} {
+			me.kdone[g] = make([]atomic.Int32, me.numTiles*n[0])
+			me.part[g] = make([][]float64, me.numTiles*n[0]*n[1])
+			for i := range me.part[g] {
+				me.part[g][i] = make([]float64, m.BM)
+			}
+		}
 		me.rowSrc, me.recv, me.act = make([]int, rows), make([]float64, rows), make([][]float64, rows)
 		for i := range rows {
 			me.rowSrc[i], me.recv[i] = -1, math.NaN()
@@ -109,6 +122,12 @@ func (m *fusedModel) plan() {
 			r.ret[i] = make([]float64, m.n2)
 			for j := range r.ret[i] {
 				r.ret[i][j] = math.NaN()
+			}
+		}
+		for t := range r.out {
+			r.out[t] = make([]float64, m.n2)
+			for j := range r.out[t] {
+				r.out[t][j] = math.NaN() // every column must be written by its combine task
 			}
 		}
 	}
@@ -160,8 +179,8 @@ func findRank(pre []int, idx int) int {
 func (m *fusedModel) queues() (dp, cp, g1, g2 []int) {
 	var nd, nc, n1, n2 []int
 	for _, r := range m.rk {
-		nd, nc = append(nd, (r.T+m.DT-1)/m.DT), append(nc, (r.T+m.CT-1)/m.CT)
-		n1, n2 = append(n1, r.numTiles*m.n1), append(n2, r.numTiles*m.n2)
+		nd, nc = append(nd, (r.T+m.DT-1)/m.DT), append(nc, (r.T+m.CT-1)/m.CT*m.nc)
+		n1, n2 = append(n1, r.numTiles*m.n1*m.ks1), append(n2, r.numTiles*m.n2*m.ks2)
 	}
 	return prefix(nd), prefix(nc), prefix(n1), prefix(n2)
 }
@@ -190,24 +209,28 @@ func (m *fusedModel) dispatchAll(dp []int) {
 }
 
 // mainTask is main-queue task idx: kind 1 GEMM1, 2 GEMM2 (rank d, row
-// tile, column block), 3 combine (rank d, first token t0), 0 the end.
-func (m *fusedModel) mainTask(idx int, cp, g1, g2 []int) (kind, d, tile, nb int) {
+// tile, column block, split ks; a block's splits are neighbours), 3
+// combine (rank d, first token t0, column chunk nb), 0 the end.
+func (m *fusedModel) mainTask(idx int, cp, g1, g2 []int) (kind, d, tile, nb, ks int) {
 	switch {
 	case idx < g1[m.R]:
 		d = findRank(g1, idx)
-		tile, nb = m.taskTile(idx-g1[d], m.rk[d].numTiles, m.n1)
-		return 1, d, tile, nb
+		rel := idx - g1[d]
+		tile, nb = m.taskTile(rel/m.ks1, m.rk[d].numTiles, m.n1)
+		return 1, d, tile, nb, rel % m.ks1
 	case idx < g1[m.R]+g2[m.R]:
 		idx -= g1[m.R]
 		d = findRank(g2, idx)
-		tile, nb = m.taskTile(idx-g2[d], m.rk[d].numTiles, m.n2)
-		return 2, d, tile, nb
+		rel := idx - g2[d]
+		tile, nb = m.taskTile(rel/m.ks2, m.rk[d].numTiles, m.n2)
+		return 2, d, tile, nb, rel % m.ks2
 	case idx < g1[m.R]+g2[m.R]+cp[m.R]:
 		idx -= g1[m.R] + g2[m.R]
 		d = findRank(cp, idx)
-		return 3, d, (idx - cp[d]) * m.CT, 0
+		rel := idx - cp[d]
+		return 3, d, rel / m.nc * m.CT, rel % m.nc, 0
 	}
-	return 0, 0, 0, 0
+	return 0, 0, 0, 0, 0
 }
 
 // waitInputs is a GEMM task's wait: its tile's rows (GEMM1), its tile's
@@ -220,21 +243,49 @@ func (m *fusedModel) waitInputs(kind, d, tile int) bool {
 	return m.wait(&rk.g1done[tile], m.n1)
 }
 
-// gemm runs a GEMM task whose inputs are there and signals it.
-func (m *fusedModel) gemm(kind, d, tile, nb int) {
+// gemm runs split ks of a GEMM task whose inputs are there: its share of
+// each row's sum (split s of ks: a (s+1)/(1+…+ks) part) as the block's
+// partial; the split that counts last on the block's kdone sums the
+// partials in split order, stores and signals (ksplit_sum).
+func (m *fusedModel) gemm(kind, d, tile, nb, ks int) {
 	rk := m.rk[d]
-	for row := tile * m.BM; row < (tile+1)*m.BM; row++ {
+	g, n, nks := kind-1, m.n1, m.ks1
+	if kind == 2 {
+		n, nks = m.n2, m.ks2
+	}
+	blk := tile*n + nb
+	share := float64(ks+1) / float64(nks*(nks+1)/2)
+	for i := range m.BM {
+		row := tile*m.BM + i
+		if rk.rowSrc[row] < 0 {
+			continue
+		}
+		s := float64(nb)
+		if kind == 1 {
+			s += rk.recv[row] * float64(rk.tileSlot[tile]+1)
+		} else {
+			for _, v := range rk.act[row] {
+				s += v
+			}
+		}
+		rk.part[g][blk*nks+ks][i] = s * share
+	}
+	if int(rk.kdone[g][blk].Add(1)) != nks {
+		return // not the block's last split
+	}
+	for i := range m.BM {
+		row := tile*m.BM + i
 		src := rk.rowSrc[row]
 		if src < 0 {
 			continue
 		}
-		if kind == 1 {
-			rk.act[row][nb] = rk.recv[row]*float64(rk.tileSlot[tile]+1) + float64(nb)
-			continue
+		s := 0.0
+		for q := range nks {
+			s += rk.part[g][blk*nks+q][i]
 		}
-		s := float64(nb)
-		for _, v := range rk.act[row] {
-			s += v
+		if kind == 1 {
+			rk.act[row][nb] = s
+			continue
 		}
 		m.rk[src&7].ret[src>>3][nb] = s
 		m.rk[src&7].tokdone[(src>>3)/m.K].Add(1)
@@ -244,9 +295,9 @@ func (m *fusedModel) gemm(kind, d, tile, nb int) {
 	}
 }
 
-// combine waits for and sums rank r's tokens [t0, t0+CT).
-func (m *fusedModel) combine(r, t0 int) bool {
-	return m.combineReady(r, t0) && m.combineSum(r, t0)
+// combine waits for and sums rank r's tokens [t0, t0+CT), column chunk c.
+func (m *fusedModel) combine(r, t0, c int) bool {
+	return m.combineReady(r, t0) && m.combineSum(r, t0, c)
 }
 
 // combineReady waits until every routed row of rank r's tokens [t0,
@@ -267,15 +318,18 @@ func (m *fusedModel) combineReady(r, t0 int) bool {
 	return true
 }
 
-// combineSum sums rank r's tokens [t0, t0+CT) (combine_rows).
-func (m *fusedModel) combineSum(r, t0 int) bool {
+// combineSum sums rank r's tokens [t0, t0+CT), columns of chunk c
+// (combine_rows).
+func (m *fusedModel) combineSum(r, t0, c int) bool {
 	rk := m.rk[r]
+	cols := (m.n2 + m.nc - 1) / m.nc
 	for t := t0; t < min(rk.T, t0+m.CT); t++ {
-		rk.out[t] = make([]float64, m.n2)
-		for k := range m.K {
-			for j := range m.n2 {
-				rk.out[t][j] += rk.w[t*m.K+k] * rk.ret[t*m.K+k][j]
+		for j := c * cols; j < min(m.n2, (c+1)*cols); j++ {
+			s := 0.0
+			for k := range m.K {
+				s += rk.w[t*m.K+k] * rk.ret[t*m.K+k][j]
 			}
+			rk.out[t][j] = s
 		}
 	}
 	return true
@@ -290,19 +344,19 @@ func (m *fusedModel) cta(dispatch bool) bool {
 		m.dispatchAll(dp)
 	}
 	for {
-		kind, d, tile, nb := m.mainTask(int(m.qMain.Add(1)-1), cp, g1, g2)
+		kind, d, tile, nb, ks := m.mainTask(int(m.qMain.Add(1)-1), cp, g1, g2)
 		switch kind {
 		case 0:
 			return true
 		case 3:
-			if !m.combine(d, tile) {
+			if !m.combine(d, tile, nb) {
 				return false
 			}
 		default:
 			if !m.waitInputs(kind, d, tile) {
 				return false
 			}
-			m.gemm(kind, d, tile, nb)
+			m.gemm(kind, d, tile, nb, ks)
 		}
 	}
 }
@@ -330,7 +384,7 @@ func (m *fusedModel) ctaWG(dispatch bool) bool {
 				idx = min(int(m.qMain.Add(1)-1), nMain)
 			}
 			ok := true
-			switch kind, d, tile, _ := m.mainTask(idx, cp, g1, g2); kind {
+			switch kind, d, tile, _, _ := m.mainTask(idx, cp, g1, g2); kind {
 			case 1, 2:
 				ok = m.waitInputs(kind, d, tile)
 			case 3:
@@ -357,11 +411,11 @@ func (m *fusedModel) ctaWG(dispatch bool) bool {
 			good = false
 			continue
 		}
-		switch kind, d, tile, nb := m.mainTask(t.idx, cp, g1, g2); kind {
+		switch kind, d, tile, nb, ks := m.mainTask(t.idx, cp, g1, g2); kind {
 		case 3:
-			m.combineSum(d, tile)
+			m.combineSum(d, tile, nb)
 		default:
-			m.gemm(kind, d, tile, nb)
+			m.gemm(kind, d, tile, nb, ks)
 		}
 	}
 	return good
@@ -394,20 +448,27 @@ func (m *fusedModel) run(ctas, dispatchCTAs int, wg bool) bool {
 func TestMoEFusedProtocolModel(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 11))
 	for _, c := range []protocolCase{
-		{[]int{37}, 8, 2, 16, 3, 1, -1},
-		{[]int{5, 0, 70, 3}, 16, 4, 16, 5, 2, -1},
-		{[]int{130, 129, 131, 64, 1, 100, 17, 130}, 64, 8, 64, 7, 7, -1},
-		{[]int{1, 1, 1, 1, 1, 1, 1, 1}, 8, 8, 16, 2, 1, -1},
-		{[]int{20, 20}, 8, 2, 16, 4, 4, 1},
+		{[]int{37}, 8, 2, 16, 3, 1, -1, 1, 1, 1},
+		{[]int{5, 0, 70, 3}, 16, 4, 16, 5, 2, -1, 1, 1, 1},
+		{[]int{130, 129, 131, 64, 1, 100, 17, 130}, 64, 8, 64, 7, 7, -1, 1, 1, 1},
+		{[]int{1, 1, 1, 1, 1, 1, 1, 1}, 8, 8, 16, 2, 1, -1, 1, 1, 1},
+		{[]int{20, 20}, 8, 2, 16, 4, 4, 1, 1, 1, 1},
+		// The 16-row tiles' decode forms: split reductions, combine column chunks.
+		{[]int{1}, 8, 8, 16, 5, 1, -1, 2, 3, 2},
+		{[]int{1, 2, 0, 1}, 16, 4, 16, 6, 2, -1, 4, 2, 2},
+		{[]int{3, 3}, 8, 2, 16, 2, 2, 1, 2, 2, 2},
 	} {
 		for _, wg := range []bool{false, true} {
+			if wg && (c.ks1 > 1 || c.ks2 > 1 || c.nc > 1) {
+				continue // the host never splits the wgmma tiles' work
+			}
 			for _, group := range []int{1, 3} {
 				kernel := "mma"
 				if wg {
 					kernel = "wg"
 				}
-				name := fmt.Sprintf("R%d_E%d_K%d_BM%d_ctas%d_fault%d_%s_group%d", len(c.tokens), c.E, c.K, c.BM, c.ctas,
-					c.fault, kernel, group)
+				name := fmt.Sprintf("R%d_E%d_K%d_BM%d_ctas%d_fault%d_ks%dx%d_nc%d_%s_group%d", len(c.tokens), c.E, c.K,
+					c.BM, c.ctas, c.fault, c.ks1, c.ks2, c.nc, kernel, group)
 				t.Run(name, func(t *testing.T) { runProtocolModel(t, r, c, wg, group) })
 			}
 		}
@@ -418,6 +479,7 @@ type protocolCase struct {
 	tokens              []int
 	E, K, BM, ctas, dis int
 	fault               int // a source rank whose dispatch is disabled, or -1
+	ks1, ks2, nc        int // reduction splits of GEMM1 and GEMM2, combine column chunks
 }
 
 // runProtocolModel plans and runs one case on the model and checks every
@@ -431,7 +493,7 @@ func runProtocolModel(t *testing.T, r *rand.Rand, c protocolCase, wg bool, group
 		t.Fatal(err)
 	}
 	m := &fusedModel{R: R, K: c.K, E: c.E, BM: c.BM, n1: 3, n2: 2, DT: 16, CT: 8, place: tab,
-		timeout: 200 * time.Millisecond, faultRank: c.fault, group: group}
+		timeout: 200 * time.Millisecond, faultRank: c.fault, group: group, ks1: c.ks1, ks2: c.ks2, nc: c.nc}
 	for q := range R {
 		rk := &modelRank{T: c.tokens[q], S: pl.Slots[q]}
 		for range rk.T {
