@@ -406,44 +406,6 @@ __global__ void moe_route_reg_kernel(int32_t* ids, float* wts, const float* logi
 
 // ---------------------------------------------------------------- align
 
-// padded_scan writes off[e] = the sum over experts e' < e of cnt[e']
-// rounded up to BM, and off[E] = the total (one block; every thread calls
-// it; off is in shared memory and complete when it returns). Thread i owns
-// experts [i·c, i·c + c): a warp scan, then one over the warps' totals (a
-// loop on one thread took ~4 µs of the align's 10 at E = 128).
-__device__ __forceinline__ void padded_scan(const int* cnt, int* off, int E, int BM) {
-  __shared__ int wsum[32];
-  const int c = (E + (int)blockDim.x - 1) / (int)blockDim.x;
-  const int e0 = (int)threadIdx.x * c, e1 = min(E, e0 + c);
-  int mine = 0;
-  for (int e = e0; e < e1; e++) mine += (cnt[e] + BM - 1) / BM * BM;
-  const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
-  int inc = mine;
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, inc, o);
-    if (lane >= o) inc += y;
-  }
-  if (lane == 31) wsum[wp] = inc;
-  __syncthreads();
-  if (wp == 0) {
-    const int nw = (int)blockDim.x >> 5;
-    int x = lane < nw ? wsum[lane] : 0;
-    for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, x, o);
-      if (lane >= o) x += y;
-    }
-    if (lane < nw) wsum[lane] = x;  // inclusive over warps
-  }
-  __syncthreads();
-  int o = inc - mine + (wp > 0 ? wsum[wp - 1] : 0);
-  for (int e = e0; e < e1; e++) {
-    off[e] = o;
-    o += (cnt[e] + BM - 1) / BM * BM;
-  }
-  if (threadIdx.x == blockDim.x - 1) off[E] = o;  // o is the total here (later threads own no experts)
-  __syncthreads();
-}
-
 // One block: counts per expert, offsets padded to BM, the expert of every
 // row tile, the padded row list (assignment a = t*K + k, or -1) and each
 // assignment's row; counts_total += counts.
@@ -480,7 +442,7 @@ __device__ __forceinline__ void align_block(const int32_t* ids, int64_t n, int E
       if (ev[u] >= 0 && ev[u] < E) atomicAdd(&cnt[ev[u]], 1);
   }
   __syncthreads();
-  padded_scan(cnt, off, E, BM);
+  mkmoe::padded_scan(cnt, off, E, BM);
   if (threadIdx.x == 0) {
     *num_tiles = off[E] / BM;
     off_g[E] = off[E];
@@ -602,7 +564,7 @@ __global__ void __launch_bounds__(1024) moe_align_place_kernel(const int32_t* id
     }
   }
   __syncthreads();
-  padded_scan(tot, off, E, BM);
+  mkmoe::padded_scan(tot, off, E, BM);
   for (int e = threadIdx.x; e < E; e += blockDim.x) cur[e] += off[e];
   for (int e = b; e < E; e += nb) {  // this block's experts
     const int t0 = off[e] / BM, t1 = off[e + 1] / BM;
@@ -842,19 +804,10 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
 
   if (earlyB) {
-    // The prologue's weights as one group before the wait, then its A
-    // stages one group each: waiting for stage s's A group (the wait below)
-    // also waits for the older weight group.
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++)
-      if (s < KT) loadB(s, s);
-    cp_async_commit();
-    mk::pdl_begin();
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-      if (s < KT) loadA(s, s);
-      cp_async_commit();
-    }
+    mkmoe::ring_prologue_b_first<STAGES>(KT, loadA, loadB, [] {
+      mk::pdl_begin();
+      return true;
+    });
   } else {
     mkmoe::ring_prologue<STAGES>(KT, load);
   }

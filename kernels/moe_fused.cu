@@ -364,43 +364,6 @@ __device__ bool ring_wait(const Params& p, uint64_t* b, unsigned parity, volatil
 
 // ---- plan ----
 
-// block_scan_tiles writes off[s] = Σ_{s' < s} cnt[s'] padded to BM for s in
-// [0, S], with every thread of the block (blockDim.x a multiple of 32, at
-// most 1024): a chunk of slots per thread, a warp scan, then the warps' sums.
-__device__ void block_scan_tiles(const int* cnt, int* off, int S, int BM) {
-  __shared__ int warp_sum[32];
-  const int nt = blockDim.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int per = (S + nt - 1) / nt;
-  const int s0 = min(S, tid * per), s1 = min(S, s0 + per);
-  int mine = 0;
-  for (int s = s0; s < s1; ++s) mine += (cnt[s] + BM - 1) / BM * BM;
-  int inc = mine;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const int v = __shfl_up_sync(0xffffffffu, inc, d);
-    if (lane >= d) inc += v;
-  }
-  if (lane == 31) warp_sum[warp] = inc;
-  __syncthreads();
-  if (warp == 0) {
-    const int nw = nt / 32;
-    int w = lane < nw ? warp_sum[lane] : 0;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int v = __shfl_up_sync(0xffffffffu, w, d);
-      if (lane >= d) w += v;
-    }
-    if (lane < nw) warp_sum[lane] = w;  // inclusive over the warps
-  }
-  __syncthreads();
-  int o = (warp > 0 ? warp_sum[warp - 1] : 0) + inc - mine;
-  for (int s = s0; s < s1; ++s) {
-    off[s] = o;
-    o += (cnt[s] + BM - 1) / BM * BM;
-  }
-  if (tid == nt - 1) off[S] = o;
-}
-
 // ---- plan pieces shared by plan_kernel and the many-block plan
 
 // plan_drop marks source b's assignment a dropped (dest_row -1) when the
@@ -576,8 +539,7 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
       }
     }
     __syncthreads();
-    block_scan_tiles(cnt, off, S, BM);
-    __syncthreads();
+    mkmoe::padded_scan(cnt, off, S, BM);  // ends with a barrier
     if (plan_overflow(p, me, b, off[S], threadIdx.x == 0, threadIdx.x, blockDim.x)) return;
     plan_fill<int>(p, me, cnt, cnt_loc, off, S, BM, threadIdx.x == 0, threadIdx.x, blockDim.x);
     // Rows.
@@ -717,8 +679,7 @@ __global__ void __launch_bounds__(1024) plan_place_kernel(const __grid_constant_
     }
   }
   __syncthreads();
-  block_scan_tiles(cnt, off, S, BM);
-  __syncthreads();
+  mkmoe::padded_scan(cnt, off, S, BM);  // ends with a barrier
   const int64_t gt = (int64_t)g * blockDim.x + threadIdx.x, gstep = (int64_t)G * blockDim.x;  // this rank's threads
   if (plan_overflow(p, me, b, off[S], g == 0 && threadIdx.x == 0, gt, gstep)) return;
   plan_fill<int64_t>(p, me, cnt, cnt_loc, off, S, BM, g == 0 && threadIdx.x == 0, gt, gstep);
@@ -978,22 +939,7 @@ __device__ int gemm_task(const Params& p, int d, int tile, int ntile, int ks, un
   mkmoe::zero_acc(acc);
   auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
   if (p.early_b) {
-    // The prologue's weights as one group, the wait, then its A stages one
-    // group each: mma_ring's first wait (for A's stage 0) also waits for
-    // the older weight group.
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++)
-      if (s < KT) loadB(s, s);
-    mkmoe::cp_async_commit();
-    if (!ready()) {
-      mkmoe::cp_async_wait<0>();  // no copy into shared memory outlives the task
-      return kTaskFailed;
-    }
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-      if (s < KT) loadA(s, s);
-      mkmoe::cp_async_commit();
-    }
+    if (!mkmoe::ring_prologue_b_first<STAGES>(KT, loadA, loadB, ready)) return kTaskFailed;
   } else {
     if (!ready()) return kTaskFailed;
     mkmoe::ring_prologue<STAGES>(KT, load);

@@ -189,6 +189,33 @@ __device__ __forceinline__ void ring_prologue(int KT, const Load& load) {
   }
 }
 
+// ring_prologue_b_first issues the same prologue with the weights first:
+// the first STAGES − 1 B stages (loadB) as one commit group, then wait()
+// (a PDL wait, or a task's input wait: false gives up, after every copy
+// issued has landed, and the function returns false), then the A stages
+// (loadA) one group each — mma_ring's wait for stage s's A group also
+// waits for the older weight group. Weights are constants, so a CTA
+// streams them while what it waits for still runs (moe.cu's GEMM2 before
+// griddepcontrol.wait, the fused kernel's 16-row tasks before their
+// input waits).
+template <int STAGES, class LoadA, class LoadB, class Wait>
+__device__ __forceinline__ bool ring_prologue_b_first(int KT, const LoadA& loadA, const LoadB& loadB, const Wait& wait) {
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++)
+    if (s < KT) loadB(s, s);
+  cp_async_commit();
+  if (!wait()) {
+    cp_async_wait<0>();  // no copy into shared memory outlives the caller's use of it
+    return false;
+  }
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < KT) loadA(s, s);
+    cp_async_commit();
+  }
+  return true;
+}
+
 // mma_ring is the k loop of an mma.sync tile over a cp.async ring of
 // STAGES stages, sA [STAGES][BM·kTileK] and sB [STAGES][BN·kTileK], whose
 // first STAGES − 1 k tiles the caller has issued (one commit group each):
@@ -252,6 +279,44 @@ __device__ __forceinline__ __nv_bfloat162 act_pair(float g0, float g1, float u0,
   return __floats2bfloat162_rn(r.x, r.y);
 }
 
+
+// padded_scan writes off[e] = the sum over experts e' < e of cnt[e']
+// rounded up to BM, and off[E] = the total (one block; every thread calls
+// it; off is in shared memory and complete when it returns). Thread i owns
+// experts [i·c, i·c + c): a warp scan, then one over the warps' totals (a
+// loop on one thread took ~4 µs of the align's 10 at E = 128).
+__device__ __forceinline__ void padded_scan(const int* cnt, int* off, int E, int BM) {
+  __shared__ int wsum[32];
+  const int c = (E + (int)blockDim.x - 1) / (int)blockDim.x;
+  const int e0 = (int)threadIdx.x * c, e1 = min(E, e0 + c);
+  int mine = 0;
+  for (int e = e0; e < e1; e++) mine += (cnt[e] + BM - 1) / BM * BM;
+  const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  int inc = mine;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, inc, o);
+    if (lane >= o) inc += y;
+  }
+  if (lane == 31) wsum[wp] = inc;
+  __syncthreads();
+  if (wp == 0) {
+    const int nw = (int)blockDim.x >> 5;
+    int x = lane < nw ? wsum[lane] : 0;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    if (lane < nw) wsum[lane] = x;  // inclusive over warps
+  }
+  __syncthreads();
+  int o = inc - mine + (wp > 0 ? wsum[wp - 1] : 0);
+  for (int e = e0; e < e1; e++) {
+    off[e] = o;
+    o += (cnt[e] + BM - 1) / BM * BM;
+  }
+  if (threadIdx.x == blockDim.x - 1) off[E] = o;  // o is the total here (later threads own no experts)
+  __syncthreads();
+}
 
 // group_tile maps work item id of an mt × nt grid of (row tile, column
 // tile) to its tile, rasterised in groups of group_m row tiles × every
