@@ -228,10 +228,6 @@ struct Params {
   // early_b (mma.sync tiles): a GEMM task issues its first weight stages
   // before its input wait (gemm_task); MK_MOE_FUSED_EARLY_B=0 waits first.
   int early_b;
-  // g2_l2pf (16-row tiles, MK_MOE_FUSED_G2_L2PF=1; an experiment, off):
-  // GEMM2 tasks prefetch the rest of their weights into L2 before their
-  // input wait (gemm_task).
-  int g2_l2pf;
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
   // are other launches, other processes or GPUs); -1: every rank (emulated).
@@ -943,21 +939,7 @@ __device__ int gemm_task(const Params& p, int d, int tile, int ntile, int ks, un
   mkmoe::zero_acc(acc);
   auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
   if (p.early_b) {
-    // With p.g2_l2pf a GEMM2 task also asks L2 for the rest of its weights
-    // (the k steps past the prologue's, one 128-byte line a row and step)
-    // to be kept (evict_last) before its input wait.
-    auto wait = [&]() {
-      if (!GATEUP && BM * BN == kPartFloats && p.g2_l2pf) {  // the 16-row tiles only
-        const int lines = (KT - (STAGES - 1)) * BN;
-        for (int l = tid; l < lines; l += THREADS) {
-          const bf16* row = mkmoe::tile_b_row<GATEUP, BN>(W, 0, l % BN, ntile, N, Kd);
-          const int64_t k = (int64_t)(kt0 + STAGES - 1 + l / BN) * kBK;
-          if (row != nullptr && k < Kd) asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(row + k));
-        }
-      }
-      return ready();
-    };
-    if (!mkmoe::ring_prologue_b_first<STAGES>(KT, loadA, loadB, wait)) return kTaskFailed;
+    if (!mkmoe::ring_prologue_b_first<STAGES>(KT, loadA, loadB, ready)) return kTaskFailed;
   } else {
     if (!ready()) return kTaskFailed;
     mkmoe::ring_prologue<STAGES>(KT, load);
@@ -2206,8 +2188,6 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->l2pf = l2pf;
   static const bool early = !mk::env_is("MK_MOE_FUSED_EARLY_B", '0');
   p->early_b = early;
-  static const bool g2pf = mk::env_is("MK_MOE_FUSED_G2_L2PF", '1');
-  p->g2_l2pf = g2pf && tc.bm == kTiles[0].bm;
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;
