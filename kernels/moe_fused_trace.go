@@ -145,13 +145,20 @@ type MoETraceKindStats struct {
 	P90US     float64 `json:"p90_us"`     // per task, 90th percentile
 	WaitUS    float64 `json:"wait_us"`    // Σ (ready − take): the producers' waits for the tasks' inputs
 	FirstUS   float64 `json:"first_us"`   // the first start, from the launch's first entry
+	TakeUS    float64 `json:"take_us"`    // the first take, from the launch's first entry
 	LastUS    float64 `json:"last_us"`    // the last end, from the launch's first entry
 	BusyShare float64 `json:"busy_share"` // BusyUS ÷ (CTAs × launch span)
 	// TFLOPSPerSM is a GEMM task's rate on its CTA (SetTaskFLOP: the
 	// tile's FLOP, padding rows included, over its splits, over the mean
 	// task time); several CTAs may share a multiprocessor.
 	TFLOPSPerSM float64 `json:"tflops_per_sm,omitempty"`
-	splits      int     // GEMM: the splits of a block's reduction (1: none)
+	// WeightTBps is the kind's weight bytes (SetTaskBytes: one block's
+	// weights, each task its split's share) over its phase, first take to
+	// last end: at one row tile an expert (decode sizes) the rate the
+	// weights were read at; with several row tiles an expert it counts a
+	// block's weights once a tile (L2 hits included).
+	WeightTBps float64 `json:"weight_tbps,omitempty"`
+	splits     int     // GEMM: the splits of a block's reduction (1: none)
 }
 
 // MoETraceSummary is where one traced launch's time went.
@@ -203,11 +210,11 @@ func SummarizeMoETrace(recs []MoETraceRec, wanted int) (MoETraceSummary, error) 
 	s.RampUS = us(t0, entries[len(entries)-1])
 	s.TailUS = us(exits[len(exits)/2], t1)
 	type acc struct {
-		durs        []float64
-		wait        float64
-		first, last uint64
-		seen        bool
-		splits      int
+		durs              []float64
+		wait              float64
+		first, last, take uint64
+		seen              bool
+		splits            int
 	}
 	var by [moeTraceKinds]acc
 	perCTA := map[int][]MoETraceRec{}
@@ -221,6 +228,9 @@ func SummarizeMoETrace(recs []MoETraceRec, wanted int) (MoETraceSummary, error) 
 		a.wait += us(r.Take, r.Ready)
 		if !a.seen || r.Start < a.first {
 			a.first = r.Start
+		}
+		if !a.seen || r.Take < a.take {
+			a.take = r.Take
 		}
 		if !a.seen || r.End > a.last {
 			a.last = r.End
@@ -257,7 +267,7 @@ func SummarizeMoETrace(recs []MoETraceRec, wanted int) (MoETraceSummary, error) 
 		}
 		st := MoETraceKindStats{Kind: k.String(), Tasks: len(a.durs), BusyUS: sum, MeanUS: sum / float64(len(a.durs)),
 			P90US: a.durs[min(len(a.durs)-1, int(math.Ceil(0.9*float64(len(a.durs))))-1)], WaitUS: a.wait,
-			FirstUS: us(t0, a.first), LastUS: us(t0, a.last)}
+			FirstUS: us(t0, a.first), TakeUS: us(t0, a.take), LastUS: us(t0, a.last)}
 		if s.SpanUS > 0 {
 			st.BusyShare = sum / (float64(s.CTAs) * s.SpanUS)
 		}
@@ -277,6 +287,17 @@ func (s *MoETraceSummary) SetTaskFLOP(kind string, flop float64) {
 	for i := range s.Kinds {
 		if k := &s.Kinds[i]; k.Kind == kind && k.MeanUS > 0 {
 			k.TFLOPSPerSM = flop / float64(max(k.splits, 1)) / k.MeanUS / 1e6
+		}
+	}
+}
+
+// SetTaskBytes sets kind's WeightTBps from the weight bytes of one
+// unsplit block (tile columns × k × 2 for bf16): a split task reads its
+// share.
+func (s *MoETraceSummary) SetTaskBytes(kind string, bytes float64) {
+	for i := range s.Kinds {
+		if k := &s.Kinds[i]; k.Kind == kind && k.LastUS > k.TakeUS {
+			k.WeightTBps = float64(k.Tasks) * bytes / float64(max(k.splits, 1)) / (k.LastUS - k.TakeUS) / 1e6
 		}
 	}
 }
@@ -301,6 +322,9 @@ func (s MoETraceSummary) String() string {
 		}
 		if k.TFLOPSPerSM > 0 {
 			fmt.Fprintf(&b, ", %.2f TFLOP/s a CTA (%.0f over %d)", k.TFLOPSPerSM, k.TFLOPSPerSM*float64(s.CTAs), s.CTAs)
+		}
+		if k.WeightTBps > 0 {
+			fmt.Fprintf(&b, ", weights %.2f TB/s over %.1f–%.1f µs", k.WeightTBps, k.TakeUS, k.LastUS)
 		}
 		b.WriteString("\n")
 	}

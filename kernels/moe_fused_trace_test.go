@@ -97,8 +97,16 @@ func TestMoETraceParseAndSummary(t *testing.T) {
 	if got := s.Kinds[1].TFLOPSPerSM; math.Abs(got-0.2097152) > 1e-9 {
 		t.Errorf("gemm2 TFLOP/s a CTA = %v", got)
 	}
+	// gemm2's one task (half of a 64 × 4096 bf16 block, 256 KB) from its
+	// take at 2.5 µs to its end at 24 µs: 0.00610 TB/s.
+	s.SetTaskBytes("gemm2", 2*64*4096)
+	near("gemm2 take", s.Kinds[1].TakeUS, 2.5)
+	near("gemm2 weight TB/s", s.Kinds[1].WeightTBps, 262144.0/21.5/1e6)
+	if s.Kinds[0].WeightTBps != 0 {
+		t.Errorf("gemm1 got a weight rate without its bytes: %v", s.Kinds[0].WeightTBps)
+	}
 	if !strings.Contains(s.String(), "gemm2") || !strings.Contains(s.String(), "TFLOP/s a CTA") ||
-		!strings.Contains(s.String(), "k split 2") {
+		!strings.Contains(s.String(), "k split 2") || !strings.Contains(s.String(), "weights 0.01 TB/s") {
 		t.Errorf("String() lacks the kinds:\n%s", s)
 	}
 }

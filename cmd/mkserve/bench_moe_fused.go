@@ -395,7 +395,8 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 		// A task's tile: rows × columns (GEMM1's columns half gate, half up).
 		tm, tn := float64(row.Tile), float64(moeFusedTileCols(row.Tile))
 		flop := map[string]float64{"gemm1": 2 * tm * tn * float64(H), "gemm2": 2 * tm * tn * float64(I)}
-		if row.Trace, err = writeMoETrace(d, ctl, o.traceOut, T, flop); err != nil {
+		wbytes := map[string]float64{"gemm1": 2 * tn * float64(H), "gemm2": 2 * tn * float64(I)} // a block's bf16 weights
+		if row.Trace, err = writeMoETrace(d, ctl, o.traceOut, T, flop, wbytes); err != nil {
 			return row, err
 		}
 	}
@@ -462,8 +463,9 @@ const moeTraceRecords = 1 << 18
 
 // writeMoETrace reads the last launch's trace on ctl, appends its records
 // and summary for token count T to path (one JSON object a line) and
-// returns the summary; flop is one GEMM task's FLOP by kind.
-func writeMoETrace(d *kernels.Device, ctl *kernels.Buffer, path string, T int, flop map[string]float64) (*kernels.MoETraceSummary, error) {
+// returns the summary; flop and wbytes are one unsplit GEMM block's FLOP
+// and weight bytes by kind.
+func writeMoETrace(d *kernels.Device, ctl *kernels.Buffer, path string, T int, flop, wbytes map[string]float64) (*kernels.MoETraceSummary, error) {
 	recs, wanted, err := d.MoEFusedTrace(ctl)
 	if err != nil {
 		return nil, err
@@ -477,6 +479,9 @@ func writeMoETrace(d *kernels.Device, ctl *kernels.Buffer, path string, T int, f
 	}
 	for kind, f := range flop {
 		sum.SetTaskFLOP(kind, f)
+	}
+	for kind, b := range wbytes {
+		sum.SetTaskBytes(kind, b)
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
