@@ -200,7 +200,7 @@ struct Params {
   int disp_pre[kMaxRanks + 1];  // prefix sums of dispatch tasks per source rank
   int comb_pre[kMaxRanks + 1];  // prefix sums of combine tasks per source rank
   // comb_nc: combine tasks per block of kCT tokens, each comb_cols of the
-  // H columns (a multiple of 8; the last one shorter): comb_split.
+  // H columns (a multiple of 8; the last one shorter): comb_cols.
   int comb_nc, comb_cols;
   int dt;  // tokens per dispatch task
   int group_m;  // GEMM tasks: row tiles per rasterisation group (task_tile)
@@ -843,12 +843,14 @@ __device__ bool ksplit_sum(const Params& p, const RankP& rk, bool gateup, int ti
 // (A = act rows, B = the slot's down rows, rows → the source's ret).
 // ready() is the task's input wait (every thread calls it; false: the
 // watchdog gave up, nothing is computed or stored and gemm_task returns
-// kTaskFailed). Split ks of the block's reduction (ks = p.ks1 or p.ks2)
-// is the task's k tiles [ks·KT/nks, (ks+1)·KT/nks); when the block is
-// split, ksplit_sum decides whether this task finishes the block
-// (kTaskDone: epilogue and stores ran, the caller signals) or only left
-// its partial (kTaskPartial: nothing to signal). With p.early_b the prologue's weight stages are issued before
-// it, as moe.cu's GEMM2 does before griddepcontrol.wait: weights are
+// kTaskFailed). Split ks of the block's reduction (nks = p.ks1 or p.ks2
+// splits) is the task's k tiles [ks·KT/nks, (ks+1)·KT/nks); when the
+// block is split, ksplit_sum decides whether this task finishes the
+// block (kTaskDone: epilogue and stores ran, the caller signals) or only
+// left its partial (kTaskPartial: nothing to signal). With p.early_b the
+// prologue's weight stages are issued before it
+// (mkmoe::ring_prologue_b_first), as moe.cu's GEMM2 does before
+// griddepcontrol.wait: weights are
 // constants, so a CTA that took a GEMM2 task (or, with R > 1, a GEMM1 task
 // whose rows are still arriving) streams its first weights while the
 // GEMM1 blocks it waits for still run.
@@ -900,9 +902,8 @@ __device__ int gemm_task(const Params& p, int d, int tile, int ntile, int ks, un
   const int nks = GATEUP ? p.ks1 : p.ks2;
   const int KTall = (int)((Kd + kBK - 1) / kBK);
   const int kt0 = (int)((int64_t)ks * KTall / nks), KT = (int)((int64_t)(ks + 1) * KTall / nks) - kt0;
-  // The split's first k folded into the row pointers once (a k offset in
-  // every copy's address cost the 6-stage kernel ~70 registers, H200
-  // build: two CTAs an SM instead of three); Kr: the k left from there.
+  // The split's first k folded into the row pointers once, not added in
+  // every copy's address; Kr: the k left from there.
   const int64_t Kr = Kd - (int64_t)kt0 * kBK;
 #pragma unroll
   for (int i = 0; i < A_PER; i++)
@@ -1092,9 +1093,9 @@ struct RetCols<false, 4> {
 };
 
 // combine_ret: the fused launches' combine of task ct, source rank r's
-// tokens [t0, t1) (at most kCT), columns [c0, c1): out = Σ_k w·ret (k order, fmaf from 0, dropped k
-// skipped) + shared, ret's rows widened to f32 (bf16 with p.ret_bf16). A
-// returned row's address does not depend on the plan (row t·K + k of
+// tokens [t0, t1) (at most kCT), columns [c0, c1): out = Σ_k w·ret (k
+// order, fmaf from 0, dropped k skipped) + shared, ret's rows widened to
+// f32 (bf16 with p.ret_bf16). A returned row's address does not depend on the plan (row t·K + k of
 // ret), so each thread loads the KU rows of each of its two (token,
 // VC-column) units together with their dest_row entries (< 0: dropped, no
 // term) and weights: one round trip a chunk of KU k, no shared memory and
