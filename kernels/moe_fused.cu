@@ -819,8 +819,8 @@ __device__ bool ksplit_sum(const Params& p, const RankP& rk, bool gateup, int ti
       float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int q = 0; q < nks; q++) {
         const float* a = acc[mf][nf];
-        const float4 v =
-            q == ks ? make_float4(a[0], a[1], a[2], a[3]) : __ldcg(part + ((int64_t)q * V + mf * NF + nf) * kThreads + tid);
+        const float4 v = q == ks ? make_float4(a[0], a[1], a[2], a[3])
+                                 : __ldcg(part + ((int64_t)q * V + mf * NF + nf) * kThreads + tid);
         if (q == 0) {
           t = v;
         } else {
@@ -1312,11 +1312,12 @@ template <int BM_, int BN_, int WM, int WN, int ST>
 struct MmaTiles {
   static constexpr int kThreads = ::kThreads, BM = BM_, BN = BN_;
   static constexpr size_t kSmem = (size_t)ST * (BM + BN) * kBK * 2;
-  // kMinCTAs: the CTAs an SM that its shared memory allows (228 KB an SM,
-  // 1 KB reserved a CTA), passed to __launch_bounds__ so that registers
-  // never lower that occupancy: 3 for the 6-stage 16-row tiles (168
-  // registers a thread), 2 for the 8-stage ones.
-  static constexpr int kMinCTAs = (int)((228u << 10) / (kSmem + 1024 + 256)) < 1 ? 1 : (int)((228u << 10) / (kSmem + 1024 + 256));
+  // kMinCTAs: the CTAs an SM that its shared memory allows (228 KB an SM;
+  // a CTA's dynamic ring, 1 KB the driver reserves, ~256 B static), passed
+  // to __launch_bounds__ so that registers never lower that occupancy: 3
+  // for the 6-stage 16-row tiles (168 registers a thread), 2 for the
+  // 8-stage ones.
+  static constexpr int kMinCTAs = std::max(1, (int)((228u << 10) / (kSmem + 1024 + 256)));
   template <bool GATEUP, class Ready>
   __device__ static int gemm(const Params& p, int d, int tile, int nb, int ks, unsigned char* smem,
                              const Ready& ready) {
@@ -1589,7 +1590,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const _
           red_release_add(p.rk[d].g1done + tile, 1);
         }
       }
-      if (threadIdx.x == 0) trace_rec(p, room, 1, task, t_take, t_ready, t_ready, trace_pos(tile, nb, rel % p.ks1, p.ks1));
+      if (threadIdx.x == 0)
+        trace_rec(p, room, 1, task, t_take, t_ready, t_ready, trace_pos(tile, nb, rel % p.ks1, p.ks1));
     } else if ((idx -= n_g1) < n_g2) {
       const int d = find_rank(g2pre, R, idx);
       const int rel = idx - g2pre[d];
@@ -1611,7 +1613,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const _
           if (src >= 0) signal_add(p, p.rk[src & 7].tokdone + (src >> 3) / K, 1);
         }
       }
-      if (threadIdx.x == 0) trace_rec(p, room, 2, task, t_take, t_ready, t_ready, trace_pos(tile, nb, rel % p.ks2, p.ks2));
+      if (threadIdx.x == 0)
+        trace_rec(p, room, 2, task, t_take, t_ready, t_ready, trace_pos(tile, nb, rel % p.ks2, p.ks2));
     } else {
       idx -= n_g2;
       const CombTask ct = comb_task(p, idx);
@@ -2000,8 +2003,9 @@ constexpr int kMaxSplit = 8;
 // none, its tasks two waves of short latency-bound tasks that no longer
 // load their weights while GEMM1 runs; DeepSeek-V3's GEMMs have their 512
 // and 896 tasks. A function of the shapes and the device only: the
-// workspace sizes and the launches agree. MK_MOE_FUSED_KSPLIT="a,b" (or a/b, axb) forces GEMM1's
-// and GEMM2's (1..8 each, capped at their k steps; 0: the rule).
+// workspace sizes and the launches agree (build checks the workspace
+// again). MK_MOE_FUSED_KSPLIT="a/b" (or a,b, axb) forces GEMM1's and
+// GEMM2's (1..8 each, capped at their k steps; 0: the rule).
 KSplit ksplit(int ranks, const int64_t* tokens, const int32_t* slots, int k, int64_t h, int64_t i, int bm) {
   KSplit ks;
   if (bm != 16) return ks;

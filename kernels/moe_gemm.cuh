@@ -199,7 +199,8 @@ __device__ __forceinline__ void ring_prologue(int KT, const Load& load) {
 // griddepcontrol.wait, the fused kernel's 16-row tasks before their
 // input waits).
 template <int STAGES, class LoadA, class LoadB, class Wait>
-__device__ __forceinline__ bool ring_prologue_b_first(int KT, const LoadA& loadA, const LoadB& loadB, const Wait& wait) {
+__device__ __forceinline__ bool ring_prologue_b_first(int KT, const LoadA& loadA, const LoadB& loadB,
+                                                      const Wait& wait) {
 #pragma unroll
   for (int s = 0; s < STAGES - 1; s++)
     if (s < KT) loadB(s, s);
