@@ -4,7 +4,7 @@ BIN     := bin/mkserve
 GOFMT   ?= $(shell $(GO) env GOROOT)/bin/gofmt
 export CGO_ENABLED := 0
 
-.PHONY: all build test vet run bench fuzz proto kernels device-bins clean
+.PHONY: all build test vet run bench fuzz proto kernels device-bins device-old clean
 
 all: build
 
@@ -35,6 +35,15 @@ kernels:
 # 64 MiB with the tree). Then, through the device tool:
 #   run  carry: [".dev/device.tar.xz"]  command: bash scripts/device.sh
 DEVBIN := .dev/device
+# device-old REV=<revision>: the CUDA sources of kernels/ as of REV into
+# .dev/old/src; carried to the GPU machine, scripts/device.sh with
+# MK_LIB_OLD=.dev/old/src builds .dev/old/libmkernel.so from them, the
+# previous build to A/B against in the same call.
+device-old:
+	@test -n "$(REV)" || { echo "make device-old REV=<git revision>"; exit 1; }
+	rm -rf .dev/old/src && mkdir -p .dev/old/src
+	git archive "$(REV)" -- 'kernels/*.cu' 'kernels/*.cuh' 'kernels/*.h' | tar -x -C .dev/old/src --strip-components=1
+
 device-bins:
 	@mkdir -p $(DEVBIN)
 	$(GO) build -trimpath -buildvcs=auto -ldflags='-s -w' -o $(DEVBIN)/mkserve ./cmd/mkserve

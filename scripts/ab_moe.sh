@@ -6,7 +6,8 @@
 # machine, after `MK_MODE=none bash scripts/device.sh`:
 #   VARIANTS="base: g1tma:MK_MOE_G1_TMA=1" bash scripts/ab_moe.sh
 # A variant is NAME:ASSIGNMENTS, assignments joined by commas, e.g.
-# "old:MKSERVE_KERNEL_LIB=$PWD/.dev/oldk/libmkernel.so" for another library
+# "old:MKSERVE_KERNEL_LIB=$PWD/.dev/old/libmkernel.so" for another library
+# (make device-old REV=..., carry .dev/old/src, MK_LIB_OLD=.dev/old/src)
 # (it must have the same ABI as .dev/mkserve). Environment:
 #   VARIANTS  (required) the variants; the first is the baseline
 #   SHAPES    qwen3_30b_a3b mixtral_8x7b deepseek_v3 (default: all three; also olmoe)

@@ -47,7 +47,9 @@
 # (batches, default 3), MK_SKIP (space-
 # separated bench parts to skip: gemm attention decode moe ring backend model
 # servebench), MK_TEST_FILTER (a -test.list pattern: only the matching
-# top-level tests run), MK_LIB_VARIANTS ("NAME:-DMACRO=1 ...": more
+# top-level tests run), MK_LIB_OLD (a folder of an earlier revision's
+# kernels/ sources, from `make device-old REV=...`: .dev/old/libmkernel.so
+# built from it for A/Bs; see build_old), MK_LIB_VARIANTS ("NAME:-DMACRO=1 ...": more
 # libraries built with those nvcc flags into .dev/NAME/, for A/Bs).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -113,6 +115,50 @@ build() {
 		# shellcheck disable=SC2086
 		build_lib ".dev/${v%%:*}" ${defs//,/ } || return 1
 	done
+	if [ -n "${MK_LIB_OLD:-}" ]; then build_old "$MK_LIB_OLD" || return 1; fi
+}
+
+# build_old SRC makes .dev/old/libmkernel.so from the kernels/ sources of an
+# earlier revision in SRC (`make device-old REV=...` writes .dev/old/src;
+# carry it and set MK_LIB_OLD=.dev/old/src): a .cu that differs from
+# kernels/, or includes (through its local headers) a header that does, is
+# compiled again from SRC; the others' objects are .dev's. An A/B against
+# the previous build is then "old:MKSERVE_KERNEL_LIB=$PWD/.dev/old/libmkernel.so".
+# The old library must have the Go binaries' ABI (mk_abi_version and
+# layouts), and a .cu added since REV has no old object: the link fails.
+build_old() {
+	local src=$1 dir=.dev/old f b rc=0 objs=() pids=()
+	[ -d "$src" ] || { echo "device.sh: MK_LIB_OLD=$src is not a folder"; return 1; }
+	mkdir -p "$dir"
+	for f in "$src"/*.cu; do
+		b=$(basename "$f" .cu)
+		if old_differs "$src" "$b.cu"; then
+			"$NVCC" "${FLAGS[@]}" -c -o "$dir/mk_$b.o" "$f" &
+			pids+=($!)
+			objs+=("$dir/mk_$b.o")
+		else
+			objs+=(".dev/mk_$b.o")
+		fi
+	done
+	for f in "${pids[@]}"; do wait "$f" || rc=1; done
+	[ "$rc" = 0 ] || return 1
+	echo "device.sh: old library from $src (${#pids[@]} sources compiled again)"
+	"$NVCC" "${FLAGS[@]}" -shared -o "$dir/libmkernel.so" "${objs[@]}" \
+		-lcublasLt -lcublas -ldl -Xlinker -rpath,"$CUDA_LIB"
+}
+
+# old_differs SRC FILE [SEEN...]: SRC/FILE differs from kernels/FILE, or a
+# local header it includes (#include "x", followed through SRC) does.
+old_differs() {
+	local src=$1 f=$2 h
+	shift 2
+	cmp -s "$src/$f" "kernels/$f" || return 0
+	for h in $(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$src/$f"); do
+		case " $* " in *" $h "*) continue ;; esac
+		[ -f "$src/$h" ] || continue
+		old_differs "$src" "$h" "$f" "$@" && return 0
+	done
+	return 1
 }
 
 # GOLDEN_FAMILIES: TestGolden's subtests, each run in its own process.
