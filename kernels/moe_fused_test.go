@@ -116,9 +116,10 @@ func TestMoEFusedLayer(t *testing.T) {
 		{name: "R1_E64_K8_T2000_tile128_plan_multi", E: 64, K: 8, tokens: []int{2000}, H: 256, I: 128, hot: -1, tile: 128},
 		{name: "R4_E32_K4_hot_tile128_plan_multi", E: 32, K: 4, tokens: []int{1500, 1, 1500, 1024}, H: 256, I: 128, hot: 3, tile: 128},
 		// Split reductions (one token's few tasks; the trace says which
-		// splits ran): Qwen3-30B-A3B's widths, both GEMMs in two; a
-		// Mixtral-like GEMM2 in eight of 63 k steps (uneven splits, and
-		// GEMM1 in two); the same at two ranks (dispatched rows).
+		// splits ran; on the H200's 396 CTAs): Qwen3-30B-A3B's widths,
+		// GEMM1 in two; a Mixtral-like GEMM2 in eight of 63 k steps
+		// (uneven splits); the same at two ranks (dispatched rows; GEMM2
+		// in four).
 		{name: "R1_E16_K8_T1_ksplit_qwen3", E: 16, K: 8, tokens: []int{1}, H: 2048, I: 768, hot: -1, shared: true,
 			split: true},
 		{name: "R1_E8_K2_T1_ksplit_odd", E: 8, K: 2, tokens: []int{1}, H: 1024, I: 4000, hot: -1, split: true},
