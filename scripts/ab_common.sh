@@ -1,4 +1,5 @@
-# scripts/ab_common.sh — sourced by the A/B scripts (ab_moe.sh, ab_model.sh).
+# scripts/ab_common.sh — sourced by the A/B scripts (ab_moe.sh, ab_model.sh)
+# and scripts/fused_decode.sh.
 #
 # ab_rotate FN [REPORT] calls FN NAME ASSIGNMENTS ROUND for every round of
 # $ROUNDS and every variant of $VARIANTS (NAME:ASSIGNMENTS, assignments
@@ -22,4 +23,16 @@ ab_rotate() {
 			"$report"
 		fi
 	done
+}
+
+# moe_shape_flags SHAPE prints `mkserve bench moe`'s flags for one of the
+# MoE layer shapes the issues name (and OLMoE's).
+moe_shape_flags() {
+	case "$1" in
+	deepseek_v3) echo "--hidden 7168 --intermediate 2048 --experts 256 --topk 8 --routing grouped" ;;
+	qwen3_30b_a3b) echo "--hidden 2048 --intermediate 768 --experts 128 --topk 8 --routing softmax" ;;
+	mixtral_8x7b) echo "--hidden 4096 --intermediate 14336 --experts 8 --topk 2 --routing softmax" ;;
+	olmoe) echo "--hidden 2048 --intermediate 1024 --experts 64 --topk 8 --routing softmax" ;;
+	*) echo "unknown MoE shape $1" >&2; return 1 ;;
+	esac
 }

@@ -30,22 +30,13 @@ EXTRA=${EXTRA:-}
 export MKSERVE_KERNEL_LIB=${MKSERVE_KERNEL_LIB:-$PWD/.dev/libmkernel.so} MKSERVE_REQUIRE_GPU=1
 BIN=${BIN:-.dev/mkserve}
 [ -x "$BIN" ] || { echo "ab_moe.sh: no $BIN (MK_MODE=none bash scripts/device.sh first)"; exit 1; }
-shape_flags() {
-	case "$1" in
-	deepseek_v3) echo "--hidden 7168 --intermediate 2048 --experts 256 --topk 8 --routing grouped" ;;
-	qwen3_30b_a3b) echo "--hidden 2048 --intermediate 768 --experts 128 --topk 8 --routing softmax" ;;
-	mixtral_8x7b) echo "--hidden 4096 --intermediate 14336 --experts 8 --topk 2 --routing softmax" ;;
-	olmoe) echo "--hidden 2048 --intermediate 1024 --experts 64 --topk 8 --routing softmax" ;;
-	*) echo "ab_moe.sh: unknown shape $1" >&2; return 1 ;;
-	esac
-}
 . scripts/ab_common.sh
 RES=$(mktemp -d)
 # run NAME ASSIGNMENTS ROUND: every shape and path of one variant.
 run() {
 	local name=$1 assigns=$2 round=$3 shape path out F
 	for shape in $SHAPES; do
-		F=$(shape_flags "$shape") || exit 2
+		F=$(moe_shape_flags "$shape") || exit 2
 		for path in $PATHS; do
 			P=(--path "$path")
 			[ "$path" = fused ] && P+=(--ranks "$RANKS")

@@ -17,6 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-.dev/out}
 mkdir -p "$OUT"
+. scripts/ab_common.sh
 T0=$(date +%s)
 el() { echo "[$(($(date +%s) - T0)) s] $*"; }
 {
@@ -34,12 +35,7 @@ el() { echo "[$(($(date +%s) - T0)) s] $*"; }
 	done
 	el "tests done"
 	for s in ${SHAPES:-qwen3_30b_a3b mixtral_8x7b deepseek_v3}; do
-		case $s in
-		deepseek_v3) F="--hidden 7168 --intermediate 2048 --experts 256 --topk 8 --routing grouped" ;;
-		qwen3_30b_a3b) F="--hidden 2048 --intermediate 768 --experts 128 --topk 8 --routing softmax" ;;
-		mixtral_8x7b) F="--hidden 4096 --intermediate 14336 --experts 8 --topk 2 --routing softmax" ;;
-		*) echo "fused_decode.sh: unknown shape $s"; continue ;;
-		esac
+		F=$(moe_shape_flags "$s") || continue
 		# shellcheck disable=SC2086
 		.dev/mkserve bench moe $F --path fused --tokens "${TRACE_TOKENS:-1,16}" --iters 8 --json \
 			--trace /tmp/fused_decode_trace.jsonl >/dev/null 2>/tmp/fused_decode_trace.err
