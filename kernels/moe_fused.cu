@@ -1220,6 +1220,22 @@ __device__ __forceinline__ int find_rank(const int* pre, int R, int idx) {
   return r;
 }
 
+// GemmAt is a GEMM task's rank, row tile, column block and split.
+struct GemmAt {
+  int d, tile, nb, ks;
+};
+// gemm_at maps task idx of one GEMM (its prefix sums over ranks pre, n
+// column blocks of nks splits a row tile) to its GemmAt: a block's splits
+// are neighbours in the queue (taken together), blocks in task_tile order.
+__device__ __forceinline__ GemmAt gemm_at(const Params& p, const int* pre, int idx, int n, int nks) {
+  GemmAt g;
+  g.d = find_rank(pre, p.R, idx);
+  const int rel = idx - pre[g.d];
+  task_tile(p, rel / nks, (pre[g.d + 1] - pre[g.d]) / (n * nks), n, g.tile, g.nb);
+  g.ks = rel % nks;
+  return g;
+}
+
 // comb_task is combine task c's part of the work (CombTask).
 __device__ __forceinline__ CombTask comb_task(const Params& p, int c) {
   CombTask k;
@@ -1568,12 +1584,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const _
     const int task = idx;
     ntasks++;
     if (idx < n_g1) {
-      const int d = find_rank(g1pre, R, idx);
-      const int rel = idx - g1pre[d];
-      int tile, nb;
-      // A block's splits are neighbours in the queue: taken together.
-      task_tile(p, rel / p.ks1, (g1pre[d + 1] - g1pre[d]) / (p.n1t * p.ks1), p.n1t, tile, nb);
-      const int got = C::template gemm<true>(p, d, tile, nb, rel % p.ks1, fused_sm, [&]() {
+      const GemmAt at = gemm_at(p, g1pre, idx, p.n1t, p.ks1);
+      const int d = at.d, tile = at.tile;
+      const int got = C::template gemm<true>(p, d, tile, at.nb, at.ks, fused_sm, [&]() {
         if (threadIdx.x == 0) {
           const int want = p.rk[d].tile_want[tile];  // remote rows; local ones are read from x
           ok_sh = want == 0 || wait_geq(p, p.rk[d].arrive + tile, want, d, 1, tile);
@@ -1591,13 +1604,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const _
         }
       }
       if (threadIdx.x == 0)
-        trace_rec(p, room, 1, task, t_take, t_ready, t_ready, trace_pos(tile, nb, rel % p.ks1, p.ks1));
+        trace_rec(p, room, 1, task, t_take, t_ready, t_ready, trace_pos(tile, at.nb, at.ks, p.ks1));
     } else if ((idx -= n_g1) < n_g2) {
-      const int d = find_rank(g2pre, R, idx);
-      const int rel = idx - g2pre[d];
-      int tile, nb;
-      task_tile(p, rel / p.ks2, (g2pre[d + 1] - g2pre[d]) / (p.n2t * p.ks2), p.n2t, tile, nb);
-      const int got = C::template gemm<false>(p, d, tile, nb, rel % p.ks2, fused_sm, [&]() {
+      const GemmAt at = gemm_at(p, g2pre, idx, p.n2t, p.ks2);
+      const int d = at.d, tile = at.tile;
+      const int got = C::template gemm<false>(p, d, tile, at.nb, at.ks, fused_sm, [&]() {
         if (threadIdx.x == 0) {
           ok_sh = wait_geq(p, p.rk[d].g1done + tile, p.n1t, d, 2, tile);
           t_ready = trace_now(room);
@@ -1614,7 +1625,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const _
         }
       }
       if (threadIdx.x == 0)
-        trace_rec(p, room, 2, task, t_take, t_ready, t_ready, trace_pos(tile, nb, rel % p.ks2, p.ks2));
+        trace_rec(p, room, 2, task, t_take, t_ready, t_ready, trace_pos(tile, at.nb, at.ks, p.ks2));
     } else {
       idx -= n_g2;
       const CombTask ct = comb_task(p, idx);
@@ -1681,10 +1692,8 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
   auto task_at = [&](int idx, bool& gateup, int& d, int& tile, int& nb) -> bool {
     gateup = idx < n_g1;
     if (!gateup && (idx -= n_g1) >= n_g2) return false;
-    const int* pre = gateup ? g1pre : g2pre;
-    const int n = gateup ? p.n1t : p.n2t;
-    d = find_rank(pre, R, idx);
-    task_tile(p, idx - pre[d], (pre[d + 1] - pre[d]) / n, n, tile, nb);
+    const GemmAt at = gemm_at(p, gateup ? g1pre : g2pre, idx, gateup ? p.n1t : p.n2t, 1);
+    d = at.d, tile = at.tile, nb = at.nb;
     return true;
   };
   int g = 0;  // k steps of this CTA's GEMM tasks so far: the stage ring's position, the same in both roles
