@@ -228,6 +228,11 @@ struct Params {
   // early_b (mma.sync tiles): a GEMM task issues its first weight stages
   // before its input wait (gemm_task); MK_MOE_FUSED_EARLY_B=0 waits first.
   int early_b;
+  // g2pf (mma.sync tiles): every CTA asks L2 at entry for a share of
+  // GEMM2's weights (prefetch.global.L2, g2pf_last: with evict_last), so
+  // that they stream in the same burst as GEMM1's instead of after it; only
+  // where they fit in L2 (MK_MOE_FUSED_G2PF: a budget in MB, 0: never).
+  int g2pf, g2pf_last;
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
   // are other launches, other processes or GPUs); -1: every rank (emulated).
@@ -477,6 +482,7 @@ __device__ __forceinline__ void plan_put(const Params& p, const RankP& me, int r
 // flag they wait for is raised, so nothing is reset between layers by a peer.
 __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Params p) {
   extern __shared__ int plan_sm[];
+  mk::pdl_begin();  // mk::launch: wait for the kernel before, then let the next one's CTAs launch
   __shared__ int ok_sh;
   const bool local = p.me >= 0;
   const int b = local ? p.me : (int)blockIdx.x, R = p.R, K = p.K, E = p.E, BM = p.BM;
@@ -629,6 +635,7 @@ __device__ __forceinline__ void plan_walk(const Params& p, int g, int G, F&& f) 
 // shared: 2·S ints.
 __global__ void __launch_bounds__(1024) plan_count_kernel(const __grid_constant__ Params p) {
   extern __shared__ int pc_sm[];
+  mk::pdl_begin();  // mk::launch: wait for the kernel before, then let the next one's CTAs launch
   const int g = (int)blockIdx.x, G = (int)gridDim.x, b = (int)blockIdx.y, R = p.R, K = p.K, E = p.E;
   const RankP& me = p.rk[b];
   const int S = me.S;
@@ -655,6 +662,7 @@ __global__ void __launch_bounds__(1024) plan_count_kernel(const __grid_constant_
 // shared: 5·S + 1 ints.
 __global__ void __launch_bounds__(1024) plan_place_kernel(const __grid_constant__ Params p) {
   extern __shared__ int pp_sm[];
+  mk::pdl_begin();  // mk::launch: wait for the kernel before, then let the next one's CTAs launch
   const int g = (int)blockIdx.x, G = (int)gridDim.x, b = (int)blockIdx.y, BM = p.BM;
   const RankP& me = p.rk[b];
   const int S = me.S;
@@ -1236,6 +1244,33 @@ __device__ __forceinline__ GemmAt gemm_at(const Params& p, const int* pre, int i
   return g;
 }
 
+// g2_prefetch (every thread of every CTA; p.g2pf): the lines of GEMM2's
+// weight blocks, a block a CTA in turn (block j: the rows of its first
+// split's task j·ks2), as L2 prefetches — no data comes back, so the issue
+// is a few instructions a thread (Qwen3 at one token: 256 blocks of 768
+// lines over 396 CTAs, 6 a thread).
+template <int BN, int NT>
+__device__ void g2_prefetch(const Params& p, const int* g2pre) {
+  const int nblk = g2pre[p.R] / p.ks2;
+  const int64_t row = p.I * (int64_t)sizeof(bf16);  // bytes
+  const int lpr = (int)((row + 127) / 128);         // 128-byte lines a row
+  for (int j = blockIdx.x; j < nblk; j += gridDim.x) {
+    const GemmAt at = gemm_at(p, g2pre, j * p.ks2, p.n2t, p.ks2);
+    const RankP& rk = p.rk[at.d];
+    const int64_t n0 = (int64_t)at.nb * BN;
+    const char* W = reinterpret_cast<const char*>(rk.dn + ((int64_t)rk.tile_slot[at.tile] * p.H + n0) * p.I);
+    const int lines = (int)min((int64_t)BN, p.H - n0) * lpr;
+    for (int l = threadIdx.x; l < lines; l += NT) {
+      const int r = l / lpr;
+      const char* a = W + r * row + (l - r * lpr) * 128;
+      if (p.g2pf_last)
+        asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(a));
+      else
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
+    }
+  }
+}
+
 // comb_task is combine task c's part of the work (CombTask).
 __device__ __forceinline__ CombTask comb_task(const Params& p, int c) {
   CombTask k;
@@ -1543,6 +1578,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const _
   __shared__ int g1pre[kMaxRanks + 1], g2pre[kMaxRanks + 1];
   const int R = p.R, K = p.K;
   const bool local = p.me >= 0;
+  // Launched programmatically after the plan (launch_fused): every CTA
+  // waits here for the plan's writes; it never lets a later kernel launch
+  // early (its CTAs hold every multiprocessor until the layer is done).
+  mk::pdl_wait();
   const int room = trace_room(p);
   if (threadIdx.x == 0) t_entry = trace_now(room);
   if (threadIdx.x == 0) {
@@ -1554,6 +1593,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const _
   }
   __syncthreads();
   if (!ok_sh) return;
+  if (p.g2pf) g2_prefetch<C::BN, NT>(p, g2pre);
   if (threadIdx.x == 0) t_setup = trace_now(room);
   int ntasks = 0;  // trace: this CTA's tasks
   bool planned = !local;  // rank-local: plans_done, once
@@ -1671,6 +1711,7 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
   __shared__ int g1pre[kMaxRanks + 1], g2pre[kMaxRanks + 1];
   const int R = p.R, K = p.K;
   const bool local = p.me >= 0;
+  mk::pdl_wait();  // the plan's writes (as fused_kernel)
   const int room = trace_room(p);
   const unsigned long long t_entry = trace_now(room);
   WgTiles::setup(fused_sm);
@@ -2069,6 +2110,23 @@ int64_t comb_cols(int64_t h, int bm, bool sep) {
   return c <= 0 || c % 8 != 0 || c >= h ? h : c;
 }
 
+// g2_fits reports whether a launch's GEMM2 weights are prefetched into L2
+// at entry (Params.g2pf): at most MK_MOE_FUSED_G2PF MB of them (default
+// 0: never) over every destination rank — a rank d's tiles are at most
+// min(its slots, every routed assignment), one expert's down matrix
+// (h × i bf16) each. The separate path never prefetches.
+bool g2_fits(int ranks, const int64_t* tokens, const int32_t* slots, int k, int64_t h, int64_t i, bool sep) {
+  static const int64_t mb = [] {
+    const char* v = getenv("MK_MOE_FUSED_G2PF");
+    return v ? (int64_t)atoll(v) : (int64_t)0;
+  }();
+  if (sep || mb <= 0) return false;
+  int64_t a = 0, bytes = 0;
+  for (int r = 0; r < ranks; ++r) a += tokens[r] * k;
+  for (int d = 0; d < ranks; ++d) bytes += std::min<int64_t>(slots[d], a) * h * i * (int64_t)sizeof(bf16);
+  return bytes <= (mb << 20);
+}
+
 // RankLayout: byte offsets of one rank's workspace regions.
 struct RankLayout {
   int64_t rows_cap, tiles_cap;
@@ -2202,6 +2260,9 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->l2pf = l2pf;
   static const bool early = !mk::env_is("MK_MOE_FUSED_EARLY_B", '0');
   p->early_b = early;
+  p->g2pf = cfg == 0 && g2_fits(ranks, tokens, slots, k, h, i, sep);
+  static const bool g2last = mk::env_is("MK_MOE_FUSED_G2PF_LAST", '1');
+  p->g2pf_last = g2last;
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;
@@ -2291,10 +2352,8 @@ int plan(const Params& p, cudaStream_t st) {
       pattr = sm;
     }
     const dim3 grid((unsigned)p.plan_g, (unsigned)p.R);
-    plan_count_kernel<<<grid, 1024, csm, st>>>(p);
-    MK_LAUNCHED("moe_fused plan_count");
-    plan_place_kernel<<<grid, 1024, sm, st>>>(p);
-    MK_LAUNCHED("moe_fused plan_place");
+    MK_CUDA(mk::launch(plan_count_kernel, grid, dim3(1024), csm, st, p));
+    MK_CUDA(mk::launch(plan_place_kernel, grid, dim3(1024), sm, st, p));
     return MK_OK;
   }
   static size_t attr = 48 << 10;
@@ -2302,8 +2361,7 @@ int plan(const Params& p, cudaStream_t st) {
     MK_CUDA(cudaFuncSetAttribute(plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     attr = sm;
   }
-  plan_kernel<<<p.me >= 0 ? 1 : p.R, 1024, sm, st>>>(p);
-  MK_LAUNCHED("moe_fused plan");
+  MK_CUDA(mk::launch(plan_kernel, dim3(p.me >= 0 ? 1 : p.R), dim3(1024), sm, st, p));
   return MK_OK;
 }
 
@@ -2321,6 +2379,16 @@ int maps_for(const Params& p, FusedMaps* m) {
       return mk::fail(MK_ERR_CUDA, "mk_moe_fused: rank %d: the driver cannot encode the TMA maps of the wgmma tiles", d);
   }
   return MK_OK;
+}
+
+// fused_pdl: MK_MOE_FUSED_PDL=0 launches the persistent kernel only once
+// the plan has ended (for comparisons).
+bool fused_pdl() {
+  static const bool on = [] {
+    const char* v = getenv("MK_MOE_FUSED_PDL");
+    return !(v && v[0] == '0');
+  }();
+  return on;
 }
 
 // launch_fused launches tile policy C's persistent kernel cooperatively;
@@ -2342,8 +2410,23 @@ int launch_fused(const Params& p, int ctas, int dispatch_ctas, cudaStream_t st, 
   Params q = p;
   q.ndisp_ctas = dispatch_ctas > 0 ? dispatch_ctas : grid;
   void* args[] = {&q, &extra...};
-  MK_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fn), dim3((unsigned)grid), dim3(C::kThreads),
-                                      args, sm, st));
+  // Cooperative, and programmatic after the plan (as mk::launch) unless
+  // MK_MOE_FUSED_PDL=0: the CTAs are placed on the multiprocessors while
+  // the plan runs and wait for it in pdl_wait, instead of the launch
+  // starting only once the plan has ended.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)grid);
+  cfg.blockDim = dim3(C::kThreads);
+  cfg.dynamicSmemBytes = sm;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = (st != nullptr && mk::pdl_on() && fused_pdl()) ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  MK_CUDA(cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(fn), args));
   return MK_OK;
 }
 
