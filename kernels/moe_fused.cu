@@ -228,11 +228,12 @@ struct Params {
   // early_b (mma.sync tiles): a GEMM task issues its first weight stages
   // before its input wait (gemm_task); MK_MOE_FUSED_EARLY_B=0 waits first.
   int early_b;
-  // g2pf (mma.sync tiles): every CTA asks L2 at entry for a share of
-  // GEMM2's weights (prefetch.global.L2, g2pf_last: with evict_last), so
-  // that they stream in the same burst as GEMM1's instead of after it; only
-  // where they fit in L2 (MK_MOE_FUSED_G2PF: a budget in MB, 0: never).
-  int g2pf, g2pf_last;
+  // warm (mma.sync tiles; MK_MOE_FUSED_WARM, a mask, default 0): before
+  // its input wait a task asks L2 for the lines it will read once the wait
+  // ends (prefetch.global.L2; they may not be written yet — L2 takes the
+  // later stores — but the translation of their pages is then done): 1 the
+  // combine tasks' returned rows and output rows, 2 GEMM2's activation rows.
+  int warm;
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
   // are other launches, other processes or GPUs); -1: every rank (emulated).
@@ -329,10 +330,17 @@ __device__ bool wait_geq(const Params& p, const int* flag, int want, int rank, i
   for (unsigned it = 0;; ++it) {
     const int v = p.me >= 0 ? ld_acquire_sys(flag) : ld_acquire(flag);
     if (v >= want) return true;
-    if (ld_relaxed(err) != 0) return false;
-    if ((it & 15) == 15 && (long long)(globaltimer() - t0) > p.timeout_ns) {
-      record_error(p, rank, role, tile, v, want);
-      return false;
+    // The error record and the clock every 16th poll only: a load after
+    // the acquire waits for it, so checking the record on every poll made
+    // each poll two round trips to L2 and the wait's detection that much
+    // later on the layer's critical path (GEMM2's g1done, the combine's
+    // tokdone).
+    if ((it & 15) == 15) {
+      if (ld_relaxed(err) != 0) return false;
+      if ((long long)(globaltimer() - t0) > p.timeout_ns) {
+        record_error(p, rank, role, tile, v, want);
+        return false;
+      }
     }
     __nanosleep(64);
   }
@@ -1244,30 +1252,18 @@ __device__ __forceinline__ GemmAt gemm_at(const Params& p, const int* pre, int i
   return g;
 }
 
-// g2_prefetch (every thread of every CTA; p.g2pf): the lines of GEMM2's
-// weight blocks, a block a CTA in turn (block j: the rows of its first
-// split's task j·ks2), as L2 prefetches — no data comes back, so the issue
-// is a few instructions a thread (Qwen3 at one token: 256 blocks of 768
-// lines over 396 CTAs, 6 a thread).
-template <int BN, int NT>
-__device__ void g2_prefetch(const Params& p, const int* g2pre) {
-  const int nblk = g2pre[p.R] / p.ks2;
-  const int64_t row = p.I * (int64_t)sizeof(bf16);  // bytes
-  const int lpr = (int)((row + 127) / 128);         // 128-byte lines a row
-  for (int j = blockIdx.x; j < nblk; j += gridDim.x) {
-    const GemmAt at = gemm_at(p, g2pre, j * p.ks2, p.n2t, p.ks2);
-    const RankP& rk = p.rk[at.d];
-    const int64_t n0 = (int64_t)at.nb * BN;
-    const char* W = reinterpret_cast<const char*>(rk.dn + ((int64_t)rk.tile_slot[at.tile] * p.H + n0) * p.I);
-    const int lines = (int)min((int64_t)BN, p.H - n0) * lpr;
-    for (int l = threadIdx.x; l < lines; l += NT) {
-      const int r = l / lpr;
-      const char* a = W + r * row + (l - r * lpr) * 128;
-      if (p.g2pf_last)
-        asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(a));
-      else
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
-    }
+// prefetch_l2 asks L2 for the 128-byte line at a (no data comes back).
+__device__ __forceinline__ void prefetch_l2(const void* a) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a)); }
+
+// warm_rows (every thread; Params.warm): the lines of n rows of `bytes`
+// each, row i at base + rows[i]·stride bytes (rows[i] < 0: none).
+template <int NT, class Row>
+__device__ void warm_rows(const char* base, int n, int64_t bytes, int64_t stride, const Row& row) {
+  const int lpr = (int)((bytes + 127) / 128);
+  for (int l = threadIdx.x; l < n * lpr; l += NT) {
+    const int i = l / lpr;
+    const int64_t r = row(i);
+    if (r >= 0) prefetch_l2(base + r * stride + (int64_t)(l - i * lpr) * 128);
   }
 }
 
@@ -1593,7 +1589,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const _
   }
   __syncthreads();
   if (!ok_sh) return;
-  if (p.g2pf) g2_prefetch<C::BN, NT>(p, g2pre);
   if (threadIdx.x == 0) t_setup = trace_now(room);
   int ntasks = 0;  // trace: this CTA's tasks
   bool planned = !local;  // rank-local: plans_done, once
@@ -1670,6 +1665,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const _
       idx -= n_g2;
       const CombTask ct = comb_task(p, idx);
       if (!wait_planned()) return;
+      if (p.warm & 1) {  // the returned rows and the output rows this task reads and writes
+        const RankP& rk = p.rk[ct.r];
+        const int64_t eb = p.ret_bf16 ? 2 : 4, cols = ct.c1 - ct.c0;
+        warm_rows<NT>(static_cast<const char*>(rk.ret) + ct.c0 * eb, (int)((ct.t1 - ct.t0) * K), cols * eb, p.H * eb,
+                      [&](int i) { return ct.t0 * K + i; });
+        warm_rows<NT>(reinterpret_cast<const char*>(rk.out + ct.c0), (int)(ct.t1 - ct.t0), cols * 4, p.H * 4,
+                      [&](int i) { return ct.t0 + i; });
+      }
       if (threadIdx.x == 0) ok_sh = combine_ready(p, idx);
       __syncthreads();
       if (!ok_sh) return;
@@ -2110,23 +2113,6 @@ int64_t comb_cols(int64_t h, int bm, bool sep) {
   return c <= 0 || c % 8 != 0 || c >= h ? h : c;
 }
 
-// g2_fits reports whether a launch's GEMM2 weights are prefetched into L2
-// at entry (Params.g2pf): at most MK_MOE_FUSED_G2PF MB of them (default
-// 0: never) over every destination rank — a rank d's tiles are at most
-// min(its slots, every routed assignment), one expert's down matrix
-// (h × i bf16) each. The separate path never prefetches.
-bool g2_fits(int ranks, const int64_t* tokens, const int32_t* slots, int k, int64_t h, int64_t i, bool sep) {
-  static const int64_t mb = [] {
-    const char* v = getenv("MK_MOE_FUSED_G2PF");
-    return v ? (int64_t)atoll(v) : (int64_t)0;
-  }();
-  if (sep || mb <= 0) return false;
-  int64_t a = 0, bytes = 0;
-  for (int r = 0; r < ranks; ++r) a += tokens[r] * k;
-  for (int d = 0; d < ranks; ++d) bytes += std::min<int64_t>(slots[d], a) * h * i * (int64_t)sizeof(bf16);
-  return bytes <= (mb << 20);
-}
-
 // RankLayout: byte offsets of one rank's workspace regions.
 struct RankLayout {
   int64_t rows_cap, tiles_cap;
@@ -2260,9 +2246,11 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->l2pf = l2pf;
   static const bool early = !mk::env_is("MK_MOE_FUSED_EARLY_B", '0');
   p->early_b = early;
-  p->g2pf = cfg == 0 && g2_fits(ranks, tokens, slots, k, h, i, sep);
-  static const bool g2last = mk::env_is("MK_MOE_FUSED_G2PF_LAST", '1');
-  p->g2pf_last = g2last;
+  static const int warm = [] {
+    const char* v = getenv("MK_MOE_FUSED_WARM");
+    return v ? atoi(v) & 3 : 0;
+  }();
+  p->warm = warm;
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;
