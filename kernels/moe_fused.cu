@@ -228,11 +228,11 @@ struct Params {
   // early_b (mma.sync tiles): a GEMM task issues its first weight stages
   // before its input wait (gemm_task); MK_MOE_FUSED_EARLY_B=0 waits first.
   int early_b;
-  // warm (mma.sync tiles; MK_MOE_FUSED_WARM, a mask, default 0): before
-  // its input wait a task asks L2 for the lines it will read once the wait
-  // ends (prefetch.global.L2; they may not be written yet — L2 takes the
-  // later stores — but the translation of their pages is then done): 1 the
-  // combine tasks' returned rows and output rows, 2 GEMM2's activation rows.
+  // warm (mma.sync tiles; MK_MOE_FUSED_WARM=1, default 0): before its
+  // input wait a combine task asks L2 for the lines of the returned rows it
+  // will read and the output rows it will write (prefetch.global.L2; the
+  // returned rows may not be written yet — L2 takes the later stores — but
+  // the translation of their pages is then done before the wait ends).
   int warm;
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
@@ -2248,7 +2248,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->early_b = early;
   static const int warm = [] {
     const char* v = getenv("MK_MOE_FUSED_WARM");
-    return v ? atoi(v) & 3 : 0;
+    return v ? atoi(v) & 1 : 0;
   }();
   p->warm = warm;
   p->me = me;
