@@ -228,12 +228,6 @@ struct Params {
   // early_b (mma.sync tiles): a GEMM task issues its first weight stages
   // before its input wait (gemm_task); MK_MOE_FUSED_EARLY_B=0 waits first.
   int early_b;
-  // warm (mma.sync tiles; MK_MOE_FUSED_WARM=1, default 0): before its
-  // input wait a combine task asks L2 for the lines of the returned rows it
-  // will read and the output rows it will write (prefetch.global.L2; the
-  // returned rows may not be written yet — L2 takes the later stores — but
-  // the translation of their pages is then done before the wait ends).
-  int warm;
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
   // are other launches, other processes or GPUs); -1: every rank (emulated).
@@ -1236,37 +1230,6 @@ __device__ __forceinline__ int find_rank(const int* pre, int R, int idx) {
   return r;
 }
 
-// GemmAt is a GEMM task's rank, row tile, column block and split.
-struct GemmAt {
-  int d, tile, nb, ks;
-};
-// gemm_at maps task idx of one GEMM (its prefix sums over ranks pre, n
-// column blocks of nks splits a row tile) to its GemmAt: a block's splits
-// are neighbours in the queue (taken together), blocks in task_tile order.
-__device__ __forceinline__ GemmAt gemm_at(const Params& p, const int* pre, int idx, int n, int nks) {
-  GemmAt g;
-  g.d = find_rank(pre, p.R, idx);
-  const int rel = idx - pre[g.d];
-  task_tile(p, rel / nks, (pre[g.d + 1] - pre[g.d]) / (n * nks), n, g.tile, g.nb);
-  g.ks = rel % nks;
-  return g;
-}
-
-// prefetch_l2 asks L2 for the 128-byte line at a (no data comes back).
-__device__ __forceinline__ void prefetch_l2(const void* a) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a)); }
-
-// warm_rows (every thread; Params.warm): the lines of n rows of `bytes`
-// each, row i at base + rows[i]·stride bytes (rows[i] < 0: none).
-template <int NT, class Row>
-__device__ void warm_rows(const char* base, int n, int64_t bytes, int64_t stride, const Row& row) {
-  const int lpr = (int)((bytes + 127) / 128);
-  for (int l = threadIdx.x; l < n * lpr; l += NT) {
-    const int i = l / lpr;
-    const int64_t r = row(i);
-    if (r >= 0) prefetch_l2(base + r * stride + (int64_t)(l - i * lpr) * 128);
-  }
-}
-
 // comb_task is combine task c's part of the work (CombTask).
 __device__ __forceinline__ CombTask comb_task(const Params& p, int c) {
   CombTask k;
@@ -1619,9 +1582,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const _
     const int task = idx;
     ntasks++;
     if (idx < n_g1) {
-      const GemmAt at = gemm_at(p, g1pre, idx, p.n1t, p.ks1);
-      const int d = at.d, tile = at.tile;
-      const int got = C::template gemm<true>(p, d, tile, at.nb, at.ks, fused_sm, [&]() {
+      const int d = find_rank(g1pre, R, idx);
+      const int rel = idx - g1pre[d];
+      int tile, nb;
+      // A block's splits are neighbours in the queue: taken together.
+      task_tile(p, rel / p.ks1, (g1pre[d + 1] - g1pre[d]) / (p.n1t * p.ks1), p.n1t, tile, nb);
+      const int got = C::template gemm<true>(p, d, tile, nb, rel % p.ks1, fused_sm, [&]() {
         if (threadIdx.x == 0) {
           const int want = p.rk[d].tile_want[tile];  // remote rows; local ones are read from x
           ok_sh = want == 0 || wait_geq(p, p.rk[d].arrive + tile, want, d, 1, tile);
@@ -1639,11 +1605,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const _
         }
       }
       if (threadIdx.x == 0)
-        trace_rec(p, room, 1, task, t_take, t_ready, t_ready, trace_pos(tile, at.nb, at.ks, p.ks1));
+        trace_rec(p, room, 1, task, t_take, t_ready, t_ready, trace_pos(tile, nb, rel % p.ks1, p.ks1));
     } else if ((idx -= n_g1) < n_g2) {
-      const GemmAt at = gemm_at(p, g2pre, idx, p.n2t, p.ks2);
-      const int d = at.d, tile = at.tile;
-      const int got = C::template gemm<false>(p, d, tile, at.nb, at.ks, fused_sm, [&]() {
+      const int d = find_rank(g2pre, R, idx);
+      const int rel = idx - g2pre[d];
+      int tile, nb;
+      task_tile(p, rel / p.ks2, (g2pre[d + 1] - g2pre[d]) / (p.n2t * p.ks2), p.n2t, tile, nb);
+      const int got = C::template gemm<false>(p, d, tile, nb, rel % p.ks2, fused_sm, [&]() {
         if (threadIdx.x == 0) {
           ok_sh = wait_geq(p, p.rk[d].g1done + tile, p.n1t, d, 2, tile);
           t_ready = trace_now(room);
@@ -1660,19 +1628,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const _
         }
       }
       if (threadIdx.x == 0)
-        trace_rec(p, room, 2, task, t_take, t_ready, t_ready, trace_pos(tile, at.nb, at.ks, p.ks2));
+        trace_rec(p, room, 2, task, t_take, t_ready, t_ready, trace_pos(tile, nb, rel % p.ks2, p.ks2));
     } else {
       idx -= n_g2;
       const CombTask ct = comb_task(p, idx);
       if (!wait_planned()) return;
-      if (p.warm & 1) {  // the returned rows and the output rows this task reads and writes
-        const RankP& rk = p.rk[ct.r];
-        const int64_t eb = p.ret_bf16 ? 2 : 4, cols = ct.c1 - ct.c0;
-        warm_rows<NT>(static_cast<const char*>(rk.ret) + ct.c0 * eb, (int)((ct.t1 - ct.t0) * K), cols * eb, p.H * eb,
-                      [&](int i) { return ct.t0 * K + i; });
-        warm_rows<NT>(reinterpret_cast<const char*>(rk.out + ct.c0), (int)(ct.t1 - ct.t0), cols * 4, p.H * 4,
-                      [&](int i) { return ct.t0 + i; });
-      }
       if (threadIdx.x == 0) ok_sh = combine_ready(p, idx);
       __syncthreads();
       if (!ok_sh) return;
@@ -1736,8 +1696,10 @@ __global__ void __launch_bounds__(WgTiles::kThreads, 1)
   auto task_at = [&](int idx, bool& gateup, int& d, int& tile, int& nb) -> bool {
     gateup = idx < n_g1;
     if (!gateup && (idx -= n_g1) >= n_g2) return false;
-    const GemmAt at = gemm_at(p, gateup ? g1pre : g2pre, idx, gateup ? p.n1t : p.n2t, 1);
-    d = at.d, tile = at.tile, nb = at.nb;
+    const int* pre = gateup ? g1pre : g2pre;
+    const int n = gateup ? p.n1t : p.n2t;
+    d = find_rank(pre, R, idx);
+    task_tile(p, idx - pre[d], (pre[d + 1] - pre[d]) / n, n, tile, nb);
     return true;
   };
   int g = 0;  // k steps of this CTA's GEMM tasks so far: the stage ring's position, the same in both roles
@@ -2246,11 +2208,6 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->l2pf = l2pf;
   static const bool early = !mk::env_is("MK_MOE_FUSED_EARLY_B", '0');
   p->early_b = early;
-  static const int warm = [] {
-    const char* v = getenv("MK_MOE_FUSED_WARM");
-    return v ? atoi(v) & 1 : 0;
-  }();
-  p->warm = warm;
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;
