@@ -2329,10 +2329,7 @@ int maps_for(const Params& p, FusedMaps* m) {
 // fused_pdl: MK_MOE_FUSED_PDL=0 launches the persistent kernel only once
 // the plan has ended (for comparisons).
 bool fused_pdl() {
-  static const bool on = [] {
-    const char* v = getenv("MK_MOE_FUSED_PDL");
-    return !(v && v[0] == '0');
-  }();
+  static const bool on = !mk::env_is("MK_MOE_FUSED_PDL", '0');
   return on;
 }
 
