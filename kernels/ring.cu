@@ -90,6 +90,7 @@
 // rank resets anything a peer writes, so no rank waits for a peer to reset.
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "attn_tile.cuh"
 #include "flash_wg.cuh"
@@ -170,6 +171,14 @@ struct Params {
   // rank and span, and the most per rank.
   int wtc[kMaxRanks][2];
   int wtmax;
+  // ring_wg's queue order (wg_layout): entry e < wno is span wo[e] & 1 of
+  // rank wo[e] >> 1, whose tiles are the queue's tile numbers [wcum[e],
+  // wcum[e + 1]) (heads slots each, the span's heaviest tile first).
+  int wo[2 * kMaxRanks];
+  int wcum[2 * kMaxRanks + 1];
+  int wno;
+  int cs;          // MK_RING_CS=1: the comm CTAs' copies stream (evict first: copy_part)
+  int noprefetch;  // MK_RING_PREFETCH=0: a ring_wg CTA takes its next slot only after B
   int tma;  // ring_wg: whole key tiles by TMA through RingMaps, else cp.async
   int nocopy;  // MK_RING_NOCOPY=1 (a measurement, wrong results): the comm CTAs signal without copying
   int noready;  // ring_wg waits for every step's chunk in every slot (unless MK_RING_READY=1: ready_steps)
@@ -292,7 +301,7 @@ constexpr int kCopyDepth = 8;
 
 // copy_part copies part `part` of `parts` of n bytes from src to dst through
 // L2 (16-byte accesses when both are 16-byte aligned, else 2-byte ones).
-__device__ void copy_part(char* dst, const char* src, int64_t n, int part, int parts) {
+__device__ void copy_part(char* dst, const char* src, int64_t n, int part, int parts, bool cs = false) {
   const int nt = blockDim.x;  // 128 (ring_kernel) or 384 (ring_wg)
   const bool v16 = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0;
   if (v16) {
@@ -303,7 +312,17 @@ __device__ void copy_part(char* dst, const char* src, int64_t n, int part, int p
     uint4* d = reinterpret_cast<uint4*>(dst);
     int64_t i = lo + threadIdx.x;
     // kCopyDepth 16-byte loads in flight per thread: a comm CTA's copy is
-    // bound by the bytes it keeps in flight (latency × rate).
+    // bound by the bytes it keeps in flight (latency × rate). cs: loads and
+    // stores marked streaming (evict first), so the hops' 8R MB do not
+    // push the compute CTAs' key tiles out of L2 (MK_RING_CS=1).
+    if (cs)
+      for (; i + (kCopyDepth - 1) * nt < hi; i += kCopyDepth * nt) {
+        uint4 x[kCopyDepth];
+#pragma unroll
+        for (int u = 0; u < kCopyDepth; ++u) x[u] = __ldcs(s + i + u * nt);
+#pragma unroll
+        for (int u = 0; u < kCopyDepth; ++u) __stcs(d + i + u * nt, x[u]);
+      }
     for (; i + (kCopyDepth - 1) * nt < hi; i += kCopyDepth * nt) {
       uint4 x[kCopyDepth];
 #pragma unroll
@@ -483,9 +502,9 @@ __device__ bool comm_role(const Params& p, int r, int part, unsigned char* stage
                 (int64_t)rows * p.v_stride * 2, part, p.ncomm, stage, cbar, count);
     } else if (!p.nocopy) {
       copy_part(reinterpret_cast<char*>(chunk_k(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_k(p, r, s)),
-                (int64_t)rows * p.k_stride * 2, part, p.ncomm);
+                (int64_t)rows * p.k_stride * 2, part, p.ncomm, p.cs);
       copy_part(reinterpret_cast<char*>(chunk_v(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_v(p, r, s)),
-                (int64_t)rows * p.v_stride * 2, part, p.ncomm);
+                (int64_t)rows * p.v_stride * 2, part, p.ncomm, p.cs);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -977,41 +996,38 @@ __device__ int ready_steps(const Params& p, int r, int s_hi, int* known) {
   return known[1];
 }
 
-// wslot_take (thread 0) takes the next slot of q with any query rows.
+// wslot_take (thread 0) takes the next slot of q: queue number idx is
+// tile idx / heads of the order wg_layout laid out (p.wo, p.wcum), head
+// idx % heads (a tile's heads consecutive: they share its K/V in L2).
 __device__ WSlot wslot_take(const Params& p, int* q, int s_lo, int s_hi) {
-  const bool local = p.me >= 0;
-  const int per = p.wtmax * p.heads, nslots = per * (local ? 1 : p.ranks);
-  for (;;) {
-    WSlot w{};
-    const int idx = atomicAdd(q, 1);
-    if (idx >= nslots) {
-      w.ntiles = -1;
-      return w;
-    }
-    // idx = r · per + t · heads + h: one rank's slots after another (one
-    // chunk's K/V in flight at a time; see ring_kernel), heaviest first;
-    // rank-local, idx = t · heads + h of rank me.
-    w.r = local ? p.me : idx / per;
-    const int rest = local ? idx : idx % per, t = rest / p.heads;
-    w.h = rest % p.heads;
-    const int tc0 = p.wtc[w.r][0], tc1 = p.wtc[w.r][1];
-    if (t >= tc0 + tc1) continue;  // this rank has fewer tiles
-    const int seg = t < tc1 ? 1 : 0, ti = t < tc1 ? tc1 - 1 - t : tc0 - 1 - (t - tc1);
-    w.qlo = p.qs[w.r][2 * seg];
-    w.L = p.qs[w.r][2 * seg + 1] - w.qlo;
-    w.qrow0 = seg == 0 ? 0 : p.qs[w.r][1] - p.qs[w.r][0];
-    w.i0 = ti * fwg::kBM;
-    w.iend = min(w.i0 + fwg::kBM, w.L);
-    w.id = t * p.heads + w.h;
-    w.ntiles = 0;
-    for (int s = s_lo; s < s_hi; ++s)
-      for (int hh = 0; hh < 2; ++hh) {
-        int lo, hi, koff, nlo;
-        chunk_span(p, w.r, s, hh, &lo, &hi, &koff);
-        w.ntiles += key_tiles(p, w.qlo, w.i0, w.iend, lo, hi, fwg::kBN, &nlo);
-      }
+  WSlot w{};
+  const int idx = atomicAdd(q, 1);
+  if (idx >= p.wcum[p.wno] * p.heads) {
+    w.ntiles = -1;
     return w;
   }
+  const int T = idx / p.heads;
+  w.h = idx - T * p.heads;
+  int e = 0;
+  while (T >= p.wcum[e + 1]) ++e;
+  const int seg = p.wo[e] & 1;
+  w.r = p.wo[e] >> 1;
+  const int tc1 = p.wtc[w.r][1], ti = p.wtc[w.r][seg] - 1 - (T - p.wcum[e]);
+  w.qlo = p.qs[w.r][2 * seg];
+  w.L = p.qs[w.r][2 * seg + 1] - w.qlo;
+  w.qrow0 = seg == 0 ? 0 : p.qs[w.r][1] - p.qs[w.r][0];
+  w.i0 = ti * fwg::kBM;
+  w.iend = min(w.i0 + fwg::kBM, w.L);
+  // The watchdog's tile id: the rank's tiles counted span 1's last first.
+  w.id = (seg == 1 ? tc1 - 1 - ti : tc1 + p.wtc[w.r][0] - 1 - ti) * p.heads + w.h;
+  w.ntiles = 0;
+  for (int s = s_lo; s < s_hi; ++s)
+    for (int hh = 0; hh < 2; ++hh) {
+      int lo, hi, koff, nlo;
+      chunk_span(p, w.r, s, hh, &lo, &hi, &koff);
+      w.ntiles += key_tiles(p, w.qlo, w.i0, w.iend, lo, hi, fwg::kBN, &nlo);
+    }
+  return w;
 }
 
 // WIN: a sliding window (p.window > 0). Without it the consumers' masks
@@ -1030,6 +1046,7 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
   extern __shared__ unsigned char rwg_raw[];
   const fwg::Smem sm = fwg::carve(rwg_raw);
   __shared__ WSlot slot_sh;
+  __shared__ WSlot next_sh;    // thread 0's: the slot taken while the consumers finish the last one
   __shared__ int known_sh[2];  // thread 0's: ready_steps' cache
   int* abort_sh = sm.flag();
   const int tid = threadIdx.x, wg = tid / 128, wl = tid % 128;
@@ -1055,9 +1072,10 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
 
   if (wg == 0) {  // producer
     mkwg::setmaxnreg_dec<56>();
+    if (tid == 0 && !p.noprefetch) next_sh = wslot_take(p, queue, s_lo, s_hi);
     for (int gb = 0;;) {
       if (tid == 0) {
-        WSlot t = wslot_take(p, queue, s_lo, s_hi);
+        WSlot t = p.noprefetch ? wslot_take(p, queue, s_lo, s_hi) : next_sh;
         t.ready = t.ntiles >= 0 && p.mode == 2 && !p.noready ? ready_steps(p, t.r, s_hi, known_sh) : 0;
         slot_sh = t;
       }
@@ -1137,6 +1155,10 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
           }
         }
       }
+      // The next slot (the queue's atomic and its span walk: 2R spans) is
+      // taken while the consumers still work through this slot's last
+      // stages, not between B and A with every warp waiting.
+      if (tid == 0 && !p.noprefetch) next_sh = wslot_take(p, queue, s_lo, s_hi);
       asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy into Q or a stage outlives the slot
       gb = g;
       __syncthreads();  // B: the consumers are done with Q and slot_sh
@@ -1383,6 +1405,12 @@ void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* 
   // overhead) shrinks).
   static const int bulk_env = mk::env_is("MK_RING_BULK", '1') ? 1 : 0;
   p->bulk = bulk_env;
+  // MK_RING_PREFETCH=0: ring_wg takes each slot between its barriers B and
+  // A (every warp waiting), as before the fifty-first pass.
+  static const int noprefetch_env = mk::env_is("MK_RING_PREFETCH", '0') ? 1 : 0;
+  p->noprefetch = noprefetch_env;
+  static const int cs_env = mk::env_is("MK_RING_CS", '1') ? 1 : 0;
+  p->cs = cs_env;
   bool vec = head_dim % 8 == 0 && v_head_dim % 8 == 0;
   char* base = reinterpret_cast<char*>(ws);
   int64_t state_off = kStateOff + lo.done_bytes;
@@ -1518,15 +1546,36 @@ bool wg_fits(const Params& p, int nout, int head_dim, int v_head_dim, bool out_f
   return true;
 }
 
-// wg_layout fills ring_wg's tiles of 128 query rows per rank and span.
+// wg_layout fills ring_wg's tiles of 128 query rows per rank and span,
+// and its queue order (p->wo, p->wcum): the spans of the ranks the launch
+// computes (rank-local: me's), the latest first — under a causal mask the
+// heaviest tiles, so the queue runs longest first across ranks, as flash's
+// does over one sequence (the rank-major order before it, MK_RING_ORDER=
+// rank, ended each launch on the last rank's tiles of nearly equal weight;
+// a schedule model put that at +0.7 % at 16k for R = 2–8). Equal starts
+// keep rank order. A span's tiles are taken heaviest first (wslot_take).
 void wg_layout(Params* p, int ranks, const int32_t* qspans) {
+  static const bool rank_order = [] {
+    const char* v = getenv("MK_RING_ORDER");
+    return v != nullptr && std::strcmp(v, "rank") == 0;
+  }();
   p->wtmax = 0;
+  p->wno = 0;
   for (int r = 0; r < ranks; ++r) {
     for (int sp = 0; sp < 2; ++sp)
       p->wtc[r][sp] = (qspans[4 * r + 2 * sp + 1] - qspans[4 * r + 2 * sp] + fwg::kBM - 1) / fwg::kBM;
     const int t = p->wtc[r][0] + p->wtc[r][1];
     p->wtmax = t > p->wtmax ? t : p->wtmax;
+    if (p->me >= 0 && r != p->me) continue;
+    for (int sp = 1; sp >= 0; --sp)
+      if (p->wtc[r][sp] > 0) p->wo[p->wno++] = r << 1 | sp;
   }
+  auto start = [&](int e) { return qspans[4 * (e >> 1) + 2 * (e & 1)]; };
+  if (!rank_order)  // insertion sort, stable: later starts first
+    for (int i = 1; i < p->wno; ++i)
+      for (int j = i; j > 0 && start(p->wo[j]) > start(p->wo[j - 1]); --j) std::swap(p->wo[j], p->wo[j - 1]);
+  p->wcum[0] = 0;
+  for (int e = 0; e < p->wno; ++e) p->wcum[e + 1] = p->wcum[e] + p->wtc[p->wo[e] >> 1][p->wo[e] & 1];
 }
 
 // rank_items is rank r's work items (slots) in the launch's kernel: ring_wg's
