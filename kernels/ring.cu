@@ -353,7 +353,7 @@ __device__ void copy_part(char* dst, const char* src, int64_t n, int part, int p
 // Its stores are complete and fenced for the generic release that
 // publishes them (signal_arrival) before it returns. Unaligned data goes
 // to copy_part.
-constexpr int kCopyBufs = 3;
+constexpr int kCopyBufs = 7;  // ring_wg's whole shared memory (Q and the K / V stages) while it copies
 constexpr int kCopyBuf = 32768;
 __device__ void copy_bulk(char* dst, const char* src, int64_t n, int part, int parts, unsigned char* stage,
                           uint64_t* bars, uint32_t& count) {
@@ -1063,8 +1063,8 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
   if ((int)blockIdx.x < ncomm_all) {
     const int r = local ? p.me : blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
     if (r == p.fault_rank) return;  // fault injection: this rank never sends
-    // The K stages (3 × 32 KB, unused until the CTA joins the compute) stage copy_bulk's buffers.
-    if (!comm_role(p, r, part, reinterpret_cast<unsigned char*>(sm.k()))) return;
+    // Its whole shared memory (Q and the K / V stages, 7 × 32 KB, unused until the CTA joins the compute) stages copy_bulk's buffers.
+    if (!comm_role(p, r, part, sm.q())) return;
     // Sent everything: join the compute below.
   }
   const int s_lo = p.mode == 1 ? p.step : 0, s_hi = p.mode == 1 ? p.step + 1 : R;
@@ -1398,7 +1398,7 @@ void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* 
   static const int noready_env = mk::env_is("MK_RING_READY", '1') ? 0 : 1;
   p->noready = noready_env;
   // MK_RING_BULK=1: ring_wg's comm CTAs forward chunks by TMA bulk copies
-  // through shared memory, one thread keeping 96 KB in flight (copy_bulk).
+  // through shared memory, one thread keeping 224 KB in flight (copy_bulk; 96 KB before the fifty-first pass).
   // Written after the twenty-ninth pass's device time: opt-in until
   // measured (expected: faster hops — going from 4 to 8 comm CTAs a rank
   // gained 0.1–0.3 ms at 16k R = 8 — so R = 8's copy share (~half its

@@ -379,66 +379,67 @@ func ringBenchOne(d *kernels.Device, o *ringBenchOpts, seq, R int, spacer int64)
 		return res, fmt.Errorf("separate: %w", err)
 	}
 
-	timeIt := func(launch func() error) (float64, error) {
-		for range 2 {
-			if err := launch(); err != nil {
-				return 0, err
+	// Timing: the methods interleaved launch by launch (one of each per
+	// round, CUDA events around each), after three untimed rounds, so a
+	// change of clock or power state during the run falls on every method
+	// alike (sequential blocks put single_rank_ms and ms in different
+	// phases: a ring's overhead moved ±5 % between runs, fifty-first pass).
+	type method struct {
+		launch func() error
+		ms     *float64
+	}
+	methods := []method{{flash, &res.SingleRankMs}, {ring2, &res.DoubleMs}, {sep, &res.SeparateMs}}
+	if R > 1 {
+		methods = append(methods, method{ring, &res.GatherMs})
+	}
+	ev := make([]*kernels.Event, 2*len(methods)*o.iters)
+	for i := range ev {
+		if ev[i], err = d.NewEvent(); err != nil {
+			return res, err
+		}
+		defer ev[i].Destroy()
+	}
+	for range 3 {
+		for _, m := range methods {
+			if err := m.launch(); err != nil {
+				return res, err
 			}
 		}
-		ev := make([]*kernels.Event, 2*o.iters)
-		for i := range ev {
-			if ev[i], err = d.NewEvent(); err != nil {
-				return 0, err
+	}
+	for i := range o.iters {
+		for j, m := range methods {
+			k := 2 * (i*len(methods) + j)
+			if err := ev[k].Record(s); err != nil {
+				return res, err
 			}
-			defer ev[i].Destroy()
-		}
-		for i := range o.iters {
-			if err := ev[2*i].Record(s); err != nil {
-				return 0, err
+			if err := m.launch(); err != nil {
+				return res, err
 			}
-			if err := launch(); err != nil {
-				return 0, err
-			}
-			if err := ev[2*i+1].Record(s); err != nil {
-				return 0, err
+			if err := ev[k+1].Record(s); err != nil {
+				return res, err
 			}
 		}
-		if err := ev[len(ev)-1].Sync(); err != nil {
-			return 0, err
-		}
+	}
+	if err := ev[len(ev)-1].Sync(); err != nil {
+		return res, err
+	}
+	for j, m := range methods {
 		ms := make([]float64, o.iters)
 		for i := range ms {
-			e, err := kernels.Elapsed(ev[2*i], ev[2*i+1])
+			k := 2 * (i*len(methods) + j)
+			e, err := kernels.Elapsed(ev[k], ev[k+1])
 			if err != nil {
-				return 0, err
+				return res, err
 			}
 			ms[i] = float64(e)
 		}
-		slices.Sort(ms)
-		if len(ms)%2 == 0 {
-			return (ms[len(ms)/2-1] + ms[len(ms)/2]) / 2, nil
-		}
-		return ms[len(ms)/2], nil
-	}
-	if res.SingleRankMs, err = timeIt(flash); err != nil {
-		return res, err
-	}
-	if R > 1 {
-		if res.GatherMs, err = timeIt(ring); err != nil {
-			return res, err
-		}
-	}
-	if res.DoubleMs, err = timeIt(ring2); err != nil {
-		return res, err
+		*m.ms = median(ms)
 	}
 	res.Ms, res.Buffers = res.DoubleMs, "double"
 	if kernels.RingPreferGather(seq, R) {
 		res.Ms, res.Buffers = res.GatherMs, "gather"
 	}
 	if err := d.RingCheck(ws); err != nil {
-		return res, err
-	}
-	if res.SeparateMs, err = timeIt(sep); err != nil {
 		return res, err
 	}
 	flops := attnFLOPs(&attnBenchOpts{batch: 1, attnShape: attnShape{heads: H, headDim: D, vHeadDim: DV, causal: o.causal, window: o.window}}, seq)
