@@ -384,6 +384,21 @@ func ringBenchOne(d *kernels.Device, o *ringBenchOpts, seq, R int, spacer int64)
 	// change of clock or power state during the run falls on every method
 	// alike (sequential blocks put single_rank_ms and ms in different
 	// phases: a ring's overhead moved ±5 % between runs, fifty-first pass).
+	// Before each timed launch an untimed read of 128 MB (bench moe's graph
+	// flush) leaves L2 clean and empty of the operands, so no method pays
+	// for the dirty lines or gains from the data the one before it left.
+	var fb moeBenchBufs
+	defer fb.free()
+	fl, err := newGraphFlush(d, &fb, 7)
+	if err != nil {
+		return res, err
+	}
+	if err := d.Sync(); err != nil {
+		return res, err
+	}
+	flush := func() error {
+		return d.Gemm(s, fl.out, kernels.F32, fl.w, fl.w, 1, graphFlushRows, graphFlushCols)
+	}
 	type method struct {
 		launch func() error
 		ms     *float64
@@ -409,6 +424,9 @@ func ringBenchOne(d *kernels.Device, o *ringBenchOpts, seq, R int, spacer int64)
 	for i := range o.iters {
 		for j, m := range methods {
 			k := 2 * (i*len(methods) + j)
+			if err := flush(); err != nil {
+				return res, err
+			}
 			if err := ev[k].Record(s); err != nil {
 				return res, err
 			}
