@@ -299,6 +299,27 @@ __device__ bool wait_buffer_free(const Params& p, int r, int s, int part) {
 
 constexpr int kCopyDepth = 8;
 
+// copy_run copies the 16-byte words i, i + nt, … below hi in rounds of
+// kCopyDepth (a thread's loads of a round in flight together) and returns
+// the first word it left for the caller's tail; CS: streaming (evict-first)
+// loads and stores, else L2-only ones.
+template <bool CS>
+__device__ __forceinline__ int64_t copy_run(uint4* d, const uint4* s, int64_t i, int64_t hi, int nt) {
+  for (; i + (kCopyDepth - 1) * nt < hi; i += kCopyDepth * nt) {
+    uint4 x[kCopyDepth];
+#pragma unroll
+    for (int u = 0; u < kCopyDepth; ++u) x[u] = CS ? __ldcs(s + i + u * nt) : __ldcg(s + i + u * nt);
+#pragma unroll
+    for (int u = 0; u < kCopyDepth; ++u) {
+      if (CS)
+        __stcs(d + i + u * nt, x[u]);
+      else
+        __stcg(d + i + u * nt, x[u]);
+    }
+  }
+  return i;
+}
+
 // copy_part copies part `part` of `parts` of n bytes from src to dst through
 // L2 (16-byte accesses when both are 16-byte aligned, else 2-byte ones).
 __device__ void copy_part(char* dst, const char* src, int64_t n, int part, int parts, bool cs = false) {
@@ -315,21 +336,7 @@ __device__ void copy_part(char* dst, const char* src, int64_t n, int part, int p
     // bound by the bytes it keeps in flight (latency × rate). cs: loads and
     // stores marked streaming (evict first), so the hops' 8R MB do not
     // push the compute CTAs' key tiles out of L2 (MK_RING_CS=1).
-    if (cs)
-      for (; i + (kCopyDepth - 1) * nt < hi; i += kCopyDepth * nt) {
-        uint4 x[kCopyDepth];
-#pragma unroll
-        for (int u = 0; u < kCopyDepth; ++u) x[u] = __ldcs(s + i + u * nt);
-#pragma unroll
-        for (int u = 0; u < kCopyDepth; ++u) __stcs(d + i + u * nt, x[u]);
-      }
-    for (; i + (kCopyDepth - 1) * nt < hi; i += kCopyDepth * nt) {
-      uint4 x[kCopyDepth];
-#pragma unroll
-      for (int u = 0; u < kCopyDepth; ++u) x[u] = __ldcg(s + i + u * nt);
-#pragma unroll
-      for (int u = 0; u < kCopyDepth; ++u) __stcg(d + i + u * nt, x[u]);
-    }
+    i = cs ? copy_run<true>(d, s, i, hi, nt) : copy_run<false>(d, s, i, hi, nt);
     for (; i < hi; i += nt) __stcg(d + i, __ldcg(s + i));
     if (part == parts - 1)
       for (int64_t b = n16 * 16 + threadIdx.x; b < n; b += nt) dst[b] = __ldcg(src + b);
