@@ -168,9 +168,8 @@ struct Params {
   int* rem_next;    // rank me+1's remote flags (mapped): arr written here
   int* rem_prev;    // rank me−1's remote flags (mapped): rel written here
   // ring_wg (modes 1 and 2 at head dims 128/128): 128-row query tiles per
-  // rank and span, and the most per rank.
+  // rank and span.
   int wtc[kMaxRanks][2];
-  int wtmax;
   // ring_wg's queue order (wg_layout): entry e < wno is span wo[e] & 1 of
   // rank wo[e] >> 1, whose tiles are the queue's tile numbers [wcum[e],
   // wcum[e + 1]) (heads slots each, the span's heaviest tile first).
@@ -1416,6 +1415,9 @@ void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* 
   // A (every warp waiting), as before the fifty-first pass.
   static const int noprefetch_env = mk::env_is("MK_RING_PREFETCH", '0') ? 1 : 0;
   p->noprefetch = noprefetch_env;
+  // MK_RING_CS=1: the comm CTAs' register copies load and store streaming
+  // (evict first), so the hops do not evict the compute's key tiles from
+  // L2. Opt-in: one measurement, inside the sequential timing's noise.
   static const int cs_env = mk::env_is("MK_RING_CS", '1') ? 1 : 0;
   p->cs = cs_env;
   bool vec = head_dim % 8 == 0 && v_head_dim % 8 == 0;
@@ -1566,13 +1568,10 @@ void wg_layout(Params* p, int ranks, const int32_t* qspans) {
     const char* v = getenv("MK_RING_ORDER");
     return v != nullptr && std::strcmp(v, "rank") == 0;
   }();
-  p->wtmax = 0;
   p->wno = 0;
   for (int r = 0; r < ranks; ++r) {
     for (int sp = 0; sp < 2; ++sp)
       p->wtc[r][sp] = (qspans[4 * r + 2 * sp + 1] - qspans[4 * r + 2 * sp] + fwg::kBM - 1) / fwg::kBM;
-    const int t = p->wtc[r][0] + p->wtc[r][1];
-    p->wtmax = t > p->wtmax ? t : p->wtmax;
     if (p->me >= 0 && r != p->me) continue;
     for (int sp = 1; sp >= 0; --sp)
       if (p->wtc[r][sp] > 0) p->wo[p->wno++] = r << 1 | sp;
