@@ -1787,9 +1787,10 @@ int launch_ring(KernelFn kf, bool wg, bool coop, int64_t grid, size_t smem, cuda
   return MK_OK;
 }
 
-// wg_prepare is prepare for ring_wg (win: its sliding-window form).
-int wg_prepare(bool win, int* coresident) {
-  return prepare(ring_wg_kernel(win), fwg::kSmem, coresident, fwg::kThreadsWG);
+// wg_prepare is prepare for ring_wg (win: its sliding-window form; fwd:
+// the one with forwarders).
+int wg_prepare(bool win, int* coresident, bool fwd = false) {
+  return prepare(ring_wg_kernel(win, fwd), fwg::kSmem, coresident, fwg::kThreadsWG);
 }
 
 // pick_kernel picks a launch's kernel — ring_wg when wg, else ring_kernel's
@@ -1874,7 +1875,7 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   if (p.fwd) {  // the kernel with forwarders (its own instantiation: the others' code stays as measured)
     kf = ring_wg_kernel(false, true);
     int fcores = 0;
-    rc = prepare(kf, fwg::kSmem, &fcores, fwg::kThreadsWG);
+    rc = wg_prepare(false, &fcores, true);
     if (rc != MK_OK) return rc;
   }
   int64_t slots = 0;

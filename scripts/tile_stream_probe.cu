@@ -29,14 +29,7 @@
 #include <cstdio>
 #include <vector>
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                        \
-    }                                                                                  \
-  } while (0)
+#include "probe_check.h"
 
 constexpr int kRows = 64, kBK = 64, kStage = kRows * kBK * 2;  // a stage: 64 rows × 128 bytes
 
