@@ -88,6 +88,7 @@
 // per buffer since every use waits for the one before). For that the comm
 // CTAs also wait for the last step's chunk and count as its readers. No
 // rank resets anything a peer writes, so no rank waits for a peer to reset.
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -1700,10 +1701,19 @@ void fwd_layout(Params* p, const int32_t* kvspans, int kv_heads, int cores) {
     ok = ok && p->wtc[r][seg] > 0;
     p->fwd_seg[r] = seg;
   }
+  if (ok) {
+    RingMaps m;  // the maps (kept for the launch): forwarders need every rank's on TMA
+    ring_maps(p, &m);
+    ok = p->tma;
+  }
+  if (env) {  // one stderr line whenever the outcome changes, so a run shows which kernel it timed
+    static int last = -1;
+    if (last != (int)ok)
+      fprintf(stderr, "mk_ring: forwarders %s (ranks %d, kv heads %d, %d cores)\n", ok ? "on" : "off", R, kv_heads,
+              cores);
+    last = ok;
+  }
   if (!ok) return;
-  RingMaps m;  // the maps (kept for the launch): forwarders need every rank's on TMA
-  ring_maps(p, &m);
-  if (!p->tma) return;
   p->fwd = 1;
   p->kvh = kv_heads;
   p->ncomm = kv_heads;
