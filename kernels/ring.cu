@@ -88,7 +88,6 @@
 // per buffer since every use waits for the one before). For that the comm
 // CTAs also wait for the last step's chunk and count as its readers. No
 // rank resets anything a peer writes, so no rank waits for a peer to reset.
-#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -177,14 +176,6 @@ struct Params {
   int wo[2 * kMaxRanks];
   int wcum[2 * kMaxRanks + 1];
   int wno;
-  // MK_RING_FWD=1 (emulated gather ring on ring_wg, kv spans in whole
-  // 128-key tiles): no comm CTAs; each rank's first kvh slots (one a kv
-  // head, its latest span's last tile: fwd_seg[r]) load every tile of each
-  // chunk they hold and store it by TMA from shared memory into rank r+1's
-  // gather slot (ring_wg's forwarders); a chunk has arrived when its kvh
-  // forwarders signalled (ncomm = kvh then).
-  int fwd, kvh;
-  int fwd_seg[kMaxRanks];
   int cs;          // MK_RING_CS=1: the comm CTAs' copies stream (evict first: copy_part)
   int noprefetch;  // MK_RING_PREFETCH=0: a ring_wg CTA takes its next slot only after B
   int tma;  // ring_wg: whole key tiles by TMA through RingMaps, else cp.async
@@ -980,31 +971,7 @@ __global__ void __launch_bounds__(kThreads, 2) ring_kernel(const __grid_constant
 struct WSlot {
   int r, h, qlo, L, qrow0, i0, iend, ntiles, id;
   int ready;  // mode 2: steps (bit s) whose chunk of rank r is known to be whole: no wait for them
-  int fwd;    // a forwarder (Params.fwd): every tile of steps 0 .. R − 2, each stored on to rank r+1
 };
-
-// fwd_step reports whether slot w forwards the chunk it holds at step s
-// (a forwarder, at every step but the last); false at compile time in the
-// kernels without forwarders (FWD false), so their code is main's.
-template <bool FWD>
-__device__ __forceinline__ bool fwd_step(const Params& p, const WSlot& w, int s) {
-  return FWD && w.fwd && s + 1 < p.ranks;
-}
-
-// wslot_span is half hh of step s's chunk as slot w takes it: the
-// positions [*lo, *hi) from buffer row *koff, its first tile *nlo, and the
-// tile count — the tiles the slot's rows see, or all of them where the
-// slot forwards the chunk (the ones it cannot see arrive fully masked).
-template <bool FWD>
-__device__ __forceinline__ int wslot_span(const Params& p, const WSlot& w, int s, int hh, int* lo, int* hi, int* koff,
-                                          int* nlo) {
-  chunk_span(p, w.r, s, hh, lo, hi, koff);
-  if (fwd_step<FWD>(p, w, s)) {
-    *nlo = 0;
-    return (*hi - *lo) / fwg::kBN;  // whole tiles (the host's condition for forwarders)
-  }
-  return key_tiles(p, w.qlo, w.i0, w.iend, *lo, *hi, fwg::kBN, nlo);
-}
 
 // ready_steps (thread 0 of a ring_wg CTA, mode 2) is the mask of steps
 // 1 .. s_hi − 1 whose chunk of rank r has certainly arrived: those this CTA
@@ -1037,77 +1004,36 @@ __device__ int ready_steps(const Params& p, int r, int s_hi, int* known) {
 
 // wslot_take (thread 0) takes the next slot of q: queue number idx is
 // tile idx / heads of the order wg_layout laid out (p.wo, p.wcum), head
-// idx % heads (a tile's heads consecutive: they share its K/V in L2). With
-// forwarders (p.fwd) the queue starts with them, R·kvh slots (rank idx /
-// kvh, the first head of kv head idx % kvh, rank r's span fwd_seg[r], its
-// last tile), and the order after them skips them.
-template <bool FWD>
+// idx % heads (a tile's heads consecutive: they share its K/V in L2).
 __device__ WSlot wslot_take(const Params& p, int* q, int s_lo, int s_hi) {
-  const int nfwd = FWD && p.fwd ? p.ranks * p.kvh : 0;
-  for (;;) {
-    WSlot w{};
-    int idx = atomicAdd(q, 1);
-    if (idx >= nfwd + p.wcum[p.wno] * p.heads) {
-      w.ntiles = -1;
-      return w;
-    }
-    int seg, ti;
-    if (idx < nfwd) {
-      w.fwd = 1;
-      w.r = idx / p.kvh;
-      w.h = (idx - w.r * p.kvh) * p.group;
-      seg = p.fwd_seg[w.r];
-      ti = p.wtc[w.r][seg] - 1;
-    } else {
-      idx -= nfwd;
-      const int T = idx / p.heads;
-      w.h = idx - T * p.heads;
-      int e = 0;
-      while (T >= p.wcum[e + 1]) ++e;
-      seg = p.wo[e] & 1;
-      w.r = p.wo[e] >> 1;
-      ti = p.wtc[w.r][seg] - 1 - (T - p.wcum[e]);
-      if (nfwd > 0 && w.h % p.group == 0 && seg == p.fwd_seg[w.r] && ti == p.wtc[w.r][seg] - 1) continue;  // a forwarder
-    }
-    const int tc1 = p.wtc[w.r][1];
-    w.qlo = p.qs[w.r][2 * seg];
-    w.L = p.qs[w.r][2 * seg + 1] - w.qlo;
-    w.qrow0 = seg == 0 ? 0 : p.qs[w.r][1] - p.qs[w.r][0];
-    w.i0 = ti * fwg::kBM;
-    w.iend = min(w.i0 + fwg::kBM, w.L);
-    // The watchdog's tile id: the rank's tiles counted span 1's last first.
-    w.id = (seg == 1 ? tc1 - 1 - ti : tc1 + p.wtc[w.r][0] - 1 - ti) * p.heads + w.h;
-    w.ntiles = 0;
-    for (int s = s_lo; s < s_hi; ++s)
-      for (int hh = 0; hh < 2; ++hh) {
-        int lo, hi, koff, nlo;
-        w.ntiles += wslot_span<FWD>(p, w, s, hh, &lo, &hi, &koff, &nlo);
-      }
+  WSlot w{};
+  const int idx = atomicAdd(q, 1);
+  if (idx >= p.wcum[p.wno] * p.heads) {
+    w.ntiles = -1;
     return w;
   }
-}
-
-// fwd_tile (a forwarder's thread 0) stores ring tile g (stage st), once
-// its loads have landed, from shared memory into rank dst's gather slot s
-// at buffer row brow, kv head kvh's columns, as one bulk group (the boxes
-// of fwg::tma_tile, the other way).
-__device__ void fwd_tile(const Params& p, const fwg::Smem& sm, const RingMaps& maps, int dst, int s, int g, int brow,
-                         int kvh) {
-  const int st = g % fwg::kST;
-  mkwg::mbar_wait(sm.full_k(st), (g / fwg::kST) & 1);
-  mkwg::mbar_wait(sm.full_v(st), (g / fwg::kST) & 1);
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  const int y0 = s * p.gcap + brow, col = kvh * fwg::kD;
-#pragma unroll 1
-  for (int i = 0; i < 8; i++) {
-    const unsigned char* k = sm.k() + st * fwg::kTile + i * 16 * 128;
-    const unsigned char* v = sm.v() + st * fwg::kTile + i * 16 * 128;
-    mkwg::tma_store_2d(&maps.k[dst][1], k, col, y0 + 16 * i);
-    mkwg::tma_store_2d(&maps.k[dst][1], k + fwg::kHalf, col + 64, y0 + 16 * i);
-    mkwg::tma_store_2d(&maps.v[dst][1], v, col, y0 + 16 * i);
-    mkwg::tma_store_2d(&maps.v[dst][1], v + fwg::kHalf, col + 64, y0 + 16 * i);
-  }
-  mkwg::bulk_commit();
+  const int T = idx / p.heads;
+  w.h = idx - T * p.heads;
+  int e = 0;
+  while (T >= p.wcum[e + 1]) ++e;
+  const int seg = p.wo[e] & 1;
+  w.r = p.wo[e] >> 1;
+  const int tc1 = p.wtc[w.r][1], ti = p.wtc[w.r][seg] - 1 - (T - p.wcum[e]);
+  w.qlo = p.qs[w.r][2 * seg];
+  w.L = p.qs[w.r][2 * seg + 1] - w.qlo;
+  w.qrow0 = seg == 0 ? 0 : p.qs[w.r][1] - p.qs[w.r][0];
+  w.i0 = ti * fwg::kBM;
+  w.iend = min(w.i0 + fwg::kBM, w.L);
+  // The watchdog's tile id: the rank's tiles counted span 1's last first.
+  w.id = (seg == 1 ? tc1 - 1 - ti : tc1 + p.wtc[w.r][0] - 1 - ti) * p.heads + w.h;
+  w.ntiles = 0;
+  for (int s = s_lo; s < s_hi; ++s)
+    for (int hh = 0; hh < 2; ++hh) {
+      int lo, hi, koff, nlo;
+      chunk_span(p, w.r, s, hh, &lo, &hi, &koff);
+      w.ntiles += key_tiles(p, w.qlo, w.i0, w.iend, lo, hi, fwg::kBN, &nlo);
+    }
+  return w;
 }
 
 // WIN: a sliding window (p.window > 0). Without it the consumers' masks
@@ -1117,7 +1043,7 @@ __device__ void fwd_tile(const Params& p, const fwg::Smem& sm, const RingMaps& m
 // 0). Measured against the runtime window at 16k (H200, twenty-ninth
 // pass, two rounds): level within the ring's run-to-run spread (R = 4
 // +10.3 / +11.3 % against +17.5 / +12.4 %, R = 2 and 8 within ±2).
-template <bool WIN, bool FWD>
+template <bool WIN>
 __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
     ring_wg(const __grid_constant__ Params p, const __grid_constant__ RingMaps maps) {
   using fwg::kD;
@@ -1139,7 +1065,7 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
   }
   __syncthreads();
   const bool local = p.me >= 0;  // rank-local: only rank me's comm CTAs and slots
-  const int ncomm_all = p.mode == 2 && !(FWD && p.fwd) ? p.ncomm * (local ? 1 : R) : 0;
+  const int ncomm_all = p.mode == 2 ? p.ncomm * (local ? 1 : R) : 0;
   if ((int)blockIdx.x < ncomm_all) {
     const int r = local ? p.me : blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
     if (r == p.fault_rank) return;  // fault injection: this rank never sends
@@ -1152,10 +1078,10 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
 
   if (wg == 0) {  // producer
     mkwg::setmaxnreg_dec<56>();
-    if (tid == 0 && !p.noprefetch) next_sh = wslot_take<FWD>(p, queue, s_lo, s_hi);
+    if (tid == 0 && !p.noprefetch) next_sh = wslot_take(p, queue, s_lo, s_hi);
     for (int gb = 0;;) {
       if (tid == 0) {
-        WSlot t = p.noprefetch ? wslot_take<FWD>(p, queue, s_lo, s_hi) : next_sh;
+        WSlot t = p.noprefetch ? wslot_take(p, queue, s_lo, s_hi) : next_sh;
         t.ready = t.ntiles >= 0 && p.mode == 2 && !p.noready ? ready_steps(p, t.r, s_hi, known_sh) : 0;
         slot_sh = t;
       }
@@ -1176,10 +1102,10 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
       int g = gb;
       for (int s = s_lo; s < s_hi; ++s) {
         bool waited = false;
-        int fwd_g = -1, fwd_row = 0;  // thread 0 of a forwarder: the tile loaded last, not yet stored on
         for (int hh = 0; hh < 2; ++hh) {
           int lo, hi, koff, nlo;
-          const int cnt = wslot_span<FWD>(p, w, s, hh, &lo, &hi, &koff, &nlo);
+          chunk_span(p, w.r, s, hh, &lo, &hi, &koff);
+          const int cnt = key_tiles(p, w.qlo, w.i0, w.iend, lo, hi, BN, &nlo);
           if (cnt == 0) continue;
           if (p.mode == 2 && s > 0 && !waited && !((w.ready >> s) & 1)) {  // the chunk of step s has arrived
             waited = true;
@@ -1211,15 +1137,8 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
                 const int mi = s == 0 ? 0 : p.mode == 2 ? 1 : 1 + (s & 1);
                 const int y0 = (p.mode == 2 && s > 0 ? (s - 1) * p.gcap : 0) + brow;
                 asm volatile("fence.proxy.async.global;\n" ::: "memory");
-                const bool fwd = fwd_step<FWD>(p, w, s);
-                if (fwd) mkwg::bulk_wait_read();  // the stage's earlier tile has been stored on
                 fwg::tma_tile(sm, st, &maps.k[w.r][mi], &maps.v[w.r][mi], kvh * kD, kvh * kD,
                               [&](int j) { return y0 + 16 * j; });
-                if (fwd) {  // the tile before this one goes on to rank r+1 while this one loads
-                  if (fwd_g >= 0) fwd_tile(p, sm, maps, (w.r + 1) % R, s, fwd_g, fwd_row, kvh);
-                  fwd_g = g;
-                  fwd_row = brow;
-                }
               } else {
                 mkwg::mbar_arrive(sm.full_k(st));
                 mkwg::mbar_arrive(sm.full_v(st));
@@ -1241,22 +1160,11 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
             fwg::copy_v(sm, st, wl, vp, p.v_stride, row);
           }
         }
-        // A forwarder's chunk of step s is whole at rank r+1 once its last
-        // tile is stored and every store has completed: then the proxy
-        // fence, and the arrival as a comm CTA gives it (fault_rank's
-        // forwarders never signal: the watchdog test's broken ring).
-        if (FWD && wl == 0 && fwd_g >= 0 && *abort_sh == 0) {
-          fwd_tile(p, sm, maps, (w.r + 1) % R, s, fwd_g, fwd_row, kvh);
-          mkwg::bulk_wait_all();
-          asm volatile("fence.proxy.async.global;\n" ::: "memory");
-          if (w.r != p.fault_rank) signal_arrival(p, (w.r + 1) % R, s + 1, 0);
-        }
       }
-      if (FWD && wl == 0 && w.fwd) mkwg::bulk_wait_all();  // no store reads shared memory past the slot (an abort)
       // The next slot (the queue's atomic and its span walk: 2R spans) is
       // taken while the consumers still work through this slot's last
       // stages, not between B and A with every warp waiting.
-      if (tid == 0 && !p.noprefetch) next_sh = wslot_take<FWD>(p, queue, s_lo, s_hi);
+      if (tid == 0 && !p.noprefetch) next_sh = wslot_take(p, queue, s_lo, s_hi);
       asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy into Q or a stage outlives the slot
       gb = g;
       __syncthreads();  // B: the consumers are done with Q and slot_sh
@@ -1676,49 +1584,6 @@ void wg_layout(Params* p, int ranks, const int32_t* qspans) {
   for (int e = 0; e < p->wno; ++e) p->wcum[e + 1] = p->wcum[e] + p->wtc[p->wo[e] >> 1][p->wo[e] & 1];
 }
 
-// fwd_layout turns on ring_wg's forwarders (Params.fwd) where they can
-// run — MK_RING_FWD=1 (opt-in: written in the fifty-first pass after its
-// device time, not yet run), an emulated gather ring of R ≥ 2 on TMA, no
-// sliding window (a forwarder's first tiles must be ones it sees), every
-// rank's kv spans in whole 128-key tiles (a tile is stored on whole), a
-// query tile in every rank, and the R · kv_heads forwarders at most half
-// the co-resident CTAs (they wait on each other: all must run at once) —
-// and then replaces the comm CTAs: ncomm becomes the arrivals a chunk
-// needs, one per forwarder of the rank before. Each rank forwards from the
-// last tile of its latest query span (fwd_seg), which sees most of the
-// chunks it loads. Expected (kernels/README.md, "From the fifty-first
-// pass"): R = 8's 16k overhead from +14 % towards the +6.6 % of no copies.
-void ring_maps(Params* p, RingMaps* m);
-
-void fwd_layout(Params* p, const int32_t* kvspans, int kv_heads, int cores) {
-  static const bool env = mk::env_is("MK_RING_FWD", '1');
-  p->fwd = 0;
-  const int R = p->ranks;
-  bool ok = env && p->me < 0 && R >= 2 && p->window == 0 && R * kv_heads <= cores / 2;
-  for (int r = 0; ok && r < R; ++r) {
-    for (int sp = 0; sp < 2; ++sp) ok = ok && (kvspans[4 * r + 2 * sp + 1] - kvspans[4 * r + 2 * sp]) % fwg::kBN == 0;
-    const int seg = p->wtc[r][1] > 0 && (p->wtc[r][0] == 0 || p->qs[r][2] >= p->qs[r][0]) ? 1 : 0;
-    ok = ok && p->wtc[r][seg] > 0;
-    p->fwd_seg[r] = seg;
-  }
-  if (ok) {
-    RingMaps m;  // the maps (kept for the launch): forwarders need every rank's on TMA
-    ring_maps(p, &m);
-    ok = p->tma;
-  }
-  if (env) {  // one stderr line whenever the outcome changes, so a run shows which kernel it timed
-    static int last = -1;
-    if (last != (int)ok)
-      fprintf(stderr, "mk_ring: forwarders %s (ranks %d, kv heads %d, %d cores)\n", ok ? "on" : "off", R, kv_heads,
-              cores);
-    last = ok;
-  }
-  if (!ok) return;
-  p->fwd = 1;
-  p->kvh = kv_heads;
-  p->ncomm = kv_heads;
-}
-
 // rank_items is rank r's work items (slots) in the launch's kernel: ring_wg's
 // 128-row tiles × heads (after wg_layout), else the layout's.
 int64_t rank_items(const Params& p, const Layout& lo, bool wg, int r) {
@@ -1728,9 +1593,8 @@ int64_t rank_items(const Params& p, const Layout& lo, bool wg, int r) {
 // ring_wg_kernel is ring_wg as a KernelFn (a handle for the attribute,
 // occupancy and launch calls; launch_ring passes its RingMaps), with a
 // sliding window or without.
-KernelFn ring_wg_kernel(bool win, bool fwd = false) {
-  if (fwd) return reinterpret_cast<KernelFn>(ring_wg<false, true>);  // forwarders run without a window
-  return win ? reinterpret_cast<KernelFn>(ring_wg<true, false>) : reinterpret_cast<KernelFn>(ring_wg<false, false>);
+KernelFn ring_wg_kernel(bool win) {
+  return win ? reinterpret_cast<KernelFn>(ring_wg<true>) : reinterpret_cast<KernelFn>(ring_wg<false>);
 }
 
 // ring_maps fills ring_wg's TMA maps for the ranks the launch computes
@@ -1797,10 +1661,9 @@ int launch_ring(KernelFn kf, bool wg, bool coop, int64_t grid, size_t smem, cuda
   return MK_OK;
 }
 
-// wg_prepare is prepare for ring_wg (win: its sliding-window form; fwd:
-// the one with forwarders).
-int wg_prepare(bool win, int* coresident, bool fwd = false) {
-  return prepare(ring_wg_kernel(win, fwd), fwg::kSmem, coresident, fwg::kThreadsWG);
+// wg_prepare is prepare for ring_wg (win: its sliding-window form).
+int wg_prepare(bool win, int* coresident) {
+  return prepare(ring_wg_kernel(win), fwg::kSmem, coresident, fwg::kThreadsWG);
 }
 
 // pick_kernel picks a launch's kernel — ring_wg when wg, else ring_kernel's
@@ -1881,16 +1744,9 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   p.apply_sinks = 1;
   p.timeout_ns = timeout_ns;
   if (wg) wg_layout(&p, ranks, qspans);
-  if (wg && gather) fwd_layout(&p, kvspans, kv_heads, cores);
-  if (p.fwd) {  // the kernel with forwarders (its own instantiation: the others' code stays as measured)
-    kf = ring_wg_kernel(false, true);
-    int fcores = 0;
-    rc = wg_prepare(false, &fcores, true);
-    if (rc != MK_OK) return rc;
-  }
   int64_t slots = 0;
   for (int r = 0; r < ranks; ++r) slots += rank_items(p, lo, wg, r);
-  const int comm = p.fwd ? 0 : p.ncomm * ranks;
+  const int comm = p.ncomm * ranks;
   MK_ARG(comm < cores, "%s: %d communication CTAs leave no room for compute (%d co-resident)", fn, comm, cores);
   int64_t grid = comm + (slots > 0 ? slots : 1);
   if (grid > cores) grid = cores;

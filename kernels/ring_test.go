@@ -248,8 +248,8 @@ func ringCases() []ringCase {
 		{name: "r8_n13_empty_chunks", n: 13, ranks: 8, heads: 4, kvHeads: 2, headDim: 128, vHeadDim: 128, causal: true, out: F32},
 		{name: "r2_n300_d256_gqa2", n: 300, ranks: 2, heads: 4, kvHeads: 2, headDim: 256, vHeadDim: 256, causal: true, out: F32},
 		{name: "r4_n500_d20_unaligned", n: 500, ranks: 4, heads: 3, kvHeads: 1, headDim: 20, vHeadDim: 20, causal: true, out: F32},
-		// Chunks in whole 128-key tiles: with MK_RING_FWD=1 the gather ring
-		// runs on forwarders (ring.cu's fwd_layout) instead of comm CTAs.
+		// Chunks in whole 128-key tiles (every tile of a chunk full: the
+		// kernels' unmasked tile path at chunk edges).
 		{name: "r2_n1024_tiles_gqa4_d128", n: 1024, ranks: 2, heads: 8, kvHeads: 2, headDim: 128, vHeadDim: 128, causal: true,
 			out: BF16},
 		{name: "r8_n2048_tiles_gqa2_d128_f32", n: 2048, ranks: 8, heads: 4, kvHeads: 2, headDim: 128, vHeadDim: 128,
@@ -315,8 +315,7 @@ func checkSameBits(t *testing.T, name string, got, want []float32) {
 // launch on the same workspace must succeed.
 func TestRingWatchdog(t *testing.T) {
 	g := testGPU(t)
-	// n = 1024: chunks of whole 128-key tiles, so that with MK_RING_FWD=1
-	// the disabled rank is one whose forwarders never signal.
+	// n = 1024: chunks of whole 128-key tiles.
 	c := ringCase{n: 1024, ranks: 4, heads: 4, kvHeads: 1, headDim: 128, vHeadDim: 128, causal: true, out: F32}
 	in := makeRingInputs(newRNG(t), c)
 	want, _ := ringRef(c, in)

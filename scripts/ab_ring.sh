@@ -7,7 +7,7 @@
 # agree within ~0.5 points; variants still alternate so that none spans a
 # change of machine state. On the GPU machine, after
 # `MK_MODE=none bash scripts/device.sh`:
-#   VARIANTS="base: fwd:MK_RING_FWD=1 ready:MK_RING_READY=1" bash scripts/ab_ring.sh
+#   VARIANTS="base: ready:MK_RING_READY=1 cs:MK_RING_CS=1" bash scripts/ab_ring.sh
 # A variant is NAME:ASSIGNMENTS, assignments joined by commas (e.g.
 # "old:MKSERVE_KERNEL_LIB=$PWD/.dev/old/libmkernel.so", after make
 # device-old REV=... and MK_LIB_OLD=.dev/old/src). Environment:
@@ -15,7 +15,7 @@
 #   HEADS 32   KV_HEADS 8
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-: "${VARIANTS:?set VARIANTS, e.g. VARIANTS=\"base: fwd:MK_RING_FWD=1\"}"
+: "${VARIANTS:?set VARIANTS, e.g. VARIANTS=\"base: ready:MK_RING_READY=1\"}"
 SEQ=${SEQ:-16384}
 RANKS=${RANKS:-2,4,8}
 ROUNDS=${ROUNDS:-3}
