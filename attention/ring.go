@@ -22,10 +22,14 @@ type Span struct{ Lo, Hi int }
 func (s Span) Len() int { return s.Hi - s.Lo }
 
 // ZigzagSplit cuts positions [0, n) into 2R contiguous chunks whose sizes
-// differ by at most one and gives rank r chunks r and 2R−1−r. Under a causal
-// mask an early chunk is cheap and a late one expensive, so pairing them
-// gives every rank nearly the same work. ranks must be positive; chunks may
-// be empty when n < 2R.
+// differ by at most one and gives rank r chunks R−1−r and R+r (early chunk
+// first). Under a causal mask an early chunk is cheap and a late one
+// expensive, so pairing them gives every rank nearly the same work. The
+// pairs run outward from the middle so that, as key/value slices travel
+// from rank r to r+1, a slice's late chunk is seen only by the ranks from
+// its own to R−1, before the ring wraps: the GPU ring stops forwarding it
+// there (kernels/ring.cu, hop_rows). ranks must be positive; chunks may be
+// empty when n < 2R.
 func ZigzagSplit(n, ranks int) [][]Span {
 	if ranks <= 0 || n < 0 {
 		panic(fmt.Sprintf("attention.ZigzagSplit: n %d, ranks %d", n, ranks))
@@ -34,7 +38,7 @@ func ZigzagSplit(n, ranks int) [][]Span {
 	bound := func(i int) int { return i * n / c }
 	out := make([][]Span, ranks)
 	for r := range ranks {
-		out[r] = []Span{{bound(r), bound(r + 1)}, {bound(c - 1 - r), bound(c - r)}}
+		out[r] = []Span{{bound(ranks - 1 - r), bound(ranks - r)}, {bound(ranks + r), bound(ranks + r + 1)}}
 	}
 	return out
 }

@@ -43,6 +43,25 @@ func TestZigzagSplit(t *testing.T) {
 					t.Errorf("causal work per rank from %d to %d (ratio %.3f)", lo, hi, float64(hi)/float64(lo))
 				}
 			}
+			// The ring's forward pruning (kernels/ring.cu, hop_rows): a slice's
+			// late chunk travels from rank src to src+1, …; under a causal mask
+			// no rank past the wrap (d < src) may see any of its keys, and
+			// every rank from src on sees all of them.
+			for src, ss := range split {
+				late := ss[1]
+				if late.Len() == 0 {
+					continue
+				}
+				for d, ds := range split {
+					last := max(ds[0].Hi, ds[1].Hi) - 1 // rank d's last query position
+					if d < src && last >= late.Lo {
+						t.Errorf("rank %d (last position %d) sees rank %d's late chunk %v: the ring would stop it too early", d, last, src, late)
+					}
+					if d >= src && last < late.Hi-1 {
+						t.Errorf("rank %d (last position %d) does not see all of rank %d's late chunk %v", d, last, src, late)
+					}
+				}
+			}
 		})
 	}
 }

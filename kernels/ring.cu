@@ -470,6 +470,35 @@ __device__ __forceinline__ bf16* chunk_v(const Params& p, int r, int s) {
   return p.mode == 2 ? p.rk[r].vb[0] + (int64_t)(s - 1) * p.gcap * p.v_stride : p.rk[r].vb[s & 1];
 }
 
+// hop_rows is the part [*r0, *r1) of the rows (half 0's, then half 1's) of
+// the chunk rank r holds at step s that go on to rank r+1: a half goes on
+// only while a rank still to receive the chunk (r+1 .. r+R−1−s) can see one
+// of its keys. Under a causal mask that is a rank whose last query position
+// is at least the half's first key; without one, every half goes on. The
+// test is conservative (a window hides more keys, never fewer): a slot
+// loads only the tiles it sees (key_tiles), a subset. With the zigzag
+// split rank r holding chunks R−1−r and R+r of 2R (kernels.RingZigzag),
+// chunk src's late half is seen only by ranks src .. R−1, so it stops at
+// rank R−1 instead of going round: a quarter of the ring's copies
+// (fifty-second pass; the separate baseline copies the same rows).
+// ks, qs: Params' spans (host or device).
+__host__ __device__ inline void hop_rows(const int (*qs)[4], const int (*ks)[4], int R, int causal, int r, int s,
+                                         int* r0, int* r1) {
+  const int src = (r - s + R) % R;
+  const int n0 = ks[src][1] - ks[src][0], n1 = ks[src][3] - ks[src][2];
+  bool need0 = !causal, need1 = !causal;
+  for (int j = 1; causal && j <= R - 1 - s; ++j) {
+    const int d = (r + j) % R;
+    int qmax = -1;  // rank d's last query position
+    if (qs[d][1] > qs[d][0]) qmax = qs[d][1] - 1;
+    if (qs[d][3] > qs[d][2] && qs[d][3] - 1 > qmax) qmax = qs[d][3] - 1;
+    need0 = need0 || (n0 > 0 && qmax >= ks[src][0]);
+    need1 = need1 || (n1 > 0 && qmax >= ks[src][2]);
+  }
+  *r0 = need0 ? 0 : n0;
+  *r1 = need1 ? n0 + n1 : n0;
+}
+
 // comm_role forwards rank r's chunks (part `part` of ncomm) around the ring:
 // the chunk in hand at step s goes to rank r+1's buffer for step s+1
 // (receive buffer (s+1)%2 once its previous readers released it, or gather
@@ -499,18 +528,19 @@ __device__ bool comm_role(const Params& p, int r, int part, unsigned char* stage
     }
     __syncthreads();
     if (!ok_sh) return false;
-    const int src = (r - s + R) % R;  // whose chunk rank r holds at step s
-    const int rows = (p.ks[src][1] - p.ks[src][0]) + (p.ks[src][3] - p.ks[src][2]);
-    if (!p.nocopy && bulk) {
-      copy_bulk(reinterpret_cast<char*>(chunk_k(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_k(p, r, s)),
-                (int64_t)rows * p.k_stride * 2, part, p.ncomm, stage, cbar, count);
-      copy_bulk(reinterpret_cast<char*>(chunk_v(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_v(p, r, s)),
-                (int64_t)rows * p.v_stride * 2, part, p.ncomm, stage, cbar, count);
-    } else if (!p.nocopy) {
-      copy_part(reinterpret_cast<char*>(chunk_k(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_k(p, r, s)),
-                (int64_t)rows * p.k_stride * 2, part, p.ncomm, p.cs);
-      copy_part(reinterpret_cast<char*>(chunk_v(p, dst, s + 1)), reinterpret_cast<const char*>(chunk_v(p, r, s)),
-                (int64_t)rows * p.v_stride * 2, part, p.ncomm, p.cs);
+    int r0, r1;  // the rows that go on (hop_rows): those a rank still to receive them can see
+    hop_rows(p.qs, p.ks, R, p.causal, r, s, &r0, &r1);
+    const int64_t rows = r1 - r0, ko = (int64_t)r0 * p.k_stride, vo = (int64_t)r0 * p.v_stride;
+    if (!p.nocopy && bulk && rows > 0) {
+      copy_bulk(reinterpret_cast<char*>(chunk_k(p, dst, s + 1) + ko), reinterpret_cast<const char*>(chunk_k(p, r, s) + ko),
+                rows * p.k_stride * 2, part, p.ncomm, stage, cbar, count);
+      copy_bulk(reinterpret_cast<char*>(chunk_v(p, dst, s + 1) + vo), reinterpret_cast<const char*>(chunk_v(p, r, s) + vo),
+                rows * p.v_stride * 2, part, p.ncomm, stage, cbar, count);
+    } else if (!p.nocopy && rows > 0) {
+      copy_part(reinterpret_cast<char*>(chunk_k(p, dst, s + 1) + ko), reinterpret_cast<const char*>(chunk_k(p, r, s) + ko),
+                rows * p.k_stride * 2, part, p.ncomm, p.cs);
+      copy_part(reinterpret_cast<char*>(chunk_v(p, dst, s + 1) + vo), reinterpret_cast<const char*>(chunk_v(p, r, s) + vo),
+                rows * p.v_stride * 2, part, p.ncomm, p.cs);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -1951,13 +1981,15 @@ extern "C" MK_API int32_t mk_ring_separate_bf16(uint64_t stream, int32_t ranks, 
     // Copies for step s+1: rank r's chunk of step s to rank r+1's buffer (s+1)%2.
     if (s + 1 < ranks) {
       for (int r = 0; r < ranks; ++r) {
-        const int src = (r - s + ranks) % ranks, dst = (r + 1) % ranks;
-        const int64_t rows = (int64_t)(kvspans[4 * src + 1] - kvspans[4 * src]) + (kvspans[4 * src + 3] - kvspans[4 * src + 2]);
+        const int dst = (r + 1) % ranks;
+        int r0, r1;  // the rows that go on, as the ring's comm CTAs copy them (hop_rows)
+        hop_rows(p.qs, p.ks, ranks, p.causal, r, s, &r0, &r1);
+        const int64_t rows = r1 - r0, ko = (int64_t)r0 * p.k_stride, vo = (int64_t)r0 * p.v_stride;
         if (rows == 0) continue;
-        const void* ks = s == 0 ? (const void*)p.rk[r].k : (const void*)p.rk[r].kb[s & 1];
-        const void* vs = s == 0 ? (const void*)p.rk[r].v : (const void*)p.rk[r].vb[s & 1];
-        MK_CUDA(cudaMemcpyAsync(p.rk[dst].kb[(s + 1) & 1], ks, rows * p.k_stride * 2, cudaMemcpyDeviceToDevice, st));
-        MK_CUDA(cudaMemcpyAsync(p.rk[dst].vb[(s + 1) & 1], vs, rows * p.v_stride * 2, cudaMemcpyDeviceToDevice, st));
+        const bf16* ks = (s == 0 ? p.rk[r].k : p.rk[r].kb[s & 1]) + ko;
+        const bf16* vs = (s == 0 ? p.rk[r].v : p.rk[r].vb[s & 1]) + vo;
+        MK_CUDA(cudaMemcpyAsync(p.rk[dst].kb[(s + 1) & 1] + ko, ks, rows * p.k_stride * 2, cudaMemcpyDeviceToDevice, st));
+        MK_CUDA(cudaMemcpyAsync(p.rk[dst].vb[(s + 1) & 1] + vo, vs, rows * p.v_stride * 2, cudaMemcpyDeviceToDevice, st));
       }
     }
     // Step s's attention: into the accumulators at step 0, else the partials.

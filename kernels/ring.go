@@ -126,14 +126,16 @@ type RingArgs struct {
 }
 
 // RingZigzag splits positions [0, n) into 2·ranks contiguous chunks whose
-// sizes differ by at most one and gives rank r chunks r and 2·ranks−1−r
-// (attention.ZigzagSplit's split), so causal work is balanced.
+// sizes differ by at most one and gives rank r chunks ranks−1−r and
+// ranks+r (attention.ZigzagSplit's split), so causal work is balanced and
+// a chunk's late half is seen only by ranks it reaches before the ring
+// wraps (the kernel stops forwarding it there).
 func RingZigzag(n, ranks int) [][2]RingSpan {
 	c := 2 * ranks
 	b := func(i int) int { return i * n / c }
 	out := make([][2]RingSpan, ranks)
 	for r := range ranks {
-		out[r] = [2]RingSpan{{b(r), b(r + 1)}, {b(c - 1 - r), b(c - r)}}
+		out[r] = [2]RingSpan{{b(ranks - 1 - r), b(ranks - r)}, {b(ranks + r), b(ranks + r + 1)}}
 	}
 	return out
 }

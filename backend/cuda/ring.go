@@ -21,7 +21,7 @@ const ringGatherMaxBytes = 2 << 30
 // GPU (kernels.RingAttention), after its k/v were written to the pool pl:
 //
 //   - queries: the span's rows [Past, Past+Len) split zigzag over the ranks
-//     (each rank gets chunks r and 2R−1−r, so causal work is balanced);
+//     (each rank gets chunks R−1−r and R+r, so causal work is balanced);
 //   - keys/values: every position [0, Past+Len) of the sequence, split
 //     zigzag the same way, gathered from the pool into each rank's shard —
 //     the chunks then travel around the ring (into gather buffers or the
