@@ -115,7 +115,8 @@ constexpr int kQueue = 0;                                  // [kMaxRanks] per st
 constexpr int kArrived = kQueue + kMaxRanks;               // [rank][step]
 constexpr int kConsumed = kArrived + kMaxRanks * kMaxRanks;  // [rank][step]
 constexpr int kExit = kConsumed + kMaxRanks * kMaxRanks;    // rank-local gather: CTAs of the launch that finished
-constexpr int kMaxComm = 8;    // comm CTAs a rank at most: the emulated gather ring's (MK_RING_NCOMM fewer)
+constexpr int kMaxComm = 16;   // comm CTAs a rank at most (MK_RING_NCOMM, a measurement)
+constexpr int kGatherComm = 8;  // the emulated gather ring's by default, at most
 constexpr int kLocalComm = 4;  // the rank-local gather ring's
 constexpr int kCtlWords = kExit + 1;
 // Rank-local mode: the remote flags (int32, written by the peers, never
@@ -180,7 +181,7 @@ struct Params {
   int noprefetch;  // MK_RING_PREFETCH=0: a ring_wg CTA takes its next slot only after B
   int tma;  // ring_wg: whole key tiles by TMA through RingMaps, else cp.async
   int nocopy;  // MK_RING_NOCOPY=1 (a measurement, wrong results): the comm CTAs signal without copying
-  int noready;  // ring_wg waits for every step's chunk in every slot (unless MK_RING_READY=1: ready_steps)
+  int noready;  // MK_RING_READY=0: ring_wg waits for every step's chunk in every slot (else ready_steps)
   int bulk;     // MK_RING_BULK=1: ring_wg's comm CTAs copy by TMA bulk copies (copy_bulk)
 };
 static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
@@ -1426,12 +1427,14 @@ void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* 
                  int32_t window, uint64_t sinks, int32_t causal, uint64_t ws, const Shape& sh, const Layout& lo,
                  int me = -1) {
   std::memset(p, 0, sizeof *p);
-  // MK_RING_READY=1: ring_wg's slots skip the waits for chunks known to
-  // have arrived (ready_steps), emulated or rank-local. Written after the
-  // twenty-ninth pass's device time: opt-in until measured (expected: R =
-  // 8's barrier stalls down toward R = 1's, its 16k overhead without the
-  // copies from +14 % toward +8 %).
-  static const int noready_env = mk::env_is("MK_RING_READY", '1') ? 0 : 1;
+  // ring_wg's slots skip the waits for chunks known to have arrived
+  // (ready_steps), emulated or rank-local; MK_RING_READY=0: every slot
+  // waits for every step's chunk, as before the fifty-second pass. The
+  // default since that pass's call 2 (H200, bench ring at 16k, three
+  // interleaved rounds with the pruned hops): R = 8 +9.4 … +11.0 % over
+  // one rank against +12.8 … +13.4 % waiting, R = 4 +3.2 … +3.9 against
+  // +3.8 … +4.3, R = 2 level.
+  static const int noready_env = mk::env_is("MK_RING_READY", '0') ? 1 : 0;
   p->noready = noready_env;
   // MK_RING_BULK=1: ring_wg's comm CTAs forward chunks by TMA bulk copies
   // through shared memory, one thread keeping 224 KB in flight (copy_bulk; 96 KB before the fifty-first pass).
@@ -1751,9 +1754,9 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   // 4.07–4.09 at R = 4, 4.24–4.37 against 4.36–4.50 at R = 8; 2 and 1
   // per rank were 4–23 % slower than 4 (one rank alone: 3.65–3.69). At
   // most half the co-resident CTAs copy (a GPU with fewer SMs gets fewer).
-  const int gcomm = cores / (2 * ranks) < 1 ? 1 : cores / (2 * ranks) > kMaxComm ? kMaxComm : cores / (2 * ranks);
+  const int gcomm = cores / (2 * ranks) < 1 ? 1 : cores / (2 * ranks) > kGatherComm ? kGatherComm : cores / (2 * ranks);
   p.ncomm = ranks == 1 ? 0 : gather ? gcomm : (4 / ranks > 1 ? 4 / ranks : 1);
-  static const int ncomm_env = [] {  // MK_RING_NCOMM=1..8: comm CTAs per rank (measurement)
+  static const int ncomm_env = [] {  // MK_RING_NCOMM=1..16: comm CTAs per rank (measurement; at most the grid)
     const char* v = getenv("MK_RING_NCOMM");
     const int n = v ? atoi(v) : 0;
     return n >= 1 && n <= kMaxComm ? n : 0;
