@@ -182,7 +182,7 @@ struct Params {
   int tma;  // ring_wg: whole key tiles by TMA through RingMaps, else cp.async
   int nocopy;  // MK_RING_NOCOPY=1 (a measurement, wrong results): the comm CTAs signal without copying
   int noready;  // MK_RING_READY=0: ring_wg waits for every step's chunk in every slot (else ready_steps)
-  int bulk;     // MK_RING_BULK=1: ring_wg's comm CTAs copy by TMA bulk copies (copy_bulk)
+  int bulk;     // ring_wg's comm CTAs copy by TMA bulk copies (copy_bulk): emulated by default, MK_RING_BULK=0/1
 };
 static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
 
@@ -1436,14 +1436,18 @@ void fill_params(Params* p, int32_t ranks, const uint64_t* ptrs, const int32_t* 
   // +3.8 … +4.3, R = 2 level.
   static const int noready_env = mk::env_is("MK_RING_READY", '0') ? 1 : 0;
   p->noready = noready_env;
-  // MK_RING_BULK=1: ring_wg's comm CTAs forward chunks by TMA bulk copies
-  // through shared memory, one thread keeping 224 KB in flight (copy_bulk; 96 KB before the fifty-first pass).
-  // Written after the twenty-ninth pass's device time: opt-in until
-  // measured (expected: faster hops — going from 4 to 8 comm CTAs a rank
-  // gained 0.1–0.3 ms at 16k R = 8 — so R = 8's copy share (~half its
-  // overhead) shrinks).
-  static const int bulk_env = mk::env_is("MK_RING_BULK", '1') ? 1 : 0;
-  p->bulk = bulk_env;
+  // ring_wg's comm CTAs forward chunks by TMA bulk copies through shared
+  // memory, one thread keeping 224 KB in flight (copy_bulk), in the
+  // emulated ring by default since the fifty-second pass (call 4, 16k,
+  // five interleaved rounds with the pruned hops and ready_steps): R = 8
+  // +9.4 … +10.7 % over one rank against +10.9 … +11.9 % with register
+  // copies, R = 4 +2.9 … +3.2 against +2.9 … +3.5, R = 2 level; with 4
+  // comm CTAs a rank instead of 8 they lose (+12.3 % at R = 8).
+  // MK_RING_BULK=0: register copies (copy_part); MK_RING_BULK=1: bulk in
+  // the rank-local ring too (its tests have not run that way).
+  static const int bulk_off = mk::env_is("MK_RING_BULK", '0') ? 1 : 0;
+  static const int bulk_all = mk::env_is("MK_RING_BULK", '1') ? 1 : 0;
+  p->bulk = bulk_all || (me < 0 && !bulk_off);
   // MK_RING_PREFETCH=0: ring_wg takes each slot between its barriers B and
   // A (every warp waiting), as before the fifty-first pass.
   static const int noprefetch_env = mk::env_is("MK_RING_PREFETCH", '0') ? 1 : 0;
