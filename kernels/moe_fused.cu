@@ -319,25 +319,10 @@ __device__ void record_error(const Params& p, int rank, int role, int tile, int 
 }
 
 __device__ bool wait_geq(const Params& p, const int* flag, int want, int rank, int role, int tile) {
-  const unsigned long long t0 = globaltimer();
-  int* err = p.ctl;
-  for (unsigned it = 0;; ++it) {
-    const int v = p.me >= 0 ? ld_acquire_sys(flag) : ld_acquire(flag);
-    if (v >= want) return true;
-    // The error record and the clock every 16th poll only: a load after
-    // the acquire waits for it, so checking the record on every poll made
-    // each poll two round trips to L2 and the wait's detection that much
-    // later on the layer's critical path (GEMM2's g1done, the combine's
-    // tokdone).
-    if ((it & 15) == 15) {
-      if (ld_relaxed(err) != 0) return false;
-      if ((long long)(globaltimer() - t0) > p.timeout_ns) {
-        record_error(p, rank, role, tile, v, want);
-        return false;
-      }
-    }
-    __nanosleep(64);
-  }
+  // sysflag.cuh's poll_geq (GEMM2's g1done and the combine's tokdone wait on
+  // the layer's critical path: the record and clock every 16th poll).
+  return poll_geq<64>(flag, want, p.me >= 0, p.ctl, p.timeout_ns,
+                      [&](int v) { record_error(p, rank, role, tile, v, want); });
 }
 
 // ring_wait waits for the phase with this parity of an mbarrier of the

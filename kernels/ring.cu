@@ -203,32 +203,18 @@ static_assert(sizeof(Params) + sizeof(RingMaps) <= 32764, "ring_wg's parameters 
 // or timeout_ns passes (then it writes the record). True when the flag came.
 __device__ bool wait_geq(const Params& p, const int* flag, int want, int rank, int role, int step, int tile,
                          int what) {
-  const unsigned long long t0 = globaltimer();
-  for (unsigned it = 0;; ++it) {
-    const int v = p.me >= 0 ? ld_acquire_sys(flag) : ld_acquire(flag);
-    if (v >= want) return true;
-    // The error record and the clock every 16th poll only (as moe_fused.cu's
-    // wait_geq: a load after the acquire waits for it, two round trips a poll).
-    if ((it & 15) != 15) {
-      __nanosleep(128);
-      continue;
+  return poll_geq<128>(flag, want, p.me >= 0, p.err, p.timeout_ns, [&](int v) {
+    if (atomicCAS(p.err, 0, 1) == 0) {
+      p.err[MK_RING_ERR_RANK] = rank;
+      p.err[MK_RING_ERR_ROLE] = role;
+      p.err[MK_RING_ERR_STEP] = step;
+      p.err[MK_RING_ERR_TILE] = tile;
+      p.err[MK_RING_ERR_WHAT] = what;
+      p.err[MK_RING_ERR_SEEN] = v;
+      p.err[MK_RING_ERR_WANT] = want;
+      __threadfence();
     }
-    if (ld_relaxed(p.err) != 0) return false;  // another CTA gave up: stop too
-    if ((long long)(globaltimer() - t0) > p.timeout_ns) {
-      if (atomicCAS(p.err, 0, 1) == 0) {
-        p.err[MK_RING_ERR_RANK] = rank;
-        p.err[MK_RING_ERR_ROLE] = role;
-        p.err[MK_RING_ERR_STEP] = step;
-        p.err[MK_RING_ERR_TILE] = tile;
-        p.err[MK_RING_ERR_WHAT] = what;
-        p.err[MK_RING_ERR_SEEN] = v;
-        p.err[MK_RING_ERR_WANT] = want;
-        __threadfence();
-      }
-      return false;
-    }
-    __nanosleep(128);
-  }
+  });
 }
 
 __device__ __forceinline__ int* arrived(const Params& p, int r, int s) { return p.ctl + kArrived + r * kMaxRanks + s; }

@@ -52,4 +52,31 @@ __device__ __forceinline__ unsigned long long globaltimer() {
 // epoch_reached compares wrapping epoch counters: true when v is at or past want.
 __device__ __forceinline__ bool epoch_reached(int v, int want) { return (int)((unsigned)v - (unsigned)want) >= 0; }
 
+// poll_geq is the persistent kernels' bounded wait (one thread): it spins
+// until *flag >= want (an acquire load, at system scope where sys) and
+// returns true, or returns false once the error word *err is set (another
+// CTA gave up) or timeout_ns has passed, calling timed_out(seen) first in
+// the latter case (the caller's error record). The record and the clock
+// are read every 16th poll only: a load after the acquire waits for it,
+// so reading them on every poll made each poll two round trips to L2 and
+// a wait's detection that much later on the critical path. SleepNs
+// between polls.
+template <unsigned SleepNs, class TimedOut>
+__device__ __forceinline__ bool poll_geq(const int* flag, int want, bool sys, const int* err, long long timeout_ns,
+                                         TimedOut&& timed_out) {
+  const unsigned long long t0 = globaltimer();
+  for (unsigned it = 0;; ++it) {
+    const int v = sys ? ld_acquire_sys(flag) : ld_acquire(flag);
+    if (v >= want) return true;
+    if ((it & 15) == 15) {
+      if (ld_relaxed(err) != 0) return false;
+      if ((long long)(globaltimer() - t0) > timeout_ns) {
+        timed_out(v);
+        return false;
+      }
+    }
+    __nanosleep(SleepNs);
+  }
+}
+
 }  // namespace mk
