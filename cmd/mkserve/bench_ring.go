@@ -6,7 +6,9 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/mkserve/mkserve/kernels"
@@ -49,6 +51,7 @@ type ringBenchResult struct {
 	DoubleRelErr float64 `json:"double_buffer_rel_err"`
 	SepRelErr    float64 `json:"separate_rel_err"` // the same for the separate ring
 	Device       string  `json:"device"`
+	Switches     string  `json:"switches,omitempty"`  // the kernel library's MK_RING_* settings in effect (ringSwitches), so a row records what it timed
 	Rep          int     `json:"rep,omitempty"`       // --repeat: the repetition (0 first)
 	SpacerMB     int     `json:"spacer_mb,omitempty"` // --repeat: MB allocated before this repetition's buffers
 }
@@ -142,6 +145,7 @@ func benchRing(args []string, stdout io.Writer) error {
 					return fmt.Errorf("bench ring: seq %d ranks %d: %w", s, R, err)
 				}
 				r.Device = g.Info().Name
+				r.Switches = ringSwitches(os.Environ())
 				if o.repeat > 1 {
 					r.Rep, r.SpacerMB = rep, rep*o.spacerMB
 				}
@@ -475,4 +479,18 @@ func nanBF16(n int) []uint16 {
 		out[i] = 0x7fc0
 	}
 	return out
+}
+
+// ringSwitches lists the MK_RING_* assignments of env (os.Environ's form),
+// sorted and space-separated: the ring kernel's measurement and opt-out
+// switches (kernels/README.md, ring attention), read by the library.
+func ringSwitches(env []string) string {
+	var sw []string
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "MK_RING_") {
+			sw = append(sw, kv)
+		}
+	}
+	slices.Sort(sw)
+	return strings.Join(sw, " ")
 }

@@ -78,3 +78,18 @@ func TestBenchRingJSONShape(t *testing.T) {
 		t.Errorf("table: %q (%v)", sb.String(), err)
 	}
 }
+
+func TestRingSwitches(t *testing.T) {
+	for _, c := range []struct {
+		env  []string
+		want string
+	}{
+		{nil, ""},
+		{[]string{"PATH=/bin", "MK_MOE_X=1", "HOME=/root"}, ""},
+		{[]string{"MK_RING_READY=0", "PATH=/bin", "MK_RING_BULK=0", "XMK_RING_NO=1"}, "MK_RING_BULK=0 MK_RING_READY=0"},
+	} {
+		if got := ringSwitches(c.env); got != c.want {
+			t.Errorf("ringSwitches(%q) = %q, want %q", c.env, got, c.want)
+		}
+	}
+}
