@@ -183,6 +183,7 @@ struct Params {
   int nocopy;  // MK_RING_NOCOPY=1 (a measurement, wrong results): the comm CTAs signal without copying
   int noready;  // MK_RING_READY=0: ring_wg waits for every step's chunk in every slot (else ready_steps)
   int bulk;     // ring_wg's comm CTAs copy by TMA bulk copies (copy_bulk): emulated by default, MK_RING_BULK=0/1
+  int ce;       // MK_RING_CE=1 (emulated gather ring on ring_wg): the hops are the copy engines' (ce_hops), no comm CTAs
 };
 static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
 
@@ -448,11 +449,11 @@ __device__ __forceinline__ int chunk_tiles(const Params& p, const Slot& q, int s
 
 // chunk_k / chunk_v: rank r's buffer holding the chunk of step s (its own
 // shard at s = 0; else receive buffer s%2, or gather slot s-1).
-__device__ __forceinline__ bf16* chunk_k(const Params& p, int r, int s) {
+__host__ __device__ __forceinline__ bf16* chunk_k(const Params& p, int r, int s) {
   if (s == 0) return const_cast<bf16*>(p.rk[r].k);
   return p.mode == 2 ? p.rk[r].kb[0] + (int64_t)(s - 1) * p.gcap * p.k_stride : p.rk[r].kb[s & 1];
 }
-__device__ __forceinline__ bf16* chunk_v(const Params& p, int r, int s) {
+__host__ __device__ __forceinline__ bf16* chunk_v(const Params& p, int r, int s) {
   if (s == 0) return const_cast<bf16*>(p.rk[r].v);
   return p.mode == 2 ? p.rk[r].vb[0] + (int64_t)(s - 1) * p.gcap * p.v_stride : p.rk[r].vb[s & 1];
 }
@@ -1082,7 +1083,7 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
   }
   __syncthreads();
   const bool local = p.me >= 0;  // rank-local: only rank me's comm CTAs and slots
-  const int ncomm_all = p.mode == 2 ? p.ncomm * (local ? 1 : R) : 0;
+  const int ncomm_all = p.mode == 2 && !p.ce ? p.ncomm * (local ? 1 : R) : 0;
   if ((int)blockIdx.x < ncomm_all) {
     const int r = local ? p.me : blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
     if (r == p.fault_rank) return;  // fault injection: this rank never sends
@@ -1700,6 +1701,117 @@ int pick_kernel(const char* fn, const Shape& sh, int head_dim, int v_head_dim, b
   return wg ? wg_prepare(win, cores) : prepare(*kf, *smem, cores);
 }
 
+// ce_hops (MK_RING_CE=1, p.ce; opt-in, written in the fifty-second pass
+// after its device time, not yet run) moves the emulated gather ring's
+// hops with the copy engines instead of comm CTAs: on a side stream that
+// starts once st has zeroed the flags (zeroed, recorded on st before the
+// ring's launch), hop s copies every rank's chunk of step s — the rows
+// hop_rows keeps — into rank r+1's gather slot s+1 (cudaMemcpyAsync device
+// to device: no SM), then raises arrived[r+1][s+1] of every rank to 1 by
+// copies from pinned host memory; stream order puts hop s+1's reads after
+// hop s's writes, and the slots wait on the flags as they wait on the
+// comm CTAs' (p.ncomm = 1 arrival). st waits for the side stream before
+// whatever follows the ring. Rank fault_rank sends nothing (the watchdog
+// test). The R·(R−1)·3 copies are captured once into a CUDA graph and
+// replayed while the buffers, spans and flags stay the same (a benchmark's
+// iterations, the engine's layers over the same scratch), so their host
+// calls (~2 µs each, 168 at R = 8) do not pace the hops.
+// Why (kernels/README.md, "From the fifty-second pass"): the schedule
+// model puts most of R = 8's remaining cost in the 64 comm CTAs' SM time,
+// and more comm CTAs made hops no faster. Expected: R = 8 at 16k from
+// +9.6 % toward +7 % if a hop runs about as fast on the copy engines as on
+// the comm CTAs, slower if not (the model: +4 % at 1.5× the hop time).
+// The library's one owning thread uses the static stream, events and graph.
+cudaError_t ce_enqueue(const Params& p, cudaStream_t side, const int* ones) {
+  const int R = p.ranks;
+  for (int s = 0; s + 1 < R; ++s) {
+    for (int r = 0; r < R; ++r) {
+      if (r == p.fault_rank) continue;
+      const int dst = (r + 1) % R;
+      int r0, r1;
+      hop_rows(p.qs, p.ks, R, p.causal, r, s, &r0, &r1);
+      if (r1 <= r0) continue;
+      const int64_t ko = (int64_t)r0 * p.k_stride, vo = (int64_t)r0 * p.v_stride;
+      cudaError_t e = cudaMemcpyAsync(chunk_k(p, dst, s + 1) + ko, chunk_k(p, r, s) + ko,
+                                      (size_t)(r1 - r0) * p.k_stride * 2, cudaMemcpyDeviceToDevice, side);
+      if (e == cudaSuccess)
+        e = cudaMemcpyAsync(chunk_v(p, dst, s + 1) + vo, chunk_v(p, r, s) + vo, (size_t)(r1 - r0) * p.v_stride * 2,
+                            cudaMemcpyDeviceToDevice, side);
+      if (e != cudaSuccess) return e;
+    }
+    // arrived[d][s+1] of every rank d after this hop's copies; the faulty
+    // rank's receiver never gets its flag.
+    for (int d = 0; d < R; ++d) {
+      if ((d - 1 + R) % R == p.fault_rank) continue;
+      const cudaError_t e = cudaMemcpyAsync(p.ctl + kArrived + d * kMaxRanks + s + 1, ones, sizeof(int),
+                                            cudaMemcpyHostToDevice, side);
+      if (e != cudaSuccess) return e;
+    }
+  }
+  return cudaSuccess;
+}
+
+int ce_hops(const Params& p, cudaStream_t st, cudaEvent_t zeroed) {
+  static cudaStream_t side = nullptr;
+  static cudaEvent_t done = nullptr;
+  static int* ones = nullptr;  // pinned: the flags' value
+  static cudaGraphExec_t exec = nullptr;
+  struct Key {  // what the captured copies depend on
+    const void* b[kMaxRanks][4];
+    const int* ctl;
+    int64_t ks, vs;
+    int gcap, ranks, causal, fault;
+    int qs[kMaxRanks][4], kv[kMaxRanks][4];
+  };
+  static Key last;
+  if (side == nullptr) {
+    MK_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    MK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    MK_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&ones), sizeof(int), cudaHostAllocDefault));
+    *ones = 1;
+  }
+  Key key;
+  std::memset(&key, 0, sizeof key);
+  for (int r = 0; r < p.ranks; ++r) {
+    key.b[r][0] = p.rk[r].k;
+    key.b[r][1] = p.rk[r].v;
+    key.b[r][2] = p.rk[r].kb[0];
+    key.b[r][3] = p.rk[r].vb[0];
+    std::memcpy(key.qs[r], p.qs[r], sizeof key.qs[r]);
+    std::memcpy(key.kv[r], p.ks[r], sizeof key.kv[r]);
+  }
+  key.ctl = p.ctl;
+  key.ks = p.k_stride;
+  key.vs = p.v_stride;
+  key.gcap = p.gcap;
+  key.ranks = p.ranks;
+  key.causal = p.causal;
+  key.fault = p.fault_rank;
+  if (exec == nullptr || std::memcmp(&key, &last, sizeof key) != 0) {
+    if (exec != nullptr) {
+      MK_CUDA(cudaGraphExecDestroy(exec));
+      exec = nullptr;
+    }
+    MK_CUDA(cudaStreamBeginCapture(side, cudaStreamCaptureModeThreadLocal));
+    const cudaError_t e = ce_enqueue(p, side, ones);
+    cudaGraph_t g = nullptr;
+    const cudaError_t ee = cudaStreamEndCapture(side, &g);  // always: the side stream leaves capture
+    if ((e != cudaSuccess || ee != cudaSuccess) && g != nullptr) cudaGraphDestroy(g);
+    MK_CUDA(e);
+    MK_CUDA(ee);
+    const cudaError_t ei = cudaGraphInstantiateWithFlags(&exec, g, 0);
+    MK_CUDA(cudaGraphDestroy(g));
+    if (ei != cudaSuccess) exec = nullptr;
+    MK_CUDA(ei);
+    last = key;
+  }
+  MK_CUDA(cudaStreamWaitEvent(side, zeroed, 0));
+  MK_CUDA(cudaGraphLaunch(exec, side));
+  MK_CUDA(cudaEventRecord(done, side));
+  MK_CUDA(cudaStreamWaitEvent(st, done, 0));
+  return MK_OK;
+}
+
 // ring_launch is mk_ring_attn_bf16 (gather 0) and mk_ring_attn_gather_bf16
 // (gather 1): the emulated ring in one cooperative launch.
 int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, const uint64_t* ptrs,
@@ -1762,6 +1874,9 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
     return v && v[0] == '1' ? 1 : 0;
   }();
   p.nocopy = nocopy_env;
+  static const bool ce_env = mk::env_is("MK_RING_CE", '1');
+  p.ce = ce_env && wg && p.mode == 2 && ranks > 1 && !p.nocopy;
+  if (p.ce) p.ncomm = 1;  // one arrival a chunk (ce_hops' flag), no comm CTA
 
   p.fault_rank = fault_rank;
   p.apply_sinks = 1;
@@ -1769,13 +1884,19 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   if (wg) wg_layout(&p, ranks, qspans);
   int64_t slots = 0;
   for (int r = 0; r < ranks; ++r) slots += rank_items(p, lo, wg, r);
-  const int comm = p.ncomm * ranks;
+  const int comm = p.ce ? 0 : p.ncomm * ranks;
   MK_ARG(comm < cores, "%s: %d communication CTAs leave no room for compute (%d co-resident)", fn, comm, cores);
   int64_t grid = comm + (slots > 0 ? slots : 1);
   if (grid > cores) grid = cores;
   cudaStream_t st = mk::as_stream(stream);
   MK_CUDA(cudaMemsetAsync(p.ctl, 0, kStateOff - kCtlOff + lo.done_bytes, st));
-  return launch_ring(kf, wg, true, grid, smem, st, &p);
+  if (!p.ce) return launch_ring(kf, wg, true, grid, smem, st, &p);
+  static cudaEvent_t zeroed = nullptr;  // the flags are zero: the copy engines may start
+  if (zeroed == nullptr) MK_CUDA(cudaEventCreateWithFlags(&zeroed, cudaEventDisableTiming));
+  MK_CUDA(cudaEventRecord(zeroed, st));
+  rc = launch_ring(kf, wg, true, grid, smem, st, &p);  // first: the copies' host calls overlap the kernel
+  if (rc != MK_OK) return rc;
+  return ce_hops(p, st, zeroed);
 }
 
 }  // namespace
