@@ -467,7 +467,10 @@ __device__ __forceinline__ void plan_put(const Params& p, const RankP& me, int r
 // at the end sets pflag[b] = epoch in every rank's workspace. Everything b's
 // peers write into b for this epoch is zeroed or written by b before the
 // flag they wait for is raised, so nothing is reset between layers by a peer.
-__global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Params p) {
+// One block an SM at most (a CTA per rank is all it launches): the
+// registers of the one-pass placements (pl1) fit (ptxas proxy: 47, no
+// spills; with 2 blocks an SM allowed it chose 32 and spilled).
+__global__ void __launch_bounds__(1024, 1) plan_kernel(const __grid_constant__ Params p) {
   extern __shared__ int plan_sm[];
   mk::pdl_begin();  // mk::launch: wait for the kernel before, then let the next one's CTAs launch
   __shared__ int ok_sh;
@@ -481,9 +484,41 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
   int* cur_loc = off + S + 1;  // [S] next local row
   int* cur_rem = cur_loc + S;  // [S] next remote row
   if (blockIdx.x == 0 && threadIdx.x < (int)(kCtlBytes / 4) - 16) p.ctl[16 + threadIdx.x] = 0;
+  // places4: the placements (p.place: rank << 16 | slot, or -1) of source
+  // r's assignments a0 + u·blockDim.x (u < 4) of n, loaded together so that
+  // their loads are in flight at once; -1 past n or for an id out of range.
+  auto places4 = [&](const int32_t* ids, int r, int64_t n, int64_t a0, int (&pl)[4]) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t a = a0 + (int64_t)u * blockDim.x;
+      pl[u] = a < n ? __ldcg(ids + a) : -1;  // rank-local: pushed by the peers
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
+  };
+  // One rank and at most four assignments a thread (decode sizes): each
+  // thread loads its placements once (pl1), for the dropped marks, the
+  // counts and the rows alike, where the general path loads them in each
+  // of the three passes — two dependent round trips to L2 a pass, on the
+  // fused launch's critical path (its CTAs wait for the plan). Written in
+  // the fifty-second pass after its device time (not yet run; expected:
+  // the one-token plan ~6 → ~4 µs, Qwen3's one-token fused layer ×0.96).
+  const int64_t n1 = me.T * K;
+  const bool once = !local && R == 1 && n1 <= 4 * (int64_t)blockDim.x;
+  int pl1[4];
+  if (once) places4(me.ids, 0, n1, threadIdx.x, pl1);
   // Source side.
   for (int64_t t = threadIdx.x; t < me.T; t += blockDim.x) me.tokdone[t] = 0;
-  for (int64_t a = threadIdx.x; a < me.T * K; a += blockDim.x) plan_drop(p, me, b, a, E, R);
+  if (once) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t a = threadIdx.x + (int64_t)u * blockDim.x;
+      const int d = pl1[u] >> 16, sl = pl1[u] & 0xffff;
+      if (a < n1 && (pl1[u] < 0 || d >= R || sl >= p.rk[d].S)) me.dest_row[a] = -1;  // plan_drop's test
+    }
+  } else {
+    for (int64_t a = threadIdx.x; a < me.T * K; a += blockDim.x) plan_drop(p, me, b, a, E, R);
+  }
   const int64_t par = (int64_t)(p.epoch & 1) * p.ids_off[R];
   if (local) {
     for (int d = 0; d < R; ++d) {
@@ -505,30 +540,35 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
   }
   // ids of source r as this CTA reads them.
   auto src_ids = [&](int r) -> const int32_t* { return local ? me.rids + par + p.ids_off[r] : p.rk[r].ids; };
-  // places4: the placements (p.place: rank << 16 | slot, or -1) of source
-  // r's assignments a0 + u·blockDim.x (u < 4) of n, loaded together so that
-  // their loads are in flight at once; -1 past n or for an id out of range.
-  auto places4 = [&](const int32_t* ids, int r, int64_t n, int64_t a0, int (&pl)[4]) {
+  // place_rows gives this destination's rows to four of source r's
+  // assignments (a0 + u·blockDim.x, placements pl): local rows first in
+  // their slot, then remote ones.
+  auto place_rows = [&](int r, int64_t a0, const int (&pl)[4]) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
+      if (pl[u] < 0 || (pl[u] >> 16) != b || (pl[u] & 0xffff) >= S) continue;
       const int64_t a = a0 + (int64_t)u * blockDim.x;
-      pl[u] = a < n ? __ldcg(ids + a) : -1;  // rank-local: pushed by the peers
+      const int s = pl[u] & 0xffff;
+      const int q = r == b ? off[s] + atomicAdd(&cur_loc[s], 1) : off[s] + cnt_loc[s] + atomicAdd(&cur_rem[s], 1);
+      plan_put(p, me, r, b, a, s, q);
     }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) pl[u] = (pl[u] >= 0 && pl[u] < E) ? p.place[r * E + pl[u]] : -1;
   };
   if (S > 0) {
     // Destination side: counts.
     for (int s = threadIdx.x; s < S; s += blockDim.x) cnt[s] = cnt_loc[s] = cur_loc[s] = cur_rem[s] = 0;
     __syncthreads();
     // Four assignments per thread and pass: their loads are in flight together.
-    for (int r = 0; r < R; ++r) {
-      const int32_t* ids = src_ids(r);
-      const int64_t n = p.rk[r].T * K;
-      for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
-        int pl[4];
-        places4(ids, r, n, a0, pl);
-        plan_count4(pl, r, b, S, cnt, cnt_loc);
+    if (once) {
+      plan_count4(pl1, 0, b, S, cnt, cnt_loc);
+    } else {
+      for (int r = 0; r < R; ++r) {
+        const int32_t* ids = src_ids(r);
+        const int64_t n = p.rk[r].T * K;
+        for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
+          int pl[4];
+          places4(ids, r, n, a0, pl);
+          plan_count4(pl, r, b, S, cnt, cnt_loc);
+        }
       }
     }
     __syncthreads();
@@ -536,19 +576,16 @@ __global__ void __launch_bounds__(1024) plan_kernel(const __grid_constant__ Para
     if (plan_overflow(p, me, b, off[S], threadIdx.x == 0, threadIdx.x, blockDim.x)) return;
     plan_fill<int>(p, me, cnt, cnt_loc, off, S, BM, threadIdx.x == 0, threadIdx.x, blockDim.x);
     // Rows.
-    for (int r = 0; r < R; ++r) {
-      const int32_t* ids = src_ids(r);
-      const int64_t n = p.rk[r].T * K;
-      for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
-        int pl[4];
-        places4(ids, r, n, a0, pl);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          if (pl[u] < 0 || (pl[u] >> 16) != b || (pl[u] & 0xffff) >= S) continue;
-          const int64_t a = a0 + (int64_t)u * blockDim.x;
-          const int s = pl[u] & 0xffff;
-          const int q = r == b ? off[s] + atomicAdd(&cur_loc[s], 1) : off[s] + cnt_loc[s] + atomicAdd(&cur_rem[s], 1);
-          plan_put(p, me, r, b, a, s, q);
+    if (once) {
+      place_rows(0, threadIdx.x, pl1);
+    } else {
+      for (int r = 0; r < R; ++r) {
+        const int32_t* ids = src_ids(r);
+        const int64_t n = p.rk[r].T * K;
+        for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
+          int pl[4];
+          places4(ids, r, n, a0, pl);
+          place_rows(r, a0, pl);
         }
       }
     }
