@@ -553,42 +553,36 @@ __global__ void __launch_bounds__(1024, 1) plan_kernel(const __grid_constant__ P
       plan_put(p, me, r, b, a, s, q);
     }
   };
+  // walk4 calls f(r, a0, pl) for every four assignments of every source
+  // this destination reads (a0 + u·blockDim.x, placements pl): pl1 where
+  // they were loaded once.
+  auto walk4 = [&](auto&& f) {
+    if (once) {
+      f(0, (int64_t)threadIdx.x, pl1);
+      return;
+    }
+    for (int r = 0; r < R; ++r) {
+      const int32_t* ids = src_ids(r);
+      const int64_t n = p.rk[r].T * K;
+      for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
+        int pl[4];
+        places4(ids, r, n, a0, pl);
+        f(r, a0, pl);
+      }
+    }
+  };
   if (S > 0) {
     // Destination side: counts.
     for (int s = threadIdx.x; s < S; s += blockDim.x) cnt[s] = cnt_loc[s] = cur_loc[s] = cur_rem[s] = 0;
     __syncthreads();
     // Four assignments per thread and pass: their loads are in flight together.
-    if (once) {
-      plan_count4(pl1, 0, b, S, cnt, cnt_loc);
-    } else {
-      for (int r = 0; r < R; ++r) {
-        const int32_t* ids = src_ids(r);
-        const int64_t n = p.rk[r].T * K;
-        for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
-          int pl[4];
-          places4(ids, r, n, a0, pl);
-          plan_count4(pl, r, b, S, cnt, cnt_loc);
-        }
-      }
-    }
+    walk4([&](int r, int64_t, const int(&pl)[4]) { plan_count4(pl, r, b, S, cnt, cnt_loc); });
     __syncthreads();
     mkmoe::padded_scan(cnt, off, S, BM);  // ends with a barrier
     if (plan_overflow(p, me, b, off[S], threadIdx.x == 0, threadIdx.x, blockDim.x)) return;
     plan_fill<int>(p, me, cnt, cnt_loc, off, S, BM, threadIdx.x == 0, threadIdx.x, blockDim.x);
     // Rows.
-    if (once) {
-      place_rows(0, threadIdx.x, pl1);
-    } else {
-      for (int r = 0; r < R; ++r) {
-        const int32_t* ids = src_ids(r);
-        const int64_t n = p.rk[r].T * K;
-        for (int64_t a0 = threadIdx.x; a0 < n; a0 += 4 * blockDim.x) {
-          int pl[4];
-          places4(ids, r, n, a0, pl);
-          place_rows(r, a0, pl);
-        }
-      }
-    }
+    walk4(place_rows);
   }
   if (local) {
     __syncthreads();
