@@ -1707,54 +1707,76 @@ int pick_kernel(const char* fn, const Shape& sh, int head_dim, int v_head_dim, b
 // starts once st has zeroed the flags (zeroed, recorded on st before the
 // ring's launch), hop s copies every rank's chunk of step s — the rows
 // hop_rows keeps — into rank r+1's gather slot s+1 (cudaMemcpyAsync device
-// to device: no SM), then raises arrived[r+1][s+1] of every rank to 1 by
-// copies from pinned host memory; stream order puts hop s+1's reads after
-// hop s's writes, and the slots wait on the flags as they wait on the
-// comm CTAs' (p.ncomm = 1 arrival). st waits for the side stream before
+// to device: no SM; a hop's copies of different ranks are forked onto a
+// stream each, so several copy engines may take them), then, once they
+// have joined, raises arrived[r+1][s+1] of every rank to 1 by a copy from
+// pinned host memory: the join puts hop s+1's reads after hop s's writes,
+// and the slots wait on the flags as they wait on the comm CTAs' (p.ncomm
+// = 1 arrival). st waits for the side stream before
 // whatever follows the ring. Rank fault_rank sends nothing (the watchdog
-// test). The R·(R−1)·3 copies are captured once into a CUDA graph and
-// replayed while the buffers, spans and flags stay the same (a benchmark's
-// iterations, the engine's layers over the same scratch), so their host
-// calls (~2 µs each, 168 at R = 8) do not pace the hops.
+// test). The copies (R = 8: 112 and 7 flag writes) are captured once into a
+// CUDA graph and replayed while the buffers, spans and flags stay the same
+// (a benchmark's iterations, the engine's layers over the same scratch),
+// so their host calls (~2 µs each) do not pace the hops.
 // Why (kernels/README.md, "From the fifty-second pass"): the schedule
 // model puts most of R = 8's remaining cost in the 64 comm CTAs' SM time,
 // and more comm CTAs made hops no faster. Expected: R = 8 at 16k from
 // +9.6 % toward +7 % if a hop runs about as fast on the copy engines as on
 // the comm CTAs, slower if not (the model: +4 % at 1.5× the hop time).
-// The library's one owning thread uses the static stream, events and graph.
-cudaError_t ce_enqueue(const Params& p, cudaStream_t side, const int* ones) {
+// The library's one owning thread uses the static streams, events and graph.
+//
+// CeStreams: ce_hops' side stream, a stream per rank (each hop's copies
+// fork onto them, so that ranks' copies may run on several copy engines at
+// once, and join back before the hop's flags) and the events of the fork
+// and join (reused: capture turns each record and wait into edges then).
+struct CeStreams {
+  cudaStream_t side, rank[kMaxRanks];
+  cudaEvent_t fork, join[kMaxRanks], done;
+  int* ones;  // pinned: kMaxRanks ones, the flags' value
+};
+
+// ce_enqueue issues the hops (being captured on cs.side; see ce_hops).
+cudaError_t ce_enqueue(const Params& p, const CeStreams& cs) {
   const int R = p.ranks;
-  for (int s = 0; s + 1 < R; ++s) {
-    for (int r = 0; r < R; ++r) {
+  cudaError_t e = cudaSuccess;
+  for (int s = 0; s + 1 < R && e == cudaSuccess; ++s) {
+    e = cudaEventRecord(cs.fork, cs.side);
+    for (int r = 0; r < R && e == cudaSuccess; ++r) {
       if (r == p.fault_rank) continue;
       const int dst = (r + 1) % R;
       int r0, r1;
       hop_rows(p.qs, p.ks, R, p.causal, r, s, &r0, &r1);
       if (r1 <= r0) continue;
       const int64_t ko = (int64_t)r0 * p.k_stride, vo = (int64_t)r0 * p.v_stride;
-      cudaError_t e = cudaMemcpyAsync(chunk_k(p, dst, s + 1) + ko, chunk_k(p, r, s) + ko,
-                                      (size_t)(r1 - r0) * p.k_stride * 2, cudaMemcpyDeviceToDevice, side);
+      e = cudaStreamWaitEvent(cs.rank[r], cs.fork, 0);
+      if (e == cudaSuccess)
+        e = cudaMemcpyAsync(chunk_k(p, dst, s + 1) + ko, chunk_k(p, r, s) + ko, (size_t)(r1 - r0) * p.k_stride * 2,
+                            cudaMemcpyDeviceToDevice, cs.rank[r]);
       if (e == cudaSuccess)
         e = cudaMemcpyAsync(chunk_v(p, dst, s + 1) + vo, chunk_v(p, r, s) + vo, (size_t)(r1 - r0) * p.v_stride * 2,
-                            cudaMemcpyDeviceToDevice, side);
-      if (e != cudaSuccess) return e;
+                            cudaMemcpyDeviceToDevice, cs.rank[r]);
+      if (e == cudaSuccess) e = cudaEventRecord(cs.join[r], cs.rank[r]);
+      if (e == cudaSuccess) e = cudaStreamWaitEvent(cs.side, cs.join[r], 0);
     }
-    // arrived[d][s+1] of every rank d after this hop's copies; the faulty
-    // rank's receiver never gets its flag.
-    for (int d = 0; d < R; ++d) {
-      if ((d - 1 + R) % R == p.fault_rank) continue;
-      const cudaError_t e = cudaMemcpyAsync(p.ctl + kArrived + d * kMaxRanks + s + 1, ones, sizeof(int),
-                                            cudaMemcpyHostToDevice, side);
-      if (e != cudaSuccess) return e;
+    // arrived[d][s+1] of every rank d (a column of the [rank][step]
+    // words: one strided copy) once the hop's copies have joined; with a
+    // faulty rank, one copy a rank and none for its receiver.
+    if (e != cudaSuccess) break;
+    if (p.fault_rank < 0) {
+      e = cudaMemcpy2DAsync(p.ctl + kArrived + s + 1, kMaxRanks * sizeof(int), cs.ones, sizeof(int), sizeof(int), R,
+                            cudaMemcpyHostToDevice, cs.side);
+    } else {
+      for (int d = 0; d < R && e == cudaSuccess; ++d)
+        if ((d - 1 + R) % R != p.fault_rank)
+          e = cudaMemcpyAsync(p.ctl + kArrived + d * kMaxRanks + s + 1, cs.ones, sizeof(int), cudaMemcpyHostToDevice,
+                              cs.side);
     }
   }
-  return cudaSuccess;
+  return e;
 }
 
 int ce_hops(const Params& p, cudaStream_t st, cudaEvent_t zeroed) {
-  static cudaStream_t side = nullptr;
-  static cudaEvent_t done = nullptr;
-  static int* ones = nullptr;  // pinned: the flags' value
+  static CeStreams cs{};
   static cudaGraphExec_t exec = nullptr;
   struct Key {  // what the captured copies depend on
     const void* b[kMaxRanks][4];
@@ -1764,11 +1786,16 @@ int ce_hops(const Params& p, cudaStream_t st, cudaEvent_t zeroed) {
     int qs[kMaxRanks][4], kv[kMaxRanks][4];
   };
   static Key last;
-  if (side == nullptr) {
-    MK_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-    MK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    MK_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&ones), sizeof(int), cudaHostAllocDefault));
-    *ones = 1;
+  if (cs.side == nullptr) {
+    MK_CUDA(cudaStreamCreateWithFlags(&cs.side, cudaStreamNonBlocking));
+    for (int r = 0; r < kMaxRanks; ++r) {
+      MK_CUDA(cudaStreamCreateWithFlags(&cs.rank[r], cudaStreamNonBlocking));
+      MK_CUDA(cudaEventCreateWithFlags(&cs.join[r], cudaEventDisableTiming));
+    }
+    MK_CUDA(cudaEventCreateWithFlags(&cs.fork, cudaEventDisableTiming));
+    MK_CUDA(cudaEventCreateWithFlags(&cs.done, cudaEventDisableTiming));
+    MK_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&cs.ones), kMaxRanks * sizeof(int), cudaHostAllocDefault));
+    for (int r = 0; r < kMaxRanks; ++r) cs.ones[r] = 1;
   }
   Key key;
   std::memset(&key, 0, sizeof key);
@@ -1792,10 +1819,10 @@ int ce_hops(const Params& p, cudaStream_t st, cudaEvent_t zeroed) {
       MK_CUDA(cudaGraphExecDestroy(exec));
       exec = nullptr;
     }
-    MK_CUDA(cudaStreamBeginCapture(side, cudaStreamCaptureModeThreadLocal));
-    const cudaError_t e = ce_enqueue(p, side, ones);
+    MK_CUDA(cudaStreamBeginCapture(cs.side, cudaStreamCaptureModeThreadLocal));
+    const cudaError_t e = ce_enqueue(p, cs);
     cudaGraph_t g = nullptr;
-    const cudaError_t ee = cudaStreamEndCapture(side, &g);  // always: the side stream leaves capture
+    const cudaError_t ee = cudaStreamEndCapture(cs.side, &g);  // always: the side stream leaves capture
     if ((e != cudaSuccess || ee != cudaSuccess) && g != nullptr) cudaGraphDestroy(g);
     MK_CUDA(e);
     MK_CUDA(ee);
@@ -1805,10 +1832,10 @@ int ce_hops(const Params& p, cudaStream_t st, cudaEvent_t zeroed) {
     MK_CUDA(ei);
     last = key;
   }
-  MK_CUDA(cudaStreamWaitEvent(side, zeroed, 0));
-  MK_CUDA(cudaGraphLaunch(exec, side));
-  MK_CUDA(cudaEventRecord(done, side));
-  MK_CUDA(cudaStreamWaitEvent(st, done, 0));
+  MK_CUDA(cudaStreamWaitEvent(cs.side, zeroed, 0));
+  MK_CUDA(cudaGraphLaunch(exec, cs.side));
+  MK_CUDA(cudaEventRecord(cs.done, cs.side));
+  MK_CUDA(cudaStreamWaitEvent(st, cs.done, 0));
   return MK_OK;
 }
 
