@@ -360,11 +360,15 @@ __device__ bool ring_wait(const Params& p, uint64_t* b, unsigned parity, volatil
 
 // plan_drop marks source b's assignment a dropped (dest_row -1) when the
 // table places its expert nowhere valid (E = p.E, R = p.R).
+// plan_unplaced reports whether placement pl (rank << 16 | slot, or -1)
+// names no valid slot of the R ranks.
+__device__ __forceinline__ bool plan_unplaced(const Params& p, int pl, int R) {
+  return pl < 0 || (pl >> 16) >= R || (pl & 0xffff) >= p.rk[pl >> 16].S;
+}
 __device__ __forceinline__ void plan_drop(const Params& p, const RankP& me, int b, int64_t a, int E, int R) {
   const int e = me.ids[a];
   const int pl = (e >= 0 && e < E) ? p.place[b * E + e] : -1;
-  const int d = pl >> 16, s = pl & 0xffff;
-  if (pl < 0 || d >= R || s >= p.rk[d].S) me.dest_row[a] = -1;
+  if (plan_unplaced(p, pl, R)) me.dest_row[a] = -1;
 }
 
 // plan_count4 counts, for destination b of S slots, the placements pl of
@@ -468,7 +472,7 @@ __device__ __forceinline__ void plan_put(const Params& p, const RankP& me, int r
 // peers write into b for this epoch is zeroed or written by b before the
 // flag they wait for is raised, so nothing is reset between layers by a peer.
 // One block an SM at most (a CTA per rank is all it launches): the
-// registers of the one-pass placements (pl1) fit (ptxas proxy: 47, no
+// registers of the one-pass placements (pl1) fit (ptxas proxy: 48, no
 // spills; with 2 blocks an SM allowed it chose 32 and spilled).
 __global__ void __launch_bounds__(1024, 1) plan_kernel(const __grid_constant__ Params p) {
   extern __shared__ int plan_sm[];
@@ -513,17 +517,16 @@ __global__ void __launch_bounds__(1024, 1) plan_kernel(const __grid_constant__ P
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int64_t a = threadIdx.x + (int64_t)u * blockDim.x;
-      const int d = pl1[u] >> 16, sl = pl1[u] & 0xffff;
-      if (a < n1 && (pl1[u] < 0 || d >= R || sl >= p.rk[d].S)) me.dest_row[a] = -1;  // plan_drop's test
+      if (a < n1 && plan_unplaced(p, pl1[u], R)) me.dest_row[a] = -1;
     }
   } else {
-    for (int64_t a = threadIdx.x; a < me.T * K; a += blockDim.x) plan_drop(p, me, b, a, E, R);
+    for (int64_t a = threadIdx.x; a < n1; a += blockDim.x) plan_drop(p, me, b, a, E, R);
   }
   const int64_t par = (int64_t)(p.epoch & 1) * p.ids_off[R];
   if (local) {
     for (int d = 0; d < R; ++d) {
       int32_t* dst = p.rk[d].rids + par + p.ids_off[b];
-      for (int64_t a = threadIdx.x; a < me.T * K; a += blockDim.x) dst[a] = me.ids[a];
+      for (int64_t a = threadIdx.x; a < n1; a += blockDim.x) dst[a] = me.ids[a];
     }
     __syncthreads();
     if (threadIdx.x < R) {

@@ -1712,8 +1712,8 @@ int pick_kernel(const char* fn, const Shape& sh, int head_dim, int v_head_dim, b
 // have joined, raises arrived[r+1][s+1] of every rank to 1 by a copy from
 // pinned host memory: the join puts hop s+1's reads after hop s's writes,
 // and the slots wait on the flags as they wait on the comm CTAs' (p.ncomm
-// = 1 arrival). st waits for the side stream before
-// whatever follows the ring. Rank fault_rank sends nothing (the watchdog
+// = 1 arrival). st waits for the side stream before whatever follows the
+// ring. Rank fault_rank sends nothing (the watchdog
 // test). The copies (R = 8: 112 and 7 flag writes) are captured once into a
 // CUDA graph and replayed while the buffers, spans and flags stay the same
 // (a benchmark's iterations, the engine's layers over the same scratch),
