@@ -183,7 +183,6 @@ struct Params {
   int nocopy;  // MK_RING_NOCOPY=1 (a measurement, wrong results): the comm CTAs signal without copying
   int noready;  // MK_RING_READY=0: ring_wg waits for every step's chunk in every slot (else ready_steps)
   int bulk;     // ring_wg's comm CTAs copy by TMA bulk copies (copy_bulk): emulated by default, MK_RING_BULK=0/1
-  int ce;       // MK_RING_CE=1 (emulated gather ring on ring_wg): the hops are the copy engines' (ce_hops), no comm CTAs
 };
 static_assert(sizeof(Params) <= 4096, "Params is a kernel parameter (4 KB)");
 
@@ -1083,7 +1082,7 @@ __global__ void __launch_bounds__(fwg::kThreadsWG, 1)
   }
   __syncthreads();
   const bool local = p.me >= 0;  // rank-local: only rank me's comm CTAs and slots
-  const int ncomm_all = p.mode == 2 && !p.ce ? p.ncomm * (local ? 1 : R) : 0;
+  const int ncomm_all = p.mode == 2 ? p.ncomm * (local ? 1 : R) : 0;
   if ((int)blockIdx.x < ncomm_all) {
     const int r = local ? p.me : blockIdx.x / p.ncomm, part = blockIdx.x % p.ncomm;
     if (r == p.fault_rank) return;  // fault injection: this rank never sends
@@ -1701,144 +1700,6 @@ int pick_kernel(const char* fn, const Shape& sh, int head_dim, int v_head_dim, b
   return wg ? wg_prepare(win, cores) : prepare(*kf, *smem, cores);
 }
 
-// ce_hops (MK_RING_CE=1, p.ce; opt-in, written in the fifty-second pass
-// after its device time, not yet run) moves the emulated gather ring's
-// hops with the copy engines instead of comm CTAs: on a side stream that
-// starts once st has zeroed the flags (zeroed, recorded on st before the
-// ring's launch), hop s copies every rank's chunk of step s — the rows
-// hop_rows keeps — into rank r+1's gather slot s+1 (cudaMemcpyAsync device
-// to device: no SM; a hop's copies of different ranks are forked onto a
-// stream each, so several copy engines may take them), then, once they
-// have joined, raises arrived[r+1][s+1] of every rank to 1 by a copy from
-// pinned host memory: the join puts hop s+1's reads after hop s's writes,
-// and the slots wait on the flags as they wait on the comm CTAs' (p.ncomm
-// = 1 arrival). st waits for the side stream before whatever follows the
-// ring. Rank fault_rank sends nothing (the watchdog
-// test). The copies (R = 8: 112 and 7 flag writes) are captured once into a
-// CUDA graph and replayed while the buffers, spans and flags stay the same
-// (a benchmark's iterations, the engine's layers over the same scratch),
-// so their host calls (~2 µs each) do not pace the hops.
-// Why (kernels/README.md, "From the fifty-second pass"): the schedule
-// model puts most of R = 8's remaining cost in the 64 comm CTAs' SM time,
-// and more comm CTAs made hops no faster. Expected: R = 8 at 16k from
-// +9.6 % toward +7 % if a hop runs about as fast on the copy engines as on
-// the comm CTAs, slower if not (the model: +4 % at 1.5× the hop time).
-// The library's one owning thread uses the static streams, events and graph.
-//
-// CeStreams: ce_hops' side stream, a stream per rank (each hop's copies
-// fork onto them, so that ranks' copies may run on several copy engines at
-// once, and join back before the hop's flags) and the events of the fork
-// and join (reused: capture turns each record and wait into edges then).
-struct CeStreams {
-  cudaStream_t side, rank[kMaxRanks];
-  cudaEvent_t fork, join[kMaxRanks], done;
-  int* ones;  // pinned: kMaxRanks ones, the flags' value
-};
-
-// ce_enqueue issues the hops (being captured on cs.side; see ce_hops).
-cudaError_t ce_enqueue(const Params& p, const CeStreams& cs) {
-  const int R = p.ranks;
-  cudaError_t e = cudaSuccess;
-  for (int s = 0; s + 1 < R && e == cudaSuccess; ++s) {
-    e = cudaEventRecord(cs.fork, cs.side);
-    for (int r = 0; r < R && e == cudaSuccess; ++r) {
-      if (r == p.fault_rank) continue;
-      const int dst = (r + 1) % R;
-      int r0, r1;
-      hop_rows(p.qs, p.ks, R, p.causal, r, s, &r0, &r1);
-      if (r1 <= r0) continue;
-      const int64_t ko = (int64_t)r0 * p.k_stride, vo = (int64_t)r0 * p.v_stride;
-      e = cudaStreamWaitEvent(cs.rank[r], cs.fork, 0);
-      if (e == cudaSuccess)
-        e = cudaMemcpyAsync(chunk_k(p, dst, s + 1) + ko, chunk_k(p, r, s) + ko, (size_t)(r1 - r0) * p.k_stride * 2,
-                            cudaMemcpyDeviceToDevice, cs.rank[r]);
-      if (e == cudaSuccess)
-        e = cudaMemcpyAsync(chunk_v(p, dst, s + 1) + vo, chunk_v(p, r, s) + vo, (size_t)(r1 - r0) * p.v_stride * 2,
-                            cudaMemcpyDeviceToDevice, cs.rank[r]);
-      if (e == cudaSuccess) e = cudaEventRecord(cs.join[r], cs.rank[r]);
-      if (e == cudaSuccess) e = cudaStreamWaitEvent(cs.side, cs.join[r], 0);
-    }
-    // arrived[d][s+1] of every rank d (a column of the [rank][step]
-    // words: one strided copy) once the hop's copies have joined; with a
-    // faulty rank, one copy a rank and none for its receiver.
-    if (e != cudaSuccess) break;
-    if (p.fault_rank < 0) {
-      e = cudaMemcpy2DAsync(p.ctl + kArrived + s + 1, kMaxRanks * sizeof(int), cs.ones, sizeof(int), sizeof(int), R,
-                            cudaMemcpyHostToDevice, cs.side);
-    } else {
-      for (int d = 0; d < R && e == cudaSuccess; ++d)
-        if ((d - 1 + R) % R != p.fault_rank)
-          e = cudaMemcpyAsync(p.ctl + kArrived + d * kMaxRanks + s + 1, cs.ones, sizeof(int), cudaMemcpyHostToDevice,
-                              cs.side);
-    }
-  }
-  return e;
-}
-
-int ce_hops(const Params& p, cudaStream_t st, cudaEvent_t zeroed) {
-  static CeStreams cs{};
-  static cudaGraphExec_t exec = nullptr;
-  struct Key {  // what the captured copies depend on
-    const void* b[kMaxRanks][4];
-    const int* ctl;
-    int64_t ks, vs;
-    int gcap, ranks, causal, fault;
-    int qs[kMaxRanks][4], kv[kMaxRanks][4];
-  };
-  static Key last;
-  if (cs.side == nullptr) {
-    MK_CUDA(cudaStreamCreateWithFlags(&cs.side, cudaStreamNonBlocking));
-    for (int r = 0; r < kMaxRanks; ++r) {
-      MK_CUDA(cudaStreamCreateWithFlags(&cs.rank[r], cudaStreamNonBlocking));
-      MK_CUDA(cudaEventCreateWithFlags(&cs.join[r], cudaEventDisableTiming));
-    }
-    MK_CUDA(cudaEventCreateWithFlags(&cs.fork, cudaEventDisableTiming));
-    MK_CUDA(cudaEventCreateWithFlags(&cs.done, cudaEventDisableTiming));
-    MK_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&cs.ones), kMaxRanks * sizeof(int), cudaHostAllocDefault));
-    for (int r = 0; r < kMaxRanks; ++r) cs.ones[r] = 1;
-  }
-  Key key;
-  std::memset(&key, 0, sizeof key);
-  for (int r = 0; r < p.ranks; ++r) {
-    key.b[r][0] = p.rk[r].k;
-    key.b[r][1] = p.rk[r].v;
-    key.b[r][2] = p.rk[r].kb[0];
-    key.b[r][3] = p.rk[r].vb[0];
-    std::memcpy(key.qs[r], p.qs[r], sizeof key.qs[r]);
-    std::memcpy(key.kv[r], p.ks[r], sizeof key.kv[r]);
-  }
-  key.ctl = p.ctl;
-  key.ks = p.k_stride;
-  key.vs = p.v_stride;
-  key.gcap = p.gcap;
-  key.ranks = p.ranks;
-  key.causal = p.causal;
-  key.fault = p.fault_rank;
-  if (exec == nullptr || std::memcmp(&key, &last, sizeof key) != 0) {
-    if (exec != nullptr) {
-      MK_CUDA(cudaGraphExecDestroy(exec));
-      exec = nullptr;
-    }
-    MK_CUDA(cudaStreamBeginCapture(cs.side, cudaStreamCaptureModeThreadLocal));
-    const cudaError_t e = ce_enqueue(p, cs);
-    cudaGraph_t g = nullptr;
-    const cudaError_t ee = cudaStreamEndCapture(cs.side, &g);  // always: the side stream leaves capture
-    if ((e != cudaSuccess || ee != cudaSuccess) && g != nullptr) cudaGraphDestroy(g);
-    MK_CUDA(e);
-    MK_CUDA(ee);
-    const cudaError_t ei = cudaGraphInstantiateWithFlags(&exec, g, 0);
-    MK_CUDA(cudaGraphDestroy(g));
-    if (ei != cudaSuccess) exec = nullptr;
-    MK_CUDA(ei);
-    last = key;
-  }
-  MK_CUDA(cudaStreamWaitEvent(cs.side, zeroed, 0));
-  MK_CUDA(cudaGraphLaunch(exec, cs.side));
-  MK_CUDA(cudaEventRecord(cs.done, cs.side));
-  MK_CUDA(cudaStreamWaitEvent(st, cs.done, 0));
-  return MK_OK;
-}
-
 // ring_launch is mk_ring_attn_bf16 (gather 0) and mk_ring_attn_gather_bf16
 // (gather 1): the emulated ring in one cooperative launch.
 int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, const uint64_t* ptrs,
@@ -1901,9 +1762,6 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
     return v && v[0] == '1' ? 1 : 0;
   }();
   p.nocopy = nocopy_env;
-  static const bool ce_env = mk::env_is("MK_RING_CE", '1');
-  p.ce = ce_env && wg && p.mode == 2 && ranks > 1 && !p.nocopy;
-  if (p.ce) p.ncomm = 1;  // one arrival a chunk (ce_hops' flag), no comm CTA
 
   p.fault_rank = fault_rank;
   p.apply_sinks = 1;
@@ -1911,19 +1769,13 @@ int32_t ring_launch(const char* fn, int gather, uint64_t stream, int32_t ranks, 
   if (wg) wg_layout(&p, ranks, qspans);
   int64_t slots = 0;
   for (int r = 0; r < ranks; ++r) slots += rank_items(p, lo, wg, r);
-  const int comm = p.ce ? 0 : p.ncomm * ranks;
+  const int comm = p.ncomm * ranks;
   MK_ARG(comm < cores, "%s: %d communication CTAs leave no room for compute (%d co-resident)", fn, comm, cores);
   int64_t grid = comm + (slots > 0 ? slots : 1);
   if (grid > cores) grid = cores;
   cudaStream_t st = mk::as_stream(stream);
   MK_CUDA(cudaMemsetAsync(p.ctl, 0, kStateOff - kCtlOff + lo.done_bytes, st));
-  if (!p.ce) return launch_ring(kf, wg, true, grid, smem, st, &p);
-  static cudaEvent_t zeroed = nullptr;  // the flags are zero: the copy engines may start
-  if (zeroed == nullptr) MK_CUDA(cudaEventCreateWithFlags(&zeroed, cudaEventDisableTiming));
-  MK_CUDA(cudaEventRecord(zeroed, st));
-  rc = launch_ring(kf, wg, true, grid, smem, st, &p);  // first: the copies' host calls overlap the kernel
-  if (rc != MK_OK) return rc;
-  return ce_hops(p, st, zeroed);
+  return launch_ring(kf, wg, true, grid, smem, st, &p);
 }
 
 }  // namespace

@@ -276,10 +276,8 @@ if [ "$MODE" != bench ] && [ "$MODE" != serve ] && [ "$MODE" != none ] && [ "$MO
 		# head dims 128 too (the wgmma kernel, ring_wg, is the default there).
 		switch_test test_ring_mma '^TestRing(Attention|Watchdog)$' MK_RING_WG=0
 		# The emulated ring's hops as before the fifty-second pass (register
-		# copies, every slot waiting on every step), and on the copy engines
-		# (MK_RING_CE=1, opt-in).
+		# copies, every slot waiting on every step).
 		switch_test test_ring_regcopy '^TestRing(Attention|Watchdog)$' MK_RING_BULK=0 MK_RING_READY=0
-		switch_test test_ring_ce '^TestRing(Attention|Watchdog)$' MK_RING_CE=1
 		# Decode routing with the align launch (by default ≤ 4 tokens'
 		# routing lays out its rows).
 		switch_test test_route_nodirect '^TestMoE(Experts|WorkspaceReuse|CombineAddRMSNorm)$' MK_MOE_ROUTE_DIRECT=0
