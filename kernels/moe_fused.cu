@@ -2082,15 +2082,22 @@ KSplit ksplit(int ranks, const int64_t* tokens, const int32_t* slots, int k, int
 // on one: after GEMM2 (whose weights have streamed through L2 since) each
 // round trip reads the returned rows at ~2.5 µs (task trace at one token,
 // this pass: DeepSeek-V3's one combine task 17.9 µs for 7 round trips,
-// Qwen3's 6.6 µs for 2). MK_MOE_FUSED_COMB_COLS=N (a multiple of 8; 0:
-// whole rows) forces it.
-int64_t comb_cols(int64_t h, int bm, bool sep) {
+// Qwen3's 6.6 µs for 2). Where the largest rank has at most
+// kCombNarrowT tokens a task takes 128 columns (a token's combine on h /
+// 128 CTAs, one unit of four columns a thread): H200, fifty-third pass,
+// call 3, two rounds, 128 against 1024 columns: Qwen3-30B-A3B ×0.994 /
+// 0.967 / 0.983 at 1 / 2 / 4 tokens, DeepSeek-V3 ×0.997 / 0.991 / 0.995,
+// Mixtral ×0.996 / 0.994 / 0.996 (256 columns ×0.97–1.00). More tokens
+// keep 1024 (not measured narrower; tasks would multiply by 8).
+// MK_MOE_FUSED_COMB_COLS=N (a multiple of 8; 0: whole rows) forces it.
+constexpr int64_t kCombNarrowT = 4;
+int64_t comb_cols(int64_t h, int bm, bool sep, int64_t tmax) {
   static const int64_t forced = [] {
     const char* v = getenv("MK_MOE_FUSED_COMB_COLS");
     return v ? (int64_t)atoll(v) : (int64_t)-1;
   }();
   if (sep || bm != kTiles[0].bm) return h;
-  const int64_t c = forced >= 0 ? forced : 1024;
+  const int64_t c = forced >= 0 ? forced : tmax <= kCombNarrowT ? 128 : 1024;
   return c <= 0 || c % 8 != 0 || c >= h ? h : c;
 }
 
@@ -2217,7 +2224,9 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->ctl = mk::dev<int32_t>(ctl);
   p->fault_rank = -1;
   p->dt = k < kDR ? kDR / k : 1;
-  p->comb_cols = (int)comb_cols(h, tc.bm, sep);
+  int64_t tmax = 0;
+  for (int r = 0; r < ranks; ++r) tmax = std::max(tmax, tokens[r]);
+  p->comb_cols = (int)comb_cols(h, tc.bm, sep, tmax);
   p->comb_nc = (int)((h + p->comb_cols - 1) / p->comb_cols);
   p->group_m = mkmoe::group_m();
   p->separate = sep;
