@@ -1,5 +1,17 @@
-# scripts/ab_common.sh — sourced by the A/B scripts (ab_moe.sh, ab_model.sh)
-# and scripts/fused_decode.sh.
+# scripts/ab_common.sh — sourced by the A/B scripts (ab_moe.sh, ab_model.sh,
+# ab_ring.sh), scripts/kstamps.sh and scripts/fused_decode.sh.
+#
+# ab_setup SCRIPT is their common start: the kernel library
+# (MKSERVE_KERNEL_LIB, default .dev/libmkernel.so, with a GPU required), BIN
+# (default .dev/mkserve, built by `MK_MODE=none bash scripts/device.sh`;
+# without it SCRIPT says so and exits) and RES, a fresh results folder.
+ab_setup() {
+	export MKSERVE_KERNEL_LIB=${MKSERVE_KERNEL_LIB:-$PWD/.dev/libmkernel.so} MKSERVE_REQUIRE_GPU=1
+	BIN=${BIN:-.dev/mkserve}
+	[ -x "$BIN" ] || { echo "$1: no $BIN (MK_MODE=none bash scripts/device.sh first)"; exit 1; }
+	RES=$(mktemp -d)
+}
+
 #
 # ab_rotate FN [REPORT] calls FN NAME ASSIGNMENTS ROUND for every round of
 # $ROUNDS and every variant of $VARIANTS (NAME:ASSIGNMENTS, assignments

@@ -26,11 +26,8 @@ STEPS=${STEPS:-30}
 ROUNDS=${ROUNDS:-2}
 PREFILL=${PREFILL:-0}
 EXTRA=${EXTRA:-}
-export MKSERVE_KERNEL_LIB=${MKSERVE_KERNEL_LIB:-$PWD/.dev/libmkernel.so} MKSERVE_REQUIRE_GPU=1
-BIN=${BIN:-.dev/mkserve}
-[ -x "$BIN" ] || { echo "ab_model.sh: no $BIN (MK_MODE=none bash scripts/device.sh first)"; exit 1; }
 . scripts/ab_common.sh
-RES=$(mktemp -d)
+ab_setup ab_model.sh
 # run NAME ASSIGNMENTS ROUND: every config of one variant.
 run() {
 	local name=$1 assigns=$2 round=$3 cfg out

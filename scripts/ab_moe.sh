@@ -27,11 +27,8 @@ ROUNDS=${ROUNDS:-2}
 ITERS=${ITERS:-8}
 RANKS=${RANKS:-1}
 EXTRA=${EXTRA:-}
-export MKSERVE_KERNEL_LIB=${MKSERVE_KERNEL_LIB:-$PWD/.dev/libmkernel.so} MKSERVE_REQUIRE_GPU=1
-BIN=${BIN:-.dev/mkserve}
-[ -x "$BIN" ] || { echo "ab_moe.sh: no $BIN (MK_MODE=none bash scripts/device.sh first)"; exit 1; }
 . scripts/ab_common.sh
-RES=$(mktemp -d)
+ab_setup ab_moe.sh
 # run NAME ASSIGNMENTS ROUND: every shape and path of one variant.
 run() {
 	local name=$1 assigns=$2 round=$3 shape path out F

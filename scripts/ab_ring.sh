@@ -22,10 +22,8 @@ ROUNDS=${ROUNDS:-3}
 ITERS=${ITERS:-10}
 HEADS=${HEADS:-32}
 KV_HEADS=${KV_HEADS:-8}
-export MKSERVE_KERNEL_LIB=${MKSERVE_KERNEL_LIB:-$PWD/.dev/libmkernel.so} MKSERVE_REQUIRE_GPU=1
-BIN=${BIN:-.dev/mkserve}
-[ -x "$BIN" ] || { echo "ab_ring.sh: no $BIN (MK_MODE=none bash scripts/device.sh first)"; exit 1; }
-RES=$(mktemp -d)
+. scripts/ab_common.sh
+ab_setup ab_ring.sh
 for round in $(seq 1 "$ROUNDS"); do
 	for v in $VARIANTS; do
 		name=${v%%:*} assigns=${v#*:}

@@ -24,10 +24,8 @@ BATCH=${BATCH:-1}
 CONTEXT=${CONTEXT:-1024}
 FIRST=${FIRST:-15}
 COUNT=${COUNT:-15}
-export MKSERVE_KERNEL_LIB=${MKSERVE_KERNEL_LIB:-$PWD/.dev/libmkernel.so} MKSERVE_REQUIRE_GPU=1
-BIN=${BIN:-.dev/mkserve}
-[ -x "$BIN" ] || { echo "kstamps.sh: no $BIN (MK_MODE=none bash scripts/device.sh first)"; exit 1; }
-RES=$(mktemp -d)
+. scripts/ab_common.sh
+ab_setup kstamps.sh
 for v in $VARIANTS; do
 	name=${v%%:*} assigns=${v#*:}
 	# shellcheck disable=SC2086

@@ -51,15 +51,24 @@ __device__ __forceinline__ void task_of(const Shape& s, int layer, int t, long& 
   col0 = (long)h * kt * kBK;
 }
 
-template <int ST>
-__global__ void __launch_bounds__(128) k_cpasync(const char* w, Shape s, int layer, unsigned* sink) {
-  extern __shared__ __align__(1024) unsigned char sm[];
+// for_tasks calls f(row0, col0, kt) for each task of the launch this CTA
+// takes (task_of; CTAs stride the tasks by the grid).
+template <class F>
+__device__ __forceinline__ void for_tasks(const Shape& s, int layer, F&& f) {
   const int ntask = s.experts * (int)(s.rows / kRows) * s.splits;
-  unsigned acc = 0;
   for (int t = blockIdx.x; t < ntask; t += gridDim.x) {
     long row0, col0;
     int kt;
     task_of(s, layer, t, row0, col0, kt);
+    f(row0, col0, kt);
+  }
+}
+
+template <int ST>
+__global__ void __launch_bounds__(128) k_cpasync(const char* w, Shape s, int layer, unsigned* sink) {
+  extern __shared__ __align__(1024) unsigned char sm[];
+  unsigned acc = 0;
+  for_tasks(s, layer, [&](long row0, long col0, int kt) {
     auto load = [&](int st, int k) {
 #pragma unroll
       for (int i = 0; i < 4; i++) {
@@ -82,7 +91,7 @@ __global__ void __launch_bounds__(128) k_cpasync(const char* w, Shape s, int lay
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncthreads();
-  }
+  });
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
@@ -96,13 +105,9 @@ __global__ void __launch_bounds__(128) k_tma(const __grid_constant__ CUtensorMap
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  const int ntask = s.experts * (int)(s.rows / kRows) * s.splits;
   unsigned acc = 0;
   int g = 0;  // stages used so far by this CTA (the barriers' phases)
-  for (int t = blockIdx.x; t < ntask; t += gridDim.x) {
-    long row0, col0;
-    int kt;
-    task_of(s, layer, t, row0, col0, kt);
+  for_tasks(s, layer, [&](long row0, long col0, int kt) {
     auto load = [&](int k) {  // thread 0: stage (g0 + k) % ST
       const int st = (g + k) % ST;
       asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;\n" ::"r"(saddr(&full[st])), "r"(kStage) : "memory");
@@ -131,18 +136,14 @@ __global__ void __launch_bounds__(128) k_tma(const __grid_constant__ CUtensorMap
       if (threadIdx.x == 0 && k + ST < kt) load(k + ST);
     }
     g += kt;
-  }
+  });
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
 template <int ST>
 __global__ void __launch_bounds__(128) k_plain(const char* w, Shape s, int layer, unsigned* sink) {
-  const int ntask = s.experts * (int)(s.rows / kRows) * s.splits;
   unsigned acc = 0;
-  for (int t = blockIdx.x; t < ntask; t += gridDim.x) {
-    long row0, col0;
-    int kt;
-    task_of(s, layer, t, row0, col0, kt);
+  for_tasks(s, layer, [&](long row0, long col0, int kt) {
     for (int k0 = 0; k0 < kt; k0 += ST) {  // ST stages' loads in flight together
       uint4 v[ST][4];
 #pragma unroll
@@ -161,7 +162,7 @@ __global__ void __launch_bounds__(128) k_plain(const char* w, Shape s, int layer
 #pragma unroll
         for (int i = 0; i < 4; i++) acc ^= v[j][i].x ^ v[j][i].w;
     }
-  }
+  });
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
