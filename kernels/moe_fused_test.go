@@ -125,6 +125,14 @@ func TestMoEFusedLayer(t *testing.T) {
 		{name: "R1_E8_K2_T1_ksplit_odd", E: 8, K: 2, tokens: []int{1}, H: 1024, I: 4000, hot: -1, split: true},
 		{name: "R2_E8_K2_T1_ksplit_remote_clamped", E: 8, K: 2, tokens: []int{1, 1}, H: 1024, I: 4000, hot: -1,
 			clamped: true, split: true},
+		// Decode-sized tiles in odd shapes: widths that are not a multiple
+		// of a 64-column block, a full 16-row tile (every token on one
+		// expert), several rows a tile with the narrow combine (≤ 4 tokens:
+		// 128 columns a combine task).
+		{name: "R1_E8_K2_T3_odd_dims", E: 8, K: 2, tokens: []int{3}, H: 200, I: 136, hot: -1},
+		{name: "R1_E8_K4_T16_hot_shared_clamped", E: 8, K: 4, tokens: []int{16}, H: 256, I: 128, hot: 5,
+			shared: true, clamped: true},
+		{name: "R1_E64_K8_T16_cold_odd_inter", E: 64, K: 8, tokens: []int{16}, H: 384, I: 96, hot: -1, cold: 12},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { runFusedCase(t, g, r, c) })
