@@ -15,8 +15,9 @@ extern "C" {
 /* Per-rank device pointers in the ptrs array, in this order (MK_MOE_FUSED_NPTR each). */
 enum {
   MK_MOE_FUSED_X = 0,    /* [T_r, H] bf16: the rank's tokens */
-  MK_MOE_FUSED_IDS,      /* [T_r, K] int32: routed experts (global ids, from mk_moe_route) */
-  MK_MOE_FUSED_WEIGHTS,  /* [T_r, K] f32: their weights */
+  MK_MOE_FUSED_IDS,      /* [T_r, K] int32: routed experts (global ids, from mk_moe_route; written by the
+                            call when it routes: mk_moe_fused_router) */
+  MK_MOE_FUSED_WEIGHTS,  /* [T_r, K] f32: their weights (likewise) */
   MK_MOE_FUSED_OUT,      /* [T_r, H] f32: the layer's output (fully written) */
   MK_MOE_FUSED_SHARED,   /* [T_r, H] f32 or 0: a dense (shared-expert) output added to out */
   MK_MOE_FUSED_GATE_UP,  /* [slots_r, 2I, H] bf16: per local slot gate rows then up rows */
@@ -67,6 +68,25 @@ enum {
   MK_MOE_FUSED_TRACE_OFFSET = 256,
   MK_MOE_FUSED_TRACE_WORDS = 6
 };
+
+/* The router of a fused call (ABI 29; a null pointer: ids and weights are
+ * inputs). With it the call routes every rank's tokens itself, exactly as
+ * mk_moe_route does (same device code: same ids and weight bits), from
+ * logits[r] (device [T_r, e] f32) with the score bias (device [e] f32 or 0),
+ * flags (MK_MOE_*), num_groups, topk_groups and the scaling factor's bits
+ * of mk_moe_route, writing each rank's ids and weights (ptrs' IDS and
+ * WEIGHTS) before its experts run. Where the plan is one CTA per rank and
+ * at most MK_MOE_FUSED_ROUTE_PLAN_T tokens a rank (e <= 256, k <= 32), the
+ * plan launch routes (no launch of its own: a decode step's layer is the
+ * plan and the persistent launch); elsewhere mk_moe_route runs per rank
+ * before the plan. */
+#define MK_MOE_FUSED_ROUTE_PLAN_T 8
+typedef struct {
+  uint64_t logits[MK_MOE_FUSED_MAX_RANKS];
+  uint64_t score_bias;
+  int32_t flags, num_groups, topk_groups;
+  uint32_t scaling_bits;
+} mk_moe_fused_router;
 
 /* Workspace sizes for R ranks with tokens[r] tokens and slots[r] local expert
  * slots each (host arrays), top-k over e experts, hidden h, intermediate i:
@@ -124,7 +144,8 @@ MK_API int32_t mk_moe_fused(uint64_t stream, int32_t ranks, const uint64_t* ptrs
                             const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i, uint64_t place,
                             int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits, uint64_t ctl,
                             uint64_t ctl_bytes, const uint64_t* rank_bytes, int32_t ctas, int32_t dispatch_ctas,
-                            int64_t timeout_ns, int32_t fault_rank, int32_t tile, int64_t max_rows);
+                            int64_t timeout_ns, int32_t fault_rank, int32_t tile, int64_t max_rows,
+                            const mk_moe_fused_router* router);
 
 /* The same result from separate launches (the baseline): the plan launch, a
  * dispatch launch, mk_moe_experts on each rank's receive rows (align, grouped
@@ -134,7 +155,7 @@ MK_API int32_t mk_moe_fused_separate(uint64_t stream, int32_t ranks, const uint6
                                      const int32_t* slots, int32_t k, int32_t e, int64_t h, int64_t i,
                                      uint64_t place, int32_t act_kind, uint32_t alpha_bits, uint32_t limit_bits,
                                      uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes, int32_t tile,
-                                     int64_t max_rows);
+                                     int64_t max_rows, const mk_moe_fused_router* router);
 
 /* The same layer as mk_moe_fused for ONE rank `me` of `ranks` whose peers
  * run their own mk_moe_fused_rank (other processes, one per GPU or several
@@ -154,13 +175,14 @@ MK_API int32_t mk_moe_fused_separate(uint64_t stream, int32_t ranks, const uint6
  * (or 0xff-filled). Every wait is bounded by timeout_ns (record roles 4 and
  * 5 name a peer that did not arrive); ctl is this process's own. The
  * peers' launches must be able to run at the same time as this one (other
- * GPUs, or time-sliced contexts on one GPU). Asynchronous on stream. */
+ * GPUs, or time-sliced contexts on one GPU). A router routes me's tokens
+ * only (router->logits[me]; the others are not read). Asynchronous on stream. */
 MK_API int32_t mk_moe_fused_rank(uint64_t stream, int32_t ranks, int32_t me, const uint64_t* ptrs,
                                  const int64_t* tokens, const int32_t* slots, int32_t k, int32_t e, int64_t h,
                                  int64_t i, uint64_t place, int32_t act_kind, uint32_t alpha_bits,
                                  uint32_t limit_bits, uint64_t ctl, uint64_t ctl_bytes, const uint64_t* rank_bytes,
                                  int32_t ctas, int32_t dispatch_ctas, int64_t timeout_ns, int32_t epoch,
-                                 int32_t tile, int64_t max_rows);
+                                 int32_t tile, int64_t max_rows, const mk_moe_fused_router* router);
 
 /* Synchronously (after all earlier work) copies ctl's error record into rec
  * [MK_MOE_FUSED_ERR_WORDS] and clears it on the device. */

@@ -78,8 +78,11 @@ extern "C" {
  *     path.
  * 27: the persistent decode layer (mk_layer.h).
  * 28: mk_moe_gemv(-1), auto: the GEMV kernels for one token over experts of
- *     intermediate size >= 8192, the default. */
-#define MK_ABI_VERSION 28
+ *     intermediate size >= 8192, the default.
+ * 29: mk_moe_fused, mk_moe_fused_rank and mk_moe_fused_separate take a
+ *     router (mk_moe_fused_router, or null): routing inside the call, in
+ *     the plan launch at decode sizes. */
+#define MK_ABI_VERSION 29
 
 /* Status codes. */
 enum {

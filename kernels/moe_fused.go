@@ -19,15 +19,30 @@ var (
 		ctlBytes *uint64, rankBytes *uint64, tileM *int32, tile int32, maxRows int64) int32
 	moeFused func(s uint64, ranks int32, ptrs *uint64, tokens *int64, slots *int32, k, e int32, h, i int64,
 		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64, ctas,
-		dispatchCTAs int32, timeoutNs int64, faultRank, tile int32, maxRows int64) int32
+		dispatchCTAs int32, timeoutNs int64, faultRank, tile int32, maxRows int64, router *moeFusedRouter) int32
 	moeFusedSeparate func(s uint64, ranks int32, ptrs *uint64, tokens *int64, slots *int32, k, e int32, h, i int64,
 		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64, tile int32,
-		maxRows int64) int32
+		maxRows int64, router *moeFusedRouter) int32
 	moeFusedCheck func(ctl uint64, rec *int32) int32
 	moeFusedRank  func(s uint64, ranks, me int32, ptrs *uint64, tokens *int64, slots *int32, k, e int32, h, i int64,
 		place uint64, act int32, alpha, limit uint32, ctl, ctlBytes uint64, rankBytes *uint64, ctas,
-		dispatchCTAs int32, timeoutNs int64, epoch, tile int32, maxRows int64) int32
+		dispatchCTAs int32, timeoutNs int64, epoch, tile int32, maxRows int64, router *moeFusedRouter) int32
 )
+
+// moeFusedRouter is mk_moe_fused_router (88 bytes; moe_fused.cu asserts the
+// size): the router of a fused call that routes its tokens itself.
+type moeFusedRouter struct {
+	logits                    [MoEFusedMaxRanks]uint64
+	scoreBias                 uint64
+	flags, groups, topKGroups int32
+	scaling                   uint32
+}
+
+// MoEFusedRoutePlanTokens is the most tokens a rank for which a fused call
+// with a Router routes inside its plan launch (one rank's plan, E ≤ 256,
+// K ≤ 32); above it, or over several emulated ranks, routing runs as
+// MoERoute's launches before the plan (mk_moe_fused.h).
+const MoEFusedRoutePlanTokens = 8
 
 func init() {
 	registerSymbols(
@@ -168,11 +183,14 @@ func (p *MoEPlacement) Table() ([]int32, error) {
 // MoEFusedRank is one rank's buffers.
 //
 //	X       [T_r, H] bf16          IDs [T_r, K] int32 (global expert ids)   Weights [T_r, K] f32
+//	        (IDs and Weights are written by the call when MoEFusedArgs.Router is set)
+//	Logits  [T_r, Experts] f32: the router's logits (only with MoEFusedArgs.Router)
 //	Out     [T_r, H] f32 (written)  Shared [T_r, H] f32 or nil (added to Out: shared experts' output)
 //	GateUp  [Slots_r, 2I, H] bf16 (gate rows then up rows)   Down [Slots_r, H, I] bf16
 //	Counts  [Slots_r] int64 or nil (+= rows each slot received)   WS: the rank's workspace
 type MoEFusedRank struct {
 	X, IDs, Weights, Out, Shared *Buffer
+	Logits                       *Buffer
 	GateUp, Down                 *Buffer
 	Counts                       *Buffer
 	WS                           *Buffer
@@ -206,6 +224,15 @@ type MoEFusedArgs struct {
 	// routes more rows to a rank than its workspace holds computes nothing:
 	// MoEFusedCheck returns a *MoEFusedCapacityError. Same rule as Tile.
 	MaxRows int
+
+	// Router, when set, makes the call route each rank's tokens itself
+	// (MoERoute's semantics and device code: the same ids and weight bits)
+	// from MoEFusedRank.Logits, with ScoreBias ([Experts] f32 or nil), into
+	// IDs and Weights; at decode sizes inside the plan launch, with no
+	// launch of its own (MoEFusedRoutePlanTokens). Router.Experts and
+	// Router.TopK must be Experts and TopK.
+	Router    *MoERouter
+	ScoreBias *Buffer
 
 	CTAs         int           // CTAs of the persistent launch (0: every co-resident one)
 	DispatchCTAs int           // CTAs that start with the dispatch role (0: all)
@@ -328,8 +355,10 @@ func (d *Device) NewMoEFusedControl(bytes int64) (*Buffer, error) {
 // me >= 0 (rank-local): only ranks[me] is checked in full, the others need
 // only their WS.
 func (d *Device) moeFusedCall(op string, ranks []MoEFusedRank, ctl *Buffer, a *MoEFusedArgs, sep bool, me int) (ptrs []uint64,
-	tok []int64, sl []int32, rb []uint64, err error) {
-	fail := func(err error) ([]uint64, []int64, []int32, []uint64, error) { return nil, nil, nil, nil, err }
+	tok []int64, sl []int32, rb []uint64, rt *moeFusedRouter, err error) {
+	fail := func(err error) ([]uint64, []int64, []int32, []uint64, *moeFusedRouter, error) {
+		return nil, nil, nil, nil, nil, err
+	}
 	if err := d.ready(op); err != nil {
 		return fail(err)
 	}
@@ -351,6 +380,16 @@ func (d *Device) moeFusedCall(op string, ranks []MoEFusedRank, ctl *Buffer, a *M
 		return fail(err)
 	}
 	H, I, K := int64(a.H), int64(a.I), int64(a.TopK)
+	if a.Router != nil {
+		if a.Router.Experts != a.Experts || a.Router.TopK != a.TopK {
+			return fail(fmt.Errorf("kernels: %s: a router of %d experts, top-%d, for a layer of %d, top-%d", op,
+				a.Router.Experts, a.Router.TopK, a.Experts, a.TopK))
+		}
+		rt = &moeFusedRouter{groups: int32(a.Router.Groups), topKGroups: int32(a.Router.TopKGroups),
+			scaling: math.Float32bits(a.Router.Scaling)}
+	} else if a.ScoreBias != nil {
+		return fail(fmt.Errorf("kernels: %s: a score bias without a router", op))
+	}
 	ptrs = make([]uint64, R*moeFusedNPtr)
 	rb = make([]uint64, R)
 	for r, rk := range ranks {
@@ -368,6 +407,13 @@ func (d *Device) moeFusedCall(op string, ranks []MoEFusedRank, ctl *Buffer, a *M
 				return fail(err)
 			}
 			p[0], p[1], p[2], p[3] = rk.X.ptr, rk.IDs.ptr, rk.Weights.ptr, rk.Out.ptr
+			if rt != nil {
+				sb, flags, err := routeArgs(op+" "+name("router"), rk.IDs, rk.Weights, rk.Logits, a.ScoreBias, int(T), *a.Router)
+				if err != nil {
+					return fail(err)
+				}
+				rt.logits[r], rt.scoreBias, rt.flags = rk.Logits.ptr, sb, flags
+			}
 			if rk.Shared != nil {
 				if err := need(op, name("Shared"), rk.Shared, T*H, 4); err != nil {
 					return fail(err)
@@ -397,7 +443,7 @@ func (d *Device) moeFusedCall(op string, ranks []MoEFusedRank, ctl *Buffer, a *M
 		rb[r] = uint64(rk.WS.bytes)
 	}
 	tok, sl = a.flat()
-	return ptrs, tok, sl, rb, nil
+	return ptrs, tok, sl, rb, rt, nil
 }
 
 // timeoutNs is the bound on each wait, in nanoseconds (Timeout, or the default).
@@ -426,7 +472,7 @@ func (a *MoEFusedArgs) act() (int32, uint32, uint32) {
 // Asynchronous: MoEFusedCheck reports a watchdog timeout.
 func (d *Device) MoEFused(s *Stream, ranks []MoEFusedRank, ctl *Buffer, a MoEFusedArgs) error {
 	const op = "MoEFused"
-	ptrs, tok, sl, rb, err := d.moeFusedCall(op, ranks, ctl, &a, false, -1)
+	ptrs, tok, sl, rb, rt, err := d.moeFusedCall(op, ranks, ctl, &a, false, -1)
 	if err != nil {
 		return err
 	}
@@ -436,7 +482,8 @@ func (d *Device) MoEFused(s *Stream, ranks []MoEFusedRank, ctl *Buffer, a MoEFus
 	act, alpha, limit := a.act()
 	rc := moeFused(s.handle(), int32(len(ranks)), &ptrs[0], &tok[0], &sl[0], int32(a.TopK), int32(a.Experts),
 		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0], int32(a.CTAs),
-		int32(a.DispatchCTAs), a.timeoutNs(), int32(a.faultRank-1), int32(a.Tile), int64(a.MaxRows))
+		int32(a.DispatchCTAs), a.timeoutNs(), int32(a.faultRank-1), int32(a.Tile), int64(a.MaxRows), rt)
+	runtime.KeepAlive(rt)
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(tok)
 	runtime.KeepAlive(sl)
@@ -450,7 +497,7 @@ func (d *Device) MoEFused(s *Stream, ranks []MoEFusedRank, ctl *Buffer, a MoEFus
 // launch. Workspaces must be sized with withSeparate; Counts are not updated.
 func (d *Device) MoEFusedSeparate(s *Stream, ranks []MoEFusedRank, ctl *Buffer, a MoEFusedArgs) error {
 	const op = "MoEFusedSeparate"
-	ptrs, tok, sl, rb, err := d.moeFusedCall(op, ranks, ctl, &a, true, -1)
+	ptrs, tok, sl, rb, rt, err := d.moeFusedCall(op, ranks, ctl, &a, true, -1)
 	if err != nil {
 		return err
 	}
@@ -460,7 +507,8 @@ func (d *Device) MoEFusedSeparate(s *Stream, ranks []MoEFusedRank, ctl *Buffer, 
 	act, alpha, limit := a.act()
 	rc := moeFusedSeparate(s.handle(), int32(len(ranks)), &ptrs[0], &tok[0], &sl[0], int32(a.TopK), int32(a.Experts),
 		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0], int32(a.Tile),
-		int64(a.MaxRows))
+		int64(a.MaxRows), rt)
+	runtime.KeepAlive(rt)
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(tok)
 	runtime.KeepAlive(sl)
@@ -503,7 +551,7 @@ func (d *Device) MoEFusedRankLocal(s *Stream, me int, mine MoEFusedRank, ws []*B
 		ranks[r].WS = ws[r]
 	}
 	ranks[me] = mine
-	ptrs, tok, sl, rb, err := d.moeFusedCall(op, ranks, ctl, &a, false, me)
+	ptrs, tok, sl, rb, rt, err := d.moeFusedCall(op, ranks, ctl, &a, false, me)
 	if err != nil {
 		return err
 	}
@@ -513,7 +561,8 @@ func (d *Device) MoEFusedRankLocal(s *Stream, me int, mine MoEFusedRank, ws []*B
 	act, alpha, limit := a.act()
 	rc := moeFusedRank(s.handle(), int32(R), int32(me), &ptrs[0], &tok[0], &sl[0], int32(a.TopK), int32(a.Experts),
 		int64(a.H), int64(a.I), a.Table.ptr, act, alpha, limit, ctl.ptr, uint64(ctl.bytes), &rb[0], int32(a.CTAs),
-		int32(a.DispatchCTAs), a.timeoutNs(), int32(epoch), int32(a.Tile), int64(a.MaxRows))
+		int32(a.DispatchCTAs), a.timeoutNs(), int32(epoch), int32(a.Tile), int64(a.MaxRows), rt)
+	runtime.KeepAlive(rt)
 	runtime.KeepAlive(ptrs)
 	runtime.KeepAlive(tok)
 	runtime.KeepAlive(sl)

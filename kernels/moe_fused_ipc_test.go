@@ -215,7 +215,10 @@ func runFusedIPCRank(t *testing.T, g *GPU, c ipcCase, me int, peer lineIO) {
 // of them are co-resident), the peers' workspaces being plain local
 // buffers; several epochs on the same workspaces. Each rank's output
 // matches the CPU reference and is bit-identical to the emulated
-// single-launch MoEFused on the same inputs.
+// single-launch MoEFused on the same inputs. Routed cases give the
+// rank-local calls a router (MoEFusedArgs.Router: each plan routes its own
+// rank's tokens before pushing their ids to the peers): the ids they write
+// must be moe.Route's, and the emulated launch runs on those ids.
 func TestMoEFusedRankLocalStreams(t *testing.T) {
 	g := testGPU(t)
 	sms := g.Info().SMs
@@ -225,11 +228,15 @@ func TestMoEFusedRankLocalStreams(t *testing.T) {
 		tokens []int
 		H, I   int
 		tile   int
+		routed bool
 	}{
-		{"R2_E16_K4_T37_50", 16, 4, []int{37, 50}, 256, 128, 0},
-		{"R2_E8_K2_T300_200_tile64", 8, 2, []int{300, 200}, 256, 128, 64},
-		{"R2_E8_K2_T300_200_tile128", 8, 2, []int{300, 200}, 256, 128, 128},
-		{"R4_E64_K8_T33_0_16_50", 64, 8, []int{33, 0, 16, 50}, 256, 128, 0},
+		{"R2_E16_K4_T37_50", 16, 4, []int{37, 50}, 256, 128, 0, false},
+		{"R2_E8_K2_T300_200_tile64", 8, 2, []int{300, 200}, 256, 128, 64, false},
+		{"R2_E8_K2_T300_200_tile128", 8, 2, []int{300, 200}, 256, 128, 128, false},
+		{"R4_E64_K8_T33_0_16_50", 64, 8, []int{33, 0, 16, 50}, 256, 128, 0, false},
+		{"R2_E16_K4_T37_50_routed", 16, 4, []int{37, 50}, 256, 128, 0, true},
+		{"R2_E16_K4_T3_8_routed", 16, 4, []int{3, 8}, 256, 128, 0, true},
+		{"R4_E64_K8_T33_0_16_64_routed", 64, 8, []int{33, 0, 16, 64}, 256, 128, 0, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -298,15 +305,28 @@ func TestMoEFusedRankLocalStreams(t *testing.T) {
 						}
 						var xb []uint16
 						xb, xs[q] = randBF16(r, T*H, 1)
-						ids[q], ws8[q] = moe.Route(&cfg, randF32(r, T*c.E, 1), nil, T)
-						ranks[q].X, ranks[q].IDs, ranks[q].Weights = put(a, xb), put(a, ids[q]), put(a, ws8[q])
+						logits := randF32(r, T*c.E, 1)
+						ids[q], ws8[q] = moe.Route(&cfg, logits, nil, T)
+						ranks[q].X = put(a, xb)
+						if c.routed { // written by the call: poisoned
+							ranks[q].Logits = put(a, logits)
+							ranks[q].IDs = put(a, f32Fill(T*K, math.Float32frombits(0xffffffff)))
+							ranks[q].Weights = put(a, f32Fill(T*K, float32(math.NaN())))
+						} else {
+							ranks[q].IDs, ranks[q].Weights = put(a, ids[q]), put(a, ws8[q])
+						}
 						ranks[q].Out = put(a, f32Fill(T*H, float32(math.NaN())))
 					}
 					if a.err != nil {
 						return
 					}
+					la := args
+					if c.routed {
+						rt := moeRouter(cfg)
+						la.Router = &rt
+					}
 					for q := range R {
-						a.check(a.d.MoEFusedRankLocal(streams[q], q, ranks[q], ws, ctls[q], args, ep))
+						a.check(a.d.MoEFusedRankLocal(streams[q], q, ranks[q], ws, ctls[q], la, ep))
 					}
 					for q := range R {
 						if a.err == nil {
@@ -317,6 +337,16 @@ func TestMoEFusedRankLocalStreams(t *testing.T) {
 					}
 					local := make([][]float32, R)
 					for q := range R {
+						if T := c.tokens[q]; T > 0 && c.routed && a.err == nil {
+							gi, gw := get[int32](a, ranks[q].IDs, T*K), get[float32](a, ranks[q].Weights, T*K)
+							for i := range gi {
+								if gi[i] != ids[q][i] || math.Abs(float64(gw[i]-ws8[q][i])) > 1e-6 {
+									t.Errorf("epoch %d rank %d: assignment %d routed to %d (%v), moe.Route: %d (%v)",
+										ep, q, i, gi[i], gw[i], ids[q][i], ws8[q][i])
+									break
+								}
+							}
+						}
 						if c.tokens[q] > 0 {
 							local[q] = get[float32](a, ranks[q].Out, c.tokens[q]*H)
 							a.check(Upload(a.d, ranks[q].Out, f32Fill(c.tokens[q]*H, float32(math.NaN()))))

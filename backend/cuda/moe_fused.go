@@ -66,12 +66,20 @@ func (be *Backend) fusedFits(E int, gub, db *Tensor) bool {
 	return be.moePath == "fused" && gub == nil && db == nil && E%be.epRanks == 0 && E/be.epRanks <= kernels.MoEFusedMaxSlots
 }
 
+// fusedRoute is the routing a fused call does itself: the router's logits
+// [T, E] f32, its score bias [E] f32 or nil, and its configuration.
+type fusedRoute struct {
+	logits, scoreBias *kernels.Buffer
+	router            kernels.MoERouter
+}
+
 // moeFusedRun is the routed experts of one layer through kernels.MoEFused
-// (on the GPU goroutine): out [T, H] f32 from xb [T, H] bf16, ids/w [T, K];
-// gu and dn are the layer's stacked weights (ex.GateUp, ex.Down), counts
-// its per-expert counters [E] (used by the block placement).
-func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffer, T, K int, ex *kernels.MoEExperts,
-	counts *kernels.Buffer, layer int, gu, dn *Tensor) error {
+// (on the GPU goroutine): out [T, H] f32 from xb [T, H] bf16; ids/w [T, K]
+// are written by the call from rt's logits (MoEFusedArgs.Router) when rt is
+// not nil, else read; gu and dn are the layer's stacked weights (ex.GateUp,
+// ex.Down), counts its per-expert counters [E] (used by the block placement).
+func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffer, rt *fusedRoute, T, K int,
+	ex *kernels.MoEExperts, counts *kernels.Buffer, layer int, gu, dn *Tensor) error {
 	R, E, H, I := be.epRanks, ex.E, ex.H, ex.I
 	S := E / R
 	fs := &be.fused
@@ -117,6 +125,9 @@ func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffe
 	}
 	args := kernels.MoEFusedArgs{Tokens: tokens, Slots: slots, Table: table, Experts: E, TopK: K, H: H, I: I,
 		Clamped: ex.Clamped, Alpha: ex.Alpha, Limit: ex.Limit}
+	if rt != nil {
+		args.Router, args.ScoreBias = &rt.router, rt.scoreBias
+	}
 	tk2 := tuning.MoEKey{Device: be.g.Info().Name, Hidden: H, Intermediate: I, Experts: E, TopK: K, Ranks: R}
 	if c, ok := be.moeTuning.Lookup(tk2, (T+R-1)/R); ok {
 		args.CTAs, args.DispatchCTAs, args.Tile = c.CTAs, c.DispatchCTAs, c.Tile
@@ -152,6 +163,9 @@ func (be *Backend) moeFusedRun(d *kernels.Device, out, xb, ids, w *kernels.Buffe
 		rk.IDs = rows(ids, t0, n, int64(K)*4)
 		rk.Weights = rows(w, t0, n, int64(K)*4)
 		rk.Out = rows(out, t0, n, int64(H)*4)
+		if rt != nil {
+			rk.Logits = rows(rt.logits, t0, n, int64(E)*4)
+		}
 		switch {
 		case pl != nil:
 			rk.GateUp, rk.Down = pl.gateUp[r], pl.down[r]

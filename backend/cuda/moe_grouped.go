@@ -236,8 +236,9 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 			}
 			counts = nil
 		} else if !be.moeGemv(T, K, I) && be.fusedFits(E, gub, db) && !ex.IsFP4() {
-			route()
-			return be.moeFusedRun(d, out.st.f32, xb, ids, w, T, K, ex, counts, l.Layer, gu, down)
+			// The fused call routes (in its plan launch at decode sizes).
+			rt := &fusedRoute{logits: logits.st.f32, scoreBias: sb, router: router}
+			return be.moeFusedRun(d, out.st.f32, xb, ids, w, rt, T, K, ex, counts, l.Layer, gu, down)
 		}
 		wsBytes, _, err := d.MoEWorkspace(T, K, ex)
 		must("workspace", err)

@@ -59,7 +59,7 @@ type moeBenchRow struct {
 	Graph          bool                     `json:"graph"`                 // ms and separate_ms are CUDA graph replays of the layer (--graph)
 	EagerMS        *float64                 `json:"eager_ms,omitempty"`    // --graph: the same layer launched op by op from the host
 	EagerSepMS     *float64                 `json:"eager_separate_ms,omitempty"`
-	ExpertsMS      float64                  `json:"experts_ms"`      // median of the expert part alone (fused: plan + persistent launch; grouped: routing + align + GEMM1 + GEMM2 + combine, one MoERouteExpertsRun)
+	ExpertsMS      float64                  `json:"experts_ms"`      // median of the expert part alone (fused: routing + plan + persistent launch, one MoEFused call; grouped: routing + align + GEMM1 + GEMM2 + combine, one MoERouteExpertsRun)
 	TFLOPS         float64                  `json:"tflops"`          // 2·3·tokens·topk·hidden·intermediate / ms
 	WeightGBps     float64                  `json:"weight_gbps"`     // bytes of touched experts' weights / ms
 	ExpertsTouched float64                  `json:"experts_touched"` // mean over iterations

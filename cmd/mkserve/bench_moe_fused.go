@@ -188,8 +188,11 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 	for r := range tokens {
 		tokens[r] = T
 	}
+	// Both paths route inside their call (the fused one in its plan launch at
+	// decode sizes, the separate one with MoERoute's launches).
+	rt := moeRouterKernels(cfg)
 	args := kernels.MoEFusedArgs{Tokens: tokens, Slots: b.place.Slots, Experts: E, TopK: K, H: H, I: I,
-		CTAs: o.ctas, DispatchCTAs: o.dispatchCTAs, Tile: o.tile}
+		CTAs: o.ctas, DispatchCTAs: o.dispatchCTAs, Tile: o.tile, Router: &rt, ScoreBias: b.sbias}
 	if o.maxRowsFactor > 0 {
 		args.MaxRows = int(math.Ceil(o.maxRowsFactor * float64(T*K)))
 		row.MaxRows = args.MaxRows
@@ -228,6 +231,7 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 	for r := range R {
 		rk := &ranks[r]
 		rk.X, logits[r] = alloc(int64(T*H)*2), alloc(int64(T*E)*4)
+		rk.Logits = logits[r]
 		rk.IDs, rk.Weights, rk.Out = alloc(int64(T*K)*4), alloc(int64(T*K)*4), alloc(int64(T*H)*4)
 		if SI > 0 {
 			rk.Shared = alloc(int64(T*H) * 4)
@@ -249,13 +253,10 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 		}
 		defer ev[i].Destroy()
 	}
-	front := func() error { // router and shared experts of every rank
+	front := func() error { // router GEMMs and shared experts of every rank (routing: in the call)
 		for r := range R {
 			rk := &ranks[r]
 			if err := benchRouter(d, logits[r], rk.X, b.gate, T, E, H); err != nil {
-				return err
-			}
-			if err := d.MoERoute(nil, rk.IDs, rk.Weights, logits[r], b.sbias, T, moeRouterKernels(cfg)); err != nil {
 				return err
 			}
 			if SI > 0 {
