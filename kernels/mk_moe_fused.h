@@ -70,17 +70,11 @@ enum {
 };
 
 /* The router of a fused call (ABI 29; a null pointer: ids and weights are
- * inputs). With it the call routes every rank's tokens itself, exactly as
- * mk_moe_route does (same device code: same ids and weight bits), from
- * logits[r] (device [T_r, e] f32) with the score bias (device [e] f32 or 0),
- * flags (MK_MOE_*), num_groups, topk_groups and the scaling factor's bits
- * of mk_moe_route, writing each rank's ids and weights (ptrs' IDS and
- * WEIGHTS) before its experts run. Where the plan is one CTA per rank and
- * at most MK_MOE_FUSED_ROUTE_PLAN_T tokens a rank (e <= 256, k <= 32), the
- * plan launch routes (no launch of its own: a decode step's layer is the
- * plan and the persistent launch); elsewhere mk_moe_route runs per rank
- * before the plan. */
-#define MK_MOE_FUSED_ROUTE_PLAN_T 8
+ * inputs). With it the call routes every rank's tokens itself with
+ * mk_moe_route (before its plan, on the same stream) from logits[r] (device
+ * [T_r, e] f32) with the score bias (device [e] f32 or 0), flags (MK_MOE_*),
+ * num_groups, topk_groups and the scaling factor's bits of mk_moe_route,
+ * writing each rank's ids and weights (ptrs' IDS and WEIGHTS). */
 typedef struct {
   uint64_t logits[MK_MOE_FUSED_MAX_RANKS];
   uint64_t score_bias;

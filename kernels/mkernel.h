@@ -80,8 +80,8 @@ extern "C" {
  * 28: mk_moe_gemv(-1), auto: the GEMV kernels for one token over experts of
  *     intermediate size >= 8192, the default.
  * 29: mk_moe_fused, mk_moe_fused_rank and mk_moe_fused_separate take a
- *     router (mk_moe_fused_router, or null): routing inside the call, in
- *     the plan launch at decode sizes. */
+ *     router (mk_moe_fused_router, or null): the call routes its tokens
+ *     itself (mk_moe_route before the plan). */
 #define MK_ABI_VERSION 29
 
 /* Status codes. */

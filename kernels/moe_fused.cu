@@ -112,7 +112,6 @@
 
 #include "common.cuh"
 #include "moe_gemm.cuh"
-#include "route.cuh"
 
 #include "sysflag.cuh"
 #include "wgmma.cuh"
@@ -144,7 +143,6 @@ struct RankP {
   const bf16* x;
   const int32_t* ids;
   const float* w;
-  const float* logits;  // [T, E] f32: the router's logits when the plan routes (Params.route_epl > 0)
   float* out;
   const float* shared;
   const bf16* gu;
@@ -211,15 +209,6 @@ struct Params {
   int fault_stage;  // tests (fault_rank == R): the first stage a producer fills never gets its weights
   int separate;  // plan: also fill row_slot/row_w for every row (separate path)
   int plan_g;    // plan: CTAs per destination of the many-block plan (plan_multi), 0: the one-CTA plan_kernel
-  // route_epl > 0: the one-CTA plan routes its rank's tokens first (on
-  // route_token_reg<route_epl>, mk_moe_route's device code) from
-  // rk[b].logits into rk[b].ids and rk[b].w, with the router's score bias,
-  // flags, groups, top groups and scaling (route_in_plan); 0: ids and
-  // weights are there before the plan.
-  int route_epl;
-  const float* rbias;
-  int rflags, rgroups, rtopg;
-  float rscale;
   // copy_local (wgmma tiles, MK_MOE_FUSED_COPY_LOCAL=1): local rows are
   // dispatched into the receive buffer too, so that every GEMM1 tile's rows
   // are contiguous there and load by TMA instead of the row gather.
@@ -469,26 +458,6 @@ __device__ __forceinline__ void plan_put(const Params& p, const RankP& me, int r
   p.rk[r].dest_row[a] = q * 8 + b;  // rank-local: a store into source r's (peer) workspace
 }
 
-// plan_route routes tokens warp, warp + nwarps, ... of rank me on the
-// calling warp (route_token_reg, mk_moe_route's device code; route_sm: the
-// block's shared memory).
-template <int EPL>
-__device__ __forceinline__ void plan_route(const Params& p, const RankP& me, unsigned char* route_sm) {
-  const int warp = threadIdx.x / 32;
-  for (int64_t t = warp; t < me.T; t += blockDim.x / 32)
-    mkroute::route_token_reg<EPL>(const_cast<int32_t*>(me.ids), const_cast<float*>(me.w), me.logits, p.rbias, t,
-                                  p.E, p.K, p.rflags, p.rgroups, p.rtopg, p.rscale, route_sm, warp);
-}
-
-// kPlanRouteThreads: the block of a plan that routes (EPL > 0): at most
-// MK_MOE_FUSED_ROUTE_PLAN_T tokens, one a warp; a smaller block than the
-// plain plan's 1024 threads so that it is placed on a multiprocessor
-// beside the router GEMM's CTAs while they run (a 1024-thread block needs
-// the whole register file: call 1 of the fifty-fourth pass measured the
-// routing plan in 1024 threads ×1.02–1.05 slower than a route launch before it).
-constexpr int kPlanRouteThreads = 256;
-static_assert(kPlanRouteThreads / 32 >= MK_MOE_FUSED_ROUTE_PLAN_T, "one warp a routed token");
-
 // One CTA per rank b: b's source side (dropped assignments, token flags)
 // and b's destination side (slot counts, padded offsets, tiles, rows). A
 // slot's rows from b itself (local) come first, then the rows from other
@@ -506,11 +475,7 @@ static_assert(kPlanRouteThreads / 32 >= MK_MOE_FUSED_ROUTE_PLAN_T, "one warp a r
 // One block an SM at most (a CTA per rank is all it launches): the
 // registers of the one-pass placements (pl1) fit (ptxas proxy: 48, no
 // spills; with 2 blocks an SM allowed it chose 32 and spilled).
-// EPL > 0 (Params.route_epl; one CTA, at most MK_MOE_FUSED_ROUTE_PLAN_T
-// tokens): the plan first routes its rank's tokens (plan_route) in a block
-// of kPlanRouteThreads, then plans them as above.
-template <int EPL>
-__global__ void __launch_bounds__(EPL > 0 ? kPlanRouteThreads : 1024, 1) plan_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(1024, 1) plan_kernel(const __grid_constant__ Params p) {
   extern __shared__ int plan_sm[];
   mk::pdl_begin();  // mk::launch: wait for the kernel before, then let the next one's CTAs launch
   __shared__ int ok_sh;
@@ -524,14 +489,6 @@ __global__ void __launch_bounds__(EPL > 0 ? kPlanRouteThreads : 1024, 1) plan_ke
   int* cur_loc = off + S + 1;  // [S] next local row
   int* cur_rem = cur_loc + S;  // [S] next remote row
   if (blockIdx.x == 0 && threadIdx.x < (int)(kCtlBytes / 4) - 16) p.ctl[16 + threadIdx.x] = 0;
-  if constexpr (EPL > 0) {
-    // Routing (one CTA: this rank's tokens, one warp a token at a time;
-    // route_sm is the plan's shared memory, free until the counts below).
-    // The barrier makes the ids visible to every thread of the plan; the
-    // persistent launch reads them, and the weights, after the plan ends.
-    plan_route<EPL>(p, me, reinterpret_cast<unsigned char*>(plan_sm));
-    __syncthreads();
-  }
   // places4: the placements (p.place: rank << 16 | slot, or -1) of source
   // r's assignments a0 + u·blockDim.x (u < 4) of n, loaded together so that
   // their loads are in flight at once; -1 past n or for an id out of range.
@@ -2373,78 +2330,28 @@ int plan(const Params& p, cudaStream_t st) {
     MK_CUDA(mk::launch(plan_place_kernel, grid, dim3(1024), sm, st, p));
     return MK_OK;
   }
-  auto go = [&](auto kern, size_t& attr) -> int {
-    // Group-limited routing in the plan: each warp its choice scores and
-    // group scores (route_token_reg), before the plan's counts.
-    const int threads = p.route_epl > 0 ? kPlanRouteThreads : 1024;
-    const size_t rsm = p.route_epl > 0 && p.rgroups > 0 ? (size_t)(threads / 32) * (p.E + 2 * p.rgroups) * 4 : 0;
-    const size_t need = std::max(sm, rsm);
-    if (need > attr) {
-      MK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)need));
-      attr = need;
-    }
-    MK_CUDA(mk::launch(kern, dim3(p.me >= 0 ? 1 : p.R), dim3((unsigned)threads), need, st, p));
-    return MK_OK;
-  };
-  static size_t a0 = 48 << 10, a1 = 48 << 10, a2 = 48 << 10, a4 = 48 << 10, a8 = 48 << 10;
-  switch (p.route_epl) {
-    case 0: return go(plan_kernel<0>, a0);
-    case 1: return go(plan_kernel<1>, a1);
-    case 2: return go(plan_kernel<2>, a2);
-    case 4: return go(plan_kernel<4>, a4);
-    default: return go(plan_kernel<8>, a8);
+  static size_t attr = 48 << 10;
+  if (sm > attr) {
+    MK_CUDA(cudaFuncSetAttribute(plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    attr = sm;
   }
-}
-
-// route_plan_on: MK_MOE_FUSED_ROUTE_PLAN=0 routes with mk_moe_route's own
-// launches even where the plan could route (for comparisons).
-bool route_plan_on() {
-  static const bool on = !mk::env_is("MK_MOE_FUSED_ROUTE_PLAN", '0');
-  return on;
+  MK_CUDA(mk::launch(plan_kernel, dim3(p.me >= 0 ? 1 : p.R), dim3(1024), sm, st, p));
+  return MK_OK;
 }
 
 // route routes a fused call's tokens when it has a router (rt non-null):
-// its arguments checked for every rank the call routes (all, or me in
-// rank-local mode), then either the one-CTA plan does it (route_epl set:
-// one rank's plan, at most MK_MOE_FUSED_ROUTE_PLAN_T tokens, E ≤ 256,
-// K ≤ 32, not the separate baseline) or mk_moe_route runs per rank on st
-// now, before the plan.
-int route(const char* fn, Params* p, const uint64_t* ptrs, const mk_moe_fused_router* rt, cudaStream_t st) {
+// mk_moe_route on st for every rank the call serves (all, or me in
+// rank-local mode) with tokens, before the plan. (Routing inside the
+// one-CTA plan instead, at 1024 and at 256 threads, measured ×1.01–1.05
+// slower at 1–8 tokens: fifty-fourth pass, branch routeplan.)
+int route(Params* p, const uint64_t* ptrs, const mk_moe_fused_router* rt, cudaStream_t st) {
   if (rt == nullptr) return MK_OK;
-  const int E = p->E, K = p->K;
-  const float scale = mk::float_from_bits(rt->scaling_bits);
-  int routed = -1, n = 0;  // the one rank routed (when only one is), how many are
-  for (int r = 0; r < p->R; ++r) {
-    const RankP& q = p->rk[r];
-    if (q.T == 0 || (p->me >= 0 && r != p->me)) continue;
-    const uint64_t* pr = ptrs + (int64_t)r * MK_MOE_FUSED_NPTR;
-    MK_ARG(rt->logits[r] != 0 && rt->logits[r] % 4 == 0, "%s: rank %d: null or unaligned router logits", fn, r);
-    const int rc = mkroute::check_args(pr[MK_MOE_FUSED_IDS], pr[MK_MOE_FUSED_WEIGHTS], rt->logits[r], q.T, E, K,
-                                       rt->flags, rt->num_groups, rt->topk_groups, rt->scaling_bits);
-    if (rc != MK_OK) return rc;
-    routed = r;
-    ++n;
-  }
-  if (n == 0) return MK_OK;
-  const bool one_cta = p->plan_g == 0 && (p->me >= 0 || p->R == 1);
-  if (one_cta && !p->separate && n == 1 && p->rk[routed].T <= MK_MOE_FUSED_ROUTE_PLAN_T && E <= 256 && K <= 32 &&
-      route_plan_on() && !mkroute::slow()) {
-    const int epl = (E + 31) / 32;
-    p->route_epl = epl <= 1 ? 1 : epl <= 2 ? 2 : epl <= 4 ? 4 : 8;
-    p->rk[routed].logits = mk::dev<const float>(rt->logits[routed]);
-    p->rbias = rt->score_bias ? mk::dev<const float>(rt->score_bias) : nullptr;
-    p->rflags = rt->flags;
-    p->rgroups = rt->num_groups;
-    p->rtopg = rt->topk_groups;
-    p->rscale = scale;
-    return MK_OK;
-  }
   for (int r = 0; r < p->R; ++r) {
     const RankP& q = p->rk[r];
     if (q.T == 0 || (p->me >= 0 && r != p->me)) continue;
     const uint64_t* pr = ptrs + (int64_t)r * MK_MOE_FUSED_NPTR;
     const int rc = mk_moe_route(reinterpret_cast<uint64_t>(st), pr[MK_MOE_FUSED_IDS], pr[MK_MOE_FUSED_WEIGHTS],
-                                rt->logits[r], rt->score_bias, q.T, E, K, rt->flags, rt->num_groups,
+                                rt->logits[r], rt->score_bias, q.T, p->E, p->K, rt->flags, rt->num_groups,
                                 rt->topk_groups, rt->scaling_bits);
     if (rc != MK_OK) return rc;
   }
@@ -2566,7 +2473,7 @@ int32_t mk_moe_fused(uint64_t stream, int32_t ranks, const uint64_t* ptrs, const
   p.fault_rank = fault_rank < ranks ? fault_rank : -1;
   p.fault_stage = fault_rank == ranks;
   cudaStream_t st = mk::as_stream(stream);
-  rc = route("mk_moe_fused", &p, ptrs, router, st);
+  rc = route(&p, ptrs, router, st);
   if (rc != MK_OK) return rc;
   rc = plan(p, st);  // also zeroes the queue counters
   if (rc != MK_OK) return rc;
@@ -2589,7 +2496,7 @@ int32_t mk_moe_fused_rank(uint64_t stream, int32_t ranks, int32_t me, const uint
   MK_ARG(timeout_ns > 0, "mk_moe_fused_rank: timeout_ns=%lld must be > 0", (long long)timeout_ns);
   p.timeout_ns = timeout_ns;
   cudaStream_t st = mk::as_stream(stream);
-  rc = route("mk_moe_fused_rank", &p, ptrs, router, st);
+  rc = route(&p, ptrs, router, st);
   if (rc != MK_OK) return rc;
   rc = plan(p, st);
   if (rc != MK_OK) return rc;
@@ -2607,7 +2514,7 @@ int32_t mk_moe_fused_separate(uint64_t stream, int32_t ranks, const uint64_t* pt
                  limit_bits, ctl, ctl_bytes, rank_bytes, true, tile, max_rows);
   if (rc != MK_OK) return rc;
   cudaStream_t st = mk::as_stream(stream);
-  rc = route("mk_moe_fused_separate", &p, ptrs, router, st);
+  rc = route(&p, ptrs, router, st);
   if (rc != MK_OK) return rc;
   rc = plan(p, st);
   if (rc != MK_OK) return rc;

@@ -38,11 +38,6 @@ type moeFusedRouter struct {
 	scaling                   uint32
 }
 
-// MoEFusedRoutePlanTokens is the most tokens a rank for which a fused call
-// with a Router routes inside its plan launch (one rank's plan, E ≤ 256,
-// K ≤ 32); above it, or over several emulated ranks, routing runs as
-// MoERoute's launches before the plan (mk_moe_fused.h).
-const MoEFusedRoutePlanTokens = 8
 
 func init() {
 	registerSymbols(
@@ -226,11 +221,9 @@ type MoEFusedArgs struct {
 	MaxRows int
 
 	// Router, when set, makes the call route each rank's tokens itself
-	// (MoERoute's semantics and device code: the same ids and weight bits)
-	// from MoEFusedRank.Logits, with ScoreBias ([Experts] f32 or nil), into
-	// IDs and Weights; at decode sizes inside the plan launch, with no
-	// launch of its own (MoEFusedRoutePlanTokens). Router.Experts and
-	// Router.TopK must be Experts and TopK.
+	// (MoERoute's launch before the plan, on the call's stream) from
+	// MoEFusedRank.Logits, with ScoreBias ([Experts] f32 or nil), into IDs
+	// and Weights. Router.Experts and Router.TopK must be Experts and TopK.
 	Router    *MoERouter
 	ScoreBias *Buffer
 

@@ -216,9 +216,9 @@ func runFusedIPCRank(t *testing.T, g *GPU, c ipcCase, me int, peer lineIO) {
 // buffers; several epochs on the same workspaces. Each rank's output
 // matches the CPU reference and is bit-identical to the emulated
 // single-launch MoEFused on the same inputs. Routed cases give the
-// rank-local calls a router (MoEFusedArgs.Router: each plan routes its own
-// rank's tokens before pushing their ids to the peers): the ids they write
-// must be moe.Route's, and the emulated launch runs on those ids.
+// rank-local calls a router (MoEFusedArgs.Router: each call routes its own
+// rank's tokens before its plan pushes their ids to the peers): the ids they
+// write must be moe.Route's, and the emulated launch runs on those ids.
 func TestMoEFusedRankLocalStreams(t *testing.T) {
 	g := testGPU(t)
 	sms := g.Info().SMs

@@ -45,13 +45,11 @@ type routedCase struct {
 // TestMoEFusedRouted runs fused layers that route inside the call against
 // the same layers given MoERoute's ids and weights, on fresh random
 // logits: the ids and weight bits the call writes must equal MoERoute's
-// (the same device code) and moe.Route's ids, the outputs must equal, bit
-// for bit, those of the layer given MoERoute's routing, and lie within
-// 1e-2 (relative L2) of the float64 CPU loop on moe.Route's routing; the
-// separate baseline with the router too. The names say where routing
-// runs: plan (one rank's plan at ≤ MoEFusedRoutePlanTokens tokens, E ≤
-// 256) or launch (MoERoute's launches before the plan: more tokens, more
-// experts, several emulated ranks).
+// and match moe.Route's, the outputs must equal, bit for bit, those of the
+// layer given MoERoute's routing, and lie within 1e-2 (relative L2) of the
+// float64 CPU loop on moe.Route's routing; the separate baseline with the
+// router too. Softmax, softmax-top-k and group-limited sigmoid routing
+// with a score bias; one and several emulated ranks, a rank without tokens.
 func TestMoEFusedRouted(t *testing.T) {
 	g := testGPU(t)
 	r := newRNG(t)
@@ -59,21 +57,21 @@ func TestMoEFusedRouted(t *testing.T) {
 		return moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
 	}
 	cases := []routedCase{
-		{name: "plan_R1_T1_E128_K8_qwen3", tokens: []int{1}, cfg: softmax(128, 8), H: 256, I: 128},
-		{name: "plan_R1_T1_E8_K2_mixtral_shared", tokens: []int{1}, cfg: softmax(8, 2), H: 256, I: 128, shared: true},
-		{name: "plan_R1_T5_E256_K8_grouped_bias", tokens: []int{5}, cfg: deepSeekV3Router, bias: true, H: 256, I: 128},
-		{name: "plan_R1_T8_E64_K4_softmax_topk", tokens: []int{8},
+		{name: "R1_T1_E128_K8_qwen3", tokens: []int{1}, cfg: softmax(128, 8), H: 256, I: 128},
+		{name: "R1_T1_E8_K2_mixtral_shared", tokens: []int{1}, cfg: softmax(8, 2), H: 256, I: 128, shared: true},
+		{name: "R1_T5_E256_K8_grouped_bias", tokens: []int{5}, cfg: deepSeekV3Router, bias: true, H: 256, I: 128},
+		{name: "R1_T8_E64_K4_softmax_topk", tokens: []int{8},
 			cfg: moe.RouterConfig{NumExperts: 64, TopK: 4, Scoring: moe.Softmax, SoftmaxTopK: true}, H: 256, I: 128},
-		{name: "plan_R1_T7_E40_K8_no_norm", tokens: []int{7},
+		{name: "R1_T7_E40_K8_no_norm", tokens: []int{7},
 			cfg: moe.RouterConfig{NumExperts: 40, TopK: 8, Scoring: moe.Softmax, ScalingFactor: 1.5}, H: 200, I: 136},
-		{name: "launch_R1_T9_E128_K8", tokens: []int{9}, cfg: softmax(128, 8), H: 256, I: 128},
-		{name: "launch_R1_T64_E40_K8_no_norm", tokens: []int{64},
+		{name: "R1_T9_E128_K8", tokens: []int{9}, cfg: softmax(128, 8), H: 256, I: 128},
+		{name: "R1_T64_E40_K8_no_norm", tokens: []int{64},
 			cfg: moe.RouterConfig{NumExperts: 40, TopK: 8, Scoring: moe.Softmax, ScalingFactor: 1.5}, H: 200, I: 136},
-		{name: "launch_R1_T300_E256_K8_grouped_bias_shared", tokens: []int{300}, cfg: deepSeekV3Router, bias: true,
+		{name: "R1_T300_E256_K8_grouped_bias_shared", tokens: []int{300}, cfg: deepSeekV3Router, bias: true,
 			H: 256, I: 128, shared: true},
-		{name: "launch_R1_T3_E320_K4", tokens: []int{3}, cfg: softmax(320, 4), H: 256, I: 128},
-		{name: "launch_R2_T1_E64_K4", tokens: []int{1, 1}, cfg: softmax(64, 4), H: 256, I: 128},
-		{name: "launch_R4_uneven_E128_K8", tokens: []int{7, 0, 1, 40}, cfg: softmax(128, 8), H: 256, I: 128},
+		{name: "R1_T3_E320_K4", tokens: []int{3}, cfg: softmax(320, 4), H: 256, I: 128},
+		{name: "R2_T1_E64_K4", tokens: []int{1, 1}, cfg: softmax(64, 4), H: 256, I: 128},
+		{name: "R4_uneven_E128_K8", tokens: []int{7, 0, 1, 40}, cfg: softmax(128, 8), H: 256, I: 128},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { runRoutedCase(t, g, r, c) })

@@ -236,7 +236,7 @@ func (be *Backend) moeGrouped(xt *Tensor, l *backend.MoELayer, gate, gateBias, s
 			}
 			counts = nil
 		} else if !be.moeGemv(T, K, I) && be.fusedFits(E, gub, db) && !ex.IsFP4() {
-			// The fused call routes (in its plan launch at decode sizes).
+			// The fused call routes (MoERoute's launch, inside the call).
 			rt := &fusedRoute{logits: logits.st.f32, scoreBias: sb, router: router}
 			return be.moeFusedRun(d, out.st.f32, xb, ids, w, rt, T, K, ex, counts, l.Layer, gu, down)
 		}

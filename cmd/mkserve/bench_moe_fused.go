@@ -188,8 +188,8 @@ func (b *moeFusedBench) tokens(d *kernels.Device, cfg moe.RouterConfig, sbias []
 	for r := range tokens {
 		tokens[r] = T
 	}
-	// Both paths route inside their call (the fused one in its plan launch at
-	// decode sizes, the separate one with MoERoute's launches).
+	// Both paths route inside their call (MoERoute's launch before the plan),
+	// so ms and separate_ms both include the routing.
 	rt := moeRouterKernels(cfg)
 	args := kernels.MoEFusedArgs{Tokens: tokens, Slots: b.place.Slots, Experts: E, TopK: K, H: H, I: I,
 		CTAs: o.ctas, DispatchCTAs: o.dispatchCTAs, Tile: o.tile, Router: &rt, ScoreBias: b.sbias}
