@@ -38,7 +38,6 @@ type moeFusedRouter struct {
 	scaling                   uint32
 }
 
-
 func init() {
 	registerSymbols(
 		symbol{"mk_moe_fused_workspace", &moeFusedWorkspace},

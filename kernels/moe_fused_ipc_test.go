@@ -99,8 +99,7 @@ func ipcWeights(c ipcCase) (pl *MoEPlacement, table []int32, gub16, dnb16 []uint
 	if table, err = pl.Table(); err != nil {
 		return
 	}
-	gub16, gu = randBF16(r, c.E*2*c.I*c.H, 1/math.Sqrt(float64(c.H)))
-	dnb16, dn = randBF16(r, c.E*c.H*c.I, 1/math.Sqrt(float64(c.I)))
+	gub16, gu, dnb16, dn = randExperts(r, c.E, c.H, c.I)
 	return
 }
 
@@ -147,11 +146,7 @@ func runFusedIPCRank(t *testing.T, g *GPU, c ipcCase, me int, peer lineIO) {
 		var mine MoEFusedRank
 		mine.WS = ws
 		if S := pl.Slots[me]; S > 0 {
-			var gu16, dn16 []uint16
-			for _, e := range slotExp[me] {
-				gu16 = append(gu16, gub16[e*2*I*H:(e+1)*2*I*H]...)
-				dn16 = append(dn16, dnb16[e*H*I:(e+1)*H*I]...)
-			}
+			gu16, dn16 := slotWeights(gub16, dnb16, slotExp[me], H, I)
 			mine.GateUp, mine.Down = put(a, gu16), put(a, dn16)
 		}
 		if a.err != nil {
@@ -254,8 +249,7 @@ func TestMoEFusedRankLocalStreams(t *testing.T) {
 			}
 			slotExp := pl.SlotExperts()
 			H, I, K := c.H, c.I, c.K
-			gub16, gu := randBF16(r, c.E*2*I*H, 1/math.Sqrt(float64(H)))
-			dnb16, dn := randBF16(r, c.E*H*I, 1/math.Sqrt(float64(I)))
+			gub16, gu, dnb16, dn := randExperts(r, c.E, H, I)
 			cfg := moe.RouterConfig{NumExperts: c.E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
 			args := MoEFusedArgs{Tokens: c.tokens, Slots: pl.Slots, Experts: c.E, TopK: K, H: H, I: I,
 				CTAs: sms / R, Timeout: 5 * time.Second, Tile: c.tile}
@@ -275,11 +269,7 @@ func TestMoEFusedRankLocalStreams(t *testing.T) {
 					ws[q] = put(a, bf16Fill(int(rankBytes[q]/2), 0xffff))
 					ranks[q].WS = ws[q]
 					if pl.Slots[q] > 0 {
-						var gu16, dn16 []uint16
-						for _, e := range slotExp[q] {
-							gu16 = append(gu16, gub16[e*2*I*H:(e+1)*2*I*H]...)
-							dn16 = append(dn16, dnb16[e*H*I:(e+1)*H*I]...)
-						}
+						gu16, dn16 := slotWeights(gub16, dnb16, slotExp[q], H, I)
 						ranks[q].GateUp, ranks[q].Down = put(a, gu16), put(a, dn16)
 					}
 					s, err := a.d.NewStream()

@@ -87,8 +87,7 @@ func runRoutedCase(t *testing.T, g *GPU, rng *rand.Rand, c routedCase) {
 		t.Fatal(err)
 	}
 	slotExp := pl.SlotExperts()
-	gub16, gu := randBF16(rng, E*2*I*H, 1/math.Sqrt(float64(H)))
-	dnb16, dn := randBF16(rng, E*H*I, 1/math.Sqrt(float64(I)))
+	gub16, gu, dnb16, dn := randExperts(rng, E, H, I)
 	var bias []float32
 	if c.bias {
 		bias = randF32(rng, E, 0.1)
@@ -117,10 +116,7 @@ func runRoutedCase(t *testing.T, g *GPU, rng *rand.Rand, c routedCase) {
 				d.want[i] += float64(d.shared[i])
 			}
 		}
-		for _, e := range slotExp[q] {
-			d.gu16 = append(d.gu16, gub16[e*2*I*H:(e+1)*2*I*H]...)
-			d.dn16 = append(d.dn16, dnb16[e*H*I:(e+1)*H*I]...)
-		}
+		d.gu16, d.dn16 = slotWeights(gub16, dnb16, slotExp[q], H, I)
 	}
 	router := moeRouter(c.cfg)
 	args := MoEFusedArgs{Tokens: c.tokens, Slots: pl.Slots, Experts: E, TopK: K, H: H, I: I}

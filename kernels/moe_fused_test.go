@@ -139,6 +139,24 @@ func TestMoEFusedLayer(t *testing.T) {
 	}
 }
 
+// randExperts draws E experts' random weights: GateUp [E, 2I, H] and Down
+// [E, H, I], as bf16 bits and their float32 values.
+func randExperts(r *rand.Rand, E, H, I int) (gub16 []uint16, gu []float32, dnb16 []uint16, dn []float32) {
+	gub16, gu = randBF16(r, E*2*I*H, 1/math.Sqrt(float64(H)))
+	dnb16, dn = randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))
+	return gub16, gu, dnb16, dn
+}
+
+// slotWeights stacks the bf16 weights of the experts a rank's slots hold
+// (MoEPlacement.SlotExperts) out of randExperts' gub16 and dnb16.
+func slotWeights(gub16, dnb16 []uint16, experts []int, H, I int) (gu16, dn16 []uint16) {
+	for _, e := range experts {
+		gu16 = append(gu16, gub16[e*2*I*H:(e+1)*2*I*H]...)
+		dn16 = append(dn16, dnb16[e*H*I:(e+1)*H*I]...)
+	}
+	return gu16, dn16
+}
+
 // fusedRankData is one rank's host inputs and reference.
 type fusedRankData struct {
 	T          int
@@ -171,8 +189,7 @@ func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
 		t.Fatal(err)
 	}
 	slotExp := pl.SlotExperts()
-	gub16, gu := randBF16(r, E*2*I*H, 1/math.Sqrt(float64(H)))
-	dnb16, dn := randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))
+	gub16, gu, dnb16, dn := randExperts(r, E, H, I)
 	cfg := moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
 	rd := make([]fusedRankData, R)
 	nLocal, nRemote := 0, 0 // assignments served by their own rank, by another
@@ -214,10 +231,7 @@ func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
 				nRemote++
 			}
 		}
-		for _, e := range slotExp[q] {
-			d.gu16 = append(d.gu16, gub16[e*2*I*H:(e+1)*2*I*H]...)
-			d.dn16 = append(d.dn16, dnb16[e*H*I:(e+1)*H*I]...)
-		}
+		d.gu16, d.dn16 = slotWeights(gub16, dnb16, slotExp[q], H, I)
 	}
 	t.Logf("%d local and %d remote rows", nLocal, nRemote)
 	if strings.Contains(c.name, "all_local") && nRemote != 0 {
@@ -587,8 +601,7 @@ func fusedCapacity(t *testing.T, g *GPU, r *rand.Rand, tile int) {
 		t.Fatal(err)
 	}
 	slotExp := pl.SlotExperts()
-	gub16, gu := randBF16(r, E*2*I*H, 1/math.Sqrt(float64(H)))
-	dnb16, dn := randBF16(r, E*H*I, 1/math.Sqrt(float64(I)))
+	gub16, gu, dnb16, dn := randExperts(r, E, H, I)
 	cfg := moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
 	act := moe.Activation{Kind: moe.SwiGLU}
 	// route: each rank's ids and weights; hot ≥ 0 sends every token to
@@ -644,11 +657,7 @@ func fusedCapacity(t *testing.T, g *GPU, r *rand.Rand, tile int) {
 		defer ctl.Free()
 		ranks := make([]MoEFusedRank, R)
 		for q := range R {
-			var g16, d16 []uint16
-			for _, e := range slotExp[q] {
-				g16 = append(g16, gub16[e*2*I*H:(e+1)*2*I*H]...)
-				d16 = append(d16, dnb16[e*H*I:(e+1)*H*I]...)
-			}
+			g16, d16 := slotWeights(gub16, dnb16, slotExp[q], H, I)
 			ranks[q] = MoEFusedRank{X: put(a, xs[q]), IDs: a.alloc(T * K * 4), Weights: a.alloc(T * K * 4),
 				Out: a.alloc(T * H * 4), GateUp: put(a, g16), Down: put(a, d16), WS: put(a, bf16Fill(int(rankBytes[q]/2), 0xffff))}
 		}
