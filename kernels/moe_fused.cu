@@ -127,6 +127,7 @@ constexpr int kThreads = 128;
 constexpr int kBK = mkmoe::kTileK;
 constexpr int kDR = 32;  // (token, k) rows per dispatch task: Params.dt = max(1, kDR / K) tokens
 constexpr int kCT = 2;   // tokens per combine task
+constexpr int kFoldBM = 16;  // the row tile of Params.fold (the decode tiles)
 // Control workspace: [0, 32) error record, word 8 the trace's capacity in
 // records (set by the caller, 0: no trace), [64, 256) queue counters and
 // the trace's record count (zeroed per launch by the plan), then the trace
@@ -168,7 +169,7 @@ struct RankP {
   int32_t* kdone;
   // source side
   int32_t* dest_row;  // [T*K]
-  int32_t* tokdone;   // [T]
+  int32_t* tokdone;   // [T]; Params.fold: [T][n2t], from −(routed k of t) (the plan) up to 0
   int32_t* phist;     // [2][kPlanMaxG][S] the many-block plan's counts per CTA: all rows, then the local ones
   void* ret;          // [T*K, H] bf16 (Params.ret_bf16) or f32
   // rank-local mode (cross-process flags hold epochs, written by the peers)
@@ -209,6 +210,11 @@ struct Params {
   int fault_stage;  // tests (fault_rank == R): the first stage a producer fills never gets its weights
   int separate;  // plan: also fill row_slot/row_w for every row (separate path)
   int plan_g;    // plan: CTAs per destination of the many-block plan (plan_multi), 0: the one-CTA plan_kernel
+  // fold (the 16-row tiles, at most kCombNarrowT tokens a rank, emulated
+  // ranks, the one-CTA plan; MK_MOE_FUSED_FOLD=0: off): no combine tasks;
+  // the GEMM2 task that returns the last routed row of a token's column
+  // block sums that block of the token's output (fold_combine).
+  int fold;
   // copy_local (wgmma tiles, MK_MOE_FUSED_COPY_LOCAL=1): local rows are
   // dispatched into the receive buffer too, so that every GEMM1 tile's rows
   // are contiguous there and load by TMA instead of the row gather.
@@ -513,7 +519,31 @@ __global__ void __launch_bounds__(1024, 1) plan_kernel(const __grid_constant__ P
   int pl1[4];
   if (once) places4(me.ids, 0, n1, threadIdx.x, pl1);
   // Source side.
-  for (int64_t t = threadIdx.x; t < me.T; t += blockDim.x) me.tokdone[t] = 0;
+  if (p.fold) {
+    // A warp a token: its routed k (placed assignments), the start of its
+    // column blocks' counters (−routed: the GEMM2 task that brings one to 0
+    // combines that block), and a token with none its whole output row
+    // (the shared output, or 0: no GEMM2 task will).
+    const int lane = threadIdx.x % 32;
+    for (int64_t t = threadIdx.x / 32; t < me.T; t += blockDim.x / 32) {
+      int routed = 0;
+      for (int k0 = 0; k0 < K; k0 += 32) {
+        int pl = -1;
+        if (k0 + lane < K) {
+          const int e = __ldcg(me.ids + t * K + k0 + lane);
+          pl = (e >= 0 && e < E) ? p.place[b * E + e] : -1;
+        }
+        routed += __popc(__ballot_sync(0xffffffffu, k0 + lane < K && !plan_unplaced(p, pl, R)));
+      }
+      for (int nb = lane; nb < p.n2t; nb += 32) me.tokdone[t * p.n2t + nb] = -routed;
+      if (routed == 0)
+        for (int64_t c = 4 * lane; c < p.H; c += 128)
+          *reinterpret_cast<float4*>(me.out + t * p.H + c) =
+              me.shared ? *reinterpret_cast<const float4*>(me.shared + t * p.H + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  } else {
+    for (int64_t t = threadIdx.x; t < me.T; t += blockDim.x) me.tokdone[t] = 0;
+  }
   if (once) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -1262,6 +1292,67 @@ __device__ __forceinline__ CombTask comb_task(const Params& p, int c) {
   return k;
 }
 
+// fold_combine is GEMM2's end on the 16-row tiles with Params.fold (after
+// the task's rows are stored and the CTA's barrier): each routed row of
+// row tile `tile` of rank d adds 1 to its token's counter of column block
+// nb (fence, then an acq_rel add: release of this block's rows, acquire of
+// the others'); the row that brings it to 0 returned the token's last row
+// of the block, and a warp then sums the block's columns [BN·nb, BN·nb +
+// BN) of that token (BN = 64: two a lane): out = Σ_k w·ret in k order (fmaf from 0, dropped k
+// skipped) + shared, combine_ret's operations in its order, so the same
+// bits. Not inlined: it stays out of the task loop's registers.
+template <int NT, int BM, int BN>
+__device__ __forceinline__ void fold_combine(const Params& p, int d, int tile, int nb, int* win_sh) {
+  if (threadIdx.x < BM) {
+    const int32_t src = p.rk[d].row_src[(int64_t)tile * BM + threadIdx.x];
+    int win = -1;
+    if (src >= 0) {
+      const int64_t t = (src >> 3) / p.K;
+      __threadfence();
+      if (atom_acq_rel_add(p.rk[src & 7].tokdone + t * p.n2t + nb, 1) == -1) win = src;
+    }
+    win_sh[threadIdx.x] = win;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % 32, K = p.K;
+  for (int w = threadIdx.x / 32; w < BM; w += NT / 32) {
+    const int32_t src = win_sh[w];
+    if (src < 0) continue;
+    const RankP& rk = p.rk[src & 7];
+    static_assert(BN == 64, "two columns a lane");
+    const int64_t t = (src >> 3) / K, c = (int64_t)nb * BN + 2 * lane;
+    if (c >= p.H) continue;
+    const float* ret = static_cast<const float*>(rk.ret);  // f32 rows on these tiles (ret_elem_bytes)
+    float s0 = 0.0f, s1 = 0.0f;
+    constexpr int KU = 8;
+    for (int k0 = 0; k0 < K; k0 += KU) {
+      float2 v[KU];
+      float wk[KU];
+      int dr[KU];
+#pragma unroll
+      for (int u = 0; u < KU; u++) {
+        const bool ok = k0 + u < K;
+        const int64_t a = t * K + k0 + u;
+        dr[u] = ok ? __ldcg(rk.dest_row + a) : -1;
+        wk[u] = ok ? __ldg(rk.w + a) : 0.0f;
+        v[u] = ok ? __ldcg(reinterpret_cast<const float2*>(ret + a * p.H + c)) : make_float2(0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < KU; u++) {
+        if (dr[u] < 0) continue;
+        s0 = fmaf(wk[u], v[u].x, s0);
+        s1 = fmaf(wk[u], v[u].y, s1);
+      }
+    }
+    if (rk.shared) {
+      const float2 e = *reinterpret_cast<const float2*>(rk.shared + t * p.H + c);
+      s0 += e.x;
+      s1 += e.y;
+    }
+    st2(rk.out + t * p.H + c, s0, s1);
+  }
+}
+
 // combine_ready waits (one thread) until every routed row of combine task
 // c's tokens has come back from GEMM2 (its tokdone counts); false when a
 // wait gave up (the error record names it). (A form that loads every
@@ -1555,6 +1646,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const _
   // The trace's times (thread 0's; in shared memory, not registers).
   __shared__ unsigned long long t_entry, t_setup, t_take, t_ready;
   __shared__ int g1pre[kMaxRanks + 1], g2pre[kMaxRanks + 1];
+  __shared__ int fold_sh[kFoldBM];  // fold_combine's winning rows (the 16-row tiles)
   const int R = p.R, K = p.K;
   const bool local = p.me >= 0;
   // Launched programmatically after the plan (launch_fused): every CTA
@@ -1642,7 +1734,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinCTAs) fused_kernel(const _
       if (got == kTaskFailed) return;
       if (got == kTaskDone) {
         __syncthreads();
-        if (threadIdx.x < C::BM) {
+        bool folded = false;
+        if constexpr (C::BM == kFoldBM) {
+          if (p.fold) {
+            fold_combine<NT, C::BM, C::BN>(p, d, tile, nb, fold_sh);
+            folded = true;
+          }
+        }
+        if (!folded && threadIdx.x < C::BM) {
           const int32_t src = p.rk[d].row_src[(int64_t)tile * C::BM + threadIdx.x];
           if (src >= 0) signal_add(p, p.rk[src & 7].tokdone + (src >> 3) / K, 1);
         }
@@ -2134,8 +2233,13 @@ int rank_layout(int ranks, const int64_t* tokens, const int32_t* slots, int r, i
   L->row_w = take((size_t)L->rows_cap * 4);
   L->recv = take((size_t)L->rows_cap * h * 2);
   L->act = take((size_t)L->rows_cap * i * 2);
+  // GEMM2's column blocks on the 16-row tiles (the split counters below, and
+  // Params.fold's token counters: [T][n2t] there, whether folding or not,
+  // so that the layout is the same for every call on these workspaces).
+  const int64_t bn = bm == kTiles[0].bm ? kTiles[0].bn : 0;
+  const int64_t n1t = bn ? (i + bn / 2 - 1) / (bn / 2) : 0, n2t = bn ? (h + bn - 1) / bn : 0;
   L->dest_row = take((size_t)tokens[r] * k * 4);
-  L->tokdone = take((size_t)tokens[r] * 4);
+  L->tokdone = take((size_t)tokens[r] * (n2t > 0 ? n2t : 1) * 4);
   L->ret = take((size_t)tokens[r] * k * h * ret_elem_bytes(bm));
   // Rank-local mode: rflag then pflag ([kMaxRanks] each; they must hold
   // values < 1 before epoch 1: zeroed or 0xff-filled), and the routing copies.
@@ -2144,8 +2248,6 @@ int rank_layout(int ranks, const int64_t* tokens, const int32_t* slots, int r, i
   L->phist = take((size_t)2 * kPlanMaxG * S * 4);  // the many-block plan's counts (plan_count_kernel)
   // The split reductions' partials and counters (RankP.part, kdone).
   const KSplit ks = ksplit(ranks, tokens, slots, k, h, i, bm);
-  const int64_t bn = bm == kTiles[0].bm ? kTiles[0].bn : 0;
-  const int64_t n1t = bn ? (i + bn / 2 - 1) / (bn / 2) : 0, n2t = bn ? (h + bn - 1) / bn : 0;
   const int64_t parts = (ks.g1 > 1 ? n1t * ks.g1 : 0) + (ks.g2 > 1 ? n2t * ks.g2 : 0);
   L->part = take((size_t)L->tiles_cap * parts * kPartFloats * 4);
   L->kdone = take(parts > 0 ? (size_t)L->tiles_cap * (n1t + n2t) * 4 : 0);
@@ -2241,6 +2343,10 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;
   p->plan_g = me < 0 ? plan_blocks(p->ids_off[ranks], ranks) : 0;
+  // The combine folded into GEMM2 (fold_combine) at decode sizes: one wait
+  // and one task hand-over fewer on the layer's critical path.
+  static const bool fold_env = !mk::env_is("MK_MOE_FUSED_FOLD", '0');
+  p->fold = fold_env && !sep && me < 0 && p->plan_g == 0 && tc.bm == kFoldBM && tmax <= kCombNarrowT;
   int64_t dsum = 0, csum = 0, tiles_all = 0;
   for (int r = 0; r < ranks; ++r) {
     const uint64_t* pr = ptrs + (int64_t)r * MK_MOE_FUSED_NPTR;
@@ -2300,7 +2406,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
     q.moews_bytes = L.moews_bytes;
     // One rank has no remote rows: the fused path has nothing to dispatch.
     if ((sep || ranks > 1 || p->copy_local) && mine) dsum += (q.T + p->dt - 1) / p->dt;
-    if (mine) csum += (q.T + kCT - 1) / kCT * p->comb_nc;
+    if (mine && !p->fold) csum += (q.T + kCT - 1) / kCT * p->comb_nc;
     tiles_all += L.tiles_cap;
     p->disp_pre[r + 1] = (int)dsum;
     p->comb_pre[r + 1] = (int)csum;

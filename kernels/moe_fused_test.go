@@ -26,6 +26,7 @@ type fusedCase struct {
 	hot       int  // ≥ 0: +30 on this expert's logits (every token picks it)
 	cold      int  // > 0: −30 on experts ≥ cold (they get no tokens)
 	replicate bool // the hot expert gets a copy on every other rank
+	drop      bool // the table places the hot expert nowhere (-1): its rows are dropped, contribute 0
 	clamped   bool
 	// local > 0: + local on the logits of the experts a rank serves itself
 	// (30: every row local when K ≤ its experts; ~2: mostly local, some remote).
@@ -133,6 +134,15 @@ func TestMoEFusedLayer(t *testing.T) {
 		{name: "R1_E8_K4_T16_hot_shared_clamped", E: 8, K: 4, tokens: []int{16}, H: 256, I: 128, hot: 5,
 			shared: true, clamped: true},
 		{name: "R1_E64_K8_T16_cold_odd_inter", E: 64, K: 8, tokens: []int{16}, H: 384, I: 96, hot: -1, cold: 12},
+		// Dropped rows (the table places the hot expert nowhere): every
+		// token's only row dropped (its output the shared one: from the
+		// plan where the combine is folded into GEMM2, ≤ 4 tokens, else
+		// from the combine task), and one of two rows dropped.
+		{name: "R1_E8_K1_T3_hot_dropped_shared", E: 8, K: 1, tokens: []int{3}, H: 256, I: 128, hot: 5, drop: true,
+			shared: true},
+		{name: "R1_E8_K1_T40_hot_dropped_shared", E: 8, K: 1, tokens: []int{40}, H: 256, I: 128, hot: 5, drop: true,
+			shared: true},
+		{name: "R2_E16_K2_T4_3_hot_dropped", E: 16, K: 2, tokens: []int{4, 3}, H: 256, I: 128, hot: 5, drop: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { runFusedCase(t, g, r, c) })
@@ -188,6 +198,11 @@ func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if c.drop {
+		for q := range R {
+			table[q*E+c.hot] = -1
+		}
+	}
 	slotExp := pl.SlotExperts()
 	gub16, gu, dnb16, dn := randExperts(r, E, H, I)
 	cfg := moe.RouterConfig{NumExperts: E, TopK: K, Scoring: moe.Softmax, NormTopK: true}
@@ -224,6 +239,9 @@ func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
 		}
 		for _, e := range d.ids {
 			p := table[q*E+int(e)]
+			if p < 0 {
+				continue // dropped
+			}
 			hist[p>>16][p&0xffff]++
 			if int(p>>16) == q {
 				nLocal++
@@ -259,7 +277,16 @@ func runFusedCase(t *testing.T, g *GPU, r *rand.Rand, c fusedCase) {
 		go func() {
 			defer wg.Done()
 			d := &rd[q]
-			d.want = moeRef(d.x, gu, nil, dn, nil, d.ids, d.w, d.T, K, H, I, act)
+			w := d.w
+			if c.drop { // a dropped assignment contributes nothing
+				w = append([]float32(nil), d.w...)
+				for i, e := range d.ids {
+					if table[q*E+int(e)] < 0 {
+						w[i] = 0
+					}
+				}
+			}
+			d.want = moeRef(d.x, gu, nil, dn, nil, d.ids, w, d.T, K, H, I, act)
 			for i := range d.shared {
 				d.want[i] += float64(d.shared[i])
 			}
