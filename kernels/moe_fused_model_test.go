@@ -24,6 +24,9 @@ import (
 // a two-slot ring to the consumer goroutine, which dispatches first, then
 // computes and combines; a failed wait drains both to the end). GEMM tasks
 // map to tiles through task_tile's grouped rasterisation (group row tiles).
+// fold is Params.fold: no combine tasks; a token's counter per GEMM2
+// column block starts at −(its routed k) and the GEMM2 task whose row
+// brings it to 0 sums that column of the token (fold_combine).
 
 type modelRank struct {
 	T, S                    int
@@ -50,6 +53,7 @@ type fusedModel struct {
 	group                       int // task_tile's rasterisation group (row tiles)
 	ks1, ks2                    int // splits of GEMM1's and GEMM2's reductions (Params.ks1, ks2)
 	nc                          int // combine tasks per block of CT tokens (Params.comb_nc), each ceil(n2/nc) columns
+	fold                        bool
 	place                       []int32
 	rk                          []*modelRank
 	qDisp, qMain                atomic.Int32
@@ -116,6 +120,11 @@ func (m *fusedModel) plan() {
 			}
 		}
 	}
+	if m.fold { // the counters from −routed; a token with none: its output (0) from the plan
+		for _, r := range m.rk {
+			r.tokdone = make([]atomic.Int32, r.T*m.n2)
+		}
+	}
 	for _, r := range m.rk {
 		r.ret, r.out = make([][]float64, r.T*m.K), make([][]float64, r.T)
 		for i := range r.ret {
@@ -128,6 +137,20 @@ func (m *fusedModel) plan() {
 			r.out[t] = make([]float64, m.n2)
 			for j := range r.out[t] {
 				r.out[t][j] = math.NaN() // every column must be written by its combine task
+			}
+			if m.fold {
+				routed := 0
+				for k := range m.K {
+					if r.destRow[t*m.K+k] >= 0 {
+						routed++
+					}
+				}
+				for j := range m.n2 {
+					r.tokdone[t*m.n2+j].Store(int32(-routed))
+					if routed == 0 {
+						r.out[t][j] = 0
+					}
+				}
 			}
 		}
 	}
@@ -180,6 +203,9 @@ func (m *fusedModel) queues() (dp, cp, g1, g2 []int) {
 	var nd, nc, n1, n2 []int
 	for _, r := range m.rk {
 		nd, nc = append(nd, (r.T+m.DT-1)/m.DT), append(nc, (r.T+m.CT-1)/m.CT*m.nc)
+		if m.fold {
+			nc[len(nc)-1] = 0
+		}
 		n1, n2 = append(n1, r.numTiles*m.n1*m.ks1), append(n2, r.numTiles*m.n2*m.ks2)
 	}
 	return prefix(nd), prefix(nc), prefix(n1), prefix(n2)
@@ -288,10 +314,31 @@ func (m *fusedModel) gemm(kind, d, tile, nb, ks int) {
 			continue
 		}
 		m.rk[src&7].ret[src>>3][nb] = s
-		m.rk[src&7].tokdone[(src>>3)/m.K].Add(1)
 	}
 	if kind == 1 {
 		rk.g1done[tile].Add(1)
+		return
+	}
+	// The tile's rows are stored (the kernel's barrier): the signals.
+	for i := range m.BM {
+		src := rk.rowSrc[tile*m.BM+i]
+		if src < 0 {
+			continue
+		}
+		r, t := m.rk[src&7], (src>>3)/m.K
+		if !m.fold {
+			r.tokdone[t].Add(1)
+			continue
+		}
+		if r.tokdone[t*m.n2+nb].Add(1) == 0 { // the token's last row of this block: fold_combine
+			s := 0.0
+			for k := range m.K {
+				if r.destRow[t*m.K+k] >= 0 {
+					s += r.w[t*m.K+k] * r.ret[t*m.K+k][nb]
+				}
+			}
+			r.out[t][nb] = s
+		}
 	}
 }
 
@@ -448,19 +495,23 @@ func (m *fusedModel) run(ctas, dispatchCTAs int, wg bool) bool {
 func TestMoEFusedProtocolModel(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 11))
 	for _, c := range []protocolCase{
-		{[]int{37}, 8, 2, 16, 3, 1, -1, 1, 1, 1},
-		{[]int{5, 0, 70, 3}, 16, 4, 16, 5, 2, -1, 1, 1, 1},
-		{[]int{130, 129, 131, 64, 1, 100, 17, 130}, 64, 8, 64, 7, 7, -1, 1, 1, 1},
-		{[]int{1, 1, 1, 1, 1, 1, 1, 1}, 8, 8, 16, 2, 1, -1, 1, 1, 1},
-		{[]int{20, 20}, 8, 2, 16, 4, 4, 1, 1, 1, 1},
+		{[]int{37}, 8, 2, 16, 3, 1, -1, 1, 1, 1, false},
+		{[]int{5, 0, 70, 3}, 16, 4, 16, 5, 2, -1, 1, 1, 1, false},
+		{[]int{130, 129, 131, 64, 1, 100, 17, 130}, 64, 8, 64, 7, 7, -1, 1, 1, 1, false},
+		{[]int{1, 1, 1, 1, 1, 1, 1, 1}, 8, 8, 16, 2, 1, -1, 1, 1, 1, false},
+		{[]int{20, 20}, 8, 2, 16, 4, 4, 1, 1, 1, 1, false},
 		// The 16-row tiles' decode forms: split reductions, combine column chunks.
-		{[]int{1}, 8, 8, 16, 5, 1, -1, 2, 3, 2},
-		{[]int{1, 2, 0, 1}, 16, 4, 16, 6, 2, -1, 4, 2, 2},
-		{[]int{3, 3}, 8, 2, 16, 2, 2, 1, 2, 2, 2},
+		{[]int{1}, 8, 8, 16, 5, 1, -1, 2, 3, 2, false},
+		{[]int{1, 2, 0, 1}, 16, 4, 16, 6, 2, -1, 4, 2, 2, false},
+		{[]int{3, 3}, 8, 2, 16, 2, 2, 1, 2, 2, 2, false},
+		// The combine folded into GEMM2 (≤ 4 tokens a rank).
+		{tokens: []int{1}, E: 8, K: 8, BM: 16, ctas: 5, dis: 1, fault: -1, ks1: 2, ks2: 3, nc: 1, fold: true},
+		{tokens: []int{1, 2, 0, 4}, E: 16, K: 4, BM: 16, ctas: 6, dis: 2, fault: -1, ks1: 1, ks2: 2, nc: 1, fold: true},
+		{tokens: []int{3, 3}, E: 8, K: 2, BM: 16, ctas: 2, dis: 2, fault: 1, ks1: 1, ks2: 1, nc: 1, fold: true},
 	} {
 		for _, wg := range []bool{false, true} {
-			if wg && (c.ks1 > 1 || c.ks2 > 1 || c.nc > 1) {
-				continue // the host never splits the wgmma tiles' work
+			if wg && (c.ks1 > 1 || c.ks2 > 1 || c.nc > 1 || c.fold) {
+				continue // the host never splits or folds the wgmma tiles' work
 			}
 			for _, group := range []int{1, 3} {
 				kernel := "mma"
@@ -469,6 +520,9 @@ func TestMoEFusedProtocolModel(t *testing.T) {
 				}
 				name := fmt.Sprintf("R%d_E%d_K%d_BM%d_ctas%d_fault%d_ks%dx%d_nc%d_%s_group%d", len(c.tokens), c.E, c.K,
 					c.BM, c.ctas, c.fault, c.ks1, c.ks2, c.nc, kernel, group)
+				if c.fold {
+					name += "_fold"
+				}
 				t.Run(name, func(t *testing.T) { runProtocolModel(t, r, c, wg, group) })
 			}
 		}
@@ -480,6 +534,7 @@ type protocolCase struct {
 	E, K, BM, ctas, dis int
 	fault               int // a source rank whose dispatch is disabled, or -1
 	ks1, ks2, nc        int // reduction splits of GEMM1 and GEMM2, combine column chunks
+	fold                bool
 }
 
 // runProtocolModel plans and runs one case on the model and checks every
@@ -493,7 +548,8 @@ func runProtocolModel(t *testing.T, r *rand.Rand, c protocolCase, wg bool, group
 		t.Fatal(err)
 	}
 	m := &fusedModel{R: R, K: c.K, E: c.E, BM: c.BM, n1: 3, n2: 2, DT: 16, CT: 8, place: tab,
-		timeout: 200 * time.Millisecond, faultRank: c.fault, group: group, ks1: c.ks1, ks2: c.ks2, nc: c.nc}
+		timeout: 200 * time.Millisecond, faultRank: c.fault, group: group, ks1: c.ks1, ks2: c.ks2, nc: c.nc,
+		fold: c.fold}
 	for q := range R {
 		rk := &modelRank{T: c.tokens[q], S: pl.Slots[q]}
 		for range rk.T {
