@@ -46,6 +46,9 @@
 //             rows but for the 16-row tiles): waits for tokdone_r[t] ==
 //             (GEMM2 blocks) × (routed k of t), out_r[t] = Σ_k
 //             w[t,k]·ret_r[t*K+k] in k order (+ shared_r[t]): deterministic.
+//             At ≤ 4 tokens a rank on the 16-row tiles (Params.fold) there
+//             are no combine tasks: the GEMM2 task that returns a token's
+//             last row of a column block sums that block (fold_combine).
 // Protocol (as ring.cu): writers store, synchronise (bar.sync, or each lane
 // fences then bar.warp.sync), one thread does fence.acq_rel.gpu and
 // red.release.gpu.add; readers spin on one thread with ld.acquire.gpu, then
