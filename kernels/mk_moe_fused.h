@@ -116,7 +116,10 @@ MK_API int32_t mk_moe_fused_workspace(int32_t ranks, const int64_t* tokens, cons
  *             the environment's MK_MOE_FUSED_RET_BF16=1), +1 per row on its
  *             token counter;
  *   combine:  out_r[t] = Σ_k w[t,k] · y[t,k] in k order (+ shared_r[t]) once
- *             the token's counter is full: deterministic.
+ *             the token's counter is full: deterministic. At decode sizes
+ *             (≤ 4 tokens a rank, 16-row tiles; MK_MOE_FUSED_FOLD=0: off)
+ *             the GEMM2 task that returns a token's last row of a column
+ *             block sums that block instead, in the same order.
  * place: device int32 [ranks*e]: for source rank r and expert x, (d << 16) |
  * slot, the (rank, local slot) that serves r's rows of x (Go picks among
  * replicas), or -1 (such rows are dropped: contribute 0). act_kind:
