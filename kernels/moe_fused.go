@@ -459,7 +459,7 @@ func (a *MoEFusedArgs) act() (int32, uint32, uint32) {
 // the expert served by the copy a.Table names; bf16 operands, float32
 // accumulation, the activation rounded to bf16 between the GEMMs, the sum in
 // k order (deterministic). A small plan launch precedes the one persistent
-// launch. Counts (if given) accumulate rows per local slot. ctl is from
+// launch (and, with a.Router, MoERoute's launch per rank precedes the plan). Counts (if given) accumulate rows per local slot. ctl is from
 // NewMoEFusedControl and each rank's WS holds MoEFusedWorkspace bytes.
 // Asynchronous: MoEFusedCheck reports a watchdog timeout.
 func (d *Device) MoEFused(s *Stream, ranks []MoEFusedRank, ctl *Buffer, a MoEFusedArgs) error {
