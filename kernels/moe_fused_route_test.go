@@ -193,40 +193,33 @@ func runRoutedCase(t *testing.T, g *GPU, rng *rand.Rand, c routedCase) {
 				refW[q] = get[float32](a, refs[q][1], T*K)
 			}
 		}
-		run := func(f func(*Stream, []MoEFusedRank, *Buffer, MoEFusedArgs) error, ar MoEFusedArgs) result {
+		// run poisons the outputs, lets given (when true) copy MoERoute's ids
+		// and weights in, runs f with ar and reads every rank's results.
+		run := func(what string, f func(*Stream, []MoEFusedRank, *Buffer, MoEFusedArgs) error, ar MoEFusedArgs,
+			given bool) result {
 			poison()
+			for q := range R {
+				if T := c.tokens[q]; T > 0 && given {
+					a.check(Upload(a.d, ranks[q].IDs, refIDs[q]))
+					a.check(Upload(a.d, ranks[q].Weights, refW[q]))
+				}
+			}
 			if a.err != nil {
 				return result{}
 			}
 			a.check(f(nil, ranks, ctl, ar))
 			if a.err == nil {
 				if err := a.d.MoEFusedCheck(ctl); err != nil {
-					t.Errorf("%v", err)
+					t.Errorf("%s: %v", what, err)
 				}
 			}
 			return read()
 		}
-		// The layer given MoERoute's routing (ids and weights copied in).
-		poison()
-		for q := range R {
-			if T := c.tokens[q]; T > 0 {
-				a.check(Upload(a.d, ranks[q].IDs, refIDs[q]))
-				a.check(Upload(a.d, ranks[q].Weights, refW[q]))
-			}
-		}
-		if a.err == nil {
-			a.check(a.d.MoEFused(nil, ranks, ctl, args))
-			if a.err == nil {
-				if err := a.d.MoEFusedCheck(ctl); err != nil {
-					t.Errorf("given routing: %v", err)
-				}
-			}
-		}
-		given = read()
+		given = run("given routing", a.d.MoEFused, args, true)
 		ra := args
 		ra.Router, ra.ScoreBias = &router, sb
-		routed = run(a.d.MoEFused, ra)
-		sep = run(a.d.MoEFusedSeparate, ra)
+		routed = run("fused", a.d.MoEFused, ra, false)
+		sep = run("separate", a.d.MoEFusedSeparate, ra, false)
 	})
 	for q := range R {
 		T := c.tokens[q]
