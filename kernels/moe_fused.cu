@@ -237,6 +237,10 @@ struct Params {
   // early_b (mma.sync tiles): a GEMM task issues its first weight stages
   // before its input wait (gemm_task); MK_MOE_FUSED_EARLY_B=0 waits first.
   int early_b;
+  // half_skip (wgmma tiles): a consumer warpgroup whose 64 rows are all
+  // padding issues no wgmma (mkwg::ws_consume's skip_bar);
+  // MK_MOE_HALF_SKIP=0 turns it off, as for the grouped kernels.
+  int half_skip;
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
   // are other launches, other processes or GPUs); -1: every rank (emulated).
@@ -1606,9 +1610,13 @@ struct WgTiles {
     const auto stage_full = [&](uint64_t* b, unsigned parity) {
       return ring_wait(p, b, parity, abort, false, d, tile, p.timeout_ns);
     };
+    // Rows 64–127 all padding (the padding ends a slot's rows): the second
+    // warpgroup only keeps the ring's pace (named barrier 3: its own).
+    const int skip_bar = p.half_skip && cw == 1 && rk.row_src[m0 + 64] < 0 ? 3 : -1;
     if (!ws_consume<ST>(acc0, acc1, sm_addr(sA(smem)), sm_addr(sB(smem)), kStageA, kStageB, cw * 64 * 128,
-                        full(smem), empty(smem), wl, KT, g, stage_full))
+                        full(smem), empty(smem), wl, KT, g, stage_full, MbarRelease(), 0, skip_bar))
       return false;
+    if (skip_bar >= 0) return true;  // nothing to store
     // d[4i + q] of a warpgroup's m64n128 block: row 16·warp + lane/4 + 8·(q/2),
     // column 8i + 2·(lane%4) + q%2.
 #pragma unroll
@@ -2344,6 +2352,8 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->l2pf = l2pf;
   static const bool early = !mk::env_is("MK_MOE_FUSED_EARLY_B", '0');
   p->early_b = early;
+  static const bool hskip = !mk::env_is("MK_MOE_HALF_SKIP", '0');
+  p->half_skip = hskip;
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;

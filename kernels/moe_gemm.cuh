@@ -66,6 +66,10 @@ struct GemmArgs {
   // (moe.cu's y_bf16: the 128-row prefill tiles), so that GEMM2 writes and
   // the combine reads half the bytes. Split partial sums stay f32.
   int ybf;
+  // The wgmma kernels' 128-row tiles: a consumer warpgroup whose 64 rows
+  // are all padding (an expert's last tile holds at most 64 rows) skips its
+  // wgmmas (mkwg::ws_consume's skip_bar; MK_MOE_HALF_SKIP=0: off).
+  int half_skip;
 };
 
 // store_y2 writes a GEMM2 output pair: elements idx, idx + 1 of y, f32 or

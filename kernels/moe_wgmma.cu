@@ -325,7 +325,8 @@ __device__ __forceinline__ void consumer_sync(int cw) { asm volatile("bar.sync %
 // are and never read). The warpgroup goes on to its next item's k loop
 // while the copy runs; the buffer is written again only after thread 0
 // has seen the copy read it (bulk_wait_read). Every row is written,
-// padding too, so no row flags are needed.
+// padding too, so no row flags are needed — but for a warpgroup whose 64
+// rows are all padding (half_skip), which computes and stores nothing.
 __device__ __forceinline__ void stage_store_act(const GemmArgs& p, const TmaMap& cmap, unsigned char* stg,
                                                 const float (&acc0)[64], const float (&acc1)[64], int e, int64_t m0,
                                                 int ntile, int cw, int warp, int lane, int wl) {
@@ -583,6 +584,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const int e = p.tile_expert[tile];
     int32_t asg[2] = {0, 0};  // STC writes every row: no flags
     if constexpr (!STC) tile_rows(asg, p, (int64_t)tile * TBM, (TBM == 64 ? 0 : cw * 64) + warp * 16, lane);
+    // Rows 64–127 all padding (the padding ends an expert's rows): the
+    // second consumer warpgroup has nothing to compute.
+    const int skip_bar = TBM == BM && p.half_skip && cw == 1 && p.sorted[(int64_t)tile * TBM + 64] < 0 ? 2 + cw : -1;
     float acc0[64], acc1[64];
     if constexpr (TBM == 64) {
       ws_consume<ST, MbarWait, MbarRelease, true>(acc0, acc1, sA0, sB0, SA, (uint32_t)kStageB, 0, full, empty, wl,
@@ -592,10 +596,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     }
     if (PAIR && shared)
       ws_consume<ST>(acc0, acc1, sA0, sB0, (uint32_t)kStageA, (uint32_t)kStageB, cw * 64 * 128, full, empty, wl, KT,
-                     g, MbarWait(), PairRelease{(uint32_t)(pair_c ^ 1)});
+                     g, MbarWait(), PairRelease{(uint32_t)(pair_c ^ 1)}, 0, skip_bar);
     else
       ws_consume<ST>(acc0, acc1, sA0, sB0, (uint32_t)kStageA, (uint32_t)kStageB, cw * 64 * 128, full, empty, wl, KT,
-                     g);
+                     g, MbarWait(), MbarRelease(), 0, skip_bar);
+    if (skip_bar >= 0) continue;  // padding rows: nothing to store
     if constexpr (STC)
       stage_store_act(p, cmap, stc + cw * kStcStage, acc0, acc1, e, (int64_t)tile * BM, ntile, cw, warp, lane, wl);
     else
@@ -814,9 +819,17 @@ int launch_ws(bool dyn, const char* name, int64_t grid, cudaStream_t s, int (&ok
   return launch_kern(moe_wgmma_ws_kernel<G, A>, WS_THREADS, kWsSmem, name, grid, 1, s, ok[0], a, wm, am, wm);
 }
 
+// half_skip: GemmArgs::half_skip's default (on; MK_MOE_HALF_SKIP=0 off).
+bool half_skip() {
+  static const bool w = !mk::env_is("MK_MOE_HALF_SKIP", '0');
+  return w;
+}
+
 template <bool GU>
-int launch(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s) {
+int launch(const GemmArgs& a0, int64_t tiles, int64_t ntiles, cudaStream_t s) {
   static int ok = 0, ok_p = 0, ok_p_a = 0, ok_p_g1a = 0;
+  GemmArgs a = a0;
+  a.half_skip = half_skip();
   static int ok_ws[4] = {}, ok_ws_a[4] = {}, ok_ws_g1a[4] = {};  // [dyn + 2·stc]
   TmaMap wm, am;
   if (warp_specialised() && a.experts > 0 && weight_map(wm, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd)) {

@@ -312,15 +312,43 @@ __device__ __forceinline__ void wgmma_k64_n128(float (&acc)[64], uint32_t a, uin
 // release(b) gives a stage back (MbarRelease: to this CTA's producer).
 // HALF: a 64 × 128 block (wgmma_k64_n128 into acc0; acc1 untouched) of the
 // 128 B rows at b_off within each stage.
+// skip_bar >= 0: this warpgroup's 64 rows are all padding (a tile's last
+// rows). Its thread wl 0 keeps the ring's pace — waits for each stage and
+// gives it straight back — and no wgmma is issued, so the other warpgroup
+// has the tensor cores to itself; the accumulators stay zero. The
+// warpgroup then meets at named barrier skip_bar (128 threads), so none of
+// its threads waits on a stage before thread 0 has seen the stage's last
+// phase (a wait two phases ahead would read as done).
 template <int ST, class Wait = MbarWait, class Release = MbarRelease, bool HALF = false>
 __device__ __forceinline__ bool ws_consume(float (&acc0)[64], float (&acc1)[64], uint32_t sA0, uint32_t sB0,
                                            uint32_t stage_a, uint32_t stage_b, uint32_t a_off, uint64_t* full,
                                            uint64_t* empty, int wl, int KT, int& g, Wait wait = Wait(),
-                                           Release release = Release(), uint32_t b_off = 0) {
+                                           Release release = Release(), uint32_t b_off = 0, int skip_bar = -1) {
 #pragma unroll
   for (int i = 0; i < 64; i++) {
     acc0[i] = 0.0f;
     if (!HALF) acc1[i] = 0.0f;
+  }
+  if (skip_bar >= 0) {
+    uint32_t ok = 1;
+    if (wl == 0) {
+      for (int kt = 0; kt < KT; kt++) {
+        const int st = (g + kt) % ST;
+        if (!wait(&full[st], ((g + kt) / ST) & 1)) {
+          ok = 0;
+          break;
+        }
+        release(&empty[st]);
+      }
+    }
+    g += KT;
+    uint32_t all;
+    asm volatile(
+        "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.and.pred q, %2, 128, p;\n selp.u32 %0, 1, 0, q;\n}\n"
+        : "=r"(all)
+        : "r"(ok), "r"(skip_bar)
+        : "memory");
+    return all != 0;
   }
   for (int kt = 0; kt < KT; kt++, g++) {
     const int st = g % ST;
