@@ -238,8 +238,8 @@ struct Params {
   // before its input wait (gemm_task); MK_MOE_FUSED_EARLY_B=0 waits first.
   int early_b;
   // half_skip (wgmma tiles): a consumer warpgroup whose 64 rows are all
-  // padding issues no wgmma (mkwg::ws_consume's skip_bar);
-  // MK_MOE_HALF_SKIP=0 turns it off, as for the grouped kernels.
+  // padding issues no wgmma (mkwg::ws_consume's skip_bar); the rule and
+  // MK_MOE_HALF_SKIP as for the grouped kernels (mkmoe::half_skip_on).
   int half_skip;
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
@@ -2352,8 +2352,8 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->l2pf = l2pf;
   static const bool early = !mk::env_is("MK_MOE_FUSED_EARLY_B", '0');
   p->early_b = early;
-  static const bool hskip = !mk::env_is("MK_MOE_HALF_SKIP", '0');
-  p->half_skip = hskip;
+  static const int hskip = mk::env_force("MK_MOE_HALF_SKIP");
+  p->half_skip = mkmoe::half_skip_on(hskip, i);
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;

@@ -68,7 +68,7 @@ struct GemmArgs {
   int ybf;
   // The wgmma kernels' 128-row tiles: a consumer warpgroup whose 64 rows
   // are all padding (an expert's last tile holds at most 64 rows) skips its
-  // wgmmas (mkwg::ws_consume's skip_bar; MK_MOE_HALF_SKIP=0: off).
+  // wgmmas (mkwg::ws_consume's skip_bar; set by half_skip_on's rule).
   int half_skip;
 };
 
@@ -468,6 +468,21 @@ inline int group_m() {
 constexpr int64_t kCopyMinI = 4096;
 inline bool gather_by_copy(int force, int64_t inter) {
   return force >= 0 ? force == 1 : inter >= kCopyMinI;
+}
+
+// half_skip_on says whether a 128-row wgmma tile's second consumer
+// warpgroup skips its wgmmas when its 64 rows are all padding (GemmArgs::
+// half_skip, the fused Params::half_skip; mkwg::ws_consume's skip_bar) for
+// a layer of intermediate size inter. Measured on an H200 (fifty-fifth pass,
+// docs/PERF.md, three rounds against off): DeepSeek-V3 ×0.965–0.988 and
+// Qwen3-30B-A3B ×0.967–0.993 at 1024–16384 tokens, grouped and fused; on
+// Mixtral (I = 14336) ×1.011–1.023 at 1024 / 16384 (slower; its many row
+// tiles an expert share weight tiles in L2 and a faster lone warpgroup
+// breaks their pace: not measured), hence off from kHalfSkipMinI. force
+// (mk::env_force of MK_MOE_HALF_SKIP, read once by the caller): 1 / 0.
+constexpr int64_t kHalfSkipMinI = 4096;
+inline bool half_skip_on(int force, int64_t inter) {
+  return force >= 0 ? force == 1 : inter < kHalfSkipMinI;
 }
 
 // kPersistMaxI: layers of intermediate size up to this run both 128-row

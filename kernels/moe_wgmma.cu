@@ -819,17 +819,18 @@ int launch_ws(bool dyn, const char* name, int64_t grid, cudaStream_t s, int (&ok
   return launch_kern(moe_wgmma_ws_kernel<G, A>, WS_THREADS, kWsSmem, name, grid, 1, s, ok[0], a, wm, am, wm);
 }
 
-// half_skip: GemmArgs::half_skip's default (on; MK_MOE_HALF_SKIP=0 off).
-bool half_skip() {
-  static const bool w = !mk::env_is("MK_MOE_HALF_SKIP", '0');
-  return w;
+// half_skip: GemmArgs::half_skip for a layer of intermediate size inter
+// (mkmoe::half_skip_on; MK_MOE_HALF_SKIP=1 / 0 forces it).
+bool half_skip(int64_t inter) {
+  static const int force = mk::env_force("MK_MOE_HALF_SKIP");
+  return mkmoe::half_skip_on(force, inter);
 }
 
 template <bool GU>
 int launch(const GemmArgs& a0, int64_t tiles, int64_t ntiles, cudaStream_t s) {
   static int ok = 0, ok_p = 0, ok_p_a = 0, ok_p_g1a = 0;
   GemmArgs a = a0;
-  a.half_skip = half_skip();
+  a.half_skip = half_skip(GU ? a.N : a.Kd);  // GEMM1: N = I; GEMM2: Kd = I
   static int ok_ws[4] = {}, ok_ws_a[4] = {}, ok_ws_g1a[4] = {};  // [dyn + 2·stc]
   TmaMap wm, am;
   if (warp_specialised() && a.experts > 0 && weight_map(wm, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd)) {
