@@ -239,7 +239,11 @@ struct Params {
   int early_b;
   // half_skip (wgmma tiles): a consumer warpgroup whose 64 rows are all
   // padding issues no wgmma (mkwg::ws_consume's skip_bar); the rule and
-  // MK_MOE_HALF_SKIP as for the grouped kernels (mkmoe::half_skip_on).
+  // MK_MOE_HALF_SKIP as for the grouped kernels (mkmoe::half_skip_mode).
+  // Its A rows still come whole: loading GEMM2's in 64-row boxes, one where
+  // the second half is padding (the grouped kernel's mode 2), put spills
+  // into GEMM1's gather loop of this kernel's 56-register producer (ptxas
+  // proxy, fifty-fifth pass), so it is not done here.
   int half_skip;
   long long timeout_ns;
   // Rank-local mode: me >= 0 is the one rank this launch serves (its peers
@@ -2352,8 +2356,7 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->l2pf = l2pf;
   static const bool early = !mk::env_is("MK_MOE_FUSED_EARLY_B", '0');
   p->early_b = early;
-  static const int hskip = mk::env_force("MK_MOE_HALF_SKIP");
-  p->half_skip = mkmoe::half_skip_on(hskip, i);
+  p->half_skip = mkmoe::half_skip_mode(i) > 0;  // the wgmmas only (A rows in one 128-row box)
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;

@@ -68,7 +68,8 @@ struct GemmArgs {
   int ybf;
   // The wgmma kernels' 128-row tiles: a consumer warpgroup whose 64 rows
   // are all padding (an expert's last tile holds at most 64 rows) skips its
-  // wgmmas (mkwg::ws_consume's skip_bar; set by half_skip_on's rule).
+  // wgmmas (mkwg::ws_consume's skip_bar; set by half_skip_on's rule); 2:
+  // and the producer loads only rows 0–63 of A there (half_skip_mode).
   int half_skip;
 };
 
@@ -483,6 +484,15 @@ inline bool gather_by_copy(int force, int64_t inter) {
 constexpr int64_t kHalfSkipMinI = 4096;
 inline bool half_skip_on(int force, int64_t inter) {
   return force >= 0 ? force == 1 : inter < kHalfSkipMinI;
+}
+// half_skip_mode is GemmArgs::half_skip / Params::half_skip for a layer of
+// intermediate size inter: 0 off; 1 the wgmmas skipped; 2 (the default
+// where on) also the tile's A rows 64–127 not loaded where they come by TMA
+// (one 64-row box a stage instead of two). MK_MOE_HALF_BOX=0 keeps 1.
+inline int half_skip_mode(int64_t inter) {
+  static const int force = mk::env_force("MK_MOE_HALF_SKIP");
+  static const bool box = !mk::env_is("MK_MOE_HALF_BOX", '0');
+  return half_skip_on(force, inter) ? (box ? 2 : 1) : 0;
 }
 
 // kPersistMaxI: layers of intermediate size up to this run both 128-row

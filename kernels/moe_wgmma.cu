@@ -510,6 +510,9 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
       if (tile >= ntiles) continue;
       const int e = p.tile_expert[tile];
       const int64_t m0 = (int64_t)tile * TBM;
+      // TMA_A, 128-row tiles: rows 64–127 all padding (the consumers skip
+      // them too): one 64-row box of A a stage instead of two.
+      const bool half = TMA_A && TBM == BM && p.half_skip > 1 && p.sorted[m0 + 64] < 0;
       if (!TMA_A) {
         producer_sync();  // every producer thread has read the previous item's rows from arow
         if (wl < TBM) {
@@ -535,8 +538,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         bf16* b = sB + st * (BN * BK);
         bf16* a = sA + st * (TBM * BK);
         if (wl == 0) {
-          mbar_expect_tx(&full[st], (uint32_t)(TMA_A ? SA + kStageB : kStageB));
-          if (TMA_A) tma_load_2d(a, &amap, kt * BK, (int32_t)m0, &full[st]);
+          mbar_expect_tx(&full[st], (uint32_t)(TMA_A ? (half ? SA / 2 : SA) + kStageB : kStageB));
+          if (TMA_A) {  // 64-row boxes (launch64's map: one box, the whole 64-row tile)
+            tma_load_2d(a, &amap, kt * BK, (int32_t)m0, &full[st]);
+            if (TBM == BM && !half) tma_load_2d(a + 64 * BK, &amap, kt * BK, (int32_t)m0 + 64, &full[st]);
+          }
           if (PAIR && shared) {  // box pair_c into both CTAs; the peer sends the other
             tma_load_2d_mc(b + pair_c * (BN / 2) * BK, &wmap, kt * BK, pair_c ? b1 : b0, &full[st], 0x3);
           } else if (GATEUP && TBM == 64) {  // gate, up, gate + 64, up + 64: 64-row boxes
@@ -710,6 +716,11 @@ bool weight_map(TmaMap& m, const bf16* w, int64_t rows, int64_t kd) {
   return tma_map_bf16(m, w, rows, kd, BN / 2);
 }
 
+// a_map fills m with the TMA map of the 128-row tiles' A rows ([rows, kd]
+// bf16) in 64-row boxes: a stage is two boxes, one where the tile's rows
+// 64–127 are all padding (half_skip), so those rows are not read.
+bool a_map(TmaMap& m, const bf16* a, int64_t rows, int64_t kd) { return tma_map_bf16(m, a, rows, kd, 64); }
+
 // persistent: the warp-specialised kernel on one CTA per SM (each walks
 // work items, the producer loading the next item's first stages during the
 // epilogue) instead of one CTA per item, for a reduction of kd columns.
@@ -819,28 +830,21 @@ int launch_ws(bool dyn, const char* name, int64_t grid, cudaStream_t s, int (&ok
   return launch_kern(moe_wgmma_ws_kernel<G, A>, WS_THREADS, kWsSmem, name, grid, 1, s, ok[0], a, wm, am, wm);
 }
 
-// half_skip: GemmArgs::half_skip for a layer of intermediate size inter
-// (mkmoe::half_skip_on; MK_MOE_HALF_SKIP=1 / 0 forces it).
-bool half_skip(int64_t inter) {
-  static const int force = mk::env_force("MK_MOE_HALF_SKIP");
-  return mkmoe::half_skip_on(force, inter);
-}
-
 template <bool GU>
 int launch(const GemmArgs& a0, int64_t tiles, int64_t ntiles, cudaStream_t s) {
   static int ok = 0, ok_p = 0, ok_p_a = 0, ok_p_g1a = 0;
   GemmArgs a = a0;
-  a.half_skip = half_skip(GU ? a.N : a.Kd);  // GEMM1: N = I; GEMM2: Kd = I
+  a.half_skip = mkmoe::half_skip_mode(GU ? a.N : a.Kd);  // GEMM1: N = I; GEMM2: Kd = I
   static int ok_ws[4] = {}, ok_ws_a[4] = {}, ok_ws_g1a[4] = {};  // [dyn + 2·stc]
   TmaMap wm, am;
   if (warp_specialised() && a.experts > 0 && weight_map(wm, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd)) {
     if (pair()) {  // clusters of two CTAs, one item each: pairs of row tiles × column tiles
       const int64_t grid = 2 * ((tiles + 1) / 2) * ntiles;
-      if (!GU && tma_a() && weight_map(am, a.A, (int64_t)a.mt * BM, a.Kd))
+      if (!GU && tma_a() && a_map(am, a.A, (int64_t)a.mt * BM, a.Kd))
         return launch_pair(moe_wgmma_ws_kernel<false, true, true>, "moe_wgmma_ws pair (down, A by TMA)", grid, s,
                            ok_p_a, a, wm, am, wm);
       if (GU && g1_tma(a.N) && a.ascratch != nullptr && a.Kd % 8 == 0 &&
-          weight_map(am, a.ascratch, (int64_t)a.mt * BM, a.Kd)) {
+          a_map(am, a.ascratch, (int64_t)a.mt * BM, a.Kd)) {
         const int64_t rows = (int64_t)a.mt * BM;
         permute_rows_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(a.ascratch, a.A, a.sorted, a.num_tiles,
                                                                           a.topk, a.Kd, rows, BM);
@@ -858,10 +862,10 @@ int launch(const GemmArgs& a0, int64_t tiles, int64_t ntiles, cudaStream_t s) {
       if (sms > 0) grid = std::min<int64_t>(grid, sms);
       dyn = a.tile_ctr != nullptr && grid < tiles * ntiles;
     }
-    if (!GU && tma_a() && weight_map(am, a.A, (int64_t)a.mt * BM, a.Kd))
+    if (!GU && tma_a() && a_map(am, a.A, (int64_t)a.mt * BM, a.Kd))
       return launch_ws<false, true>(dyn, "moe_wgmma_ws (down, A by TMA)", grid, s, ok_ws_a, a, wm, am);
     if (GU && g1_tma(a.N) && a.ascratch != nullptr && a.Kd % 8 == 0 &&
-        weight_map(am, a.ascratch, (int64_t)a.mt * BM, a.Kd)) {
+        a_map(am, a.ascratch, (int64_t)a.mt * BM, a.Kd)) {
       const int64_t rows = (int64_t)a.mt * BM;
       permute_rows_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, s>>>(a.ascratch, a.A, a.sorted, a.num_tiles, a.topk,
                                                                         a.Kd, rows, BM);
