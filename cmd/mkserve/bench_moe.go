@@ -39,6 +39,7 @@ type moeBenchOpts struct {
 	graph                        bool    // time each layer as one CUDA graph replay (ms); eager launches go to eager_ms
 	iters, checkRows             int
 	seed                         uint64
+	scoreBias                    float64 // grouped routing: std of the random e_score_correction_bias (0: zeros)
 	json                         bool
 	world                        worldFlags    // --world R: one process per rank and GPU (bench_moe_ep.go)
 	shapes                       string        // --world: named shapes
@@ -105,6 +106,7 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 	fs.BoolVar(&o.sameToken, "same-token", false, "grouped path: every token of an iteration is the same random row, so all route to the same top-k experts (the worst skew; random-weight models come close to it)")
 	fs.IntVar(&o.checkRows, "check-rows", 2, "tokens per count checked against the CPU reference")
 	seed := fs.Uint64("seed", 1, "random seed")
+	fs.Float64Var(&o.scoreBias, "score-bias", 0, "grouped routing: standard deviation of the random e_score_correction_bias added to the scores for selection. 0 (zeros) routes random logits evenly, as a trained bias balances a real router and as vLLM's benchmark routes; 0.1, the fixed value up to the fifty-fifth pass, concentrates them (DeepSeek-V3's shape: ~200 of 256 experts touched at 1024 tokens, the hottest with ~8× the mean rows)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON array instead of a table (--world: one JSON object per line)")
 	o.world.register(fs)
 	fs.StringVar(&o.shapes, "shapes", moeEPDefaultShapes, "--world: layer shapes (deepseek_v3, qwen3_30b_a3b, mixtral_8x7b, tiny; custom: the --hidden, --intermediate, --experts, --topk, --routing flags)")
@@ -157,6 +159,8 @@ func parseMoEBench(args []string) (*moeBenchOpts, error) {
 		return nil, fmt.Errorf("--experts %d: fewer experts than --ranks %d", o.experts, o.ranks)
 	case o.routing != "softmax" && o.routing != "grouped":
 		return nil, fmt.Errorf("--routing must be softmax or grouped, got %q", o.routing)
+	case !(o.scoreBias >= 0 && o.scoreBias <= 1):
+		return nil, fmt.Errorf("--score-bias %v: want a standard deviation in [0, 1]", o.scoreBias)
 	case o.hidden <= 0 || o.hidden%8 != 0 || o.inter <= 0 || o.inter%8 != 0:
 		return nil, fmt.Errorf("--hidden %d and --intermediate %d must be positive multiples of 8", o.hidden, o.inter)
 	case o.experts <= 0 || o.experts > 2048 || o.topk <= 0 || o.topk > o.experts:
@@ -186,6 +190,22 @@ func (o *moeBenchOpts) router() moe.RouterConfig {
 			NumGroups: 8, TopKGroups: 4, ScalingFactor: 2.5}
 	}
 	return moe.RouterConfig{NumExperts: o.experts, TopK: o.topk, Scoring: moe.Softmax, NormTopK: true}
+}
+
+// scoreBiases draws the grouped routing's e_score_correction_bias [E]:
+// normal values of standard deviation o.scoreBias (seeded by o.seed), all
+// zeros by default. The bias is uploaded and added either way, so the
+// routing kernels' bias path is what is timed.
+func (o *moeBenchOpts) scoreBiases(E int) []float32 {
+	b := make([]float32, E)
+	if o.scoreBias == 0 {
+		return b
+	}
+	rng := rand.New(rand.NewPCG(o.seed, 99))
+	for i := range b {
+		b[i] = float32(rng.NormFloat64() * o.scoreBias)
+	}
+	return b
 }
 
 // benchMoE times one MoE layer on the GPU per token count.
@@ -358,13 +378,9 @@ func runMoEBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error) {
 		}
 	}
 	cfg := o.router()
-	rng := rand.New(rand.NewPCG(o.seed, 99))
 	var sbias []float32
 	if cfg.Scoring == moe.Sigmoid {
-		sbias = make([]float32, E)
-		for i := range sbias {
-			sbias[i] = float32(rng.NormFloat64() * 0.1)
-		}
+		sbias = o.scoreBiases(E)
 		if w.scoreBias, err = w.alloc(d, int64(E)*4); err != nil {
 			return nil, err
 		}

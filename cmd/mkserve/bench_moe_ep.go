@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"sort"
@@ -364,11 +363,7 @@ func runMoEEPShape(ctx context.Context, wd *world, d *kernels.Device, o *moeBenc
 		return nil, err
 	}
 	if sh.routing == "grouped" {
-		rng := rand.New(rand.NewPCG(o.seed, 99))
-		st.hbias = make([]float32, E)
-		for i := range st.hbias {
-			st.hbias[i] = float32(rng.NormFloat64() * 0.1)
-		}
+		st.hbias = o.scoreBiases(E)
 		if st.sbias, err = w.alloc(d, int64(E)*4); err != nil {
 			return nil, err
 		}

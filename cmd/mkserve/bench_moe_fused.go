@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"os"
 	"sort"
 
@@ -88,11 +87,7 @@ func runMoEFusedBench(d *kernels.Device, o *moeBenchOpts) ([]moeBenchRow, error)
 	cfg := o.router()
 	var sbias []float32
 	if cfg.Scoring == moe.Sigmoid {
-		rng := rand.New(rand.NewPCG(o.seed, 99))
-		sbias = make([]float32, E)
-		for i := range sbias {
-			sbias[i] = float32(rng.NormFloat64() * 0.1)
-		}
+		sbias = o.scoreBiases(E)
 		if b.sbias, err = b.w.alloc(d, int64(E)*4); err != nil {
 			return nil, err
 		}

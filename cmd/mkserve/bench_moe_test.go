@@ -3,12 +3,15 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/mkserve/mkserve/kernels"
+	"github.com/mkserve/mkserve/moe"
 	"github.com/mkserve/mkserve/tuning"
 )
 
@@ -28,6 +31,9 @@ func TestBenchMoEFlags(t *testing.T) {
 		{[]string{"--hidden", "100"}, "multiples of 8"},
 		{[]string{"--experts", "8", "--topk", "9"}, "topk"},
 		{[]string{"--experts", "12", "--topk", "2"}, "grouped"},
+		{[]string{"--score-bias", "-0.1"}, "--score-bias"},
+		{[]string{"--score-bias", "NaN"}, "--score-bias"},
+		{[]string{"--score-bias", "2"}, "--score-bias"},
 	} {
 		_, err := parseMoEBench(c.args)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -46,6 +52,61 @@ func TestBenchMoEFlags(t *testing.T) {
 	}
 	if r := (&moeBenchOpts{experts: 256, topk: 8, routing: "grouped"}).router(); r.Validate() != nil || r.NumGroups != 8 || r.TopKGroups != 4 {
 		t.Errorf("grouped router %+v: %v", r, r.Validate())
+	}
+}
+
+// TestBenchMoEScoreBias: the grouped routing's bias is zeros by default,
+// so DeepSeek-V3's shape routes random logits evenly (every expert touched
+// at 1024 tokens, as vLLM's benchmark routes); --score-bias 0.1, the fixed
+// value before, concentrates them (docs/PERF.md, fifty-fifth pass).
+func TestBenchMoEScoreBias(t *testing.T) {
+	const E, T = 256, 1024
+	route := func(args ...string) (touched, hottest int, bias []float32) {
+		t.Helper()
+		o, err := parseMoEBench(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := o.router()
+		bias = o.scoreBiases(E)
+		rng := rand.New(rand.NewPCG(7, 7))
+		logits := make([]float32, T*E) // std 1: x of std 1 against gate rows of std 1/sqrt(H)
+		for i := range logits {
+			logits[i] = float32(rng.NormFloat64())
+		}
+		ids, _ := moe.Route(&cfg, logits, bias, T)
+		rows := make([]int, E)
+		for _, e := range ids {
+			rows[e]++
+		}
+		for _, n := range rows {
+			if n > 0 {
+				touched++
+			}
+			hottest = max(hottest, n)
+		}
+		return touched, hottest, bias
+	}
+	mean := T * 8 / E
+	touched, hottest, bias := route()
+	for i, b := range bias {
+		if b != 0 {
+			t.Fatalf("default bias[%d] = %v, want zeros", i, b)
+		}
+	}
+	if touched != E || hottest > 3*mean {
+		t.Errorf("default: %d of %d experts touched, hottest %d rows (mean %d): want every expert, none over 3× the mean", touched, E, hottest, mean)
+	}
+	touched, hottest, bias = route("--score-bias", "0.1")
+	var ss float64
+	for _, b := range bias {
+		ss += float64(b) * float64(b)
+	}
+	if sd := math.Sqrt(ss / E); sd < 0.08 || sd > 0.12 {
+		t.Errorf("--score-bias 0.1: sample std %.3f", sd)
+	}
+	if touched > 230 || hottest < 4*mean {
+		t.Errorf("--score-bias 0.1: %d experts touched, hottest %d rows: the concentration PERF.md describes is gone", touched, hottest)
 	}
 }
 
