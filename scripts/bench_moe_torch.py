@@ -246,6 +246,9 @@ def main():
     ap.add_argument("--ranks", default="", help="emulated expert-parallel rank counts, comma-separated: "
                     "prints the moe_ep lines only (no ceilings, no one-rank lines)")
     ap.add_argument("--iters", type=int, default=5, help="timed iterations per moe_ep line")
+    ap.add_argument("--score-bias", type=float, default=0.0,
+                    help="grouped routing: std of the random score bias, as mkserve bench moe's --score-bias "
+                         "(0: even routing; 0.1 was fixed before the fifty-fifth pass and concentrates it)")
     args = ap.parse_args()
     only = args.shape + [v for v in args.shapes.split(",") if v] or list(SHAPES)
     for name in only:
@@ -262,7 +265,7 @@ def main():
             gate = torch.randn(E, H, device=dev, dtype=torch.bfloat16) / H**0.5
             gu = torch.randn(E, 2 * I, H, device=dev, dtype=torch.bfloat16) / H**0.5
             dn = torch.randn(E, H, I, device=dev, dtype=torch.bfloat16) / I**0.5
-            bias = torch.randn(E, device=dev) * 0.1
+            bias = torch.randn(E, device=dev) * args.score_bias
             for R in ranks:
                 for T in tokens:
                     ok = bench_ep(name, gate, bias, gu, dn, T, R, args.iters) and ok
@@ -287,7 +290,7 @@ def main():
         gate = torch.randn(E, H, device=dev, dtype=torch.bfloat16) / H**0.5
         gu = torch.randn(E, 2 * I, H, device=dev, dtype=torch.bfloat16) / H**0.5
         dn = torch.randn(E, H, I, device=dev, dtype=torch.bfloat16) / I**0.5
-        bias = torch.randn(E, device=dev) * 0.1
+        bias = torch.randn(E, device=dev) * args.score_bias
         for T in tok_list:
             x = torch.empty(T, H, device=dev, dtype=torch.bfloat16)
             state = {}
