@@ -161,6 +161,8 @@ def main():
     ap.add_argument("--shapes", default="qwen3_30b_a3b")
     ap.add_argument("--tokens", default="16,256,1024,4096")
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--score-bias", type=float, default=0.0,
+                    help="grouped routing: std of the random score bias, as mkserve bench moe's --score-bias (0: even)")
     ap.add_argument("--check-rows", type=int, default=4, help="tokens per rank checked against the direct computation")
     ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
     ap.add_argument("--experts", default="grouped", choices=["grouped", "loop"],
@@ -182,7 +184,7 @@ def main():
             raise SystemExit(f"{name}: {E} experts do not split over {R} ranks")
         g = torch.Generator(device="cpu").manual_seed(7)  # the same router on every rank
         gate = (torch.randn(E, H, generator=g) / H ** 0.5).to(dev, dt)
-        bias = (torch.randn(E, generator=g) * 0.1).to(dev) if routing == "grouped" else None
+        bias = (torch.randn(E, generator=g) * a.score_bias).to(dev) if routing == "grouped" else None
         blk = blocks(E, R)
         lo, hi = blk[rank]
 
