@@ -68,8 +68,8 @@ struct GemmArgs {
   int ybf;
   // The wgmma kernels' 128-row tiles: a consumer warpgroup whose 64 rows
   // are all padding (an expert's last tile holds at most 64 rows) skips its
-  // wgmmas (mkwg::ws_consume's skip_bar; set by half_skip_on's rule); 2:
-  // and the producer loads only rows 0–63 of A there (half_skip_mode).
+  // wgmmas (mkwg::ws_consume's skip_bar; set by half_skip_mode); 2: and
+  // the producer loads only rows 0–63 of A there.
   int half_skip;
 };
 
@@ -471,28 +471,25 @@ inline bool gather_by_copy(int force, int64_t inter) {
   return force >= 0 ? force == 1 : inter >= kCopyMinI;
 }
 
-// half_skip_on says whether a 128-row wgmma tile's second consumer
-// warpgroup skips its wgmmas when its 64 rows are all padding (GemmArgs::
-// half_skip, the fused Params::half_skip; mkwg::ws_consume's skip_bar) for
-// a layer of intermediate size inter. Measured on an H200 (fifty-fifth pass,
-// docs/PERF.md, three rounds against off): DeepSeek-V3 ×0.965–0.988 and
-// Qwen3-30B-A3B ×0.967–0.993 at 1024–16384 tokens, grouped and fused; on
-// Mixtral (I = 14336) ×1.011–1.023 at 1024 / 16384 (slower; its many row
-// tiles an expert share weight tiles in L2 and a faster lone warpgroup
-// breaks their pace: not measured), hence off from kHalfSkipMinI. force
-// (mk::env_force of MK_MOE_HALF_SKIP, read once by the caller): 1 / 0.
-constexpr int64_t kHalfSkipMinI = 4096;
-inline bool half_skip_on(int force, int64_t inter) {
-  return force >= 0 ? force == 1 : inter < kHalfSkipMinI;
-}
 // half_skip_mode is GemmArgs::half_skip / Params::half_skip for a layer of
-// intermediate size inter: 0 off; 1 the wgmmas skipped; 2 (the default
-// where on) also the tile's A rows 64–127 not loaded where they come by TMA
-// (one 64-row box a stage instead of two). MK_MOE_HALF_BOX=0 keeps 1.
+// intermediate size inter: whether a 128-row wgmma tile's second consumer
+// warpgroup skips its wgmmas when its 64 rows are all padding
+// (mkwg::ws_consume's skip_bar) — 0 off; 1 the wgmmas skipped; 2 (the
+// default where on) also the tile's A rows 64–127 not loaded where they
+// come by TMA (one 64-row box a stage instead of two; MK_MOE_HALF_BOX=0
+// keeps 1). Measured on an H200 (fifty-fifth pass, docs/PERF.md, three
+// rounds against off): DeepSeek-V3 ×0.965–0.988 and Qwen3-30B-A3B
+// ×0.967–0.993 at 1024–16384 tokens, grouped and fused; on Mixtral (I =
+// 14336) ×1.011–1.023 at 1024 / 16384 (slower; its many row tiles an
+// expert share weight tiles in L2 and a faster lone warpgroup breaks their
+// pace: not measured), hence on only below kHalfSkipMinI.
+// MK_MOE_HALF_SKIP=1 / 0 forces it on / off.
+constexpr int64_t kHalfSkipMinI = 4096;
 inline int half_skip_mode(int64_t inter) {
   static const int force = mk::env_force("MK_MOE_HALF_SKIP");
   static const bool box = !mk::env_is("MK_MOE_HALF_BOX", '0');
-  return half_skip_on(force, inter) ? (box ? 2 : 1) : 0;
+  const bool on = force >= 0 ? force == 1 : inter < kHalfSkipMinI;
+  return on ? (box ? 2 : 1) : 0;
 }
 
 // kPersistMaxI: layers of intermediate size up to this run both 128-row
