@@ -238,8 +238,10 @@ struct Params {
   // before its input wait (gemm_task); MK_MOE_FUSED_EARLY_B=0 waits first.
   int early_b;
   // half_skip (wgmma tiles): a consumer warpgroup whose 64 rows are all
-  // padding issues no wgmma (mkwg::ws_consume's skip_bar); the rule and
-  // MK_MOE_HALF_SKIP as for the grouped kernels (mkmoe::half_skip_mode).
+  // padding issues no wgmma (mkwg::ws_consume's skip_bar) where the tile is
+  // its slot's only one or, below hidden kHalfSkipLoneH, in every tile
+  // (mkmoe::skip_half, mkmoe::half_skip_mode; MK_MOE_HALF_SKIP and
+  // MK_MOE_HALF_SKIP_SHARED force).
   // Its A rows still come whole: loading GEMM2's in 64-row boxes, one where
   // the second half is padding (the grouped kernel's mode 2), put spills
   // into GEMM1's gather loop of this kernel's 56-register producer (ptxas
@@ -1616,7 +1618,10 @@ struct WgTiles {
     };
     // Rows 64–127 all padding (the padding ends a slot's rows): the second
     // warpgroup only keeps the ring's pace (named barrier 3: its own).
-    const int skip_bar = p.half_skip && cw == 1 && rk.row_src[m0 + 64] < 0 ? 3 : -1;
+    const int skip_bar = cw == 1 && mkmoe::skip_half(p.half_skip, rk.row_src[m0 + 64] < 0,
+                                                      tile > 0 && rk.tile_slot[tile - 1] == rk.tile_slot[tile])
+                             ? 3
+                             : -1;
     if (!ws_consume<ST>(acc0, acc1, sm_addr(sA(smem)), sm_addr(sB(smem)), kStageA, kStageB, cw * 64 * 128,
                         full(smem), empty(smem), wl, KT, g, stage_full, MbarRelease(), 0, skip_bar))
       return false;
@@ -2356,7 +2361,8 @@ int build(const char* fn, Params* p, int ranks, const uint64_t* ptrs, const int6
   p->l2pf = l2pf;
   static const bool early = !mk::env_is("MK_MOE_FUSED_EARLY_B", '0');
   p->early_b = early;
-  p->half_skip = mkmoe::half_skip_mode(i) > 0;  // the wgmmas only (A rows in one 128-row box)
+  // The wgmmas only (A rows in one 128-row box); lone tiles only from hidden kHalfSkipLoneH.
+  p->half_skip = mkmoe::half_skip_mode(i, h >= mkmoe::kHalfSkipLoneH) & ~mkmoe::kHalfSkipBox;
   p->me = me;
   p->epoch = epoch;
   for (int r = 0; r < ranks; ++r) p->ids_off[r + 1] = p->ids_off[r] + tokens[r] * k;

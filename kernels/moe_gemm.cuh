@@ -68,8 +68,9 @@ struct GemmArgs {
   int ybf;
   // The wgmma kernels' 128-row tiles: a consumer warpgroup whose 64 rows
   // are all padding (an expert's last tile holds at most 64 rows) skips its
-  // wgmmas (mkwg::ws_consume's skip_bar; set by half_skip_mode); 2: and
-  // the producer loads only rows 0–63 of A there.
+  // wgmmas (mkwg::ws_consume's skip_bar); with kHalfSkipBox the producer
+  // loads only rows 0–63 of A there. Bits kHalfSkip*, set by
+  // half_skip_mode; skip_half decides a tile.
   int half_skip;
 };
 
@@ -471,25 +472,56 @@ inline bool gather_by_copy(int force, int64_t inter) {
   return force >= 0 ? force == 1 : inter >= kCopyMinI;
 }
 
+// The bits of GemmArgs::half_skip / Params::half_skip (half_skip_mode).
+constexpr int kHalfSkipOn = 1;      // the second warpgroup's wgmmas skipped on a padding half
+constexpr int kHalfSkipBox = 2;     // and A rows 64–127 not loaded where they come by TMA
+constexpr int kHalfSkipShared = 4;  // also in tiles whose expert has other row tiles
+
 // half_skip_mode is GemmArgs::half_skip / Params::half_skip for a layer of
 // intermediate size inter: whether a 128-row wgmma tile's second consumer
 // warpgroup skips its wgmmas when its 64 rows are all padding
-// (mkwg::ws_consume's skip_bar) — 0 off; 1 the wgmmas skipped; 2 (the
-// default where on) also the tile's A rows 64–127 not loaded where they
-// come by TMA (one 64-row box a stage instead of two; MK_MOE_HALF_BOX=0
-// keeps 1). Measured on an H200 (fifty-fifth pass, docs/PERF.md, three
-// rounds against off): DeepSeek-V3 ×0.965–0.988 and Qwen3-30B-A3B
-// ×0.967–0.993 at 1024–16384 tokens, grouped and fused; on Mixtral (I =
-// 14336) ×1.011–1.023 at 1024 / 16384 (slower; its many row tiles an
-// expert share weight tiles in L2 and a faster lone warpgroup breaks their
-// pace: not measured), hence on only below kHalfSkipMinI.
-// MK_MOE_HALF_SKIP=1 / 0 forces it on / off.
+// (mkwg::ws_consume's skip_bar) — 0 off; kHalfSkipOn the wgmmas skipped;
+// with kHalfSkipBox (the default where on) also the tile's A rows 64–127
+// not loaded where they come by TMA (one 64-row box a stage instead of
+// two; MK_MOE_HALF_BOX=0 keeps both). Measured on an H200 (fifty-fifth
+// pass, docs/PERF.md, three rounds against off): DeepSeek-V3 ×0.965–0.988
+// and Qwen3-30B-A3B ×0.967–0.993 at 1024–16384 tokens, grouped and fused;
+// on Mixtral (I = 14336) ×1.011–1.023 at 1024 / 16384 — hence on only
+// below kHalfSkipMinI. MK_MOE_HALF_SKIP=1 / 0 forces it on / off.
+//
+// lone: only in a tile that is its expert's only one (the expert has ≤ 64
+// rows), not in the short last tile of an expert of several row tiles
+// (kHalfSkipShared unset). The caller passes its default;
+// MK_MOE_HALF_SKIP_SHARED=1 / 0 forces every padding half / lone tiles
+// only. Such a tile streams the same weight tiles as its expert's full
+// tiles, which run beside it (group_tile) and read them from L2; a guess,
+// not measured: a tile that skips runs ahead of them, over GEMM1's long
+// reduction far enough that the weights have left L2 when the full tiles
+// reach them. Measured (fifty-sixth pass, three rounds, even routing,
+// lone against every half): the fused DeepSeek-V3 layer (H = 7168)
+// ×0.965 at 4096 tokens (128 rows an expert: a full tile and a short
+// one), ×1.000 at 1024 / 2048, ×1.010 at 16384; but Qwen3-30B-A3B ×1.017–
+// 1.033 at 2048–16384 (fused and grouped) and grouped DeepSeek-V3 ×1.022
+// at 4096. So the fused kernel passes lone from hidden kHalfSkipLoneH,
+// the grouped kernels never.
 constexpr int64_t kHalfSkipMinI = 4096;
-inline int half_skip_mode(int64_t inter) {
+constexpr int64_t kHalfSkipLoneH = 4096;
+inline int half_skip_mode(int64_t inter, bool lone) {
   static const int force = mk::env_force("MK_MOE_HALF_SKIP");
   static const bool box = !mk::env_is("MK_MOE_HALF_BOX", '0');
+  static const int shared = mk::env_force("MK_MOE_HALF_SKIP_SHARED");
   const bool on = force >= 0 ? force == 1 : inter < kHalfSkipMinI;
-  return on ? (box ? 2 : 1) : 0;
+  if (!on) return 0;
+  const bool all = shared >= 0 ? shared == 1 : !lone;
+  return kHalfSkipOn | (box ? kHalfSkipBox : 0) | (all ? kHalfSkipShared : 0);
+}
+
+// skip_half says whether a 128-row tile whose rows 64–127 are all padding
+// (pad_half) skips that half under mode: kHalfSkipOn, and the tile is its
+// expert's only one (prev_same: the tile before it belongs to the same
+// expert or slot) unless kHalfSkipShared.
+__host__ __device__ __forceinline__ bool skip_half(int mode, bool pad_half, bool prev_same) {
+  return (mode & kHalfSkipOn) && pad_half && (!prev_same || (mode & kHalfSkipShared));
 }
 
 // kPersistMaxI: layers of intermediate size up to this run both 128-row

@@ -190,11 +190,16 @@ __device__ __forceinline__ void tile_rows(int32_t (&asg)[2], const GemmArgs& p, 
   asg[1] = p.sorted[m0 + r0 + lane / 4 + 8];
 }
 
-// padding_half says whether rows 64–127 of the 128-row tile from row m0
-// are all padding (the padding ends an expert's rows, so its first row
-// says): the producer (one A box) and the second consumer warpgroup (no
-// wgmmas) decide by it alike.
-__device__ __forceinline__ bool padding_half(const GemmArgs& p, int64_t m0) { return p.sorted[m0 + 64] < 0; }
+// padding_half says whether the second half of the 128-row tile tile
+// skips its work (mkmoe::skip_half): rows 64–127 all padding (the padding
+// ends an expert's rows, so its first row says) and, where kHalfSkipShared
+// is unset (MK_MOE_HALF_SKIP_SHARED=0), the expert's only tile. The producer (one A box) and
+// the second consumer warpgroup (no wgmmas) decide by it alike.
+__device__ __forceinline__ bool padding_half(const GemmArgs& p, int tile) {
+  const int64_t m0 = (int64_t)tile * BM;
+  if (p.sorted[m0 + 64] >= 0) return false;
+  return mkmoe::skip_half(p.half_skip, true, tile > 0 && p.tile_expert[tile - 1] == p.tile_expert[tile]);
+}
 
 template <bool GATEUP>
 __global__ void __launch_bounds__(THREADS) moe_wgmma_kernel(const GemmArgs p) {
@@ -518,7 +523,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
       const int64_t m0 = (int64_t)tile * TBM;
       // TMA_A, 128-row tiles: rows 64–127 all padding (the consumers skip
       // them too): one 64-row box of A a stage instead of two.
-      const bool half = TMA_A && TBM == BM && p.half_skip > 1 && padding_half(p, m0);
+      const bool half = TMA_A && TBM == BM && (p.half_skip & mkmoe::kHalfSkipBox) && padding_half(p, tile);
       if (!TMA_A) {
         producer_sync();  // every producer thread has read the previous item's rows from arow
         if (wl < TBM) {
@@ -598,7 +603,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     if constexpr (!STC) tile_rows(asg, p, (int64_t)tile * TBM, (TBM == 64 ? 0 : cw * 64) + warp * 16, lane);
     // Rows 64–127 all padding (the padding ends an expert's rows): the
     // second consumer warpgroup has nothing to compute.
-    const int skip_bar = TBM == BM && p.half_skip && cw == 1 && padding_half(p, (int64_t)tile * TBM) ? 2 + cw : -1;
+    const int skip_bar = TBM == BM && p.half_skip && cw == 1 && padding_half(p, tile) ? 2 + cw : -1;
     float acc0[64], acc1[64];
     if constexpr (TBM == 64) {
       ws_consume<ST, MbarWait, MbarRelease, true>(acc0, acc1, sA0, sB0, SA, (uint32_t)kStageB, 0, full, empty, wl,
@@ -840,7 +845,7 @@ template <bool GU>
 int launch(const GemmArgs& a0, int64_t tiles, int64_t ntiles, cudaStream_t s) {
   static int ok = 0, ok_p = 0, ok_p_a = 0, ok_p_g1a = 0;
   GemmArgs a = a0;
-  a.half_skip = mkmoe::half_skip_mode(GU ? a.N : a.Kd);  // GEMM1: N = I; GEMM2: Kd = I
+  a.half_skip = mkmoe::half_skip_mode(GU ? a.N : a.Kd, false);  // GEMM1: N = I; GEMM2: Kd = I; every padding half
   static int ok_ws[4] = {}, ok_ws_a[4] = {}, ok_ws_g1a[4] = {};  // [dyn + 2·stc]
   TmaMap wm, am;
   if (warp_specialised() && a.experts > 0 && weight_map(wm, a.W, a.experts * (GU ? 2 : 1) * a.N, a.Kd)) {
