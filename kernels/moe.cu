@@ -709,7 +709,7 @@ __device__ __forceinline__ float2 split_sum(const float* p, int64_t stride, int 
 // programmatic dependent launch GEMM2's weight stream so starts while
 // GEMM1's last wave still runs; its A rows (GEMM1's output) are read after
 // the wait.
-template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP>
+template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP, bool PAIR = false>
 __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
     moe_gemm_kernel(const GemmArgs p) {
   const bool earlyB = !GATEUP && p.early_b;
@@ -803,15 +803,45 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   // Shared-memory rows of this warp's n fragments.
   auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
 
-  if (earlyB) {
-    mkmoe::ring_prologue_b_first<STAGES>(KT, loadA, loadB, [] {
-      mk::pdl_begin();
-      return true;
+  // The paired ring (PAIR: the 16×64 decode tiles at an even depth, its own
+  // instantiation, whose registers do not weigh on the plain ring's).
+  if constexpr (PAIR) {
+    static_assert(BM == 16 && BN == 64 && STAGES % 2 == 0 && STAGES >= 4, "the paired decode tiles");
+    mkmoe::PairB<BN, THREADS> pb;
+    pb.init(tid, [&](int r) {
+      return mkmoe::tile_b_row<GATEUP, BN>(p.W, (int64_t)e * (GATEUP ? 2 * N : N), r, ntile, N, Kd);
     });
+    auto loadA2 = [&](int stage, int kt, bool two) {
+      loadA(stage, kt);
+      if (two) loadA(stage + 1, kt + 1);
+    };
+    auto loadB2 = [&](int stage, int kt, bool two) {
+      pb.load(sB + stage * BN * BK, (int64_t)(kt0 + kt) * BK, two, Kd, p.W, p.l2pf);
+    };
+    auto load2 = [&](int stage, int kt, bool two) {
+      loadA2(stage, kt, two);
+      loadB2(stage, kt, two);
+    };
+    if (earlyB) {
+      mkmoe::ring2_prologue_b_first<STAGES>(KT, loadA2, loadB2, [] {
+        mk::pdl_begin();
+        return true;
+      });
+    } else {
+      mkmoe::ring2_prologue<STAGES>(KT, load2);
+    }
+    mkmoe::mma_ring2<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load2, brow);
   } else {
-    mkmoe::ring_prologue<STAGES>(KT, load);
+    if (earlyB) {
+      mkmoe::ring_prologue_b_first<STAGES>(KT, loadA, loadB, [] {
+        mk::pdl_begin();
+        return true;
+      });
+    } else {
+      mkmoe::ring_prologue<STAGES>(KT, load);
+    }
+    mkmoe::mma_ring<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load, brow);
   }
-  mkmoe::mma_ring<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load, brow);
 
   // Epilogue.
 #pragma unroll
@@ -1898,10 +1928,10 @@ bool dec_wide(double avg, int64_t active, bool gu) {
 
 // gemm_prep sets the instantiation's shared-memory limit (once; the library
 // runs on one thread) and returns its CTAs an SM (0 if it cannot run).
-template <int BM, int BN, int WM, int WN, int ST, bool GU>
+template <int BM, int BN, int WM, int WN, int ST, bool GU, bool PAIR = false>
 int gemm_prep() {
   static const int occ = [] {
-    auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
+    auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU, PAIR>;
     const int sm = ST * (BM + BN) * BK * 2;
     int n = 0;
     if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, sm) != cudaSuccess ||
@@ -1926,11 +1956,26 @@ int dec_depth(int st, F f) {
   }
 }
 
+// dec_pair: the 16×64 decode tiles at an even ring depth issue their
+// copies two k tiles at a time (moe_gemm_kernel<…, PAIR>, mkmoe::mma_ring2): each
+// weight row's 256 bytes by 16 lanes in one go, which a probe read 3–5 %
+// faster than 128-byte segments (docs/PERF.md, "GPU, fifty-sixth pass").
+// Written after that pass's device time: off until measured;
+// MK_MOE_DEC_PAIR=1 turns it on (read once; its own instantiations, so the
+// plain ring's registers are untouched; fit_stages still counts the plain
+// kernels' CTAs an SM). The sums are bit-equal.
+bool dec_pair() {
+  static const bool on = mk::env_is("MK_MOE_DEC_PAIR", '1');
+  return on;
+}
+
 template <int BM, int BN, int WM, int WN, int ST, bool GU>
 int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s, int64_t mt = 0) {
-  auto kern = moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
+  constexpr bool pairable = BM == 16 && BN == 64 && ST % 2 == 0 && ST >= 4;
+  const bool pair = pairable && dec_pair();
+  auto kern = pair ? moe_gemm_kernel<BM, BN, WM, WN, ST, GU, pairable> : moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
   const size_t sm = (size_t)ST * (BM + BN) * BK * 2;
-  const int occ = gemm_prep<BM, BN, WM, WN, ST, GU>();
+  const int occ = pair ? gemm_prep<BM, BN, WM, WN, ST, GU, pairable>() : gemm_prep<BM, BN, WM, WN, ST, GU>();
   MK_ARG(occ > 0, "mk_moe_experts: the %dx%d tile kernel (%d stages) cannot run here", BM, BN, ST);
   MK_ARG(tiles * ntiles < (1ll << 31), "mk_moe_experts: %lld × %lld tiles", (long long)tiles, (long long)ntiles);
   GemmArgs g = a;

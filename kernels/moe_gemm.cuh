@@ -243,6 +243,72 @@ __device__ __forceinline__ void mma_ring(float (&acc)[MF][NF][4], const bf16* sA
   cp_async_wait<0>();
 }
 
+// The paired ring (moe.cu's dec_pair): mma_ring's k loop with
+// its copies issued two k tiles at a time — one commit group a pair, each
+// weight row's 256 bytes of the two tiles by 16 consecutive lanes (PairB)
+// — for an even STAGES. The multiplications run in the same k order, so
+// the sums are bit-equal to mma_ring's. Why: a weight stream read in
+// 64-row blocks through a cp.async ring ran 3–5 % faster in 256-byte row
+// segments than in 128-byte ones at the same bytes in flight (H200,
+// scripts/stream_probe.cu, docs/PERF.md "GPU, fifty-sixth pass").
+// load2(stage, k tile, two) issues k tile kt into stage and, when two,
+// kt + 1 into stage + 1 (stage is even).
+
+// ring2_prologue issues the first STAGES − 2 k tiles in pairs.
+template <int STAGES, class Load2>
+__device__ __forceinline__ void ring2_prologue(int KT, const Load2& load2) {
+  static_assert(STAGES % 2 == 0 && STAGES >= 4, "pairs of stages");
+#pragma unroll
+  for (int s = 0; s < STAGES - 2; s += 2) {
+    if (s < KT) load2(s, s, s + 1 < KT);
+    cp_async_commit();
+  }
+}
+
+// ring2_prologue_b_first is ring_prologue_b_first over pairs: the first
+// STAGES − 2 weight tiles (loadB2) as one group, wait(), then the A tiles
+// (loadA2) one group a pair.
+template <int STAGES, class LoadA2, class LoadB2, class Wait>
+__device__ __forceinline__ bool ring2_prologue_b_first(int KT, const LoadA2& loadA2, const LoadB2& loadB2,
+                                                       const Wait& wait) {
+  static_assert(STAGES % 2 == 0 && STAGES >= 4, "pairs of stages");
+#pragma unroll
+  for (int s = 0; s < STAGES - 2; s += 2)
+    if (s < KT) loadB2(s, s, s + 1 < KT);
+  cp_async_commit();
+  if (!wait()) {
+    cp_async_wait<0>();
+    return false;
+  }
+#pragma unroll
+  for (int s = 0; s < STAGES - 2; s += 2) {
+    if (s < KT) loadA2(s, s, s + 1 < KT);
+    cp_async_commit();
+  }
+  return true;
+}
+
+// mma_ring2 is mma_ring over pairs: per pair of k tiles (kt, kt + 1) it
+// waits for their group, issues the pair kt + STAGES − 2 into the stages
+// the previous pair freed, and multiplies kt then kt + 1 (if < KT).
+template <int STAGES, int BM, int BN, int WM, int MF, int NF, class Load2, class BRow>
+__device__ __forceinline__ void mma_ring2(float (&acc)[MF][NF][4], const bf16* sA, const bf16* sB, int KT, int wm,
+                                          int lane, const Load2& load2, const BRow& brow) {
+  static_assert(STAGES % 2 == 0 && STAGES >= 4, "pairs of stages");
+  for (int kt = 0; kt < KT; kt += 2) {
+    cp_async_wait<(STAGES - 2) / 2 - 1>();
+    __syncthreads();
+    const int nk = kt + STAGES - 2;
+    if (nk < KT) load2(nk % STAGES, nk, nk + 1 < KT);
+    cp_async_commit();
+    mma_stage<MF, NF, WM>(acc, sA + (kt % STAGES) * BM * kTileK, sB + (kt % STAGES) * BN * kTileK, wm, lane, brow);
+    if (kt + 1 < KT)
+      mma_stage<MF, NF, WM>(acc, sA + ((kt + 1) % STAGES) * BM * kTileK, sB + ((kt + 1) % STAGES) * BN * kTileK, wm,
+                            lane, brow);
+  }
+  cp_async_wait<0>();
+}
+
 // activation is the expert's gated activation of gate g and up u (biases
 // added): silu(g)·u, or gpt-oss's clamped form (MK_MOE_SWIGLU_CLAMPED).
 // The sigmoid's division is the fast one (__fdividef: g times an
@@ -436,6 +502,41 @@ __device__ __forceinline__ void cp_async16_pf(void* smem, const void* gmem, bool
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
   cp_async16_pf(smem, gmem, valid, 0);
 }
+
+// PairB is a thread's share of the weight copies of a pair of k tiles for
+// the paired ring (mma_ring2): a BN-row stage of each, 16-byte chunk c of
+// the pair row c / 16, tile (c / 8) % 2, column chunk c % 8, so 16
+// consecutive lanes copy one row's 256 contiguous bytes.
+template <int BN, int THREADS>
+struct PairB {
+  static constexpr int PER = 2 * BN * 8 / THREADS;
+  static_assert(2 * BN * 8 % THREADS == 0, "chunks split evenly");
+  const bf16* src[PER];  // the chunk's weight row (null: zero-fill)
+  int dst[PER];          // swz64 offset in its tile's stage
+  int col[PER];          // column of the chunk from the pair's first k
+  // init takes the row pointers row(r) for r < BN.
+  template <class Row>
+  __device__ __forceinline__ void init(int tid, const Row& row) {
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+      const int c = tid + i * THREADS, r = c / 16, h = (c / 8) % 2, ch = c % 8;
+      src[i] = row(r);
+      dst[i] = h * BN * kTileK + swz64(r, ch);
+      col[i] = h * kTileK + ch * 8;
+    }
+  }
+  // load copies k tiles from column k0 into stage sB (and, when two, the
+  // next into the stage after it); columns from klim on are zero-filled.
+  __device__ __forceinline__ void load(bf16* sB, int64_t k0, bool two, int64_t klim, const bf16* any, int pf) const {
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+      if (!two && col[i] >= kTileK) continue;
+      const int64_t k = k0 + col[i];
+      const bool v = src[i] != nullptr && k < klim;
+      cp_async16_pf(sB + dst[i], v ? src[i] + k : any, v, pf);
+    }
+  }
+};
 
 // l2pf_env is the L2 prefetch size the environment variable name asks for
 // (128 or 256; anything else: none), dflt when it is unset.
