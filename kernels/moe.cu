@@ -808,15 +808,14 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
   if constexpr (PAIR) {
     static_assert(BM == 16 && BN == 64 && STAGES % 2 == 0 && STAGES >= 4, "the paired decode tiles");
     mkmoe::PairB<BN, THREADS> pb;
-    pb.init(tid, [&](int r) {
-      return mkmoe::tile_b_row<GATEUP, BN>(p.W, (int64_t)e * (GATEUP ? 2 * N : N), r, ntile, N, Kd);
-    });
+    const bf16* we = p.W + (int64_t)e * (GATEUP ? 2 * N : N) * Kd;  // the expert's weights
+    pb.init(tid, we, [&](int r) { return mkmoe::tile_b_row<GATEUP, BN>(we, 0, r, ntile, N, Kd); });
     auto loadA2 = [&](int stage, int kt, bool two) {
       loadA(stage, kt);
       if (two) loadA(stage + 1, kt + 1);
     };
     auto loadB2 = [&](int stage, int kt, bool two) {
-      pb.load(sB + stage * BN * BK, (int64_t)(kt0 + kt) * BK, two, Kd, p.W, p.l2pf);
+      pb.load(sB + stage * BN * BK, (int64_t)(kt0 + kt) * BK, two, Kd, p.l2pf);
     };
     auto load2 = [&](int stage, int kt, bool two) {
       loadA2(stage, kt, two);
@@ -1961,9 +1960,10 @@ int dec_depth(int st, F f) {
 // weight row's 256 bytes by 16 lanes in one go, which a probe read 3–5 %
 // faster than 128-byte segments (docs/PERF.md, "GPU, fifty-sixth pass").
 // Written after that pass's device time: off until measured;
-// MK_MOE_DEC_PAIR=1 turns it on (read once; its own instantiations, so the
-// plain ring's registers are untouched; fit_stages still counts the plain
-// kernels' CTAs an SM). The sums are bit-equal.
+// MK_MOE_DEC_PAIR=1 turns it on (read once; the fused kernel's 16-row
+// tasks read it too; its own instantiations, so the plain ring's registers
+// are untouched; fit_stages still counts the plain kernels' CTAs an SM).
+// The sums are bit-equal.
 bool dec_pair() {
   static const bool on = mk::env_is("MK_MOE_DEC_PAIR", '1');
   return on;

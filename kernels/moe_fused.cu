@@ -927,7 +927,7 @@ __device__ bool ksplit_sum(const Params& p, const RankP& rk, bool gateup, int ti
 // constants, so a CTA that took a GEMM2 task (or, with R > 1, a GEMM1 task
 // whose rows are still arriving) streams its first weights while the
 // GEMM1 blocks it waits for still run.
-template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP, class Ready>
+template <int BM, int BN, int WM, int WN, int STAGES, bool GATEUP, bool PAIR, class Ready>
 __device__ int gemm_task(const Params& p, int d, int tile, int ntile, int ks, unsigned char* smem,
                          const Ready& ready) {
   constexpr int WARPS_N = BN / WN, THREADS = (BM / WM) * WARPS_N * 32;
@@ -1012,13 +1012,41 @@ __device__ int gemm_task(const Params& p, int d, int tile, int ntile, int ks, un
   float acc[MF][NF][4];
   mkmoe::zero_acc(acc);
   auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
-  if (p.early_b) {
-    if (!mkmoe::ring_prologue_b_first<STAGES>(KT, loadA, loadB, ready)) return kTaskFailed;
+  if constexpr (PAIR) {  // the paired ring (MK_MOE_DEC_PAIR; moe.cu's dec_pair)
+    static_assert(BM == 16 && BN == 64 && STAGES % 2 == 0 && STAGES >= 4, "the paired decode tiles");
+    mkmoe::PairB<BN, THREADS> pb;
+    const bf16* wk = W + (int64_t)kt0 * kBK;  // the split's first column
+    pb.init(tid, wk, [&](int r) {
+      const bf16* w = mkmoe::tile_b_row<GATEUP, BN>(W, 0, r, ntile, N, Kd);
+      return w != nullptr ? w + (int64_t)kt0 * kBK : w;
+    });
+    auto loadA2 = [&](int stage, int kt, bool two) {
+      loadA(stage, kt);
+      if (two) loadA(stage + 1, kt + 1);
+    };
+    auto loadB2 = [&](int stage, int kt, bool two) {
+      pb.load(sB + stage * BN * kBK, (int64_t)kt * kBK, two, Kr, p.l2pf);
+    };
+    auto load2 = [&](int stage, int kt, bool two) {
+      loadA2(stage, kt, two);
+      loadB2(stage, kt, two);
+    };
+    if (p.early_b) {
+      if (!mkmoe::ring2_prologue_b_first<STAGES>(KT, loadA2, loadB2, ready)) return kTaskFailed;
+    } else {
+      if (!ready()) return kTaskFailed;
+      mkmoe::ring2_prologue<STAGES>(KT, load2);
+    }
+    mkmoe::mma_ring2<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load2, brow);
   } else {
-    if (!ready()) return kTaskFailed;
-    mkmoe::ring_prologue<STAGES>(KT, load);
+    if (p.early_b) {
+      if (!mkmoe::ring_prologue_b_first<STAGES>(KT, loadA, loadB, ready)) return kTaskFailed;
+    } else {
+      if (!ready()) return kTaskFailed;
+      mkmoe::ring_prologue<STAGES>(KT, load);
+    }
+    mkmoe::mma_ring<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load, brow);
   }
-  mkmoe::mma_ring<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load, brow);
   if constexpr (BM * BN == kPartFloats) {  // the 16-row tiles (the host splits no other)
     if (nks > 1 && !ksplit_sum(p, rk, GATEUP, tile, ntile, ks, nks, acc)) return kTaskPartial;
   }
@@ -1444,7 +1472,7 @@ struct FusedMaps {
 };
 
 // MmaTiles: mma.sync m16n8k16 tiles of 128-thread CTAs (gemm_task above).
-template <int BM_, int BN_, int WM, int WN, int ST>
+template <int BM_, int BN_, int WM, int WN, int ST, bool PAIR = false>
 struct MmaTiles {
   static constexpr int kThreads = ::kThreads, BM = BM_, BN = BN_;
   static constexpr size_t kSmem = (size_t)ST * (BM + BN) * kBK * 2;
@@ -1457,7 +1485,7 @@ struct MmaTiles {
   template <bool GATEUP, class Ready>
   __device__ static int gemm(const Params& p, int d, int tile, int nb, int ks, unsigned char* smem,
                              const Ready& ready) {
-    return gemm_task<BM, BN, WM, WN, ST, GATEUP>(p, d, tile, nb, ks, smem, ready);
+    return gemm_task<BM, BN, WM, WN, ST, GATEUP, PAIR>(p, d, tile, nb, ks, smem, ready);
   }
 };
 
@@ -2010,6 +2038,10 @@ struct KernelOf<WgTiles> {
 };
 using MmaSmall = MmaTiles<16, 64, 16, 16, 6>;
 using MmaSmall8 = MmaTiles<16, 64, 16, 16, 8>;
+// The same with the paired ring (MK_MOE_DEC_PAIR=1, off by default:
+// written after the fifty-sixth pass's device time, not yet run).
+using MmaSmallP = MmaTiles<16, 64, 16, 16, 6, true>;
+using MmaSmall8P = MmaTiles<16, 64, 16, 16, 8, true>;
 using MmaLarge = MmaTiles<64, 128, 32, 64, 4>;
 
 // small_stages is the cp.async ring depth of the 16-row decode tiles for
@@ -2554,9 +2586,14 @@ int launch_fused(const Params& p, int ctas, int dispatch_ctas, cudaStream_t st, 
 int launch_tiles(const Params& p, int ctas, int dispatch_ctas, cudaStream_t st) {
   int64_t tmax = 0;
   for (int r = 0; r < p.R; ++r) tmax = p.rk[r].T > tmax ? p.rk[r].T : tmax;
-  if (p.BM == 16)
-    return small_stages(p.H, tmax) == 8 ? launch_fused<MmaSmall8>(p, ctas, dispatch_ctas, st)
-                                  : launch_fused<MmaSmall>(p, ctas, dispatch_ctas, st);
+  if (p.BM == 16) {
+    static const bool pair = mk::env_is("MK_MOE_DEC_PAIR", '1');
+    if (small_stages(p.H, tmax) == 8)
+      return pair ? launch_fused<MmaSmall8P>(p, ctas, dispatch_ctas, st)
+                  : launch_fused<MmaSmall8>(p, ctas, dispatch_ctas, st);
+    return pair ? launch_fused<MmaSmallP>(p, ctas, dispatch_ctas, st)
+                : launch_fused<MmaSmall>(p, ctas, dispatch_ctas, st);
+  }
   if (p.BM == 64) return launch_fused<MmaLarge>(p, ctas, dispatch_ctas, st);
   FusedMaps m;
   const int rc = maps_for(p, &m);

@@ -506,34 +506,40 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
 // PairB is a thread's share of the weight copies of a pair of k tiles for
 // the paired ring (mma_ring2): a BN-row stage of each, 16-byte chunk c of
 // the pair row c / 16, tile (c / 8) % 2, column chunk c % 8, so 16
-// consecutive lanes copy one row's 256 contiguous bytes.
+// consecutive lanes copy one row's 256 contiguous bytes. A thread's rows
+// are tid / 16 + i·THREADS / 16, all with the same swizzle (THREADS is a
+// multiple of 128), so it keeps one shared-memory offset and, per row,
+// the row's element offset from base (the expert's weights: < 2^31).
 template <int BN, int THREADS>
 struct PairB {
-  static constexpr int PER = 2 * BN * 8 / THREADS;
-  static_assert(2 * BN * 8 % THREADS == 0, "chunks split evenly");
-  const bf16* src[PER];  // the chunk's weight row (null: zero-fill)
-  int dst[PER];          // swz64 offset in its tile's stage
-  int col[PER];          // column of the chunk from the pair's first k
-  // init takes the row pointers row(r) for r < BN.
+  static_assert(THREADS % 128 == 0 && 2 * BN * 8 % THREADS == 0, "whole rows of 16 lanes, one swizzle");
+  static constexpr int PER = 2 * BN * 8 / THREADS, RSTEP = THREADS / 16;
+  const bf16* base;
+  int32_t off[PER];  // row tid / 16 + i·RSTEP from base (-1: none, zero-filled)
+  int dst0, col0;    // shared-memory offset of chunk 0 (its tile's stage from the pair's), its column
+  // init takes the expert's weights b and the rows' pointers row(r) into
+  // them (null: none) for r < BN.
   template <class Row>
-  __device__ __forceinline__ void init(int tid, const Row& row) {
+  __device__ __forceinline__ void init(int tid, const bf16* b, const Row& row) {
+    base = b;
+    const int r0 = tid / 16, h = (tid / 8) % 2, ch = tid % 8;
 #pragma unroll
     for (int i = 0; i < PER; i++) {
-      const int c = tid + i * THREADS, r = c / 16, h = (c / 8) % 2, ch = c % 8;
-      src[i] = row(r);
-      dst[i] = h * BN * kTileK + swz64(r, ch);
-      col[i] = h * kTileK + ch * 8;
+      const bf16* w = row(r0 + i * RSTEP);
+      off[i] = w != nullptr ? (int32_t)(w - b) : -1;
     }
+    dst0 = h * BN * kTileK + swz64(r0, ch);
+    col0 = h * kTileK + ch * 8;
   }
   // load copies k tiles from column k0 into stage sB (and, when two, the
   // next into the stage after it); columns from klim on are zero-filled.
-  __device__ __forceinline__ void load(bf16* sB, int64_t k0, bool two, int64_t klim, const bf16* any, int pf) const {
+  __device__ __forceinline__ void load(bf16* sB, int64_t k0, bool two, int64_t klim, int pf) const {
+    if (!two && col0 >= kTileK) return;
+    const int64_t k = k0 + col0;
 #pragma unroll
     for (int i = 0; i < PER; i++) {
-      if (!two && col[i] >= kTileK) continue;
-      const int64_t k = k0 + col[i];
-      const bool v = src[i] != nullptr && k < klim;
-      cp_async16_pf(sB + dst[i], v ? src[i] + k : any, v, pf);
+      const bool v = off[i] >= 0 && k < klim;
+      cp_async16_pf(sB + dst0 + i * RSTEP * kTileK, v ? base + off[i] + k : base, v, pf);
     }
   }
 };
