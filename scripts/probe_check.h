@@ -1,5 +1,6 @@
 // scripts/probe_check.h — CK(x), the standalone probes' CUDA runtime check
-// (scripts/bulk_probe.cu, scripts/tile_stream_probe.cu): on an error it
+// (scripts/bulk_probe.cu, scripts/tile_stream_probe.cu,
+// scripts/stream_probe.cu): on an error it
 // prints the call, file and line and returns 1 from the enclosing function.
 #pragma once
 

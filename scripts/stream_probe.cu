@@ -18,6 +18,8 @@
 // stage, waiting for the oldest before reusing its slot; one value a
 // stage is read from shared memory into a sum so the copies are used.
 // Prints one line a setting: the median of 7 runs, in TB/s.
+// scripts/tile_stream_probe.cu compares copy instructions (cp.async, TMA,
+// plain loads) at the kernel's 128-byte stages; this one, stage widths.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -26,14 +28,7 @@
 #include <cstdio>
 #include <vector>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                            \
-    }                                                                                      \
-  } while (0)
+#include "probe_check.h"
 
 constexpr int kRows = 64, kThreads = 128;
 
