@@ -792,11 +792,6 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
       mkmoe::cp_async16_pf(b + b_dst[i], v ? b_src[i] + k : p.W, v, p.l2pf);
     }
   };
-  auto load = [&](int stage, int kt) {
-    loadA(stage, kt);
-    loadB(stage, kt);
-  };
-
   float acc[MF][NF][4];
   mkmoe::zero_acc(acc);
 
@@ -805,42 +800,21 @@ __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
 
   // The paired ring (PAIR: the 16×64 decode tiles at an even depth, its own
   // instantiation, whose registers do not weigh on the plain ring's).
+  static_assert(!PAIR || (BM == 16 && BN == 64 && STAGES % 2 == 0 && STAGES >= 4), "the paired decode tiles");
+  mkmoe::PairB<BN, THREADS> pb;  // set and used by the paired ring only
   if constexpr (PAIR) {
-    static_assert(BM == 16 && BN == 64 && STAGES % 2 == 0 && STAGES >= 4, "the paired decode tiles");
-    mkmoe::PairB<BN, THREADS> pb;
     const bf16* we = p.W + (int64_t)e * (GATEUP ? 2 * N : N) * Kd;  // the expert's weights
     pb.init(tid, we, [&](int r) { return mkmoe::tile_b_row<GATEUP, BN>(we, 0, r, ntile, N, Kd); });
-    auto loadA2 = [&](int stage, int kt, bool two) {
-      loadA(stage, kt);
-      if (two) loadA(stage + 1, kt + 1);
-    };
-    auto loadB2 = [&](int stage, int kt, bool two) {
-      pb.load(sB + stage * BN * BK, (int64_t)(kt0 + kt) * BK, two, Kd, p.l2pf);
-    };
-    auto load2 = [&](int stage, int kt, bool two) {
-      loadA2(stage, kt, two);
-      loadB2(stage, kt, two);
-    };
-    if (earlyB) {
-      mkmoe::ring2_prologue_b_first<STAGES>(KT, loadA2, loadB2, [] {
-        mk::pdl_begin();
-        return true;
-      });
-    } else {
-      mkmoe::ring2_prologue<STAGES>(KT, load2);
-    }
-    mkmoe::mma_ring2<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load2, brow);
-  } else {
-    if (earlyB) {
-      mkmoe::ring_prologue_b_first<STAGES>(KT, loadA, loadB, [] {
-        mk::pdl_begin();
-        return true;
-      });
-    } else {
-      mkmoe::ring_prologue<STAGES>(KT, load);
-    }
-    mkmoe::mma_ring<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load, brow);
   }
+  auto loadB2 = [&](int stage, int kt, bool two) {
+    pb.load(sB + stage * BN * BK, (int64_t)(kt0 + kt) * BK, two, Kd, p.l2pf);
+  };
+  mkmoe::ring_run<STAGES, BM, BN, WM, PAIR>(acc, sA, sB, KT, wm, lane, loadA, loadB, loadB2, earlyB,
+                                             [&] {
+                                               if (earlyB) mk::pdl_begin();  // else done at the start
+                                               return true;
+                                             },
+                                             brow);
 
   // Epilogue.
 #pragma unroll

@@ -1005,48 +1005,25 @@ __device__ int gemm_task(const Params& p, int d, int tile, int ntile, int ks, un
       mkmoe::cp_async16_pf(b + b_dst[i], v ? b_src[i] + k : W, v, p.l2pf);
     }
   };
-  auto load = [&](int stage, int kt) {
-    loadA(stage, kt);
-    loadB(stage, kt);
-  };
   float acc[MF][NF][4];
   mkmoe::zero_acc(acc);
   auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
-  if constexpr (PAIR) {  // the paired ring (MK_MOE_DEC_PAIR; moe.cu's dec_pair)
-    static_assert(BM == 16 && BN == 64 && STAGES % 2 == 0 && STAGES >= 4, "the paired decode tiles");
-    mkmoe::PairB<BN, THREADS> pb;
+  // The paired ring (PAIR: MK_MOE_DEC_PAIR; moe.cu's dec_pair).
+  static_assert(!PAIR || (BM == 16 && BN == 64 && STAGES % 2 == 0 && STAGES >= 4), "the paired decode tiles");
+  mkmoe::PairB<BN, THREADS> pb;  // set and used by the paired ring only
+  if constexpr (PAIR) {
     const bf16* wk = W + (int64_t)kt0 * kBK;  // the split's first column
     pb.init(tid, wk, [&](int r) {
       const bf16* w = mkmoe::tile_b_row<GATEUP, BN>(W, 0, r, ntile, N, Kd);
       return w != nullptr ? w + (int64_t)kt0 * kBK : w;
     });
-    auto loadA2 = [&](int stage, int kt, bool two) {
-      loadA(stage, kt);
-      if (two) loadA(stage + 1, kt + 1);
-    };
-    auto loadB2 = [&](int stage, int kt, bool two) {
-      pb.load(sB + stage * BN * kBK, (int64_t)kt * kBK, two, Kr, p.l2pf);
-    };
-    auto load2 = [&](int stage, int kt, bool two) {
-      loadA2(stage, kt, two);
-      loadB2(stage, kt, two);
-    };
-    if (p.early_b) {
-      if (!mkmoe::ring2_prologue_b_first<STAGES>(KT, loadA2, loadB2, ready)) return kTaskFailed;
-    } else {
-      if (!ready()) return kTaskFailed;
-      mkmoe::ring2_prologue<STAGES>(KT, load2);
-    }
-    mkmoe::mma_ring2<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load2, brow);
-  } else {
-    if (p.early_b) {
-      if (!mkmoe::ring_prologue_b_first<STAGES>(KT, loadA, loadB, ready)) return kTaskFailed;
-    } else {
-      if (!ready()) return kTaskFailed;
-      mkmoe::ring_prologue<STAGES>(KT, load);
-    }
-    mkmoe::mma_ring<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load, brow);
   }
+  auto loadB2 = [&](int stage, int kt, bool two) {
+    pb.load(sB + stage * BN * kBK, (int64_t)kt * kBK, two, Kr, p.l2pf);
+  };
+  if (!mkmoe::ring_run<STAGES, BM, BN, WM, PAIR>(acc, sA, sB, KT, wm, lane, loadA, loadB, loadB2, p.early_b, ready,
+                                                  brow))
+    return kTaskFailed;
   if constexpr (BM * BN == kPartFloats) {  // the 16-row tiles (the host splits no other)
     if (nks > 1 && !ksplit_sum(p, rk, GATEUP, tile, ntile, ks, nks, acc)) return kTaskPartial;
   }

@@ -309,6 +309,48 @@ __device__ __forceinline__ void mma_ring2(float (&acc)[MF][NF][4], const bf16* s
   cp_async_wait<0>();
 }
 
+// ring_run is a 16×64-or-larger mma.sync tile's whole k loop: with early,
+// ring_prologue_b_first through wait(), else wait() then ring_prologue;
+// then mma_ring. PAIR: the paired forms instead (ring2_prologue_b_first /
+// ring2_prologue, mma_ring2), the weights by loadB2(stage, k tile, two).
+// False, with every copy landed, when wait() gave up.
+template <int STAGES, int BM, int BN, int WM, bool PAIR, int MF, int NF, class LoadA, class LoadB, class LoadB2,
+          class Wait, class BRow>
+__device__ __forceinline__ bool ring_run(float (&acc)[MF][NF][4], const bf16* sA, const bf16* sB, int KT, int wm,
+                                         int lane, const LoadA& loadA, const LoadB& loadB, const LoadB2& loadB2,
+                                         bool early, const Wait& wait, const BRow& brow) {
+  if constexpr (PAIR) {
+    auto loadA2 = [&](int stage, int kt, bool two) {
+      loadA(stage, kt);
+      if (two) loadA(stage + 1, kt + 1);
+    };
+    auto load2 = [&](int stage, int kt, bool two) {
+      loadA2(stage, kt, two);
+      loadB2(stage, kt, two);
+    };
+    if (early) {
+      if (!ring2_prologue_b_first<STAGES>(KT, loadA2, loadB2, wait)) return false;
+    } else {
+      if (!wait()) return false;
+      ring2_prologue<STAGES>(KT, load2);
+    }
+    mma_ring2<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load2, brow);
+  } else {
+    auto load = [&](int stage, int kt) {
+      loadA(stage, kt);
+      loadB(stage, kt);
+    };
+    if (early) {
+      if (!ring_prologue_b_first<STAGES>(KT, loadA, loadB, wait)) return false;
+    } else {
+      if (!wait()) return false;
+      ring_prologue<STAGES>(KT, load);
+    }
+    mma_ring<STAGES, BM, BN, WM>(acc, sA, sB, KT, wm, lane, load, brow);
+  }
+  return true;
+}
+
 // activation is the expert's gated activation of gate g and up u (biases
 // added): silu(g)·u, or gpt-oss's clamped form (MK_MOE_SWIGLU_CLAMPED).
 // The sigmoid's division is the fast one (__fdividef: g times an
