@@ -1929,24 +1929,10 @@ int dec_depth(int st, F f) {
   }
 }
 
-// dec_pair: the 16×64 decode tiles at an even ring depth issue their
-// copies two k tiles at a time (moe_gemm_kernel<…, PAIR>, mkmoe::mma_ring2): each
-// weight row's 256 bytes by 16 lanes in one go, which a probe read 3–5 %
-// faster than 128-byte segments (docs/PERF.md, "GPU, fifty-sixth pass").
-// Written after that pass's device time: off until measured;
-// MK_MOE_DEC_PAIR=1 turns it on (read once; the fused kernel's 16-row
-// tasks read it too; its own instantiations, so the plain ring's registers
-// are untouched; fit_stages still counts the plain kernels' CTAs an SM).
-// The sums are bit-equal.
-bool dec_pair() {
-  static const bool on = mk::env_is("MK_MOE_DEC_PAIR", '1');
-  return on;
-}
-
 template <int BM, int BN, int WM, int WN, int ST, bool GU>
 int launch_gemm(const GemmArgs& a, int64_t tiles, int64_t ntiles, cudaStream_t s, int64_t mt = 0) {
   constexpr bool pairable = BM == 16 && BN == 64 && ST % 2 == 0 && ST >= 4;
-  const bool pair = pairable && dec_pair();
+  const bool pair = pairable && mkmoe::dec_pair();
   auto kern = pair ? moe_gemm_kernel<BM, BN, WM, WN, ST, GU, pairable> : moe_gemm_kernel<BM, BN, WM, WN, ST, GU>;
   const size_t sm = (size_t)ST * (BM + BN) * BK * 2;
   const int occ = pair ? gemm_prep<BM, BN, WM, WN, ST, GU, pairable>() : gemm_prep<BM, BN, WM, WN, ST, GU>();

@@ -1008,18 +1008,12 @@ __device__ int gemm_task(const Params& p, int d, int tile, int ntile, int ks, un
   float acc[MF][NF][4];
   mkmoe::zero_acc(acc);
   auto brow = [&](int nf) -> int { return mkmoe::tile_brow<GATEUP, NF, WN, BN>(nf, wn); };
-  // The paired ring (PAIR: MK_MOE_DEC_PAIR; moe.cu's dec_pair).
+  // The paired ring (PAIR: mkmoe::dec_pair).
   static_assert(!PAIR || (BM == 16 && BN == 64 && STAGES % 2 == 0 && STAGES >= 4), "the paired decode tiles");
   mkmoe::PairB<BN, THREADS> pb;  // set and used by the paired ring only
-  if constexpr (PAIR) {
-    const bf16* wk = W + (int64_t)kt0 * kBK;  // the split's first column
-    pb.init(tid, wk, [&](int r) {
-      const bf16* w = mkmoe::tile_b_row<GATEUP, BN>(W, 0, r, ntile, N, Kd);
-      return w != nullptr ? w + (int64_t)kt0 * kBK : w;
-    });
-  }
+  if constexpr (PAIR) pb.init(tid, W, [&](int r) { return mkmoe::tile_b_row<GATEUP, BN>(W, 0, r, ntile, N, Kd); });
   auto loadB2 = [&](int stage, int kt, bool two) {
-    pb.load(sB + stage * BN * kBK, (int64_t)kt * kBK, two, Kr, p.l2pf);
+    pb.load(sB + stage * BN * kBK, (int64_t)(kt0 + kt) * kBK, two, Kd, p.l2pf);
   };
   if (!mkmoe::ring_run<STAGES, BM, BN, WM, PAIR>(acc, sA, sB, KT, wm, lane, loadA, loadB, loadB2, p.early_b, ready,
                                                   brow))
@@ -2564,7 +2558,7 @@ int launch_tiles(const Params& p, int ctas, int dispatch_ctas, cudaStream_t st) 
   int64_t tmax = 0;
   for (int r = 0; r < p.R; ++r) tmax = p.rk[r].T > tmax ? p.rk[r].T : tmax;
   if (p.BM == 16) {
-    static const bool pair = mk::env_is("MK_MOE_DEC_PAIR", '1');
+    const bool pair = mkmoe::dec_pair();
     if (small_stages(p.H, tmax) == 8)
       return pair ? launch_fused<MmaSmall8P>(p, ctas, dispatch_ctas, st)
                   : launch_fused<MmaSmall8>(p, ctas, dispatch_ctas, st);

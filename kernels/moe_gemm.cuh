@@ -243,7 +243,7 @@ __device__ __forceinline__ void mma_ring(float (&acc)[MF][NF][4], const bf16* sA
   cp_async_wait<0>();
 }
 
-// The paired ring (moe.cu's dec_pair): mma_ring's k loop with
+// The paired ring (dec_pair): mma_ring's k loop with
 // its copies issued two k tiles at a time — one commit group a pair, each
 // weight row's 256 bytes of the two tiles by 16 consecutive lanes (PairB)
 // — for an even STAGES. The multiplications run in the same k order, so
@@ -619,6 +619,20 @@ inline int group_m() {
 constexpr int64_t kCopyMinI = 4096;
 inline bool gather_by_copy(int force, int64_t inter) {
   return force >= 0 ? force == 1 : inter >= kCopyMinI;
+}
+
+// dec_pair: the 16×64 decode tiles at an even ring depth (moe.cu's
+// grouped GEMMs and the fused kernel's 16-row tasks) issue their copies two
+// k tiles at a time (their PAIR instantiations, mma_ring2): each weight
+// row's 256 bytes by 16 lanes in one go, which a probe read 3–5 % faster
+// than 128-byte segments (docs/PERF.md, "GPU, fifty-sixth pass"). Written
+// after that pass's device time: off until measured; MK_MOE_DEC_PAIR=1
+// turns it on (read once). Its own instantiations, so the plain ring's
+// registers are untouched; moe.cu's fit_stages still counts the plain
+// kernels' CTAs an SM. The sums are bit-equal.
+inline bool dec_pair() {
+  static const bool on = mk::env_is("MK_MOE_DEC_PAIR", '1');
+  return on;
 }
 
 // The bits of GemmArgs::half_skip / Params::half_skip (half_skip_mode).

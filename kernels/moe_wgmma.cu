@@ -193,8 +193,9 @@ __device__ __forceinline__ void tile_rows(int32_t (&asg)[2], const GemmArgs& p, 
 // padding_half says whether the second half of the 128-row tile tile
 // skips its work (mkmoe::skip_half): rows 64–127 all padding (the padding
 // ends an expert's rows, so its first row says) and, where kHalfSkipShared
-// is unset (MK_MOE_HALF_SKIP_SHARED=0), the expert's only tile. The producer (one A box) and
-// the second consumer warpgroup (no wgmmas) decide by it alike.
+// is unset (MK_MOE_HALF_SKIP_SHARED=0), the expert's only tile. The
+// producer (one A box) and the second consumer warpgroup (no wgmmas)
+// decide by it alike.
 __device__ __forceinline__ bool padding_half(const GemmArgs& p, int tile) {
   const int64_t m0 = (int64_t)tile * BM;
   if (p.sorted[m0 + 64] >= 0) return false;
